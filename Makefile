@@ -1,0 +1,117 @@
+# Makefile — builds the jdt-train binary, its engine library and its tests.
+#
+#   make            build build/jdt-train (warnings are errors)
+#   make run        install missing packages, build, prepare data, train configs/llm.yaml
+#   make test       install missing packages, build, run every unit and end-to-end test
+#   make SANITIZE=1 ASan/UBSan build in build-asan/ (make SANITIZE=1 test runs the suite there)
+#   make CUDA=1     also build the CUDA backend (NVRTC kernels, cuBLAS, NCCL)
+#
+# Sources are discovered by folder, so adding a file needs no edit here:
+#   engine/*/*.c models/*.c datasets/*.c -> libjdt.a;  cmd/*.c -> jdt-train;
+#   tests/unit/check_*.c -> one Check suite binary each (linked with tests/unit/testutil.c).
+
+CC      ?= cc
+PKGS    := yaml-0.1 hdf5 libcurl openblas
+SANITIZE ?= 0
+CUDA    ?= 0
+WERROR  ?= 1
+
+ifeq ($(SANITIZE),1)
+BUILD   ?= build-asan
+OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDSAN   := -fsanitize=address,undefined
+else
+BUILD   ?= build
+OPT     ?= -O2 -g
+LDSAN   :=
+endif
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter \
+           -Wpointer-arith -Wvla -Wformat=2 -Wno-format-nonliteral
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
+CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
+
+CPPFLAGS += -Iengine -I. -D_GNU_SOURCE
+CFLAGS   += -std=c11 $(OPT) $(WARN) -fopenmp -pthread $(PKG_CFLAGS)
+LDLIBS   += $(PKG_LIBS) -ldl -lm -fopenmp -pthread
+LDFLAGS  += $(LDSAN)
+
+LIB_SRCS := $(wildcard engine/*/*.c) $(wildcard models/*.c) $(wildcard datasets/*.c)
+
+ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
+CPPFLAGS  += -DJDT_CUDA=1 -I$(CUDA_HOME)/include
+LIB_SRCS  += $(wildcard engine/runtime/cuda/*.c)
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnvrtc -lcublas -lcublasLt -lcuda -lnccl
+endif
+
+CMD_SRCS  := $(wildcard cmd/*.c)
+UNIT_SRCS := $(wildcard tests/unit/check_*.c)
+TESTUTIL  := $(wildcard tests/unit/testutil.c)
+
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+CMD_OBJS  := $(CMD_SRCS:%.c=$(BUILD)/obj/%.o)
+TU_OBJS   := $(TESTUTIL:%.c=$(BUILD)/obj/%.o)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+LIB       := $(BUILD)/libjdt.a
+BIN       := $(BUILD)/jdt-train
+
+.SECONDARY:
+.PHONY: all deps run test unit e2e clean bench format lint
+all: $(BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(CHECK_CFLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(CMD_OBJS) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $(CMD_OBJS) $(LIB) $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TU_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(TU_OBJS) $(LIB) $(CHECK_LIBS) $(LDLIBS)
+
+deps:
+	@bash scripts/install-deps.sh
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	@bash scripts/run-main.sh $(BIN)
+
+test: deps
+	@$(MAKE) --no-print-directory all tests-build
+	@bash tests/run-all.sh $(BUILD)
+
+tests-build: $(BIN) $(UNIT_BINS)
+
+unit: tests-build
+	@bash tests/run-all.sh $(BUILD) unit
+
+e2e: $(BIN)
+	@bash tests/run-all.sh $(BUILD) e2e
+
+bench: all
+	@bash scripts/bench/run-all.sh $(BIN)
+
+format:
+	clang-format -i $(LIB_SRCS) $(CMD_SRCS) $(UNIT_SRCS) $(wildcard engine/*/*.h)
+
+clean:
+	rm -rf build build-asan
+
+-include $(LIB_OBJS:.o=.d) $(CMD_OBJS:.o=.d) $(TU_OBJS:.o=.d) $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/obj/tests/unit/%.d)

@@ -1,0 +1,68 @@
+/*
+ * alloc.c — the one allocation hook. Every engine allocation passes through here so that tests
+ * can fail the N-th allocation and check that each error path cleans up.
+ */
+#include "core/core.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Test-only state; atomics because the data prefetcher and comm thread allocate too. */
+static atomic_long g_fail_countdown = 0; /* 0: never fail */
+static atomic_long g_alloc_count = 0;
+
+long jdt_alloc_fail_after(long n)
+{
+    long seen = atomic_exchange(&g_alloc_count, 0);
+    atomic_store(&g_fail_countdown, n);
+    return seen;
+}
+
+static bool should_fail(void)
+{
+    atomic_fetch_add(&g_alloc_count, 1);
+    long c = atomic_load(&g_fail_countdown);
+    if (c <= 0) return false;
+    c = atomic_fetch_sub(&g_fail_countdown, 1);
+    return c == 1;
+}
+
+void *jdt_malloc(size_t n_bytes)
+{
+    if (should_fail()) return NULL;
+    return malloc(n_bytes ? n_bytes : 1);
+}
+
+void *jdt_calloc(size_t n_elems, size_t elem_size)
+{
+    if (should_fail()) return NULL;
+    if (n_elems == 0 || elem_size == 0) return calloc(1, 1);
+    return calloc(n_elems, elem_size);
+}
+
+void *jdt_realloc(void *p, size_t n_bytes)
+{
+    if (should_fail()) return NULL;
+    return realloc(p, n_bytes ? n_bytes : 1);
+}
+
+void jdt_free(void *p) { free(p); }
+
+char *jdt_strdup(const char *s)
+{
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = jdt_malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+void *jdt_malloc_aligned(size_t n_bytes)
+{
+    if (should_fail()) return NULL;
+    size_t n = (n_bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, n ? n : 64);
+}
+
+void jdt_free_aligned(void *p) { free(p); }

@@ -1,0 +1,189 @@
+/*
+ * core.h — the engine's foundation: status codes, the error context, logging with a rank
+ * prefix, the one allocation hook, dtypes, hashing and the counter-based RNG.
+ *
+ * Every other subsystem includes this header and nothing in it includes another subsystem.
+ * Library code reports failure by returning a jdt_status and filling a jdt_err with the
+ * detail (file, line, key, rank, dataset ...); only cmd/ decides to exit.
+ */
+#ifndef JDT_CORE_H
+#define JDT_CORE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define JDT_VERSION_STRING "0.1.0"
+
+#if defined(__GNUC__)
+#define JDT_PRINTF(fmt_idx, arg_idx) __attribute__((format(printf, fmt_idx, arg_idx)))
+#define JDT_UNUSED __attribute__((unused))
+#else
+#define JDT_PRINTF(fmt_idx, arg_idx)
+#define JDT_UNUSED
+#endif
+
+#define JDT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- status codes: one list, the enum and the strings are generated from it ---------------- */
+
+#define JDT_STATUS_LIST(X)                                                                        \
+    X(OK, "ok")                                                                                   \
+    X(ERR_NOMEM, "out of memory")                                                                 \
+    X(ERR_USAGE, "bad command-line usage")                                                        \
+    X(ERR_CONFIG, "invalid configuration")                                                        \
+    X(ERR_INVALID, "invalid argument")                                                            \
+    X(ERR_IO, "input/output error")                                                               \
+    X(ERR_FORMAT, "corrupt or unsupported file format")                                           \
+    X(ERR_NOT_FOUND, "not found")                                                                 \
+    X(ERR_SHAPE, "shape mismatch")                                                                \
+    X(ERR_UNSUPPORTED, "unsupported operation")                                                   \
+    X(ERR_COMPILE, "kernel compilation failed")                                                   \
+    X(ERR_NUMERIC, "non-finite value")                                                            \
+    X(ERR_NET, "network error")                                                                   \
+    X(ERR_PROTOCOL, "protocol violation")                                                         \
+    X(ERR_AUTH, "authentication failed")                                                          \
+    X(ERR_TIMEOUT, "timed out")                                                                   \
+    X(ERR_PEER_LOST, "peer lost")                                                                 \
+    X(ERR_INTERRUPTED, "interrupted")                                                             \
+    X(ERR_INTERNAL, "internal error")
+
+typedef enum {
+#define JDT_STATUS_ENUM_(name, str) JDT_##name,
+    JDT_STATUS_LIST(JDT_STATUS_ENUM_)
+#undef JDT_STATUS_ENUM_
+        JDT_STATUS_COUNT
+} jdt_status;
+
+/* Returns a static, human-readable string for s ("unknown status" if out of range). */
+const char *jdt_status_str(jdt_status s);
+
+/* Returns the enum's short name, e.g. "ERR_CONFIG". */
+const char *jdt_status_name(jdt_status s);
+
+/* The error context: the status plus a message that carries the detail. Functions that can
+ * fail take a jdt_err * (may be NULL when the caller does not want the detail). */
+typedef struct {
+    jdt_status code;
+    char msg[2048];
+} jdt_err;
+
+/* Sets e (if non-NULL) to code with a printf-formatted message and returns code, so a caller
+ * can write `return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));`. */
+jdt_status jdt_err_set(jdt_err *e, jdt_status code, const char *fmt, ...) JDT_PRINTF(3, 4);
+jdt_status jdt_err_vset(jdt_err *e, jdt_status code, const char *fmt, va_list ap);
+
+/* Prepends "prefix: " to e's message (context from an outer layer); returns e->code. */
+jdt_status jdt_err_prefix(jdt_err *e, const char *fmt, ...) JDT_PRINTF(2, 3);
+
+/* Resets e to JDT_OK with an empty message. */
+void jdt_err_clear(jdt_err *e);
+
+/* ---- logging ------------------------------------------------------------------------------ */
+
+typedef enum {
+    JDT_LOG_DEBUG = 0,
+    JDT_LOG_INFO = 1,
+    JDT_LOG_WARN = 2,
+    JDT_LOG_ERROR = 3,
+    JDT_LOG_QUIET = 4
+} jdt_log_level;
+
+/* Process-wide logger settings. These are set once at start-up by cmd/ (the rank is known only
+ * after rendezvous) and are the one deliberate exception to "no mutable globals": a log line
+ * must be writable from any layer without threading a context through every call. */
+void jdt_log_set_level(jdt_log_level level);
+jdt_log_level jdt_log_get_level(void);
+void jdt_log_set_rank(int rank, int world_size);
+/* Parses "debug|info|warn|error|quiet"; returns false on an unknown name. */
+bool jdt_log_parse_level(const char *name, jdt_log_level *out);
+
+/* Writes one line to stderr: "[rank r/w] LEVEL message\n" (the rank part only when
+ * world_size > 1). Thread-safe: a line is written with a single write(2). */
+void jdt_log(jdt_log_level level, const char *fmt, ...) JDT_PRINTF(2, 3);
+
+#define JDT_DEBUG(...) jdt_log(JDT_LOG_DEBUG, __VA_ARGS__)
+#define JDT_INFO(...) jdt_log(JDT_LOG_INFO, __VA_ARGS__)
+#define JDT_WARN(...) jdt_log(JDT_LOG_WARN, __VA_ARGS__)
+#define JDT_ERROR(...) jdt_log(JDT_LOG_ERROR, __VA_ARGS__)
+
+/* ---- allocation --------------------------------------------------------------------------- */
+
+/* All engine allocation goes through these. They return NULL on failure (never abort).
+ * jdt_free(NULL) is a no-op. jdt_malloc(0) returns a valid unique pointer. */
+void *jdt_malloc(size_t n_bytes);
+void *jdt_calloc(size_t n_elems, size_t elem_size);
+void *jdt_realloc(void *p, size_t n_bytes);
+void jdt_free(void *p);
+char *jdt_strdup(const char *s);
+/* 64-byte aligned allocation for tensor buffers; release with jdt_free_aligned. */
+void *jdt_malloc_aligned(size_t n_bytes);
+void jdt_free_aligned(void *p);
+
+/* Test hook: make the n-th allocation from now fail (n >= 1); 0 disables. Returns the number of
+ * allocations seen since the last call (so a test can count a function's allocations). */
+long jdt_alloc_fail_after(long n);
+
+/* ---- dtypes ------------------------------------------------------------------------------- */
+
+#define JDT_DTYPE_LIST(X)                                                                         \
+    X(F32, "f32", 4)                                                                              \
+    X(F64, "f64", 8)                                                                              \
+    X(BF16, "bf16", 2)                                                                            \
+    X(I32, "i32", 4)                                                                              \
+    X(U16, "u16", 2)                                                                              \
+    X(U32, "u32", 4)                                                                              \
+    X(U8, "u8", 1)
+
+typedef enum {
+#define JDT_DTYPE_ENUM_(name, str, size) JDT_DTYPE_##name,
+    JDT_DTYPE_LIST(JDT_DTYPE_ENUM_)
+#undef JDT_DTYPE_ENUM_
+        JDT_DTYPE_COUNT
+} jdt_dtype;
+
+const char *jdt_dtype_name(jdt_dtype dt);
+size_t jdt_dtype_size(jdt_dtype dt);
+/* Parses a dtype name ("f32", ...); returns false if unknown. */
+bool jdt_dtype_parse(const char *name, jdt_dtype *out);
+
+/* ---- hashing ------------------------------------------------------------------------------ */
+
+/* 64-bit FNV-1a over n_bytes, continuing from h (start with JDT_HASH_INIT). Not cryptographic:
+ * used for cache keys and CSE, where a collision costs a recompile or is re-checked. */
+#define JDT_HASH_INIT 0xcbf29ce484222325ULL
+uint64_t jdt_hash_bytes(uint64_t h, const void *data, size_t n_bytes);
+uint64_t jdt_hash_str(uint64_t h, const char *s);
+uint64_t jdt_hash_u64(uint64_t h, uint64_t v);
+
+/* ---- counter-based RNG -------------------------------------------------------------------- */
+
+/* Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11).
+ * Output is a pure function of (key, counter): initialisation, dropout and data order derive
+ * their streams from (seed, global index), never from rank or world size, so every mesh shape
+ * draws the same numbers. */
+typedef struct {
+    uint32_t v[4];
+} jdt_philox_ctr;
+
+/* Returns 4 random 32-bit words for (key, counter). */
+jdt_philox_ctr jdt_philox(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo);
+
+/* Uniform float in [0, 1) from a 32-bit word (24 bits of mantissa). */
+float jdt_u32_to_unit_float(uint32_t x);
+
+/* Fills out[0..n) with N(0, 1) samples for stream `key`, indices [first, first+n): the value at
+ * global index i is the same whatever `first` and `n` are (Box-Muller on Philox words). */
+void jdt_rng_normal(uint64_t key, uint64_t first, size_t n, float *out);
+/* Uniform [0,1) likewise. */
+void jdt_rng_uniform(uint64_t key, uint64_t first, size_t n, float *out);
+/* Derives a stream key from a seed and a name (e.g. a parameter name). */
+uint64_t jdt_rng_key(uint64_t seed, const char *name);
+
+/* ---- time --------------------------------------------------------------------------------- */
+
+/* Monotonic clock in seconds. */
+double jdt_now_s(void);
+
+#endif /* JDT_CORE_H */

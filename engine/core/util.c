@@ -1,0 +1,117 @@
+/*
+ * util.c — dtypes, FNV-1a hashing, the Philox counter-based RNG and the clock (see core.h).
+ */
+#include "core/core.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+static const struct {
+    const char *name;
+    size_t size;
+} DTYPES[JDT_DTYPE_COUNT] = {
+#define X_(name, str, size) {str, size},
+    JDT_DTYPE_LIST(X_)
+#undef X_
+};
+
+_Static_assert(JDT_ARRAY_LEN(DTYPES) == JDT_DTYPE_COUNT, "dtype table incomplete");
+
+const char *jdt_dtype_name(jdt_dtype dt)
+{
+    return ((int)dt >= 0 && dt < JDT_DTYPE_COUNT) ? DTYPES[dt].name : "?";
+}
+
+size_t jdt_dtype_size(jdt_dtype dt)
+{
+    return ((int)dt >= 0 && dt < JDT_DTYPE_COUNT) ? DTYPES[dt].size : 0;
+}
+
+bool jdt_dtype_parse(const char *name, jdt_dtype *out)
+{
+    for (int i = 0; i < JDT_DTYPE_COUNT; i++) {
+        if (strcmp(name, DTYPES[i].name) == 0) {
+            *out = (jdt_dtype)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+uint64_t jdt_hash_bytes(uint64_t h, const void *data, size_t n_bytes)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n_bytes; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+uint64_t jdt_hash_str(uint64_t h, const char *s) { return jdt_hash_bytes(h, s, strlen(s) + 1); }
+
+uint64_t jdt_hash_u64(uint64_t h, uint64_t v) { return jdt_hash_bytes(h, &v, sizeof v); }
+
+/* Philox-4x32 with 10 rounds; constants from the paper. */
+jdt_philox_ctr jdt_philox(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo)
+{
+    uint32_t c0 = (uint32_t)ctr_lo, c1 = (uint32_t)(ctr_lo >> 32);
+    uint32_t c2 = (uint32_t)ctr_hi, c3 = (uint32_t)(ctr_hi >> 32);
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+        c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    jdt_philox_ctr out = {{c0, c1, c2, c3}};
+    return out;
+}
+
+float jdt_u32_to_unit_float(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+
+void jdt_rng_uniform(uint64_t key, uint64_t first, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t idx = first + i;
+        jdt_philox_ctr r = jdt_philox(key, 0, idx);
+        out[i] = jdt_u32_to_unit_float(r.v[0]);
+    }
+}
+
+void jdt_rng_normal(uint64_t key, uint64_t first, size_t n, float *out)
+{
+    /* One Philox call per index so value i never depends on its neighbours. */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t idx = first + i;
+        jdt_philox_ctr r = jdt_philox(key, 1, idx);
+        double u1 = ((double)r.v[0] + 1.0) / 4294967297.0; /* (0, 1] */
+        double u2 = (double)r.v[1] / 4294967296.0;
+        out[i] = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+uint64_t jdt_rng_key(uint64_t seed, const char *name)
+{
+    uint64_t h = jdt_hash_u64(JDT_HASH_INIT, seed);
+    h = jdt_hash_str(h, name);
+    /* finalise (splitmix64) so nearby names give unrelated keys */
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebULL;
+    h ^= h >> 31;
+    return h;
+}
+
+double jdt_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

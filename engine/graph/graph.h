@@ -1,0 +1,228 @@
+/*
+ * graph.h — the IR: a static-shape dataflow graph of tensors, each produced by one op.
+ *
+ * A graph owns everything built for it (one arena; freed with jdt_graph_free). Nodes are
+ * appended in topological order: every input of node i has an id < i, so the node array is a
+ * valid schedule as built. Every op produces exactly one tensor; a fused backward op with
+ * several results of one shape packs them along a new leading axis (ATTENTION_BWD), otherwise
+ * it is split into separate ops.
+ *
+ * Leaves (PARAM, INPUT) are bound to caller-owned memory through `data` before a run; CONSTANT
+ * data lives in the graph's arena. Outputs are the tensors a run must produce; updates say
+ * "after the step, write tensor `value` into leaf `target`" (params in -> params out, donated
+ * buffers updated in place).
+ *
+ * Dimension letters used in comments: B batch, T sequence, C channels/embed, V vocab, H heads,
+ * D head dim, N rows (flattened leading dims), K contraction.
+ */
+#ifndef JDT_GRAPH_H
+#define JDT_GRAPH_H
+
+#include "core/core.h"
+
+#define JDT_MAX_DIMS 6
+#define JDT_MAX_INPUTS 8
+
+typedef struct {
+    int ndim;
+    int64_t dims[JDT_MAX_DIMS];
+} jdt_shape;
+
+/*
+ * The op list. X(NAME, "name", n_inputs); n_inputs -1 = variadic (1..JDT_MAX_INPUTS).
+ * Semantics (attrs are jdt_attrs.i[] integers and .f[] doubles):
+ *
+ * Leaves
+ *   PARAM, INPUT        bound by caller; no inputs. PARAM is differentiable.
+ *   CONSTANT            arena data (t->data) or, when data is NULL, every element = f[0].
+ * Elementwise, all inputs and the output have the same shape (the builder inserts BROADCAST)
+ *   NEG EXP LOG TANH SQRT RSQRT RELU GELU(tanh form) SILU SIGMOID ABS
+ *   ADD SUB MUL DIV MAX MIN
+ *   GT GE               f32 1.0 where a > b (a >= b), else 0.0; no gradient
+ *   ADD_SCALAR MUL_SCALAR POW_SCALAR   x + f[0], x * f[0], x ** f[0]
+ *   GELU_GRAD SILU_GRAD (x, dy) -> dy * f'(x)
+ *   SELECT              (cond, a, b) -> cond != 0 ? a : b
+ *   CAST                converts to the node's dtype
+ *   STOP_GRADIENT       identity forward, zero gradient
+ *   DROPOUT             (x, step) step: i32 scalar (shape ndim 0). keep element j with prob
+ *                       1 - f[0] using Philox(key = i[0], ctr_hi = step, ctr_lo = j), scale kept
+ *                       by 1/(1-f[0]). Its VJP is DROPOUT(dy, step) with the same attrs.
+ * Shape and reduction
+ *   BROADCAST           input right-aligned against the output shape (numpy rules; size-1 or
+ *                       missing dims expand).
+ *   REDUCE_SUM REDUCE_MAX REDUCE_MEAN   i[0] = bitmask of reduced axes, i[1] = keepdims (0/1)
+ *   RESHAPE             same element count, row-major order
+ *   TRANSPOSE           i[0..ndim) = perm: out.dims[k] = in.dims[perm[k]]
+ *   SLICE               i[0] = axis, i[1] = start, i[2] = stop (step 1)
+ *   CONCAT              variadic, i[0] = axis
+ *   MATMUL              (a, b): a (..., M, K) [(..., K, M) if i[0]], b (..., K, N) [(..., N, K)
+ *                       if i[1]]; leading batch dims equal, or b 2-D (shared by every batch).
+ *                       out (..., M, N). f32, accumulated in f32.
+ *   GATHER              (table (V, C), idx (...) i32) -> (..., C); row lookup
+ *   SCATTER_ADD         (src (..., C), idx (...) i32) -> (i[0] = V, C); rows summed into zeros
+ *   IOTA                no inputs; value = index along axis i[0]
+ *   CAUSAL_MASK         no inputs; shape (T, T): 0 where col <= row, -inf elsewhere
+ * Fused primitives (hand-written forward and backward kernels; all work on the last axis)
+ *   SOFTMAX             rows of the last axis
+ *   SOFTMAX_BWD         (y, dy) -> y * (dy - sum(dy * y))
+ *   LOG_SOFTMAX         rows of the last axis
+ *   LOG_SOFTMAX_BWD     (y, dy) -> dy - exp(y) * sum(dy)      (y = log_softmax output)
+ *   SOFTMAX_XENT        (logits (N, V), targets (N) i32) -> loss (N) = lse(row) - row[target];
+ *                       a target < 0 is ignored (loss 0, no gradient)
+ *   SOFTMAX_XENT_BWD    (logits (N, V), targets (N), dloss (N)) -> dlogits (N, V)
+ *   NORMALIZE           layernorm without affine: (x - mean) * rsqrt(var + f[0])
+ *   NORMALIZE_BWD       (x, dxhat) -> dx
+ *   RMS_NORMALIZE       x * rsqrt(mean(x^2) + f[0])
+ *   RMS_NORMALIZE_BWD   (x, dxhat) -> dx
+ *   ROPE                x (B, T, H, D), rotary embedding on pairs (2i, 2i+1) with angle
+ *                       t * f[0]^(-2i/D) (f[0] = theta); i[0] = 1 rotates by minus the angle
+ *                       (its own VJP)
+ *   ATTENTION           (q, k, v) each (B, H, T, D); causal; scale f[0]; -> (B, H, T, D).
+ *                       Tiled with an online softmax: no T x T matrix is kept.
+ *   ATTENTION_BWD       (q, k, v, o, do) -> (3, B, H, T, D) packing dq, dk, dv; recomputes the
+ *                       row log-sum-exp from q, k.
+ */
+#define JDT_OP_LIST(X)                                                                            \
+    X(PARAM, "param", 0)                                                                          \
+    X(INPUT, "input", 0)                                                                          \
+    X(CONSTANT, "constant", 0)                                                                    \
+    X(NEG, "neg", 1)                                                                              \
+    X(EXP, "exp", 1)                                                                              \
+    X(LOG, "log", 1)                                                                              \
+    X(TANH, "tanh", 1)                                                                            \
+    X(SQRT, "sqrt", 1)                                                                            \
+    X(RSQRT, "rsqrt", 1)                                                                          \
+    X(RELU, "relu", 1)                                                                            \
+    X(GELU, "gelu", 1)                                                                            \
+    X(SILU, "silu", 1)                                                                            \
+    X(SIGMOID, "sigmoid", 1)                                                                      \
+    X(ABS, "abs", 1)                                                                              \
+    X(ADD, "add", 2)                                                                              \
+    X(SUB, "sub", 2)                                                                              \
+    X(MUL, "mul", 2)                                                                              \
+    X(DIV, "div", 2)                                                                              \
+    X(MAX, "max", 2)                                                                              \
+    X(MIN, "min", 2)                                                                              \
+    X(GT, "gt", 2)                                                                                \
+    X(GE, "ge", 2)                                                                                \
+    X(ADD_SCALAR, "add_scalar", 1)                                                                \
+    X(MUL_SCALAR, "mul_scalar", 1)                                                                \
+    X(POW_SCALAR, "pow_scalar", 1)                                                                \
+    X(GELU_GRAD, "gelu_grad", 2)                                                                  \
+    X(SILU_GRAD, "silu_grad", 2)                                                                  \
+    X(SELECT, "select", 3)                                                                        \
+    X(CAST, "cast", 1)                                                                            \
+    X(STOP_GRADIENT, "stop_gradient", 1)                                                          \
+    X(DROPOUT, "dropout", 2)                                                                      \
+    X(BROADCAST, "broadcast", 1)                                                                  \
+    X(REDUCE_SUM, "reduce_sum", 1)                                                                \
+    X(REDUCE_MAX, "reduce_max", 1)                                                                \
+    X(REDUCE_MEAN, "reduce_mean", 1)                                                              \
+    X(RESHAPE, "reshape", 1)                                                                      \
+    X(TRANSPOSE, "transpose", 1)                                                                  \
+    X(SLICE, "slice", 1)                                                                          \
+    X(CONCAT, "concat", -1)                                                                       \
+    X(MATMUL, "matmul", 2)                                                                        \
+    X(GATHER, "gather", 2)                                                                        \
+    X(SCATTER_ADD, "scatter_add", 2)                                                              \
+    X(IOTA, "iota", 0)                                                                            \
+    X(CAUSAL_MASK, "causal_mask", 0)                                                              \
+    X(SOFTMAX, "softmax", 1)                                                                      \
+    X(SOFTMAX_BWD, "softmax_bwd", 2)                                                              \
+    X(LOG_SOFTMAX, "log_softmax", 1)                                                              \
+    X(LOG_SOFTMAX_BWD, "log_softmax_bwd", 2)                                                      \
+    X(SOFTMAX_XENT, "softmax_xent", 2)                                                            \
+    X(SOFTMAX_XENT_BWD, "softmax_xent_bwd", 3)                                                    \
+    X(NORMALIZE, "normalize", 1)                                                                  \
+    X(NORMALIZE_BWD, "normalize_bwd", 2)                                                          \
+    X(RMS_NORMALIZE, "rms_normalize", 1)                                                          \
+    X(RMS_NORMALIZE_BWD, "rms_normalize_bwd", 2)                                                  \
+    X(ROPE, "rope", 1)                                                                            \
+    X(ATTENTION, "attention", 3)                                                                  \
+    X(ATTENTION_BWD, "attention_bwd", 5)
+
+typedef enum {
+#define JDT_OP_ENUM_(name, str, n_in) JDT_OP_##name,
+    JDT_OP_LIST(JDT_OP_ENUM_)
+#undef JDT_OP_ENUM_
+        JDT_OP_COUNT
+} jdt_op;
+
+typedef struct {
+    int64_t i[8];
+    double f[4];
+} jdt_attrs;
+
+/* Tensor flags. */
+enum {
+    JDT_TENSOR_PARAM = 1u << 0,  /* trainable parameter (differentiated) */
+    JDT_TENSOR_INPUT = 1u << 1,  /* per-step input (data, targets, lr ...) */
+    JDT_TENSOR_OUTPUT = 1u << 2, /* listed in the graph's outputs */
+    JDT_TENSOR_STATE = 1u << 3,  /* non-trainable persistent leaf (optimizer moments) */
+};
+
+typedef struct jdt_tensor jdt_tensor;
+struct jdt_tensor {
+    int id; /* index in the graph's node array; inputs have smaller ids */
+    jdt_op op;
+    jdt_dtype dtype;
+    jdt_shape shape;
+    int n_inputs;
+    jdt_tensor *inputs[JDT_MAX_INPUTS];
+    jdt_attrs attrs;
+    uint32_t flags;
+    const char *name;                  /* leaves: stable global name; else NULL (arena) */
+    const char *axes[JDT_MAX_DIMS];    /* logical axis name per dim or NULL (arena strings) */
+    void *data;                        /* leaves: caller-bound memory; CONSTANT: arena data */
+};
+
+typedef struct jdt_graph jdt_graph;
+
+/* ---- core (engine/graph/graph.c) ----------------------------------------------------------- */
+
+const char *jdt_op_name(jdt_op op);
+int jdt_op_arity(jdt_op op); /* -1 for variadic */
+
+int64_t jdt_shape_numel(const jdt_shape *s);
+bool jdt_shape_eq(const jdt_shape *a, const jdt_shape *b);
+jdt_shape jdt_shape_make(int ndim, const int64_t *dims);
+/* Writes "(2, 3, 4)" into buf; returns buf. */
+char *jdt_shape_str(const jdt_shape *s, char *buf, size_t n);
+
+/* Creates an empty graph. Returns NULL on allocation failure. */
+jdt_graph *jdt_graph_new(void);
+/* Frees the graph and everything allocated in its arena. NULL is a no-op. */
+void jdt_graph_free(jdt_graph *g);
+
+/* Arena allocation owned by g (zeroed, 64-byte aligned); NULL on failure. */
+void *jdt_graph_alloc(jdt_graph *g, size_t n_bytes);
+/* Copies s into g's arena. */
+const char *jdt_graph_strdup(jdt_graph *g, const char *s);
+
+/* Low-level node constructor: appends a node with the given op, inputs, attrs, dtype and
+ * output shape, WITHOUT shape checking (the builder functions check). Returns NULL on
+ * allocation failure. Inputs must belong to g. */
+jdt_tensor *jdt_graph_new_node(jdt_graph *g, jdt_op op, jdt_dtype dtype, const jdt_shape *shape,
+                               int n_inputs, jdt_tensor *const *inputs, const jdt_attrs *attrs);
+
+int jdt_graph_n_nodes(const jdt_graph *g);
+jdt_tensor *jdt_graph_node(const jdt_graph *g, int id);
+
+/* Marks t as a graph output (order of calls = output index). Returns the index or -1. */
+int jdt_graph_add_output(jdt_graph *g, jdt_tensor *t);
+int jdt_graph_n_outputs(const jdt_graph *g);
+jdt_tensor *jdt_graph_output(const jdt_graph *g, int i);
+
+/* Records that after the step `value` is written into leaf `target` (PARAM or STATE), same
+ * shape and dtype. Returns the update index or -1 on a mismatch. */
+int jdt_graph_add_update(jdt_graph *g, jdt_tensor *target, jdt_tensor *value);
+int jdt_graph_n_updates(const jdt_graph *g);
+void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor **value);
+
+/* Finds a leaf by name; NULL if absent. */
+jdt_tensor *jdt_graph_find(const jdt_graph *g, const char *name);
+
+/* Builder API, autodiff and the interpreter are declared in graph/builder.h, autodiff/autodiff.h
+ * and graph/interp.h. */
+
+#endif /* JDT_GRAPH_H */

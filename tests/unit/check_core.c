@@ -1,0 +1,116 @@
+/*
+ * check_core.c — unit tests for engine/core: statuses, error context, allocation hook, dtypes,
+ * hashing and the counter-based RNG.
+ */
+#include "core/core.h"
+
+#include <check.h>
+#include <math.h>
+#include <string.h>
+
+START_TEST(test_status_strings)
+{
+    ck_assert_str_eq(jdt_status_str(JDT_OK), "ok");
+    ck_assert_str_eq(jdt_status_name(JDT_ERR_CONFIG), "ERR_CONFIG");
+    ck_assert_str_eq(jdt_status_str((jdt_status)9999), "unknown status");
+    for (int s = 0; s < JDT_STATUS_COUNT; s++) ck_assert(strlen(jdt_status_str((jdt_status)s)) > 0);
+}
+END_TEST
+
+START_TEST(test_err_set_prefix)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_err_set(&e, JDT_ERR_IO, "open %s", "x.h5"), JDT_ERR_IO);
+    jdt_err_prefix(&e, "dataset %d", 3);
+    ck_assert_str_eq(e.msg, "dataset 3: open x.h5");
+    ck_assert_int_eq(e.code, JDT_ERR_IO);
+    ck_assert_int_eq(jdt_err_set(NULL, JDT_ERR_NET, "ignored"), JDT_ERR_NET);
+}
+END_TEST
+
+START_TEST(test_alloc_fail_hook)
+{
+    jdt_alloc_fail_after(2);
+    void *a = jdt_malloc(16);
+    void *b = jdt_malloc(16);
+    void *c = jdt_malloc(16);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_null(b);
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(jdt_alloc_fail_after(0), 3);
+    jdt_free(a);
+    jdt_free(c);
+    jdt_free(NULL);
+}
+END_TEST
+
+START_TEST(test_dtypes)
+{
+    jdt_dtype d;
+    ck_assert(jdt_dtype_parse("u16", &d));
+    ck_assert_int_eq(d, JDT_DTYPE_U16);
+    ck_assert_uint_eq(jdt_dtype_size(JDT_DTYPE_BF16), 2);
+    ck_assert(!jdt_dtype_parse("f33", &d));
+}
+END_TEST
+
+START_TEST(test_philox_known_answer)
+{
+    /* Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors):
+     * counter 0, key 0 -> 6627e8d5 e169c58d bc57ac4c 9b00dbd8. */
+    jdt_philox_ctr r = jdt_philox(0, 0, 0);
+    ck_assert_uint_eq(r.v[0], 0x6627e8d5u);
+    ck_assert_uint_eq(r.v[1], 0xe169c58du);
+    ck_assert_uint_eq(r.v[2], 0xbc57ac4cu);
+    ck_assert_uint_eq(r.v[3], 0x9b00dbd8u);
+}
+END_TEST
+
+START_TEST(test_rng_index_stable)
+{
+    float whole[64], part[16];
+    uint64_t key = jdt_rng_key(42, "blocks.0.attn.wq");
+    jdt_rng_normal(key, 0, 64, whole);
+    jdt_rng_normal(key, 30, 16, part);
+    for (int i = 0; i < 16; i++) ck_assert_float_eq(whole[30 + i], part[i]);
+    double mean = 0, var = 0;
+    enum { N = 20000 };
+    static float big[N];
+    jdt_rng_normal(key, 0, N, big);
+    for (int i = 0; i < N; i++) mean += big[i];
+    mean /= N;
+    for (int i = 0; i < N; i++) var += (big[i] - mean) * (big[i] - mean);
+    var /= N;
+    ck_assert(fabs(mean) < 0.03);
+    ck_assert(fabs(var - 1.0) < 0.05);
+    ck_assert(jdt_rng_key(42, "a") != jdt_rng_key(42, "b"));
+    ck_assert(jdt_rng_key(42, "a") != jdt_rng_key(43, "a"));
+}
+END_TEST
+
+START_TEST(test_hash)
+{
+    ck_assert(jdt_hash_str(JDT_HASH_INIT, "abc") != jdt_hash_str(JDT_HASH_INIT, "abd"));
+    ck_assert(jdt_hash_str(JDT_HASH_INIT, "abc") == jdt_hash_str(JDT_HASH_INIT, "abc"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("core");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_status_strings);
+    tcase_add_test(tc, test_err_set_prefix);
+    tcase_add_test(tc, test_alloc_fail_hook);
+    tcase_add_test(tc, test_dtypes);
+    tcase_add_test(tc, test_philox_known_answer);
+    tcase_add_test(tc, test_rng_index_stable);
+    tcase_add_test(tc, test_hash);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
