@@ -53,17 +53,19 @@ endif
 
 CMD_SRCS  := $(wildcard cmd/*.c)
 UNIT_SRCS := $(wildcard tests/unit/check_*.c)
+BENCH_SRCS := $(wildcard scripts/bench/*.c)
 TESTUTIL  := $(wildcard tests/unit/testutil.c)
 
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 CMD_OBJS  := $(CMD_SRCS:%.c=$(BUILD)/obj/%.o)
 TU_OBJS   := $(TESTUTIL:%.c=$(BUILD)/obj/%.o)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+BENCH_BINS := $(BENCH_SRCS:scripts/bench/%.c=$(BUILD)/bench/%)
 LIB       := $(BUILD)/libjdt.a
 BIN       := $(BUILD)/jdt-train
 
 .SECONDARY:
-.PHONY: all deps run test unit e2e clean bench format lint
+.PHONY: all deps run test unit e2e clean bench bench-build tests-build format lint
 all: $(BIN)
 
 $(BUILD)/obj/%.o: %.c
@@ -86,6 +88,13 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TU_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(TU_OBJS) $(LIB) $(CHECK_LIBS) $(LDLIBS)
 
+# scripts/bench/*.c: benchmark drivers linked with the engine (run by scripts/bench/*.sh)
+$(BUILD)/bench/%: $(BUILD)/obj/scripts/bench/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
+bench-build: $(BENCH_BINS)
+
 deps:
 	@bash scripts/install-deps.sh
 
@@ -97,7 +106,7 @@ test: deps
 	@$(MAKE) --no-print-directory all tests-build
 	@bash tests/run-all.sh $(BUILD)
 
-tests-build: $(BIN) $(UNIT_BINS)
+tests-build: $(BIN) $(UNIT_BINS) $(BENCH_BINS)
 
 unit: tests-build
 	@bash tests/run-all.sh $(BUILD) unit
@@ -105,7 +114,7 @@ unit: tests-build
 e2e: $(BIN)
 	@bash tests/run-all.sh $(BUILD) e2e
 
-bench: all
+bench: all bench-build
 	@bash scripts/bench/run-all.sh $(BIN)
 
 format:
