@@ -35,6 +35,7 @@ struct jdt_graph {
     int n_outputs, cap_outputs;
     graph_update *updates;
     int n_updates, cap_updates;
+    jdt_err err; /* the first builder error (sticky); code JDT_OK while none */
 };
 
 const char *jdt_op_name(jdt_op op) { return ((int)op >= 0 && op < JDT_OP_COUNT) ? OPS[op].name : "?"; }
@@ -75,6 +76,25 @@ char *jdt_shape_str(const jdt_shape *s, char *buf, size_t n)
 }
 
 jdt_graph *jdt_graph_new(void) { return jdt_calloc(1, sizeof(jdt_graph)); }
+
+jdt_status jdt_graph_fail(jdt_graph *g, jdt_status code, const char *fmt, ...)
+{
+    if (g->err.code != JDT_OK) return g->err.code;
+    va_list ap;
+    va_start(ap, fmt);
+    jdt_err_vset(&g->err, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+jdt_status jdt_graph_error(const jdt_graph *g, jdt_err *e)
+{
+    if (!g) return jdt_err_set(e, JDT_ERR_INVALID, "graph is NULL");
+    if (g->err.code == JDT_OK) return JDT_OK;
+    return jdt_err_set(e, g->err.code, "%s", g->err.msg);
+}
+
+const char *jdt_graph_error_msg(const jdt_graph *g) { return g->err.code == JDT_OK ? NULL : g->err.msg; }
 
 void jdt_graph_free(jdt_graph *g)
 {

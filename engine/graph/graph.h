@@ -38,7 +38,8 @@ typedef struct {
  * Elementwise, all inputs and the output have the same shape (the builder inserts BROADCAST)
  *   NEG EXP LOG TANH SQRT RSQRT RELU GELU(tanh form) SILU SIGMOID ABS
  *   ADD SUB MUL DIV MAX MIN
- *   GT GE               f32 1.0 where a > b (a >= b), else 0.0; no gradient
+ *   GT GE               f32 1.0 where a > b (a >= b), else 0.0; no gradient (the output has
+ *                       the inputs' float dtype: f32 in f32 graphs, f64 in f64 graphs)
  *   ADD_SCALAR MUL_SCALAR POW_SCALAR   x + f[0], x * f[0], x ** f[0]
  *   GELU_GRAD SILU_GRAD (x, dy) -> dy * f'(x)
  *   SELECT              (cond, a, b) -> cond != 0 ? a : b
@@ -47,6 +48,7 @@ typedef struct {
  *   DROPOUT             (x, step) step: i32 scalar (shape ndim 0). keep element j with prob
  *                       1 - f[0] using Philox(key = i[0], ctr_hi = step, ctr_lo = j), scale kept
  *                       by 1/(1-f[0]). Its VJP is DROPOUT(dy, step) with the same attrs.
+ *                       Exactly: u = jdt_u32_to_unit_float(word v[0]); kept iff u >= f[0].
  * Shape and reduction
  *   BROADCAST           input right-aligned against the output shape (numpy rules; size-1 or
  *                       missing dims expand).
@@ -221,6 +223,15 @@ void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor
 
 /* Finds a leaf by name; NULL if absent. */
 jdt_tensor *jdt_graph_find(const jdt_graph *g, const char *name);
+
+/* Records a builder error in g unless one is already recorded (the FIRST error is sticky:
+ * later calls keep it and return its code). Returns the recorded code. */
+jdt_status jdt_graph_fail(jdt_graph *g, jdt_status code, const char *fmt, ...) JDT_PRINTF(3, 4);
+/* Returns JDT_OK if no builder error was recorded in g, else the first error's code, with its
+ * message (naming the op and the input shapes) copied into e (may be NULL). */
+jdt_status jdt_graph_error(const jdt_graph *g, jdt_err *e);
+/* The first error's message, or NULL while none. Owned by g. */
+const char *jdt_graph_error_msg(const jdt_graph *g);
 
 /* Builder API, autodiff and the interpreter are declared in graph/builder.h, autodiff/autodiff.h
  * and graph/interp.h. */

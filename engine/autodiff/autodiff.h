@@ -1,0 +1,26 @@
+/*
+ * autodiff.h — reverse-mode automatic differentiation over the graph IR.
+ *
+ * jdt_autodiff_grad appends the backward pass to the SAME graph (so forward, backward and the
+ * optimizer update form one whole-step graph) using each op's VJP rule from the op registry
+ * (engine/graph/ops.c). Only nodes that both depend on a requested parameter and reach the loss
+ * are differentiated; contributions of fanned-out tensors are summed; STOP_GRADIENT, integer
+ * tensors and the piecewise-constant comparisons GT/GE pass no gradient.
+ */
+#ifndef JDT_AUTODIFF_H
+#define JDT_AUTODIFF_H
+
+#include "graph/graph.h"
+
+/* Differentiates `loss` (a float tensor with exactly one element) with respect to
+ * params[0..n_params) (PARAM leaves of g) and sets grads[i] to a tensor of g with the shape and
+ * dtype of params[i]. A parameter the loss does not depend on gets a zero CONSTANT.
+ * Returns JDT_OK; ERR_INVALID if the loss is not a one-element float node of g or a param is
+ * not a PARAM of g; ERR_UNSUPPORTED if a node on a gradient path has no VJP rule (the message
+ * names the op and node id: fused backward ops are not differentiated again); or the graph's
+ * sticky builder error if a backward node could not be built. On error grads are all NULL and
+ * the graph may hold unreferenced backward nodes (harmless: they are not outputs). */
+jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params, jdt_tensor *const *params,
+                             jdt_tensor **grads, jdt_err *e);
+
+#endif /* JDT_AUTODIFF_H */

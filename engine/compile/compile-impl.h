@@ -1,0 +1,111 @@
+/*
+ * compile-impl.h — internals of the compiler shared by its files: the compiler's own node list
+ * (a rewritten copy of the caller's graph), fusion groups, steps and buffers.
+ *
+ * Pipeline (program.c drives it):
+ *   passes.c   graph -> cnodes: simplification, splat folding and CSE while copying, then DCE
+ *   fuse.c     cnodes -> groups (fused loop nests) and builtin steps, schedule, memory plan
+ *   codegen.c  groups -> one C translation unit
+ *   cache.c    C source -> shared object (system compiler, on-disk cache) -> dlopen
+ */
+#ifndef JDT_COMPILE_IMPL_H
+#define JDT_COMPILE_IMPL_H
+
+#include "compile/compile.h"
+
+typedef enum {
+    CK_LEAF,    /* PARAM, INPUT, data CONSTANT: caller/arena-bound memory */
+    CK_SPLAT,   /* CONSTANT without data: every element = splat (inlined as a literal) */
+    CK_EW,      /* elementwise (incl. IOTA, CAUSAL_MASK, DROPOUT): fusible */
+    CK_MAP,     /* BROADCAST, TRANSPOSE, SLICE: a strided read of a materialised input */
+    CK_REDUCE,  /* REDUCE_*: a group root */
+    CK_VIEW,    /* RESHAPE: aliases its input's buffer */
+    CK_BUILTIN, /* hand-written kernel (engine/runtime) */
+} cnode_kind;
+
+typedef struct {
+    jdt_op op;
+    jdt_dtype dtype;
+    jdt_shape shape;
+    int n_in;
+    int in[JDT_MAX_INPUTS]; /* cnode indices (< own index) */
+    jdt_attrs attrs;
+    double splat;        /* CK_SPLAT value */
+    jdt_tensor *src;     /* leaves: the caller's tensor */
+    cnode_kind kind;
+    bool live;
+    int n_users;
+    int group;           /* fusion group or -1 */
+    bool store;          /* materialised: has a buffer */
+    int buf;             /* buffer index (views: their input's) or -1 */
+} cnode;
+
+typedef struct {
+    int root;             /* cnode index; the group runs at the root's position */
+    int *members;         /* cnode indices in topological order (root last) */
+    int n_members, cap_members;
+    jdt_shape domain;     /* loop domain: the root's shape, or a reduction's input shape */
+    bool is_reduce;
+} cgroup;
+
+typedef enum { STEP_KERNEL, STEP_BUILTIN } step_kind;
+
+typedef struct {
+    step_kind kind;
+    int group; /* STEP_KERNEL: group index; kernel index = order among kernel steps */
+    int kernel;
+    int node;  /* STEP_BUILTIN: cnode index */
+    int scratch_buf; /* builtin scratch buffer or -1 */
+} cstep;
+
+typedef struct {
+    jdt_buf_info info;
+    int leaf_node; /* JDT_BUF_LEAF: the cnode whose src->data is bound, else -1 */
+} cbuf;
+
+typedef struct {
+    int value, target; /* cnode indices */
+    bool donated;      /* value written directly into the target's buffer */
+} cupdate;
+
+/* Everything the compiler builds; program.c owns it. */
+typedef struct {
+    jdt_compile_opts opts;
+    int nt;
+    cnode *nodes;
+    int n_nodes, cap_nodes;
+    int *outputs; /* cnode index per graph output */
+    int n_outputs;
+    cupdate *updates;
+    int n_updates;
+    cgroup *groups;
+    int n_groups, cap_groups;
+    cstep *steps;
+    int n_steps, cap_steps;
+    cbuf *bufs;
+    int n_bufs, cap_bufs;
+    int64_t arena_bytes;
+    jdt_compile_stats stats;
+} cprog;
+
+/* passes.c: copies g into c->nodes with simplification/CSE (unless no_simplify) and DCE. */
+jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e);
+/* fuse.c: groups, schedule and memory plan. */
+jdt_status jdt_compile_fuse(cprog *c, jdt_err *e);
+jdt_status jdt_compile_plan(cprog *c, jdt_err *e);
+/* codegen.c: the C translation unit for every kernel step; *src owned by caller (jdt_free). */
+jdt_status jdt_compile_codegen(const cprog *c, char **src, jdt_err *e);
+/* cache.c: builds (or finds) the shared object for src; fills so_path, cc_s, cache_hit and
+ * returns the dlopen handle in *handle. */
+jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **handle,
+                             jdt_compile_stats *st, jdt_err *e);
+/* cache.c: the resolved cache directory into buf. */
+jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e);
+
+/* Reduce attrs helper: true when axis k of an n-d input is reduced. */
+static inline bool cnode_reduces_axis(const cnode *r, int k) { return (r->attrs.i[0] >> k) & 1; }
+
+/* Grows a dynamic array; false on allocation failure. */
+bool jdt_compile_grow(void **arr, int *cap, int need, size_t elem);
+
+#endif /* JDT_COMPILE_IMPL_H */

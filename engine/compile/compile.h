@@ -1,0 +1,108 @@
+/*
+ * compile.h — the compiler and executable program: graph passes (DCE, CSE, constant folding,
+ * algebraic simplification), fusion of elementwise/broadcast/row-reduction chains into single
+ * loop nests, a schedule, a liveness memory plan (one arena, reuse, in-place, views, donated
+ * leaves), C code generation compiled at run time by the system C compiler into a cached
+ * shared object, and the run loop that executes generated kernels and hand-written CPU kernels
+ * (engine/runtime) in schedule order.
+ *
+ * The caller's graph is never modified: the compiler works on its own copy of the node list.
+ * Leaves (PARAM, INPUT, data CONSTANT) are read through the caller's tensors' `data` pointers at
+ * every run, so rebinding a leaf between runs is allowed.
+ */
+#ifndef JDT_COMPILE_H
+#define JDT_COMPILE_H
+
+#include "core/core.h"
+#include "graph/graph.h"
+
+typedef enum {
+    JDT_REMAT_NONE = 0,  /* keep every forward activation for the backward pass */
+    JDT_REMAT_BLOCK = 1, /* recorded only: per-block recompute is not implemented yet */
+} jdt_remat;
+
+typedef struct {
+    const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
+                              ~/.cache/jdt-train */
+    const char *cc;        /* NULL: $CC, else "cc" */
+    const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno" (no fast-math: NaN/Inf
+                              semantics must hold) */
+    int threads;           /* 0: omp_get_max_threads() */
+    bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
+    bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
+    jdt_remat remat;
+} jdt_compile_opts;
+
+/* Fills o with the defaults (all NULL/0). */
+void jdt_compile_opts_init(jdt_compile_opts *o);
+
+typedef struct {
+    int n_ops_in;          /* graph nodes before the passes */
+    int n_ops_out;         /* live nodes after DCE/CSE/simplification */
+    int n_kernels;         /* generated (fused) loop-nest kernels */
+    int n_builtin;         /* hand-written kernel calls (matmul, softmax, attention ...) */
+    int n_steps;           /* n_kernels + n_builtin */
+    int n_inplace;         /* buffers written in place over a dying input */
+    int n_donated;         /* updates written directly into their leaf's buffer */
+    int n_update_copies;   /* updates copied into their leaf after the step */
+    double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
+    int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */
+    double compile_s;      /* wall time of jdt_program_compile */
+    double cc_s;           /* of which spent in the C compiler (0 on a cache hit) */
+    bool cache_hit;        /* shared object found in the on-disk cache */
+    char so_path[1024];    /* the cached shared object */
+} jdt_compile_stats;
+
+typedef struct jdt_program jdt_program;
+
+/* Compiles g into an executable program. Returns JDT_OK and sets *out (owned by the caller,
+ * release with jdt_program_free); on failure *out is NULL and e names the cause:
+ * ERR_UNSUPPORTED (op/dtype without a CPU kernel, naming the op and node), ERR_COMPILE (the C
+ * compiler failed or is missing; its output is saved to a log file named in the message),
+ * ERR_IO (cache directory), ERR_NOMEM. g must stay alive and unchanged while the program
+ * lives (leaf tensors are read at every run). opts may be NULL (defaults). */
+jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_program **out,
+                               jdt_err *e);
+
+/* Runs one step: reads every leaf through its tensor's data pointer (all must be bound:
+ * ERR_INVALID naming the leaf otherwise), computes the outputs, then applies every update to
+ * its target leaf's buffer in place. Not thread-safe for one program; allocates nothing. */
+jdt_status jdt_program_run(jdt_program *p, jdt_err *e);
+
+/* Pointer to graph output i after a run (row-major, the output tensor's dtype and shape);
+ * valid until the next run or jdt_program_free. NULL if i is out of range. The memory is owned
+ * by the program (or is the bound leaf when the output is a leaf/updated leaf). */
+const void *jdt_program_output(const jdt_program *p, int i);
+
+/* Statistics of the compilation (never NULL for a live program). */
+const jdt_compile_stats *jdt_program_stats(const jdt_program *p);
+
+/* The generated C source of the program (for inspection and tests). */
+const char *jdt_program_source(const jdt_program *p);
+
+/* Writes a human-readable summary (passes, kernels, memory, cache) into buf; returns buf. */
+char *jdt_program_summary(const jdt_program *p, char *buf, size_t n);
+
+/* Frees the program (closes the shared object). NULL is a no-op. */
+void jdt_program_free(jdt_program *p);
+
+/* ---- memory plan introspection (tests, `inspect`) ------------------------------------------- */
+
+typedef enum {
+    JDT_BUF_LEAF = 0,  /* caller-bound leaf memory */
+    JDT_BUF_ARENA = 1, /* an interval of the program's arena */
+} jdt_buf_kind;
+
+typedef struct {
+    jdt_buf_kind kind;
+    int64_t offset, n_bytes; /* arena interval (ARENA only) */
+    int def_step;            /* step that writes it (-1: leaf, valid before step 0) */
+    int last_step;           /* last step that reads it (n_steps: kept to the end) */
+    int inplace_of;          /* buffer whose storage it took over at def_step, or -1 */
+} jdt_buf_info;
+
+int jdt_program_n_buffers(const jdt_program *p);
+/* Fills *info for buffer i; false if out of range. */
+bool jdt_program_buffer(const jdt_program *p, int i, jdt_buf_info *info);
+
+#endif /* JDT_COMPILE_H */

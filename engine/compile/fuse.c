@@ -1,0 +1,481 @@
+/*
+ * fuse.c — fusion, schedule and memory plan.
+ *
+ * Fusion (one sweep in reverse topological order, producer-into-consumer as XLA's loop fusion):
+ * an elementwise or strided-read (broadcast/transpose/slice) node joins its consumers' group
+ * when every consumer is in that one group, reads it at the loop index (elementwise consumers
+ * or the group's reduction root), and it has the group's loop-domain shape. Reductions start a
+ * group whose domain is their input shape, so the elementwise chain feeding a reduction is
+ * computed inside the reduction's loop nest. Splat constants are literals in the code and need
+ * no buffer unless a builtin, a view or the caller reads them.
+ *
+ * Schedule: a group runs at its root's position, a builtin at its own; the node order is
+ * topological and group members have no consumers outside their group, so this is valid.
+ *
+ * Memory plan: each materialised node gets a buffer; views share their input's. Leaves are
+ * caller memory. Arena buffers are placed by a first-fit free list over the schedule: a buffer
+ * is allocated at the step that writes it and freed after the last step that reads it (outputs
+ * and update values live to the end). Outputs of a step never overlap its inputs, except in
+ * place: an elementwise group output may take over an input buffer that dies at that step and
+ * is only read at the loop index. Updates are donated — the value is written straight into the
+ * parameter's buffer — when the value is stored by an elementwise group, every other read of
+ * the old parameter happens no later than that group, and the group reads the parameter only
+ * at the loop index; otherwise the value is copied into the parameter after the step.
+ */
+#include "compile/compile-impl.h"
+
+#include <string.h>
+
+#include "runtime/runtime.h"
+
+typedef struct {
+    int *start; /* (n_nodes + 1) CSR offsets */
+    int *users;
+} user_lists;
+
+static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
+{
+    int n = c->n_nodes, n_edges = 0;
+    for (int i = 0; i < n; i++) n_edges += c->nodes[i].n_in;
+    u->start = jdt_calloc((size_t)n + 1, sizeof(int));
+    u->users = jdt_malloc(sizeof(int) * ((size_t)n_edges + 1));
+    int *fill = jdt_calloc((size_t)n + 1, sizeof(int));
+    if (!u->start || !u->users || !fill) {
+        jdt_free(fill);
+        return jdt_err_set(e, JDT_ERR_NOMEM, "compile: user lists");
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < c->nodes[i].n_in; k++) u->start[c->nodes[i].in[k] + 1]++;
+    for (int i = 0; i < n; i++) u->start[i + 1] += u->start[i];
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < c->nodes[i].n_in; k++) {
+            int x = c->nodes[i].in[k];
+            u->users[u->start[x] + fill[x]++] = i;
+        }
+    jdt_free(fill);
+    return JDT_OK;
+}
+
+static bool is_output(const cprog *c, int i)
+{
+    for (int k = 0; k < c->n_outputs; k++)
+        if (c->outputs[k] == i) return true;
+    return false;
+}
+
+static bool is_update_value(const cprog *c, int i)
+{
+    for (int k = 0; k < c->n_updates; k++)
+        if (c->updates[k].value == i) return true;
+    return false;
+}
+
+static int new_group(cprog *c, int root, const jdt_shape *domain, bool is_reduce)
+{
+    if (!jdt_compile_grow((void **)&c->groups, &c->cap_groups, c->n_groups + 1, sizeof(cgroup)))
+        return -1;
+    cgroup *g = &c->groups[c->n_groups];
+    memset(g, 0, sizeof *g);
+    g->root = root;
+    g->domain = *domain;
+    g->is_reduce = is_reduce;
+    return c->n_groups++;
+}
+
+static bool group_add(cprog *c, int gi, int node)
+{
+    cgroup *g = &c->groups[gi];
+    if (!jdt_compile_grow((void **)&g->members, &g->cap_members, g->n_members + 1, sizeof(int)))
+        return false;
+    g->members[g->n_members++] = node;
+    c->nodes[node].group = gi;
+    return true;
+}
+
+/* The group node i may join, or -1. */
+static int joinable(const cprog *c, const user_lists *u, int i)
+{
+    const cnode *n = &c->nodes[i];
+    if (c->opts.no_fuse || u->start[i + 1] == u->start[i]) return -1;
+    int gi = -1;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        const cnode *un = &c->nodes[u->users[k]];
+        if (un->group < 0) return -1;
+        if (gi >= 0 && un->group != gi) return -1;
+        gi = un->group;
+        bool at_index = un->kind == CK_EW ||
+                        (un->kind == CK_REDUCE && c->groups[gi].root == u->users[k]);
+        if (!at_index) return -1;
+    }
+    const cgroup *g = &c->groups[gi];
+    if (!jdt_shape_eq(&n->shape, &g->domain)) return -1;
+    if (g->is_reduce && (is_output(c, i) || is_update_value(c, i))) return -1;
+    /* DROPOUT's step input is read as a scalar, never at the loop index */
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        const cnode *un = &c->nodes[u->users[k]];
+        if (un->op == JDT_OP_DROPOUT && un->in[1] == i) return -1;
+    }
+    return gi;
+}
+
+static bool splat_needs_buffer(const cprog *c, const user_lists *u, int i)
+{
+    if (is_output(c, i) || is_update_value(c, i)) return true;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        cnode_kind kk = c->nodes[u->users[k]].kind;
+        if (kk == CK_BUILTIN || kk == CK_VIEW) return true;
+    }
+    return false;
+}
+
+static void sort_members(cgroup *g)
+{
+    for (int a = 1; a < g->n_members; a++) /* insertion sort: groups are small */
+        for (int b = a; b > 0 && g->members[b - 1] > g->members[b]; b--) {
+            int t = g->members[b];
+            g->members[b] = g->members[b - 1];
+            g->members[b - 1] = t;
+        }
+}
+
+static bool add_step(cprog *c, cstep s)
+{
+    if (!jdt_compile_grow((void **)&c->steps, &c->cap_steps, c->n_steps + 1, sizeof(cstep)))
+        return false;
+    c->steps[c->n_steps++] = s;
+    return true;
+}
+
+jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
+{
+    user_lists u = {0};
+    jdt_status st = build_users(c, &u, e);
+    if (st != JDT_OK) goto out;
+    for (int i = c->n_nodes - 1; i >= 0; i--) {
+        cnode *n = &c->nodes[i];
+        int gi = -1;
+        if (n->kind == CK_SPLAT) {
+            if (!splat_needs_buffer(c, &u, i)) continue;
+            gi = new_group(c, i, &n->shape, false);
+        } else if (n->kind == CK_EW || n->kind == CK_MAP) {
+            gi = joinable(c, &u, i);
+            if (gi < 0) gi = new_group(c, i, &n->shape, false);
+        } else if (n->kind == CK_REDUCE) {
+            gi = new_group(c, i, &c->nodes[n->in[0]].shape, true);
+        } else {
+            continue;
+        }
+        if (gi < 0 || !group_add(c, gi, i)) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: fusion groups");
+            goto out;
+        }
+    }
+    for (int g = 0; g < c->n_groups; g++) sort_members(&c->groups[g]);
+
+    /* schedule: node order; stores */
+    int n_kernels = 0;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *n = &c->nodes[i];
+        cstep s = {.group = -1, .kernel = -1, .node = i, .scratch_buf = -1};
+        if (n->group >= 0) {
+            const cgroup *g = &c->groups[n->group];
+            n->store = g->root == i || is_output(c, i) || is_update_value(c, i);
+            if (g->root != i) continue;
+            s.kind = STEP_KERNEL;
+            s.group = n->group;
+            s.kernel = n_kernels++;
+        } else if (n->kind == CK_BUILTIN) {
+            n->store = true;
+            s.kind = STEP_BUILTIN;
+        } else {
+            n->store = n->kind == CK_LEAF || n->kind == CK_VIEW;
+            continue;
+        }
+        if (!add_step(c, s)) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: schedule");
+            goto out;
+        }
+    }
+    c->stats.n_kernels = n_kernels;
+    c->stats.n_builtin = c->n_steps - n_kernels;
+    c->stats.n_steps = c->n_steps;
+out:
+    jdt_free(u.start);
+    jdt_free(u.users);
+    return st;
+}
+
+/* ---- memory plan ------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t off, size;
+} span;
+
+typedef struct {
+    span *free; /* sorted by offset, coalesced */
+    int n, cap;
+    int64_t top;
+} arena_alloc;
+
+static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+static bool arena_take(arena_alloc *a, int64_t size, int64_t *off)
+{
+    size = align64(size ? size : 1);
+    int best = -1;
+    for (int i = 0; i < a->n; i++)
+        if (a->free[i].size >= size && (best < 0 || a->free[i].size < a->free[best].size)) best = i;
+    if (best >= 0) {
+        *off = a->free[best].off;
+        a->free[best].off += size;
+        a->free[best].size -= size;
+        if (a->free[best].size == 0) {
+            memmove(&a->free[best], &a->free[best + 1], sizeof(span) * (size_t)(a->n - best - 1));
+            a->n--;
+        }
+        return true;
+    }
+    /* grow the top, absorbing a free span that ends there */
+    if (a->n > 0 && a->free[a->n - 1].off + a->free[a->n - 1].size == a->top) {
+        *off = a->free[a->n - 1].off;
+        a->n--;
+    } else {
+        *off = a->top;
+    }
+    a->top = *off + size;
+    return true;
+}
+
+static bool arena_give(arena_alloc *a, int64_t off, int64_t size)
+{
+    size = align64(size ? size : 1);
+    if (!jdt_compile_grow((void **)&a->free, &a->cap, a->n + 1, sizeof(span))) return false;
+    int i = 0;
+    while (i < a->n && a->free[i].off < off) i++;
+    memmove(&a->free[i + 1], &a->free[i], sizeof(span) * (size_t)(a->n - i));
+    a->free[i].off = off;
+    a->free[i].size = size;
+    a->n++;
+    if (i + 1 < a->n && a->free[i].off + a->free[i].size == a->free[i + 1].off) {
+        a->free[i].size += a->free[i + 1].size;
+        memmove(&a->free[i + 1], &a->free[i + 2], sizeof(span) * (size_t)(a->n - i - 2));
+        a->n--;
+    }
+    if (i > 0 && a->free[i - 1].off + a->free[i - 1].size == a->free[i].off) {
+        a->free[i - 1].size += a->free[i].size;
+        memmove(&a->free[i], &a->free[i + 1], sizeof(span) * (size_t)(a->n - i - 1));
+        a->n--;
+    }
+    return true;
+}
+
+static int add_buf(cprog *c, jdt_buf_kind kind, int64_t n_bytes, int leaf_node)
+{
+    if (!jdt_compile_grow((void **)&c->bufs, &c->cap_bufs, c->n_bufs + 1, sizeof(cbuf))) return -1;
+    cbuf *b = &c->bufs[c->n_bufs];
+    memset(b, 0, sizeof *b);
+    b->info.kind = kind;
+    b->info.n_bytes = n_bytes;
+    b->info.offset = -1;
+    b->info.def_step = -1;
+    b->info.last_step = -1;
+    b->info.inplace_of = -1;
+    b->leaf_node = leaf_node;
+    return c->n_bufs++;
+}
+
+static int64_t node_bytes(const cnode *n)
+{
+    return jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype);
+}
+
+/* Calls fn(step, input node) for every buffer read of step s (group-external inputs). */
+static void step_reads(const cprog *c, int s, void (*fn)(cprog *, int, int, void *), void *ctx)
+{
+    const cstep *st = &c->steps[s];
+    if (st->kind == STEP_BUILTIN) {
+        const cnode *n = &c->nodes[st->node];
+        for (int k = 0; k < n->n_in; k++) fn((cprog *)c, s, n->in[k], ctx);
+        return;
+    }
+    const cgroup *g = &c->groups[st->group];
+    for (int m = 0; m < g->n_members; m++) {
+        const cnode *n = &c->nodes[g->members[m]];
+        for (int k = 0; k < n->n_in; k++) {
+            const cnode *x = &c->nodes[n->in[k]];
+            if (x->group == st->group || x->kind == CK_SPLAT) continue;
+            fn((cprog *)c, s, n->in[k], ctx);
+        }
+    }
+}
+
+static void note_last(cprog *c, int s, int x, void *ctx)
+{
+    int *last = ctx;
+    int b = c->nodes[x].buf;
+    if (b >= 0 && last[b] < s) last[b] = s;
+}
+
+/* Is buffer b read in group gi only at the loop index (by elementwise members)? */
+static bool read_only_at_index(const cprog *c, int gi, int b)
+{
+    const cgroup *g = &c->groups[gi];
+    for (int m = 0; m < g->n_members; m++) {
+        const cnode *n = &c->nodes[g->members[m]];
+        for (int k = 0; k < n->n_in; k++) {
+            const cnode *x = &c->nodes[n->in[k]];
+            if (x->group == gi || x->kind == CK_SPLAT || x->buf != b) continue;
+            if (n->kind != CK_EW || (n->op == JDT_OP_DROPOUT && k == 1)) return false;
+            if (jdt_shape_numel(&x->shape) != jdt_shape_numel(&g->domain)) return false;
+        }
+    }
+    return true;
+}
+
+static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
+{
+    if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
+    const jdt_shape *q = &c->nodes[n->in[0]].shape;
+    return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt) * 4;
+}
+
+jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    int S = c->n_steps;
+    int *last = NULL;
+    arena_alloc A = {0};
+    bool *taken = NULL;
+
+    /* 1. buffers: leaves, stored nodes; views alias */
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *n = &c->nodes[i];
+        if (!n->store) continue;
+        if (n->kind == CK_VIEW) {
+            n->buf = c->nodes[n->in[0]].buf;
+            continue;
+        }
+        n->buf = add_buf(c, n->kind == CK_LEAF ? JDT_BUF_LEAF : JDT_BUF_ARENA, node_bytes(n),
+                         n->kind == CK_LEAF ? i : -1);
+        if (n->buf < 0) goto nomem;
+    }
+    for (int s = 0; s < S; s++) {
+        cstep *sp = &c->steps[s];
+        if (sp->kind == STEP_BUILTIN) {
+            c->bufs[c->nodes[sp->node].buf].info.def_step = s;
+            int64_t sb = builtin_scratch_bytes(c, &c->nodes[sp->node]);
+            if (sb > 0) {
+                sp->scratch_buf = add_buf(c, JDT_BUF_ARENA, sb, -1);
+                if (sp->scratch_buf < 0) goto nomem;
+                c->bufs[sp->scratch_buf].info.def_step = s;
+                c->bufs[sp->scratch_buf].info.last_step = s;
+            }
+        } else {
+            const cgroup *g = &c->groups[sp->group];
+            for (int m = 0; m < g->n_members; m++)
+                if (c->nodes[g->members[m]].store)
+                    c->bufs[c->nodes[g->members[m]].buf].info.def_step = s;
+        }
+    }
+
+    /* 2. last reads; outputs and update values live to the end */
+    last = jdt_malloc(sizeof(int) * ((size_t)c->n_bufs + 1));
+    taken = jdt_calloc((size_t)c->n_bufs + 1, sizeof(bool));
+    if (!last || !taken) goto nomem;
+    for (int b = 0; b < c->n_bufs; b++) last[b] = c->bufs[b].info.last_step;
+    for (int s = 0; s < S; s++) step_reads(c, s, note_last, last);
+    for (int i = 0; i < c->n_outputs; i++) last[c->nodes[c->outputs[i]].buf] = S;
+    for (int i = 0; i < c->n_updates; i++) last[c->nodes[c->updates[i].value].buf] = S;
+
+    /* 3. donation of updates */
+    for (int i = 0; i < c->n_updates; i++) {
+        cupdate *up = &c->updates[i];
+        cnode *v = &c->nodes[up->value];
+        int pb = c->nodes[up->target].buf;
+        if (up->value == up->target || v->group < 0 || v->kind == CK_VIEW) continue;
+        if (c->groups[v->group].is_reduce || taken[pb]) continue;
+        int s = c->bufs[v->buf].info.def_step;
+        bool dup = false;
+        for (int k = 0; k < i; k++) dup = dup || c->updates[k].value == up->value;
+        if (dup || last[pb] > s || !read_only_at_index(c, v->group, pb)) continue;
+        /* the value's own buffer is dropped; it lives in the parameter */
+        last[v->buf] = -1;
+        c->bufs[v->buf].info.def_step = -2; /* unused */
+        v->buf = pb;
+        taken[pb] = true;
+        up->donated = true;
+        c->stats.n_donated++;
+        c->bufs[pb].info.def_step = s;
+    }
+    for (int i = 0; i < c->n_updates; i++)
+        if (!c->updates[i].donated && c->updates[i].value != c->updates[i].target)
+            c->stats.n_update_copies++;
+    /* views of a donated value follow it */
+    for (int i = 0; i < c->n_nodes; i++)
+        if (c->nodes[i].kind == CK_VIEW) c->nodes[i].buf = c->nodes[c->nodes[i].in[0]].buf;
+
+    /* 4. arena placement over the schedule, with in-place takeover */
+    for (int s = 0; s < S; s++) {
+        cstep *sp = &c->steps[s];
+        int outs[64], n_outs = 0;
+        if (sp->kind == STEP_BUILTIN) {
+            outs[n_outs++] = c->nodes[sp->node].buf;
+            if (sp->scratch_buf >= 0) outs[n_outs++] = sp->scratch_buf;
+        } else {
+            const cgroup *g = &c->groups[sp->group];
+            for (int m = 0; m < g->n_members && n_outs < 64; m++)
+                if (c->nodes[g->members[m]].store) outs[n_outs++] = c->nodes[g->members[m]].buf;
+        }
+        for (int k = 0; k < n_outs; k++) {
+            cbuf *b = &c->bufs[outs[k]];
+            if (b->info.kind != JDT_BUF_ARENA) continue;
+            int donor = -1;
+            if (sp->kind == STEP_KERNEL && !c->groups[sp->group].is_reduce) {
+                /* an input buffer dying here, read only at the loop index, same size */
+                const cgroup *g = &c->groups[sp->group];
+                for (int m = 0; m < g->n_members && donor < 0; m++) {
+                    const cnode *n = &c->nodes[g->members[m]];
+                    for (int q = 0; q < n->n_in && donor < 0; q++) {
+                        const cnode *x = &c->nodes[n->in[q]];
+                        if (x->group == sp->group || x->kind == CK_SPLAT || x->buf < 0) continue;
+                        cbuf *xb = &c->bufs[x->buf];
+                        if (xb->info.kind != JDT_BUF_ARENA || taken[x->buf] || last[x->buf] != s ||
+                            align64(xb->info.n_bytes) != align64(b->info.n_bytes))
+                            continue;
+                        if (read_only_at_index(c, sp->group, x->buf)) donor = x->buf;
+                    }
+                }
+            }
+            if (donor >= 0) {
+                taken[donor] = true;
+                b->info.offset = c->bufs[donor].info.offset;
+                b->info.inplace_of = donor;
+                c->stats.n_inplace++;
+            } else {
+                arena_take(&A, b->info.n_bytes, &b->info.offset);
+            }
+        }
+        for (int b = 0; b < c->n_bufs; b++) {
+            cbuf *cb = &c->bufs[b];
+            if (cb->info.kind != JDT_BUF_ARENA || cb->info.def_step == -2) continue;
+            if (last[b] < cb->info.def_step) last[b] = cb->info.def_step;
+            if (last[b] == s && cb->info.def_step <= s && !taken[b] &&
+                !arena_give(&A, cb->info.offset, cb->info.n_bytes))
+                goto nomem;
+        }
+    }
+    for (int b = 0; b < c->n_bufs; b++) {
+        c->bufs[b].info.last_step = last[b];
+        if (c->bufs[b].info.def_step == -2) c->bufs[b].info.n_bytes = 0;
+    }
+    c->arena_bytes = A.top;
+    c->stats.arena_bytes = A.top;
+    goto out;
+nomem:
+    st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: memory plan");
+out:
+    jdt_free(last);
+    jdt_free(taken);
+    jdt_free(A.free);
+    return st;
+}

@@ -1,0 +1,377 @@
+/*
+ * passes.c — lowering the caller's graph into the compiler's node list, with the graph-level
+ * passes applied on the way (each new node is first simplified, then folded, then looked up
+ * for CSE, so rewrites compose in one topological sweep), then dead-code elimination.
+ *
+ * Simplifications: identity ops (x*1, 1*x, x+0, 0+x, x-0, x/1, scalar ops with neutral
+ * constants, pow 1, cast to the same dtype, stop_gradient, reshape/broadcast to the same shape,
+ * identity transpose), neg(neg x), reshape(reshape x), transpose(transpose x) (perm composed),
+ * broadcast(broadcast x). Folding: ops whose inputs are all splat constants (every element the
+ * same value) become splats — autodiff seeds and optimizer hyper-parameters produce many.
+ * Data constants are not folded (no evaluator here; the interpreter is the reference path).
+ * x*0 is not simplified: it must stay NaN for x = NaN/Inf.
+ */
+#include "compile/compile-impl.h"
+
+#include <math.h>
+#include <string.h>
+
+bool jdt_compile_grow(void **arr, int *cap, int need, size_t elem)
+{
+    if (need <= *cap) return true;
+    int nc = *cap ? *cap * 2 : 32;
+    while (nc < need) nc *= 2;
+    void *p = jdt_realloc(*arr, (size_t)nc * elem);
+    if (!p) return false;
+    *arr = p;
+    *cap = nc;
+    return true;
+}
+
+static cnode_kind kind_of(jdt_op op, const jdt_tensor *t)
+{
+    switch (op) {
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT: return CK_LEAF;
+    case JDT_OP_CONSTANT: return (t && t->data) ? CK_LEAF : CK_SPLAT;
+    case JDT_OP_BROADCAST:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE: return CK_MAP;
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN: return CK_REDUCE;
+    case JDT_OP_RESHAPE: return CK_VIEW;
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK: return CK_EW;
+    default: break;
+    }
+    if (op >= JDT_OP_NEG && op <= JDT_OP_DROPOUT) return CK_EW;
+    return CK_BUILTIN;
+}
+
+static bool dtype_supported(jdt_dtype dt)
+{
+    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64 || dt == JDT_DTYPE_I32 ||
+           dt == JDT_DTYPE_U8 || dt == JDT_DTYPE_U16 || dt == JDT_DTYPE_U32;
+}
+
+/* Evaluates an elementwise op on splat values in double (rounded to the dtype by the caller). */
+static bool eval_splat(jdt_op op, const jdt_attrs *at, const double *v, double *out)
+{
+    double a = v[0], b = v[1], f = at->f[0];
+    switch (op) {
+    case JDT_OP_NEG: *out = -a; break;
+    case JDT_OP_EXP: *out = exp(a); break;
+    case JDT_OP_LOG: *out = log(a); break;
+    case JDT_OP_TANH: *out = tanh(a); break;
+    case JDT_OP_SQRT: *out = sqrt(a); break;
+    case JDT_OP_RSQRT: *out = 1.0 / sqrt(a); break;
+    case JDT_OP_RELU: *out = a > 0 ? a : 0.0; break;
+    case JDT_OP_SIGMOID: *out = 1.0 / (1.0 + exp(-a)); break;
+    case JDT_OP_ABS: *out = fabs(a); break;
+    case JDT_OP_ADD: *out = a + b; break;
+    case JDT_OP_SUB: *out = a - b; break;
+    case JDT_OP_MUL: *out = a * b; break;
+    case JDT_OP_DIV: *out = a / b; break;
+    case JDT_OP_MAX: *out = a > b ? a : b; break;
+    case JDT_OP_MIN: *out = a < b ? a : b; break;
+    case JDT_OP_GT: *out = a > b ? 1.0 : 0.0; break;
+    case JDT_OP_GE: *out = a >= b ? 1.0 : 0.0; break;
+    case JDT_OP_ADD_SCALAR: *out = a + f; break;
+    case JDT_OP_MUL_SCALAR: *out = a * f; break;
+    case JDT_OP_POW_SCALAR: *out = pow(a, f); break;
+    case JDT_OP_SELECT: *out = a != 0 ? b : v[2]; break;
+    case JDT_OP_CAST: *out = a; break;
+    default: return false;
+    }
+    return true;
+}
+
+static double round_to(jdt_dtype dt, double v)
+{
+    switch (dt) {
+    case JDT_DTYPE_F32: return (double)(float)v;
+    case JDT_DTYPE_I32: return isfinite(v) ? (double)(int32_t)v : 0.0;
+    default: return v;
+    }
+}
+
+typedef struct {
+    cprog *c;
+    int *table; /* CSE hash table of cnode indices, -1 empty */
+    int table_cap;
+    bool simplify;
+} lowerer;
+
+static uint64_t node_hash(const cnode *n)
+{
+    uint64_t h = jdt_hash_u64(JDT_HASH_INIT, (uint64_t)n->op);
+    h = jdt_hash_u64(h, (uint64_t)n->dtype);
+    h = jdt_hash_bytes(h, &n->shape, sizeof n->shape);
+    h = jdt_hash_bytes(h, n->in, sizeof(int) * (size_t)n->n_in);
+    h = jdt_hash_bytes(h, &n->attrs, sizeof n->attrs);
+    h = jdt_hash_bytes(h, &n->splat, sizeof n->splat);
+    return h;
+}
+
+static bool node_same(const cnode *a, const cnode *b)
+{
+    return a->op == b->op && a->dtype == b->dtype && jdt_shape_eq(&a->shape, &b->shape) &&
+           a->n_in == b->n_in && memcmp(a->in, b->in, sizeof(int) * (size_t)a->n_in) == 0 &&
+           memcmp(&a->attrs, &b->attrs, sizeof a->attrs) == 0 &&
+           memcmp(&a->splat, &b->splat, sizeof a->splat) == 0 && a->src == b->src;
+}
+
+/* Appends n (after the CSE lookup); returns its index or -1 on allocation failure. */
+static int emit(lowerer *L, cnode *n)
+{
+    cprog *c = L->c;
+    uint64_t slot = 0;
+    bool cse = L->simplify && n->kind != CK_LEAF;
+    if (cse) {
+        slot = node_hash(n) & (uint64_t)(L->table_cap - 1);
+        while (L->table[slot] >= 0) {
+            if (node_same(&c->nodes[L->table[slot]], n)) return L->table[slot];
+            slot = (slot + 1) & (uint64_t)(L->table_cap - 1);
+        }
+    }
+    if (!jdt_compile_grow((void **)&c->nodes, &c->cap_nodes, c->n_nodes + 1, sizeof(cnode)))
+        return -1;
+    int id = c->n_nodes++;
+    c->nodes[id] = *n;
+    c->nodes[id].group = -1;
+    c->nodes[id].buf = -1;
+    if (cse) L->table[slot] = id;
+    return id;
+}
+
+static bool is_splat(const cprog *c, int i, double v)
+{
+    return c->nodes[i].kind == CK_SPLAT && c->nodes[i].splat == v;
+}
+
+static int make_splat(lowerer *L, const cnode *like, double v)
+{
+    cnode s;
+    memset(&s, 0, sizeof s);
+    s.op = JDT_OP_CONSTANT;
+    s.dtype = like->dtype;
+    s.shape = like->shape;
+    s.kind = CK_SPLAT;
+    s.splat = round_to(like->dtype, v);
+    return emit(L, &s);
+}
+
+/* Returns an existing/new node equivalent to n, or -2 when no rule applies (-1: no memory). */
+static int simplify(lowerer *L, cnode *n)
+{
+    cprog *c = L->c;
+    const cnode *a = n->n_in > 0 ? &c->nodes[n->in[0]] : NULL;
+    int x = n->n_in > 0 ? n->in[0] : -1, y = n->n_in > 1 ? n->in[1] : -1;
+    bool same_as_x = a && a->dtype == n->dtype && jdt_shape_eq(&a->shape, &n->shape);
+    double f = n->attrs.f[0];
+
+    /* fold: every input a splat */
+    if (n->kind == CK_EW || n->kind == CK_MAP || n->kind == CK_VIEW || n->kind == CK_REDUCE) {
+        bool all = n->n_in > 0;
+        double v[3] = {0, 0, 0};
+        for (int i = 0; i < n->n_in; i++) {
+            if (c->nodes[n->in[i]].kind != CK_SPLAT) all = false;
+            else if (i < 3) v[i] = c->nodes[n->in[i]].splat;
+        }
+        if (all) {
+            double r;
+            if (n->kind == CK_MAP || n->kind == CK_VIEW) return make_splat(L, n, v[0]);
+            if (n->op == JDT_OP_REDUCE_SUM)
+                return make_splat(L, n, v[0] * (double)(jdt_shape_numel(&a->shape) /
+                                                        jdt_shape_numel(&n->shape)));
+            if (n->op == JDT_OP_REDUCE_MAX || n->op == JDT_OP_REDUCE_MEAN)
+                return make_splat(L, n, v[0]);
+            if (eval_splat(n->op, &n->attrs, v, &r)) return make_splat(L, n, r);
+        }
+    }
+    switch (n->op) {
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_CAST:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_BROADCAST:
+        if (same_as_x) return x;
+        break;
+    default: break;
+    }
+    switch (n->op) {
+    case JDT_OP_MUL:
+        if (is_splat(c, y, 1.0) && same_as_x) return x;
+        if (is_splat(c, x, 1.0) && c->nodes[y].dtype == n->dtype) return y;
+        break;
+    case JDT_OP_ADD:
+        if (is_splat(c, y, 0.0) && same_as_x) return x;
+        if (is_splat(c, x, 0.0) && c->nodes[y].dtype == n->dtype) return y;
+        break;
+    case JDT_OP_SUB:
+        if (is_splat(c, y, 0.0) && same_as_x) return x;
+        break;
+    case JDT_OP_DIV:
+        if (is_splat(c, y, 1.0) && same_as_x) return x;
+        break;
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_POW_SCALAR:
+        if (f == 1.0 && same_as_x) return x;
+        break;
+    case JDT_OP_ADD_SCALAR:
+        if (f == 0.0 && same_as_x) return x;
+        break;
+    case JDT_OP_NEG:
+        if (a->op == JDT_OP_NEG) return a->in[0];
+        break;
+    case JDT_OP_RESHAPE:
+        if (a->op == JDT_OP_RESHAPE) {
+            cnode r = *n;
+            r.in[0] = a->in[0];
+            if (jdt_shape_eq(&c->nodes[a->in[0]].shape, &n->shape) &&
+                c->nodes[a->in[0]].dtype == n->dtype)
+                return a->in[0];
+            return emit(L, &r);
+        }
+        break;
+    case JDT_OP_BROADCAST:
+        if (a->op == JDT_OP_BROADCAST) {
+            cnode r = *n;
+            r.in[0] = a->in[0];
+            return emit(L, &r);
+        }
+        break;
+    case JDT_OP_TRANSPOSE: {
+        bool ident = true;
+        for (int k = 0; k < n->shape.ndim; k++) ident = ident && n->attrs.i[k] == k;
+        if (ident && same_as_x) return x;
+        if (a->op == JDT_OP_TRANSPOSE) {
+            /* out.dims[k] = mid.dims[p2[k]] = in.dims[p1[p2[k]]] */
+            cnode r = *n;
+            r.in[0] = a->in[0];
+            bool id2 = true;
+            for (int k = 0; k < n->shape.ndim; k++) {
+                r.attrs.i[k] = a->attrs.i[n->attrs.i[k]];
+                id2 = id2 && r.attrs.i[k] == k;
+            }
+            if (id2) return a->in[0];
+            return emit(L, &r);
+        }
+        break;
+    }
+    default: break;
+    }
+    return -2;
+}
+
+static jdt_status check_node(const jdt_tensor *t, jdt_err *e)
+{
+    if (!dtype_supported(t->dtype))
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "compile: node %d (%s): dtype %s has no CPU kernel", t->id,
+                           jdt_op_name(t->op), jdt_dtype_name(t->dtype));
+    if (t->shape.ndim < 0 || t->shape.ndim > JDT_MAX_DIMS)
+        return jdt_err_set(e, JDT_ERR_SHAPE, "compile: node %d (%s): bad rank %d", t->id,
+                           jdt_op_name(t->op), t->shape.ndim);
+    for (int i = 0; i < t->n_inputs; i++)
+        if (!t->inputs[i] || t->inputs[i]->id >= t->id)
+            return jdt_err_set(e, JDT_ERR_INVALID, "compile: node %d (%s): input %d not before it",
+                               t->id, jdt_op_name(t->op), i);
+    return JDT_OK;
+}
+
+jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    int n = jdt_graph_n_nodes(g);
+    lowerer L = {.c = c, .simplify = !c->opts.no_simplify};
+    int *map = jdt_calloc((size_t)n + 1, sizeof(int));
+    int *remap = NULL;
+    L.table_cap = 64;
+    while (L.table_cap < 4 * n) L.table_cap *= 2;
+    L.table = jdt_malloc(sizeof(int) * (size_t)L.table_cap);
+    if (!map || !L.table) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: lowering %d nodes", n);
+        goto out;
+    }
+    memset(L.table, 0xff, sizeof(int) * (size_t)L.table_cap);
+
+    for (int i = 0; i < n; i++) {
+        jdt_tensor *t = jdt_graph_node(g, i);
+        st = check_node(t, e);
+        if (st != JDT_OK) goto out;
+        cnode cn;
+        memset(&cn, 0, sizeof cn);
+        cn.op = t->op;
+        cn.dtype = t->dtype;
+        cn.shape = t->shape;
+        cn.n_in = t->n_inputs;
+        for (int k = 0; k < t->n_inputs; k++) cn.in[k] = map[t->inputs[k]->id];
+        cn.attrs = t->attrs;
+        cn.kind = kind_of(t->op, t);
+        if (cn.kind == CK_LEAF) cn.src = t;
+        if (cn.kind == CK_SPLAT) cn.splat = round_to(t->dtype, t->attrs.f[0]);
+        int id = -2;
+        if (L.simplify && cn.kind != CK_LEAF && cn.kind != CK_SPLAT) id = simplify(&L, &cn);
+        if (id == -2) id = emit(&L, &cn);
+        if (id < 0) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: lowering node %d", i);
+            goto out;
+        }
+        map[i] = id;
+    }
+
+    /* outputs and updates in cnode terms */
+    c->n_outputs = jdt_graph_n_outputs(g);
+    c->n_updates = jdt_graph_n_updates(g);
+    c->outputs = jdt_calloc((size_t)c->n_outputs + 1, sizeof(int));
+    c->updates = jdt_calloc((size_t)c->n_updates + 1, sizeof(cupdate));
+    remap = jdt_malloc(sizeof(int) * ((size_t)c->n_nodes + 1));
+    if (!c->outputs || !c->updates || !remap) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: outputs");
+        goto out;
+    }
+    for (int i = 0; i < c->n_outputs; i++) c->outputs[i] = map[jdt_graph_output(g, i)->id];
+    for (int i = 0; i < c->n_updates; i++) {
+        jdt_tensor *tt, *vv;
+        jdt_graph_update(g, i, &tt, &vv);
+        c->updates[i].target = map[tt->id];
+        c->updates[i].value = map[vv->id];
+    }
+
+    /* DCE: live = reachable from outputs, update values and targets */
+    for (int i = 0; i < c->n_outputs; i++) c->nodes[c->outputs[i]].live = true;
+    for (int i = 0; i < c->n_updates; i++) {
+        c->nodes[c->updates[i].target].live = true;
+        c->nodes[c->updates[i].value].live = true;
+    }
+    for (int i = c->n_nodes - 1; i >= 0; i--)
+        if (c->nodes[i].live)
+            for (int k = 0; k < c->nodes[i].n_in; k++) c->nodes[c->nodes[i].in[k]].live = true;
+    int m = 0;
+    for (int i = 0; i < c->n_nodes; i++) {
+        if (!c->nodes[i].live) {
+            remap[i] = -1;
+            continue;
+        }
+        cnode cn = c->nodes[i];
+        for (int k = 0; k < cn.n_in; k++) cn.in[k] = remap[cn.in[k]];
+        remap[i] = m;
+        c->nodes[m++] = cn;
+    }
+    c->n_nodes = m;
+    for (int i = 0; i < c->n_outputs; i++) c->outputs[i] = remap[c->outputs[i]];
+    for (int i = 0; i < c->n_updates; i++) {
+        c->updates[i].target = remap[c->updates[i].target];
+        c->updates[i].value = remap[c->updates[i].value];
+    }
+    for (int i = 0; i < c->n_nodes; i++)
+        for (int k = 0; k < c->nodes[i].n_in; k++) c->nodes[c->nodes[i].in[k]].n_users++;
+    c->stats.n_ops_in = n;
+    c->stats.n_ops_out = c->n_nodes;
+out:
+    jdt_free(map);
+    jdt_free(remap);
+    jdt_free(L.table);
+    return st;
+}

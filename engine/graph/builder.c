@@ -1,0 +1,535 @@
+/*
+ * builder.c — the checked builder API (builder.h): every op goes through jdt_graph_op, which
+ * validates inputs with the op's shape rule (ops.c), records the first error in the graph
+ * (sticky), appends the node and propagates logical axis names.
+ */
+#include "graph/builder.h"
+
+#include "graph/ops-impl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+bool jdt_dtype_is_float(jdt_dtype dt) { return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64; }
+
+static void describe_inputs(int n, jdt_tensor *const *in, char *buf, size_t cap)
+{
+    size_t off = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && off < cap; i++) {
+        char s[128];
+        off += (size_t)snprintf(buf + off, cap - off, "%s%s %s", i ? ", " : "",
+                                jdt_shape_str(&in[i]->shape, s, sizeof s),
+                                jdt_dtype_name(in[i]->dtype));
+    }
+}
+
+static bool belongs(const jdt_graph *g, const jdt_tensor *t)
+{
+    return t->id >= 0 && t->id < jdt_graph_n_nodes(g) && jdt_graph_node(g, t->id) == t;
+}
+
+/* ---- logical axis names ------------------------------------------------------------------- */
+
+static void propagate_axes(jdt_tensor *t)
+{
+    jdt_tensor *const *in = t->inputs;
+    const jdt_attrs *a = &t->attrs;
+    int nd = t->shape.ndim;
+    switch (t->op) {
+    case JDT_OP_BROADCAST: {
+        int lead = nd - in[0]->shape.ndim;
+        for (int i = lead; i < nd; i++)
+            if (in[0]->shape.dims[i - lead] == t->shape.dims[i]) t->axes[i] = in[0]->axes[i - lead];
+        break;
+    }
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+        for (int i = 0, k = 0; i < in[0]->shape.ndim; i++) {
+            if (!(a->i[0] & (1 << i))) t->axes[k++] = in[0]->axes[i];
+            else if (a->i[1]) t->axes[k++] = NULL;
+        }
+        break;
+    case JDT_OP_TRANSPOSE:
+        for (int k = 0; k < nd; k++) t->axes[k] = in[0]->axes[a->i[k]];
+        break;
+    case JDT_OP_RESHAPE: {
+        const jdt_shape *s = &in[0]->shape;
+        int p = 0;
+        while (p < nd && p < s->ndim && s->dims[p] == t->shape.dims[p]) {
+            t->axes[p] = in[0]->axes[p];
+            p++;
+        }
+        for (int q = 1; nd - q >= p && s->ndim - q >= p; q++) {
+            if (s->dims[s->ndim - q] != t->shape.dims[nd - q]) break;
+            t->axes[nd - q] = in[0]->axes[s->ndim - q];
+        }
+        break;
+    }
+    case JDT_OP_MATMUL: {
+        const jdt_tensor *x = in[0], *y = in[1];
+        int na = x->shape.ndim, nb = y->shape.ndim;
+        for (int i = 0; i < nd - 2; i++) t->axes[i] = x->axes[i];
+        t->axes[nd - 2] = x->axes[na - (a->i[0] ? 1 : 2)];
+        t->axes[nd - 1] = y->axes[nb - (a->i[1] ? 2 : 1)];
+        break;
+    }
+    case JDT_OP_GATHER:
+        for (int i = 0; i < in[1]->shape.ndim; i++) t->axes[i] = in[1]->axes[i];
+        t->axes[nd - 1] = in[0]->axes[1];
+        break;
+    case JDT_OP_SCATTER_ADD:
+        t->axes[1] = in[0]->axes[in[0]->shape.ndim - 1];
+        break;
+    case JDT_OP_SOFTMAX_XENT:
+        t->axes[0] = in[0]->axes[0] ? in[0]->axes[0] : in[1]->axes[0];
+        break;
+    case JDT_OP_ATTENTION_BWD:
+        for (int i = 0; i < 4; i++) t->axes[i + 1] = in[0]->axes[i];
+        break;
+    default:
+        /* Same-shape ops (elementwise, row ops, slice/concat, cast ...): per dim, the first
+         * input of the same rank that names it. */
+        for (int k = 0; k < t->n_inputs; k++) {
+            if (in[k]->shape.ndim != nd) continue;
+            for (int i = 0; i < nd; i++)
+                if (!t->axes[i]) t->axes[i] = in[k]->axes[i];
+        }
+        break;
+    }
+}
+
+/* ---- the generic constructor -------------------------------------------------------------- */
+
+jdt_tensor *jdt_graph_op(jdt_graph *g, jdt_op op, int n_inputs, jdt_tensor *const *inputs,
+                         const jdt_attrs *attrs, jdt_dtype dt, const jdt_shape *shape)
+{
+    if (!g || jdt_graph_error_msg(g)) return NULL;
+    if ((int)op < 0 || op >= JDT_OP_COUNT) {
+        jdt_graph_fail(g, JDT_ERR_INVALID, "unknown op %d", (int)op);
+        return NULL;
+    }
+    const jdt_op_info *info = jdt_op_info_get(op);
+    if (info->arity >= 0 ? n_inputs != info->arity : (n_inputs < 1 || n_inputs > JDT_MAX_INPUTS)) {
+        jdt_graph_fail(g, JDT_ERR_INVALID, "op '%s': got %d inputs, expects %d", info->name,
+                       n_inputs, info->arity);
+        return NULL;
+    }
+    for (int i = 0; i < n_inputs; i++) {
+        if (!inputs[i]) {
+            jdt_graph_fail(g, JDT_ERR_INVALID, "op '%s': input %d is NULL", info->name, i);
+            return NULL;
+        }
+        if (!belongs(g, inputs[i])) {
+            jdt_graph_fail(g, JDT_ERR_INVALID, "op '%s': input %d belongs to another graph",
+                           info->name, i);
+            return NULL;
+        }
+    }
+    jdt_attrs at;
+    memset(&at, 0, sizeof at);
+    if (attrs) at = *attrs;
+    jdt_shape out;
+    memset(&out, 0, sizeof out);
+    if (shape) out = *shape;
+    jdt_dtype odt = dt;
+    char why[256];
+    if (!info->shape(inputs, n_inputs, &at, &odt, &out, why, sizeof why)) {
+        char ins[512];
+        describe_inputs(n_inputs, inputs, ins, sizeof ins);
+        jdt_graph_fail(g, JDT_ERR_SHAPE, "op '%s': %s (inputs: %s)", info->name, why,
+                       n_inputs ? ins : "none");
+        return NULL;
+    }
+    jdt_tensor *t = jdt_graph_new_node(g, op, odt, &out, n_inputs, inputs, &at);
+    if (!t) {
+        jdt_graph_fail(g, JDT_ERR_NOMEM, "op '%s': out of memory appending node %d", info->name,
+                       jdt_graph_n_nodes(g));
+        return NULL;
+    }
+    if (n_inputs) propagate_axes(t);
+    return t;
+}
+
+/* ---- leaves and constants ----------------------------------------------------------------- */
+
+static jdt_tensor *leaf(jdt_graph *g, jdt_op op, const char *name, jdt_dtype dt, int ndim,
+                        const int64_t *dims, const char *const *axis_names)
+{
+    if (!g || jdt_graph_error_msg(g)) return NULL;
+    const char *what = jdt_op_name(op);
+    if (op != JDT_OP_CONSTANT) {
+        if (!name || !*name) {
+            jdt_graph_fail(g, JDT_ERR_INVALID, "%s: a name is required", what);
+            return NULL;
+        }
+        if (jdt_graph_find(g, name)) {
+            jdt_graph_fail(g, JDT_ERR_INVALID, "%s '%s': name already used in this graph", what, name);
+            return NULL;
+        }
+    }
+    if (ndim < 0 || ndim > JDT_MAX_DIMS || (ndim > 0 && !dims)) {
+        jdt_graph_fail(g, JDT_ERR_SHAPE, "%s '%s': rank %d out of range 0..%d", what,
+                       name ? name : "", ndim, JDT_MAX_DIMS);
+        return NULL;
+    }
+    jdt_shape s = jdt_shape_make(ndim, dims);
+    jdt_tensor *t = jdt_graph_op(g, op, 0, NULL, NULL, dt, &s);
+    if (!t) return NULL;
+    if (name && !(t->name = jdt_graph_strdup(g, name))) goto fail_nomem;
+    for (int i = 0; axis_names && i < ndim; i++)
+        if (axis_names[i] && !(t->axes[i] = jdt_graph_strdup(g, axis_names[i]))) goto fail_nomem;
+    return t;
+fail_nomem:
+    jdt_graph_fail(g, JDT_ERR_NOMEM, "%s '%s': out of memory", what, name ? name : "");
+    return NULL;
+}
+
+jdt_tensor *jdt_graph_param(jdt_graph *g, const char *name, jdt_dtype dt, int ndim,
+                            const int64_t *dims, const char *const *axis_names)
+{
+    return leaf(g, JDT_OP_PARAM, name, dt, ndim, dims, axis_names);
+}
+
+jdt_tensor *jdt_graph_input(jdt_graph *g, const char *name, jdt_dtype dt, int ndim,
+                            const int64_t *dims, const char *const *axis_names)
+{
+    return leaf(g, JDT_OP_INPUT, name, dt, ndim, dims, axis_names);
+}
+
+jdt_tensor *jdt_graph_state(jdt_graph *g, const char *name, jdt_dtype dt, int ndim,
+                            const int64_t *dims, const char *const *axis_names)
+{
+    jdt_tensor *t = leaf(g, JDT_OP_INPUT, name, dt, ndim, dims, axis_names);
+    if (t) t->flags = (t->flags & ~(uint32_t)JDT_TENSOR_INPUT) | JDT_TENSOR_STATE;
+    return t;
+}
+
+jdt_tensor *jdt_graph_constant(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims,
+                               const void *data)
+{
+    jdt_tensor *t = leaf(g, JDT_OP_CONSTANT, NULL, dt, ndim, dims, NULL);
+    if (!t) return NULL;
+    if (!data) {
+        jdt_graph_fail(g, JDT_ERR_INVALID, "constant: data is NULL (use jdt_graph_full)");
+        return NULL;
+    }
+    size_t n_bytes = (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(dt);
+    if (!(t->data = jdt_graph_alloc(g, n_bytes))) {
+        jdt_graph_fail(g, JDT_ERR_NOMEM, "constant: out of memory for %zu bytes", n_bytes);
+        return NULL;
+    }
+    memcpy(t->data, data, n_bytes);
+    return t;
+}
+
+jdt_tensor *jdt_graph_full(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims, double value)
+{
+    jdt_tensor *t = leaf(g, JDT_OP_CONSTANT, NULL, dt, ndim, dims, NULL);
+    if (t) t->attrs.f[0] = value;
+    return t;
+}
+
+jdt_tensor *jdt_graph_scalar(jdt_graph *g, jdt_dtype dt, double value)
+{
+    return jdt_graph_full(g, dt, 0, NULL, value);
+}
+
+jdt_tensor *jdt_graph_iota(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims, int axis)
+{
+    if (ndim < 0 || ndim > JDT_MAX_DIMS || (ndim && !dims)) {
+        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'iota': rank %d out of range", ndim);
+        return NULL;
+    }
+    jdt_shape s = jdt_shape_make(ndim, dims);
+    jdt_attrs a = {.i = {axis}};
+    return jdt_graph_op(g, JDT_OP_IOTA, 0, NULL, &a, dt, &s);
+}
+
+jdt_tensor *jdt_graph_causal_mask(jdt_graph *g, jdt_dtype dt, int64_t seq_len)
+{
+    int64_t d[2] = {seq_len, seq_len};
+    jdt_shape s = jdt_shape_make(2, d);
+    return jdt_graph_op(g, JDT_OP_CAUSAL_MASK, 0, NULL, NULL, dt, &s);
+}
+
+/* ---- one function per op ------------------------------------------------------------------ */
+
+static jdt_tensor *op1(jdt_graph *g, jdt_op op, jdt_tensor *x, const jdt_attrs *a)
+{
+    jdt_tensor *in[1] = {x};
+    return jdt_graph_op(g, op, 1, in, a, JDT_DTYPE_F32, NULL);
+}
+
+static jdt_tensor *op2(jdt_graph *g, jdt_op op, jdt_tensor *x, jdt_tensor *y, const jdt_attrs *a)
+{
+    jdt_tensor *in[2] = {x, y};
+    return jdt_graph_op(g, op, 2, in, a, JDT_DTYPE_F32, NULL);
+}
+
+#define UNARY_(fn, OP)                                                                              \
+    jdt_tensor *jdt_graph_##fn(jdt_graph *g, jdt_tensor *x) { return op1(g, JDT_OP_##OP, x, NULL); }
+UNARY_(neg, NEG)
+UNARY_(exp, EXP)
+UNARY_(log, LOG)
+UNARY_(tanh, TANH)
+UNARY_(sqrt, SQRT)
+UNARY_(rsqrt, RSQRT)
+UNARY_(relu, RELU)
+UNARY_(gelu, GELU)
+UNARY_(silu, SILU)
+UNARY_(sigmoid, SIGMOID)
+UNARY_(abs, ABS)
+UNARY_(stop_gradient, STOP_GRADIENT)
+UNARY_(softmax, SOFTMAX)
+UNARY_(log_softmax, LOG_SOFTMAX)
+#undef UNARY_
+
+#define BINARY_(fn, OP)                                                                             \
+    jdt_tensor *jdt_graph_##fn(jdt_graph *g, jdt_tensor *a, jdt_tensor *b)                          \
+    {                                                                                               \
+        return op2(g, JDT_OP_##OP, a, b, NULL);                                                     \
+    }
+BINARY_(add, ADD)
+BINARY_(sub, SUB)
+BINARY_(mul, MUL)
+BINARY_(div, DIV)
+BINARY_(max, MAX)
+BINARY_(min, MIN)
+BINARY_(gt, GT)
+BINARY_(ge, GE)
+BINARY_(gelu_grad, GELU_GRAD)
+BINARY_(silu_grad, SILU_GRAD)
+BINARY_(softmax_bwd, SOFTMAX_BWD)
+BINARY_(log_softmax_bwd, LOG_SOFTMAX_BWD)
+BINARY_(softmax_xent, SOFTMAX_XENT)
+#undef BINARY_
+
+bool jdt_shape_broadcast(const jdt_shape *a, const jdt_shape *b, jdt_shape *out)
+{
+    jdt_shape r;
+    memset(&r, 0, sizeof r);
+    r.ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < r.ndim; i++) {
+        int ia = a->ndim - r.ndim + i, ib = b->ndim - r.ndim + i;
+        int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
+        if (da != db && da != 1 && db != 1) return false;
+        r.dims[i] = da == 1 ? db : da;
+    }
+    *out = r;
+    return true;
+}
+
+static jdt_tensor *bcast_to(jdt_graph *g, jdt_tensor *x, const jdt_shape *s)
+{
+    if (jdt_shape_eq(&x->shape, s)) return x;
+    return jdt_graph_broadcast(g, x, s->ndim, s->dims);
+}
+
+static jdt_tensor *binary_bcast(jdt_graph *g, jdt_op op, jdt_tensor *a, jdt_tensor *b)
+{
+    if (!g || jdt_graph_error_msg(g)) return NULL;
+    if (!a || !b) return op2(g, op, a, b, NULL); /* records the NULL-input error */
+    jdt_shape s;
+    if (!jdt_shape_broadcast(&a->shape, &b->shape, &s)) {
+        char sa[128], sb[128];
+        jdt_graph_fail(g, JDT_ERR_SHAPE, "op '%s': shapes %s and %s cannot be broadcast together",
+                       jdt_op_name(op), jdt_shape_str(&a->shape, sa, sizeof sa),
+                       jdt_shape_str(&b->shape, sb, sizeof sb));
+        return NULL;
+    }
+    return op2(g, op, bcast_to(g, a, &s), bcast_to(g, b, &s), NULL);
+}
+
+#define BCAST_(fn, OP)                                                                              \
+    jdt_tensor *jdt_graph_##fn##_bcast(jdt_graph *g, jdt_tensor *a, jdt_tensor *b)                  \
+    {                                                                                               \
+        return binary_bcast(g, JDT_OP_##OP, a, b);                                                  \
+    }
+BCAST_(add, ADD)
+BCAST_(sub, SUB)
+BCAST_(mul, MUL)
+BCAST_(div, DIV)
+BCAST_(max, MAX)
+BCAST_(min, MIN)
+#undef BCAST_
+
+jdt_tensor *jdt_graph_add_scalar(jdt_graph *g, jdt_tensor *x, double c)
+{
+    jdt_attrs a = {.f = {c}};
+    return op1(g, JDT_OP_ADD_SCALAR, x, &a);
+}
+
+jdt_tensor *jdt_graph_mul_scalar(jdt_graph *g, jdt_tensor *x, double c)
+{
+    jdt_attrs a = {.f = {c}};
+    return op1(g, JDT_OP_MUL_SCALAR, x, &a);
+}
+
+jdt_tensor *jdt_graph_pow_scalar(jdt_graph *g, jdt_tensor *x, double p)
+{
+    jdt_attrs a = {.f = {p}};
+    return op1(g, JDT_OP_POW_SCALAR, x, &a);
+}
+
+jdt_tensor *jdt_graph_select(jdt_graph *g, jdt_tensor *cond, jdt_tensor *a, jdt_tensor *b)
+{
+    jdt_tensor *in[3] = {cond, a, b};
+    return jdt_graph_op(g, JDT_OP_SELECT, 3, in, NULL, JDT_DTYPE_F32, NULL);
+}
+
+jdt_tensor *jdt_graph_cast(jdt_graph *g, jdt_tensor *x, jdt_dtype dt)
+{
+    jdt_tensor *in[1] = {x};
+    return jdt_graph_op(g, JDT_OP_CAST, 1, in, NULL, dt, NULL);
+}
+
+jdt_tensor *jdt_graph_dropout(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, double rate, uint64_t key)
+{
+    jdt_attrs a = {.i = {(int64_t)key}, .f = {rate}};
+    return op2(g, JDT_OP_DROPOUT, x, step, &a);
+}
+
+jdt_tensor *jdt_graph_broadcast(jdt_graph *g, jdt_tensor *x, int ndim, const int64_t *dims)
+{
+    if (ndim < 0 || ndim > JDT_MAX_DIMS) {
+        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'broadcast': rank %d out of range", ndim);
+        return NULL;
+    }
+    jdt_shape s = jdt_shape_make(ndim, dims);
+    jdt_tensor *in[1] = {x};
+    return jdt_graph_op(g, JDT_OP_BROADCAST, 1, in, NULL, JDT_DTYPE_F32, &s);
+}
+
+static jdt_tensor *reduce(jdt_graph *g, jdt_op op, jdt_tensor *x, uint32_t mask, bool keepdims)
+{
+    jdt_attrs a = {.i = {(int64_t)mask, keepdims ? 1 : 0}};
+    return op1(g, op, x, &a);
+}
+
+jdt_tensor *jdt_graph_reduce_sum(jdt_graph *g, jdt_tensor *x, uint32_t axes_mask, bool keepdims)
+{
+    return reduce(g, JDT_OP_REDUCE_SUM, x, axes_mask, keepdims);
+}
+
+jdt_tensor *jdt_graph_reduce_max(jdt_graph *g, jdt_tensor *x, uint32_t axes_mask, bool keepdims)
+{
+    return reduce(g, JDT_OP_REDUCE_MAX, x, axes_mask, keepdims);
+}
+
+jdt_tensor *jdt_graph_reduce_mean(jdt_graph *g, jdt_tensor *x, uint32_t axes_mask, bool keepdims)
+{
+    return reduce(g, JDT_OP_REDUCE_MEAN, x, axes_mask, keepdims);
+}
+
+jdt_tensor *jdt_graph_reshape(jdt_graph *g, jdt_tensor *x, int ndim, const int64_t *dims)
+{
+    if (ndim < 0 || ndim > JDT_MAX_DIMS) {
+        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'reshape': rank %d out of range", ndim);
+        return NULL;
+    }
+    jdt_shape s = jdt_shape_make(ndim, dims);
+    jdt_tensor *in[1] = {x};
+    return jdt_graph_op(g, JDT_OP_RESHAPE, 1, in, NULL, JDT_DTYPE_F32, &s);
+}
+
+jdt_tensor *jdt_graph_transpose(jdt_graph *g, jdt_tensor *x, const int *perm)
+{
+    jdt_attrs a;
+    memset(&a, 0, sizeof a);
+    for (int k = 0; x && k < x->shape.ndim; k++) a.i[k] = perm[k];
+    return op1(g, JDT_OP_TRANSPOSE, x, &a);
+}
+
+jdt_tensor *jdt_graph_slice(jdt_graph *g, jdt_tensor *x, int axis, int64_t start, int64_t stop)
+{
+    jdt_attrs a = {.i = {axis, start, stop}};
+    return op1(g, JDT_OP_SLICE, x, &a);
+}
+
+jdt_tensor *jdt_graph_concat(jdt_graph *g, int n, jdt_tensor *const *xs, int axis)
+{
+    jdt_attrs a = {.i = {axis}};
+    return jdt_graph_op(g, JDT_OP_CONCAT, n, xs, &a, JDT_DTYPE_F32, NULL);
+}
+
+jdt_tensor *jdt_graph_matmul(jdt_graph *g, jdt_tensor *a, jdt_tensor *b, bool ta, bool tb)
+{
+    jdt_attrs at = {.i = {ta ? 1 : 0, tb ? 1 : 0}};
+    return op2(g, JDT_OP_MATMUL, a, b, &at);
+}
+
+jdt_tensor *jdt_graph_gather(jdt_graph *g, jdt_tensor *table, jdt_tensor *idx)
+{
+    return op2(g, JDT_OP_GATHER, table, idx, NULL);
+}
+
+jdt_tensor *jdt_graph_scatter_add(jdt_graph *g, jdt_tensor *src, jdt_tensor *idx, int64_t n_rows)
+{
+    jdt_attrs a = {.i = {n_rows}};
+    return op2(g, JDT_OP_SCATTER_ADD, src, idx, &a);
+}
+
+jdt_tensor *jdt_graph_softmax_xent_bwd(jdt_graph *g, jdt_tensor *logits, jdt_tensor *targets,
+                                       jdt_tensor *dloss)
+{
+    jdt_tensor *in[3] = {logits, targets, dloss};
+    return jdt_graph_op(g, JDT_OP_SOFTMAX_XENT_BWD, 3, in, NULL, JDT_DTYPE_F32, NULL);
+}
+
+jdt_tensor *jdt_graph_normalize(jdt_graph *g, jdt_tensor *x, double eps)
+{
+    jdt_attrs a = {.f = {eps}};
+    return op1(g, JDT_OP_NORMALIZE, x, &a);
+}
+
+jdt_tensor *jdt_graph_normalize_bwd(jdt_graph *g, jdt_tensor *x, jdt_tensor *dxhat, double eps)
+{
+    jdt_attrs a = {.f = {eps}};
+    return op2(g, JDT_OP_NORMALIZE_BWD, x, dxhat, &a);
+}
+
+jdt_tensor *jdt_graph_rms_normalize(jdt_graph *g, jdt_tensor *x, double eps)
+{
+    jdt_attrs a = {.f = {eps}};
+    return op1(g, JDT_OP_RMS_NORMALIZE, x, &a);
+}
+
+jdt_tensor *jdt_graph_rms_normalize_bwd(jdt_graph *g, jdt_tensor *x, jdt_tensor *dxhat, double eps)
+{
+    jdt_attrs a = {.f = {eps}};
+    return op2(g, JDT_OP_RMS_NORMALIZE_BWD, x, dxhat, &a);
+}
+
+jdt_tensor *jdt_graph_rope(jdt_graph *g, jdt_tensor *x, double theta, bool inverse)
+{
+    jdt_attrs a = {.i = {inverse ? 1 : 0}, .f = {theta}};
+    return op1(g, JDT_OP_ROPE, x, &a);
+}
+
+jdt_tensor *jdt_graph_attention(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, jdt_tensor *v, double scale)
+{
+    jdt_tensor *in[3] = {q, k, v};
+    jdt_attrs a = {.f = {scale}};
+    return jdt_graph_op(g, JDT_OP_ATTENTION, 3, in, &a, JDT_DTYPE_F32, NULL);
+}
+
+jdt_tensor *jdt_graph_attention_bwd(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, jdt_tensor *v,
+                                    jdt_tensor *o, jdt_tensor *dout, double scale)
+{
+    jdt_tensor *in[5] = {q, k, v, o, dout};
+    jdt_attrs a = {.f = {scale}};
+    return jdt_graph_op(g, JDT_OP_ATTENTION_BWD, 5, in, &a, JDT_DTYPE_F32, NULL);
+}
+
+jdt_tensor *jdt_graph_unbroadcast(jdt_graph *g, jdt_tensor *dx, const jdt_shape *shape)
+{
+    if (!dx || jdt_shape_eq(&dx->shape, shape)) return dx;
+    int lead = dx->shape.ndim - shape->ndim;
+    uint32_t mask = 0;
+    for (int i = 0; i < dx->shape.ndim; i++)
+        if (i < lead || (shape->dims[i - lead] == 1 && dx->shape.dims[i] != 1)) mask |= 1u << i;
+    jdt_tensor *r = mask ? jdt_graph_reduce_sum(g, dx, mask, false) : dx;
+    return jdt_graph_reshape(g, r, shape->ndim, shape->dims);
+}

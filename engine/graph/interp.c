@@ -1,0 +1,569 @@
+/*
+ * interp.c — the reference interpreter (interp.h). Each node's value is kept twice: in double
+ * (`v`, what the loops read and write) and in the node's dtype (`buf`, what callers see). The
+ * loops are deliberately naive: one obvious nested loop per op, no blocking, no threads.
+ */
+#include "graph/interp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    double *v;     /* (numel) value in double, already rounded to the node's dtype */
+    void *buf;     /* (numel) value in the node's dtype */
+    int64_t numel;
+} node_val;
+
+struct jdt_interp {
+    const jdt_graph *g;
+    node_val *vals; /* (n_alloc) */
+    int n_alloc;
+    bool ran;
+};
+
+jdt_status jdt_interp_new(const jdt_graph *g, jdt_interp **out, jdt_err *e)
+{
+    *out = NULL;
+    if (!g) return jdt_err_set(e, JDT_ERR_INVALID, "interp: graph is NULL");
+    if (jdt_graph_error_msg(g))
+        return jdt_err_set(e, JDT_ERR_INVALID, "interp: graph has a builder error: %s",
+                           jdt_graph_error_msg(g));
+    jdt_interp *it = jdt_calloc(1, sizeof *it);
+    if (!it) return jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory");
+    it->g = g;
+    *out = it;
+    return JDT_OK;
+}
+
+static void free_vals(jdt_interp *it)
+{
+    for (int i = 0; i < it->n_alloc; i++) {
+        jdt_free(it->vals[i].v);
+        jdt_free(it->vals[i].buf);
+    }
+    jdt_free(it->vals);
+    it->vals = NULL;
+    it->n_alloc = 0;
+}
+
+void jdt_interp_free(jdt_interp *it)
+{
+    if (!it) return;
+    free_vals(it);
+    jdt_free(it);
+}
+
+static bool supported(jdt_dtype dt)
+{
+    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64 || dt == JDT_DTYPE_I32;
+}
+
+static jdt_status alloc_vals(jdt_interp *it, jdt_err *e)
+{
+    int n = jdt_graph_n_nodes(it->g);
+    if (n == it->n_alloc) return JDT_OK;
+    node_val *nv = jdt_realloc(it->vals, (size_t)(n ? n : 1) * sizeof *nv);
+    if (!nv) return jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory");
+    it->vals = nv;
+    for (int i = it->n_alloc; i < n; i++) {
+        jdt_tensor *t = jdt_graph_node(it->g, i);
+        node_val *v = &nv[i];
+        memset(v, 0, sizeof *v);
+        it->n_alloc = i + 1;
+        if (!supported(t->dtype))
+            return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "interp: node %d (%s) has dtype %s (f32, f64, i32 supported)",
+                               i, jdt_op_name(t->op), jdt_dtype_name(t->dtype));
+        v->numel = jdt_shape_numel(&t->shape);
+        v->v = jdt_malloc((size_t)v->numel * sizeof(double));
+        v->buf = jdt_malloc((size_t)v->numel * jdt_dtype_size(t->dtype));
+        if (!v->v || !v->buf)
+            return jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory for node %d (%s, %lld elements)",
+                               i, jdt_op_name(t->op), (long long)v->numel);
+    }
+    return JDT_OK;
+}
+
+/* ---- dtype conversion --------------------------------------------------------------------- */
+
+static double load(jdt_dtype dt, const void *p, int64_t i)
+{
+    switch (dt) {
+    case JDT_DTYPE_F32: return ((const float *)p)[i];
+    case JDT_DTYPE_F64: return ((const double *)p)[i];
+    default: return ((const int32_t *)p)[i];
+    }
+}
+
+/* Rounds every v[i] to dt and stores it into buf. */
+static void round_store(jdt_dtype dt, double *v, void *buf, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == JDT_DTYPE_F32) {
+            float f = (float)v[i];
+            ((float *)buf)[i] = f;
+            v[i] = f;
+        } else if (dt == JDT_DTYPE_F64) {
+            ((double *)buf)[i] = v[i];
+        } else {
+            double x = v[i];
+            int32_t k = isnan(x) ? 0 : x >= 2147483647.0 ? INT32_MAX : x <= -2147483648.0 ? INT32_MIN : (int32_t)x;
+            ((int32_t *)buf)[i] = k;
+            v[i] = k;
+        }
+    }
+}
+
+/* ---- index helpers ------------------------------------------------------------------------ */
+
+static void unravel(const jdt_shape *s, int64_t flat, int64_t *coord)
+{
+    for (int d = s->ndim - 1; d >= 0; d--) {
+        coord[d] = flat % s->dims[d];
+        flat /= s->dims[d];
+    }
+}
+
+static int64_t ravel(const jdt_shape *s, const int64_t *coord)
+{
+    int64_t f = 0;
+    for (int d = 0; d < s->ndim; d++) f = f * s->dims[d] + coord[d];
+    return f;
+}
+
+/* product of dims [lo, hi) */
+static int64_t span(const jdt_shape *s, int lo, int hi)
+{
+    int64_t n = 1;
+    for (int d = lo; d < hi; d++) n *= s->dims[d];
+    return n;
+}
+
+static double gelu(double x)
+{
+    const double c = sqrt(2.0 / M_PI);
+    return 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_deriv(double x)
+{
+    const double c = sqrt(2.0 / M_PI);
+    double t = tanh(c * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* ---- ops ---------------------------------------------------------------------------------- */
+
+#define FAIL(code, ...) (jdt_err_set(e, code, __VA_ARGS__), jdt_err_prefix(e, "interp: node %d (%s)", t->id, jdt_op_name(t->op)))
+
+static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
+{
+    node_val *nv = it->vals;
+    double *y = nv[t->id].v;
+    int64_t n = nv[t->id].numel;
+    const jdt_attrs *a = &t->attrs;
+    const double *x0 = t->n_inputs > 0 ? nv[t->inputs[0]->id].v : NULL;
+    const double *x1 = t->n_inputs > 1 ? nv[t->inputs[1]->id].v : NULL;
+    const double *x2 = t->n_inputs > 2 ? nv[t->inputs[2]->id].v : NULL;
+    const jdt_shape *s0 = t->n_inputs > 0 ? &t->inputs[0]->shape : NULL;
+    const jdt_shape *so = &t->shape;
+    int64_t last = so->ndim ? so->dims[so->ndim - 1] : 1;
+    int64_t rows = last ? n / last : 0;
+
+    switch (t->op) {
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+        if (!t->data)
+            return FAIL(JDT_ERR_INVALID, "leaf '%s' has no bound data (set t->data)", t->name ? t->name : "?");
+        for (int64_t i = 0; i < n; i++) y[i] = load(t->dtype, t->data, i);
+        break;
+    case JDT_OP_CONSTANT:
+        for (int64_t i = 0; i < n; i++) y[i] = t->data ? load(t->dtype, t->data, i) : a->f[0];
+        break;
+    case JDT_OP_NEG: for (int64_t i = 0; i < n; i++) y[i] = -x0[i]; break;
+    case JDT_OP_EXP: for (int64_t i = 0; i < n; i++) y[i] = exp(x0[i]); break;
+    case JDT_OP_LOG: for (int64_t i = 0; i < n; i++) y[i] = log(x0[i]); break;
+    case JDT_OP_TANH: for (int64_t i = 0; i < n; i++) y[i] = tanh(x0[i]); break;
+    case JDT_OP_SQRT: for (int64_t i = 0; i < n; i++) y[i] = sqrt(x0[i]); break;
+    case JDT_OP_RSQRT: for (int64_t i = 0; i < n; i++) y[i] = 1.0 / sqrt(x0[i]); break;
+    case JDT_OP_RELU: for (int64_t i = 0; i < n; i++) y[i] = x0[i] > 0 ? x0[i] : 0.0; break;
+    case JDT_OP_GELU: for (int64_t i = 0; i < n; i++) y[i] = gelu(x0[i]); break;
+    case JDT_OP_SILU: for (int64_t i = 0; i < n; i++) y[i] = x0[i] * sigmoid(x0[i]); break;
+    case JDT_OP_SIGMOID: for (int64_t i = 0; i < n; i++) y[i] = sigmoid(x0[i]); break;
+    case JDT_OP_ABS: for (int64_t i = 0; i < n; i++) y[i] = fabs(x0[i]); break;
+    case JDT_OP_ADD: for (int64_t i = 0; i < n; i++) y[i] = x0[i] + x1[i]; break;
+    case JDT_OP_SUB: for (int64_t i = 0; i < n; i++) y[i] = x0[i] - x1[i]; break;
+    case JDT_OP_MUL: for (int64_t i = 0; i < n; i++) y[i] = x0[i] * x1[i]; break;
+    case JDT_OP_DIV: for (int64_t i = 0; i < n; i++) y[i] = x0[i] / x1[i]; break;
+    case JDT_OP_MAX: for (int64_t i = 0; i < n; i++) y[i] = x0[i] >= x1[i] ? x0[i] : x1[i]; break;
+    case JDT_OP_MIN: for (int64_t i = 0; i < n; i++) y[i] = x0[i] <= x1[i] ? x0[i] : x1[i]; break;
+    case JDT_OP_GT: for (int64_t i = 0; i < n; i++) y[i] = x0[i] > x1[i] ? 1.0 : 0.0; break;
+    case JDT_OP_GE: for (int64_t i = 0; i < n; i++) y[i] = x0[i] >= x1[i] ? 1.0 : 0.0; break;
+    case JDT_OP_ADD_SCALAR: for (int64_t i = 0; i < n; i++) y[i] = x0[i] + a->f[0]; break;
+    case JDT_OP_MUL_SCALAR: for (int64_t i = 0; i < n; i++) y[i] = x0[i] * a->f[0]; break;
+    case JDT_OP_POW_SCALAR: for (int64_t i = 0; i < n; i++) y[i] = pow(x0[i], a->f[0]); break;
+    case JDT_OP_GELU_GRAD: for (int64_t i = 0; i < n; i++) y[i] = x1[i] * gelu_deriv(x0[i]); break;
+    case JDT_OP_SILU_GRAD:
+        for (int64_t i = 0; i < n; i++) {
+            double sg = sigmoid(x0[i]);
+            y[i] = x1[i] * sg * (1.0 + x0[i] * (1.0 - sg));
+        }
+        break;
+    case JDT_OP_SELECT: for (int64_t i = 0; i < n; i++) y[i] = x0[i] != 0 ? x1[i] : x2[i]; break;
+    case JDT_OP_CAST:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_RESHAPE:
+        memcpy(y, x0, (size_t)n * sizeof(double));
+        break;
+    case JDT_OP_DROPOUT: {
+        double p = a->f[0], scale = 1.0 / (1.0 - p);
+        uint64_t step = (uint64_t)(int64_t)x1[0];
+        for (int64_t j = 0; j < n; j++) {
+            jdt_philox_ctr r = jdt_philox((uint64_t)a->i[0], step, (uint64_t)j);
+            y[j] = jdt_u32_to_unit_float(r.v[0]) >= p ? x0[j] * scale : 0.0;
+        }
+        break;
+    }
+    case JDT_OP_BROADCAST: {
+        int64_t co[JDT_MAX_DIMS], ci[JDT_MAX_DIMS];
+        int lead = so->ndim - s0->ndim;
+        for (int64_t i = 0; i < n; i++) {
+            unravel(so, i, co);
+            for (int d = 0; d < s0->ndim; d++) ci[d] = s0->dims[d] == 1 ? 0 : co[d + lead];
+            y[i] = x0[ravel(s0, ci)];
+        }
+        break;
+    }
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_REDUCE_MAX: {
+        int64_t ci[JDT_MAX_DIMS], co[JDT_MAX_DIMS];
+        int64_t n_in = jdt_shape_numel(s0);
+        bool is_max = t->op == JDT_OP_REDUCE_MAX;
+        for (int64_t i = 0; i < n; i++) y[i] = is_max ? -INFINITY : 0.0;
+        for (int64_t i = 0; i < n_in; i++) {
+            unravel(s0, i, ci);
+            int k = 0;
+            for (int d = 0; d < s0->ndim; d++) {
+                if (!(a->i[0] & (1 << d))) co[k++] = ci[d];
+                else if (a->i[1]) co[k++] = 0;
+            }
+            int64_t o = ravel(so, co);
+            if (is_max) y[o] = x0[i] > y[o] ? x0[i] : y[o];
+            else y[o] += x0[i];
+        }
+        if (t->op == JDT_OP_REDUCE_MEAN) {
+            double cnt = (double)(n_in / n);
+            for (int64_t i = 0; i < n; i++) y[i] /= cnt;
+        }
+        break;
+    }
+    case JDT_OP_TRANSPOSE: {
+        int64_t co[JDT_MAX_DIMS], ci[JDT_MAX_DIMS];
+        for (int64_t i = 0; i < n; i++) {
+            unravel(so, i, co);
+            for (int k = 0; k < so->ndim; k++) ci[a->i[k]] = co[k];
+            y[i] = x0[ravel(s0, ci)];
+        }
+        break;
+    }
+    case JDT_OP_SLICE: {
+        int ax = (int)a->i[0];
+        int64_t outer = span(s0, 0, ax), inner = span(s0, ax + 1, s0->ndim);
+        int64_t din = s0->dims[ax], dout = so->dims[ax], lo = a->i[1];
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t k = 0; k < dout; k++)
+                for (int64_t r = 0; r < inner; r++)
+                    y[(o * dout + k) * inner + r] = x0[(o * din + lo + k) * inner + r];
+        break;
+    }
+    case JDT_OP_CONCAT: {
+        int ax = (int)a->i[0];
+        int64_t outer = span(so, 0, ax), inner = span(so, ax + 1, so->ndim), dout = so->dims[ax];
+        int64_t off = 0;
+        for (int q = 0; q < t->n_inputs; q++) {
+            const double *xq = nv[t->inputs[q]->id].v;
+            int64_t dq = t->inputs[q]->shape.dims[ax];
+            for (int64_t o = 0; o < outer; o++)
+                for (int64_t k = 0; k < dq; k++)
+                    for (int64_t r = 0; r < inner; r++)
+                        y[(o * dout + off + k) * inner + r] = xq[(o * dq + k) * inner + r];
+            off += dq;
+        }
+        break;
+    }
+    case JDT_OP_MATMUL: {
+        const jdt_shape *sa = s0, *sb = &t->inputs[1]->shape;
+        bool ta = a->i[0] != 0, tb = a->i[1] != 0;
+        int64_t M = so->dims[so->ndim - 2], N = so->dims[so->ndim - 1];
+        int64_t K = sa->dims[sa->ndim - (ta ? 2 : 1)];
+        int64_t batch = span(so, 0, so->ndim - 2);
+        bool shared_b = sb->ndim == 2;
+        for (int64_t bt = 0; bt < batch; bt++) {
+            const double *A = x0 + bt * M * K, *B = x1 + (shared_b ? 0 : bt * K * N);
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t nn = 0; nn < N; nn++) {
+                    double acc = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        acc += (ta ? A[k * M + m] : A[m * K + k]) * (tb ? B[nn * K + k] : B[k * N + nn]);
+                    y[(bt * M + m) * N + nn] = acc;
+                }
+        }
+        break;
+    }
+    case JDT_OP_GATHER: {
+        int64_t V = s0->dims[0], C = s0->dims[1];
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t id = (int64_t)x1[r];
+            if (id < 0 || id >= V)
+                return FAIL(JDT_ERR_INVALID, "index %lld at position %lld out of range [0, %lld)",
+                            (long long)id, (long long)r, (long long)V);
+            memcpy(y + r * C, x0 + id * C, (size_t)C * sizeof(double));
+        }
+        break;
+    }
+    case JDT_OP_SCATTER_ADD: {
+        int64_t V = so->dims[0], C = so->dims[1], R = jdt_shape_numel(s0) / C;
+        memset(y, 0, (size_t)n * sizeof(double));
+        for (int64_t r = 0; r < R; r++) {
+            int64_t id = (int64_t)x1[r];
+            if (id < 0 || id >= V)
+                return FAIL(JDT_ERR_INVALID, "index %lld at position %lld out of range [0, %lld)",
+                            (long long)id, (long long)r, (long long)V);
+            for (int64_t c = 0; c < C; c++) y[id * C + c] += x0[r * C + c];
+        }
+        break;
+    }
+    case JDT_OP_IOTA: {
+        int64_t co[JDT_MAX_DIMS];
+        for (int64_t i = 0; i < n; i++) {
+            unravel(so, i, co);
+            y[i] = (double)co[a->i[0]];
+        }
+        break;
+    }
+    case JDT_OP_CAUSAL_MASK: {
+        int64_t T = so->dims[0];
+        for (int64_t r = 0; r < T; r++)
+            for (int64_t c = 0; c < T; c++) y[r * T + c] = c <= r ? 0.0 : -INFINITY;
+        break;
+    }
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX:
+        for (int64_t r = 0; r < rows; r++) {
+            const double *xr = x0 + r * last;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t c = 0; c < last; c++) mx = xr[c] > mx ? xr[c] : mx;
+            for (int64_t c = 0; c < last; c++) sum += exp(xr[c] - mx);
+            for (int64_t c = 0; c < last; c++)
+                y[r * last + c] = t->op == JDT_OP_SOFTMAX ? exp(xr[c] - mx) / sum : xr[c] - mx - log(sum);
+        }
+        break;
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+        for (int64_t r = 0; r < rows; r++) {
+            const double *yr = x0 + r * last, *dr = x1 + r * last;
+            double acc = 0;
+            for (int64_t c = 0; c < last; c++) acc += t->op == JDT_OP_SOFTMAX_BWD ? dr[c] * yr[c] : dr[c];
+            for (int64_t c = 0; c < last; c++)
+                y[r * last + c] = t->op == JDT_OP_SOFTMAX_BWD ? yr[c] * (dr[c] - acc) : dr[c] - exp(yr[c]) * acc;
+        }
+        break;
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD: {
+        int64_t N = s0->dims[0], V = s0->dims[1];
+        for (int64_t r = 0; r < N; r++) {
+            const double *xr = x0 + r * V;
+            int64_t tg = (int64_t)x1[r];
+            if (tg >= V)
+                return FAIL(JDT_ERR_INVALID, "target %lld in row %lld out of range [0, %lld)",
+                            (long long)tg, (long long)r, (long long)V);
+            double mx = -INFINITY, sum = 0;
+            for (int64_t c = 0; c < V; c++) mx = xr[c] > mx ? xr[c] : mx;
+            for (int64_t c = 0; c < V; c++) sum += exp(xr[c] - mx);
+            double lse = mx + log(sum);
+            if (t->op == JDT_OP_SOFTMAX_XENT) {
+                y[r] = tg < 0 ? 0.0 : lse - xr[tg];
+            } else {
+                for (int64_t c = 0; c < V; c++)
+                    y[r * V + c] = tg < 0 ? 0.0 : (exp(xr[c] - lse) - (c == tg ? 1.0 : 0.0)) * x2[r];
+            }
+        }
+        break;
+    }
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+        for (int64_t r = 0; r < rows; r++) {
+            const double *xr = x0 + r * last;
+            double mean = 0, var = 0;
+            for (int64_t c = 0; c < last; c++) mean += xr[c];
+            mean /= (double)last;
+            for (int64_t c = 0; c < last; c++) var += (xr[c] - mean) * (xr[c] - mean);
+            var /= (double)last;
+            double rstd = 1.0 / sqrt(var + a->f[0]);
+            if (t->op == JDT_OP_NORMALIZE) {
+                for (int64_t c = 0; c < last; c++) y[r * last + c] = (xr[c] - mean) * rstd;
+            } else {
+                const double *gr = x1 + r * last;
+                double mg = 0, mgx = 0;
+                for (int64_t c = 0; c < last; c++) {
+                    mg += gr[c];
+                    mgx += gr[c] * (xr[c] - mean) * rstd;
+                }
+                mg /= (double)last;
+                mgx /= (double)last;
+                for (int64_t c = 0; c < last; c++)
+                    y[r * last + c] = rstd * (gr[c] - mg - (xr[c] - mean) * rstd * mgx);
+            }
+        }
+        break;
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+        for (int64_t r = 0; r < rows; r++) {
+            const double *xr = x0 + r * last;
+            double ms = 0;
+            for (int64_t c = 0; c < last; c++) ms += xr[c] * xr[c];
+            double rr = 1.0 / sqrt(ms / (double)last + a->f[0]);
+            if (t->op == JDT_OP_RMS_NORMALIZE) {
+                for (int64_t c = 0; c < last; c++) y[r * last + c] = xr[c] * rr;
+            } else {
+                const double *gr = x1 + r * last;
+                double mgx = 0;
+                for (int64_t c = 0; c < last; c++) mgx += gr[c] * xr[c];
+                mgx /= (double)last;
+                for (int64_t c = 0; c < last; c++)
+                    y[r * last + c] = rr * gr[c] - xr[c] * rr * rr * rr * mgx;
+            }
+        }
+        break;
+    case JDT_OP_ROPE: {
+        int64_t B = so->dims[0], T = so->dims[1], H = so->dims[2], D = so->dims[3];
+        double sign = a->i[0] ? -1.0 : 1.0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t tt = 0; tt < T; tt++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t i = 0; i < D / 2; i++) {
+                        double ang = sign * (double)tt * pow(a->f[0], -2.0 * (double)i / (double)D);
+                        int64_t o = ((b * T + tt) * H + h) * D + 2 * i;
+                        double c = cos(ang), sn = sin(ang), u = x0[o], w = x0[o + 1];
+                        y[o] = u * c - w * sn;
+                        y[o + 1] = u * sn + w * c;
+                    }
+        break;
+    }
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD: {
+        const jdt_shape *sq = s0;
+        int64_t BH = sq->dims[0] * sq->dims[1], T = sq->dims[2], D = sq->dims[3];
+        int64_t per = T * D, tot = BH * per;
+        double sc = a->f[0];
+        const double *dout = t->op == JDT_OP_ATTENTION_BWD ? nv[t->inputs[4]->id].v : NULL;
+        double *p = jdt_malloc((size_t)T * sizeof(double)), *dp = jdt_malloc((size_t)T * sizeof(double));
+        if (!p || !dp) {
+            jdt_free(p);
+            jdt_free(dp);
+            return FAIL(JDT_ERR_NOMEM, "out of memory");
+        }
+        memset(y, 0, (size_t)n * sizeof(double));
+        for (int64_t bh = 0; bh < BH; bh++) {
+            const double *q = x0 + bh * per, *k = x1 + bh * per, *v = x2 + bh * per;
+            for (int64_t i = 0; i < T; i++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < D; d++) s += q[i * D + d] * k[j * D + d];
+                    p[j] = s * sc;
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int64_t j = 0; j <= i; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int64_t j = 0; j <= i; j++) p[j] /= sum;
+                if (t->op == JDT_OP_ATTENTION) {
+                    for (int64_t j = 0; j <= i; j++)
+                        for (int64_t d = 0; d < D; d++) y[bh * per + i * D + d] += p[j] * v[j * D + d];
+                    continue;
+                }
+                const double *doi = dout + bh * per + i * D;
+                double *dq = y + bh * per, *dk = y + tot + bh * per, *dv = y + 2 * tot + bh * per;
+                double pdp = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    dp[j] = 0;
+                    for (int64_t d = 0; d < D; d++) dp[j] += doi[d] * v[j * D + d];
+                    pdp += p[j] * dp[j];
+                }
+                for (int64_t j = 0; j <= i; j++) {
+                    double ds = p[j] * (dp[j] - pdp) * sc;
+                    for (int64_t d = 0; d < D; d++) {
+                        dv[j * D + d] += p[j] * doi[d];
+                        dq[i * D + d] += ds * k[j * D + d];
+                        dk[j * D + d] += ds * q[i * D + d];
+                    }
+                }
+            }
+        }
+        jdt_free(p);
+        jdt_free(dp);
+        break;
+    }
+    case JDT_OP_COUNT:
+    default:
+        return FAIL(JDT_ERR_UNSUPPORTED, "op not implemented by the interpreter");
+    }
+    round_store(t->dtype, y, nv[t->id].buf, n);
+    return JDT_OK;
+}
+
+jdt_status jdt_interp_run(jdt_interp *it, jdt_err *e)
+{
+    jdt_status st = alloc_vals(it, e);
+    if (st != JDT_OK) return st;
+    it->ran = false;
+    int n = jdt_graph_n_nodes(it->g);
+    for (int i = 0; i < n; i++) {
+        st = eval_node(it, jdt_graph_node(it->g, i), e);
+        if (st != JDT_OK) return st;
+    }
+    for (int u = 0; u < jdt_graph_n_updates(it->g); u++) {
+        jdt_tensor *target, *value;
+        jdt_graph_update(it->g, u, &target, &value);
+        if (!target->data)
+            return jdt_err_set(e, JDT_ERR_INVALID, "interp: update target '%s' has no bound data",
+                               target->name ? target->name : "?");
+    }
+    for (int u = 0; u < jdt_graph_n_updates(it->g); u++) {
+        jdt_tensor *target, *value;
+        jdt_graph_update(it->g, u, &target, &value);
+        memcpy(target->data, it->vals[value->id].buf,
+               (size_t)it->vals[value->id].numel * jdt_dtype_size(value->dtype));
+    }
+    it->ran = true;
+    return JDT_OK;
+}
+
+static bool has_value(const jdt_interp *it, const jdt_tensor *t)
+{
+    return it && t && it->ran && t->id >= 0 && t->id < it->n_alloc && jdt_graph_node(it->g, t->id) == t;
+}
+
+const void *jdt_interp_value(const jdt_interp *it, const jdt_tensor *t)
+{
+    return has_value(it, t) ? it->vals[t->id].buf : NULL;
+}
+
+jdt_status jdt_interp_read_f64(const jdt_interp *it, const jdt_tensor *t, double *out, jdt_err *e)
+{
+    if (!has_value(it, t)) return jdt_err_set(e, JDT_ERR_INVALID, "interp: no value for this tensor (run first)");
+    memcpy(out, it->vals[t->id].v, (size_t)it->vals[t->id].numel * sizeof(double));
+    return JDT_OK;
+}
+
+jdt_status jdt_interp_copy_outputs(const jdt_interp *it, void *const *outs, jdt_err *e)
+{
+    for (int i = 0; i < jdt_graph_n_outputs(it->g); i++) {
+        const jdt_tensor *t = jdt_graph_output(it->g, i);
+        if (!has_value(it, t)) return jdt_err_set(e, JDT_ERR_INVALID, "interp: no value for output %d (run first)", i);
+        memcpy(outs[i], it->vals[t->id].buf, (size_t)it->vals[t->id].numel * jdt_dtype_size(t->dtype));
+    }
+    return JDT_OK;
+}

@@ -1,0 +1,287 @@
+/*
+ * kernels.c — hand-written CPU kernels for the IR's non-fusible ops (see runtime.h): OpenBLAS
+ * GEMMs, gather/scatter, concat and the row kernels (softmax family, cross-entropy, norms,
+ * rope). Rows are independent, so every row kernel is an OpenMP loop over rows with
+ * vectorisable inner loops (`omp simd` reductions: no fast-math needed).
+ * Attention lives in attention.c.
+ */
+#include "runtime/runtime.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#define PAR_MIN_WORK 32768 /* below this many elements a parallel region costs more than it saves */
+
+void jdt_rt_set_threads(int nt) { openblas_set_num_threads(nt > 0 ? nt : 1); }
+
+void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M,
+                   int64_t N, int64_t K, bool ta, bool tb, bool b_shared)
+{
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        memset(c, 0, (size_t)(batch * M * N) * sizeof(float));
+        return;
+    }
+    int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
+    /* A shared b and a row-major, untransposed a: the batch folds into M (one big GEMM). */
+    if (b_shared && !ta) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)(batch * M),
+                    (int)N, (int)K, 1.0f, a, lda, b, ldb, 0.0f, c, (int)N);
+        return;
+    }
+    for (int64_t i = 0; i < batch; i++) {
+        const float *bi = b_shared ? b : b + i * K * N;
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (int)M, (int)N, (int)K, 1.0f, a + i * M * K, lda, bi, ldb, 0.0f, c + i * M * N,
+                    (int)N);
+    }
+}
+
+int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_t n, int64_t V,
+                      int64_t C, int nt)
+{
+    int64_t bad = 0;
+#pragma omp parallel for num_threads(nt) reduction(+ : bad) if (n * C >= PAR_MIN_WORK)
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = idx[i];
+        if (r < 0 || r >= V) {
+            memset(out + i * C, 0, (size_t)C * sizeof(float));
+            bad++;
+        } else {
+            memcpy(out + i * C, table + r * C, (size_t)C * sizeof(float));
+        }
+    }
+    return bad;
+}
+
+int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n,
+                           int64_t V, int64_t C)
+{
+    int64_t bad = 0;
+    memset(out, 0, (size_t)(V * C) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = idx[i];
+        if (r < 0 || r >= V) {
+            bad++;
+            continue;
+        }
+        float *o = out + r * C;
+        const float *s = src + i * C;
+        for (int64_t c = 0; c < C; c++) o[c] += s[c];
+    }
+    return bad;
+}
+
+static float row_max(const float *x, int64_t C)
+{
+    float m = -INFINITY;
+    for (int64_t c = 0; c < C; c++) m = x[c] > m ? x[c] : m;
+    return m;
+}
+
+/* log(sum(exp(x - m))) + m, with m the row max (a row of -inf gives -inf). */
+static float row_lse(const float *x, int64_t C)
+{
+    float m = row_max(x, C);
+    if (m == -INFINITY) return -INFINITY;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; c++) s += expf(x[c] - m);
+    return m + logf(s);
+}
+
+void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * C;
+        float *yr = y + n * C;
+        float m = row_max(xr, C), s = 0.0f;
+        for (int64_t c = 0; c < C; c++) {
+            yr[c] = expf(xr[c] - m);
+            s += yr[c];
+        }
+        float inv = 1.0f / s;
+        for (int64_t c = 0; c < C; c++) yr[c] *= inv;
+    }
+}
+
+void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        const float *yr = y + n * C, *dyr = dy + n * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < C; c++) s += dyr[c] * yr[c];
+        for (int64_t c = 0; c < C; c++) dx[n * C + c] = yr[c] * (dyr[c] - s);
+    }
+}
+
+void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        float l = row_lse(x + n * C, C);
+        for (int64_t c = 0; c < C; c++) y[n * C + c] = x[n * C + c] - l;
+    }
+}
+
+void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C,
+                            int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        const float *yr = y + n * C, *dyr = dy + n * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < C; c++) s += dyr[c];
+        for (int64_t c = 0; c < C; c++) dx[n * C + c] = dyr[c] - expf(yr[c]) * s;
+    }
+}
+
+int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss, int64_t N,
+                            int64_t V, int nt)
+{
+    int64_t bad = 0;
+#pragma omp parallel for num_threads(nt) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        int64_t t = tgt[n];
+        if (t < 0) {
+            loss[n] = 0.0f;
+        } else if (t >= V) {
+            loss[n] = NAN;
+            bad++;
+        } else {
+            loss[n] = row_lse(logits + n * V, V) - logits[n * V + t];
+        }
+    }
+    return bad;
+}
+
+void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
+                             float *dlogits, int64_t N, int64_t V, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * V >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        int64_t t = tgt[n];
+        float *d = dlogits + n * V;
+        if (t < 0 || t >= V) {
+            memset(d, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        const float *x = logits + n * V;
+        float l = row_lse(x, V), g = dloss[n];
+        for (int64_t c = 0; c < V; c++) d[c] = g * expf(x[c] - l);
+        d[t] -= g;
+    }
+}
+
+/* Mean and 1/sqrt(var + eps) of a row, two passes in f32 (the centred second pass keeps the
+ * variance accurate when |mean| >> std). */
+static void row_moments(const float *x, int64_t C, float eps, float *mean, float *rstd)
+{
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; c++) s += x[c];
+    float mu = s / (float)C, v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int64_t c = 0; c < C; c++) v += (x[c] - mu) * (x[c] - mu);
+    *mean = mu;
+    *rstd = 1.0f / sqrtf(v / (float)C + eps);
+}
+
+void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        float mu, r;
+        row_moments(x + n * C, C, eps, &mu, &r);
+        for (int64_t c = 0; c < C; c++) y[n * C + c] = (x[n * C + c] - mu) * r;
+    }
+}
+
+void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
+                          float eps, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * C, *g = dxhat + n * C;
+        float mu, r, sg = 0.0f, sgx = 0.0f;
+        row_moments(xr, C, eps, &mu, &r);
+#pragma omp simd reduction(+ : sg, sgx)
+        for (int64_t c = 0; c < C; c++) {
+            sg += g[c];
+            sgx += g[c] * (xr[c] - mu) * r;
+        }
+        sg /= (float)C;
+        sgx /= (float)C;
+        for (int64_t c = 0; c < C; c++) dx[n * C + c] = r * (g[c] - sg - (xr[c] - mu) * r * sgx);
+    }
+}
+
+void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < C; c++) s += xr[c] * xr[c];
+        float r = 1.0f / sqrtf(s / (float)C + eps);
+        for (int64_t c = 0; c < C; c++) y[n * C + c] = xr[c] * r;
+    }
+}
+
+void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
+                              int64_t C, float eps, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * C, *g = dxhat + n * C;
+        float s = 0.0f, sgx = 0.0f;
+#pragma omp simd reduction(+ : s, sgx)
+        for (int64_t c = 0; c < C; c++) {
+            s += xr[c] * xr[c];
+            sgx += g[c] * xr[c];
+        }
+        float r = 1.0f / sqrtf(s / (float)C + eps);
+        float k = r * r * r * sgx / (float)C;
+        for (int64_t c = 0; c < C; c++) dx[n * C + c] = r * g[c] - xr[c] * k;
+    }
+}
+
+void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
+                 double theta, bool inverse, int nt)
+{
+    double sign = inverse ? -1.0 : 1.0;
+#pragma omp parallel for collapse(2) num_threads(nt) if (B * T * H * D >= PAR_MIN_WORK)
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t i = 0; i < D / 2; i++) {
+                double ang = sign * (double)t * pow(theta, -2.0 * (double)i / (double)D);
+                float cs = (float)cos(ang), sn = (float)sin(ang);
+                for (int64_t h = 0; h < H; h++) {
+                    int64_t o = ((b * T + t) * H + h) * D + 2 * i;
+                    float x0 = x[o], x1 = x[o + 1];
+                    y[o] = x0 * cs - x1 * sn;
+                    y[o + 1] = x0 * sn + x1 * cs;
+                }
+            }
+        }
+    }
+}
+
+void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out,
+                   int64_t outer, int64_t inner, size_t elem_bytes)
+{
+    char *o = (char *)out;
+    for (int64_t r = 0; r < outer; r++) {
+        for (int k = 0; k < n_in; k++) {
+            size_t nb = (size_t)(len[k] * inner) * elem_bytes;
+            memcpy(o, (const char *)in[k] + (size_t)r * nb, nb);
+            o += nb;
+        }
+    }
+}

@@ -1,0 +1,76 @@
+/*
+ * runtime.h — the CPU backend's hand-written kernels: GEMMs through OpenBLAS, and the fused
+ * primitives of the IR (softmax family, cross-entropy, layer/RMS normalisation, rope,
+ * gather/scatter, concat and the tiled causal attention with an online softmax). The compiled
+ * program (engine/compile) calls these for every non-fusible node; generated loop nests cover
+ * the rest.
+ *
+ * Conventions: all tensors are contiguous row-major f32 (indices i32); shapes are passed as
+ * flattened sizes. `nt` is the thread budget for the call (OpenMP over the outer dimension).
+ * Kernels never allocate: scratch comes from the caller (sized by the *_scratch_floats
+ * functions). Dimension letters: N rows, C row length, V vocab/table rows, B, H, T, D.
+ */
+#ifndef JDT_RUNTIME_H
+#define JDT_RUNTIME_H
+
+#include "core/core.h"
+
+/* Sets the process's thread budget for OpenBLAS (generated kernels and the functions below
+ * take `nt` explicitly). Call once per program compile, not concurrently with a GEMM. */
+void jdt_rt_set_threads(int nt);
+
+/* c = a @ b for `batch` independent products. a (batch, M, K) or (batch, K, M) if ta;
+ * b (batch|1, K, N) or (batch|1, N, K) if tb (b_shared: one b for every batch); c (batch, M, N).
+ * Accumulates in f32 (cblas_sgemm). */
+void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M,
+                   int64_t N, int64_t K, bool ta, bool tb, bool b_shared);
+
+/* out (n, C) = table (V, C) rows idx (n). Returns the number of out-of-range indices (their
+ * rows are zero-filled); the caller reports them. */
+int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_t n, int64_t V,
+                      int64_t C, int nt);
+/* out (V, C) = 0; out[idx[i]] += src[i] for i < n. Returns the number of out-of-range indices
+ * (skipped). Serial over rows (duplicate indices), vectorised over C. */
+int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n,
+                           int64_t V, int64_t C);
+
+/* Row kernels over x (N, C). */
+void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt);
+void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C, int nt);
+void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt);
+void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C,
+                            int nt);
+/* loss (N) = logsumexp(logits row) - logits[target]; target < 0 -> 0. Returns the number of
+ * targets >= V (loss set to NAN). */
+int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss, int64_t N,
+                            int64_t V, int nt);
+/* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target < 0 or >= V are 0. */
+void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
+                             float *dlogits, int64_t N, int64_t V, int nt);
+void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt);
+void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
+                          float eps, int nt);
+void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt);
+void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
+                              int64_t C, float eps, int nt);
+
+/* y (B, T, H, D) = rotary embedding of x, pairs (2i, 2i+1), angle t * theta^(-2i/D), negated
+ * when inverse. D must be even. */
+void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
+                 double theta, bool inverse, int nt);
+
+/* Copies `n_in` inputs into out along an axis: inputs viewed as (outer, len_i*inner). */
+void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out,
+                   int64_t outer, int64_t inner, size_t elem_bytes);
+
+/* Causal attention, q k v o (B, H, T, D). Online softmax over key blocks: no T x T matrix.
+ * scratch: jdt_rt_attention_scratch_floats(D, T, nt) floats. */
+int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt);
+void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, int64_t B,
+                      int64_t H, int64_t T, int64_t D, float scale, float *scratch, int nt);
+/* dqkv (3, B, H, T, D) = (dq, dk, dv) of the above; recomputes the row log-sum-exp. */
+void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const float *o,
+                          const float *dout, float *dqkv, int64_t B, int64_t H, int64_t T,
+                          int64_t D, float scale, float *scratch, int nt);
+
+#endif /* JDT_RUNTIME_H */

@@ -1,0 +1,463 @@
+/*
+ * check_interp.c — the reference interpreter against hand-computed tiny cases for every op,
+ * plus its contract: leaves from caller memory, updates applied after all nodes, f32 rounding,
+ * clear errors for unbound leaves, bad indices and graphs with a builder error.
+ */
+#include "graph/builder.h"
+#include "graph/interp.h"
+
+#include <check.h>
+#include <math.h>
+#include <string.h>
+
+#define TOL 1e-12
+
+/* An f64 INPUT bound to caller memory. */
+static jdt_tensor *in64(jdt_graph *g, const char *name, int ndim, const int64_t *dims, double *data)
+{
+    jdt_tensor *t = jdt_graph_input(g, name, JDT_DTYPE_F64, ndim, dims, NULL);
+    if (t) t->data = data;
+    return t;
+}
+
+static jdt_tensor *in_i32(jdt_graph *g, const char *name, int ndim, const int64_t *dims, int32_t *data)
+{
+    jdt_tensor *t = jdt_graph_input(g, name, JDT_DTYPE_I32, ndim, dims, NULL);
+    if (t) t->data = data;
+    return t;
+}
+
+static jdt_interp *run_ok(jdt_graph *g)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_graph_error(g, &e) == JDT_OK, "builder: %s", e.msg);
+    jdt_interp *it = NULL;
+    ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
+    jdt_status st = jdt_interp_run(it, &e);
+    ck_assert_msg(st == JDT_OK, "run: %s", e.msg);
+    return it;
+}
+
+static double v(jdt_interp *it, jdt_tensor *t, int64_t i)
+{
+    const void *p = jdt_interp_value(it, t);
+    ck_assert_ptr_nonnull(p);
+    switch (t->dtype) {
+    case JDT_DTYPE_F64: return ((const double *)p)[i];
+    case JDT_DTYPE_F32: return ((const float *)p)[i];
+    default: return ((const int32_t *)p)[i];
+    }
+}
+
+#define NEAR(a, b) near_((double)(a), (double)(b))
+static void near_(double a, double b) { ck_assert_msg(fabs(a - b) <= TOL * (1 + fabs(b)), "%.17g vs %.17g", a, b); }
+
+START_TEST(test_unary)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[1] = {4};
+    double x[4] = {-1.0, 0.25, 0.5, 2.0};
+    jdt_tensor *X = in64(g, "x", 1, d, x);
+    jdt_tensor *ax = jdt_graph_abs(g, X);
+    jdt_tensor *ys[] = {jdt_graph_neg(g, X),  jdt_graph_exp(g, X),     jdt_graph_log(g, ax),
+                        jdt_graph_tanh(g, X), jdt_graph_sqrt(g, ax),   jdt_graph_rsqrt(g, ax),
+                        jdt_graph_relu(g, X), jdt_graph_sigmoid(g, X), jdt_graph_abs(g, X),
+                        jdt_graph_silu(g, X), jdt_graph_gelu(g, X),    jdt_graph_stop_gradient(g, X)};
+    jdt_interp *it = run_ok(g);
+    for (int i = 0; i < 4; i++) {
+        double a = fabs(x[i]), s = 1 / (1 + exp(-x[i]));
+        NEAR(v(it, ys[0], i), -x[i]);
+        NEAR(v(it, ys[1], i), exp(x[i]));
+        NEAR(v(it, ys[2], i), log(a));
+        NEAR(v(it, ys[3], i), tanh(x[i]));
+        NEAR(v(it, ys[4], i), sqrt(a));
+        NEAR(v(it, ys[5], i), 1 / sqrt(a));
+        NEAR(v(it, ys[6], i), x[i] > 0 ? x[i] : 0);
+        NEAR(v(it, ys[7], i), s);
+        NEAR(v(it, ys[8], i), a);
+        NEAR(v(it, ys[9], i), x[i] * s);
+        NEAR(v(it, ys[11], i), x[i]);
+    }
+    /* gelu (tanh form) at 2.0 and -1.0: 1.9545976940, -0.1588080094 (published values) */
+    ck_assert(fabs(v(it, ys[10], 3) - 1.9545977) < 1e-6);
+    ck_assert(fabs(v(it, ys[10], 0) + 0.1588080) < 1e-6);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_binary_scalar_select_cast)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[1] = {3};
+    double a[3] = {1, 2, 3}, b[3] = {3, 2, 0.5};
+    jdt_tensor *A = in64(g, "a", 1, d, a), *B = in64(g, "b", 1, d, b);
+    jdt_tensor *add = jdt_graph_add(g, A, B), *sub = jdt_graph_sub(g, A, B), *mul = jdt_graph_mul(g, A, B);
+    jdt_tensor *dv = jdt_graph_div(g, A, B), *mx = jdt_graph_max(g, A, B), *mn = jdt_graph_min(g, A, B);
+    jdt_tensor *gt = jdt_graph_gt(g, A, B), *ge = jdt_graph_ge(g, A, B);
+    jdt_tensor *as = jdt_graph_add_scalar(g, A, 0.5), *ms = jdt_graph_mul_scalar(g, A, -2);
+    jdt_tensor *ps = jdt_graph_pow_scalar(g, A, 3);
+    jdt_tensor *sel = jdt_graph_select(g, gt, A, B);
+    double c[3] = {2.7, -2.7, 0.2};
+    jdt_tensor *C = in64(g, "c", 1, d, c);
+    jdt_tensor *ci = jdt_graph_cast(g, C, JDT_DTYPE_I32);
+    jdt_tensor *cf = jdt_graph_cast(g, ci, JDT_DTYPE_F32);
+    jdt_interp *it = run_ok(g);
+    for (int i = 0; i < 3; i++) {
+        NEAR(v(it, add, i), a[i] + b[i]);
+        NEAR(v(it, sub, i), a[i] - b[i]);
+        NEAR(v(it, mul, i), a[i] * b[i]);
+        NEAR(v(it, dv, i), a[i] / b[i]);
+        NEAR(v(it, mx, i), fmax(a[i], b[i]));
+        NEAR(v(it, mn, i), fmin(a[i], b[i]));
+        NEAR(v(it, gt, i), a[i] > b[i] ? 1 : 0);
+        NEAR(v(it, ge, i), a[i] >= b[i] ? 1 : 0);
+        NEAR(v(it, as, i), a[i] + 0.5);
+        NEAR(v(it, ms, i), -2 * a[i]);
+        NEAR(v(it, ps, i), a[i] * a[i] * a[i]);
+        NEAR(v(it, sel, i), a[i] > b[i] ? a[i] : b[i]);
+    }
+    ck_assert_int_eq(((const int32_t *)jdt_interp_value(it, ci))[0], 2);
+    ck_assert_int_eq(((const int32_t *)jdt_interp_value(it, ci))[1], -2);
+    ck_assert_int_eq(((const int32_t *)jdt_interp_value(it, ci))[2], 0);
+    ck_assert(((const float *)jdt_interp_value(it, cf))[1] == -2.0f);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_grad_helpers)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[1] = {3};
+    double x[3] = {-1.5, 0.3, 2.0}, dy[3] = {0.7, -1.1, 2.0};
+    jdt_tensor *X = in64(g, "x", 1, d, x), *DY = in64(g, "dy", 1, d, dy);
+    jdt_tensor *gg = jdt_graph_gelu_grad(g, X, DY), *sg = jdt_graph_silu_grad(g, X, DY);
+    jdt_interp *it = run_ok(g);
+    for (int i = 0; i < 3; i++) {
+        /* central differences of the closed forms */
+        double h = 1e-5, c = sqrt(2 / M_PI);
+#define GELU_(z) (0.5 * (z) * (1 + tanh(c * ((z) + 0.044715 * (z) * (z) * (z)))))
+#define SILU_(z) ((z) / (1 + exp(-(z))))
+        double dg = (GELU_(x[i] + h) - GELU_(x[i] - h)) / (2 * h);
+        double ds = (SILU_(x[i] + h) - SILU_(x[i] - h)) / (2 * h);
+        ck_assert(fabs(v(it, gg, i) - dy[i] * dg) < 1e-8);
+        ck_assert(fabs(v(it, sg, i) - dy[i] * ds) < 1e-8);
+    }
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_shape_ops)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d23[2] = {2, 3}, d3[1] = {3}, d21[2] = {2, 1};
+    double x[6] = {1, 2, 3, 4, 5, 6}, r[3] = {10, 20, 30}, c[2] = {100, 200};
+    jdt_tensor *X = in64(g, "x", 2, d23, x), *R = in64(g, "r", 1, d3, r), *C = in64(g, "c", 2, d21, c);
+    jdt_tensor *br = jdt_graph_broadcast(g, R, 2, d23), *bc = jdt_graph_broadcast(g, C, 2, d23);
+    jdt_tensor *s0 = jdt_graph_reduce_sum(g, X, 1, false), *s1 = jdt_graph_reduce_sum(g, X, 2, true);
+    jdt_tensor *sall = jdt_graph_reduce_sum(g, X, 3, false);
+    jdt_tensor *mx1 = jdt_graph_reduce_max(g, X, 2, false), *mn0 = jdt_graph_reduce_mean(g, X, 1, false);
+    int64_t d32[2] = {3, 2};
+    jdt_tensor *rs = jdt_graph_reshape(g, X, 2, d32);
+    int perm[2] = {1, 0};
+    jdt_tensor *tr = jdt_graph_transpose(g, X, perm);
+    jdt_tensor *sl = jdt_graph_slice(g, X, 1, 1, 3);
+    jdt_tensor *parts[2] = {X, sl};
+    jdt_tensor *cat = jdt_graph_concat(g, 2, parts, 1);
+    jdt_tensor *cat0 = jdt_graph_concat(g, 2, (jdt_tensor *[]){X, X}, 0);
+    jdt_interp *it = run_ok(g);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) {
+            NEAR(v(it, br, i * 3 + j), r[j]);
+            NEAR(v(it, bc, i * 3 + j), c[i]);
+            NEAR(v(it, rs, i * 3 + j), x[i * 3 + j]);
+            NEAR(v(it, tr, j * 2 + i), x[i * 3 + j]);
+            NEAR(v(it, cat0, i * 3 + j), x[i * 3 + j]);
+            NEAR(v(it, cat0, 6 + i * 3 + j), x[i * 3 + j]);
+        }
+    for (int j = 0; j < 3; j++) {
+        NEAR(v(it, s0, j), x[j] + x[3 + j]);
+        NEAR(v(it, mn0, j), (x[j] + x[3 + j]) / 2);
+    }
+    ck_assert_int_eq(s1->shape.ndim, 2);
+    ck_assert_int_eq(s1->shape.dims[1], 1);
+    NEAR(v(it, s1, 0), 6);
+    NEAR(v(it, s1, 1), 15);
+    NEAR(v(it, sall, 0), 21);
+    NEAR(v(it, mx1, 0), 3);
+    NEAR(v(it, mx1, 1), 6);
+    /* slice [:, 1:3] = {2,3},{5,6}; concat along axis 1 -> rows of 5 */
+    NEAR(v(it, sl, 0), 2);
+    NEAR(v(it, sl, 3), 6);
+    double want[10] = {1, 2, 3, 2, 3, 4, 5, 6, 5, 6};
+    for (int i = 0; i < 10; i++) NEAR(v(it, cat, i), want[i]);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_matmul)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d23[2] = {2, 3}, d32[2] = {3, 2}, d223[3] = {2, 2, 3};
+    double a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12};
+    double ab[12];
+    for (int i = 0; i < 12; i++) ab[i] = i < 6 ? a[i] : -a[i - 6];
+    jdt_tensor *A = in64(g, "a", 2, d23, a), *B = in64(g, "b", 2, d32, b);
+    jdt_tensor *C = jdt_graph_matmul(g, A, B, false, false);
+    int perm[2] = {1, 0};
+    jdt_tensor *At = jdt_graph_transpose(g, A, perm), *Bt = jdt_graph_transpose(g, B, perm);
+    jdt_tensor *C2 = jdt_graph_matmul(g, At, B, true, false), *C3 = jdt_graph_matmul(g, A, Bt, false, true);
+    jdt_tensor *C4 = jdt_graph_matmul(g, At, Bt, true, true);
+    jdt_tensor *AB = in64(g, "ab", 3, d223, ab);
+    jdt_tensor *Cb = jdt_graph_matmul(g, AB, B, false, false);
+    jdt_tensor *BB = jdt_graph_broadcast(g, B, 3, (int64_t[]){2, 3, 2});
+    jdt_tensor *Cbb = jdt_graph_matmul(g, AB, BB, false, false);
+    jdt_interp *it = run_ok(g);
+    /* [[1,2,3],[4,5,6]] x [[7,8],[9,10],[11,12]] = [[58,64],[139,154]] */
+    double want[4] = {58, 64, 139, 154};
+    for (int i = 0; i < 4; i++) {
+        NEAR(v(it, C, i), want[i]);
+        NEAR(v(it, C2, i), want[i]);
+        NEAR(v(it, C3, i), want[i]);
+        NEAR(v(it, C4, i), want[i]);
+        NEAR(v(it, Cb, i), want[i]);
+        NEAR(v(it, Cb, 4 + i), -want[i]);
+        NEAR(v(it, Cbb, 4 + i), -want[i]);
+    }
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_gather_scatter_iota_mask)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d32[2] = {3, 2}, d4[1] = {4};
+    double tab[6] = {1, 2, 3, 4, 5, 6};
+    int32_t idx[4] = {2, 0, 2, 1};
+    jdt_tensor *Tb = in64(g, "tab", 2, d32, tab), *I = in_i32(g, "idx", 1, d4, idx);
+    jdt_tensor *ga = jdt_graph_gather(g, Tb, I);
+    jdt_tensor *sc = jdt_graph_scatter_add(g, ga, I, 3);
+    jdt_tensor *io = jdt_graph_iota(g, JDT_DTYPE_I32, 2, (int64_t[]){2, 3}, 1);
+    jdt_tensor *cm = jdt_graph_causal_mask(g, JDT_DTYPE_F32, 3);
+    jdt_interp *it = run_ok(g);
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 2; c++) NEAR(v(it, ga, r * 2 + c), tab[idx[r] * 2 + c]);
+    /* row 2 gathered twice, row 0 and 1 once: scatter sums them back */
+    for (int c = 0; c < 2; c++) {
+        NEAR(v(it, sc, 0 * 2 + c), tab[0 * 2 + c]);
+        NEAR(v(it, sc, 1 * 2 + c), tab[1 * 2 + c]);
+        NEAR(v(it, sc, 2 * 2 + c), 2 * tab[2 * 2 + c]);
+    }
+    for (int i = 0; i < 6; i++) ck_assert_int_eq((int)v(it, io, i), i % 3);
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 3; c++) {
+            double m = v(it, cm, r * 3 + c);
+            if (c <= r) ck_assert(m == 0.0);
+            else ck_assert(isinf(m) && m < 0);
+        }
+    jdt_interp_free(it);
+    /* out-of-range index: one clear error naming the node, no crash */
+    idx[1] = 7;
+    jdt_err e;
+    ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
+    ck_assert_int_eq(jdt_interp_run(it, &e), JDT_ERR_INVALID);
+    ck_assert_msg(strstr(e.msg, "gather") && strstr(e.msg, "index 7"), "%s", e.msg);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_softmax_family)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d22[2] = {2, 2}, d2[1] = {2};
+    double x[4] = {0, log(2.0), 1, 1};
+    int32_t tg[2] = {1, -1};
+    double dl[2] = {1, 1};
+    jdt_tensor *X = in64(g, "x", 2, d22, x), *T = in_i32(g, "t", 1, d2, tg), *DL = in64(g, "dl", 1, d2, dl);
+    jdt_tensor *sm = jdt_graph_softmax(g, X), *ls = jdt_graph_log_softmax(g, X);
+    jdt_tensor *xe = jdt_graph_softmax_xent(g, X, T), *xb = jdt_graph_softmax_xent_bwd(g, X, T, DL);
+    double dy[4] = {1, 0, 0, 1};
+    jdt_tensor *DY = in64(g, "dy", 2, d22, dy);
+    jdt_tensor *smb = jdt_graph_softmax_bwd(g, sm, DY), *lsb = jdt_graph_log_softmax_bwd(g, ls, DY);
+    jdt_interp *it = run_ok(g);
+    NEAR(v(it, sm, 0), 1.0 / 3);
+    NEAR(v(it, sm, 1), 2.0 / 3);
+    NEAR(v(it, sm, 2), 0.5);
+    NEAR(v(it, ls, 1), log(2.0 / 3));
+    NEAR(v(it, xe, 0), -log(2.0 / 3));
+    NEAR(v(it, xe, 1), 0.0); /* ignored target */
+    NEAR(v(it, xb, 0), 1.0 / 3);
+    NEAR(v(it, xb, 1), 2.0 / 3 - 1);
+    NEAR(v(it, xb, 2), 0.0);
+    NEAR(v(it, xb, 3), 0.0);
+    /* softmax_bwd row 0: y*(dy - sum(dy*y)) = (1/3)(1 - 1/3), (2/3)(0 - 1/3) */
+    NEAR(v(it, smb, 0), (1.0 / 3) * (2.0 / 3));
+    NEAR(v(it, smb, 1), -(2.0 / 3) / 3);
+    /* log_softmax_bwd row 0: dy - softmax * sum(dy) */
+    NEAR(v(it, lsb, 0), 1 - 1.0 / 3);
+    NEAR(v(it, lsb, 1), -2.0 / 3);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_norms_rope_attention)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d3[1] = {3};
+    double x[3] = {1, 2, 3};
+    jdt_tensor *X = in64(g, "x", 1, d3, x);
+    jdt_tensor *ln = jdt_graph_normalize(g, X, 1e-5), *rn = jdt_graph_rms_normalize(g, X, 1e-5);
+    /* rope: B=1, T=2, H=1, D=2; position 1 rotates (1, 0) by 1 radian */
+    int64_t dr[4] = {1, 2, 1, 2};
+    double xr[4] = {1, 0, 1, 0};
+    jdt_tensor *XR = in64(g, "xr", 4, dr, xr);
+    jdt_tensor *ro = jdt_graph_rope(g, XR, 10000.0, false);
+    jdt_tensor *back = jdt_graph_rope(g, ro, 10000.0, true);
+    /* attention: B=H=1, T=2, D=1 */
+    int64_t da[4] = {1, 1, 2, 1};
+    double q[2] = {1, 2}, k[2] = {0.5, -1}, vv[2] = {3, 7};
+    jdt_tensor *Q = in64(g, "q", 4, da, q), *K = in64(g, "k", 4, da, k), *V = in64(g, "v", 4, da, vv);
+    jdt_tensor *at = jdt_graph_attention(g, Q, K, V, 0.5);
+    jdt_interp *it = run_ok(g);
+    double var = 2.0 / 3, rstd = 1 / sqrt(var + 1e-5), rms = 1 / sqrt(14.0 / 3 + 1e-5);
+    for (int i = 0; i < 3; i++) {
+        NEAR(v(it, ln, i), (x[i] - 2) * rstd);
+        NEAR(v(it, rn, i), x[i] * rms);
+    }
+    NEAR(v(it, ro, 0), 1);
+    NEAR(v(it, ro, 1), 0);
+    NEAR(v(it, ro, 2), cos(1.0));
+    NEAR(v(it, ro, 3), sin(1.0));
+    for (int i = 0; i < 4; i++) NEAR(v(it, back, i), xr[i]);
+    /* row 0 sees only key 0; row 1: scores 0.5*2*0.5 = 0.5, 0.5*2*(-1) = -1 */
+    NEAR(v(it, at, 0), 3);
+    double p0 = exp(0.5) / (exp(0.5) + exp(-1.0));
+    NEAR(v(it, at, 1), p0 * 3 + (1 - p0) * 7);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_dropout)
+{
+    jdt_graph *g = jdt_graph_new();
+    enum { N = 4000 };
+    int64_t d[1] = {N};
+    static double x[N];
+    for (int i = 0; i < N; i++) x[i] = 1.0 + i % 7;
+    int32_t step = 3;
+    jdt_tensor *X = in64(g, "x", 1, d, x), *S = in_i32(g, "step", 0, NULL, &step);
+    jdt_tensor *dr = jdt_graph_dropout(g, X, S, 0.25, 99), *dr2 = jdt_graph_dropout(g, X, S, 0.25, 99);
+    jdt_tensor *d0 = jdt_graph_dropout(g, X, S, 0.0, 99);
+    jdt_interp *it = run_ok(g);
+    int kept = 0;
+    for (int i = 0; i < N; i++) {
+        double y = v(it, dr, i);
+        ck_assert(y == 0.0 || fabs(y - x[i] / 0.75) < 1e-12);
+        kept += y != 0.0;
+        ck_assert(y == v(it, dr2, i)); /* same key and step: same mask */
+        NEAR(v(it, d0, i), x[i]);
+        /* the documented rule: kept iff unit(philox(key, step, j).v[0]) >= rate */
+        bool keep = jdt_u32_to_unit_float(jdt_philox(99, 3, (uint64_t)i).v[0]) >= 0.25;
+        ck_assert(keep == (y != 0.0));
+    }
+    ck_assert(kept > N * 0.70 && kept < N * 0.80);
+    static bool mask3[N];
+    for (int i = 0; i < N; i++) mask3[i] = v(it, dr, i) != 0.0;
+    jdt_interp_free(it);
+    step = 4; /* another step: another mask */
+    it = run_ok(g);
+    int same = 0;
+    for (int i = 0; i < N; i++) same += (v(it, dr, i) != 0.0) == mask3[i];
+    ck_assert(same < N * 0.8); /* independent masks agree on ~62.5% of elements */
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_updates_and_f32)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[1] = {2};
+    float w[2] = {1.0f, 2.0f};
+    jdt_tensor *W = jdt_graph_param(g, "w", JDT_DTYPE_F32, 1, d, NULL);
+    W->data = w;
+    jdt_tensor *w2 = jdt_graph_mul_scalar(g, W, 0.1); /* f32 rounding of 0.1 * 1 */
+    jdt_tensor *nw = jdt_graph_add_scalar(g, W, 1.0);
+    jdt_tensor *after = jdt_graph_mul_scalar(g, W, 3.0); /* computed before the update lands */
+    ck_assert_int_eq(jdt_graph_add_update(g, W, nw), 0);
+    jdt_graph_add_output(g, after);
+    jdt_interp *it = run_ok(g);
+    ck_assert(((const float *)jdt_interp_value(it, w2))[0] == (float)(0.1 * 1.0));
+    ck_assert(w[0] == 2.0f && w[1] == 3.0f);
+    float out[2];
+    void *outs[1] = {out};
+    ck_assert_int_eq(jdt_interp_copy_outputs(it, outs, NULL), JDT_OK);
+    ck_assert(out[0] == 3.0f && out[1] == 6.0f);
+    ck_assert(((const float *)jdt_interp_value(it, W))[0] == 1.0f); /* the run's snapshot */
+    ck_assert_int_eq(jdt_interp_run(it, NULL), JDT_OK);
+    ck_assert(w[0] == 3.0f);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    jdt_err e;
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[1] = {2};
+    jdt_tensor *X = jdt_graph_input(g, "x", JDT_DTYPE_F64, 1, d, NULL);
+    jdt_graph_exp(g, X);
+    jdt_interp *it = NULL;
+    ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
+    ck_assert_int_eq(jdt_interp_run(it, &e), JDT_ERR_INVALID);
+    ck_assert_msg(strstr(e.msg, "'x'") && strstr(e.msg, "no bound data"), "%s", e.msg);
+    ck_assert_ptr_null(jdt_interp_value(it, X));
+    jdt_interp_free(it);
+    /* a bf16 node is refused by name */
+    jdt_tensor *Bf = jdt_graph_input(g, "bf", JDT_DTYPE_BF16, 1, d, NULL);
+    ck_assert_ptr_nonnull(Bf);
+    ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
+    ck_assert_int_eq(jdt_interp_run(it, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "bf16"), "%s", e.msg);
+    jdt_interp_free(it);
+    /* a graph with a builder error is refused */
+    jdt_graph_add(g, X, jdt_graph_input(g, "y", JDT_DTYPE_F64, 1, (int64_t[]){3}, NULL));
+    ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_ERR_INVALID);
+    ck_assert_ptr_null(it);
+    ck_assert_msg(strstr(e.msg, "add"), "%s", e.msg);
+    jdt_graph_free(g);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("interp");
+    TCase *tc = tcase_create("interp");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_unary);
+    tcase_add_test(tc, test_binary_scalar_select_cast);
+    tcase_add_test(tc, test_grad_helpers);
+    tcase_add_test(tc, test_shape_ops);
+    tcase_add_test(tc, test_matmul);
+    tcase_add_test(tc, test_gather_scatter_iota_mask);
+    tcase_add_test(tc, test_softmax_family);
+    tcase_add_test(tc, test_norms_rope_attention);
+    tcase_add_test(tc, test_dropout);
+    tcase_add_test(tc, test_updates_and_f32);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
