@@ -515,7 +515,7 @@ static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
     if (o->global_batch < 1)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: global batch size must be >= 1 (got %lld)", p,
                            (long long)o->global_batch);
-    if (o->kind != JDT_DATA_KIND_ARRAYS && o->seq_len < 1)
+    if (o->kind == JDT_DATA_KIND_TOKENS && o->seq_len < 1)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: seq_len must be >= 1 (got %lld)", p,
                            (long long)o->seq_len);
     if (!(o->row_begin == 0 && o->row_end == 0) &&
@@ -589,6 +589,11 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     d->info.n_units = total;
     bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
     if (tokens) {
+        if (d->o.seq_len < 1) {
+            st = jdt_err_set(e, JDT_ERR_INVALID, "%s: token data needs seq_len >= 1 (got %lld)",
+                             opts->path, (long long)d->o.seq_len);
+            goto fail;
+        }
         if (total < d->o.seq_len + 1) {
             st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: dataset /tokens too short: %lld tokens, need "
                              "at least seq_len+1 = %lld for one sequence", opts->path,
