@@ -33,9 +33,9 @@ static void teardown(void)
 
 static char *path_in(const char *name)
 {
-    static char buf[4][512];
+    static char buf[32][512];
     static int i;
-    i = (i + 1) % 4;
+    i = (i + 1) % 32;
     snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
     return buf[i];
 }
