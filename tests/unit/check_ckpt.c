@@ -502,6 +502,44 @@ START_TEST(test_kill_during_save)
 }
 END_TEST
 
+START_TEST(test_alloc_failures)
+{
+    jdt_err e;
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s", path_in("ck"));
+    int n_nomem = 0;
+    bool any_saved = false;
+    for (long n = 1; n < 80; n++) {
+        jdt_alloc_fail_after(n);
+        jdt_status st = save_state(ck, n, 2, &e);
+        jdt_alloc_fail_after(0);
+        ck_assert_msg(st == JDT_OK || st == JDT_ERR_NOMEM, "%s", e.msg);
+        n_nomem += st == JDT_ERR_NOMEM;
+        any_saved = any_saved || st == JDT_OK;
+        char *p = NULL;
+        jdt_status want = any_saved ? JDT_OK : JDT_ERR_NOT_FOUND;
+        ck_assert_int_eq(jdt_ckpt_find_latest(ck, &p, NULL, &e), want);
+        free(p);
+        jdt_ckpt *c = NULL;
+        jdt_alloc_fail_after(n);
+        st = jdt_ckpt_resolve("auto", ck, &p, &e);
+        if (st == JDT_OK && p) st = jdt_ckpt_open(p, &c, &e);
+        if (st == JDT_OK && c) {
+            char **names = NULL;
+            size_t nn = 0;
+            st = jdt_ckpt_list(c, &names, &nn, &e);
+            for (size_t i = 0; i < nn; i++) free(names[i]);
+            free(names);
+        }
+        jdt_alloc_fail_after(0);
+        ck_assert_msg(st == JDT_OK || st == JDT_ERR_NOMEM, "%s", e.msg);
+        jdt_ckpt_close(c);
+        free(p);
+    }
+    ck_assert_int_gt(n_nomem, 5);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ckpt");
@@ -514,6 +552,7 @@ int main(void)
     tcase_add_test(tc, test_keep_k);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_kill_during_save);
+    tcase_add_test(tc, test_alloc_failures);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
