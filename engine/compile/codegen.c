@@ -286,8 +286,8 @@ static void emit_value(sbuf *s, const nest *N, int id)
     case JDT_OP_SUB: sb_printf(s, "%s - %s;\n", a, b); return;
     case JDT_OP_MUL: sb_printf(s, "%s * %s;\n", a, b); return;
     case JDT_OP_DIV: sb_printf(s, "%s / %s;\n", a, b); return;
-    case JDT_OP_MAX: sb_printf(s, "(%s > %s || %s != %s) ? %s : %s;\n", a, b, a, a, a, b); return;
-    case JDT_OP_MIN: sb_printf(s, "(%s < %s || %s != %s) ? %s : %s;\n", a, b, a, a, a, b); return;
+    case JDT_OP_MAX: sb_printf(s, "%s >= %s ? %s : %s;\n", a, b, a, b); return;
+    case JDT_OP_MIN: sb_printf(s, "%s <= %s ? %s : %s;\n", a, b, a, b); return;
     case JDT_OP_GT: sb_printf(s, "%s > %s ? (%s)1 : (%s)0;\n", a, b, T, T); return;
     case JDT_OP_GE: sb_printf(s, "%s >= %s ? (%s)1 : (%s)0;\n", a, b, T, T); return;
     case JDT_OP_ADD_SCALAR: sb_printf(s, "%s + %s;\n", a, F); return;
@@ -300,7 +300,13 @@ static void emit_value(sbuf *s, const nest *N, int id)
         else sb_printf(s, "pow(%s, %s);\n", a, F);
         return;
     case JDT_OP_SELECT: sb_printf(s, "%s != 0 ? %s : %s;\n", a, b, d); return;
-    case JDT_OP_CAST: sb_printf(s, "(%s)%s;\n", T, a); return;
+    case JDT_OP_CAST:
+        if (m->dtype == JDT_DTYPE_I32 && is_float(N->c->nodes[m->in[0]].dtype))
+            /* saturating, NaN -> 0: a plain C cast is undefined out of range */
+            sb_printf(s, "%s != %s ? 0 : %s >= 2147483647.0 ? INT32_MAX : %s <= -2147483648.0 ? "
+                      "INT32_MIN : (int32_t)%s;\n", a, a, a, a, a);
+        else sb_printf(s, "(%s)%s;\n", T, a);
+        return;
     case JDT_OP_STOP_GRADIENT: sb_printf(s, "%s;\n", a); return;
     case JDT_OP_DROPOUT: {
         double p = f, scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;

@@ -373,7 +373,7 @@ jdt_status jdt_ckpt_prune(const char *ckpt_dir, int keep, jdt_err *e)
             break;
         }
         /* rename first so a crash mid-delete leaves a .tmp (ignored), never a partial step */
-        char *tmp = jdt_malloc(strlen(p) + 8);
+        char *tmp = jdt_malloc(strlen(p) + sizeof ".del.tmp");
         if (tmp) {
             sprintf(tmp, "%s.del.tmp", p);
             if (rename(p, tmp) == 0) st = jdt_io_rm_rf(tmp, e);

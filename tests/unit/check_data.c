@@ -33,9 +33,9 @@ static void teardown(void)
 
 static char *path_in(const char *name)
 {
-    static char buf[4][512];
+    static char buf[32][512];
     static int i;
-    i = (i + 1) % 4;
+    i = (i + 1) % 32;
     snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
     return buf[i];
 }
@@ -581,6 +581,44 @@ START_TEST(test_synthetic)
 }
 END_TEST
 
+START_TEST(test_alloc_failures)
+{
+    /* every allocation failure in open/get/close and the writers is a clean ERR_NOMEM */
+    jdt_err e;
+    uint32_t *t = make_tokens(3000, 256);
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("t.h5"), t, 3000, 256, "byte", &e), JDT_OK);
+    int n_nomem = 0;
+    for (long n = 1; n < 60; n++) {
+        for (int prefetch = 0; prefetch < 3; prefetch += 2) {
+            jdt_data_opts o = {.path = g_dir, .seq_len = 8, .global_batch = 4, .shuffle = true,
+                               .prefetch = prefetch};
+            jdt_data *d = NULL;
+            jdt_alloc_fail_after(n);
+            jdt_status st = jdt_data_open(&o, &d, &e);
+            jdt_alloc_fail_after(0);
+            ck_assert(st == JDT_OK || st == JDT_ERR_NOMEM);
+            if (st == JDT_OK) {
+                jdt_data_batch b;
+                ck_assert_int_eq(jdt_data_get(d, 3, &b, &e), JDT_OK);
+            } else {
+                ck_assert_ptr_null(d);
+                n_nomem++;
+            }
+            jdt_data_close(d);
+        }
+        jdt_alloc_fail_after(n);
+        jdt_status st = jdt_data_write_tokens(path_in("w.h5"), t, 3000, 256, "byte", &e);
+        jdt_alloc_fail_after(0);
+        ck_assert(st == JDT_OK || st == JDT_ERR_NOMEM);
+    }
+    ck_assert_int_gt(n_nomem, 10);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "! ls '%s' | grep -q tmp", g_dir);
+    ck_assert_int_eq(system(cmd), 0);
+    free(t);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("data");
@@ -598,6 +636,7 @@ int main(void)
     tcase_add_test(tc, test_read_error_reaches_get);
     tcase_add_test(tc, test_prepare_text);
     tcase_add_test(tc, test_synthetic);
+    tcase_add_test(tc, test_alloc_failures);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -1,0 +1,410 @@
+/*
+ * check_compile.c — the compiler: graph passes (DCE, CSE, folding, simplification) keep the
+ * numbers and remove what they should, fusion collapses chains, memory-plan invariants (no two
+ * simultaneously live buffers overlap; in-place only over a buffer that dies there; donated
+ * updates), and the on-disk cache (hit, miss, concurrent writers, corrupt entries, missing or
+ * failing compiler).
+ */
+#include "jit-fixture.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "autodiff/autodiff.h"
+
+static void out(fx *f, jdt_tensor *t)
+{
+    ck_assert_msg(t != NULL, "builder: %s", jdt_graph_error_msg(f->g));
+    jdt_graph_add_output(f->g, t);
+}
+
+START_TEST(test_passes_simplify_cse_dce)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 4, 6);
+    int64_t d46[2] = {4, 6}, d24[2] = {24, 1}, d64[2] = {6, 4};
+    jdt_tensor *one = jdt_graph_full(g, JDT_DTYPE_F32, 2, d46, 1.0);
+    jdt_tensor *zero = jdt_graph_full(g, JDT_DTYPE_F32, 2, d46, 0.0);
+    /* identities: each of these is x itself */
+    jdt_tensor *a = jdt_graph_mul(g, x, one);
+    a = jdt_graph_add(g, zero, a);
+    a = jdt_graph_mul_scalar(g, a, 1.0);
+    a = jdt_graph_reshape(g, jdt_graph_reshape(g, a, 2, d24), 2, d46);
+    a = jdt_graph_transpose(g, jdt_graph_transpose(g, a, (int[]){1, 0}), (int[]){1, 0});
+    a = jdt_graph_broadcast(g, a, 2, d46);
+    a = jdt_graph_neg(g, jdt_graph_neg(g, a));
+    /* CSE: the same expression twice */
+    jdt_tensor *e1 = jdt_graph_exp(g, a), *e2 = jdt_graph_exp(g, x);
+    out(&f, jdt_graph_add(g, e1, e2));
+    /* folding: splats combine into one literal */
+    jdt_tensor *k = jdt_graph_mul(g, jdt_graph_add(g, one, one), jdt_graph_full(g, JDT_DTYPE_F32, 2, d46, 3.0));
+    out(&f, jdt_graph_mul(g, x, k));
+    out(&f, jdt_graph_transpose(g, jdt_graph_transpose(g, x, (int[]){1, 0}), (int[]){1, 0}));
+    out(&f, jdt_graph_reshape(g, x, 2, d64));
+    /* dead code */
+    jdt_graph_tanh(g, jdt_graph_exp(g, jdt_graph_log(g, x)));
+    fx_fill(&f, 1);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, 1e-6, 1e-6, true);
+    const jdt_compile_stats *s = jdt_program_stats(p);
+    /* live after the passes: x, exp, add, the 6.0 splat, mul, reshape */
+    ck_assert_int_eq(s->n_ops_out, 6);
+    ck_assert_int_gt(s->n_ops_in, 20);
+    jdt_program_free(p);
+    /* without the passes the numbers are the same and more ops remain */
+    o.no_simplify = true;
+    fx_fill(&f, 1);
+    p = fx_check_steps(&f, &o, 1, 1e-6, 1e-6, true);
+    ck_assert_int_gt(jdt_program_stats(p)->n_ops_out, 15);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_fusion_counts)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 33, 65);
+    jdt_tensor *y = FX_INPUT(&f, "y", JDT_DTYPE_F32, -1, 1, 33, 65);
+    jdt_tensor *c = x;
+    for (int i = 0; i < 12; i++)
+        c = i % 3 == 0 ? jdt_graph_tanh(g, c) : i % 3 == 1 ? jdt_graph_mul(g, c, y) : jdt_graph_add_scalar(g, c, 0.5);
+    /* a 12-op chain + its row sum: one kernel */
+    out(&f, jdt_graph_reduce_sum(g, c, 2u, false));
+    fx_fill(&f, 2);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, 1e-5, 1e-5, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 1);
+    ck_assert_int_eq(jdt_program_stats(p)->arena_bytes, 64 * 3); /* only the (33) result */
+    jdt_program_free(p);
+    o.no_fuse = true;
+    p = fx_check_steps(&f, &o, 1, 1e-5, 1e-5, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 13);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+/* Checks the plan of p: live arena intervals never overlap unless one took over the other in
+ * place at the step where the donor died. */
+static void check_plan(const jdt_program *p)
+{
+    int n = jdt_program_n_buffers(p);
+    int64_t arena = jdt_program_stats(p)->arena_bytes, total = 0;
+    for (int i = 0; i < n; i++) {
+        jdt_buf_info a;
+        ck_assert(jdt_program_buffer(p, i, &a));
+        if (a.kind != JDT_BUF_ARENA || a.n_bytes == 0) continue;
+        total += a.n_bytes;
+        ck_assert_int_ge(a.offset, 0);
+        ck_assert_int_le(a.offset + a.n_bytes, arena);
+        ck_assert_int_le(a.def_step, a.last_step);
+        if (a.inplace_of >= 0) {
+            jdt_buf_info d;
+            jdt_program_buffer(p, a.inplace_of, &d);
+            ck_assert_int_eq(d.last_step, a.def_step); /* donor dies where it is overwritten */
+            ck_assert_int_eq(d.offset, a.offset);
+        }
+        for (int j = i + 1; j < n; j++) {
+            jdt_buf_info b;
+            jdt_program_buffer(p, j, &b);
+            if (b.kind != JDT_BUF_ARENA || b.n_bytes == 0) continue;
+            bool live = a.def_step <= b.last_step && b.def_step <= a.last_step;
+            bool mem = a.offset < b.offset + b.n_bytes && b.offset < a.offset + a.n_bytes;
+            if (!live || !mem) continue;
+            bool inplace = (b.inplace_of == i && a.last_step == b.def_step) ||
+                           (a.inplace_of == j && b.last_step == a.def_step);
+            /* chains of in-place takeovers share storage one after another */
+            bool chained = a.last_step == b.def_step || b.last_step == a.def_step;
+            ck_assert_msg(inplace || (chained && (a.inplace_of >= 0 || b.inplace_of >= 0)),
+                          "buffers %d [%lld,+%lld) steps %d..%d and %d [%lld,+%lld) steps %d..%d "
+                          "overlap",
+                          i, (long long)a.offset, (long long)a.n_bytes, a.def_step, a.last_step, j,
+                          (long long)b.offset, (long long)b.n_bytes, b.def_step, b.last_step);
+        }
+    }
+    ck_assert_int_le(arena, total + 64 * n);
+}
+
+START_TEST(test_memory_plan_invariants)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 16, 24);
+    jdt_tensor *tg = FX_INPUT(&f, "tg", JDT_DTYPE_I32, 0, 10, 16);
+    jdt_tensor *w[4];
+    int64_t dims[4][2] = {{24, 32}, {32, 32}, {32, 32}, {32, 10}};
+    const char *names[4] = {"w0", "w1", "w2", "w3"};
+    jdt_tensor *h = x;
+    for (int l = 0; l < 4; l++) {
+        w[l] = fx_leaf(&f, 0, names[l], JDT_DTYPE_F32, 2, dims[l], -0.3, 0.3);
+        h = jdt_graph_matmul(g, h, w[l], false, false);
+        if (l < 3) h = jdt_graph_tanh(g, jdt_graph_rms_normalize(g, h, 1e-5));
+    }
+    jdt_tensor *loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, h, tg), 1u, false);
+    jdt_tensor *grads[4];
+    jdt_err e;
+    ck_assert_msg(jdt_autodiff_grad(g, loss, 4, w, grads, &e) == JDT_OK, "%s", e.msg);
+    out(&f, loss);
+    for (int l = 0; l < 4; l++)
+        jdt_graph_add_update(g, w[l], jdt_graph_sub(g, w[l], jdt_graph_mul_scalar(g, grads[l], 0.05)));
+    fx_fill(&f, 3);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 2, 1e-4, 1e-5, true);
+    check_plan(p);
+    const jdt_compile_stats *s = jdt_program_stats(p);
+    ck_assert_int_eq(s->n_donated + s->n_update_copies, 4);
+    ck_assert_int_ge(s->n_donated, 1);
+    /* reuse: the arena is smaller than the sum of the buffers */
+    int64_t total = 0;
+    for (int i = 0; i < jdt_program_n_buffers(p); i++) {
+        jdt_buf_info b;
+        jdt_program_buffer(p, i, &b);
+        if (b.kind == JDT_BUF_ARENA) total += b.n_bytes;
+    }
+    ck_assert_int_lt(s->arena_bytes, total);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+/* An update whose old value is still read after the new value is computed must not be donated
+ * (the output reads the pre-step parameter). */
+START_TEST(test_update_not_donated_when_read_later)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *w = FX_PARAM(&f, "w", -1, 1, 5, 7);
+    jdt_tensor *s = fx_leaf(&f, 2, "s", JDT_DTYPE_F32, 2, (int64_t[]){5, 7}, -1, 1);
+    jdt_tensor *wn = jdt_graph_mul_scalar(g, w, 0.5);
+    jdt_tensor *late = jdt_graph_matmul(g, w, jdt_graph_transpose(g, wn, (int[]){1, 0}), false, false);
+    out(&f, late);
+    jdt_graph_add_update(g, w, wn);
+    /* a swap-like update: s takes w's old value */
+    jdt_graph_add_update(g, s, jdt_graph_add(g, w, s));
+    fx_fill(&f, 4);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 2, 1e-5, 1e-6, true);
+    check_plan(p);
+    ck_assert_int_ge(jdt_program_stats(p)->n_update_copies, 1);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+static jdt_graph *small_graph(double c, jdt_tensor **x)
+{
+    jdt_graph *g = jdt_graph_new();
+    *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 1, (int64_t[]){10}, NULL);
+    jdt_graph_add_output(g, jdt_graph_add_scalar(g, jdt_graph_exp(g, *x), c));
+    return g;
+}
+
+static void run_small(jdt_graph *g, jdt_tensor *x, const jdt_compile_opts *o, double c, bool *hit)
+{
+    float xv[10];
+    for (int i = 0; i < 10; i++) xv[i] = (float)i * 0.1f;
+    x->data = xv;
+    jdt_program *p = NULL;
+    jdt_err e;
+    ck_assert_msg(jdt_program_compile(g, o, &p, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(jdt_program_run(p, &e), JDT_OK);
+    const float *y = jdt_program_output(p, 0);
+    for (int i = 0; i < 10; i++) ck_assert_float_eq_tol(y[i], expf(xv[i]) + (float)c, 1e-5);
+    if (hit) *hit = jdt_program_stats(p)->cache_hit;
+    jdt_program_free(p);
+}
+
+static int count_files(const char *dir, const char *suffix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d) return 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        size_t l = strlen(de->d_name), s = strlen(suffix);
+        if (l >= s && strcmp(de->d_name + l - s, suffix) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+START_TEST(test_cache_hit_miss)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_tensor *x;
+    jdt_graph *g = small_graph(1.0, &x);
+    bool hit = true;
+    run_small(g, x, &o, 1.0, &hit);
+    ck_assert(!hit);
+    run_small(g, x, &o, 1.0, &hit);
+    ck_assert(hit);
+    jdt_graph_free(g);
+    g = small_graph(2.0, &x); /* different constant -> different source -> miss */
+    run_small(g, x, &o, 2.0, &hit);
+    ck_assert(!hit);
+    o.cflags = "-O2 -fno-math-errno"; /* different flags -> miss */
+    run_small(g, x, &o, 2.0, &hit);
+    ck_assert(!hit);
+    jdt_graph_free(g);
+    ck_assert_int_eq(count_files(f.cache, ".so"), 3);
+    ck_assert_int_eq(count_files(f.cache, ".tmp"), 0);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_cache_concurrent_writers)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    enum { N = 4 };
+    pid_t kids[N];
+    for (int i = 0; i < N; i++) {
+        kids[i] = fork();
+        ck_assert_int_ge(kids[i], 0);
+        if (kids[i] == 0) {
+            jdt_tensor *x;
+            jdt_graph *g = small_graph(3.0, &x);
+            float xv[10] = {0};
+            x->data = xv;
+            jdt_program *p = NULL;
+            jdt_err e;
+            int rc = jdt_program_compile(g, &o, &p, &e) == JDT_OK && jdt_program_run(p, &e) == JDT_OK &&
+                             fabsf(((const float *)jdt_program_output(p, 0))[0] - 4.0f) < 1e-6f
+                         ? 0
+                         : 1;
+            _exit(rc);
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        int ws;
+        ck_assert_int_eq(waitpid(kids[i], &ws, 0), kids[i]);
+        ck_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    }
+    jdt_tensor *x;
+    jdt_graph *g = small_graph(3.0, &x);
+    bool hit = false;
+    run_small(g, x, &o, 3.0, &hit);
+    ck_assert(hit);
+    ck_assert_int_eq(count_files(f.cache, ".so"), 1);
+    ck_assert_int_eq(count_files(f.cache, ".tmp"), 0);
+    jdt_graph_free(g);
+    fx_free(&f);
+}
+END_TEST
+
+static void corrupt(const char *path, bool truncate_half)
+{
+    struct stat sb;
+    ck_assert_int_eq(stat(path, &sb), 0);
+    if (truncate_half) {
+        ck_assert_int_eq(truncate(path, sb.st_size / 2), 0);
+        return;
+    }
+    FILE *fp = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(fp);
+    fseek(fp, sb.st_size / 3, SEEK_SET);
+    fputs("garbage garbage garbage", fp);
+    fclose(fp);
+}
+
+START_TEST(test_cache_corrupt_entry_rebuilt)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_tensor *x;
+    jdt_graph *g = small_graph(5.0, &x);
+    float xv[10] = {0};
+    x->data = xv;
+    jdt_program *p = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_OK);
+    char so[1024];
+    snprintf(so, sizeof so, "%s", jdt_program_stats(p)->so_path);
+    jdt_program_free(p);
+    for (int mode = 0; mode < 2; mode++) {
+        corrupt(so, mode == 0);
+        bool hit = true;
+        run_small(g, x, &o, 5.0, &hit);
+        ck_assert_msg(!hit, "corrupt entry (mode %d) was used", mode);
+        run_small(g, x, &o, 5.0, &hit);
+        ck_assert(hit);
+    }
+    jdt_graph_free(g);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_missing_or_failing_compiler)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    o.cc = "/nonexistent/cc";
+    jdt_tensor *x;
+    jdt_graph *g = small_graph(6.0, &x);
+    jdt_program *p = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_COMPILE);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(strstr(e.msg, "/nonexistent/cc"), "%s", e.msg);
+    char *log = strstr(e.msg, f.cache);
+    ck_assert_msg(log != NULL, "%s", e.msg);
+    char path[512];
+    ck_assert_int_eq(sscanf(log, "%511[^ ;]", path), 1);
+    ck_assert_msg(strstr(path, ".log") != NULL, "%s", path);
+    FILE *lf = fopen(path, "r");
+    ck_assert_msg(lf != NULL, "log %s missing", path);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, lf);
+    buf[n] = 0;
+    fclose(lf);
+    ck_assert_msg(strstr(buf, "cannot execute"), "%s", buf);
+    /* a compiler that runs but rejects the flags */
+    o.cc = NULL;
+    o.cflags = "-O2 --no-such-flag-for-jdt";
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_COMPILE);
+    ck_assert_msg(strstr(e.msg, ".log"), "%s", e.msg);
+    jdt_graph_free(g);
+    fx_free(&f);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("compile");
+    TCase *tc = tcase_create("compile");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_passes_simplify_cse_dce);
+    tcase_add_test(tc, test_fusion_counts);
+    tcase_add_test(tc, test_memory_plan_invariants);
+    tcase_add_test(tc, test_update_not_donated_when_read_later);
+    tcase_add_test(tc, test_cache_hit_miss);
+    tcase_add_test(tc, test_cache_concurrent_writers);
+    tcase_add_test(tc, test_cache_corrupt_entry_rebuilt);
+    tcase_add_test(tc, test_missing_or_failing_compiler);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

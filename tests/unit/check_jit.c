@@ -1,0 +1,346 @@
+/*
+ * check_jit.c — the CPU backend against the reference interpreter: every op of the IR (odd
+ * shapes, several ops per compiled program to keep compiler calls few), random fused chains,
+ * the fused attention, a whole train step with donated updates, and run-time errors.
+ */
+#include "jit-fixture.h"
+
+#include "autodiff/autodiff.h"
+
+#define RT 2e-5
+#define AT 2e-5
+
+static void out(fx *f, jdt_tensor *t)
+{
+    ck_assert_msg(t != NULL, "builder: %s", jdt_graph_error_msg(f->g));
+    jdt_graph_add_output(f->g, t);
+}
+
+START_TEST(test_elementwise_ops)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -3, 3, 7, 13);
+    jdt_tensor *y = FX_INPUT(&f, "y", JDT_DTYPE_F32, -3, 3, 7, 13);
+    jdt_tensor *pos = FX_INPUT(&f, "pos", JDT_DTYPE_F32, 0.1, 4, 7, 13);
+    jdt_tensor *stp = jdt_graph_input(g, "stp", JDT_DTYPE_I32, 0, NULL, NULL);
+    f.leaf[f.n] = stp, f.lo[f.n] = 3, f.hi[f.n] = 4, f.n++;
+    out(&f, jdt_graph_neg(g, x));
+    out(&f, jdt_graph_exp(g, x));
+    out(&f, jdt_graph_log(g, pos));
+    out(&f, jdt_graph_tanh(g, x));
+    out(&f, jdt_graph_sqrt(g, pos));
+    out(&f, jdt_graph_rsqrt(g, pos));
+    out(&f, jdt_graph_relu(g, x));
+    out(&f, jdt_graph_gelu(g, x));
+    out(&f, jdt_graph_silu(g, x));
+    out(&f, jdt_graph_sigmoid(g, x));
+    out(&f, jdt_graph_abs(g, x));
+    out(&f, jdt_graph_add(g, x, y));
+    out(&f, jdt_graph_sub(g, x, y));
+    out(&f, jdt_graph_mul(g, x, y));
+    out(&f, jdt_graph_div(g, x, pos));
+    out(&f, jdt_graph_max(g, x, y));
+    out(&f, jdt_graph_min(g, x, y));
+    out(&f, jdt_graph_gt(g, x, y));
+    out(&f, jdt_graph_ge(g, x, x));
+    out(&f, jdt_graph_add_scalar(g, x, 0.25));
+    out(&f, jdt_graph_mul_scalar(g, x, -1.5));
+    out(&f, jdt_graph_pow_scalar(g, pos, 2.0));
+    out(&f, jdt_graph_pow_scalar(g, pos, 0.5));
+    out(&f, jdt_graph_pow_scalar(g, pos, 1.7));
+    out(&f, jdt_graph_pow_scalar(g, pos, -1.0));
+    out(&f, jdt_graph_gelu_grad(g, x, y));
+    out(&f, jdt_graph_silu_grad(g, x, y));
+    out(&f, jdt_graph_select(g, jdt_graph_gt(g, x, y), x, pos));
+    out(&f, jdt_graph_cast(g, jdt_graph_mul_scalar(g, x, 10.0), JDT_DTYPE_I32));
+    out(&f, jdt_graph_cast(g, jdt_graph_cast(g, x, JDT_DTYPE_I32), JDT_DTYPE_F32));
+    out(&f, jdt_graph_stop_gradient(g, x));
+    out(&f, jdt_graph_dropout(g, x, stp, 0.3, 1234));
+    out(&f, jdt_graph_iota(g, JDT_DTYPE_F32, 3, (int64_t[]){3, 5, 7}, 1));
+    out(&f, jdt_graph_iota(g, JDT_DTYPE_I32, 2, (int64_t[]){4, 9}, 1));
+    out(&f, jdt_graph_causal_mask(g, JDT_DTYPE_F32, 11));
+    out(&f, jdt_graph_full(g, JDT_DTYPE_F32, 2, (int64_t[]){2, 3}, 0.75));
+    /* a fused chain using several of the above at once */
+    jdt_tensor *ch = jdt_graph_mul(g, jdt_graph_tanh(g, jdt_graph_add(g, x, y)), jdt_graph_sigmoid(g, y));
+    out(&f, jdt_graph_add_scalar(g, jdt_graph_mul_scalar(g, ch, 2.0), 1.0));
+    fx_fill(&f, 1);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, RT, AT, true);
+    const jdt_compile_stats *s = jdt_program_stats(p);
+    ck_assert_int_lt(s->n_kernels, s->n_ops_out);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_shape_and_reduce_ops)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *a = FX_INPUT(&f, "a", JDT_DTYPE_F32, -2, 2, 3, 1, 5);
+    jdt_tensor *b = FX_INPUT(&f, "b", JDT_DTYPE_F32, -2, 2, 2, 3, 4, 5);
+    jdt_tensor *c = FX_INPUT(&f, "c", JDT_DTYPE_F32, -2, 2, 6, 7);
+    jdt_tensor *d = FX_INPUT(&f, "d", JDT_DTYPE_F32, -2, 2, 6, 3);
+    out(&f, jdt_graph_broadcast(g, a, 4, (int64_t[]){2, 3, 4, 5}));
+    out(&f, jdt_graph_add_bcast(g, b, a));
+    out(&f, jdt_graph_mul_bcast(g, c, jdt_graph_reduce_max(g, c, 1u << 1, true)));
+    out(&f, jdt_graph_transpose(g, b, (int[]){2, 0, 3, 1}));
+    out(&f, jdt_graph_transpose(g, c, (int[]){1, 0}));
+    out(&f, jdt_graph_exp(g, jdt_graph_transpose(g, c, (int[]){1, 0})));
+    out(&f, jdt_graph_slice(g, b, 2, 1, 3));
+    out(&f, jdt_graph_slice(g, c, 1, 2, 7));
+    out(&f, jdt_graph_concat(g, 2, (jdt_tensor *[]){c, d}, 1));
+    out(&f, jdt_graph_concat(g, 3, (jdt_tensor *[]){c, c, c}, 0));
+    out(&f, jdt_graph_reshape(g, b, 2, (int64_t[]){6, 20}));
+    out(&f, jdt_graph_exp(g, jdt_graph_reshape(g, c, 3, (int64_t[]){2, 3, 7})));
+    for (uint32_t mask = 1; mask < 16; mask += 3) {
+        out(&f, jdt_graph_reduce_sum(g, b, mask, false));
+        out(&f, jdt_graph_reduce_max(g, b, mask, true));
+        out(&f, jdt_graph_reduce_mean(g, b, mask, false));
+    }
+    /* chains fused into row and column reductions */
+    out(&f, jdt_graph_reduce_sum(g, jdt_graph_exp(g, jdt_graph_add_scalar(g, c, -1.0)), 2u, false));
+    out(&f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, c, c), 1u, false));
+    out(&f, jdt_graph_reduce_mean(g, jdt_graph_abs(g, b), 0xfu, false));
+    out(&f, jdt_graph_reduce_max(g, jdt_graph_neg(g, b), 1u << 2, false));
+    fx_fill(&f, 2);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    fx_check_steps(&f, &o, 1, 1e-5, 1e-5, false);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_matmul_gather_scatter)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *a = FX_INPUT(&f, "a", JDT_DTYPE_F32, -1, 1, 5, 7);
+    jdt_tensor *at = FX_INPUT(&f, "at", JDT_DTYPE_F32, -1, 1, 7, 5);
+    jdt_tensor *b = FX_INPUT(&f, "b", JDT_DTYPE_F32, -1, 1, 7, 9);
+    jdt_tensor *bt = FX_INPUT(&f, "bt", JDT_DTYPE_F32, -1, 1, 9, 7);
+    jdt_tensor *ba = FX_INPUT(&f, "ba", JDT_DTYPE_F32, -1, 1, 2, 3, 5, 7);
+    jdt_tensor *bb = FX_INPUT(&f, "bb", JDT_DTYPE_F32, -1, 1, 2, 3, 7, 9);
+    jdt_tensor *table = FX_INPUT(&f, "table", JDT_DTYPE_F32, -1, 1, 11, 6);
+    jdt_tensor *idx = FX_INPUT(&f, "idx", JDT_DTYPE_I32, 0, 11, 3, 5);
+    jdt_tensor *src = FX_INPUT(&f, "src", JDT_DTYPE_F32, -1, 1, 3, 5, 6);
+    out(&f, jdt_graph_matmul(g, a, b, false, false));
+    out(&f, jdt_graph_matmul(g, at, b, true, false));
+    out(&f, jdt_graph_matmul(g, a, bt, false, true));
+    out(&f, jdt_graph_matmul(g, at, bt, true, true));
+    out(&f, jdt_graph_matmul(g, ba, bb, false, false));
+    out(&f, jdt_graph_matmul(g, ba, b, false, false));
+    out(&f, jdt_graph_matmul(g, ba, bt, false, true));
+    out(&f, jdt_graph_gather(g, table, idx));
+    out(&f, jdt_graph_scatter_add(g, src, idx, 11));
+    fx_fill(&f, 3);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    fx_check_steps(&f, &o, 1, 1e-5, 1e-5, false);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_row_primitives)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -4, 4, 9, 37);
+    jdt_tensor *dy = FX_INPUT(&f, "dy", JDT_DTYPE_F32, -1, 1, 9, 37);
+    jdt_tensor *tg = FX_INPUT(&f, "tg", JDT_DTYPE_I32, -1, 37, 9);
+    jdt_tensor *dl = FX_INPUT(&f, "dl", JDT_DTYPE_F32, 0.5, 1, 9);
+    jdt_tensor *r = FX_INPUT(&f, "r", JDT_DTYPE_F32, -1, 1, 2, 5, 3, 8);
+    jdt_tensor *sm = jdt_graph_softmax(g, x), *lsm = jdt_graph_log_softmax(g, x);
+    out(&f, sm);
+    out(&f, jdt_graph_softmax_bwd(g, sm, dy));
+    out(&f, lsm);
+    out(&f, jdt_graph_log_softmax_bwd(g, lsm, dy));
+    out(&f, jdt_graph_softmax_xent(g, x, tg));
+    out(&f, jdt_graph_softmax_xent_bwd(g, x, tg, dl));
+    out(&f, jdt_graph_normalize(g, x, 1e-5));
+    out(&f, jdt_graph_normalize_bwd(g, x, dy, 1e-5));
+    out(&f, jdt_graph_rms_normalize(g, x, 1e-6));
+    out(&f, jdt_graph_rms_normalize_bwd(g, x, dy, 1e-6));
+    out(&f, jdt_graph_rope(g, r, 10000.0, false));
+    out(&f, jdt_graph_rope(g, r, 500.0, true));
+    fx_fill(&f, 4);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    fx_check_steps(&f, &o, 1, 1e-4, 1e-5, false);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_attention)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    /* T = 67 crosses the 64-key block boundary; D = 12 is not a vector width */
+    jdt_tensor *q = FX_INPUT(&f, "q", JDT_DTYPE_F32, -2, 2, 2, 3, 67, 12);
+    jdt_tensor *k = FX_INPUT(&f, "k", JDT_DTYPE_F32, -2, 2, 2, 3, 67, 12);
+    jdt_tensor *v = FX_INPUT(&f, "v", JDT_DTYPE_F32, -1, 1, 2, 3, 67, 12);
+    jdt_tensor *d = FX_INPUT(&f, "do", JDT_DTYPE_F32, -1, 1, 2, 3, 67, 12);
+    jdt_tensor *o = jdt_graph_attention(g, q, k, v, 0.3);
+    out(&f, o);
+    out(&f, jdt_graph_attention_bwd(g, q, k, v, o, d, 0.3));
+    fx_fill(&f, 5);
+    jdt_compile_opts opts;
+    fx_opts(&f, &opts);
+    fx_check_steps(&f, &opts, 1, 2e-4, 2e-5, false);
+    fx_free(&f);
+}
+END_TEST
+
+/* Random chains: elementwise ops on broadcasts of smaller inputs, ending in reductions over
+ * random axes; several chains per program. */
+START_TEST(test_random_fused_chains)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    uint64_t key = jdt_rng_key(77, "chains");
+    jdt_tensor *full = FX_INPUT(&f, "full", JDT_DTYPE_F32, -1, 1, 4, 6, 10);
+    jdt_tensor *row = FX_INPUT(&f, "row", JDT_DTYPE_F32, -1, 1, 10);
+    jdt_tensor *col = FX_INPUT(&f, "col", JDT_DTYPE_F32, -1, 1, 6, 1);
+    jdt_tensor *pos = FX_INPUT(&f, "pos", JDT_DTYPE_F32, 0.5, 2, 4, 6, 10);
+    int64_t dims[3] = {4, 6, 10};
+    for (int chain = 0; chain < 8; chain++) {
+        jdt_tensor *cur = full;
+        for (int step = 0; step < 7; step++) {
+            jdt_philox_ctr r = jdt_philox(key, (uint64_t)chain, (uint64_t)step);
+            jdt_tensor *other = r.v[1] % 3 == 0   ? jdt_graph_broadcast(g, row, 3, dims)
+                                : r.v[1] % 3 == 1 ? jdt_graph_broadcast(g, col, 3, dims)
+                                                  : pos;
+            switch (r.v[0] % 8) {
+            case 0: cur = jdt_graph_add(g, cur, other); break;
+            case 1: cur = jdt_graph_mul(g, cur, other); break;
+            case 2: cur = jdt_graph_tanh(g, cur); break;
+            case 3: cur = jdt_graph_sub(g, cur, other); break;
+            case 4: cur = jdt_graph_div(g, cur, pos); break;
+            case 5: cur = jdt_graph_gelu(g, cur); break;
+            case 6: cur = jdt_graph_mul_scalar(g, jdt_graph_sigmoid(g, cur), 1.5); break;
+            default: cur = jdt_graph_max(g, cur, other); break;
+            }
+        }
+        jdt_philox_ctr r = jdt_philox(key, 99, (uint64_t)chain);
+        uint32_t mask = r.v[0] % 8;
+        if (chain % 2) out(&f, cur);
+        if (mask) out(&f, jdt_graph_reduce_sum(g, cur, mask, r.v[1] % 2));
+    }
+    fx_fill(&f, 6);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, 1e-4, 1e-5, true);
+    ck_assert_int_lt(jdt_program_stats(p)->n_kernels, jdt_program_stats(p)->n_ops_out / 2);
+    jdt_program_free(p);
+    /* the same graph without fusion gives the same numbers */
+    o.no_fuse = true;
+    fx_fill(&f, 6);
+    fx_check_steps(&f, &o, 1, 1e-4, 1e-5, false);
+    fx_free(&f);
+}
+END_TEST
+
+/* A two-layer MLP train step with SGD + momentum-like state: forward, autodiff backward and
+ * updates in one program, three steps; parameters must track the interpreter. */
+START_TEST(test_train_step_updates)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 8, 12);
+    jdt_tensor *tg = FX_INPUT(&f, "tg", JDT_DTYPE_I32, 0, 5, 8);
+    jdt_tensor *w1 = FX_PARAM(&f, "w1", -0.3, 0.3, 12, 16);
+    jdt_tensor *b1 = FX_PARAM(&f, "b1", -0.1, 0.1, 16);
+    jdt_tensor *w2 = FX_PARAM(&f, "w2", -0.3, 0.3, 16, 5);
+    jdt_tensor *m1 = fx_leaf(&f, 2, "m1", JDT_DTYPE_F32, 2, (int64_t[]){12, 16}, 0, 0);
+    jdt_tensor *h = jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, w1, false, false), b1));
+    jdt_tensor *logits = jdt_graph_matmul(g, h, w2, false, false);
+    jdt_tensor *loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, logits, tg), 1u, false);
+    jdt_tensor *params[3] = {w1, b1, w2}, *grads[3];
+    jdt_err e;
+    ck_assert_msg(jdt_autodiff_grad(g, loss, 3, params, grads, &e) == JDT_OK, "%s", e.msg);
+    out(&f, loss);
+    /* w1 with momentum state, the others plain SGD */
+    jdt_tensor *m1n = jdt_graph_add(g, jdt_graph_mul_scalar(g, m1, 0.9), grads[0]);
+    jdt_graph_add_update(g, m1, m1n);
+    jdt_graph_add_update(g, w1, jdt_graph_sub(g, w1, jdt_graph_mul_scalar(g, m1n, 0.1)));
+    jdt_graph_add_update(g, b1, jdt_graph_sub(g, b1, jdt_graph_mul_scalar(g, grads[1], 0.1)));
+    jdt_graph_add_update(g, w2, jdt_graph_sub(g, w2, jdt_graph_mul_scalar(g, grads[2], 0.1)));
+    fx_fill(&f, 7);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 3, 1e-4, 1e-5, true);
+    ck_assert_int_ge(jdt_program_stats(p)->n_donated, 2);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_run_errors)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *table = FX_INPUT(&f, "table", JDT_DTYPE_F32, -1, 1, 4, 3);
+    jdt_tensor *idx = FX_INPUT(&f, "idx", JDT_DTYPE_I32, 0, 9, 6);
+    jdt_tensor *unbound = jdt_graph_input(g, "unbound", JDT_DTYPE_F32, 1, (int64_t[]){3}, NULL);
+    out(&f, jdt_graph_gather(g, table, idx));
+    out(&f, jdt_graph_exp(g, unbound));
+    fx_fill(&f, 8);
+    fx_bind(&f, true);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_OK);
+    ck_assert_int_eq(jdt_program_run(p, &e), JDT_ERR_INVALID);
+    ck_assert_msg(strstr(e.msg, "unbound"), "%s", e.msg);
+    float ub[3] = {0, 1, 2};
+    unbound->data = ub;
+    ((int32_t *)f.jit[1])[0] = 0;
+    ((int32_t *)f.jit[1])[2] = 9; /* outside [0, 4) */
+    ck_assert_int_eq(jdt_program_run(p, &e), JDT_ERR_INVALID);
+    ck_assert_msg(strstr(e.msg, "gather"), "%s", e.msg);
+    jdt_program_free(p);
+    /* a bf16 node has no CPU kernel: one clear error */
+    jdt_graph *g2 = jdt_graph_new();
+    jdt_tensor *bx = jdt_graph_input(g2, "bx", JDT_DTYPE_BF16, 1, (int64_t[]){4}, NULL);
+    jdt_graph_add_output(g2, bx ? jdt_graph_new_node(g2, JDT_OP_NEG, JDT_DTYPE_BF16, &bx->shape, 1,
+                                                     &bx, NULL)
+                                : NULL);
+    ck_assert_int_eq(jdt_program_compile(g2, &o, &p, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(strstr(e.msg, "bf16"), "%s", e.msg);
+    jdt_graph_free(g2);
+    fx_free(&f);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("jit");
+    TCase *tc = tcase_create("jit");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_elementwise_ops);
+    tcase_add_test(tc, test_shape_and_reduce_ops);
+    tcase_add_test(tc, test_matmul_gather_scatter);
+    tcase_add_test(tc, test_row_primitives);
+    tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_random_fused_chains);
+    tcase_add_test(tc, test_train_step_updates);
+    tcase_add_test(tc, test_run_errors);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
