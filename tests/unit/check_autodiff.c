@@ -141,7 +141,7 @@ static jdt_tensor *b_select(jdt_graph *g, jdt_tensor **p)
 }
 static jdt_tensor *b_cast(jdt_graph *g, jdt_tensor **p)
 {
-    return jdt_graph_exp(g, jdt_graph_cast(g, p[0], F64));
+    return jdt_graph_exp(g, jdt_graph_cast(g, jdt_graph_cast(g, p[0], F64), p[0]->dtype));
 }
 static jdt_tensor *b_dropout(jdt_graph *g, jdt_tensor **p)
 {
@@ -198,7 +198,7 @@ static jdt_tensor *b_mlp(jdt_graph *g, jdt_tensor **p)
 {
     double xin[12];
     fill(xin, 12, 5, INIT_NORMAL);
-    jdt_tensor *x = jdt_graph_constant(g, F64, 2, (int64_t[]){4, 3}, xin);
+    jdt_tensor *x = jdt_graph_cast(g, jdt_graph_constant(g, F64, 2, (int64_t[]){4, 3}, xin), p[0]->dtype);
     jdt_tensor *h = jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, p[0], false, false), p[1]));
     jdt_tensor *logits = jdt_graph_add_bcast(g, jdt_graph_matmul(g, h, p[2], false, false), p[3]);
     int32_t t[4] = {0, 2, 1, 2};
@@ -295,6 +295,68 @@ START_TEST(test_gradcheck)
     const gcase *c = &CASES[_i];
     double worst = gradcheck(c);
     ck_assert(worst < 1e-6);
+}
+END_TEST
+
+/* Builds case c with params of dtype dt (values = the f32-rounded random data in both dtypes),
+ * runs forward + backward, and returns loss and all gradient elements (as doubles) in out. */
+static int64_t eval_case(const gcase *c, jdt_dtype dt, double *out, int64_t cap)
+{
+    jdt_graph *g = jdt_graph_new();
+    jdt_tensor *p[MAXP];
+    void *data[MAXP];
+    char nm[32];
+    for (int k = 0; k < c->n_params; k++) {
+        snprintf(nm, sizeof nm, "p%d", k);
+        p[k] = jdt_graph_param(g, nm, dt, c->ndim[k], c->dims[k], NULL);
+        int64_t n = jdt_shape_numel(&p[k]->shape);
+        double tmp[1024];
+        fill(tmp, n, jdt_rng_key(1234, nm) + (uint64_t)c->init, c->init);
+        data[k] = jdt_malloc((size_t)n * 8);
+        for (int64_t j = 0; j < n; j++) {
+            if (dt == F64) ((double *)data[k])[j] = (float)tmp[j];
+            else ((float *)data[k])[j] = (float)tmp[j];
+        }
+        p[k]->data = data[k];
+    }
+    jdt_tensor *y = c->f(g, p);
+    jdt_err e;
+    ck_assert_msg(jdt_graph_error(g, &e) == JDT_OK, "%s: builder: %s", c->name, e.msg);
+    int64_t ny = jdt_shape_numel(&y->shape);
+    double w[1024];
+    fill(w, ny, jdt_rng_key(99, "cotangent"), INIT_NORMAL);
+    jdt_tensor *W = jdt_graph_cast(g, jdt_graph_constant(g, F64, y->shape.ndim, y->shape.dims, w), dt);
+    jdt_tensor *loss = jdt_graph_reduce_sum(g, jdt_graph_mul(g, y, W), (1u << y->shape.ndim) - 1, false);
+    jdt_tensor *gr[MAXP];
+    ck_assert_msg(jdt_autodiff_grad(g, loss, c->n_params, p, gr, &e) == JDT_OK, "%s", e.msg);
+    jdt_interp *it;
+    ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
+    ck_assert_msg(jdt_interp_run(it, &e) == JDT_OK, "%s", e.msg);
+    int64_t m = 0;
+    ck_assert_int_eq(jdt_interp_read_f64(it, loss, out + m++, &e), JDT_OK);
+    for (int k = 0; k < c->n_params; k++) {
+        ck_assert_int_eq(gr[k]->dtype, dt);
+        ck_assert(m + jdt_shape_numel(&gr[k]->shape) <= cap);
+        ck_assert_int_eq(jdt_interp_read_f64(it, gr[k], out + m, &e), JDT_OK);
+        m += jdt_shape_numel(&gr[k]->shape);
+    }
+    jdt_interp_free(it);
+    for (int k = 0; k < c->n_params; k++) jdt_free(data[k]);
+    jdt_graph_free(g);
+    return m;
+}
+
+/* The same case in f32 and f64 agrees to f32 precision: the f32 paths of the interpreter and
+ * of autodiff (dtypes of every backward node) are consistent with the checked f64 ones. */
+START_TEST(test_f32_matches_f64)
+{
+    const gcase *c = &CASES[_i];
+    static double a[4096], b[4096];
+    int64_t na = eval_case(c, JDT_DTYPE_F32, a, 4096), nb = eval_case(c, F64, b, 4096);
+    ck_assert_int_eq(na, nb);
+    for (int64_t i = 0; i < na; i++)
+        ck_assert_msg(fabs(a[i] - b[i]) <= 2e-4 * (1 + fabs(b[i])), "%s: value %lld: f32 %.9g vs f64 %.9g",
+                      c->name, (long long)i, a[i], b[i]);
 }
 END_TEST
 
@@ -445,6 +507,7 @@ int main(void)
     TCase *tc = tcase_create("gradcheck");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_gradcheck, 0, (int)JDT_ARRAY_LEN(CASES));
+    tcase_add_loop_test(tc, test_f32_matches_f64, 0, (int)JDT_ARRAY_LEN(CASES));
     suite_add_tcase(s, tc);
     TCase *tb = tcase_create("behaviour");
     tcase_set_timeout(tb, 120);
