@@ -116,6 +116,10 @@ jdt_tensor *jdt_graph_op(jdt_graph *g, jdt_op op, int n_inputs, jdt_tensor *cons
                        n_inputs, info->arity);
         return NULL;
     }
+    if (n_inputs > 0 && !inputs) {
+        jdt_graph_fail(g, JDT_ERR_INVALID, "op '%s': inputs array is NULL", info->name);
+        return NULL;
+    }
     for (int i = 0; i < n_inputs; i++) {
         if (!inputs[i]) {
             jdt_graph_fail(g, JDT_ERR_INVALID, "op '%s': input %d is NULL", info->name, i);
@@ -393,8 +397,8 @@ jdt_tensor *jdt_graph_dropout(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, dou
 
 jdt_tensor *jdt_graph_broadcast(jdt_graph *g, jdt_tensor *x, int ndim, const int64_t *dims)
 {
-    if (ndim < 0 || ndim > JDT_MAX_DIMS) {
-        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'broadcast': rank %d out of range", ndim);
+    if (ndim < 0 || ndim > JDT_MAX_DIMS || (ndim > 0 && !dims)) {
+        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'broadcast': rank %d out of range (or dims NULL)", ndim);
         return NULL;
     }
     jdt_shape s = jdt_shape_make(ndim, dims);
@@ -425,8 +429,8 @@ jdt_tensor *jdt_graph_reduce_mean(jdt_graph *g, jdt_tensor *x, uint32_t axes_mas
 
 jdt_tensor *jdt_graph_reshape(jdt_graph *g, jdt_tensor *x, int ndim, const int64_t *dims)
 {
-    if (ndim < 0 || ndim > JDT_MAX_DIMS) {
-        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'reshape': rank %d out of range", ndim);
+    if (ndim < 0 || ndim > JDT_MAX_DIMS || (ndim > 0 && !dims)) {
+        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'reshape': rank %d out of range (or dims NULL)", ndim);
         return NULL;
     }
     jdt_shape s = jdt_shape_make(ndim, dims);
@@ -438,6 +442,10 @@ jdt_tensor *jdt_graph_transpose(jdt_graph *g, jdt_tensor *x, const int *perm)
 {
     jdt_attrs a;
     memset(&a, 0, sizeof a);
+    if (x && !perm) {
+        if (g) jdt_graph_fail(g, JDT_ERR_INVALID, "op 'transpose': perm is NULL");
+        return NULL;
+    }
     for (int k = 0; x && k < x->shape.ndim; k++) a.i[k] = perm[k];
     return op1(g, JDT_OP_TRANSPOSE, x, &a);
 }

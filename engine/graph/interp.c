@@ -63,25 +63,37 @@ static jdt_status alloc_vals(jdt_interp *it, jdt_err *e)
 {
     int n = jdt_graph_n_nodes(it->g);
     if (n == it->n_alloc) return JDT_OK;
+    jdt_status st = JDT_OK;
     node_val *nv = jdt_realloc(it->vals, (size_t)(n ? n : 1) * sizeof *nv);
-    if (!nv) return jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory");
+    if (!nv) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory");
+        goto fail_free_vals;
+    }
     it->vals = nv;
     for (int i = it->n_alloc; i < n; i++) {
         jdt_tensor *t = jdt_graph_node(it->g, i);
         node_val *v = &nv[i];
         memset(v, 0, sizeof *v);
         it->n_alloc = i + 1;
-        if (!supported(t->dtype))
-            return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "interp: node %d (%s) has dtype %s (f32, f64, i32 supported)",
-                               i, jdt_op_name(t->op), jdt_dtype_name(t->dtype));
+        if (!supported(t->dtype)) {
+            st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "interp: node %d (%s) has dtype %s (f32, f64, i32 supported)",
+                             i, jdt_op_name(t->op), jdt_dtype_name(t->dtype));
+            goto fail_free_vals;
+        }
         v->numel = jdt_shape_numel(&t->shape);
         v->v = jdt_malloc((size_t)v->numel * sizeof(double));
         v->buf = jdt_malloc((size_t)v->numel * jdt_dtype_size(t->dtype));
-        if (!v->v || !v->buf)
-            return jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory for node %d (%s, %lld elements)",
-                               i, jdt_op_name(t->op), (long long)v->numel);
+        if (!v->v || !v->buf) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory for node %d (%s, %lld elements)",
+                             i, jdt_op_name(t->op), (long long)v->numel);
+            goto fail_free_vals;
+        }
     }
     return JDT_OK;
+fail_free_vals:
+    /* all or nothing: a later run starts the allocation over */
+    free_vals(it);
+    return st;
 }
 
 /* ---- dtype conversion --------------------------------------------------------------------- */
@@ -516,9 +528,12 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
 
 jdt_status jdt_interp_run(jdt_interp *it, jdt_err *e)
 {
+    if (!it) return jdt_err_set(e, JDT_ERR_INVALID, "interp: NULL interpreter");
+    if (jdt_graph_error_msg(it->g))
+        return jdt_err_set(e, JDT_ERR_INVALID, "interp: graph has a builder error: %s", jdt_graph_error_msg(it->g));
+    it->ran = false;
     jdt_status st = alloc_vals(it, e);
     if (st != JDT_OK) return st;
-    it->ran = false;
     int n = jdt_graph_n_nodes(it->g);
     for (int i = 0; i < n; i++) {
         st = eval_node(it, jdt_graph_node(it->g, i), e);
@@ -560,6 +575,7 @@ jdt_status jdt_interp_read_f64(const jdt_interp *it, const jdt_tensor *t, double
 
 jdt_status jdt_interp_copy_outputs(const jdt_interp *it, void *const *outs, jdt_err *e)
 {
+    if (!it || !outs) return jdt_err_set(e, JDT_ERR_INVALID, "interp: NULL interpreter or output array");
     for (int i = 0; i < jdt_graph_n_outputs(it->g); i++) {
         const jdt_tensor *t = jdt_graph_output(it->g, i);
         if (!has_value(it, t)) return jdt_err_set(e, JDT_ERR_INVALID, "interp: no value for output %d (run first)", i);

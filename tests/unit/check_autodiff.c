@@ -501,6 +501,36 @@ START_TEST(test_train_step_mlp)
 }
 END_TEST
 
+/* Every allocation failure while differentiating is a clean ERR_NOMEM with NULL gradients. */
+START_TEST(test_alloc_failure)
+{
+    int n_nomem = 0;
+    for (long k = 1; k < 60; k++) {
+        jdt_graph *g = jdt_graph_new();
+        jdt_tensor *p[6];
+        const gcase *c = &CASES[JDT_ARRAY_LEN(CASES) - 1]; /* the attention block */
+        for (int i = 0; i < c->n_params; i++) {
+            char nm[8] = {'p', (char)('0' + i), 0};
+            p[i] = jdt_graph_param(g, nm, F64, c->ndim[i], c->dims[i], NULL);
+        }
+        jdt_tensor *loss = jdt_graph_reduce_sum(g, c->f(g, p), 7, false);
+        ck_assert_int_eq(jdt_graph_error(g, NULL), JDT_OK);
+        jdt_tensor *gr[6];
+        jdt_err e;
+        jdt_alloc_fail_after(k);
+        jdt_status st = jdt_autodiff_grad(g, loss, c->n_params, p, gr, &e);
+        jdt_alloc_fail_after(0);
+        ck_assert_msg(st == JDT_OK || st == JDT_ERR_NOMEM, "%s", e.msg);
+        if (st != JDT_OK) {
+            n_nomem++;
+            for (int i = 0; i < c->n_params; i++) ck_assert_ptr_null(gr[i]);
+        }
+        jdt_graph_free(g);
+    }
+    ck_assert_int_gt(n_nomem, 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("autodiff");
@@ -515,6 +545,7 @@ int main(void)
     tcase_add_test(tb, test_missing_vjp_and_bad_args);
     tcase_add_test(tb, test_only_reaching_nodes);
     tcase_add_test(tb, test_train_step_mlp);
+    tcase_add_test(tb, test_alloc_failure);
     suite_add_tcase(s, tb);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -438,6 +438,36 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* An allocation failure inside a run is ERR_NOMEM, never a crash, and a later run succeeds. */
+START_TEST(test_alloc_failure)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[2] = {3, 4};
+    double x[12];
+    for (int i = 0; i < 12; i++) x[i] = i * 0.1;
+    jdt_tensor *X = in64(g, "x", 2, d, x);
+    jdt_tensor *y = jdt_graph_reduce_sum(g, jdt_graph_softmax(g, jdt_graph_tanh(g, X)), 3, false);
+    int n_nomem = 0;
+    for (long k = 1; k < 20; k++) {
+        jdt_interp *it = NULL;
+        jdt_err e;
+        jdt_alloc_fail_after(k);
+        jdt_status st = jdt_interp_new(g, &it, &e);
+        if (st == JDT_OK) st = jdt_interp_run(it, &e);
+        jdt_alloc_fail_after(0);
+        ck_assert(st == JDT_OK || st == JDT_ERR_NOMEM);
+        n_nomem += st == JDT_ERR_NOMEM;
+        if (it) {
+            ck_assert_int_eq(jdt_interp_run(it, &e), JDT_OK);
+            NEAR(v(it, y, 0), 3.0); /* three softmax rows sum to 1 each */
+        }
+        jdt_interp_free(it);
+    }
+    ck_assert_int_gt(n_nomem, 0);
+    jdt_graph_free(g);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("interp");
@@ -454,6 +484,7 @@ int main(void)
     tcase_add_test(tc, test_dropout);
     tcase_add_test(tc, test_updates_and_f32);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_alloc_failure);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
