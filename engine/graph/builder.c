@@ -541,3 +541,38 @@ jdt_tensor *jdt_graph_unbroadcast(jdt_graph *g, jdt_tensor *dx, const jdt_shape 
     jdt_tensor *r = mask ? jdt_graph_reduce_sum(g, dx, mask, false) : dx;
     return jdt_graph_reshape(g, r, shape->ndim, shape->dims);
 }
+
+void jdt_graph_fprint(const jdt_graph *g, FILE *f)
+{
+    for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
+        const jdt_tensor *t = jdt_graph_node(g, i);
+        char sh[128];
+        fprintf(f, "  %%%d = %s(", t->id, jdt_op_name(t->op));
+        for (int k = 0; k < t->n_inputs; k++) fprintf(f, "%s%%%d", k ? ", " : "", t->inputs[k]->id);
+        fprintf(f, ")");
+        const jdt_attrs *a = &t->attrs;
+        bool any_i = false, any_f = false;
+        for (size_t k = 0; k < JDT_ARRAY_LEN(a->i); k++) any_i |= a->i[k] != 0;
+        for (size_t k = 0; k < JDT_ARRAY_LEN(a->f); k++) any_f |= a->f[k] != 0;
+        if (any_i) fprintf(f, " i=[%lld %lld %lld %lld]", (long long)a->i[0], (long long)a->i[1],
+                           (long long)a->i[2], (long long)a->i[3]);
+        if (any_f) fprintf(f, " f=[%g %g]", a->f[0], a->f[1]);
+        fprintf(f, " : %s %s", jdt_shape_str(&t->shape, sh, sizeof sh), jdt_dtype_name(t->dtype));
+        bool named = false;
+        for (int d = 0; d < t->shape.ndim; d++) named |= t->axes[d] != NULL;
+        if (named) {
+            fprintf(f, " [");
+            for (int d = 0; d < t->shape.ndim; d++) fprintf(f, "%s%s", d ? ", " : "", t->axes[d] ? t->axes[d] : "_");
+            fprintf(f, "]");
+        }
+        if (t->name) fprintf(f, " '%s'", t->name);
+        if (t->flags & JDT_TENSOR_STATE) fprintf(f, " state");
+        fprintf(f, "\n");
+    }
+    for (int i = 0; i < jdt_graph_n_outputs(g); i++) fprintf(f, "  output %d: %%%d\n", i, jdt_graph_output(g, i)->id);
+    for (int i = 0; i < jdt_graph_n_updates(g); i++) {
+        jdt_tensor *target, *value;
+        jdt_graph_update(g, i, &target, &value);
+        fprintf(f, "  update '%s' <- %%%d\n", target->name ? target->name : "?", value->id);
+    }
+}

@@ -18,6 +18,8 @@
 
 #include "graph/graph.h"
 
+#include <stdio.h>
+
 /* ---- leaves ------------------------------------------------------------------------------- */
 
 /* A trainable parameter named `name` (unique among the graph's leaves) of shape dims[0..ndim)
@@ -155,6 +157,9 @@ bool jdt_shape_broadcast(const jdt_shape *a, const jdt_shape *b, jdt_shape *out)
 /* Sums dx down to `shape` (the inverse of a numpy broadcast to dx's shape): reduces the extra
  * leading axes and the axes where shape has size 1. Returns dx itself if already that shape. */
 jdt_tensor *jdt_graph_unbroadcast(jdt_graph *g, jdt_tensor *dx, const jdt_shape *shape);
+/* Writes one line per node to f: "  %id = op(inputs) attrs : shape dtype [axes] 'name' flags",
+ * then the outputs and updates. For debugging and `inspect`; the format is not a contract. */
+void jdt_graph_fprint(const jdt_graph *g, FILE *f);
 /* True for F32 and F64. */
 bool jdt_dtype_is_float(jdt_dtype dt);
 

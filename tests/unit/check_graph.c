@@ -7,6 +7,8 @@
 #include "graph/ops-impl.h"
 
 #include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define F32 JDT_DTYPE_F32
@@ -351,6 +353,26 @@ START_TEST(test_alloc_failure)
 }
 END_TEST
 
+START_TEST(test_fprint)
+{
+    jdt_graph *g = jdt_graph_new();
+    jdt_tensor *w = jdt_graph_param(g, "w", F32, DIMS(4, 8), (const char *[]){"embed", "mlp"});
+    jdt_tensor *x = jdt_graph_input(g, "x", F32, DIMS(2, 4), (const char *[]){"batch", "embed"});
+    jdt_tensor *y = jdt_graph_matmul(g, x, w, false, false);
+    jdt_graph_add_output(g, y);
+    jdt_graph_add_update(g, w, jdt_graph_mul_scalar(g, w, 0.5));
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    jdt_graph_fprint(g, f);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "%2 = matmul(%1, %0) : (2, 8) f32 [batch, mlp]"), "%s", buf);
+    ck_assert_msg(strstr(buf, "'w'") && strstr(buf, "output 0: %2") && strstr(buf, "update 'w' <- %3"), "%s", buf);
+    free(buf);
+    jdt_graph_free(g);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("graph");
@@ -365,6 +387,7 @@ int main(void)
     tcase_add_test(tc, test_broadcast_helpers);
     tcase_add_test(tc, test_axis_names);
     tcase_add_test(tc, test_alloc_failure);
+    tcase_add_test(tc, test_fprint);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
