@@ -438,6 +438,84 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* NORMALIZE_BWD and RMS_NORMALIZE_BWD against the explicit Jacobians of the forward maps:
+ * layernorm  d xhat_i / d x_j = rstd (delta_ij - 1/n - xhat_i xhat_j / n)
+ * rmsnorm    d y_i / d x_j    = r (delta_ij - x_i x_j r^2 / n) */
+START_TEST(test_norm_bwd)
+{
+    enum { N = 5 };
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[2] = {1, N};
+    double x[N] = {0.3, -1.2, 2.0, 0.7, -0.4}, gy[N] = {1.0, -0.5, 0.25, 2.0, -1.5}, eps = 1e-3;
+    jdt_tensor *X = in64(g, "x", 2, d, x), *G = in64(g, "g", 2, d, gy);
+    jdt_tensor *lb = jdt_graph_normalize_bwd(g, X, G, eps), *rb = jdt_graph_rms_normalize_bwd(g, X, G, eps);
+    jdt_tensor *c = jdt_graph_constant(g, JDT_DTYPE_F64, 2, d, x), *f = jdt_graph_full(g, JDT_DTYPE_F32, 2, d, 0.1);
+    jdt_interp *it = run_ok(g);
+    double mean = 0, var = 0, ms = 0;
+    for (int i = 0; i < N; i++) mean += x[i] / N;
+    for (int i = 0; i < N; i++) {
+        var += (x[i] - mean) * (x[i] - mean) / N;
+        ms += x[i] * x[i] / N;
+    }
+    double rstd = 1 / sqrt(var + eps), r = 1 / sqrt(ms + eps);
+    for (int j = 0; j < N; j++) {
+        double wl = 0, wr = 0;
+        for (int i = 0; i < N; i++) {
+            double xi = (x[i] - mean) * rstd, xj = (x[j] - mean) * rstd;
+            wl += gy[i] * rstd * ((i == j) - 1.0 / N - xi * xj / N);
+            wr += gy[i] * r * ((i == j) - x[i] * x[j] * r * r / N);
+        }
+        NEAR(v(it, lb, j), wl);
+        NEAR(v(it, rb, j), wr);
+        NEAR(v(it, c, j), x[j]);
+        ck_assert(v(it, f, j) == (double)0.1f);
+    }
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+/* ATTENTION_BWD against central differences of ATTENTION's forward, both in the interpreter:
+ * with L = sum(attention(q, k, v) * dout), dq/dk/dv are dL/dq, dL/dk, dL/dv. */
+START_TEST(test_attention_bwd)
+{
+    enum { B = 1, H = 2, T = 3, D = 2, NE = B * H * T * D };
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[4] = {B, H, T, D};
+    static double qkv[3][NE], dout[NE];
+    float tmp[4 * NE];
+    jdt_rng_normal(7, 0, 4 * NE, tmp);
+    for (int i = 0; i < NE; i++) {
+        for (int m = 0; m < 3; m++) qkv[m][i] = tmp[m * NE + i];
+        dout[i] = tmp[3 * NE + i];
+    }
+    jdt_tensor *Q = in64(g, "q", 4, d, qkv[0]), *K = in64(g, "k", 4, d, qkv[1]), *V = in64(g, "v", 4, d, qkv[2]);
+    jdt_tensor *DO = in64(g, "do", 4, d, dout);
+    jdt_tensor *O = jdt_graph_attention(g, Q, K, V, 0.7);
+    jdt_tensor *bwd = jdt_graph_attention_bwd(g, Q, K, V, O, DO, 0.7);
+    jdt_tensor *L = jdt_graph_reduce_sum(g, jdt_graph_mul(g, O, DO), 15, false);
+    jdt_interp *it = run_ok(g);
+    static double grad[3 * NE];
+    ck_assert_int_eq(jdt_interp_read_f64(it, bwd, grad, NULL), JDT_OK);
+    for (int m = 0; m < 3; m++)
+        for (int i = 0; i < NE; i++) {
+            double x0 = qkv[m][i], h = 1e-5;
+            qkv[m][i] = x0 + h;
+            ck_assert_int_eq(jdt_interp_run(it, NULL), JDT_OK);
+            double lp = v(it, L, 0);
+            qkv[m][i] = x0 - h;
+            ck_assert_int_eq(jdt_interp_run(it, NULL), JDT_OK);
+            double lm = v(it, L, 0);
+            qkv[m][i] = x0;
+            double fd = (lp - lm) / (2 * h);
+            ck_assert_msg(fabs(fd - grad[m * NE + i]) < 1e-8 * (1 + fabs(fd)), "d%c[%d]: %.12g vs fd %.12g",
+                          "qkv"[m], i, grad[m * NE + i], fd);
+        }
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
 /* An allocation failure inside a run is ERR_NOMEM, never a crash, and a later run succeeds. */
 START_TEST(test_alloc_failure)
 {
@@ -485,6 +563,8 @@ int main(void)
     tcase_add_test(tc, test_updates_and_f32);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_alloc_failure);
+    tcase_add_test(tc, test_norm_bwd);
+    tcase_add_test(tc, test_attention_bwd);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
