@@ -634,6 +634,16 @@ static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const boo
     }
     if (need[1]) {
         jdt_tensor *db;
+        if (!ta && b->shape.ndim == 2 && a->shape.ndim > 2) {
+            /* A 2-D b shared by every batch (x (B, T, C) @ w (C, N)): flatten the batch into the
+             * rows and contract over them with one 2-D matmul, instead of a batched matmul
+             * producing (B, K, N) followed by a reduction. */
+            int64_t rows = jdt_shape_numel(&a->shape) / a->shape.dims[a->shape.ndim - 1];
+            jdt_tensor *af = jdt_graph_reshape(g, a, 2, (int64_t[]){rows, a->shape.dims[a->shape.ndim - 1]});
+            jdt_tensor *df = jdt_graph_reshape(g, dy, 2, (int64_t[]){rows, dy->shape.dims[dy->shape.ndim - 1]});
+            dx[1] = tb ? jdt_graph_matmul(g, df, af, true, false) : jdt_graph_matmul(g, af, df, true, false);
+            return;
+        }
         if (!tb) db = ta ? mm(g, a, dy, 0, 0) : mm(g, a, dy, 1, 0);
         else db = ta ? mm(g, dy, a, 1, 1) : mm(g, dy, a, 1, 0);
         if (db && b->shape.ndim == 2 && db->shape.ndim > 2) {

@@ -274,6 +274,8 @@ static const gcase CASES[] = {
     {"matmul_ta_tb", b_mm11, 2, {2, 2}, {{4, 3}, {2, 4}}, INIT_NORMAL},
     {"matmul_batched", b_mm00, 2, {3, 3}, {{2, 3, 4}, {2, 4, 2}}, INIT_NORMAL},
     {"matmul_shared_b", b_mm00, 2, {3, 2}, {{2, 3, 4}, {4, 2}}, INIT_NORMAL},
+    {"matmul_shared_b_tb", b_mm01, 2, {3, 2}, {{2, 3, 4}, {5, 4}}, INIT_NORMAL},
+    {"matmul_shared_b_4d", b_mm00, 2, {4, 2}, {{2, 2, 3, 4}, {4, 2}}, INIT_NORMAL},
     {"matmul_shared_b_ta_tb", b_mm11, 2, {3, 2}, {{2, 4, 3}, {2, 4}}, INIT_NORMAL},
     {"matmul_shared_b_ta", b_mm10, 2, {3, 2}, {{2, 4, 3}, {4, 2}}, INIT_NORMAL},
     {"gather", b_gather, 1, {2}, {{4, 3}}, INIT_NORMAL},
