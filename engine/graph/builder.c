@@ -178,6 +178,16 @@ static jdt_tensor *leaf(jdt_graph *g, jdt_op op, const char *name, jdt_dtype dt,
                        name ? name : "", ndim, JDT_MAX_DIMS);
         return NULL;
     }
+    for (int i = 0; i < ndim; i++)
+        if (dims[i] <= 0) {
+            jdt_graph_fail(g, JDT_ERR_SHAPE, "%s '%s': dim %d is %lld (must be > 0)", what,
+                           name ? name : "", i, (long long)dims[i]);
+            return NULL;
+        }
+    if ((int)dt < 0 || dt >= JDT_DTYPE_COUNT) {
+        jdt_graph_fail(g, JDT_ERR_INVALID, "%s '%s': unknown dtype %d", what, name ? name : "", (int)dt);
+        return NULL;
+    }
     jdt_shape s = jdt_shape_make(ndim, dims);
     jdt_tensor *t = jdt_graph_op(g, op, 0, NULL, NULL, dt, &s);
     if (!t) return NULL;
