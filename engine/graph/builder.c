@@ -586,3 +586,34 @@ void jdt_graph_fprint(const jdt_graph *g, FILE *f)
         fprintf(f, "  update '%s' <- %%%d\n", target->name ? target->name : "?", value->id);
     }
 }
+
+jdt_status jdt_graph_verify(const jdt_graph *g, jdt_err *e)
+{
+    if (!g) return jdt_err_set(e, JDT_ERR_INVALID, "verify: graph is NULL");
+    for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
+        jdt_tensor *t = jdt_graph_node(g, i);
+        if ((int)t->op < 0 || t->op >= JDT_OP_COUNT)
+            return jdt_err_set(e, JDT_ERR_INVALID, "verify: node %d has unknown op %d", i, (int)t->op);
+        const jdt_op_info *info = jdt_op_info_get(t->op);
+        if (t->id != i) return jdt_err_set(e, JDT_ERR_INVALID, "verify: node %d (%s) has id %d", i, info->name, t->id);
+        if (info->arity >= 0 ? t->n_inputs != info->arity : (t->n_inputs < 1 || t->n_inputs > JDT_MAX_INPUTS))
+            return jdt_err_set(e, JDT_ERR_INVALID, "verify: node %d (%s) has %d inputs, expects %d", i,
+                               info->name, t->n_inputs, info->arity);
+        for (int k = 0; k < t->n_inputs; k++) {
+            const jdt_tensor *in = t->inputs[k];
+            if (!in || !belongs(g, in) || in->id >= i)
+                return jdt_err_set(e, JDT_ERR_INVALID, "verify: node %d (%s): input %d is not an earlier node of this graph",
+                                   i, info->name, k);
+        }
+        jdt_dtype dt = t->dtype;
+        jdt_shape s = t->shape;
+        char why[256], a[128], b[128];
+        if (!info->shape(t->inputs, t->n_inputs, &t->attrs, &dt, &s, why, sizeof why))
+            return jdt_err_set(e, JDT_ERR_SHAPE, "verify: node %d (%s): %s", i, info->name, why);
+        if (dt != t->dtype || !jdt_shape_eq(&s, &t->shape))
+            return jdt_err_set(e, JDT_ERR_SHAPE, "verify: node %d (%s) stores %s %s but its inputs give %s %s", i,
+                               info->name, jdt_shape_str(&t->shape, a, sizeof a), jdt_dtype_name(t->dtype),
+                               jdt_shape_str(&s, b, sizeof b), jdt_dtype_name(dt));
+    }
+    return JDT_OK;
+}

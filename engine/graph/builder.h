@@ -157,6 +157,11 @@ bool jdt_shape_broadcast(const jdt_shape *a, const jdt_shape *b, jdt_shape *out)
 /* Sums dx down to `shape` (the inverse of a numpy broadcast to dx's shape): reduces the extra
  * leading axes and the axes where shape has size 1. Returns dx itself if already that shape. */
 jdt_tensor *jdt_graph_unbroadcast(jdt_graph *g, jdt_tensor *dx, const jdt_shape *shape);
+/* Re-checks every node of g as the builder would: inputs precede the node and belong to g, the
+ * arity fits, and the op's shape rule accepts the inputs and attrs and yields exactly the
+ * node's stored dtype and shape. For graphs rewritten by passes (jdt_graph_new_node does not
+ * check). Returns JDT_OK or ERR_SHAPE/ERR_INVALID naming the first bad node (id, op, reason). */
+jdt_status jdt_graph_verify(const jdt_graph *g, jdt_err *e);
 /* Writes one line per node to f: "  %id = op(inputs) attrs : shape dtype [axes] 'name' flags",
  * then the outputs and updates. For debugging and `inspect`; the format is not a contract. */
 void jdt_graph_fprint(const jdt_graph *g, FILE *f);

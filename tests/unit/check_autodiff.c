@@ -86,6 +86,7 @@ static double gradcheck(const gcase *c)
     jdt_tensor *gr[MAXP];
     jdt_status st = jdt_autodiff_grad(g, loss, c->n_params, p, gr, &e);
     ck_assert_msg(st == JDT_OK, "%s: autodiff: %s", c->name, e.msg);
+    ck_assert_msg(jdt_graph_verify(g, &e) == JDT_OK, "%s: %s", c->name, e.msg);
     jdt_interp *it;
     ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
     run_loss(it, loss);

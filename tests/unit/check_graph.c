@@ -353,6 +353,32 @@ START_TEST(test_alloc_failure)
 }
 END_TEST
 
+START_TEST(test_verify)
+{
+    jdt_graph *g = jdt_graph_new();
+    jdt_tensor *x = inp(g, "x", F32, DIMS(2, 3)), *w = inp(g, "w", F32, DIMS(3, 4));
+    jdt_tensor *y = jdt_graph_softmax(g, jdt_graph_matmul(g, x, w, false, false));
+    jdt_tensor *l = jdt_graph_reduce_sum(g, y, 3, false);
+    ck_assert_ptr_nonnull(l);
+    jdt_err e;
+    ck_assert_int_eq(jdt_graph_verify(g, &e), JDT_OK);
+    /* a pass that appends an unchecked node with a wrong shape is caught, naming the node */
+    jdt_shape bad = jdt_shape_make(DIMS(2, 5));
+    jdt_tensor *in[2] = {x, w};
+    jdt_attrs at;
+    memset(&at, 0, sizeof at);
+    jdt_tensor *t = jdt_graph_new_node(g, JDT_OP_MATMUL, F32, &bad, 2, in, &at);
+    ck_assert_int_eq(jdt_graph_verify(g, &e), JDT_ERR_SHAPE);
+    ck_assert_msg(strstr(e.msg, "node 5 (matmul)") && strstr(e.msg, "(2, 5)") && strstr(e.msg, "(2, 4)"), "%s", e.msg);
+    t->shape = jdt_shape_make(DIMS(2, 4));
+    ck_assert_int_eq(jdt_graph_verify(g, &e), JDT_OK);
+    t->attrs.i[1] = 1; /* now claims b is transposed: contraction mismatch */
+    ck_assert_int_eq(jdt_graph_verify(g, &e), JDT_ERR_SHAPE);
+    ck_assert_msg(strstr(e.msg, "contraction"), "%s", e.msg);
+    jdt_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_fprint)
 {
     jdt_graph *g = jdt_graph_new();
@@ -388,6 +414,7 @@ int main(void)
     tcase_add_test(tc, test_axis_names);
     tcase_add_test(tc, test_alloc_failure);
     tcase_add_test(tc, test_fprint);
+    tcase_add_test(tc, test_verify);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
