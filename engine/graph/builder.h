@@ -39,8 +39,7 @@ jdt_tensor *jdt_graph_state(jdt_graph *g, const char *name, jdt_dtype dt, int nd
 jdt_tensor *jdt_graph_constant(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims,
                                const void *data);
 /* A CONSTANT with every element = value (no data stored). */
-jdt_tensor *jdt_graph_full(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims,
-                           double value);
+jdt_tensor *jdt_graph_full(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims, double value);
 /* A 0-d CONSTANT. */
 jdt_tensor *jdt_graph_scalar(jdt_graph *g, jdt_dtype dt, double value);
 /* IOTA: value = index along `axis`. dt may be f32, f64 or i32. */

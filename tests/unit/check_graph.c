@@ -14,7 +14,11 @@
 #define F32 JDT_DTYPE_F32
 #define F64 JDT_DTYPE_F64
 #define I32 JDT_DTYPE_I32
-#define DIMS(...) (sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+#define DIMS(...)                                                                                  \
+    (sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[])                              \
+    {                                                                                              \
+        __VA_ARGS__                                                                                \
+    }
 
 static jdt_tensor *inp(jdt_graph *g, const char *name, jdt_dtype dt, int ndim, const int64_t *dims)
 {
@@ -48,12 +52,15 @@ START_TEST(test_registry)
         ck_assert_ptr_nonnull(info->shape);
     }
     /* differentiable ops have rules; the documented non-differentiable ones do not */
-    jdt_op with[] = {JDT_OP_ADD, JDT_OP_MATMUL, JDT_OP_SOFTMAX_XENT, JDT_OP_ATTENTION, JDT_OP_ROPE,
-                     JDT_OP_GATHER, JDT_OP_SCATTER_ADD, JDT_OP_STOP_GRADIENT, JDT_OP_DROPOUT};
-    jdt_op without[] = {JDT_OP_GT, JDT_OP_GE, JDT_OP_IOTA, JDT_OP_CAUSAL_MASK, JDT_OP_PARAM,
-                        JDT_OP_SOFTMAX_BWD, JDT_OP_ATTENTION_BWD};
-    for (size_t i = 0; i < JDT_ARRAY_LEN(with); i++) ck_assert_ptr_nonnull(jdt_op_info_get(with[i])->vjp);
-    for (size_t i = 0; i < JDT_ARRAY_LEN(without); i++) ck_assert_ptr_null(jdt_op_info_get(without[i])->vjp);
+    jdt_op with[] = {JDT_OP_ADD,         JDT_OP_MATMUL,        JDT_OP_SOFTMAX_XENT,
+                     JDT_OP_ATTENTION,   JDT_OP_ROPE,          JDT_OP_GATHER,
+                     JDT_OP_SCATTER_ADD, JDT_OP_STOP_GRADIENT, JDT_OP_DROPOUT};
+    jdt_op without[] = {JDT_OP_GT,    JDT_OP_GE,          JDT_OP_IOTA,         JDT_OP_CAUSAL_MASK,
+                        JDT_OP_PARAM, JDT_OP_SOFTMAX_BWD, JDT_OP_ATTENTION_BWD};
+    for (size_t i = 0; i < JDT_ARRAY_LEN(with); i++)
+        ck_assert_ptr_nonnull(jdt_op_info_get(with[i])->vjp);
+    for (size_t i = 0; i < JDT_ARRAY_LEN(without); i++)
+        ck_assert_ptr_null(jdt_op_info_get(without[i])->vjp);
 }
 END_TEST
 
@@ -61,18 +68,40 @@ START_TEST(test_elementwise_rules)
 {
     jdt_graph *g = jdt_graph_new();
     jdt_tensor *a = inp(g, "a", F32, DIMS(2, 3)), *b = inp(g, "b", F32, DIMS(2, 3));
-    jdt_tensor *outs[] = {jdt_graph_neg(g, a),         jdt_graph_exp(g, a),           jdt_graph_log(g, a),
-                          jdt_graph_tanh(g, a),        jdt_graph_sqrt(g, a),          jdt_graph_rsqrt(g, a),
-                          jdt_graph_relu(g, a),        jdt_graph_gelu(g, a),          jdt_graph_silu(g, a),
-                          jdt_graph_sigmoid(g, a),     jdt_graph_abs(g, a),           jdt_graph_add(g, a, b),
-                          jdt_graph_sub(g, a, b),      jdt_graph_mul(g, a, b),        jdt_graph_div(g, a, b),
-                          jdt_graph_max(g, a, b),      jdt_graph_min(g, a, b),        jdt_graph_gt(g, a, b),
-                          jdt_graph_ge(g, a, b),       jdt_graph_add_scalar(g, a, 1), jdt_graph_mul_scalar(g, a, 2),
-                          jdt_graph_pow_scalar(g, a, 2), jdt_graph_gelu_grad(g, a, b), jdt_graph_silu_grad(g, a, b),
-                          jdt_graph_select(g, a, a, b), jdt_graph_stop_gradient(g, a), jdt_graph_softmax(g, a),
-                          jdt_graph_log_softmax(g, a), jdt_graph_softmax_bwd(g, a, b), jdt_graph_log_softmax_bwd(g, a, b),
-                          jdt_graph_normalize(g, a, 1e-5), jdt_graph_normalize_bwd(g, a, b, 1e-5),
-                          jdt_graph_rms_normalize(g, a, 1e-5), jdt_graph_rms_normalize_bwd(g, a, b, 1e-5)};
+    jdt_tensor *outs[] = {jdt_graph_neg(g, a),
+                          jdt_graph_exp(g, a),
+                          jdt_graph_log(g, a),
+                          jdt_graph_tanh(g, a),
+                          jdt_graph_sqrt(g, a),
+                          jdt_graph_rsqrt(g, a),
+                          jdt_graph_relu(g, a),
+                          jdt_graph_gelu(g, a),
+                          jdt_graph_silu(g, a),
+                          jdt_graph_sigmoid(g, a),
+                          jdt_graph_abs(g, a),
+                          jdt_graph_add(g, a, b),
+                          jdt_graph_sub(g, a, b),
+                          jdt_graph_mul(g, a, b),
+                          jdt_graph_div(g, a, b),
+                          jdt_graph_max(g, a, b),
+                          jdt_graph_min(g, a, b),
+                          jdt_graph_gt(g, a, b),
+                          jdt_graph_ge(g, a, b),
+                          jdt_graph_add_scalar(g, a, 1),
+                          jdt_graph_mul_scalar(g, a, 2),
+                          jdt_graph_pow_scalar(g, a, 2),
+                          jdt_graph_gelu_grad(g, a, b),
+                          jdt_graph_silu_grad(g, a, b),
+                          jdt_graph_select(g, a, a, b),
+                          jdt_graph_stop_gradient(g, a),
+                          jdt_graph_softmax(g, a),
+                          jdt_graph_log_softmax(g, a),
+                          jdt_graph_softmax_bwd(g, a, b),
+                          jdt_graph_log_softmax_bwd(g, a, b),
+                          jdt_graph_normalize(g, a, 1e-5),
+                          jdt_graph_normalize_bwd(g, a, b, 1e-5),
+                          jdt_graph_rms_normalize(g, a, 1e-5),
+                          jdt_graph_rms_normalize_bwd(g, a, b, 1e-5)};
     for (size_t i = 0; i < JDT_ARRAY_LEN(outs); i++) {
         expect_shape(outs[i], DIMS(2, 3));
         ck_assert_int_eq(outs[i]->dtype, F32);
@@ -128,7 +157,8 @@ START_TEST(test_shape_rules)
 {
     jdt_graph *g = jdt_graph_new();
     jdt_tensor *x = inp(g, "x", F32, DIMS(2, 3, 4));
-    expect_shape(jdt_graph_broadcast(g, inp(g, "r", F32, DIMS(3, 1)), DIMS(2, 3, 4)), DIMS(2, 3, 4));
+    expect_shape(jdt_graph_broadcast(g, inp(g, "r", F32, DIMS(3, 1)), DIMS(2, 3, 4)),
+                 DIMS(2, 3, 4));
     expect_shape(jdt_graph_reduce_sum(g, x, 5, false), DIMS(3));
     expect_shape(jdt_graph_reduce_max(g, x, 2, true), DIMS(2, 1, 4));
     expect_shape(jdt_graph_reduce_mean(g, x, 7, false), 0, NULL);
@@ -139,8 +169,10 @@ START_TEST(test_shape_rules)
     jdt_tensor *w = inp(g, "w", F32, DIMS(4, 5)), *wt = inp(g, "wt", F32, DIMS(5, 4));
     expect_shape(jdt_graph_matmul(g, x, w, false, false), DIMS(2, 3, 5));
     expect_shape(jdt_graph_matmul(g, x, wt, false, true), DIMS(2, 3, 5));
-    expect_shape(jdt_graph_matmul(g, inp(g, "xt", F32, DIMS(2, 4, 3)), w, true, false), DIMS(2, 3, 5));
-    expect_shape(jdt_graph_matmul(g, x, inp(g, "bw", F32, DIMS(2, 4, 7)), false, false), DIMS(2, 3, 7));
+    expect_shape(jdt_graph_matmul(g, inp(g, "xt", F32, DIMS(2, 4, 3)), w, true, false),
+                 DIMS(2, 3, 5));
+    expect_shape(jdt_graph_matmul(g, x, inp(g, "bw", F32, DIMS(2, 4, 7)), false, false),
+                 DIMS(2, 3, 7));
     jdt_tensor *tab = inp(g, "tab", F32, DIMS(10, 8)), *idx = inp(g, "idx", I32, DIMS(2, 3));
     jdt_tensor *ga = jdt_graph_gather(g, tab, idx);
     expect_shape(ga, DIMS(2, 3, 8));
@@ -169,11 +201,21 @@ START_TEST(test_shape_rule_errors)
     struct {
         const char *op, *detail;
     } want[] = {
-        {"op 'broadcast'", "cannot expand"}, {"op 'reduce_sum'", "axes mask"}, {"op 'reshape'", "element count"},
-        {"op 'transpose'", "perm"},          {"op 'slice'", "range [2, 9)"},   {"op 'concat'", "dim 0"},
-        {"op 'matmul'", "contraction"},      {"op 'matmul'", "batch"},         {"op 'gather'", "i32"},
-        {"op 'scatter_add'", "indices"},     {"op 'iota'", "axis"},            {"op 'softmax_xent'", "targets"},
-        {"op 'rope'", "D even"},             {"op 'attention'", "shape"},      {"op 'causal_mask'", "f32"},
+        {"op 'broadcast'", "cannot expand"},
+        {"op 'reduce_sum'", "axes mask"},
+        {"op 'reshape'", "element count"},
+        {"op 'transpose'", "perm"},
+        {"op 'slice'", "range [2, 9)"},
+        {"op 'concat'", "dim 0"},
+        {"op 'matmul'", "contraction"},
+        {"op 'matmul'", "batch"},
+        {"op 'gather'", "i32"},
+        {"op 'scatter_add'", "indices"},
+        {"op 'iota'", "axis"},
+        {"op 'softmax_xent'", "targets"},
+        {"op 'rope'", "D even"},
+        {"op 'attention'", "shape"},
+        {"op 'causal_mask'", "f32"},
         {"op 'matmul'", "rank >= 2"},
     };
     for (size_t i = 0; i < JDT_ARRAY_LEN(want); i++) {
@@ -181,22 +223,54 @@ START_TEST(test_shape_rule_errors)
         jdt_tensor *x = inp(g, "x", F32, DIMS(2, 3, 4)), *r = NULL;
         jdt_tensor *i32 = inp(g, "i", I32, DIMS(2, 3));
         switch (i) {
-        case 0: r = jdt_graph_broadcast(g, x, DIMS(2, 5, 4)); break;
-        case 1: r = jdt_graph_reduce_sum(g, x, 8, false); break;
-        case 2: r = jdt_graph_reshape(g, x, DIMS(5, 5)); break;
-        case 3: r = jdt_graph_transpose(g, x, (int[]){0, 0, 1}); break;
-        case 4: r = jdt_graph_slice(g, x, 2, 2, 9); break;
-        case 5: r = jdt_graph_concat(g, 2, (jdt_tensor *[]){x, inp(g, "y", F32, DIMS(3, 3, 4))}, 1); break;
-        case 6: r = jdt_graph_matmul(g, x, inp(g, "w", F32, DIMS(5, 6)), false, false); break;
-        case 7: r = jdt_graph_matmul(g, x, inp(g, "w", F32, DIMS(3, 4, 6)), false, false); break;
-        case 8: r = jdt_graph_gather(g, inp(g, "t", F32, DIMS(5, 4)), inp(g, "f", F32, DIMS(3))); break;
-        case 9: r = jdt_graph_scatter_add(g, x, i32, 0); break;
-        case 10: r = jdt_graph_iota(g, I32, DIMS(3), 2); break;
-        case 11: r = jdt_graph_softmax_xent(g, inp(g, "l", F32, DIMS(4, 5)), i32); break;
-        case 12: r = jdt_graph_rope(g, inp(g, "q", F32, DIMS(1, 2, 3, 5)), 10000, false); break;
-        case 13: r = jdt_graph_attention(g, x, x, inp(g, "v", F32, DIMS(2, 3, 5)), 1.0); break;
-        case 14: r = jdt_graph_causal_mask(g, I32, 4); break;
-        case 15: r = jdt_graph_matmul(g, inp(g, "v", F32, DIMS(4)), x, false, false); break;
+        case 0:
+            r = jdt_graph_broadcast(g, x, DIMS(2, 5, 4));
+            break;
+        case 1:
+            r = jdt_graph_reduce_sum(g, x, 8, false);
+            break;
+        case 2:
+            r = jdt_graph_reshape(g, x, DIMS(5, 5));
+            break;
+        case 3:
+            r = jdt_graph_transpose(g, x, (int[]){0, 0, 1});
+            break;
+        case 4:
+            r = jdt_graph_slice(g, x, 2, 2, 9);
+            break;
+        case 5:
+            r = jdt_graph_concat(g, 2, (jdt_tensor *[]){x, inp(g, "y", F32, DIMS(3, 3, 4))}, 1);
+            break;
+        case 6:
+            r = jdt_graph_matmul(g, x, inp(g, "w", F32, DIMS(5, 6)), false, false);
+            break;
+        case 7:
+            r = jdt_graph_matmul(g, x, inp(g, "w", F32, DIMS(3, 4, 6)), false, false);
+            break;
+        case 8:
+            r = jdt_graph_gather(g, inp(g, "t", F32, DIMS(5, 4)), inp(g, "f", F32, DIMS(3)));
+            break;
+        case 9:
+            r = jdt_graph_scatter_add(g, x, i32, 0);
+            break;
+        case 10:
+            r = jdt_graph_iota(g, I32, DIMS(3), 2);
+            break;
+        case 11:
+            r = jdt_graph_softmax_xent(g, inp(g, "l", F32, DIMS(4, 5)), i32);
+            break;
+        case 12:
+            r = jdt_graph_rope(g, inp(g, "q", F32, DIMS(1, 2, 3, 5)), 10000, false);
+            break;
+        case 13:
+            r = jdt_graph_attention(g, x, x, inp(g, "v", F32, DIMS(2, 3, 5)), 1.0);
+            break;
+        case 14:
+            r = jdt_graph_causal_mask(g, I32, 4);
+            break;
+        case 15:
+            r = jdt_graph_matmul(g, inp(g, "v", F32, DIMS(4)), x, false, false);
+            break;
         }
         ck_assert_ptr_null(r);
         if (i == 9) { /* scatter_add: indices (2, 3) fit src (2, 3, 4), the row count does not */
@@ -236,7 +310,8 @@ START_TEST(test_sticky_errors)
     g = jdt_graph_new();
     jdt_graph *h = jdt_graph_new();
     jdt_tensor *x = inp(h, "x", F32, DIMS(2));
-    for (int i = 0; i < 3; i++) inp(g, i == 0 ? "p" : i == 1 ? "q" : "r", F32, DIMS(2));
+    for (int i = 0; i < 3; i++)
+        inp(g, i == 0 ? "p" : i == 1 ? "q" : "r", F32, DIMS(2));
     ck_assert_ptr_null(jdt_graph_neg(g, x));
     expect_err(g, JDT_ERR_INVALID, "op 'neg'", "another graph");
     jdt_graph_free(h);
@@ -303,10 +378,12 @@ END_TEST
 START_TEST(test_axis_names)
 {
     jdt_graph *g = jdt_graph_new();
-    jdt_tensor *x = jdt_graph_input(g, "x", F32, DIMS(2, 8, 16), (const char *[]){"batch", "seq", "embed"});
+    jdt_tensor *x =
+        jdt_graph_input(g, "x", F32, DIMS(2, 8, 16), (const char *[]){"batch", "seq", "embed"});
     jdt_tensor *w = jdt_graph_param(g, "w", F32, DIMS(16, 32), (const char *[]){"embed", "mlp"});
     jdt_tensor *b = jdt_graph_param(g, "b", F32, DIMS(32), (const char *[]){"mlp"});
-    jdt_tensor *h = jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, w, false, false), b));
+    jdt_tensor *h =
+        jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, w, false, false), b));
     ck_assert_str_eq(h->axes[0], "batch");
     ck_assert_str_eq(h->axes[1], "seq");
     ck_assert_str_eq(h->axes[2], "mlp");
@@ -318,7 +395,8 @@ START_TEST(test_axis_names)
     jdt_tensor *rs = jdt_graph_reshape(g, x, DIMS(16, 16));
     ck_assert_ptr_null(rs->axes[0]);
     ck_assert_str_eq(rs->axes[1], "embed");
-    jdt_tensor *tab = jdt_graph_param(g, "wte", F32, DIMS(50, 16), (const char *[]){"vocab", "embed"});
+    jdt_tensor *tab =
+        jdt_graph_param(g, "wte", F32, DIMS(50, 16), (const char *[]){"vocab", "embed"});
     jdt_tensor *ids = jdt_graph_input(g, "ids", I32, DIMS(2, 8), (const char *[]){"batch", "seq"});
     jdt_tensor *emb = jdt_graph_gather(g, tab, ids);
     ck_assert_str_eq(emb->axes[0], "batch");
@@ -338,14 +416,18 @@ START_TEST(test_alloc_failure)
         jdt_graph *g = jdt_graph_new();
         ck_assert_ptr_nonnull(g);
         jdt_alloc_fail_after(k);
-        jdt_tensor *x = jdt_graph_input(g, "x", F32, DIMS(4, 4), (const char *[]){"batch", "embed"});
+        jdt_tensor *x =
+            jdt_graph_input(g, "x", F32, DIMS(4, 4), (const char *[]){"batch", "embed"});
         jdt_tensor *y = x;
-        for (int i = 0; i < 200; i++) y = jdt_graph_tanh(g, y);
+        for (int i = 0; i < 200; i++)
+            y = jdt_graph_tanh(g, y);
         jdt_alloc_fail_after(0);
         jdt_status st = jdt_graph_error(g, NULL);
         ck_assert(st == JDT_OK || st == JDT_ERR_NOMEM);
-        if (st == JDT_OK) ck_assert_ptr_nonnull(y);
-        else ck_assert_ptr_null(y);
+        if (st == JDT_OK)
+            ck_assert_ptr_nonnull(y);
+        else
+            ck_assert_ptr_null(y);
         n_nomem += st == JDT_ERR_NOMEM;
         jdt_graph_free(g);
     }
@@ -369,7 +451,9 @@ START_TEST(test_verify)
     memset(&at, 0, sizeof at);
     jdt_tensor *t = jdt_graph_new_node(g, JDT_OP_MATMUL, F32, &bad, 2, in, &at);
     ck_assert_int_eq(jdt_graph_verify(g, &e), JDT_ERR_SHAPE);
-    ck_assert_msg(strstr(e.msg, "node 5 (matmul)") && strstr(e.msg, "(2, 5)") && strstr(e.msg, "(2, 4)"), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "node 5 (matmul)") && strstr(e.msg, "(2, 5)") &&
+                      strstr(e.msg, "(2, 4)"),
+                  "%s", e.msg);
     t->shape = jdt_shape_make(DIMS(2, 4));
     ck_assert_int_eq(jdt_graph_verify(g, &e), JDT_OK);
     t->attrs.i[1] = 1; /* now claims b is transposed: contraction mismatch */
@@ -393,7 +477,9 @@ START_TEST(test_fprint)
     jdt_graph_fprint(g, f);
     fclose(f);
     ck_assert_msg(strstr(buf, "%2 = matmul(%1, %0) : (2, 8) f32 [batch, mlp]"), "%s", buf);
-    ck_assert_msg(strstr(buf, "'w'") && strstr(buf, "output 0: %2") && strstr(buf, "update 'w' <- %3"), "%s", buf);
+    ck_assert_msg(strstr(buf, "'w'") && strstr(buf, "output 0: %2") &&
+                      strstr(buf, "update 'w' <- %3"),
+                  "%s", buf);
     free(buf);
     jdt_graph_free(g);
 }
