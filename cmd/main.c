@@ -9,7 +9,14 @@
  */
 #include "config/config.h"
 #include "core/core.h"
+#include "datasets/datasets.h"
+#include "io/ckpt.h"
+#include "train/train.h"
 
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -23,6 +30,8 @@ enum {
     FLAG_LOG_LEVEL = 1 << 0,
     FLAG_PRINT_CONFIG = 1 << 1,
     FLAG_SCHEMA = 1 << 2,
+    FLAG_SAMPLE = 1 << 3, /* --prompt --temperature --top-k --seed --length */
+    FLAG_CKPT = 1 << 4,   /* --ckpt PATH */
 };
 
 typedef struct {
@@ -35,6 +44,12 @@ typedef struct {
     bool schema;
     bool schema_markdown;
     const char *log_level;       /* NULL when not given */
+    const char *ckpt;            /* --ckpt PATH */
+    const char *prompt;          /* --prompt TEXT */
+    double temperature;          /* --temperature (default 0.8) */
+    long top_k;                  /* --top-k (0 = off) */
+    long seed;                   /* --seed */
+    long length;                 /* --length: tokens to generate */
 } cli_args;
 
 typedef struct subcommand {
@@ -49,6 +64,9 @@ typedef struct subcommand {
 static int cmd_train(const subcommand *cmd, cli_args *a);
 static int cmd_inspect(const subcommand *cmd, cli_args *a);
 static int cmd_version(const subcommand *cmd, cli_args *a);
+static int cmd_prepare(const subcommand *cmd, cli_args *a);
+static int cmd_sample(const subcommand *cmd, cli_args *a);
+static int cmd_eval(const subcommand *cmd, cli_args *a);
 static int cmd_help(const subcommand *cmd, cli_args *a);
 
 static const subcommand SUBCOMMANDS[] = {
@@ -77,6 +95,27 @@ static const subcommand SUBCOMMANDS[] = {
      "  --log-level LEVEL   debug|info|warn|error\n"
      "  -h, --help          show this help\n",
      FLAG_LOG_LEVEL | FLAG_PRINT_CONFIG | FLAG_SCHEMA, true},
+    {"prepare", cmd_prepare, "turn data.source text into HDF5 token shards",
+     "usage: jdt-train prepare CONFIG [key.path=value ...]\n"
+     "\n"
+     "Reads the text file data.source, encodes it with data.tokenizer (byte), splits off the\n"
+     "last data.val_fraction as validation data and writes data.n_shards train shards\n"
+     "(train_000.h5 ...) and val_000.h5 into the directory data.train_path.\n",
+     FLAG_LOG_LEVEL, true},
+    {"sample", cmd_sample, "generate text from a checkpoint",
+     "usage: jdt-train sample CKPT [--prompt TEXT] [--length N] [--temperature T] [--top-k K]\n"
+     "                             [--seed S]\n"
+     "\n"
+     "CKPT is a checkpoint directory (runs/NAME/ckpt/step_NNNNNN) or a run's checkpoint folder\n"
+     "(the newest complete checkpoint in it is used). The model comes from the config stored\n"
+     "in the checkpoint. Defaults: --length 200 --temperature 0.8 --top-k 0 (off) --seed 1.\n",
+     FLAG_SAMPLE, true},
+    {"eval", cmd_eval, "loss of a checkpoint on the config's val split",
+     "usage: jdt-train eval CONFIG [key.path=value ...] [--ckpt PATH]\n"
+     "\n"
+     "Loads PATH (default: the newest checkpoint in the config's checkpoint directory) and\n"
+     "prints the mean loss over run.eval_steps batches of the val split.\n",
+     FLAG_LOG_LEVEL | FLAG_CKPT, true},
     {"version", cmd_version, "print the version", "usage: jdt-train version\n", 0, false},
     {"help", cmd_help, "show help for a command", "usage: jdt-train help [COMMAND]\n", 0, false},
 };
@@ -124,6 +163,9 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
 {
     bool flags_done = false;
     memset(a, 0, sizeof *a);
+    a->temperature = 0.8;
+    a->seed = 1;
+    a->length = 200;
     a->overrides = jdt_calloc((size_t)argc + 1, sizeof *a->overrides);
     if (!a->overrides) {
         fprintf(stderr, "jdt-train: out of memory\n");
@@ -147,6 +189,31 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                 a->schema = true;
             } else if ((cmd->flags & FLAG_SCHEMA) && strcmp(s, "--schema=markdown") == 0) {
                 a->schema = a->schema_markdown = true;
+            } else if ((cmd->flags & FLAG_CKPT) && strcmp(s, "--ckpt") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--ckpt needs a %s", "path");
+                a->ckpt = argv[++i];
+            } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--prompt") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--prompt needs %s", "text");
+                a->prompt = argv[++i];
+            } else if ((cmd->flags & FLAG_SAMPLE) &&
+                       (strcmp(s, "--temperature") == 0 || strcmp(s, "--top-k") == 0 ||
+                        strcmp(s, "--seed") == 0 || strcmp(s, "--length") == 0)) {
+                if (i + 1 >= argc) return usage_error(cmd, "%s needs a number", s);
+                const char *v = argv[++i];
+                char *end = NULL;
+                errno = 0;
+                if (strcmp(s, "--temperature") == 0) {
+                    a->temperature = strtod(v, &end);
+                    if (errno || end == v || *end || !(a->temperature >= 0) || a->temperature > 100)
+                        return usage_error(cmd, "--temperature: expected a number in [0, 100], got '%s'", v);
+                } else {
+                    long x = strtol(v, &end, 10);
+                    if (errno || end == v || *end || x < 0 || x > 1000000)
+                        return usage_error(cmd, "expected an integer in [0, 1000000], got '%s'", v);
+                    if (strcmp(s, "--top-k") == 0) a->top_k = x;
+                    else if (strcmp(s, "--seed") == 0) a->seed = x;
+                    else a->length = x;
+                }
             } else if (strcmp(s, "--version") == 0) {
                 a->version = true;
             } else {
@@ -310,20 +377,132 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
     return fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
 }
 
+/* Maps an engine status to the documented exit code. */
+static int exit_code(jdt_status st)
+{
+    switch (st) {
+    case JDT_OK: return EXIT_OK;
+    case JDT_ERR_USAGE:
+    case JDT_ERR_CONFIG: return EXIT_USAGE;
+    default: return EXIT_RUNTIME;
+    }
+}
+
 static int cmd_train(const subcommand *cmd, cli_args *a)
 {
     if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
-    JDT_INFO("config %s is valid: %s, %.2fM parameters, %lld steps", c.path,
+    JDT_INFO("jdt-train %s: %s, %s, %.2fM parameters, %lld steps", JDT_VERSION_STRING, c.path,
              jdt_config_choice_name("model.type", (int)c.model.type),
              (double)jdt_config_param_count(&c) / 1e6, (long long)c.run.steps);
+    if (jdt_config_mesh_size(&c) != 1) {
+        fprintf(stderr, "jdt-train: config error: mesh %dx%dx%d needs %d processes; this build "
+                        "trains in one process (mesh.data = mesh.fsdp = mesh.tensor = 1)\n",
+                c.mesh.data, c.mesh.fsdp, c.mesh.tensor, jdt_config_mesh_size(&c));
+        jdt_config_free(&c);
+        return EXIT_USAGE;
+    }
+    if (c.runtime.backend != JDT_BACKEND_CPU) {
+        fprintf(stderr, "jdt-train: config error: runtime.backend: only 'cpu' is built in this "
+                        "version\n");
+        jdt_config_free(&c);
+        return EXIT_USAGE;
+    }
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_train_run(&c, &e);
     jdt_config_free(&c);
-    fprintf(stderr, "jdt-train: training is not built yet in this version (%s); the config is "
-                    "valid — 'jdt-train inspect CONFIG' shows what it describes\n",
-            JDT_VERSION_STRING);
-    return EXIT_RUNTIME;
+    if (st == JDT_ERR_INTERRUPTED) {
+        fprintf(stderr, "jdt-train: %s\n", e.msg);
+        return strstr(e.msg, "SIGINT") ? 130 : 143;
+    }
+    if (st != JDT_OK) fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    return exit_code(st);
+}
+
+static int cmd_prepare(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
+    jdt_config c;
+    int rc = load_config(a, &c);
+    if (rc) return rc;
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = JDT_OK;
+    size_t n = strlen(c.data.train_path);
+    if (c.data.format != JDT_DATA_TOKENS) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG, "data.format: prepare makes token data, got '%s'",
+                         jdt_config_choice_name("data.format", (int)c.data.format));
+    } else if (!c.data.source[0]) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG, "data.source: the text file to prepare is not set");
+    } else if (n == 0 || (n > 3 && strcmp(c.data.train_path + n - 3, ".h5") == 0)) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG,
+                         "data.train_path: prepare writes a directory of shards; got '%s'",
+                         c.data.train_path);
+    } else {
+        jdt_prep_text_opts o;
+        memset(&o, 0, sizeof o);
+        o.text_path = c.data.source;
+        o.out_dir = c.data.train_path;
+        o.val_fraction = c.data.val_fraction;
+        o.n_shards = c.data.n_shards;
+        jdt_prep_result r;
+        st = jdt_prep_text(&o, &r, &e);
+        if (st == JDT_OK)
+            JDT_INFO("prepared %s -> %s: %lld train tokens in %d file(s), %lld val tokens",
+                     c.data.source, c.data.train_path, (long long)r.n_train_tokens,
+                     r.n_train_files, (long long)r.n_val_tokens);
+    }
+    if (st != JDT_OK) fprintf(stderr, "jdt-train: %s: %s\n", st == JDT_ERR_CONFIG ? "config error" : "error", e.msg);
+    jdt_config_free(&c);
+    return exit_code(st);
+}
+
+static int cmd_eval(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
+    jdt_config c;
+    int rc = load_config(a, &c);
+    if (rc) return rc;
+    jdt_err e;
+    jdt_err_clear(&e);
+    char *path = NULL, dir[1100];
+    if (c.checkpoint.dir[0]) snprintf(dir, sizeof dir, "%s", c.checkpoint.dir);
+    else snprintf(dir, sizeof dir, "%s/%s/ckpt", c.run.out_dir, c.run.name);
+    jdt_status st = jdt_ckpt_resolve(a->ckpt ? a->ckpt : "auto", dir, &path, &e);
+    if (st == JDT_OK && !path) st = jdt_err_set(&e, JDT_ERR_NOT_FOUND, "no checkpoint in %s", dir);
+    double loss = NAN;
+    if (st == JDT_OK) st = jdt_train_eval(&c, path, &loss, &e);
+    if (st == JDT_OK) printf("val loss %.4f (%lld batches, %s)\n", loss, (long long)c.run.eval_steps, path);
+    else fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_free(path);
+    jdt_config_free(&c);
+    return exit_code(st);
+}
+
+static int cmd_sample(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) return usage_error(cmd, "missing CKPT%s", "");
+    jdt_err e;
+    jdt_err_clear(&e);
+    char *path = NULL;
+    /* a run's checkpoint folder means its newest checkpoint; anything else is one checkpoint */
+    jdt_status st = JDT_OK;
+    if (jdt_ckpt_find_latest(a->config_path, &path, NULL, NULL) != JDT_OK) {
+        path = jdt_strdup(a->config_path);
+        if (!path) st = jdt_err_set(&e, JDT_ERR_NOMEM, "out of memory");
+    }
+    if (st == JDT_OK) {
+        jdt_sample_opts o = {.prompt = a->prompt ? a->prompt : "", .length = a->length,
+                             .temperature = a->temperature, .top_k = (int)a->top_k,
+                             .seed = (uint64_t)a->seed};
+        st = jdt_sample_run(path, &o, stdout, &e);
+    }
+    if (st != JDT_OK) fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_free(path);
+    return exit_code(st);
 }
 
 static int cmd_version(const subcommand *cmd, cli_args *a)

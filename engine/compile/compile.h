@@ -17,9 +17,9 @@
 #include "graph/graph.h"
 
 typedef enum {
-    JDT_REMAT_NONE = 0,  /* keep every forward activation for the backward pass */
-    JDT_REMAT_BLOCK = 1, /* recorded only: per-block recompute is not implemented yet */
-} jdt_remat;
+    JDT_COMPILE_REMAT_NONE = 0,  /* keep every forward activation for the backward pass */
+    JDT_COMPILE_REMAT_BLOCK = 1, /* recorded only: per-block recompute is not implemented yet */
+} jdt_compile_remat;
 
 typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
@@ -30,7 +30,7 @@ typedef struct {
     int threads;           /* 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
-    jdt_remat remat;
+    jdt_compile_remat remat;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */
