@@ -121,7 +121,7 @@ static jdt_status open_data(const jdt_config *cfg, const char *path, const char 
 }
 
 /* Resolves train/val sources; synthetic data is generated once into the run directory. */
-static jdt_status setup_data(trainer *tr, jdt_err *e)
+static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
     char train_path[1100], val_path[1100];
@@ -153,10 +153,13 @@ static jdt_status setup_data(trainer *tr, jdt_err *e)
         if (stat(train_path, &sb) == 0 && S_ISDIR(sb.st_mode)) train_split = "train";
         if (stat(val_path, &sb) == 0 && S_ISDIR(sb.st_mode)) val_split = "val";
     }
-    jdt_status st = open_data(cfg, train_path, train_split, cfg->data.batch_size, &tr->train, e);
+    jdt_status st = JDT_OK;
+    if (want_train) st = open_data(cfg, train_path, train_split, cfg->data.batch_size, &tr->train, e);
     if (st != JDT_OK) return st;
-    if (cfg->run.eval_every > 0 && (cfg->data.val_path[0] || cfg->data.format == JDT_DATA_SYNTHETIC))
+    if (want_val && (cfg->data.val_path[0] || cfg->data.format == JDT_DATA_SYNTHETIC))
         st = open_data(cfg, val_path, val_split, cfg->data.micro_batch_size, &tr->val, e);
+    else if (want_val && !want_train)
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "data.val_path is empty: nothing to evaluate on");
     return st;
 }
 
@@ -261,7 +264,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_err *e)
     else snprintf(tr.ckpt_dir, sizeof tr.ckpt_dir, "%s/ckpt", tr.run_dir);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
 
-    if ((st = setup_data(&tr, e)) != JDT_OK) goto out;
+    if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out;
 
     double t_compile = jdt_now_s();
     if ((st = make_step(cfg, &tr.step, e)) != JDT_OK) goto out;
@@ -384,10 +387,7 @@ jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *
     int64_t step = 0;
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
-    const char *val_path = cfg->data.val_path[0] ? cfg->data.val_path : cfg->data.train_path;
-    struct stat sb;
-    const char *split = (stat(val_path, &sb) == 0 && S_ISDIR(sb.st_mode)) ? "val" : NULL;
-    if ((st = open_data(cfg, val_path, split, cfg->data.micro_batch_size, &tr.val, e)) != JDT_OK) goto out;
+    if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
     if ((st = make_step(cfg, &tr.step, e)) != JDT_OK) goto out;
     if ((st = load_ckpt(tr.step, ckpt_path, &step, e)) != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
