@@ -528,7 +528,7 @@ jdt_status jdt_ckpt_open(const char *path, jdt_ckpt **out, jdt_err *e)
         goto fail;
     }
     const char *p = c->file;
-    c->f = jdt_h5_open_ro(p, e);
+    c->f = jdt_h5_open_ro(p, 0, e);
     if (c->f < 0) {
         st = e ? e->code : JDT_ERR_FORMAT;
         goto fail;

@@ -91,7 +91,7 @@ fail : {
 static hsize_t chunk_len(int64_t n_rows, size_t row_bytes, const jdt_data_write_opts *opts)
 {
     int64_t c = (opts && opts->chunk_rows > 0) ? opts->chunk_rows
-                                                : (int64_t)((256 * 1024) / (row_bytes ? row_bytes : 1));
+                                                : (int64_t)((64 * 1024) / (row_bytes ? row_bytes : 1));
     if (c < 1) c = 1;
     if (c > n_rows) c = n_rows;
     return (hsize_t)c;

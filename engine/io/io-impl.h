@@ -20,8 +20,9 @@ void jdt_h5_quiet(void);
 const char *jdt_h5_detail(char *buf, size_t n_bytes);
 
 /* Opens path read-only with a clear error (missing file, not HDF5, truncated/corrupt). Returns
- * the file id (>= 0) or H5I_INVALID_HID with e filled. */
-hid_t jdt_h5_open_ro(const char *path, jdt_err *e);
+ * the file id (>= 0) or H5I_INVALID_HID with e filled. sieve_bytes > 0 sets HDF5's data sieve
+ * buffer (the minimum read size of uncached raw data); 0 keeps the default (64 KiB). */
+hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e);
 
 /* True if obj has an attribute called name. */
 bool jdt_h5_has_attr(hid_t obj, const char *name);
