@@ -241,7 +241,7 @@ static jdt_status write_state(const char *file, const jdt_ckpt_meta *meta,
                               jdt_err *e)
 {
     jdt_status st = JDT_OK;
-    hid_t f = H5Fcreate(file, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t f = jdt_h5_create(file, H5F_ACC_EXCL);
     if (f < 0) {
         char d[256];
         return jdt_err_set(e, JDT_ERR_IO, "%s: cannot create: %s", file, jdt_h5_detail(d, sizeof d));

@@ -125,7 +125,7 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
         st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", path);
         goto fail;
     }
-    w->file = H5Fcreate(w->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    w->file = jdt_h5_create(w->tmp_path, H5F_ACC_TRUNC);
     if (w->file < 0) {
         char d[256];
         st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create file: %s", w->tmp_path,
@@ -300,7 +300,7 @@ jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t
     jdt_status st = JDT_OK;
     char *tmp = tmp_name(path);
     if (!tmp) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", path);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t f = jdt_h5_create(tmp, H5F_ACC_TRUNC);
     if (f < 0) {
         char d[256];
         st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create file: %s", tmp, jdt_h5_detail(d, sizeof d));

@@ -42,6 +42,31 @@ const char *jdt_h5_detail(char *buf, size_t n_bytes)
     return buf;
 }
 
+hid_t jdt_h5_fapl(size_t sieve_bytes)
+{
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0) return H5P_DEFAULT;
+    if (H5Pset_file_locking(fapl, 1, 1) < 0 ||
+        (sieve_bytes > 0 && H5Pset_sieve_buf_size(fapl, sieve_bytes) < 0)) {
+        H5Pclose(fapl);
+        return H5P_DEFAULT;
+    }
+    return fapl;
+}
+
+void jdt_h5_fapl_close(hid_t fapl)
+{
+    if (fapl != H5P_DEFAULT) H5Pclose(fapl);
+}
+
+hid_t jdt_h5_create(const char *path, unsigned flags)
+{
+    hid_t fapl = jdt_h5_fapl(0);
+    hid_t f = H5Fcreate(path, flags, H5P_DEFAULT, fapl);
+    jdt_h5_fapl_close(fapl);
+    return f;
+}
+
 hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e)
 {
     jdt_h5_quiet();
@@ -65,16 +90,9 @@ hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e)
                     path, (long long)st.st_size);
         return H5I_INVALID_HID;
     }
-    hid_t fapl = H5P_DEFAULT;
-    if (sieve_bytes > 0) {
-        fapl = H5Pcreate(H5P_FILE_ACCESS);
-        if (fapl < 0 || H5Pset_sieve_buf_size(fapl, sieve_bytes) < 0) {
-            if (fapl >= 0) H5Pclose(fapl);
-            fapl = H5P_DEFAULT;
-        }
-    }
+    hid_t fapl = jdt_h5_fapl(sieve_bytes);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-    if (fapl != H5P_DEFAULT) H5Pclose(fapl);
+    jdt_h5_fapl_close(fapl);
     if (f < 0) {
         char d[256];
         jdt_err_set(e, JDT_ERR_FORMAT, "%s: cannot open HDF5 file (corrupt or truncated?): %s",

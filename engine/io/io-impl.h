@@ -19,6 +19,16 @@ void jdt_h5_quiet(void);
  * string if there is none) and returns buf. */
 const char *jdt_h5_detail(char *buf, size_t n_bytes);
 
+/* A file-access property list for our opens and creates: file locking stays on, but a file
+ * system without flock support (some NFS/Lustre mounts) is not an error; sieve_bytes > 0 sets
+ * the sieve buffer. Returns H5P_DEFAULT if the list cannot be made; close it with
+ * jdt_h5_fapl_close. */
+hid_t jdt_h5_fapl(size_t sieve_bytes);
+void jdt_h5_fapl_close(hid_t fapl);
+
+/* H5Fcreate(path, flags) with jdt_h5_fapl(0); returns the file id or a negative id. */
+hid_t jdt_h5_create(const char *path, unsigned flags);
+
 /* Opens path read-only with a clear error (missing file, not HDF5, truncated/corrupt). Returns
  * the file id (>= 0) or H5I_INVALID_HID with e filled. sieve_bytes > 0 sets HDF5's data sieve
  * buffer (the minimum read size of uncached raw data); 0 keeps the default (64 KiB). */

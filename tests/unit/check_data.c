@@ -120,6 +120,33 @@ START_TEST(test_tokens_roundtrip)
 }
 END_TEST
 
+START_TEST(test_writer_misuse)
+{
+    jdt_err e;
+    uint32_t t[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 300};
+    /* an id >= vocab is refused and leaves no file behind */
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("v.h5"), t, 10, 256, "byte", &e), JDT_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "300"));
+    ck_assert_int_ne(access(path_in("v.h5"), F_OK), 0);
+    ck_assert_int_ne(access(path_in("v.h5.tmp"), F_OK), 0);
+    /* too few or too many tokens for the declared size */
+    jdt_data_tokw *w = NULL;
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 5, 256, "byte", NULL, &w, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_append(w, t, 6, &e), JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_data_tokw_append(w, t, 4, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_commit(w, &e), JDT_ERR_INVALID);
+    ck_assert_int_ne(access(path_in("w.h5"), F_OK), 0);
+    ck_assert_int_ne(access(path_in("w.h5.tmp"), F_OK), 0);
+    /* bad vocab / sizes / labels */
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 0, 256, "byte", NULL, &w, &e), JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 5, 0, "byte", NULL, &w, &e), JDT_ERR_INVALID);
+    float x[4] = {0};
+    int32_t y[2] = {0, 3};
+    ck_assert_int_eq(jdt_data_write_arrays(path_in("a.h5"), x, y, 2, 2, 3, NULL, &e), JDT_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "y[1]"));
+}
+END_TEST
+
 START_TEST(test_sequential_exact)
 {
     jdt_err e;
@@ -165,9 +192,24 @@ START_TEST(test_shards_equal_single)
     char vp[400];
     snprintf(vp, sizeof vp, "%s/val_000.h5", shard_dir);
     ck_assert_int_eq(jdt_data_write_tokens(vp, t, 100, 50000, "byte", &e), JDT_OK);
+    /* the same stream compressed, in small chunks */
+    jdt_data_write_opts wo = {.compress_level = 6, .chunk_rows = 100};
+    jdt_data_tokw *w = NULL;
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("z.h5"), n, 50000, "byte", &wo, &w, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_append(w, t, 1000, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_append(w, t + 1000, n - 1000, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_commit(w, &e), JDT_OK);
     for (int shuffle = 0; shuffle < 2; shuffle++) {
         jdt_data *a = open_tokens(path_in("one.h5"), NULL, 16, 8, shuffle, 7, 0, 0, 0);
         jdt_data *b = open_tokens(shard_dir, "train", 16, 8, shuffle, 7, 0, 0, 0);
+        jdt_data *z = open_tokens(path_in("z.h5"), NULL, 16, 8, shuffle, 7, 1, 0, 0);
+        for (int64_t k = 0; k < 30; k++) {
+            int32_t *ca = get_copy(a, k), *cz = get_copy(z, k);
+            ck_assert_mem_eq(ca, cz, 2 * 8 * 16 * 4);
+            free(ca);
+            free(cz);
+        }
+        jdt_data_close(z);
         jdt_data_info ia, ib;
         jdt_data_get_info(a, &ia);
         jdt_data_get_info(b, &ib);
@@ -626,6 +668,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_tokens_roundtrip);
+    tcase_add_test(tc, test_writer_misuse);
     tcase_add_test(tc, test_sequential_exact);
     tcase_add_test(tc, test_shards_equal_single);
     tcase_add_test(tc, test_shuffle_determinism);
