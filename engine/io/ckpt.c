@@ -358,7 +358,9 @@ static jdt_status list_complete(const char *dir, char ***names, int64_t **steps,
     return JDT_OK;
 }
 
-jdt_status jdt_ckpt_prune(const char *ckpt_dir, int keep, jdt_err *e)
+/* Deletes all but the newest `keep` complete checkpoints, never the one of step `protect`
+ * (the one just written, which may be older than leftovers of another run); -1: none. */
+static jdt_status prune(const char *ckpt_dir, int keep, int64_t protect, jdt_err *e)
 {
     if (keep <= 0) return JDT_OK;
     char **names = NULL;
@@ -366,7 +368,10 @@ jdt_status jdt_ckpt_prune(const char *ckpt_dir, int keep, jdt_err *e)
     size_t n = 0;
     jdt_status st = list_complete(ckpt_dir, &names, &steps, &n, e);
     if (st != JDT_OK) return st;
-    for (size_t i = 0; i + (size_t)keep < n && st == JDT_OK; i++) {
+    size_t n_delete = n > (size_t)keep ? n - (size_t)keep : 0;
+    for (size_t i = 0; i < n && n_delete > 0 && st == JDT_OK; i++) {
+        if (steps[i] == protect) continue;
+        n_delete--;
         char *p = jdt_io_join(ckpt_dir, names[i]);
         if (!p) {
             st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", ckpt_dir);
@@ -387,6 +392,11 @@ jdt_status jdt_ckpt_prune(const char *ckpt_dir, int keep, jdt_err *e)
     jdt_io_names_free(names, n);
     jdt_free(steps);
     return st;
+}
+
+jdt_status jdt_ckpt_prune(const char *ckpt_dir, int keep, jdt_err *e)
+{
+    return prune(ckpt_dir, keep, -1, e);
 }
 
 static jdt_status remove_leftovers(const char *dir, jdt_err *e)
@@ -453,7 +463,13 @@ jdt_status jdt_ckpt_save(const char *ckpt_dir, const jdt_ckpt_meta *meta,
     }
     if ((st = jdt_io_fsync_path(ckpt_dir, e))) goto out;
     jdt_io_rm_rf(tmp, NULL); /* the swapped-out old copy, if any */
-    if (opts && (st = jdt_ckpt_prune(ckpt_dir, opts->keep_last, e))) goto out;
+    if (opts && (st = prune(ckpt_dir, opts->keep_last, meta->step, e))) goto out;
+    int64_t newest = -1;
+    char *newest_path = NULL;
+    if (jdt_ckpt_find_latest(ckpt_dir, &newest_path, &newest, NULL) == JDT_OK && newest > meta->step)
+        JDT_WARN("checkpoint: %s is newer than the step just saved (%lld); resume: auto will "
+                 "pick it", newest_path, (long long)meta->step);
+    jdt_free(newest_path);
     if (saved_path) {
         *saved_path = final;
         final = NULL;

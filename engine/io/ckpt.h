@@ -45,7 +45,7 @@ typedef struct {
 
 typedef struct {
     int keep_last; /* after a successful save, delete all but the newest keep_last complete
-                      checkpoints; <= 0 keeps all */
+                      checkpoints (never the one just saved); <= 0 keeps all */
     /* Called after each tensor is written to the temp directory (n_done of n_total); for
      * progress logs, and tests that kill the writer mid-save. May be NULL. */
     void (*on_progress)(void *ctx, size_t n_done, size_t n_total);

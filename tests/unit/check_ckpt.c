@@ -287,6 +287,12 @@ START_TEST(test_keep_k)
     ck_assert_int_eq(jdt_ckpt_prune(ck, 1, &e), JDT_OK);
     ck_assert_int_ne(access(path_in("ck/step_000050"), F_OK), 0);
     ck_assert_int_eq(access(path_in("ck/step_000060"), F_OK), 0);
+    /* a run restarted from an older step never prunes the checkpoint it just wrote, even when
+     * a newer one (of the abandoned run) exists */
+    ck_assert_int_eq(save_state(ck, 55, 1, &e), JDT_OK);
+    ck_assert_int_eq(access(path_in("ck/step_000055"), F_OK), 0);
+    ck_assert_int_ne(access(path_in("ck/step_000060"), F_OK), 0);
+    check_state(path_in("ck/step_000055"), 55);
 }
 END_TEST
 

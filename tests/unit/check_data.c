@@ -8,6 +8,7 @@
 #include "io/data.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,6 +225,43 @@ START_TEST(test_shards_equal_single)
         jdt_data_close(a);
         jdt_data_close(b);
     }
+    free(t);
+}
+END_TEST
+
+START_TEST(test_many_shards)
+{
+    /* more shards than the open-file cache holds (16): eviction and reopening are invisible */
+    jdt_err e;
+    int64_t n = 40 * 37 + 5;
+    uint32_t *t = make_tokens(n, 256);
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("one.h5"), t, n, 256, "byte", &e), JDT_OK);
+    char sd[400];
+    snprintf(sd, sizeof sd, "%s/many", g_dir);
+    ck_assert_int_eq(mkdir(sd, 0777), 0);
+    for (int i = 0; i < 40; i++) {
+        char p[500];
+        snprintf(p, sizeof p, "%s/part_%03d.h5", sd, i);
+        int64_t b = i * 37, en = i == 39 ? n : b + 37;
+        ck_assert_int_eq(jdt_data_write_tokens(p, t + b, en - b, 256, "byte", &e), JDT_OK);
+    }
+    jdt_data *a = open_tokens(path_in("one.h5"), NULL, 10, 16, true, 21, 0, 0, 0);
+    jdt_data *b = open_tokens(sd, NULL, 10, 16, true, 21, 2, 0, 0);
+    for (int64_t k = 0; k < 40; k++) {
+        int32_t *ca = get_copy(a, k), *cb = get_copy(b, k);
+        ck_assert_mem_eq(ca, cb, 2 * 16 * 10 * 4);
+        free(ca);
+        free(cb);
+    }
+    int n_fds = 0;
+    DIR *dd = opendir("/proc/self/fd");
+    if (dd) {
+        while (readdir(dd)) n_fds++;
+        closedir(dd);
+        ck_assert_int_lt(n_fds, 30); /* 16 shards + stdio + the single file + slack */
+    }
+    jdt_data_close(a);
+    jdt_data_close(b);
     free(t);
 }
 END_TEST
@@ -671,6 +709,7 @@ int main(void)
     tcase_add_test(tc, test_writer_misuse);
     tcase_add_test(tc, test_sequential_exact);
     tcase_add_test(tc, test_shards_equal_single);
+    tcase_add_test(tc, test_many_shards);
     tcase_add_test(tc, test_shuffle_determinism);
     tcase_add_test(tc, test_rank_slices);
     tcase_add_test(tc, test_prefetch_same);
