@@ -54,6 +54,7 @@ struct jdt_data {
     int64_t n_shards;
     int n_open;
     uint64_t tick;
+    int64_t scratch_rows; /* rows the sample/scratch/raw buffers hold */
     int32_t *scratch; /* token runs: (rows*T + 1) */
     void *raw;        /* the same run in the on-disk integer type (u16 or u32) */
     int64_t *sample;  /* (rows) sample index per row */
@@ -385,10 +386,36 @@ static const char *shard_of(const jdt_data *d, int64_t u)
     return d->path;
 }
 
+/* Sizes the per-read buffers for `rows` rows (they start at the rank's slice size; a larger
+ * jdt_data_read_rows request grows them). io_lock held. */
+static jdt_status ensure_scratch(jdt_data *d, int64_t rows, jdt_err *e)
+{
+    if (rows <= d->scratch_rows) return JDT_OK;
+    int64_t *sample = jdt_realloc(d->sample, (size_t)rows * sizeof *sample);
+    if (!sample) goto oom;
+    d->sample = sample;
+    if (d->info.kind == JDT_DATA_KIND_TOKENS) {
+        size_t run = (size_t)rows * (size_t)d->o.seq_len + 1;
+        int32_t *scratch = jdt_realloc(d->scratch, run * sizeof(int32_t));
+        if (!scratch) goto oom;
+        d->scratch = scratch;
+        void *raw = jdt_realloc(d->raw, run * jdt_dtype_size(d->info.token_dtype));
+        if (!raw) goto oom;
+        d->raw = raw;
+    }
+    d->scratch_rows = rows;
+    return JDT_OK;
+oom:
+    return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory for %lld rows", d->path,
+                       (long long)rows);
+}
+
 static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *xv,
                                    int32_t *y, jdt_err *e)
 {
     int64_t rows = r1 - r0;
+    jdt_status est = ensure_scratch(d, rows, e);
+    if (est != JDT_OK) return est;
     for (int64_t j = 0; j < rows; j++) d->sample[j] = jdt_data_sample_index(d, k, r0 + j);
     bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
     int64_t T = d->o.seq_len, D = d->info.dim;
@@ -632,15 +659,10 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
             goto fail;
         }
         d->info.n_samples = (total - 1) / d->o.seq_len;
-        size_t run = (size_t)d->rows * (size_t)d->o.seq_len + 1;
-        d->scratch = jdt_malloc(run * sizeof(int32_t));
-        d->raw = jdt_malloc(run * jdt_dtype_size(d->info.token_dtype));
-        if (!d->scratch || !d->raw) goto oom;
     } else {
         d->info.n_samples = total;
     }
-    d->sample = jdt_malloc((size_t)d->rows * sizeof(int64_t));
-    if (!d->sample) goto oom;
+    if ((st = ensure_scratch(d, d->rows, e))) goto fail;
 
     size_t x_bytes = (size_t)d->rows * (size_t)(tokens ? d->o.seq_len : d->info.dim) * 4;
     size_t y_bytes = (size_t)d->rows * (size_t)(tokens ? d->o.seq_len : 1) * 4;

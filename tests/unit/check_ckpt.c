@@ -508,6 +508,38 @@ START_TEST(test_kill_during_save)
 }
 END_TEST
 
+START_TEST(test_save_while_prefetching)
+{
+    /* the training loop's shape: a prefetch thread reads HDF5 data while the main thread
+     * writes checkpoints; batches stay identical to a loader without prefetch */
+    jdt_err e;
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s", path_in("ck"));
+    enum { N = 20001 };
+    uint32_t *t = malloc(N * sizeof *t);
+    for (int i = 0; i < N; i++) t[i] = (uint32_t)(i * 31 % 256);
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("d.h5"), t, N, 256, "byte", &e), JDT_OK);
+    jdt_data_opts o = {.path = path_in("d.h5"), .seq_len = 32, .global_batch = 8, .shuffle = true,
+                       .seed = 4, .prefetch = 4};
+    jdt_data *pf = NULL, *ref = NULL;
+    ck_assert_int_eq(jdt_data_open(&o, &pf, &e), JDT_OK);
+    o.prefetch = 0;
+    ck_assert_int_eq(jdt_data_open(&o, &ref, &e), JDT_OK);
+    for (int64_t k = 0; k < 40; k++) {
+        jdt_data_batch a, b;
+        ck_assert_int_eq(jdt_data_get(pf, k, &a, &e), JDT_OK);
+        ck_assert_int_eq(jdt_data_get(ref, k, &b, &e), JDT_OK);
+        ck_assert_mem_eq(a.x, b.x, 8 * 32 * 4);
+        ck_assert_mem_eq(a.y, b.y, 8 * 32 * 4);
+        if (k % 10 == 9) ck_assert_msg(save_state(ck, k, 2, &e) == JDT_OK, "%s", e.msg);
+    }
+    jdt_data_close(pf);
+    jdt_data_close(ref);
+    check_state(path_in("ck/step_000039"), 39);
+    free(t);
+}
+END_TEST
+
 START_TEST(test_alloc_failures)
 {
     jdt_err e;
@@ -558,6 +590,7 @@ int main(void)
     tcase_add_test(tc, test_keep_k);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_kill_during_save);
+    tcase_add_test(tc, test_save_while_prefetching);
     tcase_add_test(tc, test_alloc_failures);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -344,6 +344,9 @@ START_TEST(test_rank_slices)
                                                     y3 + 2 * r * T, &e), JDT_OK);
             ck_assert_mem_eq(bf.x, x3, sizeof x3);
             ck_assert_mem_eq(bf.y, y3, sizeof y3);
+            /* a rank's loader can still read the whole batch synchronously */
+            ck_assert_int_eq(jdt_data_read_rows(r0, k, 0, 6, x3, y3, &e), JDT_OK);
+            ck_assert_mem_eq(bf.x, x3, sizeof x3);
         }
         jdt_data_close(full);
         jdt_data_close(r0);
