@@ -94,6 +94,8 @@ static jdt_status remove_stale(const char *dir, int keep_train, int keep_val, jd
 
 jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_status st = JDT_OK;
     FILE *f = NULL;
     unsigned char *buf = NULL;
@@ -165,6 +167,8 @@ out:
 jdt_status jdt_prep_synth_tokens(const char *path, int64_t n_tokens, uint32_t vocab_size,
                                  uint64_t seed, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     if (n_tokens <= 0 || vocab_size < 2)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: synthetic tokens need n_tokens > 0 and "
                            "vocab_size >= 2", path);
@@ -201,6 +205,8 @@ out:
 jdt_status jdt_prep_synth_arrays(const char *path, int64_t n_rows, int64_t dim,
                                  int64_t n_classes, uint64_t seed, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     if (n_rows <= 0 || dim <= 0 || n_classes < 2 || n_rows > (1LL << 40) / dim)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: synthetic arrays need n_rows > 0, dim > 0, "
                            "n_classes >= 2", path);

@@ -396,6 +396,8 @@ static jdt_status prune(const char *ckpt_dir, int keep, int64_t protect, jdt_err
 
 jdt_status jdt_ckpt_prune(const char *ckpt_dir, int keep, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     return prune(ckpt_dir, keep, -1, e);
 }
 
@@ -421,6 +423,8 @@ jdt_status jdt_ckpt_save(const char *ckpt_dir, const jdt_ckpt_meta *meta,
                          const jdt_ckpt_tensor *tensors, size_t n_tensors,
                          const jdt_ckpt_save_opts *opts, char **saved_path, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (saved_path) *saved_path = NULL;
     if (meta->step < 0)
@@ -488,6 +492,8 @@ out:
 
 jdt_status jdt_ckpt_find_latest(const char *ckpt_dir, char **path, int64_t *step, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     *path = NULL;
     if (!jdt_io_is_dir(ckpt_dir))
         return jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: no checkpoint directory", ckpt_dir);
@@ -511,6 +517,8 @@ jdt_status jdt_ckpt_find_latest(const char *ckpt_dir, char **path, int64_t *step
 
 jdt_status jdt_ckpt_resolve(const char *resume, const char *ckpt_dir, char **path, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     *path = NULL;
     if (!resume || !resume[0] || strcmp(resume, "none") == 0) return JDT_OK;
     if (strcmp(resume, "auto") == 0) {
@@ -531,6 +539,8 @@ jdt_status jdt_ckpt_resolve(const char *resume, const char *ckpt_dir, char **pat
 
 jdt_status jdt_ckpt_open(const char *path, jdt_ckpt **out, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     *out = NULL;
     jdt_status st = JDT_OK;
@@ -662,6 +672,8 @@ out:
 jdt_status jdt_ckpt_tensor_info(jdt_ckpt *c, const char *name, jdt_dtype *dtype, int *ndim,
                                 int64_t *shape, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     hid_t ds;
     jdt_status st = open_tensor(c, name, &ds, dtype, ndim, shape, e);
@@ -671,6 +683,8 @@ jdt_status jdt_ckpt_tensor_info(jdt_ckpt *c, const char *name, jdt_dtype *dtype,
 
 jdt_status jdt_ckpt_read(jdt_ckpt *c, const jdt_ckpt_tensor *want, void *dst, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     hid_t ds;
     jdt_dtype dt;
@@ -749,6 +763,8 @@ static herr_t visit_cb(hid_t obj, const char *name, const H5O_info_t *info, void
 
 jdt_status jdt_ckpt_list(jdt_ckpt *c, char ***names, size_t *n_names, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     name_list l = {0};
     *names = NULL;

@@ -469,6 +469,8 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
 jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *x,
                               int32_t *y, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (k < 0 || r0 < 0 || r1 <= r0 || r1 > d->o.global_batch)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: batch %lld rows [%lld, %lld) outside a global "
@@ -512,6 +514,8 @@ static void *prefetch_main(void *arg)
 
 jdt_status jdt_data_get(jdt_data *d, int64_t k, jdt_data_batch *out, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     memset(out, 0, sizeof *out);
     if (k < 0) return jdt_err_set(e, JDT_ERR_INVALID, "%s: negative batch index %lld", d->path,
                                   (long long)k);
@@ -589,6 +593,8 @@ static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
 
 jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     *out = NULL;
     jdt_status st = check_opts(opts, e);

@@ -101,6 +101,8 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
                               const char *tokenizer, const jdt_data_write_opts *opts,
                               jdt_data_tokw **out, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     *out = NULL;
     if (n_tokens <= 0)
@@ -168,6 +170,8 @@ fail:
 
 jdt_status jdt_data_tokw_append(jdt_data_tokw *w, const uint32_t *tokens, int64_t n, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (n < 0 || w->n_written + n > w->n_tokens)
         return jdt_err_set(e, JDT_ERR_INVALID,
@@ -199,6 +203,8 @@ jdt_status jdt_data_tokw_append(jdt_data_tokw *w, const uint32_t *tokens, int64_
 
 jdt_status jdt_data_tokw_commit(jdt_data_tokw *w, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     jdt_status st = JDT_OK;
     if (w->n_written != w->n_tokens) {
@@ -240,6 +246,8 @@ void jdt_data_tokw_abort(jdt_data_tokw *w)
 jdt_status jdt_data_write_tokens(const char *path, const uint32_t *tokens, int64_t n,
                                  uint32_t vocab_size, const char *tokenizer, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_data_tokw *w = NULL;
     jdt_status st = jdt_data_tokw_open(path, n, vocab_size, tokenizer, NULL, &w, e);
     if (st != JDT_OK) return st;
@@ -285,6 +293,8 @@ jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t
                                  int64_t n_rows, int64_t dim, int64_t n_classes,
                                  const jdt_data_write_opts *opts, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (n_rows <= 0 || dim <= 0 || n_classes < 0)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: bad array shape n_rows=%lld dim=%lld "

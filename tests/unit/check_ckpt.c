@@ -319,6 +319,7 @@ START_TEST(test_errors)
     expect_fail(JDT_ERR_NOT_FOUND, jdt_ckpt_open(path_in("ck/step_000006"), &c, &e), &e,
                 "step_000006", NULL);
     ck_assert_ptr_null(c);
+    ck_assert_int_eq(jdt_ckpt_open(path_in("ck/step_000006"), &c, NULL), JDT_ERR_NOT_FOUND);
     /* missing tensor, wrong shape, wrong dtype */
     ck_assert_int_eq(jdt_ckpt_open(path_in("ck/step_000005"), &c, &e), JDT_OK);
     float buf[64];

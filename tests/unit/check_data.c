@@ -523,6 +523,11 @@ START_TEST(test_bad_files)
              sd, path_in("garbage.h5"), sd);
     ck_assert_int_eq(system(cmd), 0);
     expect_open_fail(sd, "a_001.h5", NULL);
+    /* without an error context the status is still exact */
+    jdt_data_opts on = {.path = path_in("cut.h5"), .seq_len = 8, .global_batch = 2};
+    ck_assert_int_eq(jdt_data_open(&on, &d, NULL), JDT_ERR_FORMAT);
+    on.path = path_in("nope.h5");
+    ck_assert_int_eq(jdt_data_open(&on, &d, NULL), JDT_ERR_NOT_FOUND);
     /* bad options */
     jdt_data_opts bad = {.path = path_in("good.h5"), .seq_len = 8, .global_batch = 4,
                          .row_begin = 2, .row_end = 6};
