@@ -18,6 +18,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { MAX_OPEN_SHARDS = 16, MAX_PREFETCH = 64 };
@@ -570,6 +571,34 @@ static bool keep_shard(const char *name, void *ctx)
     return true;
 }
 
+/* "Natural" name order: runs of digits compare as numbers, so train_999.h5 < train_1000.h5
+ * (plain strcmp would put train_1000 before train_101). Ties fall back to strcmp. */
+static int natural_cmp(const void *pa, const void *pb)
+{
+    const char *a = *(char *const *)pa, *b = *(char *const *)pb;
+    const char *x = a, *y = b;
+    while (*x && *y) {
+        if (*x >= '0' && *x <= '9' && *y >= '0' && *y <= '9') {
+            while (*x == '0') x++;
+            while (*y == '0') y++;
+            size_t nx = 0, ny = 0;
+            while (x[nx] >= '0' && x[nx] <= '9') nx++;
+            while (y[ny] >= '0' && y[ny] <= '9') ny++;
+            if (nx != ny) return nx < ny ? -1 : 1;
+            int c = strncmp(x, y, nx);
+            if (c) return c;
+            x += nx;
+            y += ny;
+        } else {
+            if (*x != *y) return (unsigned char)*x < (unsigned char)*y ? -1 : 1;
+            x++;
+            y++;
+        }
+    }
+    if (*x || *y) return *x ? 1 : -1;
+    return strcmp(a, b);
+}
+
 static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
 {
     const char *p = o->path ? o->path : "(null)";
@@ -619,6 +648,7 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     if (jdt_io_is_dir(opts->path)) {
         shard_filter flt = {opts->split};
         if ((st = jdt_io_list_dir(opts->path, keep_shard, &flt, &names, &n_names, e))) goto fail;
+        qsort(names, n_names, sizeof *names, natural_cmp);
         if (n_names == 0) {
             st = jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: no %s*.h5 shard files in this directory",
                              opts->path, opts->split ? opts->split : "");

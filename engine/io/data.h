@@ -4,8 +4,8 @@
  *
  * Token dataset: one file or a directory of shard files, each with a 1-D /tokens (uint16 when
  * vocab_size <= 65536, else uint32) and root attributes format="jdt-tokens", version=1,
- * vocab_size, tokenizer, n_tokens. The shards of a directory, in name order, form one logical
- * token stream. Array dataset: /x (N, D) f32 and /y (N) i32, format="jdt-arrays".
+ * vocab_size, tokenizer, n_tokens. The shards of a directory, in natural name order (digit
+ * runs compare as numbers), form one logical token stream. Array dataset: /x (N, D) f32 and /y (N) i32, format="jdt-arrays".
  *
  * Batch k is a pure function of (seed, k, global_batch, seq_len): global sequence g = k*B + j
  * lives in epoch g / N at position g % N of that epoch's order over the N samples (N token

@@ -241,7 +241,7 @@ START_TEST(test_many_shards)
     ck_assert_int_eq(mkdir(sd, 0777), 0);
     for (int i = 0; i < 40; i++) {
         char p[500];
-        snprintf(p, sizeof p, "%s/part_%03d.h5", sd, i);
+        snprintf(p, sizeof p, "%s/part_%d.h5", sd, i); /* part_9 < part_10: numeric order */
         int64_t b = i * 37, en = i == 39 ? n : b + 37;
         ck_assert_int_eq(jdt_data_write_tokens(p, t + b, en - b, 256, "byte", &e), JDT_OK);
     }
