@@ -86,9 +86,10 @@ static jdt_status slice_of(const jdt_ckpt_tensor *t, const char *where, const ch
         if (off[i] < 0 || ext[i] < 1 || off[i] + ext[i] > t->shape[i]) {
             char s[160];
             fmt_shape(s, sizeof s, t->ndim, t->shape);
-            return jdt_err_set(e, JDT_ERR_SHAPE, "%s: tensor '%s': slice [%lld, %lld) of dim %d is "
-                               "outside the global shape %s", where, name, (long long)off[i],
-                               (long long)(off[i] + ext[i]), i, s);
+            return jdt_err_set(e, JDT_ERR_SHAPE,
+                               "%s: tensor '%s': slice [%lld, %lld) of dim %d is "
+                               "outside the global shape %s",
+                               where, name, (long long)off[i], (long long)(off[i] + ext[i]), i, s);
         }
     }
     return JDT_OK;
@@ -97,7 +98,8 @@ static jdt_status slice_of(const jdt_ckpt_tensor *t, const char *where, const ch
 static int64_t volume(int ndim, const int64_t *ext)
 {
     int64_t v = 1;
-    for (int i = 0; i < ndim; i++) v *= ext[i];
+    for (int i = 0; i < ndim; i++)
+        v *= ext[i];
     return v;
 }
 
@@ -124,7 +126,8 @@ static hid_t create_tensor(hid_t f, const char *name, const jdt_ckpt_tensor *t, 
     hid_t sp = H5I_INVALID_HID, dcpl = H5I_INVALID_HID, lcpl = H5I_INVALID_HID;
     hid_t ds = H5I_INVALID_HID;
     hsize_t dims[JDT_CKPT_MAX_DIMS], chunk[JDT_CKPT_MAX_DIMS];
-    for (int i = 0; i < t->ndim; i++) dims[i] = (hsize_t)t->shape[i];
+    for (int i = 0; i < t->ndim; i++)
+        dims[i] = (hsize_t)t->shape[i];
     sp = t->ndim == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(t->ndim, dims, NULL);
     dcpl = H5Pcreate(H5P_DATASET_CREATE);
     lcpl = H5Pcreate(H5P_LINK_CREATE);
@@ -189,9 +192,10 @@ static jdt_status check_tensors(const jdt_ckpt_tensor *ts, size_t n, const char 
     for (size_t i = 0; i < n; i++) {
         const char *nm = clean_name(ts[i].name);
         if (!nm)
-            return jdt_err_set(e, JDT_ERR_INVALID, "%s: bad tensor name '%s' (use [A-Za-z0-9_.-] "
-                               "components separated by '/')", where,
-                               ts[i].name ? ts[i].name : "(null)");
+            return jdt_err_set(e, JDT_ERR_INVALID,
+                               "%s: bad tensor name '%s' (use [A-Za-z0-9_.-] "
+                               "components separated by '/')",
+                               where, ts[i].name ? ts[i].name : "(null)");
         if ((int)ts[i].dtype < 0 || ts[i].dtype >= JDT_DTYPE_COUNT)
             return jdt_err_set(e, JDT_ERR_INVALID, "%s: tensor '%s': bad dtype", where, nm);
         if (!ts[i].data)
@@ -203,17 +207,21 @@ static jdt_status check_tensors(const jdt_ckpt_tensor *ts, size_t n, const char 
     for (size_t i = 0; i < n; i++) {
         const char *nm = clean_name(ts[i].name);
         bool first = true;
-        for (size_t j = 0; j < i && first; j++) first = !same_name(&ts[i], &ts[j]);
+        for (size_t j = 0; j < i && first; j++)
+            first = !same_name(&ts[i], &ts[j]);
         if (!first) continue;
         int64_t covered = 0, oi[JDT_CKPT_MAX_DIMS], xi[JDT_CKPT_MAX_DIMS];
         for (size_t j = i; j < n; j++) {
             if (!same_name(&ts[i], &ts[j])) continue;
             const jdt_ckpt_tensor *a = &ts[i], *b = &ts[j];
             bool agree = a->dtype == b->dtype && a->ndim == b->ndim;
-            for (int d = 0; agree && d < a->ndim; d++) agree = a->shape[d] == b->shape[d];
+            for (int d = 0; agree && d < a->ndim; d++)
+                agree = a->shape[d] == b->shape[d];
             if (!agree)
-                return jdt_err_set(e, JDT_ERR_INVALID, "%s: tensor '%s' is given twice with "
-                                   "different dtype or global shape", where, nm);
+                return jdt_err_set(e, JDT_ERR_INVALID,
+                                   "%s: tensor '%s' is given twice with "
+                                   "different dtype or global shape",
+                                   where, nm);
             int64_t oj[JDT_CKPT_MAX_DIMS], xj[JDT_CKPT_MAX_DIMS];
             slice_of(b, where, nm, oj, xj, e);
             covered += volume(b->ndim, xj);
@@ -224,14 +232,16 @@ static jdt_status check_tensors(const jdt_ckpt_tensor *ts, size_t n, const char 
                 for (int d = 0; d < b->ndim; d++)
                     overlap = overlap && oi[d] < oj[d] + xj[d] && oj[d] < oi[d] + xi[d];
                 if (overlap)
-                    return jdt_err_set(e, JDT_ERR_INVALID, "%s: tensor '%s': slices overlap",
-                                       where, nm);
+                    return jdt_err_set(e, JDT_ERR_INVALID, "%s: tensor '%s': slices overlap", where,
+                                       nm);
             }
         }
         if (covered != volume(ts[i].ndim, ts[i].shape))
-            return jdt_err_set(e, JDT_ERR_INVALID, "%s: tensor '%s': the slices cover %lld of %lld "
-                               "elements (a single process must save whole tensors)", where, nm,
-                               (long long)covered, (long long)volume(ts[i].ndim, ts[i].shape));
+            return jdt_err_set(e, JDT_ERR_INVALID,
+                               "%s: tensor '%s': the slices cover %lld of %lld "
+                               "elements (a single process must save whole tensors)",
+                               where, nm, (long long)covered,
+                               (long long)volume(ts[i].ndim, ts[i].shape));
     }
     return JDT_OK;
 }
@@ -244,7 +254,8 @@ static jdt_status write_state(const char *file, const jdt_ckpt_meta *meta,
     hid_t f = jdt_h5_create(file, H5F_ACC_EXCL);
     if (f < 0) {
         char d[256];
-        return jdt_err_set(e, JDT_ERR_IO, "%s: cannot create: %s", file, jdt_h5_detail(d, sizeof d));
+        return jdt_err_set(e, JDT_ERR_IO, "%s: cannot create: %s", file,
+                           jdt_h5_detail(d, sizeof d));
     }
     if ((st = jdt_h5_attr_write_str(f, "format", JDT_CKPT_FORMAT, file, e)) ||
         (st = jdt_h5_attr_write_i64(f, "version", JDT_CKPT_VERSION, file, e)) ||
@@ -261,8 +272,10 @@ static jdt_status write_state(const char *file, const jdt_ckpt_meta *meta,
         int64_t off[JDT_CKPT_MAX_DIMS], ext[JDT_CKPT_MAX_DIMS];
         slice_of(t, file, nm, off, ext, e);
         hid_t ds;
-        if (H5Lexists(f, nm, H5P_DEFAULT) > 0) ds = H5Dopen2(f, nm, H5P_DEFAULT);
-        else ds = create_tensor(f, nm, t, file, e);
+        if (H5Lexists(f, nm, H5P_DEFAULT) > 0)
+            ds = H5Dopen2(f, nm, H5P_DEFAULT);
+        else
+            ds = create_tensor(f, nm, t, file, e);
         if (ds < 0) {
             st = e ? e->code : JDT_ERR_IO;
             if (st == JDT_OK) st = JDT_ERR_IO;
@@ -271,7 +284,8 @@ static jdt_status write_state(const char *file, const jdt_ckpt_meta *meta,
         hid_t ms;
         hid_t fs = select_slice(ds, t->ndim, off, ext, &ms);
         herr_t rc = -1;
-        if (fs >= 0 && ms >= 0) rc = H5Dwrite(ds, jdt_h5_mem_type(t->dtype), ms, fs, H5P_DEFAULT, t->data);
+        if (fs >= 0 && ms >= 0)
+            rc = H5Dwrite(ds, jdt_h5_mem_type(t->dtype), ms, fs, H5P_DEFAULT, t->data);
         if (ms >= 0) H5Sclose(ms);
         if (fs >= 0) H5Sclose(fs);
         H5Dclose(ds);
@@ -343,7 +357,8 @@ static jdt_status list_complete(const char *dir, char ***names, int64_t **steps,
         *names = NULL;
         return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", dir);
     }
-    for (size_t i = 0; i < *n; i++) parse_step_name((*names)[i], &(*steps)[i]);
+    for (size_t i = 0; i < *n; i++)
+        parse_step_name((*names)[i], &(*steps)[i]);
     /* insertion sort by step (names sort lexically, which differs past 6 digits) */
     for (size_t i = 1; i < *n; i++) {
         for (size_t j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) {
@@ -381,8 +396,10 @@ static jdt_status prune(const char *ckpt_dir, int keep, int64_t protect, jdt_err
         char *tmp = jdt_malloc(strlen(p) + sizeof ".del.tmp");
         if (tmp) {
             sprintf(tmp, "%s.del.tmp", p);
-            if (rename(p, tmp) == 0) st = jdt_io_rm_rf(tmp, e);
-            else st = jdt_err_set(e, JDT_ERR_IO, "%s: rename for deletion: %s", p, strerror(errno));
+            if (rename(p, tmp) == 0)
+                st = jdt_io_rm_rf(tmp, e);
+            else
+                st = jdt_err_set(e, JDT_ERR_IO, "%s: rename for deletion: %s", p, strerror(errno));
         } else {
             st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", ckpt_dir);
         }
@@ -408,7 +425,8 @@ static jdt_status remove_leftovers(const char *dir, jdt_err *e)
     jdt_status st = jdt_io_list_dir(dir, is_tmp_name, NULL, &names, &n, e);
     for (size_t i = 0; i < n && st == JDT_OK; i++) {
         char *p = jdt_io_join(dir, names[i]);
-        if (!p) st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", dir);
+        if (!p)
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", dir);
         else {
             JDT_INFO("checkpoint: removing unfinished %s", p);
             st = jdt_io_rm_rf(p, e);
@@ -458,7 +476,8 @@ jdt_status jdt_ckpt_save(const char *ckpt_dir, const jdt_ckpt_meta *meta,
     if (jdt_io_is_dir(final)) {
         /* re-save of a step: swap atomically, then delete the old one (now under tmp) */
         if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
-            st = jdt_err_set(e, JDT_ERR_IO, "%s: exchange with %s: %s", final, tmp, strerror(errno));
+            st =
+                jdt_err_set(e, JDT_ERR_IO, "%s: exchange with %s: %s", final, tmp, strerror(errno));
             goto out_rm_tmp;
         }
     } else if (rename(tmp, final) != 0) {
@@ -470,9 +489,11 @@ jdt_status jdt_ckpt_save(const char *ckpt_dir, const jdt_ckpt_meta *meta,
     if (opts && (st = prune(ckpt_dir, opts->keep_last, meta->step, e))) goto out;
     int64_t newest = -1;
     char *newest_path = NULL;
-    if (jdt_ckpt_find_latest(ckpt_dir, &newest_path, &newest, NULL) == JDT_OK && newest > meta->step)
+    if (jdt_ckpt_find_latest(ckpt_dir, &newest_path, &newest, NULL) == JDT_OK &&
+        newest > meta->step)
         JDT_WARN("checkpoint: %s is newer than the step just saved (%lld); resume: auto will "
-                 "pick it", newest_path, (long long)meta->step);
+                 "pick it",
+                 newest_path, (long long)meta->step);
     jdt_free(newest_path);
     if (saved_path) {
         *saved_path = final;
@@ -503,8 +524,8 @@ jdt_status jdt_ckpt_find_latest(const char *ckpt_dir, char **path, int64_t *step
     jdt_status st = list_complete(ckpt_dir, &names, &steps, &n, e);
     if (st != JDT_OK) return st;
     if (n == 0) {
-        st = jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: no complete checkpoint (step_NNN/%s)",
-                         ckpt_dir, JDT_CKPT_FILE);
+        st = jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: no complete checkpoint (step_NNN/%s)", ckpt_dir,
+                         JDT_CKPT_FILE);
     } else {
         *path = jdt_io_join(ckpt_dir, names[n - 1]);
         if (!*path) st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", ckpt_dir);
@@ -568,8 +589,10 @@ jdt_status jdt_ckpt_open(const char *path, jdt_ckpt **out, jdt_err *e)
     int64_t version;
     if ((st = jdt_h5_attr_read_i64(c->f, "version", &version, p, e))) goto fail;
     if (version != JDT_CKPT_VERSION) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: checkpoint version %lld is not supported (this "
-                         "build reads version %d)", p, (long long)version, JDT_CKPT_VERSION);
+        st = jdt_err_set(e, JDT_ERR_FORMAT,
+                         "%s: checkpoint version %lld is not supported (this "
+                         "build reads version %d)",
+                         p, (long long)version, JDT_CKPT_VERSION);
         goto fail;
     }
     if ((st = jdt_h5_attr_read_i64(c->f, "step", &c->step, p, e)) ||
@@ -640,7 +663,8 @@ static jdt_status open_tensor(jdt_ckpt *c, const char *name, hid_t *ds_out, jdt_
     hsize_t dims[JDT_CKPT_MAX_DIMS];
     H5Sget_simple_extent_dims(sp, dims, NULL);
     *ndim = rank;
-    for (int i = 0; i < rank; i++) shape[i] = (int64_t)dims[i];
+    for (int i = 0; i < rank; i++)
+        shape[i] = (int64_t)dims[i];
     if (!jdt_h5_classify(t, dtype)) {
         st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: tensor '%s' has an unsupported element type",
                          c->file, nm);
@@ -651,8 +675,10 @@ static jdt_status open_tensor(jdt_ckpt *c, const char *name, hid_t *ds_out, jdt_
         if ((st = jdt_h5_attr_read_str(ds, "dtype", &dtname, c->file, e))) goto out;
         if (!jdt_dtype_parse(dtname, &named) || jdt_h5_file_type(named) < 0 ||
             jdt_dtype_size(named) != jdt_dtype_size(*dtype)) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: tensor '%s': dtype attribute '%s' does not "
-                             "match its element type", c->file, nm, dtname);
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: tensor '%s': dtype attribute '%s' does not "
+                             "match its element type",
+                             c->file, nm, dtname);
             goto out;
         }
         *dtype = named;
@@ -695,18 +721,23 @@ jdt_status jdt_ckpt_read(jdt_ckpt *c, const jdt_ckpt_tensor *want, void *dst, jd
     const char *nm = clean_name(want->name);
     int64_t off[JDT_CKPT_MAX_DIMS], ext[JDT_CKPT_MAX_DIMS];
     bool same = ndim == want->ndim;
-    for (int i = 0; same && i < ndim; i++) same = shape[i] == want->shape[i];
+    for (int i = 0; same && i < ndim; i++)
+        same = shape[i] == want->shape[i];
     if (!same) {
         char have[160], exp[160];
         fmt_shape(have, sizeof have, ndim, shape);
         fmt_shape(exp, sizeof exp, want->ndim, want->shape);
-        st = jdt_err_set(e, JDT_ERR_SHAPE, "%s: tensor '%s' has shape %s in the checkpoint, the "
-                         "model expects %s", c->file, nm, have, exp);
+        st = jdt_err_set(e, JDT_ERR_SHAPE,
+                         "%s: tensor '%s' has shape %s in the checkpoint, the "
+                         "model expects %s",
+                         c->file, nm, have, exp);
         goto out;
     }
     if (dt != want->dtype) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: tensor '%s' is %s in the checkpoint, the model "
-                         "expects %s", c->file, nm, jdt_dtype_name(dt), jdt_dtype_name(want->dtype));
+        st = jdt_err_set(e, JDT_ERR_FORMAT,
+                         "%s: tensor '%s' is %s in the checkpoint, the model "
+                         "expects %s",
+                         c->file, nm, jdt_dtype_name(dt), jdt_dtype_name(want->dtype));
         goto out;
     }
     if ((st = slice_of(want, c->file, nm, off, ext, e))) goto out;
@@ -772,7 +803,8 @@ jdt_status jdt_ckpt_list(jdt_ckpt *c, char ***names, size_t *n_names, jdt_err *e
     herr_t rc = H5Ovisit(c->f, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &l);
     if (rc < 0 || l.oom) {
         jdt_io_names_free(l.v, l.n);
-        if (l.oom) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory listing tensors", c->file);
+        if (l.oom)
+            return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory listing tensors", c->file);
         char d[256];
         return jdt_err_set(e, JDT_ERR_FORMAT, "%s: cannot list tensors: %s", c->file,
                            jdt_h5_detail(d, sizeof d));

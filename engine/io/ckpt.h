@@ -26,8 +26,8 @@
 
 /* A tensor slice to write, or (for jdt_ckpt_read) the slice wanted. */
 typedef struct {
-    const char *name;                  /* global name: "params/wte" ('/' separates groups; a
-                                          leading '/' is optional); [A-Za-z0-9_.-/] only */
+    const char *name; /* global name: "params/wte" ('/' separates groups; a
+                         leading '/' is optional); [A-Za-z0-9_.-/] only */
     jdt_dtype dtype;
     int ndim;                          /* 0 (scalar) .. JDT_CKPT_MAX_DIMS */
     int64_t shape[JDT_CKPT_MAX_DIMS];  /* global shape, every dim >= 1 */
@@ -38,9 +38,9 @@ typedef struct {
 
 typedef struct {
     int64_t step;
-    uint64_t rng_state;        /* the trainer's RNG state (e.g. its dropout stream counter) */
-    int64_t data_position;     /* the next global batch index of the data stream */
-    const char *config_text;   /* the resolved config (YAML); NULL is stored as "" */
+    uint64_t rng_state;      /* the trainer's RNG state (e.g. its dropout stream counter) */
+    int64_t data_position;   /* the next global batch index of the data stream */
+    const char *config_text; /* the resolved config (YAML); NULL is stored as "" */
 } jdt_ckpt_meta;
 
 typedef struct {

@@ -56,9 +56,9 @@ struct jdt_data {
     int n_open;
     uint64_t tick;
     int64_t scratch_rows; /* rows the sample/scratch/raw buffers hold */
-    int32_t *scratch; /* token runs: (rows*T + 1) */
-    void *raw;        /* the same run in the on-disk integer type (u16 or u32) */
-    int64_t *sample;  /* (rows) sample index per row */
+    int32_t *scratch;     /* token runs: (rows*T + 1) */
+    void *raw;            /* the same run in the on-disk integer type (u16 or u32) */
+    int64_t *sample;      /* (rows) sample index per row */
 
     /* synchronous mode buffers */
     void *sx;
@@ -85,7 +85,8 @@ static uint64_t feistel_perm(uint64_t key, uint64_t n, uint64_t i)
 {
     if (n <= 1) return 0;
     int bits = 0;
-    while (bits < 64 && (1ULL << bits) < n) bits++;
+    while (bits < 64 && (1ULL << bits) < n)
+        bits++;
     if (bits & 1) bits++;
     int half = bits / 2;
     uint64_t mask = (1ULL << half) - 1;
@@ -179,8 +180,8 @@ static jdt_status check_dset(hid_t ds, const char *name, int want_rank, jdt_dtyp
     }
     int rank = H5Sget_simple_extent_ndims(sp);
     if (rank != want_rank) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: dataset /%s has %d dimensions, expected %d",
-                         path, name, rank, want_rank);
+        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: dataset /%s has %d dimensions, expected %d", path,
+                         name, rank, want_rank);
         goto out;
     }
     H5Sget_simple_extent_dims(sp, dims, NULL);
@@ -232,8 +233,10 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
     }
     if ((st = jdt_h5_attr_read_str(f, "format", &format, p, e))) goto fail;
     jdt_data_kind kind;
-    if (strcmp(format, JDT_DATA_FORMAT_TOKENS) == 0) kind = JDT_DATA_KIND_TOKENS;
-    else if (strcmp(format, JDT_DATA_FORMAT_ARRAYS) == 0) kind = JDT_DATA_KIND_ARRAYS;
+    if (strcmp(format, JDT_DATA_FORMAT_TOKENS) == 0)
+        kind = JDT_DATA_KIND_TOKENS;
+    else if (strcmp(format, JDT_DATA_FORMAT_ARRAYS) == 0)
+        kind = JDT_DATA_KIND_ARRAYS;
     else {
         st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: format '%s' is not '%s' or '%s'", p, format,
                          JDT_DATA_FORMAT_TOKENS, JDT_DATA_FORMAT_ARRAYS);
@@ -249,9 +252,10 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
     int64_t version;
     if ((st = jdt_h5_attr_read_i64(f, "version", &version, p, e))) goto fail;
     if (version != JDT_DATA_VERSION) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: format version %lld is not supported (this "
-                         "build reads version %d); re-run prepare", p, (long long)version,
-                         JDT_DATA_VERSION);
+        st = jdt_err_set(e, JDT_ERR_FORMAT,
+                         "%s: format version %lld is not supported (this "
+                         "build reads version %d); re-run prepare",
+                         p, (long long)version, JDT_DATA_VERSION);
         goto fail;
     }
     hsize_t dims[2] = {0, 0};
@@ -272,17 +276,20 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
             d->info.token_dtype = dt;
             snprintf(d->info.tokenizer, sizeof d->info.tokenizer, "%s", tokenizer);
         } else if (vocab != d->info.vocab_size || strcmp(tokenizer, d->info.tokenizer) != 0) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: vocab_size %lld / tokenizer '%s' differ from "
-                             "the first shard's (%lld / '%s')", p, (long long)vocab, tokenizer,
-                             (long long)d->info.vocab_size, d->info.tokenizer);
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: vocab_size %lld / tokenizer '%s' differ from "
+                             "the first shard's (%lld / '%s')",
+                             p, (long long)vocab, tokenizer, (long long)d->info.vocab_size,
+                             d->info.tokenizer);
             goto fail;
         }
         if ((s->dx = open_dset(f, "tokens", p, e)) < 0) goto fail;
         if ((st = check_dset(s->dx, "tokens", 1, dt, dims, p, e))) goto fail;
         if ((int64_t)dims[0] != n_tokens) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: /tokens holds %llu tokens but attribute "
-                             "n_tokens says %lld", p, (unsigned long long)dims[0],
-                             (long long)n_tokens);
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: /tokens holds %llu tokens but attribute "
+                             "n_tokens says %lld",
+                             p, (unsigned long long)dims[0], (long long)n_tokens);
             goto fail;
         }
     } else {
@@ -304,9 +311,10 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
             d->info.dim = (int64_t)dims[1];
             d->info.n_classes = n_classes;
         } else if ((int64_t)dims[1] != d->info.dim || n_classes != d->info.n_classes) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: /x is (%llu, %llu) with n_classes %lld; the "
-                             "first shard has dim %lld, n_classes %lld", p,
-                             (unsigned long long)dims[0], (unsigned long long)dims[1],
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: /x is (%llu, %llu) with n_classes %lld; the "
+                             "first shard has dim %lld, n_classes %lld",
+                             p, (unsigned long long)dims[0], (unsigned long long)dims[1],
                              (long long)n_classes, (long long)d->info.dim,
                              (long long)d->info.n_classes);
             goto fail;
@@ -342,8 +350,10 @@ static jdt_status read_units(jdt_data *d, bool y, int64_t a, int64_t b, hid_t me
     int64_t lo = 0, hi = d->n_shards - 1;
     while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
-        if (d->shards[mid].start <= a) lo = mid;
-        else hi = mid - 1;
+        if (d->shards[mid].start <= a)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     char *out = dst;
     for (int64_t i = lo; a < b && i < d->n_shards; i++) {
@@ -417,12 +427,14 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
     int64_t rows = r1 - r0;
     jdt_status est = ensure_scratch(d, rows, e);
     if (est != JDT_OK) return est;
-    for (int64_t j = 0; j < rows; j++) d->sample[j] = jdt_data_sample_index(d, k, r0 + j);
+    for (int64_t j = 0; j < rows; j++)
+        d->sample[j] = jdt_data_sample_index(d, k, r0 + j);
     bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
     int64_t T = d->o.seq_len, D = d->info.dim;
     for (int64_t j = 0; j < rows;) {
         int64_t run = 1;
-        while (j + run < rows && d->sample[j + run] == d->sample[j] + run) run++;
+        while (j + run < rows && d->sample[j + run] == d->sample[j] + run)
+            run++;
         int64_t w0 = d->sample[j];
         jdt_status st;
         if (tokens) {
@@ -438,7 +450,8 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
             for (int64_t u = 0; u < b - a; u++) {
                 uint32_t id = u16 ? r16[u] : r32[u];
                 if (id >= (uint64_t)d->info.vocab_size)
-                    return jdt_err_set(e, JDT_ERR_FORMAT, "%s: /tokens: token id %u at stream "
+                    return jdt_err_set(e, JDT_ERR_FORMAT,
+                                       "%s: /tokens: token id %u at stream "
                                        "position %lld is outside the vocabulary [0, %lld)",
                                        shard_of(d, a + u), id, (long long)(a + u),
                                        (long long)d->info.vocab_size);
@@ -451,9 +464,11 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
             }
         } else {
             float *x = xv;
-            st = read_units(d, false, w0, w0 + run, H5T_NATIVE_FLOAT, sizeof(float), D, x + j * D, e);
+            st = read_units(d, false, w0, w0 + run, H5T_NATIVE_FLOAT, sizeof(float), D, x + j * D,
+                            e);
             if (st == JDT_OK)
-                st = read_units(d, true, w0, w0 + run, H5T_NATIVE_INT32, sizeof(int32_t), 1, y + j, e);
+                st = read_units(d, true, w0, w0 + run, H5T_NATIVE_INT32, sizeof(int32_t), 1, y + j,
+                                e);
             if (st != JDT_OK) return st;
             for (int64_t i = 0; i < run && d->info.n_classes > 0; i++) {
                 if (y[j + i] < 0 || y[j + i] >= d->info.n_classes)
@@ -467,15 +482,17 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
     return JDT_OK;
 }
 
-jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *x,
-                              int32_t *y, jdt_err *e)
+jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *x, int32_t *y,
+                              jdt_err *e)
 {
     jdt_err err_local_; /* e may be NULL: keep the detail locally */
     if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (k < 0 || r0 < 0 || r1 <= r0 || r1 > d->o.global_batch)
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: batch %lld rows [%lld, %lld) outside a global "
-                           "batch of %lld", d->path, (long long)k, (long long)r0, (long long)r1,
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: batch %lld rows [%lld, %lld) outside a global "
+                           "batch of %lld",
+                           d->path, (long long)k, (long long)r0, (long long)r1,
                            (long long)d->o.global_batch);
     pthread_mutex_lock(&d->io_lock);
     jdt_status st = read_rows_locked(d, k, r0, r1, x, y, e);
@@ -518,8 +535,9 @@ jdt_status jdt_data_get(jdt_data *d, int64_t k, jdt_data_batch *out, jdt_err *e)
     jdt_err err_local_; /* e may be NULL: keep the detail locally */
     if (!e) e = &err_local_;
     memset(out, 0, sizeof *out);
-    if (k < 0) return jdt_err_set(e, JDT_ERR_INVALID, "%s: negative batch index %lld", d->path,
-                                  (long long)k);
+    if (k < 0)
+        return jdt_err_set(e, JDT_ERR_INVALID, "%s: negative batch index %lld", d->path,
+                           (long long)k);
     bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
     out->index = k;
     out->rows = d->rows;
@@ -539,11 +557,13 @@ jdt_status jdt_data_get(jdt_data *d, int64_t k, jdt_data_batch *out, jdt_err *e)
         d->gen++;
         d->want = k;
         d->fill_next = k;
-        for (int i = 0; i < d->n_slots; i++) d->slots[i].k = -1;
+        for (int i = 0; i < d->n_slots; i++)
+            d->slots[i].k = -1;
         pthread_cond_broadcast(&d->cv_work);
     }
     slot *s = &d->slots[k % d->n_slots];
-    while (!(s->k == k && s->gen == d->gen)) pthread_cond_wait(&d->cv_ready, &d->mu);
+    while (!(s->k == k && s->gen == d->gen))
+        pthread_cond_wait(&d->cv_ready, &d->mu);
     jdt_status st = s->st;
     if (st != JDT_OK && e) *e = s->err;
     d->want = k + 1;
@@ -579,11 +599,15 @@ static int natural_cmp(const void *pa, const void *pb)
     const char *x = a, *y = b;
     while (*x && *y) {
         if (*x >= '0' && *x <= '9' && *y >= '0' && *y <= '9') {
-            while (*x == '0') x++;
-            while (*y == '0') y++;
+            while (*x == '0')
+                x++;
+            while (*y == '0')
+                y++;
             size_t nx = 0, ny = 0;
-            while (x[nx] >= '0' && x[nx] <= '9') nx++;
-            while (y[ny] >= '0' && y[ny] <= '9') ny++;
+            while (x[nx] >= '0' && x[nx] <= '9')
+                nx++;
+            while (y[ny] >= '0' && y[ny] <= '9')
+                ny++;
             if (nx != ny) return nx < ny ? -1 : 1;
             int c = strncmp(x, y, nx);
             if (c) return c;
@@ -611,8 +635,10 @@ static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
                            (long long)o->seq_len);
     if (!(o->row_begin == 0 && o->row_end == 0) &&
         (o->row_begin < 0 || o->row_end <= o->row_begin || o->row_end > o->global_batch))
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: rows [%lld, %lld) are not a slice of a global "
-                           "batch of %lld", p, (long long)o->row_begin, (long long)o->row_end,
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: rows [%lld, %lld) are not a slice of a global "
+                           "batch of %lld",
+                           p, (long long)o->row_begin, (long long)o->row_end,
                            (long long)o->global_batch);
     if (o->prefetch < 0 || o->prefetch > MAX_PREFETCH)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: prefetch depth %d outside 0..%d", p,
@@ -689,9 +715,10 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
             goto fail;
         }
         if (total < d->o.seq_len + 1) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: dataset /tokens too short: %lld tokens, need "
-                             "at least seq_len+1 = %lld for one sequence", opts->path,
-                             (long long)total, (long long)(d->o.seq_len + 1));
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: dataset /tokens too short: %lld tokens, need "
+                             "at least seq_len+1 = %lld for one sequence",
+                             opts->path, (long long)total, (long long)(d->o.seq_len + 1));
             goto fail;
         }
         d->info.n_samples = (total - 1) / d->o.seq_len;
@@ -733,7 +760,10 @@ fail:
     return st;
 }
 
-void jdt_data_get_info(const jdt_data *d, jdt_data_info *out) { *out = d->info; }
+void jdt_data_get_info(const jdt_data *d, jdt_data_info *out)
+{
+    *out = d->info;
+}
 
 void jdt_data_close(jdt_data *d)
 {

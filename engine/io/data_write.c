@@ -38,9 +38,12 @@ static jdt_status fsync_parent(const char *path, jdt_err *e)
     char *dir = jdt_strdup(path);
     if (!dir) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", path);
     char *slash = strrchr(dir, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == dir) slash[1] = '\0';
-    else *slash = '\0';
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == dir)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
     jdt_status st = jdt_io_fsync_path(dir, e);
     jdt_free(dir);
     return st;
@@ -90,8 +93,9 @@ fail : {
 
 static hsize_t chunk_len(int64_t n_rows, size_t row_bytes, const jdt_data_write_opts *opts)
 {
-    int64_t c = (opts && opts->chunk_rows > 0) ? opts->chunk_rows
-                                                : (int64_t)((64 * 1024) / (row_bytes ? row_bytes : 1));
+    int64_t c = (opts && opts->chunk_rows > 0)
+                    ? opts->chunk_rows
+                    : (int64_t)((64 * 1024) / (row_bytes ? row_bytes : 1));
     if (c < 1) c = 1;
     if (c > n_rows) c = n_rows;
     return (hsize_t)c;
@@ -112,8 +116,7 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: vocab_size %u out of range 1..2^31", path,
                            vocab_size);
     if (!tokenizer || !tokenizer[0] || strlen(tokenizer) >= 32)
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: tokenizer name must be 1..31 characters",
-                           path);
+        return jdt_err_set(e, JDT_ERR_INVALID, "%s: tokenizer name must be 1..31 characters", path);
     jdt_status st = JDT_OK;
     hid_t sp = H5I_INVALID_HID, dcpl = H5I_INVALID_HID;
     jdt_data_tokw *w = jdt_calloc(1, sizeof *w);
@@ -143,8 +146,8 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
         st = e ? e->code : JDT_ERR_IO;
         goto fail;
     }
-    w->dset = H5Dcreate2(w->file, "tokens", jdt_h5_file_type(dt), sp, H5P_DEFAULT, dcpl,
-                         H5P_DEFAULT);
+    w->dset =
+        H5Dcreate2(w->file, "tokens", jdt_h5_file_type(dt), sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (sp < 0 || w->dset < 0) {
         char d[256];
         st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create dataset /tokens: %s", w->tmp_path,
@@ -261,8 +264,8 @@ jdt_status jdt_data_write_tokens(const char *path, const uint32_t *tokens, int64
 
 /* Creates dataset `name` of dt with the given dims in f and writes buf (all of it). */
 static jdt_status write_whole(hid_t f, const char *name, jdt_dtype dt, int rank,
-                              const hsize_t *dims, const void *buf,
-                              const jdt_data_write_opts *opts, const char *where, jdt_err *e)
+                              const hsize_t *dims, const void *buf, const jdt_data_write_opts *opts,
+                              const char *where, jdt_err *e)
 {
     jdt_status st = JDT_OK;
     hsize_t chunk[2] = {0, 0};
@@ -277,7 +280,8 @@ static jdt_status write_whole(hid_t f, const char *name, jdt_dtype dt, int rank,
         goto out;
     }
     ds = H5Dcreate2(f, name, jdt_h5_file_type(dt), sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    if (sp < 0 || ds < 0 || H5Dwrite(ds, jdt_h5_mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+    if (sp < 0 || ds < 0 ||
+        H5Dwrite(ds, jdt_h5_mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
         char d[256];
         st = jdt_err_set(e, JDT_ERR_IO, "%s: writing dataset /%s: %s", where, name,
                          jdt_h5_detail(d, sizeof d));
@@ -289,17 +293,18 @@ out:
     return st;
 }
 
-jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t *y,
-                                 int64_t n_rows, int64_t dim, int64_t n_classes,
-                                 const jdt_data_write_opts *opts, jdt_err *e)
+jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t *y, int64_t n_rows,
+                                 int64_t dim, int64_t n_classes, const jdt_data_write_opts *opts,
+                                 jdt_err *e)
 {
     jdt_err err_local_; /* e may be NULL: keep the detail locally */
     if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (n_rows <= 0 || dim <= 0 || n_classes < 0)
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: bad array shape n_rows=%lld dim=%lld "
-                           "n_classes=%lld", path, (long long)n_rows, (long long)dim,
-                           (long long)n_classes);
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: bad array shape n_rows=%lld dim=%lld "
+                           "n_classes=%lld",
+                           path, (long long)n_rows, (long long)dim, (long long)n_classes);
     if (n_classes > 0) {
         for (int64_t i = 0; i < n_rows; i++) {
             if (y[i] < 0 || y[i] >= n_classes)
@@ -313,7 +318,8 @@ jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t
     hid_t f = jdt_h5_create(tmp, H5F_ACC_TRUNC);
     if (f < 0) {
         char d[256];
-        st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create file: %s", tmp, jdt_h5_detail(d, sizeof d));
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create file: %s", tmp,
+                         jdt_h5_detail(d, sizeof d));
         goto out;
     }
     hsize_t xd[2] = {(hsize_t)n_rows, (hsize_t)dim}, yd[1] = {(hsize_t)n_rows};

@@ -14,7 +14,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-void jdt_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+void jdt_h5_quiet(void)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
 
 typedef struct {
     char *buf;
@@ -86,8 +89,8 @@ hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e)
     }
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) {
-        jdt_err_set(e, JDT_ERR_FORMAT, "%s: not an HDF5 file (no HDF5 signature; %lld bytes)",
-                    path, (long long)st.st_size);
+        jdt_err_set(e, JDT_ERR_FORMAT, "%s: not an HDF5 file (no HDF5 signature; %lld bytes)", path,
+                    (long long)st.st_size);
         return H5I_INVALID_HID;
     }
     hid_t fapl = jdt_h5_fapl(sieve_bytes);
@@ -101,7 +104,10 @@ hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e)
     return f;
 }
 
-bool jdt_h5_has_attr(hid_t obj, const char *name) { return H5Aexists(obj, name) > 0; }
+bool jdt_h5_has_attr(hid_t obj, const char *name)
+{
+    return H5Aexists(obj, name) > 0;
+}
 
 jdt_status jdt_h5_attr_read_str(hid_t obj, const char *name, char **out, const char *where,
                                 jdt_err *e)
@@ -228,8 +234,8 @@ out:
     return st;
 }
 
-jdt_status jdt_h5_attr_write_str(hid_t obj, const char *name, const char *value,
-                                 const char *where, jdt_err *e)
+jdt_status jdt_h5_attr_write_str(hid_t obj, const char *name, const char *value, const char *where,
+                                 jdt_err *e)
 {
     hid_t t = H5Tcopy(H5T_C_S1);
     if (t < 0) return jdt_err_set(e, JDT_ERR_INTERNAL, "%s: H5Tcopy failed", where);
@@ -252,31 +258,49 @@ jdt_status jdt_h5_attr_write_u64(hid_t obj, const char *name, uint64_t value, co
     return attr_write(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value, where, e);
 }
 
+/* Switches, not tables: HDF5's predefined type ids are run-time values (set by H5open), so
+ * they cannot sit in a static initializer. */
 hid_t jdt_h5_file_type(jdt_dtype dt)
 {
     switch (dt) {
-    case JDT_DTYPE_F32: return H5T_IEEE_F32LE;
-    case JDT_DTYPE_F64: return H5T_IEEE_F64LE;
-    case JDT_DTYPE_BF16: return H5T_STD_U16LE;
-    case JDT_DTYPE_I32: return H5T_STD_I32LE;
-    case JDT_DTYPE_U16: return H5T_STD_U16LE;
-    case JDT_DTYPE_U32: return H5T_STD_U32LE;
-    case JDT_DTYPE_U8: return H5T_STD_U8LE;
-    default: return H5I_INVALID_HID;
+    case JDT_DTYPE_F32:
+        return H5T_IEEE_F32LE;
+    case JDT_DTYPE_F64:
+        return H5T_IEEE_F64LE;
+    case JDT_DTYPE_BF16:
+        return H5T_STD_U16LE;
+    case JDT_DTYPE_I32:
+        return H5T_STD_I32LE;
+    case JDT_DTYPE_U16:
+        return H5T_STD_U16LE;
+    case JDT_DTYPE_U32:
+        return H5T_STD_U32LE;
+    case JDT_DTYPE_U8:
+        return H5T_STD_U8LE;
+    default:
+        return H5I_INVALID_HID;
     }
 }
 
 hid_t jdt_h5_mem_type(jdt_dtype dt)
 {
     switch (dt) {
-    case JDT_DTYPE_F32: return H5T_NATIVE_FLOAT;
-    case JDT_DTYPE_F64: return H5T_NATIVE_DOUBLE;
-    case JDT_DTYPE_BF16: return H5T_NATIVE_UINT16;
-    case JDT_DTYPE_I32: return H5T_NATIVE_INT32;
-    case JDT_DTYPE_U16: return H5T_NATIVE_UINT16;
-    case JDT_DTYPE_U32: return H5T_NATIVE_UINT32;
-    case JDT_DTYPE_U8: return H5T_NATIVE_UINT8;
-    default: return H5I_INVALID_HID;
+    case JDT_DTYPE_F32:
+        return H5T_NATIVE_FLOAT;
+    case JDT_DTYPE_F64:
+        return H5T_NATIVE_DOUBLE;
+    case JDT_DTYPE_BF16:
+        return H5T_NATIVE_UINT16;
+    case JDT_DTYPE_I32:
+        return H5T_NATIVE_INT32;
+    case JDT_DTYPE_U16:
+        return H5T_NATIVE_UINT16;
+    case JDT_DTYPE_U32:
+        return H5T_NATIVE_UINT32;
+    case JDT_DTYPE_U8:
+        return H5T_NATIVE_UINT8;
+    default:
+        return H5I_INVALID_HID;
     }
 }
 
@@ -285,9 +309,12 @@ bool jdt_h5_classify(hid_t type, jdt_dtype *out)
     H5T_class_t cls = H5Tget_class(type);
     size_t size = H5Tget_size(type);
     if (cls == H5T_FLOAT) {
-        if (size == 4) *out = JDT_DTYPE_F32;
-        else if (size == 8) *out = JDT_DTYPE_F64;
-        else return false;
+        if (size == 4)
+            *out = JDT_DTYPE_F32;
+        else if (size == 8)
+            *out = JDT_DTYPE_F64;
+        else
+            return false;
         return true;
     }
     if (cls != H5T_INTEGER) return false;
@@ -297,10 +324,14 @@ bool jdt_h5_classify(hid_t type, jdt_dtype *out)
         *out = JDT_DTYPE_I32;
         return true;
     }
-    if (size == 1) *out = JDT_DTYPE_U8;
-    else if (size == 2) *out = JDT_DTYPE_U16;
-    else if (size == 4) *out = JDT_DTYPE_U32;
-    else return false;
+    if (size == 1)
+        *out = JDT_DTYPE_U8;
+    else if (size == 2)
+        *out = JDT_DTYPE_U16;
+    else if (size == 4)
+        *out = JDT_DTYPE_U32;
+    else
+        return false;
     return true;
 }
 
@@ -403,7 +434,8 @@ static int cmp_names(const void *a, const void *b)
 void jdt_io_names_free(char **names, size_t n_names)
 {
     if (!names) return;
-    for (size_t i = 0; i < n_names; i++) jdt_free(names[i]);
+    for (size_t i = 0; i < n_names; i++)
+        jdt_free(names[i]);
     jdt_free(names);
 }
 

@@ -48,8 +48,8 @@ jdt_status jdt_h5_attr_read_i64(hid_t obj, const char *name, int64_t *out, const
 jdt_status jdt_h5_attr_read_u64(hid_t obj, const char *name, uint64_t *out, const char *where,
                                 jdt_err *e);
 /* Writes scalar attributes (variable-length UTF-8 string, int64, uint64). */
-jdt_status jdt_h5_attr_write_str(hid_t obj, const char *name, const char *value,
-                                 const char *where, jdt_err *e);
+jdt_status jdt_h5_attr_write_str(hid_t obj, const char *name, const char *value, const char *where,
+                                 jdt_err *e);
 jdt_status jdt_h5_attr_write_i64(hid_t obj, const char *name, int64_t value, const char *where,
                                  jdt_err *e);
 jdt_status jdt_h5_attr_write_u64(hid_t obj, const char *name, uint64_t value, const char *where,

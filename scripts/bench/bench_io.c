@@ -54,8 +54,11 @@ int main(int argc, char **argv)
     printf("write %lld tokens: %.2f s\n", (long long)n_tokens, jdt_now_s() - t0);
     for (int shuffle = 0; shuffle < 2; shuffle++) {
         for (int pf = 0; pf < 3; pf += 2) {
-            jdt_data_opts o = {.path = tok, .seq_len = 1024, .global_batch = 64,
-                               .shuffle = shuffle, .prefetch = pf};
+            jdt_data_opts o = {.path = tok,
+                               .seq_len = 1024,
+                               .global_batch = 64,
+                               .shuffle = shuffle,
+                               .prefetch = pf};
             jdt_data *d = NULL;
             if (jdt_data_open(&o, &d, &e)) return fail(&e);
             jdt_data_batch b;
@@ -64,17 +67,21 @@ int main(int argc, char **argv)
             for (int k = 0; k < K; k++)
                 if (jdt_data_get(d, k, &b, &e)) return fail(&e);
             double dt = jdt_now_s() - t0;
-            printf("B=64 T=1024 shuffle=%d prefetch=%d: %.2f ms/batch, %.1f M tokens/s\n",
-                   shuffle, pf, dt / K * 1e3, K * 64.0 * 1024 / dt / 1e6);
+            printf("B=64 T=1024 shuffle=%d prefetch=%d: %.2f ms/batch, %.1f M tokens/s\n", shuffle,
+                   pf, dt / K * 1e3, K * 64.0 * 1024 / dt / 1e6);
             jdt_data_close(d);
         }
     }
     size_t n = (size_t)ckpt_mib << 18; /* f32 elements */
     float *x = malloc(n * sizeof *x);
     if (!x) return 1;
-    for (size_t i = 0; i < n; i++) x[i] = (float)i;
-    jdt_ckpt_tensor t = {.name = "params/w", .dtype = JDT_DTYPE_F32, .ndim = 2,
-                         .shape = {(int64_t)(n / 1024), 1024}, .data = x};
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)i;
+    jdt_ckpt_tensor t = {.name = "params/w",
+                         .dtype = JDT_DTYPE_F32,
+                         .ndim = 2,
+                         .shape = {(int64_t)(n / 1024), 1024},
+                         .data = x};
     jdt_ckpt_meta m = {.step = 1};
     t0 = jdt_now_s();
     if (jdt_ckpt_save(ck, &m, &t, 1, NULL, NULL, &e)) return fail(&e);

@@ -46,15 +46,16 @@ static jdt_ckpt_tensor whole(const char *name, jdt_dtype dt, int ndim, const int
                              const void *data)
 {
     jdt_ckpt_tensor t = {.name = name, .dtype = dt, .ndim = ndim, .data = data};
-    for (int i = 0; i < ndim; i++) t.shape[i] = shape[i];
+    for (int i = 0; i < ndim; i++)
+        t.shape[i] = shape[i];
     return t;
 }
 
 /* A small "model state" whose contents depend on step. */
 enum { N_T = 7 };
 typedef struct {
-    float wte[10 * 4];     /* (V, C) */
-    float wq[4 * 4];       /* (C, C) */
+    float wte[10 * 4]; /* (V, C) */
+    float wq[4 * 4];   /* (C, C) */
     float m_wte[10 * 4];
     float v_wte[10 * 4];
     uint16_t emb_bf16[3 * 5];
@@ -70,9 +71,11 @@ static void make_state(state *s, int64_t step)
     jdt_rng_normal(jdt_rng_key((uint64_t)step, "m"), 0, 40, s->m_wte);
     jdt_rng_uniform(jdt_rng_key((uint64_t)step, "v"), 0, 40, s->v_wte);
     s->wte[3] = -0.0f;
-    for (int i = 0; i < 15; i++) s->emb_bf16[i] = (uint16_t)(0x3f80 + i * 37 + step);
+    for (int i = 0; i < 15; i++)
+        s->emb_bf16[i] = (uint16_t)(0x3f80 + i * 37 + step);
     s->counter = (int32_t)(step * 3 + 1);
-    for (int i = 0; i < 12; i++) s->w64[i] = 1.0 / (i + 1) + (double)step;
+    for (int i = 0; i < 12; i++)
+        s->w64[i] = 1.0 / (i + 1) + (double)step;
     static const int64_t s_wte[] = {10, 4}, s_wq[] = {4, 4}, s_bf[] = {3, 5}, s_64[] = {2, 3, 2};
     s->t[0] = whole("params/wte", JDT_DTYPE_F32, 2, s_wte, s->wte);
     s->t[1] = whole("/params/blocks.0.attn.wq", JDT_DTYPE_F32, 2, s_wq, s->wq);
@@ -87,8 +90,10 @@ static jdt_status save_state(const char *dir, int64_t step, int keep, jdt_err *e
 {
     state s;
     make_state(&s, step);
-    jdt_ckpt_meta m = {.step = step, .rng_state = 0xFEDCBA9876543210ULL + (uint64_t)step,
-                       .data_position = step * 10, .config_text = "model:\n  d_model: 4\n"};
+    jdt_ckpt_meta m = {.step = step,
+                       .rng_state = 0xFEDCBA9876543210ULL + (uint64_t)step,
+                       .data_position = step * 10,
+                       .config_text = "model:\n  d_model: 4\n"};
     jdt_ckpt_save_opts o = {.keep_last = keep};
     return jdt_ckpt_save(dir, &m, s.t, N_T, &o, NULL, e);
 }
@@ -110,7 +115,8 @@ static void check_state(const char *path, int64_t step)
     for (int i = 0; i < N_T; i++) {
         char buf[1024];
         size_t n = jdt_dtype_size(s.t[i].dtype);
-        for (int d = 0; d < s.t[i].ndim; d++) n *= (size_t)s.t[i].shape[d];
+        for (int d = 0; d < s.t[i].ndim; d++)
+            n *= (size_t)s.t[i].shape[d];
         memset(buf, 0xAB, sizeof buf);
         ck_assert_msg(jdt_ckpt_read(c, &s.t[i], buf, &e) == JDT_OK, "%s", e.msg);
         ck_assert_mem_eq(buf, s.t[i].data, n);
@@ -134,7 +140,8 @@ START_TEST(test_roundtrip_bitwise)
     ck_assert_uint_eq(n, N_T);
     ck_assert_str_eq(names[0], "opt/count");
     ck_assert_str_eq(names[3], "params/blocks.0.attn.wq");
-    for (size_t i = 0; i < n; i++) free(names[i]);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
     free(names);
     jdt_dtype dt;
     int ndim;
@@ -148,11 +155,12 @@ START_TEST(test_roundtrip_bitwise)
     jdt_ckpt_close(c);
     /* an independent reader sees global names, shapes and the attributes */
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "h5dump -H '%s' > '%s' && grep -q 'DATASET \"wte\"' '%s' && "
+    snprintf(cmd, sizeof cmd,
+             "h5dump -H '%s' > '%s' && grep -q 'DATASET \"wte\"' '%s' && "
              "grep -q 'SIMPLE { ( 10, 4 )' '%s' && grep -q 'H5T_IEEE_F64LE' '%s' && "
-             "h5dump -a format '%s' | grep -q jdt-ckpt", path_in("ck/step_000123/state.h5"),
-             path_in("dump.txt"), path_in("dump.txt"), path_in("dump.txt"), path_in("dump.txt"),
-             path_in("ck/step_000123/state.h5"));
+             "h5dump -a format '%s' | grep -q jdt-ckpt",
+             path_in("ck/step_000123/state.h5"), path_in("dump.txt"), path_in("dump.txt"),
+             path_in("dump.txt"), path_in("dump.txt"), path_in("ck/step_000123/state.h5"));
     if (system("command -v h5dump >/dev/null") == 0) ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
@@ -162,7 +170,8 @@ START_TEST(test_slices)
     jdt_err e;
     enum { R = 6, C = 8 };
     float full[R * C];
-    for (int i = 0; i < R * C; i++) full[i] = (float)i * 1.5f;
+    for (int i = 0; i < R * C; i++)
+        full[i] = (float)i * 1.5f;
     /* four uneven tiles: rows [0,2)+[2,6) x cols [0,5)+[5,8), each row-major */
     int rs[3] = {0, 2, 6}, cs[3] = {0, 5, 8};
     float tiles[4][R * C];
@@ -171,10 +180,15 @@ START_TEST(test_slices)
         for (int b = 0; b < 2; b++) {
             int q = a * 2 + b, h = rs[a + 1] - rs[a], w = cs[b + 1] - cs[b];
             for (int i = 0; i < h; i++)
-                for (int j = 0; j < w; j++) tiles[q][i * w + j] = full[(rs[a] + i) * C + cs[b] + j];
-            ts[q] = (jdt_ckpt_tensor){.name = "params/w", .dtype = JDT_DTYPE_F32, .ndim = 2,
-                                      .shape = {R, C}, .offset = {rs[a], cs[b]},
-                                      .extent = {h, w}, .data = tiles[q]};
+                for (int j = 0; j < w; j++)
+                    tiles[q][i * w + j] = full[(rs[a] + i) * C + cs[b] + j];
+            ts[q] = (jdt_ckpt_tensor){.name = "params/w",
+                                      .dtype = JDT_DTYPE_F32,
+                                      .ndim = 2,
+                                      .shape = {R, C},
+                                      .offset = {rs[a], cs[b]},
+                                      .extent = {h, w},
+                                      .data = tiles[q]};
         }
     jdt_ckpt_meta m = {.step = 7};
     ck_assert_msg(jdt_ckpt_save(path_in("ck"), &m, ts, 4, NULL, NULL, &e) == JDT_OK, "%s", e.msg);
@@ -192,7 +206,8 @@ START_TEST(test_slices)
     float part[12];
     ck_assert_int_eq(jdt_ckpt_read(c, &want, part, &e), JDT_OK);
     for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 3; j++) ck_assert_float_eq(part[i * 3 + j], full[(1 + i) * C + 3 + j]);
+        for (int j = 0; j < 3; j++)
+            ck_assert_float_eq(part[i * 3 + j], full[(1 + i) * C + 3 + j]);
     want.offset[1] = 6; /* 6 + 3 > 8 */
     ck_assert_int_eq(jdt_ckpt_read(c, &want, part, &e), JDT_ERR_SHAPE);
     ck_assert_ptr_nonnull(strstr(e.msg, "params/w"));
@@ -223,7 +238,8 @@ START_TEST(test_atomic_resume)
     ck_assert_int_eq(jdt_ckpt_find_latest(ck, &p, NULL, &e), JDT_ERR_NOT_FOUND);
     ck_assert_int_eq(jdt_ckpt_resolve(path_in("ck/step_000001"), ck, &p, &e), JDT_ERR_NOT_FOUND);
     ck_assert_ptr_nonnull(strstr(e.msg, "step_000001"));
-    for (int64_t s = 1; s <= 3; s++) ck_assert_int_eq(save_state(ck, s, 0, &e), JDT_OK);
+    for (int64_t s = 1; s <= 3; s++)
+        ck_assert_int_eq(save_state(ck, s, 0, &e), JDT_OK);
     ck_assert_int_ne(access(path_in("ck/step_000003.tmp"), F_OK), 0);
     /* a leftover temp dir of a newer step (a crashed save) is ignored ... */
     ck_assert_int_eq(mkdir(path_in("ck/step_000009.tmp"), 0777), 0);
@@ -272,7 +288,8 @@ START_TEST(test_keep_k)
     jdt_err e;
     char ck[512];
     snprintf(ck, sizeof ck, "%s", path_in("ck"));
-    for (int64_t s = 10; s <= 50; s += 10) ck_assert_int_eq(save_state(ck, s, 2, &e), JDT_OK);
+    for (int64_t s = 10; s <= 50; s += 10)
+        ck_assert_int_eq(save_state(ck, s, 2, &e), JDT_OK);
     ck_assert_int_ne(access(path_in("ck/step_000010"), F_OK), 0);
     ck_assert_int_ne(access(path_in("ck/step_000030"), F_OK), 0);
     ck_assert_int_eq(access(path_in("ck/step_000040"), F_OK), 0);
@@ -342,16 +359,20 @@ START_TEST(test_errors)
     char cmd[1500];
     ck_assert_int_eq(mkdir(path_in("bad"), 0777), 0);
     FILE *f = fopen(path_in("bad/state.h5"), "wb");
-    for (int i = 0; i < 3000; i++) fputc(i * 13 & 255, f);
+    for (int i = 0; i < 3000; i++)
+        fputc(i * 13 & 255, f);
     fclose(f);
-    expect_fail(JDT_ERR_FORMAT, jdt_ckpt_open(path_in("bad"), &c, &e), &e, "bad/state.h5", "not an HDF5");
-    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s' '%s/state.h5' && truncate -s 3000 '%s/state.h5'",
+    expect_fail(JDT_ERR_FORMAT, jdt_ckpt_open(path_in("bad"), &c, &e), &e, "bad/state.h5",
+                "not an HDF5");
+    snprintf(cmd, sizeof cmd,
+             "mkdir '%s' && cp '%s' '%s/state.h5' && truncate -s 3000 '%s/state.h5'",
              path_in("cut"), file, path_in("cut"), path_in("cut"));
     ck_assert_int_eq(system(cmd), 0);
     expect_fail(JDT_ERR_FORMAT, jdt_ckpt_open(path_in("cut"), &c, &e), &e, "cut/state.h5", NULL);
     uint32_t toks[20] = {0};
     ck_assert_int_eq(jdt_data_write_tokens(path_in("tok.h5"), toks, 20, 256, "byte", &e), JDT_OK);
-    expect_fail(JDT_ERR_FORMAT, jdt_ckpt_open(path_in("tok.h5"), &c, &e), &e, "tok.h5", "jdt-tokens");
+    expect_fail(JDT_ERR_FORMAT, jdt_ckpt_open(path_in("tok.h5"), &c, &e), &e, "tok.h5",
+                "jdt-tokens");
     /* corrupt tensor bytes: flip bytes inside the chunk of params/wte; the checksum catches it */
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", path_in("ck/step_000005"), path_in("rot"));
     ck_assert_int_eq(system(cmd), 0);
@@ -380,7 +401,8 @@ START_TEST(test_errors)
     float x[4] = {0};
     const char *bad_names[] = {"", "/", "a//b", "../x", "a/./b", "a b", "x/"};
     for (size_t i = 0; i < JDT_ARRAY_LEN(bad_names); i++) {
-        jdt_ckpt_tensor t = {.name = bad_names[i], .dtype = JDT_DTYPE_F32, .ndim = 1, .shape = {4}, .data = x};
+        jdt_ckpt_tensor t = {
+            .name = bad_names[i], .dtype = JDT_DTYPE_F32, .ndim = 1, .shape = {4}, .data = x};
         jdt_ckpt_meta m = {.step = 77};
         ck_assert_int_eq(jdt_ckpt_save(ck, &m, &t, 1, NULL, NULL, &e), JDT_ERR_INVALID);
     }
@@ -405,7 +427,8 @@ static void hang_after(void *ctx, size_t done, size_t total)
     if (done != h->stop_after) return;
     char b = 'x';
     if (write(h->fd, &b, 1) != 1) _exit(3);
-    for (;;) pause();
+    for (;;)
+        pause();
 }
 
 enum { BIG_N = 8, BIG_ELEMS = 1 << 16 };
@@ -418,9 +441,13 @@ static jdt_status save_big(const char *dir, int64_t step, const jdt_ckpt_save_op
     jdt_ckpt_tensor t[BIG_N];
     for (int i = 0; i < BIG_N; i++) {
         snprintf(names[i], sizeof names[i], "params/layer.%d", i);
-        for (int j = 0; j < BIG_ELEMS; j++) buf[i * BIG_ELEMS + j] = (float)(step * 1000 + i) + (float)j * 1e-3f;
-        t[i] = (jdt_ckpt_tensor){.name = names[i], .dtype = JDT_DTYPE_F32, .ndim = 2,
-                                 .shape = {256, BIG_ELEMS / 256}, .data = buf + i * BIG_ELEMS};
+        for (int j = 0; j < BIG_ELEMS; j++)
+            buf[i * BIG_ELEMS + j] = (float)(step * 1000 + i) + (float)j * 1e-3f;
+        t[i] = (jdt_ckpt_tensor){.name = names[i],
+                                 .dtype = JDT_DTYPE_F32,
+                                 .ndim = 2,
+                                 .shape = {256, BIG_ELEMS / 256},
+                                 .data = buf + i * BIG_ELEMS};
     }
     jdt_ckpt_meta m = {.step = step, .data_position = step};
     return jdt_ckpt_save(dir, &m, t, BIG_N, o, NULL, e);
@@ -437,8 +464,8 @@ static void verify_big(const char *path)
     for (int i = 0; i < BIG_N; i++) {
         char name[32];
         snprintf(name, sizeof name, "params/layer.%d", i);
-        jdt_ckpt_tensor w = {.name = name, .dtype = JDT_DTYPE_F32, .ndim = 2,
-                             .shape = {256, BIG_ELEMS / 256}};
+        jdt_ckpt_tensor w = {
+            .name = name, .dtype = JDT_DTYPE_F32, .ndim = 2, .shape = {256, BIG_ELEMS / 256}};
         ck_assert_msg(jdt_ckpt_read(c, &w, buf, &e) == JDT_OK, "%s", e.msg);
         for (int j = 0; j < BIG_ELEMS; j += 511)
             ck_assert_float_eq(buf[j], (float)(m.step * 1000 + i) + (float)j * 1e-3f);
@@ -518,10 +545,15 @@ START_TEST(test_save_while_prefetching)
     snprintf(ck, sizeof ck, "%s", path_in("ck"));
     enum { N = 20001 };
     uint32_t *t = malloc(N * sizeof *t);
-    for (int i = 0; i < N; i++) t[i] = (uint32_t)(i * 31 % 256);
+    for (int i = 0; i < N; i++)
+        t[i] = (uint32_t)(i * 31 % 256);
     ck_assert_int_eq(jdt_data_write_tokens(path_in("d.h5"), t, N, 256, "byte", &e), JDT_OK);
-    jdt_data_opts o = {.path = path_in("d.h5"), .seq_len = 32, .global_batch = 8, .shuffle = true,
-                       .seed = 4, .prefetch = 4};
+    jdt_data_opts o = {.path = path_in("d.h5"),
+                       .seq_len = 32,
+                       .global_batch = 8,
+                       .shuffle = true,
+                       .seed = 4,
+                       .prefetch = 4};
     jdt_data *pf = NULL, *ref = NULL;
     ck_assert_int_eq(jdt_data_open(&o, &pf, &e), JDT_OK);
     o.prefetch = 0;
@@ -567,7 +599,8 @@ START_TEST(test_alloc_failures)
             char **names = NULL;
             size_t nn = 0;
             st = jdt_ckpt_list(c, &names, &nn, &e);
-            for (size_t i = 0; i < nn; i++) free(names[i]);
+            for (size_t i = 0; i < nn; i++)
+                free(names[i]);
             free(names);
         }
         jdt_alloc_fail_after(0);

@@ -45,16 +45,24 @@ static char *path_in(const char *name)
 static uint32_t *make_tokens(int64_t n, uint32_t vocab)
 {
     uint32_t *t = malloc((size_t)n * sizeof *t);
-    for (int64_t i = 0; i < n; i++) t[i] = (uint32_t)((i * 7 + i / 13) % vocab);
+    for (int64_t i = 0; i < n; i++)
+        t[i] = (uint32_t)((i * 7 + i / 13) % vocab);
     return t;
 }
 
 static jdt_data *open_tokens(const char *path, const char *split, int64_t T, int64_t B,
                              bool shuffle, uint64_t seed, int prefetch, int64_t r0, int64_t r1)
 {
-    jdt_data_opts o = {.path = path, .split = split, .kind = JDT_DATA_KIND_TOKENS, .seq_len = T,
-                       .global_batch = B, .row_begin = r0, .row_end = r1, .seed = seed,
-                       .shuffle = shuffle, .prefetch = prefetch};
+    jdt_data_opts o = {.path = path,
+                       .split = split,
+                       .kind = JDT_DATA_KIND_TOKENS,
+                       .seq_len = T,
+                       .global_batch = B,
+                       .row_begin = r0,
+                       .row_end = r1,
+                       .seed = seed,
+                       .shuffle = shuffle,
+                       .prefetch = prefetch};
     jdt_data *d = NULL;
     jdt_err e;
     jdt_err_clear(&e);
@@ -84,7 +92,8 @@ START_TEST(test_tokens_roundtrip)
     for (int v = 0; v < 2; v++) {
         int64_t n = 1001;
         uint32_t *t = make_tokens(n, vocabs[v]);
-        for (int64_t i = 0; i < n; i += 97) t[i] = vocabs[v] - 1; /* the largest id survives */
+        for (int64_t i = 0; i < n; i += 97)
+            t[i] = vocabs[v] - 1; /* the largest id survives */
         const char *p = path_in(v ? "big.h5" : "small.h5");
         ck_assert_int_eq(jdt_data_write_tokens(p, t, n, vocabs[v], "byte", &e), JDT_OK);
         ck_assert_int_ne(access(path_in(v ? "big.h5.tmp" : "small.h5.tmp"), F_OK), 0);
@@ -126,7 +135,8 @@ START_TEST(test_writer_misuse)
     jdt_err e;
     uint32_t t[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 300};
     /* an id >= vocab is refused and leaves no file behind */
-    ck_assert_int_eq(jdt_data_write_tokens(path_in("v.h5"), t, 10, 256, "byte", &e), JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("v.h5"), t, 10, 256, "byte", &e),
+                     JDT_ERR_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "300"));
     ck_assert_int_ne(access(path_in("v.h5"), F_OK), 0);
     ck_assert_int_ne(access(path_in("v.h5.tmp"), F_OK), 0);
@@ -139,11 +149,14 @@ START_TEST(test_writer_misuse)
     ck_assert_int_ne(access(path_in("w.h5"), F_OK), 0);
     ck_assert_int_ne(access(path_in("w.h5.tmp"), F_OK), 0);
     /* bad vocab / sizes / labels */
-    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 0, 256, "byte", NULL, &w, &e), JDT_ERR_INVALID);
-    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 5, 0, "byte", NULL, &w, &e), JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 0, 256, "byte", NULL, &w, &e),
+                     JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 5, 0, "byte", NULL, &w, &e),
+                     JDT_ERR_INVALID);
     float x[4] = {0};
     int32_t y[2] = {0, 3};
-    ck_assert_int_eq(jdt_data_write_arrays(path_in("a.h5"), x, y, 2, 2, 3, NULL, &e), JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_data_write_arrays(path_in("a.h5"), x, y, 2, 2, 3, NULL, &e),
+                     JDT_ERR_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "y[1]"));
 }
 END_TEST
@@ -188,7 +201,9 @@ START_TEST(test_shards_equal_single)
     for (int i = 0; i < 4; i++) {
         char p[400];
         snprintf(p, sizeof p, "%s/train_%03d.h5", shard_dir, i);
-        ck_assert_int_eq(jdt_data_write_tokens(p, t + cuts[i], cuts[i + 1] - cuts[i], 50000, "byte", &e), JDT_OK);
+        ck_assert_int_eq(
+            jdt_data_write_tokens(p, t + cuts[i], cuts[i + 1] - cuts[i], 50000, "byte", &e),
+            JDT_OK);
     }
     char vp[400];
     snprintf(vp, sizeof vp, "%s/val_000.h5", shard_dir);
@@ -256,7 +271,8 @@ START_TEST(test_many_shards)
     int n_fds = 0;
     DIR *dd = opendir("/proc/self/fd");
     if (dd) {
-        while (readdir(dd)) n_fds++;
+        while (readdir(dd))
+            n_fds++;
         closedir(dd);
         ck_assert_int_lt(n_fds, 30); /* 16 shards + stdio + the single file + slack */
     }
@@ -278,7 +294,8 @@ START_TEST(test_shuffle_determinism)
     /* separate instances, batches asked for in different orders, agree */
     int64_t order[5] = {9, 0, 3, 200, 1};
     int32_t *cb[5];
-    for (int i = 4; i >= 0; i--) cb[i] = get_copy(b, order[i]);
+    for (int i = 4; i >= 0; i--)
+        cb[i] = get_copy(b, order[i]);
     int n_diff = 0;
     for (int i = 0; i < 5; i++) {
         int32_t *ca = get_copy(a, order[i]);
@@ -301,8 +318,10 @@ START_TEST(test_shuffle_determinism)
             ck_assert(w >= 0 && w < 500);
             ck_assert_msg(!seen[w], "window %lld twice in epoch %d", (long long)w, epoch);
             seen[w] = 1;
-            if (epoch == 0) first_epoch[g] = w;
-            else if (first_epoch[g - 500] == w) same_pos++;
+            if (epoch == 0)
+                first_epoch[g] = w;
+            else if (first_epoch[g - 500] == w)
+                same_pos++;
             if (w == g % 500) in_order++;
         }
     }
@@ -341,7 +360,8 @@ START_TEST(test_rank_slices)
             int32_t x3[6 * 6], y3[6 * 6];
             for (int r = 0; r < 3; r++)
                 ck_assert_int_eq(jdt_data_read_rows(full, k, 2 * r, 2 * r + 2, x3 + 2 * r * T,
-                                                    y3 + 2 * r * T, &e), JDT_OK);
+                                                    y3 + 2 * r * T, &e),
+                                 JDT_OK);
             ck_assert_mem_eq(bf.x, x3, sizeof x3);
             ck_assert_mem_eq(bf.y, y3, sizeof y3);
             /* a rank's loader can still read the whole batch synchronously */
@@ -375,7 +395,8 @@ START_TEST(test_prefetch_same)
     jdt_data_close(plain);
     jdt_data_close(pf);
     /* closing with batches in flight, right after open, is clean */
-    for (int i = 0; i < 5; i++) jdt_data_close(open_tokens(path_in("t.h5"), NULL, T, B, true, 3, 4, 0, 0));
+    for (int i = 0; i < 5; i++)
+        jdt_data_close(open_tokens(path_in("t.h5"), NULL, T, B, true, 3, 4, 0, 0));
     free(t);
 }
 END_TEST
@@ -386,12 +407,17 @@ START_TEST(test_arrays)
     int64_t N = 50, D = 3;
     float *x = malloc((size_t)(N * D) * sizeof *x);
     int32_t *y = malloc((size_t)N * sizeof *y);
-    for (int64_t i = 0; i < N * D; i++) x[i] = (float)i * 0.5f - 3.0f;
-    for (int64_t i = 0; i < N; i++) y[i] = (int32_t)(i % 4);
+    for (int64_t i = 0; i < N * D; i++)
+        x[i] = (float)i * 0.5f - 3.0f;
+    for (int64_t i = 0; i < N; i++)
+        y[i] = (int32_t)(i % 4);
     ck_assert_int_eq(jdt_data_write_arrays(path_in("a.h5"), x, y, N, D, 4, NULL, &e), JDT_OK);
     for (int shuffle = 0; shuffle < 2; shuffle++) {
-        jdt_data_opts o = {.path = path_in("a.h5"), .global_batch = 8, .seed = 9,
-                           .shuffle = shuffle, .prefetch = shuffle ? 2 : 0};
+        jdt_data_opts o = {.path = path_in("a.h5"),
+                           .global_batch = 8,
+                           .seed = 9,
+                           .shuffle = shuffle,
+                           .prefetch = shuffle ? 2 : 0};
         jdt_data *d = NULL;
         ck_assert_int_eq(jdt_data_open(&o, &d, &e), JDT_OK);
         jdt_data_info info;
@@ -414,8 +440,8 @@ START_TEST(test_arrays)
         jdt_data_close(d);
     }
     /* asking for tokens from an array file is a clear error */
-    jdt_data_opts o = {.path = path_in("a.h5"), .kind = JDT_DATA_KIND_TOKENS, .seq_len = 4,
-                       .global_batch = 2};
+    jdt_data_opts o = {
+        .path = path_in("a.h5"), .kind = JDT_DATA_KIND_TOKENS, .seq_len = 4, .global_batch = 2};
     jdt_data *d = NULL;
     ck_assert_int_eq(jdt_data_open(&o, &d, &e), JDT_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(e.msg, "a.h5"));
@@ -438,7 +464,8 @@ static jdt_status expect_open_fail(const char *path, const char *must_name, cons
     ck_assert_msg(st != JDT_OK, "%s opened but should not", path);
     ck_assert_ptr_null(d);
     ck_assert_msg(strstr(e.msg, must_name), "message '%s' does not name '%s'", e.msg, must_name);
-    if (must_say) ck_assert_msg(strstr(e.msg, must_say), "message '%s' lacks '%s'", e.msg, must_say);
+    if (must_say)
+        ck_assert_msg(strstr(e.msg, must_say), "message '%s' lacks '%s'", e.msg, must_say);
     return st;
 }
 
@@ -453,7 +480,8 @@ static void write_custom(const char *path, hid_t ftype, int64_t n, int64_t vocab
     hid_t sp = H5Screate_simple(1, dims, NULL);
     hid_t ds = H5Dcreate2(f, "tokens", ftype, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     int32_t *v = malloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) v[i] = (int32_t)(i % 200);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (int32_t)(i % 200);
     ck_assert(H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
     free(v);
     hid_t ss = H5Screate(H5S_SCALAR);
@@ -485,9 +513,11 @@ START_TEST(test_bad_files)
     ck_assert_int_eq(expect_open_fail(g_dir, g_dir, "no "), JDT_ERR_NOT_FOUND);
     /* garbage bytes */
     FILE *f = fopen(path_in("garbage.h5"), "wb");
-    for (int i = 0; i < 5000; i++) fputc((i * 31 + 7) & 255, f);
+    for (int i = 0; i < 5000; i++)
+        fputc((i * 31 + 7) & 255, f);
     fclose(f);
-    ck_assert_int_eq(expect_open_fail(path_in("garbage.h5"), "garbage.h5", "not an HDF5"), JDT_ERR_FORMAT);
+    ck_assert_int_eq(expect_open_fail(path_in("garbage.h5"), "garbage.h5", "not an HDF5"),
+                     JDT_ERR_FORMAT);
     /* truncated: a valid file cut in half */
     uint32_t *t = make_tokens(20000, 256);
     ck_assert_int_eq(jdt_data_write_tokens(path_in("good.h5"), t, 20000, 256, "byte", &e), JDT_OK);
@@ -529,8 +559,8 @@ START_TEST(test_bad_files)
     on.path = path_in("nope.h5");
     ck_assert_int_eq(jdt_data_open(&on, &d, NULL), JDT_ERR_NOT_FOUND);
     /* bad options */
-    jdt_data_opts bad = {.path = path_in("good.h5"), .seq_len = 8, .global_batch = 4,
-                         .row_begin = 2, .row_end = 6};
+    jdt_data_opts bad = {
+        .path = path_in("good.h5"), .seq_len = 8, .global_batch = 4, .row_begin = 2, .row_end = 6};
     ck_assert_int_eq(jdt_data_open(&bad, &d, &e), JDT_ERR_INVALID);
 }
 END_TEST
@@ -546,7 +576,8 @@ START_TEST(test_read_error_reaches_get)
         ck_assert_int_eq(jdt_data_get(d, 0, &b, &e), JDT_OK); /* tokens 0..8 are fine */
         jdt_status st = JDT_OK;
         int64_t k;
-        for (k = 1; k < 40 && st == JDT_OK; k++) st = jdt_data_get(d, k, &b, &e);
+        for (k = 1; k < 40 && st == JDT_OK; k++)
+            st = jdt_data_get(d, k, &b, &e);
         ck_assert_int_eq(st, JDT_ERR_FORMAT);
         ck_assert_int_eq(k - 1, 150 / 8); /* the first batch holding id 150 */
         ck_assert_ptr_nonnull(strstr(e.msg, "oov.h5"));
@@ -563,14 +594,18 @@ START_TEST(test_prepare_text)
     jdt_err e;
     int64_t n = 10000;
     char *text = malloc((size_t)n);
-    for (int64_t i = 0; i < n; i++) text[i] = (char)("hello, world. "[i % 14] + (i / 1000));
+    for (int64_t i = 0; i < n; i++)
+        text[i] = (char)("hello, world. "[i % 14] + (i / 1000));
     FILE *f = fopen(path_in("in.txt"), "wb");
     ck_assert_int_eq(fwrite(text, 1, (size_t)n, f), (size_t)n);
     fclose(f);
     char out[400];
     snprintf(out, sizeof out, "%s/out", g_dir);
-    jdt_prep_text_opts o = {.text_path = path_in("in.txt"), .out_dir = out, .val_fraction = 0.1,
-                            .n_shards = 3, .compress_level = 4};
+    jdt_prep_text_opts o = {.text_path = path_in("in.txt"),
+                            .out_dir = out,
+                            .val_fraction = 0.1,
+                            .n_shards = 3,
+                            .compress_level = 4};
     jdt_prep_result r;
     ck_assert_int_eq(jdt_prep_text(&o, &r, &e), JDT_OK);
     ck_assert_int_eq(r.n_train_tokens, 9000);
@@ -586,10 +621,12 @@ START_TEST(test_prepare_text)
     ck_assert_int_eq(jdt_data_get(tr, 0, &b, &e), JDT_OK);
     char dec[9000];
     jdt_prep_byte_decode((const uint32_t *)b.x, 0, dec);
-    for (int64_t i = 0; i < 8999; i++) ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[i]);
+    for (int64_t i = 0; i < 8999; i++)
+        ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[i]);
     ck_assert_int_eq(b.y[8998], (unsigned char)text[8999]);
     ck_assert_int_eq(jdt_data_get(va, 0, &b, &e), JDT_OK);
-    for (int64_t i = 0; i < 999; i++) ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[9000 + i]);
+    for (int64_t i = 0; i < 999; i++)
+        ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[9000 + i]);
     jdt_data_close(tr);
     jdt_data_close(va);
     /* a second run with fewer shards leaves no stale third shard */
@@ -624,9 +661,11 @@ END_TEST
 static void file_bytes_equal(const char *a, const char *b, bool want_equal)
 {
     char cmd[1200];
-    snprintf(cmd, sizeof cmd, "h5dump -d /%s '%s' | tail -n +3 > '%s.dump' && h5dump -d /%s '%s' "
-             "| tail -n +3 > '%s.dump' && cmp -s '%s.dump' '%s.dump'", strstr(a, "arr") ? "x" : "tokens",
-             a, a, strstr(b, "arr") ? "x" : "tokens", b, b, a, b);
+    snprintf(cmd, sizeof cmd,
+             "h5dump -d /%s '%s' | tail -n +3 > '%s.dump' && h5dump -d /%s '%s' "
+             "| tail -n +3 > '%s.dump' && cmp -s '%s.dump' '%s.dump'",
+             strstr(a, "arr") ? "x" : "tokens", a, a, strstr(b, "arr") ? "x" : "tokens", b, b, a,
+             b);
     if (system("command -v h5dump >/dev/null") != 0) return;
     ck_assert_int_eq(system(cmd) == 0, want_equal);
 }
@@ -678,7 +717,10 @@ START_TEST(test_alloc_failures)
     int n_nomem = 0;
     for (long n = 1; n < 60; n++) {
         for (int prefetch = 0; prefetch < 3; prefetch += 2) {
-            jdt_data_opts o = {.path = g_dir, .seq_len = 8, .global_batch = 4, .shuffle = true,
+            jdt_data_opts o = {.path = g_dir,
+                               .seq_len = 8,
+                               .global_batch = 4,
+                               .shuffle = true,
                                .prefetch = prefetch};
             jdt_data *d = NULL;
             jdt_alloc_fail_after(n);
