@@ -122,7 +122,8 @@ void jdt_data_get_info(const jdt_data *d, jdt_data_info *out);
 /* Returns this rank's slice of global batch k (k >= 0) in *out. Batches are usually requested
  * in order k, k+1, ...; the prefetcher reads ahead along that order, and any other k restarts
  * it there (e.g. after resuming). A read error (including one met by the prefetch thread)
- * comes back here as the status, with the file and dataset in e. */
+ * comes back here as the status, with the file and dataset in e. One thread at a time calls
+ * this on a given loader (the training loop). */
 jdt_status jdt_data_get(jdt_data *d, int64_t k, jdt_data_batch *out, jdt_err *e);
 
 /* Reads rows [r0, r1) of global batch k synchronously into caller buffers: x (r1-r0, x_cols)
