@@ -674,7 +674,7 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     if (jdt_io_is_dir(opts->path)) {
         shard_filter flt = {opts->split};
         if ((st = jdt_io_list_dir(opts->path, keep_shard, &flt, &names, &n_names, e))) goto fail;
-        qsort(names, n_names, sizeof *names, natural_cmp);
+        if (n_names > 1) qsort(names, n_names, sizeof *names, natural_cmp);
         if (n_names == 0) {
             st = jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: no %s*.h5 shard files in this directory",
                              opts->path, opts->split ? opts->split : "");

@@ -258,6 +258,59 @@ jdt_status jdt_h5_attr_write_u64(hid_t obj, const char *name, uint64_t value, co
     return attr_write(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value, where, e);
 }
 
+jdt_status jdt_h5_attr_write_i64v(hid_t obj, const char *name, const int64_t *v, int n,
+                                  const char *where, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    hsize_t dims[1] = {(hsize_t)n};
+    hid_t sp = H5Screate_simple(1, dims, NULL);
+    hid_t a = H5I_INVALID_HID;
+    if (sp < 0) goto fail;
+    if (jdt_h5_has_attr(obj, name) && H5Adelete(obj, name) < 0) goto fail;
+    a = H5Acreate2(obj, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0 || H5Awrite(a, H5T_NATIVE_INT64, v) < 0) goto fail;
+    goto out;
+fail : {
+    char d[256];
+    st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot write attribute '%s': %s", where, name,
+                     jdt_h5_detail(d, sizeof d));
+}
+out:
+    if (a >= 0) H5Aclose(a);
+    if (sp >= 0) H5Sclose(sp);
+    return st;
+}
+
+jdt_status jdt_h5_attr_read_i64v(hid_t obj, const char *name, int64_t *v, int n,
+                                 const char *where, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    hid_t a = H5I_INVALID_HID, t = H5I_INVALID_HID, sp = H5I_INVALID_HID;
+    if (!jdt_h5_has_attr(obj, name))
+        return jdt_err_set(e, JDT_ERR_FORMAT, "%s: missing attribute '%s'", where, name);
+    a = H5Aopen(obj, name, H5P_DEFAULT);
+    t = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+    sp = a >= 0 ? H5Aget_space(a) : H5I_INVALID_HID;
+    if (t < 0 || sp < 0) goto fail;
+    if (H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(sp) != n) {
+        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: attribute '%s' is not %d integers", where, name,
+                         n);
+        goto out;
+    }
+    if (H5Aread(a, H5T_NATIVE_INT64, v) < 0) goto fail;
+    goto out;
+fail : {
+    char d[256];
+    st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: cannot read attribute '%s': %s", where, name,
+                     jdt_h5_detail(d, sizeof d));
+}
+out:
+    if (sp >= 0) H5Sclose(sp);
+    if (t >= 0) H5Tclose(t);
+    if (a >= 0) H5Aclose(a);
+    return st;
+}
+
 /* Switches, not tables: HDF5's predefined type ids are run-time values (set by H5open), so
  * they cannot sit in a static initializer. */
 hid_t jdt_h5_file_type(jdt_dtype dt)

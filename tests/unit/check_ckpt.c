@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -573,6 +575,160 @@ START_TEST(test_save_while_prefetching)
 }
 END_TEST
 
+/* ---- multi-process save ------------------------------------------------------------------- */
+
+static jdt_status shm_barrier(void *ctx, jdt_err *e)
+{
+    (void)e;
+    pthread_barrier_wait(ctx);
+    return JDT_OK;
+}
+
+enum { W_RANKS = 3 };
+
+/* The global state of the multi-rank test: w (6, 8) row-sharded over 3 ranks, b (8) saved by
+ * rank 0, count (scalar) by rank 1, emb (4, 6) column-sharded over ranks 0 and 2. */
+static void global_state(int64_t step, float *w, float *b, int32_t *count, float *emb)
+{
+    for (int i = 0; i < 48; i++) w[i] = (float)(step * 100 + i);
+    for (int i = 0; i < 8; i++) b[i] = -(float)i - (float)step;
+    *count = (int32_t)(step + 5);
+    for (int i = 0; i < 24; i++) emb[i] = 0.25f * (float)i + (float)step;
+}
+
+/* Rank r's save; omit_w: rank 2 "forgets" its rows of w. Returns the status. */
+static jdt_status rank_save(const char *ck, int r, int64_t step, pthread_barrier_t *bar,
+                            bool omit_w)
+{
+    float w[48], b[8], emb[24], wl[16], el[12];
+    int32_t count;
+    global_state(step, w, b, &count, emb);
+    jdt_ckpt_tensor ts[4];
+    size_t n = 0;
+    if (!(omit_w && r == 2)) {
+        memcpy(wl, w + r * 16, sizeof wl);
+        ts[n++] = (jdt_ckpt_tensor){.name = "params/w", .dtype = JDT_DTYPE_F32, .ndim = 2,
+                                    .shape = {6, 8}, .offset = {2 * r, 0}, .extent = {2, 8},
+                                    .data = wl};
+    }
+    if (r == 0)
+        ts[n++] = (jdt_ckpt_tensor){.name = "params/b", .dtype = JDT_DTYPE_F32, .ndim = 1,
+                                    .shape = {8}, .data = b};
+    if (r == 1)
+        ts[n++] = (jdt_ckpt_tensor){.name = "opt/count", .dtype = JDT_DTYPE_I32, .ndim = 0,
+                                    .data = &count};
+    if (r != 1) {
+        int c0 = r == 0 ? 0 : 3;
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 3; j++) el[i * 3 + j] = emb[i * 6 + c0 + j];
+        ts[n++] = (jdt_ckpt_tensor){.name = "params/emb", .dtype = JDT_DTYPE_F32, .ndim = 2,
+                                    .shape = {4, 6}, .offset = {0, c0}, .extent = {4, 3},
+                                    .data = el};
+    }
+    jdt_ckpt_meta m = {.step = step, .rng_state = 7, .data_position = step, .config_text = "x"};
+    jdt_ckpt_save_opts o = {.keep_last = 3, .rank = r, .world_size = W_RANKS,
+                            .barrier = shm_barrier, .barrier_ctx = bar};
+    jdt_err e;
+    jdt_status st = jdt_ckpt_save(ck, &m, ts, n, &o, NULL, &e);
+    if (st != JDT_OK) fprintf(stderr, "rank %d: %s\n", r, e.msg);
+    return st;
+}
+
+/* Forks W_RANKS ranks saving step; fills their exit statuses. */
+static void run_ranks(const char *ck, int64_t step, bool omit_w, int *codes)
+{
+    pthread_barrier_t *bar = mmap(NULL, sizeof *bar, PROT_READ | PROT_WRITE,
+                                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert(bar != MAP_FAILED);
+    pthread_barrierattr_t ba;
+    pthread_barrierattr_init(&ba);
+    pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+    pthread_barrier_init(bar, &ba, W_RANKS);
+    pid_t pids[W_RANKS];
+    for (int r = 0; r < W_RANKS; r++) {
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) _exit((int)rank_save(ck, r, step, bar, omit_w));
+    }
+    for (int r = 0; r < W_RANKS; r++) {
+        int status;
+        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
+        ck_assert(WIFEXITED(status));
+        codes[r] = WEXITSTATUS(status);
+    }
+    pthread_barrier_destroy(bar);
+    munmap(bar, sizeof *bar);
+}
+
+START_TEST(test_multi_rank_save)
+{
+    jdt_err e;
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s", path_in("ck"));
+    int codes[W_RANKS];
+    run_ranks(ck, 4, false, codes);
+    for (int r = 0; r < W_RANKS; r++) ck_assert_int_eq(codes[r], JDT_OK);
+    ck_assert_int_eq(access(path_in("ck/step_000004/rank_00002.h5"), F_OK), 0);
+    ck_assert_int_ne(access(path_in("ck/step_000004.tmp"), F_OK), 0);
+    float w[48], b[8], emb[24], got[48];
+    int32_t count, gc = 0;
+    global_state(4, w, b, &count, emb);
+    jdt_ckpt *c = NULL;
+    ck_assert_int_eq(jdt_ckpt_open(path_in("ck/step_000004"), &c, &e), JDT_OK);
+    char **names;
+    size_t nn;
+    ck_assert_int_eq(jdt_ckpt_list(c, &names, &nn, &e), JDT_OK);
+    ck_assert_uint_eq(nn, 4);
+    for (size_t i = 0; i < nn; i++) free(names[i]);
+    free(names);
+    jdt_ckpt_tensor q = {.name = "params/w", .dtype = JDT_DTYPE_F32, .ndim = 2, .shape = {6, 8}};
+    ck_assert_msg(jdt_ckpt_read(c, &q, got, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_mem_eq(got, w, sizeof w);
+    /* a slice across the three ranks' rows, as another mesh would read it */
+    q.offset[0] = 1;
+    q.offset[1] = 2;
+    q.extent[0] = 4;
+    q.extent[1] = 5;
+    ck_assert_int_eq(jdt_ckpt_read(c, &q, got, &e), JDT_OK);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++) ck_assert_float_eq(got[i * 5 + j], w[(1 + i) * 8 + 2 + j]);
+    q = (jdt_ckpt_tensor){.name = "params/emb", .dtype = JDT_DTYPE_F32, .ndim = 2, .shape = {4, 6}};
+    ck_assert_int_eq(jdt_ckpt_read(c, &q, got, &e), JDT_OK);
+    ck_assert_mem_eq(got, emb, sizeof emb);
+    q = (jdt_ckpt_tensor){.name = "params/b", .dtype = JDT_DTYPE_F32, .ndim = 1, .shape = {8}};
+    ck_assert_int_eq(jdt_ckpt_read(c, &q, got, &e), JDT_OK);
+    ck_assert_mem_eq(got, b, sizeof b);
+    q = (jdt_ckpt_tensor){.name = "opt/count", .dtype = JDT_DTYPE_I32, .ndim = 0};
+    ck_assert_int_eq(jdt_ckpt_read(c, &q, &gc, &e), JDT_OK);
+    ck_assert_int_eq(gc, count);
+    jdt_ckpt_close(c);
+    /* h5dump (another reader, run from elsewhere) sees whole arrays through the virtual
+     * datasets, also after the directory moves */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && cd / && h5dump -d /params/w '%s/state.h5' | "
+             "grep -q '446, 447'", path_in("ck/step_000004"), path_in("moved"), path_in("moved"));
+    if (system("command -v h5dump >/dev/null") == 0) ck_assert_int_eq(system(cmd), 0);
+    /* a missing rank file is an error, not zeros */
+    snprintf(cmd, sizeof cmd, "rm '%s/rank_00001.h5'", path_in("moved"));
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(jdt_ckpt_open(path_in("moved"), &c, &e), JDT_OK);
+    q = (jdt_ckpt_tensor){.name = "params/w", .dtype = JDT_DTYPE_F32, .ndim = 2, .shape = {6, 8}};
+    ck_assert_int_eq(jdt_ckpt_read(c, &q, got, &e), JDT_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "rank_00001.h5"));
+    jdt_ckpt_close(c);
+    /* a hole in the coverage: rank 0 refuses to commit, nothing is left behind */
+    run_ranks(ck, 5, true, codes);
+    ck_assert_int_eq(codes[0], JDT_ERR_INVALID);
+    ck_assert_int_ne(access(path_in("ck/step_000005"), F_OK), 0);
+    ck_assert_int_ne(access(path_in("ck/step_000005.tmp"), F_OK), 0);
+    char *p = NULL;
+    int64_t step;
+    ck_assert_int_eq(jdt_ckpt_find_latest(ck, &p, &step, &e), JDT_OK);
+    ck_assert_int_eq(step, 4);
+    free(p);
+}
+END_TEST
+
 START_TEST(test_alloc_failures)
 {
     jdt_err e;
@@ -625,6 +781,7 @@ int main(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_kill_during_save);
     tcase_add_test(tc, test_save_while_prefetching);
+    tcase_add_test(tc, test_multi_rank_save);
     tcase_add_test(tc, test_alloc_failures);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
