@@ -247,8 +247,7 @@ static jdt_status check_tensors(const jdt_ckpt_tensor *ts, size_t n, bool requir
     return JDT_OK;
 }
 
-static jdt_status write_root_attrs(hid_t f, const jdt_ckpt_meta *meta, const char *file,
-                                   jdt_err *e)
+static jdt_status write_root_attrs(hid_t f, const jdt_ckpt_meta *meta, const char *file, jdt_err *e)
 {
     jdt_status st;
     if ((st = jdt_h5_attr_write_str(f, "format", JDT_CKPT_FORMAT, file, e)) ||
@@ -314,7 +313,6 @@ out:
     return st;
 }
 
-
 /* ---- multi-process save ------------------------------------------------------------------ */
 
 #define RANK_FORMAT "jdt-ckpt-shard"
@@ -344,7 +342,8 @@ static jdt_status write_rank_file(const char *file, int rank, int world_size,
         jdt_ckpt_tensor local = *t; /* the slice as a tensor of its own */
         int64_t off[JDT_CKPT_MAX_DIMS], ext[JDT_CKPT_MAX_DIMS];
         slice_of(t, file, nm, off, ext, e);
-        for (int d = 0; d < t->ndim; d++) local.shape[d] = ext[d];
+        for (int d = 0; d < t->ndim; d++)
+            local.shape[d] = ext[d];
         char sname[64];
         snprintf(sname, sizeof sname, "slices/s%zu", i);
         hid_t ds = create_tensor(f, sname, &local, file, e);
@@ -382,7 +381,8 @@ typedef struct {
 
 static void free_recs(slice_rec *r, size_t n)
 {
-    for (size_t i = 0; i < n && r; i++) jdt_free((char *)r[i].t.name);
+    for (size_t i = 0; i < n && r; i++)
+        jdt_free((char *)r[i].t.name);
     jdt_free(r);
 }
 
@@ -402,9 +402,11 @@ static jdt_status read_rank_file(const char *file, int rank, int world_size, int
         (st = jdt_h5_attr_read_i64(f, "world_size", &v_world, file, e)))
         goto out;
     if (strcmp(format, RANK_FORMAT) != 0 || v_step != step || v_world != world_size) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: not rank %d's slices of step %lld (format '%s', "
-                         "step %lld, world size %lld)", file, rank, (long long)step, format,
-                         (long long)v_step, (long long)v_world);
+        st =
+            jdt_err_set(e, JDT_ERR_FORMAT,
+                        "%s: not rank %d's slices of step %lld (format '%s', "
+                        "step %lld, world size %lld)",
+                        file, rank, (long long)step, format, (long long)v_step, (long long)v_world);
         goto out;
     }
     for (size_t i = 0;; i++) {
@@ -439,15 +441,16 @@ static jdt_status read_rank_file(const char *file, int rank, int world_size, int
                    !(st = jdt_h5_attr_read_i64(ds, "ndim", &ndim, file, e))) {
             if (ndim < 0 || ndim > JDT_CKPT_MAX_DIMS || !jdt_dtype_parse(dtname, &r->t.dtype) ||
                 H5Sget_simple_extent_ndims(sp) != ndim) {
-                st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: slice %zu has a bad ndim or dtype", file, i);
-            } else if (ndim > 0 &&
-                       (!(st = jdt_h5_attr_read_i64v(ds, "global_shape", r->t.shape, (int)ndim,
-                                                     file, e)) &&
-                        !(st = jdt_h5_attr_read_i64v(ds, "offset", r->t.offset, (int)ndim, file,
-                                                     e)))) {
+                st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: slice %zu has a bad ndim or dtype", file,
+                                 i);
+            } else if (ndim > 0 && (!(st = jdt_h5_attr_read_i64v(ds, "global_shape", r->t.shape,
+                                                                 (int)ndim, file, e)) &&
+                                    !(st = jdt_h5_attr_read_i64v(ds, "offset", r->t.offset,
+                                                                 (int)ndim, file, e)))) {
                 hsize_t dims[JDT_CKPT_MAX_DIMS];
                 H5Sget_simple_extent_dims(sp, dims, NULL);
-                for (int d = 0; d < ndim; d++) r->t.extent[d] = (int64_t)dims[d];
+                for (int d = 0; d < ndim; d++)
+                    r->t.extent[d] = (int64_t)dims[d];
             }
         }
         if (sp >= 0) H5Sclose(sp);
@@ -482,8 +485,10 @@ static jdt_status write_manifest(const char *tmp, const char *state_file, const 
     for (int r = 0; r < world_size && st == JDT_OK; r++) {
         snprintf(rank_name, sizeof rank_name, "rank_%05d.h5", r);
         rank_path = jdt_io_join(tmp, rank_name);
-        if (!rank_path) st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", tmp);
-        else st = read_rank_file(rank_path, r, world_size, meta->step, &recs, &n, &cap, e);
+        if (!rank_path)
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", tmp);
+        else
+            st = read_rank_file(rank_path, r, world_size, meta->step, &recs, &n, &cap, e);
         jdt_free(rank_path);
         rank_path = NULL;
     }
@@ -493,7 +498,8 @@ static jdt_status write_manifest(const char *tmp, const char *state_file, const 
         st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", tmp);
         goto out;
     }
-    for (size_t i = 0; i < n; i++) ts[i] = recs[i].t;
+    for (size_t i = 0; i < n; i++)
+        ts[i] = recs[i].t;
     if ((st = check_tensors(ts, n, true, final, e))) goto out;
     f = jdt_h5_create(state_file, H5F_ACC_EXCL);
     lcpl = H5Pcreate(H5P_LINK_CREATE);
@@ -507,7 +513,8 @@ static jdt_status write_manifest(const char *tmp, const char *state_file, const 
     if ((st = write_root_attrs(f, meta, state_file, e))) goto out;
     for (size_t i = 0; i < n && st == JDT_OK; i++) {
         bool first = true;
-        for (size_t j = 0; j < i && first; j++) first = !same_name(&ts[i], &ts[j]);
+        for (size_t j = 0; j < i && first; j++)
+            first = !same_name(&ts[i], &ts[j]);
         if (!first) continue;
         const char *nm = clean_name(ts[i].name);
         char src[64];
@@ -528,7 +535,8 @@ static jdt_status write_manifest(const char *tmp, const char *state_file, const 
             continue;
         }
         hsize_t gdims[JDT_CKPT_MAX_DIMS];
-        for (int d = 0; d < ts[i].ndim; d++) gdims[d] = (hsize_t)ts[i].shape[d];
+        for (int d = 0; d < ts[i].ndim; d++)
+            gdims[d] = (hsize_t)ts[i].shape[d];
         hid_t vsp = H5Screate_simple(ts[i].ndim, gdims, NULL);
         hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
         herr_t rc = (vsp < 0 || dcpl < 0) ? -1 : 0;
@@ -553,8 +561,8 @@ static jdt_status write_manifest(const char *tmp, const char *state_file, const 
             ds = H5Dcreate2(f, nm, jdt_h5_file_type(ts[i].dtype), vsp, lcpl, dcpl, H5P_DEFAULT);
         if (ds < 0) {
             char d[256];
-            st = jdt_err_set(e, JDT_ERR_IO, "%s: creating virtual dataset '%s': %s", state_file,
-                             nm, jdt_h5_detail(d, sizeof d));
+            st = jdt_err_set(e, JDT_ERR_IO, "%s: creating virtual dataset '%s': %s", state_file, nm,
+                             jdt_h5_detail(d, sizeof d));
         } else {
             st = jdt_h5_attr_write_str(ds, "dtype", jdt_dtype_name(ts[i].dtype), state_file, e);
             H5Dclose(ds);
@@ -987,8 +995,10 @@ static jdt_status check_sources(jdt_ckpt *c, hid_t ds, const char *nm, jdt_err *
                 continue;
             char *src = fn[0] == '/' || !slash ? jdt_strdup(fn) : jdt_io_join(dir, fn);
             if (src && !jdt_io_is_file(src))
-                st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: tensor '%s': its slice file %s is "
-                                 "missing", c->file, nm, src);
+                st = jdt_err_set(e, JDT_ERR_FORMAT,
+                                 "%s: tensor '%s': its slice file %s is "
+                                 "missing",
+                                 c->file, nm, src);
             jdt_free(src);
         }
         jdt_free(dir);

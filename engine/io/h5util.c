@@ -281,8 +281,8 @@ out:
     return st;
 }
 
-jdt_status jdt_h5_attr_read_i64v(hid_t obj, const char *name, int64_t *v, int n,
-                                 const char *where, jdt_err *e)
+jdt_status jdt_h5_attr_read_i64v(hid_t obj, const char *name, int64_t *v, int n, const char *where,
+                                 jdt_err *e)
 {
     jdt_status st = JDT_OK;
     hid_t a = H5I_INVALID_HID, t = H5I_INVALID_HID, sp = H5I_INVALID_HID;
@@ -293,8 +293,8 @@ jdt_status jdt_h5_attr_read_i64v(hid_t obj, const char *name, int64_t *v, int n,
     sp = a >= 0 ? H5Aget_space(a) : H5I_INVALID_HID;
     if (t < 0 || sp < 0) goto fail;
     if (H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(sp) != n) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: attribute '%s' is not %d integers", where, name,
-                         n);
+        st =
+            jdt_err_set(e, JDT_ERR_FORMAT, "%s: attribute '%s' is not %d integers", where, name, n);
         goto out;
     }
     if (H5Aread(a, H5T_NATIVE_INT64, v) < 0) goto fail;

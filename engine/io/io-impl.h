@@ -58,8 +58,8 @@ jdt_status jdt_h5_attr_write_u64(hid_t obj, const char *name, uint64_t value, co
 /* 1-D int64 array attributes of exactly n (>= 1) values. */
 jdt_status jdt_h5_attr_write_i64v(hid_t obj, const char *name, const int64_t *v, int n,
                                   const char *where, jdt_err *e);
-jdt_status jdt_h5_attr_read_i64v(hid_t obj, const char *name, int64_t *v, int n,
-                                 const char *where, jdt_err *e);
+jdt_status jdt_h5_attr_read_i64v(hid_t obj, const char *name, int64_t *v, int n, const char *where,
+                                 jdt_err *e);
 
 /* The HDF5 type used on disk for dt (little-endian standard types; bf16 is stored as uint16
  * with a "dtype" attribute saying bf16) and the native memory type. Both are predefined ids:
