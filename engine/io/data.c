@@ -229,6 +229,19 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
         s->dx = open_dset(f, tokens ? "tokens" : "x", p, e);
         if (s->dx < 0) goto fail;
         if (!tokens && (s->dy = open_dset(f, "y", p, e)) < 0) goto fail;
+        /* the file may have been replaced since it was validated (a re-run of prepare) */
+        hsize_t now[2] = {0, 0};
+        hid_t sp = H5Dget_space(s->dx);
+        int rank = sp >= 0 ? H5Sget_simple_extent_dims(sp, now, NULL) : -1;
+        if (sp >= 0) H5Sclose(sp);
+        if (rank < 1 || (int64_t)now[0] != s->n_units) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: /%s changed since the dataset was opened "
+                             "(%lld -> %llu); was it re-prepared during the run?",
+                             p, tokens ? "tokens" : "x", (long long)s->n_units,
+                             (unsigned long long)now[0]);
+            goto fail;
+        }
         return JDT_OK;
     }
     if ((st = jdt_h5_attr_read_str(f, "format", &format, p, e))) goto fail;

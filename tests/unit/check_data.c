@@ -278,6 +278,17 @@ START_TEST(test_many_shards)
     }
     jdt_data_close(a);
     jdt_data_close(b);
+    /* a shard replaced after open (and evicted from the cache) is caught on reopen: opening
+     * 40 shards leaves part_0 closed, so batch 0 reopens it */
+    b = open_tokens(sd, NULL, 10, 2, false, 0, 0, 0, 0);
+    char p0[500];
+    snprintf(p0, sizeof p0, "%s/part_0.h5", sd);
+    ck_assert_int_eq(jdt_data_write_tokens(p0, t, 30, 256, "byte", &e), JDT_OK);
+    jdt_data_batch bb;
+    ck_assert_int_eq(jdt_data_get(b, 0, &bb, &e), JDT_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "part_0.h5"));
+    ck_assert_ptr_nonnull(strstr(e.msg, "changed"));
+    jdt_data_close(b);
     free(t);
 }
 END_TEST
