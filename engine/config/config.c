@@ -885,6 +885,20 @@ out_fail:
     return st;
 }
 
+/* True when s is well-formed UTF-8 (YAML text must be; values from overrides may not be). */
+static bool valid_utf8(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2 : (*p & 0xf8) == 0xf0 ? 3 : -1;
+        if (n < 0 || (n == 1 && *p < 0xc2)) return false;
+        p++;
+        for (int i = 0; i < n; i++, p++)
+            if ((*p & 0xc0) != 0x80) return false;
+    }
+    return true;
+}
+
 /* Sets the field of key k in c from node v. */
 static jdt_status set_field(const jdt_config_key *k, const cfg_node *v, jdt_config *c, jdt_err *e)
 {
@@ -938,7 +952,8 @@ static jdt_status set_field(const jdt_config_key *k, const cfg_node *v, jdt_conf
         return type_error(k, v, "true or false", e);
     }
     case JDT_CONFIG_STR: {
-        if (v->kind != NODE_SCALAR) return type_error(k, v, "a string", e);
+        if (v->kind != NODE_SCALAR || !valid_utf8(v->text))
+            return type_error(k, v, "a string (UTF-8)", e);
         char *s = jdt_strdup(is_null(v) ? "" : v->text);
         if (!s) return jdt_err_set(e, JDT_ERR_NOMEM, "config: out of memory");
         jdt_free(*(char **)field);
