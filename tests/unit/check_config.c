@@ -581,14 +581,14 @@ START_TEST(test_alloc_failure_cleanup)
 {
     /* fail the n-th allocation for every n a successful load makes: each must return NOMEM
      * cleanly (ASan/LSan catch leaks and bad frees) or succeed once n runs past the count */
-    char *ov[] = {"model.n_layer=3", "sharding.rules=[[batch, data]]"};
+    char *ov[] = {"model.n_layer=3", "sharding.rules=[[batch, data]]", "dist.port=5"};
     char *env[] = {"JDT_RUN_STEPS=4", NULL};
     int n_ok = 0;
     for (long n = 1; n < 5000 && n_ok == 0; n++) {
         jdt_config c;
         jdt_err e;
         jdt_alloc_fail_after(n);
-        jdt_status st = jdt_config_load("configs/gpt2-124m.yaml", 2, ov, env, &c, &e);
+        jdt_status st = jdt_config_load("configs/gpt2-124m.yaml", 3, ov, env, &c, &e);
         jdt_alloc_fail_after(0);
         if (st == JDT_OK) {
             n_ok++;
