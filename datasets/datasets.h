@@ -47,7 +47,7 @@ jdt_status jdt_prep_synth_tokens(const char *path, int64_t n_tokens, uint32_t vo
 
 /* Writes a synthetic array dataset, a pure function of seed: x (n_rows, dim) ~ N(0, 1), and
  * y = argmax(x @ W) for a random W (dim, n_classes): linearly separable classes. */
-jdt_status jdt_prep_synth_arrays(const char *path, int64_t n_rows, int64_t dim,
-                                 int64_t n_classes, uint64_t seed, jdt_err *e);
+jdt_status jdt_prep_synth_arrays(const char *path, int64_t n_rows, int64_t dim, int64_t n_classes,
+                                 uint64_t seed, jdt_err *e);
 
 #endif /* JDT_DATASETS_H */

@@ -19,13 +19,15 @@ enum { BLOCK_BYTES = 1 << 20 };
 int64_t jdt_prep_byte_encode(const void *text, size_t n_bytes, uint32_t *out)
 {
     const unsigned char *p = text;
-    for (size_t i = 0; i < n_bytes; i++) out[i] = p[i];
+    for (size_t i = 0; i < n_bytes; i++)
+        out[i] = p[i];
     return (int64_t)n_bytes;
 }
 
 void jdt_prep_byte_decode(const uint32_t *tokens, int64_t n, char *out)
 {
-    for (int64_t i = 0; i < n; i++) out[i] = tokens[i] < 256 ? (char)tokens[i] : '?';
+    for (int64_t i = 0; i < n; i++)
+        out[i] = tokens[i] < 256 ? (char)tokens[i] : '?';
 }
 
 /* Streams bytes [begin, end) of f (already positioned at begin) into a new token file. */
@@ -35,15 +37,17 @@ static jdt_status write_shard(FILE *f, const char *text_path, int64_t begin, int
 {
     jdt_data_write_opts wo = {.compress_level = compress_level, .chunk_rows = 0};
     jdt_data_tokw *w = NULL;
-    jdt_status st = jdt_data_tokw_open(out_path, end - begin, JDT_PREP_BYTE_VOCAB, "byte", &wo,
-                                       &w, e);
+    jdt_status st =
+        jdt_data_tokw_open(out_path, end - begin, JDT_PREP_BYTE_VOCAB, "byte", &wo, &w, e);
     if (st != JDT_OK) return st;
     for (int64_t pos = begin; pos < end;) {
         size_t want = (size_t)(end - pos < BLOCK_BYTES ? end - pos : BLOCK_BYTES);
         size_t got = fread(buf, 1, want, f);
         if (got != want) {
-            st = jdt_err_set(e, JDT_ERR_IO, "%s: short read at byte %lld (file changed while "
-                             "preparing?)", text_path, (long long)(pos + (int64_t)got));
+            st = jdt_err_set(e, JDT_ERR_IO,
+                             "%s: short read at byte %lld (file changed while "
+                             "preparing?)",
+                             text_path, (long long)(pos + (int64_t)got));
             goto fail;
         }
         int64_t n = jdt_prep_byte_encode(buf, got, toks);
@@ -83,8 +87,10 @@ static jdt_status remove_stale(const char *dir, int keep_train, int keep_val, jd
                    (strncmp(names[i], "train_", 6) == 0 || strncmp(names[i], "val_", 4) == 0);
         if ((ti >= keep_train) || (vi >= keep_val) || tmp) {
             char *p = jdt_io_join(dir, names[i]);
-            if (!p) st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", dir);
-            else st = jdt_io_rm_rf(p, e);
+            if (!p)
+                st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", dir);
+            else
+                st = jdt_io_rm_rf(p, e);
             jdt_free(p);
         }
     }
@@ -94,6 +100,8 @@ static jdt_status remove_stale(const char *dir, int keep_train, int keep_val, jd
 
 jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_status st = JDT_OK;
     FILE *f = NULL;
     unsigned char *buf = NULL;
@@ -123,9 +131,10 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
     if (o->val_fraction > 0 && n_val < 2) n_val = 2; /* a val split needs at least one target */
     int64_t n_train = n - n_val;
     if (n == 0 || n_train < o->n_shards) {
-        st = jdt_err_set(e, JDT_ERR_INVALID, "%s: %lld tokens are too few for %d train shards "
-                         "and val_fraction %g", o->text_path, (long long)n, o->n_shards,
-                         o->val_fraction);
+        st = jdt_err_set(e, JDT_ERR_INVALID,
+                         "%s: %lld tokens are too few for %d train shards "
+                         "and val_fraction %g",
+                         o->text_path, (long long)n, o->n_shards, o->val_fraction);
         goto out;
     }
     if ((st = jdt_io_mkdir_p(o->out_dir, e))) goto out;
@@ -165,9 +174,13 @@ out:
 jdt_status jdt_prep_synth_tokens(const char *path, int64_t n_tokens, uint32_t vocab_size,
                                  uint64_t seed, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     if (n_tokens <= 0 || vocab_size < 2)
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: synthetic tokens need n_tokens > 0 and "
-                           "vocab_size >= 2", path);
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: synthetic tokens need n_tokens > 0 and "
+                           "vocab_size >= 2",
+                           path);
     enum { BLOCK = 1 << 16 };
     uint64_t key = jdt_rng_key(seed, "synth.tokens");
     uint32_t *blk = jdt_malloc(BLOCK * sizeof *blk);
@@ -198,14 +211,18 @@ out:
     return st;
 }
 
-jdt_status jdt_prep_synth_arrays(const char *path, int64_t n_rows, int64_t dim,
-                                 int64_t n_classes, uint64_t seed, jdt_err *e)
+jdt_status jdt_prep_synth_arrays(const char *path, int64_t n_rows, int64_t dim, int64_t n_classes,
+                                 uint64_t seed, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     if (n_rows <= 0 || dim <= 0 || n_classes < 2 || n_rows > (1LL << 40) / dim)
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: synthetic arrays need n_rows > 0, dim > 0, "
-                           "n_classes >= 2", path);
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: synthetic arrays need n_rows > 0, dim > 0, "
+                           "n_classes >= 2",
+                           path);
     jdt_status st = JDT_OK;
-    float *x = jdt_malloc((size_t)n_rows * (size_t)dim * sizeof *x);   /* (N, D) */
+    float *x = jdt_malloc((size_t)n_rows * (size_t)dim * sizeof *x);    /* (N, D) */
     int32_t *y = jdt_malloc((size_t)n_rows * sizeof *y);                /* (N) */
     float *w = jdt_malloc((size_t)dim * (size_t)n_classes * sizeof *w); /* (D, C) */
     if (!x || !y || !w) {
@@ -220,7 +237,8 @@ jdt_status jdt_prep_synth_arrays(const char *path, int64_t n_rows, int64_t dim,
         double best_v = -INFINITY;
         for (int64_t c = 0; c < n_classes; c++) {
             double acc = 0;
-            for (int64_t j = 0; j < dim; j++) acc += (double)x[i * dim + j] * w[j * n_classes + c];
+            for (int64_t j = 0; j < dim; j++)
+                acc += (double)x[i * dim + j] * w[j * n_classes + c];
             if (acc > best_v) {
                 best_v = acc;
                 best = (int32_t)c;

@@ -636,56 +636,51 @@ typedef struct {
 /* Sets root.section.leaf = a node parsed from o->value. */
 static jdt_status apply_override(loader *ld, cfg_node *root, const override *o, jdt_err *e)
 {
-    char label[600], where[512];
+    char label[600], where[512], section[32];
     jdt_status st;
-    cfg_node *val = NULL, *sec;
+    cfg_node *val = NULL, *sec, *new_sec = NULL, *old;
     const char *path = o->key->path, *dot = strchr(path, '.');
-    char section[32];
+    int vi;
     snprintf(section, sizeof section, "%.*s", (int)(dot - path), path);
     snprintf(label, sizeof label, o->from_env ? "environment variable %s" : "override '%s'", o->text);
     const cfg_src *src = src_add(ld, label, false);
     if (!src) return jdt_err_set(e, JDT_ERR_NOMEM, "config: out of memory");
     st = node_from_text(o->value, src, &val, e);
     if (st) return st;
+    val->key = jdt_strdup(dot + 1);
+    if (!val->key) goto out_nomem;
     sec = map_get(root, section, NULL);
-    if (sec && sec->kind != NODE_MAP) {
-        if (sec->kind == NODE_SCALAR && sec->plain && sec->text[0] == '\0') {
-            sec->kind = NODE_MAP; /* "section:" with nothing under it */
-        } else {
-            node_place(where, sizeof where, sec, false);
-            node_free(val);
-            return jdt_err_set(e, JDT_ERR_CONFIG, "%s: %s: expected a mapping of keys, got %s",
-                               where, section, kind_name(sec));
-        }
+    if (sec && sec->kind == NODE_SCALAR && sec->plain && sec->text[0] == '\0') {
+        sec->kind = NODE_MAP; /* "section:" with nothing under it */
+    } else if (sec && sec->kind != NODE_MAP) {
+        node_place(where, sizeof where, sec, false);
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: %s: expected a mapping of keys, got %s", where,
+                         section, kind_name(sec));
+        goto out_free_val;
     }
     if (!sec) {
-        sec = node_new(NODE_MAP, src, 0, 0);
-        if (!sec || !(sec->key = jdt_strdup(section))) {
-            node_free(sec);
-            node_free(val);
-            return jdt_err_set(e, JDT_ERR_NOMEM, "config: out of memory");
-        }
-        st = node_push(root, sec, e);
-        if (st) {
-            node_free(sec);
-            node_free(val);
-            return st;
-        }
+        new_sec = node_new(NODE_MAP, src, 0, 0);
+        if (!new_sec || !(new_sec->key = jdt_strdup(section))) goto out_nomem;
+        st = node_push(root, new_sec, e);
+        if (st) goto out_free_val;
+        sec = new_sec;
+        new_sec = NULL; /* owned by root now */
     }
-    val->key = jdt_strdup(dot + 1);
-    if (!val->key) {
-        node_free(val);
-        return jdt_err_set(e, JDT_ERR_NOMEM, "config: out of memory");
-    }
-    int vi;
-    cfg_node *old = map_get(sec, dot + 1, &vi);
+    old = map_get(sec, dot + 1, &vi);
     if (old) {
         sec->items[vi] = val;
         node_free(old);
         return JDT_OK;
     }
     st = node_push(sec, val, e);
-    if (st) node_free(val);
+    if (st) goto out_free_val;
+    return JDT_OK;
+
+out_nomem:
+    st = jdt_err_set(e, JDT_ERR_NOMEM, "config: out of memory");
+out_free_val:
+    node_free(new_sec);
+    node_free(val);
     return st;
 }
 
@@ -885,6 +880,20 @@ out_fail:
     return st;
 }
 
+/* True when s is well-formed UTF-8 (YAML text must be; values from overrides may not be). */
+static bool valid_utf8(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2 : (*p & 0xf8) == 0xf0 ? 3 : -1;
+        if (n < 0 || (n == 1 && *p < 0xc2)) return false;
+        p++;
+        for (int i = 0; i < n; i++, p++)
+            if ((*p & 0xc0) != 0x80) return false;
+    }
+    return true;
+}
+
 /* Sets the field of key k in c from node v. */
 static jdt_status set_field(const jdt_config_key *k, const cfg_node *v, jdt_config *c, jdt_err *e)
 {
@@ -938,7 +947,8 @@ static jdt_status set_field(const jdt_config_key *k, const cfg_node *v, jdt_conf
         return type_error(k, v, "true or false", e);
     }
     case JDT_CONFIG_STR: {
-        if (v->kind != NODE_SCALAR) return type_error(k, v, "a string", e);
+        if (v->kind != NODE_SCALAR || !valid_utf8(v->text))
+            return type_error(k, v, "a string (UTF-8)", e);
         char *s = jdt_strdup(is_null(v) ? "" : v->text);
         if (!s) return jdt_err_set(e, JDT_ERR_NOMEM, "config: out of memory");
         jdt_free(*(char **)field);
@@ -1113,7 +1123,8 @@ static jdt_status load_common(const char *label, const char *text, int n_overrid
     memset(&ld, 0, sizeof ld);
     memset(out, 0, sizeof *out);
     ld.top_label = label;
-    _Static_assert(MAX_KEYS >= (int)(sizeof(jdt_config) / sizeof(int)), "MAX_KEYS too small");
+    if (jdt_config_schema_count() > MAX_KEYS)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "config: schema has more than %d keys", MAX_KEYS);
 
     if (envp)
         while (envp[n_env]) n_env++;

@@ -1,7 +1,7 @@
 /*
  * config.h — the declarative run configuration: YAML files -> one typed, validated struct.
  *
- * One schema table (config.c: key path, type, bounds or choices, default, one-line doc) drives
+ * One schema table (schema.c: key path, type, bounds or choices, default, one-line doc) drives
  * everything: defaults, parsing, range checks, "did you mean" hints, environment variable names,
  * `--schema` output and the resolved YAML printer. Sections follow MaxText's vocabulary: run,
  * model, mesh, sharding, data, optimizer, precision, checkpoint, runtime, dist.

@@ -11,8 +11,10 @@
  *
  * Shaped for sharding: the writer takes tensors as (name, dtype, global shape, local slice
  * offset/extent, pointer to the slice) and the reader reads any slice of a named tensor, so a
- * job can restore onto a different mesh. This version writes from one process, which passes
- * slices that together cover every tensor (usually one whole-tensor slice each).
+ * job can restore onto a different mesh. One process passes slices that together cover every
+ * tensor (usually one whole-tensor slice each); several processes each pass their own slices
+ * and a barrier (see jdt_ckpt_save_opts), and state.h5 then maps the rank files as HDF5
+ * virtual datasets.
  */
 #ifndef JDT_IO_CKPT_H
 #define JDT_IO_CKPT_H
@@ -26,8 +28,8 @@
 
 /* A tensor slice to write, or (for jdt_ckpt_read) the slice wanted. */
 typedef struct {
-    const char *name;                  /* global name: "params/wte" ('/' separates groups; a
-                                          leading '/' is optional); [A-Za-z0-9_.-/] only */
+    const char *name; /* global name: "params/wte" ('/' separates groups; a
+                         leading '/' is optional); [A-Za-z0-9_.-/] only */
     jdt_dtype dtype;
     int ndim;                          /* 0 (scalar) .. JDT_CKPT_MAX_DIMS */
     int64_t shape[JDT_CKPT_MAX_DIMS];  /* global shape, every dim >= 1 */
@@ -38,28 +40,42 @@ typedef struct {
 
 typedef struct {
     int64_t step;
-    uint64_t rng_state;        /* the trainer's RNG state (e.g. its dropout stream counter) */
-    int64_t data_position;     /* the next global batch index of the data stream */
-    const char *config_text;   /* the resolved config (YAML); NULL is stored as "" */
+    uint64_t rng_state;      /* the trainer's RNG state (e.g. its dropout stream counter) */
+    int64_t data_position;   /* the next global batch index of the data stream */
+    const char *config_text; /* the resolved config (YAML); NULL is stored as "" */
 } jdt_ckpt_meta;
 
 typedef struct {
     int keep_last; /* after a successful save, delete all but the newest keep_last complete
-                      checkpoints; <= 0 keeps all */
+                      checkpoints (never the one just saved); <= 0 keeps all */
     /* Called after each tensor is written to the temp directory (n_done of n_total); for
      * progress logs, and tests that kill the writer mid-save. May be NULL. */
     void (*on_progress)(void *ctx, size_t n_done, size_t n_total);
     void *progress_ctx;
+    /* Multi-process save (world_size > 1): each rank passes only the slices it owns (exactly
+     * one rank passes each piece of a replicated tensor) and writes them to
+     * step_N.tmp/rank_<rank>.h5; rank 0 then checks that the slices of all ranks are disjoint
+     * and cover every tensor, writes state.h5 whose datasets are HDF5 virtual datasets over the
+     * rank files (h5py and jdt_ckpt_read see whole tensors), and commits by rename. barrier
+     * must block until every rank has called it (the dist layer's barrier); it is called three
+     * times, by every rank, even after a local error. world_size <= 1: single process. */
+    int rank;
+    int world_size;
+    jdt_status (*barrier)(void *ctx, jdt_err *e);
+    void *barrier_ctx;
 } jdt_ckpt_save_opts;
 
 /* Writes checkpoint meta->step into ckpt_dir (created if missing) atomically: temp dir, fsync
- * of the file and the directories, rename; replaces an existing checkpoint of the same step by
- * an atomic exchange. Removes leftover *.tmp directories first and prunes to opts->keep_last
- * after. opts may be NULL. If saved_path is non-NULL it receives the final directory
- * (jdt_malloc'd; caller frees). Errors name the file and tensor: ERR_INVALID (bad name, shape,
- * slice outside the tensor, overlapping or missing coverage, duplicate name with another
- * shape), ERR_IO. On error nothing named step_NNN is created. Single process only for now;
- * when sharded, every rank will call it in the same order. */
+ * of the files and the directories, rename; replaces an existing checkpoint of the same step
+ * by an atomic exchange. Removes leftover *.tmp directories first and prunes to
+ * opts->keep_last after. opts may be NULL. If saved_path is non-NULL it receives the final
+ * directory (jdt_malloc'd; caller frees). Errors name the file and tensor: ERR_INVALID (bad
+ * name, shape, slice outside the tensor, overlapping or missing coverage, duplicate name with
+ * another shape), ERR_IO. On error nothing named step_NNN is created. Multi-process
+ * (opts->world_size > 1): every rank calls it with the same meta, in the same order relative to
+ * other collective calls; ckpt_dir must be on a file system all ranks share. Rank 0's status
+ * is the checkpoint's status (it alone checks coverage and commits); other ranks report their
+ * own write errors only, so the trainer should agree on the outcome (e.g. an all-reduce). */
 jdt_status jdt_ckpt_save(const char *ckpt_dir, const jdt_ckpt_meta *meta,
                          const jdt_ckpt_tensor *tensors, size_t n_tensors,
                          const jdt_ckpt_save_opts *opts, char **saved_path, jdt_err *e);

@@ -18,6 +18,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { MAX_OPEN_SHARDS = 16, MAX_PREFETCH = 64 };
@@ -54,8 +55,10 @@ struct jdt_data {
     int64_t n_shards;
     int n_open;
     uint64_t tick;
-    int32_t *scratch; /* token runs: (rows*T + 1) */
-    int64_t *sample;  /* (rows) sample index per row */
+    int64_t scratch_rows; /* rows the sample/scratch/raw buffers hold */
+    int32_t *scratch;     /* token runs: (rows*T + 1) */
+    void *raw;            /* the same run in the on-disk integer type (u16 or u32) */
+    int64_t *sample;      /* (rows) sample index per row */
 
     /* synchronous mode buffers */
     void *sx;
@@ -82,7 +85,8 @@ static uint64_t feistel_perm(uint64_t key, uint64_t n, uint64_t i)
 {
     if (n <= 1) return 0;
     int bits = 0;
-    while (bits < 64 && (1ULL << bits) < n) bits++;
+    while (bits < 64 && (1ULL << bits) < n)
+        bits++;
     if (bits & 1) bits++;
     int half = bits / 2;
     uint64_t mask = (1ULL << half) - 1;
@@ -136,7 +140,28 @@ static hid_t open_dset(hid_t f, const char *name, const char *path, jdt_err *e)
         char dd[256];
         jdt_err_set(e, JDT_ERR_FORMAT, "%s: cannot open dataset /%s: %s", path, name,
                     jdt_h5_detail(dd, sizeof dd));
+        return ds;
     }
+    /* Uncompressed chunks: no chunk cache, so a window read copies just its bytes instead of
+     * pulling whole chunks through the cache (6x faster for shuffled windows). Compressed
+     * chunks keep a larger cache: decompressing a chunk is the expensive part. */
+    hid_t dcpl = H5Dget_create_plist(ds);
+    int n_filters = dcpl >= 0 ? H5Pget_nfilters(dcpl) : 0;
+    if (dcpl >= 0) H5Pclose(dcpl);
+    /* a dataset opened twice shares its first opening's cache: close before reopening */
+    H5Dclose(ds);
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
+    if (dapl < 0 || H5Pset_chunk_cache(dapl, 521, n_filters > 0 ? (8u << 20) : 0, 0.75) < 0) {
+        if (dapl >= 0) H5Pclose(dapl);
+        dapl = H5P_DEFAULT;
+    }
+    ds = H5Dopen2(f, name, dapl);
+    if (ds < 0) {
+        char dd[256];
+        jdt_err_set(e, JDT_ERR_FORMAT, "%s: cannot open dataset /%s: %s", path, name,
+                    jdt_h5_detail(dd, sizeof dd));
+    }
+    if (dapl != H5P_DEFAULT) H5Pclose(dapl);
     return ds;
 }
 
@@ -155,8 +180,8 @@ static jdt_status check_dset(hid_t ds, const char *name, int want_rank, jdt_dtyp
     }
     int rank = H5Sget_simple_extent_ndims(sp);
     if (rank != want_rank) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: dataset /%s has %d dimensions, expected %d",
-                         path, name, rank, want_rank);
+        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: dataset /%s has %d dimensions, expected %d", path,
+                         name, rank, want_rank);
         goto out;
     }
     H5Sget_simple_extent_dims(sp, dims, NULL);
@@ -192,7 +217,8 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
     jdt_status st = JDT_OK;
     char *format = NULL, *tokenizer = NULL;
     const char *p = s->path;
-    hid_t f = jdt_h5_open_ro(p, e);
+    /* small sieve: a shuffled window read fetches its own bytes, not 64 KiB around them */
+    hid_t f = jdt_h5_open_ro(p, 4096, e);
     if (f < 0) return e ? e->code : JDT_ERR_FORMAT;
     s->file = f;
     d->n_open++;
@@ -203,12 +229,27 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
         s->dx = open_dset(f, tokens ? "tokens" : "x", p, e);
         if (s->dx < 0) goto fail;
         if (!tokens && (s->dy = open_dset(f, "y", p, e)) < 0) goto fail;
+        /* the file may have been replaced since it was validated (a re-run of prepare) */
+        hsize_t now[2] = {0, 0};
+        hid_t sp = H5Dget_space(s->dx);
+        int rank = sp >= 0 ? H5Sget_simple_extent_dims(sp, now, NULL) : -1;
+        if (sp >= 0) H5Sclose(sp);
+        if (rank < 1 || (int64_t)now[0] != s->n_units) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: /%s changed since the dataset was opened "
+                             "(%lld -> %llu); was it re-prepared during the run?",
+                             p, tokens ? "tokens" : "x", (long long)s->n_units,
+                             (unsigned long long)now[0]);
+            goto fail;
+        }
         return JDT_OK;
     }
     if ((st = jdt_h5_attr_read_str(f, "format", &format, p, e))) goto fail;
     jdt_data_kind kind;
-    if (strcmp(format, JDT_DATA_FORMAT_TOKENS) == 0) kind = JDT_DATA_KIND_TOKENS;
-    else if (strcmp(format, JDT_DATA_FORMAT_ARRAYS) == 0) kind = JDT_DATA_KIND_ARRAYS;
+    if (strcmp(format, JDT_DATA_FORMAT_TOKENS) == 0)
+        kind = JDT_DATA_KIND_TOKENS;
+    else if (strcmp(format, JDT_DATA_FORMAT_ARRAYS) == 0)
+        kind = JDT_DATA_KIND_ARRAYS;
     else {
         st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: format '%s' is not '%s' or '%s'", p, format,
                          JDT_DATA_FORMAT_TOKENS, JDT_DATA_FORMAT_ARRAYS);
@@ -224,9 +265,10 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
     int64_t version;
     if ((st = jdt_h5_attr_read_i64(f, "version", &version, p, e))) goto fail;
     if (version != JDT_DATA_VERSION) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: format version %lld is not supported (this "
-                         "build reads version %d); re-run prepare", p, (long long)version,
-                         JDT_DATA_VERSION);
+        st = jdt_err_set(e, JDT_ERR_FORMAT,
+                         "%s: format version %lld is not supported (this "
+                         "build reads version %d); re-run prepare",
+                         p, (long long)version, JDT_DATA_VERSION);
         goto fail;
     }
     hsize_t dims[2] = {0, 0};
@@ -247,17 +289,20 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
             d->info.token_dtype = dt;
             snprintf(d->info.tokenizer, sizeof d->info.tokenizer, "%s", tokenizer);
         } else if (vocab != d->info.vocab_size || strcmp(tokenizer, d->info.tokenizer) != 0) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: vocab_size %lld / tokenizer '%s' differ from "
-                             "the first shard's (%lld / '%s')", p, (long long)vocab, tokenizer,
-                             (long long)d->info.vocab_size, d->info.tokenizer);
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: vocab_size %lld / tokenizer '%s' differ from "
+                             "the first shard's (%lld / '%s')",
+                             p, (long long)vocab, tokenizer, (long long)d->info.vocab_size,
+                             d->info.tokenizer);
             goto fail;
         }
         if ((s->dx = open_dset(f, "tokens", p, e)) < 0) goto fail;
         if ((st = check_dset(s->dx, "tokens", 1, dt, dims, p, e))) goto fail;
         if ((int64_t)dims[0] != n_tokens) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: /tokens holds %llu tokens but attribute "
-                             "n_tokens says %lld", p, (unsigned long long)dims[0],
-                             (long long)n_tokens);
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: /tokens holds %llu tokens but attribute "
+                             "n_tokens says %lld",
+                             p, (unsigned long long)dims[0], (long long)n_tokens);
             goto fail;
         }
     } else {
@@ -279,9 +324,10 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
             d->info.dim = (int64_t)dims[1];
             d->info.n_classes = n_classes;
         } else if ((int64_t)dims[1] != d->info.dim || n_classes != d->info.n_classes) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: /x is (%llu, %llu) with n_classes %lld; the "
-                             "first shard has dim %lld, n_classes %lld", p,
-                             (unsigned long long)dims[0], (unsigned long long)dims[1],
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: /x is (%llu, %llu) with n_classes %lld; the "
+                             "first shard has dim %lld, n_classes %lld",
+                             p, (unsigned long long)dims[0], (unsigned long long)dims[1],
                              (long long)n_classes, (long long)d->info.dim,
                              (long long)d->info.n_classes);
             goto fail;
@@ -317,8 +363,10 @@ static jdt_status read_units(jdt_data *d, bool y, int64_t a, int64_t b, hid_t me
     int64_t lo = 0, hi = d->n_shards - 1;
     while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
-        if (d->shards[mid].start <= a) lo = mid;
-        else hi = mid - 1;
+        if (d->shards[mid].start <= a)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     char *out = dst;
     for (int64_t i = lo; a < b && i < d->n_shards; i++) {
@@ -362,28 +410,65 @@ static const char *shard_of(const jdt_data *d, int64_t u)
     return d->path;
 }
 
+/* Sizes the per-read buffers for `rows` rows (they start at the rank's slice size; a larger
+ * jdt_data_read_rows request grows them). io_lock held. */
+static jdt_status ensure_scratch(jdt_data *d, int64_t rows, jdt_err *e)
+{
+    if (rows <= d->scratch_rows) return JDT_OK;
+    int64_t *sample = jdt_realloc(d->sample, (size_t)rows * sizeof *sample);
+    if (!sample) goto oom;
+    d->sample = sample;
+    if (d->info.kind == JDT_DATA_KIND_TOKENS) {
+        size_t run = (size_t)rows * (size_t)d->o.seq_len + 1;
+        int32_t *scratch = jdt_realloc(d->scratch, run * sizeof(int32_t));
+        if (!scratch) goto oom;
+        d->scratch = scratch;
+        void *raw = jdt_realloc(d->raw, run * jdt_dtype_size(d->info.token_dtype));
+        if (!raw) goto oom;
+        d->raw = raw;
+    }
+    d->scratch_rows = rows;
+    return JDT_OK;
+oom:
+    return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory for %lld rows", d->path,
+                       (long long)rows);
+}
+
 static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *xv,
                                    int32_t *y, jdt_err *e)
 {
     int64_t rows = r1 - r0;
-    for (int64_t j = 0; j < rows; j++) d->sample[j] = jdt_data_sample_index(d, k, r0 + j);
+    jdt_status est = ensure_scratch(d, rows, e);
+    if (est != JDT_OK) return est;
+    for (int64_t j = 0; j < rows; j++)
+        d->sample[j] = jdt_data_sample_index(d, k, r0 + j);
     bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
     int64_t T = d->o.seq_len, D = d->info.dim;
     for (int64_t j = 0; j < rows;) {
         int64_t run = 1;
-        while (j + run < rows && d->sample[j + run] == d->sample[j] + run) run++;
+        while (j + run < rows && d->sample[j + run] == d->sample[j] + run)
+            run++;
         int64_t w0 = d->sample[j];
         jdt_status st;
         if (tokens) {
             int64_t a = w0 * T, b = (w0 + run) * T + 1;
-            st = read_units(d, false, a, b, H5T_NATIVE_INT32, sizeof(int32_t), 1, d->scratch, e);
+            /* Read in the on-disk type (no HDF5 conversion pass, which zero-fills a 1 MiB
+             * buffer per read) and widen here, checking ids against the vocabulary. */
+            bool u16 = d->info.token_dtype == JDT_DTYPE_U16;
+            st = read_units(d, false, a, b, u16 ? H5T_NATIVE_UINT16 : H5T_NATIVE_UINT32,
+                            u16 ? 2 : 4, 1, d->raw, e);
             if (st != JDT_OK) return st;
+            const uint16_t *r16 = d->raw;
+            const uint32_t *r32 = d->raw;
             for (int64_t u = 0; u < b - a; u++) {
-                if (d->scratch[u] < 0 || d->scratch[u] >= d->info.vocab_size)
-                    return jdt_err_set(e, JDT_ERR_FORMAT, "%s: /tokens: token id %d at stream "
+                uint32_t id = u16 ? r16[u] : r32[u];
+                if (id >= (uint64_t)d->info.vocab_size)
+                    return jdt_err_set(e, JDT_ERR_FORMAT,
+                                       "%s: /tokens: token id %u at stream "
                                        "position %lld is outside the vocabulary [0, %lld)",
-                                       shard_of(d, a + u), d->scratch[u], (long long)(a + u),
+                                       shard_of(d, a + u), id, (long long)(a + u),
                                        (long long)d->info.vocab_size);
+                d->scratch[u] = (int32_t)id;
             }
             int32_t *x = xv;
             for (int64_t i = 0; i < run; i++) {
@@ -392,9 +477,11 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
             }
         } else {
             float *x = xv;
-            st = read_units(d, false, w0, w0 + run, H5T_NATIVE_FLOAT, sizeof(float), D, x + j * D, e);
+            st = read_units(d, false, w0, w0 + run, H5T_NATIVE_FLOAT, sizeof(float), D, x + j * D,
+                            e);
             if (st == JDT_OK)
-                st = read_units(d, true, w0, w0 + run, H5T_NATIVE_INT32, sizeof(int32_t), 1, y + j, e);
+                st = read_units(d, true, w0, w0 + run, H5T_NATIVE_INT32, sizeof(int32_t), 1, y + j,
+                                e);
             if (st != JDT_OK) return st;
             for (int64_t i = 0; i < run && d->info.n_classes > 0; i++) {
                 if (y[j + i] < 0 || y[j + i] >= d->info.n_classes)
@@ -408,13 +495,17 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
     return JDT_OK;
 }
 
-jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *x,
-                              int32_t *y, jdt_err *e)
+jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *x, int32_t *y,
+                              jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (k < 0 || r0 < 0 || r1 <= r0 || r1 > d->o.global_batch)
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: batch %lld rows [%lld, %lld) outside a global "
-                           "batch of %lld", d->path, (long long)k, (long long)r0, (long long)r1,
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: batch %lld rows [%lld, %lld) outside a global "
+                           "batch of %lld",
+                           d->path, (long long)k, (long long)r0, (long long)r1,
                            (long long)d->o.global_batch);
     pthread_mutex_lock(&d->io_lock);
     jdt_status st = read_rows_locked(d, k, r0, r1, x, y, e);
@@ -454,9 +545,12 @@ static void *prefetch_main(void *arg)
 
 jdt_status jdt_data_get(jdt_data *d, int64_t k, jdt_data_batch *out, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     memset(out, 0, sizeof *out);
-    if (k < 0) return jdt_err_set(e, JDT_ERR_INVALID, "%s: negative batch index %lld", d->path,
-                                  (long long)k);
+    if (k < 0)
+        return jdt_err_set(e, JDT_ERR_INVALID, "%s: negative batch index %lld", d->path,
+                           (long long)k);
     bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
     out->index = k;
     out->rows = d->rows;
@@ -476,11 +570,13 @@ jdt_status jdt_data_get(jdt_data *d, int64_t k, jdt_data_batch *out, jdt_err *e)
         d->gen++;
         d->want = k;
         d->fill_next = k;
-        for (int i = 0; i < d->n_slots; i++) d->slots[i].k = -1;
+        for (int i = 0; i < d->n_slots; i++)
+            d->slots[i].k = -1;
         pthread_cond_broadcast(&d->cv_work);
     }
     slot *s = &d->slots[k % d->n_slots];
-    while (!(s->k == k && s->gen == d->gen)) pthread_cond_wait(&d->cv_ready, &d->mu);
+    while (!(s->k == k && s->gen == d->gen))
+        pthread_cond_wait(&d->cv_ready, &d->mu);
     jdt_status st = s->st;
     if (st != JDT_OK && e) *e = s->err;
     d->want = k + 1;
@@ -508,6 +604,38 @@ static bool keep_shard(const char *name, void *ctx)
     return true;
 }
 
+/* "Natural" name order: runs of digits compare as numbers, so train_999.h5 < train_1000.h5
+ * (plain strcmp would put train_1000 before train_101). Ties fall back to strcmp. */
+static int natural_cmp(const void *pa, const void *pb)
+{
+    const char *a = *(char *const *)pa, *b = *(char *const *)pb;
+    const char *x = a, *y = b;
+    while (*x && *y) {
+        if (*x >= '0' && *x <= '9' && *y >= '0' && *y <= '9') {
+            while (*x == '0')
+                x++;
+            while (*y == '0')
+                y++;
+            size_t nx = 0, ny = 0;
+            while (x[nx] >= '0' && x[nx] <= '9')
+                nx++;
+            while (y[ny] >= '0' && y[ny] <= '9')
+                ny++;
+            if (nx != ny) return nx < ny ? -1 : 1;
+            int c = strncmp(x, y, nx);
+            if (c) return c;
+            x += nx;
+            y += ny;
+        } else {
+            if (*x != *y) return (unsigned char)*x < (unsigned char)*y ? -1 : 1;
+            x++;
+            y++;
+        }
+    }
+    if (*x || *y) return *x ? 1 : -1;
+    return strcmp(a, b);
+}
+
 static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
 {
     const char *p = o->path ? o->path : "(null)";
@@ -520,8 +648,10 @@ static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
                            (long long)o->seq_len);
     if (!(o->row_begin == 0 && o->row_end == 0) &&
         (o->row_begin < 0 || o->row_end <= o->row_begin || o->row_end > o->global_batch))
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: rows [%lld, %lld) are not a slice of a global "
-                           "batch of %lld", p, (long long)o->row_begin, (long long)o->row_end,
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: rows [%lld, %lld) are not a slice of a global "
+                           "batch of %lld",
+                           p, (long long)o->row_begin, (long long)o->row_end,
                            (long long)o->global_batch);
     if (o->prefetch < 0 || o->prefetch > MAX_PREFETCH)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: prefetch depth %d outside 0..%d", p,
@@ -531,6 +661,8 @@ static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
 
 jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     *out = NULL;
     jdt_status st = check_opts(opts, e);
@@ -555,6 +687,7 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     if (jdt_io_is_dir(opts->path)) {
         shard_filter flt = {opts->split};
         if ((st = jdt_io_list_dir(opts->path, keep_shard, &flt, &names, &n_names, e))) goto fail;
+        if (n_names > 1) qsort(names, n_names, sizeof *names, natural_cmp);
         if (n_names == 0) {
             st = jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: no %s*.h5 shard files in this directory",
                              opts->path, opts->split ? opts->split : "");
@@ -595,19 +728,17 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
             goto fail;
         }
         if (total < d->o.seq_len + 1) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: dataset /tokens too short: %lld tokens, need "
-                             "at least seq_len+1 = %lld for one sequence", opts->path,
-                             (long long)total, (long long)(d->o.seq_len + 1));
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: dataset /tokens too short: %lld tokens, need "
+                             "at least seq_len+1 = %lld for one sequence",
+                             opts->path, (long long)total, (long long)(d->o.seq_len + 1));
             goto fail;
         }
         d->info.n_samples = (total - 1) / d->o.seq_len;
-        d->scratch = jdt_malloc(((size_t)d->rows * (size_t)d->o.seq_len + 1) * sizeof(int32_t));
-        if (!d->scratch) goto oom;
     } else {
         d->info.n_samples = total;
     }
-    d->sample = jdt_malloc((size_t)d->rows * sizeof(int64_t));
-    if (!d->sample) goto oom;
+    if ((st = ensure_scratch(d, d->rows, e))) goto fail;
 
     size_t x_bytes = (size_t)d->rows * (size_t)(tokens ? d->o.seq_len : d->info.dim) * 4;
     size_t y_bytes = (size_t)d->rows * (size_t)(tokens ? d->o.seq_len : 1) * 4;
@@ -642,7 +773,10 @@ fail:
     return st;
 }
 
-void jdt_data_get_info(const jdt_data *d, jdt_data_info *out) { *out = d->info; }
+void jdt_data_get_info(const jdt_data *d, jdt_data_info *out)
+{
+    *out = d->info;
+}
 
 void jdt_data_close(jdt_data *d)
 {
@@ -665,6 +799,7 @@ void jdt_data_close(jdt_data *d)
     }
     jdt_free(d->shards);
     jdt_free(d->scratch);
+    jdt_free(d->raw);
     jdt_free(d->sample);
     jdt_free(d->sx);
     jdt_free(d->sy);

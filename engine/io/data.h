@@ -4,8 +4,9 @@
  *
  * Token dataset: one file or a directory of shard files, each with a 1-D /tokens (uint16 when
  * vocab_size <= 65536, else uint32) and root attributes format="jdt-tokens", version=1,
- * vocab_size, tokenizer, n_tokens. The shards of a directory, in name order, form one logical
- * token stream. Array dataset: /x (N, D) f32 and /y (N) i32, format="jdt-arrays".
+ * vocab_size, tokenizer, n_tokens. The shards of a directory, in natural name order (digit
+ * runs compare as numbers), form one logical token stream. Array dataset: /x (N, D) f32 and /y (N)
+ * i32, format="jdt-arrays".
  *
  * Batch k is a pure function of (seed, k, global_batch, seq_len): global sequence g = k*B + j
  * lives in epoch g / N at position g % N of that epoch's order over the N samples (N token
@@ -27,7 +28,7 @@
 
 typedef struct {
     int compress_level; /* 0: no compression; 1..9: deflate (gzip) level, with byte shuffle */
-    int64_t chunk_rows; /* chunk length along dim 0 (tokens or rows); 0: ~256 KiB chunks */
+    int64_t chunk_rows; /* chunk length along dim 0 (tokens or rows); 0: ~64 KiB chunks */
 } jdt_data_write_opts;
 
 /* An incremental token-file writer, for datasets larger than memory: the file is created as
@@ -56,9 +57,9 @@ jdt_status jdt_data_write_tokens(const char *path, const uint32_t *tokens, int64
 
 /* Writes an array dataset: x (n_rows, dim) f32 row-major, y (n_rows) i32 class labels in
  * [0, n_classes) (n_classes 0: no check, regression-style integer targets). opts may be NULL. */
-jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t *y,
-                                 int64_t n_rows, int64_t dim, int64_t n_classes,
-                                 const jdt_data_write_opts *opts, jdt_err *e);
+jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t *y, int64_t n_rows,
+                                 int64_t dim, int64_t n_classes, const jdt_data_write_opts *opts,
+                                 jdt_err *e);
 
 /* ---- streaming ---------------------------------------------------------------------------- */
 
@@ -85,13 +86,13 @@ typedef struct {
 typedef struct {
     jdt_data_kind kind;
     int64_t n_files;
-    int64_t n_units;      /* tokens (token data) or rows (array data), all shards together */
-    int64_t n_samples;    /* N: windows (n_units - 1) / T, or rows */
-    int64_t vocab_size;   /* token data */
+    int64_t n_units;       /* tokens (token data) or rows (array data), all shards together */
+    int64_t n_samples;     /* N: windows (n_units - 1) / T, or rows */
+    int64_t vocab_size;    /* token data */
     jdt_dtype token_dtype; /* U16 or U32 on disk (token data) */
-    char tokenizer[32];   /* token data */
-    int64_t dim;          /* D (array data) */
-    int64_t n_classes;    /* array data; 0 if the file does not say */
+    char tokenizer[32];    /* token data */
+    int64_t dim;           /* D (array data) */
+    int64_t n_classes;     /* array data; 0 if the file does not say */
 } jdt_data_info;
 
 /* One batch slice, as handed out by jdt_data_get. The buffers belong to the loader and stay
@@ -121,13 +122,14 @@ void jdt_data_get_info(const jdt_data *d, jdt_data_info *out);
 /* Returns this rank's slice of global batch k (k >= 0) in *out. Batches are usually requested
  * in order k, k+1, ...; the prefetcher reads ahead along that order, and any other k restarts
  * it there (e.g. after resuming). A read error (including one met by the prefetch thread)
- * comes back here as the status, with the file and dataset in e. */
+ * comes back here as the status, with the file and dataset in e. One thread at a time calls
+ * this on a given loader (the training loop). */
 jdt_status jdt_data_get(jdt_data *d, int64_t k, jdt_data_batch *out, jdt_err *e);
 
 /* Reads rows [r0, r1) of global batch k synchronously into caller buffers: x (r1-r0, x_cols)
  * of the info's x dtype, y (r1-r0, y_cols). Independent of the prefetcher; thread-safe. */
-jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *x,
-                              int32_t *y, jdt_err *e);
+jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *x, int32_t *y,
+                              jdt_err *e);
 
 /* The sample (window or row) index that global sequence j of batch k reads: a pure function
  * of (seed, shuffle, k, global_batch, N). */

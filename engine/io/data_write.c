@@ -38,9 +38,12 @@ static jdt_status fsync_parent(const char *path, jdt_err *e)
     char *dir = jdt_strdup(path);
     if (!dir) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", path);
     char *slash = strrchr(dir, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == dir) slash[1] = '\0';
-    else *slash = '\0';
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == dir)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
     jdt_status st = jdt_io_fsync_path(dir, e);
     jdt_free(dir);
     return st;
@@ -90,8 +93,9 @@ fail : {
 
 static hsize_t chunk_len(int64_t n_rows, size_t row_bytes, const jdt_data_write_opts *opts)
 {
-    int64_t c = (opts && opts->chunk_rows > 0) ? opts->chunk_rows
-                                                : (int64_t)((256 * 1024) / (row_bytes ? row_bytes : 1));
+    int64_t c = (opts && opts->chunk_rows > 0)
+                    ? opts->chunk_rows
+                    : (int64_t)((64 * 1024) / (row_bytes ? row_bytes : 1));
     if (c < 1) c = 1;
     if (c > n_rows) c = n_rows;
     return (hsize_t)c;
@@ -101,6 +105,8 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
                               const char *tokenizer, const jdt_data_write_opts *opts,
                               jdt_data_tokw **out, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     *out = NULL;
     if (n_tokens <= 0)
@@ -110,8 +116,7 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: vocab_size %u out of range 1..2^31", path,
                            vocab_size);
     if (!tokenizer || !tokenizer[0] || strlen(tokenizer) >= 32)
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: tokenizer name must be 1..31 characters",
-                           path);
+        return jdt_err_set(e, JDT_ERR_INVALID, "%s: tokenizer name must be 1..31 characters", path);
     jdt_status st = JDT_OK;
     hid_t sp = H5I_INVALID_HID, dcpl = H5I_INVALID_HID;
     jdt_data_tokw *w = jdt_calloc(1, sizeof *w);
@@ -125,7 +130,7 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
         st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", path);
         goto fail;
     }
-    w->file = H5Fcreate(w->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    w->file = jdt_h5_create(w->tmp_path, H5F_ACC_TRUNC);
     if (w->file < 0) {
         char d[256];
         st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create file: %s", w->tmp_path,
@@ -141,8 +146,8 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
         st = e ? e->code : JDT_ERR_IO;
         goto fail;
     }
-    w->dset = H5Dcreate2(w->file, "tokens", jdt_h5_file_type(dt), sp, H5P_DEFAULT, dcpl,
-                         H5P_DEFAULT);
+    w->dset =
+        H5Dcreate2(w->file, "tokens", jdt_h5_file_type(dt), sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (sp < 0 || w->dset < 0) {
         char d[256];
         st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create dataset /tokens: %s", w->tmp_path,
@@ -168,6 +173,8 @@ fail:
 
 jdt_status jdt_data_tokw_append(jdt_data_tokw *w, const uint32_t *tokens, int64_t n, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (n < 0 || w->n_written + n > w->n_tokens)
         return jdt_err_set(e, JDT_ERR_INVALID,
@@ -199,6 +206,8 @@ jdt_status jdt_data_tokw_append(jdt_data_tokw *w, const uint32_t *tokens, int64_
 
 jdt_status jdt_data_tokw_commit(jdt_data_tokw *w, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     jdt_status st = JDT_OK;
     if (w->n_written != w->n_tokens) {
@@ -240,6 +249,8 @@ void jdt_data_tokw_abort(jdt_data_tokw *w)
 jdt_status jdt_data_write_tokens(const char *path, const uint32_t *tokens, int64_t n,
                                  uint32_t vocab_size, const char *tokenizer, jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_data_tokw *w = NULL;
     jdt_status st = jdt_data_tokw_open(path, n, vocab_size, tokenizer, NULL, &w, e);
     if (st != JDT_OK) return st;
@@ -253,8 +264,8 @@ jdt_status jdt_data_write_tokens(const char *path, const uint32_t *tokens, int64
 
 /* Creates dataset `name` of dt with the given dims in f and writes buf (all of it). */
 static jdt_status write_whole(hid_t f, const char *name, jdt_dtype dt, int rank,
-                              const hsize_t *dims, const void *buf,
-                              const jdt_data_write_opts *opts, const char *where, jdt_err *e)
+                              const hsize_t *dims, const void *buf, const jdt_data_write_opts *opts,
+                              const char *where, jdt_err *e)
 {
     jdt_status st = JDT_OK;
     hsize_t chunk[2] = {0, 0};
@@ -269,7 +280,8 @@ static jdt_status write_whole(hid_t f, const char *name, jdt_dtype dt, int rank,
         goto out;
     }
     ds = H5Dcreate2(f, name, jdt_h5_file_type(dt), sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    if (sp < 0 || ds < 0 || H5Dwrite(ds, jdt_h5_mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+    if (sp < 0 || ds < 0 ||
+        H5Dwrite(ds, jdt_h5_mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
         char d[256];
         st = jdt_err_set(e, JDT_ERR_IO, "%s: writing dataset /%s: %s", where, name,
                          jdt_h5_detail(d, sizeof d));
@@ -281,15 +293,18 @@ out:
     return st;
 }
 
-jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t *y,
-                                 int64_t n_rows, int64_t dim, int64_t n_classes,
-                                 const jdt_data_write_opts *opts, jdt_err *e)
+jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t *y, int64_t n_rows,
+                                 int64_t dim, int64_t n_classes, const jdt_data_write_opts *opts,
+                                 jdt_err *e)
 {
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
     jdt_h5_quiet();
     if (n_rows <= 0 || dim <= 0 || n_classes < 0)
-        return jdt_err_set(e, JDT_ERR_INVALID, "%s: bad array shape n_rows=%lld dim=%lld "
-                           "n_classes=%lld", path, (long long)n_rows, (long long)dim,
-                           (long long)n_classes);
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: bad array shape n_rows=%lld dim=%lld "
+                           "n_classes=%lld",
+                           path, (long long)n_rows, (long long)dim, (long long)n_classes);
     if (n_classes > 0) {
         for (int64_t i = 0; i < n_rows; i++) {
             if (y[i] < 0 || y[i] >= n_classes)
@@ -300,10 +315,11 @@ jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t
     jdt_status st = JDT_OK;
     char *tmp = tmp_name(path);
     if (!tmp) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", path);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t f = jdt_h5_create(tmp, H5F_ACC_TRUNC);
     if (f < 0) {
         char d[256];
-        st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create file: %s", tmp, jdt_h5_detail(d, sizeof d));
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot create file: %s", tmp,
+                         jdt_h5_detail(d, sizeof d));
         goto out;
     }
     hsize_t xd[2] = {(hsize_t)n_rows, (hsize_t)dim}, yd[1] = {(hsize_t)n_rows};

@@ -14,7 +14,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-void jdt_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+void jdt_h5_quiet(void)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
 
 typedef struct {
     char *buf;
@@ -42,7 +45,32 @@ const char *jdt_h5_detail(char *buf, size_t n_bytes)
     return buf;
 }
 
-hid_t jdt_h5_open_ro(const char *path, jdt_err *e)
+hid_t jdt_h5_fapl(size_t sieve_bytes)
+{
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0) return H5P_DEFAULT;
+    if (H5Pset_file_locking(fapl, 1, 1) < 0 ||
+        (sieve_bytes > 0 && H5Pset_sieve_buf_size(fapl, sieve_bytes) < 0)) {
+        H5Pclose(fapl);
+        return H5P_DEFAULT;
+    }
+    return fapl;
+}
+
+void jdt_h5_fapl_close(hid_t fapl)
+{
+    if (fapl != H5P_DEFAULT) H5Pclose(fapl);
+}
+
+hid_t jdt_h5_create(const char *path, unsigned flags)
+{
+    hid_t fapl = jdt_h5_fapl(0);
+    hid_t f = H5Fcreate(path, flags, H5P_DEFAULT, fapl);
+    jdt_h5_fapl_close(fapl);
+    return f;
+}
+
+hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e)
 {
     jdt_h5_quiet();
     struct stat st;
@@ -61,11 +89,13 @@ hid_t jdt_h5_open_ro(const char *path, jdt_err *e)
     }
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) {
-        jdt_err_set(e, JDT_ERR_FORMAT, "%s: not an HDF5 file (no HDF5 signature; %lld bytes)",
-                    path, (long long)st.st_size);
+        jdt_err_set(e, JDT_ERR_FORMAT, "%s: not an HDF5 file (no HDF5 signature; %lld bytes)", path,
+                    (long long)st.st_size);
         return H5I_INVALID_HID;
     }
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t fapl = jdt_h5_fapl(sieve_bytes);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    jdt_h5_fapl_close(fapl);
     if (f < 0) {
         char d[256];
         jdt_err_set(e, JDT_ERR_FORMAT, "%s: cannot open HDF5 file (corrupt or truncated?): %s",
@@ -74,7 +104,10 @@ hid_t jdt_h5_open_ro(const char *path, jdt_err *e)
     return f;
 }
 
-bool jdt_h5_has_attr(hid_t obj, const char *name) { return H5Aexists(obj, name) > 0; }
+bool jdt_h5_has_attr(hid_t obj, const char *name)
+{
+    return H5Aexists(obj, name) > 0;
+}
 
 jdt_status jdt_h5_attr_read_str(hid_t obj, const char *name, char **out, const char *where,
                                 jdt_err *e)
@@ -201,8 +234,8 @@ out:
     return st;
 }
 
-jdt_status jdt_h5_attr_write_str(hid_t obj, const char *name, const char *value,
-                                 const char *where, jdt_err *e)
+jdt_status jdt_h5_attr_write_str(hid_t obj, const char *name, const char *value, const char *where,
+                                 jdt_err *e)
 {
     hid_t t = H5Tcopy(H5T_C_S1);
     if (t < 0) return jdt_err_set(e, JDT_ERR_INTERNAL, "%s: H5Tcopy failed", where);
@@ -225,31 +258,102 @@ jdt_status jdt_h5_attr_write_u64(hid_t obj, const char *name, uint64_t value, co
     return attr_write(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value, where, e);
 }
 
+jdt_status jdt_h5_attr_write_i64v(hid_t obj, const char *name, const int64_t *v, int n,
+                                  const char *where, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    hsize_t dims[1] = {(hsize_t)n};
+    hid_t sp = H5Screate_simple(1, dims, NULL);
+    hid_t a = H5I_INVALID_HID;
+    if (sp < 0) goto fail;
+    if (jdt_h5_has_attr(obj, name) && H5Adelete(obj, name) < 0) goto fail;
+    a = H5Acreate2(obj, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0 || H5Awrite(a, H5T_NATIVE_INT64, v) < 0) goto fail;
+    goto out;
+fail : {
+    char d[256];
+    st = jdt_err_set(e, JDT_ERR_IO, "%s: cannot write attribute '%s': %s", where, name,
+                     jdt_h5_detail(d, sizeof d));
+}
+out:
+    if (a >= 0) H5Aclose(a);
+    if (sp >= 0) H5Sclose(sp);
+    return st;
+}
+
+jdt_status jdt_h5_attr_read_i64v(hid_t obj, const char *name, int64_t *v, int n, const char *where,
+                                 jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    hid_t a = H5I_INVALID_HID, t = H5I_INVALID_HID, sp = H5I_INVALID_HID;
+    if (!jdt_h5_has_attr(obj, name))
+        return jdt_err_set(e, JDT_ERR_FORMAT, "%s: missing attribute '%s'", where, name);
+    a = H5Aopen(obj, name, H5P_DEFAULT);
+    t = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+    sp = a >= 0 ? H5Aget_space(a) : H5I_INVALID_HID;
+    if (t < 0 || sp < 0) goto fail;
+    if (H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(sp) != n) {
+        st =
+            jdt_err_set(e, JDT_ERR_FORMAT, "%s: attribute '%s' is not %d integers", where, name, n);
+        goto out;
+    }
+    if (H5Aread(a, H5T_NATIVE_INT64, v) < 0) goto fail;
+    goto out;
+fail : {
+    char d[256];
+    st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: cannot read attribute '%s': %s", where, name,
+                     jdt_h5_detail(d, sizeof d));
+}
+out:
+    if (sp >= 0) H5Sclose(sp);
+    if (t >= 0) H5Tclose(t);
+    if (a >= 0) H5Aclose(a);
+    return st;
+}
+
+/* Switches, not tables: HDF5's predefined type ids are run-time values (set by H5open), so
+ * they cannot sit in a static initializer. */
 hid_t jdt_h5_file_type(jdt_dtype dt)
 {
     switch (dt) {
-    case JDT_DTYPE_F32: return H5T_IEEE_F32LE;
-    case JDT_DTYPE_F64: return H5T_IEEE_F64LE;
-    case JDT_DTYPE_BF16: return H5T_STD_U16LE;
-    case JDT_DTYPE_I32: return H5T_STD_I32LE;
-    case JDT_DTYPE_U16: return H5T_STD_U16LE;
-    case JDT_DTYPE_U32: return H5T_STD_U32LE;
-    case JDT_DTYPE_U8: return H5T_STD_U8LE;
-    default: return H5I_INVALID_HID;
+    case JDT_DTYPE_F32:
+        return H5T_IEEE_F32LE;
+    case JDT_DTYPE_F64:
+        return H5T_IEEE_F64LE;
+    case JDT_DTYPE_BF16:
+        return H5T_STD_U16LE;
+    case JDT_DTYPE_I32:
+        return H5T_STD_I32LE;
+    case JDT_DTYPE_U16:
+        return H5T_STD_U16LE;
+    case JDT_DTYPE_U32:
+        return H5T_STD_U32LE;
+    case JDT_DTYPE_U8:
+        return H5T_STD_U8LE;
+    default:
+        return H5I_INVALID_HID;
     }
 }
 
 hid_t jdt_h5_mem_type(jdt_dtype dt)
 {
     switch (dt) {
-    case JDT_DTYPE_F32: return H5T_NATIVE_FLOAT;
-    case JDT_DTYPE_F64: return H5T_NATIVE_DOUBLE;
-    case JDT_DTYPE_BF16: return H5T_NATIVE_UINT16;
-    case JDT_DTYPE_I32: return H5T_NATIVE_INT32;
-    case JDT_DTYPE_U16: return H5T_NATIVE_UINT16;
-    case JDT_DTYPE_U32: return H5T_NATIVE_UINT32;
-    case JDT_DTYPE_U8: return H5T_NATIVE_UINT8;
-    default: return H5I_INVALID_HID;
+    case JDT_DTYPE_F32:
+        return H5T_NATIVE_FLOAT;
+    case JDT_DTYPE_F64:
+        return H5T_NATIVE_DOUBLE;
+    case JDT_DTYPE_BF16:
+        return H5T_NATIVE_UINT16;
+    case JDT_DTYPE_I32:
+        return H5T_NATIVE_INT32;
+    case JDT_DTYPE_U16:
+        return H5T_NATIVE_UINT16;
+    case JDT_DTYPE_U32:
+        return H5T_NATIVE_UINT32;
+    case JDT_DTYPE_U8:
+        return H5T_NATIVE_UINT8;
+    default:
+        return H5I_INVALID_HID;
     }
 }
 
@@ -258,9 +362,12 @@ bool jdt_h5_classify(hid_t type, jdt_dtype *out)
     H5T_class_t cls = H5Tget_class(type);
     size_t size = H5Tget_size(type);
     if (cls == H5T_FLOAT) {
-        if (size == 4) *out = JDT_DTYPE_F32;
-        else if (size == 8) *out = JDT_DTYPE_F64;
-        else return false;
+        if (size == 4)
+            *out = JDT_DTYPE_F32;
+        else if (size == 8)
+            *out = JDT_DTYPE_F64;
+        else
+            return false;
         return true;
     }
     if (cls != H5T_INTEGER) return false;
@@ -270,10 +377,14 @@ bool jdt_h5_classify(hid_t type, jdt_dtype *out)
         *out = JDT_DTYPE_I32;
         return true;
     }
-    if (size == 1) *out = JDT_DTYPE_U8;
-    else if (size == 2) *out = JDT_DTYPE_U16;
-    else if (size == 4) *out = JDT_DTYPE_U32;
-    else return false;
+    if (size == 1)
+        *out = JDT_DTYPE_U8;
+    else if (size == 2)
+        *out = JDT_DTYPE_U16;
+    else if (size == 4)
+        *out = JDT_DTYPE_U32;
+    else
+        return false;
     return true;
 }
 
@@ -376,7 +487,8 @@ static int cmp_names(const void *a, const void *b)
 void jdt_io_names_free(char **names, size_t n_names)
 {
     if (!names) return;
-    for (size_t i = 0; i < n_names; i++) jdt_free(names[i]);
+    for (size_t i = 0; i < n_names; i++)
+        jdt_free(names[i]);
     jdt_free(names);
 }
 

@@ -19,9 +19,20 @@ void jdt_h5_quiet(void);
  * string if there is none) and returns buf. */
 const char *jdt_h5_detail(char *buf, size_t n_bytes);
 
+/* A file-access property list for our opens and creates: file locking stays on, but a file
+ * system without flock support (some NFS/Lustre mounts) is not an error; sieve_bytes > 0 sets
+ * the sieve buffer. Returns H5P_DEFAULT if the list cannot be made; close it with
+ * jdt_h5_fapl_close. */
+hid_t jdt_h5_fapl(size_t sieve_bytes);
+void jdt_h5_fapl_close(hid_t fapl);
+
+/* H5Fcreate(path, flags) with jdt_h5_fapl(0); returns the file id or a negative id. */
+hid_t jdt_h5_create(const char *path, unsigned flags);
+
 /* Opens path read-only with a clear error (missing file, not HDF5, truncated/corrupt). Returns
- * the file id (>= 0) or H5I_INVALID_HID with e filled. */
-hid_t jdt_h5_open_ro(const char *path, jdt_err *e);
+ * the file id (>= 0) or H5I_INVALID_HID with e filled. sieve_bytes > 0 sets HDF5's data sieve
+ * buffer (the minimum read size of uncached raw data); 0 keeps the default (64 KiB). */
+hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e);
 
 /* True if obj has an attribute called name. */
 bool jdt_h5_has_attr(hid_t obj, const char *name);
@@ -37,11 +48,17 @@ jdt_status jdt_h5_attr_read_i64(hid_t obj, const char *name, int64_t *out, const
 jdt_status jdt_h5_attr_read_u64(hid_t obj, const char *name, uint64_t *out, const char *where,
                                 jdt_err *e);
 /* Writes scalar attributes (variable-length UTF-8 string, int64, uint64). */
-jdt_status jdt_h5_attr_write_str(hid_t obj, const char *name, const char *value,
-                                 const char *where, jdt_err *e);
+jdt_status jdt_h5_attr_write_str(hid_t obj, const char *name, const char *value, const char *where,
+                                 jdt_err *e);
 jdt_status jdt_h5_attr_write_i64(hid_t obj, const char *name, int64_t value, const char *where,
                                  jdt_err *e);
 jdt_status jdt_h5_attr_write_u64(hid_t obj, const char *name, uint64_t value, const char *where,
+                                 jdt_err *e);
+
+/* 1-D int64 array attributes of exactly n (>= 1) values. */
+jdt_status jdt_h5_attr_write_i64v(hid_t obj, const char *name, const int64_t *v, int n,
+                                  const char *where, jdt_err *e);
+jdt_status jdt_h5_attr_read_i64v(hid_t obj, const char *name, int64_t *v, int n, const char *where,
                                  jdt_err *e);
 
 /* The HDF5 type used on disk for dt (little-endian standard types; bf16 is stored as uint16

@@ -286,6 +286,8 @@ START_TEST(test_gpt2_inherits_llm)
 }
 END_TEST
 
+static void check_round_trip(const jdt_config *a);
+
 /* ---- overrides -------------------------------------------------------------------------------- */
 
 START_TEST(test_cli_overrides)
@@ -302,6 +304,13 @@ START_TEST(test_cli_overrides)
     ck_assert_int_eq(c.sharding.rules.n_rules, 2);
     ck_assert_int_eq(c.sharding.rules.rules[0].n_mesh_axes, 3);
     ck_assert_int_eq(c.sharding.rules.rules[1].n_mesh_axes, 0);
+    jdt_config_free(&c);
+    char *bad_utf8[] = {"run.name=\xff\xfe"};
+    EXPECT_ERROR(jdt_config_load("configs/tiny.yaml", 1, bad_utf8, NULL, &c, &e), &e,
+                 "run.name", "UTF-8");
+    char *ctrl[] = {"run.name=a\x01b"};
+    ck_assert_int_eq(jdt_config_load("configs/tiny.yaml", 1, ctrl, NULL, &c, &e), JDT_OK);
+    check_round_trip(&c);
     jdt_config_free(&c);
     char *colon[] = {"run.name=a: b"};
     ck_assert_int_eq(jdt_config_load("configs/tiny.yaml", 1, colon, NULL, &c, &e), JDT_OK);
@@ -572,14 +581,14 @@ START_TEST(test_alloc_failure_cleanup)
 {
     /* fail the n-th allocation for every n a successful load makes: each must return NOMEM
      * cleanly (ASan/LSan catch leaks and bad frees) or succeed once n runs past the count */
-    char *ov[] = {"model.n_layer=3", "sharding.rules=[[batch, data]]"};
+    char *ov[] = {"model.n_layer=3", "sharding.rules=[[batch, data]]", "dist.port=5"};
     char *env[] = {"JDT_RUN_STEPS=4", NULL};
     int n_ok = 0;
     for (long n = 1; n < 5000 && n_ok == 0; n++) {
         jdt_config c;
         jdt_err e;
         jdt_alloc_fail_after(n);
-        jdt_status st = jdt_config_load("configs/gpt2-124m.yaml", 2, ov, env, &c, &e);
+        jdt_status st = jdt_config_load("configs/gpt2-124m.yaml", 3, ov, env, &c, &e);
         jdt_alloc_fail_after(0);
         if (st == JDT_OK) {
             n_ok++;

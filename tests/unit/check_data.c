@@ -8,6 +8,7 @@
 #include "io/data.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,16 +45,24 @@ static char *path_in(const char *name)
 static uint32_t *make_tokens(int64_t n, uint32_t vocab)
 {
     uint32_t *t = malloc((size_t)n * sizeof *t);
-    for (int64_t i = 0; i < n; i++) t[i] = (uint32_t)((i * 7 + i / 13) % vocab);
+    for (int64_t i = 0; i < n; i++)
+        t[i] = (uint32_t)((i * 7 + i / 13) % vocab);
     return t;
 }
 
 static jdt_data *open_tokens(const char *path, const char *split, int64_t T, int64_t B,
                              bool shuffle, uint64_t seed, int prefetch, int64_t r0, int64_t r1)
 {
-    jdt_data_opts o = {.path = path, .split = split, .kind = JDT_DATA_KIND_TOKENS, .seq_len = T,
-                       .global_batch = B, .row_begin = r0, .row_end = r1, .seed = seed,
-                       .shuffle = shuffle, .prefetch = prefetch};
+    jdt_data_opts o = {.path = path,
+                       .split = split,
+                       .kind = JDT_DATA_KIND_TOKENS,
+                       .seq_len = T,
+                       .global_batch = B,
+                       .row_begin = r0,
+                       .row_end = r1,
+                       .seed = seed,
+                       .shuffle = shuffle,
+                       .prefetch = prefetch};
     jdt_data *d = NULL;
     jdt_err e;
     jdt_err_clear(&e);
@@ -83,7 +92,8 @@ START_TEST(test_tokens_roundtrip)
     for (int v = 0; v < 2; v++) {
         int64_t n = 1001;
         uint32_t *t = make_tokens(n, vocabs[v]);
-        for (int64_t i = 0; i < n; i += 97) t[i] = vocabs[v] - 1; /* the largest id survives */
+        for (int64_t i = 0; i < n; i += 97)
+            t[i] = vocabs[v] - 1; /* the largest id survives */
         const char *p = path_in(v ? "big.h5" : "small.h5");
         ck_assert_int_eq(jdt_data_write_tokens(p, t, n, vocabs[v], "byte", &e), JDT_OK);
         ck_assert_int_ne(access(path_in(v ? "big.h5.tmp" : "small.h5.tmp"), F_OK), 0);
@@ -117,6 +127,37 @@ START_TEST(test_tokens_roundtrip)
              "'H5T_STD_U32LE' && h5dump -a format '%s' | grep -q jdt-tokens",
              path_in("small.h5"), path_in("big.h5"), path_in("small.h5"));
     if (system("command -v h5dump >/dev/null") == 0) ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+START_TEST(test_writer_misuse)
+{
+    jdt_err e;
+    uint32_t t[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 300};
+    /* an id >= vocab is refused and leaves no file behind */
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("v.h5"), t, 10, 256, "byte", &e),
+                     JDT_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "300"));
+    ck_assert_int_ne(access(path_in("v.h5"), F_OK), 0);
+    ck_assert_int_ne(access(path_in("v.h5.tmp"), F_OK), 0);
+    /* too few or too many tokens for the declared size */
+    jdt_data_tokw *w = NULL;
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 5, 256, "byte", NULL, &w, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_append(w, t, 6, &e), JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_data_tokw_append(w, t, 4, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_commit(w, &e), JDT_ERR_INVALID);
+    ck_assert_int_ne(access(path_in("w.h5"), F_OK), 0);
+    ck_assert_int_ne(access(path_in("w.h5.tmp"), F_OK), 0);
+    /* bad vocab / sizes / labels */
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 0, 256, "byte", NULL, &w, &e),
+                     JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("w.h5"), 5, 0, "byte", NULL, &w, &e),
+                     JDT_ERR_INVALID);
+    float x[4] = {0};
+    int32_t y[2] = {0, 3};
+    ck_assert_int_eq(jdt_data_write_arrays(path_in("a.h5"), x, y, 2, 2, 3, NULL, &e),
+                     JDT_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "y[1]"));
 }
 END_TEST
 
@@ -160,14 +201,31 @@ START_TEST(test_shards_equal_single)
     for (int i = 0; i < 4; i++) {
         char p[400];
         snprintf(p, sizeof p, "%s/train_%03d.h5", shard_dir, i);
-        ck_assert_int_eq(jdt_data_write_tokens(p, t + cuts[i], cuts[i + 1] - cuts[i], 50000, "byte", &e), JDT_OK);
+        ck_assert_int_eq(
+            jdt_data_write_tokens(p, t + cuts[i], cuts[i + 1] - cuts[i], 50000, "byte", &e),
+            JDT_OK);
     }
     char vp[400];
     snprintf(vp, sizeof vp, "%s/val_000.h5", shard_dir);
     ck_assert_int_eq(jdt_data_write_tokens(vp, t, 100, 50000, "byte", &e), JDT_OK);
+    /* the same stream compressed, in small chunks */
+    jdt_data_write_opts wo = {.compress_level = 6, .chunk_rows = 100};
+    jdt_data_tokw *w = NULL;
+    ck_assert_int_eq(jdt_data_tokw_open(path_in("z.h5"), n, 50000, "byte", &wo, &w, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_append(w, t, 1000, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_append(w, t + 1000, n - 1000, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_tokw_commit(w, &e), JDT_OK);
     for (int shuffle = 0; shuffle < 2; shuffle++) {
         jdt_data *a = open_tokens(path_in("one.h5"), NULL, 16, 8, shuffle, 7, 0, 0, 0);
         jdt_data *b = open_tokens(shard_dir, "train", 16, 8, shuffle, 7, 0, 0, 0);
+        jdt_data *z = open_tokens(path_in("z.h5"), NULL, 16, 8, shuffle, 7, 1, 0, 0);
+        for (int64_t k = 0; k < 30; k++) {
+            int32_t *ca = get_copy(a, k), *cz = get_copy(z, k);
+            ck_assert_mem_eq(ca, cz, 2 * 8 * 16 * 4);
+            free(ca);
+            free(cz);
+        }
+        jdt_data_close(z);
         jdt_data_info ia, ib;
         jdt_data_get_info(a, &ia);
         jdt_data_get_info(b, &ib);
@@ -186,6 +244,55 @@ START_TEST(test_shards_equal_single)
 }
 END_TEST
 
+START_TEST(test_many_shards)
+{
+    /* more shards than the open-file cache holds (16): eviction and reopening are invisible */
+    jdt_err e;
+    int64_t n = 40 * 37 + 5;
+    uint32_t *t = make_tokens(n, 256);
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("one.h5"), t, n, 256, "byte", &e), JDT_OK);
+    char sd[400];
+    snprintf(sd, sizeof sd, "%s/many", g_dir);
+    ck_assert_int_eq(mkdir(sd, 0777), 0);
+    for (int i = 0; i < 40; i++) {
+        char p[500];
+        snprintf(p, sizeof p, "%s/part_%d.h5", sd, i); /* part_9 < part_10: numeric order */
+        int64_t b = i * 37, en = i == 39 ? n : b + 37;
+        ck_assert_int_eq(jdt_data_write_tokens(p, t + b, en - b, 256, "byte", &e), JDT_OK);
+    }
+    jdt_data *a = open_tokens(path_in("one.h5"), NULL, 10, 16, true, 21, 0, 0, 0);
+    jdt_data *b = open_tokens(sd, NULL, 10, 16, true, 21, 2, 0, 0);
+    for (int64_t k = 0; k < 40; k++) {
+        int32_t *ca = get_copy(a, k), *cb = get_copy(b, k);
+        ck_assert_mem_eq(ca, cb, 2 * 16 * 10 * 4);
+        free(ca);
+        free(cb);
+    }
+    int n_fds = 0;
+    DIR *dd = opendir("/proc/self/fd");
+    if (dd) {
+        while (readdir(dd))
+            n_fds++;
+        closedir(dd);
+        ck_assert_int_lt(n_fds, 30); /* 16 shards + stdio + the single file + slack */
+    }
+    jdt_data_close(a);
+    jdt_data_close(b);
+    /* a shard replaced after open (and evicted from the cache) is caught on reopen: opening
+     * 40 shards leaves part_0 closed, so batch 0 reopens it */
+    b = open_tokens(sd, NULL, 10, 2, false, 0, 0, 0, 0);
+    char p0[500];
+    snprintf(p0, sizeof p0, "%s/part_0.h5", sd);
+    ck_assert_int_eq(jdt_data_write_tokens(p0, t, 30, 256, "byte", &e), JDT_OK);
+    jdt_data_batch bb;
+    ck_assert_int_eq(jdt_data_get(b, 0, &bb, &e), JDT_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(e.msg, "part_0.h5"));
+    ck_assert_ptr_nonnull(strstr(e.msg, "changed"));
+    jdt_data_close(b);
+    free(t);
+}
+END_TEST
+
 START_TEST(test_shuffle_determinism)
 {
     jdt_err e;
@@ -198,7 +305,8 @@ START_TEST(test_shuffle_determinism)
     /* separate instances, batches asked for in different orders, agree */
     int64_t order[5] = {9, 0, 3, 200, 1};
     int32_t *cb[5];
-    for (int i = 4; i >= 0; i--) cb[i] = get_copy(b, order[i]);
+    for (int i = 4; i >= 0; i--)
+        cb[i] = get_copy(b, order[i]);
     int n_diff = 0;
     for (int i = 0; i < 5; i++) {
         int32_t *ca = get_copy(a, order[i]);
@@ -221,8 +329,10 @@ START_TEST(test_shuffle_determinism)
             ck_assert(w >= 0 && w < 500);
             ck_assert_msg(!seen[w], "window %lld twice in epoch %d", (long long)w, epoch);
             seen[w] = 1;
-            if (epoch == 0) first_epoch[g] = w;
-            else if (first_epoch[g - 500] == w) same_pos++;
+            if (epoch == 0)
+                first_epoch[g] = w;
+            else if (first_epoch[g - 500] == w)
+                same_pos++;
             if (w == g % 500) in_order++;
         }
     }
@@ -261,9 +371,13 @@ START_TEST(test_rank_slices)
             int32_t x3[6 * 6], y3[6 * 6];
             for (int r = 0; r < 3; r++)
                 ck_assert_int_eq(jdt_data_read_rows(full, k, 2 * r, 2 * r + 2, x3 + 2 * r * T,
-                                                    y3 + 2 * r * T, &e), JDT_OK);
+                                                    y3 + 2 * r * T, &e),
+                                 JDT_OK);
             ck_assert_mem_eq(bf.x, x3, sizeof x3);
             ck_assert_mem_eq(bf.y, y3, sizeof y3);
+            /* a rank's loader can still read the whole batch synchronously */
+            ck_assert_int_eq(jdt_data_read_rows(r0, k, 0, 6, x3, y3, &e), JDT_OK);
+            ck_assert_mem_eq(bf.x, x3, sizeof x3);
         }
         jdt_data_close(full);
         jdt_data_close(r0);
@@ -292,7 +406,8 @@ START_TEST(test_prefetch_same)
     jdt_data_close(plain);
     jdt_data_close(pf);
     /* closing with batches in flight, right after open, is clean */
-    for (int i = 0; i < 5; i++) jdt_data_close(open_tokens(path_in("t.h5"), NULL, T, B, true, 3, 4, 0, 0));
+    for (int i = 0; i < 5; i++)
+        jdt_data_close(open_tokens(path_in("t.h5"), NULL, T, B, true, 3, 4, 0, 0));
     free(t);
 }
 END_TEST
@@ -303,12 +418,17 @@ START_TEST(test_arrays)
     int64_t N = 50, D = 3;
     float *x = malloc((size_t)(N * D) * sizeof *x);
     int32_t *y = malloc((size_t)N * sizeof *y);
-    for (int64_t i = 0; i < N * D; i++) x[i] = (float)i * 0.5f - 3.0f;
-    for (int64_t i = 0; i < N; i++) y[i] = (int32_t)(i % 4);
+    for (int64_t i = 0; i < N * D; i++)
+        x[i] = (float)i * 0.5f - 3.0f;
+    for (int64_t i = 0; i < N; i++)
+        y[i] = (int32_t)(i % 4);
     ck_assert_int_eq(jdt_data_write_arrays(path_in("a.h5"), x, y, N, D, 4, NULL, &e), JDT_OK);
     for (int shuffle = 0; shuffle < 2; shuffle++) {
-        jdt_data_opts o = {.path = path_in("a.h5"), .global_batch = 8, .seed = 9,
-                           .shuffle = shuffle, .prefetch = shuffle ? 2 : 0};
+        jdt_data_opts o = {.path = path_in("a.h5"),
+                           .global_batch = 8,
+                           .seed = 9,
+                           .shuffle = shuffle,
+                           .prefetch = shuffle ? 2 : 0};
         jdt_data *d = NULL;
         ck_assert_int_eq(jdt_data_open(&o, &d, &e), JDT_OK);
         jdt_data_info info;
@@ -331,8 +451,8 @@ START_TEST(test_arrays)
         jdt_data_close(d);
     }
     /* asking for tokens from an array file is a clear error */
-    jdt_data_opts o = {.path = path_in("a.h5"), .kind = JDT_DATA_KIND_TOKENS, .seq_len = 4,
-                       .global_batch = 2};
+    jdt_data_opts o = {
+        .path = path_in("a.h5"), .kind = JDT_DATA_KIND_TOKENS, .seq_len = 4, .global_batch = 2};
     jdt_data *d = NULL;
     ck_assert_int_eq(jdt_data_open(&o, &d, &e), JDT_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(e.msg, "a.h5"));
@@ -355,7 +475,8 @@ static jdt_status expect_open_fail(const char *path, const char *must_name, cons
     ck_assert_msg(st != JDT_OK, "%s opened but should not", path);
     ck_assert_ptr_null(d);
     ck_assert_msg(strstr(e.msg, must_name), "message '%s' does not name '%s'", e.msg, must_name);
-    if (must_say) ck_assert_msg(strstr(e.msg, must_say), "message '%s' lacks '%s'", e.msg, must_say);
+    if (must_say)
+        ck_assert_msg(strstr(e.msg, must_say), "message '%s' lacks '%s'", e.msg, must_say);
     return st;
 }
 
@@ -370,7 +491,8 @@ static void write_custom(const char *path, hid_t ftype, int64_t n, int64_t vocab
     hid_t sp = H5Screate_simple(1, dims, NULL);
     hid_t ds = H5Dcreate2(f, "tokens", ftype, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     int32_t *v = malloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) v[i] = (int32_t)(i % 200);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (int32_t)(i % 200);
     ck_assert(H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
     free(v);
     hid_t ss = H5Screate(H5S_SCALAR);
@@ -402,9 +524,11 @@ START_TEST(test_bad_files)
     ck_assert_int_eq(expect_open_fail(g_dir, g_dir, "no "), JDT_ERR_NOT_FOUND);
     /* garbage bytes */
     FILE *f = fopen(path_in("garbage.h5"), "wb");
-    for (int i = 0; i < 5000; i++) fputc((i * 31 + 7) & 255, f);
+    for (int i = 0; i < 5000; i++)
+        fputc((i * 31 + 7) & 255, f);
     fclose(f);
-    ck_assert_int_eq(expect_open_fail(path_in("garbage.h5"), "garbage.h5", "not an HDF5"), JDT_ERR_FORMAT);
+    ck_assert_int_eq(expect_open_fail(path_in("garbage.h5"), "garbage.h5", "not an HDF5"),
+                     JDT_ERR_FORMAT);
     /* truncated: a valid file cut in half */
     uint32_t *t = make_tokens(20000, 256);
     ck_assert_int_eq(jdt_data_write_tokens(path_in("good.h5"), t, 20000, 256, "byte", &e), JDT_OK);
@@ -440,9 +564,14 @@ START_TEST(test_bad_files)
              sd, path_in("garbage.h5"), sd);
     ck_assert_int_eq(system(cmd), 0);
     expect_open_fail(sd, "a_001.h5", NULL);
+    /* without an error context the status is still exact */
+    jdt_data_opts on = {.path = path_in("cut.h5"), .seq_len = 8, .global_batch = 2};
+    ck_assert_int_eq(jdt_data_open(&on, &d, NULL), JDT_ERR_FORMAT);
+    on.path = path_in("nope.h5");
+    ck_assert_int_eq(jdt_data_open(&on, &d, NULL), JDT_ERR_NOT_FOUND);
     /* bad options */
-    jdt_data_opts bad = {.path = path_in("good.h5"), .seq_len = 8, .global_batch = 4,
-                         .row_begin = 2, .row_end = 6};
+    jdt_data_opts bad = {
+        .path = path_in("good.h5"), .seq_len = 8, .global_batch = 4, .row_begin = 2, .row_end = 6};
     ck_assert_int_eq(jdt_data_open(&bad, &d, &e), JDT_ERR_INVALID);
 }
 END_TEST
@@ -458,7 +587,8 @@ START_TEST(test_read_error_reaches_get)
         ck_assert_int_eq(jdt_data_get(d, 0, &b, &e), JDT_OK); /* tokens 0..8 are fine */
         jdt_status st = JDT_OK;
         int64_t k;
-        for (k = 1; k < 40 && st == JDT_OK; k++) st = jdt_data_get(d, k, &b, &e);
+        for (k = 1; k < 40 && st == JDT_OK; k++)
+            st = jdt_data_get(d, k, &b, &e);
         ck_assert_int_eq(st, JDT_ERR_FORMAT);
         ck_assert_int_eq(k - 1, 150 / 8); /* the first batch holding id 150 */
         ck_assert_ptr_nonnull(strstr(e.msg, "oov.h5"));
@@ -475,14 +605,18 @@ START_TEST(test_prepare_text)
     jdt_err e;
     int64_t n = 10000;
     char *text = malloc((size_t)n);
-    for (int64_t i = 0; i < n; i++) text[i] = (char)("hello, world. "[i % 14] + (i / 1000));
+    for (int64_t i = 0; i < n; i++)
+        text[i] = (char)("hello, world. "[i % 14] + (i / 1000));
     FILE *f = fopen(path_in("in.txt"), "wb");
     ck_assert_int_eq(fwrite(text, 1, (size_t)n, f), (size_t)n);
     fclose(f);
     char out[400];
     snprintf(out, sizeof out, "%s/out", g_dir);
-    jdt_prep_text_opts o = {.text_path = path_in("in.txt"), .out_dir = out, .val_fraction = 0.1,
-                            .n_shards = 3, .compress_level = 4};
+    jdt_prep_text_opts o = {.text_path = path_in("in.txt"),
+                            .out_dir = out,
+                            .val_fraction = 0.1,
+                            .n_shards = 3,
+                            .compress_level = 4};
     jdt_prep_result r;
     ck_assert_int_eq(jdt_prep_text(&o, &r, &e), JDT_OK);
     ck_assert_int_eq(r.n_train_tokens, 9000);
@@ -498,10 +632,12 @@ START_TEST(test_prepare_text)
     ck_assert_int_eq(jdt_data_get(tr, 0, &b, &e), JDT_OK);
     char dec[9000];
     jdt_prep_byte_decode((const uint32_t *)b.x, 0, dec);
-    for (int64_t i = 0; i < 8999; i++) ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[i]);
+    for (int64_t i = 0; i < 8999; i++)
+        ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[i]);
     ck_assert_int_eq(b.y[8998], (unsigned char)text[8999]);
     ck_assert_int_eq(jdt_data_get(va, 0, &b, &e), JDT_OK);
-    for (int64_t i = 0; i < 999; i++) ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[9000 + i]);
+    for (int64_t i = 0; i < 999; i++)
+        ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[9000 + i]);
     jdt_data_close(tr);
     jdt_data_close(va);
     /* a second run with fewer shards leaves no stale third shard */
@@ -536,9 +672,11 @@ END_TEST
 static void file_bytes_equal(const char *a, const char *b, bool want_equal)
 {
     char cmd[1200];
-    snprintf(cmd, sizeof cmd, "h5dump -d /%s '%s' | tail -n +3 > '%s.dump' && h5dump -d /%s '%s' "
-             "| tail -n +3 > '%s.dump' && cmp -s '%s.dump' '%s.dump'", strstr(a, "arr") ? "x" : "tokens",
-             a, a, strstr(b, "arr") ? "x" : "tokens", b, b, a, b);
+    snprintf(cmd, sizeof cmd,
+             "h5dump -d /%s '%s' | tail -n +3 > '%s.dump' && h5dump -d /%s '%s' "
+             "| tail -n +3 > '%s.dump' && cmp -s '%s.dump' '%s.dump'",
+             strstr(a, "arr") ? "x" : "tokens", a, a, strstr(b, "arr") ? "x" : "tokens", b, b, a,
+             b);
     if (system("command -v h5dump >/dev/null") != 0) return;
     ck_assert_int_eq(system(cmd) == 0, want_equal);
 }
@@ -590,7 +728,10 @@ START_TEST(test_alloc_failures)
     int n_nomem = 0;
     for (long n = 1; n < 60; n++) {
         for (int prefetch = 0; prefetch < 3; prefetch += 2) {
-            jdt_data_opts o = {.path = g_dir, .seq_len = 8, .global_batch = 4, .shuffle = true,
+            jdt_data_opts o = {.path = g_dir,
+                               .seq_len = 8,
+                               .global_batch = 4,
+                               .shuffle = true,
                                .prefetch = prefetch};
             jdt_data *d = NULL;
             jdt_alloc_fail_after(n);
@@ -626,8 +767,10 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_tokens_roundtrip);
+    tcase_add_test(tc, test_writer_misuse);
     tcase_add_test(tc, test_sequential_exact);
     tcase_add_test(tc, test_shards_equal_single);
+    tcase_add_test(tc, test_many_shards);
     tcase_add_test(tc, test_shuffle_determinism);
     tcase_add_test(tc, test_rank_slices);
     tcase_add_test(tc, test_prefetch_same);
