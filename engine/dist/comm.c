@@ -91,8 +91,7 @@ static void reduce_f64(double *restrict dst, const double *restrict src, size_t 
     }
 }
 
-static void reduce_into(void *dst, const void *src, size_t n_elems, jdt_dtype dt,
-                        jdt_reduce_op op)
+void jdt_comm_reduce(void *dst, const void *src, size_t n_elems, jdt_dtype dt, jdt_reduce_op op)
 {
     if (dt == JDT_DTYPE_F32) reduce_f32(dst, src, n_elems, op);
     else reduce_f64(dst, src, n_elems, op);
@@ -160,7 +159,7 @@ static jdt_status run_steps(jdt_dist *d, step *steps, int n_steps, size_t esize,
                 if (r > 0) {
                     tmp += (size_t)r;
                     size_t n_el = tmp / esize;
-                    reduce_into(s->recv + ro, scratch, n_el, dt, op);
+                    jdt_comm_reduce(s->recv + ro, scratch, n_el, dt, op);
                     ro += n_el * esize;
                     size_t rem = tmp - n_el * esize;
                     if (rem) memmove(scratch, scratch + n_el * esize, rem);
@@ -300,6 +299,38 @@ static jdt_status exchange_header(jdt_comm_work *w, jdt_err *e)
     return JDT_OK;
 }
 
+jdt_status jdt_comm_raw_allgather(jdt_comm_group *g, void *buf, size_t bytes_per_member,
+                                  jdt_err *e)
+{
+    step *steps = jdt_malloc((size_t)(2 * g->n) * sizeof *steps);
+    if (!steps) return jdt_err_set(e, JDT_ERR_NOMEM, "set-up exchange");
+    int n = ring_steps(g, buf, (size_t)g->n * bytes_per_member, 1, false, true, steps);
+    jdt_status st = run_steps(g->d, steps, n, 1, JDT_DTYPE_U8, JDT_REDUCE_SUM, "set-up exchange", e);
+    jdt_free(steps);
+    return st;
+}
+
+static int bcast_step(jdt_comm_group *g, void *buf, size_t bytes, int root, step *s)
+{
+    int k = g->n, i = g->index, p = mod(i - root, k);
+    memset(s, 0, sizeof *s);
+    s->send_rank = g->ranks[mod(i + 1, k)];
+    s->recv_rank = g->ranks[mod(i - 1, k)];
+    s->send = buf;
+    s->send_len = p == k - 1 ? 0 : bytes;
+    s->recv = buf;
+    s->recv_len = p == 0 ? 0 : bytes;
+    s->gate = p == 0 ? GATE_NONE : GATE_SAME;
+    return 1;
+}
+
+jdt_status jdt_comm_raw_broadcast(jdt_comm_group *g, void *buf, size_t n_bytes, jdt_err *e)
+{
+    step s;
+    bcast_step(g, buf, n_bytes, 0, &s);
+    return run_steps(g->d, &s, 1, 1, JDT_DTYPE_U8, JDT_REDUCE_SUM, "set-up exchange", e);
+}
+
 static jdt_status run_work(jdt_comm_work *w, jdt_err *e)
 {
     jdt_comm_group *g = w->g;
@@ -321,6 +352,15 @@ static jdt_status run_work(jdt_comm_work *w, jdt_err *e)
     uint8_t *barrier_buf = NULL;
     switch (w->kind) {
     case OP_ALLREDUCE:
+        if (!d->o.disable_shm && g->shm_state == 0) {
+            st = jdt_shm_setup(g, &g->shm, e);
+            if (st) goto out;
+            g->shm_state = g->shm ? 1 : -1;
+        }
+        if (g->shm) {
+            st = jdt_shm_allreduce(d, g->shm, w->buf, w->n_elems, w->dt, w->op, e);
+            goto out;
+        }
         n = ring_steps(g, w->buf, w->n_elems, esize, true, true, steps);
         break;
     case OP_REDUCE_SCATTER:
@@ -338,20 +378,9 @@ static jdt_status run_work(jdt_comm_work *w, jdt_err *e)
         }
         n = ring_steps(g, barrier_buf, (size_t)k, 1, false, true, steps);
         break;
-    case OP_BROADCAST: {
-        int p = mod(i - w->root, k);
-        step *s = &steps[n++];
-        memset(s, 0, sizeof *s);
-        s->send_rank = g->ranks[mod(i + 1, k)];
-        s->recv_rank = g->ranks[mod(i - 1, k)];
-        size_t bytes = w->n_elems * esize;
-        s->send = w->buf;
-        s->send_len = p == k - 1 ? 0 : bytes;
-        s->recv = w->buf;
-        s->recv_len = p == 0 ? 0 : bytes;
-        s->gate = p == 0 ? GATE_NONE : GATE_SAME;
+    case OP_BROADCAST:
+        n = bcast_step(g, w->buf, w->n_elems * esize, w->root, steps);
         break;
-    }
     case OP_ALLTOALL: {
         size_t row = w->n_elems * esize;
         if (row) memcpy((uint8_t *)w->buf + (size_t)i * row, (const uint8_t *)w->send + (size_t)i * row, row);
@@ -510,6 +539,7 @@ jdt_status jdt_comm_group_new(jdt_dist *d, int n, const int *ranks, jdt_comm_gro
 void jdt_comm_group_free(jdt_comm_group *g)
 {
     if (!g) return;
+    jdt_shm_free(g->shm);
     jdt_free(g->ranks);
     jdt_free(g);
 }

@@ -119,6 +119,8 @@ typedef struct {
     int port;
 } jdt_peer;
 
+typedef struct jdt_shm jdt_shm;
+
 struct jdt_comm_group {
     jdt_dist *d;
     int n;        /* members */
@@ -126,6 +128,8 @@ struct jdt_comm_group {
     int *ranks;   /* (n) global rank of each member, ring order */
     uint64_t id;  /* hash of the member list, checked against the peers' on every call */
     uint64_t seq; /* collectives issued on this group */
+    int shm_state; /* 0: not tried yet, 1: shared memory in use, -1: TCP only (comm thread) */
+    jdt_shm *shm;
 };
 
 struct jdt_dist {
@@ -167,6 +171,23 @@ struct jdt_dist {
 
 /* Records the first abort reason (later ones are ignored) and sets the flag. */
 void jdt_dist_set_abort(jdt_dist *d, jdt_status code, const char *fmt, ...) JDT_PRINTF(3, 4);
+
+/* Collective building blocks for set-up exchanges (comm.c), run on the comm thread inside
+ * a collective: all-gather of bytes_per_member bytes per member (buf: (k, bytes_per_member)),
+ * broadcast of n_bytes from group index 0. */
+jdt_status jdt_comm_raw_allgather(jdt_comm_group *g, void *buf, size_t bytes_per_member,
+                                  jdt_err *e);
+jdt_status jdt_comm_raw_broadcast(jdt_comm_group *g, void *buf, size_t n_bytes, jdt_err *e);
+/* dst[i] = dst[i] op src[i] for f32/f64 (vectorised). */
+void jdt_comm_reduce(void *dst, const void *src, size_t n_elems, jdt_dtype dt, jdt_reduce_op op);
+
+/* Shared-memory all-reduce for single-host groups (shm.c). setup: collective over g (inside a
+ * collective, on the comm thread); *out stays NULL (and JDT_OK) when the members are not on
+ * one host or shared memory is unavailable. */
+jdt_status jdt_shm_setup(jdt_comm_group *g, jdt_shm **out, jdt_err *e);
+jdt_status jdt_shm_allreduce(jdt_dist *d, jdt_shm *s, void *buf, size_t n_elems, jdt_dtype dt,
+                             jdt_reduce_op op, jdt_err *e);
+void jdt_shm_free(jdt_shm *s);
 
 /* Comm thread (comm.c): started by jdt_dist_init once the mesh is up, stopped by free. */
 jdt_status jdt_comm_start_thread(jdt_dist *d, jdt_err *e);

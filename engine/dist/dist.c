@@ -14,8 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DATA_BUF_BYTES (4 * 1024 * 1024)
-
 void jdt_dist_opts_default(jdt_dist_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -539,7 +537,7 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
     listen_fd = -1;
     for (int r = 0; r < o->world_size; r++) {
         if (d->data_fd[r] < 0) continue;
-        jdt_net_tune(d->data_fd[r], DATA_BUF_BYTES);
+        jdt_net_tune(d->data_fd[r], 0); /* kernel autotuning beats a fixed size here */
         st = jdt_net_set_nonblock(d->data_fd[r], true, e);
         if (st) goto out_fail;
     }

@@ -38,6 +38,7 @@ typedef struct {
     double op_timeout_s;       /* one collective or KV wait may take at most this long (600) */
     const char *advertise_host;/* data address others use to reach this rank; NULL = the local
                                   address of the connection to the coordinator */
+    bool disable_shm;          /* all-reduce over TCP even when a group shares one host */
 } jdt_dist_opts;
 
 /* Fills o with the defaults above (rank 0, world 1, coordinator "127.0.0.1:0" invalid until

@@ -5,7 +5,7 @@
  * killed with SIGKILL mid-collective. References are computed locally on every rank from the
  * same deterministic inputs; sums use small integers so every order of summation is exact.
  */
-#include "dist/dist.h"
+#include "dist/dist-impl.h"
 
 #include <check.h>
 #include <arpa/inet.h>
@@ -39,9 +39,10 @@ static int free_listener(int *port)
     return fd;
 }
 
-/* Forks world ranks; each joins the job and runs fn; returns when all exited (or after
+/* Forks world ranks; each joins the job (all-reduce over TCP only if no_shm) and runs fn; returns when all exited (or after
  * timeout_s, killing the rest). codes[r] = exit code, or 100 + signal. */
-static void run_ranks(int world, rank_fn fn, void *arg, double timeout_s, int *codes)
+static void run_ranks(int world, bool no_shm, rank_fn fn, void *arg, double timeout_s,
+                      int *codes)
 {
     int port, lfd = free_listener(&port);
     char addr[64];
@@ -63,6 +64,7 @@ static void run_ranks(int world, rank_fn fn, void *arg, double timeout_s, int *c
             o.heartbeat_s = 0.25;
             o.peer_timeout_s = 2;
             o.op_timeout_s = 30;
+            o.disable_shm = no_shm;
             jdt_dist *d = NULL;
             jdt_err e;
             jdt_err_clear(&e);
@@ -224,6 +226,9 @@ static int all_collectives(int rank, int world, jdt_dist *d, void *arg)
         if (check_rs_ag(g, members, world, n)) return 1;
         if (n < 70000 && check_bcast_a2a(g, members, world, n)) return 1;
     }
+    /* the all-reduce took the path asked for: shared memory on one host unless disabled */
+    bool no_shm = *(const bool *)arg;
+    FAIL_IF(world > 1 && (g->shm != NULL) == no_shm, "shared memory %s", g->shm ? "used" : "not used");
     return 0;
 }
 
@@ -232,10 +237,12 @@ static void expect_all_ok(int world, const int *codes)
     for (int r = 0; r < world; r++) ck_assert_msg(codes[r] == 0, "rank %d exited %d", r, codes[r]);
 }
 
+/* _i: world = 1 + _i / 2; odd _i: TCP only, even: shared memory for all-reduce */
 START_TEST(test_collectives_world)
 {
-    int world = _i, codes[8];
-    run_ranks(world, all_collectives, NULL, 100, codes);
+    int world = 1 + _i / 2, codes[8];
+    bool no_shm = _i % 2;
+    run_ranks(world, no_shm, all_collectives, &no_shm, 100, codes);
     expect_all_ok(world, codes);
 }
 END_TEST
@@ -269,7 +276,7 @@ static int subgroups(int rank, int world, jdt_dist *d, void *arg)
 START_TEST(test_subgroups)
 {
     int codes[4];
-    run_ranks(4, subgroups, NULL, 100, codes);
+    run_ranks(4, _i, subgroups, NULL, 100, codes);
     expect_all_ok(4, codes);
 }
 END_TEST
@@ -303,7 +310,7 @@ static int async_ops(int rank, int world, jdt_dist *d, void *arg)
 START_TEST(test_start_wait)
 {
     int codes[3];
-    run_ranks(3, async_ops, NULL, 60, codes);
+    run_ranks(3, _i, async_ops, NULL, 60, codes);
     expect_all_ok(3, codes);
 }
 END_TEST
@@ -327,7 +334,7 @@ static int mismatch(int rank, int world, jdt_dist *d, void *arg)
 START_TEST(test_mismatch)
 {
     int codes[3];
-    run_ranks(3, mismatch, NULL, 60, codes);
+    run_ranks(3, false, mismatch, NULL, 60, codes);
     expect_all_ok(3, codes);
 }
 END_TEST
@@ -370,7 +377,7 @@ static int killed(int rank, int world, jdt_dist *d, void *arg)
 START_TEST(test_rank_killed)
 {
     int codes[3];
-    run_ranks(3, killed, NULL, 60, codes);
+    run_ranks(3, _i, killed, NULL, 60, codes);
     ck_assert_int_eq(codes[0], 0);
     ck_assert_int_eq(codes[1], 0);
     ck_assert_int_eq(codes[2], 100 + SIGKILL);
@@ -403,7 +410,7 @@ static int bad_args(int rank, int world, jdt_dist *d, void *arg)
 START_TEST(test_bad_args)
 {
     int codes[1];
-    run_ranks(1, bad_args, NULL, 30, codes);
+    run_ranks(1, false, bad_args, NULL, 30, codes);
     expect_all_ok(1, codes);
 }
 END_TEST
@@ -413,11 +420,11 @@ static Suite *comm_suite(void)
     Suite *s = suite_create("comm");
     TCase *tc = tcase_create("collectives");
     tcase_set_timeout(tc, 180);
-    tcase_add_loop_test(tc, test_collectives_world, 1, 5);
-    tcase_add_test(tc, test_subgroups);
-    tcase_add_test(tc, test_start_wait);
+    tcase_add_loop_test(tc, test_collectives_world, 0, 8);
+    tcase_add_loop_test(tc, test_subgroups, 0, 2);   /* _i: no_shm */
+    tcase_add_loop_test(tc, test_start_wait, 0, 2);
     tcase_add_test(tc, test_mismatch);
-    tcase_add_test(tc, test_rank_killed);
+    tcase_add_loop_test(tc, test_rank_killed, 0, 2);
     tcase_add_test(tc, test_bad_args);
     suite_add_tcase(s, tc);
     return s;
