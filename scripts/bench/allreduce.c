@@ -6,6 +6,7 @@
  * scripts/bench/allreduce.sh. Also checks the result of the last iteration.
  *
  *   build/bench/allreduce [--nproc 2] [--min 1024] [--max 67108864] [--time 0.5]
+ *   JDT_BENCH_NO_SHM=1: all-reduce over TCP even on one host.
  */
 #include "dist/dist.h"
 
@@ -46,6 +47,8 @@ static int run_rank(int rank, const bench_opts *b, const char *addr, int lfd)
     o.token = "bench";
     o.coord_listen_fd = rank == 0 ? lfd : -1;
     o.connect_timeout_s = 30;
+    const char *no_shm = getenv("JDT_BENCH_NO_SHM");
+    o.disable_shm = no_shm && strcmp(no_shm, "0") != 0;
     jdt_dist *d;
     jdt_err e;
     if (jdt_dist_init(&o, &d, &e)) {

@@ -555,6 +555,57 @@ START_TEST(test_coordinator_lost)
 }
 END_TEST
 
+/* ---- a standalone coordinator (not hosted by rank 0) ------------------------------------------ */
+
+START_TEST(test_standalone_coordinator)
+{
+    int port, lfd = free_listener(&port);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) {
+            close(lfd);
+            jdt_dist_opts o;
+            jdt_dist_opts_default(&o);
+            o.rank = r;
+            o.world_size = 2;
+            o.coordinator = addr;
+            o.token = TOKEN;
+            o.host_coordinator = false;
+            o.connect_timeout_s = 20;
+            jdt_dist *d;
+            jdt_err e;
+            if (jdt_dist_init(&o, &d, &e)) {
+                fprintf(stderr, "rank %d: %s\n", r, e.msg);
+                _exit(1);
+            }
+            double v = r + 1;
+            int rc = jdt_comm_allreduce(jdt_dist_world(d), &v, 1, JDT_DTYPE_F64, JDT_REDUCE_SUM, &e) ||
+                     v != 3 || jdt_dist_barrier(d, 10, &e);
+            jdt_dist_free(d);
+            _exit(rc);
+        }
+    }
+    jdt_dist_coord *c = NULL;
+    jdt_err e;
+    int bound = 0;
+    ck_assert_int_eq(jdt_dist_coord_start(NULL, lfd, 2, TOKEN, 20, 2, &c, &bound, &e), JDT_OK);
+    ck_assert_int_eq(bound, port);
+    for (int r = 0; r < 2; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d failed", r);
+    }
+    jdt_dist_coord_free(c, 5);
+    /* bad arguments */
+    ck_assert_int_eq(jdt_dist_coord_start("127.0.0.1:0", -1, 0, TOKEN, 1, 1, &c, NULL, &e), JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_dist_coord_start("bad", -1, 2, TOKEN, 1, 1, &c, NULL, &e), JDT_ERR_INVALID);
+}
+END_TEST
+
 static Suite *dist_suite(void)
 {
     Suite *s = suite_create("dist");
@@ -573,6 +624,7 @@ static Suite *dist_suite(void)
     tcase_add_test(tc, test_startup_timeout);
     tcase_add_test(tc, test_hung_rank);
     tcase_add_test(tc, test_coordinator_lost);
+    tcase_add_test(tc, test_standalone_coordinator);
     suite_add_tcase(s, tc);
     return s;
 }
