@@ -408,39 +408,49 @@ out:
 
 /* ---- the communication thread ------------------------------------------------------------------ */
 
+/* Runs one work on the calling thread, which holds the executor role (comm_busy). After a
+ * failure the streams are out of step: later works fail with the first error. */
+static void execute(jdt_dist *d, jdt_comm_work *w, bool stopping)
+{
+    jdt_err_clear(&w->err);
+    if (stopping) {
+        w->st = jdt_err_set(&w->err, JDT_ERR_INTERRUPTED, "%s: the job is shutting down",
+                            OP_NAME[w->kind]);
+    } else if (d->comm_failed) {
+        w->st = d->comm_failed;
+        w->err = d->comm_err;
+    } else {
+        w->st = run_work(w, &w->err);
+        if (w->st) {
+            d->comm_failed = w->st;
+            d->comm_err = w->err;
+            /* make sure every rank stops */
+            if (!atomic_load(&d->aborted)) jdt_dist_abort(d, w->err.msg);
+        }
+    }
+}
+
 static void *comm_main(void *arg)
 {
     jdt_dist *d = arg;
-    jdt_status failed = JDT_OK;
-    jdt_err fail_err;
-    jdt_err_clear(&fail_err);
     pthread_mutex_lock(&d->q_mu);
     for (;;) {
-        while (!d->q_head && !d->comm_stop) pthread_cond_wait(&d->q_cv, &d->q_mu);
+        while ((!d->q_head || d->comm_busy) && !d->comm_stop)
+            pthread_cond_wait(&d->q_cv, &d->q_mu);
+        if (d->comm_busy) { /* stopping while a caller executes inline: let it finish */
+            pthread_cond_wait(&d->q_cv, &d->q_mu);
+            continue;
+        }
         jdt_comm_work *w = d->q_head;
         if (!w) break;
         d->q_head = w->next;
         if (!d->q_head) d->q_tail = NULL;
         bool stopping = d->comm_stop;
+        d->comm_busy = true;
         pthread_mutex_unlock(&d->q_mu);
-
-        jdt_err_clear(&w->err);
-        if (stopping) {
-            w->st = jdt_err_set(&w->err, JDT_ERR_INTERRUPTED, "%s: the job is shutting down",
-                                OP_NAME[w->kind]);
-        } else if (failed) {
-            w->st = failed;
-            w->err = fail_err;
-        } else {
-            w->st = run_work(w, &w->err);
-            if (w->st) {
-                failed = w->st;
-                fail_err = w->err;
-                /* the streams are out of step now; make sure every rank stops */
-                if (!atomic_load(&d->aborted)) jdt_dist_abort(d, w->err.msg);
-            }
-        }
+        execute(d, w, stopping);
         pthread_mutex_lock(&d->q_mu);
+        d->comm_busy = false;
         w->done = true;
         pthread_cond_broadcast(&d->q_cv);
     }
@@ -547,11 +557,11 @@ void jdt_comm_group_free(jdt_comm_group *g)
 int jdt_comm_group_size(const jdt_comm_group *g) { return g->n; }
 int jdt_comm_group_index(const jdt_comm_group *g) { return g->index; }
 
-static jdt_status submit(jdt_comm_group *g, op_kind kind, void *buf, const void *send,
-                         size_t n_elems, jdt_dtype dt, jdt_reduce_op op, int root,
-                         jdt_comm_work **out, jdt_err *e)
+/* Validates the call and fills w (not yet queued). */
+static jdt_status prepare(jdt_comm_group *g, op_kind kind, void *buf, const void *send,
+                          size_t n_elems, jdt_dtype dt, jdt_reduce_op op, int root,
+                          jdt_comm_work *w, jdt_err *e)
 {
-    *out = NULL;
     const char *name = OP_NAME[kind];
     if (!g) return jdt_err_set(e, JDT_ERR_INVALID, "%s: no group", name);
     if ((int)dt < 0 || dt >= JDT_DTYPE_COUNT)
@@ -574,8 +584,7 @@ static jdt_status submit(jdt_comm_group *g, op_kind kind, void *buf, const void 
         return jdt_err_set(e, JDT_ERR_INVALID, "alltoall: send and recv must be distinct buffers");
     jdt_status st = jdt_dist_check(g->d, e);
     if (st) return st;
-    jdt_comm_work *w = jdt_calloc(1, sizeof *w);
-    if (!w) return jdt_err_set(e, JDT_ERR_NOMEM, "%s", name);
+    memset(w, 0, sizeof *w);
     w->g = g;
     w->kind = kind;
     w->buf = buf;
@@ -584,13 +593,33 @@ static jdt_status submit(jdt_comm_group *g, op_kind kind, void *buf, const void 
     w->dt = dt;
     w->op = reducing ? op : JDT_REDUCE_SUM;
     w->root = kind == OP_BROADCAST ? root : 0;
-    jdt_dist *d = g->d;
-    pthread_mutex_lock(&d->q_mu);
-    w->seq = ++g->seq;
+    return JDT_OK;
+}
+
+/* Queues a prepared work for the comm thread (q_mu held). */
+static void enqueue_locked(jdt_dist *d, jdt_comm_work *w)
+{
+    w->seq = ++w->g->seq;
     if (d->q_tail) d->q_tail->next = w;
     else d->q_head = w;
     d->q_tail = w;
     pthread_cond_broadcast(&d->q_cv);
+}
+
+static jdt_status submit(jdt_comm_group *g, op_kind kind, void *buf, const void *send,
+                         size_t n_elems, jdt_dtype dt, jdt_reduce_op op, int root,
+                         jdt_comm_work **out, jdt_err *e)
+{
+    *out = NULL;
+    jdt_comm_work tmp;
+    jdt_status st = prepare(g, kind, buf, send, n_elems, dt, op, root, &tmp, e);
+    if (st) return st;
+    jdt_comm_work *w = jdt_malloc(sizeof *w);
+    if (!w) return jdt_err_set(e, JDT_ERR_NOMEM, "%s", OP_NAME[kind]);
+    *w = tmp;
+    jdt_dist *d = g->d;
+    pthread_mutex_lock(&d->q_mu);
+    enqueue_locked(d, w);
     pthread_mutex_unlock(&d->q_mu);
     *out = w;
     return JDT_OK;
@@ -609,13 +638,34 @@ jdt_status jdt_comm_wait(jdt_comm_work *w, jdt_err *e)
     return st;
 }
 
+/* A blocking collective runs on the caller's thread when nothing is queued or running (two
+ * thread hand-offs saved: they dominate small messages), else it queues behind the others. */
 static jdt_status run_blocking(jdt_comm_group *g, op_kind kind, void *buf, const void *send,
                                size_t n_elems, jdt_dtype dt, jdt_reduce_op op, int root,
                                jdt_err *e)
 {
-    jdt_comm_work *w;
-    jdt_status st = submit(g, kind, buf, send, n_elems, dt, op, root, &w, e);
-    if (st) return st;
+    jdt_comm_work *w = jdt_malloc(sizeof *w);
+    if (!w) return jdt_err_set(e, JDT_ERR_NOMEM, "%s", OP_NAME[kind]);
+    jdt_status st = prepare(g, kind, buf, send, n_elems, dt, op, root, w, e);
+    if (st) {
+        jdt_free(w);
+        return st;
+    }
+    jdt_dist *d = g->d;
+    pthread_mutex_lock(&d->q_mu);
+    if (!d->q_head && !d->comm_busy && !d->comm_stop) {
+        d->comm_busy = true;
+        w->seq = ++g->seq;
+        pthread_mutex_unlock(&d->q_mu);
+        execute(d, w, false);
+        pthread_mutex_lock(&d->q_mu);
+        d->comm_busy = false;
+        w->done = true;
+        pthread_cond_broadcast(&d->q_cv);
+    } else {
+        enqueue_locked(d, w);
+    }
+    pthread_mutex_unlock(&d->q_mu);
     return jdt_comm_wait(w, e);
 }
 

@@ -162,6 +162,9 @@ struct jdt_dist {
     pthread_t comm_thread;
     bool comm_started;
     bool comm_stop; /* guarded by q_mu */
+    bool comm_busy; /* a thread is executing a collective (guarded by q_mu) */
+    jdt_status comm_failed; /* first collective failure (read/written by the executor only) */
+    jdt_err comm_err;
     pthread_mutex_t q_mu;
     pthread_cond_t q_cv;
     jdt_comm_work *q_head, *q_tail;
