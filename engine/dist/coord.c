@@ -515,7 +515,11 @@ static void *coord_main(void *arg)
         if (cap_pfd < c->n_conns + 1) {
             int cap = c->n_conns + 16;
             struct pollfd *np = jdt_realloc(pfd, (size_t)cap * sizeof *np);
-            if (!np) break;
+            if (!np) { /* transient out of memory: try again shortly, never exit silently */
+                struct timespec ts = {0, 50 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
             pfd = np;
             cap_pfd = cap;
         }

@@ -139,6 +139,7 @@ struct jdt_dist {
     jdt_peer *peers;       /* (world_size) data listener of each rank */
     int *data_fd;          /* (world_size) socket to each rank, -1 for self */
     jdt_dist_coord *coord; /* hosted coordinator (rank 0) or NULL */
+    bool formed;           /* the peer table arrived: every rank joined */
 
     int coord_fd;
     pthread_mutex_t send_mu; /* serialises frames on coord_fd */

@@ -94,7 +94,7 @@ static void *monitor_main(void *arg)
                                           now + d->o.peer_timeout_s, &d->stop, "coordinator", &e);
             if (st) {
                 if (atomic_load(&d->stop)) break;
-                jdt_dist_set_abort(d, JDT_ERR_PEER_LOST,
+                jdt_dist_set_abort(d, st == JDT_ERR_NOMEM ? st : JDT_ERR_PEER_LOST,
                                    "lost the coordinator (%s, hosted by rank 0 at %s): %s",
                                    d->o.coordinator, jdt_dist_host(d, 0), e.msg);
                 break;
@@ -523,6 +523,7 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
     }
     st = join(d, data_port, deadline, e);
     if (st) goto out_fail;
+    d->formed = true;
     if (pthread_create(&d->monitor, NULL, monitor_main, d) != 0) {
         st = jdt_err_set(e, JDT_ERR_INTERNAL, "cannot start the monitor thread");
         goto out_fail;
@@ -567,7 +568,8 @@ void jdt_dist_free(jdt_dist *d)
         jdt_wbuf_free(&b);
         close(d->coord_fd);
     }
-    if (d->coord) jdt_dist_coord_free(d->coord, d->o.connect_timeout_s);
+    /* a formed job: let the others say goodbye first; else stop now so they fail fast */
+    if (d->coord) jdt_dist_coord_free(d->coord, d->formed ? d->o.connect_timeout_s : 0);
     if (d->data_fd)
         for (int r = 0; r < d->o.world_size; r++)
             if (d->data_fd[r] >= 0) close(d->data_fd[r]);
