@@ -346,17 +346,19 @@ static jdt_status run_work(jdt_comm_work *w, jdt_err *e)
     }
     st = exchange_header(w, e);
     if (st) return st;
+    bool shm_kind = w->kind == OP_ALLREDUCE || w->kind == OP_REDUCE_SCATTER ||
+                    w->kind == OP_ALLGATHER;
+    if (shm_kind && !d->o.disable_shm && g->shm_state == 0) {
+        st = jdt_shm_setup(g, &g->shm, e);
+        if (st) return st;
+        g->shm_state = g->shm ? 1 : -1;
+    }
     step *steps = jdt_malloc((size_t)(2 * k) * sizeof *steps);
     if (!steps) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: step list", name);
     int n = 0;
     uint8_t *barrier_buf = NULL;
     switch (w->kind) {
     case OP_ALLREDUCE:
-        if (!d->o.disable_shm && g->shm_state == 0) {
-            st = jdt_shm_setup(g, &g->shm, e);
-            if (st) goto out;
-            g->shm_state = g->shm ? 1 : -1;
-        }
         if (g->shm) {
             st = jdt_shm_allreduce(d, g->shm, w->buf, w->n_elems, w->dt, w->op, e);
             goto out;
@@ -364,9 +366,17 @@ static jdt_status run_work(jdt_comm_work *w, jdt_err *e)
         n = ring_steps(g, w->buf, w->n_elems, esize, true, true, steps);
         break;
     case OP_REDUCE_SCATTER:
+        if (g->shm) {
+            st = jdt_shm_reduce_scatter(d, g->shm, w->buf, w->n_elems, w->dt, w->op, e);
+            goto out;
+        }
         n = ring_steps(g, w->buf, w->n_elems, esize, true, false, steps);
         break;
     case OP_ALLGATHER:
+        if (g->shm) {
+            st = jdt_shm_allgather(d, g->shm, w->buf, w->n_elems, w->dt, e);
+            goto out;
+        }
         n = ring_steps(g, w->buf, w->n_elems, esize, false, true, steps);
         break;
     case OP_BARRIER:

@@ -191,6 +191,10 @@ void jdt_comm_reduce(void *dst, const void *src, size_t n_elems, jdt_dtype dt, j
 jdt_status jdt_shm_setup(jdt_comm_group *g, jdt_shm **out, jdt_err *e);
 jdt_status jdt_shm_allreduce(jdt_dist *d, jdt_shm *s, void *buf, size_t n_elems, jdt_dtype dt,
                              jdt_reduce_op op, jdt_err *e);
+jdt_status jdt_shm_reduce_scatter(jdt_dist *d, jdt_shm *s, void *buf, size_t n_elems,
+                                  jdt_dtype dt, jdt_reduce_op op, jdt_err *e);
+jdt_status jdt_shm_allgather(jdt_dist *d, jdt_shm *s, void *buf, size_t n_elems, jdt_dtype dt,
+                             jdt_err *e);
 void jdt_shm_free(jdt_shm *s);
 
 /* Comm thread (comm.c): started by jdt_dist_init once the mesh is up, stopped by free. */

@@ -13,6 +13,7 @@
  *   2. member j reduces part j: its own data plus every other slot's part j, in place in its
  *      buffer, and publishes the result in the shared result area;
  *   3. member j copies every other part of the result into its buffer.
+ * Reduce-scatter and all-gather use the same slots (see shm_segments below).
  * Per member counters (in, red, out) count chunks, monotone over the group's life, so no reset
  * between calls; slots and result areas are double-buffered by chunk parity, and a member
  * waits before reusing one until everyone is done with it. Waiting spins briefly, then sleeps
@@ -281,4 +282,69 @@ jdt_status jdt_shm_allreduce(jdt_dist *d, jdt_shm *s, void *buf, size_t n_elems,
         post(&mine->out, g + 1);
     }
     return JDT_OK;
+}
+
+/* ---- reduce-scatter and all-gather -------------------------------------------------------------
+ * Both walk the k segments of the buffer (jdt_comm_segment) in lock-step: round r covers
+ * elements [r*L, (r+1)*L) of every segment, L = chunk / k elements, so a member's slot holds k
+ * sub-slices. Reduce-scatter: member j copies the round's slices of every other segment i into
+ * sub-slice i of its slot, then reduces its own segment's slice from sub-slice j of every other
+ * slot. All-gather: member j copies its own slice into its slot, then copies every other
+ * member's slice out. The `red` counter guards reuse of a slot set (double-buffered). */
+
+static jdt_status shm_segments(jdt_dist *d, jdt_shm *s, uint8_t *b, size_t n_elems, jdt_dtype dt,
+                               jdt_reduce_op op, bool reduce, jdt_err *e)
+{
+    size_t esize = jdt_dtype_size(dt);
+    int k = s->k, me = s->me;
+    size_t sub = (JDT_SHM_CHUNK / esize / (size_t)k); /* elements per sub-slice */
+    double deadline = jdt_now_s() + d->o.op_timeout_s;
+    shm_ctr *mine = &s->ctr[me];
+    size_t longest = n_elems / (size_t)k + (n_elems % (size_t)k ? 1 : 0);
+    for (size_t o = 0; o < longest; o += sub) {
+        uint32_t g = s->done++;
+        int set = (int)(g & 1);
+        uint8_t *slot_me = s->slots + ((size_t)set * (size_t)k + (size_t)me) * JDT_SHM_CHUNK;
+        jdt_status st = wait_all(d, s, offsetof(shm_ctr, red), g - 1, deadline, e);
+        if (st) return st;
+        for (int i = 0; i < k; i++) {
+            if (reduce == (i == me)) continue; /* RS: every other segment; AG: my own */
+            size_t f, c;
+            jdt_comm_segment(n_elems, k, i, &f, &c);
+            if (o >= c) continue;
+            size_t len = c - o < sub ? c - o : sub;
+            uint8_t *dst = slot_me + (reduce ? (size_t)i * sub * esize : 0);
+            memcpy(dst, b + (f + o) * esize, len * esize);
+        }
+        post(&mine->in, g + 1);
+        st = wait_all(d, s, offsetof(shm_ctr, in), g + 1, deadline, e);
+        if (st) return st;
+        for (int i = 0; i < k; i++) {
+            if (i == me) continue;
+            const uint8_t *slot = s->slots + ((size_t)set * (size_t)k + (size_t)i) * JDT_SHM_CHUNK;
+            size_t f, c;
+            jdt_comm_segment(n_elems, k, reduce ? me : i, &f, &c);
+            if (o >= c) continue;
+            size_t len = c - o < sub ? c - o : sub;
+            if (reduce)
+                jdt_comm_reduce(b + (f + o) * esize, slot + (size_t)me * sub * esize, len, dt, op);
+            else
+                memcpy(b + (f + o) * esize, slot, len * esize);
+        }
+        post(&mine->red, g + 1);
+        post(&mine->out, g + 1); /* no result area here; keep the counters in step */
+    }
+    return JDT_OK;
+}
+
+jdt_status jdt_shm_reduce_scatter(jdt_dist *d, jdt_shm *s, void *buf, size_t n_elems,
+                                  jdt_dtype dt, jdt_reduce_op op, jdt_err *e)
+{
+    return shm_segments(d, s, buf, n_elems, dt, op, true, e);
+}
+
+jdt_status jdt_shm_allgather(jdt_dist *d, jdt_shm *s, void *buf, size_t n_elems, jdt_dtype dt,
+                             jdt_err *e)
+{
+    return shm_segments(d, s, buf, n_elems, dt, JDT_REDUCE_SUM, false, e);
 }
