@@ -60,6 +60,7 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e);
  * their collectives (e.g. a barrier) before freeing. */
 void jdt_dist_free(jdt_dist *d);
 
+/* This process's rank and the job's world size (as given in the options). */
 int jdt_dist_rank(const jdt_dist *d);
 int jdt_dist_world_size(const jdt_dist *d);
 /* Host (as advertised) of a rank, for messages; "?" if out of range. Owned by d. */
@@ -110,7 +111,10 @@ jdt_comm_group *jdt_dist_world(jdt_dist *d);
  * with jdt_comm_group_free (before jdt_dist_free). */
 jdt_status jdt_comm_group_new(jdt_dist *d, int n, const int *ranks, jdt_comm_group **out,
                               jdt_err *e);
+/* Frees a group made by jdt_comm_group_new (no collective on it may be pending). NULL is a
+ * no-op; never pass the world group. */
 void jdt_comm_group_free(jdt_comm_group *g);
+/* Number of members. */
 int jdt_comm_group_size(const jdt_comm_group *g);
 /* This rank's index within the group. */
 int jdt_comm_group_index(const jdt_comm_group *g);
@@ -148,7 +152,9 @@ jdt_status jdt_comm_barrier(jdt_comm_group *g, jdt_err *e);
 /* Non-blocking variants: queue the collective on the communication thread and return at once
  * with *w set (the buffers must stay valid and untouched until jdt_comm_wait returns).
  * jdt_comm_wait blocks until it finishes, returns its status (detail in e) and frees w.
- * Every started work must be waited on, in any order. */
+ * Every started work must be waited on, in any order, before jdt_dist_free. Blocking calls
+ * run on the caller's thread when no work is pending, else they queue behind the started ones
+ * (so issue order is execution order either way). */
 jdt_status jdt_comm_allreduce_start(jdt_comm_group *g, void *buf, size_t n_elems, jdt_dtype dt,
                                     jdt_reduce_op op, jdt_comm_work **w, jdt_err *e);
 jdt_status jdt_comm_reduce_scatter_start(jdt_comm_group *g, void *buf, size_t n_elems,

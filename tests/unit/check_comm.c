@@ -384,6 +384,52 @@ START_TEST(test_rank_killed)
 }
 END_TEST
 
+/* ---- a rank that hangs (SIGSTOP) mid-collective is declared lost by heartbeat ------------------ */
+
+static int hung(int rank, int world, jdt_dist *d, void *arg)
+{
+    jdt_err e;
+    int pid = (int)getpid(), victim = 0;
+    if (rank == 1) FAIL_IF(jdt_dist_kv_set(d, "pid/1", &pid, sizeof pid, &e), "kv_set: %s", e.msg);
+    if (rank == 0) {
+        void *v;
+        size_t n;
+        FAIL_IF(jdt_dist_kv_get(d, "pid/1", 10, &v, &n, &e), "kv_get: %s", e.msg);
+        memcpy(&victim, v, sizeof victim);
+        jdt_free(v);
+    }
+    size_t n = 1 << 20;
+    float *buf = calloc(n, sizeof *buf);
+    FAIL_IF(jdt_comm_allreduce(jdt_dist_world(d), buf, n, JDT_DTYPE_F32, JDT_REDUCE_SUM, &e),
+            "first allreduce: %s", e.msg);
+    if (rank == 1) {
+        jdt_comm_work *w;
+        jdt_comm_allreduce_start(jdt_dist_world(d), buf, n, JDT_DTYPE_F32, JDT_REDUCE_SUM, &w, &e);
+        raise(SIGSTOP);
+        return 0;
+    }
+    double t0 = jdt_now_s();
+    jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), buf, n, JDT_DTYPE_F32, JDT_REDUCE_SUM, &e);
+    double dt = jdt_now_s() - t0;
+    if (rank == 0) kill(victim, SIGKILL);
+    FAIL_IF(st != JDT_ERR_PEER_LOST, "rank %d: status %s: %s", rank, jdt_status_name(st), e.msg);
+    FAIL_IF(!strstr(e.msg, "rank 1 (host 127.0.0.1)"), "rank %d: message: %s", rank, e.msg);
+    /* peer_timeout_s = 2 s; loose bound: limit + slack */
+    FAIL_IF(dt > 10, "rank %d: took %.1f s to notice", rank, dt);
+    free(buf);
+    return 0;
+}
+
+START_TEST(test_rank_hung)
+{
+    int codes[3];
+    run_ranks(3, _i, hung, NULL, 60, codes);
+    ck_assert_int_eq(codes[0], 0);
+    ck_assert_int_eq(codes[1], 100 + SIGKILL);
+    ck_assert_int_eq(codes[2], 0);
+}
+END_TEST
+
 /* ---- argument checks (single process) ----------------------------------------------------------- */
 
 static int bad_args(int rank, int world, jdt_dist *d, void *arg)
@@ -425,6 +471,7 @@ static Suite *comm_suite(void)
     tcase_add_loop_test(tc, test_start_wait, 0, 2);
     tcase_add_test(tc, test_mismatch);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);
+    tcase_add_loop_test(tc, test_rank_hung, 0, 2);
     tcase_add_test(tc, test_bad_args);
     suite_add_tcase(s, tc);
     return s;
