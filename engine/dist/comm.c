@@ -250,6 +250,7 @@ static int ring_steps(jdt_comm_group *g, uint8_t *buf, size_t n_elems, size_t es
 typedef struct {
     uint32_t magic, kind, dtype, op;
     int32_t root, group_n;
+    uint32_t shm_off, reserved; /* disable_shm must agree: the paths speak differently */
     uint64_t n_elems, group_id, seq;
 } op_header;
 
@@ -266,6 +267,7 @@ static jdt_status exchange_header(jdt_comm_work *w, jdt_err *e)
     mine.op = w->op;
     mine.root = w->root;
     mine.group_n = k;
+    mine.shm_off = d->o.disable_shm;
     mine.n_elems = w->n_elems;
     mine.group_id = g->id;
     mine.seq = w->seq;
@@ -293,6 +295,7 @@ static jdt_status exchange_header(jdt_comm_work *w, jdt_err *e)
     } else if (theirs.dtype != mine.dtype) what = "dtype";
     else if (theirs.op != mine.op) what = "reduce op";
     else if (theirs.root != mine.root) what = "root";
+    else if (theirs.shm_off != mine.shm_off) what = "disable_shm option";
     if (what)
         return jdt_err_set(e, JDT_ERR_PROTOCOL, "%s: rank %d (host %s) called with a different "
                            "%s%s", name, from, jdt_dist_host(d, from), what, detail);

@@ -39,9 +39,10 @@ static int free_listener(int *port)
     return fd;
 }
 
-/* Forks world ranks; each joins the job (all-reduce over TCP only if no_shm) and runs fn; returns when all exited (or after
- * timeout_s, killing the rest). codes[r] = exit code, or 100 + signal. */
-static void run_ranks(int world, bool no_shm, rank_fn fn, void *arg, double timeout_s,
+/* Forks world ranks; each joins the job and runs fn; returns when all exited (or after
+ * timeout_s, killing the rest). no_shm: 0 shared memory allowed, 1 TCP only, 2 only rank 1 TCP.
+ * codes[r] = exit code, or 100 + signal. */
+static void run_ranks(int world, int no_shm, rank_fn fn, void *arg, double timeout_s,
                       int *codes)
 {
     int port, lfd = free_listener(&port);
@@ -64,7 +65,7 @@ static void run_ranks(int world, bool no_shm, rank_fn fn, void *arg, double time
             o.heartbeat_s = 0.25;
             o.peer_timeout_s = 2;
             o.op_timeout_s = 30;
-            o.disable_shm = no_shm;
+            o.disable_shm = no_shm == 2 ? r == 1 : no_shm; /* 2: ranks disagree */
             jdt_dist *d = NULL;
             jdt_err e;
             jdt_err_clear(&e);
@@ -339,6 +340,25 @@ START_TEST(test_mismatch)
 }
 END_TEST
 
+/* ranks configured differently (one has disable_shm): a clear error, not a hang */
+static int mixed_shm(int rank, int world, jdt_dist *d, void *arg)
+{
+    jdt_err e;
+    float buf[8] = {0};
+    jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), buf, 8, JDT_DTYPE_F32, JDT_REDUCE_SUM, &e);
+    FAIL_IF(st == JDT_OK, "rank %d: allreduce with mixed disable_shm succeeded", rank);
+    FAIL_IF(!strstr(e.msg, "disable_shm"), "rank %d: message: %s", rank, e.msg);
+    return 0;
+}
+
+START_TEST(test_mixed_shm_option)
+{
+    int codes[2];
+    run_ranks(2, 2, mixed_shm, NULL, 60, codes);
+    expect_all_ok(2, codes);
+}
+END_TEST
+
 /* ---- a rank killed mid-collective ------------------------------------------------------------- */
 
 static int killed(int rank, int world, jdt_dist *d, void *arg)
@@ -470,6 +490,7 @@ static Suite *comm_suite(void)
     tcase_add_loop_test(tc, test_subgroups, 0, 2);   /* _i: no_shm */
     tcase_add_loop_test(tc, test_start_wait, 0, 2);
     tcase_add_test(tc, test_mismatch);
+    tcase_add_test(tc, test_mixed_shm_option);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);
     tcase_add_loop_test(tc, test_rank_hung, 0, 2);
     tcase_add_test(tc, test_bad_args);
