@@ -134,7 +134,7 @@ struct jdt_comm_group {
 
 struct jdt_dist {
     jdt_dist_opts o;
-    char coord_addr[JDT_HOST_MAX + 16]; /* o.coordinator with the bound port, when rank 0 chose it */
+    char coord_addr[JDT_HOST_MAX + 16]; /* own copy of o.coordinator (rank 0: the bound port) */
     char token[JDT_TOKEN_MAX];
     jdt_peer *peers;       /* (world_size) data listener of each rank */
     int *data_fd;          /* (world_size) socket to each rank, -1 for self */

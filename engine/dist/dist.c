@@ -329,8 +329,9 @@ static jdt_status check_opts(const jdt_dist_opts *o, jdt_err *e)
         return jdt_err_set(e, JDT_ERR_INVALID,
                            "timeouts must be positive and peer_timeout_s (%g) > heartbeat_s (%g)",
                            o->peer_timeout_s, o->heartbeat_s);
-    if (!o->coordinator)
-        return jdt_err_set(e, JDT_ERR_INVALID, "no coordinator address");
+    if (!o->coordinator || strlen(o->coordinator) >= JDT_HOST_MAX)
+        return jdt_err_set(e, JDT_ERR_INVALID, "coordinator address missing or over %u bytes",
+                           JDT_HOST_MAX - 1);
     return JDT_OK;
 }
 
@@ -482,8 +483,12 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
     jdt_dist *d = jdt_calloc(1, sizeof *d);
     if (!d) return jdt_err_set(e, JDT_ERR_NOMEM, "dist context");
     d->o = *o;
-    d->coord_fd = -1;
     snprintf(d->token, sizeof d->token, "%s", o->token);
+    /* own copies of the strings used after init; advertise_host is only read during init */
+    snprintf(d->coord_addr, sizeof d->coord_addr, "%s", o->coordinator);
+    d->o.coordinator = d->coord_addr;
+    d->o.token = d->token;
+    d->coord_fd = -1;
     pthread_mutex_init(&d->send_mu, NULL);
     pthread_mutex_init(&d->req_mu, NULL);
     pthread_mutex_init(&d->mu, NULL);
