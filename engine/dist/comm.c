@@ -735,3 +735,15 @@ jdt_status jdt_comm_allgather_start(jdt_comm_group *g, void *buf, size_t n_elems
 {
     return submit(g, OP_ALLGATHER, buf, NULL, n_elems, dt, JDT_REDUCE_SUM, 0, w, e);
 }
+
+jdt_status jdt_comm_broadcast_start(jdt_comm_group *g, void *buf, size_t n_elems, jdt_dtype dt,
+                                    int root, jdt_comm_work **w, jdt_err *e)
+{
+    return submit(g, OP_BROADCAST, buf, NULL, n_elems, dt, JDT_REDUCE_SUM, root, w, e);
+}
+
+jdt_status jdt_comm_alltoall_start(jdt_comm_group *g, const void *send, void *recv,
+                                   size_t n_elems, jdt_dtype dt, jdt_comm_work **w, jdt_err *e)
+{
+    return submit(g, OP_ALLTOALL, recv, send, n_elems, dt, JDT_REDUCE_SUM, 0, w, e);
+}

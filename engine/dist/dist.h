@@ -162,6 +162,10 @@ jdt_status jdt_comm_reduce_scatter_start(jdt_comm_group *g, void *buf, size_t n_
                                          jdt_err *e);
 jdt_status jdt_comm_allgather_start(jdt_comm_group *g, void *buf, size_t n_elems, jdt_dtype dt,
                                     jdt_comm_work **w, jdt_err *e);
+jdt_status jdt_comm_broadcast_start(jdt_comm_group *g, void *buf, size_t n_elems, jdt_dtype dt,
+                                    int root, jdt_comm_work **w, jdt_err *e);
+jdt_status jdt_comm_alltoall_start(jdt_comm_group *g, const void *send, void *recv,
+                                   size_t n_elems, jdt_dtype dt, jdt_comm_work **w, jdt_err *e);
 jdt_status jdt_comm_wait(jdt_comm_work *w, jdt_err *e);
 
 #endif /* JDT_DIST_H */

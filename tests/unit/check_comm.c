@@ -296,6 +296,17 @@ static int async_ops(int rank, int world, jdt_dist *d, void *arg)
         FAIL_IF(jdt_comm_allreduce_start(jdt_dist_world(d), b[j], LEN, JDT_DTYPE_F32,
                                          JDT_REDUCE_SUM, &w[j], &e), "start: %s", e.msg);
     }
+    /* queued behind the all-reduces: a broadcast and an all-to-all, started, waited first */
+    int32_t bc[5] = {0}, a2a_s[8], a2a_r[8];
+    if (rank == 1) for (int i = 0; i < 5; i++) bc[i] = 40 + i;
+    for (int i = 0; i < world; i++) a2a_s[i] = rank * 10 + i;
+    jdt_comm_work *wb, *wa;
+    FAIL_IF(jdt_comm_broadcast_start(jdt_dist_world(d), bc, 5, JDT_DTYPE_I32, 1, &wb, &e), "bc: %s", e.msg);
+    FAIL_IF(jdt_comm_alltoall_start(jdt_dist_world(d), a2a_s, a2a_r, 1, JDT_DTYPE_I32, &wa, &e), "a2a: %s", e.msg);
+    FAIL_IF(jdt_comm_wait(wa, &e), "a2a wait: %s", e.msg);
+    FAIL_IF(jdt_comm_wait(wb, &e), "bc wait: %s", e.msg);
+    for (int i = 0; i < 5; i++) FAIL_IF(bc[i] != 40 + i, "broadcast_start value");
+    for (int i = 0; i < world; i++) FAIL_IF(a2a_r[i] != i * 10 + rank, "alltoall_start value");
     for (int j = N - 1; j >= 0; j--) {
         FAIL_IF(jdt_comm_wait(w[j], &e), "wait %d: %s", j, e.msg);
         for (size_t i = 0; i < LEN; i++) {
