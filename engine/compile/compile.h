@@ -31,6 +31,8 @@ typedef struct {
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
     jdt_compile_remat remat;
+    jdt_collective_fn collective; /* runs ALL_REDUCE nodes; NULL: graphs with one fail */
+    void *collective_ctx;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */
