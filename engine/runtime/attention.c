@@ -47,11 +47,13 @@ static float attend_row(const float *qi, const float *k, const float *v, int64_t
         float mn = bm > m ? bm : m;
         float corr = m == -INFINITY ? 0.0f : expf(m - mn);
         l *= corr;
+#pragma omp simd
         for (int64_t d = 0; d < D; d++) acc[d] *= corr;
         for (int64_t jj = 0; jj < jn; jj++) {
             float p = expf(s[jj] - mn);
             const float *vj = v + (j0 + jj) * D;
             l += p;
+#pragma omp simd
             for (int64_t d = 0; d < D; d++) acc[d] += p * vj[d];
         }
         m = mn;
@@ -104,6 +106,8 @@ void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const 
                 float p = expf(scale * dot(qi, kj, D) - lse[i]);
                 float ds = p * (dot(gi, vj, D) - delta[i]) * scale;
                 float *dkj = dkb + j * D, *dvj = dvb + j * D;
+                /* dq, dk, dv and the inputs are disjoint arrays: safe to vectorise */
+#pragma omp simd
                 for (int64_t d = 0; d < D; d++) {
                     dqi[d] += ds * kj[d];
                     dkj[d] += ds * qi[d];
