@@ -25,7 +25,7 @@
 
 #define CACHE_FORMAT "jdt-cpu-so-1"
 #define TRAILER_MAGIC "JDTSO001"
-#define DEFAULT_CFLAGS "-O3 -march=native -fno-math-errno"
+#define DEFAULT_CFLAGS "-O3 -march=native -fno-math-errno -fno-trapping-math"
 
 static jdt_status mkdir_p(const char *path, jdt_err *e)
 {

@@ -253,6 +253,8 @@ static void emit_value(sbuf *s, const nest *N, int id)
     if (m->n_in > 1) operand(N, m, 1, b, sizeof b);
     if (m->n_in > 2) operand(N, m, 2, d, sizeof d);
     double f = m->attrs.f[0];
+    const char *EXP = m->dtype == JDT_DTYPE_F32 ? "jdt_expf" : "exp";
+    const char *TANH = m->dtype == JDT_DTYPE_F32 ? "jdt_tanhf" : "tanh";
     char F[64];
     lit(F, sizeof F, m->dtype, f);
     sb_printf(s, "        const %s v%d = ", T, id);
@@ -267,20 +269,20 @@ static void emit_value(sbuf *s, const nest *N, int id)
     case JDT_OP_TRANSPOSE:
     case JDT_OP_SLICE: sb_printf(s, "%s;\n", a); return;
     case JDT_OP_NEG: sb_printf(s, "-%s;\n", a); return;
-    case JDT_OP_EXP: sb_printf(s, "exp(%s);\n", a); return;
+    case JDT_OP_EXP: sb_printf(s, "%s(%s);\n", EXP, a); return;
     case JDT_OP_LOG: sb_printf(s, "log(%s);\n", a); return;
-    case JDT_OP_TANH: sb_printf(s, "tanh(%s);\n", a); return;
+    case JDT_OP_TANH: sb_printf(s, "%s(%s);\n", TANH, a); return;
     case JDT_OP_SQRT: sb_printf(s, "sqrt(%s);\n", a); return;
     case JDT_OP_RSQRT: sb_printf(s, "(%s)1 / sqrt(%s);\n", T, a); return;
     case JDT_OP_RELU: sb_printf(s, "%s > (%s)0 ? %s : (%s)0;\n", a, T, a, T); return;
     case JDT_OP_GELU:
         sb_printf(s,
-                  "(%s)0.5 * %s * ((%s)1 + tanh((%s)0.7978845608028654 * (%s + (%s)0.044715 * %s * "
+                  "(%s)0.5 * %s * ((%s)1 + %s((%s)0.7978845608028654 * (%s + (%s)0.044715 * %s * "
                   "%s * %s)));\n",
-                  T, a, T, T, a, T, a, a, a);
+                  T, a, T, TANH, T, a, T, a, a, a);
         return;
-    case JDT_OP_SILU: sb_printf(s, "%s / ((%s)1 + exp(-%s));\n", a, T, a); return;
-    case JDT_OP_SIGMOID: sb_printf(s, "(%s)1 / ((%s)1 + exp(-%s));\n", T, T, a); return;
+    case JDT_OP_SILU: sb_printf(s, "%s / ((%s)1 + %s(-%s));\n", a, T, EXP, a); return;
+    case JDT_OP_SIGMOID: sb_printf(s, "(%s)1 / ((%s)1 + %s(-%s));\n", T, T, EXP, a); return;
     case JDT_OP_ABS: sb_printf(s, "fabs(%s);\n", a); return;
     case JDT_OP_ADD: sb_printf(s, "%s + %s;\n", a, b); return;
     case JDT_OP_SUB: sb_printf(s, "%s - %s;\n", a, b); return;
@@ -345,20 +347,22 @@ static void emit_value_full(sbuf *s, const nest *N, int id)
         return;
     }
     const char *T = ctype(m->dtype);
+    const char *EXP = m->dtype == JDT_DTYPE_F32 ? "jdt_expf" : "exp";
+    const char *TANH = m->dtype == JDT_DTYPE_F32 ? "jdt_tanhf" : "tanh";
     char x[96], dy[96];
     operand(N, m, 0, x, sizeof x);
     operand(N, m, 1, dy, sizeof dy);
     if (m->op == JDT_OP_GELU_GRAD) {
         sb_printf(s,
-                  "        const %s t%d = tanh((%s)0.7978845608028654 * (%s + (%s)0.044715 * %s * %s "
+                  "        const %s t%d = %s((%s)0.7978845608028654 * (%s + (%s)0.044715 * %s * %s "
                   "* %s));\n",
-                  T, id, T, x, T, x, x, x);
+                  T, id, TANH, T, x, T, x, x, x);
         sb_printf(s,
                   "        const %s v%d = %s * ((%s)0.5 * ((%s)1 + t%d) + (%s)0.5 * %s * ((%s)1 - "
                   "t%d * t%d) * (%s)0.7978845608028654 * ((%s)1 + (%s)0.134145 * %s * %s));\n",
                   T, id, dy, T, T, id, T, x, T, id, id, T, T, T, x, x);
     } else {
-        sb_printf(s, "        const %s t%d = (%s)1 / ((%s)1 + exp(-%s));\n", T, id, T, T, x);
+        sb_printf(s, "        const %s t%d = (%s)1 / ((%s)1 + %s(-%s));\n", T, id, T, T, EXP, x);
         sb_printf(s, "        const %s v%d = %s * t%d * ((%s)1 + %s * ((%s)1 - t%d));\n", T, id, dy,
                   id, T, x, T, id);
     }
@@ -542,7 +546,34 @@ static const char PRELUDE[] =
     "    }\n"
     "    return c0;\n}\n"
     "__attribute__((unused)) static inline float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
-    "(1.0f / 16777216.0f); }\n\n";
+    "(1.0f / 16777216.0f); }\n"
+    /* exp and tanh for f32 written so the loop vectoriser can inline them (glibc's are scalar
+     * calls without -ffast-math): Cody-Waite range reduction and the Cephes minimax polynomials,
+     * about 1-2 ulp; NaN and +-Inf are handled explicitly so their semantics hold. */
+    "__attribute__((unused)) static inline float jdt_expf(float x)\n{\n"
+    "    float xc = x > 88.8f ? 88.8f : x < -104.0f ? -104.0f : x;\n"
+    "    float n = floorf(xc * 1.44269504088896341f + 0.5f);\n"
+    "    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;\n"
+    "    float p = 1.9875691500e-4f;\n"
+    "    p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;\n"
+    "    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;\n"
+    "    float y = p * r * r + r + 1.0f;\n"
+    "    int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;\n" /* two factors: no overflow */
+    "    union { uint32_t u; float f; } b1, b2;\n"
+    "    b1.u = (uint32_t)(n1 + 127) << 23; b2.u = (uint32_t)(n2 + 127) << 23;\n"
+    "    y = y * b1.f * b2.f;\n"
+    "    y = x > 88.7228394f ? (float)INFINITY : x < -103.9720840f ? 0.0f : y;\n"
+    "    return x != x ? x : y;\n}\n"
+    "__attribute__((unused)) static inline float jdt_tanhf(float x)\n{\n"
+    "    float a = fabsf(x), z = x * x;\n"
+    "    float p = -5.70498872745e-3f;\n"
+    "    p = p * z + 2.06390887954e-2f; p = p * z - 5.37397155531e-2f;\n"
+    "    p = p * z + 1.33314422036e-1f; p = p * z - 3.33332819422e-1f;\n"
+    "    float small = x + x * z * p;\n"
+    "    float e = jdt_expf(2.0f * (a < 9.0f ? a : 9.0f));\n"
+    "    float big = 1.0f - 2.0f / (e + 1.0f);\n"
+    "    big = x < 0.0f ? -big : big;\n"
+    "    return x != x ? x : a < 0.625f ? small : big;\n}\n\n";
 
 jdt_status jdt_compile_codegen(const cprog *c, char **src, jdt_err *e)
 {

@@ -25,7 +25,8 @@ typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
                               ~/.cache/jdt-train */
     const char *cc;        /* NULL: $CC, else "cc" */
-    const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno" (no fast-math: NaN/Inf
+    const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno -fno-trapping-math" (no
+                              fast-math: NaN/Inf
                               semantics must hold) */
     int threads;           /* 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */

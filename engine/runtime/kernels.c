@@ -68,6 +68,7 @@ int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int
         }
         float *o = out + r * C;
         const float *s = src + i * C;
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) o[c] += s[c];
     }
     return bad;
@@ -103,6 +104,7 @@ void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
             s += yr[c];
         }
         float inv = 1.0f / s;
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) yr[c] *= inv;
     }
 }
@@ -115,6 +117,7 @@ void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, i
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) s += dyr[c] * yr[c];
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) dx[n * C + c] = yr[c] * (dyr[c] - s);
     }
 }
@@ -124,6 +127,7 @@ void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         float l = row_lse(x + n * C, C);
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) y[n * C + c] = x[n * C + c] - l;
     }
 }
@@ -137,6 +141,7 @@ void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t 
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) s += dyr[c];
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) dx[n * C + c] = dyr[c] - expf(yr[c]) * s;
     }
 }
@@ -198,6 +203,7 @@ void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
     for (int64_t n = 0; n < N; n++) {
         float mu, r;
         row_moments(x + n * C, C, eps, &mu, &r);
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) y[n * C + c] = (x[n * C + c] - mu) * r;
     }
 }
@@ -217,6 +223,7 @@ void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t
         }
         sg /= (float)C;
         sgx /= (float)C;
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) dx[n * C + c] = r * (g[c] - sg - (xr[c] - mu) * r * sgx);
     }
 }
@@ -230,6 +237,7 @@ void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float 
 #pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) s += xr[c] * xr[c];
         float r = 1.0f / sqrtf(s / (float)C + eps);
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) y[n * C + c] = xr[c] * r;
     }
 }
@@ -248,6 +256,7 @@ void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int
         }
         float r = 1.0f / sqrtf(s / (float)C + eps);
         float k = r * r * r * sgx / (float)C;
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) dx[n * C + c] = r * g[c] - xr[c] * k;
     }
 }
