@@ -10,6 +10,7 @@
  * never share an output.
  */
 #include "runtime/runtime.h"
+#include "runtime/runtime-impl.h"
 
 #include <math.h>
 #include <omp.h>
@@ -45,12 +46,12 @@ static float attend_row(const float *qi, const float *k, const float *v, int64_t
             bm = s[jj] > bm ? s[jj] : bm;
         }
         float mn = bm > m ? bm : m;
-        float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+        float corr = m == -INFINITY ? 0.0f : jdt_rt_expf(m - mn);
         l *= corr;
 #pragma omp simd
         for (int64_t d = 0; d < D; d++) acc[d] *= corr;
         for (int64_t jj = 0; jj < jn; jj++) {
-            float p = expf(s[jj] - mn);
+            float p = jdt_rt_expf(s[jj] - mn);
             const float *vj = v + (j0 + jj) * D;
             l += p;
 #pragma omp simd
@@ -103,7 +104,7 @@ void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const 
             float *dqi = dqb + i * D;
             for (int64_t j = 0; j <= i; j++) {
                 const float *kj = kb + j * D, *vj = vb + j * D;
-                float p = expf(scale * dot(qi, kj, D) - lse[i]);
+                float p = jdt_rt_expf(scale * dot(qi, kj, D) - lse[i]);
                 float ds = p * (dot(gi, vj, D) - delta[i]) * scale;
                 float *dkj = dkb + j * D, *dvj = dvb + j * D;
                 /* dq, dk, dv and the inputs are disjoint arrays: safe to vectorise */

@@ -6,6 +6,7 @@
  * Attention lives in attention.c.
  */
 #include "runtime/runtime.h"
+#include "runtime/runtime-impl.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -77,6 +78,7 @@ int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int
 static float row_max(const float *x, int64_t C)
 {
     float m = -INFINITY;
+#pragma omp simd reduction(max : m)
     for (int64_t c = 0; c < C; c++) m = x[c] > m ? x[c] : m;
     return m;
 }
@@ -88,7 +90,7 @@ static float row_lse(const float *x, int64_t C)
     if (m == -INFINITY) return -INFINITY;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; c++) s += expf(x[c] - m);
+    for (int64_t c = 0; c < C; c++) s += jdt_rt_expf(x[c] - m);
     return m + logf(s);
 }
 
@@ -99,8 +101,9 @@ void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
         const float *xr = x + n * C;
         float *yr = y + n * C;
         float m = row_max(xr, C), s = 0.0f;
+#pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) {
-            yr[c] = expf(xr[c] - m);
+            yr[c] = jdt_rt_expf(xr[c] - m);
             s += yr[c];
         }
         float inv = 1.0f / s;
@@ -142,7 +145,7 @@ void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t 
 #pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) s += dyr[c];
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = dyr[c] - expf(yr[c]) * s;
+        for (int64_t c = 0; c < C; c++) dx[n * C + c] = dyr[c] - jdt_rt_expf(yr[c]) * s;
     }
 }
 
@@ -178,7 +181,8 @@ void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const floa
         }
         const float *x = logits + n * V;
         float l = row_lse(x, V), g = dloss[n];
-        for (int64_t c = 0; c < V; c++) d[c] = g * expf(x[c] - l);
+#pragma omp simd
+        for (int64_t c = 0; c < V; c++) d[c] = g * jdt_rt_expf(x[c] - l);
         d[t] -= g;
     }
 }
