@@ -18,12 +18,13 @@
 
 #define ATT_BC 64 /* keys per block */
 
+
 int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt)
 {
     return (int64_t)(nt > 0 ? nt : 1) * (D + ATT_BC + 2 * T);
 }
 
-static float dot(const float *a, const float *b, int64_t n)
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n)
 {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -33,7 +34,7 @@ static float dot(const float *a, const float *b, int64_t n)
 
 /* One query row against keys [0, n_keys): writes o (D) and returns the row's log-sum-exp of the
  * scaled scores. acc (D) and s (ATT_BC) are scratch. */
-static float attend_row(const float *qi, const float *k, const float *v, int64_t n_keys,
+static inline __attribute__((always_inline)) float attend_row(const float *qi, const float *k, const float *v, int64_t n_keys,
                         int64_t D, float scale, float *o, float *acc, float *s)
 {
     float m = -INFINITY, l = 0.0f;
@@ -66,7 +67,7 @@ static float attend_row(const float *qi, const float *k, const float *v, int64_t
     return m + logf(l);
 }
 
-void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, int64_t B,
+JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, int64_t B,
                       int64_t H, int64_t T, int64_t D, float scale, float *scratch, int nt)
 {
     int64_t per = D + ATT_BC + 2 * T;
@@ -79,7 +80,7 @@ void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, 
     }
 }
 
-void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const float *o,
+JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const float *o,
                           const float *dout, float *dqkv, int64_t B, int64_t H, int64_t T,
                           int64_t D, float scale, float *scratch, int nt)
 {

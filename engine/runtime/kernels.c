@@ -75,7 +75,7 @@ int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int
     return bad;
 }
 
-static float row_max(const float *x, int64_t C)
+JDT_RT_INLINE float row_max(const float *x, int64_t C)
 {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -84,7 +84,7 @@ static float row_max(const float *x, int64_t C)
 }
 
 /* log(sum(exp(x - m))) + m, with m the row max (a row of -inf gives -inf). */
-static float row_lse(const float *x, int64_t C)
+JDT_RT_INLINE float row_lse(const float *x, int64_t C)
 {
     float m = row_max(x, C);
     if (m == -INFINITY) return -INFINITY;
@@ -94,7 +94,7 @@ static float row_lse(const float *x, int64_t C)
     return m + logf(s);
 }
 
-void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
+JDT_RT_CLONES void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -112,7 +112,7 @@ void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
     }
 }
 
-void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C, int nt)
+JDT_RT_CLONES void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -125,7 +125,7 @@ void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, i
     }
 }
 
-void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
+JDT_RT_CLONES void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -135,7 +135,7 @@ void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
     }
 }
 
-void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C,
+JDT_RT_CLONES void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C,
                             int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
@@ -149,7 +149,7 @@ void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t 
     }
 }
 
-int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss, int64_t N,
+JDT_RT_CLONES int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss, int64_t N,
                             int64_t V, int nt)
 {
     int64_t bad = 0;
@@ -168,7 +168,7 @@ int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss
     return bad;
 }
 
-void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
+JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
                              float *dlogits, int64_t N, int64_t V, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * V >= PAR_MIN_WORK)
@@ -189,7 +189,7 @@ void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const floa
 
 /* Mean and 1/sqrt(var + eps) of a row, two passes in f32 (the centred second pass keeps the
  * variance accurate when |mean| >> std). */
-static void row_moments(const float *x, int64_t C, float eps, float *mean, float *rstd)
+JDT_RT_INLINE void row_moments(const float *x, int64_t C, float eps, float *mean, float *rstd)
 {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -201,7 +201,7 @@ static void row_moments(const float *x, int64_t C, float eps, float *mean, float
     *rstd = 1.0f / sqrtf(v / (float)C + eps);
 }
 
-void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
+JDT_RT_CLONES void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -212,7 +212,7 @@ void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
     }
 }
 
-void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
+JDT_RT_CLONES void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
                           float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
@@ -232,7 +232,7 @@ void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t
     }
 }
 
-void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
+JDT_RT_CLONES void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -246,7 +246,7 @@ void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float 
     }
 }
 
-void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
+JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
                               int64_t C, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)

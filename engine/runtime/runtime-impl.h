@@ -18,7 +18,17 @@
 /* c ? a : b without a branch: a float compare is a possibly-trapping operation, so GCC keeps
  * `?:` on floats as control flow (and gives up vectorising) unless -fno-trapping-math; integer
  * masks select the same values. */
-static inline float jdt_rt_sel(int c, float a, float b)
+/* The library is built for baseline x86-64 (SSE2). Hot row kernels and attention are also
+ * compiled for x86-64-v3 (AVX2 + FMA) and the best clone is picked at load time (GCC function
+ * multiversioning, an ifunc); helpers they call are always_inline so each clone gets its own. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(JDT_NO_CLONES)
+#define JDT_RT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define JDT_RT_CLONES
+#endif
+#define JDT_RT_INLINE static inline __attribute__((always_inline))
+
+JDT_RT_INLINE float jdt_rt_sel(int c, float a, float b)
 {
     uint32_t ua, ub, m = (uint32_t)0 - (uint32_t)c;
     memcpy(&ua, &a, 4);
@@ -28,7 +38,7 @@ static inline float jdt_rt_sel(int c, float a, float b)
     return a;
 }
 
-static inline float jdt_rt_expf(float x)
+JDT_RT_INLINE float jdt_rt_expf(float x)
 {
     int hi = x > 88.8f, lo = x < -104.0f, nan = x != x;
     float xc = jdt_rt_sel(hi, 88.8f, jdt_rt_sel(lo, -104.0f, jdt_rt_sel(nan, 0.0f, x)));

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""kernels_ref.py SCALE THREADS — the peers of build/bench/kernels (same cases, same sizes) in
-JAX and PyTorch on the CPU, whichever is importable. Prints "framework case median_ms" lines.
+"""kernels_ref.py SCALE THREADS [wall|cpu] — the peers of build/bench/kernels (same cases, same sizes) in
+JAX and PyTorch on the CPU, whichever is importable. Prints "framework case min_ms" lines (least disturbed of 15 runs).
 Thread count: JAX/XLA uses the whole machine unless XLA_FLAGS limits it (kernels.sh sets it);
 torch.set_num_threads(THREADS)."""
 import sys, time, os
@@ -10,15 +10,15 @@ threads = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 N, C, V = int(2048 * scale), 768, 8192
 B, H, D = 2, 12, 64
 T = max(16, int(256 * min(scale, 1.0) + 0.5))
-REPS = 9
+REPS = 15
+clock = time.process_time if len(sys.argv) > 3 and sys.argv[3] == "cpu" else time.perf_counter
 
-def median_ms(fn, sync):
+def min_ms(fn, sync):
     sync(fn())  # compile / warm up
     ts = []
     for _ in range(REPS):
-        t0 = time.perf_counter(); sync(fn()); ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2] * 1e3
+        t0 = clock(); sync(fn()); ts.append(clock() - t0)
+    return min(ts) * 1e3
 
 def run_jax():
     import jax, jax.numpy as jnp
@@ -52,7 +52,7 @@ def run_jax():
              ("layernorm_affine", lambda: f_ln(x, w, b)), ("xent_fwd_bwd", lambda: f_xent(logits, tg, dl)),
              ("attention_fwd", lambda: f_att(q, k, v)), ("attention_bwd", lambda: f_att_bwd(q, k, v, do))]
     for name, fn in cases:
-        print(f"jax {name} {median_ms(fn, sync):.3f}", flush=True)
+        print(f"jax {name} {min_ms(fn, sync):.3f}", flush=True)
 
 def run_torch():
     import torch
@@ -79,7 +79,7 @@ def run_torch():
     with torch.no_grad():
         pass
     for name, fn in cases:
-        print(f"torch {name} {median_ms(fn, lambda t: None):.3f}", flush=True)
+        print(f"torch {name} {min_ms(fn, lambda t: None):.3f}", flush=True)
 
 for name, runner in (("jax", run_jax), ("torch", run_torch)):
     try:
