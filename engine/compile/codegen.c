@@ -508,8 +508,26 @@ static void emit_group(sbuf *s, const cprog *c, int gi, int kernel, int nt, jdt_
     }
     int64_t out_n = jdt_shape_numel(&root->shape);
     sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] = %s;\n", (long long)out_n, w, init);
-    if (N.kept[0]) emit_parallel(s, &N, 1, nt);
-    emit_loops(s, &N, 0, N.n);
+    int64_t last = N.dims[N.n - 1];
+    bool col_tiles = !N.kept[0] && N.n > 1 && N.kept[N.n - 1] && nt > 1 && last >= 32 &&
+                     jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS;
+    if (col_tiles) {
+        /* a leading reduced dim (bias gradients): threads own column tiles of the innermost
+         * kept dim, so every thread accumulates into its own outputs and reads stay
+         * contiguous */
+        int64_t tile = (last + 4 * nt - 1) / (4 * nt);
+        tile = (tile + 15) / 16 * 16;
+        sb_printf(s, "    #pragma omp parallel for num_threads(%d)\n", nt);
+        sb_printf(s, "    for (int64_t cb = 0; cb < %lldLL; cb += %lldLL)\n", (long long)last,
+                  (long long)tile);
+        emit_loops(s, &N, 0, N.n - 1);
+        sb_printf(s, "    for (int64_t i%d = cb; i%d < (cb + %lldLL < %lldLL ? cb + %lldLL : %lldLL); i%d++)\n",
+                  N.n - 1, N.n - 1, (long long)tile, (long long)last, (long long)tile, (long long)last,
+                  N.n - 1);
+    } else {
+        if (N.kept[0]) emit_parallel(s, &N, 1, nt);
+        emit_loops(s, &N, 0, N.n);
+    }
     sb_printf(s, "    {\n");
     emit_loads(s, &N);
     for (int i = 0; i < g->n_members; i++)
