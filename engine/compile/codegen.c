@@ -566,8 +566,8 @@ static const char PRELUDE[] =
     "__attribute__((unused)) static inline float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
     "(1.0f / 16777216.0f); }\n"
     /* exp and tanh for f32 written so the loop vectoriser can inline them (glibc's are scalar
-     * calls without -ffast-math): Cody-Waite range reduction and the Cephes minimax polynomials,
-     * about 1-2 ulp; NaN and +-Inf are handled explicitly so their semantics hold. */
+     * calls without -ffast-math). exp: Cody-Waite range reduction and the Cephes polynomial,
+     * max relative error 8e-8 measured; NaN and +-Inf are handled explicitly. */
     "__attribute__((unused)) static inline float jdt_expf(float x)\n{\n"
     "    float xc = x > 88.8f ? 88.8f : x < -104.0f ? -104.0f : x;\n"
     "    float n = floorf(xc * 1.44269504088896341f + 0.5f);\n"
@@ -582,16 +582,21 @@ static const char PRELUDE[] =
     "    y = y * b1.f * b2.f;\n"
     "    y = x > 88.7228394f ? (float)INFINITY : x < -103.9720840f ? 0.0f : y;\n"
     "    return x != x ? x : y;\n}\n"
+    /* tanh: a [13/6] rational minimax approximation on [-7.905, 7.905] (the form Eigen uses
+     * for float tanh): one division, no exp; max relative error 3.8e-7 measured */
     "__attribute__((unused)) static inline float jdt_tanhf(float x)\n{\n"
-    "    float a = fabsf(x), z = x * x;\n"
-    "    float p = -5.70498872745e-3f;\n"
-    "    p = p * z + 2.06390887954e-2f; p = p * z - 5.37397155531e-2f;\n"
-    "    p = p * z + 1.33314422036e-1f; p = p * z - 3.33332819422e-1f;\n"
-    "    float small = x + x * z * p;\n"
-    "    float e = jdt_expf(2.0f * (a < 9.0f ? a : 9.0f));\n"
-    "    float big = 1.0f - 2.0f / (e + 1.0f);\n"
-    "    big = x < 0.0f ? -big : big;\n"
-    "    return x != x ? x : a < 0.625f ? small : big;\n}\n\n";
+    "    const float c = 7.90531110763549805f;\n"
+    "    float xc = x > c ? c : x < -c ? -c : x, x2 = xc * xc;\n"
+    "    float p = -2.76076847742355e-16f;\n"
+    "    p = p * x2 + 2.00018790482477e-13f; p = p * x2 - 8.60467152213735e-11f;\n"
+    "    p = p * x2 + 5.12229709037114e-08f; p = p * x2 + 1.48572235717979e-05f;\n"
+    "    p = p * x2 + 6.37261928875436e-04f; p = p * x2 + 4.89352455891786e-03f;\n"
+    "    float q = 1.19825839466702e-06f;\n"
+    "    q = q * x2 + 1.18534705686654e-04f; q = q * x2 + 2.26843463243900e-03f;\n"
+    "    q = q * x2 + 4.89352518554385e-03f;\n"
+    "    float r = p * xc / q;\n"
+    "    r = fabsf(x) < 0.0004f ? x : r;\n"
+    "    return x != x ? x : r;\n}\n\n";
 
 jdt_status jdt_compile_codegen(const cprog *c, char **src, jdt_err *e)
 {
