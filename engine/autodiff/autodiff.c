@@ -11,32 +11,39 @@
 #include <string.h>
 
 /* Ops whose output does not vary (almost everywhere) with their float inputs: no gradient. */
-static bool piecewise_constant(jdt_op op) { return op == JDT_OP_GT || op == JDT_OP_GE; }
+static bool piecewise_constant(jdt_op op)
+{
+    return op == JDT_OP_GT || op == JDT_OP_GE;
+}
 
-jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params, jdt_tensor *const *params,
-                             jdt_tensor **grads, jdt_err *e)
+jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
+                             jdt_tensor *const *params, jdt_tensor **grads, jdt_err *e)
 {
     jdt_status st = JDT_OK;
     bool *dep = NULL, *live = NULL;
     jdt_tensor **ct = NULL;
-    for (int i = 0; i < n_params; i++) grads[i] = NULL;
+    for (int i = 0; i < n_params; i++)
+        grads[i] = NULL;
     if (!g || !loss) return jdt_err_set(e, JDT_ERR_INVALID, "autodiff: graph or loss is NULL");
-    if ((st = jdt_graph_error(g, e)) != JDT_OK) return jdt_err_prefix(e, "autodiff: graph has a builder error");
+    if ((st = jdt_graph_error(g, e)) != JDT_OK)
+        return jdt_err_prefix(e, "autodiff: graph has a builder error");
     int n = jdt_graph_n_nodes(g);
     if (loss->id < 0 || loss->id >= n || jdt_graph_node(g, loss->id) != loss)
         return jdt_err_set(e, JDT_ERR_INVALID, "autodiff: loss is not a node of this graph");
     if (!jdt_dtype_is_float(loss->dtype) || jdt_shape_numel(&loss->shape) != 1) {
         char s[128];
-        return jdt_err_set(e, JDT_ERR_INVALID, "autodiff: loss must be a one-element float tensor, got %s %s",
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "autodiff: loss must be a one-element float tensor, got %s %s",
                            jdt_shape_str(&loss->shape, s, sizeof s), jdt_dtype_name(loss->dtype));
     }
     for (int i = 0; i < n_params; i++) {
         jdt_tensor *p = params[i];
         if (!p || p->op != JDT_OP_PARAM || p->id >= n || jdt_graph_node(g, p->id) != p)
-            return jdt_err_set(e, JDT_ERR_INVALID, "autodiff: params[%d] is not a PARAM of this graph", i);
+            return jdt_err_set(e, JDT_ERR_INVALID,
+                               "autodiff: params[%d] is not a PARAM of this graph", i);
         if (!jdt_dtype_is_float(p->dtype))
-            return jdt_err_set(e, JDT_ERR_INVALID, "autodiff: param '%s' has non-float dtype %s", p->name,
-                               jdt_dtype_name(p->dtype));
+            return jdt_err_set(e, JDT_ERR_INVALID, "autodiff: param '%s' has non-float dtype %s",
+                               p->name, jdt_dtype_name(p->dtype));
     }
     dep = jdt_calloc((size_t)n, sizeof *dep);
     live = jdt_calloc((size_t)n, sizeof *live);
@@ -46,12 +53,15 @@ jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params, jdt_t
         goto out;
     }
     /* dep[i]: node i depends differentiably on a requested parameter */
-    for (int i = 0; i < n_params; i++) dep[params[i]->id] = true;
+    for (int i = 0; i < n_params; i++)
+        dep[params[i]->id] = true;
     for (int i = 0; i <= loss->id; i++) {
         jdt_tensor *t = jdt_graph_node(g, i);
-        if (t->op == JDT_OP_STOP_GRADIENT || piecewise_constant(t->op) || !jdt_dtype_is_float(t->dtype))
+        if (t->op == JDT_OP_STOP_GRADIENT || piecewise_constant(t->op) ||
+            !jdt_dtype_is_float(t->dtype))
             continue;
-        for (int k = 0; k < t->n_inputs && !dep[i]; k++) dep[i] = dep[t->inputs[k]->id];
+        for (int k = 0; k < t->n_inputs && !dep[i]; k++)
+            dep[i] = dep[t->inputs[k]->id];
     }
     /* live[i]: node i lies on a path from a parameter to the loss */
     live[loss->id] = dep[loss->id];
@@ -61,19 +71,22 @@ jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params, jdt_t
         for (int k = 0; k < t->n_inputs; k++)
             if (dep[t->inputs[k]->id]) live[t->inputs[k]->id] = true;
     }
-    if (live[loss->id]) ct[loss->id] = jdt_graph_full(g, loss->dtype, loss->shape.ndim, loss->shape.dims, 1.0);
+    if (live[loss->id])
+        ct[loss->id] = jdt_graph_full(g, loss->dtype, loss->shape.ndim, loss->shape.dims, 1.0);
     for (int i = loss->id; i >= 0; i--) {
         jdt_tensor *t = jdt_graph_node(g, i);
         if (!live[i] || !ct[i] || t->n_inputs == 0) continue;
         bool need[JDT_MAX_INPUTS] = {false};
         jdt_tensor *dx[JDT_MAX_INPUTS] = {NULL};
-        for (int k = 0; k < t->n_inputs; k++) need[k] = live[t->inputs[k]->id];
+        for (int k = 0; k < t->n_inputs; k++)
+            need[k] = live[t->inputs[k]->id];
         const jdt_op_info *info = jdt_op_info_get(t->op);
         if (!info->vjp) {
-            st = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                             "autodiff: op '%s' (node %d) has no VJP rule but lies on the gradient path "
-                             "from the loss to a parameter (fused backward ops are not differentiated again)",
-                             info->name, i);
+            st = jdt_err_set(
+                e, JDT_ERR_UNSUPPORTED,
+                "autodiff: op '%s' (node %d) has no VJP rule but lies on the gradient path "
+                "from the loss to a parameter (fused backward ops are not differentiated again)",
+                info->name, i);
             goto out;
         }
         info->vjp(g, t, ct[i], need, dx);
@@ -85,8 +98,10 @@ jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params, jdt_t
             jdt_tensor *in = t->inputs[k];
             if (!need[k] || !dx[k]) continue;
             if (!jdt_shape_eq(&dx[k]->shape, &in->shape) || dx[k]->dtype != in->dtype) {
-                st = jdt_err_set(e, JDT_ERR_INTERNAL, "autodiff: VJP of '%s' (node %d) gave input %d a "
-                                 "cotangent of the wrong shape or dtype", info->name, i, k);
+                st = jdt_err_set(e, JDT_ERR_INTERNAL,
+                                 "autodiff: VJP of '%s' (node %d) gave input %d a "
+                                 "cotangent of the wrong shape or dtype",
+                                 info->name, i, k);
                 goto out;
             }
             ct[in->id] = ct[in->id] ? jdt_graph_add(g, ct[in->id], dx[k]) : dx[k];
@@ -94,15 +109,18 @@ jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params, jdt_t
     }
     for (int i = 0; i < n_params; i++) {
         jdt_tensor *p = params[i];
-        grads[i] = ct[p->id] ? ct[p->id] : jdt_graph_full(g, p->dtype, p->shape.ndim, p->shape.dims, 0.0);
+        grads[i] =
+            ct[p->id] ? ct[p->id] : jdt_graph_full(g, p->dtype, p->shape.ndim, p->shape.dims, 0.0);
     }
     if ((st = jdt_graph_error(g, e)) != JDT_OK) {
         jdt_err_prefix(e, "autodiff");
-        for (int i = 0; i < n_params; i++) grads[i] = NULL;
+        for (int i = 0; i < n_params; i++)
+            grads[i] = NULL;
     }
 out:
     if (st != JDT_OK)
-        for (int i = 0; i < n_params; i++) grads[i] = NULL;
+        for (int i = 0; i < n_params; i++)
+            grads[i] = NULL;
     jdt_free(dep);
     jdt_free(live);
     jdt_free(ct);

@@ -20,7 +20,7 @@
  * names the op and node id: fused backward ops are not differentiated again); or the graph's
  * sticky builder error if a backward node could not be built. On error grads are all NULL and
  * the graph may hold unreferenced backward nodes (harmless: they are not outputs). */
-jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params, jdt_tensor *const *params,
-                             jdt_tensor **grads, jdt_err *e);
+jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
+                             jdt_tensor *const *params, jdt_tensor **grads, jdt_err *e);
 
 #endif /* JDT_AUTODIFF_H */

@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 
-bool jdt_dtype_is_float(jdt_dtype dt) { return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64; }
+bool jdt_dtype_is_float(jdt_dtype dt)
+{
+    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64;
+}
 
 static void describe_inputs(int n, jdt_tensor *const *in, char *buf, size_t cap)
 {
@@ -47,12 +50,15 @@ static void propagate_axes(jdt_tensor *t)
     case JDT_OP_REDUCE_MAX:
     case JDT_OP_REDUCE_MEAN:
         for (int i = 0, k = 0; i < in[0]->shape.ndim; i++) {
-            if (!(a->i[0] & (1 << i))) t->axes[k++] = in[0]->axes[i];
-            else if (a->i[1]) t->axes[k++] = NULL;
+            if (!(a->i[0] & (1 << i)))
+                t->axes[k++] = in[0]->axes[i];
+            else if (a->i[1])
+                t->axes[k++] = NULL;
         }
         break;
     case JDT_OP_TRANSPOSE:
-        for (int k = 0; k < nd; k++) t->axes[k] = in[0]->axes[a->i[k]];
+        for (int k = 0; k < nd; k++)
+            t->axes[k] = in[0]->axes[a->i[k]];
         break;
     case JDT_OP_RESHAPE: {
         const jdt_shape *s = &in[0]->shape;
@@ -70,13 +76,15 @@ static void propagate_axes(jdt_tensor *t)
     case JDT_OP_MATMUL: {
         const jdt_tensor *x = in[0], *y = in[1];
         int na = x->shape.ndim, nb = y->shape.ndim;
-        for (int i = 0; i < nd - 2; i++) t->axes[i] = x->axes[i];
+        for (int i = 0; i < nd - 2; i++)
+            t->axes[i] = x->axes[i];
         t->axes[nd - 2] = x->axes[na - (a->i[0] ? 1 : 2)];
         t->axes[nd - 1] = y->axes[nb - (a->i[1] ? 2 : 1)];
         break;
     }
     case JDT_OP_GATHER:
-        for (int i = 0; i < in[1]->shape.ndim; i++) t->axes[i] = in[1]->axes[i];
+        for (int i = 0; i < in[1]->shape.ndim; i++)
+            t->axes[i] = in[1]->axes[i];
         t->axes[nd - 1] = in[0]->axes[1];
         break;
     case JDT_OP_SCATTER_ADD:
@@ -86,7 +94,8 @@ static void propagate_axes(jdt_tensor *t)
         t->axes[0] = in[0]->axes[0] ? in[0]->axes[0] : in[1]->axes[0];
         break;
     case JDT_OP_ATTENTION_BWD:
-        for (int i = 0; i < 4; i++) t->axes[i + 1] = in[0]->axes[i];
+        for (int i = 0; i < 4; i++)
+            t->axes[i + 1] = in[0]->axes[i];
         break;
     default:
         /* Same-shape ops (elementwise, row ops, slice/concat, cast ...): per dim, the first
@@ -114,6 +123,10 @@ jdt_tensor *jdt_graph_op(jdt_graph *g, jdt_op op, int n_inputs, jdt_tensor *cons
     if (info->arity >= 0 ? n_inputs != info->arity : (n_inputs < 1 || n_inputs > JDT_MAX_INPUTS)) {
         jdt_graph_fail(g, JDT_ERR_INVALID, "op '%s': got %d inputs, expects %d", info->name,
                        n_inputs, info->arity);
+        return NULL;
+    }
+    if (n_inputs > 0 && !inputs) {
+        jdt_graph_fail(g, JDT_ERR_INVALID, "op '%s': inputs array is NULL", info->name);
         return NULL;
     }
     for (int i = 0; i < n_inputs; i++) {
@@ -165,13 +178,25 @@ static jdt_tensor *leaf(jdt_graph *g, jdt_op op, const char *name, jdt_dtype dt,
             return NULL;
         }
         if (jdt_graph_find(g, name)) {
-            jdt_graph_fail(g, JDT_ERR_INVALID, "%s '%s': name already used in this graph", what, name);
+            jdt_graph_fail(g, JDT_ERR_INVALID, "%s '%s': name already used in this graph", what,
+                           name);
             return NULL;
         }
     }
     if (ndim < 0 || ndim > JDT_MAX_DIMS || (ndim > 0 && !dims)) {
         jdt_graph_fail(g, JDT_ERR_SHAPE, "%s '%s': rank %d out of range 0..%d", what,
                        name ? name : "", ndim, JDT_MAX_DIMS);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (dims[i] <= 0) {
+            jdt_graph_fail(g, JDT_ERR_SHAPE, "%s '%s': dim %d is %lld (must be > 0)", what,
+                           name ? name : "", i, (long long)dims[i]);
+            return NULL;
+        }
+    if ((int)dt < 0 || dt >= JDT_DTYPE_COUNT) {
+        jdt_graph_fail(g, JDT_ERR_INVALID, "%s '%s': unknown dtype %d", what, name ? name : "",
+                       (int)dt);
         return NULL;
     }
     jdt_shape s = jdt_shape_make(ndim, dims);
@@ -268,8 +293,11 @@ static jdt_tensor *op2(jdt_graph *g, jdt_op op, jdt_tensor *x, jdt_tensor *y, co
     return jdt_graph_op(g, op, 2, in, a, JDT_DTYPE_F32, NULL);
 }
 
-#define UNARY_(fn, OP)                                                                              \
-    jdt_tensor *jdt_graph_##fn(jdt_graph *g, jdt_tensor *x) { return op1(g, JDT_OP_##OP, x, NULL); }
+#define UNARY_(fn, OP)                                                                             \
+    jdt_tensor *jdt_graph_##fn(jdt_graph *g, jdt_tensor *x)                                        \
+    {                                                                                              \
+        return op1(g, JDT_OP_##OP, x, NULL);                                                       \
+    }
 UNARY_(neg, NEG)
 UNARY_(exp, EXP)
 UNARY_(log, LOG)
@@ -286,10 +314,10 @@ UNARY_(softmax, SOFTMAX)
 UNARY_(log_softmax, LOG_SOFTMAX)
 #undef UNARY_
 
-#define BINARY_(fn, OP)                                                                             \
-    jdt_tensor *jdt_graph_##fn(jdt_graph *g, jdt_tensor *a, jdt_tensor *b)                          \
-    {                                                                                               \
-        return op2(g, JDT_OP_##OP, a, b, NULL);                                                     \
+#define BINARY_(fn, OP)                                                                            \
+    jdt_tensor *jdt_graph_##fn(jdt_graph *g, jdt_tensor *a, jdt_tensor *b)                         \
+    {                                                                                              \
+        return op2(g, JDT_OP_##OP, a, b, NULL);                                                    \
     }
 BINARY_(add, ADD)
 BINARY_(sub, SUB)
@@ -342,10 +370,10 @@ static jdt_tensor *binary_bcast(jdt_graph *g, jdt_op op, jdt_tensor *a, jdt_tens
     return op2(g, op, bcast_to(g, a, &s), bcast_to(g, b, &s), NULL);
 }
 
-#define BCAST_(fn, OP)                                                                              \
-    jdt_tensor *jdt_graph_##fn##_bcast(jdt_graph *g, jdt_tensor *a, jdt_tensor *b)                  \
-    {                                                                                               \
-        return binary_bcast(g, JDT_OP_##OP, a, b);                                                  \
+#define BCAST_(fn, OP)                                                                             \
+    jdt_tensor *jdt_graph_##fn##_bcast(jdt_graph *g, jdt_tensor *a, jdt_tensor *b)                 \
+    {                                                                                              \
+        return binary_bcast(g, JDT_OP_##OP, a, b);                                                 \
     }
 BCAST_(add, ADD)
 BCAST_(sub, SUB)
@@ -385,7 +413,8 @@ jdt_tensor *jdt_graph_cast(jdt_graph *g, jdt_tensor *x, jdt_dtype dt)
     return jdt_graph_op(g, JDT_OP_CAST, 1, in, NULL, dt, NULL);
 }
 
-jdt_tensor *jdt_graph_dropout(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, double rate, uint64_t key)
+jdt_tensor *jdt_graph_dropout(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, double rate,
+                              uint64_t key)
 {
     jdt_attrs a = {.i = {(int64_t)key}, .f = {rate}};
     return op2(g, JDT_OP_DROPOUT, x, step, &a);
@@ -393,8 +422,10 @@ jdt_tensor *jdt_graph_dropout(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, dou
 
 jdt_tensor *jdt_graph_broadcast(jdt_graph *g, jdt_tensor *x, int ndim, const int64_t *dims)
 {
-    if (ndim < 0 || ndim > JDT_MAX_DIMS) {
-        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'broadcast': rank %d out of range", ndim);
+    if (ndim < 0 || ndim > JDT_MAX_DIMS || (ndim > 0 && !dims)) {
+        if (g)
+            jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'broadcast': rank %d out of range (or dims NULL)",
+                           ndim);
         return NULL;
     }
     jdt_shape s = jdt_shape_make(ndim, dims);
@@ -425,8 +456,10 @@ jdt_tensor *jdt_graph_reduce_mean(jdt_graph *g, jdt_tensor *x, uint32_t axes_mas
 
 jdt_tensor *jdt_graph_reshape(jdt_graph *g, jdt_tensor *x, int ndim, const int64_t *dims)
 {
-    if (ndim < 0 || ndim > JDT_MAX_DIMS) {
-        if (g) jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'reshape': rank %d out of range", ndim);
+    if (ndim < 0 || ndim > JDT_MAX_DIMS || (ndim > 0 && !dims)) {
+        if (g)
+            jdt_graph_fail(g, JDT_ERR_SHAPE, "op 'reshape': rank %d out of range (or dims NULL)",
+                           ndim);
         return NULL;
     }
     jdt_shape s = jdt_shape_make(ndim, dims);
@@ -438,7 +471,12 @@ jdt_tensor *jdt_graph_transpose(jdt_graph *g, jdt_tensor *x, const int *perm)
 {
     jdt_attrs a;
     memset(&a, 0, sizeof a);
-    for (int k = 0; x && k < x->shape.ndim; k++) a.i[k] = perm[k];
+    if (x && !perm) {
+        if (g) jdt_graph_fail(g, JDT_ERR_INVALID, "op 'transpose': perm is NULL");
+        return NULL;
+    }
+    for (int k = 0; x && k < x->shape.ndim; k++)
+        a.i[k] = perm[k];
     return op1(g, JDT_OP_TRANSPOSE, x, &a);
 }
 
@@ -508,7 +546,8 @@ jdt_tensor *jdt_graph_rope(jdt_graph *g, jdt_tensor *x, double theta, bool inver
     return op1(g, JDT_OP_ROPE, x, &a);
 }
 
-jdt_tensor *jdt_graph_attention(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, jdt_tensor *v, double scale)
+jdt_tensor *jdt_graph_attention(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, jdt_tensor *v,
+                                double scale)
 {
     jdt_tensor *in[3] = {q, k, v};
     jdt_attrs a = {.f = {scale}};
@@ -532,4 +571,84 @@ jdt_tensor *jdt_graph_unbroadcast(jdt_graph *g, jdt_tensor *dx, const jdt_shape 
         if (i < lead || (shape->dims[i - lead] == 1 && dx->shape.dims[i] != 1)) mask |= 1u << i;
     jdt_tensor *r = mask ? jdt_graph_reduce_sum(g, dx, mask, false) : dx;
     return jdt_graph_reshape(g, r, shape->ndim, shape->dims);
+}
+
+void jdt_graph_fprint(const jdt_graph *g, FILE *f)
+{
+    for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
+        const jdt_tensor *t = jdt_graph_node(g, i);
+        char sh[128];
+        fprintf(f, "  %%%d = %s(", t->id, jdt_op_name(t->op));
+        for (int k = 0; k < t->n_inputs; k++)
+            fprintf(f, "%s%%%d", k ? ", " : "", t->inputs[k]->id);
+        fprintf(f, ")");
+        const jdt_attrs *a = &t->attrs;
+        bool any_i = false, any_f = false;
+        for (size_t k = 0; k < JDT_ARRAY_LEN(a->i); k++)
+            any_i |= a->i[k] != 0;
+        for (size_t k = 0; k < JDT_ARRAY_LEN(a->f); k++)
+            any_f |= a->f[k] != 0;
+        if (any_i)
+            fprintf(f, " i=[%lld %lld %lld %lld]", (long long)a->i[0], (long long)a->i[1],
+                    (long long)a->i[2], (long long)a->i[3]);
+        if (any_f) fprintf(f, " f=[%g %g]", a->f[0], a->f[1]);
+        fprintf(f, " : %s %s", jdt_shape_str(&t->shape, sh, sizeof sh), jdt_dtype_name(t->dtype));
+        bool named = false;
+        for (int d = 0; d < t->shape.ndim; d++)
+            named |= t->axes[d] != NULL;
+        if (named) {
+            fprintf(f, " [");
+            for (int d = 0; d < t->shape.ndim; d++)
+                fprintf(f, "%s%s", d ? ", " : "", t->axes[d] ? t->axes[d] : "_");
+            fprintf(f, "]");
+        }
+        if (t->name) fprintf(f, " '%s'", t->name);
+        if (t->flags & JDT_TENSOR_STATE) fprintf(f, " state");
+        fprintf(f, "\n");
+    }
+    for (int i = 0; i < jdt_graph_n_outputs(g); i++)
+        fprintf(f, "  output %d: %%%d\n", i, jdt_graph_output(g, i)->id);
+    for (int i = 0; i < jdt_graph_n_updates(g); i++) {
+        jdt_tensor *target, *value;
+        jdt_graph_update(g, i, &target, &value);
+        fprintf(f, "  update '%s' <- %%%d\n", target->name ? target->name : "?", value->id);
+    }
+}
+
+jdt_status jdt_graph_verify(const jdt_graph *g, jdt_err *e)
+{
+    if (!g) return jdt_err_set(e, JDT_ERR_INVALID, "verify: graph is NULL");
+    for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
+        jdt_tensor *t = jdt_graph_node(g, i);
+        if ((int)t->op < 0 || t->op >= JDT_OP_COUNT)
+            return jdt_err_set(e, JDT_ERR_INVALID, "verify: node %d has unknown op %d", i,
+                               (int)t->op);
+        const jdt_op_info *info = jdt_op_info_get(t->op);
+        if (t->id != i)
+            return jdt_err_set(e, JDT_ERR_INVALID, "verify: node %d (%s) has id %d", i, info->name,
+                               t->id);
+        if (info->arity >= 0 ? t->n_inputs != info->arity
+                             : (t->n_inputs < 1 || t->n_inputs > JDT_MAX_INPUTS))
+            return jdt_err_set(e, JDT_ERR_INVALID, "verify: node %d (%s) has %d inputs, expects %d",
+                               i, info->name, t->n_inputs, info->arity);
+        for (int k = 0; k < t->n_inputs; k++) {
+            const jdt_tensor *in = t->inputs[k];
+            if (!in || !belongs(g, in) || in->id >= i)
+                return jdt_err_set(
+                    e, JDT_ERR_INVALID,
+                    "verify: node %d (%s): input %d is not an earlier node of this graph", i,
+                    info->name, k);
+        }
+        jdt_dtype dt = t->dtype;
+        jdt_shape s = t->shape;
+        char why[256], a[128], b[128];
+        if (!info->shape(t->inputs, t->n_inputs, &t->attrs, &dt, &s, why, sizeof why))
+            return jdt_err_set(e, JDT_ERR_SHAPE, "verify: node %d (%s): %s", i, info->name, why);
+        if (dt != t->dtype || !jdt_shape_eq(&s, &t->shape))
+            return jdt_err_set(
+                e, JDT_ERR_SHAPE, "verify: node %d (%s) stores %s %s but its inputs give %s %s", i,
+                info->name, jdt_shape_str(&t->shape, a, sizeof a), jdt_dtype_name(t->dtype),
+                jdt_shape_str(&s, b, sizeof b), jdt_dtype_name(dt));
+    }
+    return JDT_OK;
 }

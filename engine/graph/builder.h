@@ -18,6 +18,8 @@
 
 #include "graph/graph.h"
 
+#include <stdio.h>
+
 /* ---- leaves ------------------------------------------------------------------------------- */
 
 /* A trainable parameter named `name` (unique among the graph's leaves) of shape dims[0..ndim)
@@ -37,8 +39,7 @@ jdt_tensor *jdt_graph_state(jdt_graph *g, const char *name, jdt_dtype dt, int nd
 jdt_tensor *jdt_graph_constant(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims,
                                const void *data);
 /* A CONSTANT with every element = value (no data stored). */
-jdt_tensor *jdt_graph_full(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims,
-                           double value);
+jdt_tensor *jdt_graph_full(jdt_graph *g, jdt_dtype dt, int ndim, const int64_t *dims, double value);
 /* A 0-d CONSTANT. */
 jdt_tensor *jdt_graph_scalar(jdt_graph *g, jdt_dtype dt, double value);
 /* IOTA: value = index along `axis`. dt may be f32, f64 or i32. */
@@ -155,6 +156,14 @@ bool jdt_shape_broadcast(const jdt_shape *a, const jdt_shape *b, jdt_shape *out)
 /* Sums dx down to `shape` (the inverse of a numpy broadcast to dx's shape): reduces the extra
  * leading axes and the axes where shape has size 1. Returns dx itself if already that shape. */
 jdt_tensor *jdt_graph_unbroadcast(jdt_graph *g, jdt_tensor *dx, const jdt_shape *shape);
+/* Re-checks every node of g as the builder would: inputs precede the node and belong to g, the
+ * arity fits, and the op's shape rule accepts the inputs and attrs and yields exactly the
+ * node's stored dtype and shape. For graphs rewritten by passes (jdt_graph_new_node does not
+ * check). Returns JDT_OK or ERR_SHAPE/ERR_INVALID naming the first bad node (id, op, reason). */
+jdt_status jdt_graph_verify(const jdt_graph *g, jdt_err *e);
+/* Writes one line per node to f: "  %id = op(inputs) attrs : shape dtype [axes] 'name' flags",
+ * then the outputs and updates. For debugging and `inspect`; the format is not a contract. */
+void jdt_graph_fprint(const jdt_graph *g, FILE *f);
 /* True for F32 and F64. */
 bool jdt_dtype_is_float(jdt_dtype dt);
 

@@ -10,8 +10,8 @@
 #include <string.h>
 
 typedef struct {
-    double *v;     /* (numel) value in double, already rounded to the node's dtype */
-    void *buf;     /* (numel) value in the node's dtype */
+    double *v; /* (numel) value in double, already rounded to the node's dtype */
+    void *buf; /* (numel) value in the node's dtype */
     int64_t numel;
 } node_val;
 
@@ -63,25 +63,39 @@ static jdt_status alloc_vals(jdt_interp *it, jdt_err *e)
 {
     int n = jdt_graph_n_nodes(it->g);
     if (n == it->n_alloc) return JDT_OK;
+    jdt_status st = JDT_OK;
     node_val *nv = jdt_realloc(it->vals, (size_t)(n ? n : 1) * sizeof *nv);
-    if (!nv) return jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory");
+    if (!nv) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory");
+        goto fail_free_vals;
+    }
     it->vals = nv;
     for (int i = it->n_alloc; i < n; i++) {
         jdt_tensor *t = jdt_graph_node(it->g, i);
         node_val *v = &nv[i];
         memset(v, 0, sizeof *v);
         it->n_alloc = i + 1;
-        if (!supported(t->dtype))
-            return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "interp: node %d (%s) has dtype %s (f32, f64, i32 supported)",
-                               i, jdt_op_name(t->op), jdt_dtype_name(t->dtype));
+        if (!supported(t->dtype)) {
+            st = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                             "interp: node %d (%s) has dtype %s (f32, f64, i32 supported)", i,
+                             jdt_op_name(t->op), jdt_dtype_name(t->dtype));
+            goto fail_free_vals;
+        }
         v->numel = jdt_shape_numel(&t->shape);
         v->v = jdt_malloc((size_t)v->numel * sizeof(double));
         v->buf = jdt_malloc((size_t)v->numel * jdt_dtype_size(t->dtype));
-        if (!v->v || !v->buf)
-            return jdt_err_set(e, JDT_ERR_NOMEM, "interp: out of memory for node %d (%s, %lld elements)",
-                               i, jdt_op_name(t->op), (long long)v->numel);
+        if (!v->v || !v->buf) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM,
+                             "interp: out of memory for node %d (%s, %lld elements)", i,
+                             jdt_op_name(t->op), (long long)v->numel);
+            goto fail_free_vals;
+        }
     }
     return JDT_OK;
+fail_free_vals:
+    /* all or nothing: a later run starts the allocation over */
+    free_vals(it);
+    return st;
 }
 
 /* ---- dtype conversion --------------------------------------------------------------------- */
@@ -89,9 +103,12 @@ static jdt_status alloc_vals(jdt_interp *it, jdt_err *e)
 static double load(jdt_dtype dt, const void *p, int64_t i)
 {
     switch (dt) {
-    case JDT_DTYPE_F32: return ((const float *)p)[i];
-    case JDT_DTYPE_F64: return ((const double *)p)[i];
-    default: return ((const int32_t *)p)[i];
+    case JDT_DTYPE_F32:
+        return ((const float *)p)[i];
+    case JDT_DTYPE_F64:
+        return ((const double *)p)[i];
+    default:
+        return ((const int32_t *)p)[i];
     }
 }
 
@@ -107,7 +124,10 @@ static void round_store(jdt_dtype dt, double *v, void *buf, int64_t n)
             ((double *)buf)[i] = v[i];
         } else {
             double x = v[i];
-            int32_t k = isnan(x) ? 0 : x >= 2147483647.0 ? INT32_MAX : x <= -2147483648.0 ? INT32_MIN : (int32_t)x;
+            int32_t k = isnan(x)             ? 0
+                        : x >= 2147483647.0  ? INT32_MAX
+                        : x <= -2147483648.0 ? INT32_MIN
+                                             : (int32_t)x;
             ((int32_t *)buf)[i] = k;
             v[i] = k;
         }
@@ -127,7 +147,8 @@ static void unravel(const jdt_shape *s, int64_t flat, int64_t *coord)
 static int64_t ravel(const jdt_shape *s, const int64_t *coord)
 {
     int64_t f = 0;
-    for (int d = 0; d < s->ndim; d++) f = f * s->dims[d] + coord[d];
+    for (int d = 0; d < s->ndim; d++)
+        f = f * s->dims[d] + coord[d];
     return f;
 }
 
@@ -135,7 +156,8 @@ static int64_t ravel(const jdt_shape *s, const int64_t *coord)
 static int64_t span(const jdt_shape *s, int lo, int hi)
 {
     int64_t n = 1;
-    for (int d = lo; d < hi; d++) n *= s->dims[d];
+    for (int d = lo; d < hi; d++)
+        n *= s->dims[d];
     return n;
 }
 
@@ -152,11 +174,16 @@ static double gelu_deriv(double x)
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
-static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double sigmoid(double x)
+{
+    return 1.0 / (1.0 + exp(-x));
+}
 
 /* ---- ops ---------------------------------------------------------------------------------- */
 
-#define FAIL(code, ...) (jdt_err_set(e, code, __VA_ARGS__), jdt_err_prefix(e, "interp: node %d (%s)", t->id, jdt_op_name(t->op)))
+#define FAIL(code, ...)                                                                            \
+    (jdt_err_set(e, code, __VA_ARGS__),                                                            \
+     jdt_err_prefix(e, "interp: node %d (%s)", t->id, jdt_op_name(t->op)))
 
 static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
 {
@@ -176,42 +203,117 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
     case JDT_OP_PARAM:
     case JDT_OP_INPUT:
         if (!t->data)
-            return FAIL(JDT_ERR_INVALID, "leaf '%s' has no bound data (set t->data)", t->name ? t->name : "?");
-        for (int64_t i = 0; i < n; i++) y[i] = load(t->dtype, t->data, i);
+            return FAIL(JDT_ERR_INVALID, "leaf '%s' has no bound data (set t->data)",
+                        t->name ? t->name : "?");
+        for (int64_t i = 0; i < n; i++)
+            y[i] = load(t->dtype, t->data, i);
         break;
     case JDT_OP_CONSTANT:
-        for (int64_t i = 0; i < n; i++) y[i] = t->data ? load(t->dtype, t->data, i) : a->f[0];
+        for (int64_t i = 0; i < n; i++)
+            y[i] = t->data ? load(t->dtype, t->data, i) : a->f[0];
         break;
-    case JDT_OP_NEG: for (int64_t i = 0; i < n; i++) y[i] = -x0[i]; break;
-    case JDT_OP_EXP: for (int64_t i = 0; i < n; i++) y[i] = exp(x0[i]); break;
-    case JDT_OP_LOG: for (int64_t i = 0; i < n; i++) y[i] = log(x0[i]); break;
-    case JDT_OP_TANH: for (int64_t i = 0; i < n; i++) y[i] = tanh(x0[i]); break;
-    case JDT_OP_SQRT: for (int64_t i = 0; i < n; i++) y[i] = sqrt(x0[i]); break;
-    case JDT_OP_RSQRT: for (int64_t i = 0; i < n; i++) y[i] = 1.0 / sqrt(x0[i]); break;
-    case JDT_OP_RELU: for (int64_t i = 0; i < n; i++) y[i] = x0[i] > 0 ? x0[i] : 0.0; break;
-    case JDT_OP_GELU: for (int64_t i = 0; i < n; i++) y[i] = gelu(x0[i]); break;
-    case JDT_OP_SILU: for (int64_t i = 0; i < n; i++) y[i] = x0[i] * sigmoid(x0[i]); break;
-    case JDT_OP_SIGMOID: for (int64_t i = 0; i < n; i++) y[i] = sigmoid(x0[i]); break;
-    case JDT_OP_ABS: for (int64_t i = 0; i < n; i++) y[i] = fabs(x0[i]); break;
-    case JDT_OP_ADD: for (int64_t i = 0; i < n; i++) y[i] = x0[i] + x1[i]; break;
-    case JDT_OP_SUB: for (int64_t i = 0; i < n; i++) y[i] = x0[i] - x1[i]; break;
-    case JDT_OP_MUL: for (int64_t i = 0; i < n; i++) y[i] = x0[i] * x1[i]; break;
-    case JDT_OP_DIV: for (int64_t i = 0; i < n; i++) y[i] = x0[i] / x1[i]; break;
-    case JDT_OP_MAX: for (int64_t i = 0; i < n; i++) y[i] = x0[i] >= x1[i] ? x0[i] : x1[i]; break;
-    case JDT_OP_MIN: for (int64_t i = 0; i < n; i++) y[i] = x0[i] <= x1[i] ? x0[i] : x1[i]; break;
-    case JDT_OP_GT: for (int64_t i = 0; i < n; i++) y[i] = x0[i] > x1[i] ? 1.0 : 0.0; break;
-    case JDT_OP_GE: for (int64_t i = 0; i < n; i++) y[i] = x0[i] >= x1[i] ? 1.0 : 0.0; break;
-    case JDT_OP_ADD_SCALAR: for (int64_t i = 0; i < n; i++) y[i] = x0[i] + a->f[0]; break;
-    case JDT_OP_MUL_SCALAR: for (int64_t i = 0; i < n; i++) y[i] = x0[i] * a->f[0]; break;
-    case JDT_OP_POW_SCALAR: for (int64_t i = 0; i < n; i++) y[i] = pow(x0[i], a->f[0]); break;
-    case JDT_OP_GELU_GRAD: for (int64_t i = 0; i < n; i++) y[i] = x1[i] * gelu_deriv(x0[i]); break;
+    case JDT_OP_NEG:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = -x0[i];
+        break;
+    case JDT_OP_EXP:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = exp(x0[i]);
+        break;
+    case JDT_OP_LOG:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = log(x0[i]);
+        break;
+    case JDT_OP_TANH:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = tanh(x0[i]);
+        break;
+    case JDT_OP_SQRT:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = sqrt(x0[i]);
+        break;
+    case JDT_OP_RSQRT:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = 1.0 / sqrt(x0[i]);
+        break;
+    case JDT_OP_RELU:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] > 0 ? x0[i] : 0.0;
+        break;
+    case JDT_OP_GELU:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = gelu(x0[i]);
+        break;
+    case JDT_OP_SILU:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] * sigmoid(x0[i]);
+        break;
+    case JDT_OP_SIGMOID:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = sigmoid(x0[i]);
+        break;
+    case JDT_OP_ABS:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = fabs(x0[i]);
+        break;
+    case JDT_OP_ADD:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] + x1[i];
+        break;
+    case JDT_OP_SUB:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] - x1[i];
+        break;
+    case JDT_OP_MUL:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] * x1[i];
+        break;
+    case JDT_OP_DIV:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] / x1[i];
+        break;
+    case JDT_OP_MAX:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] >= x1[i] ? x0[i] : x1[i];
+        break;
+    case JDT_OP_MIN:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] <= x1[i] ? x0[i] : x1[i];
+        break;
+    case JDT_OP_GT:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] > x1[i] ? 1.0 : 0.0;
+        break;
+    case JDT_OP_GE:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] >= x1[i] ? 1.0 : 0.0;
+        break;
+    case JDT_OP_ADD_SCALAR:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] + a->f[0];
+        break;
+    case JDT_OP_MUL_SCALAR:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] * a->f[0];
+        break;
+    case JDT_OP_POW_SCALAR:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = pow(x0[i], a->f[0]);
+        break;
+    case JDT_OP_GELU_GRAD:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x1[i] * gelu_deriv(x0[i]);
+        break;
     case JDT_OP_SILU_GRAD:
         for (int64_t i = 0; i < n; i++) {
             double sg = sigmoid(x0[i]);
             y[i] = x1[i] * sg * (1.0 + x0[i] * (1.0 - sg));
         }
         break;
-    case JDT_OP_SELECT: for (int64_t i = 0; i < n; i++) y[i] = x0[i] != 0 ? x1[i] : x2[i]; break;
+    case JDT_OP_SELECT:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x0[i] != 0 ? x1[i] : x2[i];
+        break;
     case JDT_OP_CAST:
     case JDT_OP_STOP_GRADIENT:
     case JDT_OP_RESHAPE:
@@ -231,7 +333,8 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         int lead = so->ndim - s0->ndim;
         for (int64_t i = 0; i < n; i++) {
             unravel(so, i, co);
-            for (int d = 0; d < s0->ndim; d++) ci[d] = s0->dims[d] == 1 ? 0 : co[d + lead];
+            for (int d = 0; d < s0->ndim; d++)
+                ci[d] = s0->dims[d] == 1 ? 0 : co[d + lead];
             y[i] = x0[ravel(s0, ci)];
         }
         break;
@@ -242,21 +345,27 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         int64_t ci[JDT_MAX_DIMS], co[JDT_MAX_DIMS];
         int64_t n_in = jdt_shape_numel(s0);
         bool is_max = t->op == JDT_OP_REDUCE_MAX;
-        for (int64_t i = 0; i < n; i++) y[i] = is_max ? -INFINITY : 0.0;
+        for (int64_t i = 0; i < n; i++)
+            y[i] = is_max ? -INFINITY : 0.0;
         for (int64_t i = 0; i < n_in; i++) {
             unravel(s0, i, ci);
             int k = 0;
             for (int d = 0; d < s0->ndim; d++) {
-                if (!(a->i[0] & (1 << d))) co[k++] = ci[d];
-                else if (a->i[1]) co[k++] = 0;
+                if (!(a->i[0] & (1 << d)))
+                    co[k++] = ci[d];
+                else if (a->i[1])
+                    co[k++] = 0;
             }
             int64_t o = ravel(so, co);
-            if (is_max) y[o] = x0[i] > y[o] ? x0[i] : y[o];
-            else y[o] += x0[i];
+            if (is_max)
+                y[o] = x0[i] > y[o] ? x0[i] : y[o];
+            else
+                y[o] += x0[i];
         }
         if (t->op == JDT_OP_REDUCE_MEAN) {
             double cnt = (double)(n_in / n);
-            for (int64_t i = 0; i < n; i++) y[i] /= cnt;
+            for (int64_t i = 0; i < n; i++)
+                y[i] /= cnt;
         }
         break;
     }
@@ -264,7 +373,8 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         int64_t co[JDT_MAX_DIMS], ci[JDT_MAX_DIMS];
         for (int64_t i = 0; i < n; i++) {
             unravel(so, i, co);
-            for (int k = 0; k < so->ndim; k++) ci[a->i[k]] = co[k];
+            for (int k = 0; k < so->ndim; k++)
+                ci[a->i[k]] = co[k];
             y[i] = x0[ravel(s0, ci)];
         }
         break;
@@ -307,7 +417,8 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
                 for (int64_t nn = 0; nn < N; nn++) {
                     double acc = 0;
                     for (int64_t k = 0; k < K; k++)
-                        acc += (ta ? A[k * M + m] : A[m * K + k]) * (tb ? B[nn * K + k] : B[k * N + nn]);
+                        acc += (ta ? A[k * M + m] : A[m * K + k]) *
+                               (tb ? B[nn * K + k] : B[k * N + nn]);
                     y[(bt * M + m) * N + nn] = acc;
                 }
         }
@@ -332,7 +443,8 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
             if (id < 0 || id >= V)
                 return FAIL(JDT_ERR_INVALID, "index %lld at position %lld out of range [0, %lld)",
                             (long long)id, (long long)r, (long long)V);
-            for (int64_t c = 0; c < C; c++) y[id * C + c] += x0[r * C + c];
+            for (int64_t c = 0; c < C; c++)
+                y[id * C + c] += x0[r * C + c];
         }
         break;
     }
@@ -347,7 +459,8 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
     case JDT_OP_CAUSAL_MASK: {
         int64_t T = so->dims[0];
         for (int64_t r = 0; r < T; r++)
-            for (int64_t c = 0; c < T; c++) y[r * T + c] = c <= r ? 0.0 : -INFINITY;
+            for (int64_t c = 0; c < T; c++)
+                y[r * T + c] = c <= r ? 0.0 : -INFINITY;
         break;
     }
     case JDT_OP_SOFTMAX:
@@ -355,10 +468,13 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         for (int64_t r = 0; r < rows; r++) {
             const double *xr = x0 + r * last;
             double mx = -INFINITY, sum = 0;
-            for (int64_t c = 0; c < last; c++) mx = xr[c] > mx ? xr[c] : mx;
-            for (int64_t c = 0; c < last; c++) sum += exp(xr[c] - mx);
             for (int64_t c = 0; c < last; c++)
-                y[r * last + c] = t->op == JDT_OP_SOFTMAX ? exp(xr[c] - mx) / sum : xr[c] - mx - log(sum);
+                mx = xr[c] > mx ? xr[c] : mx;
+            for (int64_t c = 0; c < last; c++)
+                sum += exp(xr[c] - mx);
+            for (int64_t c = 0; c < last; c++)
+                y[r * last + c] =
+                    t->op == JDT_OP_SOFTMAX ? exp(xr[c] - mx) / sum : xr[c] - mx - log(sum);
         }
         break;
     case JDT_OP_SOFTMAX_BWD:
@@ -366,9 +482,11 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         for (int64_t r = 0; r < rows; r++) {
             const double *yr = x0 + r * last, *dr = x1 + r * last;
             double acc = 0;
-            for (int64_t c = 0; c < last; c++) acc += t->op == JDT_OP_SOFTMAX_BWD ? dr[c] * yr[c] : dr[c];
             for (int64_t c = 0; c < last; c++)
-                y[r * last + c] = t->op == JDT_OP_SOFTMAX_BWD ? yr[c] * (dr[c] - acc) : dr[c] - exp(yr[c]) * acc;
+                acc += t->op == JDT_OP_SOFTMAX_BWD ? dr[c] * yr[c] : dr[c];
+            for (int64_t c = 0; c < last; c++)
+                y[r * last + c] =
+                    t->op == JDT_OP_SOFTMAX_BWD ? yr[c] * (dr[c] - acc) : dr[c] - exp(yr[c]) * acc;
         }
         break;
     case JDT_OP_SOFTMAX_XENT:
@@ -381,14 +499,17 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
                 return FAIL(JDT_ERR_INVALID, "target %lld in row %lld out of range [0, %lld)",
                             (long long)tg, (long long)r, (long long)V);
             double mx = -INFINITY, sum = 0;
-            for (int64_t c = 0; c < V; c++) mx = xr[c] > mx ? xr[c] : mx;
-            for (int64_t c = 0; c < V; c++) sum += exp(xr[c] - mx);
+            for (int64_t c = 0; c < V; c++)
+                mx = xr[c] > mx ? xr[c] : mx;
+            for (int64_t c = 0; c < V; c++)
+                sum += exp(xr[c] - mx);
             double lse = mx + log(sum);
             if (t->op == JDT_OP_SOFTMAX_XENT) {
                 y[r] = tg < 0 ? 0.0 : lse - xr[tg];
             } else {
                 for (int64_t c = 0; c < V; c++)
-                    y[r * V + c] = tg < 0 ? 0.0 : (exp(xr[c] - lse) - (c == tg ? 1.0 : 0.0)) * x2[r];
+                    y[r * V + c] =
+                        tg < 0 ? 0.0 : (exp(xr[c] - lse) - (c == tg ? 1.0 : 0.0)) * x2[r];
             }
         }
         break;
@@ -398,13 +519,16 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         for (int64_t r = 0; r < rows; r++) {
             const double *xr = x0 + r * last;
             double mean = 0, var = 0;
-            for (int64_t c = 0; c < last; c++) mean += xr[c];
+            for (int64_t c = 0; c < last; c++)
+                mean += xr[c];
             mean /= (double)last;
-            for (int64_t c = 0; c < last; c++) var += (xr[c] - mean) * (xr[c] - mean);
+            for (int64_t c = 0; c < last; c++)
+                var += (xr[c] - mean) * (xr[c] - mean);
             var /= (double)last;
             double rstd = 1.0 / sqrt(var + a->f[0]);
             if (t->op == JDT_OP_NORMALIZE) {
-                for (int64_t c = 0; c < last; c++) y[r * last + c] = (xr[c] - mean) * rstd;
+                for (int64_t c = 0; c < last; c++)
+                    y[r * last + c] = (xr[c] - mean) * rstd;
             } else {
                 const double *gr = x1 + r * last;
                 double mg = 0, mgx = 0;
@@ -424,14 +548,17 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         for (int64_t r = 0; r < rows; r++) {
             const double *xr = x0 + r * last;
             double ms = 0;
-            for (int64_t c = 0; c < last; c++) ms += xr[c] * xr[c];
+            for (int64_t c = 0; c < last; c++)
+                ms += xr[c] * xr[c];
             double rr = 1.0 / sqrt(ms / (double)last + a->f[0]);
             if (t->op == JDT_OP_RMS_NORMALIZE) {
-                for (int64_t c = 0; c < last; c++) y[r * last + c] = xr[c] * rr;
+                for (int64_t c = 0; c < last; c++)
+                    y[r * last + c] = xr[c] * rr;
             } else {
                 const double *gr = x1 + r * last;
                 double mgx = 0;
-                for (int64_t c = 0; c < last; c++) mgx += gr[c] * xr[c];
+                for (int64_t c = 0; c < last; c++)
+                    mgx += gr[c] * xr[c];
                 mgx /= (double)last;
                 for (int64_t c = 0; c < last; c++)
                     y[r * last + c] = rr * gr[c] - xr[c] * rr * rr * rr * mgx;
@@ -460,7 +587,8 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         int64_t per = T * D, tot = BH * per;
         double sc = a->f[0];
         const double *dout = t->op == JDT_OP_ATTENTION_BWD ? nv[t->inputs[4]->id].v : NULL;
-        double *p = jdt_malloc((size_t)T * sizeof(double)), *dp = jdt_malloc((size_t)T * sizeof(double));
+        double *p = jdt_malloc((size_t)T * sizeof(double)),
+               *dp = jdt_malloc((size_t)T * sizeof(double));
         if (!p || !dp) {
             jdt_free(p);
             jdt_free(dp);
@@ -473,15 +601,19 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
                 double mx = -INFINITY, sum = 0;
                 for (int64_t j = 0; j <= i; j++) {
                     double s = 0;
-                    for (int64_t d = 0; d < D; d++) s += q[i * D + d] * k[j * D + d];
+                    for (int64_t d = 0; d < D; d++)
+                        s += q[i * D + d] * k[j * D + d];
                     p[j] = s * sc;
                     mx = p[j] > mx ? p[j] : mx;
                 }
-                for (int64_t j = 0; j <= i; j++) sum += (p[j] = exp(p[j] - mx));
-                for (int64_t j = 0; j <= i; j++) p[j] /= sum;
+                for (int64_t j = 0; j <= i; j++)
+                    sum += (p[j] = exp(p[j] - mx));
+                for (int64_t j = 0; j <= i; j++)
+                    p[j] /= sum;
                 if (t->op == JDT_OP_ATTENTION) {
                     for (int64_t j = 0; j <= i; j++)
-                        for (int64_t d = 0; d < D; d++) y[bh * per + i * D + d] += p[j] * v[j * D + d];
+                        for (int64_t d = 0; d < D; d++)
+                            y[bh * per + i * D + d] += p[j] * v[j * D + d];
                     continue;
                 }
                 const double *doi = dout + bh * per + i * D;
@@ -489,7 +621,8 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
                 double pdp = 0;
                 for (int64_t j = 0; j <= i; j++) {
                     dp[j] = 0;
-                    for (int64_t d = 0; d < D; d++) dp[j] += doi[d] * v[j * D + d];
+                    for (int64_t d = 0; d < D; d++)
+                        dp[j] += doi[d] * v[j * D + d];
                     pdp += p[j] * dp[j];
                 }
                 for (int64_t j = 0; j <= i; j++) {
@@ -516,9 +649,13 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
 
 jdt_status jdt_interp_run(jdt_interp *it, jdt_err *e)
 {
+    if (!it) return jdt_err_set(e, JDT_ERR_INVALID, "interp: NULL interpreter");
+    if (jdt_graph_error_msg(it->g))
+        return jdt_err_set(e, JDT_ERR_INVALID, "interp: graph has a builder error: %s",
+                           jdt_graph_error_msg(it->g));
+    it->ran = false;
     jdt_status st = alloc_vals(it, e);
     if (st != JDT_OK) return st;
-    it->ran = false;
     int n = jdt_graph_n_nodes(it->g);
     for (int i = 0; i < n; i++) {
         st = eval_node(it, jdt_graph_node(it->g, i), e);
@@ -543,7 +680,8 @@ jdt_status jdt_interp_run(jdt_interp *it, jdt_err *e)
 
 static bool has_value(const jdt_interp *it, const jdt_tensor *t)
 {
-    return it && t && it->ran && t->id >= 0 && t->id < it->n_alloc && jdt_graph_node(it->g, t->id) == t;
+    return it && t && it->ran && t->id >= 0 && t->id < it->n_alloc &&
+           jdt_graph_node(it->g, t->id) == t;
 }
 
 const void *jdt_interp_value(const jdt_interp *it, const jdt_tensor *t)
@@ -553,17 +691,22 @@ const void *jdt_interp_value(const jdt_interp *it, const jdt_tensor *t)
 
 jdt_status jdt_interp_read_f64(const jdt_interp *it, const jdt_tensor *t, double *out, jdt_err *e)
 {
-    if (!has_value(it, t)) return jdt_err_set(e, JDT_ERR_INVALID, "interp: no value for this tensor (run first)");
+    if (!has_value(it, t))
+        return jdt_err_set(e, JDT_ERR_INVALID, "interp: no value for this tensor (run first)");
     memcpy(out, it->vals[t->id].v, (size_t)it->vals[t->id].numel * sizeof(double));
     return JDT_OK;
 }
 
 jdt_status jdt_interp_copy_outputs(const jdt_interp *it, void *const *outs, jdt_err *e)
 {
+    if (!it || !outs)
+        return jdt_err_set(e, JDT_ERR_INVALID, "interp: NULL interpreter or output array");
     for (int i = 0; i < jdt_graph_n_outputs(it->g); i++) {
         const jdt_tensor *t = jdt_graph_output(it->g, i);
-        if (!has_value(it, t)) return jdt_err_set(e, JDT_ERR_INVALID, "interp: no value for output %d (run first)", i);
-        memcpy(outs[i], it->vals[t->id].buf, (size_t)it->vals[t->id].numel * jdt_dtype_size(t->dtype));
+        if (!has_value(it, t))
+            return jdt_err_set(e, JDT_ERR_INVALID, "interp: no value for output %d (run first)", i);
+        memcpy(outs[i], it->vals[t->id].buf,
+               (size_t)it->vals[t->id].numel * jdt_dtype_size(t->dtype));
     }
     return JDT_OK;
 }

@@ -11,8 +11,8 @@
 /* Checks inputs/attrs and computes the result's dtype and shape. On entry *dt and *out hold the
  * caller's requested values (used by ops whose result the caller chooses: CAST, BROADCAST,
  * RESHAPE, leaves, IOTA, CAUSAL_MASK). Returns false with a reason in why[0..n_why). */
-typedef bool (*jdt_shape_rule)(jdt_tensor *const *in, int n_in, const jdt_attrs *a,
-                               jdt_dtype *dt, jdt_shape *out, char *why, size_t n_why);
+typedef bool (*jdt_shape_rule)(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
+                               jdt_shape *out, char *why, size_t n_why);
 
 /* Vector-Jacobian product of `node` given its cotangent dy (same shape/dtype as node). For each
  * input i with need[i], sets dx[i] to the cotangent of input i (same shape as that input), or

@@ -18,8 +18,14 @@
 
 /* ---- shape-rule helpers -------------------------------------------------------------------- */
 
-static bool is_float(jdt_dtype dt) { return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64; }
-static bool is_num(jdt_dtype dt) { return is_float(dt) || dt == JDT_DTYPE_I32; }
+static bool is_float(jdt_dtype dt)
+{
+    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64;
+}
+static bool is_num(jdt_dtype dt)
+{
+    return is_float(dt) || dt == JDT_DTYPE_I32;
+}
 
 static bool valid_shape(const jdt_shape *s, char *why, size_t n_why)
 {
@@ -36,7 +42,8 @@ static bool same_float(jdt_tensor *const *in, int n_in, jdt_dtype *dt, jdt_shape
 {
     for (int i = 0; i < n_in; i++) {
         if (!is_float(in[i]->dtype))
-            return WHY("input %d has dtype %s, expected f32 or f64", i, jdt_dtype_name(in[i]->dtype));
+            return WHY("input %d has dtype %s, expected f32 or f64", i,
+                       jdt_dtype_name(in[i]->dtype));
         if (in[i]->dtype != in[0]->dtype) return WHY("inputs have different dtypes");
         if (!jdt_shape_eq(&in[i]->shape, &in[0]->shape))
             return WHY("input %d's shape differs from input 0's (use the _bcast helpers)", i);
@@ -107,7 +114,8 @@ static bool shape_leaf(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_
 static bool shape_SELECT(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
                          jdt_shape *out, char *why, size_t n_why)
 {
-    if (!is_num(in[0]->dtype)) return WHY("condition dtype %s unsupported", jdt_dtype_name(in[0]->dtype));
+    if (!is_num(in[0]->dtype))
+        return WHY("condition dtype %s unsupported", jdt_dtype_name(in[0]->dtype));
     if (!jdt_shape_eq(&in[0]->shape, &in[1]->shape)) return WHY("condition shape differs from a's");
     return same_float(in + 1, 2, dt, out, why, n_why);
 }
@@ -122,8 +130,8 @@ static bool shape_CAST(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_
     return true;
 }
 
-static bool shape_STOP_GRADIENT(jdt_tensor *const *in, int n_in, const jdt_attrs *a,
-                                jdt_dtype *dt, jdt_shape *out, char *why, size_t n_why)
+static bool shape_STOP_GRADIENT(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
+                                jdt_shape *out, char *why, size_t n_why)
 {
     *dt = in[0]->dtype;
     *out = in[0]->shape;
@@ -148,8 +156,9 @@ static bool shape_BROADCAST(jdt_tensor *const *in, int n_in, const jdt_attrs *a,
     if (out->ndim < s->ndim) return WHY("target rank %d < input rank %d", out->ndim, s->ndim);
     for (int i = 0; i < s->ndim; i++) {
         int64_t d = s->dims[s->ndim - 1 - i], o = out->dims[out->ndim - 1 - i];
-        if (d != 1 && d != o) return WHY("dim %d of size %lld cannot expand to %lld", s->ndim - 1 - i,
-                                         (long long)d, (long long)o);
+        if (d != 1 && d != o)
+            return WHY("dim %d of size %lld cannot expand to %lld", s->ndim - 1 - i, (long long)d,
+                       (long long)o);
     }
     *dt = in[0]->dtype;
     return true;
@@ -159,7 +168,8 @@ static bool shape_reduce(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jd
                          jdt_shape *out, char *why, size_t n_why)
 {
     const jdt_shape *s = &in[0]->shape;
-    if (!is_float(in[0]->dtype)) return WHY("dtype %s, expected f32 or f64", jdt_dtype_name(in[0]->dtype));
+    if (!is_float(in[0]->dtype))
+        return WHY("dtype %s, expected f32 or f64", jdt_dtype_name(in[0]->dtype));
     if (a->i[0] < 0 || a->i[0] >= (1 << s->ndim))
         return WHY("axes mask 0x%llx names axes beyond rank %d", (long long)a->i[0], s->ndim);
     if (a->i[1] != 0 && a->i[1] != 1) return WHY("keepdims must be 0 or 1");
@@ -211,7 +221,8 @@ static bool shape_SLICE(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt
 {
     const jdt_shape *s = &in[0]->shape;
     int64_t ax = a->i[0], lo = a->i[1], hi = a->i[2];
-    if (ax < 0 || ax >= s->ndim) return WHY("axis %lld out of range for rank %d", (long long)ax, s->ndim);
+    if (ax < 0 || ax >= s->ndim)
+        return WHY("axis %lld out of range for rank %d", (long long)ax, s->ndim);
     if (lo < 0 || hi > s->dims[ax] || lo >= hi)
         return WHY("range [%lld, %lld) invalid for dim of size %lld", (long long)lo, (long long)hi,
                    (long long)s->dims[ax]);
@@ -226,12 +237,14 @@ static bool shape_CONCAT(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jd
 {
     int64_t ax = a->i[0];
     const jdt_shape *s = &in[0]->shape;
-    if (ax < 0 || ax >= s->ndim) return WHY("axis %lld out of range for rank %d", (long long)ax, s->ndim);
+    if (ax < 0 || ax >= s->ndim)
+        return WHY("axis %lld out of range for rank %d", (long long)ax, s->ndim);
     *out = *s;
     for (int k = 1; k < n_in; k++) {
         const jdt_shape *t = &in[k]->shape;
         if (in[k]->dtype != in[0]->dtype) return WHY("input %d has a different dtype", k);
-        if (t->ndim != s->ndim) return WHY("input %d has rank %d, input 0 rank %d", k, t->ndim, s->ndim);
+        if (t->ndim != s->ndim)
+            return WHY("input %d has rank %d, input 0 rank %d", k, t->ndim, s->ndim);
         for (int i = 0; i < s->ndim; i++)
             if (i != ax && t->dims[i] != s->dims[i])
                 return WHY("input %d differs from input 0 in dim %d (not the concat axis)", k, i);
@@ -249,7 +262,8 @@ static bool shape_MATMUL(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jd
         return WHY("operands must share a float dtype");
     if (sa->ndim < 2 || sb->ndim < 2) return WHY("operands need rank >= 2");
     if (sb->ndim != 2) {
-        if (sa->ndim != sb->ndim) return WHY("batch ranks differ (b must be 2-D or match a's batch)");
+        if (sa->ndim != sb->ndim)
+            return WHY("batch ranks differ (b must be 2-D or match a's batch)");
         for (int i = 0; i < sa->ndim - 2; i++)
             if (sa->dims[i] != sb->dims[i]) return WHY("batch dim %d differs", i);
     }
@@ -284,7 +298,8 @@ static bool shape_SCATTER_ADD(jdt_tensor *const *in, int n_in, const jdt_attrs *
     if (in[1]->dtype != JDT_DTYPE_I32) return WHY("indices must be i32");
     if (si->ndim != ss->ndim - 1) return WHY("indices shape must be src's without the last dim");
     for (int i = 0; i < si->ndim; i++)
-        if (si->dims[i] != ss->dims[i]) return WHY("indices shape must be src's without the last dim");
+        if (si->dims[i] != ss->dims[i])
+            return WHY("indices shape must be src's without the last dim");
     if (a->i[0] <= 0) return WHY("row count %lld must be > 0", (long long)a->i[0]);
     out->ndim = 2;
     out->dims[0] = a->i[0];
@@ -298,7 +313,8 @@ static bool shape_IOTA(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_
 {
     if (!valid_shape(out, why, n_why)) return false;
     if (!is_num(*dt)) return WHY("dtype %s unsupported", jdt_dtype_name(*dt));
-    if (a->i[0] < 0 || a->i[0] >= out->ndim) return WHY("axis %lld out of range", (long long)a->i[0]);
+    if (a->i[0] < 0 || a->i[0] >= out->ndim)
+        return WHY("axis %lld out of range", (long long)a->i[0]);
     return true;
 }
 
@@ -380,62 +396,73 @@ static jdt_tensor *zeros_like(jdt_graph *g, const jdt_tensor *t)
     return jdt_graph_full(g, t->dtype, t->shape.ndim, t->shape.dims, 0.0);
 }
 
-static void vjp_NEG(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_NEG(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     dx[0] = jdt_graph_neg(g, dy);
 }
 
-static void vjp_EXP(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_EXP(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     dx[0] = jdt_graph_mul(g, dy, node);
 }
 
-static void vjp_LOG(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_LOG(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     dx[0] = jdt_graph_div(g, dy, IN(0));
 }
 
-static void vjp_TANH(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_TANH(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                     jdt_tensor **dx)
 {
     /* dy * (1 - y^2) */
     jdt_tensor *y2 = jdt_graph_mul(g, node, node);
     dx[0] = jdt_graph_mul(g, dy, jdt_graph_add_scalar(g, jdt_graph_neg(g, y2), 1.0));
 }
 
-static void vjp_SQRT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_SQRT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                     jdt_tensor **dx)
 {
     dx[0] = jdt_graph_div(g, jdt_graph_mul_scalar(g, dy, 0.5), node);
 }
 
-static void vjp_RSQRT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_RSQRT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                      jdt_tensor **dx)
 {
     /* d x^(-1/2) = -1/2 y^3 */
     jdt_tensor *y3 = jdt_graph_pow_scalar(g, node, 3.0);
     dx[0] = jdt_graph_mul(g, jdt_graph_mul_scalar(g, dy, -0.5), y3);
 }
 
-static void vjp_RELU(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_RELU(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                     jdt_tensor **dx)
 {
     dx[0] = jdt_graph_mul(g, dy, jdt_graph_gt(g, IN(0), zeros_like(g, IN(0))));
 }
 
-static void vjp_GELU(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_GELU(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                     jdt_tensor **dx)
 {
     dx[0] = jdt_graph_gelu_grad(g, IN(0), dy);
 }
 
-static void vjp_SILU(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_SILU(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                     jdt_tensor **dx)
 {
     dx[0] = jdt_graph_silu_grad(g, IN(0), dy);
 }
 
-static void vjp_SIGMOID(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_SIGMOID(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                        jdt_tensor **dx)
 {
     jdt_tensor *one_minus = jdt_graph_add_scalar(g, jdt_graph_neg(g, node), 1.0);
     dx[0] = jdt_graph_mul(g, dy, jdt_graph_mul(g, node, one_minus));
 }
 
-static void vjp_ABS(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_ABS(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     /* sign(x), 0 at 0 */
     jdt_tensor *z = zeros_like(g, IN(0));
@@ -443,25 +470,29 @@ static void vjp_ABS(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *
     dx[0] = jdt_graph_mul(g, dy, sign);
 }
 
-static void vjp_ADD(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_ADD(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     dx[0] = dy;
     dx[1] = dy;
 }
 
-static void vjp_SUB(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_SUB(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     dx[0] = dy;
     if (need[1]) dx[1] = jdt_graph_neg(g, dy);
 }
 
-static void vjp_MUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_MUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     if (need[0]) dx[0] = jdt_graph_mul(g, dy, IN(1));
     if (need[1]) dx[1] = jdt_graph_mul(g, dy, IN(0));
 }
 
-static void vjp_DIV(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_DIV(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     jdt_tensor *da = jdt_graph_div(g, dy, IN(1));
     dx[0] = da;
@@ -470,51 +501,60 @@ static void vjp_DIV(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *
 }
 
 /* MAX/MIN: the gradient goes to a where a wins (ties go to a), else to b. */
-static void minmax(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx,
-                   bool is_max)
+static void minmax(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                   jdt_tensor **dx, bool is_max)
 {
     jdt_tensor *a_wins = is_max ? jdt_graph_ge(g, IN(0), IN(1)) : jdt_graph_ge(g, IN(1), IN(0));
     if (need[0]) dx[0] = jdt_graph_mul(g, dy, a_wins);
-    if (need[1]) dx[1] = jdt_graph_mul(g, dy, jdt_graph_add_scalar(g, jdt_graph_neg(g, a_wins), 1.0));
+    if (need[1])
+        dx[1] = jdt_graph_mul(g, dy, jdt_graph_add_scalar(g, jdt_graph_neg(g, a_wins), 1.0));
 }
 
-static void vjp_MAX(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_MAX(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     minmax(g, node, dy, need, dx, true);
 }
 
-static void vjp_MIN(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_MIN(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                    jdt_tensor **dx)
 {
     minmax(g, node, dy, need, dx, false);
 }
 
-static void vjp_ADD_SCALAR(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_ADD_SCALAR(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                           jdt_tensor **dx)
 {
     dx[0] = dy;
 }
 
-static void vjp_MUL_SCALAR(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_MUL_SCALAR(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                           jdt_tensor **dx)
 {
     dx[0] = jdt_graph_mul_scalar(g, dy, node->attrs.f[0]);
 }
 
-static void vjp_POW_SCALAR(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_POW_SCALAR(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                           jdt_tensor **dx)
 {
     double p = node->attrs.f[0];
     jdt_tensor *d = jdt_graph_mul_scalar(g, jdt_graph_pow_scalar(g, IN(0), p - 1.0), p);
     dx[0] = jdt_graph_mul(g, dy, d);
 }
 
-static void vjp_SELECT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_SELECT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                       jdt_tensor **dx)
 {
     jdt_tensor *z = zeros_like(g, dy);
     if (need[1]) dx[1] = jdt_graph_select(g, IN(0), dy, z);
     if (need[2]) dx[2] = jdt_graph_select(g, IN(0), z, dy);
 }
 
-static void vjp_CAST(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_CAST(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                     jdt_tensor **dx)
 {
-    if (is_float(IN(0)->dtype) && is_float(node->dtype)) dx[0] = jdt_graph_cast(g, dy, IN(0)->dtype);
+    if (is_float(IN(0)->dtype) && is_float(node->dtype))
+        dx[0] = jdt_graph_cast(g, dy, IN(0)->dtype);
 }
 
 static void vjp_STOP_GRADIENT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
@@ -523,13 +563,15 @@ static void vjp_STOP_GRADIENT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, co
     (void)dx; /* no gradient flows through */
 }
 
-static void vjp_DROPOUT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_DROPOUT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                        jdt_tensor **dx)
 {
     jdt_tensor *in[2] = {dy, IN(1)};
     dx[0] = jdt_graph_op(g, JDT_OP_DROPOUT, 2, in, &node->attrs, dy->dtype, NULL);
 }
 
-static void vjp_BROADCAST(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_BROADCAST(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                          jdt_tensor **dx)
 {
     dx[0] = jdt_graph_unbroadcast(g, dy, &IN(0)->shape);
 }
@@ -545,18 +587,21 @@ static jdt_tensor *unreduce(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy)
     return jdt_graph_broadcast(g, r, s->ndim, s->dims);
 }
 
-static void vjp_REDUCE_SUM(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_REDUCE_SUM(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                           jdt_tensor **dx)
 {
     dx[0] = unreduce(g, node, dy);
 }
 
-static void vjp_REDUCE_MEAN(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_REDUCE_MEAN(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                            jdt_tensor **dx)
 {
     int64_t n = jdt_shape_numel(&IN(0)->shape) / jdt_shape_numel(&node->shape);
     dx[0] = jdt_graph_mul_scalar(g, unreduce(g, node, dy), 1.0 / (double)n);
 }
 
-static void vjp_REDUCE_MAX(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_REDUCE_MAX(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                           jdt_tensor **dx)
 {
     /* The gradient is shared equally among the elements equal to the max (as JAX does). */
     jdt_tensor *mx = unreduce(g, node, node);
@@ -564,23 +609,28 @@ static void vjp_REDUCE_MAX(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const
     jdt_attrs a = node->attrs;
     a.i[1] = 1;
     jdt_tensor *cnt = jdt_graph_op(g, JDT_OP_REDUCE_SUM, 1, &hit, &a, hit ? hit->dtype : 0, NULL);
-    jdt_tensor *cntb = cnt ? jdt_graph_broadcast(g, cnt, IN(0)->shape.ndim, IN(0)->shape.dims) : NULL;
+    jdt_tensor *cntb =
+        cnt ? jdt_graph_broadcast(g, cnt, IN(0)->shape.ndim, IN(0)->shape.dims) : NULL;
     dx[0] = jdt_graph_div(g, jdt_graph_mul(g, unreduce(g, node, dy), hit), cntb);
 }
 
-static void vjp_RESHAPE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_RESHAPE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                        jdt_tensor **dx)
 {
     dx[0] = jdt_graph_reshape(g, dy, IN(0)->shape.ndim, IN(0)->shape.dims);
 }
 
-static void vjp_TRANSPOSE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_TRANSPOSE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                          jdt_tensor **dx)
 {
     int inv[JDT_MAX_DIMS];
-    for (int k = 0; k < node->shape.ndim; k++) inv[node->attrs.i[k]] = k;
+    for (int k = 0; k < node->shape.ndim; k++)
+        inv[node->attrs.i[k]] = k;
     dx[0] = jdt_graph_transpose(g, dy, inv);
 }
 
-static void vjp_SLICE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_SLICE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                      jdt_tensor **dx)
 {
     /* zero-pad dy back to the input's extent along the axis */
     int ax = (int)node->attrs.i[0];
@@ -600,7 +650,8 @@ static void vjp_SLICE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool
     dx[0] = n == 1 ? dy : jdt_graph_concat(g, n, parts, ax);
 }
 
-static void vjp_CONCAT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_CONCAT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                       jdt_tensor **dx)
 {
     int ax = (int)node->attrs.i[0];
     int64_t off = 0;
@@ -624,18 +675,36 @@ static jdt_tensor *mm(jdt_graph *g, jdt_tensor *a, jdt_tensor *b, bool ta, bool 
     return jdt_graph_matmul(g, a, b, ta, tb);
 }
 
-static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                       jdt_tensor **dx)
 {
     jdt_tensor *a = IN(0), *b = IN(1);
     bool ta = node->attrs.i[0] != 0, tb = node->attrs.i[1] != 0;
     if (need[0]) {
-        if (!ta) dx[0] = tb ? mm(g, dy, b, 0, 0) : mm(g, dy, b, 0, 1);
-        else dx[0] = tb ? mm(g, b, dy, 1, 1) : mm(g, b, dy, 0, 1);
+        if (!ta)
+            dx[0] = tb ? mm(g, dy, b, 0, 0) : mm(g, dy, b, 0, 1);
+        else
+            dx[0] = tb ? mm(g, b, dy, 1, 1) : mm(g, b, dy, 0, 1);
     }
     if (need[1]) {
         jdt_tensor *db;
-        if (!tb) db = ta ? mm(g, a, dy, 0, 0) : mm(g, a, dy, 1, 0);
-        else db = ta ? mm(g, dy, a, 1, 1) : mm(g, dy, a, 1, 0);
+        if (!ta && b->shape.ndim == 2 && a->shape.ndim > 2) {
+            /* A 2-D b shared by every batch (x (B, T, C) @ w (C, N)): flatten the batch into the
+             * rows and contract over them with one 2-D matmul, instead of a batched matmul
+             * producing (B, K, N) followed by a reduction. */
+            int64_t rows = jdt_shape_numel(&a->shape) / a->shape.dims[a->shape.ndim - 1];
+            jdt_tensor *af =
+                jdt_graph_reshape(g, a, 2, (int64_t[]){rows, a->shape.dims[a->shape.ndim - 1]});
+            jdt_tensor *df =
+                jdt_graph_reshape(g, dy, 2, (int64_t[]){rows, dy->shape.dims[dy->shape.ndim - 1]});
+            dx[1] = tb ? jdt_graph_matmul(g, df, af, true, false)
+                       : jdt_graph_matmul(g, af, df, true, false);
+            return;
+        }
+        if (!tb)
+            db = ta ? mm(g, a, dy, 0, 0) : mm(g, a, dy, 1, 0);
+        else
+            db = ta ? mm(g, dy, a, 1, 1) : mm(g, dy, a, 1, 0);
         if (db && b->shape.ndim == 2 && db->shape.ndim > 2) {
             uint32_t mask = (1u << (db->shape.ndim - 2)) - 1; /* sum over the batch dims */
             db = jdt_graph_reduce_sum(g, db, mask, false);
@@ -644,7 +713,8 @@ static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const boo
     }
 }
 
-static void vjp_GATHER(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_GATHER(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                       jdt_tensor **dx)
 {
     if (need[0]) dx[0] = jdt_graph_scatter_add(g, dy, IN(1), IN(0)->shape.dims[0]);
 }
@@ -655,7 +725,8 @@ static void vjp_SCATTER_ADD(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, cons
     if (need[0]) dx[0] = jdt_graph_gather(g, dy, IN(1));
 }
 
-static void vjp_SOFTMAX(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_SOFTMAX(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                        jdt_tensor **dx)
 {
     dx[0] = jdt_graph_softmax_bwd(g, node, dy);
 }
@@ -684,7 +755,8 @@ static void vjp_RMS_NORMALIZE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, co
     dx[0] = jdt_graph_rms_normalize_bwd(g, IN(0), dy, node->attrs.f[0]);
 }
 
-static void vjp_ROPE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need, jdt_tensor **dx)
+static void vjp_ROPE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                     jdt_tensor **dx)
 {
     dx[0] = jdt_graph_rope(g, dy, node->attrs.f[0], node->attrs.i[0] == 0);
 }
@@ -692,10 +764,12 @@ static void vjp_ROPE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool 
 static void vjp_ATTENTION(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                           jdt_tensor **dx)
 {
-    jdt_tensor *packed = jdt_graph_attention_bwd(g, IN(0), IN(1), IN(2), node, dy, node->attrs.f[0]);
+    jdt_tensor *packed =
+        jdt_graph_attention_bwd(g, IN(0), IN(1), IN(2), node, dy, node->attrs.f[0]);
     for (int k = 0; k < 3; k++)
         if (need[k])
-            dx[k] = jdt_graph_reshape(g, jdt_graph_slice(g, packed, 0, k, k + 1), 4, node->shape.dims);
+            dx[k] =
+                jdt_graph_reshape(g, jdt_graph_slice(g, packed, 0, k, k + 1), 4, node->shape.dims);
 }
 
 /* ---- the table ---------------------------------------------------------------------------- */
@@ -707,4 +781,7 @@ static const jdt_op_info OP_INFO[] = {
 };
 _Static_assert(JDT_ARRAY_LEN(OP_INFO) == JDT_OP_COUNT, "op registry incomplete");
 
-const jdt_op_info *jdt_op_info_get(jdt_op op) { return &OP_INFO[op]; }
+const jdt_op_info *jdt_op_info_get(jdt_op op)
+{
+    return &OP_INFO[op];
+}

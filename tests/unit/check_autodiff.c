@@ -86,6 +86,7 @@ static double gradcheck(const gcase *c)
     jdt_tensor *gr[MAXP];
     jdt_status st = jdt_autodiff_grad(g, loss, c->n_params, p, gr, &e);
     ck_assert_msg(st == JDT_OK, "%s: autodiff: %s", c->name, e.msg);
+    ck_assert_msg(jdt_graph_verify(g, &e) == JDT_OK, "%s: %s", c->name, e.msg);
     jdt_interp *it;
     ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
     run_loss(it, loss);
@@ -116,7 +117,8 @@ static double gradcheck(const gcase *c)
         jdt_free(an);
     }
     jdt_interp_free(it);
-    for (int k = 0; k < c->n_params; k++) jdt_free(data[k]);
+    for (int k = 0; k < c->n_params; k++)
+        jdt_free(data[k]);
     jdt_free(w);
     jdt_graph_free(g);
     return worst;
@@ -124,24 +126,36 @@ static double gradcheck(const gcase *c)
 
 /* ---- per-op builders ---------------------------------------------------------------------- */
 
+/* clang-format off */
 #define U_(fn) static jdt_tensor *b_##fn(jdt_graph *g, jdt_tensor **p) { return jdt_graph_##fn(g, p[0]); }
-U_(neg) U_(exp) U_(log) U_(tanh) U_(sqrt) U_(rsqrt) U_(relu) U_(gelu) U_(silu) U_(sigmoid) U_(abs)
-U_(softmax) U_(log_softmax)
+U_(neg); U_(exp); U_(log); U_(tanh); U_(sqrt); U_(rsqrt); U_(relu); U_(gelu); U_(silu);
+U_(sigmoid); U_(abs); U_(softmax); U_(log_softmax);
 #undef U_
 #define B_(fn) static jdt_tensor *b_##fn(jdt_graph *g, jdt_tensor **p) { return jdt_graph_##fn(g, p[0], p[1]); }
-B_(add) B_(sub) B_(mul) B_(div) B_(max) B_(min) B_(add_bcast) B_(mul_bcast) B_(sub_bcast) B_(div_bcast)
+B_(add); B_(sub); B_(mul); B_(div); B_(max); B_(min);
+B_(add_bcast); B_(mul_bcast); B_(sub_bcast); B_(div_bcast);
 #undef B_
+/* clang-format on */
 
-static jdt_tensor *b_add_scalar(jdt_graph *g, jdt_tensor **p) { return jdt_graph_add_scalar(g, p[0], 1.5); }
-static jdt_tensor *b_mul_scalar(jdt_graph *g, jdt_tensor **p) { return jdt_graph_mul_scalar(g, p[0], -0.7); }
-static jdt_tensor *b_pow_scalar(jdt_graph *g, jdt_tensor **p) { return jdt_graph_pow_scalar(g, p[0], 2.5); }
+static jdt_tensor *b_add_scalar(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_add_scalar(g, p[0], 1.5);
+}
+static jdt_tensor *b_mul_scalar(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_mul_scalar(g, p[0], -0.7);
+}
+static jdt_tensor *b_pow_scalar(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_pow_scalar(g, p[0], 2.5);
+}
 static jdt_tensor *b_select(jdt_graph *g, jdt_tensor **p)
 {
     return jdt_graph_select(g, jdt_graph_gt(g, p[0], p[1]), jdt_graph_mul(g, p[0], p[0]), p[1]);
 }
 static jdt_tensor *b_cast(jdt_graph *g, jdt_tensor **p)
 {
-    return jdt_graph_exp(g, jdt_graph_cast(g, p[0], F64));
+    return jdt_graph_exp(g, jdt_graph_cast(g, jdt_graph_cast(g, p[0], F64), p[0]->dtype));
 }
 static jdt_tensor *b_dropout(jdt_graph *g, jdt_tensor **p)
 {
@@ -151,21 +165,55 @@ static jdt_tensor *b_broadcast(jdt_graph *g, jdt_tensor **p)
 {
     return jdt_graph_broadcast(g, p[0], 3, (int64_t[]){2, 3, 4});
 }
-static jdt_tensor *b_reduce_sum(jdt_graph *g, jdt_tensor **p) { return jdt_graph_reduce_sum(g, p[0], 5, false); }
-static jdt_tensor *b_reduce_sum_kd(jdt_graph *g, jdt_tensor **p) { return jdt_graph_reduce_sum(g, p[0], 2, true); }
-static jdt_tensor *b_reduce_max(jdt_graph *g, jdt_tensor **p) { return jdt_graph_reduce_max(g, p[0], 2, false); }
-static jdt_tensor *b_reduce_mean(jdt_graph *g, jdt_tensor **p) { return jdt_graph_reduce_mean(g, p[0], 6, true); }
+static jdt_tensor *b_reduce_sum(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_reduce_sum(g, p[0], 5, false);
+}
+static jdt_tensor *b_reduce_sum_kd(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_reduce_sum(g, p[0], 2, true);
+}
+static jdt_tensor *b_reduce_max(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_reduce_max(g, p[0], 2, false);
+}
+static jdt_tensor *b_reduce_mean(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_reduce_mean(g, p[0], 6, true);
+}
 static jdt_tensor *b_reshape(jdt_graph *g, jdt_tensor **p)
 {
-    return jdt_graph_mul(g, jdt_graph_reshape(g, p[0], 2, (int64_t[]){4, 6}), jdt_graph_reshape(g, p[0], 2, (int64_t[]){4, 6}));
+    return jdt_graph_mul(g, jdt_graph_reshape(g, p[0], 2, (int64_t[]){4, 6}),
+                         jdt_graph_reshape(g, p[0], 2, (int64_t[]){4, 6}));
 }
-static jdt_tensor *b_transpose(jdt_graph *g, jdt_tensor **p) { return jdt_graph_transpose(g, p[0], (int[]){2, 0, 1}); }
-static jdt_tensor *b_slice(jdt_graph *g, jdt_tensor **p) { return jdt_graph_slice(g, p[0], 1, 1, 3); }
-static jdt_tensor *b_concat(jdt_graph *g, jdt_tensor **p) { return jdt_graph_concat(g, 3, (jdt_tensor *[]){p[0], p[1], p[0]}, 1); }
-static jdt_tensor *b_mm00(jdt_graph *g, jdt_tensor **p) { return jdt_graph_matmul(g, p[0], p[1], false, false); }
-static jdt_tensor *b_mm10(jdt_graph *g, jdt_tensor **p) { return jdt_graph_matmul(g, p[0], p[1], true, false); }
-static jdt_tensor *b_mm01(jdt_graph *g, jdt_tensor **p) { return jdt_graph_matmul(g, p[0], p[1], false, true); }
-static jdt_tensor *b_mm11(jdt_graph *g, jdt_tensor **p) { return jdt_graph_matmul(g, p[0], p[1], true, true); }
+static jdt_tensor *b_transpose(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_transpose(g, p[0], (int[]){2, 0, 1});
+}
+static jdt_tensor *b_slice(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_slice(g, p[0], 1, 1, 3);
+}
+static jdt_tensor *b_concat(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_concat(g, 3, (jdt_tensor *[]){p[0], p[1], p[0]}, 1);
+}
+static jdt_tensor *b_mm00(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_matmul(g, p[0], p[1], false, false);
+}
+static jdt_tensor *b_mm10(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_matmul(g, p[0], p[1], true, false);
+}
+static jdt_tensor *b_mm01(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_matmul(g, p[0], p[1], false, true);
+}
+static jdt_tensor *b_mm11(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_matmul(g, p[0], p[1], true, true);
+}
 static jdt_tensor *b_gather(jdt_graph *g, jdt_tensor **p)
 {
     int32_t idx[5] = {3, 0, 3, 1, 3};
@@ -174,17 +222,31 @@ static jdt_tensor *b_gather(jdt_graph *g, jdt_tensor **p)
 static jdt_tensor *b_scatter(jdt_graph *g, jdt_tensor **p)
 {
     int32_t idx[6] = {2, 0, 2, 1, 2, 0};
-    return jdt_graph_scatter_add(g, p[0], jdt_graph_constant(g, JDT_DTYPE_I32, 2, (int64_t[]){2, 3}, idx), 4);
+    return jdt_graph_scatter_add(
+        g, p[0], jdt_graph_constant(g, JDT_DTYPE_I32, 2, (int64_t[]){2, 3}, idx), 4);
 }
 static jdt_tensor *b_xent(jdt_graph *g, jdt_tensor **p)
 {
     int32_t t[4] = {2, -1, 0, 4};
-    return jdt_graph_softmax_xent(g, p[0], jdt_graph_constant(g, JDT_DTYPE_I32, 1, (int64_t[]){4}, t));
+    return jdt_graph_softmax_xent(g, p[0],
+                                  jdt_graph_constant(g, JDT_DTYPE_I32, 1, (int64_t[]){4}, t));
 }
-static jdt_tensor *b_normalize(jdt_graph *g, jdt_tensor **p) { return jdt_graph_normalize(g, p[0], 1e-5); }
-static jdt_tensor *b_rms(jdt_graph *g, jdt_tensor **p) { return jdt_graph_rms_normalize(g, p[0], 1e-5); }
-static jdt_tensor *b_rope(jdt_graph *g, jdt_tensor **p) { return jdt_graph_rope(g, p[0], 100.0, false); }
-static jdt_tensor *b_attention(jdt_graph *g, jdt_tensor **p) { return jdt_graph_attention(g, p[0], p[1], p[2], 0.6); }
+static jdt_tensor *b_normalize(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_normalize(g, p[0], 1e-5);
+}
+static jdt_tensor *b_rms(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_rms_normalize(g, p[0], 1e-5);
+}
+static jdt_tensor *b_rope(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_rope(g, p[0], 100.0, false);
+}
+static jdt_tensor *b_attention(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_attention(g, p[0], p[1], p[2], 0.6);
+}
 
 /* fan-out: x feeds three consumers */
 static jdt_tensor *b_fanout(jdt_graph *g, jdt_tensor **p)
@@ -198,8 +260,10 @@ static jdt_tensor *b_mlp(jdt_graph *g, jdt_tensor **p)
 {
     double xin[12];
     fill(xin, 12, 5, INIT_NORMAL);
-    jdt_tensor *x = jdt_graph_constant(g, F64, 2, (int64_t[]){4, 3}, xin);
-    jdt_tensor *h = jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, p[0], false, false), p[1]));
+    jdt_tensor *x =
+        jdt_graph_cast(g, jdt_graph_constant(g, F64, 2, (int64_t[]){4, 3}, xin), p[0]->dtype);
+    jdt_tensor *h =
+        jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, p[0], false, false), p[1]));
     jdt_tensor *logits = jdt_graph_add_bcast(g, jdt_graph_matmul(g, h, p[2], false, false), p[3]);
     int32_t t[4] = {0, 2, 1, 2};
     jdt_tensor *tg = jdt_graph_constant(g, JDT_DTYPE_I32, 1, (int64_t[]){4}, t);
@@ -221,14 +285,20 @@ static jdt_tensor *b_block(jdt_graph *g, jdt_tensor **p)
         heads[i] = jdt_graph_transpose(g, s, (int[]){0, 2, 1, 3}); /* (B, H, T, D) */
     }
     jdt_tensor *a = jdt_graph_attention(g, heads[0], heads[1], heads[2], 1.0 / sqrt((double)D));
-    a = jdt_graph_reshape(g, jdt_graph_transpose(g, a, (int[]){0, 2, 1, 3}), 3, (int64_t[]){B, T, C});
+    a = jdt_graph_reshape(g, jdt_graph_transpose(g, a, (int[]){0, 2, 1, 3}), 3,
+                          (int64_t[]){B, T, C});
     jdt_tensor *x1 = jdt_graph_add(g, x, jdt_graph_matmul(g, a, wo, false, false));
     jdt_tensor *hn = jdt_graph_rms_normalize(g, x1, 1e-6);
-    jdt_tensor *m = jdt_graph_matmul(g, jdt_graph_silu(g, jdt_graph_matmul(g, hn, w1, false, false)), w2, false, false);
+    jdt_tensor *m = jdt_graph_matmul(
+        g, jdt_graph_silu(g, jdt_graph_matmul(g, hn, w1, false, false)), w2, false, false);
     return jdt_graph_add(g, x1, m);
 }
 
-#define P1(a) 1, {a}
+#define P1(a)                                                                                      \
+    1,                                                                                             \
+    {                                                                                              \
+        a                                                                                          \
+    }
 #define S(...) __VA_ARGS__
 
 static const gcase CASES[] = {
@@ -274,6 +344,8 @@ static const gcase CASES[] = {
     {"matmul_ta_tb", b_mm11, 2, {2, 2}, {{4, 3}, {2, 4}}, INIT_NORMAL},
     {"matmul_batched", b_mm00, 2, {3, 3}, {{2, 3, 4}, {2, 4, 2}}, INIT_NORMAL},
     {"matmul_shared_b", b_mm00, 2, {3, 2}, {{2, 3, 4}, {4, 2}}, INIT_NORMAL},
+    {"matmul_shared_b_tb", b_mm01, 2, {3, 2}, {{2, 3, 4}, {5, 4}}, INIT_NORMAL},
+    {"matmul_shared_b_4d", b_mm00, 2, {4, 2}, {{2, 2, 3, 4}, {4, 2}}, INIT_NORMAL},
     {"matmul_shared_b_ta_tb", b_mm11, 2, {3, 2}, {{2, 4, 3}, {2, 4}}, INIT_NORMAL},
     {"matmul_shared_b_ta", b_mm10, 2, {3, 2}, {{2, 4, 3}, {4, 2}}, INIT_NORMAL},
     {"gather", b_gather, 1, {2}, {{4, 3}}, INIT_NORMAL},
@@ -284,10 +356,20 @@ static const gcase CASES[] = {
     {"normalize", b_normalize, 1, {2}, {{3, 5}}, INIT_NORMAL},
     {"rms_normalize", b_rms, 1, {2}, {{3, 5}}, INIT_NORMAL},
     {"rope", b_rope, 1, {4}, {{1, 3, 2, 4}}, INIT_NORMAL},
-    {"attention", b_attention, 3, {4, 4, 4}, {{1, 2, 3, 2}, {1, 2, 3, 2}, {1, 2, 3, 2}}, INIT_NORMAL},
+    {"attention",
+     b_attention,
+     3,
+     {4, 4, 4},
+     {{1, 2, 3, 2}, {1, 2, 3, 2}, {1, 2, 3, 2}},
+     INIT_NORMAL},
     {"fanout", b_fanout, 1, {2}, {{2, 3}}, INIT_NORMAL},
     {"mlp_softmax_xent", b_mlp, 4, {2, 1, 2, 1}, {{3, 5}, {5}, {5, 3}, {3}}, INIT_NORMAL},
-    {"attention_block", b_block, 6, {3, 2, 2, 1, 2, 2}, {{1, 3, 4}, {4, 12}, {4, 4}, {4}, {4, 6}, {6, 4}}, INIT_NORMAL},
+    {"attention_block",
+     b_block,
+     6,
+     {3, 2, 2, 1, 2, 2},
+     {{1, 3, 4}, {4, 12}, {4, 4}, {4}, {4, 6}, {6, 4}},
+     INIT_NORMAL},
 };
 
 START_TEST(test_gradcheck)
@@ -295,6 +377,73 @@ START_TEST(test_gradcheck)
     const gcase *c = &CASES[_i];
     double worst = gradcheck(c);
     ck_assert(worst < 1e-6);
+}
+END_TEST
+
+/* Builds case c with params of dtype dt (values = the f32-rounded random data in both dtypes),
+ * runs forward + backward, and returns loss and all gradient elements (as doubles) in out. */
+static int64_t eval_case(const gcase *c, jdt_dtype dt, double *out, int64_t cap)
+{
+    jdt_graph *g = jdt_graph_new();
+    jdt_tensor *p[MAXP];
+    void *data[MAXP];
+    char nm[32];
+    for (int k = 0; k < c->n_params; k++) {
+        snprintf(nm, sizeof nm, "p%d", k);
+        p[k] = jdt_graph_param(g, nm, dt, c->ndim[k], c->dims[k], NULL);
+        int64_t n = jdt_shape_numel(&p[k]->shape);
+        double tmp[1024];
+        fill(tmp, n, jdt_rng_key(1234, nm) + (uint64_t)c->init, c->init);
+        data[k] = jdt_malloc((size_t)n * 8);
+        for (int64_t j = 0; j < n; j++) {
+            if (dt == F64)
+                ((double *)data[k])[j] = (float)tmp[j];
+            else
+                ((float *)data[k])[j] = (float)tmp[j];
+        }
+        p[k]->data = data[k];
+    }
+    jdt_tensor *y = c->f(g, p);
+    jdt_err e;
+    ck_assert_msg(jdt_graph_error(g, &e) == JDT_OK, "%s: builder: %s", c->name, e.msg);
+    int64_t ny = jdt_shape_numel(&y->shape);
+    double w[1024];
+    fill(w, ny, jdt_rng_key(99, "cotangent"), INIT_NORMAL);
+    jdt_tensor *W =
+        jdt_graph_cast(g, jdt_graph_constant(g, F64, y->shape.ndim, y->shape.dims, w), dt);
+    jdt_tensor *loss =
+        jdt_graph_reduce_sum(g, jdt_graph_mul(g, y, W), (1u << y->shape.ndim) - 1, false);
+    jdt_tensor *gr[MAXP];
+    ck_assert_msg(jdt_autodiff_grad(g, loss, c->n_params, p, gr, &e) == JDT_OK, "%s", e.msg);
+    jdt_interp *it;
+    ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
+    ck_assert_msg(jdt_interp_run(it, &e) == JDT_OK, "%s", e.msg);
+    int64_t m = 0;
+    ck_assert_int_eq(jdt_interp_read_f64(it, loss, out + m++, &e), JDT_OK);
+    for (int k = 0; k < c->n_params; k++) {
+        ck_assert_int_eq(gr[k]->dtype, dt);
+        ck_assert(m + jdt_shape_numel(&gr[k]->shape) <= cap);
+        ck_assert_int_eq(jdt_interp_read_f64(it, gr[k], out + m, &e), JDT_OK);
+        m += jdt_shape_numel(&gr[k]->shape);
+    }
+    jdt_interp_free(it);
+    for (int k = 0; k < c->n_params; k++)
+        jdt_free(data[k]);
+    jdt_graph_free(g);
+    return m;
+}
+
+/* The same case in f32 and f64 agrees to f32 precision: the f32 paths of the interpreter and
+ * of autodiff (dtypes of every backward node) are consistent with the checked f64 ones. */
+START_TEST(test_f32_matches_f64)
+{
+    const gcase *c = &CASES[_i];
+    static double a[4096], b[4096];
+    int64_t na = eval_case(c, JDT_DTYPE_F32, a, 4096), nb = eval_case(c, F64, b, 4096);
+    ck_assert_int_eq(na, nb);
+    for (int64_t i = 0; i < na; i++)
+        ck_assert_msg(fabs(a[i] - b[i]) <= 2e-4 * (1 + fabs(b[i])),
+                      "%s: value %lld: f32 %.9g vs f64 %.9g", c->name, (long long)i, a[i], b[i]);
 }
 END_TEST
 
@@ -307,7 +456,8 @@ START_TEST(test_stop_gradient)
     jdt_graph *g = jdt_graph_new();
     int64_t d[1] = {3};
     double x[3] = {1, -2, 3}, z[3] = {4, 5, 6};
-    jdt_tensor *X = jdt_graph_param(g, "x", F64, 1, d, NULL), *Z = jdt_graph_param(g, "z", F64, 1, d, NULL);
+    jdt_tensor *X = jdt_graph_param(g, "x", F64, 1, d, NULL),
+               *Z = jdt_graph_param(g, "z", F64, 1, d, NULL);
     X->data = x;
     Z->data = z;
     jdt_tensor *y = jdt_graph_add(g, jdt_graph_mul(g, X, jdt_graph_stop_gradient(g, X)),
@@ -367,7 +517,8 @@ START_TEST(test_only_reaching_nodes)
     int64_t d[1] = {4};
     jdt_tensor *X = jdt_graph_param(g, "x", F64, 1, d, NULL);
     jdt_tensor *side = X;
-    for (int i = 0; i < 20; i++) side = jdt_graph_exp(g, side);
+    for (int i = 0; i < 20; i++)
+        side = jdt_graph_exp(g, side);
     jdt_graph_add_output(g, side);
     jdt_tensor *loss = jdt_graph_reduce_sum(g, jdt_graph_mul(g, X, X), 1, false);
     int before = jdt_graph_n_nodes(g);
@@ -384,13 +535,19 @@ START_TEST(test_train_step_mlp)
 {
     enum { N = 16, DIN = 4, HID = 16, V = 3 };
     jdt_graph *g = jdt_graph_new();
-    jdt_tensor *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 2, (int64_t[]){N, DIN}, (const char *[]){"batch", "embed"});
-    jdt_tensor *y = jdt_graph_input(g, "y", JDT_DTYPE_I32, 1, (int64_t[]){N}, (const char *[]){"batch"});
+    jdt_tensor *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 2, (int64_t[]){N, DIN},
+                                    (const char *[]){"batch", "embed"});
+    jdt_tensor *y =
+        jdt_graph_input(g, "y", JDT_DTYPE_I32, 1, (int64_t[]){N}, (const char *[]){"batch"});
     jdt_tensor *lr = jdt_graph_input(g, "lr", JDT_DTYPE_F32, 0, NULL, NULL);
-    jdt_tensor *w1 = jdt_graph_param(g, "w1", JDT_DTYPE_F32, 2, (int64_t[]){DIN, HID}, (const char *[]){"embed", "mlp"});
-    jdt_tensor *b1 = jdt_graph_param(g, "b1", JDT_DTYPE_F32, 1, (int64_t[]){HID}, (const char *[]){"mlp"});
-    jdt_tensor *w2 = jdt_graph_param(g, "w2", JDT_DTYPE_F32, 2, (int64_t[]){HID, V}, (const char *[]){"mlp", "vocab"});
-    jdt_tensor *h = jdt_graph_relu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, w1, false, false), b1));
+    jdt_tensor *w1 = jdt_graph_param(g, "w1", JDT_DTYPE_F32, 2, (int64_t[]){DIN, HID},
+                                     (const char *[]){"embed", "mlp"});
+    jdt_tensor *b1 =
+        jdt_graph_param(g, "b1", JDT_DTYPE_F32, 1, (int64_t[]){HID}, (const char *[]){"mlp"});
+    jdt_tensor *w2 = jdt_graph_param(g, "w2", JDT_DTYPE_F32, 2, (int64_t[]){HID, V},
+                                     (const char *[]){"mlp", "vocab"});
+    jdt_tensor *h =
+        jdt_graph_relu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, w1, false, false), b1));
     jdt_tensor *logits = jdt_graph_matmul(g, h, w2, false, false);
     jdt_tensor *loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, logits, y), 1, false);
     jdt_graph_add_output(g, loss);
@@ -416,8 +573,10 @@ START_TEST(test_train_step_mlp)
     }
     jdt_rng_normal(2, 0, DIN * HID, w1d);
     jdt_rng_normal(3, 0, HID * V, w2d);
-    for (int i = 0; i < DIN * HID; i++) w1d[i] *= 0.5f;
-    for (int i = 0; i < HID * V; i++) w2d[i] *= 0.25f;
+    for (int i = 0; i < DIN * HID; i++)
+        w1d[i] *= 0.5f;
+    for (int i = 0; i < HID * V; i++)
+        w2d[i] *= 0.25f;
     x->data = xd;
     y->data = yd;
     lr->data = &lrv;
@@ -439,12 +598,44 @@ START_TEST(test_train_step_mlp)
 }
 END_TEST
 
+/* Every allocation failure while differentiating is a clean ERR_NOMEM with NULL gradients. */
+START_TEST(test_alloc_failure)
+{
+    int n_nomem = 0;
+    for (long k = 1; k < 60; k++) {
+        jdt_graph *g = jdt_graph_new();
+        jdt_tensor *p[6];
+        const gcase *c = &CASES[JDT_ARRAY_LEN(CASES) - 1]; /* the attention block */
+        for (int i = 0; i < c->n_params; i++) {
+            char nm[8] = {'p', (char)('0' + i), 0};
+            p[i] = jdt_graph_param(g, nm, F64, c->ndim[i], c->dims[i], NULL);
+        }
+        jdt_tensor *loss = jdt_graph_reduce_sum(g, c->f(g, p), 7, false);
+        ck_assert_int_eq(jdt_graph_error(g, NULL), JDT_OK);
+        jdt_tensor *gr[6];
+        jdt_err e;
+        jdt_alloc_fail_after(k);
+        jdt_status st = jdt_autodiff_grad(g, loss, c->n_params, p, gr, &e);
+        jdt_alloc_fail_after(0);
+        ck_assert_msg(st == JDT_OK || st == JDT_ERR_NOMEM, "%s", e.msg);
+        if (st != JDT_OK) {
+            n_nomem++;
+            for (int i = 0; i < c->n_params; i++)
+                ck_assert_ptr_null(gr[i]);
+        }
+        jdt_graph_free(g);
+    }
+    ck_assert_int_gt(n_nomem, 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("autodiff");
     TCase *tc = tcase_create("gradcheck");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_gradcheck, 0, (int)JDT_ARRAY_LEN(CASES));
+    tcase_add_loop_test(tc, test_f32_matches_f64, 0, (int)JDT_ARRAY_LEN(CASES));
     suite_add_tcase(s, tc);
     TCase *tb = tcase_create("behaviour");
     tcase_set_timeout(tb, 120);
@@ -452,6 +643,7 @@ int main(void)
     tcase_add_test(tb, test_missing_vjp_and_bad_args);
     tcase_add_test(tb, test_only_reaching_nodes);
     tcase_add_test(tb, test_train_step_mlp);
+    tcase_add_test(tb, test_alloc_failure);
     suite_add_tcase(s, tb);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

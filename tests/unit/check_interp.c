@@ -20,7 +20,8 @@ static jdt_tensor *in64(jdt_graph *g, const char *name, int ndim, const int64_t 
     return t;
 }
 
-static jdt_tensor *in_i32(jdt_graph *g, const char *name, int ndim, const int64_t *dims, int32_t *data)
+static jdt_tensor *in_i32(jdt_graph *g, const char *name, int ndim, const int64_t *dims,
+                          int32_t *data)
 {
     jdt_tensor *t = jdt_graph_input(g, name, JDT_DTYPE_I32, ndim, dims, NULL);
     if (t) t->data = data;
@@ -44,14 +45,20 @@ static double v(jdt_interp *it, jdt_tensor *t, int64_t i)
     const void *p = jdt_interp_value(it, t);
     ck_assert_ptr_nonnull(p);
     switch (t->dtype) {
-    case JDT_DTYPE_F64: return ((const double *)p)[i];
-    case JDT_DTYPE_F32: return ((const float *)p)[i];
-    default: return ((const int32_t *)p)[i];
+    case JDT_DTYPE_F64:
+        return ((const double *)p)[i];
+    case JDT_DTYPE_F32:
+        return ((const float *)p)[i];
+    default:
+        return ((const int32_t *)p)[i];
     }
 }
 
 #define NEAR(a, b) near_((double)(a), (double)(b))
-static void near_(double a, double b) { ck_assert_msg(fabs(a - b) <= TOL * (1 + fabs(b)), "%.17g vs %.17g", a, b); }
+static void near_(double a, double b)
+{
+    ck_assert_msg(fabs(a - b) <= TOL * (1 + fabs(b)), "%.17g vs %.17g", a, b);
+}
 
 START_TEST(test_unary)
 {
@@ -60,10 +67,11 @@ START_TEST(test_unary)
     double x[4] = {-1.0, 0.25, 0.5, 2.0};
     jdt_tensor *X = in64(g, "x", 1, d, x);
     jdt_tensor *ax = jdt_graph_abs(g, X);
-    jdt_tensor *ys[] = {jdt_graph_neg(g, X),  jdt_graph_exp(g, X),     jdt_graph_log(g, ax),
-                        jdt_graph_tanh(g, X), jdt_graph_sqrt(g, ax),   jdt_graph_rsqrt(g, ax),
-                        jdt_graph_relu(g, X), jdt_graph_sigmoid(g, X), jdt_graph_abs(g, X),
-                        jdt_graph_silu(g, X), jdt_graph_gelu(g, X),    jdt_graph_stop_gradient(g, X)};
+    jdt_tensor *ys[] = {
+        jdt_graph_neg(g, X),  jdt_graph_exp(g, X),     jdt_graph_log(g, ax),
+        jdt_graph_tanh(g, X), jdt_graph_sqrt(g, ax),   jdt_graph_rsqrt(g, ax),
+        jdt_graph_relu(g, X), jdt_graph_sigmoid(g, X), jdt_graph_abs(g, X),
+        jdt_graph_silu(g, X), jdt_graph_gelu(g, X),    jdt_graph_stop_gradient(g, X)};
     jdt_interp *it = run_ok(g);
     for (int i = 0; i < 4; i++) {
         double a = fabs(x[i]), s = 1 / (1 + exp(-x[i]));
@@ -93,8 +101,10 @@ START_TEST(test_binary_scalar_select_cast)
     int64_t d[1] = {3};
     double a[3] = {1, 2, 3}, b[3] = {3, 2, 0.5};
     jdt_tensor *A = in64(g, "a", 1, d, a), *B = in64(g, "b", 1, d, b);
-    jdt_tensor *add = jdt_graph_add(g, A, B), *sub = jdt_graph_sub(g, A, B), *mul = jdt_graph_mul(g, A, B);
-    jdt_tensor *dv = jdt_graph_div(g, A, B), *mx = jdt_graph_max(g, A, B), *mn = jdt_graph_min(g, A, B);
+    jdt_tensor *add = jdt_graph_add(g, A, B), *sub = jdt_graph_sub(g, A, B),
+               *mul = jdt_graph_mul(g, A, B);
+    jdt_tensor *dv = jdt_graph_div(g, A, B), *mx = jdt_graph_max(g, A, B),
+               *mn = jdt_graph_min(g, A, B);
     jdt_tensor *gt = jdt_graph_gt(g, A, B), *ge = jdt_graph_ge(g, A, B);
     jdt_tensor *as = jdt_graph_add_scalar(g, A, 0.5), *ms = jdt_graph_mul_scalar(g, A, -2);
     jdt_tensor *ps = jdt_graph_pow_scalar(g, A, 3);
@@ -155,11 +165,14 @@ START_TEST(test_shape_ops)
     jdt_graph *g = jdt_graph_new();
     int64_t d23[2] = {2, 3}, d3[1] = {3}, d21[2] = {2, 1};
     double x[6] = {1, 2, 3, 4, 5, 6}, r[3] = {10, 20, 30}, c[2] = {100, 200};
-    jdt_tensor *X = in64(g, "x", 2, d23, x), *R = in64(g, "r", 1, d3, r), *C = in64(g, "c", 2, d21, c);
+    jdt_tensor *X = in64(g, "x", 2, d23, x), *R = in64(g, "r", 1, d3, r),
+               *C = in64(g, "c", 2, d21, c);
     jdt_tensor *br = jdt_graph_broadcast(g, R, 2, d23), *bc = jdt_graph_broadcast(g, C, 2, d23);
-    jdt_tensor *s0 = jdt_graph_reduce_sum(g, X, 1, false), *s1 = jdt_graph_reduce_sum(g, X, 2, true);
+    jdt_tensor *s0 = jdt_graph_reduce_sum(g, X, 1, false),
+               *s1 = jdt_graph_reduce_sum(g, X, 2, true);
     jdt_tensor *sall = jdt_graph_reduce_sum(g, X, 3, false);
-    jdt_tensor *mx1 = jdt_graph_reduce_max(g, X, 2, false), *mn0 = jdt_graph_reduce_mean(g, X, 1, false);
+    jdt_tensor *mx1 = jdt_graph_reduce_max(g, X, 2, false),
+               *mn0 = jdt_graph_reduce_mean(g, X, 1, false);
     int64_t d32[2] = {3, 2};
     jdt_tensor *rs = jdt_graph_reshape(g, X, 2, d32);
     int perm[2] = {1, 0};
@@ -193,7 +206,8 @@ START_TEST(test_shape_ops)
     NEAR(v(it, sl, 0), 2);
     NEAR(v(it, sl, 3), 6);
     double want[10] = {1, 2, 3, 2, 3, 4, 5, 6, 5, 6};
-    for (int i = 0; i < 10; i++) NEAR(v(it, cat, i), want[i]);
+    for (int i = 0; i < 10; i++)
+        NEAR(v(it, cat, i), want[i]);
     jdt_interp_free(it);
     jdt_graph_free(g);
 }
@@ -205,12 +219,14 @@ START_TEST(test_matmul)
     int64_t d23[2] = {2, 3}, d32[2] = {3, 2}, d223[3] = {2, 2, 3};
     double a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12};
     double ab[12];
-    for (int i = 0; i < 12; i++) ab[i] = i < 6 ? a[i] : -a[i - 6];
+    for (int i = 0; i < 12; i++)
+        ab[i] = i < 6 ? a[i] : -a[i - 6];
     jdt_tensor *A = in64(g, "a", 2, d23, a), *B = in64(g, "b", 2, d32, b);
     jdt_tensor *C = jdt_graph_matmul(g, A, B, false, false);
     int perm[2] = {1, 0};
     jdt_tensor *At = jdt_graph_transpose(g, A, perm), *Bt = jdt_graph_transpose(g, B, perm);
-    jdt_tensor *C2 = jdt_graph_matmul(g, At, B, true, false), *C3 = jdt_graph_matmul(g, A, Bt, false, true);
+    jdt_tensor *C2 = jdt_graph_matmul(g, At, B, true, false),
+               *C3 = jdt_graph_matmul(g, A, Bt, false, true);
     jdt_tensor *C4 = jdt_graph_matmul(g, At, Bt, true, true);
     jdt_tensor *AB = in64(g, "ab", 3, d223, ab);
     jdt_tensor *Cb = jdt_graph_matmul(g, AB, B, false, false);
@@ -246,19 +262,23 @@ START_TEST(test_gather_scatter_iota_mask)
     jdt_tensor *cm = jdt_graph_causal_mask(g, JDT_DTYPE_F32, 3);
     jdt_interp *it = run_ok(g);
     for (int r = 0; r < 4; r++)
-        for (int c = 0; c < 2; c++) NEAR(v(it, ga, r * 2 + c), tab[idx[r] * 2 + c]);
+        for (int c = 0; c < 2; c++)
+            NEAR(v(it, ga, r * 2 + c), tab[idx[r] * 2 + c]);
     /* row 2 gathered twice, row 0 and 1 once: scatter sums them back */
     for (int c = 0; c < 2; c++) {
         NEAR(v(it, sc, 0 * 2 + c), tab[0 * 2 + c]);
         NEAR(v(it, sc, 1 * 2 + c), tab[1 * 2 + c]);
         NEAR(v(it, sc, 2 * 2 + c), 2 * tab[2 * 2 + c]);
     }
-    for (int i = 0; i < 6; i++) ck_assert_int_eq((int)v(it, io, i), i % 3);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq((int)v(it, io, i), i % 3);
     for (int r = 0; r < 3; r++)
         for (int c = 0; c < 3; c++) {
             double m = v(it, cm, r * 3 + c);
-            if (c <= r) ck_assert(m == 0.0);
-            else ck_assert(isinf(m) && m < 0);
+            if (c <= r)
+                ck_assert(m == 0.0);
+            else
+                ck_assert(isinf(m) && m < 0);
         }
     jdt_interp_free(it);
     /* out-of-range index: one clear error naming the node, no crash */
@@ -279,7 +299,8 @@ START_TEST(test_softmax_family)
     double x[4] = {0, log(2.0), 1, 1};
     int32_t tg[2] = {1, -1};
     double dl[2] = {1, 1};
-    jdt_tensor *X = in64(g, "x", 2, d22, x), *T = in_i32(g, "t", 1, d2, tg), *DL = in64(g, "dl", 1, d2, dl);
+    jdt_tensor *X = in64(g, "x", 2, d22, x), *T = in_i32(g, "t", 1, d2, tg),
+               *DL = in64(g, "dl", 1, d2, dl);
     jdt_tensor *sm = jdt_graph_softmax(g, X), *ls = jdt_graph_log_softmax(g, X);
     jdt_tensor *xe = jdt_graph_softmax_xent(g, X, T), *xb = jdt_graph_softmax_xent_bwd(g, X, T, DL);
     double dy[4] = {1, 0, 0, 1};
@@ -323,7 +344,8 @@ START_TEST(test_norms_rope_attention)
     /* attention: B=H=1, T=2, D=1 */
     int64_t da[4] = {1, 1, 2, 1};
     double q[2] = {1, 2}, k[2] = {0.5, -1}, vv[2] = {3, 7};
-    jdt_tensor *Q = in64(g, "q", 4, da, q), *K = in64(g, "k", 4, da, k), *V = in64(g, "v", 4, da, vv);
+    jdt_tensor *Q = in64(g, "q", 4, da, q), *K = in64(g, "k", 4, da, k),
+               *V = in64(g, "v", 4, da, vv);
     jdt_tensor *at = jdt_graph_attention(g, Q, K, V, 0.5);
     jdt_interp *it = run_ok(g);
     double var = 2.0 / 3, rstd = 1 / sqrt(var + 1e-5), rms = 1 / sqrt(14.0 / 3 + 1e-5);
@@ -335,7 +357,8 @@ START_TEST(test_norms_rope_attention)
     NEAR(v(it, ro, 1), 0);
     NEAR(v(it, ro, 2), cos(1.0));
     NEAR(v(it, ro, 3), sin(1.0));
-    for (int i = 0; i < 4; i++) NEAR(v(it, back, i), xr[i]);
+    for (int i = 0; i < 4; i++)
+        NEAR(v(it, back, i), xr[i]);
     /* row 0 sees only key 0; row 1: scores 0.5*2*0.5 = 0.5, 0.5*2*(-1) = -1 */
     NEAR(v(it, at, 0), 3);
     double p0 = exp(0.5) / (exp(0.5) + exp(-1.0));
@@ -351,10 +374,12 @@ START_TEST(test_dropout)
     enum { N = 4000 };
     int64_t d[1] = {N};
     static double x[N];
-    for (int i = 0; i < N; i++) x[i] = 1.0 + i % 7;
+    for (int i = 0; i < N; i++)
+        x[i] = 1.0 + i % 7;
     int32_t step = 3;
     jdt_tensor *X = in64(g, "x", 1, d, x), *S = in_i32(g, "step", 0, NULL, &step);
-    jdt_tensor *dr = jdt_graph_dropout(g, X, S, 0.25, 99), *dr2 = jdt_graph_dropout(g, X, S, 0.25, 99);
+    jdt_tensor *dr = jdt_graph_dropout(g, X, S, 0.25, 99),
+               *dr2 = jdt_graph_dropout(g, X, S, 0.25, 99);
     jdt_tensor *d0 = jdt_graph_dropout(g, X, S, 0.0, 99);
     jdt_interp *it = run_ok(g);
     int kept = 0;
@@ -370,12 +395,14 @@ START_TEST(test_dropout)
     }
     ck_assert(kept > N * 0.70 && kept < N * 0.80);
     static bool mask3[N];
-    for (int i = 0; i < N; i++) mask3[i] = v(it, dr, i) != 0.0;
+    for (int i = 0; i < N; i++)
+        mask3[i] = v(it, dr, i) != 0.0;
     jdt_interp_free(it);
     step = 4; /* another step: another mask */
     it = run_ok(g);
     int same = 0;
-    for (int i = 0; i < N; i++) same += (v(it, dr, i) != 0.0) == mask3[i];
+    for (int i = 0; i < N; i++)
+        same += (v(it, dr, i) != 0.0) == mask3[i];
     ck_assert(same < N * 0.8); /* independent masks agree on ~62.5% of elements */
     jdt_interp_free(it);
     jdt_graph_free(g);
@@ -438,6 +465,120 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* NORMALIZE_BWD and RMS_NORMALIZE_BWD against the explicit Jacobians of the forward maps:
+ * layernorm  d xhat_i / d x_j = rstd (delta_ij - 1/n - xhat_i xhat_j / n)
+ * rmsnorm    d y_i / d x_j    = r (delta_ij - x_i x_j r^2 / n) */
+START_TEST(test_norm_bwd)
+{
+    enum { N = 5 };
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[2] = {1, N};
+    double x[N] = {0.3, -1.2, 2.0, 0.7, -0.4}, gy[N] = {1.0, -0.5, 0.25, 2.0, -1.5}, eps = 1e-3;
+    jdt_tensor *X = in64(g, "x", 2, d, x), *G = in64(g, "g", 2, d, gy);
+    jdt_tensor *lb = jdt_graph_normalize_bwd(g, X, G, eps),
+               *rb = jdt_graph_rms_normalize_bwd(g, X, G, eps);
+    jdt_tensor *c = jdt_graph_constant(g, JDT_DTYPE_F64, 2, d, x),
+               *f = jdt_graph_full(g, JDT_DTYPE_F32, 2, d, 0.1);
+    jdt_interp *it = run_ok(g);
+    double mean = 0, var = 0, ms = 0;
+    for (int i = 0; i < N; i++)
+        mean += x[i] / N;
+    for (int i = 0; i < N; i++) {
+        var += (x[i] - mean) * (x[i] - mean) / N;
+        ms += x[i] * x[i] / N;
+    }
+    double rstd = 1 / sqrt(var + eps), r = 1 / sqrt(ms + eps);
+    for (int j = 0; j < N; j++) {
+        double wl = 0, wr = 0;
+        for (int i = 0; i < N; i++) {
+            double xi = (x[i] - mean) * rstd, xj = (x[j] - mean) * rstd;
+            wl += gy[i] * rstd * ((i == j) - 1.0 / N - xi * xj / N);
+            wr += gy[i] * r * ((i == j) - x[i] * x[j] * r * r / N);
+        }
+        NEAR(v(it, lb, j), wl);
+        NEAR(v(it, rb, j), wr);
+        NEAR(v(it, c, j), x[j]);
+        ck_assert(v(it, f, j) == (double)0.1f);
+    }
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+/* ATTENTION_BWD against central differences of ATTENTION's forward, both in the interpreter:
+ * with L = sum(attention(q, k, v) * dout), dq/dk/dv are dL/dq, dL/dk, dL/dv. */
+START_TEST(test_attention_bwd)
+{
+    enum { B = 1, H = 2, T = 3, D = 2, NE = B * H * T * D };
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[4] = {B, H, T, D};
+    static double qkv[3][NE], dout[NE];
+    float tmp[4 * NE];
+    jdt_rng_normal(7, 0, 4 * NE, tmp);
+    for (int i = 0; i < NE; i++) {
+        for (int m = 0; m < 3; m++)
+            qkv[m][i] = tmp[m * NE + i];
+        dout[i] = tmp[3 * NE + i];
+    }
+    jdt_tensor *Q = in64(g, "q", 4, d, qkv[0]), *K = in64(g, "k", 4, d, qkv[1]),
+               *V = in64(g, "v", 4, d, qkv[2]);
+    jdt_tensor *DO = in64(g, "do", 4, d, dout);
+    jdt_tensor *O = jdt_graph_attention(g, Q, K, V, 0.7);
+    jdt_tensor *bwd = jdt_graph_attention_bwd(g, Q, K, V, O, DO, 0.7);
+    jdt_tensor *L = jdt_graph_reduce_sum(g, jdt_graph_mul(g, O, DO), 15, false);
+    jdt_interp *it = run_ok(g);
+    static double grad[3 * NE];
+    ck_assert_int_eq(jdt_interp_read_f64(it, bwd, grad, NULL), JDT_OK);
+    for (int m = 0; m < 3; m++)
+        for (int i = 0; i < NE; i++) {
+            double x0 = qkv[m][i], h = 1e-5;
+            qkv[m][i] = x0 + h;
+            ck_assert_int_eq(jdt_interp_run(it, NULL), JDT_OK);
+            double lp = v(it, L, 0);
+            qkv[m][i] = x0 - h;
+            ck_assert_int_eq(jdt_interp_run(it, NULL), JDT_OK);
+            double lm = v(it, L, 0);
+            qkv[m][i] = x0;
+            double fd = (lp - lm) / (2 * h);
+            ck_assert_msg(fabs(fd - grad[m * NE + i]) < 1e-8 * (1 + fabs(fd)),
+                          "d%c[%d]: %.12g vs fd %.12g", "qkv"[m], i, grad[m * NE + i], fd);
+        }
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+/* An allocation failure inside a run is ERR_NOMEM, never a crash, and a later run succeeds. */
+START_TEST(test_alloc_failure)
+{
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[2] = {3, 4};
+    double x[12];
+    for (int i = 0; i < 12; i++)
+        x[i] = i * 0.1;
+    jdt_tensor *X = in64(g, "x", 2, d, x);
+    jdt_tensor *y = jdt_graph_reduce_sum(g, jdt_graph_softmax(g, jdt_graph_tanh(g, X)), 3, false);
+    int n_nomem = 0;
+    for (long k = 1; k < 20; k++) {
+        jdt_interp *it = NULL;
+        jdt_err e;
+        jdt_alloc_fail_after(k);
+        jdt_status st = jdt_interp_new(g, &it, &e);
+        if (st == JDT_OK) st = jdt_interp_run(it, &e);
+        jdt_alloc_fail_after(0);
+        ck_assert(st == JDT_OK || st == JDT_ERR_NOMEM);
+        n_nomem += st == JDT_ERR_NOMEM;
+        if (it) {
+            ck_assert_int_eq(jdt_interp_run(it, &e), JDT_OK);
+            NEAR(v(it, y, 0), 3.0); /* three softmax rows sum to 1 each */
+        }
+        jdt_interp_free(it);
+    }
+    ck_assert_int_gt(n_nomem, 0);
+    jdt_graph_free(g);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("interp");
@@ -454,6 +595,9 @@ int main(void)
     tcase_add_test(tc, test_dropout);
     tcase_add_test(tc, test_updates_and_f32);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_alloc_failure);
+    tcase_add_test(tc, test_norm_bwd);
+    tcase_add_test(tc, test_attention_bwd);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
