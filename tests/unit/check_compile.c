@@ -388,6 +388,44 @@ START_TEST(test_missing_or_failing_compiler)
 }
 END_TEST
 
+/* Every allocation of the compiler can fail: fail the n-th one for n = 1, 2, ... until the
+ * compile succeeds; each failure must be a clean error (ASan's leak check runs at exit). */
+START_TEST(test_alloc_failures_clean)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 6, 5);
+    jdt_tensor *w = FX_PARAM(&f, "w", -1, 1, 5, 4);
+    jdt_tensor *h = jdt_graph_softmax(g, jdt_graph_matmul(g, jdt_graph_tanh(g, x), w, false, false));
+    out(&f, jdt_graph_reduce_sum(g, jdt_graph_exp(g, h), 2u, false));
+    jdt_graph_add_update(g, w, jdt_graph_mul_scalar(g, w, 0.5));
+    fx_fill(&f, 5);
+    fx_bind(&f, true);
+    jdt_program *p = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_OK); /* fills the cache */
+    jdt_program_free(p);
+    int n;
+    for (n = 1; n < 2000; n++) {
+        p = NULL;
+        jdt_alloc_fail_after(n);
+        jdt_status st = jdt_program_compile(g, &o, &p, &e);
+        jdt_alloc_fail_after(0);
+        if (st == JDT_OK) break;
+        ck_assert_msg(st == JDT_ERR_NOMEM || st == JDT_ERR_IO, "n=%d: %s", n, e.msg);
+        ck_assert_ptr_null(p);
+    }
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_gt(n, 5);
+    ck_assert_int_eq(jdt_program_run(p, &e), JDT_OK);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("compile");
@@ -401,6 +439,7 @@ int main(void)
     tcase_add_test(tc, test_cache_concurrent_writers);
     tcase_add_test(tc, test_cache_corrupt_entry_rebuilt);
     tcase_add_test(tc, test_missing_or_failing_compiler);
+    tcase_add_test(tc, test_alloc_failures_clean);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
