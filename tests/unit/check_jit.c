@@ -62,6 +62,16 @@ START_TEST(test_elementwise_ops)
     out(&f, jdt_graph_iota(g, JDT_DTYPE_I32, 2, (int64_t[]){4, 9}, 1));
     out(&f, jdt_graph_causal_mask(g, JDT_DTYPE_F32, 11));
     out(&f, jdt_graph_full(g, JDT_DTYPE_F32, 2, (int64_t[]){2, 3}, 0.75));
+    /* a data constant, f64 chains, an i32 condition */
+    float cdata[7 * 13];
+    for (int i = 0; i < 7 * 13; i++) cdata[i] = 0.25f * (float)(i % 9) - 1.0f;
+    jdt_tensor *cst = jdt_graph_constant(g, JDT_DTYPE_F32, 2, (int64_t[]){7, 13}, cdata);
+    out(&f, jdt_graph_mul(g, x, cst));
+    jdt_tensor *xd = jdt_graph_cast(g, x, JDT_DTYPE_F64);
+    out(&f, jdt_graph_tanh(g, jdt_graph_exp(g, jdt_graph_mul_scalar(g, xd, 0.5))));
+    out(&f, jdt_graph_reduce_sum(g, jdt_graph_gelu(g, xd), 2u, false));
+    jdt_tensor *xi = jdt_graph_cast(g, jdt_graph_mul_scalar(g, y, 7.0), JDT_DTYPE_I32);
+    out(&f, jdt_graph_cast(g, jdt_graph_select(g, xi, xd, jdt_graph_neg(g, xd)), JDT_DTYPE_F32));
     /* a fused chain using several of the above at once */
     jdt_tensor *ch = jdt_graph_mul(g, jdt_graph_tanh(g, jdt_graph_add(g, x, y)), jdt_graph_sigmoid(g, y));
     out(&f, jdt_graph_add_scalar(g, jdt_graph_mul_scalar(g, ch, 2.0), 1.0));
