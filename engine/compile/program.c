@@ -240,6 +240,8 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
             return jdt_err_set(e, JDT_ERR_INVALID, "run: leaf %s is not bound (data is NULL)",
                                node_label(n, lbl, sizeof lbl));
     }
+    /* OpenBLAS's thread count is process-wide: another program may have changed it */
+    jdt_rt_set_threads(c->nt);
     for (int s = 0; s < c->n_steps; s++) {
         const cstep *sp = &c->steps[s];
         if (sp->kind == STEP_KERNEL) {
