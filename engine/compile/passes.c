@@ -365,6 +365,30 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         c->updates[i].target = remap[c->updates[i].target];
         c->updates[i].value = remap[c->updates[i].value];
     }
+    /* An output that is (a view of) an updated leaf must show the pre-step value, but the
+     * leaf's buffer receives the update: such outputs read through an identity copy. */
+    for (int i = 0; i < c->n_outputs; i++) {
+        int r = c->outputs[i];
+        while (c->nodes[r].kind == CK_VIEW) r = c->nodes[r].in[0];
+        bool updated = false;
+        for (int k = 0; k < c->n_updates; k++) updated = updated || c->updates[k].target == r;
+        if (!updated) continue;
+        if (!jdt_compile_grow((void **)&c->nodes, &c->cap_nodes, c->n_nodes + 1, sizeof(cnode))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: output copy");
+            goto out;
+        }
+        cnode cp = c->nodes[c->outputs[i]];
+        cp.op = JDT_OP_STOP_GRADIENT;
+        cp.kind = CK_EW;
+        cp.n_in = 1;
+        cp.in[0] = c->outputs[i];
+        cp.src = NULL;
+        cp.live = true;
+        cp.n_users = 0;
+        cp.group = cp.buf = -1;
+        c->nodes[c->n_nodes] = cp;
+        c->outputs[i] = c->n_nodes++;
+    }
     for (int i = 0; i < c->n_nodes; i++)
         for (int k = 0; k < c->nodes[i].n_in; k++) c->nodes[c->nodes[i].in[k]].n_users++;
     c->stats.n_ops_in = n;

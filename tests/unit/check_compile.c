@@ -189,6 +189,8 @@ START_TEST(test_update_not_donated_when_read_later)
     jdt_tensor *wn = jdt_graph_mul_scalar(g, w, 0.5);
     jdt_tensor *late = jdt_graph_matmul(g, w, jdt_graph_transpose(g, wn, (int[]){1, 0}), false, false);
     out(&f, late);
+    out(&f, w); /* an updated leaf as an output: the pre-step value (interpreter semantics) */
+    out(&f, jdt_graph_reshape(g, s, 2, (int64_t[]){7, 5}));
     jdt_graph_add_update(g, w, wn);
     /* a swap-like update: s takes w's old value */
     jdt_graph_add_update(g, s, jdt_graph_add(g, w, s));
