@@ -28,6 +28,7 @@ typedef struct {
     const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno -fno-trapping-math" (no
                               fast-math: NaN/Inf
                               semantics must hold) */
+    double cc_timeout_s;   /* 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
     int threads;           /* 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
@@ -60,6 +61,7 @@ typedef struct jdt_program jdt_program;
  * release with jdt_program_free); on failure *out is NULL and e names the cause:
  * ERR_UNSUPPORTED (op/dtype without a CPU kernel, naming the op and node), ERR_COMPILE (the C
  * compiler failed or is missing; its output is saved to a log file named in the message),
+ * ERR_TIMEOUT (the compiler ran longer than opts.cc_timeout_s and was killed; log named),
  * ERR_IO (cache directory), ERR_NOMEM. g must stay alive and unchanged while the program
  * lives (leaf tensors are read at every run). opts may be NULL (defaults). */
 jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_program **out,

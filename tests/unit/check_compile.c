@@ -380,6 +380,19 @@ START_TEST(test_missing_or_failing_compiler)
     buf[n] = 0;
     fclose(lf);
     ck_assert_msg(strstr(buf, "cannot execute"), "%s", buf);
+    /* a compiler that hangs is killed after the timeout */
+    char hang[512];
+    snprintf(hang, sizeof hang, "%s/hang-cc.sh", f.cache);
+    FILE *hf = fopen(hang, "w");
+    ck_assert_ptr_nonnull(hf);
+    fputs("#!/bin/sh\nexec sleep 60\n", hf);
+    fclose(hf);
+    ck_assert_int_eq(chmod(hang, 0755), 0);
+    o.cc = hang;
+    o.cc_timeout_s = 1.0;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_TIMEOUT);
+    ck_assert_msg(strstr(e.msg, "killed") && strstr(e.msg, ".log"), "%s", e.msg);
+    o.cc_timeout_s = 0;
     /* a compiler that runs but rejects the flags */
     o.cc = NULL;
     o.cflags = "-O2 --no-such-flag-for-jdt";
