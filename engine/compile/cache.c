@@ -49,11 +49,14 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
 jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e)
 {
     const char *d = o->cache_dir ? o->cache_dir : getenv("JDT_CACHE_DIR");
-    if (d && *d) snprintf(buf, n, "%s", d);
+    if (d && *d)
+        snprintf(buf, n, "%s", d);
     else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME"))
         snprintf(buf, n, "%s/jdt-train", getenv("XDG_CACHE_HOME"));
-    else if (getenv("HOME") && *getenv("HOME")) snprintf(buf, n, "%s/.cache/jdt-train", getenv("HOME"));
-    else snprintf(buf, n, "/tmp/jdt-train-cache");
+    else if (getenv("HOME") && *getenv("HOME"))
+        snprintf(buf, n, "%s/.cache/jdt-train", getenv("HOME"));
+    else
+        snprintf(buf, n, "/tmp/jdt-train-cache");
     return mkdir_p(buf, e);
 }
 
@@ -81,7 +84,8 @@ static int run_cmd(char *const *argv, int out_fd, double timeout_s)
         if (r < 0 && errno != EINTR) return -1;
         if (jdt_now_s() - t0 > timeout_s) {
             kill(pid, SIGKILL);
-            while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {}
+            while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+            }
             dprintf(out_fd, "\njdt-train: killed '%s' after %.0f s (compile timeout)\n", argv[0],
                     timeout_s);
             return RUN_TIMED_OUT;
@@ -124,8 +128,10 @@ static void cpu_model(char *out, size_t n)
             (!flags && strncmp(line, "flags", 5) == 0)) {
             off += (size_t)snprintf(out + off, off < n ? n - off : 0, "%s", line);
             if (off >= n) off = n - 1;
-            if (line[0] == 'm') model = true;
-            else flags = true;
+            if (line[0] == 'm')
+                model = true;
+            else
+                flags = true;
         }
     }
     fclose(f);
@@ -206,7 +212,8 @@ static jdt_status append_trailer(const char *path, jdt_err *e)
 static int split_flags(char *flags, char **argv, int max)
 {
     int n = 0;
-    for (char *tok = strtok(flags, " \t"); tok && n < max; tok = strtok(NULL, " \t")) argv[n++] = tok;
+    for (char *tok = strtok(flags, " \t"); tok && n < max; tok = strtok(NULL, " \t"))
+        argv[n++] = tok;
     return n;
 }
 
@@ -242,7 +249,8 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     }
 
     /* miss or corrupt: compile into a unique temporary, then rename into place */
-    unsigned long long uniq = (unsigned long long)getpid() ^ ((unsigned long long)(jdt_now_s() * 1e9));
+    unsigned long long uniq =
+        (unsigned long long)getpid() ^ ((unsigned long long)(jdt_now_s() * 1e9));
     snprintf(tmp_c, sizeof tmp_c, "%s/jdt-%016llx.%d.%llx.c", dir, (unsigned long long)key,
              (int)getpid(), uniq);
     snprintf(tmp_so, sizeof tmp_so, "%s/jdt-%016llx.%d.%llx.tmp", dir, (unsigned long long)key,
@@ -273,7 +281,8 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     argv[n++] = tmp_c;
     argv[n] = NULL;
     dprintf(lfd, "$");
-    for (int i = 0; argv[i]; i++) dprintf(lfd, " %s", argv[i]);
+    for (int i = 0; argv[i]; i++)
+        dprintf(lfd, " %s", argv[i]);
     dprintf(lfd, "\n");
     double t0 = jdt_now_s();
     sweep_stale(dir);
@@ -306,8 +315,7 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
         return s;
     }
     *handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    if (!*handle)
-        return jdt_err_set(e, JDT_ERR_COMPILE, "compile: dlopen %s: %s", so, dlerror());
+    if (!*handle) return jdt_err_set(e, JDT_ERR_COMPILE, "compile: dlopen %s: %s", so, dlerror());
     st->cache_hit = false;
     return JDT_OK;
 }

@@ -25,13 +25,19 @@ struct jdt_program {
     char *src;
 };
 
-void jdt_compile_opts_init(jdt_compile_opts *o) { memset(o, 0, sizeof *o); }
+void jdt_compile_opts_init(jdt_compile_opts *o)
+{
+    memset(o, 0, sizeof *o);
+}
 
 static const char *node_label(const cnode *n, char *buf, size_t len)
 {
-    if (n->src && n->src->name) snprintf(buf, len, "'%s'", n->src->name);
-    else if (n->src) snprintf(buf, len, "node %d (%s)", n->src->id, jdt_op_name(n->op));
-    else snprintf(buf, len, "%s", jdt_op_name(n->op));
+    if (n->src && n->src->name)
+        snprintf(buf, len, "'%s'", n->src->name);
+    else if (n->src)
+        snprintf(buf, len, "node %d (%s)", n->src->id, jdt_op_name(n->op));
+    else
+        snprintf(buf, len, "%s", jdt_op_name(n->op));
     return buf;
 }
 
@@ -77,7 +83,8 @@ static double node_flops(const cprog *c, const cnode *n)
         double f = 4.0 * (double)(q->dims[0] * q->dims[1] * q->dims[3]) * pairs;
         return n->op == JDT_OP_ATTENTION ? f : 2.5 * f;
     }
-    default: break;
+    default:
+        break;
     }
     if (n->kind == CK_LEAF || n->kind == CK_SPLAT || n->kind == CK_VIEW) return 0.0;
     if (n->kind == CK_REDUCE) return (double)jdt_shape_numel(&c->nodes[n->in[0]].shape);
@@ -123,7 +130,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     for (int b = 0; b < c->n_bufs; b++)
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
             p->ptrs[b] = p->arena + c->bufs[b].info.offset;
-    for (int i = 0; i < c->n_nodes; i++) c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
+    for (int i = 0; i < c->n_nodes; i++)
+        c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
     jdt_rt_set_threads(c->nt);
     c->stats.compile_s = jdt_now_s() - t0;
     *out = p;
@@ -139,7 +147,10 @@ static void *ptr_of(const jdt_program *p, int node)
     return b >= 0 ? p->ptrs[b] : NULL;
 }
 
-static int64_t last_dim(const jdt_shape *s) { return s->ndim ? s->dims[s->ndim - 1] : 1; }
+static int64_t last_dim(const jdt_shape *s)
+{
+    return s->ndim ? s->dims[s->ndim - 1] : 1;
+}
 
 static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
 {
@@ -148,7 +159,8 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
     int nt = c->nt;
     void *o = ptr_of(p, sp->node);
     void *in[JDT_MAX_INPUTS] = {0};
-    for (int k = 0; k < n->n_in; k++) in[k] = ptr_of(p, n->in[k]);
+    for (int k = 0; k < n->n_in; k++)
+        in[k] = ptr_of(p, n->in[k]);
     const jdt_shape *s0 = n->n_in ? &c->nodes[n->in[0]].shape : &n->shape;
     int64_t C = last_dim(s0), N = C ? jdt_shape_numel(s0) / C : 0;
     float eps = (float)n->attrs.f[0];
@@ -184,28 +196,46 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
                                (long long)bad, (long long)V);
         break;
     }
-    case JDT_OP_SOFTMAX: jdt_rt_softmax(in[0], o, N, C, nt); break;
-    case JDT_OP_SOFTMAX_BWD: jdt_rt_softmax_bwd(in[0], in[1], o, N, C, nt); break;
-    case JDT_OP_LOG_SOFTMAX: jdt_rt_log_softmax(in[0], o, N, C, nt); break;
-    case JDT_OP_LOG_SOFTMAX_BWD: jdt_rt_log_softmax_bwd(in[0], in[1], o, N, C, nt); break;
+    case JDT_OP_SOFTMAX:
+        jdt_rt_softmax(in[0], o, N, C, nt);
+        break;
+    case JDT_OP_SOFTMAX_BWD:
+        jdt_rt_softmax_bwd(in[0], in[1], o, N, C, nt);
+        break;
+    case JDT_OP_LOG_SOFTMAX:
+        jdt_rt_log_softmax(in[0], o, N, C, nt);
+        break;
+    case JDT_OP_LOG_SOFTMAX_BWD:
+        jdt_rt_log_softmax_bwd(in[0], in[1], o, N, C, nt);
+        break;
     case JDT_OP_SOFTMAX_XENT:
         bad = jdt_rt_softmax_xent(in[0], in[1], o, N, C, nt);
         if (bad)
             return jdt_err_set(e, JDT_ERR_INVALID, "softmax_xent: %lld targets >= vocab %lld",
                                (long long)bad, (long long)C);
         break;
-    case JDT_OP_SOFTMAX_XENT_BWD: jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt); break;
-    case JDT_OP_NORMALIZE: jdt_rt_normalize(in[0], o, N, C, eps, nt); break;
-    case JDT_OP_NORMALIZE_BWD: jdt_rt_normalize_bwd(in[0], in[1], o, N, C, eps, nt); break;
-    case JDT_OP_RMS_NORMALIZE: jdt_rt_rms_normalize(in[0], o, N, C, eps, nt); break;
-    case JDT_OP_RMS_NORMALIZE_BWD: jdt_rt_rms_normalize_bwd(in[0], in[1], o, N, C, eps, nt); break;
+    case JDT_OP_SOFTMAX_XENT_BWD:
+        jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt);
+        break;
+    case JDT_OP_NORMALIZE:
+        jdt_rt_normalize(in[0], o, N, C, eps, nt);
+        break;
+    case JDT_OP_NORMALIZE_BWD:
+        jdt_rt_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
+        break;
+    case JDT_OP_RMS_NORMALIZE:
+        jdt_rt_rms_normalize(in[0], o, N, C, eps, nt);
+        break;
+    case JDT_OP_RMS_NORMALIZE_BWD:
+        jdt_rt_rms_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
+        break;
     case JDT_OP_ROPE:
         jdt_rt_rope(in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
                     n->attrs.i[0] != 0, nt);
         break;
     case JDT_OP_ATTENTION:
-        jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
-                         s0->dims[3], (float)n->attrs.f[0], scratch, nt);
+        jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+                         (float)n->attrs.f[0], scratch, nt);
         break;
     case JDT_OP_ATTENTION_BWD:
         jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
@@ -214,9 +244,12 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
     case JDT_OP_CONCAT: {
         int ax = (int)n->attrs.i[0];
         int64_t outer = 1, inner = 1, len[JDT_MAX_INPUTS];
-        for (int k = 0; k < ax; k++) outer *= n->shape.dims[k];
-        for (int k = ax + 1; k < n->shape.ndim; k++) inner *= n->shape.dims[k];
-        for (int k = 0; k < n->n_in; k++) len[k] = c->nodes[n->in[k]].shape.dims[ax];
+        for (int k = 0; k < ax; k++)
+            outer *= n->shape.dims[k];
+        for (int k = ax + 1; k < n->shape.ndim; k++)
+            inner *= n->shape.dims[k];
+        for (int k = 0; k < n->n_in; k++)
+            len[k] = c->nodes[n->in[k]].shape.dims[ax];
         jdt_rt_concat((const float *const *)in, len, n->n_in, o, outer, inner,
                       jdt_dtype_size(n->dtype));
         break;
@@ -275,9 +308,15 @@ const void *jdt_program_output(const jdt_program *p, int i)
     return ptr_of(p, node);
 }
 
-const jdt_compile_stats *jdt_program_stats(const jdt_program *p) { return &p->c.stats; }
+const jdt_compile_stats *jdt_program_stats(const jdt_program *p)
+{
+    return &p->c.stats;
+}
 
-const char *jdt_program_source(const jdt_program *p) { return p->src; }
+const char *jdt_program_source(const jdt_program *p)
+{
+    return p->src;
+}
 
 char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
 {
@@ -297,7 +336,8 @@ void jdt_program_free(jdt_program *p)
 {
     if (!p) return;
     cprog *c = &p->c;
-    for (int g = 0; g < c->n_groups; g++) jdt_free(c->groups[g].members);
+    for (int g = 0; g < c->n_groups; g++)
+        jdt_free(c->groups[g].members);
     jdt_free(c->groups);
     jdt_free(c->nodes);
     jdt_free(c->outputs);
@@ -311,7 +351,10 @@ void jdt_program_free(jdt_program *p)
     jdt_free(p);
 }
 
-int jdt_program_n_buffers(const jdt_program *p) { return p->c.n_bufs; }
+int jdt_program_n_buffers(const jdt_program *p)
+{
+    return p->c.n_bufs;
+}
 
 bool jdt_program_buffer(const jdt_program *p, int i, jdt_buf_info *info)
 {

@@ -18,12 +18,14 @@
 
 #define ATT_BC 64 /* keys per block */
 
-
 #define ATT_BR 4 /* query rows processed together (they share every key/value load) */
 
 /* Per-thread scratch: ATT_BR accumulators (D) and score rows (ATT_BC), plus lse and delta (T)
  * for the backward pass. */
-static int64_t att_per_thread(int64_t D, int64_t T) { return ATT_BR * (D + ATT_BC) + 2 * T; }
+static int64_t att_per_thread(int64_t D, int64_t T)
+{
+    return ATT_BR * (D + ATT_BC) + 2 * T;
+}
 
 int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt)
 {
@@ -34,14 +36,17 @@ static inline __attribute__((always_inline)) float dot(const float *a, const flo
 {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 
 /* One query row against keys [0, n_keys): writes o (D) and returns the row's log-sum-exp of the
  * scaled scores. acc (D) and s (ATT_BC) are scratch. */
-static inline __attribute__((always_inline)) float attend_row(const float *qi, const float *k, const float *v, int64_t n_keys,
-                        int64_t D, float scale, float *o, float *acc, float *s)
+static inline __attribute__((always_inline)) float attend_row(const float *qi, const float *k,
+                                                              const float *v, int64_t n_keys,
+                                                              int64_t D, float scale, float *o,
+                                                              float *acc, float *s)
 {
     float m = -INFINITY, l = 0.0f;
     memset(acc, 0, (size_t)D * sizeof(float));
@@ -56,19 +61,22 @@ static inline __attribute__((always_inline)) float attend_row(const float *qi, c
         float corr = m == -INFINITY ? 0.0f : jdt_rt_expf(m - mn);
         l *= corr;
 #pragma omp simd
-        for (int64_t d = 0; d < D; d++) acc[d] *= corr;
+        for (int64_t d = 0; d < D; d++)
+            acc[d] *= corr;
         for (int64_t jj = 0; jj < jn; jj++) {
             float p = jdt_rt_expf(s[jj] - mn);
             const float *vj = v + (j0 + jj) * D;
             l += p;
 #pragma omp simd
-            for (int64_t d = 0; d < D; d++) acc[d] += p * vj[d];
+            for (int64_t d = 0; d < D; d++)
+                acc[d] += p * vj[d];
         }
         m = mn;
     }
     if (o) {
         float inv = 1.0f / l;
-        for (int64_t d = 0; d < D; d++) o[d] = acc[d] * inv;
+        for (int64_t d = 0; d < D; d++)
+            o[d] = acc[d] * inv;
     }
     return m + logf(l);
 }
@@ -81,7 +89,8 @@ JDT_RT_INLINE void attend_rows4(const float *q4, const float *k, const float *v,
 {
     float m[ATT_BR], l[ATT_BR];
     const float *q0 = q4, *q1 = q4 + D, *q2 = q4 + 2 * D, *q3 = q4 + 3 * D;
-    for (int r = 0; r < ATT_BR; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    for (int r = 0; r < ATT_BR; r++)
+        m[r] = -INFINITY, l[r] = 0.0f;
     memset(acc, 0, sizeof(float) * (size_t)(ATT_BR * D));
     int64_t n_keys = i0 + ATT_BR;
     for (int64_t j0 = 0; j0 < n_keys; j0 += ATT_BC) {
@@ -104,13 +113,15 @@ JDT_RT_INLINE void attend_rows4(const float *q4, const float *k, const float *v,
         }
         for (int r = 0; r < ATT_BR; r++) {
             float *sr = s + r * ATT_BC, bm = -INFINITY;
-            for (int64_t jj = 0; jj < jn; jj++) bm = sr[jj] > bm ? sr[jj] : bm;
+            for (int64_t jj = 0; jj < jn; jj++)
+                bm = sr[jj] > bm ? sr[jj] : bm;
             float mn = bm > m[r] ? bm : m[r];
             float corr = m[r] == -INFINITY ? 0.0f : jdt_rt_expf(m[r] - mn);
             l[r] *= corr;
             float *ar = acc + r * D;
 #pragma omp simd
-            for (int64_t d = 0; d < D; d++) ar[d] *= corr;
+            for (int64_t d = 0; d < D; d++)
+                ar[d] *= corr;
             for (int64_t jj = 0; jj < jn; jj++) {
                 sr[jj] = jdt_rt_expf(sr[jj] - mn); /* now p */
                 l[r] += sr[jj];
@@ -132,7 +143,8 @@ JDT_RT_INLINE void attend_rows4(const float *q4, const float *k, const float *v,
     }
     for (int r = 0; r < ATT_BR; r++) {
         float inv = 1.0f / l[r];
-        for (int64_t d = 0; d < D; d++) o4[r * D + d] = acc[r * D + d] * inv;
+        for (int64_t d = 0; d < D; d++)
+            o4[r * D + d] = acc[r * D + d] * inv;
     }
 }
 
@@ -149,7 +161,8 @@ JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float 
         int64_t i = 0;
         for (; i + ATT_BR <= T; i += ATT_BR)
             attend_rows4(qb + i * D, kb, vb, i, D, scale, ob + i * D, acc, s);
-        for (; i < T; i++) attend_row(qb + i * D, kb, vb, i + 1, D, scale, ob + i * D, acc, s);
+        for (; i < T; i++)
+            attend_row(qb + i * D, kb, vb, i + 1, D, scale, ob + i * D, acc, s);
     }
 }
 
@@ -159,7 +172,8 @@ JDT_RT_INLINE void lse_rows4(const float *q4, const float *k, int64_t i0, int64_
 {
     const float *q0 = q4, *q1 = q4 + D, *q2 = q4 + 2 * D, *q3 = q4 + 3 * D;
     float m[ATT_BR], l[ATT_BR];
-    for (int r = 0; r < ATT_BR; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    for (int r = 0; r < ATT_BR; r++)
+        m[r] = -INFINITY, l[r] = 0.0f;
     for (int64_t j = 0; j < i0 + ATT_BR; j++) {
         const float *kj = k + j * D;
         float sc[ATT_BR] = {0.0f, 0.0f, 0.0f, 0.0f}, s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
@@ -182,7 +196,8 @@ JDT_RT_INLINE void lse_rows4(const float *q4, const float *k, int64_t i0, int64_
             }
         }
     }
-    for (int r = 0; r < ATT_BR; r++) lse4[r] = m[r] + logf(l[r]);
+    for (int r = 0; r < ATT_BR; r++)
+        lse4[r] = m[r] + logf(l[r]);
 }
 
 /* Backward for rows i0..i0+3: per key j, the 8 dot products (q.k and do.v of 4 rows) share one
@@ -229,9 +244,10 @@ JDT_RT_INLINE void bwd_rows4(const float *q, const float *k, const float *v, con
     }
 }
 
-JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const float *o,
-                          const float *dout, float *dqkv, int64_t B, int64_t H, int64_t T,
-                          int64_t D, float scale, float *scratch, int nt)
+JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const float *v,
+                                        const float *o, const float *dout, float *dqkv, int64_t B,
+                                        int64_t H, int64_t T, int64_t D, float scale,
+                                        float *scratch, int nt)
 {
     int64_t per = att_per_thread(D, T), n = B * H * T * D;
     float *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
@@ -243,9 +259,12 @@ JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const fl
         const float *qb = q + off, *kb = k + off, *vb = v + off, *ob = o + off, *gb = dout + off;
         float *dqb = dq + off, *dkb = dk + off, *dvb = dv + off;
         int64_t i = 0;
-        for (; i + ATT_BR <= T; i += ATT_BR) lse_rows4(qb + i * D, kb, i, D, scale, lse + i);
-        for (; i < T; i++) lse[i] = attend_row(qb + i * D, kb, vb, i + 1, D, scale, NULL, acc, s);
-        for (i = 0; i < T; i++) delta[i] = dot(gb + i * D, ob + i * D, D);
+        for (; i + ATT_BR <= T; i += ATT_BR)
+            lse_rows4(qb + i * D, kb, i, D, scale, lse + i);
+        for (; i < T; i++)
+            lse[i] = attend_row(qb + i * D, kb, vb, i + 1, D, scale, NULL, acc, s);
+        for (i = 0; i < T; i++)
+            delta[i] = dot(gb + i * D, ob + i * D, D);
         memset(dqb, 0, (size_t)(T * D) * sizeof(float));
         memset(dkb, 0, (size_t)(T * D) * sizeof(float));
         memset(dvb, 0, (size_t)(T * D) * sizeof(float));

@@ -12,12 +12,16 @@
 #include <math.h>
 #include <string.h>
 
-#define PAR_MIN_WORK 32768 /* below this many elements a parallel region costs more than it saves */
+#define PAR_MIN_WORK 32768 /* below this many elements a parallel region costs more than it saves  \
+                            */
 
-void jdt_rt_set_threads(int nt) { openblas_set_num_threads(nt > 0 ? nt : 1); }
+void jdt_rt_set_threads(int nt)
+{
+    openblas_set_num_threads(nt > 0 ? nt : 1);
+}
 
-void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M,
-                   int64_t N, int64_t K, bool ta, bool tb, bool b_shared)
+void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M, int64_t N,
+                   int64_t K, bool ta, bool tb, bool b_shared)
 {
     if (M == 0 || N == 0) return;
     if (K == 0) {
@@ -56,8 +60,8 @@ int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_
     return bad;
 }
 
-int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n,
-                           int64_t V, int64_t C)
+int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n, int64_t V,
+                           int64_t C)
 {
     int64_t bad = 0;
     memset(out, 0, (size_t)(V * C) * sizeof(float));
@@ -70,7 +74,8 @@ int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int
         float *o = out + r * C;
         const float *s = src + i * C;
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) o[c] += s[c];
+        for (int64_t c = 0; c < C; c++)
+            o[c] += s[c];
     }
     return bad;
 }
@@ -79,7 +84,8 @@ JDT_RT_INLINE float row_max(const float *x, int64_t C)
 {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-    for (int64_t c = 0; c < C; c++) m = x[c] > m ? x[c] : m;
+    for (int64_t c = 0; c < C; c++)
+        m = x[c] > m ? x[c] : m;
     return m;
 }
 
@@ -90,7 +96,8 @@ JDT_RT_INLINE float row_lse(const float *x, int64_t C)
     if (m == -INFINITY) return -INFINITY;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; c++) s += jdt_rt_expf(x[c] - m);
+    for (int64_t c = 0; c < C; c++)
+        s += jdt_rt_expf(x[c] - m);
     return m + logf(s);
 }
 
@@ -108,20 +115,24 @@ JDT_RT_CLONES void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C
         }
         float inv = 1.0f / s;
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) yr[c] *= inv;
+        for (int64_t c = 0; c < C; c++)
+            yr[c] *= inv;
     }
 }
 
-JDT_RT_CLONES void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C, int nt)
+JDT_RT_CLONES void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N,
+                                      int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *yr = y + n * C, *dyr = dy + n * C;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < C; c++) s += dyr[c] * yr[c];
+        for (int64_t c = 0; c < C; c++)
+            s += dyr[c] * yr[c];
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = yr[c] * (dyr[c] - s);
+        for (int64_t c = 0; c < C; c++)
+            dx[n * C + c] = yr[c] * (dyr[c] - s);
     }
 }
 
@@ -131,26 +142,29 @@ JDT_RT_CLONES void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64
     for (int64_t n = 0; n < N; n++) {
         float l = row_lse(x + n * C, C);
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) y[n * C + c] = x[n * C + c] - l;
+        for (int64_t c = 0; c < C; c++)
+            y[n * C + c] = x[n * C + c] - l;
     }
 }
 
-JDT_RT_CLONES void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C,
-                            int nt)
+JDT_RT_CLONES void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N,
+                                          int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *yr = y + n * C, *dyr = dy + n * C;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < C; c++) s += dyr[c];
+        for (int64_t c = 0; c < C; c++)
+            s += dyr[c];
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = dyr[c] - jdt_rt_expf(yr[c]) * s;
+        for (int64_t c = 0; c < C; c++)
+            dx[n * C + c] = dyr[c] - jdt_rt_expf(yr[c]) * s;
     }
 }
 
-JDT_RT_CLONES int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss, int64_t N,
-                            int64_t V, int nt)
+JDT_RT_CLONES int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss,
+                                          int64_t N, int64_t V, int nt)
 {
     int64_t bad = 0;
 #pragma omp parallel for num_threads(nt) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
@@ -168,8 +182,9 @@ JDT_RT_CLONES int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tg
     return bad;
 }
 
-JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
-                             float *dlogits, int64_t N, int64_t V, int nt)
+JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt,
+                                           const float *dloss, float *dlogits, int64_t N, int64_t V,
+                                           int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * V >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -182,7 +197,8 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *t
         const float *x = logits + n * V;
         float l = row_lse(x, V), g = dloss[n];
 #pragma omp simd
-        for (int64_t c = 0; c < V; c++) d[c] = g * jdt_rt_expf(x[c] - l);
+        for (int64_t c = 0; c < V; c++)
+            d[c] = g * jdt_rt_expf(x[c] - l);
         d[t] -= g;
     }
 }
@@ -193,27 +209,31 @@ JDT_RT_INLINE void row_moments(const float *x, int64_t C, float eps, float *mean
 {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; c++) s += x[c];
+    for (int64_t c = 0; c < C; c++)
+        s += x[c];
     float mu = s / (float)C, v = 0.0f;
 #pragma omp simd reduction(+ : v)
-    for (int64_t c = 0; c < C; c++) v += (x[c] - mu) * (x[c] - mu);
+    for (int64_t c = 0; c < C; c++)
+        v += (x[c] - mu) * (x[c] - mu);
     *mean = mu;
     *rstd = 1.0f / sqrtf(v / (float)C + eps);
 }
 
-JDT_RT_CLONES void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
+JDT_RT_CLONES void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
+                                    int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         float mu, r;
         row_moments(x + n * C, C, eps, &mu, &r);
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) y[n * C + c] = (x[n * C + c] - mu) * r;
+        for (int64_t c = 0; c < C; c++)
+            y[n * C + c] = (x[n * C + c] - mu) * r;
     }
 }
 
-JDT_RT_CLONES void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
-                          float eps, int nt)
+JDT_RT_CLONES void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
+                                        int64_t C, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -228,26 +248,30 @@ JDT_RT_CLONES void jdt_rt_normalize_bwd(const float *x, const float *dxhat, floa
         sg /= (float)C;
         sgx /= (float)C;
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = r * (g[c] - sg - (xr[c] - mu) * r * sgx);
+        for (int64_t c = 0; c < C; c++)
+            dx[n * C + c] = r * (g[c] - sg - (xr[c] - mu) * r * sgx);
     }
 }
 
-JDT_RT_CLONES void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
+JDT_RT_CLONES void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
+                                        int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < C; c++) s += xr[c] * xr[c];
+        for (int64_t c = 0; c < C; c++)
+            s += xr[c] * xr[c];
         float r = 1.0f / sqrtf(s / (float)C + eps);
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) y[n * C + c] = xr[c] * r;
+        for (int64_t c = 0; c < C; c++)
+            y[n * C + c] = xr[c] * r;
     }
 }
 
-JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
-                              int64_t C, float eps, int nt)
+JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx,
+                                            int64_t N, int64_t C, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -261,12 +285,13 @@ JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, 
         float r = 1.0f / sqrtf(s / (float)C + eps);
         float k = r * r * r * sgx / (float)C;
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = r * g[c] - xr[c] * k;
+        for (int64_t c = 0; c < C; c++)
+            dx[n * C + c] = r * g[c] - xr[c] * k;
     }
 }
 
-void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
-                 double theta, bool inverse, int nt)
+void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                 bool inverse, int nt)
 {
     double sign = inverse ? -1.0 : 1.0;
 #pragma omp parallel for collapse(2) num_threads(nt) if (B * T * H * D >= PAR_MIN_WORK)
@@ -286,8 +311,8 @@ void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int6
     }
 }
 
-void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out,
-                   int64_t outer, int64_t inner, size_t elem_bytes)
+void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out, int64_t outer,
+                   int64_t inner, size_t elem_bytes)
 {
     char *o = (char *)out;
     for (int64_t r = 0; r < outer; r++) {

@@ -4,10 +4,10 @@
  * attention forward/backward. Each case is timed three ways in the same run: the compiled
  * program (fusion on), the compiled program with fusion off (one kernel per op), and the
  * reference interpreter (naive loops, double precision). Prints one line per case with the
- * minimum time (the least disturbed run on a shared machine) of each and the ratios. Sizes scale with argv[1] (default 1 = GPT-2-small-like
- * rows); threads from argv[2] (default all); argv[3] = "cpu" times with the process CPU clock
- * instead of the wall clock (use it with 1 thread on a shared, loaded machine: preemption by
- * other processes then does not count).
+ * minimum time (the least disturbed run on a shared machine) of each and the ratios. Sizes scale
+ * with argv[1] (default 1 = GPT-2-small-like rows); threads from argv[2] (default all); argv[3] =
+ * "cpu" times with the process CPU clock instead of the wall clock (use it with 1 thread on a
+ * shared, loaded machine: preemption by other processes then does not count).
  *
  *   make bench-build && build/bench/kernels [scale] [threads] [wall|cpu]
  */
@@ -36,8 +36,10 @@ static void bind_random(jdt_graph *g)
         float *u = malloc(sizeof(float) * (size_t)n);
         jdt_rng_uniform(jdt_rng_key(1, t->name), 0, (size_t)n, u);
         for (int64_t j = 0; j < n; j++) {
-            if (t->dtype == JDT_DTYPE_I32) ((int32_t *)t->data)[j] = (int32_t)(u[j] * 100.0f);
-            else ((float *)t->data)[j] = 2.0f * u[j] - 1.0f;
+            if (t->dtype == JDT_DTYPE_I32)
+                ((int32_t *)t->data)[j] = (int32_t)(u[j] * 100.0f);
+            else
+                ((float *)t->data)[j] = 2.0f * u[j] - 1.0f;
         }
         free(u);
     }

@@ -40,7 +40,8 @@ START_TEST(test_passes_simplify_cse_dce)
     jdt_tensor *e1 = jdt_graph_exp(g, a), *e2 = jdt_graph_exp(g, x);
     out(&f, jdt_graph_add(g, e1, e2));
     /* folding: splats combine into one literal */
-    jdt_tensor *k = jdt_graph_mul(g, jdt_graph_add(g, one, one), jdt_graph_full(g, JDT_DTYPE_F32, 2, d46, 3.0));
+    jdt_tensor *k =
+        jdt_graph_mul(g, jdt_graph_add(g, one, one), jdt_graph_full(g, JDT_DTYPE_F32, 2, d46, 3.0));
     out(&f, jdt_graph_mul(g, x, k));
     out(&f, jdt_graph_transpose(g, jdt_graph_transpose(g, x, (int[]){1, 0}), (int[]){1, 0}));
     out(&f, jdt_graph_reshape(g, x, 2, d64));
@@ -74,7 +75,9 @@ START_TEST(test_fusion_counts)
     jdt_tensor *y = FX_INPUT(&f, "y", JDT_DTYPE_F32, -1, 1, 33, 65);
     jdt_tensor *c = x;
     for (int i = 0; i < 12; i++)
-        c = i % 3 == 0 ? jdt_graph_tanh(g, c) : i % 3 == 1 ? jdt_graph_mul(g, c, y) : jdt_graph_add_scalar(g, c, 0.5);
+        c = i % 3 == 0   ? jdt_graph_tanh(g, c)
+            : i % 3 == 1 ? jdt_graph_mul(g, c, y)
+                         : jdt_graph_add_scalar(g, c, 0.5);
     /* a 12-op chain + its row sum: one kernel */
     out(&f, jdt_graph_reduce_sum(g, c, 2u, false));
     fx_fill(&f, 2);
@@ -155,7 +158,8 @@ START_TEST(test_memory_plan_invariants)
     ck_assert_msg(jdt_autodiff_grad(g, loss, 4, w, grads, &e) == JDT_OK, "%s", e.msg);
     out(&f, loss);
     for (int l = 0; l < 4; l++)
-        jdt_graph_add_update(g, w[l], jdt_graph_sub(g, w[l], jdt_graph_mul_scalar(g, grads[l], 0.05)));
+        jdt_graph_add_update(g, w[l],
+                             jdt_graph_sub(g, w[l], jdt_graph_mul_scalar(g, grads[l], 0.05)));
     fx_fill(&f, 3);
     jdt_compile_opts o;
     fx_opts(&f, &o);
@@ -187,7 +191,8 @@ START_TEST(test_update_not_donated_when_read_later)
     jdt_tensor *w = FX_PARAM(&f, "w", -1, 1, 5, 7);
     jdt_tensor *s = fx_leaf(&f, 2, "s", JDT_DTYPE_F32, 2, (int64_t[]){5, 7}, -1, 1);
     jdt_tensor *wn = jdt_graph_mul_scalar(g, w, 0.5);
-    jdt_tensor *late = jdt_graph_matmul(g, w, jdt_graph_transpose(g, wn, (int[]){1, 0}), false, false);
+    jdt_tensor *late =
+        jdt_graph_matmul(g, w, jdt_graph_transpose(g, wn, (int[]){1, 0}), false, false);
     out(&f, late);
     out(&f, w); /* an updated leaf as an output: the pre-step value (interpreter semantics) */
     out(&f, jdt_graph_reshape(g, s, 2, (int64_t[]){7, 5}));
@@ -216,14 +221,16 @@ static jdt_graph *small_graph(double c, jdt_tensor **x)
 static void run_small(jdt_graph *g, jdt_tensor *x, const jdt_compile_opts *o, double c, bool *hit)
 {
     float xv[10];
-    for (int i = 0; i < 10; i++) xv[i] = (float)i * 0.1f;
+    for (int i = 0; i < 10; i++)
+        xv[i] = (float)i * 0.1f;
     x->data = xv;
     jdt_program *p = NULL;
     jdt_err e;
     ck_assert_msg(jdt_program_compile(g, o, &p, &e) == JDT_OK, "%s", e.msg);
     ck_assert_int_eq(jdt_program_run(p, &e), JDT_OK);
     const float *y = jdt_program_output(p, 0);
-    for (int i = 0; i < 10; i++) ck_assert_float_eq_tol(y[i], expf(xv[i]) + (float)c, 1e-5);
+    for (int i = 0; i < 10; i++)
+        ck_assert_float_eq_tol(y[i], expf(xv[i]) + (float)c, 1e-5);
     if (hit) *hit = jdt_program_stats(p)->cache_hit;
     jdt_program_free(p);
 }
@@ -286,7 +293,8 @@ START_TEST(test_cache_concurrent_writers)
             x->data = xv;
             jdt_program *p = NULL;
             jdt_err e;
-            int rc = jdt_program_compile(g, &o, &p, &e) == JDT_OK && jdt_program_run(p, &e) == JDT_OK &&
+            int rc = jdt_program_compile(g, &o, &p, &e) == JDT_OK &&
+                             jdt_program_run(p, &e) == JDT_OK &&
                              fabsf(((const float *)jdt_program_output(p, 0))[0] - 4.0f) < 1e-6f
                          ? 0
                          : 1;
@@ -414,7 +422,8 @@ START_TEST(test_alloc_failures_clean)
     jdt_graph *g = f.g;
     jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 6, 5);
     jdt_tensor *w = FX_PARAM(&f, "w", -1, 1, 5, 4);
-    jdt_tensor *h = jdt_graph_softmax(g, jdt_graph_matmul(g, jdt_graph_tanh(g, x), w, false, false));
+    jdt_tensor *h =
+        jdt_graph_softmax(g, jdt_graph_matmul(g, jdt_graph_tanh(g, x), w, false, false));
     out(&f, jdt_graph_reduce_sum(g, jdt_graph_exp(g, h), 2u, false));
     jdt_graph_add_update(g, w, jdt_graph_mul_scalar(g, w, 0.5));
     fx_fill(&f, 5);

@@ -64,7 +64,8 @@ START_TEST(test_elementwise_ops)
     out(&f, jdt_graph_full(g, JDT_DTYPE_F32, 2, (int64_t[]){2, 3}, 0.75));
     /* a data constant, f64 chains, an i32 condition */
     float cdata[7 * 13];
-    for (int i = 0; i < 7 * 13; i++) cdata[i] = 0.25f * (float)(i % 9) - 1.0f;
+    for (int i = 0; i < 7 * 13; i++)
+        cdata[i] = 0.25f * (float)(i % 9) - 1.0f;
     jdt_tensor *cst = jdt_graph_constant(g, JDT_DTYPE_F32, 2, (int64_t[]){7, 13}, cdata);
     out(&f, jdt_graph_mul(g, x, cst));
     jdt_tensor *xd = jdt_graph_cast(g, x, JDT_DTYPE_F64);
@@ -73,7 +74,8 @@ START_TEST(test_elementwise_ops)
     jdt_tensor *xi = jdt_graph_cast(g, jdt_graph_mul_scalar(g, y, 7.0), JDT_DTYPE_I32);
     out(&f, jdt_graph_cast(g, jdt_graph_select(g, xi, xd, jdt_graph_neg(g, xd)), JDT_DTYPE_F32));
     /* a fused chain using several of the above at once */
-    jdt_tensor *ch = jdt_graph_mul(g, jdt_graph_tanh(g, jdt_graph_add(g, x, y)), jdt_graph_sigmoid(g, y));
+    jdt_tensor *ch =
+        jdt_graph_mul(g, jdt_graph_tanh(g, jdt_graph_add(g, x, y)), jdt_graph_sigmoid(g, y));
     out(&f, jdt_graph_add_scalar(g, jdt_graph_mul_scalar(g, ch, 2.0), 1.0));
     fx_fill(&f, 1);
     jdt_compile_opts o;
@@ -242,14 +244,30 @@ START_TEST(test_random_fused_chains)
                                 : r.v[1] % 3 == 1 ? jdt_graph_broadcast(g, col, 3, dims)
                                                   : pos;
             switch (r.v[0] % 8) {
-            case 0: cur = jdt_graph_add(g, cur, other); break;
-            case 1: cur = jdt_graph_mul(g, cur, other); break;
-            case 2: cur = jdt_graph_tanh(g, cur); break;
-            case 3: cur = jdt_graph_sub(g, cur, other); break;
-            case 4: cur = jdt_graph_div(g, cur, pos); break;
-            case 5: cur = jdt_graph_gelu(g, cur); break;
-            case 6: cur = jdt_graph_mul_scalar(g, jdt_graph_sigmoid(g, cur), 1.5); break;
-            default: cur = jdt_graph_max(g, cur, other); break;
+            case 0:
+                cur = jdt_graph_add(g, cur, other);
+                break;
+            case 1:
+                cur = jdt_graph_mul(g, cur, other);
+                break;
+            case 2:
+                cur = jdt_graph_tanh(g, cur);
+                break;
+            case 3:
+                cur = jdt_graph_sub(g, cur, other);
+                break;
+            case 4:
+                cur = jdt_graph_div(g, cur, pos);
+                break;
+            case 5:
+                cur = jdt_graph_gelu(g, cur);
+                break;
+            case 6:
+                cur = jdt_graph_mul_scalar(g, jdt_graph_sigmoid(g, cur), 1.5);
+                break;
+            default:
+                cur = jdt_graph_max(g, cur, other);
+                break;
             }
         }
         jdt_philox_ctr r = jdt_philox(key, 99, (uint64_t)chain);
@@ -284,7 +302,8 @@ START_TEST(test_train_step_updates)
     jdt_tensor *b1 = FX_PARAM(&f, "b1", -0.1, 0.1, 16);
     jdt_tensor *w2 = FX_PARAM(&f, "w2", -0.3, 0.3, 16, 5);
     jdt_tensor *m1 = fx_leaf(&f, 2, "m1", JDT_DTYPE_F32, 2, (int64_t[]){12, 16}, 0, 0);
-    jdt_tensor *h = jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, w1, false, false), b1));
+    jdt_tensor *h =
+        jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, w1, false, false), b1));
     jdt_tensor *logits = jdt_graph_matmul(g, h, w2, false, false);
     jdt_tensor *loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, logits, tg), 1u, false);
     jdt_tensor *params[3] = {w1, b1, w2}, *grads[3];
@@ -337,14 +356,17 @@ START_TEST(test_transformer_block_adam)
     jdt_tensor *qkv[3];
     jdt_tensor *wqkv[3] = {wq, wk, wv};
     for (int i = 0; i < 3; i++) {
-        jdt_tensor *p = jdt_graph_reshape(g, jdt_graph_matmul(g, x2, wqkv[i], false, false), 4, bthd);
+        jdt_tensor *p =
+            jdt_graph_reshape(g, jdt_graph_matmul(g, x2, wqkv[i], false, false), 4, bthd);
         if (i < 2) p = jdt_graph_rope(g, p, 100.0, false);
         qkv[i] = jdt_graph_transpose(g, p, (int[]){0, 2, 1, 3}); /* (B, H, T, D) */
     }
     jdt_tensor *att = jdt_graph_attention(g, qkv[0], qkv[1], qkv[2], 0.35);
     att = jdt_graph_reshape(g, jdt_graph_transpose(g, att, (int[]){0, 2, 1, 3}), 2, nc);
-    jdt_tensor *h = jdt_graph_add(g, jdt_graph_reshape(g, x, 2, nc), jdt_graph_matmul(g, att, wo, false, false));
-    jdt_tensor *m = jdt_graph_silu(g, jdt_graph_matmul(g, jdt_graph_normalize(g, h, 1e-5), w1, false, false));
+    jdt_tensor *h = jdt_graph_add(g, jdt_graph_reshape(g, x, 2, nc),
+                                  jdt_graph_matmul(g, att, wo, false, false));
+    jdt_tensor *m =
+        jdt_graph_silu(g, jdt_graph_matmul(g, jdt_graph_normalize(g, h, 1e-5), w1, false, false));
     m = jdt_graph_dropout(g, m, step, 0.1, 42);
     h = jdt_graph_add(g, h, jdt_graph_matmul(g, m, w2, false, false));
     jdt_tensor *logits = jdt_graph_matmul(g, h, wte, false, true); /* (B*T, V) tied head */
@@ -359,15 +381,21 @@ START_TEST(test_transformer_block_adam)
         char nm[32], nv[32];
         snprintf(nm, sizeof nm, "m%d", i);
         snprintf(nv, sizeof nv, "v%d", i);
-        jdt_tensor *mi = fx_leaf(&f, 2, nm, JDT_DTYPE_F32, params[i]->shape.ndim, params[i]->shape.dims, 0, 0);
-        jdt_tensor *vi = fx_leaf(&f, 2, nv, JDT_DTYPE_F32, params[i]->shape.ndim, params[i]->shape.dims, 0, 0);
-        jdt_tensor *mn = jdt_graph_add(g, jdt_graph_mul_scalar(g, mi, 0.9), jdt_graph_mul_scalar(g, grads[i], 0.1));
-        jdt_tensor *vn = jdt_graph_add(g, jdt_graph_mul_scalar(g, vi, 0.999),
-                                       jdt_graph_mul_scalar(g, jdt_graph_mul(g, grads[i], grads[i]), 0.001));
-        jdt_tensor *upd = jdt_graph_div(g, mn, jdt_graph_add_scalar(g, jdt_graph_sqrt(g, vn), 1e-8));
+        jdt_tensor *mi =
+            fx_leaf(&f, 2, nm, JDT_DTYPE_F32, params[i]->shape.ndim, params[i]->shape.dims, 0, 0);
+        jdt_tensor *vi =
+            fx_leaf(&f, 2, nv, JDT_DTYPE_F32, params[i]->shape.ndim, params[i]->shape.dims, 0, 0);
+        jdt_tensor *mn = jdt_graph_add(g, jdt_graph_mul_scalar(g, mi, 0.9),
+                                       jdt_graph_mul_scalar(g, grads[i], 0.1));
+        jdt_tensor *vn =
+            jdt_graph_add(g, jdt_graph_mul_scalar(g, vi, 0.999),
+                          jdt_graph_mul_scalar(g, jdt_graph_mul(g, grads[i], grads[i]), 0.001));
+        jdt_tensor *upd =
+            jdt_graph_div(g, mn, jdt_graph_add_scalar(g, jdt_graph_sqrt(g, vn), 1e-8));
         jdt_graph_add_update(g, mi, mn);
         jdt_graph_add_update(g, vi, vn);
-        jdt_graph_add_update(g, params[i], jdt_graph_sub(g, params[i], jdt_graph_mul_scalar(g, upd, 0.01)));
+        jdt_graph_add_update(g, params[i],
+                             jdt_graph_sub(g, params[i], jdt_graph_mul_scalar(g, upd, 0.01)));
     }
     fx_fill(&f, 9);
     jdt_compile_opts o;
@@ -410,9 +438,9 @@ START_TEST(test_run_errors)
     /* a bf16 node has no CPU kernel: one clear error */
     jdt_graph *g2 = jdt_graph_new();
     jdt_tensor *bx = jdt_graph_input(g2, "bx", JDT_DTYPE_BF16, 1, (int64_t[]){4}, NULL);
-    jdt_graph_add_output(g2, bx ? jdt_graph_new_node(g2, JDT_OP_NEG, JDT_DTYPE_BF16, &bx->shape, 1,
-                                                     &bx, NULL)
-                                : NULL);
+    jdt_graph_add_output(
+        g2,
+        bx ? jdt_graph_new_node(g2, JDT_OP_NEG, JDT_DTYPE_BF16, &bx->shape, 1, &bx, NULL) : NULL);
     ck_assert_int_eq(jdt_program_compile(g2, &o, &p, &e), JDT_ERR_UNSUPPORTED);
     ck_assert_ptr_null(p);
     ck_assert_msg(strstr(e.msg, "bf16"), "%s", e.msg);
