@@ -32,6 +32,7 @@ typedef struct {
     int threads;           /* 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
+    bool profile;          /* time every step of every run (see jdt_program_profile) */
     jdt_remat remat;
 } jdt_compile_opts;
 
@@ -85,6 +86,11 @@ const char *jdt_program_source(const jdt_program *p);
 
 /* Writes a human-readable summary (passes, kernels, memory, cache) into buf; returns buf. */
 char *jdt_program_summary(const jdt_program *p, char *buf, size_t n);
+
+/* With opts.profile: writes the accumulated time per kind of step over all runs so far (fused
+ * kernels by their root op, builtins by op, update copies), largest first, one per line with
+ * its share, into buf; returns buf. Without profiling it says so. */
+char *jdt_program_profile(const jdt_program *p, char *buf, size_t n);
 
 /* Frees the program (closes the shared object). NULL is a no-op. */
 void jdt_program_free(jdt_program *p);

@@ -23,6 +23,9 @@ struct jdt_program {
     void **ptrs;              /* (n_bufs) */
     unsigned char *arena;     /* (arena_bytes) */
     char *src;
+    double *step_s; /* (n_steps + 1) accumulated seconds per step (profile), last:
+                       update copies */
+    int n_runs;
 };
 
 void jdt_compile_opts_init(jdt_compile_opts *o)
@@ -118,6 +121,10 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if (!p->kernels || !nk || *nk != c->stats.n_kernels) {
         st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks the expected kernel table",
                          c->stats.so_path);
+        goto fail;
+    }
+    if (c->opts.profile && !(p->step_s = jdt_calloc((size_t)c->n_steps + 1, sizeof(double)))) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
         goto fail;
     }
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
@@ -277,13 +284,16 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
     jdt_rt_set_threads(c->nt);
     for (int s = 0; s < c->n_steps; s++) {
         const cstep *sp = &c->steps[s];
+        double t0 = p->step_s ? jdt_now_s() : 0.0;
         if (sp->kind == STEP_KERNEL) {
             p->kernels[sp->kernel]((void *const *)p->ptrs);
         } else {
             jdt_status st = run_builtin(p, sp, e);
             if (st != JDT_OK) return jdt_err_prefix(e, "step %d", s);
         }
+        if (p->step_s) p->step_s[s] += jdt_now_s() - t0;
     }
+    double tc = p->step_s ? jdt_now_s() : 0.0;
     /* updates not donated: leaf-sourced values first (they read old leaf memory) */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < c->n_updates; i++) {
@@ -297,7 +307,54 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
                     (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype));
         }
     }
+    if (p->step_s) {
+        p->step_s[c->n_steps] += jdt_now_s() - tc;
+        p->n_runs++;
+    }
     return JDT_OK;
+}
+
+char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
+{
+    const cprog *c = &p->c;
+    enum { MAX_KINDS = 2 * JDT_OP_COUNT + 1 };
+    double t[MAX_KINDS] = {0}, total = 0.0;
+    int count[MAX_KINDS] = {0};
+    size_t off = 0;
+    buf[0] = 0;
+    if (!p->step_s || p->n_runs == 0) {
+        snprintf(buf, n, "no profile (compile with opts.profile and run)\n");
+        return buf;
+    }
+    /* kinds: 0..OP_COUNT-1 fused kernels by root op, OP_COUNT.. builtins, last: copies */
+    for (int s = 0; s < c->n_steps; s++) {
+        const cstep *sp = &c->steps[s];
+        int k = sp->kind == STEP_KERNEL ? (int)c->nodes[c->groups[sp->group].root].op
+                                        : JDT_OP_COUNT + (int)c->nodes[sp->node].op;
+        t[k] += p->step_s[s];
+        count[k]++;
+        total += p->step_s[s];
+    }
+    t[MAX_KINDS - 1] = p->step_s[c->n_steps];
+    count[MAX_KINDS - 1] = c->stats.n_update_copies;
+    total += t[MAX_KINDS - 1];
+    off += (size_t)snprintf(buf + off, n - off, "%d runs, %.3f ms per run\n", p->n_runs,
+                            total * 1e3 / p->n_runs);
+    for (;;) {
+        int best = -1;
+        for (int k = 0; k < MAX_KINDS; k++)
+            if (count[k] > 0 && (best < 0 || t[k] > t[best])) best = k;
+        if (best < 0 || off >= n) break;
+        const char *what = best == MAX_KINDS - 1 ? "update copies"
+                           : best < JDT_OP_COUNT ? jdt_op_name((jdt_op)best)
+                                                 : jdt_op_name((jdt_op)(best - JDT_OP_COUNT));
+        off +=
+            (size_t)snprintf(buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %s%s\n",
+                             total > 0 ? 100.0 * t[best] / total : 0.0, t[best] * 1e3 / p->n_runs,
+                             count[best], best < JDT_OP_COUNT ? "fused:" : "", what);
+        count[best] = 0;
+    }
+    return buf;
 }
 
 const void *jdt_program_output(const jdt_program *p, int i)
@@ -347,6 +404,7 @@ void jdt_program_free(jdt_program *p)
     jdt_free(p->ptrs);
     jdt_free_aligned(p->arena);
     jdt_free(p->src);
+    jdt_free(p->step_s);
     if (p->so) dlclose(p->so);
     jdt_free(p);
 }

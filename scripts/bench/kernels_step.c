@@ -3,7 +3,8 @@
  * (B=4, T=64, C=128, H=4, V=512; layernorm, attention, GELU MLP, tied head, cross-entropy),
  * autodiff backward and Adam updates in one graph. Prints the compile summary (ops before/after
  * the passes, kernels, donated updates, arena, FLOPs, compile and cc time, cache) and the time
- * and loss of a few steps. Parameters get a fixed pattern, moments start at zero.
+ * and loss of a few steps, then the per-step-kind profile. Parameters get a fixed pattern, moments
+ * start at zero.
  *
  *   make bench-build && build/bench/kernels_step [layers=12] [threads=1]
  */
@@ -99,6 +100,7 @@ int main(int argc, char **argv)
     jdt_compile_opts o;
     jdt_compile_opts_init(&o);
     o.threads = threads;
+    o.profile = true;
     jdt_program *p;
     if (jdt_program_compile(g, &o, &p, &e)) {
         printf("ERR %s\n", e.msg);
@@ -115,6 +117,10 @@ int main(int argc, char **argv)
         }
         printf("step %d: loss %.6f  %.1f ms\n", s, *(const float *)jdt_program_output(p, 0),
                (jdt_now_s() - t0) * 1e3);
+    }
+    {
+        char prof[4096];
+        fputs(jdt_program_profile(p, prof, sizeof prof), stdout);
     }
     jdt_program_free(p);
     jdt_graph_free(g);

@@ -319,8 +319,13 @@ START_TEST(test_train_step_updates)
     fx_fill(&f, 7);
     jdt_compile_opts o;
     fx_opts(&f, &o);
+    o.profile = true;
     jdt_program *p = fx_check_steps(&f, &o, 3, 1e-4, 1e-5, true);
     ck_assert_int_ge(jdt_program_stats(p)->n_donated, 2);
+    char prof[4096];
+    jdt_program_profile(p, prof, sizeof prof);
+    ck_assert_msg(strstr(prof, "3 runs") && strstr(prof, "matmul") && strstr(prof, "fused:"), "%s",
+                  prof);
     jdt_program_free(p);
     fx_free(&f);
 }
