@@ -33,6 +33,8 @@ typedef struct {
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
     bool profile;          /* time every step of every run (see jdt_program_profile) */
+    bool no_jit;           /* run the reference interpreter instead (no C compiler needed;
+                              slow, allocates per run: for debugging and machines without cc) */
     jdt_remat remat;
 } jdt_compile_opts;
 
@@ -81,7 +83,7 @@ const void *jdt_program_output(const jdt_program *p, int i);
 /* Statistics of the compilation (never NULL for a live program). */
 const jdt_compile_stats *jdt_program_stats(const jdt_program *p);
 
-/* The generated C source of the program (for inspection and tests). */
+/* The generated C source of the program (for inspection and tests); "" with opts.no_jit. */
 const char *jdt_program_source(const jdt_program *p);
 
 /* Writes a human-readable summary (passes, kernels, memory, cache) into buf; returns buf. */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "graph/interp.h"
 #include "runtime/runtime.h"
 
 typedef void (*kernel_fn)(void *const *);
@@ -23,8 +24,9 @@ struct jdt_program {
     void **ptrs;              /* (n_bufs) */
     unsigned char *arena;     /* (arena_bytes) */
     char *src;
-    double *step_s; /* (n_steps + 1) accumulated seconds per step (profile), last:
-                       update copies */
+    jdt_interp *interp; /* opts.no_jit: the reference interpreter runs the graph */
+    double *step_s;     /* (n_steps + 1) accumulated seconds per step (profile), last:
+                           update copies */
     int n_runs;
 };
 
@@ -110,6 +112,14 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
     if (c->nt < 1) c->nt = 1;
 
+    if (c->opts.no_jit) {
+        if ((st = jdt_interp_new(g, &p->interp, e)) != JDT_OK) goto fail;
+        c->stats.n_ops_in = c->stats.n_ops_out = jdt_graph_n_nodes(g);
+        c->stats.compile_s = jdt_now_s() - t0;
+        snprintf(c->stats.so_path, sizeof c->stats.so_path, "(interpreter)");
+        *out = p;
+        return JDT_OK;
+    }
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
@@ -272,6 +282,7 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
 {
     cprog *c = &p->c;
     char lbl[128];
+    if (p->interp) return jdt_interp_run(p->interp, e);
     for (int b = 0; b < c->n_bufs; b++) {
         if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
         const cnode *n = &c->nodes[c->bufs[b].leaf_node];
@@ -359,6 +370,7 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
 
 const void *jdt_program_output(const jdt_program *p, int i)
 {
+    if (p && p->interp) return jdt_interp_value(p->interp, jdt_graph_output(p->g, i));
     if (!p || i < 0 || i >= p->c.n_outputs) return NULL;
     int node = p->c.outputs[i];
     if (p->c.nodes[node].kind == CK_LEAF) return p->c.nodes[node].src->data;
@@ -372,7 +384,7 @@ const jdt_compile_stats *jdt_program_stats(const jdt_program *p)
 
 const char *jdt_program_source(const jdt_program *p)
 {
-    return p->src;
+    return p->src ? p->src : "";
 }
 
 char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
@@ -405,6 +417,7 @@ void jdt_program_free(jdt_program *p)
     jdt_free_aligned(p->arena);
     jdt_free(p->src);
     jdt_free(p->step_s);
+    jdt_interp_free(p->interp);
     if (p->so) dlclose(p->so);
     jdt_free(p);
 }

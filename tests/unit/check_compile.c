@@ -401,6 +401,11 @@ START_TEST(test_missing_or_failing_compiler)
     ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_TIMEOUT);
     ck_assert_msg(strstr(e.msg, "killed") && strstr(e.msg, ".log"), "%s", e.msg);
     o.cc_timeout_s = 0;
+    /* without the JIT no compiler is needed: the interpreter runs the program */
+    o.cc = "/nonexistent/cc";
+    o.no_jit = true;
+    run_small(g, x, &o, 6.0, NULL);
+    o.no_jit = false;
     /* a compiler that runs but rejects the flags */
     o.cc = NULL;
     o.cflags = "-O2 --no-such-flag-for-jdt";
