@@ -171,6 +171,14 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
     return st;
 }
 
+/* run.profile: where the compiled step spends its time, over the steps run so far. */
+static void log_profile(const trainer *tr)
+{
+    static char buf[16384];
+    jdt_step_profile(tr->step, buf, sizeof buf);
+    JDT_INFO("profile of the compiled step:\n%s", buf);
+}
+
 static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
 {
     int n = jdt_step_n_tensors(tr->step);
@@ -268,6 +276,7 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     so.copts.cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;
     so.copts.cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
     so.copts.remat = cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
+    so.copts.profile = cfg->run.profile;
     if (tr->dist) {
         so.copts.collective = train_collective;
         so.copts.collective_ctx = tr;
@@ -433,6 +442,8 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (main_rank && cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
         }
+        if (cfg->run.profile && main_rank && t + 1 - first == cfg->run.profile_steps)
+            log_profile(&tr);
         if (last && main_rank) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
             JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), jdt_now_s() - t_start);

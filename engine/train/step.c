@@ -397,3 +397,16 @@ double jdt_train_lr(const jdt_config *cfg, int64_t t)
     if (cfg->optimizer.schedule == JDT_SCHED_LINEAR) return lr + (min_lr - lr) * frac;
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.141592653589793 * frac));
 }
+
+char *jdt_step_profile(const jdt_step *s, char *buf, size_t n)
+{
+    size_t off = 0;
+    const exec *xs[2] = {&s->main, &s->apply};
+    buf[0] = '\0';
+    for (int k = 0; k < 2; k++) {
+        if (!xs[k]->p || off + 2 >= n) continue;
+        jdt_program_profile(xs[k]->p, buf + off, n - off);
+        off += strlen(buf + off);
+    }
+    return buf;
+}

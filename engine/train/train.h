@@ -64,6 +64,10 @@ jdt_status jdt_step_eval(jdt_step *s, const void *x, const int32_t *y, double *l
 int jdt_step_n_tensors(const jdt_step *s);
 void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, jdt_shape *shape);
 
+/* With run.profile: the time per kind of compiled step (kernels, builtins) of the train
+ * programs so far, written into buf (n bytes); returns buf. */
+char *jdt_step_profile(const jdt_step *s, char *buf, size_t n);
+
 /* The model (parameter list) and compile stats of the main program. */
 const jdt_model *jdt_step_model(const jdt_step *s);
 const jdt_compile_stats *jdt_step_stats(const jdt_step *s);
