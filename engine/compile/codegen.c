@@ -98,7 +98,7 @@ static void lit(char *out, size_t n, jdt_dtype dt, double v)
 
 /* ---- accesses and dim collapsing ------------------------------------------------------------ */
 
-#define MAX_ACC 128
+#define MAX_ACC (JDT_GROUP_MAX_READS + JDT_GROUP_MAX_STORES + 2)
 
 typedef struct {
     int64_t stride[JDT_MAX_DIMS];

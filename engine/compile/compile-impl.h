@@ -46,7 +46,14 @@ typedef struct {
     int n_members, cap_members;
     jdt_shape domain; /* loop domain: the root's shape, or a reduction's input shape */
     bool is_reduce;
+    int n_in_bound; /* sum of the members' input counts (bounds the distinct reads) */
+    int n_stores;   /* members stored from inside the group, besides the root */
 } cgroup;
+
+/* Fusion stops growing a group at these sizes, so the generated function's reads and writes
+ * stay within codegen's access table and the plan's per-step output list. */
+#define JDT_GROUP_MAX_READS 96
+#define JDT_GROUP_MAX_STORES 24
 
 typedef enum { STEP_KERNEL, STEP_BUILTIN } step_kind;
 

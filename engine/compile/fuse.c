@@ -91,6 +91,8 @@ static bool group_add(cprog *c, int gi, int node)
     if (!jdt_compile_grow((void **)&g->members, &g->cap_members, g->n_members + 1, sizeof(int)))
         return false;
     g->members[g->n_members++] = node;
+    g->n_in_bound += c->nodes[node].n_in;
+    if (g->root != node && (is_output(c, node) || is_update_value(c, node))) g->n_stores++;
     c->nodes[node].group = gi;
     return true;
 }
@@ -112,7 +114,10 @@ static int joinable(const cprog *c, const user_lists *u, int i)
     }
     const cgroup *g = &c->groups[gi];
     if (!jdt_shape_eq(&n->shape, &g->domain)) return -1;
-    if (g->is_reduce && (is_output(c, i) || is_update_value(c, i))) return -1;
+    bool store = is_output(c, i) || is_update_value(c, i);
+    if (g->is_reduce && store) return -1;
+    if (g->n_in_bound + n->n_in > JDT_GROUP_MAX_READS) return -1;
+    if (store && g->n_stores + 1 > JDT_GROUP_MAX_STORES) return -1;
     /* DROPOUT's step input is read as a scalar, never at the loop index */
     for (int k = u->start[i]; k < u->start[i + 1]; k++) {
         const cnode *un = &c->nodes[u->users[k]];
@@ -431,13 +436,13 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     /* 4. arena placement over the schedule, with in-place takeover */
     for (int s = 0; s < S; s++) {
         cstep *sp = &c->steps[s];
-        int outs[64], n_outs = 0;
+        int outs[JDT_GROUP_MAX_STORES + 2], n_outs = 0;
         if (sp->kind == STEP_BUILTIN) {
             outs[n_outs++] = c->nodes[sp->node].buf;
             if (sp->scratch_buf >= 0) outs[n_outs++] = sp->scratch_buf;
         } else {
             const cgroup *g = &c->groups[sp->group];
-            for (int m = 0; m < g->n_members && n_outs < 64; m++)
+            for (int m = 0; m < g->n_members && n_outs < JDT_GROUP_MAX_STORES + 2; m++)
                 if (c->nodes[g->members[m]].store) outs[n_outs++] = c->nodes[g->members[m]].buf;
         }
         for (int k = 0; k < n_outs; k++) {
