@@ -369,10 +369,11 @@ static void emit_value(sbuf *s, const nest *N, int id)
             sb_printf(s, "%s * %s;\n", a, a);
         else if (f == 3.0)
             sb_printf(s, "%s * %s * %s;\n", a, a, a);
-        else if (f == 0.5)
-            sb_printf(s, "sqrt(%s);\n", a);
         else if (f == -1.0)
             sb_printf(s, "(%s)1 / %s;\n", T, a);
+        else if (f == 0.5) /* GCC's vectoriser turns pow(x, 0.5) into sqrt(x), which differs at
+                              -0 and -inf: spell out pow's values there */
+            sb_printf(s, "%s == -(%s)INFINITY ? (%s)INFINITY : sqrt(%s) + (%s)0;\n", a, T, T, a, T);
         else
             sb_printf(s, "pow(%s, %s);\n", a, F);
         return;
@@ -698,6 +699,8 @@ static const char PRELUDE[] =
     "    q = q * x2 + 4.89352518554385e-03f;\n"
     "    float r = p * xc / q;\n"
     "    r = fabsf(x) < 0.0004f ? x : r;\n"
+    "    r = x > 9.0f ? 1.0f : x < -9.0f ? -1.0f : r;\n" /* exactly +-1 like tanhf: inf*0 stays NaN
+                                                          */
     "    return x != x ? x : r;\n}\n\n";
 
 jdt_status jdt_compile_codegen(const cprog *c, char **src, jdt_err *e)
