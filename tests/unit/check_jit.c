@@ -440,7 +440,16 @@ START_TEST(test_special_values)
     out(&f, jdt_graph_cast(g, x, JDT_DTYPE_I32));
     out(&f, jdt_graph_reduce_sum(g, x, 2u, false));
     out(&f, jdt_graph_reduce_max(g, y, 1u, false));
+    /* masked rows (-inf above the diagonal) through the row kernels */
+    jdt_tensor *z = FX_INPUT(&f, "z", JDT_DTYPE_F32, -3, 3, 12, 12);
+    out(&f, jdt_graph_softmax(g, z));
+    out(&f, jdt_graph_log_softmax(g, z));
+    out(&f, jdt_graph_reduce_max(g, z, 2u, false));
+    out(&f, jdt_graph_exp(g, z));
     fx_fill(&f, 10);
+    for (int i = 0; i < 12; i++)
+        for (int j = i + 1; j < 12; j++)
+            ((float *)f.ref[2])[i * 12 + j] = ((float *)f.jit[2])[i * 12 + j] = -INFINITY;
     const float sv[12] = {NAN,    INFINITY, -INFINITY, 0.0f,   -0.0f, 1e-30f,
                           100.0f, -100.0f,  1e30f,     -1e30f, 88.9f, -104.5f};
     for (int i = 0; i < 144; i++) {
