@@ -126,6 +126,19 @@ static int joinable(const cprog *c, const user_lists *u, int i)
     return gi;
 }
 
+/* A strided read whose consumers are all strided reads inside groups (or absorbed themselves)
+ * needs no kernel: its map composes into theirs (transpose(slice(x)) reads x directly). */
+static bool absorbable(const cprog *c, const user_lists *u, int i)
+{
+    if (c->opts.no_fuse || u->start[i + 1] == u->start[i]) return false;
+    if (is_output(c, i) || is_update_value(c, i)) return false;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        const cnode *un = &c->nodes[u->users[k]];
+        if (un->kind != CK_MAP || (un->group < 0 && !un->absorbed)) return false;
+    }
+    return true;
+}
+
 static bool splat_needs_buffer(const cprog *c, const user_lists *u, int i)
 {
     if (is_output(c, i) || is_update_value(c, i)) return true;
@@ -165,6 +178,9 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
         if (n->kind == CK_SPLAT) {
             if (!splat_needs_buffer(c, &u, i)) continue;
             gi = new_group(c, i, &n->shape, false);
+        } else if (n->kind == CK_MAP && absorbable(c, &u, i)) {
+            n->absorbed = true;
+            continue;
         } else if (n->kind == CK_EW || n->kind == CK_MAP) {
             gi = joinable(c, &u, i);
             if (gi < 0) gi = new_group(c, i, &n->shape, false);
@@ -316,9 +332,10 @@ static void step_reads(const cprog *c, int s, void (*fn)(cprog *, int, int, void
     for (int m = 0; m < g->n_members; m++) {
         const cnode *n = &c->nodes[g->members[m]];
         for (int k = 0; k < n->n_in; k++) {
-            const cnode *x = &c->nodes[n->in[k]];
+            int xi = cnode_read_src(c, n->in[k]);
+            const cnode *x = &c->nodes[xi];
             if (x->group == st->group || x->kind == CK_SPLAT) continue;
-            fn((cprog *)c, s, n->in[k], ctx);
+            fn((cprog *)c, s, xi, ctx);
         }
     }
 }
@@ -337,7 +354,7 @@ static bool read_only_at_index(const cprog *c, int gi, int b)
     for (int m = 0; m < g->n_members; m++) {
         const cnode *n = &c->nodes[g->members[m]];
         for (int k = 0; k < n->n_in; k++) {
-            const cnode *x = &c->nodes[n->in[k]];
+            const cnode *x = &c->nodes[cnode_read_src(c, n->in[k])];
             if (x->group == gi || x->kind == CK_SPLAT || x->buf != b) continue;
             if (n->kind != CK_EW || (n->op == JDT_OP_DROPOUT && k == 1)) return false;
             if (jdt_shape_numel(&x->shape) != jdt_shape_numel(&g->domain)) return false;
@@ -455,7 +472,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                 for (int m = 0; m < g->n_members && donor < 0; m++) {
                     const cnode *n = &c->nodes[g->members[m]];
                     for (int q = 0; q < n->n_in && donor < 0; q++) {
-                        const cnode *x = &c->nodes[n->in[q]];
+                        const cnode *x = &c->nodes[cnode_read_src(c, n->in[q])];
                         if (x->group == sp->group || x->kind == CK_SPLAT || x->buf < 0) continue;
                         cbuf *xb = &c->bufs[x->buf];
                         if (xb->info.kind != JDT_BUF_ARENA || taken[x->buf] || last[x->buf] != s ||
