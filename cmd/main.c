@@ -1,17 +1,590 @@
 /*
- * main.c — the jdt-train command line (placeholder until the CLI lands; see issue 2).
+ * main.c — the jdt-train command line: a table of subcommands (name, handler, one-line help,
+ * usage), shared argument parsing (CONFIG, key.path=value overrides, flags), and the mapping
+ * from engine statuses to documented exit codes. Later issues add rows to SUBCOMMANDS
+ * (prepare, sample, eval) and the --nproc launcher without touching main().
+ *
+ * Exit codes: 0 success, 1 run-time failure, 2 usage or config error, 130/143 when stopped by
+ * SIGINT/SIGTERM.
  */
+#include "config/config.h"
 #include "core/core.h"
+#include "datasets/datasets.h"
+#include "io/ckpt.h"
+#include "train/train.h"
 
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+extern char **environ;
+
+enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+
+/* Flags a subcommand accepts (bitmask). */
+enum {
+    FLAG_LOG_LEVEL = 1 << 0,
+    FLAG_PRINT_CONFIG = 1 << 1,
+    FLAG_SCHEMA = 1 << 2,
+    FLAG_SAMPLE = 1 << 3, /* --prompt --temperature --top-k --seed --length */
+    FLAG_CKPT = 1 << 4,   /* --ckpt PATH */
+};
+
+typedef struct {
+    const char *config_path;     /* NULL when not given */
+    int n_overrides;
+    char **overrides;            /* (n_overrides), point into argv */
+    bool help;
+    bool version;
+    bool print_config;
+    bool schema;
+    bool schema_markdown;
+    const char *log_level;       /* NULL when not given */
+    const char *ckpt;            /* --ckpt PATH */
+    const char *prompt;          /* --prompt TEXT */
+    double temperature;          /* --temperature (default 0.8) */
+    long top_k;                  /* --top-k (0 = off) */
+    long seed;                   /* --seed */
+    long length;                 /* --length: tokens to generate */
+} cli_args;
+
+typedef struct subcommand {
+    const char *name;
+    int (*run)(const struct subcommand *cmd, cli_args *a);
+    const char *summary;
+    const char *usage;
+    unsigned flags;
+    bool needs_config;
+} subcommand;
+
+static int cmd_train(const subcommand *cmd, cli_args *a);
+static int cmd_inspect(const subcommand *cmd, cli_args *a);
+static int cmd_version(const subcommand *cmd, cli_args *a);
+static int cmd_prepare(const subcommand *cmd, cli_args *a);
+static int cmd_sample(const subcommand *cmd, cli_args *a);
+static int cmd_eval(const subcommand *cmd, cli_args *a);
+static int cmd_help(const subcommand *cmd, cli_args *a);
+
+static const subcommand SUBCOMMANDS[] = {
+    {"train", cmd_train, "train a model described by a YAML config",
+     "usage: jdt-train [train] CONFIG [key.path=value ...] [--log-level LEVEL]\n"
+     "\n"
+     "Loads CONFIG (following base_config), applies JDT_<SECTION>_<KEY> environment variables\n"
+     "and key.path=value overrides, validates, and trains.\n"
+     "\n"
+     "options:\n"
+     "  --log-level LEVEL   debug|info|warn|error (overrides run.log_level)\n"
+     "  -h, --help          show this help\n",
+     FLAG_LOG_LEVEL, true},
+    {"inspect", cmd_inspect, "validate a config and summarise it, or print the schema",
+     "usage: jdt-train inspect CONFIG [key.path=value ...] [--print-config] [--log-level LEVEL]\n"
+     "       jdt-train inspect --schema[=markdown]\n"
+     "\n"
+     "Resolves and validates CONFIG exactly as train does, then prints a summary: the model,\n"
+     "its parameter count, the mesh, data, optimizer and checkpoint settings.\n"
+     "\n"
+     "options:\n"
+     "  --print-config      print the fully resolved config as YAML instead (feeding it back\n"
+     "                      gives the same config)\n"
+     "  --schema            print every config key with type, default, bounds and doc\n"
+     "  --schema=markdown   the same as a Markdown table\n"
+     "  --log-level LEVEL   debug|info|warn|error\n"
+     "  -h, --help          show this help\n",
+     FLAG_LOG_LEVEL | FLAG_PRINT_CONFIG | FLAG_SCHEMA, true},
+    {"prepare", cmd_prepare, "turn data.source text into HDF5 token shards",
+     "usage: jdt-train prepare CONFIG [key.path=value ...]\n"
+     "\n"
+     "Reads the text file data.source, encodes it with data.tokenizer (byte), splits off the\n"
+     "last data.val_fraction as validation data and writes data.n_shards train shards\n"
+     "(train_000.h5 ...) and val_000.h5 into the directory data.train_path.\n",
+     FLAG_LOG_LEVEL, true},
+    {"sample", cmd_sample, "generate text from a checkpoint",
+     "usage: jdt-train sample CKPT [--prompt TEXT] [--length N] [--temperature T] [--top-k K]\n"
+     "                             [--seed S]\n"
+     "\n"
+     "CKPT is a checkpoint directory (runs/NAME/ckpt/step_NNNNNN) or a run's checkpoint folder\n"
+     "(the newest complete checkpoint in it is used). The model comes from the config stored\n"
+     "in the checkpoint. Defaults: --length 200 --temperature 0.8 --top-k 0 (off) --seed 1.\n",
+     FLAG_SAMPLE, true},
+    {"eval", cmd_eval, "loss of a checkpoint on the config's val split",
+     "usage: jdt-train eval CONFIG [key.path=value ...] [--ckpt PATH]\n"
+     "\n"
+     "Loads PATH (default: the newest checkpoint in the config's checkpoint directory) and\n"
+     "prints the mean loss over run.eval_steps batches of the val split.\n",
+     FLAG_LOG_LEVEL | FLAG_CKPT, true},
+    {"version", cmd_version, "print the version", "usage: jdt-train version\n", 0, false},
+    {"help", cmd_help, "show help for a command", "usage: jdt-train help [COMMAND]\n", 0, false},
+};
+
+static const subcommand *find_subcommand(const char *name)
+{
+    for (size_t i = 0; i < JDT_ARRAY_LEN(SUBCOMMANDS); i++)
+        if (strcmp(SUBCOMMANDS[i].name, name) == 0) return &SUBCOMMANDS[i];
+    return NULL;
+}
+
+static void print_top_help(FILE *f)
+{
+    fprintf(f,
+            "jdt-train %s — train neural networks from a YAML spec (JAX-style: autodiff, SPMD\n"
+            "partitioning, JIT-compiled kernels).\n"
+            "\n"
+            "usage: jdt-train [train] CONFIG [key.path=value ...] [flags]\n"
+            "       jdt-train COMMAND [args] [flags]\n"
+            "       jdt-train COMMAND --help\n"
+            "\n"
+            "commands:\n",
+            JDT_VERSION_STRING);
+    for (size_t i = 0; i < JDT_ARRAY_LEN(SUBCOMMANDS); i++)
+        fprintf(f, "  %-10s %s\n", SUBCOMMANDS[i].name, SUBCOMMANDS[i].summary);
+    fprintf(f, "\n"
+               "flags: -h/--help, --version, --log-level LEVEL, --print-config, --schema\n"
+               "config: key.path=value overrides and JDT_<SECTION>_<KEY> environment variables\n"
+               "        apply after the files; `jdt-train inspect --schema` lists every key.\n"
+               "exit codes: 0 success, 1 run-time failure, 2 usage or config error,\n"
+               "            130/143 stopped by SIGINT/SIGTERM.\n"
+               "docs: README.md, docs/cli.md, docs/config.md\n");
+}
+
+static int usage_error(const subcommand *cmd, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "jdt-train: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see 'jdt-train %s --help')\n", cmd->name);
+    return EXIT_USAGE;
+}
+
+/* Parses argv[0..argc) after the subcommand name. Returns EXIT_OK or EXIT_USAGE (printed). */
+static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
+{
+    bool flags_done = false;
+    memset(a, 0, sizeof *a);
+    a->temperature = 0.8;
+    a->seed = 1;
+    a->length = 200;
+    a->overrides = jdt_calloc((size_t)argc + 1, sizeof *a->overrides);
+    if (!a->overrides) {
+        fprintf(stderr, "jdt-train: out of memory\n");
+        return EXIT_RUNTIME;
+    }
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        if (!flags_done && s[0] == '-' && s[1] != '\0') {
+            if (strcmp(s, "--") == 0) {
+                flags_done = true;
+            } else if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
+                a->help = true;
+            } else if ((cmd->flags & FLAG_LOG_LEVEL) && strcmp(s, "--log-level") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--log-level needs a value (%s)", "debug|info|warn|error");
+                a->log_level = argv[++i];
+            } else if ((cmd->flags & FLAG_LOG_LEVEL) && strncmp(s, "--log-level=", 12) == 0) {
+                a->log_level = s + 12;
+            } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--print-config") == 0) {
+                a->print_config = true;
+            } else if ((cmd->flags & FLAG_SCHEMA) && strcmp(s, "--schema") == 0) {
+                a->schema = true;
+            } else if ((cmd->flags & FLAG_SCHEMA) && strcmp(s, "--schema=markdown") == 0) {
+                a->schema = a->schema_markdown = true;
+            } else if ((cmd->flags & FLAG_CKPT) && strcmp(s, "--ckpt") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--ckpt needs a %s", "path");
+                a->ckpt = argv[++i];
+            } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--prompt") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--prompt needs %s", "text");
+                a->prompt = argv[++i];
+            } else if ((cmd->flags & FLAG_SAMPLE) &&
+                       (strcmp(s, "--temperature") == 0 || strcmp(s, "--top-k") == 0 ||
+                        strcmp(s, "--seed") == 0 || strcmp(s, "--length") == 0)) {
+                if (i + 1 >= argc) return usage_error(cmd, "%s needs a number", s);
+                const char *v = argv[++i];
+                char *end = NULL;
+                errno = 0;
+                if (strcmp(s, "--temperature") == 0) {
+                    a->temperature = strtod(v, &end);
+                    if (errno || end == v || *end || !(a->temperature >= 0) || a->temperature > 100)
+                        return usage_error(cmd, "--temperature: expected a number in [0, 100], got '%s'", v);
+                } else {
+                    long x = strtol(v, &end, 10);
+                    if (errno || end == v || *end || x < 0 || x > 1000000)
+                        return usage_error(cmd, "expected an integer in [0, 1000000], got '%s'", v);
+                    if (strcmp(s, "--top-k") == 0) a->top_k = x;
+                    else if (strcmp(s, "--seed") == 0) a->seed = x;
+                    else a->length = x;
+                }
+            } else if (strcmp(s, "--version") == 0) {
+                a->version = true;
+            } else {
+                return usage_error(cmd, "unknown option '%s'", s);
+            }
+        } else if (strchr(s, '=') && a->config_path) {
+            a->overrides[a->n_overrides++] = argv[i];
+        } else if (!a->config_path) {
+            if (strchr(s, '=') && access(s, F_OK) != 0)
+                return usage_error(cmd, "the config file comes before overrides; got '%s' first", s);
+            a->config_path = s;
+        } else {
+            return usage_error(cmd, "unexpected argument '%s' (overrides are key.path=value)", s);
+        }
+    }
+    if (a->log_level) {
+        jdt_log_level lv;
+        if (!jdt_log_parse_level(a->log_level, &lv) || lv == JDT_LOG_QUIET)
+            return usage_error(cmd, "--log-level: expected debug|info|warn|error, got '%s'",
+                               a->log_level);
+    }
+    return EXIT_OK;
+}
+
+/* Loads the config named in a; prints the error and returns its exit code on failure. */
+static int load_config(const cli_args *a, jdt_config *c)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_config_load(a->config_path, a->n_overrides, a->overrides, environ, c, &e);
+    if (st) {
+        fprintf(stderr, "jdt-train: config error: %s\n", e.msg);
+        return st == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
+    }
+    jdt_log_level lv = c->run.log_level;
+    if (a->log_level) jdt_log_parse_level(a->log_level, &lv);
+    jdt_log_set_level(lv);
+    return EXIT_OK;
+}
+
+/* "12,345,678" */
+static void format_count(char *buf, size_t n_bytes, int64_t n)
+{
+    char digits[32];
+    int nd = snprintf(digits, sizeof digits, "%lld", (long long)n);
+    size_t o = 0;
+    for (int i = 0; i < nd && o + 2 < n_bytes; i++) {
+        if (i > 0 && (nd - i) % 3 == 0 && digits[i - 1] != '-') buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = '\0';
+}
+
+static void print_summary(const jdt_config *c, FILE *f)
+{
+    char num[40], num2[40];
+    const int64_t n_params = jdt_config_param_count(c);
+    format_count(num, sizeof num, n_params);
+    fprintf(f, "config      %s\n", c->path);
+    if (c->model.type == JDT_MODEL_GPT) {
+        fprintf(f,
+                "model       gpt: L=%d C=%d H=%d (kv heads %d, head dim %d) T=%d V=%d; mlp %dx %s; %s, "
+                "%s positions, %s embeddings, %s, dropout %g\n",
+                c->model.n_layer, c->model.n_embd, c->model.n_head, jdt_config_kv_heads(c),
+                c->model.n_embd / c->model.n_head, c->model.seq_len, c->model.vocab_size,
+                c->model.mlp_ratio, jdt_config_choice_name("model.activation", (int)c->model.activation),
+                jdt_config_choice_name("model.norm", (int)c->model.norm),
+                jdt_config_choice_name("model.pos", (int)c->model.pos),
+                c->model.tie_embeddings ? "tied" : "untied", c->model.bias ? "bias" : "no bias",
+                c->model.dropout);
+    } else {
+        fprintf(f, "model       mlp: %d -> %d x %d hidden (%s) -> %d classes, %s\n", c->model.in_dim,
+                c->model.n_hidden, c->model.hidden_dim,
+                jdt_config_choice_name("model.activation", (int)c->model.activation),
+                c->model.n_classes, c->model.bias ? "bias" : "no bias");
+    }
+    fprintf(f, "parameters  %s (%.2fM; counted from the model section)\n", num, (double)n_params / 1e6);
+    fprintf(f, "mesh        data=%d fsdp=%d tensor=%d -> %d device%s\n", c->mesh.data, c->mesh.fsdp,
+            c->mesh.tensor, jdt_config_mesh_size(c), jdt_config_mesh_size(c) == 1 ? "" : "s");
+    fprintf(f, "sharding   ");
+    for (int i = 0; i < c->sharding.rules.n_rules; i++) {
+        const jdt_config_rule *r = &c->sharding.rules.rules[i];
+        fprintf(f, " %s->", r->logical);
+        if (r->n_mesh_axes == 0) fprintf(f, "replicated");
+        if (r->n_mesh_axes > 1) fputc('[', f);
+        for (int j = 0; j < r->n_mesh_axes; j++)
+            fprintf(f, "%s%s", j ? "," : "", jdt_config_mesh_axis_name(r->mesh_axes[j]));
+        if (r->n_mesh_axes > 1) fputc(']', f);
+    }
+    fprintf(f, "%s\n", c->sharding.rules.n_rules ? "" : " (no rules: everything replicated)");
+    const char *fmt = jdt_config_choice_name("data.format", (int)c->data.format);
+    if (c->data.format == JDT_DATA_SYNTHETIC)
+        fprintf(f, "data        synthetic");
+    else
+        fprintf(f, "data        %s: train %s, val %s", fmt, c->data.train_path[0] ? c->data.train_path : "(unset)",
+                c->data.val_path[0] ? c->data.val_path : "(unset)");
+    int accum = c->data.batch_size / c->data.micro_batch_size;
+    if (c->model.type == JDT_MODEL_GPT) {
+        format_count(num2, sizeof num2, (int64_t)c->data.batch_size * c->model.seq_len);
+        fprintf(f, "; batch %d x %d = %s tokens/step", c->data.batch_size, c->model.seq_len, num2);
+    } else {
+        fprintf(f, "; batch %d", c->data.batch_size);
+    }
+    fprintf(f, ", micro-batch %d (%d accumulation step%s)\n", c->data.micro_batch_size, accum,
+            accum == 1 ? "" : "s");
+    fprintf(f, "optimizer   %s lr %g, warmup %lld, %s", jdt_config_choice_name("optimizer.type", (int)c->optimizer.type),
+            c->optimizer.lr, (long long)c->optimizer.warmup_steps,
+            jdt_config_choice_name("optimizer.schedule", (int)c->optimizer.schedule));
+    if (c->optimizer.schedule != JDT_SCHED_CONSTANT)
+        fprintf(f, " to %gx by step %lld", c->optimizer.min_lr_ratio, (long long)jdt_config_decay_steps(c));
+    if (c->optimizer.type == JDT_OPTIM_ADAMW)
+        fprintf(f, "; betas %g/%g eps %g", c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps);
+    else
+        fprintf(f, "; momentum %g%s", c->optimizer.momentum, c->optimizer.nesterov ? " nesterov" : "");
+    fprintf(f, ", weight decay %g, grad clip %s", c->optimizer.weight_decay, c->optimizer.grad_clip > 0 ? "" : "off");
+    if (c->optimizer.grad_clip > 0) fprintf(f, "%g", c->optimizer.grad_clip);
+    fprintf(f, "\n");
+    fprintf(f, "precision   compute %s, params %s\n", jdt_dtype_name(c->precision.compute),
+            jdt_dtype_name(c->precision.params));
+    fprintf(f, "run         %s: %lld steps, seed %lld, outputs in %s/%s; log every %lld", c->run.name,
+            (long long)c->run.steps, (long long)c->run.seed, c->run.out_dir, c->run.name,
+            (long long)c->run.log_every);
+    if (c->run.eval_every > 0)
+        fprintf(f, ", eval every %lld (%lld batches)\n", (long long)c->run.eval_every, (long long)c->run.eval_steps);
+    else
+        fprintf(f, ", no eval\n");
+    if (c->checkpoint.dir[0])
+        fprintf(f, "checkpoint  %s", c->checkpoint.dir);
+    else
+        fprintf(f, "checkpoint  %s/%s/ckpt", c->run.out_dir, c->run.name);
+    if (c->checkpoint.every > 0)
+        fprintf(f, ", every %lld steps", (long long)c->checkpoint.every);
+    fprintf(f, ", keep %d, resume %s\n", c->checkpoint.keep, c->checkpoint.resume);
+    fprintf(f, "runtime     %s, threads %s", jdt_config_choice_name("runtime.backend", (int)c->runtime.backend),
+            c->runtime.threads ? "" : "auto");
+    if (c->runtime.threads) fprintf(f, "%d", c->runtime.threads);
+    fprintf(f, ", %s, remat %s\n", c->runtime.jit ? "jit" : "interpreter",
+            jdt_config_choice_name("runtime.remat", (int)c->runtime.remat));
+}
+
+static int cmd_inspect(const subcommand *cmd, cli_args *a)
+{
+    if (a->schema) {
+        if (a->config_path || a->print_config)
+            return usage_error(cmd, "--schema takes no config (%s)", "it prints the schema");
+        if (a->schema_markdown)
+            jdt_config_print_schema_markdown(stdout);
+        else
+            jdt_config_print_schema(stdout);
+        return fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
+    }
+    if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
+    jdt_config c;
+    int rc = load_config(a, &c);
+    if (rc) return rc;
+    if (a->print_config)
+        fputs(c.resolved_yaml, stdout);
+    else
+        print_summary(&c, stdout);
+    jdt_config_free(&c);
+    return fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
+}
+
+/* Maps an engine status to the documented exit code. */
+static int exit_code(jdt_status st)
+{
+    switch (st) {
+    case JDT_OK: return EXIT_OK;
+    case JDT_ERR_USAGE:
+    case JDT_ERR_CONFIG: return EXIT_USAGE;
+    default: return EXIT_RUNTIME;
+    }
+}
+
+/* Joins the multi-process job described by the dist section (world_size > 1), else leaves
+ * *out NULL. Placeholder resolution (explicit dist.* keys only) until engine/dist/world.h
+ * brings SLURM and the launcher. */
+static jdt_status join_job(const jdt_config *c, jdt_dist **out, jdt_err *e)
+{
+    *out = NULL;
+    if (c->dist.world_size <= 1) return JDT_OK;
+    if (c->dist.rank < 0 || c->dist.rank >= c->dist.world_size || !c->dist.coordinator[0])
+        return jdt_err_set(e, JDT_ERR_CONFIG, "dist: world_size %d needs dist.rank in [0, %d) and "
+                           "dist.coordinator host:port", c->dist.world_size, c->dist.world_size);
+    jdt_dist_opts o;
+    jdt_dist_opts_default(&o);
+    o.rank = c->dist.rank;
+    o.world_size = c->dist.world_size;
+    o.coordinator = c->dist.coordinator;
+    o.token = c->dist.token;
+    o.connect_timeout_s = c->dist.connect_timeout_s;
+    o.heartbeat_s = c->dist.heartbeat_s;
+    o.peer_timeout_s = c->dist.peer_timeout_s;
+    jdt_log_set_rank(o.rank, o.world_size);
+    return jdt_dist_init(&o, out, e);
+}
+
+static int cmd_train(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
+    jdt_config c;
+    int rc = load_config(a, &c);
+    if (rc) return rc;
+    JDT_INFO("jdt-train %s: %s, %s, %.2fM parameters, %lld steps", JDT_VERSION_STRING, c.path,
+             jdt_config_choice_name("model.type", (int)c.model.type),
+             (double)jdt_config_param_count(&c) / 1e6, (long long)c.run.steps);
+    if (c.runtime.backend != JDT_BACKEND_CPU) {
+        fprintf(stderr, "jdt-train: config error: runtime.backend: only 'cpu' is built in this "
+                        "version\n");
+        jdt_config_free(&c);
+        return EXIT_USAGE;
+    }
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_dist *dist = NULL;
+    jdt_status st = join_job(&c, &dist, &e);
+    if (st == JDT_OK) st = jdt_train_run(&c, dist, &e);
+    if (st != JDT_OK && dist) jdt_dist_abort(dist, e.msg); /* tell the others before leaving */
+    jdt_dist_free(dist);
+    jdt_config_free(&c);
+    if (st == JDT_ERR_INTERRUPTED) {
+        fprintf(stderr, "jdt-train: %s\n", e.msg);
+        return strstr(e.msg, "SIGINT") ? 130 : 143;
+    }
+    if (st != JDT_OK) fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    return exit_code(st);
+}
+
+static int cmd_prepare(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
+    jdt_config c;
+    int rc = load_config(a, &c);
+    if (rc) return rc;
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = JDT_OK;
+    size_t n = strlen(c.data.train_path);
+    if (c.data.format != JDT_DATA_TOKENS) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG, "data.format: prepare makes token data, got '%s'",
+                         jdt_config_choice_name("data.format", (int)c.data.format));
+    } else if (!c.data.source[0]) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG, "data.source: the text file to prepare is not set");
+    } else if (n == 0 || (n > 3 && strcmp(c.data.train_path + n - 3, ".h5") == 0)) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG,
+                         "data.train_path: prepare writes a directory of shards; got '%s'",
+                         c.data.train_path);
+    } else {
+        jdt_prep_text_opts o;
+        memset(&o, 0, sizeof o);
+        o.text_path = c.data.source;
+        o.out_dir = c.data.train_path;
+        o.val_fraction = c.data.val_fraction;
+        o.n_shards = c.data.n_shards;
+        jdt_prep_result r;
+        st = jdt_prep_text(&o, &r, &e);
+        if (st == JDT_OK)
+            JDT_INFO("prepared %s -> %s: %lld train tokens in %d file(s), %lld val tokens",
+                     c.data.source, c.data.train_path, (long long)r.n_train_tokens,
+                     r.n_train_files, (long long)r.n_val_tokens);
+    }
+    if (st != JDT_OK) fprintf(stderr, "jdt-train: %s: %s\n", st == JDT_ERR_CONFIG ? "config error" : "error", e.msg);
+    jdt_config_free(&c);
+    return exit_code(st);
+}
+
+static int cmd_eval(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
+    jdt_config c;
+    int rc = load_config(a, &c);
+    if (rc) return rc;
+    jdt_err e;
+    jdt_err_clear(&e);
+    char *path = NULL, dir[1100];
+    if (c.checkpoint.dir[0]) snprintf(dir, sizeof dir, "%s", c.checkpoint.dir);
+    else snprintf(dir, sizeof dir, "%s/%s/ckpt", c.run.out_dir, c.run.name);
+    jdt_status st = jdt_ckpt_resolve(a->ckpt ? a->ckpt : "auto", dir, &path, &e);
+    if (st == JDT_OK && !path) st = jdt_err_set(&e, JDT_ERR_NOT_FOUND, "no checkpoint in %s", dir);
+    double loss = NAN;
+    if (st == JDT_OK) st = jdt_train_eval(&c, path, &loss, &e);
+    if (st == JDT_OK) printf("val loss %.4f (%lld batches, %s)\n", loss, (long long)c.run.eval_steps, path);
+    else fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_free(path);
+    jdt_config_free(&c);
+    return exit_code(st);
+}
+
+static int cmd_sample(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) return usage_error(cmd, "missing CKPT%s", "");
+    jdt_err e;
+    jdt_err_clear(&e);
+    char *path = NULL;
+    /* a run's checkpoint folder means its newest checkpoint; anything else is one checkpoint */
+    jdt_status st = JDT_OK;
+    if (jdt_ckpt_find_latest(a->config_path, &path, NULL, NULL) != JDT_OK) {
+        path = jdt_strdup(a->config_path);
+        if (!path) st = jdt_err_set(&e, JDT_ERR_NOMEM, "out of memory");
+    }
+    if (st == JDT_OK) {
+        jdt_sample_opts o = {.prompt = a->prompt ? a->prompt : "", .length = a->length,
+                             .temperature = a->temperature, .top_k = (int)a->top_k,
+                             .seed = (uint64_t)a->seed};
+        st = jdt_sample_run(path, &o, stdout, &e);
+    }
+    if (st != JDT_OK) fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_free(path);
+    return exit_code(st);
+}
+
+static int cmd_version(const subcommand *cmd, cli_args *a)
+{
+    if (a->config_path) return usage_error(cmd, "unexpected argument '%s'", a->config_path);
+    printf("jdt-train %s\n", JDT_VERSION_STRING);
+    return EXIT_OK;
+}
+
+static int cmd_help(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) {
+        print_top_help(stdout);
+        return EXIT_OK;
+    }
+    const subcommand *target = find_subcommand(a->config_path);
+    if (!target) return usage_error(cmd, "unknown command '%s'", a->config_path);
+    fputs(target->usage, stdout);
+    return EXIT_OK;
+}
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
-        printf("jdt-train %s\n", JDT_VERSION_STRING);
-        return 0;
+    if (argc < 2) {
+        print_top_help(stderr);
+        return EXIT_USAGE;
     }
-    fprintf(stderr, "usage: jdt-train [train] CONFIG [key.path=value ...]\n");
-    return 2;
+    const char *first = argv[1];
+    if (strcmp(first, "-h") == 0 || strcmp(first, "--help") == 0) {
+        print_top_help(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(first, "--version") == 0) {
+        printf("jdt-train %s\n", JDT_VERSION_STRING);
+        return EXIT_OK;
+    }
+    const subcommand *cmd = find_subcommand(first);
+    int arg0 = 2;
+    if (!cmd) {
+        /* `jdt-train CONFIG ...` means train; a bare word that is no file is a mistyped command */
+        if (first[0] != '-' && !strchr(first, '.') && !strchr(first, '/') && !strchr(first, '=') &&
+            access(first, F_OK) != 0) {
+            fprintf(stderr, "jdt-train: unknown command '%s' (commands:", first);
+            for (size_t i = 0; i < JDT_ARRAY_LEN(SUBCOMMANDS); i++)
+                fprintf(stderr, " %s", SUBCOMMANDS[i].name);
+            fprintf(stderr, "; or give a CONFIG file to train)\n");
+            return EXIT_USAGE;
+        }
+        cmd = find_subcommand("train");
+        arg0 = 1;
+    }
+    cli_args a;
+    int rc = parse_args(cmd, argc - arg0, argv + arg0, &a);
+    if (rc == EXIT_OK) {
+        if (a.help) {
+            fputs(cmd->usage, stdout);
+        } else if (a.version) {
+            printf("jdt-train %s\n", JDT_VERSION_STRING);
+        } else {
+            rc = cmd->run(cmd, &a);
+        }
+    }
+    jdt_free(a.overrides);
+    return rc;
 }

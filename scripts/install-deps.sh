@@ -15,6 +15,7 @@ PKGS=(
   check              # unit-test framework
   iproute2           # network-namespace tests
   procps             # pkill/ps in e2e tests
+  fortunes           # the offline text corpus of `make run` (configs/llm.yaml)
 )
 
 missing=()

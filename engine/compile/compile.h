@@ -17,9 +17,9 @@
 #include "graph/graph.h"
 
 typedef enum {
-    JDT_REMAT_NONE = 0,  /* keep every forward activation for the backward pass */
-    JDT_REMAT_BLOCK = 1, /* recorded only: per-block recompute is not implemented yet */
-} jdt_remat;
+    JDT_COMPILE_REMAT_NONE = 0,  /* keep every forward activation for the backward pass */
+    JDT_COMPILE_REMAT_BLOCK = 1, /* recorded only: per-block recompute is not implemented yet */
+} jdt_compile_remat;
 
 typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
@@ -35,7 +35,9 @@ typedef struct {
     bool profile;          /* time every step of every run (see jdt_program_profile) */
     bool no_jit;           /* run the reference interpreter instead (no C compiler needed;
                               slow, allocates per run: for debugging and machines without cc) */
-    jdt_remat remat;
+    jdt_compile_remat remat;
+    jdt_collective_fn collective; /* runs ALL_REDUCE nodes; NULL: graphs with one fail */
+    void *collective_ctx;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */

@@ -60,6 +60,9 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             ok = ok && c->nodes[n->in[k]].dtype == (idx ? JDT_DTYPE_I32 : JDT_DTYPE_F32);
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
+        if (n->op == JDT_OP_ALL_REDUCE && !c->opts.collective)
+            return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                               "compile: all_reduce needs a communicator (opts.collective)");
         if (n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD)
             ok = ok && c->nodes[n->in[0]].shape.ndim == 4;
         if (!ok)
@@ -269,6 +272,18 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
             len[k] = c->nodes[n->in[k]].shape.dims[ax];
         jdt_rt_concat((const float *const *)in, len, n->n_in, o, outer, inner,
                       jdt_dtype_size(n->dtype));
+        break;
+    }
+    case JDT_OP_ALL_REDUCE: {
+        int64_t n_el = jdt_shape_numel(&n->shape);
+        if (o != in[0]) memcpy(o, in[0], (size_t)n_el * sizeof(float));
+        jdt_status cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
+                                            (int)n->attrs.i[1], JDT_DTYPE_F32, o, (size_t)n_el, e);
+        if (cst != JDT_OK) return cst;
+        if (n->attrs.f[0] != 1.0) {
+            float sc = (float)n->attrs.f[0], *of = o;
+            for (int64_t i = 0; i < n_el; i++) of[i] *= sc;
+        }
         break;
     }
     default:

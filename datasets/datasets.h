@@ -1,0 +1,53 @@
+/*
+ * datasets.h — dataset preparation (prefix jdt_prep_): the byte tokenizer, text file -> token
+ * shards with a train/val split, and deterministic synthetic token and array datasets. Library
+ * code behind `jdt-train prepare`; the files it writes are the formats of io/data.h
+ * (docs/data.md).
+ */
+#ifndef JDT_DATASETS_H
+#define JDT_DATASETS_H
+
+#include "core/core.h"
+
+#define JDT_PREP_BYTE_VOCAB 256
+
+/* Byte tokenizer: token i is byte i of the text (vocab 256). Writes n_bytes tokens to out and
+ * returns the count. */
+int64_t jdt_prep_byte_encode(const void *text, size_t n_bytes, uint32_t *out);
+/* Inverse of the byte tokenizer: writes n bytes to out (ids >= 256 become '?'). */
+void jdt_prep_byte_decode(const uint32_t *tokens, int64_t n, char *out);
+
+typedef struct {
+    const char *text_path; /* input text file */
+    const char *out_dir;   /* created if missing */
+    double val_fraction;   /* [0, 1): the tail of the token stream that becomes val */
+    int n_shards;          /* train shard files (>= 1); val is one file */
+    int compress_level;    /* 0..9 (deflate) */
+} jdt_prep_text_opts;
+
+typedef struct {
+    int64_t n_train_tokens;
+    int64_t n_val_tokens;
+    int n_train_files;
+    int n_val_files;
+} jdt_prep_result;
+
+/* Tokenizes text_path with the byte tokenizer, streaming it in blocks (never all in memory),
+ * and writes out_dir/train_000.h5 ... train_{n_shards-1}.h5 and (if val_fraction > 0)
+ * out_dir/val_000.h5, each through a temp file + rename. Stale train_/val_ shards of an
+ * earlier run with more shards are removed. res may be NULL. Errors: ERR_NOT_FOUND/ERR_IO
+ * (the file), ERR_INVALID (empty text, too few tokens for the shards, bad options). */
+jdt_status jdt_prep_text(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
+
+/* Writes a synthetic token file of n_tokens ids < vocab_size, a pure function of seed: a
+ * random sparse Markov chain (each token's successor is a fixed random token with
+ * probability 3/4, else uniform), so a model has something to learn. Tokenizer "synthetic". */
+jdt_status jdt_prep_synth_tokens(const char *path, int64_t n_tokens, uint32_t vocab_size,
+                                 uint64_t seed, jdt_err *e);
+
+/* Writes a synthetic array dataset, a pure function of seed: x (n_rows, dim) ~ N(0, 1), and
+ * y = argmax(x @ W) for a random W (dim, n_classes): linearly separable classes. */
+jdt_status jdt_prep_synth_arrays(const char *path, int64_t n_rows, int64_t dim, int64_t n_classes,
+                                 uint64_t seed, jdt_err *e);
+
+#endif /* JDT_DATASETS_H */

@@ -1,0 +1,255 @@
+/*
+ * prepare.c — dataset preparation (see datasets.h): the byte tokenizer, text -> token shards
+ * with a train/val split, and synthetic token/array generators. Writes through the io/data.h
+ * writers, so every file lands by temp file + rename.
+ */
+#include "datasets/datasets.h"
+#include "io/data.h"
+#include "io/io-impl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { BLOCK_BYTES = 1 << 20 };
+
+int64_t jdt_prep_byte_encode(const void *text, size_t n_bytes, uint32_t *out)
+{
+    const unsigned char *p = text;
+    for (size_t i = 0; i < n_bytes; i++)
+        out[i] = p[i];
+    return (int64_t)n_bytes;
+}
+
+void jdt_prep_byte_decode(const uint32_t *tokens, int64_t n, char *out)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = tokens[i] < 256 ? (char)tokens[i] : '?';
+}
+
+/* Streams bytes [begin, end) of f (already positioned at begin) into a new token file. */
+static jdt_status write_shard(FILE *f, const char *text_path, int64_t begin, int64_t end,
+                              const char *out_path, int compress_level, unsigned char *buf,
+                              uint32_t *toks, jdt_err *e)
+{
+    jdt_data_write_opts wo = {.compress_level = compress_level, .chunk_rows = 0};
+    jdt_data_tokw *w = NULL;
+    jdt_status st =
+        jdt_data_tokw_open(out_path, end - begin, JDT_PREP_BYTE_VOCAB, "byte", &wo, &w, e);
+    if (st != JDT_OK) return st;
+    for (int64_t pos = begin; pos < end;) {
+        size_t want = (size_t)(end - pos < BLOCK_BYTES ? end - pos : BLOCK_BYTES);
+        size_t got = fread(buf, 1, want, f);
+        if (got != want) {
+            st = jdt_err_set(e, JDT_ERR_IO,
+                             "%s: short read at byte %lld (file changed while "
+                             "preparing?)",
+                             text_path, (long long)(pos + (int64_t)got));
+            goto fail;
+        }
+        int64_t n = jdt_prep_byte_encode(buf, got, toks);
+        if ((st = jdt_data_tokw_append(w, toks, n, e))) goto fail;
+        pos += (int64_t)got;
+    }
+    return jdt_data_tokw_commit(w, e);
+fail:
+    jdt_data_tokw_abort(w);
+    return st;
+}
+
+/* Parses "train_NNN.h5" / "val_NNN.h5"; returns the index or -1. */
+static int shard_index(const char *name, const char *prefix)
+{
+    size_t np = strlen(prefix);
+    if (strncmp(name, prefix, np) != 0) return -1;
+    const char *p = name + np;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (errno || end == p || strcmp(end, ".h5") != 0 || v < 0 || v > 1000000) return -1;
+    return (int)v;
+}
+
+/* Removes stale shards (index >= keep) and leftover temp files of an earlier run. */
+static jdt_status remove_stale(const char *dir, int keep_train, int keep_val, jdt_err *e)
+{
+    char **names = NULL;
+    size_t n = 0;
+    jdt_status st = jdt_io_list_dir(dir, NULL, NULL, &names, &n, e);
+    if (st != JDT_OK) return st;
+    for (size_t i = 0; i < n && st == JDT_OK; i++) {
+        int ti = shard_index(names[i], "train_"), vi = shard_index(names[i], "val_");
+        size_t len = strlen(names[i]);
+        bool tmp = len > 7 && strcmp(names[i] + len - 7, ".h5.tmp") == 0 &&
+                   (strncmp(names[i], "train_", 6) == 0 || strncmp(names[i], "val_", 4) == 0);
+        if ((ti >= keep_train) || (vi >= keep_val) || tmp) {
+            char *p = jdt_io_join(dir, names[i]);
+            if (!p)
+                st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", dir);
+            else
+                st = jdt_io_rm_rf(p, e);
+            jdt_free(p);
+        }
+    }
+    jdt_io_names_free(names, n);
+    return st;
+}
+
+jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_err *e)
+{
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
+    jdt_status st = JDT_OK;
+    FILE *f = NULL;
+    unsigned char *buf = NULL;
+    uint32_t *toks = NULL;
+    char *path = NULL;
+    if (!o->text_path || !o->out_dir)
+        return jdt_err_set(e, JDT_ERR_INVALID, "prepare: text_path and out_dir are required");
+    if (!(o->val_fraction >= 0.0 && o->val_fraction < 1.0))
+        return jdt_err_set(e, JDT_ERR_INVALID, "prepare: val_fraction %g outside [0, 1)",
+                           o->val_fraction);
+    if (o->n_shards < 1 || o->n_shards > 100000)
+        return jdt_err_set(e, JDT_ERR_INVALID, "prepare: n_shards %d outside 1..100000",
+                           o->n_shards);
+    f = fopen(o->text_path, "rb");
+    if (!f)
+        return jdt_err_set(e, errno == ENOENT ? JDT_ERR_NOT_FOUND : JDT_ERR_IO, "%s: %s",
+                           o->text_path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: not a regular file", o->text_path);
+        goto out;
+    }
+    /* Byte tokens: one token per byte, so the token count is known without a first pass and
+     * every byte offset is a token boundary. */
+    int64_t n = (int64_t)sb.st_size;
+    int64_t n_val = (int64_t)floor((double)n * o->val_fraction);
+    if (o->val_fraction > 0 && n_val < 2) n_val = 2; /* a val split needs at least one target */
+    int64_t n_train = n - n_val;
+    if (n == 0 || n_train < o->n_shards) {
+        st = jdt_err_set(e, JDT_ERR_INVALID,
+                         "%s: %lld tokens are too few for %d train shards "
+                         "and val_fraction %g",
+                         o->text_path, (long long)n, o->n_shards, o->val_fraction);
+        goto out;
+    }
+    if ((st = jdt_io_mkdir_p(o->out_dir, e))) goto out;
+    buf = jdt_malloc(BLOCK_BYTES);
+    toks = jdt_malloc(BLOCK_BYTES * sizeof *toks);
+    path = jdt_malloc(strlen(o->out_dir) + 32);
+    if (!buf || !toks || !path) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
+        goto out;
+    }
+    for (int i = 0; i < o->n_shards; i++) {
+        int64_t b = n_train * i / o->n_shards, en = n_train * (i + 1) / o->n_shards;
+        sprintf(path, "%s/train_%03d.h5", o->out_dir, i);
+        if ((st = write_shard(f, o->text_path, b, en, path, o->compress_level, buf, toks, e)))
+            goto out;
+    }
+    if (n_val > 0) {
+        sprintf(path, "%s/val_%03d.h5", o->out_dir, 0);
+        if ((st = write_shard(f, o->text_path, n_train, n, path, o->compress_level, buf, toks, e)))
+            goto out;
+    }
+    if ((st = remove_stale(o->out_dir, o->n_shards, n_val > 0 ? 1 : 0, e))) goto out;
+    if (res) {
+        res->n_train_tokens = n_train;
+        res->n_val_tokens = n_val;
+        res->n_train_files = o->n_shards;
+        res->n_val_files = n_val > 0 ? 1 : 0;
+    }
+out:
+    jdt_free(path);
+    jdt_free(toks);
+    jdt_free(buf);
+    if (f) fclose(f);
+    return st;
+}
+
+jdt_status jdt_prep_synth_tokens(const char *path, int64_t n_tokens, uint32_t vocab_size,
+                                 uint64_t seed, jdt_err *e)
+{
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
+    if (n_tokens <= 0 || vocab_size < 2)
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: synthetic tokens need n_tokens > 0 and "
+                           "vocab_size >= 2",
+                           path);
+    enum { BLOCK = 1 << 16 };
+    uint64_t key = jdt_rng_key(seed, "synth.tokens");
+    uint32_t *blk = jdt_malloc(BLOCK * sizeof *blk);
+    if (!blk) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", path);
+    jdt_data_tokw *w = NULL;
+    jdt_status st = jdt_data_tokw_open(path, n_tokens, vocab_size, "synthetic", NULL, &w, e);
+    if (st != JDT_OK) goto out;
+    uint32_t prev = 0;
+    for (int64_t pos = 0; pos < n_tokens;) {
+        int64_t m = n_tokens - pos < BLOCK ? n_tokens - pos : BLOCK;
+        for (int64_t i = 0; i < m; i++) {
+            jdt_philox_ctr r = jdt_philox(key, 0, (uint64_t)(pos + i));
+            /* successor table: the "fixed random successor" of prev, keyed by prev alone */
+            jdt_philox_ctr s = jdt_philox(key, 1, prev);
+            uint32_t t = (r.v[0] & 3u) != 0 ? s.v[0] % vocab_size : r.v[1] % vocab_size;
+            blk[i] = t;
+            prev = t;
+        }
+        if ((st = jdt_data_tokw_append(w, blk, m, e))) goto out_abort;
+        pos += m;
+    }
+    st = jdt_data_tokw_commit(w, e);
+    goto out;
+out_abort:
+    jdt_data_tokw_abort(w);
+out:
+    jdt_free(blk);
+    return st;
+}
+
+jdt_status jdt_prep_synth_arrays(const char *path, int64_t n_rows, int64_t dim, int64_t n_classes,
+                                 uint64_t seed, jdt_err *e)
+{
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
+    if (n_rows <= 0 || dim <= 0 || n_classes < 2 || n_rows > (1LL << 40) / dim)
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "%s: synthetic arrays need n_rows > 0, dim > 0, "
+                           "n_classes >= 2",
+                           path);
+    jdt_status st = JDT_OK;
+    float *x = jdt_malloc((size_t)n_rows * (size_t)dim * sizeof *x);    /* (N, D) */
+    int32_t *y = jdt_malloc((size_t)n_rows * sizeof *y);                /* (N) */
+    float *w = jdt_malloc((size_t)dim * (size_t)n_classes * sizeof *w); /* (D, C) */
+    if (!x || !y || !w) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory for %lld x %lld arrays", path,
+                         (long long)n_rows, (long long)dim);
+        goto out;
+    }
+    jdt_rng_normal(jdt_rng_key(seed, "synth.x"), 0, (size_t)(n_rows * dim), x);
+    jdt_rng_normal(jdt_rng_key(seed, "synth.w"), 0, (size_t)(dim * n_classes), w);
+    for (int64_t i = 0; i < n_rows; i++) {
+        int32_t best = 0;
+        double best_v = -INFINITY;
+        for (int64_t c = 0; c < n_classes; c++) {
+            double acc = 0;
+            for (int64_t j = 0; j < dim; j++)
+                acc += (double)x[i * dim + j] * w[j * n_classes + c];
+            if (acc > best_v) {
+                best_v = acc;
+                best = (int32_t)c;
+            }
+        }
+        y[i] = best;
+    }
+    st = jdt_data_write_arrays(path, x, y, n_rows, dim, n_classes, NULL, e);
+out:
+    jdt_free(w);
+    jdt_free(y);
+    jdt_free(x);
+    return st;
+}

@@ -1,0 +1,399 @@
+/*
+ * step.c — builds and runs the compiled train step (see train.h): model + autodiff + global
+ * norm clipping + AdamW/SGD as one graph, or accumulate/apply graphs for gradient
+ * accumulation, plus a forward-only eval graph. Host buffers for parameters and optimizer
+ * state are allocated once here and bound to every graph's leaves by name.
+ */
+#include "train/train.h"
+
+#include "autodiff/autodiff.h"
+#include "graph/builder.h"
+#include "graph/interp.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* One executable graph: compiled program or reference interpreter. */
+typedef struct {
+    jdt_graph *g;
+    jdt_program *p;
+    jdt_interp *it;
+} exec;
+
+typedef struct {
+    char name[256]; /* checkpoint name: params/..., opt/m/..., opt/v/..., opt/buf/... */
+    float *data;    /* (numel) 64-byte aligned, owned */
+    jdt_shape shape;
+} host_tensor;
+
+struct jdt_step {
+    const jdt_config *cfg;
+    jdt_step_opts o;
+    exec main, apply, eval;    /* apply.g is NULL without accumulation */
+    jdt_model m_main, m_eval;
+    int n_params;
+    host_tensor *tensors;      /* params, then moments: (n_tensors) */
+    int n_tensors;
+    float **acc;               /* (n_params) accumulators, accumulation only */
+    /* bound scalars */
+    float lr, bc1, bc2, inv_accum;
+    int32_t dropout_step;
+    int out_loss, out_norm;    /* output indices in main (norm in apply when accumulating) */
+};
+
+static jdt_status exec_init(exec *x, const jdt_step_opts *o, jdt_err *e)
+{
+    jdt_status st = jdt_graph_error(x->g, e);
+    if (st != JDT_OK) return st;
+    if (o->use_jit) return jdt_program_compile(x->g, &o->copts, &x->p, e);
+    st = jdt_interp_new(x->g, &x->it, e);
+    if (st == JDT_OK) jdt_interp_set_collective(x->it, o->copts.collective, o->copts.collective_ctx);
+    return st;
+}
+
+static jdt_status exec_run(exec *x, jdt_err *e)
+{
+    return x->p ? jdt_program_run(x->p, e) : jdt_interp_run(x->it, e);
+}
+
+static float exec_scalar(const exec *x, int i)
+{
+    const float *v = x->p ? jdt_program_output(x->p, i)
+                          : jdt_interp_value(x->it, jdt_graph_output(x->g, i));
+    return v ? v[0] : NAN;
+}
+
+static void exec_free(exec *x)
+{
+    jdt_program_free(x->p);
+    jdt_interp_free(x->it);
+    jdt_graph_free(x->g);
+}
+
+static jdt_tensor *scalar_input(jdt_graph *g, const char *name, float *bound)
+{
+    jdt_tensor *t = jdt_graph_input(g, name, JDT_DTYPE_F32, 0, NULL, NULL);
+    if (t) t->data = bound;
+    return t;
+}
+
+static host_tensor *find_host(jdt_step *s, const char *name)
+{
+    for (int i = 0; i < s->n_tensors; i++)
+        if (strcmp(s->tensors[i].name, name) == 0) return &s->tensors[i];
+    return NULL;
+}
+
+static jdt_tensor *state_leaf(jdt_step *s, jdt_graph *g, const char *prefix, const jdt_tensor *p)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", prefix, p->name);
+    jdt_tensor *t = jdt_graph_state(g, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
+    host_tensor *h = find_host(s, name);
+    if (t && h) t->data = h->data;
+    return t;
+}
+
+/*
+ * Appends clipping and the optimizer update for params P with gradients G (both n long) to g.
+ * meta gives each parameter's weight-decay flag. Returns the pre-clip global norm tensor ().
+ */
+static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P, jdt_tensor **G,
+                                const jdt_model_param *meta)
+{
+    const jdt_config *cfg = s->cfg;
+    jdt_tensor *lr = scalar_input(g, "lr", &s->lr);
+    jdt_tensor *sumsq = NULL;
+    for (int i = 0; i < n; i++) {
+        uint32_t all = (1u << G[i]->shape.ndim) - 1;
+        jdt_tensor *ss = jdt_graph_reduce_sum(g, jdt_graph_mul(g, G[i], G[i]), all, false);
+        sumsq = sumsq ? jdt_graph_add(g, sumsq, ss) : ss;
+    }
+    jdt_tensor *norm = jdt_graph_sqrt(g, sumsq);
+    if (cfg->optimizer.grad_clip > 0) {
+        /* scale = min(1, clip / (norm + 1e-6)) */
+        jdt_tensor *scale = jdt_graph_min(
+            g, jdt_graph_scalar(g, JDT_DTYPE_F32, 1.0),
+            jdt_graph_div(g, jdt_graph_scalar(g, JDT_DTYPE_F32, cfg->optimizer.grad_clip),
+                          jdt_graph_add_scalar(g, norm, 1e-6)));
+        for (int i = 0; i < n; i++) G[i] = jdt_graph_mul_bcast(g, G[i], scale);
+    }
+    /* ok = 1 when the squared norm is finite (NaN and +inf compare false) */
+    jdt_tensor *ok = cfg->optimizer.nan_policy == JDT_NAN_SKIP
+                         ? jdt_graph_ge(g, jdt_graph_scalar(g, JDT_DTYPE_F32, FLT_MAX), sumsq)
+                         : NULL;
+    jdt_tensor *bc1 = NULL, *bc2 = NULL;
+    if (cfg->optimizer.type == JDT_OPTIM_ADAMW) {
+        bc1 = scalar_input(g, "bc1", &s->bc1);
+        bc2 = scalar_input(g, "bc2", &s->bc2);
+    }
+    const double wd = cfg->optimizer.weight_decay;
+    for (int i = 0; i < n; i++) {
+        jdt_tensor *p = P[i], *gr = G[i], *upd, *pn;
+        const int nd = p->shape.ndim;
+        const int64_t *dims = p->shape.dims;
+        jdt_tensor *okb = ok ? jdt_graph_broadcast(g, ok, nd, dims) : NULL;
+#define GATED(newv, oldv) (okb ? jdt_graph_select(g, okb, (newv), (oldv)) : (newv))
+        if (cfg->optimizer.type == JDT_OPTIM_ADAMW) {
+            const double b1 = cfg->optimizer.beta1, b2 = cfg->optimizer.beta2;
+            jdt_tensor *m = state_leaf(s, g, "opt/m/", p), *v = state_leaf(s, g, "opt/v/", p);
+            jdt_tensor *mn = jdt_graph_add(g, jdt_graph_mul_scalar(g, m, b1), jdt_graph_mul_scalar(g, gr, 1 - b1));
+            jdt_tensor *vn = jdt_graph_add(g, jdt_graph_mul_scalar(g, v, b2),
+                                           jdt_graph_mul_scalar(g, jdt_graph_mul(g, gr, gr), 1 - b2));
+            jdt_tensor *den = jdt_graph_add_scalar(g, jdt_graph_sqrt(g, jdt_graph_mul_bcast(g, vn, bc2)),
+                                                   cfg->optimizer.eps);
+            upd = jdt_graph_div(g, jdt_graph_mul_bcast(g, mn, bc1), den);
+            if (meta[i].decay && wd > 0) upd = jdt_graph_add(g, upd, jdt_graph_mul_scalar(g, p, wd));
+            jdt_graph_add_update(g, m, GATED(mn, m));
+            jdt_graph_add_update(g, v, GATED(vn, v));
+        } else {
+            const double mu = cfg->optimizer.momentum;
+            if (meta[i].decay && wd > 0) gr = jdt_graph_add(g, gr, jdt_graph_mul_scalar(g, p, wd));
+            upd = gr;
+            if (mu > 0) {
+                jdt_tensor *buf = state_leaf(s, g, "opt/buf/", p);
+                jdt_tensor *bn = jdt_graph_add(g, jdt_graph_mul_scalar(g, buf, mu), gr);
+                upd = cfg->optimizer.nesterov ? jdt_graph_add(g, gr, jdt_graph_mul_scalar(g, bn, mu)) : bn;
+                jdt_graph_add_update(g, buf, GATED(bn, buf));
+            }
+        }
+        pn = jdt_graph_sub(g, p, jdt_graph_mul_bcast(g, upd, lr));
+        jdt_graph_add_update(g, p, GATED(pn, p));
+#undef GATED
+    }
+    return norm;
+}
+
+/* Data parallelism: the mean of t over the ranks of group 0 (identity on one rank). */
+static jdt_tensor *world_mean(const jdt_step *s, jdt_graph *g, jdt_tensor *t)
+{
+    if (s->o.world_size <= 1) return t;
+    return jdt_graph_all_reduce(g, t, 0, 0, 1.0 / (double)s->o.world_size);
+}
+
+static jdt_status alloc_host(jdt_step *s, jdt_err *e)
+{
+    const jdt_model *m = &s->m_main;
+    int per = s->cfg->optimizer.type == JDT_OPTIM_ADAMW ? 2 : (s->cfg->optimizer.momentum > 0 ? 1 : 0);
+    s->n_params = m->n_params;
+    s->n_tensors = m->n_params * (1 + per);
+    s->tensors = jdt_calloc((size_t)s->n_tensors, sizeof *s->tensors);
+    if (!s->tensors) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    static const char *const prefixes[3][3] = {{"params/", NULL, NULL},
+                                               {"params/", "opt/buf/", NULL},
+                                               {"params/", "opt/m/", "opt/v/"}};
+    for (int k = 0; k <= per; k++) {
+        for (int i = 0; i < m->n_params; i++) {
+            const jdt_tensor *p = m->params[i].t;
+            host_tensor *h = &s->tensors[k * m->n_params + i];
+            snprintf(h->name, sizeof h->name, "%s%s", prefixes[per][k], p->name);
+            h->shape = p->shape;
+            size_t n = (size_t)jdt_shape_numel(&p->shape);
+            h->data = jdt_malloc_aligned(n * sizeof(float));
+            if (!h->data) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory for %s", h->name);
+            if (k == 0) jdt_model_init_param(&m->params[i], (uint64_t)s->cfg->run.seed, h->data);
+            else memset(h->data, 0, n * sizeof(float));
+        }
+    }
+    return JDT_OK;
+}
+
+static void bind_params(jdt_step *s, const jdt_model *m)
+{
+    for (int i = 0; i < m->n_params; i++) m->params[i].t->data = s->tensors[i].data;
+}
+
+static jdt_status build_main(jdt_step *s, jdt_err *e)
+{
+    const jdt_config *cfg = s->cfg;
+    jdt_status st;
+    s->main.g = jdt_graph_new();
+    if (!s->main.g) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    st = jdt_model_build(s->main.g, cfg, s->o.micro_batch, true, &s->m_main, e);
+    if (st != JDT_OK) return st;
+    if ((st = alloc_host(s, e)) != JDT_OK) return st;
+    bind_params(s, &s->m_main);
+    if (s->m_main.step) s->m_main.step->data = &s->dropout_step;
+
+    jdt_graph *g = s->main.g;
+    const int n = s->m_main.n_params;
+    jdt_tensor **P = jdt_graph_alloc(g, (size_t)n * sizeof *P);
+    jdt_tensor **G = jdt_graph_alloc(g, (size_t)n * sizeof *G);
+    if (!P || !G) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    for (int i = 0; i < n; i++) P[i] = s->m_main.params[i].t;
+    st = jdt_autodiff_grad(g, s->m_main.loss, n, P, G, e);
+    if (st != JDT_OK) return jdt_err_prefix(e, "differentiating the model");
+    s->out_loss = jdt_graph_add_output(g, world_mean(s, g, s->m_main.loss));
+
+    if (s->o.n_accum == 1) {
+        for (int i = 0; i < n; i++) G[i] = world_mean(s, g, G[i]);
+        s->out_norm = jdt_graph_add_output(g, build_update(s, g, n, P, G, s->m_main.params));
+        return exec_init(&s->main, &s->o, e);
+    }
+
+    /* accumulate: acc += grad; apply: clip + optimizer on acc / n_accum, then acc = 0 */
+    s->acc = jdt_calloc((size_t)n, sizeof *s->acc);
+    if (!s->acc) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    s->apply.g = jdt_graph_new();
+    if (!s->apply.g) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    jdt_graph *ga = s->apply.g;
+    jdt_tensor **PA = jdt_graph_alloc(ga, (size_t)n * sizeof *PA);
+    jdt_tensor **GA = jdt_graph_alloc(ga, (size_t)n * sizeof *GA);
+    if (!PA || !GA) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    jdt_tensor *inv = scalar_input(ga, "inv_accum", &s->inv_accum);
+    for (int i = 0; i < n; i++) {
+        const jdt_tensor *p = P[i];
+        size_t bytes = (size_t)jdt_shape_numel(&p->shape) * sizeof(float);
+        s->acc[i] = jdt_malloc_aligned(bytes);
+        if (!s->acc[i]) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+        memset(s->acc[i], 0, bytes);
+        char name[256];
+        snprintf(name, sizeof name, "acc/%s", p->name);
+        jdt_tensor *acc = jdt_graph_state(g, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
+        jdt_tensor *acca = jdt_graph_state(ga, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
+        PA[i] = jdt_graph_param(ga, p->name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
+        if (!acc || !acca || !PA[i]) break;
+        acc->data = acca->data = s->acc[i];
+        PA[i]->data = s->tensors[i].data;
+        jdt_graph_add_update(g, acc, jdt_graph_add(g, acc, G[i]));
+        GA[i] = world_mean(s, ga, jdt_graph_mul_bcast(ga, acca, inv));
+        jdt_graph_add_update(ga, acca, jdt_graph_full(ga, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, 0.0));
+    }
+    s->out_norm = jdt_graph_add_output(ga, build_update(s, ga, n, PA, GA, s->m_main.params));
+    if ((st = exec_init(&s->main, &s->o, e)) != JDT_OK) return st;
+    return exec_init(&s->apply, &s->o, e);
+}
+
+static jdt_status build_eval(jdt_step *s, jdt_err *e)
+{
+    s->eval.g = jdt_graph_new();
+    if (!s->eval.g) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    jdt_status st = jdt_model_build(s->eval.g, s->cfg, s->o.micro_batch, false, &s->m_eval, e);
+    if (st != JDT_OK) return st;
+    bind_params(s, &s->m_eval);
+    jdt_graph_add_output(s->eval.g, world_mean(s, s->eval.g, s->m_eval.loss));
+    return exec_init(&s->eval, &s->o, e);
+}
+
+jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step **out, jdt_err *e)
+{
+    *out = NULL;
+    jdt_step *s = jdt_calloc(1, sizeof *s);
+    if (!s) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    s->cfg = cfg;
+    s->o = *o;
+    if (s->o.n_accum < 1) s->o.n_accum = 1;
+    jdt_status st = build_main(s, e);
+    if (st == JDT_OK) st = build_eval(s, e);
+    if (st != JDT_OK) {
+        jdt_step_free(s);
+        return st;
+    }
+    *out = s;
+    return JDT_OK;
+}
+
+void jdt_step_free(jdt_step *s)
+{
+    if (!s) return;
+    exec_free(&s->main);
+    exec_free(&s->apply);
+    exec_free(&s->eval);
+    for (int i = 0; i < s->n_tensors; i++) jdt_free_aligned(s->tensors[i].data);
+    jdt_free(s->tensors);
+    if (s->acc)
+        for (int i = 0; i < s->n_params; i++) jdt_free_aligned(s->acc[i]);
+    jdt_free(s->acc);
+    jdt_free(s);
+}
+
+static size_t x_row_bytes(const jdt_model *m)
+{
+    return (size_t)jdt_shape_numel(&m->x->shape) / (size_t)m->batch * jdt_dtype_size(m->x->dtype);
+}
+
+static size_t y_row_elems(const jdt_model *m)
+{
+    return (size_t)jdt_shape_numel(&m->y->shape) / (size_t)m->batch;
+}
+
+jdt_status jdt_step_run(jdt_step *s, int64_t t, double lr, const void *x, const int32_t *y,
+                        double *loss, double *grad_norm, jdt_err *e)
+{
+    const jdt_config *cfg = s->cfg;
+    const jdt_model *m = &s->m_main;
+    s->lr = (float)lr;
+    s->bc1 = (float)(1.0 / (1.0 - pow(cfg->optimizer.beta1, (double)(t + 1))));
+    s->bc2 = (float)(1.0 / (1.0 - pow(cfg->optimizer.beta2, (double)(t + 1))));
+    s->inv_accum = 1.0f / (float)s->o.n_accum;
+    s->dropout_step = (int32_t)t;
+    const size_t xb = x_row_bytes(m) * (size_t)m->batch, yn = y_row_elems(m) * (size_t)m->batch;
+    double sum = 0;
+    jdt_status st;
+    for (int k = 0; k < s->o.n_accum; k++) {
+        m->x->data = (void *)((const char *)x + (size_t)k * xb);
+        m->y->data = (void *)(y + (size_t)k * yn);
+        if ((st = exec_run(&s->main, e)) != JDT_OK) return jdt_err_prefix(e, "step %lld", (long long)t);
+        sum += exec_scalar(&s->main, s->out_loss);
+    }
+    if (s->apply.g && (st = exec_run(&s->apply, e)) != JDT_OK)
+        return jdt_err_prefix(e, "step %lld (optimizer)", (long long)t);
+    *loss = sum / s->o.n_accum;
+    *grad_norm = exec_scalar(s->apply.g ? &s->apply : &s->main, s->out_norm);
+    if (!isfinite(*loss) || !isfinite(*grad_norm))
+        return jdt_err_set(e, JDT_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g is not finite",
+                           (long long)t, *loss, *grad_norm);
+    return JDT_OK;
+}
+
+jdt_status jdt_step_eval(jdt_step *s, const void *x, const int32_t *y, double *loss, jdt_err *e)
+{
+    s->m_eval.x->data = (void *)x;
+    s->m_eval.y->data = (void *)y;
+    jdt_status st = exec_run(&s->eval, e);
+    if (st != JDT_OK) return jdt_err_prefix(e, "eval");
+    *loss = exec_scalar(&s->eval, 0);
+    return JDT_OK;
+}
+
+int jdt_step_n_tensors(const jdt_step *s) { return s->n_tensors; }
+
+void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, jdt_shape *shape)
+{
+    *name = s->tensors[i].name;
+    *data = s->tensors[i].data;
+    *shape = s->tensors[i].shape;
+}
+
+const jdt_model *jdt_step_model(const jdt_step *s) { return &s->m_main; }
+
+const jdt_compile_stats *jdt_step_stats(const jdt_step *s)
+{
+    return s->main.p ? jdt_program_stats(s->main.p) : NULL;
+}
+
+double jdt_step_model_flops(const jdt_step *s)
+{
+    const jdt_config *c = s->cfg;
+    double n = (double)jdt_model_param_count(&s->m_main);
+    if (c->model.type == JDT_MODEL_MLP) return 6.0 * n * (double)c->data.batch_size;
+    /* nanoGPT/PaLM convention: 6 N per token (position embeddings excluded) + 12 L T C for
+     * attention scores and mixing, times tokens per step */
+    const double T = c->model.seq_len, C = c->model.n_embd, L = c->model.n_layer;
+    if (c->model.pos == JDT_POS_LEARNED) n -= T * C;
+    return (6.0 * n + 12.0 * L * T * C) * T * (double)c->data.batch_size;
+}
+
+double jdt_train_lr(const jdt_config *cfg, int64_t t)
+{
+    const double lr = cfg->optimizer.lr, min_lr = lr * cfg->optimizer.min_lr_ratio;
+    const int64_t warm = cfg->optimizer.warmup_steps, decay = jdt_config_decay_steps(cfg);
+    if (t < warm) return lr * (double)(t + 1) / (double)warm;
+    if (cfg->optimizer.schedule == JDT_SCHED_CONSTANT) return lr;
+    if (t >= decay) return min_lr;
+    double frac = decay > warm ? (double)(t - warm) / (double)(decay - warm) : 1.0;
+    if (cfg->optimizer.schedule == JDT_SCHED_LINEAR) return lr + (min_lr - lr) * frac;
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.141592653589793 * frac));
+}

@@ -1,0 +1,104 @@
+/*
+ * train.h — the training step and the training loop.
+ *
+ * The step is one graph: model forward, reverse-mode backward, gradient clipping by global
+ * norm and the optimizer update (AdamW or SGD with momentum), with parameters and optimizer
+ * moments as donated leaves updated in place. It is compiled once (engine/compile) and run
+ * every step. With gradient accumulation (micro_batch_size < batch_size) the step splits into
+ * two programs: "accumulate" (forward + backward, grads summed into accumulators) run once per
+ * micro-batch, and "apply" (clip + optimizer, accumulators zeroed) run once per step.
+ *
+ * The loop (jdt_train_run) streams data (engine/io), logs progress and JSONL metrics, evaluates
+ * on the val split, writes checkpoints (atomically, keep last K), resumes exactly and stops
+ * cleanly on SIGINT/SIGTERM after saving a checkpoint.
+ */
+#ifndef JDT_TRAIN_H
+#define JDT_TRAIN_H
+
+#include "compile/compile.h"
+#include "dist/dist.h"
+#include "config/config.h"
+#include "models/models.h"
+
+#include <stdio.h>
+
+/* Per-step scalar inputs of the optimizer graph (host-computed from the step number). */
+typedef struct {
+    jdt_tensor *lr;       /* () f32 learning rate of this step */
+    jdt_tensor *bc1, *bc2; /* () f32 AdamW bias corrections 1/(1-b1^t), 1/(1-b2^t) */
+    jdt_tensor *inv_accum; /* () f32 1 / number of micro-batches (apply graph only) */
+} jdt_optim_inputs;
+
+/* A compiled step: the graphs, their programs and the host buffers they are bound to. */
+typedef struct jdt_step jdt_step;
+
+typedef struct {
+    int64_t micro_batch; /* rows per run of the accumulate/fused graph (this rank's share) */
+    int world_size;      /* data-parallel ranks: > 1 adds mean all-reduces of the gradients
+                            (and of the reported losses) to the graphs, on group 0 */
+    int n_accum;         /* micro-batches per step */
+    bool use_jit;        /* false: run the reference interpreter instead of compiled code */
+    jdt_compile_opts copts;
+} jdt_step_opts;
+
+/* Builds and compiles the train step for cfg. On success *out owns everything; parameters are
+ * initialised from cfg->run.seed and moments are zero. Errors: ERR_CONFIG (bad model/optimizer
+ * combination), ERR_COMPILE, ERR_NOMEM ... with e naming the cause. */
+jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step **out, jdt_err *e);
+void jdt_step_free(jdt_step *s);
+
+/* Runs one optimizer step (t is the 0-based step number; lr from the schedule) on the global
+ * batch given as n_accum micro-batches of inputs x and targets y, laid out back to back
+ * (rows micro*micro_batch ...). Writes the mean loss and the pre-clip gradient norm.
+ * Returns ERR_NUMERIC when the loss or the gradient norm is not finite (with nan_policy
+ * `skip` the update has then been skipped in-graph; with `stop` the caller must stop). */
+jdt_status jdt_step_run(jdt_step *s, int64_t t, double lr, const void *x, const int32_t *y,
+                        double *loss, double *grad_norm, jdt_err *e);
+
+/* Mean loss of the forward-only eval graph on one micro-batch (no update). */
+jdt_status jdt_step_eval(jdt_step *s, const void *x, const int32_t *y, double *loss, jdt_err *e);
+
+/* Access to the persistent tensors for checkpoints: parameters ("params/<name>") and
+ * optimizer state ("opt/m/<name>", "opt/v/<name>" or "opt/buf/<name>"). Returns the count;
+ * names, data pointers, shapes through the out-arguments (pointers stay owned by s). */
+int jdt_step_n_tensors(const jdt_step *s);
+void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, jdt_shape *shape);
+
+/* The model (parameter list) and compile stats of the main program. */
+const jdt_model *jdt_step_model(const jdt_step *s);
+const jdt_compile_stats *jdt_step_stats(const jdt_step *s);
+/* Model FLOPs per optimizer step (forward + backward = 3x forward matmul/attention flops,
+ * counted from the config, the convention MFU uses). */
+double jdt_step_model_flops(const jdt_step *s);
+
+/* Learning rate at 0-based step t: linear warmup to lr over warmup_steps, then constant,
+ * cosine or linear decay to lr * min_lr_ratio at decay_steps. */
+double jdt_train_lr(const jdt_config *cfg, int64_t t);
+
+/* Runs the training job described by cfg. dist is NULL for a single process, else the joined
+ * job (every rank calls this with the same config; mesh.data must equal the world size: each
+ * rank trains on its slice of every global batch, gradients are averaged in-graph, rank 0
+ * writes logs, metrics and checkpoints). Returns JDT_OK on completion, JDT_ERR_INTERRUPTED
+ * after a clean stop on SIGINT/SIGTERM (a checkpoint was saved), or an error with e naming
+ * the step/file/rank. */
+jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e);
+
+/* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
+ * loss over cfg->run.eval_steps batches. */
+jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *loss, jdt_err *e);
+
+/* Text generation from a checkpoint (byte tokenizer). */
+typedef struct {
+    const char *prompt;  /* bytes to condition on; "" starts from a newline */
+    long length;         /* tokens to generate */
+    double temperature;  /* 0: greedy (argmax) */
+    int top_k;           /* 0: off */
+    uint64_t seed;       /* sampling stream: token i draws Philox(seed, i) */
+} jdt_sample_opts;
+
+/* Loads the checkpoint at ckpt_path (its stored config gives the model), then writes the
+ * prompt followed by `length` generated bytes to out, flushing as it goes. Each token runs the
+ * forward graph over the last seq_len tokens (no KV cache yet). Errors name the checkpoint. */
+jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE *out, jdt_err *e);
+
+#endif /* JDT_TRAIN_H */

@@ -1,0 +1,275 @@
+/*
+ * models.c — the gpt and mlp builders (see models.h).
+ *
+ * gpt, per layer l (pre-norm):
+ *   a = norm(h);  q = a Wq, k = a Wk, v = a Wv  (rope on q, k);  h += attn(q, k, v) Wo
+ *   m = norm(h);  h += gelu(m Wfc) Wproj   |   (silu(m Wgate) * (m Wup)) Wdown
+ * then logits = norm(h) Wteᵀ (tied) or norm(h) Whead, loss = mean softmax-xent(logits, y).
+ * Linear weights are stored (in, out): y = x @ W. Initialisation follows GPT-2: N(0, init_std)
+ * for matrices and embeddings, N(0, init_std / sqrt(2 L)) for the projections that write into
+ * the residual stream, zeros for biases, ones for norm weights.
+ */
+#include "models/models.h"
+
+#include "graph/builder.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    jdt_graph *g;
+    const jdt_config *cfg;
+    jdt_model *m;
+    int cap;
+    bool oom;
+} builder;
+
+static jdt_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *dims,
+                             const char *const *axes, jdt_init_kind init, double std, bool decay)
+{
+    if (b->m->n_params == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 64;
+        jdt_model_param *p = jdt_graph_alloc(b->g, (size_t)cap * sizeof *p);
+        if (!p) {
+            b->oom = true;
+            return NULL;
+        }
+        if (b->m->n_params) memcpy(p, b->m->params, (size_t)b->m->n_params * sizeof *p);
+        b->m->params = p;
+        b->cap = cap;
+    }
+    jdt_tensor *t = jdt_graph_param(b->g, name, JDT_DTYPE_F32, ndim, dims, axes);
+    jdt_model_param *p = &b->m->params[b->m->n_params++];
+    p->t = t;
+    p->init = init;
+    p->std = std;
+    p->decay = decay;
+    return t;
+}
+
+/* x (N, in) @ W (in, out) [+ b (out)] -> (N, out) */
+static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
+                          const char *in_axis, const char *out_axis, double std)
+{
+    char name[256];
+    const int64_t wd[2] = {in, out};
+    const char *wa[2] = {in_axis, out_axis};
+    snprintf(name, sizeof name, "%s.w", prefix);
+    jdt_tensor *w = add_param(b, name, 2, wd, wa, JDT_INIT_NORMAL, std, true);
+    jdt_tensor *y = jdt_graph_matmul(b->g, x, w, false, false);
+    if (b->cfg->model.bias) {
+        const char *ba[1] = {out_axis};
+        snprintf(name, sizeof name, "%s.b", prefix);
+        jdt_tensor *bias = add_param(b, name, 1, &out, ba, JDT_INIT_ZEROS, 0, false);
+        y = jdt_graph_add_bcast(b->g, y, bias);
+    }
+    return y;
+}
+
+/* norm over the last axis of x (..., C) with learned scale (and shift for layernorm+bias) */
+static jdt_tensor *norm(builder *b, jdt_tensor *x, const char *prefix, int64_t C)
+{
+    const jdt_config *cfg = b->cfg;
+    char name[256];
+    const char *axes[1] = {"embed"};
+    jdt_tensor *xn = cfg->model.norm == JDT_NORM_RMSNORM
+                         ? jdt_graph_rms_normalize(b->g, x, cfg->model.norm_eps)
+                         : jdt_graph_normalize(b->g, x, cfg->model.norm_eps);
+    snprintf(name, sizeof name, "%s.w", prefix);
+    jdt_tensor *w = add_param(b, name, 1, &C, axes, JDT_INIT_ONES, 0, false);
+    jdt_tensor *y = jdt_graph_mul_bcast(b->g, xn, w);
+    if (cfg->model.norm == JDT_NORM_LAYERNORM && cfg->model.bias) {
+        snprintf(name, sizeof name, "%s.b", prefix);
+        jdt_tensor *bias = add_param(b, name, 1, &C, axes, JDT_INIT_ZEROS, 0, false);
+        y = jdt_graph_add_bcast(b->g, y, bias);
+    }
+    return y;
+}
+
+static jdt_tensor *dropout(builder *b, jdt_tensor *x, const char *site)
+{
+    if (!b->m->step) return x;
+    uint64_t key = jdt_rng_key((uint64_t)b->cfg->run.seed, site);
+    return jdt_graph_dropout(b->g, x, b->m->step, b->cfg->model.dropout, key);
+}
+
+/* (B, T, n, D) -> (B, n, T, D) */
+static jdt_tensor *heads_first(jdt_graph *g, jdt_tensor *x)
+{
+    const int perm[4] = {0, 2, 1, 3};
+    return jdt_graph_transpose(g, x, perm);
+}
+
+static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
+{
+    const jdt_config *cfg = b->cfg;
+    jdt_graph *g = b->g;
+    jdt_model *m = b->m;
+    const int64_t V = cfg->model.vocab_size, T = cfg->model.seq_len, C = cfg->model.n_embd;
+    const int64_t H = cfg->model.n_head, Hkv = jdt_config_kv_heads(cfg), D = C / H;
+    const int64_t F = (int64_t)cfg->model.mlp_ratio * C, N = B * T, L = cfg->model.n_layer;
+    const double std = cfg->model.init_std, std_resid = std / sqrt(2.0 * (double)L);
+    char name[256];
+
+    const int64_t bt[2] = {B, T};
+    const char *bt_axes[2] = {"batch", "seq"};
+    m->x = jdt_graph_input(g, "x", JDT_DTYPE_I32, 2, bt, bt_axes);
+    m->y = jdt_graph_input(g, "y", JDT_DTYPE_I32, 2, bt, bt_axes);
+    if (training && cfg->model.dropout > 0)
+        m->step = jdt_graph_input(g, "dropout_step", JDT_DTYPE_I32, 0, NULL, NULL);
+
+    const int64_t vc[2] = {V, C};
+    const char *vc_axes[2] = {"vocab", "embed"};
+    jdt_tensor *wte = add_param(b, "wte", 2, vc, vc_axes, JDT_INIT_NORMAL, std, true);
+    jdt_tensor *h = jdt_graph_gather(g, wte, m->x); /* (B, T, C) */
+    if (cfg->model.pos == JDT_POS_LEARNED) {
+        const int64_t tc[2] = {T, C};
+        const char *tc_axes[2] = {NULL, "embed"};
+        jdt_tensor *wpe = add_param(b, "wpe", 2, tc, tc_axes, JDT_INIT_NORMAL, std, true);
+        h = jdt_graph_add_bcast(g, h, wpe);
+    }
+    h = dropout(b, h, "drop.emb");
+
+    const int64_t btc[3] = {B, T, C}, nc[2] = {N, C};
+    const int64_t bthd[4] = {B, T, H, D}, btkd[4] = {B, T, Hkv, D};
+    const double scale = 1.0 / sqrt((double)D);
+    for (int64_t l = 0; l < L; l++) {
+        char p[64];
+        snprintf(p, sizeof p, "blocks.%lld", (long long)l);
+
+        /* attention */
+        snprintf(name, sizeof name, "%s.ln1", p);
+        jdt_tensor *a = jdt_graph_reshape(g, norm(b, h, name, C), 2, nc);
+        snprintf(name, sizeof name, "%s.attn.q", p);
+        jdt_tensor *q = jdt_graph_reshape(g, linear(b, a, name, C, H * D, "embed", "heads", std), 4, bthd);
+        snprintf(name, sizeof name, "%s.attn.k", p);
+        jdt_tensor *k = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv", std), 4, btkd);
+        snprintf(name, sizeof name, "%s.attn.v", p);
+        jdt_tensor *v = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv", std), 4, btkd);
+        if (cfg->model.pos == JDT_POS_ROPE) {
+            q = jdt_graph_rope(g, q, cfg->model.rope_theta, false);
+            k = jdt_graph_rope(g, k, cfg->model.rope_theta, false);
+        }
+        q = heads_first(g, q); /* (B, H, T, D) */
+        k = heads_first(g, k); /* (B, Hkv, T, D) */
+        v = heads_first(g, v);
+        if (Hkv != H) { /* grouped-query: query head h reads kv head h / (H / Hkv) */
+            const int64_t G = H / Hkv;
+            const int64_t b1[5] = {B, Hkv, 1, T, D}, bg[5] = {B, Hkv, G, T, D}, bh[4] = {B, H, T, D};
+            k = jdt_graph_reshape(g, jdt_graph_broadcast(g, jdt_graph_reshape(g, k, 5, b1), 5, bg), 4, bh);
+            v = jdt_graph_reshape(g, jdt_graph_broadcast(g, jdt_graph_reshape(g, v, 5, b1), 5, bg), 4, bh);
+        }
+        jdt_tensor *att = jdt_graph_attention(g, q, k, v, scale); /* (B, H, T, D) */
+        att = jdt_graph_reshape(g, heads_first(g, att), 2, nc);   /* (N, C) */
+        snprintf(name, sizeof name, "%s.attn.o", p);
+        jdt_tensor *o = linear(b, att, name, H * D, C, "heads", "embed", std_resid);
+        snprintf(name, sizeof name, "%s.drop.attn", p);
+        h = jdt_graph_add(g, h, dropout(b, jdt_graph_reshape(g, o, 3, btc), name));
+
+        /* mlp */
+        snprintf(name, sizeof name, "%s.ln2", p);
+        jdt_tensor *x2 = jdt_graph_reshape(g, norm(b, h, name, C), 2, nc);
+        jdt_tensor *u;
+        if (cfg->model.activation == JDT_ACT_SWIGLU) {
+            snprintf(name, sizeof name, "%s.mlp.gate", p);
+            jdt_tensor *gate = linear(b, x2, name, C, F, "embed", "mlp", std);
+            snprintf(name, sizeof name, "%s.mlp.up", p);
+            jdt_tensor *up = linear(b, x2, name, C, F, "embed", "mlp", std);
+            u = jdt_graph_mul(g, jdt_graph_silu(g, gate), up);
+            snprintf(name, sizeof name, "%s.mlp.down", p);
+        } else {
+            snprintf(name, sizeof name, "%s.mlp.fc", p);
+            u = linear(b, x2, name, C, F, "embed", "mlp", std);
+            u = cfg->model.activation == JDT_ACT_RELU ? jdt_graph_relu(g, u) : jdt_graph_gelu(g, u);
+            snprintf(name, sizeof name, "%s.mlp.proj", p);
+        }
+        jdt_tensor *mo = linear(b, u, name, F, C, "mlp", "embed", std_resid);
+        snprintf(name, sizeof name, "%s.drop.mlp", p);
+        h = jdt_graph_add(g, h, dropout(b, jdt_graph_reshape(g, mo, 3, btc), name));
+    }
+
+    jdt_tensor *hf = jdt_graph_reshape(g, norm(b, h, "ln_f", C), 2, nc);
+    if (cfg->model.tie_embeddings) {
+        m->logits = jdt_graph_matmul(g, hf, wte, false, true); /* (N, V) */
+    } else {
+        const int64_t cv[2] = {C, V};
+        const char *cv_axes[2] = {"embed", "vocab"};
+        jdt_tensor *head = add_param(b, "head", 2, cv, cv_axes, JDT_INIT_NORMAL, std, true);
+        m->logits = jdt_graph_matmul(g, hf, head, false, false);
+    }
+    const int64_t n1[1] = {N};
+    jdt_tensor *tgt = jdt_graph_reshape(g, m->y, 1, n1);
+    m->loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, m->logits, tgt), 1u, false);
+    (void)e;
+    return JDT_OK;
+}
+
+static jdt_status build_mlp(builder *b, int64_t B, jdt_err *e)
+{
+    const jdt_config *cfg = b->cfg;
+    jdt_graph *g = b->g;
+    jdt_model *m = b->m;
+    const int64_t in = cfg->model.in_dim, hid = cfg->model.hidden_dim, K = cfg->model.n_classes;
+    const int64_t bx[2] = {B, in};
+    const char *bx_axes[2] = {"batch", NULL};
+    const char *by_axes[1] = {"batch"};
+    m->x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 2, bx, bx_axes);
+    m->y = jdt_graph_input(g, "y", JDT_DTYPE_I32, 1, &B, by_axes);
+    jdt_tensor *h = m->x;
+    int64_t width = in;
+    char name[64];
+    for (int i = 0; i < cfg->model.n_hidden; i++) {
+        snprintf(name, sizeof name, "layers.%d", i);
+        /* He-style std for ReLU-family hidden layers keeps activations O(1) at any width */
+        h = linear(b, h, name, width, hid, i ? "mlp" : "embed", "mlp", sqrt(2.0 / (double)width));
+        h = cfg->model.activation == JDT_ACT_GELU ? jdt_graph_gelu(g, h) : jdt_graph_relu(g, h);
+        width = hid;
+    }
+    m->logits = linear(b, h, "out", width, K, cfg->model.n_hidden ? "mlp" : "embed", "vocab",
+                       sqrt(1.0 / (double)width));
+    m->loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, m->logits, m->y), 1u, false);
+    (void)e;
+    return JDT_OK;
+}
+
+jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
+                           jdt_model *m, jdt_err *e)
+{
+    memset(m, 0, sizeof *m);
+    m->batch = batch;
+    if (batch < 1) return jdt_err_set(e, JDT_ERR_CONFIG, "model: batch must be >= 1, got %lld", (long long)batch);
+    builder b = {.g = g, .cfg = cfg, .m = m};
+    jdt_status st = cfg->model.type == JDT_MODEL_MLP ? build_mlp(&b, batch, e)
+                                                     : build_gpt(&b, batch, training, e);
+    if (st != JDT_OK) return st;
+    if (b.oom) return jdt_err_set(e, JDT_ERR_NOMEM, "model: out of memory building the graph");
+    st = jdt_graph_error(g, e);
+    if (st != JDT_OK) return jdt_err_prefix(e, "building model '%s'",
+                                            cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt");
+    return JDT_OK;
+}
+
+void jdt_model_init_param(const jdt_model_param *p, uint64_t seed, float *data)
+{
+    int64_t n = jdt_shape_numel(&p->t->shape);
+    switch (p->init) {
+    case JDT_INIT_ZEROS:
+        memset(data, 0, (size_t)n * sizeof(float));
+        break;
+    case JDT_INIT_ONES:
+        for (int64_t i = 0; i < n; i++) data[i] = 1.0f;
+        break;
+    case JDT_INIT_NORMAL:
+        jdt_rng_normal(jdt_rng_key(seed, p->t->name), 0, (size_t)n, data);
+        for (int64_t i = 0; i < n; i++) data[i] *= (float)p->std;
+        break;
+    }
+}
+
+int64_t jdt_model_param_count(const jdt_model *m)
+{
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++) n += jdt_shape_numel(&m->params[i].t->shape);
+    return n;
+}

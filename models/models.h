@@ -1,0 +1,55 @@
+/*
+ * models.h — model builders: turn the model section of a config into a forward graph with a
+ * scalar loss, every parameter named by a stable global name and every dim by a logical axis.
+ *
+ * Models: `gpt` (GPT-2 style decoder with Llama options: rmsnorm, rotary positions, SwiGLU,
+ * grouped-query attention, untied head, biases on/off, dropout) and `mlp` (classifier).
+ *
+ * Dimension letters: B micro-batch rows, T sequence, C embed, V vocab, H heads, Hkv kv heads,
+ * D head dim (C / H), F mlp hidden (mlp_ratio * C), N = B * T.
+ */
+#ifndef JDT_MODELS_H
+#define JDT_MODELS_H
+
+#include "config/config.h"
+#include "graph/graph.h"
+
+/* How a parameter is initialised (GPT-2 style; see jdt_model_init_param). */
+typedef enum {
+    JDT_INIT_NORMAL, /* N(0, std) */
+    JDT_INIT_ZEROS,
+    JDT_INIT_ONES,
+} jdt_init_kind;
+
+typedef struct {
+    jdt_tensor *t;       /* the PARAM leaf (its name is the global name) */
+    jdt_init_kind init;
+    double std;          /* JDT_INIT_NORMAL only */
+    bool decay;          /* weight decay applies (matrices and embeddings; not norms, biases) */
+} jdt_model_param;
+
+typedef struct {
+    int64_t batch;       /* B: rows per run of this graph */
+    jdt_tensor *x;       /* gpt: (B, T) i32 token ids;  mlp: (B, in_dim) f32 */
+    jdt_tensor *y;       /* gpt: (B, T) i32 next tokens; mlp: (B) i32 labels */
+    jdt_tensor *step;    /* () i32 dropout step counter; NULL when the graph has no dropout */
+    jdt_tensor *logits;  /* gpt: (N, V); mlp: (B, n_classes) */
+    jdt_tensor *loss;    /* () f32: mean cross-entropy over the rows */
+    int n_params;
+    jdt_model_param *params; /* (n_params), arena-owned, in a stable order */
+} jdt_model;
+
+/* Builds the model of cfg->model into g for `batch` rows. `training` enables dropout (when
+ * cfg->model.dropout > 0). Returns JDT_OK and fills *m (pointers into g's arena), or
+ * ERR_CONFIG/ERR_SHAPE/ERR_NOMEM with e naming the first failing op. */
+jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
+                           jdt_model *m, jdt_err *e);
+
+/* Writes the initial value of p into data (numel floats): a pure function of (seed, p's name,
+ * element index), so every process and every mesh draws the same initial weights. */
+void jdt_model_init_param(const jdt_model_param *p, uint64_t seed, float *data);
+
+/* Total number of parameter elements in m. */
+int64_t jdt_model_param_count(const jdt_model *m);
+
+#endif /* JDT_MODELS_H */

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# train_gpt.sh [L C H T B V STEPS THREADS] — GPT training throughput: jdt-train against
+# PyTorch (CPU, eager; Debian's python3-torch or any importable torch) and JAX (CPU, jax.jit of
+# the whole step) on the same model, batch and thread count, in one run. Prints tokens/s, MFU
+# against the measured SGEMM peak, and the ratios jdt/peer.
+# Defaults: the issue's reference point L=6 C=384 H=6 T=256 B=8 V=65, 12 steps, 2 threads.
+# Peers: PYTHON_TORCH (default /usr/bin/python3), PYTHON_JAX (default python3); missing ones
+# are reported and skipped.
+set -uo pipefail
+L=${1:-6}; C=${2:-384}; H=${3:-6}; T=${4:-256}; B=${5:-8}; V=${6:-65}; STEPS=${7:-12}; THREADS=${8:-2}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=${JDT_BIN:-$ROOT/build/jdt-train}
+PYTHON_TORCH=${PYTHON_TORCH:-/usr/bin/python3}
+PYTHON_JAX=${PYTHON_JAX:-python3}
+TMP=$(mktemp -d /tmp/jdt-bench.XXXXXX); trap 'rm -rf "$TMP"' EXIT
+CPUS="0-$((THREADS - 1))"
+
+cat > "$TMP/bench.yaml" <<YAML
+run: {name: bench, out_dir: $TMP/runs, steps: $STEPS, log_every: 2, eval_every: 0}
+model: {type: gpt, vocab_size: $V, seq_len: $T, n_layer: $L, n_embd: $C, n_head: $H,
+        norm: layernorm, pos: learned, activation: gelu, tie_embeddings: true, bias: true}
+data: {format: synthetic, batch_size: $B, micro_batch_size: $B}
+optimizer: {type: adamw, lr: 0.001, warmup_steps: 0, weight_decay: 0.1, grad_clip: 1.0}
+checkpoint: {every: 0, resume: none}
+runtime: {threads: $THREADS, cache_dir: $TMP/cache}
+YAML
+# compile once (cache), then the timed run
+taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
+taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log"; exit 1; }
+# median of the logged windows after the first two
+jdt=$(grep -E "^step [0-9]+/" "$TMP/jdt.log" | tail -n +3 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+peak=$(grep -oE "SGEMM peak: [0-9.]+" "$TMP/jdt.log" | awk '{print $3}')
+flops=$(awk -v L=$L -v C=$C -v T=$T -v V=$V 'BEGIN { n = V*C + L*(12*C*C + 13*C) + 2*C; print 6*n + 12*L*T*C }')
+mfu() { awk -v r="$1" -v f="$flops" -v p="$peak" 'BEGIN { printf "%.1f", 100 * r * f / (p * 1e9) }'; }
+
+echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, SGEMM peak ${peak} GFLOP/s, $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token"
+printf "%-10s %12s %8s %10s\n" "framework" "tokens/s" "MFU %" "jdt/peer"
+printf "%-10s %12s %8s %10s\n" "jdt-train" "$jdt" "$(mfu "$jdt")" "1.00"
+for fw in torch jax; do
+  py=$PYTHON_TORCH; [ $fw = jax ] && py=$PYTHON_JAX
+  if ! "$py" -c "import $fw" >/dev/null 2>&1; then printf "%-10s %12s\n" "$fw" "not installed ($py)"; continue; fi
+  out=$(OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE \
+        XLA_FLAGS="--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=$THREADS" \
+        taskset -c "$CPUS" "$py" "$ROOT/scripts/bench/gpt_peer.py" $fw $L $C $H $T $B $V $STEPS $THREADS 2>"$TMP/$fw.err")
+  r=$(echo "$out" | awk '{print $3}')
+  if [ -z "$r" ]; then printf "%-10s %12s\n" "$fw" "failed: $(tail -1 "$TMP/$fw.err")"; continue; fi
+  printf "%-10s %12s %8s %10s\n" "$fw" "$r" "$(mfu "$r")" "$(awk -v a="$jdt" -v b="$r" 'BEGIN{printf "%.2f", a/b}')"
+done

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# cli_basic.sh — the jdt-train command line: help, version, subcommand dispatch, exit codes
+# (0 ok, 1 run-time failure, 2 usage/config error), inspect's summary.
+set -uo pipefail
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
+fail() { echo "FAIL: $*"; exit 1; }
+# expect RC CMD... : runs CMD, checks its exit code, leaves stdout in $TMP/out, stderr in $TMP/err
+expect() { local want=$1; shift; "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  [ "$rc" -eq "$want" ] || { cat "$TMP/out" "$TMP/err"; fail "'$*' exited $rc, expected $want"; }; }
+
+expect 0 "$BIN" --help;            grep -q "usage: jdt-train" "$TMP/out" || fail "--help lacks usage"
+grep -q "exit codes" "$TMP/out" || fail "--help lacks exit codes"
+expect 0 "$BIN" -h
+expect 0 "$BIN" --version;         grep -qE '^jdt-train [0-9]+\.[0-9]+\.[0-9]+$' "$TMP/out" || fail "bad --version"
+expect 0 "$BIN" version
+expect 0 "$BIN" inspect --help;    grep -q -- "--print-config" "$TMP/out" || fail "inspect --help"
+expect 0 "$BIN" train --help;      grep -q "jdt-train \[train\] CONFIG" "$TMP/out" || fail "train --help"
+expect 0 "$BIN" help inspect;      grep -q "inspect --schema" "$TMP/out" || fail "help inspect"
+expect 2 "$BIN"                    # no arguments: usage on stderr
+grep -q "usage:" "$TMP/err" || fail "no usage on bare call"
+expect 2 "$BIN" inspct configs/tiny.yaml
+grep -q "unknown command 'inspct'" "$TMP/err" || fail "unknown command message"
+expect 2 "$BIN" inspect configs/tiny.yaml --frobnicate
+grep -q "unknown option '--frobnicate'" "$TMP/err" || fail "unknown option message"
+expect 2 "$BIN" inspect
+grep -q "missing CONFIG" "$TMP/err" || fail "missing CONFIG message"
+expect 2 "$BIN" inspect configs/tiny.yaml --log-level loud
+grep -q "log-level" "$TMP/err" || fail "bad log level message"
+expect 2 "$BIN" inspect configs/tiny.yaml extra
+grep -q "unexpected argument 'extra'" "$TMP/err" || fail "extra argument message"
+
+# inspect: an honest summary
+expect 0 "$BIN" inspect configs/llm.yaml
+for w in "model " "parameters " "mesh " "data " "optimizer " "checkpoint "; do
+  grep -q "^$w" "$TMP/out" || fail "inspect summary lacks '$w'"; done
+grep -q "L=6 C=384" "$TMP/out" || fail "summary does not show llm.yaml's model"
+expect 0 "$BIN" inspect configs/gpt2-124m.yaml
+grep -q "124,475,904" "$TMP/out" || fail "gpt2-124m parameter count (llm.c's padded-vocab figure)"
+expect 0 "$BIN" inspect configs/tiny.yaml model.n_layer=3 --log-level=debug
+grep -q "L=3" "$TMP/out" || fail "override not applied"
+
+# train: a config error is exit 2 before anything runs (training itself: tests/e2e/train_*.sh)
+expect 2 "$BIN" configs/tiny.yaml model.n_layer=0
+grep -q "model.n_layer" "$TMP/err" || fail "train config error"
+echo ok

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# cli_errors.sh — bad configs give one clear line naming file:line:col (or the override / the
+# environment variable), the key and what was expected; exit code 2; nothing is written.
+set -uo pipefail
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
+fail() { echo "FAIL: $*"; exit 1; }
+cd "$TMP" || exit 1
+# check NAME WANT_TEXT... : runs "$BIN" inspect with the args in ARGS, expects exit 2, a single
+# stderr line, and every WANT_TEXT in it.
+check() {
+  local name=$1; shift
+  "$BIN" inspect "${ARGS[@]}" >out 2>err; local rc=$?
+  [ $rc -eq 2 ] || { cat out err; fail "$name: exit $rc, expected 2"; }
+  [ "$(wc -l <err)" -eq 1 ] || { cat err; fail "$name: expected one line on stderr"; }
+  [ ! -s out ] || fail "$name: wrote to stdout"
+  for w in "$@"; do grep -qF -- "$w" err || { cat err; fail "$name: message lacks '$w'"; }; done
+}
+printf 'model:\n  n_layr: 4\n' >typo.yaml
+ARGS=(typo.yaml);                          check typo "typo.yaml:2:3" "model.n_layr" "did you mean model.n_layer?"
+printf 'model:\n  n_layer: four\n' >type.yaml
+ARGS=(type.yaml);                          check type "type.yaml:2:12" "model.n_layer" "expected an integer"
+printf 'optimizer:\n  beta2: 1.5\n' >range.yaml
+ARGS=(range.yaml);                         check range "range.yaml:2:10" "optimizer.beta2" "[0, 1)"
+printf 'run:\n  steps: 1\n  steps: 2\n' >dup.yaml
+ARGS=(dup.yaml);                           check dup "dup.yaml:3:3" "run.steps" "duplicate key"
+printf 'run: [\n' >syntax.yaml
+ARGS=(syntax.yaml);                        check syntax "syntax.yaml:" "YAML syntax error"
+ARGS=(missing.yaml);                       check missing "missing.yaml" "No such file"
+mkdir -p sub && printf 'base_config: ../loop.yaml\n' >sub/b.yaml && printf 'base_config: sub/b.yaml\n' >loop.yaml
+ARGS=(loop.yaml);                          check cycle "base_config cycle" "loop.yaml -> sub/b.yaml -> "
+ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_embd=x); check override "override 'model.n_embd=x'" "model.n_embd"
+ARGS=("$JDT_ROOT/configs/tiny.yaml" model.nembd=64); check override-key "did you mean model.n_embd?"
+ARGS=("$JDT_ROOT/configs/tiny.yaml" model);          check syntax-ov "unexpected argument 'model'"
+ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_head=5); check cross "model.n_head" "n_embd = 64"
+export JDT_MODEL_N_LAYER=3
+ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_layer=3); check both-ways "command line" "environment" "JDT_MODEL_N_LAYER=3"
+unset JDT_MODEL_N_LAYER
+export JDT_OPTIMIZER_LR=fast
+ARGS=("$JDT_ROOT/configs/tiny.yaml");                check env "environment variable JDT_OPTIMIZER_LR=fast" "optimizer.lr"
+unset JDT_OPTIMIZER_LR
+export JDT_OPTIMIZER_LRR=0.1
+ARGS=("$JDT_ROOT/configs/tiny.yaml");                check env-unknown "JDT_OPTIMIZER_LRR" "did you mean JDT_OPTIMIZER_LR?"
+unset JDT_OPTIMIZER_LRR
+# nothing was written by any failing run (only our inputs and out/err are here)
+extra=$(ls -A | grep -vE '^(typo|type|range|dup|syntax|loop)\.yaml$|^(sub|out|err)$' || true)
+[ -z "$extra" ] || fail "failing runs wrote: $extra"
+echo ok

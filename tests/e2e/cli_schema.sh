@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# cli_schema.sh — `inspect --schema` lists every key (type, default, bounds, env name, doc), and
+# docs/config.md documents every key the binary knows.
+set -uo pipefail
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
+fail() { echo "FAIL: $*"; exit 1; }
+"$BIN" inspect --schema >"$TMP/schema.txt" || fail "--schema failed"
+"$BIN" inspect --schema=markdown >"$TMP/schema.md" || fail "--schema=markdown failed"
+keys=$(grep -oE '^  [a-z_]+\.[a-z0-9_]+' "$TMP/schema.txt" | tr -d ' ')
+n=$(echo "$keys" | wc -l)
+[ "$n" -gt 60 ] || fail "only $n keys in --schema"
+for k in run.steps model.n_layer mesh.fsdp sharding.rules data.batch_size optimizer.lr \
+         precision.compute checkpoint.every runtime.jit dist.coordinator; do
+  echo "$keys" | grep -qx "$k" || fail "--schema lacks $k"; done
+grep -q 'JDT_MODEL_N_LAYER' "$TMP/schema.txt" || fail "--schema lacks env names"
+grep -q 'gelu|swiglu|relu' "$TMP/schema.txt" || fail "--schema lacks choices"
+[ "$(grep -c '^| `' "$TMP/schema.md")" -eq "$n" ] || fail "markdown schema row count differs"
+for k in $keys; do grep -qF "\`$k\`" docs/config.md || fail "docs/config.md does not document $k"; done
+"$BIN" inspect --schema configs/tiny.yaml >/dev/null 2>&1; [ $? -eq 2 ] || fail "--schema with CONFIG should be a usage error"
+echo ok

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# train_tiny.sh — end to end: configs/tiny.yaml trains with a falling loss, writes metrics,
+# config and checkpoints; resume is bitwise exact (N + resume + N == 2N straight); eval and
+# sample work on the checkpoint; SIGTERM saves a checkpoint and exits 143; NaN stops the run
+# naming the step; bad data and a corrupt checkpoint give one clear error and exit 1.
+set -uo pipefail
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
+fail() { echo "FAIL: $*"; exit 1; }
+expect() { local want=$1; shift; "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  [ "$rc" -eq "$want" ] || { cat "$TMP/out" "$TMP/err" | tail -n 20; fail "'$*' exited $rc, expected $want"; }; }
+export JDT_RUNTIME_CACHE_DIR="$TMP/cache"
+O="run.out_dir=$TMP/runs"
+
+# 1. loss falls over 40 steps
+expect 0 "$BIN" configs/tiny.yaml "$O" run.steps=40 run.eval_every=20
+first=$(head -1 "$TMP/runs/tiny/metrics.jsonl" | sed -E 's/.*"loss": ([0-9.e+-]+).*/\1/')
+last=$(grep '"loss"' "$TMP/runs/tiny/metrics.jsonl" | tail -1 | sed -E 's/.*"loss": ([0-9.e+-]+).*/\1/')
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || fail "loss did not fall: $first -> $last"
+grep -q '"val_loss"' "$TMP/runs/tiny/metrics.jsonl" || fail "no val loss in metrics"
+grep -q "step 40/40" "$TMP/err" || fail "no progress line for the last step"
+grep -qE "tok/s \| MFU [0-9.]+%" "$TMP/err" || fail "progress line lacks tok/s and MFU"
+[ -f "$TMP/runs/tiny/config.yaml" ] || fail "no resolved config in the run dir"
+[ -d "$TMP/runs/tiny/ckpt/step_000040" ] || fail "no final checkpoint"
+[ "$(ls "$TMP/runs/tiny/ckpt" | wc -l)" -eq 2 ] || fail "keep: 2 not honoured: $(ls "$TMP/runs/tiny/ckpt")"
+echo "loss $first -> $last"
+
+# 2. eval and sample on the checkpoint
+expect 0 "$BIN" eval configs/tiny.yaml "$O"
+grep -qE "^val loss [0-9.]+" "$TMP/out" || fail "eval output"
+expect 0 "$BIN" sample "$TMP/runs/tiny/ckpt" --prompt "ab" --length 20 --seed 3
+[ "$(head -c 2 "$TMP/out")" = "ab" ] || fail "sample does not echo the prompt"
+[ "$(wc -c < "$TMP/out")" -ge 22 ] || fail "sample printed too little"
+cp "$TMP/out" "$TMP/sample1"
+expect 0 "$BIN" sample "$TMP/runs/tiny/ckpt" --prompt "ab" --length 20 --seed 3
+cmp -s "$TMP/out" "$TMP/sample1" || fail "sample with the same seed differs"
+
+# 3. exact resume: 16 straight vs 8 + resume + 8 (dropout on, so the RNG keying is tested too;
+#    decay_steps fixed so both runs share one LR schedule)
+R="model.dropout=0.1 checkpoint.every=8 run.eval_every=0 optimizer.decay_steps=16"
+expect 0 "$BIN" configs/tiny.yaml run.out_dir="$TMP/a" run.steps=16 $R
+expect 0 "$BIN" configs/tiny.yaml run.out_dir="$TMP/b" run.steps=8 $R
+expect 0 "$BIN" configs/tiny.yaml run.out_dir="$TMP/b" run.steps=16 checkpoint.resume=auto $R
+grep -q "resumed from .*step_000008" "$TMP/err" || fail "did not resume from step 8"
+grep -E '"step": (9|1[0-6]),' "$TMP/a/tiny/metrics.jsonl" > "$TMP/la"
+grep -E '"step": (9|1[0-6]),' "$TMP/b/tiny/metrics.jsonl" > "$TMP/lb"
+[ "$(wc -l < "$TMP/la")" -eq 8 ] || fail "expected 8 metric lines, got $(wc -l < "$TMP/la")"
+diff "$TMP/la" "$TMP/lb" || fail "resumed losses differ from the straight run"
+
+# 4. SIGTERM: checkpoint saved, exit 143
+"$BIN" configs/tiny.yaml run.out_dir="$TMP/s" run.steps=100000 run.eval_every=0 checkpoint.every=0 \
+  >"$TMP/out" 2>"$TMP/err" &
+pid=$!
+for _ in $(seq 100); do grep -q "step 1/" "$TMP/err" 2>/dev/null && break; sleep 0.1; done
+kill -TERM $pid; wait $pid; rc=$?
+[ $rc -eq 143 ] || { cat "$TMP/err"; fail "SIGTERM exit code $rc, expected 143"; }
+ls -d "$TMP/s/tiny/ckpt/step_"* >/dev/null 2>&1 || fail "no checkpoint after SIGTERM"
+grep -q "SIGTERM" "$TMP/err" || fail "SIGTERM not reported"
+
+# 5. non-finite loss stops the run naming the step
+expect 1 "$BIN" configs/tiny.yaml run.out_dir="$TMP/n" optimizer.lr=1e30 optimizer.grad_clip=0 run.steps=20
+grep -qE "step [0-9]+: loss .* not finite" "$TMP/err" || fail "NaN message: $(cat "$TMP/err" | tail -2)"
+
+# 6. bad data file: one clear error naming it
+echo "not hdf5" > "$TMP/bad.h5"
+expect 1 "$BIN" configs/tiny.yaml run.out_dir="$TMP/d" data.format=tokens data.train_path="$TMP/bad.h5"
+grep -q "bad.h5" "$TMP/err" || fail "bad data error does not name the file"
+[ "$(grep -c . "$TMP/err")" -le 3 ] || fail "bad data gave a long error"
+
+# 7. corrupt checkpoint: resume names it, exit 1
+ck=$(ls -d "$TMP/runs/tiny/ckpt/step_"* | tail -1)
+f=$(ls "$ck"/*.h5 | head -1); head -c 1000 "$f" > "$f.cut" && mv "$f.cut" "$f"
+expect 1 "$BIN" configs/tiny.yaml "$O" run.steps=50 checkpoint.resume=auto
+grep -q "$(basename "$ck")" "$TMP/err" || fail "corrupt checkpoint error does not name it: $(tail -2 "$TMP/err")"
+echo ok

@@ -1,0 +1,274 @@
+/*
+ * check_train.c — unit tests for models/ and engine/train: parameter counts agree with the
+ * config's formula for every model option, the compiled train step matches the reference
+ * interpreter step for step, gradient accumulation matches one big batch, and the LR schedule.
+ */
+#include "autodiff/autodiff.h"
+#include "config/config.h"
+#include "graph/builder.h"
+#include "models/models.h"
+#include "train/train.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *BASE = "run: {seed: 7, steps: 10}\n"
+                          "model: {type: gpt, vocab_size: 64, seq_len: 16, n_layer: 2, n_embd: 32, "
+                          "n_head: 4}\n"
+                          "data: {format: synthetic, batch_size: 4, micro_batch_size: 4}\n"
+                          "optimizer: {lr: 0.003, warmup_steps: 2}\n";
+
+static void load(jdt_config *c, int n_over, char **over)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_config_load_string(BASE, "test", n_over, over, NULL, c, &e);
+    ck_assert_msg(st == JDT_OK, "config: %s", e.msg);
+}
+
+START_TEST(test_param_count_matches_config)
+{
+    char *variants[][4] = {
+        {"model.norm=layernorm", "model.bias=true", NULL, NULL},
+        {"model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu", "model.bias=false"},
+        {"model.tie_embeddings=false", "model.n_kv_head=2", NULL, NULL},
+        {"model.activation=relu", "model.n_kv_head=1", "model.pos=rope", NULL},
+        {"model.type=mlp", "model.in_dim=12", "model.n_classes=5", "model.n_hidden=2"},
+    };
+    for (size_t v = 0; v < JDT_ARRAY_LEN(variants); v++) {
+        int n = 0;
+        while (n < 4 && variants[v][n]) n++;
+        jdt_config c;
+        load(&c, n, variants[v]);
+        jdt_graph *g = jdt_graph_new();
+        jdt_model m;
+        jdt_err e;
+        jdt_status st = jdt_model_build(g, &c, 2, true, &m, &e);
+        ck_assert_msg(st == JDT_OK, "variant %zu: %s", v, e.msg);
+        ck_assert_msg(jdt_model_param_count(&m) == jdt_config_param_count(&c),
+                      "variant %zu: model %lld vs config %lld", v,
+                      (long long)jdt_model_param_count(&m), (long long)jdt_config_param_count(&c));
+        for (int i = 0; i < m.n_params; i++) /* every parameter dim carries a logical axis name */
+            for (int d = 0; d < m.params[i].t->shape.ndim; d++)
+                if (strcmp(m.params[i].t->name, "wpe") != 0 || d == 1)
+                    ck_assert_msg(m.params[i].t->axes[d] != NULL, "%s dim %d has no axis name",
+                                  m.params[i].t->name, d);
+        jdt_graph_free(g);
+        jdt_config_free(&c);
+    }
+}
+END_TEST
+
+/* Deterministic pseudo-data: tokens of a fixed pattern. */
+static void fill_batch(int32_t *x, int32_t *y, int rows, int T, int V, int k)
+{
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < T; t++) {
+            x[r * T + t] = (r * 7 + t * 3 + k * 5) % V;
+            y[r * T + t] = (r * 7 + (t + 1) * 3 + k * 5) % V;
+        }
+}
+
+static void run_steps(jdt_config *c, bool jit, int micro, int n_steps, double *losses)
+{
+    char cache[] = "/tmp/jdt-check-train-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(cache));
+    jdt_step_opts o;
+    memset(&o, 0, sizeof o);
+    o.micro_batch = micro;
+    o.n_accum = c->data.batch_size / micro;
+    o.use_jit = jit;
+    jdt_compile_opts_init(&o.copts);
+    o.copts.cache_dir = cache;
+    o.copts.threads = 1;
+    jdt_step *s = NULL;
+    jdt_err e;
+    jdt_status st = jdt_step_new(c, &o, &s, &e);
+    ck_assert_msg(st == JDT_OK, "step_new: %s", e.msg);
+    int B = c->data.batch_size, T = c->model.seq_len;
+    int32_t *x = malloc(sizeof(int32_t) * (size_t)(B * T)), *y = malloc(sizeof(int32_t) * (size_t)(B * T));
+    for (int k = 0; k < n_steps; k++) {
+        fill_batch(x, y, B, T, c->model.vocab_size, k);
+        double gn;
+        st = jdt_step_run(s, k, jdt_train_lr(c, k), x, y, &losses[k], &gn, &e);
+        ck_assert_msg(st == JDT_OK, "step %d: %s", k, e.msg);
+    }
+    free(x);
+    free(y);
+    jdt_step_free(s);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_jit_matches_interpreter)
+{
+    /* every model option on, AdamW with clipping and weight decay */
+    char *over[] = {"model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu",
+                    "model.n_kv_head=2", "optimizer.grad_clip=0.5", "model.tie_embeddings=false"};
+    jdt_config c;
+    load(&c, JDT_ARRAY_LEN(over), over);
+    double a[4], b[4];
+    run_steps(&c, false, 4, 4, a);
+    run_steps(&c, true, 4, 4, b);
+    for (int k = 0; k < 4; k++)
+        ck_assert_msg(fabs(a[k] - b[k]) <= 1e-4 * fabs(a[k]), "step %d: interp %.8f jit %.8f", k, a[k], b[k]);
+    ck_assert(a[3] < a[0]); /* and it learns */
+    jdt_config_free(&c);
+
+    char *over2[] = {"optimizer.type=sgd", "optimizer.momentum=0.9", "optimizer.nesterov=true",
+                     "model.activation=gelu", "optimizer.lr=0.1"};
+    load(&c, JDT_ARRAY_LEN(over2), over2);
+    run_steps(&c, false, 4, 3, a);
+    run_steps(&c, true, 4, 3, b);
+    for (int k = 0; k < 3; k++)
+        ck_assert_msg(fabs(a[k] - b[k]) <= 1e-4 * fabs(a[k]), "sgd step %d: interp %.8f jit %.8f", k, a[k], b[k]);
+    jdt_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_accumulation_matches_big_batch)
+{
+    jdt_config c;
+    load(&c, 0, NULL);
+    double a[4], b[4];
+    run_steps(&c, true, 4, 4, a); /* one micro-batch of 4 */
+    run_steps(&c, true, 2, 4, b); /* two of 2, accumulated */
+    for (int k = 0; k < 4; k++)
+        ck_assert_msg(fabs(a[k] - b[k]) <= 1e-5 * fabs(a[k]), "step %d: %.9f vs %.9f", k, a[k], b[k]);
+    jdt_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_lr_schedule)
+{
+    char *over[] = {"optimizer.schedule=cosine", "optimizer.warmup_steps=10", "run.steps=110",
+                    "optimizer.min_lr_ratio=0.1", "optimizer.lr=1.0"};
+    jdt_config c;
+    load(&c, JDT_ARRAY_LEN(over), over);
+    ck_assert(fabs(jdt_train_lr(&c, 0) - 0.1) < 1e-12);   /* warmup: (t+1)/warmup */
+    ck_assert(fabs(jdt_train_lr(&c, 9) - 1.0) < 1e-12);
+    ck_assert(fabs(jdt_train_lr(&c, 10) - 1.0) < 1e-12);  /* cosine starts at lr */
+    ck_assert(fabs(jdt_train_lr(&c, 60) - 0.55) < 1e-12); /* halfway: (lr + min) / 2 */
+    ck_assert(fabs(jdt_train_lr(&c, 110) - 0.1) < 1e-12); /* decayed to min */
+    ck_assert(fabs(jdt_train_lr(&c, 500) - 0.1) < 1e-12);
+    jdt_config_free(&c);
+    char *lin[] = {"optimizer.schedule=linear", "optimizer.warmup_steps=0", "run.steps=100",
+                   "optimizer.min_lr_ratio=0", "optimizer.lr=2.0"};
+    load(&c, JDT_ARRAY_LEN(lin), lin);
+    ck_assert(fabs(jdt_train_lr(&c, 50) - 1.0) < 1e-12);
+    jdt_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_init_is_deterministic_by_name)
+{
+    jdt_config c;
+    load(&c, 0, NULL);
+    jdt_graph *g1 = jdt_graph_new(), *g2 = jdt_graph_new();
+    jdt_model m1, m2;
+    jdt_err e;
+    ck_assert_int_eq(jdt_model_build(g1, &c, 2, true, &m1, &e), JDT_OK);
+    ck_assert_int_eq(jdt_model_build(g2, &c, 8, false, &m2, &e), JDT_OK); /* other batch size */
+    ck_assert_int_eq(m1.n_params, m2.n_params);
+    for (int i = 0; i < m1.n_params; i++) {
+        ck_assert_str_eq(m1.params[i].t->name, m2.params[i].t->name);
+        size_t n = (size_t)jdt_shape_numel(&m1.params[i].t->shape);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        jdt_model_init_param(&m1.params[i], 42, a);
+        jdt_model_init_param(&m2.params[i], 42, b);
+        ck_assert(memcmp(a, b, n * sizeof *a) == 0);
+        if (m1.params[i].init == JDT_INIT_NORMAL) {
+            double ss = 0;
+            for (size_t j = 0; j < n; j++) ss += (double)a[j] * a[j];
+            double sd = sqrt(ss / (double)n);
+            ck_assert_msg(n < 256 || fabs(sd - m1.params[i].std) < 0.2 * m1.params[i].std,
+                          "%s: std %g, want %g", m1.params[i].t->name, sd, m1.params[i].std);
+        }
+        free(a);
+        free(b);
+    }
+    jdt_graph_free(g1);
+    jdt_graph_free(g2);
+    jdt_config_free(&c);
+}
+END_TEST
+
+/* A stand-in communicator: three identical ranks, so a sum multiplies by 3. */
+static int g_fake_calls;
+static jdt_status fake_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
+                                  size_t n, jdt_err *e)
+{
+    ck_assert_int_eq(group, 0);
+    ck_assert_int_eq(dt, JDT_DTYPE_F32);
+    float *f = buf;
+    for (size_t i = 0; i < n; i++) f[i] *= reduce_op == 0 ? 3.0f : 1.0f;
+    g_fake_calls++;
+    return JDT_OK;
+}
+
+START_TEST(test_all_reduce_op)
+{
+    /* loss = sum(all_reduce(p * x, mean over 3)) ; the VJP is the same mean all-reduce */
+    jdt_graph *g = jdt_graph_new();
+    const int64_t d[1] = {5};
+    jdt_tensor *p = jdt_graph_param(g, "p", JDT_DTYPE_F32, 1, d, NULL);
+    jdt_tensor *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 1, d, NULL);
+    jdt_tensor *y = jdt_graph_all_reduce(g, jdt_graph_mul(g, p, x), 0, 0, 1.0 / 3.0);
+    jdt_tensor *loss = jdt_graph_reduce_sum(g, y, 1u, false);
+    jdt_tensor *grad = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_autodiff_grad(g, loss, 1, &p, &grad, &e), JDT_OK);
+    jdt_graph_add_output(g, y);
+    jdt_graph_add_output(g, grad);
+    float pv[5] = {1, 2, 3, 4, 5}, xv[5] = {0.5f, -1, 2, 0, 3};
+    p->data = pv;
+    x->data = xv;
+    /* without a communicator: a clear error, not a crash */
+    jdt_program *prog = NULL;
+    ck_assert_int_eq(jdt_program_compile(g, NULL, &prog, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert(strstr(e.msg, "communicator") != NULL);
+    char cache[] = "/tmp/jdt-check-ar-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(cache));
+    jdt_compile_opts o;
+    jdt_compile_opts_init(&o);
+    o.cache_dir = cache;
+    o.collective = fake_collective;
+    ck_assert_msg(jdt_program_compile(g, &o, &prog, &e) == JDT_OK, "%s", e.msg);
+    g_fake_calls = 0;
+    ck_assert_msg(jdt_program_run(prog, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(g_fake_calls, 2); /* forward and backward */
+    const float *yv = jdt_program_output(prog, 0), *gv = jdt_program_output(prog, 1);
+    for (int i = 0; i < 5; i++) {
+        ck_assert(fabsf(yv[i] - pv[i] * xv[i]) < 1e-6f); /* mean of 3 equal shards */
+        ck_assert(fabsf(gv[i] - xv[i]) < 1e-6f);
+    }
+    jdt_program_free(prog);
+    jdt_graph_free(g);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("train");
+    TCase *tc = tcase_create("train");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_param_count_matches_config);
+    tcase_add_test(tc, test_lr_schedule);
+    tcase_add_test(tc, test_init_is_deterministic_by_name);
+    tcase_add_test(tc, test_jit_matches_interpreter);
+    tcase_add_test(tc, test_accumulation_matches_big_batch);
+    tcase_add_test(tc, test_all_reduce_op);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
