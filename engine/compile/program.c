@@ -117,6 +117,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
 
     if (c->opts.no_jit) {
         if ((st = jdt_interp_new(g, &p->interp, e)) != JDT_OK) goto fail;
+        jdt_interp_set_collective(p->interp, c->opts.collective, c->opts.collective_ctx);
         c->stats.n_ops_in = c->stats.n_ops_out = jdt_graph_n_nodes(g);
         c->stats.compile_s = jdt_now_s() - t0;
         snprintf(c->stats.so_path, sizeof c->stats.so_path, "(interpreter)");
