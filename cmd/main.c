@@ -7,6 +7,7 @@
  * Exit codes: 0 success, 1 run-time failure, 2 usage or config error, 130/143 when stopped by
  * SIGINT/SIGTERM.
  */
+#include "cmd/launch.h"
 #include "config/config.h"
 #include "core/core.h"
 #include "datasets/datasets.h"
@@ -530,6 +531,8 @@ int main(int argc, char **argv)
         print_top_help(stderr);
         return EXIT_USAGE;
     }
+    if (jdt_launch_requested(argc, argv)) return jdt_launch_main(argc, argv);
+    if (strcmp(argv[1], "dist-check") == 0) return jdt_launch_dist_check(argc - 2, argv + 2);
     const char *first = argv[1];
     if (strcmp(first, "-h") == 0 || strcmp(first, "--help") == 0) {
         print_top_help(stdout);
