@@ -389,6 +389,29 @@ static int exit_code(jdt_status st)
     }
 }
 
+/* Joins the multi-process job described by the dist section (world_size > 1), else leaves
+ * *out NULL. Placeholder resolution (explicit dist.* keys only) until engine/dist/world.h
+ * brings SLURM and the launcher. */
+static jdt_status join_job(const jdt_config *c, jdt_dist **out, jdt_err *e)
+{
+    *out = NULL;
+    if (c->dist.world_size <= 1) return JDT_OK;
+    if (c->dist.rank < 0 || c->dist.rank >= c->dist.world_size || !c->dist.coordinator[0])
+        return jdt_err_set(e, JDT_ERR_CONFIG, "dist: world_size %d needs dist.rank in [0, %d) and "
+                           "dist.coordinator host:port", c->dist.world_size, c->dist.world_size);
+    jdt_dist_opts o;
+    jdt_dist_opts_default(&o);
+    o.rank = c->dist.rank;
+    o.world_size = c->dist.world_size;
+    o.coordinator = c->dist.coordinator;
+    o.token = c->dist.token;
+    o.connect_timeout_s = c->dist.connect_timeout_s;
+    o.heartbeat_s = c->dist.heartbeat_s;
+    o.peer_timeout_s = c->dist.peer_timeout_s;
+    jdt_log_set_rank(o.rank, o.world_size);
+    return jdt_dist_init(&o, out, e);
+}
+
 static int cmd_train(const subcommand *cmd, cli_args *a)
 {
     if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
@@ -398,13 +421,6 @@ static int cmd_train(const subcommand *cmd, cli_args *a)
     JDT_INFO("jdt-train %s: %s, %s, %.2fM parameters, %lld steps", JDT_VERSION_STRING, c.path,
              jdt_config_choice_name("model.type", (int)c.model.type),
              (double)jdt_config_param_count(&c) / 1e6, (long long)c.run.steps);
-    if (jdt_config_mesh_size(&c) != 1) {
-        fprintf(stderr, "jdt-train: config error: mesh %dx%dx%d needs %d processes; this build "
-                        "trains in one process (mesh.data = mesh.fsdp = mesh.tensor = 1)\n",
-                c.mesh.data, c.mesh.fsdp, c.mesh.tensor, jdt_config_mesh_size(&c));
-        jdt_config_free(&c);
-        return EXIT_USAGE;
-    }
     if (c.runtime.backend != JDT_BACKEND_CPU) {
         fprintf(stderr, "jdt-train: config error: runtime.backend: only 'cpu' is built in this "
                         "version\n");
@@ -413,7 +429,11 @@ static int cmd_train(const subcommand *cmd, cli_args *a)
     }
     jdt_err e;
     jdt_err_clear(&e);
-    jdt_status st = jdt_train_run(&c, &e);
+    jdt_dist *dist = NULL;
+    jdt_status st = join_job(&c, &dist, &e);
+    if (st == JDT_OK) st = jdt_train_run(&c, dist, &e);
+    if (st != JDT_OK && dist) jdt_dist_abort(dist, e.msg); /* tell the others before leaving */
+    jdt_dist_free(dist);
     jdt_config_free(&c);
     if (st == JDT_ERR_INTERRUPTED) {
         fprintf(stderr, "jdt-train: %s\n", e.msg);

@@ -13,7 +13,10 @@
  */
 #include "compile/compile-impl.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <signal.h>
+#include <time.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -25,7 +28,7 @@
 
 #define CACHE_FORMAT "jdt-cpu-so-1"
 #define TRAILER_MAGIC "JDTSO001"
-#define DEFAULT_CFLAGS "-O3 -march=native -fno-math-errno"
+#define DEFAULT_CFLAGS "-O3 -march=native -fno-math-errno -fno-trapping-math"
 
 static jdt_status mkdir_p(const char *path, jdt_err *e)
 {
@@ -46,17 +49,23 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
 jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e)
 {
     const char *d = o->cache_dir ? o->cache_dir : getenv("JDT_CACHE_DIR");
-    if (d && *d) snprintf(buf, n, "%s", d);
+    if (d && *d)
+        snprintf(buf, n, "%s", d);
     else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME"))
         snprintf(buf, n, "%s/jdt-train", getenv("XDG_CACHE_HOME"));
-    else if (getenv("HOME") && *getenv("HOME")) snprintf(buf, n, "%s/.cache/jdt-train", getenv("HOME"));
-    else snprintf(buf, n, "/tmp/jdt-train-cache");
+    else if (getenv("HOME") && *getenv("HOME"))
+        snprintf(buf, n, "%s/.cache/jdt-train", getenv("HOME"));
+    else
+        snprintf(buf, n, "/tmp/jdt-train-cache");
     return mkdir_p(buf, e);
 }
 
+#define RUN_TIMED_OUT (-2)
+
 /* Runs argv with stdout+stderr appended to out_fd; returns the exit status, 127 when the
- * program cannot be executed, -1 if fork fails. */
-static int run_cmd(char *const *argv, int out_fd)
+ * program cannot be executed, -1 if fork fails, RUN_TIMED_OUT (the child is killed) after
+ * timeout_s seconds: a hung compiler must not hang training. */
+static int run_cmd(char *const *argv, int out_fd, double timeout_s)
 {
     pid_t pid = fork();
     if (pid < 0) return -1;
@@ -68,14 +77,28 @@ static int run_cmd(char *const *argv, int out_fd)
         _exit(127);
     }
     int ws;
-    while (waitpid(pid, &ws, 0) < 0)
-        if (errno != EINTR) return -1;
+    double t0 = jdt_now_s();
+    for (;;) {
+        pid_t r = waitpid(pid, &ws, WNOHANG);
+        if (r == pid) break;
+        if (r < 0 && errno != EINTR) return -1;
+        if (jdt_now_s() - t0 > timeout_s) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+            }
+            dprintf(out_fd, "\njdt-train: killed '%s' after %.0f s (compile timeout)\n", argv[0],
+                    timeout_s);
+            return RUN_TIMED_OUT;
+        }
+        struct timespec ts = {0, 2 * 1000 * 1000}; /* 2 ms */
+        nanosleep(&ts, NULL);
+    }
     if (WIFEXITED(ws)) return WEXITSTATUS(ws);
     return 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
 }
 
 /* First line of `cc --version` (empty if the compiler cannot run). */
-static void cc_version(const char *cc, char *out, size_t n)
+static void cc_version(const char *cc, double timeout_s, char *out, size_t n)
 {
     out[0] = 0;
     char path[] = "/tmp/jdt-ccver-XXXXXX";
@@ -83,7 +106,7 @@ static void cc_version(const char *cc, char *out, size_t n)
     if (fd < 0) return;
     unlink(path);
     char *argv[] = {(char *)cc, (char *)"--version", NULL};
-    if (run_cmd(argv, fd) == 0) {
+    if (run_cmd(argv, fd, timeout_s < 30 ? timeout_s : 30) == 0) {
         ssize_t r = pread(fd, out, n - 1, 0);
         out[r > 0 ? r : 0] = 0;
         char *nl = strchr(out, '\n');
@@ -105,11 +128,33 @@ static void cpu_model(char *out, size_t n)
             (!flags && strncmp(line, "flags", 5) == 0)) {
             off += (size_t)snprintf(out + off, off < n ? n - off : 0, "%s", line);
             if (off >= n) off = n - 1;
-            if (line[0] == 'm') model = true;
-            else flags = true;
+            if (line[0] == 'm')
+                model = true;
+            else
+                flags = true;
         }
     }
     fclose(f);
+}
+
+/* Removes temporaries (jdt-*.tmp, jdt-*.c) older than an hour: left by killed compiles. */
+static void sweep_stale(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    time_t now = time(NULL);
+    for (struct dirent *de; (de = readdir(d));) {
+        size_t l = strlen(de->d_name);
+        if (strncmp(de->d_name, "jdt-", 4) != 0) continue;
+        bool tmp = (l > 4 && strcmp(de->d_name + l - 4, ".tmp") == 0) ||
+                   (l > 2 && strcmp(de->d_name + l - 2, ".c") == 0);
+        if (!tmp) continue;
+        char path[1400];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (stat(path, &sb) == 0 && now - sb.st_mtime > 3600) unlink(path);
+    }
+    closedir(d);
 }
 
 static unsigned char *read_file(const char *path, size_t *n)
@@ -167,7 +212,8 @@ static jdt_status append_trailer(const char *path, jdt_err *e)
 static int split_flags(char *flags, char **argv, int max)
 {
     int n = 0;
-    for (char *tok = strtok(flags, " \t"); tok && n < max; tok = strtok(NULL, " \t")) argv[n++] = tok;
+    for (char *tok = strtok(flags, " \t"); tok && n < max; tok = strtok(NULL, " \t"))
+        argv[n++] = tok;
     return n;
 }
 
@@ -181,7 +227,8 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     jdt_status s = jdt_compile_cache_dir(o, dir, sizeof dir, e);
     if (s != JDT_OK) return s;
     *handle = NULL;
-    cc_version(cc, ver, sizeof ver);
+    double timeout_s = o->cc_timeout_s > 0 ? o->cc_timeout_s : 600.0;
+    cc_version(cc, timeout_s, ver, sizeof ver);
     cpu_model(cpu, sizeof cpu);
     uint64_t key = jdt_hash_str(JDT_HASH_INIT, CACHE_FORMAT);
     key = jdt_hash_str(key, src);
@@ -202,7 +249,8 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     }
 
     /* miss or corrupt: compile into a unique temporary, then rename into place */
-    unsigned long long uniq = (unsigned long long)getpid() ^ ((unsigned long long)(jdt_now_s() * 1e9));
+    unsigned long long uniq =
+        (unsigned long long)getpid() ^ ((unsigned long long)(jdt_now_s() * 1e9));
     snprintf(tmp_c, sizeof tmp_c, "%s/jdt-%016llx.%d.%llx.c", dir, (unsigned long long)key,
              (int)getpid(), uniq);
     snprintf(tmp_so, sizeof tmp_so, "%s/jdt-%016llx.%d.%llx.tmp", dir, (unsigned long long)key,
@@ -233,12 +281,21 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     argv[n++] = tmp_c;
     argv[n] = NULL;
     dprintf(lfd, "$");
-    for (int i = 0; argv[i]; i++) dprintf(lfd, " %s", argv[i]);
+    for (int i = 0; argv[i]; i++)
+        dprintf(lfd, " %s", argv[i]);
     dprintf(lfd, "\n");
     double t0 = jdt_now_s();
-    int rc = run_cmd(argv, lfd);
+    sweep_stale(dir);
+    int rc = run_cmd(argv, lfd, timeout_s);
     st->cc_s = jdt_now_s() - t0;
     close(lfd);
+    if (rc == RUN_TIMED_OUT) {
+        unlink(tmp_so);
+        return jdt_err_set(e, JDT_ERR_TIMEOUT,
+                           "compile: C compiler '%s' did not finish in %.0f s and was killed; its "
+                           "output is in %s (source kept in %s)",
+                           cc, timeout_s, log, tmp_c);
+    }
     if (rc != 0) {
         unlink(tmp_so);
         s = jdt_err_set(e, JDT_ERR_COMPILE,
@@ -258,8 +315,7 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
         return s;
     }
     *handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    if (!*handle)
-        return jdt_err_set(e, JDT_ERR_COMPILE, "compile: dlopen %s: %s", so, dlerror());
+    if (!*handle) return jdt_err_set(e, JDT_ERR_COMPILE, "compile: dlopen %s: %s", so, dlerror());
     st->cache_hit = false;
     return JDT_OK;
 }

@@ -30,21 +30,21 @@ typedef struct {
     int n_in;
     int in[JDT_MAX_INPUTS]; /* cnode indices (< own index) */
     jdt_attrs attrs;
-    double splat;        /* CK_SPLAT value */
-    jdt_tensor *src;     /* leaves: the caller's tensor */
+    double splat;    /* CK_SPLAT value */
+    jdt_tensor *src; /* leaves: the caller's tensor */
     cnode_kind kind;
     bool live;
     int n_users;
-    int group;           /* fusion group or -1 */
-    bool store;          /* materialised: has a buffer */
-    int buf;             /* buffer index (views: their input's) or -1 */
+    int group;  /* fusion group or -1 */
+    bool store; /* materialised: has a buffer */
+    int buf;    /* buffer index (views: their input's) or -1 */
 } cnode;
 
 typedef struct {
-    int root;             /* cnode index; the group runs at the root's position */
-    int *members;         /* cnode indices in topological order (root last) */
+    int root;     /* cnode index; the group runs at the root's position */
+    int *members; /* cnode indices in topological order (root last) */
     int n_members, cap_members;
-    jdt_shape domain;     /* loop domain: the root's shape, or a reduction's input shape */
+    jdt_shape domain; /* loop domain: the root's shape, or a reduction's input shape */
     bool is_reduce;
 } cgroup;
 
@@ -54,7 +54,7 @@ typedef struct {
     step_kind kind;
     int group; /* STEP_KERNEL: group index; kernel index = order among kernel steps */
     int kernel;
-    int node;  /* STEP_BUILTIN: cnode index */
+    int node;        /* STEP_BUILTIN: cnode index */
     int scratch_buf; /* builtin scratch buffer or -1 */
 } cstep;
 
@@ -103,7 +103,10 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
 jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e);
 
 /* Reduce attrs helper: true when axis k of an n-d input is reduced. */
-static inline bool cnode_reduces_axis(const cnode *r, int k) { return (r->attrs.i[0] >> k) & 1; }
+static inline bool cnode_reduces_axis(const cnode *r, int k)
+{
+    return (r->attrs.i[0] >> k) & 1;
+}
 
 /* Grows a dynamic array; false on allocation failure. */
 bool jdt_compile_grow(void **arr, int *cap, int need, size_t elem);

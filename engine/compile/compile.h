@@ -25,12 +25,19 @@ typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
                               ~/.cache/jdt-train */
     const char *cc;        /* NULL: $CC, else "cc" */
-    const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno" (no fast-math: NaN/Inf
+    const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno -fno-trapping-math" (no
+                              fast-math: NaN/Inf
                               semantics must hold) */
+    double cc_timeout_s;   /* 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
     int threads;           /* 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
+    bool profile;          /* time every step of every run (see jdt_program_profile) */
+    bool no_jit;           /* run the reference interpreter instead (no C compiler needed;
+                              slow, allocates per run: for debugging and machines without cc) */
     jdt_compile_remat remat;
+    jdt_collective_fn collective; /* runs ALL_REDUCE nodes; NULL: graphs with one fail */
+    void *collective_ctx;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */
@@ -59,6 +66,7 @@ typedef struct jdt_program jdt_program;
  * release with jdt_program_free); on failure *out is NULL and e names the cause:
  * ERR_UNSUPPORTED (op/dtype without a CPU kernel, naming the op and node), ERR_COMPILE (the C
  * compiler failed or is missing; its output is saved to a log file named in the message),
+ * ERR_TIMEOUT (the compiler ran longer than opts.cc_timeout_s and was killed; log named),
  * ERR_IO (cache directory), ERR_NOMEM. g must stay alive and unchanged while the program
  * lives (leaf tensors are read at every run). opts may be NULL (defaults). */
 jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_program **out,
@@ -77,11 +85,16 @@ const void *jdt_program_output(const jdt_program *p, int i);
 /* Statistics of the compilation (never NULL for a live program). */
 const jdt_compile_stats *jdt_program_stats(const jdt_program *p);
 
-/* The generated C source of the program (for inspection and tests). */
+/* The generated C source of the program (for inspection and tests); "" with opts.no_jit. */
 const char *jdt_program_source(const jdt_program *p);
 
 /* Writes a human-readable summary (passes, kernels, memory, cache) into buf; returns buf. */
 char *jdt_program_summary(const jdt_program *p, char *buf, size_t n);
+
+/* With opts.profile: writes the accumulated time per kind of step over all runs so far (fused
+ * kernels by their root op, builtins by op, update copies), largest first, one per line with
+ * its share, into buf; returns buf. Without profiling it says so. */
+char *jdt_program_profile(const jdt_program *p, char *buf, size_t n);
 
 /* Frees the program (closes the shared object). NULL is a no-op. */
 void jdt_program_free(jdt_program *p);

@@ -36,7 +36,8 @@ typedef struct {
 static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
 {
     int n = c->n_nodes, n_edges = 0;
-    for (int i = 0; i < n; i++) n_edges += c->nodes[i].n_in;
+    for (int i = 0; i < n; i++)
+        n_edges += c->nodes[i].n_in;
     u->start = jdt_calloc((size_t)n + 1, sizeof(int));
     u->users = jdt_malloc(sizeof(int) * ((size_t)n_edges + 1));
     int *fill = jdt_calloc((size_t)n + 1, sizeof(int));
@@ -45,8 +46,10 @@ static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
         return jdt_err_set(e, JDT_ERR_NOMEM, "compile: user lists");
     }
     for (int i = 0; i < n; i++)
-        for (int k = 0; k < c->nodes[i].n_in; k++) u->start[c->nodes[i].in[k] + 1]++;
-    for (int i = 0; i < n; i++) u->start[i + 1] += u->start[i];
+        for (int k = 0; k < c->nodes[i].n_in; k++)
+            u->start[c->nodes[i].in[k] + 1]++;
+    for (int i = 0; i < n; i++)
+        u->start[i + 1] += u->start[i];
     for (int i = 0; i < n; i++)
         for (int k = 0; k < c->nodes[i].n_in; k++) {
             int x = c->nodes[i].in[k];
@@ -103,8 +106,8 @@ static int joinable(const cprog *c, const user_lists *u, int i)
         if (un->group < 0) return -1;
         if (gi >= 0 && un->group != gi) return -1;
         gi = un->group;
-        bool at_index = un->kind == CK_EW ||
-                        (un->kind == CK_REDUCE && c->groups[gi].root == u->users[k]);
+        bool at_index =
+            un->kind == CK_EW || (un->kind == CK_REDUCE && c->groups[gi].root == u->users[k]);
         if (!at_index) return -1;
     }
     const cgroup *g = &c->groups[gi];
@@ -170,7 +173,8 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
             goto out;
         }
     }
-    for (int g = 0; g < c->n_groups; g++) sort_members(&c->groups[g]);
+    for (int g = 0; g < c->n_groups; g++)
+        sort_members(&c->groups[g]);
 
     /* schedule: node order; stores */
     int n_kernels = 0;
@@ -217,7 +221,10 @@ typedef struct {
     int64_t top;
 } arena_alloc;
 
-static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+static int64_t align64(int64_t n)
+{
+    return (n + 63) & ~(int64_t)63;
+}
 
 static bool arena_take(arena_alloc *a, int64_t size, int64_t *off)
 {
@@ -251,7 +258,8 @@ static bool arena_give(arena_alloc *a, int64_t off, int64_t size)
     size = align64(size ? size : 1);
     if (!jdt_compile_grow((void **)&a->free, &a->cap, a->n + 1, sizeof(span))) return false;
     int i = 0;
-    while (i < a->n && a->free[i].off < off) i++;
+    while (i < a->n && a->free[i].off < off)
+        i++;
     memmove(&a->free[i + 1], &a->free[i], sizeof(span) * (size_t)(a->n - i));
     a->free[i].off = off;
     a->free[i].size = size;
@@ -295,7 +303,8 @@ static void step_reads(const cprog *c, int s, void (*fn)(cprog *, int, int, void
     const cstep *st = &c->steps[s];
     if (st->kind == STEP_BUILTIN) {
         const cnode *n = &c->nodes[st->node];
-        for (int k = 0; k < n->n_in; k++) fn((cprog *)c, s, n->in[k], ctx);
+        for (int k = 0; k < n->n_in; k++)
+            fn((cprog *)c, s, n->in[k], ctx);
         return;
     }
     const cgroup *g = &c->groups[st->group];
@@ -382,10 +391,14 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     last = jdt_malloc(sizeof(int) * ((size_t)c->n_bufs + 1));
     taken = jdt_calloc((size_t)c->n_bufs + 1, sizeof(bool));
     if (!last || !taken) goto nomem;
-    for (int b = 0; b < c->n_bufs; b++) last[b] = c->bufs[b].info.last_step;
-    for (int s = 0; s < S; s++) step_reads(c, s, note_last, last);
-    for (int i = 0; i < c->n_outputs; i++) last[c->nodes[c->outputs[i]].buf] = S;
-    for (int i = 0; i < c->n_updates; i++) last[c->nodes[c->updates[i].value].buf] = S;
+    for (int b = 0; b < c->n_bufs; b++)
+        last[b] = c->bufs[b].info.last_step;
+    for (int s = 0; s < S; s++)
+        step_reads(c, s, note_last, last);
+    for (int i = 0; i < c->n_outputs; i++)
+        last[c->nodes[c->outputs[i]].buf] = S;
+    for (int i = 0; i < c->n_updates; i++)
+        last[c->nodes[c->updates[i].value].buf] = S;
 
     /* 3. donation of updates */
     for (int i = 0; i < c->n_updates; i++) {
@@ -396,7 +409,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         if (c->groups[v->group].is_reduce || taken[pb]) continue;
         int s = c->bufs[v->buf].info.def_step;
         bool dup = false;
-        for (int k = 0; k < i; k++) dup = dup || c->updates[k].value == up->value;
+        for (int k = 0; k < i; k++)
+            dup = dup || c->updates[k].value == up->value;
         if (dup || last[pb] > s || !read_only_at_index(c, v->group, pb)) continue;
         /* the value's own buffer is dropped; it lives in the parameter */
         last[v->buf] = -1;

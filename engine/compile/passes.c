@@ -20,7 +20,8 @@ bool jdt_compile_grow(void **arr, int *cap, int need, size_t elem)
 {
     if (need <= *cap) return true;
     int nc = *cap ? *cap * 2 : 32;
-    while (nc < need) nc *= 2;
+    while (nc < need)
+        nc *= 2;
     void *p = jdt_realloc(*arr, (size_t)nc * elem);
     if (!p) return false;
     *arr = p;
@@ -32,18 +33,25 @@ static cnode_kind kind_of(jdt_op op, const jdt_tensor *t)
 {
     switch (op) {
     case JDT_OP_PARAM:
-    case JDT_OP_INPUT: return CK_LEAF;
-    case JDT_OP_CONSTANT: return (t && t->data) ? CK_LEAF : CK_SPLAT;
+    case JDT_OP_INPUT:
+        return CK_LEAF;
+    case JDT_OP_CONSTANT:
+        return (t && t->data) ? CK_LEAF : CK_SPLAT;
     case JDT_OP_BROADCAST:
     case JDT_OP_TRANSPOSE:
-    case JDT_OP_SLICE: return CK_MAP;
+    case JDT_OP_SLICE:
+        return CK_MAP;
     case JDT_OP_REDUCE_SUM:
     case JDT_OP_REDUCE_MAX:
-    case JDT_OP_REDUCE_MEAN: return CK_REDUCE;
-    case JDT_OP_RESHAPE: return CK_VIEW;
+    case JDT_OP_REDUCE_MEAN:
+        return CK_REDUCE;
+    case JDT_OP_RESHAPE:
+        return CK_VIEW;
     case JDT_OP_IOTA:
-    case JDT_OP_CAUSAL_MASK: return CK_EW;
-    default: break;
+    case JDT_OP_CAUSAL_MASK:
+        return CK_EW;
+    default:
+        break;
     }
     if (op >= JDT_OP_NEG && op <= JDT_OP_DROPOUT) return CK_EW;
     return CK_BUILTIN;
@@ -60,29 +68,74 @@ static bool eval_splat(jdt_op op, const jdt_attrs *at, const double *v, double *
 {
     double a = v[0], b = v[1], f = at->f[0];
     switch (op) {
-    case JDT_OP_NEG: *out = -a; break;
-    case JDT_OP_EXP: *out = exp(a); break;
-    case JDT_OP_LOG: *out = log(a); break;
-    case JDT_OP_TANH: *out = tanh(a); break;
-    case JDT_OP_SQRT: *out = sqrt(a); break;
-    case JDT_OP_RSQRT: *out = 1.0 / sqrt(a); break;
-    case JDT_OP_RELU: *out = a > 0 ? a : 0.0; break;
-    case JDT_OP_SIGMOID: *out = 1.0 / (1.0 + exp(-a)); break;
-    case JDT_OP_ABS: *out = fabs(a); break;
-    case JDT_OP_ADD: *out = a + b; break;
-    case JDT_OP_SUB: *out = a - b; break;
-    case JDT_OP_MUL: *out = a * b; break;
-    case JDT_OP_DIV: *out = a / b; break;
-    case JDT_OP_MAX: *out = a > b ? a : b; break;
-    case JDT_OP_MIN: *out = a < b ? a : b; break;
-    case JDT_OP_GT: *out = a > b ? 1.0 : 0.0; break;
-    case JDT_OP_GE: *out = a >= b ? 1.0 : 0.0; break;
-    case JDT_OP_ADD_SCALAR: *out = a + f; break;
-    case JDT_OP_MUL_SCALAR: *out = a * f; break;
-    case JDT_OP_POW_SCALAR: *out = pow(a, f); break;
-    case JDT_OP_SELECT: *out = a != 0 ? b : v[2]; break;
-    case JDT_OP_CAST: *out = a; break;
-    default: return false;
+    case JDT_OP_NEG:
+        *out = -a;
+        break;
+    case JDT_OP_EXP:
+        *out = exp(a);
+        break;
+    case JDT_OP_LOG:
+        *out = log(a);
+        break;
+    case JDT_OP_TANH:
+        *out = tanh(a);
+        break;
+    case JDT_OP_SQRT:
+        *out = sqrt(a);
+        break;
+    case JDT_OP_RSQRT:
+        *out = 1.0 / sqrt(a);
+        break;
+    case JDT_OP_RELU:
+        *out = a > 0 ? a : 0.0;
+        break;
+    case JDT_OP_SIGMOID:
+        *out = 1.0 / (1.0 + exp(-a));
+        break;
+    case JDT_OP_ABS:
+        *out = fabs(a);
+        break;
+    case JDT_OP_ADD:
+        *out = a + b;
+        break;
+    case JDT_OP_SUB:
+        *out = a - b;
+        break;
+    case JDT_OP_MUL:
+        *out = a * b;
+        break;
+    case JDT_OP_DIV:
+        *out = a / b;
+        break;
+    case JDT_OP_MAX:
+        *out = a > b ? a : b;
+        break;
+    case JDT_OP_MIN:
+        *out = a < b ? a : b;
+        break;
+    case JDT_OP_GT:
+        *out = a > b ? 1.0 : 0.0;
+        break;
+    case JDT_OP_GE:
+        *out = a >= b ? 1.0 : 0.0;
+        break;
+    case JDT_OP_ADD_SCALAR:
+        *out = a + f;
+        break;
+    case JDT_OP_MUL_SCALAR:
+        *out = a * f;
+        break;
+    case JDT_OP_POW_SCALAR:
+        *out = pow(a, f);
+        break;
+    case JDT_OP_SELECT:
+        *out = a != 0 ? b : v[2];
+        break;
+    case JDT_OP_CAST:
+        *out = a;
+        break;
+    default:
+        return false;
     }
     return true;
 }
@@ -90,9 +143,12 @@ static bool eval_splat(jdt_op op, const jdt_attrs *at, const double *v, double *
 static double round_to(jdt_dtype dt, double v)
 {
     switch (dt) {
-    case JDT_DTYPE_F32: return (double)(float)v;
-    case JDT_DTYPE_I32: return isfinite(v) ? (double)(int32_t)v : 0.0;
-    default: return v;
+    case JDT_DTYPE_F32:
+        return (double)(float)v;
+    case JDT_DTYPE_I32:
+        return isfinite(v) ? (double)(int32_t)v : 0.0;
+    default:
+        return v;
     }
 }
 
@@ -176,15 +232,17 @@ static int simplify(lowerer *L, cnode *n)
         bool all = n->n_in > 0;
         double v[3] = {0, 0, 0};
         for (int i = 0; i < n->n_in; i++) {
-            if (c->nodes[n->in[i]].kind != CK_SPLAT) all = false;
-            else if (i < 3) v[i] = c->nodes[n->in[i]].splat;
+            if (c->nodes[n->in[i]].kind != CK_SPLAT)
+                all = false;
+            else if (i < 3)
+                v[i] = c->nodes[n->in[i]].splat;
         }
         if (all) {
             double r;
             if (n->kind == CK_MAP || n->kind == CK_VIEW) return make_splat(L, n, v[0]);
             if (n->op == JDT_OP_REDUCE_SUM)
-                return make_splat(L, n, v[0] * (double)(jdt_shape_numel(&a->shape) /
-                                                        jdt_shape_numel(&n->shape)));
+                return make_splat(
+                    L, n, v[0] * (double)(jdt_shape_numel(&a->shape) / jdt_shape_numel(&n->shape)));
             if (n->op == JDT_OP_REDUCE_MAX || n->op == JDT_OP_REDUCE_MEAN)
                 return make_splat(L, n, v[0]);
             if (eval_splat(n->op, &n->attrs, v, &r)) return make_splat(L, n, r);
@@ -197,7 +255,8 @@ static int simplify(lowerer *L, cnode *n)
     case JDT_OP_BROADCAST:
         if (same_as_x) return x;
         break;
-    default: break;
+    default:
+        break;
     }
     switch (n->op) {
     case JDT_OP_MUL:
@@ -243,7 +302,8 @@ static int simplify(lowerer *L, cnode *n)
         break;
     case JDT_OP_TRANSPOSE: {
         bool ident = true;
-        for (int k = 0; k < n->shape.ndim; k++) ident = ident && n->attrs.i[k] == k;
+        for (int k = 0; k < n->shape.ndim; k++)
+            ident = ident && n->attrs.i[k] == k;
         if (ident && same_as_x) return x;
         if (a->op == JDT_OP_TRANSPOSE) {
             /* out.dims[k] = mid.dims[p2[k]] = in.dims[p1[p2[k]]] */
@@ -259,7 +319,8 @@ static int simplify(lowerer *L, cnode *n)
         }
         break;
     }
-    default: break;
+    default:
+        break;
     }
     return -2;
 }
@@ -288,7 +349,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     int *map = jdt_calloc((size_t)n + 1, sizeof(int));
     int *remap = NULL;
     L.table_cap = 64;
-    while (L.table_cap < 4 * n) L.table_cap *= 2;
+    while (L.table_cap < 4 * n)
+        L.table_cap *= 2;
     L.table = jdt_malloc(sizeof(int) * (size_t)L.table_cap);
     if (!map || !L.table) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: lowering %d nodes", n);
@@ -306,7 +368,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         cn.dtype = t->dtype;
         cn.shape = t->shape;
         cn.n_in = t->n_inputs;
-        for (int k = 0; k < t->n_inputs; k++) cn.in[k] = map[t->inputs[k]->id];
+        for (int k = 0; k < t->n_inputs; k++)
+            cn.in[k] = map[t->inputs[k]->id];
         cn.attrs = t->attrs;
         cn.kind = kind_of(t->op, t);
         if (cn.kind == CK_LEAF) cn.src = t;
@@ -331,7 +394,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: outputs");
         goto out;
     }
-    for (int i = 0; i < c->n_outputs; i++) c->outputs[i] = map[jdt_graph_output(g, i)->id];
+    for (int i = 0; i < c->n_outputs; i++)
+        c->outputs[i] = map[jdt_graph_output(g, i)->id];
     for (int i = 0; i < c->n_updates; i++) {
         jdt_tensor *tt, *vv;
         jdt_graph_update(g, i, &tt, &vv);
@@ -340,14 +404,16 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     }
 
     /* DCE: live = reachable from outputs, update values and targets */
-    for (int i = 0; i < c->n_outputs; i++) c->nodes[c->outputs[i]].live = true;
+    for (int i = 0; i < c->n_outputs; i++)
+        c->nodes[c->outputs[i]].live = true;
     for (int i = 0; i < c->n_updates; i++) {
         c->nodes[c->updates[i].target].live = true;
         c->nodes[c->updates[i].value].live = true;
     }
     for (int i = c->n_nodes - 1; i >= 0; i--)
         if (c->nodes[i].live)
-            for (int k = 0; k < c->nodes[i].n_in; k++) c->nodes[c->nodes[i].in[k]].live = true;
+            for (int k = 0; k < c->nodes[i].n_in; k++)
+                c->nodes[c->nodes[i].in[k]].live = true;
     int m = 0;
     for (int i = 0; i < c->n_nodes; i++) {
         if (!c->nodes[i].live) {
@@ -355,18 +421,47 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
             continue;
         }
         cnode cn = c->nodes[i];
-        for (int k = 0; k < cn.n_in; k++) cn.in[k] = remap[cn.in[k]];
+        for (int k = 0; k < cn.n_in; k++)
+            cn.in[k] = remap[cn.in[k]];
         remap[i] = m;
         c->nodes[m++] = cn;
     }
     c->n_nodes = m;
-    for (int i = 0; i < c->n_outputs; i++) c->outputs[i] = remap[c->outputs[i]];
+    for (int i = 0; i < c->n_outputs; i++)
+        c->outputs[i] = remap[c->outputs[i]];
     for (int i = 0; i < c->n_updates; i++) {
         c->updates[i].target = remap[c->updates[i].target];
         c->updates[i].value = remap[c->updates[i].value];
     }
+    /* An output that is (a view of) an updated leaf must show the pre-step value, but the
+     * leaf's buffer receives the update: such outputs read through an identity copy. */
+    for (int i = 0; i < c->n_outputs; i++) {
+        int r = c->outputs[i];
+        while (c->nodes[r].kind == CK_VIEW)
+            r = c->nodes[r].in[0];
+        bool updated = false;
+        for (int k = 0; k < c->n_updates; k++)
+            updated = updated || c->updates[k].target == r;
+        if (!updated) continue;
+        if (!jdt_compile_grow((void **)&c->nodes, &c->cap_nodes, c->n_nodes + 1, sizeof(cnode))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: output copy");
+            goto out;
+        }
+        cnode cp = c->nodes[c->outputs[i]];
+        cp.op = JDT_OP_STOP_GRADIENT;
+        cp.kind = CK_EW;
+        cp.n_in = 1;
+        cp.in[0] = c->outputs[i];
+        cp.src = NULL;
+        cp.live = true;
+        cp.n_users = 0;
+        cp.group = cp.buf = -1;
+        c->nodes[c->n_nodes] = cp;
+        c->outputs[i] = c->n_nodes++;
+    }
     for (int i = 0; i < c->n_nodes; i++)
-        for (int k = 0; k < c->nodes[i].n_in; k++) c->nodes[c->nodes[i].in[k]].n_users++;
+        for (int k = 0; k < c->nodes[i].n_in; k++)
+            c->nodes[c->nodes[i].in[k]].n_users++;
     c->stats.n_ops_in = n;
     c->stats.n_ops_out = c->n_nodes;
 out:

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "graph/interp.h"
 #include "runtime/runtime.h"
 
 typedef void (*kernel_fn)(void *const *);
@@ -23,15 +24,25 @@ struct jdt_program {
     void **ptrs;              /* (n_bufs) */
     unsigned char *arena;     /* (arena_bytes) */
     char *src;
+    jdt_interp *interp; /* opts.no_jit: the reference interpreter runs the graph */
+    double *step_s;     /* (n_steps + 1) accumulated seconds per step (profile), last:
+                           update copies */
+    int n_runs;
 };
 
-void jdt_compile_opts_init(jdt_compile_opts *o) { memset(o, 0, sizeof *o); }
+void jdt_compile_opts_init(jdt_compile_opts *o)
+{
+    memset(o, 0, sizeof *o);
+}
 
 static const char *node_label(const cnode *n, char *buf, size_t len)
 {
-    if (n->src && n->src->name) snprintf(buf, len, "'%s'", n->src->name);
-    else if (n->src) snprintf(buf, len, "node %d (%s)", n->src->id, jdt_op_name(n->op));
-    else snprintf(buf, len, "%s", jdt_op_name(n->op));
+    if (n->src && n->src->name)
+        snprintf(buf, len, "'%s'", n->src->name);
+    else if (n->src)
+        snprintf(buf, len, "node %d (%s)", n->src->id, jdt_op_name(n->op));
+    else
+        snprintf(buf, len, "%s", jdt_op_name(n->op));
     return buf;
 }
 
@@ -49,6 +60,9 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             ok = ok && c->nodes[n->in[k]].dtype == (idx ? JDT_DTYPE_I32 : JDT_DTYPE_F32);
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
+        if (n->op == JDT_OP_ALL_REDUCE && !c->opts.collective)
+            return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                               "compile: all_reduce needs a communicator (opts.collective)");
         if (n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD)
             ok = ok && c->nodes[n->in[0]].shape.ndim == 4;
         if (!ok)
@@ -77,7 +91,8 @@ static double node_flops(const cprog *c, const cnode *n)
         double f = 4.0 * (double)(q->dims[0] * q->dims[1] * q->dims[3]) * pairs;
         return n->op == JDT_OP_ATTENTION ? f : 2.5 * f;
     }
-    default: break;
+    default:
+        break;
     }
     if (n->kind == CK_LEAF || n->kind == CK_SPLAT || n->kind == CK_VIEW) return 0.0;
     if (n->kind == CK_REDUCE) return (double)jdt_shape_numel(&c->nodes[n->in[0]].shape);
@@ -100,6 +115,15 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
     if (c->nt < 1) c->nt = 1;
 
+    if (c->opts.no_jit) {
+        if ((st = jdt_interp_new(g, &p->interp, e)) != JDT_OK) goto fail;
+        jdt_interp_set_collective(p->interp, c->opts.collective, c->opts.collective_ctx);
+        c->stats.n_ops_in = c->stats.n_ops_out = jdt_graph_n_nodes(g);
+        c->stats.compile_s = jdt_now_s() - t0;
+        snprintf(c->stats.so_path, sizeof c->stats.so_path, "(interpreter)");
+        *out = p;
+        return JDT_OK;
+    }
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
@@ -113,6 +137,10 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
                          c->stats.so_path);
         goto fail;
     }
+    if (c->opts.profile && !(p->step_s = jdt_calloc((size_t)c->n_steps + 1, sizeof(double)))) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
+        goto fail;
+    }
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
     if (!p->arena || !p->ptrs) {
@@ -123,7 +151,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     for (int b = 0; b < c->n_bufs; b++)
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
             p->ptrs[b] = p->arena + c->bufs[b].info.offset;
-    for (int i = 0; i < c->n_nodes; i++) c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
+    for (int i = 0; i < c->n_nodes; i++)
+        c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
     jdt_rt_set_threads(c->nt);
     c->stats.compile_s = jdt_now_s() - t0;
     *out = p;
@@ -139,7 +168,10 @@ static void *ptr_of(const jdt_program *p, int node)
     return b >= 0 ? p->ptrs[b] : NULL;
 }
 
-static int64_t last_dim(const jdt_shape *s) { return s->ndim ? s->dims[s->ndim - 1] : 1; }
+static int64_t last_dim(const jdt_shape *s)
+{
+    return s->ndim ? s->dims[s->ndim - 1] : 1;
+}
 
 static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
 {
@@ -148,7 +180,8 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
     int nt = c->nt;
     void *o = ptr_of(p, sp->node);
     void *in[JDT_MAX_INPUTS] = {0};
-    for (int k = 0; k < n->n_in; k++) in[k] = ptr_of(p, n->in[k]);
+    for (int k = 0; k < n->n_in; k++)
+        in[k] = ptr_of(p, n->in[k]);
     const jdt_shape *s0 = n->n_in ? &c->nodes[n->in[0]].shape : &n->shape;
     int64_t C = last_dim(s0), N = C ? jdt_shape_numel(s0) / C : 0;
     float eps = (float)n->attrs.f[0];
@@ -184,28 +217,46 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
                                (long long)bad, (long long)V);
         break;
     }
-    case JDT_OP_SOFTMAX: jdt_rt_softmax(in[0], o, N, C, nt); break;
-    case JDT_OP_SOFTMAX_BWD: jdt_rt_softmax_bwd(in[0], in[1], o, N, C, nt); break;
-    case JDT_OP_LOG_SOFTMAX: jdt_rt_log_softmax(in[0], o, N, C, nt); break;
-    case JDT_OP_LOG_SOFTMAX_BWD: jdt_rt_log_softmax_bwd(in[0], in[1], o, N, C, nt); break;
+    case JDT_OP_SOFTMAX:
+        jdt_rt_softmax(in[0], o, N, C, nt);
+        break;
+    case JDT_OP_SOFTMAX_BWD:
+        jdt_rt_softmax_bwd(in[0], in[1], o, N, C, nt);
+        break;
+    case JDT_OP_LOG_SOFTMAX:
+        jdt_rt_log_softmax(in[0], o, N, C, nt);
+        break;
+    case JDT_OP_LOG_SOFTMAX_BWD:
+        jdt_rt_log_softmax_bwd(in[0], in[1], o, N, C, nt);
+        break;
     case JDT_OP_SOFTMAX_XENT:
         bad = jdt_rt_softmax_xent(in[0], in[1], o, N, C, nt);
         if (bad)
             return jdt_err_set(e, JDT_ERR_INVALID, "softmax_xent: %lld targets >= vocab %lld",
                                (long long)bad, (long long)C);
         break;
-    case JDT_OP_SOFTMAX_XENT_BWD: jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt); break;
-    case JDT_OP_NORMALIZE: jdt_rt_normalize(in[0], o, N, C, eps, nt); break;
-    case JDT_OP_NORMALIZE_BWD: jdt_rt_normalize_bwd(in[0], in[1], o, N, C, eps, nt); break;
-    case JDT_OP_RMS_NORMALIZE: jdt_rt_rms_normalize(in[0], o, N, C, eps, nt); break;
-    case JDT_OP_RMS_NORMALIZE_BWD: jdt_rt_rms_normalize_bwd(in[0], in[1], o, N, C, eps, nt); break;
+    case JDT_OP_SOFTMAX_XENT_BWD:
+        jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt);
+        break;
+    case JDT_OP_NORMALIZE:
+        jdt_rt_normalize(in[0], o, N, C, eps, nt);
+        break;
+    case JDT_OP_NORMALIZE_BWD:
+        jdt_rt_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
+        break;
+    case JDT_OP_RMS_NORMALIZE:
+        jdt_rt_rms_normalize(in[0], o, N, C, eps, nt);
+        break;
+    case JDT_OP_RMS_NORMALIZE_BWD:
+        jdt_rt_rms_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
+        break;
     case JDT_OP_ROPE:
         jdt_rt_rope(in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
                     n->attrs.i[0] != 0, nt);
         break;
     case JDT_OP_ATTENTION:
-        jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
-                         s0->dims[3], (float)n->attrs.f[0], scratch, nt);
+        jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+                         (float)n->attrs.f[0], scratch, nt);
         break;
     case JDT_OP_ATTENTION_BWD:
         jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
@@ -214,11 +265,26 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
     case JDT_OP_CONCAT: {
         int ax = (int)n->attrs.i[0];
         int64_t outer = 1, inner = 1, len[JDT_MAX_INPUTS];
-        for (int k = 0; k < ax; k++) outer *= n->shape.dims[k];
-        for (int k = ax + 1; k < n->shape.ndim; k++) inner *= n->shape.dims[k];
-        for (int k = 0; k < n->n_in; k++) len[k] = c->nodes[n->in[k]].shape.dims[ax];
+        for (int k = 0; k < ax; k++)
+            outer *= n->shape.dims[k];
+        for (int k = ax + 1; k < n->shape.ndim; k++)
+            inner *= n->shape.dims[k];
+        for (int k = 0; k < n->n_in; k++)
+            len[k] = c->nodes[n->in[k]].shape.dims[ax];
         jdt_rt_concat((const float *const *)in, len, n->n_in, o, outer, inner,
                       jdt_dtype_size(n->dtype));
+        break;
+    }
+    case JDT_OP_ALL_REDUCE: {
+        int64_t n_el = jdt_shape_numel(&n->shape);
+        if (o != in[0]) memcpy(o, in[0], (size_t)n_el * sizeof(float));
+        jdt_status cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
+                                            (int)n->attrs.i[1], JDT_DTYPE_F32, o, (size_t)n_el, e);
+        if (cst != JDT_OK) return cst;
+        if (n->attrs.f[0] != 1.0) {
+            float sc = (float)n->attrs.f[0], *of = o;
+            for (int64_t i = 0; i < n_el; i++) of[i] *= sc;
+        }
         break;
     }
     default:
@@ -232,6 +298,7 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
 {
     cprog *c = &p->c;
     char lbl[128];
+    if (p->interp) return jdt_interp_run(p->interp, e);
     for (int b = 0; b < c->n_bufs; b++) {
         if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
         const cnode *n = &c->nodes[c->bufs[b].leaf_node];
@@ -240,15 +307,20 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
             return jdt_err_set(e, JDT_ERR_INVALID, "run: leaf %s is not bound (data is NULL)",
                                node_label(n, lbl, sizeof lbl));
     }
+    /* OpenBLAS's thread count is process-wide: another program may have changed it */
+    jdt_rt_set_threads(c->nt);
     for (int s = 0; s < c->n_steps; s++) {
         const cstep *sp = &c->steps[s];
+        double t0 = p->step_s ? jdt_now_s() : 0.0;
         if (sp->kind == STEP_KERNEL) {
             p->kernels[sp->kernel]((void *const *)p->ptrs);
         } else {
             jdt_status st = run_builtin(p, sp, e);
             if (st != JDT_OK) return jdt_err_prefix(e, "step %d", s);
         }
+        if (p->step_s) p->step_s[s] += jdt_now_s() - t0;
     }
+    double tc = p->step_s ? jdt_now_s() : 0.0;
     /* updates not donated: leaf-sourced values first (they read old leaf memory) */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < c->n_updates; i++) {
@@ -262,20 +334,74 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
                     (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype));
         }
     }
+    if (p->step_s) {
+        p->step_s[c->n_steps] += jdt_now_s() - tc;
+        p->n_runs++;
+    }
     return JDT_OK;
+}
+
+char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
+{
+    const cprog *c = &p->c;
+    enum { MAX_KINDS = 2 * JDT_OP_COUNT + 1 };
+    double t[MAX_KINDS] = {0}, total = 0.0;
+    int count[MAX_KINDS] = {0};
+    size_t off = 0;
+    buf[0] = 0;
+    if (!p->step_s || p->n_runs == 0) {
+        snprintf(buf, n, "no profile (compile with opts.profile and run)\n");
+        return buf;
+    }
+    /* kinds: 0..OP_COUNT-1 fused kernels by root op, OP_COUNT.. builtins, last: copies */
+    for (int s = 0; s < c->n_steps; s++) {
+        const cstep *sp = &c->steps[s];
+        int k = sp->kind == STEP_KERNEL ? (int)c->nodes[c->groups[sp->group].root].op
+                                        : JDT_OP_COUNT + (int)c->nodes[sp->node].op;
+        t[k] += p->step_s[s];
+        count[k]++;
+        total += p->step_s[s];
+    }
+    t[MAX_KINDS - 1] = p->step_s[c->n_steps];
+    count[MAX_KINDS - 1] = c->stats.n_update_copies;
+    total += t[MAX_KINDS - 1];
+    off += (size_t)snprintf(buf + off, n - off, "%d runs, %.3f ms per run\n", p->n_runs,
+                            total * 1e3 / p->n_runs);
+    for (;;) {
+        int best = -1;
+        for (int k = 0; k < MAX_KINDS; k++)
+            if (count[k] > 0 && (best < 0 || t[k] > t[best])) best = k;
+        if (best < 0 || off >= n) break;
+        const char *what = best == MAX_KINDS - 1 ? "update copies"
+                           : best < JDT_OP_COUNT ? jdt_op_name((jdt_op)best)
+                                                 : jdt_op_name((jdt_op)(best - JDT_OP_COUNT));
+        off +=
+            (size_t)snprintf(buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %s%s\n",
+                             total > 0 ? 100.0 * t[best] / total : 0.0, t[best] * 1e3 / p->n_runs,
+                             count[best], best < JDT_OP_COUNT ? "fused:" : "", what);
+        count[best] = 0;
+    }
+    return buf;
 }
 
 const void *jdt_program_output(const jdt_program *p, int i)
 {
+    if (p && p->interp) return jdt_interp_value(p->interp, jdt_graph_output(p->g, i));
     if (!p || i < 0 || i >= p->c.n_outputs) return NULL;
     int node = p->c.outputs[i];
     if (p->c.nodes[node].kind == CK_LEAF) return p->c.nodes[node].src->data;
     return ptr_of(p, node);
 }
 
-const jdt_compile_stats *jdt_program_stats(const jdt_program *p) { return &p->c.stats; }
+const jdt_compile_stats *jdt_program_stats(const jdt_program *p)
+{
+    return &p->c.stats;
+}
 
-const char *jdt_program_source(const jdt_program *p) { return p->src; }
+const char *jdt_program_source(const jdt_program *p)
+{
+    return p->src ? p->src : "";
+}
 
 char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
 {
@@ -295,7 +421,8 @@ void jdt_program_free(jdt_program *p)
 {
     if (!p) return;
     cprog *c = &p->c;
-    for (int g = 0; g < c->n_groups; g++) jdt_free(c->groups[g].members);
+    for (int g = 0; g < c->n_groups; g++)
+        jdt_free(c->groups[g].members);
     jdt_free(c->groups);
     jdt_free(c->nodes);
     jdt_free(c->outputs);
@@ -305,11 +432,16 @@ void jdt_program_free(jdt_program *p)
     jdt_free(p->ptrs);
     jdt_free_aligned(p->arena);
     jdt_free(p->src);
+    jdt_free(p->step_s);
+    jdt_interp_free(p->interp);
     if (p->so) dlclose(p->so);
     jdt_free(p);
 }
 
-int jdt_program_n_buffers(const jdt_program *p) { return p->c.n_bufs; }
+int jdt_program_n_buffers(const jdt_program *p)
+{
+    return p->c.n_bufs;
+}
 
 bool jdt_program_buffer(const jdt_program *p, int i, jdt_buf_info *info)
 {

@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define JDT_SHM_CHUNK (1u << 18)
+#define JDT_SHM_CHUNK (1u << 19)
 #define SHM_MAGIC 0x4d485344u /* "DSHM" */
 
 typedef struct {

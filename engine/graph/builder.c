@@ -652,3 +652,15 @@ jdt_status jdt_graph_verify(const jdt_graph *g, jdt_err *e)
     }
     return JDT_OK;
 }
+
+jdt_tensor *jdt_graph_all_reduce(jdt_graph *g, jdt_tensor *x, int group, int reduce_op,
+                                 double scale)
+{
+    jdt_attrs a;
+    memset(&a, 0, sizeof a);
+    a.i[0] = group;
+    a.i[1] = reduce_op;
+    a.f[0] = scale;
+    jdt_tensor *in[1] = {x};
+    return jdt_graph_op(g, JDT_OP_ALL_REDUCE, 1, in, &a, x ? x->dtype : JDT_DTYPE_F32, NULL);
+}

@@ -152,6 +152,10 @@ jdt_tensor *jdt_graph_attention_bwd(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 /* Computes the numpy broadcast of shapes a and b into out; false if incompatible. */
+/* ALL_REDUCE: x reduced over process group `group` (0 sum, 1 max), times scale. */
+jdt_tensor *jdt_graph_all_reduce(jdt_graph *g, jdt_tensor *x, int group, int reduce_op,
+                                 double scale);
+
 bool jdt_shape_broadcast(const jdt_shape *a, const jdt_shape *b, jdt_shape *out);
 /* Sums dx down to `shape` (the inverse of a numpy broadcast to dx's shape): reduces the extra
  * leading axes and the axes where shape has size 1. Returns dx itself if already that shape. */

@@ -83,6 +83,11 @@ typedef struct {
  *                       Tiled with an online softmax: no T x T matrix is kept.
  *   ATTENTION_BWD       (q, k, v, o, do) -> (3, B, H, T, D) packing dq, dk, dv; recomputes the
  *                       row log-sum-exp from q, k.
+ * Collectives (SPMD: every process runs the same graph on its shard)
+ *   ALL_REDUCE          x -> reduce(x over the ranks of process group i[0]) * f[0]; i[1] = 0 sum,
+ *                       1 max. f32. Executed through the jdt_collective_fn the caller hands to
+ *                       the program or interpreter (group ids are the caller's table). The VJP
+ *                       of a sum is the same all-reduce of the cotangent.
  */
 #define JDT_OP_LIST(X)                                                                            \
     X(PARAM, "param", 0)                                                                          \
@@ -141,7 +146,8 @@ typedef struct {
     X(RMS_NORMALIZE_BWD, "rms_normalize_bwd", 2)                                                  \
     X(ROPE, "rope", 1)                                                                            \
     X(ATTENTION, "attention", 3)                                                                  \
-    X(ATTENTION_BWD, "attention_bwd", 5)
+    X(ATTENTION_BWD, "attention_bwd", 5)                                                          \
+    X(ALL_REDUCE, "all_reduce", 1)
 
 typedef enum {
 #define JDT_OP_ENUM_(name, str, n_in) JDT_OP_##name,
@@ -179,6 +185,13 @@ struct jdt_tensor {
 };
 
 typedef struct jdt_graph jdt_graph;
+
+/* Runs a collective for a graph op: reduces n_elems values of dtype dt in buf in place over
+ * process group `group` with reduce_op (0 sum, 1 max). Every rank of the group must reach the
+ * same collectives in the same order (the graph guarantees it: same graph, same schedule).
+ * Returns JDT_OK or an error (a lost peer, a timeout) with e naming the rank. */
+typedef jdt_status (*jdt_collective_fn)(void *ctx, int group, int reduce_op, jdt_dtype dt,
+                                        void *buf, size_t n_elems, jdt_err *e);
 
 /* ---- core (engine/graph/graph.c) ----------------------------------------------------------- */
 

@@ -20,7 +20,15 @@ struct jdt_interp {
     node_val *vals; /* (n_alloc) */
     int n_alloc;
     bool ran;
+    jdt_collective_fn collective; /* ALL_REDUCE; NULL: unsupported */
+    void *collective_ctx;
 };
+
+void jdt_interp_set_collective(jdt_interp *it, jdt_collective_fn fn, void *ctx)
+{
+    it->collective = fn;
+    it->collective_ctx = ctx;
+}
 
 jdt_status jdt_interp_new(const jdt_graph *g, jdt_interp **out, jdt_err *e)
 {
@@ -637,6 +645,19 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         }
         jdt_free(p);
         jdt_free(dp);
+        break;
+    }
+    case JDT_OP_ALL_REDUCE: {
+        /* the wire format is f32: reduce a float copy, then widen back */
+        if (!it->collective) return FAIL(JDT_ERR_UNSUPPORTED, "all_reduce needs a communicator");
+        float *tmp = jdt_malloc((size_t)(n ? n : 1) * sizeof *tmp);
+        if (!tmp) return FAIL(JDT_ERR_NOMEM, "out of memory");
+        for (int64_t i = 0; i < n; i++) tmp[i] = (float)x0[i];
+        jdt_status cst = it->collective(it->collective_ctx, (int)a->i[0], (int)a->i[1],
+                                        JDT_DTYPE_F32, tmp, (size_t)n, e);
+        for (int64_t i = 0; i < n && cst == JDT_OK; i++) y[i] = (double)tmp[i] * a->f[0];
+        jdt_free(tmp);
+        if (cst != JDT_OK) return cst;
         break;
     }
     case JDT_OP_COUNT:

@@ -26,6 +26,10 @@ jdt_status jdt_interp_new(const jdt_graph *g, jdt_interp **out, jdt_err *e);
 /* Frees the interpreter and its buffers; NULL is a no-op. */
 void jdt_interp_free(jdt_interp *it);
 
+/* Sets the communicator for ALL_REDUCE nodes (see jdt_collective_fn in graph.h). Without one,
+ * a graph with collectives fails at run time with ERR_UNSUPPORTED. */
+void jdt_interp_set_collective(jdt_interp *it, jdt_collective_fn fn, void *ctx);
+
 /* Runs one step: reads every leaf from t->data (PARAM/INPUT/STATE: caller memory, which must be
  * bound; CONSTANT: arena data or the fill value), computes every node in order into the
  * interpreter's own buffers, and only then writes each update's value into its target leaf's

@@ -772,6 +772,29 @@ static void vjp_ATTENTION(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const 
                 jdt_graph_reshape(g, jdt_graph_slice(g, packed, 0, k, k + 1), 4, node->shape.dims);
 }
 
+static bool shape_ALL_REDUCE(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
+                             jdt_shape *out, char *why, size_t n_why)
+{
+    if (in[0]->dtype != JDT_DTYPE_F32 && in[0]->dtype != JDT_DTYPE_F64)
+        return WHY("all_reduce needs a float tensor, got %s", jdt_dtype_name(in[0]->dtype));
+    if (a->i[0] < 0) return WHY("group %lld < 0", (long long)a->i[0]);
+    if (a->i[1] != 0 && a->i[1] != 1) return WHY("reduce op %lld not 0 (sum) or 1 (max)", (long long)a->i[1]);
+    *dt = in[0]->dtype;
+    *out = in[0]->shape;
+    return true;
+}
+
+static void vjp_ALL_REDUCE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                           jdt_tensor **dx)
+{
+    if (node->attrs.i[1] != 0) {
+        jdt_graph_fail(g, JDT_ERR_UNSUPPORTED, "all_reduce(max) has no gradient rule");
+        return;
+    }
+    jdt_tensor *in[1] = {dy};
+    dx[0] = jdt_graph_op(g, JDT_OP_ALL_REDUCE, 1, in, &node->attrs, dy->dtype, NULL);
+}
+
 /* ---- the table ---------------------------------------------------------------------------- */
 
 static const jdt_op_info OP_INFO[] = {

@@ -6,17 +6,22 @@
  * Attention lives in attention.c.
  */
 #include "runtime/runtime.h"
+#include "runtime/runtime-impl.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
-#define PAR_MIN_WORK 32768 /* below this many elements a parallel region costs more than it saves */
+#define PAR_MIN_WORK 32768 /* below this many elements a parallel region costs more than it saves  \
+                            */
 
-void jdt_rt_set_threads(int nt) { openblas_set_num_threads(nt > 0 ? nt : 1); }
+void jdt_rt_set_threads(int nt)
+{
+    openblas_set_num_threads(nt > 0 ? nt : 1);
+}
 
-void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M,
-                   int64_t N, int64_t K, bool ta, bool tb, bool b_shared)
+void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M, int64_t N,
+                   int64_t K, bool ta, bool tb, bool b_shared)
 {
     if (M == 0 || N == 0) return;
     if (K == 0) {
@@ -55,8 +60,8 @@ int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_
     return bad;
 }
 
-int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n,
-                           int64_t V, int64_t C)
+int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n, int64_t V,
+                           int64_t C)
 {
     int64_t bad = 0;
     memset(out, 0, (size_t)(V * C) * sizeof(float));
@@ -68,81 +73,98 @@ int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int
         }
         float *o = out + r * C;
         const float *s = src + i * C;
-        for (int64_t c = 0; c < C; c++) o[c] += s[c];
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            o[c] += s[c];
     }
     return bad;
 }
 
-static float row_max(const float *x, int64_t C)
+JDT_RT_INLINE float row_max(const float *x, int64_t C)
 {
     float m = -INFINITY;
-    for (int64_t c = 0; c < C; c++) m = x[c] > m ? x[c] : m;
+#pragma omp simd reduction(max : m)
+    for (int64_t c = 0; c < C; c++)
+        m = x[c] > m ? x[c] : m;
     return m;
 }
 
 /* log(sum(exp(x - m))) + m, with m the row max (a row of -inf gives -inf). */
-static float row_lse(const float *x, int64_t C)
+JDT_RT_INLINE float row_lse(const float *x, int64_t C)
 {
     float m = row_max(x, C);
     if (m == -INFINITY) return -INFINITY;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; c++) s += expf(x[c] - m);
+    for (int64_t c = 0; c < C; c++)
+        s += jdt_rt_expf(x[c] - m);
     return m + logf(s);
 }
 
-void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
+JDT_RT_CLONES void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C;
         float *yr = y + n * C;
         float m = row_max(xr, C), s = 0.0f;
+#pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) {
-            yr[c] = expf(xr[c] - m);
+            yr[c] = jdt_rt_expf(xr[c] - m);
             s += yr[c];
         }
         float inv = 1.0f / s;
-        for (int64_t c = 0; c < C; c++) yr[c] *= inv;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            yr[c] *= inv;
     }
 }
 
-void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C, int nt)
+JDT_RT_CLONES void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N,
+                                      int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *yr = y + n * C, *dyr = dy + n * C;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < C; c++) s += dyr[c] * yr[c];
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = yr[c] * (dyr[c] - s);
+        for (int64_t c = 0; c < C; c++)
+            s += dyr[c] * yr[c];
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            dx[n * C + c] = yr[c] * (dyr[c] - s);
     }
 }
 
-void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
+JDT_RT_CLONES void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         float l = row_lse(x + n * C, C);
-        for (int64_t c = 0; c < C; c++) y[n * C + c] = x[n * C + c] - l;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            y[n * C + c] = x[n * C + c] - l;
     }
 }
 
-void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N, int64_t C,
-                            int nt)
+JDT_RT_CLONES void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N,
+                                          int64_t C, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *yr = y + n * C, *dyr = dy + n * C;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < C; c++) s += dyr[c];
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = dyr[c] - expf(yr[c]) * s;
+        for (int64_t c = 0; c < C; c++)
+            s += dyr[c];
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            dx[n * C + c] = dyr[c] - jdt_rt_expf(yr[c]) * s;
     }
 }
 
-int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss, int64_t N,
-                            int64_t V, int nt)
+JDT_RT_CLONES int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss,
+                                          int64_t N, int64_t V, int nt)
 {
     int64_t bad = 0;
 #pragma omp parallel for num_threads(nt) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
@@ -160,8 +182,9 @@ int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss
     return bad;
 }
 
-void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
-                             float *dlogits, int64_t N, int64_t V, int nt)
+JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt,
+                                           const float *dloss, float *dlogits, int64_t N, int64_t V,
+                                           int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * V >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -173,37 +196,44 @@ void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const floa
         }
         const float *x = logits + n * V;
         float l = row_lse(x, V), g = dloss[n];
-        for (int64_t c = 0; c < V; c++) d[c] = g * expf(x[c] - l);
+#pragma omp simd
+        for (int64_t c = 0; c < V; c++)
+            d[c] = g * jdt_rt_expf(x[c] - l);
         d[t] -= g;
     }
 }
 
 /* Mean and 1/sqrt(var + eps) of a row, two passes in f32 (the centred second pass keeps the
  * variance accurate when |mean| >> std). */
-static void row_moments(const float *x, int64_t C, float eps, float *mean, float *rstd)
+JDT_RT_INLINE void row_moments(const float *x, int64_t C, float eps, float *mean, float *rstd)
 {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; c++) s += x[c];
+    for (int64_t c = 0; c < C; c++)
+        s += x[c];
     float mu = s / (float)C, v = 0.0f;
 #pragma omp simd reduction(+ : v)
-    for (int64_t c = 0; c < C; c++) v += (x[c] - mu) * (x[c] - mu);
+    for (int64_t c = 0; c < C; c++)
+        v += (x[c] - mu) * (x[c] - mu);
     *mean = mu;
     *rstd = 1.0f / sqrtf(v / (float)C + eps);
 }
 
-void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
+JDT_RT_CLONES void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
+                                    int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         float mu, r;
         row_moments(x + n * C, C, eps, &mu, &r);
-        for (int64_t c = 0; c < C; c++) y[n * C + c] = (x[n * C + c] - mu) * r;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            y[n * C + c] = (x[n * C + c] - mu) * r;
     }
 }
 
-void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
-                          float eps, int nt)
+JDT_RT_CLONES void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
+                                        int64_t C, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -217,25 +247,31 @@ void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t
         }
         sg /= (float)C;
         sgx /= (float)C;
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = r * (g[c] - sg - (xr[c] - mu) * r * sgx);
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            dx[n * C + c] = r * (g[c] - sg - (xr[c] - mu) * r * sgx);
     }
 }
 
-void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt)
+JDT_RT_CLONES void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
+                                        int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t c = 0; c < C; c++) s += xr[c] * xr[c];
+        for (int64_t c = 0; c < C; c++)
+            s += xr[c] * xr[c];
         float r = 1.0f / sqrtf(s / (float)C + eps);
-        for (int64_t c = 0; c < C; c++) y[n * C + c] = xr[c] * r;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            y[n * C + c] = xr[c] * r;
     }
 }
 
-void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
-                              int64_t C, float eps, int nt)
+JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx,
+                                            int64_t N, int64_t C, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -248,12 +284,14 @@ void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int
         }
         float r = 1.0f / sqrtf(s / (float)C + eps);
         float k = r * r * r * sgx / (float)C;
-        for (int64_t c = 0; c < C; c++) dx[n * C + c] = r * g[c] - xr[c] * k;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++)
+            dx[n * C + c] = r * g[c] - xr[c] * k;
     }
 }
 
-void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
-                 double theta, bool inverse, int nt)
+void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                 bool inverse, int nt)
 {
     double sign = inverse ? -1.0 : 1.0;
 #pragma omp parallel for collapse(2) num_threads(nt) if (B * T * H * D >= PAR_MIN_WORK)
@@ -273,8 +311,8 @@ void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int6
     }
 }
 
-void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out,
-                   int64_t outer, int64_t inner, size_t elem_bytes)
+void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out, int64_t outer,
+                   int64_t inner, size_t elem_bytes)
 {
     char *o = (char *)out;
     for (int64_t r = 0; r < outer; r++) {

@@ -22,8 +22,8 @@ void jdt_rt_set_threads(int nt);
 /* c = a @ b for `batch` independent products. a (batch, M, K) or (batch, K, M) if ta;
  * b (batch|1, K, N) or (batch|1, N, K) if tb (b_shared: one b for every batch); c (batch, M, N).
  * Accumulates in f32 (cblas_sgemm). */
-void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M,
-                   int64_t N, int64_t K, bool ta, bool tb, bool b_shared);
+void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M, int64_t N,
+                   int64_t K, bool ta, bool tb, bool b_shared);
 
 /* out (n, C) = table (V, C) rows idx (n). Returns the number of out-of-range indices (their
  * rows are zero-filled); the caller reports them. */
@@ -31,8 +31,8 @@ int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_
                       int64_t C, int nt);
 /* out (V, C) = 0; out[idx[i]] += src[i] for i < n. Returns the number of out-of-range indices
  * (skipped). Serial over rows (duplicate indices), vectorised over C. */
-int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n,
-                           int64_t V, int64_t C);
+int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n, int64_t V,
+                           int64_t C);
 
 /* Row kernels over x (N, C). */
 void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt);
@@ -51,17 +51,17 @@ void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
 void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
                           float eps, int nt);
 void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt);
-void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
-                              int64_t C, float eps, int nt);
+void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
+                              float eps, int nt);
 
 /* y (B, T, H, D) = rotary embedding of x, pairs (2i, 2i+1), angle t * theta^(-2i/D), negated
  * when inverse. D must be even. */
-void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
-                 double theta, bool inverse, int nt);
+void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                 bool inverse, int nt);
 
 /* Copies `n_in` inputs into out along an axis: inputs viewed as (outer, len_i*inner). */
-void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out,
-                   int64_t outer, int64_t inner, size_t elem_bytes);
+void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out, int64_t outer,
+                   int64_t inner, size_t elem_bytes);
 
 /* Causal attention, q k v o (B, H, T, D). Online softmax over key blocks: no T x T matrix.
  * scratch: jdt_rt_attention_scratch_floats(D, T, nt) floats. */

@@ -86,6 +86,8 @@ static void fmt_duration(double s, char *buf, size_t n)
 
 typedef struct {
     const jdt_config *cfg;
+    jdt_dist *dist;      /* NULL: single process */
+    int rank, world_size;
     char run_dir[1024];
     char ckpt_dir[1100];
     jdt_step *step;
@@ -93,9 +95,10 @@ typedef struct {
     FILE *metrics;
 } trainer;
 
-static jdt_status open_data(const jdt_config *cfg, const char *path, const char *split,
+static jdt_status open_data(const trainer *tr, const char *path, const char *split,
                             int64_t rows, jdt_data **out, jdt_err *e)
 {
+    const jdt_config *cfg = tr->cfg;
     jdt_data_opts o;
     memset(&o, 0, sizeof o);
     o.path = path;
@@ -103,6 +106,8 @@ static jdt_status open_data(const jdt_config *cfg, const char *path, const char 
     o.kind = cfg->model.type == JDT_MODEL_MLP ? JDT_DATA_KIND_ARRAYS : JDT_DATA_KIND_TOKENS;
     o.seq_len = cfg->model.seq_len;
     o.global_batch = rows;
+    o.row_begin = rows / tr->world_size * tr->rank; /* this rank's slice of every batch */
+    o.row_end = rows / tr->world_size * (tr->rank + 1);
     o.seed = (uint64_t)cfg->run.seed;
     o.shuffle = cfg->data.shuffle;
     o.prefetch = cfg->data.prefetch;
@@ -132,7 +137,7 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
         struct stat sb;
         jdt_status st = JDT_OK;
         bool mlp = cfg->model.type == JDT_MODEL_MLP;
-        for (int i = 0; i < 2 && st == JDT_OK; i++) {
+        for (int i = 0; i < 2 && st == JDT_OK && tr->rank == 0; i++) {
             const char *p = i ? val_path : train_path;
             if (stat(p, &sb) == 0) continue;
             /* one seed for both: the same Markov chain (val is a prefix of the train stream) */
@@ -143,6 +148,9 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
                                              (uint32_t)cfg->model.vocab_size, seed, e);
         }
         if (st != JDT_OK) return st;
+        /* the other ranks open the files rank 0 generated */
+        if (tr->dist && (st = jdt_dist_barrier(tr->dist, cfg->dist.connect_timeout_s, e)) != JDT_OK)
+            return st;
     } else {
         if (!cfg->data.train_path[0])
             return jdt_err_set(e, JDT_ERR_CONFIG, "data.train_path is empty (run `jdt-train prepare` first?)");
@@ -154,13 +162,21 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
         if (stat(val_path, &sb) == 0 && S_ISDIR(sb.st_mode)) val_split = "val";
     }
     jdt_status st = JDT_OK;
-    if (want_train) st = open_data(cfg, train_path, train_split, cfg->data.batch_size, &tr->train, e);
+    if (want_train) st = open_data(tr, train_path, train_split, cfg->data.batch_size, &tr->train, e);
     if (st != JDT_OK) return st;
     if (want_val && (cfg->data.val_path[0] || cfg->data.format == JDT_DATA_SYNTHETIC))
-        st = open_data(cfg, val_path, val_split, cfg->data.micro_batch_size, &tr->val, e);
+        st = open_data(tr, val_path, val_split, cfg->data.micro_batch_size, &tr->val, e);
     else if (want_val && !want_train)
         st = jdt_err_set(e, JDT_ERR_CONFIG, "data.val_path is empty: nothing to evaluate on");
     return st;
+}
+
+/* run.profile: where the compiled step spends its time, over the steps run so far. */
+static void log_profile(const trainer *tr)
+{
+    static char buf[16384];
+    jdt_step_profile(tr->step, buf, sizeof buf);
+    JDT_INFO("profile of the compiled step:\n%s", buf);
 }
 
 static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
@@ -234,11 +250,24 @@ static jdt_status run_eval(trainer *tr, double *loss, jdt_err *e)
     return JDT_OK;
 }
 
-static jdt_status make_step(const jdt_config *cfg, jdt_step **out, jdt_err *e)
+/* ALL_REDUCE nodes of the step graphs run here: group 0 is the data-parallel world. */
+static jdt_status train_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
+                                   size_t n_elems, jdt_err *e)
 {
+    trainer *tr = ctx;
+    if (group != 0 || !tr->dist)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "collective on unknown group %d", group);
+    return jdt_comm_allreduce(jdt_dist_world(tr->dist), buf, n_elems, dt,
+                              reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+}
+
+static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
     jdt_step_opts so;
     memset(&so, 0, sizeof so);
-    so.micro_batch = cfg->data.micro_batch_size;
+    so.world_size = tr->world_size;
+    so.micro_batch = cfg->data.micro_batch_size / tr->world_size;
     so.n_accum = cfg->data.batch_size / cfg->data.micro_batch_size;
     so.use_jit = cfg->runtime.jit;
     jdt_compile_opts_init(&so.copts);
@@ -247,49 +276,102 @@ static jdt_status make_step(const jdt_config *cfg, jdt_step **out, jdt_err *e)
     so.copts.cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;
     so.copts.cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
     so.copts.remat = cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
+    so.copts.profile = cfg->run.profile;
+    if (tr->dist) {
+        so.copts.collective = train_collective;
+        so.copts.collective_ctx = tr;
+    }
     return jdt_step_new(cfg, &so, out, e);
 }
 
-jdt_status jdt_train_run(const jdt_config *cfg, jdt_err *e)
+/* The data-parallel layout this build supports: mesh.data ranks, each a whole model copy. */
+static jdt_status check_world(const trainer *tr, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    const int W = tr->world_size;
+    if (cfg->mesh.fsdp != 1 || cfg->mesh.tensor != 1)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "mesh.fsdp = %d, mesh.tensor = %d: only data parallelism (mesh.data) is "
+                           "built so far; set both to 1", cfg->mesh.fsdp, cfg->mesh.tensor);
+    if (cfg->mesh.data != W)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "mesh.data = %d but the job has %d process(es): start one process per "
+                           "device (e.g. jdt-train --nproc %d ...)", cfg->mesh.data, W, cfg->mesh.data);
+    if (cfg->data.batch_size % W || cfg->data.micro_batch_size % W)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "data.batch_size %d and data.micro_batch_size %d must be multiples of "
+                           "the %d data-parallel ranks", cfg->data.batch_size,
+                           cfg->data.micro_batch_size, W);
+    return JDT_OK;
+}
+
+/* True on every rank when any rank was asked to stop (so all stop after the same step). */
+static jdt_status agree_stop(trainer *tr, bool *stop, jdt_err *e)
+{
+    float flag = g_stop_signal ? 1.0f : 0.0f;
+    if (tr->dist) {
+        jdt_status st = jdt_comm_allreduce(jdt_dist_world(tr->dist), &flag, 1, JDT_DTYPE_F32,
+                                           JDT_REDUCE_MAX, e);
+        if (st != JDT_OK) return st;
+    }
+    *stop = flag != 0.0f;
+    return JDT_OK;
+}
+
+static void trainer_init(trainer *tr, const jdt_config *cfg, jdt_dist *dist)
+{
+    memset(tr, 0, sizeof *tr);
+    tr->cfg = cfg;
+    tr->dist = dist;
+    tr->rank = dist ? jdt_dist_rank(dist) : 0;
+    tr->world_size = dist ? jdt_dist_world_size(dist) : 1;
+}
+
+jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
 {
     trainer tr;
-    memset(&tr, 0, sizeof tr);
-    tr.cfg = cfg;
+    trainer_init(&tr, cfg, dist);
     jdt_status st;
     struct sigaction old_int, old_term;
     g_stop_signal = 0;
+    if ((st = check_world(&tr, e)) != JDT_OK) return st;
+    const bool main_rank = tr.rank == 0;
+    /* before the first collective, so a signal during compilation is not lost */
+    install_signals(&old_int, &old_term);
 
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     if (cfg->checkpoint.dir[0]) snprintf(tr.ckpt_dir, sizeof tr.ckpt_dir, "%s", cfg->checkpoint.dir);
     else snprintf(tr.ckpt_dir, sizeof tr.ckpt_dir, "%s/ckpt", tr.run_dir);
-    if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
+    if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) goto out_signals;
 
-    if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out;
+    if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
 
     double t_compile = jdt_now_s();
-    if ((st = make_step(cfg, &tr.step, e)) != JDT_OK) goto out;
+    if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out_signals;
     const jdt_compile_stats *cs = jdt_step_stats(tr.step);
-    JDT_INFO("model: %s, %lld parameters; step compiled in %.2fs%s", cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt",
+    if (main_rank)
+        JDT_INFO("model: %s, %lld parameters; step compiled in %.2fs%s", cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt",
              (long long)jdt_model_param_count(jdt_step_model(tr.step)), jdt_now_s() - t_compile,
              cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
 
     int64_t start = 0;
     char *resume = NULL;
-    if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr.ckpt_dir, &resume, e)) != JDT_OK) goto out;
+    if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr.ckpt_dir, &resume, e)) != JDT_OK) goto out_signals;
     if (resume) {
         st = load_ckpt(tr.step, resume, &start, e);
-        if (st == JDT_OK) JDT_INFO("resumed from %s at step %lld", resume, (long long)start);
+        if (st == JDT_OK && main_rank)
+            JDT_INFO("resumed from %s at step %lld", resume, (long long)start);
         jdt_free(resume);
-        if (st != JDT_OK) goto out;
+        if (st != JDT_OK) goto out_signals;
     }
 
-    {
+    if (main_rank) {
         char path[1100];
         snprintf(path, sizeof path, "%s/config.yaml", tr.run_dir);
         FILE *f = fopen(path, "w");
         if (!f) {
             st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-            goto out;
+            goto out_signals;
         }
         fputs(cfg->resolved_yaml, f);
         fclose(f);
@@ -297,23 +379,27 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_err *e)
         tr.metrics = fopen(path, start > 0 ? "a" : "w");
         if (!tr.metrics) {
             st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-            goto out;
+            goto out_signals;
         }
     }
 
     const bool mlp = cfg->model.type == JDT_MODEL_MLP;
+    /* global numbers: every rank runs its share of the global batch in the same time */
     const double units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
     const double flops_per_step = jdt_step_model_flops(tr.step);
-    const double peak = measure_peak_flops();
-    JDT_INFO("MFU is measured against this process's SGEMM peak: %.1f GFLOP/s", peak * 1e-9);
+    const double peak = measure_peak_flops() * tr.world_size;
+    if (main_rank)
+        JDT_INFO("MFU is measured against the SGEMM peak of %d process(es): %.1f GFLOP/s",
+                 tr.world_size, peak * 1e-9);
 
-    install_signals(&old_int, &old_term);
     const int64_t first = start;
     const double t_start = jdt_now_s();
     int64_t window_steps = 0;
     double window_time = 0, window_wait = 0; /* seconds in data + step, of which data */
+    bool stop = false;
     for (int64_t t = start; t < cfg->run.steps; t++) {
-        if (g_stop_signal) break;
+        if ((st = agree_stop(&tr, &stop, e)) != JDT_OK) goto out_signals;
+        if (stop) break;
         double t0 = jdt_now_s();
         jdt_data_batch b;
         if ((st = jdt_data_get(tr.train, t, &b, e)) != JDT_OK) goto out_signals;
@@ -327,10 +413,11 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_err *e)
         if (st != JDT_OK) goto out_signals;
         window_steps++;
         window_time += jdt_now_s() - t0;
-        fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g}\n",
+        if (main_rank)
+            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g}\n",
                 (long long)(t + 1), loss, lr, gnorm);
         bool last = t + 1 == cfg->run.steps;
-        if ((t + 1) % cfg->run.log_every == 0 || last || t == first) {
+        if (main_rank && ((t + 1) % cfg->run.log_every == 0 || last || t == first)) {
             double dt = window_time / (double)window_steps;
             char eta[32];
             fmt_duration(dt * (double)(cfg->run.steps - t - 1), eta, sizeof eta);
@@ -346,31 +433,36 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_err *e)
         if (tr.val && ((t + 1) % cfg->run.eval_every == 0 || last)) {
             double vl;
             if ((st = run_eval(&tr, &vl, e)) != JDT_OK) goto out_signals;
-            JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
-            fprintf(tr.metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
-            fflush(tr.metrics);
+            if (main_rank) {
+                JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
+                fprintf(tr.metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
+                fflush(tr.metrics);
+            }
         }
-        if (cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
+        if (main_rank && cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
         }
-        if (last) {
+        if (cfg->run.profile && main_rank && t + 1 - first == cfg->run.profile_steps)
+            log_profile(&tr);
+        if (last && main_rank) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
             JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), jdt_now_s() - t_start);
         }
         start = t + 1; /* steps completed */
     }
-    if (g_stop_signal) {
-        int sig = g_stop_signal;
-        JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
+    if (stop) {
+        int sig = g_stop_signal ? g_stop_signal : SIGTERM; /* another rank's signal */
+        if (main_rank)
+            JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
-        if (cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK) goto out_signals;
+        if (main_rank && cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
+            goto out_signals;
         st = jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",
                          sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
     }
 out_signals:
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-out:
     if (tr.metrics) fclose(tr.metrics);
     jdt_step_free(tr.step);
     jdt_data_close(tr.train);
@@ -381,14 +473,13 @@ out:
 jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *loss, jdt_err *e)
 {
     trainer tr;
-    memset(&tr, 0, sizeof tr);
-    tr.cfg = cfg;
+    trainer_init(&tr, cfg, NULL);
     jdt_status st;
     int64_t step = 0;
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
-    if ((st = make_step(cfg, &tr.step, e)) != JDT_OK) goto out;
+    if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
     if ((st = load_ckpt(tr.step, ckpt_path, &step, e)) != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
 out:

@@ -48,7 +48,9 @@ static jdt_status exec_init(exec *x, const jdt_step_opts *o, jdt_err *e)
     jdt_status st = jdt_graph_error(x->g, e);
     if (st != JDT_OK) return st;
     if (o->use_jit) return jdt_program_compile(x->g, &o->copts, &x->p, e);
-    return jdt_interp_new(x->g, &x->it, e);
+    st = jdt_interp_new(x->g, &x->it, e);
+    if (st == JDT_OK) jdt_interp_set_collective(x->it, o->copts.collective, o->copts.collective_ctx);
+    return st;
 }
 
 static jdt_status exec_run(exec *x, jdt_err *e)
@@ -164,6 +166,13 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
     return norm;
 }
 
+/* Data parallelism: the mean of t over the ranks of group 0 (identity on one rank). */
+static jdt_tensor *world_mean(const jdt_step *s, jdt_graph *g, jdt_tensor *t)
+{
+    if (s->o.world_size <= 1) return t;
+    return jdt_graph_all_reduce(g, t, 0, 0, 1.0 / (double)s->o.world_size);
+}
+
 static jdt_status alloc_host(jdt_step *s, jdt_err *e)
 {
     const jdt_model *m = &s->m_main;
@@ -216,9 +225,10 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     for (int i = 0; i < n; i++) P[i] = s->m_main.params[i].t;
     st = jdt_autodiff_grad(g, s->m_main.loss, n, P, G, e);
     if (st != JDT_OK) return jdt_err_prefix(e, "differentiating the model");
-    s->out_loss = jdt_graph_add_output(g, s->m_main.loss);
+    s->out_loss = jdt_graph_add_output(g, world_mean(s, g, s->m_main.loss));
 
     if (s->o.n_accum == 1) {
+        for (int i = 0; i < n; i++) G[i] = world_mean(s, g, G[i]);
         s->out_norm = jdt_graph_add_output(g, build_update(s, g, n, P, G, s->m_main.params));
         return exec_init(&s->main, &s->o, e);
     }
@@ -248,7 +258,7 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
         acc->data = acca->data = s->acc[i];
         PA[i]->data = s->tensors[i].data;
         jdt_graph_add_update(g, acc, jdt_graph_add(g, acc, G[i]));
-        GA[i] = jdt_graph_mul_bcast(ga, acca, inv);
+        GA[i] = world_mean(s, ga, jdt_graph_mul_bcast(ga, acca, inv));
         jdt_graph_add_update(ga, acca, jdt_graph_full(ga, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, 0.0));
     }
     s->out_norm = jdt_graph_add_output(ga, build_update(s, ga, n, PA, GA, s->m_main.params));
@@ -263,7 +273,7 @@ static jdt_status build_eval(jdt_step *s, jdt_err *e)
     jdt_status st = jdt_model_build(s->eval.g, s->cfg, s->o.micro_batch, false, &s->m_eval, e);
     if (st != JDT_OK) return st;
     bind_params(s, &s->m_eval);
-    jdt_graph_add_output(s->eval.g, s->m_eval.loss);
+    jdt_graph_add_output(s->eval.g, world_mean(s, s->eval.g, s->m_eval.loss));
     return exec_init(&s->eval, &s->o, e);
 }
 
@@ -386,4 +396,17 @@ double jdt_train_lr(const jdt_config *cfg, int64_t t)
     double frac = decay > warm ? (double)(t - warm) / (double)(decay - warm) : 1.0;
     if (cfg->optimizer.schedule == JDT_SCHED_LINEAR) return lr + (min_lr - lr) * frac;
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.141592653589793 * frac));
+}
+
+char *jdt_step_profile(const jdt_step *s, char *buf, size_t n)
+{
+    size_t off = 0;
+    const exec *xs[2] = {&s->main, &s->apply};
+    buf[0] = '\0';
+    for (int k = 0; k < 2; k++) {
+        if (!xs[k]->p || off + 2 >= n) continue;
+        jdt_program_profile(xs[k]->p, buf + off, n - off);
+        off += strlen(buf + off);
+    }
+    return buf;
 }

@@ -16,6 +16,7 @@
 #define JDT_TRAIN_H
 
 #include "compile/compile.h"
+#include "dist/dist.h"
 #include "config/config.h"
 #include "models/models.h"
 
@@ -32,7 +33,9 @@ typedef struct {
 typedef struct jdt_step jdt_step;
 
 typedef struct {
-    int64_t micro_batch; /* rows per run of the accumulate/fused graph */
+    int64_t micro_batch; /* rows per run of the accumulate/fused graph (this rank's share) */
+    int world_size;      /* data-parallel ranks: > 1 adds mean all-reduces of the gradients
+                            (and of the reported losses) to the graphs, on group 0 */
     int n_accum;         /* micro-batches per step */
     bool use_jit;        /* false: run the reference interpreter instead of compiled code */
     jdt_compile_opts copts;
@@ -61,6 +64,10 @@ jdt_status jdt_step_eval(jdt_step *s, const void *x, const int32_t *y, double *l
 int jdt_step_n_tensors(const jdt_step *s);
 void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, jdt_shape *shape);
 
+/* With run.profile: the time per kind of compiled step (kernels, builtins) of the train
+ * programs so far, written into buf (n bytes); returns buf. */
+char *jdt_step_profile(const jdt_step *s, char *buf, size_t n);
+
 /* The model (parameter list) and compile stats of the main program. */
 const jdt_model *jdt_step_model(const jdt_step *s);
 const jdt_compile_stats *jdt_step_stats(const jdt_step *s);
@@ -72,10 +79,13 @@ double jdt_step_model_flops(const jdt_step *s);
  * cosine or linear decay to lr * min_lr_ratio at decay_steps. */
 double jdt_train_lr(const jdt_config *cfg, int64_t t);
 
-/* Runs the training job described by cfg (single process). Returns JDT_OK on completion,
- * JDT_ERR_INTERRUPTED after a clean stop on SIGINT/SIGTERM (a checkpoint was saved), or an
- * error with e naming the step/file. `profile_path` may be NULL. */
-jdt_status jdt_train_run(const jdt_config *cfg, jdt_err *e);
+/* Runs the training job described by cfg. dist is NULL for a single process, else the joined
+ * job (every rank calls this with the same config; mesh.data must equal the world size: each
+ * rank trains on its slice of every global batch, gradients are averaged in-graph, rank 0
+ * writes logs, metrics and checkpoints). Returns JDT_OK on completion, JDT_ERR_INTERRUPTED
+ * after a clean stop on SIGINT/SIGTERM (a checkpoint was saved), or an error with e naming
+ * the step/file/rank. */
+jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
  * loss over cfg->run.eval_steps batches. */

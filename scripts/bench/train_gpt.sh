@@ -29,7 +29,7 @@ taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
 taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log"; exit 1; }
 # median of the logged windows after the first two
 jdt=$(grep -E "^step [0-9]+/" "$TMP/jdt.log" | tail -n +3 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-peak=$(grep -oE "SGEMM peak: [0-9.]+" "$TMP/jdt.log" | awk '{print $3}')
+peak=$(grep -oE "SGEMM peak.*: [0-9.]+ GFLOP" "$TMP/jdt.log" | awk '{print $(NF-1)}')
 flops=$(awk -v L=$L -v C=$C -v T=$T -v V=$V 'BEGIN { n = V*C + L*(12*C*C + 13*C) + 2*C; print 6*n + 12*L*T*C }')
 mfu() { awk -v r="$1" -v f="$flops" -v p="$peak" 'BEGIN { printf "%.1f", 100 * r * f / (p * 1e9) }'; }
 

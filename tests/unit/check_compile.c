@@ -40,7 +40,8 @@ START_TEST(test_passes_simplify_cse_dce)
     jdt_tensor *e1 = jdt_graph_exp(g, a), *e2 = jdt_graph_exp(g, x);
     out(&f, jdt_graph_add(g, e1, e2));
     /* folding: splats combine into one literal */
-    jdt_tensor *k = jdt_graph_mul(g, jdt_graph_add(g, one, one), jdt_graph_full(g, JDT_DTYPE_F32, 2, d46, 3.0));
+    jdt_tensor *k =
+        jdt_graph_mul(g, jdt_graph_add(g, one, one), jdt_graph_full(g, JDT_DTYPE_F32, 2, d46, 3.0));
     out(&f, jdt_graph_mul(g, x, k));
     out(&f, jdt_graph_transpose(g, jdt_graph_transpose(g, x, (int[]){1, 0}), (int[]){1, 0}));
     out(&f, jdt_graph_reshape(g, x, 2, d64));
@@ -74,7 +75,9 @@ START_TEST(test_fusion_counts)
     jdt_tensor *y = FX_INPUT(&f, "y", JDT_DTYPE_F32, -1, 1, 33, 65);
     jdt_tensor *c = x;
     for (int i = 0; i < 12; i++)
-        c = i % 3 == 0 ? jdt_graph_tanh(g, c) : i % 3 == 1 ? jdt_graph_mul(g, c, y) : jdt_graph_add_scalar(g, c, 0.5);
+        c = i % 3 == 0   ? jdt_graph_tanh(g, c)
+            : i % 3 == 1 ? jdt_graph_mul(g, c, y)
+                         : jdt_graph_add_scalar(g, c, 0.5);
     /* a 12-op chain + its row sum: one kernel */
     out(&f, jdt_graph_reduce_sum(g, c, 2u, false));
     fx_fill(&f, 2);
@@ -155,7 +158,8 @@ START_TEST(test_memory_plan_invariants)
     ck_assert_msg(jdt_autodiff_grad(g, loss, 4, w, grads, &e) == JDT_OK, "%s", e.msg);
     out(&f, loss);
     for (int l = 0; l < 4; l++)
-        jdt_graph_add_update(g, w[l], jdt_graph_sub(g, w[l], jdt_graph_mul_scalar(g, grads[l], 0.05)));
+        jdt_graph_add_update(g, w[l],
+                             jdt_graph_sub(g, w[l], jdt_graph_mul_scalar(g, grads[l], 0.05)));
     fx_fill(&f, 3);
     jdt_compile_opts o;
     fx_opts(&f, &o);
@@ -187,8 +191,11 @@ START_TEST(test_update_not_donated_when_read_later)
     jdt_tensor *w = FX_PARAM(&f, "w", -1, 1, 5, 7);
     jdt_tensor *s = fx_leaf(&f, 2, "s", JDT_DTYPE_F32, 2, (int64_t[]){5, 7}, -1, 1);
     jdt_tensor *wn = jdt_graph_mul_scalar(g, w, 0.5);
-    jdt_tensor *late = jdt_graph_matmul(g, w, jdt_graph_transpose(g, wn, (int[]){1, 0}), false, false);
+    jdt_tensor *late =
+        jdt_graph_matmul(g, w, jdt_graph_transpose(g, wn, (int[]){1, 0}), false, false);
     out(&f, late);
+    out(&f, w); /* an updated leaf as an output: the pre-step value (interpreter semantics) */
+    out(&f, jdt_graph_reshape(g, s, 2, (int64_t[]){7, 5}));
     jdt_graph_add_update(g, w, wn);
     /* a swap-like update: s takes w's old value */
     jdt_graph_add_update(g, s, jdt_graph_add(g, w, s));
@@ -214,14 +221,16 @@ static jdt_graph *small_graph(double c, jdt_tensor **x)
 static void run_small(jdt_graph *g, jdt_tensor *x, const jdt_compile_opts *o, double c, bool *hit)
 {
     float xv[10];
-    for (int i = 0; i < 10; i++) xv[i] = (float)i * 0.1f;
+    for (int i = 0; i < 10; i++)
+        xv[i] = (float)i * 0.1f;
     x->data = xv;
     jdt_program *p = NULL;
     jdt_err e;
     ck_assert_msg(jdt_program_compile(g, o, &p, &e) == JDT_OK, "%s", e.msg);
     ck_assert_int_eq(jdt_program_run(p, &e), JDT_OK);
     const float *y = jdt_program_output(p, 0);
-    for (int i = 0; i < 10; i++) ck_assert_float_eq_tol(y[i], expf(xv[i]) + (float)c, 1e-5);
+    for (int i = 0; i < 10; i++)
+        ck_assert_float_eq_tol(y[i], expf(xv[i]) + (float)c, 1e-5);
     if (hit) *hit = jdt_program_stats(p)->cache_hit;
     jdt_program_free(p);
 }
@@ -284,7 +293,8 @@ START_TEST(test_cache_concurrent_writers)
             x->data = xv;
             jdt_program *p = NULL;
             jdt_err e;
-            int rc = jdt_program_compile(g, &o, &p, &e) == JDT_OK && jdt_program_run(p, &e) == JDT_OK &&
+            int rc = jdt_program_compile(g, &o, &p, &e) == JDT_OK &&
+                             jdt_program_run(p, &e) == JDT_OK &&
                              fabsf(((const float *)jdt_program_output(p, 0))[0] - 4.0f) < 1e-6f
                          ? 0
                          : 1;
@@ -378,12 +388,69 @@ START_TEST(test_missing_or_failing_compiler)
     buf[n] = 0;
     fclose(lf);
     ck_assert_msg(strstr(buf, "cannot execute"), "%s", buf);
+    /* a compiler that hangs is killed after the timeout */
+    char hang[512];
+    snprintf(hang, sizeof hang, "%s/hang-cc.sh", f.cache);
+    FILE *hf = fopen(hang, "w");
+    ck_assert_ptr_nonnull(hf);
+    fputs("#!/bin/sh\nexec sleep 60\n", hf);
+    fclose(hf);
+    ck_assert_int_eq(chmod(hang, 0755), 0);
+    o.cc = hang;
+    o.cc_timeout_s = 1.0;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_TIMEOUT);
+    ck_assert_msg(strstr(e.msg, "killed") && strstr(e.msg, ".log"), "%s", e.msg);
+    o.cc_timeout_s = 0;
+    /* without the JIT no compiler is needed: the interpreter runs the program */
+    o.cc = "/nonexistent/cc";
+    o.no_jit = true;
+    run_small(g, x, &o, 6.0, NULL);
+    o.no_jit = false;
     /* a compiler that runs but rejects the flags */
     o.cc = NULL;
     o.cflags = "-O2 --no-such-flag-for-jdt";
     ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_COMPILE);
     ck_assert_msg(strstr(e.msg, ".log"), "%s", e.msg);
     jdt_graph_free(g);
+    fx_free(&f);
+}
+END_TEST
+
+/* Every allocation of the compiler can fail: fail the n-th one for n = 1, 2, ... until the
+ * compile succeeds; each failure must be a clean error (ASan's leak check runs at exit). */
+START_TEST(test_alloc_failures_clean)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 6, 5);
+    jdt_tensor *w = FX_PARAM(&f, "w", -1, 1, 5, 4);
+    jdt_tensor *h =
+        jdt_graph_softmax(g, jdt_graph_matmul(g, jdt_graph_tanh(g, x), w, false, false));
+    out(&f, jdt_graph_reduce_sum(g, jdt_graph_exp(g, h), 2u, false));
+    jdt_graph_add_update(g, w, jdt_graph_mul_scalar(g, w, 0.5));
+    fx_fill(&f, 5);
+    fx_bind(&f, true);
+    jdt_program *p = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_OK); /* fills the cache */
+    jdt_program_free(p);
+    int n;
+    for (n = 1; n < 2000; n++) {
+        p = NULL;
+        jdt_alloc_fail_after(n);
+        jdt_status st = jdt_program_compile(g, &o, &p, &e);
+        jdt_alloc_fail_after(0);
+        if (st == JDT_OK) break;
+        ck_assert_msg(st == JDT_ERR_NOMEM || st == JDT_ERR_IO, "n=%d: %s", n, e.msg);
+        ck_assert_ptr_null(p);
+    }
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_gt(n, 5);
+    ck_assert_int_eq(jdt_program_run(p, &e), JDT_OK);
+    jdt_program_free(p);
     fx_free(&f);
 }
 END_TEST
@@ -401,6 +468,7 @@ int main(void)
     tcase_add_test(tc, test_cache_concurrent_writers);
     tcase_add_test(tc, test_cache_corrupt_entry_rebuilt);
     tcase_add_test(tc, test_missing_or_failing_compiler);
+    tcase_add_test(tc, test_alloc_failures_clean);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

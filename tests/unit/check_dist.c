@@ -329,6 +329,38 @@ START_TEST(test_late_joiner)
 }
 END_TEST
 
+/* ---- ranks advertise different addresses (all loopback): the mesh uses the peer table ------- */
+
+static int advertised(proc_ctx *c, void *arg)
+{
+    char mine[32];
+    snprintf(mine, sizeof mine, "127.0.0.%d", c->rank + 1);
+    c->o.advertise_host = mine;
+    c->o.disable_shm = true;
+    jdt_dist *d;
+    jdt_err e;
+    FAIL_IF(jdt_dist_init(&c->o, &d, &e), "rank %d init: %s", c->rank, e.msg);
+    for (int r = 0; r < c->world; r++) {
+        char want[32];
+        snprintf(want, sizeof want, "127.0.0.%d", r + 1);
+        FAIL_IF(strcmp(jdt_dist_host(d, r), want) != 0, "host of %d: %s", r, jdt_dist_host(d, r));
+    }
+    double v[3] = {c->rank, 1, -c->rank};
+    FAIL_IF(jdt_comm_allreduce(jdt_dist_world(d), v, 3, JDT_DTYPE_F64, JDT_REDUCE_SUM, &e),
+            "allreduce: %s", e.msg);
+    FAIL_IF(v[0] != 3 || v[1] != 3 || v[2] != -3, "allreduce values");
+    jdt_dist_free(d);
+    return 0;
+}
+
+START_TEST(test_advertised_hosts)
+{
+    int codes[3], want[3] = {0};
+    run_procs(3, 3, advertised, NULL, 60, codes);
+    expect_codes(3, codes, want);
+}
+END_TEST
+
 /* ---- a barrier that times out names the ranks that did not come ------------------------------- */
 
 static int barrier_timeout(proc_ctx *c, void *arg)
@@ -661,6 +693,7 @@ static Suite *dist_suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_kv_barrier);
     tcase_add_test(tc, test_late_joiner);
+    tcase_add_test(tc, test_advertised_hosts);
     tcase_add_test(tc, test_barrier_timeout);
     tcase_add_test(tc, test_wrong_token);
     tcase_add_test(tc, test_garbage);

@@ -3,7 +3,9 @@
  * config's formula for every model option, the compiled train step matches the reference
  * interpreter step for step, gradient accumulation matches one big batch, and the LR schedule.
  */
+#include "autodiff/autodiff.h"
 #include "config/config.h"
+#include "graph/builder.h"
 #include "models/models.h"
 #include "train/train.h"
 
@@ -195,6 +197,63 @@ START_TEST(test_init_is_deterministic_by_name)
 }
 END_TEST
 
+/* A stand-in communicator: three identical ranks, so a sum multiplies by 3. */
+static int g_fake_calls;
+static jdt_status fake_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
+                                  size_t n, jdt_err *e)
+{
+    ck_assert_int_eq(group, 0);
+    ck_assert_int_eq(dt, JDT_DTYPE_F32);
+    float *f = buf;
+    for (size_t i = 0; i < n; i++) f[i] *= reduce_op == 0 ? 3.0f : 1.0f;
+    g_fake_calls++;
+    return JDT_OK;
+}
+
+START_TEST(test_all_reduce_op)
+{
+    /* loss = sum(all_reduce(p * x, mean over 3)) ; the VJP is the same mean all-reduce */
+    jdt_graph *g = jdt_graph_new();
+    const int64_t d[1] = {5};
+    jdt_tensor *p = jdt_graph_param(g, "p", JDT_DTYPE_F32, 1, d, NULL);
+    jdt_tensor *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 1, d, NULL);
+    jdt_tensor *y = jdt_graph_all_reduce(g, jdt_graph_mul(g, p, x), 0, 0, 1.0 / 3.0);
+    jdt_tensor *loss = jdt_graph_reduce_sum(g, y, 1u, false);
+    jdt_tensor *grad = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_autodiff_grad(g, loss, 1, &p, &grad, &e), JDT_OK);
+    jdt_graph_add_output(g, y);
+    jdt_graph_add_output(g, grad);
+    float pv[5] = {1, 2, 3, 4, 5}, xv[5] = {0.5f, -1, 2, 0, 3};
+    p->data = pv;
+    x->data = xv;
+    /* without a communicator: a clear error, not a crash */
+    jdt_program *prog = NULL;
+    ck_assert_int_eq(jdt_program_compile(g, NULL, &prog, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert(strstr(e.msg, "communicator") != NULL);
+    char cache[] = "/tmp/jdt-check-ar-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(cache));
+    jdt_compile_opts o;
+    jdt_compile_opts_init(&o);
+    o.cache_dir = cache;
+    o.collective = fake_collective;
+    ck_assert_msg(jdt_program_compile(g, &o, &prog, &e) == JDT_OK, "%s", e.msg);
+    g_fake_calls = 0;
+    ck_assert_msg(jdt_program_run(prog, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(g_fake_calls, 2); /* forward and backward */
+    const float *yv = jdt_program_output(prog, 0), *gv = jdt_program_output(prog, 1);
+    for (int i = 0; i < 5; i++) {
+        ck_assert(fabsf(yv[i] - pv[i] * xv[i]) < 1e-6f); /* mean of 3 equal shards */
+        ck_assert(fabsf(gv[i] - xv[i]) < 1e-6f);
+    }
+    jdt_program_free(prog);
+    jdt_graph_free(g);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("train");
@@ -205,6 +264,7 @@ int main(void)
     tcase_add_test(tc, test_init_is_deterministic_by_name);
     tcase_add_test(tc, test_jit_matches_interpreter);
     tcase_add_test(tc, test_accumulation_matches_big_batch);
+    tcase_add_test(tc, test_all_reduce_op);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

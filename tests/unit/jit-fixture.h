@@ -65,7 +65,7 @@ static jdt_tensor *fx_leaf(fx *f, int kind, const char *name, jdt_dtype dt, int 
     return t;
 }
 #define FX_PARAM(f, name, lo, hi, ...)                                                             \
-    fx_leaf(f, 0, name, JDT_DTYPE_F32, (int)(sizeof((int64_t[]){__VA_ARGS__}) / 8),               \
+    fx_leaf(f, 0, name, JDT_DTYPE_F32, (int)(sizeof((int64_t[]){__VA_ARGS__}) / 8),                \
             (int64_t[]){__VA_ARGS__}, lo, hi)
 #define FX_INPUT(f, name, dt, lo, hi, ...)                                                         \
     fx_leaf(f, 1, name, dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / 8), (int64_t[]){__VA_ARGS__}, \
@@ -85,9 +85,12 @@ static void fx_fill(fx *f, uint64_t seed)
         jdt_rng_uniform(jdt_rng_key(seed, t->name), 0, (size_t)n, u);
         for (int64_t j = 0; j < n; j++) {
             double v = f->lo[i] + (f->hi[i] - f->lo[i]) * u[j];
-            if (t->dtype == JDT_DTYPE_F32) ((float *)f->ref[i])[j] = (float)v;
-            else if (t->dtype == JDT_DTYPE_F64) ((double *)f->ref[i])[j] = v;
-            else ((int32_t *)f->ref[i])[j] = (int32_t)floor(v);
+            if (t->dtype == JDT_DTYPE_F32)
+                ((float *)f->ref[i])[j] = (float)v;
+            else if (t->dtype == JDT_DTYPE_F64)
+                ((double *)f->ref[i])[j] = v;
+            else
+                ((int32_t *)f->ref[i])[j] = (int32_t)floor(v);
         }
         memcpy(f->jit[i], f->ref[i], nb);
         free(u);
@@ -96,7 +99,8 @@ static void fx_fill(fx *f, uint64_t seed)
 
 static void fx_bind(fx *f, bool jit)
 {
-    for (int i = 0; i < f->n; i++) f->leaf[i]->data = jit ? f->jit[i] : f->ref[i];
+    for (int i = 0; i < f->n; i++)
+        f->leaf[i]->data = jit ? f->jit[i] : f->ref[i];
 }
 
 static bool fx_close(double a, double b, double rtol, double atol)
@@ -153,8 +157,8 @@ static jdt_program *fx_check_steps(fx *f, const jdt_compile_opts *o, int steps, 
         for (int i = 0; i < jdt_graph_n_outputs(f->g); i++) {
             jdt_tensor *t = jdt_graph_output(f->g, i);
             char what[128];
-            snprintf(what, sizeof what, "step %d output %d (%s, node %d)", s, i,
-                     jdt_op_name(t->op), t->id);
+            snprintf(what, sizeof what, "step %d output %d (%s, node %d)", s, i, jdt_op_name(t->op),
+                     t->id);
             fx_compare(what, jdt_program_output(p, i), jdt_interp_value(it, t), t->dtype,
                        jdt_shape_numel(&t->shape), rtol, atol);
         }

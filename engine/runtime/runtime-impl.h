@@ -1,0 +1,65 @@
+/*
+ * runtime-impl.h — internals shared by the CPU kernels: a vectorisable f32 exp.
+ *
+ * glibc's expf is a scalar call unless -ffast-math (which we refuse: NaN/Inf must keep their
+ * meaning), so row kernels that are mostly exp (softmax, cross-entropy, attention) would run
+ * one element at a time. This is the same Cody-Waite reduction + Cephes polynomial the code
+ * generator emits into generated kernels (codegen.c): max relative error 8e-8 measured over
+ * [-110, 95]; NaN -> NaN, +Inf -> +Inf, -Inf and x < -103.97 -> 0, x > 88.72 -> +Inf.
+ * Selects are integer masks, so the loops vectorise without -fno-trapping-math.
+ */
+#ifndef JDT_RUNTIME_IMPL_H
+#define JDT_RUNTIME_IMPL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* c ? a : b without a branch: a float compare is a possibly-trapping operation, so GCC keeps
+ * `?:` on floats as control flow (and gives up vectorising) unless -fno-trapping-math; integer
+ * masks select the same values. */
+/* The library is built for baseline x86-64 (SSE2). Hot row kernels and attention are also
+ * compiled for x86-64-v3 (AVX2 + FMA) and the best clone is picked at load time (GCC function
+ * multiversioning, an ifunc); helpers they call are always_inline so each clone gets its own. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(JDT_NO_CLONES)
+#define JDT_RT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define JDT_RT_CLONES
+#endif
+#define JDT_RT_INLINE static inline __attribute__((always_inline))
+
+JDT_RT_INLINE float jdt_rt_sel(int c, float a, float b)
+{
+    uint32_t ua, ub, m = (uint32_t)0 - (uint32_t)c;
+    memcpy(&ua, &a, 4);
+    memcpy(&ub, &b, 4);
+    ua = (ua & m) | (ub & ~m);
+    memcpy(&a, &ua, 4);
+    return a;
+}
+
+JDT_RT_INLINE float jdt_rt_expf(float x)
+{
+    int hi = x > 88.8f, lo = x < -104.0f, nan = x != x;
+    float xc = jdt_rt_sel(hi, 88.8f, jdt_rt_sel(lo, -104.0f, jdt_rt_sel(nan, 0.0f, x)));
+    /* round to nearest with the 1.5 * 2^23 trick: floorf is a call on baseline x86-64 */
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1; /* two factors: no overflow */
+    uint32_t u1 = (uint32_t)(n1 + 127) << 23, u2 = (uint32_t)(n2 + 127) << 23;
+    float f1, f2;
+    memcpy(&f1, &u1, 4);
+    memcpy(&f2, &u2, 4);
+    y = y * f1 * f2;
+    y = jdt_rt_sel(x > 88.7228394f, (float)INFINITY, jdt_rt_sel(x < -103.9720840f, 0.0f, y));
+    return jdt_rt_sel(nan, x, y);
+}
+
+#endif /* JDT_RUNTIME_IMPL_H */
