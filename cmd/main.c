@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "core/core.h"
 #include "datasets/datasets.h"
+#include "dist/world.h"
 #include "io/ckpt.h"
 #include "train/train.h"
 
@@ -389,27 +390,13 @@ static int exit_code(jdt_status st)
     }
 }
 
-/* Joins the multi-process job described by the dist section (world_size > 1), else leaves
- * *out NULL. Placeholder resolution (explicit dist.* keys only) until engine/dist/world.h
- * brings SLURM and the launcher. */
+/* Joins the job (engine/dist/world.h: dist.* keys, the --nproc launcher, SLURM, else one
+ * process); *out stays NULL for a single process. */
 static jdt_status join_job(const jdt_config *c, jdt_dist **out, jdt_err *e)
 {
-    *out = NULL;
-    if (c->dist.world_size <= 1) return JDT_OK;
-    if (c->dist.rank < 0 || c->dist.rank >= c->dist.world_size || !c->dist.coordinator[0])
-        return jdt_err_set(e, JDT_ERR_CONFIG, "dist: world_size %d needs dist.rank in [0, %d) and "
-                           "dist.coordinator host:port", c->dist.world_size, c->dist.world_size);
-    jdt_dist_opts o;
-    jdt_dist_opts_default(&o);
-    o.rank = c->dist.rank;
-    o.world_size = c->dist.world_size;
-    o.coordinator = c->dist.coordinator;
-    o.token = c->dist.token;
-    o.connect_timeout_s = c->dist.connect_timeout_s;
-    o.heartbeat_s = c->dist.heartbeat_s;
-    o.peer_timeout_s = c->dist.peer_timeout_s;
-    jdt_log_set_rank(o.rank, o.world_size);
-    return jdt_dist_init(&o, out, e);
+    jdt_world w;
+    jdt_status st = jdt_world_resolve(c, environ, &w, e);
+    return st ? st : jdt_world_connect(&w, c, out, e);
 }
 
 static int cmd_train(const subcommand *cmd, cli_args *a)

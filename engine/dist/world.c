@@ -469,15 +469,13 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
         w->rank = w->local_rank = 0;
     }
 
-    if (w->world_size != mesh_size)
+    /* SLURM's task count must fit the mesh (the train loop checks the other sources) */
+    if (strcmp(w->source, "slurm") == 0 && w->world_size != mesh_size)
         return jdt_err_set(e, JDT_ERR_CONFIG,
-                           "%s: %d process%s, but the mesh (data=%d fsdp=%d tensor=%d) needs %d: "
-                           "%s",
-                           w->source, w->world_size, w->world_size == 1 ? "" : "es",
-                           cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor, mesh_size,
-                           w->world_size == 1 ? "start one process per device with "
-                                                "`jdt-train --nproc N` or srun"
-                                              : "make mesh.data * mesh.fsdp * mesh.tensor match");
+                           "slurm: %d tasks (SLURM_NTASKS), but the mesh (data=%d fsdp=%d "
+                           "tensor=%d) needs %d: make mesh.data * mesh.fsdp * mesh.tensor match",
+                           w->world_size, cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor,
+                           mesh_size);
 
     /* token */
     if (cfg->dist.token[0]) {

@@ -39,7 +39,7 @@ typedef struct {
  * back the same way: dist.coordinator / dist.port / dist.token override what SLURM would give.
  * The token is dist.token, else the first line of dist.token_file, else under SLURM
  * "slurm-<cluster>-<job id>" (keeps other jobs out; not a secret), else none (world size 1).
- * world_size must equal the config's mesh size.
+ * Under SLURM the task count must equal the config's mesh size.
  *
  * envp is a NULL-terminated "NAME=value" array like environ (may be NULL). Also sets the log
  * rank prefix (jdt_log_set_rank) and marks an inherited coordinator socket close-on-exec.
