@@ -89,6 +89,16 @@ static void write_all(int fd, const char *p, size_t n)
 
 static void emit_line(const stream *s, const char *p, size_t n)
 {
+    /* the logger's own "[rank r/w] " is replaced by ours, not doubled */
+    char own[32];
+    int ol = snprintf(own, sizeof own, "[rank %d/", s->rank);
+    if (n > (size_t)ol && memcmp(p, own, (size_t)ol) == 0) {
+        const char *close = memchr(p + ol, ']', n - (size_t)ol);
+        if (close && close + 1 < p + n && close[1] == ' ') {
+            n -= (size_t)(close + 2 - p);
+            p = close + 2;
+        }
+    }
     char out[LINE_CAP + 64];
     int k = snprintf(out, sizeof out, "[rank %d] ", s->rank);
     memcpy(out + k, p, n);
