@@ -13,6 +13,10 @@ fail() { echo "FAIL: $*"; exit 1; }
   || { echo "SKIP: no $SHARED/infra/slurm-up.sh"; exit 77; }
 up=$(timeout 600 bash "$SHARED/infra/slurm-up.sh" 2 2>&1) \
   || { echo "$up" | tail -5; echo "SKIP: could not start a SLURM cluster (slurm-up.sh 2)"; exit 77; }
+# stop the cluster again at the end if this test started it
+if ! echo "$up" | grep -q "already running"; then
+  trap 'bash "$SHARED/infra/slurm-down.sh" >/dev/null 2>&1' EXIT
+fi
 cd "$TMP" || exit 1
 chmod 755 "$TMP"
 export JDT_TRAIN_BIN=$BIN JDT_RUNTIME_CACHE_DIR=$TMP/cache
