@@ -145,6 +145,8 @@ static void print_top_help(FILE *f)
         fprintf(f, "  %-10s %s\n", SUBCOMMANDS[i].name, SUBCOMMANDS[i].summary);
     fprintf(f, "\n"
                "flags: -h/--help, --version, --log-level LEVEL, --print-config, --schema\n"
+               "launch: --nproc N runs N processes of a job on this host; under SLURM use srun\n"
+               "        (docs/launch.md)\n"
                "config: key.path=value overrides and JDT_<SECTION>_<KEY> environment variables\n"
                "        apply after the files; `jdt-train inspect --schema` lists every key.\n"
                "exit codes: 0 success, 1 run-time failure, 2 usage or config error,\n"
