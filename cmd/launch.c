@@ -258,6 +258,7 @@ static bool env_init(envlist *l)
 /* Adds NAME=value, replacing an existing NAME. */
 static void env_set(envlist *l, const char *name, const char *value)
 {
+    if (l->n_own >= (int)JDT_ARRAY_LEN(l->own)) abort(); /* a programming error: grow own[] */
     char *s = l->own[l->n_own++];
     snprintf(s, sizeof l->own[0], "%s=%s", name, value);
     size_t nl = strlen(name);
@@ -336,7 +337,10 @@ static void exec_child(const launch_args *a, char **envp, int out_fd, int err_fd
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
     int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
+    if (devnull > 0) {
+        dup2(devnull, 0);
+        close(devnull);
+    }
     dup2(out_fd, 1);
     dup2(err_fd, 2);
     if (listen_fd >= 0) fcntl(listen_fd, F_SETFD, 0);
