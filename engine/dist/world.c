@@ -577,7 +577,6 @@ jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist
               w->world_size, w->local_rank, w->local_world_size, w->coordinator, w->source);
     return JDT_OK;
 out_fail:
-    jdt_err_prefix(e, "rank %d of %d joining the job at %s", w->rank, w->world_size,
-                   w->coordinator);
+    jdt_err_prefix(e, "joining the job (%s)", w->source);
     return st;
 }

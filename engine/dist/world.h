@@ -56,8 +56,8 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
  * context), else on a socket it binds on every interface at the coordinator's port. Every rank
  * of the job must call it once, at start-up. For world_size 1 no rendezvous is needed: returns
  * JDT_OK with *out = NULL. Otherwise JDT_OK with a context the caller frees with
- * jdt_dist_free, or jdt_dist_init's errors (ERR_NET, ERR_AUTH, ERR_TIMEOUT, ...) with the
- * message prefixed by the rank and coordinator.
+ * jdt_dist_free, or jdt_dist_init's errors (ERR_NET, ERR_AUTH, ERR_TIMEOUT, ...; their
+ * messages name the rank and the coordinator) prefixed with "joining the job (<source>)".
  */
 jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist **out,
                              jdt_err *e);
