@@ -47,6 +47,7 @@ typedef struct {
     bool schema_markdown;
     const char *log_level;       /* NULL when not given */
     const char *ckpt;            /* --ckpt PATH */
+    bool no_compile;             /* inspect --no-compile */
     const char *prompt;          /* --prompt TEXT */
     double temperature;          /* --temperature (default 0.8) */
     long top_k;                  /* --top-k (0 = off) */
@@ -64,6 +65,7 @@ typedef struct subcommand {
 } subcommand;
 
 static int cmd_train(const subcommand *cmd, cli_args *a);
+static int exit_code(jdt_status st);
 static int cmd_inspect(const subcommand *cmd, cli_args *a);
 static int cmd_version(const subcommand *cmd, cli_args *a);
 static int cmd_prepare(const subcommand *cmd, cli_args *a);
@@ -90,6 +92,8 @@ static const subcommand SUBCOMMANDS[] = {
      "its parameter count, the mesh, data, optimizer and checkpoint settings.\n"
      "\n"
      "options:\n"
+     "  --no-compile        skip building and compiling the train step (by default the\n"
+     "                      summary ends with op/kernel counts, FLOPs, memory, compile time)\n"
      "  --print-config      print the fully resolved config as YAML instead (feeding it back\n"
      "                      gives the same config)\n"
      "  --schema            print every config key with type, default, bounds and doc\n"
@@ -193,6 +197,8 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                 a->schema = true;
             } else if ((cmd->flags & FLAG_SCHEMA) && strcmp(s, "--schema=markdown") == 0) {
                 a->schema = a->schema_markdown = true;
+            } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--no-compile") == 0) {
+                a->no_compile = true;
             } else if ((cmd->flags & FLAG_CKPT) && strcmp(s, "--ckpt") == 0) {
                 if (i + 1 >= argc) return usage_error(cmd, "--ckpt needs a %s", "path");
                 a->ckpt = argv[++i];
@@ -373,10 +379,22 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
-    if (a->print_config)
+    if (a->print_config) {
         fputs(c.resolved_yaml, stdout);
-    else
+    } else {
         print_summary(&c, stdout);
+        fflush(stdout);
+        if (!a->no_compile) {
+            jdt_err e;
+            jdt_err_clear(&e);
+            jdt_status st = jdt_train_inspect(&c, stdout, &e);
+            if (st != JDT_OK) {
+                fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+                jdt_config_free(&c);
+                return exit_code(st);
+            }
+        }
+    }
     jdt_config_free(&c);
     return fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
 }

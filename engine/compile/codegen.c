@@ -98,7 +98,7 @@ static void lit(char *out, size_t n, jdt_dtype dt, double v)
 
 /* ---- accesses and dim collapsing ------------------------------------------------------------ */
 
-#define MAX_ACC 128
+#define MAX_ACC (JDT_GROUP_MAX_READS + JDT_GROUP_MAX_STORES + 2)
 
 typedef struct {
     int64_t stride[JDT_MAX_DIMS];
@@ -128,33 +128,61 @@ static void contiguous(const jdt_shape *s, int64_t *st)
     }
 }
 
-/* Strides (in domain coords) of a MAP member's read of its input. */
+/* Strides (in domain coords) of a MAP member's read. Each strided op is an affine index map
+ * in = S * out + o (S selects dims: broadcast drops/zeros, transpose permutes, slice offsets);
+ * maps of absorbed producers compose, then the buffer's contiguous strides give the offsets. */
 static void map_strides(const cprog *c, const cnode *m, access *a)
 {
-    const cnode *x = &c->nodes[m->in[0]];
+    int nd = m->shape.ndim;
+    int64_t M[JDT_MAX_DIMS][JDT_MAX_DIMS], o[JDT_MAX_DIMS];
+    memset(M, 0, sizeof M);
+    memset(o, 0, sizeof o);
+    for (int k = 0; k < nd; k++)
+        M[k][k] = 1; /* cur index = M * domain index + o, cur = m's output */
+    const cnode *cur = m;
+    const cnode *x = &c->nodes[cur->in[0]];
+    for (;;) {
+        int cd = cur->shape.ndim, xd = x->shape.ndim;
+        int64_t S[JDT_MAX_DIMS][JDT_MAX_DIMS], so[JDT_MAX_DIMS], M2[JDT_MAX_DIMS][JDT_MAX_DIMS],
+            o2[JDT_MAX_DIMS];
+        memset(S, 0, sizeof S);
+        memset(so, 0, sizeof so);
+        if (cur->op == JDT_OP_BROADCAST) {
+            int lead = cd - xd;
+            for (int l = 0; l < xd; l++)
+                if (x->shape.dims[l] != 1) S[l][l + lead] = 1;
+        } else if (cur->op == JDT_OP_TRANSPOSE) {
+            for (int k = 0; k < cd; k++)
+                S[cur->attrs.i[k]][k] = 1;
+        } else { /* SLICE */
+            for (int l = 0; l < xd; l++)
+                S[l][l] = 1;
+            so[cur->attrs.i[0]] = cur->attrs.i[1];
+        }
+        for (int l = 0; l < xd; l++) {
+            o2[l] = so[l];
+            for (int j = 0; j < cd; j++)
+                o2[l] += S[l][j] * o[j];
+            for (int k = 0; k < nd; k++) {
+                M2[l][k] = 0;
+                for (int j = 0; j < cd; j++)
+                    M2[l][k] += S[l][j] * M[j][k];
+            }
+        }
+        memcpy(M, M2, sizeof M);
+        memcpy(o, o2, sizeof o);
+        if (!x->absorbed) break;
+        cur = x;
+        x = &c->nodes[cur->in[0]];
+    }
     int64_t in_st[JDT_MAX_DIMS];
     contiguous(&x->shape, in_st);
-    int nd = m->shape.ndim;
     memset(a->stride, 0, sizeof a->stride);
     a->base = 0;
-    if (m->op == JDT_OP_BROADCAST) {
-        int lead = nd - x->shape.ndim;
-        for (int k = 0; k < nd; k++) {
-            int kk = k - lead;
-            a->stride[k] = (kk < 0 || x->shape.dims[kk] == 1) ? 0 : in_st[kk];
-        }
-    } else if (m->op == JDT_OP_TRANSPOSE) {
+    for (int l = 0; l < x->shape.ndim; l++) {
+        a->base += in_st[l] * o[l];
         for (int k = 0; k < nd; k++)
-            a->stride[k] = in_st[m->attrs.i[k]];
-    } else { /* SLICE */
-        int ax = (int)m->attrs.i[0];
-        for (int k = 0; k < nd; k++)
-            a->stride[k] = in_st[k];
-        int64_t full = 1;
-        for (int k = ax + 1; k < x->shape.ndim; k++)
-            full *= x->shape.dims[k];
-        a->stride[ax] = full;
-        a->base = m->attrs.i[1] * full;
+            a->stride[k] += in_st[l] * M[l][k];
     }
 }
 
@@ -254,7 +282,7 @@ static void offset_expr(const nest *N, int a, char *out, size_t n)
 static void operand(const nest *N, const cnode *m, int k, char *out, size_t n)
 {
     const cprog *c = N->c;
-    int x = m->in[k];
+    int x = cnode_read_src(c, m->in[k]);
     const cnode *xn = &c->nodes[x];
     if (xn->kind == CK_SPLAT)
         lit(out, n, xn->dtype, xn->splat);
@@ -369,10 +397,11 @@ static void emit_value(sbuf *s, const nest *N, int id)
             sb_printf(s, "%s * %s;\n", a, a);
         else if (f == 3.0)
             sb_printf(s, "%s * %s * %s;\n", a, a, a);
-        else if (f == 0.5)
-            sb_printf(s, "sqrt(%s);\n", a);
         else if (f == -1.0)
             sb_printf(s, "(%s)1 / %s;\n", T, a);
+        else if (f == 0.5) /* GCC's vectoriser turns pow(x, 0.5) into sqrt(x), which differs at
+                              -0 and -inf: spell out pow's values there */
+            sb_printf(s, "%s == -(%s)INFINITY ? (%s)INFINITY : sqrt(%s) + (%s)0;\n", a, T, T, a, T);
         else
             sb_printf(s, "pow(%s, %s);\n", a, F);
         return;
@@ -511,10 +540,11 @@ static void emit_group(sbuf *s, const cprog *c, int gi, int kernel, int nt, jdt_
     for (int i = 0; i < g->n_members; i++) {
         const cnode *m = &c->nodes[g->members[i]];
         for (int k = 0; k < m->n_in; k++) {
-            const cnode *x = &c->nodes[m->in[k]];
+            int xi = cnode_read_src(c, m->in[k]);
+            const cnode *x = &c->nodes[xi];
             if (x->kind == CK_SPLAT || (x->group == gi && m->kind != CK_MAP)) continue;
             int r = m->kind == CK_MAP ? g->members[i] : -1;
-            if (add_access(&N, m->in[k], r, false) < 0) goto too_many;
+            if (add_access(&N, xi, r, false) < 0) goto too_many;
         }
         if (m->store && add_access(&N, g->members[i], -1, true) < 0) goto too_many;
     }
@@ -698,6 +728,8 @@ static const char PRELUDE[] =
     "    q = q * x2 + 4.89352518554385e-03f;\n"
     "    float r = p * xc / q;\n"
     "    r = fabsf(x) < 0.0004f ? x : r;\n"
+    "    r = x > 9.0f ? 1.0f : x < -9.0f ? -1.0f : r;\n" /* exactly +-1 like tanhf: inf*0 stays NaN
+                                                          */
     "    return x != x ? x : r;\n}\n\n";
 
 jdt_status jdt_compile_codegen(const cprog *c, char **src, jdt_err *e)

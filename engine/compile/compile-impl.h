@@ -35,9 +35,10 @@ typedef struct {
     cnode_kind kind;
     bool live;
     int n_users;
-    int group;  /* fusion group or -1 */
-    bool store; /* materialised: has a buffer */
-    int buf;    /* buffer index (views: their input's) or -1 */
+    int group;     /* fusion group or -1 */
+    bool store;    /* materialised: has a buffer */
+    int buf;       /* buffer index (views: their input's) or -1 */
+    bool absorbed; /* a strided read (MAP) composed into its MAP consumers' reads: no kernel */
 } cnode;
 
 typedef struct {
@@ -46,7 +47,14 @@ typedef struct {
     int n_members, cap_members;
     jdt_shape domain; /* loop domain: the root's shape, or a reduction's input shape */
     bool is_reduce;
+    int n_in_bound; /* sum of the members' input counts (bounds the distinct reads) */
+    int n_stores;   /* members stored from inside the group, besides the root */
 } cgroup;
+
+/* Fusion stops growing a group at these sizes, so the generated function's reads and writes
+ * stay within codegen's access table and the plan's per-step output list. */
+#define JDT_GROUP_MAX_READS 96
+#define JDT_GROUP_MAX_STORES 24
 
 typedef enum { STEP_KERNEL, STEP_BUILTIN } step_kind;
 
@@ -101,6 +109,15 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
                              jdt_compile_stats *st, jdt_err *e);
 /* cache.c: the resolved cache directory into buf. */
 jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e);
+
+/* The node a read of x really touches: x, or for absorbed strided reads the first node down
+ * the chain that is materialised (or a splat). */
+static inline int cnode_read_src(const cprog *c, int x)
+{
+    while (c->nodes[x].absorbed)
+        x = c->nodes[x].in[0];
+    return x;
+}
 
 /* Reduce attrs helper: true when axis k of an n-d input is reduced. */
 static inline bool cnode_reduces_axis(const cnode *r, int k)

@@ -91,6 +91,8 @@ static bool group_add(cprog *c, int gi, int node)
     if (!jdt_compile_grow((void **)&g->members, &g->cap_members, g->n_members + 1, sizeof(int)))
         return false;
     g->members[g->n_members++] = node;
+    g->n_in_bound += c->nodes[node].n_in;
+    if (g->root != node && (is_output(c, node) || is_update_value(c, node))) g->n_stores++;
     c->nodes[node].group = gi;
     return true;
 }
@@ -112,13 +114,29 @@ static int joinable(const cprog *c, const user_lists *u, int i)
     }
     const cgroup *g = &c->groups[gi];
     if (!jdt_shape_eq(&n->shape, &g->domain)) return -1;
-    if (g->is_reduce && (is_output(c, i) || is_update_value(c, i))) return -1;
+    bool store = is_output(c, i) || is_update_value(c, i);
+    if (g->is_reduce && store) return -1;
+    if (g->n_in_bound + n->n_in > JDT_GROUP_MAX_READS) return -1;
+    if (store && g->n_stores + 1 > JDT_GROUP_MAX_STORES) return -1;
     /* DROPOUT's step input is read as a scalar, never at the loop index */
     for (int k = u->start[i]; k < u->start[i + 1]; k++) {
         const cnode *un = &c->nodes[u->users[k]];
         if (un->op == JDT_OP_DROPOUT && un->in[1] == i) return -1;
     }
     return gi;
+}
+
+/* A strided read whose consumers are all strided reads inside groups (or absorbed themselves)
+ * needs no kernel: its map composes into theirs (transpose(slice(x)) reads x directly). */
+static bool absorbable(const cprog *c, const user_lists *u, int i)
+{
+    if (c->opts.no_fuse || u->start[i + 1] == u->start[i]) return false;
+    if (is_output(c, i) || is_update_value(c, i)) return false;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        const cnode *un = &c->nodes[u->users[k]];
+        if (un->kind != CK_MAP || (un->group < 0 && !un->absorbed)) return false;
+    }
+    return true;
 }
 
 static bool splat_needs_buffer(const cprog *c, const user_lists *u, int i)
@@ -160,6 +178,9 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
         if (n->kind == CK_SPLAT) {
             if (!splat_needs_buffer(c, &u, i)) continue;
             gi = new_group(c, i, &n->shape, false);
+        } else if (n->kind == CK_MAP && absorbable(c, &u, i)) {
+            n->absorbed = true;
+            continue;
         } else if (n->kind == CK_EW || n->kind == CK_MAP) {
             gi = joinable(c, &u, i);
             if (gi < 0) gi = new_group(c, i, &n->shape, false);
@@ -311,9 +332,10 @@ static void step_reads(const cprog *c, int s, void (*fn)(cprog *, int, int, void
     for (int m = 0; m < g->n_members; m++) {
         const cnode *n = &c->nodes[g->members[m]];
         for (int k = 0; k < n->n_in; k++) {
-            const cnode *x = &c->nodes[n->in[k]];
+            int xi = cnode_read_src(c, n->in[k]);
+            const cnode *x = &c->nodes[xi];
             if (x->group == st->group || x->kind == CK_SPLAT) continue;
-            fn((cprog *)c, s, n->in[k], ctx);
+            fn((cprog *)c, s, xi, ctx);
         }
     }
 }
@@ -332,7 +354,7 @@ static bool read_only_at_index(const cprog *c, int gi, int b)
     for (int m = 0; m < g->n_members; m++) {
         const cnode *n = &c->nodes[g->members[m]];
         for (int k = 0; k < n->n_in; k++) {
-            const cnode *x = &c->nodes[n->in[k]];
+            const cnode *x = &c->nodes[cnode_read_src(c, n->in[k])];
             if (x->group == gi || x->kind == CK_SPLAT || x->buf != b) continue;
             if (n->kind != CK_EW || (n->op == JDT_OP_DROPOUT && k == 1)) return false;
             if (jdt_shape_numel(&x->shape) != jdt_shape_numel(&g->domain)) return false;
@@ -431,13 +453,13 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     /* 4. arena placement over the schedule, with in-place takeover */
     for (int s = 0; s < S; s++) {
         cstep *sp = &c->steps[s];
-        int outs[64], n_outs = 0;
+        int outs[JDT_GROUP_MAX_STORES + 2], n_outs = 0;
         if (sp->kind == STEP_BUILTIN) {
             outs[n_outs++] = c->nodes[sp->node].buf;
             if (sp->scratch_buf >= 0) outs[n_outs++] = sp->scratch_buf;
         } else {
             const cgroup *g = &c->groups[sp->group];
-            for (int m = 0; m < g->n_members && n_outs < 64; m++)
+            for (int m = 0; m < g->n_members && n_outs < JDT_GROUP_MAX_STORES + 2; m++)
                 if (c->nodes[g->members[m]].store) outs[n_outs++] = c->nodes[g->members[m]].buf;
         }
         for (int k = 0; k < n_outs; k++) {
@@ -450,7 +472,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                 for (int m = 0; m < g->n_members && donor < 0; m++) {
                     const cnode *n = &c->nodes[g->members[m]];
                     for (int q = 0; q < n->n_in && donor < 0; q++) {
-                        const cnode *x = &c->nodes[n->in[q]];
+                        const cnode *x = &c->nodes[cnode_read_src(c, n->in[q])];
                         if (x->group == sp->group || x->kind == CK_SPLAT || x->buf < 0) continue;
                         cbuf *xb = &c->bufs[x->buf];
                         if (xb->info.kind != JDT_BUF_ARENA || taken[x->buf] || last[x->buf] != s ||

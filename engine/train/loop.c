@@ -487,3 +487,45 @@ out:
     jdt_data_close(tr.val);
     return st;
 }
+
+jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
+{
+    if (cfg->runtime.backend != JDT_BACKEND_CPU) {
+        fprintf(f, "compiled step: not built here (runtime.backend %s is not in this build)\n",
+                jdt_config_choice_name("runtime.backend", (int)cfg->runtime.backend));
+        return JDT_OK;
+    }
+    trainer tr;
+    trainer_init(&tr, cfg, NULL);
+    jdt_step *step = NULL;
+    double t0 = jdt_now_s();
+    jdt_status st = make_step(&tr, &step, e);
+    if (st != JDT_OK) return st;
+    double dt = jdt_now_s() - t0;
+    const jdt_compile_stats *cs = jdt_step_stats(step);
+    double state_bytes = 0;
+    for (int i = 0; i < jdt_step_n_tensors(step); i++) {
+        const char *name;
+        float *data;
+        jdt_shape shape;
+        jdt_step_tensor(step, i, &name, &data, &shape);
+        state_bytes += (double)jdt_shape_numel(&shape) * sizeof(float);
+    }
+    fprintf(f, "compiled step (one process%s):\n",
+            jdt_config_mesh_size(cfg) > 1 ? "; the per-device step of the mesh adds all-reduces" : "");
+    if (cs) {
+        fprintf(f, "  ops            %d -> %d after DCE/CSE/simplification\n", cs->n_ops_in, cs->n_ops_out);
+        fprintf(f, "  kernels        %d fused loop nests + %d builtin calls (GEMM, attention, ...)\n",
+                cs->n_kernels, cs->n_builtin);
+        fprintf(f, "  FLOPs/step     %.3g (compiler count, per micro-batch run); model count %.3g per "
+                   "optimizer step\n", cs->flops_per_step, jdt_step_model_flops(step));
+        fprintf(f, "  memory         %.1f MiB planned peak of intermediates; %.1f MiB parameters + "
+                   "optimizer state\n", (double)cs->arena_bytes / 1048576.0, state_bytes / 1048576.0);
+        fprintf(f, "  compile        %.2fs (C compiler %.2fs), cache %s: %s\n", dt, cs->cc_s,
+                cs->cache_hit ? "hit" : "miss", cs->so_path);
+    } else {
+        fprintf(f, "  runtime.jit is false: the reference interpreter runs the step\n");
+    }
+    jdt_step_free(step);
+    return JDT_OK;
+}

@@ -87,6 +87,12 @@ double jdt_train_lr(const jdt_config *cfg, int64_t t);
  * the step/file/rank. */
 jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e);
 
+/* `jdt-train inspect`: builds and compiles the single-process train step of cfg and writes
+ * what the compiler made of it to f: op counts before/after the passes, fused kernels and
+ * builtin calls, FLOPs per step (compiler count and model count), planned peak memory of
+ * intermediates, parameter and optimizer-state bytes, compile time and cache hit/miss. */
+jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e);
+
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
  * loss over cfg->run.eval_steps batches. */
 jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *loss, jdt_err *e);

@@ -30,13 +30,15 @@ expect 2 "$BIN" inspect configs/tiny.yaml extra
 grep -q "unexpected argument 'extra'" "$TMP/err" || fail "extra argument message"
 
 # inspect: an honest summary
-expect 0 "$BIN" inspect configs/llm.yaml
+expect 0 "$BIN" inspect configs/llm.yaml --no-compile
 for w in "model " "parameters " "mesh " "data " "optimizer " "checkpoint "; do
   grep -q "^$w" "$TMP/out" || fail "inspect summary lacks '$w'"; done
-grep -q "L=6 C=384" "$TMP/out" || fail "summary does not show llm.yaml's model"
+grep -q "L=4 C=256" "$TMP/out" || fail "summary does not show llm.yaml's model"
 expect 0 "$BIN" inspect configs/gpt2-124m.yaml
 grep -q "124,475,904" "$TMP/out" || fail "gpt2-124m parameter count (llm.c's padded-vocab figure)"
 expect 0 "$BIN" inspect configs/tiny.yaml model.n_layer=3 --log-level=debug
+for w in "compiled step" "fused loop nests" "FLOPs/step" "planned peak" "cache "; do
+  grep -q "$w" "$TMP/out" || fail "inspect lacks the compiled-step line '$w'"; done
 grep -q "L=3" "$TMP/out" || fail "override not applied"
 
 # train: a config error is exit 2 before anything runs (training itself: tests/e2e/train_*.sh)

@@ -416,6 +416,65 @@ START_TEST(test_missing_or_failing_compiler)
 }
 END_TEST
 
+/* Wide groups: a sum of 200 slices (200 strided reads) and 40 stored intermediates must split
+ * into several kernels and still compute the right thing. */
+START_TEST(test_fusion_limits)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 200, 8);
+    jdt_tensor *acc = jdt_graph_slice(g, x, 0, 0, 1);
+    for (int i = 1; i < 200; i++) {
+        acc = jdt_graph_add(g, acc, jdt_graph_slice(g, x, 0, i, i + 1));
+        if (i % 5 == 0) out(&f, acc);
+    }
+    out(&f, acc);
+    fx_fill(&f, 6);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, 1e-5, 1e-5, true);
+    ck_assert_int_gt(jdt_program_stats(p)->n_kernels, 2);
+    ck_assert_int_lt(jdt_program_stats(p)->n_kernels, 40);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+/* Chains of strided reads (slice, transpose, broadcast) compose into one read: no copy kernel
+ * for the inner ones, with and without the algebraic passes. */
+START_TEST(test_map_chains_absorbed)
+{
+    for (int simplify = 0; simplify < 2; simplify++) {
+        fx f;
+        fx_init(&f);
+        jdt_graph *g = f.g;
+        jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 3, 10, 4);
+        jdt_tensor *y = FX_INPUT(&f, "y", JDT_DTYPE_F32, -1, 1, 5, 4, 3, 6);
+        /* (3, 10, 4) -slice-> (3, 6, 4) -transpose-> (4, 3, 6) -broadcast-> (5, 4, 3, 6) */
+        jdt_tensor *s1 = jdt_graph_slice(g, x, 1, 2, 8);
+        jdt_tensor *t1 = jdt_graph_transpose(g, s1, (int[]){2, 0, 1});
+        jdt_tensor *b1 = jdt_graph_broadcast(g, t1, 4, (int64_t[]){5, 4, 3, 6});
+        out(&f, jdt_graph_mul(g, b1, y));
+        /* slice of a transpose, transpose of a transpose, slice of a slice */
+        jdt_tensor *t2 = jdt_graph_transpose(g, x, (int[]){1, 2, 0});
+        out(&f, jdt_graph_slice(g, t2, 2, 1, 3));
+        out(&f,
+            jdt_graph_transpose(g, jdt_graph_transpose(g, x, (int[]){2, 0, 1}), (int[]){0, 2, 1}));
+        out(&f, jdt_graph_slice(g, jdt_graph_slice(g, x, 1, 1, 9), 1, 3, 5));
+        fx_fill(&f, 11);
+        jdt_compile_opts o;
+        fx_opts(&f, &o);
+        o.no_simplify = simplify == 0;
+        jdt_program *p = fx_check_steps(&f, &o, 1, 1e-6, 1e-6, true);
+        /* one kernel per output: every inner strided read is composed away */
+        ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 4);
+        jdt_program_free(p);
+        fx_free(&f);
+    }
+}
+END_TEST
+
 /* Every allocation of the compiler can fail: fail the n-th one for n = 1, 2, ... until the
  * compile succeeds; each failure must be a clean error (ASan's leak check runs at exit). */
 START_TEST(test_alloc_failures_clean)
@@ -462,6 +521,8 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_passes_simplify_cse_dce);
     tcase_add_test(tc, test_fusion_counts);
+    tcase_add_test(tc, test_fusion_limits);
+    tcase_add_test(tc, test_map_chains_absorbed);
     tcase_add_test(tc, test_memory_plan_invariants);
     tcase_add_test(tc, test_update_not_donated_when_read_later);
     tcase_add_test(tc, test_cache_hit_miss);

@@ -414,6 +414,55 @@ START_TEST(test_transformer_block_adam)
 }
 END_TEST
 
+/* IEEE special values through every elementwise op and a few reductions: the generated code
+ * (no fast-math, own exp/tanh) must give the interpreter's NaN, +-Inf and signed zeros. */
+START_TEST(test_special_values)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, 0, 1, 12, 12);
+    jdt_tensor *y = FX_INPUT(&f, "y", JDT_DTYPE_F32, 0, 1, 12, 12);
+    jdt_tensor *(*un[])(jdt_graph *, jdt_tensor *) = {
+        jdt_graph_neg,  jdt_graph_exp,     jdt_graph_log,  jdt_graph_tanh,
+        jdt_graph_sqrt, jdt_graph_rsqrt,   jdt_graph_relu, jdt_graph_gelu,
+        jdt_graph_silu, jdt_graph_sigmoid, jdt_graph_abs};
+    jdt_tensor *(*bin[])(jdt_graph *, jdt_tensor *, jdt_tensor *) = {
+        jdt_graph_add, jdt_graph_sub, jdt_graph_mul, jdt_graph_div,
+        jdt_graph_max, jdt_graph_min, jdt_graph_gt,  jdt_graph_ge};
+    for (size_t i = 0; i < sizeof un / sizeof un[0]; i++)
+        out(&f, un[i](g, x));
+    for (size_t i = 0; i < sizeof bin / sizeof bin[0]; i++)
+        out(&f, bin[i](g, x, y));
+    out(&f, jdt_graph_pow_scalar(g, x, 0.5));
+    out(&f, jdt_graph_pow_scalar(g, x, 2.0));
+    out(&f, jdt_graph_pow_scalar(g, x, -1.0));
+    out(&f, jdt_graph_cast(g, x, JDT_DTYPE_I32));
+    out(&f, jdt_graph_reduce_sum(g, x, 2u, false));
+    out(&f, jdt_graph_reduce_max(g, y, 1u, false));
+    /* masked rows (-inf above the diagonal) through the row kernels */
+    jdt_tensor *z = FX_INPUT(&f, "z", JDT_DTYPE_F32, -3, 3, 12, 12);
+    out(&f, jdt_graph_softmax(g, z));
+    out(&f, jdt_graph_log_softmax(g, z));
+    out(&f, jdt_graph_reduce_max(g, z, 2u, false));
+    out(&f, jdt_graph_exp(g, z));
+    fx_fill(&f, 10);
+    for (int i = 0; i < 12; i++)
+        for (int j = i + 1; j < 12; j++)
+            ((float *)f.ref[2])[i * 12 + j] = ((float *)f.jit[2])[i * 12 + j] = -INFINITY;
+    const float sv[12] = {NAN,    INFINITY, -INFINITY, 0.0f,   -0.0f, 1e-30f,
+                          100.0f, -100.0f,  1e30f,     -1e30f, 88.9f, -104.5f};
+    for (int i = 0; i < 144; i++) {
+        ((float *)f.ref[0])[i] = ((float *)f.jit[0])[i] = sv[i % 12];
+        ((float *)f.ref[1])[i] = ((float *)f.jit[1])[i] = sv[i / 12];
+    }
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    fx_check_steps(&f, &o, 1, 1e-5, 1e-30, false);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_run_errors)
 {
     fx f;
@@ -467,6 +516,7 @@ int main(void)
     tcase_add_test(tc, test_random_fused_chains);
     tcase_add_test(tc, test_train_step_updates);
     tcase_add_test(tc, test_transformer_block_adam);
+    tcase_add_test(tc, test_special_values);
     tcase_add_test(tc, test_run_errors);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
