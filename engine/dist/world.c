@@ -498,7 +498,7 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
 
     /* the launcher's pre-bound coordinator socket, for rank 0 only */
     const char *fd_s = env_get(envp, JDT_WORLD_LISTEN_FD_ENV);
-    if (fd_s && w->rank == 0 && w->world_size > 1) {
+    if (fd_s && w->rank == 0) {
         long fd;
         struct stat sb;
         int listening = 0;
@@ -512,7 +512,7 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
                                "(it is set by jdt-train --nproc; unset it)",
                                JDT_WORLD_LISTEN_FD_ENV, fd_s);
         fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* not for the compiler processes we start */
-        w->coord_listen_fd = (int)fd;
+        if (w->world_size > 1) w->coord_listen_fd = (int)fd; /* else nobody will connect */
     }
     jdt_log_set_rank(w->rank, w->world_size);
     return JDT_OK;
