@@ -651,6 +651,7 @@ int jdt_launch_dist_check(int argc, char **argv)
     const char *config = NULL;
     double hold_s = 0;
     long exit_rank = -1, exit_code = 0;
+    const char *emit = NULL;
     int n_ovr = 0;
     char **ovr = jdt_calloc((size_t)argc + 1, sizeof *ovr);
     if (!ovr) return EXIT_RUNTIME;
@@ -663,6 +664,8 @@ int jdt_launch_dist_check(int argc, char **argv)
                 rc = usage("dist-check --hold: expected seconds in [0, 3600], got '%s'", argv[i]);
                 goto out_args;
             }
+        } else if (strcmp(argv[i], "--emit") == 0 && i + 1 < argc) {
+            emit = argv[++i];
         } else if (strcmp(argv[i], "--exit") == 0 && i + 1 < argc) {
             char *end = NULL;
             exit_rank = strtol(argv[++i], &end, 10);
@@ -685,7 +688,7 @@ int jdt_launch_dist_check(int argc, char **argv)
     }
     if (!config) {
         rc = usage("usage: jdt-train dist-check CONFIG [key=value ...] [--hold SECONDS] "
-                   "[--exit RANK:CODE]%s", "");
+                   "[--exit RANK:CODE] [--emit TEXT]%s", "");
         goto out_args;
     }
     jdt_config c;
@@ -727,6 +730,7 @@ int jdt_launch_dist_check(int argc, char **argv)
         if (w.rank == 0 && d)
             for (int r = 0; r < w.world_size; r++)
                 printf("dist-check: peer %d at %s\n", r, jdt_dist_host(d, r));
+        if (emit) fputs(emit, stdout); /* --emit: raw text, e.g. a last line with no newline */
         fflush(stdout);
     }
     if (!s && w.rank == exit_rank) { /* --exit: this rank leaves early with a code (tests) */

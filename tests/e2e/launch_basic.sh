@@ -34,6 +34,16 @@ printf 'base_config: %s\nruntime:\n  threads: 0\n' "$CFG" >auto.yaml
 [ "$(grep -c "threads 3," out)" -eq 2 ] || { cat out; fail "runtime.threads=3 not passed through"; }
 echo "ok: threads"
 
+# a last line without a newline is flushed with one; a line over 64 KiB is split, not lost
+long=$(head -c 70000 /dev/zero | tr '\0' x)
+"$BIN" --nproc 2 dist-check "$CFG" mesh.data=2 --emit "$(printf 'tail-%s\nno-newline' "$long")" >out 2>err \
+  || { cat err; fail "emit"; }
+[ "$(grep -c '^\[rank [01]\] no-newline$' out)" -eq 2 ] || { tail -c 300 out; fail "partial last line"; }
+[ "$(tr -cd x <out | wc -c)" -eq 140000 ] || fail "long lines lost bytes"
+[ "$(grep -c '^\[rank 0\] tail-x' out)" -eq 1 ] && [ "$(grep -c '^\[rank 0\] x' out)" -eq 1 ] \
+  || fail "a 70000-byte line should come as two prefixed pieces"
+echo "ok: partial and long lines"
+
 # inspect runs per rank too
 "$BIN" --nproc 2 inspect "$CFG" mesh.data=2 >out 2>err || { cat out err; fail "inspect"; }
 [ "$(grep -c '^\[rank [01]\] mesh        data=2' out)" -eq 2 ] || { cat out; fail "inspect output"; }
