@@ -34,6 +34,7 @@ enum {
     FLAG_SCHEMA = 1 << 2,
     FLAG_SAMPLE = 1 << 3, /* --prompt --temperature --top-k --seed --length */
     FLAG_CKPT = 1 << 4,   /* --ckpt PATH */
+    FLAG_PROFILE = 1 << 5, /* --profile */
 };
 
 typedef struct {
@@ -48,6 +49,7 @@ typedef struct {
     const char *log_level;       /* NULL when not given */
     const char *ckpt;            /* --ckpt PATH */
     bool no_compile;             /* inspect --no-compile */
+    bool profile;                /* train --profile */
     const char *prompt;          /* --prompt TEXT */
     double temperature;          /* --temperature (default 0.8) */
     long top_k;                  /* --top-k (0 = off) */
@@ -75,15 +77,19 @@ static int cmd_help(const subcommand *cmd, cli_args *a);
 
 static const subcommand SUBCOMMANDS[] = {
     {"train", cmd_train, "train a model described by a YAML config",
-     "usage: jdt-train [train] CONFIG [key.path=value ...] [--log-level LEVEL]\n"
+     "usage: jdt-train [train] CONFIG [key.path=value ...] [--log-level LEVEL] [--profile]\n"
      "\n"
      "Loads CONFIG (following base_config), applies JDT_<SECTION>_<KEY> environment variables\n"
      "and key.path=value overrides, validates, and trains.\n"
      "\n"
      "options:\n"
      "  --log-level LEVEL   debug|info|warn|error (overrides run.log_level)\n"
+     "  --profile           trace run.profile_steps steps (after the first) into\n"
+     "                      RUN_DIR/trace.rank<r>.json (Chrome trace format: Perfetto opens it;\n"
+     "                      one span per compiled kernel, GEMM, data wait, collective) and log\n"
+     "                      the time per kind of kernel (same as run.profile=true)\n"
      "  -h, --help          show this help\n",
-     FLAG_LOG_LEVEL, true},
+     FLAG_LOG_LEVEL | FLAG_PROFILE, true},
     {"inspect", cmd_inspect, "validate a config and summarise it, or print the schema",
      "usage: jdt-train inspect CONFIG [key.path=value ...] [--print-config] [--log-level LEVEL]\n"
      "       jdt-train inspect --schema[=markdown]\n"
@@ -197,6 +203,8 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                 a->schema = true;
             } else if ((cmd->flags & FLAG_SCHEMA) && strcmp(s, "--schema=markdown") == 0) {
                 a->schema = a->schema_markdown = true;
+            } else if ((cmd->flags & FLAG_PROFILE) && strcmp(s, "--profile") == 0) {
+                a->profile = true;
             } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--no-compile") == 0) {
                 a->no_compile = true;
             } else if ((cmd->flags & FLAG_CKPT) && strcmp(s, "--ckpt") == 0) {
@@ -436,6 +444,7 @@ static int cmd_train(const subcommand *cmd, cli_args *a)
     }
     jdt_err e;
     jdt_err_clear(&e);
+    if (a->profile) c.run.profile = true;
     jdt_dist *dist = NULL;
     jdt_status st = join_job(&c, &dist, &e);
     if (st == JDT_OK) st = jdt_train_run(&c, dist, &e);

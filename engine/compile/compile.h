@@ -38,6 +38,10 @@ typedef struct {
     jdt_compile_remat remat;
     jdt_collective_fn collective; /* runs ALL_REDUCE nodes; NULL: graphs with one fail */
     void *collective_ctx;
+    /* called once per executed step of jdt_program_run with jdt_now_s() timestamps when
+     * non-NULL (name: "fused:<root op>", a builtin's op name, "update"); zero cost when NULL */
+    void (*trace)(void *ctx, const char *name, double t_start_s, double t_end_s);
+    void *trace_ctx;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */

@@ -11,6 +11,7 @@
 #include "datasets/datasets.h"
 #include "io/ckpt.h"
 #include "io/data.h"
+#include "train/trace.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -93,7 +94,16 @@ typedef struct {
     jdt_step *step;
     jdt_data *train, *val;
     FILE *metrics;
+    jdt_trace *trace;    /* run.profile: open while the traced steps run */
+    bool tracing;
 } trainer;
+
+/* compiled-program step hook (jdt_compile_opts.trace): one span per kernel while tracing */
+static void trace_kernel(void *ctx, const char *name, double t0, double t1)
+{
+    trainer *tr = ctx;
+    if (tr->tracing) jdt_trace_span(tr->trace, name, "kernel", 1, t0, t1);
+}
 
 static jdt_status open_data(const trainer *tr, const char *path, const char *split,
                             int64_t rows, jdt_data **out, jdt_err *e)
@@ -250,6 +260,8 @@ static jdt_status run_eval(trainer *tr, double *loss, jdt_err *e)
     return JDT_OK;
 }
 
+static bool last_step(const jdt_config *cfg, int64_t t) { return t + 1 == cfg->run.steps; }
+
 /* ALL_REDUCE nodes of the step graphs run here: group 0 is the data-parallel world. */
 static jdt_status train_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
                                    size_t n_elems, jdt_err *e)
@@ -277,6 +289,10 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     so.copts.cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
     so.copts.remat = cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
     so.copts.profile = cfg->run.profile;
+    if (cfg->run.profile) {
+        so.copts.trace = trace_kernel;
+        so.copts.trace_ctx = tr;
+    }
     if (tr->dist) {
         so.copts.collective = train_collective;
         so.copts.collective_ctx = tr;
@@ -393,6 +409,11 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                  tr.world_size, peak * 1e-9);
 
     const int64_t first = start;
+    char trace_path[1200] = "";
+    if (cfg->run.profile) { /* trace steps first+1 .. first+profile_steps (after warm-up) */
+        snprintf(trace_path, sizeof trace_path, "%s/trace.rank%d.json", tr.run_dir, tr.rank);
+        if ((st = jdt_trace_open(trace_path, tr.rank, &tr.trace, e)) != JDT_OK) goto out_signals;
+    }
     const double t_start = jdt_now_s();
     int64_t window_steps = 0;
     double window_time = 0, window_wait = 0; /* seconds in data + step, of which data */
@@ -400,10 +421,13 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     for (int64_t t = start; t < cfg->run.steps; t++) {
         if ((st = agree_stop(&tr, &stop, e)) != JDT_OK) goto out_signals;
         if (stop) break;
+        tr.tracing = tr.trace && t > first && t <= first + cfg->run.profile_steps;
         double t0 = jdt_now_s();
         jdt_data_batch b;
         if ((st = jdt_data_get(tr.train, t, &b, e)) != JDT_OK) goto out_signals;
-        window_wait += jdt_now_s() - t0;
+        double t_data = jdt_now_s();
+        window_wait += t_data - t0;
+        if (tr.tracing) jdt_trace_span(tr.trace, "data wait", "data", 0, t0, t_data);
         double lr = jdt_train_lr(cfg, t), loss = NAN, gnorm = NAN;
         st = jdt_step_run(tr.step, t, lr, b.x, b.y, &loss, &gnorm, e);
         if (st == JDT_ERR_NUMERIC && cfg->optimizer.nan_policy == JDT_NAN_SKIP) {
@@ -413,6 +437,21 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (st != JDT_OK) goto out_signals;
         window_steps++;
         window_time += jdt_now_s() - t0;
+        if (tr.tracing) {
+            char name[64];
+            snprintf(name, sizeof name, "step %lld", (long long)(t + 1));
+            jdt_trace_span(tr.trace, name, "step", 0, t_data, jdt_now_s());
+            if (t == first + cfg->run.profile_steps || last_step(cfg, t)) {
+                tr.tracing = false;
+                st = jdt_trace_close(tr.trace, e);
+                tr.trace = NULL;
+                if (st != JDT_OK) goto out_signals;
+                if (main_rank)
+                    JDT_INFO("wrote %s: a Chrome trace of steps %lld-%lld (open it in "
+                             "ui.perfetto.dev or chrome://tracing)", trace_path,
+                             (long long)(first + 2), (long long)(t + 1));
+            }
+        }
         if (main_rank)
             fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g}\n",
                 (long long)(t + 1), loss, lr, gnorm);
@@ -461,6 +500,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                          sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
     }
 out_signals:
+    if (tr.trace) jdt_trace_close(tr.trace, NULL); /* run ended inside the traced window */
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (tr.metrics) fclose(tr.metrics);
