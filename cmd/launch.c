@@ -726,7 +726,8 @@ int jdt_launch_dist_check(int argc, char **argv)
         printf("dist-check: rank %d of %d, local %d of %d, pid %d, host %s, coordinator %s, "
                "source %s, threads %d, all-reduce ok\n",
                w.rank, w.world_size, w.local_rank, w.local_world_size, (int)getpid(), host,
-               w.coordinator[0] ? w.coordinator : "-", w.source, c.runtime.threads);
+               w.coordinator[0] ? w.coordinator : "-", w.source,
+               jdt_world_threads(&w, c.runtime.threads));
         if (w.rank == 0 && d)
             for (int r = 0; r < w.world_size; r++)
                 printf("dist-check: peer %d at %s\n", r, jdt_dist_host(d, r));

@@ -419,12 +419,15 @@ static int exit_code(jdt_status st)
 }
 
 /* Joins the job (engine/dist/world.h: dist.* keys, the --nproc launcher, SLURM, else one
- * process); *out stays NULL for a single process. */
-static jdt_status join_job(const jdt_config *c, jdt_dist **out, jdt_err *e)
+ * process); *out stays NULL for a single process. Resolves runtime.threads 0 (auto) to this
+ * process's share of the host's cores. */
+static jdt_status join_job(jdt_config *c, jdt_dist **out, jdt_err *e)
 {
     jdt_world w;
     jdt_status st = jdt_world_resolve(c, environ, &w, e);
-    return st ? st : jdt_world_connect(&w, c, out, e);
+    if (st) return st;
+    c->runtime.threads = jdt_world_threads(&w, c->runtime.threads);
+    return jdt_world_connect(&w, c, out, e);
 }
 
 static int cmd_train(const subcommand *cmd, cli_args *a)

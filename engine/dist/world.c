@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -516,6 +517,20 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     }
     jdt_log_set_rank(w->rank, w->world_size);
     return JDT_OK;
+}
+
+int jdt_world_threads(const jdt_world *w, int requested)
+{
+    if (requested > 0) return requested;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int allowed = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)online;
+    if (online < 1) online = 1;
+    if (allowed < 1) allowed = 1;
+    if (allowed < online) return allowed; /* bound by a launcher or the scheduler already */
+    int n = w && w->local_world_size > 1 ? allowed / w->local_world_size : allowed;
+    return n > 0 ? n : 1;
 }
 
 /* ---- joining ------------------------------------------------------------------------------- */

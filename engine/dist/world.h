@@ -63,6 +63,14 @@ jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist
                              jdt_err *e);
 
 /*
+ * CPU threads for this process: `requested` (runtime.threads) when > 0; else, when the process
+ * is already bound to fewer CPUs than the machine has (the launcher's or SLURM's binding), all
+ * of those; else the machine's CPUs divided among the w->local_world_size processes of this
+ * host. Always >= 1.
+ */
+int jdt_world_threads(const jdt_world *w, int requested);
+
+/*
  * Expands a SLURM host list ("node[01-03,07]", "a,b[1-2]-x,c", "r[1-2]n[1-2]": several
  * bracket groups give every combination, left to right) into hosts in order. Zero padding
  * follows the range's first number ("[08-10]" -> 08 09 10). Returns JDT_OK with *hosts

@@ -11,6 +11,7 @@
 #include <check.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -406,6 +407,37 @@ START_TEST(test_listen_fd)
 }
 END_TEST
 
+START_TEST(test_threads)
+{
+    jdt_world w;
+    memset(&w, 0, sizeof w);
+    w.local_world_size = 1;
+    ck_assert_int_eq(jdt_world_threads(&w, 3), 3);
+    cpu_set_t all, one;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    int n_all = CPU_COUNT(&all);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_all == online) {
+        ck_assert_int_eq(jdt_world_threads(&w, 0), n_all);
+        w.local_world_size = 2;
+        ck_assert_int_eq(jdt_world_threads(&w, 0), n_all / 2 > 0 ? n_all / 2 : 1);
+        w.local_world_size = 1000;
+        ck_assert_int_eq(jdt_world_threads(&w, 0), 1);
+    }
+    /* bound to one CPU: that is the share, whatever the local world */
+    CPU_ZERO(&one);
+    for (int i = 0; i < CPU_SETSIZE; i++)
+        if (CPU_ISSET(i, &all)) {
+            CPU_SET(i, &one);
+            break;
+        }
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    w.local_world_size = 2;
+    ck_assert_int_eq(jdt_world_threads(&w, 0), 1);
+    sched_setaffinity(0, sizeof all, &all);
+}
+END_TEST
+
 /* Two forked ranks join through jdt_world_connect: rank 0 on the inherited socket. */
 START_TEST(test_connect_two_ranks)
 {
@@ -473,6 +505,7 @@ int main(void)
     tcase_add_test(tc, test_resolve_bad_values);
     tcase_add_test(tc, test_token_file);
     tcase_add_test(tc, test_listen_fd);
+    tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_connect_two_ranks);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
