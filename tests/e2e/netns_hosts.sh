@@ -33,7 +33,7 @@ job() {
     h=$(( r / 2 + 1 )); tok=t0k; [ $r = 3 ] && tok=$tok3
     timeout 180 bash "$SHARED/infra/netns-hosts.sh" exec $h "$BIN" "${C[@]}" mesh.data=4 \
       run.out_dir="$TMP/$out" dist.rank=$r dist.world_size=4 dist.coordinator=10.77.0.1:$PORT \
-      dist.token=$tok dist.local_rank=$(( r % 2 )) runtime.threads=1 dist.connect_timeout_s=20 \
+      dist.token=$tok dist.local_rank=$(( r % 2 )) runtime.threads=1 dist.connect_timeout_s=${CT:-20} \
       >"$out.$r.out" 2>"$out.$r.err" &
     PIDS+=($!)
   done
@@ -54,7 +54,7 @@ paste a b | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > m) m = r 
 echo "ok: 2 hosts x 2 processes"
 
 PORT=$(( PORT + 1 ))
-job wrong bad
+CT=8 job wrong bad
 case "$RCS" in *" 0"*) fail "a rank succeeded with a stranger in the job:$RCS";; esac
 grep -qi "token" bad.3.err || { cat bad.3.err; fail "rank 3 not told about its token"; }
 echo "ok: wrong token refused"
