@@ -652,6 +652,7 @@ int jdt_launch_dist_check(int argc, char **argv)
     double hold_s = 0;
     long exit_rank = -1, exit_code = 0;
     const char *emit = NULL;
+    bool stubborn = false;
     int n_ovr = 0;
     char **ovr = jdt_calloc((size_t)argc + 1, sizeof *ovr);
     if (!ovr) return EXIT_RUNTIME;
@@ -664,6 +665,8 @@ int jdt_launch_dist_check(int argc, char **argv)
                 rc = usage("dist-check --hold: expected seconds in [0, 3600], got '%s'", argv[i]);
                 goto out_args;
             }
+        } else if (strcmp(argv[i], "--stubborn") == 0) {
+            stubborn = true;
         } else if (strcmp(argv[i], "--emit") == 0 && i + 1 < argc) {
             emit = argv[++i];
         } else if (strcmp(argv[i], "--exit") == 0 && i + 1 < argc) {
@@ -688,7 +691,7 @@ int jdt_launch_dist_check(int argc, char **argv)
     }
     if (!config) {
         rc = usage("usage: jdt-train dist-check CONFIG [key=value ...] [--hold SECONDS] "
-                   "[--exit RANK:CODE] [--emit TEXT]%s", "");
+                   "[--exit RANK:CODE] [--emit TEXT] [--stubborn]%s", "");
         goto out_args;
     }
     jdt_config c;
@@ -711,7 +714,7 @@ int jdt_launch_dist_check(int argc, char **argv)
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_check_signal;
+    sa.sa_handler = stubborn ? SIG_IGN : on_check_signal; /* --stubborn: a rank that hangs */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     s = jdt_world_connect(&w, &c, &d, &e);

@@ -84,4 +84,11 @@ for _ in $(seq 1 100); do
 done
 no_survivors "$P0" "$P1" "$P2"
 echo "ok: ranks end with a killed launcher"
+# 5. a rank that ignores SIGTERM is killed after the grace period; the launcher still ends
+"$BIN" --nproc 2 dist-check "$CFG" mesh.data=2 --hold 120 --stubborn --exit 1:3 >out 2>err &
+LPID=$!
+wait_launcher 40
+[ "$RC" -eq 3 ] || { cat out err; fail "exit $RC, expected rank 1's 3"; }
+grep -q "^jdt-train: rank 0 did not stop within 10 s: killing it" err || { cat err; fail "no SIGKILL escalation message"; }
+echo "ok: SIGKILL after the grace period"
 echo "launch_signals: all ok"
