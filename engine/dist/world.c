@@ -405,7 +405,8 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     jdt_status st = read_slurm(envp, &sl, e);
     if (st) return st;
 
-    const bool cfg_mode = cfg->dist.rank >= 0 || cfg->dist.coordinator[0];
+    /* dist.coordinator alone under SLURM only moves the coordinator; ranks stay SLURM's */
+    const bool cfg_mode = cfg->dist.rank >= 0 || (cfg->dist.coordinator[0] && !sl.present);
     if (cfg_mode) {
         w->source = "config";
         w->world_size = cfg->dist.world_size > 0 ? cfg->dist.world_size : mesh_size;
@@ -453,7 +454,10 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
             return jdt_err_set(e, JDT_ERR_CONFIG,
                                "dist.world_size is %d but SLURM started %d tasks (SLURM_NTASKS)",
                                cfg->dist.world_size, w->world_size);
-        if (w->world_size > 1) {
+        if (w->world_size > 1 && cfg->dist.coordinator[0]) {
+            snprintf(w->coordinator, sizeof w->coordinator, "%s", cfg->dist.coordinator);
+            if ((st = check_addr(w->coordinator, "dist.coordinator", e))) return st;
+        } else if (w->world_size > 1) {
             if (!sl.first_host[0])
                 return jdt_err_set(e, JDT_ERR_CONFIG,
                                    "SLURM: no SLURM_STEP_NODELIST or SLURM_JOB_NODELIST to find "

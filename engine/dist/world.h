@@ -33,8 +33,9 @@ typedef struct {
 } jdt_world;
 
 /*
- * Resolves this process's place in the job. Order: the config's dist.rank / dist.coordinator
- * (source "config"; the launcher's JDT_DIST_* variables arrive this way), else SLURM_PROCID and
+ * Resolves this process's place in the job. Order: the config's dist.rank (or dist.coordinator
+ * outside SLURM; source "config"; the launcher's JDT_DIST_* variables arrive this way), else
+ * SLURM_PROCID and
  * SLURM_NTASKS in envp (source "slurm"), else one process (source "single"). Single fields fall
  * back the same way: dist.coordinator / dist.port / dist.token override what SLURM would give.
  * The token is dist.token, else the first line of dist.token_file, else under SLURM

@@ -197,6 +197,17 @@ START_TEST(test_resolve_slurm)
     ck_assert_str_eq(w.source, "slurm");
     jdt_config_free(&c);
 
+    /* dist.coordinator alone moves the coordinator but keeps SLURM's ranks */
+    const char *ovr3[] = {"mesh.data=3", "data.batch_size=12", "data.micro_batch_size=12",
+                          "dist.coordinator=login:2222", NULL};
+    ck_assert_int_eq(load(SLURM_ENV, ovr3, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, SLURM_ENV, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.source, "slurm");
+    ck_assert_int_eq(w.rank, 2);
+    ck_assert_str_eq(w.coordinator, "login:2222");
+    ck_assert_str_eq(w.token, "slurm-jdt-4242");
+    jdt_config_free(&c);
+
     /* SLURM's task count must match the mesh */
     ck_assert_int_eq(load(SLURM_ENV, NULL, &c, &e), JDT_OK);
     ck_assert_int_eq(jdt_world_resolve(&c, SLURM_ENV, &w, &e), JDT_ERR_CONFIG);
