@@ -7,9 +7,11 @@
  * Exit codes: 0 success, 1 run-time failure, 2 usage or config error, 130/143 when stopped by
  * SIGINT/SIGTERM.
  */
+#include "cmd/launch.h"
 #include "config/config.h"
 #include "core/core.h"
 #include "datasets/datasets.h"
+#include "dist/world.h"
 #include "io/ckpt.h"
 #include "train/train.h"
 
@@ -153,6 +155,8 @@ static void print_top_help(FILE *f)
         fprintf(f, "  %-10s %s\n", SUBCOMMANDS[i].name, SUBCOMMANDS[i].summary);
     fprintf(f, "\n"
                "flags: -h/--help, --version, --log-level LEVEL, --print-config, --schema\n"
+               "launch: --nproc N runs N processes of a job on this host; under SLURM use srun\n"
+               "        (docs/launch.md)\n"
                "config: key.path=value overrides and JDT_<SECTION>_<KEY> environment variables\n"
                "        apply after the files; `jdt-train inspect --schema` lists every key.\n"
                "exit codes: 0 success, 1 run-time failure, 2 usage or config error,\n"
@@ -414,27 +418,16 @@ static int exit_code(jdt_status st)
     }
 }
 
-/* Joins the multi-process job described by the dist section (world_size > 1), else leaves
- * *out NULL. Placeholder resolution (explicit dist.* keys only) until engine/dist/world.h
- * brings SLURM and the launcher. */
-static jdt_status join_job(const jdt_config *c, jdt_dist **out, jdt_err *e)
+/* Joins the job (engine/dist/world.h: dist.* keys, the --nproc launcher, SLURM, else one
+ * process); *out stays NULL for a single process. Resolves runtime.threads 0 (auto) to this
+ * process's share of the host's cores. */
+static jdt_status join_job(jdt_config *c, jdt_dist **out, jdt_err *e)
 {
-    *out = NULL;
-    if (c->dist.world_size <= 1) return JDT_OK;
-    if (c->dist.rank < 0 || c->dist.rank >= c->dist.world_size || !c->dist.coordinator[0])
-        return jdt_err_set(e, JDT_ERR_CONFIG, "dist: world_size %d needs dist.rank in [0, %d) and "
-                           "dist.coordinator host:port", c->dist.world_size, c->dist.world_size);
-    jdt_dist_opts o;
-    jdt_dist_opts_default(&o);
-    o.rank = c->dist.rank;
-    o.world_size = c->dist.world_size;
-    o.coordinator = c->dist.coordinator;
-    o.token = c->dist.token;
-    o.connect_timeout_s = c->dist.connect_timeout_s;
-    o.heartbeat_s = c->dist.heartbeat_s;
-    o.peer_timeout_s = c->dist.peer_timeout_s;
-    jdt_log_set_rank(o.rank, o.world_size);
-    return jdt_dist_init(&o, out, e);
+    jdt_world w;
+    jdt_status st = jdt_world_resolve(c, environ, &w, e);
+    if (st) return st;
+    c->runtime.threads = jdt_world_threads(&w, c->runtime.threads);
+    return jdt_world_connect(&w, c, out, e);
 }
 
 static int cmd_train(const subcommand *cmd, cli_args *a)
@@ -577,6 +570,8 @@ int main(int argc, char **argv)
         print_top_help(stderr);
         return EXIT_USAGE;
     }
+    if (jdt_launch_requested(argc, argv)) return jdt_launch_main(argc, argv);
+    if (strcmp(argv[1], "dist-check") == 0) return jdt_launch_dist_check(argc - 2, argv + 2);
     const char *first = argv[1];
     if (strcmp(first, "-h") == 0 || strcmp(first, "--help") == 0) {
         print_top_help(stdout);

@@ -3,6 +3,9 @@
  * the peer table, the data mesh (rank j connects to every i < j and authenticates with the job
  * token), the monitor thread (heartbeats out, responses and ABORT in, coordinator silence
  * detection), the KV store and barrier requests, and clean shutdown.
+ *
+ * Thread safety: every public call may come from any thread; KV/barrier requests are
+ * serialised (one in flight per context), collectives execute one at a time in issue order.
  */
 #include "dist/dist-impl.h"
 
@@ -554,6 +557,8 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
     return JDT_OK;
 out_fail:
     if (listen_fd >= 0) close(listen_fd);
+    /* the others already joined: tell them, so they stop now instead of at their deadline */
+    if (d->formed) jdt_dist_abort(d, e ? e->msg : jdt_status_str(st));
     jdt_dist_free(d);
     return st;
 }

@@ -5,9 +5,11 @@
  *
  * One process per rank. jdt_dist_init() connects to the coordinator (rank 0 hosts it in a
  * thread unless told otherwise), receives the peer table and opens a full mesh of TCP data
- * connections. Collectives run on a per-context communication thread in the order they are
- * issued; every member of a group must issue the same collectives on it in the same order
- * (like one NCCL stream). A lost peer (EOF, reset, missed heartbeats) makes every pending and
+ * connections. Collectives execute one at a time in issue order (on a per-context
+ * communication thread, or inline on the caller's thread when nothing is queued); every member
+ * of a group must issue the same collectives on it in the same order (like one NCCL stream).
+ * Groups whose members share one host do all-reduce, reduce-scatter and all-gather through
+ * shared memory instead of loopback TCP (same results, same API). A lost peer (EOF, reset, missed heartbeats) makes every pending and
  * later call return JDT_ERR_PEER_LOST with a message naming the rank and its host, never a hang.
  *
  * Segments: reduce-scatter and all-gather split n_elems into world-size contiguous segments,
@@ -38,7 +40,7 @@ typedef struct {
     double op_timeout_s;       /* one collective or KV wait may take at most this long (600) */
     const char *advertise_host;/* data address others use to reach this rank; NULL = the local
                                   address of the connection to the coordinator */
-    bool disable_shm;          /* all-reduce over TCP even when a group shares one host */
+    bool disable_shm;          /* TCP even when a group shares one host (all ranks must agree) */
 } jdt_dist_opts;
 
 /* Fills o with the defaults above (rank 0, world 1, coordinator "127.0.0.1:0" invalid until
@@ -50,7 +52,8 @@ void jdt_dist_opts_default(jdt_dist_opts *o);
  * the peer table and connects the data mesh. Returns JDT_OK and a context in *out (owned by
  * the caller, release with jdt_dist_free), or: ERR_INVALID (bad options), ERR_NET (cannot
  * bind/connect), ERR_AUTH (token refused), ERR_TIMEOUT (start-up timeout; the message lists
- * the ranks that never arrived), ERR_PROTOCOL (the coordinator spoke garbage). */
+ * the ranks that never arrived), ERR_PROTOCOL (the coordinator spoke garbage), ERR_PEER_LOST
+ * (another rank or the coordinator failed during start-up). */
 jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e);
 
 /* Leaves the job cleanly: stops the communication and heartbeat threads, tells the

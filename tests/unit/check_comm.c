@@ -41,9 +41,9 @@ static int free_listener(int *port)
 
 /* Forks world ranks; each joins the job and runs fn; returns when all exited (or after
  * timeout_s, killing the rest). no_shm: 0 shared memory allowed, 1 TCP only, 2 only rank 1 TCP.
- * codes[r] = exit code, or 100 + signal. */
-static void run_ranks(int world, int no_shm, rank_fn fn, void *arg, double timeout_s,
-                      int *codes)
+ * op_timeout_s bounds each collective. codes[r] = exit code, or 100 + signal. */
+static void run_ranks_opt(int world, int no_shm, double op_timeout_s, rank_fn fn, void *arg,
+                          double timeout_s, int *codes)
 {
     int port, lfd = free_listener(&port);
     char addr[64];
@@ -64,7 +64,7 @@ static void run_ranks(int world, int no_shm, rank_fn fn, void *arg, double timeo
             o.connect_timeout_s = 20;
             o.heartbeat_s = 0.25;
             o.peer_timeout_s = 2;
-            o.op_timeout_s = 30;
+            o.op_timeout_s = op_timeout_s;
             o.disable_shm = no_shm == 2 ? r == 1 : no_shm; /* 2: ranks disagree */
             jdt_dist *d = NULL;
             jdt_err e;
@@ -106,6 +106,11 @@ static void run_ranks(int world, int no_shm, rank_fn fn, void *arg, double timeo
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+}
+
+static void run_ranks(int world, int no_shm, rank_fn fn, void *arg, double timeout_s, int *codes)
+{
+    run_ranks_opt(world, no_shm, 30, fn, arg, timeout_s, codes);
 }
 
 #define FAIL_IF(cond, ...)                                                                        \
@@ -461,6 +466,37 @@ START_TEST(test_rank_hung)
 }
 END_TEST
 
+/* ---- a live rank that never joins a collective: op_timeout_s, naming it --------------------- */
+
+static int absent(int rank, int world, jdt_dist *d, void *arg)
+{
+    jdt_err e;
+    if (rank == 1) { /* alive (heartbeats go on) but never calls: rank 0's timeout aborts the job */
+        void *v;
+        size_t n;
+        jdt_status st = jdt_dist_kv_get(d, "never", 30, &v, &n, &e);
+        FAIL_IF(st != JDT_ERR_PEER_LOST || !strstr(e.msg, "rank 0"), "rank 1: %s", e.msg);
+        return 0;
+    }
+    float buf[1000] = {0};
+    double t0 = jdt_now_s();
+    jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), buf, 1000, JDT_DTYPE_F32, JDT_REDUCE_SUM, &e);
+    double dt = jdt_now_s() - t0;
+    FAIL_IF(st != JDT_ERR_TIMEOUT, "status %s: %s", jdt_status_name(st), e.msg);
+    FAIL_IF(!strstr(e.msg, "rank 1"), "message: %s", e.msg);
+    FAIL_IF(dt < 1.0 || dt > 10, "took %.1f s with op_timeout_s = 1.5", dt);
+    return 0;
+}
+
+START_TEST(test_op_timeout)
+{
+    int codes[2];
+    run_ranks_opt(2, _i, 1.5, absent, NULL, 60, codes);
+    ck_assert_int_eq(codes[0], 0);
+    ck_assert_int_eq(codes[1], 0);
+}
+END_TEST
+
 /* ---- argument checks (single process) ----------------------------------------------------------- */
 
 static int bad_args(int rank, int world, jdt_dist *d, void *arg)
@@ -504,6 +540,7 @@ static Suite *comm_suite(void)
     tcase_add_test(tc, test_mixed_shm_option);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);
     tcase_add_loop_test(tc, test_rank_hung, 0, 2);
+    tcase_add_loop_test(tc, test_op_timeout, 0, 2);
     tcase_add_test(tc, test_bad_args);
     suite_add_tcase(s, tc);
     return s;

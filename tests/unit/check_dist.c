@@ -369,12 +369,14 @@ static int barrier_timeout(proc_ctx *c, void *arg)
     jdt_err e;
     FAIL_IF(jdt_dist_init(&c->o, &d, &e), "init: %s", e.msg);
     if (c->rank == 0) {
-        jdt_status st = jdt_dist_barrier(d, 0.5, &e);
+        jdt_status st = jdt_dist_barrier(d, 1.5, &e);
         FAIL_IF(st != JDT_ERR_TIMEOUT, "barrier: %s", jdt_status_name(st));
-        FAIL_IF(!strstr(e.msg, "not arrived: 2"), "message: %s", e.msg);
+        /* rank 2 never comes; rank 1 normally has arrived (unless it was very slow to start) */
+        FAIL_IF(!strstr(e.msg, "not arrived: 2") && !strstr(e.msg, "not arrived: 1, 2"),
+                "message: %s", e.msg);
         FAIL_IF(jdt_dist_kv_set(d, "done", "1", 1, &e), "kv_set: %s", e.msg);
     } else if (c->rank == 1) {
-        jdt_status st = jdt_dist_barrier(d, 0.5, &e);
+        jdt_status st = jdt_dist_barrier(d, 3, &e);
         FAIL_IF(st != JDT_ERR_TIMEOUT, "barrier: %s", jdt_status_name(st));
     }
     void *v;

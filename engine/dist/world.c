@@ -1,0 +1,601 @@
+/*
+ * world.c — resolving a process's place in the job (config dist.* keys > SLURM > single) and
+ * joining it through jdt_dist_init. Also SLURM's host-list and tasks-per-node syntax.
+ *
+ * Everything is read from the envp and config handed in, never from globals, so tests can
+ * feed any environment.
+ */
+#include "dist/world.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HOST_MAX 256
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+/* Value of NAME in envp, or NULL. */
+static const char *env_get(char *const *envp, const char *name)
+{
+    if (!envp) return NULL;
+    size_t n = strlen(name);
+    for (char *const *p = envp; *p; p++)
+        if (strncmp(*p, name, n) == 0 && (*p)[n] == '=') return *p + n + 1;
+    return NULL;
+}
+
+/* Parses a whole decimal integer in [lo, hi]; false when s is not one. */
+static bool parse_long(const char *s, long lo, long hi, long *out)
+{
+    if (!s || !*s) return false;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+/* Reads env var `name` as an integer in [lo, hi]. Returns JDT_OK with *out (left as is when
+ * the variable is absent and *found false), or ERR_CONFIG for a malformed value. */
+static jdt_status env_long(char *const *envp, const char *name, long lo, long hi, long *out,
+                           bool *found, jdt_err *e)
+{
+    const char *s = env_get(envp, name);
+    if (found) *found = s != NULL;
+    if (!s) return JDT_OK;
+    if (!parse_long(s, lo, hi, out))
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "environment variable %s: expected an integer in [%ld, %ld], got '%s'",
+                           name, lo, hi, s);
+    return JDT_OK;
+}
+
+static bool is_loopback_host(const char *host)
+{
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "localhost") == 0 ||
+           strcmp(host, "::1") == 0;
+}
+
+/* Checks "host:port" (port 1..65535, host non-empty, no spaces); `what` names the source. */
+static jdt_status check_addr(const char *addr, const char *what, jdt_err *e)
+{
+    const char *colon = strrchr(addr, ':');
+    long port;
+    if (!colon || colon == addr || !parse_long(colon + 1, 1, 65535, &port))
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "%s: expected host:port with a port in 1..65535, got '%s'", what, addr);
+    for (const char *p = addr; p < colon; p++)
+        if (*p == ' ' || *p == '\t' || *p == '/' || *p == ',')
+            return jdt_err_set(e, JDT_ERR_CONFIG, "%s: '%s' is not a host name or address", what,
+                               addr);
+    return JDT_OK;
+}
+
+/* ---- SLURM host lists ------------------------------------------------------------------------ */
+
+typedef struct {
+    char **v; /* (n) owned strings */
+    int n, cap, max;
+} strlist;
+
+static jdt_status strlist_push(strlist *l, const char *s, jdt_err *e)
+{
+    if (l->n >= l->max)
+        return jdt_err_set(e, JDT_ERR_CONFIG, "expands to more than %d hosts", l->max);
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        char **v = jdt_realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) return jdt_err_set(e, JDT_ERR_NOMEM, "host list: out of memory");
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n] = jdt_strdup(s);
+    if (!l->v[l->n]) return jdt_err_set(e, JDT_ERR_NOMEM, "host list: out of memory");
+    l->n++;
+    return JDT_OK;
+}
+
+/* Parses one range element "a" or "a-b" of len bytes into [*lo, *hi] with zero-pad width. */
+static jdt_status parse_range(const char *s, size_t len, long *lo, long *hi, int *width,
+                              jdt_err *e)
+{
+    char a[16], b[16];
+    const char *dash = memchr(s, '-', len);
+    size_t la = dash ? (size_t)(dash - s) : len;
+    size_t lb = dash ? len - la - 1 : 0;
+    if (la == 0 || la >= sizeof a || (dash && (lb == 0 || lb >= sizeof b)))
+        return jdt_err_set(e, JDT_ERR_CONFIG, "bad range '%.*s' (want N or N-M, up to 9 digits)",
+                           (int)len, s);
+    memcpy(a, s, la);
+    a[la] = 0;
+    if (dash) memcpy(b, dash + 1, lb);
+    b[lb] = 0;
+    for (size_t i = 0; i < la; i++)
+        if (a[i] < '0' || a[i] > '9') goto bad;
+    for (size_t i = 0; i < lb; i++)
+        if (b[i] < '0' || b[i] > '9') goto bad;
+    if (!parse_long(a, 0, 999999999, lo) || (dash && !parse_long(b, 0, 999999999, hi))) goto bad;
+    if (!dash) *hi = *lo;
+    if (*hi < *lo)
+        return jdt_err_set(e, JDT_ERR_CONFIG, "reversed range '%.*s'", (int)len, s);
+    *width = (int)la;
+    return JDT_OK;
+bad:
+    return jdt_err_set(e, JDT_ERR_CONFIG, "bad range '%.*s' (want N or N-M, up to 9 digits)",
+                       (int)len, s);
+}
+
+/* Expands item[0..len) (no top-level commas) after `prefix` into out. */
+static jdt_status expand_item(const char *item, size_t len, const char *prefix, strlist *out,
+                              jdt_err *e)
+{
+    char buf[HOST_MAX];
+    const char *lb = memchr(item, '[', len);
+    if (!lb) {
+        int n = snprintf(buf, sizeof buf, "%s%.*s", prefix, (int)len, item);
+        if (n < 0 || (size_t)n >= sizeof buf)
+            return jdt_err_set(e, JDT_ERR_CONFIG, "host name longer than %d bytes", HOST_MAX - 1);
+        return strlist_push(out, buf, e);
+    }
+    const char *rb = memchr(lb, ']', len - (size_t)(lb - item));
+    if (!rb) return jdt_err_set(e, JDT_ERR_CONFIG, "unclosed '['");
+    const char *inner = lb + 1;
+    size_t inner_len = (size_t)(rb - inner);
+    if (inner_len == 0) return jdt_err_set(e, JDT_ERR_CONFIG, "empty brackets '[]'");
+    if (memchr(inner, '[', inner_len)) return jdt_err_set(e, JDT_ERR_CONFIG, "nested '['");
+    const char *tail = rb + 1;
+    size_t tail_len = len - (size_t)(tail - item);
+    size_t pos = 0;
+    while (pos <= inner_len) {
+        const char *el = inner + pos;
+        const char *comma = memchr(el, ',', inner_len - pos);
+        size_t el_len = comma ? (size_t)(comma - el) : inner_len - pos;
+        long lo = 0, hi = -1;
+        int width = 0;
+        jdt_status st = parse_range(el, el_len, &lo, &hi, &width, e);
+        if (st) return st;
+        for (long v = lo; v <= hi; v++) {
+            int n = snprintf(buf, sizeof buf, "%s%.*s%0*ld", prefix, (int)(lb - item), item, width,
+                             v);
+            if (n < 0 || (size_t)n >= sizeof buf)
+                return jdt_err_set(e, JDT_ERR_CONFIG, "host name longer than %d bytes",
+                                   HOST_MAX - 1);
+            st = expand_item(tail, tail_len, buf, out, e);
+            if (st) return st;
+        }
+        pos += el_len + 1;
+    }
+    return JDT_OK;
+}
+
+jdt_status jdt_world_hostlist_expand(const char *list, int max_hosts, char ***hosts, int *n,
+                                     jdt_err *e)
+{
+    strlist out = {NULL, 0, 0, max_hosts > 0 ? max_hosts : JDT_WORLD_MAX_HOSTS};
+    jdt_status st = JDT_OK;
+    *hosts = NULL;
+    *n = 0;
+    if (!list || !*list) {
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "empty host list");
+        goto out_fail;
+    }
+    size_t len = strlen(list), start = 0;
+    int depth = 0;
+    for (size_t i = 0; i <= len; i++) {
+        char c = list[i];
+        if (c == '[') {
+            if (depth++ > 0) {
+                st = jdt_err_set(e, JDT_ERR_CONFIG, "nested '[' at position %zu", i + 1);
+                goto out_fail;
+            }
+        } else if (c == ']') {
+            if (--depth < 0) {
+                st = jdt_err_set(e, JDT_ERR_CONFIG, "']' without '[' at position %zu", i + 1);
+                goto out_fail;
+            }
+        } else if (c == ' ' || c == '\t' || c == '\n') {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "white space at position %zu", i + 1);
+            goto out_fail;
+        } else if ((c == ',' && depth == 0) || c == '\0') {
+            if (c == '\0' && depth > 0) {
+                st = jdt_err_set(e, JDT_ERR_CONFIG, "unclosed '['");
+                goto out_fail;
+            }
+            if (i == start) {
+                st = jdt_err_set(e, JDT_ERR_CONFIG, "empty host name at position %zu", i + 1);
+                goto out_fail;
+            }
+            st = expand_item(list + start, i - start, "", &out, e);
+            if (st) goto out_fail;
+            start = i + 1;
+        }
+    }
+    *hosts = out.v;
+    *n = out.n;
+    return JDT_OK;
+out_fail:
+    jdt_world_hostlist_free(out.v, out.n);
+    if (e && st != JDT_ERR_NOMEM) jdt_err_prefix(e, "host list '%s'", list ? list : "");
+    return st;
+}
+
+void jdt_world_hostlist_free(char **hosts, int n)
+{
+    if (!hosts) return;
+    for (int i = 0; i < n; i++) jdt_free(hosts[i]);
+    jdt_free(hosts);
+}
+
+jdt_status jdt_world_tasks_per_node(const char *spec, int node_index, int *n_tasks, jdt_err *e)
+{
+    const char *p = spec;
+    long node = 0, found = -1;
+    if (!spec || !*spec) goto bad;
+    while (*p) {
+        char *end = NULL;
+        if (*p < '0' || *p > '9') goto bad;
+        errno = 0;
+        long count = strtol(p, &end, 10), reps = 1;
+        if (errno || end == p || count < 1 || count > 1000000) goto bad;
+        p = end;
+        if (*p == '(') {
+            if (p[1] != 'x' || p[2] < '0' || p[2] > '9') goto bad;
+            errno = 0;
+            reps = strtol(p + 2, &end, 10);
+            if (errno || reps < 1 || reps > 1000000 || *end != ')') goto bad;
+            p = end + 1;
+        }
+        if (node_index >= node && node_index < node + reps) found = count;
+        node += reps;
+        if (*p == ',') {
+            if (!*++p) goto bad;
+        } else if (*p) {
+            goto bad;
+        }
+    }
+    /* a single count ("4", as in SLURM_NTASKS_PER_NODE) applies to every node */
+    if (found < 0 && node == 1 && !strchr(spec, '(')) found = strtol(spec, NULL, 10);
+    if (found < 0)
+        return jdt_err_set(e, JDT_ERR_CONFIG, "tasks per node '%s': no entry for node %d", spec,
+                           node_index);
+    *n_tasks = (int)found;
+    return JDT_OK;
+bad:
+    return jdt_err_set(e, JDT_ERR_CONFIG,
+                       "tasks per node '%s': expected counts like '2(x3),1'", spec ? spec : "");
+}
+
+int jdt_world_slurm_port(long job_id, long step_id)
+{
+    if (job_id < 0) job_id = -job_id;
+    if (step_id < 0) step_id = 0;
+    return 12000 + 8 * (int)(job_id % 2000) + (int)(step_id % 8);
+}
+
+/* ---- resolution ------------------------------------------------------------------------------ */
+
+/* Reads the first line of path into out (trailing white space trimmed). */
+static jdt_status read_token_file(const char *path, char *out, size_t cap, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return jdt_err_set(e, JDT_ERR_CONFIG, "dist.token_file: cannot read '%s': %s", path,
+                           strerror(errno));
+    char line[1024];
+    if (!fgets(line, sizeof line, f)) line[0] = 0;
+    size_t n = strlen(line);
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' ||
+                     line[n - 1] == '\t'))
+        line[--n] = 0;
+    if (n == 0)
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "dist.token_file: '%s' is empty (want one line)",
+                         path);
+    else if (n >= cap)
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "dist.token_file: '%s': token longer than %zu bytes",
+                         path, cap - 1);
+    else
+        memcpy(out, line, n + 1);
+    fclose(f);
+    return st;
+}
+
+/* The SLURM part: rank, world, local rank/size, first host, job id. */
+typedef struct {
+    bool present;
+    long rank, world_size, local_rank, local_world_size, job_id, step_id;
+    bool batch_step;
+    char first_host[HOST_MAX];
+    char cluster[64];
+} slurm_env;
+
+static jdt_status read_slurm(char *const *envp, slurm_env *s, jdt_err *e)
+{
+    memset(s, 0, sizeof *s);
+    const char *procid = env_get(envp, "SLURM_PROCID");
+    if (!procid) return JDT_OK;
+    s->present = true;
+    jdt_status st;
+    bool found;
+    s->world_size = 1;
+    if ((st = env_long(envp, "SLURM_PROCID", 0, 1 << 20, &s->rank, NULL, e))) return st;
+    if ((st = env_long(envp, "SLURM_NTASKS", 1, 1 << 20, &s->world_size, &found, e))) return st;
+    if (!found && (st = env_long(envp, "SLURM_NPROCS", 1, 1 << 20, &s->world_size, NULL, e)))
+        return st;
+    if (s->rank >= s->world_size)
+        return jdt_err_set(e, JDT_ERR_CONFIG, "SLURM_PROCID=%ld is not below SLURM_NTASKS=%ld",
+                           s->rank, s->world_size);
+    s->local_rank = s->rank;
+    if ((st = env_long(envp, "SLURM_LOCALID", 0, 1 << 20, &s->local_rank, NULL, e))) return st;
+    long node_id = 0;
+    if ((st = env_long(envp, "SLURM_NODEID", 0, 1 << 20, &node_id, NULL, e))) return st;
+
+    s->local_world_size = 0;
+    const char *tpn_vars[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                              "SLURM_TASKS_PER_NODE"};
+    for (size_t i = 0; i < JDT_ARRAY_LEN(tpn_vars) && !s->local_world_size; i++) {
+        const char *v = env_get(envp, tpn_vars[i]);
+        if (!v) continue;
+        int n = 0;
+        st = jdt_world_tasks_per_node(v, (int)node_id, &n, e);
+        if (st) return jdt_err_prefix(e, "environment variable %s", tpn_vars[i]);
+        s->local_world_size = n;
+    }
+    if (!s->local_world_size) s->local_world_size = 1;
+    if (s->local_rank >= s->local_world_size) s->local_world_size = s->local_rank + 1;
+
+    /* the batch script itself runs with SLURM_PROCID=0 and the job's SLURM_NTASKS, but it is
+     * one process: its tasks start only under srun */
+    const char *step = env_get(envp, "SLURM_STEP_ID");
+    if (!step) step = env_get(envp, "SLURM_STEPID");
+    s->batch_step = !step || strcmp(step, "batch") == 0 || strcmp(step, "4294967294") == 0;
+    if (step && !s->batch_step && !parse_long(step, 0, 1L << 40, &s->step_id))
+        return jdt_err_set(e, JDT_ERR_CONFIG, "SLURM_STEP_ID: expected an integer, got '%s'",
+                           step);
+
+    const char *job = env_get(envp, "SLURM_JOB_ID");
+    const char *job_var = "SLURM_JOB_ID";
+    if (!job) {
+        job = env_get(envp, "SLURM_JOBID");
+        job_var = "SLURM_JOBID";
+    }
+    if (!job)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "SLURM_PROCID is set but SLURM_JOB_ID is not: not a SLURM task "
+                           "environment (unset SLURM_PROCID, or set dist.rank)");
+    if (!parse_long(job, 0, 1L << 50, &s->job_id))
+        return jdt_err_set(e, JDT_ERR_CONFIG, "%s: expected an integer, got '%s'", job_var, job);
+
+    const char *nl_vars[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"};
+    const char *nl = NULL, *nl_var = NULL;
+    for (size_t i = 0; i < JDT_ARRAY_LEN(nl_vars) && !nl; i++) {
+        nl = env_get(envp, nl_vars[i]);
+        nl_var = nl_vars[i];
+    }
+    if (nl) {
+        char **hosts = NULL;
+        int n = 0;
+        st = jdt_world_hostlist_expand(nl, JDT_WORLD_MAX_HOSTS, &hosts, &n, e);
+        if (st) return jdt_err_prefix(e, "environment variable %s", nl_var);
+        snprintf(s->first_host, sizeof s->first_host, "%s", hosts[0]);
+        jdt_world_hostlist_free(hosts, n);
+    }
+    const char *cl = env_get(envp, "SLURM_CLUSTER_NAME");
+    snprintf(s->cluster, sizeof s->cluster, "%s", cl && *cl ? cl : "cluster");
+    return JDT_OK;
+}
+
+jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world *w, jdt_err *e)
+{
+    memset(w, 0, sizeof *w);
+    w->coord_listen_fd = -1;
+    w->local_world_size = 1;
+    const int mesh_size = jdt_config_mesh_size(cfg);
+    slurm_env sl;
+    jdt_status st = read_slurm(envp, &sl, e);
+    if (st) return st;
+
+    /* dist.coordinator alone under SLURM only moves the coordinator; ranks stay SLURM's */
+    const bool cfg_mode = cfg->dist.rank >= 0 || (cfg->dist.coordinator[0] && !sl.present);
+    if (cfg_mode) {
+        w->source = "config";
+        w->world_size = cfg->dist.world_size > 0 ? cfg->dist.world_size : mesh_size;
+        if (cfg->dist.rank < 0)
+            return jdt_err_set(e, JDT_ERR_CONFIG,
+                               "dist.rank: not set, but dist.coordinator is '%s': give each "
+                               "process dist.rank=R (or JDT_DIST_RANK), or use jdt-train --nproc",
+                               cfg->dist.coordinator);
+        w->rank = cfg->dist.rank;
+        if (w->rank >= w->world_size)
+            return jdt_err_set(e, JDT_ERR_CONFIG,
+                               "dist.rank: %d is not below the world size %d (dist.world_size, "
+                               "else the mesh size)",
+                               w->rank, w->world_size);
+        if (cfg->dist.coordinator[0]) {
+            snprintf(w->coordinator, sizeof w->coordinator, "%s", cfg->dist.coordinator);
+        } else if (w->world_size > 1) {
+            return jdt_err_set(e, JDT_ERR_CONFIG,
+                               "dist.coordinator: not set, but dist.rank is %d of %d: set "
+                               "dist.coordinator=HOST:PORT (rank 0's host) on every process",
+                               w->rank, w->world_size);
+        }
+        if (w->coordinator[0] && (st = check_addr(w->coordinator, "dist.coordinator", e)))
+            return st;
+        w->local_rank = cfg->dist.local_rank >= 0 ? cfg->dist.local_rank : w->rank;
+        /* everyone on one host when the coordinator is on loopback; unknown otherwise */
+        char host[HOST_MAX];
+        const char *colon = strrchr(w->coordinator, ':');
+        snprintf(host, sizeof host, "%.*s", colon ? (int)(colon - w->coordinator) : 0,
+                 w->coordinator);
+        w->local_world_size = is_loopback_host(host) ? w->world_size : 1;
+        if (w->local_rank >= w->local_world_size) w->local_world_size = w->local_rank + 1;
+    } else if (sl.present && sl.batch_step && sl.world_size > 1) {
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "running in a SLURM batch script with SLURM_NTASKS=%ld but outside "
+                           "srun: start the tasks with `srun jdt-train ...`",
+                           sl.world_size);
+    } else if (sl.present) {
+        w->source = "slurm";
+        w->rank = (int)sl.rank;
+        w->world_size = (int)sl.world_size;
+        w->local_rank = (int)sl.local_rank;
+        w->local_world_size = (int)sl.local_world_size;
+        if (cfg->dist.world_size > 0 && cfg->dist.world_size != w->world_size)
+            return jdt_err_set(e, JDT_ERR_CONFIG,
+                               "dist.world_size is %d but SLURM started %d tasks (SLURM_NTASKS)",
+                               cfg->dist.world_size, w->world_size);
+        if (w->world_size > 1 && cfg->dist.coordinator[0]) {
+            snprintf(w->coordinator, sizeof w->coordinator, "%s", cfg->dist.coordinator);
+            if ((st = check_addr(w->coordinator, "dist.coordinator", e))) return st;
+        } else if (w->world_size > 1) {
+            if (!sl.first_host[0])
+                return jdt_err_set(e, JDT_ERR_CONFIG,
+                                   "SLURM: no SLURM_STEP_NODELIST or SLURM_JOB_NODELIST to find "
+                                   "the coordinator host; set dist.coordinator=HOST:PORT");
+            int port = cfg->dist.port > 0 ? cfg->dist.port
+                                          : jdt_world_slurm_port(sl.job_id, sl.step_id);
+            int n = snprintf(w->coordinator, sizeof w->coordinator, "%s:%d", sl.first_host, port);
+            if (n < 0 || (size_t)n >= sizeof w->coordinator)
+                return jdt_err_set(e, JDT_ERR_CONFIG, "SLURM: coordinator host name too long");
+        }
+    } else {
+        w->source = "single";
+        w->world_size = 1;
+        w->rank = w->local_rank = 0;
+    }
+
+    /* SLURM's task count must fit the mesh (the train loop checks the other sources) */
+    if (strcmp(w->source, "slurm") == 0 && w->world_size != mesh_size)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "slurm: %d tasks (SLURM_NTASKS), but the mesh (data=%d fsdp=%d "
+                           "tensor=%d) needs %d: make mesh.data * mesh.fsdp * mesh.tensor match",
+                           w->world_size, cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor,
+                           mesh_size);
+
+    /* token */
+    if (cfg->dist.token[0]) {
+        if (strlen(cfg->dist.token) >= sizeof w->token)
+            return jdt_err_set(e, JDT_ERR_CONFIG, "dist.token: longer than %zu bytes",
+                               sizeof w->token - 1);
+        snprintf(w->token, sizeof w->token, "%s", cfg->dist.token);
+    } else if (cfg->dist.token_file[0]) {
+        if ((st = read_token_file(cfg->dist.token_file, w->token, sizeof w->token, e))) return st;
+    } else if (strcmp(w->source, "slurm") == 0) {
+        snprintf(w->token, sizeof w->token, "slurm-%s-%ld", sl.cluster, sl.job_id);
+    } else if (w->world_size > 1) {
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "dist.token: %d processes need a job token so strangers cannot join: "
+                           "set the same dist.token=SECRET (or JDT_DIST_TOKEN, or "
+                           "dist.token_file=PATH) on every process (jdt-train --nproc and srun "
+                           "set one for you)",
+                           w->world_size);
+    }
+
+    /* the launcher's pre-bound coordinator socket, for rank 0 only */
+    const char *fd_s = env_get(envp, JDT_WORLD_LISTEN_FD_ENV);
+    if (fd_s && w->rank == 0) {
+        long fd;
+        struct stat sb;
+        int listening = 0;
+        socklen_t sl_len = sizeof listening;
+        if (!parse_long(fd_s, 3, 1 << 20, &fd) || fstat((int)fd, &sb) != 0 ||
+            !S_ISSOCK(sb.st_mode) ||
+            getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &sl_len) != 0 ||
+            !listening)
+            return jdt_err_set(e, JDT_ERR_CONFIG,
+                               "environment variable %s=%s: not an inherited listening socket "
+                               "(it is set by jdt-train --nproc; unset it)",
+                               JDT_WORLD_LISTEN_FD_ENV, fd_s);
+        fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* not for the compiler processes we start */
+        if (w->world_size > 1) w->coord_listen_fd = (int)fd; /* else nobody will connect */
+    }
+    jdt_log_set_rank(w->rank, w->world_size);
+    return JDT_OK;
+}
+
+int jdt_world_threads(const jdt_world *w, int requested)
+{
+    if (requested > 0) return requested;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int allowed = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)online;
+    if (online < 1) online = 1;
+    if (allowed < 1) allowed = 1;
+    if (allowed < online) return allowed; /* bound by a launcher or the scheduler already */
+    int n = w && w->local_world_size > 1 ? allowed / w->local_world_size : allowed;
+    return n > 0 ? n : 1;
+}
+
+/* ---- joining ------------------------------------------------------------------------------- */
+
+/* Binds 0.0.0.0:port for rank 0's coordinator, so ranks on other hosts reach it whatever
+ * address its host name resolves to. */
+static jdt_status bind_any(int port, int *fd_out, jdt_err *e)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return jdt_err_set(e, JDT_ERR_NET, "socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_port = htons((uint16_t)port);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 256) != 0) {
+        int err = errno;
+        close(fd);
+        return jdt_err_set(e, JDT_ERR_NET,
+                           "cannot listen on port %d for the coordinator: %s%s", port,
+                           strerror(err),
+                           err == EADDRINUSE ? " (another job on this host? set dist.port)" : "");
+    }
+    *fd_out = fd;
+    return JDT_OK;
+}
+
+jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist **out,
+                             jdt_err *e)
+{
+    *out = NULL;
+    if (w->world_size <= 1) return JDT_OK;
+    jdt_dist_opts o;
+    jdt_dist_opts_default(&o);
+    o.rank = w->rank;
+    o.world_size = w->world_size;
+    o.coordinator = w->coordinator;
+    o.token = w->token;
+    o.host_coordinator = true;
+    o.coord_listen_fd = w->coord_listen_fd;
+    o.connect_timeout_s = cfg->dist.connect_timeout_s;
+    o.heartbeat_s = cfg->dist.heartbeat_s;
+    o.peer_timeout_s = cfg->dist.peer_timeout_s;
+    jdt_status st = JDT_OK;
+    int own_fd = -1;
+    if (w->rank == 0 && o.coord_listen_fd < 0) {
+        const char *colon = strrchr(w->coordinator, ':');
+        long port = 0;
+        if (!colon || !parse_long(colon + 1, 1, 65535, &port))
+            return jdt_err_set(e, JDT_ERR_CONFIG, "coordinator '%s': bad port", w->coordinator);
+        if ((st = bind_any((int)port, &own_fd, e))) goto out_fail;
+        o.coord_listen_fd = own_fd;
+    }
+    st = jdt_dist_init(&o, out, e);
+    if (st) goto out_fail;
+    JDT_DEBUG("joined the job: rank %d of %d (local %d of %d) via %s, source %s", w->rank,
+              w->world_size, w->local_rank, w->local_world_size, w->coordinator, w->source);
+    return JDT_OK;
+out_fail:
+    jdt_err_prefix(e, "joining the job (%s)", w->source);
+    return st;
+}

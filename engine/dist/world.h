@@ -1,0 +1,98 @@
+/*
+ * world.h — the process model: who am I in the job (rank, world size, local rank), where is the
+ * coordinator and which token admits me. Resolves these from the config's dist.* keys (which
+ * include JDT_DIST_* environment variables and dist.key=value overrides), else from SLURM's
+ * task environment, else a single process; then joins the job through jdt_dist_init().
+ *
+ * The local launcher (`jdt-train --nproc N`, cmd/launch.c) sets JDT_DIST_RANK,
+ * JDT_DIST_WORLD_SIZE, JDT_DIST_LOCAL_RANK, JDT_DIST_COORDINATOR, JDT_DIST_TOKEN for each child
+ * and hands rank 0 a pre-bound coordinator socket in JDT_COORD_LISTEN_FD. Under srun every task
+ * resolves the same coordinator (first host of the step's node list, a port derived from the
+ * job and step id) and a token derived from the job id. See docs/launch.md.
+ */
+#ifndef JDT_WORLD_H
+#define JDT_WORLD_H
+
+#include "config/config.h"
+#include "core/core.h"
+#include "dist/dist.h"
+
+/* The environment variable through which the launcher passes rank 0 its coordinator socket. */
+#define JDT_WORLD_LISTEN_FD_ENV "JDT_COORD_LISTEN_FD"
+
+/* Most hosts a node list may expand to (a guard against "n[0-99999999]"). */
+#define JDT_WORLD_MAX_HOSTS 65536
+
+typedef struct {
+    int rank, world_size;             /* 0 <= rank < world_size */
+    int local_rank, local_world_size; /* on this host; local_world_size 1 when unknown */
+    char coordinator[256];            /* host:port ("" for a single process) */
+    char token[256];                  /* job token ("" for a single process) */
+    int coord_listen_fd;              /* inherited from the launcher for rank 0, else -1 */
+    const char *source;               /* "config" | "slurm" | "single" (static string) */
+} jdt_world;
+
+/*
+ * Resolves this process's place in the job. Order: the config's dist.rank (or dist.coordinator
+ * outside SLURM; source "config"; the launcher's JDT_DIST_* variables arrive this way), else
+ * SLURM_PROCID and
+ * SLURM_NTASKS in envp (source "slurm"), else one process (source "single"). Single fields fall
+ * back the same way: dist.coordinator / dist.port / dist.token override what SLURM would give.
+ * The token is dist.token, else the first line of dist.token_file, else under SLURM
+ * "slurm-<cluster>-<job id>" (keeps other jobs out; not a secret), else none (world size 1).
+ * Under SLURM the task count must equal the config's mesh size.
+ *
+ * envp is a NULL-terminated "NAME=value" array like environ (may be NULL). Also sets the log
+ * rank prefix (jdt_log_set_rank) and marks an inherited coordinator socket close-on-exec.
+ * Returns JDT_OK and fills *w, or JDT_ERR_CONFIG with one line naming the key or variable and
+ * what to do (rank out of range, bad host:port, malformed SLURM node list, missing token,
+ * unreadable token file, world size vs mesh), or JDT_ERR_NOMEM. Not a collective.
+ */
+jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world *w, jdt_err *e);
+
+/*
+ * Joins the job described by w: fills jdt_dist_opts (coordinator, token, timeouts from
+ * dist.connect_timeout_s, dist.heartbeat_s, dist.peer_timeout_s) and calls jdt_dist_init.
+ * Rank 0 hosts the coordinator, on w->coord_listen_fd when >= 0 (ownership passes to the
+ * context), else on a socket it binds on every interface at the coordinator's port. Every rank
+ * of the job must call it once, at start-up. For world_size 1 no rendezvous is needed: returns
+ * JDT_OK with *out = NULL. Otherwise JDT_OK with a context the caller frees with
+ * jdt_dist_free, or jdt_dist_init's errors (ERR_NET, ERR_AUTH, ERR_TIMEOUT, ...; their
+ * messages name the rank and the coordinator) prefixed with "joining the job (<source>)".
+ */
+jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist **out,
+                             jdt_err *e);
+
+/*
+ * CPU threads for this process: `requested` (runtime.threads) when > 0; else, when the process
+ * is already bound to fewer CPUs than the machine has (the launcher's or SLURM's binding), all
+ * of those; else the machine's CPUs divided among the w->local_world_size processes of this
+ * host. Always >= 1.
+ */
+int jdt_world_threads(const jdt_world *w, int requested);
+
+/*
+ * Expands a SLURM host list ("node[01-03,07]", "a,b[1-2]-x,c", "r[1-2]n[1-2]": several
+ * bracket groups give every combination, left to right) into hosts in order. Zero padding
+ * follows the range's first number ("[08-10]" -> 08 09 10). Returns JDT_OK with *hosts
+ * (jdt_malloc'd array of n jdt_malloc'd strings; free with jdt_world_hostlist_free) or
+ * JDT_ERR_CONFIG naming the problem and position (unbalanced or nested brackets, empty item or
+ * range, reversed range, more than max_hosts hosts), or JDT_ERR_NOMEM.
+ */
+jdt_status jdt_world_hostlist_expand(const char *list, int max_hosts, char ***hosts, int *n,
+                                     jdt_err *e);
+/* Frees what jdt_world_hostlist_expand returned; NULL is a no-op. */
+void jdt_world_hostlist_free(char **hosts, int n);
+
+/*
+ * Tasks on node node_index from a SLURM tasks-per-node list ("2(x3),1" = 2,2,2,1; "4" applies
+ * to every node). Returns JDT_OK with *n_tasks, or JDT_ERR_CONFIG for a malformed list.
+ */
+jdt_status jdt_world_tasks_per_node(const char *spec, int node_index, int *n_tasks, jdt_err *e);
+
+/* The coordinator port a SLURM job step uses when dist.port is 0: 12000 + 8 * (job_id % 2000) +
+ * step_id % 8, so it lies below the Linux ephemeral range, consecutive jobs differ, and up to 8
+ * concurrent steps of one job differ. */
+int jdt_world_slurm_port(long job_id, long step_id);
+
+#endif /* JDT_WORLD_H */

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# netns_slurm.sh — SLURM across separate hosts: slurm-netns-up.sh makes host1 and host2
+# (network namespaces with their own addresses 10.77.0.1-2, host names and slurmd). Two hosts
+# x two tasks resolve the coordinator on host1 and exchange data over the virtual network
+# (peer table shows both addresses); two hosts x one task train tiny.yaml data-parallel and
+# match the single-process loss curve; a task killed with SIGKILL on host2 ends the job with a
+# message naming its rank and host. Needs root and iproute2; skips (77) otherwise.
+set -uo pipefail
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}; SHARED=${JDT_SHARED:-$ROOT/../shared}
+fail() { echo "FAIL: $*"; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "SKIP: netns_slurm needs root (network namespaces, SLURM daemons)"; exit 77; }
+[ -f "$SHARED/infra/slurm-netns-up.sh" ] || { echo "SKIP: no $SHARED/infra/slurm-netns-up.sh"; exit 77; }
+up=$(timeout 600 bash "$SHARED/infra/slurm-netns-up.sh" 2 2>&1) \
+  || { echo "$up" | tail -5; echo "SKIP: could not start SLURM on network namespaces (slurm-netns-up.sh 2)"; exit 77; }
+# stop the cluster again at the end if this test started it
+STARTED=0; echo "$up" | grep -q "already running" || STARTED=1
+JID=
+cleanup() {
+  [ -n "$JID" ] && ip netns exec host1 scancel "$JID" 2>/dev/null
+  [ $STARTED = 1 ] && bash "$SHARED/infra/slurm-netns-down.sh" >/dev/null 2>&1
+}
+trap cleanup EXIT
+cd "$TMP" || exit 1
+chmod 755 "$TMP"
+export JDT_TRAIN_BIN=$BIN JDT_RUNTIME_CACHE_DIR=$TMP/cache
+unset JDT_RUNTIME_THREADS
+H1=(ip netns exec host1)
+
+run_job() {  # NAME LIMIT_S SBATCH_ARGS...: bounded sbatch --wait from host1; sets RC
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "${H1[@]}" sbatch --wait --parsable --chdir="$TMP" -o "$TMP/$name.out" "$@" >"$name.id" 2>"$name.err"
+  RC=$?
+  if [ $RC -eq 124 ]; then
+    "${H1[@]}" scancel "$(head -1 "$name.id")" 2>/dev/null
+    tail -20 "$name.out" "$name.err" 2>/dev/null; fail "$name: job not done within ${limit}s"
+  fi
+}
+
+# 1. 2 hosts x 2 tasks
+run_job check 120 -N 2 --ntasks-per-node=2 "$ROOT/scripts/slurm/multi-node.sbatch" dist-check \
+  "$ROOT/configs/tiny.yaml" data.batch_size=8 data.micro_batch_size=4
+[ $RC -eq 0 ] || { cat check.out check.err; fail "dist-check job exited $RC"; }
+for r in 0 1 2 3; do
+  h=$(( r / 2 + 1 ))
+  grep -qE "^dist-check: rank $r of 4, local $((r % 2)) of 2, pid [0-9]+, host host$h, coordinator host1:[0-9]+, source slurm" check.out \
+    || { cat check.out; fail "rank $r: wrong world or host"; }
+done
+for r in 0 1; do grep -q "^dist-check: peer $r at 10.77.0.1$" check.out || { cat check.out; fail "peer $r address"; }; done
+for r in 2 3; do grep -q "^dist-check: peer $r at 10.77.0.2$" check.out || { cat check.out; fail "peer $r address"; }; done
+echo "ok: 2 hosts x 2 tasks joined over the network"
+
+# 2. 2 hosts x 1 task: data-parallel training equals one process
+C=("$ROOT/configs/tiny.yaml" run.steps=12 run.eval_every=6 data.batch_size=8 data.micro_batch_size=4)
+timeout 300 "$BIN" "${C[@]}" run.out_dir="$TMP/single" >/dev/null 2>single.log || { cat single.log; fail "single run"; }
+run_job train 300 -N 2 "$ROOT/scripts/slurm/multi-node.sbatch" "${C[@]}" run.out_dir="$TMP/multi"
+[ $RC -eq 0 ] || { tail -20 train.out; fail "training job exited $RC"; }
+grep -q '^\[rank 0/2\] done: 12 steps' train.out || { tail train.out; fail "training did not finish"; }
+grep -o '"loss": [0-9.e+-]*' single/tiny/metrics.jsonl | awk '{print $2}' >a
+grep -o '"loss": [0-9.e+-]*' multi/tiny/metrics.jsonl | awk '{print $2}' >b
+[ "$(wc -l <a)" -eq 12 ] && [ "$(wc -l <b)" -eq 12 ] || fail "expected 12 losses each"
+paste a b | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > m) m = r }
+  END { printf "max relative loss difference %.3g\n", m; exit !(m < 1e-5) }' || fail "curves differ"
+echo "ok: 2-host data-parallel training"
+
+# 3. SIGKILL the task on host2 mid-run: the job ends, naming rank 1 and its host
+"${H1[@]}" sbatch --parsable --chdir="$TMP" -o "$TMP/kill.out" -N 2 "$ROOT/scripts/slurm/multi-node.sbatch" \
+  "$ROOT/configs/tiny.yaml" run.steps=100000 run.log_every=1 run.eval_every=0 checkpoint.every=0 \
+  run.out_dir="$TMP/kill" >kill.id || fail "sbatch"
+jid=$(head -1 kill.id); JID=$jid
+for _ in $(seq 1 600); do grep -q '^\[rank 0/2\] step 3/' kill.out 2>/dev/null && break; sleep 0.1; done
+grep -q '^\[rank 0/2\] step 3/' kill.out || { tail kill.out; fail "training did not start within 60 s"; }
+victim=
+for p in $(pgrep -x jdt-train); do
+  tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "SLURM_JOB_ID=$jid" || continue
+  tr '\0' '\n' </proc/$p/environ | grep -qx 'SLURM_PROCID=1' && victim=$p
+done
+[ -n "$victim" ] || fail "cannot find rank 1's process"
+t0=$SECONDS
+kill -KILL "$victim"
+while "${H1[@]}" squeue -h -j "$jid" 2>/dev/null | grep -q .; do
+  [ $((SECONDS - t0)) -le 60 ] || { tail kill.out; fail "job still running 60 s after rank 1 was killed"; }
+  sleep 0.2
+done
+echo "job ended $((SECONDS - t0)) s after SIGKILL of rank 1"
+grep -qE 'rank 1 .*host 10\.77\.0\.2|rank 1 \(10\.77\.0\.2|rank 1.*10\.77\.0\.2' kill.out || { tail -20 kill.out; fail "no message naming rank 1 and its host"; }
+echo ok

@@ -1,0 +1,528 @@
+/*
+ * check_world.c — unit tests for engine/dist/world.c: SLURM host-list expansion (ranges, zero
+ * padding, lists, suffixes, several bracket groups, malformed lists), tasks-per-node lists,
+ * world resolution precedence (config > SLURM > single) with environments built in the test,
+ * token rules, bad values, the launcher's inherited socket, and a real 2-rank join through
+ * jdt_world_connect with forked processes.
+ */
+#include "dist/world.h"
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define TINY "configs/tiny.yaml"
+
+/* Loads configs/tiny.yaml with the given environment and NULL-terminated overrides. */
+static jdt_status load(char *const *envp, const char *const *ovr, jdt_config *c, jdt_err *e)
+{
+    int n = 0;
+    while (ovr && ovr[n]) n++;
+    return jdt_config_load(TINY, n, (char *const *)ovr, envp, c, e);
+}
+
+/* Expands list and joins the hosts with spaces into buf. */
+static jdt_status expand_joined(const char *list, char *buf, size_t cap, jdt_err *e)
+{
+    char **h = NULL;
+    int n = 0;
+    jdt_status st = jdt_world_hostlist_expand(list, 1000, &h, &n, e);
+    buf[0] = 0;
+    if (st) return st;
+    size_t o = 0;
+    for (int i = 0; i < n; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%s", i ? " " : "", h[i]);
+    jdt_world_hostlist_free(h, n);
+    return JDT_OK;
+}
+
+START_TEST(test_hostlist_valid)
+{
+    static const char *const cases[][2] = {
+        {"node1", "node1"},
+        {"node[01-03,07]", "node01 node02 node03 node07"},
+        {"a,b[1-2]-x,c", "a b1-x b2-x c"},
+        {"n[8-10]", "n8 n9 n10"},
+        {"n[08-10]", "n08 n09 n10"},
+        {"n[007]", "n007"},
+        {"r[1-2]n[1-2]", "r1n1 r1n2 r2n1 r2n2"},
+        {"gpu-[1,3]-ib,login", "gpu-1-ib gpu-3-ib login"},
+        {"host1,host2", "host1 host2"},
+        {"[1-2]", "1 2"},
+        {"x[0-0]", "x0"},
+    };
+    for (size_t i = 0; i < JDT_ARRAY_LEN(cases); i++) {
+        char buf[512];
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_msg(expand_joined(cases[i][0], buf, sizeof buf, &e) == JDT_OK, "%s: %s",
+                      cases[i][0], e.msg);
+        ck_assert_str_eq(buf, cases[i][1]);
+    }
+}
+END_TEST
+
+START_TEST(test_hostlist_malformed)
+{
+    static const char *const cases[][2] = {
+        {"node[1-3", "unclosed"},      {"node1-3]", "without"},   {"node[[1]]", "nested"},
+        {"a,,b", "empty host"},        {"a,", "empty host"},      {"", "empty host list"},
+        {"n[]", "empty brackets"},     {"n[3-1]", "reversed"},    {"n[a-b]", "bad range"},
+        {"n[1-]", "bad range"},        {"n[-2]", "bad range"},    {"n[1,,2]", "bad range"},
+        {"n[1-2000]", "more than"},    {"a b", "white space"},    {"n[1234567890]", "bad range"},
+    };
+    for (size_t i = 0; i < JDT_ARRAY_LEN(cases); i++) {
+        char buf[512];
+        jdt_err e;
+        jdt_err_clear(&e);
+        jdt_status st = expand_joined(cases[i][0], buf, sizeof buf, &e);
+        ck_assert_msg(st == JDT_ERR_CONFIG, "'%s' accepted", cases[i][0]);
+        ck_assert_msg(strstr(e.msg, cases[i][1]) && strstr(e.msg, "host list"),
+                      "'%s': message '%s' lacks '%s'", cases[i][0], e.msg, cases[i][1]);
+    }
+    char **h = (char **)1;
+    int n = 7;
+    ck_assert_int_eq(jdt_world_hostlist_expand(NULL, 10, &h, &n, NULL), JDT_ERR_CONFIG);
+    ck_assert_ptr_null(h);
+    ck_assert_int_eq(n, 0);
+}
+END_TEST
+
+START_TEST(test_tasks_per_node)
+{
+    int n = 0;
+    jdt_err e;
+    ck_assert_int_eq(jdt_world_tasks_per_node("2(x3),1", 0, &n, &e), JDT_OK);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(jdt_world_tasks_per_node("2(x3),1", 2, &n, &e), JDT_OK);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(jdt_world_tasks_per_node("2(x3),1", 3, &n, &e), JDT_OK);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(jdt_world_tasks_per_node("4", 5, &n, &e), JDT_OK);
+    ck_assert_int_eq(n, 4);
+    ck_assert_int_eq(jdt_world_tasks_per_node("3,5", 1, &n, &e), JDT_OK);
+    ck_assert_int_eq(n, 5);
+    ck_assert_int_eq(jdt_world_tasks_per_node("2(x3),1", 4, &n, &e), JDT_ERR_CONFIG);
+    ck_assert(strstr(e.msg, "node 4"));
+    static const char *const bad[] = {"", "x", "2(3)", "2(x)", "2(x3", "2,", "-1", "0", "2;3"};
+    for (size_t i = 0; i < JDT_ARRAY_LEN(bad); i++)
+        ck_assert_msg(jdt_world_tasks_per_node(bad[i], 0, &n, &e) == JDT_ERR_CONFIG, "'%s'",
+                      bad[i]);
+}
+END_TEST
+
+START_TEST(test_slurm_port)
+{
+    int p = jdt_world_slurm_port(123456, 0);
+    ck_assert(p >= 12000 && p < 28000);
+    ck_assert_int_ne(p, jdt_world_slurm_port(123457, 0));
+    ck_assert_int_ne(p, jdt_world_slurm_port(123456, 1));
+    ck_assert_int_eq(p, jdt_world_slurm_port(123456, 0));
+    for (long j = 0; j < 5000; j += 7) {
+        int q = jdt_world_slurm_port(j, j % 11);
+        ck_assert(q >= 12000 && q < 28000);
+    }
+}
+END_TEST
+
+/* a 3-task SLURM step on two nodes (2 + 1 tasks): this task is rank 2, the only one on n08 */
+static char *SLURM_ENV[] = {
+    "SLURM_PROCID=2",      "SLURM_NTASKS=3",
+    "SLURM_LOCALID=0",     "SLURM_NODEID=1",
+    "SLURM_JOB_ID=4242",   "SLURM_STEP_ID=0",
+    "SLURM_STEP_NODELIST=n[07-08]", "SLURM_JOB_NODELIST=other[1-9]",
+    "SLURM_STEP_TASKS_PER_NODE=2,1", "SLURM_CLUSTER_NAME=jdt",
+    "PATH=/usr/bin",       NULL};
+
+START_TEST(test_resolve_single)
+{
+    jdt_config c;
+    jdt_err e;
+    jdt_world w;
+    char *env[] = {"HOME=/tmp", NULL};
+    ck_assert_int_eq(load(env, NULL, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, env, &w, &e), JDT_OK);
+    ck_assert_str_eq(w.source, "single");
+    ck_assert_int_eq(w.rank, 0);
+    ck_assert_int_eq(w.world_size, 1);
+    ck_assert_int_eq(w.local_world_size, 1);
+    ck_assert_str_eq(w.token, "");
+    ck_assert_int_eq(w.coord_listen_fd, -1);
+    jdt_dist *d = (jdt_dist *)&w;
+    ck_assert_int_eq(jdt_world_connect(&w, &c, &d, &e), JDT_OK);
+    ck_assert_ptr_null(d);
+    jdt_config_free(&c);
+
+    /* a mesh of 2 in one process resolves to a world of 1 (the train loop says what to do) */
+    const char *ovr[] = {"mesh.data=2", NULL};
+    ck_assert_int_eq(load(env, ovr, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, env, &w, &e), JDT_OK);
+    ck_assert_int_eq(w.world_size, 1);
+    jdt_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_resolve_slurm)
+{
+    jdt_config c;
+    jdt_err e;
+    jdt_world w;
+    const char *ovr[] = {"mesh.data=3", "data.batch_size=12", "data.micro_batch_size=12", NULL};
+    ck_assert_int_eq(load(SLURM_ENV, ovr, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, SLURM_ENV, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.source, "slurm");
+    ck_assert_int_eq(w.rank, 2);
+    ck_assert_int_eq(w.world_size, 3);
+    ck_assert_int_eq(w.local_rank, 0);
+    ck_assert_int_eq(w.local_world_size, 1);
+    char want[64];
+    snprintf(want, sizeof want, "n07:%d", jdt_world_slurm_port(4242, 0));
+    ck_assert_str_eq(w.coordinator, want);
+    ck_assert_str_eq(w.token, "slurm-jdt-4242");
+    jdt_config_free(&c);
+
+    /* dist.port and dist.token override what SLURM would give; rank stays SLURM's */
+    const char *ovr2[] = {"mesh.data=3", "data.batch_size=12", "data.micro_batch_size=12", "dist.port=23456", "dist.token=abc", NULL};
+    ck_assert_int_eq(load(SLURM_ENV, ovr2, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, SLURM_ENV, &w, &e), JDT_OK);
+    ck_assert_str_eq(w.coordinator, "n07:23456");
+    ck_assert_str_eq(w.token, "abc");
+    ck_assert_str_eq(w.source, "slurm");
+    jdt_config_free(&c);
+
+    /* dist.coordinator alone moves the coordinator but keeps SLURM's ranks */
+    const char *ovr3[] = {"mesh.data=3", "data.batch_size=12", "data.micro_batch_size=12",
+                          "dist.coordinator=login:2222", NULL};
+    ck_assert_int_eq(load(SLURM_ENV, ovr3, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, SLURM_ENV, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.source, "slurm");
+    ck_assert_int_eq(w.rank, 2);
+    ck_assert_str_eq(w.coordinator, "login:2222");
+    ck_assert_str_eq(w.token, "slurm-jdt-4242");
+    jdt_config_free(&c);
+
+    /* SLURM's task count must match the mesh */
+    ck_assert_int_eq(load(SLURM_ENV, NULL, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, SLURM_ENV, &w, &e), JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "slurm: 3 tasks") && strstr(e.msg, "needs 1"), "%s", e.msg);
+    jdt_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_resolve_slurm_fallbacks)
+{
+    jdt_config c;
+    jdt_err e;
+    jdt_world w;
+    /* job node list when there is no step node list; SLURM_NTASKS_PER_NODE for local size */
+    char *env[] = {"SLURM_PROCID=1", "SLURM_NTASKS=2", "SLURM_LOCALID=1", "SLURM_JOBID=77",
+                   "SLURM_STEPID=3", "SLURM_JOB_NODELIST=login,c[1-4]",
+                   "SLURM_NTASKS_PER_NODE=2", NULL};
+    const char *ovr[] = {"mesh.data=2", NULL};
+    ck_assert_int_eq(load(env, ovr, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, env, &w, &e) == JDT_OK, "%s", e.msg);
+    char want[64];
+    snprintf(want, sizeof want, "login:%d", jdt_world_slurm_port(77, 3));
+    ck_assert_str_eq(w.coordinator, want);
+    ck_assert_int_eq(w.local_rank, 1);
+    ck_assert_int_eq(w.local_world_size, 2);
+    ck_assert_str_eq(w.token, "slurm-cluster-77");
+    jdt_config_free(&c);
+
+    /* the batch script itself (no step id) with several tasks: srun is missing */
+    char *batch[] = {"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_ID=5",
+                     "SLURM_JOB_NODELIST=a[1-2]", NULL};
+    ck_assert_int_eq(load(batch, ovr, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, batch, &w, &e), JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "srun"), "%s", e.msg);
+    jdt_config_free(&c);
+
+    /* malformed SLURM values name the variable */
+    static char *bad_nl[] = {"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_ID=5",
+                             "SLURM_STEP_ID=0", "SLURM_STEP_NODELIST=a[1-", NULL};
+    static char *bad_rank[] = {"SLURM_PROCID=2", "SLURM_NTASKS=2", "SLURM_JOB_ID=5",
+                               "SLURM_STEP_ID=0", "SLURM_STEP_NODELIST=a", NULL};
+    static char *bad_num[] = {"SLURM_PROCID=x", "SLURM_NTASKS=2", "SLURM_JOB_ID=5", NULL};
+    static char *no_job[] = {"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_STEP_ID=0", NULL};
+    static char *bad_tpn[] = {"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_ID=5",
+                              "SLURM_STEP_ID=0", "SLURM_STEP_NODELIST=a",
+                              "SLURM_STEP_TASKS_PER_NODE=2(x", NULL};
+    struct {
+        char **env;
+        const char *want;
+    } cases[] = {{bad_nl, "SLURM_STEP_NODELIST"},
+                 {bad_rank, "not below SLURM_NTASKS"},
+                 {bad_num, "SLURM_PROCID"},
+                 {no_job, "SLURM_JOB_ID"},
+                 {bad_tpn, "SLURM_STEP_TASKS_PER_NODE"}};
+    for (size_t i = 0; i < JDT_ARRAY_LEN(cases); i++) {
+        ck_assert_int_eq(load(cases[i].env, ovr, &c, &e), JDT_OK);
+        ck_assert_int_eq(jdt_world_resolve(&c, cases[i].env, &w, &e), JDT_ERR_CONFIG);
+        ck_assert_msg(strstr(e.msg, cases[i].want), "case %zu: '%s' lacks '%s'", i, e.msg,
+                      cases[i].want);
+        jdt_config_free(&c);
+    }
+}
+END_TEST
+
+START_TEST(test_resolve_config_wins)
+{
+    jdt_config c;
+    jdt_err e;
+    jdt_world w;
+    /* JDT_DIST_* variables (the launcher's) beat SLURM's even inside a SLURM step */
+    char *env[32];
+    int n = 0;
+    for (char **p = SLURM_ENV; *p; p++) env[n++] = *p;
+    env[n++] = "JDT_DIST_RANK=1";
+    env[n++] = "JDT_DIST_WORLD_SIZE=3";
+    env[n++] = "JDT_DIST_COORDINATOR=127.0.0.1:4000";
+    env[n++] = "JDT_DIST_TOKEN=tok";
+    env[n] = NULL;
+    const char *ovr[] = {"mesh.data=3", "data.batch_size=12", "data.micro_batch_size=12", NULL};
+    ck_assert_msg(load(env, ovr, &c, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_msg(jdt_world_resolve(&c, env, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.source, "config");
+    ck_assert_int_eq(w.rank, 1);
+    ck_assert_int_eq(w.world_size, 3);
+    ck_assert_int_eq(w.local_rank, 1);
+    ck_assert_int_eq(w.local_world_size, 3); /* loopback coordinator: one host */
+    ck_assert_str_eq(w.coordinator, "127.0.0.1:4000");
+    ck_assert_str_eq(w.token, "tok");
+    jdt_config_free(&c);
+
+    /* overrides; world size from the mesh; a remote coordinator leaves the local size unknown */
+    char *none[] = {NULL};
+    const char *ovr2[] = {"mesh.data=2", "dist.rank=0", "dist.coordinator=n1:29500",
+                          "dist.token=t", "dist.local_rank=0", NULL};
+    ck_assert_int_eq(load(none, ovr2, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, none, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(w.world_size, 2);
+    ck_assert_int_eq(w.local_world_size, 1);
+    jdt_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_resolve_bad_values)
+{
+    jdt_err e;
+    jdt_world w;
+    jdt_config c;
+    char *none[] = {NULL};
+    struct {
+        const char *ovr[6];
+        const char *want;
+    } cases[] = {
+        {{"mesh.data=2", "dist.rank=1", "dist.token=t", NULL}, "dist.coordinator=HOST:PORT"},
+        {{"mesh.data=2", "dist.coordinator=h:1", "dist.token=t", NULL}, "dist.rank: not set"},
+        {{"mesh.data=2", "dist.rank=1", "dist.coordinator=h", "dist.token=t", NULL},
+         "expected host:port"},
+        {{"mesh.data=2", "dist.rank=1", "dist.coordinator=h:0", "dist.token=t", NULL},
+         "port in 1..65535"},
+        {{"mesh.data=2", "dist.rank=1", "dist.coordinator=h:99999", "dist.token=t", NULL},
+         "port in 1..65535"},
+        {{"mesh.data=2", "dist.rank=1", "dist.coordinator=:80", "dist.token=t", NULL},
+         "expected host:port"},
+        {{"mesh.data=2", "dist.rank=1", "dist.coordinator=a b:80", "dist.token=t", NULL},
+         "not a host name"},
+        /* no token for 2 processes: tells how to set one */
+        {{"mesh.data=2", "dist.rank=1", "dist.coordinator=h:80", NULL}, "JDT_DIST_TOKEN"},
+        {{"mesh.data=2", "dist.rank=1", "dist.coordinator=h:80",
+          "dist.token_file=/nonexistent/tok", NULL},
+         "cannot read '/nonexistent/tok'"},
+    };
+    for (size_t i = 0; i < JDT_ARRAY_LEN(cases); i++) {
+        ck_assert_msg(load(none, cases[i].ovr, &c, &e) == JDT_OK, "case %zu: %s", i, e.msg);
+        ck_assert_int_eq(jdt_world_resolve(&c, none, &w, &e), JDT_ERR_CONFIG);
+        ck_assert_msg(strstr(e.msg, cases[i].want), "case %zu: '%s' lacks '%s'", i, e.msg,
+                      cases[i].want);
+        jdt_config_free(&c);
+    }
+    /* a rank beyond the world size is caught (by the config loader or by resolve) */
+    const char *ovr[] = {"mesh.data=2", "dist.rank=2", "dist.coordinator=h:80", "dist.token=t",
+                         NULL};
+    jdt_status st = load(none, ovr, &c, &e);
+    if (st == JDT_OK) {
+        st = jdt_world_resolve(&c, none, &w, &e);
+        jdt_config_free(&c);
+    }
+    ck_assert_int_eq(st, JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "dist.rank"), "%s", e.msg);
+}
+END_TEST
+
+START_TEST(test_token_file)
+{
+    jdt_err e;
+    jdt_world w;
+    jdt_config c;
+    char path[] = "/tmp/jdt-world-tok-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "s3cret \n second line\n", 21), 21);
+    close(fd);
+    char file_ovr[128];
+    snprintf(file_ovr, sizeof file_ovr, "dist.token_file=%s", path);
+    char *none[] = {NULL};
+    const char *ovr[] = {"mesh.data=2", "dist.rank=1", "dist.coordinator=h:80", file_ovr, NULL};
+    ck_assert_int_eq(load(none, ovr, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, none, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.token, "s3cret");
+    jdt_config_free(&c);
+    /* empty file */
+    FILE *f = fopen(path, "w");
+    fclose(f);
+    ck_assert_int_eq(load(none, ovr, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, none, &w, &e), JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "empty"), "%s", e.msg);
+    jdt_config_free(&c);
+    unlink(path);
+}
+END_TEST
+
+START_TEST(test_listen_fd)
+{
+    jdt_err e;
+    jdt_world w;
+    jdt_config c;
+    /* not a socket: a clear error */
+    char *env_bad[] = {"JDT_COORD_LISTEN_FD=0", NULL};
+    const char *ovr[] = {"mesh.data=2", "dist.rank=0", "dist.coordinator=127.0.0.1:80",
+                         "dist.token=t", NULL};
+    ck_assert_int_eq(load(env_bad, ovr, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, env_bad, &w, &e), JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "JDT_COORD_LISTEN_FD"), "%s", e.msg);
+    jdt_config_free(&c);
+    /* a listening socket is taken and marked close-on-exec */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(fd, 4), 0);
+    char var[64];
+    snprintf(var, sizeof var, "JDT_COORD_LISTEN_FD=%d", fd);
+    char *env[] = {var, NULL};
+    ck_assert_int_eq(load(env, ovr, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, env, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(w.coord_listen_fd, fd);
+    ck_assert(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+    jdt_config_free(&c);
+    close(fd);
+}
+END_TEST
+
+START_TEST(test_threads)
+{
+    jdt_world w;
+    memset(&w, 0, sizeof w);
+    w.local_world_size = 1;
+    ck_assert_int_eq(jdt_world_threads(&w, 3), 3);
+    cpu_set_t all, one;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    int n_all = CPU_COUNT(&all);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_all == online) {
+        ck_assert_int_eq(jdt_world_threads(&w, 0), n_all);
+        w.local_world_size = 2;
+        ck_assert_int_eq(jdt_world_threads(&w, 0), n_all / 2 > 0 ? n_all / 2 : 1);
+        w.local_world_size = 1000;
+        ck_assert_int_eq(jdt_world_threads(&w, 0), 1);
+    }
+    /* bound to one CPU: that is the share, whatever the local world */
+    CPU_ZERO(&one);
+    for (int i = 0; i < CPU_SETSIZE; i++)
+        if (CPU_ISSET(i, &all)) {
+            CPU_SET(i, &one);
+            break;
+        }
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    w.local_world_size = 2;
+    ck_assert_int_eq(jdt_world_threads(&w, 0), 1);
+    sched_setaffinity(0, sizeof all, &all);
+}
+END_TEST
+
+/* Two forked ranks join through jdt_world_connect: rank 0 on the inherited socket. */
+START_TEST(test_connect_two_ranks)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(fd, 16), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    int port = ntohs(sa.sin_port);
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) {
+            char rank[32], coord[64], lfd[64];
+            snprintf(rank, sizeof rank, "JDT_DIST_RANK=%d", r);
+            snprintf(coord, sizeof coord, "JDT_DIST_COORDINATOR=127.0.0.1:%d", port);
+            snprintf(lfd, sizeof lfd, "JDT_COORD_LISTEN_FD=%d", fd);
+            char *env[] = {rank, coord, "JDT_DIST_WORLD_SIZE=2", "JDT_DIST_TOKEN=tt",
+                           "JDT_DIST_CONNECT_TIMEOUT_S=20", r == 0 ? lfd : NULL, NULL};
+            if (r != 0) close(fd);
+            const char *ovr[] = {"mesh.data=2", NULL};
+            jdt_config c;
+            jdt_err e;
+            jdt_world w;
+            jdt_dist *d = NULL;
+            if (load(env, ovr, &c, &e) || jdt_world_resolve(&c, env, &w, &e) ||
+                jdt_world_connect(&w, &c, &d, &e)) {
+                fprintf(stderr, "rank %d: %s\n", r, e.msg);
+                _exit(1);
+            }
+            double x = r + 1.0;
+            jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), &x, 1, JDT_DTYPE_F64,
+                                               JDT_REDUCE_SUM, &e);
+            if (!st) st = jdt_dist_barrier(d, 20, &e);
+            jdt_dist_free(d);
+            jdt_config_free(&c);
+            _exit(st == JDT_OK && x == 3.0 ? 0 : 2);
+        }
+    }
+    close(fd);
+    for (int r = 0; r < 2; r++) {
+        int status = 0;
+        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d failed", r);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("world");
+    TCase *tc = tcase_create("world");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_hostlist_valid);
+    tcase_add_test(tc, test_hostlist_malformed);
+    tcase_add_test(tc, test_tasks_per_node);
+    tcase_add_test(tc, test_slurm_port);
+    tcase_add_test(tc, test_resolve_single);
+    tcase_add_test(tc, test_resolve_slurm);
+    tcase_add_test(tc, test_resolve_slurm_fallbacks);
+    tcase_add_test(tc, test_resolve_config_wins);
+    tcase_add_test(tc, test_resolve_bad_values);
+    tcase_add_test(tc, test_token_file);
+    tcase_add_test(tc, test_listen_fd);
+    tcase_add_test(tc, test_threads);
+    tcase_add_test(tc, test_connect_two_ranks);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
