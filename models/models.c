@@ -137,6 +137,7 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
     for (int64_t l = 0; l < L; l++) {
         char p[64];
         snprintf(p, sizeof p, "blocks.%lld", (long long)l);
+        jdt_graph_set_block(g, (int)l + 1);
 
         /* attention */
         snprintf(name, sizeof name, "%s.ln1", p);
@@ -189,6 +190,7 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
         h = jdt_graph_add(g, h, dropout(b, jdt_graph_reshape(g, mo, 3, btc), name));
     }
 
+    jdt_graph_set_block(g, 0);
     jdt_tensor *hf = jdt_graph_reshape(g, norm(b, h, "ln_f", C), 2, nc);
     if (cfg->model.tie_embeddings) {
         m->logits = jdt_graph_matmul(g, hf, wte, false, true); /* (N, V) */

@@ -19,9 +19,37 @@ static bool piecewise_constant(jdt_op op)
 jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
                              jdt_tensor *const *params, jdt_tensor **grads, jdt_err *e)
 {
+    return jdt_autodiff_grad_ex(g, loss, n_params, params, grads, false, e);
+}
+
+/* Rematerialisation: copies of the forward nodes of block `block` (ids < n), inputs mapped to
+ * earlier copies inside the block; leaves and nodes outside the block are shared. */
+static void clone_block(jdt_graph *g, int n, int block, jdt_tensor **clone)
+{
+    for (int j = 0; j < n; j++) {
+        jdt_tensor *t = jdt_graph_node(g, j);
+        if (t->block != block || t->n_inputs == 0) continue;
+        jdt_tensor *in[JDT_MAX_INPUTS];
+        for (int k = 0; k < t->n_inputs; k++) {
+            jdt_tensor *x = t->inputs[k];
+            in[k] = clone[x->id] ? clone[x->id] : x;
+        }
+        jdt_tensor *c = jdt_graph_op(g, t->op, t->n_inputs, in, &t->attrs, t->dtype, &t->shape);
+        if (!c) return; /* sticky graph error */
+        c->flags |= JDT_TENSOR_REMAT;
+        for (int d = 0; d < t->shape.ndim; d++) c->axes[d] = t->axes[d];
+        clone[j] = c;
+    }
+}
+
+jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
+                                jdt_tensor *const *params, jdt_tensor **grads, bool remat_blocks,
+                                jdt_err *e)
+{
     jdt_status st = JDT_OK;
     bool *dep = NULL, *live = NULL;
-    jdt_tensor **ct = NULL;
+    jdt_tensor **ct = NULL, **clone = NULL;
+    int cloned_block = 0;
     for (int i = 0; i < n_params; i++)
         grads[i] = NULL;
     if (!g || !loss) return jdt_err_set(e, JDT_ERR_INVALID, "autodiff: graph or loss is NULL");
@@ -48,7 +76,8 @@ jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
     dep = jdt_calloc((size_t)n, sizeof *dep);
     live = jdt_calloc((size_t)n, sizeof *live);
     ct = jdt_calloc((size_t)n, sizeof *ct);
-    if (!dep || !live || !ct) {
+    if (remat_blocks) clone = jdt_calloc((size_t)n, sizeof *clone);
+    if (!dep || !live || !ct || (remat_blocks && !clone)) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "autodiff: out of memory for %d nodes", n);
         goto out;
     }
@@ -81,6 +110,14 @@ jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
         for (int k = 0; k < t->n_inputs; k++)
             need[k] = live[t->inputs[k]->id];
         const jdt_op_info *info = jdt_op_info_get(t->op);
+        jdt_tensor *node = t;
+        if (clone && t->block > 0) {
+            if (t->block != cloned_block) { /* entering this block's backward: recompute it */
+                clone_block(g, n, t->block, clone);
+                cloned_block = t->block;
+            }
+            if (clone[i]) node = clone[i];
+        }
         if (!info->vjp) {
             st = jdt_err_set(
                 e, JDT_ERR_UNSUPPORTED,
@@ -89,7 +126,7 @@ jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
                 info->name, i);
             goto out;
         }
-        info->vjp(g, t, ct[i], need, dx);
+        info->vjp(g, node, ct[i], need, dx);
         if ((st = jdt_graph_error(g, e)) != JDT_OK) {
             jdt_err_prefix(e, "autodiff: VJP of '%s' (node %d)", info->name, i);
             goto out;
@@ -124,5 +161,6 @@ out:
     jdt_free(dep);
     jdt_free(live);
     jdt_free(ct);
+    jdt_free(clone);
     return st;
 }

@@ -23,4 +23,13 @@
 jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
                              jdt_tensor *const *params, jdt_tensor **grads, jdt_err *e);
 
+/* Like jdt_autodiff_grad; with remat_blocks, the backward pass of every marked block
+ * (jdt_graph_set_block) reads a recomputed copy of that block's forward nodes, built from the
+ * block's inputs just before its backward, instead of the forward activations: only the
+ * activations at block boundaries stay alive from forward to backward (the memory plan frees
+ * the rest), for about one more forward pass of compute. Results are the same values. */
+jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
+                                jdt_tensor *const *params, jdt_tensor **grads, bool remat_blocks,
+                                jdt_err *e);
+
 #endif /* JDT_AUTODIFF_H */

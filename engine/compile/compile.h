@@ -18,7 +18,8 @@
 
 typedef enum {
     JDT_COMPILE_REMAT_NONE = 0,  /* keep every forward activation for the backward pass */
-    JDT_COMPILE_REMAT_BLOCK = 1, /* recorded only: per-block recompute is not implemented yet */
+    JDT_COMPILE_REMAT_BLOCK = 1, /* the train step was differentiated with per-block recompute
+                                   (jdt_autodiff_grad_ex); the compiler keeps the copies */
 } jdt_compile_remat;
 
 typedef struct {

@@ -372,7 +372,10 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
             cn.in[k] = map[t->inputs[k]->id];
         cn.attrs = t->attrs;
         cn.kind = kind_of(t->op, t);
-        if (cn.kind == CK_LEAF) cn.src = t;
+        /* leaves carry their tensor; so do remat copies, which makes them distinct for CSE
+         * (node_same compares src): merging a recomputation with its original would keep
+         * the activation alive again */
+        if (cn.kind == CK_LEAF || (t->flags & JDT_TENSOR_REMAT)) cn.src = t;
         if (cn.kind == CK_SPLAT) cn.splat = round_to(t->dtype, t->attrs.f[0]);
         int id = -2;
         if (L.simplify && cn.kind != CK_LEAF && cn.kind != CK_SPLAT) id = simplify(&L, &cn);

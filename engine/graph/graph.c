@@ -29,6 +29,7 @@ typedef struct {
 
 struct jdt_graph {
     arena_block *arena;
+    int cur_block; /* block id given to new nodes */
     jdt_tensor **nodes; /* (n_nodes) */
     int n_nodes, cap_nodes;
     jdt_tensor **outputs;
@@ -164,6 +165,7 @@ jdt_tensor *jdt_graph_new_node(jdt_graph *g, jdt_op op, jdt_dtype dtype, const j
     t->n_inputs = n_inputs;
     for (int i = 0; i < n_inputs; i++) t->inputs[i] = inputs[i];
     if (attrs) t->attrs = *attrs;
+    t->block = g->cur_block;
     if (op == JDT_OP_PARAM) t->flags |= JDT_TENSOR_PARAM;
     if (op == JDT_OP_INPUT) t->flags |= JDT_TENSOR_INPUT;
     g->nodes[g->n_nodes++] = t;
@@ -212,6 +214,8 @@ void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor
     *target = g->updates[i].target;
     *value = g->updates[i].value;
 }
+
+void jdt_graph_set_block(jdt_graph *g, int block) { g->cur_block = block; }
 
 jdt_tensor *jdt_graph_find(const jdt_graph *g, const char *name)
 {

@@ -167,6 +167,8 @@ enum {
     JDT_TENSOR_INPUT = 1u << 1,  /* per-step input (data, targets, lr ...) */
     JDT_TENSOR_OUTPUT = 1u << 2, /* listed in the graph's outputs */
     JDT_TENSOR_STATE = 1u << 3,  /* non-trainable persistent leaf (optimizer moments) */
+    JDT_TENSOR_REMAT = 1u << 4,  /* recomputed copy of a forward node (autodiff remat): the
+                                    compiler must not merge it with its original by CSE */
 };
 
 typedef struct jdt_tensor jdt_tensor;
@@ -182,6 +184,8 @@ struct jdt_tensor {
     const char *name;                  /* leaves: stable global name; else NULL (arena) */
     const char *axes[JDT_MAX_DIMS];    /* logical axis name per dim or NULL (arena strings) */
     void *data;                        /* leaves: caller-bound memory; CONSTANT: arena data */
+    int block;                         /* rematerialisation block id (0: none), see
+                                          jdt_graph_set_block */
 };
 
 typedef struct jdt_graph jdt_graph;
@@ -233,6 +237,11 @@ jdt_tensor *jdt_graph_output(const jdt_graph *g, int i);
 int jdt_graph_add_update(jdt_graph *g, jdt_tensor *target, jdt_tensor *value);
 int jdt_graph_n_updates(const jdt_graph *g);
 void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor **value);
+
+/* Nodes created from now on belong to block `block` (0: none). Models mark each transformer
+ * block so that autodiff can recompute a block's activations in the backward pass instead of
+ * keeping them (runtime.remat: block). */
+void jdt_graph_set_block(jdt_graph *g, int block);
 
 /* Finds a leaf by name; NULL if absent. */
 jdt_tensor *jdt_graph_find(const jdt_graph *g, const char *name);

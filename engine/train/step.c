@@ -223,7 +223,8 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     jdt_tensor **G = jdt_graph_alloc(g, (size_t)n * sizeof *G);
     if (!P || !G) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
     for (int i = 0; i < n; i++) P[i] = s->m_main.params[i].t;
-    st = jdt_autodiff_grad(g, s->m_main.loss, n, P, G, e);
+    st = jdt_autodiff_grad_ex(g, s->m_main.loss, n, P, G,
+                              s->o.copts.remat == JDT_COMPILE_REMAT_BLOCK, e);
     if (st != JDT_OK) return jdt_err_prefix(e, "differentiating the model");
     s->out_loss = jdt_graph_add_output(g, world_mean(s, g, s->m_main.loss));
 

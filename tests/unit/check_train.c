@@ -72,6 +72,8 @@ static void fill_batch(int32_t *x, int32_t *y, int rows, int T, int V, int k)
         }
 }
 
+static int64_t g_last_arena; /* planned arena of the last run_steps program */
+
 static void run_steps(jdt_config *c, bool jit, int micro, int n_steps, double *losses)
 {
     char cache[] = "/tmp/jdt-check-train-XXXXXX";
@@ -84,10 +86,12 @@ static void run_steps(jdt_config *c, bool jit, int micro, int n_steps, double *l
     jdt_compile_opts_init(&o.copts);
     o.copts.cache_dir = cache;
     o.copts.threads = 1;
+    o.copts.remat = c->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
     jdt_step *s = NULL;
     jdt_err e;
     jdt_status st = jdt_step_new(c, &o, &s, &e);
     ck_assert_msg(st == JDT_OK, "step_new: %s", e.msg);
+    g_last_arena = jit ? jdt_step_stats(s)->arena_bytes : 0;
     int B = c->data.batch_size, T = c->model.seq_len;
     int32_t *x = malloc(sizeof(int32_t) * (size_t)(B * T)), *y = malloc(sizeof(int32_t) * (size_t)(B * T));
     for (int k = 0; k < n_steps; k++) {
@@ -197,6 +201,32 @@ START_TEST(test_init_is_deterministic_by_name)
 }
 END_TEST
 
+START_TEST(test_remat_same_losses_less_memory)
+{
+    /* 4 blocks, T=32: per-block recompute must give the same losses (same kernels, same order
+     * of float operations per value) with a smaller planned arena of intermediates */
+    char *base[] = {"model.n_layer=4", "model.seq_len=32", "model.dropout=0.1"};
+    char *remat[] = {"model.n_layer=4", "model.seq_len=32", "model.dropout=0.1", "runtime.remat=block"};
+    jdt_config a, b;
+    load(&a, JDT_ARRAY_LEN(base), base);
+    load(&b, JDT_ARRAY_LEN(remat), remat);
+    double la[3], lb[3], li[3];
+    run_steps(&a, true, 4, 3, la);
+    int64_t arena_a = g_last_arena;
+    run_steps(&b, true, 4, 3, lb);
+    int64_t arena_b = g_last_arena;
+    run_steps(&b, false, 4, 3, li); /* the interpreter agrees with the remat graph too */
+    for (int k = 0; k < 3; k++) {
+        ck_assert_msg(fabs(la[k] - lb[k]) <= 1e-6 * fabs(la[k]), "step %d: %.9f vs remat %.9f", k, la[k], lb[k]);
+        ck_assert_msg(fabs(li[k] - lb[k]) <= 1e-4 * fabs(li[k]), "step %d: interp %.9f vs remat %.9f", k, li[k], lb[k]);
+    }
+    ck_assert_msg(arena_b < arena_a, "remat arena %lld not below %lld", (long long)arena_b, (long long)arena_a);
+    printf("remat: planned arena %lld -> %lld bytes\n", (long long)arena_a, (long long)arena_b);
+    jdt_config_free(&a);
+    jdt_config_free(&b);
+}
+END_TEST
+
 /* A stand-in communicator: three identical ranks, so a sum multiplies by 3. */
 static int g_fake_calls;
 static jdt_status fake_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
@@ -265,6 +295,7 @@ int main(void)
     tcase_add_test(tc, test_jit_matches_interpreter);
     tcase_add_test(tc, test_accumulation_matches_big_batch);
     tcase_add_test(tc, test_all_reduce_op);
+    tcase_add_test(tc, test_remat_same_losses_less_memory);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
