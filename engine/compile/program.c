@@ -27,6 +27,7 @@ struct jdt_program {
     jdt_interp *interp; /* opts.no_jit: the reference interpreter runs the graph */
     double *step_s;     /* (n_steps + 1) accumulated seconds per step (profile), last:
                            update copies */
+    char (*step_name)[40]; /* (n_steps) trace names, only with opts.trace */
     int n_runs;
 };
 
@@ -140,6 +141,21 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if (c->opts.profile && !(p->step_s = jdt_calloc((size_t)c->n_steps + 1, sizeof(double)))) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
         goto fail;
+    }
+    if (c->opts.trace) {
+        if (!(p->step_name = jdt_calloc((size_t)c->n_steps + 1, sizeof *p->step_name))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: trace names");
+            goto fail;
+        }
+        for (int s = 0; s < c->n_steps; s++) {
+            const cstep *sp = &c->steps[s];
+            if (sp->kind == STEP_KERNEL)
+                snprintf(p->step_name[s], sizeof p->step_name[s], "fused:%s",
+                         jdt_op_name(c->nodes[c->groups[sp->group].root].op));
+            else
+                snprintf(p->step_name[s], sizeof p->step_name[s], "%s",
+                         jdt_op_name(c->nodes[sp->node].op));
+        }
     }
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
@@ -309,18 +325,24 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
     }
     /* OpenBLAS's thread count is process-wide: another program may have changed it */
     jdt_rt_set_threads(c->nt);
+    bool timed = p->step_s || c->opts.trace;
     for (int s = 0; s < c->n_steps; s++) {
         const cstep *sp = &c->steps[s];
-        double t0 = p->step_s ? jdt_now_s() : 0.0;
+        double t0 = timed ? jdt_now_s() : 0.0;
         if (sp->kind == STEP_KERNEL) {
             p->kernels[sp->kernel]((void *const *)p->ptrs);
         } else {
             jdt_status st = run_builtin(p, sp, e);
             if (st != JDT_OK) return jdt_err_prefix(e, "step %d", s);
         }
-        if (p->step_s) p->step_s[s] += jdt_now_s() - t0;
+        if (timed) {
+            double t1 = jdt_now_s();
+            if (p->step_s) p->step_s[s] += t1 - t0;
+            if (c->opts.trace) c->opts.trace(c->opts.trace_ctx, p->step_name[s], t0, t1);
+        }
     }
-    double tc = p->step_s ? jdt_now_s() : 0.0;
+    double tc = timed ? jdt_now_s() : 0.0;
+    bool copied = false;
     /* updates not donated: leaf-sourced values first (they read old leaf memory) */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < c->n_updates; i++) {
@@ -330,13 +352,18 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
             bool leaf_src = c->bufs[vb].info.kind == JDT_BUF_LEAF;
             if (leaf_src != (pass == 0)) continue;
             const cnode *t = &c->nodes[u->target];
+            copied = true;
             memmove(ptr_of(p, u->target), p->ptrs[vb],
                     (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype));
         }
     }
-    if (p->step_s) {
-        p->step_s[c->n_steps] += jdt_now_s() - tc;
-        p->n_runs++;
+    if (timed) {
+        double t1 = jdt_now_s();
+        if (p->step_s) {
+            p->step_s[c->n_steps] += t1 - tc;
+            p->n_runs++;
+        }
+        if (c->opts.trace && copied) c->opts.trace(c->opts.trace_ctx, "update", tc, t1);
     }
     return JDT_OK;
 }
@@ -433,6 +460,7 @@ void jdt_program_free(jdt_program *p)
     jdt_free_aligned(p->arena);
     jdt_free(p->src);
     jdt_free(p->step_s);
+    jdt_free(p->step_name);
     jdt_interp_free(p->interp);
     if (p->so) dlclose(p->so);
     jdt_free(p);

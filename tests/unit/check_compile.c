@@ -477,6 +477,51 @@ END_TEST
 
 /* Every allocation of the compiler can fail: fail the n-th one for n = 1, 2, ... until the
  * compile succeeds; each failure must be a clean error (ASan's leak check runs at exit). */
+/* Trace hook: one call per executed step, in schedule order, with ordered timestamps and the
+ * step's name; matmul builtins and fused kernels both named. */
+typedef struct {
+    int n, n_matmul, n_fused, n_bad;
+    double last_end;
+} trace_log;
+
+static void trace_cb(void *ctx, const char *name, double t0, double t1)
+{
+    trace_log *t = ctx;
+    t->n++;
+    if (strcmp(name, "matmul") == 0) t->n_matmul++;
+    if (strncmp(name, "fused:", 6) == 0 && name[6]) t->n_fused++;
+    if (t1 < t0 || t0 < t->last_end) t->n_bad++;
+    t->last_end = t1;
+}
+
+START_TEST(test_trace_hook)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 8, 16);
+    jdt_tensor *w = FX_INPUT(&f, "w", JDT_DTYPE_F32, -1, 1, 16, 4);
+    jdt_tensor *h = jdt_graph_tanh(g, jdt_graph_matmul(g, x, w, false, false));
+    out(&f, jdt_graph_reduce_sum(g, h, 2u, false));
+    fx_fill(&f, 3);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    trace_log t = {0};
+    o.trace = trace_cb;
+    o.trace_ctx = &t;
+    jdt_program *p = fx_check_steps(&f, &o, 2, 1e-5, 1e-5, true);
+    int steps = jdt_program_stats(p)->n_steps;
+    ck_assert_int_gt(steps, 1);
+    ck_assert_int_eq(t.n % steps, 0);
+    ck_assert_int_ge(t.n, steps);
+    ck_assert_int_eq(t.n_matmul * steps, t.n);
+    ck_assert_int_eq(t.n_fused, t.n - t.n_matmul);
+    ck_assert_int_eq(t.n_bad, 0);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_alloc_failures_clean)
 {
     fx f;
@@ -530,6 +575,7 @@ int main(void)
     tcase_add_test(tc, test_cache_corrupt_entry_rebuilt);
     tcase_add_test(tc, test_missing_or_failing_compiler);
     tcase_add_test(tc, test_alloc_failures_clean);
+    tcase_add_test(tc, test_trace_hook);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
