@@ -211,8 +211,8 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        jdt_rt_matmul(in[0], in[1], o, batch, M, Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
-                      b->ndim == 2);
+        jdt_rt_matmul(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
+                      n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2);
         break;
     }
     case JDT_OP_GATHER: {
@@ -271,13 +271,21 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
                     n->attrs.i[0] != 0, nt);
         break;
     case JDT_OP_ATTENTION:
-        jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
-                         (float)n->attrs.f[0], scratch, nt);
+    case JDT_OP_ATTENTION_BWD: {
+        /* inputs that are transposes folded into views (passes.c) are read (B, T, H, D) */
+        unsigned bthd = 0;
+        for (int k = 0; k < n->n_in; k++)
+            if (c->nodes[n->in[k]].kind == CK_VIEW && c->nodes[n->in[k]].op == JDT_OP_TRANSPOSE)
+                bthd |= 1u << k;
+        if (n->op == JDT_OP_ATTENTION)
+            jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
+                             s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
+        else
+            jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
+                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch,
+                                 nt);
         break;
-    case JDT_OP_ATTENTION_BWD:
-        jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
-                             s0->dims[2], s0->dims[3], (float)n->attrs.f[0], scratch, nt);
-        break;
+    }
     case JDT_OP_CONCAT: {
         int ax = (int)n->attrs.i[0];
         int64_t outer = 1, inner = 1, len[JDT_MAX_INPUTS];

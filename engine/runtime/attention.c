@@ -27,6 +27,19 @@
 
 #define ATT_BQ 64 /* query rows per block */
 
+/* Start and row stride of slice bh = b * H + h of input bit `bit`: (B, H, T, D) contiguous, or
+ * (B, T, H, D) when the bit is set in bthd. */
+JDT_RT_INLINE const float *slice_of(const float *x, unsigned bthd, int bit, int64_t bh, int64_t H,
+                                    int64_t T, int64_t D, int *ld)
+{
+    if (bthd >> bit & 1u) {
+        *ld = (int)(H * D);
+        return x + (bh / H) * T * H * D + (bh % H) * D;
+    }
+    *ld = (int)D;
+    return x + bh * T * D;
+}
+
 /* Per-thread scratch: the score/probability tile and the dP tile (ATT_BQ, T). */
 static int64_t att_per_thread(int64_t D, int64_t T)
 {
@@ -67,23 +80,25 @@ JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int
 
 JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float *v, float *o,
                                     int64_t B, int64_t H, int64_t T, int64_t D, float scale,
-                                    float *scratch, int nt)
+                                    unsigned bthd, float *scratch, int nt)
 {
     int64_t per = att_per_thread(D, T);
     if (B * H * T * D == 0) return;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *S = scratch + (int64_t)omp_get_thread_num() * per;
-        int64_t off = bh * T * D;
-        const float *qb = q + off, *kb = k + off, *vb = v + off;
-        float *ob = o + off;
+        int lq, lk, lv;
+        const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
+        const float *kb = slice_of(k, bthd, 1, bh, H, T, D, &lk);
+        const float *vb = slice_of(v, bthd, 2, bh, H, T, D, &lv);
+        float *ob = o + bh * T * D;
         for (int64_t i0 = 0; i0 < T; i0 += ATT_BQ) {
             int64_t nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, nk = i0 + nq;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, scale,
-                        qb + i0 * D, (int)D, kb, (int)D, 0.0f, S, (int)nk);
+                        qb + i0 * lq, lq, kb, lk, 0.0f, S, (int)nk);
             softmax_causal_rows(S, nq, nk, i0);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f,
-                        S, (int)nk, vb, (int)D, 0.0f, ob + i0 * D, (int)D);
+                        S, (int)nk, vb, lv, 0.0f, ob + i0 * D, (int)D);
         }
     }
 }
@@ -91,7 +106,7 @@ JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float 
 JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const float *v,
                                         const float *o, const float *dout, float *dqkv, int64_t B,
                                         int64_t H, int64_t T, int64_t D, float scale,
-                                        float *scratch, int nt)
+                                        unsigned bthd, float *scratch, int nt)
 {
     int64_t per = att_per_thread(D, T), n = B * H * T * D;
     float *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
@@ -100,20 +115,25 @@ JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const fl
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *P = scratch + (int64_t)omp_get_thread_num() * per, *dP = P + ATT_BQ * T;
         int64_t off = bh * T * D;
-        const float *qb = q + off, *kb = k + off, *vb = v + off, *ob = o + off, *gb = dout + off;
+        int lq, lk, lv, lo, lg;
+        const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
+        const float *kb = slice_of(k, bthd, 1, bh, H, T, D, &lk);
+        const float *vb = slice_of(v, bthd, 2, bh, H, T, D, &lv);
+        const float *ob = slice_of(o, bthd, 3, bh, H, T, D, &lo);
+        const float *gb = slice_of(dout, bthd, 4, bh, H, T, D, &lg);
         float *dqb = dq + off, *dkb = dk + off, *dvb = dv + off;
         memset(dkb, 0, (size_t)(T * D) * sizeof(float));
         memset(dvb, 0, (size_t)(T * D) * sizeof(float));
         for (int64_t i0 = 0; i0 < T; i0 += ATT_BQ) {
             int64_t nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, nk = i0 + nq;
-            const float *qi = qb + i0 * D, *gi = gb + i0 * D;
+            const float *qi = qb + i0 * lq, *gi = gb + i0 * lg;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, scale,
-                        qi, (int)D, kb, (int)D, 0.0f, P, (int)nk);
+                        qi, lq, kb, lk, 0.0f, P, (int)nk);
             softmax_causal_rows(P, nq, nk, i0);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, 1.0f,
-                        gi, (int)D, vb, (int)D, 0.0f, dP, (int)nk);
+                        gi, lg, vb, lv, 0.0f, dP, (int)nk);
             for (int64_t r = 0; r < nq; r++) {
-                const float *gr = gi + r * D, *orow = ob + (i0 + r) * D;
+                const float *gr = gi + r * lg, *orow = ob + (i0 + r) * lo;
                 float delta = 0.0f;
 #pragma omp simd reduction(+ : delta)
                 for (int64_t d = 0; d < D; d++)
@@ -125,11 +145,11 @@ JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const fl
             }
             /* dV += P^T dO_b, dQ_b = dS K, dK += dS^T Q_b */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, 1.0f, P,
-                        (int)nk, gi, (int)D, 1.0f, dvb, (int)D);
+                        (int)nk, gi, lg, 1.0f, dvb, (int)D);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f,
-                        dP, (int)nk, kb, (int)D, 0.0f, dqb + i0 * D, (int)D);
+                        dP, (int)nk, kb, lk, 0.0f, dqb + i0 * D, (int)D);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, 1.0f,
-                        dP, (int)nk, qi, (int)D, 1.0f, dkb, (int)D);
+                        dP, (int)nk, qi, lq, 1.0f, dkb, (int)D);
         }
     }
 }
