@@ -32,8 +32,17 @@ ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
 
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+# OpenBLAS: Debian's OpenMP build when installed (scripts/install-deps.sh installs it), so GEMMs
+# and the OpenMP kernels share libgomp's one thread pool instead of two pools spinning against
+# each other. Its directory is searched first by pkg-config and baked in as the run path, so the
+# binary gets that variant whatever the libopenblas.so.0 alternative points to.
+OPENBLAS_OMP_PC := $(firstword $(wildcard /usr/lib/*/openblas-openmp/pkgconfig/openblas.pc))
+ifneq ($(OPENBLAS_OMP_PC),)
+PKG_ENV    := PKG_CONFIG_PATH=$(dir $(OPENBLAS_OMP_PC))
+LDFLAGS    += -Wl,-rpath,$(shell PKG_CONFIG_PATH=$(dir $(OPENBLAS_OMP_PC)) pkg-config --variable=libdir openblas)
+endif
+PKG_CFLAGS := $(shell $(PKG_ENV) pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell $(PKG_ENV) pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
 

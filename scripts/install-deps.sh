@@ -12,6 +12,7 @@ PKGS=(
   hdf5-tools         # h5dump, used by tests to check files independently
   libcurl4-openssl-dev
   libopenblas-dev    # CPU GEMMs
+  libopenblas-openmp-dev # the OpenMP build: GEMMs share the kernels' thread pool (Makefile)
   check              # unit-test framework
   iproute2           # network-namespace tests
   procps             # pkill/ps in e2e tests

@@ -39,8 +39,12 @@ typedef struct {
     jdt_compile_remat remat;
     jdt_collective_fn collective; /* runs ALL_REDUCE nodes; NULL: graphs with one fail */
     void *collective_ctx;
-    /* called once per executed step of jdt_program_run with jdt_now_s() timestamps when
-     * non-NULL (name: "fused:<root op>", a builtin's op name, "update"); zero cost when NULL */
+    /* Per-step trace hook: when non-NULL, jdt_program_run calls it once per executed step, in
+     * schedule order, on the calling thread, with jdt_now_s() timestamps around the step. name
+     * is "fused:<root op>" for generated kernels, the op name for builtins ("matmul",
+     * "attention_bwd", "all_reduce" ...) and "update" for the update copies after the steps;
+     * it is a static string owned by the program (valid while it lives). No cost when NULL.
+     * Not called with opts.no_jit (the interpreter has no steps). */
     void (*trace)(void *ctx, const char *name, double t_start_s, double t_end_s);
     void *trace_ctx;
 } jdt_compile_opts;

@@ -341,6 +341,92 @@ static jdt_status check_node(const jdt_tensor *t, jdt_err *e)
     return JDT_OK;
 }
 
+/* Folds y = matmul(a, w) + broadcast(bias) (bias: one value per output column, the matmul read
+ * by nothing else) into the matmul: the builtin gets the bias as a third input and starts its
+ * accumulator from it (GEMM with beta = 1), and the add becomes a view of the product. Saves a
+ * full read and write of y per linear layer. Skipped with no_fuse (tests compare both paths). */
+static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
+{
+    int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: bias folding");
+    for (int i = 0; i < c->n_nodes; i++)
+        for (int k = 0; k < c->nodes[i].n_in; k++)
+            users[c->nodes[i].in[k]]++;
+    for (int i = 0; i < c->n_outputs; i++)
+        users[c->outputs[i]]++;
+    for (int i = 0; i < c->n_updates; i++)
+        users[c->updates[i].value]++, users[c->updates[i].target]++;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *a = &c->nodes[i];
+        if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32 ||
+            a->shape.ndim < 2)
+            continue;
+        for (int side = 0; side < 2; side++) {
+            int mi = a->in[side], bi = a->in[1 - side];
+            cnode *m = &c->nodes[mi], *bc = &c->nodes[bi];
+            if (m->op != JDT_OP_MATMUL || m->n_in != 2 || users[mi] != 1 ||
+                !jdt_shape_eq(&m->shape, &a->shape) || bc->op != JDT_OP_BROADCAST)
+                continue;
+            const cnode *x = &c->nodes[bc->in[0]];
+            int64_t N = a->shape.dims[a->shape.ndim - 1];
+            /* inputs precede their users, except leaves (valid before the first step) */
+            if ((bc->in[0] > mi && x->kind != CK_LEAF) || x->kind == CK_SPLAT || x->dtype != JDT_DTYPE_F32 || x->shape.ndim < 1 ||
+                x->shape.dims[x->shape.ndim - 1] != N || jdt_shape_numel(&x->shape) != N)
+                continue;
+            m->in[2] = bc->in[0];
+            m->n_in = 3;
+            a->op = JDT_OP_RESHAPE;
+            a->kind = CK_VIEW;
+            a->n_in = 1;
+            a->in[0] = mi;
+            memset(&a->attrs, 0, sizeof a->attrs);
+            break;
+        }
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
+/* The attention builtins read q, k, v, o and dout in either (B, H, T, D) or (B, T, H, D)
+ * layout (runtime.h). A (0, 2, 1, 3) transpose read only by attention builtins is therefore not
+ * materialised: it becomes a view of its input's buffer, and the builtin reads that buffer
+ * strided (program.c passes the layout). Skipped with no_fuse. */
+static jdt_status fold_attention_transposes(cprog *c, jdt_err *e)
+{
+    int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
+    int *att_uses = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
+    if (!users || !att_uses) {
+        jdt_free(users);
+        jdt_free(att_uses);
+        return jdt_err_set(e, JDT_ERR_NOMEM, "compile: attention layouts");
+    }
+    for (int i = 0; i < c->n_nodes; i++) {
+        const cnode *n = &c->nodes[i];
+        bool att = n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD;
+        for (int k = 0; k < n->n_in; k++) {
+            users[n->in[k]]++;
+            if (att) att_uses[n->in[k]]++;
+        }
+    }
+    for (int i = 0; i < c->n_outputs; i++)
+        users[c->outputs[i]]++;
+    for (int i = 0; i < c->n_updates; i++)
+        users[c->updates[i].value]++, users[c->updates[i].target]++;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *t = &c->nodes[i];
+        if (t->op != JDT_OP_TRANSPOSE || t->kind != CK_MAP || t->shape.ndim != 4 ||
+            t->dtype != JDT_DTYPE_F32 || users[i] == 0 || users[i] != att_uses[i])
+            continue;
+        if (t->attrs.i[0] != 0 || t->attrs.i[1] != 2 || t->attrs.i[2] != 1 || t->attrs.i[3] != 3)
+            continue;
+        if (c->nodes[t->in[0]].kind == CK_SPLAT) continue;
+        t->kind = CK_VIEW; /* op stays TRANSPOSE: program.c reads it as (B, T, H, D) */
+    }
+    jdt_free(users);
+    jdt_free(att_uses);
+    return JDT_OK;
+}
+
 jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
 {
     jdt_status st = JDT_OK;
@@ -406,6 +492,9 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         c->updates[i].value = map[vv->id];
     }
 
+    if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
+
     /* DCE: live = reachable from outputs, update values and targets */
     for (int i = 0; i < c->n_outputs; i++)
         c->nodes[c->outputs[i]].live = true;
@@ -418,15 +507,14 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
             for (int k = 0; k < c->nodes[i].n_in; k++)
                 c->nodes[c->nodes[i].in[k]].live = true;
     int m = 0;
+    for (int i = 0; i < c->n_nodes; i++) /* first: a folded bias leaf may follow its reader */
+        remap[i] = c->nodes[i].live ? m++ : -1;
+    m = 0;
     for (int i = 0; i < c->n_nodes; i++) {
-        if (!c->nodes[i].live) {
-            remap[i] = -1;
-            continue;
-        }
+        if (!c->nodes[i].live) continue;
         cnode cn = c->nodes[i];
         for (int k = 0; k < cn.n_in; k++)
             cn.in[k] = remap[cn.in[k]];
-        remap[i] = m;
         c->nodes[m++] = cn;
     }
     c->n_nodes = m;

@@ -27,6 +27,7 @@ struct jdt_program {
     jdt_interp *interp; /* opts.no_jit: the reference interpreter runs the graph */
     double *step_s;     /* (n_steps + 1) accumulated seconds per step (profile), last:
                            update copies */
+    char (*step_name)[40]; /* (n_steps) trace names, only with opts.trace */
     int n_runs;
 };
 
@@ -141,6 +142,21 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
         goto fail;
     }
+    if (c->opts.trace) {
+        if (!(p->step_name = jdt_calloc((size_t)c->n_steps + 1, sizeof *p->step_name))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: trace names");
+            goto fail;
+        }
+        for (int s = 0; s < c->n_steps; s++) {
+            const cstep *sp = &c->steps[s];
+            if (sp->kind == STEP_KERNEL)
+                snprintf(p->step_name[s], sizeof p->step_name[s], "fused:%s",
+                         jdt_op_name(c->nodes[c->groups[sp->group].root].op));
+            else
+                snprintf(p->step_name[s], sizeof p->step_name[s], "%s",
+                         jdt_op_name(c->nodes[sp->node].op));
+        }
+    }
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
     if (!p->arena || !p->ptrs) {
@@ -195,8 +211,8 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        jdt_rt_matmul(in[0], in[1], o, batch, M, Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
-                      b->ndim == 2);
+        jdt_rt_matmul(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
+                      n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2);
         break;
     }
     case JDT_OP_GATHER: {
@@ -255,13 +271,21 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
                     n->attrs.i[0] != 0, nt);
         break;
     case JDT_OP_ATTENTION:
-        jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
-                         (float)n->attrs.f[0], scratch, nt);
+    case JDT_OP_ATTENTION_BWD: {
+        /* inputs that are transposes folded into views (passes.c) are read (B, T, H, D) */
+        unsigned bthd = 0;
+        for (int k = 0; k < n->n_in; k++)
+            if (c->nodes[n->in[k]].kind == CK_VIEW && c->nodes[n->in[k]].op == JDT_OP_TRANSPOSE)
+                bthd |= 1u << k;
+        if (n->op == JDT_OP_ATTENTION)
+            jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
+                             s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
+        else
+            jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
+                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch,
+                                 nt);
         break;
-    case JDT_OP_ATTENTION_BWD:
-        jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
-                             s0->dims[2], s0->dims[3], (float)n->attrs.f[0], scratch, nt);
-        break;
+    }
     case JDT_OP_CONCAT: {
         int ax = (int)n->attrs.i[0];
         int64_t outer = 1, inner = 1, len[JDT_MAX_INPUTS];
@@ -309,18 +333,24 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
     }
     /* OpenBLAS's thread count is process-wide: another program may have changed it */
     jdt_rt_set_threads(c->nt);
+    bool timed = p->step_s || c->opts.trace;
     for (int s = 0; s < c->n_steps; s++) {
         const cstep *sp = &c->steps[s];
-        double t0 = p->step_s ? jdt_now_s() : 0.0;
+        double t0 = timed ? jdt_now_s() : 0.0;
         if (sp->kind == STEP_KERNEL) {
             p->kernels[sp->kernel]((void *const *)p->ptrs);
         } else {
             jdt_status st = run_builtin(p, sp, e);
             if (st != JDT_OK) return jdt_err_prefix(e, "step %d", s);
         }
-        if (p->step_s) p->step_s[s] += jdt_now_s() - t0;
+        if (timed) {
+            double t1 = jdt_now_s();
+            if (p->step_s) p->step_s[s] += t1 - t0;
+            if (c->opts.trace) c->opts.trace(c->opts.trace_ctx, p->step_name[s], t0, t1);
+        }
     }
-    double tc = p->step_s ? jdt_now_s() : 0.0;
+    double tc = timed ? jdt_now_s() : 0.0;
+    bool copied = false;
     /* updates not donated: leaf-sourced values first (they read old leaf memory) */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < c->n_updates; i++) {
@@ -330,13 +360,18 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
             bool leaf_src = c->bufs[vb].info.kind == JDT_BUF_LEAF;
             if (leaf_src != (pass == 0)) continue;
             const cnode *t = &c->nodes[u->target];
+            copied = true;
             memmove(ptr_of(p, u->target), p->ptrs[vb],
                     (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype));
         }
     }
-    if (p->step_s) {
-        p->step_s[c->n_steps] += jdt_now_s() - tc;
-        p->n_runs++;
+    if (timed) {
+        double t1 = jdt_now_s();
+        if (p->step_s) {
+            p->step_s[c->n_steps] += t1 - tc;
+            p->n_runs++;
+        }
+        if (c->opts.trace && copied) c->opts.trace(c->opts.trace_ctx, "update", tc, t1);
     }
     return JDT_OK;
 }
@@ -433,6 +468,7 @@ void jdt_program_free(jdt_program *p)
     jdt_free_aligned(p->arena);
     jdt_free(p->src);
     jdt_free(p->step_s);
+    jdt_free(p->step_name);
     jdt_interp_free(p->interp);
     if (p->so) dlclose(p->so);
     jdt_free(p);

@@ -766,10 +766,14 @@ static void vjp_ATTENTION(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const 
 {
     jdt_tensor *packed =
         jdt_graph_attention_bwd(g, IN(0), IN(1), IN(2), node, dy, node->attrs.f[0]);
+    /* (3, B, ...) viewed as (3B, ...), then sliced: the slices have the gradients' shape, so no
+     * reshape follows them and the compiler composes each slice into its consumer's read */
+    jdt_shape flat = node->shape;
+    int64_t B = flat.dims[0];
+    flat.dims[0] *= 3;
+    jdt_tensor *packed_flat = jdt_graph_reshape(g, packed, flat.ndim, flat.dims);
     for (int k = 0; k < 3; k++)
-        if (need[k])
-            dx[k] =
-                jdt_graph_reshape(g, jdt_graph_slice(g, packed, 0, k, k + 1), 4, node->shape.dims);
+        if (need[k]) dx[k] = jdt_graph_slice(g, packed_flat, 0, k * B, (k + 1) * B);
 }
 
 static bool shape_ALL_REDUCE(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,

@@ -20,26 +20,32 @@ void jdt_rt_set_threads(int nt)
     openblas_set_num_threads(nt > 0 ? nt : 1);
 }
 
-void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M, int64_t N,
-                   int64_t K, bool ta, bool tb, bool b_shared)
+void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                   int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared)
 {
     if (M == 0 || N == 0) return;
+    float beta = 0.0f;
+    if (bias) {
+        for (int64_t r = 0; r < batch * M; r++)
+            memcpy(c + r * N, bias, (size_t)N * sizeof(float));
+        beta = 1.0f;
+    }
     if (K == 0) {
-        memset(c, 0, (size_t)(batch * M * N) * sizeof(float));
+        if (!bias) memset(c, 0, (size_t)(batch * M * N) * sizeof(float));
         return;
     }
     int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
     /* A shared b and a row-major, untransposed a: the batch folds into M (one big GEMM). */
     if (b_shared && !ta) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)(batch * M),
-                    (int)N, (int)K, 1.0f, a, lda, b, ldb, 0.0f, c, (int)N);
+                    (int)N, (int)K, 1.0f, a, lda, b, ldb, beta, c, (int)N);
         return;
     }
     for (int64_t i = 0; i < batch; i++) {
         const float *bi = b_shared ? b : b + i * K * N;
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)M, (int)N, (int)K, 1.0f, a + i * M * K, lda, bi, ldb, 0.0f, c + i * M * N,
-                    (int)N);
+                    (int)M, (int)N, (int)K, 1.0f, a + i * M * K, lda, bi, ldb, beta,
+                    c + i * M * N, (int)N);
     }
 }
 

@@ -19,11 +19,12 @@
  * take `nt` explicitly). Call once per program compile, not concurrently with a GEMM. */
 void jdt_rt_set_threads(int nt);
 
-/* c = a @ b for `batch` independent products. a (batch, M, K) or (batch, K, M) if ta;
- * b (batch|1, K, N) or (batch|1, N, K) if tb (b_shared: one b for every batch); c (batch, M, N).
+/* c = a @ b (+ bias) for `batch` independent products. a (batch, M, K) or (batch, K, M) if ta;
+ * b (batch|1, K, N) or (batch|1, N, K) if tb (b_shared: one b for every batch); c (batch, M, N);
+ * bias (N) or NULL: added to every row (the GEMM accumulates onto rows initialised to it).
  * Accumulates in f32 (cblas_sgemm). */
-void jdt_rt_matmul(const float *a, const float *b, float *c, int64_t batch, int64_t M, int64_t N,
-                   int64_t K, bool ta, bool tb, bool b_shared);
+void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                   int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared);
 
 /* out (n, C) = table (V, C) rows idx (n). Returns the number of out-of-range indices (their
  * rows are zero-filled); the caller reports them. */
@@ -63,14 +64,18 @@ void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int6
 void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out, int64_t outer,
                    int64_t inner, size_t elem_bytes);
 
-/* Causal attention, q k v o (B, H, T, D). Online softmax over key blocks: no T x T matrix.
- * scratch: jdt_rt_attention_scratch_floats(D, T, nt) floats. */
+/* Causal attention, q k v o (B, H, T, D). Softmax rows are exact per block of 64 queries (the
+ * block's scores against its causal keys fit the scratch): no T x T matrix.
+ * bthd: bit i set = input i (q, k, v; for the backward also o = bit 3, dout = bit 4) is stored
+ * (B, T, H, D) instead (a head-major view read strided: no transpose copy). Outputs are always
+ * (B, H, T, D). scratch: jdt_rt_attention_scratch_floats(D, T, nt) floats. */
 int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt);
 void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, int64_t B,
-                      int64_t H, int64_t T, int64_t D, float scale, float *scratch, int nt);
-/* dqkv (3, B, H, T, D) = (dq, dk, dv) of the above; recomputes the row log-sum-exp. */
+                      int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, float *scratch,
+                      int nt);
+/* dqkv (3, B, H, T, D) = (dq, dk, dv) of the above; recomputes the softmax. */
 void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const float *o,
                           const float *dout, float *dqkv, int64_t B, int64_t H, int64_t T,
-                          int64_t D, float scale, float *scratch, int nt);
+                          int64_t D, float scale, unsigned bthd, float *scratch, int nt);
 
 #endif /* JDT_RUNTIME_H */

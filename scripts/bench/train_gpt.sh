@@ -4,6 +4,9 @@
 # the whole step) on the same model, batch and thread count, in one run. Prints tokens/s, MFU
 # against the measured SGEMM peak, and the ratios jdt/peer.
 # Defaults: the issue's reference point L=6 C=384 H=6 T=256 B=8 V=65, 12 steps, 2 threads.
+# REPS (default 3): the frameworks run alternately REPS times (jdt, torch, jax, jdt, ...) and
+# each reports its best run, so a burst of load on a shared machine does not land on one side
+# only; the spread (worst..best) is printed too.
 # Peers: PYTHON_TORCH (default /usr/bin/python3), PYTHON_JAX (default python3); missing ones
 # are reported and skipped.
 set -uo pipefail
@@ -24,25 +27,42 @@ optimizer: {type: adamw, lr: 0.001, warmup_steps: 0, weight_decay: 0.1, grad_cli
 checkpoint: {every: 0, resume: none}
 runtime: {threads: $THREADS, cache_dir: $TMP/cache}
 YAML
-# compile once (cache), then the timed run
+REPS=${REPS:-3}
+# compile once (cache), then the timed runs
 taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
-taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log"; exit 1; }
-# median of the logged windows after the first two
-jdt=$(grep -E "^step [0-9]+/" "$TMP/jdt.log" | tail -n +3 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+run_jdt() { # prints the median tok/s of the logged windows after the first two
+  taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log" >&2; return 1; }
+  grep -E "^step [0-9]+/" "$TMP/jdt.log" | tail -n +3 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+}
+run_peer() { # fw: prints tok/s or nothing
+  local fw=$1 py=$PYTHON_TORCH; [ "$fw" = jax ] && py=$PYTHON_JAX
+  OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE \
+  XLA_FLAGS="--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=$THREADS" \
+    taskset -c "$CPUS" "$py" "$ROOT/scripts/bench/gpt_peer.py" "$fw" $L $C $H $T $B $V $STEPS $THREADS 2>"$TMP/$fw.err" | awk '{print $3}'
+}
+peers=()
+for fw in torch jax; do
+  py=$PYTHON_TORCH; [ $fw = jax ] && py=$PYTHON_JAX
+  if "$py" -c "import $fw" >/dev/null 2>&1; then peers+=("$fw"); else echo "$fw: not installed ($py)" > "$TMP/$fw.missing"; fi
+done
+for ((r = 0; r < REPS; r++)); do
+  x=$(run_jdt) || exit 1
+  echo "$x" >> "$TMP/jdt.runs"
+  for fw in "${peers[@]}"; do run_peer "$fw" >> "$TMP/$fw.runs"; done
+done
+best() { sort -g "$1" 2>/dev/null | grep -v '^$' | tail -1; }
+spread() { sort -g "$1" 2>/dev/null | grep -v '^$' | awk 'NR==1{lo=$1} {hi=$1} END{if (NR) printf "%s..%s", lo, hi}'; }
+jdt=$(best "$TMP/jdt.runs")
 peak=$(grep -oE "SGEMM peak.*: [0-9.]+ GFLOP" "$TMP/jdt.log" | awk '{print $(NF-1)}')
 flops=$(awk -v L=$L -v C=$C -v T=$T -v V=$V 'BEGIN { n = V*C + L*(12*C*C + 13*C) + 2*C; print 6*n + 12*L*T*C }')
 mfu() { awk -v r="$1" -v f="$flops" -v p="$peak" 'BEGIN { printf "%.1f", 100 * r * f / (p * 1e9) }'; }
 
-echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, SGEMM peak ${peak} GFLOP/s, $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token"
-printf "%-10s %12s %8s %10s\n" "framework" "tokens/s" "MFU %" "jdt/peer"
-printf "%-10s %12s %8s %10s\n" "jdt-train" "$jdt" "$(mfu "$jdt")" "1.00"
+echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, SGEMM peak ${peak} GFLOP/s (last jdt run), $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token, best of $REPS alternating runs"
+printf "%-10s %12s %8s %10s %16s\n" "framework" "tokens/s" "MFU %" "jdt/peer" "runs (min..max)"
+printf "%-10s %12s %8s %10s %16s\n" "jdt-train" "$jdt" "$(mfu "$jdt")" "1.00" "$(spread "$TMP/jdt.runs")"
 for fw in torch jax; do
-  py=$PYTHON_TORCH; [ $fw = jax ] && py=$PYTHON_JAX
-  if ! "$py" -c "import $fw" >/dev/null 2>&1; then printf "%-10s %12s\n" "$fw" "not installed ($py)"; continue; fi
-  out=$(OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE \
-        XLA_FLAGS="--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=$THREADS" \
-        taskset -c "$CPUS" "$py" "$ROOT/scripts/bench/gpt_peer.py" $fw $L $C $H $T $B $V $STEPS $THREADS 2>"$TMP/$fw.err")
-  r=$(echo "$out" | awk '{print $3}')
+  if [ -f "$TMP/$fw.missing" ]; then printf "%-10s %12s\n" "$fw" "$(cut -d' ' -f2- "$TMP/$fw.missing")"; continue; fi
+  r=$(best "$TMP/$fw.runs")
   if [ -z "$r" ]; then printf "%-10s %12s\n" "$fw" "failed: $(tail -1 "$TMP/$fw.err")"; continue; fi
-  printf "%-10s %12s %8s %10s\n" "$fw" "$r" "$(mfu "$r")" "$(awk -v a="$jdt" -v b="$r" 'BEGIN{printf "%.2f", a/b}')"
+  printf "%-10s %12s %8s %10s %16s\n" "$fw" "$r" "$(mfu "$r")" "$(awk -v a="$jdt" -v b="$r" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/$fw.runs")"
 done

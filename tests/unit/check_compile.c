@@ -477,6 +477,111 @@ END_TEST
 
 /* Every allocation of the compiler can fail: fail the n-th one for n = 1, 2, ... until the
  * compile succeeds; each failure must be a clean error (ASan's leak check runs at exit). */
+/* Trace hook: one call per executed step, in schedule order, with ordered timestamps and the
+ * step's name; matmul builtins and fused kernels both named. */
+typedef struct {
+    int n, n_matmul, n_fused, n_bad;
+    double last_end;
+} trace_log;
+
+static void trace_cb(void *ctx, const char *name, double t0, double t1)
+{
+    trace_log *t = ctx;
+    t->n++;
+    if (strcmp(name, "matmul") == 0) t->n_matmul++;
+    if (strncmp(name, "fused:", 6) == 0 && name[6]) t->n_fused++;
+    if (t1 < t0 || t0 < t->last_end) t->n_bad++;
+    t->last_end = t1;
+}
+
+START_TEST(test_trace_hook)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 8, 16);
+    jdt_tensor *w = FX_INPUT(&f, "w", JDT_DTYPE_F32, -1, 1, 16, 4);
+    jdt_tensor *h = jdt_graph_tanh(g, jdt_graph_matmul(g, x, w, false, false));
+    out(&f, jdt_graph_reduce_sum(g, h, 2u, false));
+    fx_fill(&f, 3);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    trace_log t = {0};
+    o.trace = trace_cb;
+    o.trace_ctx = &t;
+    jdt_program *p = fx_check_steps(&f, &o, 2, 1e-5, 1e-5, true);
+    int steps = jdt_program_stats(p)->n_steps;
+    ck_assert_int_gt(steps, 1);
+    ck_assert_int_eq(t.n % steps, 0);
+    ck_assert_int_ge(t.n, steps);
+    ck_assert_int_eq(t.n_matmul * steps, t.n);
+    ck_assert_int_eq(t.n_fused, t.n - t.n_matmul);
+    ck_assert_int_eq(t.n_bad, 0);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+/* x @ w + bias folds into the matmul (bias-initialised GEMM; the add becomes a view): one
+ * builtin step and no kernel, same numbers as the interpreter, also for a batched x and a bias
+ * leaf created after the matmul. A matmul read elsewhere keeps its separate add. */
+START_TEST(test_bias_folded_into_matmul)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 2, 5, 7);
+    jdt_tensor *w = FX_INPUT(&f, "w", JDT_DTYPE_F32, -1, 1, 7, 6);
+    jdt_tensor *y = jdt_graph_matmul(g, x, w, false, false);
+    jdt_tensor *bias = FX_INPUT(&f, "bias", JDT_DTYPE_F32, -1, 1, 6);
+    out(&f, jdt_graph_add_bcast(g, y, bias));
+    fx_fill(&f, 4);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, 1e-5, 1e-6, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 0);
+    ck_assert_int_eq(jdt_program_stats(p)->n_builtin, 1);
+    jdt_program_free(p);
+    /* the product is also an output: the add stays a kernel */
+    out(&f, y);
+    p = fx_check_steps(&f, &o, 1, 1e-5, 1e-6, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 1);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+/* Head-major transposes read only by attention are not materialised: the attention builtins
+ * read the (B, T, H, D) buffers strided. T = 70 crosses the 64-query block; numbers match the
+ * interpreter, and no transpose kernel is left. With no_fuse they are copied as before. */
+START_TEST(test_attention_reads_transposed_inputs)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    const int perm[4] = {0, 2, 1, 3};
+    jdt_tensor *in[4];
+    const char *names[4] = {"q", "k", "v", "do"};
+    for (int i = 0; i < 4; i++)
+        in[i] = jdt_graph_transpose(
+            g, FX_INPUT(&f, names[i], JDT_DTYPE_F32, -1, 1, 2, 70, 3, 8), perm); /* (B, H, T, D) */
+    jdt_tensor *o = jdt_graph_attention(g, in[0], in[1], in[2], 0.4);
+    out(&f, o);
+    out(&f, jdt_graph_attention_bwd(g, in[0], in[1], in[2], o, in[3], 0.4));
+    fx_fill(&f, 6);
+    jdt_compile_opts opts;
+    fx_opts(&f, &opts);
+    jdt_program *p = fx_check_steps(&f, &opts, 1, 2e-4, 2e-5, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 0);
+    jdt_program_free(p);
+    opts.no_fuse = true;
+    p = fx_check_steps(&f, &opts, 1, 2e-4, 2e-5, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 4);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_alloc_failures_clean)
 {
     fx f;
@@ -530,6 +635,9 @@ int main(void)
     tcase_add_test(tc, test_cache_corrupt_entry_rebuilt);
     tcase_add_test(tc, test_missing_or_failing_compiler);
     tcase_add_test(tc, test_alloc_failures_clean);
+    tcase_add_test(tc, test_trace_hook);
+    tcase_add_test(tc, test_bias_folded_into_matmul);
+    tcase_add_test(tc, test_attention_reads_transposed_inputs);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
