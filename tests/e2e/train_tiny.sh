@@ -24,6 +24,20 @@ grep -qE "tok/s \| MFU [0-9.]+%" "$TMP/err" || fail "progress line lacks tok/s a
 [ "$(ls "$TMP/runs/tiny/ckpt" | wc -l)" -eq 2 ] || fail "keep: 2 not honoured: $(ls "$TMP/runs/tiny/ckpt")"
 echo "loss $first -> $last"
 
+# 1b. --profile: a Chrome trace with kernel, GEMM and data-wait spans, valid JSON
+expect 0 "$BIN" configs/tiny.yaml run.out_dir="$TMP/p" run.steps=4 run.eval_every=0 --profile run.profile_steps=2
+grep -q "profile of the compiled step" "$TMP/err" || fail "no profile summary"
+python3 - "$TMP/p/tiny/trace.rank0.json" <<'PY' || fail "trace check"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["name"] for e in ev}
+cats = {e.get("cat") for e in ev}
+assert {"kernel", "data", "step"} <= cats, cats
+assert "matmul" in names and "attention" in names and "data wait" in names, sorted(names)[:20]
+assert all(e["dur"] >= 0 for e in ev if e.get("ph") == "X")
+print(len(ev), "trace events")
+PY
+
 # 2. eval and sample on the checkpoint
 expect 0 "$BIN" eval configs/tiny.yaml "$O"
 grep -qE "^val loss [0-9.]+" "$TMP/out" || fail "eval output"
