@@ -62,9 +62,16 @@ def run_torch():
     logits, tg, dl = u(N // 4, V), torch.randint(0, V, (N // 4,)), u(N // 4)
     q, k, v, do = u(B, H, T, D), u(B, H, T, D), u(B, H, T, D), u(B, H, T, D)
     F = torch.nn.functional
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    def sdpa(qq, kk, vv):
+        # torch >= 2.0 has the fused kernel; 1.x (Debian's python3-torch) gets the textbook form
+        if hasattr(F, "scaled_dot_product_attention"):
+            return F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=0.125)
+        s = (qq @ kk.transpose(-2, -1)) * 0.125
+        return s.masked_fill(mask, float("-inf")).softmax(-1) @ vv
     def att_bwd():
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=0.125)
+        out = sdpa(qq, kk, vv)
         return torch.autograd.grad(out, (qq, kk, vv), do)
     def xent():
         lg = logits.clone().requires_grad_()
@@ -74,7 +81,7 @@ def run_torch():
              ("softmax_primitives", lambda: torch.softmax(x, -1)),
              ("layernorm_affine", lambda: F.layer_norm(x, (C,), w, b, 1e-5)),
              ("xent_fwd_bwd", xent),
-             ("attention_fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125)),
+             ("attention_fwd", lambda: sdpa(q, k, v)),
              ("attention_bwd", att_bwd)]
     with torch.no_grad():
         pass
