@@ -56,14 +56,14 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
 /* Measured SGEMM throughput of this process's thread budget: the MFU denominator. */
 static double measure_peak_flops(void)
 {
-    enum { N = 512 };
+    enum { N = 1024 }; /* big enough for OpenBLAS to reach its steady-state rate */
     float *a = jdt_malloc_aligned(N * N * sizeof(float));
     float *b = jdt_malloc_aligned(N * N * sizeof(float));
     float *c = jdt_malloc_aligned(N * N * sizeof(float));
     double best = 0;
     if (a && b && c) {
         for (int i = 0; i < N * N; i++) a[i] = b[i] = 1e-3f * (float)(i % 97);
-        for (int r = 0; r < 6; r++) {
+        for (int r = 0; r < 8; r++) {
             double t0 = jdt_now_s();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
             double dt = jdt_now_s() - t0;
