@@ -509,8 +509,7 @@ static int cmd_eval(const subcommand *cmd, cli_args *a)
     jdt_err e;
     jdt_err_clear(&e);
     char *path = NULL, dir[1100];
-    if (c.checkpoint.dir[0]) snprintf(dir, sizeof dir, "%s", c.checkpoint.dir);
-    else snprintf(dir, sizeof dir, "%s/%s/ckpt", c.run.out_dir, c.run.name);
+    jdt_train_ckpt_dir(&c, dir, sizeof dir);
     jdt_status st = jdt_ckpt_resolve(a->ckpt ? a->ckpt : "auto", dir, &path, &e);
     if (st == JDT_OK && !path) st = jdt_err_set(&e, JDT_ERR_NOT_FOUND, "no checkpoint in %s", dir);
     double loss = NAN;

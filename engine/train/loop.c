@@ -273,6 +273,22 @@ static jdt_status train_collective(void *ctx, int group, int reduce_op, jdt_dtyp
                               reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
 }
 
+void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
+{
+    jdt_compile_opts_init(o);
+    o->threads = cfg->runtime.threads;
+    o->cache_dir = cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL;
+    o->cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;
+    o->cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
+    o->remat = cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
+}
+
+void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes)
+{
+    if (cfg->checkpoint.dir[0]) snprintf(buf, n_bytes, "%s", cfg->checkpoint.dir);
+    else snprintf(buf, n_bytes, "%s/%s/ckpt", cfg->run.out_dir, cfg->run.name);
+}
+
 static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
@@ -282,12 +298,7 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     so.micro_batch = cfg->data.micro_batch_size / tr->world_size;
     so.n_accum = cfg->data.batch_size / cfg->data.micro_batch_size;
     so.use_jit = cfg->runtime.jit;
-    jdt_compile_opts_init(&so.copts);
-    so.copts.threads = cfg->runtime.threads;
-    so.copts.cache_dir = cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL;
-    so.copts.cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;
-    so.copts.cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
-    so.copts.remat = cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
+    jdt_train_compile_opts(cfg, &so.copts);
     so.copts.profile = cfg->run.profile;
     if (cfg->run.profile) {
         so.copts.trace = trace_kernel;
@@ -356,8 +367,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     install_signals(&old_int, &old_term);
 
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
-    if (cfg->checkpoint.dir[0]) snprintf(tr.ckpt_dir, sizeof tr.ckpt_dir, "%s", cfg->checkpoint.dir);
-    else snprintf(tr.ckpt_dir, sizeof tr.ckpt_dir, "%s/ckpt", tr.run_dir);
+    jdt_train_ckpt_dir(cfg, tr.ckpt_dir, sizeof tr.ckpt_dir);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) goto out_signals;
 
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;

@@ -91,11 +91,7 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
         m.params[i].t->data = params[i];
     }
     jdt_compile_opts co;
-    jdt_compile_opts_init(&co);
-    co.threads = cfg.runtime.threads;
-    co.cache_dir = cfg.runtime.cache_dir[0] ? cfg.runtime.cache_dir : NULL;
-    co.cc = cfg.runtime.cc[0] ? cfg.runtime.cc : NULL;
-    co.cflags = cfg.runtime.cflags[0] ? cfg.runtime.cflags : NULL;
+    jdt_train_compile_opts(&cfg, &co);
     if ((st = jdt_program_compile(g, &co, &prog, e)) != JDT_OK) goto out;
 
     size_t n_prompt = strlen(o->prompt);

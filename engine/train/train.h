@@ -75,6 +75,14 @@ const jdt_compile_stats *jdt_step_stats(const jdt_step *s);
  * counted from the config, the convention MFU uses). */
 double jdt_step_model_flops(const jdt_step *s);
 
+/* The compiler options the runtime section asks for (threads, cache dir, compiler, flags,
+ * remat); hooks (collective, trace, profile) are left unset. One place maps config to
+ * compiler, for training, eval, inspect and sampling alike. */
+void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o);
+
+/* The checkpoint directory of cfg: checkpoint.dir, or <run.out_dir>/<run.name>/ckpt. */
+void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes);
+
 /* Learning rate at 0-based step t: linear warmup to lr over warmup_steps, then constant,
  * cosine or linear decay to lr * min_lr_ratio at decay_steps. */
 double jdt_train_lr(const jdt_config *cfg, int64_t t);
