@@ -16,8 +16,8 @@
 
 #include "config/config.h"
 #include "core/core.h"
-#include "dist/dist.h"
-#include "dist/world.h"
+#include "comm/comm.h"
+#include "world/world.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

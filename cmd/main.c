@@ -11,7 +11,7 @@
 #include "config/config.h"
 #include "core/core.h"
 #include "datasets/datasets.h"
-#include "dist/world.h"
+#include "world/world.h"
 #include "io/ckpt.h"
 #include "train/train.h"
 
@@ -418,7 +418,7 @@ static int exit_code(jdt_status st)
     }
 }
 
-/* Joins the job (engine/dist/world.h: dist.* keys, the --nproc launcher, SLURM, else one
+/* Joins the job (engine/world/world.h: dist.* keys, the --nproc launcher, SLURM, else one
  * process); *out stays NULL for a single process. Resolves runtime.threads 0 (auto) to this
  * process's share of the host's cores. */
 static jdt_status join_job(jdt_config *c, jdt_dist **out, jdt_err *e)

@@ -16,7 +16,7 @@
 #define JDT_TRAIN_H
 
 #include "compile/compile.h"
-#include "dist/dist.h"
+#include "comm/comm.h"
 #include "config/config.h"
 #include "models/models.h"
 

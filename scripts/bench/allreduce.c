@@ -8,7 +8,7 @@
  *   build/bench/allreduce [--nproc 2] [--min 1024] [--max 67108864] [--time 0.5]
  *   JDT_BENCH_NO_SHM=1: all-reduce over TCP even on one host.
  */
-#include "dist/dist.h"
+#include "comm/comm.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,11 +1,11 @@
 /*
- * check_comm.c — unit tests for the TCP collectives (engine/dist/comm.c): every collective for
+ * check_comm.c — unit tests for the TCP collectives (engine/comm/comm.c): every collective for
  * 1..4 ranks (forked processes on 127.0.0.1) with odd sizes, zero and sizes below the group
  * size, subgroups in scrambled ring order, start/wait overlap, a mismatched call, and a rank
  * killed with SIGKILL mid-collective. References are computed locally on every rank from the
  * same deterministic inputs; sums use small integers so every order of summation is exact.
  */
-#include "dist/dist-impl.h"
+#include "comm/comm-impl.h"
 
 #include <check.h>
 #include <arpa/inet.h>

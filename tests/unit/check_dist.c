@@ -5,7 +5,7 @@
  * rank (SIGSTOP) and a lost coordinator. Multi-process tests fork ranks on 127.0.0.1; the
  * coordinator's port comes from binding port 0 in the parent, never a fixed port.
  */
-#include "dist/dist-impl.h"
+#include "comm/comm-impl.h"
 
 #include <check.h>
 #include <errno.h>

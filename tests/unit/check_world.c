@@ -1,11 +1,11 @@
 /*
- * check_world.c — unit tests for engine/dist/world.c: SLURM host-list expansion (ranges, zero
+ * check_world.c — unit tests for engine/world/world.c: SLURM host-list expansion (ranges, zero
  * padding, lists, suffixes, several bracket groups, malformed lists), tasks-per-node lists,
  * world resolution precedence (config > SLURM > single) with environments built in the test,
  * token rules, bad values, the launcher's inherited socket, and a real 2-rank join through
  * jdt_world_connect with forked processes.
  */
-#include "dist/world.h"
+#include "world/world.h"
 
 #include <arpa/inet.h>
 #include <check.h>

@@ -15,7 +15,7 @@
 
 #include "config/config.h"
 #include "core/core.h"
-#include "dist/dist.h"
+#include "comm/comm.h"
 
 /* The environment variable through which the launcher passes rank 0 its coordinator socket. */
 #define JDT_WORLD_LISTEN_FD_ENV "JDT_COORD_LISTEN_FD"

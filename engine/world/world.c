@@ -5,7 +5,7 @@
  * Everything is read from the envp and config handed in, never from globals, so tests can
  * feed any environment.
  */
-#include "dist/world.h"
+#include "world/world.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -3,7 +3,7 @@
  * bounded payload, a growable writer and a bounds-checked reader (a short or malformed
  * payload marks the reader bad instead of reading past the end).
  */
-#include "dist/dist-impl.h"
+#include "comm/comm-impl.h"
 
 #include <string.h>
 

@@ -14,7 +14,7 @@
  * Never a hang: the engine polls in slices of at most 100 ms, checks the job's abort flag
  * (set by the monitor thread when the coordinator reports a lost rank) and the op deadline.
  */
-#include "dist/dist-impl.h"
+#include "comm/comm-impl.h"
 
 #include <errno.h>
 #include <poll.h>

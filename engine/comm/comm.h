@@ -1,5 +1,5 @@
 /*
- * dist.h — the distributed runtime: rendezvous (coordinator, peer table, KV store, barriers,
+ * comm.h — the distributed runtime: rendezvous (coordinator, peer table, KV store, barriers,
  * heartbeats, abort broadcast) and TCP collectives (process groups; ring all-reduce,
  * reduce-scatter, all-gather, broadcast, all-to-all, barrier; blocking and start/wait).
  *
@@ -16,8 +16,8 @@
  * segment i = [i*n/k + min(i, n%k) ...) of length n/k (+1 for the first n%k); see
  * jdt_comm_segment(). Any n_elems is valid, including 0 and n < group size.
  */
-#ifndef JDT_DIST_H
-#define JDT_DIST_H
+#ifndef JDT_COMM_H
+#define JDT_COMM_H
 
 #include "core/core.h"
 
@@ -171,4 +171,4 @@ jdt_status jdt_comm_alltoall_start(jdt_comm_group *g, const void *send, void *re
                                    size_t n_elems, jdt_dtype dt, jdt_comm_work **w, jdt_err *e);
 jdt_status jdt_comm_wait(jdt_comm_work *w, jdt_err *e);
 
-#endif /* JDT_DIST_H */
+#endif /* JDT_COMM_H */

@@ -3,7 +3,7 @@
  * exact send/recv with deadlines and an abort flag (never an unbounded block), socket tuning
  * and constant-time token comparison.
  */
-#include "dist/dist-impl.h"
+#include "comm/comm-impl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

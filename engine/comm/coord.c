@@ -7,7 +7,7 @@
  * still connected, naming the lost rank and host or listing the ranks that never arrived.
  * Strangers and malformed frames are refused and logged; they never take the coordinator down.
  */
-#include "dist/dist-impl.h"
+#include "comm/comm-impl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -20,7 +20,7 @@
  * on a futex in 50 ms slices, checking the job's abort flag and the op deadline: a lost member
  * ends in ERR_PEER_LOST from the coordinator's broadcast, never a hang.
  */
-#include "dist/dist-impl.h"
+#include "comm/comm-impl.h"
 
 #include <errno.h>
 #include <stddef.h>

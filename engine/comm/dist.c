@@ -7,7 +7,7 @@
  * Thread safety: every public call may come from any thread; KV/barrier requests are
  * serialised (one in flight per context), collectives execute one at a time in issue order.
  */
-#include "dist/dist-impl.h"
+#include "comm/comm-impl.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -1,12 +1,12 @@
 /*
- * dist-impl.h — internals of engine/dist shared by net.c (sockets), wire.c (the rendezvous
+ * comm-impl.h — internals of engine/comm shared by net.c (sockets), wire.c (the rendezvous
  * protocol), coord.c (the coordinator), dist.c (the rank's client side) and comm.c
  * (collectives). Not for use outside engine/dist.
  */
 #ifndef JDT_DIST_IMPL_H
 #define JDT_DIST_IMPL_H
 
-#include "dist/dist.h"
+#include "comm/comm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
