@@ -14,9 +14,20 @@ PKGS=(
   libopenblas-dev    # CPU GEMMs
   libopenblas-openmp-dev # the OpenMP build: GEMMs share the kernels' thread pool (Makefile)
   check              # unit-test framework
-  iproute2           # network-namespace tests
+  python3            # e2e tests check JSON traces and metrics with it
   procps             # pkill/ps in e2e tests
-  fortunes           # the offline text corpus of `make run` (configs/llm.yaml)
+  fortunes           # the offline text corpus (scripts/fortunes-corpus.sh): `make run`, train_fortunes.sh
+  # test fixtures (tests/infra/, docs/testing.md): they start daemons of their own, with their
+  # own config; none of these needs to run as a system service
+  iproute2           # network-namespace hosts (ip netns, veth, bridge); ss for free ports
+  iputils-ping       # netns-up.sh checks every host reaches every other one
+  util-linux         # nsenter, unshare (netns-exec.sh)
+  slurmctld          # local SLURM cluster (slurm-up.sh)
+  slurmd
+  slurm-client       # sbatch, srun, squeue, sinfo, scancel
+  munge              # SLURM's authentication
+  nginx-light        # HTTP server with Range for remote-data tests (http-up.sh)
+  curl               # HTTP checks in fixtures and tests
 )
 
 missing=()
