@@ -6,7 +6,7 @@
 # scores 5.55, the unigram model 3.36, the bigram model 2.63 and a trigram model 2.18 (counted
 # from the train split, add-0.1 smoothing): the bar is below what a model that ignores all but
 # the current byte can reach, so a trainer whose attention, gradients or optimizer are broken
-# misses it. The run takes about 20 s on 2 idle cores, bounded by a 600 s timeout (a hang
+# misses it. The run takes about 20 s on 2 idle cores, bounded by a 540 s timeout (a hang
 # bound, not a speed assertion).
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
@@ -28,7 +28,7 @@ YAML
 "$BIN" prepare "$TMP/f.yaml" >/dev/null 2>"$TMP/prep.log" || { cat "$TMP/prep.log"; fail "prepare"; }
 [ -f "$TMP/data/train_000.h5" ] && [ -f "$TMP/data/val_000.h5" ] || fail "prepare wrote no shards"
 start=$(date +%s)
-timeout 600 "$BIN" "$TMP/f.yaml" >/dev/null 2>"$TMP/train.log" || { tail -n 5 "$TMP/train.log"; fail "training"; }
+timeout 540 "$BIN" "$TMP/f.yaml" >/dev/null 2>"$TMP/train.log" || { tail -n 5 "$TMP/train.log"; fail "training"; }
 vl=$(grep -o '"val_loss": [0-9.e+-]*' "$TMP/runs/fortunes/metrics.jsonl" | tail -1 | awk '{print $2}')
 [ -n "$vl" ] || fail "no val_loss in metrics.jsonl"
 echo "val loss $vl after 800 steps in $(( $(date +%s) - start ))s"
