@@ -270,6 +270,24 @@ static jdt_status check_tensors(const jdt_ckpt_tensor *ts, size_t n, bool requir
     return JDT_OK;
 }
 
+/* FNV-1a over the root attributes a resume trusts, each with its name, in a fixed order: a
+ * flipped bit in the step, the RNG state, the data position or the config text is caught on
+ * open instead of resuming "at step 12" from step 8. */
+static uint64_t meta_checksum(int64_t version, const jdt_ckpt_meta *meta)
+{
+    uint64_t h = JDT_HASH_INIT;
+    h = jdt_hash_str(h, "version");
+    h = jdt_hash_u64(h, (uint64_t)version);
+    h = jdt_hash_str(h, "step");
+    h = jdt_hash_u64(h, (uint64_t)meta->step);
+    h = jdt_hash_str(h, "rng_state");
+    h = jdt_hash_u64(h, meta->rng_state);
+    h = jdt_hash_str(h, "data_position");
+    h = jdt_hash_u64(h, (uint64_t)meta->data_position);
+    h = jdt_hash_str(h, "config");
+    return jdt_hash_str(h, meta->config_text ? meta->config_text : "");
+}
+
 static jdt_status write_root_attrs(hid_t f, const jdt_ckpt_meta *meta, const char *file, jdt_err *e)
 {
     jdt_status st;
@@ -280,7 +298,9 @@ static jdt_status write_root_attrs(hid_t f, const jdt_ckpt_meta *meta, const cha
         (st = jdt_h5_attr_write_i64(f, "data_position", meta->data_position, file, e)) ||
         (st = jdt_h5_attr_write_str(f, "config", meta->config_text ? meta->config_text : "", file,
                                     e)) ||
-        (st = jdt_h5_attr_write_str(f, "jdt_version", JDT_VERSION_STRING, file, e)))
+        (st = jdt_h5_attr_write_str(f, "jdt_version", JDT_VERSION_STRING, file, e)) ||
+        (st = jdt_h5_attr_write_u64(f, "meta_checksum", meta_checksum(JDT_CKPT_VERSION, meta),
+                                    file, e)))
         return st;
     return JDT_OK;
 }
@@ -985,10 +1005,10 @@ jdt_status jdt_ckpt_open(const char *path, jdt_ckpt **out, jdt_err *e)
     }
     int64_t version;
     if ((st = jdt_h5_attr_read_i64(c->f, "version", &version, p, e))) goto fail;
-    if (version != JDT_CKPT_VERSION) {
+    if (version != JDT_CKPT_VERSION && version != 1) {
         st = jdt_err_set(e, JDT_ERR_FORMAT,
                          "%s: checkpoint version %lld is not supported (this "
-                         "build reads version %d)",
+                         "build reads versions 1 and %d)",
                          p, (long long)version, JDT_CKPT_VERSION);
         goto fail;
     }
@@ -997,6 +1017,20 @@ jdt_status jdt_ckpt_open(const char *path, jdt_ckpt **out, jdt_err *e)
         (st = jdt_h5_attr_read_i64(c->f, "data_position", &c->data_position, p, e)) ||
         (st = jdt_h5_attr_read_str(c->f, "config", &c->config_text, p, e)))
         goto fail;
+    if (version >= 2) { /* version 1 predates the checksum */
+        uint64_t want;
+        if ((st = jdt_h5_attr_read_u64(c->f, "meta_checksum", &want, p, e))) goto fail;
+        jdt_ckpt_meta m = {.step = c->step, .rng_state = c->rng_state,
+                           .data_position = c->data_position, .config_text = c->config_text};
+        if (meta_checksum(version, &m) != want) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: the checkpoint's metadata (step %lld, RNG state, data "
+                             "position or config) fails its checksum: the file is damaged; "
+                             "resume from an older checkpoint",
+                             p, (long long)c->step);
+            goto fail;
+        }
+    }
     jdt_free(format);
     *out = c;
     return JDT_OK;

@@ -22,7 +22,7 @@
 #include "core/core.h"
 
 #define JDT_CKPT_FORMAT "jdt-ckpt"
-#define JDT_CKPT_VERSION 1
+#define JDT_CKPT_VERSION 2 /* 2: root attribute meta_checksum; 1 is still read */
 #define JDT_CKPT_FILE "state.h5"
 #define JDT_CKPT_MAX_DIMS 8
 

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 enum { MAX_OPEN_SHARDS = 16, MAX_PREFETCH = 64 };
 
@@ -198,6 +199,64 @@ out:
     return st;
 }
 
+/* Reads dataset ds (rank 1 or 2, n_rows rows of row_elems elements of dt) in blocks and
+ * continues the CRC-32 *crc over its little-endian bytes. */
+static jdt_status crc_dataset(hid_t ds, jdt_dtype dt, int rank, int64_t n_rows, int64_t row_elems,
+                              uLong *crc, const char *path, const char *name, jdt_err *e)
+{
+    size_t esz = jdt_dtype_size(dt);
+    int64_t rows_per = (int64_t)((4u << 20) / (esz * (size_t)row_elems));
+    if (rows_per < 1) rows_per = 1;
+    void *buf = jdt_malloc((size_t)rows_per * (size_t)row_elems * esz);
+    if (!buf) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: checksum: out of memory", path);
+    jdt_status st = JDT_OK;
+    for (int64_t r = 0; r < n_rows && st == JDT_OK; r += rows_per) {
+        int64_t nr = n_rows - r < rows_per ? n_rows - r : rows_per;
+        hsize_t start[2] = {(hsize_t)r, 0}, count[2] = {(hsize_t)nr, (hsize_t)row_elems};
+        hid_t fs = H5Dget_space(ds), ms = H5Screate_simple(rank, count, NULL);
+        if (fs < 0 || ms < 0 ||
+            H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
+            H5Dread(ds, jdt_h5_mem_type(dt), ms, fs, H5P_DEFAULT, buf) < 0) {
+            char dd[256];
+            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: reading /%s: %s", path, name,
+                             jdt_h5_detail(dd, sizeof dd));
+        } else {
+            *crc = crc32_z(*crc, buf, (size_t)nr * (size_t)row_elems * esz);
+        }
+        if (ms >= 0) H5Sclose(ms);
+        if (fs >= 0) H5Sclose(fs);
+    }
+    jdt_free(buf);
+    return st;
+}
+
+/* Checks the shard's recorded CRC-32 (if it has one) against its data: every byte is read
+ * once, when the dataset is opened. Files written before checksums existed pass unchecked. */
+static jdt_status verify_crc(const shard *s, jdt_data_kind kind, jdt_dtype token_dt,
+                             const hsize_t *dims, jdt_err *e)
+{
+    if (!jdt_h5_has_attr(s->file, JDT_DATA_CRC_ATTR)) return JDT_OK;
+    int64_t want;
+    jdt_status st = jdt_h5_attr_read_i64(s->file, JDT_DATA_CRC_ATTR, &want, s->path, e);
+    if (st != JDT_OK) return st;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    if (kind == JDT_DATA_KIND_TOKENS) {
+        st = crc_dataset(s->dx, token_dt, 1, (int64_t)dims[0], 1, &crc, s->path, "tokens", e);
+    } else {
+        st = crc_dataset(s->dx, JDT_DTYPE_F32, 2, (int64_t)dims[0], (int64_t)dims[1], &crc,
+                         s->path, "x", e);
+        if (st == JDT_OK)
+            st = crc_dataset(s->dy, JDT_DTYPE_I32, 1, (int64_t)dims[0], 1, &crc, s->path, "y", e);
+    }
+    if (st != JDT_OK) return st;
+    if ((int64_t)(uint32_t)crc != want)
+        return jdt_err_set(e, JDT_ERR_FORMAT,
+                           "%s: the data fails its checksum (crc32 %08lx, recorded %08llx): "
+                           "the file is damaged; re-run prepare or restore it",
+                           s->path, (unsigned long)crc, (unsigned long long)want);
+    return JDT_OK;
+}
+
 /* Opens shard s (if needed) and validates it against the dataset so far. `first`: s is the
  * first shard, so it sets info's kind, vocab, tokenizer, dim. */
 static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, jdt_err *e)
@@ -342,6 +401,7 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
                          kind == JDT_DATA_KIND_TOKENS ? "tokens" : "x");
         goto fail;
     }
+    if ((st = verify_crc(s, kind, d->info.token_dtype, dims, e))) goto fail;
     s->n_units = (int64_t)dims[0];
     jdt_free(format);
     jdt_free(tokenizer);

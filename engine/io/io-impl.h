@@ -89,6 +89,10 @@ hid_t jdt_h5_mem_type(jdt_dtype dt);
  * reported as U16 (the caller checks the dtype attribute). */
 bool jdt_h5_classify(hid_t type, jdt_dtype *out);
 
+/* Continues the CRC-32 *crc over n tokens as stored on disk in dtype (u16: 2 little-endian
+ * bytes each, u32: 4), so writer and reader agree whatever the memory layout. */
+void jdt_data_crc_tokens(uint32_t *crc, const uint32_t *tokens, int64_t n, jdt_dtype dtype);
+
 /* ---- POSIX helpers ----------------------------------------------------------------------- */
 
 /* fsync(2)s a file or directory by path. */
