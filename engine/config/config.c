@@ -10,11 +10,14 @@
 #include "config/config-impl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #define MAX_BASE_DEPTH 32
@@ -473,14 +476,32 @@ static jdt_status merge_into(cfg_node *base, cfg_node *child, jdt_err *e)
     return st;
 }
 
-static jdt_status read_file(const char *path, char **text, size_t *len, int *err_no)
+/* Reads a config file. Only a regular file is accepted (allow_pipe: also a pipe or FIFO, for
+ * `jdt-train <(gen-config)` on the command line): a base_config naming a FIFO, a device or a
+ * directory would otherwise block forever or read garbage. The open does not block. */
+static jdt_status read_file(const char *path, bool allow_pipe, char **text, size_t *len,
+                            int *err_no)
 {
-    FILE *f = fopen(path, "rb");
     char *buf = NULL;
     size_t n = 0, cap = 0;
     *text = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        *err_no = errno;
+        return JDT_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !(S_ISREG(sb.st_mode) || (allow_pipe && S_ISFIFO(sb.st_mode)))) {
+        *err_no = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL; /* EINVAL: "not a regular file" */
+        close(fd);
+        return JDT_ERR_IO;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
         *err_no = errno;
+        close(fd);
         return JDT_ERR_IO;
     }
     for (;;) {
@@ -536,14 +557,15 @@ static jdt_status load_tree(loader *ld, const char *label, const char *text_in, 
         len = strlen(text_in);
     } else {
         int err_no = 0;
-        st = read_file(label, &text, &len, &err_no);
+        st = read_file(label, ref == NULL, &text, &len, &err_no);
         if (st == JDT_ERR_NOMEM) return jdt_err_set(e, st, "config: out of memory");
         if (st) {
+            const char *why = err_no == EINVAL ? "not a regular file (a FIFO, socket or device)"
+                                               : strerror(err_no);
             if (ref)
                 return jdt_err_set(e, JDT_ERR_CONFIG, "%s: base_config: cannot read '%s': %s",
-                                   where, label, strerror(err_no));
-            return jdt_err_set(e, JDT_ERR_CONFIG, "%s: cannot read config file: %s", label,
-                               strerror(err_no));
+                                   where, label, why);
+            return jdt_err_set(e, JDT_ERR_CONFIG, "%s: cannot read config file: %s", label, why);
         }
         real = realpath(label, NULL);
         for (int i = 0; real && i < ld->depth; i++) {

@@ -70,11 +70,14 @@ typedef struct {
 } jdt_err;
 
 /* Sets e (if non-NULL) to code with a printf-formatted message and returns code, so a caller
- * can write `return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));`. */
+ * can write `return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));`. The message
+ * is always one printable line: control characters (from a config, an override, a peer) are
+ * escaped as \n, \r, \t, \xNN, and a trailing ": " with nothing after it is dropped. */
 jdt_status jdt_err_set(jdt_err *e, jdt_status code, const char *fmt, ...) JDT_PRINTF(3, 4);
 jdt_status jdt_err_vset(jdt_err *e, jdt_status code, const char *fmt, va_list ap);
 
-/* Prepends "prefix: " to e's message (context from an outer layer); returns e->code. */
+/* Prepends "prefix: " to e's message (context from an outer layer), keeping it one printable
+ * line; returns e->code. */
 jdt_status jdt_err_prefix(jdt_err *e, const char *fmt, ...) JDT_PRINTF(2, 3);
 
 /* Resets e to JDT_OK with an empty message. */
