@@ -151,6 +151,14 @@ size_t jdt_dtype_size(jdt_dtype dt);
 /* Parses a dtype name ("f32", ...); returns false if unknown. */
 bool jdt_dtype_parse(const char *name, jdt_dtype *out);
 
+/* ---- memory ------------------------------------------------------------------------------ */
+
+/* Bytes this process may still allocate: /proc/meminfo MemAvailable, or the cgroup's limit
+ * minus its usage (v1 memory.limit_in_bytes or v2 memory.max), or the address-space limit
+ * (ulimit -v) minus what is mapped, whichever is lowest. -1 when
+ * neither can be read. *source (may be NULL) names the bound used, for messages. */
+int64_t jdt_mem_available(const char **source);
+
 /* ---- hashing ------------------------------------------------------------------------------ */
 
 /* 64-bit FNV-1a over n_bytes, continuing from h (start with JDT_HASH_INIT). Not cryptographic:
