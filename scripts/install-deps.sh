@@ -17,6 +17,9 @@ PKGS=(
   iproute2           # network-namespace tests
   procps             # pkill/ps in e2e tests
   fortunes           # the offline text corpus of `make run` (configs/llm.yaml)
+  clang              # `make fuzz`: libFuzzer targets (tests/fuzz/) with ASan/UBSan
+  libclang-rt-dev    # libFuzzer and the sanitizer runtimes for that clang
+  libomp-dev         # OpenMP for clang (the engine's kernels use it)
 )
 
 missing=()
