@@ -427,6 +427,29 @@ out_parser:
     return st;
 }
 
+/* True if s is well-formed UTF-8 (no overlong forms, surrogates or code points past
+ * U+10FFFF): YAML text must be, values from overrides may not be, and the resolved config
+ * must load back (libyaml rejects what this rejects; fuzz_config found an overlong form). */
+static bool valid_utf8(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned c = *p;
+        int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+        if (n < 0) return false;
+        uint32_t cp = n == 0 ? c : n == 1 ? (c & 0x1f) : n == 2 ? (c & 0x0f) : (c & 0x07);
+        for (int i = 1; i <= n; i++) {
+            if ((p[i] & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (p[i] & 0x3f);
+        }
+        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+            cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return false;
+        p += n + 1;
+    }
+    return true;
+}
+
 /* A value given as text (override, environment, schema default): flow collections and quoted
  * scalars go through YAML; anything else is taken verbatim as a plain scalar, so
  * run.name=a: b is the string "a: b". */
@@ -900,20 +923,6 @@ out_fail:
     for (int i = 0; i < r.n_rules; i++) jdt_free(r.rules[i].logical);
     jdt_free(r.rules);
     return st;
-}
-
-/* True when s is well-formed UTF-8 (YAML text must be; values from overrides may not be). */
-static bool valid_utf8(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2 : (*p & 0xf8) == 0xf0 ? 3 : -1;
-        if (n < 0 || (n == 1 && *p < 0xc2)) return false;
-        p++;
-        for (int i = 0; i < n; i++, p++)
-            if ((*p & 0xc0) != 0x80) return false;
-    }
-    return true;
 }
 
 /* Sets the field of key k in c from node v. */

@@ -1,7 +1,8 @@
 /*
  * fuzz_config.c — libFuzzer target: the YAML config loader and key=value overrides
  * (engine/config). Input: YAML text, then NUL-separated overrides (at most 8). Checks, besides
- * ASan/UBSan: every error message is one printable line that does not end in ": "; a config
+ * ASan/UBSan: every error message is one printable line (no control characters, only
+ * well-formed UTF-8: libyaml must accept it) that does not end in ": "; a config
  * that loads writes resolved YAML that loads again (the round trip docs/config.md promises).
  */
 #include "config/config.h"
@@ -19,6 +20,17 @@ static void check_message(const jdt_err *e)
             fprintf(stderr, "control character 0x%02x in error: %s\n", c, e->msg);
             abort();
         }
+    }
+    for (size_t i = 0; i < n;) { /* well-formed UTF-8 only */
+        unsigned char c = (unsigned char)e->msg[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        for (int k = 1; k < len; k++)
+            if (i + (size_t)k >= n || ((unsigned char)e->msg[i + k] & 0xc0) != 0x80) len = 0;
+        if (len == 0) {
+            fprintf(stderr, "byte 0x%02x that is not UTF-8 in error: %s\n", c, e->msg);
+            abort();
+        }
+        i += (size_t)len;
     }
     if (n >= 1 && e->msg[n - 1] == ':') {
         fprintf(stderr, "error ends with an empty detail: %s\n", e->msg);

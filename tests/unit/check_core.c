@@ -37,6 +37,8 @@ START_TEST(test_err_one_line)
     ck_assert_str_eq(e.msg, "key 'a\\nb\\rc\\td\\x1b[2Je\\x7f\\u009b': bad");
     jdt_err_set(&e, JDT_ERR_IO, "writing tensor '%s': %s", "x", "");
     ck_assert_str_eq(e.msg, "writing tensor 'x'");
+    jdt_err_set(&e, JDT_ERR_IO, "x\xe0\x86\x8b\xff"); /* overlong form, stray byte */
+    ck_assert_str_eq(e.msg, "x\\xe0\\x86\\x8b\\xff");
     jdt_err_set(&e, JDT_ERR_IO, "caf\xc3\xa9 \xe2\x82\xac"); /* UTF-8 text stays */
     ck_assert_str_eq(e.msg, "caf\xc3\xa9 \xe2\x82\xac");
     jdt_err_prefix(&e, "in\n%s", "x");
