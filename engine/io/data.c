@@ -462,11 +462,16 @@ static jdt_status read_units(jdt_data *d, bool y, int64_t a, int64_t b, hid_t me
     return JDT_OK;
 }
 
-/* Names the shard holding logical unit u (for error messages). */
-static const char *shard_of(const jdt_data *d, int64_t u)
+/* Names the shard holding logical unit u (for error messages) and sets *local to u's index
+ * inside that shard's dataset, so the message points at the right file and the right row. */
+static const char *shard_of(const jdt_data *d, int64_t u, int64_t *local)
 {
+    *local = u;
     for (int64_t i = 0; i < d->n_shards; i++)
-        if (u < d->shards[i].start + d->shards[i].n_units) return d->shards[i].path;
+        if (u < d->shards[i].start + d->shards[i].n_units) {
+            *local = u - d->shards[i].start;
+            return d->shards[i].path;
+        }
     return d->path;
 }
 
@@ -522,12 +527,15 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
             const uint32_t *r32 = d->raw;
             for (int64_t u = 0; u < b - a; u++) {
                 uint32_t id = u16 ? r16[u] : r32[u];
-                if (id >= (uint64_t)d->info.vocab_size)
+                if (id >= (uint64_t)d->info.vocab_size) {
+                    int64_t at;
+                    const char *file = shard_of(d, a + u, &at);
                     return jdt_err_set(e, JDT_ERR_FORMAT,
-                                       "%s: /tokens: token id %u at stream "
-                                       "position %lld is outside the vocabulary [0, %lld)",
-                                       shard_of(d, a + u), id, (long long)(a + u),
+                                       "%s: /tokens[%lld]: token id %u (stream position %lld) "
+                                       "is outside the vocabulary [0, %lld)",
+                                       file, (long long)at, id, (long long)(a + u),
                                        (long long)d->info.vocab_size);
+                }
                 d->scratch[u] = (int32_t)id;
             }
             int32_t *x = xv;
@@ -544,10 +552,13 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
                                 e);
             if (st != JDT_OK) return st;
             for (int64_t i = 0; i < run && d->info.n_classes > 0; i++) {
-                if (y[j + i] < 0 || y[j + i] >= d->info.n_classes)
+                if (y[j + i] < 0 || y[j + i] >= d->info.n_classes) {
+                    int64_t at;
+                    const char *file = shard_of(d, w0 + i, &at);
                     return jdt_err_set(e, JDT_ERR_FORMAT, "%s: /y[%lld] = %d is outside [0, %lld)",
-                                       shard_of(d, w0 + i), (long long)(w0 + i), y[j + i],
+                                       file, (long long)at, y[j + i],
                                        (long long)d->info.n_classes);
+                }
             }
         }
         j += run;
