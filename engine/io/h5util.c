@@ -78,11 +78,13 @@ static herr_t detail_cb(unsigned n, const H5E_error2_t *err, void *data)
 
 const char *jdt_h5_detail(char *buf, size_t n_bytes)
 {
+    int saved_errno = errno; /* the failed system call's, if HDF5 recorded none */
     if (n_bytes == 0) return buf;
     buf[0] = '\0';
     detail_ctx c = {buf, n_bytes, false};
     /* UPWARD starts at the innermost (most specific) record. */
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, detail_cb, &c);
+    if (!buf[0] && saved_errno != 0) snprintf(buf, n_bytes, "%s", strerror(saved_errno));
     if (!buf[0]) snprintf(buf, n_bytes, "HDF5 reported no detail");
     return buf;
 }

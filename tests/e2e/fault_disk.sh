@@ -51,4 +51,17 @@ grep -q "^step 1/" "$TMP/err" && fail "trained before checking the checkpoint di
 "$BIN" configs/tiny.yaml run.out_dir="$D/runs" checkpoint.dir="$TMP/ck" run.steps=2 >"$TMP/out" 2>"$TMP/err"; rc=$?
 [ $rc -eq 1 ] || { cat "$TMP/err"; fail "read-only run dir: exit $rc, expected 1"; }
 one_error_line "Read-only file system"
-echo "full disk, read-only checkpoint and run directories: exit 1, one line each"
+# 5. prepare onto a full disk (0 bytes free) and onto one with too little room: exit 1, one line
+mnt size=1m
+dd if=/dev/zero of="$D/fill" bs=4k 2>/dev/null
+awk 'BEGIN { for (i = 0; i < 20000; i++) print "some text to tokenize", i }' > "$TMP/text.txt"
+P="data.format=tokens data.source=$TMP/text.txt data.train_path=$D/data data.val_path=$D/data"
+"$BIN" prepare configs/tiny.yaml $P >"$TMP/out" 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] || { cat "$TMP/err"; fail "prepare on a full disk: exit $rc, expected 1"; }
+one_error_line "No space left on device"
+rm -f "$D/fill"; dd if=/dev/zero of="$D/fill" bs=1k count=700 2>/dev/null
+"$BIN" prepare configs/tiny.yaml $P >"$TMP/out" 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] || { cat "$TMP/err"; fail "prepare with too little room: exit $rc, expected 1"; }
+one_error_line "No space left on device: needs [0-9.]* MiB"
+ls "$D/data" 2>/dev/null | grep -q . && fail "prepare left files behind: $(ls "$D/data")"
+echo "full disk, read-only checkpoint and run directories, prepare on a full disk: exit 1, one line each"
