@@ -28,6 +28,9 @@ PKGS=(
   munge              # SLURM's authentication
   nginx-light        # HTTP server with Range for remote-data tests (http-up.sh)
   curl               # HTTP checks in fixtures and tests
+  clang              # `make fuzz`: libFuzzer targets (tests/fuzz/) with ASan/UBSan
+  libclang-rt-dev    # libFuzzer and the sanitizer runtimes for that clang
+  libomp-dev         # OpenMP for clang (the engine's kernels use it)
 )
 
 missing=()

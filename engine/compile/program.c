@@ -157,11 +157,25 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
                          jdt_op_name(c->nodes[sp->node].op));
         }
     }
+    /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
+     * the OOM killer later */
+    const char *mem_src;
+    int64_t mem_avail = jdt_mem_available(&mem_src);
+    if (mem_avail >= 0 && c->arena_bytes > mem_avail) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM,
+                         "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
+                         "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
+                         "or runtime.remat: block",
+                         (double)c->arena_bytes / 1048576.0, (double)mem_avail / 1048576.0,
+                         mem_src);
+        goto fail;
+    }
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
     if (!p->arena || !p->ptrs) {
-        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: arena of %lld bytes",
-                         (long long)c->arena_bytes);
+        st = jdt_err_set(e, JDT_ERR_NOMEM,
+                         "compile: out of memory allocating the %.1f MiB arena for intermediates",
+                         (double)c->arena_bytes / 1048576.0);
         goto fail;
     }
     for (int b = 0; b < c->n_bufs; b++)

@@ -147,6 +147,7 @@ typedef struct jdt_config {
         jdt_backend backend;
         int threads;     /* 0 = auto */
         char *cache_dir; /* "" = ~/.cache/jdt-train */
+        int cache_max_mb; /* bound of the JIT cache in MiB, least recently used pruned; 0 = none */
         bool jit;        /* false = reference interpreter */
         jdt_remat remat;
         char *cc;

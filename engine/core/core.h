@@ -70,11 +70,14 @@ typedef struct {
 } jdt_err;
 
 /* Sets e (if non-NULL) to code with a printf-formatted message and returns code, so a caller
- * can write `return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));`. */
+ * can write `return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));`. The message
+ * is always one printable line: control characters (from a config, an override, a peer) are
+ * escaped as \n, \r, \t, \xNN, and a trailing ": " with nothing after it is dropped. */
 jdt_status jdt_err_set(jdt_err *e, jdt_status code, const char *fmt, ...) JDT_PRINTF(3, 4);
 jdt_status jdt_err_vset(jdt_err *e, jdt_status code, const char *fmt, va_list ap);
 
-/* Prepends "prefix: " to e's message (context from an outer layer); returns e->code. */
+/* Prepends "prefix: " to e's message (context from an outer layer), keeping it one printable
+ * line; returns e->code. */
 jdt_status jdt_err_prefix(jdt_err *e, const char *fmt, ...) JDT_PRINTF(2, 3);
 
 /* Resets e to JDT_OK with an empty message. */
@@ -147,6 +150,14 @@ const char *jdt_dtype_name(jdt_dtype dt);
 size_t jdt_dtype_size(jdt_dtype dt);
 /* Parses a dtype name ("f32", ...); returns false if unknown. */
 bool jdt_dtype_parse(const char *name, jdt_dtype *out);
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+/* Bytes this process may still allocate: /proc/meminfo MemAvailable, or the cgroup's limit
+ * minus its usage (v1 memory.limit_in_bytes or v2 memory.max), or the address-space limit
+ * (ulimit -v) minus what is mapped, whichever is lowest. -1 when
+ * neither can be read. *source (may be NULL) names the bound used, for messages. */
+int64_t jdt_mem_available(const char **source);
 
 /* ---- hashing ------------------------------------------------------------------------------ */
 

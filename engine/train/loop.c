@@ -189,7 +189,8 @@ static void log_profile(const trainer *tr)
     JDT_INFO("profile of the compiled step:\n%s", buf);
 }
 
-static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
+/* The step's persistent tensors as checkpoint slices (whole tensors); caller frees *out. */
+static jdt_status ckpt_tensors(const trainer *tr, jdt_ckpt_tensor **out, int *n_out, jdt_err *e)
 {
     int n = jdt_step_n_tensors(tr->step);
     jdt_ckpt_tensor *ts = jdt_calloc((size_t)n, sizeof *ts);
@@ -205,13 +206,40 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
         for (int d = 0; d < shape.ndim; d++) ts[i].shape[d] = shape.dims[d];
         ts[i].data = data;
     }
+    *out = ts;
+    *n_out = n;
+    return JDT_OK;
+}
+
+/* Before the first step: the checkpoint directory is writable and has room for one
+ * checkpoint, so a bad checkpoint.dir fails now rather than at the first save. */
+static jdt_status preflight_ckpt(const trainer *tr, jdt_err *e)
+{
+    jdt_ckpt_tensor *ts;
+    int n;
+    jdt_status st = ckpt_tensors(tr, &ts, &n, e);
+    if (st != JDT_OK) return st;
+    jdt_ckpt_meta meta = {.config_text = tr->cfg->resolved_yaml};
+    st = jdt_ckpt_preflight(tr->ckpt_dir, &meta, ts, (size_t)n, e);
+    jdt_free(ts);
+    return st;
+}
+
+static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
+{
+    jdt_ckpt_tensor *ts;
+    int n;
+    jdt_status st = ckpt_tensors(tr, &ts, &n, e);
+    if (st != JDT_OK) return st;
     jdt_ckpt_meta meta = {.step = next_step, .rng_state = (uint64_t)tr->cfg->run.seed,
                           .data_position = next_step, .config_text = tr->cfg->resolved_yaml};
     jdt_ckpt_save_opts so = {.keep_last = tr->cfg->checkpoint.keep};
     char *saved = NULL;
     double t0 = jdt_now_s();
-    jdt_status st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
+    st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
     if (st == JDT_OK) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
+    else jdt_err_prefix(e, "checkpoint at step %lld not saved (the previous one is kept)",
+                        (long long)next_step);
     jdt_free(saved);
     jdt_free(ts);
     return st;
@@ -278,6 +306,7 @@ void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
     jdt_compile_opts_init(o);
     o->threads = cfg->runtime.threads;
     o->cache_dir = cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL;
+    o->cache_max_bytes = cfg->runtime.cache_max_mb > 0 ? (int64_t)cfg->runtime.cache_max_mb << 20 : -1;
     o->cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;
     o->cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
     o->remat = cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
@@ -391,6 +420,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (st != JDT_OK) goto out_signals;
     }
 
+    if (main_rank && (st = preflight_ckpt(&tr, e)) != JDT_OK) goto out_signals;
     if (main_rank) {
         char path[1100];
         snprintf(path, sizeof path, "%s/config.yaml", tr.run_dir);

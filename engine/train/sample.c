@@ -65,7 +65,11 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
     jdt_ckpt_get_meta(ck, &meta);
     char label[1100];
     snprintf(label, sizeof label, "%s (stored config)", ckpt_path);
-    if ((st = jdt_config_load_string(meta.config_text, label, 0, NULL, NULL, &cfg, e)) != JDT_OK) goto out;
+    if ((st = jdt_config_load_string(meta.config_text, label, 0, NULL, NULL, &cfg, e)) != JDT_OK) {
+        /* the file is at fault, not the command line: a run-time error (exit 1), not usage */
+        if (st == JDT_ERR_CONFIG) st = e ? (e->code = JDT_ERR_FORMAT) : JDT_ERR_FORMAT;
+        goto out;
+    }
     have_cfg = true;
     if (cfg.model.type != JDT_MODEL_GPT) {
         st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: sample needs a gpt model", ckpt_path);

@@ -539,9 +539,10 @@ int jdt_world_threads(const jdt_world *w, int requested)
 
 /* ---- joining ------------------------------------------------------------------------------- */
 
-/* Binds 0.0.0.0:port for rank 0's coordinator, so ranks on other hosts reach it whatever
- * address its host name resolves to. */
-static jdt_status bind_any(int port, int *fd_out, jdt_err *e)
+/* Binds rank 0's coordinator socket: on loopback when the coordinator address is a loopback
+ * one (a single-host job: nobody else needs to reach it), else on 0.0.0.0:port, so ranks on
+ * other hosts reach it whatever address its host name resolves to. */
+static jdt_status bind_any(int port, bool loopback, int *fd_out, jdt_err *e)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return jdt_err_set(e, JDT_ERR_NET, "socket: %s", strerror(errno));
@@ -550,7 +551,7 @@ static jdt_status bind_any(int port, int *fd_out, jdt_err *e)
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
     sa.sin_port = htons((uint16_t)port);
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 256) != 0) {
         int err = errno;
@@ -587,7 +588,10 @@ jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist
         long port = 0;
         if (!colon || !parse_long(colon + 1, 1, 65535, &port))
             return jdt_err_set(e, JDT_ERR_CONFIG, "coordinator '%s': bad port", w->coordinator);
-        if ((st = bind_any((int)port, &own_fd, e))) goto out_fail;
+        size_t hl = (size_t)(colon - w->coordinator);
+        bool loopback = (hl == 9 && strncmp(w->coordinator, "localhost", 9) == 0) ||
+                        (hl >= 4 && strncmp(w->coordinator, "127.", 4) == 0);
+        if ((st = bind_any((int)port, loopback, &own_fd, e))) goto out_fail;
         o.coord_listen_fd = own_fd;
     }
     st = jdt_dist_init(&o, out, e);
