@@ -110,9 +110,11 @@ static const subcommand SUBCOMMANDS[] = {
     {"prepare", cmd_prepare, "turn data.source text into HDF5 token shards",
      "usage: jdt-train prepare CONFIG [key.path=value ...]\n"
      "\n"
-     "Reads the text file data.source, encodes it with data.tokenizer (byte), splits off the\n"
-     "last data.val_fraction as validation data and writes data.n_shards train shards\n"
-     "(train_000.h5 ...) and val_000.h5 into the directory data.train_path.\n",
+     "Reads the text file data.source, encodes it with data.tokenizer (byte, or bpe: the\n"
+     "tokenizer at data.tokenizer_path, else one of model.vocab_size ids trained on the text\n"
+     "and written as data.train_path/tokenizer.json), splits off the last data.val_fraction\n"
+     "as validation data and writes data.n_shards train shards (train_000.h5 ...) and\n"
+     "val_000.h5 into the directory data.train_path.\n",
      FLAG_LOG_LEVEL, true},
     {"sample", cmd_sample, "generate text from a checkpoint",
      "usage: jdt-train sample CKPT [--prompt TEXT] [--length N] [--temperature T] [--top-k K]\n"
@@ -488,6 +490,9 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         o.out_dir = c.data.train_path;
         o.val_fraction = c.data.val_fraction;
         o.n_shards = c.data.n_shards;
+        o.tokenizer = c.data.tokenizer == JDT_TOKENIZER_BPE ? JDT_PREP_TOK_BPE : JDT_PREP_TOK_BYTE;
+        o.tokenizer_path = c.data.tokenizer_path;
+        o.vocab_size = c.model.vocab_size;
         jdt_prep_result r;
         st = jdt_prep_text(&o, &r, &e);
         if (st == JDT_OK)

@@ -72,6 +72,9 @@ static jdt_status fail(parser *ps, const char *at, const char *msg)
             col++;
         }
     }
+    if (at >= ps->end) /* every "expected X" at the end means the text stops early */
+        return jdt_err_set(ps->e, JDT_ERR_FORMAT, "%s:%d:%d: unexpected end of input (truncated file?)",
+                           ps->what, line, col);
     return jdt_err_set(ps->e, JDT_ERR_FORMAT, "%s:%d:%d: %s", ps->what, line, col, msg);
 }
 
