@@ -316,7 +316,7 @@ static jdt_status vocab_alloc(jdt_bpe *t, int n_vocab, const char *what, jdt_err
 
 static jdt_status compile_regex(jdt_bpe *t, const char *what, jdt_err *e)
 {
-    if (!t->regex) return JDT_OK;
+    if (!t->regex || t->re) return JDT_OK;
     int err;
     PCRE2_SIZE at;
     t->re = pcre2_compile((PCRE2_SPTR)t->regex, PCRE2_ZERO_TERMINATED,
@@ -899,7 +899,9 @@ static jdt_status load_tokenizer_json(jdt_bpe *t, const char *path, jdt_err *e)
     }
     const jdt_json *im = jdt_json_get(model, "ignore_merges");
     t->ignore_merges = im && im->type == JDT_JSON_TRUE;
-    if ((st = parse_pre_tokenizer(t, jdt_json_get(root, "pre_tokenizer"), path, e))) goto out;
+    if ((st = parse_pre_tokenizer(t, jdt_json_get(root, "pre_tokenizer"), path, e)) ||
+        (st = compile_regex(t, path, e)))
+        goto out;
 
     const jdt_json *added = jdt_json_get(root, "added_tokens");
     if (added && added->type == JDT_JSON_ARRAY) {
