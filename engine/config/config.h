@@ -142,6 +142,7 @@ typedef struct jdt_config {
         int64_t every; /* 0 = never */
         int keep;
         char *resume; /* "none" | "auto" | a path */
+        char *init_from; /* "" | a jdt checkpoint | a Hugging Face model directory */
         bool save_on_signal;
     } checkpoint;
     struct {

@@ -125,6 +125,7 @@ static const jdt_config_key KEYS[] = {
     K_I64("checkpoint.every", checkpoint.every, 0, LMAX, "1000", "save every N steps (0 = never; the last step is always saved)"),
     K_INT("checkpoint.keep", checkpoint.keep, 1, 1000000, "3", "newest checkpoints kept on disk"),
     K_STR("checkpoint.resume", checkpoint.resume, "auto", "none, auto (latest in dir if any) or a checkpoint path"),
+    K_STR("checkpoint.init_from", checkpoint.init_from, "", "start a new run (step 0, fresh optimizer) from these weights: a jdt checkpoint (or run ckpt folder) or a Hugging Face directory written by export --format hf; ignored when resuming"),
     K_BOOL("checkpoint.save_on_signal", checkpoint.save_on_signal, "true", "save a checkpoint on SIGINT/SIGTERM before exiting"),
     /* runtime */
     K_ENUM("runtime.backend", runtime.backend, C_BACKEND, "cpu", "device kind"),

@@ -18,8 +18,10 @@
 #include "graph/builder.h"
 #include "io/ckpt.h"
 #include "io/io-impl.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "models/models.h"
+#include "train/train.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -326,5 +328,226 @@ out:
     jdt_graph_free(g);
     if (have_cfg) jdt_config_free(&cfg);
     jdt_ckpt_close(ck);
+    return st;
+}
+
+/* ---- import: checkpoint.init_from ----------------------------------------------------------- */
+
+typedef struct {
+    char hf[200];
+    bool transpose;
+    int64_t rope_heads;
+    int slot; /* GPT-2 c_attn: 0 q, 1 k, 2 v; -1 otherwise */
+} src_map;
+
+/* Where our param `ours` comes from in an HF checkpoint; false if it has no source. */
+static bool map_name(const jdt_config *c, bool llama, const char *ours, src_map *m)
+{
+    memset(m, 0, sizeof *m);
+    m->slot = -1;
+    long l = -1;
+    const char *rest = ours;
+    if (strncmp(ours, "blocks.", 7) == 0) {
+        char *end;
+        l = strtol(ours + 7, &end, 10);
+        if (*end != '.') return false;
+        rest = end + 1;
+    }
+    if (!llama) {
+        static const char *const top[][2] = {{"wte", "transformer.wte.weight"}, {"wpe", "transformer.wpe.weight"},
+                                             {"ln_f.w", "transformer.ln_f.weight"}, {"ln_f.b", "transformer.ln_f.bias"}};
+        static const char *const blk[][2] = {
+            {"ln1.w", "ln_1.weight"},          {"ln1.b", "ln_1.bias"},     {"attn.o.w", "attn.c_proj.weight"},
+            {"attn.o.b", "attn.c_proj.bias"},  {"ln2.w", "ln_2.weight"},   {"ln2.b", "ln_2.bias"},
+            {"mlp.fc.w", "mlp.c_fc.weight"},   {"mlp.fc.b", "mlp.c_fc.bias"}, {"mlp.proj.w", "mlp.c_proj.weight"},
+            {"mlp.proj.b", "mlp.c_proj.bias"},
+        };
+        if (l < 0) {
+            for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+                if (strcmp(ours, top[i][0]) == 0) return snprintf(m->hf, sizeof m->hf, "%s", top[i][1]) > 0;
+            return false;
+        }
+        for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
+            if (strcmp(rest, blk[i][0]) == 0)
+                return snprintf(m->hf, sizeof m->hf, "transformer.h.%ld.%s", l, blk[i][1]) > 0;
+        if (strncmp(rest, "attn.", 5) == 0 && (rest[5] == 'q' || rest[5] == 'k' || rest[5] == 'v') && rest[6] == '.') {
+            m->slot = rest[5] == 'q' ? 0 : rest[5] == 'k' ? 1 : 2;
+            snprintf(m->hf, sizeof m->hf, "transformer.h.%ld.attn.c_attn.%s", l, rest[7] == 'w' ? "weight" : "bias");
+            return true;
+        }
+        return false;
+    }
+    if (l < 0) {
+        if (strcmp(ours, "wte") == 0) return snprintf(m->hf, sizeof m->hf, "model.embed_tokens.weight") > 0;
+        if (strcmp(ours, "ln_f.w") == 0) return snprintf(m->hf, sizeof m->hf, "model.norm.weight") > 0;
+        if (strcmp(ours, "head") == 0) {
+            m->transpose = true;
+            return snprintf(m->hf, sizeof m->hf, "lm_head.weight") > 0;
+        }
+        return false;
+    }
+    static const struct {
+        const char *ours, *hf;
+        int rope;
+    } blk[] = {
+        {"ln1.w", "input_layernorm.weight", 0},     {"attn.q.w", "self_attn.q_proj.weight", 1},
+        {"attn.k.w", "self_attn.k_proj.weight", 2}, {"attn.v.w", "self_attn.v_proj.weight", 0},
+        {"attn.o.w", "self_attn.o_proj.weight", 0}, {"ln2.w", "post_attention_layernorm.weight", 0},
+        {"mlp.gate.w", "mlp.gate_proj.weight", 0},  {"mlp.up.w", "mlp.up_proj.weight", 0},
+        {"mlp.down.w", "mlp.down_proj.weight", 0},
+    };
+    for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
+        if (strcmp(rest, blk[i].ours) == 0) {
+            m->transpose = blk[i].ours[strlen(blk[i].ours) - 1] == 'w' && strncmp(blk[i].ours, "ln", 2) != 0;
+            m->rope_heads = blk[i].rope == 1 ? c->model.n_head : blk[i].rope == 2 ? jdt_config_kv_heads(c) : 0;
+            return snprintf(m->hf, sizeof m->hf, "model.layers.%ld.%s", l, blk[i].hf) > 0;
+        }
+    return false;
+}
+
+/* Checks config.json against cfg: every dimension must agree. */
+static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool llama, jdt_err *e)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    jdt_json_doc *doc = NULL;
+    jdt_status st = jdt_json_parse_file(p, &doc, e);
+    if (st) return st;
+    const jdt_json *r = jdt_json_root(doc);
+    const char *mt = jdt_json_str(jdt_json_get(r, "model_type"));
+    const char *want_mt = llama ? "llama" : "gpt2";
+    if (!mt || strcmp(mt, want_mt) != 0) {
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: model_type '%s' but this config's gpt maps to '%s' (model.norm %s)",
+                         p, mt ? mt : "?", want_mt, llama ? "rmsnorm" : "layernorm");
+        goto out;
+    }
+    const struct {
+        const char *key, *ours;
+        int64_t want;
+    } dims[] = {
+        {"vocab_size", "model.vocab_size", c->model.vocab_size},
+        {llama ? "hidden_size" : "n_embd", "model.n_embd", c->model.n_embd},
+        {llama ? "num_hidden_layers" : "n_layer", "model.n_layer", c->model.n_layer},
+        {llama ? "num_attention_heads" : "n_head", "model.n_head", c->model.n_head},
+        {llama ? "num_key_value_heads" : "n_head", "model.n_kv_head", jdt_config_kv_heads(c)},
+        {llama ? "intermediate_size" : "n_inner", "model.mlp_ratio * n_embd", (int64_t)c->model.mlp_ratio * c->model.n_embd},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        int64_t v;
+        if (!jdt_json_int(jdt_json_get(r, dims[i].key), 0, INT64_MAX / 2, &v) || v != dims[i].want) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: %s is %s but %s is %lld", p, dims[i].key,
+                             jdt_json_get(r, dims[i].key) ? "different" : "missing", dims[i].ours,
+                             (long long)dims[i].want);
+            goto out;
+        }
+    }
+    if (!llama) {
+        int64_t v;
+        if (!jdt_json_int(jdt_json_get(r, "n_positions"), 0, INT64_MAX / 2, &v) || v < c->model.seq_len) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: n_positions is below model.seq_len %d", p, c->model.seq_len);
+            goto out;
+        }
+    }
+out:
+    jdt_json_doc_free(doc);
+    return st;
+}
+
+static jdt_status read_hf_param(jdt_st_file *sf, const char *dir, const jdt_config *c, bool llama,
+                                const char *ours, const jdt_shape *shape, float *dst, jdt_err *e)
+{
+    src_map m;
+    if (!map_name(c, llama, ours, &m))
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: no Hugging Face tensor maps to our param '%s'", dir, ours);
+    int i = jdt_st_find(sf, m.hf);
+    if (i < 0) return jdt_err_set(e, JDT_ERR_FORMAT, "%s/model.safetensors: no tensor '%s' (for '%s')", dir, m.hf, ours);
+    jdt_st_tensor info = jdt_st_info(sf, i);
+    int64_t r = shape->dims[0], k = shape->ndim > 1 ? shape->dims[1] : 1;
+    int64_t want0 = m.transpose ? k : r, want1 = m.transpose ? r : k;
+    if (m.slot >= 0) want1 = shape->ndim > 1 ? 3 * k : 0, want0 = shape->ndim > 1 ? r : 3 * r;
+    bool ok = info.ndim == shape->ndim && info.shape[0] == want0 && (info.ndim == 1 || info.shape[1] == want1);
+    if (!ok)
+        return jdt_err_set(e, JDT_ERR_FORMAT, "%s/model.safetensors: '%s' has shape (%lld%s%lld), expected (%lld, %lld) for '%s'",
+                           dir, m.hf, (long long)info.shape[0], info.ndim > 1 ? ", " : "",
+                           info.ndim > 1 ? (long long)info.shape[1] : 0LL, (long long)want0, (long long)want1, ours);
+    int64_t n = info.shape[0] * (info.ndim > 1 ? info.shape[1] : 1);
+    float *buf = jdt_malloc((size_t)n * sizeof *buf);
+    if (!buf) return jdt_err_set(e, JDT_ERR_NOMEM, "init_from: out of memory");
+    jdt_status st = jdt_st_read(sf, i, buf, e);
+    if (st == JDT_OK) {
+        if (m.slot >= 0 && shape->ndim > 1) {
+            for (int64_t a = 0; a < r; a++) memcpy(dst + a * k, buf + a * 3 * k + m.slot * k, (size_t)k * sizeof *dst);
+        } else if (m.slot >= 0) {
+            memcpy(dst, buf + m.slot * r, (size_t)r * sizeof *dst);
+        } else if (!m.transpose || shape->ndim == 1) {
+            memcpy(dst, buf, (size_t)n * sizeof *dst);
+        } else { /* buf is (k, r), rows permuted for rope: inverse of emit_param */
+            int64_t D = m.rope_heads > 0 ? k / m.rope_heads : 0;
+            for (int64_t j = 0; j < k; j++) {
+                int64_t src = j;
+                if (m.rope_heads > 0) {
+                    int64_t h = j / D, f = j % D;
+                    src = h * D + (f % 2) * (D / 2) + f / 2;
+                }
+                for (int64_t a = 0; a < r; a++) dst[a * k + j] = buf[src * r + a];
+            }
+        }
+    }
+    jdt_free(buf);
+    return st;
+}
+
+jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *path, jdt_err *e)
+{
+    char st_path[1100];
+    snprintf(st_path, sizeof st_path, "%s/model.safetensors", path);
+    bool hf = jdt_io_is_file(st_path);
+    jdt_st_file *sf = NULL;
+    jdt_ckpt *ck = NULL;
+    char *ckpt = NULL;
+    jdt_status st = JDT_OK;
+    bool llama = c->model.norm == JDT_NORM_RMSNORM;
+    if (hf) {
+        const char *bad = c->model.type == JDT_MODEL_GPT ? mismatch(c, llama) : "model.type must be gpt";
+        if (bad)
+            return jdt_err_set(e, JDT_ERR_CONFIG, "checkpoint.init_from %s: a Hugging Face model needs a gpt that maps "
+                               "to GPT2LMHeadModel or LlamaForCausalLM: %s", path, bad);
+        if ((st = check_hf_config(path, c, llama, e)) || (st = jdt_st_open(st_path, &sf, e))) goto out;
+    } else {
+        if (jdt_ckpt_find_latest(path, &ckpt, NULL, NULL) != JDT_OK || !ckpt) {
+            jdt_free(ckpt);
+            if (!(ckpt = jdt_strdup(path))) return jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
+        }
+        if ((st = jdt_ckpt_open(ckpt, &ck, e))) {
+            if (st == JDT_ERR_NOT_FOUND)
+                st = jdt_err_set(e, JDT_ERR_NOT_FOUND,
+                                 "checkpoint.init_from %s: neither a jdt checkpoint nor a directory with model.safetensors",
+                                 path);
+            goto out;
+        }
+    }
+    int n = jdt_step_n_tensors(step);
+    for (int i = 0; i < n && st == JDT_OK; i++) {
+        const char *name;
+        float *data;
+        jdt_shape shape;
+        jdt_step_tensor(step, i, &name, &data, &shape);
+        if (strncmp(name, "params/", 7) != 0) continue;
+        if (hf) {
+            st = read_hf_param(sf, path, c, llama, name + 7, &shape, data, e);
+        } else {
+            jdt_ckpt_tensor want;
+            memset(&want, 0, sizeof want);
+            want.name = name;
+            want.dtype = JDT_DTYPE_F32;
+            want.ndim = shape.ndim;
+            for (int d = 0; d < shape.ndim; d++) want.shape[d] = shape.dims[d];
+            st = jdt_ckpt_read(ck, &want, data, e);
+        }
+    }
+out:
+    jdt_st_close(sf);
+    jdt_ckpt_close(ck);
+    jdt_free(ckpt);
     return st;
 }

@@ -21,4 +21,16 @@
  * ERR_UNSUPPORTED (model does not map; the message says which key), ERR_IO, ERR_NOMEM. */
 jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char **arch, jdt_err *e);
 
+struct jdt_step;
+struct jdt_config;
+/* checkpoint.init_from: fills every "params/<name>" tensor of step from path, which is either
+ * a Hugging Face directory (model.safetensors + config.json, as jdt_hf_export writes them or
+ * as transformers saves GPT2LMHeadModel / LlamaForCausalLM in F32/F16/BF16) or a jdt checkpoint
+ * (a step directory or a run's checkpoint folder: its newest). Optimizer state is left as it
+ * is (fresh). config.json must agree with cfg on every dimension; the message names the key
+ * that does not. Errors: ERR_NOT_FOUND, ERR_FORMAT, ERR_CONFIG (mismatch), ERR_UNSUPPORTED,
+ * ERR_IO, ERR_NOMEM. */
+jdt_status jdt_hf_init_from(struct jdt_step *step, const struct jdt_config *cfg, const char *path,
+                            jdt_err *e);
+
 #endif /* JDT_TRAIN_HF_H */
