@@ -73,7 +73,12 @@ for arch in gpt2 llama; do
   expect 0 "$BIN" export "$TMP/runs/src_$arch/ckpt" --format hf "$TMP/hfsrc_$arch"
   expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=src_$arch $A
   want=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
-  for from in "$TMP/hfsrc_$arch" "$TMP/runs/src_$arch/ckpt"; do
+  # the same weights as written by the safetensors package itself (its own header layout)
+  mkdir -p "$TMP/hfpy_$arch" && cp "$TMP/hfsrc_$arch/config.json" "$TMP/hfpy_$arch/"
+  "$PY" -c "from safetensors.numpy import load_file, save_file
+save_file(dict(reversed(list(load_file('$TMP/hfsrc_$arch/model.safetensors').items()))), '$TMP/hfpy_$arch/model.safetensors', metadata={'format': 'np'})" ||
+    fail "safetensors re-save"
+  for from in "$TMP/hfsrc_$arch" "$TMP/hfpy_$arch" "$TMP/runs/src_$arch/ckpt"; do
     expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=ft_$arch run.steps=1 run.eval_every=0 \
       optimizer.lr=0 checkpoint.resume=none checkpoint.init_from="$from" $A
     grep -q "initialised params from" "$TMP/err" || fail "no init_from line"
@@ -86,7 +91,7 @@ for arch in gpt2 llama; do
   expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=fresh_$arch $A
   fresh=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
   [ "$fresh" != "$want" ] || fail "a fresh model has the trained model's loss: the check proves nothing"
-  echo "init_from ($arch): export and checkpoint both continue at val loss $want (fresh model: $fresh)"
+  echo "init_from ($arch): export, its safetensors-package copy and the checkpoint all continue at val loss $want (fresh model: $fresh)"
 done
 expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hfsrc_gpt2" model.n_layer=3
 [ "$(grep -c "error" "$TMP/err")" -eq 1 ] && grep -q "n_layer" "$TMP/err" || { cat "$TMP/err"; fail "init_from mismatch message"; }
