@@ -1151,6 +1151,9 @@ jdt_status jdt_bpe_save(const jdt_bpe *t, const char *path, jdt_err *e)
 typedef struct {
     uint64_t key; /* EMPTY_KEY = free */
     int64_t count;
+    uint32_t *words; /* words that contained the pair when it was counted (may repeat or be
+                      * stale: checked when used) */
+    uint32_t n_words, cap_words;
 } pair_ent;
 
 typedef struct {
@@ -1177,6 +1180,7 @@ typedef struct {
     size_t pq_n, pq_cap;
     uint32_t *touched;
     size_t n_touched, touched_cap;
+    uint32_t *w_stamp; /* [n_words]: last merge that visited the word */
 } trainer;
 
 static bool grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -1283,8 +1287,9 @@ static pq_ent pq_pop(trainer *tr)
     return top;
 }
 
-/* Adds delta to pair (a, b), growing the table as needed; remembers the pair as touched. */
-static bool pair_add(trainer *tr, uint32_t a, uint32_t b, int64_t delta)
+/* Adds delta to pair (a, b), growing the table as needed; remembers the pair as touched and,
+ * for a positive delta, word w as one that holds it. */
+static bool pair_add(trainer *tr, uint32_t a, uint32_t b, int64_t delta, uint32_t w)
 {
     if ((tr->p_used + 1) * 2 > tr->pcap) {
         size_t c = tr->pcap ? tr->pcap * 2 : 1 << 16;
@@ -1303,11 +1308,21 @@ static bool pair_add(trainer *tr, uint32_t a, uint32_t b, int64_t delta)
     }
     pair_ent *s = pair_slot(tr, a, b);
     if (s->key == EMPTY_KEY) {
+        memset(s, 0, sizeof *s);
         s->key = (uint64_t)a << 32 | b;
-        s->count = 0;
         tr->p_used++;
     }
     s->count += delta;
+    if (delta > 0 && (s->n_words == 0 || s->words[s->n_words - 1] != w)) {
+        if (s->n_words == s->cap_words) {
+            uint32_t c = s->cap_words ? s->cap_words * 2 : 4;
+            uint32_t *nw = jdt_realloc(s->words, (size_t)c * sizeof *nw);
+            if (!nw) return false;
+            s->words = nw;
+            s->cap_words = c;
+        }
+        s->words[s->n_words++] = w;
+    }
     if (!grow((void **)&tr->touched, &tr->touched_cap, tr->n_touched + 2, sizeof *tr->touched)) return false;
     tr->touched[tr->n_touched++] = a;
     tr->touched[tr->n_touched++] = b;
@@ -1316,6 +1331,9 @@ static bool pair_add(trainer *tr, uint32_t a, uint32_t b, int64_t delta)
 
 static void trainer_free(trainer *tr)
 {
+    for (size_t i = 0; i < tr->pcap; i++)
+        if (tr->pairs[i].key != EMPTY_KEY) jdt_free(tr->pairs[i].words);
+    jdt_free(tr->w_stamp);
     jdt_free(tr->wmap);
     jdt_free(tr->wbytes);
     jdt_free(tr->w_off);
@@ -1373,7 +1391,8 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
     /* symbols: every word starts as its bytes (ids 0..255 are the bytes) */
     if (!(tr.syms = jdt_malloc((tr.wb_len + 1) * sizeof *tr.syms)) ||
         !(tr.s_off = jdt_malloc((tr.n_words + 1) * sizeof *tr.s_off)) ||
-        !(tr.s_len = jdt_malloc((tr.n_words + 1) * sizeof *tr.s_len)))
+        !(tr.s_len = jdt_malloc((tr.n_words + 1) * sizeof *tr.s_len)) ||
+        !(tr.w_stamp = jdt_calloc(tr.n_words + 1, sizeof *tr.w_stamp)))
         goto oom;
     for (size_t w = 0; w < tr.n_words; w++) {
         tr.s_off[w] = tr.w_off[w];
@@ -1382,7 +1401,7 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
             tr.syms[tr.w_off[w] + i] = (unsigned char)tr.wbytes[tr.w_off[w] + i];
         const uint32_t *s = tr.syms + tr.s_off[w];
         for (uint32_t i = 0; i + 1 < tr.s_len[w]; i++)
-            if (!pair_add(&tr, s[i], s[i + 1], tr.w_count[w])) goto oom;
+            if (!pair_add(&tr, s[i], s[i + 1], tr.w_count[w], (uint32_t)w)) goto oom;
     }
     if (!push_touched(&tr)) goto oom;
     uint32_t next_id = 256;
@@ -1405,7 +1424,15 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
         t->merge_a[t->n_merges] = a;
         t->merge_b[t->n_merges] = b;
         t->n_merges++;
-        for (size_t w = 0; w < tr.n_words; w++) {
+        /* only the words listed for (a, b) can hold it; the list is taken over because
+         * pair_add may grow the table (moving s) and appends to lists while we walk it */
+        uint32_t *list = s->words, n_list = s->n_words;
+        s->words = NULL;
+        s->n_words = s->cap_words = 0;
+        for (uint32_t li = 0; li < n_list; li++) {
+            uint32_t w = list[li];
+            if (tr.w_stamp[w] == z) continue; /* listed twice */
+            tr.w_stamp[w] = z;
             uint32_t *sy = tr.syms + tr.s_off[w], L = tr.s_len[w];
             bool has = false;
             for (uint32_t i = 0; i + 1 < L; i++)
@@ -1416,7 +1443,7 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
             if (!has) continue;
             int64_t c = tr.w_count[w];
             for (uint32_t i = 0; i + 1 < L; i++)
-                if (!pair_add(&tr, sy[i], sy[i + 1], -c)) goto oom_buf;
+                if (!pair_add(&tr, sy[i], sy[i + 1], -c, w)) goto oom_list;
             uint32_t o = 0;
             for (uint32_t i = 0; i < L; i++) {
                 if (i + 1 < L && sy[i] == a && sy[i + 1] == b) {
@@ -1428,9 +1455,14 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
             }
             tr.s_len[w] = o;
             for (uint32_t i = 0; i + 1 < o; i++)
-                if (!pair_add(&tr, sy[i], sy[i + 1], c)) goto oom_buf;
+                if (!pair_add(&tr, sy[i], sy[i + 1], c, w)) goto oom_list;
         }
+        jdt_free(list);
         if (!push_touched(&tr)) goto oom_buf;
+        continue;
+    oom_list:
+        jdt_free(list);
+        goto oom_buf;
     }
     jdt_free(buf);
     /* the special token takes the id after the last merge (the vocabulary shrinks if training
