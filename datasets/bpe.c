@@ -12,6 +12,8 @@
 
 #include <errno.h>
 #include <pcre2.h>
+#include <unicode/unorm2.h>
+#include <unicode/ustring.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +87,12 @@ struct jdt_bpe {
     size_t s_cap;
     char *prefix_buf;
     size_t prefix_cap;
+
+    /* normalizer NFC (Qwen2): ICU, applied to each segment between added tokens */
+    const UNormalizer2 *nfc;
+    UChar *u16_in, *u16_out;
+    char *nfc_buf;
+    size_t nfc_cap; /* bytes of input the buffers are sized for */
 };
 
 /* ---- the ByteLevel alphabet ---------------------------------------------------------------- */
@@ -384,6 +392,9 @@ void jdt_bpe_free(jdt_bpe *t)
     jdt_free(t->s_next);
     jdt_free(t->heap);
     jdt_free(t->prefix_buf);
+    jdt_free(t->u16_in);
+    jdt_free(t->u16_out);
+    jdt_free(t->nfc_buf);
     jdt_free(t);
 }
 
@@ -652,6 +663,73 @@ static int find_added(const jdt_bpe *t, const char *s, size_t n, size_t from, si
     return -1;
 }
 
+/* Length of the valid UTF-8 sequence at p (1..4), or 0 if invalid. */
+static int utf8_seq_len(const unsigned char *p, const unsigned char *end)
+{
+    unsigned c = p[0];
+    int n = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    if (!n || end - p < n) return 0;
+    for (int i = 1; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80) return 0;
+    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F) || (c == 0xF0 && p[1] < 0x90) ||
+        (c == 0xF4 && p[1] > 0x8F))
+        return 0; /* overlong, surrogate, above U+10FFFF */
+    return n;
+}
+
+/* NFC of s[0..n) into t->nfc_buf (*out, *n_out). Runs of valid UTF-8 are normalized by ICU;
+ * bytes that are not valid UTF-8 are copied as they are (so they still round-trip). ASCII is
+ * already NFC and is returned as it is. */
+static jdt_status nfc_segment(jdt_bpe *t, const char *s, size_t n, const char **out, size_t *n_out, jdt_err *e)
+{
+    size_t k = 0;
+    while (k < n && !((unsigned char)s[k] & 0x80)) k++;
+    if (k == n) {
+        *out = s;
+        *n_out = n;
+        return JDT_OK;
+    }
+    if (n > (size_t)INT32_MAX / 4) return jdt_err_set(e, JDT_ERR_INVALID, "bpe: NFC segment over 512 MiB");
+    if (n + 16 > t->nfc_cap) {
+        size_t c = n + 16;
+        jdt_free(t->u16_in);
+        jdt_free(t->u16_out);
+        jdt_free(t->nfc_buf);
+        t->u16_in = jdt_malloc(c * sizeof(UChar));
+        t->u16_out = jdt_malloc(3 * c * sizeof(UChar));
+        t->nfc_buf = jdt_malloc(9 * c);
+        t->nfc_cap = c;
+        if (!t->u16_in || !t->u16_out || !t->nfc_buf) {
+            t->nfc_cap = 0;
+            return jdt_err_set(e, JDT_ERR_NOMEM, "bpe: out of memory");
+        }
+    }
+    const unsigned char *p = (const unsigned char *)s, *end = p + n;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        int l;
+        while (j < n && (l = utf8_seq_len(p + j, end)) > 0) j += (size_t)l;
+        if (j > i) {
+            UErrorCode err = U_ZERO_ERROR;
+            int32_t n16 = 0, m16 = 0, m8 = 0;
+            u_strFromUTF8(t->u16_in, (int32_t)t->nfc_cap, &n16, s + i, (int32_t)(j - i), &err);
+            if (U_SUCCESS(err))
+                m16 = unorm2_normalize(t->nfc, t->u16_in, n16, t->u16_out, (int32_t)(3 * t->nfc_cap), &err);
+            if (U_SUCCESS(err))
+                u_strToUTF8(t->nfc_buf + o, (int32_t)(9 * t->nfc_cap - o), &m8, t->u16_out, m16, &err);
+            if (U_FAILURE(err))
+                return jdt_err_set(e, JDT_ERR_INTERNAL, "bpe: NFC normalization failed: %s", u_errorName(err));
+            o += (size_t)m8;
+            i = j;
+        }
+        while (i < n && utf8_seq_len(p + i, end) == 0) t->nfc_buf[o++] = s[i++];
+    }
+    *out = t->nfc_buf;
+    *n_out = o;
+    return JDT_OK;
+}
+
 typedef jdt_status (*added_fn)(jdt_bpe *t, uint32_t id, void *ctx, jdt_err *e);
 
 static jdt_status for_each_piece(jdt_bpe *t, const char *s, size_t n, piece_fn fn, added_fn afn,
@@ -662,7 +740,10 @@ static jdt_status for_each_piece(jdt_bpe *t, const char *s, size_t n, piece_fn f
     while (pos < n) {
         size_t at = n;
         int k = find_added(t, s, n, pos, &at);
-        if ((st = split_segment(t, s + pos, at - pos, fn, ctx, e))) return st;
+        const char *seg = s + pos;
+        size_t n_seg = at - pos;
+        if (t->nfc && n_seg && (st = nfc_segment(t, seg, n_seg, &seg, &n_seg, e))) return st;
+        if ((st = split_segment(t, seg, n_seg, fn, ctx, e))) return st;
         if (k < 0) break;
         if ((st = afn(t, t->added[k].id, ctx, e))) return st;
         pos = at + t->added[k].len;
@@ -876,12 +957,28 @@ static jdt_status load_tokenizer_json(jdt_bpe *t, const char *path, jdt_err *e)
     }
     const jdt_json *norm = jdt_json_get(root, "normalizer");
     if (norm && norm->type != JDT_JSON_NULL) {
+        /* none, NFC, or a Sequence of those */
         const char *nt = jdt_json_str(jdt_json_get(norm, "type"));
         const jdt_json *seq = jdt_json_get(norm, "normalizers");
-        if (!(nt && strcmp(nt, "Sequence") == 0 && seq && seq->type == JDT_JSON_ARRAY && seq->len == 0)) {
-            st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (only none)",
-                             path, nt ? nt : "?");
-            goto out;
+        const jdt_json *items = norm;
+        size_t n_items = 1;
+        if (nt && strcmp(nt, "Sequence") == 0 && seq && seq->type == JDT_JSON_ARRAY) {
+            items = seq->child;
+            n_items = seq->len;
+        }
+        for (size_t k = 0; k < n_items; k++, items = items->next) {
+            const char *it = jdt_json_str(jdt_json_get(items, "type"));
+            if (!it || strcmp(it, "NFC") != 0) {
+                st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (only none or NFC)",
+                                 path, it ? it : "?");
+                goto out;
+            }
+            UErrorCode err = U_ZERO_ERROR;
+            t->nfc = unorm2_getNFCInstance(&err);
+            if (U_FAILURE(err)) {
+                st = jdt_err_set(e, JDT_ERR_INTERNAL, "%s: ICU NFC: %s", path, u_errorName(err));
+                goto out;
+            }
         }
     }
     const jdt_json *dropout = jdt_json_get(model, "dropout");

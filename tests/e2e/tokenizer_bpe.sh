@@ -3,6 +3,7 @@
 # like Hugging Face `tokenizers` on the fortunes corpus (plus a multilingual UTF-8 tail) for
 #   a) a tokenizer trained by `tokenizers` (GPT-2 ByteLevel pre-tokenizer),
 #   b) a Llama-3-style one trained by `tokenizers` (Split regex + ByteLevel without regex),
+#      and a Qwen2-style one (NFC normalizer + Split + ByteLevel; the corpus has NFD text),
 #   c) our own trained one (written as tokenizer.json, loaded by `tokenizers`),
 #   d) c) as a GPT-2 vocab.bpe + encoder.json pair;
 # decode(encode(x)) == x for random UTF-8 and random bytes; `prepare` with data.tokenizer: bpe
@@ -46,6 +47,10 @@ for _ in range(20000):
     w = "".join(r.choice(alph) for _ in range(r.randint(1, 8)))
     words.append(w)
 open(sys.argv[1], "a", encoding="utf-8").write("\n" + " ".join(words) + " it's we'll I'M 123456 x\n")
+# decomposed (NFD) accents and Hangul: an NFC normalizer changes these
+import unicodedata
+nfd = unicodedata.normalize("NFD", "Café naïve Ångström résumé Ñandú 한국어 Éire " * 300)
+open(sys.argv[1], "a", encoding="utf-8").write(nfd + "\n")
 PY
 echo "corpus: $(wc -c < "$C") bytes"
 
@@ -79,6 +84,24 @@ tok.train([sys.argv[1]], trainers.BpeTrainer(vocab_size=3000, show_progress=Fals
 tok.save(sys.argv[2])
 PY
 check_same llama3 "$TMP/llama.json" "$TMP/llama.json"
+# b2) Qwen2 style: normalizer NFC + Split(regex with single digits) + ByteLevel
+"$PY" - "$C" "$TMP/qwen.json" <<'PY' || fail "tokenizers train (qwen2 style)"
+import sys
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+pat = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+       r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+tok = Tokenizer(models.BPE())
+tok.normalizer = normalizers.NFC()
+tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(pat), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+tok.decoder = decoders.ByteLevel()
+tok.train([sys.argv[1]], trainers.BpeTrainer(vocab_size=2500, show_progress=False,
+          special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok.save(sys.argv[2])
+PY
+check_same qwen2 "$TMP/qwen.json" "$TMP/qwen.json"
 # c) our own trained tokenizer, loaded by tokenizers from the tokenizer.json we write
 expect 0 "$TOOL" train "$C" 2000 "$TMP/ours.json"
 cat "$TMP/out"
@@ -95,7 +118,7 @@ PY
 check_same gpt2pair "$TMP/ours.json" "$TMP/gpt2pair/vocab.bpe"
 
 # round trip on random UTF-8 and random bytes (invalid UTF-8 included)
-for tk in "$TMP/ours.json" "$TMP/llama.json"; do
+for tk in "$TMP/ours.json" "$TMP/llama.json"; do  # (qwen: NFC changes text, as in tokenizers)
   expect 0 "$TOOL" roundtrip "$tk" 500 5
   grep -q "round trip ok" "$TMP/out" || fail "round trip"
 done

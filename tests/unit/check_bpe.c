@@ -329,7 +329,7 @@ START_TEST(test_bad_files)
          "{\"Regex\": \"a\"}, \"behavior\": \"Removed\"}]}, \"model\": {\"type\": \"BPE\"}}",
          "behavior 'Removed'"},
         {"{\"model\": {\"type\": \"BPE\", \"dropout\": 0.1}}", "dropout"},
-        {"{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"type\": \"BPE\"}}", "normalizer 'NFC'"},
+        {"{\"normalizer\": {\"type\": \"NFKC\"}, \"model\": {\"type\": \"BPE\"}}", "normalizer 'NFKC'"},
         {"[1, 2]", "no \"model\" object"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
