@@ -51,7 +51,8 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *opts, jdt_prep_result *res, j
  * out_dir/tokenizer.json; encodes the text; splits the ids into train shards and the val tail
  * as the byte path does. Shards record tokenizer "bpe-<16 hex digits of the FNV-1a hash of
  * tokenizer.json>" and vocab_size = the tokenizer's. Errors as jdt_prep_text, plus the
- * tokenizer's (bpe.h) and ERR_INVALID when a loaded tokenizer has more than vocab_size ids. */
+ * tokenizer's (bpe.h), and ERR_CONFIG when a loaded tokenizer has more than vocab_size ids or
+ * vocab_size cannot hold a trained one (< 257). */
 jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
 
 /* The tokenizer a run uses when data.tokenizer is bpe: data_dir/tokenizer.json (data_dir is

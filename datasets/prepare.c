@@ -208,7 +208,7 @@ jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *o, jdt_prep_result *res, 
     if (o->tokenizer_path && o->tokenizer_path[0]) {
         if ((st = jdt_bpe_load(o->tokenizer_path, &tok, e))) goto out;
         if (jdt_bpe_vocab_size(tok) > o->vocab_size) {
-            st = jdt_err_set(e, JDT_ERR_INVALID,
+            st = jdt_err_set(e, JDT_ERR_CONFIG,
                              "%s: the tokenizer has %d ids but model.vocab_size is %d (set "
                              "model.vocab_size to at least %d)",
                              o->tokenizer_path, jdt_bpe_vocab_size(tok), o->vocab_size,
@@ -216,6 +216,13 @@ jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *o, jdt_prep_result *res, 
             goto out;
         }
     } else {
+        if (o->vocab_size < 257 || o->vocab_size > (1 << 24)) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG,
+                             "model.vocab_size %d: training a BPE needs 257..16777216 ids (256 "
+                             "bytes + <|endoftext|> + merges), or set data.tokenizer_path",
+                             o->vocab_size);
+            goto out;
+        }
         /* train on the head that becomes train data, so val stays unseen */
         size_t n_head = n_text - (size_t)floor((double)n_text * o->val_fraction);
         double t0 = jdt_now_s();

@@ -154,8 +154,10 @@ for b in bad_comma:"trailing comma" bad_type:"WordPiece" bad_merge:"not in the v
   [ "$(wc -l < "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "$name: not one line"; }
   grep -q -- "$want" "$TMP/err" || { cat "$TMP/err"; fail "$name: message lacks '$want'"; }
 done
-expect 1 "$BIN" prepare "$TMP/prep.yaml" data.tokenizer_path="$TMP/hf.json" model.vocab_size=300
+expect 2 "$BIN" prepare "$TMP/prep.yaml" data.tokenizer_path="$TMP/hf.json" model.vocab_size=300
 grep -q "model.vocab_size to at least 2000" "$TMP/err" || { cat "$TMP/err"; fail "vocab too small message"; }
+expect 2 "$BIN" prepare "$TMP/prep.yaml" model.vocab_size=256
+grep -q "model.vocab_size 256: training a BPE needs" "$TMP/err" || { cat "$TMP/err"; fail "vocab 256 message"; }
 echo "bad tokenizer files: one clear line each"
 
 # prepare with a trained tokenizer, train, eval, sample
