@@ -11,6 +11,8 @@ PKGS=(
   libhdf5-dev        # datasets and checkpoints
   hdf5-tools         # h5dump, used by tests to check files independently
   libcurl4-openssl-dev
+  libpcre2-dev       # tokenizer pre-tokenizer regexes (UTF + Unicode classes, JIT)
+  libicu-dev         # NFC normalization of Qwen2-style tokenizers
   libopenblas-dev    # CPU GEMMs
   libopenblas-openmp-dev # the OpenMP build: GEMMs share the kernels' thread pool (Makefile)
   check              # unit-test framework

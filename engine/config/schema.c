@@ -21,7 +21,7 @@ static const char *const C_NORM[] = {"layernorm", "rmsnorm", NULL};
 static const char *const C_POS[] = {"learned", "rope", NULL};
 static const char *const C_ACT[] = {"gelu", "swiglu", "relu", NULL};
 static const char *const C_FORMAT[] = {"tokens", "arrays", "synthetic", NULL};
-static const char *const C_TOKENIZER[] = {"byte", NULL};
+static const char *const C_TOKENIZER[] = {"byte", "bpe", NULL};
 static const char *const C_OPTIM[] = {"adamw", "sgd", NULL};
 static const char *const C_SCHED[] = {"constant", "cosine", "linear", NULL};
 static const char *const C_NAN[] = {"stop", "skip", NULL};
@@ -100,7 +100,8 @@ static const jdt_config_key KEYS[] = {
     K_INT("data.micro_batch_size", data.micro_batch_size, 0, IMAX, "0", "sequences per forward/backward (0 = batch_size; must divide it)"),
     K_BOOL("data.shuffle", data.shuffle, "true", "shuffle the sample order each epoch"),
     K_INT("data.prefetch", data.prefetch, 0, 1024, "2", "batches loaded ahead"),
-    K_ENUM("data.tokenizer", data.tokenizer, C_TOKENIZER, "byte", "tokenizer `prepare` uses"),
+    K_ENUM("data.tokenizer", data.tokenizer, C_TOKENIZER, "byte", "tokenizer `prepare` uses: byte, or bpe (byte-level BPE, docs/tokenizers.md)"),
+    K_STR("data.tokenizer_path", data.tokenizer_path, "", "bpe: tokenizer.json, GPT-2 vocab.bpe (encoder.json beside it) or a folder of either; empty = train one of model.vocab_size on data.source"),
     /* optimizer */
     K_ENUM("optimizer.type", optimizer.type, C_OPTIM, "adamw", "optimizer"),
     K_FLT("optimizer.lr", optimizer.lr, 0, FMAX, "0.0003", "peak learning rate"),
@@ -124,6 +125,7 @@ static const jdt_config_key KEYS[] = {
     K_I64("checkpoint.every", checkpoint.every, 0, LMAX, "1000", "save every N steps (0 = never; the last step is always saved)"),
     K_INT("checkpoint.keep", checkpoint.keep, 1, 1000000, "3", "newest checkpoints kept on disk"),
     K_STR("checkpoint.resume", checkpoint.resume, "auto", "none, auto (latest in dir if any) or a checkpoint path"),
+    K_STR("checkpoint.init_from", checkpoint.init_from, "", "start a new run (step 0, fresh optimizer) from these weights: a jdt checkpoint (or run ckpt folder) or a Hugging Face directory written by export --format hf; ignored when resuming"),
     K_BOOL("checkpoint.save_on_signal", checkpoint.save_on_signal, "true", "save a checkpoint on SIGINT/SIGTERM before exiting"),
     /* runtime */
     K_ENUM("runtime.backend", runtime.backend, C_BACKEND, "cpu", "device kind"),

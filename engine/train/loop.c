@@ -7,6 +7,7 @@
  * masks are keyed on the step too: 2N straight steps and N + resume + N give identical losses.
  */
 #include "train/train.h"
+#include "train/hf.h"
 
 #include "datasets/datasets.h"
 #include "io/ckpt.h"
@@ -418,6 +419,9 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
             JDT_INFO("resumed from %s at step %lld", resume, (long long)start);
         jdt_free(resume);
         if (st != JDT_OK) goto out_signals;
+    } else if (cfg->checkpoint.init_from[0]) { /* fine-tuning: weights only, step 0 */
+        if ((st = jdt_hf_init_from(tr.step, cfg, cfg->checkpoint.init_from, e)) != JDT_OK) goto out_signals;
+        if (main_rank) JDT_INFO("initialised params from %s", cfg->checkpoint.init_from);
     }
 
     if (main_rank && (st = preflight_ckpt(&tr, e)) != JDT_OK) goto out_signals;
