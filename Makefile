@@ -11,7 +11,7 @@
 #   tests/unit/check_*.c -> one Check suite binary each (linked with tests/unit/testutil.c).
 
 CC      ?= cc
-PKGS    := yaml-0.1 hdf5 libcurl openblas
+PKGS    := yaml-0.1 hdf5 libcurl openblas cairo
 SANITIZE ?= 0
 CUDA    ?= 0
 WERROR  ?= 1

@@ -17,6 +17,7 @@ PKGS=(
   iproute2           # network-namespace tests
   procps             # pkill/ps in e2e tests
   fortunes           # the offline text corpus of `make run` (configs/llm.yaml)
+  libcairo2-dev      # `jdt-train plot`: PNG and SVG loss curves
 )
 
 missing=()
