@@ -11,6 +11,7 @@
 #include "datasets/datasets.h"
 #include "io/ckpt.h"
 #include "io/data.h"
+#include "obs/obs.h"
 #include "train/trace.h"
 
 #include <cblas.h>
@@ -53,30 +54,6 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
     return JDT_OK;
 }
 
-/* Measured SGEMM throughput of this process's thread budget: the MFU denominator. */
-static double measure_peak_flops(void)
-{
-    enum { N = 1024 }; /* big enough for OpenBLAS to reach its steady-state rate */
-    float *a = jdt_malloc_aligned(N * N * sizeof(float));
-    float *b = jdt_malloc_aligned(N * N * sizeof(float));
-    float *c = jdt_malloc_aligned(N * N * sizeof(float));
-    double best = 0;
-    if (a && b && c) {
-        for (int i = 0; i < N * N; i++) a[i] = b[i] = 1e-3f * (float)(i % 97);
-        for (int r = 0; r < 8; r++) {
-            double t0 = jdt_now_s();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
-            double dt = jdt_now_s() - t0;
-            double f = 2.0 * N * N * N / dt;
-            if (r > 0 && f > best) best = f;
-        }
-    }
-    jdt_free_aligned(a);
-    jdt_free_aligned(b);
-    jdt_free_aligned(c);
-    return best;
-}
-
 static void fmt_duration(double s, char *buf, size_t n)
 {
     long t = (long)(s + 0.5);
@@ -94,6 +71,7 @@ typedef struct {
     jdt_step *step;
     jdt_data *train, *val;
     FILE *metrics;
+    jdt_tboard *tb;      /* rank 0: TensorBoard events in the run directory */
     jdt_trace *trace;    /* run.profile: open while the traced steps run */
     bool tracing;
 } trainer;
@@ -413,10 +391,33 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     /* global numbers: every rank runs its share of the global batch in the same time */
     const double units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
     const double flops_per_step = jdt_step_model_flops(tr.step);
-    const double peak = measure_peak_flops() * tr.world_size;
-    if (main_rank)
-        JDT_INFO("MFU is measured against the SGEMM peak of %d process(es): %.1f GFLOP/s",
-                 tr.world_size, peak * 1e-9);
+    jdt_peak_ref pref;
+    {
+        char cache_dir[1024];
+        jdt_compile_opts co;
+        jdt_train_compile_opts(cfg, &co);
+        if (jdt_compile_cache_dir(&co, cache_dir, sizeof cache_dir, NULL) != JDT_OK) cache_dir[0] = '\0';
+        if ((st = jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops,
+                                     &pref, e)) != JDT_OK)
+            goto out_signals;
+    }
+    const double peak = pref.flops * tr.world_size;
+    bool warned_mfu = false;
+    if (main_rank) {
+        JDT_INFO("MFU reference: %.1f GFLOP/s for %d process(es) (%s%s%s)", peak * 1e-9,
+                 tr.world_size, pref.source, pref.cache_path[0] ? ": " : "", pref.cache_path);
+        if (pref.provisional)
+            JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
+                     "overstated; set runtime.peak_gflops to pin it", pref.load_avg);
+        if ((st = jdt_tboard_open(tr.run_dir, &tr.tb, e)) != JDT_OK) goto out_signals;
+        size_t n = strlen(cfg->resolved_yaml) + 16;
+        char *md = jdt_malloc(n);
+        if (md) {
+            snprintf(md, n, "```\n%s\n```", cfg->resolved_yaml);
+            jdt_tboard_text(tr.tb, "config", start, md, NULL);
+            jdt_free(md);
+        }
+    }
 
     const int64_t first = start;
     char trace_path[1200] = "";
@@ -462,19 +463,44 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                              (long long)(first + 2), (long long)(t + 1));
             }
         }
-        if (main_rank)
-            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g}\n",
-                (long long)(t + 1), loss, lr, gnorm);
+        if (main_rank) {
+            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                    "\"tokens\": %.0f}\n", (long long)(t + 1), loss, lr, gnorm, units_per_step * (double)(t + 1));
+            jdt_tboard_scalar(tr.tb, "loss/train", t + 1, loss, NULL);
+            jdt_tboard_scalar(tr.tb, "optim/lr", t + 1, lr, NULL);
+            jdt_tboard_scalar(tr.tb, "optim/grad_norm", t + 1, gnorm, NULL);
+        }
         bool last = t + 1 == cfg->run.steps;
         if (main_rank && ((t + 1) % cfg->run.log_every == 0 || last || t == first)) {
             double dt = window_time / (double)window_steps;
             char eta[32];
             fmt_duration(dt * (double)(cfg->run.steps - t - 1), eta, sizeof eta);
-            JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%% | "
-                     "%.1f ms/step (data %.1f) | ETA %s",
+            const double mfu = 100.0 * flops_per_step / dt / peak;
+            const double rss_mb = (double)jdt_obs_peak_rss_bytes() / 1048576.0;
+            const double wait_ms = window_wait / (double)window_steps * 1e3;
+            JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%%%s | "
+                     "%.1f ms/step (data %.1f) | peak RSS %.0f MB | ETA %s",
                      (long long)(t + 1), (long long)cfg->run.steps, loss, lr, gnorm,
-                     units_per_step / dt, mlp ? "samples" : "tok", 100.0 * flops_per_step / dt / peak,
-                     dt * 1e3, window_wait / (double)window_steps * 1e3, eta);
+                     units_per_step / dt, mlp ? "samples" : "tok", mfu, mfu > 100 ? " (!)" : "",
+                     dt * 1e3, wait_ms, rss_mb, eta);
+            if (mfu > 100 && !warned_mfu) {
+                warned_mfu = true;
+                JDT_WARN("MFU %.0f%% is above 100%%: the reference peak %.1f GFLOP/s (%s) is wrong, "
+                         "probably measured while the machine was busy; set runtime.peak_gflops%s%s",
+                         mfu, peak * 1e-9, pref.source, pref.cache_path[0] ? " or delete " : "",
+                         pref.cache_path);
+            }
+            /* "step" last: the resume test compares lines matching '"step": N,' */
+            fprintf(tr.metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
+                    "\"data_ms\": %.6g, \"peak_rss_mb\": %.1f, \"elapsed_s\": %.3f, \"step\": %lld}\n",
+                    units_per_step / dt, mfu, dt * 1e3, wait_ms, rss_mb, jdt_now_s() - t_start,
+                    (long long)(t + 1));
+            jdt_tboard_scalar(tr.tb, "perf/tokens_per_s", t + 1, units_per_step / dt, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/mfu_percent", t + 1, mfu, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/step_ms", t + 1, dt * 1e3, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/data_wait_ms", t + 1, wait_ms, NULL);
+            jdt_tboard_scalar(tr.tb, "memory/peak_rss_mb", t + 1, rss_mb, NULL);
+            jdt_tboard_flush(tr.tb, NULL);
             fflush(tr.metrics);
             window_steps = 0;
             window_time = window_wait = 0;
@@ -485,6 +511,8 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
             if (main_rank) {
                 JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
                 fprintf(tr.metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
+                jdt_tboard_scalar(tr.tb, "loss/val", t + 1, vl, NULL);
+                jdt_tboard_flush(tr.tb, NULL);
                 fflush(tr.metrics);
             }
         }
@@ -514,6 +542,7 @@ out_signals:
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (tr.metrics) fclose(tr.metrics);
+    jdt_tboard_close(tr.tb);
     jdt_step_free(tr.step);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
