@@ -72,6 +72,7 @@ typedef struct {
     jdt_data *train, *val;
     FILE *metrics;
     jdt_tboard *tb;      /* rank 0: TensorBoard events in the run directory */
+    double s_data, s_step, s_comm, s_ckpt, s_eval; /* seconds spent, for the end-of-run table */
     jdt_trace *trace;    /* run.profile: open while the traced steps run */
     bool tracing;
 } trainer;
@@ -189,6 +190,7 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
     char *saved = NULL;
     double t0 = jdt_now_s();
     jdt_status st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
+    tr->s_ckpt += jdt_now_s() - t0;
     if (st == JDT_OK) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
     jdt_free(saved);
     jdt_free(ts);
@@ -247,8 +249,11 @@ static jdt_status train_collective(void *ctx, int group, int reduce_op, jdt_dtyp
     trainer *tr = ctx;
     if (group != 0 || !tr->dist)
         return jdt_err_set(e, JDT_ERR_INTERNAL, "collective on unknown group %d", group);
-    return jdt_comm_allreduce(jdt_dist_world(tr->dist), buf, n_elems, dt,
-                              reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    double t0 = jdt_now_s();
+    jdt_status st = jdt_comm_allreduce(jdt_dist_world(tr->dist), buf, n_elems, dt,
+                                       reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    tr->s_comm += jdt_now_s() - t0;
+    return st;
 }
 
 void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
@@ -438,6 +443,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if ((st = jdt_data_get(tr.train, t, &b, e)) != JDT_OK) goto out_signals;
         double t_data = jdt_now_s();
         window_wait += t_data - t0;
+        tr.s_data += t_data - t0;
         if (tr.tracing) jdt_trace_span(tr.trace, "data wait", "data", 0, t0, t_data);
         double lr = jdt_train_lr(cfg, t), loss = NAN, gnorm = NAN;
         st = jdt_step_run(tr.step, t, lr, b.x, b.y, &loss, &gnorm, e);
@@ -448,6 +454,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (st != JDT_OK) goto out_signals;
         window_steps++;
         window_time += jdt_now_s() - t0;
+        tr.s_step += jdt_now_s() - t_data;
         if (tr.tracing) {
             char name[64];
             snprintf(name, sizeof name, "step %lld", (long long)(t + 1));
@@ -506,8 +513,9 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
             window_time = window_wait = 0;
         }
         if (tr.val && ((t + 1) % cfg->run.eval_every == 0 || last)) {
-            double vl;
+            double vl, t_ev = jdt_now_s();
             if ((st = run_eval(&tr, &vl, e)) != JDT_OK) goto out_signals;
+            tr.s_eval += jdt_now_s() - t_ev;
             if (main_rank) {
                 JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
                 fprintf(tr.metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
@@ -523,7 +531,31 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
             log_profile(&tr);
         if (last && main_rank) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
-            JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), jdt_now_s() - t_start);
+            const double wall = jdt_now_s() - t_start, n_run = (double)(t + 1 - first);
+            JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), wall);
+            double state_bytes = 0;
+            for (int i = 0; i < jdt_step_n_tensors(tr.step); i++) {
+                const char *nm;
+                float *d;
+                jdt_shape sh;
+                jdt_step_tensor(tr.step, i, &nm, &d, &sh);
+                state_bytes += (double)jdt_shape_numel(&sh) * sizeof(float);
+            }
+            const double pct = wall > 0 ? 100.0 / wall : 0;
+            JDT_INFO("summary of this run (rank 0):\n"
+                     "  throughput     %.0f %s/s, MFU %.1f%% (reference %.1f GFLOP/s, %s)\n"
+                     "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
+                     "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
+                     "  data wait      %8.2fs %5.1f%%\n"
+                     "  eval           %8.2fs %5.1f%%\n"
+                     "  checkpointing  %8.2fs %5.1f%%\n"
+                     "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state",
+                     units_per_step * n_run / tr.s_step, mlp ? "samples" : "tok",
+                     100.0 * flops_per_step * n_run / tr.s_step / peak, peak * 1e-9, pref.source,
+                     tr.s_step - tr.s_comm, (tr.s_step - tr.s_comm) * pct, tr.s_comm, tr.s_comm * pct,
+                     tr.s_data, tr.s_data * pct, tr.s_eval, tr.s_eval * pct, tr.s_ckpt, tr.s_ckpt * pct,
+                     (double)jdt_obs_peak_rss_bytes() / 1048576.0,
+                     cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0);
         }
         start = t + 1; /* steps completed */
     }
