@@ -207,11 +207,23 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
     int n = jdt_step_n_tensors(step);
+    double total_mb = 0, done_mb = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name;
+        float *data;
+        jdt_shape shape;
+        jdt_step_tensor(step, i, &name, &data, &shape);
+        total_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+    }
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "loading checkpoint", total_mb, "MB");
     for (int i = 0; i < n && st == JDT_OK; i++) {
         const char *name;
         float *data;
         jdt_shape shape;
         jdt_step_tensor(step, i, &name, &data, &shape);
+        done_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+        jdt_progress_update(&prog, done_mb);
         jdt_ckpt_tensor want;
         memset(&want, 0, sizeof want);
         want.name = name;
@@ -220,6 +232,7 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
         for (int d = 0; d < shape.ndim; d++) want.shape[d] = shape.dims[d];
         st = jdt_ckpt_read(c, &want, data, e);
     }
+    jdt_progress_end(&prog);
     jdt_ckpt_close(c);
     return st;
 }
