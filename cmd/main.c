@@ -8,6 +8,7 @@
  * SIGINT/SIGTERM.
  */
 #include "cmd/launch.h"
+#include "cmd/plot.h"
 #include "config/config.h"
 #include "core/core.h"
 #include "datasets/datasets.h"
@@ -37,6 +38,7 @@ enum {
     FLAG_CKPT = 1 << 4,   /* --ckpt PATH */
     FLAG_PROFILE = 1 << 5, /* --profile */
     FLAG_EXPORT = 1 << 6,  /* --format NAME, a second positional argument (OUT_DIR) */
+    FLAG_RAW = 1 << 7,     /* the handler parses its own arguments (raw_argc/raw_argv) */
 };
 
 typedef struct {
@@ -59,6 +61,8 @@ typedef struct {
     long length;                 /* --length: tokens to generate */
     const char *format;          /* export --format */
     const char *out_path;        /* export OUT_DIR */
+    int raw_argc;                /* the arguments after the subcommand (FLAG_RAW) */
+    char **raw_argv;
 } cli_args;
 
 typedef struct subcommand {
@@ -79,6 +83,7 @@ static int cmd_sample(const subcommand *cmd, cli_args *a);
 static int cmd_export(const subcommand *cmd, cli_args *a);
 static int cmd_eval(const subcommand *cmd, cli_args *a);
 static int cmd_help(const subcommand *cmd, cli_args *a);
+static int cmd_plot(const subcommand *cmd, cli_args *a) { return jdt_cmd_plot(a->raw_argc, a->raw_argv); }
 
 static const subcommand SUBCOMMANDS[] = {
     {"train", cmd_train, "train a model described by a YAML config",
@@ -143,6 +148,7 @@ static const subcommand SUBCOMMANDS[] = {
      "Loads PATH (default: the newest checkpoint in the config's checkpoint directory) and\n"
      "prints the mean loss over run.eval_steps batches of the val split.\n",
      FLAG_LOG_LEVEL | FLAG_CKPT, true},
+    {"plot", cmd_plot, "draw loss curves of one or several runs (PNG/SVG)", JDT_PLOT_USAGE, FLAG_RAW, false},
     {"version", cmd_version, "print the version", "usage: jdt-train version\n", 0, false},
     {"help", cmd_help, "show help for a command", "usage: jdt-train help [COMMAND]\n", 0, false},
 };
@@ -195,12 +201,14 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
     a->temperature = 0.8;
     a->seed = 1;
     a->length = 200;
+    a->raw_argc = argc;
+    a->raw_argv = argv;
     a->overrides = jdt_calloc((size_t)argc + 1, sizeof *a->overrides);
     if (!a->overrides) {
         fprintf(stderr, "jdt-train: out of memory\n");
         return EXIT_RUNTIME;
     }
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc && !(cmd->flags & FLAG_RAW); i++) {
         const char *s = argv[i];
         if (!flags_done && s[0] == '-' && s[1] != '\0') {
             if (strcmp(s, "--") == 0) {

@@ -148,8 +148,11 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
         st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
         goto out;
     }
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "prepare: writing shards", (double)n / 1048576.0, "MB");
     for (int i = 0; i < o->n_shards; i++) {
         int64_t b = n_train * i / o->n_shards, en = n_train * (i + 1) / o->n_shards;
+        jdt_progress_update(&prog, (double)b / 1048576.0);
         sprintf(path, "%s/train_%03d.h5", o->out_dir, i);
         if ((st = write_shard(f, o->text_path, b, en, path, o->compress_level, buf, toks, e)))
             goto out;
@@ -159,6 +162,7 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
         if ((st = write_shard(f, o->text_path, n_train, n, path, o->compress_level, buf, toks, e)))
             goto out;
     }
+    jdt_progress_end(&prog);
     if ((st = remove_stale(o->out_dir, o->n_shards, n_val > 0 ? 1 : 0, e))) goto out;
     if (res) {
         res->n_train_tokens = n_train;

@@ -33,6 +33,7 @@ PKGS=(
   clang              # `make fuzz`: libFuzzer targets (tests/fuzz/) with ASan/UBSan
   libclang-rt-dev    # libFuzzer and the sanitizer runtimes for that clang
   libomp-dev         # OpenMP for clang (the engine's kernels use it)
+  libcairo2-dev      # `jdt-train plot`: PNG and SVG loss curves
 )
 
 missing=()

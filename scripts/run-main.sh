@@ -17,3 +17,6 @@ fi
 "$BIN" configs/llm.yaml "$@"
 echo "--- sample from the trained model ---"
 "$BIN" sample runs/llm/ckpt --prompt "The meaning of life is" --length 300 --temperature 0.8 --seed 7
+"$BIN" plot runs/llm -o runs/llm/loss.png --log > /dev/null && \
+  echo "run-main: loss curves in runs/llm/loss.png (compare runs: $BIN plot runs/a runs/b -o cmp.png;" \
+       "TensorBoard: tensorboard --logdir runs)"

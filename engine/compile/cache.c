@@ -87,9 +87,12 @@ static int run_cmd(char *const *argv, int out_fd, double timeout_s)
     }
     int ws;
     double t0 = jdt_now_s();
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "compiling the step's kernels", 0, "");
     for (;;) {
         pid_t r = waitpid(pid, &ws, WNOHANG);
         if (r == pid) break;
+        jdt_progress_update(&prog, 0);
         if (r < 0 && errno != EINTR) return -1;
         if (jdt_now_s() - t0 > timeout_s) {
             kill(pid, SIGKILL);
@@ -102,6 +105,7 @@ static int run_cmd(char *const *argv, int out_fd, double timeout_s)
         struct timespec ts = {0, 2 * 1000 * 1000}; /* 2 ms */
         nanosleep(&ts, NULL);
     }
+    jdt_progress_end(&prog);
     if (WIFEXITED(ws)) return WEXITSTATUS(ws);
     return 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
 }

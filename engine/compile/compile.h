@@ -93,6 +93,11 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e);
 const void *jdt_program_output(const jdt_program *p, int i);
 
 /* Statistics of the compilation (never NULL for a live program). */
+/* The compile cache directory o selects (cache_dir, $JDT_CACHE_DIR, $XDG_CACHE_HOME/jdt-train,
+ * ~/.cache/jdt-train), created if missing, into buf (n bytes). Errors: ERR_IO (mkdir). Other
+ * per-machine caches (the MFU reference, engine/obs) live beside the kernels. */
+jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e);
+
 const jdt_compile_stats *jdt_program_stats(const jdt_program *p);
 
 /* The generated C source of the program (for inspection and tests); "" with opts.no_jit. */

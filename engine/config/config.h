@@ -154,6 +154,7 @@ typedef struct jdt_config {
         jdt_remat remat;
         char *cc;
         char *cflags; /* "" = the compiler's built-in flags */
+        double peak_gflops; /* MFU reference per process; 0 = measured once per machine, cached */
     } runtime;
     struct {
         char *coordinator; /* host:port, "" = none */

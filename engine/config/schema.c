@@ -136,6 +136,7 @@ static const jdt_config_key KEYS[] = {
     K_ENUM("runtime.remat", runtime.remat, C_REMAT, "none", "recompute activations in backward: none or per block"),
     K_STR("runtime.cc", runtime.cc, "cc", "C compiler the CPU JIT runs"),
     K_STR("runtime.cflags", runtime.cflags, "", "extra JIT compiler flags (\"\" = built-in flags)"),
+    K_FLT("runtime.peak_gflops", runtime.peak_gflops, 0, FMAX, "0", "MFU reference GFLOP/s per process (0 = measured once per machine and thread count, cached)"),
     /* dist */
     K_STR("dist.coordinator", dist.coordinator, "", "rendezvous host:port (\"\" = single process or launcher/SLURM)"),
     K_INT("dist.rank", dist.rank, -1, 65535, "-1", "this process's rank (-1 = from launcher/SLURM)"),

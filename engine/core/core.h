@@ -197,4 +197,19 @@ uint64_t jdt_rng_key(uint64_t seed, const char *name);
 /* Monotonic clock in seconds. */
 double jdt_now_s(void);
 
+/* Progress of a long operation (prepare, checkpoint load, compilation): on a terminal a live line
+ * "what: done/total unit (pct), rate, elapsed, ETA" rewritten in place; otherwise a log line every
+ * 10 s. Nothing is printed for operations shorter than 2 s or above log level info. total <= 0:
+ * unknown (elapsed time only). Not thread-safe: one reporter per operation, one thread. */
+typedef struct {
+    char what[96];
+    const char *unit;
+    double total, t0, last;
+    bool tty, live;
+} jdt_progress;
+void jdt_progress_begin(jdt_progress *p, const char *what, double total, const char *unit);
+void jdt_progress_update(jdt_progress *p, double done);
+/* Clears the live line (call before the operation's closing log line). */
+void jdt_progress_end(jdt_progress *p);
+
 #endif /* JDT_CORE_H */

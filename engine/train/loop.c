@@ -12,6 +12,7 @@
 #include "datasets/datasets.h"
 #include "io/ckpt.h"
 #include "io/data.h"
+#include "obs/obs.h"
 #include "train/trace.h"
 
 #include <cblas.h>
@@ -54,30 +55,6 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
     return JDT_OK;
 }
 
-/* Measured SGEMM throughput of this process's thread budget: the MFU denominator. */
-static double measure_peak_flops(void)
-{
-    enum { N = 1024 }; /* big enough for OpenBLAS to reach its steady-state rate */
-    float *a = jdt_malloc_aligned(N * N * sizeof(float));
-    float *b = jdt_malloc_aligned(N * N * sizeof(float));
-    float *c = jdt_malloc_aligned(N * N * sizeof(float));
-    double best = 0;
-    if (a && b && c) {
-        for (int i = 0; i < N * N; i++) a[i] = b[i] = 1e-3f * (float)(i % 97);
-        for (int r = 0; r < 8; r++) {
-            double t0 = jdt_now_s();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
-            double dt = jdt_now_s() - t0;
-            double f = 2.0 * N * N * N / dt;
-            if (r > 0 && f > best) best = f;
-        }
-    }
-    jdt_free_aligned(a);
-    jdt_free_aligned(b);
-    jdt_free_aligned(c);
-    return best;
-}
-
 static void fmt_duration(double s, char *buf, size_t n)
 {
     long t = (long)(s + 0.5);
@@ -95,6 +72,8 @@ typedef struct {
     jdt_step *step;
     jdt_data *train, *val;
     FILE *metrics;
+    jdt_tboard *tb;      /* rank 0: TensorBoard events in the run directory */
+    double s_data, s_step, s_comm, s_ckpt, s_eval; /* seconds spent, for the end-of-run table */
     jdt_trace *trace;    /* run.profile: open while the traced steps run */
     bool tracing;
 } trainer;
@@ -238,6 +217,7 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
     char *saved = NULL;
     double t0 = jdt_now_s();
     st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
+    tr->s_ckpt += jdt_now_s() - t0;
     if (st == JDT_OK) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
     else jdt_err_prefix(e, "checkpoint at step %lld not saved (the previous one is kept)",
                         (long long)next_step);
@@ -256,11 +236,23 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
     int n = jdt_step_n_tensors(step);
+    double total_mb = 0, done_mb = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name;
+        float *data;
+        jdt_shape shape;
+        jdt_step_tensor(step, i, &name, &data, &shape);
+        total_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+    }
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "loading checkpoint", total_mb, "MB");
     for (int i = 0; i < n && st == JDT_OK; i++) {
         const char *name;
         float *data;
         jdt_shape shape;
         jdt_step_tensor(step, i, &name, &data, &shape);
+        done_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+        jdt_progress_update(&prog, done_mb);
         jdt_ckpt_tensor want;
         memset(&want, 0, sizeof want);
         want.name = name;
@@ -269,6 +261,7 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
         for (int d = 0; d < shape.ndim; d++) want.shape[d] = shape.dims[d];
         st = jdt_ckpt_read(c, &want, data, e);
     }
+    jdt_progress_end(&prog);
     jdt_ckpt_close(c);
     return st;
 }
@@ -298,8 +291,11 @@ static jdt_status train_collective(void *ctx, int group, int reduce_op, jdt_dtyp
     trainer *tr = ctx;
     if (group != 0 || !tr->dist)
         return jdt_err_set(e, JDT_ERR_INTERNAL, "collective on unknown group %d", group);
-    return jdt_comm_allreduce(jdt_dist_world(tr->dist), buf, n_elems, dt,
-                              reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    double t0 = jdt_now_s();
+    jdt_status st = jdt_comm_allreduce(jdt_dist_world(tr->dist), buf, n_elems, dt,
+                                       reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    tr->s_comm += jdt_now_s() - t0;
+    return st;
 }
 
 void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
@@ -447,10 +443,33 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     /* global numbers: every rank runs its share of the global batch in the same time */
     const double units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
     const double flops_per_step = jdt_step_model_flops(tr.step);
-    const double peak = measure_peak_flops() * tr.world_size;
-    if (main_rank)
-        JDT_INFO("MFU is measured against the SGEMM peak of %d process(es): %.1f GFLOP/s",
-                 tr.world_size, peak * 1e-9);
+    jdt_peak_ref pref;
+    {
+        char cache_dir[1024];
+        jdt_compile_opts co;
+        jdt_train_compile_opts(cfg, &co);
+        if (jdt_compile_cache_dir(&co, cache_dir, sizeof cache_dir, NULL) != JDT_OK) cache_dir[0] = '\0';
+        if ((st = jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops,
+                                     &pref, e)) != JDT_OK)
+            goto out_signals;
+    }
+    const double peak = pref.flops * tr.world_size;
+    bool warned_mfu = false;
+    if (main_rank) {
+        JDT_INFO("MFU reference: %.1f GFLOP/s for %d process(es) (%s%s%s)", peak * 1e-9,
+                 tr.world_size, pref.source, pref.cache_path[0] ? ": " : "", pref.cache_path);
+        if (pref.provisional)
+            JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
+                     "overstated; set runtime.peak_gflops to pin it", pref.load_avg);
+        if ((st = jdt_tboard_open(tr.run_dir, &tr.tb, e)) != JDT_OK) goto out_signals;
+        size_t n = strlen(cfg->resolved_yaml) + 16;
+        char *md = jdt_malloc(n);
+        if (md) {
+            snprintf(md, n, "```\n%s\n```", cfg->resolved_yaml);
+            jdt_tboard_text(tr.tb, "config", start, md, NULL);
+            jdt_free(md);
+        }
+    }
 
     const int64_t first = start;
     char trace_path[1200] = "";
@@ -471,6 +490,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if ((st = jdt_data_get(tr.train, t, &b, e)) != JDT_OK) goto out_signals;
         double t_data = jdt_now_s();
         window_wait += t_data - t0;
+        tr.s_data += t_data - t0;
         if (tr.tracing) jdt_trace_span(tr.trace, "data wait", "data", 0, t0, t_data);
         double lr = jdt_train_lr(cfg, t), loss = NAN, gnorm = NAN;
         st = jdt_step_run(tr.step, t, lr, b.x, b.y, &loss, &gnorm, e);
@@ -481,6 +501,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (st != JDT_OK) goto out_signals;
         window_steps++;
         window_time += jdt_now_s() - t0;
+        tr.s_step += jdt_now_s() - t_data;
         if (tr.tracing) {
             char name[64];
             snprintf(name, sizeof name, "step %lld", (long long)(t + 1));
@@ -496,29 +517,57 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                              (long long)(first + 2), (long long)(t + 1));
             }
         }
-        if (main_rank)
-            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g}\n",
-                (long long)(t + 1), loss, lr, gnorm);
+        if (main_rank) {
+            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                    "\"tokens\": %.0f}\n", (long long)(t + 1), loss, lr, gnorm, units_per_step * (double)(t + 1));
+            jdt_tboard_scalar(tr.tb, "loss/train", t + 1, loss, NULL);
+            jdt_tboard_scalar(tr.tb, "optim/lr", t + 1, lr, NULL);
+            jdt_tboard_scalar(tr.tb, "optim/grad_norm", t + 1, gnorm, NULL);
+        }
         bool last = t + 1 == cfg->run.steps;
         if (main_rank && ((t + 1) % cfg->run.log_every == 0 || last || t == first)) {
             double dt = window_time / (double)window_steps;
             char eta[32];
             fmt_duration(dt * (double)(cfg->run.steps - t - 1), eta, sizeof eta);
-            JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%% | "
-                     "%.1f ms/step (data %.1f) | ETA %s",
+            const double mfu = 100.0 * flops_per_step / dt / peak;
+            const double rss_mb = (double)jdt_obs_peak_rss_bytes() / 1048576.0;
+            const double wait_ms = window_wait / (double)window_steps * 1e3;
+            JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%%%s | "
+                     "%.1f ms/step (data %.1f) | peak RSS %.0f MB | ETA %s",
                      (long long)(t + 1), (long long)cfg->run.steps, loss, lr, gnorm,
-                     units_per_step / dt, mlp ? "samples" : "tok", 100.0 * flops_per_step / dt / peak,
-                     dt * 1e3, window_wait / (double)window_steps * 1e3, eta);
+                     units_per_step / dt, mlp ? "samples" : "tok", mfu, mfu > 100 ? " (!)" : "",
+                     dt * 1e3, wait_ms, rss_mb, eta);
+            if (mfu > 100 && !warned_mfu) {
+                warned_mfu = true;
+                JDT_WARN("MFU %.0f%% is above 100%%: the reference peak %.1f GFLOP/s (%s) is wrong, "
+                         "probably measured while the machine was busy; set runtime.peak_gflops%s%s",
+                         mfu, peak * 1e-9, pref.source, pref.cache_path[0] ? " or delete " : "",
+                         pref.cache_path);
+            }
+            /* "step" last: the resume test compares lines matching '"step": N,' */
+            fprintf(tr.metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
+                    "\"data_ms\": %.6g, \"peak_rss_mb\": %.1f, \"elapsed_s\": %.3f, \"step\": %lld}\n",
+                    units_per_step / dt, mfu, dt * 1e3, wait_ms, rss_mb, jdt_now_s() - t_start,
+                    (long long)(t + 1));
+            jdt_tboard_scalar(tr.tb, "perf/tokens_per_s", t + 1, units_per_step / dt, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/mfu_percent", t + 1, mfu, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/step_ms", t + 1, dt * 1e3, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/data_wait_ms", t + 1, wait_ms, NULL);
+            jdt_tboard_scalar(tr.tb, "memory/peak_rss_mb", t + 1, rss_mb, NULL);
+            jdt_tboard_flush(tr.tb, NULL);
             fflush(tr.metrics);
             window_steps = 0;
             window_time = window_wait = 0;
         }
         if (tr.val && ((t + 1) % cfg->run.eval_every == 0 || last)) {
-            double vl;
+            double vl, t_ev = jdt_now_s();
             if ((st = run_eval(&tr, &vl, e)) != JDT_OK) goto out_signals;
+            tr.s_eval += jdt_now_s() - t_ev;
             if (main_rank) {
                 JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
                 fprintf(tr.metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
+                jdt_tboard_scalar(tr.tb, "loss/val", t + 1, vl, NULL);
+                jdt_tboard_flush(tr.tb, NULL);
                 fflush(tr.metrics);
             }
         }
@@ -529,7 +578,31 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
             log_profile(&tr);
         if (last && main_rank) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
-            JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), jdt_now_s() - t_start);
+            const double wall = jdt_now_s() - t_start, n_run = (double)(t + 1 - first);
+            JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), wall);
+            double state_bytes = 0;
+            for (int i = 0; i < jdt_step_n_tensors(tr.step); i++) {
+                const char *nm;
+                float *d;
+                jdt_shape sh;
+                jdt_step_tensor(tr.step, i, &nm, &d, &sh);
+                state_bytes += (double)jdt_shape_numel(&sh) * sizeof(float);
+            }
+            const double pct = wall > 0 ? 100.0 / wall : 0;
+            JDT_INFO("summary of this run (rank 0):\n"
+                     "  throughput     %.0f %s/s, MFU %.1f%% (reference %.1f GFLOP/s, %s)\n"
+                     "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
+                     "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
+                     "  data wait      %8.2fs %5.1f%%\n"
+                     "  eval           %8.2fs %5.1f%%\n"
+                     "  checkpointing  %8.2fs %5.1f%%\n"
+                     "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state",
+                     units_per_step * n_run / tr.s_step, mlp ? "samples" : "tok",
+                     100.0 * flops_per_step * n_run / tr.s_step / peak, peak * 1e-9, pref.source,
+                     tr.s_step - tr.s_comm, (tr.s_step - tr.s_comm) * pct, tr.s_comm, tr.s_comm * pct,
+                     tr.s_data, tr.s_data * pct, tr.s_eval, tr.s_eval * pct, tr.s_ckpt, tr.s_ckpt * pct,
+                     (double)jdt_obs_peak_rss_bytes() / 1048576.0,
+                     cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0);
         }
         start = t + 1; /* steps completed */
     }
@@ -548,6 +621,7 @@ out_signals:
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (tr.metrics) fclose(tr.metrics);
+    jdt_tboard_close(tr.tb);
     jdt_step_free(tr.step);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
