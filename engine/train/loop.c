@@ -89,6 +89,8 @@ typedef struct {
     const jdt_config *cfg;
     jdt_dist *dist;      /* NULL: single process */
     int rank, world_size;
+    jdt_mesh mesh;       /* this rank's place in the device mesh (1 x 1 x 1 alone) */
+    jdt_comm_group *groups[8]; /* process group per mesh-axis mask, made on first use */
     char run_dir[1024];
     char ckpt_dir[1100];
     jdt_step *step;
@@ -116,8 +118,13 @@ static jdt_status open_data(const trainer *tr, const char *path, const char *spl
     o.kind = cfg->model.type == JDT_MODEL_MLP ? JDT_DATA_KIND_ARRAYS : JDT_DATA_KIND_TOKENS;
     o.seq_len = cfg->model.seq_len;
     o.global_batch = rows;
-    o.row_begin = rows / tr->world_size * tr->rank; /* this rank's slice of every batch */
-    o.row_end = rows / tr->world_size * (tr->rank + 1);
+    /* this rank's slice of every batch: by its coordinate over the axes the batch is split
+     * over (ranks that differ only in other axes, e.g. tensor, read the same rows) */
+    const unsigned batch_axes = jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules);
+    const int64_t ways = jdt_mesh_group_size(&tr->mesh, batch_axes);
+    const int64_t at = jdt_mesh_group_index(&tr->mesh, batch_axes);
+    o.row_begin = rows / ways * at;
+    o.row_end = rows / ways * (at + 1);
     o.seed = (uint64_t)cfg->run.seed;
     o.shuffle = cfg->data.shuffle;
     o.prefetch = cfg->data.prefetch;
@@ -189,31 +196,66 @@ static void log_profile(const trainer *tr)
     JDT_INFO("profile of the compiled step:\n%s", buf);
 }
 
+static jdt_status ckpt_barrier(void *ctx, jdt_err *e)
+{
+    trainer *tr = ctx;
+    return jdt_dist_barrier(tr->dist, tr->cfg->dist.connect_timeout_s, e);
+}
+
+/* Every rank calls it: each writes the blocks it owns (jdt_step_tensor_block), rank 0 commits
+ * (engine/io's multi-process save); a failure anywhere fails it everywhere. */
 static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
 {
-    int n = jdt_step_n_tensors(tr->step);
-    jdt_ckpt_tensor *ts = jdt_calloc((size_t)n, sizeof *ts);
+    int n = jdt_step_n_tensors(tr->step), n_own = 0;
+    jdt_ckpt_tensor *ts = jdt_calloc((size_t)(n ? n : 1), sizeof *ts);
     if (!ts) return jdt_err_set(e, JDT_ERR_NOMEM, "checkpoint: out of memory");
     for (int i = 0; i < n; i++) {
         const char *name;
         float *data;
-        jdt_shape shape;
+        jdt_shape shape, global;
+        int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(tr->step, i, &name, &data, &shape);
-        ts[i].name = name;
-        ts[i].dtype = JDT_DTYPE_F32;
-        ts[i].ndim = shape.ndim;
-        for (int d = 0; d < shape.ndim; d++) ts[i].shape[d] = shape.dims[d];
-        ts[i].data = data;
+        if (!jdt_step_tensor_block(tr->step, i, &global, offset)) continue;
+        jdt_ckpt_tensor *t = &ts[n_own++];
+        t->name = name;
+        t->dtype = JDT_DTYPE_F32;
+        t->ndim = shape.ndim;
+        for (int d = 0; d < shape.ndim; d++) {
+            t->shape[d] = global.dims[d];
+            t->offset[d] = offset[d];
+            t->extent[d] = shape.dims[d];
+        }
+        t->data = data;
     }
     jdt_ckpt_meta meta = {.step = next_step, .rng_state = (uint64_t)tr->cfg->run.seed,
                           .data_position = next_step, .config_text = tr->cfg->resolved_yaml};
     jdt_ckpt_save_opts so = {.keep_last = tr->cfg->checkpoint.keep};
+    if (tr->dist && tr->world_size > 1) {
+        so.rank = tr->rank;
+        so.world_size = tr->world_size;
+        so.barrier = ckpt_barrier;
+        so.barrier_ctx = tr;
+    }
     char *saved = NULL;
     double t0 = jdt_now_s();
-    jdt_status st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
-    if (st == JDT_OK) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
-    jdt_free(saved);
+    jdt_status st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n_own, &so, &saved, e);
     jdt_free(ts);
+    if (tr->dist && tr->world_size > 1) { /* agree on the outcome */
+        float bad = st != JDT_OK ? 1.0f : 0.0f;
+        jdt_err e2;
+        jdt_err_clear(&e2);
+        jdt_status cst = jdt_comm_allreduce(jdt_dist_world(tr->dist), &bad, 1, JDT_DTYPE_F32,
+                                            JDT_REDUCE_MAX, &e2);
+        if (cst != JDT_OK && st == JDT_OK) {
+            *e = e2;
+            st = cst;
+        }
+        if (st == JDT_OK && bad != 0.0f)
+            st = jdt_err_set(e, JDT_ERR_IO, "checkpoint step %lld: another rank failed to write "
+                             "its part (see its log)", (long long)next_step);
+    }
+    if (st == JDT_OK && tr->rank == 0) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
+    jdt_free(saved);
     return st;
 }
 
@@ -230,14 +272,20 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
     for (int i = 0; i < n && st == JDT_OK; i++) {
         const char *name;
         float *data;
-        jdt_shape shape;
+        jdt_shape shape, global;
+        int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(step, i, &name, &data, &shape);
-        jdt_ckpt_tensor want;
+        jdt_step_tensor_block(step, i, &global, offset);
+        jdt_ckpt_tensor want; /* this rank's block only: any mesh reads any checkpoint */
         memset(&want, 0, sizeof want);
         want.name = name;
         want.dtype = JDT_DTYPE_F32;
         want.ndim = shape.ndim;
-        for (int d = 0; d < shape.ndim; d++) want.shape[d] = shape.dims[d];
+        for (int d = 0; d < shape.ndim; d++) {
+            want.shape[d] = global.dims[d];
+            want.offset[d] = offset[d];
+            want.extent[d] = shape.dims[d];
+        }
         st = jdt_ckpt_read(c, &want, data, e);
     }
     jdt_ckpt_close(c);
@@ -262,15 +310,56 @@ static jdt_status run_eval(trainer *tr, double *loss, jdt_err *e)
 
 static bool last_step(const jdt_config *cfg, int64_t t) { return t + 1 == cfg->run.steps; }
 
-/* ALL_REDUCE nodes of the step graphs run here: group 0 is the data-parallel world. */
-static jdt_status train_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
+/* The collective nodes of the step graphs run here. A group id is a mask of mesh axes
+ * (engine/shard/shard.h); its comm group is made on first use (creation is local, and every
+ * member derives the same ordered rank list). */
+static jdt_status train_collective(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
                                    size_t n_elems, jdt_err *e)
 {
     trainer *tr = ctx;
-    if (group != 0 || !tr->dist)
+    if (group <= 0 || group > 7 || !tr->dist)
         return jdt_err_set(e, JDT_ERR_INTERNAL, "collective on unknown group %d", group);
-    return jdt_comm_allreduce(jdt_dist_world(tr->dist), buf, n_elems, dt,
-                              reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    jdt_comm_group *cg = tr->groups[group];
+    if (!cg) {
+        const int n = jdt_mesh_group_size(&tr->mesh, (unsigned)group);
+        if (n == tr->world_size) {
+            cg = jdt_dist_world(tr->dist);
+        } else {
+            int ranks[64];
+            if (n > (int)(sizeof ranks / sizeof ranks[0]))
+                return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "process group of %d ranks (at most 64)", n);
+            jdt_mesh_group_ranks(&tr->mesh, (unsigned)group, ranks);
+            jdt_status st = jdt_comm_group_new(tr->dist, n, ranks, &cg, e);
+            if (st != JDT_OK) return st;
+        }
+        tr->groups[group] = cg;
+    }
+    const int k = jdt_comm_group_size(cg), me = jdt_comm_group_index(cg);
+    const size_t seg = k ? n_elems / (size_t)k : 0, esz = jdt_dtype_size(dt);
+    jdt_status st;
+    switch (kind) {
+    case JDT_COLL_ALLREDUCE_SUM:
+    case JDT_COLL_ALLREDUCE_MAX:
+        return jdt_comm_allreduce(cg, buf, n_elems, dt,
+                                  kind == JDT_COLL_ALLREDUCE_MAX ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    case JDT_COLL_ALLGATHER: /* this member's part arrives first; the wire wants segment me */
+        if (me) memmove((char *)buf + (size_t)me * seg * esz, buf, seg * esz);
+        return jdt_comm_allgather(cg, buf, n_elems, dt, e);
+    case JDT_COLL_REDUCE_SCATTER:
+        st = jdt_comm_reduce_scatter(cg, buf, n_elems, dt, JDT_REDUCE_SUM, e);
+        if (st == JDT_OK && me) memmove(buf, (char *)buf + (size_t)me * seg * esz, seg * esz);
+        return st;
+    default:
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "collective of unknown kind %d", kind);
+    }
+}
+
+/* Stand-in communicator for planning (inspect): the step is compiled, never run. */
+static jdt_status plan_collective(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
+                                  size_t n_elems, jdt_err *e)
+{
+    (void)ctx, (void)group, (void)kind, (void)dt, (void)buf, (void)n_elems;
+    return jdt_err_set(e, JDT_ERR_INTERNAL, "inspect: the planned step cannot run");
 }
 
 void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
@@ -294,8 +383,8 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     const jdt_config *cfg = tr->cfg;
     jdt_step_opts so;
     memset(&so, 0, sizeof so);
-    so.world_size = tr->world_size;
-    so.micro_batch = cfg->data.micro_batch_size / tr->world_size;
+    so.mesh = tr->mesh.world_size > 1 ? &tr->mesh : NULL;
+    so.micro_batch = cfg->data.micro_batch_size;
     so.n_accum = cfg->data.batch_size / cfg->data.micro_batch_size;
     so.use_jit = cfg->runtime.jit;
     jdt_train_compile_opts(cfg, &so.copts);
@@ -307,29 +396,35 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     if (tr->dist) {
         so.copts.collective = train_collective;
         so.copts.collective_ctx = tr;
+    } else if (so.mesh) {
+        so.copts.collective = plan_collective;
     }
     return jdt_step_new(cfg, &so, out, e);
 }
 
-/* The data-parallel layout this build supports: mesh.data ranks, each a whole model copy. */
-static jdt_status check_world(const trainer *tr, jdt_err *e)
+/* The device mesh of this job: mesh.data x mesh.fsdp x mesh.tensor = the world size (one -1
+ * filled in), the batch split evenly over the axes the rules give it. */
+static jdt_status check_world(trainer *tr, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
-    const int W = tr->world_size;
-    if (cfg->mesh.fsdp != 1 || cfg->mesh.tensor != 1)
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                           "mesh.fsdp = %d, mesh.tensor = %d: only data parallelism (mesh.data) is "
-                           "built so far; set both to 1", cfg->mesh.fsdp, cfg->mesh.tensor);
-    if (cfg->mesh.data != W)
-        return jdt_err_set(e, JDT_ERR_CONFIG,
-                           "mesh.data = %d but the job has %d process(es): start one process per "
-                           "device (e.g. jdt-train --nproc %d ...)", cfg->mesh.data, W, cfg->mesh.data);
-    if (cfg->data.batch_size % W || cfg->data.micro_batch_size % W)
+    const int sizes[JDT_MESH_AXIS_COUNT] = {cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor};
+    jdt_status st = jdt_mesh_init(&tr->mesh, sizes, tr->world_size, tr->rank, e);
+    if (st != JDT_OK) return st;
+    const int ways = jdt_mesh_group_size(&tr->mesh, jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules));
+    if (cfg->data.batch_size % ways || cfg->data.micro_batch_size % ways)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "data.batch_size %d and data.micro_batch_size %d must be multiples of "
-                           "the %d data-parallel ranks", cfg->data.batch_size,
-                           cfg->data.micro_batch_size, W);
+                           "the %d ways the batch is split", cfg->data.batch_size,
+                           cfg->data.micro_batch_size, ways);
     return JDT_OK;
+}
+
+static void trainer_free_groups(trainer *tr)
+{
+    for (int i = 0; i < 8; i++)
+        if (tr->groups[i] && (!tr->dist || tr->groups[i] != jdt_dist_world(tr->dist)))
+            jdt_comm_group_free(tr->groups[i]);
+    memset(tr->groups, 0, sizeof tr->groups);
 }
 
 /* True on every rank when any rank was asked to stop (so all stop after the same step). */
@@ -352,6 +447,8 @@ static void trainer_init(trainer *tr, const jdt_config *cfg, jdt_dist *dist)
     tr->dist = dist;
     tr->rank = dist ? jdt_dist_rank(dist) : 0;
     tr->world_size = dist ? jdt_dist_world_size(dist) : 1;
+    static const int ones[JDT_MESH_AXIS_COUNT] = {1, 1, 1};
+    jdt_mesh_init(&tr->mesh, ones, 1, 0, NULL);
 }
 
 jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
@@ -380,6 +477,10 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
              (long long)jdt_model_param_count(jdt_step_model(tr.step)), jdt_now_s() - t_compile,
              cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
 
+    if (main_rank && tr.world_size > 1)
+        JDT_INFO("mesh: data %d x fsdp %d x tensor %d; rank 0 holds %.2f MiB of parameters and "
+                 "optimizer state", tr.mesh.size[JDT_MESH_DATA], tr.mesh.size[JDT_MESH_FSDP],
+                 tr.mesh.size[JDT_MESH_TENSOR], (double)jdt_step_state_bytes(tr.step) / 1048576.0);
     int64_t start = 0;
     char *resume = NULL;
     if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr.ckpt_dir, &resume, e)) != JDT_OK) goto out_signals;
@@ -488,14 +589,14 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                 fflush(tr.metrics);
             }
         }
-        if (main_rank && cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
+        if (cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
         }
         if (cfg->run.profile && main_rank && t + 1 - first == cfg->run.profile_steps)
             log_profile(&tr);
-        if (last && main_rank) {
+        if (last) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
-            JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), jdt_now_s() - t_start);
+            if (main_rank) JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), jdt_now_s() - t_start);
         }
         start = t + 1; /* steps completed */
     }
@@ -504,7 +605,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (main_rank)
             JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
-        if (main_rank && cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
+        if (cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
             goto out_signals;
         st = jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",
                          sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
@@ -515,6 +616,7 @@ out_signals:
     sigaction(SIGTERM, &old_term, NULL);
     if (tr.metrics) fclose(tr.metrics);
     jdt_step_free(tr.step);
+    trainer_free_groups(&tr);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
     return st;
