@@ -91,6 +91,8 @@ typedef struct {
     int rank, world_size;
     jdt_mesh mesh;       /* this rank's place in the device mesh (1 x 1 x 1 alone) */
     jdt_comm_group *groups[8]; /* process group per mesh-axis mask, made on first use */
+    int64_t data_shift;  /* global batch index - step (non-zero after resuming with another
+                            batch size) */
     char run_dir[1024];
     char ckpt_dir[1100];
     jdt_step *step;
@@ -228,7 +230,7 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
         t->data = data;
     }
     jdt_ckpt_meta meta = {.step = next_step, .rng_state = (uint64_t)tr->cfg->run.seed,
-                          .data_position = next_step, .config_text = tr->cfg->resolved_yaml};
+                          .data_position = next_step + tr->data_shift, .config_text = tr->cfg->resolved_yaml};
     jdt_ckpt_save_opts so = {.keep_last = tr->cfg->checkpoint.keep};
     if (tr->dist && tr->world_size > 1) {
         so.rank = tr->rank;
@@ -260,7 +262,37 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
 }
 
 /* Loads params and optimizer state from path; returns the step to continue from. */
-static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step, jdt_err *e)
+/* The global batch index at which a run resumed from a checkpoint continues, with this
+ * config's batch size: the checkpoint's data_position counts batches of ITS batch size (from
+ * its stored config), so the stream continues at the same global sample g = position * B_old,
+ * i.e. batch g / B_new (docs/data.md). ERR_CONFIG when B_new does not divide g. */
+static jdt_status resume_batch(const jdt_config *cfg, const jdt_ckpt_meta *meta, const char *path,
+                               int64_t *batch, jdt_err *e)
+{
+    int64_t b_old = cfg->data.batch_size;
+    if (meta->config_text && meta->config_text[0]) {
+        jdt_config old;
+        jdt_err e2;
+        if (jdt_config_load_string(meta->config_text, path, 0, NULL, NULL, &old, &e2) == JDT_OK) {
+            b_old = old.data.batch_size;
+            jdt_config_free(&old);
+        }
+    }
+    const int64_t g = meta->data_position * b_old, b_new = cfg->data.batch_size;
+    if (g % b_new)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "%s: the data stream stopped at sample %lld (%lld batches of %lld), which "
+                           "data.batch_size = %lld does not divide: resume with a batch size that "
+                           "divides it", path, (long long)g, (long long)meta->data_position,
+                           (long long)b_old, (long long)b_new);
+    *batch = g / b_new;
+    return JDT_OK;
+}
+
+/* Loads this rank's blocks of params and optimizer state from path; returns the step to
+ * continue from and (data_batch not NULL) the global batch of cfg's size to read next. */
+static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *path,
+                            int64_t *next_step, int64_t *data_batch, jdt_err *e)
 {
     jdt_ckpt *c = NULL;
     jdt_status st = jdt_ckpt_open(path, &c, e);
@@ -268,6 +300,10 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
     jdt_ckpt_meta meta;
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
+    if (data_batch && (st = resume_batch(cfg, &meta, path, data_batch, e)) != JDT_OK) {
+        jdt_ckpt_close(c);
+        return st;
+    }
     int n = jdt_step_n_tensors(step);
     for (int i = 0; i < n && st == JDT_OK; i++) {
         const char *name;
@@ -459,6 +495,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     struct sigaction old_int, old_term;
     g_stop_signal = 0;
     if ((st = check_world(&tr, e)) != JDT_OK) return st;
+    if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     const bool main_rank = tr.rank == 0;
     /* before the first collective, so a signal during compilation is not lost */
     install_signals(&old_int, &old_term);
@@ -485,9 +522,12 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     char *resume = NULL;
     if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr.ckpt_dir, &resume, e)) != JDT_OK) goto out_signals;
     if (resume) {
-        st = load_ckpt(tr.step, resume, &start, e);
+        int64_t data_batch = 0;
+        st = load_ckpt(cfg, tr.step, resume, &start, &data_batch, e);
+        tr.data_shift = data_batch - start;
         if (st == JDT_OK && main_rank)
-            JDT_INFO("resumed from %s at step %lld", resume, (long long)start);
+            JDT_INFO("resumed from %s at step %lld (data batch %lld)", resume, (long long)start,
+                     (long long)data_batch);
         jdt_free(resume);
         if (st != JDT_OK) goto out_signals;
     }
@@ -535,7 +575,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         tr.tracing = tr.trace && t > first && t <= first + cfg->run.profile_steps;
         double t0 = jdt_now_s();
         jdt_data_batch b;
-        if ((st = jdt_data_get(tr.train, t, &b, e)) != JDT_OK) goto out_signals;
+        if ((st = jdt_data_get(tr.train, t + tr.data_shift, &b, e)) != JDT_OK) goto out_signals;
         double t_data = jdt_now_s();
         window_wait += t_data - t0;
         if (tr.tracing) jdt_trace_span(tr.trace, "data wait", "data", 0, t0, t_data);
@@ -632,7 +672,7 @@ jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
-    if ((st = load_ckpt(tr.step, ckpt_path, &step, e)) != JDT_OK) goto out;
+    if ((st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, e)) != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
 out:
     jdt_step_free(tr.step);
@@ -651,7 +691,13 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
     trainer_init(&tr, cfg, NULL);
     jdt_step *step = NULL;
     double t0 = jdt_now_s();
-    jdt_status st = make_step(&tr, &step, e);
+    jdt_status st;
+    if (jdt_config_mesh_size(cfg) > 1) { /* plan rank 0 of the mesh; no process starts */
+        tr.world_size = jdt_config_mesh_size(cfg);
+        if ((st = check_world(&tr, e)) != JDT_OK) return st;
+        if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
+    }
+    st = make_step(&tr, &step, e);
     if (st != JDT_OK) return st;
     double dt = jdt_now_s() - t0;
     const jdt_compile_stats *cs = jdt_step_stats(step);
@@ -663,8 +709,13 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
         jdt_step_tensor(step, i, &name, &data, &shape);
         state_bytes += (double)jdt_shape_numel(&shape) * sizeof(float);
     }
-    fprintf(f, "compiled step (one process%s):\n",
-            jdt_config_mesh_size(cfg) > 1 ? "; the per-device step of the mesh adds all-reduces" : "");
+    if (tr.world_size > 1)
+        fprintf(f, "compiled step of rank 0 of the mesh data %d x fsdp %d x tensor %d:\n",
+                tr.mesh.size[JDT_MESH_DATA], tr.mesh.size[JDT_MESH_FSDP], tr.mesh.size[JDT_MESH_TENSOR]);
+    else
+        fprintf(f, "compiled step (one process):\n");
+    fprintf(f, "  per device: %lld bytes of parameters + optimizer state (%.1f MiB)\n",
+            (long long)jdt_step_state_bytes(step), (double)jdt_step_state_bytes(step) / 1048576.0);
     if (cs) {
         fprintf(f, "  ops            %d -> %d after DCE/CSE/simplification\n", cs->n_ops_in, cs->n_ops_out);
         fprintf(f, "  kernels        %d fused loop nests + %d builtin calls (GEMM, attention, ...)\n",

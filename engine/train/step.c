@@ -537,3 +537,30 @@ char *jdt_step_profile(const jdt_step *s, char *buf, size_t n)
     }
     return buf;
 }
+
+jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *e)
+{
+    const int sizes[JDT_MESH_AXIS_COUNT] = {cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor};
+    jdt_mesh m;
+    jdt_status st = jdt_mesh_init(&m, sizes, world_size, 0, e);
+    if (st != JDT_OK || world_size <= 1) return st;
+    const int ways = jdt_mesh_group_size(&m, jdt_shard_batch_axes(&m, &cfg->sharding.rules));
+    if (cfg->data.batch_size % ways || cfg->data.micro_batch_size % ways)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "data.batch_size %d and data.micro_batch_size %d must be multiples of "
+                           "the %d ways the batch is split", cfg->data.batch_size,
+                           cfg->data.micro_batch_size, ways);
+    /* every leaf of the model against the rules: shapes only, no values */
+    jdt_graph *g = jdt_graph_new();
+    if (!g) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    jdt_model md;
+    st = jdt_model_build(g, cfg, cfg->data.micro_batch_size, true, &md, e);
+    for (int i = 0; st == JDT_OK && i < jdt_graph_n_nodes(g); i++) {
+        const jdt_tensor *t = jdt_graph_node(g, i);
+        jdt_placement p;
+        if (t->op == JDT_OP_PARAM || t->op == JDT_OP_INPUT)
+            st = jdt_shard_leaf_placement(&m, &cfg->sharding.rules, t, &p, e);
+    }
+    jdt_graph_free(g);
+    return st;
+}

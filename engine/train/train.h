@@ -104,6 +104,11 @@ double jdt_train_lr(const jdt_config *cfg, int64_t t);
  * the step/file/rank. */
 jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e);
 
+/* Checks, before any process starts or joins, that cfg's mesh fits world_size processes and
+ * that the sharding rules split every model tensor evenly (shapes only: nothing is allocated
+ * or initialised). ERR_CONFIG with one line naming the mesh, or the tensor, dim and axis. */
+jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *e);
+
 /* `jdt-train inspect`: builds and compiles the single-process train step of cfg and writes
  * what the compiler made of it to f: op counts before/after the passes, fused kernels and
  * builtin calls, FLOPs per step (compiler count and model count), planned peak memory of
