@@ -154,6 +154,30 @@ static bool linear_op(jdt_op op)
     }
 }
 
+/* Input i of n to placement w; when that input is a broadcast (a bias or norm weight expanded
+ * to the activation's shape), the small tensor before the broadcast is redistributed and
+ * broadcast again, instead of moving the expanded one. */
+static void want_input(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin, int i,
+                       const jdt_placement *w)
+{
+    const jdt_tensor *b = n->inputs[i];
+    if (b->op != JDT_OP_BROADCAST || memcmp(&pin[i], w, sizeof *w) == 0 || pin[i].partial != w->partial) {
+        want(c, in, pin, i, w);
+        return;
+    }
+    const jdt_tensor *x = b->inputs[0];
+    const int off = b->shape.ndim - x->shape.ndim;
+    jdt_placement wx;
+    memset(&wx, 0, sizeof wx);
+    wx.partial = w->partial;
+    for (int d = 0; d < x->shape.ndim; d++)
+        if (x->shape.dims[d] == b->shape.dims[d + off]) wx.dim[d] = w->dim[d + off];
+    jdt_tensor *xl = redistribute(c, c->r->map[x->id], &c->r->place[x->id], &wx);
+    jdt_shape s = jdt_shard_local_shape(c->m, &b->shape, w);
+    in[i] = xl ? jdt_graph_broadcast(c->g, xl, s.ndim, s.dims) : NULL;
+    pin[i] = *w;
+}
+
 /* Elementwise: the inputs of the output's shape take one common placement, built dim by dim
  * from the first input split there (an axis at most once); DROPOUT's step stays replicated. */
 static jdt_status rule_ew(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
@@ -179,7 +203,7 @@ static jdt_status rule_ew(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_pla
             jdt_placement r = replicated();
             want(c, in, pin, i, &r);
         } else {
-            want(c, in, pin, i, &t);
+            want_input(c, n, in, pin, i, &t);
         }
     }
     *pout = t;

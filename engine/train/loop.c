@@ -729,6 +729,7 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
     } else {
         fprintf(f, "  runtime.jit is false: the reference interpreter runs the step\n");
     }
+    jdt_step_describe(step, f);
     jdt_step_free(step);
     return JDT_OK;
 }

@@ -487,6 +487,42 @@ bool jdt_step_tensor_block(const jdt_step *s, int i, jdt_shape *global, int64_t 
     return jdt_mesh_group_index(&s->mesh, repl) == 0;
 }
 
+/* One graph's collectives, in schedule order, into f. */
+static void describe_collectives(const jdt_step *s, const char *what, const jdt_graph *g, FILE *f)
+{
+    if (!g) return;
+    for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
+        const jdt_tensor *t = jdt_graph_node(g, i);
+        if (t->op != JDT_OP_ALL_REDUCE && t->op != JDT_OP_ALL_GATHER && t->op != JDT_OP_REDUCE_SCATTER)
+            continue;
+        char ax[64], sh[64];
+        const unsigned group = (unsigned)t->attrs.i[0];
+        const jdt_shape *full = t->op == JDT_OP_REDUCE_SCATTER ? &t->inputs[0]->shape : &t->shape;
+        fprintf(f, "    %-6s %-15s over %-12s (%d ranks) %10lld bytes %s\n", what, jdt_op_name(t->op),
+                jdt_mesh_axes_str(group, ax, sizeof ax), jdt_mesh_group_size(&s->mesh, group),
+                (long long)jdt_shape_numel(full) * (long long)jdt_dtype_size(t->dtype),
+                jdt_shape_str(full, sh, sizeof sh));
+    }
+}
+
+void jdt_step_describe(const jdt_step *s, FILE *f)
+{
+    fprintf(f, "  collectives of one step (rank 0; bytes of the whole buffer each moves):\n");
+    describe_collectives(s, s->apply.g ? "micro" : "step", s->main.g, f);
+    describe_collectives(s, "apply", s->apply.g, f);
+    fprintf(f, "  parameter shardings (global shape -> this rank's block; split dims by mesh axis):\n");
+    for (int i = 0; i < s->n_params; i++) {
+        const host_tensor *h = &s->tensors[i];
+        char g[64], l[64], spec[128] = "", ax[32];
+        size_t o = 0;
+        for (int d = 0; d < h->global.ndim && o < sizeof spec; d++)
+            o += (size_t)snprintf(spec + o, sizeof spec - o, "%s%s", d ? ", " : "",
+                                  h->place.dim[d] ? jdt_mesh_axes_str(h->place.dim[d], ax, sizeof ax) : "-");
+        fprintf(f, "    %-28s %-12s -> %-12s [%s]\n", h->name + strlen("params/"),
+                jdt_shape_str(&h->global, g, sizeof g), jdt_shape_str(&h->shape, l, sizeof l), spec);
+    }
+}
+
 int64_t jdt_step_state_bytes(const jdt_step *s)
 {
     int64_t n = 0;

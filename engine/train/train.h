@@ -70,6 +70,9 @@ void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, 
  * the global shape and the block's offset per dim. Returns true on the one rank that owns
  * (writes to checkpoints) this block; blocks replicated over mesh axes have one owner. */
 bool jdt_step_tensor_block(const jdt_step *s, int i, jdt_shape *global, int64_t *offset);
+/* Writes the step's collectives (op, group, bytes, in schedule order) and each parameter's
+ * sharding (global shape, local block, mesh axes per dim) to f, for `inspect`. */
+void jdt_step_describe(const jdt_step *s, FILE *f);
 /* Bytes of this rank's parameters and optimizer state (its blocks). */
 int64_t jdt_step_state_bytes(const jdt_step *s);
 
