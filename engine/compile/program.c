@@ -29,6 +29,8 @@ struct jdt_program {
                            update copies */
     char (*step_name)[40]; /* (n_steps) trace names, only with opts.trace */
     int n_runs;
+    float *coll_scratch;      /* (largest all-gather / reduce-scatter buffer) for their
+                                 block permutation, so a run allocates nothing */
 };
 
 void jdt_compile_opts_init(jdt_compile_opts *o)
@@ -129,6 +131,20 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     }
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
+    {
+        int64_t need = 0;
+        for (int i = 0; i < c->n_nodes; i++) {
+            const cnode *n = &c->nodes[i];
+            const int64_t full = n->op == JDT_OP_ALL_GATHER      ? jdt_shape_numel(&n->shape)
+                                 : n->op == JDT_OP_REDUCE_SCATTER ? jdt_shape_numel(&c->nodes[n->in[0]].shape)
+                                                                  : 0;
+            if (full > need) need = full;
+        }
+        if (need > 0 && !(p->coll_scratch = jdt_malloc((size_t)need * sizeof(float)))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: collective scratch");
+            goto fail;
+        }
+    }
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_codegen(c, &p->src, e)) != JDT_OK) goto fail;
@@ -338,9 +354,7 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
         int64_t outer = 1;
         for (int d = 0; d < ax; d++) outer *= full->dims[d];
         const int64_t blk = outer ? nl / outer : 0;
-        float *tmp = outer > 1 || !gather ? jdt_malloc((size_t)(nf + 1) * sizeof *tmp) : NULL;
-        if ((outer > 1 || !gather) && !tmp) return jdt_err_set(e, JDT_ERR_NOMEM, "run: out of memory");
-        float *of = o;
+        float *tmp = p->coll_scratch, *of = o;
         const float *xf = in[0];
         jdt_status cst;
         if (gather) {
@@ -359,7 +373,6 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
             const float sc = (float)n->attrs.f[0];
             for (int64_t i = 0; i < nl && cst == JDT_OK; i++) of[i] = tmp[i] * sc;
         }
-        jdt_free(tmp);
         if (cst != JDT_OK) return cst;
         break;
     }
@@ -507,6 +520,7 @@ char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
 void jdt_program_free(jdt_program *p)
 {
     if (!p) return;
+    jdt_free(p->coll_scratch);
     cprog *c = &p->c;
     for (int g = 0; g < c->n_groups; g++)
         jdt_free(c->groups[g].members);
