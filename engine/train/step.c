@@ -286,21 +286,12 @@ static jdt_status alloc_host(jdt_step *s, jdt_err *e)
                 memset(h->data, 0, n * sizeof(float));
                 continue;
             }
-            if (jdt_shape_eq(&h->shape, &h->global)) {
-                jdt_model_init_param(&m->params[i], (uint64_t)s->cfg->run.seed, h->data);
-                continue;
-            }
-            /* a split parameter: draw the whole tensor (a pure function of the global index),
-             * keep this rank's block */
-            jdt_tensor whole = *p;
-            whole.shape = h->global;
-            jdt_model_param wp = m->params[i];
-            wp.t = &whole;
-            float *tmp = jdt_malloc_aligned((size_t)jdt_shape_numel(&h->global) * sizeof(float));
-            if (!tmp) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory for %s", h->name);
-            jdt_model_init_param(&wp, (uint64_t)s->cfg->run.seed, tmp);
-            jdt_shard_copy_block(&s->mesh, &h->global, &h->place, tmp, h->data);
-            jdt_free_aligned(tmp);
+            /* a pure function of (seed, name, global index), drawn only for this rank's block */
+            int64_t off[JDT_MAX_DIMS] = {0};
+            for (int d = 0; d < h->global.ndim; d++)
+                off[d] = jdt_shard_local_offset(&s->mesh, &h->global, &h->place, d);
+            jdt_model_init_block(&m->params[i], (uint64_t)s->cfg->run.seed, &h->global, off,
+                                 &h->shape, h->data);
         }
     }
     return JDT_OK;
