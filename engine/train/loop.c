@@ -662,12 +662,15 @@ out_signals:
     return st;
 }
 
-jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *loss, jdt_err *e)
+jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckpt_path,
+                          double *loss, jdt_err *e)
 {
     trainer tr;
-    trainer_init(&tr, cfg, NULL);
+    trainer_init(&tr, cfg, dist);
     jdt_status st;
     int64_t step = 0;
+    if ((st = check_world(&tr, e)) != JDT_OK) return st;
+    if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
@@ -676,6 +679,7 @@ jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *
     st = run_eval(&tr, loss, e);
 out:
     jdt_step_free(tr.step);
+    trainer_free_groups(&tr);
     jdt_data_close(tr.val);
     return st;
 }

@@ -119,8 +119,11 @@ jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *
 jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
- * loss over cfg->run.eval_steps batches. */
-jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *loss, jdt_err *e);
+ * loss over cfg->run.eval_steps batches. dist NULL: one process; else every rank of the job
+ * calls it with the same config and evaluates its share of each batch on the mesh (one
+ * distributed evaluation; every rank gets the same loss). */
+jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckpt_path,
+                          double *loss, jdt_err *e);
 
 /* Text generation from a checkpoint (byte tokenizer). */
 typedef struct {

@@ -7,7 +7,8 @@
 # virtual datasets) within 5e-5 absolute (Adam turns float-order differences in near-zero
 # gradients into visible updates; measured max 1e-5). Also: inspect's per-device figure for
 # fsdp=2 is about half the single-process one; a fsdp x tensor checkpoint resumes on fsdp=2 and on one
-# process; a bad mesh or rule is one config error, exit 2, before any rank starts.
+# process, and `eval` of it on that mesh is one distributed evaluation with the one-process
+# loss; a bad mesh or rule is one config error, exit 2, before any rank starts.
 # The launcher binds its coordinator port itself (port 0), so parallel runs cannot collide.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
@@ -73,6 +74,14 @@ for spec in "2:mesh.fsdp=2" "1:"; do
     END { printf "%-44s max relative loss difference %.2g over %d steps\n", l, m, NR; exit !(m < 1e-5 && NR == 4) }' \
     || fail "resumed losses differ"
 done
+
+# eval under --nproc is one distributed evaluation on the mesh: the same loss as one process
+K="$TMP/r22/tiny/ckpt/step_000008"
+v1=$("$BIN" eval $C --ckpt "$K" run.out_dir="$TMP/ev1" 2>/dev/null | grep -o 'val loss [0-9.]*') || fail "eval on 1 process"
+v4=$("$BIN" --nproc 4 eval $C --ckpt "$K" run.out_dir="$TMP/ev4" mesh.fsdp=2 mesh.tensor=2 2>/dev/null) || fail "eval on 4 processes"
+[ "$(echo "$v4" | grep -c 'val loss')" -eq 1 ] || fail "expected one val loss line from 4 ranks: $v4"
+echo "$v4" | grep -qF "$v1" || fail "distributed eval '$v4' differs from one process '$v1'"
+echo "eval of the 2x2 checkpoint: 1 process and fsdp 2 x tensor 2 both give $v1"
 
 # bad meshes and rules: one config error from the launcher, exit 2, no rank started
 bad() { # $1 expected text, rest: arguments
