@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "core/core.h"
 #include "comm/comm.h"
+#include "train/train.h"
 #include "world/world.h"
 
 #include <arpa/inet.h>
@@ -442,6 +443,12 @@ int jdt_launch_main(int argc, char **argv)
         goto out;
     }
     have_config = true;
+    /* a mesh or rule that cannot work is one message here, not one per rank */
+    if ((s = jdt_train_check_mesh(&c, n, &e)) != JDT_OK) {
+        fprintf(stderr, "jdt-train: config error (with --nproc %d): %s\n", n, e.msg);
+        rc = s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
+        goto out;
+    }
 
     /* signals arrive through a signalfd; children get the old mask back before exec */
     sigemptyset(&mask);

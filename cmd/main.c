@@ -544,9 +544,16 @@ static int cmd_eval(const subcommand *cmd, cli_args *a)
     jdt_status st = jdt_ckpt_resolve(a->ckpt ? a->ckpt : "auto", dir, &path, &e);
     if (st == JDT_OK && !path) st = jdt_err_set(&e, JDT_ERR_NOT_FOUND, "no checkpoint in %s", dir);
     double loss = NAN;
-    if (st == JDT_OK) st = jdt_train_eval(&c, path, &loss, &e);
-    if (st == JDT_OK) printf("val loss %.4f (%lld batches, %s)\n", loss, (long long)c.run.eval_steps, path);
-    else fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_dist *dist = NULL; /* under --nproc / SLURM: one distributed evaluation on the mesh */
+    if (st == JDT_OK) st = join_job(&c, &dist, &e);
+    if (st == JDT_OK) st = jdt_train_eval(&c, dist, path, &loss, &e);
+    if (st != JDT_OK && dist) jdt_dist_abort(dist, e.msg);
+    const bool main_rank = !dist || jdt_dist_rank(dist) == 0;
+    if (st == JDT_OK && main_rank)
+        printf("val loss %.4f (%lld batches, %s)\n", loss, (long long)c.run.eval_steps, path);
+    else if (st != JDT_OK)
+        fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_dist_free(dist);
     jdt_free(path);
     jdt_config_free(&c);
     return exit_code(st);

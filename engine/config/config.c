@@ -1102,7 +1102,31 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
     if (c->data.batch_size % c->data.micro_batch_size)
         return cross_error(ld, "data.micro_batch_size", e, "%d does not divide data.batch_size = %d",
                            c->data.micro_batch_size, c->data.batch_size);
-    const int mesh[JDT_MESH_AXIS_COUNT] = {c->mesh.data, c->mesh.fsdp, c->mesh.tensor};
+    int *mesh_ax[JDT_MESH_AXIS_COUNT] = {&c->mesh.data, &c->mesh.fsdp, &c->mesh.tensor};
+    int fill = -1, known = 1;
+    for (int i = 0; i < JDT_MESH_AXIS_COUNT; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "mesh.%s", jdt_config_mesh_axis_name((jdt_mesh_axis)i));
+        if (*mesh_ax[i] == 0) return cross_error(ld, key, e, "expected -1 (fill in) or >= 1, got 0");
+        if (*mesh_ax[i] > 0) {
+            known *= *mesh_ax[i];
+            continue;
+        }
+        if (fill >= 0)
+            return cross_error(ld, key, e, "-1, but mesh.%s is -1 too: at most one axis is filled in",
+                               jdt_config_mesh_axis_name((jdt_mesh_axis)fill));
+        fill = i;
+    }
+    if (fill >= 0 && c->dist.world_size > 0) { /* the world size is known: fill the axis in */
+        char key[32];
+        snprintf(key, sizeof key, "mesh.%s", jdt_config_mesh_axis_name((jdt_mesh_axis)fill));
+        if (c->dist.world_size % known)
+            return cross_error(ld, key, e, "-1 cannot be filled in: %d processes are not a multiple "
+                               "of the other axes' product %d", c->dist.world_size, known);
+        *mesh_ax[fill] = c->dist.world_size / known;
+    }
+    int mesh[JDT_MESH_AXIS_COUNT];
+    for (int i = 0; i < JDT_MESH_AXIS_COUNT; i++) mesh[i] = *mesh_ax[i] > 0 ? *mesh_ax[i] : 1;
     for (int i = 0; i < c->sharding.rules.n_rules; i++) {
         const jdt_config_rule *r = &c->sharding.rules.rules[i];
         if (strcmp(r->logical, "batch") != 0) continue;
@@ -1122,7 +1146,7 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
         break;
     }
     int n_dev = jdt_config_mesh_size(c);
-    if (c->dist.world_size > 0 && c->dist.world_size != n_dev)
+    if (c->dist.world_size > 0 && n_dev > 0 && c->dist.world_size != n_dev)
         return cross_error(ld, "dist.world_size", e,
                            "%d processes, but the mesh has %d devices (data %d x fsdp %d x tensor %d)",
                            c->dist.world_size, n_dev, c->mesh.data, c->mesh.fsdp, c->mesh.tensor);

@@ -81,13 +81,13 @@ static const jdt_config_key KEYS[] = {
     K_INT("model.n_hidden", model.n_hidden, 0, 1024, "2", "mlp: hidden layers"),
     K_INT("model.n_classes", model.n_classes, 1, IMAX, "10", "mlp: output classes"),
     /* mesh */
-    K_INT("mesh.data", mesh.data, 1, 65536, "1", "data-parallel replicas (batch split, params replicated)"),
-    K_INT("mesh.fsdp", mesh.fsdp, 1, 65536, "1", "FSDP/ZeRO-3 shards (batch and params split)"),
-    K_INT("mesh.tensor", mesh.tensor, 1, 65536, "1", "tensor-parallel shards (Megatron-style)"),
+    K_INT("mesh.data", mesh.data, -1, 65536, "1", "data-parallel replicas (batch split, params replicated); -1: fill in from the world size"),
+    K_INT("mesh.fsdp", mesh.fsdp, -1, 65536, "1", "FSDP/ZeRO-3 shards (batch and params split)"),
+    K_INT("mesh.tensor", mesh.tensor, -1, 65536, "1", "tensor-parallel shards (Megatron-style)"),
     /* sharding */
     {"sharding.rules", JDT_CONFIG_RULES, OFF(sharding.rules), 0, 0, false, NULL, NULL,
-     "[[batch, [data, fsdp]], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], "
-     "[vocab, tensor], [norm, null]]",
+     "[[batch, [data, fsdp]], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv, tensor], "
+     "[vocab, null], [norm, null]]",
      "ordered [logical_axis, mesh_axis | [mesh_axes] | null] pairs (MaxText logical_axis_rules)"},
     /* data */
     K_ENUM("data.format", data.format, C_FORMAT, "tokens", "tokens (HDF5 /tokens), arrays (HDF5 /x, /y) or synthetic"),

@@ -194,7 +194,11 @@ int64_t jdt_config_decay_steps(const jdt_config *c)
     return c->optimizer.decay_steps ? c->optimizer.decay_steps : c->run.steps;
 }
 
-int jdt_config_mesh_size(const jdt_config *c) { return c->mesh.data * c->mesh.fsdp * c->mesh.tensor; }
+int jdt_config_mesh_size(const jdt_config *c)
+{
+    if (c->mesh.data < 1 || c->mesh.fsdp < 1 || c->mesh.tensor < 1) return 0; /* a -1 axis */
+    return c->mesh.data * c->mesh.fsdp * c->mesh.tensor;
+}
 
 int64_t jdt_config_param_count(const jdt_config *c)
 {

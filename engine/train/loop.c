@@ -67,6 +67,10 @@ typedef struct {
     const jdt_config *cfg;
     jdt_dist *dist;      /* NULL: single process */
     int rank, world_size;
+    jdt_mesh mesh;       /* this rank's place in the device mesh (1 x 1 x 1 alone) */
+    jdt_comm_group *groups[8]; /* process group per mesh-axis mask, made on first use */
+    int64_t data_shift;  /* global batch index - step (non-zero after resuming with another
+                            batch size) */
     char run_dir[1024];
     char ckpt_dir[1100];
     jdt_step *step;
@@ -96,8 +100,13 @@ static jdt_status open_data(const trainer *tr, const char *path, const char *spl
     o.kind = cfg->model.type == JDT_MODEL_MLP ? JDT_DATA_KIND_ARRAYS : JDT_DATA_KIND_TOKENS;
     o.seq_len = cfg->model.seq_len;
     o.global_batch = rows;
-    o.row_begin = rows / tr->world_size * tr->rank; /* this rank's slice of every batch */
-    o.row_end = rows / tr->world_size * (tr->rank + 1);
+    /* this rank's slice of every batch: by its coordinate over the axes the batch is split
+     * over (ranks that differ only in other axes, e.g. tensor, read the same rows) */
+    const unsigned batch_axes = jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules);
+    const int64_t ways = jdt_mesh_group_size(&tr->mesh, batch_axes);
+    const int64_t at = jdt_mesh_group_index(&tr->mesh, batch_axes);
+    o.row_begin = rows / ways * at;
+    o.row_end = rows / ways * (at + 1);
     o.seed = (uint64_t)cfg->run.seed;
     o.shuffle = cfg->data.shuffle;
     o.prefetch = cfg->data.prefetch;
@@ -169,25 +178,38 @@ static void log_profile(const trainer *tr)
     JDT_INFO("profile of the compiled step:\n%s", buf);
 }
 
+static jdt_status ckpt_barrier(void *ctx, jdt_err *e)
+{
+    trainer *tr = ctx;
+    return jdt_dist_barrier(tr->dist, tr->cfg->dist.connect_timeout_s, e);
+}
+
 /* The step's persistent tensors as checkpoint slices (whole tensors); caller frees *out. */
 static jdt_status ckpt_tensors(const trainer *tr, jdt_ckpt_tensor **out, int *n_out, jdt_err *e)
 {
-    int n = jdt_step_n_tensors(tr->step);
-    jdt_ckpt_tensor *ts = jdt_calloc((size_t)n, sizeof *ts);
+    int n = jdt_step_n_tensors(tr->step), n_own = 0;
+    jdt_ckpt_tensor *ts = jdt_calloc((size_t)(n ? n : 1), sizeof *ts);
     if (!ts) return jdt_err_set(e, JDT_ERR_NOMEM, "checkpoint: out of memory");
     for (int i = 0; i < n; i++) {
         const char *name;
         float *data;
-        jdt_shape shape;
+        jdt_shape shape, global;
+        int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(tr->step, i, &name, &data, &shape);
-        ts[i].name = name;
-        ts[i].dtype = JDT_DTYPE_F32;
-        ts[i].ndim = shape.ndim;
-        for (int d = 0; d < shape.ndim; d++) ts[i].shape[d] = shape.dims[d];
-        ts[i].data = data;
+        if (!jdt_step_tensor_block(tr->step, i, &global, offset)) continue;
+        jdt_ckpt_tensor *t = &ts[n_own++];
+        t->name = name;
+        t->dtype = JDT_DTYPE_F32;
+        t->ndim = shape.ndim;
+        for (int d = 0; d < shape.ndim; d++) {
+            t->shape[d] = global.dims[d];
+            t->offset[d] = offset[d];
+            t->extent[d] = shape.dims[d];
+        }
+        t->data = data;
     }
     *out = ts;
-    *n_out = n;
+    *n_out = n_own;
     return JDT_OK;
 }
 
@@ -212,8 +234,14 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
     jdt_status st = ckpt_tensors(tr, &ts, &n, e);
     if (st != JDT_OK) return st;
     jdt_ckpt_meta meta = {.step = next_step, .rng_state = (uint64_t)tr->cfg->run.seed,
-                          .data_position = next_step, .config_text = tr->cfg->resolved_yaml};
+                          .data_position = next_step + tr->data_shift, .config_text = tr->cfg->resolved_yaml};
     jdt_ckpt_save_opts so = {.keep_last = tr->cfg->checkpoint.keep};
+    if (tr->dist && tr->world_size > 1) {
+        so.rank = tr->rank;
+        so.world_size = tr->world_size;
+        so.barrier = ckpt_barrier;
+        so.barrier_ctx = tr;
+    }
     char *saved = NULL;
     double t0 = jdt_now_s();
     st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
@@ -223,11 +251,57 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
                         (long long)next_step);
     jdt_free(saved);
     jdt_free(ts);
+    if (tr->dist && tr->world_size > 1) { /* agree on the outcome */
+        float bad = st != JDT_OK ? 1.0f : 0.0f;
+        jdt_err e2;
+        jdt_err_clear(&e2);
+        jdt_status cst = jdt_comm_allreduce(jdt_dist_world(tr->dist), &bad, 1, JDT_DTYPE_F32,
+                                            JDT_REDUCE_MAX, &e2);
+        if (cst != JDT_OK && st == JDT_OK) {
+            *e = e2;
+            st = cst;
+        }
+        if (st == JDT_OK && bad != 0.0f)
+            st = jdt_err_set(e, JDT_ERR_IO, "checkpoint step %lld: another rank failed to write "
+                             "its part (see its log)", (long long)next_step);
+    }
+    if (st == JDT_OK && tr->rank == 0) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
+    jdt_free(saved);
     return st;
 }
 
 /* Loads params and optimizer state from path; returns the step to continue from. */
-static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step, jdt_err *e)
+/* The global batch index at which a run resumed from a checkpoint continues, with this
+ * config's batch size: the checkpoint's data_position counts batches of ITS batch size (from
+ * its stored config), so the stream continues at the same global sample g = position * B_old,
+ * i.e. batch g / B_new (docs/data.md). ERR_CONFIG when B_new does not divide g. */
+static jdt_status resume_batch(const jdt_config *cfg, const jdt_ckpt_meta *meta, const char *path,
+                               int64_t *batch, jdt_err *e)
+{
+    int64_t b_old = cfg->data.batch_size;
+    if (meta->config_text && meta->config_text[0]) {
+        jdt_config old;
+        jdt_err e2;
+        if (jdt_config_load_string(meta->config_text, path, 0, NULL, NULL, &old, &e2) == JDT_OK) {
+            b_old = old.data.batch_size;
+            jdt_config_free(&old);
+        }
+    }
+    const int64_t g = meta->data_position * b_old, b_new = cfg->data.batch_size;
+    if (g % b_new)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "%s: the data stream stopped at sample %lld (%lld batches of %lld), which "
+                           "data.batch_size = %lld does not divide: resume with a batch size that "
+                           "divides it", path, (long long)g, (long long)meta->data_position,
+                           (long long)b_old, (long long)b_new);
+    *batch = g / b_new;
+    return JDT_OK;
+}
+
+/* Loads this rank's blocks of params and optimizer state from path; returns the step to
+ * continue from and (data_batch not NULL) the global batch of cfg's size to read next. */
+static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *path,
+                            int64_t *next_step, int64_t *data_batch, jdt_err *e)
 {
     jdt_ckpt *c = NULL;
     jdt_status st = jdt_ckpt_open(path, &c, e);
@@ -235,6 +309,10 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
     jdt_ckpt_meta meta;
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
+    if (data_batch && (st = resume_batch(cfg, &meta, path, data_batch, e)) != JDT_OK) {
+        jdt_ckpt_close(c);
+        return st;
+    }
     int n = jdt_step_n_tensors(step);
     double total_mb = 0, done_mb = 0;
     for (int i = 0; i < n; i++) {
@@ -249,16 +327,22 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
     for (int i = 0; i < n && st == JDT_OK; i++) {
         const char *name;
         float *data;
-        jdt_shape shape;
+        jdt_shape shape, global;
+        int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(step, i, &name, &data, &shape);
         done_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
         jdt_progress_update(&prog, done_mb);
-        jdt_ckpt_tensor want;
+        jdt_step_tensor_block(step, i, &global, offset);
+        jdt_ckpt_tensor want; /* this rank's block only: any mesh reads any checkpoint */
         memset(&want, 0, sizeof want);
         want.name = name;
         want.dtype = JDT_DTYPE_F32;
         want.ndim = shape.ndim;
-        for (int d = 0; d < shape.ndim; d++) want.shape[d] = shape.dims[d];
+        for (int d = 0; d < shape.ndim; d++) {
+            want.shape[d] = global.dims[d];
+            want.offset[d] = offset[d];
+            want.extent[d] = shape.dims[d];
+        }
         st = jdt_ckpt_read(c, &want, data, e);
     }
     jdt_progress_end(&prog);
@@ -284,18 +368,68 @@ static jdt_status run_eval(trainer *tr, double *loss, jdt_err *e)
 
 static bool last_step(const jdt_config *cfg, int64_t t) { return t + 1 == cfg->run.steps; }
 
-/* ALL_REDUCE nodes of the step graphs run here: group 0 is the data-parallel world. */
-static jdt_status train_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
+static jdt_status train_collective_run(trainer *tr, int group, int kind, jdt_dtype dt, void *buf,
+                                       size_t n_elems, jdt_err *e);
+
+/* The collective nodes of the step graphs run here. A group id is a mask of mesh axes
+ * (engine/shard/shard.h); its comm group is made on first use (creation is local, and every
+ * member derives the same ordered rank list). */
+static jdt_status train_collective(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
                                    size_t n_elems, jdt_err *e)
 {
     trainer *tr = ctx;
-    if (group != 0 || !tr->dist)
+    if (group <= 0 || group > 7 || !tr->dist)
         return jdt_err_set(e, JDT_ERR_INTERNAL, "collective on unknown group %d", group);
     double t0 = jdt_now_s();
-    jdt_status st = jdt_comm_allreduce(jdt_dist_world(tr->dist), buf, n_elems, dt,
-                                       reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    jdt_status st_c = train_collective_run(tr, group, kind, dt, buf, n_elems, e);
     tr->s_comm += jdt_now_s() - t0;
-    return st;
+    return st_c;
+}
+
+static jdt_status train_collective_run(trainer *tr, int group, int kind, jdt_dtype dt, void *buf,
+                                       size_t n_elems, jdt_err *e)
+{
+    jdt_comm_group *cg = tr->groups[group];
+    if (!cg) {
+        const int n = jdt_mesh_group_size(&tr->mesh, (unsigned)group);
+        if (n == tr->world_size) {
+            cg = jdt_dist_world(tr->dist);
+        } else {
+            int ranks[64];
+            if (n > (int)(sizeof ranks / sizeof ranks[0]))
+                return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "process group of %d ranks (at most 64)", n);
+            jdt_mesh_group_ranks(&tr->mesh, (unsigned)group, ranks);
+            jdt_status st = jdt_comm_group_new(tr->dist, n, ranks, &cg, e);
+            if (st != JDT_OK) return st;
+        }
+        tr->groups[group] = cg;
+    }
+    const int k = jdt_comm_group_size(cg), me = jdt_comm_group_index(cg);
+    const size_t seg = k ? n_elems / (size_t)k : 0, esz = jdt_dtype_size(dt);
+    jdt_status st;
+    switch (kind) {
+    case JDT_COLL_ALLREDUCE_SUM:
+    case JDT_COLL_ALLREDUCE_MAX:
+        return jdt_comm_allreduce(cg, buf, n_elems, dt,
+                                  kind == JDT_COLL_ALLREDUCE_MAX ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    case JDT_COLL_ALLGATHER: /* this member's part arrives first; the wire wants segment me */
+        if (me) memmove((char *)buf + (size_t)me * seg * esz, buf, seg * esz);
+        return jdt_comm_allgather(cg, buf, n_elems, dt, e);
+    case JDT_COLL_REDUCE_SCATTER:
+        st = jdt_comm_reduce_scatter(cg, buf, n_elems, dt, JDT_REDUCE_SUM, e);
+        if (st == JDT_OK && me) memmove(buf, (char *)buf + (size_t)me * seg * esz, seg * esz);
+        return st;
+    default:
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "collective of unknown kind %d", kind);
+    }
+}
+
+/* Stand-in communicator for planning (inspect): the step is compiled, never run. */
+static jdt_status plan_collective(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
+                                  size_t n_elems, jdt_err *e)
+{
+    (void)ctx, (void)group, (void)kind, (void)dt, (void)buf, (void)n_elems;
+    return jdt_err_set(e, JDT_ERR_INTERNAL, "inspect: the planned step cannot run");
 }
 
 void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
@@ -320,8 +454,8 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     const jdt_config *cfg = tr->cfg;
     jdt_step_opts so;
     memset(&so, 0, sizeof so);
-    so.world_size = tr->world_size;
-    so.micro_batch = cfg->data.micro_batch_size / tr->world_size;
+    so.mesh = tr->mesh.world_size > 1 ? &tr->mesh : NULL;
+    so.micro_batch = cfg->data.micro_batch_size;
     so.n_accum = cfg->data.batch_size / cfg->data.micro_batch_size;
     so.use_jit = cfg->runtime.jit;
     jdt_train_compile_opts(cfg, &so.copts);
@@ -333,29 +467,35 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     if (tr->dist) {
         so.copts.collective = train_collective;
         so.copts.collective_ctx = tr;
+    } else if (so.mesh) {
+        so.copts.collective = plan_collective;
     }
     return jdt_step_new(cfg, &so, out, e);
 }
 
-/* The data-parallel layout this build supports: mesh.data ranks, each a whole model copy. */
-static jdt_status check_world(const trainer *tr, jdt_err *e)
+/* The device mesh of this job: mesh.data x mesh.fsdp x mesh.tensor = the world size (one -1
+ * filled in), the batch split evenly over the axes the rules give it. */
+static jdt_status check_world(trainer *tr, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
-    const int W = tr->world_size;
-    if (cfg->mesh.fsdp != 1 || cfg->mesh.tensor != 1)
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                           "mesh.fsdp = %d, mesh.tensor = %d: only data parallelism (mesh.data) is "
-                           "built so far; set both to 1", cfg->mesh.fsdp, cfg->mesh.tensor);
-    if (cfg->mesh.data != W)
-        return jdt_err_set(e, JDT_ERR_CONFIG,
-                           "mesh.data = %d but the job has %d process(es): start one process per "
-                           "device (e.g. jdt-train --nproc %d ...)", cfg->mesh.data, W, cfg->mesh.data);
-    if (cfg->data.batch_size % W || cfg->data.micro_batch_size % W)
+    const int sizes[JDT_MESH_AXIS_COUNT] = {cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor};
+    jdt_status st = jdt_mesh_init(&tr->mesh, sizes, tr->world_size, tr->rank, e);
+    if (st != JDT_OK) return st;
+    const int ways = jdt_mesh_group_size(&tr->mesh, jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules));
+    if (cfg->data.batch_size % ways || cfg->data.micro_batch_size % ways)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "data.batch_size %d and data.micro_batch_size %d must be multiples of "
-                           "the %d data-parallel ranks", cfg->data.batch_size,
-                           cfg->data.micro_batch_size, W);
+                           "the %d ways the batch is split", cfg->data.batch_size,
+                           cfg->data.micro_batch_size, ways);
     return JDT_OK;
+}
+
+static void trainer_free_groups(trainer *tr)
+{
+    for (int i = 0; i < 8; i++)
+        if (tr->groups[i] && (!tr->dist || tr->groups[i] != jdt_dist_world(tr->dist)))
+            jdt_comm_group_free(tr->groups[i]);
+    memset(tr->groups, 0, sizeof tr->groups);
 }
 
 /* True on every rank when any rank was asked to stop (so all stop after the same step). */
@@ -378,6 +518,8 @@ static void trainer_init(trainer *tr, const jdt_config *cfg, jdt_dist *dist)
     tr->dist = dist;
     tr->rank = dist ? jdt_dist_rank(dist) : 0;
     tr->world_size = dist ? jdt_dist_world_size(dist) : 1;
+    static const int ones[JDT_MESH_AXIS_COUNT] = {1, 1, 1};
+    jdt_mesh_init(&tr->mesh, ones, 1, 0, NULL);
 }
 
 jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
@@ -388,6 +530,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     struct sigaction old_int, old_term;
     g_stop_signal = 0;
     if ((st = check_world(&tr, e)) != JDT_OK) return st;
+    if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     const bool main_rank = tr.rank == 0;
     /* before the first collective, so a signal during compilation is not lost */
     install_signals(&old_int, &old_term);
@@ -406,13 +549,20 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
              (long long)jdt_model_param_count(jdt_step_model(tr.step)), jdt_now_s() - t_compile,
              cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
 
+    if (main_rank && tr.world_size > 1)
+        JDT_INFO("mesh: data %d x fsdp %d x tensor %d; rank 0 holds %.2f MiB of parameters and "
+                 "optimizer state", tr.mesh.size[JDT_MESH_DATA], tr.mesh.size[JDT_MESH_FSDP],
+                 tr.mesh.size[JDT_MESH_TENSOR], (double)jdt_step_state_bytes(tr.step) / 1048576.0);
     int64_t start = 0;
     char *resume = NULL;
     if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr.ckpt_dir, &resume, e)) != JDT_OK) goto out_signals;
     if (resume) {
-        st = load_ckpt(tr.step, resume, &start, e);
+        int64_t data_batch = 0;
+        st = load_ckpt(cfg, tr.step, resume, &start, &data_batch, e);
+        tr.data_shift = data_batch - start;
         if (st == JDT_OK && main_rank)
-            JDT_INFO("resumed from %s at step %lld", resume, (long long)start);
+            JDT_INFO("resumed from %s at step %lld (data batch %lld)", resume, (long long)start,
+                     (long long)data_batch);
         jdt_free(resume);
         if (st != JDT_OK) goto out_signals;
     } else if (cfg->checkpoint.init_from[0]) { /* fine-tuning: weights only, step 0 */
@@ -487,7 +637,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         tr.tracing = tr.trace && t > first && t <= first + cfg->run.profile_steps;
         double t0 = jdt_now_s();
         jdt_data_batch b;
-        if ((st = jdt_data_get(tr.train, t, &b, e)) != JDT_OK) goto out_signals;
+        if ((st = jdt_data_get(tr.train, t + tr.data_shift, &b, e)) != JDT_OK) goto out_signals;
         double t_data = jdt_now_s();
         window_wait += t_data - t0;
         tr.s_data += t_data - t0;
@@ -571,15 +721,15 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                 fflush(tr.metrics);
             }
         }
-        if (main_rank && cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
+        if (cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
         }
         if (cfg->run.profile && main_rank && t + 1 - first == cfg->run.profile_steps)
             log_profile(&tr);
-        if (last && main_rank) {
+        if (last) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
             const double wall = jdt_now_s() - t_start, n_run = (double)(t + 1 - first);
-            JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), wall);
+            if (main_rank) JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), wall);
             double state_bytes = 0;
             for (int i = 0; i < jdt_step_n_tensors(tr.step); i++) {
                 const char *nm;
@@ -589,7 +739,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                 state_bytes += (double)jdt_shape_numel(&sh) * sizeof(float);
             }
             const double pct = wall > 0 ? 100.0 / wall : 0;
-            JDT_INFO("summary of this run (rank 0):\n"
+            if (main_rank) JDT_INFO("summary of this run (rank 0):\n"
                      "  throughput     %.0f %s/s, MFU %.1f%% (reference %.1f GFLOP/s, %s)\n"
                      "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
                      "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
@@ -611,7 +761,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (main_rank)
             JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
-        if (main_rank && cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
+        if (cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
             goto out_signals;
         st = jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",
                          sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
@@ -623,25 +773,30 @@ out_signals:
     if (tr.metrics) fclose(tr.metrics);
     jdt_tboard_close(tr.tb);
     jdt_step_free(tr.step);
+    trainer_free_groups(&tr);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
     return st;
 }
 
-jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *loss, jdt_err *e)
+jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckpt_path,
+                          double *loss, jdt_err *e)
 {
     trainer tr;
-    trainer_init(&tr, cfg, NULL);
+    trainer_init(&tr, cfg, dist);
     jdt_status st;
     int64_t step = 0;
+    if ((st = check_world(&tr, e)) != JDT_OK) return st;
+    if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
-    if ((st = load_ckpt(tr.step, ckpt_path, &step, e)) != JDT_OK) goto out;
+    if ((st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, e)) != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
 out:
     jdt_step_free(tr.step);
+    trainer_free_groups(&tr);
     jdt_data_close(tr.val);
     return st;
 }
@@ -657,7 +812,13 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
     trainer_init(&tr, cfg, NULL);
     jdt_step *step = NULL;
     double t0 = jdt_now_s();
-    jdt_status st = make_step(&tr, &step, e);
+    jdt_status st;
+    if (jdt_config_mesh_size(cfg) > 1) { /* plan rank 0 of the mesh; no process starts */
+        tr.world_size = jdt_config_mesh_size(cfg);
+        if ((st = check_world(&tr, e)) != JDT_OK) return st;
+        if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
+    }
+    st = make_step(&tr, &step, e);
     if (st != JDT_OK) return st;
     double dt = jdt_now_s() - t0;
     const jdt_compile_stats *cs = jdt_step_stats(step);
@@ -669,8 +830,13 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
         jdt_step_tensor(step, i, &name, &data, &shape);
         state_bytes += (double)jdt_shape_numel(&shape) * sizeof(float);
     }
-    fprintf(f, "compiled step (one process%s):\n",
-            jdt_config_mesh_size(cfg) > 1 ? "; the per-device step of the mesh adds all-reduces" : "");
+    if (tr.world_size > 1)
+        fprintf(f, "compiled step of rank 0 of the mesh data %d x fsdp %d x tensor %d:\n",
+                tr.mesh.size[JDT_MESH_DATA], tr.mesh.size[JDT_MESH_FSDP], tr.mesh.size[JDT_MESH_TENSOR]);
+    else
+        fprintf(f, "compiled step (one process):\n");
+    fprintf(f, "  per device: %lld bytes of parameters + optimizer state (%.1f MiB)\n",
+            (long long)jdt_step_state_bytes(step), (double)jdt_step_state_bytes(step) / 1048576.0);
     if (cs) {
         fprintf(f, "  ops            %d -> %d after DCE/CSE/simplification\n", cs->n_ops_in, cs->n_ops_out);
         fprintf(f, "  kernels        %d fused loop nests + %d builtin calls (GEMM, attention, ...)\n",
@@ -684,6 +850,7 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
     } else {
         fprintf(f, "  runtime.jit is false: the reference interpreter runs the step\n");
     }
+    jdt_step_describe(step, f);
     jdt_step_free(step);
     return JDT_OK;
 }

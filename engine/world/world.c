@@ -410,6 +410,10 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     if (cfg_mode) {
         w->source = "config";
         w->world_size = cfg->dist.world_size > 0 ? cfg->dist.world_size : mesh_size;
+        if (w->world_size < 1)
+            return jdt_err_set(e, JDT_ERR_CONFIG,
+                               "dist.world_size: not set, and the mesh has a -1 axis to fill in "
+                               "from it: set dist.world_size=N (or JDT_DIST_WORLD_SIZE)");
         if (cfg->dist.rank < 0)
             return jdt_err_set(e, JDT_ERR_CONFIG,
                                "dist.rank: not set, but dist.coordinator is '%s': give each "
@@ -475,7 +479,7 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     }
 
     /* SLURM's task count must fit the mesh (the train loop checks the other sources) */
-    if (strcmp(w->source, "slurm") == 0 && w->world_size != mesh_size)
+    if (strcmp(w->source, "slurm") == 0 && mesh_size > 0 && w->world_size != mesh_size)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "slurm: %d tasks (SLURM_NTASKS), but the mesh (data=%d fsdp=%d "
                            "tensor=%d) needs %d: make mesh.data * mesh.fsdp * mesh.tensor match",
