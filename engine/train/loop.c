@@ -246,10 +246,6 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
     double t0 = jdt_now_s();
     st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
     tr->s_ckpt += jdt_now_s() - t0;
-    if (st == JDT_OK) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
-    else jdt_err_prefix(e, "checkpoint at step %lld not saved (the previous one is kept)",
-                        (long long)next_step);
-    jdt_free(saved);
     jdt_free(ts);
     if (tr->dist && tr->world_size > 1) { /* agree on the outcome */
         float bad = st != JDT_OK ? 1.0f : 0.0f;
@@ -266,6 +262,9 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
                              "its part (see its log)", (long long)next_step);
     }
     if (st == JDT_OK && tr->rank == 0) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
+    else if (st != JDT_OK)
+        jdt_err_prefix(e, "checkpoint at step %lld not saved (the previous one is kept)",
+                       (long long)next_step);
     jdt_free(saved);
     return st;
 }
