@@ -175,15 +175,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     for (int i = 0; i < x.m.n_params; i++) {
         const jdt_tensor *p = x.m.params[i].t;
         if (!(x.params[i] = jdt_malloc((size_t)jdt_shape_numel(&p->shape) * sizeof(float)))) goto oom;
-        char name[300];
-        snprintf(name, sizeof name, "params/%s", p->name);
-        jdt_ckpt_tensor want;
-        memset(&want, 0, sizeof want);
-        want.name = name;
-        want.dtype = JDT_DTYPE_F32;
-        want.ndim = p->shape.ndim;
-        for (int d = 0; d < p->shape.ndim; d++) want.shape[d] = p->shape.dims[d];
-        if ((st = jdt_ckpt_read(ck, &want, x.params[i], e)) != JDT_OK) goto out;
+        if ((st = jdt_train_read_param(ck, p, x.params[i], e)) != JDT_OK) goto out;
     }
     x.cap = 16 + 16 * cfg.model.n_layer;
     x.out = jdt_calloc((size_t)x.cap, sizeof *x.out);

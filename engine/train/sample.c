@@ -50,6 +50,21 @@ static int pick_token(const float *logits, int V, const jdt_sample_opts *o, long
     return best;
 }
 
+/* Reads parameter p (whole, f32, global shape) from checkpoint ck under "params/<name>" into
+ * dst (numel(p) floats). Errors are jdt_ckpt_read's (missing tensor, shape/dtype mismatch). */
+jdt_status jdt_train_read_param(jdt_ckpt *ck, const jdt_tensor *p, float *dst, jdt_err *e)
+{
+    char name[300];
+    snprintf(name, sizeof name, "params/%s", p->name);
+    jdt_ckpt_tensor want;
+    memset(&want, 0, sizeof want);
+    want.name = name;
+    want.dtype = JDT_DTYPE_F32;
+    want.ndim = p->shape.ndim;
+    for (int d = 0; d < p->shape.ndim; d++) want.shape[d] = p->shape.dims[d];
+    return jdt_ckpt_read(ck, &want, dst, e);
+}
+
 jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE *out, jdt_err *e)
 {
     jdt_ckpt *ck = NULL;
@@ -101,15 +116,7 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
     for (int i = 0; i < m.n_params; i++) {
         const jdt_tensor *p = m.params[i].t;
         if (!(params[i] = jdt_malloc_aligned((size_t)jdt_shape_numel(&p->shape) * sizeof(float)))) goto oom;
-        char name[300];
-        snprintf(name, sizeof name, "params/%s", p->name);
-        jdt_ckpt_tensor want;
-        memset(&want, 0, sizeof want);
-        want.name = name;
-        want.dtype = JDT_DTYPE_F32;
-        want.ndim = p->shape.ndim;
-        for (int d = 0; d < p->shape.ndim; d++) want.shape[d] = p->shape.dims[d];
-        if ((st = jdt_ckpt_read(ck, &want, params[i], e)) != JDT_OK) goto out;
+        if ((st = jdt_train_read_param(ck, p, params[i], e)) != JDT_OK) goto out;
         m.params[i].t->data = params[i];
     }
     jdt_compile_opts co;
