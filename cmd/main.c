@@ -34,7 +34,8 @@ enum {
     FLAG_LOG_LEVEL = 1 << 0,
     FLAG_PRINT_CONFIG = 1 << 1,
     FLAG_SCHEMA = 1 << 2,
-    FLAG_SAMPLE = 1 << 3, /* --prompt --temperature --top-k --seed --length */
+    FLAG_SAMPLE = 1 << 3, /* --prompt(s) --stop --max-new-tokens/--length --temperature --top-k
+                           * --top-p --seed --context --ignore-eos --no-kv-cache */
     FLAG_CKPT = 1 << 4,   /* --ckpt PATH */
     FLAG_PROFILE = 1 << 5, /* --profile */
     FLAG_EXPORT = 1 << 6,  /* --format NAME, a second positional argument (OUT_DIR) */
@@ -54,11 +55,19 @@ typedef struct {
     const char *ckpt;            /* --ckpt PATH */
     bool no_compile;             /* inspect --no-compile */
     bool profile;                /* train --profile */
-    const char *prompt;          /* --prompt TEXT */
+    char **prompts;              /* --prompt TEXT, repeatable (n_prompts) */
+    int n_prompts;
+    const char *prompts_file;    /* --prompts FILE: one prompt per line */
+    char **stops;                /* --stop TEXT, repeatable (n_stops) */
+    int n_stops;
     double temperature;          /* --temperature (default 0.8) */
     long top_k;                  /* --top-k (0 = off) */
+    double top_p;                /* --top-p (1 = off) */
     long seed;                   /* --seed */
-    long length;                 /* --length: tokens to generate */
+    long length;                 /* --max-new-tokens / --length: tokens to generate */
+    const char *context;         /* --context shift|window|stop */
+    bool ignore_eos;             /* --ignore-eos */
+    bool no_kv_cache;            /* --no-kv-cache: the full-forward reference path */
     const char *format;          /* export --format */
     const char *out_path;        /* export OUT_DIR */
     int raw_argc;                /* the arguments after the subcommand (FLAG_RAW) */
@@ -127,12 +136,32 @@ static const subcommand SUBCOMMANDS[] = {
      "val_000.h5 into the directory data.train_path.\n",
      FLAG_LOG_LEVEL, true},
     {"sample", cmd_sample, "generate text from a checkpoint",
-     "usage: jdt-train sample CKPT [--prompt TEXT] [--length N] [--temperature T] [--top-k K]\n"
-     "                             [--seed S]\n"
+     "usage: jdt-train sample CKPT [--prompt TEXT ...] [--prompts FILE] [--max-new-tokens N]\n"
+     "                             [--stop TEXT ...] [--temperature T] [--top-k K] [--top-p P]\n"
+     "                             [--seed S] [--context shift|window|stop] [--ignore-eos]\n"
+     "                             [--no-kv-cache]\n"
      "\n"
      "CKPT is a checkpoint directory (runs/NAME/ckpt/step_NNNNNN) or a run's checkpoint folder\n"
      "(the newest complete checkpoint in it is used). The model comes from the config stored\n"
-     "in the checkpoint. Defaults: --length 200 --temperature 0.8 --top-k 0 (off) --seed 1.\n",
+     "in the checkpoint. Prompts are prefilled into a KV cache once, then each step decodes one\n"
+     "token of every unfinished prompt; tokens/s of prefill and decode go to stderr.\n"
+     "\n"
+     "options:\n"
+     "  --prompt TEXT         a prompt; repeat it to sample several as one batch\n"
+     "  --prompts FILE        one prompt per line (empty lines skipped), after any --prompt;\n"
+     "                        several prompts print as \"==> sample i/n <==\" blocks in order\n"
+     "  --max-new-tokens N    tokens to generate per prompt at most (default 200; --length N)\n"
+     "  --stop TEXT           end a sample where its generated text contains TEXT (not\n"
+     "                        printed); repeatable. <|endoftext|> of a BPE tokenizer also ends\n"
+     "                        it unless --ignore-eos\n"
+     "  --temperature T       0 = greedy (default 0.8)\n"
+     "  --top-k K             sample among the K most likely tokens (default 0 = off)\n"
+     "  --top-p P             nucleus: the fewest most likely tokens with mass >= P (default 1)\n"
+     "  --seed S              the same seed, prompts and flags give the same text (default 1)\n"
+     "  --context MODE        past model.seq_len tokens: shift (default: keep the newest half,\n"
+     "                        re-run it, go on), window (every token sees exactly the last\n"
+     "                        seq_len tokens; slow past seq_len) or stop\n"
+     "  --no-kv-cache         run the whole forward graph per token (the reference path)\n",
      FLAG_SAMPLE, true},
     {"export", cmd_export, "write a checkpoint as a Hugging Face model directory",
      "usage: jdt-train export CKPT --format hf OUT_DIR\n"
@@ -201,9 +230,13 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
     a->temperature = 0.8;
     a->seed = 1;
     a->length = 200;
+    a->top_p = 1.0;
     a->raw_argc = argc;
     a->raw_argv = argv;
-    a->overrides = jdt_calloc((size_t)argc + 1, sizeof *a->overrides);
+    /* one block: overrides, then --prompt values, then --stop values (argc + 1 each) */
+    a->overrides = jdt_calloc(3 * ((size_t)argc + 1), sizeof *a->overrides);
+    a->prompts = a->overrides ? a->overrides + argc + 1 : NULL;
+    a->stops = a->overrides ? a->overrides + 2 * (argc + 1) : NULL;
     if (!a->overrides) {
         fprintf(stderr, "jdt-train: out of memory\n");
         return EXIT_RUNTIME;
@@ -235,10 +268,28 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                 a->ckpt = argv[++i];
             } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--prompt") == 0) {
                 if (i + 1 >= argc) return usage_error(cmd, "--prompt needs %s", "text");
-                a->prompt = argv[++i];
+                a->prompts[a->n_prompts++] = argv[++i];
+            } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--prompts") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--prompts needs a %s", "file");
+                if (a->prompts_file) return usage_error(cmd, "--prompts: give one file%s", "");
+                a->prompts_file = argv[++i];
+            } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--stop") == 0) {
+                if (i + 1 >= argc || !argv[i + 1][0])
+                    return usage_error(cmd, "--stop needs a non-empty %s", "text");
+                a->stops[a->n_stops++] = argv[++i];
+            } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--context") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--context needs a mode (%s)", "shift|window|stop");
+                a->context = argv[++i];
+                if (strcmp(a->context, "shift") && strcmp(a->context, "window") && strcmp(a->context, "stop"))
+                    return usage_error(cmd, "--context: expected shift|window|stop, got '%s'", a->context);
+            } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--ignore-eos") == 0) {
+                a->ignore_eos = true;
+            } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--no-kv-cache") == 0) {
+                a->no_kv_cache = true;
             } else if ((cmd->flags & FLAG_SAMPLE) &&
                        (strcmp(s, "--temperature") == 0 || strcmp(s, "--top-k") == 0 ||
-                        strcmp(s, "--seed") == 0 || strcmp(s, "--length") == 0)) {
+                        strcmp(s, "--top-p") == 0 || strcmp(s, "--seed") == 0 ||
+                        strcmp(s, "--length") == 0 || strcmp(s, "--max-new-tokens") == 0)) {
                 if (i + 1 >= argc) return usage_error(cmd, "%s needs a number", s);
                 const char *v = argv[++i];
                 char *end = NULL;
@@ -247,10 +298,17 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                     a->temperature = strtod(v, &end);
                     if (errno || end == v || *end || !(a->temperature >= 0) || a->temperature > 100)
                         return usage_error(cmd, "--temperature: expected a number in [0, 100], got '%s'", v);
+                } else if (strcmp(s, "--top-p") == 0) {
+                    a->top_p = strtod(v, &end);
+                    if (errno || end == v || *end || !(a->top_p > 0) || a->top_p > 1)
+                        return usage_error(cmd, "--top-p: expected a number in (0, 1], got '%s'", v);
                 } else {
                     long x = strtol(v, &end, 10);
-                    if (errno || end == v || *end || x < 0 || x > 1000000)
-                        return usage_error(cmd, "expected an integer in [0, 1000000], got '%s'", v);
+                    if (errno || end == v || *end || x < 0 || x > 1000000) {
+                        char msg[96]; /* names the flag: s is one of the literals above */
+                        snprintf(msg, sizeof msg, "%s: expected an integer in [0, 1000000], got '%%s'", s);
+                        return usage_error(cmd, msg, v);
+                    }
                     if (strcmp(s, "--top-k") == 0) a->top_k = x;
                     else if (strcmp(s, "--seed") == 0) a->seed = x;
                     else a->length = x;
@@ -559,25 +617,121 @@ static int cmd_eval(const subcommand *cmd, cli_args *a)
     return exit_code(st);
 }
 
+/* Reads --prompts FILE into *text (owned) and appends its non-empty lines to list (room for
+ * *n + lines). Returns EXIT_OK or EXIT_USAGE (printed). */
+static int read_prompts_file(const subcommand *cmd, const char *path, char **text,
+                             char ***list, int *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "jdt-train: --prompts: cannot read '%s': %s (see 'jdt-train %s --help')\n",
+                path, strerror(errno), cmd->name);
+        return EXIT_USAGE;
+    }
+    size_t len = 0, cap = 4096;
+    char *buf = jdt_malloc(cap + 1);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            char *p = jdt_realloc(buf, 2 * cap + 1);
+            if (!p) jdt_free(buf);
+            buf = p;
+            cap *= 2;
+        }
+    }
+    const bool bad = ferror(f) != 0;
+    fclose(f);
+    if (!buf || bad) {
+        jdt_free(buf);
+        fprintf(stderr, "jdt-train: --prompts: cannot read '%s'\n", path);
+        return EXIT_USAGE;
+    }
+    buf[len] = '\0';
+    size_t n_lines = 1;
+    for (size_t k = 0; k < len; k++) n_lines += buf[k] == '\n';
+    char **l = jdt_calloc((size_t)*n + n_lines, sizeof *l);
+    if (!l) {
+        jdt_free(buf);
+        fprintf(stderr, "jdt-train: out of memory\n");
+        return EXIT_RUNTIME;
+    }
+    memcpy(l, *list, (size_t)*n * sizeof *l);
+    const int before = *n;
+    for (char *line = buf; line && line < buf + len;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        size_t ll = strlen(line);
+        if (ll && line[ll - 1] == '\r') line[--ll] = '\0';
+        if (ll) l[(*n)++] = line;
+        line = nl ? nl + 1 : NULL;
+    }
+    if (*n == before) {
+        jdt_free(buf);
+        jdt_free(l);
+        fprintf(stderr, "jdt-train: --prompts: '%s' holds no prompt (one per line)\n", path);
+        return EXIT_USAGE;
+    }
+    *text = buf;
+    *list = l;
+    return EXIT_OK;
+}
+
 static int cmd_sample(const subcommand *cmd, cli_args *a)
 {
     if (!a->config_path) return usage_error(cmd, "missing CKPT%s", "");
+    if (a->n_overrides) return usage_error(cmd, "unexpected argument '%s'", a->overrides[0]);
     jdt_err e;
     jdt_err_clear(&e);
-    char *path = NULL;
+    char *path = NULL, *file_text = NULL;
+    char *empty[1] = {""};
+    char **prompts = a->n_prompts ? a->prompts : empty;
+    int n_prompts = a->n_prompts ? a->n_prompts : 1;
+    if (a->prompts_file) {
+        n_prompts = a->n_prompts;
+        int rc = read_prompts_file(cmd, a->prompts_file, &file_text, &prompts, &n_prompts);
+        if (rc) return rc;
+    }
     /* a run's checkpoint folder means its newest checkpoint; anything else is one checkpoint */
     jdt_status st = JDT_OK;
     if (jdt_ckpt_find_latest(a->config_path, &path, NULL, NULL) != JDT_OK) {
         path = jdt_strdup(a->config_path);
         if (!path) st = jdt_err_set(&e, JDT_ERR_NOMEM, "out of memory");
     }
+    jdt_sample_stats ss;
     if (st == JDT_OK) {
-        jdt_sample_opts o = {.prompt = a->prompt ? a->prompt : "", .length = a->length,
-                             .temperature = a->temperature, .top_k = (int)a->top_k,
-                             .seed = (uint64_t)a->seed};
-        st = jdt_sample_run(path, &o, stdout, &e);
+        jdt_sample_opts o = {
+            .prompts = (const char *const *)prompts, .n_prompts = n_prompts,
+            .max_new_tokens = a->length, .temperature = a->temperature, .top_k = (int)a->top_k,
+            .top_p = a->top_p, .seed = (uint64_t)a->seed, .stops = (const char *const *)a->stops,
+            .n_stops = a->n_stops, .ignore_eos = a->ignore_eos, .full_forward = a->no_kv_cache,
+            .context = !a->context || strcmp(a->context, "shift") == 0 ? JDT_SAMPLE_CONTEXT_SHIFT
+                       : strcmp(a->context, "window") == 0             ? JDT_SAMPLE_CONTEXT_WINDOW
+                                                                       : JDT_SAMPLE_CONTEXT_STOP};
+        st = jdt_sample_run(path, &o, stdout, &ss, &e);
     }
-    if (st != JDT_OK) fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    if (st == JDT_OK) {
+        const double ms_p = 1e3 * ss.prefill_s, ms_d = 1e3 * ss.decode_s;
+        fprintf(stderr,
+                "sample: prefill %lld tokens in %.1f ms (%.0f tokens/s); decode %lld tokens in "
+                "%.1f ms (%.0f tokens/s); %d sequence%s, ",
+                (long long)ss.n_prompt_tokens, ms_p,
+                ss.prefill_s > 0 ? (double)ss.n_prompt_tokens / ss.prefill_s : 0.0,
+                (long long)ss.n_new_tokens, ms_d,
+                ss.decode_s > 0 ? (double)ss.n_new_tokens / ss.decode_s : 0.0, ss.n_seqs,
+                ss.n_seqs == 1 ? "" : "s");
+        if (a->no_kv_cache)
+            fprintf(stderr, "full forward per token (no KV cache)\n");
+        else
+            fprintf(stderr, "KV cache %.1f %s, %d context re-run%s\n",
+                    (double)ss.cache_bytes / (ss.cache_bytes < (1 << 20) ? 1 << 10 : 1 << 20),
+                    ss.cache_bytes < (1 << 20) ? "KiB" : "MiB", ss.n_context_resets,
+                    ss.n_context_resets == 1 ? "" : "s");
+    } else {
+        fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    }
+    if (prompts != a->prompts && prompts != empty) jdt_free(prompts);
+    jdt_free(file_text);
     jdt_free(path);
     return exit_code(st);
 }

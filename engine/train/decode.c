@@ -51,10 +51,10 @@ struct jdt_decoder {
     float *rope_cos, *rope_sin; /* (T, D/2): angle p * theta^(-2i/D) */
     /* row scratch, room for cap_rows rows */
     int cap_rows;
-    int *row_pos;                                /* (n) position of each row */
-    int *sel;                                    /* (n) rows whose logits are asked for */
-    float *h, *a, *q, *k, *v, *att, *u, *g, *lg; /* (n, C|C|H*D|Hkv*D|Hkv*D|H*D|F|F|V) */
-    float *scores;                               /* (threads, T) softmax rows */
+    int *row_pos;                           /* (n) position of each row */
+    int *sel;                               /* (n) rows whose logits are asked for */
+    float *h, *a, *q, *k, *v, *att, *u, *g; /* (n, C|C|H*D|Hkv*D|Hkv*D|H*D|F|F) */
+    float *scores;                          /* (threads, T) softmax rows */
 };
 
 static const float *find_param(const jdt_model *m, float *const *data, const char *name, int ndim,
@@ -96,8 +96,8 @@ static jdt_status grow_rows(jdt_decoder *d, int n, jdt_err *e)
     while (cap < n)
         cap *= 2;
     const size_t HD = (size_t)d->H * d->D, KD = (size_t)d->Hkv * d->D, C = (size_t)d->C;
-    float **bufs[] = {&d->h, &d->a, &d->q, &d->k, &d->v, &d->att, &d->u, &d->g, &d->lg};
-    const size_t width[] = {C, C, HD, KD, KD, HD, (size_t)d->F, (size_t)d->F, (size_t)d->V};
+    float **bufs[] = {&d->h, &d->a, &d->q, &d->k, &d->v, &d->att, &d->u, &d->g};
+    const size_t width[] = {C, C, HD, KD, KD, HD, (size_t)d->F, (size_t)d->F};
     bool ok = true;
     for (size_t i = 0; i < JDT_ARRAY_LEN(bufs); i++) {
         jdt_free_aligned(*bufs[i]);
@@ -234,8 +234,8 @@ fail:
 void jdt_decoder_free(jdt_decoder *d)
 {
     if (!d) return;
-    float *bufs[] = {d->h, d->a,  d->q,  d->k,  d->v,      d->att,      d->u,
-                     d->g, d->lg, d->kc, d->vc, d->scores, d->rope_cos, d->rope_sin};
+    float *bufs[] = {d->h, d->a,  d->q,  d->k,      d->v,        d->att,     d->u,
+                     d->g, d->kc, d->vc, d->scores, d->rope_cos, d->rope_sin};
     for (size_t i = 0; i < JDT_ARRAY_LEN(bufs); i++)
         jdt_free_aligned(bufs[i]);
     jdt_free(d->row_pos);
@@ -467,17 +467,14 @@ jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int
         norm_rows(d, d->h, d->sel, n_sel, d->lnf_w, d->lnf_b, d->a);
         const int V = d->V;
         if (d->head) {
-            linear(d->a, d->head, NULL, d->lg, n_sel, C, V);
+            linear(d->a, d->head, NULL, logits, n_sel, C, V);
         } else if (n_sel == 1) {
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, V, C, 1.0f, d->wte, C, d->a, 1, 0.0f, d->lg,
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, V, C, 1.0f, d->wte, C, d->a, 1, 0.0f, logits,
                         1);
         } else {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_sel, V, C, 1.0f, d->a, C, d->wte,
-                        C, 0.0f, d->lg, V);
+                        C, 0.0f, logits, V);
         }
-        for (int i = 0; i < n_sel; i++)
-            memcpy(logits + (size_t)d->sel[i] * V, d->lg + (size_t)i * V,
-                   (size_t)V * sizeof(float));
     }
     for (int s = 0; s < d->S; s++)
         d->len[s] = d->next_len[s];

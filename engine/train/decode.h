@@ -34,8 +34,8 @@ jdt_status jdt_decoder_new(const jdt_config *cfg, const jdt_model *m, float *con
 
 /* Runs n rows: row r appends token toks[r] to sequence seqs[r] at that sequence's next position
  * (rows of one sequence are taken in order, so a prompt is n rows of one sequence; several
- * sequences may share one call). For every row r with want[r] (want NULL: every row) writes the
- * next-token logits to logits + r * V (logits: (n, V); other rows are left as they were).
+ * sequences may share one call). The next-token logits of the rows with want[r] set (want NULL:
+ * every row) are written packed, in row order, to logits: (number of wanted rows, V).
  * Errors leave every sequence as it was: ERR_INVALID (n < 1, a sequence index out of range, a
  * token outside [0, V), a sequence that would pass seq_len positions), ERR_NOMEM. */
 jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int32_t *toks,

@@ -29,7 +29,8 @@ check_model() { # name, overrides...
   expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name="$name" run.steps=2 run.eval_every=0 model.init_std=0.3 "$@"
   expect 0 "$BIN" export "$TMP/runs/$name/ckpt" --format hf "$TMP/hf_$name"
   grep -q "exported" "$TMP/out" || fail "$name: no export line"
-  expect 0 "$BIN" sample "$TMP/runs/$name/ckpt" --prompt "ab" --length 40 --temperature 0
+  # --context window: past seq_len every token sees exactly the last 32 tokens, as hf_ref.py does
+  expect 0 "$BIN" sample "$TMP/runs/$name/ckpt" --prompt "ab" --length 40 --temperature 0 --context window
   local ours; ours=$(head -c 42 "$TMP/out" | od -An -tu1 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
   "$PY" "$ROOT/tests/e2e/hf_ref.py" "$TMP/hf_$name" 40 97 98 >"$TMP/ref" 2>"$TMP/referr" ||
     { cat "$TMP/referr"; fail "$name: hf_ref.py failed"; }
