@@ -68,6 +68,7 @@ typedef struct {
     const char *context;         /* --context shift|window|stop */
     bool ignore_eos;             /* --ignore-eos */
     bool no_kv_cache;            /* --no-kv-cache: the full-forward reference path */
+    long threads;                /* sample --threads (0: the checkpoint's runtime.threads) */
     const char *format;          /* export --format */
     const char *out_path;        /* export OUT_DIR */
     int raw_argc;                /* the arguments after the subcommand (FLAG_RAW) */
@@ -139,7 +140,7 @@ static const subcommand SUBCOMMANDS[] = {
      "usage: jdt-train sample CKPT [--prompt TEXT ...] [--prompts FILE] [--max-new-tokens N]\n"
      "                             [--stop TEXT ...] [--temperature T] [--top-k K] [--top-p P]\n"
      "                             [--seed S] [--context shift|window|stop] [--ignore-eos]\n"
-     "                             [--no-kv-cache]\n"
+     "                             [--threads N] [--no-kv-cache]\n"
      "\n"
      "CKPT is a checkpoint directory (runs/NAME/ckpt/step_NNNNNN) or a run's checkpoint folder\n"
      "(the newest complete checkpoint in it is used). The model comes from the config stored\n"
@@ -161,6 +162,7 @@ static const subcommand SUBCOMMANDS[] = {
      "  --context MODE        past model.seq_len tokens: shift (default: keep the newest half,\n"
      "                        re-run it, go on), window (every token sees exactly the last\n"
      "                        seq_len tokens; slow past seq_len) or stop\n"
+     "  --threads N           CPU threads (default: the checkpoint's runtime.threads)\n"
      "  --no-kv-cache         run the whole forward graph per token (the reference path)\n",
      FLAG_SAMPLE, true},
     {"export", cmd_export, "write a checkpoint as a Hugging Face model directory",
@@ -289,7 +291,8 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
             } else if ((cmd->flags & FLAG_SAMPLE) &&
                        (strcmp(s, "--temperature") == 0 || strcmp(s, "--top-k") == 0 ||
                         strcmp(s, "--top-p") == 0 || strcmp(s, "--seed") == 0 ||
-                        strcmp(s, "--length") == 0 || strcmp(s, "--max-new-tokens") == 0)) {
+                        strcmp(s, "--length") == 0 || strcmp(s, "--max-new-tokens") == 0 ||
+                        strcmp(s, "--threads") == 0)) {
                 if (i + 1 >= argc) return usage_error(cmd, "%s needs a number", s);
                 const char *v = argv[++i];
                 char *end = NULL;
@@ -311,6 +314,9 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                     }
                     if (strcmp(s, "--top-k") == 0) a->top_k = x;
                     else if (strcmp(s, "--seed") == 0) a->seed = x;
+                    else if (strcmp(s, "--threads") == 0 && x > 1024)
+                        return usage_error(cmd, "--threads: expected 0 (the checkpoint's) to 1024, got '%s'", v);
+                    else if (strcmp(s, "--threads") == 0) a->threads = x;
                     else a->length = x;
                 }
             } else if ((cmd->flags & FLAG_EXPORT) && strcmp(s, "--format") == 0) {
@@ -705,6 +711,7 @@ static int cmd_sample(const subcommand *cmd, cli_args *a)
             .max_new_tokens = a->length, .temperature = a->temperature, .top_k = (int)a->top_k,
             .top_p = a->top_p, .seed = (uint64_t)a->seed, .stops = (const char *const *)a->stops,
             .n_stops = a->n_stops, .ignore_eos = a->ignore_eos, .full_forward = a->no_kv_cache,
+            .threads = (int)a->threads,
             .context = !a->context || strcmp(a->context, "shift") == 0 ? JDT_SAMPLE_CONTEXT_SHIFT
                        : strcmp(a->context, "window") == 0             ? JDT_SAMPLE_CONTEXT_WINDOW
                                                                        : JDT_SAMPLE_CONTEXT_STOP};

@@ -19,7 +19,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#define PAR_MIN_WORK 32768 /* below this many multiply-adds a parallel region costs more */
+#define PAR_MIN_WORK 32768 /* below this many elements a parallel region costs more */
+/* GEMM/GEMV work (multiply-adds) from which OpenBLAS gets the thread budget: one token of a
+ * small model (C=256: 65K-262K per matrix) runs faster on one thread than paying a parallel
+ * region per GEMV (and far faster on a loaded machine, where an idle worker spins in libgomp) */
+#define GEMM_PAR_MIN (1 << 20)
 
 typedef struct {
     const float *ln1_w, *ln1_b; /* (C); ln1_b NULL without a norm bias */
@@ -40,6 +44,7 @@ struct jdt_decoder {
     jdt_activation act;
     float eps;
     int threads;
+    int blas_threads;           /* what OpenBLAS was last set to */
     const float *wte;           /* (V, C) */
     const float *wpe;           /* (T, C); NULL with rope */
     const float *lnf_w, *lnf_b; /* (C) */
@@ -195,6 +200,7 @@ jdt_status jdt_decoder_new(const jdt_config *cfg, const jdt_model *m, float *con
     d->eps = (float)cfg->model.norm_eps;
     d->threads = threads > 0 ? threads : omp_get_max_threads();
     openblas_set_num_threads(d->threads); /* process-wide, as a program compile sets it */
+    d->blas_threads = d->threads;
     jdt_status st = JDT_OK;
     const size_t cache = (size_t)d->L * (size_t)d->S * (size_t)d->Hkv * (size_t)d->T * (size_t)d->D;
     d->layers = jdt_calloc((size_t)d->L, sizeof *d->layers);
@@ -261,9 +267,19 @@ int64_t jdt_decoder_cache_bytes(const jdt_decoder *d)
     return 2 * (int64_t)d->L * d->S * d->Hkv * d->T * d->D * (int64_t)sizeof(float);
 }
 
-/* y (n, out) = x (n, in) @ w (in, out) [+ b (out)] */
-static void linear(const float *x, const float *w, const float *b, float *y, int n, int in, int out)
+/* Gives OpenBLAS the thread budget for a product of `work` multiply-adds. */
+static void blas_threads(jdt_decoder *d, int64_t work)
 {
+    const int nt = work >= GEMM_PAR_MIN ? d->threads : 1;
+    if (nt != d->blas_threads) openblas_set_num_threads(nt);
+    d->blas_threads = nt;
+}
+
+/* y (n, out) = x (n, in) @ w (in, out) [+ b (out)] */
+static void linear(jdt_decoder *d, const float *x, const float *w, const float *b, float *y, int n,
+                   int in, int out)
+{
+    blas_threads(d, (int64_t)n * in * out);
     float beta = 0.0f;
     if (b) {
         for (int r = 0; r < n; r++)
@@ -288,6 +304,7 @@ static void norm_rows(const jdt_decoder *d, const float *x, const int *rows, int
         float *yr = y + (size_t)r * C;
         if (d->norm == JDT_NORM_RMSNORM) {
             float ms = 0;
+#pragma omp simd reduction(+ : ms)
             for (int c = 0; c < C; c++)
                 ms += xr[c] * xr[c];
             float rr = 1.0f / sqrtf(ms / (float)C + d->eps);
@@ -295,9 +312,11 @@ static void norm_rows(const jdt_decoder *d, const float *x, const int *rows, int
                 yr[c] = xr[c] * rr * w[c];
         } else {
             float mean = 0, var = 0;
+#pragma omp simd reduction(+ : mean)
             for (int c = 0; c < C; c++)
                 mean += xr[c];
             mean /= (float)C;
+#pragma omp simd reduction(+ : var)
             for (int c = 0; c < C; c++)
                 var += (xr[c] - mean) * (xr[c] - mean);
             float rstd = 1.0f / sqrtf(var / (float)C + d->eps);
@@ -339,7 +358,7 @@ static void attend(jdt_decoder *d, int l, const int *seqs, int n)
     for (int r = 0; r < n; r++)
         work += (int64_t)(d->row_pos[r] + 1) * H * D;
 #pragma omp parallel for collapse(2) schedule(dynamic, 4)                                          \
-    num_threads(d->threads) if (work >= PAR_MIN_WORK)
+    num_threads(d->threads) if (work >= GEMM_PAR_MIN / 4)
     for (int r = 0; r < n; r++) {
         for (int hh = 0; hh < H; hh++) {
             float *s = d->scores + (size_t)omp_get_thread_num() * d->T;
@@ -351,6 +370,7 @@ static void attend(jdt_decoder *d, int l, const int *seqs, int n)
             for (int j = 0; j < np; j++) {
                 float dot = 0;
                 const float *kj = K + (size_t)j * D;
+#pragma omp simd reduction(+ : dot)
                 for (int c = 0; c < D; c++)
                     dot += q[c] * kj[c];
                 s[j] = dot * scale;
@@ -437,9 +457,9 @@ jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int
     for (int l = 0; l < d->L; l++) {
         const dec_layer *y = &d->layers[l];
         norm_rows(d, d->h, NULL, n, y->ln1_w, y->ln1_b, d->a);
-        linear(d->a, y->wq, y->bq, d->q, n, C, HD);
-        linear(d->a, y->wk, y->bk, d->k, n, C, KD);
-        linear(d->a, y->wv, y->bv, d->v, n, C, KD);
+        linear(d, d->a, y->wq, y->bq, d->q, n, C, HD);
+        linear(d, d->a, y->wk, y->bk, d->k, n, C, KD);
+        linear(d, d->a, y->wv, y->bv, d->v, n, C, KD);
         if (d->pos_kind == JDT_POS_ROPE) {
             rope_rows(d, d->q, n, d->H);
             rope_rows(d, d->k, n, d->Hkv);
@@ -451,13 +471,13 @@ jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int
                 memcpy(d->vc + o, d->v + ((size_t)r * d->Hkv + hk) * D, (size_t)D * sizeof(float));
             }
         attend(d, l, seqs, n);
-        linear(d->att, y->wo, y->bo, d->a, n, HD, C);
+        linear(d, d->att, y->wo, y->bo, d->a, n, HD, C);
         add_into(d->h, d->a, (int64_t)n * C);
         norm_rows(d, d->h, NULL, n, y->ln2_w, y->ln2_b, d->a);
-        linear(d->a, y->w1, y->b1, d->u, n, C, F);
-        if (y->w3) linear(d->a, y->w3, y->b3, d->g, n, C, F);
+        linear(d, d->a, y->w1, y->b1, d->u, n, C, F);
+        if (y->w3) linear(d, d->a, y->w3, y->b3, d->g, n, C, F);
         activate(d, n);
-        linear(d->u, y->w2, y->b2, d->a, n, F, C);
+        linear(d, d->u, y->w2, y->b2, d->a, n, F, C);
         add_into(d->h, d->a, (int64_t)n * C);
     }
     int n_sel = 0;
@@ -467,11 +487,13 @@ jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int
         norm_rows(d, d->h, d->sel, n_sel, d->lnf_w, d->lnf_b, d->a);
         const int V = d->V;
         if (d->head) {
-            linear(d->a, d->head, NULL, logits, n_sel, C, V);
+            linear(d, d->a, d->head, NULL, logits, n_sel, C, V);
         } else if (n_sel == 1) {
+            blas_threads(d, (int64_t)V * C);
             cblas_sgemv(CblasRowMajor, CblasNoTrans, V, C, 1.0f, d->wte, C, d->a, 1, 0.0f, logits,
                         1);
         } else {
+            blas_threads(d, (int64_t)n_sel * V * C);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_sel, V, C, 1.0f, d->a, C, d->wte,
                         C, 0.0f, logits, V);
         }

@@ -407,9 +407,11 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
         sp.m.y->data = sp.y;
         jdt_compile_opts co;
         jdt_train_compile_opts(cfg, &co);
+        if (o->threads > 0) co.threads = o->threads;
         if ((st = jdt_program_compile(sp.g, &co, &sp.prog, e)) != JDT_OK) goto out;
     } else {
-        st = jdt_decoder_new(cfg, &sp.m, sp.params, S, cfg->runtime.threads, &sp.dec, e);
+        st = jdt_decoder_new(cfg, &sp.m, sp.params, S,
+                             o->threads > 0 ? o->threads : cfg->runtime.threads, &sp.dec, e);
         if (st != JDT_OK) goto out;
     }
 

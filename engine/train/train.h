@@ -170,6 +170,7 @@ typedef struct {
     jdt_sample_context context; /* past model.seq_len tokens */
     bool full_forward;          /* the reference path: the whole forward graph per token, no
                                  * KV cache (for checks and benchmarks) */
+    int threads;                /* 0: the checkpoint's runtime.threads (0 there: all cores) */
 } jdt_sample_opts;
 
 typedef struct {

@@ -120,6 +120,7 @@ bad "--prompts: cannot read '$TMP/nope'" --prompts "$TMP/nope"
 bad "holds no prompt" --prompts "$TMP/empty"
 bad "--prompt needs text" --prompt
 bad "unknown option '--beam'" --beam 4
+bad "--threads: expected 0 (the checkpoint's) to 1024" --threads 5000
 expect 0 "$BIN" configs/mlp.yaml "$O" run.steps=2 run.eval_every=0 checkpoint.every=2
 expect 2 "$BIN" sample "$TMP/runs/mlp/ckpt" --prompt "ab"
 [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "not autoregressive" "$TMP/err" || { cat "$TMP/err"; fail "mlp checkpoint message"; }
