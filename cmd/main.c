@@ -69,6 +69,7 @@ typedef struct {
     bool ignore_eos;             /* --ignore-eos */
     bool no_kv_cache;            /* --no-kv-cache: the full-forward reference path */
     long threads;                /* sample --threads (0: the checkpoint's runtime.threads) */
+    long batch;                  /* sample --batch (0: JDT_SAMPLE_DEFAULT_BATCH) */
     const char *format;          /* export --format */
     const char *out_path;        /* export OUT_DIR */
     int raw_argc;                /* the arguments after the subcommand (FLAG_RAW) */
@@ -140,7 +141,7 @@ static const subcommand SUBCOMMANDS[] = {
      "usage: jdt-train sample CKPT [--prompt TEXT ...] [--prompts FILE] [--max-new-tokens N]\n"
      "                             [--stop TEXT ...] [--temperature T] [--top-k K] [--top-p P]\n"
      "                             [--seed S] [--context shift|window|stop] [--ignore-eos]\n"
-     "                             [--threads N] [--no-kv-cache]\n"
+     "                             [--batch N] [--threads N] [--no-kv-cache]\n"
      "\n"
      "CKPT is a checkpoint directory (runs/NAME/ckpt/step_NNNNNN) or a run's checkpoint folder\n"
      "(the newest complete checkpoint in it is used). The model comes from the config stored\n"
@@ -162,6 +163,8 @@ static const subcommand SUBCOMMANDS[] = {
      "  --context MODE        past model.seq_len tokens: shift (default: keep the newest half,\n"
      "                        re-run it, go on), window (every token sees exactly the last\n"
      "                        seq_len tokens; slow past seq_len) or stop\n"
+     "  --batch N             sequences decoded together at most (default 32); the others\n"
+     "                        wait for a finished one's place\n"
      "  --threads N           CPU threads (default: the checkpoint's runtime.threads)\n"
      "  --no-kv-cache         run the whole forward graph per token (the reference path)\n",
      FLAG_SAMPLE, true},
@@ -292,7 +295,7 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                        (strcmp(s, "--temperature") == 0 || strcmp(s, "--top-k") == 0 ||
                         strcmp(s, "--top-p") == 0 || strcmp(s, "--seed") == 0 ||
                         strcmp(s, "--length") == 0 || strcmp(s, "--max-new-tokens") == 0 ||
-                        strcmp(s, "--threads") == 0)) {
+                        strcmp(s, "--threads") == 0 || strcmp(s, "--batch") == 0)) {
                 if (i + 1 >= argc) return usage_error(cmd, "%s needs a number", s);
                 const char *v = argv[++i];
                 char *end = NULL;
@@ -317,6 +320,9 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                     else if (strcmp(s, "--threads") == 0 && x > 1024)
                         return usage_error(cmd, "--threads: expected 0 (the checkpoint's) to 1024, got '%s'", v);
                     else if (strcmp(s, "--threads") == 0) a->threads = x;
+                    else if (strcmp(s, "--batch") == 0 && (x < 1 || x > 4096))
+                        return usage_error(cmd, "--batch: expected 1 to 4096 sequences, got '%s'", v);
+                    else if (strcmp(s, "--batch") == 0) a->batch = x;
                     else a->length = x;
                 }
             } else if ((cmd->flags & FLAG_EXPORT) && strcmp(s, "--format") == 0) {
@@ -711,7 +717,7 @@ static int cmd_sample(const subcommand *cmd, cli_args *a)
             .max_new_tokens = a->length, .temperature = a->temperature, .top_k = (int)a->top_k,
             .top_p = a->top_p, .seed = (uint64_t)a->seed, .stops = (const char *const *)a->stops,
             .n_stops = a->n_stops, .ignore_eos = a->ignore_eos, .full_forward = a->no_kv_cache,
-            .threads = (int)a->threads,
+            .threads = (int)a->threads, .max_batch = (int)a->batch,
             .context = !a->context || strcmp(a->context, "shift") == 0 ? JDT_SAMPLE_CONTEXT_SHIFT
                        : strcmp(a->context, "window") == 0             ? JDT_SAMPLE_CONTEXT_WINDOW
                                                                        : JDT_SAMPLE_CONTEXT_STOP};
@@ -721,12 +727,14 @@ static int cmd_sample(const subcommand *cmd, cli_args *a)
         const double ms_p = 1e3 * ss.prefill_s, ms_d = 1e3 * ss.decode_s;
         fprintf(stderr,
                 "sample: prefill %lld tokens in %.1f ms (%.0f tokens/s); decode %lld tokens in "
-                "%.1f ms (%.0f tokens/s); %d sequence%s, ",
+                "%.1f ms (%.0f tokens/s); %d sequence%s",
                 (long long)ss.n_prompt_tokens, ms_p,
                 ss.prefill_s > 0 ? (double)ss.n_prompt_tokens / ss.prefill_s : 0.0,
                 (long long)ss.n_new_tokens, ms_d,
                 ss.decode_s > 0 ? (double)ss.n_new_tokens / ss.decode_s : 0.0, ss.n_seqs,
                 ss.n_seqs == 1 ? "" : "s");
+        if (ss.batch < ss.n_seqs) fprintf(stderr, " (%d at a time)", ss.batch);
+        fprintf(stderr, ", ");
         if (a->no_kv_cache)
             fprintf(stderr, "full forward per token (no KV cache)\n");
         else

@@ -35,6 +35,8 @@ typedef struct {
     size_t n_text, cap_text;
     size_t emitted; /* bytes of text written to out */
     long n_new;     /* tokens generated */
+    int slot;       /* while decoding: its decoder sequence and logits row; else -1 */
+    bool started;   /* admitted to a slot (its prompt is or was being decoded) */
     bool done;
 } seq;
 
@@ -53,14 +55,20 @@ typedef struct {
     jdt_decoder *dec;  /* fast path only */
     int S;
     seq *seqs;        /* (S) */
-    float *logits;    /* (S, V): each sequence's next-token logits */
+    int n_slots;      /* sequences decoded together at most */
+    int *slot_seq;    /* (n_slots) the sequence in each slot, or -1 */
+    float *logits;    /* (n_slots, V): each slot's next-token logits, then (n_slots, V) scratch */
     float *probs;     /* (V) */
     int *order;       /* (V) top-p ordering */
-    int *row_seq;     /* fast path rows: (S * T) */
-    int32_t *row_tok; /* (S * T) */
-    bool *row_want;   /* (S * T) */
+    int *row_seq;     /* fast path rows: (n_slots * T) */
+    int32_t *row_tok; /* (n_slots * T) */
+    bool *row_want;   /* (n_slots * T) */
     int n_resets;
 } sampler;
+
+/* Rows per decoder call at most: a big batch of long prompts is prefilled in pieces, so the
+ * activations stay small (the cache itself is sized by the batch) */
+#define MAX_ROWS_PER_CALL 512
 
 static int cmp_prob_desc(const void *a, const void *b, void *ctx)
 {
@@ -182,22 +190,33 @@ static jdt_status encode_prompt(sampler *sp, int i, seq *sq, jdt_err *e)
     return JDT_OK;
 }
 
-/* Runs the model once for every unfinished sequence: sp->logits row s = the next-token logits
- * after ctx[base..n) of sequence s. */
+/* Admits waiting sequences (prompt order) to free slots, then runs the model once for every
+ * admitted, unfinished sequence: logits row slot = the next-token logits after ctx[base..n). */
 static jdt_status step(sampler *sp, jdt_err *e)
 {
     const int V = sp->V, T = sp->T;
     jdt_status st;
+    for (int s = 0, k = 0; s < sp->S && k < sp->n_slots; s++) {
+        seq *sq = &sp->seqs[s];
+        if (sq->started || sq->done) continue;
+        while (k < sp->n_slots && sp->slot_seq[k] >= 0)
+            k++;
+        if (k == sp->n_slots) break;
+        sp->slot_seq[k] = s;
+        sq->slot = k;
+        sq->started = true;
+        sq->fed = 0;
+    }
     if (sp->prog) {
         for (int s = 0; s < sp->S; s++) {
             seq *sq = &sp->seqs[s];
-            if (sq->done) continue;
+            if (!sq->started || sq->done) continue;
             const size_t len = sq->n - sq->base;
             memset(sp->x, 0, (size_t)T * sizeof *sp->x);
             memcpy(sp->x, sq->ctx + sq->base, len * sizeof *sp->x);
             if ((st = jdt_program_run(sp->prog, e)) != JDT_OK) return st;
             const float *lg = jdt_program_output(sp->prog, 0);
-            memcpy(sp->logits + (size_t)s * V, lg + (len - 1) * (size_t)V,
+            memcpy(sp->logits + (size_t)sq->slot * V, lg + (len - 1) * (size_t)V,
                    (size_t)V * sizeof(float));
         }
         return JDT_OK;
@@ -205,27 +224,35 @@ static jdt_status step(sampler *sp, jdt_err *e)
     int n = 0;
     for (int s = 0; s < sp->S; s++) {
         seq *sq = &sp->seqs[s];
-        if (sq->done) continue;
+        if (!sq->started || sq->done) continue;
         if (sq->fed_base != sq->base || sq->fed == 0) { /* first run, or the context moved */
             if (sq->fed) sp->n_resets++;
-            jdt_decoder_reset(sp->dec, s);
+            jdt_decoder_reset(sp->dec, sq->slot);
             sq->fed_base = sq->fed = sq->base;
         }
         for (size_t k = sq->fed; k < sq->n; k++) {
-            sp->row_seq[n] = s;
+            sp->row_seq[n] = sq->slot;
             sp->row_tok[n] = sq->ctx[k];
             sp->row_want[n++] = k + 1 == sq->n;
         }
         sq->fed = sq->n;
     }
-    float *packed = sp->logits + (size_t)sp->S * V; /* the second half: (S, V) scratch */
-    if ((st = jdt_decoder_forward(sp->dec, n, sp->row_seq, sp->row_tok, sp->row_want, packed, e)) !=
-        JDT_OK)
-        return st;
+    float *packed = sp->logits + (size_t)sp->n_slots * V; /* wanted rows, in row order */
+    for (int r0 = 0, n_out = 0; r0 < n; r0 += MAX_ROWS_PER_CALL) {
+        const int c = n - r0 < MAX_ROWS_PER_CALL ? n - r0 : MAX_ROWS_PER_CALL;
+        st = jdt_decoder_forward(sp->dec, c, sp->row_seq + r0, sp->row_tok + r0, sp->row_want + r0,
+                                 packed + (size_t)n_out * V, e);
+        if (st != JDT_OK) return st;
+        for (int r = r0; r < r0 + c; r++)
+            n_out += sp->row_want[r];
+    }
     int k = 0;
-    for (int s = 0; s < sp->S; s++)
-        if (!sp->seqs[s].done)
-            memcpy(sp->logits + (size_t)s * V, packed + (size_t)k++ * V, (size_t)V * sizeof(float));
+    for (int s = 0; s < sp->S; s++) {
+        const seq *sq = &sp->seqs[s];
+        if (sq->started && !sq->done)
+            memcpy(sp->logits + (size_t)sq->slot * V, packed + (size_t)k++ * V,
+                   (size_t)V * sizeof(float));
+    }
     return JDT_OK;
 }
 
@@ -387,16 +414,22 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
         sp.eot = jdt_bpe_special_id(sp.tok, "<|endoftext|>");
     }
     const int S = sp.S, V = sp.V, T = sp.T;
+    const int max_batch = o->max_batch > 0 ? o->max_batch : JDT_SAMPLE_DEFAULT_BATCH;
+    sp.n_slots = S < max_batch ? S : max_batch;
+    const size_t NS = (size_t)sp.n_slots;
     sp.seqs = jdt_calloc((size_t)S, sizeof *sp.seqs);
-    sp.logits = jdt_calloc(2 * (size_t)S * (size_t)V, sizeof *sp.logits);
+    sp.slot_seq = jdt_calloc(NS, sizeof *sp.slot_seq);
+    sp.logits = jdt_calloc(2 * NS * (size_t)V, sizeof *sp.logits);
     sp.probs = jdt_calloc((size_t)V, sizeof *sp.probs);
     sp.order = jdt_calloc((size_t)V, sizeof *sp.order);
-    sp.row_seq = jdt_calloc((size_t)S * (size_t)T, sizeof *sp.row_seq);
-    sp.row_tok = jdt_calloc((size_t)S * (size_t)T, sizeof *sp.row_tok);
-    sp.row_want = jdt_calloc((size_t)S * (size_t)T, sizeof *sp.row_want);
-    if (!sp.seqs || !sp.logits || !sp.probs || !sp.order || !sp.row_seq || !sp.row_tok ||
-        !sp.row_want)
+    sp.row_seq = jdt_calloc(NS * (size_t)T, sizeof *sp.row_seq);
+    sp.row_tok = jdt_calloc(NS * (size_t)T, sizeof *sp.row_tok);
+    sp.row_want = jdt_calloc(NS * (size_t)T, sizeof *sp.row_want);
+    if (!sp.seqs || !sp.slot_seq || !sp.logits || !sp.probs || !sp.order || !sp.row_seq ||
+        !sp.row_tok || !sp.row_want)
         goto oom;
+    for (int k = 0; k < sp.n_slots; k++)
+        sp.slot_seq[k] = -1;
     for (int s = 0; s < S; s++)
         if ((st = encode_prompt(&sp, s, &sp.seqs[s], e)) != JDT_OK) goto out;
     if (o->full_forward) {
@@ -410,22 +443,24 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
         if (o->threads > 0) co.threads = o->threads;
         if ((st = jdt_program_compile(sp.g, &co, &sp.prog, e)) != JDT_OK) goto out;
     } else {
-        st = jdt_decoder_new(cfg, &sp.m, sp.params, S,
+        st = jdt_decoder_new(cfg, &sp.m, sp.params, sp.n_slots,
                              o->threads > 0 ? o->threads : cfg->runtime.threads, &sp.dec, e);
         if (st != JDT_OK) goto out;
     }
 
     const bool one = S == 1;
     if (one) fwrite(o->prompts[0], 1, strlen(o->prompts[0]), out);
-    int64_t n_prompt_tokens = 0;
     for (int s = 0; s < S; s++) {
-        n_prompt_tokens += (int64_t)(sp.seqs[s].n - sp.seqs[s].base);
+        sp.seqs[s].slot = -1;
         if (o->max_new_tokens <= 0) sp.seqs[s].done = true;
     }
     const double t0 = jdt_now_s();
     bool any = o->max_new_tokens > 0;
     if (any && (st = step(&sp, e)) != JDT_OK) goto out;
     const double t1 = jdt_now_s();
+    int64_t n_prompt_tokens = 0; /* the first batch's; later prompts' prefill counts as decode */
+    for (int s = 0; s < S; s++)
+        if (sp.seqs[s].started) n_prompt_tokens += (int64_t)(sp.seqs[s].n - sp.seqs[s].base);
     int next_print = 0;
     int64_t n_new = 0;
     while (true) {
@@ -433,10 +468,16 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
         for (int s = 0; s < S; s++) {
             seq *sq = &sp.seqs[s];
             if (sq->done) continue;
-            int t = pick_token(&sp, sp.logits + (size_t)s * V, s, sq->n_new);
-            if ((st = append_token(&sp, s, t, e)) != JDT_OK) goto out;
-            n_new++;
-            if (one) stream_text(&sp, sq, out);
+            if (sq->started) {
+                int t = pick_token(&sp, sp.logits + (size_t)sq->slot * V, s, sq->n_new);
+                if ((st = append_token(&sp, s, t, e)) != JDT_OK) goto out;
+                n_new++;
+                if (one) stream_text(&sp, sq, out);
+                if (sq->done) { /* its slot takes the next waiting prompt */
+                    sp.slot_seq[sq->slot] = -1;
+                    sq->slot = -1;
+                }
+            }
             any = any || !sq->done;
         }
         for (; !one && next_print < S && sp.seqs[next_print].done; next_print++) {
@@ -454,6 +495,7 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
     fflush(out);
     if (stats) {
         stats->n_seqs = S;
+        stats->batch = sp.n_slots;
         stats->n_prompt_tokens = n_prompt_tokens;
         stats->prefill_s = t1 - t0;
         stats->n_new_tokens = n_new;

@@ -153,6 +153,8 @@ typedef enum {
     JDT_SAMPLE_CONTEXT_STOP,   /* the sequence ends once its context is full */
 } jdt_sample_context;
 
+#define JDT_SAMPLE_DEFAULT_BATCH 32
+
 /* Text generation from a checkpoint. */
 typedef struct {
     const char *const *prompts; /* (n_prompts) texts to condition on; "" starts from a newline
@@ -171,14 +173,18 @@ typedef struct {
     bool full_forward;          /* the reference path: the whole forward graph per token, no
                                  * KV cache (for checks and benchmarks) */
     int threads;                /* 0: the checkpoint's runtime.threads (0 there: all cores) */
+    int max_batch;              /* sequences decoded together at most (0: the default); more
+                                 * prompts wait and take the slot of one that finishes */
 } jdt_sample_opts;
 
 typedef struct {
     int n_seqs;
-    int64_t n_prompt_tokens; /* tokens prefilled (prompts, cut to seq_len) */
-    double prefill_s;        /* wall time of the prefill */
+    int batch;               /* sequences decoded together at most */
+    int64_t n_prompt_tokens; /* prompt tokens of the first batch (cut to seq_len) */
+    double prefill_s;        /* wall time of the first batch's prefill */
     int64_t n_new_tokens;    /* tokens generated, every sequence together */
-    double decode_s;         /* wall time from the end of the prefill to the last token */
+    double decode_s;         /* wall time from the end of the prefill to the last token (the
+                              * prefill of prompts admitted later included) */
     int n_context_resets;    /* re-runs of a sequence's context past seq_len (shift/window) */
     int64_t cache_bytes;     /* KV cache; 0 with full_forward */
 } jdt_sample_stats;
@@ -186,7 +192,8 @@ typedef struct {
 /* Loads the checkpoint at ckpt_path (its stored config gives the model and the tokenizer) and
  * generates up to o->max_new_tokens tokens after each prompt: the prompts are prefilled once
  * into a KV cache (engine/train/decode.h), then every step decodes one token of each unfinished
- * sequence. With one prompt, out gets the prompt and the generated text as it is made (text
+ * sequence; at most o->max_batch sequences at a time (continuous batching: a finished one's
+ * slot is given to the next waiting prompt, which is prefilled in the same step). With one prompt, out gets the prompt and the generated text as it is made (text
  * that may begin a stop sequence is held back until it is decided), then a newline; with
  * several, each sample is printed whole in prompt order, headed "==> sample i/n <==".
  * A sequence ends at max_new_tokens, a stop sequence, the tokenizer's <|endoftext|> (unless

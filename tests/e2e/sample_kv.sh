@@ -3,7 +3,8 @@
 # (--no-kv-cache: the whole forward graph per token) on a GPT-2-style and a Llama-style tiny
 # checkpoint (layernorm/learned/gelu/bias/tied; rmsnorm/rope/swiglu/GQA/untied/no bias): greedy
 # text identical under every --context mode, past seq_len too; batch sampling (--prompt
-# repeated, --prompts FILE) gives each prompt the text it gets alone; --stop cuts the text at the
+# repeated, --prompts FILE; --batch 2 reusing a finished sequence's slot) gives each prompt the
+# text it gets alone; --stop cuts the text at the
 # stop sequence; --context stop ends at seq_len; --max-new-tokens 0; the same seed gives the same
 # text; the tokens/s line on stderr. Bad flags, an unreadable prompts file and an mlp checkpoint
 # each give one line and exit 2.
@@ -48,6 +49,9 @@ $(od -An -tu1 "$TMP/out" | head -3)"
   printf 'xyz\n\nhello\r\n' > "$TMP/prompts"
   expect 0 "$BIN" sample "$CK" --prompt "ab" --prompts "$TMP/prompts" --max-new-tokens 20 --temperature 0
   cp "$TMP/out" "$TMP/batch"
+  expect 0 "$BIN" sample "$CK" --prompt "ab" --prompts "$TMP/prompts" --max-new-tokens 20 --temperature 0 --batch 2
+  cmp -s "$TMP/out" "$TMP/batch" || fail "$name: --batch 2 (a slot reused) prints other text than one batch of 3"
+  grep -q "3 sequences (2 at a time)" "$TMP/err" || fail "$name --batch 2: $(cat "$TMP/err")"
   grep -q "decode 60 tokens" "$TMP/err" || fail "$name batch: expected 60 decoded tokens: $(cat "$TMP/err")"
   grep -q "3 sequences" "$TMP/err" || fail "$name batch: $(cat "$TMP/err")"
   i=0
@@ -63,7 +67,7 @@ want = alone  # the prompt, the text, a newline
 assert batch[start:start + len(want)] == want, (batch[start:start + len(want)], want)
 PY
   done
-  echo "$name: 3 prompts as one batch print what each prints alone"
+  echo "$name: 3 prompts as one batch, or 2 at a time, print what each prints alone"
 
   # stop sequences: take a printable piece of the greedy text and stop there
   expect 0 "$BIN" sample "$CK" --prompt "ab" --max-new-tokens 30 --temperature 0
@@ -90,6 +94,15 @@ PY
 done
 
 CK=$TMP/runs/gpt2/ckpt
+# 24 prompts of 29 bytes in one batch: a 696-row prefill, split over decoder calls (and context
+# shifts: 29 + 5 > seq_len 32)
+for ((i = 0; i < 24; i++)); do printf 'prompt %02d of the long batch..\n' $i; done > "$TMP/many"
+expect 0 "$BIN" sample "$CK" --prompts "$TMP/many" --max-new-tokens 5 --temperature 0 --batch 24
+cp "$TMP/out" "$TMP/many24"
+grep -q "prefill 696 tokens" "$TMP/err" || fail "24 prompts: $(cat "$TMP/err")"
+expect 0 "$BIN" sample "$CK" --prompts "$TMP/many" --max-new-tokens 5 --temperature 0 --batch 1
+cmp -s "$TMP/out" "$TMP/many24" || fail "24 prompts: one batch and one at a time differ"
+echo "24 prompts (696 prefill rows in pieces) print the same as one at a time"
 expect 0 "$BIN" sample "$CK" --prompt "hey" --max-new-tokens 0
 [ "$(cat "$TMP/out")" = "hey" ] || fail "--max-new-tokens 0 should print the prompt only"
 expect 0 "$BIN" sample "$CK" --prompt "ab" --length 40 --seed 9 --top-k 20 --top-p 0.9
@@ -120,6 +133,7 @@ bad "--prompts: cannot read '$TMP/nope'" --prompts "$TMP/nope"
 bad "holds no prompt" --prompts "$TMP/empty"
 bad "--prompt needs text" --prompt
 bad "unknown option '--beam'" --beam 4
+bad "--batch: expected 1 to 4096" --batch 0
 bad "--threads: expected 0 (the checkpoint's) to 1024" --threads 5000
 expect 0 "$BIN" configs/mlp.yaml "$O" run.steps=2 run.eval_every=0 checkpoint.every=2
 expect 2 "$BIN" sample "$TMP/runs/mlp/ckpt" --prompt "ab"
