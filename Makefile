@@ -51,7 +51,7 @@ CFLAGS   += -std=c11 $(OPT) $(WARN) -fopenmp -pthread $(PKG_CFLAGS)
 LDLIBS   += $(PKG_LIBS) -ldl -lm -fopenmp -pthread
 LDFLAGS  += $(LDSAN)
 
-LIB_SRCS := $(wildcard engine/*/*.c) $(wildcard models/*.c) $(wildcard datasets/*.c)
+LIB_SRCS := $(wildcard engine/*/*.c) $(wildcard engine/backend/cpu/*.c) engine/backend/cuda/emit.c $(wildcard models/*.c) $(wildcard datasets/*.c)
 
 ifeq ($(CUDA),1)
 CUDA_HOME ?= /usr/local/cuda

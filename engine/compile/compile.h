@@ -47,6 +47,9 @@ typedef struct {
      * Not called with opts.no_jit (the interpreter has no steps). */
     void (*trace)(void *ctx, const char *name, double t_start_s, double t_end_s);
     void *trace_ctx;
+    /* The device the program runs on (engine/backend/backend.h); NULL: the CPU. A CUDA
+     * device keeps leaves in device memory (see backend.h for how host buffers relate). */
+    struct jdt_device *device;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */
@@ -74,7 +77,8 @@ typedef struct jdt_program jdt_program;
 /* Compiles g into an executable program. Returns JDT_OK and sets *out (owned by the caller,
  * release with jdt_program_free); on failure *out is NULL and e names the cause:
  * ERR_UNSUPPORTED (op/dtype without a CPU kernel, naming the op and node), ERR_COMPILE (the C
- * compiler failed or is missing; its output is saved to a log file named in the message),
+ * compiler failed or is missing; its output is saved to a log file named in the message;
+ * NVRTC's log for the CUDA backend),
  * ERR_TIMEOUT (the compiler ran longer than opts.cc_timeout_s and was killed; log named),
  * ERR_IO (cache directory), ERR_NOMEM. g must stay alive and unchanged while the program
  * lives (leaf tensors are read at every run). opts may be NULL (defaults). */
@@ -87,9 +91,17 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
 jdt_status jdt_program_run(jdt_program *p, jdt_err *e);
 
 /* Pointer to graph output i after a run (row-major, the output tensor's dtype and shape);
- * valid until the next run or jdt_program_free. NULL if i is out of range. The memory is owned
- * by the program (or is the bound leaf when the output is a leaf/updated leaf). */
+ * valid until the next run or jdt_program_free. NULL if i is out of range, or when the program
+ * runs on a device whose memory the host cannot address (CUDA): use jdt_program_read_output.
+ * The memory is owned by the program (or is the bound leaf when the output is a leaf/updated
+ * leaf). */
 const void *jdt_program_output(const jdt_program *p, int i);
+
+/* Copies the first n_bytes of graph output i after a run into host memory dst, on any device
+ * (waits for the run to finish). ERR_INVALID when i is out of range or n_bytes exceeds the
+ * output; ERR_RUNTIME naming the device error. */
+jdt_status jdt_program_read_output(const jdt_program *p, int i, void *dst, size_t n_bytes,
+                                   jdt_err *e);
 
 /* Statistics of the compilation (never NULL for a live program). */
 const jdt_compile_stats *jdt_program_stats(const jdt_program *p);

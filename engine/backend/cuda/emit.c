@@ -1,0 +1,2 @@
+/* placeholder */
+typedef int jdt_cuda_emit_placeholder;
