@@ -16,6 +16,9 @@ SANITIZE ?= 0
 CUDA    ?= 0
 WERROR  ?= 1
 
+ifeq ($(CUDA),1)
+BUILD   ?= build-cuda
+endif
 ifeq ($(SANITIZE),1)
 BUILD   ?= build-asan
 OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
@@ -54,10 +57,13 @@ LDFLAGS  += $(LDSAN)
 LIB_SRCS := $(wildcard engine/*/*.c) $(wildcard engine/backend/cpu/*.c) engine/backend/cuda/emit.c $(wildcard models/*.c) $(wildcard datasets/*.c)
 
 ifeq ($(CUDA),1)
+# The CUDA backend's run-time half (the emitter is in every build). Links the CUDA runtime,
+# NVRTC and cuBLASLt only: no -lcuda, no -lnccl (NCCL is dlopen'ed), so the binary starts on
+# machines without a GPU driver and says so in one line.
 CUDA_HOME ?= /usr/local/cuda
 CPPFLAGS  += -DJDT_CUDA=1 -I$(CUDA_HOME)/include
-LIB_SRCS  += $(wildcard engine/runtime/cuda/*.c)
-LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnvrtc -lcublas -lcublasLt -lcuda -lnccl
+LIB_SRCS  += $(filter-out engine/backend/cuda/emit.c,$(wildcard engine/backend/cuda/*.c))
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnvrtc -lcublasLt
 endif
 
 CMD_SRCS  := $(wildcard cmd/*.c)
@@ -130,6 +136,6 @@ format:
 	clang-format -i $(LIB_SRCS) $(CMD_SRCS) $(UNIT_SRCS) $(wildcard engine/*/*.h)
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-cuda
 
 -include $(LIB_OBJS:.o=.d) $(CMD_OBJS:.o=.d) $(TU_OBJS:.o=.d) $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/obj/tests/unit/%.d)

@@ -12,6 +12,7 @@
 #include "core/core.h"
 #include "datasets/datasets.h"
 #include "world/world.h"
+#include "backend/backend.h"
 #include "io/ckpt.h"
 #include "train/train.h"
 
@@ -427,6 +428,7 @@ static jdt_status join_job(jdt_config *c, jdt_dist **out, jdt_err *e)
     jdt_status st = jdt_world_resolve(c, environ, &w, e);
     if (st) return st;
     c->runtime.threads = jdt_world_threads(&w, c->runtime.threads);
+    c->dist.local_rank = w.local_rank; /* picks this process's GPU (runtime.backend cuda) */
     return jdt_world_connect(&w, c, out, e);
 }
 
@@ -439,9 +441,9 @@ static int cmd_train(const subcommand *cmd, cli_args *a)
     JDT_INFO("jdt-train %s: %s, %s, %.2fM parameters, %lld steps", JDT_VERSION_STRING, c.path,
              jdt_config_choice_name("model.type", (int)c.model.type),
              (double)jdt_config_param_count(&c) / 1e6, (long long)c.run.steps);
-    if (c.runtime.backend != JDT_BACKEND_CPU) {
-        fprintf(stderr, "jdt-train: config error: runtime.backend: only 'cpu' is built in this "
-                        "version\n");
+    if (c.runtime.backend == JDT_BACKEND_CUDA && !jdt_device_built(JDT_DEVICE_CUDA)) {
+        fprintf(stderr, "jdt-train: config error: runtime.backend: cuda is not built into this "
+                        "binary (build it with make CUDA=1)\n");
         jdt_config_free(&c);
         return EXIT_USAGE;
     }

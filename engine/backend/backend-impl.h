@@ -16,6 +16,8 @@
 
 typedef struct {
     const char *name;
+    /* Scratch bytes builtin n needs (attention); NULL: the CPU kernels' sizes. */
+    int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src
      * the generated source (owned by the state). Errors name the failing op/compiler. */
     jdt_status (*prepare)(jdt_device *d, const cprog *c, void **state, jdt_err *e);
@@ -49,6 +51,7 @@ struct jdt_device {
 };
 
 extern const jdt_backend_vt jdt_backend_cpu;
+extern const jdt_backend_vt jdt_backend_cuda_emit_only; /* cuda/emit.c, in every build */
 /* The process's CPU device (programs compiled without opts.device). */
 jdt_device *jdt_device_cpu_default(void);
 

@@ -47,6 +47,17 @@ jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_di
     return JDT_OK;
 }
 
+jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e)
+{
+    *out = NULL;
+    jdt_device *d = jdt_calloc(1, sizeof *d);
+    if (!d) return jdt_err_set(e, JDT_ERR_NOMEM, "device: out of memory");
+    d->kind = JDT_DEVICE_CUDA;
+    d->vt = &jdt_backend_cuda_emit_only;
+    *out = d;
+    return JDT_OK;
+}
+
 void jdt_device_close(jdt_device *d)
 {
     if (!d || d == &g_cpu) return;
@@ -76,3 +87,11 @@ void jdt_device_push(jdt_device *d)
 {
     if (d && d->vt->push) d->vt->push(d);
 }
+
+#ifndef JDT_CUDA
+void jdt_device_set_dist(jdt_device *d, struct jdt_dist *dist)
+{
+    (void)d;
+    (void)dist;
+}
+#endif

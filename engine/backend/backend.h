@@ -33,6 +33,10 @@ bool jdt_device_built(jdt_device_kind kind);
  * built in, no GPU or no driver: one line naming the CUDA error), ERR_RUNTIME, ERR_NOMEM. */
 jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_dir,
                            jdt_device **out, jdt_err *e);
+/* A CUDA device that compiles programs to CUDA source and stops there: jdt_program_compile
+ * succeeds (jdt_program_source gives the kernels), jdt_program_run fails with ERR_UNSUPPORTED.
+ * Needs no GPU, driver or CUDA library (`inspect`, CI tests that NVRTC-compile the source). */
+jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e);
 /* Closes the device; every program compiled for it must be freed first. NULL is a no-op. */
 void jdt_device_close(jdt_device *d);
 
@@ -46,5 +50,12 @@ jdt_status jdt_device_pull(jdt_device *d, jdt_err *e);
 /* The host copies of the leaves changed (e.g. a checkpoint was loaded into them): the next run
  * of any program on d uploads them again. */
 void jdt_device_push(jdt_device *d);
+
+/* Data parallelism on a device with its own collectives (CUDA: NCCL): the job's process group;
+ * ALL_REDUCE nodes of programs on d then reduce over it (the communicator is created on the
+ * first all-reduce, which every rank reaches in the same order). No-op for the CPU, whose
+ * programs use jdt_compile_opts.collective. */
+struct jdt_dist;
+void jdt_device_set_dist(jdt_device *d, struct jdt_dist *dist);
 
 #endif /* JDT_BACKEND_H */

@@ -78,7 +78,7 @@ typedef struct {
 } cupdate;
 
 /* Everything the compiler builds; program.c owns it. */
-typedef struct {
+typedef struct cprog_ {
     jdt_compile_opts opts;
     int nt;
     cnode *nodes;
@@ -95,6 +95,8 @@ typedef struct {
     int n_bufs, cap_bufs;
     int64_t arena_bytes;
     jdt_compile_stats stats;
+    /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
+    int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;
 
 /* passes.c: copies g into c->nodes with simplification/CSE (unless no_simplify) and DCE. */

@@ -108,6 +108,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     p->g = g;
     if (opts) c->opts = *opts;
     p->dev = c->opts.device ? c->opts.device : jdt_device_cpu_default();
+    c->scratch_bytes = p->dev->vt->scratch_bytes;
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
     if (c->nt < 1) c->nt = 1;
 

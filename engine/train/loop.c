@@ -8,6 +8,7 @@
  */
 #include "train/train.h"
 
+#include "backend/backend.h"
 #include "datasets/datasets.h"
 #include "io/ckpt.h"
 #include "io/data.h"
@@ -92,6 +93,7 @@ typedef struct {
     char run_dir[1024];
     char ckpt_dir[1100];
     jdt_step *step;
+    jdt_device *device; /* runtime.backend cuda: this rank's GPU; NULL: the CPU */
     jdt_data *train, *val;
     FILE *metrics;
     jdt_trace *trace;    /* run.profile: open while the traced steps run */
@@ -191,6 +193,9 @@ static void log_profile(const trainer *tr)
 
 static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
 {
+    /* parameters and moments live on the device: bring the host copies up to date */
+    jdt_status pst = jdt_step_sync_host(tr->step, e);
+    if (pst != JDT_OK) return jdt_err_prefix(e, "checkpoint");
     int n = jdt_step_n_tensors(tr->step);
     jdt_ckpt_tensor *ts = jdt_calloc((size_t)n, sizeof *ts);
     if (!ts) return jdt_err_set(e, JDT_ERR_NOMEM, "checkpoint: out of memory");
@@ -241,6 +246,7 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
         st = jdt_ckpt_read(c, &want, data, e);
     }
     jdt_ckpt_close(c);
+    jdt_step_host_changed(step); /* a device backend uploads them before the next run */
     return st;
 }
 
@@ -289,6 +295,38 @@ void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes)
     else snprintf(buf, n_bytes, "%s/%s/ckpt", cfg->run.out_dir, cfg->run.name);
 }
 
+/* runtime.backend cuda: opens this rank's GPU (dist.local_rank picks it; one process per GPU)
+ * and hands it the job for NCCL; emit_only (inspect) compiles to CUDA source without a GPU.
+ * The CPU needs no device object. */
+static jdt_status open_device(trainer *tr, bool emit_only, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    tr->device = NULL;
+    if (cfg->runtime.backend == JDT_BACKEND_CPU) return JDT_OK;
+    if (emit_only) return jdt_device_open_emit_only(&tr->device, e);
+    int index = cfg->dist.local_rank >= 0 ? cfg->dist.local_rank : 0;
+    jdt_status st = jdt_device_open(JDT_DEVICE_CUDA, index,
+                                    cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL,
+                                    &tr->device, e);
+    if (st != JDT_OK) return jdt_err_prefix(e, "runtime.backend cuda");
+    jdt_device_set_dist(tr->device, tr->dist);
+    char desc[300];
+    if (tr->rank == 0) JDT_INFO("device: %s", jdt_device_describe(tr->device, desc, sizeof desc));
+    return JDT_OK;
+}
+
+/* The MFU denominator on a GPU: the dense bf16 tensor-core peak of the part (the convention
+ * the issue and MaxText use), from its name; 0 when unknown. */
+static double gpu_peak_flops(const jdt_device *d)
+{
+    char desc[300];
+    jdt_device_describe(d, desc, sizeof desc);
+    if (strstr(desc, "H100") || strstr(desc, "H200") || strstr(desc, "GH200")) return 989.4e12;
+    if (strstr(desc, "A100")) return 312e12;
+    if (strstr(desc, "L40")) return 362e12;
+    return 0.0;
+}
+
 static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
@@ -299,6 +337,7 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     so.n_accum = cfg->data.batch_size / cfg->data.micro_batch_size;
     so.use_jit = cfg->runtime.jit;
     jdt_train_compile_opts(cfg, &so.copts);
+    so.copts.device = tr->device;
     so.copts.profile = cfg->run.profile;
     if (cfg->run.profile) {
         so.copts.trace = trace_kernel;
@@ -373,6 +412,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
 
     double t_compile = jdt_now_s();
+    if ((st = open_device(&tr, false, e)) != JDT_OK) goto out_signals;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out_signals;
     const jdt_compile_stats *cs = jdt_step_stats(tr.step);
     if (main_rank)
@@ -413,10 +453,19 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     /* global numbers: every rank runs its share of the global batch in the same time */
     const double units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
     const double flops_per_step = jdt_step_model_flops(tr.step);
-    const double peak = measure_peak_flops() * tr.world_size;
-    if (main_rank)
-        JDT_INFO("MFU is measured against the SGEMM peak of %d process(es): %.1f GFLOP/s",
-                 tr.world_size, peak * 1e-9);
+    double peak;
+    if (tr.device) {
+        peak = gpu_peak_flops(tr.device) * tr.world_size;
+        if (peak <= 0) peak = 989.4e12 * tr.world_size;
+        if (main_rank)
+            JDT_INFO("MFU is measured against the dense bf16 peak of %d GPU(s): %.1f TFLOP/s "
+                     "(the step computes in f32 on TF32 tensor cores)", tr.world_size, peak * 1e-12);
+    } else {
+        peak = measure_peak_flops() * tr.world_size;
+        if (main_rank)
+            JDT_INFO("MFU is measured against the SGEMM peak of %d process(es): %.1f GFLOP/s",
+                     tr.world_size, peak * 1e-9);
+    }
 
     const int64_t first = start;
     char trace_path[1200] = "";
@@ -515,6 +564,7 @@ out_signals:
     sigaction(SIGTERM, &old_term, NULL);
     if (tr.metrics) fclose(tr.metrics);
     jdt_step_free(tr.step);
+    jdt_device_close(tr.device);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
     return st;
@@ -529,28 +579,30 @@ jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
+    if ((st = open_device(&tr, false, e)) != JDT_OK) goto out;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
     if ((st = load_ckpt(tr.step, ckpt_path, &step, e)) != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
 out:
     jdt_step_free(tr.step);
+    jdt_device_close(tr.device);
     jdt_data_close(tr.val);
     return st;
 }
 
 jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
 {
-    if (cfg->runtime.backend != JDT_BACKEND_CPU) {
-        fprintf(f, "compiled step: not built here (runtime.backend %s is not in this build)\n",
-                jdt_config_choice_name("runtime.backend", (int)cfg->runtime.backend));
-        return JDT_OK;
-    }
     trainer tr;
     trainer_init(&tr, cfg, NULL);
     jdt_step *step = NULL;
     double t0 = jdt_now_s();
-    jdt_status st = make_step(&tr, &step, e);
-    if (st != JDT_OK) return st;
+    /* the CUDA step is compiled to CUDA source only: inspect needs no GPU */
+    jdt_status st = open_device(&tr, true, e);
+    if (st == JDT_OK) st = make_step(&tr, &step, e);
+    if (st != JDT_OK) {
+        jdt_device_close(tr.device);
+        return st;
+    }
     double dt = jdt_now_s() - t0;
     const jdt_compile_stats *cs = jdt_step_stats(step);
     double state_bytes = 0;
@@ -571,11 +623,16 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
                    "optimizer step\n", cs->flops_per_step, jdt_step_model_flops(step));
         fprintf(f, "  memory         %.1f MiB planned peak of intermediates; %.1f MiB parameters + "
                    "optimizer state\n", (double)cs->arena_bytes / 1048576.0, state_bytes / 1048576.0);
-        fprintf(f, "  compile        %.2fs (C compiler %.2fs), cache %s: %s\n", dt, cs->cc_s,
-                cs->cache_hit ? "hit" : "miss", cs->so_path);
+        if (tr.device)
+            fprintf(f, "  compile        %.2fs to CUDA source (%zu bytes; NVRTC runs on the GPU "
+                       "host)\n", dt, strlen(jdt_step_source(step)));
+        else
+            fprintf(f, "  compile        %.2fs (C compiler %.2fs), cache %s: %s\n", dt, cs->cc_s,
+                    cs->cache_hit ? "hit" : "miss", cs->so_path);
     } else {
         fprintf(f, "  runtime.jit is false: the reference interpreter runs the step\n");
     }
     jdt_step_free(step);
+    jdt_device_close(tr.device);
     return JDT_OK;
 }

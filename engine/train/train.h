@@ -64,6 +64,15 @@ jdt_status jdt_step_eval(jdt_step *s, const void *x, const int32_t *y, double *l
 int jdt_step_n_tensors(const jdt_step *s);
 void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, jdt_shape *shape);
 
+/* Device backends keep parameters and optimizer state in device memory: jdt_step_sync_host
+ * copies them into the host buffers jdt_step_tensor returns (before a checkpoint is written);
+ * jdt_step_host_changed says the host buffers were overwritten (a checkpoint was loaded), so
+ * the next run uploads them. Both are no-ops on the CPU. */
+jdt_status jdt_step_sync_host(jdt_step *s, jdt_err *e);
+void jdt_step_host_changed(jdt_step *s);
+/* The generated source of the main program ("" for the interpreter). */
+const char *jdt_step_source(const jdt_step *s);
+
 /* With run.profile: the time per kind of compiled step (kernels, builtins) of the train
  * programs so far, written into buf (n bytes); returns buf. */
 char *jdt_step_profile(const jdt_step *s, char *buf, size_t n);
