@@ -734,7 +734,9 @@ jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
     int count = 0;
     cudaError_t ce = cudaGetDeviceCount(&count);
     if (ce != cudaSuccess || count == 0)
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "cuda: no usable GPU: %s",
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "cuda: no usable GPU: %s (nvidia-smi should list the GPU; without an "
+                           "NVIDIA driver use runtime.backend: cpu)",
                            ce != cudaSuccess ? cudaGetErrorString(ce) : "no CUDA device found");
     if (d->index < 0 || d->index >= count)
         return jdt_err_set(e, JDT_ERR_CONFIG,
