@@ -6,7 +6,10 @@
  * the emitted source's kernel table only), plus the builtin kernels (jdt_cuk_compile_all).
  * With a GPU: each of those graphs runs on the CUDA backend and on the CPU backend from the same
  * leaves and every output and updated leaf must agree within TF32 tolerances; the train steps'
- * loss curves must agree. GPU tests print why they skip when there is no usable GPU.
+ * loss curves must agree. GPU tests print why they skip when there is no usable GPU. On every
+ * machine the same comparisons run on the *emulated* CUDA device (the CUDA kernels compiled as
+ * C++ for the host, a block's threads as real threads), which checks what the CUDA kernels
+ * compute without a GPU.
  */
 #include "jit-fixture.h"
 
@@ -361,11 +364,10 @@ static jdt_device *gpu_or_skip(const char *test)
 #endif
 }
 
-START_TEST(test_gpu_ops_match_cpu)
+/* Runs graph i on device d and on the CPU backend from the same leaves (2 runs), comparing
+ * every output and, after a pull, every leaf. Closes d. */
+static void graph_vs_cpu(int i, jdt_device *d)
 {
-    int i = _i;
-    jdt_device *d = gpu_or_skip(GRAPHS[i].name);
-    if (!d) return;
     fx f;
     fx_init(&f);
     GRAPHS[i].build(&f);
@@ -407,6 +409,28 @@ START_TEST(test_gpu_ops_match_cpu)
     jdt_device_close(d);
     fx_free(&f);
 }
+
+START_TEST(test_gpu_ops_match_cpu)
+{
+    jdt_device *d = gpu_or_skip(GRAPHS[_i].name);
+    if (d) graph_vs_cpu(_i, d);
+}
+END_TEST
+
+static jdt_device *emulated(void)
+{
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emulated(&d, &e), JDT_OK);
+    return d;
+}
+
+/* The CUDA kernels' semantics without a GPU: emulated on the host (threads, barriers). */
+START_TEST(test_emulated_ops_match_cpu)
+{
+    graph_vs_cpu(_i, emulated());
+}
 END_TEST
 
 static void fill_batch(const jdt_config *c, int k, int32_t *xi, float *xf, int32_t *y)
@@ -430,11 +454,10 @@ static void fill_batch(const jdt_config *c, int k, int32_t *xi, float *xf, int32
     }
 }
 
-START_TEST(test_gpu_train_matches_cpu)
+/* Trains model i for 8 steps on device d and on the CPU backend: losses and gradient norms
+ * step by step, then every parameter and moment after a pull. Closes d. */
+static void model_vs_cpu(int i, jdt_device *d, double rtol)
 {
-    int i = _i;
-    jdt_device *d = gpu_or_skip(MODELS[i].name);
-    if (!d) return;
     jdt_config c;
     load_model(i, &c);
     char cache[] = "/tmp/jdt-check-cuda-XXXXXX";
@@ -456,9 +479,9 @@ START_TEST(test_gpu_train_matches_cpu)
                       "cuda step %d: %s", k, e.msg);
         printf("check_cuda: %s step %d loss cpu %.6f cuda %.6f, grad norm %.5f / %.5f\n",
                MODELS[i].name, k, lc, lg, gc, gg);
-        ck_assert_msg(fabs(lc - lg) <= 2e-3 * fabs(lc) + 1e-4, "%s step %d: loss cpu %.6f vs cuda %.6f",
+        ck_assert_msg(fabs(lc - lg) <= rtol * fabs(lc) + 1e-4, "%s step %d: loss cpu %.6f vs cuda %.6f",
                       MODELS[i].name, k, lc, lg);
-        ck_assert_msg(fabs(gc - gg) <= 2e-2 * fabs(gc) + 1e-4,
+        ck_assert_msg(fabs(gc - gg) <= 10 * rtol * fabs(gc) + 1e-4,
                       "%s step %d: grad norm cpu %.6f vs cuda %.6f", MODELS[i].name, k, gc, gg);
         if (k == 0) first_c = lc;
         last_c = lc;
@@ -473,7 +496,7 @@ START_TEST(test_gpu_train_matches_cpu)
         jdt_shape sh;
         jdt_step_tensor(sc, t, &name, &a, &sh);
         jdt_step_tensor(sg, t, &name2, &b, &sh);
-        fx_compare(name, b, a, JDT_DTYPE_F32, jdt_shape_numel(&sh), 2e-2, 2e-3);
+        fx_compare(name, b, a, JDT_DTYPE_F32, jdt_shape_numel(&sh), 10 * rtol, rtol);
     }
     free(xi);
     free(xf);
@@ -485,6 +508,18 @@ START_TEST(test_gpu_train_matches_cpu)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
     ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_gpu_train_matches_cpu)
+{
+    jdt_device *d = gpu_or_skip(MODELS[_i].name);
+    if (d) model_vs_cpu(_i, d, 2e-3); /* TF32 GEMMs */
+}
+END_TEST
+
+START_TEST(test_emulated_train_matches_cpu)
+{
+    model_vs_cpu(_i, emulated(), 1e-4);
 }
 END_TEST
 
@@ -523,6 +558,11 @@ static Suite *suite(void)
     tcase_add_test(tc, test_builtin_kernels_compile);
     tcase_add_test(tc, test_no_gpu_is_one_clear_error);
     suite_add_tcase(s, tc);
+    TCase *te = tcase_create("emulated");
+    tcase_set_timeout(te, 300);
+    tcase_add_loop_test(te, test_emulated_ops_match_cpu, 0, N_GRAPHS);
+    tcase_add_loop_test(te, test_emulated_train_matches_cpu, 0, N_MODELS);
+    suite_add_tcase(s, te);
     TCase *tg = tcase_create("gpu");
     tcase_set_timeout(tg, 300);
     tcase_add_loop_test(tg, test_gpu_ops_match_cpu, 0, N_GRAPHS);

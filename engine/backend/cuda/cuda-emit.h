@@ -21,6 +21,13 @@ typedef struct {
  * rejects), ERR_NOMEM. */
 jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch, jdt_err *e);
 
+/* The same kernels wrapped for the host's C++ compiler (C++20): CUDA's keywords defined away,
+ * a block's threads as real threads (barriers are real), and
+ * `extern "C" int jdt_emu_launch(int k, unsigned grid, unsigned bx, unsigned by, int sync,
+ * void *const *p)` running kernel k (sync: it has barriers). Tests check the emitted kernels'
+ * semantics with it on machines without a GPU (engine/backend/cpu/cpu.c, the emulated device). */
+jdt_status jdt_cuda_emu_source(const cprog *c, char **src, jdt_cuda_launch **launch, jdt_err *e);
+
 /* Number of SMs the grid sizes assume (grid-stride loops cover any size). */
 #define JDT_CUDA_MAX_GRID 4096
 

@@ -346,3 +346,77 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .host_ptr = eo_host_ptr,
     .release = eo_release,
 };
+
+/* ---- the host emulation of the generated kernels (tests without a GPU) ----------------------- */
+
+/* C++ that lets the generated CUDA source compile with the host's C++ compiler: CUDA's keywords
+ * become plain C++, a block's threads are a pool of real threads (so __syncthreads is a real
+ * barrier and __shared__ arrays are shared), blocks run one after another. */
+static const char EMU_HEAD[] =
+    "// jdt-train: host emulation of CUDA kernels (tests); see engine/backend/cuda/emit.c\n"
+    "#include <math.h>\n#include <cmath>\n#include <cstring>\n#include <thread>\n"
+    "#include <barrier>\n#include <vector>\n#include <atomic>\n"
+    "#define int8_t jdt_i8_\n#define uint8_t jdt_u8_\n#define int16_t jdt_i16_\n"
+    "#define uint16_t jdt_u16_\n#define int32_t jdt_i32_\n#define uint32_t jdt_u32_\n"
+    "#define int64_t jdt_i64_\n#define uint64_t jdt_u64_\n"
+    "#undef INFINITY\n#undef NAN\n#undef INT32_MAX\n#undef INT32_MIN\n"
+    "static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }\n"
+    "struct jdt_dim3 { unsigned x, y, z; };\n"
+    "static jdt_dim3 blockIdx, blockDim, gridDim;\n"
+    "static thread_local jdt_dim3 threadIdx;\n"
+    "static std::barrier<> *jdt_block_bar;\n"
+    "static inline void __syncthreads() { jdt_block_bar->arrive_and_wait(); }\n"
+    "#define __global__\n#define __device__\n#define __forceinline__ inline\n"
+    "#define __launch_bounds__(n)\n#define __shared__ static\n";
+
+static const char EMU_TAIL[] =
+    "typedef void (*jdt_emu_kernel)(void *const *);\n"
+    "static void jdt_emu_run(jdt_emu_kernel f, unsigned grid, unsigned bx, unsigned by,\n"
+    "                        void *const *p)\n{\n"
+    "    gridDim = {grid, 1, 1};\n    blockDim = {bx, by, 1};\n"
+    "    unsigned nt = bx * by;\n"
+    "    if (nt == 0 || grid == 0) return;\n"
+    "    std::barrier<> bar((std::ptrdiff_t)nt);\n    jdt_block_bar = &bar;\n"
+    "    for (unsigned b = 0; b < grid; b++) {\n"
+    "        blockIdx = {b, 0, 0};\n"
+    "        std::vector<std::thread> th;\n"
+    "        for (unsigned t = 0; t < nt; t++)\n"
+    "            th.emplace_back([=] { threadIdx = {t % bx, t / bx, 0}; f(p); });\n"
+    "        for (auto &x : th) x.join();\n"
+    "    }\n}\n"
+    "static void jdt_emu_run_serial(jdt_emu_kernel f, unsigned grid, unsigned bx, void *const *p)\n"
+    "{\n    gridDim = {grid, 1, 1};\n    blockDim = {bx, 1, 1};\n"
+    "    for (unsigned b = 0; b < grid; b++) {\n        blockIdx = {b, 0, 0};\n"
+    "        for (unsigned t = 0; t < bx; t++) { threadIdx = {t, 0, 0}; f(p); }\n    }\n}\n";
+
+jdt_status jdt_cuda_emu_source(const cprog *c, char **src, jdt_cuda_launch **launch, jdt_err *e)
+{
+    char *cu = NULL;
+    jdt_status st = jdt_cuda_codegen(c, &cu, launch, e);
+    if (st != JDT_OK) return st;
+    jdt_sbuf s = {0};
+    jdt_sb_printf(&s, "%s%s\n%s", EMU_HEAD, cu, EMU_TAIL);
+    int nk = c->stats.n_kernels;
+    jdt_sb_printf(&s, "static const jdt_emu_kernel jdt_emu_k[%d] = {", nk ? nk : 1);
+    for (int k = 0; k < nk; k++)
+        jdt_sb_printf(&s, "%sk%d", k ? ", " : "", k);
+    if (!nk) jdt_sb_printf(&s, "0");
+    /* elementwise kernels (one row of threads, no barrier) run serially; reductions, which
+     * synchronise, run on real threads; a reduction's grid shrinks to 4 blocks (its loops
+     * stride over the rest), which keeps thread counts down */
+    jdt_sb_printf(&s,
+                  "};\nextern \"C\" int jdt_emu_launch(int k, unsigned grid, unsigned bx, "
+                  "unsigned by, int sync, void *const *p)\n{\n"
+                  "    if (k < 0 || k >= %d) return -1;\n"
+                  "    if (sync) jdt_emu_run(jdt_emu_k[k], grid < 4 ? grid : 4, bx, by, p);\n"
+                  "    else jdt_emu_run_serial(jdt_emu_k[k], grid, bx, p);\n"
+                  "    return 0;\n}\n",
+                  nk);
+    jdt_free(cu);
+    if (s.oom) {
+        jdt_free(s.buf);
+        return jdt_err_set(e, JDT_ERR_NOMEM, "codegen: emulation source");
+    }
+    *src = s.buf;
+    return JDT_OK;
+}
