@@ -54,10 +54,18 @@ LDFLAGS  += $(LDSAN)
 LIB_SRCS := $(wildcard engine/*/*.c) $(wildcard models/*.c) $(wildcard datasets/*.c)
 
 ifeq ($(CUDA),1)
+# The CUDA backend's run-time half (the emitter is in every build). Links the CUDA runtime,
+# NVRTC and cuBLASLt only: no -lcuda, no -lnccl (NCCL is dlopen'ed), so the binary starts on
+# machines without a GPU driver and says so in one line.
 CUDA_HOME ?= /usr/local/cuda
 CPPFLAGS  += -DJDT_CUDA=1 -I$(CUDA_HOME)/include
-LIB_SRCS  += $(wildcard engine/runtime/cuda/*.c)
-LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnvrtc -lcublas -lcublasLt -lcuda -lnccl
+LIB_SRCS  += $(filter-out engine/backend/cuda/emit.c,$(wildcard engine/backend/cuda/*.c))
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnvrtc -lcublasLt
+# The builtin CUDA kernels (engine/backend/cuda/kernels/*.cu[h]) are embedded as C strings in a
+# generated file and compiled by NVRTC at run time (engine/backend/cuda/cuk.c).
+CUK_KERNEL_SRCS := $(sort $(wildcard engine/backend/cuda/kernels/*.cuh engine/backend/cuda/kernels/*.cu))
+CUK_GEN   := $(BUILD)/gen/cuk_sources.c
+LIB_SRCS  += $(CUK_GEN)
 endif
 
 CMD_SRCS  := $(wildcard cmd/*.c)
@@ -76,6 +84,12 @@ BIN       := $(BUILD)/jdt-train
 .SECONDARY:
 .PHONY: all deps run test unit e2e clean bench bench-build tests-build format lint
 all: $(BIN)
+
+ifeq ($(CUDA),1)
+$(CUK_GEN): $(CUK_KERNEL_SRCS) engine/backend/cuda/embed.sh
+	@mkdir -p $(dir $@)
+	sh engine/backend/cuda/embed.sh $@ $(CUK_KERNEL_SRCS)
+endif
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
