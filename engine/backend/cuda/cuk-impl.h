@@ -71,6 +71,7 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
+    bool bias_by_beta; /* no algorithm had the bias epilogue: c = bias rows, then beta = 1 */
 } jdt_cuk_plan;
 
 struct jdt_cuk {

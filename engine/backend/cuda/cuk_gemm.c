@@ -65,15 +65,17 @@ static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64
                                             &stride, sizeof stride);
 }
 
-/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments...). */
+/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments...); with
+ * epilogue false the bias (if any) is left to the caller (p->bias_by_beta). */
 static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, int64_t align_ab,
-                             int64_t align_c, int64_t align_bias, jdt_err *e)
+                             int64_t align_c, int64_t align_bias, bool epilogue, jdt_err *e)
 {
     int64_t batch = key[0], M = key[1], N = key[2], K = key[3];
-    bool ta = key[4], tb = key[5], shared = key[6], bias = key[7];
+    bool ta = key[4], tb = key[5], shared = key[6], bias = key[7] && epilogue;
     cublasStatus_t st;
     memcpy(p->key, key, sizeof p->key);
     p->used = true;
+    p->bias_by_beta = key[7] && !epilogue;
     if ((st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F)) !=
         CUBLAS_STATUS_SUCCESS)
         return lt_err(e, st, "MatmulDescCreate", key);
@@ -158,17 +160,25 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
         p = &k->plans[k->next_plan];
         k->next_plan = (k->next_plan + 1) % JDT_CUK_PLANS;
         plan_release(p);
-        jdt_status s = plan_build(k, p, key, al_ab, al_c, al_bias, e);
+        jdt_status s = plan_build(k, p, key, al_ab, al_c, al_bias, true, e);
+        if (s != JDT_OK && bias) { /* no algorithm with the bias epilogue: bias rows + beta 1 */
+            plan_release(p);
+            s = plan_build(k, p, key, al_ab, al_c, al_bias, false, e);
+        }
         if (s != JDT_OK) {
             plan_release(p);
             return s;
         }
     }
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    if (bias)
+    float alpha = 1.0f, beta = 0.0f;
+    if (p->bias_by_beta) {
+        jdt_cuk_fill_rows(k, c, bias, batch * M, N);
+        beta = 1.0f;
+    } else if (bias) {
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                             sizeof bias);
-    float alpha = 1.0f, beta = 0.0f;
+    }
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmul(k->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
                             &p->algo, k->workspace, JDT_CUK_WORKSPACE, k->stream);
