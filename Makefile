@@ -64,6 +64,11 @@ ifeq ($(CUDA),1)
 CPPFLAGS  += -DJDT_CUDA=1 -I$(CUDA_HOME)/include
 LIB_SRCS  += $(filter-out engine/backend/cuda/emit.c,$(wildcard engine/backend/cuda/*.c))
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnvrtc -lcublasLt
+# The builtin CUDA kernels (engine/backend/cuda/kernels/*.cu[h]) are embedded as C strings in a
+# generated file and compiled by NVRTC at run time (engine/backend/cuda/cuk.c).
+CUK_KERNEL_SRCS := $(sort $(wildcard engine/backend/cuda/kernels/*.cuh engine/backend/cuda/kernels/*.cu))
+CUK_GEN   := $(BUILD)/gen/cuk_sources.c
+LIB_SRCS  += $(CUK_GEN)
 endif
 
 CMD_SRCS  := $(wildcard cmd/*.c)
@@ -82,6 +87,12 @@ BIN       := $(BUILD)/jdt-train
 .SECONDARY:
 .PHONY: all deps run test test-cuda unit e2e clean bench bench-build tests-build format lint
 all: $(BIN)
+
+ifeq ($(CUDA),1)
+$(CUK_GEN): $(CUK_KERNEL_SRCS) engine/backend/cuda/embed.sh
+	@mkdir -p $(dir $@)
+	sh engine/backend/cuda/embed.sh $@ $(CUK_KERNEL_SRCS)
+endif
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -2,7 +2,7 @@
  * cuk.h — the CUDA backend's hand-written kernels: GEMMs through cuBLASLt (TF32 tensor cores
  * for f32), the fused primitives of the IR (softmax family, cross-entropy, layer/RMS
  * normalisation, rope, gather/scatter, concat, flash-style causal attention) compiled at run
- * time by NVRTC from engine/backend/cuda/kernels/ (*.cu), and NCCL collectives (libnccl loaded with
+ * time by NVRTC from the .cu files of engine/backend/cuda/kernels, and NCCL collectives (libnccl loaded with
  * dlopen on first use). The CUDA backend's run loop calls these for every non-fusible node.
  *
  * Conventions: every pointer below is a device pointer; every kernel is queued on the one
