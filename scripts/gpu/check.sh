@@ -3,25 +3,27 @@
 # (the H200 device machine: PyTorch, JAX, CUDA 13, none of this project's C libraries).
 # Stages, each reported and each allowed to fail without stopping the next:
 #   1 probe    nvidia-smi, glibc, where libcudart/libnvrtc/libcublasLt/libnccl are
-#   2 tests    build-cuda/tests/check_cuda: every op and train step vs the CPU backend
+#   2 tests    check_cuk (builtin kernels) and check_cuda (every op graph, train steps) vs the CPU
 #   3 tiny     configs/tiny.yaml trained on the GPU and on the CPU: the loss curves compared
 #   4 gpt2     GPT-2 124M (L=12 C=768 H=12 T=1024 V=50257, synthetic tokens): tok/s and MFU
 #   5 peers    the same model and batch in PyTorch (torch.compile) and JAX (jax.jit), ratios
+#              (scripts/bench/gpt_peer_gpu.py)
 #
 # Usage: scripts/gpu/check.sh [BUNDLE_DIR]
-#   BUNDLE_DIR (made here by scripts/gpu/bundle.sh): bin/jdt-train, bin/check_cuda built with
+#   BUNDLE_DIR (made here by scripts/gpu/bundle.sh): bin/jdt-train, bin/check_cu{k,da} built with
 #   make CUDA=1 and libs.tar.xz with the C libraries they need (unpacked into /tmp, never /).
 #   Without it the script uses build-cuda/ of this checkout, building it if missing.
-# Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 16), GPT_STEPS (12),
-#   PEER_PREC (tf32: the precision jdt-train computes in; bf16), STAGE_TIMEOUT_S (150),
+# Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 36 GiB of arena for jdt-train), GPT_STEPS (12),
+#   PEER_DTYPES ("bf16 f32": the peers' precisions; f32 = TF32 matmuls, what jdt-train computes
+#   in), STAGE_TIMEOUT_S (150),
 #   STAGES (default "2 3 4 5": which stages after the probe run).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUNDLE=${1:-}
 OUT=${OUT:-/tmp/jdt-gpu-check}
-B=${GPT_BATCH:-16}
+B=${GPT_BATCH:-32}
 STEPS=${GPT_STEPS:-12}
-PREC=${PEER_PREC:-tf32}
+PEER_DTYPES=${PEER_DTYPES:-bf16 f32}
 TMO=${STAGE_TIMEOUT_S:-150}
 STAGES=" ${STAGES:-2 3 4 5} "
 want() { [[ "$STAGES" == *" $1 "* ]]; }
@@ -57,13 +59,13 @@ done
 
 # ---- the binary and its libraries ---------------------------------------------------------------
 if [ -n "$BUNDLE" ]; then
-  BIN="$BUNDLE/bin/jdt-train"; TESTBIN="$BUNDLE/bin/check_cuda"
+  BIN="$BUNDLE/bin/jdt-train"; TESTDIR="$BUNDLE/bin"
   if [ -f "$BUNDLE/libs.tar.xz" ]; then
     mkdir -p /tmp/jdt-libs && tar -xJf "$BUNDLE/libs.tar.xz" -C /tmp/jdt-libs
     libdirs=(/tmp/jdt-libs "${libdirs[@]}")
   fi
 else
-  BIN="$ROOT/build-cuda/jdt-train"; TESTBIN="$ROOT/build-cuda/tests/check_cuda"
+  BIN="$ROOT/build-cuda/jdt-train"; TESTDIR="$ROOT/build-cuda/tests"
   if [ ! -x "$BIN" ]; then
     say "building: make CUDA=1 tests-build"
     (cd "$ROOT" && make -j"$(nproc)" CUDA=1 tests-build >"$OUT/build.log" 2>&1) || say "build FAILED (see $OUT/build.log)"
@@ -77,11 +79,13 @@ fi
 
 # ---- 2: GPU tests ---------------------------------------------------------------------------
 if want 2; then
-say "stage 2 tests (check_cuda)"
-(cd "$ROOT" && timeout "$TMO" "$TESTBIN" >"$OUT/check_cuda.log" 2>&1); rc=$?
-grep -E "^[0-9]+%|:[EF]:|SKIP" "$OUT/check_cuda.log" | tee -a "$SUMMARY"
-grep -E "loss cpu" "$OUT/check_cuda.log" | tail -4 | tee -a "$SUMMARY"
-say "stage 2 exit $rc"
+say "stage 2 tests (check_cuk: every builtin kernel vs the CPU; check_cuda: every op graph and train step vs the CPU)"
+for t in check_cuk check_cuda; do
+  (cd "$ROOT" && timeout "$TMO" "$TESTDIR/$t" >"$OUT/$t.log" 2>&1); rc=$?
+  grep -E "^[0-9]+%|:[EF]:|SKIP" "$OUT/$t.log" | tee -a "$SUMMARY"
+  say "stage 2 $t exit $rc"
+done
+grep -E "loss cpu" "$OUT/check_cuda.log" | grep "step 7" | tee -a "$SUMMARY"
 fi
 
 # ---- 3: tiny on GPU vs CPU --------------------------------------------------------------------
@@ -123,18 +127,23 @@ fi
 
 # ---- 5: peers --------------------------------------------------------------------------------
 PEER="$ROOT/scripts/bench/gpt_peer_gpu.py"
-[ -f "$PEER" ] || PEER="$ROOT/scripts/gpu/gpt_peer_min.py"
-want 5 && for fw in torch jax; do
-  say "stage 5 peer $fw ($PREC, $(basename "$PEER"))"
-  PYTHONUNBUFFERED=1 timeout "$TMO" python3 "$PEER" $fw 12 768 12 1024 "$B" 50257 10 "$PREC" \
-    >"$OUT/peer-$fw.log" 2>&1; rc=$?
-  line=$(grep -E "^$fw tok/s" "$OUT/peer-$fw.log" | tail -1)
-  if [ -n "$line" ]; then
-    echo "$line" | tee -a "$SUMMARY"
-    pt=$(echo "$line" | awk '{print $3}')
-    [ -n "${JDT_TOKS:-}" ] && python3 -c "print(f'ratio jdt-train / $fw: {float($JDT_TOKS)/float($pt):.3f}')" | tee -a "$SUMMARY"
-  else
-    say "peer $fw FAILED (exit $rc)"; tail -3 "$OUT/peer-$fw.log" | tee -a "$SUMMARY"
-  fi
+for dt in $PEER_DTYPES; do
+  for fw in torch jax; do
+    want 5 || continue
+    say "stage 5 peer $fw --dtype $dt (B=$B)"
+    PYTHONUNBUFFERED=1 timeout "$TMO" python3 "$PEER" --framework $fw --batch "$B" --steps 10 \
+      --dtype "$dt" --device cuda >"$OUT/peer-$fw-$dt.log" 2>&1; rc=$?
+    line=$(grep -E '^\{.*"tokens_per_s"' "$OUT/peer-$fw-$dt.log" | tail -1)
+    if [ -n "$line" ]; then
+      echo "$line" | tee -a "$SUMMARY"
+      JDT_TOKS="${JDT_TOKS:-}" python3 -c '
+import json, os, sys
+d = json.loads(sys.argv[1]); j = os.environ.get("JDT_TOKS"); fw = d["framework"]; t = d["tokens_per_s"]
+r = ", jdt-train / %s = %.3f" % (fw, float(j) / t) if j else ""
+print("%s %s: %.0f tok/s, MFU %.1f%%%s" % (fw, d["dtype"], t, 100 * d["mfu"], r))' "$line" | tee -a "$SUMMARY"
+    else
+      say "peer $fw $dt FAILED (exit $rc)"; tail -3 "$OUT/peer-$fw-$dt.log" | tee -a "$SUMMARY"
+    fi
+  done
 done
 say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"
