@@ -202,6 +202,15 @@ static jdt_status cubin_get(const char *dir, const char *src, int arch, void **i
 
 /* ---- device --------------------------------------------------------------------------------- */
 
+/* Before a host-side wait on the compute stream: with a communicator, wait for its collectives
+ * while polling NCCL's asynchronous errors and the rendezvous, so a dead peer ends the job with
+ * the rank named instead of a stream synchronisation that never returns. */
+#define COLLECTIVE_WAIT_S 600.0
+static jdt_status settle(cuda_dev *cd, jdt_err *e)
+{
+    return cd->world ? jdt_cuk_comm_sync(cd->world, COLLECTIVE_WAIT_S, e) : JDT_OK;
+}
+
 static jdt_status mirror_get(cuda_dev *cd, void *host, size_t n_bytes, mirror **out, jdt_err *e)
 {
     jdt_status st = JDT_OK;
@@ -245,7 +254,8 @@ static void mirror_put(cuda_dev *cd, mirror *m)
 static jdt_status cuda_pull(jdt_device *d, jdt_err *e)
 {
     cuda_dev *cd = d->impl;
-    jdt_status st = JDT_OK;
+    jdt_status st = settle(cd, e);
+    if (st != JDT_OK) return st;
     CU(cudaStreamSynchronize(cd->stream), "synchronising before copying leaves out");
     for (int i = 0; i < cd->n_m; i++) {
         mirror *m = cd->m[i];
@@ -482,6 +492,7 @@ static jdt_status all_reduce(cuda_prog *p, const cnode *n, void *o, void *in, jd
         }
         double W = (double)jdt_dist_world_size(cd->dist), sc = n->attrs.f[0];
         bool average = sc * W > 0.999999 && sc * W < 1.000001;
+        if ((st = jdt_cuk_comm_poll(cd->world, e)) != JDT_OK) return st;
         if ((st = jdt_cuk_allreduce(cd->world, o, n_el, average, e)) != JDT_OK) return st;
         if (average || sc == 1.0) return JDT_OK;
     }
@@ -689,7 +700,8 @@ fail:
 static jdt_status cuda_sync(void *state, jdt_err *e)
 {
     cuda_prog *p = state;
-    return jdt_cuk_check(p->cd->k, "run", true, e);
+    jdt_status st = settle(p->cd, e);
+    return st != JDT_OK ? st : jdt_cuk_check(p->cd->k, "run", true, e);
 }
 
 static const void *cuda_host_ptr(void *state, int node)
@@ -700,7 +712,7 @@ static const void *cuda_host_ptr(void *state, int node)
 static jdt_status cuda_read(void *state, int node, void *dst, size_t n_bytes, jdt_err *e)
 {
     cuda_prog *p = state;
-    jdt_status st = jdt_cuk_check(p->cd->k, "run", true, e);
+    jdt_status st = cuda_sync(state, e);
     if (st != JDT_OK) return st;
     const void *src = dptr(p, node);
     if (!src) return jdt_err_set(e, JDT_ERR_INVALID, "read: node %d has no value", node);
