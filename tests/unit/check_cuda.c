@@ -118,6 +118,13 @@ static void build_shape_reduce(fx *f)
     out(f, jdt_graph_reduce_sum(g, big, 3u, false));
     out(f, jdt_graph_reduce_sum(g, jdt_graph_exp(g, big3), 3u, false));
     out(f, jdt_graph_reduce_max(g, big3, 5u, false));
+    /* long reductions with few outputs: the CUDA kernels split the reduced range over blocks */
+    jdt_tensor *tall = FX_INPUT(f, "tall", JDT_DTYPE_F32, -2, 2, 4500, 37);
+    out(f, jdt_graph_reduce_sum(g, tall, 1u, false));
+    out(f, jdt_graph_reduce_max(g, tall, 1u, true));
+    out(f, jdt_graph_reduce_mean(g, jdt_graph_exp(g, tall), 1u, false));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, tall, tall), 3u, false));
+    out(f, jdt_graph_reduce_max(g, big, 3u, false));
 }
 
 static void build_builtins(fx *f)
@@ -299,6 +306,8 @@ START_TEST(test_nvrtc_op_graphs)
         /* an emit-only program cannot run: one clear error */
         ck_assert_int_eq(jdt_program_run(p, &e), JDT_ERR_UNSUPPORTED);
         check_source(GRAPHS[i].name, jdt_program_source(p), jdt_program_stats(p)->n_kernels);
+        if (strcmp(GRAPHS[i].name, "shape_reduce") == 0) /* the long reductions are split */
+            ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "_done[tile]"));
         jdt_program_free(p);
     }
     jdt_device_close(d);

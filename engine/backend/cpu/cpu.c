@@ -21,8 +21,8 @@
 #include "runtime/runtime.h"
 
 typedef void (*kernel_fn)(void *const *);
-typedef int (*emu_launch_fn)(int k, unsigned grid, unsigned bx, unsigned by, int sync,
-                             void *const *p);
+typedef int (*emu_launch_fn)(int k, unsigned grid_x, unsigned grid_y, unsigned bx, unsigned by,
+                             int sync, void *const *p);
 
 typedef struct {
     const cprog *c;
@@ -316,7 +316,8 @@ static jdt_status cpu_step(void *state, int s, jdt_err *e)
     const cstep *sp = &p->c->steps[s];
     if (sp->kind == STEP_KERNEL && p->emu) {
         const jdt_cuda_launch *L = &p->launch[sp->kernel];
-        if (p->emu(sp->kernel, (unsigned)L->grid_x, (unsigned)L->block_x, (unsigned)L->block_y,
+        if (p->emu(sp->kernel, (unsigned)L->grid_x, (unsigned)L->grid_y, (unsigned)L->block_x,
+                   (unsigned)L->block_y,
                    L->block_y > 1, (void *const *)p->ptrs) != 0)
             return jdt_err_set(e, JDT_ERR_INTERNAL, "emulated kernel %d failed", sp->kernel);
         return JDT_OK;

@@ -662,7 +662,8 @@ static jdt_status cuda_step(void *state, int s, jdt_err *e)
     if (sp->kind == STEP_KERNEL) {
         const jdt_cuda_launch *L = &p->launch[sp->kernel];
         void *args[] = {&p->dtable};
-        CU(cudaLaunchKernel((const void *)p->kern[sp->kernel], (dim3){(unsigned)L->grid_x, 1, 1},
+        CU(cudaLaunchKernel((const void *)p->kern[sp->kernel],
+                            (dim3){(unsigned)L->grid_x, (unsigned)L->grid_y, 1},
                             (dim3){(unsigned)L->block_x, (unsigned)L->block_y, 1}, args, 0,
                             p->cd->stream),
            "launching a generated kernel");

@@ -137,6 +137,41 @@ static void emit_decompose(jdt_sbuf *s, const jdt_nest *N, const char *I, const 
     }
 }
 
+/* How a reduction group is laid out on the GPU. */
+typedef struct {
+    int64_t n_out, n_red, n_tiles;
+    int BX, BY; /* block shape: BX adjacent outputs x BY threads along the reduced dims */
+    int S;      /* split: blocks per tile along the reduced range (1: none) */
+} red_plan;
+
+/* (1 x 256) blocks when the innermost dim is reduced, (32 x 8) when it is kept. When the
+ * outputs fill fewer than two blocks per SM and the reduced range is long (bias and norm-weight
+ * gradients, the global gradient norm), the reduced range is split over S blocks per tile: each
+ * writes a partial, and the last block of the tile to finish (a counter) combines the partials
+ * in chunk order, so the result does not depend on block scheduling. */
+static red_plan plan_reduce(const jdt_nest *N)
+{
+    red_plan r = {1, 1, 0, 1, RED_THREADS, 1};
+    for (int k = 0; k < N->n; k++) {
+        if (N->kept[k])
+            r.n_out *= N->dims[k];
+        else
+            r.n_red *= N->dims[k];
+    }
+    bool cols = N->kept[N->n - 1] && r.n_red > 1;
+    r.BX = cols ? 32 : 1;
+    r.BY = RED_THREADS / r.BX;
+    r.n_tiles = (r.n_out + r.BX - 1) / r.BX;
+    if (r.n_tiles < JDT_CUDA_SPLIT_TILES && r.n_red >= 4096) {
+        int64_t S = (2 * JDT_CUDA_SPLIT_TILES + r.n_tiles - 1) / r.n_tiles;
+        int64_t most = r.n_red / ((int64_t)r.BY * 8); /* >= 8 loads per thread per chunk */
+        if (S > most) S = most;
+        if (S > 128) S = 128;
+        if (S >= 2) r.S = (int)S;
+    }
+    return r;
+}
+
 static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda_launch *L,
                        jdt_err *e, jdt_status *st)
 {
@@ -151,7 +186,18 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
                   jdt_op_name(root->op));
     for (int k = 0; k < N.n; k++)
         jdt_sb_printf(s, " %lld%s", (long long)N.dims[k], N.kept[k] ? "" : "r");
-    jdt_sb_printf(s, "\nextern \"C\" __global__ void __launch_bounds__(%d) k%d(void *const *p)\n{\n",
+    jdt_sb_printf(s, "\n");
+    red_plan rp = {0};
+    if (g->is_reduce) {
+        rp = plan_reduce(&N);
+        if (rp.S > 1)
+            jdt_sb_printf(s,
+                          "__device__ %s k%d_part[%lld]; // (S, n_out) partials\n"
+                          "__device__ unsigned k%d_done[%lld]; // blocks finished per tile\n",
+                          jdt_nest_ctype(root->dtype), kernel, (long long)(rp.S * rp.n_out),
+                          kernel, (long long)rp.n_tiles);
+    }
+    jdt_sb_printf(s, "extern \"C\" __global__ void __launch_bounds__(%d) k%d(void *const *p)\n{\n",
                   RED_THREADS, kernel);
     emit_pointers(s, &N);
     if (!g->is_reduce) {
@@ -162,6 +208,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         L->grid_x = (int)(blocks < JDT_CUDA_MAX_GRID ? (blocks > 0 ? blocks : 1) : JDT_CUDA_MAX_GRID);
         L->block_x = RED_THREADS;
         L->block_y = 1;
+        L->grid_y = 1;
         jdt_sb_printf(s,
                       "    for (%s t = (%s)blockIdx.x * %d + (%s)threadIdx.x; t < %lld; t += "
                       "(%s)gridDim.x * %d) {\n",
@@ -179,17 +226,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         return;
     }
     /* reduction: outputs over the kept dims, partial sums over the reduced dims */
-    int64_t n_out = 1, n_red = 1;
-    for (int k = 0; k < N.n; k++) {
-        if (N.kept[k])
-            n_out *= N.dims[k];
-        else
-            n_red *= N.dims[k];
-    }
-    const bool cols = N.kept[N.n - 1] && n_red > 1; /* innermost kept: tile adjacent outputs */
-    const int BX = cols ? 32 : 1, BY = RED_THREADS / BX;
-    const int64_t n_tiles = (n_out + BX - 1) / BX;
+    const int64_t n_out = rp.n_out, n_red = rp.n_red, n_tiles = rp.n_tiles;
+    const int BX = rp.BX, BY = rp.BY, S = rp.S;
     L->grid_x = (int)(n_tiles < JDT_CUDA_MAX_GRID ? n_tiles : JDT_CUDA_MAX_GRID);
+    L->grid_y = S;
     L->block_x = BX;
     L->block_y = BY;
     const char *T = jdt_nest_ctype(root->dtype);
@@ -202,12 +242,22 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         if (N.acc[a].write) w = a;
     jdt_sb_printf(s, "    __shared__ %s sh[%d];\n", T, RED_THREADS);
     jdt_sb_printf(s, "    const int tx = threadIdx.x, ty = threadIdx.y;\n");
+    if (S > 1) { /* this block's chunk of the reduced range */
+        jdt_sb_printf(s, "    __shared__ int last;\n");
+        jdt_sb_printf(s, "    const %s per = (%lld + (%s)gridDim.y - 1) / (%s)gridDim.y;\n", I,
+                      (long long)n_red, I, I);
+        jdt_sb_printf(s, "    const %s r_begin = (%s)blockIdx.y * per;\n", I, I);
+        jdt_sb_printf(s, "    const %s r_end = r_begin + per < %lld ? r_begin + per : %lld;\n", I,
+                      (long long)n_red, (long long)n_red);
+    } else {
+        jdt_sb_printf(s, "    const %s r_begin = 0, r_end = %lld;\n", I, (long long)n_red);
+    }
     jdt_sb_printf(s, "    for (%s tile = blockIdx.x; tile < %lld; tile += gridDim.x) {\n", I,
                   (long long)n_tiles);
     jdt_sb_printf(s, "    const %s o = tile * %d + tx;\n", I, BX);
     jdt_sb_printf(s, "    %s acc = %s;\n", T, init);
     jdt_sb_printf(s, "    if (o < %lld) {\n", (long long)n_out);
-    jdt_sb_printf(s, "    for (%s r = ty; r < %lld; r += %d) {\n", I, (long long)n_red, BY);
+    jdt_sb_printf(s, "    for (%s r = r_begin + ty; r < r_end; r += %d) {\n", I, BY);
     emit_decompose(s, &N, I, "o", false, true);
     emit_decompose(s, &N, I, "r", false, false);
     emit_loads(s, &N, wide);
@@ -228,15 +278,37 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     else
         jdt_sb_printf(s, "            sh[ty * %d + tx] = a + b;\n", BX);
     jdt_sb_printf(s, "        }\n        __syncthreads();\n    }\n");
-    jdt_sb_printf(s, "    if (ty == 0 && o < %lld) {\n", (long long)n_out);
     /* the output offset needs the kept indices only (reduced strides are 0) */
-    emit_decompose(s, &N, I, "o", false, true);
     offset32(&N, w, wide, off, sizeof off);
-    /* reduced indices do not appear in the write offset (their strides are 0) */
+    char fin[96];
     if (is_mean)
-        jdt_sb_printf(s, "        w%d[%s] = sh[tx] / (%s)%lld;\n", w, off, T, (long long)n_red);
+        snprintf(fin, sizeof fin, " / (%s)%lld", T, (long long)n_red);
     else
-        jdt_sb_printf(s, "        w%d[%s] = sh[tx];\n", w, off);
+        fin[0] = 0;
+    if (S > 1) {
+        jdt_sb_printf(s, "    if (ty == 0 && o < %lld) k%d_part[(%s)blockIdx.y * %lld + o] = sh[tx];\n",
+                      (long long)n_out, kernel, I, (long long)n_out);
+        jdt_sb_printf(s, "    __threadfence();\n    __syncthreads();\n");
+        jdt_sb_printf(s, "    if (tx == 0 && ty == 0) last = atomicAdd(&k%d_done[tile], 1u) == "
+                         "gridDim.y - 1;\n    __syncthreads();\n", kernel);
+        jdt_sb_printf(s, "    if (last) {\n    if (ty == 0 && o < %lld) {\n", (long long)n_out);
+        jdt_sb_printf(s, "        %s a = %s;\n", T, init);
+        jdt_sb_printf(s, "        for (unsigned q = 0; q < gridDim.y; q++) {\n");
+        jdt_sb_printf(s, "            const %s b = ((volatile %s *)k%d_part)[(%s)q * %lld + o];\n",
+                      T, T, kernel, I, (long long)n_out);
+        if (is_max)
+            jdt_sb_printf(s, "            a = b > a ? b : a;\n        }\n");
+        else
+            jdt_sb_printf(s, "            a += b;\n        }\n");
+        emit_decompose(s, &N, I, "o", false, true);
+        jdt_sb_printf(s, "        w%d[%s] = a%s;\n    }\n", w, off, fin);
+        jdt_sb_printf(s, "    if (tx == 0 && ty == 0) k%d_done[tile] = 0;\n    }\n", kernel);
+        jdt_sb_printf(s, "    __syncthreads();\n    }\n}\n\n");
+        return;
+    }
+    jdt_sb_printf(s, "    if (ty == 0 && o < %lld) {\n", (long long)n_out);
+    emit_decompose(s, &N, I, "o", false, true);
+    jdt_sb_printf(s, "        w%d[%s] = sh[tx]%s;\n", w, off, fin);
     jdt_sb_printf(s, "    }\n    __syncthreads();\n    }\n}\n\n");
 }
 
@@ -366,19 +438,22 @@ static const char EMU_HEAD[] =
     "static thread_local jdt_dim3 threadIdx;\n"
     "static std::barrier<> *jdt_block_bar;\n"
     "static inline void __syncthreads() { jdt_block_bar->arrive_and_wait(); }\n"
+    "static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }\n"
+    "static inline unsigned atomicAdd(unsigned *a, unsigned v) { return __atomic_fetch_add(a, v, "
+    "__ATOMIC_SEQ_CST); }\n"
     "#define __global__\n#define __device__\n#define __forceinline__ inline\n"
     "#define __launch_bounds__(n)\n#define __shared__ static\n";
 
 static const char EMU_TAIL[] =
     "typedef void (*jdt_emu_kernel)(void *const *);\n"
-    "static void jdt_emu_run(jdt_emu_kernel f, unsigned grid, unsigned bx, unsigned by,\n"
-    "                        void *const *p)\n{\n"
-    "    gridDim = {grid, 1, 1};\n    blockDim = {bx, by, 1};\n"
+    "static void jdt_emu_run(jdt_emu_kernel f, unsigned grid, unsigned gy, unsigned bx,\n"
+    "                        unsigned by, void *const *p)\n{\n"
+    "    gridDim = {grid, gy, 1};\n    blockDim = {bx, by, 1};\n"
     "    unsigned nt = bx * by;\n"
     "    if (nt == 0 || grid == 0) return;\n"
     "    std::barrier<> bar((std::ptrdiff_t)nt);\n    jdt_block_bar = &bar;\n"
-    "    for (unsigned b = 0; b < grid; b++) {\n"
-    "        blockIdx = {b, 0, 0};\n"
+    "    for (unsigned b = 0; b < grid * gy; b++) {\n"
+    "        blockIdx = {b % grid, b / grid, 0};\n"
     "        std::vector<std::thread> th;\n"
     "        for (unsigned t = 0; t < nt; t++)\n"
     "            th.emplace_back([=] { threadIdx = {t % bx, t / bx, 0}; f(p); });\n"
@@ -402,13 +477,14 @@ jdt_status jdt_cuda_emu_source(const cprog *c, char **src, jdt_cuda_launch **lau
         jdt_sb_printf(&s, "%sk%d", k ? ", " : "", k);
     if (!nk) jdt_sb_printf(&s, "0");
     /* elementwise kernels (one row of threads, no barrier) run serially; reductions, which
-     * synchronise, run on real threads; a reduction's grid shrinks to 4 blocks (its loops
-     * stride over the rest), which keeps thread counts down */
+     * synchronise, run on real threads; a reduction's grid shrinks to 4 x 3 blocks (its loops
+     * stride over the tiles, its split follows gridDim.y), which keeps thread counts down */
     jdt_sb_printf(&s,
-                  "};\nextern \"C\" int jdt_emu_launch(int k, unsigned grid, unsigned bx, "
-                  "unsigned by, int sync, void *const *p)\n{\n"
+                  "};\nextern \"C\" int jdt_emu_launch(int k, unsigned grid, unsigned gy, "
+                  "unsigned bx, unsigned by, int sync, void *const *p)\n{\n"
                   "    if (k < 0 || k >= %d) return -1;\n"
-                  "    if (sync) jdt_emu_run(jdt_emu_k[k], grid < 4 ? grid : 4, bx, by, p);\n"
+                  "    if (sync) jdt_emu_run(jdt_emu_k[k], grid < 4 ? grid : 4, gy < 3 ? gy : 3, bx, "
+                  "by, p);\n"
                   "    else jdt_emu_run_serial(jdt_emu_k[k], grid, bx, p);\n"
                   "    return 0;\n}\n",
                   nk);
