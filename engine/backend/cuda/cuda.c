@@ -751,6 +751,8 @@ jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
                            "cuda: no usable GPU: %s (nvidia-smi should list the GPU; without an "
                            "NVIDIA driver use runtime.backend: cpu)",
                            ce != cudaSuccess ? cudaGetErrorString(ce) : "no CUDA device found");
+    /* SLURM's --gpus-per-task=1 (or a launcher) gives each process only its own GPU */
+    if (d->index >= count && count == 1 && getenv("CUDA_VISIBLE_DEVICES")) d->index = 0;
     if (d->index < 0 || d->index >= count)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "cuda: device %d asked (the local rank) but this host has %d GPU(s): "
