@@ -477,13 +477,13 @@ jdt_status jdt_cuda_emu_source(const cprog *c, char **src, jdt_cuda_launch **lau
         jdt_sb_printf(&s, "%sk%d", k ? ", " : "", k);
     if (!nk) jdt_sb_printf(&s, "0");
     /* elementwise kernels (one row of threads, no barrier) run serially; reductions, which
-     * synchronise, run on real threads; a reduction's grid shrinks to 4 x 3 blocks (its loops
+     * synchronise, run on real threads; a reduction's grid shrinks to 2 x 2 blocks (its loops
      * stride over the tiles, its split follows gridDim.y), which keeps thread counts down */
     jdt_sb_printf(&s,
                   "};\nextern \"C\" int jdt_emu_launch(int k, unsigned grid, unsigned gy, "
                   "unsigned bx, unsigned by, int sync, void *const *p)\n{\n"
                   "    if (k < 0 || k >= %d) return -1;\n"
-                  "    if (sync) jdt_emu_run(jdt_emu_k[k], grid < 4 ? grid : 4, gy < 3 ? gy : 3, bx, "
+                  "    if (sync) jdt_emu_run(jdt_emu_k[k], grid < 2 ? grid : 2, gy < 2 ? gy : 2, bx, "
                   "by, p);\n"
                   "    else jdt_emu_run_serial(jdt_emu_k[k], grid, bx, p);\n"
                   "    return 0;\n}\n",
