@@ -22,15 +22,18 @@ typedef enum {
                                    (jdt_autodiff_grad_ex); the compiler keeps the copies */
 } jdt_compile_remat;
 
+/* Options of a compilation. Device-neutral: cache_dir, no_fuse, no_simplify, profile, no_jit,
+ * remat, collective, trace, device. CPU backend only (the CUDA backend ignores them: NVRTC and
+ * the GPU take their place): cc, cflags, cc_timeout_s, threads. */
 typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
-                              ~/.cache/jdt-train */
-    const char *cc;        /* NULL: $CC, else "cc" */
+                              ~/.cache/jdt-train (compiled kernels of every backend) */
+    const char *cc;        /* CPU: NULL: $CC, else "cc" */
     const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno -fno-trapping-math" (no
                               fast-math: NaN/Inf
                               semantics must hold) */
-    double cc_timeout_s;   /* 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
-    int threads;           /* 0: omp_get_max_threads() */
+    double cc_timeout_s;   /* CPU: 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
+    int threads;           /* CPU: 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
     bool profile;          /* time every step of every run (see jdt_program_profile) */
