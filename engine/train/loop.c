@@ -96,6 +96,14 @@ typedef struct {
     FILE *metrics;
     jdt_trace *trace;    /* run.profile: open while the traced steps run */
     bool tracing;
+    char trace_path[1200];
+    int64_t first;       /* the first step this process runs (the resume point) */
+    double t_start;      /* when step `first` began */
+    /* global throughput numbers: every rank runs its share of the global batch */
+    double units_per_step, flops_per_step, peak_flops;
+    /* the log window: steps since the last log line, their seconds in data + step, of which data */
+    int64_t window_steps;
+    double window_time, window_wait;
 } trainer;
 
 /* compiled-program step hook (jdt_compile_opts.trace): one span per kernel while tracing */
@@ -354,6 +362,160 @@ static void trainer_init(trainer *tr, const jdt_config *cfg, jdt_dist *dist)
     tr->world_size = dist ? jdt_dist_world_size(dist) : 1;
 }
 
+/* Compiles the step and restores the checkpoint to resume from, if any: *start is the first
+ * step to run (0 on a fresh start). */
+static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    const bool main_rank = tr->rank == 0;
+    double t_compile = jdt_now_s();
+    jdt_status st = make_step(tr, &tr->step, e);
+    if (st != JDT_OK) return st;
+    const jdt_compile_stats *cs = jdt_step_stats(tr->step);
+    if (main_rank)
+        JDT_INFO("model: %s, %lld parameters; step compiled in %.2fs%s", cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt",
+             (long long)jdt_model_param_count(jdt_step_model(tr->step)), jdt_now_s() - t_compile,
+             cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
+
+    *start = 0;
+    char *resume = NULL;
+    if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr->ckpt_dir, &resume, e)) != JDT_OK) return st;
+    if (resume) {
+        st = load_ckpt(tr->step, resume, start, e);
+        if (st == JDT_OK && main_rank)
+            JDT_INFO("resumed from %s at step %lld", resume, (long long)*start);
+        jdt_free(resume);
+    }
+    return st;
+}
+
+/* Rank 0 only: writes run_dir/config.yaml and opens metrics.jsonl (appended on a resume). */
+static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.yaml", tr->run_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
+    fputs(tr->cfg->resolved_yaml, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", tr->run_dir);
+    tr->metrics = fopen(path, start > 0 ? "a" : "w");
+    if (!tr->metrics) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
+    return JDT_OK;
+}
+
+/* Rank 0's console line for step t: averages over the steps since the last line. */
+static void log_step(trainer *tr, int64_t t, double loss, double lr, double gnorm)
+{
+    const jdt_config *cfg = tr->cfg;
+    double dt = tr->window_time / (double)tr->window_steps;
+    char eta[32];
+    fmt_duration(dt * (double)(cfg->run.steps - t - 1), eta, sizeof eta);
+    JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%% | "
+             "%.1f ms/step (data %.1f) | ETA %s",
+             (long long)(t + 1), (long long)cfg->run.steps, loss, lr, gnorm,
+             tr->units_per_step / dt, cfg->model.type == JDT_MODEL_MLP ? "samples" : "tok",
+             100.0 * tr->flops_per_step / dt / tr->peak_flops,
+             dt * 1e3, tr->window_wait / (double)tr->window_steps * 1e3, eta);
+    fflush(tr->metrics);
+    tr->window_steps = 0;
+    tr->window_time = tr->window_wait = 0;
+}
+
+/* run.profile: closes the Chrome trace after its last traced step (step t). */
+static jdt_status end_trace(trainer *tr, int64_t t, jdt_err *e)
+{
+    tr->tracing = false;
+    jdt_status st = jdt_trace_close(tr->trace, e);
+    tr->trace = NULL;
+    if (st != JDT_OK) return st;
+    if (tr->rank == 0)
+        JDT_INFO("wrote %s: a Chrome trace of steps %lld-%lld (open it in "
+                 "ui.perfetto.dev or chrome://tracing)", tr->trace_path,
+                 (long long)(tr->first + 2), (long long)(t + 1));
+    return JDT_OK;
+}
+
+/* Step t: its batch, the compiled step, the trace spans, the metrics record and log line. */
+static jdt_status train_step(trainer *tr, int64_t t, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    const bool main_rank = tr->rank == 0;
+    tr->tracing = tr->trace && t > tr->first && t <= tr->first + cfg->run.profile_steps;
+    double t0 = jdt_now_s();
+    jdt_data_batch b;
+    jdt_status st = jdt_data_get(tr->train, t, &b, e);
+    if (st != JDT_OK) return st;
+    double t_data = jdt_now_s();
+    tr->window_wait += t_data - t0;
+    if (tr->tracing) jdt_trace_span(tr->trace, "data wait", "data", 0, t0, t_data);
+    double lr = jdt_train_lr(cfg, t), loss = NAN, gnorm = NAN;
+    st = jdt_step_run(tr->step, t, lr, b.x, b.y, &loss, &gnorm, e);
+    if (st == JDT_ERR_NUMERIC && cfg->optimizer.nan_policy == JDT_NAN_SKIP) {
+        JDT_WARN("%s; update skipped", e->msg);
+        st = JDT_OK;
+    }
+    if (st != JDT_OK) return st;
+    tr->window_steps++;
+    tr->window_time += jdt_now_s() - t0;
+    if (tr->tracing) {
+        char name[64];
+        snprintf(name, sizeof name, "step %lld", (long long)(t + 1));
+        jdt_trace_span(tr->trace, name, "step", 0, t_data, jdt_now_s());
+        if (t == tr->first + cfg->run.profile_steps || last_step(cfg, t))
+            if ((st = end_trace(tr, t, e)) != JDT_OK) return st;
+    }
+    if (main_rank)
+        fprintf(tr->metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g}\n",
+            (long long)(t + 1), loss, lr, gnorm);
+    if (main_rank && ((t + 1) % cfg->run.log_every == 0 || last_step(cfg, t) || t == tr->first))
+        log_step(tr, t, loss, lr, gnorm);
+    return JDT_OK;
+}
+
+/* After step t: evaluation, periodic and final checkpoints, the profile table. */
+static jdt_status after_step(trainer *tr, int64_t t, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    const bool main_rank = tr->rank == 0;
+    const bool last = last_step(cfg, t);
+    jdt_status st;
+    if (tr->val && ((t + 1) % cfg->run.eval_every == 0 || last)) {
+        double vl;
+        if ((st = run_eval(tr, &vl, e)) != JDT_OK) return st;
+        if (main_rank) {
+            JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
+            fprintf(tr->metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
+            fflush(tr->metrics);
+        }
+    }
+    if (main_rank && cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
+        if ((st = save_ckpt(tr, t + 1, e)) != JDT_OK) return st;
+    }
+    if (cfg->run.profile && main_rank && t + 1 - tr->first == cfg->run.profile_steps)
+        log_profile(tr);
+    if (last && main_rank) {
+        if ((st = save_ckpt(tr, t + 1, e)) != JDT_OK) return st;
+        JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - tr->first), jdt_now_s() - tr->t_start);
+    }
+    return JDT_OK;
+}
+
+/* A signal stopped the run after `done` steps: checkpoint (rank 0), then ERR_INTERRUPTED. */
+static jdt_status stop_run(trainer *tr, int64_t done, jdt_err *e)
+{
+    const bool main_rank = tr->rank == 0;
+    int sig = g_stop_signal ? g_stop_signal : SIGTERM; /* another rank's signal */
+    if (main_rank)
+        JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)done);
+    jdt_status st;
+    if (main_rank && tr->cfg->checkpoint.save_on_signal && (st = save_ckpt(tr, done, e)) != JDT_OK)
+        return st;
+    return jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",
+                       sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)done);
+}
+
 jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
 {
     trainer tr;
@@ -369,146 +531,35 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     jdt_train_ckpt_dir(cfg, tr.ckpt_dir, sizeof tr.ckpt_dir);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) goto out_signals;
-
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
-
-    double t_compile = jdt_now_s();
-    if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out_signals;
-    const jdt_compile_stats *cs = jdt_step_stats(tr.step);
-    if (main_rank)
-        JDT_INFO("model: %s, %lld parameters; step compiled in %.2fs%s", cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt",
-             (long long)jdt_model_param_count(jdt_step_model(tr.step)), jdt_now_s() - t_compile,
-             cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
-
     int64_t start = 0;
-    char *resume = NULL;
-    if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr.ckpt_dir, &resume, e)) != JDT_OK) goto out_signals;
-    if (resume) {
-        st = load_ckpt(tr.step, resume, &start, e);
-        if (st == JDT_OK && main_rank)
-            JDT_INFO("resumed from %s at step %lld", resume, (long long)start);
-        jdt_free(resume);
-        if (st != JDT_OK) goto out_signals;
-    }
+    if ((st = prepare_step(&tr, &start, e)) != JDT_OK) goto out_signals;
+    if (main_rank && (st = open_outputs(&tr, start, e)) != JDT_OK) goto out_signals;
 
-    if (main_rank) {
-        char path[1100];
-        snprintf(path, sizeof path, "%s/config.yaml", tr.run_dir);
-        FILE *f = fopen(path, "w");
-        if (!f) {
-            st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-            goto out_signals;
-        }
-        fputs(cfg->resolved_yaml, f);
-        fclose(f);
-        snprintf(path, sizeof path, "%s/metrics.jsonl", tr.run_dir);
-        tr.metrics = fopen(path, start > 0 ? "a" : "w");
-        if (!tr.metrics) {
-            st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-            goto out_signals;
-        }
-    }
-
-    const bool mlp = cfg->model.type == JDT_MODEL_MLP;
     /* global numbers: every rank runs its share of the global batch in the same time */
-    const double units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
-    const double flops_per_step = jdt_step_model_flops(tr.step);
-    const double peak = measure_peak_flops() * tr.world_size;
+    const bool mlp = cfg->model.type == JDT_MODEL_MLP;
+    tr.units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
+    tr.flops_per_step = jdt_step_model_flops(tr.step);
+    tr.peak_flops = measure_peak_flops() * tr.world_size;
     if (main_rank)
         JDT_INFO("MFU is measured against the SGEMM peak of %d process(es): %.1f GFLOP/s",
-                 tr.world_size, peak * 1e-9);
+                 tr.world_size, tr.peak_flops * 1e-9);
 
-    const int64_t first = start;
-    char trace_path[1200] = "";
+    tr.first = start;
     if (cfg->run.profile) { /* trace steps first+1 .. first+profile_steps (after warm-up) */
-        snprintf(trace_path, sizeof trace_path, "%s/trace.rank%d.json", tr.run_dir, tr.rank);
-        if ((st = jdt_trace_open(trace_path, tr.rank, &tr.trace, e)) != JDT_OK) goto out_signals;
+        snprintf(tr.trace_path, sizeof tr.trace_path, "%s/trace.rank%d.json", tr.run_dir, tr.rank);
+        if ((st = jdt_trace_open(tr.trace_path, tr.rank, &tr.trace, e)) != JDT_OK) goto out_signals;
     }
-    const double t_start = jdt_now_s();
-    int64_t window_steps = 0;
-    double window_time = 0, window_wait = 0; /* seconds in data + step, of which data */
+    tr.t_start = jdt_now_s();
     bool stop = false;
     for (int64_t t = start; t < cfg->run.steps; t++) {
         if ((st = agree_stop(&tr, &stop, e)) != JDT_OK) goto out_signals;
         if (stop) break;
-        tr.tracing = tr.trace && t > first && t <= first + cfg->run.profile_steps;
-        double t0 = jdt_now_s();
-        jdt_data_batch b;
-        if ((st = jdt_data_get(tr.train, t, &b, e)) != JDT_OK) goto out_signals;
-        double t_data = jdt_now_s();
-        window_wait += t_data - t0;
-        if (tr.tracing) jdt_trace_span(tr.trace, "data wait", "data", 0, t0, t_data);
-        double lr = jdt_train_lr(cfg, t), loss = NAN, gnorm = NAN;
-        st = jdt_step_run(tr.step, t, lr, b.x, b.y, &loss, &gnorm, e);
-        if (st == JDT_ERR_NUMERIC && cfg->optimizer.nan_policy == JDT_NAN_SKIP) {
-            JDT_WARN("%s; update skipped", e->msg);
-            st = JDT_OK;
-        }
-        if (st != JDT_OK) goto out_signals;
-        window_steps++;
-        window_time += jdt_now_s() - t0;
-        if (tr.tracing) {
-            char name[64];
-            snprintf(name, sizeof name, "step %lld", (long long)(t + 1));
-            jdt_trace_span(tr.trace, name, "step", 0, t_data, jdt_now_s());
-            if (t == first + cfg->run.profile_steps || last_step(cfg, t)) {
-                tr.tracing = false;
-                st = jdt_trace_close(tr.trace, e);
-                tr.trace = NULL;
-                if (st != JDT_OK) goto out_signals;
-                if (main_rank)
-                    JDT_INFO("wrote %s: a Chrome trace of steps %lld-%lld (open it in "
-                             "ui.perfetto.dev or chrome://tracing)", trace_path,
-                             (long long)(first + 2), (long long)(t + 1));
-            }
-        }
-        if (main_rank)
-            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g}\n",
-                (long long)(t + 1), loss, lr, gnorm);
-        bool last = t + 1 == cfg->run.steps;
-        if (main_rank && ((t + 1) % cfg->run.log_every == 0 || last || t == first)) {
-            double dt = window_time / (double)window_steps;
-            char eta[32];
-            fmt_duration(dt * (double)(cfg->run.steps - t - 1), eta, sizeof eta);
-            JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%% | "
-                     "%.1f ms/step (data %.1f) | ETA %s",
-                     (long long)(t + 1), (long long)cfg->run.steps, loss, lr, gnorm,
-                     units_per_step / dt, mlp ? "samples" : "tok", 100.0 * flops_per_step / dt / peak,
-                     dt * 1e3, window_wait / (double)window_steps * 1e3, eta);
-            fflush(tr.metrics);
-            window_steps = 0;
-            window_time = window_wait = 0;
-        }
-        if (tr.val && ((t + 1) % cfg->run.eval_every == 0 || last)) {
-            double vl;
-            if ((st = run_eval(&tr, &vl, e)) != JDT_OK) goto out_signals;
-            if (main_rank) {
-                JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
-                fprintf(tr.metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
-                fflush(tr.metrics);
-            }
-        }
-        if (main_rank && cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
-            if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
-        }
-        if (cfg->run.profile && main_rank && t + 1 - first == cfg->run.profile_steps)
-            log_profile(&tr);
-        if (last && main_rank) {
-            if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
-            JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), jdt_now_s() - t_start);
-        }
+        if ((st = train_step(&tr, t, e)) != JDT_OK) goto out_signals;
+        if ((st = after_step(&tr, t, e)) != JDT_OK) goto out_signals;
         start = t + 1; /* steps completed */
     }
-    if (stop) {
-        int sig = g_stop_signal ? g_stop_signal : SIGTERM; /* another rank's signal */
-        if (main_rank)
-            JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
-        if (main_rank && cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
-            goto out_signals;
-        st = jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",
-                         sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
-    }
+    if (stop) st = stop_run(&tr, start, e);
 out_signals:
     if (tr.trace) jdt_trace_close(tr.trace, NULL); /* run ended inside the traced window */
     sigaction(SIGINT, &old_int, NULL);
