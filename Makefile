@@ -27,7 +27,7 @@ LDSAN   :=
 endif
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter \
-           -Wpointer-arith -Wvla -Wformat=2 -Wno-format-nonliteral
+           -Wpointer-arith -Wvla -Wformat=2 -Wno-format-nonliteral -Wswitch-enum
 ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
@@ -128,6 +128,10 @@ bench: all bench-build
 
 format:
 	clang-format -i $(LIB_SRCS) $(CMD_SRCS) $(UNIT_SRCS) $(wildcard engine/*/*.h)
+
+# print-VAR: prints a make variable (tests/e2e/build_switch_enum.sh reads WARN)
+print-%:
+	@echo $($*)
 
 clean:
 	rm -rf build build-asan

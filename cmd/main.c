@@ -414,8 +414,25 @@ static int exit_code(jdt_status st)
     case JDT_OK: return EXIT_OK;
     case JDT_ERR_USAGE:
     case JDT_ERR_CONFIG: return EXIT_USAGE;
-    default: return EXIT_RUNTIME;
+    case JDT_ERR_NOMEM:
+    case JDT_ERR_INVALID:
+    case JDT_ERR_IO:
+    case JDT_ERR_FORMAT:
+    case JDT_ERR_NOT_FOUND:
+    case JDT_ERR_SHAPE:
+    case JDT_ERR_UNSUPPORTED:
+    case JDT_ERR_COMPILE:
+    case JDT_ERR_NUMERIC:
+    case JDT_ERR_NET:
+    case JDT_ERR_PROTOCOL:
+    case JDT_ERR_AUTH:
+    case JDT_ERR_TIMEOUT:
+    case JDT_ERR_PEER_LOST:
+    case JDT_ERR_INTERRUPTED:
+    case JDT_ERR_INTERNAL: return EXIT_RUNTIME;
+    case JDT_STATUS_COUNT: break;
     }
+    return EXIT_RUNTIME;
 }
 
 /* Joins the job (engine/world/world.h: dist.* keys, the --nproc launcher, SLURM, else one

@@ -25,6 +25,7 @@ typedef struct {
     char *buf;
     size_t len, cap;
     bool oom;
+    int bad_node; /* 1 + the id of the first node no emitter handles; 0: none */
 } sbuf;
 
 static void sb_printf(sbuf *s, const char *fmt, ...) JDT_PRINTF(2, 3);
@@ -72,9 +73,11 @@ static const char *ctype(jdt_dtype dt)
         return "uint16_t";
     case JDT_DTYPE_U32:
         return "uint32_t";
-    default:
-        return "void";
+    case JDT_DTYPE_BF16: /* refused before codegen (passes.c check_node) */
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return "void";
 }
 
 static bool is_float(jdt_dtype dt)
@@ -446,10 +449,37 @@ static void emit_value(sbuf *s, const nest *N, int id)
         sb_printf(s, "(flat %% %lldLL) <= (flat / %lldLL) ? (%s)0 : -(%s)INFINITY;\n", t, t, T, T);
         return;
     }
-    default:
-        sb_printf(s, "0; /* unsupported %s */\n", jdt_op_name(m->op));
-        return;
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_MATMUL:
+    case JDT_OP_GATHER:
+    case JDT_OP_SCATTER_ADD:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD:
+    case JDT_OP_ALL_REDUCE:
+        /* leaves and views are loaded (emit_loads), GELU_GRAD/SILU_GRAD are emit_value_full's,
+         * reductions are the group root, the rest are builtin calls: none should reach here */
+        break;
     }
+    if (!s->bad_node) s->bad_node = id + 1; /* jdt_compile_codegen turns it into the error */
 }
 
 /* GELU_GRAD/SILU_GRAD need a temporary; written as a statement block. */
@@ -749,6 +779,10 @@ jdt_status jdt_compile_codegen(const cprog *c, char **src, jdt_err *e)
         sb_printf(&s, "%sk%d", k ? ", " : "", k);
     if (!n_k) sb_printf(&s, "0");
     sb_printf(&s, "};\nconst int jdt_n_kernels = %d;\n", n_k);
+    if (st == JDT_OK && s.bad_node)
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "codegen: node %d: op '%s' (%d) has no C emitter",
+                         s.bad_node - 1, jdt_op_name(c->nodes[s.bad_node - 1].op),
+                         (int)c->nodes[s.bad_node - 1].op);
     if (st == JDT_OK && s.oom) st = jdt_err_set(e, JDT_ERR_NOMEM, "codegen: source buffer");
     if (st != JDT_OK) {
         jdt_free(s.buf);

@@ -115,9 +115,16 @@ static double load(jdt_dtype dt, const void *p, int64_t i)
         return ((const float *)p)[i];
     case JDT_DTYPE_F64:
         return ((const double *)p)[i];
-    default:
+    case JDT_DTYPE_I32:
         return ((const int32_t *)p)[i];
+    case JDT_DTYPE_BF16: /* not reached: alloc_vals refuses other dtypes before a run */
+    case JDT_DTYPE_U16:
+    case JDT_DTYPE_U32:
+    case JDT_DTYPE_U8:
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return NAN;
 }
 
 /* Rounds every v[i] to dt and stores it into buf. */
@@ -207,6 +214,9 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
     int64_t last = so->ndim ? so->dims[so->ndim - 1] : 1;
     int64_t rows = last ? n / last : 0;
 
+    /* the switch lists every op (-Wswitch-enum); a value outside the enum stops here */
+    if ((int)jdt_op_class_of(t->op) == JDT_OPC_COUNT)
+        return FAIL(JDT_ERR_UNSUPPORTED, "op %d is not in the op table", (int)t->op);
     switch (t->op) {
     case JDT_OP_PARAM:
     case JDT_OP_INPUT:
@@ -660,9 +670,6 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         if (cst != JDT_OK) return cst;
         break;
     }
-    case JDT_OP_COUNT:
-    default:
-        return FAIL(JDT_ERR_UNSUPPORTED, "op not implemented by the interpreter");
     }
     round_store(t->dtype, y, nv[t->id].buf, n);
     return JDT_OK;

@@ -802,7 +802,7 @@ static void vjp_ALL_REDUCE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const
 /* ---- the table ---------------------------------------------------------------------------- */
 
 static const jdt_op_info OP_INFO[] = {
-#define X_(name, str, n_in) {str, n_in, shape_##name, vjp_##name},
+#define X_(name, str, n_in, cls) {str, n_in, shape_##name, vjp_##name},
     JDT_OP_LIST(X_)
 #undef X_
 };
