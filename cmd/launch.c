@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "core/core.h"
 #include "comm/comm.h"
+#include "train/train.h"
 #include "world/world.h"
 
 #include <arpa/inet.h>
@@ -387,6 +388,11 @@ int jdt_launch_main(int argc, char **argv)
     }
     have_config = true;
     if ((rc = check_owned_keys(&a, &c))) goto out;
+    if ((s = jdt_train_check_capabilities(&c, &e)) != JDT_OK) { /* once, not once per rank */
+        fprintf(stderr, "jdt-train: config error: %s\n", e.msg);
+        rc = EXIT_USAGE;
+        goto out;
+    }
     const bool user_token = c.dist.token[0] || c.dist.token_file[0];
     bool user_threads = c.runtime.threads != 0 || getenv("JDT_RUNTIME_THREADS");
     for (int i = 0; i < a.n_overrides; i++)

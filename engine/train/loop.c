@@ -319,15 +319,12 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     return jdt_step_new(cfg, &so, out, e);
 }
 
-/* The data-parallel layout this build supports: mesh.data ranks, each a whole model copy. */
+/* The job matches the mesh: mesh.data ranks, each a whole model copy (mesh.fsdp/tensor > 1 are
+ * refused before any work by jdt_train_check_capabilities). */
 static jdt_status check_world(const trainer *tr, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
     const int W = tr->world_size;
-    if (cfg->mesh.fsdp != 1 || cfg->mesh.tensor != 1)
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                           "mesh.fsdp = %d, mesh.tensor = %d: only data parallelism (mesh.data) is "
-                           "built so far; set both to 1", cfg->mesh.fsdp, cfg->mesh.tensor);
     if (cfg->mesh.data != W)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "mesh.data = %d but the job has %d process(es): start one process per "
@@ -591,11 +588,6 @@ out:
 
 jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
 {
-    if (cfg->runtime.backend != JDT_BACKEND_CPU) {
-        fprintf(f, "compiled step: not built here (runtime.backend %s is not in this build)\n",
-                jdt_config_choice_name("runtime.backend", (int)cfg->runtime.backend));
-        return JDT_OK;
-    }
     trainer tr;
     trainer_init(&tr, cfg, NULL);
     jdt_step *step = NULL;

@@ -87,6 +87,12 @@ void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes);
  * cosine or linear decay to lr * min_lr_ratio at decay_steps. */
 double jdt_train_lr(const jdt_config *cfg, int64_t t);
 
+/* What this build can run (engine/train/caps.c): returns JDT_OK, or ERR_CONFIG with one line
+ * "key: why; what to do" for the first thing cfg asks that is not built (bf16, mesh.fsdp or
+ * mesh.tensor > 1 before the partitioner, runtime.backend cuda without a CUDA build, a
+ * sharding rule naming a logical axis no model uses). cmd/ calls it once, before any work. */
+jdt_status jdt_train_check_capabilities(const jdt_config *cfg, jdt_err *e);
+
 /* Runs the training job described by cfg. dist is NULL for a single process, else the joined
  * job (every rank calls this with the same config; mesh.data must equal the world size: each
  * rank trains on its slice of every global batch, gradients are averaged in-graph, rank 0
@@ -98,7 +104,8 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e);
 /* `jdt-train inspect`: builds and compiles the single-process train step of cfg and writes
  * what the compiler made of it to f: op counts before/after the passes, fused kernels and
  * builtin calls, FLOPs per step (compiler count and model count), planned peak memory of
- * intermediates, parameter and optimizer-state bytes, compile time and cache hit/miss. */
+ * intermediates, parameter and optimizer-state bytes, compile time and cache hit/miss. cfg must
+ * pass jdt_train_check_capabilities (the caller checks). */
 jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
