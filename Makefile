@@ -63,7 +63,7 @@ endif
 CMD_SRCS  := $(wildcard cmd/*.c)
 UNIT_SRCS := $(wildcard tests/unit/check_*.c)
 BENCH_SRCS := $(wildcard scripts/bench/*.c)
-TESTUTIL  := $(wildcard tests/unit/testutil.c)
+TESTUTIL  := tests/unit/testutil.c
 
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 CMD_OBJS  := $(CMD_SRCS:%.c=$(BUILD)/obj/%.o)

@@ -5,6 +5,7 @@
  * updates), and the on-disk cache (hit, miss, concurrent writers, corrupt entries, missing or
  * failing compiler).
  */
+#include "tests/unit/testutil.h"
 #include "jit-fixture.h"
 
 #include <dirent.h>
@@ -666,9 +667,5 @@ int main(void)
     tcase_add_test(tc, test_bias_folded_into_matmul);
     tcase_add_test(tc, test_attention_reads_transposed_inputs);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

@@ -3,6 +3,7 @@
  * one clear sticky error naming the op and the shapes for invalid input), leaves, constants,
  * broadcasting helpers, logical axis names, the op registry and allocation failure.
  */
+#include "tests/unit/testutil.h"
 #include "graph/builder.h"
 #include "graph/ops-impl.h"
 
@@ -513,9 +514,5 @@ int main(void)
     tcase_add_test(tc, test_fprint);
     tcase_add_test(tc, test_verify);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

@@ -3,6 +3,7 @@
  * plus its contract: leaves from caller memory, updates applied after all nodes, f32 rounding,
  * clear errors for unbound leaves, bad indices and graphs with a builder error.
  */
+#include "tests/unit/testutil.h"
 #include "graph/builder.h"
 #include "graph/interp.h"
 
@@ -620,9 +621,5 @@ int main(void)
     tcase_add_test(tc, test_norm_bwd);
     tcase_add_test(tc, test_attention_bwd);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }
