@@ -168,6 +168,7 @@ static int parse_launch_args(int argc, char **argv, launch_args *a)
             a->child_argv[n++] = argv[i];
         }
     }
+    if (!nproc_s) return usage("--nproc: missing%s", ""); /* jdt_launch_requested saw one */
     char *end = NULL;
     errno = 0;
     long np = strtol(nproc_s, &end, 10);

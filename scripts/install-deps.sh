@@ -17,6 +17,8 @@ PKGS=(
   iproute2           # network-namespace tests
   procps             # pkill/ps in e2e tests
   fortunes           # the offline text corpus of `make run` (configs/llm.yaml)
+  clang-format       # make lint (format check against .clang-format)
+  cppcheck           # make lint (static analysis)
 )
 
 missing=()

@@ -16,31 +16,37 @@
 typedef bool (*cap_refuses_fn)(const jdt_config *cfg, char *why, size_t n_why);
 
 typedef struct {
-    const char *key;        /* the config key the message names */
+    const char *key; /* the config key the message names */
     cap_refuses_fn refuses;
 } cap_rule;
 
 static bool compute_not_f32(const jdt_config *cfg, char *why, size_t n_why)
 {
     if (cfg->precision.compute == JDT_DTYPE_F32) return false;
-    snprintf(why, n_why, "%s compute is not built yet (the kernels are f32); set "
-             "precision.compute: f32", jdt_dtype_name(cfg->precision.compute));
+    snprintf(why, n_why,
+             "%s compute is not built yet (the kernels are f32); set "
+             "precision.compute: f32",
+             jdt_dtype_name(cfg->precision.compute));
     return true;
 }
 
 static bool params_not_f32(const jdt_config *cfg, char *why, size_t n_why)
 {
     if (cfg->precision.params == JDT_DTYPE_F32) return false;
-    snprintf(why, n_why, "%s parameters are not built (master weights are f32); set "
-             "precision.params: f32", jdt_dtype_name(cfg->precision.params));
+    snprintf(why, n_why,
+             "%s parameters are not built (master weights are f32); set "
+             "precision.params: f32",
+             jdt_dtype_name(cfg->precision.params));
     return true;
 }
 
 static bool mesh_axis_needs_partitioner(int size, const char *key, char *why, size_t n_why)
 {
     if (size == 1) return false;
-    snprintf(why, n_why, "%d: sharding params over %s needs the SPMD partitioner, which is not "
-             "built yet (only data parallelism over mesh.data is); set %s: 1", size, key, key);
+    snprintf(why, n_why,
+             "%d: sharding params over %s needs the SPMD partitioner, which is not "
+             "built yet (only data parallelism over mesh.data is); set %s: 1",
+             size, key, key);
     return true;
 }
 
@@ -63,7 +69,8 @@ static bool backend_not_built(const jdt_config *cfg, char *why, size_t n_why)
 #ifdef JDT_CUDA
         return false;
 #else
-        snprintf(why, n_why, "cuda needs a CUDA build of jdt-train (make CUDA=1); this binary "
+        snprintf(why, n_why,
+                 "cuda needs a CUDA build of jdt-train (make CUDA=1); this binary "
                  "has the CPU backend only: set runtime.backend: cpu");
         return true;
 #endif
@@ -82,10 +89,13 @@ static bool rule_axis_unused(const jdt_config *cfg, char *why, size_t n_why)
     for (int i = 0; i < cfg->sharding.rules.n_rules; i++) {
         const char *name = cfg->sharding.rules.rules[i].logical;
         bool used = false;
-        for (int k = 0; known[k] && !used; k++) used = strcmp(known[k], name) == 0;
+        for (int k = 0; known[k] && !used; k++)
+            used = strcmp(known[k], name) == 0;
         if (used) continue;
-        size_t o = (size_t)snprintf(why, n_why, "rule %d names logical axis '%s', which no model "
-                                    "uses (the models' axes:", i + 1, name);
+        size_t o = (size_t)snprintf(why, n_why,
+                                    "rule %d names logical axis '%s', which no model "
+                                    "uses (the models' axes:",
+                                    i + 1, name);
         for (int k = 0; known[k] && o < n_why; k++)
             o += (size_t)snprintf(why + o, n_why - o, "%s %s", k ? "," : "", known[k]);
         if (o < n_why) snprintf(why + o, n_why - o, ")");
@@ -96,11 +106,11 @@ static bool rule_axis_unused(const jdt_config *cfg, char *why, size_t n_why)
 
 /* The rules, in the order their messages are checked. Delete a row when its feature lands. */
 static const cap_rule CAP_RULES[] = {
-    {"precision.compute", compute_not_f32},   /* until bf16 kernels land */
-    {"precision.params", params_not_f32},     /* f32 master weights by design */
-    {"mesh.fsdp", fsdp_gt_1},                 /* until the SPMD partitioner lands */
-    {"mesh.tensor", tensor_gt_1},             /* until the SPMD partitioner lands */
-    {"runtime.backend", backend_not_built},   /* cuda: only in a CUDA build */
+    {"precision.compute", compute_not_f32}, /* until bf16 kernels land */
+    {"precision.params", params_not_f32},   /* f32 master weights by design */
+    {"mesh.fsdp", fsdp_gt_1},               /* until the SPMD partitioner lands */
+    {"mesh.tensor", tensor_gt_1},           /* until the SPMD partitioner lands */
+    {"runtime.backend", backend_not_built}, /* cuda: only in a CUDA build */
     {"sharding.rules", rule_axis_unused},
 };
 

@@ -33,7 +33,10 @@ void tu_tmpdir_remove(void)
     g_tmpdir[0] = '\0';
 }
 
-const char *tu_tmpdir(void) { return g_tmpdir; }
+const char *tu_tmpdir(void)
+{
+    return g_tmpdir;
+}
 
 char *tu_path(const char *name)
 {
@@ -73,7 +76,8 @@ void tu_run_procs(int n, tu_proc_fn fn, void *arg, int parent_fd, double timeout
     if (parent_fd >= 0) close(parent_fd);
     double until = jdt_now_s() + timeout_s;
     int left = n;
-    for (int i = 0; i < n; i++) codes[i] = -1;
+    for (int i = 0; i < n; i++)
+        codes[i] = -1;
     while (left > 0) {
         int status;
         pid_t p = waitpid(-1, &status, WNOHANG);
