@@ -1,8 +1,8 @@
 /*
  * main.c — the jdt-train command line: a table of subcommands (name, handler, one-line help,
  * usage), shared argument parsing (CONFIG, key.path=value overrides, flags), and the mapping
- * from engine statuses to documented exit codes. Later issues add rows to SUBCOMMANDS
- * (prepare, sample, eval) and the --nproc launcher without touching main().
+ * from engine statuses to documented exit codes. A new subcommand is a row in SUBCOMMANDS
+ * and a handler; the --nproc launcher lives in launch.c.
  *
  * Exit codes: 0 success, 1 run-time failure, 2 usage or config error, 130/143 when stopped by
  * SIGINT/SIGTERM.
