@@ -10,7 +10,7 @@ PKGS=(
   libyaml-dev        # config parser
   libhdf5-dev        # datasets and checkpoints
   hdf5-tools         # h5dump, used by tests to check files independently
-  libcurl4-openssl-dev
+  libcurl4-openssl-dev # HTTP(S) data (not linked yet: the Makefile adds libcurl to PKGS when a source uses it)
   libopenblas-dev    # CPU GEMMs
   libopenblas-openmp-dev # the OpenMP build: GEMMs share the kernels' thread pool (Makefile)
   check              # unit-test framework

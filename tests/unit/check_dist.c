@@ -1,5 +1,5 @@
 /*
- * check_dist.c — unit tests for the rendezvous (engine/dist: wire.c, net.c, coord.c, dist.c):
+ * check_dist.c — unit tests for the rendezvous (engine/comm: wire.c, net.c, coord.c, dist.c):
  * the frame codec, token comparison, KV store and barriers, late joiners, a wrong token,
  * garbage sent to the coordinator, a start-up timeout that lists the missing ranks, a hung
  * rank (SIGSTOP) and a lost coordinator. Multi-process tests fork ranks on 127.0.0.1; the
