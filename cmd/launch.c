@@ -467,6 +467,11 @@ static int make_rank_env(launcher *L, bool user_token, bool user_threads)
         return s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
     }
     L->have_config = true;
+    /* a mesh or rule that cannot work is one message here, not one per rank */
+    if ((s = jdt_train_check_mesh(&L->c, L->n, &e)) != JDT_OK) {
+        fprintf(stderr, "jdt-train: config error (with --nproc %d): %s\n", L->n, e.msg);
+        return s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
+    }
     return 0;
 }
 

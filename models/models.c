@@ -269,6 +269,33 @@ void jdt_model_init_param(const jdt_model_param *p, uint64_t seed, float *data)
     }
 }
 
+void jdt_model_init_block(const jdt_model_param *p, uint64_t seed, const jdt_shape *global,
+                          const int64_t *offset, const jdt_shape *local, float *data)
+{
+    const int nd = local->ndim;
+    const int64_t run = nd ? local->dims[nd - 1] : 1, n = jdt_shape_numel(local);
+    const int64_t rows = run ? n / run : 0;
+    const uint64_t key = jdt_rng_key(seed, p->t->name);
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        float *dst = data + r * run;
+        if (p->init != JDT_INIT_NORMAL) {
+            for (int64_t i = 0; i < run; i++) dst[i] = p->init == JDT_INIT_ONES ? 1.0f : 0.0f;
+            continue;
+        }
+        /* global index of this row's first element: local row index digits + offsets */
+        int64_t rest = r, g = 0, stride = 1;
+        for (int d = nd - 1; d >= 0; d--) {
+            int64_t idx = d == nd - 1 ? 0 : rest % local->dims[d];
+            if (d != nd - 1) rest /= local->dims[d];
+            g += (offset[d] + idx) * stride;
+            stride *= global->dims[d];
+        }
+        jdt_rng_normal(key, (uint64_t)g, (size_t)run, dst);
+        for (int64_t i = 0; i < run; i++) dst[i] *= (float)p->std;
+    }
+}
+
 int64_t jdt_model_param_count(const jdt_model *m)
 {
     int64_t n = 0;

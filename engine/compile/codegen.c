@@ -475,6 +475,8 @@ static void emit_value(sbuf *s, const nest *N, int id)
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD:
     case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         /* leaves and views are loaded (emit_loads), GELU_GRAD/SILU_GRAD are emit_value_full's,
          * reductions are the group root, the rest are builtin calls: none should reach here */
         break;

@@ -107,8 +107,6 @@ jdt_status jdt_compile_codegen(const cprog *c, char **src, jdt_err *e);
  * returns the dlopen handle in *handle. */
 jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **handle,
                              jdt_compile_stats *st, jdt_err *e);
-/* cache.c: the resolved cache directory into buf. */
-jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e);
 
 /* The node a read of x really touches: x, or for absorbed strided reads the first node down
  * the chain that is materialised (or a splat). */

@@ -168,6 +168,8 @@ static bool eval_splat(jdt_op op, const jdt_attrs *at, const double *v, double *
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD:
     case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         return false;
     }
     return true;
@@ -348,6 +350,8 @@ static int simplify(lowerer *L, cnode *n)
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD:
     case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         break;
     }
     switch (n->op) {
@@ -458,6 +462,8 @@ static int simplify(lowerer *L, cnode *n)
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD:
     case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         break;
     }
     return -2;

@@ -29,6 +29,8 @@ struct jdt_program {
                            update copies */
     char (*step_name)[40]; /* (n_steps) trace names, only with opts.trace */
     int n_runs;
+    float *coll_scratch;      /* (largest all-gather / reduce-scatter buffer) for their
+                                 block permutation, so a run allocates nothing */
 };
 
 void jdt_compile_opts_init(jdt_compile_opts *o)
@@ -61,9 +63,11 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             ok = ok && c->nodes[n->in[k]].dtype == (idx ? JDT_DTYPE_I32 : JDT_DTYPE_F32);
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
-        if (n->op == JDT_OP_ALL_REDUCE && !c->opts.collective)
+        if ((n->op == JDT_OP_ALL_REDUCE || n->op == JDT_OP_ALL_GATHER ||
+             n->op == JDT_OP_REDUCE_SCATTER) && !c->opts.collective)
             return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                               "compile: all_reduce needs a communicator (opts.collective)");
+                               "compile: %s needs a communicator (opts.collective)",
+                               jdt_op_name(n->op));
         if (n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD)
             ok = ok && c->nodes[n->in[0]].shape.ndim == 4;
         if (!ok)
@@ -147,6 +151,8 @@ static double node_flops(const cprog *c, const cnode *n)
     case JDT_OP_RMS_NORMALIZE_BWD:
     case JDT_OP_ROPE:
     case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         break;
     }
     if (n->kind == CK_LEAF || n->kind == CK_SPLAT || n->kind == CK_VIEW) return 0.0;
@@ -181,6 +187,20 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     }
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
+    {
+        int64_t need = 0;
+        for (int i = 0; i < c->n_nodes; i++) {
+            const cnode *n = &c->nodes[i];
+            const int64_t full = n->op == JDT_OP_ALL_GATHER      ? jdt_shape_numel(&n->shape)
+                                 : n->op == JDT_OP_REDUCE_SCATTER ? jdt_shape_numel(&c->nodes[n->in[0]].shape)
+                                                                  : 0;
+            if (full > need) need = full;
+        }
+        if (need > 0 && !(p->coll_scratch = jdt_malloc((size_t)need * sizeof(float)))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: collective scratch");
+            goto fail;
+        }
+    }
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_codegen(c, &p->src, e)) != JDT_OK) goto fail;
@@ -211,11 +231,25 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
                          jdt_op_name(c->nodes[sp->node].op));
         }
     }
+    /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
+     * the OOM killer later */
+    const char *mem_src;
+    int64_t mem_avail = jdt_mem_available(&mem_src);
+    if (mem_avail >= 0 && c->arena_bytes > mem_avail) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM,
+                         "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
+                         "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
+                         "or runtime.remat: block",
+                         (double)c->arena_bytes / 1048576.0, (double)mem_avail / 1048576.0,
+                         mem_src);
+        goto fail;
+    }
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
     if (!p->arena || !p->ptrs) {
-        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: arena of %lld bytes",
-                         (long long)c->arena_bytes);
+        st = jdt_err_set(e, JDT_ERR_NOMEM,
+                         "compile: out of memory allocating the %.1f MiB arena for intermediates",
+                         (double)c->arena_bytes / 1048576.0);
         goto fail;
     }
     for (int b = 0; b < c->n_bufs; b++)
@@ -241,6 +275,20 @@ static void *ptr_of(const jdt_program *p, int node)
 static int64_t last_dim(const jdt_shape *s)
 {
     return s->ndim ? s->dims[s->ndim - 1] : 1;
+}
+
+
+/* Moves k blocks between the layouts (k, outer, blk) and (outer, k, blk): to_outer true:
+ * (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. */
+static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
+                          bool to_outer)
+{
+    for (int64_t j = 0; j < k; j++)
+        for (int64_t o = 0; o < outer; o++) {
+            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
+            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
+            memcpy(b, a, (size_t)blk * sizeof *a);
+        }
 }
 
 static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
@@ -363,6 +411,39 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
             float sc = (float)n->attrs.f[0], *of = o;
             for (int64_t i = 0; i < n_el; i++) of[i] *= sc;
         }
+        break;
+    }
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER: {
+        /* the full tensor viewed as (outer, k, blk) along the axis; the wire wants (k, outer,
+         * blk): one permuting copy unless everything before the axis has size 1 */
+        const bool gather = n->op == JDT_OP_ALL_GATHER;
+        const jdt_shape *full = gather ? &n->shape : s0;
+        const int ax = (int)n->attrs.i[1];
+        const int64_t k = n->attrs.i[2], nf = jdt_shape_numel(full), nl = nf / k;
+        int64_t outer = 1;
+        for (int d = 0; d < ax; d++) outer *= full->dims[d];
+        const int64_t blk = outer ? nl / outer : 0;
+        float *tmp = p->coll_scratch, *of = o;
+        const float *xf = in[0];
+        jdt_status cst;
+        if (gather) {
+            memmove(of, xf, (size_t)nl * sizeof *of);
+            cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], JDT_COLL_ALLGATHER,
+                                     JDT_DTYPE_F32, of, (size_t)nf, e);
+            if (cst == JDT_OK && outer > 1) {
+                memcpy(tmp, of, (size_t)nf * sizeof *tmp);
+                shard_permute(tmp, of, k, outer, blk, true);
+            }
+        } else {
+            if (outer > 1) shard_permute(xf, tmp, k, outer, blk, false);
+            else memcpy(tmp, xf, (size_t)nf * sizeof *tmp);
+            cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
+                                     JDT_COLL_REDUCE_SCATTER, JDT_DTYPE_F32, tmp, (size_t)nf, e);
+            const float sc = (float)n->attrs.f[0];
+            for (int64_t i = 0; i < nl && cst == JDT_OK; i++) of[i] = tmp[i] * sc;
+        }
+        if (cst != JDT_OK) return cst;
         break;
     }
     case JDT_OP_PARAM:
@@ -548,6 +629,7 @@ char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
 void jdt_program_free(jdt_program *p)
 {
     if (!p) return;
+    jdt_free(p->coll_scratch);
     cprog *c = &p->c;
     for (int g = 0; g < c->n_groups; g++)
         jdt_free(c->groups[g].members);

@@ -144,6 +144,8 @@ static void propagate_axes(jdt_tensor *t)
     case JDT_OP_ROPE:
     case JDT_OP_ATTENTION:
     case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         /* Same-shape ops (elementwise, row ops, slice/concat, cast ...): per dim, the first
          * input of the same rank that names it. */
         for (int k = 0; k < t->n_inputs; k++) {
@@ -709,4 +711,29 @@ jdt_tensor *jdt_graph_all_reduce(jdt_graph *g, jdt_tensor *x, int group, int red
     a.f[0] = scale;
     jdt_tensor *in[1] = {x};
     return jdt_graph_op(g, JDT_OP_ALL_REDUCE, 1, in, &a, x ? x->dtype : JDT_DTYPE_F32, NULL);
+}
+
+jdt_tensor *jdt_graph_all_gather(jdt_graph *g, jdt_tensor *x, int group, int k, int axis)
+{
+    jdt_attrs a;
+    memset(&a, 0, sizeof a);
+    a.i[0] = group;
+    a.i[1] = axis;
+    a.i[2] = k;
+    a.f[0] = 1.0;
+    jdt_tensor *in[1] = {x};
+    return jdt_graph_op(g, JDT_OP_ALL_GATHER, 1, in, &a, x ? x->dtype : JDT_DTYPE_F32, NULL);
+}
+
+jdt_tensor *jdt_graph_reduce_scatter(jdt_graph *g, jdt_tensor *x, int group, int k, int axis,
+                                     double scale)
+{
+    jdt_attrs a;
+    memset(&a, 0, sizeof a);
+    a.i[0] = group;
+    a.i[1] = axis;
+    a.i[2] = k;
+    a.f[0] = scale;
+    jdt_tensor *in[1] = {x};
+    return jdt_graph_op(g, JDT_OP_REDUCE_SCATTER, 1, in, &a, x ? x->dtype : JDT_DTYPE_F32, NULL);
 }

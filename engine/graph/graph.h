@@ -108,6 +108,14 @@ typedef enum {
  *                       1 max. f32. Executed through the jdt_collective_fn the caller hands to
  *                       the program or interpreter (group ids are the caller's table). The VJP
  *                       of a sum is the same all-reduce of the cotangent.
+ *   ALL_GATHER          x -> the group's k = i[2] members' x concatenated along axis i[1], in
+ *                       group order (process group i[0]). VJP: REDUCE_SCATTER of the cotangent.
+ *   REDUCE_SCATTER      x -> member j of the k = i[2] members of group i[0] gets part j of the
+ *                       sum of everyone's x split evenly along axis i[1] (which k must divide),
+ *                       times f[0]. VJP: ALL_GATHER of the cotangent times f[0].
+ *   Autodiff convention (as psum/all_gather/psum_scatter transpose in JAX): the objective is
+ *   the sum over ranks of each rank's scalar, so each collective's VJP is its linear transpose
+ *   over the stacked per-rank values (engine/shard seeds the loss with 1/world accordingly).
  */
 #define JDT_OP_LIST(X)                                                                            \
     X(PARAM, "param", 0, LEAF)                                                                    \
@@ -167,7 +175,9 @@ typedef enum {
     X(ROPE, "rope", 1, FUSED)                                                                     \
     X(ATTENTION, "attention", 3, FUSED)                                                           \
     X(ATTENTION_BWD, "attention_bwd", 5, FUSED)                                                   \
-    X(ALL_REDUCE, "all_reduce", 1, COLLECTIVE)
+    X(ALL_REDUCE, "all_reduce", 1, COLLECTIVE)                                                    \
+    X(ALL_GATHER, "all_gather", 1, COLLECTIVE)                                                    \
+    X(REDUCE_SCATTER, "reduce_scatter", 1, COLLECTIVE)
 
 typedef enum {
 #define JDT_OP_ENUM_(name, str, n_in, cls) JDT_OP_##name,
@@ -215,11 +225,25 @@ struct jdt_tensor {
 
 typedef struct jdt_graph jdt_graph;
 
-/* Runs a collective for a graph op: reduces n_elems values of dtype dt in buf in place over
- * process group `group` with reduce_op (0 sum, 1 max). Every rank of the group must reach the
- * same collectives in the same order (the graph guarantees it: same graph, same schedule).
- * Returns JDT_OK or an error (a lost peer, a timeout) with e naming the rank. */
-typedef jdt_status (*jdt_collective_fn)(void *ctx, int group, int reduce_op, jdt_dtype dt,
+/* What a jdt_collective_fn call does (the value of its `kind` argument). The first two keep
+ * the historical all-reduce encoding (0 sum, 1 max). */
+typedef enum {
+    JDT_COLL_ALLREDUCE_SUM = 0,  /* buf (n_elems) becomes the sum over the group */
+    JDT_COLL_ALLREDUCE_MAX = 1,  /* ... the maximum */
+    JDT_COLL_ALLGATHER = 2,      /* on entry the first n_elems / k values of buf hold this
+                                    member's part; on return segment j holds member j's */
+    JDT_COLL_REDUCE_SCATTER = 3, /* on return the first n_elems / k values of buf hold the sum
+                                    of everyone's segment g (g = this member's group index);
+                                    the rest of buf is clobbered */
+} jdt_collective_kind;
+
+/* Runs a collective for a graph op in place on buf (n_elems values of dtype dt) over process
+ * group `group` (the caller's table). Segments are n_elems / k contiguous values (the graph
+ * only issues counts the group size divides), segment j belonging to group member j. Every
+ * rank of the group must reach the same collectives in the same order (the graph guarantees
+ * it: same graph, same schedule). Returns JDT_OK or an error (a lost peer, a timeout) with e
+ * naming the rank. */
+typedef jdt_status (*jdt_collective_fn)(void *ctx, int group, int kind, jdt_dtype dt,
                                         void *buf, size_t n_elems, jdt_err *e);
 
 /* ---- core (engine/graph/graph.c) ----------------------------------------------------------- */

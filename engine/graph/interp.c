@@ -728,6 +728,61 @@ static jdt_status eval_all_reduce(const node_ctx *nd)
     return JDT_OK;
 }
 
+/* Moves k blocks between the layouts (k, outer, blk) and (outer, k, blk) of float values:
+ * to_outer true: (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. */
+static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
+                          bool to_outer)
+{
+    for (int64_t j = 0; j < k; j++)
+        for (int64_t o = 0; o < outer; o++) {
+            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
+            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
+            memcpy(b, a, (size_t)blk * sizeof *a);
+        }
+}
+
+/* ALL_GATHER and REDUCE_SCATTER: the full tensor viewed as (outer, k, blk) along the axis; the
+ * wire wants (k, outer, blk). The wire format is f32. */
+static jdt_status eval_gather_scatter(const node_ctx *nd)
+{
+    jdt_interp *it = nd->it;
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    jdt_err *e = nd->e;
+    const bool gather = t->op == JDT_OP_ALL_GATHER;
+    if (!it->collective)
+        return FAIL(JDT_ERR_UNSUPPORTED, "%s needs a communicator",
+                    gather ? "all_gather" : "reduce_scatter");
+    const jdt_shape *full = gather ? nd->so : nd->s0;
+    const int ax = (int)a->i[1];
+    const int64_t k = a->i[2], nf = jdt_shape_numel(full), nl = nf / k;
+    int64_t outer = 1;
+    for (int d = 0; d < ax; d++) outer *= full->dims[d];
+    const int64_t blk = outer ? nl / outer : 0;
+    float *tmp = jdt_malloc((size_t)(2 * nf + 1) * sizeof *tmp);
+    if (!tmp) return FAIL(JDT_ERR_NOMEM, "out of memory");
+    float *tmp2 = tmp + nf;
+    if (gather) {
+        for (int64_t i = 0; i < nl; i++) tmp[i] = (float)x0[i];
+    } else {
+        for (int64_t i = 0; i < nf; i++) tmp2[i] = (float)x0[i];
+        shard_permute(tmp2, tmp, k, outer, blk, false);
+    }
+    jdt_status cst = it->collective(it->collective_ctx, (int)a->i[0],
+                                    gather ? JDT_COLL_ALLGATHER : JDT_COLL_REDUCE_SCATTER,
+                                    JDT_DTYPE_F32, tmp, (size_t)nf, e);
+    if (cst == JDT_OK && gather) {
+        shard_permute(tmp, tmp2, k, outer, blk, true);
+        for (int64_t i = 0; i < nf; i++) y[i] = (double)tmp2[i];
+    } else if (cst == JDT_OK) {
+        for (int64_t i = 0; i < nl; i++) y[i] = (double)tmp[i] * a->f[0];
+    }
+    jdt_free(tmp);
+    return cst;
+}
+
 /* Computes node t's value from its inputs' values: one-line elementwise loops inline, every
  * other op in its eval_<op> function above; then rounds it to t's dtype. */
 static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
@@ -932,6 +987,10 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
         break;
     case JDT_OP_ALL_REDUCE:
         st = eval_all_reduce(&nd);
+        break;
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
+        st = eval_gather_scatter(&nd);
         break;
     }
     if (st != JDT_OK) return st;

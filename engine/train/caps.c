@@ -2,8 +2,9 @@
  * caps.c — what this build can run. One table of rules, checked once by cmd/ before any work
  * (jdt_train_check_capabilities): a config asking for something not built is refused with one
  * line naming the key and what to do, never accepted and silently ignored. When a feature
- * lands, its row goes: the partitioner deletes the mesh.fsdp / mesh.tensor rows, bf16 kernels
- * the precision.compute row.
+ * lands, its row goes (bf16 kernels delete the precision.compute row). Mesh shapes and rules
+ * that cannot divide the model are checked by jdt_train_check_mesh (engine/train/step.c), which
+ * needs the world size.
  */
 #include "train/train.h"
 
@@ -38,26 +39,6 @@ static bool params_not_f32(const jdt_config *cfg, char *why, size_t n_why)
              "precision.params: f32",
              jdt_dtype_name(cfg->precision.params));
     return true;
-}
-
-static bool mesh_axis_needs_partitioner(int size, const char *key, char *why, size_t n_why)
-{
-    if (size == 1) return false;
-    snprintf(why, n_why,
-             "%d: sharding params over %s needs the SPMD partitioner, which is not "
-             "built yet (only data parallelism over mesh.data is); set %s: 1",
-             size, key, key);
-    return true;
-}
-
-static bool fsdp_gt_1(const jdt_config *cfg, char *why, size_t n_why)
-{
-    return mesh_axis_needs_partitioner(cfg->mesh.fsdp, "mesh.fsdp", why, n_why);
-}
-
-static bool tensor_gt_1(const jdt_config *cfg, char *why, size_t n_why)
-{
-    return mesh_axis_needs_partitioner(cfg->mesh.tensor, "mesh.tensor", why, n_why);
 }
 
 static bool backend_not_built(const jdt_config *cfg, char *why, size_t n_why)
@@ -108,8 +89,6 @@ static bool rule_axis_unused(const jdt_config *cfg, char *why, size_t n_why)
 static const cap_rule CAP_RULES[] = {
     {"precision.compute", compute_not_f32}, /* until bf16 kernels land */
     {"precision.params", params_not_f32},   /* f32 master weights by design */
-    {"mesh.fsdp", fsdp_gt_1},               /* until the SPMD partitioner lands */
-    {"mesh.tensor", tensor_gt_1},           /* until the SPMD partitioner lands */
     {"runtime.backend", backend_not_built}, /* cuda: only in a CUDA build */
     {"sharding.rules", rule_axis_unused},
 };

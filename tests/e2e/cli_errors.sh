@@ -54,9 +54,6 @@ cap() {
 }
 caps() { local name=$1; shift; cap "$name" train "$@"; cap "$name" eval "$@"; }
 ARGS=("${T[@]}" precision.compute=bf16);   caps bf16 "precision.compute" "bf16" "not built yet" "precision.compute: f32"
-ARGS=("${T[@]}" mesh.fsdp=2);              caps fsdp "mesh.fsdp" "partitioner" "set mesh.fsdp: 1"
-ARGS=("${T[@]}" mesh.tensor=2);            caps tensor "mesh.tensor" "partitioner" "set mesh.tensor: 1"
-ARGS=("${T[@]}" mesh.data=2 mesh.tensor=2); caps tensor-2d "mesh.tensor" "partitioner"
 if ! "$BIN" version | grep -q '^backends:.* cuda'; then
   ARGS=("${T[@]}" runtime.backend=cuda);   caps cuda "runtime.backend" "CUDA build" "make CUDA=1"
 fi
@@ -65,12 +62,16 @@ caps rule-axis "sharding.rules" "rule 2" "'embd'" "no model uses" "embed"
 ARGS=("${T[@]}" "sharding.rules=[[batch, data], [embed, pipeline]]")
 caps rule-mesh "sharding.rules" "pipeline"
 # the launcher refuses once, before starting any rank
-"$BIN" --nproc 2 "${T[@]}" mesh.data=2 mesh.fsdp=2 >out 2>err; rc=$?
+"$BIN" --nproc 2 "${T[@]}" mesh.data=2 precision.compute=bf16 >out 2>err; rc=$?
 [ $rc -eq 2 ] || { cat out err; fail "launcher: exit $rc, expected 2"; }
-[ "$(wc -l <err)" -eq 1 ] && grep -qF "mesh.fsdp" err || { cat err; fail "launcher: expected one line naming mesh.fsdp"; }
+[ "$(wc -l <err)" -eq 1 ] && grep -qF "precision.compute" err || { cat err; fail "launcher: expected one line naming precision.compute"; }
+# a mesh the world cannot hold: the launcher says so once (jdt_train_check_mesh)
+"$BIN" --nproc 2 "${T[@]}" mesh.data=2 mesh.fsdp=2 >out 2>err; rc=$?
+[ $rc -eq 2 ] || { cat out err; fail "launcher mesh: exit $rc, expected 2"; }
+[ "$(wc -l <err)" -eq 1 ] && grep -qF "mesh" err || { cat err; fail "launcher mesh: expected one line naming the mesh"; }
 # inspect: the summary, plus the reason, exit 0
-"$BIN" inspect "${T[@]}" mesh.fsdp=2 >out 2>err || { cat out err; fail "inspect of an unrunnable config failed"; }
-grep -q "not runnable by this build: mesh.fsdp" out || { cat out; fail "inspect does not say why it cannot run"; }
+"$BIN" inspect "${T[@]}" precision.compute=bf16 >out 2>err || { cat out err; fail "inspect of an unrunnable config failed"; }
+grep -q "not runnable by this build: precision.compute" out || { cat out; fail "inspect does not say why it cannot run"; }
 grep -q "compiled step" out && fail "inspect compiled a config this build cannot run"
 [ ! -e "$TMP/runs" ] || fail "a refused run wrote $TMP/runs"
 
