@@ -3,15 +3,18 @@
 #   make            build build/jdt-train (warnings are errors)
 #   make run        install missing packages, build, prepare data, train configs/llm.yaml
 #   make test       install missing packages, build, run every unit and end-to-end test
+#   make lint       clang-format check and cppcheck (scripts/lint.sh)
 #   make SANITIZE=1 ASan/UBSan build in build-asan/ (make SANITIZE=1 test runs the suite there)
 #   make CUDA=1     also build the CUDA backend (NVRTC kernels, cuBLAS, NCCL)
+#   make fuzz SECONDS=N   build the libFuzzer targets (tests/fuzz/fuzz_*.c, clang, ASan+UBSan)
+#                   in build-fuzz/ and run each for N seconds (default 60) on its corpus
 #
 # Sources are discovered by folder, so adding a file needs no edit here:
 #   engine/*/*.c models/*.c datasets/*.c -> libjdt.a;  cmd/*.c -> jdt-train;
 #   tests/unit/check_*.c -> one Check suite binary each (linked with tests/unit/testutil.c).
 
 CC      ?= cc
-PKGS    := yaml-0.1 hdf5 libcurl openblas
+PKGS    := yaml-0.1 hdf5 libcurl openblas zlib libpcre2-8 icu-uc cairo
 SANITIZE ?= 0
 CUDA    ?= 0
 CUDA_HOME ?= /usr/local/cuda
@@ -31,7 +34,7 @@ LDSAN   :=
 endif
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter \
-           -Wpointer-arith -Wvla -Wformat=2 -Wno-format-nonliteral
+           -Wpointer-arith -Wvla -Wformat=2 -Wno-format-nonliteral -Wswitch-enum
 ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
@@ -73,8 +76,12 @@ endif
 
 CMD_SRCS  := $(wildcard cmd/*.c)
 UNIT_SRCS := $(wildcard tests/unit/check_*.c)
+ifneq ($(CUDA),1)
+# the builtin CUDA kernels' suite tests CUDA code only: built and run by `make test-cuda`
+UNIT_SRCS := $(filter-out tests/unit/check_cuk.c,$(UNIT_SRCS))
+endif
 BENCH_SRCS := $(wildcard scripts/bench/*.c)
-TESTUTIL  := $(wildcard tests/unit/testutil.c)
+TESTUTIL  := tests/unit/testutil.c
 
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 CMD_OBJS  := $(CMD_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -85,7 +92,7 @@ LIB       := $(BUILD)/libjdt.a
 BIN       := $(BUILD)/jdt-train
 
 .SECONDARY:
-.PHONY: all deps run test test-cuda unit e2e clean bench bench-build tests-build format lint
+.PHONY: all deps run test test-cuda unit e2e clean bench bench-build tests-build format lint fuzz fuzz-build
 all: $(BIN)
 
 ifeq ($(CUDA),1)
@@ -139,8 +146,9 @@ test: deps
 	    $(MAKE) --no-print-directory test-cuda || st=1; fi; exit $$st
 
 test-cuda:
-	@$(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda
+	@$(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk
 	@build-cuda/tests/check_cuda
+	@build-cuda/tests/check_cuk
 	@JDT_CUDA_BIN=$(CURDIR)/build-cuda/jdt-train JDT_BIN=$(CURDIR)/$(BUILD)/jdt-train JDT_ROOT=$(CURDIR) \
 	    JDT_TMP=$$(mktemp -d) bash tests/e2e/cuda_backend.sh
 
@@ -155,10 +163,62 @@ e2e: $(BIN)
 bench: all bench-build
 	@bash scripts/bench/run-all.sh $(BIN)
 
+# lint: clang-format --dry-run -Werror and cppcheck over the C sources (scripts/lint.sh; files
+# in scripts/lint/format-baseline.txt predate the format check and are skipped by it)
+lint: deps
+	@bash scripts/lint.sh
+
 format:
 	clang-format -i $(LIB_SRCS) $(CMD_SRCS) $(UNIT_SRCS) $(wildcard engine/*/*.h)
 
-clean:
-	rm -rf build build-asan build-cuda
+# print-VAR: prints a make variable (tests/e2e/build_switch_enum.sh reads WARN)
+print-%:
+	@echo $($*)
 
+clean:
+	rm -rf build build-asan build-cuda build-fuzz
+
+# ---- fuzzing (tests/fuzz/README.md) ----------------------------------------------------------
+# The engine is rebuilt with clang, ASan, UBSan and libFuzzer's coverage hooks; each target is
+# linked with libFuzzer's main. `make fuzz` runs them one after another, each for $(SECONDS) s,
+# on build-fuzz/corpus/<target> (new inputs) seeded from tests/fuzz/corpus/<target> (kept in
+# git); a finding stops make with the crash file named (build-fuzz/crash-*).
+FUZZ_CC     ?= clang
+FUZZ_BUILD  := build-fuzz
+SECONDS     ?= 60
+FUZZ_OPT    := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS := -std=c11 $(FUZZ_OPT) $(filter-out -Werror,$(WARN)) -Wno-unknown-pragmas -Wno-pass-failed -fopenmp -pthread $(PKG_CFLAGS)
+FUZZ_SRCS   := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS   := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
+FUZZ_OBJS   := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o)
+
+$(FUZZ_BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+$(FUZZ_BUILD)/libjdt.a: $(FUZZ_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz-input.h tests/fuzz/fuzz-h5.h $(FUZZ_BUILD)/libjdt.a
+	$(FUZZ_CC) $(CPPFLAGS) -Itests/fuzz $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< \
+	    $(FUZZ_BUILD)/libjdt.a $(PKG_LIBS) -ldl -lm -fopenmp -pthread
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	@for b in $(FUZZ_BINS); do t=$$(basename $$b | sed 's/^fuzz_//'); \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	  echo "fuzz: $$t for $(SECONDS) s (log: $(FUZZ_BUILD)/$$t.log)"; \
+	  $$b -max_total_time=$(SECONDS) -timeout=20 -rss_limit_mb=3072 -max_len=4096 \
+	    -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/ \
+	    $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t > $(FUZZ_BUILD)/$$t.log 2>&1; rc=$$?; \
+	  grep -E "^#[0-9]+ *(INITED|DONE)|^stat::(number_of_executed_units|peak_rss_mb)" \
+	    $(FUZZ_BUILD)/$$t.log | sed 's/^/  /'; \
+	  if [ $$rc -ne 0 ]; then tail -n 60 $(FUZZ_BUILD)/$$t.log; \
+	    echo "fuzz: $$t found a failure (exit $$rc; input saved as $(FUZZ_BUILD)/crash-* or leak-*)"; \
+	    exit 1; fi; \
+	done
+
+-include $(FUZZ_OBJS:.o=.d)
 -include $(LIB_OBJS:.o=.d) $(CMD_OBJS:.o=.d) $(TU_OBJS:.o=.d) $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/obj/tests/unit/%.d)

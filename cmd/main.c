@@ -1,20 +1,21 @@
 /*
  * main.c — the jdt-train command line: a table of subcommands (name, handler, one-line help,
  * usage), shared argument parsing (CONFIG, key.path=value overrides, flags), and the mapping
- * from engine statuses to documented exit codes. Later issues add rows to SUBCOMMANDS
- * (prepare, sample, eval) and the --nproc launcher without touching main().
+ * from engine statuses to documented exit codes. A new subcommand is a row in SUBCOMMANDS
+ * and a handler; the --nproc launcher lives in launch.c.
  *
  * Exit codes: 0 success, 1 run-time failure, 2 usage or config error, 130/143 when stopped by
  * SIGINT/SIGTERM.
  */
 #include "cmd/launch.h"
+#include "cmd/plot.h"
 #include "config/config.h"
 #include "core/core.h"
 #include "datasets/datasets.h"
 #include "world/world.h"
-#include "backend/backend.h"
 #include "io/ckpt.h"
 #include "train/train.h"
+#include "train/hf.h"
 
 #include <errno.h>
 #include <math.h>
@@ -36,6 +37,8 @@ enum {
     FLAG_SAMPLE = 1 << 3, /* --prompt --temperature --top-k --seed --length */
     FLAG_CKPT = 1 << 4,   /* --ckpt PATH */
     FLAG_PROFILE = 1 << 5, /* --profile */
+    FLAG_EXPORT = 1 << 6,  /* --format NAME, a second positional argument (OUT_DIR) */
+    FLAG_RAW = 1 << 7,     /* the handler parses its own arguments (raw_argc/raw_argv) */
 };
 
 typedef struct {
@@ -56,6 +59,10 @@ typedef struct {
     long top_k;                  /* --top-k (0 = off) */
     long seed;                   /* --seed */
     long length;                 /* --length: tokens to generate */
+    const char *format;          /* export --format */
+    const char *out_path;        /* export OUT_DIR */
+    int raw_argc;                /* the arguments after the subcommand (FLAG_RAW) */
+    char **raw_argv;
 } cli_args;
 
 typedef struct subcommand {
@@ -73,8 +80,10 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a);
 static int cmd_version(const subcommand *cmd, cli_args *a);
 static int cmd_prepare(const subcommand *cmd, cli_args *a);
 static int cmd_sample(const subcommand *cmd, cli_args *a);
+static int cmd_export(const subcommand *cmd, cli_args *a);
 static int cmd_eval(const subcommand *cmd, cli_args *a);
 static int cmd_help(const subcommand *cmd, cli_args *a);
+static int cmd_plot(const subcommand *cmd, cli_args *a) { return jdt_cmd_plot(a->raw_argc, a->raw_argv); }
 
 static const subcommand SUBCOMMANDS[] = {
     {"train", cmd_train, "train a model described by a YAML config",
@@ -96,7 +105,8 @@ static const subcommand SUBCOMMANDS[] = {
      "       jdt-train inspect --schema[=markdown]\n"
      "\n"
      "Resolves and validates CONFIG exactly as train does, then prints a summary: the model,\n"
-     "its parameter count, the mesh, data, optimizer and checkpoint settings.\n"
+     "its parameter count, the mesh, data, optimizer and checkpoint settings, and what this\n"
+     "build cannot run of it (train and eval refuse such a config with exit 2).\n"
      "\n"
      "options:\n"
      "  --no-compile        skip building and compiling the train step (by default the\n"
@@ -111,9 +121,11 @@ static const subcommand SUBCOMMANDS[] = {
     {"prepare", cmd_prepare, "turn data.source text into HDF5 token shards",
      "usage: jdt-train prepare CONFIG [key.path=value ...]\n"
      "\n"
-     "Reads the text file data.source, encodes it with data.tokenizer (byte), splits off the\n"
-     "last data.val_fraction as validation data and writes data.n_shards train shards\n"
-     "(train_000.h5 ...) and val_000.h5 into the directory data.train_path.\n",
+     "Reads the text file data.source, encodes it with data.tokenizer (byte, or bpe: the\n"
+     "tokenizer at data.tokenizer_path, else one of model.vocab_size ids trained on the text\n"
+     "and written as data.train_path/tokenizer.json), splits off the last data.val_fraction\n"
+     "as validation data and writes data.n_shards train shards (train_000.h5 ...) and\n"
+     "val_000.h5 into the directory data.train_path.\n",
      FLAG_LOG_LEVEL, true},
     {"sample", cmd_sample, "generate text from a checkpoint",
      "usage: jdt-train sample CKPT [--prompt TEXT] [--length N] [--temperature T] [--top-k K]\n"
@@ -123,13 +135,23 @@ static const subcommand SUBCOMMANDS[] = {
      "(the newest complete checkpoint in it is used). The model comes from the config stored\n"
      "in the checkpoint. Defaults: --length 200 --temperature 0.8 --top-k 0 (off) --seed 1.\n",
      FLAG_SAMPLE, true},
+    {"export", cmd_export, "write a checkpoint as a Hugging Face model directory",
+     "usage: jdt-train export CKPT --format hf OUT_DIR\n"
+     "\n"
+     "Writes OUT_DIR/model.safetensors + config.json (transformers GPT2LMHeadModel for a gpt\n"
+     "with GPT-2 options, LlamaForCausalLM for rmsnorm + rope + swiglu) and the run's\n"
+     "tokenizer.json (BPE runs). CKPT is a checkpoint directory or a run's checkpoint folder\n"
+     "(its newest checkpoint). docs/interop.md has the mapping.\n",
+     FLAG_EXPORT, true},
     {"eval", cmd_eval, "loss of a checkpoint on the config's val split",
      "usage: jdt-train eval CONFIG [key.path=value ...] [--ckpt PATH]\n"
      "\n"
      "Loads PATH (default: the newest checkpoint in the config's checkpoint directory) and\n"
      "prints the mean loss over run.eval_steps batches of the val split.\n",
      FLAG_LOG_LEVEL | FLAG_CKPT, true},
-    {"version", cmd_version, "print the version", "usage: jdt-train version\n", 0, false},
+    {"plot", cmd_plot, "draw loss curves of one or several runs (PNG/SVG)", JDT_PLOT_USAGE, FLAG_RAW, false},
+    {"version", cmd_version, "print the version and the backends built in",
+     "usage: jdt-train version\n", 0, false},
     {"help", cmd_help, "show help for a command", "usage: jdt-train help [COMMAND]\n", 0, false},
 };
 
@@ -181,12 +203,14 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
     a->temperature = 0.8;
     a->seed = 1;
     a->length = 200;
+    a->raw_argc = argc;
+    a->raw_argv = argv;
     a->overrides = jdt_calloc((size_t)argc + 1, sizeof *a->overrides);
     if (!a->overrides) {
         fprintf(stderr, "jdt-train: out of memory\n");
         return EXIT_RUNTIME;
     }
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc && !(cmd->flags & FLAG_RAW); i++) {
         const char *s = argv[i];
         if (!flags_done && s[0] == '-' && s[1] != '\0') {
             if (strcmp(s, "--") == 0) {
@@ -233,11 +257,16 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                     else if (strcmp(s, "--seed") == 0) a->seed = x;
                     else a->length = x;
                 }
+            } else if ((cmd->flags & FLAG_EXPORT) && strcmp(s, "--format") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--format needs a %s", "name (hf)");
+                a->format = argv[++i];
             } else if (strcmp(s, "--version") == 0) {
                 a->version = true;
             } else {
                 return usage_error(cmd, "unknown option '%s'", s);
             }
+        } else if ((cmd->flags & FLAG_EXPORT) && a->config_path && !a->out_path) {
+            a->out_path = s;
         } else if (strchr(s, '=') && a->config_path) {
             a->overrides[a->n_overrides++] = argv[i];
         } else if (!a->config_path) {
@@ -392,9 +421,14 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         fputs(c.resolved_yaml, stdout);
     } else {
         print_summary(&c, stdout);
+        /* a summary of a config this build cannot run still helps (parameter count, mesh);
+         * the reason is part of it, and nothing is compiled */
+        jdt_err e;
+        jdt_err_clear(&e);
+        bool runs = jdt_train_check_capabilities(&c, &e) == JDT_OK;
+        if (!runs) printf("not runnable by this build: %s\n", e.msg);
         fflush(stdout);
-        if (!a->no_compile) {
-            jdt_err e;
+        if (!a->no_compile && runs) {
             jdt_err_clear(&e);
             jdt_status st = jdt_train_inspect(&c, stdout, &e);
             if (st != JDT_OK) {
@@ -415,8 +449,38 @@ static int exit_code(jdt_status st)
     case JDT_OK: return EXIT_OK;
     case JDT_ERR_USAGE:
     case JDT_ERR_CONFIG: return EXIT_USAGE;
-    default: return EXIT_RUNTIME;
+    case JDT_ERR_NOMEM:
+    case JDT_ERR_INVALID:
+    case JDT_ERR_IO:
+    case JDT_ERR_FORMAT:
+    case JDT_ERR_NOT_FOUND:
+    case JDT_ERR_SHAPE:
+    case JDT_ERR_UNSUPPORTED:
+    case JDT_ERR_COMPILE:
+    case JDT_ERR_NUMERIC:
+    case JDT_ERR_NET:
+    case JDT_ERR_PROTOCOL:
+    case JDT_ERR_AUTH:
+    case JDT_ERR_TIMEOUT:
+    case JDT_ERR_PEER_LOST:
+    case JDT_ERR_INTERRUPTED:
+    case JDT_ERR_INTERNAL: return EXIT_RUNTIME;
+    case JDT_STATUS_COUNT: break;
     }
+    return EXIT_RUNTIME;
+}
+
+/* Refuses (one line, exit 2; cfg freed) a config asking for what this build cannot run, before
+ * any work: see jdt_train_check_capabilities. Returns 0 when it can run. */
+static int check_capabilities(jdt_config *c)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_train_check_capabilities(c, &e);
+    if (st == JDT_OK) return 0;
+    fprintf(stderr, "jdt-train: config error: %s\n", e.msg);
+    jdt_config_free(c);
+    return exit_code(st);
 }
 
 /* Joins the job (engine/world/world.h: dist.* keys, the --nproc launcher, SLURM, else one
@@ -438,15 +502,10 @@ static int cmd_train(const subcommand *cmd, cli_args *a)
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
+    if ((rc = check_capabilities(&c))) return rc;
     JDT_INFO("jdt-train %s: %s, %s, %.2fM parameters, %lld steps", JDT_VERSION_STRING, c.path,
              jdt_config_choice_name("model.type", (int)c.model.type),
              (double)jdt_config_param_count(&c) / 1e6, (long long)c.run.steps);
-    if (c.runtime.backend == JDT_BACKEND_CUDA && !jdt_device_built(JDT_DEVICE_CUDA)) {
-        fprintf(stderr, "jdt-train: config error: runtime.backend: cuda is not built into this "
-                        "binary (build it with make CUDA=1)\n");
-        jdt_config_free(&c);
-        return EXIT_USAGE;
-    }
     jdt_err e;
     jdt_err_clear(&e);
     if (a->profile) c.run.profile = true;
@@ -490,6 +549,9 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         o.out_dir = c.data.train_path;
         o.val_fraction = c.data.val_fraction;
         o.n_shards = c.data.n_shards;
+        o.tokenizer = c.data.tokenizer == JDT_TOKENIZER_BPE ? JDT_PREP_TOK_BPE : JDT_PREP_TOK_BYTE;
+        o.tokenizer_path = c.data.tokenizer_path;
+        o.vocab_size = c.model.vocab_size;
         jdt_prep_result r;
         st = jdt_prep_text(&o, &r, &e);
         if (st == JDT_OK)
@@ -508,6 +570,7 @@ static int cmd_eval(const subcommand *cmd, cli_args *a)
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
+    if ((rc = check_capabilities(&c))) return rc;
     jdt_err e;
     jdt_err_clear(&e);
     char *path = NULL, dir[1100];
@@ -515,9 +578,16 @@ static int cmd_eval(const subcommand *cmd, cli_args *a)
     jdt_status st = jdt_ckpt_resolve(a->ckpt ? a->ckpt : "auto", dir, &path, &e);
     if (st == JDT_OK && !path) st = jdt_err_set(&e, JDT_ERR_NOT_FOUND, "no checkpoint in %s", dir);
     double loss = NAN;
-    if (st == JDT_OK) st = jdt_train_eval(&c, path, &loss, &e);
-    if (st == JDT_OK) printf("val loss %.4f (%lld batches, %s)\n", loss, (long long)c.run.eval_steps, path);
-    else fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_dist *dist = NULL; /* under --nproc / SLURM: one distributed evaluation on the mesh */
+    if (st == JDT_OK) st = join_job(&c, &dist, &e);
+    if (st == JDT_OK) st = jdt_train_eval(&c, dist, path, &loss, &e);
+    if (st != JDT_OK && dist) jdt_dist_abort(dist, e.msg);
+    const bool main_rank = !dist || jdt_dist_rank(dist) == 0;
+    if (st == JDT_OK && main_rank)
+        printf("val loss %.4f (%lld batches, %s)\n", loss, (long long)c.run.eval_steps, path);
+    else if (st != JDT_OK)
+        fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_dist_free(dist);
     jdt_free(path);
     jdt_config_free(&c);
     return exit_code(st);
@@ -546,10 +616,38 @@ static int cmd_sample(const subcommand *cmd, cli_args *a)
     return exit_code(st);
 }
 
+static int cmd_export(const subcommand *cmd, cli_args *a)
+{
+    if (!a->config_path) return usage_error(cmd, "missing CKPT%s", "");
+    if (!a->format) return usage_error(cmd, "missing --format (only %s is known)", "hf");
+    if (strcmp(a->format, "hf") != 0) return usage_error(cmd, "--format: only hf is known, got '%s'", a->format);
+    if (!a->out_path) return usage_error(cmd, "missing OUT_DIR%s", "");
+    if (a->n_overrides) return usage_error(cmd, "unexpected argument '%s'", a->overrides[0]);
+    jdt_err e;
+    jdt_err_clear(&e);
+    char *path = NULL;
+    jdt_status st = JDT_OK;
+    if (jdt_ckpt_find_latest(a->config_path, &path, NULL, NULL) != JDT_OK) {
+        path = jdt_strdup(a->config_path);
+        if (!path) st = jdt_err_set(&e, JDT_ERR_NOMEM, "out of memory");
+    }
+    const char *arch = NULL;
+    if (st == JDT_OK) st = jdt_hf_export(path, a->out_path, &arch, &e);
+    if (st == JDT_OK) printf("exported %s -> %s (%s)\n", path, a->out_path, arch);
+    else fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    jdt_free(path);
+    return exit_code(st);
+}
+
 static int cmd_version(const subcommand *cmd, cli_args *a)
 {
     if (a->config_path) return usage_error(cmd, "unexpected argument '%s'", a->config_path);
     printf("jdt-train %s\n", JDT_VERSION_STRING);
+#ifdef JDT_CUDA
+    printf("backends: cpu cuda\n");
+#else
+    printf("backends: cpu\n");
+#endif
     return EXIT_OK;
 }
 

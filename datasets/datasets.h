@@ -17,12 +17,17 @@ int64_t jdt_prep_byte_encode(const void *text, size_t n_bytes, uint32_t *out);
 /* Inverse of the byte tokenizer: writes n bytes to out (ids >= 256 become '?'). */
 void jdt_prep_byte_decode(const uint32_t *tokens, int64_t n, char *out);
 
+typedef enum { JDT_PREP_TOK_BYTE, JDT_PREP_TOK_BPE } jdt_prep_tokenizer;
+
 typedef struct {
     const char *text_path; /* input text file */
     const char *out_dir;   /* created if missing */
     double val_fraction;   /* [0, 1): the tail of the token stream that becomes val */
     int n_shards;          /* train shard files (>= 1); val is one file */
     int compress_level;    /* 0..9 (deflate) */
+    jdt_prep_tokenizer tokenizer;
+    const char *tokenizer_path; /* BPE: tokenizer to load (bpe.h); NULL or "" = train one */
+    int vocab_size;             /* BPE: ids to train, and the most a loaded one may have */
 } jdt_prep_text_opts;
 
 typedef struct {
@@ -30,6 +35,7 @@ typedef struct {
     int64_t n_val_tokens;
     int n_train_files;
     int n_val_files;
+    int vocab_size; /* ids the shards may hold (256 for bytes) */
 } jdt_prep_result;
 
 /* Tokenizes text_path with the byte tokenizer, streaming it in blocks (never all in memory),
@@ -38,6 +44,23 @@ typedef struct {
  * earlier run with more shards are removed. res may be NULL. Errors: ERR_NOT_FOUND/ERR_IO
  * (the file), ERR_INVALID (empty text, too few tokens for the shards, bad options). */
 jdt_status jdt_prep_text(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
+
+/* The BPE path of jdt_prep_text (opts->tokenizer == JDT_PREP_TOK_BPE; jdt_prep_text calls it).
+ * Reads the whole text into memory; loads opts->tokenizer_path, or trains a tokenizer of
+ * opts->vocab_size ids on the train part (the head) of the text; writes it as
+ * out_dir/tokenizer.json; encodes the text; splits the ids into train shards and the val tail
+ * as the byte path does. Shards record tokenizer "bpe-<16 hex digits of the FNV-1a hash of
+ * tokenizer.json>" and vocab_size = the tokenizer's. Errors as jdt_prep_text, plus the
+ * tokenizer's (bpe.h), and ERR_CONFIG when a loaded tokenizer has more than vocab_size ids or
+ * vocab_size cannot hold a trained one (< 257). */
+jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
+
+/* The tokenizer a run uses when data.tokenizer is bpe: data_dir/tokenizer.json (data_dir is
+ * the prepared shard directory, or the directory of a single shard file), else
+ * tokenizer_path. Errors: ERR_NOT_FOUND (naming both places), the tokenizer's load errors. */
+struct jdt_bpe;
+jdt_status jdt_prep_bpe_for_run(const char *data_path, const char *tokenizer_path,
+                                struct jdt_bpe **out, jdt_err *e);
 
 /* Writes a synthetic token file of n_tokens ids < vocab_size, a pure function of seed: a
  * random sparse Markov chain (each token's successor is a fixed random token with

@@ -4,8 +4,10 @@
  * writers, so every file lands by temp file + rename.
  */
 #include "datasets/datasets.h"
+#include "datasets/bpe.h"
 #include "io/data.h"
 #include "io/io-impl.h"
+#include "io/json.h"
 
 #include <errno.h>
 #include <math.h>
@@ -115,6 +117,7 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
     if (o->n_shards < 1 || o->n_shards > 100000)
         return jdt_err_set(e, JDT_ERR_INVALID, "prepare: n_shards %d outside 1..100000",
                            o->n_shards);
+    if (o->tokenizer == JDT_PREP_TOK_BPE) return jdt_prep_text_bpe(o, res, e);
     f = fopen(o->text_path, "rb");
     if (!f)
         return jdt_err_set(e, errno == ENOENT ? JDT_ERR_NOT_FOUND : JDT_ERR_IO, "%s: %s",
@@ -145,8 +148,11 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
         st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
         goto out;
     }
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "prepare: writing shards", (double)n / 1048576.0, "MB");
     for (int i = 0; i < o->n_shards; i++) {
         int64_t b = n_train * i / o->n_shards, en = n_train * (i + 1) / o->n_shards;
+        jdt_progress_update(&prog, (double)b / 1048576.0);
         sprintf(path, "%s/train_%03d.h5", o->out_dir, i);
         if ((st = write_shard(f, o->text_path, b, en, path, o->compress_level, buf, toks, e)))
             goto out;
@@ -156,18 +162,156 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
         if ((st = write_shard(f, o->text_path, n_train, n, path, o->compress_level, buf, toks, e)))
             goto out;
     }
+    jdt_progress_end(&prog);
     if ((st = remove_stale(o->out_dir, o->n_shards, n_val > 0 ? 1 : 0, e))) goto out;
     if (res) {
         res->n_train_tokens = n_train;
         res->n_val_tokens = n_val;
         res->n_train_files = o->n_shards;
         res->n_val_files = n_val > 0 ? 1 : 0;
+        res->vocab_size = JDT_PREP_BYTE_VOCAB;
     }
 out:
     jdt_free(path);
     jdt_free(toks);
     jdt_free(buf);
     if (f) fclose(f);
+    return st;
+}
+
+/* Writes ids[begin, end) as one token file. */
+static jdt_status write_ids(const uint32_t *ids, int64_t begin, int64_t end, const char *path,
+                            uint32_t vocab_size, const char *tokenizer, int compress_level,
+                            jdt_err *e)
+{
+    jdt_data_write_opts wo = {.compress_level = compress_level, .chunk_rows = 0};
+    jdt_data_tokw *w = NULL;
+    jdt_status st = jdt_data_tokw_open(path, end - begin, vocab_size, tokenizer, &wo, &w, e);
+    if (st != JDT_OK) return st;
+    if ((st = jdt_data_tokw_append(w, ids + begin, end - begin, e))) {
+        jdt_data_tokw_abort(w);
+        return st;
+    }
+    return jdt_data_tokw_commit(w, e);
+}
+
+jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_err *e)
+{
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
+    char *text = NULL, *path = NULL, *tok_json = NULL;
+    size_t n_text = 0, n_ids = 0, cap = 0, n_json = 0;
+    uint32_t *ids = NULL;
+    jdt_bpe *tok = NULL;
+    jdt_status st = jdt_io_read_all(o->text_path, &text, &n_text, e);
+    if (st) return st;
+    if (n_text == 0) {
+        st = jdt_err_set(e, JDT_ERR_INVALID, "%s: the text is empty", o->text_path);
+        goto out;
+    }
+    if (o->tokenizer_path && o->tokenizer_path[0]) {
+        if ((st = jdt_bpe_load(o->tokenizer_path, &tok, e))) goto out;
+        if (jdt_bpe_vocab_size(tok) > o->vocab_size) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG,
+                             "%s: the tokenizer has %d ids but model.vocab_size is %d (set "
+                             "model.vocab_size to at least %d)",
+                             o->tokenizer_path, jdt_bpe_vocab_size(tok), o->vocab_size,
+                             jdt_bpe_vocab_size(tok));
+            goto out;
+        }
+    } else {
+        if (o->vocab_size < 257 || o->vocab_size > (1 << 24)) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG,
+                             "model.vocab_size %d: training a BPE needs 257..16777216 ids (256 "
+                             "bytes + <|endoftext|> + merges), or set data.tokenizer_path",
+                             o->vocab_size);
+            goto out;
+        }
+        /* train on the head that becomes train data, so val stays unseen */
+        size_t n_head = n_text - (size_t)floor((double)n_text * o->val_fraction);
+        double t0 = jdt_now_s();
+        if ((st = jdt_bpe_train(text, n_head ? n_head : n_text, o->vocab_size, &tok, e))) goto out;
+        JDT_INFO("trained a byte-level BPE of %d ids on %zu bytes in %.1f s",
+                 jdt_bpe_vocab_size(tok), n_head, jdt_now_s() - t0);
+    }
+    if ((st = jdt_io_mkdir_p(o->out_dir, e))) goto out;
+    if (!(path = jdt_malloc(strlen(o->out_dir) + 32))) goto oom;
+    sprintf(path, "%s/tokenizer.json", o->out_dir);
+    if ((st = jdt_bpe_save(tok, path, e))) goto out;
+    if ((st = jdt_io_read_all(path, &tok_json, &n_json, e))) goto out;
+    char tok_name[32];
+    snprintf(tok_name, sizeof tok_name, "bpe-%016llx",
+             (unsigned long long)jdt_hash_bytes(JDT_HASH_INIT, tok_json, n_json));
+    if ((st = jdt_bpe_encode(tok, text, n_text, &ids, &n_ids, &cap, e))) goto out;
+    int64_t n = (int64_t)n_ids;
+    int64_t n_val = (int64_t)floor((double)n * o->val_fraction);
+    if (o->val_fraction > 0 && n_val < 2) n_val = 2;
+    int64_t n_train = n - n_val;
+    if (n_train < o->n_shards) {
+        st = jdt_err_set(e, JDT_ERR_INVALID,
+                         "%s: %lld tokens are too few for %d train shards and val_fraction %g",
+                         o->text_path, (long long)n, o->n_shards, o->val_fraction);
+        goto out;
+    }
+    uint32_t vocab = (uint32_t)jdt_bpe_vocab_size(tok);
+    for (int i = 0; i < o->n_shards; i++) {
+        int64_t b = n_train * i / o->n_shards, en = n_train * (i + 1) / o->n_shards;
+        sprintf(path, "%s/train_%03d.h5", o->out_dir, i);
+        if ((st = write_ids(ids, b, en, path, vocab, tok_name, o->compress_level, e))) goto out;
+    }
+    if (n_val > 0) {
+        sprintf(path, "%s/val_%03d.h5", o->out_dir, 0);
+        if ((st = write_ids(ids, n_train, n, path, vocab, tok_name, o->compress_level, e))) goto out;
+    }
+    if ((st = remove_stale(o->out_dir, o->n_shards, n_val > 0 ? 1 : 0, e))) goto out;
+    if (res) {
+        res->n_train_tokens = n_train;
+        res->n_val_tokens = n_val;
+        res->n_train_files = o->n_shards;
+        res->n_val_files = n_val > 0 ? 1 : 0;
+        res->vocab_size = (int)vocab;
+    }
+    goto out;
+oom:
+    st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
+out:
+    jdt_bpe_free(tok);
+    jdt_free(ids);
+    jdt_free(tok_json);
+    jdt_free(path);
+    jdt_free(text);
+    return st;
+}
+
+jdt_status jdt_prep_bpe_for_run(const char *data_path, const char *tokenizer_path,
+                                struct jdt_bpe **out, jdt_err *e)
+{
+    *out = NULL;
+    char *p = NULL;
+    if (data_path && data_path[0]) {
+        if (jdt_io_is_dir(data_path)) {
+            p = jdt_io_join(data_path, "tokenizer.json");
+        } else {
+            const char *slash = strrchr(data_path, '/');
+            size_t d = slash ? (size_t)(slash - data_path) : 1;
+            if ((p = jdt_malloc(d + 20))) snprintf(p, d + 20, "%.*s/tokenizer.json", (int)d, slash ? data_path : ".");
+        }
+        if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
+        if (jdt_io_is_file(p)) {
+            jdt_status st = jdt_bpe_load(p, out, e);
+            jdt_free(p);
+            return st;
+        }
+    }
+    if (tokenizer_path && tokenizer_path[0]) {
+        jdt_free(p);
+        return jdt_bpe_load(tokenizer_path, out, e);
+    }
+    jdt_status st = jdt_err_set(e, JDT_ERR_NOT_FOUND,
+                                "data.tokenizer is bpe but there is no %s and no "
+                                "data.tokenizer_path (run `jdt-train prepare` first)",
+                                p ? p : "tokenizer.json beside data.train_path");
+    jdt_free(p);
     return st;
 }
 

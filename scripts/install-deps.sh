@@ -10,13 +10,32 @@ PKGS=(
   libyaml-dev        # config parser
   libhdf5-dev        # datasets and checkpoints
   hdf5-tools         # h5dump, used by tests to check files independently
-  libcurl4-openssl-dev
+  libcurl4-openssl-dev # HTTP(S) data
+  libpcre2-dev       # tokenizer pre-tokenizer regexes (UTF + Unicode classes, JIT)
+  libicu-dev         # NFC normalization of Qwen2-style tokenizers
   libopenblas-dev    # CPU GEMMs
   libopenblas-openmp-dev # the OpenMP build: GEMMs share the kernels' thread pool (Makefile)
   check              # unit-test framework
-  iproute2           # network-namespace tests
+  python3            # e2e tests check JSON traces and metrics with it
   procps             # pkill/ps in e2e tests
-  fortunes           # the offline text corpus of `make run` (configs/llm.yaml)
+  fortunes           # the offline text corpus (scripts/fortunes-corpus.sh): `make run`, train_fortunes.sh
+  # test fixtures (tests/infra/, docs/testing.md): they start daemons of their own, with their
+  # own config; none of these needs to run as a system service
+  iproute2           # network-namespace hosts (ip netns, veth, bridge); ss for free ports
+  iputils-ping       # netns-up.sh checks every host reaches every other one
+  util-linux         # nsenter, unshare (netns-exec.sh)
+  slurmctld          # local SLURM cluster (slurm-up.sh)
+  slurmd
+  slurm-client       # sbatch, srun, squeue, sinfo, scancel
+  munge              # SLURM's authentication
+  nginx-light        # HTTP server with Range for remote-data tests (http-up.sh)
+  curl               # HTTP checks in fixtures and tests
+  clang              # `make fuzz`: libFuzzer targets (tests/fuzz/) with ASan/UBSan
+  libclang-rt-dev    # libFuzzer and the sanitizer runtimes for that clang
+  libomp-dev         # OpenMP for clang (the engine's kernels use it)
+  libcairo2-dev      # `jdt-train plot`: PNG and SVG loss curves
+  clang-format       # make lint (format check against .clang-format)
+  cppcheck           # make lint (static analysis)
 )
 
 missing=()

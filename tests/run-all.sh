@@ -5,14 +5,16 @@
 #
 # Unit suites: every BUILD_DIR/tests/check_* binary (Check, fork mode, per-test timeouts).
 # End-to-end: every tests/e2e/*.sh, run with JDT_BIN set to the binary, in a fresh temp dir
-# ($JDT_TMP). Exit 0 = pass, 77 = skip (the script prints why), anything else = fail.
+# ($JDT_TMP). Exit 0 = pass, 77 = skip (the script prints why), anything else = fail. Tests set
+# up what they need themselves (tests/infra/ fixtures, docs/testing.md); after each one,
+# tests/infra/teardown.sh stops any fixture still up under its $JDT_TMP (a test that leaked one
+# fails). Under CI=true a test whose fixture cannot run fails instead of skipping.
 set -uo pipefail
 BUILD=${1:-build}
 WHAT=${2:-all}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export JDT_BIN="$ROOT/$BUILD/jdt-train"
 export JDT_ROOT="$ROOT"
-export JDT_SHARED="${JDT_SHARED:-$ROOT/../shared}"
 pass=0; fail=0; skip=0; failed=()
 
 if [ "$WHAT" = all ] || [ "$WHAT" = unit ]; then
@@ -43,9 +45,17 @@ if [ "$WHAT" = all ] || [ "$WHAT" = e2e ]; then
     start=$(date +%s)
     out=$(cd "$ROOT" && JDT_TMP="$tmp" timeout -k 10 600 bash "$t" 2>&1); rc=$?
     secs=$(( $(date +%s) - start ))
+    td=$(bash "$ROOT/tests/infra/teardown.sh" "$tmp" 2>&1); tdrc=$?
+    if [ $tdrc -ne 0 ]; then
+      out="$out
+$td"
+      [ $rc -eq 0 ] || [ $rc -eq 77 ] && rc=99
+    fi
     case $rc in
       0)  echo "e2e $name: ok (${secs}s)"; pass=$((pass + 1));;
       77) echo "e2e $name: SKIP: $(echo "$out" | grep -m1 -i 'skip' || echo "$out" | tail -1)"; skip=$((skip + 1));;
+      99) echo "e2e $name: FAILED (passed, but left fixtures up; stopped them)"; echo "$td" | sed 's/^/    /'
+          fail=$((fail + 1)); failed+=("e2e:$name");;
       *)  echo "e2e $name: FAILED (exit $rc, ${secs}s)"; echo "$out" | tail -30 | sed 's/^/    /'
           fail=$((fail + 1)); failed+=("e2e:$name");;
     esac

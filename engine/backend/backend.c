@@ -21,8 +21,8 @@ bool jdt_device_built(jdt_device_kind kind)
     return kind == JDT_DEVICE_CPU;
 }
 
-jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_dir,
-                           jdt_device **out, jdt_err *e)
+jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_dir, jdt_device **out,
+                           jdt_err *e)
 {
     *out = NULL;
     if (!jdt_device_built(kind))

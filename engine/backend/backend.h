@@ -31,8 +31,8 @@ bool jdt_device_built(jdt_device_kind kind);
 /* Opens device `index` of `kind` (CUDA: the local rank's GPU; CPU: index ignored). cache_dir
  * (NULL: the compiler's default) holds compiled kernels. Errors: ERR_UNSUPPORTED (backend not
  * built in, no GPU or no driver: one line naming the CUDA error), ERR_RUNTIME, ERR_NOMEM. */
-jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_dir,
-                           jdt_device **out, jdt_err *e);
+jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_dir, jdt_device **out,
+                           jdt_err *e);
 /* A CUDA device that compiles programs to CUDA source and stops there: jdt_program_compile
  * succeeds (jdt_program_source gives the kernels), jdt_program_run fails with ERR_UNSUPPORTED.
  * Needs no GPU, driver or CUDA library (`inspect`, CI tests that NVRTC-compile the source). */

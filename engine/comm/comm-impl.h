@@ -1,7 +1,7 @@
 /*
  * comm-impl.h — internals of engine/comm shared by net.c (sockets), wire.c (the rendezvous
  * protocol), coord.c (the coordinator), dist.c (the rank's client side) and comm.c
- * (collectives). Not for use outside engine/dist.
+ * (collectives). Not for use outside engine/comm.
  */
 #ifndef JDT_DIST_IMPL_H
 #define JDT_DIST_IMPL_H
@@ -35,6 +35,9 @@ jdt_status jdt_net_recv_all(int fd, void *buf, size_t n, double deadline, atomic
                             const char *what, jdt_err *e);
 /* "ip:port" of the remote end (or "?"), for log lines. */
 void jdt_net_peer_name(int fd, char *out, size_t cap);
+/* The local IP address this host would use to reach addr ("host:port"), written into out
+ * (left untouched if it cannot be found). Sends nothing. */
+void jdt_net_route_ip(const char *addr, char *out, size_t cap);
 /* The local IP address of a connected socket. */
 void jdt_net_local_ip(int fd, char *out, size_t cap);
 /* Token comparison whose time depends only on the expected token's length. */
@@ -142,6 +145,7 @@ struct jdt_dist {
     bool formed;           /* the peer table arrived: every rank joined */
 
     int coord_fd;
+    int data_port; /* this rank's data listener (sent in HELLO) */
     pthread_mutex_t send_mu; /* serialises frames on coord_fd */
     pthread_mutex_t req_mu;  /* one request/response at a time */
     pthread_mutex_t mu;      /* guards the response slot and the abort message */

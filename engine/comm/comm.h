@@ -33,7 +33,8 @@ typedef struct {
     const char *coordinator;   /* "host:port" of the coordinator */
     const char *token;         /* job token; every rank and the coordinator must agree */
     bool host_coordinator;     /* rank 0 runs the coordinator in a thread (default true) */
-    int coord_listen_fd;       /* rank 0: a pre-bound listening socket to serve on, or -1 */
+    int coord_listen_fd;       /* rank 0: a pre-bound listening socket to serve on, or -1;
+                                  jdt_dist_init takes it over (closed on failure too) */
     double connect_timeout_s;  /* start-up: connect retries and waiting for all ranks (60) */
     double heartbeat_s;        /* heartbeat interval (1) */
     double peer_timeout_s;     /* a rank silent this long is declared lost (10) */

@@ -58,6 +58,13 @@ typedef struct {
     uint32_t len;
 } kv_entry;
 
+/* Warnings about strangers (floods, scanners, garbage) are rate-limited: one per second, with a
+ * count of the ones held back, so a flood of refused connections is not a flood of log lines. */
+typedef struct {
+    double last;
+    int held;
+} warn_limit;
+
 struct jdt_dist_coord {
     int listen_fd;
     int world;
@@ -76,7 +83,32 @@ struct jdt_dist_coord {
     kv_entry *kv;
     int n_kv, cap_kv;
     jdt_wbuf wb;
+    warn_limit stranger_warn;
 };
+
+#define STRANGER_WARN_EVERY_S 1.0
+
+static void stranger_warn(jdt_dist_coord *c, const char *fmt, ...) JDT_PRINTF(2, 3);
+static void stranger_warn(jdt_dist_coord *c, const char *fmt, ...)
+{
+    double now = jdt_now_s();
+    warn_limit *w = &c->stranger_warn;
+    if (w->last > 0 && now - w->last < STRANGER_WARN_EVERY_S) {
+        w->held++;
+        return;
+    }
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (w->held > 0)
+        JDT_WARN("coordinator: %s (and %d similar in the last %.0f s)", msg, w->held, now - w->last);
+    else
+        JDT_WARN("coordinator: %s", msg);
+    w->last = now;
+    w->held = 0;
+}
 
 static void conn_kill(conn *c, const char *fmt, ...) JDT_PRINTF(2, 3);
 static void conn_kill(conn *c, const char *fmt, ...)
@@ -177,13 +209,13 @@ static void handle_hello(jdt_dist_coord *c, int ci, jdt_rbuf *rb)
     uint32_t port = jdt_rbuf_u32(rb);
     uint32_t pid = jdt_rbuf_u32(rb);
     if (rb->bad) {
-        JDT_WARN("coordinator: refused connection from %s: malformed HELLO", cn->name);
+        stranger_warn(c, "refused connection from %s: malformed HELLO", cn->name);
         conn_kill(cn, "malformed HELLO");
         return;
     }
     if (!jdt_net_token_eq(c->token, (const char *)tok, tok_len)) {
-        JDT_WARN("coordinator: refused connection from %s (claims rank %u): wrong job token",
-                 cn->name, rank);
+        stranger_warn(c, "refused connection from %s (claims rank %u): wrong job token", cn->name,
+                      rank);
         send_reject(c, cn, JDT_ERR_AUTH, "wrong job token");
         conn_kill(cn, "wrong token");
         return;
@@ -202,7 +234,7 @@ static void handle_hello(jdt_dist_coord *c, int ci, jdt_rbuf *rb)
     else if (c->aborted)
         snprintf(why, sizeof why, "the job has already been aborted (start-up timeout?)");
     if (why[0]) {
-        JDT_WARN("coordinator: refused connection from %s: %s", cn->name, why);
+        stranger_warn(c, "refused connection from %s: %s", cn->name, why);
         send_reject(c, cn, JDT_ERR_INVALID, why);
         conn_kill(cn, "%s", why);
         return;
@@ -254,6 +286,26 @@ static void reply_barrier(jdt_dist_coord *c, int r, bool ok, const char *msg)
     jdt_wbuf_u32(&c->wb, ok ? 1 : 0);
     jdt_wbuf_str(&c->wb, msg);
     send_to_rank(c, r);
+}
+
+/* A barrier needs every rank: once one has left (BYE) or been lost, the ranks waiting in it
+ * (and any that enter it later) fail now instead of waiting out their timeout. */
+static void fail_barriers_without(jdt_dist_coord *c)
+{
+    int gone = -1;
+    for (int r = 0; r < c->world && gone < 0; r++)
+        if (c->ranks[r].state == RANK_LEFT || c->ranks[r].state == RANK_LOST) gone = r;
+    if (gone < 0) return;
+    char msg[256];
+    snprintf(msg, sizeof msg, "barrier cannot complete: rank %d %s", gone,
+             c->ranks[gone].state == RANK_LEFT ? "has already left the job (it finished or "
+                                                  "stopped cleanly)"
+                                                : "was lost");
+    for (int r = 0; r < c->world; r++) {
+        if (c->ranks[r].wait != WAIT_BARRIER || c->ranks[r].state != RANK_JOINED) continue;
+        c->ranks[r].wait = WAIT_NONE;
+        reply_barrier(c, r, false, msg);
+    }
 }
 
 static void check_barrier(jdt_dist_coord *c, uint32_t seq)
@@ -340,6 +392,7 @@ static void handle_ranked(jdt_dist_coord *c, int ci, jdt_rbuf *rb)
         ri->seq = seq;
         ri->deadline = jdt_now_s() + ms / 1000.0;
         check_barrier(c, seq);
+        fail_barriers_without(c);
         return;
     }
     case JDT_MSG_ABORT: {
@@ -358,8 +411,16 @@ static void handle_ranked(jdt_dist_coord *c, int ci, jdt_rbuf *rb)
         ri->wait = WAIT_NONE;
         JDT_DEBUG("coordinator: rank %d left", r);
         conn_kill(cn, "left");
+        fail_barriers_without(c);
         return;
-    default:
+    case JDT_MSG_HELLO:
+    case JDT_MSG_WELCOME:
+    case JDT_MSG_REJECT:
+    case JDT_MSG_PONG:
+    case JDT_MSG_KV_VALUE:
+    case JDT_MSG_BARRIER_DONE:
+    case JDT_MSG_ACK:
+    case JDT_MSG_COUNT:
         break;
     }
     JDT_WARN("coordinator: rank %d (%s) sent a malformed or unexpected message (type %d)", r,
@@ -394,13 +455,16 @@ static void conn_read(jdt_dist_coord *c, int ci)
             if (cn->hdr_got < JDT_WIRE_HDR) continue;
             jdt_err e;
             if (jdt_wire_parse_hdr(cn->hdr, &cn->type, &cn->body_len, &e)) {
-                JDT_WARN("coordinator: refused %s (%s): %s",
-                         cn->rank >= 0 ? "a rank's connection" : "connection", cn->name, e.msg);
+                if (cn->rank >= 0)
+                    JDT_WARN("coordinator: refused rank %d's connection (%s): %s", cn->rank,
+                             cn->name, e.msg);
+                else
+                    stranger_warn(c, "refused connection from %s: %s", cn->name, e.msg);
                 conn_kill(cn, "garbage: %s", e.msg);
                 return;
             }
             if (cn->rank < 0 && (cn->type != JDT_MSG_HELLO || cn->body_len > HELLO_MAX)) {
-                JDT_WARN("coordinator: refused connection from %s: expected HELLO", cn->name);
+                stranger_warn(c, "refused connection from %s: expected HELLO", cn->name);
                 conn_kill(cn, "no HELLO");
                 return;
             }
@@ -430,14 +494,25 @@ static void accept_new(jdt_dist_coord *c)
     for (;;) {
         int fd = accept4(c->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
-        int pending = 0;
-        for (int i = 0; i < c->n_conns; i++) pending += c->conns[i].rank < 0;
+        /* Too many connections without a HELLO: drop the OLDEST one, not the newcomer. A
+         * client holding idle connections open then cannot lock the real ranks out: a rank
+         * sends its HELLO right after connecting, so it is never the oldest for long (and a
+         * rank whose connection was dropped reconnects until its deadline). */
+        int pending = 0, oldest = -1;
+        for (int i = 0; i < c->n_conns; i++) {
+            conn *p = &c->conns[i];
+            if (p->rank >= 0 || p->dead) continue;
+            pending++;
+            if (oldest < 0 || p->since < c->conns[oldest].since) oldest = i;
+        }
         char name[64];
         jdt_net_peer_name(fd, name, sizeof name);
-        if (pending >= MAX_PENDING) {
-            JDT_WARN("coordinator: refused connection from %s: too many pending", name);
-            close(fd);
-            continue;
+        if (pending >= MAX_PENDING && oldest >= 0) {
+            stranger_warn(c, "%d connections sent no HELLO; dropped the oldest (%s)", pending,
+                          c->conns[oldest].name);
+            conn_kill(&c->conns[oldest], "evicted: too many pending connections");
+            /* close it now (not at the end of the loop turn), so the cap holds */
+            conn_close(c, oldest);
         }
         if (c->n_conns == c->cap_conns) {
             int cap = c->cap_conns ? 2 * c->cap_conns : 16;
@@ -465,8 +540,8 @@ static void timers(jdt_dist_coord *c)
     for (int i = 0; i < c->n_conns; i++) {
         conn *cn = &c->conns[i];
         if (cn->rank < 0 && now - cn->since > PENDING_TIMEOUT_S) {
-            JDT_WARN("coordinator: dropped connection from %s: no HELLO within %.0f s", cn->name,
-                     PENDING_TIMEOUT_S);
+            stranger_warn(c, "dropped connection from %s: no HELLO within %.0f s", cn->name,
+                          PENDING_TIMEOUT_S);
             conn_kill(cn, "no HELLO");
         }
     }
@@ -556,12 +631,21 @@ jdt_status jdt_dist_coord_start(const char *bind_addr, int listen_fd, int world_
 {
     jdt_status st = JDT_OK;
     *out = NULL;
-    if (world_size < 1) return jdt_err_set(e, JDT_ERR_INVALID, "coordinator: world size %d < 1", world_size);
-    if (!token || strlen(token) >= JDT_TOKEN_MAX)
-        return jdt_err_set(e, JDT_ERR_INVALID, "coordinator: token missing or over %u bytes",
-                           JDT_TOKEN_MAX - 1);
+    /* listen_fd is ours from here on, on every path: closed on failure, never leaked */
+    if (world_size < 1) {
+        st = jdt_err_set(e, JDT_ERR_INVALID, "coordinator: world size %d < 1", world_size);
+        goto out_close_fd;
+    }
+    if (!token || strlen(token) >= JDT_TOKEN_MAX) {
+        st = jdt_err_set(e, JDT_ERR_INVALID, "coordinator: token missing or over %u bytes",
+                         JDT_TOKEN_MAX - 1);
+        goto out_close_fd;
+    }
     jdt_dist_coord *c = jdt_calloc(1, sizeof *c);
-    if (!c) return jdt_err_set(e, JDT_ERR_NOMEM, "coordinator");
+    if (!c) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "coordinator");
+        goto out_close_fd;
+    }
     c->listen_fd = -1;
     c->world = world_size;
     snprintf(c->token, sizeof c->token, "%s", token);
@@ -576,10 +660,11 @@ jdt_status jdt_dist_coord_start(const char *bind_addr, int listen_fd, int world_
     for (int r = 0; r < world_size; r++) c->ranks[r].conn = -1;
     if (listen_fd >= 0) {
         c->listen_fd = listen_fd;
+        listen_fd = -1;
         if (port_out) {
             struct sockaddr_storage ss;
             socklen_t sl = sizeof ss;
-            getsockname(listen_fd, (struct sockaddr *)&ss, &sl);
+            getsockname(c->listen_fd, (struct sockaddr *)&ss, &sl);
             *port_out = ntohs(((struct sockaddr_in *)&ss)->sin_port);
         }
     } else {
@@ -595,7 +680,9 @@ jdt_status jdt_dist_coord_start(const char *bind_addr, int listen_fd, int world_
     }
     st = jdt_net_set_nonblock(c->listen_fd, true, e);
     if (st) goto out_free;
-    c->start = jdt_now_s();
+    /* 0.1 s early: the ranks started with the coordinator then hear which ranks never arrived
+     * just before their own connect_timeout_s deadline, instead of a bare timeout */
+    c->start = jdt_now_s() - 0.1;
     if (pthread_create(&c->thread, NULL, coord_main, c) != 0) {
         st = jdt_err_set(e, JDT_ERR_INTERNAL, "coordinator: cannot start thread");
         goto out_free;
@@ -605,6 +692,8 @@ jdt_status jdt_dist_coord_start(const char *bind_addr, int listen_fd, int world_
     return JDT_OK;
 out_free:
     jdt_dist_coord_free(c, 0);
+out_close_fd:
+    if (listen_fd >= 0) close(listen_fd);
     return st;
 }
 

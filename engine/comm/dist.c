@@ -338,14 +338,37 @@ static jdt_status check_opts(const jdt_dist_opts *o, jdt_err *e)
     return JDT_OK;
 }
 
-static jdt_status join(jdt_dist *d, int data_port, double deadline, jdt_err *e)
+static jdt_status join_once(jdt_dist *d, const char *host, int port, double deadline, jdt_err *e);
+
+static jdt_status join(jdt_dist *d, double deadline, jdt_err *e)
 {
     const jdt_dist_opts *o = &d->o;
     char host[JDT_HOST_MAX];
     int port;
     jdt_status st = jdt_net_parse_addr(o->coordinator, host, sizeof host, &port, e);
     if (st) return st;
-    st = jdt_net_connect(host, port, deadline, NULL, &d->coord_fd, e);
+    /* A connection the coordinator closes before answering (it dropped us as the oldest of
+     * too many silent connections during a flood, or it is restarting) is retried until the
+     * deadline; a refusal with a reason, garbage or the deadline are final. */
+    for (int attempt = 0;; attempt++) {
+        st = join_once(d, host, port, deadline, e);
+        if (st != JDT_ERR_PEER_LOST || jdt_now_s() >= deadline) break;
+        JDT_DEBUG("rank %d: the coordinator closed the connection before answering (%s); "
+                  "retrying", o->rank, e ? e->msg : "");
+        if (d->coord_fd >= 0) close(d->coord_fd);
+        d->coord_fd = -1;
+        struct timespec ts = {0, (attempt < 10 ? 20 : 200) * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return st;
+}
+
+/* One attempt of join: connect, HELLO, wait for the peer table (or a refusal) until the
+ * deadline. ERR_PEER_LOST: the connection was closed before any answer. */
+static jdt_status join_once(jdt_dist *d, const char *host, int port, double deadline, jdt_err *e)
+{
+    const jdt_dist_opts *o = &d->o;
+    jdt_status st = jdt_net_connect(host, port, deadline, NULL, &d->coord_fd, e);
     if (st) return jdt_err_prefix(e, "rank %d: cannot reach the coordinator", o->rank);
     jdt_net_tune(d->coord_fd, 0);
     char adv[JDT_HOST_MAX];
@@ -359,23 +382,28 @@ static jdt_status join(jdt_dist *d, int data_port, double deadline, jdt_err *e)
     jdt_wbuf_u32(&b, (uint32_t)o->rank);
     jdt_wbuf_u32(&b, (uint32_t)o->world_size);
     jdt_wbuf_str(&b, adv);
-    jdt_wbuf_u32(&b, (uint32_t)data_port);
+    jdt_wbuf_u32(&b, (uint32_t)d->data_port);
     jdt_wbuf_u32(&b, (uint32_t)getpid());
     st = jdt_wire_send(d->coord_fd, &b, deadline, NULL, "coordinator", e);
     jdt_wbuf_free(&b);
     if (st) return st;
 
-    /* the coordinator gives up at its own deadline and says so; allow it time to */
+    /* the coordinator gives up 0.1 s before our deadline and says which ranks never came;
+     * we wait exactly until our own deadline (dist.connect_timeout_s), not a moment longer */
     jdt_msg_type t;
     uint8_t *p = NULL;
     uint32_t len;
     for (;;) {
-        st = jdt_wire_recv(d->coord_fd, &t, &p, &len, deadline + 5, NULL, "coordinator", e);
+        st = jdt_wire_recv(d->coord_fd, &t, &p, &len, deadline, NULL, "coordinator", e);
         if (st) {
             if (st == JDT_ERR_TIMEOUT)
                 return jdt_err_set(e, JDT_ERR_TIMEOUT,
-                                   "rank %d: start-up timed out waiting for the peer table from "
-                                   "the coordinator at %s", o->rank, o->coordinator);
+                                   "rank %d: start-up timed out after %.1f s (dist.connect_timeout_s) "
+                                   "waiting for the peer table from the coordinator at %s",
+                                   o->rank, o->connect_timeout_s, o->coordinator);
+            if (st == JDT_ERR_PROTOCOL)
+                return jdt_err_prefix(e, "rank %d: %s does not answer as a jdt-train coordinator "
+                                      "(another program on that port?)", o->rank, o->coordinator);
             return jdt_err_prefix(e, "rank %d: joining", o->rank);
         }
         if (t != JDT_MSG_PONG) break;
@@ -480,11 +508,20 @@ out:
 jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
 {
     *out = NULL;
+    /* the coordinator socket is ours on every path: a failure before the coordinator takes it
+     * over closes it here, so a retrying caller does not leak one socket per try */
+    bool own_listen = o->rank == 0 && o->host_coordinator && o->coord_listen_fd >= 0;
     jdt_status st = check_opts(o, e);
-    if (st) return st;
+    if (st) {
+        if (own_listen) close(o->coord_listen_fd);
+        return st;
+    }
     double deadline = jdt_now_s() + o->connect_timeout_s;
     jdt_dist *d = jdt_calloc(1, sizeof *d);
-    if (!d) return jdt_err_set(e, JDT_ERR_NOMEM, "dist context");
+    if (!d) {
+        if (own_listen) close(o->coord_listen_fd);
+        return jdt_err_set(e, JDT_ERR_NOMEM, "dist context");
+    }
     d->o = *o;
     snprintf(d->token, sizeof d->token, "%s", o->token);
     /* own copies of the strings used after init; advertise_host is only read during init */
@@ -502,6 +539,7 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
     d->peers = jdt_calloc((size_t)o->world_size, sizeof *d->peers);
     d->data_fd = jdt_malloc((size_t)o->world_size * sizeof *d->data_fd);
     if (!d->peers || !d->data_fd) {
+        if (own_listen) close(o->coord_listen_fd);
         st = jdt_err_set(e, JDT_ERR_NOMEM, "peer table of %d ranks", o->world_size);
         goto out_fail;
     }
@@ -523,13 +561,19 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
             d->o.coordinator = d->coord_addr;
         }
     }
+    /* Listen for data connections only where peers will come from: the address this host
+     * uses to reach the coordinator (loopback for a local job), which is also the address
+     * advertised to them. An explicit advertise_host may be a name: listen on every address. */
     int data_port = 0;
-    st = jdt_net_listen("0.0.0.0", 0, &listen_fd, &data_port, e);
+    char data_host[JDT_HOST_MAX] = "0.0.0.0";
+    if (!o->advertise_host) jdt_net_route_ip(d->o.coordinator, data_host, sizeof data_host);
+    st = jdt_net_listen(data_host, 0, &listen_fd, &data_port, e);
     if (st) {
         jdt_err_prefix(e, "rank %d: data listener", o->rank);
         goto out_fail;
     }
-    st = join(d, data_port, deadline, e);
+    d->data_port = data_port;
+    st = join(d, deadline, e);
     if (st) goto out_fail;
     d->formed = true;
     if (pthread_create(&d->monitor, NULL, monitor_main, d) != 0) {

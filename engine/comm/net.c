@@ -1,5 +1,5 @@
 /*
- * net.c — TCP socket helpers for engine/dist: address parsing, listen, connect with retries,
+ * net.c — TCP socket helpers for engine/comm: address parsing, listen, connect with retries,
  * exact send/recv with deadlines and an abort flag (never an unbounded block), socket tuning
  * and constant-time token comparison.
  */
@@ -100,14 +100,40 @@ jdt_status jdt_net_connect(const char *host, int port, double deadline, atomic_i
     for (;;) {
         if (abort_flag && atomic_load(abort_flag))
             return jdt_err_set(e, JDT_ERR_INTERRUPTED, "connect %s:%d: aborted", host, port);
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        /* non-blocking, so an unanswered SYN (a filtered port, a host that is down) waits
+         * until the deadline and not the kernel's two minutes of retries */
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) return jdt_err_set(e, JDT_ERR_NET, "socket: %s", strerror(errno));
-        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+        int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+        last_errno = rc == 0 ? 0 : errno;
+        while (last_errno == EINPROGRESS) {
+            double left = deadline - jdt_now_s();
+            if (abort_flag && atomic_load(abort_flag)) break;
+            if (left <= 0) {
+                last_errno = ETIMEDOUT;
+                break;
+            }
+            struct pollfd p = {fd, POLLOUT, 0};
+            int n = poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
+            if (n < 0 && errno != EINTR) {
+                last_errno = errno;
+                break;
+            }
+            if (n > 0) {
+                int err = 0;
+                socklen_t el = sizeof err;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+                last_errno = err;
+            }
+        }
+        if (last_errno == 0) {
+            int fl = fcntl(fd, F_GETFL, 0);
+            if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* callers expect blocking */
             *fd_out = fd;
             return JDT_OK;
         }
-        last_errno = errno;
         close(fd);
+        if (last_errno == EINPROGRESS) continue; /* aborted: reported at the loop top */
         if (last_errno != ECONNREFUSED && last_errno != ENETUNREACH &&
             last_errno != EHOSTUNREACH && last_errno != ETIMEDOUT && last_errno != EINTR &&
             last_errno != ECONNRESET && last_errno != EAGAIN)
@@ -217,6 +243,24 @@ void jdt_net_peer_name(int fd, char *out, size_t cap)
     } else {
         snprintf(out, cap, "?");
     }
+}
+
+void jdt_net_route_ip(const char *addr, char *out, size_t cap)
+{
+    char host[JDT_HOST_MAX];
+    int port;
+    struct sockaddr_in sa, local;
+    socklen_t sl = sizeof local;
+    if (jdt_net_parse_addr(addr, host, sizeof host, &port, NULL) != JDT_OK ||
+        resolve(host, port > 0 ? port : 9, &sa, NULL) != JDT_OK)
+        return;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    /* connecting a UDP socket sends nothing; it only picks the route and source address */
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&local, &sl) == 0 && local.sin_addr.s_addr != 0)
+        inet_ntop(AF_INET, &local.sin_addr, out, (socklen_t)cap);
+    close(fd);
 }
 
 void jdt_net_local_ip(int fd, char *out, size_t cap)

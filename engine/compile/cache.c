@@ -1,29 +1,38 @@
 /*
- * cache.c — turning generated C into a loaded shared object, through an on-disk cache.
+ * cache.c — turning generated C into a loaded shared object, through an on-disk cache, and the
+ * cache itself, generic over what it stores (NVRTC output reuses it: a key, bytes, a kind).
  *
  * Key: FNV-1a over (format version, source, compiler path, `cc --version` first line, flags,
  * the CPU model line — flags like -march=native depend on the host, and cache dirs may be
- * shared over NFS). Entry: <dir>/jdt-<key>.so, the ELF bytes followed by a 24-byte trailer
- * {magic "JDTSO001", u64 ELF size, u64 FNV of the ELF bytes}; the loader ignores trailing
- * bytes. A lookup verifies the trailer before dlopen; a truncated or damaged entry (or one
- * dlopen rejects) is rebuilt. Writers compile into a unique temporary name in the same
- * directory and rename(2) it into place, so many processes may compile the same program at
- * once and readers only ever see complete files. The compiler's output goes to
- * <dir>/jdt-<key>.<pid>.log, kept (and named in the error) when compilation fails.
+ * shared over NFS). Entry: <dir>/jdt-<key>.<kind> (kind "so" for the CPU JIT), the bytes
+ * followed by a 24-byte trailer {magic "JDTSO001", u64 size, u64 FNV of the bytes}; the ELF
+ * loader ignores trailing bytes. A lookup verifies the trailer; a truncated or damaged entry
+ * (or one dlopen rejects) is rebuilt. Writers write a unique temporary in the same directory
+ * and rename(2) it into place, so many processes may write the same entry at once and readers
+ * only ever see complete files.
+ *
+ * Hygiene: temporaries are named jdt-<key>.<host>-<pid>.<n>.{c,tmp,log}; a compile that fails
+ * renames its source and log to jdt-<key>.<host>-<pid>.failed.{c,log} (named in the error).
+ * Every build prunes (one process at a time, flock on <dir>/.prune.lock): temporaries of a dead
+ * process on this host at once, any temporary older than an hour (another host's, or a
+ * recycled pid), failure records older than 7 days, then the least recently used entries
+ * (a hit refreshes an entry's mtime) until the total is within the bound
+ * (runtime.cache_max_mb, default 1024 MiB).
  */
 #include "compile/compile-impl.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
-#include <signal.h>
-#include <time.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CACHE_FORMAT "jdt-cpu-so-1"
@@ -78,9 +87,12 @@ static int run_cmd(char *const *argv, int out_fd, double timeout_s)
     }
     int ws;
     double t0 = jdt_now_s();
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "compiling the step's kernels", 0, "");
     for (;;) {
         pid_t r = waitpid(pid, &ws, WNOHANG);
         if (r == pid) break;
+        jdt_progress_update(&prog, 0);
         if (r < 0 && errno != EINTR) return -1;
         if (jdt_now_s() - t0 > timeout_s) {
             kill(pid, SIGKILL);
@@ -93,6 +105,7 @@ static int run_cmd(char *const *argv, int out_fd, double timeout_s)
         struct timespec ts = {0, 2 * 1000 * 1000}; /* 2 ms */
         nanosleep(&ts, NULL);
     }
+    jdt_progress_end(&prog);
     if (WIFEXITED(ws)) return WEXITSTATUS(ws);
     return 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
 }
@@ -137,24 +150,35 @@ static void cpu_model(char *out, size_t n)
     fclose(f);
 }
 
-/* Removes temporaries (jdt-*.tmp, jdt-*.c) older than an hour: left by killed compiles. */
-static void sweep_stale(const char *dir)
+/* ---- the generic cache ------------------------------------------------------------------ */
+
+#define DEFAULT_MAX_BYTES (1024LL << 20)
+#define TMP_MAX_AGE_S 3600
+#define FAILED_MAX_AGE_S (7 * 86400)
+
+/* 8 hex digits naming this host in temporaries, so a sweeper only judges its own host's pids
+ * (the directory may be shared over NFS). */
+static void host_tag(char *out, size_t n)
 {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    time_t now = time(NULL);
-    for (struct dirent *de; (de = readdir(d));) {
-        size_t l = strlen(de->d_name);
-        if (strncmp(de->d_name, "jdt-", 4) != 0) continue;
-        bool tmp = (l > 4 && strcmp(de->d_name + l - 4, ".tmp") == 0) ||
-                   (l > 2 && strcmp(de->d_name + l - 2, ".c") == 0);
-        if (!tmp) continue;
-        char path[1400];
-        struct stat sb;
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        if (stat(path, &sb) == 0 && now - sb.st_mtime > 3600) unlink(path);
-    }
-    closedir(d);
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    snprintf(out, n, "%08x", (unsigned)(jdt_hash_str(JDT_HASH_INIT, host) & 0xffffffffu));
+}
+
+void jdt_compile_cache_path(const char *dir, uint64_t key, const char *kind, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s/jdt-%016llx.%s", dir, (unsigned long long)key, kind);
+}
+
+/* A unique temporary for key in dir: jdt-<key>.<host>-<pid>.<n>.<suffix>. */
+static void tmp_path(const char *dir, uint64_t key, const char *suffix, char *buf, size_t n)
+{
+    static _Atomic unsigned long counter;
+    char host[16];
+    host_tag(host, sizeof host);
+    unsigned long c = ++counter;
+    snprintf(buf, n, "%s/jdt-%016llx.%s-%d.%lx%llx.%s", dir, (unsigned long long)key, host,
+             (int)getpid(), c, (unsigned long long)(jdt_now_s() * 1e6) & 0xffffff, suffix);
 }
 
 static unsigned char *read_file(const char *path, size_t *n)
@@ -176,22 +200,45 @@ fail:
     return NULL;
 }
 
-/* True when path holds a complete entry whose checksum matches. */
+/* The payload size of a complete entry whose checksum matches (b holds the whole file). */
+static bool trailer_ok(const unsigned char *b, size_t n, size_t *payload)
+{
+    if (!b || n < 24 || memcmp(b + n - 24, TRAILER_MAGIC, 8) != 0) return false;
+    uint64_t size, hash;
+    memcpy(&size, b + n - 16, 8);
+    memcpy(&hash, b + n - 8, 8);
+    if (size != n - 24 || jdt_hash_bytes(JDT_HASH_INIT, b, (size_t)size) != hash) return false;
+    *payload = (size_t)size;
+    return true;
+}
+
 static bool entry_valid(const char *path)
 {
-    size_t n = 0;
+    size_t n = 0, payload;
     unsigned char *b = read_file(path, &n);
-    bool ok = false;
-    if (b && n > 24 && memcmp(b + n - 24, TRAILER_MAGIC, 8) == 0) {
-        uint64_t size, hash;
-        memcpy(&size, b + n - 16, 8);
-        memcpy(&hash, b + n - 8, 8);
-        ok = size == n - 24 && jdt_hash_bytes(JDT_HASH_INIT, b, (size_t)size) == hash;
-    }
+    bool ok = trailer_ok(b, n, &payload);
     jdt_free(b);
     return ok;
 }
 
+bool jdt_compile_cache_get(const char *dir, uint64_t key, const char *kind, unsigned char **bytes,
+                           size_t *n_bytes)
+{
+    char path[1200];
+    jdt_compile_cache_path(dir, key, kind, path, sizeof path);
+    size_t n = 0, payload;
+    unsigned char *b = read_file(path, &n);
+    if (!trailer_ok(b, n, &payload)) {
+        jdt_free(b);
+        return false;
+    }
+    utimensat(AT_FDCWD, path, NULL, 0); /* last use, for the LRU bound */
+    *bytes = b;
+    *n_bytes = payload;
+    return true;
+}
+
+/* Appends the trailer to the file at path and fsyncs it. */
 static jdt_status append_trailer(const char *path, jdt_err *e)
 {
     size_t n = 0;
@@ -207,6 +254,139 @@ static jdt_status append_trailer(const char *path, jdt_err *e)
     if (fclose(f) != 0) ok = false;
     if (!ok) return jdt_err_set(e, JDT_ERR_IO, "compile cache: writing %s failed", path);
     return JDT_OK;
+}
+
+jdt_status jdt_compile_cache_put(const char *dir, uint64_t key, const char *kind, const void *bytes,
+                                 size_t n_bytes, int64_t max_bytes, jdt_err *e)
+{
+    char tmp[1200], path[1200];
+    tmp_path(dir, key, "tmp", tmp, sizeof tmp);
+    jdt_compile_cache_path(dir, key, kind, path, sizeof path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return jdt_err_set(e, JDT_ERR_IO, "compile cache: %s: %s", tmp, strerror(errno));
+    bool ok = fwrite(bytes, 1, n_bytes, f) == n_bytes;
+    if (fclose(f) != 0) ok = false;
+    jdt_status st = ok ? append_trailer(tmp, e)
+                       : jdt_err_set(e, JDT_ERR_IO, "compile cache: writing %s failed", tmp);
+    if (st == JDT_OK && rename(tmp, path) != 0)
+        st = jdt_err_set(e, JDT_ERR_IO, "compile cache: rename %s -> %s: %s", tmp, path,
+                         strerror(errno));
+    if (st != JDT_OK) {
+        unlink(tmp);
+        return st;
+    }
+    jdt_compile_cache_prune(dir, max_bytes, path);
+    return JDT_OK;
+}
+
+typedef struct {
+    char name[300];
+    int64_t bytes;
+    time_t used;
+} cache_entry;
+
+static int cmp_used(const void *a, const void *b)
+{
+    const cache_entry *x = a, *y = b;
+    return (x->used > y->used) - (x->used < y->used);
+}
+
+/* Classifies a name: 0 not ours, 1 entry "jdt-<16 hex>.<kind>", 2 temporary
+ * "jdt-<16 hex>.<host>-<pid>.<n>.<c|tmp|log>", 3 failure record "....failed.<c|log>".
+ * For temporaries, host and pid receive the writer's. */
+static int classify(const char *name, char *host, size_t host_n, long *pid)
+{
+    if (strncmp(name, "jdt-", 4) != 0 || strlen(name) < 22 || name[20] != '.') return 0;
+    for (int i = 4; i < 20; i++)
+        if (!strchr("0123456789abcdef", name[i])) return 0;
+    const char *rest = name + 21;
+    if (!strchr(rest, '.')) return 1;
+    const char *dash = strchr(rest, '-');
+    if (!dash || (size_t)(dash - rest) >= host_n) return 0;
+    memcpy(host, rest, (size_t)(dash - rest));
+    host[dash - rest] = '\0';
+    *pid = strtol(dash + 1, NULL, 10);
+    return strstr(rest, ".failed.") ? 3 : 2;
+}
+
+void jdt_compile_cache_prune(const char *dir, int64_t max_bytes, const char *keep)
+{
+    char lock_path[1200];
+    snprintf(lock_path, sizeof lock_path, "%s/.prune.lock", dir);
+    int lfd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lfd < 0) return;
+    if (flock(lfd, LOCK_EX | LOCK_NB) != 0) { /* another process is pruning */
+        close(lfd);
+        return;
+    }
+    DIR *d = opendir(dir);
+    if (!d) goto out_unlock;
+    char me[16];
+    host_tag(me, sizeof me);
+    const char *keep_name = keep ? strrchr(keep, '/') : NULL;
+    keep_name = keep_name ? keep_name + 1 : keep;
+    time_t now = time(NULL);
+    cache_entry *es = NULL;
+    size_t n = 0, cap = 0;
+    int64_t total = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        char host[16], path[1400];
+        long pid = 0;
+        int kind = classify(de->d_name, host, sizeof host, &pid);
+        if (kind == 0) continue;
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        double age = difftime(now, sb.st_mtime);
+        if (kind == 2) {
+            bool dead = strcmp(host, me) == 0 && pid > 0 && (pid_t)pid != getpid() &&
+                        kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+            if (dead || age > TMP_MAX_AGE_S) unlink(path);
+            continue;
+        }
+        int64_t bytes = (int64_t)sb.st_size;
+        if (kind == 3) {
+            if (age > FAILED_MAX_AGE_S) unlink(path);
+            else total += bytes;
+            continue;
+        }
+        total += bytes;
+        if (keep_name && strcmp(de->d_name, keep_name) == 0) continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 64;
+            cache_entry *ne = jdt_realloc(es, nc * sizeof *ne);
+            if (!ne) break;
+            es = ne;
+            cap = nc;
+        }
+        snprintf(es[n].name, sizeof es[n].name, "%s", de->d_name);
+        es[n].bytes = bytes;
+        es[n].used = sb.st_mtime;
+        n++;
+    }
+    closedir(d);
+    int64_t bound = max_bytes == 0 ? DEFAULT_MAX_BYTES : max_bytes;
+    if (bound > 0 && total > bound) {
+        qsort(es, n, sizeof *es, cmp_used);
+        int64_t freed = 0;
+        int removed = 0;
+        for (size_t i = 0; i < n && total - freed > bound; i++) {
+            char path[1400];
+            snprintf(path, sizeof path, "%s/%s", dir, es[i].name);
+            if (unlink(path) == 0) {
+                freed += es[i].bytes;
+                removed++;
+            }
+        }
+        if (removed)
+            JDT_DEBUG("compile cache: removed %d least recently used entries (%.1f MiB) to stay "
+                      "within %.0f MiB",
+                      removed, (double)freed / 1048576.0, (double)bound / 1048576.0);
+    }
+    jdt_free(es);
+out_unlock:
+    flock(lfd, LOCK_UN);
+    close(lfd);
 }
 
 static int split_flags(char *flags, char **argv, int max)
@@ -236,26 +416,25 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     key = jdt_hash_str(key, ver);
     key = jdt_hash_str(key, flags);
     key = jdt_hash_str(key, cpu);
-    snprintf(so, sizeof so, "%s/jdt-%016llx.so", dir, (unsigned long long)key);
+    jdt_compile_cache_path(dir, key, "so", so, sizeof so);
     snprintf(st->so_path, sizeof st->so_path, "%s", so);
+    const int64_t max_bytes = o->cache_max_bytes;
 
     if (entry_valid(so)) {
         *handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
         if (*handle) {
+            utimensat(AT_FDCWD, so, NULL, 0); /* last use, for the LRU bound */
             st->cache_hit = true;
             return JDT_OK;
         }
         JDT_WARN("compile cache: %s does not load (%s); rebuilding", so, dlerror());
     }
+    jdt_compile_cache_prune(dir, max_bytes, NULL); /* dead compiles' temporaries, the bound */
 
-    /* miss or corrupt: compile into a unique temporary, then rename into place */
-    unsigned long long uniq =
-        (unsigned long long)getpid() ^ ((unsigned long long)(jdt_now_s() * 1e9));
-    snprintf(tmp_c, sizeof tmp_c, "%s/jdt-%016llx.%d.%llx.c", dir, (unsigned long long)key,
-             (int)getpid(), uniq);
-    snprintf(tmp_so, sizeof tmp_so, "%s/jdt-%016llx.%d.%llx.tmp", dir, (unsigned long long)key,
-             (int)getpid(), uniq);
-    snprintf(log, sizeof log, "%s/jdt-%016llx.%d.log", dir, (unsigned long long)key, (int)getpid());
+    /* miss or corrupt: compile into unique temporaries, then rename into place */
+    tmp_path(dir, key, "c", tmp_c, sizeof tmp_c);
+    tmp_path(dir, key, "tmp", tmp_so, sizeof tmp_so);
+    tmp_path(dir, key, "log", log, sizeof log);
     FILE *f = fopen(tmp_c, "w");
     if (!f) return jdt_err_set(e, JDT_ERR_IO, "compile cache: %s: %s", tmp_c, strerror(errno));
     bool wrote = fputs(src, f) >= 0;
@@ -263,7 +442,7 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
         unlink(tmp_c);
         return jdt_err_set(e, JDT_ERR_IO, "compile cache: writing %s failed", tmp_c);
     }
-    int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (lfd < 0) {
         unlink(tmp_c);
         return jdt_err_set(e, JDT_ERR_IO, "compile cache: %s: %s", log, strerror(errno));
@@ -285,24 +464,30 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
         dprintf(lfd, " %s", argv[i]);
     dprintf(lfd, "\n");
     double t0 = jdt_now_s();
-    sweep_stale(dir);
     int rc = run_cmd(argv, lfd, timeout_s);
     st->cc_s = jdt_now_s() - t0;
     close(lfd);
-    if (rc == RUN_TIMED_OUT) {
-        unlink(tmp_so);
-        return jdt_err_set(e, JDT_ERR_TIMEOUT,
-                           "compile: C compiler '%s' did not finish in %.0f s and was killed; its "
-                           "output is in %s (source kept in %s)",
-                           cc, timeout_s, log, tmp_c);
-    }
     if (rc != 0) {
+        /* keep the source and the log for the user, under names the sweeper keeps 7 days */
+        char kept_c[1100], kept_log[1100];
+        char host[16];
+        host_tag(host, sizeof host);
+        snprintf(kept_c, sizeof kept_c, "%s/jdt-%016llx.%s-%d.failed.c", dir,
+                 (unsigned long long)key, host, (int)getpid());
+        snprintf(kept_log, sizeof kept_log, "%s/jdt-%016llx.%s-%d.failed.log", dir,
+                 (unsigned long long)key, host, (int)getpid());
         unlink(tmp_so);
-        s = jdt_err_set(e, JDT_ERR_COMPILE,
-                        "compile: C compiler '%s' failed (exit %d); its output is in %s "
-                        "(source kept in %s)",
-                        cc, rc, log, tmp_c);
-        return s;
+        if (rename(tmp_c, kept_c) != 0) snprintf(kept_c, sizeof kept_c, "%s", tmp_c);
+        if (rename(log, kept_log) != 0) snprintf(kept_log, sizeof kept_log, "%s", log);
+        if (rc == RUN_TIMED_OUT)
+            return jdt_err_set(e, JDT_ERR_TIMEOUT,
+                               "compile: C compiler '%s' did not finish in %.0f s and was killed; "
+                               "its output is in %s (source kept in %s)",
+                               cc, timeout_s, kept_log, kept_c);
+        return jdt_err_set(e, JDT_ERR_COMPILE,
+                           "compile: C compiler '%s' failed (exit %d); its output is in %s "
+                           "(source kept in %s)",
+                           cc, rc, kept_log, kept_c);
     }
     unlink(tmp_c);
     unlink(log);
@@ -314,6 +499,7 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
         unlink(tmp_so);
         return s;
     }
+    jdt_compile_cache_prune(dir, max_bytes, so);
     *handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
     if (!*handle) return jdt_err_set(e, JDT_ERR_COMPILE, "compile: dlopen %s: %s", so, dlerror());
     st->cache_hit = false;

@@ -106,12 +106,18 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e);
 jdt_status jdt_compile_plan(cprog *c, jdt_err *e);
 /* ---- nest.c: the device-neutral loop nest of a fused group (the emitters' input) ---------- */
 
-/* A growing text buffer; oom is set (and further output dropped) on allocation failure. */
+/* A growing text buffer; oom is set (and further output dropped) on allocation failure.
+ * bad_node: 1 + the id of the first node no emitter handles (0: none); the emitter that owns
+ * the buffer turns it into ERR_UNSUPPORTED (jdt_sb_status), never into generated code. */
 typedef struct {
     char *buf;
     size_t len, cap;
     bool oom;
+    int bad_node;
 } jdt_sbuf;
+/* JDT_OK, or the error for s's first unhandled node (ERR_UNSUPPORTED naming it and its op) or
+ * its allocation failure (ERR_NOMEM); what = the emitter's name for the message. */
+jdt_status jdt_sb_status(const jdt_sbuf *s, const cprog *c, const char *what, jdt_err *e);
 void jdt_sb_printf(jdt_sbuf *s, const char *fmt, ...) JDT_PRINTF(2, 3);
 
 #define JDT_NEST_MAX_ACC (JDT_GROUP_MAX_READS + JDT_GROUP_MAX_STORES + 2)
@@ -153,8 +159,6 @@ void jdt_nest_lit(char *out, size_t n, jdt_dtype dt, double v);
  * returns the dlopen handle in *handle. */
 jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **handle,
                              jdt_compile_stats *st, jdt_err *e);
-/* cache.c: the resolved cache directory into buf. */
-jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e);
 
 /* The node a read of x really touches: x, or for absorbed strided reads the first node down
  * the chain that is materialised (or a splat). */

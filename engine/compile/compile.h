@@ -33,6 +33,7 @@ typedef struct {
                               fast-math: NaN/Inf
                               semantics must hold) */
     double cc_timeout_s;   /* CPU: 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
+    int64_t cache_max_bytes; /* bound of the on-disk cache: 0 = 1 GiB, < 0 = unbounded */
     int threads;           /* CPU: 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
@@ -107,6 +108,11 @@ jdt_status jdt_program_read_output(const jdt_program *p, int i, void *dst, size_
                                    jdt_err *e);
 
 /* Statistics of the compilation (never NULL for a live program). */
+/* The compile cache directory o selects (cache_dir, $JDT_CACHE_DIR, $XDG_CACHE_HOME/jdt-train,
+ * ~/.cache/jdt-train), created if missing, into buf (n bytes). Errors: ERR_IO (mkdir). Other
+ * per-machine caches (the MFU reference, engine/obs) live beside the kernels. */
+jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e);
+
 const jdt_compile_stats *jdt_program_stats(const jdt_program *p);
 
 /* The generated C source of the program (for inspection and tests); "" with opts.no_jit. */
@@ -141,5 +147,30 @@ typedef struct {
 int jdt_program_n_buffers(const jdt_program *p);
 /* Fills *info for buffer i; false if out of range. */
 bool jdt_program_buffer(const jdt_program *p, int i, jdt_buf_info *info);
+
+/* ---- the on-disk compile cache (cache.c), generic over what it stores ------------------ *
+ * An entry is <dir>/jdt-<key as 16 hex>.<kind> (the CPU JIT uses kind "so"; NVRTC output can use
+ * "cubin" or "ptx"), checksummed, written atomically (unique temporary + rename), so any
+ * number of processes may read and write one directory at once, NFS included. */
+
+/* The cache directory opts ask for (cache_dir, $JDT_CACHE_DIR, $XDG_CACHE_HOME/jdt-train,
+ * ~/.cache/jdt-train), created if missing; ERR_IO naming it otherwise. */
+jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n, jdt_err *e);
+/* The path of entry (key, kind) in dir. */
+void jdt_compile_cache_path(const char *dir, uint64_t key, const char *kind, char *buf, size_t n);
+/* Looks up (key, kind). True with *bytes (jdt_malloc'd, caller frees; the trailer is still
+ * there past *n_bytes) and *n_bytes when a complete entry with a matching checksum exists; it
+ * then counts as just used for the size bound. False when absent or damaged (rebuild it). */
+bool jdt_compile_cache_get(const char *dir, uint64_t key, const char *kind, unsigned char **bytes,
+                           size_t *n_bytes);
+/* Stores n_bytes under (key, kind), replacing any entry atomically, then prunes the directory
+ * to max_bytes (0: 1 GiB, < 0: unbounded). ERR_IO naming the file. */
+jdt_status jdt_compile_cache_put(const char *dir, uint64_t key, const char *kind, const void *bytes,
+                                 size_t n_bytes, int64_t max_bytes, jdt_err *e);
+/* Removes temporaries of dead writers (this host's, at once; any older than an hour), failure
+ * records older than 7 days, then least recently used entries (never `keep`, a path or NULL)
+ * until the total is within max_bytes (0: 1 GiB, < 0: no bound). One process prunes at a time
+ * (flock on <dir>/.prune.lock; a busy lock skips). Best effort: never fails. */
+void jdt_compile_cache_prune(const char *dir, int64_t max_bytes, const char *keep);
 
 #endif /* JDT_COMPILE_H */

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 void jdt_sb_printf(jdt_sbuf *s, const char *fmt, ...)
 {
     if (s->oom) return;
@@ -62,9 +61,11 @@ const char *jdt_nest_ctype(jdt_dtype dt)
         return "uint16_t";
     case JDT_DTYPE_U32:
         return "uint32_t";
-    default:
-        return "void";
+    case JDT_DTYPE_BF16: /* refused before codegen (passes.c check_node) */
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return "void";
 }
 
 static bool is_float(jdt_dtype dt)
@@ -87,7 +88,6 @@ void jdt_nest_lit(char *out, size_t n, jdt_dtype dt, double v)
 }
 
 /* ---- accesses and dim collapsing ------------------------------------------------------------ */
-
 
 static void contiguous(const jdt_shape *s, int64_t *st)
 {
@@ -318,10 +318,11 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
         jdt_sb_printf(s, "%s > (%s)0 ? %s : (%s)0;\n", a, T, a, T);
         return;
     case JDT_OP_GELU:
-        jdt_sb_printf(s,
-                  "(%s)0.5 * %s * ((%s)1 + %s((%s)0.7978845608028654 * (%s + (%s)0.044715 * %s * "
-                  "%s * %s)));\n",
-                  T, a, T, TANH, T, a, T, a, a, a);
+        jdt_sb_printf(
+            s,
+            "(%s)0.5 * %s * ((%s)1 + %s((%s)0.7978845608028654 * (%s + (%s)0.044715 * %s * "
+            "%s * %s)));\n",
+            T, a, T, TANH, T, a, T, a, a, a);
         return;
     case JDT_OP_SILU:
         jdt_sb_printf(s, "%s / ((%s)1 + %s(-%s));\n", a, T, EXP, a);
@@ -371,7 +372,8 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
             jdt_sb_printf(s, "(%s)1 / %s;\n", T, a);
         else if (f == 0.5) /* GCC's vectoriser turns pow(x, 0.5) into sqrt(x), which differs at
                               -0 and -inf: spell out pow's values there */
-            jdt_sb_printf(s, "%s == -(%s)INFINITY ? (%s)INFINITY : sqrt(%s) + (%s)0;\n", a, T, T, a, T);
+            jdt_sb_printf(s, "%s == -(%s)INFINITY ? (%s)INFINITY : sqrt(%s) + (%s)0;\n", a, T, T, a,
+                          T);
         else
             jdt_sb_printf(s, "pow(%s, %s);\n", a, F);
         return;
@@ -382,9 +384,9 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
         if (m->dtype == JDT_DTYPE_I32 && is_float(N->c->nodes[m->in[0]].dtype))
             /* saturating, NaN -> 0: a plain C cast is undefined out of range */
             jdt_sb_printf(s,
-                      "%s != %s ? 0 : %s >= 2147483647.0 ? INT32_MAX : %s <= -2147483648.0 ? "
-                      "INT32_MIN : (int32_t)%s;\n",
-                      a, a, a, a, a);
+                          "%s != %s ? 0 : %s >= 2147483647.0 ? INT32_MAX : %s <= -2147483648.0 ? "
+                          "INT32_MIN : (int32_t)%s;\n",
+                          a, a, a, a, a);
         else
             jdt_sb_printf(s, "(%s)%s;\n", T, a);
         return;
@@ -396,10 +398,11 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
         char P[64], SC[64];
         jdt_nest_lit(P, sizeof P, JDT_DTYPE_F32, p);
         jdt_nest_lit(SC, sizeof SC, m->dtype, scale);
-        jdt_sb_printf(s,
-                  "jdt_unit(jdt_philox_w0(%lluULL, (uint64_t)(int64_t)%s, (uint64_t)flat)) >= %s "
-                  "? %s * %s : (%s)0;\n",
-                  (unsigned long long)m->attrs.i[0], b, P, a, SC, T);
+        jdt_sb_printf(
+            s,
+            "jdt_unit(jdt_philox_w0(%lluULL, (uint64_t)(int64_t)%s, (uint64_t)flat)) >= %s "
+            "? %s * %s : (%s)0;\n",
+            (unsigned long long)m->attrs.i[0], b, P, a, SC, T);
         return;
     }
     case JDT_OP_IOTA: {
@@ -408,12 +411,13 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
         for (int k = ax + 1; k < m->shape.ndim; k++)
             inner *= m->shape.dims[k];
         jdt_sb_printf(s, "(%s)((flat / %lldLL) %% %lldLL);\n", T, (long long)inner,
-                  (long long)m->shape.dims[ax]);
+                      (long long)m->shape.dims[ax]);
         return;
     }
     case JDT_OP_CAUSAL_MASK: {
         long long t = (long long)m->shape.dims[1];
-        jdt_sb_printf(s, "(flat %% %lldLL) <= (flat / %lldLL) ? (%s)0 : -(%s)INFINITY;\n", t, t, T, T);
+        jdt_sb_printf(s, "(flat %% %lldLL) <= (flat / %lldLL) ? (%s)0 : -(%s)INFINITY;\n", t, t, T,
+                      T);
         return;
     }
     case JDT_OP_GELU_GRAD: /* written by jdt_nest_value */
@@ -442,10 +446,23 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD:
     case JDT_OP_ALL_REDUCE:
-    case JDT_OP_COUNT:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         break;
     }
-    jdt_sb_printf(s, "0; /* unsupported %s */\n", jdt_op_name(m->op));
+    /* none of the ops above should reach here: an error, never generated zeros */
+    jdt_sb_printf(s, "0;\n");
+    if (!s->bad_node) s->bad_node = id + 1;
+}
+
+jdt_status jdt_sb_status(const jdt_sbuf *s, const cprog *c, const char *what, jdt_err *e)
+{
+    if (s->bad_node)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: node %d: op '%s' (%d) has no emitter", what,
+                           s->bad_node - 1, jdt_op_name(c->nodes[s->bad_node - 1].op),
+                           (int)c->nodes[s->bad_node - 1].op);
+    if (s->oom) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: source buffer", what);
+    return JDT_OK;
 }
 
 /* GELU_GRAD/SILU_GRAD need a temporary; written as a statement block. */
@@ -463,18 +480,21 @@ void jdt_nest_value(jdt_sbuf *s, const jdt_nest *N, int id)
     jdt_nest_operand(N, m, 0, x, sizeof x);
     jdt_nest_operand(N, m, 1, dy, sizeof dy);
     if (m->op == JDT_OP_GELU_GRAD) {
-        jdt_sb_printf(s,
-                  "        const %s t%d = %s((%s)0.7978845608028654 * (%s + (%s)0.044715 * %s * %s "
-                  "* %s));\n",
-                  T, id, TANH, T, x, T, x, x, x);
-        jdt_sb_printf(s,
-                  "        const %s v%d = %s * ((%s)0.5 * ((%s)1 + t%d) + (%s)0.5 * %s * ((%s)1 - "
-                  "t%d * t%d) * (%s)0.7978845608028654 * ((%s)1 + (%s)0.134145 * %s * %s));\n",
-                  T, id, dy, T, T, id, T, x, T, id, id, T, T, T, x, x);
+        jdt_sb_printf(
+            s,
+            "        const %s t%d = %s((%s)0.7978845608028654 * (%s + (%s)0.044715 * %s * %s "
+            "* %s));\n",
+            T, id, TANH, T, x, T, x, x, x);
+        jdt_sb_printf(
+            s,
+            "        const %s v%d = %s * ((%s)0.5 * ((%s)1 + t%d) + (%s)0.5 * %s * ((%s)1 - "
+            "t%d * t%d) * (%s)0.7978845608028654 * ((%s)1 + (%s)0.134145 * %s * %s));\n",
+            T, id, dy, T, T, id, T, x, T, id, id, T, T, T, x, x);
     } else {
-        jdt_sb_printf(s, "        const %s t%d = (%s)1 / ((%s)1 + %s(-%s));\n", T, id, T, T, EXP, x);
-        jdt_sb_printf(s, "        const %s v%d = %s * t%d * ((%s)1 + %s * ((%s)1 - t%d));\n", T, id, dy,
-                  id, T, x, T, id);
+        jdt_sb_printf(s, "        const %s t%d = (%s)1 / ((%s)1 + %s(-%s));\n", T, id, T, T, EXP,
+                      x);
+        jdt_sb_printf(s, "        const %s v%d = %s * t%d * ((%s)1 + %s * ((%s)1 - t%d));\n", T, id,
+                      dy, id, T, x, T, id);
     }
 }
 

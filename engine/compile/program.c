@@ -55,9 +55,11 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             ok = ok && c->nodes[n->in[k]].dtype == (idx ? JDT_DTYPE_I32 : JDT_DTYPE_F32);
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
-        if (n->op == JDT_OP_ALL_REDUCE && !c->opts.collective)
+        if ((n->op == JDT_OP_ALL_REDUCE || n->op == JDT_OP_ALL_GATHER ||
+             n->op == JDT_OP_REDUCE_SCATTER) && !c->opts.collective)
             return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                               "compile: all_reduce needs a communicator (opts.collective)");
+                               "compile: %s needs a communicator (opts.collective)",
+                               jdt_op_name(n->op));
         if (n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD)
             ok = ok && c->nodes[n->in[0]].shape.ndim == 4;
         if (!ok)
@@ -86,7 +88,63 @@ static double node_flops(const cprog *c, const cnode *n)
         double f = 4.0 * (double)(q->dims[0] * q->dims[1] * q->dims[3]) * pairs;
         return n->op == JDT_OP_ATTENTION ? f : 2.5 * f;
     }
-    default:
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_NEG:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_RELU:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ABS:
+    case JDT_OP_ADD:
+    case JDT_OP_SUB:
+    case JDT_OP_MUL:
+    case JDT_OP_DIV:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_ADD_SCALAR:
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_POW_SCALAR:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_SELECT:
+    case JDT_OP_CAST:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_BROADCAST:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_GATHER:
+    case JDT_OP_SCATTER_ADD:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         break;
     }
     if (n->kind == CK_LEAF || n->kind == CK_SPLAT || n->kind == CK_VIEW) return 0.0;

@@ -10,11 +10,14 @@
 #include "config/config-impl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #define MAX_BASE_DEPTH 32
@@ -356,7 +359,13 @@ static jdt_status parse_node(yaml_parser_t *p, yaml_event_t *ev, const cfg_src *
                          "%s: %s: YAML aliases (*name) are not supported; write the value out",
                          where, path[0] ? path : "(top)");
         goto out_event;
-    default:
+    case YAML_NO_EVENT:
+    case YAML_STREAM_START_EVENT:
+    case YAML_STREAM_END_EVENT:
+    case YAML_DOCUMENT_START_EVENT:
+    case YAML_DOCUMENT_END_EVENT:
+    case YAML_SEQUENCE_END_EVENT:
+    case YAML_MAPPING_END_EVENT:
         place(where, sizeof where, src, line, col);
         st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: unexpected YAML event", where);
         goto out_event;
@@ -424,6 +433,29 @@ out_parser:
     return st;
 }
 
+/* True if s is well-formed UTF-8 (no overlong forms, surrogates or code points past
+ * U+10FFFF): YAML text must be, values from overrides may not be, and the resolved config
+ * must load back (libyaml rejects what this rejects; fuzz_config found an overlong form). */
+static bool valid_utf8(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned c = *p;
+        int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+        if (n < 0) return false;
+        uint32_t cp = n == 0 ? c : n == 1 ? (c & 0x1f) : n == 2 ? (c & 0x0f) : (c & 0x07);
+        for (int i = 1; i <= n; i++) {
+            if ((p[i] & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (p[i] & 0x3f);
+        }
+        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+            cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return false;
+        p += n + 1;
+    }
+    return true;
+}
+
 /* A value given as text (override, environment, schema default): flow collections and quoted
  * scalars go through YAML; anything else is taken verbatim as a plain scalar, so
  * run.name=a: b is the string "a: b". */
@@ -473,14 +505,32 @@ static jdt_status merge_into(cfg_node *base, cfg_node *child, jdt_err *e)
     return st;
 }
 
-static jdt_status read_file(const char *path, char **text, size_t *len, int *err_no)
+/* Reads a config file. Only a regular file is accepted (allow_pipe: also a pipe or FIFO, for
+ * `jdt-train <(gen-config)` on the command line): a base_config naming a FIFO, a device or a
+ * directory would otherwise block forever or read garbage. The open does not block. */
+static jdt_status read_file(const char *path, bool allow_pipe, char **text, size_t *len,
+                            int *err_no)
 {
-    FILE *f = fopen(path, "rb");
     char *buf = NULL;
     size_t n = 0, cap = 0;
     *text = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        *err_no = errno;
+        return JDT_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !(S_ISREG(sb.st_mode) || (allow_pipe && S_ISFIFO(sb.st_mode)))) {
+        *err_no = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL; /* EINVAL: "not a regular file" */
+        close(fd);
+        return JDT_ERR_IO;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
         *err_no = errno;
+        close(fd);
         return JDT_ERR_IO;
     }
     for (;;) {
@@ -536,14 +586,15 @@ static jdt_status load_tree(loader *ld, const char *label, const char *text_in, 
         len = strlen(text_in);
     } else {
         int err_no = 0;
-        st = read_file(label, &text, &len, &err_no);
+        st = read_file(label, ref == NULL, &text, &len, &err_no);
         if (st == JDT_ERR_NOMEM) return jdt_err_set(e, st, "config: out of memory");
         if (st) {
+            const char *why = err_no == EINVAL ? "not a regular file (a FIFO, socket or device)"
+                                               : strerror(err_no);
             if (ref)
                 return jdt_err_set(e, JDT_ERR_CONFIG, "%s: base_config: cannot read '%s': %s",
-                                   where, label, strerror(err_no));
-            return jdt_err_set(e, JDT_ERR_CONFIG, "%s: cannot read config file: %s", label,
-                               strerror(err_no));
+                                   where, label, why);
+            return jdt_err_set(e, JDT_ERR_CONFIG, "%s: cannot read config file: %s", label, why);
         }
         real = realpath(label, NULL);
         for (int i = 0; real && i < ld->depth; i++) {
@@ -880,20 +931,6 @@ out_fail:
     return st;
 }
 
-/* True when s is well-formed UTF-8 (YAML text must be; values from overrides may not be). */
-static bool valid_utf8(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2 : (*p & 0xf8) == 0xf0 ? 3 : -1;
-        if (n < 0 || (n == 1 && *p < 0xc2)) return false;
-        p++;
-        for (int i = 0; i < n; i++, p++)
-            if ((*p & 0xc0) != 0x80) return false;
-    }
-    return true;
-}
-
 /* Sets the field of key k in c from node v. */
 static jdt_status set_field(const jdt_config_key *k, const cfg_node *v, jdt_config *c, jdt_err *e)
 {
@@ -1071,7 +1108,31 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
     if (c->data.batch_size % c->data.micro_batch_size)
         return cross_error(ld, "data.micro_batch_size", e, "%d does not divide data.batch_size = %d",
                            c->data.micro_batch_size, c->data.batch_size);
-    const int mesh[JDT_MESH_AXIS_COUNT] = {c->mesh.data, c->mesh.fsdp, c->mesh.tensor};
+    int *mesh_ax[JDT_MESH_AXIS_COUNT] = {&c->mesh.data, &c->mesh.fsdp, &c->mesh.tensor};
+    int fill = -1, known = 1;
+    for (int i = 0; i < JDT_MESH_AXIS_COUNT; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "mesh.%s", jdt_config_mesh_axis_name((jdt_mesh_axis)i));
+        if (*mesh_ax[i] == 0) return cross_error(ld, key, e, "expected -1 (fill in) or >= 1, got 0");
+        if (*mesh_ax[i] > 0) {
+            known *= *mesh_ax[i];
+            continue;
+        }
+        if (fill >= 0)
+            return cross_error(ld, key, e, "-1, but mesh.%s is -1 too: at most one axis is filled in",
+                               jdt_config_mesh_axis_name((jdt_mesh_axis)fill));
+        fill = i;
+    }
+    if (fill >= 0 && c->dist.world_size > 0) { /* the world size is known: fill the axis in */
+        char key[32];
+        snprintf(key, sizeof key, "mesh.%s", jdt_config_mesh_axis_name((jdt_mesh_axis)fill));
+        if (c->dist.world_size % known)
+            return cross_error(ld, key, e, "-1 cannot be filled in: %d processes are not a multiple "
+                               "of the other axes' product %d", c->dist.world_size, known);
+        *mesh_ax[fill] = c->dist.world_size / known;
+    }
+    int mesh[JDT_MESH_AXIS_COUNT];
+    for (int i = 0; i < JDT_MESH_AXIS_COUNT; i++) mesh[i] = *mesh_ax[i] > 0 ? *mesh_ax[i] : 1;
     for (int i = 0; i < c->sharding.rules.n_rules; i++) {
         const jdt_config_rule *r = &c->sharding.rules.rules[i];
         if (strcmp(r->logical, "batch") != 0) continue;
@@ -1091,7 +1152,7 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
         break;
     }
     int n_dev = jdt_config_mesh_size(c);
-    if (c->dist.world_size > 0 && c->dist.world_size != n_dev)
+    if (c->dist.world_size > 0 && n_dev > 0 && c->dist.world_size != n_dev)
         return cross_error(ld, "dist.world_size", e,
                            "%d processes, but the mesh has %d devices (data %d x fsdp %d x tensor %d)",
                            c->dist.world_size, n_dev, c->mesh.data, c->mesh.fsdp, c->mesh.tensor);

@@ -27,7 +27,7 @@ typedef enum { JDT_NORM_LAYERNORM, JDT_NORM_RMSNORM } jdt_norm_type;
 typedef enum { JDT_POS_LEARNED, JDT_POS_ROPE } jdt_pos_type;
 typedef enum { JDT_ACT_GELU, JDT_ACT_SWIGLU, JDT_ACT_RELU } jdt_activation;
 typedef enum { JDT_DATA_TOKENS, JDT_DATA_ARRAYS, JDT_DATA_SYNTHETIC } jdt_data_format;
-typedef enum { JDT_TOKENIZER_BYTE } jdt_tokenizer;
+typedef enum { JDT_TOKENIZER_BYTE, JDT_TOKENIZER_BPE } jdt_tokenizer;
 typedef enum { JDT_OPTIM_ADAMW, JDT_OPTIM_SGD } jdt_optim_type;
 typedef enum { JDT_SCHED_CONSTANT, JDT_SCHED_COSINE, JDT_SCHED_LINEAR } jdt_lr_schedule;
 typedef enum { JDT_NAN_STOP, JDT_NAN_SKIP } jdt_nan_policy;
@@ -115,6 +115,7 @@ typedef struct jdt_config {
         bool shuffle;
         int prefetch;
         jdt_tokenizer tokenizer;
+        char *tokenizer_path; /* bpe: tokenizer to load; "" = train one in prepare */
     } data;
     struct {
         jdt_optim_type type;
@@ -141,16 +142,19 @@ typedef struct jdt_config {
         int64_t every; /* 0 = never */
         int keep;
         char *resume; /* "none" | "auto" | a path */
+        char *init_from; /* "" | a jdt checkpoint | a Hugging Face model directory */
         bool save_on_signal;
     } checkpoint;
     struct {
         jdt_backend backend;
         int threads;     /* 0 = auto */
         char *cache_dir; /* "" = ~/.cache/jdt-train */
+        int cache_max_mb; /* bound of the JIT cache in MiB, least recently used pruned; 0 = none */
         bool jit;        /* false = reference interpreter */
         jdt_remat remat;
         char *cc;
         char *cflags; /* "" = the compiler's built-in flags */
+        double peak_gflops; /* MFU reference per process; 0 = measured once per machine, cached */
     } runtime;
     struct {
         char *coordinator; /* host:port, "" = none */

@@ -21,7 +21,7 @@ static const char *const C_NORM[] = {"layernorm", "rmsnorm", NULL};
 static const char *const C_POS[] = {"learned", "rope", NULL};
 static const char *const C_ACT[] = {"gelu", "swiglu", "relu", NULL};
 static const char *const C_FORMAT[] = {"tokens", "arrays", "synthetic", NULL};
-static const char *const C_TOKENIZER[] = {"byte", NULL};
+static const char *const C_TOKENIZER[] = {"byte", "bpe", NULL};
 static const char *const C_OPTIM[] = {"adamw", "sgd", NULL};
 static const char *const C_SCHED[] = {"constant", "cosine", "linear", NULL};
 static const char *const C_NAN[] = {"stop", "skip", NULL};
@@ -81,13 +81,13 @@ static const jdt_config_key KEYS[] = {
     K_INT("model.n_hidden", model.n_hidden, 0, 1024, "2", "mlp: hidden layers"),
     K_INT("model.n_classes", model.n_classes, 1, IMAX, "10", "mlp: output classes"),
     /* mesh */
-    K_INT("mesh.data", mesh.data, 1, 65536, "1", "data-parallel replicas (batch split, params replicated)"),
-    K_INT("mesh.fsdp", mesh.fsdp, 1, 65536, "1", "FSDP/ZeRO-3 shards (batch and params split)"),
-    K_INT("mesh.tensor", mesh.tensor, 1, 65536, "1", "tensor-parallel shards (Megatron-style)"),
+    K_INT("mesh.data", mesh.data, -1, 65536, "1", "data-parallel replicas (batch split, params replicated); -1: fill in from the world size"),
+    K_INT("mesh.fsdp", mesh.fsdp, -1, 65536, "1", "FSDP/ZeRO-3 shards (batch and params split)"),
+    K_INT("mesh.tensor", mesh.tensor, -1, 65536, "1", "tensor-parallel shards (Megatron-style)"),
     /* sharding */
     {"sharding.rules", JDT_CONFIG_RULES, OFF(sharding.rules), 0, 0, false, NULL, NULL,
      "[[batch, [data, fsdp]], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], "
-     "[vocab, tensor], [norm, null]]",
+     "[vocab, null], [norm, null]]",
      "ordered [logical_axis, mesh_axis | [mesh_axes] | null] pairs (MaxText logical_axis_rules)"},
     /* data */
     K_ENUM("data.format", data.format, C_FORMAT, "tokens", "tokens (HDF5 /tokens), arrays (HDF5 /x, /y) or synthetic"),
@@ -100,12 +100,13 @@ static const jdt_config_key KEYS[] = {
     K_INT("data.micro_batch_size", data.micro_batch_size, 0, IMAX, "0", "sequences per forward/backward (0 = batch_size; must divide it)"),
     K_BOOL("data.shuffle", data.shuffle, "true", "shuffle the sample order each epoch"),
     K_INT("data.prefetch", data.prefetch, 0, 1024, "2", "batches loaded ahead"),
-    K_ENUM("data.tokenizer", data.tokenizer, C_TOKENIZER, "byte", "tokenizer `prepare` uses"),
+    K_ENUM("data.tokenizer", data.tokenizer, C_TOKENIZER, "byte", "tokenizer `prepare` uses: byte, or bpe (byte-level BPE, docs/tokenizers.md)"),
+    K_STR("data.tokenizer_path", data.tokenizer_path, "", "bpe: tokenizer.json, GPT-2 vocab.bpe (encoder.json beside it) or a folder of either; empty = train one of model.vocab_size on data.source"),
     /* optimizer */
     K_ENUM("optimizer.type", optimizer.type, C_OPTIM, "adamw", "optimizer"),
     K_FLT("optimizer.lr", optimizer.lr, 0, FMAX, "0.0003", "peak learning rate"),
     K_ENUM("optimizer.schedule", optimizer.schedule, C_SCHED, "cosine", "LR schedule after warmup"),
-    K_I64("optimizer.warmup_steps", optimizer.warmup_steps, 0, LMAX, "100", "linear warmup steps from 0 to lr"),
+    K_I64("optimizer.warmup_steps", optimizer.warmup_steps, 0, LMAX, "100", "linear warmup steps: lr * (t + 1) / warmup_steps at step t"),
     K_I64("optimizer.decay_steps", optimizer.decay_steps, 0, LMAX, "0", "step where the decay ends (0 = run.steps)"),
     K_FLT("optimizer.min_lr_ratio", optimizer.min_lr_ratio, 0, 1, "0.1", "final lr = lr * min_lr_ratio"),
     K_FLTO("optimizer.beta1", optimizer.beta1, 0, 1, "0.9", "adamw: first-moment decay"),
@@ -124,15 +125,18 @@ static const jdt_config_key KEYS[] = {
     K_I64("checkpoint.every", checkpoint.every, 0, LMAX, "1000", "save every N steps (0 = never; the last step is always saved)"),
     K_INT("checkpoint.keep", checkpoint.keep, 1, 1000000, "3", "newest checkpoints kept on disk"),
     K_STR("checkpoint.resume", checkpoint.resume, "auto", "none, auto (latest in dir if any) or a checkpoint path"),
+    K_STR("checkpoint.init_from", checkpoint.init_from, "", "start a new run (step 0, fresh optimizer) from these weights: a jdt checkpoint (or run ckpt folder) or a Hugging Face directory written by export --format hf; ignored when resuming"),
     K_BOOL("checkpoint.save_on_signal", checkpoint.save_on_signal, "true", "save a checkpoint on SIGINT/SIGTERM before exiting"),
     /* runtime */
     K_ENUM("runtime.backend", runtime.backend, C_BACKEND, "cpu", "device kind"),
     K_INT("runtime.threads", runtime.threads, 0, 4096, "0", "CPU threads per process (0 = cores / local processes)"),
     K_STR("runtime.cache_dir", runtime.cache_dir, "", "JIT kernel cache (\"\" = ~/.cache/jdt-train)"),
+    K_INT("runtime.cache_max_mb", runtime.cache_max_mb, 0, 16777216, "1024", "JIT cache size bound in MiB, least recently used entries pruned (0 = unbounded)"),
     K_BOOL("runtime.jit", runtime.jit, "true", "compile fused kernels (false = reference interpreter)"),
     K_ENUM("runtime.remat", runtime.remat, C_REMAT, "none", "recompute activations in backward: none or per block"),
     K_STR("runtime.cc", runtime.cc, "cc", "C compiler the CPU JIT runs"),
     K_STR("runtime.cflags", runtime.cflags, "", "extra JIT compiler flags (\"\" = built-in flags)"),
+    K_FLT("runtime.peak_gflops", runtime.peak_gflops, 0, FMAX, "0", "MFU reference GFLOP/s per process (0 = measured once per machine and thread count, cached)"),
     /* dist */
     K_STR("dist.coordinator", dist.coordinator, "", "rendezvous host:port (\"\" = single process or launcher/SLURM)"),
     K_INT("dist.rank", dist.rank, -1, 65535, "-1", "this process's rank (-1 = from launcher/SLURM)"),

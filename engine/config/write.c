@@ -28,10 +28,18 @@ static void write_quoted(FILE *f, const char *s)
         case '\t': fputs("\\t", f); break;
         case '\r': fputs("\\r", f); break;
         default:
-            if (*p < 0x20 || *p == 0x7f)
+            if (*p < 0x20 || *p == 0x7f) {
                 fprintf(f, "\\x%02x", *p);
-            else
+            } else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
+                /* C1 controls: YAML does not allow them raw (found by fuzz_config) */
+                fprintf(f, "\\u%04x", p[1]);
+                p++;
+            } else if (*p == 0xef && p[1] == 0xbf && (p[2] == 0xbe || p[2] == 0xbf)) {
+                fprintf(f, "\\u%04x", p[2] == 0xbe ? 0xfffe : 0xffff); /* noncharacters */
+                p += 2;
+            } else {
                 fputc(*p, f);
+            }
         }
     }
     fputc('"', f);
@@ -186,7 +194,11 @@ int64_t jdt_config_decay_steps(const jdt_config *c)
     return c->optimizer.decay_steps ? c->optimizer.decay_steps : c->run.steps;
 }
 
-int jdt_config_mesh_size(const jdt_config *c) { return c->mesh.data * c->mesh.fsdp * c->mesh.tensor; }
+int jdt_config_mesh_size(const jdt_config *c)
+{
+    if (c->mesh.data < 1 || c->mesh.fsdp < 1 || c->mesh.tensor < 1) return 0; /* a -1 axis */
+    return c->mesh.data * c->mesh.fsdp * c->mesh.tensor;
+}
 
 int64_t jdt_config_param_count(const jdt_config *c)
 {

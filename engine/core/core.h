@@ -70,11 +70,14 @@ typedef struct {
 } jdt_err;
 
 /* Sets e (if non-NULL) to code with a printf-formatted message and returns code, so a caller
- * can write `return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));`. */
+ * can write `return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));`. The message
+ * is always one printable line: control characters (from a config, an override, a peer) are
+ * escaped as \n, \r, \t, \xNN, and a trailing ": " with nothing after it is dropped. */
 jdt_status jdt_err_set(jdt_err *e, jdt_status code, const char *fmt, ...) JDT_PRINTF(3, 4);
 jdt_status jdt_err_vset(jdt_err *e, jdt_status code, const char *fmt, va_list ap);
 
-/* Prepends "prefix: " to e's message (context from an outer layer); returns e->code. */
+/* Prepends "prefix: " to e's message (context from an outer layer), keeping it one printable
+ * line; returns e->code. */
 jdt_status jdt_err_prefix(jdt_err *e, const char *fmt, ...) JDT_PRINTF(2, 3);
 
 /* Resets e to JDT_OK with an empty message. */
@@ -148,6 +151,14 @@ size_t jdt_dtype_size(jdt_dtype dt);
 /* Parses a dtype name ("f32", ...); returns false if unknown. */
 bool jdt_dtype_parse(const char *name, jdt_dtype *out);
 
+/* ---- memory ------------------------------------------------------------------------------ */
+
+/* Bytes this process may still allocate: /proc/meminfo MemAvailable, or the cgroup's limit
+ * minus its usage (v1 memory.limit_in_bytes or v2 memory.max), or the address-space limit
+ * (ulimit -v) minus what is mapped, whichever is lowest. -1 when
+ * neither can be read. *source (may be NULL) names the bound used, for messages. */
+int64_t jdt_mem_available(const char **source);
+
 /* ---- hashing ------------------------------------------------------------------------------ */
 
 /* 64-bit FNV-1a over n_bytes, continuing from h (start with JDT_HASH_INIT). Not cryptographic:
@@ -185,5 +196,20 @@ uint64_t jdt_rng_key(uint64_t seed, const char *name);
 
 /* Monotonic clock in seconds. */
 double jdt_now_s(void);
+
+/* Progress of a long operation (prepare, checkpoint load, compilation): on a terminal a live line
+ * "what: done/total unit (pct), rate, elapsed, ETA" rewritten in place; otherwise a log line every
+ * 10 s. Nothing is printed for operations shorter than 2 s or above log level info. total <= 0:
+ * unknown (elapsed time only). Not thread-safe: one reporter per operation, one thread. */
+typedef struct {
+    char what[96];
+    const char *unit;
+    double total, t0, last;
+    bool tty, live;
+} jdt_progress;
+void jdt_progress_begin(jdt_progress *p, const char *what, double total, const char *unit);
+void jdt_progress_update(jdt_progress *p, double done);
+/* Clears the live line (call before the operation's closing log line). */
+void jdt_progress_end(jdt_progress *p);
 
 #endif /* JDT_CORE_H */

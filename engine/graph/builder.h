@@ -11,7 +11,8 @@
  *
  * Every returned tensor is owned by g (freed by jdt_graph_free). Logical axis names (`axes`)
  * are propagated through shape-preserving ops, reductions (reduced dims dropped), transposes,
- * matmuls, gathers and broadcasts; the partitioner reads them.
+ * matmuls, gathers and broadcasts. Nothing reads them yet: they are the input of the SPMD
+ * partitioner to come (engine/shard, see docs/architecture.md).
  */
 #ifndef JDT_GRAPH_BUILDER_H
 #define JDT_GRAPH_BUILDER_H
@@ -155,6 +156,11 @@ jdt_tensor *jdt_graph_attention_bwd(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, 
 /* ALL_REDUCE: x reduced over process group `group` (0 sum, 1 max), times scale. */
 jdt_tensor *jdt_graph_all_reduce(jdt_graph *g, jdt_tensor *x, int group, int reduce_op,
                                  double scale);
+/* ALL_GATHER: the k members' x concatenated along axis (k = the size of process group group). */
+jdt_tensor *jdt_graph_all_gather(jdt_graph *g, jdt_tensor *x, int group, int k, int axis);
+/* REDUCE_SCATTER: this member's 1/k part along axis of the sum over the group, times scale. */
+jdt_tensor *jdt_graph_reduce_scatter(jdt_graph *g, jdt_tensor *x, int group, int k, int axis,
+                                     double scale);
 
 bool jdt_shape_broadcast(const jdt_shape *a, const jdt_shape *b, jdt_shape *out);
 /* Sums dx down to `shape` (the inverse of a numpy broadcast to dx's shape): reduces the extra

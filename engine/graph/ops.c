@@ -799,10 +799,66 @@ static void vjp_ALL_REDUCE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const
     dx[0] = jdt_graph_op(g, JDT_OP_ALL_REDUCE, 1, in, &node->attrs, dy->dtype, NULL);
 }
 
+/* ALL_GATHER / REDUCE_SCATTER: i[0] group, i[1] axis, i[2] k members. */
+static bool check_shard_collective(jdt_tensor *const *in, const jdt_attrs *a, const char *what,
+                                   char *why, size_t n_why)
+{
+    if (in[0]->dtype != JDT_DTYPE_F32 && in[0]->dtype != JDT_DTYPE_F64)
+        return WHY("%s needs a float tensor, got %s", what, jdt_dtype_name(in[0]->dtype));
+    if (a->i[0] < 0) return WHY("group %lld < 0", (long long)a->i[0]);
+    if (a->i[2] < 1) return WHY("group size %lld < 1", (long long)a->i[2]);
+    if (a->i[1] < 0 || a->i[1] >= in[0]->shape.ndim)
+        return WHY("axis %lld out of range for rank %d", (long long)a->i[1], in[0]->shape.ndim);
+    return true;
+}
+
+static bool shape_ALL_GATHER(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
+                             jdt_shape *out, char *why, size_t n_why)
+{
+    (void)n_in;
+    if (!check_shard_collective(in, a, "all_gather", why, n_why)) return false;
+    *dt = in[0]->dtype;
+    *out = in[0]->shape;
+    out->dims[a->i[1]] *= a->i[2];
+    return true;
+}
+
+static bool shape_REDUCE_SCATTER(jdt_tensor *const *in, int n_in, const jdt_attrs *a,
+                                 jdt_dtype *dt, jdt_shape *out, char *why, size_t n_why)
+{
+    (void)n_in;
+    if (!check_shard_collective(in, a, "reduce_scatter", why, n_why)) return false;
+    if (in[0]->shape.dims[a->i[1]] % a->i[2])
+        return WHY("axis %lld of size %lld does not split into %lld parts", (long long)a->i[1],
+                   (long long)in[0]->shape.dims[a->i[1]], (long long)a->i[2]);
+    *dt = in[0]->dtype;
+    *out = in[0]->shape;
+    out->dims[a->i[1]] /= a->i[2];
+    return true;
+}
+
+/* The transposes over the stacked per-rank values (see graph.h): gather <-> scatter-sum. */
+static void vjp_ALL_GATHER(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                           jdt_tensor **dx)
+{
+    (void)need;
+    const jdt_attrs *a = &node->attrs;
+    dx[0] = jdt_graph_reduce_scatter(g, dy, (int)a->i[0], (int)a->i[2], (int)a->i[1], 1.0);
+}
+
+static void vjp_REDUCE_SCATTER(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                               jdt_tensor **dx)
+{
+    (void)need;
+    const jdt_attrs *a = &node->attrs;
+    jdt_tensor *d = jdt_graph_all_gather(g, dy, (int)a->i[0], (int)a->i[2], (int)a->i[1]);
+    dx[0] = a->f[0] == 1.0 ? d : jdt_graph_mul_scalar(g, d, a->f[0]);
+}
+
 /* ---- the table ---------------------------------------------------------------------------- */
 
 static const jdt_op_info OP_INFO[] = {
-#define X_(name, str, n_in) {str, n_in, shape_##name, vjp_##name},
+#define X_(name, str, n_in, cls) {str, n_in, shape_##name, vjp_##name},
     JDT_OP_LIST(X_)
 #undef X_
 };

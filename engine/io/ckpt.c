@@ -105,6 +105,29 @@ static int64_t volume(int ndim, const int64_t *ext)
 
 /* ---- save ------------------------------------------------------------------------------- */
 
+/* An upper bound of the bytes an HDF5 file holding these tensors (each slice as its own
+ * dataset when `slices`, else each name once at its global shape) takes: the raw data, a
+ * Fletcher-32 word and a chunk-index record per chunk, an object header with attributes per
+ * dataset, the root attributes with the config text, and 1 MiB of slack for the superblock,
+ * groups and heaps. Reserved before writing (jdt_h5_reserve), released after. */
+static int64_t file_bytes_bound(const jdt_ckpt_meta *meta, const jdt_ckpt_tensor *ts, size_t n,
+                                bool slices)
+{
+    int64_t total = (1 << 20) + (meta && meta->config_text ? (int64_t)strlen(meta->config_text) : 0);
+    for (size_t i = 0; i < n; i++) {
+        const jdt_ckpt_tensor *t = &ts[i];
+        bool dup = false;
+        for (size_t j = 0; !slices && j < i && !dup && j < 4096; j++)
+            dup = strcmp(clean_name(t->name), clean_name(ts[j].name)) == 0;
+        if (dup) continue;
+        int64_t v = (slices && !whole_extent(t)) ? volume(t->ndim, t->extent)
+                                                 : volume(t->ndim, t->shape);
+        int64_t bytes = v * (int64_t)jdt_dtype_size(t->dtype);
+        total += bytes + (bytes / (4 << 20) + 1) * 96 + 8192;
+    }
+    return total;
+}
+
 /* Chunk dims: whole inner dims while the chunk stays under ~4 MiB, then part of one dim. */
 static void chunk_dims(int ndim, const int64_t *shape, size_t elem_size, hsize_t *chunk)
 {
@@ -247,6 +270,24 @@ static jdt_status check_tensors(const jdt_ckpt_tensor *ts, size_t n, bool requir
     return JDT_OK;
 }
 
+/* FNV-1a over the root attributes a resume trusts, each with its name, in a fixed order: a
+ * flipped bit in the step, the RNG state, the data position or the config text is caught on
+ * open instead of resuming "at step 12" from step 8. */
+static uint64_t meta_checksum(int64_t version, const jdt_ckpt_meta *meta)
+{
+    uint64_t h = JDT_HASH_INIT;
+    h = jdt_hash_str(h, "version");
+    h = jdt_hash_u64(h, (uint64_t)version);
+    h = jdt_hash_str(h, "step");
+    h = jdt_hash_u64(h, (uint64_t)meta->step);
+    h = jdt_hash_str(h, "rng_state");
+    h = jdt_hash_u64(h, meta->rng_state);
+    h = jdt_hash_str(h, "data_position");
+    h = jdt_hash_u64(h, (uint64_t)meta->data_position);
+    h = jdt_hash_str(h, "config");
+    return jdt_hash_str(h, meta->config_text ? meta->config_text : "");
+}
+
 static jdt_status write_root_attrs(hid_t f, const jdt_ckpt_meta *meta, const char *file, jdt_err *e)
 {
     jdt_status st;
@@ -257,7 +298,9 @@ static jdt_status write_root_attrs(hid_t f, const jdt_ckpt_meta *meta, const cha
         (st = jdt_h5_attr_write_i64(f, "data_position", meta->data_position, file, e)) ||
         (st = jdt_h5_attr_write_str(f, "config", meta->config_text ? meta->config_text : "", file,
                                     e)) ||
-        (st = jdt_h5_attr_write_str(f, "jdt_version", JDT_VERSION_STRING, file, e)))
+        (st = jdt_h5_attr_write_str(f, "jdt_version", JDT_VERSION_STRING, file, e)) ||
+        (st = jdt_h5_attr_write_u64(f, "meta_checksum", meta_checksum(JDT_CKPT_VERSION, meta),
+                                    file, e)))
         return st;
     return JDT_OK;
 }
@@ -273,6 +316,8 @@ static jdt_status write_state(const char *file, const jdt_ckpt_meta *meta,
         return jdt_err_set(e, JDT_ERR_IO, "%s: cannot create: %s", file,
                            jdt_h5_detail(d, sizeof d));
     }
+    int64_t reserved = file_bytes_bound(meta, ts, n, false);
+    if ((st = jdt_h5_reserve(f, reserved, file, e))) goto out;
     if ((st = write_root_attrs(f, meta, file, e))) goto out;
     for (size_t i = 0; i < n; i++) {
         const jdt_ckpt_tensor *t = &ts[i];
@@ -296,7 +341,7 @@ static jdt_status write_state(const char *file, const jdt_ckpt_meta *meta,
             rc = H5Dwrite(ds, jdt_h5_mem_type(t->dtype), ms, fs, H5P_DEFAULT, t->data);
         if (ms >= 0) H5Sclose(ms);
         if (fs >= 0) H5Sclose(fs);
-        H5Dclose(ds);
+        if (H5Dclose(ds) < 0) rc = -1; /* flushing its cached chunks failed */
         if (rc < 0) {
             char d[256];
             st = jdt_err_set(e, JDT_ERR_IO, "%s: writing tensor '%s': %s", file, nm,
@@ -306,10 +351,8 @@ static jdt_status write_state(const char *file, const jdt_ckpt_meta *meta,
         if (opts && opts->on_progress) opts->on_progress(opts->progress_ctx, i + 1, n);
     }
 out:
-    if (H5Fclose(f) < 0 && st == JDT_OK) {
-        char d[256];
-        st = jdt_err_set(e, JDT_ERR_IO, "%s: closing: %s", file, jdt_h5_detail(d, sizeof d));
-    }
+    st = jdt_h5_close_written(f, st, file, e);
+    if (st == JDT_OK) jdt_io_release_tail(file);
     return st;
 }
 
@@ -336,6 +379,7 @@ static jdt_status write_rank_file(const char *file, int rank, int world_size,
         (st = jdt_h5_attr_write_i64(f, "rank", rank, file, e)) ||
         (st = jdt_h5_attr_write_i64(f, "world_size", world_size, file, e)))
         goto out;
+    if ((st = jdt_h5_reserve(f, file_bytes_bound(NULL, ts, n, true), file, e))) goto out;
     for (size_t i = 0; i < n; i++) {
         const jdt_ckpt_tensor *t = &ts[i];
         const char *nm = clean_name(t->name);
@@ -361,15 +405,17 @@ static jdt_status write_rank_file(const char *file, int rank, int world_size,
             if (!(st = jdt_h5_attr_write_i64v(ds, "global_shape", t->shape, t->ndim, file, e)))
                 st = jdt_h5_attr_write_i64v(ds, "offset", off, t->ndim, file, e);
         }
-        H5Dclose(ds);
+        if (H5Dclose(ds) < 0 && st == JDT_OK) {
+            char d[256];
+            st = jdt_err_set(e, JDT_ERR_IO, "%s: writing slice of '%s': %s", file, nm,
+                             jdt_h5_detail(d, sizeof d));
+        }
         if (st != JDT_OK) goto out;
         if (opts->on_progress) opts->on_progress(opts->progress_ctx, i + 1, n);
     }
 out:
-    if (H5Fclose(f) < 0 && st == JDT_OK) {
-        char d[256];
-        st = jdt_err_set(e, JDT_ERR_IO, "%s: closing: %s", file, jdt_h5_detail(d, sizeof d));
-    }
+    st = jdt_h5_close_written(f, st, file, e);
+    if (st == JDT_OK) jdt_io_release_tail(file);
     return st;
 }
 
@@ -510,6 +556,10 @@ static jdt_status write_manifest(const char *tmp, const char *state_file, const 
                          jdt_h5_detail(d, sizeof d));
         goto out;
     }
+    if ((st = jdt_h5_reserve(f, (1 << 20) + (int64_t)n * 16384 +
+                                   (meta->config_text ? (int64_t)strlen(meta->config_text) : 0),
+                             state_file, e)))
+        goto out;
     if ((st = write_root_attrs(f, meta, state_file, e))) goto out;
     for (size_t i = 0; i < n && st == JDT_OK; i++) {
         bool first = true;
@@ -573,10 +623,8 @@ static jdt_status write_manifest(const char *tmp, const char *state_file, const 
 out:
     if (ocpl >= 0) H5Pclose(ocpl);
     if (lcpl >= 0) H5Pclose(lcpl);
-    if (f >= 0 && H5Fclose(f) < 0 && st == JDT_OK) {
-        char d[256];
-        st = jdt_err_set(e, JDT_ERR_IO, "%s: closing: %s", state_file, jdt_h5_detail(d, sizeof d));
-    }
+    st = jdt_h5_close_written(f, st, state_file, e);
+    if (st == JDT_OK) jdt_io_release_tail(state_file);
     jdt_free(ts);
     free_recs(recs, n);
     return st;
@@ -852,6 +900,32 @@ out:
     return st;
 }
 
+jdt_status jdt_ckpt_preflight(const char *ckpt_dir, const jdt_ckpt_meta *meta,
+                              const jdt_ckpt_tensor *tensors, size_t n_tensors, jdt_err *e)
+{
+    jdt_status st = jdt_io_mkdir_p(ckpt_dir, e);
+    if (st != JDT_OK) return st;
+    char probe[64];
+    snprintf(probe, sizeof probe, ".jdt-preflight.%ld", (long)getpid());
+    char *path = jdt_io_join(ckpt_dir, probe);
+    if (!path) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", ckpt_dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        st = jdt_err_set(e, JDT_ERR_IO, "checkpoint directory %s is not writable: %s", ckpt_dir,
+                         strerror(errno));
+        jdt_free(path);
+        return st;
+    }
+    char where[1200];
+    snprintf(where, sizeof where, "checkpoint directory %s has no room for one checkpoint",
+             ckpt_dir);
+    st = jdt_io_reserve_fd(fd, file_bytes_bound(meta, tensors, n_tensors, false), where, e);
+    close(fd);
+    unlink(path);
+    jdt_free(path);
+    return st;
+}
+
 /* ---- find / resolve --------------------------------------------------------------------- */
 
 jdt_status jdt_ckpt_find_latest(const char *ckpt_dir, char **path, int64_t *step, jdt_err *e)
@@ -931,10 +1005,10 @@ jdt_status jdt_ckpt_open(const char *path, jdt_ckpt **out, jdt_err *e)
     }
     int64_t version;
     if ((st = jdt_h5_attr_read_i64(c->f, "version", &version, p, e))) goto fail;
-    if (version != JDT_CKPT_VERSION) {
+    if (version != JDT_CKPT_VERSION && version != 1) {
         st = jdt_err_set(e, JDT_ERR_FORMAT,
                          "%s: checkpoint version %lld is not supported (this "
-                         "build reads version %d)",
+                         "build reads versions 1 and %d)",
                          p, (long long)version, JDT_CKPT_VERSION);
         goto fail;
     }
@@ -943,6 +1017,20 @@ jdt_status jdt_ckpt_open(const char *path, jdt_ckpt **out, jdt_err *e)
         (st = jdt_h5_attr_read_i64(c->f, "data_position", &c->data_position, p, e)) ||
         (st = jdt_h5_attr_read_str(c->f, "config", &c->config_text, p, e)))
         goto fail;
+    if (version >= 2) { /* version 1 predates the checksum */
+        uint64_t want;
+        if ((st = jdt_h5_attr_read_u64(c->f, "meta_checksum", &want, p, e))) goto fail;
+        jdt_ckpt_meta m = {.step = c->step, .rng_state = c->rng_state,
+                           .data_position = c->data_position, .config_text = c->config_text};
+        if (meta_checksum(version, &m) != want) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: the checkpoint's metadata (step %lld, RNG state, data "
+                             "position or config) fails its checksum: the file is damaged; "
+                             "resume from an older checkpoint",
+                             p, (long long)c->step);
+            goto fail;
+        }
+    }
     jdt_free(format);
     *out = c;
     return JDT_OK;

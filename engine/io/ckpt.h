@@ -22,7 +22,7 @@
 #include "core/core.h"
 
 #define JDT_CKPT_FORMAT "jdt-ckpt"
-#define JDT_CKPT_VERSION 1
+#define JDT_CKPT_VERSION 2 /* 2: root attribute meta_checksum; 1 is still read */
 #define JDT_CKPT_FILE "state.h5"
 #define JDT_CKPT_MAX_DIMS 8
 
@@ -40,7 +40,8 @@ typedef struct {
 
 typedef struct {
     int64_t step;
-    uint64_t rng_state;      /* the trainer's RNG state (e.g. its dropout stream counter) */
+    uint64_t rng_state;      /* the trainer's RNG state: it writes run.seed (its streams are
+                                keyed on seed, index and step, so nothing else is needed) */
     int64_t data_position;   /* the next global batch index of the data stream */
     const char *config_text; /* the resolved config (YAML); NULL is stored as "" */
 } jdt_ckpt_meta;
@@ -79,6 +80,14 @@ typedef struct {
 jdt_status jdt_ckpt_save(const char *ckpt_dir, const jdt_ckpt_meta *meta,
                          const jdt_ckpt_tensor *tensors, size_t n_tensors,
                          const jdt_ckpt_save_opts *opts, char **saved_path, jdt_err *e);
+
+/* Checks, before training starts, that ckpt_dir (created if missing) is writable and has room
+ * for one checkpoint of these tensors (the same upper bound jdt_ckpt_save reserves, the data
+ * pointers are not read): ERR_IO "checkpoint directory D is not writable: Permission denied"
+ * or "... has no room for one checkpoint: No space left on device: needs X, Y free there".
+ * Leaves nothing behind. Any rank may call it; no collective. */
+jdt_status jdt_ckpt_preflight(const char *ckpt_dir, const jdt_ckpt_meta *meta,
+                              const jdt_ckpt_tensor *tensors, size_t n_tensors, jdt_err *e);
 
 /* Finds the newest complete checkpoint in ckpt_dir (a step_NNN directory with a state.h5;
  * *.tmp are ignored). Returns JDT_OK with *path (jdt_malloc'd) and *step (may be NULL), or

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 enum { MAX_OPEN_SHARDS = 16, MAX_PREFETCH = 64 };
 
@@ -198,6 +199,64 @@ out:
     return st;
 }
 
+/* Reads dataset ds (rank 1 or 2, n_rows rows of row_elems elements of dt) in blocks and
+ * continues the CRC-32 *crc over its little-endian bytes. */
+static jdt_status crc_dataset(hid_t ds, jdt_dtype dt, int rank, int64_t n_rows, int64_t row_elems,
+                              uLong *crc, const char *path, const char *name, jdt_err *e)
+{
+    size_t esz = jdt_dtype_size(dt);
+    int64_t rows_per = (int64_t)((4u << 20) / (esz * (size_t)row_elems));
+    if (rows_per < 1) rows_per = 1;
+    void *buf = jdt_malloc((size_t)rows_per * (size_t)row_elems * esz);
+    if (!buf) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: checksum: out of memory", path);
+    jdt_status st = JDT_OK;
+    for (int64_t r = 0; r < n_rows && st == JDT_OK; r += rows_per) {
+        int64_t nr = n_rows - r < rows_per ? n_rows - r : rows_per;
+        hsize_t start[2] = {(hsize_t)r, 0}, count[2] = {(hsize_t)nr, (hsize_t)row_elems};
+        hid_t fs = H5Dget_space(ds), ms = H5Screate_simple(rank, count, NULL);
+        if (fs < 0 || ms < 0 ||
+            H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
+            H5Dread(ds, jdt_h5_mem_type(dt), ms, fs, H5P_DEFAULT, buf) < 0) {
+            char dd[256];
+            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: reading /%s: %s", path, name,
+                             jdt_h5_detail(dd, sizeof dd));
+        } else {
+            *crc = crc32_z(*crc, buf, (size_t)nr * (size_t)row_elems * esz);
+        }
+        if (ms >= 0) H5Sclose(ms);
+        if (fs >= 0) H5Sclose(fs);
+    }
+    jdt_free(buf);
+    return st;
+}
+
+/* Checks the shard's recorded CRC-32 (if it has one) against its data: every byte is read
+ * once, when the dataset is opened. Files written before checksums existed pass unchecked. */
+static jdt_status verify_crc(const shard *s, jdt_data_kind kind, jdt_dtype token_dt,
+                             const hsize_t *dims, jdt_err *e)
+{
+    if (!jdt_h5_has_attr(s->file, JDT_DATA_CRC_ATTR)) return JDT_OK;
+    int64_t want;
+    jdt_status st = jdt_h5_attr_read_i64(s->file, JDT_DATA_CRC_ATTR, &want, s->path, e);
+    if (st != JDT_OK) return st;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    if (kind == JDT_DATA_KIND_TOKENS) {
+        st = crc_dataset(s->dx, token_dt, 1, (int64_t)dims[0], 1, &crc, s->path, "tokens", e);
+    } else {
+        st = crc_dataset(s->dx, JDT_DTYPE_F32, 2, (int64_t)dims[0], (int64_t)dims[1], &crc,
+                         s->path, "x", e);
+        if (st == JDT_OK)
+            st = crc_dataset(s->dy, JDT_DTYPE_I32, 1, (int64_t)dims[0], 1, &crc, s->path, "y", e);
+    }
+    if (st != JDT_OK) return st;
+    if ((int64_t)(uint32_t)crc != want)
+        return jdt_err_set(e, JDT_ERR_FORMAT,
+                           "%s: the data fails its checksum (crc32 %08lx, recorded %08llx): "
+                           "the file is damaged; re-run prepare or restore it",
+                           s->path, (unsigned long)crc, (unsigned long long)want);
+    return JDT_OK;
+}
+
 /* Opens shard s (if needed) and validates it against the dataset so far. `first`: s is the
  * first shard, so it sets info's kind, vocab, tokenizer, dim. */
 static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, jdt_err *e)
@@ -342,6 +401,7 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
                          kind == JDT_DATA_KIND_TOKENS ? "tokens" : "x");
         goto fail;
     }
+    if ((st = verify_crc(s, kind, d->info.token_dtype, dims, e))) goto fail;
     s->n_units = (int64_t)dims[0];
     jdt_free(format);
     jdt_free(tokenizer);
@@ -402,11 +462,16 @@ static jdt_status read_units(jdt_data *d, bool y, int64_t a, int64_t b, hid_t me
     return JDT_OK;
 }
 
-/* Names the shard holding logical unit u (for error messages). */
-static const char *shard_of(const jdt_data *d, int64_t u)
+/* Names the shard holding logical unit u (for error messages) and sets *local to u's index
+ * inside that shard's dataset, so the message points at the right file and the right row. */
+static const char *shard_of(const jdt_data *d, int64_t u, int64_t *local)
 {
+    *local = u;
     for (int64_t i = 0; i < d->n_shards; i++)
-        if (u < d->shards[i].start + d->shards[i].n_units) return d->shards[i].path;
+        if (u < d->shards[i].start + d->shards[i].n_units) {
+            *local = u - d->shards[i].start;
+            return d->shards[i].path;
+        }
     return d->path;
 }
 
@@ -462,12 +527,15 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
             const uint32_t *r32 = d->raw;
             for (int64_t u = 0; u < b - a; u++) {
                 uint32_t id = u16 ? r16[u] : r32[u];
-                if (id >= (uint64_t)d->info.vocab_size)
+                if (id >= (uint64_t)d->info.vocab_size) {
+                    int64_t at;
+                    const char *file = shard_of(d, a + u, &at);
                     return jdt_err_set(e, JDT_ERR_FORMAT,
-                                       "%s: /tokens: token id %u at stream "
-                                       "position %lld is outside the vocabulary [0, %lld)",
-                                       shard_of(d, a + u), id, (long long)(a + u),
+                                       "%s: /tokens[%lld]: token id %u (stream position %lld) "
+                                       "is outside the vocabulary [0, %lld)",
+                                       file, (long long)at, id, (long long)(a + u),
                                        (long long)d->info.vocab_size);
+                }
                 d->scratch[u] = (int32_t)id;
             }
             int32_t *x = xv;
@@ -484,10 +552,13 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
                                 e);
             if (st != JDT_OK) return st;
             for (int64_t i = 0; i < run && d->info.n_classes > 0; i++) {
-                if (y[j + i] < 0 || y[j + i] >= d->info.n_classes)
+                if (y[j + i] < 0 || y[j + i] >= d->info.n_classes) {
+                    int64_t at;
+                    const char *file = shard_of(d, w0 + i, &at);
                     return jdt_err_set(e, JDT_ERR_FORMAT, "%s: /y[%lld] = %d is outside [0, %lld)",
-                                       shard_of(d, w0 + i), (long long)(w0 + i), y[j + i],
+                                       file, (long long)at, y[j + i],
                                        (long long)d->info.n_classes);
+                }
             }
         }
         j += run;

@@ -23,6 +23,9 @@
 #define JDT_DATA_FORMAT_TOKENS "jdt-tokens"
 #define JDT_DATA_FORMAT_ARRAYS "jdt-arrays"
 #define JDT_DATA_VERSION 1
+/* Root attribute: zlib CRC-32 of the dataset's little-endian bytes (/tokens; /x then /y for
+ * arrays), recorded by the writers and checked once when a shard is first opened. */
+#define JDT_DATA_CRC_ATTR "crc32"
 
 /* ---- writers ------------------------------------------------------------------------------ */
 

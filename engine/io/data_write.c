@@ -7,6 +7,7 @@
 #include "io/io-impl.h"
 
 #include <errno.h>
+#include <zlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,6 +20,8 @@ struct jdt_data_tokw {
     int64_t n_tokens;
     int64_t n_written;
     uint32_t vocab_size;
+    jdt_dtype dtype; /* on disk: u16 or u32 */
+    uint32_t crc;    /* zlib CRC-32 of the little-endian bytes of /tokens written so far */
 };
 
 static char *tmp_name(const char *path)
@@ -138,6 +141,12 @@ jdt_status jdt_data_tokw_open(const char *path, int64_t n_tokens, uint32_t vocab
         goto fail;
     }
     jdt_dtype dt = vocab_size <= 65536 ? JDT_DTYPE_U16 : JDT_DTYPE_U32;
+    w->dtype = dt;
+    w->crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    /* uncompressed size plus slack: HDF5 must never meet a full disk (see jdt_h5_reserve) */
+    if ((st = jdt_h5_reserve(w->file, n_tokens * (int64_t)jdt_dtype_size(dt) + (1 << 20),
+                             w->tmp_path, e)))
+        goto fail;
     hsize_t dims[1] = {(hsize_t)n_tokens};
     hsize_t chunk[1] = {chunk_len(n_tokens, jdt_dtype_size(dt), opts)};
     sp = H5Screate_simple(1, dims, NULL);
@@ -198,6 +207,7 @@ jdt_status jdt_data_tokw_append(jdt_data_tokw *w, const uint32_t *tokens, int64_
                          jdt_h5_detail(d, sizeof d));
     } else {
         w->n_written += n;
+        jdt_data_crc_tokens(&w->crc, tokens, n, w->dtype);
     }
     if (ms >= 0) H5Sclose(ms);
     if (fs >= 0) H5Sclose(fs);
@@ -217,13 +227,17 @@ jdt_status jdt_data_tokw_commit(jdt_data_tokw *w, jdt_err *e)
     }
     herr_t rc = H5Dclose(w->dset);
     w->dset = H5I_INVALID_HID;
-    if (rc < 0 || H5Fclose(w->file) < 0) {
-        w->file = H5I_INVALID_HID;
+    if (rc < 0) {
         char d[256];
-        st = jdt_err_set(e, JDT_ERR_IO, "%s: closing: %s", w->tmp_path, jdt_h5_detail(d, sizeof d));
-        goto fail;
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: writing /tokens: %s", w->tmp_path,
+                         jdt_h5_detail(d, sizeof d));
+    } else {
+        st = jdt_h5_attr_write_i64(w->file, JDT_DATA_CRC_ATTR, (int64_t)w->crc, w->tmp_path, e);
     }
+    st = jdt_h5_close_written(w->file, st, w->tmp_path, e);
     w->file = H5I_INVALID_HID;
+    if (st != JDT_OK) goto fail;
+    jdt_io_release_tail(w->tmp_path);
     st = commit_file(w->tmp_path, w->path, e);
     if (st != JDT_OK) goto fail;
     jdt_free(w->tmp_path);
@@ -239,11 +253,33 @@ void jdt_data_tokw_abort(jdt_data_tokw *w)
 {
     if (!w) return;
     if (w->dset >= 0) H5Dclose(w->dset);
-    if (w->file >= 0) H5Fclose(w->file);
+    if (w->file >= 0) jdt_h5_close_written(w->file, JDT_ERR_IO, w->tmp_path, NULL);
     if (w->tmp_path) unlink(w->tmp_path);
     jdt_free(w->tmp_path);
     jdt_free(w->path);
     jdt_free(w);
+}
+
+void jdt_data_crc_tokens(uint32_t *crc, const uint32_t *tokens, int64_t n, jdt_dtype dtype)
+{
+    unsigned char buf[8192];
+    size_t k = 0, w = jdt_dtype_size(dtype);
+    uLong c = *crc;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t t = tokens[i];
+        buf[k++] = (unsigned char)t;
+        buf[k++] = (unsigned char)(t >> 8);
+        if (w == 4) {
+            buf[k++] = (unsigned char)(t >> 16);
+            buf[k++] = (unsigned char)(t >> 24);
+        }
+        if (k + 4 > sizeof buf) {
+            c = crc32_z(c, buf, k);
+            k = 0;
+        }
+    }
+    if (k) c = crc32_z(c, buf, k);
+    *crc = (uint32_t)c;
 }
 
 jdt_status jdt_data_write_tokens(const char *path, const uint32_t *tokens, int64_t n,
@@ -287,7 +323,11 @@ static jdt_status write_whole(hid_t f, const char *name, jdt_dtype dt, int rank,
                          jdt_h5_detail(d, sizeof d));
     }
 out:
-    if (ds >= 0) H5Dclose(ds);
+    if (ds >= 0 && H5Dclose(ds) < 0 && st == JDT_OK) {
+        char d[256];
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: writing dataset /%s: %s", where, name,
+                         jdt_h5_detail(d, sizeof d));
+    }
     if (dcpl >= 0) H5Pclose(dcpl);
     if (sp >= 0) H5Sclose(sp);
     return st;
@@ -323,25 +363,27 @@ jdt_status jdt_data_write_arrays(const char *path, const float *x, const int32_t
         goto out;
     }
     hsize_t xd[2] = {(hsize_t)n_rows, (hsize_t)dim}, yd[1] = {(hsize_t)n_rows};
-    if ((st = write_whole(f, "x", JDT_DTYPE_F32, 2, xd, x, opts, tmp, e)) ||
+    uLong crc = crc32(0L, Z_NULL, 0);
+    crc = crc32_z(crc, (const Bytef *)x, (size_t)(n_rows * dim) * sizeof *x);
+    crc = crc32_z(crc, (const Bytef *)y, (size_t)n_rows * sizeof *y);
+    if ((st = jdt_h5_reserve(f, n_rows * (dim + 1) * 4 + (1 << 20), tmp, e)) ||
+        (st = write_whole(f, "x", JDT_DTYPE_F32, 2, xd, x, opts, tmp, e)) ||
         (st = write_whole(f, "y", JDT_DTYPE_I32, 1, yd, y, opts, tmp, e)) ||
         (st = jdt_h5_attr_write_str(f, "format", JDT_DATA_FORMAT_ARRAYS, tmp, e)) ||
         (st = jdt_h5_attr_write_i64(f, "version", JDT_DATA_VERSION, tmp, e)) ||
         (st = jdt_h5_attr_write_i64(f, "n_rows", n_rows, tmp, e)) ||
         (st = jdt_h5_attr_write_i64(f, "dim", dim, tmp, e)) ||
-        (st = jdt_h5_attr_write_i64(f, "n_classes", n_classes, tmp, e)))
+        (st = jdt_h5_attr_write_i64(f, "n_classes", n_classes, tmp, e)) ||
+        (st = jdt_h5_attr_write_i64(f, JDT_DATA_CRC_ATTR, (int64_t)crc, tmp, e)))
         goto out_close;
-    herr_t rc = H5Fclose(f);
+    st = jdt_h5_close_written(f, JDT_OK, tmp, e);
     f = H5I_INVALID_HID;
-    if (rc < 0) {
-        char d[256];
-        st = jdt_err_set(e, JDT_ERR_IO, "%s: closing: %s", tmp, jdt_h5_detail(d, sizeof d));
-        goto out;
-    }
+    if (st != JDT_OK) goto out;
+    jdt_io_release_tail(tmp);
     st = commit_file(tmp, path, e);
     goto out;
 out_close:
-    H5Fclose(f);
+    jdt_h5_close_written(f, st, tmp, NULL);
 out:
     if (st != JDT_OK) unlink(tmp);
     jdt_free(tmp);

@@ -12,7 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+
+/* HDF5 1.10 cannot close a file whose metadata flush once failed (ENOSPC, EIO): the close
+ * fails ("slist already enabled?") and the library's exit-time cleanup then dereferences the
+ * half-closed file and dies with SIGSEGV. We close every file explicitly, so that cleanup has
+ * nothing to do for us: turn it off before the library initialises (a constructor runs before
+ * main). Writers avoid the failure in the first place by reserving space (jdt_h5_reserve). */
+__attribute__((constructor)) static void h5_no_exit_cleanup(void)
+{
+    H5dont_atexit();
+}
 
 void jdt_h5_quiet(void)
 {
@@ -25,24 +36,147 @@ typedef struct {
     bool done;
 } detail_ctx;
 
+/* HDF5's file drivers put the whole failed system call into one record: "file write failed:
+ * time = ..., filename = '...', file descriptor = 5, errno = 28, error message = 'No space
+ * left on device', buf = ...". A user needs the error message (the caller names the file);
+ * other records are cut at the first line break, so a detail is always one line. */
+static void detail_from_desc(const char *desc, char *buf, size_t n)
+{
+    const char *en = strstr(desc, "errno = ");
+    if (en) {
+        int code = atoi(en + 8);
+        if (code > 0) {
+            const char *colon = strstr(desc, " failed");
+            int head = colon ? (int)(colon - desc) : 0;
+            if (head > 0 && head < 40)
+                snprintf(buf, n, "%.*s failed: %s", head, desc, strerror(code));
+            else
+                snprintf(buf, n, "%s", strerror(code));
+            return;
+        }
+    }
+    size_t k = 0;
+    for (const char *s = desc; *s && k + 1 < n; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '\n' || c == '\r') break;
+        buf[k++] = c < 0x20 || c == 0x7f ? ' ' : (char)c;
+    }
+    while (k > 0 && (buf[k - 1] == ' ' || buf[k - 1] == ':' || buf[k - 1] == ','))
+        k--;
+    buf[k] = '\0';
+}
+
 static herr_t detail_cb(unsigned n, const H5E_error2_t *err, void *data)
 {
     detail_ctx *c = data;
     (void)n;
     if (c->done || !err->desc || !err->desc[0]) return 0;
-    snprintf(c->buf, c->n, "%s", err->desc);
-    c->done = true;
+    detail_from_desc(err->desc, c->buf, c->n);
+    c->done = c->buf[0] != '\0';
     return 0;
 }
 
 const char *jdt_h5_detail(char *buf, size_t n_bytes)
 {
+    int saved_errno = errno; /* the failed system call's, if HDF5 recorded none */
     if (n_bytes == 0) return buf;
     buf[0] = '\0';
     detail_ctx c = {buf, n_bytes, false};
     /* UPWARD starts at the innermost (most specific) record. */
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, detail_cb, &c);
+    if (!buf[0] && saved_errno != 0) snprintf(buf, n_bytes, "%s", strerror(saved_errno));
+    if (!buf[0]) snprintf(buf, n_bytes, "HDF5 reported no detail");
     return buf;
+}
+
+/* Points the file's descriptor at /dev/null, so that whatever HDF5 still has to write for it
+ * (dirty metadata, cached chunks) goes nowhere and its close cannot fail. */
+static void abandon_fd(hid_t f)
+{
+    void *handle = NULL;
+    if (H5Fget_vfd_handle(f, H5P_DEFAULT, &handle) < 0 || !handle) return;
+    int fd = *(int *)handle;
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null_fd < 0) return;
+    if (fd >= 0 && fd != null_fd) dup3(null_fd, fd, O_CLOEXEC);
+    close(null_fd);
+}
+
+#define LEFT_OPEN (H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR | H5F_OBJ_LOCAL)
+
+/* Closes the objects of f that are still open: those whose close failed (HDF5 keeps the id
+ * of an object whose close could not flush it). */
+static void close_left_open(hid_t f)
+{
+    hid_t ids[64];
+    ssize_t n;
+    int rounds = 0;
+    while ((n = H5Fget_obj_ids(f, LEFT_OPEN, 64, ids)) > 0 && rounds++ < 1000) {
+        for (ssize_t i = 0; i < n; i++) {
+            if (H5Iget_type(ids[i]) == H5I_ATTR)
+                H5Aclose(ids[i]);
+            else
+                H5Oclose(ids[i]);
+        }
+    }
+}
+
+static void fmt_mib(char *buf, size_t n, double bytes)
+{
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+    else
+        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+}
+
+jdt_status jdt_io_reserve_fd(int fd, int64_t n_bytes, const char *where, jdt_err *e)
+{
+    if (n_bytes <= 0) return JDT_OK;
+    int rc = fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)n_bytes);
+    int err = rc == 0 ? 0 : errno;
+    struct statvfs sv;
+    if (err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) {
+        /* no preallocation on this file system (some NFS): compare with the free space */
+        err = 0;
+        if (fstatvfs(fd, &sv) == 0 && (double)sv.f_bavail * (double)sv.f_frsize < (double)n_bytes)
+            err = ENOSPC;
+    }
+    if (err == 0) return JDT_OK;
+    char need[32], avail[32] = "unknown";
+    fmt_mib(need, sizeof need, (double)n_bytes);
+    if (fstatvfs(fd, &sv) == 0)
+        fmt_mib(avail, sizeof avail, (double)sv.f_bavail * (double)sv.f_frsize);
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG)
+        return jdt_err_set(e, JDT_ERR_IO, "%s: %s: needs %s, %s free there", where,
+                           strerror(err), need, avail);
+    return jdt_err_set(e, JDT_ERR_IO, "%s: reserving %s: %s", where, need, strerror(err));
+}
+
+jdt_status jdt_h5_reserve(hid_t f, int64_t n_bytes, const char *where, jdt_err *e)
+{
+    void *handle = NULL;
+    if (n_bytes <= 0 || H5Fget_vfd_handle(f, H5P_DEFAULT, &handle) < 0 || !handle) return JDT_OK;
+    return jdt_io_reserve_fd(*(int *)handle, n_bytes, where, e);
+}
+
+jdt_status jdt_h5_close_written(hid_t f, jdt_status st, const char *where, jdt_err *e)
+{
+    if (f < 0) return st;
+    if (st == JDT_OK && H5Fget_obj_count(f, LEFT_OPEN) > 0)
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: an object could not be written completely", where);
+    if (st == JDT_OK && H5Fflush(f, H5F_SCOPE_LOCAL) < 0) {
+        char d[256];
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", where, jdt_h5_detail(d, sizeof d));
+    }
+    if (st != JDT_OK) {
+        abandon_fd(f);
+        close_left_open(f);
+    }
+    if (H5Fclose(f) < 0 && st == JDT_OK) {
+        char d[256];
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: closing: %s", where, jdt_h5_detail(d, sizeof d));
+    }
+    return st;
 }
 
 hid_t jdt_h5_fapl(size_t sieve_bytes)
@@ -330,9 +464,10 @@ hid_t jdt_h5_file_type(jdt_dtype dt)
         return H5T_STD_U32LE;
     case JDT_DTYPE_U8:
         return H5T_STD_U8LE;
-    default:
-        return H5I_INVALID_HID;
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return H5I_INVALID_HID;
 }
 
 hid_t jdt_h5_mem_type(jdt_dtype dt)
@@ -352,9 +487,10 @@ hid_t jdt_h5_mem_type(jdt_dtype dt)
         return H5T_NATIVE_UINT32;
     case JDT_DTYPE_U8:
         return H5T_NATIVE_UINT8;
-    default:
-        return H5I_INVALID_HID;
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return H5I_INVALID_HID;
 }
 
 bool jdt_h5_classify(hid_t type, jdt_dtype *out)
@@ -399,6 +535,18 @@ jdt_status jdt_io_fsync_path(const char *path, jdt_err *e)
         st = jdt_err_set(e, JDT_ERR_IO, "%s: fsync: %s", path, strerror(errno));
     close(fd);
     return st;
+}
+
+void jdt_io_release_tail(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat sb;
+    /* st_blocks counts 512-byte units whatever the block size */
+    if (fstat(fd, &sb) == 0 && (int64_t)sb.st_blocks * 512 > (int64_t)sb.st_size)
+        (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, sb.st_size,
+                        (off_t)sb.st_blocks * 512 - sb.st_size + (1 << 20));
+    close(fd);
 }
 
 jdt_status jdt_io_mkdir_p(const char *path, jdt_err *e)

@@ -15,8 +15,10 @@
  * keeps one error stack per thread, so every entry point and every worker thread calls this. */
 void jdt_h5_quiet(void);
 
-/* Copies the most specific message on the calling thread's HDF5 error stack into buf (empty
- * string if there is none) and returns buf. */
+/* Copies the most specific message on the calling thread's HDF5 error stack into buf as one
+ * printable line and returns buf. A failed system call becomes its strerror text ("write
+ * failed: No space left on device"); an empty stack gives "HDF5 reported no detail", so a
+ * message never ends in ": ". */
 const char *jdt_h5_detail(char *buf, size_t n_bytes);
 
 /* A file-access property list for our opens and creates: file locking stays on, but a file
@@ -33,6 +35,23 @@ hid_t jdt_h5_create(const char *path, unsigned flags);
  * the file id (>= 0) or H5I_INVALID_HID with e filled. sieve_bytes > 0 sets HDF5's data sieve
  * buffer (the minimum read size of uncached raw data); 0 keeps the default (64 KiB). */
 hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e);
+
+/* Reserves n_bytes of disk for the file f just created (fallocate, keeping its size), so that
+ * HDF5's own writes cannot run out of space later: HDF5 1.10 cannot recover from a failed
+ * metadata flush. Where the file system cannot preallocate, compares with its free space
+ * instead. ERR_IO naming `where` with the figures ("No space left on device: needs 1.2 GiB,
+ * 310.5 MiB free there"); then close f with jdt_h5_close_written(f, that status, ...), which
+ * cannot fail since nothing was flushed yet, and delete the file. */
+jdt_status jdt_h5_reserve(hid_t f, int64_t n_bytes, const char *where, jdt_err *e);
+
+/* Closes a file opened for writing, st being the status of the writes so far. With st ==
+ * JDT_OK it flushes first, and a failed flush (ENOSPC, EIO) becomes ERR_IO naming `where`.
+ * After any failure the file's descriptor is pointed at /dev/null before H5Fclose, so the
+ * library can drop its cached state: a failed H5Fclose otherwise leaves the file half-open
+ * and HDF5 crashes (SIGSEGV) in its exit-time cleanup. The file's content is then garbage:
+ * the caller deletes it. Every handle inside f must already be closed. Returns the final
+ * status (st unless the flush or the close failed). */
+jdt_status jdt_h5_close_written(hid_t f, jdt_status st, const char *where, jdt_err *e);
 
 /* True if obj has an attribute called name. */
 bool jdt_h5_has_attr(hid_t obj, const char *name);
@@ -70,10 +89,21 @@ hid_t jdt_h5_mem_type(jdt_dtype dt);
  * reported as U16 (the caller checks the dtype attribute). */
 bool jdt_h5_classify(hid_t type, jdt_dtype *out);
 
+/* Continues the CRC-32 *crc over n tokens as stored on disk in dtype (u16: 2 little-endian
+ * bytes each, u32: 4), so writer and reader agree whatever the memory layout. */
+void jdt_data_crc_tokens(uint32_t *crc, const uint32_t *tokens, int64_t n, jdt_dtype dtype);
+
 /* ---- POSIX helpers ----------------------------------------------------------------------- */
 
 /* fsync(2)s a file or directory by path. */
 jdt_status jdt_io_fsync_path(const char *path, jdt_err *e);
+/* Preallocates n_bytes for the open file fd (fallocate, keeping its size), or where the file
+ * system cannot, checks that much is free. ERR_IO naming `where` with both figures when the
+ * space is not there. jdt_h5_reserve's engine; also the checkpoint pre-flight's. */
+jdt_status jdt_io_reserve_fd(int fd, int64_t n_bytes, const char *where, jdt_err *e);
+/* Gives back the blocks a file holds past its end (what jdt_h5_reserve preallocated and the
+ * file did not use), by punching a hole there. Best effort: errors are ignored. */
+void jdt_io_release_tail(const char *path);
 /* mkdir -p; existing directories are fine. */
 jdt_status jdt_io_mkdir_p(const char *path, jdt_err *e);
 /* rm -r of path (a file or a directory tree); a missing path is fine. */

@@ -7,11 +7,13 @@
  * masks are keyed on the step too: 2N straight steps and N + resume + N give identical losses.
  */
 #include "train/train.h"
+#include "train/hf.h"
 
 #include "backend/backend.h"
 #include "datasets/datasets.h"
 #include "io/ckpt.h"
 #include "io/data.h"
+#include "obs/obs.h"
 #include "train/trace.h"
 
 #include <cblas.h>
@@ -54,30 +56,6 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
     return JDT_OK;
 }
 
-/* Measured SGEMM throughput of this process's thread budget: the MFU denominator. */
-static double measure_peak_flops(void)
-{
-    enum { N = 1024 }; /* big enough for OpenBLAS to reach its steady-state rate */
-    float *a = jdt_malloc_aligned(N * N * sizeof(float));
-    float *b = jdt_malloc_aligned(N * N * sizeof(float));
-    float *c = jdt_malloc_aligned(N * N * sizeof(float));
-    double best = 0;
-    if (a && b && c) {
-        for (int i = 0; i < N * N; i++) a[i] = b[i] = 1e-3f * (float)(i % 97);
-        for (int r = 0; r < 8; r++) {
-            double t0 = jdt_now_s();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
-            double dt = jdt_now_s() - t0;
-            double f = 2.0 * N * N * N / dt;
-            if (r > 0 && f > best) best = f;
-        }
-    }
-    jdt_free_aligned(a);
-    jdt_free_aligned(b);
-    jdt_free_aligned(c);
-    return best;
-}
-
 static void fmt_duration(double s, char *buf, size_t n)
 {
     long t = (long)(s + 0.5);
@@ -90,12 +68,18 @@ typedef struct {
     const jdt_config *cfg;
     jdt_dist *dist;      /* NULL: single process */
     int rank, world_size;
+    jdt_mesh mesh;       /* this rank's place in the device mesh (1 x 1 x 1 alone) */
+    jdt_comm_group *groups[8]; /* process group per mesh-axis mask, made on first use */
+    int64_t data_shift;  /* global batch index - step (non-zero after resuming with another
+                            batch size) */
     char run_dir[1024];
     char ckpt_dir[1100];
     jdt_step *step;
     jdt_device *device; /* runtime.backend cuda: this rank's GPU; NULL: the CPU */
     jdt_data *train, *val;
     FILE *metrics;
+    jdt_tboard *tb;      /* rank 0: TensorBoard events in the run directory */
+    double s_data, s_step, s_comm, s_ckpt, s_eval; /* seconds spent, for the end-of-run table */
     jdt_trace *trace;    /* run.profile: open while the traced steps run */
     bool tracing;
 } trainer;
@@ -118,8 +102,13 @@ static jdt_status open_data(const trainer *tr, const char *path, const char *spl
     o.kind = cfg->model.type == JDT_MODEL_MLP ? JDT_DATA_KIND_ARRAYS : JDT_DATA_KIND_TOKENS;
     o.seq_len = cfg->model.seq_len;
     o.global_batch = rows;
-    o.row_begin = rows / tr->world_size * tr->rank; /* this rank's slice of every batch */
-    o.row_end = rows / tr->world_size * (tr->rank + 1);
+    /* this rank's slice of every batch: by its coordinate over the axes the batch is split
+     * over (ranks that differ only in other axes, e.g. tensor, read the same rows) */
+    const unsigned batch_axes = jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules);
+    const int64_t ways = jdt_mesh_group_size(&tr->mesh, batch_axes);
+    const int64_t at = jdt_mesh_group_index(&tr->mesh, batch_axes);
+    o.row_begin = rows / ways * at;
+    o.row_end = rows / ways * (at + 1);
     o.seed = (uint64_t)cfg->run.seed;
     o.shuffle = cfg->data.shuffle;
     o.prefetch = cfg->data.prefetch;
@@ -191,39 +180,131 @@ static void log_profile(const trainer *tr)
     JDT_INFO("profile of the compiled step:\n%s", buf);
 }
 
-static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
+static jdt_status ckpt_barrier(void *ctx, jdt_err *e)
+{
+    trainer *tr = ctx;
+    return jdt_dist_barrier(tr->dist, tr->cfg->dist.connect_timeout_s, e);
+}
+
+/* The step's persistent tensors as checkpoint slices (whole tensors); caller frees *out. */
+static jdt_status ckpt_tensors(const trainer *tr, jdt_ckpt_tensor **out, int *n_out, jdt_err *e)
 {
     /* parameters and moments live on the device: bring the host copies up to date */
-    jdt_status pst = jdt_step_sync_host(tr->step, e);
-    if (pst != JDT_OK) return jdt_err_prefix(e, "checkpoint");
-    int n = jdt_step_n_tensors(tr->step);
-    jdt_ckpt_tensor *ts = jdt_calloc((size_t)n, sizeof *ts);
+    if (jdt_step_sync_host(tr->step, e) != JDT_OK) return jdt_err_prefix(e, "checkpoint");
+    int n = jdt_step_n_tensors(tr->step), n_own = 0;
+    jdt_ckpt_tensor *ts = jdt_calloc((size_t)(n ? n : 1), sizeof *ts);
     if (!ts) return jdt_err_set(e, JDT_ERR_NOMEM, "checkpoint: out of memory");
     for (int i = 0; i < n; i++) {
         const char *name;
         float *data;
-        jdt_shape shape;
+        jdt_shape shape, global;
+        int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(tr->step, i, &name, &data, &shape);
-        ts[i].name = name;
-        ts[i].dtype = JDT_DTYPE_F32;
-        ts[i].ndim = shape.ndim;
-        for (int d = 0; d < shape.ndim; d++) ts[i].shape[d] = shape.dims[d];
-        ts[i].data = data;
+        if (!jdt_step_tensor_block(tr->step, i, &global, offset)) continue;
+        jdt_ckpt_tensor *t = &ts[n_own++];
+        t->name = name;
+        t->dtype = JDT_DTYPE_F32;
+        t->ndim = shape.ndim;
+        for (int d = 0; d < shape.ndim; d++) {
+            t->shape[d] = global.dims[d];
+            t->offset[d] = offset[d];
+            t->extent[d] = shape.dims[d];
+        }
+        t->data = data;
     }
-    jdt_ckpt_meta meta = {.step = next_step, .rng_state = (uint64_t)tr->cfg->run.seed,
-                          .data_position = next_step, .config_text = tr->cfg->resolved_yaml};
-    jdt_ckpt_save_opts so = {.keep_last = tr->cfg->checkpoint.keep};
-    char *saved = NULL;
-    double t0 = jdt_now_s();
-    jdt_status st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
-    if (st == JDT_OK) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
-    jdt_free(saved);
+    *out = ts;
+    *n_out = n_own;
+    return JDT_OK;
+}
+
+/* Before the first step: the checkpoint directory is writable and has room for one
+ * checkpoint, so a bad checkpoint.dir fails now rather than at the first save. */
+static jdt_status preflight_ckpt(const trainer *tr, jdt_err *e)
+{
+    jdt_ckpt_tensor *ts;
+    int n;
+    jdt_status st = ckpt_tensors(tr, &ts, &n, e);
+    if (st != JDT_OK) return st;
+    jdt_ckpt_meta meta = {.config_text = tr->cfg->resolved_yaml};
+    st = jdt_ckpt_preflight(tr->ckpt_dir, &meta, ts, (size_t)n, e);
     jdt_free(ts);
     return st;
 }
 
+static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
+{
+    jdt_ckpt_tensor *ts;
+    int n;
+    jdt_status st = ckpt_tensors(tr, &ts, &n, e);
+    if (st != JDT_OK) return st;
+    jdt_ckpt_meta meta = {.step = next_step, .rng_state = (uint64_t)tr->cfg->run.seed,
+                          .data_position = next_step + tr->data_shift, .config_text = tr->cfg->resolved_yaml};
+    jdt_ckpt_save_opts so = {.keep_last = tr->cfg->checkpoint.keep};
+    if (tr->dist && tr->world_size > 1) {
+        so.rank = tr->rank;
+        so.world_size = tr->world_size;
+        so.barrier = ckpt_barrier;
+        so.barrier_ctx = tr;
+    }
+    char *saved = NULL;
+    double t0 = jdt_now_s();
+    st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
+    tr->s_ckpt += jdt_now_s() - t0;
+    jdt_free(ts);
+    if (tr->dist && tr->world_size > 1) { /* agree on the outcome */
+        float bad = st != JDT_OK ? 1.0f : 0.0f;
+        jdt_err e2;
+        jdt_err_clear(&e2);
+        jdt_status cst = jdt_comm_allreduce(jdt_dist_world(tr->dist), &bad, 1, JDT_DTYPE_F32,
+                                            JDT_REDUCE_MAX, &e2);
+        if (cst != JDT_OK && st == JDT_OK) {
+            *e = e2;
+            st = cst;
+        }
+        if (st == JDT_OK && bad != 0.0f)
+            st = jdt_err_set(e, JDT_ERR_IO, "checkpoint step %lld: another rank failed to write "
+                             "its part (see its log)", (long long)next_step);
+    }
+    if (st == JDT_OK && tr->rank == 0) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
+    else if (st != JDT_OK)
+        jdt_err_prefix(e, "checkpoint at step %lld not saved (the previous one is kept)",
+                       (long long)next_step);
+    jdt_free(saved);
+    return st;
+}
+
 /* Loads params and optimizer state from path; returns the step to continue from. */
-static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step, jdt_err *e)
+/* The global batch index at which a run resumed from a checkpoint continues, with this
+ * config's batch size: the checkpoint's data_position counts batches of ITS batch size (from
+ * its stored config), so the stream continues at the same global sample g = position * B_old,
+ * i.e. batch g / B_new (docs/data.md). ERR_CONFIG when B_new does not divide g. */
+static jdt_status resume_batch(const jdt_config *cfg, const jdt_ckpt_meta *meta, const char *path,
+                               int64_t *batch, jdt_err *e)
+{
+    int64_t b_old = cfg->data.batch_size;
+    if (meta->config_text && meta->config_text[0]) {
+        jdt_config old;
+        jdt_err e2;
+        if (jdt_config_load_string(meta->config_text, path, 0, NULL, NULL, &old, &e2) == JDT_OK) {
+            b_old = old.data.batch_size;
+            jdt_config_free(&old);
+        }
+    }
+    const int64_t g = meta->data_position * b_old, b_new = cfg->data.batch_size;
+    if (g % b_new)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "%s: the data stream stopped at sample %lld (%lld batches of %lld), which "
+                           "data.batch_size = %lld does not divide: resume with a batch size that "
+                           "divides it", path, (long long)g, (long long)meta->data_position,
+                           (long long)b_old, (long long)b_new);
+    *batch = g / b_new;
+    return JDT_OK;
+}
+
+/* Loads this rank's blocks of params and optimizer state from path; returns the step to
+ * continue from and (data_batch not NULL) the global batch of cfg's size to read next. */
+static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *path,
+                            int64_t *next_step, int64_t *data_batch, jdt_err *e)
 {
     jdt_ckpt *c = NULL;
     jdt_status st = jdt_ckpt_open(path, &c, e);
@@ -231,20 +312,43 @@ static jdt_status load_ckpt(jdt_step *step, const char *path, int64_t *next_step
     jdt_ckpt_meta meta;
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
+    if (data_batch && (st = resume_batch(cfg, &meta, path, data_batch, e)) != JDT_OK) {
+        jdt_ckpt_close(c);
+        return st;
+    }
     int n = jdt_step_n_tensors(step);
-    for (int i = 0; i < n && st == JDT_OK; i++) {
+    double total_mb = 0, done_mb = 0;
+    for (int i = 0; i < n; i++) {
         const char *name;
         float *data;
         jdt_shape shape;
         jdt_step_tensor(step, i, &name, &data, &shape);
-        jdt_ckpt_tensor want;
+        total_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+    }
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "loading checkpoint", total_mb, "MB");
+    for (int i = 0; i < n && st == JDT_OK; i++) {
+        const char *name;
+        float *data;
+        jdt_shape shape, global;
+        int64_t offset[JDT_MAX_DIMS] = {0};
+        jdt_step_tensor(step, i, &name, &data, &shape);
+        done_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+        jdt_progress_update(&prog, done_mb);
+        jdt_step_tensor_block(step, i, &global, offset);
+        jdt_ckpt_tensor want; /* this rank's block only: any mesh reads any checkpoint */
         memset(&want, 0, sizeof want);
         want.name = name;
         want.dtype = JDT_DTYPE_F32;
         want.ndim = shape.ndim;
-        for (int d = 0; d < shape.ndim; d++) want.shape[d] = shape.dims[d];
+        for (int d = 0; d < shape.ndim; d++) {
+            want.shape[d] = global.dims[d];
+            want.offset[d] = offset[d];
+            want.extent[d] = shape.dims[d];
+        }
         st = jdt_ckpt_read(c, &want, data, e);
     }
+    jdt_progress_end(&prog);
     jdt_ckpt_close(c);
     jdt_step_host_changed(step); /* a device backend uploads them before the next run */
     return st;
@@ -268,15 +372,68 @@ static jdt_status run_eval(trainer *tr, double *loss, jdt_err *e)
 
 static bool last_step(const jdt_config *cfg, int64_t t) { return t + 1 == cfg->run.steps; }
 
-/* ALL_REDUCE nodes of the step graphs run here: group 0 is the data-parallel world. */
-static jdt_status train_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
+static jdt_status train_collective_run(trainer *tr, int group, int kind, jdt_dtype dt, void *buf,
+                                       size_t n_elems, jdt_err *e);
+
+/* The collective nodes of the step graphs run here. A group id is a mask of mesh axes
+ * (engine/shard/shard.h); its comm group is made on first use (creation is local, and every
+ * member derives the same ordered rank list). */
+static jdt_status train_collective(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
                                    size_t n_elems, jdt_err *e)
 {
     trainer *tr = ctx;
-    if (group != 0 || !tr->dist)
+    if (group <= 0 || group > 7 || !tr->dist)
         return jdt_err_set(e, JDT_ERR_INTERNAL, "collective on unknown group %d", group);
-    return jdt_comm_allreduce(jdt_dist_world(tr->dist), buf, n_elems, dt,
-                              reduce_op ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    double t0 = jdt_now_s();
+    jdt_status st_c = train_collective_run(tr, group, kind, dt, buf, n_elems, e);
+    tr->s_comm += jdt_now_s() - t0;
+    return st_c;
+}
+
+static jdt_status train_collective_run(trainer *tr, int group, int kind, jdt_dtype dt, void *buf,
+                                       size_t n_elems, jdt_err *e)
+{
+    jdt_comm_group *cg = tr->groups[group];
+    if (!cg) {
+        const int n = jdt_mesh_group_size(&tr->mesh, (unsigned)group);
+        if (n == tr->world_size) {
+            cg = jdt_dist_world(tr->dist);
+        } else {
+            int ranks[64];
+            if (n > (int)(sizeof ranks / sizeof ranks[0]))
+                return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "process group of %d ranks (at most 64)", n);
+            jdt_mesh_group_ranks(&tr->mesh, (unsigned)group, ranks);
+            jdt_status st = jdt_comm_group_new(tr->dist, n, ranks, &cg, e);
+            if (st != JDT_OK) return st;
+        }
+        tr->groups[group] = cg;
+    }
+    const int k = jdt_comm_group_size(cg), me = jdt_comm_group_index(cg);
+    const size_t seg = k ? n_elems / (size_t)k : 0, esz = jdt_dtype_size(dt);
+    jdt_status st;
+    switch (kind) {
+    case JDT_COLL_ALLREDUCE_SUM:
+    case JDT_COLL_ALLREDUCE_MAX:
+        return jdt_comm_allreduce(cg, buf, n_elems, dt,
+                                  kind == JDT_COLL_ALLREDUCE_MAX ? JDT_REDUCE_MAX : JDT_REDUCE_SUM, e);
+    case JDT_COLL_ALLGATHER: /* this member's part arrives first; the wire wants segment me */
+        if (me) memmove((char *)buf + (size_t)me * seg * esz, buf, seg * esz);
+        return jdt_comm_allgather(cg, buf, n_elems, dt, e);
+    case JDT_COLL_REDUCE_SCATTER:
+        st = jdt_comm_reduce_scatter(cg, buf, n_elems, dt, JDT_REDUCE_SUM, e);
+        if (st == JDT_OK && me) memmove(buf, (char *)buf + (size_t)me * seg * esz, seg * esz);
+        return st;
+    default:
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "collective of unknown kind %d", kind);
+    }
+}
+
+/* Stand-in communicator for planning (inspect): the step is compiled, never run. */
+static jdt_status plan_collective(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
+                                  size_t n_elems, jdt_err *e)
+{
+    (void)ctx, (void)group, (void)kind, (void)dt, (void)buf, (void)n_elems;
+    return jdt_err_set(e, JDT_ERR_INTERNAL, "inspect: the planned step cannot run");
 }
 
 void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
@@ -284,6 +441,7 @@ void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
     jdt_compile_opts_init(o);
     o->threads = cfg->runtime.threads;
     o->cache_dir = cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL;
+    o->cache_max_bytes = cfg->runtime.cache_max_mb > 0 ? (int64_t)cfg->runtime.cache_max_mb << 20 : -1;
     o->cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;
     o->cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
     o->remat = cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
@@ -332,8 +490,8 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     const jdt_config *cfg = tr->cfg;
     jdt_step_opts so;
     memset(&so, 0, sizeof so);
-    so.world_size = tr->world_size;
-    so.micro_batch = cfg->data.micro_batch_size / tr->world_size;
+    so.mesh = tr->mesh.world_size > 1 ? &tr->mesh : NULL;
+    so.micro_batch = cfg->data.micro_batch_size;
     so.n_accum = cfg->data.batch_size / cfg->data.micro_batch_size;
     so.use_jit = cfg->runtime.jit;
     jdt_train_compile_opts(cfg, &so.copts);
@@ -346,29 +504,35 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     if (tr->dist) {
         so.copts.collective = train_collective;
         so.copts.collective_ctx = tr;
+    } else if (so.mesh) {
+        so.copts.collective = plan_collective;
     }
     return jdt_step_new(cfg, &so, out, e);
 }
 
-/* The data-parallel layout this build supports: mesh.data ranks, each a whole model copy. */
-static jdt_status check_world(const trainer *tr, jdt_err *e)
+/* The device mesh of this job: mesh.data x mesh.fsdp x mesh.tensor = the world size (one -1
+ * filled in), the batch split evenly over the axes the rules give it. */
+static jdt_status check_world(trainer *tr, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
-    const int W = tr->world_size;
-    if (cfg->mesh.fsdp != 1 || cfg->mesh.tensor != 1)
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                           "mesh.fsdp = %d, mesh.tensor = %d: only data parallelism (mesh.data) is "
-                           "built so far; set both to 1", cfg->mesh.fsdp, cfg->mesh.tensor);
-    if (cfg->mesh.data != W)
-        return jdt_err_set(e, JDT_ERR_CONFIG,
-                           "mesh.data = %d but the job has %d process(es): start one process per "
-                           "device (e.g. jdt-train --nproc %d ...)", cfg->mesh.data, W, cfg->mesh.data);
-    if (cfg->data.batch_size % W || cfg->data.micro_batch_size % W)
+    const int sizes[JDT_MESH_AXIS_COUNT] = {cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor};
+    jdt_status st = jdt_mesh_init(&tr->mesh, sizes, tr->world_size, tr->rank, e);
+    if (st != JDT_OK) return st;
+    const int ways = jdt_mesh_group_size(&tr->mesh, jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules));
+    if (cfg->data.batch_size % ways || cfg->data.micro_batch_size % ways)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "data.batch_size %d and data.micro_batch_size %d must be multiples of "
-                           "the %d data-parallel ranks", cfg->data.batch_size,
-                           cfg->data.micro_batch_size, W);
+                           "the %d ways the batch is split", cfg->data.batch_size,
+                           cfg->data.micro_batch_size, ways);
     return JDT_OK;
+}
+
+static void trainer_free_groups(trainer *tr)
+{
+    for (int i = 0; i < 8; i++)
+        if (tr->groups[i] && (!tr->dist || tr->groups[i] != jdt_dist_world(tr->dist)))
+            jdt_comm_group_free(tr->groups[i]);
+    memset(tr->groups, 0, sizeof tr->groups);
 }
 
 /* True on every rank when any rank was asked to stop (so all stop after the same step). */
@@ -391,6 +555,8 @@ static void trainer_init(trainer *tr, const jdt_config *cfg, jdt_dist *dist)
     tr->dist = dist;
     tr->rank = dist ? jdt_dist_rank(dist) : 0;
     tr->world_size = dist ? jdt_dist_world_size(dist) : 1;
+    static const int ones[JDT_MESH_AXIS_COUNT] = {1, 1, 1};
+    jdt_mesh_init(&tr->mesh, ones, 1, 0, NULL);
 }
 
 jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
@@ -401,6 +567,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     struct sigaction old_int, old_term;
     g_stop_signal = 0;
     if ((st = check_world(&tr, e)) != JDT_OK) return st;
+    if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     const bool main_rank = tr.rank == 0;
     /* before the first collective, so a signal during compilation is not lost */
     install_signals(&old_int, &old_term);
@@ -420,17 +587,28 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
              (long long)jdt_model_param_count(jdt_step_model(tr.step)), jdt_now_s() - t_compile,
              cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
 
+    if (main_rank && tr.world_size > 1)
+        JDT_INFO("mesh: data %d x fsdp %d x tensor %d; rank 0 holds %.2f MiB of parameters and "
+                 "optimizer state", tr.mesh.size[JDT_MESH_DATA], tr.mesh.size[JDT_MESH_FSDP],
+                 tr.mesh.size[JDT_MESH_TENSOR], (double)jdt_step_state_bytes(tr.step) / 1048576.0);
     int64_t start = 0;
     char *resume = NULL;
     if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr.ckpt_dir, &resume, e)) != JDT_OK) goto out_signals;
     if (resume) {
-        st = load_ckpt(tr.step, resume, &start, e);
+        int64_t data_batch = 0;
+        st = load_ckpt(cfg, tr.step, resume, &start, &data_batch, e);
+        tr.data_shift = data_batch - start;
         if (st == JDT_OK && main_rank)
-            JDT_INFO("resumed from %s at step %lld", resume, (long long)start);
+            JDT_INFO("resumed from %s at step %lld (data batch %lld)", resume, (long long)start,
+                     (long long)data_batch);
         jdt_free(resume);
         if (st != JDT_OK) goto out_signals;
+    } else if (cfg->checkpoint.init_from[0]) { /* fine-tuning: weights only, step 0 */
+        if ((st = jdt_hf_init_from(tr.step, cfg, cfg->checkpoint.init_from, e)) != JDT_OK) goto out_signals;
+        if (main_rank) JDT_INFO("initialised params from %s", cfg->checkpoint.init_from);
     }
 
+    if (main_rank && (st = preflight_ckpt(&tr, e)) != JDT_OK) goto out_signals;
     if (main_rank) {
         char path[1100];
         snprintf(path, sizeof path, "%s/config.yaml", tr.run_dir);
@@ -453,18 +631,39 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     /* global numbers: every rank runs its share of the global batch in the same time */
     const double units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
     const double flops_per_step = jdt_step_model_flops(tr.step);
-    double peak;
-    if (tr.device) {
-        peak = gpu_peak_flops(tr.device) * tr.world_size;
-        if (peak <= 0) peak = 989.4e12 * tr.world_size;
-        if (main_rank)
-            JDT_INFO("MFU is measured against the dense bf16 peak of %d GPU(s): %.1f TFLOP/s "
-                     "(the step computes in f32 on TF32 tensor cores)", tr.world_size, peak * 1e-12);
+    jdt_peak_ref pref;
+    if (tr.device) { /* a GPU: the part's dense bf16 tensor-core peak, unless pinned */
+        memset(&pref, 0, sizeof pref);
+        pref.load_avg = -1;
+        pref.flops = cfg->runtime.peak_gflops > 0 ? cfg->runtime.peak_gflops * 1e9
+                                                  : gpu_peak_flops(tr.device);
+        pref.source = cfg->runtime.peak_gflops > 0 ? "runtime.peak_gflops" : "device datasheet";
+        if (pref.flops <= 0) pref.flops = 989.4e12; /* an unknown part: the H100/H200 figure */
     } else {
-        peak = measure_peak_flops() * tr.world_size;
-        if (main_rank)
-            JDT_INFO("MFU is measured against the SGEMM peak of %d process(es): %.1f GFLOP/s",
-                     tr.world_size, peak * 1e-9);
+        char cache_dir[1024];
+        jdt_compile_opts co;
+        jdt_train_compile_opts(cfg, &co);
+        if (jdt_compile_cache_dir(&co, cache_dir, sizeof cache_dir, NULL) != JDT_OK) cache_dir[0] = '\0';
+        if ((st = jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops,
+                                     &pref, e)) != JDT_OK)
+            goto out_signals;
+    }
+    const double peak = pref.flops * tr.world_size;
+    bool warned_mfu = false;
+    if (main_rank) {
+        JDT_INFO("MFU reference: %.1f GFLOP/s for %d process(es) (%s%s%s)", peak * 1e-9,
+                 tr.world_size, pref.source, pref.cache_path[0] ? ": " : "", pref.cache_path);
+        if (pref.provisional)
+            JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
+                     "overstated; set runtime.peak_gflops to pin it", pref.load_avg);
+        if ((st = jdt_tboard_open(tr.run_dir, &tr.tb, e)) != JDT_OK) goto out_signals;
+        size_t n = strlen(cfg->resolved_yaml) + 16;
+        char *md = jdt_malloc(n);
+        if (md) {
+            snprintf(md, n, "```\n%s\n```", cfg->resolved_yaml);
+            jdt_tboard_text(tr.tb, "config", start, md, NULL);
+            jdt_free(md);
+        }
     }
 
     const int64_t first = start;
@@ -483,9 +682,10 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         tr.tracing = tr.trace && t > first && t <= first + cfg->run.profile_steps;
         double t0 = jdt_now_s();
         jdt_data_batch b;
-        if ((st = jdt_data_get(tr.train, t, &b, e)) != JDT_OK) goto out_signals;
+        if ((st = jdt_data_get(tr.train, t + tr.data_shift, &b, e)) != JDT_OK) goto out_signals;
         double t_data = jdt_now_s();
         window_wait += t_data - t0;
+        tr.s_data += t_data - t0;
         if (tr.tracing) jdt_trace_span(tr.trace, "data wait", "data", 0, t0, t_data);
         double lr = jdt_train_lr(cfg, t), loss = NAN, gnorm = NAN;
         st = jdt_step_run(tr.step, t, lr, b.x, b.y, &loss, &gnorm, e);
@@ -496,6 +696,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (st != JDT_OK) goto out_signals;
         window_steps++;
         window_time += jdt_now_s() - t0;
+        tr.s_step += jdt_now_s() - t_data;
         if (tr.tracing) {
             char name[64];
             snprintf(name, sizeof name, "step %lld", (long long)(t + 1));
@@ -511,40 +712,92 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                              (long long)(first + 2), (long long)(t + 1));
             }
         }
-        if (main_rank)
-            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g}\n",
-                (long long)(t + 1), loss, lr, gnorm);
+        if (main_rank) {
+            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                    "\"tokens\": %.0f}\n", (long long)(t + 1), loss, lr, gnorm, units_per_step * (double)(t + 1));
+            jdt_tboard_scalar(tr.tb, "loss/train", t + 1, loss, NULL);
+            jdt_tboard_scalar(tr.tb, "optim/lr", t + 1, lr, NULL);
+            jdt_tboard_scalar(tr.tb, "optim/grad_norm", t + 1, gnorm, NULL);
+        }
         bool last = t + 1 == cfg->run.steps;
         if (main_rank && ((t + 1) % cfg->run.log_every == 0 || last || t == first)) {
             double dt = window_time / (double)window_steps;
             char eta[32];
             fmt_duration(dt * (double)(cfg->run.steps - t - 1), eta, sizeof eta);
-            JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%% | "
-                     "%.1f ms/step (data %.1f) | ETA %s",
+            const double mfu = 100.0 * flops_per_step / dt / peak;
+            const double rss_mb = (double)jdt_obs_peak_rss_bytes() / 1048576.0;
+            const double wait_ms = window_wait / (double)window_steps * 1e3;
+            JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%%%s | "
+                     "%.1f ms/step (data %.1f) | peak RSS %.0f MB | ETA %s",
                      (long long)(t + 1), (long long)cfg->run.steps, loss, lr, gnorm,
-                     units_per_step / dt, mlp ? "samples" : "tok", 100.0 * flops_per_step / dt / peak,
-                     dt * 1e3, window_wait / (double)window_steps * 1e3, eta);
+                     units_per_step / dt, mlp ? "samples" : "tok", mfu, mfu > 100 ? " (!)" : "",
+                     dt * 1e3, wait_ms, rss_mb, eta);
+            if (mfu > 100 && !warned_mfu) {
+                warned_mfu = true;
+                JDT_WARN("MFU %.0f%% is above 100%%: the reference peak %.1f GFLOP/s (%s) is wrong, "
+                         "probably measured while the machine was busy; set runtime.peak_gflops%s%s",
+                         mfu, peak * 1e-9, pref.source, pref.cache_path[0] ? " or delete " : "",
+                         pref.cache_path);
+            }
+            /* "step" last: the resume test compares lines matching '"step": N,' */
+            fprintf(tr.metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
+                    "\"data_ms\": %.6g, \"peak_rss_mb\": %.1f, \"elapsed_s\": %.3f, \"step\": %lld}\n",
+                    units_per_step / dt, mfu, dt * 1e3, wait_ms, rss_mb, jdt_now_s() - t_start,
+                    (long long)(t + 1));
+            jdt_tboard_scalar(tr.tb, "perf/tokens_per_s", t + 1, units_per_step / dt, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/mfu_percent", t + 1, mfu, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/step_ms", t + 1, dt * 1e3, NULL);
+            jdt_tboard_scalar(tr.tb, "perf/data_wait_ms", t + 1, wait_ms, NULL);
+            jdt_tboard_scalar(tr.tb, "memory/peak_rss_mb", t + 1, rss_mb, NULL);
+            jdt_tboard_flush(tr.tb, NULL);
             fflush(tr.metrics);
             window_steps = 0;
             window_time = window_wait = 0;
         }
         if (tr.val && ((t + 1) % cfg->run.eval_every == 0 || last)) {
-            double vl;
+            double vl, t_ev = jdt_now_s();
             if ((st = run_eval(&tr, &vl, e)) != JDT_OK) goto out_signals;
+            tr.s_eval += jdt_now_s() - t_ev;
             if (main_rank) {
                 JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
                 fprintf(tr.metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
+                jdt_tboard_scalar(tr.tb, "loss/val", t + 1, vl, NULL);
+                jdt_tboard_flush(tr.tb, NULL);
                 fflush(tr.metrics);
             }
         }
-        if (main_rank && cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
+        if (cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
         }
         if (cfg->run.profile && main_rank && t + 1 - first == cfg->run.profile_steps)
             log_profile(&tr);
-        if (last && main_rank) {
+        if (last) {
             if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
-            JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), jdt_now_s() - t_start);
+            const double wall = jdt_now_s() - t_start, n_run = (double)(t + 1 - first);
+            if (main_rank) JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), wall);
+            double state_bytes = 0;
+            for (int i = 0; i < jdt_step_n_tensors(tr.step); i++) {
+                const char *nm;
+                float *d;
+                jdt_shape sh;
+                jdt_step_tensor(tr.step, i, &nm, &d, &sh);
+                state_bytes += (double)jdt_shape_numel(&sh) * sizeof(float);
+            }
+            const double pct = wall > 0 ? 100.0 / wall : 0;
+            if (main_rank) JDT_INFO("summary of this run (rank 0):\n"
+                     "  throughput     %.0f %s/s, MFU %.1f%% (reference %.1f GFLOP/s, %s)\n"
+                     "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
+                     "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
+                     "  data wait      %8.2fs %5.1f%%\n"
+                     "  eval           %8.2fs %5.1f%%\n"
+                     "  checkpointing  %8.2fs %5.1f%%\n"
+                     "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state",
+                     units_per_step * n_run / tr.s_step, mlp ? "samples" : "tok",
+                     100.0 * flops_per_step * n_run / tr.s_step / peak, peak * 1e-9, pref.source,
+                     tr.s_step - tr.s_comm, (tr.s_step - tr.s_comm) * pct, tr.s_comm, tr.s_comm * pct,
+                     tr.s_data, tr.s_data * pct, tr.s_eval, tr.s_eval * pct, tr.s_ckpt, tr.s_ckpt * pct,
+                     (double)jdt_obs_peak_rss_bytes() / 1048576.0,
+                     cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0);
         }
         start = t + 1; /* steps completed */
     }
@@ -553,7 +806,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
         if (main_rank)
             JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
-        if (main_rank && cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
+        if (cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
             goto out_signals;
         st = jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",
                          sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
@@ -563,29 +816,35 @@ out_signals:
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (tr.metrics) fclose(tr.metrics);
+    jdt_tboard_close(tr.tb);
     jdt_step_free(tr.step);
     jdt_device_close(tr.device);
+    trainer_free_groups(&tr);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
     return st;
 }
 
-jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *loss, jdt_err *e)
+jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckpt_path,
+                          double *loss, jdt_err *e)
 {
     trainer tr;
-    trainer_init(&tr, cfg, NULL);
+    trainer_init(&tr, cfg, dist);
     jdt_status st;
     int64_t step = 0;
+    if ((st = check_world(&tr, e)) != JDT_OK) return st;
+    if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
     if ((st = open_device(&tr, false, e)) != JDT_OK) goto out;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
-    if ((st = load_ckpt(tr.step, ckpt_path, &step, e)) != JDT_OK) goto out;
+    if ((st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, e)) != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
 out:
     jdt_step_free(tr.step);
     jdt_device_close(tr.device);
+    trainer_free_groups(&tr);
     jdt_data_close(tr.val);
     return st;
 }
@@ -596,8 +855,14 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
     trainer_init(&tr, cfg, NULL);
     jdt_step *step = NULL;
     double t0 = jdt_now_s();
+    jdt_status st;
+    if (jdt_config_mesh_size(cfg) > 1) { /* plan rank 0 of the mesh; no process starts */
+        tr.world_size = jdt_config_mesh_size(cfg);
+        if ((st = check_world(&tr, e)) != JDT_OK) return st;
+        if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
+    }
     /* the CUDA step is compiled to CUDA source only: inspect needs no GPU */
-    jdt_status st = open_device(&tr, true, e);
+    st = open_device(&tr, true, e);
     if (st == JDT_OK) st = make_step(&tr, &step, e);
     if (st != JDT_OK) {
         jdt_device_close(tr.device);
@@ -613,8 +878,13 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
         jdt_step_tensor(step, i, &name, &data, &shape);
         state_bytes += (double)jdt_shape_numel(&shape) * sizeof(float);
     }
-    fprintf(f, "compiled step (one process%s):\n",
-            jdt_config_mesh_size(cfg) > 1 ? "; the per-device step of the mesh adds all-reduces" : "");
+    if (tr.world_size > 1)
+        fprintf(f, "compiled step of rank 0 of the mesh data %d x fsdp %d x tensor %d:\n",
+                tr.mesh.size[JDT_MESH_DATA], tr.mesh.size[JDT_MESH_FSDP], tr.mesh.size[JDT_MESH_TENSOR]);
+    else
+        fprintf(f, "compiled step (one process):\n");
+    fprintf(f, "  per device: %lld bytes of parameters + optimizer state (%.1f MiB)\n",
+            (long long)jdt_step_state_bytes(step), (double)jdt_step_state_bytes(step) / 1048576.0);
     if (cs) {
         fprintf(f, "  ops            %d -> %d after DCE/CSE/simplification\n", cs->n_ops_in, cs->n_ops_out);
         fprintf(f, "  kernels        %d fused loop nests + %d builtin calls (GEMM, attention, ...)\n",
@@ -632,6 +902,7 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
     } else {
         fprintf(f, "  runtime.jit is false: the reference interpreter runs the step\n");
     }
+    jdt_step_describe(step, f);
     jdt_step_free(step);
     jdt_device_close(tr.device);
     return JDT_OK;

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "graph/builder.h"
 #include "graph/interp.h"
+#include "shard/shard.h"
 
 #include <float.h>
 #include <math.h>
@@ -25,8 +26,10 @@ typedef struct {
 
 typedef struct {
     char name[256]; /* checkpoint name: params/..., opt/m/..., opt/v/..., opt/buf/... */
-    float *data;    /* (numel) 64-byte aligned, owned */
-    jdt_shape shape;
+    float *data;    /* (numel of shape) 64-byte aligned, owned: this rank's block */
+    jdt_shape shape;  /* local (this rank's block) */
+    jdt_shape global; /* the whole tensor */
+    jdt_placement place; /* how the tensor is split over the mesh (its parameter's storage) */
 } host_tensor;
 
 struct jdt_step {
@@ -34,6 +37,10 @@ struct jdt_step {
     jdt_step_opts o;
     exec main, apply, eval;    /* apply.g is NULL without accumulation */
     jdt_model m_main, m_eval;
+    jdt_mesh mesh;             /* 1 x 1 x 1 without a mesh */
+    jdt_placement *pplace;     /* (n_params) storage placement of each parameter */
+    jdt_shape *pglobal;        /* (n_params) global shape of each parameter */
+    jdt_placement loss_place, eval_loss_place;
     int n_params;
     host_tensor *tensors;      /* params, then moments: (n_tensors) */
     int n_tensors;
@@ -108,10 +115,19 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
 {
     const jdt_config *cfg = s->cfg;
     jdt_tensor *lr = scalar_input(g, "lr", &s->lr);
-    jdt_tensor *sumsq = NULL;
+    /* squared norm: each parameter's local sum, summed per set of axes the parameters are
+     * split over, each set all-reduced over its axes (every element counted once) */
+    jdt_tensor *by_axes[8] = {NULL};
     for (int i = 0; i < n; i++) {
         uint32_t all = (1u << G[i]->shape.ndim) - 1;
         jdt_tensor *ss = jdt_graph_reduce_sum(g, jdt_graph_mul(g, G[i], G[i]), all, false);
+        unsigned split = jdt_mesh_live(&s->mesh, 7u & ~jdt_shard_grad_axes(&s->mesh, &s->pplace[i]));
+        by_axes[split] = by_axes[split] ? jdt_graph_add(g, by_axes[split], ss) : ss;
+    }
+    jdt_tensor *sumsq = NULL;
+    for (unsigned k = 0; k < 8; k++) {
+        if (!by_axes[k]) continue;
+        jdt_tensor *ss = k ? jdt_graph_all_reduce(g, by_axes[k], (int)k, 0, 1.0) : by_axes[k];
         sumsq = sumsq ? jdt_graph_add(g, sumsq, ss) : ss;
     }
     jdt_tensor *norm = jdt_graph_sqrt(g, sumsq);
@@ -169,11 +185,82 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
     return norm;
 }
 
-/* Data parallelism: the mean of t over the ranks of group 0 (identity on one rank). */
-static jdt_tensor *world_mean(const jdt_step *s, jdt_graph *g, jdt_tensor *t)
+/* The global value of a local scalar loss with placement p (sum of its partial values). */
+static jdt_tensor *global_loss(const jdt_step *s, jdt_graph *g, jdt_tensor *t, const jdt_placement *p)
 {
-    if (s->o.world_size <= 1) return t;
-    return jdt_graph_all_reduce(g, t, 0, 0, 1.0 / (double)s->o.world_size);
+    unsigned axes = jdt_mesh_live(&s->mesh, p->partial);
+    return axes ? jdt_graph_all_reduce(g, t, (int)axes, 0, 1.0) : t;
+}
+
+/* A parameter's gradient summed over the axes it is not stored split over (the data-parallel
+ * all-reduce and its tensor/fsdp siblings, as the placements dictate). */
+static jdt_tensor *grad_sum(const jdt_step *s, jdt_graph *g, int i, jdt_tensor *t)
+{
+    unsigned axes = jdt_shard_grad_axes(&s->mesh, &s->pplace[i]);
+    return axes ? jdt_graph_all_reduce(g, t, (int)axes, 0, 1.0) : t;
+}
+
+/*
+ * Builds the model on the global micro-batch and, on a mesh of several devices, partitions it
+ * into this rank's local graph (engine/shard): *g and *m then hold the local graph and model,
+ * place receives the loss's placement, pplace/pglobal (when not NULL) each parameter's storage
+ * placement and global shape.
+ */
+static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_model *m,
+                              jdt_placement *loss_place, jdt_err *e)
+{
+    jdt_graph *gg = jdt_graph_new();
+    if (!gg) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    jdt_status st = jdt_model_build(gg, s->cfg, s->o.micro_batch, training, m, e);
+    memset(loss_place, 0, sizeof *loss_place);
+    if (st != JDT_OK || s->mesh.world_size <= 1) {
+        *g = gg;
+        if (st == JDT_OK && training && !s->pplace) {
+            s->pplace = jdt_calloc((size_t)(m->n_params ? m->n_params : 1), sizeof *s->pplace);
+            s->pglobal = jdt_calloc((size_t)(m->n_params ? m->n_params : 1), sizeof *s->pglobal);
+            if (!s->pplace || !s->pglobal) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+            for (int i = 0; i < m->n_params; i++) s->pglobal[i] = m->params[i].t->shape;
+        }
+        return st;
+    }
+    jdt_shard_result r;
+    st = jdt_shard_partition(&s->mesh, &s->cfg->sharding.rules, gg, &r, e);
+    if (st != JDT_OK) {
+        jdt_graph_free(gg);
+        return st;
+    }
+    if (training && !s->pplace) {
+        s->pplace = jdt_calloc((size_t)(m->n_params ? m->n_params : 1), sizeof *s->pplace);
+        s->pglobal = jdt_calloc((size_t)(m->n_params ? m->n_params : 1), sizeof *s->pglobal);
+        if (!s->pplace || !s->pglobal) st = jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+        for (int i = 0; st == JDT_OK && i < m->n_params; i++) {
+            s->pplace[i] = r.place[m->params[i].t->id];
+            s->pglobal[i] = m->params[i].t->shape;
+        }
+    }
+    /* the model's tensors now live in the local graph (the params array is in gg's arena) */
+    jdt_model_param *params = jdt_graph_alloc(r.g, (size_t)(m->n_params ? m->n_params : 1) * sizeof *params);
+    if (!params && st == JDT_OK) st = jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    if (st == JDT_OK) {
+        for (int i = 0; i < m->n_params; i++) {
+            params[i] = m->params[i];
+            params[i].t = r.map[m->params[i].t->id];
+        }
+        m->params = params;
+        *loss_place = r.place[m->loss->id];
+        m->loss = r.map[m->loss->id];
+        if (m->logits) m->logits = r.map[m->logits->id];
+        if (m->step) m->step = r.map[m->step->id];
+        m->x = r.map[m->x->id];
+        m->y = r.map[m->y->id];
+        m->batch = m->x->shape.dims[0];
+        *g = r.g;
+    } else {
+        jdt_graph_free(r.g);
+    }
+    jdt_shard_result_free(&r);
+    jdt_graph_free(gg);
+    return st;
 }
 
 static jdt_status alloc_host(jdt_step *s, jdt_err *e)
@@ -193,11 +280,21 @@ static jdt_status alloc_host(jdt_step *s, jdt_err *e)
             host_tensor *h = &s->tensors[k * m->n_params + i];
             snprintf(h->name, sizeof h->name, "%s%s", prefixes[per][k], p->name);
             h->shape = p->shape;
+            h->global = s->pglobal[i];
+            h->place = s->pplace[i];
             size_t n = (size_t)jdt_shape_numel(&p->shape);
             h->data = jdt_malloc_aligned(n * sizeof(float));
             if (!h->data) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory for %s", h->name);
-            if (k == 0) jdt_model_init_param(&m->params[i], (uint64_t)s->cfg->run.seed, h->data);
-            else memset(h->data, 0, n * sizeof(float));
+            if (k > 0) {
+                memset(h->data, 0, n * sizeof(float));
+                continue;
+            }
+            /* a pure function of (seed, name, global index), drawn only for this rank's block */
+            int64_t off[JDT_MAX_DIMS] = {0};
+            for (int d = 0; d < h->global.ndim; d++)
+                off[d] = jdt_shard_local_offset(&s->mesh, &h->global, &h->place, d);
+            jdt_model_init_block(&m->params[i], (uint64_t)s->cfg->run.seed, &h->global, off,
+                                 &h->shape, h->data);
         }
     }
     return JDT_OK;
@@ -210,11 +307,7 @@ static void bind_params(jdt_step *s, const jdt_model *m)
 
 static jdt_status build_main(jdt_step *s, jdt_err *e)
 {
-    const jdt_config *cfg = s->cfg;
-    jdt_status st;
-    s->main.g = jdt_graph_new();
-    if (!s->main.g) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
-    st = jdt_model_build(s->main.g, cfg, s->o.micro_batch, true, &s->m_main, e);
+    jdt_status st = build_model(s, true, &s->main.g, &s->m_main, &s->loss_place, e);
     if (st != JDT_OK) return st;
     if ((st = alloc_host(s, e)) != JDT_OK) return st;
     bind_params(s, &s->m_main);
@@ -226,13 +319,16 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     jdt_tensor **G = jdt_graph_alloc(g, (size_t)n * sizeof *G);
     if (!P || !G) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
     for (int i = 0; i < n; i++) P[i] = s->m_main.params[i].t;
-    st = jdt_autodiff_grad_ex(g, s->m_main.loss, n, P, G,
+    /* the per-rank objectives sum to the global loss (see engine/shard/shard.h) */
+    const double seed = jdt_shard_loss_seed(&s->mesh, &s->loss_place);
+    jdt_tensor *objective = seed == 1.0 ? s->m_main.loss : jdt_graph_mul_scalar(g, s->m_main.loss, seed);
+    st = jdt_autodiff_grad_ex(g, objective, n, P, G,
                               s->o.copts.remat == JDT_COMPILE_REMAT_BLOCK, e);
     if (st != JDT_OK) return jdt_err_prefix(e, "differentiating the model");
-    s->out_loss = jdt_graph_add_output(g, world_mean(s, g, s->m_main.loss));
+    s->out_loss = jdt_graph_add_output(g, global_loss(s, g, s->m_main.loss, &s->loss_place));
 
     if (s->o.n_accum == 1) {
-        for (int i = 0; i < n; i++) G[i] = world_mean(s, g, G[i]);
+        for (int i = 0; i < n; i++) G[i] = grad_sum(s, g, i, G[i]);
         s->out_norm = jdt_graph_add_output(g, build_update(s, g, n, P, G, s->m_main.params));
         return exec_init(&s->main, &s->o, e);
     }
@@ -262,7 +358,7 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
         acc->data = acca->data = s->acc[i];
         PA[i]->data = s->tensors[i].data;
         jdt_graph_add_update(g, acc, jdt_graph_add(g, acc, G[i]));
-        GA[i] = world_mean(s, ga, jdt_graph_mul_bcast(ga, acca, inv));
+        GA[i] = grad_sum(s, ga, i, jdt_graph_mul_bcast(ga, acca, inv));
         jdt_graph_add_update(ga, acca, jdt_graph_full(ga, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, 0.0));
     }
     s->out_norm = jdt_graph_add_output(ga, build_update(s, ga, n, PA, GA, s->m_main.params));
@@ -272,24 +368,27 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
 
 static jdt_status build_eval(jdt_step *s, jdt_err *e)
 {
-    s->eval.g = jdt_graph_new();
-    if (!s->eval.g) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
-    jdt_status st = jdt_model_build(s->eval.g, s->cfg, s->o.micro_batch, false, &s->m_eval, e);
+    jdt_status st = build_model(s, false, &s->eval.g, &s->m_eval, &s->eval_loss_place, e);
     if (st != JDT_OK) return st;
     bind_params(s, &s->m_eval);
-    jdt_graph_add_output(s->eval.g, world_mean(s, s->eval.g, s->m_eval.loss));
+    jdt_graph_add_output(s->eval.g, global_loss(s, s->eval.g, s->m_eval.loss, &s->eval_loss_place));
     return exec_init(&s->eval, &s->o, e);
 }
 
 jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step **out, jdt_err *e)
 {
     *out = NULL;
+    /* before building anything: a plan that cannot fit is refused in microseconds */
+    jdt_status mst = jdt_train_check_memory(cfg, o->micro_batch, e);
+    if (mst != JDT_OK) return mst;
     jdt_step *s = jdt_calloc(1, sizeof *s);
     if (!s) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
     s->cfg = cfg;
     s->o = *o;
     if (s->o.n_accum < 1) s->o.n_accum = 1;
-    jdt_status st = build_main(s, e);
+    static const int ones[JDT_MESH_AXIS_COUNT] = {1, 1, 1};
+    jdt_status st = o->mesh ? (s->mesh = *o->mesh, JDT_OK) : jdt_mesh_init(&s->mesh, ones, 1, 0, e);
+    if (st == JDT_OK) st = build_main(s, e);
     if (st == JDT_OK) st = build_eval(s, e);
     if (st != JDT_OK) {
         jdt_step_free(s);
@@ -310,6 +409,8 @@ void jdt_step_free(jdt_step *s)
     if (s->acc)
         for (int i = 0; i < s->n_params; i++) jdt_free_aligned(s->acc[i]);
     jdt_free(s->acc);
+    jdt_free(s->pplace);
+    jdt_free(s->pglobal);
     jdt_free(s);
 }
 
@@ -394,6 +495,61 @@ void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, 
     *shape = s->tensors[i].shape;
 }
 
+bool jdt_step_tensor_block(const jdt_step *s, int i, jdt_shape *global, int64_t *offset)
+{
+    const host_tensor *h = &s->tensors[i];
+    *global = h->global;
+    for (int d = 0; d < h->global.ndim; d++)
+        offset[d] = jdt_shard_local_offset(&s->mesh, &h->global, &h->place, d);
+    /* the owner of a block is the rank at coordinate 0 of every axis the tensor is replicated
+     * over, so exactly one rank writes each piece */
+    unsigned repl = jdt_shard_grad_axes(&s->mesh, &h->place);
+    return jdt_mesh_group_index(&s->mesh, repl) == 0;
+}
+
+/* One graph's collectives, in schedule order, into f. */
+static void describe_collectives(const jdt_step *s, const char *what, const jdt_graph *g, FILE *f)
+{
+    if (!g) return;
+    for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
+        const jdt_tensor *t = jdt_graph_node(g, i);
+        if (t->op != JDT_OP_ALL_REDUCE && t->op != JDT_OP_ALL_GATHER && t->op != JDT_OP_REDUCE_SCATTER)
+            continue;
+        char ax[64], sh[64];
+        const unsigned group = (unsigned)t->attrs.i[0];
+        const jdt_shape *full = t->op == JDT_OP_REDUCE_SCATTER ? &t->inputs[0]->shape : &t->shape;
+        fprintf(f, "    %-6s %-15s over %-12s (%d ranks) %10lld bytes %s\n", what, jdt_op_name(t->op),
+                jdt_mesh_axes_str(group, ax, sizeof ax), jdt_mesh_group_size(&s->mesh, group),
+                (long long)jdt_shape_numel(full) * (long long)jdt_dtype_size(t->dtype),
+                jdt_shape_str(full, sh, sizeof sh));
+    }
+}
+
+void jdt_step_describe(const jdt_step *s, FILE *f)
+{
+    fprintf(f, "  collectives of one step (rank 0; bytes of the whole buffer each moves):\n");
+    describe_collectives(s, s->apply.g ? "micro" : "step", s->main.g, f);
+    describe_collectives(s, "apply", s->apply.g, f);
+    fprintf(f, "  parameter shardings (global shape -> this rank's block; split dims by mesh axis):\n");
+    for (int i = 0; i < s->n_params; i++) {
+        const host_tensor *h = &s->tensors[i];
+        char g[64], l[64], spec[128] = "", ax[32];
+        size_t o = 0;
+        for (int d = 0; d < h->global.ndim && o < sizeof spec; d++)
+            o += (size_t)snprintf(spec + o, sizeof spec - o, "%s%s", d ? ", " : "",
+                                  h->place.dim[d] ? jdt_mesh_axes_str(h->place.dim[d], ax, sizeof ax) : "-");
+        fprintf(f, "    %-28s %-12s -> %-12s [%s]\n", h->name + strlen("params/"),
+                jdt_shape_str(&h->global, g, sizeof g), jdt_shape_str(&h->shape, l, sizeof l), spec);
+    }
+}
+
+int64_t jdt_step_state_bytes(const jdt_step *s)
+{
+    int64_t n = 0;
+    for (int i = 0; i < s->n_tensors; i++) n += jdt_shape_numel(&s->tensors[i].shape) * (int64_t)sizeof(float);
+    return n;
+}
+
 const jdt_model *jdt_step_model(const jdt_step *s) { return &s->m_main; }
 
 const jdt_compile_stats *jdt_step_stats(const jdt_step *s)
@@ -436,4 +592,31 @@ char *jdt_step_profile(const jdt_step *s, char *buf, size_t n)
         off += strlen(buf + off);
     }
     return buf;
+}
+
+jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *e)
+{
+    const int sizes[JDT_MESH_AXIS_COUNT] = {cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor};
+    jdt_mesh m;
+    jdt_status st = jdt_mesh_init(&m, sizes, world_size, 0, e);
+    if (st != JDT_OK || world_size <= 1) return st;
+    const int ways = jdt_mesh_group_size(&m, jdt_shard_batch_axes(&m, &cfg->sharding.rules));
+    if (cfg->data.batch_size % ways || cfg->data.micro_batch_size % ways)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "data.batch_size %d and data.micro_batch_size %d must be multiples of "
+                           "the %d ways the batch is split", cfg->data.batch_size,
+                           cfg->data.micro_batch_size, ways);
+    /* every leaf of the model against the rules: shapes only, no values */
+    jdt_graph *g = jdt_graph_new();
+    if (!g) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    jdt_model md;
+    st = jdt_model_build(g, cfg, cfg->data.micro_batch_size, true, &md, e);
+    for (int i = 0; st == JDT_OK && i < jdt_graph_n_nodes(g); i++) {
+        const jdt_tensor *t = jdt_graph_node(g, i);
+        jdt_placement p;
+        if (t->op == JDT_OP_PARAM || t->op == JDT_OP_INPUT)
+            st = jdt_shard_leaf_placement(&m, &cfg->sharding.rules, t, &p, e);
+    }
+    jdt_graph_free(g);
+    return st;
 }

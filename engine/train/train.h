@@ -19,6 +19,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "models/models.h"
+#include "shard/shard.h"
 
 #include <stdio.h>
 
@@ -33,9 +34,11 @@ typedef struct {
 typedef struct jdt_step jdt_step;
 
 typedef struct {
-    int64_t micro_batch; /* rows per run of the accumulate/fused graph (this rank's share) */
-    int world_size;      /* data-parallel ranks: > 1 adds mean all-reduces of the gradients
-                            (and of the reported losses) to the graphs, on group 0 */
+    int64_t micro_batch; /* GLOBAL rows per run of the accumulate/fused graph (every rank's
+                            share together; the mesh splits it) */
+    const jdt_mesh *mesh; /* NULL: one process. Else this rank's place in the device mesh: the
+                             step is partitioned by engine/shard and its collectives run on
+                             groups named by mesh-axis masks (shard.h) */
     int n_accum;         /* micro-batches per step */
     bool use_jit;        /* false: run the reference interpreter instead of compiled code */
     jdt_compile_opts copts;
@@ -63,6 +66,15 @@ jdt_status jdt_step_eval(jdt_step *s, const void *x, const int32_t *y, double *l
  * names, data pointers, shapes through the out-arguments (pointers stay owned by s). */
 int jdt_step_n_tensors(const jdt_step *s);
 void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, jdt_shape *shape);
+/* Where tensor i's local block (jdt_step_tensor's shape and data) sits in the whole tensor:
+ * the global shape and the block's offset per dim. Returns true on the one rank that owns
+ * (writes to checkpoints) this block; blocks replicated over mesh axes have one owner. */
+bool jdt_step_tensor_block(const jdt_step *s, int i, jdt_shape *global, int64_t *offset);
+/* Writes the step's collectives (op, group, bytes, in schedule order) and each parameter's
+ * sharding (global shape, local block, mesh axes per dim) to f, for `inspect`. */
+void jdt_step_describe(const jdt_step *s, FILE *f);
+/* Bytes of this rank's parameters and optimizer state (its blocks). */
+int64_t jdt_step_state_bytes(const jdt_step *s);
 
 /* Device backends keep parameters and optimizer state in device memory: jdt_step_sync_host
  * copies them into the host buffers jdt_step_tensor returns (before a checkpoint is written);
@@ -89,12 +101,34 @@ double jdt_step_model_flops(const jdt_step *s);
  * compiler, for training, eval, inspect and sampling alike. */
 void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o);
 
+/* A config-level memory estimate of one process's train step (a formula: no graph is built).
+ * state: parameters, gradients, optimizer moments, gradient accumulator; act: activations
+ * kept for the backward pass of one micro-batch of micro_batch rows (a lower bound: the
+ * compiled plan is checked exactly before its arena is allocated). */
+typedef struct {
+    int64_t n_params;
+    double state_bytes, act_bytes, total_bytes;
+} jdt_mem_estimate;
+void jdt_train_mem_estimate(const jdt_config *cfg, int64_t micro_batch, jdt_mem_estimate *out);
+
+/* Refuses (ERR_NOMEM, one line with the figures and what to change: a smaller batch or model,
+ * remat, more fsdp) a plan whose estimate exceeds the memory available to this process
+ * (jdt_mem_available: MemAvailable or the cgroup limit). JDT_OK if it fits or the figure is
+ * unknown. Microseconds; call it before building anything. */
+jdt_status jdt_train_check_memory(const jdt_config *cfg, int64_t micro_batch, jdt_err *e);
+
 /* The checkpoint directory of cfg: checkpoint.dir, or <run.out_dir>/<run.name>/ckpt. */
 void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes);
 
 /* Learning rate at 0-based step t: linear warmup to lr over warmup_steps, then constant,
  * cosine or linear decay to lr * min_lr_ratio at decay_steps. */
 double jdt_train_lr(const jdt_config *cfg, int64_t t);
+
+/* What this build can run (engine/train/caps.c): returns JDT_OK, or ERR_CONFIG with one line
+ * "key: why; what to do" for the first thing cfg asks that is not built (bf16, mesh.fsdp or
+ * mesh.tensor > 1 before the partitioner, runtime.backend cuda without a CUDA build, a
+ * sharding rule naming a logical axis no model uses). cmd/ calls it once, before any work. */
+jdt_status jdt_train_check_capabilities(const jdt_config *cfg, jdt_err *e);
 
 /* Runs the training job described by cfg. dist is NULL for a single process, else the joined
  * job (every rank calls this with the same config; mesh.data must equal the world size: each
@@ -104,15 +138,24 @@ double jdt_train_lr(const jdt_config *cfg, int64_t t);
  * the step/file/rank. */
 jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e);
 
+/* Checks, before any process starts or joins, that cfg's mesh fits world_size processes and
+ * that the sharding rules split every model tensor evenly (shapes only: nothing is allocated
+ * or initialised). ERR_CONFIG with one line naming the mesh, or the tensor, dim and axis. */
+jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *e);
+
 /* `jdt-train inspect`: builds and compiles the single-process train step of cfg and writes
  * what the compiler made of it to f: op counts before/after the passes, fused kernels and
  * builtin calls, FLOPs per step (compiler count and model count), planned peak memory of
- * intermediates, parameter and optimizer-state bytes, compile time and cache hit/miss. */
+ * intermediates, parameter and optimizer-state bytes, compile time and cache hit/miss. cfg must
+ * pass jdt_train_check_capabilities (the caller checks). */
 jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
- * loss over cfg->run.eval_steps batches. */
-jdt_status jdt_train_eval(const jdt_config *cfg, const char *ckpt_path, double *loss, jdt_err *e);
+ * loss over cfg->run.eval_steps batches. dist NULL: one process; else every rank of the job
+ * calls it with the same config and evaluates its share of each batch on the mesh (one
+ * distributed evaluation; every rank gets the same loss). */
+jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckpt_path,
+                          double *loss, jdt_err *e);
 
 /* Text generation from a checkpoint (byte tokenizer). */
 typedef struct {
@@ -126,6 +169,11 @@ typedef struct {
 /* Loads the checkpoint at ckpt_path (its stored config gives the model), then writes the
  * prompt followed by `length` generated bytes to out, flushing as it goes. Each token runs the
  * forward graph over the last seq_len tokens (no KV cache yet). Errors name the checkpoint. */
+/* Reads parameter p (whole, f32, global shape) from checkpoint ck under "params/<name>" into
+ * dst (numel(p) floats); used by sample and export. */
+struct jdt_ckpt;
+jdt_status jdt_train_read_param(struct jdt_ckpt *ck, const jdt_tensor *p, float *dst, jdt_err *e);
+
 jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE *out, jdt_err *e);
 
 #endif /* JDT_TRAIN_H */

@@ -410,6 +410,10 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     if (cfg_mode) {
         w->source = "config";
         w->world_size = cfg->dist.world_size > 0 ? cfg->dist.world_size : mesh_size;
+        if (w->world_size < 1)
+            return jdt_err_set(e, JDT_ERR_CONFIG,
+                               "dist.world_size: not set, and the mesh has a -1 axis to fill in "
+                               "from it: set dist.world_size=N (or JDT_DIST_WORLD_SIZE)");
         if (cfg->dist.rank < 0)
             return jdt_err_set(e, JDT_ERR_CONFIG,
                                "dist.rank: not set, but dist.coordinator is '%s': give each "
@@ -475,7 +479,7 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     }
 
     /* SLURM's task count must fit the mesh (the train loop checks the other sources) */
-    if (strcmp(w->source, "slurm") == 0 && w->world_size != mesh_size)
+    if (strcmp(w->source, "slurm") == 0 && mesh_size > 0 && w->world_size != mesh_size)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "slurm: %d tasks (SLURM_NTASKS), but the mesh (data=%d fsdp=%d "
                            "tensor=%d) needs %d: make mesh.data * mesh.fsdp * mesh.tensor match",
@@ -539,9 +543,10 @@ int jdt_world_threads(const jdt_world *w, int requested)
 
 /* ---- joining ------------------------------------------------------------------------------- */
 
-/* Binds 0.0.0.0:port for rank 0's coordinator, so ranks on other hosts reach it whatever
- * address its host name resolves to. */
-static jdt_status bind_any(int port, int *fd_out, jdt_err *e)
+/* Binds rank 0's coordinator socket: on loopback when the coordinator address is a loopback
+ * one (a single-host job: nobody else needs to reach it), else on 0.0.0.0:port, so ranks on
+ * other hosts reach it whatever address its host name resolves to. */
+static jdt_status bind_any(int port, bool loopback, int *fd_out, jdt_err *e)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return jdt_err_set(e, JDT_ERR_NET, "socket: %s", strerror(errno));
@@ -550,7 +555,7 @@ static jdt_status bind_any(int port, int *fd_out, jdt_err *e)
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
     sa.sin_port = htons((uint16_t)port);
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 256) != 0) {
         int err = errno;
@@ -587,7 +592,10 @@ jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist
         long port = 0;
         if (!colon || !parse_long(colon + 1, 1, 65535, &port))
             return jdt_err_set(e, JDT_ERR_CONFIG, "coordinator '%s': bad port", w->coordinator);
-        if ((st = bind_any((int)port, &own_fd, e))) goto out_fail;
+        size_t hl = (size_t)(colon - w->coordinator);
+        bool loopback = (hl == 9 && strncmp(w->coordinator, "localhost", 9) == 0) ||
+                        (hl >= 4 && strncmp(w->coordinator, "127.", 4) == 0);
+        if ((st = bind_any((int)port, loopback, &own_fd, e))) goto out_fail;
         o.coord_listen_fd = own_fd;
     }
     st = jdt_dist_init(&o, out, e);

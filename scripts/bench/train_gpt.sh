@@ -53,7 +53,7 @@ done
 best() { sort -g "$1" 2>/dev/null | grep -v '^$' | tail -1; }
 spread() { sort -g "$1" 2>/dev/null | grep -v '^$' | awk 'NR==1{lo=$1} {hi=$1} END{if (NR) printf "%s..%s", lo, hi}'; }
 jdt=$(best "$TMP/jdt.runs")
-peak=$(grep -oE "SGEMM peak.*: [0-9.]+ GFLOP" "$TMP/jdt.log" | awk '{print $(NF-1)}')
+peak=$(grep -oE "MFU reference: [0-9.]+ GFLOP" "$TMP/jdt.log" | tail -1 | awk "{print \$3}")
 flops=$(awk -v L=$L -v C=$C -v T=$T -v V=$V 'BEGIN { n = V*C + L*(12*C*C + 13*C) + 2*C; print 6*n + 12*L*T*C }')
 mfu() { awk -v r="$1" -v f="$flops" -v p="$peak" 'BEGIN { printf "%.1f", 100 * r * f / (p * 1e9) }'; }
 

@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # netns_hosts.sh — two hosts x two processes without SLURM or the launcher: host1 and host2 are
-# network namespaces (netns-hosts.sh, 10.77.0.1-2); each runs two jdt-train processes with
-# explicit dist.rank / dist.world_size / dist.coordinator=10.77.0.1:PORT / dist.token (the
-# manual multi-host recipe of docs/launch.md). Rank 0 binds the coordinator on every interface;
-# the 4-process data-parallel run matches the single-process loss curve. A wrong token on one
-# process is refused and the job fails with a message instead of hanging.
-# Needs root and iproute2; skips (77) otherwise.
+# network namespaces (tests/infra/netns-up.sh: own address and host name each); each runs two
+# jdt-train processes with explicit dist.rank / dist.world_size / dist.coordinator=HOST1_ADDR:PORT
+# / dist.token (the manual multi-host recipe of docs/launch.md). Rank 0 binds the coordinator on
+# every interface; the 4-process data-parallel run matches the single-process loss curve. A
+# wrong token on one process is refused and the job fails with a message instead of hanging.
+# Needs root: skips (77) otherwise; under CI=true that is a failure.
 set -uo pipefail
-BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}; SHARED=${JDT_SHARED:-$ROOT/../shared}
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "SKIP: netns_hosts needs root (network namespaces)"; exit 77; }
-[ -f "$SHARED/infra/netns-hosts.sh" ] || { echo "SKIP: no $SHARED/infra/netns-hosts.sh"; exit 77; }
-up=$(timeout 120 bash "$SHARED/infra/netns-hosts.sh" up 2 2>&1) \
-  || { echo "$up" | tail -5; echo "SKIP: could not create network namespaces (netns-hosts.sh up 2)"; exit 77; }
+. "$ROOT/tests/infra/lib.sh"
+[ "$(id -u)" = 0 ] || infra_skip "netns_hosts needs root (network namespaces)"
+NET=$TMP/net
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  echo "$up" | grep -q "already up" || bash "$SHARED/infra/netns-hosts.sh" down >/dev/null 2>&1
+  bash "$INFRA_DIR/netns-down.sh" "$NET" >/dev/null 2>&1
 }
 trap cleanup EXIT
+bash "$INFRA_DIR/netns-up.sh" "$NET" 2 >"$TMP/up.log" 2>&1; rc=$?
+[ $rc = 77 ] && infra_skip "$(tail -1 "$TMP/up.log")"
+[ $rc = 0 ] || { tail -20 "$TMP/up.log"; fail "could not make 2 namespace hosts (netns-up.sh exited $rc)"; }
+. "$NET/env"
 cd "$TMP" || exit 1
 export JDT_RUNTIME_CACHE_DIR=$TMP/cache
 unset JDT_RUNTIME_THREADS
@@ -31,8 +34,8 @@ job() {
   PIDS=()
   for r in 0 1 2 3; do
     h=$(( r / 2 + 1 )); tok=t0k; [ $r = 3 ] && tok=$tok3
-    timeout 180 bash "$SHARED/infra/netns-hosts.sh" exec $h "$BIN" "${C[@]}" mesh.data=4 \
-      run.out_dir="$TMP/$out" dist.rank=$r dist.world_size=4 dist.coordinator=10.77.0.1:$PORT \
+    timeout 180 bash "$INFRA_DIR/netns-exec.sh" "$NET" $h "$BIN" "${C[@]}" mesh.data=4 \
+      run.out_dir="$TMP/$out" dist.rank=$r dist.world_size=4 dist.coordinator=$NETNS_ADDR_1:$PORT \
       dist.token=$tok dist.local_rank=$(( r % 2 )) runtime.threads=1 dist.connect_timeout_s=${CT:-20} \
       >"$out.$r.out" 2>"$out.$r.err" &
     PIDS+=($!)

@@ -1,30 +1,33 @@
 #!/usr/bin/env bash
-# netns_slurm.sh — SLURM across separate hosts: slurm-netns-up.sh makes host1 and host2
-# (network namespaces with their own addresses 10.77.0.1-2, host names and slurmd). Two hosts
-# x two tasks resolve the coordinator on host1 and exchange data over the virtual network
-# (peer table shows both addresses); two hosts x one task train tiny.yaml data-parallel and
-# match the single-process loss curve; a task killed with SIGKILL on host2 ends the job with a
-# message naming its rank and host. Needs root and iproute2; skips (77) otherwise.
+# netns_slurm.sh — SLURM across separate hosts: tests/infra/slurm-up.sh --hosts makes host1 and
+# host2 (network namespaces with their own addresses, host names and slurmd; slurmctld on
+# host1). Two hosts x two tasks resolve the coordinator on host1 and exchange data over the
+# virtual network (peer table shows both addresses); two hosts x one task train tiny.yaml
+# data-parallel and match the single-process loss curve; a task killed with SIGKILL on host2
+# ends the job with a message naming its rank and host.
+# Needs root: skips (77) otherwise; under CI=true that is a failure.
 set -uo pipefail
-BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}; SHARED=${JDT_SHARED:-$ROOT/../shared}
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "SKIP: netns_slurm needs root (network namespaces, SLURM daemons)"; exit 77; }
-[ -f "$SHARED/infra/slurm-netns-up.sh" ] || { echo "SKIP: no $SHARED/infra/slurm-netns-up.sh"; exit 77; }
-up=$(timeout 600 bash "$SHARED/infra/slurm-netns-up.sh" 2 2>&1) \
-  || { echo "$up" | tail -5; echo "SKIP: could not start SLURM on network namespaces (slurm-netns-up.sh 2)"; exit 77; }
-# stop the cluster again at the end if this test started it
-STARTED=0; echo "$up" | grep -q "already running" || STARTED=1
+. "$ROOT/tests/infra/lib.sh"
+[ "$(id -u)" = 0 ] || infra_skip "netns_slurm needs root (network namespaces, SLURM daemons)"
+CL=$TMP/slurm
+H1=(bash "$INFRA_DIR/netns-exec.sh" "$CL/net" 1)   # a command on host1, the "login node"
 JID=
 cleanup() {
-  [ -n "$JID" ] && ip netns exec host1 scancel "$JID" 2>/dev/null
-  [ $STARTED = 1 ] && bash "$SHARED/infra/slurm-netns-down.sh" >/dev/null 2>&1
+  [ -n "$JID" ] && "${H1[@]}" scancel "$JID" 2>/dev/null
+  bash "$INFRA_DIR/slurm-down.sh" "$CL" >/dev/null 2>&1
 }
 trap cleanup EXIT
+bash "$INFRA_DIR/slurm-up.sh" --hosts "$CL" 2 >"$TMP/up.log" 2>&1; rc=$?
+[ $rc = 77 ] && infra_skip "$(tail -1 "$TMP/up.log")"
+[ $rc = 0 ] || { tail -20 "$TMP/up.log"; fail "could not start SLURM on 2 namespace hosts (slurm-up.sh exited $rc)"; }
+. "$CL/env"; . "$CL/net/env"
+A1=$NETNS_ADDR_1 A2=$NETNS_ADDR_2
 cd "$TMP" || exit 1
 chmod 755 "$TMP"
 export JDT_TRAIN_BIN=$BIN JDT_RUNTIME_CACHE_DIR=$TMP/cache
 unset JDT_RUNTIME_THREADS
-H1=(ip netns exec host1)
 
 run_job() {  # NAME LIMIT_S SBATCH_ARGS...: bounded sbatch --wait from host1; sets RC
   local name=$1 limit=$2; shift 2
@@ -45,8 +48,8 @@ for r in 0 1 2 3; do
   grep -qE "^dist-check: rank $r of 4, local $((r % 2)) of 2, pid [0-9]+, host host$h, coordinator host1:[0-9]+, source slurm" check.out \
     || { cat check.out; fail "rank $r: wrong world or host"; }
 done
-for r in 0 1; do grep -q "^dist-check: peer $r at 10.77.0.1$" check.out || { cat check.out; fail "peer $r address"; }; done
-for r in 2 3; do grep -q "^dist-check: peer $r at 10.77.0.2$" check.out || { cat check.out; fail "peer $r address"; }; done
+for r in 0 1; do grep -qF -x "dist-check: peer $r at $A1" check.out || { cat check.out; fail "peer $r address"; }; done
+for r in 2 3; do grep -qF -x "dist-check: peer $r at $A2" check.out || { cat check.out; fail "peer $r address"; }; done
 echo "ok: 2 hosts x 2 tasks joined over the network"
 
 # 2. 2 hosts x 1 task: data-parallel training equals one process
@@ -71,8 +74,9 @@ for _ in $(seq 1 600); do grep -q '^\[rank 0/2\] step 3/' kill.out 2>/dev/null &
 grep -q '^\[rank 0/2\] step 3/' kill.out || { tail kill.out; fail "training did not start within 60 s"; }
 victim=
 for p in $(pgrep -x jdt-train); do
-  tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "SLURM_JOB_ID=$jid" || continue
-  tr '\0' '\n' </proc/$p/environ | grep -qx 'SLURM_PROCID=1' && victim=$p
+  penv=$(tr '\0' '\n' </proc/$p/environ 2>/dev/null)
+  grep -qx "SLURM_CLUSTER_NAME=$SLURM_CLUSTER" <<<"$penv" && grep -qx "SLURM_JOB_ID=$jid" <<<"$penv" || continue
+  grep -qx 'SLURM_PROCID=1' <<<"$penv" && victim=$p
 done
 [ -n "$victim" ] || fail "cannot find rank 1's process"
 t0=$SECONDS
@@ -82,5 +86,5 @@ while "${H1[@]}" squeue -h -j "$jid" 2>/dev/null | grep -q .; do
   sleep 0.2
 done
 echo "job ended $((SECONDS - t0)) s after SIGKILL of rank 1"
-grep -qE 'rank 1 .*host 10\.77\.0\.2|rank 1 \(10\.77\.0\.2|rank 1.*10\.77\.0\.2' kill.out || { tail -20 kill.out; fail "no message naming rank 1 and its host"; }
+grep -qE "rank 1.*${A2//./\\.}" kill.out || { tail -20 kill.out; fail "no message naming rank 1 and its host"; }
 echo ok

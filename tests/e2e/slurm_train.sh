@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# slurm_train.sh — the scripts in scripts/slurm on a real SLURM cluster (slurm-up.sh: 2 nodes
-# on this machine): multi-node.sbatch with 2 nodes x 2 tasks resolves ranks, local ranks and
-# the coordinator (first node, job-derived port) and all-reduces over 4 processes;
+# slurm_train.sh — the scripts in scripts/slurm on a real SLURM cluster (tests/infra/slurm-up.sh:
+# 2 nodes on this machine): multi-node.sbatch with 2 nodes x 2 tasks resolves ranks, local ranks
+# and the coordinator (first node, job-derived port) and all-reduces over 4 processes;
 # one-node.sbatch trains tiny.yaml data-parallel on 2 tasks and matches the single-process loss
 # curve; jdt-train run in the batch script without srun is refused with a hint.
-# Needs root (the cluster's daemons); skips (77) otherwise or when SLURM cannot be set up.
+# Needs root (the cluster's daemons): skips (77) otherwise; under CI=true that is a failure.
 set -uo pipefail
-BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}; SHARED=${JDT_SHARED:-$ROOT/../shared}
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "SKIP: slurm_train needs root to run a SLURM cluster"; exit 77; }
-[ -x "$SHARED/infra/slurm-up.sh" ] || [ -f "$SHARED/infra/slurm-up.sh" ] \
-  || { echo "SKIP: no $SHARED/infra/slurm-up.sh"; exit 77; }
-up=$(timeout 600 bash "$SHARED/infra/slurm-up.sh" 2 2>&1) \
-  || { echo "$up" | tail -5; echo "SKIP: could not start a SLURM cluster (slurm-up.sh 2)"; exit 77; }
-# stop the cluster again at the end if this test started it
-if ! echo "$up" | grep -q "already running"; then
-  trap 'bash "$SHARED/infra/slurm-down.sh" >/dev/null 2>&1' EXIT
-fi
+. "$ROOT/tests/infra/lib.sh"
+[ "$(id -u)" = 0 ] || infra_skip "slurm_train needs root to run SLURM's daemons"
+CL=$TMP/slurm
+trap 'bash "$INFRA_DIR/slurm-down.sh" "$CL" >/dev/null 2>&1' EXIT
+bash "$INFRA_DIR/slurm-up.sh" "$CL" 2 >"$TMP/up.log" 2>&1; rc=$?
+[ $rc = 77 ] && infra_skip "$(tail -1 "$TMP/up.log")"
+[ $rc = 0 ] || { tail -20 "$TMP/up.log"; fail "could not start a 2-node SLURM cluster (slurm-up.sh exited $rc)"; }
+. "$CL/env"
 cd "$TMP" || exit 1
 chmod 755 "$TMP"
 export JDT_TRAIN_BIN=$BIN JDT_RUNTIME_CACHE_DIR=$TMP/cache

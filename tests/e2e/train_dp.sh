@@ -27,5 +27,5 @@ grep -q '"val_loss"' "$TMP/multi/tiny/metrics.jsonl" || fail "no val loss from t
 # a mesh that does not match the job is a config error (exit 2) naming both numbers
 "$BIN" $C run.out_dir="$TMP/x" mesh.data=2 >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] || { cat "$TMP/err"; fail "mesh.data=2 in one process exited $rc, expected 2"; }
-grep -q "mesh.data = 2 but the job has 1 process" "$TMP/err" || fail "mismatch message: $(cat "$TMP/err")"
+grep -q "= 2 devices, but the job has 1 process" "$TMP/err" || fail "mismatch message: $(cat "$TMP/err")"
 echo ok

@@ -5,9 +5,12 @@
  * updates), and the on-disk cache (hit, miss, concurrent writers, corrupt entries, missing or
  * failing compiler).
  */
+#include "tests/unit/testutil.h"
 #include "jit-fixture.h"
 
 #include <dirent.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -362,6 +365,153 @@ START_TEST(test_cache_corrupt_entry_rebuilt)
 }
 END_TEST
 
+
+/* The 8-hex host tag cache.c puts in temporaries (FNV-1a of the host name). */
+static void my_host_tag(char *out, size_t n)
+{
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    snprintf(out, n, "%08x", (unsigned)(jdt_hash_str(JDT_HASH_INIT, host) & 0xffffffffu));
+}
+
+static void touch_file(const char *dir, const char *name, double age_s)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "w");
+    ck_assert_ptr_nonnull(fp);
+    fputs("x", fp);
+    fclose(fp);
+    struct timeval tv[2];
+    gettimeofday(&tv[0], NULL);
+    tv[0].tv_sec -= (time_t)age_s;
+    tv[1] = tv[0];
+    ck_assert_int_eq(utimes(path, tv), 0);
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+/* A compile killed with SIGKILL leaves its source, log and output temporaries; the next
+ * build removes them (their writer is dead), and pruning keeps what it must. */
+START_TEST(test_cache_dead_compiles_swept)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    mkdir(f.cache, 0755);
+    char hang[512];
+    snprintf(hang, sizeof hang, "%s/hang-cc.sh", f.cache);
+    FILE *hf = fopen(hang, "w");
+    ck_assert_ptr_nonnull(hf);
+    fputs("#!/bin/sh\n[ \"$1\" = --version ] && { echo fake-cc; exit 0; }\nexec sleep 30\n", hf);
+    fclose(hf);
+    ck_assert_int_eq(chmod(hang, 0755), 0);
+    pid_t kid = fork();
+    ck_assert_int_ge(kid, 0);
+    if (kid == 0) {
+        jdt_compile_opts ko = o;
+        ko.cc = hang;
+        jdt_tensor *x;
+        jdt_graph *g = small_graph(8.0, &x);
+        jdt_program *p = NULL;
+        jdt_err e;
+        jdt_program_compile(g, &ko, &p, &e);
+        _exit(0);
+    }
+    for (int i = 0; i < 500 && count_files(f.cache, ".log") == 0; i++) usleep(10000);
+    usleep(100000);
+    kill(kid, SIGKILL);
+    waitpid(kid, NULL, 0);
+    ck_assert_int_ge(count_files(f.cache, ".c"), 1);
+    ck_assert_int_ge(count_files(f.cache, ".log"), 1);
+    /* other leftovers: a live process's fresh temporary (kept), another host's stale one and
+     * an old failure record (removed), a recent failure record (kept) */
+    char me[16], name[256];
+    my_host_tag(me, sizeof me);
+    char live[256];
+    snprintf(live, sizeof live, "jdt-00000000000000aa.%s-%d.1.c", me, (int)getppid());
+    touch_file(f.cache, live, 10);
+    touch_file(f.cache, "jdt-00000000000000bb.0badc0de-12345.1.tmp", 7200);
+    touch_file(f.cache, "jdt-00000000000000cc.0badc0de-12345.failed.log", 8 * 86400);
+    snprintf(name, sizeof name, "jdt-00000000000000dd.%s-%d.failed.log", me, (int)getppid());
+    touch_file(f.cache, name, 3600);
+    jdt_tensor *x;
+    jdt_graph *g = small_graph(8.0, &x);
+    bool hit = true;
+    run_small(g, x, &o, 8.0, &hit);
+    ck_assert(!hit);
+    jdt_graph_free(g);
+    ck_assert_msg(file_exists(f.cache, live), "a live process's temporary was removed");
+    ck_assert(!file_exists(f.cache, "jdt-00000000000000bb.0badc0de-12345.1.tmp"));
+    ck_assert(!file_exists(f.cache, "jdt-00000000000000cc.0badc0de-12345.failed.log"));
+    ck_assert(file_exists(f.cache, name));
+    /* nothing of the killed compile is left: only the live .c, the recent failure .log */
+    ck_assert_int_eq(count_files(f.cache, ".c"), 1);
+    ck_assert_int_eq(count_files(f.cache, ".log"), 1);
+    ck_assert_int_eq(count_files(f.cache, ".tmp"), 0);
+    fx_free(&f);
+}
+END_TEST
+
+/* The generic API: put/get round trip with a kind, checksum, and the LRU size bound. */
+START_TEST(test_cache_generic_lru_bound)
+{
+    fx f;
+    fx_init(&f);
+    enum { SZ = 100000 };
+    mkdir(f.cache, 0755);
+    unsigned char *buf = malloc(SZ);
+    jdt_err e;
+    char path[1024];
+    for (int k = 0; k < 5; k++) {
+        memset(buf, 'a' + k, SZ);
+        ck_assert_int_eq(jdt_compile_cache_put(f.cache, 0x100 + (uint64_t)k, "cubin", buf, SZ,
+                                               -1, &e), JDT_OK);
+        /* entries used in order k = 0, 1, ... (mtime), the oldest first */
+        jdt_compile_cache_path(f.cache, 0x100 + (uint64_t)k, "cubin", path, sizeof path);
+        struct timeval tv[2];
+        gettimeofday(&tv[0], NULL);
+        tv[0].tv_sec -= 100 - k;
+        tv[1] = tv[0];
+        ck_assert_int_eq(utimes(path, tv), 0);
+    }
+    ck_assert_int_eq(count_files(f.cache, ".cubin"), 5);
+    /* a use of entry 0 makes it the most recent */
+    unsigned char *got = NULL;
+    size_t n = 0;
+    ck_assert(jdt_compile_cache_get(f.cache, 0x100, "cubin", &got, &n));
+    ck_assert_int_eq(n, SZ);
+    ck_assert_int_eq(got[0], 'a');
+    ck_assert_int_eq(got[SZ - 1], 'a');
+    free(got);
+    /* a sixth entry with a bound of 3.5 entries: the 3 least recently used go (1, 2, 3) */
+    memset(buf, 'z', SZ);
+    ck_assert_int_eq(jdt_compile_cache_put(f.cache, 0x200, "cubin", buf, SZ, 350000 + 24 * 6,
+                                           &e), JDT_OK);
+    ck_assert_int_eq(count_files(f.cache, ".cubin"), 3);
+    ck_assert(jdt_compile_cache_get(f.cache, 0x100, "cubin", &got, &n));
+    jdt_free(got);
+    ck_assert(jdt_compile_cache_get(f.cache, 0x104, "cubin", &got, &n));
+    jdt_free(got);
+    ck_assert(jdt_compile_cache_get(f.cache, 0x200, "cubin", &got, &n));
+    ck_assert_int_eq(got[0], 'z');
+    jdt_free(got);
+    ck_assert(!jdt_compile_cache_get(f.cache, 0x101, "cubin", &got, &n));
+    /* a damaged entry is a miss */
+    jdt_compile_cache_path(f.cache, 0x104, "cubin", path, sizeof path);
+    corrupt(path, false);
+    ck_assert(!jdt_compile_cache_get(f.cache, 0x104, "cubin", &got, &n));
+    free(buf);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_missing_or_failing_compiler)
 {
     fx f;
@@ -411,6 +561,32 @@ START_TEST(test_missing_or_failing_compiler)
     o.cflags = "-O2 --no-such-flag-for-jdt";
     ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_COMPILE);
     ck_assert_msg(strstr(e.msg, ".log"), "%s", e.msg);
+    jdt_graph_free(g);
+    fx_free(&f);
+}
+END_TEST
+
+/* An op value outside the op table (only the unchecked constructor can make one) is refused
+ * by name before any code is generated, never compiled to zeros. */
+START_TEST(test_unknown_op_refused)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_graph *g = jdt_graph_new();
+    jdt_shape s = jdt_shape_make(1, (int64_t[]){4});
+    jdt_tensor *t = jdt_graph_new_node(g, (jdt_op)(JDT_OP_COUNT + 3), JDT_DTYPE_F32, &s, 0, NULL,
+                                       NULL);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(jdt_graph_add_output(g, t), 0);
+    jdt_program *p = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(p);
+    char want[64];
+    snprintf(want, sizeof want, "op %d is not in the op table", JDT_OP_COUNT + 3);
+    ck_assert_msg(strstr(e.msg, want), "%s", e.msg);
     jdt_graph_free(g);
     fx_free(&f);
 }
@@ -633,15 +809,14 @@ int main(void)
     tcase_add_test(tc, test_cache_hit_miss);
     tcase_add_test(tc, test_cache_concurrent_writers);
     tcase_add_test(tc, test_cache_corrupt_entry_rebuilt);
+    tcase_add_test(tc, test_cache_dead_compiles_swept);
+    tcase_add_test(tc, test_cache_generic_lru_bound);
     tcase_add_test(tc, test_missing_or_failing_compiler);
+    tcase_add_test(tc, test_unknown_op_refused);
     tcase_add_test(tc, test_alloc_failures_clean);
     tcase_add_test(tc, test_trace_hook);
     tcase_add_test(tc, test_bias_folded_into_matmul);
     tcase_add_test(tc, test_attention_reads_transposed_inputs);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

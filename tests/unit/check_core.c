@@ -2,6 +2,7 @@
  * check_core.c — unit tests for engine/core: statuses, error context, allocation hook, dtypes,
  * hashing and the counter-based RNG.
  */
+#include "tests/unit/testutil.h"
 #include "core/core.h"
 
 #include <check.h>
@@ -26,6 +27,25 @@ START_TEST(test_err_set_prefix)
     ck_assert_str_eq(e.msg, "dataset 3: open x.h5");
     ck_assert_int_eq(e.code, JDT_ERR_IO);
     ck_assert_int_eq(jdt_err_set(NULL, JDT_ERR_NET, "ignored"), JDT_ERR_NET);
+}
+END_TEST
+
+/* Every error message is one printable line, whatever text it echoes. */
+START_TEST(test_err_one_line)
+{
+    jdt_err e;
+    jdt_err_set(&e, JDT_ERR_CONFIG, "key '%s': bad", "a\nb\rc\td\x1b[2Je\x7f\xc2\x9b");
+    ck_assert_str_eq(e.msg, "key 'a\\nb\\rc\\td\\x1b[2Je\\x7f\\u009b': bad");
+    jdt_err_set(&e, JDT_ERR_IO, "writing tensor '%s': %s", "x", "");
+    ck_assert_str_eq(e.msg, "writing tensor 'x'");
+    jdt_err_set(&e, JDT_ERR_IO, "x\xe0\x86\x8b\xff"); /* overlong form, stray byte */
+    ck_assert_str_eq(e.msg, "x\\xe0\\x86\\x8b\\xff");
+    jdt_err_set(&e, JDT_ERR_IO, "caf\xc3\xa9 \xe2\x82\xac"); /* UTF-8 text stays */
+    ck_assert_str_eq(e.msg, "caf\xc3\xa9 \xe2\x82\xac");
+    jdt_err_prefix(&e, "in\n%s", "x");
+    ck_assert_str_eq(e.msg, "in\\nx: caf\xc3\xa9 \xe2\x82\xac");
+    for (size_t i = 0; e.msg[i]; i++)
+        ck_assert((unsigned char)e.msg[i] >= 0x20 && e.msg[i] != 0x7f);
 }
 END_TEST
 
@@ -102,15 +122,12 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_status_strings);
     tcase_add_test(tc, test_err_set_prefix);
+    tcase_add_test(tc, test_err_one_line);
     tcase_add_test(tc, test_alloc_fail_hook);
     tcase_add_test(tc, test_dtypes);
     tcase_add_test(tc, test_philox_known_answer);
     tcase_add_test(tc, test_rng_index_stable);
     tcase_add_test(tc, test_hash);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

@@ -185,7 +185,8 @@ static void build_update(fx *f)
     jdt_tensor *m = fx_leaf(f, 2, "m", JDT_DTYPE_F32, 2, (int64_t[]){33, 65}, -0.1, 0.1);
     jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -1, 1, 33, 65);
     jdt_tensor *gr = jdt_graph_mul(g, jdt_graph_tanh(g, w), x);
-    jdt_tensor *mn = jdt_graph_add(g, jdt_graph_mul_scalar(g, m, 0.9), jdt_graph_mul_scalar(g, gr, 0.1));
+    jdt_tensor *mn =
+        jdt_graph_add(g, jdt_graph_mul_scalar(g, m, 0.9), jdt_graph_mul_scalar(g, gr, 0.1));
     jdt_graph_add_update(g, m, mn);
     jdt_graph_add_update(g, w, jdt_graph_sub(g, w, jdt_graph_mul_scalar(g, mn, 0.01)));
     out(f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, gr, gr), 3u, false));
@@ -211,16 +212,19 @@ static const char *GPT = "run: {seed: 7, steps: 10}\n"
                          "n_head: 4}\n"
                          "data: {format: synthetic, batch_size: 4, micro_batch_size: 4}\n"
                          "optimizer: {lr: 0.003, warmup_steps: 2}\n";
-static const char *MLP = "run: {seed: 7, steps: 10}\n"
-                         "model: {type: mlp, in_dim: 20, hidden_dim: 32, n_hidden: 2, n_classes: 5}\n"
-                         "data: {format: synthetic, batch_size: 8}\n"
-                         "optimizer: {type: sgd, lr: 0.05, momentum: 0.9, nesterov: true}\n";
+static const char *MLP =
+    "run: {seed: 7, steps: 10}\n"
+    "model: {type: mlp, in_dim: 20, hidden_dim: 32, n_hidden: 2, n_classes: 5}\n"
+    "data: {format: synthetic, batch_size: 8}\n"
+    "optimizer: {type: sgd, lr: 0.05, momentum: 0.9, nesterov: true}\n";
 static const struct {
     const char *name, *base;
     const char *over[4];
 } MODELS[] = {
     {"gpt2", NULL, {NULL}},
-    {"llama", NULL, {"model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu", "model.bias=false"}},
+    {"llama",
+     NULL,
+     {"model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu", "model.bias=false"}},
     {"dropout+accum", NULL, {"model.dropout=0.1", "data.micro_batch_size=2", NULL}},
     {"mlp", NULL, {NULL}},
 };
@@ -345,7 +349,8 @@ START_TEST(test_builtin_kernels_compile)
 }
 END_TEST
 
-/* ---- on a GPU --------------------------------------------------------------------------------- */
+/* ---- on a GPU ---------------------------------------------------------------------------------
+ */
 
 /* Opens GPU 0, or prints why not and returns NULL. */
 /* fx_check_steps (the interpreter comparison) is not used here */
@@ -399,8 +404,7 @@ static void graph_vs_cpu(int i, jdt_device *d)
             jdt_tensor *t = jdt_graph_output(f.g, k);
             size_t nb = (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype);
             void *got = malloc(nb + 8);
-            ck_assert_msg(jdt_program_read_output(pg, k, got, nb, &e) == JDT_OK, "read: %s",
-                          e.msg);
+            ck_assert_msg(jdt_program_read_output(pg, k, got, nb, &e) == JDT_OK, "read: %s", e.msg);
             char what[160];
             snprintf(what, sizeof what, "%s step %d output %d (%s)", GRAPHS[i].name, step, k,
                      jdt_op_name(t->op));
@@ -472,7 +476,8 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol)
     char cache[] = "/tmp/jdt-check-cuda-XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(cache));
     jdt_step *sc = make_step(&c, NULL, cache), *sg = make_step(&c, d, cache);
-    size_t n = (size_t)c.data.batch_size * (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
+    size_t n = (size_t)c.data.batch_size *
+               (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
     int32_t *xi = calloc(n, 4), *y = calloc(n, 4);
     float *xf = calloc(n, 4);
     jdt_err e;
@@ -488,15 +493,15 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol)
                       "cuda step %d: %s", k, e.msg);
         printf("check_cuda: %s step %d loss cpu %.6f cuda %.6f, grad norm %.5f / %.5f\n",
                MODELS[i].name, k, lc, lg, gc, gg);
-        ck_assert_msg(fabs(lc - lg) <= rtol * fabs(lc) + 1e-4, "%s step %d: loss cpu %.6f vs cuda %.6f",
-                      MODELS[i].name, k, lc, lg);
+        ck_assert_msg(fabs(lc - lg) <= rtol * fabs(lc) + 1e-4,
+                      "%s step %d: loss cpu %.6f vs cuda %.6f", MODELS[i].name, k, lc, lg);
         ck_assert_msg(fabs(gc - gg) <= 10 * rtol * fabs(gc) + 1e-4,
                       "%s step %d: grad norm cpu %.6f vs cuda %.6f", MODELS[i].name, k, gc, gg);
         if (k == 0) first_c = lc;
         last_c = lc;
     }
-    ck_assert_msg(last_c < first_c, "%s: the loss did not fall (%g -> %g)", MODELS[i].name,
-                  first_c, last_c);
+    ck_assert_msg(last_c < first_c, "%s: the loss did not fall (%g -> %g)", MODELS[i].name, first_c,
+                  last_c);
     /* the device's parameters come back to the host (checkpoints) and agree with the CPU's */
     ck_assert_msg(jdt_step_sync_host(sg, &e) == JDT_OK, "pull: %s", e.msg);
     for (int t = 0; t < jdt_step_n_tensors(sc); t++) {
@@ -564,7 +569,9 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_nvrtc_op_graphs, 0, N_GRAPHS);
     tcase_add_loop_test(tc, test_nvrtc_train_steps, 0, N_MODELS);
+#ifdef JDT_CUDA
     tcase_add_test(tc, test_builtin_kernels_compile);
+#endif
     tcase_add_test(tc, test_no_gpu_is_one_clear_error);
     suite_add_tcase(s, tc);
     TCase *te = tcase_create("emulated");
@@ -572,11 +579,17 @@ static Suite *suite(void)
     tcase_add_loop_test(te, test_emulated_ops_match_cpu, 0, N_GRAPHS);
     tcase_add_loop_test(te, test_emulated_train_matches_cpu, 0, N_MODELS);
     suite_add_tcase(s, te);
+#ifdef JDT_CUDA /* a CPU-only build has no GPU path to test (make test-cuda builds one) */
     TCase *tg = tcase_create("gpu");
     tcase_set_timeout(tg, 300);
     tcase_add_loop_test(tg, test_gpu_ops_match_cpu, 0, N_GRAPHS);
     tcase_add_loop_test(tg, test_gpu_train_matches_cpu, 0, N_MODELS);
     suite_add_tcase(s, tg);
+#else
+    (void)test_builtin_kernels_compile;
+    (void)test_gpu_ops_match_cpu;
+    (void)test_gpu_train_matches_cpu;
+#endif
     return s;
 }
 

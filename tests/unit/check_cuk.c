@@ -110,7 +110,8 @@ static void *dev_alloc(size_t n_bytes)
 static void *dev_from(const void *host, size_t n_bytes)
 {
     void *p = dev_alloc(n_bytes);
-    if (n_bytes) ck_assert_int_eq(cudaMemcpy(p, host, n_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    if (n_bytes)
+        ck_assert_int_eq(cudaMemcpy(p, host, n_bytes, cudaMemcpyHostToDevice), cudaSuccess);
     return p;
 }
 
@@ -122,8 +123,9 @@ static float *dev_to_host(jdt_cuk *k, const float *dev, int64_t n)
     jdt_status s = jdt_cuk_check(k, "test", true, &e);
     ck_assert_msg(s == JDT_OK, "%s", e.msg);
     float *h = malloc((size_t)(n ? n : 1) * sizeof(float));
-    if (n) ck_assert_int_eq(cudaMemcpy(h, dev, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost),
-                            cudaSuccess);
+    if (n)
+        ck_assert_int_eq(cudaMemcpy(h, dev, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost),
+                         cudaSuccess);
     return h;
 }
 
@@ -166,8 +168,8 @@ static void check_matmul(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_
     float *dbias = dev_from(bias, (size_t)N * 4), *dc = dev_alloc((size_t)nc * 4);
     jdt_err e;
     jdt_err_clear(&e);
-    jdt_status s = jdt_cuk_matmul(k, da, db, with_bias ? dbias : NULL, dc, batch, M, N, K, ta, tb,
-                                  shared, &e);
+    jdt_status s =
+        jdt_cuk_matmul(k, da, db, with_bias ? dbias : NULL, dc, batch, M, N, K, ta, tb, shared, &e);
     ck_assert_msg(s == JDT_OK, "%s", e.msg);
     float *got = dev_to_host(k, dc, nc);
     char what[128];
@@ -264,7 +266,7 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     int32_t *t = malloc((size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++)
         t[i] = (int32_t)((i * 7919) % V);
-    t[0] = -1;           /* ignored row: loss 0, gradient 0 */
+    t[0] = -1;                    /* ignored row: loss 0, gradient 0 */
     if (N > 2) t[1] = (int32_t)V; /* out of range: loss NaN, gradient 0 */
     float *loss = malloc((size_t)N * 4), *dx = malloc((size_t)n * 4);
     jdt_rt_softmax_xent(x, t, loss, N, V, 1);
@@ -376,13 +378,11 @@ static float *to_bthd(const float *x, int64_t B, int64_t H, int64_t T, int64_t D
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t t = 0; t < T; t++)
-                memcpy(y + ((b * T + t) * H + h) * D, x + ((b * H + h) * T + t) * D,
-                       (size_t)D * 4);
+                memcpy(y + ((b * T + t) * H + h) * D, x + ((b * H + h) * T + t) * D, (size_t)D * 4);
     return y;
 }
 
-static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t D,
-                            unsigned bthd)
+static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t D, unsigned bthd)
 {
     int64_t n = B * H * T * D;
     float scale = 1.0f / sqrtf((float)D);
@@ -422,12 +422,12 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
 START_TEST(test_attention)
 {
     GPU_OR_SKIP(k);
-    check_attention(k, 2, 3, 77, 16, 0);    /* d64 class, T not a multiple of any tile */
-    check_attention(k, 1, 2, 130, 64, 0);   /* d64, full head */
-    check_attention(k, 1, 2, 65, 64, 31u);  /* every input (B, T, H, D) */
-    check_attention(k, 1, 1, 45, 80, 5u);   /* d128 class, mixed layouts */
-    check_attention(k, 1, 1, 33, 136, 0);   /* d256 class */
-    check_attention(k, 1, 1, 1, 8, 0);      /* one token */
+    check_attention(k, 2, 3, 77, 16, 0);   /* d64 class, T not a multiple of any tile */
+    check_attention(k, 1, 2, 130, 64, 0);  /* d64, full head */
+    check_attention(k, 1, 2, 65, 64, 31u); /* every input (B, T, H, D) */
+    check_attention(k, 1, 1, 45, 80, 5u);  /* d128 class, mixed layouts */
+    check_attention(k, 1, 1, 33, 136, 0);  /* d256 class */
+    check_attention(k, 1, 1, 1, 8, 0);     /* one token */
     jdt_cuk_attention(k, NULL, NULL, NULL, NULL, 1, 1, 4, 300, 1.0f, 0, NULL);
     jdt_err e;
     jdt_err_clear(&e);

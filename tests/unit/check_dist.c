@@ -1,16 +1,21 @@
 /*
- * check_dist.c — unit tests for the rendezvous (engine/dist: wire.c, net.c, coord.c, dist.c):
+ * check_dist.c — unit tests for the rendezvous (engine/comm: wire.c, net.c, coord.c, dist.c):
  * the frame codec, token comparison, KV store and barriers, late joiners, a wrong token,
  * garbage sent to the coordinator, a start-up timeout that lists the missing ranks, a hung
- * rank (SIGSTOP) and a lost coordinator. Multi-process tests fork ranks on 127.0.0.1; the
+ * rank (SIGSTOP) and a lost coordinator; hardening (issue 11): a start-up flood of idle
+ * connections, connect_timeout_s against a silent foreign server, a barrier after a peer left,
+ * no leaked coordinator socket on early failures. Multi-process tests fork ranks on 127.0.0.1; the
  * coordinator's port comes from binding port 0 in the parent, never a fixed port.
  */
+#include "tests/unit/testutil.h"
 #include "comm/comm-impl.h"
 
 #include <check.h>
 #include <errno.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,81 +181,48 @@ typedef struct {
 
 typedef int (*proc_fn)(proc_ctx *c, void *arg);
 
-static int free_listener(int *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ck_assert_int_eq(listen(fd, 128), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    *port = ntohs(sa.sin_port);
-    return fd;
-}
-
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
 }
 
+/* One process of run_procs: default test options for rank i of the job, then fn. */
+typedef struct {
+    int world, port, lfd;
+    proc_fn fn;
+    void *arg;
+} proc_job;
+
+static int proc_main(int i, void *p)
+{
+    const proc_job *j = p;
+    proc_ctx c;
+    memset(&c, 0, sizeof c);
+    c.rank = i;
+    c.world = j->world;
+    c.port = j->port;
+    snprintf(c.addr, sizeof c.addr, "127.0.0.1:%d", j->port);
+    jdt_dist_opts_default(&c.o);
+    c.o.rank = i;
+    c.o.world_size = j->world;
+    c.o.coordinator = c.addr;
+    c.o.token = TOKEN;
+    c.o.coord_listen_fd = i == 0 ? j->lfd : -1;
+    if (i != 0) close(j->lfd);
+    c.o.connect_timeout_s = 20;
+    c.o.heartbeat_s = 0.25;
+    c.o.peer_timeout_s = 2;
+    return j->fn(&c, j->arg);
+}
+
 /* Forks n_procs processes; process i gets rank i (fn may change it) and default test options
  * for a job of world ranks. codes[i] = exit code, 100 + signal, or 99 after timeout_s. */
 static void run_procs(int n_procs, int world, proc_fn fn, void *arg, double timeout_s, int *codes)
 {
-    int port, lfd = free_listener(&port);
-    pid_t pids[8];
-    for (int i = 0; i < n_procs; i++) {
-        pids[i] = fork();
-        ck_assert_int_ge(pids[i], 0);
-        if (pids[i] == 0) {
-            proc_ctx c;
-            memset(&c, 0, sizeof c);
-            c.rank = i;
-            c.world = world;
-            c.port = port;
-            snprintf(c.addr, sizeof c.addr, "127.0.0.1:%d", port);
-            jdt_dist_opts_default(&c.o);
-            c.o.rank = i;
-            c.o.world_size = world;
-            c.o.coordinator = c.addr;
-            c.o.token = TOKEN;
-            c.o.coord_listen_fd = i == 0 ? lfd : -1;
-            if (i != 0) close(lfd);
-            c.o.connect_timeout_s = 20;
-            c.o.heartbeat_s = 0.25;
-            c.o.peer_timeout_s = 2;
-            _exit(fn(&c, arg));
-        }
-    }
-    close(lfd);
-    double until = jdt_now_s() + timeout_s;
-    int left = n_procs;
-    for (int i = 0; i < n_procs; i++) codes[i] = -1;
-    while (left > 0) {
-        int status;
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) {
-            for (int i = 0; i < n_procs; i++) {
-                if (pids[i] != p) continue;
-                codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-                left--;
-            }
-            continue;
-        }
-        if (jdt_now_s() > until) {
-            for (int i = 0; i < n_procs; i++)
-                if (codes[i] < 0) {
-                    kill(pids[i], SIGKILL);
-                    waitpid(pids[i], NULL, 0);
-                    codes[i] = 99;
-                }
-            break;
-        }
-        sleep_s(0.005);
-    }
+    int port, lfd = tu_free_listener(&port);
+    proc_job j = {world, port, lfd, fn, arg};
+    tu_run_procs(n_procs, proc_main, &j, lfd, timeout_s, codes);
 }
 
 #define FAIL_IF(cond, ...)                                                                        \
@@ -634,7 +606,7 @@ END_TEST
 
 START_TEST(test_standalone_coordinator)
 {
-    int port, lfd = free_listener(&port);
+    int port, lfd = tu_free_listener(&port);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     pid_t pids[2];
@@ -681,6 +653,160 @@ START_TEST(test_standalone_coordinator)
 }
 END_TEST
 
+/* ---- hardening: floods, exact timeouts, barriers after a clean leave, socket ownership ------- */
+
+#define FLOOD_CONNS 100
+
+/* The flooder holds FLOOD_CONNS idle connections to the coordinator (never sending a byte) and
+ * re-opens every one the coordinator drops, for 12 s. */
+static int flooder(proc_ctx *c)
+{
+    int fds[FLOOD_CONNS];
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)c->port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int i = 0; i < FLOOD_CONNS; i++) fds[i] = -1;
+    long reopened = 0;
+    double until = jdt_now_s() + 12;
+    while (jdt_now_s() < until) {
+        for (int i = 0; i < FLOOD_CONNS; i++) {
+            if (fds[i] >= 0) {
+                struct pollfd p = {fds[i], POLLIN, 0};
+                char b;
+                if (poll(&p, 1, 0) > 0 && recv(fds[i], &b, 1, MSG_DONTWAIT) <= 0) {
+                    close(fds[i]);
+                    fds[i] = -1;
+                }
+            }
+            if (fds[i] < 0) {
+                fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+                if (connect(fds[i], (struct sockaddr *)&sa, sizeof sa) != 0) {
+                    close(fds[i]);
+                    fds[i] = -1;
+                } else {
+                    reopened++;
+                }
+            }
+        }
+        sleep_s(0.01);
+    }
+    fprintf(stderr, "flooder: opened %ld connections\n", reopened);
+    return 0;
+}
+
+static int flood(proc_ctx *c, void *arg)
+{
+    if (c->rank == 2) return flooder(c);
+    sleep_s(0.5 + 0.3 * c->rank); /* the flood is on before either rank arrives */
+    c->o.connect_timeout_s = 10;
+    jdt_dist *d;
+    jdt_err e;
+    FAIL_IF(jdt_dist_init(&c->o, &d, &e), "rank %d init under a flood: %s", c->rank, e.msg);
+    float f = 1;
+    FAIL_IF(jdt_comm_allreduce(jdt_dist_world(d), &f, 1, JDT_DTYPE_F32, JDT_REDUCE_SUM, &e),
+            "allreduce: %s", e.msg);
+    FAIL_IF(f != 2, "allreduce value");
+    FAIL_IF(jdt_dist_barrier(d, 10, &e), "barrier: %s", e.msg);
+    jdt_dist_free(d);
+    return 0;
+}
+
+START_TEST(test_startup_flood)
+{
+    int codes[3], want[3] = {0};
+    run_procs(3, 2, flood, NULL, 60, codes);
+    expect_codes(3, codes, want);
+}
+END_TEST
+
+/* A program that accepts connections and never answers sits on the coordinator's port: the rank
+ * gives up at its connect_timeout_s (1.5 s), not seconds later. */
+START_TEST(test_connect_timeout_exact)
+{
+    int port, lfd = tu_free_listener(&port);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    jdt_dist_opts o;
+    jdt_dist_opts_default(&o);
+    o.rank = 1;
+    o.world_size = 2;
+    o.coordinator = addr;
+    o.token = TOKEN;
+    o.host_coordinator = false;
+    o.connect_timeout_s = 1.5;
+    jdt_dist *d = NULL;
+    jdt_err e;
+    double t0 = jdt_now_s();
+    jdt_status st = jdt_dist_init(&o, &d, &e);
+    double dt = jdt_now_s() - t0;
+    ck_assert_msg(st == JDT_ERR_TIMEOUT, "status %s: %s", jdt_status_name(st), e.msg);
+    ck_assert_msg(strstr(e.msg, "dist.connect_timeout_s"), "message: %s", e.msg);
+    ck_assert_msg(dt >= 1.45 && dt < 2.0, "gave up after %.2f s with a 1.5 s timeout", dt);
+    close(lfd);
+}
+END_TEST
+
+static int barrier_after_leave(proc_ctx *c, void *arg)
+{
+    jdt_dist *d;
+    jdt_err e;
+    FAIL_IF(jdt_dist_init(&c->o, &d, &e), "rank %d init: %s", c->rank, e.msg);
+    FAIL_IF(jdt_dist_barrier(d, 10, &e), "first barrier: %s", e.msg);
+    if (c->rank == 1) { /* finishes cleanly: BYE */
+        jdt_dist_free(d);
+        return 0;
+    }
+    sleep_s(0.5);
+    double t0 = jdt_now_s();
+    jdt_status st = jdt_dist_barrier(d, 30, &e);
+    double dt = jdt_now_s() - t0;
+    FAIL_IF(st == JDT_OK, "barrier without rank 1 succeeded");
+    FAIL_IF(dt > 5, "barrier waited %.1f s for a rank that had left (timeout 30 s)", dt);
+    FAIL_IF(!strstr(e.msg, "rank 1"), "message does not name rank 1: %s", e.msg);
+    jdt_dist_free(d);
+    return 0;
+}
+
+START_TEST(test_barrier_after_leave)
+{
+    int codes[2], want[2] = {0};
+    run_procs(2, 2, barrier_after_leave, NULL, 60, codes);
+    expect_codes(2, codes, want);
+}
+END_TEST
+
+static bool fd_open(int fd)
+{
+    return fcntl(fd, F_GETFD) != -1 || errno != EBADF;
+}
+
+/* The coordinator socket handed to jdt_dist_init / jdt_dist_coord_start is closed on every
+ * failure path, so a caller that retries does not leak one socket per attempt. */
+START_TEST(test_listen_fd_not_leaked)
+{
+    int port;
+    jdt_err e;
+    jdt_dist *d = NULL;
+    jdt_dist_opts o;
+    int lfd = tu_free_listener(&port);
+    jdt_dist_opts_default(&o);
+    o.world_size = 2;
+    o.token = TOKEN;
+    o.coord_listen_fd = lfd;
+    o.peer_timeout_s = 0.5; /* invalid: fails before the coordinator starts */
+    ck_assert_int_eq(jdt_dist_init(&o, &d, &e), JDT_ERR_INVALID);
+    ck_assert_msg(!fd_open(lfd), "jdt_dist_init leaked the coordinator socket");
+    lfd = tu_free_listener(&port);
+    jdt_dist_coord *c = NULL;
+    ck_assert_int_eq(jdt_dist_coord_start(NULL, lfd, 0, TOKEN, 1, 1, &c, NULL, &e), JDT_ERR_INVALID);
+    ck_assert_msg(!fd_open(lfd), "jdt_dist_coord_start leaked the socket (bad world size)");
+    lfd = tu_free_listener(&port);
+    ck_assert_int_eq(jdt_dist_coord_start(NULL, lfd, 2, NULL, 1, 1, &c, NULL, &e), JDT_ERR_INVALID);
+    ck_assert_msg(!fd_open(lfd), "jdt_dist_coord_start leaked the socket (no token)");
+}
+END_TEST
+
 static Suite *dist_suite(void)
 {
     Suite *s = suite_create("dist");
@@ -704,16 +830,18 @@ static Suite *dist_suite(void)
     tcase_add_test(tc, test_coordinator_lost);
     tcase_add_test(tc, test_standalone_coordinator);
     suite_add_tcase(s, tc);
+    tc = tcase_create("hardening");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_startup_flood);
+    tcase_add_test(tc, test_connect_timeout_exact);
+    tcase_add_test(tc, test_barrier_after_leave);
+    tcase_add_test(tc, test_listen_fd_not_leaked);
+    suite_add_tcase(s, tc);
     return s;
 }
 
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    SRunner *sr = srunner_create(dist_suite());
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(dist_suite());
 }

@@ -26,12 +26,13 @@ typedef int (*emu_launch_fn)(int k, unsigned grid_x, unsigned grid_y, unsigned b
 
 typedef struct {
     const cprog *c;
-    emu_launch_fn emu;        /* the emulated CUDA device: kernels from the CUDA emitter */
-    jdt_cuda_launch *launch;  /* (n_kernels) their launch shapes */
+    emu_launch_fn emu;       /* the emulated CUDA device: kernels from the CUDA emitter */
+    jdt_cuda_launch *launch; /* (n_kernels) their launch shapes */
     void *so;
     const kernel_fn *kernels; /* (n_kernels) in the shared object */
     void **ptrs;              /* (n_bufs) */
     unsigned char *arena;     /* (arena_bytes) */
+    float *coll_scratch; /* (largest all-gather / reduce-scatter tensor) their permuting copy */
     char *src;
 } cpu_prog;
 
@@ -44,6 +45,19 @@ static void *ptr_of(const cpu_prog *p, int node)
 static int64_t last_dim(const jdt_shape *s)
 {
     return s->ndim ? s->dims[s->ndim - 1] : 1;
+}
+
+/* Moves k blocks between the layouts (k, outer, blk) and (outer, k, blk): to_outer true:
+ * (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. */
+static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
+                          bool to_outer)
+{
+    for (int64_t j = 0; j < k; j++)
+        for (int64_t o = 0; o < outer; o++) {
+            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
+            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
+            memcpy(b, a, (size_t)blk * sizeof *a);
+        }
 }
 
 static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
@@ -139,8 +153,7 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
                              s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
         else
             jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
-                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch,
-                                 nt);
+                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
         break;
     }
     case JDT_OP_CONCAT: {
@@ -164,8 +177,46 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         if (cst != JDT_OK) return cst;
         if (n->attrs.f[0] != 1.0) {
             float sc = (float)n->attrs.f[0], *of = o;
-            for (int64_t i = 0; i < n_el; i++) of[i] *= sc;
+            for (int64_t i = 0; i < n_el; i++)
+                of[i] *= sc;
         }
+        break;
+    }
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER: {
+        /* the full tensor viewed as (outer, k, blk) along the axis; the wire wants (k, outer,
+         * blk): one permuting copy unless everything before the axis has size 1 */
+        const bool gather = n->op == JDT_OP_ALL_GATHER;
+        const jdt_shape *full = gather ? &n->shape : s0;
+        const int ax = (int)n->attrs.i[1];
+        const int64_t k = n->attrs.i[2], nf = jdt_shape_numel(full), nl = nf / k;
+        int64_t outer = 1;
+        for (int d = 0; d < ax; d++)
+            outer *= full->dims[d];
+        const int64_t blk = outer ? nl / outer : 0;
+        float *tmp = p->coll_scratch, *of = o;
+        const float *xf = in[0];
+        jdt_status cst;
+        if (gather) {
+            memmove(of, xf, (size_t)nl * sizeof *of);
+            cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], JDT_COLL_ALLGATHER,
+                                     JDT_DTYPE_F32, of, (size_t)nf, e);
+            if (cst == JDT_OK && outer > 1) {
+                memcpy(tmp, of, (size_t)nf * sizeof *tmp);
+                shard_permute(tmp, of, k, outer, blk, true);
+            }
+        } else {
+            if (outer > 1)
+                shard_permute(xf, tmp, k, outer, blk, false);
+            else
+                memcpy(tmp, xf, (size_t)nf * sizeof *tmp);
+            cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
+                                     JDT_COLL_REDUCE_SCATTER, JDT_DTYPE_F32, tmp, (size_t)nf, e);
+            const float sc = (float)n->attrs.f[0];
+            for (int64_t i = 0; i < nl && cst == JDT_OK; i++)
+                of[i] = tmp[i] * sc;
+        }
+        if (cst != JDT_OK) return cst;
         break;
     }
     case JDT_OP_PARAM: /* not builtins: leaves, views and fused work never get here */
@@ -208,13 +259,11 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_SLICE:
     case JDT_OP_IOTA:
     case JDT_OP_CAUSAL_MASK:
-    case JDT_OP_COUNT:
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "run: no CPU kernel for %s",
                            jdt_compile_node_label(n, lbl, sizeof lbl));
     }
     return JDT_OK;
 }
-
 
 static void cpu_release(void *state)
 {
@@ -222,6 +271,7 @@ static void cpu_release(void *state)
     if (!p) return;
     jdt_free(p->ptrs);
     jdt_free_aligned(p->arena);
+    jdt_free(p->coll_scratch);
     jdt_free(p->src);
     jdt_free(p->launch);
     if (p->so) dlclose(p->so);
@@ -259,11 +309,38 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
                          c->stats.so_path);
         goto fail;
     }
+    /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
+     * the OOM killer later */
+    const char *mem_src;
+    int64_t mem_avail = jdt_mem_available(&mem_src);
+    if (mem_avail >= 0 && c->arena_bytes > mem_avail) {
+        st =
+            jdt_err_set(e, JDT_ERR_NOMEM,
+                        "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
+                        "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
+                        "or runtime.remat: block",
+                        (double)c->arena_bytes / 1048576.0, (double)mem_avail / 1048576.0, mem_src);
+        goto fail;
+    }
+    int64_t need = 0; /* the collectives' permuting scratch */
+    for (int i = 0; i < c->n_nodes; i++) {
+        const cnode *n = &c->nodes[i];
+        const int64_t full = n->op == JDT_OP_ALL_GATHER ? jdt_shape_numel(&n->shape)
+                             : n->op == JDT_OP_REDUCE_SCATTER
+                                 ? jdt_shape_numel(&c->nodes[n->in[0]].shape)
+                                 : 0;
+        if (full > need) need = full;
+    }
+    if (need > 0 && !(p->coll_scratch = jdt_malloc((size_t)need * sizeof(float)))) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: collective scratch");
+        goto fail;
+    }
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
     if (!p->arena || !p->ptrs) {
-        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: arena of %lld bytes",
-                         (long long)c->arena_bytes);
+        st = jdt_err_set(e, JDT_ERR_NOMEM,
+                         "compile: out of memory allocating the %.1f MiB arena for intermediates",
+                         (double)c->arena_bytes / 1048576.0);
         goto fail;
     }
     for (int b = 0; b < c->n_bufs; b++)
@@ -317,8 +394,7 @@ static jdt_status cpu_step(void *state, int s, jdt_err *e)
     if (sp->kind == STEP_KERNEL && p->emu) {
         const jdt_cuda_launch *L = &p->launch[sp->kernel];
         if (p->emu(sp->kernel, (unsigned)L->grid_x, (unsigned)L->grid_y, (unsigned)L->block_x,
-                   (unsigned)L->block_y,
-                   L->block_y > 1, (void *const *)p->ptrs) != 0)
+                   (unsigned)L->block_y, L->block_y > 1, (void *const *)p->ptrs) != 0)
             return jdt_err_set(e, JDT_ERR_INTERNAL, "emulated kernel %d failed", sp->kernel);
         return JDT_OK;
     }

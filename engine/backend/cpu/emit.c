@@ -23,8 +23,8 @@ static void emit_loads(jdt_sbuf *s, const jdt_nest *N)
     for (int a = 0; a < N->n_acc; a++) {
         if (N->acc[a].write || a == N->flat) continue;
         jdt_nest_offset(N, a, off, sizeof off);
-        jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(N->c->nodes[N->acc[a].node].dtype),
-                  a, a, off);
+        jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n",
+                      jdt_nest_ctype(N->c->nodes[N->acc[a].node].dtype), a, a, off);
     }
     if (N->flat >= 0) {
         jdt_nest_offset(N, N->flat, off, sizeof off);
@@ -36,7 +36,7 @@ static void emit_loops(jdt_sbuf *s, const jdt_nest *N, int from, int to)
 {
     for (int k = from; k < to; k++)
         jdt_sb_printf(s, "    for (int64_t i%d = 0; i%d < %lldLL; i%d++)\n", k, k,
-                  (long long)N->dims[k], k);
+                      (long long)N->dims[k], k);
 }
 
 static void emit_parallel(jdt_sbuf *s, const jdt_nest *N, int n_outer, int nt)
@@ -62,7 +62,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
 
     const cnode *root = &c->nodes[g->root];
     jdt_sb_printf(s, "/* group %d: %d op(s), root node %d (%s), domain", gi, g->n_members, g->root,
-              jdt_op_name(root->op));
+                  jdt_op_name(root->op));
     for (int k = 0; k < N.n; k++)
         jdt_sb_printf(s, " %lld%s", (long long)N.dims[k], N.kept[k] ? "" : "r");
     jdt_sb_printf(s, " */\nstatic void k%d(void *const *p)\n{\n", kernel);
@@ -70,11 +70,11 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         if (a == N.flat) continue;
         const cnode *x = &c->nodes[N.acc[a].node];
         if (N.acc[a].write)
-            jdt_sb_printf(s, "    %s *w%d = (%s *)p[%d];\n", jdt_nest_ctype(x->dtype), a, jdt_nest_ctype(x->dtype),
-                      x->buf);
+            jdt_sb_printf(s, "    %s *w%d = (%s *)p[%d];\n", jdt_nest_ctype(x->dtype), a,
+                          jdt_nest_ctype(x->dtype), x->buf);
         else
-            jdt_sb_printf(s, "    const %s *r%d = (const %s *)p[%d];\n", jdt_nest_ctype(x->dtype), a,
-                      jdt_nest_ctype(x->dtype), x->buf);
+            jdt_sb_printf(s, "    const %s *r%d = (const %s *)p[%d];\n", jdt_nest_ctype(x->dtype),
+                          a, jdt_nest_ctype(x->dtype), x->buf);
     }
     char off[512];
     if (!g->is_reduce) {
@@ -113,8 +113,9 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         emit_loops(s, &N, 0, n_outer);
         jdt_sb_printf(s, "    {\n    %s acc = %s;\n", T, init);
         if (n_outer == 0 && jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS)
-            jdt_sb_printf(s, "    #pragma omp parallel for simd num_threads(%d) reduction(%s : acc)\n",
-                      nt, is_max ? "max" : "+");
+            jdt_sb_printf(s,
+                          "    #pragma omp parallel for simd num_threads(%d) reduction(%s : acc)\n",
+                          nt, is_max ? "max" : "+");
         else
             jdt_sb_printf(s, "    #pragma omp simd reduction(%s : acc)\n", is_max ? "max" : "+");
         emit_loops(s, &N, n_outer, N.n);
@@ -137,7 +138,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
     }
     int64_t out_n = jdt_shape_numel(&root->shape);
     jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] = %s;\n", (long long)out_n, w,
-              init);
+                  init);
     int64_t last = N.dims[N.n - 1];
     bool col_tiles = !N.kept[0] && N.n > 1 && N.kept[N.n - 1] && nt > 1 && last >= 32 &&
                      jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS;
@@ -149,13 +150,14 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         tile = (tile + 15) / 16 * 16;
         jdt_sb_printf(s, "    #pragma omp parallel for num_threads(%d)\n", nt);
         jdt_sb_printf(s, "    for (int64_t cb = 0; cb < %lldLL; cb += %lldLL)\n", (long long)last,
-                  (long long)tile);
+                      (long long)tile);
         emit_loops(s, &N, 0, N.n - 1);
-        jdt_sb_printf(s,
-                  "    for (int64_t i%d = cb; i%d < (cb + %lldLL < %lldLL ? cb + %lldLL : %lldLL); "
-                  "i%d++)\n",
-                  N.n - 1, N.n - 1, (long long)tile, (long long)last, (long long)tile,
-                  (long long)last, N.n - 1);
+        jdt_sb_printf(
+            s,
+            "    for (int64_t i%d = cb; i%d < (cb + %lldLL < %lldLL ? cb + %lldLL : %lldLL); "
+            "i%d++)\n",
+            N.n - 1, N.n - 1, (long long)tile, (long long)last, (long long)tile, (long long)last,
+            N.n - 1);
     } else {
         if (N.kept[0]) emit_parallel(s, &N, 1, nt);
         emit_loops(s, &N, 0, N.n);
@@ -172,7 +174,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
     jdt_sb_printf(s, "    }\n");
     if (is_mean)
         jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] /= (%s)%lld;\n",
-                  (long long)out_n, w, T, (long long)count);
+                      (long long)out_n, w, T, (long long)count);
     jdt_sb_printf(s, "}\n\n");
 }
 
@@ -247,7 +249,7 @@ jdt_status jdt_cpu_codegen(const cprog *c, char **src, jdt_err *e)
         jdt_sb_printf(&s, "%sk%d", k ? ", " : "", k);
     if (!n_k) jdt_sb_printf(&s, "0");
     jdt_sb_printf(&s, "};\nconst int jdt_n_kernels = %d;\n", n_k);
-    if (st == JDT_OK && s.oom) st = jdt_err_set(e, JDT_ERR_NOMEM, "codegen: source buffer");
+    if (st == JDT_OK) st = jdt_sb_status(&s, c, "codegen", e);
     if (st != JDT_OK) {
         jdt_free(s.buf);
         return st;

@@ -52,8 +52,8 @@ typedef struct {
     int n_m, cap_m;
     char name[256];
     int arch;
-    jdt_dist *dist;        /* set by jdt_device_set_dist: NCCL for ALL_REDUCE */
-    jdt_cuk_comm *world;   /* created on the first all-reduce (every rank reaches it) */
+    jdt_dist *dist;      /* set by jdt_device_set_dist: NCCL for ALL_REDUCE */
+    jdt_cuk_comm *world; /* created on the first all-reduce (every rank reaches it) */
 } cuda_dev;
 
 typedef struct {
@@ -63,10 +63,10 @@ typedef struct {
     char *src;
     jdt_cuda_launch *launch; /* (n_kernels) */
     cudaLibrary_t lib;
-    cudaKernel_t *kern;     /* (n_kernels) */
+    cudaKernel_t *kern;      /* (n_kernels) */
     cudaKernel_t scale_kern; /* the module's jdt_scale (all-reduce scaling) */
-    void *dmem;             /* the one allocation: table | inputs | arena */
-    void **dtable;          /* (n_bufs) device pointer table */
+    void *dmem;              /* the one allocation: table | inputs | arena */
+    void **dtable;           /* (n_bufs) device pointer table */
     unsigned char *dinputs, *darena;
     int64_t *input_off; /* (n_bufs) offset of an INPUT leaf's slot, else -1 */
     mirror **bmir;      /* (n_bufs) a persistent leaf's mirror, else NULL */
@@ -74,14 +74,14 @@ typedef struct {
     bool table_dirty;
 } cuda_prog;
 
-#define CU(call, what)                                                                           \
-    do {                                                                                         \
-        cudaError_t ce_ = (call);                                                                \
-        if (ce_ != cudaSuccess) {                                                                \
-            st = jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: %s: %s", (what),                        \
-                             cudaGetErrorString(ce_));                                           \
-            goto fail;                                                                           \
-        }                                                                                        \
+#define CU(call, what)                                                                             \
+    do {                                                                                           \
+        cudaError_t ce_ = (call);                                                                  \
+        if (ce_ != cudaSuccess) {                                                                  \
+            st =                                                                                   \
+                jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: %s: %s", (what), cudaGetErrorString(ce_)); \
+            goto fail;                                                                             \
+        }                                                                                          \
     } while (0)
 
 /* ---- NVRTC and the kernel cache ------------------------------------------------------------ */
@@ -374,8 +374,9 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
         const cnode *n = &c->nodes[c->bufs[b].leaf_node];
         if (n->op != JDT_OP_INPUT) continue;
         p->input_off[b] = in_bytes;
-        in_bytes += ((int64_t)jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype) +
-                     255) / 256 * 256;
+        in_bytes +=
+            ((int64_t)jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype) + 255) / 256 *
+            256;
     }
     int64_t total = table_bytes + in_bytes + (c->arena_bytes ? c->arena_bytes : 256);
     CU(cudaMalloc(&p->dmem, (size_t)total), "cudaMalloc of the program's arena");
@@ -502,8 +503,8 @@ static jdt_status all_reduce(cuda_prog *p, const cnode *n, void *o, void *in, jd
         void *args[] = {&o, &cnt, &sc};
         int grid = (int)((cnt + 255) / 256 < JDT_CUDA_MAX_GRID ? (cnt + 255) / 256 + 1
                                                                : JDT_CUDA_MAX_GRID);
-        CU(cudaLaunchKernel((const void *)p->scale_kern, (dim3){(unsigned)grid, 1, 1}, (dim3){256, 1, 1}, args, 0,
-                            cd->stream),
+        CU(cudaLaunchKernel((const void *)p->scale_kern, (dim3){(unsigned)grid, 1, 1},
+                            (dim3){256, 1, 1}, args, 0, cd->stream),
            "all_reduce scale");
     }
     return JDT_OK;
@@ -536,8 +537,8 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                               n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
     }
     case JDT_OP_GATHER:
-        jdt_cuk_gather(k, in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape),
-                       s0->dims[0], last_dim(&n->shape));
+        jdt_cuk_gather(k, in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), s0->dims[0],
+                       last_dim(&n->shape));
         return JDT_OK;
     case JDT_OP_SCATTER_ADD:
         jdt_cuk_scatter_add(k, in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape),
@@ -574,8 +575,8 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         jdt_cuk_rms_normalize_bwd(k, in[0], in[1], o, N, C, eps);
         return JDT_OK;
     case JDT_OP_ROPE:
-        jdt_cuk_rope(k, in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
-                     n->attrs.f[0], n->attrs.i[0] != 0);
+        jdt_cuk_rope(k, in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
+                     n->attrs.i[0] != 0);
         return JDT_OK;
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD: {
@@ -587,9 +588,8 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
             jdt_cuk_attention(k, in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
                               s0->dims[3], (float)n->attrs.f[0], bthd, scratch);
         else
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], in[3], in[4], o, s0->dims[0],
-                                  s0->dims[1], s0->dims[2], s0->dims[3], (float)n->attrs.f[0],
-                                  bthd, scratch);
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
+                                  s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch);
         return JDT_OK;
     }
     case JDT_OP_CONCAT: {
@@ -607,6 +607,12 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
     }
     case JDT_OP_ALL_REDUCE:
         return all_reduce(p, n, o, in[0], e);
+    case JDT_OP_ALL_GATHER: /* fsdp / tensor meshes: refused before any work (train/caps.c) */
+    case JDT_OP_REDUCE_SCATTER:
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "run: the CUDA backend has no %s yet (mesh.fsdp / mesh.tensor > 1 run "
+                           "on runtime.backend: cpu)",
+                           jdt_op_name(n->op));
     case JDT_OP_PARAM: /* not builtins: leaves, views and fused work never get here */
     case JDT_OP_INPUT:
     case JDT_OP_CONSTANT:
@@ -647,7 +653,6 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_SLICE:
     case JDT_OP_IOTA:
     case JDT_OP_CAUSAL_MASK:
-    case JDT_OP_COUNT:
         break;
     }
     return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "run: no CUDA kernel for %s",

@@ -25,43 +25,43 @@ extern const jdt_cuk_source jdt_cuk_sources[];
 extern const int jdt_cuk_n_sources;
 
 /* The builtin kernels: X(enum suffix, source file, kernel name). */
-#define JDT_CUK_KERNELS(X)                                                                        \
-    X(SOFTMAX, "cuk_rows.cu", "cuk_softmax")                                                      \
-    X(SOFTMAX_BWD, "cuk_rows.cu", "cuk_softmax_bwd")                                              \
-    X(LOG_SOFTMAX, "cuk_rows.cu", "cuk_log_softmax")                                              \
-    X(LOG_SOFTMAX_BWD, "cuk_rows.cu", "cuk_log_softmax_bwd")                                      \
-    X(SOFTMAX_XENT, "cuk_rows.cu", "cuk_softmax_xent")                                            \
-    X(SOFTMAX_XENT_BWD, "cuk_rows.cu", "cuk_softmax_xent_bwd")                                    \
-    X(NORMALIZE, "cuk_rows.cu", "cuk_normalize")                                                  \
-    X(NORMALIZE_BWD, "cuk_rows.cu", "cuk_normalize_bwd")                                          \
-    X(RMS_NORMALIZE, "cuk_rows.cu", "cuk_rms_normalize")                                          \
-    X(RMS_NORMALIZE_BWD, "cuk_rows.cu", "cuk_rms_normalize_bwd")                                  \
-    X(GATHER, "cuk_misc.cu", "cuk_gather")                                                        \
-    X(SCATTER_ADD, "cuk_misc.cu", "cuk_scatter_add")                                              \
-    X(ROPE, "cuk_misc.cu", "cuk_rope")                                                            \
-    X(FILL_ROWS, "cuk_misc.cu", "cuk_fill_rows")                                                  \
-    X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                         \
-    X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                       \
-    X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                       \
-    X(ATT_STATS_D64, "cuk_attention.cu", "cuk_att_stats_d64")                                     \
-    X(ATT_STATS_D128, "cuk_attention.cu", "cuk_att_stats_d128")                                   \
-    X(ATT_STATS_D256, "cuk_attention.cu", "cuk_att_stats_d256")                                   \
-    X(ATT_DQ_D64, "cuk_attention.cu", "cuk_att_dq_d64")                                           \
-    X(ATT_DQ_D128, "cuk_attention.cu", "cuk_att_dq_d128")                                         \
-    X(ATT_DQ_D256, "cuk_attention.cu", "cuk_att_dq_d256")                                         \
-    X(ATT_DKV_D64, "cuk_attention.cu", "cuk_att_dkv_d64")                                         \
-    X(ATT_DKV_D128, "cuk_attention.cu", "cuk_att_dkv_d128")                                       \
+#define JDT_CUK_KERNELS(X)                                                                         \
+    X(SOFTMAX, "cuk_rows.cu", "cuk_softmax")                                                       \
+    X(SOFTMAX_BWD, "cuk_rows.cu", "cuk_softmax_bwd")                                               \
+    X(LOG_SOFTMAX, "cuk_rows.cu", "cuk_log_softmax")                                               \
+    X(LOG_SOFTMAX_BWD, "cuk_rows.cu", "cuk_log_softmax_bwd")                                       \
+    X(SOFTMAX_XENT, "cuk_rows.cu", "cuk_softmax_xent")                                             \
+    X(SOFTMAX_XENT_BWD, "cuk_rows.cu", "cuk_softmax_xent_bwd")                                     \
+    X(NORMALIZE, "cuk_rows.cu", "cuk_normalize")                                                   \
+    X(NORMALIZE_BWD, "cuk_rows.cu", "cuk_normalize_bwd")                                           \
+    X(RMS_NORMALIZE, "cuk_rows.cu", "cuk_rms_normalize")                                           \
+    X(RMS_NORMALIZE_BWD, "cuk_rows.cu", "cuk_rms_normalize_bwd")                                   \
+    X(GATHER, "cuk_misc.cu", "cuk_gather")                                                         \
+    X(SCATTER_ADD, "cuk_misc.cu", "cuk_scatter_add")                                               \
+    X(ROPE, "cuk_misc.cu", "cuk_rope")                                                             \
+    X(FILL_ROWS, "cuk_misc.cu", "cuk_fill_rows")                                                   \
+    X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                          \
+    X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                        \
+    X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                        \
+    X(ATT_STATS_D64, "cuk_attention.cu", "cuk_att_stats_d64")                                      \
+    X(ATT_STATS_D128, "cuk_attention.cu", "cuk_att_stats_d128")                                    \
+    X(ATT_STATS_D256, "cuk_attention.cu", "cuk_att_stats_d256")                                    \
+    X(ATT_DQ_D64, "cuk_attention.cu", "cuk_att_dq_d64")                                            \
+    X(ATT_DQ_D128, "cuk_attention.cu", "cuk_att_dq_d128")                                          \
+    X(ATT_DQ_D256, "cuk_attention.cu", "cuk_att_dq_d256")                                          \
+    X(ATT_DKV_D64, "cuk_attention.cu", "cuk_att_dkv_d64")                                          \
+    X(ATT_DKV_D128, "cuk_attention.cu", "cuk_att_dkv_d128")                                        \
     X(ATT_DKV_D256, "cuk_attention.cu", "cuk_att_dkv_d256")
 
 typedef enum {
 #define X(e, file, name) JDT_CUK_K_##e,
     JDT_CUK_KERNELS(X)
 #undef X
-    JDT_CUK_K_COUNT
+        JDT_CUK_K_COUNT
 } jdt_cuk_kernel;
 
-#define JDT_CUK_MAX_LIBS 8   /* distinct .cu files */
-#define JDT_CUK_PLANS 64     /* cached GEMM plans */
+#define JDT_CUK_MAX_LIBS 8 /* distinct .cu files */
+#define JDT_CUK_PLANS 64   /* cached GEMM plans */
 #define JDT_CUK_WORKSPACE (32u << 20)
 
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */

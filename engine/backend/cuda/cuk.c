@@ -77,9 +77,10 @@ static jdt_status pick_target(int arch, char *target, size_t n, bool *cubin, jdt
     for (int i = 0; i < n_archs; i++)
         if (archs[i] <= arch && archs[i] > best) best = archs[i];
     if (best < 0)
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                           "GPU architecture sm_%d is older than this NVRTC supports (oldest sm_%d)",
-                           arch, n_archs > 0 ? archs[0] : 0);
+        return jdt_err_set(
+            e, JDT_ERR_UNSUPPORTED,
+            "GPU architecture sm_%d is older than this NVRTC supports (oldest sm_%d)", arch,
+            n_archs > 0 ? archs[0] : 0);
     *cubin = best == arch;
     snprintf(target, n, "%s_%d", *cubin ? "sm" : "compute", best);
     return JDT_OK;
@@ -186,7 +187,8 @@ static uint64_t source_key(int si, const char *target)
     h = jdt_hash_str(h, target);
     h = jdt_hash_str(h, jdt_cuk_sources[si].text);
     for (int i = 0; i < jdt_cuk_n_sources; i++)
-        if (i != si) h = jdt_hash_str(jdt_hash_str(h, jdt_cuk_sources[i].name), jdt_cuk_sources[i].text);
+        if (i != si)
+            h = jdt_hash_str(jdt_hash_str(h, jdt_cuk_sources[i].name), jdt_cuk_sources[i].text);
     return h;
 }
 
@@ -232,8 +234,8 @@ static void cache_write(const char *dir, const char *path, const char *code, siz
 }
 
 /* Compiles (or loads from the cache) source si for target and loads it as a library. */
-static jdt_status load_source(int si, const char *target, bool cubin,
-                              const char *cache_dir, cudaLibrary_t *lib, jdt_err *e)
+static jdt_status load_source(int si, const char *target, bool cubin, const char *cache_dir,
+                              cudaLibrary_t *lib, jdt_err *e)
 {
     char path[1024] = "";
     char *code = NULL;
@@ -273,7 +275,8 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
     *out = NULL;
     int n_dev = 0;
     cudaError_t rc = cudaGetDeviceCount(&n_dev);
-    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "no usable CUDA GPU (cudaGetDeviceCount)");
+    if (rc != cudaSuccess)
+        return jdt_cuk_cuda_err(e, rc, "no usable CUDA GPU (cudaGetDeviceCount)");
     if (n_dev == 0) return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "no CUDA GPU found");
     if (device < 0 || device >= n_dev)
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
@@ -508,8 +511,8 @@ void jdt_cuk_rms_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int6
     norm_launch2(k, JDT_CUK_K_RMS_NORMALIZE, x, y, N, C, eps);
 }
 
-void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx,
-                               int64_t N, int64_t C, float eps)
+void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
+                               int64_t C, float eps)
 {
     norm_launch3(k, JDT_CUK_K_RMS_NORMALIZE_BWD, x, dxhat, dx, N, C, eps);
 }
@@ -539,8 +542,8 @@ void jdt_cuk_scatter_add(jdt_cuk *k, const float *src, const int32_t *idx, float
     launch(k, JDT_CUK_K_SCATTER_ADD, n, C >= 256 ? 256 : 128, 0, args);
 }
 
-void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, int64_t H,
-                  int64_t D, double theta, bool inverse)
+void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
+                  double theta, bool inverse)
 {
     if (D % 2 != 0) {
         jdt_cuk_defer(k, JDT_ERR_INVALID, "rope: head size %lld is odd", (long long)D);
@@ -631,8 +634,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const fl
     int64_t ct;
     int cls = att_class(D, &ct);
     if (cls < 0) {
-        jdt_cuk_defer(k, JDT_ERR_UNSUPPORTED, "attention_bwd: head size %lld > 256",
-                      (long long)D);
+        jdt_cuk_defer(k, JDT_ERR_UNSUPPORTED, "attention_bwd: head size %lld > 256", (long long)D);
         return;
     }
     float *stats = scratch, *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;

@@ -2,8 +2,9 @@
  * cuk.h — the CUDA backend's hand-written kernels: GEMMs through cuBLASLt (TF32 tensor cores
  * for f32), the fused primitives of the IR (softmax family, cross-entropy, layer/RMS
  * normalisation, rope, gather/scatter, concat, flash-style causal attention) compiled at run
- * time by NVRTC from the .cu files of engine/backend/cuda/kernels, and NCCL collectives (libnccl loaded with
- * dlopen on first use). The CUDA backend's run loop calls these for every non-fusible node.
+ * time by NVRTC from the .cu files of engine/backend/cuda/kernels, and NCCL collectives (libnccl
+ * loaded with dlopen on first use). The CUDA backend's run loop calls these for every non-fusible
+ * node.
  *
  * Conventions: every pointer below is a device pointer; every kernel is queued on the one
  * compute stream of the context (no synchronisation, no allocation: scratch comes from the
@@ -79,12 +80,12 @@ void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t 
 void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
                            int64_t C, float eps);
 void jdt_cuk_rms_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
-void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx,
-                               int64_t N, int64_t C, float eps);
+void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
+                               int64_t C, float eps);
 
 /* y (B, T, H, D) = rotary embedding of x (see jdt_rt_rope). D must be even. */
-void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, int64_t H,
-                  int64_t D, double theta, bool inverse);
+void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
+                  double theta, bool inverse);
 
 /* Concatenation along an axis: inputs viewed as (outer, len_i*inner) rows, copied into out with
  * one strided device-to-device copy per input. `in` and `len` are host arrays (of device

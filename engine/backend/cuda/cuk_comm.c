@@ -60,11 +60,11 @@ static jdt_status nccl_load(nccl_api *a, jdt_err *e)
                            "NCCL is needed for multi-GPU training but cannot be loaded: %s",
                            dlerror());
 #define SYM(field, name)                                                                           \
-    if (!(*(void **)&a->field = dlsym(a->lib, name))) {                                             \
+    if (!(*(void **)&a->field = dlsym(a->lib, name))) {                                            \
         dlclose(a->lib);                                                                           \
         a->lib = NULL;                                                                             \
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,                                                 \
-                           "libnccl.so.2 lacks %s (NCCL 2.14 or newer is needed)", name);         \
+                           "libnccl.so.2 lacks %s (NCCL 2.14 or newer is needed)", name);          \
     }
     SYM(get_unique_id, "ncclGetUniqueId")
     SYM(init_rank_config, "ncclCommInitRankConfig")
@@ -95,9 +95,10 @@ static void nap(void)
 static jdt_status nccl_fail(jdt_cuk_comm *c, ncclResult_t r, const char *what, jdt_err *e)
 {
     const char *detail = c->comm && c->api.last_error ? c->api.last_error(c->comm) : "";
-    jdt_status s = jdt_err_set(e, JDT_ERR_NET, "NCCL %s (communicator %s, rank index %d of %d): %s%s%s",
-                               what, c->key, c->index, c->n_ranks, c->api.error_string(r),
-                               detail && *detail ? ": " : "", detail ? detail : "");
+    jdt_status s =
+        jdt_err_set(e, JDT_ERR_NET, "NCCL %s (communicator %s, rank index %d of %d): %s%s%s", what,
+                    c->key, c->index, c->n_ranks, c->api.error_string(r),
+                    detail && *detail ? ": " : "", detail ? detail : "");
     if (c->comm && !c->failed) c->api.abort(c->comm);
     c->failed = true;
     c->comm = NULL;
@@ -145,8 +146,9 @@ static jdt_status wait_ready(jdt_cuk_comm *c, double timeout_s, const char *what
             c->api.abort(c->comm);
             c->comm = NULL;
             c->failed = true;
-            return jdt_err_set(e, JDT_ERR_TIMEOUT, "NCCL %s (communicator %s): no progress in %.0f s",
-                               what, c->key, timeout_s);
+            return jdt_err_set(e, JDT_ERR_TIMEOUT,
+                               "NCCL %s (communicator %s): no progress in %.0f s", what, c->key,
+                               timeout_s);
         }
         nap();
     }
@@ -160,8 +162,8 @@ jdt_status jdt_cuk_comm_init(jdt_cuk *k, struct jdt_dist *d, const int *ranks, i
     for (int i = 0; i < n_ranks; i++)
         if (ranks[i] == me) index = i;
     if (n_ranks < 1 || index < 0)
-        return jdt_err_set(e, JDT_ERR_INVALID, "NCCL communicator %s: rank %d is not a member",
-                           key, me);
+        return jdt_err_set(e, JDT_ERR_INVALID, "NCCL communicator %s: rank %d is not a member", key,
+                           me);
     jdt_cuk_comm *c = jdt_calloc(1, sizeof *c);
     if (!c) return jdt_err_set(e, JDT_ERR_NOMEM, "NCCL communicator");
     c->k = k;
@@ -250,8 +252,7 @@ void jdt_cuk_comm_free(jdt_cuk_comm *c)
 }
 
 /* Queues the all-reduce on the communicator's stream after the compute stream's work so far. */
-static jdt_status allreduce_start(jdt_cuk_comm *c, float *buf, int64_t n, bool average,
-                                  jdt_err *e)
+static jdt_status allreduce_start(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e)
 {
     if (c->failed || !c->comm)
         return jdt_err_set(e, JDT_ERR_NET, "NCCL communicator %s has failed earlier", c->key);

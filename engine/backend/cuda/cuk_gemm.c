@@ -56,7 +56,8 @@ void jdt_cuk_gemm_free_plans(jdt_cuk *k)
 static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t ld,
                                   int64_t batch, int64_t stride)
 {
-    cublasStatus_t st = cublasLtMatrixLayoutCreate(l, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld);
+    cublasStatus_t st =
+        cublasLtMatrixLayoutCreate(l, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld);
     if (st != CUBLAS_STATUS_SUCCESS || batch == 1) return st;
     int32_t n = (int32_t)batch;
     st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n);
@@ -123,8 +124,8 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     cublasLtMatmulHeuristicResult_t res;
     int n_res = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1,
-                                            &res, &n_res);
+        st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
+                                            &n_res);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatmulAlgoGetHeuristic", key);
     if (n_res < 1) return lt_err(e, CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for", key);

@@ -116,8 +116,8 @@ static void emit_loads(jdt_sbuf *s, const jdt_nest *N, bool wide)
 }
 
 /* Recovers indices i<k> for the dims with kept[k] == want (all dims when all) from `var`. */
-static void emit_decompose(jdt_sbuf *s, const jdt_nest *N, const char *I, const char *var,
-                           bool all, bool want)
+static void emit_decompose(jdt_sbuf *s, const jdt_nest *N, const char *I, const char *var, bool all,
+                           bool want)
 {
     int last = -1;
     for (int k = 0; k < N->n; k++)
@@ -194,8 +194,8 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
             jdt_sb_printf(s,
                           "__device__ %s k%d_part[%lld]; // (S, n_out) partials\n"
                           "__device__ unsigned k%d_done[%lld]; // blocks finished per tile\n",
-                          jdt_nest_ctype(root->dtype), kernel, (long long)(rp.S * rp.n_out),
-                          kernel, (long long)rp.n_tiles);
+                          jdt_nest_ctype(root->dtype), kernel, (long long)(rp.S * rp.n_out), kernel,
+                          (long long)rp.n_tiles);
     }
     jdt_sb_printf(s, "extern \"C\" __global__ void __launch_bounds__(%d) k%d(void *const *p)\n{\n",
                   RED_THREADS, kernel);
@@ -205,7 +205,8 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         for (int k = 0; k < N.n; k++)
             total *= N.dims[k];
         int64_t blocks = (total + RED_THREADS - 1) / RED_THREADS;
-        L->grid_x = (int)(blocks < JDT_CUDA_MAX_GRID ? (blocks > 0 ? blocks : 1) : JDT_CUDA_MAX_GRID);
+        L->grid_x =
+            (int)(blocks < JDT_CUDA_MAX_GRID ? (blocks > 0 ? blocks : 1) : JDT_CUDA_MAX_GRID);
         L->block_x = RED_THREADS;
         L->block_y = 1;
         L->grid_y = 1;
@@ -286,11 +287,14 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     else
         fin[0] = 0;
     if (S > 1) {
-        jdt_sb_printf(s, "    if (ty == 0 && o < %lld) k%d_part[(%s)blockIdx.y * %lld + o] = sh[tx];\n",
-                      (long long)n_out, kernel, I, (long long)n_out);
+        jdt_sb_printf(
+            s, "    if (ty == 0 && o < %lld) k%d_part[(%s)blockIdx.y * %lld + o] = sh[tx];\n",
+            (long long)n_out, kernel, I, (long long)n_out);
         jdt_sb_printf(s, "    __threadfence();\n    __syncthreads();\n");
-        jdt_sb_printf(s, "    if (tx == 0 && ty == 0) last = atomicAdd(&k%d_done[tile], 1u) == "
-                         "gridDim.y - 1;\n    __syncthreads();\n", kernel);
+        jdt_sb_printf(s,
+                      "    if (tx == 0 && ty == 0) last = atomicAdd(&k%d_done[tile], 1u) == "
+                      "gridDim.y - 1;\n    __syncthreads();\n",
+                      kernel);
         jdt_sb_printf(s, "    if (last) {\n    if (ty == 0 && o < %lld) {\n", (long long)n_out);
         jdt_sb_printf(s, "        %s a = %s;\n", T, init);
         jdt_sb_printf(s, "        for (unsigned q = 0; q < gridDim.y; q++) {\n");
@@ -332,7 +336,7 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
         emit_group(&s, c, c->steps[i].group, k, &L[k], e, &st);
         n_k++;
     }
-    if (st == JDT_OK && s.oom) st = jdt_err_set(e, JDT_ERR_NOMEM, "codegen: source buffer");
+    if (st == JDT_OK) st = jdt_sb_status(&s, c, "cuda codegen", e);
     if (st != JDT_OK) {
         jdt_free(s.buf);
         jdt_free(L);
@@ -479,15 +483,16 @@ jdt_status jdt_cuda_emu_source(const cprog *c, char **src, jdt_cuda_launch **lau
     /* elementwise kernels (one row of threads, no barrier) run serially; reductions, which
      * synchronise, run on real threads; a reduction's grid shrinks to 2 x 2 blocks (its loops
      * stride over the tiles, its split follows gridDim.y), which keeps thread counts down */
-    jdt_sb_printf(&s,
-                  "};\nextern \"C\" int jdt_emu_launch(int k, unsigned grid, unsigned gy, "
-                  "unsigned bx, unsigned by, int sync, void *const *p)\n{\n"
-                  "    if (k < 0 || k >= %d) return -1;\n"
-                  "    if (sync) jdt_emu_run(jdt_emu_k[k], grid < 2 ? grid : 2, gy < 2 ? gy : 2, bx, "
-                  "by, p);\n"
-                  "    else jdt_emu_run_serial(jdt_emu_k[k], grid, bx, p);\n"
-                  "    return 0;\n}\n",
-                  nk);
+    jdt_sb_printf(
+        &s,
+        "};\nextern \"C\" int jdt_emu_launch(int k, unsigned grid, unsigned gy, "
+        "unsigned bx, unsigned by, int sync, void *const *p)\n{\n"
+        "    if (k < 0 || k >= %d) return -1;\n"
+        "    if (sync) jdt_emu_run(jdt_emu_k[k], grid < 2 ? grid : 2, gy < 2 ? gy : 2, bx, "
+        "by, p);\n"
+        "    else jdt_emu_run_serial(jdt_emu_k[k], grid, bx, p);\n"
+        "    return 0;\n}\n",
+        nk);
     jdt_free(cu);
     if (s.oom) {
         jdt_free(s.buf);

@@ -1,0 +1,53 @@
+/*
+ * progress.c — progress of long operations (prepare, checkpoint loads, compilation): a live
+ * line rewritten in place when stderr is a terminal, plain log lines every 10 s otherwise (SLURM
+ * logs stay readable). Silent for operations that end within 2 s.
+ */
+#include "core/core.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+void jdt_progress_begin(jdt_progress *p, const char *what, double total, const char *unit)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->what, sizeof p->what, "%s", what);
+    p->total = total;
+    p->unit = unit;
+    p->t0 = p->last = jdt_now_s();
+    p->tty = isatty(STDERR_FILENO) == 1;
+}
+
+static void line(jdt_progress *p, double done, double now, char *buf, size_t n)
+{
+    double dt = now - p->t0, rate = dt > 0 ? done / dt : 0;
+    if (p->total > 0 && rate > 0)
+        snprintf(buf, n, "%s: %.1f/%.1f %s (%.0f%%), %.1f %s/s, %.0fs elapsed, ETA %.0fs", p->what,
+                 done, p->total, p->unit, 100.0 * done / p->total, rate, p->unit, dt,
+                 (p->total - done) / rate);
+    else
+        snprintf(buf, n, "%s: %.0fs elapsed", p->what, dt);
+}
+
+void jdt_progress_update(jdt_progress *p, double done)
+{
+    double now = jdt_now_s();
+    if (jdt_log_get_level() > JDT_LOG_INFO || now - p->t0 < 2.0) return;
+    if (now - p->last < (p->tty ? 0.2 : 10.0)) return;
+    p->last = now;
+    char buf[512];
+    line(p, done, now, buf, sizeof buf);
+    if (p->tty) {
+        fprintf(stderr, "\r%s\033[K", buf);
+        p->live = true;
+    } else {
+        JDT_INFO("%s", buf);
+    }
+}
+
+void jdt_progress_end(jdt_progress *p)
+{
+    if (p->live) fprintf(stderr, "\r\033[K");
+    p->live = false;
+}

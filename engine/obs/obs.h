@@ -1,0 +1,160 @@
+/*
+ * obs.h — seeing a run: TensorBoard event files written natively (TFRecord framing with masked
+ * CRC-32C around hand-encoded Event/Summary protobufs), the MFU reference peak (measured once
+ * per machine and thread count, cached beside the compile cache, overridable), peak memory,
+ * the metrics.jsonl reader and the loss-curve plotter behind `jdt-train plot`.
+ *
+ * Depends on engine/core only (and cairo for the plotter, OpenBLAS for the peak measurement),
+ * so the training loop and cmd/ can both use it.
+ */
+#ifndef JDT_OBS_H
+#define JDT_OBS_H
+
+#include "core/core.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- CRC-32C and TFRecord framing ------------------------------------------------------------ */
+
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF) of the
+ * n bytes at data. jdt_crc32c("123456789", 9) == 0xE3069283. */
+uint32_t jdt_crc32c(const void *data, size_t n);
+
+/* The TFRecord "masked" CRC: ((crc >> 15) | (crc << 17)) + 0xA282EAD8 (mod 2^32). */
+uint32_t jdt_crc32c_mask(uint32_t crc);
+
+/* Bytes a TFRecord of an n-byte payload takes: 8 (length) + 4 + n + 4. */
+#define JDT_TFRECORD_OVERHEAD 16
+
+/* Writes one TFRecord into out (n + JDT_TFRECORD_OVERHEAD bytes, caller-owned): uint64 LE
+ * length, uint32 LE masked CRC-32C of those 8 bytes, the payload, uint32 LE masked CRC-32C of
+ * the payload. Returns the number of bytes written. */
+size_t jdt_tfrecord_frame(const void *payload, size_t n, uint8_t *out);
+
+/* ---- TensorBoard event files ---------------------------------------------------------------- */
+
+typedef struct jdt_tboard jdt_tboard;
+
+/* Creates dir/events.out.tfevents.<unix time>.<host>.<pid>.jdt (dir must exist) and writes the
+ * leading file_version "brain.Event:2" event. `tensorboard --logdir <parent of dir>` lists dir as
+ * one run. Errors: ERR_IO naming the file. *out is owned by the caller (jdt_tboard_close). */
+jdt_status jdt_tboard_open(const char *dir, jdt_tboard **out, jdt_err *e);
+
+/* Appends a scalar summary (Summary.Value.simple_value, float) under tag at step; wall time is
+ * now. Buffered: visible after jdt_tboard_flush or close. Errors: ERR_IO. */
+jdt_status jdt_tboard_scalar(jdt_tboard *tb, const char *tag, int64_t step, double value, jdt_err *e);
+
+/* Appends a text summary for TensorBoard's Text dashboard (a DT_STRING scalar tensor with
+ * plugin "text"; the dashboard renders it as Markdown). Errors: ERR_IO, ERR_NOMEM. */
+jdt_status jdt_tboard_text(jdt_tboard *tb, const char *tag, int64_t step, const char *markdown,
+                           jdt_err *e);
+
+/* Flushes buffered events to the file. Errors: ERR_IO. */
+jdt_status jdt_tboard_flush(jdt_tboard *tb, jdt_err *e);
+
+/* The event file's path (owned by tb). */
+const char *jdt_tboard_path(const jdt_tboard *tb);
+
+/* Flushes and closes; NULL is a no-op. */
+void jdt_tboard_close(jdt_tboard *tb);
+
+/* Encodes one Event {wall_time, step, summary {value {tag, simple_value}}} protobuf into buf
+ * (cap bytes). Returns the encoded size, or 0 if it does not fit. Exposed for tests. */
+size_t jdt_tboard_encode_scalar(uint8_t *buf, size_t cap, double wall_time, int64_t step,
+                                const char *tag, float value);
+
+/* ---- the MFU reference peak ----------------------------------------------------------------- */
+
+typedef struct {
+    double flops;         /* reference FLOP/s of one process (0: unknown) */
+    const char *source;   /* "runtime.peak_gflops", "cached", "measured", "measured (busy
+                             machine: not cached)", "device datasheet" */
+    bool provisional;     /* measured on a busy machine: MFU may be overstated */
+    double load_avg;      /* 1-minute load average when measured (-1: not measured here) */
+    char cache_path[1024]; /* the cache file ("" when not used) */
+} jdt_peak_ref;
+
+/* The MFU denominator for a CPU process with `threads` threads (0 = OpenMP's default):
+ * override_gflops > 0 wins; else the value cached in cache_dir/peak/<host>-t<threads>.txt;
+ * else the best of 7 1024^3 SGEMMs on `threads` OpenBLAS threads, cached only when the machine
+ * was quiet (1-minute load average + threads <= cores + 0.5) so a busy measurement is never
+ * kept. Leaves OpenBLAS's thread count at `threads`. Errors: none fatal (a failed cache write
+ * is reported through JDT_WARN); returns JDT_OK with flops > 0, or ERR_NOMEM. */
+jdt_status jdt_peak_reference(const char *cache_dir, int threads, double override_gflops,
+                              jdt_peak_ref *out, jdt_err *e);
+
+/* Best-of-n SGEMM throughput (FLOP/s) of n_rep 1024^3 products on OpenBLAS's current threads;
+ * the first run is a warm-up and not counted. 0 on allocation failure. */
+double jdt_peak_measure_sgemm(int n_rep);
+
+/* GPU hook for the CUDA backend: the dense peak FLOP/s of device `device` for the training
+ * precision (bf16 tensor cores, or TF32 for f32 math), from the device's properties or a table
+ * of datasheet numbers. This build has no device code and returns 0 ("unknown"): the CUDA
+ * backend replaces this body (keep the contract) and jdt_train_run then uses it as the MFU
+ * reference with source "device datasheet". */
+double jdt_peak_gpu_flops(int device, bool bf16);
+
+/* ---- memory ----------------------------------------------------------------------------------- */
+
+/* Peak resident set size of this process so far, in bytes (getrusage ru_maxrss). */
+int64_t jdt_obs_peak_rss_bytes(void);
+
+/* ---- metrics.jsonl reader and plots ------------------------------------------------------------ */
+
+/* One run's series as read from RUN_DIR/metrics.jsonl (see docs/observability.md). Arrays are
+ * parallel per series; x values are steps; tokens and seconds are derived per point. */
+typedef struct {
+    int64_t n;        /* points */
+    double *step;     /* (n) */
+    double *tokens;   /* (n) tokens (or samples) seen at that step; NAN when unknown */
+    double *time_s;   /* (n) wall seconds since the run started (interpolated); NAN unknown */
+    double *value;    /* (n) */
+} jdt_series;
+
+typedef enum {
+    JDT_METRIC_LOSS = 0,
+    JDT_METRIC_VAL_LOSS,
+    JDT_METRIC_LR,
+    JDT_METRIC_GRAD_NORM,
+    JDT_METRIC_TOKENS_PER_S,
+    JDT_METRIC_MFU,
+    JDT_METRIC_STEP_MS,
+    JDT_METRIC_PEAK_RSS_MB,
+    JDT_METRIC_COUNT
+} jdt_metric;
+
+/* The metrics.jsonl key of m ("loss", "val_loss", "lr", ...). */
+const char *jdt_metric_key(jdt_metric m);
+/* Looks a metrics.jsonl key up; false when it is not one of the plottable metrics. */
+bool jdt_metric_parse(const char *key, jdt_metric *out);
+
+typedef struct {
+    char name[256];                   /* the run's label: its directory's last component */
+    jdt_series s[JDT_METRIC_COUNT];
+} jdt_run_metrics;
+
+/* Reads dir/metrics.jsonl. Errors: ERR_NOT_FOUND (no metrics.jsonl: not a run directory),
+ * ERR_FORMAT naming file:line for a line that is not one JSON object of numbers. Owned by the
+ * caller: jdt_run_metrics_free. */
+jdt_status jdt_run_metrics_read(const char *dir, jdt_run_metrics *out, jdt_err *e);
+void jdt_run_metrics_free(jdt_run_metrics *r);
+
+typedef enum { JDT_PLOT_X_STEP = 0, JDT_PLOT_X_TOKENS, JDT_PLOT_X_TIME } jdt_plot_x;
+
+typedef struct {
+    const char *out_path;  /* .png or .svg (by extension) */
+    jdt_plot_x x;
+    bool log_y;            /* log scale on the loss panel */
+    int n_metrics;         /* 0: the default panels (loss + val loss, lr, tokens/s) */
+    jdt_metric metrics[JDT_METRIC_COUNT]; /* one panel each (loss also draws val loss) */
+    const char *title;     /* NULL: "jdt-train: RUN[, RUN...]" */
+} jdt_plot_opts;
+
+/* Draws the runs' curves (several runs overlaid, one colour per run, a legend) into one
+ * picture with one panel per metric, and writes it to o->out_path. Errors: ERR_INVALID (bad
+ * extension, nothing to plot: every series empty), ERR_IO naming the file. */
+jdt_status jdt_plot_render(const jdt_run_metrics *runs, int n_runs, const jdt_plot_opts *o,
+                           jdt_err *e);
+
+#endif /* JDT_OBS_H */

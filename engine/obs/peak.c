@@ -1,0 +1,142 @@
+/*
+ * peak.c — the MFU reference: what "100%" means for this process, and peak memory.
+ *
+ * A CPU has no trustworthy datasheet number (turbo, AVX clocks, SMT), so the reference is the
+ * SGEMM rate OpenBLAS reaches with the process's thread budget. Measured on a busy machine it
+ * is too low and MFU comes out above 100%, so it is measured once per (host, threads), kept
+ * only when the machine was quiet, and cached beside the compile cache; runtime.peak_gflops
+ * overrides it. See docs/observability.md.
+ */
+#include "obs/obs.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+double jdt_peak_measure_sgemm(int n_rep)
+{
+    enum { N = 1024 }; /* big enough for OpenBLAS to reach its steady-state rate */
+    float *a = jdt_malloc_aligned((size_t)N * N * sizeof(float));
+    float *b = jdt_malloc_aligned((size_t)N * N * sizeof(float));
+    float *c = jdt_malloc_aligned((size_t)N * N * sizeof(float));
+    double best = 0;
+    if (a && b && c) {
+        for (int i = 0; i < N * N; i++) a[i] = b[i] = 1e-3f * (float)(i % 97);
+        for (int r = 0; r <= n_rep; r++) { /* r = 0 warms up caches and threads */
+            double t0 = jdt_now_s();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
+            double dt = jdt_now_s() - t0;
+            double f = 2.0 * N * N * N / dt;
+            if (r > 0 && f > best) best = f;
+        }
+    }
+    jdt_free_aligned(a);
+    jdt_free_aligned(b);
+    jdt_free_aligned(c);
+    return best;
+}
+
+double jdt_peak_gpu_flops(int device, bool bf16)
+{
+    (void)device;
+    (void)bf16;
+    return 0; /* no device code in this build: see the contract in obs.h */
+}
+
+static void mkdir_parents(char *path)
+{
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(path, 0755);
+        *p = '/';
+    }
+    mkdir(path, 0755);
+}
+
+static double read_cache(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[128] = "";
+    double v = 0;
+    if (fgets(line, sizeof line, f)) {
+        char *end;
+        v = strtod(line, &end);
+        if (end == line || !isfinite(v) || v <= 0) v = 0;
+    }
+    fclose(f);
+    return v;
+}
+
+jdt_status jdt_peak_reference(const char *cache_dir, int threads, double override_gflops,
+                              jdt_peak_ref *out, jdt_err *e)
+{
+    memset(out, 0, sizeof *out);
+    out->load_avg = -1;
+    if (override_gflops > 0) {
+        out->flops = override_gflops * 1e9;
+        out->source = "runtime.peak_gflops";
+        return JDT_OK;
+    }
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    for (char *p = host; *p; p++)
+        if (*p == '/') *p = '_';
+    if (cache_dir && *cache_dir) {
+        char dir[900];
+        snprintf(dir, sizeof dir, "%s/peak", cache_dir);
+        mkdir_parents(dir);
+        snprintf(out->cache_path, sizeof out->cache_path, "%s/%s-t%d.txt", dir, host, nt);
+        double cached = read_cache(out->cache_path);
+        if (cached > 0) {
+            out->flops = cached * 1e9;
+            out->source = "cached";
+            openblas_set_num_threads(nt);
+            return JDT_OK;
+        }
+    }
+    openblas_set_num_threads(nt);
+    double loads[1] = {0};
+    bool have_load = getloadavg(loads, 1) == 1;
+    out->flops = jdt_peak_measure_sgemm(7);
+    if (out->flops <= 0) return jdt_err_set(e, JDT_ERR_NOMEM, "MFU reference: out of memory");
+    out->load_avg = have_load ? loads[0] : -1;
+    long n_cores = sysconf(_SC_NPROCESSORS_ONLN);
+    bool quiet = have_load && loads[0] + nt <= (double)n_cores + 0.5;
+    if (!quiet) {
+        out->source = "measured (busy machine: not cached)";
+        out->provisional = true;
+        return JDT_OK;
+    }
+    out->source = "measured";
+    if (out->cache_path[0]) {
+        char tmp[1100];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out->cache_path, (long)getpid());
+        FILE *f = fopen(tmp, "w");
+        bool ok = f && fprintf(f, "%.3f\n# GFLOP/s: best of 7 SGEMM 1024^3 on %d threads, host %s, "
+                                  "load %.2f of %ld cores\n",
+                               out->flops * 1e-9, nt, host, loads[0], n_cores) > 0;
+        if (f && fclose(f) != 0) ok = false;
+        if (!ok || rename(tmp, out->cache_path) != 0) {
+            JDT_WARN("could not cache the MFU reference in %s: %s", out->cache_path, strerror(errno));
+            unlink(tmp);
+            out->cache_path[0] = '\0';
+        }
+    }
+    return JDT_OK;
+}
+
+int64_t jdt_obs_peak_rss_bytes(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (int64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
+}

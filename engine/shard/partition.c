@@ -1,0 +1,575 @@
+/*
+ * partition.c — the partitioner pass (see shard.h, docs/sharding.md): walks a global forward
+ * graph in order and builds this rank's local graph. Each op has a partition rule in RULES
+ * below (enum-indexed, next to nothing else: the op's shape and VJP rules are in
+ * engine/graph/ops.c, its partition rule is here); a rule states the placements it needs of its
+ * inputs and the placement of its output, and redistribute() inserts the collective that turns
+ * one placement into another:
+ *   partial over A      -> not partial     ALL_REDUCE over the group of A
+ *   dim split over A    -> replicated dim  ALL_GATHER along that dim over A
+ *   replicated dim      -> split over A    SLICE of this rank's block (no communication)
+ */
+#include "shard/shard.h"
+
+#include "graph/builder.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const jdt_mesh *m;
+    const jdt_config_rules *rules;
+    jdt_graph *g;
+    jdt_shard_result *r;
+    jdt_err *e;
+} pctx;
+
+typedef jdt_status (*prule)(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                            jdt_tensor **out, jdt_placement *pout);
+
+static jdt_placement replicated(void)
+{
+    jdt_placement p;
+    memset(&p, 0, sizeof p);
+    return p;
+}
+
+static jdt_tensor *all_reduce_axes(pctx *c, jdt_tensor *x, unsigned axes)
+{
+    axes = jdt_mesh_live(c->m, axes);
+    if (!axes) return x;
+    c->r->n_collectives++;
+    return jdt_graph_all_reduce(c->g, x, (int)axes, 0, 1.0);
+}
+
+/* Moves local x from placement from to placement to (see the file comment). */
+static jdt_tensor *redistribute(pctx *c, jdt_tensor *x, const jdt_placement *from,
+                                const jdt_placement *to)
+{
+    if (!x) return NULL;
+    const int nd = x->shape.ndim;
+    if (from->partial & ~to->partial) x = all_reduce_axes(c, x, from->partial & ~to->partial);
+    for (int d = 0; d < nd; d++) {
+        if (from->dim[d] == to->dim[d] || !from->dim[d]) continue;
+        const int k = jdt_mesh_group_size(c->m, from->dim[d]);
+        c->r->n_collectives++;
+        x = jdt_graph_all_gather(c->g, x, from->dim[d], k, d);
+    }
+    for (int d = 0; d < nd && x; d++) {
+        if (from->dim[d] == to->dim[d] || !to->dim[d]) continue;
+        const int k = jdt_mesh_group_size(c->m, to->dim[d]);
+        const int64_t len = x->shape.dims[d] / k;
+        const int64_t at = (int64_t)jdt_mesh_group_index(c->m, to->dim[d]) * len;
+        x = jdt_graph_slice(c->g, x, d, at, at + len);
+    }
+    return x;
+}
+
+jdt_tensor *jdt_shard_replicate(const jdt_mesh *m, jdt_graph *g, jdt_tensor *x,
+                                const jdt_placement *p)
+{
+    jdt_shard_result r;
+    memset(&r, 0, sizeof r);
+    pctx c = {.m = m, .g = g, .r = &r};
+    jdt_placement to = replicated();
+    return redistribute(&c, x, p, &to);
+}
+
+/* Input i to placement want (updates in[i] and pin[i]). */
+static void want(pctx *c, jdt_tensor **in, jdt_placement *pin, int i, const jdt_placement *w)
+{
+    in[i] = redistribute(c, in[i], &pin[i], w);
+    pin[i] = *w;
+}
+
+static unsigned used_axes(const jdt_placement *p, int nd)
+{
+    unsigned u = 0;
+    for (int d = 0; d < nd; d++) u |= p->dim[d];
+    return u;
+}
+
+static jdt_shape local_of(pctx *c, const jdt_tensor *n, const jdt_placement *p)
+{
+    return jdt_shard_local_shape(c->m, &n->shape, p);
+}
+
+static jdt_tensor *emit(pctx *c, const jdt_tensor *n, jdt_tensor **in, const jdt_placement *p)
+{
+    jdt_shape s = local_of(c, n, p);
+    return jdt_graph_op(c->g, n->op, n->n_inputs, in, &n->attrs, n->dtype, &s);
+}
+
+/* ---- rules -------------------------------------------------------------------------------- */
+
+static jdt_status rule_leaf(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                            jdt_tensor **out, jdt_placement *pout)
+{
+    (void)in;
+    (void)pin;
+    *pout = replicated();
+    if (n->op == JDT_OP_CONSTANT) {
+        *out = n->data ? jdt_graph_constant(c->g, n->dtype, n->shape.ndim, n->shape.dims, n->data)
+                       : jdt_graph_full(c->g, n->dtype, n->shape.ndim, n->shape.dims, n->attrs.f[0]);
+        return JDT_OK;
+    }
+    jdt_status st = jdt_shard_leaf_placement(c->m, c->rules, n, pout, c->e);
+    if (st != JDT_OK) return st;
+    jdt_shape s = local_of(c, n, pout);
+    jdt_tensor *t;
+    if (n->flags & JDT_TENSOR_PARAM)
+        t = jdt_graph_param(c->g, n->name, n->dtype, s.ndim, s.dims, n->axes);
+    else if (n->flags & JDT_TENSOR_STATE)
+        t = jdt_graph_state(c->g, n->name, n->dtype, s.ndim, s.dims, n->axes);
+    else
+        t = jdt_graph_input(c->g, n->name, n->dtype, s.ndim, s.dims, n->axes);
+    if (t) t->data = n->data;
+    *out = t;
+    return JDT_OK;
+}
+
+/* Nullary generators (IOTA, CAUSAL_MASK): replicated. */
+static jdt_status rule_gen(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                           jdt_tensor **out, jdt_placement *pout)
+{
+    (void)pin;
+    *pout = replicated();
+    *out = jdt_graph_op(c->g, n->op, 0, in, &n->attrs, n->dtype, &n->shape);
+    return JDT_OK;
+}
+
+/* Ops linear in every input (partial sums pass through when all inputs share them). */
+static bool linear_op(jdt_op op)
+{
+    switch (op) {
+    case JDT_OP_ADD:
+    case JDT_OP_SUB:
+    case JDT_OP_NEG:
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_CAST:
+    case JDT_OP_STOP_GRADIENT:
+        return true;
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_RELU:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ABS:
+    case JDT_OP_MUL:
+    case JDT_OP_DIV:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_ADD_SCALAR:
+    case JDT_OP_POW_SCALAR:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_SELECT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_BROADCAST:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_MATMUL:
+    case JDT_OP_GATHER:
+    case JDT_OP_SCATTER_ADD:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD:
+    case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
+        return false;
+    }
+    return false;
+}
+
+/* Input i of n to placement w; when that input is a broadcast (a bias or norm weight expanded
+ * to the activation's shape), the small tensor before the broadcast is redistributed and
+ * broadcast again, instead of moving the expanded one. */
+static void want_input(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin, int i,
+                       const jdt_placement *w)
+{
+    const jdt_tensor *b = n->inputs[i];
+    if (b->op != JDT_OP_BROADCAST || memcmp(&pin[i], w, sizeof *w) == 0 || pin[i].partial != w->partial) {
+        want(c, in, pin, i, w);
+        return;
+    }
+    const jdt_tensor *x = b->inputs[0];
+    const int off = b->shape.ndim - x->shape.ndim;
+    jdt_placement wx;
+    memset(&wx, 0, sizeof wx);
+    wx.partial = w->partial;
+    for (int d = 0; d < x->shape.ndim; d++)
+        if (x->shape.dims[d] == b->shape.dims[d + off]) wx.dim[d] = w->dim[d + off];
+    jdt_tensor *xl = redistribute(c, c->r->map[x->id], &c->r->place[x->id], &wx);
+    jdt_shape s = jdt_shard_local_shape(c->m, &b->shape, w);
+    in[i] = xl ? jdt_graph_broadcast(c->g, xl, s.ndim, s.dims) : NULL;
+    pin[i] = *w;
+}
+
+/* Elementwise: the inputs of the output's shape take one common placement, built dim by dim
+ * from the first input split there (an axis at most once); DROPOUT's step stays replicated. */
+static jdt_status rule_ew(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                          jdt_tensor **out, jdt_placement *pout)
+{
+    const int nd = n->shape.ndim;
+    jdt_placement t = replicated();
+    unsigned used = 0;
+    for (int d = 0; d < nd; d++)
+        for (int i = 0; i < n->n_inputs; i++) {
+            if (n->inputs[i]->shape.ndim != nd) continue;
+            if (pin[i].dim[d] && !(pin[i].dim[d] & used)) {
+                t.dim[d] = pin[i].dim[d];
+                used |= t.dim[d];
+                break;
+            }
+        }
+    bool keep_partial = linear_op(n->op) && pin[0].partial;
+    for (int i = 1; i < n->n_inputs; i++) keep_partial = keep_partial && pin[i].partial == pin[0].partial;
+    if (keep_partial) t.partial = pin[0].partial;
+    for (int i = 0; i < n->n_inputs; i++) {
+        if (n->inputs[i]->shape.ndim != nd) {
+            jdt_placement r = replicated();
+            want(c, in, pin, i, &r);
+        } else {
+            want_input(c, n, in, pin, i, &t);
+        }
+    }
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+static jdt_status rule_broadcast(pctx *c, const jdt_tensor *n, jdt_tensor **in,
+                                 jdt_placement *pin, jdt_tensor **out, jdt_placement *pout)
+{
+    const jdt_tensor *x = n->inputs[0];
+    const int off = n->shape.ndim - x->shape.ndim;
+    jdt_placement t = replicated();
+    t.partial = pin[0].partial;
+    for (int d = 0; d < x->shape.ndim; d++)
+        if (x->shape.dims[d] == n->shape.dims[d + off]) t.dim[d + off] = pin[0].dim[d];
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+static jdt_status rule_reduce(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                              jdt_tensor **out, jdt_placement *pout)
+{
+    const jdt_tensor *x = n->inputs[0];
+    const uint32_t mask = (uint32_t)n->attrs.i[0];
+    const bool keep = n->attrs.i[1] != 0;
+    if (n->op == JDT_OP_REDUCE_MAX) { /* not linear: reduced dims whole, no partial sums */
+        jdt_placement w = pin[0];
+        w.partial = 0;
+        for (int d = 0; d < x->shape.ndim; d++)
+            if (mask & (1u << d)) w.dim[d] = 0;
+        want(c, in, pin, 0, &w);
+    }
+    jdt_placement t = replicated();
+    unsigned split = 0;
+    int o = 0;
+    for (int d = 0; d < x->shape.ndim; d++) {
+        if (mask & (1u << d)) {
+            split |= pin[0].dim[d];
+            if (keep) t.dim[o++] = 0;
+        } else {
+            t.dim[o++] = pin[0].dim[d];
+        }
+    }
+    t.partial = (uint8_t)(pin[0].partial | split);
+    *pout = t;
+    jdt_tensor *y = emit(c, n, in, pout);
+    if (split && n->op == JDT_OP_REDUCE_MEAN) /* mean of local means: 1/k of their sum */
+        y = jdt_graph_mul_scalar(c->g, y, 1.0 / (double)jdt_mesh_group_size(c->m, split));
+    *out = y;
+    return JDT_OK;
+}
+
+/* Reshape: dims are matched in groups of equal products; a split dim keeps its split when it
+ * leads its group (then the group's leading output dim takes it, if it divides), else it is
+ * gathered first. */
+static jdt_status rule_reshape(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                               jdt_tensor **out, jdt_placement *pout)
+{
+    const jdt_shape *a = &n->inputs[0]->shape, *b = &n->shape;
+    jdt_placement t = replicated(), w = pin[0];
+    t.partial = pin[0].partial;
+    int i = 0, j = 0;
+    while (i < a->ndim || j < b->ndim) {
+        /* skip size-1 dims (never split) */
+        if (i < a->ndim && a->dims[i] == 1) { i++; continue; }
+        if (j < b->ndim && b->dims[j] == 1) { j++; continue; }
+        if (i >= a->ndim || j >= b->ndim) break;
+        int i0 = i, j0 = j;
+        int64_t pa = a->dims[i++], pb = b->dims[j++];
+        while (pa != pb) {
+            if (pa < pb && i < a->ndim) pa *= a->dims[i++];
+            else if (pb < pa && j < b->ndim) pb *= b->dims[j++];
+            else break;
+        }
+        for (int k = i0; k < i; k++) {
+            if (!w.dim[k]) continue;
+            const int ways = jdt_mesh_group_size(c->m, w.dim[k]);
+            if (k == i0 && b->dims[j0] % ways == 0) t.dim[j0] = w.dim[k];
+            else w.dim[k] = 0;
+        }
+    }
+    want(c, in, pin, 0, &w);
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+static jdt_status rule_transpose(pctx *c, const jdt_tensor *n, jdt_tensor **in,
+                                 jdt_placement *pin, jdt_tensor **out, jdt_placement *pout)
+{
+    jdt_placement t = replicated();
+    t.partial = pin[0].partial;
+    for (int d = 0; d < n->shape.ndim; d++) t.dim[d] = pin[0].dim[n->attrs.i[d]];
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+/* Slice / concat: the sliced or joined axis whole; concat's inputs share one placement. */
+static jdt_status rule_axis_whole(pctx *c, const jdt_tensor *n, jdt_tensor **in,
+                                  jdt_placement *pin, jdt_tensor **out, jdt_placement *pout)
+{
+    jdt_placement t = pin[0];
+    t.dim[n->attrs.i[0]] = 0;
+    for (int i = 0; i < n->n_inputs; i++) want(c, in, pin, i, &t);
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+/*
+ * Matmul a (..., M, K) x b (..., K, N): a weight (2-D b) is gathered along any dim split over
+ * an axis that a already uses for its batch/M dims (FSDP: the weight's storage split meets the
+ * batch split); the contraction dims must be split alike (else both are gathered), and then
+ * the result is a partial sum over those axes (row-parallel); M and N keep their splits
+ * (column-parallel).
+ */
+static jdt_status rule_matmul(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                              jdt_tensor **out, jdt_placement *pout)
+{
+    const jdt_tensor *A = n->inputs[0], *B = n->inputs[1];
+    const bool ta = n->attrs.i[0] != 0, tb = n->attrs.i[1] != 0;
+    const int na = A->shape.ndim, nb = B->shape.ndim;
+    const int aK = ta ? na - 2 : na - 1, aM = ta ? na - 1 : na - 2;
+    const int bK = tb ? nb - 1 : nb - 2, bN = tb ? nb - 2 : nb - 1;
+    jdt_placement wa = pin[0], wb = pin[1];
+    wa.partial = wb.partial = 0;
+    unsigned a_rows = 0;
+    for (int d = 0; d < na; d++)
+        if (d != aK) a_rows |= wa.dim[d];
+    if (nb == 2) {
+        if (wb.dim[bK] & a_rows) wb.dim[bK] = 0;
+        if (wb.dim[bN] & a_rows) wb.dim[bN] = 0;
+    } else {
+        for (int d = 0; d < nb - 2; d++) wb.dim[d] = wa.dim[d]; /* batch dims alike */
+        if (wb.dim[bN] & (a_rows | wa.dim[aK])) wb.dim[bN] = 0;
+    }
+    if (wa.dim[aK] != wb.dim[bK]) wa.dim[aK] = wb.dim[bK] = 0;
+    if (wb.dim[bN] & wa.dim[aM]) wb.dim[bN] = 0;
+    want(c, in, pin, 0, &wa);
+    want(c, in, pin, 1, &wb);
+    jdt_placement t = replicated();
+    for (int d = 0; d < na - 2; d++) t.dim[d] = wa.dim[d];
+    t.dim[na - 2] = wa.dim[aM];
+    t.dim[na - 1] = wb.dim[bN];
+    t.partial = wa.dim[aK];
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+/* Gather rows of table (V, C) by idx: V whole; C's split must not clash with idx's. */
+static jdt_status rule_gather(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                              jdt_tensor **out, jdt_placement *pout)
+{
+    jdt_placement wt = pin[0];
+    const int ni = n->inputs[1]->shape.ndim;
+    wt.partial = 0;
+    wt.dim[0] = 0;
+    if (wt.dim[1] & used_axes(&pin[1], ni)) wt.dim[1] = 0;
+    want(c, in, pin, 0, &wt);
+    jdt_placement t = replicated();
+    for (int d = 0; d < ni; d++) t.dim[d] = pin[1].dim[d];
+    t.dim[ni] = wt.dim[1];
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+/* Row ops on the last axis (norms, softmaxes): the last axis whole, no partial sums. */
+static jdt_status rule_rows(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                            jdt_tensor **out, jdt_placement *pout)
+{
+    jdt_placement t = pin[0];
+    t.partial = 0;
+    t.dim[n->inputs[0]->shape.ndim - 1] = 0;
+    for (int i = 0; i < n->n_inputs; i++) want(c, in, pin, i, &t);
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+/* softmax_xent: logits (N, V) with V whole; targets (N) split like the logits' rows. */
+static jdt_status rule_xent(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                            jdt_tensor **out, jdt_placement *pout)
+{
+    jdt_placement wl = pin[0], wt = replicated();
+    wl.partial = 0;
+    wl.dim[1] = 0;
+    wt.dim[0] = wl.dim[0];
+    want(c, in, pin, 0, &wl);
+    want(c, in, pin, 1, &wt);
+    *pout = wt;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+/* rope (B, T, H, D): positions and pairs whole; batch and heads may stay split. */
+static jdt_status rule_rope(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
+                            jdt_tensor **out, jdt_placement *pout)
+{
+    jdt_placement t = pin[0];
+    t.partial = 0;
+    t.dim[1] = t.dim[3] = 0;
+    want(c, in, pin, 0, &t);
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+/* attention q, k, v (B, H, T, D): T and D whole; k and v split like q (batch, heads). */
+static jdt_status rule_attention(pctx *c, const jdt_tensor *n, jdt_tensor **in,
+                                 jdt_placement *pin, jdt_tensor **out, jdt_placement *pout)
+{
+    jdt_placement t = pin[0];
+    t.partial = 0;
+    t.dim[2] = t.dim[3] = 0;
+    for (int i = 0; i < 3; i++) want(c, in, pin, i, &t);
+    *pout = t;
+    *out = emit(c, n, in, pout);
+    return JDT_OK;
+}
+
+/* The partition rule of each op (NULL: the op has none yet; partitioning a graph that holds it
+ * fails naming it). Backward-only ops are absent: the partitioner runs before autodiff. */
+static const prule RULES[JDT_OP_COUNT] = {
+    [JDT_OP_PARAM] = rule_leaf,        [JDT_OP_INPUT] = rule_leaf,
+    [JDT_OP_CONSTANT] = rule_leaf,     [JDT_OP_NEG] = rule_ew,
+    [JDT_OP_EXP] = rule_ew,            [JDT_OP_LOG] = rule_ew,
+    [JDT_OP_TANH] = rule_ew,           [JDT_OP_SQRT] = rule_ew,
+    [JDT_OP_RSQRT] = rule_ew,          [JDT_OP_RELU] = rule_ew,
+    [JDT_OP_GELU] = rule_ew,           [JDT_OP_SILU] = rule_ew,
+    [JDT_OP_SIGMOID] = rule_ew,        [JDT_OP_ABS] = rule_ew,
+    [JDT_OP_ADD] = rule_ew,            [JDT_OP_SUB] = rule_ew,
+    [JDT_OP_MUL] = rule_ew,            [JDT_OP_DIV] = rule_ew,
+    [JDT_OP_MAX] = rule_ew,            [JDT_OP_MIN] = rule_ew,
+    [JDT_OP_GT] = rule_ew,             [JDT_OP_GE] = rule_ew,
+    [JDT_OP_ADD_SCALAR] = rule_ew,     [JDT_OP_MUL_SCALAR] = rule_ew,
+    [JDT_OP_POW_SCALAR] = rule_ew,     [JDT_OP_SELECT] = rule_ew,
+    [JDT_OP_CAST] = rule_ew,           [JDT_OP_STOP_GRADIENT] = rule_ew,
+    [JDT_OP_DROPOUT] = rule_ew,        [JDT_OP_BROADCAST] = rule_broadcast,
+    [JDT_OP_REDUCE_SUM] = rule_reduce, [JDT_OP_REDUCE_MAX] = rule_reduce,
+    [JDT_OP_REDUCE_MEAN] = rule_reduce, [JDT_OP_RESHAPE] = rule_reshape,
+    [JDT_OP_TRANSPOSE] = rule_transpose, [JDT_OP_SLICE] = rule_axis_whole,
+    [JDT_OP_CONCAT] = rule_axis_whole, [JDT_OP_MATMUL] = rule_matmul,
+    [JDT_OP_GATHER] = rule_gather,     [JDT_OP_IOTA] = rule_gen,
+    [JDT_OP_CAUSAL_MASK] = rule_gen,   [JDT_OP_SOFTMAX] = rule_rows,
+    [JDT_OP_LOG_SOFTMAX] = rule_rows,  [JDT_OP_SOFTMAX_XENT] = rule_xent,
+    [JDT_OP_NORMALIZE] = rule_rows,    [JDT_OP_RMS_NORMALIZE] = rule_rows,
+    [JDT_OP_ROPE] = rule_rope,         [JDT_OP_ATTENTION] = rule_attention,
+};
+_Static_assert(sizeof RULES / sizeof RULES[0] == JDT_OP_COUNT, "partition rule table size");
+
+void jdt_shard_result_free(jdt_shard_result *r)
+{
+    if (!r) return;
+    jdt_free(r->map);
+    jdt_free(r->place);
+    r->map = NULL;
+    r->place = NULL;
+}
+
+jdt_status jdt_shard_partition(const jdt_mesh *m, const jdt_config_rules *rules,
+                               const jdt_graph *src, jdt_shard_result *out, jdt_err *e)
+{
+    memset(out, 0, sizeof *out);
+    const int n = jdt_graph_n_nodes(src);
+    out->map = jdt_calloc((size_t)(n ? n : 1), sizeof *out->map);
+    out->place = jdt_calloc((size_t)(n ? n : 1), sizeof *out->place);
+    out->g = jdt_graph_new();
+    if (!out->map || !out->place || !out->g) {
+        jdt_graph_free(out->g);
+        jdt_shard_result_free(out);
+        out->g = NULL;
+        return jdt_err_set(e, JDT_ERR_NOMEM, "shard: out of memory");
+    }
+    pctx c = {.m = m, .rules = rules, .g = out->g, .r = out, .e = e};
+    jdt_status st = JDT_OK;
+    for (int i = 0; i < n && st == JDT_OK; i++) {
+        const jdt_tensor *t = jdt_graph_node(src, i);
+        prule rule = RULES[t->op];
+        if (!rule) {
+            st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "shard: %s (node %d) has no partition rule",
+                             jdt_op_name(t->op), i);
+            break;
+        }
+        jdt_tensor *in[JDT_MAX_INPUTS];
+        jdt_placement pin[JDT_MAX_INPUTS];
+        for (int k = 0; k < t->n_inputs; k++) {
+            in[k] = out->map[t->inputs[k]->id];
+            pin[k] = out->place[t->inputs[k]->id];
+        }
+        jdt_graph_set_block(out->g, t->block);
+        jdt_tensor *y = NULL;
+        st = rule(&c, t, in, pin, &y, &out->place[i]);
+        if (st != JDT_OK) break;
+        if (!y || jdt_graph_error(out->g, NULL) != JDT_OK) {
+            st = jdt_graph_error(out->g, e);
+            if (st == JDT_OK) st = jdt_err_set(e, JDT_ERR_NOMEM, "shard: out of memory");
+            jdt_err_prefix(e, "shard: partitioning %s (node %d)", jdt_op_name(t->op), i);
+            break;
+        }
+        y->flags |= t->flags & JDT_TENSOR_REMAT;
+        out->map[i] = y;
+    }
+    jdt_graph_set_block(out->g, 0);
+    if (st != JDT_OK) {
+        jdt_graph_free(out->g);
+        out->g = NULL;
+        jdt_shard_result_free(out);
+    }
+    return st;
+}

@@ -1,0 +1,545 @@
+/*
+ * hf.c — `jdt-train export CKPT --format hf OUT_DIR` (see hf.h): reads a checkpoint's params by
+ * their global names (as sample.c does), renames and re-lays them out for transformers'
+ * GPT2LMHeadModel or LlamaForCausalLM, and writes model.safetensors, config.json and the
+ * tokenizer. Layout facts (docs/interop.md):
+ *   - our linear weights are (in, out); GPT-2's Conv1D weights are (in, out) too, Llama's
+ *     nn.Linear weights are (out, in), so Llama gets transposes;
+ *   - GPT-2 packs q, k, v into one c_attn (C, 3C): columns [q | k | v];
+ *   - our RoPE rotates interleaved pairs (2i, 2i+1), HF Llama's rotate_half rotates (i, i+D/2)
+ *     with the same frequency theta^(-2i/D), so q_proj/k_proj rows are permuted per head:
+ *     our feature 2i+j becomes HF row j*D/2 + i (q.k is unchanged by a common permutation).
+ */
+#include "train/hf.h"
+
+#include "config/config.h"
+#include "datasets/bpe.h"
+#include "datasets/datasets.h"
+#include "graph/builder.h"
+#include "io/ckpt.h"
+#include "io/io-impl.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "models/models.h"
+#include "train/train.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+    jdt_model m;
+    float **params; /* [n_params] */
+    jdt_st_tensor *out;
+    void **owned; /* buffers made for the export (transposes, packs, names) */
+    int n_out, n_owned, cap;
+    const char *ckpt;
+    jdt_err *e;
+} exporter;
+
+static const float *param(exporter *x, const char *name, int64_t *d0, int64_t *d1)
+{
+    for (int i = 0; i < x->m.n_params; i++) {
+        const jdt_tensor *t = x->m.params[i].t;
+        if (strcmp(t->name, name) == 0) {
+            *d0 = t->shape.dims[0];
+            *d1 = t->shape.ndim > 1 ? t->shape.dims[1] : 1;
+            return x->params[i];
+        }
+    }
+    return NULL;
+}
+
+static float *own(exporter *x, size_t n)
+{
+    float *p = jdt_malloc(n * sizeof *p);
+    if (p) x->owned[x->n_owned++] = p;
+    return p;
+}
+
+/* Adds an output tensor; name is copied. */
+static jdt_status emit(exporter *x, const char *name, const float *data, int ndim, int64_t a, int64_t b)
+{
+    if (x->n_out == x->cap) return jdt_err_set(x->e, JDT_ERR_INTERNAL, "hf export: tensor table full");
+    char *nm = jdt_strdup(name);
+    if (!nm) return jdt_err_set(x->e, JDT_ERR_NOMEM, "hf export: out of memory");
+    x->owned[x->n_owned++] = nm;
+    jdt_st_tensor *t = &x->out[x->n_out++];
+    memset(t, 0, sizeof *t);
+    t->name = nm;
+    t->ndim = ndim;
+    t->shape[0] = a;
+    t->shape[1] = b;
+    t->data = data;
+    return JDT_OK;
+}
+
+/* Emits our param `ours` as `hf` (ours must exist). With transpose, a (R, K) weight becomes
+ * (K, R); with rope_heads > 0 the rows of the transposed weight are permuted per head from
+ * interleaved to half-split RoPE pairs. */
+static jdt_status emit_param(exporter *x, const char *ours, const char *hf, bool transpose, int64_t rope_heads)
+{
+    int64_t r, k;
+    const float *w = param(x, ours, &r, &k);
+    if (!w) return jdt_err_set(x->e, JDT_ERR_FORMAT, "%s: checkpoint has no params/%s", x->ckpt, ours);
+    bool vec = false;
+    for (int i = 0; i < x->m.n_params; i++)
+        if (strcmp(x->m.params[i].t->name, ours) == 0) vec = x->m.params[i].t->shape.ndim == 1;
+    if (vec) return emit(x, hf, w, 1, r, 0);
+    if (!transpose) return emit(x, hf, w, 2, r, k);
+    float *o = own(x, (size_t)(r * k));
+    if (!o) return jdt_err_set(x->e, JDT_ERR_NOMEM, "hf export: out of memory");
+    /* o is (k, r): o[j][i] = w[i][j], row j permuted for rope */
+    int64_t D = rope_heads > 0 ? k / rope_heads : 0;
+    for (int64_t j = 0; j < k; j++) {
+        int64_t dst = j;
+        if (rope_heads > 0) {
+            int64_t h = j / D, f = j % D, i = f / 2, b = f % 2;
+            dst = h * D + b * (D / 2) + i;
+        }
+        for (int64_t i = 0; i < r; i++) o[dst * r + i] = w[i * k + j];
+    }
+    return emit(x, hf, o, 2, k, r);
+}
+
+static jdt_status write_text(const char *path, const char *text, jdt_err *e)
+{
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
+    fputs(text, f);
+    jdt_status st = JDT_OK;
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) st = jdt_err_set(e, JDT_ERR_IO, "%s: write failed", tmp);
+    if (fclose(f) != 0 && !st) st = jdt_err_set(e, JDT_ERR_IO, "%s: close failed", tmp);
+    if (!st && rename(tmp, path) != 0) st = jdt_err_set(e, JDT_ERR_IO, "%s: rename: %s", path, strerror(errno));
+    if (st) remove(tmp);
+    return st;
+}
+
+static const char *mismatch(const jdt_config *c, bool llama)
+{
+    if (!llama) {
+        if (c->model.bias != true) return "model.bias must be true";
+        if (c->model.pos != JDT_POS_LEARNED) return "model.pos must be learned";
+        if (c->model.activation != JDT_ACT_GELU) return "model.activation must be gelu";
+        if (!c->model.tie_embeddings) return "model.tie_embeddings must be true";
+        if (jdt_config_kv_heads(c) != c->model.n_head) return "model.n_kv_head must equal n_head";
+    } else {
+        if (c->model.bias) return "model.bias must be false";
+        if (c->model.pos != JDT_POS_ROPE) return "model.pos must be rope";
+        if (c->model.activation != JDT_ACT_SWIGLU) return "model.activation must be swiglu";
+    }
+    return NULL;
+}
+
+jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char **arch_out, jdt_err *e)
+{
+    exporter x;
+    memset(&x, 0, sizeof x);
+    x.ckpt = ckpt_path;
+    x.e = e;
+    jdt_ckpt *ck = NULL;
+    jdt_graph *g = NULL;
+    jdt_config cfg;
+    bool have_cfg = false;
+    jdt_bpe *tok = NULL;
+    char *path = NULL;
+    jdt_status st = jdt_ckpt_open(ckpt_path, &ck, e);
+    if (st != JDT_OK) return st;
+    jdt_ckpt_meta meta;
+    jdt_ckpt_get_meta(ck, &meta);
+    char label[1100];
+    snprintf(label, sizeof label, "%s (stored config)", ckpt_path);
+    if ((st = jdt_config_load_string(meta.config_text, label, 0, NULL, NULL, &cfg, e)) != JDT_OK) goto out;
+    have_cfg = true;
+    if (cfg.model.type != JDT_MODEL_GPT) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: --format hf exports gpt models only", ckpt_path);
+        goto out;
+    }
+    bool llama = cfg.model.norm == JDT_NORM_RMSNORM;
+    const char *bad = mismatch(&cfg, llama);
+    if (bad) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                         "%s: this gpt maps to neither GPT2LMHeadModel nor LlamaForCausalLM: with "
+                         "model.norm %s, %s (docs/interop.md)",
+                         ckpt_path, llama ? "rmsnorm" : "layernorm", bad);
+        goto out;
+    }
+    if (!(g = jdt_graph_new())) goto oom;
+    if ((st = jdt_model_build(g, &cfg, 1, false, &x.m, e)) != JDT_OK) goto out;
+    if (!(x.params = jdt_calloc((size_t)x.m.n_params, sizeof *x.params))) goto oom;
+    for (int i = 0; i < x.m.n_params; i++) {
+        const jdt_tensor *p = x.m.params[i].t;
+        if (!(x.params[i] = jdt_malloc((size_t)jdt_shape_numel(&p->shape) * sizeof(float)))) goto oom;
+        if ((st = jdt_train_read_param(ck, p, x.params[i], e)) != JDT_OK) goto out;
+    }
+    x.cap = 16 + 16 * cfg.model.n_layer;
+    x.out = jdt_calloc((size_t)x.cap, sizeof *x.out);
+    x.owned = jdt_calloc((size_t)x.cap * 2, sizeof *x.owned);
+    if (!x.out || !x.owned) goto oom;
+
+    const int64_t L = cfg.model.n_layer, C = cfg.model.n_embd, H = cfg.model.n_head;
+    const int64_t Hkv = jdt_config_kv_heads(&cfg), D = C / H, F = (int64_t)cfg.model.mlp_ratio * C;
+    const int64_t V = cfg.model.vocab_size, T = cfg.model.seq_len;
+    char a[200], b[200];
+#define EMIT(ours, hf, tr, rope)                                                                   \
+    do {                                                                                           \
+        if ((st = emit_param(&x, ours, hf, tr, rope))) goto out;                                   \
+    } while (0)
+    if (!llama) {
+        EMIT("wte", "transformer.wte.weight", false, 0);
+        EMIT("wpe", "transformer.wpe.weight", false, 0);
+        for (int64_t l = 0; l < L; l++) {
+            static const char *const map[][2] = {
+                {"ln1.w", "ln_1.weight"},          {"ln1.b", "ln_1.bias"},
+                {"attn.o.w", "attn.c_proj.weight"}, {"attn.o.b", "attn.c_proj.bias"},
+                {"ln2.w", "ln_2.weight"},          {"ln2.b", "ln_2.bias"},
+                {"mlp.fc.w", "mlp.c_fc.weight"},   {"mlp.fc.b", "mlp.c_fc.bias"},
+                {"mlp.proj.w", "mlp.c_proj.weight"}, {"mlp.proj.b", "mlp.c_proj.bias"},
+            };
+            for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
+                snprintf(a, sizeof a, "blocks.%lld.%s", (long long)l, map[k][0]);
+                snprintf(b, sizeof b, "transformer.h.%lld.%s", (long long)l, map[k][1]);
+                EMIT(a, b, false, 0);
+            }
+            /* c_attn: (C, 3C) = [q | k | v] along columns; bias likewise */
+            float *w = own(&x, (size_t)(C * 3 * C)), *bias = own(&x, (size_t)(3 * C));
+            if (!w || !bias) goto oom;
+            const char *qkv[3] = {"q", "k", "v"};
+            for (int s = 0; s < 3; s++) {
+                int64_t r, k;
+                snprintf(a, sizeof a, "blocks.%lld.attn.%s.w", (long long)l, qkv[s]);
+                const float *pw = param(&x, a, &r, &k);
+                snprintf(a, sizeof a, "blocks.%lld.attn.%s.b", (long long)l, qkv[s]);
+                const float *pb = param(&x, a, &r, &k);
+                if (!pw || !pb) {
+                    st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: checkpoint lacks %s", ckpt_path, a);
+                    goto out;
+                }
+                for (int64_t i = 0; i < C; i++) memcpy(w + i * 3 * C + s * C, pw + i * C, (size_t)C * sizeof *w);
+                memcpy(bias + s * C, pb, (size_t)C * sizeof *bias);
+            }
+            snprintf(b, sizeof b, "transformer.h.%lld.attn.c_attn.weight", (long long)l);
+            if ((st = emit(&x, b, w, 2, C, 3 * C))) goto out;
+            snprintf(b, sizeof b, "transformer.h.%lld.attn.c_attn.bias", (long long)l);
+            if ((st = emit(&x, b, bias, 1, 3 * C, 0))) goto out;
+        }
+        EMIT("ln_f.w", "transformer.ln_f.weight", false, 0);
+        EMIT("ln_f.b", "transformer.ln_f.bias", false, 0);
+    } else {
+        EMIT("wte", "model.embed_tokens.weight", false, 0);
+        for (int64_t l = 0; l < L; l++) {
+            static const struct {
+                const char *ours, *hf;
+                int rope; /* 1: q heads, 2: kv heads */
+            } map[] = {
+                {"ln1.w", "input_layernorm.weight", 0},      {"attn.q.w", "self_attn.q_proj.weight", 1},
+                {"attn.k.w", "self_attn.k_proj.weight", 2},  {"attn.v.w", "self_attn.v_proj.weight", 0},
+                {"attn.o.w", "self_attn.o_proj.weight", 0},  {"ln2.w", "post_attention_layernorm.weight", 0},
+                {"mlp.gate.w", "mlp.gate_proj.weight", 0},   {"mlp.up.w", "mlp.up_proj.weight", 0},
+                {"mlp.down.w", "mlp.down_proj.weight", 0},
+            };
+            for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
+                snprintf(a, sizeof a, "blocks.%lld.%s", (long long)l, map[k].ours);
+                snprintf(b, sizeof b, "model.layers.%lld.%s", (long long)l, map[k].hf);
+                EMIT(a, b, true, map[k].rope == 1 ? H : map[k].rope == 2 ? Hkv : 0);
+            }
+        }
+        EMIT("ln_f.w", "model.norm.weight", false, 0);
+        if (!cfg.model.tie_embeddings) EMIT("head", "lm_head.weight", true, 0);
+    }
+#undef EMIT
+    if ((st = jdt_io_mkdir_p(out_dir, e))) goto out;
+    size_t pl = strlen(out_dir) + 32;
+    if (!(path = jdt_malloc(pl))) goto oom;
+    snprintf(path, pl, "%s/model.safetensors", out_dir);
+    static const char *const meta_kv[] = {"format", "pt", "producer", "jdt-train"};
+    if ((st = jdt_st_write(path, x.out, x.n_out, meta_kv, 2, e))) goto out;
+
+    int bos = -1;
+    if (cfg.data.tokenizer == JDT_TOKENIZER_BPE) {
+        if ((st = jdt_prep_bpe_for_run(cfg.data.train_path, cfg.data.tokenizer_path, &tok, e))) goto out;
+        snprintf(path, pl, "%s/tokenizer.json", out_dir);
+        if ((st = jdt_bpe_save(tok, path, e))) goto out;
+        bos = jdt_bpe_special_id(tok, "<|endoftext|>");
+        if (bos < 0) bos = jdt_bpe_special_id(tok, "<|begin_of_text|>");
+    }
+    char *cj = NULL;
+    size_t cl = 0;
+    FILE *mf = open_memstream(&cj, &cl);
+    if (!mf) goto oom;
+    const char *arch = llama ? "LlamaForCausalLM" : "GPT2LMHeadModel";
+    fprintf(mf, "{\n  \"architectures\": [\"%s\"],\n", arch);
+    if (!llama) {
+        fprintf(mf,
+                "  \"model_type\": \"gpt2\",\n  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n"
+                "  \"n_ctx\": %lld,\n  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n"
+                "  \"n_inner\": %lld,\n  \"activation_function\": \"gelu_new\",\n"
+                "  \"layer_norm_epsilon\": %.9g,\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n"
+                "  \"attn_pdrop\": 0.0,\n  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": true,\n",
+                (long long)V, (long long)T, (long long)T, (long long)C, (long long)L, (long long)H,
+                (long long)F, cfg.model.norm_eps);
+    } else {
+        fprintf(mf,
+                "  \"model_type\": \"llama\",\n  \"vocab_size\": %lld,\n  \"hidden_size\": %lld,\n"
+                "  \"intermediate_size\": %lld,\n  \"num_hidden_layers\": %lld,\n"
+                "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": %lld,\n"
+                "  \"max_position_embeddings\": %lld,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.9g,\n"
+                "  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
+                "  \"mlp_bias\": false,\n  \"attention_dropout\": 0.0,\n  \"tie_word_embeddings\": %s,\n",
+                (long long)V, (long long)C, (long long)F, (long long)L, (long long)H, (long long)Hkv,
+                (long long)D, (long long)T, cfg.model.norm_eps, cfg.model.rope_theta,
+                cfg.model.tie_embeddings ? "true" : "false");
+    }
+    if (bos >= 0) fprintf(mf, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", bos, bos);
+    fprintf(mf, "  \"torch_dtype\": \"float32\",\n  \"jdt_tokenizer\": \"%s\"\n}\n",
+            cfg.data.tokenizer == JDT_TOKENIZER_BPE ? "bpe" : "byte");
+    fclose(mf);
+    snprintf(path, pl, "%s/config.json", out_dir);
+    st = write_text(path, cj, e);
+    free(cj);
+    if (st) goto out;
+    if (arch_out) *arch_out = arch;
+    st = JDT_OK;
+    goto out;
+oom:
+    st = jdt_err_set(e, JDT_ERR_NOMEM, "hf export: out of memory");
+out:
+    for (int i = 0; i < x.n_owned; i++) jdt_free(x.owned[i]);
+    jdt_free(x.owned);
+    jdt_free(x.out);
+    if (x.params)
+        for (int i = 0; i < x.m.n_params; i++) jdt_free(x.params[i]);
+    jdt_free(x.params);
+    jdt_free(path);
+    jdt_bpe_free(tok);
+    jdt_graph_free(g);
+    if (have_cfg) jdt_config_free(&cfg);
+    jdt_ckpt_close(ck);
+    return st;
+}
+
+/* ---- import: checkpoint.init_from ----------------------------------------------------------- */
+
+typedef struct {
+    char hf[200];
+    bool transpose;
+    int64_t rope_heads;
+    int slot; /* GPT-2 c_attn: 0 q, 1 k, 2 v; -1 otherwise */
+} src_map;
+
+/* Where our param `ours` comes from in an HF checkpoint; false if it has no source. */
+static bool map_name(const jdt_config *c, bool llama, const char *ours, src_map *m)
+{
+    memset(m, 0, sizeof *m);
+    m->slot = -1;
+    long l = -1;
+    const char *rest = ours;
+    if (strncmp(ours, "blocks.", 7) == 0) {
+        char *end;
+        l = strtol(ours + 7, &end, 10);
+        if (*end != '.') return false;
+        rest = end + 1;
+    }
+    if (!llama) {
+        static const char *const top[][2] = {{"wte", "transformer.wte.weight"}, {"wpe", "transformer.wpe.weight"},
+                                             {"ln_f.w", "transformer.ln_f.weight"}, {"ln_f.b", "transformer.ln_f.bias"}};
+        static const char *const blk[][2] = {
+            {"ln1.w", "ln_1.weight"},          {"ln1.b", "ln_1.bias"},     {"attn.o.w", "attn.c_proj.weight"},
+            {"attn.o.b", "attn.c_proj.bias"},  {"ln2.w", "ln_2.weight"},   {"ln2.b", "ln_2.bias"},
+            {"mlp.fc.w", "mlp.c_fc.weight"},   {"mlp.fc.b", "mlp.c_fc.bias"}, {"mlp.proj.w", "mlp.c_proj.weight"},
+            {"mlp.proj.b", "mlp.c_proj.bias"},
+        };
+        if (l < 0) {
+            for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+                if (strcmp(ours, top[i][0]) == 0) return snprintf(m->hf, sizeof m->hf, "%s", top[i][1]) > 0;
+            return false;
+        }
+        for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
+            if (strcmp(rest, blk[i][0]) == 0)
+                return snprintf(m->hf, sizeof m->hf, "transformer.h.%ld.%s", l, blk[i][1]) > 0;
+        if (strncmp(rest, "attn.", 5) == 0 && (rest[5] == 'q' || rest[5] == 'k' || rest[5] == 'v') && rest[6] == '.') {
+            m->slot = rest[5] == 'q' ? 0 : rest[5] == 'k' ? 1 : 2;
+            snprintf(m->hf, sizeof m->hf, "transformer.h.%ld.attn.c_attn.%s", l, rest[7] == 'w' ? "weight" : "bias");
+            return true;
+        }
+        return false;
+    }
+    if (l < 0) {
+        if (strcmp(ours, "wte") == 0) return snprintf(m->hf, sizeof m->hf, "model.embed_tokens.weight") > 0;
+        if (strcmp(ours, "ln_f.w") == 0) return snprintf(m->hf, sizeof m->hf, "model.norm.weight") > 0;
+        if (strcmp(ours, "head") == 0) {
+            m->transpose = true;
+            return snprintf(m->hf, sizeof m->hf, "lm_head.weight") > 0;
+        }
+        return false;
+    }
+    static const struct {
+        const char *ours, *hf;
+        int rope;
+    } blk[] = {
+        {"ln1.w", "input_layernorm.weight", 0},     {"attn.q.w", "self_attn.q_proj.weight", 1},
+        {"attn.k.w", "self_attn.k_proj.weight", 2}, {"attn.v.w", "self_attn.v_proj.weight", 0},
+        {"attn.o.w", "self_attn.o_proj.weight", 0}, {"ln2.w", "post_attention_layernorm.weight", 0},
+        {"mlp.gate.w", "mlp.gate_proj.weight", 0},  {"mlp.up.w", "mlp.up_proj.weight", 0},
+        {"mlp.down.w", "mlp.down_proj.weight", 0},
+    };
+    for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
+        if (strcmp(rest, blk[i].ours) == 0) {
+            m->transpose = blk[i].ours[strlen(blk[i].ours) - 1] == 'w' && strncmp(blk[i].ours, "ln", 2) != 0;
+            m->rope_heads = blk[i].rope == 1 ? c->model.n_head : blk[i].rope == 2 ? jdt_config_kv_heads(c) : 0;
+            return snprintf(m->hf, sizeof m->hf, "model.layers.%ld.%s", l, blk[i].hf) > 0;
+        }
+    return false;
+}
+
+/* Checks config.json against cfg: every dimension must agree. */
+static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool llama, jdt_err *e)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    jdt_json_doc *doc = NULL;
+    jdt_status st = jdt_json_parse_file(p, &doc, e);
+    if (st) return st;
+    const jdt_json *r = jdt_json_root(doc);
+    const char *mt = jdt_json_str(jdt_json_get(r, "model_type"));
+    const char *want_mt = llama ? "llama" : "gpt2";
+    if (!mt || strcmp(mt, want_mt) != 0) {
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: model_type '%s' but this config's gpt maps to '%s' (model.norm %s)",
+                         p, mt ? mt : "?", want_mt, llama ? "rmsnorm" : "layernorm");
+        goto out;
+    }
+    const struct {
+        const char *key, *ours;
+        int64_t want;
+    } dims[] = {
+        {"vocab_size", "model.vocab_size", c->model.vocab_size},
+        {llama ? "hidden_size" : "n_embd", "model.n_embd", c->model.n_embd},
+        {llama ? "num_hidden_layers" : "n_layer", "model.n_layer", c->model.n_layer},
+        {llama ? "num_attention_heads" : "n_head", "model.n_head", c->model.n_head},
+        {llama ? "num_key_value_heads" : "n_head", "model.n_kv_head", jdt_config_kv_heads(c)},
+        {llama ? "intermediate_size" : "n_inner", "model.mlp_ratio * n_embd", (int64_t)c->model.mlp_ratio * c->model.n_embd},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        int64_t v;
+        if (!jdt_json_int(jdt_json_get(r, dims[i].key), 0, INT64_MAX / 2, &v) || v != dims[i].want) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: %s is %s but %s is %lld", p, dims[i].key,
+                             jdt_json_get(r, dims[i].key) ? "different" : "missing", dims[i].ours,
+                             (long long)dims[i].want);
+            goto out;
+        }
+    }
+    if (!llama) {
+        int64_t v;
+        if (!jdt_json_int(jdt_json_get(r, "n_positions"), 0, INT64_MAX / 2, &v) || v < c->model.seq_len) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: n_positions is below model.seq_len %d", p, c->model.seq_len);
+            goto out;
+        }
+    }
+out:
+    jdt_json_doc_free(doc);
+    return st;
+}
+
+static jdt_status read_hf_param(jdt_st_file *sf, const char *dir, const jdt_config *c, bool llama,
+                                const char *ours, const jdt_shape *shape, float *dst, jdt_err *e)
+{
+    src_map m;
+    if (!map_name(c, llama, ours, &m))
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: no Hugging Face tensor maps to our param '%s'", dir, ours);
+    int i = jdt_st_find(sf, m.hf);
+    if (i < 0) return jdt_err_set(e, JDT_ERR_FORMAT, "%s/model.safetensors: no tensor '%s' (for '%s')", dir, m.hf, ours);
+    jdt_st_tensor info = jdt_st_info(sf, i);
+    int64_t r = shape->dims[0], k = shape->ndim > 1 ? shape->dims[1] : 1;
+    int64_t want0 = m.transpose ? k : r, want1 = m.transpose ? r : k;
+    if (m.slot >= 0) want1 = shape->ndim > 1 ? 3 * k : 0, want0 = shape->ndim > 1 ? r : 3 * r;
+    bool ok = info.ndim == shape->ndim && info.shape[0] == want0 && (info.ndim == 1 || info.shape[1] == want1);
+    if (!ok)
+        return jdt_err_set(e, JDT_ERR_FORMAT, "%s/model.safetensors: '%s' has shape (%lld%s%lld), expected (%lld, %lld) for '%s'",
+                           dir, m.hf, (long long)info.shape[0], info.ndim > 1 ? ", " : "",
+                           info.ndim > 1 ? (long long)info.shape[1] : 0LL, (long long)want0, (long long)want1, ours);
+    int64_t n = info.shape[0] * (info.ndim > 1 ? info.shape[1] : 1);
+    float *buf = jdt_malloc((size_t)n * sizeof *buf);
+    if (!buf) return jdt_err_set(e, JDT_ERR_NOMEM, "init_from: out of memory");
+    jdt_status st = jdt_st_read(sf, i, buf, e);
+    if (st == JDT_OK) {
+        if (m.slot >= 0 && shape->ndim > 1) {
+            for (int64_t a = 0; a < r; a++) memcpy(dst + a * k, buf + a * 3 * k + m.slot * k, (size_t)k * sizeof *dst);
+        } else if (m.slot >= 0) {
+            memcpy(dst, buf + m.slot * r, (size_t)r * sizeof *dst);
+        } else if (!m.transpose || shape->ndim == 1) {
+            memcpy(dst, buf, (size_t)n * sizeof *dst);
+        } else { /* buf is (k, r), rows permuted for rope: inverse of emit_param */
+            int64_t D = m.rope_heads > 0 ? k / m.rope_heads : 0;
+            for (int64_t j = 0; j < k; j++) {
+                int64_t src = j;
+                if (m.rope_heads > 0) {
+                    int64_t h = j / D, f = j % D;
+                    src = h * D + (f % 2) * (D / 2) + f / 2;
+                }
+                for (int64_t a = 0; a < r; a++) dst[a * k + j] = buf[src * r + a];
+            }
+        }
+    }
+    jdt_free(buf);
+    return st;
+}
+
+jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *path, jdt_err *e)
+{
+    char st_path[1100];
+    snprintf(st_path, sizeof st_path, "%s/model.safetensors", path);
+    bool hf = jdt_io_is_file(st_path);
+    jdt_st_file *sf = NULL;
+    jdt_ckpt *ck = NULL;
+    char *ckpt = NULL;
+    jdt_status st = JDT_OK;
+    bool llama = c->model.norm == JDT_NORM_RMSNORM;
+    if (hf) {
+        const char *bad = c->model.type == JDT_MODEL_GPT ? mismatch(c, llama) : "model.type must be gpt";
+        if (bad)
+            return jdt_err_set(e, JDT_ERR_CONFIG, "checkpoint.init_from %s: a Hugging Face model needs a gpt that maps "
+                               "to GPT2LMHeadModel or LlamaForCausalLM: %s", path, bad);
+        if ((st = check_hf_config(path, c, llama, e)) || (st = jdt_st_open(st_path, &sf, e))) goto out;
+    } else {
+        if (jdt_ckpt_find_latest(path, &ckpt, NULL, NULL) != JDT_OK || !ckpt) {
+            jdt_free(ckpt);
+            if (!(ckpt = jdt_strdup(path))) return jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
+        }
+        if ((st = jdt_ckpt_open(ckpt, &ck, e))) {
+            if (st == JDT_ERR_NOT_FOUND)
+                st = jdt_err_set(e, JDT_ERR_NOT_FOUND,
+                                 "checkpoint.init_from %s: neither a jdt checkpoint nor a directory with model.safetensors",
+                                 path);
+            goto out;
+        }
+    }
+    int n = jdt_step_n_tensors(step);
+    for (int i = 0; i < n && st == JDT_OK; i++) {
+        const char *name;
+        float *data;
+        jdt_shape shape;
+        jdt_step_tensor(step, i, &name, &data, &shape);
+        if (strncmp(name, "params/", 7) != 0) continue;
+        if (hf) {
+            st = read_hf_param(sf, path, c, llama, name + 7, &shape, data, e);
+        } else {
+            jdt_ckpt_tensor want;
+            memset(&want, 0, sizeof want);
+            want.name = name;
+            want.dtype = JDT_DTYPE_F32;
+            want.ndim = shape.ndim;
+            for (int d = 0; d < shape.ndim; d++) want.shape[d] = shape.dims[d];
+            st = jdt_ckpt_read(ck, &want, data, e);
+        }
+    }
+out:
+    jdt_st_close(sf);
+    jdt_ckpt_close(ck);
+    jdt_free(ckpt);
+    return st;
+}

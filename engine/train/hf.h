@@ -1,0 +1,36 @@
+/*
+ * hf.h — Hugging Face interop (prefix jdt_hf_): a jdt checkpoint of a gpt model exported as a
+ * transformers model directory (model.safetensors + config.json + tokenizer.json).
+ *
+ * Two architectures map exactly (docs/interop.md has the tensor-by-tensor mapping):
+ *   GPT2LMHeadModel  — norm layernorm, bias true, pos learned, activation gelu (tanh form =
+ *                      HF "gelu_new"), tie_embeddings true, n_kv_head = n_head;
+ *   LlamaForCausalLM — norm rmsnorm, bias false, pos rope, activation swiglu (GQA allowed,
+ *                      tied or untied head).
+ * Any other combination is ERR_UNSUPPORTED naming the key that does not fit.
+ */
+#ifndef JDT_TRAIN_HF_H
+#define JDT_TRAIN_HF_H
+
+#include "core/core.h"
+
+/* Writes out_dir/model.safetensors (F32), out_dir/config.json and, when the run used a BPE
+ * tokenizer, out_dir/tokenizer.json, from the checkpoint at ckpt_path (a step directory).
+ * out_dir is created if missing; files land by temp file + rename. On success *arch (if not
+ * NULL) names the transformers class. Errors: the checkpoint's (ERR_NOT_FOUND, ERR_FORMAT),
+ * ERR_UNSUPPORTED (model does not map; the message says which key), ERR_IO, ERR_NOMEM. */
+jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char **arch, jdt_err *e);
+
+struct jdt_step;
+struct jdt_config;
+/* checkpoint.init_from: fills every "params/<name>" tensor of step from path, which is either
+ * a Hugging Face directory (model.safetensors + config.json, as jdt_hf_export writes them or
+ * as transformers saves GPT2LMHeadModel / LlamaForCausalLM in F32/F16/BF16) or a jdt checkpoint
+ * (a step directory or a run's checkpoint folder: its newest). Optimizer state is left as it
+ * is (fresh). config.json must agree with cfg on every dimension; the message names the key
+ * that does not. Errors: ERR_NOT_FOUND, ERR_FORMAT, ERR_CONFIG (mismatch), ERR_UNSUPPORTED,
+ * ERR_IO, ERR_NOMEM. */
+jdt_status jdt_hf_init_from(struct jdt_step *step, const struct jdt_config *cfg, const char *path,
+                            jdt_err *e);
+
+#endif /* JDT_TRAIN_HF_H */

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# fault_resources.sh — resource limits before allocation (issue 11, item 4): a 99,999-layer
+# config is refused in well under a second (a 20 s timeout bounds a hang) with the memory it
+# needs and what to change; a plan whose exact arena exceeds the memory available (here an
+# address-space limit, ulimit -v) is refused before the arena is allocated.
+set -uo pipefail
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
+fail() { echo "FAIL: $*"; exit 1; }
+export JDT_RUNTIME_CACHE_DIR="$TMP/cache"
+
+for cmd in "" inspect; do
+  timeout 20 "$BIN" $cmd configs/tiny.yaml model.n_layer=99999 run.out_dir="$TMP/runs" >/dev/null 2>"$TMP/err"; rc=$?
+  [ $rc -eq 124 ] && fail "${cmd:-train} of 99,999 layers still running after 20 s"
+  [ $rc -eq 1 ] || { cat "$TMP/err"; fail "${cmd:-train} of 99,999 layers: exit $rc, expected 1"; }
+  grep -qE "the plan needs at least [0-9.]+ GiB \(5e\+09 parameters.* is available \((MemAvailable|cgroup|address-space).*: use a smaller model" "$TMP/err" ||
+    { cat "$TMP/err"; fail "no figure or advice"; }
+  [ "$(grep -c error "$TMP/err")" -eq 1 ] || fail "more than one error line"
+done
+
+# the estimate (2.6 GiB, a lower bound) passes under a 3.2 GB limit; the exact plan (3.4 GiB
+# of intermediates) does not, and is refused before allocating
+(ulimit -v 3300000; exec "$BIN" inspect configs/tiny.yaml model.seq_len=65536) >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] || { cat "$TMP/err"; fail "seq_len 65536 under ulimit -v: exit $rc, expected 1"; }
+grep -qE "compile: the plan needs [0-9.]+ MiB for intermediates but [0-9.]+ MiB is available \(address-space limit, ulimit -v\): use a smaller data.micro_batch_size" "$TMP/err" ||
+  { cat "$TMP/err"; fail "arena refusal message"; }
+echo "99,999 layers refused at once; an arena over the limit refused before allocation"

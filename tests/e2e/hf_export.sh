@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# hf_export.sh — end to end: `jdt-train export CKPT --format hf OUT_DIR` for a GPT-2-style gpt
+# (GPT2LMHeadModel) and a Llama-style one (rmsnorm + rope + swiglu, GQA, untied head:
+# LlamaForCausalLM). The `safetensors` package (numpy API) reads model.safetensors; an
+# independent numpy implementation of transformers' two models (tests/e2e/hf_ref.py) greedy-
+# decodes from the exported files and must produce exactly the tokens `jdt-train sample
+# --temperature 0` produces from the checkpoint (40 tokens, past the 32-token window); where
+# transformers + torch import, hf_ref.py also compares logits within 1e-4. A BPE run exports
+# its tokenizer.json. Bad input: a model that maps to neither, an unknown --format, a missing
+# checkpoint each give one line and the right exit code.
+set -uo pipefail
+BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:-$PWD}
+BUILD=$(cd "$(dirname "$BIN")" && pwd)
+fail() { echo "FAIL: $*"; exit 1; }
+expect() { local want=$1; shift; "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  [ "$rc" -eq "$want" ] || { cat "$TMP/out" "$TMP/err" | tail -n 20; fail "'$*' exited $rc, expected $want"; }; }
+export JDT_RUNTIME_CACHE_DIR="$TMP/cache"
+VENV=$BUILD/pyvenv
+if ! "$VENV/bin/python" -c "import safetensors, numpy, tokenizers" 2>/dev/null; then
+  python3 -m venv "$VENV" >/dev/null 2>&1 || { echo "SKIP: python3 -m venv failed"; exit 77; }
+  "$VENV/bin/pip" install -q tokenizers tiktoken safetensors numpy h5py >"$TMP/pip.log" 2>&1 ||
+    { echo "SKIP: PyPI unreachable (pip install safetensors failed: $(tail -1 "$TMP/pip.log"))"; exit 77; }
+fi
+PY=$VENV/bin/python
+O="run.out_dir=$TMP/runs"
+
+check_model() { # name, overrides...
+  local name=$1; shift
+  expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name="$name" run.steps=2 run.eval_every=0 model.init_std=0.3 "$@"
+  expect 0 "$BIN" export "$TMP/runs/$name/ckpt" --format hf "$TMP/hf_$name"
+  grep -q "exported" "$TMP/out" || fail "$name: no export line"
+  expect 0 "$BIN" sample "$TMP/runs/$name/ckpt" --prompt "ab" --length 40 --temperature 0
+  local ours; ours=$(head -c 42 "$TMP/out" | od -An -tu1 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+  "$PY" "$ROOT/tests/e2e/hf_ref.py" "$TMP/hf_$name" 40 97 98 >"$TMP/ref" 2>"$TMP/referr" ||
+    { cat "$TMP/referr"; fail "$name: hf_ref.py failed"; }
+  [ "97 98 $(cat "$TMP/ref")" = "$ours" ] || fail "$name: greedy tokens differ: jdt [$ours] vs HF-semantics numpy [97 98 $(cat "$TMP/ref")]"
+  echo "$name: $(grep -o '"architectures": \[[^]]*\]' "$TMP/hf_$name/config.json"), 40 greedy tokens identical; $(tail -1 "$TMP/referr")"
+}
+check_model gpt2
+check_model llama model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu \
+  model.n_kv_head=2 model.tie_embeddings=false model.rope_theta=500
+check_model llama_tied model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu
+
+# a BPE run exports its tokenizer, and tokenizers loads it
+head -c 300000 /usr/share/games/fortunes/fortunes > "$TMP/small.txt"
+cat > "$TMP/bpe.yaml" <<YAML
+base_config: $ROOT/configs/tiny.yaml
+model: {vocab_size: 300}
+data: {format: tokens, source: $TMP/small.txt, train_path: $TMP/bpedata, val_path: $TMP/bpedata, tokenizer: bpe}
+run: {out_dir: $TMP/runs, name: bpe, steps: 2, eval_every: 0}
+YAML
+expect 0 "$BIN" prepare "$TMP/bpe.yaml"
+expect 0 "$BIN" "$TMP/bpe.yaml"
+expect 0 "$BIN" export "$TMP/runs/bpe/ckpt" --format hf "$TMP/hf_bpe"
+cmp -s "$TMP/bpedata/tokenizer.json" "$TMP/hf_bpe/tokenizer.json" || fail "tokenizer.json not exported"
+"$PY" -c "
+import json, sys
+from tokenizers import Tokenizer
+t = Tokenizer.from_file('$TMP/hf_bpe/tokenizer.json')
+c = json.load(open('$TMP/hf_bpe/config.json'))
+assert c['eos_token_id'] == t.token_to_id('<|endoftext|>') == 299, c
+assert t.decode(t.encode('Hello world').ids) == 'Hello world'
+" || fail "exported tokenizer"
+echo "bpe: tokenizer.json exported, ids agree with config.json"
+
+# checkpoint.init_from: a run started from the export (or from the jdt checkpoint) continues at
+# the same loss: with lr 0 for one step its val loss equals the source's to 4 decimals
+LL="model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu model.n_kv_head=2 model.tie_embeddings=false"
+for arch in gpt2 llama; do
+  A=""; [ $arch = llama ] && A=$LL
+  # shellcheck disable=SC2086
+  expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=src_$arch run.steps=30 run.eval_every=0 $A
+  expect 0 "$BIN" export "$TMP/runs/src_$arch/ckpt" --format hf "$TMP/hfsrc_$arch"
+  expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=src_$arch $A
+  want=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
+  # the same weights as written by the safetensors package itself (its own header layout)
+  mkdir -p "$TMP/hfpy_$arch" && cp "$TMP/hfsrc_$arch/config.json" "$TMP/hfpy_$arch/"
+  "$PY" -c "from safetensors.numpy import load_file, save_file
+save_file(dict(reversed(list(load_file('$TMP/hfsrc_$arch/model.safetensors').items()))), '$TMP/hfpy_$arch/model.safetensors', metadata={'format': 'np'})" ||
+    fail "safetensors re-save"
+  for from in "$TMP/hfsrc_$arch" "$TMP/hfpy_$arch" "$TMP/runs/src_$arch/ckpt"; do
+    expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=ft_$arch run.steps=1 run.eval_every=0 \
+      optimizer.lr=0 checkpoint.resume=none checkpoint.init_from="$from" $A
+    grep -q "initialised params from" "$TMP/err" || fail "no init_from line"
+    expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=ft_$arch $A
+    got=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
+    [ "$got" = "$want" ] || fail "$arch init_from $from: val loss $got, source $want"
+    rm -rf "$TMP/runs/ft_$arch"
+  done
+  expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=fresh_$arch run.steps=1 run.eval_every=0 optimizer.lr=0 $A
+  expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=fresh_$arch $A
+  fresh=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
+  [ "$fresh" != "$want" ] || fail "a fresh model has the trained model's loss: the check proves nothing"
+  echo "init_from ($arch): export, its safetensors-package copy and the checkpoint all continue at val loss $want (fresh model: $fresh)"
+done
+expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hfsrc_gpt2" model.n_layer=3
+[ "$(grep -c "error" "$TMP/err")" -eq 1 ] && grep -q "n_layer" "$TMP/err" || { cat "$TMP/err"; fail "init_from mismatch message"; }
+expect 1 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/nothing"
+[ "$(grep -c "error" "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "init_from missing: not one line"; }
+
+# bad input
+expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=relu run.steps=1 run.eval_every=0 model.activation=relu
+expect 1 "$BIN" export "$TMP/runs/relu/ckpt" --format hf "$TMP/hf_relu"
+[ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "model.activation must be gelu" "$TMP/err" || { cat "$TMP/err"; fail "unmappable model message"; }
+expect 2 "$BIN" export "$TMP/runs/gpt2/ckpt" --format onnx "$TMP/x"
+grep -q "only hf" "$TMP/err" || fail "unknown format message"
+expect 2 "$BIN" export "$TMP/runs/gpt2/ckpt" "$TMP/x"
+expect 1 "$BIN" export "$TMP/nope" --format hf "$TMP/x"
+[ "$(wc -l < "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "missing checkpoint: not one line"; }
+echo "hf_export: ok"

@@ -1,0 +1,141 @@
+"""hf_ref.py — the Python side of tests/e2e/hf_export.sh: reads an exported Hugging Face
+directory with the `safetensors` package (numpy API) and config.json, checks names, shapes
+and dtypes against what transformers expects for the architecture, then runs the model with a
+numpy implementation written from transformers' GPT2LMHeadModel / LlamaForCausalLM code
+(Conv1D (in, out) weights, gelu_new, LayerNorm; rotate_half RoPE, RMSNorm, SiLU-gated MLP,
+GQA by repeating kv heads) and greedy-decodes LENGTH tokens after PROMPT_IDS.
+
+  hf_ref.py DIR LENGTH ID [ID ...]   prints the generated ids, space-separated
+
+Where `transformers` and `torch` import, the same is done with
+AutoModelForCausalLM.from_pretrained(DIR) and the logits of both are compared (1e-4).
+"""
+import json
+import sys
+
+import numpy as np
+from safetensors.numpy import load_file
+
+
+def layer_norm(x, w, b, eps):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(v + eps) * w + b
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def attention(q, k, v):  # (H, T, D) each
+    T, D = q.shape[1], q.shape[2]
+    s = q @ k.transpose(0, 2, 1) / np.sqrt(D)
+    s = s + np.triu(np.full((T, T), -np.inf), 1)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return (s / s.sum(-1, keepdims=True)) @ v
+
+
+def gpt2_logits(W, c, ids):
+    T, C, H = len(ids), c["n_embd"], c["n_head"]
+    D = C // H
+    x = W["transformer.wte.weight"][ids] + W["transformer.wpe.weight"][:T]
+    for l in range(c["n_layer"]):
+        p = "transformer.h.%d." % l
+        a = layer_norm(x, W[p + "ln_1.weight"], W[p + "ln_1.bias"], c["layer_norm_epsilon"])
+        qkv = a @ W[p + "attn.c_attn.weight"] + W[p + "attn.c_attn.bias"]
+        q, k, v = (qkv[:, i * C:(i + 1) * C].reshape(T, H, D).transpose(1, 0, 2) for i in range(3))
+        o = attention(q, k, v).transpose(1, 0, 2).reshape(T, C)
+        x = x + o @ W[p + "attn.c_proj.weight"] + W[p + "attn.c_proj.bias"]
+        m = layer_norm(x, W[p + "ln_2.weight"], W[p + "ln_2.bias"], c["layer_norm_epsilon"])
+        m = gelu_new(m @ W[p + "mlp.c_fc.weight"] + W[p + "mlp.c_fc.bias"])
+        x = x + m @ W[p + "mlp.c_proj.weight"] + W[p + "mlp.c_proj.bias"]
+    x = layer_norm(x, W["transformer.ln_f.weight"], W["transformer.ln_f.bias"], c["layer_norm_epsilon"])
+    return x @ W["transformer.wte.weight"].T
+
+
+def rope(x, theta):  # (H, T, D), HF rotate_half convention
+    H, T, D = x.shape
+    inv = 1.0 / theta ** (np.arange(0, D, 2) / D)
+    ang = np.arange(T)[:, None] * inv[None, :]
+    cos = np.concatenate([np.cos(ang)] * 2, -1)
+    sin = np.concatenate([np.sin(ang)] * 2, -1)
+    rot = np.concatenate([-x[..., D // 2:], x[..., :D // 2]], -1)
+    return x * cos + rot * sin
+
+
+def llama_logits(W, c, ids):
+    T, C, H, Hkv = len(ids), c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    D = c.get("head_dim", C // H)
+    x = W["model.embed_tokens.weight"][ids]
+    for l in range(c["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        a = rms_norm(x, W[p + "input_layernorm.weight"], c["rms_norm_eps"])
+        q = (a @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, D).transpose(1, 0, 2)
+        k = (a @ W[p + "self_attn.k_proj.weight"].T).reshape(T, Hkv, D).transpose(1, 0, 2)
+        v = (a @ W[p + "self_attn.v_proj.weight"].T).reshape(T, Hkv, D).transpose(1, 0, 2)
+        q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+        k, v = np.repeat(k, H // Hkv, 0), np.repeat(v, H // Hkv, 0)
+        o = attention(q, k, v).transpose(1, 0, 2).reshape(T, H * D)
+        x = x + o @ W[p + "self_attn.o_proj.weight"].T
+        m = rms_norm(x, W[p + "post_attention_layernorm.weight"], c["rms_norm_eps"])
+        g = m @ W[p + "mlp.gate_proj.weight"].T
+        u = m @ W[p + "mlp.up_proj.weight"].T
+        x = x + (g / (1 + np.exp(-g)) * u) @ W[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, W["model.norm.weight"], c["rms_norm_eps"])
+    head = W["model.embed_tokens.weight"] if c["tie_word_embeddings"] else W["lm_head.weight"]
+    return x @ head.T
+
+
+def main():
+    d, length, ids = sys.argv[1], int(sys.argv[2]), [int(t) for t in sys.argv[3:]]
+    c = json.load(open(d + "/config.json"))
+    W = {k: v.astype(np.float64) for k, v in load_file(d + "/model.safetensors").items()}
+    raw = load_file(d + "/model.safetensors")
+    assert all(v.dtype == np.float32 for v in raw.values())
+    arch = c["architectures"][0]
+    if arch == "GPT2LMHeadModel":
+        C, F = c["n_embd"], c["n_inner"]
+        assert W["transformer.h.0.attn.c_attn.weight"].shape == (C, 3 * C)
+        assert W["transformer.h.0.mlp.c_fc.weight"].shape == (C, F)
+        assert "lm_head.weight" not in W  # tied
+        n_expect = 2 + 2 + 12 * c["n_layer"]
+        fwd = gpt2_logits
+    else:
+        C, H, Hkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+        D = c["head_dim"]
+        assert W["model.layers.0.self_attn.k_proj.weight"].shape == (Hkv * D, C)
+        assert W["model.layers.0.mlp.down_proj.weight"].shape == (C, c["intermediate_size"])
+        n_expect = 1 + 1 + 9 * c["num_hidden_layers"] + (0 if c["tie_word_embeddings"] else 1)
+        fwd = llama_logits
+    assert len(W) == n_expect, (len(W), n_expect, sorted(W)[:5])
+    T = c.get("n_positions", c.get("max_position_embeddings"))
+    out = []
+    ctx = list(ids)
+    for _ in range(length):
+        logits = fwd(W, c, ctx[-T:])
+        nxt = int(np.argmax(logits[-1]))
+        out.append(nxt)
+        ctx.append(nxt)
+    print(" ".join(map(str, out)))
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except Exception as ex:  # noqa: BLE001
+        print("transformers/torch not importable (%s): numpy reference only" % type(ex).__name__,
+              file=sys.stderr)
+        return
+    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = model(torch.tensor([ctx[-T:]])).logits[0].double().numpy()
+    want = fwd(W, c, ctx[-T:])
+    err = float(np.abs(got - want).max())
+    assert err < 1e-4, "transformers logits differ by %g" % err
+    print("transformers %s logits match within %.2g" % (arch, err), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# obs_tensorboard.sh — a tiny run writes TensorBoard events and metrics that TensorBoard's own
+# event reader (the `tensorboard` PyPI package, in a venv cached under build/tb-venv) reads back
+# with every metric, and `jdt-train plot` draws the run to a non-trivial PNG.
+# Skips (77) with a reason only when the venv cannot be created or PyPI cannot be reached.
+set -uo pipefail
+cd "$JDT_TMP"
+fail() { echo "FAIL: $*"; exit 1; }
+"$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs" run.steps=8 run.log_every=2 \
+  run.eval_every=4 > log 2>&1 || { cat log; fail "training failed"; }
+grep -q "MFU reference:" log || fail "no MFU reference line"
+grep -q "peak RSS" log || fail "no peak RSS in the progress line"
+ev=$(ls runs/tiny/events.out.tfevents.* 2>/dev/null | head -1)
+[ -n "$ev" ] || fail "no event file"
+grep -q '"peak_rss_mb"' runs/tiny/metrics.jsonl || fail "no peak_rss_mb in metrics.jsonl"
+"$JDT_BIN" plot runs/tiny -o tiny.png > /dev/null || fail "plot failed"
+[ "$(stat -c %s tiny.png)" -gt 20000 ] || fail "tiny.png is too small to be a plot"
+"$JDT_BIN" plot runs/nope -o x.png 2>err; [ $? -eq 1 ] || fail "plot of a missing run: want exit 1"
+grep -q "metrics.jsonl" err || fail "plot error does not name the file"
+
+VENV="$JDT_ROOT/build/tb-venv"
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import tensorboard" 2>/dev/null; then
+  python3 -m venv "$VENV" > /dev/null 2>&1 || { echo "SKIP: python3 -m venv failed"; exit 77; }
+  "$VENV/bin/pip" install -q tensorboard > pip.log 2>&1 || { echo "SKIP: pip cannot install tensorboard (PyPI unreachable?)"; tail -2 pip.log; exit 77; }
+fi
+"$VENV/bin/python" - "$ev" <<'PY' || fail "TensorBoard's reader rejected the event file"
+import sys
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.backend.event_processing import event_accumulator as ea
+tags = {}
+n = 0
+for ev in EventFileLoader(sys.argv[1]).Load():   # checks the framing and both CRCs
+    n += 1
+    for v in ev.summary.value:
+        tags.setdefault(v.tag, []).append((ev.step, v))
+assert n > 10, n
+want = ["loss/train", "loss/val", "optim/lr", "optim/grad_norm", "perf/tokens_per_s",
+        "perf/mfu_percent", "perf/step_ms", "perf/data_wait_ms", "memory/peak_rss_mb", "config"]
+missing = [t for t in want if t not in tags]
+assert not missing, missing
+assert len(tags["loss/train"]) == 8, len(tags["loss/train"])
+acc = ea.EventAccumulator(sys.argv[1].rsplit("/", 1)[0]); acc.Reload()
+losses = [s.value for s in acc.Scalars("loss/train")]
+assert 1 < losses[0] < 20 and losses[-1] < losses[0], losses
+assert "model" in acc.Tensors("config")[0].tensor_proto.string_val[0].decode()
+print("tensorboard read", n, "events;", len(tags), "tags; loss", losses[0], "->", losses[-1])
+PY
+echo ok

@@ -1,0 +1,314 @@
+/*
+ * check_shard.c — unit tests for engine/shard: mesh coordinates (tensor innermost) and process
+ * groups, -1 fill-in and mesh errors, MaxText rule semantics (first rule that fits, an axis at
+ * most once per tensor, non-divisible dims named), block copies, the partitioner's collectives
+ * for fsdp and tensor meshes, and the ALL_GATHER / REDUCE_SCATTER ops' layouts and VJPs in the
+ * interpreter and the compiled program (one process standing in for a group of two identical
+ * members).
+ */
+#include "autodiff/autodiff.h"
+#include "compile/compile.h"
+#include "graph/builder.h"
+#include "graph/interp.h"
+#include "models/models.h"
+#include "shard/shard.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+START_TEST(test_mesh_coords_and_groups)
+{
+    jdt_mesh m;
+    jdt_err e;
+    const int sizes[3] = {2, 3, 2}; /* data, fsdp, tensor */
+    ck_assert_int_eq(jdt_mesh_init(&m, sizes, 12, 7, &e), JDT_OK);
+    /* 7 = (d * 3 + f) * 2 + t -> d 1, f 0, t 1 */
+    ck_assert_int_eq(m.coord[0], 1);
+    ck_assert_int_eq(m.coord[1], 0);
+    ck_assert_int_eq(m.coord[2], 1);
+    int r[12];
+    jdt_mesh_group_ranks(&m, 1u << JDT_MESH_TENSOR, r); /* consecutive: tensor innermost */
+    ck_assert_int_eq(jdt_mesh_group_size(&m, 1u << JDT_MESH_TENSOR), 2);
+    ck_assert_int_eq(r[0], 6);
+    ck_assert_int_eq(r[1], 7);
+    jdt_mesh_group_ranks(&m, 1u << JDT_MESH_FSDP, r);
+    ck_assert_int_eq(r[0], 7);
+    ck_assert_int_eq(r[1], 9);
+    ck_assert_int_eq(r[2], 11);
+    ck_assert_int_eq(jdt_mesh_group_index(&m, 1u << JDT_MESH_FSDP), 0);
+    unsigned df = (1u << JDT_MESH_DATA) | (1u << JDT_MESH_FSDP);
+    ck_assert_int_eq(jdt_mesh_group_size(&m, df), 6);
+    jdt_mesh_group_ranks(&m, df, r);
+    const int want[6] = {1, 3, 5, 7, 9, 11};
+    for (int i = 0; i < 6; i++) ck_assert_int_eq(r[i], want[i]);
+    ck_assert_int_eq(jdt_mesh_group_index(&m, df), 3);
+    ck_assert_int_eq(jdt_mesh_live(&m, 7u), 7u);
+}
+END_TEST
+
+START_TEST(test_mesh_fill_and_errors)
+{
+    jdt_mesh m;
+    jdt_err e;
+    const int fill[3] = {2, -1, 1};
+    ck_assert_int_eq(jdt_mesh_init(&m, fill, 8, 0, &e), JDT_OK);
+    ck_assert_int_eq(m.size[1], 4);
+    const int two[3] = {-1, -1, 1};
+    ck_assert_int_eq(jdt_mesh_init(&m, two, 4, 0, &e), JDT_ERR_CONFIG);
+    ck_assert(strstr(e.msg, "both -1"));
+    const int bad[3] = {3, 1, 1};
+    ck_assert_int_eq(jdt_mesh_init(&m, bad, 2, 0, &e), JDT_ERR_CONFIG);
+    ck_assert(strstr(e.msg, "3 devices, but the job has 2"));
+    ck_assert_int_eq(jdt_mesh_init(&m, fill, 7, 0, &e), JDT_ERR_CONFIG);
+    ck_assert(strstr(e.msg, "not a multiple"));
+}
+END_TEST
+
+static jdt_config_rule rule(const char *logical, int n, jdt_mesh_axis a, jdt_mesh_axis b)
+{
+    jdt_config_rule r;
+    memset(&r, 0, sizeof r);
+    r.logical = (char *)logical;
+    r.n_mesh_axes = n;
+    r.mesh_axes[0] = a;
+    r.mesh_axes[1] = b;
+    return r;
+}
+
+START_TEST(test_rules_first_fit)
+{
+    jdt_mesh m;
+    jdt_err e;
+    const int sizes[3] = {1, 2, 2};
+    ck_assert_int_eq(jdt_mesh_init(&m, sizes, 4, 0, &e), JDT_OK);
+    /* mlp -> tensor first, then mlp -> fsdp: a (mlp, mlp) tensor gets tensor on dim 0 and, the
+     * tensor axis being used, fsdp on dim 1 */
+    jdt_config_rule rs[3] = {rule("mlp", 1, JDT_MESH_TENSOR, 0), rule("mlp", 1, JDT_MESH_FSDP, 0),
+                             rule("embed", 0, 0, 0)};
+    jdt_config_rules rules = {3, rs};
+    jdt_graph *g = jdt_graph_new();
+    const int64_t d[2] = {8, 6};
+    const char *ax[2] = {"mlp", "mlp"};
+    jdt_tensor *w = jdt_graph_param(g, "w", JDT_DTYPE_F32, 2, d, ax);
+    jdt_placement p;
+    ck_assert_int_eq(jdt_shard_leaf_placement(&m, &rules, w, &p, &e), JDT_OK);
+    ck_assert_int_eq(p.dim[0], 1u << JDT_MESH_TENSOR);
+    ck_assert_int_eq(p.dim[1], 1u << JDT_MESH_FSDP);
+    jdt_shape l = jdt_shard_local_shape(&m, &w->shape, &p);
+    ck_assert_int_eq(l.dims[0], 4);
+    ck_assert_int_eq(l.dims[1], 3);
+    /* embed -> null: replicated; an unnamed dim: replicated */
+    const char *ax2[2] = {"embed", NULL};
+    jdt_tensor *v = jdt_graph_param(g, "v", JDT_DTYPE_F32, 2, d, ax2);
+    ck_assert_int_eq(jdt_shard_leaf_placement(&m, &rules, v, &p, &e), JDT_OK);
+    ck_assert_int_eq(p.dim[0], 0);
+    ck_assert_int_eq(p.dim[1], 0);
+    /* a dim that does not divide: one line naming tensor, dim and axis */
+    const int64_t odd[2] = {8, 5};
+    const char *ax3[2] = {"embed", "mlp"};
+    jdt_tensor *u = jdt_graph_param(g, "blocks.0.u", JDT_DTYPE_F32, 2, odd, ax3);
+    ck_assert_int_eq(jdt_shard_leaf_placement(&m, &rules, u, &p, &e), JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "tensor 'blocks.0.u' dim 1 (mlp, size 5) does not split over mesh "
+                                "axis tensor (2 ways)"), "%s", e.msg);
+    jdt_graph_free(g);
+}
+END_TEST
+
+START_TEST(test_copy_block)
+{
+    jdt_mesh m;
+    jdt_err e;
+    const int sizes[3] = {1, 2, 2};
+    ck_assert_int_eq(jdt_mesh_init(&m, sizes, 4, 3, &e), JDT_OK); /* f 1, t 1 */
+    jdt_shape s = {2, {4, 6}};
+    jdt_placement p;
+    memset(&p, 0, sizeof p);
+    p.dim[0] = 1u << JDT_MESH_TENSOR;
+    p.dim[1] = 1u << JDT_MESH_FSDP;
+    float src[24], dst[6];
+    for (int i = 0; i < 24; i++) src[i] = (float)i;
+    jdt_shard_copy_block(&m, &s, &p, src, dst);
+    /* rows 2..3, cols 3..5 */
+    const float want[6] = {15, 16, 17, 21, 22, 23};
+    for (int i = 0; i < 6; i++) ck_assert(dst[i] == want[i]);
+    ck_assert_int_eq(jdt_shard_local_offset(&m, &s, &p, 0), 2);
+    ck_assert_int_eq(jdt_shard_local_offset(&m, &s, &p, 1), 3);
+}
+END_TEST
+
+static int count_op(const jdt_graph *g, jdt_op op, int group)
+{
+    int n = 0;
+    for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
+        const jdt_tensor *t = jdt_graph_node(g, i);
+        if (t->op == op && (group < 0 || t->attrs.i[0] == group)) n++;
+    }
+    return n;
+}
+
+/* parameters of the last partition_tiny model with an `embed` dim (the default rules shard
+ * those over fsdp; norm weights carry `norm` and stay replicated) */
+static int g_embed_params;
+
+static void partition_tiny(const char *mesh_fsdp, const char *mesh_tensor, jdt_graph **out_g,
+                           jdt_config *c)
+{
+    char *ovr[4] = {(char *)mesh_fsdp, (char *)mesh_tensor, (char *)"dist.world_size=2", NULL};
+    jdt_err e;
+    ck_assert_msg(jdt_config_load("configs/tiny.yaml", 3, ovr, NULL, c, &e) == JDT_OK, "%s", e.msg);
+    jdt_mesh m;
+    const int sizes[3] = {c->mesh.data, c->mesh.fsdp, c->mesh.tensor};
+    ck_assert_int_eq(jdt_mesh_init(&m, sizes, 2, 0, &e), JDT_OK);
+    jdt_graph *g = jdt_graph_new();
+    jdt_model md;
+    ck_assert_int_eq(jdt_model_build(g, c, 8, true, &md, &e), JDT_OK);
+    g_embed_params = 0;
+    for (int i = 0; i < md.n_params; i++) {
+        const jdt_tensor *p = md.params[i].t;
+        bool embed = false;
+        for (int k = 0; k < p->shape.ndim; k++)
+            embed = embed || (p->axes[k] && strcmp(p->axes[k], "embed") == 0);
+        g_embed_params += embed;
+    }
+    jdt_shard_result r;
+    ck_assert_msg(jdt_shard_partition(&m, &c->sharding.rules, g, &r, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(jdt_graph_error(r.g, &e), JDT_OK);
+    ck_assert_int_eq(r.map[md.x->id]->shape.dims[0], c->mesh.fsdp == 2 ? 4 : 8);
+    jdt_shard_result_free(&r);
+    jdt_graph_free(g);
+    *out_g = r.g;
+}
+
+START_TEST(test_partition_fsdp_and_tensor)
+{
+    jdt_config c;
+    jdt_graph *g;
+    const int F = 1 << JDT_MESH_FSDP, T = 1 << JDT_MESH_TENSOR;
+    /* fsdp=2: every weight with an embed dim is gathered for use (at least once each); no
+     * all-reduce at all (the loss stays partial) */
+    partition_tiny("mesh.fsdp=2", "mesh.tensor=1", &g, &c);
+    ck_assert_int_gt(g_embed_params, 10);
+    ck_assert_int_ge(count_op(g, JDT_OP_ALL_GATHER, F), g_embed_params);
+    ck_assert_int_eq(count_op(g, JDT_OP_ALL_REDUCE, -1), 0);
+    ck_assert_int_eq(count_op(g, JDT_OP_ALL_GATHER, T), 0);
+    /* autodiff turns every gather into a reduce-scatter */
+    jdt_graph_free(g);
+    jdt_config_free(&c);
+    /* tensor=2: per block two row-parallel all-reduces (attn o, mlp proj), no gathers of
+     * weights (vocab replicated by default) */
+    partition_tiny("mesh.fsdp=1", "mesh.tensor=2", &g, &c);
+    ck_assert_int_eq(count_op(g, JDT_OP_ALL_REDUCE, T), 2 * c.model.n_layer);
+    ck_assert_int_eq(count_op(g, JDT_OP_ALL_GATHER, -1), 0);
+    jdt_graph_free(g);
+    jdt_config_free(&c);
+}
+END_TEST
+
+/* A group of two identical members: gather repeats this member's part, scatter-sum doubles
+ * member 0's part (this process plays index 0). */
+static int g_calls;
+static jdt_status twin_collective(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
+                                  size_t n, jdt_err *e)
+{
+    (void)ctx, (void)group, (void)e;
+    ck_assert_int_eq(dt, JDT_DTYPE_F32);
+    float *f = buf;
+    g_calls++;
+    if (kind == JDT_COLL_ALLGATHER)
+        for (size_t i = 0; i < n / 2; i++) f[n / 2 + i] = f[i];
+    else if (kind == JDT_COLL_REDUCE_SCATTER)
+        for (size_t i = 0; i < n / 2; i++) f[i] *= 2.0f;
+    else
+        for (size_t i = 0; i < n; i++) f[i] *= 2.0f;
+    return JDT_OK;
+}
+
+START_TEST(test_gather_scatter_ops)
+{
+    /* y = all_gather(p, axis 1) (2, 3) -> (2, 6); z = reduce_scatter(y * w, axis 1) -> (2, 3);
+     * loss = sum(z). dL/dp = reduce_scatter(all_gather(1) * w) over the twin group. */
+    for (int jit = 0; jit < 2; jit++) {
+        jdt_graph *g = jdt_graph_new();
+        const int64_t d[2] = {2, 3}, d6[2] = {2, 6};
+        jdt_tensor *p = jdt_graph_param(g, "p", JDT_DTYPE_F32, 2, d, NULL);
+        jdt_tensor *w = jdt_graph_input(g, "w", JDT_DTYPE_F32, 2, d6, NULL);
+        jdt_tensor *y = jdt_graph_all_gather(g, p, 1, 2, 1);
+        ck_assert_int_eq(y->shape.dims[1], 6);
+        jdt_tensor *z = jdt_graph_reduce_scatter(g, jdt_graph_mul(g, y, w), 1, 2, 1, 0.5);
+        ck_assert_int_eq(z->shape.dims[1], 3);
+        jdt_tensor *loss = jdt_graph_reduce_sum(g, z, 3u, false), *grad = NULL;
+        jdt_err e;
+        ck_assert_int_eq(jdt_autodiff_grad(g, loss, 1, &p, &grad, &e), JDT_OK);
+        jdt_graph_add_output(g, y);
+        jdt_graph_add_output(g, z);
+        jdt_graph_add_output(g, grad);
+        float pv[6] = {1, 2, 3, 4, 5, 6}, wv[12];
+        for (int i = 0; i < 12; i++) wv[i] = (float)(i + 1);
+        p->data = pv;
+        w->data = wv;
+        const float *yv, *zv, *gv;
+        jdt_program *prog = NULL;
+        jdt_interp *it = NULL;
+        char cache[] = "/tmp/jdt-check-shard-XXXXXX";
+        ck_assert_ptr_nonnull(mkdtemp(cache));
+        g_calls = 0;
+        if (jit) {
+            jdt_compile_opts o;
+            jdt_compile_opts_init(&o);
+            o.cache_dir = cache;
+            o.collective = twin_collective;
+            ck_assert_msg(jdt_program_compile(g, &o, &prog, &e) == JDT_OK, "%s", e.msg);
+            ck_assert_msg(jdt_program_run(prog, &e) == JDT_OK, "%s", e.msg);
+            yv = jdt_program_output(prog, 0);
+            zv = jdt_program_output(prog, 1);
+            gv = jdt_program_output(prog, 2);
+        } else {
+            ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
+            jdt_interp_set_collective(it, twin_collective, NULL);
+            ck_assert_msg(jdt_interp_run(it, &e) == JDT_OK, "%s", e.msg);
+            yv = jdt_interp_value(it, y);
+            zv = jdt_interp_value(it, z);
+            gv = jdt_interp_value(it, grad);
+        }
+        ck_assert_int_eq(g_calls, 4); /* gather, scatter; backward: gather, scatter */
+        /* y rows: [p row, p row] */
+        const float yw[12] = {1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6};
+        for (int i = 0; i < 12; i++) ck_assert(fabsf(yv[i] - yw[i]) < 1e-6f);
+        /* z = 0.5 * 2 * (y * w)[:, :3] (member 0's part summed over two twins) */
+        for (int r = 0; r < 2; r++)
+            for (int k = 0; k < 3; k++)
+                ck_assert(fabsf(zv[r * 3 + k] - yw[r * 6 + k] * wv[r * 6 + k]) < 1e-5f);
+        /* dz = 1 -> dy = 0.5 * gather(1) = 0.5 everywhere -> d(y*w)/dy -> 0.5 w ->
+         * reduce_scatter (twins): 2 * 0.5 * w[:, :3] = w[:, :3] */
+        for (int r = 0; r < 2; r++)
+            for (int k = 0; k < 3; k++) ck_assert(fabsf(gv[r * 3 + k] - wv[r * 6 + k]) < 1e-5f);
+        jdt_program_free(prog);
+        jdt_interp_free(it);
+        jdt_graph_free(g);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("shard");
+    TCase *tc = tcase_create("shard");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_mesh_coords_and_groups);
+    tcase_add_test(tc, test_mesh_fill_and_errors);
+    tcase_add_test(tc, test_rules_first_fit);
+    tcase_add_test(tc, test_copy_block);
+    tcase_add_test(tc, test_partition_fsdp_and_tensor);
+    tcase_add_test(tc, test_gather_scatter_ops);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
