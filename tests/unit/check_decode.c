@@ -122,7 +122,8 @@ static void check_variant(const char *label, int n_over, char **over, bool jit)
     fixture f;
     fixture_init(&f, n_over, over, jit);
     const int T = f.cfg.model.seq_len, V = f.cfg.model.vocab_size;
-    int32_t toks[64];
+    int32_t toks[64] = {0};
+    ck_assert_int_le(T, 64);
     for (int t = 0; t < T; t++)
         toks[t] = (int32_t)((t * 17 + 5) % V);
     const float *full = full_forward(&f, toks, T);
@@ -134,7 +135,7 @@ static void check_variant(const char *label, int n_over, char **over, bool jit)
     ck_assert_msg(jdt_decoder_new(&f.cfg, &f.m, f.data, 3, 2, &d, &e) == JDT_OK, "%s: %s", label,
                   e.msg);
     float *lg = malloc((size_t)T * V * sizeof(float));
-    int seqs[64];
+    int seqs[64] = {0};
 
     /* (a) one prefill of all T tokens into sequence 1: every row's logits */
     for (int t = 0; t < T; t++)
@@ -153,7 +154,7 @@ static void check_variant(const char *label, int n_over, char **over, bool jit)
 
     /* (b) a short prefill then one token at a time into sequence 0, interleaved with a
      * second sequence (2) in the same calls: rows of several sequences share one call */
-    int32_t other[64];
+    int32_t other[64] = {0};
     for (int t = 0; t < T; t++)
         other[t] = (int32_t)((t * 7 + 3) % V);
     const int P = 5;
@@ -178,7 +179,7 @@ static void check_variant(const char *label, int n_over, char **over, bool jit)
     ck_assert_msg(diff < 1e-4, "%s: second sequence: %g", label, diff);
 
     /* (c) greedy: the same tokens from a 3-token prompt to the end of the window */
-    int32_t ga[64], gb[64];
+    int32_t ga[64] = {0}, gb[64] = {0};
     memcpy(ga, toks, 3 * sizeof *ga);
     memcpy(gb, toks, 3 * sizeof *gb);
     for (int n = 3; n < T; n++)
