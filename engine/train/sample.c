@@ -59,7 +59,7 @@ typedef struct {
     int *slot_seq;    /* (n_slots) the sequence in each slot, or -1 */
     float *logits;    /* (n_slots, V): each slot's next-token logits, then (n_slots, V) scratch */
     float *probs;     /* (V) */
-    int *order;       /* (V) top-p ordering */
+    int *order;       /* (V) heap of token ids for top-k / top-p */
     int *row_seq;     /* fast path rows: (n_slots * T) */
     int32_t *row_tok; /* (n_slots * T) */
     bool *row_want;   /* (n_slots * T) */
@@ -70,36 +70,54 @@ typedef struct {
  * activations stay small (the cache itself is sized by the batch) */
 #define MAX_ROWS_PER_CALL 512
 
-static int cmp_prob_desc(const void *a, const void *b, void *ctx)
+/* x ranks above y: a larger value, then the smaller index (a total order, so the nucleus is
+ * the same set on every machine) */
+static bool ranks_above(const float *val, int x, int y)
 {
-    const float *p = ctx;
-    float x = p[*(const int *)a], y = p[*(const int *)b];
-    return x > y ? -1 : x < y ? 1 : (*(const int *)a - *(const int *)b);
+    return val[x] > val[y] || (val[x] == val[y] && x < y);
+}
+
+/* Restores the heap h[0..n) below i: with `max` the top ranks above all, else below all. */
+static void sift_down(int *h, int n, int i, const float *val, bool max)
+{
+    for (;;) {
+        int c = 2 * i + 1, top = i;
+        if (c < n && ranks_above(val, h[c], h[top]) == max) top = c;
+        if (c + 1 < n && ranks_above(val, h[c + 1], h[top]) == max) top = c + 1;
+        if (top == i) return;
+        const int t = h[i];
+        h[i] = h[top];
+        h[top] = t;
+        i = top;
+    }
 }
 
 /* Next token from logits (V): argmax at temperature 0; else softmax(logits / temperature) cut to
  * the top-k logits (ties kept) and the top-p nucleus, sampled with the draw Philox(seed,
- * (s << 32) | 7, i) for token i of sequence s. */
+ * (s << 32) | 7, i) for token i of sequence s. Heaps keep both cuts O(V + k log V). */
 static int pick_token(sampler *sp, const float *logits, int s, long i)
 {
     const jdt_sample_opts *o = sp->o;
     const int V = sp->V;
     float *probs = sp->probs;
+    int *h = sp->order;
     int best = 0;
     for (int v = 1; v < V; v++)
         if (logits[v] > logits[best]) best = v;
     if (o->temperature <= 0) return best;
     float cut = -INFINITY; /* top-k: the k-th largest logit is the cut-off */
     if (o->top_k > 0 && o->top_k < V) {
-        for (int v = 0; v < V; v++)
-            probs[v] = logits[v];
-        for (int k = 0; k < o->top_k; k++) {
-            int arg = -1;
-            for (int v = 0; v < V; v++)
-                if (probs[v] != -INFINITY && (arg < 0 || probs[v] > probs[arg])) arg = v;
-            cut = probs[arg];
-            probs[arg] = -INFINITY;
-        }
+        const int k = o->top_k; /* a min-heap of the k largest seen so far */
+        for (int v = 0; v < k; v++)
+            h[v] = v;
+        for (int v = k / 2 - 1; v >= 0; v--)
+            sift_down(h, k, v, logits, false);
+        for (int v = k; v < V; v++)
+            if (logits[v] > logits[h[0]]) {
+                h[0] = v;
+                sift_down(h, k, 0, logits, false);
+            }
+        cut = logits[h[0]];
     }
     double sum = 0;
     for (int v = 0; v < V; v++) {
@@ -110,17 +128,18 @@ static int pick_token(sampler *sp, const float *logits, int s, long i)
     if (o->top_p > 0 && o->top_p < 1) { /* keep the fewest most likely tokens reaching top_p */
         int n = 0;
         for (int v = 0; v < V; v++)
-            if (probs[v] > 0) sp->order[n++] = v;
-        qsort_r(sp->order, (size_t)n, sizeof *sp->order, cmp_prob_desc, probs);
-        double acc = 0, kept = 0;
-        int k = 0;
-        while (k < n && acc < o->top_p * sum)
-            acc += probs[sp->order[k++]];
-        for (int j = k; j < n; j++)
-            probs[sp->order[j]] = 0;
-        for (int j = 0; j < k; j++)
-            kept += probs[sp->order[j]];
-        sum = kept;
+            if (probs[v] > 0) h[n++] = v;
+        for (int v = n / 2 - 1; v >= 0; v--)
+            sift_down(h, n, v, probs, true);
+        double acc = 0;
+        while (n > 0 && acc < o->top_p * sum) { /* pop the most likely into the nucleus */
+            acc += probs[h[0]];
+            h[0] = h[--n];
+            sift_down(h, n, 0, probs, true);
+        }
+        for (int j = 0; j < n; j++) /* what is left in the heap is outside */
+            probs[h[j]] = 0;
+        sum = acc;
     }
     jdt_philox_ctr r = jdt_philox(o->seed, ((uint64_t)s << 32) | 7u, (uint64_t)i);
     double u = (double)jdt_u32_to_unit_float(r.v[0]) * sum, acc = 0;
@@ -174,7 +193,7 @@ static jdt_status encode_prompt(sampler *sp, int i, seq *sq, jdt_err *e)
         int32_t t = sp->tok ? (int32_t)ids[k] : np ? (int32_t)(unsigned char)p[k] : '\n';
         if (t >= sp->V) {
             jdt_free(ids);
-            return jdt_err_set(e, JDT_ERR_INVALID,
+            return jdt_err_set(e, JDT_ERR_USAGE,
                                "prompt %d: token %d (%s) is outside the model's vocabulary of %d",
                                i + 1, (int)t, sp->tok ? "BPE id" : "a byte", sp->V);
         }
@@ -284,6 +303,7 @@ static jdt_status append_token(sampler *sp, int s, int t, jdt_err *e)
     sq->n_text += nb;
     for (int i = 0; i < o->n_stops; i++) { /* a stop may straddle the old text and the new bytes */
         const size_t ls = strlen(o->stops[i]);
+        if (ls == 0) continue; /* an empty stop matches nothing */
         const size_t from = old + 1 > ls ? old + 1 - ls : 0;
         if (from >= sq->n_text) continue; /* an earlier stop already cut the text here */
         const char *hit = memmem(sq->text + from, sq->n_text - from, o->stops[i], ls);
@@ -311,6 +331,7 @@ static void stream_text(sampler *sp, seq *sq, FILE *out)
     for (int i = 0; !sq->done && i < sp->o->n_stops; i++) {
         const char *st = sp->o->stops[i];
         const size_t ls = strlen(st);
+        if (ls == 0) continue;
         for (size_t k = ls - 1 < sq->n_text ? ls - 1 : sq->n_text; k > 0; k--)
             if (memcmp(sq->text + sq->n_text - k, st, k) == 0) {
                 if (sq->n_text - k < safe) safe = sq->n_text - k;

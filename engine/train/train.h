@@ -215,7 +215,7 @@ typedef struct {
  * A sequence ends at max_new_tokens, a stop sequence, the tokenizer's <|endoftext|> (unless
  * ignore_eos) or, with context stop, a full context. *stats (may be NULL) gets the token counts
  * and times. Errors name the checkpoint or the prompt: ERR_CONFIG (not a gpt: mlp models are
- * not autoregressive), ERR_INVALID (a prompt byte outside the model's vocabulary), checkpoint
+ * not autoregressive), ERR_USAGE (a prompt token outside the model's vocabulary), checkpoint
  * and tokenizer errors (ERR_IO, ERR_FORMAT, ...), ERR_NOMEM. */
 jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE *out,
                           jdt_sample_stats *stats, jdt_err *e);

@@ -113,7 +113,13 @@ expect 0 "$BIN" sample "$CK" --prompt "ab" --length 40 --seed 9 --top-k 20 --top
 cmp -s "$TMP/out" "$TMP/s1" || fail "sampling with the same seed differs between the paths"
 expect 0 "$BIN" sample "$CK" --prompt "ab" --length 40 --seed 10 --top-k 20 --top-p 0.9
 cmp -s "$TMP/out" "$TMP/s1" && fail "another seed gave the same text"
-echo "seeded sampling (top-k, top-p) is deterministic and the same on both paths"
+expect 0 "$BIN" sample "$CK" --prompt "ab" --length 40 --temperature 0
+cp "$TMP/out" "$TMP/greedy"
+expect 0 "$BIN" sample "$CK" --prompt "ab" --length 40 --temperature 1.5 --top-k 1 --seed 4
+cmp -s "$TMP/out" "$TMP/greedy" || fail "--top-k 1 is not greedy"
+expect 0 "$BIN" sample "$CK" --prompt "ab" --length 40 --temperature 1.5 --top-p 0.000001 --seed 4
+cmp -s "$TMP/out" "$TMP/greedy" || fail "a tiny --top-p is not greedy"
+echo "seeded sampling (top-k, top-p) is deterministic and the same on both paths; top-k 1 and a tiny top-p are greedy"
 
 # bad input: one line, exit 2
 : > "$TMP/empty"
@@ -138,5 +144,9 @@ bad "--threads: expected 0 (the checkpoint's) to 1024" --threads 5000
 expect 0 "$BIN" configs/mlp.yaml "$O" run.steps=2 run.eval_every=0 checkpoint.every=2
 expect 2 "$BIN" sample "$TMP/runs/mlp/ckpt" --prompt "ab"
 [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "not autoregressive" "$TMP/err" || { cat "$TMP/err"; fail "mlp checkpoint message"; }
-echo "bad flags and an mlp checkpoint: one line, exit 2"
+train v64 model.vocab_size=64
+expect 2 "$BIN" sample "$TMP/runs/v64/ckpt" --prompt "ab"
+[ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "prompt 1: token 97 (a byte) is outside the model's vocabulary of 64" "$TMP/err" ||
+  { cat "$TMP/err"; fail "byte outside the vocabulary message"; }
+echo "bad flags, a prompt outside the vocabulary and an mlp checkpoint: one line, exit 2"
 echo "sample_kv: ok"
