@@ -74,7 +74,8 @@ typedef struct {
  * the same set on every machine) */
 static bool ranks_above(const float *val, int x, int y)
 {
-    return val[x] > val[y] || (val[x] == val[y] && x < y);
+    if (val[x] != val[y]) return val[x] > val[y];
+    return x < y; /* a tie: the smaller token id first */
 }
 
 /* Restores the heap h[0..n) below i: with `max` the top ranks above all, else below all. */
