@@ -404,6 +404,7 @@ static void sampler_free(sampler *sp)
         jdt_free(sp->seqs[s].text);
     }
     jdt_free(sp->seqs);
+    jdt_free(sp->slot_seq);
     jdt_free(sp->x);
     jdt_free(sp->y);
     jdt_free(sp->logits);
