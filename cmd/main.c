@@ -35,7 +35,8 @@ enum {
     FLAG_PRINT_CONFIG = 1 << 1,
     FLAG_SCHEMA = 1 << 2,
     FLAG_SAMPLE = 1 << 3, /* --prompt(s) --stop --max-new-tokens/--length --temperature --top-k
-                           * --top-p --seed --context --ignore-eos --no-kv-cache */
+                           * --top-p --seed --context --ignore-eos --batch --threads
+                           * --no-kv-cache */
     FLAG_CKPT = 1 << 4,   /* --ckpt PATH */
     FLAG_PROFILE = 1 << 5, /* --profile */
     FLAG_EXPORT = 1 << 6,  /* --format NAME, a second positional argument (OUT_DIR) */
