@@ -4,7 +4,8 @@
 # LlamaForCausalLM). The `safetensors` package (numpy API) reads model.safetensors; an
 # independent numpy implementation of transformers' two models (tests/e2e/hf_ref.py) greedy-
 # decodes from the exported files and must produce exactly the tokens `jdt-train sample
-# --temperature 0` produces from the checkpoint (40 tokens, past the 32-token window); where
+# --temperature 0 --context window` produces from the checkpoint (40 tokens, past the 32-token
+# window: an exact sliding window on both sides); where
 # transformers + torch import, hf_ref.py also compares logits within 1e-4. A BPE run exports
 # its tokenizer.json. Bad input: a model that maps to neither, an unknown --format, a missing
 # checkpoint each give one line and the right exit code.
