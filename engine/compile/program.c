@@ -131,7 +131,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     }
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
-    {
+    if (!c->opts.plan_only) {
         int64_t need = 0;
         for (int i = 0; i < c->n_nodes; i++) {
             const cnode *n = &c->nodes[i];
@@ -147,6 +147,14 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     }
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
+    for (int i = 0; i < c->n_nodes; i++)
+        c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
+    if (c->opts.plan_only) { /* shapes and sizes only: no code, no compiler, no arena */
+        c->stats.compile_s = jdt_now_s() - t0;
+        snprintf(c->stats.so_path, sizeof c->stats.so_path, "(planned only)");
+        *out = p;
+        return JDT_OK;
+    }
     if ((st = jdt_compile_codegen(c, &p->src, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_build(&c->opts, p->src, &p->so, &c->stats, e)) != JDT_OK) goto fail;
     p->kernels = dlsym(p->so, "jdt_kernels");
@@ -177,17 +185,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     }
     /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
      * the OOM killer later */
-    const char *mem_src;
-    int64_t mem_avail = jdt_mem_available(&mem_src);
-    if (mem_avail >= 0 && c->arena_bytes > mem_avail) {
-        st = jdt_err_set(e, JDT_ERR_NOMEM,
-                         "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
-                         "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
-                         "or runtime.remat: block",
-                         (double)c->arena_bytes / 1048576.0, (double)mem_avail / 1048576.0,
-                         mem_src);
-        goto fail;
-    }
+    if ((st = jdt_compile_check_arena(c->arena_bytes, e)) != JDT_OK) goto fail;
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
     if (!p->arena || !p->ptrs) {
@@ -199,8 +197,6 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     for (int b = 0; b < c->n_bufs; b++)
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
             p->ptrs[b] = p->arena + c->bufs[b].info.offset;
-    for (int i = 0; i < c->n_nodes; i++)
-        c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
     jdt_rt_set_threads(c->nt);
     c->stats.compile_s = jdt_now_s() - t0;
     *out = p;
@@ -397,11 +393,25 @@ static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
     return JDT_OK;
 }
 
+jdt_status jdt_compile_check_arena(int64_t n_bytes, jdt_err *e)
+{
+    const char *mem_src;
+    int64_t mem_avail = jdt_mem_available(&mem_src);
+    if (mem_avail < 0 || n_bytes <= mem_avail) return JDT_OK;
+    return jdt_err_set(e, JDT_ERR_NOMEM,
+                       "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
+                       "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
+                       "or runtime.remat: block",
+                       (double)n_bytes / 1048576.0, (double)mem_avail / 1048576.0, mem_src);
+}
+
 jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
 {
     cprog *c = &p->c;
     char lbl[128];
     if (p->interp) return jdt_interp_run(p->interp, e);
+    if (!p->so)
+        return jdt_err_set(e, JDT_ERR_INVALID, "run: the program was planned only (opts.plan_only)");
     for (int b = 0; b < c->n_bufs; b++) {
         if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
         const cnode *n = &c->nodes[c->bufs[b].leaf_node];
@@ -501,7 +511,7 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
 const void *jdt_program_output(const jdt_program *p, int i)
 {
     if (p && p->interp) return jdt_interp_value(p->interp, jdt_graph_output(p->g, i));
-    if (!p || i < 0 || i >= p->c.n_outputs) return NULL;
+    if (!p || !p->ptrs || i < 0 || i >= p->c.n_outputs) return NULL;
     int node = p->c.outputs[i];
     if (p->c.nodes[node].kind == CK_LEAF) return p->c.nodes[node].src->data;
     return ptr_of(p, node);
