@@ -322,15 +322,23 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
                 mesh.size[JDT_MESH_FSDP], mesh.size[JDT_MESH_TENSOR], world);
     else
         fprintf(f, "%s step (one process):\n", compile ? "compiled" : "planned");
-    fprintf(f,
-            "  %s in %.2fs from shapes: no parameter or arena allocated, nothing initialised%s\n",
-            compile ? "built" : "planned", dt, compile ? "" : ", no code generated");
-    if (cfg->model.type == JDT_MODEL_GPT)
-        fprintf(f, "  batch per device: %lld x %d tokens per micro-batch run, %lld runs per step\n",
-                (long long)rows, cfg->model.seq_len, (long long)so.n_accum);
+    if (compile)
+        fprintf(f,
+                "  built and compiled in %.2fs (parameters allocated and initialised as train "
+                "does)\n",
+                dt);
     else
-        fprintf(f, "  batch per device: %lld samples per micro-batch run, %lld runs per step\n",
-                (long long)rows, (long long)so.n_accum);
+        fprintf(f,
+                "  planned in %.2fs from shapes: no parameter or arena allocated, nothing "
+                "initialised, no code generated\n",
+                dt);
+    if (cfg->model.type == JDT_MODEL_GPT)
+        fprintf(
+            f, "  batch per device: %lld x %d tokens per micro-batch run, %lld run%s per step\n",
+            (long long)rows, cfg->model.seq_len, (long long)so.n_accum, so.n_accum == 1 ? "" : "s");
+    else
+        fprintf(f, "  batch per device: %lld samples per micro-batch run, %lld run%s per step\n",
+                (long long)rows, (long long)so.n_accum, so.n_accum == 1 ? "" : "s");
     print_memory(step, cfg, f);
     if (sm) {
         fprintf(f, "  ops            %d -> %d after DCE/CSE/simplification\n", sm->n_ops_in,
