@@ -367,6 +367,7 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
 {
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
+    if (c->scratch_bytes) return c->scratch_bytes(c, n); /* the device's kernels */
     return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt) * 4;
 }
 
@@ -387,8 +388,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     arena_alloc A = {0};
     bool *taken = NULL;
     int *die_start = NULL, *die = NULL, *cursor = NULL; /* arena buffers by the step they die */
-    unsigned char *seen_value = NULL; /* (n_nodes) update values met so far */
-    unsigned char *later_use = NULL;  /* (n_updates) the value also updates an earlier leaf */
+    unsigned char *seen_value = NULL;                   /* (n_nodes) update values met so far */
+    unsigned char *later_use = NULL; /* (n_updates) the value also updates an earlier leaf */
 
     /* 1. buffers: leaves, stored nodes; views alias */
     for (int i = 0; i < c->n_nodes; i++) {
@@ -475,7 +476,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
      * quadratic in the size of deep models' train steps. */
     for (int b = 0; b < c->n_bufs; b++) {
         const cbuf *cb = &c->bufs[b];
-        if (cb->info.kind == JDT_BUF_ARENA && cb->info.def_step != -2 && last[b] < cb->info.def_step)
+        if (cb->info.kind == JDT_BUF_ARENA && cb->info.def_step != -2 &&
+            last[b] < cb->info.def_step)
             last[b] = cb->info.def_step;
     }
     die_start = jdt_calloc((size_t)S + 2, sizeof(int));

@@ -10,6 +10,8 @@
  */
 #include "train/train.h"
 
+#include "backend/backend.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -271,13 +273,6 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
                            "and mesh.tensor (a -1 axis is filled in from the process count only "
                            "when training)");
     const bool cpu = cfg->runtime.backend == JDT_BACKEND_CPU;
-    if (compile && !cpu) {
-        fprintf(f,
-                "compiled step: not built here (runtime.backend %s is not in this build); "
-                "planning only\n",
-                jdt_config_choice_name("runtime.backend", (int)cfg->runtime.backend));
-        compile = false;
-    }
     const int sizes[JDT_MESH_AXIS_COUNT] = {cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor};
     jdt_mesh mesh;
     jdt_status st = jdt_mesh_init(&mesh, sizes, world, 0, e);
@@ -298,9 +293,17 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
     so.plan_only = !compile;
     jdt_train_compile_opts(cfg, &so.copts);
     if (world > 1) so.copts.collective = plan_collective;
+    /* a CUDA step is planned (and with compile, emitted as CUDA source) by the CUDA backend
+     * without a GPU: its memory plan is that device's */
+    jdt_device *dev = NULL;
+    if (!cpu && (st = jdt_device_open_emit_only(&dev, e)) != JDT_OK) return st;
+    so.copts.device = dev;
     const double t0 = jdt_now_s();
     jdt_step *step = NULL;
-    if ((st = jdt_step_new(cfg, &so, &step, e)) != JDT_OK) return st;
+    if ((st = jdt_step_new(cfg, &so, &step, e)) != JDT_OK) {
+        jdt_device_close(dev);
+        return st;
+    }
     const double dt = jdt_now_s() - t0;
     const jdt_compile_stats *sm = jdt_step_prog_stats(step, JDT_STEP_PROG_MAIN);
     const jdt_compile_stats *sa = jdt_step_prog_stats(step, JDT_STEP_PROG_APPLY);
@@ -353,7 +356,12 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
         fprintf(f,
                 "  memory         %.1f MiB planned peak of intermediates (micro-batch program)\n",
                 (double)sm->arena_bytes / 1048576.0);
-        if (compile)
+        if (compile && dev)
+            fprintf(
+                f,
+                "  compile        %.2fs to CUDA source (%zu bytes; NVRTC runs on the GPU host)\n",
+                dt, strlen(jdt_step_source(step)));
+        else if (compile)
             fprintf(f, "  compile        %.2fs (C compiler %.2fs), cache %s: %s\n", dt, sm->cc_s,
                     sm->cache_hit ? "hit" : "miss", sm->so_path);
     } else {
@@ -363,5 +371,6 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
     print_shardings(step, f);
 out:
     jdt_step_free(step);
+    jdt_device_close(dev);
     return st;
 }
