@@ -14,6 +14,7 @@
 #include "datasets/datasets.h"
 #include "world/world.h"
 #include "io/ckpt.h"
+#include "io/fetch.h"
 #include "train/train.h"
 #include "train/hf.h"
 
@@ -521,6 +522,9 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         o.vocab_size = c.model.vocab_size;
         jdt_prep_result r;
         st = jdt_prep_text(&o, &r, &e);
+        /* manifest.txt: sizes, sha256 and lengths, so the folder can be served over HTTP(S)
+         * and trained from as it streams in (docs/data.md "Remote data") */
+        if (st == JDT_OK) st = jdt_fetch_write_manifest(c.data.train_path, &e);
         if (st == JDT_OK)
             JDT_INFO("prepared %s -> %s: %lld train tokens in %d file(s), %lld val tokens",
                      c.data.source, c.data.train_path, (long long)r.n_train_tokens,
