@@ -472,10 +472,9 @@ static jdt_status get_text(const jdt_fetch_opts *o, const char *url, char **body
         jdt_free(x.mem);
         curl_easy_cleanup(c);
         if (oc == OUTCOME_FAIL || attempt >= o->retries)
-            return jdt_err_set(e, st, "%s: %s%s", url, what,
-                               oc == OUTCOME_FAIL ? ""
-                               : attempt          ? " (gave up after all retries)"
-                                                  : "");
+            return oc == OUTCOME_FAIL ? jdt_err_set(e, st, "%s: %s", url, what)
+                                      : jdt_err_set(e, st, "%s: %s (gave up after %d attempts)",
+                                                    url, what, attempt + 1);
         double wait = backoff(o, attempt + 1);
         JDT_WARN("%s: %s (attempt %d of %d); retrying in %.1f s", url, what, attempt + 1,
                  o->retries + 1, wait);
@@ -694,9 +693,11 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
         }
         if (oc == OUTCOME_FAIL || attempt >= o->retries) {
             int64_t kept = file_size(part);
-            if (st == JDT_ERR_NOT_FOUND || kept <= 0 || oc == OUTCOME_FAIL)
-                st = jdt_err_set(e, st, "%s: %s%s", it->url, what,
-                                 oc == OUTCOME_FAIL ? "" : " (gave up after all retries)");
+            if (oc == OUTCOME_FAIL)
+                st = jdt_err_set(e, st, "%s: %s", it->url, what);
+            else if (kept <= 0)
+                st = jdt_err_set(e, st, "%s: %s (gave up after %d attempts)", it->url, what,
+                                 attempt + 1);
             else
                 st = jdt_err_set(e, st,
                                  "%s: %s (gave up after %d attempts; %lld bytes kept in %s, the "
