@@ -1082,6 +1082,46 @@ jdt_status jdt_fetch_mirror(const jdt_fetch_opts *o, const char *url, char **loc
     return st;
 }
 
+jdt_status jdt_fetch_beside(const jdt_fetch_opts *o, const char *url, const char *name,
+                            char **local, jdt_err *e)
+{
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
+    *local = NULL;
+    jdt_fetch_opts def;
+    if (!o) {
+        jdt_fetch_opts_default(&def);
+        o = &def;
+    }
+    size_t n = strcspn(url, "?#");
+    char *base = jdt_malloc(n + 2);
+    if (!base) return jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
+    memcpy(base, url, n);
+    base[n] = '\0';
+    char *last = strrchr(base, '/');
+    if (n && base[n - 1] != '/') {
+        if (last && strchr(last, '.') && last > base + 8)
+            last[1] = '\0';
+        else
+            strcat(base, "/");
+    }
+    jdt_fetch_item it;
+    memset(&it, 0, sizeof it);
+    it.name = (char *)name;
+    it.url = join_url(base, name);
+    it.n_bytes = it.n_units = -1;
+    jdt_status st = it.url ? local_path(o, it.url, &it.local, e)
+                           : jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
+    if (st == JDT_OK) st = fetch_one(o, &it, NULL, NULL, 0, e);
+    if (st == JDT_OK)
+        *local = it.local;
+    else
+        jdt_free(it.local);
+    jdt_free(it.url);
+    jdt_free(base);
+    return st;
+}
+
 /* ---- writing a manifest ------------------------------------------------------------------ */
 
 static bool manifest_entry(const char *name, void *ctx)

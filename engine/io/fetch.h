@@ -84,6 +84,14 @@ jdt_status jdt_fetch_file(const jdt_fetch_opts *o, const jdt_fetch_item *it, con
  * checkpoint.init_from. */
 jdt_status jdt_fetch_mirror(const jdt_fetch_opts *o, const char *url, char **local_dir, jdt_err *e);
 
+/* Fetches the file `name` from the folder of url (url itself if it ends in '/'; else url without
+ * its last segment when that has a '.', as in ".../train_000.h5" or ".../manifest.txt"; else
+ * url + "/") into the cache, like jdt_fetch_file with nothing expected of it. *local (caller
+ * frees) is its cache path. o may be NULL (defaults). Used for the tokenizer.json beside a
+ * remote dataset. */
+jdt_status jdt_fetch_beside(const jdt_fetch_opts *o, const char *url, const char *name,
+                            char **local, jdt_err *e);
+
 /* Writes dir/manifest.txt (temp file + rename) for the *.h5 shards and tokenizer.json in dir:
  * name, size, sha256, and n_tokens or n_rows for shards. `prepare` calls it. */
 jdt_status jdt_fetch_write_manifest(const char *dir, jdt_err *e);

@@ -610,6 +610,19 @@ START_TEST(test_listing_and_manifest)
                      JDT_ERR_FORMAT);
     ck_assert_int_eq(jdt_fetch_resolve(&o, url_of("/nothing/"), NULL, NULL, &l, &e),
                      JDT_ERR_NOT_FOUND);
+
+    /* the file beside a shard, a listing or a manifest (the tokenizer.json of remote data) */
+    unsigned char *tj = make_file("ds/tokenizer.json", 77);
+    const char *from[] = {"/ds/train_9.h5", "/ds/", "/ds", "/ds/manifest.txt"};
+    for (int i = 0; i < 4; i++) {
+        char *local = NULL;
+        ck_assert_int_eq(jdt_fetch_beside(&o, url_of(from[i]), "tokenizer.json", &local, &e),
+                         JDT_OK);
+        ck_assert(file_equals(local, tj, 77));
+        jdt_free(local);
+    }
+    ck_assert_int_eq(count_requests("/ds/tokenizer.json"), 1); /* then from the cache */
+    free(tj);
 }
 END_TEST
 
@@ -699,6 +712,53 @@ START_TEST(test_remote_dataset_equals_local)
 }
 END_TEST
 
+/* Training can start once the first shard is local: through /slow/ (about 200 kB/s) the open
+ * returns after shard 0 while shard 2 is still to come; batch 0 reads at once; a batch in
+ * shard 2 waits for it and equals the local read. */
+START_TEST(test_remote_streams)
+{
+    char dir[600], p[700];
+    snprintf(dir, sizeof dir, "%s/big", g_root);
+    mkdir(dir, 0755);
+    const int64_t n_tok = 100000; /* 200 kB per shard */
+    uint32_t *t = malloc(n_tok * sizeof *t);
+    for (int s = 0; s < 3; s++) {
+        for (int64_t i = 0; i < n_tok; i++)
+            t[i] = (uint32_t)((i * 31 + s) % 256);
+        snprintf(p, sizeof p, "%s/train_%d.h5", dir, s);
+        ck_assert_int_eq(jdt_data_write_tokens(p, t, n_tok, 256, "byte", NULL), JDT_OK);
+    }
+    free(t);
+    jdt_err e;
+    ck_assert_int_eq(jdt_fetch_write_manifest(dir, &e), JDT_OK);
+    jdt_fetch_opts fo = opts(0, 10);
+    jdt_data_opts lo = {
+        .path = dir, .kind = JDT_DATA_KIND_TOKENS, .seq_len = 16, .global_batch = 8, .prefetch = 1};
+    jdt_data_opts ro = lo;
+    ro.path = url_of("/slow/big/");
+    ro.fetch = &fo;
+    jdt_data *ld = NULL, *rd = NULL;
+    ck_assert_int_eq(jdt_data_open(&lo, &ld, &e), JDT_OK);
+    ck_assert_msg(jdt_data_open(&ro, &rd, &e) == JDT_OK, "%s", e.msg);
+    char last[700];
+    snprintf(last, sizeof last, "%s/data/127.0.0.1_%d/slow/big/train_2.h5", g_cache, g_port);
+    ck_assert(!exists(last));
+    jdt_data_batch lb, rb;
+    ck_assert_int_eq(jdt_data_get(rd, 0, &rb, &e), JDT_OK);
+    ck_assert_int_eq(jdt_data_get(ld, 0, &lb, &e), JDT_OK);
+    ck_assert_mem_eq(lb.x, rb.x, 8 * 16 * sizeof(int32_t));
+    ck_assert(!exists(last));
+    int64_t k = (2 * n_tok / 16) / 8 + 3; /* a batch inside shard 2 */
+    ck_assert_msg(jdt_data_get(rd, k, &rb, &e) == JDT_OK, "%s", e.msg);
+    ck_assert(exists(last));
+    ck_assert_int_eq(jdt_data_get(ld, k, &lb, &e), JDT_OK);
+    ck_assert_mem_eq(lb.x, rb.x, 8 * 16 * sizeof(int32_t));
+    ck_assert_mem_eq(lb.y, rb.y, 8 * 16 * sizeof(int32_t));
+    jdt_data_close(ld);
+    jdt_data_close(rd);
+}
+END_TEST
+
 /* A manifest whose length for a later shard is wrong: the read that reaches it fails with a
  * line naming the shard's URL (and the loader never reads past the file). */
 START_TEST(test_remote_wrong_length)
@@ -756,6 +816,7 @@ int main(void)
     tcase_add_test(tc, test_listing_and_manifest);
     tcase_add_test(tc, test_one_download_for_two_processes);
     tcase_add_test(tc, test_remote_dataset_equals_local);
+    tcase_add_test(tc, test_remote_streams);
     tcase_add_test(tc, test_remote_wrong_length);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
