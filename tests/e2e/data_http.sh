@@ -6,7 +6,8 @@
 # leaves a .part that the next run continues with a Range request (nginx logs a 206 for just
 # the missing bytes); init_from takes a checkpoint folder URL; a 404, a server that goes away
 # mid-file, a shard whose bytes do not match the manifest's sha256 and a listing with no
-# shards each end with one line naming the URL and exit 1.
+# shards each end with one line naming the URL and exit 1; over HTTPS a self-signed
+# certificate is refused unless CURL_CA_BUNDLE names it.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -89,6 +90,32 @@ timeout 300 "$BIN" "$TMP/c.yaml" run.name=init run.steps=2 checkpoint.init_from=
   >/dev/null 2>"$TMP/init.log" || { tail -5 "$TMP/init.log"; fail "init_from a URL"; }
 grep -q "initialised params from" "$TMP/init.log" || fail "init_from: no 'initialised params' line"
 echo "ok: init_from ${URL}ckpt/$(basename "$ck")/"
+
+# 5. HTTPS: TLS verification is on. A self-signed certificate for 127.0.0.1 (openssl s_server
+# -WWW serves the folder, no listings: go through the manifest) is refused; with the
+# certificate as CURL_CA_BUNDLE the run works and matches the local losses.
+if command -v openssl >/dev/null; then
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
+    -keyout "$TMP/key.pem" -out "$TMP/cert.pem" >/dev/null 2>&1 || fail "openssl req"
+  port=$(infra_free_port) || fail "no free port"
+  (cd "$W" && exec openssl s_server -quiet -WWW -accept "127.0.0.1:$port" -cert "$TMP/cert.pem" -key "$TMP/key.pem") \
+    >"$TMP/s_server.log" 2>&1 &
+  spid=$!
+  trap 'kill $spid 2>/dev/null; bash "$INFRA_DIR/http-down.sh" "$W" >/dev/null 2>&1; bash "$INFRA_DIR/http-down.sh" "$W2" >/dev/null 2>&1' EXIT
+  for _ in $(seq 50); do curl -sk -o /dev/null "https://127.0.0.1:$port/data/manifest.txt" && break; sleep 0.1; done
+  HS="https://127.0.0.1:$port/data/manifest.txt"
+  timeout 120 "$BIN" "$TMP/c.yaml" run.name=tls_bad data.train_path="$HS" >/dev/null 2>"$TMP/tls_bad.log"; rc=$?
+  [ $rc = 1 ] && grep 'jdt-train: error' "$TMP/tls_bad.log" | grep -q "$HS: TLS verification failed" \
+    || { cat "$TMP/tls_bad.log"; fail "self-signed HTTPS: exit $rc, expected 1 with a TLS verification error"; }
+  echo "ok: tls: $(grep 'jdt-train: error' "$TMP/tls_bad.log" | cut -c1-160)"
+  CURL_CA_BUNDLE=$TMP/cert.pem timeout 300 "$BIN" "$TMP/c.yaml" run.name=tls data.train_path="$HS" \
+    data.val_path="$HS" >/dev/null 2>"$TMP/tls.log" || { tail -5 "$TMP/tls.log"; fail "HTTPS run with CURL_CA_BUNDLE"; }
+  diff <(losses local) <(losses tls) >/dev/null || fail "losses over HTTPS differ from the local run"
+  kill $spid 2>/dev/null; wait $spid 2>/dev/null
+  echo "ok: $(losses tls | wc -l) losses over HTTPS (CURL_CA_BUNDLE) equal the local run's"
+else
+  infra_skip "openssl is not installed (make deps)"
+fi
 
 # bad inputs: one line naming the URL, exit 1
 expect_error() { # NAME PATTERN ARGS...
