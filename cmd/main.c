@@ -506,6 +506,11 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
                          jdt_config_choice_name("data.format", (int)c.data.format));
     } else if (!c.data.source[0]) {
         st = jdt_err_set(&e, JDT_ERR_CONFIG, "data.source: the text file to prepare is not set");
+    } else if (jdt_fetch_is_url(c.data.train_path)) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG,
+                         "data.train_path: prepare writes local shards, not to '%s'; prepare "
+                         "into a folder, serve it over HTTP(S) and train from its URL",
+                         c.data.train_path);
     } else if (n == 0 || (n > 3 && strcmp(c.data.train_path + n - 3, ".h5") == 0)) {
         st = jdt_err_set(&e, JDT_ERR_CONFIG,
                          "data.train_path: prepare writes a directory of shards; got '%s'",
