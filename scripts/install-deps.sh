@@ -12,6 +12,7 @@ PKGS=(
   hdf5-tools         # h5dump, used by tests to check files independently
   libcurl4-openssl-dev # remote data over HTTP(S) (engine/io/fetch.c)
   ca-certificates    # the system CA store remote data's TLS verification uses
+  libssl-dev         # libcrypto's EVP SHA-256 for remote data's checksums
   libpcre2-dev       # tokenizer pre-tokenizer regexes (UTF + Unicode classes, JIT)
   libicu-dev         # NFC normalization of Qwen2-style tokenizers
   libopenblas-dev    # CPU GEMMs

@@ -282,7 +282,10 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ctx)
                 return 0;
             }
             x->offset = 0;
-            if (x->sha) jdt_sha256_init(x->sha);
+            if (x->sha && !jdt_sha256_init(x->sha)) {
+                x->write_errno = ENOMEM;
+                return 0;
+            }
         }
     }
     for (size_t done = 0; done < len;) {
@@ -490,10 +493,11 @@ static int64_t file_size(const char *path)
     return stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (int64_t)sb.st_size : -1;
 }
 
-/* Hashes the first n_bytes of fd into s (from the start). */
+/* Hashes the first n_bytes of fd into s (restarted; the caller frees s). */
 static jdt_status hash_fd(int fd, int64_t n_bytes, jdt_sha256 *s, const char *path, jdt_err *e)
 {
-    jdt_sha256_init(s);
+    if (!jdt_sha256_init(s))
+        return jdt_err_set(e, JDT_ERR_NOMEM, "%s: cannot start a SHA-256 digest", path);
     char *buf = jdt_malloc(HASH_BLOCK);
     if (!buf) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", path);
     jdt_status st = JDT_OK;
@@ -559,12 +563,13 @@ static jdt_status cached_ok(const jdt_fetch_item *it, bool *ok, jdt_err *e)
     }
     int fd = open(it->local, O_RDONLY);
     if (fd < 0) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", it->local, strerror(errno));
-    jdt_sha256 s;
+    jdt_sha256 s = {0};
+    char hex[65] = "";
     jdt_status st = hash_fd(fd, size, &s, it->local, e);
     close(fd);
+    if (st == JDT_OK) jdt_sha256_hex(&s, hex);
+    jdt_sha256_free(&s);
     if (st != JDT_OK) return st;
-    char hex[65];
-    jdt_sha256_hex(&s, hex);
     if (strcmp(hex, it->sha256) == 0) {
         write_small(side, hex);
         *ok = true;
@@ -615,7 +620,7 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
     if (fd < 0) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", part, strerror(errno));
     jdt_status st = JDT_OK;
     bool want_sha = it->sha256[0] != '\0';
-    jdt_sha256 sha;
+    jdt_sha256 sha = {0};
     int64_t hashed = -1; /* bytes of the part the running sha covers */
     int64_t have = 0;
     double t0 = jdt_now_s();
@@ -753,12 +758,14 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
     JDT_DEBUG("fetched %s: %.1f MB in %.1f s%s", it->url, (double)(have - start_at) / 1e6, dt,
               start_at > 0 ? " (resumed)" : "");
     close(fd);
+    jdt_sha256_free(&sha);
     return JDT_OK;
 out_delete:
     unlink(part);
     unlink(etag_path);
 out:
     close(fd);
+    jdt_sha256_free(&sha);
     return st;
 }
 
@@ -1178,16 +1185,16 @@ jdt_status jdt_fetch_write_manifest(const char *dir, jdt_err *e)
         if (fd < 0 || size < 0) {
             st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", p, strerror(errno));
         } else {
-            jdt_sha256 s;
+            jdt_sha256 s = {0};
             char hex[65];
-            if ((st = hash_fd(fd, size, &s, p, e)) == JDT_OK) {
-                jdt_sha256_hex(&s, hex);
+            if ((st = hash_fd(fd, size, &s, p, e)) == JDT_OK && jdt_sha256_hex(&s, hex)) {
                 size_t nl = strlen(names[i]);
                 int64_t units = nl > 3 && strcmp(names[i] + nl - 3, ".h5") == 0 ? h5_units(p) : -1;
                 char u[32] = "-";
                 if (units >= 0) snprintf(u, sizeof u, "%lld", (long long)units);
                 fprintf(f, "%s %lld %s %s\n", names[i], (long long)size, hex, u);
             }
+            jdt_sha256_free(&s);
         }
         if (fd >= 0) close(fd);
         jdt_free(p);

@@ -118,18 +118,20 @@ jdt_status jdt_remote_wait(jdt_remote *r, int64_t i, jdt_err *e);
  * NULL is a no-op. */
 void jdt_remote_close(jdt_remote *r);
 
-/* ---- SHA-256 (FIPS 180-4) ------------------------------------------------------------------ */
+/* ---- SHA-256 (OpenSSL EVP) ----------------------------------------------------------------- */
 
+/* A running SHA-256. Zero it before the first _init ({0}); _free it when done. */
 typedef struct {
-    uint32_t h[8];
-    uint64_t n_bytes;
-    uint8_t block[64];
-    size_t used;
+    void *ctx; /* EVP_MD_CTX */
 } jdt_sha256;
 
-void jdt_sha256_init(jdt_sha256 *s);
+/* Starts (or restarts) a digest; false when libcrypto cannot allocate its context. */
+bool jdt_sha256_init(jdt_sha256 *s);
 void jdt_sha256_update(jdt_sha256 *s, const void *data, size_t n_bytes);
-/* Finishes the digest and writes it as 64 lowercase hex digits and a NUL. */
-void jdt_sha256_hex(jdt_sha256 *s, char out[65]);
+/* Finishes the digest into 64 lowercase hex digits and a NUL (s may then be _init'ed again);
+ * false (out "") if the digest was never started. */
+bool jdt_sha256_hex(jdt_sha256 *s, char out[65]);
+/* Frees the context; a zeroed or freed s is a no-op. */
+void jdt_sha256_free(jdt_sha256 *s);
 
 #endif /* JDT_IO_FETCH_H */
