@@ -425,8 +425,9 @@ static jdt_status remote_shard_ready(jdt_data *d, int64_t i, jdt_err *e)
     shard *s = &d->shards[i];
     int64_t want = s->n_units;
     jdt_status st = jdt_remote_wait(d->remote, i, e);
-    if (st == JDT_OK) st = shard_open(d, s, true, false, e);
     if (st != JDT_OK) return st;
+    if ((st = shard_open(d, s, true, false, e)) != JDT_OK)
+        return jdt_err_prefix(e, "%s", jdt_remote_list(d->remote)->items[i].url);
     if (s->n_units != want) {
         st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: holds %lld %s but the manifest says %lld",
                          jdt_remote_list(d->remote)->items[i].url, (long long)s->n_units,
@@ -831,7 +832,10 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
         }
         if (d->remote && (st = jdt_remote_wait(d->remote, i, e))) goto fail;
         int64_t want = stream ? jdt_remote_list(d->remote)->items[i].n_units : -1;
-        if ((st = shard_open(d, s, true, i == 0, e))) goto fail;
+        if ((st = shard_open(d, s, true, i == 0, e))) {
+            if (d->remote) jdt_err_prefix(e, "%s", jdt_remote_list(d->remote)->items[i].url);
+            goto fail;
+        }
         if (want >= 0 && s->n_units != want) {
             st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: holds %lld units but the manifest says %lld",
                              jdt_remote_list(d->remote)->items[i].url, (long long)s->n_units,

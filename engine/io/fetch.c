@@ -213,6 +213,7 @@ typedef struct {
     const int *cancel;
     jdt_progress *prog;
     double prog_base; /* bytes of earlier files, for a progress over a list */
+    bool prog_sized;  /* the progress total comes from this transfer (one file, size unknown) */
 } xfer;
 
 static size_t on_header(char *buf, size_t size, size_t n, void *ctx)
@@ -307,7 +308,9 @@ static int on_progress(void *ctx, curl_off_t dl_total, curl_off_t dl_now, curl_o
 {
     xfer *x = ctx;
     if (cancelled(x->cancel)) return 1;
-    if (x->prog) jdt_progress_update(x->prog, (x->prog_base + (double)(x->offset + dl_now)) / 1e6);
+    if (!x->prog) return 0;
+    if (x->prog_sized && dl_total > 0) x->prog->total = (double)(x->offset + dl_total) / 1e6;
+    jdt_progress_update(x->prog, (x->prog_base + (double)(x->offset + dl_now)) / 1e6);
     return 0;
 }
 
@@ -610,7 +613,7 @@ static jdt_status lock_entry(const jdt_fetch_item *it, const int *cancel, int *f
 
 /* Downloads it->url into "<local>.part" and renames it into place once verified; lock held. */
 static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, const int *cancel,
-                           jdt_progress *prog, double prog_base, jdt_err *e)
+                           jdt_progress *prog, double prog_base, bool prog_sized, jdt_err *e)
 {
     char part[1200], etag_path[1200], etag[256], errbuf[CURL_ERROR_SIZE], what[600];
     snprintf(part, sizeof part, "%s.part", it->local);
@@ -653,6 +656,7 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
         x.cancel = cancel;
         x.prog = prog;
         x.prog_base = prog_base;
+        x.prog_sized = prog_sized;
         CURL *c = easy(o, it->url, &x, errbuf);
         struct curl_slist *hdrs = NULL;
         if (!c) {
@@ -769,8 +773,10 @@ out:
     return st;
 }
 
+/* prog_base: bytes of a list's earlier files; prog_sized: the progress total is this file's
+ * size, taken from the response (a one-file progress whose size was not known up front). */
 static jdt_status fetch_one(const jdt_fetch_opts *o, const jdt_fetch_item *it, const int *cancel,
-                            jdt_progress *prog, double prog_base, jdt_err *e)
+                            jdt_progress *prog, double prog_base, bool prog_sized, jdt_err *e)
 {
     jdt_status st = need_curl(e);
     if (st != JDT_OK) return st;
@@ -785,7 +791,7 @@ static jdt_status fetch_one(const jdt_fetch_opts *o, const jdt_fetch_item *it, c
     if ((st = lock_entry(it, cancel, &lock, e))) return st;
     bool ok;
     if ((st = cached_ok(it, &ok, e)) == JDT_OK && !ok)
-        st = download(o, it, cancel, prog, prog_base, e);
+        st = download(o, it, cancel, prog, prog_base, prog_sized, e);
     if (lock >= 0) close(lock); /* releases the flock */
     return st;
 }
@@ -795,7 +801,7 @@ jdt_status jdt_fetch_file(const jdt_fetch_opts *o, const jdt_fetch_item *it, con
 {
     jdt_err err_local_; /* e may be NULL: keep the detail locally */
     if (!e) e = &err_local_;
-    return fetch_one(o, it, cancel, progress, 0, e);
+    return fetch_one(o, it, cancel, progress, 0, progress && progress->total <= 0, e);
 }
 
 /* ---- resolving a URL --------------------------------------------------------------------- */
@@ -1075,7 +1081,7 @@ jdt_status jdt_fetch_mirror(const jdt_fetch_opts *o, const char *url, char **loc
     jdt_progress_begin(&prog, what, total >= 0 ? (double)total / 1e6 : 0, "MB");
     double base = 0;
     for (int64_t i = 0; i < l->n_items && st == JDT_OK; i++) {
-        st = fetch_one(o, &l->items[i], NULL, &prog, base, e);
+        st = fetch_one(o, &l->items[i], NULL, &prog, base, l->n_items == 1 && total < 0, e);
         int64_t sz = file_size(l->items[i].local);
         base += sz > 0 ? (double)sz : 0;
     }
@@ -1119,7 +1125,7 @@ jdt_status jdt_fetch_beside(const jdt_fetch_opts *o, const char *url, const char
     it.n_bytes = it.n_units = -1;
     jdt_status st = it.url ? local_path(o, it.url, &it.local, e)
                            : jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
-    if (st == JDT_OK) st = fetch_one(o, &it, NULL, NULL, 0, e);
+    if (st == JDT_OK) st = fetch_one(o, &it, NULL, NULL, 0, false, e);
     if (st == JDT_OK)
         *local = it.local;
     else
@@ -1252,7 +1258,8 @@ static void *remote_main(void *arg)
         pthread_mutex_unlock(&r->mu);
         jdt_err err;
         jdt_err_clear(&err);
-        jdt_status st = fetch_one(&r->o, &l->items[i], &r->cancel, &prog, base, &err);
+        jdt_status st = fetch_one(&r->o, &l->items[i], &r->cancel, &prog, base,
+                                  l->n_items == 1 && total < 0, &err);
         int64_t sz = file_size(l->items[i].local);
         base += sz > 0 ? (double)sz : 0;
         pthread_mutex_lock(&r->mu);
