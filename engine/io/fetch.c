@@ -949,6 +949,94 @@ static jdt_status parse_listing(const char *body, char ***names, size_t *n_names
     return JDT_OK;
 }
 
+/* Reads body, what url returned from effective (the URL after redirects), into l: a manifest
+ * or an HTML listing, under l->local_dir (set here). A listing that links the manifest name
+ * sets *manifest_url (caller frees) and adds nothing, unless manifest_url is NULL. */
+static jdt_status parse_body(const jdt_fetch_opts *o, const char *url, const char *effective,
+                             char *body, jdt_fetch_filter keep, void *keep_ctx, jdt_fetch_list *l,
+                             char **manifest_url, jdt_err *e)
+{
+    char *base = NULL, **names = NULL;
+    size_t n_names = 0, el = strlen(effective);
+    jdt_status st = JDT_OK;
+    bool manifest = strncmp(body, JDT_FETCH_MANIFEST_MAGIC, strlen(JDT_FETCH_MANIFEST_MAGIC)) == 0;
+    /* the folder URL items are relative to */
+    if (!(base = jdt_malloc(el + 2))) goto oom;
+    memcpy(base, effective, el + 1);
+    char *qq = strpbrk(base, "?#");
+    if (qq) *qq = '\0';
+    if (manifest) {
+        char *slash = strrchr(base, '/');
+        if (slash) slash[1] = '\0';
+    } else if (!strlen(base) || base[strlen(base) - 1] != '/') {
+        strcat(base, "/");
+    }
+    jdt_free(l->local_dir);
+    l->local_dir = NULL;
+    if ((st = local_path(o, base, &l->local_dir, e))) goto out;
+    if (manifest) {
+        st = parse_manifest(l, url, base, body, keep, keep_ctx, e);
+    } else if (strcasestr(body, "<html") || strcasestr(body, "<a ")) {
+        if ((st = parse_listing(body, &names, &n_names, e, url))) goto out;
+        bool has_manifest = false;
+        for (size_t i = 0; i < n_names && manifest_url; i++)
+            has_manifest |= strcmp(names[i], JDT_FETCH_MANIFEST_NAME) == 0;
+        if (has_manifest) { /* sizes, checksums and lengths: the caller reads the manifest */
+            if (!(*manifest_url = join_url(base, JDT_FETCH_MANIFEST_NAME))) goto oom;
+        } else {
+            if (n_names > 1) qsort(names, n_names, sizeof *names, jdt_io_natural_cmp);
+            for (size_t i = 0; i < n_names && st == JDT_OK; i++)
+                if (!keep || keep(names[i], keep_ctx))
+                    st = add_item(l, base, names[i], -1, NULL, -1, e);
+        }
+    } else {
+        st = jdt_err_set(e, JDT_ERR_FORMAT,
+                         "%s: neither a .h5 file, a jdt manifest (first line '%s') nor an HTML "
+                         "directory listing",
+                         url, JDT_FETCH_MANIFEST_MAGIC);
+    }
+    goto out;
+oom:
+    st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", url);
+out:
+    jdt_io_names_free(names, n_names);
+    jdt_free(base);
+    return st;
+}
+
+static jdt_status check_not_empty(const jdt_fetch_list *l, const char *url, bool filtered,
+                                  jdt_err *e)
+{
+    if (l->n_items > 0) return JDT_OK;
+    return jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: the %s names no %sfiles", url,
+                       l->manifest ? "manifest" : "directory listing", filtered ? "matching " : "");
+}
+
+jdt_status jdt_fetch_parse(const jdt_fetch_opts *o, const char *url, const char *body,
+                           jdt_fetch_filter keep, void *keep_ctx, jdt_fetch_list **out, jdt_err *e)
+{
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
+    *out = NULL;
+    jdt_status st = need_curl(e);
+    if (st != JDT_OK) return st;
+    jdt_fetch_list *l = jdt_calloc(1, sizeof *l);
+    char *copy = jdt_strdup(body);
+    if (!l || !copy || !(l->url = jdt_strdup(url))) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", url);
+    } else {
+        st = parse_body(o, url, url, copy, keep, keep_ctx, l, NULL, e);
+        if (st == JDT_OK) st = check_not_empty(l, url, keep != NULL, e);
+    }
+    jdt_free(copy);
+    if (st != JDT_OK) {
+        jdt_fetch_list_free(l);
+        return st;
+    }
+    *out = l;
+    return JDT_OK;
+}
+
 jdt_status jdt_fetch_resolve(const jdt_fetch_opts *o, const char *url, jdt_fetch_filter keep,
                              void *keep_ctx, jdt_fetch_list **out, jdt_err *e)
 {
@@ -959,8 +1047,7 @@ jdt_status jdt_fetch_resolve(const jdt_fetch_opts *o, const char *url, jdt_fetch
         return jdt_err_set(e, JDT_ERR_CONFIG, "%s: not an http:// or https:// URL", url);
     jdt_status st = need_curl(e);
     if (st != JDT_OK) return st;
-    char *body = NULL, *eff = NULL, *base = NULL, **names = NULL;
-    size_t n_names = 0;
+    char *body = NULL, *eff = NULL, *murl = NULL;
     jdt_fetch_list *l = jdt_calloc(1, sizeof *l);
     if (!l || !(l->url = jdt_strdup(url))) goto oom;
     size_t ul = strlen(url);
@@ -991,66 +1078,32 @@ jdt_status jdt_fetch_resolve(const jdt_fetch_opts *o, const char *url, jdt_fetch
         return JDT_OK;
     }
     if ((st = get_text(o, url, &body, &eff, e))) goto fail;
-    /* the folder URL items are relative to */
-    size_t el = strlen(eff);
-    bool manifest = strncmp(body, JDT_FETCH_MANIFEST_MAGIC, strlen(JDT_FETCH_MANIFEST_MAGIC)) == 0;
-    if (!(base = jdt_malloc(el + 2))) goto oom;
-    memcpy(base, eff, el + 1);
-    char *qq = strpbrk(base, "?#");
-    if (qq) *qq = '\0';
-    if (manifest) {
-        char *slash = strrchr(base, '/');
-        if (slash) slash[1] = '\0';
-    } else if (!strlen(base) || base[strlen(base) - 1] != '/') {
-        strcat(base, "/");
-    }
-    if ((st = local_path(o, base, &l->local_dir, e))) goto fail;
-    if (manifest) {
-        st = parse_manifest(l, url, base, body, keep, keep_ctx, e);
-    } else if (strcasestr(body, "<html") || strcasestr(body, "<a ")) {
-        if ((st = parse_listing(body, &names, &n_names, e, url))) goto fail;
-        bool has_manifest = false;
-        for (size_t i = 0; i < n_names; i++)
-            has_manifest |= strcmp(names[i], JDT_FETCH_MANIFEST_NAME) == 0;
-        if (has_manifest) { /* sizes, checksums and lengths: read the listing's manifest */
-            char *murl = join_url(base, JDT_FETCH_MANIFEST_NAME), *mbody = NULL, *meff = NULL;
-            if (!murl) goto oom;
-            st = get_text(o, murl, &mbody, &meff, e);
-            if (st == JDT_OK) st = parse_manifest(l, murl, base, mbody, keep, keep_ctx, e);
-            jdt_free(murl);
-            jdt_free(mbody);
-            jdt_free(meff);
-        } else {
-            if (n_names > 1) qsort(names, n_names, sizeof *names, jdt_io_natural_cmp);
-            for (size_t i = 0; i < n_names && st == JDT_OK; i++)
-                if (!keep || keep(names[i], keep_ctx))
-                    st = add_item(l, base, names[i], -1, NULL, -1, e);
+    if ((st = parse_body(o, url, eff, body, keep, keep_ctx, l, &murl, e))) goto fail;
+    if (murl) { /* a listing with a manifest: read through the manifest */
+        jdt_free(body);
+        jdt_free(eff);
+        body = eff = NULL;
+        if ((st = get_text(o, murl, &body, &eff, e)) ||
+            (st = parse_body(o, murl, eff, body, keep, keep_ctx, l, NULL, e)))
+            goto fail;
+        if (!l->manifest) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: not a jdt manifest (expected first line '%s')",
+                             murl, JDT_FETCH_MANIFEST_MAGIC);
+            goto fail;
         }
-    } else {
-        st = jdt_err_set(e, JDT_ERR_FORMAT,
-                         "%s: neither a .h5 file, a jdt manifest (first line '%s') nor an HTML "
-                         "directory listing",
-                         url, JDT_FETCH_MANIFEST_MAGIC);
     }
-    if (st != JDT_OK) goto fail;
-    if (l->n_items == 0) {
-        st = jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: the %s names no %sfiles", url,
-                         l->manifest ? "manifest" : "directory listing", keep ? "matching " : "");
-        goto fail;
-    }
-    jdt_io_names_free(names, n_names);
+    if ((st = check_not_empty(l, url, keep != NULL, e))) goto fail;
+    jdt_free(murl);
     jdt_free(body);
     jdt_free(eff);
-    jdt_free(base);
     *out = l;
     return JDT_OK;
 oom:
     st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", url);
 fail:
-    jdt_io_names_free(names, n_names);
+    jdt_free(murl);
     jdt_free(body);
     jdt_free(eff);
-    jdt_free(base);
     jdt_fetch_list_free(l);
     return st;
 }

@@ -65,6 +65,12 @@ jdt_status jdt_fetch_resolve(const jdt_fetch_opts *o, const char *url, jdt_fetch
                              void *keep_ctx, jdt_fetch_list **out, jdt_err *e);
 void jdt_fetch_list_free(jdt_fetch_list *l);
 
+/* The parsing half of jdt_fetch_resolve, with no request (tests, fuzzing): reads body, what
+ * url returned, as a manifest or an HTML listing under the same rules and errors (a listing's
+ * link to the manifest name is just another file here). Caller frees *out. */
+jdt_status jdt_fetch_parse(const jdt_fetch_opts *o, const char *url, const char *body,
+                           jdt_fetch_filter keep, void *keep_ctx, jdt_fetch_list **out, jdt_err *e);
+
 /* Makes it->local a complete, verified copy of it->url. Under an flock on "<local>.lock" (so
  * one process of a host downloads and the others wait and reuse the file): a complete cached
  * file that matches the expected size and sha256 is used as is; otherwise the download
