@@ -102,7 +102,7 @@ static bool safe_name(const char *s)
     for (;;) {
         const char *end = strchr(seg, '/');
         size_t n = end ? (size_t)(end - seg) : strlen(seg);
-        if (n == 0 && end) return false;
+        if (n == 0) return false; /* "a//b" or a trailing '/' (a folder, not a file) */
         if ((n == 1 && seg[0] == '.') || (n == 2 && seg[0] == '.' && seg[1] == '.')) return false;
         if (!end) return true;
         seg = end + 1;

@@ -616,6 +616,14 @@ START_TEST(test_listing_and_manifest)
     fclose(f);
     ck_assert_int_eq(jdt_fetch_resolve(&o, url_of("/ds/manifest.txt"), NULL, NULL, &l, &e),
                      JDT_ERR_FORMAT);
+    const char *folder_names[] = {"sub/", "a//b.h5", "/abs.h5", "./x.h5"}; /* found by fuzz_fetch */
+    for (int i = 0; i < 4; i++) {
+        char body[200];
+        snprintf(body, sizeof body, "%s\n%s 10 - 4\n", JDT_FETCH_MANIFEST_MAGIC, folder_names[i]);
+        ck_assert_int_eq(jdt_fetch_parse(&o, url_of("/m.txt"), body, NULL, NULL, &l, &e),
+                         JDT_ERR_FORMAT);
+        ck_assert_ptr_nonnull(strstr(e.msg, "must be relative"));
+    }
     ck_assert_int_eq(jdt_fetch_resolve(&o, url_of("/nothing/"), NULL, NULL, &l, &e),
                      JDT_ERR_NOT_FOUND);
 
