@@ -546,15 +546,23 @@ static void write_small(const char *path, const char *text)
 
 /* True if the cached file at it->local is complete and matches what is expected of it. A
  * file with a known sha256 is hashed once; the result is remembered in "<local>.sha256". A
- * mismatching file is removed. */
-static jdt_status cached_ok(const jdt_fetch_item *it, bool *ok, jdt_err *e)
+ * mismatching file is removed. A file with no digest to check (from a listing) but an ETag
+ * recorded when it was fetched is not ok yet: *revalidate gets the ETag, for a conditional
+ * request (If-None-Match) that costs one round trip when the file has not changed. */
+static jdt_status cached_ok(const jdt_fetch_item *it, bool *ok, char *revalidate, size_t n,
+                            jdt_err *e)
 {
     *ok = false;
+    revalidate[0] = '\0';
     int64_t size = file_size(it->local);
     if (size < 0) return JDT_OK;
     if (it->n_bytes >= 0 && size != it->n_bytes) goto stale;
     if (!it->sha256[0]) {
-        *ok = true;
+        char side[1200];
+        snprintf(side, sizeof side, "%s.etag", it->local);
+        read_small(side, revalidate, n);
+        if (strncmp(revalidate, "W/", 2) == 0) revalidate[0] = '\0'; /* weak: not comparable */
+        *ok = revalidate[0] == '\0';
         return JDT_OK;
     }
     char side[1200], seen[80];
@@ -611,9 +619,11 @@ static jdt_status lock_entry(const jdt_fetch_item *it, const int *cancel, int *f
     return JDT_OK;
 }
 
-/* Downloads it->url into "<local>.part" and renames it into place once verified; lock held. */
+/* Downloads it->url into "<local>.part" and renames it into place once verified; lock held.
+ * if_none_match (or ""): the ETag of the cached copy; a 304 answer keeps that copy. */
 static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, const int *cancel,
-                           jdt_progress *prog, double prog_base, bool prog_sized, jdt_err *e)
+                           jdt_progress *prog, double prog_base, bool prog_sized,
+                           const char *if_none_match, jdt_err *e)
 {
     char part[1200], etag_path[1200], etag[256], errbuf[CURL_ERROR_SIZE], what[600];
     snprintf(part, sizeof part, "%s.part", it->local);
@@ -663,7 +673,12 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
             st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: cannot start libcurl", it->url);
             goto out;
         }
-        char range[64], if_range[300];
+        char range[64], if_range[300], inm[300];
+        if (have == 0 && if_none_match[0]) {
+            snprintf(inm, sizeof inm, "If-None-Match: %s", if_none_match);
+            hdrs = curl_slist_append(hdrs, inm);
+            curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+        }
         if (have > 0) {
             snprintf(range, sizeof range, "%lld-", (long long)have);
             curl_easy_setopt(c, CURLOPT_RANGE, range);
@@ -684,6 +699,11 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
         }
         if (want_sha) hashed = x.offset + x.written;
         outcome oc = classify(rc, http, &x, errbuf, o, &st, what, sizeof what);
+        if (oc == OUTCOME_OK && http == 304) { /* the cached copy is current */
+            JDT_DEBUG("%s: unchanged since it was cached (ETag %s)", it->url, if_none_match);
+            st = JDT_OK;
+            goto out_delete;
+        }
         if (oc == OUTCOME_OK) {
             int64_t got = x.offset + x.written;
             if (x.total < 0 || got == x.total) break;
@@ -752,6 +772,10 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
         st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", it->local, strerror(errno));
         goto out;
     }
+    /* the ETag of what is now cached, for revalidating a copy that has no digest to check */
+    char etag_done[1200];
+    snprintf(etag_done, sizeof etag_done, "%s.etag", it->local);
+    if (!etag[0] || rename(etag_path, etag_done) != 0) unlink(etag_done);
     unlink(etag_path);
     if (want_sha) {
         char side[1200];
@@ -790,8 +814,9 @@ static jdt_status fetch_one(const jdt_fetch_opts *o, const jdt_fetch_item *it, c
     int lock = -1;
     if ((st = lock_entry(it, cancel, &lock, e))) return st;
     bool ok;
-    if ((st = cached_ok(it, &ok, e)) == JDT_OK && !ok)
-        st = download(o, it, cancel, prog, prog_base, prog_sized, e);
+    char etag[256];
+    if ((st = cached_ok(it, &ok, etag, sizeof etag, e)) == JDT_OK && !ok)
+        st = download(o, it, cancel, prog, prog_base, prog_sized, etag, e);
     if (lock >= 0) close(lock); /* releases the flock */
     return st;
 }

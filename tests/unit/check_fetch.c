@@ -67,6 +67,21 @@ static int count_requests(const char *path)
     return n;
 }
 
+/* Requests for path answered with status. */
+static int count_status(const char *path, int status)
+{
+    FILE *f = fopen(g_log, "r");
+    if (!f) return 0;
+    char line[1024], p[900], r[200];
+    int n = 0, code;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%899s %199s %d", p, r, &code) == 3 && strcmp(p, path) == 0 &&
+            code == status)
+            n++;
+    fclose(f);
+    return n;
+}
+
 static void log_request(const char *path, const char *range, int status)
 {
     FILE *f = fopen(g_log, "a");
@@ -118,10 +133,11 @@ static void handle(int fd)
     }
     char method[16], path[900];
     if (sscanf(req, "%15s %899s", method, path) != 2) return;
-    char range[128] = "", if_range[256] = "";
+    char range[128] = "", if_range[256] = "", if_none[256] = "";
     for (char *l = strstr(req, "\r\n"); l; l = strstr(l + 2, "\r\n")) {
         if (strncasecmp(l + 2, "Range:", 6) == 0) sscanf(l + 8, " %127[^\r]", range);
         if (strncasecmp(l + 2, "If-Range:", 9) == 0) sscanf(l + 11, " %255[^\r]", if_range);
+        if (strncasecmp(l + 2, "If-None-Match:", 14) == 0) sscanf(l + 16, " %255[^\r]", if_none);
     }
     int seen = count_requests(path);
     const char *mode = "", *rel = path;
@@ -153,6 +169,15 @@ static void handle(int fd)
     snprintf(etag, sizeof etag, "\"%llx-%llx\"", (unsigned long long)sb.st_size,
              (unsigned long long)sb.st_mtime);
     long long size = (long long)sb.st_size, from = 0;
+    if (if_none[0] && strcmp(if_none, etag) == 0) {
+        log_request(path, range, 304);
+        char h[200];
+        int hn =
+            snprintf(h, sizeof h,
+                     "HTTP/1.1 304 Not Modified\r\nETag: %s\r\nConnection: close\r\n\r\n", etag);
+        send_all(fd, h, (size_t)hn);
+        return;
+    }
     bool partial = range[0] && (!if_range[0] || strcmp(if_range, etag) == 0) &&
                    sscanf(range, "bytes=%lld-", &from) == 1;
     if (partial && from >= size) {
@@ -408,6 +433,33 @@ START_TEST(test_fetch_and_reuse)
 }
 END_TEST
 
+/* A cached file from a listing (no digest) is revalidated with its ETag: unchanged costs a 304
+ * and keeps the copy; a file replaced on the server is fetched again. */
+START_TEST(test_revalidate_listing_file)
+{
+    unsigned char *b = make_file("v.bin", 50000);
+    char local[700];
+    jdt_fetch_item it = item("/v.bin", local, sizeof local);
+    jdt_fetch_opts o = opts(0, 5);
+    jdt_err e;
+    ck_assert_int_eq(jdt_fetch_file(&o, &it, NULL, NULL, &e), JDT_OK);
+    ck_assert_int_eq(jdt_fetch_file(&o, &it, NULL, NULL, &e), JDT_OK);
+    ck_assert(file_equals(local, b, 50000));
+    FILE *lf = fopen(g_log, "r");
+    char l1[256], l2[256];
+    ck_assert_ptr_nonnull(fgets(l1, sizeof l1, lf));
+    ck_assert_ptr_nonnull(fgets(l2, sizeof l2, lf));
+    fclose(lf);
+    ck_assert_str_eq(l2, "/v.bin - 304\n");
+    free(b);
+    b = make_file("v.bin", 40000); /* replaced: another size, so another ETag */
+    ck_assert_int_eq(jdt_fetch_file(&o, &it, NULL, NULL, &e), JDT_OK);
+    ck_assert(file_equals(local, b, 40000));
+    ck_assert_int_eq(count_requests("/v.bin"), 3);
+    free(b);
+}
+END_TEST
+
 START_TEST(test_resume_part)
 {
     unsigned char *b = make_file("r.bin", 200000);
@@ -637,7 +689,9 @@ START_TEST(test_listing_and_manifest)
         ck_assert(file_equals(local, tj, 77));
         jdt_free(local);
     }
-    ck_assert_int_eq(count_requests("/ds/tokenizer.json"), 1); /* then from the cache */
+    /* fetched once, then revalidated from the cache (304) */
+    ck_assert_int_eq(count_status("/ds/tokenizer.json", 200), 1);
+    ck_assert_int_eq(count_status("/ds/tokenizer.json", 304), 3);
     free(tj);
 }
 END_TEST
@@ -663,7 +717,9 @@ START_TEST(test_one_download_for_two_processes)
         ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
     ck_assert(file_equals(local, b, 120000));
-    ck_assert_int_eq(count_requests("/slow/big.bin"), 1);
+    /* one download; the process that waited revalidates the copy (a 304, no body) */
+    ck_assert_int_eq(count_status("/slow/big.bin", 200), 1);
+    ck_assert_int_eq(count_status("/slow/big.bin", 304), 1);
     free(b);
 }
 END_TEST
@@ -822,6 +878,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_sha256_vectors);
     tcase_add_test(tc, test_fetch_and_reuse);
+    tcase_add_test(tc, test_revalidate_listing_file);
     tcase_add_test(tc, test_resume_part);
     tcase_add_test(tc, test_cut_and_resumed);
     tcase_add_test(tc, test_retry_5xx);
