@@ -37,6 +37,8 @@ PKGS=(
   libclang-rt-dev    # libFuzzer and the sanitizer runtimes for that clang
   libomp-dev         # OpenMP for clang (the engine's kernels use it)
   libcairo2-dev      # `jdt-train plot`: PNG and SVG loss curves
+  clang-format       # make lint (format check against .clang-format)
+  cppcheck           # make lint (static analysis)
 )
 
 missing=()

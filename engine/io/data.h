@@ -118,9 +118,10 @@ typedef struct jdt_data jdt_data;
  * data holds at least one sample (T+1 tokens). An http(s):// path is fetched into the cache
  * (fetch.h: one .h5, a listing or a manifest, split applying to the names); with a manifest
  * that gives every shard's length this returns once the first shard is local, the others
- * download in the background and are validated when first read (a read waits for its shard). Errors name the file and the dataset:
- * ERR_NOT_FOUND (missing path, no matching shards), ERR_FORMAT (not HDF5, truncated, wrong
- * format/version/dtype, missing attribute or dataset, too short), ERR_INVALID (bad opts).
+ * download in the background and are validated when first read (a read waits for its
+ * shard). Errors name the file and the dataset: ERR_NOT_FOUND (missing path, no matching
+ * shards), ERR_FORMAT (not HDF5, truncated, wrong format/version/dtype, missing attribute or
+ * dataset, too short), ERR_INVALID (bad opts); a remote error names the URL (fetch.h).
  * Starts the prefetch thread if opts->prefetch > 0. On success the caller owns *out. */
 jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e);
 

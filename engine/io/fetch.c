@@ -180,7 +180,7 @@ static void url_decode(char *s)
 {
     char *w = s;
     for (char *r = s; *r; r++) {
-        int hi, lo;
+        unsigned hi, lo;
         if (*r == '%' && r[1] && r[2] && sscanf(r + 1, "%1x%1x", &hi, &lo) == 2) {
             *w++ = (char)(hi * 16 + lo);
             r += 2;
@@ -357,6 +357,23 @@ static CURL *easy(const jdt_fetch_opts *o, const char *url, xfer *x, char *errbu
 
 typedef enum { OUTCOME_OK, OUTCOME_RETRY, OUTCOME_RESTART, OUTCOME_FAIL } outcome;
 
+/* libcurl's results that mean "try again": the connection failed, was reset, or the transfer
+ * ended early. (libcurl's CURLcode has ~100 values, most for other protocols: a table of the
+ * ones we treat specially, not a switch over all of them.) */
+static const CURLcode TRANSIENT[] = {
+    CURLE_COULDNT_CONNECT, CURLE_COULDNT_RESOLVE_HOST, CURLE_RECV_ERROR, CURLE_SEND_ERROR,
+    CURLE_PARTIAL_FILE,    CURLE_GOT_NOTHING,          CURLE_HTTP2,      CURLE_HTTP2_STREAM};
+/* ... and those that mean the server's certificate was not accepted */
+static const CURLcode TLS_REFUSED[] = {CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CACERT_BADFILE,
+                                       CURLE_SSL_CERTPROBLEM, CURLE_SSL_ISSUER_ERROR};
+
+static bool one_of(CURLcode rc, const CURLcode *set, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (set[i] == rc) return true;
+    return false;
+}
+
 /* Sorts a finished transfer into done, retry (transient), restart (retry from byte 0) or
  * fail, with the status and a short description of what went wrong. */
 static outcome classify(CURLcode rc, long http, const xfer *x, const char *errbuf,
@@ -364,10 +381,8 @@ static outcome classify(CURLcode rc, long http, const xfer *x, const char *errbu
 {
     const char *detail = errbuf[0] ? errbuf : curl_easy_strerror(rc);
     *st = JDT_ERR_NET;
-    switch (rc) {
-    case CURLE_OK:
-        return OUTCOME_OK;
-    case CURLE_HTTP_RETURNED_ERROR:
+    if (rc == CURLE_OK) return OUTCOME_OK;
+    if (rc == CURLE_HTTP_RETURNED_ERROR) {
         snprintf(what, n, "HTTP %ld", http);
         if (http == 416) return OUTCOME_RESTART; /* our part is longer than the file */
         if (http == 408 || http == 429 || http >= 500) return OUTCOME_RETRY;
@@ -379,8 +394,8 @@ static outcome classify(CURLcode rc, long http, const xfer *x, const char *errbu
             snprintf(what, n, "HTTP %ld: access denied", http);
         }
         return OUTCOME_FAIL;
-    case CURLE_WRITE_ERROR:
-    case CURLE_ABORTED_BY_CALLBACK:
+    }
+    if (rc == CURLE_WRITE_ERROR || rc == CURLE_ABORTED_BY_CALLBACK) {
         if (cancelled(x->cancel)) {
             *st = JDT_ERR_INTERRUPTED;
             snprintf(what, n, "download interrupted");
@@ -399,39 +414,27 @@ static outcome classify(CURLcode rc, long http, const xfer *x, const char *errbu
         snprintf(what, n, "writing the download: %s",
                  x->write_errno ? strerror(x->write_errno) : "out of memory");
         return OUTCOME_FAIL;
-    case CURLE_OPERATION_TIMEDOUT:
+    }
+    if (rc == CURLE_OPERATION_TIMEDOUT) {
         *st = JDT_ERR_TIMEOUT;
         snprintf(what, n, "timed out: no data for %g s (%s)", o->timeout_s, detail);
         return OUTCOME_RETRY;
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_GOT_NOTHING:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
+    }
+    if (one_of(rc, TRANSIENT, JDT_ARRAY_LEN(TRANSIENT))) {
         snprintf(what, n, "%s", detail);
         return OUTCOME_RETRY;
-    case CURLE_PEER_FAILED_VERIFICATION:
-    case CURLE_SSL_CACERT_BADFILE:
-    case CURLE_SSL_CERTPROBLEM:
-    case CURLE_SSL_ISSUER_ERROR:
+    }
+    if (one_of(rc, TLS_REFUSED, JDT_ARRAY_LEN(TLS_REFUSED))) {
         *st = JDT_ERR_AUTH;
         snprintf(what, n,
                  "TLS verification failed (%s); add the server's CA to the system store or "
                  "point CURL_CA_BUNDLE at it",
                  detail);
         return OUTCOME_FAIL;
-    case CURLE_UNSUPPORTED_PROTOCOL:
-    case CURLE_URL_MALFORMAT:
-        *st = JDT_ERR_CONFIG;
-        snprintf(what, n, "%s", detail);
-        return OUTCOME_FAIL;
-    default:
-        snprintf(what, n, "%s", detail);
-        return OUTCOME_FAIL;
     }
+    if (rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_URL_MALFORMAT) *st = JDT_ERR_CONFIG;
+    snprintf(what, n, "%s", detail);
+    return OUTCOME_FAIL;
 }
 
 static double backoff(const jdt_fetch_opts *o, int attempt)

@@ -123,7 +123,7 @@ static void serve_listing(int fd, const char *dir)
 
 static void handle(int fd)
 {
-    char req[8192];
+    char req[8192] = "";
     size_t got = 0;
     while (got < sizeof req - 1 && !strstr(req, "\r\n\r\n")) {
         ssize_t r = recv(fd, req + got, sizeof req - 1 - got, 0);
