@@ -261,7 +261,10 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ctx)
         if (x->mem_len + len + 1 > x->mem_cap) {
             size_t cap = (x->mem_len + len + 1) * 2;
             char *m = jdt_realloc(x->mem, cap);
-            if (!m) return 0;
+            if (!m) {
+                x->write_errno = ENOMEM;
+                return 0;
+            }
             x->mem = m;
             x->mem_cap = cap;
         }
