@@ -644,6 +644,8 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
     int64_t have = 0;
     double t0 = jdt_now_s();
     int64_t start_at = -1;
+    bool restarted = false;
+again:
     for (int attempt = 0;; attempt++) {
         struct stat sb;
         if (fstat(fd, &sb) != 0) {
@@ -755,6 +757,26 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
         goto out;
     }
     have = (int64_t)sb.st_size;
+    char hex[65] = "";
+    if (want_sha && hashed != have && (st = hash_fd(fd, have, &sha, part, e))) goto out;
+    if (want_sha) jdt_sha256_hex(&sha, hex);
+    bool bad = (it->n_bytes >= 0 && have != it->n_bytes) || (want_sha && strcmp(hex, it->sha256));
+    if (bad && start_at > 0 && !restarted) {
+        /* a part left by an earlier run whose start no longer matches (a server without ETags
+         * changed the file): once, from byte 0 */
+        JDT_WARN("%s: the resumed download does not match the manifest; fetching it again from "
+                 "the start",
+                 it->url);
+        if (ftruncate(fd, 0) != 0) {
+            st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", part, strerror(errno));
+            goto out;
+        }
+        unlink(etag_path);
+        etag[0] = '\0';
+        hashed = start_at = -1;
+        restarted = true;
+        goto again;
+    }
     if (it->n_bytes >= 0 && have != it->n_bytes) {
         st = jdt_err_set(e, JDT_ERR_FORMAT,
                          "%s: the server sent %lld bytes but the manifest says %lld; the "
@@ -762,17 +784,12 @@ static jdt_status download(const jdt_fetch_opts *o, const jdt_fetch_item *it, co
                          it->url, (long long)have, (long long)it->n_bytes);
         goto out_delete;
     }
-    char hex[65] = "";
-    if (want_sha) {
-        if (hashed != have && (st = hash_fd(fd, have, &sha, part, e))) goto out;
-        jdt_sha256_hex(&sha, hex);
-        if (strcmp(hex, it->sha256) != 0) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT,
-                             "%s: sha256 %s does not match the manifest's %s; the download was "
-                             "deleted",
-                             it->url, hex, it->sha256);
-            goto out_delete;
-        }
+    if (want_sha && strcmp(hex, it->sha256) != 0) {
+        st = jdt_err_set(e, JDT_ERR_FORMAT,
+                         "%s: sha256 %s does not match the manifest's %s; the download was "
+                         "deleted",
+                         it->url, hex, it->sha256);
+        goto out_delete;
     }
     if (fsync(fd) != 0 || rename(part, it->local) != 0) {
         st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", it->local, strerror(errno));

@@ -473,6 +473,31 @@ START_TEST(test_resume_part)
 }
 END_TEST
 
+/* A .part whose start is not the file's (left by an older version, no ETag to notice) fails
+ * the digest once resumed: it is fetched again from byte 0, once. */
+START_TEST(test_stale_part_restarts)
+{
+    unsigned char *b = make_file("p.bin", 90000);
+    char local[700], part[800], hex[65];
+    jdt_fetch_item it = item("/p.bin", local, sizeof local);
+    it.n_bytes = 90000;
+    snprintf(it.sha256, sizeof it.sha256, "%s", sha_of(b, 90000, hex));
+    snprintf(part, sizeof part, "%s.part", local);
+    mkdir_for(part);
+    FILE *f = fopen(part, "wb");
+    for (int i = 0; i < 30000; i++)
+        fputc('x', f);
+    fclose(f);
+    jdt_fetch_opts o = opts(0, 5);
+    jdt_err e;
+    ck_assert_msg(jdt_fetch_file(&o, &it, NULL, NULL, &e) == JDT_OK, "%s", e.msg);
+    ck_assert(file_equals(local, b, 90000));
+    ck_assert_int_eq(count_status("/p.bin", 206), 1);
+    ck_assert_int_eq(count_status("/p.bin", 200), 1);
+    free(b);
+}
+END_TEST
+
 START_TEST(test_cut_and_resumed)
 {
     unsigned char *b = make_file("c.bin", 400000);
@@ -915,6 +940,7 @@ int main(void)
     tcase_add_test(tc, test_fetch_and_reuse);
     tcase_add_test(tc, test_revalidate_listing_file);
     tcase_add_test(tc, test_resume_part);
+    tcase_add_test(tc, test_stale_part_restarts);
     tcase_add_test(tc, test_cut_and_resumed);
     tcase_add_test(tc, test_retry_5xx);
     tcase_add_test(tc, test_not_found);
