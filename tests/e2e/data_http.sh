@@ -91,6 +91,20 @@ timeout 300 "$BIN" "$TMP/c.yaml" run.name=init run.steps=2 checkpoint.init_from=
 grep -q "initialised params from" "$TMP/init.log" || fail "init_from: no 'initialised params' line"
 echo "ok: init_from ${URL}ckpt/$(basename "$ck")/"
 
+# 4b. a BPE corpus by config alone: prepare (tokenizer.json goes into the manifest), train from
+# the URL, then `sample` finds the tokenizer beside the remote shards (fetched into the cache)
+timeout 300 "$BIN" prepare "$TMP/c.yaml" data.tokenizer=bpe model.vocab_size=320 data.train_path="$W/bpe" \
+  >/dev/null 2>"$TMP/bpe-prep.log" || { tail -3 "$TMP/bpe-prep.log"; fail "prepare bpe"; }
+grep -q '^tokenizer.json ' "$W/bpe/manifest.txt" || fail "manifest lacks tokenizer.json"
+timeout 300 "$BIN" "$TMP/c.yaml" run.name=bpe run.steps=2 data.tokenizer=bpe model.vocab_size=320 \
+  data.train_path="${URL}bpe/" data.val_path="${URL}bpe/" >/dev/null 2>"$TMP/bpe.log" \
+  || { tail -3 "$TMP/bpe.log"; fail "bpe run from ${URL}bpe/"; }
+rm -rf "$CACHE/bpe/tokenizer.json"
+timeout 120 "$BIN" sample "$TMP/runs/bpe/ckpt" --prompt "The " --length 8 >"$TMP/bpe-sample.txt" 2>"$TMP/bpe-sample.log" \
+  || { tail -3 "$TMP/bpe-sample.log"; fail "sample of a run trained from a BPE corpus URL"; }
+[ -s "$TMP/bpe-sample.txt" ] && [ -s "$CACHE/bpe/tokenizer.json" ] || fail "sample: no text, or no tokenizer fetched"
+echo "ok: bpe corpus from ${URL}bpe/, sample with its tokenizer.json"
+
 # 5. HTTPS: TLS verification is on. A self-signed certificate for 127.0.0.1 (openssl s_server
 # -WWW serves the folder, no listings: go through the manifest) is refused; with the
 # certificate as CURL_CA_BUNDLE the run works and matches the local losses.
