@@ -354,6 +354,7 @@ static CURL *easy(const jdt_fetch_opts *o, const char *url, xfer *x, char *errbu
     curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(c, CURLOPT_XFERINFODATA, x);
     curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024); /* fewer, larger writes */
     errbuf[0] = '\0';
     return c;
 }
