@@ -126,7 +126,8 @@ static const subcommand SUBCOMMANDS[] = {
      "tokenizer at data.tokenizer_path, else one of model.vocab_size ids trained on the text\n"
      "and written as data.train_path/tokenizer.json), splits off the last data.val_fraction\n"
      "as validation data and writes data.n_shards train shards (train_000.h5 ...) and\n"
-     "val_000.h5 into the directory data.train_path.\n",
+     "val_000.h5 into the directory data.train_path, with manifest.txt (sizes, sha256,\n"
+     "lengths) so the folder can be served over HTTP(S) and trained from by URL.\n",
      FLAG_LOG_LEVEL, true},
     {"sample", cmd_sample, "generate text from a checkpoint",
      "usage: jdt-train sample CKPT [--prompt TEXT] [--length N] [--temperature T] [--top-k K]\n"
