@@ -873,9 +873,13 @@ void jdt_fetch_list_free(jdt_fetch_list *l)
 static jdt_status add_item(jdt_fetch_list *l, const char *base_url, const char *name,
                            int64_t n_bytes, const char *sha, int64_t n_units, jdt_err *e)
 {
-    jdt_fetch_item *items = jdt_realloc(l->items, (size_t)(l->n_items + 1) * sizeof *items);
-    if (!items) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", l->url);
-    l->items = items;
+    int64_t n = l->n_items;
+    if ((n & (n - 1)) == 0) { /* 0, 1, 2, 4, ...: double the array (listings of 100k files) */
+        jdt_fetch_item *items = jdt_realloc(l->items, (size_t)(n ? 2 * n : 1) * sizeof *items);
+        if (!items) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", l->url);
+        l->items = items;
+    }
+    jdt_fetch_item *items = l->items;
     jdt_fetch_item *it = &items[l->n_items];
     memset(it, 0, sizeof *it);
     it->name = jdt_strdup(name);
@@ -958,11 +962,11 @@ static jdt_status parse_manifest(jdt_fetch_list *l, const char *url, const char 
 }
 
 /* The hrefs of an HTML listing that name files in its own folder, decoded. */
-static jdt_status parse_listing(const char *body, char ***names, size_t *n_names, jdt_err *e,
-                                const char *url)
+static jdt_status parse_listing(const char *body, char ***names, size_t *n_names, size_t *n_folders,
+                                jdt_err *e, const char *url)
 {
     *names = NULL;
-    *n_names = 0;
+    *n_names = *n_folders = 0;
     for (const char *p = body; (p = strcasestr(p, "href=")) != NULL;) {
         p += 5;
         char q = *p;
@@ -977,22 +981,27 @@ static jdt_status parse_listing(const char *body, char ***names, size_t *n_names
         p = end + 1;
         bool skip =
             !n || h[0] == '?' || h[0] == '#' || strchr(h, '/') || strchr(h, '?') || strchr(h, ':');
+        /* a link to a subfolder ("name/"): not followed, only counted for the error message */
+        if (skip && n > 1 && h[n - 1] == '/' && !memchr(h, '/', n - 1) && !strchr(h, '?') &&
+            !strchr(h, ':') && strcmp(h, "../") != 0 && strcmp(h, "./") != 0)
+            (*n_folders)++;
         if (!skip) {
             url_decode(h);
             skip = !safe_name(h) || strchr(h, '/');
         }
-        for (size_t i = 0; !skip && i < *n_names; i++)
-            skip = strcmp((*names)[i], h) == 0;
         if (skip) {
             jdt_free(h);
             continue;
         }
-        char **nn = jdt_realloc(*names, (*n_names + 1) * sizeof *nn);
-        if (!nn) {
-            jdt_free(h);
-            return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", url);
+        size_t k = *n_names;
+        if ((k & (k - 1)) == 0) { /* 0, 1, 2, 4, ...: double */
+            char **nn = jdt_realloc(*names, (k ? 2 * k : 1) * sizeof *nn);
+            if (!nn) {
+                jdt_free(h);
+                return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", url);
+            }
+            *names = nn;
         }
-        *names = nn;
         (*names)[(*n_names)++] = h;
     }
     return JDT_OK;
@@ -1026,16 +1035,20 @@ static jdt_status parse_body(const jdt_fetch_opts *o, const char *url, const cha
     if (manifest) {
         st = parse_manifest(l, url, base, body, keep, keep_ctx, e);
     } else if (strcasestr(body, "<html") || strcasestr(body, "<a ")) {
-        if ((st = parse_listing(body, &names, &n_names, e, url))) goto out;
+        size_t n_folders = 0;
+        if ((st = parse_listing(body, &names, &n_names, &n_folders, e, url))) goto out;
+        l->n_folders = (int64_t)n_folders;
         bool has_manifest = false;
         for (size_t i = 0; i < n_names && manifest_url; i++)
             has_manifest |= strcmp(names[i], JDT_FETCH_MANIFEST_NAME) == 0;
         if (has_manifest) { /* sizes, checksums and lengths: the caller reads the manifest */
             if (!(*manifest_url = join_url(base, JDT_FETCH_MANIFEST_NAME))) goto oom;
         } else {
+            /* sorted, then duplicates (a listing may link a file twice) are adjacent */
             if (n_names > 1) qsort(names, n_names, sizeof *names, jdt_io_natural_cmp);
             for (size_t i = 0; i < n_names && st == JDT_OK; i++)
-                if (!keep || keep(names[i], keep_ctx))
+                if ((i == 0 || strcmp(names[i], names[i - 1]) != 0) &&
+                    (!keep || keep(names[i], keep_ctx)))
                     st = add_item(l, base, names[i], -1, NULL, -1, e);
         }
     } else {
@@ -1057,6 +1070,12 @@ static jdt_status check_not_empty(const jdt_fetch_list *l, const char *url, bool
                                   jdt_err *e)
 {
     if (l->n_items > 0) return JDT_OK;
+    if (!l->manifest && l->n_folders > 0)
+        return jdt_err_set(e, JDT_ERR_NOT_FOUND,
+                           "%s: the directory listing names no %sfiles, only %lld folder(s), "
+                           "which are not followed: give the URL of the folder that holds the "
+                           "files",
+                           url, filtered ? "matching " : "", (long long)l->n_folders);
     return jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: the %s names no %sfiles", url,
                        l->manifest ? "manifest" : "directory listing", filtered ? "matching " : "");
 }
@@ -1348,13 +1367,15 @@ static void *remote_main(void *arg)
     int64_t total = list_bytes(l);
     jdt_progress_begin(&prog, what, total >= 0 ? (double)total / 1e6 : 0, "MB");
     double base = 0;
+    int64_t scan = 0; /* items before it are not pending (only this thread takes items) */
     jdt_h5_quiet();
     pthread_mutex_lock(&r->mu);
     for (;;) {
         int64_t i = -1;
         if (r->urgent >= 0 && r->state[r->urgent] == ITEM_PENDING) i = r->urgent;
-        for (int64_t j = 0; i < 0 && j < l->n_items; j++)
-            if (r->state[j] == ITEM_PENDING) i = j;
+        while (scan < l->n_items && r->state[scan] != ITEM_PENDING)
+            scan++;
+        if (i < 0 && scan < l->n_items) i = scan;
         if (i < 0 || r->cancel) break;
         r->state[i] = ITEM_BUSY;
         pthread_mutex_unlock(&r->mu);

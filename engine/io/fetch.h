@@ -48,7 +48,8 @@ typedef struct {
     jdt_fetch_item *items; /* (n_items), in natural name order for listings and as listed in a
                               manifest */
     int64_t n_items;
-    bool manifest; /* the items came from a manifest */
+    bool manifest;     /* the items came from a manifest */
+    int64_t n_folders; /* subfolders a listing links to (not followed) */
 } jdt_fetch_list;
 
 /* Which names of a listing or manifest to keep (NULL: all). */

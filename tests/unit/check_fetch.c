@@ -645,6 +645,21 @@ START_TEST(test_listing_and_manifest)
     ck_assert_int_eq(jdt_fetch_resolve(&o, url_of("/empty/"), keep_h5, NULL, &l, &e),
                      JDT_ERR_NOT_FOUND);
     ck_assert_ptr_nonnull(strstr(e.msg, url_of("/empty/")));
+    /* a listing of folders only: says so */
+    snprintf(p, sizeof p, "%s/empty/step_000100", g_root);
+    mkdir(p, 0755);
+    ck_assert_int_eq(jdt_fetch_resolve(&o, url_of("/empty/"), NULL, NULL, &l, &e),
+                     JDT_ERR_NOT_FOUND);
+    ck_assert_ptr_nonnull(strstr(e.msg, "only 1 folder(s), which are not followed"));
+    /* a file linked twice is listed once */
+    ck_assert_int_eq(
+        jdt_fetch_parse(&o, url_of("/x/"),
+                        "<a href=\"b.h5\">b</a><a href=\"a.h5\">a</a><a href=\"b.h5\">", NULL, NULL,
+                        &l, &e),
+        JDT_OK);
+    ck_assert_int_eq(l->n_items, 2);
+    ck_assert_str_eq(l->items[0].name, "a.h5");
+    jdt_fetch_list_free(l);
 
     /* a page that is neither */
     free(make_file("plain.txt", 100));
