@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,6 +442,23 @@ static outcome classify(CURLcode rc, long http, const xfer *x, const char *errbu
     return OUTCOME_FAIL;
 }
 
+/* curl_easy_perform with SIGPIPE blocked in the calling thread and any SIGPIPE it raised
+ * consumed: with CURLOPT_NOSIGNAL (needed with threads) libcurl does not ignore SIGPIPE, and a
+ * TLS write to a peer that has gone must come back as an error, not kill the process. */
+static CURLcode perform(CURL *c)
+{
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    CURLcode rc = curl_easy_perform(c);
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&pipe_set, NULL, &zero) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 static double backoff(const jdt_fetch_opts *o, int attempt)
 {
     double s = o->backoff_s;
@@ -464,7 +482,7 @@ static jdt_status get_text(const jdt_fetch_opts *o, const char *url, char **body
         x.fd = -1;
         CURL *c = easy(o, url, &x, errbuf);
         if (!c) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: cannot start libcurl", url);
-        CURLcode rc = curl_easy_perform(c);
+        CURLcode rc = perform(c);
         long http = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
         outcome oc = classify(rc, http, &x, errbuf, o, &st, what, sizeof what);
@@ -697,7 +715,7 @@ again:
                 curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
             }
         }
-        CURLcode rc = curl_easy_perform(c);
+        CURLcode rc = perform(c);
         long http = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
         curl_easy_cleanup(c);
