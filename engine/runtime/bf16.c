@@ -33,16 +33,7 @@
 
 float jdt_rt_bf16_round(float x)
 {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        u = (u | 0x00400000u) & 0xffff0000u; /* NaN stays a (quiet) NaN */
-    } else {
-        u += 0x7fffu + ((u >> 16) & 1u); /* nearest even; a carry into Inf is the right answer */
-        u &= 0xffff0000u;
-    }
-    memcpy(&x, &u, 4);
-    return x;
+    return jdt_bf16_round(x);
 }
 
 static uint16_t bf16_bits(float x)
@@ -186,6 +177,9 @@ const char *jdt_rt_bf16_describe(void)
     if (jdt_rt_bf16_native())
         return "bf16 GEMMs: oneDNN on AVX512-BF16 (bf16 inputs, f32 accumulation)";
 #ifdef JDT_HAVE_DNNL
+    if (getenv("JDT_BF16_NO_DNNL"))
+        return "bf16 GEMMs: JDT_BF16_NO_DNNL is set; using f32 GEMMs on bf16-rounded inputs "
+               "(same numbers, no speed-up)";
     if (!__builtin_cpu_supports("avx512bf16"))
         return "bf16 GEMMs: this CPU has no AVX512-BF16; using f32 GEMMs on bf16-rounded inputs "
                "(same numbers, no speed-up)";
