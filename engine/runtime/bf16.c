@@ -58,6 +58,23 @@ static void to_bf16(const float *x, uint16_t *y, int64_t n, int nt)
         y[i] = bf16_bits(x[i]);
 }
 
+/* a (batch, K, M) -> y (batch, M, K) in bf16: the transpose is free while converting, and
+ * oneDNN's bf16 kernels are much faster on a row-major source (measured 1.2x vs 5-6x over
+ * SGEMM for the weight-gradient GEMMs). 32 x 32 tiles keep both sides in cache. */
+static void to_bf16_t(const float *x, uint16_t *y, int64_t batch, int64_t K, int64_t M, int nt)
+{
+    int64_t tk = (K + 31) / 32, tm = (M + 31) / 32;
+#pragma omp parallel for collapse(2) num_threads(nt) if (batch * K * M >= 32768)
+    for (int64_t p = 0; p < batch; p++)
+        for (int64_t t = 0; t < tk * tm; t++) {
+            int64_t k0 = (t / tm) * 32, m0 = (t % tm) * 32;
+            int64_t k1 = k0 + 32 < K ? k0 + 32 : K, m1 = m0 + 32 < M ? m0 + 32 : M;
+            for (int64_t m = m0; m < m1; m++)
+                for (int64_t k = k0; k < k1; k++)
+                    y[p * M * K + m * K + k] = bf16_bits(x[p * K * M + k * M + m]);
+        }
+}
+
 #ifdef JDT_HAVE_DNNL
 typedef struct {
     int64_t batch, M, N, K;
@@ -203,9 +220,12 @@ void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float
 #ifdef JDT_HAVE_DNNL
     if (K > 0 && jdt_rt_bf16_native()) {
         uint16_t *a16 = (uint16_t *)scratch, *b16 = a16 + na;
-        to_bf16(a, a16, na, nt);
+        if (ta)
+            to_bf16_t(a, a16, batch, K, M, nt);
+        else
+            to_bf16(a, a16, na, nt);
         to_bf16(b, b16, nb, nt);
-        if (mm_run(a16, b16, bias, c, batch, M, N, K, ta, tb, b_shared, nt)) return;
+        if (mm_run(a16, b16, bias, c, batch, M, N, K, false, tb, b_shared, nt)) return;
     }
 #endif
     float *ar = scratch, *br = scratch + na;

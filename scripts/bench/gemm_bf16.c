@@ -5,7 +5,9 @@
  * two REPS times in one run and keeping each one's fastest run (the least disturbed on a shared
  * machine). Prints GFLOP/s per path and the ratio bf16 / f32.
  *
- *   make bench-build && build/bench/gemm_bf16 [threads] [reps]
+ *   make bench-build && OMP_WAIT_POLICY=passive build/bench/gemm_bf16 [threads] [reps]
+ * (passive: what jdt-train itself runs with, cmd/main.c; a spinning pool on a busy machine
+ * measures the scheduler, not the GEMMs)
  */
 #include <stdio.h>
 #include <stdlib.h>
