@@ -38,9 +38,9 @@ bool jdt_rt_bf16_native(void);
 const char *jdt_rt_bf16_describe(void);
 int64_t jdt_rt_matmul_bf16_scratch_floats(int64_t batch, int64_t M, int64_t N, int64_t K,
                                           bool b_shared);
-void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float *c,
-                        int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                        bool b_shared, float *scratch, int nt);
+void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                        int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
+                        float *scratch, int nt);
 
 /* out (n, C) = table (V, C) rows idx (n). Returns the number of out-of-range indices (their
  * rows are zero-filled); the caller reports them. */

@@ -2,9 +2,9 @@
  * caps.c — what this build can run. One table of rules, checked once by cmd/ before any work
  * (jdt_train_check_capabilities): a config asking for something not built is refused with one
  * line naming the key and what to do, never accepted and silently ignored. When a feature
- * lands, its row goes (bf16 GEMMs on the CUDA backend delete the precision.compute row). Mesh shapes and rules
- * that cannot divide the model are checked by jdt_train_check_mesh (engine/train/step.c), which
- * needs the world size.
+ * lands, its row goes (bf16 GEMMs on the CUDA backend delete the precision.compute row). Mesh
+ * shapes and rules that cannot divide the model are checked by jdt_train_check_mesh
+ * (engine/train/step.c), which needs the world size.
  */
 #include "train/train.h"
 
