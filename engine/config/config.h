@@ -80,6 +80,7 @@ typedef struct jdt_config {
         int n_head;     /* H */
         int n_kv_head;  /* 0 = n_head; must divide n_head */
         int mlp_ratio;  /* MLP hidden = mlp_ratio * C (for every activation, swiglu included) */
+        int mlp_dim;    /* MLP hidden width when > 0 (Llama's intermediate_size); overrides mlp_ratio */
         jdt_norm_type norm;
         double norm_eps;
         jdt_pos_type pos;
@@ -116,6 +117,9 @@ typedef struct jdt_config {
         int prefetch;
         jdt_tokenizer tokenizer;
         char *tokenizer_path; /* bpe: tokenizer to load; "" = train one in prepare */
+        int fetch_retries;      /* remote data: retries after transient failures */
+        double fetch_backoff_s; /* remote data: first retry delay, doubled each time */
+        double fetch_timeout_s; /* remote data: connect / stall timeout */
     } data;
     struct {
         jdt_optim_type type;
@@ -260,6 +264,8 @@ void jdt_config_print_schema_markdown(FILE *f);
 int64_t jdt_config_param_count(const jdt_config *c);
 /* optimizer.decay_steps, or run.steps when it is 0. */
 int64_t jdt_config_decay_steps(const jdt_config *c);
+/* The MLP hidden width F: model.mlp_dim, or mlp_ratio * n_embd when it is 0. */
+int64_t jdt_config_mlp_dim(const jdt_config *c);
 /* model.n_kv_head, or model.n_head when it is 0. */
 int jdt_config_kv_heads(const jdt_config *c);
 /* data * fsdp * tensor. */

@@ -26,6 +26,9 @@ static void line(jdt_progress *p, double done, double now, char *buf, size_t n)
         snprintf(buf, n, "%s: %.1f/%.1f %s (%.0f%%), %.1f %s/s, %.0fs elapsed, ETA %.0fs", p->what,
                  done, p->total, p->unit, 100.0 * done / p->total, rate, p->unit, dt,
                  (p->total - done) / rate);
+    else if (done > 0 && rate > 0) /* total unknown: what is done so far and its rate */
+        snprintf(buf, n, "%s: %.1f %s, %.1f %s/s, %.0fs elapsed", p->what, done, p->unit, rate,
+                 p->unit, dt);
     else
         snprintf(buf, n, "%s: %.0fs elapsed", p->what, dt);
 }

@@ -303,8 +303,9 @@ void jdt_graph_set_block(jdt_graph *g, int block);
 void jdt_graph_set_matmul_bf16(jdt_graph *g, bool on);
 bool jdt_graph_matmul_bf16(const jdt_graph *g);
 
-/* Finds a leaf by name; NULL if absent. */
-jdt_tensor *jdt_graph_find(const jdt_graph *g, const char *name);
+/* Finds a leaf by name; NULL if absent. Hashed: it indexes the named nodes added since its
+ * last call (g is not const for that), so a lookup costs O(1) on average. */
+jdt_tensor *jdt_graph_find(jdt_graph *g, const char *name);
 
 /* Records a builder error in g unless one is already recorded (the FIRST error is sticky:
  * later calls keep it and return its code). Returns the recorded code. */
