@@ -7,7 +7,9 @@
  * per-epoch keyed Feistel permutation (or the identity in sequential mode), and each sample's
  * unit range is read as one hyperslab per shard it touches; runs of consecutive samples are
  * merged into one read. Open shards are kept in a small LRU cache so a directory of thousands
- * of files does not exhaust file descriptors.
+ * of files does not exhaust file descriptors; the cache holds every shard when the descriptor
+ * limit allows (a quarter of RLIMIT_NOFILE, 16..256), because reopening an HDF5 file per
+ * shuffled window made the loader 10-60x slower over 32 shards (docs/perf.md).
  *
  * Prefetch: one worker thread fills a ring of depth+1 slots with batches want..want+depth-1
  * while the caller holds the slot of batch want-1. Asking for a batch out of order bumps a
@@ -20,9 +22,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <zlib.h>
 
-enum { MAX_OPEN_SHARDS = 16, MAX_PREFETCH = 64 };
+enum { MIN_OPEN_SHARDS = 16, MAX_OPEN_SHARDS = 256, MAX_PREFETCH = 64 };
+/* Chunk cache of compressed datasets: 8 MiB each, at most this much over all open shards. */
+#define CHUNK_CACHE_MAX (8u << 20)
+#define CHUNK_CACHE_TOTAL (256u << 20)
 
 typedef struct {
     char *path;
@@ -55,6 +61,8 @@ struct jdt_data {
     shard *shards; /* (n_shards) */
     int64_t n_shards;
     int n_open;
+    int max_open;             /* shard files kept open at once (LRU beyond) */
+    size_t chunk_cache_bytes; /* per compressed dataset */
     uint64_t tick;
     int64_t scratch_rows; /* rows the sample/scratch/raw buffers hold */
     int32_t *scratch;     /* token runs: (rows*T + 1) */
@@ -130,7 +138,7 @@ static void shard_close(jdt_data *d, shard *s)
 }
 
 /* Opens a dataset with a clear error if it is missing. */
-static hid_t open_dset(hid_t f, const char *name, const char *path, jdt_err *e)
+static hid_t open_dset(hid_t f, const char *name, size_t cache_bytes, const char *path, jdt_err *e)
 {
     if (H5Lexists(f, name, H5P_DEFAULT) <= 0) {
         jdt_err_set(e, JDT_ERR_FORMAT, "%s: missing dataset /%s", path, name);
@@ -152,7 +160,7 @@ static hid_t open_dset(hid_t f, const char *name, const char *path, jdt_err *e)
     /* a dataset opened twice shares its first opening's cache: close before reopening */
     H5Dclose(ds);
     hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
-    if (dapl < 0 || H5Pset_chunk_cache(dapl, 521, n_filters > 0 ? (8u << 20) : 0, 0.75) < 0) {
+    if (dapl < 0 || H5Pset_chunk_cache(dapl, 521, n_filters > 0 ? cache_bytes : 0, 0.75) < 0) {
         if (dapl >= 0) H5Pclose(dapl);
         dapl = H5P_DEFAULT;
     }
@@ -243,8 +251,8 @@ static jdt_status verify_crc(const shard *s, jdt_data_kind kind, jdt_dtype token
     if (kind == JDT_DATA_KIND_TOKENS) {
         st = crc_dataset(s->dx, token_dt, 1, (int64_t)dims[0], 1, &crc, s->path, "tokens", e);
     } else {
-        st = crc_dataset(s->dx, JDT_DTYPE_F32, 2, (int64_t)dims[0], (int64_t)dims[1], &crc,
-                         s->path, "x", e);
+        st = crc_dataset(s->dx, JDT_DTYPE_F32, 2, (int64_t)dims[0], (int64_t)dims[1], &crc, s->path,
+                         "x", e);
         if (st == JDT_OK)
             st = crc_dataset(s->dy, JDT_DTYPE_I32, 1, (int64_t)dims[0], 1, &crc, s->path, "y", e);
     }
@@ -265,7 +273,7 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
         s->last_use = ++d->tick;
         return JDT_OK;
     }
-    if (d->n_open >= MAX_OPEN_SHARDS) {
+    if (d->n_open >= d->max_open) {
         shard *lru = NULL;
         for (int64_t i = 0; i < d->n_shards; i++) {
             shard *c = &d->shards[i];
@@ -285,9 +293,9 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
     if (!validate) {
         /* re-open of a validated shard: just the handles */
         bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
-        s->dx = open_dset(f, tokens ? "tokens" : "x", p, e);
+        s->dx = open_dset(f, tokens ? "tokens" : "x", d->chunk_cache_bytes, p, e);
         if (s->dx < 0) goto fail;
-        if (!tokens && (s->dy = open_dset(f, "y", p, e)) < 0) goto fail;
+        if (!tokens && (s->dy = open_dset(f, "y", d->chunk_cache_bytes, p, e)) < 0) goto fail;
         /* the file may have been replaced since it was validated (a re-run of prepare) */
         hsize_t now[2] = {0, 0};
         hid_t sp = H5Dget_space(s->dx);
@@ -355,7 +363,7 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
                              d->info.tokenizer);
             goto fail;
         }
-        if ((s->dx = open_dset(f, "tokens", p, e)) < 0) goto fail;
+        if ((s->dx = open_dset(f, "tokens", d->chunk_cache_bytes, p, e)) < 0) goto fail;
         if ((st = check_dset(s->dx, "tokens", 1, dt, dims, p, e))) goto fail;
         if ((int64_t)dims[0] != n_tokens) {
             st = jdt_err_set(e, JDT_ERR_FORMAT,
@@ -366,9 +374,9 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
         }
     } else {
         hsize_t ydims[2] = {0, 0};
-        if ((s->dx = open_dset(f, "x", p, e)) < 0) goto fail;
+        if ((s->dx = open_dset(f, "x", d->chunk_cache_bytes, p, e)) < 0) goto fail;
         if ((st = check_dset(s->dx, "x", 2, JDT_DTYPE_F32, dims, p, e))) goto fail;
-        if ((s->dy = open_dset(f, "y", p, e)) < 0) goto fail;
+        if ((s->dy = open_dset(f, "y", d->chunk_cache_bytes, p, e)) < 0) goto fail;
         if ((st = check_dset(s->dy, "y", 1, JDT_DTYPE_I32, ydims, p, e))) goto fail;
         if (ydims[0] != dims[0]) {
             st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: /x has %llu rows but /y has %llu", p,
@@ -556,8 +564,7 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
                     int64_t at;
                     const char *file = shard_of(d, w0 + i, &at);
                     return jdt_err_set(e, JDT_ERR_FORMAT, "%s: /y[%lld] = %d is outside [0, %lld)",
-                                       file, (long long)at, y[j + i],
-                                       (long long)d->info.n_classes);
+                                       file, (long long)at, y[j + i], (long long)d->info.n_classes);
                 }
             }
         }
@@ -707,6 +714,21 @@ static int natural_cmp(const void *pa, const void *pb)
     return strcmp(a, b);
 }
 
+/* How many shards stay open (a quarter of the descriptor limit, MIN..MAX_OPEN_SHARDS, no more
+ * than there are) and how much chunk cache each compressed dataset gets (arrays open two). */
+static void size_cache(jdt_data *d)
+{
+    struct rlimit rl;
+    rlim_t soft = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
+    int64_t n = soft == RLIM_INFINITY ? MAX_OPEN_SHARDS : (int64_t)(soft / 4);
+    if (n < MIN_OPEN_SHARDS) n = MIN_OPEN_SHARDS;
+    if (n > MAX_OPEN_SHARDS) n = MAX_OPEN_SHARDS;
+    if (n > d->n_shards) n = d->n_shards;
+    d->max_open = (int)n;
+    size_t per = CHUNK_CACHE_TOTAL / (2 * (size_t)n);
+    d->chunk_cache_bytes = per < CHUNK_CACHE_MAX ? per : CHUNK_CACHE_MAX;
+}
+
 static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
 {
     const char *p = o->path ? o->path : "(null)";
@@ -773,6 +795,7 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     d->shards = jdt_calloc(n_names, sizeof *d->shards);
     if (!d->shards) goto oom;
     d->n_shards = (int64_t)n_names;
+    size_cache(d);
     for (size_t i = 0; i < n_names; i++) {
         shard *s = &d->shards[i];
         s->file = s->dx = s->dy = H5I_INVALID_HID;
