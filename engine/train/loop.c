@@ -227,6 +227,29 @@ static jdt_status preflight_ckpt(const trainer *tr, jdt_err *e)
     return st;
 }
 
+/* Checkpoint-save progress in MB (jdt_ckpt_save calls back after each tensor, in order). */
+typedef struct {
+    jdt_progress prog;
+    const jdt_ckpt_tensor *ts;
+    double done_mb;
+} save_progress;
+
+static double slice_mb(const jdt_ckpt_tensor *t)
+{
+    double n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= (double)(t->extent[d] ? t->extent[d] : t->shape[d]);
+    return n * (double)jdt_dtype_size(t->dtype) / 1048576.0;
+}
+
+static void on_save_progress(void *ctx, size_t n_done, size_t n_total)
+{
+    save_progress *sp = ctx;
+    (void)n_total;
+    sp->done_mb += slice_mb(&sp->ts[n_done - 1]);
+    jdt_progress_update(&sp->prog, sp->done_mb);
+}
+
 static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
 {
     jdt_ckpt_tensor *ts;
@@ -242,9 +265,21 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
         so.barrier = ckpt_barrier;
         so.barrier_ctx = tr;
     }
+    save_progress sp = {.ts = ts};
+    if (tr->rank == 0) {
+        double total_mb = 0;
+        for (int i = 0; i < n; i++)
+            total_mb += slice_mb(&ts[i]);
+        char what[64];
+        snprintf(what, sizeof what, "saving checkpoint step %lld", (long long)next_step);
+        jdt_progress_begin(&sp.prog, what, total_mb, "MB");
+        so.on_progress = on_save_progress;
+        so.progress_ctx = &sp;
+    }
     char *saved = NULL;
     double t0 = jdt_now_s();
     st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
+    if (tr->rank == 0) jdt_progress_end(&sp.prog);
     tr->s_ckpt += jdt_now_s() - t0;
     jdt_free(ts);
     if (tr->dist && tr->world_size > 1) { /* agree on the outcome */
@@ -329,8 +364,6 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
         jdt_shape shape, global;
         int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(step, i, &name, &data, &shape);
-        done_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
-        jdt_progress_update(&prog, done_mb);
         jdt_step_tensor_block(step, i, &global, offset);
         jdt_ckpt_tensor want; /* this rank's block only: any mesh reads any checkpoint */
         memset(&want, 0, sizeof want);
@@ -343,6 +376,8 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
             want.extent[d] = shape.dims[d];
         }
         st = jdt_ckpt_read(c, &want, data, e);
+        done_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+        jdt_progress_update(&prog, done_mb);
     }
     jdt_progress_end(&prog);
     jdt_ckpt_close(c);
