@@ -227,6 +227,20 @@ static jdt_status preflight_ckpt(const trainer *tr, jdt_err *e)
     return st;
 }
 
+/* The warning that goes with any MFU above 100%: the reference, not the run, is wrong. */
+static void warn_mfu(double mfu, const char *over, double peak, const jdt_peak_ref *pref)
+{
+    if (strcmp(pref->source, "runtime.peak_gflops") == 0)
+        JDT_WARN("MFU %.0f%%%s is above 100%%: runtime.peak_gflops (%.4g GFLOP/s per process) is "
+                 "below what this run achieves; raise it, or set 0 to measure the machine",
+                 mfu, over, pref->flops * 1e-9);
+    else
+        JDT_WARN("MFU %.0f%%%s is above 100%%: the reference peak %.4g GFLOP/s (%s) is wrong, "
+                 "probably measured while the machine was busy; set runtime.peak_gflops%s%s",
+                 mfu, over, peak * 1e-9, pref->source, pref->cache_path[0] ? " or delete " : "",
+                 pref->cache_path);
+}
+
 /* Checkpoint-save progress in MB (jdt_ckpt_save calls back after each tensor, in order). */
 typedef struct {
     jdt_progress prog;
@@ -640,7 +654,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     const double peak = pref.flops * tr.world_size;
     bool warned_mfu = false;
     if (main_rank) {
-        JDT_INFO("MFU reference: %.1f GFLOP/s for %d process(es) (%s%s%s)", peak * 1e-9,
+        JDT_INFO("MFU reference: %.4g GFLOP/s for %d process(es) (%s%s%s)", peak * 1e-9,
                  tr.world_size, pref.source, pref.cache_path[0] ? ": " : "", pref.cache_path);
         if (pref.provisional)
             JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
@@ -723,10 +737,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                      dt * 1e3, wait_ms, rss_mb, eta);
             if (mfu > 100 && !warned_mfu) {
                 warned_mfu = true;
-                JDT_WARN("MFU %.0f%% is above 100%%: the reference peak %.1f GFLOP/s (%s) is wrong, "
-                         "probably measured while the machine was busy; set runtime.peak_gflops%s%s",
-                         mfu, peak * 1e-9, pref.source, pref.cache_path[0] ? " or delete " : "",
-                         pref.cache_path);
+                warn_mfu(mfu, "", peak, &pref);
             }
             /* "step" last: the resume test compares lines matching '"step": N,' */
             fprintf(tr.metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
@@ -773,16 +784,18 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
                 state_bytes += (double)jdt_shape_numel(&sh) * sizeof(float);
             }
             const double pct = wall > 0 ? 100.0 / wall : 0;
+            const double run_mfu = 100.0 * flops_per_step * n_run / tr.s_step / peak;
+            if (main_rank && run_mfu > 100 && !warned_mfu) warn_mfu(run_mfu, " over the run", peak, &pref);
             if (main_rank) JDT_INFO("summary of this run (rank 0):\n"
-                     "  throughput     %.0f %s/s, MFU %.1f%% (reference %.1f GFLOP/s, %s)\n"
+                     "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.4g GFLOP/s, %s)\n"
                      "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
                      "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
                      "  data wait      %8.2fs %5.1f%%\n"
                      "  eval           %8.2fs %5.1f%%\n"
                      "  checkpointing  %8.2fs %5.1f%%\n"
                      "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state",
-                     units_per_step * n_run / tr.s_step, mlp ? "samples" : "tok",
-                     100.0 * flops_per_step * n_run / tr.s_step / peak, peak * 1e-9, pref.source,
+                     units_per_step * n_run / tr.s_step, mlp ? "samples" : "tok", run_mfu,
+                     run_mfu > 100 ? " (!)" : "", peak * 1e-9, pref.source,
                      tr.s_step - tr.s_comm, (tr.s_step - tr.s_comm) * pct, tr.s_comm, tr.s_comm * pct,
                      tr.s_data, tr.s_data * pct, tr.s_eval, tr.s_eval * pct, tr.s_ckpt, tr.s_ckpt * pct,
                      (double)jdt_obs_peak_rss_bytes() / 1048576.0,
