@@ -95,6 +95,12 @@ double jdt_peak_measure_sgemm(int n_rep);
  * reference with source "device datasheet". */
 double jdt_peak_gpu_flops(int device, bool bf16);
 
+/* The dense tensor-core peak FLOP/s of a GPU from its marketing name (cudaDeviceProp.name, e.g.
+ * "NVIDIA H200", "NVIDIA A100-SXM4-80GB"): bf16 for bf16 math, else TF32 (what f32 matmuls run
+ * on). Datasheet numbers without sparsity; the more specific variant wins (H100 PCIe, H100 NVL).
+ * Returns 0 for an unknown name (the caller asks for runtime.peak_gflops). */
+double jdt_peak_gpu_datasheet(const char *name, bool bf16);
+
 /* ---- memory ----------------------------------------------------------------------------------- */
 
 /* Peak resident set size of this process so far, in bytes (getrusage ru_maxrss). */
