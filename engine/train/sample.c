@@ -113,12 +113,24 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
     if ((st = jdt_model_build(g, &cfg, 1, false, &m, e)) != JDT_OK) goto out;
     jdt_graph_add_output(g, m.logits);
     if (!(params = jdt_calloc((size_t)m.n_params, sizeof *params))) goto oom;
-    for (int i = 0; i < m.n_params; i++) {
+    double total_mb = 0, done_mb = 0;
+    for (int i = 0; i < m.n_params; i++)
+        total_mb += (double)jdt_shape_numel(&m.params[i].t->shape) * sizeof(float) / 1048576.0;
+    jdt_progress lp;
+    jdt_progress_begin(&lp, "loading parameters", total_mb, "MB");
+    for (int i = 0; i < m.n_params && st == JDT_OK; i++) {
         const jdt_tensor *p = m.params[i].t;
-        if (!(params[i] = jdt_malloc_aligned((size_t)jdt_shape_numel(&p->shape) * sizeof(float)))) goto oom;
-        if ((st = jdt_train_read_param(ck, p, params[i], e)) != JDT_OK) goto out;
+        if (!(params[i] = jdt_malloc_aligned((size_t)jdt_shape_numel(&p->shape) * sizeof(float)))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "sample: out of memory");
+            break;
+        }
+        st = jdt_train_read_param(ck, p, params[i], e);
         m.params[i].t->data = params[i];
+        done_mb += (double)jdt_shape_numel(&p->shape) * sizeof(float) / 1048576.0;
+        jdt_progress_update(&lp, done_mb);
     }
+    jdt_progress_end(&lp);
+    if (st != JDT_OK) goto out;
     jdt_compile_opts co;
     jdt_train_compile_opts(&cfg, &co);
     if ((st = jdt_program_compile(g, &co, &prog, e)) != JDT_OK) goto out;
