@@ -208,10 +208,14 @@ typedef struct {
     const char *unit;
     double total, t0, last;
     double interval_s, quiet_s; /* plain-line period; silence at the start (JDT_PROGRESS_INTERVAL) */
+    double estimate_s;          /* expected duration when total is unknown (0: none) */
     bool tty, live;
 } jdt_progress;
 void jdt_progress_begin(jdt_progress *p, const char *what, double total, const char *unit);
 void jdt_progress_update(jdt_progress *p, double done);
+/* For an operation without measurable progress (total <= 0): an estimate of its duration in
+ * seconds (e.g. from the last run's rate), shown as "about Ns left"; <= 0: none. */
+void jdt_progress_set_estimate(jdt_progress *p, double estimate_s);
 /* Clears the live line (call before the operation's closing log line). */
 void jdt_progress_end(jdt_progress *p);
 

@@ -49,8 +49,19 @@ static void line(jdt_progress *p, double done, double now, char *buf, size_t n)
         snprintf(buf, n, "%s: %.1f/%.1f %s (%.0f%%), %.1f %s/s, %.0fs elapsed, ETA %.0fs", p->what,
                  done, p->total, p->unit, 100.0 * done / p->total, rate, p->unit, dt,
                  (p->total - done) / rate);
+    else if (p->estimate_s > 0 && dt < p->estimate_s)
+        snprintf(buf, n, "%s: %.0fs elapsed, about %.0fs left (from the last run's rate)", p->what,
+                 dt, p->estimate_s - dt);
+    else if (p->estimate_s > 0)
+        snprintf(buf, n, "%s: %.0fs elapsed, longer than the %.0fs the last run's rate predicted",
+                 p->what, dt, p->estimate_s);
     else
         snprintf(buf, n, "%s: %.0fs elapsed", p->what, dt);
+}
+
+void jdt_progress_set_estimate(jdt_progress *p, double estimate_s)
+{
+    p->estimate_s = estimate_s > 0 ? estimate_s : 0;
 }
 
 void jdt_progress_update(jdt_progress *p, double done)
