@@ -168,6 +168,7 @@ static int parse_launch_args(int argc, char **argv, launch_args *a)
             a->child_argv[n++] = argv[i];
         }
     }
+    if (!nproc_s) return usage("--nproc: missing%s", ""); /* jdt_launch_requested saw one */
     char *end = NULL;
     errno = 0;
     long np = strtol(nproc_s, &end, 10);
@@ -355,218 +356,313 @@ static void exec_child(const launch_args *a, char **envp, int out_fd, int err_fd
     _exit(127);
 }
 
-int jdt_launch_main(int argc, char **argv)
-{
+/* The launcher's state from set-up to the last rank's exit. */
+typedef struct {
     launch_args a;
-    int rc = parse_launch_args(argc, argv, &a);
+    int n;                 /* ranks */
     jdt_config c;
-    memset(&c, 0, sizeof c);
-    bool have_config = false;
-    envlist env = {0};
-    child *ch = NULL;
-    stream *st = NULL;
-    int listen_fd = -1, sfd = -1;
-    int n = a.nproc;
-    sigset_t mask, oldmask;
-    bool masked = false;
+    bool have_config;
+    envlist env;
+    child *ch;             /* (n) */
+    stream *st;            /* (2n): rank r's stdout at 2r, stderr at 2r+1 */
+    int listen_fd, sfd;    /* the coordinator socket rank 0 inherits; the signalfd */
+    sigset_t oldmask;
+    bool masked;
+    int cpu_ids[CPU_SETSIZE], n_cpus;
+    bool pin;              /* one contiguous share of the CPUs per rank */
+    char coord[64];
+    int n_live;
+    /* supervision */
+    int fail_rank, fail_code, stop_signals;
+    double kill_at, drain_until;
+    bool killed;
+} launcher;
+
+/* Loads the config as the user gave it (printed once here instead of by every rank) and
+ * refuses what the ranks would refuse: keys the launcher owns, what this build cannot run.
+ * Sets *user_token / *user_threads when the user chose them. Returns 0 or an exit code. */
+static int preflight(launcher *L, bool *user_token, bool *user_threads)
+{
     jdt_err e;
     jdt_err_clear(&e);
-    if (rc) goto out;
-    if (!a.config) {
-        rc = usage("--nproc: missing CONFIG%s", "");
-        goto out;
-    }
-    if ((rc = check_owned_keys(&a, NULL))) goto out;
-
-    /* pre-flight: load the config as the user gave it, then as rank 0 will see it, so a config
-     * error is printed once instead of by every rank */
-    jdt_status s = jdt_config_load(a.config, a.n_overrides, a.overrides, environ, &c, &e);
+    int rc;
+    if ((rc = check_owned_keys(&L->a, NULL))) return rc;
+    const launch_args *a = &L->a;
+    jdt_status s = jdt_config_load(a->config, a->n_overrides, a->overrides, environ, &L->c, &e);
     if (s) {
         fprintf(stderr, "jdt-train: config error: %s\n", e.msg);
-        rc = s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
-        goto out;
+        return s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
     }
-    have_config = true;
-    if ((rc = check_owned_keys(&a, &c))) goto out;
-    const bool user_token = c.dist.token[0] || c.dist.token_file[0];
-    bool user_threads = c.runtime.threads != 0 || getenv("JDT_RUNTIME_THREADS");
-    for (int i = 0; i < a.n_overrides; i++)
-        if (strncmp(a.overrides[i], "runtime.threads=", 16) == 0) user_threads = true;
+    L->have_config = true;
+    if ((rc = check_owned_keys(&L->a, &L->c))) return rc;
+    if (jdt_train_check_capabilities(&L->c, &e) != JDT_OK) { /* once, not once per rank */
+        fprintf(stderr, "jdt-train: config error: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
+    *user_token = L->c.dist.token[0] || L->c.dist.token_file[0];
+    *user_threads = L->c.runtime.threads != 0 || getenv("JDT_RUNTIME_THREADS");
+    for (int i = 0; i < L->a.n_overrides; i++)
+        if (strncmp(L->a.overrides[i], "runtime.threads=", 16) == 0) *user_threads = true;
+    return 0;
+}
 
+/* The CPUs this process may use (rank r gets the r-th contiguous share when pinning). */
+static void list_cpus(launcher *L)
+{
     cpu_set_t all;
     CPU_ZERO(&all);
-    int cpu_ids[CPU_SETSIZE], n_cpus = 0;
+    L->n_cpus = 0;
     if (sched_getaffinity(0, sizeof all, &all) == 0)
         for (int i = 0; i < CPU_SETSIZE; i++)
-            if (CPU_ISSET(i, &all)) cpu_ids[n_cpus++] = i;
-    if (n_cpus == 0) n_cpus = 1, cpu_ids[0] = 0;
-    const bool pin = n <= n_cpus && n > 1;
+            if (CPU_ISSET(i, &all)) L->cpu_ids[L->n_cpus++] = i;
+    if (L->n_cpus == 0) L->n_cpus = 1, L->cpu_ids[0] = 0;
+    L->pin = L->n <= L->n_cpus && L->n > 1;
+}
 
-    /* the coordinator socket rank 0 inherits: the port is ours before any rank starts */
-    listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+/* Opens the coordinator socket rank 0 inherits: the port is ours before any rank starts. */
+static int open_coordinator(launcher *L)
+{
+    L->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t sl = sizeof sa;
-    if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-        listen(listen_fd, 1024) != 0 || getsockname(listen_fd, (struct sockaddr *)&sa, &sl) != 0) {
+    if (L->listen_fd < 0 || bind(L->listen_fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        listen(L->listen_fd, 1024) != 0 ||
+        getsockname(L->listen_fd, (struct sockaddr *)&sa, &sl) != 0) {
         fprintf(stderr, "jdt-train: cannot open the coordinator socket on 127.0.0.1: %s\n",
                 strerror(errno));
-        rc = EXIT_RUNTIME;
-        goto out;
+        return EXIT_RUNTIME;
     }
-    char coord[64], token[64], num[32];
-    snprintf(coord, sizeof coord, "127.0.0.1:%d", ntohs(sa.sin_port));
+    snprintf(L->coord, sizeof L->coord, "127.0.0.1:%d", ntohs(sa.sin_port));
+    return 0;
+}
+
+/* The environment every rank shares (world size, coordinator, token, threads), then the config
+ * reloaded as rank 0 will see it, so an error it causes is printed once. */
+static int make_rank_env(launcher *L, bool user_token, bool user_threads)
+{
+    char token[64], num[32];
     make_token(token, sizeof token);
-
-    if (!env_init(&env)) {
-        rc = usage("out of %s", "memory");
-        goto out;
-    }
-    snprintf(num, sizeof num, "%d", n);
-    env_set(&env, "JDT_DIST_WORLD_SIZE", num);
-    env_set(&env, "JDT_DIST_COORDINATOR", coord);
-    if (!user_token) env_set(&env, "JDT_DIST_TOKEN", token);
+    if (!env_init(&L->env)) return usage("out of %s", "memory");
+    snprintf(num, sizeof num, "%d", L->n);
+    env_set(&L->env, "JDT_DIST_WORLD_SIZE", num);
+    env_set(&L->env, "JDT_DIST_COORDINATOR", L->coord);
+    if (!user_token) env_set(&L->env, "JDT_DIST_TOKEN", token);
     if (!user_threads) {
-        snprintf(num, sizeof num, "%d", n_cpus / n > 0 ? n_cpus / n : 1);
-        env_set(&env, "JDT_RUNTIME_THREADS", num);
+        snprintf(num, sizeof num, "%d", L->n_cpus / L->n > 0 ? L->n_cpus / L->n : 1);
+        env_set(&L->env, "JDT_RUNTIME_THREADS", num);
     }
-    env_set(&env, "JDT_DIST_RANK", "0");
-    env_set(&env, "JDT_DIST_LOCAL_RANK", "0");
-    jdt_config_free(&c);
-    have_config = false;
-    s = jdt_config_load(a.config, a.n_overrides, a.overrides, env.v, &c, &e);
+    env_set(&L->env, "JDT_DIST_RANK", "0");
+    env_set(&L->env, "JDT_DIST_LOCAL_RANK", "0");
+    jdt_config_free(&L->c);
+    L->have_config = false;
+    jdt_err e;
+    jdt_err_clear(&e);
+    const launch_args *a = &L->a;
+    jdt_status s = jdt_config_load(a->config, a->n_overrides, a->overrides, L->env.v, &L->c, &e);
     if (s) {
-        fprintf(stderr, "jdt-train: config error (with --nproc %d): %s\n", n, e.msg);
-        rc = s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
-        goto out;
+        fprintf(stderr, "jdt-train: config error (with --nproc %d): %s\n", L->n, e.msg);
+        return s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
     }
-    have_config = true;
+    L->have_config = true;
     /* a mesh or rule that cannot work is one message here, not one per rank */
-    if ((s = jdt_train_check_mesh(&c, n, &e)) != JDT_OK) {
-        fprintf(stderr, "jdt-train: config error (with --nproc %d): %s\n", n, e.msg);
-        rc = s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
-        goto out;
+    if ((s = jdt_train_check_mesh(&L->c, L->n, &e)) != JDT_OK) {
+        fprintf(stderr, "jdt-train: config error (with --nproc %d): %s\n", L->n, e.msg);
+        return s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
     }
+    return 0;
+}
 
-    /* signals arrive through a signalfd; children get the old mask back before exec */
+/* Signals arrive through a signalfd (children get the old mask back before exec); allocates
+ * the per-rank tables. */
+static int setup_supervision(launcher *L)
+{
+    sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGHUP);
     sigaddset(&mask, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &mask, &oldmask);
-    masked = true;
+    sigprocmask(SIG_BLOCK, &mask, &L->oldmask);
+    L->masked = true;
     signal(SIGPIPE, SIG_IGN);
-    sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    ch = jdt_calloc((size_t)n, sizeof *ch);
-    st = jdt_calloc(2 * (size_t)n, sizeof *st);
-    if (sfd < 0 || !ch || !st) {
+    L->sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    L->ch = jdt_calloc((size_t)L->n, sizeof *L->ch);
+    L->st = jdt_calloc(2 * (size_t)L->n, sizeof *L->st);
+    if (L->sfd < 0 || !L->ch || !L->st) {
         fprintf(stderr, "jdt-train: launcher set-up failed: %s\n", strerror(errno));
-        rc = EXIT_RUNTIME;
-        goto out;
+        return EXIT_RUNTIME;
     }
-    for (int i = 0; i < 2 * n; i++) st[i].fd = -1;
+    for (int i = 0; i < 2 * L->n; i++) L->st[i].fd = -1;
+    return 0;
+}
 
-    const pid_t self = getpid();
-    const int env_base = env.n_own; /* each rank's three variables reuse the same slots */
-    int n_live = 0;
-    for (int r = 0; r < n; r++) {
-        env.n_own = env_base;
-        int po[2], pe[2];
-        st[2 * r].buf = jdt_malloc(LINE_CAP);
-        st[2 * r + 1].buf = jdt_malloc(LINE_CAP);
-        if (!st[2 * r].buf || !st[2 * r + 1].buf || pipe2(po, O_CLOEXEC) != 0) {
-            fprintf(stderr, "jdt-train: cannot start rank %d: %s\n", r, strerror(errno));
-            rc = EXIT_RUNTIME;
-            break;
-        }
-        if (pipe2(pe, O_CLOEXEC) != 0) {
-            close(po[0]);
-            close(po[1]);
-            fprintf(stderr, "jdt-train: cannot start rank %d: %s\n", r, strerror(errno));
-            rc = EXIT_RUNTIME;
-            break;
-        }
-        snprintf(num, sizeof num, "%d", r);
-        env_set(&env, "JDT_DIST_RANK", num);
-        env_set(&env, "JDT_DIST_LOCAL_RANK", num);
-        char fdv[32];
-        snprintf(fdv, sizeof fdv, "%d", listen_fd);
-        if (r == 0)
-            env_set(&env, JDT_WORLD_LISTEN_FD_ENV, fdv);
-        else
-            env_unset(&env, JDT_WORLD_LISTEN_FD_ENV);
-        cpu_set_t mine;
-        CPU_ZERO(&mine);
-        for (int k = r * n_cpus / n; k < (r + 1) * n_cpus / n; k++) CPU_SET(cpu_ids[k], &mine);
-        pid_t pid = fork();
-        if (pid == 0)
-            exec_child(&a, env.v, po[1], pe[1], r == 0 ? listen_fd : -1, &mine, pin, self,
-                       &oldmask);
+/* Forks and execs rank r with its pipes, environment and CPU share. Returns 0 or an exit code
+ * (the rank did not start). */
+static int start_rank(launcher *L, int r, int env_base, pid_t self)
+{
+    stream *st = L->st;
+    L->env.n_own = env_base; /* each rank's three variables reuse the same slots */
+    int po[2], pe[2];
+    char num[32];
+    st[2 * r].buf = jdt_malloc(LINE_CAP);
+    st[2 * r + 1].buf = jdt_malloc(LINE_CAP);
+    if (!st[2 * r].buf || !st[2 * r + 1].buf || pipe2(po, O_CLOEXEC) != 0) {
+        fprintf(stderr, "jdt-train: cannot start rank %d: %s\n", r, strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    if (pipe2(pe, O_CLOEXEC) != 0) {
+        close(po[0]);
         close(po[1]);
-        close(pe[1]);
-        if (pid < 0) {
-            close(po[0]);
-            close(pe[0]);
-            fprintf(stderr, "jdt-train: cannot start rank %d: %s\n", r, strerror(errno));
-            rc = EXIT_RUNTIME;
-            break;
-        }
-        setpgid(pid, pid);
-        ch[r].pid = pid;
-        n_live++;
-        st[2 * r] = (stream){po[0], 1, r, 0, st[2 * r].buf};
-        st[2 * r + 1] = (stream){pe[0], 2, r, 0, st[2 * r + 1].buf};
-        fcntl(po[0], F_SETFL, O_NONBLOCK);
-        fcntl(pe[0], F_SETFL, O_NONBLOCK);
-        if (r == 0) {
-            close(listen_fd); /* rank 0 owns it now; a dead rank 0 must refuse connections */
-            listen_fd = -1;
+        fprintf(stderr, "jdt-train: cannot start rank %d: %s\n", r, strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    snprintf(num, sizeof num, "%d", r);
+    env_set(&L->env, "JDT_DIST_RANK", num);
+    env_set(&L->env, "JDT_DIST_LOCAL_RANK", num);
+    char fdv[32];
+    snprintf(fdv, sizeof fdv, "%d", L->listen_fd);
+    if (r == 0)
+        env_set(&L->env, JDT_WORLD_LISTEN_FD_ENV, fdv);
+    else
+        env_unset(&L->env, JDT_WORLD_LISTEN_FD_ENV);
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    for (int k = r * L->n_cpus / L->n; k < (r + 1) * L->n_cpus / L->n; k++)
+        CPU_SET(L->cpu_ids[k], &mine);
+    pid_t pid = fork();
+    if (pid == 0)
+        exec_child(&L->a, L->env.v, po[1], pe[1], r == 0 ? L->listen_fd : -1, &mine, L->pin, self,
+                   &L->oldmask);
+    close(po[1]);
+    close(pe[1]);
+    if (pid < 0) {
+        close(po[0]);
+        close(pe[0]);
+        fprintf(stderr, "jdt-train: cannot start rank %d: %s\n", r, strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    setpgid(pid, pid);
+    L->ch[r].pid = pid;
+    L->n_live++;
+    st[2 * r] = (stream){po[0], 1, r, 0, st[2 * r].buf};
+    st[2 * r + 1] = (stream){pe[0], 2, r, 0, st[2 * r + 1].buf};
+    fcntl(po[0], F_SETFL, O_NONBLOCK);
+    fcntl(pe[0], F_SETFL, O_NONBLOCK);
+    if (r == 0) {
+        close(L->listen_fd); /* rank 0 owns it now; a dead rank 0 must refuse connections */
+        L->listen_fd = -1;
+    }
+    return 0;
+}
+
+/* Drains the signalfd: the first SIGINT/SIGTERM/SIGHUP is forwarded to every rank (SIGHUP as
+ * SIGTERM) with a grace period; a second one kills them all. */
+static void handle_signals(launcher *L)
+{
+    struct signalfd_siginfo si;
+    while (read(L->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGCHLD) continue;
+        L->stop_signals++;
+        int fwd = si.ssi_signo == SIGHUP ? SIGTERM : (int)si.ssi_signo;
+        if (L->stop_signals == 1) {
+            fprintf(stderr, "jdt-train: %s: stopping all ranks\n", strsignal((int)si.ssi_signo));
+            signal_all(L->ch, L->n, fwd);
+            L->kill_at = jdt_now_s() + GRACE_S;
+        } else {
+            fprintf(stderr, "jdt-train: second signal: killing all ranks\n");
+            signal_all(L->ch, L->n, SIGKILL);
+            L->killed = true;
         }
     }
-    JDT_DEBUG("launched %d ranks, coordinator %s", n_live, coord);
+}
 
-    int fail_rank = -1, fail_code = 0, stop_signals = 0;
-    double kill_at = 0, drain_until = 0;
-    bool killed = false;
-    if (rc) { /* a rank could not start: stop those that did */
-        signal_all(ch, n, SIGTERM);
-        kill_at = jdt_now_s() + GRACE_S;
-        fail_code = rc;
+/* Reaps exited ranks. The first failure names the job's cause (in one batch a rank killed by a
+ * signal is the cause, exits are consequences); unless a signal is already stopping the job,
+ * it is reported and the other ranks get SIGTERM and a grace period. */
+static void reap_ranks(launcher *L)
+{
+    child *ch = L->ch;
+    int batch_fail = -1;
+    for (;;) {
+        int status = 0;
+        pid_t p = waitpid(-1, &status, WNOHANG);
+        if (p <= 0) break;
+        for (int r = 0; r < L->n; r++) {
+            if (ch[r].pid != p) continue;
+            ch[r].pid = 0;
+            ch[r].status = status;
+            ch[r].exited = true;
+            L->n_live--;
+            bool bad = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            if (bad && L->fail_rank < 0 &&
+                (batch_fail < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(ch[batch_fail].status))))
+                batch_fail = r;
+        }
+    }
+    if (batch_fail < 0) return;
+    char why[128];
+    L->fail_rank = batch_fail;
+    int status = ch[L->fail_rank].status;
+    L->fail_code = WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_RUNTIME;
+    if (L->fail_code == 0) L->fail_code = EXIT_RUNTIME;
+    if (L->stop_signals == 0) {
+        describe_status(status, why, sizeof why);
+        fprintf(stderr, "jdt-train: rank %d %s%s\n", L->fail_rank, why,
+                L->n_live > 0 ? "; stopping the other ranks" : "");
+        if (L->n_live > 0 && L->kill_at == 0) {
+            signal_all(ch, L->n, SIGTERM);
+            L->kill_at = jdt_now_s() + GRACE_S;
+        }
+    }
+}
+
+/* Relays the ranks' output line by line, forwards signals and reaps ranks until every rank has
+ * exited and its output is drained (or DRAIN_S passed). start_rc != 0: a rank could not start,
+ * so those that did are stopped. Returns the launcher's exit code: 0, or the failing rank's. */
+static int supervise(launcher *L, int start_rc)
+{
+    const int n = L->n;
+    stream *st = L->st;
+    L->fail_rank = -1;
+    if (start_rc) { /* a rank could not start: stop those that did */
+        signal_all(L->ch, n, SIGTERM);
+        L->kill_at = jdt_now_s() + GRACE_S;
+        L->fail_code = start_rc;
     }
     struct pollfd *pfd = jdt_calloc(2 * (size_t)n + 1, sizeof *pfd);
     if (!pfd) {
-        signal_all(ch, n, SIGKILL);
-        kill_at = jdt_now_s();
+        signal_all(L->ch, n, SIGKILL);
+        L->kill_at = jdt_now_s();
     }
     for (;;) {
         int n_open = 0;
         for (int i = 0; i < 2 * n; i++) n_open += st[i].fd >= 0;
         double now = jdt_now_s();
-        if (n_live == 0) {
-            if (drain_until == 0) drain_until = now + DRAIN_S;
-            if (n_open == 0 || now >= drain_until) break;
+        if (L->n_live == 0) {
+            if (L->drain_until == 0) L->drain_until = now + DRAIN_S;
+            if (n_open == 0 || now >= L->drain_until) break;
         }
-        if (kill_at > 0 && now >= kill_at && !killed && n_live > 0) {
+        if (L->kill_at > 0 && now >= L->kill_at && !L->killed && L->n_live > 0) {
             for (int r = 0; r < n; r++)
-                if (ch[r].pid > 0)
+                if (L->ch[r].pid > 0)
                     fprintf(stderr, "jdt-train: rank %d did not stop within %.0f s: killing it\n",
                             r, GRACE_S);
-            signal_all(ch, n, SIGKILL);
-            killed = true;
+            signal_all(L->ch, n, SIGKILL);
+            L->killed = true;
         }
         double wait_s = 1.0;
-        if (kill_at > 0 && !killed) wait_s = kill_at - now;
-        if (n_live == 0) wait_s = drain_until - now;
+        if (L->kill_at > 0 && !L->killed) wait_s = L->kill_at - now;
+        if (L->n_live == 0) wait_s = L->drain_until - now;
         if (wait_s < 0) wait_s = 0;
         if (!pfd) {
             struct timespec ts = {0, 50 * 1000 * 1000};
             nanosleep(&ts, NULL);
         } else {
             int np = 0;
-            pfd[np++] = (struct pollfd){sfd, POLLIN, 0};
+            pfd[np++] = (struct pollfd){L->sfd, POLLIN, 0};
             int idx[2 * MAX_NPROC];
             for (int i = 0; i < 2 * n; i++)
                 if (st[i].fd >= 0) idx[np - 1] = i, pfd[np++] = (struct pollfd){st[i].fd, POLLIN, 0};
@@ -576,55 +672,8 @@ int jdt_launch_main(int argc, char **argv)
                     if (pfd[k].revents) stream_pump(&st[idx[k - 1]]);
             }
         }
-        struct signalfd_siginfo si;
-        while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-            if (si.ssi_signo == SIGCHLD) continue;
-            stop_signals++;
-            int fwd = si.ssi_signo == SIGHUP ? SIGTERM : (int)si.ssi_signo;
-            if (stop_signals == 1) {
-                fprintf(stderr, "jdt-train: %s: stopping all ranks\n", strsignal((int)si.ssi_signo));
-                signal_all(ch, n, fwd);
-                kill_at = jdt_now_s() + GRACE_S;
-            } else {
-                fprintf(stderr, "jdt-train: second signal: killing all ranks\n");
-                signal_all(ch, n, SIGKILL);
-                killed = true;
-            }
-        }
-        /* reap; in one batch a rank killed by a signal is the cause, exits are consequences */
-        int batch_fail = -1;
-        for (;;) {
-            int status = 0;
-            pid_t p = waitpid(-1, &status, WNOHANG);
-            if (p <= 0) break;
-            for (int r = 0; r < n; r++) {
-                if (ch[r].pid != p) continue;
-                ch[r].pid = 0;
-                ch[r].status = status;
-                ch[r].exited = true;
-                n_live--;
-                bool bad = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-                if (bad && fail_rank < 0 &&
-                    (batch_fail < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(ch[batch_fail].status))))
-                    batch_fail = r;
-            }
-        }
-        if (batch_fail >= 0) {
-            char why[128];
-            fail_rank = batch_fail;
-            int status = ch[fail_rank].status;
-            fail_code = WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_RUNTIME;
-            if (fail_code == 0) fail_code = EXIT_RUNTIME;
-            if (stop_signals == 0) {
-                describe_status(status, why, sizeof why);
-                fprintf(stderr, "jdt-train: rank %d %s%s\n", fail_rank, why,
-                        n_live > 0 ? "; stopping the other ranks" : "");
-                if (n_live > 0 && kill_at == 0) {
-                    signal_all(ch, n, SIGTERM);
-                    kill_at = jdt_now_s() + GRACE_S;
-                }
-            }
-        }
+        handle_signals(L);
+        reap_ranks(L);
     }
     for (int i = 0; i < 2 * n; i++) {
         if (st[i].fd >= 0) { /* a grandchild still holds the pipe: flush what we have */
@@ -633,18 +682,45 @@ int jdt_launch_main(int argc, char **argv)
         }
     }
     jdt_free(pfd);
-    rc = fail_rank >= 0 || fail_code ? (fail_code ? fail_code : EXIT_RUNTIME) : EXIT_OK;
+    return L->fail_rank >= 0 || L->fail_code ? (L->fail_code ? L->fail_code : EXIT_RUNTIME)
+                                             : EXIT_OK;
+}
+
+int jdt_launch_main(int argc, char **argv)
+{
+    launcher L;
+    memset(&L, 0, sizeof L);
+    L.listen_fd = L.sfd = -1;
+    int rc = parse_launch_args(argc, argv, &L.a);
+    L.n = L.a.nproc;
+    bool user_token = false, user_threads = false;
+    if (rc) goto out;
+    if (!L.a.config) {
+        rc = usage("--nproc: missing CONFIG%s", "");
+        goto out;
+    }
+    if ((rc = preflight(&L, &user_token, &user_threads))) goto out;
+    list_cpus(&L);
+    if ((rc = open_coordinator(&L))) goto out;
+    if ((rc = make_rank_env(&L, user_token, user_threads))) goto out;
+    if ((rc = setup_supervision(&L))) goto out;
+
+    const pid_t self = getpid();
+    const int env_base = L.env.n_own;
+    for (int r = 0; r < L.n && rc == 0; r++) rc = start_rank(&L, r, env_base, self);
+    JDT_DEBUG("launched %d ranks, coordinator %s", L.n_live, L.coord);
+    rc = supervise(&L, rc);
 out:
-    if (st)
-        for (int i = 0; i < 2 * n; i++) jdt_free(st[i].buf);
-    jdt_free(st);
-    jdt_free(ch);
-    jdt_free(env.v);
-    if (sfd >= 0) close(sfd);
-    if (listen_fd >= 0) close(listen_fd);
-    if (masked) sigprocmask(SIG_SETMASK, &oldmask, NULL);
-    if (have_config) jdt_config_free(&c);
-    free_launch_args(&a);
+    if (L.st)
+        for (int i = 0; i < 2 * L.n; i++) jdt_free(L.st[i].buf);
+    jdt_free(L.st);
+    jdt_free(L.ch);
+    jdt_free(L.env.v);
+    if (L.sfd >= 0) close(L.sfd);
+    if (L.listen_fd >= 0) close(L.listen_fd);
+    if (L.masked) sigprocmask(SIG_SETMASK, &L.oldmask, NULL);
+    if (L.have_config) jdt_config_free(&L.c);
+    free_launch_args(&L.a);
     return rc;
 }
 

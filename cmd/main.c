@@ -1,8 +1,8 @@
 /*
  * main.c — the jdt-train command line: a table of subcommands (name, handler, one-line help,
  * usage), shared argument parsing (CONFIG, key.path=value overrides, flags), and the mapping
- * from engine statuses to documented exit codes. Later issues add rows to SUBCOMMANDS
- * (prepare, sample, eval) and the --nproc launcher without touching main().
+ * from engine statuses to documented exit codes. A new subcommand is a row in SUBCOMMANDS
+ * and a handler; the --nproc launcher lives in launch.c.
  *
  * Exit codes: 0 success, 1 run-time failure, 2 usage or config error, 130/143 when stopped by
  * SIGINT/SIGTERM.
@@ -105,7 +105,8 @@ static const subcommand SUBCOMMANDS[] = {
      "       jdt-train inspect --schema[=markdown]\n"
      "\n"
      "Resolves and validates CONFIG exactly as train does, then prints a summary: the model,\n"
-     "its parameter count, the mesh, data, optimizer and checkpoint settings.\n"
+     "its parameter count, the mesh, data, optimizer and checkpoint settings, and what this\n"
+     "build cannot run of it (train and eval refuse such a config with exit 2).\n"
      "\n"
      "options:\n"
      "  --no-compile        skip building and compiling the train step (by default the\n"
@@ -149,7 +150,8 @@ static const subcommand SUBCOMMANDS[] = {
      "prints the mean loss over run.eval_steps batches of the val split.\n",
      FLAG_LOG_LEVEL | FLAG_CKPT, true},
     {"plot", cmd_plot, "draw loss curves of one or several runs (PNG/SVG)", JDT_PLOT_USAGE, FLAG_RAW, false},
-    {"version", cmd_version, "print the version", "usage: jdt-train version\n", 0, false},
+    {"version", cmd_version, "print the version and the backends built in",
+     "usage: jdt-train version\n", 0, false},
     {"help", cmd_help, "show help for a command", "usage: jdt-train help [COMMAND]\n", 0, false},
 };
 
@@ -419,9 +421,14 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         fputs(c.resolved_yaml, stdout);
     } else {
         print_summary(&c, stdout);
+        /* a summary of a config this build cannot run still helps (parameter count, mesh);
+         * the reason is part of it, and nothing is compiled */
+        jdt_err e;
+        jdt_err_clear(&e);
+        bool runs = jdt_train_check_capabilities(&c, &e) == JDT_OK;
+        if (!runs) printf("not runnable by this build: %s\n", e.msg);
         fflush(stdout);
-        if (!a->no_compile) {
-            jdt_err e;
+        if (!a->no_compile && runs) {
             jdt_err_clear(&e);
             jdt_status st = jdt_train_inspect(&c, stdout, &e);
             if (st != JDT_OK) {
@@ -442,8 +449,38 @@ static int exit_code(jdt_status st)
     case JDT_OK: return EXIT_OK;
     case JDT_ERR_USAGE:
     case JDT_ERR_CONFIG: return EXIT_USAGE;
-    default: return EXIT_RUNTIME;
+    case JDT_ERR_NOMEM:
+    case JDT_ERR_INVALID:
+    case JDT_ERR_IO:
+    case JDT_ERR_FORMAT:
+    case JDT_ERR_NOT_FOUND:
+    case JDT_ERR_SHAPE:
+    case JDT_ERR_UNSUPPORTED:
+    case JDT_ERR_COMPILE:
+    case JDT_ERR_NUMERIC:
+    case JDT_ERR_NET:
+    case JDT_ERR_PROTOCOL:
+    case JDT_ERR_AUTH:
+    case JDT_ERR_TIMEOUT:
+    case JDT_ERR_PEER_LOST:
+    case JDT_ERR_INTERRUPTED:
+    case JDT_ERR_INTERNAL: return EXIT_RUNTIME;
+    case JDT_STATUS_COUNT: break;
     }
+    return EXIT_RUNTIME;
+}
+
+/* Refuses (one line, exit 2; cfg freed) a config asking for what this build cannot run, before
+ * any work: see jdt_train_check_capabilities. Returns 0 when it can run. */
+static int check_capabilities(jdt_config *c)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_train_check_capabilities(c, &e);
+    if (st == JDT_OK) return 0;
+    fprintf(stderr, "jdt-train: config error: %s\n", e.msg);
+    jdt_config_free(c);
+    return exit_code(st);
 }
 
 /* Joins the job (engine/world/world.h: dist.* keys, the --nproc launcher, SLURM, else one
@@ -455,6 +492,7 @@ static jdt_status join_job(jdt_config *c, jdt_dist **out, jdt_err *e)
     jdt_status st = jdt_world_resolve(c, environ, &w, e);
     if (st) return st;
     c->runtime.threads = jdt_world_threads(&w, c->runtime.threads);
+    c->dist.local_rank = w.local_rank; /* picks this process's GPU (runtime.backend cuda) */
     return jdt_world_connect(&w, c, out, e);
 }
 
@@ -464,15 +502,10 @@ static int cmd_train(const subcommand *cmd, cli_args *a)
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
+    if ((rc = check_capabilities(&c))) return rc;
     JDT_INFO("jdt-train %s: %s, %s, %.2fM parameters, %lld steps", JDT_VERSION_STRING, c.path,
              jdt_config_choice_name("model.type", (int)c.model.type),
              (double)jdt_config_param_count(&c) / 1e6, (long long)c.run.steps);
-    if (c.runtime.backend != JDT_BACKEND_CPU) {
-        fprintf(stderr, "jdt-train: config error: runtime.backend: only 'cpu' is built in this "
-                        "version\n");
-        jdt_config_free(&c);
-        return EXIT_USAGE;
-    }
     jdt_err e;
     jdt_err_clear(&e);
     if (a->profile) c.run.profile = true;
@@ -537,6 +570,7 @@ static int cmd_eval(const subcommand *cmd, cli_args *a)
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
+    if ((rc = check_capabilities(&c))) return rc;
     jdt_err e;
     jdt_err_clear(&e);
     char *path = NULL, dir[1100];
@@ -609,6 +643,11 @@ static int cmd_version(const subcommand *cmd, cli_args *a)
 {
     if (a->config_path) return usage_error(cmd, "unexpected argument '%s'", a->config_path);
     printf("jdt-train %s\n", JDT_VERSION_STRING);
+#ifdef JDT_CUDA
+    printf("backends: cpu cuda\n");
+#else
+    printf("backends: cpu\n");
+#endif
     return EXIT_OK;
 }
 

@@ -72,7 +72,7 @@ static jdt_tensor *norm(builder *b, jdt_tensor *x, const char *prefix, int64_t C
 {
     const jdt_config *cfg = b->cfg;
     char name[256];
-    const char *axes[1] = {"embed"};
+    const char *axes[1] = {"norm"}; /* MaxText's name for norm weights: replicated by default */
     jdt_tensor *xn = cfg->model.norm == JDT_NORM_RMSNORM
                          ? jdt_graph_rms_normalize(b->g, x, cfg->model.norm_eps)
                          : jdt_graph_normalize(b->g, x, cfg->model.norm_eps);
@@ -145,9 +145,9 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
         snprintf(name, sizeof name, "%s.attn.q", p);
         jdt_tensor *q = jdt_graph_reshape(g, linear(b, a, name, C, H * D, "embed", "heads", std), 4, bthd);
         snprintf(name, sizeof name, "%s.attn.k", p);
-        jdt_tensor *k = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv", std), 4, btkd);
+        jdt_tensor *k = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv_heads", std), 4, btkd);
         snprintf(name, sizeof name, "%s.attn.v", p);
-        jdt_tensor *v = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv", std), 4, btkd);
+        jdt_tensor *v = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv_heads", std), 4, btkd);
         if (cfg->model.pos == JDT_POS_ROPE) {
             q = jdt_graph_rope(g, q, cfg->model.rope_theta, false);
             k = jdt_graph_rope(g, k, cfg->model.rope_theta, false);
@@ -301,4 +301,11 @@ int64_t jdt_model_param_count(const jdt_model *m)
     int64_t n = 0;
     for (int i = 0; i < m->n_params; i++) n += jdt_shape_numel(&m->params[i].t->shape);
     return n;
+}
+
+const char *const *jdt_model_axis_names(void)
+{
+    static const char *const NAMES[] = {"batch", "seq",      "vocab", "embed",
+                                        "heads", "kv_heads", "mlp",   "norm", NULL};
+    return NAMES;
 }

@@ -49,6 +49,10 @@ jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, b
  * element index), so every process and every mesh draws the same initial weights. */
 void jdt_model_init_param(const jdt_model_param *p, uint64_t seed, float *data);
 
+/* The logical axis names the built-in models put on dims (NULL-terminated, static): batch,
+ * seq, vocab, embed, heads, kv_heads, mlp, norm. sharding.rules may name only these. */
+const char *const *jdt_model_axis_names(void);
+
 /* Writes the block of p's initial value that starts at offset[] (per dim) of the whole tensor
  * of shape global and has shape local (row-major into data): the same numbers
  * jdt_model_init_param gives those elements, drawn only for the block, rows spread over the

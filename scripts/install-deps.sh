@@ -10,7 +10,7 @@ PKGS=(
   libyaml-dev        # config parser
   libhdf5-dev        # datasets and checkpoints
   hdf5-tools         # h5dump, used by tests to check files independently
-  libcurl4-openssl-dev
+  libcurl4-openssl-dev # HTTP(S) data
   libpcre2-dev       # tokenizer pre-tokenizer regexes (UTF + Unicode classes, JIT)
   libicu-dev         # NFC normalization of Qwen2-style tokenizers
   libopenblas-dev    # CPU GEMMs
@@ -34,6 +34,8 @@ PKGS=(
   libclang-rt-dev    # libFuzzer and the sanitizer runtimes for that clang
   libomp-dev         # OpenMP for clang (the engine's kernels use it)
   libcairo2-dev      # `jdt-train plot`: PNG and SVG loss curves
+  clang-format       # make lint (format check against .clang-format)
+  cppcheck           # make lint (static analysis)
 )
 
 missing=()

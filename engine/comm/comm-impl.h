@@ -1,7 +1,7 @@
 /*
  * comm-impl.h — internals of engine/comm shared by net.c (sockets), wire.c (the rendezvous
  * protocol), coord.c (the coordinator), dist.c (the rank's client side) and comm.c
- * (collectives). Not for use outside engine/dist.
+ * (collectives). Not for use outside engine/comm.
  */
 #ifndef JDT_DIST_IMPL_H
 #define JDT_DIST_IMPL_H

@@ -413,7 +413,14 @@ static void handle_ranked(jdt_dist_coord *c, int ci, jdt_rbuf *rb)
         conn_kill(cn, "left");
         fail_barriers_without(c);
         return;
-    default:
+    case JDT_MSG_HELLO:
+    case JDT_MSG_WELCOME:
+    case JDT_MSG_REJECT:
+    case JDT_MSG_PONG:
+    case JDT_MSG_KV_VALUE:
+    case JDT_MSG_BARRIER_DONE:
+    case JDT_MSG_ACK:
+    case JDT_MSG_COUNT:
         break;
     }
     JDT_WARN("coordinator: rank %d (%s) sent a malformed or unexpected message (type %d)", r,

@@ -1,5 +1,5 @@
 /*
- * net.c — TCP socket helpers for engine/dist: address parsing, listen, connect with retries,
+ * net.c — TCP socket helpers for engine/comm: address parsing, listen, connect with retries,
  * exact send/recv with deadlines and an abort flag (never an unbounded block), socket tuning
  * and constant-time token comparison.
  */

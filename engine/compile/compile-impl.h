@@ -5,8 +5,9 @@
  * Pipeline (program.c drives it):
  *   passes.c   graph -> cnodes: simplification, splat folding and CSE while copying, then DCE
  *   fuse.c     cnodes -> groups (fused loop nests) and builtin steps, schedule, memory plan
- *   codegen.c  groups -> one C translation unit
- *   cache.c    C source -> shared object (system compiler, on-disk cache) -> dlopen
+ *   nest.c     group -> device-neutral loop nest (accesses, collapsed dims, value expressions)
+ *   backend    the nests -> source in the backend's dialect, built and run by the backend
+ *              (engine/backend: cpu/ C + OpenMP via cache.c; cuda/ CUDA C via NVRTC)
  */
 #ifndef JDT_COMPILE_IMPL_H
 #define JDT_COMPILE_IMPL_H
@@ -77,7 +78,7 @@ typedef struct {
 } cupdate;
 
 /* Everything the compiler builds; program.c owns it. */
-typedef struct {
+typedef struct cprog_ {
     jdt_compile_opts opts;
     int nt;
     cnode *nodes;
@@ -94,6 +95,8 @@ typedef struct {
     int n_bufs, cap_bufs;
     int64_t arena_bytes;
     jdt_compile_stats stats;
+    /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
+    int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;
 
 /* passes.c: copies g into c->nodes with simplification/CSE (unless no_simplify) and DCE. */
@@ -101,8 +104,57 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e);
 /* fuse.c: groups, schedule and memory plan. */
 jdt_status jdt_compile_fuse(cprog *c, jdt_err *e);
 jdt_status jdt_compile_plan(cprog *c, jdt_err *e);
-/* codegen.c: the C translation unit for every kernel step; *src owned by caller (jdt_free). */
-jdt_status jdt_compile_codegen(const cprog *c, char **src, jdt_err *e);
+/* ---- nest.c: the device-neutral loop nest of a fused group (the emitters' input) ---------- */
+
+/* A growing text buffer; oom is set (and further output dropped) on allocation failure.
+ * bad_node: 1 + the id of the first node no emitter handles (0: none); the emitter that owns
+ * the buffer turns it into ERR_UNSUPPORTED (jdt_sb_status), never into generated code. */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    bool oom;
+    int bad_node;
+} jdt_sbuf;
+/* JDT_OK, or the error for s's first unhandled node (ERR_UNSUPPORTED naming it and its op) or
+ * its allocation failure (ERR_NOMEM); what = the emitter's name for the message. */
+jdt_status jdt_sb_status(const jdt_sbuf *s, const cprog *c, const char *what, jdt_err *e);
+void jdt_sb_printf(jdt_sbuf *s, const char *fmt, ...) JDT_PRINTF(2, 3);
+
+#define JDT_NEST_MAX_ACC (JDT_GROUP_MAX_READS + JDT_GROUP_MAX_STORES + 2)
+
+/* One memory access of a group: element offset = base + sum(stride[k] * i_k) over the nest's
+ * (collapsed) dims. */
+typedef struct {
+    int64_t stride[JDT_MAX_DIMS];
+    int64_t base;
+    int node;   /* the buffer's node (read) or the stored node (write) */
+    int reader; /* reads through a MAP member: that member; identity/scalar: -1 */
+    bool write;
+} jdt_access;
+
+typedef struct {
+    const cprog *c;
+    const cgroup *g;
+    int n; /* dims after collapsing (>= 1) */
+    int64_t dims[JDT_MAX_DIMS];
+    bool kept[JDT_MAX_DIMS]; /* false: the dim is reduced (reduction groups) */
+    jdt_access acc[JDT_NEST_MAX_ACC];
+    int n_acc;
+    int flat; /* access index of the contiguous flat index (`flat` in values), or -1 */
+} jdt_nest;
+
+/* Builds the nest of group gi: its accesses, then dims collapsed. ERR_UNSUPPORTED when the
+ * group has more accesses than JDT_NEST_MAX_ACC. */
+jdt_status jdt_nest_build(const cprog *c, int gi, jdt_nest *N, jdt_err *e);
+/* The offset expression of access a ("base + stride * ik ...") into out. */
+void jdt_nest_offset(const jdt_nest *N, int a, char *out, size_t n);
+/* The expression naming input k of member m: a literal, `v<node>` or a loaded `x<access>`. */
+void jdt_nest_operand(const jdt_nest *N, const cnode *m, int k, char *out, size_t n);
+/* Statements defining `const T v<id> = ...;` for member id (loads x<a> must be in scope). */
+void jdt_nest_value(jdt_sbuf *s, const jdt_nest *N, int id);
+/* The C type name of dt ("float", "int32_t", ...) and a typed literal of v. */
+const char *jdt_nest_ctype(jdt_dtype dt);
+void jdt_nest_lit(char *out, size_t n, jdt_dtype dt, double v);
 /* cache.c: builds (or finds) the shared object for src; fills so_path, cc_s, cache_hit and
  * returns the dlopen handle in *handle. */
 jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **handle,
@@ -122,6 +174,9 @@ static inline bool cnode_reduces_axis(const cnode *r, int k)
 {
     return (r->attrs.i[0] >> k) & 1;
 }
+
+/* program.c: "'name'", "node 12 (add)" or the op name, into buf; returns buf. */
+const char *jdt_compile_node_label(const cnode *n, char *buf, size_t len);
 
 /* Grows a dynamic array; false on allocation failure. */
 bool jdt_compile_grow(void **arr, int *cap, int need, size_t elem);

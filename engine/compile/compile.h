@@ -22,16 +22,19 @@ typedef enum {
                                    (jdt_autodiff_grad_ex); the compiler keeps the copies */
 } jdt_compile_remat;
 
+/* Options of a compilation. Device-neutral: cache_dir, no_fuse, no_simplify, profile, no_jit,
+ * remat, collective, trace, device. CPU backend only (the CUDA backend ignores them: NVRTC and
+ * the GPU take their place): cc, cflags, cc_timeout_s, threads. */
 typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
-                              ~/.cache/jdt-train */
-    const char *cc;        /* NULL: $CC, else "cc" */
+                              ~/.cache/jdt-train (compiled kernels of every backend) */
+    const char *cc;        /* CPU: NULL: $CC, else "cc" */
     const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno -fno-trapping-math" (no
                               fast-math: NaN/Inf
                               semantics must hold) */
-    double cc_timeout_s;   /* 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
+    double cc_timeout_s;   /* CPU: 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
     int64_t cache_max_bytes; /* bound of the on-disk cache: 0 = 1 GiB, < 0 = unbounded */
-    int threads;           /* 0: omp_get_max_threads() */
+    int threads;           /* CPU: 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
     bool profile;          /* time every step of every run (see jdt_program_profile) */
@@ -48,6 +51,9 @@ typedef struct {
      * Not called with opts.no_jit (the interpreter has no steps). */
     void (*trace)(void *ctx, const char *name, double t_start_s, double t_end_s);
     void *trace_ctx;
+    /* The device the program runs on (engine/backend/backend.h); NULL: the CPU. A CUDA
+     * device keeps leaves in device memory (see backend.h for how host buffers relate). */
+    struct jdt_device *device;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */
@@ -75,7 +81,8 @@ typedef struct jdt_program jdt_program;
 /* Compiles g into an executable program. Returns JDT_OK and sets *out (owned by the caller,
  * release with jdt_program_free); on failure *out is NULL and e names the cause:
  * ERR_UNSUPPORTED (op/dtype without a CPU kernel, naming the op and node), ERR_COMPILE (the C
- * compiler failed or is missing; its output is saved to a log file named in the message),
+ * compiler failed or is missing; its output is saved to a log file named in the message;
+ * NVRTC's log for the CUDA backend),
  * ERR_TIMEOUT (the compiler ran longer than opts.cc_timeout_s and was killed; log named),
  * ERR_IO (cache directory), ERR_NOMEM. g must stay alive and unchanged while the program
  * lives (leaf tensors are read at every run). opts may be NULL (defaults). */
@@ -88,9 +95,17 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
 jdt_status jdt_program_run(jdt_program *p, jdt_err *e);
 
 /* Pointer to graph output i after a run (row-major, the output tensor's dtype and shape);
- * valid until the next run or jdt_program_free. NULL if i is out of range. The memory is owned
- * by the program (or is the bound leaf when the output is a leaf/updated leaf). */
+ * valid until the next run or jdt_program_free. NULL if i is out of range, or when the program
+ * runs on a device whose memory the host cannot address (CUDA): use jdt_program_read_output.
+ * The memory is owned by the program (or is the bound leaf when the output is a leaf/updated
+ * leaf). */
 const void *jdt_program_output(const jdt_program *p, int i);
+
+/* Copies the first n_bytes of graph output i after a run into host memory dst, on any device
+ * (waits for the run to finish). ERR_INVALID when i is out of range or n_bytes exceeds the
+ * output; ERR_RUNTIME naming the device error. */
+jdt_status jdt_program_read_output(const jdt_program *p, int i, void *dst, size_t n_bytes,
+                                   jdt_err *e);
 
 /* Statistics of the compilation (never NULL for a live program). */
 /* The compile cache directory o selects (cache_dir, $JDT_CACHE_DIR, $XDG_CACHE_HOME/jdt-train,

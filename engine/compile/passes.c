@@ -29,32 +29,29 @@ bool jdt_compile_grow(void **arr, int *cap, int need, size_t elem)
     return true;
 }
 
+/* How the compiler handles an op, decided by its class. A new SHAPE op is a builtin until it
+ * is listed here, so program.c's exhaustive builtin switch names it. */
 static cnode_kind kind_of(jdt_op op, const jdt_tensor *t)
 {
-    switch (op) {
-    case JDT_OP_PARAM:
-    case JDT_OP_INPUT:
-        return CK_LEAF;
-    case JDT_OP_CONSTANT:
-        return (t && t->data) ? CK_LEAF : CK_SPLAT;
-    case JDT_OP_BROADCAST:
-    case JDT_OP_TRANSPOSE:
-    case JDT_OP_SLICE:
-        return CK_MAP;
-    case JDT_OP_REDUCE_SUM:
-    case JDT_OP_REDUCE_MAX:
-    case JDT_OP_REDUCE_MEAN:
-        return CK_REDUCE;
-    case JDT_OP_RESHAPE:
-        return CK_VIEW;
-    case JDT_OP_IOTA:
-    case JDT_OP_CAUSAL_MASK:
+    switch (jdt_op_class_of(op)) {
+    case JDT_OPC_LEAF:
+        return (op == JDT_OP_CONSTANT && !(t && t->data)) ? CK_SPLAT : CK_LEAF;
+    case JDT_OPC_ELEMENTWISE:
+    case JDT_OPC_GENERATOR:
         return CK_EW;
-    default:
-        break;
+    case JDT_OPC_SHAPE:
+        if (op == JDT_OP_BROADCAST || op == JDT_OP_TRANSPOSE || op == JDT_OP_SLICE) return CK_MAP;
+        if (op == JDT_OP_RESHAPE) return CK_VIEW;
+        return CK_BUILTIN; /* CONCAT */
+    case JDT_OPC_REDUCTION:
+        return CK_REDUCE;
+    case JDT_OPC_MATMUL:
+    case JDT_OPC_INDEX:
+    case JDT_OPC_FUSED:
+    case JDT_OPC_COLLECTIVE:
+        return CK_BUILTIN;
     }
-    if (op >= JDT_OP_NEG && op <= JDT_OP_DROPOUT) return CK_EW;
-    return CK_BUILTIN;
+    return CK_BUILTIN; /* outside the op table: the builtin switch refuses it */
 }
 
 static bool dtype_supported(jdt_dtype dt)
@@ -67,6 +64,7 @@ static bool dtype_supported(jdt_dtype dt)
 static bool eval_splat(jdt_op op, const jdt_attrs *at, const double *v, double *out)
 {
     double a = v[0], b = v[1], f = at->f[0];
+    if (jdt_op_class_of(op) != JDT_OPC_ELEMENTWISE) return false;
     switch (op) {
     case JDT_OP_NEG:
         *out = -a;
@@ -134,7 +132,44 @@ static bool eval_splat(jdt_op op, const jdt_attrs *at, const double *v, double *
     case JDT_OP_CAST:
         *out = a;
         break;
-    default:
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_BROADCAST:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_MATMUL:
+    case JDT_OP_GATHER:
+    case JDT_OP_SCATTER_ADD:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD:
+    case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         return false;
     }
     return true;
@@ -147,9 +182,15 @@ static double round_to(jdt_dtype dt, double v)
         return (double)(float)v;
     case JDT_DTYPE_I32:
         return isfinite(v) ? (double)(int32_t)v : 0.0;
-    default:
-        return v;
+    case JDT_DTYPE_F64:
+    case JDT_DTYPE_BF16:
+    case JDT_DTYPE_U16:
+    case JDT_DTYPE_U32:
+    case JDT_DTYPE_U8:
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return v;
 }
 
 typedef struct {
@@ -238,7 +279,7 @@ static int simplify(lowerer *L, cnode *n)
                 v[i] = c->nodes[n->in[i]].splat;
         }
         if (all) {
-            double r;
+            double r = 0;
             if (n->kind == CK_MAP || n->kind == CK_VIEW) return make_splat(L, n, v[0]);
             if (n->op == JDT_OP_REDUCE_SUM)
                 return make_splat(
@@ -255,7 +296,62 @@ static int simplify(lowerer *L, cnode *n)
     case JDT_OP_BROADCAST:
         if (same_as_x) return x;
         break;
-    default:
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_NEG:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_RELU:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ABS:
+    case JDT_OP_ADD:
+    case JDT_OP_SUB:
+    case JDT_OP_MUL:
+    case JDT_OP_DIV:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_ADD_SCALAR:
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_POW_SCALAR:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_SELECT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_MATMUL:
+    case JDT_OP_GATHER:
+    case JDT_OP_SCATTER_ADD:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD:
+    case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         break;
     }
     switch (n->op) {
@@ -319,7 +415,55 @@ static int simplify(lowerer *L, cnode *n)
         }
         break;
     }
-    default:
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_RELU:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ABS:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_SELECT:
+    case JDT_OP_CAST:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_SLICE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_MATMUL:
+    case JDT_OP_GATHER:
+    case JDT_OP_SCATTER_ADD:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD:
+    case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         break;
     }
     return -2;
@@ -327,6 +471,10 @@ static int simplify(lowerer *L, cnode *n)
 
 static jdt_status check_node(const jdt_tensor *t, jdt_err *e)
 {
+    /* every switch over ops lists every op of the table; a value outside it stops here */
+    if ((int)jdt_op_class_of(t->op) == JDT_OPC_COUNT)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "compile: node %d: op %d is not in the op table",
+                           t->id, (int)t->op);
     if (!dtype_supported(t->dtype))
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                            "compile: node %d (%s): dtype %s has no CPU kernel", t->id,

@@ -1,36 +1,28 @@
 /*
- * program.c — jdt_program: drives the compiler pipeline (passes, fusion, plan, codegen,
- * build/load) and runs the result: a pointer table with one slot per buffer (leaves refreshed
- * from the caller's tensors at every run, arena slots fixed at compile time), then every step
- * in schedule order, then the update copies that could not be donated.
+ * program.c — jdt_program: drives the compiler pipeline (passes, fusion, plan) and hands the
+ * planned program to its device's backend (engine/backend: emit, build, arena), then runs it
+ * through the backend interface: begin (bind leaves), every step in schedule order, finish
+ * (update copies that could not be donated). Profiling and tracing wrap the steps here, the
+ * same for every backend.
  */
-#include "compile/compile-impl.h"
+#include "backend/backend-impl.h"
 
-#include <dlfcn.h>
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "graph/interp.h"
-#include "runtime/runtime.h"
-
-typedef void (*kernel_fn)(void *const *);
 
 struct jdt_program {
     cprog c;
     jdt_graph *g;
-    void *so;
-    const kernel_fn *kernels; /* (n_kernels) in the shared object */
-    void **ptrs;              /* (n_bufs) */
-    unsigned char *arena;     /* (arena_bytes) */
-    char *src;
+    jdt_device *dev;
+    void *state;        /* the backend's per-program state */
     jdt_interp *interp; /* opts.no_jit: the reference interpreter runs the graph */
     double *step_s;     /* (n_steps + 1) accumulated seconds per step (profile), last:
                            update copies */
     char (*step_name)[40]; /* (n_steps) trace names, only with opts.trace */
     int n_runs;
-    float *coll_scratch;      /* (largest all-gather / reduce-scatter buffer) for their
-                                 block permutation, so a run allocates nothing */
 };
 
 void jdt_compile_opts_init(jdt_compile_opts *o)
@@ -38,7 +30,7 @@ void jdt_compile_opts_init(jdt_compile_opts *o)
     memset(o, 0, sizeof *o);
 }
 
-static const char *node_label(const cnode *n, char *buf, size_t len)
+const char *jdt_compile_node_label(const cnode *n, char *buf, size_t len)
 {
     if (n->src && n->src->name)
         snprintf(buf, len, "'%s'", n->src->name);
@@ -96,7 +88,63 @@ static double node_flops(const cprog *c, const cnode *n)
         double f = 4.0 * (double)(q->dims[0] * q->dims[1] * q->dims[3]) * pairs;
         return n->op == JDT_OP_ATTENTION ? f : 2.5 * f;
     }
-    default:
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_NEG:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_RELU:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ABS:
+    case JDT_OP_ADD:
+    case JDT_OP_SUB:
+    case JDT_OP_MUL:
+    case JDT_OP_DIV:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_ADD_SCALAR:
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_POW_SCALAR:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_SELECT:
+    case JDT_OP_CAST:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_BROADCAST:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_GATHER:
+    case JDT_OP_SCATTER_ADD:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         break;
     }
     if (n->kind == CK_LEAF || n->kind == CK_SPLAT || n->kind == CK_VIEW) return 0.0;
@@ -117,6 +165,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     cprog *c = &p->c;
     p->g = g;
     if (opts) c->opts = *opts;
+    p->dev = c->opts.device ? c->opts.device : jdt_device_cpu_default();
+    c->scratch_bytes = p->dev->vt->scratch_bytes;
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
     if (c->nt < 1) c->nt = 1;
 
@@ -131,31 +181,9 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     }
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
-    {
-        int64_t need = 0;
-        for (int i = 0; i < c->n_nodes; i++) {
-            const cnode *n = &c->nodes[i];
-            const int64_t full = n->op == JDT_OP_ALL_GATHER      ? jdt_shape_numel(&n->shape)
-                                 : n->op == JDT_OP_REDUCE_SCATTER ? jdt_shape_numel(&c->nodes[n->in[0]].shape)
-                                                                  : 0;
-            if (full > need) need = full;
-        }
-        if (need > 0 && !(p->coll_scratch = jdt_malloc((size_t)need * sizeof(float)))) {
-            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: collective scratch");
-            goto fail;
-        }
-    }
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
-    if ((st = jdt_compile_codegen(c, &p->src, e)) != JDT_OK) goto fail;
-    if ((st = jdt_compile_build(&c->opts, p->src, &p->so, &c->stats, e)) != JDT_OK) goto fail;
-    p->kernels = dlsym(p->so, "jdt_kernels");
-    const int *nk = dlsym(p->so, "jdt_n_kernels");
-    if (!p->kernels || !nk || *nk != c->stats.n_kernels) {
-        st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks the expected kernel table",
-                         c->stats.so_path);
-        goto fail;
-    }
+    if ((st = p->dev->vt->prepare(p->dev, c, &p->state, e)) != JDT_OK) goto fail;
     if (c->opts.profile && !(p->step_s = jdt_calloc((size_t)c->n_steps + 1, sizeof(double)))) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
         goto fail;
@@ -175,33 +203,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
                          jdt_op_name(c->nodes[sp->node].op));
         }
     }
-    /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
-     * the OOM killer later */
-    const char *mem_src;
-    int64_t mem_avail = jdt_mem_available(&mem_src);
-    if (mem_avail >= 0 && c->arena_bytes > mem_avail) {
-        st = jdt_err_set(e, JDT_ERR_NOMEM,
-                         "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
-                         "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
-                         "or runtime.remat: block",
-                         (double)c->arena_bytes / 1048576.0, (double)mem_avail / 1048576.0,
-                         mem_src);
-        goto fail;
-    }
-    p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
-    p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
-    if (!p->arena || !p->ptrs) {
-        st = jdt_err_set(e, JDT_ERR_NOMEM,
-                         "compile: out of memory allocating the %.1f MiB arena for intermediates",
-                         (double)c->arena_bytes / 1048576.0);
-        goto fail;
-    }
-    for (int b = 0; b < c->n_bufs; b++)
-        if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
-            p->ptrs[b] = p->arena + c->bufs[b].info.offset;
     for (int i = 0; i < c->n_nodes; i++)
         c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
-    jdt_rt_set_threads(c->nt);
     c->stats.compile_s = jdt_now_s() - t0;
     *out = p;
     return JDT_OK;
@@ -210,247 +213,35 @@ fail:
     return st;
 }
 
-static void *ptr_of(const jdt_program *p, int node)
-{
-    int b = p->c.nodes[node].buf;
-    return b >= 0 ? p->ptrs[b] : NULL;
-}
-
-static int64_t last_dim(const jdt_shape *s)
-{
-    return s->ndim ? s->dims[s->ndim - 1] : 1;
-}
-
-
-/* Moves k blocks between the layouts (k, outer, blk) and (outer, k, blk): to_outer true:
- * (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. */
-static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
-                          bool to_outer)
-{
-    for (int64_t j = 0; j < k; j++)
-        for (int64_t o = 0; o < outer; o++) {
-            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
-            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
-            memcpy(b, a, (size_t)blk * sizeof *a);
-        }
-}
-
-static jdt_status run_builtin(jdt_program *p, const cstep *sp, jdt_err *e)
-{
-    const cprog *c = &p->c;
-    const cnode *n = &c->nodes[sp->node];
-    int nt = c->nt;
-    void *o = ptr_of(p, sp->node);
-    void *in[JDT_MAX_INPUTS] = {0};
-    for (int k = 0; k < n->n_in; k++)
-        in[k] = ptr_of(p, n->in[k]);
-    const jdt_shape *s0 = n->n_in ? &c->nodes[n->in[0]].shape : &n->shape;
-    int64_t C = last_dim(s0), N = C ? jdt_shape_numel(s0) / C : 0;
-    float eps = (float)n->attrs.f[0];
-    float *scratch = sp->scratch_buf >= 0 ? p->ptrs[sp->scratch_buf] : NULL;
-    int64_t bad = 0;
-    char lbl[128];
-    switch (n->op) {
-    case JDT_OP_MATMUL: {
-        const jdt_shape *a = s0, *b = &c->nodes[n->in[1]].shape;
-        int nd = n->shape.ndim;
-        int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
-        int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
-        int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        jdt_rt_matmul(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
-                      n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2);
-        break;
-    }
-    case JDT_OP_GATHER: {
-        int64_t V = s0->dims[0];
-        bad = jdt_rt_gather(in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), V,
-                            last_dim(&n->shape), nt);
-        if (bad)
-            return jdt_err_set(e, JDT_ERR_INVALID, "gather: %lld indices outside [0, %lld)",
-                               (long long)bad, (long long)V);
-        break;
-    }
-    case JDT_OP_SCATTER_ADD: {
-        int64_t V = n->shape.dims[0];
-        bad = jdt_rt_scatter_add(in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), V,
-                                 last_dim(&n->shape));
-        if (bad)
-            return jdt_err_set(e, JDT_ERR_INVALID, "scatter_add: %lld indices outside [0, %lld)",
-                               (long long)bad, (long long)V);
-        break;
-    }
-    case JDT_OP_SOFTMAX:
-        jdt_rt_softmax(in[0], o, N, C, nt);
-        break;
-    case JDT_OP_SOFTMAX_BWD:
-        jdt_rt_softmax_bwd(in[0], in[1], o, N, C, nt);
-        break;
-    case JDT_OP_LOG_SOFTMAX:
-        jdt_rt_log_softmax(in[0], o, N, C, nt);
-        break;
-    case JDT_OP_LOG_SOFTMAX_BWD:
-        jdt_rt_log_softmax_bwd(in[0], in[1], o, N, C, nt);
-        break;
-    case JDT_OP_SOFTMAX_XENT:
-        bad = jdt_rt_softmax_xent(in[0], in[1], o, N, C, nt);
-        if (bad)
-            return jdt_err_set(e, JDT_ERR_INVALID, "softmax_xent: %lld targets >= vocab %lld",
-                               (long long)bad, (long long)C);
-        break;
-    case JDT_OP_SOFTMAX_XENT_BWD:
-        jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt);
-        break;
-    case JDT_OP_NORMALIZE:
-        jdt_rt_normalize(in[0], o, N, C, eps, nt);
-        break;
-    case JDT_OP_NORMALIZE_BWD:
-        jdt_rt_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
-        break;
-    case JDT_OP_RMS_NORMALIZE:
-        jdt_rt_rms_normalize(in[0], o, N, C, eps, nt);
-        break;
-    case JDT_OP_RMS_NORMALIZE_BWD:
-        jdt_rt_rms_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
-        break;
-    case JDT_OP_ROPE:
-        jdt_rt_rope(in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
-                    n->attrs.i[0] != 0, nt);
-        break;
-    case JDT_OP_ATTENTION:
-    case JDT_OP_ATTENTION_BWD: {
-        /* inputs that are transposes folded into views (passes.c) are read (B, T, H, D) */
-        unsigned bthd = 0;
-        for (int k = 0; k < n->n_in; k++)
-            if (c->nodes[n->in[k]].kind == CK_VIEW && c->nodes[n->in[k]].op == JDT_OP_TRANSPOSE)
-                bthd |= 1u << k;
-        if (n->op == JDT_OP_ATTENTION)
-            jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
-                             s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
-        else
-            jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
-                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch,
-                                 nt);
-        break;
-    }
-    case JDT_OP_CONCAT: {
-        int ax = (int)n->attrs.i[0];
-        int64_t outer = 1, inner = 1, len[JDT_MAX_INPUTS];
-        for (int k = 0; k < ax; k++)
-            outer *= n->shape.dims[k];
-        for (int k = ax + 1; k < n->shape.ndim; k++)
-            inner *= n->shape.dims[k];
-        for (int k = 0; k < n->n_in; k++)
-            len[k] = c->nodes[n->in[k]].shape.dims[ax];
-        jdt_rt_concat((const float *const *)in, len, n->n_in, o, outer, inner,
-                      jdt_dtype_size(n->dtype));
-        break;
-    }
-    case JDT_OP_ALL_REDUCE: {
-        int64_t n_el = jdt_shape_numel(&n->shape);
-        if (o != in[0]) memcpy(o, in[0], (size_t)n_el * sizeof(float));
-        jdt_status cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
-                                            (int)n->attrs.i[1], JDT_DTYPE_F32, o, (size_t)n_el, e);
-        if (cst != JDT_OK) return cst;
-        if (n->attrs.f[0] != 1.0) {
-            float sc = (float)n->attrs.f[0], *of = o;
-            for (int64_t i = 0; i < n_el; i++) of[i] *= sc;
-        }
-        break;
-    }
-    case JDT_OP_ALL_GATHER:
-    case JDT_OP_REDUCE_SCATTER: {
-        /* the full tensor viewed as (outer, k, blk) along the axis; the wire wants (k, outer,
-         * blk): one permuting copy unless everything before the axis has size 1 */
-        const bool gather = n->op == JDT_OP_ALL_GATHER;
-        const jdt_shape *full = gather ? &n->shape : s0;
-        const int ax = (int)n->attrs.i[1];
-        const int64_t k = n->attrs.i[2], nf = jdt_shape_numel(full), nl = nf / k;
-        int64_t outer = 1;
-        for (int d = 0; d < ax; d++) outer *= full->dims[d];
-        const int64_t blk = outer ? nl / outer : 0;
-        float *tmp = p->coll_scratch, *of = o;
-        const float *xf = in[0];
-        jdt_status cst;
-        if (gather) {
-            memmove(of, xf, (size_t)nl * sizeof *of);
-            cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], JDT_COLL_ALLGATHER,
-                                     JDT_DTYPE_F32, of, (size_t)nf, e);
-            if (cst == JDT_OK && outer > 1) {
-                memcpy(tmp, of, (size_t)nf * sizeof *tmp);
-                shard_permute(tmp, of, k, outer, blk, true);
-            }
-        } else {
-            if (outer > 1) shard_permute(xf, tmp, k, outer, blk, false);
-            else memcpy(tmp, xf, (size_t)nf * sizeof *tmp);
-            cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
-                                     JDT_COLL_REDUCE_SCATTER, JDT_DTYPE_F32, tmp, (size_t)nf, e);
-            const float sc = (float)n->attrs.f[0];
-            for (int64_t i = 0; i < nl && cst == JDT_OK; i++) of[i] = tmp[i] * sc;
-        }
-        if (cst != JDT_OK) return cst;
-        break;
-    }
-    default:
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "run: no CPU kernel for %s",
-                           node_label(n, lbl, sizeof lbl));
-    }
-    return JDT_OK;
-}
-
 jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
 {
     cprog *c = &p->c;
-    char lbl[128];
+    const jdt_backend_vt *vt = p->dev->vt;
+    jdt_status st;
     if (p->interp) return jdt_interp_run(p->interp, e);
-    for (int b = 0; b < c->n_bufs; b++) {
-        if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
-        const cnode *n = &c->nodes[c->bufs[b].leaf_node];
-        p->ptrs[b] = n->src->data;
-        if (!p->ptrs[b])
-            return jdt_err_set(e, JDT_ERR_INVALID, "run: leaf %s is not bound (data is NULL)",
-                               node_label(n, lbl, sizeof lbl));
-    }
-    /* OpenBLAS's thread count is process-wide: another program may have changed it */
-    jdt_rt_set_threads(c->nt);
+    if ((st = vt->begin(p->state, e)) != JDT_OK) return st;
     bool timed = p->step_s || c->opts.trace;
     for (int s = 0; s < c->n_steps; s++) {
-        const cstep *sp = &c->steps[s];
         double t0 = timed ? jdt_now_s() : 0.0;
-        if (sp->kind == STEP_KERNEL) {
-            p->kernels[sp->kernel]((void *const *)p->ptrs);
-        } else {
-            jdt_status st = run_builtin(p, sp, e);
-            if (st != JDT_OK) return jdt_err_prefix(e, "step %d", s);
-        }
+        if ((st = vt->step(p->state, s, e)) != JDT_OK) return jdt_err_prefix(e, "step %d", s);
         if (timed) {
+            if ((st = vt->sync(p->state, e)) != JDT_OK) return jdt_err_prefix(e, "step %d", s);
             double t1 = jdt_now_s();
             if (p->step_s) p->step_s[s] += t1 - t0;
             if (c->opts.trace) c->opts.trace(c->opts.trace_ctx, p->step_name[s], t0, t1);
         }
     }
     double tc = timed ? jdt_now_s() : 0.0;
-    bool copied = false;
-    /* updates not donated: leaf-sourced values first (they read old leaf memory) */
-    for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < c->n_updates; i++) {
-            const cupdate *u = &c->updates[i];
-            if (u->donated || u->value == u->target) continue;
-            int vb = c->nodes[u->value].buf;
-            bool leaf_src = c->bufs[vb].info.kind == JDT_BUF_LEAF;
-            if (leaf_src != (pass == 0)) continue;
-            const cnode *t = &c->nodes[u->target];
-            copied = true;
-            memmove(ptr_of(p, u->target), p->ptrs[vb],
-                    (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype));
-        }
-    }
+    if ((st = vt->finish(p->state, e)) != JDT_OK) return st;
     if (timed) {
+        if ((st = vt->sync(p->state, e)) != JDT_OK) return st;
         double t1 = jdt_now_s();
         if (p->step_s) {
             p->step_s[c->n_steps] += t1 - tc;
             p->n_runs++;
         }
-        if (c->opts.trace && copied) c->opts.trace(c->opts.trace_ctx, "update", tc, t1);
+        if (c->opts.trace && c->stats.n_update_copies > 0)
+            c->opts.trace(c->opts.trace_ctx, "update", tc, t1);
     }
     return JDT_OK;
 }
@@ -502,9 +293,27 @@ const void *jdt_program_output(const jdt_program *p, int i)
 {
     if (p && p->interp) return jdt_interp_value(p->interp, jdt_graph_output(p->g, i));
     if (!p || i < 0 || i >= p->c.n_outputs) return NULL;
-    int node = p->c.outputs[i];
-    if (p->c.nodes[node].kind == CK_LEAF) return p->c.nodes[node].src->data;
-    return ptr_of(p, node);
+    return p->dev->vt->host_ptr(p->state, p->c.outputs[i]);
+}
+
+jdt_status jdt_program_read_output(const jdt_program *p, int i, void *dst, size_t n_bytes,
+                                   jdt_err *e)
+{
+    if (p->interp) {
+        const void *v = jdt_interp_value(p->interp, jdt_graph_output(p->g, i));
+        if (!v) return jdt_err_set(e, JDT_ERR_INVALID, "read: no output %d", i);
+        memcpy(dst, v, n_bytes);
+        return JDT_OK;
+    }
+    if (i < 0 || i >= p->c.n_outputs)
+        return jdt_err_set(e, JDT_ERR_INVALID, "read: no output %d (the program has %d)", i,
+                           p->c.n_outputs);
+    const cnode *n = &p->c.nodes[p->c.outputs[i]];
+    size_t have = (size_t)jdt_shape_numel(&n->shape) * jdt_dtype_size(n->dtype);
+    if (n_bytes > have)
+        return jdt_err_set(e, JDT_ERR_INVALID, "read: output %d has %zu bytes, %zu asked", i,
+                           have, n_bytes);
+    return p->dev->vt->read(p->state, p->c.outputs[i], dst, n_bytes, e);
 }
 
 const jdt_compile_stats *jdt_program_stats(const jdt_program *p)
@@ -514,7 +323,7 @@ const jdt_compile_stats *jdt_program_stats(const jdt_program *p)
 
 const char *jdt_program_source(const jdt_program *p)
 {
-    return p->src ? p->src : "";
+    return p->state ? p->dev->vt->source(p->state) : "";
 }
 
 char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
@@ -534,7 +343,6 @@ char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
 void jdt_program_free(jdt_program *p)
 {
     if (!p) return;
-    jdt_free(p->coll_scratch);
     cprog *c = &p->c;
     for (int g = 0; g < c->n_groups; g++)
         jdt_free(c->groups[g].members);
@@ -544,13 +352,10 @@ void jdt_program_free(jdt_program *p)
     jdt_free(c->updates);
     jdt_free(c->steps);
     jdt_free(c->bufs);
-    jdt_free(p->ptrs);
-    jdt_free_aligned(p->arena);
-    jdt_free(p->src);
+    if (p->state) p->dev->vt->release(p->state);
     jdt_free(p->step_s);
     jdt_free(p->step_name);
     jdt_interp_free(p->interp);
-    if (p->so) dlclose(p->so);
     jdt_free(p);
 }
 

@@ -1,6 +1,6 @@
 /*
  * config-impl.h — internals shared by the config subsystem's files (schema.c, config.c,
- * derived.c). Not for use outside engine/config.
+ * write.c). Not for use outside engine/config.
  */
 #ifndef JDT_CONFIG_IMPL_H
 #define JDT_CONFIG_IMPL_H

@@ -359,7 +359,13 @@ static jdt_status parse_node(yaml_parser_t *p, yaml_event_t *ev, const cfg_src *
                          "%s: %s: YAML aliases (*name) are not supported; write the value out",
                          where, path[0] ? path : "(top)");
         goto out_event;
-    default:
+    case YAML_NO_EVENT:
+    case YAML_STREAM_START_EVENT:
+    case YAML_STREAM_END_EVENT:
+    case YAML_DOCUMENT_START_EVENT:
+    case YAML_DOCUMENT_END_EVENT:
+    case YAML_SEQUENCE_END_EVENT:
+    case YAML_MAPPING_END_EVENT:
         place(where, sizeof where, src, line, col);
         st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: unexpected YAML event", where);
         goto out_event;

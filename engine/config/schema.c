@@ -86,7 +86,7 @@ static const jdt_config_key KEYS[] = {
     K_INT("mesh.tensor", mesh.tensor, -1, 65536, "1", "tensor-parallel shards (Megatron-style)"),
     /* sharding */
     {"sharding.rules", JDT_CONFIG_RULES, OFF(sharding.rules), 0, 0, false, NULL, NULL,
-     "[[batch, [data, fsdp]], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv, tensor], "
+     "[[batch, [data, fsdp]], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], "
      "[vocab, null], [norm, null]]",
      "ordered [logical_axis, mesh_axis | [mesh_axes] | null] pairs (MaxText logical_axis_rules)"},
     /* data */
@@ -106,7 +106,7 @@ static const jdt_config_key KEYS[] = {
     K_ENUM("optimizer.type", optimizer.type, C_OPTIM, "adamw", "optimizer"),
     K_FLT("optimizer.lr", optimizer.lr, 0, FMAX, "0.0003", "peak learning rate"),
     K_ENUM("optimizer.schedule", optimizer.schedule, C_SCHED, "cosine", "LR schedule after warmup"),
-    K_I64("optimizer.warmup_steps", optimizer.warmup_steps, 0, LMAX, "100", "linear warmup steps from 0 to lr"),
+    K_I64("optimizer.warmup_steps", optimizer.warmup_steps, 0, LMAX, "100", "linear warmup steps: lr * (t + 1) / warmup_steps at step t"),
     K_I64("optimizer.decay_steps", optimizer.decay_steps, 0, LMAX, "0", "step where the decay ends (0 = run.steps)"),
     K_FLT("optimizer.min_lr_ratio", optimizer.min_lr_ratio, 0, 1, "0.1", "final lr = lr * min_lr_ratio"),
     K_FLTO("optimizer.beta1", optimizer.beta1, 0, 1, "0.9", "adamw: first-moment decay"),

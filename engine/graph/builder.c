@@ -97,7 +97,55 @@ static void propagate_axes(jdt_tensor *t)
         for (int i = 0; i < 4; i++)
             t->axes[i + 1] = in[0]->axes[i];
         break;
-    default:
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_NEG:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_RELU:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ABS:
+    case JDT_OP_ADD:
+    case JDT_OP_SUB:
+    case JDT_OP_MUL:
+    case JDT_OP_DIV:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_ADD_SCALAR:
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_POW_SCALAR:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_SELECT:
+    case JDT_OP_CAST:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_SLICE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
         /* Same-shape ops (elementwise, row ops, slice/concat, cast ...): per dim, the first
          * input of the same rank that names it. */
         for (int k = 0; k < t->n_inputs; k++) {
@@ -115,7 +163,7 @@ jdt_tensor *jdt_graph_op(jdt_graph *g, jdt_op op, int n_inputs, jdt_tensor *cons
                          const jdt_attrs *attrs, jdt_dtype dt, const jdt_shape *shape)
 {
     if (!g || jdt_graph_error_msg(g)) return NULL;
-    if ((int)op < 0 || op >= JDT_OP_COUNT) {
+    if ((int)op < 0 || (int)op >= JDT_OP_COUNT) {
         jdt_graph_fail(g, JDT_ERR_INVALID, "unknown op %d", (int)op);
         return NULL;
     }
@@ -620,7 +668,7 @@ jdt_status jdt_graph_verify(const jdt_graph *g, jdt_err *e)
     if (!g) return jdt_err_set(e, JDT_ERR_INVALID, "verify: graph is NULL");
     for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
         jdt_tensor *t = jdt_graph_node(g, i);
-        if ((int)t->op < 0 || t->op >= JDT_OP_COUNT)
+        if ((int)t->op < 0 || (int)t->op >= JDT_OP_COUNT)
             return jdt_err_set(e, JDT_ERR_INVALID, "verify: node %d has unknown op %d", i,
                                (int)t->op);
         const jdt_op_info *info = jdt_op_info_get(t->op);

@@ -11,7 +11,8 @@
  *
  * Every returned tensor is owned by g (freed by jdt_graph_free). Logical axis names (`axes`)
  * are propagated through shape-preserving ops, reductions (reduced dims dropped), transposes,
- * matmuls, gathers and broadcasts; the partitioner reads them.
+ * matmuls, gathers and broadcasts. Nothing reads them yet: they are the input of the SPMD
+ * partitioner to come (engine/shard, see docs/architecture.md).
  */
 #ifndef JDT_GRAPH_BUILDER_H
 #define JDT_GRAPH_BUILDER_H

@@ -10,8 +10,9 @@
 static const struct {
     const char *name;
     int arity;
+    jdt_op_class cls;
 } OPS[JDT_OP_COUNT] = {
-#define X_(name, str, n_in) {str, n_in},
+#define X_(name, str, n_in, cls) {str, n_in, JDT_OPC_##cls},
     JDT_OP_LIST(X_)
 #undef X_
 };
@@ -39,8 +40,17 @@ struct jdt_graph {
     jdt_err err; /* the first builder error (sticky); code JDT_OK while none */
 };
 
-const char *jdt_op_name(jdt_op op) { return ((int)op >= 0 && op < JDT_OP_COUNT) ? OPS[op].name : "?"; }
-int jdt_op_arity(jdt_op op) { return ((int)op >= 0 && op < JDT_OP_COUNT) ? OPS[op].arity : 0; }
+const char *jdt_op_name(jdt_op op) { return ((int)op >= 0 && (int)op < JDT_OP_COUNT) ? OPS[op].name : "?"; }
+int jdt_op_arity(jdt_op op) { return ((int)op >= 0 && (int)op < JDT_OP_COUNT) ? OPS[op].arity : 0; }
+jdt_op_class jdt_op_class_of(jdt_op op) { return ((int)op >= 0 && (int)op < JDT_OP_COUNT) ? OPS[op].cls : (jdt_op_class)JDT_OPC_COUNT; }
+
+const char *jdt_op_class_name(jdt_op_class c)
+{
+    static const char *const NAMES[] = {"leaf", "elementwise", "generator", "shape", "reduction",
+                                        "matmul", "index", "fused", "collective"};
+    _Static_assert(JDT_ARRAY_LEN(NAMES) == JDT_OPC_COUNT, "op class names incomplete");
+    return ((int)c >= 0 && c < JDT_OPC_COUNT) ? NAMES[c] : "?";
+}
 
 int64_t jdt_shape_numel(const jdt_shape *s)
 {

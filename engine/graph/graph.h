@@ -29,7 +29,27 @@ typedef struct {
 } jdt_shape;
 
 /*
- * The op list. X(NAME, "name", n_inputs); n_inputs -1 = variadic (1..JDT_MAX_INPUTS).
+ * Op classes: what kind of computation an op is. Passes and backends decide by class (never by
+ * an op's position in the enum); a switch over jdt_op lists every op (no `default:`), so the
+ * build (-Wswitch-enum) names each switch a new op must be added to.
+ */
+typedef enum {
+    JDT_OPC_LEAF,        /* no inputs, value bound by the caller or stored: PARAM INPUT CONSTANT */
+    JDT_OPC_ELEMENTWISE, /* out[j] = f(in0[j], in1[j], ...): unary, binary or ternary (arity) */
+    JDT_OPC_GENERATOR,   /* no inputs, out[j] = f(index of j): IOTA CAUSAL_MASK */
+    JDT_OPC_SHAPE,       /* data movement without arithmetic: broadcast, reshape (a view),
+                            transpose, slice, concat */
+    JDT_OPC_REDUCTION,   /* reduce over a mask of axes */
+    JDT_OPC_MATMUL,      /* batched GEMM (the BLAS library's work) */
+    JDT_OPC_INDEX,       /* row gather / scatter-add through an i32 index tensor */
+    JDT_OPC_FUSED,       /* fused primitive with a hand-written forward and backward kernel */
+    JDT_OPC_COLLECTIVE,  /* communication over a process group (keep last: JDT_OPC_COUNT) */
+} jdt_op_class;
+#define JDT_OPC_COUNT (JDT_OPC_COLLECTIVE + 1)
+
+/*
+ * The op list. X(NAME, "name", n_inputs, CLASS); n_inputs -1 = variadic (1..JDT_MAX_INPUTS);
+ * CLASS is a jdt_op_class without its JDT_OPC_ prefix.
  * Semantics (attrs are jdt_attrs.i[] integers and .f[] doubles):
  *
  * Leaves
@@ -98,73 +118,78 @@ typedef struct {
  *   over the stacked per-rank values (engine/shard seeds the loss with 1/world accordingly).
  */
 #define JDT_OP_LIST(X)                                                                            \
-    X(PARAM, "param", 0)                                                                          \
-    X(INPUT, "input", 0)                                                                          \
-    X(CONSTANT, "constant", 0)                                                                    \
-    X(NEG, "neg", 1)                                                                              \
-    X(EXP, "exp", 1)                                                                              \
-    X(LOG, "log", 1)                                                                              \
-    X(TANH, "tanh", 1)                                                                            \
-    X(SQRT, "sqrt", 1)                                                                            \
-    X(RSQRT, "rsqrt", 1)                                                                          \
-    X(RELU, "relu", 1)                                                                            \
-    X(GELU, "gelu", 1)                                                                            \
-    X(SILU, "silu", 1)                                                                            \
-    X(SIGMOID, "sigmoid", 1)                                                                      \
-    X(ABS, "abs", 1)                                                                              \
-    X(ADD, "add", 2)                                                                              \
-    X(SUB, "sub", 2)                                                                              \
-    X(MUL, "mul", 2)                                                                              \
-    X(DIV, "div", 2)                                                                              \
-    X(MAX, "max", 2)                                                                              \
-    X(MIN, "min", 2)                                                                              \
-    X(GT, "gt", 2)                                                                                \
-    X(GE, "ge", 2)                                                                                \
-    X(ADD_SCALAR, "add_scalar", 1)                                                                \
-    X(MUL_SCALAR, "mul_scalar", 1)                                                                \
-    X(POW_SCALAR, "pow_scalar", 1)                                                                \
-    X(GELU_GRAD, "gelu_grad", 2)                                                                  \
-    X(SILU_GRAD, "silu_grad", 2)                                                                  \
-    X(SELECT, "select", 3)                                                                        \
-    X(CAST, "cast", 1)                                                                            \
-    X(STOP_GRADIENT, "stop_gradient", 1)                                                          \
-    X(DROPOUT, "dropout", 2)                                                                      \
-    X(BROADCAST, "broadcast", 1)                                                                  \
-    X(REDUCE_SUM, "reduce_sum", 1)                                                                \
-    X(REDUCE_MAX, "reduce_max", 1)                                                                \
-    X(REDUCE_MEAN, "reduce_mean", 1)                                                              \
-    X(RESHAPE, "reshape", 1)                                                                      \
-    X(TRANSPOSE, "transpose", 1)                                                                  \
-    X(SLICE, "slice", 1)                                                                          \
-    X(CONCAT, "concat", -1)                                                                       \
-    X(MATMUL, "matmul", 2)                                                                        \
-    X(GATHER, "gather", 2)                                                                        \
-    X(SCATTER_ADD, "scatter_add", 2)                                                              \
-    X(IOTA, "iota", 0)                                                                            \
-    X(CAUSAL_MASK, "causal_mask", 0)                                                              \
-    X(SOFTMAX, "softmax", 1)                                                                      \
-    X(SOFTMAX_BWD, "softmax_bwd", 2)                                                              \
-    X(LOG_SOFTMAX, "log_softmax", 1)                                                              \
-    X(LOG_SOFTMAX_BWD, "log_softmax_bwd", 2)                                                      \
-    X(SOFTMAX_XENT, "softmax_xent", 2)                                                            \
-    X(SOFTMAX_XENT_BWD, "softmax_xent_bwd", 3)                                                    \
-    X(NORMALIZE, "normalize", 1)                                                                  \
-    X(NORMALIZE_BWD, "normalize_bwd", 2)                                                          \
-    X(RMS_NORMALIZE, "rms_normalize", 1)                                                          \
-    X(RMS_NORMALIZE_BWD, "rms_normalize_bwd", 2)                                                  \
-    X(ROPE, "rope", 1)                                                                            \
-    X(ATTENTION, "attention", 3)                                                                  \
-    X(ATTENTION_BWD, "attention_bwd", 5)                                                          \
-    X(ALL_REDUCE, "all_reduce", 1)                                                                \
-    X(ALL_GATHER, "all_gather", 1)                                                                \
-    X(REDUCE_SCATTER, "reduce_scatter", 1)
+    X(PARAM, "param", 0, LEAF)                                                                    \
+    X(INPUT, "input", 0, LEAF)                                                                    \
+    X(CONSTANT, "constant", 0, LEAF)                                                              \
+    X(NEG, "neg", 1, ELEMENTWISE)                                                                 \
+    X(EXP, "exp", 1, ELEMENTWISE)                                                                 \
+    X(LOG, "log", 1, ELEMENTWISE)                                                                 \
+    X(TANH, "tanh", 1, ELEMENTWISE)                                                               \
+    X(SQRT, "sqrt", 1, ELEMENTWISE)                                                               \
+    X(RSQRT, "rsqrt", 1, ELEMENTWISE)                                                             \
+    X(RELU, "relu", 1, ELEMENTWISE)                                                               \
+    X(GELU, "gelu", 1, ELEMENTWISE)                                                               \
+    X(SILU, "silu", 1, ELEMENTWISE)                                                               \
+    X(SIGMOID, "sigmoid", 1, ELEMENTWISE)                                                         \
+    X(ABS, "abs", 1, ELEMENTWISE)                                                                 \
+    X(ADD, "add", 2, ELEMENTWISE)                                                                 \
+    X(SUB, "sub", 2, ELEMENTWISE)                                                                 \
+    X(MUL, "mul", 2, ELEMENTWISE)                                                                 \
+    X(DIV, "div", 2, ELEMENTWISE)                                                                 \
+    X(MAX, "max", 2, ELEMENTWISE)                                                                 \
+    X(MIN, "min", 2, ELEMENTWISE)                                                                 \
+    X(GT, "gt", 2, ELEMENTWISE)                                                                   \
+    X(GE, "ge", 2, ELEMENTWISE)                                                                   \
+    X(ADD_SCALAR, "add_scalar", 1, ELEMENTWISE)                                                   \
+    X(MUL_SCALAR, "mul_scalar", 1, ELEMENTWISE)                                                   \
+    X(POW_SCALAR, "pow_scalar", 1, ELEMENTWISE)                                                   \
+    X(GELU_GRAD, "gelu_grad", 2, ELEMENTWISE)                                                     \
+    X(SILU_GRAD, "silu_grad", 2, ELEMENTWISE)                                                     \
+    X(SELECT, "select", 3, ELEMENTWISE)                                                           \
+    X(CAST, "cast", 1, ELEMENTWISE)                                                               \
+    X(STOP_GRADIENT, "stop_gradient", 1, ELEMENTWISE)                                             \
+    X(DROPOUT, "dropout", 2, ELEMENTWISE)                                                         \
+    X(BROADCAST, "broadcast", 1, SHAPE)                                                           \
+    X(REDUCE_SUM, "reduce_sum", 1, REDUCTION)                                                     \
+    X(REDUCE_MAX, "reduce_max", 1, REDUCTION)                                                     \
+    X(REDUCE_MEAN, "reduce_mean", 1, REDUCTION)                                                   \
+    X(RESHAPE, "reshape", 1, SHAPE)                                                               \
+    X(TRANSPOSE, "transpose", 1, SHAPE)                                                           \
+    X(SLICE, "slice", 1, SHAPE)                                                                   \
+    X(CONCAT, "concat", -1, SHAPE)                                                                \
+    X(MATMUL, "matmul", 2, MATMUL)                                                                \
+    X(GATHER, "gather", 2, INDEX)                                                                 \
+    X(SCATTER_ADD, "scatter_add", 2, INDEX)                                                       \
+    X(IOTA, "iota", 0, GENERATOR)                                                                 \
+    X(CAUSAL_MASK, "causal_mask", 0, GENERATOR)                                                   \
+    X(SOFTMAX, "softmax", 1, FUSED)                                                               \
+    X(SOFTMAX_BWD, "softmax_bwd", 2, FUSED)                                                       \
+    X(LOG_SOFTMAX, "log_softmax", 1, FUSED)                                                       \
+    X(LOG_SOFTMAX_BWD, "log_softmax_bwd", 2, FUSED)                                               \
+    X(SOFTMAX_XENT, "softmax_xent", 2, FUSED)                                                     \
+    X(SOFTMAX_XENT_BWD, "softmax_xent_bwd", 3, FUSED)                                             \
+    X(NORMALIZE, "normalize", 1, FUSED)                                                           \
+    X(NORMALIZE_BWD, "normalize_bwd", 2, FUSED)                                                   \
+    X(RMS_NORMALIZE, "rms_normalize", 1, FUSED)                                                   \
+    X(RMS_NORMALIZE_BWD, "rms_normalize_bwd", 2, FUSED)                                           \
+    X(ROPE, "rope", 1, FUSED)                                                                     \
+    X(ATTENTION, "attention", 3, FUSED)                                                           \
+    X(ATTENTION_BWD, "attention_bwd", 5, FUSED)                                                   \
+    X(ALL_REDUCE, "all_reduce", 1, COLLECTIVE)                                                    \
+    X(ALL_GATHER, "all_gather", 1, COLLECTIVE)                                                    \
+    X(REDUCE_SCATTER, "reduce_scatter", 1, COLLECTIVE)
 
 typedef enum {
-#define JDT_OP_ENUM_(name, str, n_in) JDT_OP_##name,
+#define JDT_OP_ENUM_(name, str, n_in, cls) JDT_OP_##name,
     JDT_OP_LIST(JDT_OP_ENUM_)
 #undef JDT_OP_ENUM_
-        JDT_OP_COUNT
 } jdt_op;
+/* The number of ops: not an enumerator, so an exhaustive switch over jdt_op need not name it. */
+enum {
+#define JDT_OP_ONE_(name, str, n_in, cls) +1
+    JDT_OP_COUNT = 0 JDT_OP_LIST(JDT_OP_ONE_)
+#undef JDT_OP_ONE_
+};
 
 typedef struct {
     int64_t i[8];
@@ -225,6 +250,10 @@ typedef jdt_status (*jdt_collective_fn)(void *ctx, int group, int kind, jdt_dtyp
 
 const char *jdt_op_name(jdt_op op);
 int jdt_op_arity(jdt_op op); /* -1 for variadic */
+/* The op's class (the table's CLASS column); (jdt_op_class)JDT_OPC_COUNT outside the enum. */
+jdt_op_class jdt_op_class_of(jdt_op op);
+/* "leaf", "elementwise", ... ; "?" outside the enum. */
+const char *jdt_op_class_name(jdt_op_class c);
 
 int64_t jdt_shape_numel(const jdt_shape *s);
 bool jdt_shape_eq(const jdt_shape *a, const jdt_shape *b);

@@ -115,9 +115,16 @@ static double load(jdt_dtype dt, const void *p, int64_t i)
         return ((const float *)p)[i];
     case JDT_DTYPE_F64:
         return ((const double *)p)[i];
-    default:
+    case JDT_DTYPE_I32:
         return ((const int32_t *)p)[i];
+    case JDT_DTYPE_BF16: /* not reached: alloc_vals refuses other dtypes before a run */
+    case JDT_DTYPE_U16:
+    case JDT_DTYPE_U32:
+    case JDT_DTYPE_U8:
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return NAN;
 }
 
 /* Rounds every v[i] to dt and stores it into buf. */
@@ -193,6 +200,534 @@ static double sigmoid(double x)
     (jdt_err_set(e, code, __VA_ARGS__),                                                            \
      jdt_err_prefix(e, "interp: node %d (%s)", t->id, jdt_op_name(t->op)))
 
+/* One node's evaluation: its value y (n doubles, rounded to the dtype by the caller), its
+ * inputs' values and shapes. last = the output's last-axis length, rows = n / last. */
+typedef struct {
+    jdt_interp *it;
+    const jdt_tensor *t;
+    double *y;
+    int64_t n, last, rows;
+    const jdt_attrs *a;
+    const double *x0, *x1, *x2; /* inputs 0..2 (NULL when absent) */
+    const jdt_shape *s0, *so;   /* input 0's shape (NULL without inputs), the node's */
+    jdt_err *e;
+} node_ctx;
+
+/* PARAM / INPUT: the bound data (an unbound leaf is an error naming it) */
+static jdt_status eval_leaf(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    jdt_err *e = nd->e;
+    if (!t->data)
+        return FAIL(JDT_ERR_INVALID, "leaf '%s' has no bound data (set t->data)",
+                    t->name ? t->name : "?");
+    for (int64_t i = 0; i < n; i++)
+        y[i] = load(t->dtype, t->data, i);
+    return JDT_OK;
+}
+
+/* DROPOUT: keep element j iff philox(key i[0], step x1, j) >= rate f[0], scaled 1/(1-rate) */
+static jdt_status eval_dropout(const node_ctx *nd)
+{
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    double p = a->f[0], scale = 1.0 / (1.0 - p);
+    uint64_t step = (uint64_t)(int64_t)x1[0];
+    for (int64_t j = 0; j < n; j++) {
+        jdt_philox_ctr r = jdt_philox((uint64_t)a->i[0], step, (uint64_t)j);
+        y[j] = jdt_u32_to_unit_float(r.v[0]) >= p ? x0[j] * scale : 0.0;
+    }
+    return JDT_OK;
+}
+
+/* BROADCAST to the node's shape (size-1 and leading dims expanded) */
+static jdt_status eval_broadcast(const node_ctx *nd)
+{
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    const double *x0 = nd->x0;
+    const jdt_shape *s0 = nd->s0;
+    const jdt_shape *so = nd->so;
+    int64_t co[JDT_MAX_DIMS], ci[JDT_MAX_DIMS];
+    int lead = so->ndim - s0->ndim;
+    for (int64_t i = 0; i < n; i++) {
+        unravel(so, i, co);
+        for (int d = 0; d < s0->ndim; d++)
+            ci[d] = s0->dims[d] == 1 ? 0 : co[d + lead];
+        y[i] = x0[ravel(s0, ci)];
+    }
+    return JDT_OK;
+}
+
+/* REDUCE_SUM / REDUCE_MEAN / REDUCE_MAX over the axes of mask i[0] (i[1]: keepdims) */
+static jdt_status eval_reduce(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const jdt_shape *s0 = nd->s0;
+    const jdt_shape *so = nd->so;
+    int64_t ci[JDT_MAX_DIMS], co[JDT_MAX_DIMS];
+    int64_t n_in = jdt_shape_numel(s0);
+    bool is_max = t->op == JDT_OP_REDUCE_MAX;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = is_max ? -INFINITY : 0.0;
+    for (int64_t i = 0; i < n_in; i++) {
+        unravel(s0, i, ci);
+        int k = 0;
+        for (int d = 0; d < s0->ndim; d++) {
+            if (!(a->i[0] & (1 << d)))
+                co[k++] = ci[d];
+            else if (a->i[1])
+                co[k++] = 0;
+        }
+        int64_t o = ravel(so, co);
+        if (is_max)
+            y[o] = x0[i] > y[o] ? x0[i] : y[o];
+        else
+            y[o] += x0[i];
+    }
+    if (t->op == JDT_OP_REDUCE_MEAN) {
+        double cnt = (double)(n_in / n);
+        for (int64_t i = 0; i < n; i++)
+            y[i] /= cnt;
+    }
+    return JDT_OK;
+}
+
+/* TRANSPOSE by the permutation i[0..ndim) */
+static jdt_status eval_transpose(const node_ctx *nd)
+{
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const jdt_shape *s0 = nd->s0;
+    const jdt_shape *so = nd->so;
+    int64_t co[JDT_MAX_DIMS], ci[JDT_MAX_DIMS];
+    for (int64_t i = 0; i < n; i++) {
+        unravel(so, i, co);
+        for (int k = 0; k < so->ndim; k++)
+            ci[a->i[k]] = co[k];
+        y[i] = x0[ravel(s0, ci)];
+    }
+    return JDT_OK;
+}
+
+/* SLICE [i[1], i[1] + out dim) along axis i[0] */
+static jdt_status eval_slice(const node_ctx *nd)
+{
+    double *y = nd->y;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const jdt_shape *s0 = nd->s0;
+    const jdt_shape *so = nd->so;
+    int ax = (int)a->i[0];
+    int64_t outer = span(s0, 0, ax), inner = span(s0, ax + 1, s0->ndim);
+    int64_t din = s0->dims[ax], dout = so->dims[ax], lo = a->i[1];
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t k = 0; k < dout; k++)
+            for (int64_t r = 0; r < inner; r++)
+                y[(o * dout + k) * inner + r] = x0[(o * din + lo + k) * inner + r];
+    return JDT_OK;
+}
+
+/* CONCAT along axis i[0] */
+static jdt_status eval_concat(const node_ctx *nd)
+{
+    node_val *nv = nd->it->vals;
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const jdt_attrs *a = nd->a;
+    const jdt_shape *so = nd->so;
+    int ax = (int)a->i[0];
+    int64_t outer = span(so, 0, ax), inner = span(so, ax + 1, so->ndim), dout = so->dims[ax];
+    int64_t off = 0;
+    for (int q = 0; q < t->n_inputs; q++) {
+        const double *xq = nv[t->inputs[q]->id].v;
+        int64_t dq = t->inputs[q]->shape.dims[ax];
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t k = 0; k < dq; k++)
+                for (int64_t r = 0; r < inner; r++)
+                    y[(o * dout + off + k) * inner + r] = xq[(o * dq + k) * inner + r];
+        off += dq;
+    }
+    return JDT_OK;
+}
+
+/* MATMUL, batched, with transposes i[0]/i[1] and a shared 2-D right operand */
+static jdt_status eval_matmul(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    const jdt_shape *s0 = nd->s0;
+    const jdt_shape *so = nd->so;
+    const jdt_shape *sa = s0, *sb = &t->inputs[1]->shape;
+    bool ta = a->i[0] != 0, tb = a->i[1] != 0;
+    int64_t M = so->dims[so->ndim - 2], N = so->dims[so->ndim - 1];
+    int64_t K = sa->dims[sa->ndim - (ta ? 2 : 1)];
+    int64_t batch = span(so, 0, so->ndim - 2);
+    bool shared_b = sb->ndim == 2;
+    for (int64_t bt = 0; bt < batch; bt++) {
+        const double *A = x0 + bt * M * K, *B = x1 + (shared_b ? 0 : bt * K * N);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t nn = 0; nn < N; nn++) {
+                double acc = 0;
+                for (int64_t k = 0; k < K; k++)
+                    acc += (ta ? A[k * M + m] : A[m * K + k]) *
+                           (tb ? B[nn * K + k] : B[k * N + nn]);
+                y[(bt * M + m) * N + nn] = acc;
+            }
+    }
+    return JDT_OK;
+}
+
+/* GATHER rows of the table by index (index range checked) */
+static jdt_status eval_gather(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t rows = nd->rows;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    const jdt_shape *s0 = nd->s0;
+    jdt_err *e = nd->e;
+    int64_t V = s0->dims[0], C = s0->dims[1];
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t id = (int64_t)x1[r];
+        if (id < 0 || id >= V)
+            return FAIL(JDT_ERR_INVALID, "index %lld at position %lld out of range [0, %lld)",
+                        (long long)id, (long long)r, (long long)V);
+        memcpy(y + r * C, x0 + id * C, (size_t)C * sizeof(double));
+    }
+    return JDT_OK;
+}
+
+/* SCATTER_ADD rows into zeros (index range checked) */
+static jdt_status eval_scatter_add(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    const jdt_shape *s0 = nd->s0;
+    const jdt_shape *so = nd->so;
+    jdt_err *e = nd->e;
+    int64_t V = so->dims[0], C = so->dims[1], R = jdt_shape_numel(s0) / C;
+    memset(y, 0, (size_t)n * sizeof(double));
+    for (int64_t r = 0; r < R; r++) {
+        int64_t id = (int64_t)x1[r];
+        if (id < 0 || id >= V)
+            return FAIL(JDT_ERR_INVALID, "index %lld at position %lld out of range [0, %lld)",
+                        (long long)id, (long long)r, (long long)V);
+        for (int64_t c = 0; c < C; c++)
+            y[id * C + c] += x0[r * C + c];
+    }
+    return JDT_OK;
+}
+
+/* IOTA: the index along axis i[0] */
+static jdt_status eval_iota(const node_ctx *nd)
+{
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    const jdt_attrs *a = nd->a;
+    const jdt_shape *so = nd->so;
+    int64_t co[JDT_MAX_DIMS];
+    for (int64_t i = 0; i < n; i++) {
+        unravel(so, i, co);
+        y[i] = (double)co[a->i[0]];
+    }
+    return JDT_OK;
+}
+
+/* CAUSAL_MASK (T, T): 0 on and below the diagonal, -inf above */
+static jdt_status eval_causal_mask(const node_ctx *nd)
+{
+    double *y = nd->y;
+    const jdt_shape *so = nd->so;
+    int64_t T = so->dims[0];
+    for (int64_t r = 0; r < T; r++)
+        for (int64_t c = 0; c < T; c++)
+            y[r * T + c] = c <= r ? 0.0 : -INFINITY;
+    return JDT_OK;
+}
+
+/* SOFTMAX / LOG_SOFTMAX over the last axis */
+static jdt_status eval_softmax(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t last = nd->last;
+    const int64_t rows = nd->rows;
+    const double *x0 = nd->x0;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x0 + r * last;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t c = 0; c < last; c++)
+            mx = xr[c] > mx ? xr[c] : mx;
+        for (int64_t c = 0; c < last; c++)
+            sum += exp(xr[c] - mx);
+        for (int64_t c = 0; c < last; c++)
+            y[r * last + c] =
+                t->op == JDT_OP_SOFTMAX ? exp(xr[c] - mx) / sum : xr[c] - mx - log(sum);
+    }
+    return JDT_OK;
+}
+
+/* SOFTMAX_BWD / LOG_SOFTMAX_BWD */
+static jdt_status eval_softmax_bwd(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t last = nd->last;
+    const int64_t rows = nd->rows;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *yr = x0 + r * last, *dr = x1 + r * last;
+        double acc = 0;
+        for (int64_t c = 0; c < last; c++)
+            acc += t->op == JDT_OP_SOFTMAX_BWD ? dr[c] * yr[c] : dr[c];
+        for (int64_t c = 0; c < last; c++)
+            y[r * last + c] =
+                t->op == JDT_OP_SOFTMAX_BWD ? yr[c] * (dr[c] - acc) : dr[c] - exp(yr[c]) * acc;
+    }
+    return JDT_OK;
+}
+
+/* SOFTMAX_XENT (per-row loss) and SOFTMAX_XENT_BWD (target range checked) */
+static jdt_status eval_softmax_xent(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    const double *x2 = nd->x2;
+    const jdt_shape *s0 = nd->s0;
+    jdt_err *e = nd->e;
+    int64_t N = s0->dims[0], V = s0->dims[1];
+    for (int64_t r = 0; r < N; r++) {
+        const double *xr = x0 + r * V;
+        int64_t tg = (int64_t)x1[r];
+        if (tg >= V)
+            return FAIL(JDT_ERR_INVALID, "target %lld in row %lld out of range [0, %lld)",
+                        (long long)tg, (long long)r, (long long)V);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t c = 0; c < V; c++)
+            mx = xr[c] > mx ? xr[c] : mx;
+        for (int64_t c = 0; c < V; c++)
+            sum += exp(xr[c] - mx);
+        double lse = mx + log(sum);
+        if (t->op == JDT_OP_SOFTMAX_XENT) {
+            y[r] = tg < 0 ? 0.0 : lse - xr[tg];
+        } else {
+            for (int64_t c = 0; c < V; c++)
+                y[r * V + c] =
+                    tg < 0 ? 0.0 : (exp(xr[c] - lse) - (c == tg ? 1.0 : 0.0)) * x2[r];
+        }
+    }
+    return JDT_OK;
+}
+
+/* NORMALIZE (layernorm without affine) and its backward */
+static jdt_status eval_normalize(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t last = nd->last;
+    const int64_t rows = nd->rows;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x0 + r * last;
+        double mean = 0, var = 0;
+        for (int64_t c = 0; c < last; c++)
+            mean += xr[c];
+        mean /= (double)last;
+        for (int64_t c = 0; c < last; c++)
+            var += (xr[c] - mean) * (xr[c] - mean);
+        var /= (double)last;
+        double rstd = 1.0 / sqrt(var + a->f[0]);
+        if (t->op == JDT_OP_NORMALIZE) {
+            for (int64_t c = 0; c < last; c++)
+                y[r * last + c] = (xr[c] - mean) * rstd;
+        } else {
+            const double *gr = x1 + r * last;
+            double mg = 0, mgx = 0;
+            for (int64_t c = 0; c < last; c++) {
+                mg += gr[c];
+                mgx += gr[c] * (xr[c] - mean) * rstd;
+            }
+            mg /= (double)last;
+            mgx /= (double)last;
+            for (int64_t c = 0; c < last; c++)
+                y[r * last + c] = rstd * (gr[c] - mg - (xr[c] - mean) * rstd * mgx);
+        }
+    }
+    return JDT_OK;
+}
+
+/* RMS_NORMALIZE and its backward */
+static jdt_status eval_rms_normalize(const node_ctx *nd)
+{
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t last = nd->last;
+    const int64_t rows = nd->rows;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x0 + r * last;
+        double ms = 0;
+        for (int64_t c = 0; c < last; c++)
+            ms += xr[c] * xr[c];
+        double rr = 1.0 / sqrt(ms / (double)last + a->f[0]);
+        if (t->op == JDT_OP_RMS_NORMALIZE) {
+            for (int64_t c = 0; c < last; c++)
+                y[r * last + c] = xr[c] * rr;
+        } else {
+            const double *gr = x1 + r * last;
+            double mgx = 0;
+            for (int64_t c = 0; c < last; c++)
+                mgx += gr[c] * xr[c];
+            mgx /= (double)last;
+            for (int64_t c = 0; c < last; c++)
+                y[r * last + c] = rr * gr[c] - xr[c] * rr * rr * rr * mgx;
+        }
+    }
+    return JDT_OK;
+}
+
+/* ROPE on pairs (2i, 2i+1); i[0] = 1 rotates backwards */
+static jdt_status eval_rope(const node_ctx *nd)
+{
+    double *y = nd->y;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const jdt_shape *so = nd->so;
+    int64_t B = so->dims[0], T = so->dims[1], H = so->dims[2], D = so->dims[3];
+    double sign = a->i[0] ? -1.0 : 1.0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t tt = 0; tt < T; tt++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < D / 2; i++) {
+                    double ang = sign * (double)tt * pow(a->f[0], -2.0 * (double)i / (double)D);
+                    int64_t o = ((b * T + tt) * H + h) * D + 2 * i;
+                    double c = cos(ang), sn = sin(ang), u = x0[o], w = x0[o + 1];
+                    y[o] = u * c - w * sn;
+                    y[o + 1] = u * sn + w * c;
+                }
+    return JDT_OK;
+}
+
+/* ATTENTION (plain T x T causal softmax) and ATTENTION_BWD */
+static jdt_status eval_attention(const node_ctx *nd)
+{
+    node_val *nv = nd->it->vals;
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    const double *x1 = nd->x1;
+    const double *x2 = nd->x2;
+    const jdt_shape *s0 = nd->s0;
+    jdt_err *e = nd->e;
+    const jdt_shape *sq = s0;
+    int64_t BH = sq->dims[0] * sq->dims[1], T = sq->dims[2], D = sq->dims[3];
+    int64_t per = T * D, tot = BH * per;
+    double sc = a->f[0];
+    const double *dout = t->op == JDT_OP_ATTENTION_BWD ? nv[t->inputs[4]->id].v : NULL;
+    double *p = jdt_malloc((size_t)T * sizeof(double)),
+           *dp = jdt_malloc((size_t)T * sizeof(double));
+    if (!p || !dp) {
+        jdt_free(p);
+        jdt_free(dp);
+        return FAIL(JDT_ERR_NOMEM, "out of memory");
+    }
+    memset(y, 0, (size_t)n * sizeof(double));
+    for (int64_t bh = 0; bh < BH; bh++) {
+        const double *q = x0 + bh * per, *k = x1 + bh * per, *v = x2 + bh * per;
+        for (int64_t i = 0; i < T; i++) {
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j <= i; j++) {
+                double s = 0;
+                for (int64_t d = 0; d < D; d++)
+                    s += q[i * D + d] * k[j * D + d];
+                p[j] = s * sc;
+                mx = p[j] > mx ? p[j] : mx;
+            }
+            for (int64_t j = 0; j <= i; j++)
+                sum += (p[j] = exp(p[j] - mx));
+            for (int64_t j = 0; j <= i; j++)
+                p[j] /= sum;
+            if (t->op == JDT_OP_ATTENTION) {
+                for (int64_t j = 0; j <= i; j++)
+                    for (int64_t d = 0; d < D; d++)
+                        y[bh * per + i * D + d] += p[j] * v[j * D + d];
+                continue;
+            }
+            const double *doi = dout + bh * per + i * D;
+            double *dq = y + bh * per, *dk = y + tot + bh * per, *dv = y + 2 * tot + bh * per;
+            double pdp = 0;
+            for (int64_t j = 0; j <= i; j++) {
+                dp[j] = 0;
+                for (int64_t d = 0; d < D; d++)
+                    dp[j] += doi[d] * v[j * D + d];
+                pdp += p[j] * dp[j];
+            }
+            for (int64_t j = 0; j <= i; j++) {
+                double ds = p[j] * (dp[j] - pdp) * sc;
+                for (int64_t d = 0; d < D; d++) {
+                    dv[j * D + d] += p[j] * doi[d];
+                    dq[i * D + d] += ds * k[j * D + d];
+                    dk[j * D + d] += ds * q[i * D + d];
+                }
+            }
+        }
+    }
+    jdt_free(p);
+    jdt_free(dp);
+    return JDT_OK;
+}
+
+/* ALL_REDUCE through the caller's collective (f32 on the wire) */
+static jdt_status eval_all_reduce(const node_ctx *nd)
+{
+    jdt_interp *it = nd->it;
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const int64_t n = nd->n;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    jdt_err *e = nd->e;
+    /* the wire format is f32: reduce a float copy, then widen back */
+    if (!it->collective) return FAIL(JDT_ERR_UNSUPPORTED, "all_reduce needs a communicator");
+    float *tmp = jdt_malloc((size_t)(n ? n : 1) * sizeof *tmp);
+    if (!tmp) return FAIL(JDT_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++) tmp[i] = (float)x0[i];
+    jdt_status cst = it->collective(it->collective_ctx, (int)a->i[0], (int)a->i[1],
+                                    JDT_DTYPE_F32, tmp, (size_t)n, e);
+    for (int64_t i = 0; i < n && cst == JDT_OK; i++) y[i] = (double)tmp[i] * a->f[0];
+    jdt_free(tmp);
+    if (cst != JDT_OK) return cst;
+    return JDT_OK;
+}
+
 /* Moves k blocks between the layouts (k, outer, blk) and (outer, k, blk) of float values:
  * to_outer true: (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. */
 static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
@@ -206,28 +741,76 @@ static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer
         }
 }
 
+/* ALL_GATHER and REDUCE_SCATTER: the full tensor viewed as (outer, k, blk) along the axis; the
+ * wire wants (k, outer, blk). The wire format is f32. */
+static jdt_status eval_gather_scatter(const node_ctx *nd)
+{
+    jdt_interp *it = nd->it;
+    const jdt_tensor *t = nd->t;
+    double *y = nd->y;
+    const jdt_attrs *a = nd->a;
+    const double *x0 = nd->x0;
+    jdt_err *e = nd->e;
+    const bool gather = t->op == JDT_OP_ALL_GATHER;
+    if (!it->collective)
+        return FAIL(JDT_ERR_UNSUPPORTED, "%s needs a communicator",
+                    gather ? "all_gather" : "reduce_scatter");
+    const jdt_shape *full = gather ? nd->so : nd->s0;
+    const int ax = (int)a->i[1];
+    const int64_t k = a->i[2], nf = jdt_shape_numel(full), nl = nf / k;
+    int64_t outer = 1;
+    for (int d = 0; d < ax; d++) outer *= full->dims[d];
+    const int64_t blk = outer ? nl / outer : 0;
+    float *tmp = jdt_malloc((size_t)(2 * nf + 1) * sizeof *tmp);
+    if (!tmp) return FAIL(JDT_ERR_NOMEM, "out of memory");
+    float *tmp2 = tmp + nf;
+    if (gather) {
+        for (int64_t i = 0; i < nl; i++) tmp[i] = (float)x0[i];
+    } else {
+        for (int64_t i = 0; i < nf; i++) tmp2[i] = (float)x0[i];
+        shard_permute(tmp2, tmp, k, outer, blk, false);
+    }
+    jdt_status cst = it->collective(it->collective_ctx, (int)a->i[0],
+                                    gather ? JDT_COLL_ALLGATHER : JDT_COLL_REDUCE_SCATTER,
+                                    JDT_DTYPE_F32, tmp, (size_t)nf, e);
+    if (cst == JDT_OK && gather) {
+        shard_permute(tmp, tmp2, k, outer, blk, true);
+        for (int64_t i = 0; i < nf; i++) y[i] = (double)tmp2[i];
+    } else if (cst == JDT_OK) {
+        for (int64_t i = 0; i < nl; i++) y[i] = (double)tmp[i] * a->f[0];
+    }
+    jdt_free(tmp);
+    return cst;
+}
+
+/* Computes node t's value from its inputs' values: one-line elementwise loops inline, every
+ * other op in its eval_<op> function above; then rounds it to t's dtype. */
 static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
 {
     node_val *nv = it->vals;
-    double *y = nv[t->id].v;
-    int64_t n = nv[t->id].numel;
-    const jdt_attrs *a = &t->attrs;
-    const double *x0 = t->n_inputs > 0 ? nv[t->inputs[0]->id].v : NULL;
-    const double *x1 = t->n_inputs > 1 ? nv[t->inputs[1]->id].v : NULL;
-    const double *x2 = t->n_inputs > 2 ? nv[t->inputs[2]->id].v : NULL;
-    const jdt_shape *s0 = t->n_inputs > 0 ? &t->inputs[0]->shape : NULL;
-    const jdt_shape *so = &t->shape;
-    int64_t last = so->ndim ? so->dims[so->ndim - 1] : 1;
-    int64_t rows = last ? n / last : 0;
+    node_ctx nd;
+    nd.it = it;
+    nd.t = t;
+    nd.e = e;
+    double *y = nd.y = nv[t->id].v;
+    const int64_t n = nd.n = nv[t->id].numel;
+    const jdt_attrs *a = nd.a = &t->attrs;
+    const double *x0 = nd.x0 = t->n_inputs > 0 ? nv[t->inputs[0]->id].v : NULL;
+    const double *x1 = nd.x1 = t->n_inputs > 1 ? nv[t->inputs[1]->id].v : NULL;
+    const double *x2 = nd.x2 = t->n_inputs > 2 ? nv[t->inputs[2]->id].v : NULL;
+    nd.s0 = t->n_inputs > 0 ? &t->inputs[0]->shape : NULL;
+    const jdt_shape *so = nd.so = &t->shape;
+    nd.last = so->ndim ? so->dims[so->ndim - 1] : 1;
+    nd.rows = nd.last ? n / nd.last : 0;
+    jdt_status st = JDT_OK;
 
+    /* the switch lists every op (-Wswitch-enum); a value outside the enum stops here */
+    if ((int)jdt_op_class_of(t->op) == JDT_OPC_COUNT)
+        return FAIL(JDT_ERR_UNSUPPORTED, "op %d is not in the op table", (int)t->op);
     switch (t->op) {
     case JDT_OP_PARAM:
     case JDT_OP_INPUT:
-        if (!t->data)
-            return FAIL(JDT_ERR_INVALID, "leaf '%s' has no bound data (set t->data)",
-                        t->name ? t->name : "?");
-        for (int64_t i = 0; i < n; i++)
-            y[i] = load(t->dtype, t->data, i);
+        st = eval_leaf(&nd);
         break;
     case JDT_OP_CONSTANT:
         for (int64_t i = 0; i < n; i++)
@@ -340,374 +923,77 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
     case JDT_OP_RESHAPE:
         memcpy(y, x0, (size_t)n * sizeof(double));
         break;
-    case JDT_OP_DROPOUT: {
-        double p = a->f[0], scale = 1.0 / (1.0 - p);
-        uint64_t step = (uint64_t)(int64_t)x1[0];
-        for (int64_t j = 0; j < n; j++) {
-            jdt_philox_ctr r = jdt_philox((uint64_t)a->i[0], step, (uint64_t)j);
-            y[j] = jdt_u32_to_unit_float(r.v[0]) >= p ? x0[j] * scale : 0.0;
-        }
+    case JDT_OP_DROPOUT:
+        st = eval_dropout(&nd);
         break;
-    }
-    case JDT_OP_BROADCAST: {
-        int64_t co[JDT_MAX_DIMS], ci[JDT_MAX_DIMS];
-        int lead = so->ndim - s0->ndim;
-        for (int64_t i = 0; i < n; i++) {
-            unravel(so, i, co);
-            for (int d = 0; d < s0->ndim; d++)
-                ci[d] = s0->dims[d] == 1 ? 0 : co[d + lead];
-            y[i] = x0[ravel(s0, ci)];
-        }
+    case JDT_OP_BROADCAST:
+        st = eval_broadcast(&nd);
         break;
-    }
     case JDT_OP_REDUCE_SUM:
     case JDT_OP_REDUCE_MEAN:
-    case JDT_OP_REDUCE_MAX: {
-        int64_t ci[JDT_MAX_DIMS], co[JDT_MAX_DIMS];
-        int64_t n_in = jdt_shape_numel(s0);
-        bool is_max = t->op == JDT_OP_REDUCE_MAX;
-        for (int64_t i = 0; i < n; i++)
-            y[i] = is_max ? -INFINITY : 0.0;
-        for (int64_t i = 0; i < n_in; i++) {
-            unravel(s0, i, ci);
-            int k = 0;
-            for (int d = 0; d < s0->ndim; d++) {
-                if (!(a->i[0] & (1 << d)))
-                    co[k++] = ci[d];
-                else if (a->i[1])
-                    co[k++] = 0;
-            }
-            int64_t o = ravel(so, co);
-            if (is_max)
-                y[o] = x0[i] > y[o] ? x0[i] : y[o];
-            else
-                y[o] += x0[i];
-        }
-        if (t->op == JDT_OP_REDUCE_MEAN) {
-            double cnt = (double)(n_in / n);
-            for (int64_t i = 0; i < n; i++)
-                y[i] /= cnt;
-        }
+    case JDT_OP_REDUCE_MAX:
+        st = eval_reduce(&nd);
         break;
-    }
-    case JDT_OP_TRANSPOSE: {
-        int64_t co[JDT_MAX_DIMS], ci[JDT_MAX_DIMS];
-        for (int64_t i = 0; i < n; i++) {
-            unravel(so, i, co);
-            for (int k = 0; k < so->ndim; k++)
-                ci[a->i[k]] = co[k];
-            y[i] = x0[ravel(s0, ci)];
-        }
+    case JDT_OP_TRANSPOSE:
+        st = eval_transpose(&nd);
         break;
-    }
-    case JDT_OP_SLICE: {
-        int ax = (int)a->i[0];
-        int64_t outer = span(s0, 0, ax), inner = span(s0, ax + 1, s0->ndim);
-        int64_t din = s0->dims[ax], dout = so->dims[ax], lo = a->i[1];
-        for (int64_t o = 0; o < outer; o++)
-            for (int64_t k = 0; k < dout; k++)
-                for (int64_t r = 0; r < inner; r++)
-                    y[(o * dout + k) * inner + r] = x0[(o * din + lo + k) * inner + r];
+    case JDT_OP_SLICE:
+        st = eval_slice(&nd);
         break;
-    }
-    case JDT_OP_CONCAT: {
-        int ax = (int)a->i[0];
-        int64_t outer = span(so, 0, ax), inner = span(so, ax + 1, so->ndim), dout = so->dims[ax];
-        int64_t off = 0;
-        for (int q = 0; q < t->n_inputs; q++) {
-            const double *xq = nv[t->inputs[q]->id].v;
-            int64_t dq = t->inputs[q]->shape.dims[ax];
-            for (int64_t o = 0; o < outer; o++)
-                for (int64_t k = 0; k < dq; k++)
-                    for (int64_t r = 0; r < inner; r++)
-                        y[(o * dout + off + k) * inner + r] = xq[(o * dq + k) * inner + r];
-            off += dq;
-        }
+    case JDT_OP_CONCAT:
+        st = eval_concat(&nd);
         break;
-    }
-    case JDT_OP_MATMUL: {
-        const jdt_shape *sa = s0, *sb = &t->inputs[1]->shape;
-        bool ta = a->i[0] != 0, tb = a->i[1] != 0;
-        int64_t M = so->dims[so->ndim - 2], N = so->dims[so->ndim - 1];
-        int64_t K = sa->dims[sa->ndim - (ta ? 2 : 1)];
-        int64_t batch = span(so, 0, so->ndim - 2);
-        bool shared_b = sb->ndim == 2;
-        for (int64_t bt = 0; bt < batch; bt++) {
-            const double *A = x0 + bt * M * K, *B = x1 + (shared_b ? 0 : bt * K * N);
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t nn = 0; nn < N; nn++) {
-                    double acc = 0;
-                    for (int64_t k = 0; k < K; k++)
-                        acc += (ta ? A[k * M + m] : A[m * K + k]) *
-                               (tb ? B[nn * K + k] : B[k * N + nn]);
-                    y[(bt * M + m) * N + nn] = acc;
-                }
-        }
+    case JDT_OP_MATMUL:
+        st = eval_matmul(&nd);
         break;
-    }
-    case JDT_OP_GATHER: {
-        int64_t V = s0->dims[0], C = s0->dims[1];
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t id = (int64_t)x1[r];
-            if (id < 0 || id >= V)
-                return FAIL(JDT_ERR_INVALID, "index %lld at position %lld out of range [0, %lld)",
-                            (long long)id, (long long)r, (long long)V);
-            memcpy(y + r * C, x0 + id * C, (size_t)C * sizeof(double));
-        }
+    case JDT_OP_GATHER:
+        st = eval_gather(&nd);
         break;
-    }
-    case JDT_OP_SCATTER_ADD: {
-        int64_t V = so->dims[0], C = so->dims[1], R = jdt_shape_numel(s0) / C;
-        memset(y, 0, (size_t)n * sizeof(double));
-        for (int64_t r = 0; r < R; r++) {
-            int64_t id = (int64_t)x1[r];
-            if (id < 0 || id >= V)
-                return FAIL(JDT_ERR_INVALID, "index %lld at position %lld out of range [0, %lld)",
-                            (long long)id, (long long)r, (long long)V);
-            for (int64_t c = 0; c < C; c++)
-                y[id * C + c] += x0[r * C + c];
-        }
+    case JDT_OP_SCATTER_ADD:
+        st = eval_scatter_add(&nd);
         break;
-    }
-    case JDT_OP_IOTA: {
-        int64_t co[JDT_MAX_DIMS];
-        for (int64_t i = 0; i < n; i++) {
-            unravel(so, i, co);
-            y[i] = (double)co[a->i[0]];
-        }
+    case JDT_OP_IOTA:
+        st = eval_iota(&nd);
         break;
-    }
-    case JDT_OP_CAUSAL_MASK: {
-        int64_t T = so->dims[0];
-        for (int64_t r = 0; r < T; r++)
-            for (int64_t c = 0; c < T; c++)
-                y[r * T + c] = c <= r ? 0.0 : -INFINITY;
+    case JDT_OP_CAUSAL_MASK:
+        st = eval_causal_mask(&nd);
         break;
-    }
     case JDT_OP_SOFTMAX:
     case JDT_OP_LOG_SOFTMAX:
-        for (int64_t r = 0; r < rows; r++) {
-            const double *xr = x0 + r * last;
-            double mx = -INFINITY, sum = 0;
-            for (int64_t c = 0; c < last; c++)
-                mx = xr[c] > mx ? xr[c] : mx;
-            for (int64_t c = 0; c < last; c++)
-                sum += exp(xr[c] - mx);
-            for (int64_t c = 0; c < last; c++)
-                y[r * last + c] =
-                    t->op == JDT_OP_SOFTMAX ? exp(xr[c] - mx) / sum : xr[c] - mx - log(sum);
-        }
+        st = eval_softmax(&nd);
         break;
     case JDT_OP_SOFTMAX_BWD:
     case JDT_OP_LOG_SOFTMAX_BWD:
-        for (int64_t r = 0; r < rows; r++) {
-            const double *yr = x0 + r * last, *dr = x1 + r * last;
-            double acc = 0;
-            for (int64_t c = 0; c < last; c++)
-                acc += t->op == JDT_OP_SOFTMAX_BWD ? dr[c] * yr[c] : dr[c];
-            for (int64_t c = 0; c < last; c++)
-                y[r * last + c] =
-                    t->op == JDT_OP_SOFTMAX_BWD ? yr[c] * (dr[c] - acc) : dr[c] - exp(yr[c]) * acc;
-        }
+        st = eval_softmax_bwd(&nd);
         break;
     case JDT_OP_SOFTMAX_XENT:
-    case JDT_OP_SOFTMAX_XENT_BWD: {
-        int64_t N = s0->dims[0], V = s0->dims[1];
-        for (int64_t r = 0; r < N; r++) {
-            const double *xr = x0 + r * V;
-            int64_t tg = (int64_t)x1[r];
-            if (tg >= V)
-                return FAIL(JDT_ERR_INVALID, "target %lld in row %lld out of range [0, %lld)",
-                            (long long)tg, (long long)r, (long long)V);
-            double mx = -INFINITY, sum = 0;
-            for (int64_t c = 0; c < V; c++)
-                mx = xr[c] > mx ? xr[c] : mx;
-            for (int64_t c = 0; c < V; c++)
-                sum += exp(xr[c] - mx);
-            double lse = mx + log(sum);
-            if (t->op == JDT_OP_SOFTMAX_XENT) {
-                y[r] = tg < 0 ? 0.0 : lse - xr[tg];
-            } else {
-                for (int64_t c = 0; c < V; c++)
-                    y[r * V + c] =
-                        tg < 0 ? 0.0 : (exp(xr[c] - lse) - (c == tg ? 1.0 : 0.0)) * x2[r];
-            }
-        }
+    case JDT_OP_SOFTMAX_XENT_BWD:
+        st = eval_softmax_xent(&nd);
         break;
-    }
     case JDT_OP_NORMALIZE:
     case JDT_OP_NORMALIZE_BWD:
-        for (int64_t r = 0; r < rows; r++) {
-            const double *xr = x0 + r * last;
-            double mean = 0, var = 0;
-            for (int64_t c = 0; c < last; c++)
-                mean += xr[c];
-            mean /= (double)last;
-            for (int64_t c = 0; c < last; c++)
-                var += (xr[c] - mean) * (xr[c] - mean);
-            var /= (double)last;
-            double rstd = 1.0 / sqrt(var + a->f[0]);
-            if (t->op == JDT_OP_NORMALIZE) {
-                for (int64_t c = 0; c < last; c++)
-                    y[r * last + c] = (xr[c] - mean) * rstd;
-            } else {
-                const double *gr = x1 + r * last;
-                double mg = 0, mgx = 0;
-                for (int64_t c = 0; c < last; c++) {
-                    mg += gr[c];
-                    mgx += gr[c] * (xr[c] - mean) * rstd;
-                }
-                mg /= (double)last;
-                mgx /= (double)last;
-                for (int64_t c = 0; c < last; c++)
-                    y[r * last + c] = rstd * (gr[c] - mg - (xr[c] - mean) * rstd * mgx);
-            }
-        }
+        st = eval_normalize(&nd);
         break;
     case JDT_OP_RMS_NORMALIZE:
     case JDT_OP_RMS_NORMALIZE_BWD:
-        for (int64_t r = 0; r < rows; r++) {
-            const double *xr = x0 + r * last;
-            double ms = 0;
-            for (int64_t c = 0; c < last; c++)
-                ms += xr[c] * xr[c];
-            double rr = 1.0 / sqrt(ms / (double)last + a->f[0]);
-            if (t->op == JDT_OP_RMS_NORMALIZE) {
-                for (int64_t c = 0; c < last; c++)
-                    y[r * last + c] = xr[c] * rr;
-            } else {
-                const double *gr = x1 + r * last;
-                double mgx = 0;
-                for (int64_t c = 0; c < last; c++)
-                    mgx += gr[c] * xr[c];
-                mgx /= (double)last;
-                for (int64_t c = 0; c < last; c++)
-                    y[r * last + c] = rr * gr[c] - xr[c] * rr * rr * rr * mgx;
-            }
-        }
+        st = eval_rms_normalize(&nd);
         break;
-    case JDT_OP_ROPE: {
-        int64_t B = so->dims[0], T = so->dims[1], H = so->dims[2], D = so->dims[3];
-        double sign = a->i[0] ? -1.0 : 1.0;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t tt = 0; tt < T; tt++)
-                for (int64_t h = 0; h < H; h++)
-                    for (int64_t i = 0; i < D / 2; i++) {
-                        double ang = sign * (double)tt * pow(a->f[0], -2.0 * (double)i / (double)D);
-                        int64_t o = ((b * T + tt) * H + h) * D + 2 * i;
-                        double c = cos(ang), sn = sin(ang), u = x0[o], w = x0[o + 1];
-                        y[o] = u * c - w * sn;
-                        y[o + 1] = u * sn + w * c;
-                    }
+    case JDT_OP_ROPE:
+        st = eval_rope(&nd);
         break;
-    }
     case JDT_OP_ATTENTION:
-    case JDT_OP_ATTENTION_BWD: {
-        const jdt_shape *sq = s0;
-        int64_t BH = sq->dims[0] * sq->dims[1], T = sq->dims[2], D = sq->dims[3];
-        int64_t per = T * D, tot = BH * per;
-        double sc = a->f[0];
-        const double *dout = t->op == JDT_OP_ATTENTION_BWD ? nv[t->inputs[4]->id].v : NULL;
-        double *p = jdt_malloc((size_t)T * sizeof(double)),
-               *dp = jdt_malloc((size_t)T * sizeof(double));
-        if (!p || !dp) {
-            jdt_free(p);
-            jdt_free(dp);
-            return FAIL(JDT_ERR_NOMEM, "out of memory");
-        }
-        memset(y, 0, (size_t)n * sizeof(double));
-        for (int64_t bh = 0; bh < BH; bh++) {
-            const double *q = x0 + bh * per, *k = x1 + bh * per, *v = x2 + bh * per;
-            for (int64_t i = 0; i < T; i++) {
-                double mx = -INFINITY, sum = 0;
-                for (int64_t j = 0; j <= i; j++) {
-                    double s = 0;
-                    for (int64_t d = 0; d < D; d++)
-                        s += q[i * D + d] * k[j * D + d];
-                    p[j] = s * sc;
-                    mx = p[j] > mx ? p[j] : mx;
-                }
-                for (int64_t j = 0; j <= i; j++)
-                    sum += (p[j] = exp(p[j] - mx));
-                for (int64_t j = 0; j <= i; j++)
-                    p[j] /= sum;
-                if (t->op == JDT_OP_ATTENTION) {
-                    for (int64_t j = 0; j <= i; j++)
-                        for (int64_t d = 0; d < D; d++)
-                            y[bh * per + i * D + d] += p[j] * v[j * D + d];
-                    continue;
-                }
-                const double *doi = dout + bh * per + i * D;
-                double *dq = y + bh * per, *dk = y + tot + bh * per, *dv = y + 2 * tot + bh * per;
-                double pdp = 0;
-                for (int64_t j = 0; j <= i; j++) {
-                    dp[j] = 0;
-                    for (int64_t d = 0; d < D; d++)
-                        dp[j] += doi[d] * v[j * D + d];
-                    pdp += p[j] * dp[j];
-                }
-                for (int64_t j = 0; j <= i; j++) {
-                    double ds = p[j] * (dp[j] - pdp) * sc;
-                    for (int64_t d = 0; d < D; d++) {
-                        dv[j * D + d] += p[j] * doi[d];
-                        dq[i * D + d] += ds * k[j * D + d];
-                        dk[j * D + d] += ds * q[i * D + d];
-                    }
-                }
-            }
-        }
-        jdt_free(p);
-        jdt_free(dp);
+    case JDT_OP_ATTENTION_BWD:
+        st = eval_attention(&nd);
         break;
-    }
-    case JDT_OP_ALL_REDUCE: {
-        /* the wire format is f32: reduce a float copy, then widen back */
-        if (!it->collective) return FAIL(JDT_ERR_UNSUPPORTED, "all_reduce needs a communicator");
-        float *tmp = jdt_malloc((size_t)(n ? n : 1) * sizeof *tmp);
-        if (!tmp) return FAIL(JDT_ERR_NOMEM, "out of memory");
-        for (int64_t i = 0; i < n; i++) tmp[i] = (float)x0[i];
-        jdt_status cst = it->collective(it->collective_ctx, (int)a->i[0], (int)a->i[1],
-                                        JDT_DTYPE_F32, tmp, (size_t)n, e);
-        for (int64_t i = 0; i < n && cst == JDT_OK; i++) y[i] = (double)tmp[i] * a->f[0];
-        jdt_free(tmp);
-        if (cst != JDT_OK) return cst;
+    case JDT_OP_ALL_REDUCE:
+        st = eval_all_reduce(&nd);
         break;
-    }
     case JDT_OP_ALL_GATHER:
-    case JDT_OP_REDUCE_SCATTER: {
-        /* full tensor viewed as (outer, k, blk) along the axis; the wire wants (k, outer, blk) */
-        const bool gather = t->op == JDT_OP_ALL_GATHER;
-        if (!it->collective) return FAIL(JDT_ERR_UNSUPPORTED, "%s needs a communicator", gather ? "all_gather" : "reduce_scatter");
-        const jdt_shape *full = gather ? so : s0;
-        const int ax = (int)a->i[1];
-        const int64_t k = a->i[2], nf = jdt_shape_numel(full), nl = nf / k;
-        int64_t outer = 1;
-        for (int d = 0; d < ax; d++) outer *= full->dims[d];
-        const int64_t blk = outer ? nl / outer : 0;
-        float *tmp = jdt_malloc((size_t)(2 * nf + 1) * sizeof *tmp), *tmp2 = tmp + nf;
-        if (!tmp) return FAIL(JDT_ERR_NOMEM, "out of memory");
-        if (gather) for (int64_t i = 0; i < nl; i++) tmp[i] = (float)x0[i];
-        else {
-            for (int64_t i = 0; i < nf; i++) tmp2[i] = (float)x0[i];
-            shard_permute(tmp2, tmp, k, outer, blk, false);
-        }
-        jdt_status cst = it->collective(it->collective_ctx, (int)a->i[0],
-                                        gather ? JDT_COLL_ALLGATHER : JDT_COLL_REDUCE_SCATTER,
-                                        JDT_DTYPE_F32, tmp, (size_t)nf, e);
-        if (cst == JDT_OK && gather) {
-            shard_permute(tmp, tmp2, k, outer, blk, true);
-            for (int64_t i = 0; i < nf; i++) y[i] = (double)tmp2[i];
-        } else if (cst == JDT_OK) {
-            for (int64_t i = 0; i < nl; i++) y[i] = (double)tmp[i] * a->f[0];
-        }
-        jdt_free(tmp);
-        if (cst != JDT_OK) return cst;
+    case JDT_OP_REDUCE_SCATTER:
+        st = eval_gather_scatter(&nd);
         break;
     }
-    case JDT_OP_COUNT:
-    default:
-        return FAIL(JDT_ERR_UNSUPPORTED, "op not implemented by the interpreter");
-    }
+    if (st != JDT_OK) return st;
     round_store(t->dtype, y, nv[t->id].buf, n);
     return JDT_OK;
 }

@@ -858,7 +858,7 @@ static void vjp_REDUCE_SCATTER(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, c
 /* ---- the table ---------------------------------------------------------------------------- */
 
 static const jdt_op_info OP_INFO[] = {
-#define X_(name, str, n_in) {str, n_in, shape_##name, vjp_##name},
+#define X_(name, str, n_in, cls) {str, n_in, shape_##name, vjp_##name},
     JDT_OP_LIST(X_)
 #undef X_
 };

@@ -40,7 +40,8 @@ typedef struct {
 
 typedef struct {
     int64_t step;
-    uint64_t rng_state;      /* the trainer's RNG state (e.g. its dropout stream counter) */
+    uint64_t rng_state;      /* the trainer's RNG state: it writes run.seed (its streams are
+                                keyed on seed, index and step, so nothing else is needed) */
     int64_t data_position;   /* the next global batch index of the data stream */
     const char *config_text; /* the resolved config (YAML); NULL is stored as "" */
 } jdt_ckpt_meta;

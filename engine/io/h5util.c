@@ -464,9 +464,10 @@ hid_t jdt_h5_file_type(jdt_dtype dt)
         return H5T_STD_U32LE;
     case JDT_DTYPE_U8:
         return H5T_STD_U8LE;
-    default:
-        return H5I_INVALID_HID;
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return H5I_INVALID_HID;
 }
 
 hid_t jdt_h5_mem_type(jdt_dtype dt)
@@ -486,9 +487,10 @@ hid_t jdt_h5_mem_type(jdt_dtype dt)
         return H5T_NATIVE_UINT32;
     case JDT_DTYPE_U8:
         return H5T_NATIVE_UINT8;
-    default:
-        return H5I_INVALID_HID;
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    return H5I_INVALID_HID;
 }
 
 bool jdt_h5_classify(hid_t type, jdt_dtype *out)

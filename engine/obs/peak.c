@@ -44,13 +44,6 @@ double jdt_peak_measure_sgemm(int n_rep)
     return best;
 }
 
-double jdt_peak_gpu_flops(int device, bool bf16)
-{
-    (void)device;
-    (void)bf16;
-    return 0; /* no device code in this build: see the contract in obs.h */
-}
-
 /* Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s. A name matches the
  * first row whose key it contains, so the more specific keys come first ("H100 NVL" before
  * "H100", "A100" before "A10", "L40S" before "L40" before "L4"). */
@@ -72,6 +65,26 @@ double jdt_peak_gpu_datasheet(const char *name, bool bf16)
         if (strstr(name, GPU_PEAKS[i].key))
             return (bf16 ? GPU_PEAKS[i].bf16_tflops : GPU_PEAKS[i].tf32_tflops) * 1e12;
     return 0;
+}
+
+void jdt_peak_reference_gpu(const char *device_name, bool bf16, double override_gflops,
+                            jdt_peak_ref *out)
+{
+    memset(out, 0, sizeof *out);
+    out->load_avg = -1;
+    if (override_gflops > 0) {
+        out->flops = override_gflops * 1e9;
+        out->source = "runtime.peak_gflops";
+        return;
+    }
+    out->flops = jdt_peak_gpu_datasheet(device_name, bf16);
+    out->source = bf16 ? "device datasheet (dense bf16)" : "device datasheet (dense TF32)";
+    if (out->flops <= 0) {
+        out->flops = jdt_peak_gpu_datasheet("H100", bf16);
+        out->source = bf16 ? "unknown GPU: H100 SXM dense bf16 assumed"
+                           : "unknown GPU: H100 SXM dense TF32 assumed";
+        out->guessed = true;
+    }
 }
 
 static void mkdir_parents(char *path)

@@ -31,8 +31,9 @@ static const char *metric_title(jdt_metric m)
     case JDT_METRIC_MFU: return "MFU (%)";
     case JDT_METRIC_STEP_MS: return "step time (ms)";
     case JDT_METRIC_PEAK_RSS_MB: return "peak resident memory (MB)";
-    default: return "?";
+    case JDT_METRIC_COUNT: break;
     }
+    return "?";
 }
 
 static double xval(const jdt_series *s, int64_t i, jdt_plot_x x)

@@ -34,7 +34,7 @@ typedef struct {
     jdt_model m;
     float **params; /* [n_params] */
     jdt_st_tensor *out;
-    float **owned; /* buffers made for the export (transposes, packs) */
+    void **owned; /* buffers made for the export (transposes, packs, names) */
     int n_out, n_owned, cap;
     const char *ckpt;
     jdt_err *e;
@@ -66,7 +66,7 @@ static jdt_status emit(exporter *x, const char *name, const float *data, int ndi
     if (x->n_out == x->cap) return jdt_err_set(x->e, JDT_ERR_INTERNAL, "hf export: tensor table full");
     char *nm = jdt_strdup(name);
     if (!nm) return jdt_err_set(x->e, JDT_ERR_NOMEM, "hf export: out of memory");
-    x->owned[x->n_owned++] = (float *)nm;
+    x->owned[x->n_owned++] = nm;
     jdt_st_tensor *t = &x->out[x->n_out++];
     memset(t, 0, sizeof *t);
     t->name = nm;

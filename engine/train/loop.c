@@ -9,6 +9,7 @@
 #include "train/train.h"
 #include "train/hf.h"
 
+#include "backend/backend.h"
 #include "datasets/datasets.h"
 #include "io/ckpt.h"
 #include "io/data.h"
@@ -74,6 +75,7 @@ typedef struct {
     char run_dir[1024];
     char ckpt_dir[1100];
     jdt_step *step;
+    jdt_device *device; /* runtime.backend cuda: this rank's GPU; NULL: the CPU */
     jdt_data *train, *val;
     FILE *metrics;
     jdt_tboard *tb;      /* rank 0: TensorBoard events in the run directory */
@@ -187,6 +189,8 @@ static jdt_status ckpt_barrier(void *ctx, jdt_err *e)
 /* The step's persistent tensors as checkpoint slices (whole tensors); caller frees *out. */
 static jdt_status ckpt_tensors(const trainer *tr, jdt_ckpt_tensor **out, int *n_out, jdt_err *e)
 {
+    /* parameters and moments live on the device: bring the host copies up to date */
+    if (jdt_step_sync_host(tr->step, e) != JDT_OK) return jdt_err_prefix(e, "checkpoint");
     int n = jdt_step_n_tensors(tr->step), n_own = 0;
     jdt_ckpt_tensor *ts = jdt_calloc((size_t)(n ? n : 1), sizeof *ts);
     if (!ts) return jdt_err_set(e, JDT_ERR_NOMEM, "checkpoint: out of memory");
@@ -395,6 +399,7 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
     }
     jdt_progress_end(&prog);
     jdt_ckpt_close(c);
+    jdt_step_host_changed(step); /* a device backend uploads them before the next run */
     return st;
 }
 
@@ -497,6 +502,26 @@ void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes)
     else snprintf(buf, n_bytes, "%s/%s/ckpt", cfg->run.out_dir, cfg->run.name);
 }
 
+/* runtime.backend cuda: opens this rank's GPU (dist.local_rank picks it; one process per GPU)
+ * and hands it the job for NCCL; emit_only (inspect) compiles to CUDA source without a GPU.
+ * The CPU needs no device object. */
+static jdt_status open_device(trainer *tr, bool emit_only, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    tr->device = NULL;
+    if (cfg->runtime.backend == JDT_BACKEND_CPU) return JDT_OK;
+    if (emit_only) return jdt_device_open_emit_only(&tr->device, e);
+    int index = cfg->dist.local_rank >= 0 ? cfg->dist.local_rank : 0;
+    jdt_status st = jdt_device_open(JDT_DEVICE_CUDA, index,
+                                    cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL,
+                                    &tr->device, e);
+    if (st != JDT_OK) return jdt_err_prefix(e, "runtime.backend cuda");
+    jdt_device_set_dist(tr->device, tr->dist);
+    char desc[300];
+    if (tr->rank == 0) JDT_INFO("device: %s", jdt_device_describe(tr->device, desc, sizeof desc));
+    return JDT_OK;
+}
+
 static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
@@ -507,6 +532,7 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     so.n_accum = cfg->data.batch_size / cfg->data.micro_batch_size;
     so.use_jit = cfg->runtime.jit;
     jdt_train_compile_opts(cfg, &so.copts);
+    so.copts.device = tr->device;
     so.copts.profile = cfg->run.profile;
     if (cfg->run.profile) {
         so.copts.trace = trace_kernel;
@@ -590,6 +616,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
 
     double t_compile = jdt_now_s();
+    if ((st = open_device(&tr, false, e)) != JDT_OK) goto out_signals;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out_signals;
     const jdt_compile_stats *cs = jdt_step_stats(tr.step);
     if (main_rank)
@@ -642,7 +669,16 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     const double units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
     const double flops_per_step = jdt_step_model_flops(tr.step);
     jdt_peak_ref pref;
-    {
+    if (tr.device) { /* a GPU: the part's dense tensor-core peak for the precision, unless pinned */
+        char desc[300];
+        jdt_device_describe(tr.device, desc, sizeof desc);
+        jdt_peak_reference_gpu(desc, cfg->precision.compute == JDT_DTYPE_BF16,
+                               cfg->runtime.peak_gflops, &pref);
+        if (main_rank && pref.guessed)
+            JDT_WARN("MFU: %s is not in the datasheet table (engine/obs/peak.c); MFU assumes %.1f "
+                     "TFLOP/s: set runtime.peak_gflops to the part's dense peak", desc,
+                     pref.flops * 1e-12);
+    } else {
         char cache_dir[1024];
         jdt_compile_opts co;
         jdt_train_compile_opts(cfg, &co);
@@ -820,6 +856,7 @@ out_signals:
     if (tr.metrics) fclose(tr.metrics);
     jdt_tboard_close(tr.tb);
     jdt_step_free(tr.step);
+    jdt_device_close(tr.device);
     trainer_free_groups(&tr);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
@@ -838,11 +875,13 @@ jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckp
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) return st;
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
+    if ((st = open_device(&tr, false, e)) != JDT_OK) goto out;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
     if ((st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, e)) != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
 out:
     jdt_step_free(tr.step);
+    jdt_device_close(tr.device);
     trainer_free_groups(&tr);
     jdt_data_close(tr.val);
     return st;
@@ -850,11 +889,6 @@ out:
 
 jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
 {
-    if (cfg->runtime.backend != JDT_BACKEND_CPU) {
-        fprintf(f, "compiled step: not built here (runtime.backend %s is not in this build)\n",
-                jdt_config_choice_name("runtime.backend", (int)cfg->runtime.backend));
-        return JDT_OK;
-    }
     trainer tr;
     trainer_init(&tr, cfg, NULL);
     jdt_step *step = NULL;
@@ -865,8 +899,13 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
         if ((st = check_world(&tr, e)) != JDT_OK) return st;
         if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     }
-    st = make_step(&tr, &step, e);
-    if (st != JDT_OK) return st;
+    /* the CUDA step is compiled to CUDA source only: inspect needs no GPU */
+    st = open_device(&tr, true, e);
+    if (st == JDT_OK) st = make_step(&tr, &step, e);
+    if (st != JDT_OK) {
+        jdt_device_close(tr.device);
+        return st;
+    }
     double dt = jdt_now_s() - t0;
     const jdt_compile_stats *cs = jdt_step_stats(step);
     double state_bytes = 0;
@@ -892,12 +931,17 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
                    "optimizer step\n", cs->flops_per_step, jdt_step_model_flops(step));
         fprintf(f, "  memory         %.1f MiB planned peak of intermediates; %.1f MiB parameters + "
                    "optimizer state\n", (double)cs->arena_bytes / 1048576.0, state_bytes / 1048576.0);
-        fprintf(f, "  compile        %.2fs (C compiler %.2fs), cache %s: %s\n", dt, cs->cc_s,
-                cs->cache_hit ? "hit" : "miss", cs->so_path);
+        if (tr.device)
+            fprintf(f, "  compile        %.2fs to CUDA source (%zu bytes; NVRTC runs on the GPU "
+                       "host)\n", dt, strlen(jdt_step_source(step)));
+        else
+            fprintf(f, "  compile        %.2fs (C compiler %.2fs), cache %s: %s\n", dt, cs->cc_s,
+                    cs->cache_hit ? "hit" : "miss", cs->so_path);
     } else {
         fprintf(f, "  runtime.jit is false: the reference interpreter runs the step\n");
     }
     jdt_step_describe(step, f);
     jdt_step_free(step);
+    jdt_device_close(tr.device);
     return JDT_OK;
 }

@@ -7,6 +7,7 @@
 #include "train/train.h"
 
 #include "autodiff/autodiff.h"
+#include "backend/backend.h"
 #include "graph/builder.h"
 #include "graph/interp.h"
 #include "shard/shard.h"
@@ -65,11 +66,13 @@ static jdt_status exec_run(exec *x, jdt_err *e)
     return x->p ? jdt_program_run(x->p, e) : jdt_interp_run(x->it, e);
 }
 
-static float exec_scalar(const exec *x, int i)
+/* Output i's first element, copied out of the program's memory (host or device). */
+static jdt_status exec_scalar(const exec *x, int i, float *v, jdt_err *e)
 {
-    const float *v = x->p ? jdt_program_output(x->p, i)
-                          : jdt_interp_value(x->it, jdt_graph_output(x->g, i));
-    return v ? v[0] : NAN;
+    if (x->p) return jdt_program_read_output(x->p, i, v, sizeof *v, e);
+    const float *h = jdt_interp_value(x->it, jdt_graph_output(x->g, i));
+    *v = h ? h[0] : NAN;
+    return JDT_OK;
 }
 
 static void exec_free(exec *x)
@@ -438,12 +441,18 @@ jdt_status jdt_step_run(jdt_step *s, int64_t t, double lr, const void *x, const 
         m->x->data = (void *)((const char *)x + (size_t)k * xb);
         m->y->data = (void *)(y + (size_t)k * yn);
         if ((st = exec_run(&s->main, e)) != JDT_OK) return jdt_err_prefix(e, "step %lld", (long long)t);
-        sum += exec_scalar(&s->main, s->out_loss);
+        float l;
+        if ((st = exec_scalar(&s->main, s->out_loss, &l, e)) != JDT_OK)
+            return jdt_err_prefix(e, "step %lld", (long long)t);
+        sum += l;
     }
     if (s->apply.g && (st = exec_run(&s->apply, e)) != JDT_OK)
         return jdt_err_prefix(e, "step %lld (optimizer)", (long long)t);
     *loss = sum / s->o.n_accum;
-    *grad_norm = exec_scalar(s->apply.g ? &s->apply : &s->main, s->out_norm);
+    float gn;
+    if ((st = exec_scalar(s->apply.g ? &s->apply : &s->main, s->out_norm, &gn, e)) != JDT_OK)
+        return jdt_err_prefix(e, "step %lld", (long long)t);
+    *grad_norm = gn;
     if (!isfinite(*loss) || !isfinite(*grad_norm))
         return jdt_err_set(e, JDT_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g is not finite",
                            (long long)t, *loss, *grad_norm);
@@ -456,8 +465,25 @@ jdt_status jdt_step_eval(jdt_step *s, const void *x, const int32_t *y, double *l
     s->m_eval.y->data = (void *)y;
     jdt_status st = exec_run(&s->eval, e);
     if (st != JDT_OK) return jdt_err_prefix(e, "eval");
-    *loss = exec_scalar(&s->eval, 0);
+    float l;
+    if ((st = exec_scalar(&s->eval, 0, &l, e)) != JDT_OK) return jdt_err_prefix(e, "eval");
+    *loss = l;
     return JDT_OK;
+}
+
+jdt_status jdt_step_sync_host(jdt_step *s, jdt_err *e)
+{
+    return jdt_device_pull(s->o.copts.device, e);
+}
+
+void jdt_step_host_changed(jdt_step *s)
+{
+    jdt_device_push(s->o.copts.device);
+}
+
+const char *jdt_step_source(const jdt_step *s)
+{
+    return s->main.p ? jdt_program_source(s->main.p) : "";
 }
 
 int jdt_step_n_tensors(const jdt_step *s) { return s->n_tensors; }

@@ -76,6 +76,15 @@ void jdt_step_describe(const jdt_step *s, FILE *f);
 /* Bytes of this rank's parameters and optimizer state (its blocks). */
 int64_t jdt_step_state_bytes(const jdt_step *s);
 
+/* Device backends keep parameters and optimizer state in device memory: jdt_step_sync_host
+ * copies them into the host buffers jdt_step_tensor returns (before a checkpoint is written);
+ * jdt_step_host_changed says the host buffers were overwritten (a checkpoint was loaded), so
+ * the next run uploads them. Both are no-ops on the CPU. */
+jdt_status jdt_step_sync_host(jdt_step *s, jdt_err *e);
+void jdt_step_host_changed(jdt_step *s);
+/* The generated source of the main program ("" for the interpreter). */
+const char *jdt_step_source(const jdt_step *s);
+
 /* With run.profile: the time per kind of compiled step (kernels, builtins) of the train
  * programs so far, written into buf (n bytes); returns buf. */
 char *jdt_step_profile(const jdt_step *s, char *buf, size_t n);
@@ -115,6 +124,12 @@ void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes);
  * cosine or linear decay to lr * min_lr_ratio at decay_steps. */
 double jdt_train_lr(const jdt_config *cfg, int64_t t);
 
+/* What this build can run (engine/train/caps.c): returns JDT_OK, or ERR_CONFIG with one line
+ * "key: why; what to do" for the first thing cfg asks that is not built (bf16, mesh.fsdp or
+ * mesh.tensor > 1 before the partitioner, runtime.backend cuda without a CUDA build, a
+ * sharding rule naming a logical axis no model uses). cmd/ calls it once, before any work. */
+jdt_status jdt_train_check_capabilities(const jdt_config *cfg, jdt_err *e);
+
 /* Runs the training job described by cfg. dist is NULL for a single process, else the joined
  * job (every rank calls this with the same config; mesh.data must equal the world size: each
  * rank trains on its slice of every global batch, gradients are averaged in-graph, rank 0
@@ -131,7 +146,8 @@ jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *
 /* `jdt-train inspect`: builds and compiles the single-process train step of cfg and writes
  * what the compiler made of it to f: op counts before/after the passes, fused kernels and
  * builtin calls, FLOPs per step (compiler count and model count), planned peak memory of
- * intermediates, parameter and optimizer-state bytes, compile time and cache hit/miss. */
+ * intermediates, parameter and optimizer-state bytes, compile time and cache hit/miss. cfg must
+ * pass jdt_train_check_capabilities (the caller checks). */
 jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean

@@ -1,5 +1,5 @@
 /*
- * allreduce.c — benchmark driver for the TCP ring all-reduce (engine/dist): forks --nproc ranks
+ * allreduce.c — benchmark driver for the TCP ring all-reduce (engine/comm): forks --nproc ranks
  * on 127.0.0.1, all-reduces f32 buffers from --min to --max bytes (doubling) and prints, from
  * rank 0, one line per size: bytes, mean time, algorithm and bus bandwidth (busbw = bytes *
  * 2(n-1)/n / time, the nccl-tests convention), so it can be compared with torch gloo by

@@ -73,7 +73,7 @@ static double time_program(jdt_graph *g, bool fuse, int threads, int reps)
         fprintf(stderr, "compile: %s\n", e.msg);
         return -1;
     }
-    double t[64];
+    double t[64] = {0};     /* reps is 1..64 */
     jdt_program_run(p, &e); /* warm-up */
     for (int r = 0; r < reps; r++) {
         double t0 = now_s();

@@ -41,6 +41,40 @@ unset JDT_OPTIMIZER_LR
 export JDT_OPTIMIZER_LRR=0.1
 ARGS=("$JDT_ROOT/configs/tiny.yaml");                check env-unknown "JDT_OPTIMIZER_LRR" "did you mean JDT_OPTIMIZER_LR?"
 unset JDT_OPTIMIZER_LRR
+# What this build cannot run is refused by one check before any work (engine/train/caps.c):
+# train, eval and the --nproc launcher give one line and exit 2; inspect still summarises the
+# config and says why it cannot run it.
+T=("$JDT_ROOT/configs/tiny.yaml" run.out_dir="$TMP/runs")
+cap() {
+  local name=$1 cmd=$2; shift 2
+  "$BIN" $cmd "${ARGS[@]}" >out 2>err; local rc=$?
+  [ $rc -eq 2 ] || { cat out err; fail "$name ($cmd): exit $rc, expected 2"; }
+  [ "$(wc -l <err)" -eq 1 ] || { cat err; fail "$name ($cmd): expected one line on stderr"; }
+  for w in "$@"; do grep -qF -- "$w" err || { cat err; fail "$name ($cmd): message lacks '$w'"; }; done
+}
+caps() { local name=$1; shift; cap "$name" train "$@"; cap "$name" eval "$@"; }
+ARGS=("${T[@]}" precision.compute=bf16);   caps bf16 "precision.compute" "bf16" "not built yet" "precision.compute: f32"
+if ! "$BIN" version | grep -q '^backends:.* cuda'; then
+  ARGS=("${T[@]}" runtime.backend=cuda);   caps cuda "runtime.backend" "CUDA build" "make CUDA=1"
+fi
+ARGS=("${T[@]}" "sharding.rules=[[batch, data], [embd, fsdp]]")
+caps rule-axis "sharding.rules" "rule 2" "'embd'" "no model uses" "embed"
+ARGS=("${T[@]}" "sharding.rules=[[batch, data], [embed, pipeline]]")
+caps rule-mesh "sharding.rules" "pipeline"
+# the launcher refuses once, before starting any rank
+"$BIN" --nproc 2 "${T[@]}" mesh.data=2 precision.compute=bf16 >out 2>err; rc=$?
+[ $rc -eq 2 ] || { cat out err; fail "launcher: exit $rc, expected 2"; }
+[ "$(wc -l <err)" -eq 1 ] && grep -qF "precision.compute" err || { cat err; fail "launcher: expected one line naming precision.compute"; }
+# a mesh the world cannot hold: the launcher says so once (jdt_train_check_mesh)
+"$BIN" --nproc 2 "${T[@]}" mesh.data=2 mesh.fsdp=2 >out 2>err; rc=$?
+[ $rc -eq 2 ] || { cat out err; fail "launcher mesh: exit $rc, expected 2"; }
+[ "$(wc -l <err)" -eq 1 ] && grep -qF "mesh" err || { cat err; fail "launcher mesh: expected one line naming the mesh"; }
+# inspect: the summary, plus the reason, exit 0
+"$BIN" inspect "${T[@]}" precision.compute=bf16 >out 2>err || { cat out err; fail "inspect of an unrunnable config failed"; }
+grep -q "not runnable by this build: precision.compute" out || { cat out; fail "inspect does not say why it cannot run"; }
+grep -q "compiled step" out && fail "inspect compiled a config this build cannot run"
+[ ! -e "$TMP/runs" ] || fail "a refused run wrote $TMP/runs"
+
 # nothing was written by any failing run (only our inputs and out/err are here)
 extra=$(ls -A | grep -vE '^(typo|type|range|dup|syntax|loop)\.yaml$|^(sub|out|err)$' || true)
 [ -z "$extra" ] || fail "failing runs wrote: $extra"

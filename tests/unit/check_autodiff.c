@@ -9,6 +9,7 @@
  * |fd - grad| / max(1, |fd|, |grad|) < 1e-6 (the f64 truncation and rounding errors of the
  * difference are ~1e-10 here, so this catches any wrong rule).
  */
+#include "tests/unit/testutil.h"
 #include "autodiff/autodiff.h"
 #include "graph/builder.h"
 #include "graph/interp.h"
@@ -645,9 +646,5 @@ int main(void)
     tcase_add_test(tb, test_train_step_mlp);
     tcase_add_test(tb, test_alloc_failure);
     suite_add_tcase(s, tb);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

@@ -3,6 +3,7 @@
  * reads, atomic rename and resume, keep-K pruning, clear errors for corrupt files, missing
  * tensors and wrong shapes, and kill -9 of a child during a save.
  */
+#include "tests/unit/testutil.h"
 #include "core/core.h"
 #include "io/ckpt.h"
 #include "io/data.h"
@@ -19,30 +20,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char g_dir[256];
-
 static void setup(void)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/jdt-check-ckpt.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    tu_tmpdir_make("check-ckpt");
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
-static void teardown(void)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
+static void teardown(void) { tu_tmpdir_remove(); }
 
-static char *path_in(const char *name)
-{
-    static char buf[32][512];
-    static int i;
-    i = (i + 1) % 32;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
-    return buf[i];
-}
+static char *path_in(const char *name) { return tu_path(name); }
 
 static jdt_ckpt_tensor whole(const char *name, jdt_dtype dt, int ndim, const int64_t *shape,
                              const void *data)
@@ -649,6 +635,19 @@ static jdt_status rank_save(const char *ck, int r, int64_t step, pthread_barrier
     return st;
 }
 
+typedef struct {
+    const char *ck;
+    int64_t step;
+    pthread_barrier_t *bar;
+    bool omit_w;
+} save_job;
+
+static int save_rank(int r, void *p)
+{
+    const save_job *j = p;
+    return (int)rank_save(j->ck, r, j->step, j->bar, j->omit_w);
+}
+
 /* Forks W_RANKS ranks saving step; fills their exit statuses. */
 static void run_ranks(const char *ck, int64_t step, bool omit_w, int *codes)
 {
@@ -659,18 +658,9 @@ static void run_ranks(const char *ck, int64_t step, bool omit_w, int *codes)
     pthread_barrierattr_init(&ba);
     pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
     pthread_barrier_init(bar, &ba, W_RANKS);
-    pid_t pids[W_RANKS];
-    for (int r = 0; r < W_RANKS; r++) {
-        pids[r] = fork();
-        ck_assert_int_ge(pids[r], 0);
-        if (pids[r] == 0) _exit((int)rank_save(ck, r, step, bar, omit_w));
-    }
-    for (int r = 0; r < W_RANKS; r++) {
-        int status;
-        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
-        ck_assert(WIFEXITED(status));
-        codes[r] = WEXITSTATUS(status);
-    }
+    save_job j = {ck, step, bar, omit_w};
+    tu_run_procs(W_RANKS, save_rank, &j, -1, 120, codes);
+    for (int r = 0; r < W_RANKS; r++) ck_assert_msg(codes[r] < 99, "rank %d died (%d)", r, codes[r]);
     pthread_barrier_destroy(bar);
     munmap(bar, sizeof *bar);
 }
@@ -805,9 +795,5 @@ int main(void)
     tcase_add_test(tc, test_multi_rank_save);
     tcase_add_test(tc, test_alloc_failures);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

@@ -5,6 +5,7 @@
  * killed with SIGKILL mid-collective. References are computed locally on every rank from the
  * same deterministic inputs; sums use small integers so every order of summation is exact.
  */
+#include "tests/unit/testutil.h"
 #include "comm/comm-impl.h"
 
 #include <check.h>
@@ -24,19 +25,41 @@
 
 typedef int (*rank_fn)(int rank, int world, jdt_dist *d, void *arg);
 
-/* Binds 127.0.0.1:0 so ports never collide; the fd goes to rank 0, the port to everyone. */
-static int free_listener(int *port)
+/* One rank of run_ranks_opt: joins the job, runs fn. */
+typedef struct {
+    int world, no_shm, lfd;
+    double op_timeout_s;
+    const char *addr;
+    rank_fn fn;
+    void *arg;
+} rank_job;
+
+static int rank_main(int r, void *p)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ck_assert_int_eq(listen(fd, 128), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    *port = ntohs(sa.sin_port);
-    return fd;
+    const rank_job *j = p;
+    if (r != 0) close(j->lfd);
+    jdt_dist_opts o;
+    jdt_dist_opts_default(&o);
+    o.rank = r;
+    o.world_size = j->world;
+    o.coordinator = j->addr;
+    o.token = "comm-test-token";
+    o.coord_listen_fd = r == 0 ? j->lfd : -1;
+    o.connect_timeout_s = 20;
+    o.heartbeat_s = 0.25;
+    o.peer_timeout_s = 2;
+    o.op_timeout_s = j->op_timeout_s;
+    o.disable_shm = j->no_shm == 2 ? r == 1 : j->no_shm; /* 2: ranks disagree */
+    jdt_dist *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    if (jdt_dist_init(&o, &d, &e)) {
+        fprintf(stderr, "rank %d: init: %s\n", r, e.msg);
+        return 90;
+    }
+    int rc = j->fn(r, j->world, d, j->arg);
+    jdt_dist_free(d);
+    return rc;
 }
 
 /* Forks world ranks; each joins the job and runs fn; returns when all exited (or after
@@ -45,67 +68,11 @@ static int free_listener(int *port)
 static void run_ranks_opt(int world, int no_shm, double op_timeout_s, rank_fn fn, void *arg,
                           double timeout_s, int *codes)
 {
-    int port, lfd = free_listener(&port);
+    int port, lfd = tu_free_listener(&port);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    pid_t pids[8];
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        ck_assert_int_ge(pids[r], 0);
-        if (pids[r] == 0) {
-            if (r != 0) close(lfd);
-            jdt_dist_opts o;
-            jdt_dist_opts_default(&o);
-            o.rank = r;
-            o.world_size = world;
-            o.coordinator = addr;
-            o.token = "comm-test-token";
-            o.coord_listen_fd = r == 0 ? lfd : -1;
-            o.connect_timeout_s = 20;
-            o.heartbeat_s = 0.25;
-            o.peer_timeout_s = 2;
-            o.op_timeout_s = op_timeout_s;
-            o.disable_shm = no_shm == 2 ? r == 1 : no_shm; /* 2: ranks disagree */
-            jdt_dist *d = NULL;
-            jdt_err e;
-            jdt_err_clear(&e);
-            if (jdt_dist_init(&o, &d, &e)) {
-                fprintf(stderr, "rank %d: init: %s\n", r, e.msg);
-                _exit(90);
-            }
-            int rc = fn(r, world, d, arg);
-            jdt_dist_free(d);
-            _exit(rc);
-        }
-    }
-    close(lfd);
-    double until = jdt_now_s() + timeout_s;
-    int left = world;
-    for (int r = 0; r < world; r++) codes[r] = -1;
-    while (left > 0) {
-        int status;
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) {
-            for (int r = 0; r < world; r++) {
-                if (pids[r] != p) continue;
-                codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-                left--;
-            }
-            continue;
-        }
-        if (jdt_now_s() > until) {
-            for (int r = 0; r < world; r++)
-                if (codes[r] < 0) kill(pids[r], SIGKILL);
-            for (int r = 0; r < world; r++)
-                if (codes[r] < 0) {
-                    waitpid(pids[r], NULL, 0);
-                    codes[r] = 99;
-                }
-            break;
-        }
-        struct timespec ts = {0, 5 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    rank_job j = {world, no_shm, lfd, op_timeout_s, addr, fn, arg};
+    tu_run_procs(world, rank_main, &j, lfd, timeout_s, codes);
 }
 
 static void run_ranks(int world, int no_shm, rank_fn fn, void *arg, double timeout_s, int *codes)
@@ -549,10 +516,5 @@ static Suite *comm_suite(void)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    SRunner *sr = srunner_create(comm_suite());
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(comm_suite());
 }

@@ -5,6 +5,7 @@
  * updates), and the on-disk cache (hit, miss, concurrent writers, corrupt entries, missing or
  * failing compiler).
  */
+#include "tests/unit/testutil.h"
 #include "jit-fixture.h"
 
 #include <dirent.h>
@@ -565,6 +566,32 @@ START_TEST(test_missing_or_failing_compiler)
 }
 END_TEST
 
+/* An op value outside the op table (only the unchecked constructor can make one) is refused
+ * by name before any code is generated, never compiled to zeros. */
+START_TEST(test_unknown_op_refused)
+{
+    fx f;
+    fx_init(&f);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_graph *g = jdt_graph_new();
+    jdt_shape s = jdt_shape_make(1, (int64_t[]){4});
+    jdt_tensor *t = jdt_graph_new_node(g, (jdt_op)(JDT_OP_COUNT + 3), JDT_DTYPE_F32, &s, 0, NULL,
+                                       NULL);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(jdt_graph_add_output(g, t), 0);
+    jdt_program *p = NULL;
+    jdt_err e;
+    ck_assert_int_eq(jdt_program_compile(g, &o, &p, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(p);
+    char want[64];
+    snprintf(want, sizeof want, "op %d is not in the op table", JDT_OP_COUNT + 3);
+    ck_assert_msg(strstr(e.msg, want), "%s", e.msg);
+    jdt_graph_free(g);
+    fx_free(&f);
+}
+END_TEST
+
 /* Wide groups: a sum of 200 slices (200 strided reads) and 40 stored intermediates must split
  * into several kernels and still compute the right thing. */
 START_TEST(test_fusion_limits)
@@ -785,14 +812,11 @@ int main(void)
     tcase_add_test(tc, test_cache_dead_compiles_swept);
     tcase_add_test(tc, test_cache_generic_lru_bound);
     tcase_add_test(tc, test_missing_or_failing_compiler);
+    tcase_add_test(tc, test_unknown_op_refused);
     tcase_add_test(tc, test_alloc_failures_clean);
     tcase_add_test(tc, test_trace_hook);
     tcase_add_test(tc, test_bias_folded_into_matmul);
     tcase_add_test(tc, test_attention_reads_transposed_inputs);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

@@ -5,6 +5,7 @@
  * completeness, cross-field checks, parameter counts and allocation-failure cleanup.
  * Runs from the repository root (tests/run-all.sh does), so configs/ is reachable.
  */
+#include "tests/unit/testutil.h"
 #include "config/config.h"
 
 #include <check.h>
@@ -16,29 +17,18 @@
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static char g_dir[64]; /* per-test temp dir (each test runs in its own forked process) */
+static void make_tmpdir(void) { tu_tmpdir_make("check-config"); }
 
-static void make_tmpdir(void)
-{
-    snprintf(g_dir, sizeof g_dir, "/tmp/jdt-config-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_dir));
-}
+static void rm_tmpdir(void) { tu_tmpdir_remove(); }
 
-static void rm_tmpdir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-/* Writes text to g_dir/name (creating one level of sub-folder) and returns the full path in a
+/* Writes text to <tmpdir>/name (creating one level of sub-folder) and returns the full path in a
  * static buffer rotation of 4. */
 static const char *put(const char *name, const char *text)
 {
     static char paths[4][256];
     static int slot;
     char *p = paths[slot++ % 4];
-    snprintf(p, 256, "%s/%s", g_dir, name);
+    snprintf(p, 256, "%s/%s", tu_tmpdir(), name);
     char *slash = strrchr(p, '/');
     *slash = '\0';
     mkdir(p, 0755);
@@ -211,9 +201,9 @@ START_TEST(test_missing_and_unreadable)
     jdt_err e;
     make_tmpdir();
     char path[128];
-    snprintf(path, sizeof path, "%s/nope.yaml", g_dir);
+    snprintf(path, sizeof path, "%s/nope.yaml", tu_tmpdir());
     EXPECT_ERROR(jdt_config_load(path, 0, NULL, NULL, &c, &e), &e, path, "No such file");
-    EXPECT_ERROR(jdt_config_load(g_dir, 0, NULL, NULL, &c, &e), &e, g_dir, "directory");
+    EXPECT_ERROR(jdt_config_load(tu_tmpdir(), 0, NULL, NULL, &c, &e), &e, tu_tmpdir(), "directory");
     const char *child = put("child.yaml", "run:\n  steps: 1\nbase_config: missing.yaml\n");
     EXPECT_ERROR(jdt_config_load(child, 0, NULL, NULL, &c, &e), &e, "child.yaml:3:14",
                  "base_config", "missing.yaml", "No such file");
@@ -628,9 +618,5 @@ int main(void)
     tcase_add_test(tc, test_param_count);
     tcase_add_test(tc, test_alloc_failure_cleanup);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

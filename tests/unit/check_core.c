@@ -2,6 +2,7 @@
  * check_core.c — unit tests for engine/core: statuses, error context, allocation hook, dtypes,
  * hashing and the counter-based RNG.
  */
+#include "tests/unit/testutil.h"
 #include "core/core.h"
 
 #include <check.h>
@@ -196,9 +197,5 @@ int main(void)
     tcase_add_test(tc, test_hash);
     tcase_add_test(tc, test_progress_plain_lines);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

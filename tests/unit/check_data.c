@@ -3,6 +3,7 @@
  * and datasets/ (byte tokenizer, text preparer, synthetic generators). Every test works in its
  * own temp directory; bad-file tests check for a non-OK status and a message naming the file.
  */
+#include "tests/unit/testutil.h"
 #include "core/core.h"
 #include "datasets/datasets.h"
 #include "io/data.h"
@@ -17,30 +18,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char g_dir[256];
-
 static void setup(void)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/jdt-check-data.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+    tu_tmpdir_make("check-data");
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
-static void teardown(void)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
+static void teardown(void) { tu_tmpdir_remove(); }
 
-static char *path_in(const char *name)
-{
-    static char buf[32][512];
-    static int i;
-    i = (i + 1) % 32;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
-    return buf[i];
-}
+static char *path_in(const char *name) { return tu_path(name); }
 
 /* tokens[i] = (i * 7 + i / 13) % vocab: a stream where every window differs */
 static uint32_t *make_tokens(int64_t n, uint32_t vocab)
@@ -195,7 +181,7 @@ START_TEST(test_shards_equal_single)
     uint32_t *t = make_tokens(n, 50000);
     ck_assert_int_eq(jdt_data_write_tokens(path_in("one.h5"), t, n, 50000, "byte", &e), JDT_OK);
     char shard_dir[300];
-    snprintf(shard_dir, sizeof shard_dir, "%s/shards", g_dir);
+    snprintf(shard_dir, sizeof shard_dir, "%s/shards", tu_tmpdir());
     ck_assert_int_eq(mkdir(shard_dir, 0777), 0);
     /* uneven shard sizes so windows straddle shard boundaries; a val file is filtered out */
     int64_t cuts[5] = {0, 7, 1003, 1004, n};
@@ -270,7 +256,7 @@ START_TEST(test_many_shards)
     uint32_t *t = make_tokens(n, 256);
     ck_assert_int_eq(jdt_data_write_tokens(path_in("one.h5"), t, n, 256, "byte", &e), JDT_OK);
     char sd[400];
-    snprintf(sd, sizeof sd, "%s/many", g_dir);
+    snprintf(sd, sizeof sd, "%s/many", tu_tmpdir());
     ck_assert_int_eq(mkdir(sd, 0777), 0);
     for (int i = 0; i < 40; i++) {
         char p[500];
@@ -319,7 +305,7 @@ START_TEST(test_shards_stay_open)
     uint32_t *t = make_tokens(n, 256);
     ck_assert_int_eq(jdt_data_write_tokens(path_in("one.h5"), t, n, 256, "byte", &e), JDT_OK);
     char sd[400];
-    snprintf(sd, sizeof sd, "%s/open", g_dir);
+    snprintf(sd, sizeof sd, "%s/open", tu_tmpdir());
     ck_assert_int_eq(mkdir(sd, 0777), 0);
     for (int i = 0; i < 40; i++) {
         char p[500];
@@ -572,7 +558,7 @@ START_TEST(test_bad_files)
     jdt_err e;
     /* missing file, missing dir shards */
     ck_assert_int_eq(expect_open_fail(path_in("nope.h5"), "nope.h5", NULL), JDT_ERR_NOT_FOUND);
-    ck_assert_int_eq(expect_open_fail(g_dir, g_dir, "no "), JDT_ERR_NOT_FOUND);
+    ck_assert_int_eq(expect_open_fail(tu_tmpdir(), tu_tmpdir(), "no "), JDT_ERR_NOT_FOUND);
     /* garbage bytes */
     FILE *f = fopen(path_in("garbage.h5"), "wb");
     for (int i = 0; i < 5000; i++)
@@ -609,7 +595,7 @@ START_TEST(test_bad_files)
     jdt_data_close(d);
     /* a directory whose second shard is bad names that shard */
     char sd[400];
-    snprintf(sd, sizeof sd, "%s/sh", g_dir);
+    snprintf(sd, sizeof sd, "%s/sh", tu_tmpdir());
     mkdir(sd, 0777);
     snprintf(cmd, sizeof cmd, "cp '%s' '%s/a_000.h5' && cp '%s' '%s/a_001.h5'", path_in("good.h5"),
              sd, path_in("garbage.h5"), sd);
@@ -662,7 +648,7 @@ START_TEST(test_prepare_text)
     ck_assert_int_eq(fwrite(text, 1, (size_t)n, f), (size_t)n);
     fclose(f);
     char out[400];
-    snprintf(out, sizeof out, "%s/out", g_dir);
+    snprintf(out, sizeof out, "%s/out", tu_tmpdir());
     jdt_prep_text_opts o = {.text_path = path_in("in.txt"),
                             .out_dir = out,
                             .val_fraction = 0.1,
@@ -779,7 +765,7 @@ START_TEST(test_alloc_failures)
     int n_nomem = 0;
     for (long n = 1; n < 60; n++) {
         for (int prefetch = 0; prefetch < 3; prefetch += 2) {
-            jdt_data_opts o = {.path = g_dir,
+            jdt_data_opts o = {.path = tu_tmpdir(),
                                .seq_len = 8,
                                .global_batch = 4,
                                .shuffle = true,
@@ -805,7 +791,7 @@ START_TEST(test_alloc_failures)
     }
     ck_assert_int_gt(n_nomem, 10);
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "! ls '%s' | grep -q tmp", g_dir);
+    snprintf(cmd, sizeof cmd, "! ls '%s' | grep -q tmp", tu_tmpdir());
     ck_assert_int_eq(system(cmd), 0);
     free(t);
 }
@@ -833,9 +819,5 @@ int main(void)
     tcase_add_test(tc, test_synthetic);
     tcase_add_test(tc, test_alloc_failures);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

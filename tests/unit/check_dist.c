@@ -1,5 +1,5 @@
 /*
- * check_dist.c — unit tests for the rendezvous (engine/dist: wire.c, net.c, coord.c, dist.c):
+ * check_dist.c — unit tests for the rendezvous (engine/comm: wire.c, net.c, coord.c, dist.c):
  * the frame codec, token comparison, KV store and barriers, late joiners, a wrong token,
  * garbage sent to the coordinator, a start-up timeout that lists the missing ranks, a hung
  * rank (SIGSTOP) and a lost coordinator; hardening (issue 11): a start-up flood of idle
@@ -7,6 +7,7 @@
  * no leaked coordinator socket on early failures. Multi-process tests fork ranks on 127.0.0.1; the
  * coordinator's port comes from binding port 0 in the parent, never a fixed port.
  */
+#include "tests/unit/testutil.h"
 #include "comm/comm-impl.h"
 
 #include <check.h>
@@ -180,81 +181,48 @@ typedef struct {
 
 typedef int (*proc_fn)(proc_ctx *c, void *arg);
 
-static int free_listener(int *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ck_assert_int_eq(listen(fd, 128), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    *port = ntohs(sa.sin_port);
-    return fd;
-}
-
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
 }
 
+/* One process of run_procs: default test options for rank i of the job, then fn. */
+typedef struct {
+    int world, port, lfd;
+    proc_fn fn;
+    void *arg;
+} proc_job;
+
+static int proc_main(int i, void *p)
+{
+    const proc_job *j = p;
+    proc_ctx c;
+    memset(&c, 0, sizeof c);
+    c.rank = i;
+    c.world = j->world;
+    c.port = j->port;
+    snprintf(c.addr, sizeof c.addr, "127.0.0.1:%d", j->port);
+    jdt_dist_opts_default(&c.o);
+    c.o.rank = i;
+    c.o.world_size = j->world;
+    c.o.coordinator = c.addr;
+    c.o.token = TOKEN;
+    c.o.coord_listen_fd = i == 0 ? j->lfd : -1;
+    if (i != 0) close(j->lfd);
+    c.o.connect_timeout_s = 20;
+    c.o.heartbeat_s = 0.25;
+    c.o.peer_timeout_s = 2;
+    return j->fn(&c, j->arg);
+}
+
 /* Forks n_procs processes; process i gets rank i (fn may change it) and default test options
  * for a job of world ranks. codes[i] = exit code, 100 + signal, or 99 after timeout_s. */
 static void run_procs(int n_procs, int world, proc_fn fn, void *arg, double timeout_s, int *codes)
 {
-    int port, lfd = free_listener(&port);
-    pid_t pids[8];
-    for (int i = 0; i < n_procs; i++) {
-        pids[i] = fork();
-        ck_assert_int_ge(pids[i], 0);
-        if (pids[i] == 0) {
-            proc_ctx c;
-            memset(&c, 0, sizeof c);
-            c.rank = i;
-            c.world = world;
-            c.port = port;
-            snprintf(c.addr, sizeof c.addr, "127.0.0.1:%d", port);
-            jdt_dist_opts_default(&c.o);
-            c.o.rank = i;
-            c.o.world_size = world;
-            c.o.coordinator = c.addr;
-            c.o.token = TOKEN;
-            c.o.coord_listen_fd = i == 0 ? lfd : -1;
-            if (i != 0) close(lfd);
-            c.o.connect_timeout_s = 20;
-            c.o.heartbeat_s = 0.25;
-            c.o.peer_timeout_s = 2;
-            _exit(fn(&c, arg));
-        }
-    }
-    close(lfd);
-    double until = jdt_now_s() + timeout_s;
-    int left = n_procs;
-    for (int i = 0; i < n_procs; i++) codes[i] = -1;
-    while (left > 0) {
-        int status;
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) {
-            for (int i = 0; i < n_procs; i++) {
-                if (pids[i] != p) continue;
-                codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-                left--;
-            }
-            continue;
-        }
-        if (jdt_now_s() > until) {
-            for (int i = 0; i < n_procs; i++)
-                if (codes[i] < 0) {
-                    kill(pids[i], SIGKILL);
-                    waitpid(pids[i], NULL, 0);
-                    codes[i] = 99;
-                }
-            break;
-        }
-        sleep_s(0.005);
-    }
+    int port, lfd = tu_free_listener(&port);
+    proc_job j = {world, port, lfd, fn, arg};
+    tu_run_procs(n_procs, proc_main, &j, lfd, timeout_s, codes);
 }
 
 #define FAIL_IF(cond, ...)                                                                        \
@@ -638,7 +606,7 @@ END_TEST
 
 START_TEST(test_standalone_coordinator)
 {
-    int port, lfd = free_listener(&port);
+    int port, lfd = tu_free_listener(&port);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     pid_t pids[2];
@@ -756,7 +724,7 @@ END_TEST
  * gives up at its connect_timeout_s (1.5 s), not seconds later. */
 START_TEST(test_connect_timeout_exact)
 {
-    int port, lfd = free_listener(&port);
+    int port, lfd = tu_free_listener(&port);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     jdt_dist_opts o;
@@ -821,7 +789,7 @@ START_TEST(test_listen_fd_not_leaked)
     jdt_err e;
     jdt_dist *d = NULL;
     jdt_dist_opts o;
-    int lfd = free_listener(&port);
+    int lfd = tu_free_listener(&port);
     jdt_dist_opts_default(&o);
     o.world_size = 2;
     o.token = TOKEN;
@@ -829,11 +797,11 @@ START_TEST(test_listen_fd_not_leaked)
     o.peer_timeout_s = 0.5; /* invalid: fails before the coordinator starts */
     ck_assert_int_eq(jdt_dist_init(&o, &d, &e), JDT_ERR_INVALID);
     ck_assert_msg(!fd_open(lfd), "jdt_dist_init leaked the coordinator socket");
-    lfd = free_listener(&port);
+    lfd = tu_free_listener(&port);
     jdt_dist_coord *c = NULL;
     ck_assert_int_eq(jdt_dist_coord_start(NULL, lfd, 0, TOKEN, 1, 1, &c, NULL, &e), JDT_ERR_INVALID);
     ck_assert_msg(!fd_open(lfd), "jdt_dist_coord_start leaked the socket (bad world size)");
-    lfd = free_listener(&port);
+    lfd = tu_free_listener(&port);
     ck_assert_int_eq(jdt_dist_coord_start(NULL, lfd, 2, NULL, 1, 1, &c, NULL, &e), JDT_ERR_INVALID);
     ck_assert_msg(!fd_open(lfd), "jdt_dist_coord_start leaked the socket (no token)");
 }
@@ -875,10 +843,5 @@ static Suite *dist_suite(void)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    SRunner *sr = srunner_create(dist_suite());
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(dist_suite());
 }

@@ -3,6 +3,7 @@
  * one clear sticky error naming the op and the shapes for invalid input), leaves, constants,
  * broadcasting helpers, logical axis names, the op registry and allocation failure.
  */
+#include "tests/unit/testutil.h"
 #include "graph/builder.h"
 #include "graph/ops-impl.h"
 
@@ -50,7 +51,18 @@ START_TEST(test_registry)
         ck_assert_str_eq(info->name, jdt_op_name((jdt_op)op));
         ck_assert_int_eq(info->arity, jdt_op_arity((jdt_op)op));
         ck_assert_ptr_nonnull(info->shape);
+        /* every op has a class; leaves and generators take no inputs, elementwise ops 1..3 */
+        jdt_op_class c = jdt_op_class_of((jdt_op)op);
+        ck_assert_int_lt((int)c, JDT_OPC_COUNT);
+        ck_assert_str_ne(jdt_op_class_name(c), "?");
+        if (c == JDT_OPC_LEAF || c == JDT_OPC_GENERATOR) ck_assert_int_eq(info->arity, 0);
+        if (c == JDT_OPC_ELEMENTWISE) ck_assert(info->arity >= 1 && info->arity <= 3);
     }
+    ck_assert_int_eq(jdt_op_class_of(JDT_OP_MATMUL), JDT_OPC_MATMUL);
+    ck_assert_int_eq(jdt_op_class_of(JDT_OP_DROPOUT), JDT_OPC_ELEMENTWISE);
+    ck_assert_int_eq(jdt_op_class_of(JDT_OP_ALL_REDUCE), JDT_OPC_COLLECTIVE);
+    ck_assert_int_eq((int)jdt_op_class_of((jdt_op)JDT_OP_COUNT), JDT_OPC_COUNT);
+    ck_assert_str_eq(jdt_op_class_name(JDT_OPC_FUSED), "fused");
     /* differentiable ops have rules; the documented non-differentiable ones do not */
     jdt_op with[] = {JDT_OP_ADD,         JDT_OP_MATMUL,        JDT_OP_SOFTMAX_XENT,
                      JDT_OP_ATTENTION,   JDT_OP_ROPE,          JDT_OP_GATHER,
@@ -502,9 +514,5 @@ int main(void)
     tcase_add_test(tc, test_fprint);
     tcase_add_test(tc, test_verify);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

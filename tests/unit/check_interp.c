@@ -3,6 +3,7 @@
  * plus its contract: leaves from caller memory, updates applied after all nodes, f32 rounding,
  * clear errors for unbound leaves, bad indices and graphs with a builder error.
  */
+#include "tests/unit/testutil.h"
 #include "graph/builder.h"
 #include "graph/interp.h"
 
@@ -49,9 +50,17 @@ static double v(jdt_interp *it, jdt_tensor *t, int64_t i)
         return ((const double *)p)[i];
     case JDT_DTYPE_F32:
         return ((const float *)p)[i];
-    default:
+    case JDT_DTYPE_I32:
         return ((const int32_t *)p)[i];
+    case JDT_DTYPE_BF16: /* the interpreter keeps only f32, f64 and i32 values */
+    case JDT_DTYPE_U16:
+    case JDT_DTYPE_U32:
+    case JDT_DTYPE_U8:
+    case JDT_DTYPE_COUNT:
+        break;
     }
+    ck_abort_msg("unexpected dtype %d", (int)t->dtype);
+    return 0;
 }
 
 #define NEAR(a, b) near_((double)(a), (double)(b))
@@ -462,6 +471,19 @@ START_TEST(test_errors)
     ck_assert_ptr_null(it);
     ck_assert_msg(strstr(e.msg, "add"), "%s", e.msg);
     jdt_graph_free(g);
+    /* an op value outside the op table (only the unchecked constructor can make one) is an
+     * error naming it, never zeros */
+    g = jdt_graph_new();
+    jdt_shape s1 = jdt_shape_make(1, d);
+    ck_assert_ptr_nonnull(jdt_graph_new_node(g, (jdt_op)(JDT_OP_COUNT + 7), JDT_DTYPE_F64, &s1, 0,
+                                             NULL, NULL));
+    ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
+    ck_assert_int_eq(jdt_interp_run(it, &e), JDT_ERR_UNSUPPORTED);
+    char want[64];
+    snprintf(want, sizeof want, "op %d is not in the op table", JDT_OP_COUNT + 7);
+    ck_assert_msg(strstr(e.msg, want), "%s", e.msg);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
 }
 END_TEST
 
@@ -599,9 +621,5 @@ int main(void)
     tcase_add_test(tc, test_norm_bwd);
     tcase_add_test(tc, test_attention_bwd);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

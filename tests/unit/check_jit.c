@@ -3,6 +3,7 @@
  * shapes, several ops per compiled program to keep compiler calls few), random fused chains,
  * the fused attention, a whole train step with donated updates, and run-time errors.
  */
+#include "tests/unit/testutil.h"
 #include "jit-fixture.h"
 
 #include "autodiff/autodiff.h"
@@ -519,9 +520,5 @@ int main(void)
     tcase_add_test(tc, test_special_values);
     tcase_add_test(tc, test_run_errors);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

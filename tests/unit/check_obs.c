@@ -256,6 +256,20 @@ START_TEST(test_peak_gpu_datasheet)
     ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA L4", true), 121e12, 1e9);
     ck_assert(jdt_peak_gpu_datasheet("Tesla K80", true) == 0);
     ck_assert(jdt_peak_gpu_datasheet(NULL, true) == 0);
+    /* the reference of a GPU process: f32 math is measured against TF32, the override wins,
+     * an unknown part is flagged */
+    jdt_peak_ref p;
+    jdt_peak_reference_gpu("cuda:0 NVIDIA H200 (sm_90)", false, 0, &p);
+    ck_assert_double_eq_tol(p.flops, 494.7e12, 1e9);
+    ck_assert_str_eq(p.source, "device datasheet (dense TF32)");
+    ck_assert(!p.guessed && !p.provisional);
+    jdt_peak_reference_gpu("cuda:0 NVIDIA H200 (sm_90)", true, 0, &p);
+    ck_assert_double_eq_tol(p.flops, 989.4e12, 1e9);
+    jdt_peak_reference_gpu("cuda:0 NVIDIA H200 (sm_90)", false, 100000, &p);
+    ck_assert_double_eq_tol(p.flops, 100e12, 1e6);
+    ck_assert_str_eq(p.source, "runtime.peak_gflops");
+    jdt_peak_reference_gpu("cuda:0 Tesla K80 (sm_37)", false, 0, &p);
+    ck_assert(p.guessed && p.flops > 0);
 }
 END_TEST
 

@@ -3,6 +3,7 @@
  * config's formula for every model option, the compiled train step matches the reference
  * interpreter step for step, gradient accumulation matches one big batch, and the LR schedule.
  */
+#include "tests/unit/testutil.h"
 #include "autodiff/autodiff.h"
 #include "config/config.h"
 #include "graph/builder.h"
@@ -297,9 +298,5 @@ int main(void)
     tcase_add_test(tc, test_all_reduce_op);
     tcase_add_test(tc, test_remat_same_losses_less_memory);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

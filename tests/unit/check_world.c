@@ -5,6 +5,7 @@
  * token rules, bad values, the launcher's inherited socket, and a real 2-rank join through
  * jdt_world_connect with forked processes.
  */
+#include "tests/unit/testutil.h"
 #include "world/world.h"
 
 #include <arpa/inet.h>
@@ -450,53 +451,45 @@ START_TEST(test_threads)
 END_TEST
 
 /* Two forked ranks join through jdt_world_connect: rank 0 on the inherited socket. */
+typedef struct {
+    int fd, port;
+} two_ranks;
+
+static int connect_rank(int r, void *p)
+{
+    const two_ranks *j = p;
+    char rank[32], coord[64], lfd[64];
+    snprintf(rank, sizeof rank, "JDT_DIST_RANK=%d", r);
+    snprintf(coord, sizeof coord, "JDT_DIST_COORDINATOR=127.0.0.1:%d", j->port);
+    snprintf(lfd, sizeof lfd, "JDT_COORD_LISTEN_FD=%d", j->fd);
+    char *env[] = {rank, coord, "JDT_DIST_WORLD_SIZE=2", "JDT_DIST_TOKEN=tt",
+                   "JDT_DIST_CONNECT_TIMEOUT_S=20", r == 0 ? lfd : NULL, NULL};
+    if (r != 0) close(j->fd);
+    const char *ovr[] = {"mesh.data=2", NULL};
+    jdt_config c;
+    jdt_err e;
+    jdt_world w;
+    jdt_dist *d = NULL;
+    if (load(env, ovr, &c, &e) || jdt_world_resolve(&c, env, &w, &e) ||
+        jdt_world_connect(&w, &c, &d, &e)) {
+        fprintf(stderr, "rank %d: %s\n", r, e.msg);
+        return 1;
+    }
+    double x = r + 1.0;
+    jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), &x, 1, JDT_DTYPE_F64, JDT_REDUCE_SUM, &e);
+    if (!st) st = jdt_dist_barrier(d, 20, &e);
+    jdt_dist_free(d);
+    jdt_config_free(&c);
+    return st == JDT_OK && x == 3.0 ? 0 : 2;
+}
+
 START_TEST(test_connect_two_ranks)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ck_assert_int_eq(listen(fd, 16), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    int port = ntohs(sa.sin_port);
-    pid_t pids[2];
-    for (int r = 0; r < 2; r++) {
-        pids[r] = fork();
-        ck_assert_int_ge(pids[r], 0);
-        if (pids[r] == 0) {
-            char rank[32], coord[64], lfd[64];
-            snprintf(rank, sizeof rank, "JDT_DIST_RANK=%d", r);
-            snprintf(coord, sizeof coord, "JDT_DIST_COORDINATOR=127.0.0.1:%d", port);
-            snprintf(lfd, sizeof lfd, "JDT_COORD_LISTEN_FD=%d", fd);
-            char *env[] = {rank, coord, "JDT_DIST_WORLD_SIZE=2", "JDT_DIST_TOKEN=tt",
-                           "JDT_DIST_CONNECT_TIMEOUT_S=20", r == 0 ? lfd : NULL, NULL};
-            if (r != 0) close(fd);
-            const char *ovr[] = {"mesh.data=2", NULL};
-            jdt_config c;
-            jdt_err e;
-            jdt_world w;
-            jdt_dist *d = NULL;
-            if (load(env, ovr, &c, &e) || jdt_world_resolve(&c, env, &w, &e) ||
-                jdt_world_connect(&w, &c, &d, &e)) {
-                fprintf(stderr, "rank %d: %s\n", r, e.msg);
-                _exit(1);
-            }
-            double x = r + 1.0;
-            jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), &x, 1, JDT_DTYPE_F64,
-                                               JDT_REDUCE_SUM, &e);
-            if (!st) st = jdt_dist_barrier(d, 20, &e);
-            jdt_dist_free(d);
-            jdt_config_free(&c);
-            _exit(st == JDT_OK && x == 3.0 ? 0 : 2);
-        }
-    }
-    close(fd);
-    for (int r = 0; r < 2; r++) {
-        int status = 0;
-        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d failed", r);
-    }
+    two_ranks j;
+    j.fd = tu_free_listener(&j.port);
+    int codes[2];
+    tu_run_procs(2, connect_rank, &j, j.fd, 120, codes);
+    for (int r = 0; r < 2; r++) ck_assert_msg(codes[r] == 0, "rank %d failed (%d)", r, codes[r]);
 }
 END_TEST
 
@@ -519,10 +512,5 @@ int main(void)
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_connect_two_ranks);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }

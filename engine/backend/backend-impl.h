@@ -1,0 +1,64 @@
+/*
+ * backend-impl.h — the backend interface (a vtable in the spirit of ggml's backends) and the
+ * device object. engine/compile/program.c drives a program through these calls; each backend
+ * folder (cpu/, cuda/) implements them.
+ *
+ * Program life cycle: prepare (emit the groups' nests in the backend's dialect, build them,
+ * allocate the planned arena) -> per run: begin (bind leaves), step(s) for every scheduled
+ * step in order, finish (the updates that were not donated; completes the run) -> read outputs
+ * -> release.
+ */
+#ifndef JDT_BACKEND_IMPL_H
+#define JDT_BACKEND_IMPL_H
+
+#include "backend/backend.h"
+#include "compile/compile-impl.h"
+
+typedef struct {
+    const char *name;
+    /* Scratch bytes builtin n needs (attention); NULL: the CPU kernels' sizes. */
+    int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
+    /* Builds program c for device d: *state receives the backend's per-program state, *src
+     * the generated source (owned by the state). Errors name the failing op/compiler. */
+    jdt_status (*prepare)(jdt_device *d, const cprog *c, void **state, jdt_err *e);
+    const char *(*source)(const void *state);
+    /* Binds every leaf (ERR_INVALID naming an unbound one) before the steps of a run. */
+    jdt_status (*begin)(void *state, jdt_err *e);
+    /* Runs (or queues) scheduled step s. */
+    jdt_status (*step)(void *state, int s, jdt_err *e);
+    /* Applies the updates that were not donated; the run's results are then readable. */
+    jdt_status (*finish)(void *state, jdt_err *e);
+    /* Waits for every queued step (timing a step on an asynchronous device). */
+    jdt_status (*sync)(void *state, jdt_err *e);
+    /* Copies n_bytes of node's value to host memory dst (after finish). */
+    jdt_status (*read)(void *state, int node, void *dst, size_t n_bytes, jdt_err *e);
+    /* Host address of node's value, or NULL when the value lives in device memory. */
+    const void *(*host_ptr)(void *state, int node);
+    void (*release)(void *state);
+    /* device-wide */
+    jdt_status (*pull)(jdt_device *d, jdt_err *e);
+    void (*push)(jdt_device *d);
+    void (*close)(jdt_device *d);
+    char *(*describe)(const jdt_device *d, char *buf, size_t n);
+} jdt_backend_vt;
+
+struct jdt_device {
+    const jdt_backend_vt *vt;
+    jdt_device_kind kind;
+    int index;
+    char cache_dir[1024]; /* "" = the compiler's default */
+    void *impl;           /* the backend's device state */
+};
+
+extern const jdt_backend_vt jdt_backend_cpu;
+extern const jdt_backend_vt jdt_backend_cuda_emit_only; /* cuda/emit.c, in every build */
+extern const jdt_backend_vt jdt_backend_cuda_emulated;  /* cpu/cpu.c, in every build */
+/* The process's CPU device (programs compiled without opts.device). */
+jdt_device *jdt_device_cpu_default(void);
+
+#ifdef JDT_CUDA
+/* cuda/cuda.c: fills d->vt and d->impl for CUDA device d->index. */
+jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e);
+#endif
+
+#endif /* JDT_BACKEND_IMPL_H */

@@ -1,0 +1,65 @@
+/*
+ * backend.h — the device seam: a jdt_device is one backend bound to one device (the CPU, or
+ * CUDA device N). A program compiled with jdt_compile_opts.device runs there: the compiler's
+ * device-neutral half (passes, fusion, schedule, memory plan, loop nests) is shared, and the
+ * backend emits the nests in its dialect, builds them, allocates the planned arena, binds the
+ * leaves, runs the steps and its builtins (GEMM, attention, norms, collectives) and copies
+ * outputs back. See docs/backend.md.
+ *
+ * Leaves and host memory: callers keep binding leaves to host memory (jdt_tensor.data). A
+ * backend with its own memory (CUDA) keeps a device copy of every leaf: INPUT leaves are copied
+ * in at every run (the batch, the step's scalars); PARAM/STATE/data-CONSTANT leaves are copied
+ * in once, then live on the device, where updates are applied. jdt_device_pull copies them
+ * back into the host buffers (before a checkpoint); jdt_device_push marks the host copies as
+ * newer (after a checkpoint load) so the next run uploads them. For the CPU both are no-ops.
+ */
+#ifndef JDT_BACKEND_H
+#define JDT_BACKEND_H
+
+#include "core/core.h"
+
+typedef enum {
+    JDT_DEVICE_CPU = 0,
+    JDT_DEVICE_CUDA = 1,
+} jdt_device_kind;
+
+typedef struct jdt_device jdt_device;
+
+/* True when this binary was built with the backend (CUDA needs `make CUDA=1`). */
+bool jdt_device_built(jdt_device_kind kind);
+
+/* Opens device `index` of `kind` (CUDA: the local rank's GPU; CPU: index ignored). cache_dir
+ * (NULL: the compiler's default) holds compiled kernels. Errors: ERR_UNSUPPORTED (backend not
+ * built in, no GPU or no driver: one line naming the CUDA error), ERR_RUNTIME, ERR_NOMEM. */
+jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_dir, jdt_device **out,
+                           jdt_err *e);
+/* A CUDA device that compiles programs to CUDA source and stops there: jdt_program_compile
+ * succeeds (jdt_program_source gives the kernels), jdt_program_run fails with ERR_UNSUPPORTED.
+ * Needs no GPU, driver or CUDA library (`inspect`, CI tests that NVRTC-compile the source). */
+jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e);
+/* A CUDA device emulated on the host, for tests without a GPU: programs run the CUDA emitter's
+ * kernels compiled as C++20 by $CXX (default g++) through a shim where a block's threads are
+ * real threads; builtins are the CPU's kernels; memory is host memory. Slow; not for training. */
+jdt_status jdt_device_open_emulated(jdt_device **out, jdt_err *e);
+/* Closes the device; every program compiled for it must be freed first. NULL is a no-op. */
+void jdt_device_close(jdt_device *d);
+
+jdt_device_kind jdt_device_get_kind(const jdt_device *d);
+/* One line describing the device ("cpu", "cuda:0 NVIDIA H200 (sm_90)") into buf; returns buf. */
+char *jdt_device_describe(const jdt_device *d, char *buf, size_t n);
+
+/* Copies every device-resident leaf (parameters, optimizer state) back into the host memory
+ * it is bound to, after finishing queued work. Errors: ERR_RUNTIME naming the device error. */
+jdt_status jdt_device_pull(jdt_device *d, jdt_err *e);
+/* The host copies of the leaves changed (e.g. a checkpoint was loaded into them): the next run
+ * of any program on d uploads them again. */
+void jdt_device_push(jdt_device *d);
+
+/* Data parallelism on a device with its own collectives (CUDA: NCCL): the job's process group;
+ * ALL_REDUCE nodes of programs on d then reduce over it (the communicator is created on the
+ * first all-reduce, which every rank reaches in the same order). No-op for the CPU, whose
+ * programs use jdt_compile_opts.collective. */
+struct jdt_dist;
+void jdt_device_set_dist(jdt_device *d, struct jdt_dist *dist);
+
+#endif /* JDT_BACKEND_H */

@@ -1,0 +1,472 @@
+/*
+ * cpu.c — the CPU backend: generated C (emit.c) built by the system compiler into a cached
+ * shared object (engine/compile/cache.c), one host arena, a pointer table with one slot per
+ * buffer (leaves refreshed from the caller's tensors at every run, arena slots fixed at
+ * prepare time), the hand-written kernels of engine/runtime for the builtins, and the update
+ * copies that could not be donated.
+ *
+ * The same backend also serves the *emulated CUDA device* (jdt_device_open_emulated): the
+ * fused kernels are the CUDA emitter's, compiled as C++ for the host with a shim that runs a
+ * block's threads as real threads (engine/backend/cuda/emit.c); everything else is the CPU's.
+ * It exists so the CUDA kernels' semantics are tested on machines without a GPU.
+ */
+#include "backend/cpu/cpu-impl.h"
+#include "backend/cuda/cuda-emit.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+
+typedef void (*kernel_fn)(void *const *);
+typedef int (*emu_launch_fn)(int k, unsigned grid_x, unsigned grid_y, unsigned bx, unsigned by,
+                             int sync, void *const *p);
+
+typedef struct {
+    const cprog *c;
+    emu_launch_fn emu;       /* the emulated CUDA device: kernels from the CUDA emitter */
+    jdt_cuda_launch *launch; /* (n_kernels) their launch shapes */
+    void *so;
+    const kernel_fn *kernels; /* (n_kernels) in the shared object */
+    void **ptrs;              /* (n_bufs) */
+    unsigned char *arena;     /* (arena_bytes) */
+    float *coll_scratch; /* (largest all-gather / reduce-scatter tensor) their permuting copy */
+    char *src;
+} cpu_prog;
+
+static void *ptr_of(const cpu_prog *p, int node)
+{
+    int b = p->c->nodes[node].buf;
+    return b >= 0 ? p->ptrs[b] : NULL;
+}
+
+static int64_t last_dim(const jdt_shape *s)
+{
+    return s->ndim ? s->dims[s->ndim - 1] : 1;
+}
+
+/* Moves k blocks between the layouts (k, outer, blk) and (outer, k, blk): to_outer true:
+ * (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. */
+static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
+                          bool to_outer)
+{
+    for (int64_t j = 0; j < k; j++)
+        for (int64_t o = 0; o < outer; o++) {
+            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
+            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
+            memcpy(b, a, (size_t)blk * sizeof *a);
+        }
+}
+
+static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
+{
+    const cprog *c = p->c;
+    const cnode *n = &c->nodes[sp->node];
+    int nt = c->nt;
+    void *o = ptr_of(p, sp->node);
+    void *in[JDT_MAX_INPUTS] = {0};
+    for (int k = 0; k < n->n_in; k++)
+        in[k] = ptr_of(p, n->in[k]);
+    const jdt_shape *s0 = n->n_in ? &c->nodes[n->in[0]].shape : &n->shape;
+    int64_t C = last_dim(s0), N = C ? jdt_shape_numel(s0) / C : 0;
+    float eps = (float)n->attrs.f[0];
+    float *scratch = sp->scratch_buf >= 0 ? p->ptrs[sp->scratch_buf] : NULL;
+    int64_t bad = 0;
+    char lbl[128];
+    switch (n->op) {
+    case JDT_OP_MATMUL: {
+        const jdt_shape *a = s0, *b = &c->nodes[n->in[1]].shape;
+        int nd = n->shape.ndim;
+        int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
+        int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
+        int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        jdt_rt_matmul(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
+                      n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2);
+        break;
+    }
+    case JDT_OP_GATHER: {
+        int64_t V = s0->dims[0];
+        bad = jdt_rt_gather(in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), V,
+                            last_dim(&n->shape), nt);
+        if (bad)
+            return jdt_err_set(e, JDT_ERR_INVALID, "gather: %lld indices outside [0, %lld)",
+                               (long long)bad, (long long)V);
+        break;
+    }
+    case JDT_OP_SCATTER_ADD: {
+        int64_t V = n->shape.dims[0];
+        bad = jdt_rt_scatter_add(in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), V,
+                                 last_dim(&n->shape));
+        if (bad)
+            return jdt_err_set(e, JDT_ERR_INVALID, "scatter_add: %lld indices outside [0, %lld)",
+                               (long long)bad, (long long)V);
+        break;
+    }
+    case JDT_OP_SOFTMAX:
+        jdt_rt_softmax(in[0], o, N, C, nt);
+        break;
+    case JDT_OP_SOFTMAX_BWD:
+        jdt_rt_softmax_bwd(in[0], in[1], o, N, C, nt);
+        break;
+    case JDT_OP_LOG_SOFTMAX:
+        jdt_rt_log_softmax(in[0], o, N, C, nt);
+        break;
+    case JDT_OP_LOG_SOFTMAX_BWD:
+        jdt_rt_log_softmax_bwd(in[0], in[1], o, N, C, nt);
+        break;
+    case JDT_OP_SOFTMAX_XENT:
+        bad = jdt_rt_softmax_xent(in[0], in[1], o, N, C, nt);
+        if (bad)
+            return jdt_err_set(e, JDT_ERR_INVALID, "softmax_xent: %lld targets >= vocab %lld",
+                               (long long)bad, (long long)C);
+        break;
+    case JDT_OP_SOFTMAX_XENT_BWD:
+        jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt);
+        break;
+    case JDT_OP_NORMALIZE:
+        jdt_rt_normalize(in[0], o, N, C, eps, nt);
+        break;
+    case JDT_OP_NORMALIZE_BWD:
+        jdt_rt_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
+        break;
+    case JDT_OP_RMS_NORMALIZE:
+        jdt_rt_rms_normalize(in[0], o, N, C, eps, nt);
+        break;
+    case JDT_OP_RMS_NORMALIZE_BWD:
+        jdt_rt_rms_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
+        break;
+    case JDT_OP_ROPE:
+        jdt_rt_rope(in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
+                    n->attrs.i[0] != 0, nt);
+        break;
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD: {
+        /* inputs that are transposes folded into views (passes.c) are read (B, T, H, D) */
+        unsigned bthd = 0;
+        for (int k = 0; k < n->n_in; k++)
+            if (c->nodes[n->in[k]].kind == CK_VIEW && c->nodes[n->in[k]].op == JDT_OP_TRANSPOSE)
+                bthd |= 1u << k;
+        if (n->op == JDT_OP_ATTENTION)
+            jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
+                             s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
+        else
+            jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
+                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
+        break;
+    }
+    case JDT_OP_CONCAT: {
+        int ax = (int)n->attrs.i[0];
+        int64_t outer = 1, inner = 1, len[JDT_MAX_INPUTS];
+        for (int k = 0; k < ax; k++)
+            outer *= n->shape.dims[k];
+        for (int k = ax + 1; k < n->shape.ndim; k++)
+            inner *= n->shape.dims[k];
+        for (int k = 0; k < n->n_in; k++)
+            len[k] = c->nodes[n->in[k]].shape.dims[ax];
+        jdt_rt_concat((const float *const *)in, len, n->n_in, o, outer, inner,
+                      jdt_dtype_size(n->dtype));
+        break;
+    }
+    case JDT_OP_ALL_REDUCE: {
+        int64_t n_el = jdt_shape_numel(&n->shape);
+        if (o != in[0]) memcpy(o, in[0], (size_t)n_el * sizeof(float));
+        jdt_status cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
+                                            (int)n->attrs.i[1], JDT_DTYPE_F32, o, (size_t)n_el, e);
+        if (cst != JDT_OK) return cst;
+        if (n->attrs.f[0] != 1.0) {
+            float sc = (float)n->attrs.f[0], *of = o;
+            for (int64_t i = 0; i < n_el; i++)
+                of[i] *= sc;
+        }
+        break;
+    }
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER: {
+        /* the full tensor viewed as (outer, k, blk) along the axis; the wire wants (k, outer,
+         * blk): one permuting copy unless everything before the axis has size 1 */
+        const bool gather = n->op == JDT_OP_ALL_GATHER;
+        const jdt_shape *full = gather ? &n->shape : s0;
+        const int ax = (int)n->attrs.i[1];
+        const int64_t k = n->attrs.i[2], nf = jdt_shape_numel(full), nl = nf / k;
+        int64_t outer = 1;
+        for (int d = 0; d < ax; d++)
+            outer *= full->dims[d];
+        const int64_t blk = outer ? nl / outer : 0;
+        float *tmp = p->coll_scratch, *of = o;
+        const float *xf = in[0];
+        jdt_status cst;
+        if (gather) {
+            memmove(of, xf, (size_t)nl * sizeof *of);
+            cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], JDT_COLL_ALLGATHER,
+                                     JDT_DTYPE_F32, of, (size_t)nf, e);
+            if (cst == JDT_OK && outer > 1) {
+                memcpy(tmp, of, (size_t)nf * sizeof *tmp);
+                shard_permute(tmp, of, k, outer, blk, true);
+            }
+        } else {
+            if (outer > 1)
+                shard_permute(xf, tmp, k, outer, blk, false);
+            else
+                memcpy(tmp, xf, (size_t)nf * sizeof *tmp);
+            cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
+                                     JDT_COLL_REDUCE_SCATTER, JDT_DTYPE_F32, tmp, (size_t)nf, e);
+            const float sc = (float)n->attrs.f[0];
+            for (int64_t i = 0; i < nl && cst == JDT_OK; i++)
+                of[i] = tmp[i] * sc;
+        }
+        if (cst != JDT_OK) return cst;
+        break;
+    }
+    case JDT_OP_PARAM: /* not builtins: leaves, views and fused work never get here */
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_NEG:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_RELU:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ABS:
+    case JDT_OP_ADD:
+    case JDT_OP_SUB:
+    case JDT_OP_MUL:
+    case JDT_OP_DIV:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_ADD_SCALAR:
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_POW_SCALAR:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_SELECT:
+    case JDT_OP_CAST:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_BROADCAST:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "run: no CPU kernel for %s",
+                           jdt_compile_node_label(n, lbl, sizeof lbl));
+    }
+    return JDT_OK;
+}
+
+static void cpu_release(void *state)
+{
+    cpu_prog *p = state;
+    if (!p) return;
+    jdt_free(p->ptrs);
+    jdt_free_aligned(p->arena);
+    jdt_free(p->coll_scratch);
+    jdt_free(p->src);
+    jdt_free(p->launch);
+    if (p->so) dlclose(p->so);
+    jdt_free(p);
+}
+
+static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu, jdt_err *e)
+{
+    jdt_status st;
+    *state = NULL;
+    cpu_prog *p = jdt_calloc(1, sizeof *p);
+    if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: program");
+    p->c = c;
+    jdt_compile_stats *stats = (jdt_compile_stats *)&c->stats;
+    if (emu) {
+        jdt_compile_opts o = c->opts;
+        o.cc = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "g++";
+        o.cflags = "-x c++ -std=c++20 -O1 -w -pthread";
+        if ((st = jdt_cuda_emu_source(c, &p->src, &p->launch, e)) != JDT_OK) goto fail;
+        if ((st = jdt_compile_build(&o, p->src, &p->so, stats, e)) != JDT_OK) goto fail;
+        p->emu = (emu_launch_fn)dlsym(p->so, "jdt_emu_launch");
+        if (!p->emu) {
+            st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks jdt_emu_launch",
+                             c->stats.so_path);
+            goto fail;
+        }
+    } else {
+        if ((st = jdt_cpu_codegen(c, &p->src, e)) != JDT_OK) goto fail;
+        if ((st = jdt_compile_build(&c->opts, p->src, &p->so, stats, e)) != JDT_OK) goto fail;
+    }
+    p->kernels = emu ? NULL : dlsym(p->so, "jdt_kernels");
+    const int *nk = emu ? &c->stats.n_kernels : dlsym(p->so, "jdt_n_kernels");
+    if ((!emu && !p->kernels) || !nk || *nk != c->stats.n_kernels) {
+        st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks the expected kernel table",
+                         c->stats.so_path);
+        goto fail;
+    }
+    /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
+     * the OOM killer later */
+    const char *mem_src;
+    int64_t mem_avail = jdt_mem_available(&mem_src);
+    if (mem_avail >= 0 && c->arena_bytes > mem_avail) {
+        st =
+            jdt_err_set(e, JDT_ERR_NOMEM,
+                        "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
+                        "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
+                        "or runtime.remat: block",
+                        (double)c->arena_bytes / 1048576.0, (double)mem_avail / 1048576.0, mem_src);
+        goto fail;
+    }
+    int64_t need = 0; /* the collectives' permuting scratch */
+    for (int i = 0; i < c->n_nodes; i++) {
+        const cnode *n = &c->nodes[i];
+        const int64_t full = n->op == JDT_OP_ALL_GATHER ? jdt_shape_numel(&n->shape)
+                             : n->op == JDT_OP_REDUCE_SCATTER
+                                 ? jdt_shape_numel(&c->nodes[n->in[0]].shape)
+                                 : 0;
+        if (full > need) need = full;
+    }
+    if (need > 0 && !(p->coll_scratch = jdt_malloc((size_t)need * sizeof(float)))) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: collective scratch");
+        goto fail;
+    }
+    p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
+    p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
+    if (!p->arena || !p->ptrs) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM,
+                         "compile: out of memory allocating the %.1f MiB arena for intermediates",
+                         (double)c->arena_bytes / 1048576.0);
+        goto fail;
+    }
+    for (int b = 0; b < c->n_bufs; b++)
+        if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
+            p->ptrs[b] = p->arena + c->bufs[b].info.offset;
+    jdt_rt_set_threads(c->nt);
+    *state = p;
+    return JDT_OK;
+fail:
+    cpu_release(p);
+    return st;
+}
+
+static jdt_status cpu_prepare(jdt_device *d, const cprog *c, void **state, jdt_err *e)
+{
+    return prepare(d, c, state, false, e);
+}
+
+static jdt_status emu_prepare(jdt_device *d, const cprog *c, void **state, jdt_err *e)
+{
+    return prepare(d, c, state, true, e);
+}
+
+static const char *cpu_source(const void *state)
+{
+    return ((const cpu_prog *)state)->src;
+}
+
+static jdt_status cpu_begin(void *state, jdt_err *e)
+{
+    cpu_prog *p = state;
+    const cprog *c = p->c;
+    char lbl[128];
+    for (int b = 0; b < c->n_bufs; b++) {
+        if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
+        const cnode *n = &c->nodes[c->bufs[b].leaf_node];
+        p->ptrs[b] = n->src->data;
+        if (!p->ptrs[b])
+            return jdt_err_set(e, JDT_ERR_INVALID, "run: leaf %s is not bound (data is NULL)",
+                               jdt_compile_node_label(n, lbl, sizeof lbl));
+    }
+    /* OpenBLAS's thread count is process-wide: another program may have changed it */
+    jdt_rt_set_threads(c->nt);
+    return JDT_OK;
+}
+
+static jdt_status cpu_step(void *state, int s, jdt_err *e)
+{
+    cpu_prog *p = state;
+    const cstep *sp = &p->c->steps[s];
+    if (sp->kind == STEP_KERNEL && p->emu) {
+        const jdt_cuda_launch *L = &p->launch[sp->kernel];
+        if (p->emu(sp->kernel, (unsigned)L->grid_x, (unsigned)L->grid_y, (unsigned)L->block_x,
+                   (unsigned)L->block_y, L->block_y > 1, (void *const *)p->ptrs) != 0)
+            return jdt_err_set(e, JDT_ERR_INTERNAL, "emulated kernel %d failed", sp->kernel);
+        return JDT_OK;
+    }
+    if (sp->kind == STEP_KERNEL) {
+        p->kernels[sp->kernel]((void *const *)p->ptrs);
+        return JDT_OK;
+    }
+    return run_builtin(p, sp, e);
+}
+
+static jdt_status cpu_finish(void *state, jdt_err *e)
+{
+    cpu_prog *p = state;
+    const cprog *c = p->c;
+    /* updates not donated: leaf-sourced values first (they read old leaf memory) */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < c->n_updates; i++) {
+            const cupdate *u = &c->updates[i];
+            if (u->donated || u->value == u->target) continue;
+            int vb = c->nodes[u->value].buf;
+            bool leaf_src = c->bufs[vb].info.kind == JDT_BUF_LEAF;
+            if (leaf_src != (pass == 0)) continue;
+            const cnode *t = &c->nodes[u->target];
+            memmove(ptr_of(p, u->target), p->ptrs[vb],
+                    (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype));
+        }
+    }
+    return JDT_OK;
+}
+
+static jdt_status cpu_sync(void *state, jdt_err *e)
+{
+    return JDT_OK;
+}
+
+static const void *cpu_host_ptr(void *state, int node)
+{
+    cpu_prog *p = state;
+    if (p->c->nodes[node].kind == CK_LEAF) return p->c->nodes[node].src->data;
+    return ptr_of(p, node);
+}
+
+static jdt_status cpu_read(void *state, int node, void *dst, size_t n_bytes, jdt_err *e)
+{
+    const void *src = cpu_host_ptr(state, node);
+    if (!src) return jdt_err_set(e, JDT_ERR_INVALID, "read: node %d has no value", node);
+    memcpy(dst, src, n_bytes);
+    return JDT_OK;
+}
+
+const jdt_backend_vt jdt_backend_cpu = {
+    .name = "cpu",
+    .prepare = cpu_prepare,
+    .source = cpu_source,
+    .begin = cpu_begin,
+    .step = cpu_step,
+    .finish = cpu_finish,
+    .sync = cpu_sync,
+    .read = cpu_read,
+    .host_ptr = cpu_host_ptr,
+    .release = cpu_release,
+};
+
+const jdt_backend_vt jdt_backend_cuda_emulated = {
+    .name = "cuda (emulated on the host)",
+    .prepare = emu_prepare,
+    .source = cpu_source,
+    .begin = cpu_begin,
+    .step = cpu_step,
+    .finish = cpu_finish,
+    .sync = cpu_sync,
+    .read = cpu_read,
+    .host_ptr = cpu_host_ptr,
+    .release = cpu_release,
+};

@@ -1,0 +1,785 @@
+/*
+ * cuda.c — the CUDA backend (built with `make CUDA=1`): the run-time half of engine/backend for
+ * one NVIDIA GPU per process.
+ *
+ *   device   jdt_cuk (cuk.h: device selection, the compute stream, cuBLASLt, the builtin
+ *            kernels), the registry of device-resident leaves, the NCCL communicator.
+ *   prepare  emit.c's CUDA C -> NVRTC for the device's sm_XX (cached on disk: key = source +
+ *            NVRTC version + arch) -> cudaLibraryLoadData -> one cudaKernel_t per group; ONE
+ *            cudaMalloc per program holding the device pointer table, the INPUT leaves' slots
+ *            and the planned arena (never managed memory).
+ *   run      begin: INPUT leaves are copied in (the batch, the step's scalars), PARAM/STATE/
+ *            data-CONSTANT leaves are mirrored on the device (uploaded once, updated there);
+ *            steps: generated kernels through cudaLaunchKernel, builtins through jdt_cuk_*;
+ *            finish: update copies device-to-device, then one error check. Everything is
+ *            queued on the one stream; reads (the loss) synchronise.
+ *
+ * Every CUDA/NVRTC status is checked and turned into one message naming the call and the
+ * CUDA error string.
+ */
+#include "backend/backend-impl.h"
+#include "backend/cuda/cuda-emit.h"
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/cuk.h"
+#include "comm/comm.h"
+
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <nvrtc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CU_FORMAT "jdt-cuda-cubin-1"
+#define CU_MAGIC "JDTCU001"
+
+/* A leaf mirrored in device memory, shared by every program that binds the same host memory
+ * (the train, apply and eval programs share parameters). Freed when its last program goes. */
+typedef struct {
+    void *host;
+    void *dev;
+    size_t n_bytes;
+    bool stale; /* the host copy is newer: upload before the next use */
+    int refs;   /* programs using it */
+} mirror;
+
+typedef struct {
+    jdt_cuk *k;
+    cudaStream_t stream;
+    mirror **m; /* (n_m) */
+    int n_m, cap_m;
+    char name[256];
+    int arch;
+    jdt_dist *dist;      /* set by jdt_device_set_dist: NCCL for ALL_REDUCE */
+    jdt_cuk_comm *world; /* created on the first all-reduce (every rank reaches it) */
+} cuda_dev;
+
+typedef struct {
+    const cprog *c;
+    jdt_device *d;
+    cuda_dev *cd;
+    char *src;
+    jdt_cuda_launch *launch; /* (n_kernels) */
+    cudaLibrary_t lib;
+    cudaKernel_t *kern;      /* (n_kernels) */
+    cudaKernel_t scale_kern; /* the module's jdt_scale (all-reduce scaling) */
+    void *dmem;              /* the one allocation: table | inputs | arena */
+    void **dtable;           /* (n_bufs) device pointer table */
+    unsigned char *dinputs, *darena;
+    int64_t *input_off; /* (n_bufs) offset of an INPUT leaf's slot, else -1 */
+    mirror **bmir;      /* (n_bufs) a persistent leaf's mirror, else NULL */
+    void **ptrs;        /* (n_bufs) host copy of the table */
+    bool table_dirty;
+} cuda_prog;
+
+#define CU(call, what)                                                                             \
+    do {                                                                                           \
+        cudaError_t ce_ = (call);                                                                  \
+        if (ce_ != cudaSuccess) {                                                                  \
+            st =                                                                                   \
+                jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: %s: %s", (what), cudaGetErrorString(ce_)); \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* ---- NVRTC and the kernel cache ------------------------------------------------------------ */
+
+jdt_status jdt_cuda_nvrtc(const char *src, const char *name, int arch, void **image,
+                          size_t *n_bytes, jdt_err *e)
+{
+    *image = NULL;
+    *n_bytes = 0;
+    nvrtcProgram prog;
+    nvrtcResult r = nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL);
+    if (r != NVRTC_SUCCESS)
+        return jdt_err_set(e, JDT_ERR_COMPILE, "nvrtc: create %s: %s", name,
+                           nvrtcGetErrorString(r));
+    char opt_arch[64];
+    snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d", arch);
+    const char *opts[] = {opt_arch, "--std=c++17"};
+    r = nvrtcCompileProgram(prog, 2, opts);
+    jdt_status st = JDT_OK;
+    if (r != NVRTC_SUCCESS) {
+        size_t log_n = 0;
+        nvrtcGetProgramLogSize(prog, &log_n);
+        char *log = jdt_malloc(log_n + 1);
+        if (log) {
+            nvrtcGetProgramLog(prog, log);
+            log[log_n] = 0;
+        }
+        st = jdt_err_set(e, JDT_ERR_COMPILE, "nvrtc: %s for sm_%d: %s: %.1500s", name, arch,
+                         nvrtcGetErrorString(r), log ? log : "(no log)");
+        jdt_free(log);
+        nvrtcDestroyProgram(&prog);
+        return st;
+    }
+    size_t n = 0;
+    if ((r = nvrtcGetCUBINSize(prog, &n)) != NVRTC_SUCCESS || !(*image = jdt_malloc(n)) ||
+        (r = nvrtcGetCUBIN(prog, *image)) != NVRTC_SUCCESS) {
+        st = jdt_err_set(e, *image ? JDT_ERR_COMPILE : JDT_ERR_NOMEM, "nvrtc: cubin of %s: %s",
+                         name, nvrtcGetErrorString(r));
+        jdt_free(*image);
+        *image = NULL;
+    } else {
+        *n_bytes = n;
+    }
+    nvrtcDestroyProgram(&prog);
+    return st;
+}
+
+static uint64_t cubin_key(const char *src, int arch)
+{
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    uint64_t h = jdt_hash_str(14695981039346656037ULL, CU_FORMAT);
+    h = jdt_hash_str(h, src);
+    h = jdt_hash_u64(h, (uint64_t)major * 1000 + (uint64_t)minor);
+    return jdt_hash_u64(h, (uint64_t)arch);
+}
+
+/* Reads a cache entry: the image followed by {magic, u64 size, u64 hash}. */
+static void *cache_read(const char *path, size_t *n_bytes)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    void *buf = NULL;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || sb.st_size < 24) goto out;
+    size_t total = (size_t)sb.st_size;
+    buf = jdt_malloc(total);
+    if (!buf || fread(buf, 1, total, f) != total) goto bad;
+    const unsigned char *t = (const unsigned char *)buf + total - 24;
+    uint64_t size, hash;
+    memcpy(&size, t + 8, 8);
+    memcpy(&hash, t + 16, 8);
+    if (memcmp(t, CU_MAGIC, 8) != 0 || size != total - 24 ||
+        hash != jdt_hash_bytes(14695981039346656037ULL, buf, size))
+        goto bad;
+    *n_bytes = size;
+    goto out;
+bad:
+    jdt_free(buf);
+    buf = NULL;
+out:
+    fclose(f);
+    return buf;
+}
+
+static void cache_write(const char *path, const void *image, size_t n)
+{
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    uint64_t size = n, hash = jdt_hash_bytes(14695981039346656037ULL, image, n);
+    bool ok = fwrite(image, 1, n, f) == n && fwrite(CU_MAGIC, 1, 8, f) == 8 &&
+              fwrite(&size, 8, 1, f) == 1 && fwrite(&hash, 8, 1, f) == 1;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+/* The cubin of src for arch, from the cache under dir or compiled (and stored). */
+static jdt_status cubin_get(const char *dir, const char *src, int arch, void **image,
+                            size_t *n_bytes, jdt_compile_stats *stats, jdt_err *e)
+{
+    char path[sizeof stats->so_path];
+    snprintf(path, sizeof path, "%.900s/jdt-%016llx.sm_%d.cubin", dir,
+             (unsigned long long)cubin_key(src, arch), arch);
+    snprintf(stats->so_path, sizeof stats->so_path, "%s", path);
+    if ((*image = cache_read(path, n_bytes))) {
+        stats->cache_hit = true;
+        return JDT_OK;
+    }
+    double t0 = jdt_now_s();
+    jdt_status st = jdt_cuda_nvrtc(src, "jdt-program.cu", arch, image, n_bytes, e);
+    stats->cc_s = jdt_now_s() - t0;
+    stats->cache_hit = false;
+    if (st == JDT_OK) cache_write(path, *image, *n_bytes);
+    return st;
+}
+
+/* ---- device --------------------------------------------------------------------------------- */
+
+/* Before a host-side wait on the compute stream: with a communicator, wait for its collectives
+ * while polling NCCL's asynchronous errors and the rendezvous, so a dead peer ends the job with
+ * the rank named instead of a stream synchronisation that never returns. */
+#define COLLECTIVE_WAIT_S 600.0
+static jdt_status settle(cuda_dev *cd, jdt_err *e)
+{
+    return cd->world ? jdt_cuk_comm_sync(cd->world, COLLECTIVE_WAIT_S, e) : JDT_OK;
+}
+
+static jdt_status mirror_get(cuda_dev *cd, void *host, size_t n_bytes, mirror **out, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    for (int i = 0; i < cd->n_m; i++) {
+        mirror *m = cd->m[i];
+        if (m->host == host && m->n_bytes == n_bytes) {
+            m->refs++;
+            *out = m;
+            return JDT_OK;
+        }
+    }
+    if (!jdt_compile_grow((void **)&cd->m, &cd->cap_m, cd->n_m + 1, sizeof *cd->m))
+        return jdt_err_set(e, JDT_ERR_NOMEM, "cuda: leaf registry");
+    mirror *m = jdt_calloc(1, sizeof *m);
+    if (!m) return jdt_err_set(e, JDT_ERR_NOMEM, "cuda: leaf registry");
+    m->host = host;
+    m->n_bytes = n_bytes;
+    m->stale = true;
+    m->refs = 1;
+    CU(cudaMalloc(&m->dev, n_bytes ? n_bytes : 4), "cudaMalloc of a leaf");
+    cd->m[cd->n_m++] = m;
+    *out = m;
+    return JDT_OK;
+fail:
+    jdt_free(m);
+    return st;
+}
+
+static void mirror_put(cuda_dev *cd, mirror *m)
+{
+    if (!m || --m->refs > 0) return;
+    for (int i = 0; i < cd->n_m; i++)
+        if (cd->m[i] == m) {
+            cd->m[i] = cd->m[--cd->n_m];
+            break;
+        }
+    cudaFree(m->dev);
+    jdt_free(m);
+}
+
+static jdt_status cuda_pull(jdt_device *d, jdt_err *e)
+{
+    cuda_dev *cd = d->impl;
+    jdt_status st = settle(cd, e);
+    if (st != JDT_OK) return st;
+    CU(cudaStreamSynchronize(cd->stream), "synchronising before copying leaves out");
+    for (int i = 0; i < cd->n_m; i++) {
+        mirror *m = cd->m[i];
+        if (m->stale) continue; /* the host copy is the newer one */
+        CU(cudaMemcpy(m->host, m->dev, m->n_bytes, cudaMemcpyDeviceToHost),
+           "copying a leaf to the host");
+    }
+    return JDT_OK;
+fail:
+    return st;
+}
+
+static void cuda_push(jdt_device *d)
+{
+    cuda_dev *cd = d->impl;
+    for (int i = 0; i < cd->n_m; i++)
+        cd->m[i]->stale = true;
+}
+
+static void cuda_close(jdt_device *d)
+{
+    cuda_dev *cd = d->impl;
+    if (!cd) return;
+    jdt_cuk_comm_free(cd->world);
+    for (int i = 0; i < cd->n_m; i++) {
+        cudaFree(cd->m[i]->dev);
+        jdt_free(cd->m[i]);
+    }
+    jdt_free(cd->m);
+    jdt_cuk_free(cd->k);
+    jdt_free(cd);
+    d->impl = NULL;
+}
+
+static char *cuda_describe(const jdt_device *d, char *buf, size_t n)
+{
+    const cuda_dev *cd = d->impl;
+    snprintf(buf, n, "cuda:%d %s (sm_%d)", d->index, cd->name, cd->arch);
+    return buf;
+}
+
+void jdt_device_set_dist(jdt_device *d, jdt_dist *dist)
+{
+    if (d && d->kind == JDT_DEVICE_CUDA && d->impl) ((cuda_dev *)d->impl)->dist = dist;
+}
+
+/* ---- program -------------------------------------------------------------------------------- */
+
+static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
+{
+    const jdt_shape *q = &c->nodes[n->in[0]].shape;
+    if (q->ndim != 4) return 0;
+    return jdt_cuk_attention_scratch_bytes(q->dims[0], q->dims[1], q->dims[2], q->dims[3]);
+}
+
+static void cuda_release(void *state)
+{
+    cuda_prog *p = state;
+    if (!p) return;
+    if (p->dmem || p->lib) cudaStreamSynchronize(p->cd->stream);
+    if (p->bmir)
+        for (int b = 0; b < p->c->n_bufs; b++)
+            mirror_put(p->cd, p->bmir[b]);
+    if (p->lib) cudaLibraryUnload(p->lib);
+    cudaFree(p->dmem);
+    jdt_free(p->kern);
+    jdt_free(p->launch);
+    jdt_free(p->src);
+    jdt_free(p->input_off);
+    jdt_free(p->bmir);
+    jdt_free(p->ptrs);
+    jdt_free(p);
+}
+
+static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_err *e)
+{
+    jdt_status st;
+    cuda_dev *cd = d->impl;
+    *state = NULL;
+    cuda_prog *p = jdt_calloc(1, sizeof *p);
+    if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: program");
+    p->c = c;
+    p->d = d;
+    p->cd = cd;
+    jdt_compile_stats *stats = (jdt_compile_stats *)&c->stats;
+    void *image = NULL;
+    size_t n_image = 0;
+    if ((st = jdt_cuda_codegen(c, &p->src, &p->launch, e)) != JDT_OK) goto fail;
+    char dir[1024];
+    jdt_compile_opts co = c->opts;
+    if (d->cache_dir[0]) co.cache_dir = d->cache_dir;
+    if ((st = jdt_compile_cache_dir(&co, dir, sizeof dir, e)) != JDT_OK) goto fail;
+    if ((st = cubin_get(dir, p->src, cd->arch, &image, &n_image, stats, e)) != JDT_OK) goto fail;
+    CU(cudaLibraryLoadData(&p->lib, image, NULL, NULL, 0, NULL, NULL, 0),
+       "loading the compiled kernels");
+    int nk = c->stats.n_kernels;
+    p->kern = jdt_calloc((size_t)nk + 1, sizeof *p->kern);
+    p->input_off = jdt_calloc((size_t)c->n_bufs + 1, sizeof *p->input_off);
+    p->bmir = jdt_calloc((size_t)c->n_bufs + 1, sizeof *p->bmir);
+    p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof *p->ptrs);
+    if (!p->kern || !p->input_off || !p->bmir || !p->ptrs) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: program tables");
+        goto fail;
+    }
+    for (int k = 0; k < nk; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "k%d", k);
+        CU(cudaLibraryGetKernel(&p->kern[k], p->lib, name), "finding a generated kernel");
+    }
+    CU(cudaLibraryGetKernel(&p->scale_kern, p->lib, "jdt_scale"), "finding jdt_scale");
+    /* one allocation: pointer table | INPUT slots | arena, each 256-byte aligned */
+    int64_t table_bytes = ((int64_t)(c->n_bufs + 1) * 8 + 255) / 256 * 256, in_bytes = 0;
+    for (int b = 0; b < c->n_bufs; b++) {
+        p->input_off[b] = -1;
+        if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
+        const cnode *n = &c->nodes[c->bufs[b].leaf_node];
+        if (n->op != JDT_OP_INPUT) continue;
+        p->input_off[b] = in_bytes;
+        in_bytes +=
+            ((int64_t)jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype) + 255) / 256 *
+            256;
+    }
+    int64_t total = table_bytes + in_bytes + (c->arena_bytes ? c->arena_bytes : 256);
+    CU(cudaMalloc(&p->dmem, (size_t)total), "cudaMalloc of the program's arena");
+    p->dtable = p->dmem;
+    p->dinputs = (unsigned char *)p->dmem + table_bytes;
+    p->darena = p->dinputs + in_bytes;
+    for (int b = 0; b < c->n_bufs; b++) {
+        if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
+            p->ptrs[b] = p->darena + c->bufs[b].info.offset;
+        else if (p->input_off[b] >= 0)
+            p->ptrs[b] = p->dinputs + p->input_off[b];
+    }
+    p->table_dirty = true;
+    stats->arena_bytes = total;
+    jdt_free(image);
+    *state = p;
+    return JDT_OK;
+fail:
+    jdt_free(image);
+    cuda_release(p);
+    return st;
+}
+
+static const char *cuda_source(const void *state)
+{
+    return ((const cuda_prog *)state)->src;
+}
+
+static jdt_status cuda_begin(void *state, jdt_err *e)
+{
+    cuda_prog *p = state;
+    const cprog *c = p->c;
+    cudaStream_t s = p->cd->stream;
+    jdt_status st = JDT_OK;
+    char lbl[128];
+    for (int b = 0; b < c->n_bufs; b++) {
+        if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
+        const cnode *n = &c->nodes[c->bufs[b].leaf_node];
+        void *host = n->src->data;
+        if (!host)
+            return jdt_err_set(e, JDT_ERR_INVALID, "run: leaf %s is not bound (data is NULL)",
+                               jdt_compile_node_label(n, lbl, sizeof lbl));
+        size_t bytes = (size_t)jdt_shape_numel(&n->shape) * jdt_dtype_size(n->dtype);
+        if (p->input_off[b] >= 0) {
+            CU(cudaMemcpyAsync(p->ptrs[b], host, bytes, cudaMemcpyHostToDevice, s),
+               "copying an input in");
+            continue;
+        }
+        mirror *m = p->bmir[b];
+        if (!m || m->host != host) {
+            mirror_put(p->cd, m);
+            p->bmir[b] = NULL;
+            if ((st = mirror_get(p->cd, host, bytes, &p->bmir[b], e)) != JDT_OK) return st;
+            m = p->bmir[b];
+        }
+        if (m->stale) {
+            CU(cudaMemcpyAsync(m->dev, host, bytes, cudaMemcpyHostToDevice, s),
+               "copying a leaf in");
+            m->stale = false;
+        }
+        if (p->ptrs[b] != m->dev) {
+            p->ptrs[b] = m->dev;
+            p->table_dirty = true;
+        }
+    }
+    if (p->table_dirty) {
+        CU(cudaMemcpyAsync(p->dtable, p->ptrs, (size_t)c->n_bufs * sizeof(void *),
+                           cudaMemcpyHostToDevice, s),
+           "copying the pointer table in");
+        p->table_dirty = false;
+    }
+    return JDT_OK;
+fail:
+    return st;
+}
+
+static void *dptr(const cuda_prog *p, int node)
+{
+    int b = p->c->nodes[node].buf;
+    return b >= 0 ? p->ptrs[b] : NULL;
+}
+
+static int64_t last_dim(const jdt_shape *s)
+{
+    return s->ndim ? s->dims[s->ndim - 1] : 1;
+}
+
+static jdt_status all_reduce(cuda_prog *p, const cnode *n, void *o, void *in, jdt_err *e)
+{
+    cuda_dev *cd = p->cd;
+    jdt_status st = JDT_OK;
+    int64_t n_el = jdt_shape_numel(&n->shape);
+    if (o != in)
+        CU(cudaMemcpyAsync(o, in, (size_t)n_el * sizeof(float), cudaMemcpyDeviceToDevice,
+                           cd->stream),
+           "all_reduce copy");
+    if (!cd->dist) {
+        /* one process: the reduction over one rank is the identity (only the scale applies) */
+    } else {
+        if (n->attrs.i[0] != 0 || n->attrs.i[1] != 0)
+            return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                               "all_reduce on cuda: only sum/mean over the world group (group "
+                               "%lld, op %lld asked)",
+                               (long long)n->attrs.i[0], (long long)n->attrs.i[1]);
+        if (!cd->world) {
+            int W = jdt_dist_world_size(cd->dist);
+            int *ranks = jdt_calloc((size_t)W, sizeof *ranks);
+            if (!ranks) return jdt_err_set(e, JDT_ERR_NOMEM, "all_reduce: ranks");
+            for (int r = 0; r < W; r++)
+                ranks[r] = r;
+            st = jdt_cuk_comm_init(cd->k, cd->dist, ranks, W, "jdt/nccl/world", &cd->world, e);
+            jdt_free(ranks);
+            if (st != JDT_OK) return st;
+        }
+        double W = (double)jdt_dist_world_size(cd->dist), sc = n->attrs.f[0];
+        bool average = sc * W > 0.999999 && sc * W < 1.000001;
+        if ((st = jdt_cuk_comm_poll(cd->world, e)) != JDT_OK) return st;
+        if ((st = jdt_cuk_allreduce(cd->world, o, n_el, average, e)) != JDT_OK) return st;
+        if (average || sc == 1.0) return JDT_OK;
+    }
+    if (n->attrs.f[0] != 1.0) {
+        float sc = (float)n->attrs.f[0];
+        long long cnt = n_el;
+        void *args[] = {&o, &cnt, &sc};
+        int grid = (int)((cnt + 255) / 256 < JDT_CUDA_MAX_GRID ? (cnt + 255) / 256 + 1
+                                                               : JDT_CUDA_MAX_GRID);
+        CU(cudaLaunchKernel((const void *)p->scale_kern, (dim3){(unsigned)grid, 1, 1},
+                            (dim3){256, 1, 1}, args, 0, cd->stream),
+           "all_reduce scale");
+    }
+    return JDT_OK;
+fail:
+    return st;
+}
+
+static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
+{
+    const cprog *c = p->c;
+    const cnode *n = &c->nodes[sp->node];
+    jdt_cuk *k = p->cd->k;
+    void *o = dptr(p, sp->node);
+    void *in[JDT_MAX_INPUTS] = {0};
+    for (int j = 0; j < n->n_in; j++)
+        in[j] = dptr(p, n->in[j]);
+    const jdt_shape *s0 = n->n_in ? &c->nodes[n->in[0]].shape : &n->shape;
+    int64_t C = last_dim(s0), N = C ? jdt_shape_numel(s0) / C : 0;
+    float eps = (float)n->attrs.f[0];
+    void *scratch = sp->scratch_buf >= 0 ? p->ptrs[sp->scratch_buf] : NULL;
+    char lbl[128];
+    switch (n->op) {
+    case JDT_OP_MATMUL: {
+        const jdt_shape *a = s0, *b = &c->nodes[n->in[1]].shape;
+        int nd = n->shape.ndim;
+        int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
+        int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
+        int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        return jdt_cuk_matmul(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
+                              n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
+    }
+    case JDT_OP_GATHER:
+        jdt_cuk_gather(k, in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), s0->dims[0],
+                       last_dim(&n->shape));
+        return JDT_OK;
+    case JDT_OP_SCATTER_ADD:
+        jdt_cuk_scatter_add(k, in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape),
+                            n->shape.dims[0], last_dim(&n->shape));
+        return JDT_OK;
+    case JDT_OP_SOFTMAX:
+        jdt_cuk_softmax(k, in[0], o, N, C);
+        return JDT_OK;
+    case JDT_OP_SOFTMAX_BWD:
+        jdt_cuk_softmax_bwd(k, in[0], in[1], o, N, C);
+        return JDT_OK;
+    case JDT_OP_LOG_SOFTMAX:
+        jdt_cuk_log_softmax(k, in[0], o, N, C);
+        return JDT_OK;
+    case JDT_OP_LOG_SOFTMAX_BWD:
+        jdt_cuk_log_softmax_bwd(k, in[0], in[1], o, N, C);
+        return JDT_OK;
+    case JDT_OP_SOFTMAX_XENT:
+        jdt_cuk_softmax_xent(k, in[0], in[1], o, N, C);
+        return JDT_OK;
+    case JDT_OP_SOFTMAX_XENT_BWD:
+        jdt_cuk_softmax_xent_bwd(k, in[0], in[1], in[2], o, N, C);
+        return JDT_OK;
+    case JDT_OP_NORMALIZE:
+        jdt_cuk_normalize(k, in[0], o, N, C, eps);
+        return JDT_OK;
+    case JDT_OP_NORMALIZE_BWD:
+        jdt_cuk_normalize_bwd(k, in[0], in[1], o, N, C, eps);
+        return JDT_OK;
+    case JDT_OP_RMS_NORMALIZE:
+        jdt_cuk_rms_normalize(k, in[0], o, N, C, eps);
+        return JDT_OK;
+    case JDT_OP_RMS_NORMALIZE_BWD:
+        jdt_cuk_rms_normalize_bwd(k, in[0], in[1], o, N, C, eps);
+        return JDT_OK;
+    case JDT_OP_ROPE:
+        jdt_cuk_rope(k, in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
+                     n->attrs.i[0] != 0);
+        return JDT_OK;
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD: {
+        unsigned bthd = 0;
+        for (int j = 0; j < n->n_in; j++)
+            if (c->nodes[n->in[j]].kind == CK_VIEW && c->nodes[n->in[j]].op == JDT_OP_TRANSPOSE)
+                bthd |= 1u << j;
+        if (n->op == JDT_OP_ATTENTION)
+            jdt_cuk_attention(k, in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
+                              s0->dims[3], (float)n->attrs.f[0], bthd, scratch);
+        else
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
+                                  s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch);
+        return JDT_OK;
+    }
+    case JDT_OP_CONCAT: {
+        int ax = (int)n->attrs.i[0];
+        int64_t outer = 1, inner = 1, len[JDT_MAX_INPUTS];
+        for (int j = 0; j < ax; j++)
+            outer *= n->shape.dims[j];
+        for (int j = ax + 1; j < n->shape.ndim; j++)
+            inner *= n->shape.dims[j];
+        for (int j = 0; j < n->n_in; j++)
+            len[j] = c->nodes[n->in[j]].shape.dims[ax];
+        jdt_cuk_concat(k, (const float *const *)in, len, n->n_in, o, outer, inner,
+                       jdt_dtype_size(n->dtype));
+        return JDT_OK;
+    }
+    case JDT_OP_ALL_REDUCE:
+        return all_reduce(p, n, o, in[0], e);
+    case JDT_OP_ALL_GATHER: /* fsdp / tensor meshes: refused before any work (train/caps.c) */
+    case JDT_OP_REDUCE_SCATTER:
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "run: the CUDA backend has no %s yet (mesh.fsdp / mesh.tensor > 1 run "
+                           "on runtime.backend: cpu)",
+                           jdt_op_name(n->op));
+    case JDT_OP_PARAM: /* not builtins: leaves, views and fused work never get here */
+    case JDT_OP_INPUT:
+    case JDT_OP_CONSTANT:
+    case JDT_OP_NEG:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_RELU:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ABS:
+    case JDT_OP_ADD:
+    case JDT_OP_SUB:
+    case JDT_OP_MUL:
+    case JDT_OP_DIV:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_ADD_SCALAR:
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_POW_SCALAR:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_SELECT:
+    case JDT_OP_CAST:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_BROADCAST:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+        break;
+    }
+    return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "run: no CUDA kernel for %s",
+                       jdt_compile_node_label(n, lbl, sizeof lbl));
+}
+
+static jdt_status cuda_step(void *state, int s, jdt_err *e)
+{
+    cuda_prog *p = state;
+    const cstep *sp = &p->c->steps[s];
+    jdt_status st = JDT_OK;
+    if (sp->kind == STEP_KERNEL) {
+        const jdt_cuda_launch *L = &p->launch[sp->kernel];
+        void *args[] = {&p->dtable};
+        CU(cudaLaunchKernel((const void *)p->kern[sp->kernel],
+                            (dim3){(unsigned)L->grid_x, (unsigned)L->grid_y, 1},
+                            (dim3){(unsigned)L->block_x, (unsigned)L->block_y, 1}, args, 0,
+                            p->cd->stream),
+           "launching a generated kernel");
+        return JDT_OK;
+    }
+    return run_builtin(p, sp, e);
+fail:
+    return st;
+}
+
+static jdt_status cuda_finish(void *state, jdt_err *e)
+{
+    cuda_prog *p = state;
+    const cprog *c = p->c;
+    jdt_status st = JDT_OK;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < c->n_updates; i++) {
+            const cupdate *u = &c->updates[i];
+            if (u->donated || u->value == u->target) continue;
+            int vb = c->nodes[u->value].buf;
+            bool leaf_src = c->bufs[vb].info.kind == JDT_BUF_LEAF;
+            if (leaf_src != (pass == 0)) continue;
+            const cnode *t = &c->nodes[u->target];
+            CU(cudaMemcpyAsync(dptr(p, u->target), p->ptrs[vb],
+                               (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype),
+                               cudaMemcpyDeviceToDevice, p->cd->stream),
+               "update copy");
+        }
+    }
+    return jdt_cuk_check(p->cd->k, "run", false, e);
+fail:
+    return st;
+}
+
+static jdt_status cuda_sync(void *state, jdt_err *e)
+{
+    cuda_prog *p = state;
+    jdt_status st = settle(p->cd, e);
+    return st != JDT_OK ? st : jdt_cuk_check(p->cd->k, "run", true, e);
+}
+
+static const void *cuda_host_ptr(void *state, int node)
+{
+    return NULL;
+}
+
+static jdt_status cuda_read(void *state, int node, void *dst, size_t n_bytes, jdt_err *e)
+{
+    cuda_prog *p = state;
+    jdt_status st = cuda_sync(state, e);
+    if (st != JDT_OK) return st;
+    const void *src = dptr(p, node);
+    if (!src) return jdt_err_set(e, JDT_ERR_INVALID, "read: node %d has no value", node);
+    CU(cudaMemcpy(dst, src, n_bytes, cudaMemcpyDeviceToHost), "copying an output out");
+    return JDT_OK;
+fail:
+    return st;
+}
+
+static const jdt_backend_vt cuda_vt = {
+    .name = "cuda",
+    .scratch_bytes = cuda_scratch_bytes,
+    .prepare = cuda_prepare,
+    .source = cuda_source,
+    .begin = cuda_begin,
+    .step = cuda_step,
+    .finish = cuda_finish,
+    .sync = cuda_sync,
+    .read = cuda_read,
+    .host_ptr = cuda_host_ptr,
+    .release = cuda_release,
+    .pull = cuda_pull,
+    .push = cuda_push,
+    .close = cuda_close,
+    .describe = cuda_describe,
+};
+
+jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    int count = 0;
+    cudaError_t ce = cudaGetDeviceCount(&count);
+    if (ce != cudaSuccess || count == 0)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "cuda: no usable GPU: %s (nvidia-smi should list the GPU; without an "
+                           "NVIDIA driver use runtime.backend: cpu)",
+                           ce != cudaSuccess ? cudaGetErrorString(ce) : "no CUDA device found");
+    /* SLURM's --gpus-per-task=1 (or a launcher) gives each process only its own GPU */
+    if (d->index >= count && count == 1 && getenv("CUDA_VISIBLE_DEVICES")) d->index = 0;
+    if (d->index < 0 || d->index >= count)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "cuda: device %d asked (the local rank) but this host has %d GPU(s): "
+                           "start at most %d process(es) per host",
+                           d->index, count, count);
+    cuda_dev *cd = jdt_calloc(1, sizeof *cd);
+    if (!cd) return jdt_err_set(e, JDT_ERR_NOMEM, "cuda: device");
+    d->impl = cd;
+    d->vt = &cuda_vt;
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, d->index), "cudaGetDeviceProperties");
+    snprintf(cd->name, sizeof cd->name, "%s", prop.name);
+    char dir[1024];
+    jdt_compile_opts co;
+    jdt_compile_opts_init(&co);
+    if (d->cache_dir[0]) co.cache_dir = d->cache_dir;
+    if ((st = jdt_compile_cache_dir(&co, dir, sizeof dir, e)) != JDT_OK) goto fail;
+    if ((st = jdt_cuk_init(d->index, dir, &cd->k, e)) != JDT_OK) goto fail;
+    cd->stream = (cudaStream_t)jdt_cuk_stream(cd->k);
+    cd->arch = jdt_cuk_arch(cd->k);
+    return JDT_OK;
+fail:
+    cuda_close(d);
+    return st;
+}

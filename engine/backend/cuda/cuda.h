@@ -1,0 +1,16 @@
+/*
+ * cuda.h — CUDA-backend entry points beyond the device seam (built with `make CUDA=1`):
+ * compiling CUDA C with NVRTC (no GPU needed: the CI tests use it) and attaching the job's
+ * process group for NCCL collectives.
+ */
+#ifndef JDT_CUDA_H
+#define JDT_CUDA_H
+
+#include "backend/backend.h"
+
+/* Compiles CUDA C++ source `src` (named `name` in messages) with NVRTC for sm_<arch> into a
+ * cubin: *image (jdt_free) of *n_bytes. ERR_COMPILE with NVRTC's log on failure. */
+jdt_status jdt_cuda_nvrtc(const char *src, const char *name, int arch, void **image,
+                          size_t *n_bytes, jdt_err *e);
+
+#endif /* JDT_CUDA_H */

@@ -1,0 +1,649 @@
+/*
+ * cuk.c — the CUDA kernels module's context and launchers (see cuk.h): NVRTC compilation of the
+ * embedded kernel sources for the device's architecture, the on-disk cubin cache, loading with
+ * the runtime's library API (cudaLibraryLoadData: the binary links libcudart, never libcuda, so
+ * it starts on a machine without a driver) and one launcher per builtin kernel. GEMMs are in
+ * cuk_gemm.c, NCCL in cuk_comm.c.
+ *
+ * Cache: <cache_dir>/cuk-<hash>.bin, hash of (the .cu text, every header, NVRTC version, target,
+ * options). Written to a unique temporary and renamed into place, so processes sharing the
+ * directory never see a partial file; an unreadable or corrupt entry is recompiled.
+ */
+#include "backend/cuda/cuk-impl.h"
+
+#include <errno.h>
+#include <nvrtc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const struct {
+    const char *file, *name;
+} KERNELS[JDT_CUK_K_COUNT] = {
+#define X(e, f, n) {f, n},
+    JDT_CUK_KERNELS(X)
+#undef X
+};
+_Static_assert(sizeof(KERNELS) / sizeof(KERNELS[0]) == JDT_CUK_K_COUNT, "kernel table complete");
+
+#define ROW_THREADS_MAX 1024
+#define GRID_MAX 2147483647LL /* gridDim.x limit; the kernels grid-stride past it */
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+jdt_status jdt_cuk_cuda_err(jdt_err *e, cudaError_t rc, const char *what)
+{
+    jdt_status code = JDT_ERR_INTERNAL;
+    if (rc == cudaErrorNoDevice || rc == cudaErrorInsufficientDriver ||
+        rc == cudaErrorNoKernelImageForDevice || rc == cudaErrorInvalidDevice)
+        code = JDT_ERR_UNSUPPORTED;
+    else if (rc == cudaErrorMemoryAllocation)
+        code = JDT_ERR_NOMEM;
+    return jdt_err_set(e, code, "%s: %s (%s)", what, cudaGetErrorString(rc), cudaGetErrorName(rc));
+}
+
+void jdt_cuk_defer(jdt_cuk *k, jdt_status code, const char *fmt, ...)
+{
+    if (k->pending.code != JDT_OK) return; /* keep the first */
+    va_list ap;
+    va_start(ap, fmt);
+    jdt_err_vset(&k->pending, code, fmt, ap);
+    va_end(ap);
+}
+
+static jdt_status nvrtc_err(jdt_err *e, nvrtcResult rc, const char *what)
+{
+    return jdt_err_set(e, JDT_ERR_COMPILE, "%s: %s", what, nvrtcGetErrorString(rc));
+}
+
+/* ---- NVRTC -------------------------------------------------------------------------------- */
+
+/* Picks the NVRTC target for a device of compute capability `arch`: a cubin (sm_XX) when NVRTC
+ * supports that arch, else PTX for the newest supported arch below it (the driver JIT-compiles
+ * it). *target receives "sm_90" or "compute_89". ERR_UNSUPPORTED when NVRTC is newer than the
+ * device's architecture. */
+static jdt_status pick_target(int arch, char *target, size_t n, bool *cubin, jdt_err *e)
+{
+    int n_archs = 0;
+    nvrtcResult rc = nvrtcGetNumSupportedArchs(&n_archs);
+    if (rc != NVRTC_SUCCESS) return nvrtc_err(e, rc, "nvrtcGetNumSupportedArchs");
+    int archs[128], best = -1;
+    if (n_archs > 128) n_archs = 128;
+    if ((rc = nvrtcGetSupportedArchs(archs)) != NVRTC_SUCCESS)
+        return nvrtc_err(e, rc, "nvrtcGetSupportedArchs");
+    for (int i = 0; i < n_archs; i++)
+        if (archs[i] <= arch && archs[i] > best) best = archs[i];
+    if (best < 0)
+        return jdt_err_set(
+            e, JDT_ERR_UNSUPPORTED,
+            "GPU architecture sm_%d is older than this NVRTC supports (oldest sm_%d)", arch,
+            n_archs > 0 ? archs[0] : 0);
+    *cubin = best == arch;
+    snprintf(target, n, "%s_%d", *cubin ? "sm" : "compute", best);
+    return JDT_OK;
+}
+
+/* Compiles source `si` for `target`. On success *code (jdt_malloc'd) holds the cubin (or PTX,
+ * NUL-terminated) and *n_bytes its size. ERR_COMPILE with the NVRTC log on failure. */
+static jdt_status nvrtc_compile(int si, const char *target, bool cubin, char **code,
+                                size_t *n_bytes, jdt_err *e)
+{
+    const char *hdr_text[JDT_CUK_MAX_LIBS * 2], *hdr_name[JDT_CUK_MAX_LIBS * 2];
+    int n_hdr = 0;
+    for (int i = 0; i < jdt_cuk_n_sources && n_hdr < JDT_CUK_MAX_LIBS * 2; i++) {
+        size_t len = strlen(jdt_cuk_sources[i].name);
+        if (len > 4 && strcmp(jdt_cuk_sources[i].name + len - 4, ".cuh") == 0) {
+            hdr_text[n_hdr] = jdt_cuk_sources[i].text;
+            hdr_name[n_hdr++] = jdt_cuk_sources[i].name;
+        }
+    }
+    char arch_opt[64];
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", target);
+    const char *opts[] = {arch_opt, "--std=c++17"};
+    nvrtcProgram prog;
+    nvrtcResult rc = nvrtcCreateProgram(&prog, jdt_cuk_sources[si].text, jdt_cuk_sources[si].name,
+                                        n_hdr, hdr_text, hdr_name);
+    if (rc != NVRTC_SUCCESS) return nvrtc_err(e, rc, "nvrtcCreateProgram");
+    jdt_status s = JDT_OK;
+    rc = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
+    if (rc != NVRTC_SUCCESS) {
+        size_t log_n = 0;
+        char log[1536] = "";
+        if (nvrtcGetProgramLogSize(prog, &log_n) == NVRTC_SUCCESS && log_n > 1) {
+            char *full = jdt_malloc(log_n);
+            if (full && nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS)
+                snprintf(log, sizeof log, "%s", full);
+            jdt_free(full);
+        }
+        s = jdt_err_set(e, JDT_ERR_COMPILE, "NVRTC %s for %s: %s\n%s", jdt_cuk_sources[si].name,
+                        target, nvrtcGetErrorString(rc), log);
+        goto out_prog;
+    }
+    size_t n = 0;
+    rc = cubin ? nvrtcGetCUBINSize(prog, &n) : nvrtcGetPTXSize(prog, &n);
+    if (rc != NVRTC_SUCCESS) {
+        s = nvrtc_err(e, rc, "nvrtcGetCUBINSize");
+        goto out_prog;
+    }
+    char *buf = jdt_malloc(n + 1);
+    if (!buf) {
+        s = jdt_err_set(e, JDT_ERR_NOMEM, "NVRTC output of %zu bytes", n);
+        goto out_prog;
+    }
+    rc = cubin ? nvrtcGetCUBIN(prog, buf) : nvrtcGetPTX(prog, buf);
+    if (rc != NVRTC_SUCCESS) {
+        jdt_free(buf);
+        s = nvrtc_err(e, rc, "nvrtcGetCUBIN");
+        goto out_prog;
+    }
+    buf[n] = '\0';
+    *code = buf;
+    *n_bytes = n;
+out_prog:
+    nvrtcDestroyProgram(&prog);
+    return s;
+}
+
+jdt_status jdt_cuk_compile_all(int arch, jdt_err *e)
+{
+    char target[32];
+    snprintf(target, sizeof target, "sm_%d", arch);
+    for (int i = 0; i < jdt_cuk_n_sources; i++) {
+        size_t len = strlen(jdt_cuk_sources[i].name);
+        if (len < 3 || strcmp(jdt_cuk_sources[i].name + len - 3, ".cu") != 0) continue;
+        char *code = NULL;
+        size_t n = 0;
+        jdt_status s = nvrtc_compile(i, target, true, &code, &n, e);
+        if (s != JDT_OK) return s;
+        jdt_free(code);
+    }
+    return JDT_OK;
+}
+
+/* ---- on-disk cache ------------------------------------------------------------------------ */
+
+static void mkdir_p(const char *path)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(tmp, 0755);
+        *p = '/';
+    }
+    mkdir(tmp, 0755);
+}
+
+static uint64_t source_key(int si, const char *target)
+{
+    int maj = 0, min = 0;
+    nvrtcVersion(&maj, &min);
+    uint64_t h = jdt_hash_str(JDT_HASH_INIT, "cuk-v1");
+    h = jdt_hash_u64(h, (uint64_t)maj * 1000 + (uint64_t)min);
+    h = jdt_hash_str(h, target);
+    h = jdt_hash_str(h, jdt_cuk_sources[si].text);
+    for (int i = 0; i < jdt_cuk_n_sources; i++)
+        if (i != si)
+            h = jdt_hash_str(jdt_hash_str(h, jdt_cuk_sources[i].name), jdt_cuk_sources[i].text);
+    return h;
+}
+
+/* Reads a cache entry: "JDTCUK1\n" + 8-byte size + code. NULL when absent or malformed. */
+static char *cache_read(const char *path, size_t *n_bytes)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char magic[8];
+    uint64_t n = 0;
+    char *buf = NULL;
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "JDTCUK1\n", 8) != 0 ||
+        fread(&n, sizeof n, 1, f) != 1 || n == 0 || n > (1u << 30))
+        goto out;
+    buf = jdt_malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        jdt_free(buf);
+        buf = NULL;
+        goto out;
+    }
+    if (buf) {
+        buf[n] = '\0';
+        *n_bytes = (size_t)n;
+    }
+out:
+    fclose(f);
+    return buf;
+}
+
+/* Best effort: a failed write only costs a recompile next time. */
+static void cache_write(const char *dir, const char *path, const char *code, size_t n)
+{
+    mkdir_p(dir);
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    uint64_t n64 = n;
+    bool ok = fwrite("JDTCUK1\n", 1, 8, f) == 8 && fwrite(&n64, sizeof n64, 1, f) == 1 &&
+              fwrite(code, 1, n, f) == n;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+/* Compiles (or loads from the cache) source si for target and loads it as a library. */
+static jdt_status load_source(int si, const char *target, bool cubin, const char *cache_dir,
+                              cudaLibrary_t *lib, jdt_err *e)
+{
+    char path[1024] = "";
+    char *code = NULL;
+    size_t n = 0;
+    if (cache_dir && *cache_dir) {
+        snprintf(path, sizeof path, "%s/cuk-%016llx.bin", cache_dir,
+                 (unsigned long long)source_key(si, target));
+        code = cache_read(path, &n);
+    }
+    bool from_cache = code != NULL;
+    if (!code) {
+        jdt_status s = nvrtc_compile(si, target, cubin, &code, &n, e);
+        if (s != JDT_OK) return s;
+    }
+    cudaError_t rc = cudaLibraryLoadData(lib, code, NULL, NULL, 0, NULL, NULL, 0);
+    if (rc != cudaSuccess && from_cache) { /* a corrupt entry: compile afresh */
+        jdt_free(code);
+        code = NULL;
+        jdt_status s = nvrtc_compile(si, target, cubin, &code, &n, e);
+        if (s != JDT_OK) return s;
+        from_cache = false;
+        rc = cudaLibraryLoadData(lib, code, NULL, NULL, 0, NULL, NULL, 0);
+    }
+    if (rc == cudaSuccess && !from_cache && path[0]) cache_write(cache_dir, path, code, n);
+    jdt_free(code);
+    if (rc != cudaSuccess) {
+        jdt_cuk_cuda_err(e, rc, "cudaLibraryLoadData");
+        return jdt_err_prefix(e, "loading %s (%s)", jdt_cuk_sources[si].name, target);
+    }
+    return JDT_OK;
+}
+
+/* ---- context ------------------------------------------------------------------------------ */
+
+jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e)
+{
+    *out = NULL;
+    int n_dev = 0;
+    cudaError_t rc = cudaGetDeviceCount(&n_dev);
+    if (rc != cudaSuccess)
+        return jdt_cuk_cuda_err(e, rc, "no usable CUDA GPU (cudaGetDeviceCount)");
+    if (n_dev == 0) return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "no CUDA GPU found");
+    if (device < 0 || device >= n_dev)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "CUDA device %d requested but this machine has %d GPU%s (is the local "
+                           "rank larger than the GPUs per node?)",
+                           device, n_dev, n_dev == 1 ? "" : "s");
+    jdt_cuk *k = jdt_calloc(1, sizeof *k);
+    if (!k) return jdt_err_set(e, JDT_ERR_NOMEM, "CUDA context");
+    k->device = device;
+    jdt_status s = JDT_OK;
+    int major = 0, minor = 0;
+    if ((rc = cudaSetDevice(device)) != cudaSuccess ||
+        (rc = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
+            cudaSuccess ||
+        (rc = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+            cudaSuccess) {
+        s = jdt_cuk_cuda_err(e, rc, "cudaSetDevice");
+        goto fail;
+    }
+    k->arch = major * 10 + minor;
+    char target[32];
+    bool cubin = true;
+    if ((s = pick_target(k->arch, target, sizeof target, &cubin, e)) != JDT_OK) goto fail;
+    for (int si = 0; si < jdt_cuk_n_sources; si++) {
+        size_t len = strlen(jdt_cuk_sources[si].name);
+        if (len < 3 || strcmp(jdt_cuk_sources[si].name + len - 3, ".cu") != 0) continue;
+        if (k->n_libs == JDT_CUK_MAX_LIBS) {
+            s = jdt_err_set(e, JDT_ERR_INTERNAL, "more than %d kernel sources", JDT_CUK_MAX_LIBS);
+            goto fail;
+        }
+        cudaLibrary_t lib;
+        if ((s = load_source(si, target, cubin, cache_dir, &lib, e)) != JDT_OK) goto fail;
+        k->libs[k->n_libs++] = lib;
+        for (int ki = 0; ki < JDT_CUK_K_COUNT; ki++) {
+            if (strcmp(KERNELS[ki].file, jdt_cuk_sources[si].name) != 0) continue;
+            if ((rc = cudaLibraryGetKernel(&k->fn[ki], lib, KERNELS[ki].name)) != cudaSuccess) {
+                jdt_cuk_cuda_err(e, rc, "cudaLibraryGetKernel");
+                s = jdt_err_prefix(e, "kernel %s", KERNELS[ki].name);
+                goto fail;
+            }
+        }
+    }
+    for (int ki = 0; ki < JDT_CUK_K_COUNT; ki++)
+        if (!k->fn[ki]) {
+            s = jdt_err_set(e, JDT_ERR_INTERNAL, "kernel %s: source %s not embedded",
+                            KERNELS[ki].name, KERNELS[ki].file);
+            goto fail;
+        }
+    if ((rc = cudaStreamCreateWithFlags(&k->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        s = jdt_cuk_cuda_err(e, rc, "cudaStreamCreate");
+        goto fail;
+    }
+    if ((rc = cudaMalloc(&k->workspace, JDT_CUK_WORKSPACE)) != cudaSuccess) {
+        s = jdt_cuk_cuda_err(e, rc, "cudaMalloc of the cuBLASLt workspace");
+        goto fail;
+    }
+    cublasStatus_t bs = cublasLtCreate(&k->lt);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        k->lt = NULL;
+        s = jdt_err_set(e, JDT_ERR_INTERNAL, "cublasLtCreate: %s", cublasLtGetStatusString(bs));
+        goto fail;
+    }
+    *out = k;
+    return JDT_OK;
+fail:
+    jdt_cuk_free(k);
+    return s;
+}
+
+void jdt_cuk_free(jdt_cuk *k)
+{
+    if (!k) return;
+    if (k->stream) cudaStreamSynchronize(k->stream);
+    jdt_cuk_gemm_free_plans(k);
+    if (k->lt) cublasLtDestroy(k->lt);
+    if (k->workspace) cudaFree(k->workspace);
+    if (k->stream) cudaStreamDestroy(k->stream);
+    for (int i = 0; i < k->n_libs; i++)
+        cudaLibraryUnload(k->libs[i]);
+    jdt_free(k);
+}
+
+void *jdt_cuk_stream(jdt_cuk *k)
+{
+    return k->stream;
+}
+
+int jdt_cuk_arch(const jdt_cuk *k)
+{
+    return k->arch;
+}
+
+jdt_status jdt_cuk_check(jdt_cuk *k, const char *what, bool sync, jdt_err *e)
+{
+    if (k->pending.code != JDT_OK) {
+        jdt_status s = jdt_err_set(e, k->pending.code, "%s: %s", what, k->pending.msg);
+        jdt_err_clear(&k->pending);
+        return s;
+    }
+    cudaError_t rc = sync ? cudaStreamSynchronize(k->stream) : cudaSuccess;
+    if (rc == cudaSuccess) rc = cudaGetLastError();
+    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, what);
+    return JDT_OK;
+}
+
+/* ---- launchers ---------------------------------------------------------------------------- */
+
+static void launch(jdt_cuk *k, jdt_cuk_kernel ki, int64_t grid, unsigned block, size_t smem,
+                   void **args)
+{
+    if (grid <= 0) return;
+    dim3 g = {(unsigned)(grid > GRID_MAX ? GRID_MAX : grid), 1, 1}, b = {block, 1, 1};
+    cudaError_t rc = cudaLaunchKernel((const void *)k->fn[ki], g, b, args, smem, k->stream);
+    if (rc != cudaSuccess)
+        jdt_cuk_defer(k, JDT_ERR_INTERNAL, "launching %s: %s", KERNELS[ki].name,
+                      cudaGetErrorString(rc));
+}
+
+static bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/* float4 row access: the row length a multiple of 4 and every row pointer 16-byte aligned. */
+static int vec_ok(int64_t C, const void *a, const void *b, const void *c)
+{
+    return C % 4 == 0 && aligned16(a) && aligned16(b) && (!c || aligned16(c));
+}
+
+/* Threads per row block: about 4 (or 16 with float4) elements per thread, 128..1024. */
+static unsigned row_threads(int64_t C)
+{
+    unsigned t = 128;
+    while (t < ROW_THREADS_MAX && (int64_t)t * 8 < C)
+        t *= 2;
+    return t;
+}
+
+static void row_launch2(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, float *y, int64_t N,
+                        int64_t C)
+{
+    if (N <= 0 || C <= 0) return;
+    int vec = vec_ok(C, x, y, NULL);
+    void *args[] = {&x, &y, &N, &C, &vec};
+    launch(k, ki, N, row_threads(C), 0, args);
+}
+
+static void row_launch3(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const float *g, float *y,
+                        int64_t N, int64_t C)
+{
+    if (N <= 0 || C <= 0) return;
+    int vec = vec_ok(C, x, g, y);
+    void *args[] = {&x, &g, &y, &N, &C, &vec};
+    launch(k, ki, N, row_threads(C), 0, args);
+}
+
+void jdt_cuk_softmax(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C)
+{
+    row_launch2(k, JDT_CUK_K_SOFTMAX, x, y, N, C);
+}
+
+void jdt_cuk_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float *dx, int64_t N,
+                         int64_t C)
+{
+    row_launch3(k, JDT_CUK_K_SOFTMAX_BWD, y, dy, dx, N, C);
+}
+
+void jdt_cuk_log_softmax(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C)
+{
+    row_launch2(k, JDT_CUK_K_LOG_SOFTMAX, x, y, N, C);
+}
+
+void jdt_cuk_log_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float *dx, int64_t N,
+                             int64_t C)
+{
+    row_launch3(k, JDT_CUK_K_LOG_SOFTMAX_BWD, y, dy, dx, N, C);
+}
+
+void jdt_cuk_softmax_xent(jdt_cuk *k, const float *logits, const int32_t *tgt, float *loss,
+                          int64_t N, int64_t V)
+{
+    if (N <= 0) return;
+    if (V <= 0) { /* every target is out of range: loss NaN, or 0 for negative targets */
+        jdt_cuk_defer(k, JDT_ERR_INVALID, "softmax_xent: empty vocabulary");
+        return;
+    }
+    int vec = vec_ok(V, logits, NULL, NULL);
+    void *args[] = {&logits, &tgt, &loss, &N, &V, &vec};
+    launch(k, JDT_CUK_K_SOFTMAX_XENT, N, row_threads(V), 0, args);
+}
+
+void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tgt,
+                              const float *dloss, float *dlogits, int64_t N, int64_t V)
+{
+    if (N <= 0 || V <= 0) return;
+    int vec = vec_ok(V, logits, dlogits, NULL);
+    void *args[] = {&logits, &tgt, &dloss, &dlogits, &N, &V, &vec};
+    launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD, N, row_threads(V), 0, args);
+}
+
+static void norm_launch2(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, float *y, int64_t N,
+                         int64_t C, float eps)
+{
+    if (N <= 0 || C <= 0) return;
+    int vec = vec_ok(C, x, y, NULL);
+    void *args[] = {&x, &y, &N, &C, &eps, &vec};
+    launch(k, ki, N, row_threads(C), 0, args);
+}
+
+static void norm_launch3(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const float *g, float *y,
+                         int64_t N, int64_t C, float eps)
+{
+    if (N <= 0 || C <= 0) return;
+    int vec = vec_ok(C, x, g, y);
+    void *args[] = {&x, &g, &y, &N, &C, &eps, &vec};
+    launch(k, ki, N, row_threads(C), 0, args);
+}
+
+void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps)
+{
+    norm_launch2(k, JDT_CUK_K_NORMALIZE, x, y, N, C, eps);
+}
+
+void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
+                           int64_t C, float eps)
+{
+    norm_launch3(k, JDT_CUK_K_NORMALIZE_BWD, x, dxhat, dx, N, C, eps);
+}
+
+void jdt_cuk_rms_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps)
+{
+    norm_launch2(k, JDT_CUK_K_RMS_NORMALIZE, x, y, N, C, eps);
+}
+
+void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
+                               int64_t C, float eps)
+{
+    norm_launch3(k, JDT_CUK_K_RMS_NORMALIZE_BWD, x, dxhat, dx, N, C, eps);
+}
+
+void jdt_cuk_gather(jdt_cuk *k, const float *table, const int32_t *idx, float *out, int64_t n,
+                    int64_t V, int64_t C)
+{
+    if (n <= 0 || C <= 0) return;
+    /* every row start must be aligned for float4: the table base and C % 4 (checked by vec_ok) */
+    int vec = vec_ok(C, table, out, NULL);
+    void *args[] = {&table, &idx, &out, &n, &V, &C, &vec};
+    launch(k, JDT_CUK_K_GATHER, n, row_threads(C), 0, args);
+}
+
+void jdt_cuk_scatter_add(jdt_cuk *k, const float *src, const int32_t *idx, float *out, int64_t n,
+                         int64_t V, int64_t C)
+{
+    if (V <= 0 || C <= 0) return;
+    cudaError_t rc = cudaMemsetAsync(out, 0, (size_t)(V * C) * sizeof(float), k->stream);
+    if (rc != cudaSuccess) {
+        jdt_cuk_defer(k, JDT_ERR_INTERNAL, "scatter_add: cudaMemsetAsync: %s",
+                      cudaGetErrorString(rc));
+        return;
+    }
+    if (n <= 0) return;
+    void *args[] = {&src, &idx, &out, &n, &V, &C};
+    launch(k, JDT_CUK_K_SCATTER_ADD, n, C >= 256 ? 256 : 128, 0, args);
+}
+
+void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
+                  double theta, bool inverse)
+{
+    if (D % 2 != 0) {
+        jdt_cuk_defer(k, JDT_ERR_INVALID, "rope: head size %lld is odd", (long long)D);
+        return;
+    }
+    int64_t n_pairs = B * T * H * (D / 2);
+    if (n_pairs <= 0) return;
+    int inv = inverse;
+    void *args[] = {&x, &y, &B, &T, &H, &D, &theta, &inv};
+    launch(k, JDT_CUK_K_ROPE, (n_pairs + 255) / 256, 256, 0, args);
+}
+
+void jdt_cuk_concat(jdt_cuk *k, const float *const *in, const int64_t *len, int n_in, float *out,
+                    int64_t outer, int64_t inner, size_t elem_bytes)
+{
+    size_t row = 0; /* bytes of one output row */
+    for (int i = 0; i < n_in; i++)
+        row += (size_t)(len[i] * inner) * elem_bytes;
+    size_t off = 0;
+    for (int i = 0; i < n_in && outer > 0; i++) {
+        size_t nb = (size_t)(len[i] * inner) * elem_bytes;
+        if (nb == 0) continue;
+        cudaError_t rc = cudaMemcpy2DAsync((char *)out + off, row, in[i], nb, nb, (size_t)outer,
+                                           cudaMemcpyDeviceToDevice, k->stream);
+        if (rc != cudaSuccess) {
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "concat: cudaMemcpy2DAsync: %s",
+                          cudaGetErrorString(rc));
+            return;
+        }
+        off += nb;
+    }
+}
+
+void jdt_cuk_fill_rows(jdt_cuk *k, float *c, const float *bias, int64_t rows, int64_t N)
+{
+    int64_t n = rows * N;
+    if (n <= 0) return;
+    int64_t grid = (n + 255) / 256;
+    if (grid > 65536) grid = 65536;
+    void *args[] = {&c, &bias, &rows, &N};
+    launch(k, JDT_CUK_K_FILL_ROWS, grid, 256, 0, args);
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+#define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */
+#define ATT_THREADS 128 /* 4 threads per row */
+
+int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D)
+{
+    (void)D;
+    return 2 * B * H * T * (int64_t)sizeof(float);
+}
+
+/* The head-size class of D: kernel offset 0/1/2 and the tile rows CT; -1 when D > 256. */
+static int att_class(int64_t D, int64_t *ct)
+{
+    if (D <= 64) return *ct = 64, 0;
+    if (D <= 128) return *ct = 32, 1;
+    if (D <= 256) return *ct = 16, 2;
+    return -1;
+}
+
+void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float *v, float *o,
+                       int64_t B, int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
+                       void *scratch)
+{
+    (void)scratch;
+    if (B * H * T * D <= 0) return;
+    int64_t ct;
+    int cls = att_class(D, &ct);
+    if (cls < 0) {
+        jdt_cuk_defer(k, JDT_ERR_UNSUPPORTED, "attention: head size %lld > 256", (long long)D);
+        return;
+    }
+    int64_t blocks = B * H * ((T + ATT_R - 1) / ATT_R);
+    size_t smem = (size_t)(2 * ct * D + 2 * ct) * sizeof(float);
+    void *args[] = {&q, &kk, &v, &o, &B, &H, &T, &D, &scale, &bthd};
+    launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_FWD_D64 + cls), blocks, ATT_THREADS, smem, args);
+}
+
+void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const float *v,
+                           const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,
+                           int64_t T, int64_t D, float scale, unsigned bthd, void *scratch)
+{
+    int64_t n = B * H * T * D;
+    if (n <= 0) return;
+    int64_t ct;
+    int cls = att_class(D, &ct);
+    if (cls < 0) {
+        jdt_cuk_defer(k, JDT_ERR_UNSUPPORTED, "attention_bwd: head size %lld > 256", (long long)D);
+        return;
+    }
+    float *stats = scratch, *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
+    int64_t blocks = B * H * ((T + ATT_R - 1) / ATT_R);
+    size_t smem = (size_t)(2 * ct * D + 2 * ct) * sizeof(float);
+    void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
+    launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_STATS_D64 + cls), blocks, ATT_THREADS, smem, sargs);
+    void *qargs[] = {&q, &kk, &v, &dout, &stats, &dq, &B, &H, &T, &D, &scale, &bthd};
+    launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_DQ_D64 + cls), blocks, ATT_THREADS, smem, qargs);
+    void *kargs[] = {&q, &kk, &v, &dout, &stats, &dk, &dv, &B, &H, &T, &D, &scale, &bthd};
+    launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_DKV_D64 + cls), blocks, ATT_THREADS, smem, kargs);
+}

@@ -1,0 +1,139 @@
+/*
+ * cuk.h — the CUDA backend's hand-written kernels: GEMMs through cuBLASLt (TF32 tensor cores
+ * for f32), the fused primitives of the IR (softmax family, cross-entropy, layer/RMS
+ * normalisation, rope, gather/scatter, concat, flash-style causal attention) compiled at run
+ * time by NVRTC from the .cu files of engine/backend/cuda/kernels, and NCCL collectives (libnccl
+ * loaded with dlopen on first use). The CUDA backend's run loop calls these for every non-fusible
+ * node.
+ *
+ * Conventions: every pointer below is a device pointer; every kernel is queued on the one
+ * compute stream of the context (no synchronisation, no allocation: scratch comes from the
+ * caller). Shapes and semantics are those of the jdt_rt_* function of the same name in
+ * engine/runtime/runtime.h (f32 data, i32 indices). The void launchers cannot fail
+ * synchronously: a launch error (or an unsupported shape) is kept in the context and returned
+ * by the next jdt_cuk_check. No CUDA header is needed to include this file.
+ * Contract with branch `cuda`: /work/briefs/cuk-interface.md (signatures are fixed).
+ */
+#ifndef JDT_CUK_H
+#define JDT_CUK_H
+
+#include "core/core.h"
+
+typedef struct jdt_cuk jdt_cuk; /* per process: device, one compute stream, cuBLASLt handle and
+                                   workspace, the NVRTC-compiled builtin kernels */
+
+/* Selects CUDA device `device` (cudaSetDevice), compiles the builtin kernels with NVRTC for the
+ * device's architecture (or loads them from the on-disk cache under cache_dir, keyed by source
+ * + NVRTC version + arch; NULL cache_dir: no cache), creates the stream, the cuBLASLt handle and
+ * its 32 MiB workspace. No GPU or no driver: ERR_UNSUPPORTED; any other CUDA/NVRTC/cuBLASLt
+ * failure: ERR_RUNTIME-class status (ERR_INTERNAL, ERR_COMPILE, ERR_NOMEM) with one line naming
+ * the failing call and its error string. *out owned by the caller (jdt_cuk_free). */
+jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e);
+/* Synchronises the stream, then releases everything. NULL is a no-op. */
+void jdt_cuk_free(jdt_cuk *k);
+/* The cudaStream_t every call below is queued on. */
+void *jdt_cuk_stream(jdt_cuk *k);
+/* Compute capability * 10 of the device, e.g. 90. */
+int jdt_cuk_arch(const jdt_cuk *k);
+/* The first error since the last check: a launcher's recorded failure, else an asynchronous
+ * CUDA error (cudaGetLastError; with sync also cudaStreamSynchronize), as one message
+ * "<what>: <cuda error string>". JDT_OK when none. A sticky CUDA error (illegal address) leaves
+ * the context unusable: the caller should free it and stop. */
+jdt_status jdt_cuk_check(jdt_cuk *k, const char *what, bool sync, jdt_err *e);
+
+/* NVRTC only (works with no GPU or driver): compiles every builtin kernel source for `arch`
+ * (e.g. 90 for sm_90) to a cubin and discards it. ERR_COMPILE with the NVRTC log on failure. */
+jdt_status jdt_cuk_compile_all(int arch, jdt_err *e);
+
+/* c = a @ b (+ bias), shapes as jdt_rt_matmul: a (batch, M, K) or (batch, K, M) if ta; b
+ * (batch|1, K, N) or (batch|1, N, K) if tb; c (batch, M, N); bias (N) or NULL. cuBLASLt with
+ * TF32 tensor cores (f32 in/out, f32 accumulate), the bias added by the GEMM's epilogue; plans
+ * (layouts + chosen algorithm) are cached per shape in the context. ERR_INVALID for a
+ * dimension over INT32_MAX rows/leading dimension; ERR_INTERNAL naming the cuBLASLt status. */
+jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias, float *c,
+                          int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                          bool b_shared, jdt_err *e);
+
+/* out (n, C) = table (V, C) rows idx (n); out-of-range indices give zero rows (not counted: the
+ * device cannot return a count without a synchronisation). */
+void jdt_cuk_gather(jdt_cuk *k, const float *table, const int32_t *idx, float *out, int64_t n,
+                    int64_t V, int64_t C);
+/* out (V, C) = 0; out[idx[i]] += src[i] (float atomics: summation order of duplicate indices is
+ * not deterministic); out-of-range indices skipped. */
+void jdt_cuk_scatter_add(jdt_cuk *k, const float *src, const int32_t *idx, float *out, int64_t n,
+                         int64_t V, int64_t C);
+
+/* Row kernels over (N, C), one block per row. */
+void jdt_cuk_softmax(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C);
+void jdt_cuk_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float *dx, int64_t N,
+                         int64_t C);
+void jdt_cuk_log_softmax(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C);
+void jdt_cuk_log_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float *dx, int64_t N,
+                             int64_t C);
+/* loss (N) = logsumexp(row) - row[target]; target < 0 -> 0; target >= V -> NaN. */
+void jdt_cuk_softmax_xent(jdt_cuk *k, const float *logits, const int32_t *tgt, float *loss,
+                          int64_t N, int64_t V);
+/* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target out of range: 0. */
+void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tgt,
+                              const float *dloss, float *dlogits, int64_t N, int64_t V);
+void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
+void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
+                           int64_t C, float eps);
+void jdt_cuk_rms_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
+void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
+                               int64_t C, float eps);
+
+/* y (B, T, H, D) = rotary embedding of x (see jdt_rt_rope). D must be even. */
+void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
+                  double theta, bool inverse);
+
+/* Concatenation along an axis: inputs viewed as (outer, len_i*inner) rows, copied into out with
+ * one strided device-to-device copy per input. `in` and `len` are host arrays (of device
+ * pointers / lengths); any element size. */
+void jdt_cuk_concat(jdt_cuk *k, const float *const *in, const int64_t *len, int n_in, float *out,
+                    int64_t outer, int64_t inner, size_t elem_bytes);
+
+/* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
+ * (B, T, H, D); backward: o = bit 3, dout = bit 4). Head size D <= 256 (a larger D records
+ * ERR_UNSUPPORTED for jdt_cuk_check). scratch: device memory of
+ * jdt_cuk_attention_scratch_bytes bytes (unused by the forward; the backward keeps the row
+ * log-sum-exp and dO.O there). */
+int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D);
+void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float *v, float *o,
+                       int64_t B, int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
+                       void *scratch);
+/* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics). */
+void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const float *v,
+                           const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,
+                           int64_t T, int64_t D, float scale, unsigned bthd, void *scratch);
+
+/* ---- NCCL collectives --------------------------------------------------------------------- */
+
+struct jdt_dist;
+typedef struct jdt_cuk_comm jdt_cuk_comm;
+
+/* A communicator over `ranks` (n_ranks global ranks, in ring order; the caller is one of them).
+ * Collective over those ranks: each calls it with the same ranks and key, in the same order as
+ * its other communicator creations. The lowest-listed rank makes the NCCL unique id and
+ * publishes it in the rendezvous KV store under "cuk/nccl/<key>"; the others wait for it
+ * (op timeout of d). libnccl.so.2 is loaded on the first call: missing gives ERR_UNSUPPORTED.
+ * NCCL failures: ERR_NET with ncclGetErrorString. Owned by the caller (jdt_cuk_comm_free). */
+jdt_status jdt_cuk_comm_init(jdt_cuk *k, struct jdt_dist *d, const int *ranks, int n_ranks,
+                             const char *key, jdt_cuk_comm **out, jdt_err *e);
+/* Destroys the communicator (aborts it if it had failed). NULL is a no-op. */
+void jdt_cuk_comm_free(jdt_cuk_comm *c);
+/* In-place sum (average: divided by the group size) of buf (n floats) over the group. Queued on
+ * the communicator's own stream, ordered after the compute stream's work so far; the compute
+ * stream's later work waits for it (events), so the caller need not synchronise. Returns after
+ * queuing; a peer failure shows up in a later call or jdt_cuk_comm_poll. Every member must call
+ * it in the same order with the same n. */
+jdt_status jdt_cuk_allreduce(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e);
+/* Polls the communicator's asynchronous error (ncclCommGetAsyncError) and the rendezvous
+ * (jdt_dist_check); on a failure aborts the communicator and returns ERR_PEER_LOST/ERR_NET
+ * naming it. Cheap; never blocks. */
+jdt_status jdt_cuk_comm_poll(jdt_cuk_comm *c, jdt_err *e);
+/* Waits for every collective queued on c, polling for asynchronous errors (and the
+ * rendezvous's lost-peer signal) instead of blocking inside NCCL, for at most timeout_s. */
+jdt_status jdt_cuk_comm_sync(jdt_cuk_comm *c, double timeout_s, jdt_err *e);
+
+#endif /* JDT_CUK_H */

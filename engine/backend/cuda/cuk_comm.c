@@ -1,0 +1,306 @@
+/*
+ * cuk_comm.c — NCCL collectives for the CUDA backend (see cuk.h). libnccl.so.2 is opened with
+ * dlopen on the first communicator, so the binary starts (and trains on one GPU) where NCCL is
+ * not installed; only nccl.h's types are used at build time.
+ *
+ * A communicator is created non-blocking (ncclConfig_t.blocking = 0) and every wait on NCCL is
+ * a polling loop over ncclCommGetAsyncError and the rendezvous's health (jdt_dist_check): a
+ * dead peer then ends the wait with the rank named (the coordinator's heartbeat) and the
+ * communicator aborted, instead of a hang inside NCCL. Collectives run on the communicator's
+ * own stream; events order them after the compute stream's earlier work (and, on join, the
+ * compute stream's later work after them).
+ */
+#include "backend/cuda/cuk-impl.h"
+#include "comm/comm.h"
+
+#include <dlfcn.h>
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h> /* types and constants only: the functions are resolved with dlsym */
+#pragma GCC diagnostic pop
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define NCCL_KV_TIMEOUT_S 600.0 /* waiting for the root's unique id */
+#define NCCL_INIT_TIMEOUT_S 600.0
+
+/* The NCCL entry points this file uses, resolved with dlsym. */
+typedef struct {
+    void *lib;
+    __typeof__(ncclGetUniqueId) *get_unique_id;
+    __typeof__(ncclCommInitRankConfig) *init_rank_config;
+    __typeof__(ncclCommGetAsyncError) *get_async_error;
+    __typeof__(ncclCommAbort) *abort;
+    __typeof__(ncclCommFinalize) *finalize;
+    __typeof__(ncclCommDestroy) *destroy;
+    __typeof__(ncclAllReduce) *all_reduce;
+    __typeof__(ncclGetErrorString) *error_string;
+    __typeof__(ncclGetLastError) *last_error;
+} nccl_api;
+
+struct jdt_cuk_comm {
+    jdt_cuk *k;
+    struct jdt_dist *d;
+    nccl_api api;
+    ncclComm_t comm;
+    cudaStream_t stream;
+    cudaEvent_t ev_compute, ev_comm; /* compute -> comm ordering; comm work done */
+    int n_ranks, index;
+    bool failed;
+    char key[128];
+};
+
+static jdt_status nccl_load(nccl_api *a, jdt_err *e)
+{
+    memset(a, 0, sizeof *a);
+    a->lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "NCCL is needed for multi-GPU training but cannot be loaded: %s",
+                           dlerror());
+#define SYM(field, name)                                                                           \
+    if (!(*(void **)&a->field = dlsym(a->lib, name))) {                                            \
+        dlclose(a->lib);                                                                           \
+        a->lib = NULL;                                                                             \
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,                                                 \
+                           "libnccl.so.2 lacks %s (NCCL 2.14 or newer is needed)", name);          \
+    }
+    SYM(get_unique_id, "ncclGetUniqueId")
+    SYM(init_rank_config, "ncclCommInitRankConfig")
+    SYM(get_async_error, "ncclCommGetAsyncError")
+    SYM(abort, "ncclCommAbort")
+    SYM(finalize, "ncclCommFinalize")
+    SYM(destroy, "ncclCommDestroy")
+    SYM(all_reduce, "ncclAllReduce")
+    SYM(error_string, "ncclGetErrorString")
+    SYM(last_error, "ncclGetLastError")
+#undef SYM
+    return JDT_OK;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void nap(void)
+{
+    struct timespec ts = {0, 100000}; /* 100 us */
+    nanosleep(&ts, NULL);
+}
+
+static jdt_status nccl_fail(jdt_cuk_comm *c, ncclResult_t r, const char *what, jdt_err *e)
+{
+    const char *detail = c->comm && c->api.last_error ? c->api.last_error(c->comm) : "";
+    jdt_status s =
+        jdt_err_set(e, JDT_ERR_NET, "NCCL %s (communicator %s, rank index %d of %d): %s%s%s", what,
+                    c->key, c->index, c->n_ranks, c->api.error_string(r),
+                    detail && *detail ? ": " : "", detail ? detail : "");
+    if (c->comm && !c->failed) c->api.abort(c->comm);
+    c->failed = true;
+    c->comm = NULL;
+    return s;
+}
+
+jdt_status jdt_cuk_comm_poll(jdt_cuk_comm *c, jdt_err *e)
+{
+    if (c->failed || !c->comm)
+        return jdt_err_set(e, JDT_ERR_NET, "NCCL communicator %s has failed earlier", c->key);
+    ncclResult_t r = ncclSuccess;
+    ncclResult_t q = c->api.get_async_error(c->comm, &r);
+    if (q != ncclSuccess) return nccl_fail(c, q, "ncclCommGetAsyncError", e);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(c, r, "asynchronous error", e);
+    if (c->d) {
+        jdt_status s = jdt_dist_check(c->d, e);
+        if (s != JDT_OK) {
+            c->api.abort(c->comm);
+            c->comm = NULL;
+            c->failed = true;
+            return jdt_err_prefix(e, "NCCL communicator %s aborted", c->key);
+        }
+    }
+    return JDT_OK;
+}
+
+/* Polls until the communicator leaves ncclInProgress (non-blocking init or enqueue). */
+static jdt_status wait_ready(jdt_cuk_comm *c, double timeout_s, const char *what, jdt_err *e)
+{
+    double t0 = now_s();
+    for (;;) {
+        ncclResult_t r = ncclSuccess;
+        ncclResult_t q = c->api.get_async_error(c->comm, &r);
+        if (q != ncclSuccess) return nccl_fail(c, q, what, e);
+        if (r == ncclSuccess) return JDT_OK;
+        if (r != ncclInProgress) return nccl_fail(c, r, what, e);
+        jdt_status s = c->d ? jdt_dist_check(c->d, e) : JDT_OK;
+        if (s != JDT_OK) {
+            c->api.abort(c->comm);
+            c->comm = NULL;
+            c->failed = true;
+            return jdt_err_prefix(e, "NCCL %s (communicator %s)", what, c->key);
+        }
+        if (now_s() - t0 > timeout_s) {
+            c->api.abort(c->comm);
+            c->comm = NULL;
+            c->failed = true;
+            return jdt_err_set(e, JDT_ERR_TIMEOUT,
+                               "NCCL %s (communicator %s): no progress in %.0f s", what, c->key,
+                               timeout_s);
+        }
+        nap();
+    }
+}
+
+jdt_status jdt_cuk_comm_init(jdt_cuk *k, struct jdt_dist *d, const int *ranks, int n_ranks,
+                             const char *key, jdt_cuk_comm **out, jdt_err *e)
+{
+    *out = NULL;
+    int me = jdt_dist_rank(d), index = -1;
+    for (int i = 0; i < n_ranks; i++)
+        if (ranks[i] == me) index = i;
+    if (n_ranks < 1 || index < 0)
+        return jdt_err_set(e, JDT_ERR_INVALID, "NCCL communicator %s: rank %d is not a member", key,
+                           me);
+    jdt_cuk_comm *c = jdt_calloc(1, sizeof *c);
+    if (!c) return jdt_err_set(e, JDT_ERR_NOMEM, "NCCL communicator");
+    c->k = k;
+    c->d = d;
+    c->n_ranks = n_ranks;
+    c->index = index;
+    snprintf(c->key, sizeof c->key, "%s", key);
+    jdt_status s = nccl_load(&c->api, e);
+    if (s != JDT_OK) goto fail;
+    cudaError_t rc = cudaSetDevice(k->device);
+    if (rc == cudaSuccess) rc = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (rc == cudaSuccess) rc = cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming);
+    if (rc == cudaSuccess) rc = cudaEventCreateWithFlags(&c->ev_comm, cudaEventDisableTiming);
+    if (rc != cudaSuccess) {
+        s = jdt_cuk_cuda_err(e, rc, "NCCL communicator stream");
+        goto fail;
+    }
+    /* the unique id: made by the first listed rank, passed through the rendezvous KV store */
+    char kv_key[256];
+    snprintf(kv_key, sizeof kv_key, "cuk/nccl/%s", key);
+    ncclUniqueId id;
+    if (index == 0) {
+        ncclResult_t r = c->api.get_unique_id(&id);
+        if (r != ncclSuccess) {
+            s = nccl_fail(c, r, "ncclGetUniqueId", e);
+            goto fail;
+        }
+        if ((s = jdt_dist_kv_set(d, kv_key, &id, sizeof id, e)) != JDT_OK) goto fail;
+    } else {
+        void *val = NULL;
+        size_t n = 0;
+        if ((s = jdt_dist_kv_get(d, kv_key, NCCL_KV_TIMEOUT_S, &val, &n, e)) != JDT_OK) {
+            jdt_err_prefix(e, "NCCL communicator %s: waiting for rank %d's unique id", key,
+                           ranks[0]);
+            goto fail;
+        }
+        if (n != sizeof id) {
+            jdt_free(val);
+            s = jdt_err_set(e, JDT_ERR_PROTOCOL, "NCCL communicator %s: unique id of %zu bytes",
+                            key, n);
+            goto fail;
+        }
+        memcpy(&id, val, sizeof id);
+        jdt_free(val);
+    }
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.commName = c->key;
+    ncclResult_t r = c->api.init_rank_config(&c->comm, n_ranks, id, index, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        s = nccl_fail(c, r, "ncclCommInitRankConfig", e);
+        goto fail;
+    }
+    if ((s = wait_ready(c, NCCL_INIT_TIMEOUT_S, "communicator init", e)) != JDT_OK) goto fail;
+    *out = c;
+    return JDT_OK;
+fail:
+    jdt_cuk_comm_free(c);
+    return s;
+}
+
+void jdt_cuk_comm_free(jdt_cuk_comm *c)
+{
+    if (!c) return;
+    if (c->comm) {
+        bool clean = false;
+        if (!c->failed && c->stream && cudaStreamSynchronize(c->stream) == cudaSuccess) {
+            ncclResult_t r = c->api.finalize(c->comm);
+            if (r == ncclSuccess || r == ncclInProgress) {
+                jdt_err e;
+                clean = wait_ready(c, 60.0, "finalize", &e) == JDT_OK;
+            }
+        }
+        if (c->comm) {
+            if (clean)
+                c->api.destroy(c->comm);
+            else
+                c->api.abort(c->comm);
+        }
+    }
+    if (c->ev_comm) cudaEventDestroy(c->ev_comm);
+    if (c->ev_compute) cudaEventDestroy(c->ev_compute);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->api.lib) dlclose(c->api.lib);
+    jdt_free(c);
+}
+
+/* Queues the all-reduce on the communicator's stream after the compute stream's work so far. */
+static jdt_status allreduce_start(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e)
+{
+    if (c->failed || !c->comm)
+        return jdt_err_set(e, JDT_ERR_NET, "NCCL communicator %s has failed earlier", c->key);
+    cudaError_t rc = cudaEventRecord(c->ev_compute, c->k->stream);
+    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->stream, c->ev_compute, 0);
+    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "all-reduce: ordering after compute");
+    if (n > 0) {
+        ncclResult_t r = c->api.all_reduce(buf, buf, (size_t)n, ncclFloat32,
+                                           average ? ncclAvg : ncclSum, c->comm, c->stream);
+        if (r == ncclInProgress) {
+            jdt_status s = wait_ready(c, NCCL_INIT_TIMEOUT_S, "all-reduce enqueue", e);
+            if (s != JDT_OK) return s;
+        } else if (r != ncclSuccess) {
+            return nccl_fail(c, r, "ncclAllReduce", e);
+        }
+    }
+    rc = cudaEventRecord(c->ev_comm, c->stream);
+    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "all-reduce: event record");
+    return JDT_OK;
+}
+
+jdt_status jdt_cuk_allreduce(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e)
+{
+    jdt_status s = allreduce_start(c, buf, n, average, e);
+    if (s != JDT_OK) return s;
+    cudaError_t rc = cudaStreamWaitEvent(c->k->stream, c->ev_comm, 0);
+    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "all-reduce: ordering compute after it");
+    return jdt_cuk_comm_poll(c, e);
+}
+
+jdt_status jdt_cuk_comm_sync(jdt_cuk_comm *c, double timeout_s, jdt_err *e)
+{
+    double t0 = now_s();
+    for (;;) {
+        cudaError_t rc = cudaEventQuery(c->ev_comm);
+        if (rc == cudaSuccess) return jdt_cuk_comm_poll(c, e);
+        if (rc != cudaErrorNotReady) return jdt_cuk_cuda_err(e, rc, "NCCL stream");
+        jdt_status s = jdt_cuk_comm_poll(c, e);
+        if (s != JDT_OK) return s;
+        if (now_s() - t0 > timeout_s) {
+            c->api.abort(c->comm);
+            c->comm = NULL;
+            c->failed = true;
+            return jdt_err_set(e, JDT_ERR_TIMEOUT,
+                               "NCCL communicator %s: collectives unfinished after %.0f s (a peer "
+                               "stalled?)",
+                               c->key, timeout_s);
+        }
+        nap();
+    }
+}

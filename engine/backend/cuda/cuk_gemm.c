@@ -1,0 +1,188 @@
+/*
+ * cuk_gemm.c — jdt_cuk_matmul: row-major batched GEMMs through cuBLASLt with TF32 tensor cores
+ * and the bias in the epilogue (see cuk.h).
+ *
+ * cuBLASLt is column-major, so the row-major product c (M, N) = a @ b is computed as its
+ * transpose c^T (N, M) = b^T a^T: a row-major (R, C) buffer read column-major is its transpose
+ * with leading dimension C, so no data moves; cuBLAS's "A" is our b and its "B" our a. The
+ * bias (N) becomes a per-row vector of c^T, which is exactly CUBLASLT_EPILOGUE_BIAS.
+ * A shared b with an untransposed a folds the batch into M (one large GEMM); other batches use
+ * strided batching (stride 0 for a shared b).
+ *
+ * Plans (descriptors, layouts and the heuristic's algorithm) are cached per shape, transpose
+ * flags, bias presence and pointer alignment: the heuristic query costs tens of microseconds
+ * and a training step repeats the same few shapes.
+ */
+#include "backend/cuda/cuk-impl.h"
+
+#include <string.h>
+
+/* Largest power of two (<= 16) dividing the address: cuBLASLt's alignment classes. */
+static int64_t align_of(const void *p)
+{
+    uintptr_t u = (uintptr_t)p;
+    int64_t a = 16;
+    while (a > 1 && u % (uintptr_t)a != 0)
+        a /= 2;
+    return a;
+}
+
+static jdt_status lt_err(jdt_err *e, cublasStatus_t st, const char *what, const int64_t *key)
+{
+    return jdt_err_set(e, JDT_ERR_INTERNAL,
+                       "cuBLASLt %s (batch %lld, M %lld, N %lld, K %lld, ta %lld, tb %lld): %s",
+                       what, (long long)key[0], (long long)key[1], (long long)key[2],
+                       (long long)key[3], (long long)key[4], (long long)key[5],
+                       cublasLtGetStatusString(st));
+}
+
+static void plan_release(jdt_cuk_plan *p)
+{
+    if (!p->used) return;
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    memset(p, 0, sizeof *p);
+}
+
+void jdt_cuk_gemm_free_plans(jdt_cuk *k)
+{
+    for (int i = 0; i < JDT_CUK_PLANS; i++)
+        plan_release(&k->plans[i]);
+}
+
+/* A column-major layout rows x cols with leading dimension ld, batched with `stride`. */
+static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t ld,
+                                  int64_t batch, int64_t stride)
+{
+    cublasStatus_t st =
+        cublasLtMatrixLayoutCreate(l, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld);
+    if (st != CUBLAS_STATUS_SUCCESS || batch == 1) return st;
+    int32_t n = (int32_t)batch;
+    st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    return cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                            &stride, sizeof stride);
+}
+
+/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments...); with
+ * epilogue false the bias (if any) is left to the caller (p->bias_by_beta). */
+static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, int64_t align_ab,
+                             int64_t align_c, int64_t align_bias, bool epilogue, jdt_err *e)
+{
+    int64_t batch = key[0], M = key[1], N = key[2], K = key[3];
+    bool ta = key[4], tb = key[5], shared = key[6], bias = key[7] && epilogue;
+    cublasStatus_t st;
+    memcpy(p->key, key, sizeof p->key);
+    p->used = true;
+    p->bias_by_beta = key[7] && !epilogue;
+    if ((st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F)) !=
+        CUBLAS_STATUS_SUCCESS)
+        return lt_err(e, st, "MatmulDescCreate", key);
+    int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (st == CUBLAS_STATUS_SUCCESS && bias) {
+        int32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        int64_t bstride = 0;
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        if (st == CUBLAS_STATUS_SUCCESS && batch > 1)
+            st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                &bstride, sizeof bstride);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatmulDescSetAttribute", key);
+    /* cuBLAS A = our b: (N, K) col-major ld N, or stored (K, N) ld K and transposed */
+    st = make_layout(&p->la, tb ? K : N, tb ? N : K, tb ? K : N, batch, shared ? 0 : K * N);
+    /* cuBLAS B = our a: (K, M) col-major ld K, or stored (M, K) ld M and transposed */
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = make_layout(&p->lb, ta ? M : K, ta ? K : M, ta ? M : K, batch, M * K);
+    if (st == CUBLAS_STATUS_SUCCESS) st = make_layout(&p->lc, N, M, N, batch, M * N);
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatrixLayoutCreate", key);
+
+    cublasLtMatmulPreference_t pref;
+    if ((st = cublasLtMatmulPreferenceCreate(&pref)) != CUBLAS_STATUS_SUCCESS)
+        return lt_err(e, st, "MatmulPreferenceCreate", key);
+    uint64_t ws = JDT_CUK_WORKSPACE;
+    uint32_t al_ab = (uint32_t)align_ab, al_c = (uint32_t)align_c;
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                              sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &al_ab, sizeof al_ab);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &al_ab, sizeof al_ab);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &al_c, sizeof al_c);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &al_c, sizeof al_c);
+    (void)align_bias;
+    cublasLtMatmulHeuristicResult_t res;
+    int n_res = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
+                                            &n_res);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatmulAlgoGetHeuristic", key);
+    if (n_res < 1) return lt_err(e, CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for", key);
+    p->algo = res.algo;
+    return JDT_OK;
+}
+
+jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias, float *c,
+                          int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                          bool b_shared, jdt_err *e)
+{
+    if (batch <= 0 || M <= 0 || N <= 0) return JDT_OK;
+    if (K <= 0) {
+        jdt_cuk_fill_rows(k, c, bias, batch * M, N);
+        return JDT_OK;
+    }
+    if (b_shared && !ta) { /* one (batch*M, K) @ (K, N) product */
+        M *= batch;
+        batch = 1;
+    }
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX)
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "matmul: dimension too large for cuBLASLt (batch %lld, M %lld, N "
+                           "%lld, K %lld)",
+                           (long long)batch, (long long)M, (long long)N, (long long)K);
+    int64_t al_ab = align_of(a) < align_of(b) ? align_of(a) : align_of(b);
+    int64_t al_c = align_of(c), al_bias = bias ? align_of(bias) : 16;
+    int64_t key[10] = {batch, M, N, K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias};
+    jdt_cuk_plan *p = NULL;
+    for (int i = 0; i < JDT_CUK_PLANS && !p; i++)
+        if (k->plans[i].used && memcmp(k->plans[i].key, key, sizeof key) == 0) p = &k->plans[i];
+    if (!p) {
+        p = &k->plans[k->next_plan];
+        k->next_plan = (k->next_plan + 1) % JDT_CUK_PLANS;
+        plan_release(p);
+        jdt_status s = plan_build(k, p, key, al_ab, al_c, al_bias, true, e);
+        if (s != JDT_OK && bias) { /* no algorithm with the bias epilogue: bias rows + beta 1 */
+            plan_release(p);
+            s = plan_build(k, p, key, al_ab, al_c, al_bias, false, e);
+        }
+        if (s != JDT_OK) {
+            plan_release(p);
+            return s;
+        }
+    }
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    float alpha = 1.0f, beta = 0.0f;
+    if (p->bias_by_beta) {
+        jdt_cuk_fill_rows(k, c, bias, batch * M, N);
+        beta = 1.0f;
+    } else if (bias) {
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                            sizeof bias);
+    }
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmul(k->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
+                            &p->algo, k->workspace, JDT_CUK_WORKSPACE, k->stream);
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "Matmul", key);
+    return JDT_OK;
+}

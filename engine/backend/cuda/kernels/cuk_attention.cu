@@ -1,0 +1,331 @@
+/*
+ * cuk_attention.cu — flash-style causal attention for the CUDA backend, forward and backward,
+ * f32 with FMA (correctness first; a tensor-core version is future work). Same semantics as
+ * jdt_rt_attention / jdt_rt_attention_bwd (engine/runtime/runtime.h): q k v (B, H, T, D) or,
+ * per bit of bthd, (B, T, H, D); outputs (B, H, T, D); causal; scores scaled by `scale`.
+ *
+ * Mapping: a block owns R = 32 rows (queries, or keys in the dK/dV kernel), 4 consecutive lanes
+ * per row; lane `sub` of a row holds the row's elements d = sub + 4*i in registers (so a dot
+ * product is a 4-lane shuffle reduction). The other side streams through shared memory in tiles
+ * of CT rows (K and V; or Q and dO), each tile read by every row of the block. DM is the largest
+ * D a variant handles (64, 128, 256; CT shrinks as DM grows so the tiles stay 32 KiB).
+ *
+ *   forward: online softmax over key tiles: m, l and the output accumulator rescaled per tile.
+ *   stats:   per query row L = logsumexp(scores) and delta = dO . O (into the scratch).
+ *   dQ:      per query block over key tiles: p = exp(s - L), ds = p (dO.v - delta), dq += ds k.
+ *   dK, dV:  per key block over query tiles i >= j: dv += p dO, dk += ds q.
+ * The three backward kernels recompute the scores instead of storing P (no T x T matrix) and
+ * write disjoint outputs (no atomics: deterministic). Query/key blocks are visited heaviest
+ * first. Rows past T compute on zeros and write nothing; every thread reaches every barrier.
+ */
+#include "cuk_common.cuh"
+
+#define ATT_R 32   /* rows per block */
+#define ATT_TPR 4  /* threads per row */
+#define ATT_THREADS (ATT_R * ATT_TPR)
+
+/* Element offset of row t of slice (b, h) for input `bit`: (B, H, T, D), or (B, T, H, D) when
+ * that bit of bthd is set. */
+__device__ __forceinline__ i64 att_row(unsigned bthd, int bit, i64 b, i64 h, i64 t, i64 H, i64 T,
+                                       i64 D)
+{
+    return (bthd >> bit & 1u) ? ((b * T + t) * H + h) * D : ((b * H + h) * T + t) * D;
+}
+
+/* Sum over the 4 lanes of a row (all lanes of the warp must call it). */
+__device__ __forceinline__ float att_row_sum(float v)
+{
+    v += __shfl_xor_sync(CUK_FULL, v, 1);
+    v += __shfl_xor_sync(CUK_FULL, v, 2);
+    return v;
+}
+
+/* tile (CT, D) = rows t0..t0+CT-1 of input `bit` of slice (b, h), times mul; rows >= T zero. */
+template <int CT>
+__device__ __forceinline__ void att_load_tile(float *tile, const float *x, unsigned bthd, int bit,
+                                              i64 b, i64 h, i64 t0, i64 H, i64 T, i64 D, float mul)
+{
+    for (i64 e = threadIdx.x; e < (i64)CT * D; e += blockDim.x) {
+        i64 c = e / D, d = e - c * D, t = t0 + c;
+        tile[e] = t < T ? x[att_row(bthd, bit, b, h, t, H, T, D) + d] * mul : 0.0f;
+    }
+}
+
+/* regs[i] = x row element sub + 4 i (times mul), 0 past D or for an inactive row. */
+template <int DM>
+__device__ __forceinline__ void att_load_row(float *regs, const float *x, i64 off, i64 D, int sub,
+                                             bool act, float mul)
+{
+#pragma unroll
+    for (int i = 0; i < DM / 4; i++) {
+        i64 d = sub + 4 * i;
+        regs[i] = act && d < D ? x[off + d] * mul : 0.0f;
+    }
+}
+
+/* Partial dot of the lane's share of a row with tile row jj (reduce with att_row_sum). */
+template <int DM>
+__device__ __forceinline__ float att_dot(const float *regs, const float *tile, i64 jj, i64 D, int sub)
+{
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DM / 4; i++) {
+        i64 d = sub + 4 * i;
+        if (d < D) s += regs[i] * tile[jj * D + d];
+    }
+    return s;
+}
+
+template <int DM>
+__device__ __forceinline__ void att_axpy(float *acc, float a, const float *tile, i64 jj, i64 D, int sub)
+{
+#pragma unroll
+    for (int i = 0; i < DM / 4; i++) {
+        i64 d = sub + 4 * i;
+        if (d < D) acc[i] += a * tile[jj * D + d];
+    }
+}
+
+template <int DM, int CT>
+__device__ void att_fwd(const float *q, const float *k, const float *v, float *o, i64 B, i64 H,
+                        i64 T, i64 D, float scale, unsigned bthd)
+{
+    extern __shared__ float smem[];
+    float *Ks = smem, *Vs = smem + CT * D;
+    int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
+    i64 nqb = (T + ATT_R - 1) / ATT_R;
+    for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
+        i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
+        i64 i = qb * ATT_R + r;
+        bool act = i < T;
+        float qr[DM / 4], acc[DM / 4];
+        att_load_row<DM>(qr, q, act ? att_row(bthd, 0, b, h, i, H, T, D) : 0, D, sub, act, scale);
+#pragma unroll
+        for (int u = 0; u < DM / 4; u++)
+            acc[u] = 0.0f;
+        float m = CUK_NEG_INF, l = 0.0f;
+        i64 kend = min(T, (qb + 1) * ATT_R);
+        for (i64 j0 = 0; j0 < kend; j0 += CT) {
+            __syncthreads(); /* the previous tile has been consumed */
+            att_load_tile<CT>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT>(Vs, v, bthd, 2, b, h, j0, H, T, D, 1.0f);
+            __syncthreads();
+            float s[CT], mt = CUK_NEG_INF;
+#pragma unroll
+            for (int jj = 0; jj < CT; jj++) {
+                float dot = att_row_sum(att_dot<DM>(qr, Ks, jj, D, sub));
+                s[jj] = act && j0 + jj <= i ? dot : CUK_NEG_INF;
+                mt = fmaxf(mt, s[jj]);
+            }
+            float mn = fmaxf(m, mt);
+            if (mn == CUK_NEG_INF) continue; /* inactive row (or nothing visible yet) */
+            float alpha = expf(m - mn);      /* m = -inf on the first tile: 0 */
+            l *= alpha;
+#pragma unroll
+            for (int u = 0; u < DM / 4; u++)
+                acc[u] *= alpha;
+#pragma unroll
+            for (int jj = 0; jj < CT; jj++) {
+                float p = expf(s[jj] - mn);
+                l += p;
+                att_axpy<DM>(acc, p, Vs, jj, D, sub);
+            }
+            m = mn;
+        }
+        if (act) {
+            float inv = 1.0f / l;
+            float *orow = o + (bh * T + i) * D;
+#pragma unroll
+            for (int u = 0; u < DM / 4; u++) {
+                i64 d = sub + 4 * u;
+                if (d < D) orow[d] = acc[u] * inv;
+            }
+        }
+    }
+}
+
+/* Per query row: stats[bh*T + i] = logsumexp of the scaled causal scores, and
+ * stats[B*H*T + bh*T + i] = dO_i . O_i. */
+template <int DM, int CT>
+__device__ void att_stats(const float *q, const float *k, const float *o, const float *dout,
+                          float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
+{
+    extern __shared__ float smem[];
+    float *Ks = smem;
+    int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
+    i64 nqb = (T + ATT_R - 1) / ATT_R;
+    for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
+        i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
+        i64 i = qb * ATT_R + r;
+        bool act = i < T;
+        float qr[DM / 4], tmp[DM / 4];
+        att_load_row<DM>(qr, o, act ? att_row(bthd, 3, b, h, i, H, T, D) : 0, D, sub, act, 1.0f);
+        att_load_row<DM>(tmp, dout, act ? att_row(bthd, 4, b, h, i, H, T, D) : 0, D, sub, act, 1.0f);
+        float delta = 0.0f;
+#pragma unroll
+        for (int u = 0; u < DM / 4; u++)
+            delta += qr[u] * tmp[u];
+        delta = att_row_sum(delta);
+        att_load_row<DM>(qr, q, act ? att_row(bthd, 0, b, h, i, H, T, D) : 0, D, sub, act, scale);
+        float m = CUK_NEG_INF, l = 0.0f;
+        i64 kend = min(T, (qb + 1) * ATT_R);
+        for (i64 j0 = 0; j0 < kend; j0 += CT) {
+            __syncthreads();
+            att_load_tile<CT>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
+            __syncthreads();
+            float s[CT], mt = CUK_NEG_INF;
+#pragma unroll
+            for (int jj = 0; jj < CT; jj++) {
+                float dot = att_row_sum(att_dot<DM>(qr, Ks, jj, D, sub));
+                s[jj] = act && j0 + jj <= i ? dot : CUK_NEG_INF;
+                mt = fmaxf(mt, s[jj]);
+            }
+            float mn = fmaxf(m, mt);
+            if (mn == CUK_NEG_INF) continue;
+            l *= expf(m - mn);
+#pragma unroll
+            for (int jj = 0; jj < CT; jj++)
+                l += expf(s[jj] - mn);
+            m = mn;
+        }
+        if (act && sub == 0) {
+            stats[bh * T + i] = m + logf(l);
+            stats[B * H * T + bh * T + i] = delta;
+        }
+    }
+}
+
+/* dq (B, H, T, D) from the stats. */
+template <int DM, int CT>
+__device__ void att_dq(const float *q, const float *k, const float *v, const float *dout,
+                       const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,
+                       unsigned bthd)
+{
+    extern __shared__ float smem[];
+    float *Ks = smem, *Vs = smem + CT * D;
+    int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
+    i64 nqb = (T + ATT_R - 1) / ATT_R;
+    for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
+        i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
+        i64 i = qb * ATT_R + r;
+        bool act = i < T;
+        float qr[DM / 4], gr[DM / 4], acc[DM / 4];
+        att_load_row<DM>(qr, q, act ? att_row(bthd, 0, b, h, i, H, T, D) : 0, D, sub, act, scale);
+        att_load_row<DM>(gr, dout, act ? att_row(bthd, 4, b, h, i, H, T, D) : 0, D, sub, act, 1.0f);
+#pragma unroll
+        for (int u = 0; u < DM / 4; u++)
+            acc[u] = 0.0f;
+        float L = act ? stats[bh * T + i] : 0.0f, delta = act ? stats[B * H * T + bh * T + i] : 0.0f;
+        i64 kend = min(T, (qb + 1) * ATT_R);
+        for (i64 j0 = 0; j0 < kend; j0 += CT) {
+            __syncthreads();
+            att_load_tile<CT>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT>(Vs, v, bthd, 2, b, h, j0, H, T, D, 1.0f);
+            __syncthreads();
+#pragma unroll 4
+            for (int jj = 0; jj < CT; jj++) {
+                float s = att_row_sum(att_dot<DM>(qr, Ks, jj, D, sub));
+                float dp = att_row_sum(att_dot<DM>(gr, Vs, jj, D, sub));
+                float p = act && j0 + jj <= i ? expf(s - L) : 0.0f;
+                att_axpy<DM>(acc, p * (dp - delta), Ks, jj, D, sub);
+            }
+        }
+        if (act) {
+            float *row = dq + (bh * T + i) * D;
+#pragma unroll
+            for (int u = 0; u < DM / 4; u++) {
+                i64 d = sub + 4 * u;
+                if (d < D) row[d] = acc[u] * scale;
+            }
+        }
+    }
+}
+
+/* dk, dv (B, H, T, D) from the stats: rows are keys, tiles stream queries i >= the block's
+ * first key. */
+template <int DM, int CT>
+__device__ void att_dkv(const float *q, const float *k, const float *v, const float *dout,
+                        const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,
+                        float scale, unsigned bthd)
+{
+    extern __shared__ float smem[];
+    float *Qs = smem, *Gs = smem + CT * D, *Ls = smem + 2 * CT * D, *Ds = Ls + CT;
+    int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
+    i64 nkb = (T + ATT_R - 1) / ATT_R;
+    for (i64 blk = blockIdx.x; blk < B * H * nkb; blk += gridDim.x) {
+        i64 bh = blk / nkb, kb = blk % nkb, b = bh / H, h = bh % H;
+        i64 j = kb * ATT_R + r;
+        bool act = j < T;
+        float kr[DM / 4], vr[DM / 4], ak[DM / 4], av[DM / 4];
+        att_load_row<DM>(kr, k, act ? att_row(bthd, 1, b, h, j, H, T, D) : 0, D, sub, act, 1.0f);
+        att_load_row<DM>(vr, v, act ? att_row(bthd, 2, b, h, j, H, T, D) : 0, D, sub, act, 1.0f);
+#pragma unroll
+        for (int u = 0; u < DM / 4; u++)
+            ak[u] = av[u] = 0.0f;
+        for (i64 i0 = (kb * ATT_R) / CT * CT; i0 < T; i0 += CT) {
+            __syncthreads();
+            att_load_tile<CT>(Qs, q, bthd, 0, b, h, i0, H, T, D, scale);
+            att_load_tile<CT>(Gs, dout, bthd, 4, b, h, i0, H, T, D, 1.0f);
+            for (int c = threadIdx.x; c < CT; c += blockDim.x) {
+                bool in = i0 + c < T;
+                Ls[c] = in ? stats[bh * T + i0 + c] : 0.0f;
+                Ds[c] = in ? stats[B * H * T + bh * T + i0 + c] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll 4
+            for (int ii = 0; ii < CT; ii++) {
+                float s = att_row_sum(att_dot<DM>(kr, Qs, ii, D, sub));
+                float dp = att_row_sum(att_dot<DM>(vr, Gs, ii, D, sub));
+                i64 i = i0 + ii;
+                float p = act && i >= j && i < T ? expf(s - Ls[ii]) : 0.0f;
+                att_axpy<DM>(av, p, Gs, ii, D, sub);
+                att_axpy<DM>(ak, p * (dp - Ds[ii]), Qs, ii, D, sub); /* Qs is pre-scaled */
+            }
+        }
+        if (act) {
+            float *rk = dk + (bh * T + j) * D, *rv = dv + (bh * T + j) * D;
+#pragma unroll
+            for (int u = 0; u < DM / 4; u++) {
+                i64 d = sub + 4 * u;
+                if (d < D) {
+                    rk[d] = ak[u];
+                    rv[d] = av[u];
+                }
+            }
+        }
+    }
+}
+
+/* Entry points, one per head-size class. Block: ATT_THREADS threads; dynamic shared memory:
+ * (2 * CT * D + 2 * CT) floats (the launcher computes it). */
+#define ATT_VARIANT(DM, CT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
+        cuk_att_fwd_d##DM(const float *q, const float *k, const float *v, float *o, i64 B, i64 H,  \
+                          i64 T, i64 D, float scale, unsigned bthd)                                \
+    {                                                                                              \
+        att_fwd<DM, CT>(q, k, v, o, B, H, T, D, scale, bthd);                                      \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
+        cuk_att_stats_d##DM(const float *q, const float *k, const float *o, const float *dout,     \
+                            float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)  \
+    {                                                                                              \
+        att_stats<DM, CT>(q, k, o, dout, stats, B, H, T, D, scale, bthd);                          \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
+        cuk_att_dq_d##DM(const float *q, const float *k, const float *v, const float *dout,        \
+                         const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,   \
+                         unsigned bthd)                                                            \
+    {                                                                                              \
+        att_dq<DM, CT>(q, k, v, dout, stats, dq, B, H, T, D, scale, bthd);                         \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
+        cuk_att_dkv_d##DM(const float *q, const float *k, const float *v, const float *dout,       \
+                          const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,    \
+                          float scale, unsigned bthd)                                              \
+    {                                                                                              \
+        att_dkv<DM, CT>(q, k, v, dout, stats, dk, dv, B, H, T, D, scale, bthd);                    \
+    }
+
+ATT_VARIANT(64, 64)
+ATT_VARIANT(128, 32)
+ATT_VARIANT(256, 16)

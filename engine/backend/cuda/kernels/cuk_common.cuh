@@ -1,0 +1,132 @@
+/*
+ * cuk_common.cuh — shared device helpers for the builtin CUDA kernels (compiled at run time by
+ * NVRTC, which has no system headers: everything here is self-contained). Block/warp
+ * reductions, float4 row access and the index types. Included by every kernels/*.cu file.
+ */
+#pragma once
+
+typedef long long i64;
+typedef int i32;
+
+#define CUK_WARP 32
+#define CUK_FULL 0xffffffffu
+#define CUK_NEG_INF __int_as_float(0xff800000)
+#define CUK_NAN __int_as_float(0x7fc00000)
+
+__device__ __forceinline__ float cuk_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(CUK_FULL, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cuk_warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(CUK_FULL, v, o));
+    return v;
+}
+
+/* Sum of v over the block, returned to every thread. sh: 32 floats of shared memory. The block
+ * size must be a multiple of 32 (every launcher uses 128..1024). Contains __syncthreads: every
+ * thread of the block must call it. */
+__device__ __forceinline__ float cuk_block_sum(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cuk_warp_sum(v);
+    __syncthreads(); /* sh may still be read by a previous reduction */
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return cuk_warp_sum(v);
+}
+
+__device__ __forceinline__ float cuk_block_max(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cuk_warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : CUK_NEG_INF;
+    return cuk_warp_max(v);
+}
+
+/* Calls f(c, x[c]) for every c < C of a row, each thread a strided share. With vec (C % 4 == 0
+ * and x 16-byte aligned, checked by the launcher) the loads are float4. */
+template <class F>
+__device__ __forceinline__ void cuk_row_visit(const float *x, i64 C, bool vec, F f)
+{
+    if (vec) {
+        const float4 *x4 = (const float4 *)x;
+        for (i64 i = threadIdx.x; i < C / 4; i += blockDim.x) {
+            float4 a = x4[i];
+            f(4 * i, a.x);
+            f(4 * i + 1, a.y);
+            f(4 * i + 2, a.z);
+            f(4 * i + 3, a.w);
+        }
+    } else {
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x)
+            f(c, x[c]);
+    }
+}
+
+/* Two rows visited together: f(c, x[c], y[c]); vec as above for both. */
+template <class F>
+__device__ __forceinline__ void cuk_row_visit2(const float *x, const float *y, i64 C, bool vec,
+                                               F f)
+{
+    if (vec) {
+        const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y;
+        for (i64 i = threadIdx.x; i < C / 4; i += blockDim.x) {
+            float4 a = x4[i], b = y4[i];
+            f(4 * i, a.x, b.x);
+            f(4 * i + 1, a.y, b.y);
+            f(4 * i + 2, a.z, b.z);
+            f(4 * i + 3, a.w, b.w);
+        }
+    } else {
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x)
+            f(c, x[c], y[c]);
+    }
+}
+
+/* y[c] = f(c, x[c]) for every c < C; float4 loads and stores with vec (y aligned too). */
+template <class F>
+__device__ __forceinline__ void cuk_row_map(const float *x, float *y, i64 C, bool vec, F f)
+{
+    if (vec) {
+        const float4 *x4 = (const float4 *)x;
+        float4 *y4 = (float4 *)y;
+        for (i64 i = threadIdx.x; i < C / 4; i += blockDim.x) {
+            float4 a = x4[i];
+            y4[i] = make_float4(f(4 * i, a.x), f(4 * i + 1, a.y), f(4 * i + 2, a.z),
+                                f(4 * i + 3, a.w));
+        }
+    } else {
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x)
+            y[c] = f(c, x[c]);
+    }
+}
+
+/* y[c] = f(c, x[c], g[c]); vec as above for all three rows. */
+template <class F>
+__device__ __forceinline__ void cuk_row_map2(const float *x, const float *g, float *y, i64 C,
+                                             bool vec, F f)
+{
+    if (vec) {
+        const float4 *x4 = (const float4 *)x, *g4 = (const float4 *)g;
+        float4 *y4 = (float4 *)y;
+        for (i64 i = threadIdx.x; i < C / 4; i += blockDim.x) {
+            float4 a = x4[i], b = g4[i];
+            y4[i] = make_float4(f(4 * i, a.x, b.x), f(4 * i + 1, a.y, b.y),
+                                f(4 * i + 2, a.z, b.z), f(4 * i + 3, a.w, b.w));
+        }
+    } else {
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x)
+            y[c] = f(c, x[c], g[c]);
+    }
+}

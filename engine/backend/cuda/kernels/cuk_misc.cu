@@ -1,0 +1,64 @@
+/*
+ * cuk_misc.cu — data-movement kernels of the CUDA backend: embedding gather and its transpose
+ * (scatter-add with atomics), rotary embedding, and the row fill used by a K = 0 GEMM. Same
+ * semantics as the jdt_rt_* functions of engine/runtime/runtime.h.
+ */
+#include "cuk_common.cuh"
+
+/* out (n, C) = table (V, C) rows idx (n); an index outside [0, V) gives a zero row. One block
+ * per output row (grid-stride over rows), threads over C. */
+extern "C" __global__ void cuk_gather(const float *table, const i32 *idx, float *out, i64 n, i64 V,
+                                      i64 C, int vec)
+{
+    for (i64 i = blockIdx.x; i < n; i += gridDim.x) {
+        i64 r = idx[i];
+        if (r >= 0 && r < V) {
+            cuk_row_map(table + r * C, out + i * C, C, vec, [&](i64, float a) { return a; });
+        } else {
+            for (i64 c = threadIdx.x; c < C; c += blockDim.x)
+                out[i * C + c] = 0.0f;
+        }
+    }
+}
+
+/* out[idx[i]] += src[i] (out zeroed by the launcher first); indices outside [0, V) skipped.
+ * Duplicate indices meet in atomicAdd (float atomics: the summation order varies run to run). */
+extern "C" __global__ void cuk_scatter_add(const float *src, const i32 *idx, float *out, i64 n,
+                                           i64 V, i64 C)
+{
+    for (i64 i = blockIdx.x; i < n; i += gridDim.x) {
+        i64 r = idx[i];
+        if (r < 0 || r >= V) continue;
+        const float *s = src + i * C;
+        float *o = out + r * C;
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x)
+            atomicAdd(o + c, s[c]);
+    }
+}
+
+/* y (B, T, H, D) = rotation of pairs (2i, 2i+1) of x by t * theta^(-2i/D) (negated when
+ * inverse). One thread per pair, grid-stride; the angle in double like the CPU kernel. */
+extern "C" __global__ void cuk_rope(const float *x, float *y, i64 B, i64 T, i64 H, i64 D,
+                                    double theta, int inverse)
+{
+    i64 half = D / 2, n_pairs = B * T * H * half;
+    for (i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x; p < n_pairs;
+         p += (i64)gridDim.x * blockDim.x) {
+        i64 i = p % half, t = (p / (half * H)) % T;
+        double ang = (inverse ? -1.0 : 1.0) * (double)t * pow(theta, -2.0 * (double)i / (double)D);
+        float cs = (float)cos(ang), sn = (float)sin(ang);
+        i64 o = 2 * p; /* pairs are contiguous: element index of the pair's first value */
+        float x0 = x[o], x1 = x[o + 1];
+        y[o] = x0 * cs - x1 * sn;
+        y[o + 1] = x0 * sn + x1 * cs;
+    }
+}
+
+/* c (rows, N) = bias broadcast over rows, or 0 when bias is NULL. Grid-stride over elements. */
+extern "C" __global__ void cuk_fill_rows(float *c, const float *bias, i64 rows, i64 N)
+{
+    i64 n_elems = rows * N;
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n_elems;
+         e += (i64)gridDim.x * blockDim.x)
+        c[e] = bias ? bias[e % N] : 0.0f;
+}

@@ -1,0 +1,190 @@
+/*
+ * cuk_rows.cu — row kernels of the CUDA backend: softmax, log-softmax, softmax cross-entropy,
+ * layer and RMS normalisation, forward and backward. Same semantics as the jdt_rt_* functions
+ * of engine/runtime/runtime.h (see engine/backend/cuda/cuk.h).
+ *
+ * Layout: one block per row (a grid-stride loop over rows when N exceeds the grid), threads
+ * stride over the row, block reductions by warp shuffles. Rows are re-read per pass (they stay
+ * in L1/L2): max, sum, write. `vec` (chosen by the launcher) switches to float4 accesses.
+ */
+#include "cuk_common.cuh"
+
+extern "C" __global__ void cuk_softmax(const float *x, float *y, i64 N, i64 C, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *xr = x + n * C;
+        float *yr = y + n * C;
+        float m = CUK_NEG_INF;
+        cuk_row_visit(xr, C, vec, [&](i64, float a) { m = fmaxf(m, a); });
+        m = cuk_block_max(m, sh);
+        float s = 0.0f;
+        cuk_row_visit(xr, C, vec, [&](i64, float a) { s += expf(a - m); });
+        float inv = 1.0f / cuk_block_sum(s, sh);
+        cuk_row_map(xr, yr, C, vec, [&](i64, float a) { return expf(a - m) * inv; });
+    }
+}
+
+extern "C" __global__ void cuk_softmax_bwd(const float *y, const float *dy, float *dx, i64 N, i64 C,
+                                           int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *yr = y + n * C, *gr = dy + n * C;
+        float s = 0.0f;
+        cuk_row_visit2(yr, gr, C, vec, [&](i64, float a, float g) { s += a * g; });
+        s = cuk_block_sum(s, sh);
+        cuk_row_map2(yr, gr, dx + n * C, C, vec, [&](i64, float a, float g) { return a * (g - s); });
+    }
+}
+
+/* logsumexp of a row, to every thread of the block (-inf for a row of -inf). */
+__device__ float cuk_row_lse(const float *xr, i64 C, bool vec, float *sh)
+{
+    float m = CUK_NEG_INF;
+    cuk_row_visit(xr, C, vec, [&](i64, float a) { m = fmaxf(m, a); });
+    m = cuk_block_max(m, sh);
+    if (m == CUK_NEG_INF) return m; /* uniform over the block: no thread skips a barrier */
+    float s = 0.0f;
+    cuk_row_visit(xr, C, vec, [&](i64, float a) { s += expf(a - m); });
+    return m + logf(cuk_block_sum(s, sh));
+}
+
+extern "C" __global__ void cuk_log_softmax(const float *x, float *y, i64 N, i64 C, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *xr = x + n * C;
+        float l = cuk_row_lse(xr, C, vec, sh);
+        cuk_row_map(xr, y + n * C, C, vec, [&](i64, float a) { return a - l; });
+    }
+}
+
+extern "C" __global__ void cuk_log_softmax_bwd(const float *y, const float *dy, float *dx, i64 N,
+                                               i64 C, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *yr = y + n * C, *gr = dy + n * C;
+        float s = 0.0f;
+        cuk_row_visit(gr, C, vec, [&](i64, float g) { s += g; });
+        s = cuk_block_sum(s, sh);
+        cuk_row_map2(yr, gr, dx + n * C, C, vec,
+                     [&](i64, float a, float g) { return g - expf(a) * s; });
+    }
+}
+
+/* loss[n] = lse(row) - row[t]; t < 0 -> 0; t >= V -> NaN. */
+extern "C" __global__ void cuk_softmax_xent(const float *logits, const i32 *tgt, float *loss, i64 N,
+                                            i64 V, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        i64 t = tgt[n];
+        if (t < 0 || t >= V) { /* uniform over the block */
+            if (threadIdx.x == 0) loss[n] = t < 0 ? 0.0f : CUK_NAN;
+            continue;
+        }
+        const float *xr = logits + n * V;
+        float l = cuk_row_lse(xr, V, vec, sh);
+        if (threadIdx.x == 0) loss[n] = l - xr[t];
+    }
+}
+
+/* dlogits = dloss * (softmax(row) - onehot(t)); rows with t out of [0, V) are 0. */
+extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *tgt,
+                                                const float *dloss, float *dlogits, i64 N, i64 V,
+                                                int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        i64 t = tgt[n];
+        const float *xr = logits + n * V;
+        float *d = dlogits + n * V;
+        if (t < 0 || t >= V) {
+            cuk_row_map(xr, d, V, vec, [&](i64, float) { return 0.0f; });
+            continue;
+        }
+        float l = cuk_row_lse(xr, V, vec, sh), g = dloss[n];
+        cuk_row_map(xr, d, V, vec, [&](i64 c, float a) {
+            float p = g * expf(a - l);
+            return c == t ? p - g : p;
+        });
+    }
+}
+
+/* Mean and 1/sqrt(var + eps) of a row (two passes: the centred second pass keeps the variance
+ * accurate when |mean| >> std), to every thread. */
+__device__ void cuk_row_moments(const float *xr, i64 C, bool vec, float eps, float *sh, float *mean,
+                                float *rstd)
+{
+    float s = 0.0f;
+    cuk_row_visit(xr, C, vec, [&](i64, float a) { s += a; });
+    float mu = cuk_block_sum(s, sh) / (float)C, v = 0.0f;
+    cuk_row_visit(xr, C, vec, [&](i64, float a) { v += (a - mu) * (a - mu); });
+    v = cuk_block_sum(v, sh);
+    *mean = mu;
+    *rstd = 1.0f / sqrtf(v / (float)C + eps);
+}
+
+extern "C" __global__ void cuk_normalize(const float *x, float *y, i64 N, i64 C, float eps, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *xr = x + n * C;
+        float mu, r;
+        cuk_row_moments(xr, C, vec, eps, sh, &mu, &r);
+        cuk_row_map(xr, y + n * C, C, vec, [&](i64, float a) { return (a - mu) * r; });
+    }
+}
+
+extern "C" __global__ void cuk_normalize_bwd(const float *x, const float *dxhat, float *dx, i64 N,
+                                             i64 C, float eps, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *xr = x + n * C, *gr = dxhat + n * C;
+        float mu, r, sg = 0.0f, sgx = 0.0f;
+        cuk_row_moments(xr, C, vec, eps, sh, &mu, &r);
+        cuk_row_visit2(xr, gr, C, vec, [&](i64, float a, float g) {
+            sg += g;
+            sgx += g * (a - mu) * r;
+        });
+        sg = cuk_block_sum(sg, sh) / (float)C;
+        sgx = cuk_block_sum(sgx, sh) / (float)C;
+        cuk_row_map2(xr, gr, dx + n * C, C, vec,
+                     [&](i64, float a, float g) { return r * (g - sg - (a - mu) * r * sgx); });
+    }
+}
+
+extern "C" __global__ void cuk_rms_normalize(const float *x, float *y, i64 N, i64 C, float eps,
+                                             int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *xr = x + n * C;
+        float s = 0.0f;
+        cuk_row_visit(xr, C, vec, [&](i64, float a) { s += a * a; });
+        float r = 1.0f / sqrtf(cuk_block_sum(s, sh) / (float)C + eps);
+        cuk_row_map(xr, y + n * C, C, vec, [&](i64, float a) { return a * r; });
+    }
+}
+
+extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dxhat, float *dx,
+                                                 i64 N, i64 C, float eps, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *xr = x + n * C, *gr = dxhat + n * C;
+        float s = 0.0f, sgx = 0.0f;
+        cuk_row_visit2(xr, gr, C, vec, [&](i64, float a, float g) {
+            s += a * a;
+            sgx += g * a;
+        });
+        s = cuk_block_sum(s, sh);
+        sgx = cuk_block_sum(sgx, sh);
+        float r = 1.0f / sqrtf(s / (float)C + eps);
+        float k = r * r * r * sgx / (float)C;
+        cuk_row_map2(xr, gr, dx + n * C, C, vec, [&](i64, float a, float g) { return r * g - a * k; });
+    }
+}

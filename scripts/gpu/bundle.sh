@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# bundle.sh — packs what scripts/gpu/check.sh needs on a GPU machine that has none of this
+# project's C libraries: bin/jdt-train, bin/check_cuda and bin/check_cuk (built here with make CUDA=1),
+# libs.tar.xz (every shared library they load except glibc's own and the CUDA/NCCL libraries,
+# which come from the GPU machine) and repo/ (configs and the scripts check.sh runs).
+# Usage: scripts/gpu/bundle.sh OUT_DIR      then there: bash OUT_DIR/repo/scripts/gpu/check.sh OUT_DIR
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUTD=${1:?usage: bundle.sh OUT_DIR}
+cd "$ROOT"
+make -j2 CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk >/dev/null
+rm -rf "$OUTD/bin" "$OUTD/repo" "$OUTD/libs.tar.xz"
+mkdir -p "$OUTD/bin" "$OUTD/repo/scripts/bench"
+cp build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk "$OUTD/bin/"
+cp -r configs "$OUTD/repo/"
+cp -r scripts/gpu "$OUTD/repo/scripts/"
+for f in scripts/bench/gpt_peer_gpu.py; do [ -f "$f" ] && cp "$f" "$OUTD/repo/scripts/bench/"; done
+tmp=$(mktemp -d)
+ldd build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk | awk '/=>/ {print $3}' | sort -u |
+  grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libnvrtc[^/]*|libcublas[^/]*|libnccl)\.so' |
+  while read -r lib; do cp -L "$lib" "$tmp/"; done
+tar -cJf "$OUTD/libs.tar.xz" -C "$tmp" .
+rm -rf "$tmp"
+du -sh "$OUTD"

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# check.sh — the one GPU check of jdt-train's CUDA backend, for a machine with an NVIDIA GPU
+# (the H200 device machine: PyTorch, JAX, CUDA 13, none of this project's C libraries).
+# Stages, each reported and each allowed to fail without stopping the next:
+#   1 probe    nvidia-smi, glibc, where libcudart/libnvrtc/libcublasLt/libnccl are
+#   2 tests    check_cuk (builtin kernels) and check_cuda (every op graph, train steps) vs the CPU
+#   3 tiny     configs/tiny.yaml trained on the GPU and on the CPU: the loss curves compared
+#   4 gpt2     GPT-2 124M (L=12 C=768 H=12 T=1024 V=50257, synthetic tokens): tok/s and MFU
+#   5 peers    the same model and batch in PyTorch (torch.compile) and JAX (jax.jit), ratios
+#              (scripts/bench/gpt_peer_gpu.py)
+#
+# Usage: scripts/gpu/check.sh [BUNDLE_DIR]
+#   BUNDLE_DIR (made here by scripts/gpu/bundle.sh): bin/jdt-train, bin/check_cu{k,da} built with
+#   make CUDA=1 and libs.tar.xz with the C libraries they need (unpacked into /tmp, never /).
+#   Without it the script uses build-cuda/ of this checkout, building it if missing.
+# Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 36 GiB of arena for jdt-train), GPT_STEPS (12),
+#   PEER_DTYPES ("bf16 f32": the peers' precisions; f32 = TF32 matmuls, what jdt-train computes
+#   in), STAGE_TIMEOUT_S (150),
+#   STAGES (default "2 3 4 5": which stages after the probe run).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUNDLE=${1:-}
+OUT=${OUT:-/tmp/jdt-gpu-check}
+B=${GPT_BATCH:-32}
+STEPS=${GPT_STEPS:-12}
+PEER_DTYPES=${PEER_DTYPES:-bf16 f32}
+TMO=${STAGE_TIMEOUT_S:-150}
+STAGES=" ${STAGES:-2 3 4 5} "
+want() { [[ "$STAGES" == *" $1 "* ]]; }
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+say() { echo "== $*" | tee -a "$SUMMARY"; }
+t_all=$(date +%s)
+export JDT_CACHE_DIR="$OUT/cache"
+export OMP_WAIT_POLICY=passive
+
+# ---- 1: probe -------------------------------------------------------------------------------
+say "stage 1 probe"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee -a "$SUMMARY"
+ldd --version 2>&1 | head -1 | tee -a "$SUMMARY"
+PY=$(command -v python3 || true)
+SITE=$($PY -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+libdirs=()
+for lib in libcudart.so.13 libnvrtc.so.13 libnvrtc-builtins.so.13.0 libcublasLt.so.13 libnccl.so.2; do
+  found=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13.0/lib64 /usr/lib/x86_64-linux-gnu; do
+    [ -e "$d/$lib" ] && { found="$d/$lib"; break; }
+  done
+  if [ -z "$found" ]; then
+    for s in $SITE; do
+      found=$(find "$s/nvidia" -name "$lib" 2>/dev/null | head -1)
+      [ -n "$found" ] && break
+    done
+  fi
+  echo "  $lib: ${found:-NOT FOUND}" | tee -a "$SUMMARY"
+  [ -n "$found" ] && libdirs+=("$(dirname "$found")")
+done
+
+# ---- the binary and its libraries ---------------------------------------------------------------
+if [ -n "$BUNDLE" ]; then
+  BIN="$BUNDLE/bin/jdt-train"; TESTDIR="$BUNDLE/bin"
+  if [ -f "$BUNDLE/libs.tar.xz" ]; then
+    mkdir -p /tmp/jdt-libs && tar -xJf "$BUNDLE/libs.tar.xz" -C /tmp/jdt-libs
+    libdirs=(/tmp/jdt-libs "${libdirs[@]}")
+  fi
+else
+  BIN="$ROOT/build-cuda/jdt-train"; TESTDIR="$ROOT/build-cuda/tests"
+  if [ ! -x "$BIN" ]; then
+    say "building: make CUDA=1 tests-build"
+    (cd "$ROOT" && make -j"$(nproc)" CUDA=1 tests-build >"$OUT/build.log" 2>&1) || say "build FAILED (see $OUT/build.log)"
+  fi
+fi
+LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH
+if ! "$BIN" version >/dev/null 2>&1; then
+  say "binary does not start:"; ldd "$BIN" 2>&1 | grep -i "not found" | tee -a "$SUMMARY"
+fi
+
+# ---- 2: GPU tests ---------------------------------------------------------------------------
+if want 2; then
+say "stage 2 tests (check_cuk: every builtin kernel vs the CPU; check_cuda: every op graph and train step vs the CPU)"
+for t in check_cuk check_cuda; do
+  (cd "$ROOT" && timeout "$TMO" "$TESTDIR/$t" >"$OUT/$t.log" 2>&1); rc=$?
+  grep -E "^[0-9]+%|:[EF]:|SKIP" "$OUT/$t.log" | tee -a "$SUMMARY"
+  say "stage 2 $t exit $rc"
+done
+grep -E "loss cpu" "$OUT/check_cuda.log" | grep "step 7" | tee -a "$SUMMARY"
+fi
+
+# ---- 3: tiny on GPU vs CPU --------------------------------------------------------------------
+if want 3; then
+say "stage 3 tiny: GPU vs CPU loss curves"
+tiny() { # backend
+  (cd "$ROOT" && timeout "$TMO" "$BIN" train configs/tiny.yaml run.out_dir="$OUT/tiny-$1" run.steps=30 \
+     run.eval_every=0 checkpoint.every=0 runtime.backend="$1" >"$OUT/tiny-$1.log" 2>&1)
+}
+tiny cpu; rc_c=$?; tiny cuda; rc_g=$?
+tail -3 "$OUT/tiny-cuda.log" | tee -a "$SUMMARY"
+if [ $rc_c -eq 0 ] && [ $rc_g -eq 0 ]; then
+  python3 - "$OUT/tiny-cpu/tiny/metrics.jsonl" "$OUT/tiny-cuda/tiny/metrics.jsonl" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+c, g = losses(sys.argv[1]), losses(sys.argv[2])
+d = max(abs(a - b) / abs(a) for a, b in zip(c, g))
+print(f"tiny: {len(c)} steps, cpu {c[0]:.4f} -> {c[-1]:.4f}, cuda {g[0]:.4f} -> {g[-1]:.4f}, "
+      f"max relative loss difference {d:.2e} -> {'MATCH' if d < 5e-3 else 'DIFFER'}")
+PY
+else
+  say "tiny FAILED (cpu exit $rc_c, cuda exit $rc_g)"; tail -3 "$OUT/tiny-cpu.log" | tee -a "$SUMMARY"
+fi
+fi
+
+# ---- 4: GPT-2 124M ---------------------------------------------------------------------------
+JDT_TOKS=""
+if want 4; then
+say "stage 4 gpt2-124m: B=$B T=1024, $STEPS steps, f32 storage + TF32 GEMMs"
+(cd "$ROOT" && timeout "$TMO" "$BIN" train configs/gpt2-124m.yaml run.out_dir="$OUT/gpt2" \
+   run.steps="$STEPS" run.log_every=1 run.eval_every=0 checkpoint.every=0 model.vocab_size=50257 \
+   data.format=synthetic data.batch_size="$B" data.micro_batch_size="$B" mesh.data=1 mesh.fsdp=1 \
+   precision.compute=f32 runtime.remat=none runtime.backend=cuda >"$OUT/gpt2.log" 2>&1); rc=$?
+grep -E "device:|compiled|MFU reference" "$OUT/gpt2.log" | tee -a "$SUMMARY"
+tail -3 "$OUT/gpt2.log" | tee -a "$SUMMARY"
+JDT_TOKS=$(grep -E "^.*step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+say "stage 4 exit $rc, jdt-train ${JDT_TOKS:-?} tok/s"
+fi
+
+# ---- 5: peers --------------------------------------------------------------------------------
+PEER="$ROOT/scripts/bench/gpt_peer_gpu.py"
+for dt in $PEER_DTYPES; do
+  for fw in torch jax; do
+    want 5 || continue
+    say "stage 5 peer $fw --dtype $dt (B=$B)"
+    PYTHONUNBUFFERED=1 timeout "$TMO" python3 "$PEER" --framework $fw --batch "$B" --steps 10 \
+      --dtype "$dt" --device cuda >"$OUT/peer-$fw-$dt.log" 2>&1; rc=$?
+    line=$(grep -E '^\{.*"tokens_per_s"' "$OUT/peer-$fw-$dt.log" | tail -1)
+    if [ -n "$line" ]; then
+      echo "$line" | tee -a "$SUMMARY"
+      JDT_TOKS="${JDT_TOKS:-}" python3 -c '
+import json, os, sys
+d = json.loads(sys.argv[1]); j = os.environ.get("JDT_TOKS"); fw = d["framework"]; t = d["tokens_per_s"]
+r = ", jdt-train / %s = %.3f" % (fw, float(j) / t) if j else ""
+print("%s %s: %.0f tok/s, MFU %.1f%%%s" % (fw, d["dtype"], t, 100 * d["mfu"], r))' "$line" | tee -a "$SUMMARY"
+    else
+      say "peer $fw $dt FAILED (exit $rc)"; tail -3 "$OUT/peer-$fw-$dt.log" | tee -a "$SUMMARY"
+    fi
+  done
+done
+say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"

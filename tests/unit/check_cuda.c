@@ -1,0 +1,603 @@
+/*
+ * check_cuda.c — the CUDA backend. Without a GPU (CI): every kernel the CUDA emitter produces
+ * for the test graphs (every IR op, shape/reduction patterns, the row primitives, attention, the
+ * tiny GPT train step in its GPT-2 and Llama variants, with dropout and with gradient
+ * accumulation, the MLP) is compiled by NVRTC for sm_90 (`make CUDA=1`; the default build checks
+ * the emitted source's kernel table only), plus the builtin kernels (jdt_cuk_compile_all).
+ * With a GPU: each of those graphs runs on the CUDA backend and on the CPU backend from the same
+ * leaves and every output and updated leaf must agree within TF32 tolerances; the train steps'
+ * loss curves must agree. GPU tests print why they skip when there is no usable GPU. On every
+ * machine the same comparisons run on the *emulated* CUDA device (the CUDA kernels compiled as
+ * C++ for the host, a block's threads as real threads), which checks what the CUDA kernels
+ * compute without a GPU.
+ */
+#include "jit-fixture.h"
+
+#include "backend/backend.h"
+#include "config/config.h"
+#include "train/train.h"
+#ifdef JDT_CUDA
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/cuk.h"
+#include <cuda_runtime.h>
+#endif
+
+#define SM 90
+
+static void out(fx *f, jdt_tensor *t)
+{
+    ck_assert_msg(t != NULL, "builder: %s", jdt_graph_error_msg(f->g));
+    jdt_graph_add_output(f->g, t);
+}
+
+/* ---- the graphs ------------------------------------------------------------------------------ */
+
+static void build_elementwise(fx *f)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -3, 3, 7, 13);
+    jdt_tensor *y = FX_INPUT(f, "y", JDT_DTYPE_F32, -3, 3, 7, 13);
+    jdt_tensor *pos = FX_INPUT(f, "pos", JDT_DTYPE_F32, 0.1, 4, 7, 13);
+    jdt_tensor *stp = jdt_graph_input(g, "stp", JDT_DTYPE_I32, 0, NULL, NULL);
+    f->leaf[f->n] = stp, f->lo[f->n] = 3, f->hi[f->n] = 4, f->n++;
+    out(f, jdt_graph_neg(g, x));
+    out(f, jdt_graph_exp(g, x));
+    out(f, jdt_graph_log(g, pos));
+    out(f, jdt_graph_tanh(g, x));
+    out(f, jdt_graph_sqrt(g, pos));
+    out(f, jdt_graph_rsqrt(g, pos));
+    out(f, jdt_graph_relu(g, x));
+    out(f, jdt_graph_gelu(g, x));
+    out(f, jdt_graph_silu(g, x));
+    out(f, jdt_graph_sigmoid(g, x));
+    out(f, jdt_graph_abs(g, x));
+    out(f, jdt_graph_add(g, x, y));
+    out(f, jdt_graph_sub(g, x, y));
+    out(f, jdt_graph_mul(g, x, y));
+    out(f, jdt_graph_div(g, x, pos));
+    out(f, jdt_graph_max(g, x, y));
+    out(f, jdt_graph_min(g, x, y));
+    out(f, jdt_graph_gt(g, x, y));
+    out(f, jdt_graph_ge(g, x, x));
+    out(f, jdt_graph_add_scalar(g, x, 0.25));
+    out(f, jdt_graph_mul_scalar(g, x, -1.5));
+    out(f, jdt_graph_pow_scalar(g, pos, 2.0));
+    out(f, jdt_graph_pow_scalar(g, pos, 0.5));
+    out(f, jdt_graph_pow_scalar(g, pos, 1.7));
+    out(f, jdt_graph_pow_scalar(g, pos, -1.0));
+    out(f, jdt_graph_gelu_grad(g, x, y));
+    out(f, jdt_graph_silu_grad(g, x, y));
+    out(f, jdt_graph_select(g, jdt_graph_gt(g, x, y), x, pos));
+    out(f, jdt_graph_cast(g, jdt_graph_mul_scalar(g, x, 10.0), JDT_DTYPE_I32));
+    out(f, jdt_graph_cast(g, jdt_graph_cast(g, x, JDT_DTYPE_I32), JDT_DTYPE_F32));
+    out(f, jdt_graph_stop_gradient(g, x));
+    out(f, jdt_graph_dropout(g, x, stp, 0.3, 1234));
+    out(f, jdt_graph_iota(g, JDT_DTYPE_F32, 3, (int64_t[]){3, 5, 7}, 1));
+    out(f, jdt_graph_iota(g, JDT_DTYPE_I32, 2, (int64_t[]){4, 9}, 1));
+    out(f, jdt_graph_causal_mask(g, JDT_DTYPE_F32, 11));
+    out(f, jdt_graph_full(g, JDT_DTYPE_F32, 2, (int64_t[]){2, 3}, 0.75));
+    static float cdata[7 * 13];
+    for (int i = 0; i < 7 * 13; i++)
+        cdata[i] = 0.25f * (float)(i % 9) - 1.0f;
+    jdt_tensor *cst = jdt_graph_constant(g, JDT_DTYPE_F32, 2, (int64_t[]){7, 13}, cdata);
+    out(f, jdt_graph_mul(g, x, cst));
+    jdt_tensor *xd = jdt_graph_cast(g, x, JDT_DTYPE_F64);
+    out(f, jdt_graph_tanh(g, jdt_graph_exp(g, jdt_graph_mul_scalar(g, xd, 0.5))));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_gelu(g, xd), 2u, false));
+    jdt_tensor *xi = jdt_graph_cast(g, jdt_graph_mul_scalar(g, y, 7.0), JDT_DTYPE_I32);
+    out(f, jdt_graph_cast(g, jdt_graph_select(g, xi, xd, jdt_graph_neg(g, xd)), JDT_DTYPE_F32));
+}
+
+static void build_shape_reduce(fx *f)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *a = FX_INPUT(f, "a", JDT_DTYPE_F32, -2, 2, 3, 1, 5);
+    jdt_tensor *b = FX_INPUT(f, "b", JDT_DTYPE_F32, -2, 2, 2, 3, 4, 5);
+    jdt_tensor *c = FX_INPUT(f, "c", JDT_DTYPE_F32, -2, 2, 6, 7);
+    out(f, jdt_graph_broadcast(g, a, 4, (int64_t[]){2, 3, 4, 5}));
+    out(f, jdt_graph_add_bcast(g, b, a));
+    out(f, jdt_graph_mul_bcast(g, c, jdt_graph_reduce_max(g, c, 1u << 1, true)));
+    out(f, jdt_graph_transpose(g, b, (int[]){2, 0, 3, 1}));
+    out(f, jdt_graph_exp(g, jdt_graph_transpose(g, c, (int[]){1, 0})));
+    out(f, jdt_graph_slice(g, b, 2, 1, 3));
+    out(f, jdt_graph_exp(g, jdt_graph_reshape(g, c, 3, (int64_t[]){2, 3, 7})));
+    for (uint32_t mask = 1; mask < 16; mask += 3) {
+        out(f, jdt_graph_reduce_sum(g, b, mask, false));
+        out(f, jdt_graph_reduce_max(g, b, mask, true));
+        out(f, jdt_graph_reduce_mean(g, b, mask, false));
+    }
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_exp(g, jdt_graph_add_scalar(g, c, -1.0)), 2u, false));
+    out(f, jdt_graph_reduce_mean(g, jdt_graph_abs(g, b), 0xfu, false));
+    jdt_tensor *big = FX_INPUT(f, "big", JDT_DTYPE_F32, -2, 2, 301, 131);
+    jdt_tensor *big3 = FX_INPUT(f, "big3", JDT_DTYPE_F32, -2, 2, 7, 53, 97);
+    jdt_tensor *eb = jdt_graph_tanh(g, jdt_graph_mul_scalar(g, big, 0.7));
+    out(f, eb);
+    out(f, jdt_graph_reduce_sum(g, eb, 1u, false));
+    out(f, jdt_graph_reduce_max(g, big, 1u, true));
+    out(f, jdt_graph_reduce_mean(g, big, 2u, false));
+    out(f, jdt_graph_reduce_sum(g, big, 3u, false));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_exp(g, big3), 3u, false));
+    out(f, jdt_graph_reduce_max(g, big3, 5u, false));
+    /* long reductions with few outputs: the CUDA kernels split the reduced range over blocks */
+    jdt_tensor *tall = FX_INPUT(f, "tall", JDT_DTYPE_F32, -2, 2, 4500, 37);
+    out(f, jdt_graph_reduce_sum(g, tall, 1u, false));
+    out(f, jdt_graph_reduce_max(g, tall, 1u, true));
+    out(f, jdt_graph_reduce_mean(g, jdt_graph_exp(g, tall), 1u, false));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, tall, tall), 3u, false));
+    out(f, jdt_graph_reduce_max(g, big, 3u, false));
+}
+
+static void build_builtins(fx *f)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *a = FX_INPUT(f, "a", JDT_DTYPE_F32, -1, 1, 5, 7);
+    jdt_tensor *at = FX_INPUT(f, "at", JDT_DTYPE_F32, -1, 1, 7, 5);
+    jdt_tensor *b = FX_INPUT(f, "b", JDT_DTYPE_F32, -1, 1, 7, 9);
+    jdt_tensor *bt = FX_INPUT(f, "bt", JDT_DTYPE_F32, -1, 1, 9, 7);
+    jdt_tensor *ba = FX_INPUT(f, "ba", JDT_DTYPE_F32, -1, 1, 2, 3, 5, 7);
+    jdt_tensor *bb = FX_INPUT(f, "bb", JDT_DTYPE_F32, -1, 1, 2, 3, 7, 9);
+    jdt_tensor *table = FX_INPUT(f, "table", JDT_DTYPE_F32, -1, 1, 11, 6);
+    jdt_tensor *idx = FX_INPUT(f, "idx", JDT_DTYPE_I32, 0, 11, 3, 5);
+    jdt_tensor *src = FX_INPUT(f, "src", JDT_DTYPE_F32, -1, 1, 3, 5, 6);
+    jdt_tensor *c = FX_INPUT(f, "c", JDT_DTYPE_F32, -2, 2, 6, 7);
+    jdt_tensor *d = FX_INPUT(f, "d", JDT_DTYPE_F32, -2, 2, 6, 3);
+    out(f, jdt_graph_matmul(g, a, b, false, false));
+    out(f, jdt_graph_matmul(g, at, b, true, false));
+    out(f, jdt_graph_matmul(g, a, bt, false, true));
+    out(f, jdt_graph_matmul(g, at, bt, true, true));
+    out(f, jdt_graph_matmul(g, ba, bb, false, false));
+    out(f, jdt_graph_matmul(g, ba, b, false, false));
+    out(f, jdt_graph_gather(g, table, idx));
+    out(f, jdt_graph_scatter_add(g, src, idx, 11));
+    out(f, jdt_graph_concat(g, 2, (jdt_tensor *[]){c, d}, 1));
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -4, 4, 9, 37);
+    jdt_tensor *dy = FX_INPUT(f, "dy", JDT_DTYPE_F32, -1, 1, 9, 37);
+    jdt_tensor *tg = FX_INPUT(f, "tg", JDT_DTYPE_I32, -1, 37, 9);
+    jdt_tensor *dl = FX_INPUT(f, "dl", JDT_DTYPE_F32, 0.5, 1, 9);
+    jdt_tensor *r = FX_INPUT(f, "r", JDT_DTYPE_F32, -1, 1, 2, 5, 3, 8);
+    jdt_tensor *sm = jdt_graph_softmax(g, x), *lsm = jdt_graph_log_softmax(g, x);
+    out(f, sm);
+    out(f, jdt_graph_softmax_bwd(g, sm, dy));
+    out(f, lsm);
+    out(f, jdt_graph_log_softmax_bwd(g, lsm, dy));
+    out(f, jdt_graph_softmax_xent(g, x, tg));
+    out(f, jdt_graph_softmax_xent_bwd(g, x, tg, dl));
+    out(f, jdt_graph_normalize(g, x, 1e-5));
+    out(f, jdt_graph_normalize_bwd(g, x, dy, 1e-5));
+    out(f, jdt_graph_rms_normalize(g, x, 1e-6));
+    out(f, jdt_graph_rms_normalize_bwd(g, x, dy, 1e-6));
+    out(f, jdt_graph_rope(g, r, 10000.0, false));
+    out(f, jdt_graph_rope(g, r, 500.0, true));
+    jdt_tensor *q = FX_INPUT(f, "q", JDT_DTYPE_F32, -2, 2, 2, 3, 67, 16);
+    jdt_tensor *k = FX_INPUT(f, "k", JDT_DTYPE_F32, -2, 2, 2, 3, 67, 16);
+    jdt_tensor *v = FX_INPUT(f, "v", JDT_DTYPE_F32, -1, 1, 2, 3, 67, 16);
+    jdt_tensor *dout = FX_INPUT(f, "do", JDT_DTYPE_F32, -1, 1, 2, 3, 67, 16);
+    jdt_tensor *o = jdt_graph_attention(g, q, k, v, 0.25);
+    out(f, o);
+    out(f, jdt_graph_attention_bwd(g, q, k, v, o, dout, 0.25));
+}
+
+/* An Adam-like update of a parameter and a moment: donated and copied updates on the device. */
+static void build_update(fx *f)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *w = FX_PARAM(f, "w", -1, 1, 33, 65);
+    jdt_tensor *m = fx_leaf(f, 2, "m", JDT_DTYPE_F32, 2, (int64_t[]){33, 65}, -0.1, 0.1);
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -1, 1, 33, 65);
+    jdt_tensor *gr = jdt_graph_mul(g, jdt_graph_tanh(g, w), x);
+    jdt_tensor *mn =
+        jdt_graph_add(g, jdt_graph_mul_scalar(g, m, 0.9), jdt_graph_mul_scalar(g, gr, 0.1));
+    jdt_graph_add_update(g, m, mn);
+    jdt_graph_add_update(g, w, jdt_graph_sub(g, w, jdt_graph_mul_scalar(g, mn, 0.01)));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, gr, gr), 3u, false));
+}
+
+typedef void (*builder_fn)(fx *f);
+static const struct {
+    const char *name;
+    builder_fn build;
+    double rtol, atol;
+} GRAPHS[] = {
+    {"elementwise", build_elementwise, 1e-5, 1e-5},
+    {"shape_reduce", build_shape_reduce, 1e-4, 1e-4},
+    /* TF32 GEMMs (10-bit mantissa): ~1e-3 relative on these small K */
+    {"builtins", build_builtins, 5e-3, 5e-3},
+    {"update", build_update, 1e-5, 1e-5},
+};
+#define N_GRAPHS ((int)(sizeof GRAPHS / sizeof GRAPHS[0]))
+
+/* Model configs of the train-step tests (the tiny GPT and its variants, the MLP). */
+static const char *GPT = "run: {seed: 7, steps: 10}\n"
+                         "model: {type: gpt, vocab_size: 64, seq_len: 16, n_layer: 2, n_embd: 32, "
+                         "n_head: 4}\n"
+                         "data: {format: synthetic, batch_size: 4, micro_batch_size: 4}\n"
+                         "optimizer: {lr: 0.003, warmup_steps: 2}\n";
+static const char *MLP =
+    "run: {seed: 7, steps: 10}\n"
+    "model: {type: mlp, in_dim: 20, hidden_dim: 32, n_hidden: 2, n_classes: 5}\n"
+    "data: {format: synthetic, batch_size: 8}\n"
+    "optimizer: {type: sgd, lr: 0.05, momentum: 0.9, nesterov: true}\n";
+static const struct {
+    const char *name, *base;
+    const char *over[4];
+} MODELS[] = {
+    {"gpt2", NULL, {NULL}},
+    {"llama",
+     NULL,
+     {"model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu", "model.bias=false"}},
+    {"dropout+accum", NULL, {"model.dropout=0.1", "data.micro_batch_size=2", NULL}},
+    {"mlp", NULL, {NULL}},
+};
+#define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
+
+static void load_model(int i, jdt_config *c)
+{
+    char *over[4];
+    int n = 0;
+    for (int k = 0; k < 4 && MODELS[i].over[k]; k++)
+        over[n++] = (char *)MODELS[i].over[k];
+    jdt_err e;
+    jdt_err_clear(&e);
+    const char *base = strcmp(MODELS[i].name, "mlp") == 0 ? MLP : GPT;
+    jdt_status st = jdt_config_load_string(base, "test", n, over, NULL, c, &e);
+    ck_assert_msg(st == JDT_OK, "config %s: %s", MODELS[i].name, e.msg);
+}
+
+static jdt_step *make_step(const jdt_config *c, jdt_device *d, const char *cache)
+{
+    jdt_step_opts o;
+    memset(&o, 0, sizeof o);
+    o.micro_batch = c->data.micro_batch_size;
+    o.n_accum = c->data.batch_size / c->data.micro_batch_size;
+    o.use_jit = true;
+    jdt_compile_opts_init(&o.copts);
+    o.copts.cache_dir = cache;
+    o.copts.threads = 1;
+    o.copts.device = d;
+    jdt_step *s = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_step_new(c, &o, &s, &e);
+    ck_assert_msg(st == JDT_OK, "step_new: %s", e.msg);
+    return s;
+}
+
+/* ---- NVRTC (no GPU needed) ------------------------------------------------------------------ */
+
+static int count_kernels(const char *src)
+{
+    int n = 0;
+    for (const char *p = src; (p = strstr(p, "__global__ void __launch_bounds__")); p++)
+        n++;
+    return n;
+}
+
+/* The emitted source has one kernel per fused group; with CUDA=1 NVRTC compiles it. */
+static void check_source(const char *what, const char *src, int n_kernels)
+{
+    ck_assert_msg(count_kernels(src) == n_kernels, "%s: %d kernels in the source, %d expected",
+                  what, count_kernels(src), n_kernels);
+#ifdef JDT_CUDA
+    void *image = NULL;
+    size_t n = 0;
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_cuda_nvrtc(src, what, SM, &image, &n, &e);
+    ck_assert_msg(st == JDT_OK, "%s: %s", what, e.msg);
+    ck_assert_msg(n > 0, "%s: empty cubin", what);
+    jdt_free(image);
+#endif
+}
+
+START_TEST(test_nvrtc_op_graphs)
+{
+    int i = _i;
+    fx f;
+    fx_init(&f);
+    GRAPHS[i].build(&f);
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    for (int nf = 0; nf < 2; nf++) { /* fused, and one kernel per op */
+        jdt_compile_opts o;
+        fx_opts(&f, &o);
+        o.device = d;
+        o.no_fuse = nf;
+        jdt_program *p = NULL;
+        jdt_status st = jdt_program_compile(f.g, &o, &p, &e);
+        ck_assert_msg(st == JDT_OK, "compile %s: %s", GRAPHS[i].name, e.msg);
+        /* an emit-only program cannot run: one clear error */
+        ck_assert_int_eq(jdt_program_run(p, &e), JDT_ERR_UNSUPPORTED);
+        check_source(GRAPHS[i].name, jdt_program_source(p), jdt_program_stats(p)->n_kernels);
+        if (strcmp(GRAPHS[i].name, "shape_reduce") == 0) /* the long reductions are split */
+            ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "_done[tile]"));
+        jdt_program_free(p);
+    }
+    jdt_device_close(d);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(test_nvrtc_train_steps)
+{
+    int i = _i;
+    jdt_config c;
+    load_model(i, &c);
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
+    check_source(MODELS[i].name, jdt_step_source(s), jdt_step_stats(s)->n_kernels);
+    jdt_step_free(s);
+    jdt_device_close(d);
+    jdt_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_builtin_kernels_compile)
+{
+#ifdef JDT_CUDA
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_cuk_compile_all(SM, &e);
+    ck_assert_msg(st == JDT_OK, "builtin kernels for sm_%d: %s", SM, e.msg);
+#else
+    printf("SKIP check_cuda: builtin kernels not compiled: this build has no CUDA (make CUDA=1)\n");
+#endif
+}
+END_TEST
+
+/* ---- on a GPU ---------------------------------------------------------------------------------
+ */
+
+/* Opens GPU 0, or prints why not and returns NULL. */
+/* fx_check_steps (the interpreter comparison) is not used here */
+__attribute__((unused)) static void (*const unused_fx_check)(void) = (void (*)(void))fx_check_steps;
+
+static jdt_device *gpu_or_skip(const char *test)
+{
+#ifdef JDT_CUDA
+    int n = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n);
+    if (ce != cudaSuccess || n == 0) {
+        printf("SKIP check_cuda: %s: no GPU (%s)\n", test,
+               ce != cudaSuccess ? cudaGetErrorString(ce) : "no CUDA device");
+        return NULL;
+    }
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = jdt_device_open(JDT_DEVICE_CUDA, 0, NULL, &d, &e);
+    ck_assert_msg(st == JDT_OK, "open cuda:0: %s", e.msg);
+    return d;
+#else
+    printf("SKIP check_cuda: %s: this build has no CUDA (make CUDA=1)\n", test);
+    return NULL;
+#endif
+}
+
+/* Runs graph i on device d and on the CPU backend from the same leaves (2 runs), comparing
+ * every output and, after a pull, every leaf. Closes d. */
+static void graph_vs_cpu(int i, jdt_device *d)
+{
+    fx f;
+    fx_init(&f);
+    GRAPHS[i].build(&f);
+    fx_fill(&f, 11);
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_compile_opts oc, og;
+    fx_opts(&f, &oc);
+    fx_opts(&f, &og);
+    og.device = d;
+    jdt_program *pc = NULL, *pg = NULL;
+    ck_assert_msg(jdt_program_compile(f.g, &oc, &pc, &e) == JDT_OK, "cpu: %s", e.msg);
+    ck_assert_msg(jdt_program_compile(f.g, &og, &pg, &e) == JDT_OK, "cuda: %s", e.msg);
+    for (int step = 0; step < 2; step++) {
+        fx_bind(&f, false);
+        ck_assert_msg(jdt_program_run(pc, &e) == JDT_OK, "cpu run: %s", e.msg);
+        fx_bind(&f, true);
+        ck_assert_msg(jdt_program_run(pg, &e) == JDT_OK, "cuda run %s: %s", GRAPHS[i].name, e.msg);
+        for (int k = 0; k < jdt_graph_n_outputs(f.g); k++) {
+            jdt_tensor *t = jdt_graph_output(f.g, k);
+            size_t nb = (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype);
+            void *got = malloc(nb + 8);
+            ck_assert_msg(jdt_program_read_output(pg, k, got, nb, &e) == JDT_OK, "read: %s", e.msg);
+            char what[160];
+            snprintf(what, sizeof what, "%s step %d output %d (%s)", GRAPHS[i].name, step, k,
+                     jdt_op_name(t->op));
+            fx_compare(what, got, jdt_program_output(pc, k), t->dtype, jdt_shape_numel(&t->shape),
+                       GRAPHS[i].rtol, GRAPHS[i].atol);
+            free(got);
+        }
+    }
+    ck_assert_msg(jdt_device_pull(d, &e) == JDT_OK, "pull: %s", e.msg);
+    for (int l = 0; l < f.n; l++)
+        fx_compare(f.leaf[l]->name, f.jit[l], f.ref[l], f.leaf[l]->dtype,
+                   jdt_shape_numel(&f.leaf[l]->shape), GRAPHS[i].rtol, GRAPHS[i].atol);
+    jdt_program_free(pc);
+    jdt_program_free(pg);
+    jdt_device_close(d);
+    fx_free(&f);
+}
+
+START_TEST(test_gpu_ops_match_cpu)
+{
+    jdt_device *d = gpu_or_skip(GRAPHS[_i].name);
+    if (d) graph_vs_cpu(_i, d);
+}
+END_TEST
+
+static jdt_device *emulated(void)
+{
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emulated(&d, &e), JDT_OK);
+    return d;
+}
+
+/* The CUDA kernels' semantics without a GPU: emulated on the host (threads, barriers). */
+START_TEST(test_emulated_ops_match_cpu)
+{
+    graph_vs_cpu(_i, emulated());
+}
+END_TEST
+
+static void fill_batch(const jdt_config *c, int k, int32_t *xi, float *xf, int32_t *y)
+{
+    uint32_t s = 12345u + 7919u * (uint32_t)k;
+    if (c->model.type == JDT_MODEL_MLP) {
+        for (int r = 0; r < c->data.batch_size; r++) {
+            for (int j = 0; j < c->model.in_dim; j++) {
+                s = s * 1664525u + 1013904223u;
+                xf[r * c->model.in_dim + j] = (float)(s >> 8) / 16777216.0f - 0.5f;
+            }
+            y[r] = r % c->model.n_classes;
+        }
+        return;
+    }
+    int n = c->data.batch_size * c->model.seq_len;
+    for (int j = 0; j < n; j++) {
+        s = s * 1664525u + 1013904223u;
+        xi[j] = (int32_t)((s >> 8) % (uint32_t)c->model.vocab_size);
+        y[j] = (xi[j] + 1) % c->model.vocab_size;
+    }
+}
+
+/* Trains model i for 8 steps on device d and on the CPU backend: losses and gradient norms
+ * step by step, then every parameter and moment after a pull. Closes d. */
+static void model_vs_cpu(int i, jdt_device *d, double rtol)
+{
+    jdt_config c;
+    load_model(i, &c);
+    char cache[] = "/tmp/jdt-check-cuda-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(cache));
+    jdt_step *sc = make_step(&c, NULL, cache), *sg = make_step(&c, d, cache);
+    size_t n = (size_t)c.data.batch_size *
+               (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
+    int32_t *xi = calloc(n, 4), *y = calloc(n, 4);
+    float *xf = calloc(n, 4);
+    jdt_err e;
+    jdt_err_clear(&e);
+    double first_c = 0, last_c = 0;
+    for (int k = 0; k < 8; k++) {
+        fill_batch(&c, k, xi, xf, y);
+        const void *x = c.model.type == JDT_MODEL_MLP ? (const void *)xf : (const void *)xi;
+        double lc, lg, gc, gg;
+        ck_assert_msg(jdt_step_run(sc, k, jdt_train_lr(&c, k), x, y, &lc, &gc, &e) == JDT_OK,
+                      "cpu step %d: %s", k, e.msg);
+        ck_assert_msg(jdt_step_run(sg, k, jdt_train_lr(&c, k), x, y, &lg, &gg, &e) == JDT_OK,
+                      "cuda step %d: %s", k, e.msg);
+        printf("check_cuda: %s step %d loss cpu %.6f cuda %.6f, grad norm %.5f / %.5f\n",
+               MODELS[i].name, k, lc, lg, gc, gg);
+        ck_assert_msg(fabs(lc - lg) <= rtol * fabs(lc) + 1e-4,
+                      "%s step %d: loss cpu %.6f vs cuda %.6f", MODELS[i].name, k, lc, lg);
+        ck_assert_msg(fabs(gc - gg) <= 10 * rtol * fabs(gc) + 1e-4,
+                      "%s step %d: grad norm cpu %.6f vs cuda %.6f", MODELS[i].name, k, gc, gg);
+        if (k == 0) first_c = lc;
+        last_c = lc;
+    }
+    ck_assert_msg(last_c < first_c, "%s: the loss did not fall (%g -> %g)", MODELS[i].name, first_c,
+                  last_c);
+    /* the device's parameters come back to the host (checkpoints) and agree with the CPU's */
+    ck_assert_msg(jdt_step_sync_host(sg, &e) == JDT_OK, "pull: %s", e.msg);
+    for (int t = 0; t < jdt_step_n_tensors(sc); t++) {
+        const char *name, *name2;
+        float *a, *b;
+        jdt_shape sh;
+        jdt_step_tensor(sc, t, &name, &a, &sh);
+        jdt_step_tensor(sg, t, &name2, &b, &sh);
+        fx_compare(name, b, a, JDT_DTYPE_F32, jdt_shape_numel(&sh), 10 * rtol, rtol);
+    }
+    free(xi);
+    free(xf);
+    free(y);
+    jdt_step_free(sc);
+    jdt_step_free(sg);
+    jdt_device_close(d);
+    jdt_config_free(&c);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_gpu_train_matches_cpu)
+{
+    jdt_device *d = gpu_or_skip(MODELS[_i].name);
+    if (d) model_vs_cpu(_i, d, 2e-3); /* TF32 GEMMs */
+}
+END_TEST
+
+START_TEST(test_emulated_train_matches_cpu)
+{
+    model_vs_cpu(_i, emulated(), 1e-4);
+}
+END_TEST
+
+/* No GPU: opening the CUDA device is one clear error, never a crash. */
+START_TEST(test_no_gpu_is_one_clear_error)
+{
+#ifdef JDT_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+        /* with a GPU: asking for a device past the last is the clear error instead */
+        jdt_device *d = NULL;
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_int_eq(jdt_device_open(JDT_DEVICE_CUDA, n, NULL, &d, &e), JDT_ERR_CONFIG);
+        ck_assert_ptr_null(d);
+        ck_assert_ptr_nonnull(strstr(e.msg, "GPU"));
+        return;
+    }
+#endif
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open(JDT_DEVICE_CUDA, 0, NULL, &d, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(d);
+    ck_assert_msg(strchr(e.msg, '\n') == NULL && strlen(e.msg) > 10, "message: %s", e.msg);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("cuda");
+    TCase *tc = tcase_create("nvrtc");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_nvrtc_op_graphs, 0, N_GRAPHS);
+    tcase_add_loop_test(tc, test_nvrtc_train_steps, 0, N_MODELS);
+#ifdef JDT_CUDA
+    tcase_add_test(tc, test_builtin_kernels_compile);
+#endif
+    tcase_add_test(tc, test_no_gpu_is_one_clear_error);
+    suite_add_tcase(s, tc);
+    TCase *te = tcase_create("emulated");
+    tcase_set_timeout(te, 300);
+    tcase_add_loop_test(te, test_emulated_ops_match_cpu, 0, N_GRAPHS);
+    tcase_add_loop_test(te, test_emulated_train_matches_cpu, 0, N_MODELS);
+    suite_add_tcase(s, te);
+#ifdef JDT_CUDA /* a CPU-only build has no GPU path to test (make test-cuda builds one) */
+    TCase *tg = tcase_create("gpu");
+    tcase_set_timeout(tg, 300);
+    tcase_add_loop_test(tg, test_gpu_ops_match_cpu, 0, N_GRAPHS);
+    tcase_add_loop_test(tg, test_gpu_train_matches_cpu, 0, N_MODELS);
+    suite_add_tcase(s, tg);
+#else
+    (void)test_builtin_kernels_compile;
+    (void)test_gpu_ops_match_cpu;
+    (void)test_gpu_train_matches_cpu;
+#endif
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,514 @@
+/*
+ * check_cuk.c — unit tests for the CUDA kernels module (engine/backend/cuda/cuk.h).
+ *
+ * Without a GPU (CI): every builtin kernel source compiles under NVRTC for sm_80 and sm_90, and
+ * jdt_cuk_init fails cleanly with ERR_UNSUPPORTED; every GPU test prints one "SKIP" line with
+ * the reason. With a GPU: every kernel against the CPU jdt_rt_* function of the same name on
+ * random inputs at odd shapes (TF32 tolerances for GEMMs, ~1e-5 relative for the rest), the
+ * float4 and scalar paths, out-of-range indices, every attention head-size class and layout,
+ * deferred launch errors and the on-disk cubin cache. Built without CUDA=1 the suite is one
+ * skipped test.
+ */
+#include "core/core.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef JDT_CUDA
+
+START_TEST(test_cuda_not_built)
+{
+    printf("SKIP check_cuk: built without CUDA=1\n");
+}
+END_TEST
+
+static void add_tests(TCase *tc)
+{
+    tcase_add_test(tc, test_cuda_not_built);
+}
+
+#else
+
+#include "backend/cuda/cuk.h"
+#include "runtime/runtime.h"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <cuda_runtime_api.h>
+#pragma GCC diagnostic pop
+
+#include <dirent.h>
+#include <unistd.h>
+
+/* ---- NVRTC (no GPU needed) ---------------------------------------------------------------- */
+
+START_TEST(test_nvrtc_compile_sm80)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_compile_all(80, &e);
+    ck_assert_msg(s == JDT_OK, "%s", e.msg);
+}
+END_TEST
+
+START_TEST(test_nvrtc_compile_sm90)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_compile_all(90, &e);
+    ck_assert_msg(s == JDT_OK, "%s", e.msg);
+}
+END_TEST
+
+START_TEST(test_nvrtc_bad_arch_is_compile_error)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_cuk_compile_all(1, &e), JDT_ERR_COMPILE);
+    ck_assert(strstr(e.msg, "sm_1") != NULL);
+}
+END_TEST
+
+/* ---- GPU fixture -------------------------------------------------------------------------- */
+
+/* A context on device 0 with a private cache, or NULL after printing one SKIP line (no GPU or
+ * driver: that must be ERR_UNSUPPORTED with a message, never a crash). */
+static jdt_cuk *gpu_or_skip(const char *test, char *cache_dir, size_t n)
+{
+    snprintf(cache_dir, n, "/tmp/jdt-check-cuk-%ld", (long)getpid());
+    jdt_cuk *k = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_init(0, cache_dir, &k, &e);
+    if (s == JDT_ERR_UNSUPPORTED) {
+        ck_assert(strlen(e.msg) > 0);
+        size_t len = strlen(test); /* Check names the function test_x_fn */
+        if (len > 3 && strcmp(test + len - 3, "_fn") == 0) len -= 3;
+        printf("SKIP check_cuk %.*s: %s\n", (int)len, test, e.msg);
+        return NULL;
+    }
+    ck_assert_msg(s == JDT_OK, "jdt_cuk_init: %s", e.msg);
+    ck_assert_int_ge(jdt_cuk_arch(k), 50);
+    return k;
+}
+
+#define GPU_OR_SKIP(k)                                                                             \
+    char cache_dir_[256];                                                                          \
+    jdt_cuk *k = gpu_or_skip(__func__, cache_dir_, sizeof cache_dir_);                             \
+    if (!k) return
+
+static void *dev_alloc(size_t n_bytes)
+{
+    void *p = NULL;
+    ck_assert_int_eq(cudaMalloc(&p, n_bytes ? n_bytes : 16), cudaSuccess);
+    return p;
+}
+
+static void *dev_from(const void *host, size_t n_bytes)
+{
+    void *p = dev_alloc(n_bytes);
+    if (n_bytes)
+        ck_assert_int_eq(cudaMemcpy(p, host, n_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return p;
+}
+
+/* Waits for the stream, checks for errors and copies n floats back (caller frees). */
+static float *dev_to_host(jdt_cuk *k, const float *dev, int64_t n)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_check(k, "test", true, &e);
+    ck_assert_msg(s == JDT_OK, "%s", e.msg);
+    float *h = malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (n)
+        ck_assert_int_eq(cudaMemcpy(h, dev, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+    return h;
+}
+
+static float *rand_floats(int64_t n, unsigned seed, float lo, float hi)
+{
+    float *x = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = lo + (hi - lo) * (float)(seed >> 8) / (float)(1u << 24);
+    }
+    return x;
+}
+
+/* |got - want| <= atol + rtol |want| everywhere; NaN must match NaN. */
+static void expect_close(const char *what, const float *got, const float *want, int64_t n,
+                         float atol, float rtol)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(want[i])) {
+            ck_assert_msg(isnan(got[i]), "%s[%lld]: got %g, want NaN", what, (long long)i,
+                          (double)got[i]);
+            continue;
+        }
+        float d = fabsf(got[i] - want[i]);
+        ck_assert_msg(d <= atol + rtol * fabsf(want[i]), "%s[%lld]: got %.8g, want %.8g", what,
+                      (long long)i, (double)got[i], (double)want[i]);
+    }
+}
+
+/* ---- GEMM --------------------------------------------------------------------------------- */
+
+static void check_matmul(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                         bool tb, bool shared, bool with_bias)
+{
+    int64_t na = batch * M * K, nb = (shared ? 1 : batch) * K * N, nc = batch * M * N;
+    float *a = rand_floats(na, 1, -1, 1), *b = rand_floats(nb, 2, -1, 1);
+    float *bias = rand_floats(N, 3, -1, 1), *want = malloc((size_t)nc * sizeof(float));
+    jdt_rt_matmul(a, b, with_bias ? bias : NULL, want, batch, M, N, K, ta, tb, shared);
+    float *da = dev_from(a, (size_t)na * 4), *db = dev_from(b, (size_t)nb * 4);
+    float *dbias = dev_from(bias, (size_t)N * 4), *dc = dev_alloc((size_t)nc * 4);
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s =
+        jdt_cuk_matmul(k, da, db, with_bias ? dbias : NULL, dc, batch, M, N, K, ta, tb, shared, &e);
+    ck_assert_msg(s == JDT_OK, "%s", e.msg);
+    float *got = dev_to_host(k, dc, nc);
+    char what[128];
+    snprintf(what, sizeof what, "matmul b%lld M%lld N%lld K%lld ta%d tb%d shared%d bias%d",
+             (long long)batch, (long long)M, (long long)N, (long long)K, ta, tb, shared, with_bias);
+    /* TF32: 10-bit mantissa inputs, f32 accumulation; |a|,|b| <= 1 */
+    expect_close(what, got, want, nc, 2e-3f * sqrtf((float)(K + 1)), 1e-2f);
+    free(a), free(b), free(bias), free(want), free(got);
+    cudaFree(da), cudaFree(db), cudaFree(dbias), cudaFree(dc);
+}
+
+START_TEST(test_matmul)
+{
+    GPU_OR_SKIP(k);
+    for (int f = 0; f < 16; f++)
+        check_matmul(k, 3, 37, 53, 29, f & 1, f >> 1 & 1, f >> 2 & 1, f >> 3 & 1);
+    check_matmul(k, 1, 130, 257, 300, false, true, true, true); /* a linear layer */
+    check_matmul(k, 2, 5, 7, 0, false, false, false, true);     /* K = 0: bias rows */
+    check_matmul(k, 2, 5, 7, 0, false, false, false, false);    /* K = 0: zeros */
+    /* a repeated shape reuses its cached plan; results must not change */
+    check_matmul(k, 3, 37, 53, 29, true, false, false, true);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* ---- row kernels -------------------------------------------------------------------------- */
+
+typedef enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_NORM, ROW_RMS } row_kind;
+
+static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
+{
+    int64_t n = N * C;
+    float eps = 1e-5f;
+    float *x = rand_floats(n, 11, -3, 5), *g = rand_floats(n, 12, -1, 1);
+    float *y = malloc((size_t)n * 4), *dx = malloc((size_t)n * 4);
+    float *dxin = dev_from(x, (size_t)n * 4), *dg = dev_from(g, (size_t)n * 4);
+    float *dy = dev_alloc((size_t)n * 4), *ddx = dev_alloc((size_t)n * 4);
+    const char *name = "?";
+    switch (kind) {
+    case ROW_SOFTMAX:
+        name = "softmax";
+        jdt_rt_softmax(x, y, N, C, 1);
+        jdt_rt_softmax_bwd(y, g, dx, N, C, 1);
+        jdt_cuk_softmax(k, dxin, dy, N, C);
+        jdt_cuk_softmax_bwd(k, dy, dg, ddx, N, C);
+        break;
+    case ROW_LOG_SOFTMAX:
+        name = "log_softmax";
+        jdt_rt_log_softmax(x, y, N, C, 1);
+        jdt_rt_log_softmax_bwd(y, g, dx, N, C, 1);
+        jdt_cuk_log_softmax(k, dxin, dy, N, C);
+        jdt_cuk_log_softmax_bwd(k, dy, dg, ddx, N, C);
+        break;
+    case ROW_NORM:
+        name = "normalize";
+        jdt_rt_normalize(x, y, N, C, eps, 1);
+        jdt_rt_normalize_bwd(x, g, dx, N, C, eps, 1);
+        jdt_cuk_normalize(k, dxin, dy, N, C, eps);
+        jdt_cuk_normalize_bwd(k, dxin, dg, ddx, N, C, eps);
+        break;
+    case ROW_RMS:
+        name = "rms_normalize";
+        jdt_rt_rms_normalize(x, y, N, C, eps, 1);
+        jdt_rt_rms_normalize_bwd(x, g, dx, N, C, eps, 1);
+        jdt_cuk_rms_normalize(k, dxin, dy, N, C, eps);
+        jdt_cuk_rms_normalize_bwd(k, dxin, dg, ddx, N, C, eps);
+        break;
+    }
+    float *gy = dev_to_host(k, dy, n), *gdx = dev_to_host(k, ddx, n);
+    char what[96];
+    snprintf(what, sizeof what, "%s N%lld C%lld", name, (long long)N, (long long)C);
+    expect_close(what, gy, y, n, 1e-6f, 2e-5f);
+    snprintf(what, sizeof what, "%s_bwd N%lld C%lld", name, (long long)N, (long long)C);
+    expect_close(what, gdx, dx, n, 1e-6f, 1e-4f);
+    free(x), free(g), free(y), free(dx), free(gy), free(gdx);
+    cudaFree(dxin), cudaFree(dg), cudaFree(dy), cudaFree(ddx);
+}
+
+START_TEST(test_row_kernels)
+{
+    GPU_OR_SKIP(k);
+    static const int64_t shapes[][2] = {{7, 1031}, {5, 1024}, {3, 5}, {2, 12289}, {1, 1}};
+    for (int kind = 0; kind < 4; kind++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            check_rows(k, (row_kind)kind, shapes[i][0], shapes[i][1]);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
+{
+    int64_t n = N * V;
+    float *x = rand_floats(n, 21, -4, 4), *dl = rand_floats(N, 22, 0.5f, 2);
+    int32_t *t = malloc((size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++)
+        t[i] = (int32_t)((i * 7919) % V);
+    t[0] = -1;                    /* ignored row: loss 0, gradient 0 */
+    if (N > 2) t[1] = (int32_t)V; /* out of range: loss NaN, gradient 0 */
+    float *loss = malloc((size_t)N * 4), *dx = malloc((size_t)n * 4);
+    jdt_rt_softmax_xent(x, t, loss, N, V, 1);
+    jdt_rt_softmax_xent_bwd(x, t, dl, dx, N, V, 1);
+    float *dxd = dev_from(x, (size_t)n * 4), *dld = dev_from(dl, (size_t)N * 4);
+    int32_t *td = dev_from(t, (size_t)N * 4);
+    float *lossd = dev_alloc((size_t)N * 4), *dxo = dev_alloc((size_t)n * 4);
+    jdt_cuk_softmax_xent(k, dxd, td, lossd, N, V);
+    jdt_cuk_softmax_xent_bwd(k, dxd, td, dld, dxo, N, V);
+    float *gl = dev_to_host(k, lossd, N), *gdx = dev_to_host(k, dxo, n);
+    expect_close("softmax_xent", gl, loss, N, 1e-5f, 1e-5f);
+    expect_close("softmax_xent_bwd", gdx, dx, n, 1e-7f, 1e-4f);
+    free(x), free(dl), free(t), free(loss), free(dx), free(gl), free(gdx);
+    cudaFree(dxd), cudaFree(dld), cudaFree(td), cudaFree(lossd), cudaFree(dxo);
+}
+
+START_TEST(test_softmax_xent)
+{
+    GPU_OR_SKIP(k);
+    check_xent(k, 9, 1037);
+    check_xent(k, 6, 1024);
+    check_xent(k, 4, 50257);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* ---- gather / scatter / rope / concat ----------------------------------------------------- */
+
+START_TEST(test_gather_scatter)
+{
+    GPU_OR_SKIP(k);
+    static const int64_t Cs[] = {13, 64};
+    for (int ci = 0; ci < 2; ci++) {
+        int64_t V = 11, C = Cs[ci], n = 9;
+        int32_t idx[9] = {3, 0, 10, 3, -1, 11, 7, 3, 0}; /* duplicates and two out of range */
+        float *table = rand_floats(V * C, 31, -1, 1), *src = rand_floats(n * C, 32, -1, 1);
+        float *out = malloc((size_t)(n * C) * 4), *acc = malloc((size_t)(V * C) * 4);
+        ck_assert_int_eq(jdt_rt_gather(table, idx, out, n, V, C, 1), 2);
+        ck_assert_int_eq(jdt_rt_scatter_add(src, idx, acc, n, V, C), 2);
+        float *dt = dev_from(table, (size_t)(V * C) * 4), *ds = dev_from(src, (size_t)(n * C) * 4);
+        int32_t *di = dev_from(idx, sizeof idx);
+        float *dout = dev_alloc((size_t)(n * C) * 4), *dacc = dev_alloc((size_t)(V * C) * 4);
+        ck_assert_int_eq(cudaMemset(dacc, 0x7f, (size_t)(V * C) * 4), cudaSuccess); /* garbage */
+        jdt_cuk_gather(k, dt, di, dout, n, V, C);
+        jdt_cuk_scatter_add(k, ds, di, dacc, n, V, C);
+        float *g1 = dev_to_host(k, dout, n * C), *g2 = dev_to_host(k, dacc, V * C);
+        expect_close("gather", g1, out, n * C, 0, 0);
+        expect_close("scatter_add", g2, acc, V * C, 1e-6f, 1e-6f);
+        free(table), free(src), free(out), free(acc), free(g1), free(g2);
+        cudaFree(dt), cudaFree(ds), cudaFree(di), cudaFree(dout), cudaFree(dacc);
+    }
+    jdt_cuk_free(k);
+}
+END_TEST
+
+START_TEST(test_rope)
+{
+    GPU_OR_SKIP(k);
+    int64_t B = 2, T = 37, H = 3, D = 18, n = B * T * H * D;
+    float *x = rand_floats(n, 41, -2, 2), *y = malloc((size_t)n * 4);
+    float *dx = dev_from(x, (size_t)n * 4), *dy = dev_alloc((size_t)n * 4);
+    for (int inv = 0; inv < 2; inv++) {
+        jdt_rt_rope(x, y, B, T, H, D, 10000.0, inv, 1);
+        jdt_cuk_rope(k, dx, dy, B, T, H, D, 10000.0, inv);
+        float *g = dev_to_host(k, dy, n);
+        expect_close(inv ? "rope inverse" : "rope", g, y, n, 2e-6f, 1e-5f);
+        free(g);
+    }
+    jdt_cuk_rope(k, dx, dy, B, T, H, 7, 10000.0, false); /* odd D: a deferred error */
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_cuk_check(k, "rope", true, &e), JDT_ERR_INVALID);
+    ck_assert(strstr(e.msg, "odd") != NULL);
+    ck_assert_int_eq(jdt_cuk_check(k, "again", true, &e), JDT_OK); /* reported once */
+    free(x), free(y);
+    cudaFree(dx), cudaFree(dy);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+START_TEST(test_concat)
+{
+    GPU_OR_SKIP(k);
+    int64_t outer = 5, inner = 3, len[3] = {2, 0, 4}, tot = 6;
+    float *h[3], *d[3];
+    for (int i = 0; i < 3; i++) {
+        h[i] = rand_floats(outer * len[i] * inner, 51 + (unsigned)i, -1, 1);
+        d[i] = dev_from(h[i], (size_t)(outer * len[i] * inner) * 4);
+    }
+    float *want = malloc((size_t)(outer * tot * inner) * 4);
+    jdt_rt_concat((const float *const *)h, len, 3, want, outer, inner, sizeof(float));
+    float *dout = dev_alloc((size_t)(outer * tot * inner) * 4);
+    jdt_cuk_concat(k, (const float *const *)d, len, 3, dout, outer, inner, sizeof(float));
+    float *got = dev_to_host(k, dout, outer * tot * inner);
+    expect_close("concat", got, want, outer * tot * inner, 0, 0);
+    for (int i = 0; i < 3; i++)
+        free(h[i]), cudaFree(d[i]);
+    free(want), free(got), cudaFree(dout);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+/* Copies x (B, H, T, D) into the (B, T, H, D) layout. */
+static float *to_bthd(const float *x, int64_t B, int64_t H, int64_t T, int64_t D)
+{
+    float *y = malloc((size_t)(B * H * T * D) * 4);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++)
+                memcpy(y + ((b * T + t) * H + h) * D, x + ((b * H + h) * T + t) * D, (size_t)D * 4);
+    return y;
+}
+
+static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t D, unsigned bthd)
+{
+    int64_t n = B * H * T * D;
+    float scale = 1.0f / sqrtf((float)D);
+    float *q = rand_floats(n, 61, -1, 1), *kk = rand_floats(n, 62, -1, 1);
+    float *v = rand_floats(n, 63, -1, 1), *go = rand_floats(n, 64, -1, 1);
+    float *o = malloc((size_t)n * 4), *dqkv = malloc((size_t)(3 * n) * 4);
+    float *scr = malloc((size_t)jdt_rt_attention_scratch_floats(D, T, 1) * 4);
+    jdt_rt_attention(q, kk, v, o, B, H, T, D, scale, 0, scr, 1);
+    jdt_rt_attention_bwd(q, kk, v, o, go, dqkv, B, H, T, D, scale, 0, scr, 1);
+    /* device inputs in the layout bthd asks for (the reference used (B, H, T, D)) */
+    const float *hin[5] = {q, kk, v, o, go};
+    float *din[5];
+    for (int i = 0; i < 5; i++) {
+        float *t = (bthd >> i & 1u) ? to_bthd(hin[i], B, H, T, D) : NULL;
+        din[i] = dev_from(t ? t : hin[i], (size_t)n * 4);
+        free(t);
+    }
+    float *dO = dev_alloc((size_t)n * 4), *dD = dev_alloc((size_t)(3 * n) * 4);
+    void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
+    jdt_cuk_attention(k, din[0], din[1], din[2], dO, B, H, T, D, scale, bthd & 7u, dscr);
+    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], din[3], din[4], dD, B, H, T, D, scale, bthd,
+                          dscr);
+    float *go_ = dev_to_host(k, dO, n), *gd = dev_to_host(k, dD, 3 * n);
+    char what[96];
+    snprintf(what, sizeof what, "attention B%lld H%lld T%lld D%lld bthd%u", (long long)B,
+             (long long)H, (long long)T, (long long)D, bthd);
+    expect_close(what, go_, o, n, 2e-5f, 1e-4f);
+    snprintf(what, sizeof what, "attention_bwd B%lld H%lld T%lld D%lld bthd%u", (long long)B,
+             (long long)H, (long long)T, (long long)D, bthd);
+    expect_close(what, gd, dqkv, 3 * n, 5e-5f, 1e-3f);
+    free(q), free(kk), free(v), free(go), free(o), free(dqkv), free(scr), free(go_), free(gd);
+    for (int i = 0; i < 5; i++)
+        cudaFree(din[i]);
+    cudaFree(dO), cudaFree(dD), cudaFree(dscr);
+}
+
+START_TEST(test_attention)
+{
+    GPU_OR_SKIP(k);
+    check_attention(k, 2, 3, 77, 16, 0);   /* d64 class, T not a multiple of any tile */
+    check_attention(k, 1, 2, 130, 64, 0);  /* d64, full head */
+    check_attention(k, 1, 2, 65, 64, 31u); /* every input (B, T, H, D) */
+    check_attention(k, 1, 1, 45, 80, 5u);  /* d128 class, mixed layouts */
+    check_attention(k, 1, 1, 33, 136, 0);  /* d256 class */
+    check_attention(k, 1, 1, 1, 8, 0);     /* one token */
+    jdt_cuk_attention(k, NULL, NULL, NULL, NULL, 1, 1, 4, 300, 1.0f, 0, NULL);
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_cuk_check(k, "attention", false, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert(strstr(e.msg, "head size") != NULL);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* ---- context ------------------------------------------------------------------------------ */
+
+START_TEST(test_init_errors_and_cache)
+{
+    GPU_OR_SKIP(k);
+    jdt_cuk_free(k);
+    /* the first init filled the cache: one entry per .cu source */
+    DIR *dir = opendir(cache_dir_);
+    ck_assert_ptr_nonnull(dir);
+    int n_entries = 0;
+    for (struct dirent *de; (de = readdir(dir));)
+        if (strncmp(de->d_name, "cuk-", 4) == 0) n_entries++;
+    closedir(dir);
+    ck_assert_int_ge(n_entries, 3);
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_cuk_init(0, cache_dir_, &k, &e), JDT_OK); /* from the cache */
+    ck_assert_ptr_nonnull(jdt_cuk_stream(k));
+    ck_assert_int_eq(jdt_cuk_check(k, "idle", true, &e), JDT_OK);
+    jdt_cuk_free(k);
+    jdt_cuk_free(NULL);
+    jdt_cuk *bad = NULL;
+    ck_assert_int_eq(jdt_cuk_init(4096, cache_dir_, &bad, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(bad);
+    ck_assert(strstr(e.msg, "4096") != NULL);
+}
+END_TEST
+
+START_TEST(test_no_gpu_is_clean_error)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+        printf("SKIP check_cuk test_no_gpu_is_clean_error: this machine has a GPU\n");
+        return;
+    }
+    jdt_cuk *k = (jdt_cuk *)1;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_cuk_init(0, NULL, &k, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(k);
+    ck_assert(strlen(e.msg) > 10);
+}
+END_TEST
+
+static void add_tests(TCase *tc)
+{
+    tcase_add_test(tc, test_nvrtc_compile_sm80);
+    tcase_add_test(tc, test_nvrtc_compile_sm90);
+    tcase_add_test(tc, test_nvrtc_bad_arch_is_compile_error);
+    tcase_add_test(tc, test_no_gpu_is_clean_error);
+    tcase_add_test(tc, test_init_errors_and_cache);
+    tcase_add_test(tc, test_matmul);
+    tcase_add_test(tc, test_row_kernels);
+    tcase_add_test(tc, test_softmax_xent);
+    tcase_add_test(tc, test_gather_scatter);
+    tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_concat);
+    tcase_add_test(tc, test_attention);
+}
+
+#endif /* JDT_CUDA */
+
+int main(void)
+{
+    Suite *s = suite_create("cuk");
+    TCase *tc = tcase_create("cuk");
+    tcase_set_timeout(tc, 300); /* NVRTC compiles of the attention kernels take tens of seconds */
+    add_tests(tc);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
