@@ -806,12 +806,19 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     names = NULL;
 
     int64_t total = 0;
+    jdt_progress prog; /* opening checks every byte's CRC: long for a large dataset */
+    jdt_progress_begin(&prog, "checking the dataset's shards", (double)d->n_shards, "files");
     for (int64_t i = 0; i < d->n_shards; i++) {
         shard *s = &d->shards[i];
-        if ((st = shard_open(d, s, true, i == 0, e))) goto fail;
+        if ((st = shard_open(d, s, true, i == 0, e))) {
+            jdt_progress_end(&prog);
+            goto fail;
+        }
         s->start = total;
         total += s->n_units;
+        jdt_progress_update(&prog, (double)(i + 1));
     }
+    jdt_progress_end(&prog);
     d->info.n_files = d->n_shards;
     d->info.n_units = total;
     bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
