@@ -173,6 +173,7 @@ START_TEST(test_progress_plain_lines)
     ck_assert_ptr_null(strstr(strstr(out, "'fast'") + 1, "'fast'"));
     ck_assert_ptr_null(strstr(out, "saving:"));
     free(out);
+    unsetenv("JDT_PROGRESS_INTERVAL");
 }
 END_TEST
 
