@@ -11,8 +11,8 @@
  *
  * Every returned tensor is owned by g (freed by jdt_graph_free). Logical axis names (`axes`)
  * are propagated through shape-preserving ops, reductions (reduced dims dropped), transposes,
- * matmuls, gathers and broadcasts. Nothing reads them yet: they are the input of the SPMD
- * partitioner to come (engine/shard, see docs/architecture.md).
+ * matmuls, gathers and broadcasts. The SPMD partitioner (engine/shard, docs/sharding.md)
+ * maps them to mesh axes through sharding.rules.
  */
 #ifndef JDT_GRAPH_BUILDER_H
 #define JDT_GRAPH_BUILDER_H

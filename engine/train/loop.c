@@ -82,6 +82,16 @@ typedef struct {
     double s_data, s_step, s_comm, s_ckpt, s_eval; /* seconds spent, for the end-of-run table */
     jdt_trace *trace;    /* run.profile: open while the traced steps run */
     bool tracing;
+    char trace_path[1200];
+    int64_t first;       /* the first step this process runs (the resume point) */
+    double t_start;      /* when step `first` began */
+    /* global throughput numbers: every rank runs its share of the global batch */
+    double units_per_step, flops_per_step, peak; /* peak: pref.flops x world size */
+    jdt_peak_ref pref;   /* the MFU reference of one process */
+    bool warned_mfu;     /* the MFU > 100% warning was given */
+    /* the log window: steps since the last log line, their seconds in data + step, of which data */
+    int64_t window_steps;
+    double window_time, window_wait;
 } trainer;
 
 /* compiled-program step hook (jdt_compile_opts.trace): one span per kernel while tracing */
@@ -596,6 +606,276 @@ static void trainer_init(trainer *tr, const jdt_config *cfg, jdt_dist *dist)
     jdt_mesh_init(&tr->mesh, ones, 1, 0, NULL);
 }
 
+/* Compiles the step on this rank's device and restores what the run starts from: a checkpoint
+ * to resume (*start = its step, tr->data_shift for a changed batch size) or init_from weights
+ * (fine-tuning, *start = 0). */
+static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    const bool main_rank = tr->rank == 0;
+    double t_compile = jdt_now_s();
+    jdt_status st;
+    if ((st = open_device(tr, false, e)) != JDT_OK) return st;
+    if ((st = make_step(tr, &tr->step, e)) != JDT_OK) return st;
+    const jdt_compile_stats *cs = jdt_step_stats(tr->step);
+    if (main_rank)
+        JDT_INFO("model: %s, %lld parameters; step compiled in %.2fs%s",
+                 cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt",
+                 (long long)jdt_model_param_count(jdt_step_model(tr->step)), jdt_now_s() - t_compile,
+                 cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
+    if (main_rank && tr->world_size > 1)
+        JDT_INFO("mesh: data %d x fsdp %d x tensor %d; rank 0 holds %.2f MiB of parameters and "
+                 "optimizer state", tr->mesh.size[JDT_MESH_DATA], tr->mesh.size[JDT_MESH_FSDP],
+                 tr->mesh.size[JDT_MESH_TENSOR], (double)jdt_step_state_bytes(tr->step) / 1048576.0);
+    *start = 0;
+    char *resume = NULL;
+    if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr->ckpt_dir, &resume, e)) != JDT_OK) return st;
+    if (resume) {
+        int64_t data_batch = 0;
+        st = load_ckpt(cfg, tr->step, resume, start, &data_batch, e);
+        tr->data_shift = data_batch - *start;
+        if (st == JDT_OK && main_rank)
+            JDT_INFO("resumed from %s at step %lld (data batch %lld)", resume, (long long)*start,
+                     (long long)data_batch);
+        jdt_free(resume);
+        return st;
+    }
+    if (cfg->checkpoint.init_from[0]) { /* fine-tuning: weights only, step 0 */
+        if ((st = jdt_hf_init_from(tr->step, cfg, cfg->checkpoint.init_from, e)) != JDT_OK) return st;
+        if (main_rank) JDT_INFO("initialised params from %s", cfg->checkpoint.init_from);
+    }
+    return JDT_OK;
+}
+
+/* The MFU denominator of one process: on a GPU the part's dense tensor-core peak for the
+ * step's precision (TF32 for f32, bf16), on the CPU the cached or measured SGEMM peak
+ * (engine/obs); runtime.peak_gflops pins either. */
+static jdt_status mfu_reference(trainer *tr, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    if (tr->device) {
+        char desc[300];
+        jdt_device_describe(tr->device, desc, sizeof desc);
+        jdt_peak_reference_gpu(desc, cfg->precision.compute == JDT_DTYPE_BF16,
+                               cfg->runtime.peak_gflops, &tr->pref);
+        if (tr->rank == 0 && tr->pref.guessed)
+            JDT_WARN("MFU: %s is not in the datasheet table (engine/obs/peak.c); MFU assumes %.1f "
+                     "TFLOP/s: set runtime.peak_gflops to the part's dense peak", desc,
+                     tr->pref.flops * 1e-12);
+        return JDT_OK;
+    }
+    char cache_dir[1024];
+    jdt_compile_opts co;
+    jdt_train_compile_opts(cfg, &co);
+    if (jdt_compile_cache_dir(&co, cache_dir, sizeof cache_dir, NULL) != JDT_OK) cache_dir[0] = '\0';
+    return jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops, &tr->pref, e);
+}
+
+/* Rank 0's outputs: run_dir/config.yaml, metrics.jsonl (appended on a resume), the TensorBoard
+ * events with the resolved config as text, and the MFU reference line. */
+static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.yaml", tr->run_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
+    fputs(cfg->resolved_yaml, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", tr->run_dir);
+    tr->metrics = fopen(path, start > 0 ? "a" : "w");
+    if (!tr->metrics) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
+    JDT_INFO("MFU reference: %.4g GFLOP/s for %d process(es) (%s%s%s)", tr->peak * 1e-9,
+             tr->world_size, tr->pref.source, tr->pref.cache_path[0] ? ": " : "",
+             tr->pref.cache_path);
+    if (tr->pref.provisional)
+        JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
+                 "overstated; set runtime.peak_gflops to pin it", tr->pref.load_avg);
+    jdt_status st = jdt_tboard_open(tr->run_dir, &tr->tb, e);
+    if (st != JDT_OK) return st;
+    size_t n = strlen(cfg->resolved_yaml) + 16;
+    char *md = jdt_malloc(n);
+    if (md) {
+        snprintf(md, n, "```\n%s\n```", cfg->resolved_yaml);
+        jdt_tboard_text(tr->tb, "config", start, md, NULL);
+        jdt_free(md);
+    }
+    return JDT_OK;
+}
+
+/* Rank 0's line for step t (averages over the steps since the last one), the same figures in
+ * metrics.jsonl and TensorBoard; one warning the first time MFU exceeds 100%. */
+static void log_window(trainer *tr, int64_t t, double loss, double lr, double gnorm)
+{
+    const jdt_config *cfg = tr->cfg;
+    const bool mlp = cfg->model.type == JDT_MODEL_MLP;
+    double dt = tr->window_time / (double)tr->window_steps;
+    char eta[32];
+    fmt_duration(dt * (double)(cfg->run.steps - t - 1), eta, sizeof eta);
+    const double mfu = 100.0 * tr->flops_per_step / dt / tr->peak;
+    const double rss_mb = (double)jdt_obs_peak_rss_bytes() / 1048576.0;
+    const double wait_ms = tr->window_wait / (double)tr->window_steps * 1e3;
+    JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%%%s | "
+             "%.1f ms/step (data %.1f) | peak RSS %.0f MB | ETA %s",
+             (long long)(t + 1), (long long)cfg->run.steps, loss, lr, gnorm,
+             tr->units_per_step / dt, mlp ? "samples" : "tok", mfu, mfu > 100 ? " (!)" : "",
+             dt * 1e3, wait_ms, rss_mb, eta);
+    if (mfu > 100 && !tr->warned_mfu) {
+        tr->warned_mfu = true;
+        warn_mfu(mfu, "", tr->peak, &tr->pref);
+    }
+    /* "step" last: the resume test compares lines matching '"step": N,' */
+    fprintf(tr->metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
+            "\"data_ms\": %.6g, \"peak_rss_mb\": %.1f, \"elapsed_s\": %.3f, \"step\": %lld}\n",
+            tr->units_per_step / dt, mfu, dt * 1e3, wait_ms, rss_mb, jdt_now_s() - tr->t_start,
+            (long long)(t + 1));
+    jdt_tboard_scalar(tr->tb, "perf/tokens_per_s", t + 1, tr->units_per_step / dt, NULL);
+    jdt_tboard_scalar(tr->tb, "perf/mfu_percent", t + 1, mfu, NULL);
+    jdt_tboard_scalar(tr->tb, "perf/step_ms", t + 1, dt * 1e3, NULL);
+    jdt_tboard_scalar(tr->tb, "perf/data_wait_ms", t + 1, wait_ms, NULL);
+    jdt_tboard_scalar(tr->tb, "memory/peak_rss_mb", t + 1, rss_mb, NULL);
+    jdt_tboard_flush(tr->tb, NULL);
+    fflush(tr->metrics);
+    tr->window_steps = 0;
+    tr->window_time = tr->window_wait = 0;
+}
+
+/* run.profile: closes the Chrome trace after its last traced step (step t). */
+static jdt_status end_trace(trainer *tr, int64_t t, jdt_err *e)
+{
+    tr->tracing = false;
+    jdt_status st = jdt_trace_close(tr->trace, e);
+    tr->trace = NULL;
+    if (st != JDT_OK) return st;
+    if (tr->rank == 0)
+        JDT_INFO("wrote %s: a Chrome trace of steps %lld-%lld (open it in "
+                 "ui.perfetto.dev or chrome://tracing)", tr->trace_path,
+                 (long long)(tr->first + 2), (long long)(t + 1));
+    return JDT_OK;
+}
+
+/* Step t: its batch, the compiled step, the trace spans, rank 0's metrics and log line. */
+static jdt_status train_step(trainer *tr, int64_t t, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    const bool main_rank = tr->rank == 0;
+    tr->tracing = tr->trace && t > tr->first && t <= tr->first + cfg->run.profile_steps;
+    double t0 = jdt_now_s();
+    jdt_data_batch b;
+    jdt_status st = jdt_data_get(tr->train, t + tr->data_shift, &b, e);
+    if (st != JDT_OK) return st;
+    double t_data = jdt_now_s();
+    tr->window_wait += t_data - t0;
+    tr->s_data += t_data - t0;
+    if (tr->tracing) jdt_trace_span(tr->trace, "data wait", "data", 0, t0, t_data);
+    double lr = jdt_train_lr(cfg, t), loss = NAN, gnorm = NAN;
+    st = jdt_step_run(tr->step, t, lr, b.x, b.y, &loss, &gnorm, e);
+    if (st == JDT_ERR_NUMERIC && cfg->optimizer.nan_policy == JDT_NAN_SKIP) {
+        JDT_WARN("%s; update skipped", e->msg);
+        st = JDT_OK;
+    }
+    if (st != JDT_OK) return st;
+    tr->window_steps++;
+    tr->window_time += jdt_now_s() - t0;
+    tr->s_step += jdt_now_s() - t_data;
+    if (tr->tracing) {
+        char name[64];
+        snprintf(name, sizeof name, "step %lld", (long long)(t + 1));
+        jdt_trace_span(tr->trace, name, "step", 0, t_data, jdt_now_s());
+        if (t == tr->first + cfg->run.profile_steps || last_step(cfg, t))
+            if ((st = end_trace(tr, t, e)) != JDT_OK) return st;
+    }
+    if (!main_rank) return JDT_OK;
+    fprintf(tr->metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"tokens\": %.0f}\n", (long long)(t + 1), loss, lr, gnorm,
+            tr->units_per_step * (double)(t + 1));
+    jdt_tboard_scalar(tr->tb, "loss/train", t + 1, loss, NULL);
+    jdt_tboard_scalar(tr->tb, "optim/lr", t + 1, lr, NULL);
+    jdt_tboard_scalar(tr->tb, "optim/grad_norm", t + 1, gnorm, NULL);
+    if ((t + 1) % cfg->run.log_every == 0 || last_step(cfg, t) || t == tr->first)
+        log_window(tr, t, loss, lr, gnorm);
+    return JDT_OK;
+}
+
+/* Rank 0's end-of-run table after step t: throughput, MFU, where the time went, peak memory
+ * against the planner's figures. */
+static void log_summary(const trainer *tr, int64_t t)
+{
+    const bool mlp = tr->cfg->model.type == JDT_MODEL_MLP;
+    const double wall = jdt_now_s() - tr->t_start, n_run = (double)(t + 1 - tr->first);
+    JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - tr->first), wall);
+    double state_bytes = 0;
+    for (int i = 0; i < jdt_step_n_tensors(tr->step); i++) {
+        const char *nm;
+        float *d;
+        jdt_shape sh;
+        jdt_step_tensor(tr->step, i, &nm, &d, &sh);
+        state_bytes += (double)jdt_shape_numel(&sh) * sizeof(float);
+    }
+    const jdt_compile_stats *cs = jdt_step_stats(tr->step);
+    const double pct = wall > 0 ? 100.0 / wall : 0;
+    const double run_mfu = 100.0 * tr->flops_per_step * n_run / tr->s_step / tr->peak;
+    if (run_mfu > 100 && !tr->warned_mfu) warn_mfu(run_mfu, " over the run", tr->peak, &tr->pref);
+    JDT_INFO("summary of this run (rank 0):\n"
+             "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.4g GFLOP/s, %s)\n"
+             "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
+             "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
+             "  data wait      %8.2fs %5.1f%%\n"
+             "  eval           %8.2fs %5.1f%%\n"
+             "  checkpointing  %8.2fs %5.1f%%\n"
+             "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state",
+             tr->units_per_step * n_run / tr->s_step, mlp ? "samples" : "tok", run_mfu,
+             run_mfu > 100 ? " (!)" : "", tr->peak * 1e-9, tr->pref.source, tr->s_step - tr->s_comm, (tr->s_step - tr->s_comm) * pct, tr->s_comm,
+             tr->s_comm * pct, tr->s_data, tr->s_data * pct, tr->s_eval, tr->s_eval * pct,
+             tr->s_ckpt, tr->s_ckpt * pct, (double)jdt_obs_peak_rss_bytes() / 1048576.0,
+             cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0);
+}
+
+/* After step t: evaluation, periodic and final checkpoints (every rank saves its slices), the
+ * profile table, the end-of-run summary. */
+static jdt_status after_step(trainer *tr, int64_t t, jdt_err *e)
+{
+    const jdt_config *cfg = tr->cfg;
+    const bool main_rank = tr->rank == 0;
+    const bool last = last_step(cfg, t);
+    jdt_status st;
+    if (tr->val && ((t + 1) % cfg->run.eval_every == 0 || last)) {
+        double vl, t_ev = jdt_now_s();
+        if ((st = run_eval(tr, &vl, e)) != JDT_OK) return st;
+        tr->s_eval += jdt_now_s() - t_ev;
+        if (main_rank) {
+            JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
+            fprintf(tr->metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
+            jdt_tboard_scalar(tr->tb, "loss/val", t + 1, vl, NULL);
+            jdt_tboard_flush(tr->tb, NULL);
+            fflush(tr->metrics);
+        }
+    }
+    if (cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last)
+        if ((st = save_ckpt(tr, t + 1, e)) != JDT_OK) return st;
+    if (cfg->run.profile && main_rank && t + 1 - tr->first == cfg->run.profile_steps)
+        log_profile(tr);
+    if (last) {
+        if ((st = save_ckpt(tr, t + 1, e)) != JDT_OK) return st;
+        if (main_rank) log_summary(tr, t);
+    }
+    return JDT_OK;
+}
+
+/* A signal stopped the run after `done` steps: checkpoint (every rank its slices), then
+ * ERR_INTERRUPTED. */
+static jdt_status stop_run(trainer *tr, int64_t done, jdt_err *e)
+{
+    int sig = g_stop_signal ? g_stop_signal : SIGTERM; /* another rank's signal */
+    if (tr->rank == 0)
+        JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)done);
+    jdt_status st;
+    if (tr->cfg->checkpoint.save_on_signal && (st = save_ckpt(tr, done, e)) != JDT_OK) return st;
+    return jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",
+                       sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)done);
+}
+
 jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
 {
     trainer tr;
@@ -612,243 +892,34 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     jdt_train_ckpt_dir(cfg, tr.ckpt_dir, sizeof tr.ckpt_dir);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) goto out_signals;
-
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
-
-    double t_compile = jdt_now_s();
-    if ((st = open_device(&tr, false, e)) != JDT_OK) goto out_signals;
-    if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out_signals;
-    const jdt_compile_stats *cs = jdt_step_stats(tr.step);
-    if (main_rank)
-        JDT_INFO("model: %s, %lld parameters; step compiled in %.2fs%s", cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt",
-             (long long)jdt_model_param_count(jdt_step_model(tr.step)), jdt_now_s() - t_compile,
-             cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
-
-    if (main_rank && tr.world_size > 1)
-        JDT_INFO("mesh: data %d x fsdp %d x tensor %d; rank 0 holds %.2f MiB of parameters and "
-                 "optimizer state", tr.mesh.size[JDT_MESH_DATA], tr.mesh.size[JDT_MESH_FSDP],
-                 tr.mesh.size[JDT_MESH_TENSOR], (double)jdt_step_state_bytes(tr.step) / 1048576.0);
     int64_t start = 0;
-    char *resume = NULL;
-    if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr.ckpt_dir, &resume, e)) != JDT_OK) goto out_signals;
-    if (resume) {
-        int64_t data_batch = 0;
-        st = load_ckpt(cfg, tr.step, resume, &start, &data_batch, e);
-        tr.data_shift = data_batch - start;
-        if (st == JDT_OK && main_rank)
-            JDT_INFO("resumed from %s at step %lld (data batch %lld)", resume, (long long)start,
-                     (long long)data_batch);
-        jdt_free(resume);
-        if (st != JDT_OK) goto out_signals;
-    } else if (cfg->checkpoint.init_from[0]) { /* fine-tuning: weights only, step 0 */
-        if ((st = jdt_hf_init_from(tr.step, cfg, cfg->checkpoint.init_from, e)) != JDT_OK) goto out_signals;
-        if (main_rank) JDT_INFO("initialised params from %s", cfg->checkpoint.init_from);
-    }
-
+    if ((st = prepare_step(&tr, &start, e)) != JDT_OK) goto out_signals;
     if (main_rank && (st = preflight_ckpt(&tr, e)) != JDT_OK) goto out_signals;
-    if (main_rank) {
-        char path[1100];
-        snprintf(path, sizeof path, "%s/config.yaml", tr.run_dir);
-        FILE *f = fopen(path, "w");
-        if (!f) {
-            st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-            goto out_signals;
-        }
-        fputs(cfg->resolved_yaml, f);
-        fclose(f);
-        snprintf(path, sizeof path, "%s/metrics.jsonl", tr.run_dir);
-        tr.metrics = fopen(path, start > 0 ? "a" : "w");
-        if (!tr.metrics) {
-            st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-            goto out_signals;
-        }
-    }
 
-    const bool mlp = cfg->model.type == JDT_MODEL_MLP;
     /* global numbers: every rank runs its share of the global batch in the same time */
-    const double units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
-    const double flops_per_step = jdt_step_model_flops(tr.step);
-    jdt_peak_ref pref;
-    if (tr.device) { /* a GPU: the part's dense tensor-core peak for the precision, unless pinned */
-        char desc[300];
-        jdt_device_describe(tr.device, desc, sizeof desc);
-        jdt_peak_reference_gpu(desc, cfg->precision.compute == JDT_DTYPE_BF16,
-                               cfg->runtime.peak_gflops, &pref);
-        if (main_rank && pref.guessed)
-            JDT_WARN("MFU: %s is not in the datasheet table (engine/obs/peak.c); MFU assumes %.1f "
-                     "TFLOP/s: set runtime.peak_gflops to the part's dense peak", desc,
-                     pref.flops * 1e-12);
-    } else {
-        char cache_dir[1024];
-        jdt_compile_opts co;
-        jdt_train_compile_opts(cfg, &co);
-        if (jdt_compile_cache_dir(&co, cache_dir, sizeof cache_dir, NULL) != JDT_OK) cache_dir[0] = '\0';
-        if ((st = jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops,
-                                     &pref, e)) != JDT_OK)
-            goto out_signals;
-    }
-    const double peak = pref.flops * tr.world_size;
-    bool warned_mfu = false;
-    if (main_rank) {
-        JDT_INFO("MFU reference: %.4g GFLOP/s for %d process(es) (%s%s%s)", peak * 1e-9,
-                 tr.world_size, pref.source, pref.cache_path[0] ? ": " : "", pref.cache_path);
-        if (pref.provisional)
-            JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
-                     "overstated; set runtime.peak_gflops to pin it", pref.load_avg);
-        if ((st = jdt_tboard_open(tr.run_dir, &tr.tb, e)) != JDT_OK) goto out_signals;
-        size_t n = strlen(cfg->resolved_yaml) + 16;
-        char *md = jdt_malloc(n);
-        if (md) {
-            snprintf(md, n, "```\n%s\n```", cfg->resolved_yaml);
-            jdt_tboard_text(tr.tb, "config", start, md, NULL);
-            jdt_free(md);
-        }
-    }
+    const bool mlp = cfg->model.type == JDT_MODEL_MLP;
+    tr.units_per_step = (double)cfg->data.batch_size * (mlp ? 1 : cfg->model.seq_len);
+    tr.flops_per_step = jdt_step_model_flops(tr.step);
+    if ((st = mfu_reference(&tr, e)) != JDT_OK) goto out_signals;
+    tr.peak = tr.pref.flops * tr.world_size;
+    if (main_rank && (st = open_outputs(&tr, start, e)) != JDT_OK) goto out_signals;
 
-    const int64_t first = start;
-    char trace_path[1200] = "";
+    tr.first = start;
     if (cfg->run.profile) { /* trace steps first+1 .. first+profile_steps (after warm-up) */
-        snprintf(trace_path, sizeof trace_path, "%s/trace.rank%d.json", tr.run_dir, tr.rank);
-        if ((st = jdt_trace_open(trace_path, tr.rank, &tr.trace, e)) != JDT_OK) goto out_signals;
+        snprintf(tr.trace_path, sizeof tr.trace_path, "%s/trace.rank%d.json", tr.run_dir, tr.rank);
+        if ((st = jdt_trace_open(tr.trace_path, tr.rank, &tr.trace, e)) != JDT_OK) goto out_signals;
     }
-    const double t_start = jdt_now_s();
-    int64_t window_steps = 0;
-    double window_time = 0, window_wait = 0; /* seconds in data + step, of which data */
+    tr.t_start = jdt_now_s();
     bool stop = false;
     for (int64_t t = start; t < cfg->run.steps; t++) {
         if ((st = agree_stop(&tr, &stop, e)) != JDT_OK) goto out_signals;
         if (stop) break;
-        tr.tracing = tr.trace && t > first && t <= first + cfg->run.profile_steps;
-        double t0 = jdt_now_s();
-        jdt_data_batch b;
-        if ((st = jdt_data_get(tr.train, t + tr.data_shift, &b, e)) != JDT_OK) goto out_signals;
-        double t_data = jdt_now_s();
-        window_wait += t_data - t0;
-        tr.s_data += t_data - t0;
-        if (tr.tracing) jdt_trace_span(tr.trace, "data wait", "data", 0, t0, t_data);
-        double lr = jdt_train_lr(cfg, t), loss = NAN, gnorm = NAN;
-        st = jdt_step_run(tr.step, t, lr, b.x, b.y, &loss, &gnorm, e);
-        if (st == JDT_ERR_NUMERIC && cfg->optimizer.nan_policy == JDT_NAN_SKIP) {
-            JDT_WARN("%s; update skipped", e->msg);
-            st = JDT_OK;
-        }
-        if (st != JDT_OK) goto out_signals;
-        window_steps++;
-        window_time += jdt_now_s() - t0;
-        tr.s_step += jdt_now_s() - t_data;
-        if (tr.tracing) {
-            char name[64];
-            snprintf(name, sizeof name, "step %lld", (long long)(t + 1));
-            jdt_trace_span(tr.trace, name, "step", 0, t_data, jdt_now_s());
-            if (t == first + cfg->run.profile_steps || last_step(cfg, t)) {
-                tr.tracing = false;
-                st = jdt_trace_close(tr.trace, e);
-                tr.trace = NULL;
-                if (st != JDT_OK) goto out_signals;
-                if (main_rank)
-                    JDT_INFO("wrote %s: a Chrome trace of steps %lld-%lld (open it in "
-                             "ui.perfetto.dev or chrome://tracing)", trace_path,
-                             (long long)(first + 2), (long long)(t + 1));
-            }
-        }
-        if (main_rank) {
-            fprintf(tr.metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                    "\"tokens\": %.0f}\n", (long long)(t + 1), loss, lr, gnorm, units_per_step * (double)(t + 1));
-            jdt_tboard_scalar(tr.tb, "loss/train", t + 1, loss, NULL);
-            jdt_tboard_scalar(tr.tb, "optim/lr", t + 1, lr, NULL);
-            jdt_tboard_scalar(tr.tb, "optim/grad_norm", t + 1, gnorm, NULL);
-        }
-        bool last = t + 1 == cfg->run.steps;
-        if (main_rank && ((t + 1) % cfg->run.log_every == 0 || last || t == first)) {
-            double dt = window_time / (double)window_steps;
-            char eta[32];
-            fmt_duration(dt * (double)(cfg->run.steps - t - 1), eta, sizeof eta);
-            const double mfu = 100.0 * flops_per_step / dt / peak;
-            const double rss_mb = (double)jdt_obs_peak_rss_bytes() / 1048576.0;
-            const double wait_ms = window_wait / (double)window_steps * 1e3;
-            JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%%%s | "
-                     "%.1f ms/step (data %.1f) | peak RSS %.0f MB | ETA %s",
-                     (long long)(t + 1), (long long)cfg->run.steps, loss, lr, gnorm,
-                     units_per_step / dt, mlp ? "samples" : "tok", mfu, mfu > 100 ? " (!)" : "",
-                     dt * 1e3, wait_ms, rss_mb, eta);
-            if (mfu > 100 && !warned_mfu) {
-                warned_mfu = true;
-                warn_mfu(mfu, "", peak, &pref);
-            }
-            /* "step" last: the resume test compares lines matching '"step": N,' */
-            fprintf(tr.metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
-                    "\"data_ms\": %.6g, \"peak_rss_mb\": %.1f, \"elapsed_s\": %.3f, \"step\": %lld}\n",
-                    units_per_step / dt, mfu, dt * 1e3, wait_ms, rss_mb, jdt_now_s() - t_start,
-                    (long long)(t + 1));
-            jdt_tboard_scalar(tr.tb, "perf/tokens_per_s", t + 1, units_per_step / dt, NULL);
-            jdt_tboard_scalar(tr.tb, "perf/mfu_percent", t + 1, mfu, NULL);
-            jdt_tboard_scalar(tr.tb, "perf/step_ms", t + 1, dt * 1e3, NULL);
-            jdt_tboard_scalar(tr.tb, "perf/data_wait_ms", t + 1, wait_ms, NULL);
-            jdt_tboard_scalar(tr.tb, "memory/peak_rss_mb", t + 1, rss_mb, NULL);
-            jdt_tboard_flush(tr.tb, NULL);
-            fflush(tr.metrics);
-            window_steps = 0;
-            window_time = window_wait = 0;
-        }
-        if (tr.val && ((t + 1) % cfg->run.eval_every == 0 || last)) {
-            double vl, t_ev = jdt_now_s();
-            if ((st = run_eval(&tr, &vl, e)) != JDT_OK) goto out_signals;
-            tr.s_eval += jdt_now_s() - t_ev;
-            if (main_rank) {
-                JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
-                fprintf(tr.metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
-                jdt_tboard_scalar(tr.tb, "loss/val", t + 1, vl, NULL);
-                jdt_tboard_flush(tr.tb, NULL);
-                fflush(tr.metrics);
-            }
-        }
-        if (cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last) {
-            if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
-        }
-        if (cfg->run.profile && main_rank && t + 1 - first == cfg->run.profile_steps)
-            log_profile(&tr);
-        if (last) {
-            if ((st = save_ckpt(&tr, t + 1, e)) != JDT_OK) goto out_signals;
-            const double wall = jdt_now_s() - t_start, n_run = (double)(t + 1 - first);
-            if (main_rank) JDT_INFO("done: %lld steps in %.1fs", (long long)(t + 1 - first), wall);
-            double state_bytes = 0;
-            for (int i = 0; i < jdt_step_n_tensors(tr.step); i++) {
-                const char *nm;
-                float *d;
-                jdt_shape sh;
-                jdt_step_tensor(tr.step, i, &nm, &d, &sh);
-                state_bytes += (double)jdt_shape_numel(&sh) * sizeof(float);
-            }
-            const double pct = wall > 0 ? 100.0 / wall : 0;
-            const double run_mfu = 100.0 * flops_per_step * n_run / tr.s_step / peak;
-            if (main_rank && run_mfu > 100 && !warned_mfu) warn_mfu(run_mfu, " over the run", peak, &pref);
-            if (main_rank) JDT_INFO("summary of this run (rank 0):\n"
-                     "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.4g GFLOP/s, %s)\n"
-                     "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
-                     "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
-                     "  data wait      %8.2fs %5.1f%%\n"
-                     "  eval           %8.2fs %5.1f%%\n"
-                     "  checkpointing  %8.2fs %5.1f%%\n"
-                     "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state",
-                     units_per_step * n_run / tr.s_step, mlp ? "samples" : "tok", run_mfu,
-                     run_mfu > 100 ? " (!)" : "", peak * 1e-9, pref.source,
-                     tr.s_step - tr.s_comm, (tr.s_step - tr.s_comm) * pct, tr.s_comm, tr.s_comm * pct,
-                     tr.s_data, tr.s_data * pct, tr.s_eval, tr.s_eval * pct, tr.s_ckpt, tr.s_ckpt * pct,
-                     (double)jdt_obs_peak_rss_bytes() / 1048576.0,
-                     cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0);
-        }
+        if ((st = train_step(&tr, t, e)) != JDT_OK) goto out_signals;
+        if ((st = after_step(&tr, t, e)) != JDT_OK) goto out_signals;
         start = t + 1; /* steps completed */
     }
-    if (stop) {
-        int sig = g_stop_signal ? g_stop_signal : SIGTERM; /* another rank's signal */
-        if (main_rank)
-            JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
-        if (cfg->checkpoint.save_on_signal && (st = save_ckpt(&tr, start, e)) != JDT_OK)
-            goto out_signals;
-        st = jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",
-                         sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)start);
-    }
+    if (stop) st = stop_run(&tr, start, e);
 out_signals:
     if (tr.trace) jdt_trace_close(tr.trace, NULL); /* run ended inside the traced window */
     sigaction(SIGINT, &old_int, NULL);
