@@ -245,11 +245,11 @@ static jdt_status preflight_ckpt(const trainer *tr, jdt_err *e)
 static void warn_mfu(double mfu, const char *over, double peak, const jdt_peak_ref *pref)
 {
     if (strcmp(pref->source, "runtime.peak_gflops") == 0)
-        JDT_WARN("MFU %.0f%%%s is above 100%%: runtime.peak_gflops (%.4g GFLOP/s per process) is "
+        JDT_WARN("MFU %.0f%%%s is above 100%%: runtime.peak_gflops (%.6g GFLOP/s per process) is "
                  "below what this run achieves; raise it, or set 0 to measure the machine",
                  mfu, over, pref->flops * 1e-9);
     else
-        JDT_WARN("MFU %.0f%%%s is above 100%%: the reference peak %.4g GFLOP/s (%s) is wrong, "
+        JDT_WARN("MFU %.0f%%%s is above 100%%: the reference peak %.6g GFLOP/s (%s) is wrong, "
                  "probably measured while the machine was busy; set runtime.peak_gflops%s%s",
                  mfu, over, peak * 1e-9, pref->source, pref->cache_path[0] ? " or delete " : "",
                  pref->cache_path);
@@ -685,7 +685,7 @@ static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
     snprintf(path, sizeof path, "%s/metrics.jsonl", tr->run_dir);
     tr->metrics = fopen(path, start > 0 ? "a" : "w");
     if (!tr->metrics) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-    JDT_INFO("MFU reference: %.4g GFLOP/s for %d process(es) (%s%s%s)", tr->peak * 1e-9,
+    JDT_INFO("MFU reference: %.6g GFLOP/s for %d process(es) (%s%s%s)", tr->peak * 1e-9,
              tr->world_size, tr->pref.source, tr->pref.cache_path[0] ? ": " : "",
              tr->pref.cache_path);
     if (tr->pref.provisional)
@@ -817,7 +817,7 @@ static void log_summary(const trainer *tr, int64_t t)
     const double run_mfu = 100.0 * tr->flops_per_step * n_run / tr->s_step / tr->peak;
     if (run_mfu > 100 && !tr->warned_mfu) warn_mfu(run_mfu, " over the run", tr->peak, &tr->pref);
     JDT_INFO("summary of this run (rank 0):\n"
-             "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.4g GFLOP/s, %s)\n"
+             "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.6g GFLOP/s, %s)\n"
              "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
              "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
              "  data wait      %8.2fs %5.1f%%\n"
