@@ -14,7 +14,7 @@
 #   tests/unit/check_*.c -> one Check suite binary each (linked with tests/unit/testutil.c).
 
 CC      ?= cc
-PKGS    := yaml-0.1 hdf5 libcurl openblas zlib libpcre2-8 icu-uc cairo
+PKGS    := yaml-0.1 hdf5 libcurl libcrypto openblas zlib libpcre2-8 icu-uc cairo
 SANITIZE ?= 0
 CUDA    ?= 0
 CUDA_HOME ?= /usr/local/cuda

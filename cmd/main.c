@@ -14,6 +14,7 @@
 #include "datasets/datasets.h"
 #include "world/world.h"
 #include "io/ckpt.h"
+#include "io/fetch.h"
 #include "train/train.h"
 #include "train/hf.h"
 
@@ -125,7 +126,8 @@ static const subcommand SUBCOMMANDS[] = {
      "tokenizer at data.tokenizer_path, else one of model.vocab_size ids trained on the text\n"
      "and written as data.train_path/tokenizer.json), splits off the last data.val_fraction\n"
      "as validation data and writes data.n_shards train shards (train_000.h5 ...) and\n"
-     "val_000.h5 into the directory data.train_path.\n",
+     "val_000.h5 into the directory data.train_path, with manifest.txt (sizes, sha256,\n"
+     "lengths) so the folder can be served over HTTP(S) and trained from by URL.\n",
      FLAG_LOG_LEVEL, true},
     {"sample", cmd_sample, "generate text from a checkpoint",
      "usage: jdt-train sample CKPT [--prompt TEXT] [--length N] [--temperature T] [--top-k K]\n"
@@ -538,6 +540,11 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
                          jdt_config_choice_name("data.format", (int)c.data.format));
     } else if (!c.data.source[0]) {
         st = jdt_err_set(&e, JDT_ERR_CONFIG, "data.source: the text file to prepare is not set");
+    } else if (jdt_fetch_is_url(c.data.train_path)) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG,
+                         "data.train_path: prepare writes local shards, not to '%s'; prepare "
+                         "into a folder, serve it over HTTP(S) and train from its URL",
+                         c.data.train_path);
     } else if (n == 0 || (n > 3 && strcmp(c.data.train_path + n - 3, ".h5") == 0)) {
         st = jdt_err_set(&e, JDT_ERR_CONFIG,
                          "data.train_path: prepare writes a directory of shards; got '%s'",
@@ -554,6 +561,9 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         o.vocab_size = c.model.vocab_size;
         jdt_prep_result r;
         st = jdt_prep_text(&o, &r, &e);
+        /* manifest.txt: sizes, sha256 and lengths, so the folder can be served over HTTP(S)
+         * and trained from as it streams in (docs/data.md "Remote data") */
+        if (st == JDT_OK) st = jdt_fetch_write_manifest(c.data.train_path, &e);
         if (st == JDT_OK)
             JDT_INFO("prepared %s -> %s: %lld train tokens in %d file(s), %lld val tokens",
                      c.data.source, c.data.train_path, (long long)r.n_train_tokens,

@@ -8,6 +8,7 @@
 #include "io/data.h"
 #include "io/io-impl.h"
 #include "io/json.h"
+#include "io/fetch.h"
 
 #include <errno.h>
 #include <math.h>
@@ -295,6 +296,13 @@ jdt_status jdt_prep_bpe_for_run(const char *data_path, const char *tokenizer_pat
 {
     *out = NULL;
     char *p = NULL;
+    if (jdt_fetch_is_url(data_path) && !(tokenizer_path && tokenizer_path[0])) {
+        /* remote data: the tokenizer.json beside the shards, fetched into the cache */
+        jdt_status st = jdt_fetch_beside(NULL, data_path, "tokenizer.json", &p, e);
+        if (st == JDT_OK) st = jdt_bpe_load(p, out, e);
+        jdt_free(p);
+        return st;
+    }
     if (data_path && data_path[0]) {
         if (jdt_io_is_dir(data_path)) {
             p = jdt_io_join(data_path, "tokenizer.json");

@@ -10,7 +10,9 @@ PKGS=(
   libyaml-dev        # config parser
   libhdf5-dev        # datasets and checkpoints
   hdf5-tools         # h5dump, used by tests to check files independently
-  libcurl4-openssl-dev # HTTP(S) data
+  libcurl4-openssl-dev # remote data over HTTP(S) (engine/io/fetch.c)
+  ca-certificates    # the system CA store remote data's TLS verification uses
+  libssl-dev         # libcrypto's EVP SHA-256 for remote data's checksums
   libpcre2-dev       # tokenizer pre-tokenizer regexes (UTF + Unicode classes, JIT)
   libicu-dev         # NFC normalization of Qwen2-style tokenizers
   libopenblas-dev    # CPU GEMMs
@@ -30,6 +32,7 @@ PKGS=(
   munge              # SLURM's authentication
   nginx-light        # HTTP server with Range for remote-data tests (http-up.sh)
   curl               # HTTP checks in fixtures and tests
+  openssl            # data_http.sh: a self-signed certificate and an HTTPS server (s_server)
   clang              # `make fuzz`: libFuzzer targets (tests/fuzz/) with ASan/UBSan
   libclang-rt-dev    # libFuzzer and the sanitizer runtimes for that clang
   libomp-dev         # OpenMP for clang (the engine's kernels use it)

@@ -116,6 +116,9 @@ typedef struct jdt_config {
         int prefetch;
         jdt_tokenizer tokenizer;
         char *tokenizer_path; /* bpe: tokenizer to load; "" = train one in prepare */
+        int fetch_retries;      /* remote data: retries after transient failures */
+        double fetch_backoff_s; /* remote data: first retry delay, doubled each time */
+        double fetch_timeout_s; /* remote data: connect / stall timeout */
     } data;
     struct {
         jdt_optim_type type;

@@ -92,8 +92,8 @@ static const jdt_config_key KEYS[] = {
     /* data */
     K_ENUM("data.format", data.format, C_FORMAT, "tokens", "tokens (HDF5 /tokens), arrays (HDF5 /x, /y) or synthetic"),
     K_STR("data.source", data.source, "", "text file that `jdt-train prepare` tokenizes"),
-    K_STR("data.train_path", data.train_path, "", "train data: HDF5 file or directory of shards"),
-    K_STR("data.val_path", data.val_path, "", "validation data: HDF5 file or directory of shards"),
+    K_STR("data.train_path", data.train_path, "", "train data: HDF5 file or directory of shards, or an http(s):// URL (one .h5, a directory listing or a manifest; docs/data.md)"),
+    K_STR("data.val_path", data.val_path, "", "validation data: HDF5 file or directory of shards, or an http(s):// URL"),
     K_INT("data.n_shards", data.n_shards, 1, 1000000, "1", "shards `prepare` writes"),
     K_FLTO("data.val_fraction", data.val_fraction, 0, 1, "0.1", "fraction of the source `prepare` holds out for validation"),
     K_INT("data.batch_size", data.batch_size, 1, IMAX, "32", "global batch size in sequences (per optimizer step)"),
@@ -101,6 +101,9 @@ static const jdt_config_key KEYS[] = {
     K_BOOL("data.shuffle", data.shuffle, "true", "shuffle the sample order each epoch"),
     K_INT("data.prefetch", data.prefetch, 0, 1024, "2", "batches loaded ahead"),
     K_ENUM("data.tokenizer", data.tokenizer, C_TOKENIZER, "byte", "tokenizer `prepare` uses: byte, or bpe (byte-level BPE, docs/tokenizers.md)"),
+    K_INT("data.fetch_retries", data.fetch_retries, 0, 1000, "5", "remote data (http/https URLs): retries after a timeout, 5xx or reset, with exponential backoff"),
+    K_FLT("data.fetch_backoff_s", data.fetch_backoff_s, 0, 3600, "1", "remote data: wait before the first retry (doubled each time, at most 30 s)"),
+    K_FLT("data.fetch_timeout_s", data.fetch_timeout_s, 0.001, 86400, "30", "remote data: connect timeout, and the longest a download may go without a byte"),
     K_STR("data.tokenizer_path", data.tokenizer_path, "", "bpe: tokenizer.json, GPT-2 vocab.bpe (encoder.json beside it) or a folder of either; empty = train one of model.vocab_size on data.source"),
     /* optimizer */
     K_ENUM("optimizer.type", optimizer.type, C_OPTIM, "adamw", "optimizer"),
@@ -125,7 +128,7 @@ static const jdt_config_key KEYS[] = {
     K_I64("checkpoint.every", checkpoint.every, 0, LMAX, "1000", "save every N steps (0 = never; the last step is always saved)"),
     K_INT("checkpoint.keep", checkpoint.keep, 1, 1000000, "3", "newest checkpoints kept on disk"),
     K_STR("checkpoint.resume", checkpoint.resume, "auto", "none, auto (latest in dir if any) or a checkpoint path"),
-    K_STR("checkpoint.init_from", checkpoint.init_from, "", "start a new run (step 0, fresh optimizer) from these weights: a jdt checkpoint (or run ckpt folder) or a Hugging Face directory written by export --format hf; ignored when resuming"),
+    K_STR("checkpoint.init_from", checkpoint.init_from, "", "start a new run (step 0, fresh optimizer) from these weights: a jdt checkpoint (or run ckpt folder) or a Hugging Face directory written by export --format hf, or an http(s):// URL of such a folder (fetched into the cache); ignored when resuming"),
     K_BOOL("checkpoint.save_on_signal", checkpoint.save_on_signal, "true", "save a checkpoint on SIGINT/SIGTERM before exiting"),
     /* runtime */
     K_ENUM("runtime.backend", runtime.backend, C_BACKEND, "cpu", "device kind"),

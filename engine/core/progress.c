@@ -55,6 +55,9 @@ static void line(jdt_progress *p, double done, double now, char *buf, size_t n)
     else if (p->estimate_s > 0)
         snprintf(buf, n, "%s: %.0fs elapsed, longer than the %.0fs the last run's rate predicted",
                  p->what, dt, p->estimate_s);
+    else if (done > 0 && rate > 0) /* total unknown: what is done so far and its rate */
+        snprintf(buf, n, "%s: %.1f %s, %.1f %s/s, %.0fs elapsed", p->what, done, p->unit, rate,
+                 p->unit, dt);
     else
         snprintf(buf, n, "%s: %.0fs elapsed", p->what, dt);
 }

@@ -16,6 +16,7 @@
  * generation counter, which discards in-flight work and restarts the worker at that batch.
  */
 #include "io/data.h"
+#include "io/fetch.h"
 #include "io/io-impl.h"
 
 #include <pthread.h>
@@ -38,6 +39,7 @@ typedef struct {
     hid_t dx;        /* /tokens or /x */
     hid_t dy;        /* /y (arrays) */
     uint64_t last_use;
+    bool pending; /* remote shard laid out from its manifest, not yet fetched and validated */
 } shard;
 
 typedef struct {
@@ -55,6 +57,7 @@ struct jdt_data {
     jdt_data_info info;
     int64_t rows; /* row_end - row_begin */
     uint64_t perm_key;
+    jdt_remote *remote; /* path is a URL: the shards are downloaded into the cache (fetch.h) */
 
     /* I/O state, guarded by io_lock (the prefetcher and read_rows callers share it). */
     pthread_mutex_t io_lock;
@@ -422,6 +425,28 @@ fail:
     return st;
 }
 
+/* A remote shard laid out from the manifest: waits until it is downloaded (the caller's wait
+ * for it counts as data wait), then validates it like a local shard and checks that it holds
+ * the number of units the manifest promised. io_lock held. */
+static jdt_status remote_shard_ready(jdt_data *d, int64_t i, jdt_err *e)
+{
+    shard *s = &d->shards[i];
+    int64_t want = s->n_units;
+    jdt_status st = jdt_remote_wait(d->remote, i, e);
+    if (st != JDT_OK) return st;
+    if ((st = shard_open(d, s, true, false, e)) != JDT_OK)
+        return jdt_err_prefix(e, "%s", jdt_remote_list(d->remote)->items[i].url);
+    if (s->n_units != want) {
+        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: holds %lld %s but the manifest says %lld",
+                         jdt_remote_list(d->remote)->items[i].url, (long long)s->n_units,
+                         d->info.kind == JDT_DATA_KIND_TOKENS ? "tokens" : "rows", (long long)want);
+        s->n_units = want;
+        return st;
+    }
+    s->pending = false;
+    return JDT_OK;
+}
+
 /* Reads units [a, b) of the logical stream (dataset x or y) into dst, converting to mem_type.
  * unit_elems: elements per unit in dst (D for /x of arrays, else 1). io_lock held. */
 static jdt_status read_units(jdt_data *d, bool y, int64_t a, int64_t b, hid_t mem_type,
@@ -442,7 +467,8 @@ static jdt_status read_units(jdt_data *d, bool y, int64_t a, int64_t b, hid_t me
         int64_t s_end = s->start + s->n_units;
         if (a >= s_end) continue;
         int64_t c_end = b < s_end ? b : s_end;
-        jdt_status st = shard_open(d, s, false, false, e);
+        jdt_status st =
+            s->pending ? remote_shard_ready(d, i, e) : shard_open(d, s, false, false, e);
         if (st != JDT_OK) return st;
         hid_t ds = y ? s->dy : s->dx;
         const char *name = d->info.kind == JDT_DATA_KIND_TOKENS ? "tokens" : (y ? "y" : "x");
@@ -684,7 +710,7 @@ static bool keep_shard(const char *name, void *ctx)
 
 /* "Natural" name order: runs of digits compare as numbers, so train_999.h5 < train_1000.h5
  * (plain strcmp would put train_1000 before train_101). Ties fall back to strcmp. */
-static int natural_cmp(const void *pa, const void *pb)
+int jdt_io_natural_cmp(const void *pa, const void *pb)
 {
     const char *a = *(char *const *)pa, *b = *(char *const *)pb;
     const char *x = a, *y = b;
@@ -777,10 +803,18 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     d->o.path = d->path;
     d->perm_key = jdt_rng_key(opts->seed, "data.shuffle");
 
-    if (jdt_io_is_dir(opts->path)) {
-        shard_filter flt = {opts->split};
+    shard_filter flt = {opts->split};
+    if (jdt_fetch_is_url(opts->path)) {
+        if ((st = jdt_remote_open(opts->fetch, opts->path, keep_shard, &flt, &d->remote, e)))
+            goto fail;
+        const jdt_fetch_list *l = jdt_remote_list(d->remote);
+        if (!(names = jdt_calloc((size_t)l->n_items, sizeof *names))) goto oom;
+        n_names = (size_t)l->n_items;
+        for (size_t i = 0; i < n_names; i++)
+            if (!(names[i] = jdt_strdup(l->items[i].local))) goto oom;
+    } else if (jdt_io_is_dir(opts->path)) {
         if ((st = jdt_io_list_dir(opts->path, keep_shard, &flt, &names, &n_names, e))) goto fail;
-        if (n_names > 1) qsort(names, n_names, sizeof *names, natural_cmp);
+        if (n_names > 1) qsort(names, n_names, sizeof *names, jdt_io_natural_cmp);
         if (n_names == 0) {
             st = jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: no %s*.h5 shard files in this directory",
                              opts->path, opts->split ? opts->split : "");
@@ -799,24 +833,48 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     for (size_t i = 0; i < n_names; i++) {
         shard *s = &d->shards[i];
         s->file = s->dx = s->dy = H5I_INVALID_HID;
-        s->path = names[i] ? jdt_io_join(opts->path, names[i]) : jdt_strdup(opts->path);
+        s->path = names[i] && !d->remote ? jdt_io_join(opts->path, names[i])
+                                         : jdt_strdup(names[i] ? names[i] : opts->path);
         if (!s->path) goto oom;
     }
     jdt_io_names_free(names, n_names);
     names = NULL;
 
     int64_t total = 0;
+    /* remote data with a manifest: the stream is laid out from the manifest's lengths and
+     * training starts once the first shard is here; without lengths, every shard first */
+    bool stream = d->remote && jdt_remote_units_known(d->remote);
     jdt_progress prog; /* opening checks every byte's CRC: long for a large dataset */
     jdt_progress_begin(&prog, "checking the dataset's shards", (double)d->n_shards, "files");
     for (int64_t i = 0; i < d->n_shards; i++) {
         shard *s = &d->shards[i];
+        if (stream && i > 0) {
+            s->n_units = jdt_remote_list(d->remote)->items[i].n_units;
+            s->pending = true;
+            s->start = total;
+            total += s->n_units;
+            continue;
+        }
+        if (d->remote && (st = jdt_remote_wait(d->remote, i, e))) {
+            jdt_progress_end(&prog); /* the error starts on a clean line */
+            goto fail;
+        }
+        int64_t want = stream ? jdt_remote_list(d->remote)->items[i].n_units : -1;
         if ((st = shard_open(d, s, true, i == 0, e))) {
+            if (d->remote) jdt_err_prefix(e, "%s", jdt_remote_list(d->remote)->items[i].url);
+            jdt_progress_end(&prog);
+            goto fail;
+        }
+        if (want >= 0 && s->n_units != want) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: holds %lld units but the manifest says %lld",
+                             jdt_remote_list(d->remote)->items[i].url, (long long)s->n_units,
+                             (long long)want);
             jdt_progress_end(&prog);
             goto fail;
         }
         s->start = total;
         total += s->n_units;
-        jdt_progress_update(&prog, (double)(i + 1));
+        if (!d->remote) jdt_progress_update(&prog, (double)(i + 1)); /* remote: its own line */
     }
     jdt_progress_end(&prog);
     d->info.n_files = d->n_shards;
@@ -899,6 +957,7 @@ void jdt_data_close(jdt_data *d)
         jdt_free(d->shards[i].path);
     }
     jdt_free(d->shards);
+    jdt_remote_close(d->remote);
     jdt_free(d->scratch);
     jdt_free(d->raw);
     jdt_free(d->sample);

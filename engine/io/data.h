@@ -84,6 +84,8 @@ typedef struct {
     uint64_t seed;        /* shuffle seed */
     bool shuffle;         /* false: windows in order, wrapping around at the end */
     int prefetch;         /* batches read ahead by a background thread; 0: read on demand */
+    const struct jdt_fetch_opts *fetch; /* path is an http(s):// URL: how to fetch it
+                                           (fetch.h; NULL: defaults) */
 } jdt_data_opts;
 
 typedef struct {
@@ -113,9 +115,13 @@ typedef struct {
 typedef struct jdt_data jdt_data;
 
 /* Opens and validates a dataset: every shard's format, version, dtypes and sizes, and that the
- * data holds at least one sample (T+1 tokens). Errors name the file and the dataset:
- * ERR_NOT_FOUND (missing path, no matching shards), ERR_FORMAT (not HDF5, truncated, wrong
- * format/version/dtype, missing attribute or dataset, too short), ERR_INVALID (bad opts).
+ * data holds at least one sample (T+1 tokens). An http(s):// path is fetched into the cache
+ * (fetch.h: one .h5, a listing or a manifest, split applying to the names); with a manifest
+ * that gives every shard's length this returns once the first shard is local, the others
+ * download in the background and are validated when first read (a read waits for its
+ * shard). Errors name the file and the dataset: ERR_NOT_FOUND (missing path, no matching
+ * shards), ERR_FORMAT (not HDF5, truncated, wrong format/version/dtype, missing attribute or
+ * dataset, too short), ERR_INVALID (bad opts); a remote error names the URL (fetch.h).
  * Starts the prefetch thread if opts->prefetch > 0. On success the caller owns *out. */
 jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e);
 

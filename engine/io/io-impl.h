@@ -120,5 +120,8 @@ typedef bool (*jdt_io_name_filter)(const char *name, void *ctx);
 jdt_status jdt_io_list_dir(const char *dir, jdt_io_name_filter keep, void *ctx, char ***names,
                            size_t *n_names, jdt_err *e);
 void jdt_io_names_free(char **names, size_t n_names);
+/* qsort comparator over char * names in "natural" order: digit runs compare as numbers, so
+ * train_999.h5 sorts before train_1000.h5; ties fall back to strcmp. */
+int jdt_io_natural_cmp(const void *pa, const void *pb);
 
 #endif /* JDT_IO_IMPL_H */

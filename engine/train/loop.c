@@ -13,6 +13,7 @@
 #include "datasets/datasets.h"
 #include "io/ckpt.h"
 #include "io/data.h"
+#include "io/fetch.h"
 #include "obs/obs.h"
 #include "train/trace.h"
 
@@ -101,12 +102,29 @@ static void trace_kernel(void *ctx, const char *name, double t0, double t1)
     if (tr->tracing) jdt_trace_span(tr->trace, name, "kernel", 1, t0, t1);
 }
 
+/* http(s):// data and init_from: data.fetch_* and a cache under the JIT cache's folder
+ * (runtime.cache_dir, $JDT_CACHE_DIR, ~/.cache/jdt-train); docs/data.md "Remote data". */
+static void fetch_opts(const jdt_config *cfg, jdt_fetch_opts *fo, char *cache, size_t n)
+{
+    jdt_fetch_opts_default(fo);
+    jdt_compile_opts co;
+    jdt_train_compile_opts(cfg, &co);
+    if (jdt_compile_cache_dir(&co, cache, n, NULL) == JDT_OK) fo->cache_dir = cache;
+    fo->retries = cfg->data.fetch_retries;
+    fo->backoff_s = cfg->data.fetch_backoff_s;
+    fo->timeout_s = cfg->data.fetch_timeout_s;
+}
+
 static jdt_status open_data(const trainer *tr, const char *path, const char *split,
                             int64_t rows, jdt_data **out, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
     jdt_data_opts o;
     memset(&o, 0, sizeof o);
+    jdt_fetch_opts fo;
+    char cache[1024];
+    fetch_opts(cfg, &fo, cache, sizeof cache);
+    o.fetch = &fo;
     o.path = path;
     o.split = split;
     o.kind = cfg->model.type == JDT_MODEL_MLP ? JDT_DATA_KIND_ARRAYS : JDT_DATA_KIND_TOKENS;
@@ -171,6 +189,9 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
         struct stat sb;
         if (stat(train_path, &sb) == 0 && S_ISDIR(sb.st_mode)) train_split = "train";
         if (stat(val_path, &sb) == 0 && S_ISDIR(sb.st_mode)) val_split = "val";
+        /* a URL's split applies to the names of its listing or manifest */
+        if (jdt_fetch_is_url(train_path)) train_split = "train";
+        if (jdt_fetch_is_url(val_path)) val_split = "val";
     }
     jdt_status st = JDT_OK;
     if (want_train) st = open_data(tr, train_path, train_split, cfg->data.batch_size, &tr->train, e);
@@ -641,7 +662,17 @@ static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
         return st;
     }
     if (cfg->checkpoint.init_from[0]) { /* fine-tuning: weights only, step 0 */
-        if ((st = jdt_hf_init_from(tr->step, cfg, cfg->checkpoint.init_from, e)) != JDT_OK) return st;
+        const char *from = cfg->checkpoint.init_from;
+        char *fetched = NULL, cache[1024];
+        if (jdt_fetch_is_url(from)) { /* a folder over HTTP(S): mirrored into the cache first */
+            jdt_fetch_opts fo;
+            fetch_opts(cfg, &fo, cache, sizeof cache);
+            if ((st = jdt_fetch_mirror(&fo, from, &fetched, e)) != JDT_OK) return st;
+            from = fetched;
+        }
+        st = jdt_hf_init_from(tr->step, cfg, from, e);
+        jdt_free(fetched);
+        if (st != JDT_OK) return st;
         if (main_rank) JDT_INFO("initialised params from %s", cfg->checkpoint.init_from);
     }
     return JDT_OK;
