@@ -54,6 +54,7 @@ typedef struct {
     const char *log_level;       /* NULL when not given */
     const char *ckpt;            /* --ckpt PATH */
     bool no_compile;             /* inspect --no-compile */
+    bool compile;                /* inspect --compile */
     bool profile;                /* train --profile */
     const char *prompt;          /* --prompt TEXT */
     double temperature;          /* --temperature (default 0.8) */
@@ -102,16 +103,22 @@ static const subcommand SUBCOMMANDS[] = {
      "  -h, --help          show this help\n",
      FLAG_LOG_LEVEL | FLAG_PROFILE, true},
     {"inspect", cmd_inspect, "validate a config and summarise it, or print the schema",
-     "usage: jdt-train inspect CONFIG [key.path=value ...] [--print-config] [--log-level LEVEL]\n"
+     "usage: jdt-train inspect CONFIG [key.path=value ...] [--compile | --no-compile]\n"
+     "                         [--print-config] [--log-level LEVEL]\n"
      "       jdt-train inspect --schema[=markdown]\n"
      "\n"
      "Resolves and validates CONFIG exactly as train does, then prints a summary: the model,\n"
      "its parameter count, the mesh, data, optimizer and checkpoint settings, and what this\n"
-     "build cannot run of it (train and eval refuse such a config with exit 2).\n"
+     "build cannot run of it (train and eval refuse such a config with exit 2). Then the plan\n"
+     "of rank 0's train step on that mesh, from shapes alone (no process starts, nothing is\n"
+     "allocated or compiled): memory per device (parameters, optimizer state, gradients,\n"
+     "activations), every collective of one step with its group and bytes, each parameter's\n"
+     "sharding, op/kernel/FLOP counts.\n"
      "\n"
      "options:\n"
-     "  --no-compile        skip building and compiling the train step (by default the\n"
-     "                      summary ends with op/kernel counts, FLOPs, memory, compile time)\n"
+     "  --compile           also generate and compile the step's code (CPU backend: compile\n"
+     "                      time, cache hit/miss; it warms the compile cache)\n"
+     "  --no-compile        print the summary only, without planning the step\n"
      "  --print-config      print the fully resolved config as YAML instead (feeding it back\n"
      "                      gives the same config)\n"
      "  --schema            print every config key with type, default, bounds and doc\n"
@@ -234,6 +241,8 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                 a->profile = true;
             } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--no-compile") == 0) {
                 a->no_compile = true;
+            } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--compile") == 0) {
+                a->compile = true;
             } else if ((cmd->flags & FLAG_CKPT) && strcmp(s, "--ckpt") == 0) {
                 if (i + 1 >= argc) return usage_error(cmd, "--ckpt needs a %s", "path");
                 a->ckpt = argv[++i];
@@ -325,11 +334,11 @@ static void print_summary(const jdt_config *c, FILE *f)
     fprintf(f, "config      %s\n", c->path);
     if (c->model.type == JDT_MODEL_GPT) {
         fprintf(f,
-                "model       gpt: L=%d C=%d H=%d (kv heads %d, head dim %d) T=%d V=%d; mlp %dx %s; %s, "
+                "model       gpt: L=%d C=%d H=%d (kv heads %d, head dim %d) T=%d V=%d; mlp %lld %s; %s, "
                 "%s positions, %s embeddings, %s, dropout %g\n",
                 c->model.n_layer, c->model.n_embd, c->model.n_head, jdt_config_kv_heads(c),
                 c->model.n_embd / c->model.n_head, c->model.seq_len, c->model.vocab_size,
-                c->model.mlp_ratio, jdt_config_choice_name("model.activation", (int)c->model.activation),
+                (long long)jdt_config_mlp_dim(c), jdt_config_choice_name("model.activation", (int)c->model.activation),
                 jdt_config_choice_name("model.norm", (int)c->model.norm),
                 jdt_config_choice_name("model.pos", (int)c->model.pos),
                 c->model.tie_embeddings ? "tied" : "untied", c->model.bias ? "bias" : "no bias",
@@ -416,6 +425,7 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         return fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
     }
     if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
+    if (a->compile && a->no_compile) return usage_error(cmd, "--compile and --no-compile %s", "exclude each other");
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
@@ -432,7 +442,7 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         fflush(stdout);
         if (!a->no_compile && runs) {
             jdt_err_clear(&e);
-            jdt_status st = jdt_train_inspect(&c, stdout, &e);
+            jdt_status st = jdt_train_inspect(&c, a->compile, stdout, &e);
             if (st != JDT_OK) {
                 fprintf(stderr, "jdt-train: error: %s\n", e.msg);
                 jdt_config_free(&c);

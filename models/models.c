@@ -108,7 +108,7 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
     jdt_model *m = b->m;
     const int64_t V = cfg->model.vocab_size, T = cfg->model.seq_len, C = cfg->model.n_embd;
     const int64_t H = cfg->model.n_head, Hkv = jdt_config_kv_heads(cfg), D = C / H;
-    const int64_t F = (int64_t)cfg->model.mlp_ratio * C, N = B * T, L = cfg->model.n_layer;
+    const int64_t F = jdt_config_mlp_dim(cfg), N = B * T, L = cfg->model.n_layer;
     const double std = cfg->model.init_std, std_resid = std / sqrt(2.0 * (double)L);
     char name[256];
 

@@ -6,7 +6,7 @@
  * grouped-query attention, untied head, biases on/off, dropout) and `mlp` (classifier).
  *
  * Dimension letters: B micro-batch rows, T sequence, C embed, V vocab, H heads, Hkv kv heads,
- * D head dim (C / H), F mlp hidden (mlp_ratio * C), N = B * T.
+ * D head dim (C / H), F mlp hidden (model.mlp_dim, else mlp_ratio * C), N = B * T.
  */
 #ifndef JDT_MODELS_H
 #define JDT_MODELS_H

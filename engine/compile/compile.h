@@ -40,6 +40,9 @@ typedef struct {
     bool profile;          /* time every step of every run (see jdt_program_profile) */
     bool no_jit;           /* run the reference interpreter instead (no C compiler needed;
                               slow, allocates per run: for debugging and machines without cc) */
+    bool plan_only;        /* stop after the memory plan: statistics and buffer plan only, no
+                              code generated, no compiler run, no arena allocated, no memory
+                              check; jdt_program_run then fails (for `inspect`) */
     jdt_compile_remat remat;
     jdt_collective_fn collective; /* runs ALL_REDUCE nodes; NULL: graphs with one fail */
     void *collective_ctx;
@@ -89,16 +92,21 @@ typedef struct jdt_program jdt_program;
 jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_program **out,
                                jdt_err *e);
 
+/* Refuses (ERR_NOMEM, one line with both figures and what to change) an arena of n_bytes
+ * that exceeds the memory available to this process (jdt_mem_available); JDT_OK when it fits
+ * or the figure is unknown. jdt_program_compile calls it before allocating its arena. */
+jdt_status jdt_compile_check_arena(int64_t n_bytes, jdt_err *e);
+
 /* Runs one step: reads every leaf through its tensor's data pointer (all must be bound:
  * ERR_INVALID naming the leaf otherwise), computes the outputs, then applies every update to
  * its target leaf's buffer in place. Not thread-safe for one program; allocates nothing. */
 jdt_status jdt_program_run(jdt_program *p, jdt_err *e);
 
 /* Pointer to graph output i after a run (row-major, the output tensor's dtype and shape);
- * valid until the next run or jdt_program_free. NULL if i is out of range, or when the program
- * runs on a device whose memory the host cannot address (CUDA): use jdt_program_read_output.
- * The memory is owned by the program (or is the bound leaf when the output is a leaf/updated
- * leaf). */
+ * valid until the next run or jdt_program_free. NULL if i is out of range, when the program
+ * was planned only, or when the program runs on a device whose memory the host cannot address
+ * (CUDA): use jdt_program_read_output. The memory is owned by the program (or is the bound
+ * leaf when the output is a leaf/updated leaf). */
 const void *jdt_program_output(const jdt_program *p, int i);
 
 /* Copies the first n_bytes of graph output i after a run into host memory dst, on any device

@@ -31,6 +31,7 @@
 typedef struct {
     int *start; /* (n_nodes + 1) CSR offsets */
     int *users;
+    unsigned char *kept; /* (n_nodes) 1: a graph output or an update value (must be stored) */
 } user_lists;
 
 static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
@@ -41,7 +42,8 @@ static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
     u->start = jdt_calloc((size_t)n + 1, sizeof(int));
     u->users = jdt_malloc(sizeof(int) * ((size_t)n_edges + 1));
     int *fill = jdt_calloc((size_t)n + 1, sizeof(int));
-    if (!u->start || !u->users || !fill) {
+    u->kept = jdt_calloc((size_t)n + 1, 1);
+    if (!u->start || !u->users || !fill || !u->kept) {
         jdt_free(fill);
         return jdt_err_set(e, JDT_ERR_NOMEM, "compile: user lists");
     }
@@ -55,22 +57,19 @@ static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
             int x = c->nodes[i].in[k];
             u->users[u->start[x] + fill[x]++] = i;
         }
+    for (int k = 0; k < c->n_outputs; k++)
+        u->kept[c->outputs[k]] = 1;
+    for (int k = 0; k < c->n_updates; k++)
+        u->kept[c->updates[k].value] = 1;
     jdt_free(fill);
     return JDT_OK;
 }
 
-static bool is_output(const cprog *c, int i)
+/* Is node i a graph output or an update value (stored even inside a group)? O(1): a table
+ * lookup, not a scan of the outputs and updates (thousands in a deep model's train step). */
+static bool is_kept(const user_lists *u, int i)
 {
-    for (int k = 0; k < c->n_outputs; k++)
-        if (c->outputs[k] == i) return true;
-    return false;
-}
-
-static bool is_update_value(const cprog *c, int i)
-{
-    for (int k = 0; k < c->n_updates; k++)
-        if (c->updates[k].value == i) return true;
-    return false;
+    return u->kept[i] != 0;
 }
 
 static int new_group(cprog *c, int root, const jdt_shape *domain, bool is_reduce)
@@ -85,14 +84,14 @@ static int new_group(cprog *c, int root, const jdt_shape *domain, bool is_reduce
     return c->n_groups++;
 }
 
-static bool group_add(cprog *c, int gi, int node)
+static bool group_add(cprog *c, const user_lists *u, int gi, int node)
 {
     cgroup *g = &c->groups[gi];
     if (!jdt_compile_grow((void **)&g->members, &g->cap_members, g->n_members + 1, sizeof(int)))
         return false;
     g->members[g->n_members++] = node;
     g->n_in_bound += c->nodes[node].n_in;
-    if (g->root != node && (is_output(c, node) || is_update_value(c, node))) g->n_stores++;
+    if (g->root != node && is_kept(u, node)) g->n_stores++;
     c->nodes[node].group = gi;
     return true;
 }
@@ -114,7 +113,7 @@ static int joinable(const cprog *c, const user_lists *u, int i)
     }
     const cgroup *g = &c->groups[gi];
     if (!jdt_shape_eq(&n->shape, &g->domain)) return -1;
-    bool store = is_output(c, i) || is_update_value(c, i);
+    bool store = is_kept(u, i);
     if (g->is_reduce && store) return -1;
     if (g->n_in_bound + n->n_in > JDT_GROUP_MAX_READS) return -1;
     if (store && g->n_stores + 1 > JDT_GROUP_MAX_STORES) return -1;
@@ -131,7 +130,7 @@ static int joinable(const cprog *c, const user_lists *u, int i)
 static bool absorbable(const cprog *c, const user_lists *u, int i)
 {
     if (c->opts.no_fuse || u->start[i + 1] == u->start[i]) return false;
-    if (is_output(c, i) || is_update_value(c, i)) return false;
+    if (is_kept(u, i)) return false;
     for (int k = u->start[i]; k < u->start[i + 1]; k++) {
         const cnode *un = &c->nodes[u->users[k]];
         if (un->kind != CK_MAP || (un->group < 0 && !un->absorbed)) return false;
@@ -141,7 +140,7 @@ static bool absorbable(const cprog *c, const user_lists *u, int i)
 
 static bool splat_needs_buffer(const cprog *c, const user_lists *u, int i)
 {
-    if (is_output(c, i) || is_update_value(c, i)) return true;
+    if (is_kept(u, i)) return true;
     for (int k = u->start[i]; k < u->start[i + 1]; k++) {
         cnode_kind kk = c->nodes[u->users[k]].kind;
         if (kk == CK_BUILTIN || kk == CK_VIEW) return true;
@@ -189,7 +188,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
         } else {
             continue;
         }
-        if (gi < 0 || !group_add(c, gi, i)) {
+        if (gi < 0 || !group_add(c, &u, gi, i)) {
             st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: fusion groups");
             goto out;
         }
@@ -204,7 +203,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
         cstep s = {.group = -1, .kernel = -1, .node = i, .scratch_buf = -1};
         if (n->group >= 0) {
             const cgroup *g = &c->groups[n->group];
-            n->store = g->root == i || is_output(c, i) || is_update_value(c, i);
+            n->store = g->root == i || is_kept(&u, i);
             if (g->root != i) continue;
             s.kind = STEP_KERNEL;
             s.group = n->group;
@@ -227,6 +226,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
 out:
     jdt_free(u.start);
     jdt_free(u.users);
+    jdt_free(u.kept);
     return st;
 }
 
@@ -371,6 +371,15 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
     return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt) * 4;
 }
 
+/* Is arena buffer b freed at step last[b] of the placement sweep (written at or before it, a
+ * real step, not dropped by donation)? */
+static bool dies_in_plan(const cprog *c, int b, const int *last, int S)
+{
+    const cbuf *cb = &c->bufs[b];
+    return cb->info.kind == JDT_BUF_ARENA && cb->info.def_step != -2 && last[b] >= 0 &&
+           last[b] < S && cb->info.def_step <= last[b];
+}
+
 jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
 {
     jdt_status st = JDT_OK;
@@ -378,6 +387,9 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     int *last = NULL;
     arena_alloc A = {0};
     bool *taken = NULL;
+    int *die_start = NULL, *die = NULL, *cursor = NULL; /* arena buffers by the step they die */
+    unsigned char *seen_value = NULL;                   /* (n_nodes) update values met so far */
+    unsigned char *later_use = NULL; /* (n_updates) the value also updates an earlier leaf */
 
     /* 1. buffers: leaves, stored nodes; views alias */
     for (int i = 0; i < c->n_nodes; i++) {
@@ -424,6 +436,16 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         last[c->nodes[c->updates[i].value].buf] = S;
 
     /* 3. donation of updates */
+    /* a value that updates several leaves can be donated to the first one only: mark the
+     * later uses once (a per-node mark, not a scan of the earlier updates for each update:
+     * there are thousands in a deep model's train step) */
+    seen_value = jdt_calloc((size_t)c->n_nodes + 1, 1);
+    later_use = jdt_calloc((size_t)c->n_updates + 1, 1);
+    if (!seen_value || !later_use) goto nomem;
+    for (int i = 0; i < c->n_updates; i++) {
+        later_use[i] = seen_value[c->updates[i].value];
+        seen_value[c->updates[i].value] = 1;
+    }
     for (int i = 0; i < c->n_updates; i++) {
         cupdate *up = &c->updates[i];
         cnode *v = &c->nodes[up->value];
@@ -431,10 +453,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         if (up->value == up->target || v->group < 0 || v->kind == CK_VIEW) continue;
         if (c->groups[v->group].is_reduce || taken[pb]) continue;
         int s = c->bufs[v->buf].info.def_step;
-        bool dup = false;
-        for (int k = 0; k < i; k++)
-            dup = dup || c->updates[k].value == up->value;
-        if (dup || last[pb] > s || !read_only_at_index(c, v->group, pb)) continue;
+        if (later_use[i] || last[pb] > s || !read_only_at_index(c, v->group, pb)) continue;
         /* the value's own buffer is dropped; it lives in the parameter */
         last[v->buf] = -1;
         c->bufs[v->buf].info.def_step = -2; /* unused */
@@ -451,7 +470,28 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     for (int i = 0; i < c->n_nodes; i++)
         if (c->nodes[i].kind == CK_VIEW) c->nodes[i].buf = c->nodes[c->nodes[i].in[0]].buf;
 
-    /* 4. arena placement over the schedule, with in-place takeover */
+    /* 4. arena placement over the schedule, with in-place takeover. A buffer never read dies
+     * where it is written; the arena buffers dying at each step are bucketed once (CSR over
+     * steps, ascending buffer order) instead of scanning every buffer at every step, which was
+     * quadratic in the size of deep models' train steps. */
+    for (int b = 0; b < c->n_bufs; b++) {
+        const cbuf *cb = &c->bufs[b];
+        if (cb->info.kind == JDT_BUF_ARENA && cb->info.def_step != -2 &&
+            last[b] < cb->info.def_step)
+            last[b] = cb->info.def_step;
+    }
+    die_start = jdt_calloc((size_t)S + 2, sizeof(int));
+    die = jdt_malloc(sizeof(int) * ((size_t)c->n_bufs + 1));
+    if (!die_start || !die) goto nomem;
+    for (int b = 0; b < c->n_bufs; b++)
+        if (dies_in_plan(c, b, last, S)) die_start[last[b] + 1]++;
+    for (int s = 0; s < S; s++)
+        die_start[s + 1] += die_start[s];
+    cursor = jdt_malloc(sizeof(int) * ((size_t)S + 1));
+    if (!cursor) goto nomem;
+    memcpy(cursor, die_start, sizeof(int) * ((size_t)S + 1));
+    for (int b = 0; b < c->n_bufs; b++)
+        if (dies_in_plan(c, b, last, S)) die[cursor[last[b]]++] = b;
     for (int s = 0; s < S; s++) {
         cstep *sp = &c->steps[s];
         int outs[JDT_GROUP_MAX_STORES + 2], n_outs = 0;
@@ -492,13 +532,9 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                 arena_take(&A, b->info.n_bytes, &b->info.offset);
             }
         }
-        for (int b = 0; b < c->n_bufs; b++) {
-            cbuf *cb = &c->bufs[b];
-            if (cb->info.kind != JDT_BUF_ARENA || cb->info.def_step == -2) continue;
-            if (last[b] < cb->info.def_step) last[b] = cb->info.def_step;
-            if (last[b] == s && cb->info.def_step <= s && !taken[b] &&
-                !arena_give(&A, cb->info.offset, cb->info.n_bytes))
-                goto nomem;
+        for (int k = die_start[s]; k < die_start[s + 1]; k++) {
+            const cbuf *cb = &c->bufs[die[k]];
+            if (!taken[die[k]] && !arena_give(&A, cb->info.offset, cb->info.n_bytes)) goto nomem;
         }
     }
     for (int b = 0; b < c->n_bufs; b++) {
@@ -513,6 +549,11 @@ nomem:
 out:
     jdt_free(last);
     jdt_free(taken);
+    jdt_free(die_start);
+    jdt_free(die);
+    jdt_free(cursor);
+    jdt_free(seen_value);
+    jdt_free(later_use);
     jdt_free(A.free);
     return st;
 }

@@ -183,6 +183,14 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
+    if (c->opts.plan_only) { /* shapes and sizes only: no code, no compiler, no arena */
+        for (int i = 0; i < c->n_nodes; i++)
+            c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
+        c->stats.compile_s = jdt_now_s() - t0;
+        snprintf(c->stats.so_path, sizeof c->stats.so_path, "(planned only)");
+        *out = p;
+        return JDT_OK;
+    }
     if ((st = p->dev->vt->prepare(p->dev, c, &p->state, e)) != JDT_OK) goto fail;
     if (c->opts.profile && !(p->step_s = jdt_calloc((size_t)c->n_steps + 1, sizeof(double)))) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
@@ -213,12 +221,26 @@ fail:
     return st;
 }
 
+jdt_status jdt_compile_check_arena(int64_t n_bytes, jdt_err *e)
+{
+    const char *mem_src;
+    int64_t mem_avail = jdt_mem_available(&mem_src);
+    if (mem_avail < 0 || n_bytes <= mem_avail) return JDT_OK;
+    return jdt_err_set(e, JDT_ERR_NOMEM,
+                       "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
+                       "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
+                       "or runtime.remat: block",
+                       (double)n_bytes / 1048576.0, (double)mem_avail / 1048576.0, mem_src);
+}
+
 jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
 {
     cprog *c = &p->c;
     const jdt_backend_vt *vt = p->dev->vt;
     jdt_status st;
     if (p->interp) return jdt_interp_run(p->interp, e);
+    if (!p->state)
+        return jdt_err_set(e, JDT_ERR_INVALID, "run: the program was planned only (opts.plan_only)");
     if ((st = vt->begin(p->state, e)) != JDT_OK) return st;
     bool timed = p->step_s || c->opts.trace;
     for (int s = 0; s < c->n_steps; s++) {
@@ -292,7 +314,7 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
 const void *jdt_program_output(const jdt_program *p, int i)
 {
     if (p && p->interp) return jdt_interp_value(p->interp, jdt_graph_output(p->g, i));
-    if (!p || i < 0 || i >= p->c.n_outputs) return NULL;
+    if (!p || !p->state || i < 0 || i >= p->c.n_outputs) return NULL;
     return p->dev->vt->host_ptr(p->state, p->c.outputs[i]);
 }
 
@@ -308,6 +330,8 @@ jdt_status jdt_program_read_output(const jdt_program *p, int i, void *dst, size_
     if (i < 0 || i >= p->c.n_outputs)
         return jdt_err_set(e, JDT_ERR_INVALID, "read: no output %d (the program has %d)", i,
                            p->c.n_outputs);
+    if (!p->state)
+        return jdt_err_set(e, JDT_ERR_INVALID, "read: the program was planned only (opts.plan_only)");
     const cnode *n = &p->c.nodes[p->c.outputs[i]];
     size_t have = (size_t)jdt_shape_numel(&n->shape) * jdt_dtype_size(n->dtype);
     if (n_bytes > have)

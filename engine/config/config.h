@@ -80,6 +80,7 @@ typedef struct jdt_config {
         int n_head;     /* H */
         int n_kv_head;  /* 0 = n_head; must divide n_head */
         int mlp_ratio;  /* MLP hidden = mlp_ratio * C (for every activation, swiglu included) */
+        int mlp_dim;    /* MLP hidden width when > 0 (Llama's intermediate_size); overrides mlp_ratio */
         jdt_norm_type norm;
         double norm_eps;
         jdt_pos_type pos;
@@ -263,6 +264,8 @@ void jdt_config_print_schema_markdown(FILE *f);
 int64_t jdt_config_param_count(const jdt_config *c);
 /* optimizer.decay_steps, or run.steps when it is 0. */
 int64_t jdt_config_decay_steps(const jdt_config *c);
+/* The MLP hidden width F: model.mlp_dim, or mlp_ratio * n_embd when it is 0. */
+int64_t jdt_config_mlp_dim(const jdt_config *c);
 /* model.n_kv_head, or model.n_head when it is 0. */
 int jdt_config_kv_heads(const jdt_config *c);
 /* data * fsdp * tensor. */

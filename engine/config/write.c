@@ -184,6 +184,11 @@ bool jdt_config_equal(const jdt_config *a, const jdt_config *b)
     return true;
 }
 
+int64_t jdt_config_mlp_dim(const jdt_config *c)
+{
+    return c->model.mlp_dim > 0 ? c->model.mlp_dim : (int64_t)c->model.mlp_ratio * c->model.n_embd;
+}
+
 int jdt_config_kv_heads(const jdt_config *c)
 {
     return c->model.n_kv_head ? c->model.n_kv_head : c->model.n_head;
@@ -213,7 +218,7 @@ int64_t jdt_config_param_count(const jdt_config *c)
     }
     const int64_t V = c->model.vocab_size, T = c->model.seq_len, C = c->model.n_embd;
     const int64_t D = C / c->model.n_head, KV = (int64_t)jdt_config_kv_heads(c) * D;
-    const int64_t Hm = (int64_t)c->model.mlp_ratio * C;
+    const int64_t Hm = jdt_config_mlp_dim(c);
     const int64_t norm = C * (c->model.norm == JDT_NORM_LAYERNORM ? 1 + bias : 1);
     int64_t attn = C * C + 2 * C * KV + C * C + bias * (C + 2 * KV + C); /* q, k, v, o */
     int64_t mlp = c->model.activation == JDT_ACT_SWIGLU ? 3 * C * Hm + bias * (2 * Hm + C)

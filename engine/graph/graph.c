@@ -37,6 +37,10 @@ struct jdt_graph {
     int n_outputs, cap_outputs;
     graph_update *updates;
     int n_updates, cap_updates;
+    /* name index for jdt_graph_find, built lazily: open addressing over the ids of named
+     * nodes (id + 1; 0 = empty), covering nodes [0, n_indexed) */
+    int *name_slots; /* (name_cap), a power of two */
+    int name_cap, n_named, n_indexed;
     jdt_err err; /* the first builder error (sticky); code JDT_OK while none */
 };
 
@@ -117,6 +121,7 @@ void jdt_graph_free(jdt_graph *g)
     jdt_free(g->nodes);
     jdt_free(g->outputs);
     jdt_free(g->updates);
+    jdt_free(g->name_slots);
     jdt_free(g);
 }
 
@@ -227,9 +232,49 @@ void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor
 
 void jdt_graph_set_block(jdt_graph *g, int block) { g->cur_block = block; }
 
-jdt_tensor *jdt_graph_find(const jdt_graph *g, const char *name)
+/* Puts node id into the name index (which has room). */
+static void name_insert(jdt_graph *g, int id)
 {
-    for (int i = 0; i < g->n_nodes; i++) {
+    size_t mask = (size_t)g->name_cap - 1, i = (size_t)jdt_hash_str(JDT_HASH_INIT, g->nodes[id]->name) & mask;
+    while (g->name_slots[i]) i = (i + 1) & mask;
+    g->name_slots[i] = id + 1;
+    g->n_named++;
+}
+
+/* Indexes the named nodes appended since the last call; false when out of memory. A name is
+ * set once, right after its node is appended (builder.c leaf()), so it is in place here. */
+static bool name_index_update(jdt_graph *g)
+{
+    for (; g->n_indexed < g->n_nodes; g->n_indexed++) {
+        if (!g->nodes[g->n_indexed]->name) continue;
+        if (2 * (g->n_named + 1) > g->name_cap) { /* keep the load at most 1/2 */
+            int cap = g->name_cap ? 2 * g->name_cap : 256;
+            int *slots = jdt_calloc((size_t)cap, sizeof *slots);
+            if (!slots) return false;
+            int *old = g->name_slots, old_cap = g->name_cap;
+            g->name_slots = slots;
+            g->name_cap = cap;
+            g->n_named = 0;
+            for (int k = 0; k < old_cap; k++)
+                if (old[k]) name_insert(g, old[k] - 1);
+            jdt_free(old);
+        }
+        name_insert(g, g->n_indexed);
+    }
+    return true;
+}
+
+jdt_tensor *jdt_graph_find(jdt_graph *g, const char *name)
+{
+    if (name_index_update(g) && g->name_cap) {
+        size_t mask = (size_t)g->name_cap - 1, i = (size_t)jdt_hash_str(JDT_HASH_INIT, name) & mask;
+        for (; g->name_slots[i]; i = (i + 1) & mask) {
+            jdt_tensor *t = g->nodes[g->name_slots[i] - 1];
+            if (strcmp(t->name, name) == 0) return t;
+        }
+        return NULL;
+    }
+    for (int i = 0; i < g->n_nodes; i++) { /* no memory for the index: scan */
         jdt_tensor *t = g->nodes[i];
         if (t->name && strcmp(t->name, name) == 0) return t;
     }

@@ -296,8 +296,9 @@ void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor
  * keeping them (runtime.remat: block). */
 void jdt_graph_set_block(jdt_graph *g, int block);
 
-/* Finds a leaf by name; NULL if absent. */
-jdt_tensor *jdt_graph_find(const jdt_graph *g, const char *name);
+/* Finds a leaf by name; NULL if absent. Hashed: it indexes the named nodes added since its
+ * last call (g is not const for that), so a lookup costs O(1) on average. */
+jdt_tensor *jdt_graph_find(jdt_graph *g, const char *name);
 
 /* Records a builder error in g unless one is already recorded (the FIRST error is sticky:
  * later calls keep it and return its code). Returns the recorded code. */

@@ -195,7 +195,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     if (!x.out || !x.owned) goto oom;
 
     const int64_t L = cfg.model.n_layer, C = cfg.model.n_embd, H = cfg.model.n_head;
-    const int64_t Hkv = jdt_config_kv_heads(&cfg), D = C / H, F = (int64_t)cfg.model.mlp_ratio * C;
+    const int64_t Hkv = jdt_config_kv_heads(&cfg), D = C / H, F = jdt_config_mlp_dim(&cfg);
     const int64_t V = cfg.model.vocab_size, T = cfg.model.seq_len;
     char a[200], b[200];
 #define EMIT(ours, hf, tr, rope)                                                                   \
@@ -434,7 +434,7 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool lla
         {llama ? "num_hidden_layers" : "n_layer", "model.n_layer", c->model.n_layer},
         {llama ? "num_attention_heads" : "n_head", "model.n_head", c->model.n_head},
         {llama ? "num_key_value_heads" : "n_head", "model.n_kv_head", jdt_config_kv_heads(c)},
-        {llama ? "intermediate_size" : "n_inner", "model.mlp_ratio * n_embd", (int64_t)c->model.mlp_ratio * c->model.n_embd},
+        {llama ? "intermediate_size" : "n_inner", "model.mlp_dim (or mlp_ratio * n_embd)", jdt_config_mlp_dim(c)},
     };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
         int64_t v;

@@ -508,14 +508,6 @@ static jdt_status train_collective_run(trainer *tr, int group, int kind, jdt_dty
     }
 }
 
-/* Stand-in communicator for planning (inspect): the step is compiled, never run. */
-static jdt_status plan_collective(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
-                                  size_t n_elems, jdt_err *e)
-{
-    (void)ctx, (void)group, (void)kind, (void)dt, (void)buf, (void)n_elems;
-    return jdt_err_set(e, JDT_ERR_INTERNAL, "inspect: the planned step cannot run");
-}
-
 void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
 {
     jdt_compile_opts_init(o);
@@ -572,8 +564,6 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     if (tr->dist) {
         so.copts.collective = train_collective;
         so.copts.collective_ctx = tr;
-    } else if (so.mesh) {
-        so.copts.collective = plan_collective;
     }
     return jdt_step_new(cfg, &so, out, e);
 }
@@ -987,63 +977,4 @@ out:
     trainer_free_groups(&tr);
     jdt_data_close(tr.val);
     return st;
-}
-
-jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e)
-{
-    trainer tr;
-    trainer_init(&tr, cfg, NULL);
-    jdt_step *step = NULL;
-    double t0 = jdt_now_s();
-    jdt_status st;
-    if (jdt_config_mesh_size(cfg) > 1) { /* plan rank 0 of the mesh; no process starts */
-        tr.world_size = jdt_config_mesh_size(cfg);
-        if ((st = check_world(&tr, e)) != JDT_OK) return st;
-        if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
-    }
-    /* the CUDA step is compiled to CUDA source only: inspect needs no GPU */
-    st = open_device(&tr, true, e);
-    if (st == JDT_OK) st = make_step(&tr, &step, e);
-    if (st != JDT_OK) {
-        jdt_device_close(tr.device);
-        return st;
-    }
-    double dt = jdt_now_s() - t0;
-    const jdt_compile_stats *cs = jdt_step_stats(step);
-    double state_bytes = 0;
-    for (int i = 0; i < jdt_step_n_tensors(step); i++) {
-        const char *name;
-        float *data;
-        jdt_shape shape;
-        jdt_step_tensor(step, i, &name, &data, &shape);
-        state_bytes += (double)jdt_shape_numel(&shape) * sizeof(float);
-    }
-    if (tr.world_size > 1)
-        fprintf(f, "compiled step of rank 0 of the mesh data %d x fsdp %d x tensor %d:\n",
-                tr.mesh.size[JDT_MESH_DATA], tr.mesh.size[JDT_MESH_FSDP], tr.mesh.size[JDT_MESH_TENSOR]);
-    else
-        fprintf(f, "compiled step (one process):\n");
-    fprintf(f, "  per device: %lld bytes of parameters + optimizer state (%.1f MiB)\n",
-            (long long)jdt_step_state_bytes(step), (double)jdt_step_state_bytes(step) / 1048576.0);
-    if (cs) {
-        fprintf(f, "  ops            %d -> %d after DCE/CSE/simplification\n", cs->n_ops_in, cs->n_ops_out);
-        fprintf(f, "  kernels        %d fused loop nests + %d builtin calls (GEMM, attention, ...)\n",
-                cs->n_kernels, cs->n_builtin);
-        fprintf(f, "  FLOPs/step     %.3g (compiler count, per micro-batch run); model count %.3g per "
-                   "optimizer step\n", cs->flops_per_step, jdt_step_model_flops(step));
-        fprintf(f, "  memory         %.1f MiB planned peak of intermediates; %.1f MiB parameters + "
-                   "optimizer state\n", (double)cs->arena_bytes / 1048576.0, state_bytes / 1048576.0);
-        if (tr.device)
-            fprintf(f, "  compile        %.2fs to CUDA source (%zu bytes; NVRTC runs on the GPU "
-                       "host)\n", dt, strlen(jdt_step_source(step)));
-        else
-            fprintf(f, "  compile        %.2fs (C compiler %.2fs), cache %s: %s\n", dt, cs->cc_s,
-                    cs->cache_hit ? "hit" : "miss", cs->so_path);
-    } else {
-        fprintf(f, "  runtime.jit is false: the reference interpreter runs the step\n");
-    }
-    jdt_step_describe(step, f);
-    jdt_step_free(step);
-    jdt_device_close(tr.device);
-    return JDT_OK;
 }

@@ -11,11 +11,11 @@
 
 /* Floats kept per token per layer for the backward pass of a GPT block, a deliberate LOWER
  * bound (the compiled plan measured ~21 C at mlp_ratio 4): residual stream, two norms, q/k/v,
- * attention output, and the MLP's pre- and post-activation (2 * mlp_ratio * C). Under-counting
+ * attention output, and the MLP's pre- and post-activation (2 * F). Under-counting
  * keeps the check from refusing a plan that fits; the arena check catches the rest. */
 static double act_floats_per_token_layer(const jdt_config *c)
 {
-    return (8.0 + 2.0 * c->model.mlp_ratio) * c->model.n_embd;
+    return 8.0 * c->model.n_embd + 2.0 * (double)jdt_config_mlp_dim(c);
 }
 
 void jdt_train_mem_estimate(const jdt_config *c, int64_t micro_batch, jdt_mem_estimate *m)

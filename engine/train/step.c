@@ -55,7 +55,7 @@ static jdt_status exec_init(exec *x, const jdt_step_opts *o, jdt_err *e)
 {
     jdt_status st = jdt_graph_error(x->g, e);
     if (st != JDT_OK) return st;
-    if (o->use_jit) return jdt_program_compile(x->g, &o->copts, &x->p, e);
+    if (o->use_jit || o->plan_only) return jdt_program_compile(x->g, &o->copts, &x->p, e);
     st = jdt_interp_new(x->g, &x->it, e);
     if (st == JDT_OK) jdt_interp_set_collective(x->it, o->copts.collective, o->copts.collective_ctx);
     return st;
@@ -63,6 +63,7 @@ static jdt_status exec_init(exec *x, const jdt_step_opts *o, jdt_err *e)
 
 static jdt_status exec_run(exec *x, jdt_err *e)
 {
+    if (!x->p && !x->it) return jdt_err_set(e, JDT_ERR_INVALID, "train: the step was planned only");
     return x->p ? jdt_program_run(x->p, e) : jdt_interp_run(x->it, e);
 }
 
@@ -89,19 +90,25 @@ static jdt_tensor *scalar_input(jdt_graph *g, const char *name, float *bound)
     return t;
 }
 
-static host_tensor *find_host(jdt_step *s, const char *name)
+/* The host tensor called name, a state of parameter i: tensors k * n_params + i (alloc_host's
+ * layout) are looked at first, so building a deep model's update stays linear. */
+static host_tensor *find_host(jdt_step *s, const char *name, int i)
 {
-    for (int i = 0; i < s->n_tensors; i++)
-        if (strcmp(s->tensors[i].name, name) == 0) return &s->tensors[i];
+    for (int k = 1; s->n_params > 0 && k * s->n_params + i < s->n_tensors; k++)
+        if (strcmp(s->tensors[k * s->n_params + i].name, name) == 0)
+            return &s->tensors[k * s->n_params + i];
+    for (int j = 0; j < s->n_tensors; j++)
+        if (strcmp(s->tensors[j].name, name) == 0) return &s->tensors[j];
     return NULL;
 }
 
-static jdt_tensor *state_leaf(jdt_step *s, jdt_graph *g, const char *prefix, const jdt_tensor *p)
+/* The state leaf prefix + name of parameter i (p) in g, bound to its host buffer. */
+static jdt_tensor *state_leaf(jdt_step *s, jdt_graph *g, const char *prefix, int i, const jdt_tensor *p)
 {
     char name[256];
     snprintf(name, sizeof name, "%s%s", prefix, p->name);
     jdt_tensor *t = jdt_graph_state(g, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
-    host_tensor *h = find_host(s, name);
+    host_tensor *h = find_host(s, name, i);
     if (t && h) t->data = h->data;
     return t;
 }
@@ -157,7 +164,7 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
 #define GATED(newv, oldv) (okb ? jdt_graph_select(g, okb, (newv), (oldv)) : (newv))
         if (cfg->optimizer.type == JDT_OPTIM_ADAMW) {
             const double b1 = cfg->optimizer.beta1, b2 = cfg->optimizer.beta2;
-            jdt_tensor *m = state_leaf(s, g, "opt/m/", p), *v = state_leaf(s, g, "opt/v/", p);
+            jdt_tensor *m = state_leaf(s, g, "opt/m/", i, p), *v = state_leaf(s, g, "opt/v/", i, p);
             jdt_tensor *mn = jdt_graph_add(g, jdt_graph_mul_scalar(g, m, b1), jdt_graph_mul_scalar(g, gr, 1 - b1));
             jdt_tensor *vn = jdt_graph_add(g, jdt_graph_mul_scalar(g, v, b2),
                                            jdt_graph_mul_scalar(g, jdt_graph_mul(g, gr, gr), 1 - b2));
@@ -172,7 +179,7 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
             if (meta[i].decay && wd > 0) gr = jdt_graph_add(g, gr, jdt_graph_mul_scalar(g, p, wd));
             upd = gr;
             if (mu > 0) {
-                jdt_tensor *buf = state_leaf(s, g, "opt/buf/", p);
+                jdt_tensor *buf = state_leaf(s, g, "opt/buf/", i, p);
                 jdt_tensor *bn = jdt_graph_add(g, jdt_graph_mul_scalar(g, buf, mu), gr);
                 upd = cfg->optimizer.nesterov ? jdt_graph_add(g, gr, jdt_graph_mul_scalar(g, bn, mu)) : bn;
                 jdt_graph_add_update(g, buf, GATED(bn, buf));
@@ -283,6 +290,7 @@ static jdt_status alloc_host(jdt_step *s, jdt_err *e)
             h->global = s->pglobal[i];
             h->place = s->pplace[i];
             size_t n = (size_t)jdt_shape_numel(&p->shape);
+            if (s->o.plan_only) continue; /* shapes only: no buffer, no initial values */
             h->data = jdt_malloc_aligned(n * sizeof(float));
             if (!h->data) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory for %s", h->name);
             if (k > 0) {
@@ -346,9 +354,11 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     for (int i = 0; i < n; i++) {
         const jdt_tensor *p = P[i];
         size_t bytes = (size_t)jdt_shape_numel(&p->shape) * sizeof(float);
-        s->acc[i] = jdt_malloc_aligned(bytes);
-        if (!s->acc[i]) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
-        memset(s->acc[i], 0, bytes);
+        if (!s->o.plan_only) {
+            s->acc[i] = jdt_malloc_aligned(bytes);
+            if (!s->acc[i]) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+            memset(s->acc[i], 0, bytes);
+        }
         char name[256];
         snprintf(name, sizeof name, "acc/%s", p->name);
         jdt_tensor *acc = jdt_graph_state(g, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
@@ -379,13 +389,14 @@ jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step 
 {
     *out = NULL;
     /* before building anything: a plan that cannot fit is refused in microseconds */
-    jdt_status mst = jdt_train_check_memory(cfg, o->micro_batch, e);
+    jdt_status mst = o->plan_only ? JDT_OK : jdt_train_check_memory(cfg, o->micro_batch, e);
     if (mst != JDT_OK) return mst;
     jdt_step *s = jdt_calloc(1, sizeof *s);
     if (!s) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
     s->cfg = cfg;
     s->o = *o;
     if (s->o.n_accum < 1) s->o.n_accum = 1;
+    if (s->o.plan_only) s->o.copts.plan_only = true;
     static const int ones[JDT_MESH_AXIS_COUNT] = {1, 1, 1};
     jdt_status st = o->mesh ? (s->mesh = *o->mesh, JDT_OK) : jdt_mesh_init(&s->mesh, ones, 1, 0, e);
     if (st == JDT_OK) st = build_main(s, e);
@@ -507,40 +518,35 @@ bool jdt_step_tensor_block(const jdt_step *s, int i, jdt_shape *global, int64_t 
     return jdt_mesh_group_index(&s->mesh, repl) == 0;
 }
 
-/* One graph's collectives, in schedule order, into f. */
-static void describe_collectives(const jdt_step *s, const char *what, const jdt_graph *g, FILE *f)
+const jdt_placement *jdt_step_tensor_placement(const jdt_step *s, int i)
 {
-    if (!g) return;
-    for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
-        const jdt_tensor *t = jdt_graph_node(g, i);
-        if (t->op != JDT_OP_ALL_REDUCE && t->op != JDT_OP_ALL_GATHER && t->op != JDT_OP_REDUCE_SCATTER)
-            continue;
-        char ax[64], sh[64];
-        const unsigned group = (unsigned)t->attrs.i[0];
-        const jdt_shape *full = t->op == JDT_OP_REDUCE_SCATTER ? &t->inputs[0]->shape : &t->shape;
-        fprintf(f, "    %-6s %-15s over %-12s (%d ranks) %10lld bytes %s\n", what, jdt_op_name(t->op),
-                jdt_mesh_axes_str(group, ax, sizeof ax), jdt_mesh_group_size(&s->mesh, group),
-                (long long)jdt_shape_numel(full) * (long long)jdt_dtype_size(t->dtype),
-                jdt_shape_str(full, sh, sizeof sh));
-    }
+    return &s->tensors[i].place;
 }
 
-void jdt_step_describe(const jdt_step *s, FILE *f)
+int jdt_step_n_params(const jdt_step *s) { return s->n_params; }
+
+const jdt_mesh *jdt_step_mesh(const jdt_step *s) { return &s->mesh; }
+
+static const exec *step_exec(const jdt_step *s, jdt_step_prog which)
 {
-    fprintf(f, "  collectives of one step (rank 0; bytes of the whole buffer each moves):\n");
-    describe_collectives(s, s->apply.g ? "micro" : "step", s->main.g, f);
-    describe_collectives(s, "apply", s->apply.g, f);
-    fprintf(f, "  parameter shardings (global shape -> this rank's block; split dims by mesh axis):\n");
-    for (int i = 0; i < s->n_params; i++) {
-        const host_tensor *h = &s->tensors[i];
-        char g[64], l[64], spec[128] = "", ax[32];
-        size_t o = 0;
-        for (int d = 0; d < h->global.ndim && o < sizeof spec; d++)
-            o += (size_t)snprintf(spec + o, sizeof spec - o, "%s%s", d ? ", " : "",
-                                  h->place.dim[d] ? jdt_mesh_axes_str(h->place.dim[d], ax, sizeof ax) : "-");
-        fprintf(f, "    %-28s %-12s -> %-12s [%s]\n", h->name + strlen("params/"),
-                jdt_shape_str(&h->global, g, sizeof g), jdt_shape_str(&h->shape, l, sizeof l), spec);
+    switch (which) {
+    case JDT_STEP_PROG_MAIN: return &s->main;
+    case JDT_STEP_PROG_APPLY: return &s->apply;
+    case JDT_STEP_PROG_EVAL: return &s->eval;
     }
+    return NULL;
+}
+
+const jdt_graph *jdt_step_graph(const jdt_step *s, jdt_step_prog which)
+{
+    const exec *x = step_exec(s, which);
+    return x ? x->g : NULL;
+}
+
+const jdt_compile_stats *jdt_step_prog_stats(const jdt_step *s, jdt_step_prog which)
+{
+    const exec *x = step_exec(s, which);
+    return x && x->p ? jdt_program_stats(x->p) : NULL;
 }
 
 int64_t jdt_step_state_bytes(const jdt_step *s)

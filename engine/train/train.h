@@ -41,6 +41,11 @@ typedef struct {
                              groups named by mesh-axis masks (shard.h) */
     int n_accum;         /* micro-batches per step */
     bool use_jit;        /* false: run the reference interpreter instead of compiled code */
+    bool plan_only;      /* shapes only (`inspect`): no parameter, optimizer or accumulator
+                            buffer is allocated or initialised (their data pointers stay NULL),
+                            the programs are planned (copts.plan_only: passes, fusion, memory
+                            plan) but not generated or compiled, the memory estimate is not
+                            checked; jdt_step_run/eval then fail with ERR_INVALID */
     jdt_compile_opts copts;
 } jdt_step_opts;
 
@@ -70,9 +75,27 @@ void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, 
  * the global shape and the block's offset per dim. Returns true on the one rank that owns
  * (writes to checkpoints) this block; blocks replicated over mesh axes have one owner. */
 bool jdt_step_tensor_block(const jdt_step *s, int i, jdt_shape *global, int64_t *offset);
-/* Writes the step's collectives (op, group, bytes, in schedule order) and each parameter's
- * sharding (global shape, local block, mesh axes per dim) to f, for `inspect`. */
-void jdt_step_describe(const jdt_step *s, FILE *f);
+/* How tensor i (as jdt_step_tensor) is split over the mesh: its parameter's storage placement. */
+const jdt_placement *jdt_step_tensor_placement(const jdt_step *s, int i);
+/* Number of parameters: tensors 0 .. n-1 are the parameters, the rest optimizer moments. */
+int jdt_step_n_params(const jdt_step *s);
+/* This rank's place in the mesh (1 x 1 x 1 for one process). */
+const jdt_mesh *jdt_step_mesh(const jdt_step *s);
+
+/* The step's programs: MAIN runs once per micro-batch (forward, backward and, without
+ * accumulation, clipping + update); APPLY once per step with accumulation (clipping + update);
+ * EVAL the forward-only loss. */
+typedef enum {
+    JDT_STEP_PROG_MAIN,
+    JDT_STEP_PROG_APPLY,
+    JDT_STEP_PROG_EVAL,
+} jdt_step_prog;
+/* The (local, partitioned) graph of a program; NULL when the step has none (APPLY without
+ * accumulation). Owned by s. */
+const jdt_graph *jdt_step_graph(const jdt_step *s, jdt_step_prog which);
+/* Compile (or plan) statistics of a program: arena bytes, kernels, FLOPs; NULL when it does
+ * not exist or runs on the interpreter. Owned by s. */
+const jdt_compile_stats *jdt_step_prog_stats(const jdt_step *s, jdt_step_prog which);
 /* Bytes of this rank's parameters and optimizer state (its blocks). */
 int64_t jdt_step_state_bytes(const jdt_step *s);
 
@@ -143,12 +166,20 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e);
  * or initialised). ERR_CONFIG with one line naming the mesh, or the tensor, dim and axis. */
 jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *e);
 
-/* `jdt-train inspect`: builds and compiles the single-process train step of cfg and writes
- * what the compiler made of it to f: op counts before/after the passes, fused kernels and
- * builtin calls, FLOPs per step (compiler count and model count), planned peak memory of
- * intermediates, parameter and optimizer-state bytes, compile time and cache hit/miss. cfg must
- * pass jdt_train_check_capabilities (the caller checks). */
-jdt_status jdt_train_inspect(const jdt_config *cfg, FILE *f, jdt_err *e);
+/* `jdt-train inspect` (plan.c): plans the train step of rank 0 of cfg's mesh from shapes
+ * alone (graph, partition, autodiff, compiler passes and memory plan: no process starts, no
+ * parameter or arena buffer is allocated, nothing is initialised or compiled) and writes to f,
+ * per device: parameter, optimizer-state, gradient and activation (arena) bytes; every
+ * collective of one step with its mesh-axis group, count and bytes; each parameter's
+ * sharding; op/kernel/FLOP counts. With compile (CPU backend only) it also generates and
+ * compiles the code (compile time, cache hit/miss) without allocating the parameters. A plan
+ * for one process on the CPU backend is this machine's and is refused like train refuses it
+ * (ERR_NOMEM with the figures) when it cannot fit here; a mesh of several devices plans
+ * devices elsewhere and is never refused for this machine's memory. Errors: ERR_CONFIG (mesh,
+ * rules; a -1 mesh axis, which only a process count fills in), ERR_COMPILE ... cfg must pass
+ * jdt_train_check_capabilities (the caller checks). runtime.backend cuda plans with the CUDA
+ * backend's emitter (no GPU needed); with compile it emits the CUDA source. */
+jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
  * loss over cfg->run.eval_steps batches. dist NULL: one process; else every rank of the job

@@ -12,13 +12,12 @@ import sys
 import time
 
 
-def run_torch(L, C, H, T, B, V, steps, threads):
+def torch_gpt(L, C, H, T, V):
+    """The PyTorch model (also used by mesh_peer.py): returns GPT() whose forward(idx, tgt)
+    takes (b, T) token ids and targets for any batch b and returns the mean loss."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
 
     class Block(nn.Module):
         def __init__(self):
@@ -28,6 +27,7 @@ def run_torch(L, C, H, T, B, V, steps, threads):
             self.fc, self.proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
 
         def forward(self, x):
+            B = x.shape[0]
             q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
             q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
             if hasattr(F, "scaled_dot_product_attention"):
@@ -40,6 +40,8 @@ def run_torch(L, C, H, T, B, V, steps, threads):
             return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
     class GPT(nn.Module):
+        block_class = Block
+
         def __init__(self):
             super().__init__()
             self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
@@ -53,7 +55,15 @@ def run_torch(L, C, H, T, B, V, steps, threads):
             logits = self.ln_f(x) @ self.wte.weight.t()
             return F.cross_entropy(logits.view(-1, V), tgt.view(-1))
 
-    model = GPT()
+    return GPT()
+
+
+def run_torch(L, C, H, T, B, V, steps, threads):
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = torch_gpt(L, C, H, T, V)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     g = torch.Generator().manual_seed(1)
     times = []

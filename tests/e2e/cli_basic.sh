@@ -36,7 +36,7 @@ for w in "model " "parameters " "mesh " "data " "optimizer " "checkpoint "; do
 grep -q "L=4 C=256" "$TMP/out" || fail "summary does not show llm.yaml's model"
 expect 0 "$BIN" inspect configs/gpt2-124m.yaml
 grep -q "124,475,904" "$TMP/out" || fail "gpt2-124m parameter count (llm.c's padded-vocab figure)"
-expect 0 "$BIN" inspect configs/tiny.yaml model.n_layer=3 --log-level=debug
+expect 0 "$BIN" inspect configs/tiny.yaml model.n_layer=3 --log-level=debug --compile
 for w in "compiled step" "fused loop nests" "FLOPs/step" "planned peak" "cache "; do
   grep -q "$w" "$TMP/out" || fail "inspect lacks the compiled-step line '$w'"; done
 grep -q "L=3" "$TMP/out" || fail "override not applied"

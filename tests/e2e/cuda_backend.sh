@@ -16,7 +16,8 @@ if grep -q "make CUDA=1" "$TMP/err"; then
 fi
 
 # inspect: a CPU-only binary summarises the config and says why it cannot run it (the one
-# capability check, engine/train/caps.c); a CUDA build compiles the step to CUDA source, no GPU
+# capability check, engine/train/caps.c); a CUDA build plans the step, and with --compile
+# compiles it to CUDA source, no GPU
 "$BIN" inspect configs/tiny.yaml runtime.backend=cuda >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda failed"; }
 if "$BIN" version | grep -q '^backends:.* cuda'; then IBIN=$BIN; else
   grep -q "not runnable by this build: runtime.backend" "$TMP/out" || { cat "$TMP/out"; fail "CPU build: inspect does not say why"; }
@@ -24,8 +25,10 @@ if "$BIN" version | grep -q '^backends:.* cuda'; then IBIN=$BIN; else
 fi
 if [ -n "$IBIN" ]; then
   "$IBIN" inspect configs/tiny.yaml runtime.backend=cuda >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda failed"; }
-  grep -q "to CUDA source" "$TMP/out" || { cat "$TMP/out"; fail "inspect does not show the CUDA step"; }
+  grep -q "planned step (one process)" "$TMP/out" || { cat "$TMP/out"; fail "inspect does not plan the CUDA step"; }
   grep -qE "kernels +[0-9]+ fused" "$TMP/out" || fail "inspect lacks the kernel count"
+  "$IBIN" inspect configs/tiny.yaml runtime.backend=cuda --compile >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect --compile cuda failed"; }
+  grep -q "to CUDA source" "$TMP/out" || { cat "$TMP/out"; fail "inspect --compile does not show the CUDA step"; }
 fi
 
 if [ -n "${JDT_CUDA_BIN:-}" ]; then

@@ -38,6 +38,7 @@ START_TEST(test_param_count_matches_config)
         {"model.tie_embeddings=false", "model.n_kv_head=2", NULL, NULL},
         {"model.activation=relu", "model.n_kv_head=1", "model.pos=rope", NULL},
         {"model.type=mlp", "model.in_dim=12", "model.n_classes=5", "model.n_hidden=2"},
+        {"model.activation=swiglu", "model.mlp_dim=88", "model.bias=false", NULL},
     };
     for (size_t v = 0; v < JDT_ARRAY_LEN(variants); v++) {
         int n = 0;
@@ -228,6 +229,69 @@ START_TEST(test_remat_same_losses_less_memory)
 }
 END_TEST
 
+/* A step built with opts.plan_only (what `inspect` plans with) is the compiled step without
+ * values or code: the same tensors and shapes, the same arenas, kernels and FLOPs per program,
+ * but no buffer behind any tensor, and running it is a clear error. */
+START_TEST(test_plan_only_matches_compiled)
+{
+    char *over[] = {"data.micro_batch_size=2", "model.activation=swiglu", "model.mlp_dim=40"};
+    jdt_config c;
+    load(&c, JDT_ARRAY_LEN(over), over);
+    char cache[] = "/tmp/jdt-check-plan-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(cache));
+    jdt_step *s[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        jdt_step_opts o;
+        memset(&o, 0, sizeof o);
+        o.micro_batch = 2;
+        o.n_accum = 2;
+        o.use_jit = true;
+        o.plan_only = k == 1;
+        jdt_compile_opts_init(&o.copts);
+        o.copts.cache_dir = cache;
+        o.copts.threads = 1;
+        jdt_err e;
+        ck_assert_msg(jdt_step_new(&c, &o, &s[k], &e) == JDT_OK, "step %d: %s", k, e.msg);
+    }
+    ck_assert_int_eq(jdt_step_n_tensors(s[0]), jdt_step_n_tensors(s[1]));
+    ck_assert_int_eq(jdt_step_n_params(s[0]), jdt_step_n_params(s[1]));
+    ck_assert(jdt_step_state_bytes(s[0]) == jdt_step_state_bytes(s[1]));
+    for (int i = 0; i < jdt_step_n_tensors(s[0]); i++) {
+        const char *n0, *n1;
+        float *d0, *d1;
+        jdt_shape s0, s1;
+        jdt_step_tensor(s[0], i, &n0, &d0, &s0);
+        jdt_step_tensor(s[1], i, &n1, &d1, &s1);
+        ck_assert_str_eq(n0, n1);
+        ck_assert(jdt_shape_eq(&s0, &s1));
+        ck_assert_ptr_nonnull(d0);
+        ck_assert_ptr_null(d1);
+    }
+    const jdt_step_prog progs[3] = {JDT_STEP_PROG_MAIN, JDT_STEP_PROG_APPLY, JDT_STEP_PROG_EVAL};
+    for (int k = 0; k < 3; k++) {
+        const jdt_compile_stats *a = jdt_step_prog_stats(s[0], progs[k]);
+        const jdt_compile_stats *b = jdt_step_prog_stats(s[1], progs[k]);
+        ck_assert_msg(a && b, "program %d missing", k);
+        ck_assert(a->arena_bytes > 0 && a->arena_bytes == b->arena_bytes);
+        ck_assert_int_eq(a->n_kernels, b->n_kernels);
+        ck_assert_int_eq(a->n_builtin, b->n_builtin);
+        ck_assert(a->flops_per_step == b->flops_per_step);
+        ck_assert_str_eq(b->so_path, "(planned only)");
+    }
+    int32_t x[4 * 16] = {0}, y[4 * 16] = {0};
+    double loss, gn;
+    jdt_err e;
+    ck_assert_int_eq(jdt_step_run(s[1], 0, 1e-3, x, y, &loss, &gn, &e), JDT_ERR_INVALID);
+    ck_assert_msg(strstr(e.msg, "planned only") != NULL, "%s", e.msg);
+    jdt_step_free(s[0]);
+    jdt_step_free(s[1]);
+    jdt_config_free(&c);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* A stand-in communicator: three identical ranks, so a sum multiplies by 3. */
 static int g_fake_calls;
 static jdt_status fake_collective(void *ctx, int group, int reduce_op, jdt_dtype dt, void *buf,
@@ -297,6 +361,7 @@ int main(void)
     tcase_add_test(tc, test_accumulation_matches_big_batch);
     tcase_add_test(tc, test_all_reduce_op);
     tcase_add_test(tc, test_remat_same_losses_less_memory);
+    tcase_add_test(tc, test_plan_only_matches_compiled);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

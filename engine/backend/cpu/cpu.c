@@ -311,17 +311,7 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
     }
     /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
      * the OOM killer later */
-    const char *mem_src;
-    int64_t mem_avail = jdt_mem_available(&mem_src);
-    if (mem_avail >= 0 && c->arena_bytes > mem_avail) {
-        st =
-            jdt_err_set(e, JDT_ERR_NOMEM,
-                        "compile: the plan needs %.1f MiB for intermediates but %.1f MiB is "
-                        "available (%s): use a smaller data.micro_batch_size or model.seq_len, "
-                        "or runtime.remat: block",
-                        (double)c->arena_bytes / 1048576.0, (double)mem_avail / 1048576.0, mem_src);
-        goto fail;
-    }
+    if ((st = jdt_compile_check_arena(c->arena_bytes, e)) != JDT_OK) goto fail;
     int64_t need = 0; /* the collectives' permuting scratch */
     for (int i = 0; i < c->n_nodes; i++) {
         const cnode *n = &c->nodes[i];
