@@ -53,6 +53,13 @@ PKG_LIBS   := $(shell $(PKG_ENV) pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
 
+# oneDNN (Debian's libdnnl-dev, no pkg-config file): bf16 GEMMs on AVX512-BF16 CPUs
+# (engine/runtime/bf16.c). Optional: without it bf16 GEMMs run as SGEMMs on rounded inputs.
+ifneq ($(wildcard /usr/include/oneapi/dnnl/dnnl.h),)
+PKG_CFLAGS += -DJDT_HAVE_DNNL
+PKG_LIBS   += -ldnnl
+endif
+
 CPPFLAGS += -Iengine -I. -D_GNU_SOURCE
 CFLAGS   += -std=c11 $(OPT) $(WARN) -fopenmp -pthread $(PKG_CFLAGS)
 LDLIBS   += $(PKG_LIBS) -ldl -lm -fopenmp -pthread

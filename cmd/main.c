@@ -683,8 +683,24 @@ static int cmd_help(const subcommand *cmd, cli_args *a)
     return EXIT_OK;
 }
 
+/* libgomp (the OpenMP runtime of the generated kernels and of OpenBLAS) reads its wait policy
+ * once, when it is loaded, before main. Its default spins up to ~3 ms in every barrier and
+ * between regions; on a shared machine a spinning thread takes the core a descheduled peer
+ * needs, and a training step of a few hundred small parallel regions then runs 5-10x slower
+ * with 2 threads than with 1 (issue 14; docs/perf.md, Busy machines). So unless the user chose
+ * a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT set, even to "active"), the process re-executes
+ * itself once with OMP_WAIT_POLICY=passive: idle threads sleep at once (futex) and wake on the
+ * next region. If the re-exec fails, it runs on with libgomp's default. */
+static void ensure_passive_wait(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv)
 {
+    ensure_passive_wait(argv);
     if (argc < 2) {
         print_top_help(stderr);
         return EXIT_USAGE;

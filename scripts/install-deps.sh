@@ -17,6 +17,7 @@ PKGS=(
   libicu-dev         # NFC normalization of Qwen2-style tokenizers
   libopenblas-dev    # CPU GEMMs
   libopenblas-openmp-dev # the OpenMP build: GEMMs share the kernels' thread pool (Makefile)
+  libdnnl-dev        # oneDNN: bf16 GEMMs on AVX512-BF16 CPUs (optional; engine/runtime/bf16.c)
   check              # unit-test framework
   python3            # e2e tests check JSON traces and metrics with it
   procps             # pkill/ps in e2e tests

@@ -365,6 +365,14 @@ static bool read_only_at_index(const cprog *c, int gi, int b)
 
 static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
 {
+    if (n->op == JDT_OP_MATMUL && n->attrs.i[2]) { /* bf16 compute: the rounded inputs */
+        const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
+        int nd = n->shape.ndim;
+        int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
+        int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
+        int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        return 4 * jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b->ndim == 2);
+    }
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
     if (c->scratch_bytes) return c->scratch_bytes(c, n); /* the device's kernels */

@@ -148,6 +148,9 @@ typedef enum {
 
 const char *jdt_dtype_name(jdt_dtype dt);
 size_t jdt_dtype_size(jdt_dtype dt);
+/* x rounded to the nearest bf16 value (ties to even; NaN stays NaN, overflow gives Inf),
+ * returned as f32: what a bf16 compute path feeds its multipliers (MATMUL attrs i[2]). */
+float jdt_bf16_round(float x);
 /* Parses a dtype name ("f32", ...); returns false if unknown. */
 bool jdt_dtype_parse(const char *name, jdt_dtype *out);
 

@@ -23,6 +23,20 @@ const char *jdt_dtype_name(jdt_dtype dt)
     return ((int)dt >= 0 && dt < JDT_DTYPE_COUNT) ? DTYPES[dt].name : "?";
 }
 
+float jdt_bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        u = (u | 0x00400000u) & 0xffff0000u; /* NaN stays a (quiet) NaN */
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u); /* nearest even; a carry into Inf is the right answer */
+        u &= 0xffff0000u;
+    }
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 size_t jdt_dtype_size(jdt_dtype dt)
 {
     return ((int)dt >= 0 && dt < JDT_DTYPE_COUNT) ? DTYPES[dt].size : 0;

@@ -542,7 +542,7 @@ jdt_tensor *jdt_graph_concat(jdt_graph *g, int n, jdt_tensor *const *xs, int axi
 
 jdt_tensor *jdt_graph_matmul(jdt_graph *g, jdt_tensor *a, jdt_tensor *b, bool ta, bool tb)
 {
-    jdt_attrs at = {.i = {ta ? 1 : 0, tb ? 1 : 0}};
+    jdt_attrs at = {.i = {ta ? 1 : 0, tb ? 1 : 0, jdt_graph_matmul_bf16(g) ? 1 : 0}};
     return op2(g, JDT_OP_MATMUL, a, b, &at);
 }
 

@@ -79,7 +79,8 @@ typedef enum {
  *   CONCAT              variadic, i[0] = axis
  *   MATMUL              (a, b): a (..., M, K) [(..., K, M) if i[0]], b (..., K, N) [(..., N, K)
  *                       if i[1]]; leading batch dims equal, or b 2-D (shared by every batch).
- *                       out (..., M, N). f32, accumulated in f32.
+ *                       out (..., M, N). f32, accumulated in f32. i[2] = 1: bf16 compute (a
+ *                       and b rounded to bf16 first; jdt_graph_set_matmul_bf16).
  *   GATHER              (table (V, C), idx (...) i32) -> (..., C); row lookup
  *   SCATTER_ADD         (src (..., C), idx (...) i32) -> (i[0] = V, C); rows summed into zeros
  *   IOTA                no inputs; value = index along axis i[0]
@@ -295,6 +296,12 @@ void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor
  * block so that autodiff can recompute a block's activations in the backward pass instead of
  * keeping them (runtime.remat: block). */
 void jdt_graph_set_block(jdt_graph *g, int block);
+
+/* MATMULs built from now on (jdt_graph_matmul, and the VJPs of bf16 MATMULs) compute in bf16
+ * when `on`: attrs i[2] = 1, inputs rounded to bf16, f32 accumulation and output
+ * (precision.compute: bf16, the mixed-precision recipe). Default off. */
+void jdt_graph_set_matmul_bf16(jdt_graph *g, bool on);
+bool jdt_graph_matmul_bf16(const jdt_graph *g);
 
 /* Finds a leaf by name; NULL if absent. Hashed: it indexes the named nodes added since its
  * last call (g is not const for that), so a lookup costs O(1) on average. */

@@ -362,7 +362,8 @@ static jdt_status eval_concat(const node_ctx *nd)
     return JDT_OK;
 }
 
-/* MATMUL, batched, with transposes i[0]/i[1] and a shared 2-D right operand */
+/* MATMUL, batched, with transposes i[0]/i[1], a shared 2-D right operand and, when i[2], bf16
+ * compute (inputs rounded to bf16, accumulation in double) */
 static jdt_status eval_matmul(const node_ctx *nd)
 {
     const jdt_tensor *t = nd->t;
@@ -377,15 +378,19 @@ static jdt_status eval_matmul(const node_ctx *nd)
     int64_t M = so->dims[so->ndim - 2], N = so->dims[so->ndim - 1];
     int64_t K = sa->dims[sa->ndim - (ta ? 2 : 1)];
     int64_t batch = span(so, 0, so->ndim - 2);
-    bool shared_b = sb->ndim == 2;
+    bool shared_b = sb->ndim == 2, bf16 = a->i[2] != 0;
     for (int64_t bt = 0; bt < batch; bt++) {
         const double *A = x0 + bt * M * K, *B = x1 + (shared_b ? 0 : bt * K * N);
         for (int64_t m = 0; m < M; m++)
             for (int64_t nn = 0; nn < N; nn++) {
                 double acc = 0;
-                for (int64_t k = 0; k < K; k++)
-                    acc += (ta ? A[k * M + m] : A[m * K + k]) *
-                           (tb ? B[nn * K + k] : B[k * N + nn]);
+                for (int64_t k = 0; k < K; k++) {
+                    double x = ta ? A[k * M + m] : A[m * K + k];
+                    double w = tb ? B[nn * K + k] : B[k * N + nn];
+                    if (bf16) /* bf16 compute: the inputs are rounded, the sum is not */
+                        x = jdt_bf16_round((float)x), w = jdt_bf16_round((float)w);
+                    acc += x * w;
+                }
                 y[(bt * M + m) * N + nn] = acc;
             }
     }

@@ -675,8 +675,21 @@ static jdt_tensor *mm(jdt_graph *g, jdt_tensor *a, jdt_tensor *b, bool ta, bool 
     return jdt_graph_matmul(g, a, b, ta, tb);
 }
 
+static void vjp_matmul_f(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                         jdt_tensor **dx);
+
+/* The gradient GEMMs compute in the precision of the forward one (attrs i[2]). */
 static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                        jdt_tensor **dx)
+{
+    bool prev = jdt_graph_matmul_bf16(g);
+    jdt_graph_set_matmul_bf16(g, node->attrs.i[2] != 0);
+    vjp_matmul_f(g, node, dy, need, dx);
+    jdt_graph_set_matmul_bf16(g, prev);
+}
+
+static void vjp_matmul_f(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
+                         jdt_tensor **dx)
 {
     jdt_tensor *a = IN(0), *b = IN(1);
     bool ta = node->attrs.i[0] != 0, tb = node->attrs.i[1] != 0;

@@ -26,6 +26,22 @@ void jdt_rt_set_threads(int nt);
 void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, int64_t batch,
                    int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared);
 
+/* bf16 compute (engine/runtime/bf16.c). jdt_rt_bf16_round: x rounded to the nearest bf16
+ * (ties to even; NaN stays NaN, overflow gives Inf), returned as f32.
+ * jdt_rt_matmul_bf16: jdt_rt_matmul with a and b rounded to bf16 first, f32 accumulation, f32
+ * bias and output; scratch: jdt_rt_matmul_bf16_scratch_floats(...) floats (a, b are not
+ * modified). oneDNN's bf16 matmul where jdt_rt_bf16_native() (a build with oneDNN on a CPU with
+ * AVX512-BF16), else SGEMM on the rounded inputs (the same products). nt: thread budget.
+ * jdt_rt_bf16_describe: one line naming the path, for the caller to log once. */
+float jdt_rt_bf16_round(float x);
+bool jdt_rt_bf16_native(void);
+const char *jdt_rt_bf16_describe(void);
+int64_t jdt_rt_matmul_bf16_scratch_floats(int64_t batch, int64_t M, int64_t N, int64_t K,
+                                          bool b_shared);
+void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                        int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
+                        float *scratch, int nt);
+
 /* out (n, C) = table (V, C) rows idx (n). Returns the number of out-of-range indices (their
  * rows are zero-filled); the caller reports them. */
 int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_t n, int64_t V,

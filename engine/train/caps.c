@@ -2,9 +2,9 @@
  * caps.c — what this build can run. One table of rules, checked once by cmd/ before any work
  * (jdt_train_check_capabilities): a config asking for something not built is refused with one
  * line naming the key and what to do, never accepted and silently ignored. When a feature
- * lands, its row goes (bf16 kernels delete the precision.compute row). Mesh shapes and rules
- * that cannot divide the model are checked by jdt_train_check_mesh (engine/train/step.c), which
- * needs the world size.
+ * lands, its row goes (bf16 GEMMs on the CUDA backend delete the precision.compute row). Mesh
+ * shapes and rules that cannot divide the model are checked by jdt_train_check_mesh
+ * (engine/train/step.c), which needs the world size.
  */
 #include "train/train.h"
 
@@ -21,13 +21,18 @@ typedef struct {
     cap_refuses_fn refuses;
 } cap_rule;
 
-static bool compute_not_f32(const jdt_config *cfg, char *why, size_t n_why)
+/* bf16 compute (GEMMs on bf16-rounded inputs, f32 accumulation) exists on the CPU backend
+ * only; the CUDA backend's GEMMs are TF32. */
+static bool compute_not_built(const jdt_config *cfg, char *why, size_t n_why)
 {
     if (cfg->precision.compute == JDT_DTYPE_F32) return false;
+    if (cfg->precision.compute == JDT_DTYPE_BF16 && cfg->runtime.backend == JDT_BACKEND_CPU)
+        return false;
     snprintf(why, n_why,
-             "%s compute is not built yet (the kernels are f32); set "
-             "precision.compute: f32",
-             jdt_dtype_name(cfg->precision.compute));
+             "%s compute is not built for runtime.backend %s yet (the CPU backend has bf16); "
+             "set precision.compute: f32",
+             jdt_dtype_name(cfg->precision.compute),
+             cfg->runtime.backend == JDT_BACKEND_CPU ? "cpu" : "cuda");
     return true;
 }
 
@@ -101,7 +106,7 @@ static bool rule_axis_unused(const jdt_config *cfg, char *why, size_t n_why)
 
 /* The rules, in the order their messages are checked. Delete a row when its feature lands. */
 static const cap_rule CAP_RULES[] = {
-    {"precision.compute", compute_not_f32},   /* until bf16 kernels land */
+    {"precision.compute", compute_not_built}, /* until the CUDA backend has bf16 GEMMs */
     {"precision.params", params_not_f32},     /* f32 master weights by design */
     {"runtime.backend", backend_not_built},   /* cuda: only in a CUDA build */
     {"runtime.backend", cuda_mesh_not_built}, /* until NCCL all-gather/reduce-scatter land */

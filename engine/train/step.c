@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "graph/builder.h"
 #include "graph/interp.h"
+#include "runtime/runtime.h"
 #include "shard/shard.h"
 
 #include <float.h>
@@ -218,6 +219,9 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
 {
     jdt_graph *gg = jdt_graph_new();
     if (!gg) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+    /* precision.compute: bf16 = every GEMM on bf16-rounded inputs, f32 accumulation; the rest
+     * (activations, norms, softmax, loss, optimizer, master weights) stays f32 */
+    jdt_graph_set_matmul_bf16(gg, s->cfg->precision.compute == JDT_DTYPE_BF16);
     jdt_status st = jdt_model_build(gg, s->cfg, s->o.micro_batch, training, m, e);
     memset(loss_place, 0, sizeof *loss_place);
     if (st != JDT_OK || s->mesh.world_size <= 1) {
@@ -396,6 +400,9 @@ jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step 
     s->cfg = cfg;
     s->o = *o;
     if (s->o.n_accum < 1) s->o.n_accum = 1;
+    if (cfg->precision.compute == JDT_DTYPE_BF16) /* which GEMM path, said once */
+        jdt_log(jdt_rt_bf16_native() ? JDT_LOG_INFO : JDT_LOG_WARN, "precision.compute bf16: %s",
+                jdt_rt_bf16_describe());
     if (s->o.plan_only) s->o.copts.plan_only = true;
     static const int ones[JDT_MESH_AXIS_COUNT] = {1, 1, 1};
     jdt_status st = o->mesh ? (s->mesh = *o->mesh, JDT_OK) : jdt_mesh_init(&s->mesh, ones, 1, 0, e);

@@ -5,6 +5,9 @@ final LayerNorm, tied head, biases) trained with AdamW and global-norm clipping,
 (eager, CPU) or JAX (jax.jit of the whole step, CPU). Prints one line:
     <framework> tok/s <float> step_ms <float>
 Usage: gpt_peer.py torch|jax L C H T B V STEPS THREADS
+BF16=1 (torch only): the forward runs under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's
+CPU mixed precision (bf16 GEMMs, f32 master weights and optimizer), the peer of jdt-train's
+precision.compute: bf16.
 """
 import math
 import os
@@ -71,7 +74,11 @@ def run_torch(L, C, H, T, B, V, steps, threads):
         x = torch.randint(0, V, (B, T), generator=g)
         y = torch.randint(0, V, (B, T), generator=g)
         t0 = time.perf_counter()
-        loss = model(x, y)
+        if os.environ.get("BF16") == "1":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x, y)
+        else:
+            loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

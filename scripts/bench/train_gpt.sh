@@ -8,7 +8,8 @@
 # each reports its best run, so a burst of load on a shared machine does not land on one side
 # only; the spread (worst..best) is printed too.
 # Peers: PYTHON_TORCH (default /usr/bin/python3), PYTHON_JAX (default python3); missing ones
-# are reported and skipped.
+# are reported and skipped. BF16=1 adds two rows to the same alternation: jdt-train with
+# precision.compute: bf16 and PyTorch under CPU bf16 autocast, and prints the bf16 ratios.
 set -uo pipefail
 L=${1:-6}; C=${2:-384}; H=${3:-6}; T=${4:-256}; B=${5:-8}; V=${6:-65}; STEPS=${7:-12}; THREADS=${8:-2}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,16 +28,20 @@ optimizer: {type: adamw, lr: 0.001, warmup_steps: 0, weight_decay: 0.1, grad_cli
 checkpoint: {every: 0, resume: none}
 runtime: {threads: $THREADS, cache_dir: $TMP/cache}
 YAML
+{ cat "$TMP/bench.yaml"; echo "precision: {compute: bf16}"; } > "$TMP/bench-bf16.yaml"
+BF16=${BF16:-0}
 REPS=${REPS:-3}
 # compile once (cache), then the timed runs
 taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
-run_jdt() { # prints the median tok/s of the logged windows after the first two
-  taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log" >&2; return 1; }
+[ "$BF16" = 1 ] && taskset -c "$CPUS" "$BIN" "$TMP/bench-bf16.yaml" run.steps=1 >/dev/null 2>&1
+run_jdt() { # [yaml] prints the median tok/s of the logged windows after the first two
+  taskset -c "$CPUS" "$BIN" "${1:-$TMP/bench.yaml}" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log" >&2; return 1; }
   grep -E "^step [0-9]+/" "$TMP/jdt.log" | tail -n +3 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
-run_peer() { # fw: prints tok/s or nothing
-  local fw=$1 py=$PYTHON_TORCH; [ "$fw" = jax ] && py=$PYTHON_JAX
-  OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE \
+run_peer() { # fw (torch, jax, torch-bf16): prints tok/s or nothing
+  local fw=$1 py=$PYTHON_TORCH bf=0; [ "$fw" = jax ] && py=$PYTHON_JAX
+  [ "$fw" = torch-bf16 ] && { fw=torch; bf=1; }
+  BF16=$bf OMP_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE \
   XLA_FLAGS="--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=$THREADS" \
     taskset -c "$CPUS" "$py" "$ROOT/scripts/bench/gpt_peer.py" "$fw" $L $C $H $T $B $V $STEPS $THREADS 2>"$TMP/$fw.err" | awk '{print $3}'
 }
@@ -48,7 +53,9 @@ done
 for ((r = 0; r < REPS; r++)); do
   x=$(run_jdt) || exit 1
   echo "$x" >> "$TMP/jdt.runs"
+  if [ "$BF16" = 1 ]; then x=$(run_jdt "$TMP/bench-bf16.yaml") || exit 1; echo "$x" >> "$TMP/jdt-bf16.runs"; fi
   for fw in "${peers[@]}"; do run_peer "$fw" >> "$TMP/$fw.runs"; done
+  if [ "$BF16" = 1 ] && [ ! -f "$TMP/torch.missing" ]; then run_peer torch-bf16 >> "$TMP/torch-bf16.runs"; fi
 done
 best() { sort -g "$1" 2>/dev/null | grep -v '^$' | tail -1; }
 spread() { sort -g "$1" 2>/dev/null | grep -v '^$' | awk 'NR==1{lo=$1} {hi=$1} END{if (NR) printf "%s..%s", lo, hi}'; }
@@ -66,3 +73,10 @@ for fw in torch jax; do
   if [ -z "$r" ]; then printf "%-10s %12s\n" "$fw" "failed: $(tail -1 "$TMP/$fw.err")"; continue; fi
   printf "%-10s %12s %8s %10s %16s\n" "$fw" "$r" "$(mfu "$r")" "$(awk -v a="$jdt" -v b="$r" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/$fw.runs")"
 done
+if [ "$BF16" = 1 ]; then
+  jb=$(best "$TMP/jdt-bf16.runs")
+  printf "%-10s %12s %8s %10s %16s\n" "jdt-bf16" "$jb" "$(mfu "$jb")" "$(awk -v a="$jdt" -v b="$jb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/jdt-bf16.runs")"
+  tb=$(best "$TMP/torch-bf16.runs" 2>/dev/null)
+  [ -n "$tb" ] && printf "%-10s %12s %8s %10s %16s\n" "torch-bf16" "$tb" "$(mfu "$tb")" "$(awk -v a="$jdt" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/torch-bf16.runs")"
+  echo "bf16: jdt-bf16 / jdt-train f32 = $(awk -v a="$jb" -v b="$jdt" 'BEGIN{printf "%.2f", a/b}')${tb:+, jdt-bf16 / torch-bf16 = $(awk -v a="$jb" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')} (MFU of bf16 rows is against the f32 SGEMM peak)"
+fi

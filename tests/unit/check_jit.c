@@ -417,6 +417,82 @@ END_TEST
 
 /* IEEE special values through every elementwise op and a few reductions: the generated code
  * (no fast-math, own exp/tanh) must give the interpreter's NaN, +-Inf and signed zeros. */
+/* precision.compute: bf16 (a two-layer MLP with a cross-entropy loss): every GEMM, forward and
+ * the VJP's, is flagged bf16; the compiled step matches the interpreter's bf16 semantics (inputs
+ * rounded at the same points) to f32 accumulation-order tolerance, and its loss and gradients
+ * match the f32 interpreter (whose gradients check_autodiff checks by finite differences)
+ * within bf16 tolerance, while differing from them (the rounding happened). */
+static void bf16_mlp(fx *f, bool bf16)
+{
+    jdt_graph *g = f->g;
+    jdt_graph_set_matmul_bf16(g, bf16);
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -1, 1, 48, 48);
+    jdt_tensor *tg = FX_INPUT(f, "tg", JDT_DTYPE_I32, 0, 40, 48);
+    jdt_tensor *w1 = FX_PARAM(f, "w1", -0.3, 0.3, 48, 64);
+    jdt_tensor *b1 = FX_PARAM(f, "b1", -0.1, 0.1, 64);
+    jdt_tensor *w2 = FX_PARAM(f, "w2", -0.3, 0.3, 40, 64);
+    jdt_tensor *h =
+        jdt_graph_gelu(g, jdt_graph_add_bcast(g, jdt_graph_matmul(g, x, w1, false, false), b1));
+    jdt_tensor *logits = jdt_graph_matmul(g, h, w2, false, true);
+    jdt_tensor *loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, logits, tg), 1u, false);
+    jdt_tensor *params[3] = {w1, b1, w2}, *grads[3];
+    jdt_err e;
+    ck_assert_msg(loss, "builder: %s", jdt_graph_error_msg(g));
+    ck_assert_msg(jdt_autodiff_grad(g, loss, 3, params, grads, &e) == JDT_OK, "%s", e.msg);
+    out(f, loss);
+    for (int i = 0; i < 3; i++)
+        out(f, grads[i]);
+}
+
+START_TEST(test_bf16_compute)
+{
+    fx a, b;
+    fx_init(&a);
+    fx_init(&b);
+    bf16_mlp(&a, false);
+    bf16_mlp(&b, true);
+    int n_mm = 0;
+    for (int i = 0; i < jdt_graph_n_nodes(b.g); i++) {
+        const jdt_tensor *t = jdt_graph_node(b.g, i);
+        if (t->op != JDT_OP_MATMUL) continue;
+        n_mm++;
+        ck_assert_msg(t->attrs.i[2] == 1, "matmul node %d is not bf16", t->id);
+    }
+    ck_assert_int_ge(n_mm, 5); /* 2 forward, 3 in the backward */
+    fx_fill(&a, 5);
+    fx_fill(&b, 5);
+    jdt_compile_opts o;
+    fx_opts(&b, &o);
+    jdt_program *p = fx_check_steps(&b, &o, 1, 1e-4, 1e-6, true);
+    jdt_err e;
+    jdt_interp *it = NULL;
+    ck_assert_int_eq(jdt_interp_new(a.g, &it, &e), JDT_OK);
+    fx_bind(&a, false);
+    ck_assert_msg(jdt_interp_run(it, &e) == JDT_OK, "interp: %s", e.msg);
+    double max_rel = 0;
+    for (int i = 0; i < jdt_graph_n_outputs(a.g); i++) {
+        jdt_tensor *t = jdt_graph_output(a.g, i);
+        const float *got = jdt_program_output(p, i);
+        const float *want = jdt_interp_value(it, t);
+        double scale = 0;
+        for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
+            scale = fmax(scale, fabs(want[j]));
+        for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++) {
+            double rel = fabs(got[j] - want[j]) / (scale + 1e-30);
+            ck_assert_msg(rel < 2e-2, "output %d element %lld: bf16 %.7g vs f32 %.7g", i,
+                          (long long)j, got[j], want[j]);
+            max_rel = fmax(max_rel, rel);
+        }
+    }
+    ck_assert_msg(max_rel > 1e-5, "bf16 outputs equal the f32 ones (%g): nothing was rounded",
+                  max_rel);
+    jdt_interp_free(it);
+    jdt_program_free(p);
+    fx_free(&a);
+    fx_free(&b);
+}
+END_TEST
+
 START_TEST(test_special_values)
 {
     fx f;
@@ -517,6 +593,7 @@ int main(void)
     tcase_add_test(tc, test_random_fused_chains);
     tcase_add_test(tc, test_train_step_updates);
     tcase_add_test(tc, test_transformer_block_adam);
+    tcase_add_test(tc, test_bf16_compute);
     tcase_add_test(tc, test_special_values);
     tcase_add_test(tc, test_run_errors);
     suite_add_tcase(s, tc);

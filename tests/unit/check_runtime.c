@@ -1,0 +1,150 @@
+/*
+ * check_runtime.c — the CPU runtime's bf16 compute kernels (engine/runtime/bf16.c) against
+ * plain references: bf16 rounding (ties to even, NaN/Inf/overflow), and bf16 GEMMs (every
+ * layout flag, batch, shared b, bias) against a double-precision product of the bf16-rounded
+ * inputs, on the oneDNN path where this CPU and build have it and on the portable path
+ * (JDT_BF16_NO_DNNL, each test is its own process).
+ */
+#include "runtime/runtime.h"
+#include "tests/unit/testutil.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+START_TEST(test_bf16_round)
+{
+    ck_assert_float_eq(jdt_rt_bf16_round(1.0f), 1.0f);
+    /* bf16 keeps 8 significant bits: the spacing at 1 is 2^-7 */
+    ck_assert_float_eq(jdt_rt_bf16_round(1.0f + 0x1p-8f), 1.0f); /* tie -> even */
+    ck_assert_float_eq(jdt_rt_bf16_round(1.0f + 0x1p-7f + 0x1p-8f),
+                       1.0f + 0x1p-6f); /* tie -> even */
+    ck_assert_float_eq(jdt_rt_bf16_round(1.0f + 0x1p-8f + 0x1p-12f), 1.0f + 0x1p-7f); /* above */
+    ck_assert_float_eq(jdt_rt_bf16_round(-3.0f), -3.0f);
+    ck_assert(signbit(jdt_rt_bf16_round(-0.0f)) && jdt_rt_bf16_round(-0.0f) == 0.0f);
+    ck_assert(isinf(jdt_rt_bf16_round(INFINITY)) && jdt_rt_bf16_round(-INFINITY) < 0);
+    ck_assert(isinf(jdt_rt_bf16_round(FLT_MAX))); /* above bf16's largest finite value */
+    ck_assert(isnan(jdt_rt_bf16_round(NAN)));
+    float sub = 0x1p-130f; /* subnormals round like any other value */
+    ck_assert_float_eq(jdt_rt_bf16_round(sub), sub);
+}
+END_TEST
+
+static float frand(unsigned *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* c (batch, M, N) vs double sums of bf16-rounded products; returns the largest |error| /
+ * (sum |a||b| + 1e-30) and, through dev, the largest |c - f32-unrounded product| (> 0 shows
+ * that the inputs were rounded). */
+static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                       bool b_shared, bool with_bias, double *dev)
+{
+    unsigned seed = (unsigned)(batch * 131 + M * 17 + N * 7 + K + ta * 3 + tb * 5);
+    int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N, nc = batch * M * N;
+    float *a = malloc(sizeof(float) * (size_t)na), *b = malloc(sizeof(float) * (size_t)nb);
+    float *c = malloc(sizeof(float) * (size_t)nc), *bias = malloc(sizeof(float) * (size_t)N);
+    float *scratch =
+        malloc(sizeof(float) * (size_t)jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b_shared));
+    ck_assert(a && b && c && bias && scratch);
+    for (int64_t i = 0; i < na; i++)
+        a[i] = frand(&seed);
+    for (int64_t i = 0; i < nb; i++)
+        b[i] = frand(&seed);
+    for (int64_t i = 0; i < N; i++)
+        bias[i] = frand(&seed);
+    jdt_rt_matmul_bf16(a, b, with_bias ? bias : NULL, c, batch, M, N, K, ta, tb, b_shared, scratch,
+                       2);
+    double worst = 0;
+    *dev = 0;
+    for (int64_t p = 0; p < batch; p++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = with_bias ? bias[j] : 0, s32 = s, mag = fabs(s);
+                for (int64_t k = 0; k < K; k++) {
+                    float x = a[p * M * K + (ta ? k * M + i : i * K + k)];
+                    float y = b[(b_shared ? 0 : p * K * N) + (tb ? j * K + k : k * N + j)];
+                    double xr = jdt_rt_bf16_round(x), yr = jdt_rt_bf16_round(y);
+                    s += xr * yr;
+                    s32 += (double)x * y;
+                    mag += fabs(xr * yr);
+                }
+                double got = c[p * M * N + i * N + j];
+                double err = fabs(got - s) / (mag + 1e-30);
+                if (err > worst) worst = err;
+                if (fabs(got - s32) > *dev) *dev = fabs(got - s32);
+            }
+    free(a);
+    free(b);
+    free(c);
+    free(bias);
+    free(scratch);
+    return worst;
+}
+
+static void mm_cases(void)
+{
+    static const struct {
+        int64_t batch, M, N, K;
+        bool ta, tb, shared, bias;
+    } cases[] = {
+        {1, 64, 96, 128, false, false, true, false}, {1, 37, 53, 71, false, true, true, true},
+        {3, 16, 24, 40, true, false, false, false},  {2, 33, 17, 65, true, true, false, true},
+        {4, 8, 48, 32, false, false, true, true},    {2, 128, 384, 96, false, true, false, false},
+        {1, 5, 7, 1, false, false, true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double dev;
+        double err = check_mm(cases[i].batch, cases[i].M, cases[i].N, cases[i].K, cases[i].ta,
+                              cases[i].tb, cases[i].shared, cases[i].bias, &dev);
+        /* f32 accumulation of exact products: a few f32 ulps of the magnitude sum */
+        ck_assert_msg(err < 1e-6 * (1 + cases[i].K / 64.0), "case %zu: relative error %g", i, err);
+        ck_assert_msg(cases[i].K < 2 || dev > 1e-4,
+                      "case %zu: result equals the unrounded f32 product (dev %g)", i, dev);
+    }
+}
+
+START_TEST(test_matmul_bf16_best_path)
+{
+    fprintf(stderr, "check_runtime: %s\n", jdt_rt_bf16_describe());
+    mm_cases();
+}
+END_TEST
+
+START_TEST(test_matmul_bf16_portable_path)
+{
+    setenv("JDT_BF16_NO_DNNL", "1", 1); /* before the first call: the choice is made once */
+    ck_assert(!jdt_rt_bf16_native());
+    mm_cases();
+}
+END_TEST
+
+START_TEST(test_matmul_bf16_empty)
+{
+    float a[1] = {1}, b[1] = {1}, c[4] = {7, 7, 7, 7}, bias[2] = {0.5f, -2}, scratch[4];
+    jdt_rt_matmul_bf16(a, b, bias, c, 1, 2, 2, 0, false, false, true, scratch, 1); /* K = 0 */
+    ck_assert_float_eq(c[0], 0.5f);
+    ck_assert_float_eq(c[3], -2.0f);
+}
+END_TEST
+
+static Suite *runtime_suite(void)
+{
+    Suite *s = suite_create("runtime");
+    TCase *tc = tcase_create("bf16");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_bf16_round);
+    tcase_add_test(tc, test_matmul_bf16_best_path);
+    tcase_add_test(tc, test_matmul_bf16_portable_path);
+    tcase_add_test(tc, test_matmul_bf16_empty);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return tu_run_suite(runtime_suite());
+}
