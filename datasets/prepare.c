@@ -33,10 +33,11 @@ void jdt_prep_byte_decode(const uint32_t *tokens, int64_t n, char *out)
         out[i] = tokens[i] < 256 ? (char)tokens[i] : '?';
 }
 
-/* Streams bytes [begin, end) of f (already positioned at begin) into a new token file. */
+/* Streams bytes [begin, end) of f (already positioned at begin) into a new token file,
+ * reporting the stream position (MB) to prog after each block. */
 static jdt_status write_shard(FILE *f, const char *text_path, int64_t begin, int64_t end,
                               const char *out_path, int compress_level, unsigned char *buf,
-                              uint32_t *toks, jdt_err *e)
+                              uint32_t *toks, jdt_progress *prog, jdt_err *e)
 {
     jdt_data_write_opts wo = {.compress_level = compress_level, .chunk_rows = 0};
     jdt_data_tokw *w = NULL;
@@ -56,6 +57,7 @@ static jdt_status write_shard(FILE *f, const char *text_path, int64_t begin, int
         int64_t n = jdt_prep_byte_encode(buf, got, toks);
         if ((st = jdt_data_tokw_append(w, toks, n, e))) goto fail;
         pos += (int64_t)got;
+        jdt_progress_update(prog, (double)pos / 1048576.0);
     }
     return jdt_data_tokw_commit(w, e);
 fail:
@@ -153,15 +155,20 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
     jdt_progress_begin(&prog, "prepare: writing shards", (double)n / 1048576.0, "MB");
     for (int i = 0; i < o->n_shards; i++) {
         int64_t b = n_train * i / o->n_shards, en = n_train * (i + 1) / o->n_shards;
-        jdt_progress_update(&prog, (double)b / 1048576.0);
         sprintf(path, "%s/train_%03d.h5", o->out_dir, i);
-        if ((st = write_shard(f, o->text_path, b, en, path, o->compress_level, buf, toks, e)))
+        if ((st = write_shard(f, o->text_path, b, en, path, o->compress_level, buf, toks, &prog,
+                              e))) {
+            jdt_progress_end(&prog); /* the error line starts on a clean line */
             goto out;
+        }
     }
     if (n_val > 0) {
         sprintf(path, "%s/val_%03d.h5", o->out_dir, 0);
-        if ((st = write_shard(f, o->text_path, n_train, n, path, o->compress_level, buf, toks, e)))
+        if ((st = write_shard(f, o->text_path, n_train, n, path, o->compress_level, buf, toks,
+                              &prog, e))) {
+            jdt_progress_end(&prog);
             goto out;
+        }
     }
     jdt_progress_end(&prog);
     if ((st = remove_stale(o->out_dir, o->n_shards, n_val > 0 ? 1 : 0, e))) goto out;

@@ -18,6 +18,10 @@
  * recycled pid), failure records older than 7 days, then the least recently used entries
  * (a hit refreshes an entry's mtime) until the total is within the bound
  * (runtime.cache_max_mb, default 1024 MiB).
+ *
+ * Progress: the compiler says nothing while it runs, so the progress line estimates the time
+ * left from this compiler's last rate on this machine (bytes of C per second, kept in
+ * <dir>/.cc-rate-<hash of compiler, version, flags, CPU>.txt; not an entry, never pruned).
  */
 #include "compile/compile-impl.h"
 
@@ -74,7 +78,8 @@ jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n,
 /* Runs argv with stdout+stderr appended to out_fd; returns the exit status, 127 when the
  * program cannot be executed, -1 if fork fails, RUN_TIMED_OUT (the child is killed) after
  * timeout_s seconds: a hung compiler must not hang training. */
-static int run_cmd(char *const *argv, int out_fd, double timeout_s)
+static int run_cmd(char *const *argv, int out_fd, double timeout_s, const char *what,
+                   double estimate_s)
 {
     pid_t pid = fork();
     if (pid < 0) return -1;
@@ -88,7 +93,8 @@ static int run_cmd(char *const *argv, int out_fd, double timeout_s)
     int ws;
     double t0 = jdt_now_s();
     jdt_progress prog;
-    jdt_progress_begin(&prog, "compiling the step's kernels", 0, "");
+    jdt_progress_begin(&prog, what, 0, "");
+    jdt_progress_set_estimate(&prog, estimate_s);
     for (;;) {
         pid_t r = waitpid(pid, &ws, WNOHANG);
         if (r == pid) break;
@@ -119,7 +125,7 @@ static void cc_version(const char *cc, double timeout_s, char *out, size_t n)
     if (fd < 0) return;
     unlink(path);
     char *argv[] = {(char *)cc, (char *)"--version", NULL};
-    if (run_cmd(argv, fd, timeout_s < 30 ? timeout_s : 30) == 0) {
+    if (run_cmd(argv, fd, timeout_s < 30 ? timeout_s : 30, "cc --version", 0) == 0) {
         ssize_t r = pread(fd, out, n - 1, 0);
         out[r > 0 ? r : 0] = 0;
         char *nl = strchr(out, '\n');
@@ -397,6 +403,29 @@ static int split_flags(char *flags, char **argv, int max)
     return n;
 }
 
+/* The compiler's last rate (bytes of C per second) for this key, 0 if unknown. */
+static double read_rate(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    double v = 0;
+    if (fscanf(f, "%lf", &v) != 1 || !(v > 0 && v < 1e12)) v = 0;
+    fclose(f);
+    return v;
+}
+
+/* Records the rate of a compile that took long enough to time (temp file + rename). */
+static void write_rate(const char *path, double bytes_per_s)
+{
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    bool ok = fprintf(f, "%.1f\n# bytes of generated C per second of cc, last compile\n",
+                      bytes_per_s) > 0;
+    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
 jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **handle,
                              jdt_compile_stats *st, jdt_err *e)
 {
@@ -463,9 +492,21 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     for (int i = 0; argv[i]; i++)
         dprintf(lfd, " %s", argv[i]);
     dprintf(lfd, "\n");
+    uint64_t rate_key = jdt_hash_str(JDT_HASH_INIT, cc);
+    rate_key = jdt_hash_str(jdt_hash_str(jdt_hash_str(rate_key, ver), flags), cpu);
+    char rate_path[1100], what[96];
+    snprintf(rate_path, sizeof rate_path, "%s/.cc-rate-%016llx.txt", dir,
+             (unsigned long long)rate_key);
+    const size_t src_bytes = strlen(src);
+    const double rate = read_rate(rate_path);
+    snprintf(what, sizeof what, "compiling the step's kernels (%.0f KB of C)",
+             (double)src_bytes / 1024.0);
     double t0 = jdt_now_s();
-    int rc = run_cmd(argv, lfd, timeout_s);
+    int rc = run_cmd(argv, lfd, timeout_s, what, rate > 0 ? (double)src_bytes / rate : 0);
     st->cc_s = jdt_now_s() - t0;
+    /* small programs (eval, sampling) are dominated by the compiler's start-up: not a rate */
+    if (rc == 0 && st->cc_s > 0.5 && src_bytes >= (64u << 10))
+        write_rate(rate_path, (double)src_bytes / st->cc_s);
     close(lfd);
     if (rc != 0) {
         /* keep the source and the log for the user, under names the sweeper keeps 7 days */

@@ -200,18 +200,25 @@ uint64_t jdt_rng_key(uint64_t seed, const char *name);
 /* Monotonic clock in seconds. */
 double jdt_now_s(void);
 
-/* Progress of a long operation (prepare, checkpoint load, compilation): on a terminal a live line
- * "what: done/total unit (pct), rate, elapsed, ETA" rewritten in place; otherwise a log line every
- * 10 s. Nothing is printed for operations shorter than 2 s or above log level info. total <= 0:
- * unknown (elapsed time only). Not thread-safe: one reporter per operation, one thread. */
+/* Progress of a long operation (prepare, checkpoint save and load, compilation): on a terminal a
+ * live line "what: done/total unit (pct), rate, elapsed, ETA" rewritten in place; otherwise a log
+ * line every 10 s. Nothing is printed for operations shorter than 2 s or above log level info.
+ * JDT_PROGRESS_INTERVAL=S (seconds) sets the period of the plain lines and shortens the silent
+ * start to min(S, 2) s (an invalid value is warned about once per process and ignored).
+ * total <= 0: unknown (elapsed time only). Not thread-safe: one reporter per operation. */
 typedef struct {
     char what[96];
     const char *unit;
     double total, t0, last;
+    double interval_s, quiet_s; /* plain-line period; silence at the start (JDT_PROGRESS_INTERVAL) */
+    double estimate_s;          /* expected duration when total is unknown (0: none) */
     bool tty, live;
 } jdt_progress;
 void jdt_progress_begin(jdt_progress *p, const char *what, double total, const char *unit);
 void jdt_progress_update(jdt_progress *p, double done);
+/* For an operation without measurable progress (total <= 0): an estimate of its duration in
+ * seconds (e.g. from the last run's rate), shown as "about Ns left"; <= 0: none. */
+void jdt_progress_set_estimate(jdt_progress *p, double estimate_s);
 /* Clears the live line (call before the operation's closing log line). */
 void jdt_progress_end(jdt_progress *p);
 

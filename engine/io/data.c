@@ -7,7 +7,9 @@
  * per-epoch keyed Feistel permutation (or the identity in sequential mode), and each sample's
  * unit range is read as one hyperslab per shard it touches; runs of consecutive samples are
  * merged into one read. Open shards are kept in a small LRU cache so a directory of thousands
- * of files does not exhaust file descriptors.
+ * of files does not exhaust file descriptors; the cache holds every shard when the descriptor
+ * limit allows (a quarter of RLIMIT_NOFILE, 16..256), because reopening an HDF5 file per
+ * shuffled window made the loader 10-60x slower over 32 shards (docs/perf.md).
  *
  * Prefetch: one worker thread fills a ring of depth+1 slots with batches want..want+depth-1
  * while the caller holds the slot of batch want-1. Asking for a batch out of order bumps a
@@ -21,9 +23,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <zlib.h>
 
-enum { MAX_OPEN_SHARDS = 16, MAX_PREFETCH = 64 };
+enum { MIN_OPEN_SHARDS = 16, MAX_OPEN_SHARDS = 256, MAX_PREFETCH = 64 };
+/* Chunk cache of compressed datasets: 8 MiB each, at most this much over all open shards. */
+#define CHUNK_CACHE_MAX (8u << 20)
+#define CHUNK_CACHE_TOTAL (256u << 20)
 
 typedef struct {
     char *path;
@@ -33,7 +39,7 @@ typedef struct {
     hid_t dx;        /* /tokens or /x */
     hid_t dy;        /* /y (arrays) */
     uint64_t last_use;
-    bool pending;    /* remote shard laid out from its manifest, not yet fetched and validated */
+    bool pending; /* remote shard laid out from its manifest, not yet fetched and validated */
 } shard;
 
 typedef struct {
@@ -58,6 +64,8 @@ struct jdt_data {
     shard *shards; /* (n_shards) */
     int64_t n_shards;
     int n_open;
+    int max_open;             /* shard files kept open at once (LRU beyond) */
+    size_t chunk_cache_bytes; /* per compressed dataset */
     uint64_t tick;
     int64_t scratch_rows; /* rows the sample/scratch/raw buffers hold */
     int32_t *scratch;     /* token runs: (rows*T + 1) */
@@ -133,7 +141,7 @@ static void shard_close(jdt_data *d, shard *s)
 }
 
 /* Opens a dataset with a clear error if it is missing. */
-static hid_t open_dset(hid_t f, const char *name, const char *path, jdt_err *e)
+static hid_t open_dset(hid_t f, const char *name, size_t cache_bytes, const char *path, jdt_err *e)
 {
     if (H5Lexists(f, name, H5P_DEFAULT) <= 0) {
         jdt_err_set(e, JDT_ERR_FORMAT, "%s: missing dataset /%s", path, name);
@@ -155,7 +163,7 @@ static hid_t open_dset(hid_t f, const char *name, const char *path, jdt_err *e)
     /* a dataset opened twice shares its first opening's cache: close before reopening */
     H5Dclose(ds);
     hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
-    if (dapl < 0 || H5Pset_chunk_cache(dapl, 521, n_filters > 0 ? (8u << 20) : 0, 0.75) < 0) {
+    if (dapl < 0 || H5Pset_chunk_cache(dapl, 521, n_filters > 0 ? cache_bytes : 0, 0.75) < 0) {
         if (dapl >= 0) H5Pclose(dapl);
         dapl = H5P_DEFAULT;
     }
@@ -246,8 +254,8 @@ static jdt_status verify_crc(const shard *s, jdt_data_kind kind, jdt_dtype token
     if (kind == JDT_DATA_KIND_TOKENS) {
         st = crc_dataset(s->dx, token_dt, 1, (int64_t)dims[0], 1, &crc, s->path, "tokens", e);
     } else {
-        st = crc_dataset(s->dx, JDT_DTYPE_F32, 2, (int64_t)dims[0], (int64_t)dims[1], &crc,
-                         s->path, "x", e);
+        st = crc_dataset(s->dx, JDT_DTYPE_F32, 2, (int64_t)dims[0], (int64_t)dims[1], &crc, s->path,
+                         "x", e);
         if (st == JDT_OK)
             st = crc_dataset(s->dy, JDT_DTYPE_I32, 1, (int64_t)dims[0], 1, &crc, s->path, "y", e);
     }
@@ -268,7 +276,7 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
         s->last_use = ++d->tick;
         return JDT_OK;
     }
-    if (d->n_open >= MAX_OPEN_SHARDS) {
+    if (d->n_open >= d->max_open) {
         shard *lru = NULL;
         for (int64_t i = 0; i < d->n_shards; i++) {
             shard *c = &d->shards[i];
@@ -288,9 +296,9 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
     if (!validate) {
         /* re-open of a validated shard: just the handles */
         bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
-        s->dx = open_dset(f, tokens ? "tokens" : "x", p, e);
+        s->dx = open_dset(f, tokens ? "tokens" : "x", d->chunk_cache_bytes, p, e);
         if (s->dx < 0) goto fail;
-        if (!tokens && (s->dy = open_dset(f, "y", p, e)) < 0) goto fail;
+        if (!tokens && (s->dy = open_dset(f, "y", d->chunk_cache_bytes, p, e)) < 0) goto fail;
         /* the file may have been replaced since it was validated (a re-run of prepare) */
         hsize_t now[2] = {0, 0};
         hid_t sp = H5Dget_space(s->dx);
@@ -358,7 +366,7 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
                              d->info.tokenizer);
             goto fail;
         }
-        if ((s->dx = open_dset(f, "tokens", p, e)) < 0) goto fail;
+        if ((s->dx = open_dset(f, "tokens", d->chunk_cache_bytes, p, e)) < 0) goto fail;
         if ((st = check_dset(s->dx, "tokens", 1, dt, dims, p, e))) goto fail;
         if ((int64_t)dims[0] != n_tokens) {
             st = jdt_err_set(e, JDT_ERR_FORMAT,
@@ -369,9 +377,9 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
         }
     } else {
         hsize_t ydims[2] = {0, 0};
-        if ((s->dx = open_dset(f, "x", p, e)) < 0) goto fail;
+        if ((s->dx = open_dset(f, "x", d->chunk_cache_bytes, p, e)) < 0) goto fail;
         if ((st = check_dset(s->dx, "x", 2, JDT_DTYPE_F32, dims, p, e))) goto fail;
-        if ((s->dy = open_dset(f, "y", p, e)) < 0) goto fail;
+        if ((s->dy = open_dset(f, "y", d->chunk_cache_bytes, p, e)) < 0) goto fail;
         if ((st = check_dset(s->dy, "y", 1, JDT_DTYPE_I32, ydims, p, e))) goto fail;
         if (ydims[0] != dims[0]) {
             st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: /x has %llu rows but /y has %llu", p,
@@ -431,8 +439,7 @@ static jdt_status remote_shard_ready(jdt_data *d, int64_t i, jdt_err *e)
     if (s->n_units != want) {
         st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: holds %lld %s but the manifest says %lld",
                          jdt_remote_list(d->remote)->items[i].url, (long long)s->n_units,
-                         d->info.kind == JDT_DATA_KIND_TOKENS ? "tokens" : "rows",
-                         (long long)want);
+                         d->info.kind == JDT_DATA_KIND_TOKENS ? "tokens" : "rows", (long long)want);
         s->n_units = want;
         return st;
     }
@@ -460,7 +467,8 @@ static jdt_status read_units(jdt_data *d, bool y, int64_t a, int64_t b, hid_t me
         int64_t s_end = s->start + s->n_units;
         if (a >= s_end) continue;
         int64_t c_end = b < s_end ? b : s_end;
-        jdt_status st = s->pending ? remote_shard_ready(d, i, e) : shard_open(d, s, false, false, e);
+        jdt_status st =
+            s->pending ? remote_shard_ready(d, i, e) : shard_open(d, s, false, false, e);
         if (st != JDT_OK) return st;
         hid_t ds = y ? s->dy : s->dx;
         const char *name = d->info.kind == JDT_DATA_KIND_TOKENS ? "tokens" : (y ? "y" : "x");
@@ -582,8 +590,7 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
                     int64_t at;
                     const char *file = shard_of(d, w0 + i, &at);
                     return jdt_err_set(e, JDT_ERR_FORMAT, "%s: /y[%lld] = %d is outside [0, %lld)",
-                                       file, (long long)at, y[j + i],
-                                       (long long)d->info.n_classes);
+                                       file, (long long)at, y[j + i], (long long)d->info.n_classes);
                 }
             }
         }
@@ -733,6 +740,21 @@ int jdt_io_natural_cmp(const void *pa, const void *pb)
     return strcmp(a, b);
 }
 
+/* How many shards stay open (a quarter of the descriptor limit, MIN..MAX_OPEN_SHARDS, no more
+ * than there are) and how much chunk cache each compressed dataset gets (arrays open two). */
+static void size_cache(jdt_data *d)
+{
+    struct rlimit rl;
+    rlim_t soft = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
+    int64_t n = soft == RLIM_INFINITY ? MAX_OPEN_SHARDS : (int64_t)(soft / 4);
+    if (n < MIN_OPEN_SHARDS) n = MIN_OPEN_SHARDS;
+    if (n > MAX_OPEN_SHARDS) n = MAX_OPEN_SHARDS;
+    if (n > d->n_shards) n = d->n_shards;
+    d->max_open = (int)n;
+    size_t per = CHUNK_CACHE_TOTAL / (2 * (size_t)n);
+    d->chunk_cache_bytes = per < CHUNK_CACHE_MAX ? per : CHUNK_CACHE_MAX;
+}
+
 static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
 {
     const char *p = o->path ? o->path : "(null)";
@@ -807,6 +829,7 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     d->shards = jdt_calloc(n_names, sizeof *d->shards);
     if (!d->shards) goto oom;
     d->n_shards = (int64_t)n_names;
+    size_cache(d);
     for (size_t i = 0; i < n_names; i++) {
         shard *s = &d->shards[i];
         s->file = s->dx = s->dy = H5I_INVALID_HID;
@@ -821,6 +844,8 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
     /* remote data with a manifest: the stream is laid out from the manifest's lengths and
      * training starts once the first shard is here; without lengths, every shard first */
     bool stream = d->remote && jdt_remote_units_known(d->remote);
+    jdt_progress prog; /* opening checks every byte's CRC: long for a large dataset */
+    jdt_progress_begin(&prog, "checking the dataset's shards", (double)d->n_shards, "files");
     for (int64_t i = 0; i < d->n_shards; i++) {
         shard *s = &d->shards[i];
         if (stream && i > 0) {
@@ -830,21 +855,28 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
             total += s->n_units;
             continue;
         }
-        if (d->remote && (st = jdt_remote_wait(d->remote, i, e))) goto fail;
+        if (d->remote && (st = jdt_remote_wait(d->remote, i, e))) {
+            jdt_progress_end(&prog); /* the error starts on a clean line */
+            goto fail;
+        }
         int64_t want = stream ? jdt_remote_list(d->remote)->items[i].n_units : -1;
         if ((st = shard_open(d, s, true, i == 0, e))) {
             if (d->remote) jdt_err_prefix(e, "%s", jdt_remote_list(d->remote)->items[i].url);
+            jdt_progress_end(&prog);
             goto fail;
         }
         if (want >= 0 && s->n_units != want) {
             st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: holds %lld units but the manifest says %lld",
                              jdt_remote_list(d->remote)->items[i].url, (long long)s->n_units,
                              (long long)want);
+            jdt_progress_end(&prog);
             goto fail;
         }
         s->start = total;
         total += s->n_units;
+        if (!d->remote) jdt_progress_update(&prog, (double)(i + 1)); /* remote: its own line */
     }
+    jdt_progress_end(&prog);
     d->info.n_files = d->n_shards;
     d->info.n_units = total;
     bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;

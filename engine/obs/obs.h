@@ -71,6 +71,7 @@ typedef struct {
     const char *source;   /* "runtime.peak_gflops", "cached", "measured", "measured (busy
                              machine: not cached)", "device datasheet" */
     bool provisional;     /* measured on a busy machine: MFU may be overstated */
+    bool guessed;         /* a GPU not in the datasheet table: the H100 SXM figure assumed */
     double load_avg;      /* 1-minute load average when measured (-1: not measured here) */
     char cache_path[1024]; /* the cache file ("" when not used) */
 } jdt_peak_ref;
@@ -88,12 +89,19 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
  * the first run is a warm-up and not counted. 0 on allocation failure. */
 double jdt_peak_measure_sgemm(int n_rep);
 
-/* GPU hook for the CUDA backend: the dense peak FLOP/s of device `device` for the training
- * precision (bf16 tensor cores, or TF32 for f32 math), from the device's properties or a table
- * of datasheet numbers. This build has no device code and returns 0 ("unknown"): the CUDA
- * backend replaces this body (keep the contract) and jdt_train_run then uses it as the MFU
- * reference with source "device datasheet". */
-double jdt_peak_gpu_flops(int device, bool bf16);
+/* The dense tensor-core peak FLOP/s of a GPU from its marketing name (cudaDeviceProp.name, e.g.
+ * "NVIDIA H200", "NVIDIA A100-SXM4-80GB"): bf16 for bf16 math, else TF32 (what f32 matmuls run
+ * on). Datasheet numbers without sparsity; the more specific variant wins (H100 PCIe, H100 NVL).
+ * Returns 0 for an unknown name (the caller asks for runtime.peak_gflops). */
+double jdt_peak_gpu_datasheet(const char *name, bool bf16);
+
+/* The MFU denominator for one GPU process: override_gflops > 0 wins (source
+ * "runtime.peak_gflops"); else the datasheet peak of device_name (jdt_device_describe's text)
+ * for bf16 math when bf16, else TF32 (f32 GEMMs run on TF32 tensor cores), source "device
+ * datasheet (dense bf16|TF32)"; an unknown name gets the H100 SXM figure with guessed = true
+ * (the caller warns and asks for runtime.peak_gflops). Never fails. */
+void jdt_peak_reference_gpu(const char *device_name, bool bf16, double override_gflops,
+                            jdt_peak_ref *out);
 
 /* ---- memory ----------------------------------------------------------------------------------- */
 

@@ -27,10 +27,12 @@ double jdt_peak_measure_sgemm(int n_rep)
     float *c = jdt_malloc_aligned((size_t)N * N * sizeof(float));
     double best = 0;
     if (a && b && c) {
-        for (int i = 0; i < N * N; i++) a[i] = b[i] = 1e-3f * (float)(i % 97);
+        for (int i = 0; i < N * N; i++)
+            a[i] = b[i] = 1e-3f * (float)(i % 97);
         for (int r = 0; r <= n_rep; r++) { /* r = 0 warms up caches and threads */
             double t0 = jdt_now_s();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f,
+                        c, N);
             double dt = jdt_now_s() - t0;
             double f = 2.0 * N * N * N / dt;
             if (r > 0 && f > best) best = f;
@@ -42,11 +44,47 @@ double jdt_peak_measure_sgemm(int n_rep)
     return best;
 }
 
-double jdt_peak_gpu_flops(int device, bool bf16)
+/* Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s. A name matches the
+ * first row whose key it contains, so the more specific keys come first ("H100 NVL" before
+ * "H100", "A100" before "A10", "L40S" before "L40" before "L4"). */
+static const struct {
+    const char *key;
+    double bf16_tflops, tf32_tflops;
+} GPU_PEAKS[] = {
+    {"GH200", 989.4, 494.7},    {"H200 NVL", 835.5, 417.5},  {"H200", 989.4, 494.7},
+    {"H100 NVL", 835.5, 417.5}, {"H100 PCIe", 756.5, 378.0}, {"H100", 989.4, 494.7},
+    {"B200", 2250.0, 1100.0},   {"A100", 312.0, 156.0},      {"A10", 125.0, 62.5},
+    {"L40S", 362.05, 183.0},    {"L40", 181.05, 90.5},       {"L4", 121.0, 60.0},
+    {"RTX 4090", 165.2, 82.6},
+};
+
+double jdt_peak_gpu_datasheet(const char *name, bool bf16)
 {
-    (void)device;
-    (void)bf16;
-    return 0; /* no device code in this build: see the contract in obs.h */
+    if (!name) return 0;
+    for (size_t i = 0; i < sizeof GPU_PEAKS / sizeof GPU_PEAKS[0]; i++)
+        if (strstr(name, GPU_PEAKS[i].key))
+            return (bf16 ? GPU_PEAKS[i].bf16_tflops : GPU_PEAKS[i].tf32_tflops) * 1e12;
+    return 0;
+}
+
+void jdt_peak_reference_gpu(const char *device_name, bool bf16, double override_gflops,
+                            jdt_peak_ref *out)
+{
+    memset(out, 0, sizeof *out);
+    out->load_avg = -1;
+    if (override_gflops > 0) {
+        out->flops = override_gflops * 1e9;
+        out->source = "runtime.peak_gflops";
+        return;
+    }
+    out->flops = jdt_peak_gpu_datasheet(device_name, bf16);
+    out->source = bf16 ? "device datasheet (dense bf16)" : "device datasheet (dense TF32)";
+    if (out->flops <= 0) {
+        out->flops = jdt_peak_gpu_datasheet("H100", bf16);
+        out->source = bf16 ? "unknown GPU: H100 SXM dense bf16 assumed"
+                           : "unknown GPU: H100 SXM dense TF32 assumed";
+        out->guessed = true;
+    }
 }
 
 static void mkdir_parents(char *path)
@@ -121,12 +159,14 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
         char tmp[1100];
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out->cache_path, (long)getpid());
         FILE *f = fopen(tmp, "w");
-        bool ok = f && fprintf(f, "%.3f\n# GFLOP/s: best of 7 SGEMM 1024^3 on %d threads, host %s, "
-                                  "load %.2f of %ld cores\n",
+        bool ok = f && fprintf(f,
+                               "%.3f\n# GFLOP/s: best of 7 SGEMM 1024^3 on %d threads, host %s, "
+                               "load %.2f of %ld cores\n",
                                out->flops * 1e-9, nt, host, loads[0], n_cores) > 0;
         if (f && fclose(f) != 0) ok = false;
         if (!ok || rename(tmp, out->cache_path) != 0) {
-            JDT_WARN("could not cache the MFU reference in %s: %s", out->cache_path, strerror(errno));
+            JDT_WARN("could not cache the MFU reference in %s: %s", out->cache_path,
+                     strerror(errno));
             unlink(tmp);
             out->cache_path[0] = '\0';
         }

@@ -105,12 +105,16 @@ static void draw_axes(cairo_t *cr, const axes *a, const char *title, const char 
     /* y ticks and grid */
     cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
     if (a->log_y) {
-        /* within one or two decades every integer multiple; up to four 1-2-5; then decades */
-        static const double all[] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, few[] = {1, 2, 5};
+        /* a span under 4x (a loss curve's tail) every half multiple, so the last values can be
+         * read; within one or two decades every integer multiple; up to four 1-2-5; decades */
+        static const double half[] = {1,   1.5, 2,   2.5, 3,   3.5, 4,   4.5, 5,
+                                      5.5, 6,   6.5, 7,   7.5, 8,   8.5, 9,   9.5},
+                            all[] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, few[] = {1, 2, 5};
         int d0 = (int)floor(log10(a->y0)), d1 = (int)ceil(log10(a->y1));
         int n_dec = d1 - d0;
-        const double *mult = n_dec <= 2 ? all : few;
-        int n_mult = n_dec <= 2 ? 9 : n_dec <= 4 ? 3 : 1;
+        bool narrow = a->y1 < 4 * a->y0;
+        const double *mult = narrow ? half : n_dec <= 2 ? all : few;
+        int n_mult = narrow ? 18 : n_dec <= 2 ? 9 : n_dec <= 4 ? 3 : 1;
         for (int d = d0; d <= d1; d++)
             for (int k = 0; k < n_mult; k++) {
                 double v = mult[k] * pow(10, d);

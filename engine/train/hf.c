@@ -172,11 +172,23 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     if (!(g = jdt_graph_new())) goto oom;
     if ((st = jdt_model_build(g, &cfg, 1, false, &x.m, e)) != JDT_OK) goto out;
     if (!(x.params = jdt_calloc((size_t)x.m.n_params, sizeof *x.params))) goto oom;
-    for (int i = 0; i < x.m.n_params; i++) {
+    double total_mb = 0, done_mb = 0;
+    for (int i = 0; i < x.m.n_params; i++)
+        total_mb += (double)jdt_shape_numel(&x.m.params[i].t->shape) * sizeof(float) / 1048576.0;
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "loading parameters", total_mb, "MB");
+    for (int i = 0; i < x.m.n_params && st == JDT_OK; i++) {
         const jdt_tensor *p = x.m.params[i].t;
-        if (!(x.params[i] = jdt_malloc((size_t)jdt_shape_numel(&p->shape) * sizeof(float)))) goto oom;
-        if ((st = jdt_train_read_param(ck, p, x.params[i], e)) != JDT_OK) goto out;
+        if (!(x.params[i] = jdt_malloc((size_t)jdt_shape_numel(&p->shape) * sizeof(float)))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "hf export: out of memory");
+            break;
+        }
+        st = jdt_train_read_param(ck, p, x.params[i], e);
+        done_mb += (double)jdt_shape_numel(&p->shape) * sizeof(float) / 1048576.0;
+        jdt_progress_update(&prog, done_mb);
     }
+    jdt_progress_end(&prog);
+    if (st != JDT_OK) goto out;
     x.cap = 16 + 16 * cfg.model.n_layer;
     x.out = jdt_calloc((size_t)x.cap, sizeof *x.out);
     x.owned = jdt_calloc((size_t)x.cap * 2, sizeof *x.owned);

@@ -262,6 +262,43 @@ static jdt_status preflight_ckpt(const trainer *tr, jdt_err *e)
     return st;
 }
 
+/* The warning that goes with any MFU above 100%: the reference, not the run, is wrong. */
+static void warn_mfu(double mfu, const char *over, double peak, const jdt_peak_ref *pref)
+{
+    if (strcmp(pref->source, "runtime.peak_gflops") == 0)
+        JDT_WARN("MFU %.0f%%%s is above 100%%: runtime.peak_gflops (%.6g GFLOP/s per process) is "
+                 "below what this run achieves; raise it, or set 0 to measure the machine",
+                 mfu, over, pref->flops * 1e-9);
+    else
+        JDT_WARN("MFU %.0f%%%s is above 100%%: the reference peak %.6g GFLOP/s (%s) is wrong, "
+                 "probably measured while the machine was busy; set runtime.peak_gflops%s%s",
+                 mfu, over, peak * 1e-9, pref->source, pref->cache_path[0] ? " or delete " : "",
+                 pref->cache_path);
+}
+
+/* Checkpoint-save progress in MB (jdt_ckpt_save calls back after each tensor, in order). */
+typedef struct {
+    jdt_progress prog;
+    const jdt_ckpt_tensor *ts;
+    double done_mb;
+} save_progress;
+
+static double slice_mb(const jdt_ckpt_tensor *t)
+{
+    double n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= (double)(t->extent[d] ? t->extent[d] : t->shape[d]);
+    return n * (double)jdt_dtype_size(t->dtype) / 1048576.0;
+}
+
+static void on_save_progress(void *ctx, size_t n_done, size_t n_total)
+{
+    save_progress *sp = ctx;
+    (void)n_total;
+    sp->done_mb += slice_mb(&sp->ts[n_done - 1]);
+    jdt_progress_update(&sp->prog, sp->done_mb);
+}
+
 static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
 {
     jdt_ckpt_tensor *ts;
@@ -277,9 +314,21 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
         so.barrier = ckpt_barrier;
         so.barrier_ctx = tr;
     }
+    save_progress sp = {.ts = ts};
+    if (tr->rank == 0) {
+        double total_mb = 0;
+        for (int i = 0; i < n; i++)
+            total_mb += slice_mb(&ts[i]);
+        char what[64];
+        snprintf(what, sizeof what, "saving checkpoint step %lld", (long long)next_step);
+        jdt_progress_begin(&sp.prog, what, total_mb, "MB");
+        so.on_progress = on_save_progress;
+        so.progress_ctx = &sp;
+    }
     char *saved = NULL;
     double t0 = jdt_now_s();
     st = jdt_ckpt_save(tr->ckpt_dir, &meta, ts, (size_t)n, &so, &saved, e);
+    if (tr->rank == 0) jdt_progress_end(&sp.prog);
     tr->s_ckpt += jdt_now_s() - t0;
     jdt_free(ts);
     if (tr->dist && tr->world_size > 1) { /* agree on the outcome */
@@ -364,8 +413,6 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
         jdt_shape shape, global;
         int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(step, i, &name, &data, &shape);
-        done_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
-        jdt_progress_update(&prog, done_mb);
         jdt_step_tensor_block(step, i, &global, offset);
         jdt_ckpt_tensor want; /* this rank's block only: any mesh reads any checkpoint */
         memset(&want, 0, sizeof want);
@@ -378,6 +425,8 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
             want.extent[d] = shape.dims[d];
         }
         st = jdt_ckpt_read(c, &want, data, e);
+        done_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+        jdt_progress_update(&prog, done_mb);
     }
     jdt_progress_end(&prog);
     jdt_ckpt_close(c);
@@ -494,18 +543,6 @@ static jdt_status open_device(trainer *tr, bool emit_only, jdt_err *e)
     char desc[300];
     if (tr->rank == 0) JDT_INFO("device: %s", jdt_device_describe(tr->device, desc, sizeof desc));
     return JDT_OK;
-}
-
-/* The MFU denominator on a GPU: the dense bf16 tensor-core peak of the part (the convention
- * the issue and MaxText use), from its name; 0 when unknown. */
-static double gpu_peak_flops(const jdt_device *d)
-{
-    char desc[300];
-    jdt_device_describe(d, desc, sizeof desc);
-    if (strstr(desc, "H100") || strstr(desc, "H200") || strstr(desc, "GH200")) return 989.4e12;
-    if (strstr(desc, "A100")) return 312e12;
-    if (strstr(desc, "L40")) return 362e12;
-    return 0.0;
 }
 
 static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
@@ -631,18 +668,21 @@ static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
     return JDT_OK;
 }
 
-/* The MFU denominator of one process: on a GPU the part's dense bf16 tensor-core peak, on the
- * CPU the cached or measured SGEMM peak (engine/obs); runtime.peak_gflops pins either. */
+/* The MFU denominator of one process: on a GPU the part's dense tensor-core peak for the
+ * step's precision (TF32 for f32, bf16), on the CPU the cached or measured SGEMM peak
+ * (engine/obs); runtime.peak_gflops pins either. */
 static jdt_status mfu_reference(trainer *tr, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
     if (tr->device) {
-        memset(&tr->pref, 0, sizeof tr->pref);
-        tr->pref.load_avg = -1;
-        tr->pref.flops = cfg->runtime.peak_gflops > 0 ? cfg->runtime.peak_gflops * 1e9
-                                                      : gpu_peak_flops(tr->device);
-        tr->pref.source = cfg->runtime.peak_gflops > 0 ? "runtime.peak_gflops" : "device datasheet";
-        if (tr->pref.flops <= 0) tr->pref.flops = 989.4e12; /* an unknown part: the H100/H200 figure */
+        char desc[300];
+        jdt_device_describe(tr->device, desc, sizeof desc);
+        jdt_peak_reference_gpu(desc, cfg->precision.compute == JDT_DTYPE_BF16,
+                               cfg->runtime.peak_gflops, &tr->pref);
+        if (tr->rank == 0 && tr->pref.guessed)
+            JDT_WARN("MFU: %s is not in the datasheet table (engine/obs/peak.c); MFU assumes %.1f "
+                     "TFLOP/s: set runtime.peak_gflops to the part's dense peak", desc,
+                     tr->pref.flops * 1e-12);
         return JDT_OK;
     }
     char cache_dir[1024];
@@ -666,7 +706,7 @@ static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
     snprintf(path, sizeof path, "%s/metrics.jsonl", tr->run_dir);
     tr->metrics = fopen(path, start > 0 ? "a" : "w");
     if (!tr->metrics) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-    JDT_INFO("MFU reference: %.1f GFLOP/s for %d process(es) (%s%s%s)", tr->peak * 1e-9,
+    JDT_INFO("MFU reference: %.6g GFLOP/s for %d process(es) (%s%s%s)", tr->peak * 1e-9,
              tr->world_size, tr->pref.source, tr->pref.cache_path[0] ? ": " : "",
              tr->pref.cache_path);
     if (tr->pref.provisional)
@@ -703,10 +743,7 @@ static void log_window(trainer *tr, int64_t t, double loss, double lr, double gn
              dt * 1e3, wait_ms, rss_mb, eta);
     if (mfu > 100 && !tr->warned_mfu) {
         tr->warned_mfu = true;
-        JDT_WARN("MFU %.0f%% is above 100%%: the reference peak %.1f GFLOP/s (%s) is wrong, "
-                 "probably measured while the machine was busy; set runtime.peak_gflops%s%s",
-                 mfu, tr->peak * 1e-9, tr->pref.source, tr->pref.cache_path[0] ? " or delete " : "",
-                 tr->pref.cache_path);
+        warn_mfu(mfu, "", tr->peak, &tr->pref);
     }
     /* "step" last: the resume test compares lines matching '"step": N,' */
     fprintf(tr->metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
@@ -798,17 +835,18 @@ static void log_summary(const trainer *tr, int64_t t)
     }
     const jdt_compile_stats *cs = jdt_step_stats(tr->step);
     const double pct = wall > 0 ? 100.0 / wall : 0;
+    const double run_mfu = 100.0 * tr->flops_per_step * n_run / tr->s_step / tr->peak;
+    if (run_mfu > 100 && !tr->warned_mfu) warn_mfu(run_mfu, " over the run", tr->peak, &tr->pref);
     JDT_INFO("summary of this run (rank 0):\n"
-             "  throughput     %.0f %s/s, MFU %.1f%% (reference %.1f GFLOP/s, %s)\n"
+             "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.6g GFLOP/s, %s)\n"
              "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
              "  communication  %8.2fs %5.1f%%  (gradient all-reduces)\n"
              "  data wait      %8.2fs %5.1f%%\n"
              "  eval           %8.2fs %5.1f%%\n"
              "  checkpointing  %8.2fs %5.1f%%\n"
              "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state",
-             tr->units_per_step * n_run / tr->s_step, mlp ? "samples" : "tok",
-             100.0 * tr->flops_per_step * n_run / tr->s_step / tr->peak, tr->peak * 1e-9,
-             tr->pref.source, tr->s_step - tr->s_comm, (tr->s_step - tr->s_comm) * pct, tr->s_comm,
+             tr->units_per_step * n_run / tr->s_step, mlp ? "samples" : "tok", run_mfu,
+             run_mfu > 100 ? " (!)" : "", tr->peak * 1e-9, tr->pref.source, tr->s_step - tr->s_comm, (tr->s_step - tr->s_comm) * pct, tr->s_comm,
              tr->s_comm * pct, tr->s_data, tr->s_data * pct, tr->s_eval, tr->s_eval * pct,
              tr->s_ckpt, tr->s_ckpt * pct, (double)jdt_obs_peak_rss_bytes() / 1048576.0,
              cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0);

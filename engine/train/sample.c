@@ -374,13 +374,25 @@ static jdt_status load_model(sampler *sp, const char *ckpt_path, jdt_err *e)
     if ((st = jdt_model_build(sp->g, &sp->cfg, 1, false, &sp->m, e)) != JDT_OK) goto out;
     jdt_graph_add_output(sp->g, sp->m.logits);
     if (!(sp->params = jdt_calloc((size_t)sp->m.n_params, sizeof *sp->params))) goto oom;
-    for (int i = 0; i < sp->m.n_params; i++) {
+    double total_mb = 0, done_mb = 0;
+    for (int i = 0; i < sp->m.n_params; i++)
+        total_mb += (double)jdt_shape_numel(&sp->m.params[i].t->shape) * sizeof(float) / 1048576.0;
+    jdt_progress lp;
+    jdt_progress_begin(&lp, "loading parameters", total_mb, "MB");
+    for (int i = 0; i < sp->m.n_params && st == JDT_OK; i++) {
         jdt_tensor *p = sp->m.params[i].t;
         size_t n_bytes = (size_t)jdt_shape_numel(&p->shape) * sizeof(float);
-        if (!(sp->params[i] = jdt_malloc_aligned(n_bytes))) goto oom;
-        if ((st = jdt_train_read_param(ck, p, sp->params[i], e)) != JDT_OK) goto out;
+        if (!(sp->params[i] = jdt_malloc_aligned(n_bytes))) {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "sample: out of memory");
+            break;
+        }
+        st = jdt_train_read_param(ck, p, sp->params[i], e);
         p->data = sp->params[i];
+        done_mb += (double)n_bytes / 1048576.0;
+        jdt_progress_update(&lp, done_mb);
     }
+    jdt_progress_end(&lp);
+    if (st != JDT_OK) goto out;
     st = JDT_OK;
     goto out;
 oom:

@@ -4,6 +4,7 @@
 #   2. kernels.sh    fused kernels and attention: JIT vs no-fusion vs interpreter (vs JAX)
 #   3. allreduce.sh  all-reduce bus bandwidth: shared memory / TCP vs torch.distributed gloo
 #   4. sample.sh     sampling tokens/s: KV-cache decoder vs the full forward per token
+#   5. loader.sh     the HDF5 loader alone over 32 shards, 1/2/4 ranks, vs training's tokens/s
 # Peers that are not installed are reported and skipped (PyTorch: Debian's python3-torch at
 # /usr/bin/python3; JAX: `pip install jax`, PYTHON_JAX=...). Results belong in docs/perf.md.
 set -uo pipefail
@@ -14,3 +15,4 @@ echo "== GPT training (scripts/bench/train_gpt.sh)"; bash scripts/bench/train_gp
 echo; echo "== kernels (scripts/bench/kernels.sh 1 2)"; bash scripts/bench/kernels.sh 1 2
 echo; echo "== all-reduce (scripts/bench/allreduce.sh)"; PYTHON=${PYTHON:-/usr/bin/python3} bash scripts/bench/allreduce.sh
 echo; echo "== sampling (scripts/bench/sample.sh)"; bash scripts/bench/sample.sh
+echo; echo "== data loader (scripts/bench/loader.sh)"; bash scripts/bench/loader.sh

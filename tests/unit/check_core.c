@@ -7,14 +7,18 @@
 
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 START_TEST(test_status_strings)
 {
     ck_assert_str_eq(jdt_status_str(JDT_OK), "ok");
     ck_assert_str_eq(jdt_status_name(JDT_ERR_CONFIG), "ERR_CONFIG");
     ck_assert_str_eq(jdt_status_str((jdt_status)9999), "unknown status");
-    for (int s = 0; s < JDT_STATUS_COUNT; s++) ck_assert(strlen(jdt_status_str((jdt_status)s)) > 0);
+    for (int s = 0; s < JDT_STATUS_COUNT; s++)
+        ck_assert(strlen(jdt_status_str((jdt_status)s)) > 0);
 }
 END_TEST
 
@@ -93,19 +97,83 @@ START_TEST(test_rng_index_stable)
     uint64_t key = jdt_rng_key(42, "blocks.0.attn.wq");
     jdt_rng_normal(key, 0, 64, whole);
     jdt_rng_normal(key, 30, 16, part);
-    for (int i = 0; i < 16; i++) ck_assert_float_eq(whole[30 + i], part[i]);
+    for (int i = 0; i < 16; i++)
+        ck_assert_float_eq(whole[30 + i], part[i]);
     double mean = 0, var = 0;
     enum { N = 20000 };
     static float big[N];
     jdt_rng_normal(key, 0, N, big);
-    for (int i = 0; i < N; i++) mean += big[i];
+    for (int i = 0; i < N; i++)
+        mean += big[i];
     mean /= N;
-    for (int i = 0; i < N; i++) var += (big[i] - mean) * (big[i] - mean);
+    for (int i = 0; i < N; i++)
+        var += (big[i] - mean) * (big[i] - mean);
     var /= N;
     ck_assert(fabs(mean) < 0.03);
     ck_assert(fabs(var - 1.0) < 0.05);
     ck_assert(jdt_rng_key(42, "a") != jdt_rng_key(42, "b"));
     ck_assert(jdt_rng_key(42, "a") != jdt_rng_key(43, "a"));
+}
+END_TEST
+
+/* Runs fn with stderr redirected to a temp file; returns what it printed (caller frees). */
+static char *capture_stderr(void (*fn)(void))
+{
+    char path[] = "/tmp/jdt-core-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    fn();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *buf = calloc(1, 8192);
+    ck_assert_int_ge(pread(fd, buf, 8191, 0), 0);
+    close(fd);
+    unlink(path);
+    return buf;
+}
+
+static void progress_ops(void)
+{
+    jdt_progress p;
+    jdt_progress_begin(&p, "saving", 100, "MB");
+    jdt_progress_update(&p, 25);
+    jdt_progress_update(&p, 100);
+    jdt_progress_end(&p);
+    jdt_progress_begin(&p, "compiling", 0, "");
+    jdt_progress_set_estimate(&p, 1e6);
+    jdt_progress_update(&p, 0);
+    jdt_progress_end(&p);
+}
+
+START_TEST(test_progress_plain_lines)
+{
+    /* not a terminal, JDT_PROGRESS_INTERVAL=0: one plain line per update, no control chars */
+    setenv("JDT_PROGRESS_INTERVAL", "0", 1);
+    char *out = capture_stderr(progress_ops);
+    ck_assert_msg(strstr(out, "saving: 25.0/100.0 MB (25%)") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "saving: 100.0/100.0 MB (100%)") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "compiling: 0s elapsed, about ") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "s left (from the last run's rate)") != NULL, "%s", out);
+    ck_assert_ptr_null(strchr(out, '\r'));
+    ck_assert_ptr_null(strchr(out, '\033'));
+    free(out);
+    /* default period (10 s): nothing for operations this short */
+    unsetenv("JDT_PROGRESS_INTERVAL");
+    out = capture_stderr(progress_ops);
+    ck_assert_str_eq(out, "");
+    free(out);
+    /* a bad value: one warning for the process, then the default */
+    setenv("JDT_PROGRESS_INTERVAL", "fast", 1);
+    out = capture_stderr(progress_ops);
+    ck_assert_msg(strstr(out, "JDT_PROGRESS_INTERVAL='fast' is not a number") != NULL, "%s", out);
+    ck_assert_ptr_null(strstr(strstr(out, "'fast'") + 1, "'fast'"));
+    ck_assert_ptr_null(strstr(out, "saving:"));
+    free(out);
+    unsetenv("JDT_PROGRESS_INTERVAL");
 }
 END_TEST
 
@@ -128,6 +196,7 @@ int main(void)
     tcase_add_test(tc, test_philox_known_answer);
     tcase_add_test(tc, test_rng_index_stable);
     tcase_add_test(tc, test_hash);
+    tcase_add_test(tc, test_progress_plain_lines);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -230,9 +231,26 @@ START_TEST(test_shards_equal_single)
 }
 END_TEST
 
+/* Open file descriptors of this process. */
+static int count_fds(void)
+{
+    int n_fds = 0;
+    DIR *dd = opendir("/proc/self/fd");
+    if (!dd) return -1;
+    while (readdir(dd))
+        n_fds++;
+    closedir(dd);
+    return n_fds;
+}
+
 START_TEST(test_many_shards)
 {
-    /* more shards than the open-file cache holds (16): eviction and reopening are invisible */
+    /* more shards than the open-file cache holds: with a descriptor limit of 64 the cache keeps
+     * 16 (a quarter), so eviction and reopening happen and must be invisible */
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    rl.rlim_cur = 64;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
     jdt_err e;
     int64_t n = 40 * 37 + 5;
     uint32_t *t = make_tokens(n, 256);
@@ -254,14 +272,8 @@ START_TEST(test_many_shards)
         free(ca);
         free(cb);
     }
-    int n_fds = 0;
-    DIR *dd = opendir("/proc/self/fd");
-    if (dd) {
-        while (readdir(dd))
-            n_fds++;
-        closedir(dd);
-        ck_assert_int_lt(n_fds, 30); /* 16 shards + stdio + the single file + slack */
-    }
+    int n_fds = count_fds();
+    if (n_fds >= 0) ck_assert_int_lt(n_fds, 30); /* 16 shards + stdio + the single file + slack */
     jdt_data_close(a);
     jdt_data_close(b);
     /* a shard replaced after open (and evicted from the cache) is caught on reopen: opening
@@ -275,6 +287,45 @@ START_TEST(test_many_shards)
     ck_assert_ptr_nonnull(strstr(e.msg, "part_0.h5"));
     ck_assert_ptr_nonnull(strstr(e.msg, "changed"));
     jdt_data_close(b);
+    free(t);
+}
+END_TEST
+
+START_TEST(test_shards_stay_open)
+{
+    /* with descriptors to spare every shard stays open (a shuffled read never reopens a file:
+     * that made 32-shard loading 10x slower), and the batches are the single file's */
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 1024) return; /* cannot raise it here */
+    rl.rlim_cur = 1024;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    jdt_err e;
+    int64_t n = 40 * 37 + 5;
+    uint32_t *t = make_tokens(n, 256);
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("one.h5"), t, n, 256, "byte", &e), JDT_OK);
+    char sd[400];
+    snprintf(sd, sizeof sd, "%s/open", tu_tmpdir());
+    ck_assert_int_eq(mkdir(sd, 0777), 0);
+    for (int i = 0; i < 40; i++) {
+        char p[500];
+        snprintf(p, sizeof p, "%s/part_%d.h5", sd, i);
+        int64_t b = i * 37, en = i == 39 ? n : b + 37;
+        ck_assert_int_eq(jdt_data_write_tokens(p, t + b, en - b, 256, "byte", &e), JDT_OK);
+    }
+    int before = count_fds();
+    jdt_data *a = open_tokens(path_in("one.h5"), NULL, 10, 16, true, 21, 0, 0, 0);
+    jdt_data *b = open_tokens(sd, NULL, 10, 16, true, 21, 0, 0, 0);
+    for (int64_t k = 0; k < 20; k++) {
+        int32_t *ca = get_copy(a, k), *cb = get_copy(b, k);
+        ck_assert_mem_eq(ca, cb, 2 * 16 * 10 * 4);
+        free(ca);
+        free(cb);
+    }
+    if (before >= 0) ck_assert_int_ge(count_fds() - before, 41); /* 40 shards + one.h5 */
+    jdt_data_close(a);
+    jdt_data_close(b);
+    if (before >= 0) ck_assert_int_eq(count_fds(), before);
     free(t);
 }
 END_TEST
@@ -757,6 +808,7 @@ int main(void)
     tcase_add_test(tc, test_sequential_exact);
     tcase_add_test(tc, test_shards_equal_single);
     tcase_add_test(tc, test_many_shards);
+    tcase_add_test(tc, test_shards_stay_open);
     tcase_add_test(tc, test_shuffle_determinism);
     tcase_add_test(tc, test_rank_slices);
     tcase_add_test(tc, test_prefetch_same);

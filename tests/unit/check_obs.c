@@ -242,6 +242,37 @@ START_TEST(test_peak_override_and_rss)
 }
 END_TEST
 
+START_TEST(test_peak_gpu_datasheet)
+{
+    /* dense bf16 and TF32 peaks by name; specific variants are not shadowed by shorter keys */
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA H200", true), 989.4e12, 1e9);
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA H200", false), 494.7e12, 1e9);
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA H100 PCIe", true), 756.5e12, 1e9);
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA H100 80GB HBM3", true), 989.4e12, 1e9);
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA A100-SXM4-80GB", false), 156e12, 1e9);
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA A10", true), 125e12, 1e9);
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA L40S", true), 362.05e12, 1e9);
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA L40", true), 181.05e12, 1e9);
+    ck_assert_double_eq_tol(jdt_peak_gpu_datasheet("NVIDIA L4", true), 121e12, 1e9);
+    ck_assert(jdt_peak_gpu_datasheet("Tesla K80", true) == 0);
+    ck_assert(jdt_peak_gpu_datasheet(NULL, true) == 0);
+    /* the reference of a GPU process: f32 math is measured against TF32, the override wins,
+     * an unknown part is flagged */
+    jdt_peak_ref p;
+    jdt_peak_reference_gpu("cuda:0 NVIDIA H200 (sm_90)", false, 0, &p);
+    ck_assert_double_eq_tol(p.flops, 494.7e12, 1e9);
+    ck_assert_str_eq(p.source, "device datasheet (dense TF32)");
+    ck_assert(!p.guessed && !p.provisional);
+    jdt_peak_reference_gpu("cuda:0 NVIDIA H200 (sm_90)", true, 0, &p);
+    ck_assert_double_eq_tol(p.flops, 989.4e12, 1e9);
+    jdt_peak_reference_gpu("cuda:0 NVIDIA H200 (sm_90)", false, 100000, &p);
+    ck_assert_double_eq_tol(p.flops, 100e12, 1e6);
+    ck_assert_str_eq(p.source, "runtime.peak_gflops");
+    jdt_peak_reference_gpu("cuda:0 Tesla K80 (sm_37)", false, 0, &p);
+    ck_assert(p.guessed && p.flops > 0);
+}
+END_TEST
+
 START_TEST(test_peak_cache)
 {
     char dir[] = "/tmp/jdt-obs-XXXXXX";
@@ -279,6 +310,7 @@ int main(void)
     tcase_add_test(tc, test_plot_png_svg);
     tcase_add_test(tc, test_peak_override_and_rss);
     tcase_add_test(tc, test_peak_cache);
+    tcase_add_test(tc, test_peak_gpu_datasheet);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
