@@ -860,12 +860,19 @@ static int cmd_help(const subcommand *cmd, cli_args *a)
  * with 2 threads than with 1 (issue 14; docs/perf.md, Busy machines). So unless the user chose
  * a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT set, even to "active"), the process re-executes
  * itself once with OMP_WAIT_POLICY=passive: idle threads sleep at once (futex) and wake on the
- * next region. If the re-exec fails, it runs on with libgomp's default. */
+ * next region. If the re-exec fails, it runs on with libgomp's default. The binary is re-run
+ * by its real path, not /proc/self/exe, so the process keeps its name (ps, pgrep, top show
+ * jdt-train, not "exe"). */
 static void ensure_passive_wait(char **argv)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || (size_t)n >= sizeof self - 1) return;
+    self[n] = '\0';
     if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-    execv("/proc/self/exe", argv);
+    execv(self, argv);
+    unsetenv("OMP_WAIT_POLICY"); /* the exec failed: run on as we are */
 }
 
 int main(int argc, char **argv)
