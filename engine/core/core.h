@@ -195,6 +195,13 @@ void jdt_rng_uniform(uint64_t key, uint64_t first, size_t n, float *out);
 /* Derives a stream key from a seed and a name (e.g. a parameter name). */
 uint64_t jdt_rng_key(uint64_t seed, const char *name);
 
+/* Moves k blocks of blk floats between the layouts (k, outer, blk) and (outer, k, blk):
+ * to_outer true: (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. The wire
+ * order of all-gather / reduce-scatter (member-major) against a tensor split along a middle
+ * axis. */
+void jdt_permute_blocks_f32(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
+                            bool to_outer);
+
 /* ---- time --------------------------------------------------------------------------------- */
 
 /* Monotonic clock in seconds. */

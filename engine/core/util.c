@@ -129,3 +129,14 @@ double jdt_now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+void jdt_permute_blocks_f32(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
+                            bool to_outer)
+{
+    for (int64_t j = 0; j < k; j++)
+        for (int64_t o = 0; o < outer; o++) {
+            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
+            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
+            memcpy(b, a, (size_t)blk * sizeof *a);
+        }
+}

@@ -733,19 +733,6 @@ static jdt_status eval_all_reduce(const node_ctx *nd)
     return JDT_OK;
 }
 
-/* Moves k blocks between the layouts (k, outer, blk) and (outer, k, blk) of float values:
- * to_outer true: (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. */
-static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
-                          bool to_outer)
-{
-    for (int64_t j = 0; j < k; j++)
-        for (int64_t o = 0; o < outer; o++) {
-            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
-            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
-            memcpy(b, a, (size_t)blk * sizeof *a);
-        }
-}
-
 /* ALL_GATHER and REDUCE_SCATTER: the full tensor viewed as (outer, k, blk) along the axis; the
  * wire wants (k, outer, blk). The wire format is f32. */
 static jdt_status eval_gather_scatter(const node_ctx *nd)
@@ -773,13 +760,13 @@ static jdt_status eval_gather_scatter(const node_ctx *nd)
         for (int64_t i = 0; i < nl; i++) tmp[i] = (float)x0[i];
     } else {
         for (int64_t i = 0; i < nf; i++) tmp2[i] = (float)x0[i];
-        shard_permute(tmp2, tmp, k, outer, blk, false);
+        jdt_permute_blocks_f32(tmp2, tmp, k, outer, blk, false);
     }
     jdt_status cst = it->collective(it->collective_ctx, (int)a->i[0],
                                     gather ? JDT_COLL_ALLGATHER : JDT_COLL_REDUCE_SCATTER,
                                     JDT_DTYPE_F32, tmp, (size_t)nf, e);
     if (cst == JDT_OK && gather) {
-        shard_permute(tmp, tmp2, k, outer, blk, true);
+        jdt_permute_blocks_f32(tmp, tmp2, k, outer, blk, true);
         for (int64_t i = 0; i < nf; i++) y[i] = (double)tmp2[i];
     } else if (cst == JDT_OK) {
         for (int64_t i = 0; i < nl; i++) y[i] = (double)tmp[i] * a->f[0];

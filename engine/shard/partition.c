@@ -141,71 +141,8 @@ static jdt_status rule_gen(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_pl
 /* Ops linear in every input (partial sums pass through when all inputs share them). */
 static bool linear_op(jdt_op op)
 {
-    switch (op) {
-    case JDT_OP_ADD:
-    case JDT_OP_SUB:
-    case JDT_OP_NEG:
-    case JDT_OP_MUL_SCALAR:
-    case JDT_OP_CAST:
-    case JDT_OP_STOP_GRADIENT:
-        return true;
-    case JDT_OP_PARAM:
-    case JDT_OP_INPUT:
-    case JDT_OP_CONSTANT:
-    case JDT_OP_EXP:
-    case JDT_OP_LOG:
-    case JDT_OP_TANH:
-    case JDT_OP_SQRT:
-    case JDT_OP_RSQRT:
-    case JDT_OP_RELU:
-    case JDT_OP_GELU:
-    case JDT_OP_SILU:
-    case JDT_OP_SIGMOID:
-    case JDT_OP_ABS:
-    case JDT_OP_MUL:
-    case JDT_OP_DIV:
-    case JDT_OP_MAX:
-    case JDT_OP_MIN:
-    case JDT_OP_GT:
-    case JDT_OP_GE:
-    case JDT_OP_ADD_SCALAR:
-    case JDT_OP_POW_SCALAR:
-    case JDT_OP_GELU_GRAD:
-    case JDT_OP_SILU_GRAD:
-    case JDT_OP_SELECT:
-    case JDT_OP_DROPOUT:
-    case JDT_OP_BROADCAST:
-    case JDT_OP_REDUCE_SUM:
-    case JDT_OP_REDUCE_MAX:
-    case JDT_OP_REDUCE_MEAN:
-    case JDT_OP_RESHAPE:
-    case JDT_OP_TRANSPOSE:
-    case JDT_OP_SLICE:
-    case JDT_OP_CONCAT:
-    case JDT_OP_MATMUL:
-    case JDT_OP_GATHER:
-    case JDT_OP_SCATTER_ADD:
-    case JDT_OP_IOTA:
-    case JDT_OP_CAUSAL_MASK:
-    case JDT_OP_SOFTMAX:
-    case JDT_OP_SOFTMAX_BWD:
-    case JDT_OP_LOG_SOFTMAX:
-    case JDT_OP_LOG_SOFTMAX_BWD:
-    case JDT_OP_SOFTMAX_XENT:
-    case JDT_OP_SOFTMAX_XENT_BWD:
-    case JDT_OP_NORMALIZE:
-    case JDT_OP_NORMALIZE_BWD:
-    case JDT_OP_RMS_NORMALIZE:
-    case JDT_OP_RMS_NORMALIZE_BWD:
-    case JDT_OP_ROPE:
-    case JDT_OP_ATTENTION:
-    case JDT_OP_ATTENTION_BWD:
-    case JDT_OP_ALL_REDUCE:
-    case JDT_OP_ALL_GATHER:
-    case JDT_OP_REDUCE_SCATTER:
-        return false;
-    }
-    return false;
+    return op == JDT_OP_ADD || op == JDT_OP_SUB || op == JDT_OP_NEG || op == JDT_OP_MUL_SCALAR ||
+           op == JDT_OP_CAST || op == JDT_OP_STOP_GRADIENT;
 }
 
 /* Input i of n to placement w; when that input is a broadcast (a bias or norm weight expanded

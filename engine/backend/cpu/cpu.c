@@ -47,19 +47,6 @@ static int64_t last_dim(const jdt_shape *s)
     return s->ndim ? s->dims[s->ndim - 1] : 1;
 }
 
-/* Moves k blocks between the layouts (k, outer, blk) and (outer, k, blk): to_outer true:
- * (k, outer, blk) -> (outer, k, blk), else the inverse. dst != src. */
-static void shard_permute(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
-                          bool to_outer)
-{
-    for (int64_t j = 0; j < k; j++)
-        for (int64_t o = 0; o < outer; o++) {
-            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
-            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
-            memcpy(b, a, (size_t)blk * sizeof *a);
-        }
-}
-
 static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
 {
     const cprog *c = p->c;
@@ -207,11 +194,11 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
                                      JDT_DTYPE_F32, of, (size_t)nf, e);
             if (cst == JDT_OK && outer > 1) {
                 memcpy(tmp, of, (size_t)nf * sizeof *tmp);
-                shard_permute(tmp, of, k, outer, blk, true);
+                jdt_permute_blocks_f32(tmp, of, k, outer, blk, true);
             }
         } else {
             if (outer > 1)
-                shard_permute(xf, tmp, k, outer, blk, false);
+                jdt_permute_blocks_f32(xf, tmp, k, outer, blk, false);
             else
                 memcpy(tmp, xf, (size_t)nf * sizeof *tmp);
             cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0],
