@@ -49,6 +49,7 @@ struct jdt_comm_work {
     int root;
     uint64_t seq;
     bool done;
+    double t_run0, t_run1; /* when the executor ran it (jdt_now_s) */
     jdt_status st;
     jdt_err err;
     jdt_comm_work *next;
@@ -426,6 +427,7 @@ out:
 static void execute(jdt_dist *d, jdt_comm_work *w, bool stopping)
 {
     jdt_err_clear(&w->err);
+    w->t_run0 = jdt_now_s();
     if (stopping) {
         w->st = jdt_err_set(&w->err, JDT_ERR_INTERRUPTED, "%s: the job is shutting down",
                             OP_NAME[w->kind]);
@@ -441,6 +443,7 @@ static void execute(jdt_dist *d, jdt_comm_work *w, bool stopping)
             if (!atomic_load(&d->aborted)) jdt_dist_abort(d, w->err.msg);
         }
     }
+    w->t_run1 = jdt_now_s();
 }
 
 static void *comm_main(void *arg)
@@ -640,11 +643,19 @@ static jdt_status submit(jdt_comm_group *g, op_kind kind, void *buf, const void 
 
 jdt_status jdt_comm_wait(jdt_comm_work *w, jdt_err *e)
 {
+    return jdt_comm_wait_timed(w, NULL, NULL, e);
+}
+
+jdt_status jdt_comm_wait_timed(jdt_comm_work *w, double *run_start_s, double *run_end_s,
+                               jdt_err *e)
+{
     if (!w) return jdt_err_set(e, JDT_ERR_INVALID, "wait: no work");
     jdt_dist *d = w->g->d;
     pthread_mutex_lock(&d->q_mu);
     while (!w->done) pthread_cond_wait(&d->q_cv, &d->q_mu);
     pthread_mutex_unlock(&d->q_mu);
+    if (run_start_s) *run_start_s = w->t_run0;
+    if (run_end_s) *run_end_s = w->t_run1;
     jdt_status st = w->st;
     if (st && e) *e = w->err;
     jdt_free(w);

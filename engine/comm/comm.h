@@ -171,5 +171,10 @@ jdt_status jdt_comm_broadcast_start(jdt_comm_group *g, void *buf, size_t n_elems
 jdt_status jdt_comm_alltoall_start(jdt_comm_group *g, const void *send, void *recv,
                                    size_t n_elems, jdt_dtype dt, jdt_comm_work **w, jdt_err *e);
 jdt_status jdt_comm_wait(jdt_comm_work *w, jdt_err *e);
+/* jdt_comm_wait that also reports when the work ran (jdt_now_s() as it started and ended on
+ * the communication thread, or inline): the time it moved data, as opposed to the time the
+ * caller waited for it. Either pointer may be NULL. */
+jdt_status jdt_comm_wait_timed(jdt_comm_work *w, double *run_start_s, double *run_end_s,
+                               jdt_err *e);
 
 #endif /* JDT_COMM_H */

@@ -57,15 +57,31 @@ typedef struct {
 #define JDT_GROUP_MAX_READS 96
 #define JDT_GROUP_MAX_STORES 24
 
-typedef enum { STEP_KERNEL, STEP_BUILTIN } step_kind;
+/* STEP_COLL_*: an asynchronous collective (opts.collective_start): PACK copies a member's
+ * input into its buffer (an all-gather's part, a reduce-scatter's permuted input) right after
+ * the input is computed; START issues the collective once every member is packed; WAIT, just
+ * before the first step that reads a member, waits and finishes each member (scale, unpermute). */
+typedef enum { STEP_KERNEL, STEP_BUILTIN, STEP_COLL_PACK, STEP_COLL_START, STEP_COLL_WAIT } step_kind;
 
 typedef struct {
     step_kind kind;
     int group; /* STEP_KERNEL: group index; kernel index = order among kernel steps */
     int kernel;
-    int node;        /* STEP_BUILTIN: cnode index */
+    int node;        /* STEP_BUILTIN, STEP_COLL_PACK: cnode index */
     int scratch_buf; /* builtin scratch buffer or -1 */
+    int coll;        /* STEP_COLL_*: index into cprog.colls, else -1 */
 } cstep;
+
+/* One asynchronous collective call: a single ALL_REDUCE / ALL_GATHER / REDUCE_SCATTER node, or
+ * a bucket of ALL_REDUCEs of one group and kind whose buffers are consecutive slots of `buf`. */
+typedef struct {
+    int *members; /* cnode indices, in slot order */
+    int n_members;
+    int64_t n_elems; /* of the call: the bucket, or the full (gathered / scattered) tensor */
+    int buf;         /* bucket buffer (n_members > 1) or -1: the member's own buffer */
+    int scratch_buf; /* reduce-scatter: the permuted full input, live from PACK to WAIT; or -1 */
+    int start_step, wait_step;
+} ccoll;
 
 typedef struct {
     jdt_buf_info info;
@@ -93,6 +109,8 @@ typedef struct cprog_ {
     int n_steps, cap_steps;
     cbuf *bufs;
     int n_bufs, cap_bufs;
+    ccoll *colls;
+    int n_colls, cap_colls;
     int64_t arena_bytes;
     jdt_compile_stats stats;
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */

@@ -22,6 +22,17 @@ typedef enum {
                                    (jdt_autodiff_grad_ex); the compiler keeps the copies */
 } jdt_compile_remat;
 
+/* Asynchronous collectives (the start/wait halves of a jdt_collective_fn call, same arguments
+ * and buffer contract). start issues the collective on buf and returns at once with *handle
+ * set; buf must then stay untouched until wait(handle) returns, after which buf holds what
+ * the blocking call would have left there. Every rank's program issues its starts in one
+ * order (the schedule is a pure function of the graph), so members of a group always agree.
+ * Every started handle is waited exactly once, also when the run fails. */
+typedef jdt_status (*jdt_collective_start_fn)(void *ctx, int group, int kind, jdt_dtype dt,
+                                              void *buf, size_t n_elems, void **handle,
+                                              jdt_err *e);
+typedef jdt_status (*jdt_collective_wait_fn)(void *ctx, void *handle, jdt_err *e);
+
 /* Options of a compilation. Device-neutral: cache_dir, no_fuse, no_simplify, profile, no_jit,
  * remat, collective, trace, device. CPU backend only (the CUDA backend ignores them: NVRTC and
  * the GPU take their place): cc, cflags, cc_timeout_s, threads. */
@@ -46,6 +57,17 @@ typedef struct {
     jdt_compile_remat remat;
     jdt_collective_fn collective; /* runs ALL_REDUCE nodes; NULL: graphs with one fail */
     void *collective_ctx;
+    /* Optional (CPU backend; both or neither, same ctx): collectives are scheduled as a start
+     * right after their input is computed and a wait just before their first reader, so they
+     * run under the compute in between (docs/compiler.md, "Collectives"). NULL: each runs
+     * blocking through `collective` at its place in the graph. */
+    jdt_collective_start_fn collective_start;
+    jdt_collective_wait_fn collective_wait;
+    /* With collective_start: gradient-style ALL_REDUCEs of one group and kind whose inputs
+     * become ready one after another are coalesced into buckets of at most this many bytes,
+     * one collective each, the members laid out side by side in the arena (no concat, no
+     * split). <= 0: one collective per node. */
+    int64_t bucket_bytes;
     /* Per-step trace hook: when non-NULL, jdt_program_run calls it once per executed step, in
      * schedule order, on the calling thread, with jdt_now_s() timestamps around the step. name
      * is "fused:<root op>" for generated kernels, the op name for builtins ("matmul",
@@ -71,6 +93,9 @@ typedef struct {
     int n_inplace;         /* buffers written in place over a dying input */
     int n_donated;         /* updates written directly into their leaf's buffer */
     int n_update_copies;   /* updates copied into their leaf after the step */
+    int n_coll_calls;      /* collective calls per run (a bucket of all-reduces is one) */
+    int n_coll_async;      /* of which issued as start/wait pairs (opts.collective_start) */
+    int n_coll_bucketed;   /* ALL_REDUCE nodes that run inside a bucket of several */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */
     double compile_s;      /* wall time of jdt_program_compile */
@@ -150,6 +175,8 @@ typedef struct {
     int def_step;            /* step that writes it (-1: leaf, valid before step 0) */
     int last_step;           /* last step that reads it (n_steps: kept to the end) */
     int inplace_of;          /* buffer whose storage it took over at def_step, or -1 */
+    int slot_of;             /* a slot inside bucket buffer slot_of (an all-reduce bucket's
+                                member: placed with it, not on its own), or -1 */
 } jdt_buf_info;
 
 int jdt_program_n_buffers(const jdt_program *p);

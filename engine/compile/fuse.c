@@ -24,6 +24,8 @@
  */
 #include "compile/compile-impl.h"
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
@@ -166,6 +168,254 @@ static bool add_step(cprog *c, cstep s)
     return true;
 }
 
+/* ---- schedule ----------------------------------------------------------------------------- *
+ * Every step gets a sort key (k1, k2, tie): k1 is a node index (-1: before everything), k2 orders
+ * the kinds of steps at one node, tie breaks the rest deterministically. Without asynchronous
+ * collectives the steps are the node order: (root or builtin node, KEY_BASE). With them, each
+ * collective node becomes PACK + START right after the step that computes its input
+ * (KEY_PACK, KEY_START at the producer) and WAIT just before the first step that reads it
+ * (KEY_WAIT at that reader); a collective of a leaf (an FSDP weight gather) is issued
+ * JDT_PREFETCH_COLLS leaf collectives ahead of its use instead of at the start of the step. The
+ * keys are a pure function of the graph, so every rank issues the same starts in one order. */
+enum { KEY_PF_PACK = 1, KEY_PF_START = 2, KEY_WAIT = 3, KEY_BASE = 4, KEY_PACK = 5, KEY_START = 6 };
+
+/* How many collectives of leaves (FSDP all-gathers of weights) are in flight ahead of their
+ * use: about one transformer block's weights (q, k, v, o, fc, proj and the norm scales). */
+#define JDT_PREFETCH_COLLS 8
+
+typedef struct {
+    int64_t key; /* (k1 + 1) * 8 + k2 */
+    int tie;
+    cstep s;
+} keyed_step;
+
+static int64_t mkkey(int k1, int k2)
+{
+    return ((int64_t)k1 + 1) * 8 + k2;
+}
+
+static int cmp_keyed(const void *a, const void *b)
+{
+    const keyed_step *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->tie > y->tie) - (x->tie < y->tie);
+}
+
+static bool is_collective_op(jdt_op op)
+{
+    return op == JDT_OP_ALL_REDUCE || op == JDT_OP_ALL_GATHER || op == JDT_OP_REDUCE_SCATTER;
+}
+
+/* The node whose step writes the memory node i reads as (through views): -1 for leaves. */
+static int producer_node(const cprog *c, int i)
+{
+    while (c->nodes[i].kind == CK_VIEW)
+        i = c->nodes[i].in[0];
+    const cnode *n = &c->nodes[i];
+    if (n->kind == CK_LEAF) return -1;
+    if (n->group >= 0) return c->groups[n->group].root;
+    return i;
+}
+
+/* The smallest node index of a step that reads node i (through views and absorbed strided
+ * reads; a fused reader counts at its group's root); n_nodes when i is only kept (an output
+ * or update value) or never read. */
+static int first_reader(const cprog *c, const user_lists *u, int i)
+{
+    int best = is_kept(u, i) ? c->n_nodes : INT32_MAX;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        int r = u->users[k];
+        const cnode *rn = &c->nodes[r];
+        int at;
+        if (rn->kind == CK_VIEW || rn->absorbed) at = first_reader(c, u, r);
+        else if (rn->group >= 0) at = c->groups[rn->group].root;
+        else at = r;
+        if (at < best) best = at;
+    }
+    return best == INT32_MAX ? c->n_nodes : best;
+}
+
+static bool add_coll(cprog *c, const int *members, int n, int64_t n_elems)
+{
+    if (!jdt_compile_grow((void **)&c->colls, &c->cap_colls, c->n_colls + 1, sizeof(ccoll)))
+        return false;
+    ccoll *k = &c->colls[c->n_colls];
+    memset(k, 0, sizeof *k);
+    k->members = jdt_malloc(sizeof(int) * (size_t)n);
+    if (!k->members) return false;
+    memcpy(k->members, members, sizeof(int) * (size_t)n);
+    k->n_members = n;
+    k->n_elems = n_elems;
+    k->buf = k->scratch_buf = -1;
+    c->n_colls++;
+    return true;
+}
+
+typedef struct {
+    int node;
+    int64_t pack, wait; /* keys */
+} coll_cand;
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const coll_cand *x = a, *y = b;
+    if (x->pack != y->pack) return x->pack < y->pack ? -1 : 1;
+    return (x->node > y->node) - (x->node < y->node);
+}
+
+/* The full tensor a collective node moves (all-gather: its output; else its input). */
+static int64_t coll_elems(const cprog *c, const cnode *n)
+{
+    return n->op == JDT_OP_ALL_GATHER ? jdt_shape_numel(&n->shape)
+                                      : jdt_shape_numel(&c->nodes[n->in[0]].shape);
+}
+
+static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
+{
+    const int N = c->n_nodes;
+    const bool async = c->opts.collective_start && c->opts.collective_wait;
+    unsigned char *acoll = jdt_calloc((size_t)N + 1, 1); /* 1: scheduled as start/wait */
+    int64_t *pack = jdt_malloc(sizeof(int64_t) * ((size_t)N + 1));
+    int64_t *wait = jdt_malloc(sizeof(int64_t) * ((size_t)N + 1));
+    coll_cand *cand = jdt_malloc(sizeof(coll_cand) * ((size_t)N + 1));
+    int *pf = jdt_malloc(sizeof(int) * ((size_t)N + 1));
+    int *bucket = jdt_malloc(sizeof(int) * ((size_t)N + 1));
+    keyed_step *ks = NULL;
+    int n_ks = 0, cap_ks = 0, n_cand = 0, n_pf = 0;
+    jdt_status st = JDT_OK;
+    if (!acoll || !pack || !wait || !cand || !pf || !bucket) goto nomem;
+
+    /* which collectives run asynchronously, and their pack and wait keys */
+    for (int i = 0; async && i < N; i++) {
+        const cnode *n = &c->nodes[i];
+        if (!n->live || !is_collective_op(n->op) || n->dtype != JDT_DTYPE_F32) continue;
+        int p = producer_node(c, n->in[0]);
+        if (p >= 0 && acoll[p]) continue; /* a collective of a collective's result: blocking */
+        acoll[i] = 1;
+        pack[i] = mkkey(p, KEY_PACK);
+        wait[i] = mkkey(first_reader(c, u, i), KEY_WAIT);
+        if (p < 0) pf[n_pf++] = i;
+        else cand[n_cand++] = (coll_cand){i, pack[i], wait[i]};
+    }
+    /* collectives of leaves: issued JDT_PREFETCH_COLLS ahead, in the order they are needed */
+    for (int a = 1; a < n_pf; a++) /* insertion sort by wait key (few, mostly sorted) */
+        for (int b = a; b > 0 && (wait[pf[b - 1]] > wait[pf[b]] ||
+                                  (wait[pf[b - 1]] == wait[pf[b]] && pf[b - 1] > pf[b])); b--) {
+            int t = pf[b];
+            pf[b] = pf[b - 1];
+            pf[b - 1] = t;
+        }
+    for (int j = 0; j < n_pf; j++)
+        pack[pf[j]] = j < JDT_PREFETCH_COLLS ? mkkey(-1, KEY_PF_PACK)
+                                             : wait[pf[j - JDT_PREFETCH_COLLS]] - KEY_WAIT + KEY_PF_PACK;
+    /* buckets: all-reduces of one group and kind, in the order their inputs are ready; a bucket
+     * closes when full or when a member's result is needed before the next input is ready */
+    qsort(cand, (size_t)n_cand, sizeof *cand, cmp_cand);
+    for (int i = 0; i < N; i++)
+        bucket[i] = -1;
+    for (int a = 0; a < n_cand; a++) {
+        const cnode *n = &c->nodes[cand[a].node];
+        if (bucket[cand[a].node] >= 0) continue;
+        int members[256], nm = 0;
+        int64_t elems = coll_elems(c, n), min_wait = cand[a].wait;
+        members[nm++] = cand[a].node;
+        for (int b = a + 1; n->op == JDT_OP_ALL_REDUCE && c->opts.bucket_bytes > 0 && b < n_cand &&
+                            nm < (int)(sizeof members / sizeof members[0]); b++) {
+            const cnode *m = &c->nodes[cand[b].node];
+            if (bucket[cand[b].node] >= 0 || m->op != JDT_OP_ALL_REDUCE ||
+                m->attrs.i[0] != n->attrs.i[0] || m->attrs.i[1] != n->attrs.i[1])
+                continue;
+            if (cand[b].pack >= min_wait) break; /* needed before this one is ready */
+            int64_t me = jdt_shape_numel(&m->shape);
+            if ((elems + me) * 4 > c->opts.bucket_bytes) break;
+            members[nm++] = cand[b].node;
+            elems += me;
+            if (cand[b].wait < min_wait) min_wait = cand[b].wait;
+        }
+        for (int k = 0; k < nm; k++)
+            bucket[members[k]] = c->n_colls;
+        if (!add_coll(c, members, nm, elems)) goto nomem;
+        if (nm > 1) c->stats.n_coll_bucketed += nm;
+    }
+    for (int j = 0; j < n_pf; j++) {
+        bucket[pf[j]] = c->n_colls;
+        if (!add_coll(c, &pf[j], 1, coll_elems(c, &c->nodes[pf[j]]))) goto nomem;
+    }
+
+    /* the keyed steps */
+#define PUSH(K, T, ...)                                                                            \
+    do {                                                                                           \
+        if (!jdt_compile_grow((void **)&ks, &cap_ks, n_ks + 1, sizeof *ks)) goto nomem;            \
+        ks[n_ks++] = (keyed_step){(K), (T), {__VA_ARGS__}};                                        \
+    } while (0)
+    int n_blocking = 0;
+    for (int i = 0; i < N; i++) {
+        cnode *n = &c->nodes[i];
+        if (acoll[i]) {
+            n->store = true;
+            continue;
+        }
+        if (n->group >= 0) {
+            const cgroup *g = &c->groups[n->group];
+            n->store = g->root == i || is_kept(u, i);
+            if (g->root != i) continue;
+            PUSH(mkkey(i, KEY_BASE), i, .kind = STEP_KERNEL, .group = n->group, .kernel = -1, .node = i,
+                 .scratch_buf = -1, .coll = -1);
+        } else if (n->kind == CK_BUILTIN) {
+            n->store = true;
+            PUSH(mkkey(i, KEY_BASE), i, .kind = STEP_BUILTIN, .group = -1, .kernel = -1, .node = i,
+                 .scratch_buf = -1, .coll = -1);
+            if (is_collective_op(n->op)) n_blocking++;
+        } else {
+            n->store = n->kind == CK_LEAF || n->kind == CK_VIEW;
+        }
+    }
+    for (int k = 0; k < c->n_colls; k++) {
+        const ccoll *cl = &c->colls[k];
+        int64_t last_pack = 0, first_wait = INT64_MAX;
+        for (int m = 0; m < cl->n_members; m++) {
+            int i = cl->members[m];
+            PUSH(pack[i], i, .kind = STEP_COLL_PACK, .group = -1, .kernel = -1, .node = i, .scratch_buf = -1,
+                 .coll = k);
+            if (m == 0 || pack[i] > last_pack) last_pack = pack[i];
+            if (wait[i] < first_wait) first_wait = wait[i];
+        }
+        /* START right after the last PACK of its kind at that node (KEY_PACK -> KEY_START,
+         * KEY_PF_PACK -> KEY_PF_START) */
+        PUSH(last_pack + 1, N + k, .kind = STEP_COLL_START, .group = -1, .kernel = -1, .node = cl->members[0],
+             .scratch_buf = -1, .coll = k);
+        PUSH(first_wait, N + k, .kind = STEP_COLL_WAIT, .group = -1, .kernel = -1, .node = cl->members[0],
+             .scratch_buf = -1, .coll = k);
+    }
+#undef PUSH
+    qsort(ks, (size_t)n_ks, sizeof *ks, cmp_keyed);
+    int n_kernels = 0;
+    for (int j = 0; j < n_ks; j++) {
+        cstep s = ks[j].s;
+        if (s.kind == STEP_KERNEL) s.kernel = n_kernels++;
+        if (s.kind == STEP_COLL_START) c->colls[s.coll].start_step = c->n_steps;
+        if (s.kind == STEP_COLL_WAIT) c->colls[s.coll].wait_step = c->n_steps;
+        if (!add_step(c, s)) goto nomem;
+    }
+    c->stats.n_kernels = n_kernels;
+    c->stats.n_builtin = c->n_steps - n_kernels;
+    c->stats.n_steps = c->n_steps;
+    c->stats.n_coll_async = c->n_colls;
+    c->stats.n_coll_calls = c->n_colls + n_blocking;
+    goto out;
+nomem:
+    st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: schedule");
+out:
+    jdt_free(acoll);
+    jdt_free(pack);
+    jdt_free(wait);
+    jdt_free(cand);
+    jdt_free(pf);
+    jdt_free(bucket);
+    jdt_free(ks);
+    return st;
+}
+
 jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
 {
     user_lists u = {0};
@@ -196,33 +446,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
     for (int g = 0; g < c->n_groups; g++)
         sort_members(&c->groups[g]);
 
-    /* schedule: node order; stores */
-    int n_kernels = 0;
-    for (int i = 0; i < c->n_nodes; i++) {
-        cnode *n = &c->nodes[i];
-        cstep s = {.group = -1, .kernel = -1, .node = i, .scratch_buf = -1};
-        if (n->group >= 0) {
-            const cgroup *g = &c->groups[n->group];
-            n->store = g->root == i || is_kept(&u, i);
-            if (g->root != i) continue;
-            s.kind = STEP_KERNEL;
-            s.group = n->group;
-            s.kernel = n_kernels++;
-        } else if (n->kind == CK_BUILTIN) {
-            n->store = true;
-            s.kind = STEP_BUILTIN;
-        } else {
-            n->store = n->kind == CK_LEAF || n->kind == CK_VIEW;
-            continue;
-        }
-        if (!add_step(c, s)) {
-            st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: schedule");
-            goto out;
-        }
-    }
-    c->stats.n_kernels = n_kernels;
-    c->stats.n_builtin = c->n_steps - n_kernels;
-    c->stats.n_steps = c->n_steps;
+    st = schedule(c, &u, e);
 out:
     jdt_free(u.start);
     jdt_free(u.users);
@@ -309,6 +533,7 @@ static int add_buf(cprog *c, jdt_buf_kind kind, int64_t n_bytes, int leaf_node)
     b->info.def_step = -1;
     b->info.last_step = -1;
     b->info.inplace_of = -1;
+    b->info.slot_of = -1;
     b->leaf_node = leaf_node;
     return c->n_bufs++;
 }
@@ -322,6 +547,17 @@ static int64_t node_bytes(const cnode *n)
 static void step_reads(const cprog *c, int s, void (*fn)(cprog *, int, int, void *), void *ctx)
 {
     const cstep *st = &c->steps[s];
+    if (st->kind == STEP_COLL_PACK) {
+        fn((cprog *)c, s, c->nodes[st->node].in[0], ctx);
+        return;
+    }
+    if (st->kind == STEP_COLL_WAIT) { /* the members stay live (and untouched) up to here */
+        const ccoll *k = &c->colls[st->coll];
+        for (int m = 0; m < k->n_members; m++)
+            fn((cprog *)c, s, k->members[m], ctx);
+        return;
+    }
+    if (st->kind == STEP_COLL_START) return;
     if (st->kind == STEP_BUILTIN) {
         const cnode *n = &c->nodes[st->node];
         for (int k = 0; k < n->n_in; k++)
@@ -384,7 +620,7 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
 static bool dies_in_plan(const cprog *c, int b, const int *last, int S)
 {
     const cbuf *cb = &c->bufs[b];
-    return cb->info.kind == JDT_BUF_ARENA && cb->info.def_step != -2 && last[b] >= 0 &&
+    return cb->info.kind == JDT_BUF_ARENA && cb->info.slot_of < 0 && cb->info.def_step != -2 && last[b] >= 0 &&
            last[b] < S && cb->info.def_step <= last[b];
 }
 
@@ -411,8 +647,30 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                          n->kind == CK_LEAF ? i : -1);
         if (n->buf < 0) goto nomem;
     }
+    /* asynchronous collectives: a bucket is one buffer whose slots are its members' buffers;
+     * a reduce-scatter works in a full-size scratch live from its PACK to its WAIT */
+    for (int k = 0; k < c->n_colls; k++) {
+        ccoll *cl = &c->colls[k];
+        if (cl->n_members > 1) {
+            if ((cl->buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * 4, -1)) < 0) goto nomem;
+            for (int m = 0; m < cl->n_members; m++)
+                c->bufs[c->nodes[cl->members[m]].buf].info.slot_of = cl->buf;
+        }
+        if (c->nodes[cl->members[0]].op == JDT_OP_REDUCE_SCATTER) {
+            if ((cl->scratch_buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * 4, -1)) < 0) goto nomem;
+            c->bufs[cl->scratch_buf].info.last_step = cl->wait_step;
+        }
+    }
     for (int s = 0; s < S; s++) {
         cstep *sp = &c->steps[s];
+        if (sp->kind == STEP_COLL_PACK) {
+            const ccoll *cl = &c->colls[sp->coll];
+            c->bufs[c->nodes[sp->node].buf].info.def_step = s;
+            if (cl->buf >= 0 && sp->node == cl->members[0]) c->bufs[cl->buf].info.def_step = s;
+            if (cl->scratch_buf >= 0) c->bufs[cl->scratch_buf].info.def_step = s;
+            continue;
+        }
+        if (sp->kind == STEP_COLL_START || sp->kind == STEP_COLL_WAIT) continue;
         if (sp->kind == STEP_BUILTIN) {
             c->bufs[c->nodes[sp->node].buf].info.def_step = s;
             int64_t sb = builtin_scratch_bytes(c, &c->nodes[sp->node]);
@@ -442,6 +700,16 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         last[c->nodes[c->outputs[i]].buf] = S;
     for (int i = 0; i < c->n_updates; i++)
         last[c->nodes[c->updates[i].value].buf] = S;
+    /* a bucket lives until its last slot is read; slots are never placed, freed or taken over */
+    for (int k = 0; k < c->n_colls; k++) {
+        const ccoll *cl = &c->colls[k];
+        if (cl->buf < 0) continue;
+        for (int m = 0; m < cl->n_members; m++) {
+            int b = c->nodes[cl->members[m]].buf;
+            if (last[b] > last[cl->buf]) last[cl->buf] = last[b];
+            taken[b] = true;
+        }
+    }
 
     /* 3. donation of updates */
     /* a value that updates several leaves can be donated to the first one only: mark the
@@ -503,7 +771,13 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     for (int s = 0; s < S; s++) {
         cstep *sp = &c->steps[s];
         int outs[JDT_GROUP_MAX_STORES + 2], n_outs = 0;
-        if (sp->kind == STEP_BUILTIN) {
+        if (sp->kind == STEP_COLL_PACK) {
+            const ccoll *cl = &c->colls[sp->coll];
+            if (cl->buf < 0) outs[n_outs++] = c->nodes[sp->node].buf;
+            else if (sp->node == cl->members[0]) outs[n_outs++] = cl->buf;
+            if (cl->scratch_buf >= 0) outs[n_outs++] = cl->scratch_buf;
+        } else if (sp->kind == STEP_COLL_START || sp->kind == STEP_COLL_WAIT) {
+        } else if (sp->kind == STEP_BUILTIN) {
             outs[n_outs++] = c->nodes[sp->node].buf;
             if (sp->scratch_buf >= 0) outs[n_outs++] = sp->scratch_buf;
         } else {
@@ -543,6 +817,15 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         for (int k = die_start[s]; k < die_start[s + 1]; k++) {
             const cbuf *cb = &c->bufs[die[k]];
             if (!taken[die[k]] && !arena_give(&A, cb->info.offset, cb->info.n_bytes)) goto nomem;
+        }
+    }
+    for (int k = 0; k < c->n_colls; k++) { /* slots side by side, in member order */
+        const ccoll *cl = &c->colls[k];
+        int64_t off = cl->buf >= 0 ? c->bufs[cl->buf].info.offset : 0;
+        for (int m = 0; m < cl->n_members && cl->buf >= 0; m++) {
+            cbuf *sb = &c->bufs[c->nodes[cl->members[m]].buf];
+            sb->info.offset = off;
+            off += sb->info.n_bytes;
         }
     }
     for (int b = 0; b < c->n_bufs; b++) {

@@ -167,6 +167,9 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if (opts) c->opts = *opts;
     p->dev = c->opts.device ? c->opts.device : jdt_device_cpu_default();
     c->scratch_bytes = p->dev->vt->scratch_bytes;
+    /* start/wait collectives are the CPU backend's (CUDA: NCCL orders them on its stream) */
+    if (p->dev->vt != &jdt_backend_cpu && p->dev->vt != &jdt_backend_cuda_emulated)
+        c->opts.collective_start = NULL, c->opts.collective_wait = NULL;
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
     if (c->nt < 1) c->nt = 1;
 
@@ -206,6 +209,11 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
             if (sp->kind == STEP_KERNEL)
                 snprintf(p->step_name[s], sizeof p->step_name[s], "fused:%s",
                          jdt_op_name(c->nodes[c->groups[sp->group].root].op));
+            else if (sp->kind != STEP_BUILTIN) /* a bucket is named by its first member */
+                snprintf(p->step_name[s], sizeof p->step_name[s], "%s:%s",
+                         jdt_op_name(c->nodes[sp->node].op),
+                         sp->kind == STEP_COLL_PACK ? "pack"
+                         : sp->kind == STEP_COLL_START ? "start" : "wait");
             else
                 snprintf(p->step_name[s], sizeof p->step_name[s], "%s",
                          jdt_op_name(c->nodes[sp->node].op));
@@ -271,7 +279,9 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
 char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
 {
     const cprog *c = &p->c;
-    enum { MAX_KINDS = 2 * JDT_OP_COUNT + 1 };
+    /* kinds: fused kernels by root op, builtins by op, then collective pack / start / wait by
+     * op, last: update copies */
+    enum { MAX_KINDS = 5 * JDT_OP_COUNT + 1 };
     double t[MAX_KINDS] = {0}, total = 0.0;
     int count[MAX_KINDS] = {0};
     size_t off = 0;
@@ -280,11 +290,13 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
         snprintf(buf, n, "no profile (compile with opts.profile and run)\n");
         return buf;
     }
-    /* kinds: 0..OP_COUNT-1 fused kernels by root op, OP_COUNT.. builtins, last: copies */
     for (int s = 0; s < c->n_steps; s++) {
         const cstep *sp = &c->steps[s];
         int k = sp->kind == STEP_KERNEL ? (int)c->nodes[c->groups[sp->group].root].op
-                                        : JDT_OP_COUNT + (int)c->nodes[sp->node].op;
+                : sp->kind == STEP_BUILTIN ? JDT_OP_COUNT + (int)c->nodes[sp->node].op
+                : (sp->kind == STEP_COLL_PACK    ? 2
+                   : sp->kind == STEP_COLL_START ? 3
+                                                 : 4) * JDT_OP_COUNT + (int)c->nodes[sp->node].op;
         t[k] += p->step_s[s];
         count[k]++;
         total += p->step_s[s];
@@ -299,13 +311,15 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
         for (int k = 0; k < MAX_KINDS; k++)
             if (count[k] > 0 && (best < 0 || t[k] > t[best])) best = k;
         if (best < 0 || off >= n) break;
+        static const char *const part[5] = {"", "", " pack", " start", " wait"};
+        const int cls = best / JDT_OP_COUNT;
         const char *what = best == MAX_KINDS - 1 ? "update copies"
-                           : best < JDT_OP_COUNT ? jdt_op_name((jdt_op)best)
-                                                 : jdt_op_name((jdt_op)(best - JDT_OP_COUNT));
-        off +=
-            (size_t)snprintf(buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %s%s\n",
-                             total > 0 ? 100.0 * t[best] / total : 0.0, t[best] * 1e3 / p->n_runs,
-                             count[best], best < JDT_OP_COUNT ? "fused:" : "", what);
+                                                 : jdt_op_name((jdt_op)(best % JDT_OP_COUNT));
+        off += (size_t)snprintf(buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %s%s%s\n",
+                                total > 0 ? 100.0 * t[best] / total : 0.0,
+                                t[best] * 1e3 / p->n_runs, count[best],
+                                best < JDT_OP_COUNT ? "fused:" : "", what,
+                                best == MAX_KINDS - 1 ? "" : part[cls]);
         count[best] = 0;
     }
     return buf;
@@ -376,6 +390,9 @@ void jdt_program_free(jdt_program *p)
     jdt_free(c->updates);
     jdt_free(c->steps);
     jdt_free(c->bufs);
+    for (int k = 0; k < c->n_colls; k++)
+        jdt_free(c->colls[k].members);
+    jdt_free(c->colls);
     if (p->state) p->dev->vt->release(p->state);
     jdt_free(p->step_s);
     jdt_free(p->step_name);

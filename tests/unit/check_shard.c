@@ -294,6 +294,189 @@ START_TEST(test_gather_scatter_ops)
 }
 END_TEST
 
+/* ---- start/wait collectives (docs/compiler.md "Collectives") -------------------------------- */
+
+/* A started collective of the fake async communicator: a snapshot of its buffer at start. */
+typedef struct {
+    int kind;
+    float *buf, *snap;
+    size_t n;
+} fake_work;
+static int g_started, g_pending;
+
+static jdt_status fake_start(void *ctx, int group, int kind, jdt_dtype dt, void *buf, size_t n,
+                             void **handle, jdt_err *e)
+{
+    (void)ctx, (void)group, (void)e;
+    ck_assert_int_eq(dt, JDT_DTYPE_F32);
+    fake_work *w = malloc(sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    w->kind = kind;
+    w->buf = buf;
+    w->n = n;
+    w->snap = malloc(n * sizeof(float) + 1);
+    memcpy(w->snap, buf, n * sizeof(float));
+    g_started++;
+    g_pending++;
+    *handle = w;
+    return JDT_OK;
+}
+
+/* The window check: nothing may have written the buffer between start and wait. Then the
+ * twin group's collective, as the blocking path runs it. */
+static jdt_status fake_wait(void *ctx, void *handle, jdt_err *e)
+{
+    fake_work *w = handle;
+    ck_assert_msg(memcmp(w->buf, w->snap, w->n * sizeof(float)) == 0,
+                  "a collective's buffer (%zu floats) was written between its start and wait",
+                  w->n);
+    jdt_status st = twin_collective(ctx, 0, w->kind, JDT_DTYPE_F32, w->buf, w->n, e);
+    g_pending--;
+    free(w->snap);
+    free(w);
+    return st;
+}
+
+#define OV_MAX_TRACE 512
+static const char *g_trace[OV_MAX_TRACE];
+static int g_n_trace;
+static void ov_trace(void *ctx, const char *name, double t0, double t1)
+{
+    (void)ctx, (void)t0, (void)t1;
+    if (g_n_trace < OV_MAX_TRACE) g_trace[g_n_trace++] = name;
+}
+
+/* FSDP-style step: 3 layers h = tanh(x @ all_gather(W_l) + b_l), loss = sum(h^2); the weight
+ * gradients are reduce-scattered (the gather's VJP), the bias gradients all-reduced (scale
+ * 0.5, the data-parallel mean), every parameter updated by SGD. Outputs: loss, gradients. */
+static jdt_graph *overlap_graph(jdt_tensor **P, float *pv, float *xv)
+{
+    jdt_graph *g = jdt_graph_new();
+    const int64_t xd[2] = {4, 8}, wd[2] = {4, 8}, bd[1] = {8};
+    jdt_tensor *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 2, xd, NULL), *h = x;
+    x->data = xv;
+    for (int l = 0; l < 3; l++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "w%d", l);
+        P[2 * l] = jdt_graph_param(g, nm, JDT_DTYPE_F32, 2, wd, NULL);
+        snprintf(nm, sizeof nm, "b%d", l);
+        P[2 * l + 1] = jdt_graph_param(g, nm, JDT_DTYPE_F32, 1, bd, NULL);
+        P[2 * l]->data = pv + l * 40;
+        P[2 * l + 1]->data = pv + l * 40 + 32;
+        jdt_tensor *wg = jdt_graph_all_gather(g, P[2 * l], 1, 2, 0); /* (8, 8) */
+        jdt_tensor *z = jdt_graph_matmul(g, h, wg, false, false);
+        h = jdt_graph_tanh(g, jdt_graph_add(g, z, jdt_graph_broadcast(g, P[2 * l + 1], 2, xd)));
+    }
+    jdt_tensor *loss = jdt_graph_reduce_sum(g, jdt_graph_mul(g, h, h), 3u, false), *G[6];
+    jdt_err e;
+    ck_assert_int_eq(jdt_autodiff_grad(g, loss, 6, P, G, &e), JDT_OK);
+    jdt_graph_add_output(g, loss);
+    for (int i = 0; i < 6; i++) {
+        if (i % 2) G[i] = jdt_graph_all_reduce(g, G[i], 2, 0, 0.5);
+        jdt_graph_add_output(g, G[i]);
+        jdt_graph_add_update(g, P[i], jdt_graph_sub(g, P[i], jdt_graph_mul_scalar(g, G[i], 0.1)));
+    }
+    return g;
+}
+
+/* Runs the step twice (the second run sees the updated parameters) with the given schedule;
+ * out receives the outputs of the second run and the parameters after it (7 + 120 floats
+ * max). */
+static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *stats)
+{
+    float pv[120], xv[32];
+    for (int i = 0; i < 120; i++) pv[i] = 0.05f * (float)((i * 37) % 23 - 11);
+    for (int i = 0; i < 32; i++) xv[i] = 0.1f * (float)((i * 13) % 17 - 8);
+    jdt_tensor *P[6];
+    jdt_graph *g = overlap_graph(P, pv, xv);
+    jdt_compile_opts o;
+    jdt_compile_opts_init(&o);
+    char cache[] = "/tmp/jdt-check-overlap-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(cache));
+    o.cache_dir = cache;
+    o.collective = twin_collective;
+    o.no_jit = mode == 0; /* 0 interpreter, 1 blocking, 2 start/wait, 3 start/wait + buckets */
+    if (mode >= 2) {
+        o.collective_start = fake_start;
+        o.collective_wait = fake_wait;
+        o.trace = ov_trace;
+    }
+    if (mode == 3) o.bucket_bytes = 1 << 20;
+    jdt_program *prog = NULL;
+    jdt_err e;
+    ck_assert_msg(jdt_program_compile(g, &o, &prog, &e) == JDT_OK, "%s", e.msg);
+    g_started = g_pending = g_n_trace = 0;
+    for (int r = 0; r < 2; r++) {
+        g_n_trace = 0;
+        ck_assert_msg(jdt_program_run(prog, &e) == JDT_OK, "%s", e.msg);
+        ck_assert_int_eq(g_pending, 0); /* every start was waited within the run */
+    }
+    size_t k = 0;
+    for (int i = 0; i < 7; i++) {
+        const jdt_tensor *t = jdt_graph_output(g, i);
+        const float *v = jdt_program_output(prog, i);
+        for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++) out[k++] = v[j];
+    }
+    for (int i = 0; i < 120; i++) out[k++] = pv[i];
+    *n_out = k;
+    *stats = *jdt_program_stats(prog);
+    if (mode >= 2) { /* bucket slots lie inside their bucket, which is live across them */
+        for (int b = 0; b < jdt_program_n_buffers(prog); b++) {
+            jdt_buf_info a, bk;
+            jdt_program_buffer(prog, b, &a);
+            if (a.slot_of < 0) continue;
+            ck_assert(jdt_program_buffer(prog, a.slot_of, &bk));
+            ck_assert_int_ge(a.offset, bk.offset);
+            ck_assert_int_le(a.offset + a.n_bytes, bk.offset + bk.n_bytes);
+            ck_assert_int_le(bk.def_step, a.def_step);
+            ck_assert_int_ge(bk.last_step, a.last_step);
+        }
+    }
+    jdt_program_free(prog);
+    jdt_graph_free(g);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_overlap_window)
+{
+    float ref[300], blk[300], ov[300], bk[300];
+    size_t n_ref, n_blk, n_ov, n_bk;
+    jdt_compile_stats s_ref, s_blk, s_ov, s_bk;
+    overlap_run(0, ref, &n_ref, &s_ref);
+    overlap_run(1, blk, &n_blk, &s_blk);
+    overlap_run(2, ov, &n_ov, &s_ov);
+    /* the schedule of the start/wait program: a gradient's collective is issued before the
+     * last backward GEMM (it runs under it), and the weights' gathers are issued ahead */
+    int first_start = -1, last_matmul = -1;
+    for (int i = 0; i < g_n_trace; i++) {
+        if (strcmp(g_trace[i], "reduce_scatter:start") == 0 && first_start < 0) first_start = i;
+        if (strcmp(g_trace[i], "matmul") == 0) last_matmul = i;
+    }
+    ck_assert_int_ge(first_start, 0);
+    ck_assert_msg(first_start < last_matmul,
+                  "the first gradient reduce-scatter starts at step %d, after the last GEMM (%d)",
+                  first_start, last_matmul);
+    overlap_run(3, bk, &n_bk, &s_bk);
+    ck_assert_int_eq(n_ref, n_blk);
+    ck_assert_int_eq(n_ov, n_blk);
+    ck_assert_int_eq(n_bk, n_blk);
+    /* bitwise equal to the blocking schedule (the twins' sums do not depend on placement) */
+    ck_assert(memcmp(ov, blk, n_blk * sizeof(float)) == 0);
+    ck_assert(memcmp(bk, blk, n_blk * sizeof(float)) == 0);
+    for (size_t i = 0; i < n_ref; i++) /* and the interpreter agrees */
+        ck_assert_msg(fabsf(ref[i] - blk[i]) <= 1e-5f * (1.0f + fabsf(ref[i])), "value %zu: %g vs %g",
+                      i, ref[i], blk[i]);
+    /* 3 gathers + 3 reduce-scatters forward and backward, 3 bias all-reduces */
+    ck_assert_int_eq(s_blk.n_coll_async, 0);
+    ck_assert_int_eq(s_ov.n_coll_calls, 9);
+    ck_assert_int_eq(s_ov.n_coll_async, 9);
+    ck_assert_int_eq(s_bk.n_coll_bucketed, 3); /* the bias all-reduces: one bucket */
+    ck_assert_int_eq(s_bk.n_coll_calls, 7);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("shard");
@@ -305,6 +488,7 @@ int main(void)
     tcase_add_test(tc, test_copy_block);
     tcase_add_test(tc, test_partition_fsdp_and_tensor);
     tcase_add_test(tc, test_gather_scatter_ops);
+    tcase_add_test(tc, test_overlap_window);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -33,6 +33,7 @@ typedef struct {
     void **ptrs;              /* (n_bufs) */
     unsigned char *arena;     /* (arena_bytes) */
     float *coll_scratch; /* (largest all-gather / reduce-scatter tensor) their permuting copy */
+    void **handles;      /* (n_colls) started asynchronous collectives, NULL when not pending */
     char *src;
 } cpu_prog;
 
@@ -256,10 +257,114 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     return JDT_OK;
 }
 
+/* ---- asynchronous collectives (STEP_COLL_*, see compile-impl.h) ---------------------------- */
+
+/* The (outer, k, blk) view of an all-gather / reduce-scatter's full tensor along its axis. */
+static void coll_dims(const cprog *c, const cnode *n, int64_t *k, int64_t *nf, int64_t *outer,
+                      int64_t *blk)
+{
+    const jdt_shape *full = n->op == JDT_OP_ALL_GATHER ? &n->shape : &c->nodes[n->in[0]].shape;
+    *k = n->attrs.i[2];
+    *nf = jdt_shape_numel(full);
+    *outer = 1;
+    for (int d = 0; d < (int)n->attrs.i[1]; d++)
+        *outer *= full->dims[d];
+    *blk = *outer ? *nf / *k / *outer : 0;
+}
+
+/* PACK: the member's input into the buffer the collective runs on. */
+static void coll_pack(cpu_prog *p, const cstep *sp)
+{
+    const cprog *c = p->c;
+    const ccoll *cl = &c->colls[sp->coll];
+    const cnode *n = &c->nodes[sp->node];
+    const float *x = ptr_of(p, n->in[0]);
+    float *o = ptr_of(p, sp->node);
+    if (n->op == JDT_OP_ALL_REDUCE) {
+        if (o != x) memcpy(o, x, (size_t)jdt_shape_numel(&n->shape) * sizeof(float));
+        return;
+    }
+    int64_t k, nf, outer, blk;
+    coll_dims(c, n, &k, &nf, &outer, &blk);
+    if (n->op == JDT_OP_ALL_GATHER) {
+        memmove(o, x, (size_t)(nf / k) * sizeof *o);
+        return;
+    }
+    float *tmp = p->ptrs[cl->scratch_buf];
+    if (outer > 1) jdt_permute_blocks_f32(x, tmp, k, outer, blk, false);
+    else memcpy(tmp, x, (size_t)nf * sizeof *tmp);
+}
+
+static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
+{
+    const cprog *c = p->c;
+    const ccoll *cl = &c->colls[sp->coll];
+    const cnode *n = &c->nodes[cl->members[0]];
+    void *buf = cl->buf >= 0                          ? p->ptrs[cl->buf]
+                : n->op == JDT_OP_REDUCE_SCATTER ? p->ptrs[cl->scratch_buf]
+                                                  : ptr_of(p, cl->members[0]);
+    const int kind = n->op == JDT_OP_ALL_REDUCE   ? (int)n->attrs.i[1]
+                     : n->op == JDT_OP_ALL_GATHER ? JDT_COLL_ALLGATHER
+                                                  : JDT_COLL_REDUCE_SCATTER;
+    return c->opts.collective_start(c->opts.collective_ctx, (int)n->attrs.i[0], kind,
+                                    JDT_DTYPE_F32, buf, (size_t)cl->n_elems,
+                                    &p->handles[sp->coll], e);
+}
+
+/* WAIT: the collective, then each member's finish (scale, unpermute, the scattered part). */
+static jdt_status coll_wait(cpu_prog *p, const cstep *sp, jdt_err *e)
+{
+    const cprog *c = p->c;
+    const ccoll *cl = &c->colls[sp->coll];
+    void *h = p->handles[sp->coll];
+    p->handles[sp->coll] = NULL;
+    jdt_status st = c->opts.collective_wait(c->opts.collective_ctx, h, e);
+    if (st != JDT_OK) return st;
+    for (int m = 0; m < cl->n_members; m++) {
+        const cnode *n = &c->nodes[cl->members[m]];
+        float *o = ptr_of(p, cl->members[m]);
+        const float sc = (float)n->attrs.f[0];
+        int64_t k, nf, outer, blk;
+        if (n->op == JDT_OP_ALL_REDUCE) {
+            const int64_t n_el = jdt_shape_numel(&n->shape);
+            for (int64_t i = 0; sc != 1.0f && i < n_el; i++)
+                o[i] *= sc;
+            continue;
+        }
+        coll_dims(c, n, &k, &nf, &outer, &blk);
+        if (n->op == JDT_OP_ALL_GATHER) {
+            if (outer > 1) {
+                memcpy(p->coll_scratch, o, (size_t)nf * sizeof *o);
+                jdt_permute_blocks_f32(p->coll_scratch, o, k, outer, blk, true);
+            }
+        } else {
+            const float *tmp = p->ptrs[cl->scratch_buf];
+            for (int64_t i = 0; i < nf / k; i++)
+                o[i] = tmp[i] * sc;
+        }
+    }
+    return JDT_OK;
+}
+
+/* Waits for every collective still pending (after a failed step: each started one must be
+ * waited once); their statuses are dropped, the failure that stopped the run is reported. */
+static void coll_drain(cpu_prog *p)
+{
+    for (int k = 0; k < p->c->n_colls && p->handles; k++) {
+        if (!p->handles[k]) continue;
+        jdt_err ignored;
+        jdt_err_clear(&ignored);
+        p->c->opts.collective_wait(p->c->opts.collective_ctx, p->handles[k], &ignored);
+        p->handles[k] = NULL;
+    }
+}
+
 static void cpu_release(void *state)
 {
     cpu_prog *p = state;
     if (!p) return;
+    coll_drain(p);
+    jdt_free(p->handles);
     jdt_free(p->ptrs);
     jdt_free_aligned(p->arena);
     jdt_free(p->coll_scratch);
@@ -318,7 +423,8 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
     }
     p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
-    if (!p->arena || !p->ptrs) {
+    p->handles = jdt_calloc((size_t)c->n_colls + 1, sizeof(void *));
+    if (!p->arena || !p->ptrs || !p->handles) {
         st = jdt_err_set(e, JDT_ERR_NOMEM,
                          "compile: out of memory allocating the %.1f MiB arena for intermediates",
                          (double)c->arena_bytes / 1048576.0);
@@ -383,7 +489,16 @@ static jdt_status cpu_step(void *state, int s, jdt_err *e)
         p->kernels[sp->kernel]((void *const *)p->ptrs);
         return JDT_OK;
     }
-    return run_builtin(p, sp, e);
+    jdt_status st = JDT_OK;
+    switch (sp->kind) {
+    case STEP_COLL_PACK: coll_pack(p, sp); break;
+    case STEP_COLL_START: st = coll_start(p, sp, e); break;
+    case STEP_COLL_WAIT: st = coll_wait(p, sp, e); break;
+    case STEP_KERNEL: /* handled above */
+    case STEP_BUILTIN: st = run_builtin(p, sp, e); break;
+    }
+    if (st != JDT_OK) coll_drain(p);
+    return st;
 }
 
 static jdt_status cpu_finish(void *state, jdt_err *e)
