@@ -42,13 +42,53 @@ static void clone_block(jdt_graph *g, int n, int block, jdt_tensor **clone)
     }
 }
 
+/* An FSDP weight gather: ALL_GATHER of a parameter (not itself a recomputed copy). */
+static bool is_param_gather(const jdt_tensor *t)
+{
+    return t->op == JDT_OP_ALL_GATHER && !(t->flags & JDT_TENSOR_REMAT) &&
+           t->inputs[0]->op == JDT_OP_PARAM;
+}
+
+/* Reshard after forward (PyTorch FSDP's reshard_after_forward): a GEMM's VJP that reads an
+ * all-gathered parameter to propagate the cotangent to its other operand reads a fresh gather
+ * instead, made (once per gather) where the backward needs it, so the forward's gathered copy
+ * dies after its forward use instead of living until the backward. Swaps node's inputs to the
+ * re-gathered copies (restored by regather_restore); returns the mask of swapped inputs. */
+static unsigned regather_swap(jdt_graph *g, jdt_tensor *node, const bool *need,
+                              jdt_tensor **regather, jdt_tensor **saved)
+{
+    unsigned swapped = 0;
+    if (node->op != JDT_OP_MATMUL || !regather) return 0;
+    for (int k = 0; k < 2; k++) {
+        jdt_tensor *in = node->inputs[k];
+        if (!is_param_gather(in) || !need[1 - k]) continue;
+        if (!regather[in->id]) {
+            jdt_tensor *c = jdt_graph_op(g, in->op, 1, in->inputs, &in->attrs, in->dtype, &in->shape);
+            if (!c) return swapped; /* sticky graph error */
+            c->flags |= JDT_TENSOR_REMAT;
+            for (int d = 0; d < in->shape.ndim; d++) c->axes[d] = in->axes[d];
+            regather[in->id] = c;
+        }
+        saved[k] = in;
+        node->inputs[k] = regather[in->id];
+        swapped |= 1u << k;
+    }
+    return swapped;
+}
+
+static void regather_restore(jdt_tensor *node, unsigned swapped, jdt_tensor **saved)
+{
+    for (int k = 0; k < 2; k++)
+        if (swapped & (1u << k)) node->inputs[k] = saved[k];
+}
+
 jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
                                 jdt_tensor *const *params, jdt_tensor **grads, bool remat_blocks,
                                 jdt_err *e)
 {
     jdt_status st = JDT_OK;
     bool *dep = NULL, *live = NULL;
-    jdt_tensor **ct = NULL, **clone = NULL;
+    jdt_tensor **ct = NULL, **clone = NULL, **regather = NULL;
     int cloned_block = 0;
     for (int i = 0; i < n_params; i++)
         grads[i] = NULL;
@@ -77,7 +117,8 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
     live = jdt_calloc((size_t)n, sizeof *live);
     ct = jdt_calloc((size_t)n, sizeof *ct);
     if (remat_blocks) clone = jdt_calloc((size_t)n, sizeof *clone);
-    if (!dep || !live || !ct || (remat_blocks && !clone)) {
+    regather = jdt_calloc((size_t)n, sizeof *regather);
+    if (!dep || !live || !ct || (remat_blocks && !clone) || !regather) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "autodiff: out of memory for %d nodes", n);
         goto out;
     }
@@ -126,7 +167,10 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
                 info->name, i);
             goto out;
         }
+        jdt_tensor *saved[2] = {NULL, NULL};
+        const unsigned swapped = regather_swap(g, node, need, regather, saved);
         info->vjp(g, node, ct[i], need, dx);
+        regather_restore(node, swapped, saved);
         if ((st = jdt_graph_error(g, e)) != JDT_OK) {
             jdt_err_prefix(e, "autodiff: VJP of '%s' (node %d)", info->name, i);
             goto out;
@@ -162,5 +206,6 @@ out:
     jdt_free(live);
     jdt_free(ct);
     jdt_free(clone);
+    jdt_free(regather);
     return st;
 }

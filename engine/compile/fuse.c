@@ -180,8 +180,12 @@ static bool add_step(cprog *c, cstep s)
 enum { KEY_PF_PACK = 1, KEY_PF_START = 2, KEY_WAIT = 3, KEY_BASE = 4, KEY_PACK = 5, KEY_START = 6 };
 
 /* How many collectives of leaves (FSDP all-gathers of weights) are in flight ahead of their
- * use: about one transformer block's weights (q, k, v, o, fc, proj and the norm scales). */
-#define JDT_PREFETCH_COLLS 8
+ * use: one GPT block's GEMM weights (q, k, v, o, fc, proj). Measured on the benchmark GPT
+ * (docs/perf.md): 1..8 ahead change the planned arena by a few MiB either way (placement
+ * noise); the gathers are then prefetched a block ahead, forward and backward. */
+#define JDT_PREFETCH_COLLS 6
+/* Reduce-scatters in flight behind the backward (see schedule). */
+#define JDT_RS_IN_FLIGHT 2
 
 typedef struct {
     int64_t key; /* (k1 + 1) * 8 + k2 */
@@ -340,6 +344,17 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
     for (int j = 0; j < n_pf; j++) {
         bucket[pf[j]] = c->n_colls;
         if (!add_coll(c, &pf[j], 1, coll_elems(c, &c->nodes[pf[j]]))) goto nomem;
+    }
+    /* a reduce-scatter holds a full-size scratch until its wait, and its result is usually
+     * first read at the end of the backward (clipping, the optimizer): wait for it before the
+     * input of the JDT_RS_IN_FLIGHT-th next one is computed, as FSDP does, so the scratches of
+     * a whole backward are never live at once */
+    for (int a = 0; a + JDT_RS_IN_FLIGHT < n_cand; a++) {
+        const int i = cand[a].node, nx = cand[a + JDT_RS_IN_FLIGHT].node;
+        if (c->nodes[i].op != JDT_OP_REDUCE_SCATTER) continue;
+        const int p_next = producer_node(c, c->nodes[nx].in[0]);
+        if (p_next > producer_node(c, c->nodes[i].in[0]) && mkkey(p_next, KEY_WAIT) < wait[i])
+            wait[i] = mkkey(p_next, KEY_WAIT);
     }
 
     /* the keyed steps */

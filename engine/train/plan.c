@@ -24,6 +24,19 @@ static jdt_status plan_collective(void *ctx, int group, int kind, jdt_dtype dt, 
     return jdt_err_set(e, JDT_ERR_INTERNAL, "inspect: the planned step cannot run");
 }
 
+static jdt_status plan_collective_start(void *ctx, int group, int kind, jdt_dtype dt, void *buf,
+                                        size_t n_elems, void **handle, jdt_err *e)
+{
+    (void)ctx, (void)group, (void)kind, (void)dt, (void)buf, (void)n_elems, (void)handle;
+    return jdt_err_set(e, JDT_ERR_INTERNAL, "inspect: the planned step cannot run");
+}
+
+static jdt_status plan_collective_wait(void *ctx, void *handle, jdt_err *e)
+{
+    (void)ctx, (void)handle;
+    return jdt_err_set(e, JDT_ERR_INTERNAL, "inspect: the planned step cannot run");
+}
+
 /* "3.14 GiB" style (binary units) into buf; returns buf. */
 static const char *fmt_bytes(double b, char *buf, size_t n)
 {
@@ -292,7 +305,15 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
     so.use_jit = cfg->runtime.jit || !compile;
     so.plan_only = !compile;
     jdt_train_compile_opts(cfg, &so.copts);
-    if (world > 1) so.copts.collective = plan_collective;
+    if (world > 1) {
+        so.copts.collective = plan_collective;
+        /* the schedule and memory plan the trainer compiles (loop.c make_step) */
+        if (cpu && cfg->runtime.overlap_comm) {
+            so.copts.collective_start = plan_collective_start;
+            so.copts.collective_wait = plan_collective_wait;
+            so.copts.bucket_bytes = (int64_t)cfg->runtime.bucket_mb << 20;
+        }
+    }
     /* a CUDA step is planned (and with compile, emitted as CUDA source) by the CUDA backend
      * without a GPU: its memory plan is that device's */
     jdt_device *dev = NULL;
