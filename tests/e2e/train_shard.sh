@@ -8,7 +8,8 @@
 # gradients into visible updates; measured max 1e-5). Also: inspect's per-device figure for
 # fsdp=2 is about half the single-process one; a fsdp x tensor checkpoint resumes on fsdp=2 and on one
 # process, and `eval` of it on that mesh is one distributed evaluation with the one-process
-# loss; a bad mesh or rule is one config error, exit 2, before any rank starts.
+# loss; a bad mesh or rule is one config error, exit 2, before any rank starts; overlapped
+# (start/wait) collectives give bitwise the losses and state of the blocking schedule.
 # The launcher binds its coordinator port itself (port 0), so parallel runs cannot collide.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
@@ -43,6 +44,28 @@ run_model() { # $1 label, $2 config, $3 run name, $4 common overrides
 
 T="data.batch_size=8 data.micro_batch_size=4"
 run_model gpt configs/tiny.yaml tiny "$T"
+
+# start/wait collectives (docs/compiler.md "Collectives") change when data moves, never the
+# numbers: the blocking schedule gives bitwise the same losses and state. Buckets keep that for
+# groups of two (the fsdp=2 run above used the default 4 MiB buckets); groups of four compare
+# unbucketed.
+blocking() { # $1 label, $2 nproc, $3 mesh, $4 run dir of the overlapped run, $5 extra overrides
+  local C="configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T"
+  "$BIN" --nproc "$2" $C run.out_dir="$TMP/blk_$1" $3 runtime.overlap_comm=false >/dev/null 2>"$TMP/err" \
+    || { tail -n 8 "$TMP/err"; fail "blocking $3"; }
+  cmp -s <(losses "$4/tiny/metrics.jsonl") <(losses "$TMP/blk_$1/tiny/metrics.jsonl") \
+    || fail "$3: overlapped and blocking collectives give different losses"
+  for grp in /params /opt; do
+    h5diff "$4/tiny/ckpt/step_000020/state.h5" "$TMP/blk_$1/tiny/ckpt/step_000020/state.h5" $grp \
+      >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "$3: overlapped and blocking $grp differ"; }
+  done
+  echo "$3: overlapped collectives${5:-} = blocking schedule, bitwise (losses and state)"
+}
+blocking fsdp2 2 "mesh.fsdp=2" "$TMP/gpt/mesh_fsdp_2"
+"$BIN" --nproc 4 configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T \
+  mesh.fsdp=2 mesh.tensor=2 runtime.bucket_mb=0 run.out_dir="$TMP/ovl_2x2" >/dev/null 2>"$TMP/err" \
+  || { tail -n 8 "$TMP/err"; fail "overlapped 2x2"; }
+blocking 2x2 4 "mesh.fsdp=2 mesh.tensor=2" "$TMP/ovl_2x2" " (unbucketed)"
 run_model gpt-gqa-swiglu-untied configs/tiny.yaml tiny \
   "$T model.n_kv_head=2 model.activation=swiglu model.tie_embeddings=false model.pos=rope model.norm=rmsnorm"
 run_model mlp configs/mlp.yaml mlp "data.batch_size=32 model.in_dim=64 model.hidden_dim=64"
