@@ -81,6 +81,8 @@ typedef struct {
     int buf;         /* bucket buffer (n_members > 1) or -1: the member's own buffer */
     int scratch_buf; /* reduce-scatter: the permuted full input, live from PACK to WAIT; or -1 */
     int start_step, wait_step;
+    bool inline_run; /* nothing runs between START and WAIT: START runs it blocking (no thread
+                        hand-off), WAIT only finishes */
 } ccoll;
 
 typedef struct {

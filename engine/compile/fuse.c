@@ -415,7 +415,13 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
     c->stats.n_kernels = n_kernels;
     c->stats.n_builtin = c->n_steps - n_kernels;
     c->stats.n_steps = c->n_steps;
-    c->stats.n_coll_async = c->n_colls;
+    int n_inline = 0;
+    for (int k = 0; k < c->n_colls; k++) {
+        ccoll *cl = &c->colls[k];
+        cl->inline_run = cl->wait_step == cl->start_step + 1;
+        n_inline += cl->inline_run;
+    }
+    c->stats.n_coll_async = c->n_colls - n_inline;
     c->stats.n_coll_calls = c->n_colls + n_blocking;
     goto out;
 nomem:

@@ -173,6 +173,17 @@ static void print_collectives(const jdt_step *s, const jdt_config *cfg, FILE *f,
                 jdt_mesh_axes_str(g, ax, sizeof ax), (long long)count,
                 fmt_bytes(moved, b1, sizeof b1), fmt_bytes(sent, b2, sizeof b2));
     }
+    /* what the compiled schedule issues (docs/compiler.md, "Collectives") */
+    for (int p = 0; p < 2; p++) {
+        const jdt_compile_stats *cs =
+            jdt_step_prog_stats(s, p ? JDT_STEP_PROG_APPLY : JDT_STEP_PROG_MAIN);
+        if (!cs || cs->n_coll_calls == 0) continue;
+        fprintf(f,
+                "    issued by the %s program: %d calls per run, %d of them start/wait pairs "
+                "under compute, %d all-reduces coalesced into buckets of <= %d MiB\n",
+                p ? "apply" : accum ? "micro-batch" : "train-step", cs->n_coll_calls,
+                cs->n_coll_async, cs->n_coll_bucketed, cfg->runtime.bucket_mb);
+    }
     jdt_free(tab.rows);
 }
 

@@ -306,6 +306,9 @@ static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
     const int kind = n->op == JDT_OP_ALL_REDUCE   ? (int)n->attrs.i[1]
                      : n->op == JDT_OP_ALL_GATHER ? JDT_COLL_ALLGATHER
                                                   : JDT_COLL_REDUCE_SCATTER;
+    if (cl->inline_run) /* waited for right away: blocking saves the thread hand-offs */
+        return c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], kind,
+                                  JDT_DTYPE_F32, buf, (size_t)cl->n_elems, e);
     return c->opts.collective_start(c->opts.collective_ctx, (int)n->attrs.i[0], kind,
                                     JDT_DTYPE_F32, buf, (size_t)cl->n_elems,
                                     &p->handles[sp->coll], e);
@@ -318,7 +321,7 @@ static jdt_status coll_wait(cpu_prog *p, const cstep *sp, jdt_err *e)
     const ccoll *cl = &c->colls[sp->coll];
     void *h = p->handles[sp->coll];
     p->handles[sp->coll] = NULL;
-    jdt_status st = c->opts.collective_wait(c->opts.collective_ctx, h, e);
+    jdt_status st = cl->inline_run ? JDT_OK : c->opts.collective_wait(c->opts.collective_ctx, h, e);
     if (st != JDT_OK) return st;
     for (int m = 0; m < cl->n_members; m++) {
         const cnode *n = &c->nodes[cl->members[m]];
