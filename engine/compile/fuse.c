@@ -177,7 +177,16 @@ static bool add_step(cprog *c, cstep s)
  * (KEY_WAIT at that reader); a collective of a leaf (an FSDP weight gather) is issued
  * JDT_PREFETCH_COLLS leaf collectives ahead of its use instead of at the start of the step. The
  * keys are a pure function of the graph, so every rank issues the same starts in one order. */
-enum { KEY_PF_PACK = 1, KEY_PF_START = 2, KEY_WAIT = 3, KEY_BASE = 4, KEY_PACK = 5, KEY_START = 6 };
+enum {
+    KEY_PF_PACK = 1, /* a leaf collective, prefetched: at the wait of an earlier one */
+    KEY_PF_START = 2,
+    KEY_WAIT = 3,
+    KEY_CPACK = 4, /* a collective of a collective's result: right after that one's wait */
+    KEY_CSTART = 5,
+    KEY_BASE = 6, /* kernels and blocking builtins */
+    KEY_PACK = 7, /* after the producer of the input */
+    KEY_START = 8,
+};
 
 /* How many collectives of leaves (FSDP all-gathers of weights) are in flight ahead of their
  * use: one GPT block's GEMM weights (q, k, v, o, fc, proj). Measured on the benchmark GPT
@@ -188,14 +197,14 @@ enum { KEY_PF_PACK = 1, KEY_PF_START = 2, KEY_WAIT = 3, KEY_BASE = 4, KEY_PACK =
 #define JDT_RS_IN_FLIGHT 2
 
 typedef struct {
-    int64_t key; /* (k1 + 1) * 8 + k2 */
+    int64_t key; /* (k1 + 1) * 16 + k2 */
     int tie;
     cstep s;
 } keyed_step;
 
 static int64_t mkkey(int k1, int k2)
 {
-    return ((int64_t)k1 + 1) * 8 + k2;
+    return ((int64_t)k1 + 1) * 16 + k2;
 }
 
 static int cmp_keyed(const void *a, const void *b)
@@ -284,21 +293,22 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
     coll_cand *cand = jdt_malloc(sizeof(coll_cand) * ((size_t)N + 1));
     int *pf = jdt_malloc(sizeof(int) * ((size_t)N + 1));
     int *bucket = jdt_malloc(sizeof(int) * ((size_t)N + 1));
+    int *chain = jdt_malloc(sizeof(int) * ((size_t)N + 1));
     keyed_step *ks = NULL;
-    int n_ks = 0, cap_ks = 0, n_cand = 0, n_pf = 0;
+    int n_ks = 0, cap_ks = 0, n_cand = 0, n_pf = 0, n_chain = 0;
     jdt_status st = JDT_OK;
-    if (!acoll || !pack || !wait || !cand || !pf || !bucket) goto nomem;
+    if (!acoll || !pack || !wait || !cand || !pf || !bucket || !chain) goto nomem;
 
     /* which collectives run asynchronously, and their pack and wait keys */
     for (int i = 0; async && i < N; i++) {
         const cnode *n = &c->nodes[i];
         if (!n->live || !is_collective_op(n->op) || n->dtype != JDT_DTYPE_F32) continue;
         int p = producer_node(c, n->in[0]);
-        if (p >= 0 && acoll[p]) continue; /* a collective of a collective's result: blocking */
         acoll[i] = 1;
         pack[i] = mkkey(p, KEY_PACK);
         wait[i] = mkkey(first_reader(c, u, i), KEY_WAIT);
-        if (p < 0) pf[n_pf++] = i;
+        if (p >= 0 && acoll[p]) chain[n_chain++] = i; /* packed once p's wait is placed */
+        else if (p < 0) pf[n_pf++] = i;
         else cand[n_cand++] = (coll_cand){i, pack[i], wait[i]};
     }
     /* collectives of leaves: issued JDT_PREFETCH_COLLS ahead, in the order they are needed */
@@ -312,6 +322,26 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
     for (int j = 0; j < n_pf; j++)
         pack[pf[j]] = j < JDT_PREFETCH_COLLS ? mkkey(-1, KEY_PF_PACK)
                                              : wait[pf[j - JDT_PREFETCH_COLLS]] - KEY_WAIT + KEY_PF_PACK;
+    qsort(cand, (size_t)n_cand, sizeof *cand, cmp_cand);
+    /* a reduce-scatter holds a full-size scratch until its wait, and its result is usually
+     * first read at the end of the backward (clipping, the optimizer): wait for it before the
+     * input of the JDT_RS_IN_FLIGHT-th next one is computed, as FSDP does, so the scratches of
+     * a whole backward are never live at once */
+    for (int a = 0; a + JDT_RS_IN_FLIGHT < n_cand; a++) {
+        const int i = cand[a].node, nx = cand[a + JDT_RS_IN_FLIGHT].node;
+        if (c->nodes[i].op != JDT_OP_REDUCE_SCATTER) continue;
+        const int p_next = producer_node(c, c->nodes[nx].in[0]);
+        if (p_next > producer_node(c, c->nodes[i].in[0]) && mkkey(p_next, KEY_WAIT) < wait[i])
+            wait[i] = mkkey(p_next, KEY_WAIT);
+    }
+
+    /* a collective of a collective's result (a data-axis all-reduce of an fsdp reduce-scatter)
+     * is packed and started right after that one's wait (node order: chains resolve in order) */
+    for (int j = 0; j < n_chain; j++) {
+        const int i = chain[j], p = producer_node(c, c->nodes[i].in[0]);
+        pack[i] = wait[p] - KEY_WAIT + KEY_CPACK;
+        cand[n_cand++] = (coll_cand){i, pack[i], wait[i]};
+    }
     /* buckets: all-reduces of one group and kind, in the order their inputs are ready; a bucket
      * closes when full or when a member's result is needed before the next input is ready */
     qsort(cand, (size_t)n_cand, sizeof *cand, cmp_cand);
@@ -345,18 +375,6 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         bucket[pf[j]] = c->n_colls;
         if (!add_coll(c, &pf[j], 1, coll_elems(c, &c->nodes[pf[j]]))) goto nomem;
     }
-    /* a reduce-scatter holds a full-size scratch until its wait, and its result is usually
-     * first read at the end of the backward (clipping, the optimizer): wait for it before the
-     * input of the JDT_RS_IN_FLIGHT-th next one is computed, as FSDP does, so the scratches of
-     * a whole backward are never live at once */
-    for (int a = 0; a + JDT_RS_IN_FLIGHT < n_cand; a++) {
-        const int i = cand[a].node, nx = cand[a + JDT_RS_IN_FLIGHT].node;
-        if (c->nodes[i].op != JDT_OP_REDUCE_SCATTER) continue;
-        const int p_next = producer_node(c, c->nodes[nx].in[0]);
-        if (p_next > producer_node(c, c->nodes[i].in[0]) && mkkey(p_next, KEY_WAIT) < wait[i])
-            wait[i] = mkkey(p_next, KEY_WAIT);
-    }
-
     /* the keyed steps */
 #define PUSH(K, T, ...)                                                                            \
     do {                                                                                           \
@@ -396,7 +414,7 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
             if (wait[i] < first_wait) first_wait = wait[i];
         }
         /* START right after the last PACK of its kind at that node (KEY_PACK -> KEY_START,
-         * KEY_PF_PACK -> KEY_PF_START) */
+         * KEY_PF_PACK -> KEY_PF_START, KEY_CPACK -> KEY_CSTART) */
         PUSH(last_pack + 1, N + k, .kind = STEP_COLL_START, .group = -1, .kernel = -1, .node = cl->members[0],
              .scratch_buf = -1, .coll = k);
         PUSH(first_wait, N + k, .kind = STEP_COLL_WAIT, .group = -1, .kernel = -1, .node = cl->members[0],
@@ -433,6 +451,7 @@ out:
     jdt_free(cand);
     jdt_free(pf);
     jdt_free(bucket);
+    jdt_free(chain);
     jdt_free(ks);
     return st;
 }

@@ -66,6 +66,10 @@ blocking fsdp2 2 "mesh.fsdp=2" "$TMP/gpt/mesh_fsdp_2"
   mesh.fsdp=2 mesh.tensor=2 runtime.bucket_mb=0 run.out_dir="$TMP/ovl_2x2" >/dev/null 2>"$TMP/err" \
   || { tail -n 8 "$TMP/err"; fail "overlapped 2x2"; }
 blocking 2x2 4 "mesh.fsdp=2 mesh.tensor=2" "$TMP/ovl_2x2" " (unbucketed)"
+"$BIN" --nproc 4 configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T \
+  mesh.data=2 mesh.fsdp=2 runtime.bucket_mb=0 run.out_dir="$TMP/ovl_dxf" >/dev/null 2>"$TMP/err" \
+  || { tail -n 8 "$TMP/err"; fail "overlapped data 2 x fsdp 2"; }
+blocking dxf 4 "mesh.data=2 mesh.fsdp=2" "$TMP/ovl_dxf" " (unbucketed; reduce-scatter -> all-reduce chains)"
 run_model gpt-gqa-swiglu-untied configs/tiny.yaml tiny \
   "$T model.n_kv_head=2 model.activation=swiglu model.tie_embeddings=false model.pos=rope model.norm=rmsnorm"
 run_model mlp configs/mlp.yaml mlp "data.batch_size=32 model.in_dim=64 model.hidden_dim=64"
