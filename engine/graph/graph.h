@@ -127,7 +127,10 @@ typedef enum {
  *                       t * f[0]^(-2i/D) (f[0] = theta); i[0] = 1 rotates by minus the angle
  *                       (its own VJP)
  *   ATTENTION           (q, k, v) each (B, H, T, D); causal; scale f[0]; -> (B, H, T, D).
- *                       Tiled with an online softmax: no T x T matrix is kept.
+ *                       Tiled with an online softmax: no T x T matrix is kept. i[0] = 1: bf16
+ *                       compute (as MATMUL's i[2]): the inputs of each product (q, k, v, the
+ *                       probabilities; in the backward also dout and dS) are rounded to bf16,
+ *                       sums, softmax and dS stay f32. Set from jdt_graph_set_matmul_bf16.
  *   ATTENTION_BWD       (q, k, v, o, do) -> (3, B, H, T, D) packing dq, dk, dv; recomputes the
  *                       row log-sum-exp from q, k.
  * Collectives (SPMD: every process runs the same graph on its shard)
@@ -325,7 +328,7 @@ void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor
  * keeping them (runtime.remat: block). */
 void jdt_graph_set_block(jdt_graph *g, int block);
 
-/* MATMULs built from now on (jdt_graph_matmul, and the VJPs of bf16 MATMULs) compute in bf16
+/* MATMULs and ATTENTIONs built from now on (and the VJPs of bf16 ones) compute in bf16
  * when `on`: attrs i[2] = 1, inputs rounded to bf16, f32 accumulation and output
  * (precision.compute: bf16, the mixed-precision recipe). Default off. */
 void jdt_graph_set_matmul_bf16(jdt_graph *g, bool on);

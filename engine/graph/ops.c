@@ -779,8 +779,11 @@ static void vjp_ROPE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool 
 static void vjp_ATTENTION(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                           jdt_tensor **dx)
 {
+    bool prev = jdt_graph_matmul_bf16(g); /* the backward computes as the forward did */
+    jdt_graph_set_matmul_bf16(g, node->attrs.i[0] != 0);
     jdt_tensor *packed =
         jdt_graph_attention_bwd(g, IN(0), IN(1), IN(2), node, dy, node->attrs.f[0]);
+    jdt_graph_set_matmul_bf16(g, prev);
     /* (3, B, ...) viewed as (3B, ...), then sliced: the slices have the gradients' shape, so no
      * reshape follows them and the compiler composes each slice into its consumer's read */
     jdt_shape flat = node->shape;
