@@ -16,7 +16,7 @@
 
 typedef struct {
     const char *name;
-    /* Scratch bytes builtin n needs (attention); NULL: the CPU kernels' sizes. */
+    /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src
      * the generated source (owned by the state). Errors name the failing op/compiler. */

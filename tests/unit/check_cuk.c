@@ -195,6 +195,88 @@ START_TEST(test_matmul)
 }
 END_TEST
 
+/* bf16 compute vs the CPU's jdt_rt_matmul_bf16: the same bf16-rounded inputs, f32
+ * accumulation on both sides, so only the summation order differs. a and b are not modified. */
+static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                              bool tb, bool shared, bool with_bias)
+{
+    int64_t na = batch * M * K, nb = (shared ? 1 : batch) * K * N, nc = batch * M * N;
+    float *a = rand_floats(na, 4, -2, 2), *b = rand_floats(nb, 5, -1, 1);
+    float *bias = rand_floats(N, 6, -1, 1), *want = malloc((size_t)nc * sizeof(float));
+    float *scr = malloc((size_t)jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, shared) * 4 + 4);
+    jdt_rt_matmul_bf16(a, b, with_bias ? bias : NULL, want, batch, M, N, K, ta, tb, shared, scr, 1);
+    int64_t sb = jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, shared) + 16;
+    float *da = dev_from(a, (size_t)na * 4), *db = dev_from(b, (size_t)nb * 4);
+    float *dbias = dev_from(bias, (size_t)N * 4), *dc = dev_alloc((size_t)nc * 4);
+    void *dscr = dev_alloc((size_t)sb);
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_matmul_bf16(k, da, db, with_bias ? dbias : NULL, dc, batch, M, N, K, ta,
+                                       tb, shared, dscr, sb, &e);
+    ck_assert_msg(s == JDT_OK, "%s", e.msg);
+    float *got = dev_to_host(k, dc, nc), *a2 = dev_to_host(k, da, na);
+    char what[128];
+    snprintf(what, sizeof what, "matmul_bf16 b%lld M%lld N%lld K%lld ta%d tb%d shared%d bias%d",
+             (long long)batch, (long long)M, (long long)N, (long long)K, ta, tb, shared, with_bias);
+    expect_close(what, got, want, nc, 1e-5f * sqrtf((float)(K + 1)), 1e-5f);
+    expect_close("matmul_bf16 left input unchanged", a2, a, na, 0, 0);
+    /* too small a scratch is an error, not a write past it */
+    if (K > 0) {
+        s = jdt_cuk_matmul_bf16(k, da, db, NULL, dc, batch, M, N, K, ta, tb, shared, dscr, 2, &e);
+        ck_assert_int_eq(s, JDT_ERR_INTERNAL);
+        ck_assert_ptr_nonnull(strstr(e.msg, "scratch"));
+    }
+    free(a), free(b), free(bias), free(want), free(got), free(a2), free(scr);
+    cudaFree(da), cudaFree(db), cudaFree(dbias), cudaFree(dc), cudaFree(dscr);
+}
+
+START_TEST(test_matmul_bf16)
+{
+    GPU_OR_SKIP(k);
+    for (int f = 0; f < 16; f++)
+        check_matmul_bf16(k, 3, 37, 53, 29, f & 1, f >> 1 & 1, f >> 2 & 1, f >> 3 & 1);
+    check_matmul_bf16(k, 1, 256, 768, 512, false, false, true, true); /* aligned: a linear layer */
+    check_matmul_bf16(k, 4, 64, 96, 128, true, false, false, false); /* weight-gradient shape */
+    check_matmul_bf16(k, 2, 5, 7, 0, false, false, false, true);     /* K = 0: bias rows */
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* The f32 -> bf16 conversion is bitwise jdt_bf16_round: ties to even, NaN, Inf, overflow,
+ * subnormals, both the float4 and the scalar path. */
+START_TEST(test_to_bf16)
+{
+    GPU_OR_SKIP(k);
+    const int64_t n = 4099;
+    float *x = rand_floats(n, 7, -1e4f, 1e4f);
+    const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu,
+                                0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u, 0x00000001u,
+                                0x80008000u, 0x00018000u, 0x477fe000u, 0};
+    for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++)
+        memcpy(&x[i * 97], &special[i], 4);
+    float *dx = dev_from(x, (size_t)n * 4);
+    uint16_t *dy = dev_alloc((size_t)n * 2 + 16), *y = malloc((size_t)n * 2 + 16);
+    for (int pass = 0; pass < 2; pass++) { /* n - 3: a multiple of 4 (vector path), then n */
+        int64_t m = pass ? n : n - 3;
+        jdt_cuk_to_bf16(k, dx, dy, m);
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_msg(jdt_cuk_check(k, "to_bf16", true, &e) == JDT_OK, "%s", e.msg);
+        ck_assert_int_eq(cudaMemcpy(y, dy, (size_t)m * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int64_t i = 0; i < m; i++) {
+            float r = jdt_bf16_round(x[i]);
+            uint32_t u;
+            memcpy(&u, &r, 4);
+            ck_assert_msg(y[i] == (uint16_t)(u >> 16), "to_bf16[%lld] of %a: got 0x%04x, want 0x%04x",
+                          (long long)i, (double)x[i], y[i], (unsigned)(u >> 16));
+        }
+    }
+    free(x), free(y);
+    cudaFree(dx), cudaFree(dy);
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* ---- row kernels -------------------------------------------------------------------------- */
 
 typedef enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_NORM, ROW_RMS } row_kind;
@@ -489,6 +571,8 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_no_gpu_is_clean_error);
     tcase_add_test(tc, test_init_errors_and_cache);
     tcase_add_test(tc, test_matmul);
+    tcase_add_test(tc, test_matmul_bf16);
+    tcase_add_test(tc, test_to_bf16);
     tcase_add_test(tc, test_row_kernels);
     tcase_add_test(tc, test_softmax_xent);
     tcase_add_test(tc, test_gather_scatter);

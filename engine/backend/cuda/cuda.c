@@ -304,8 +304,19 @@ void jdt_device_set_dist(jdt_device *d, jdt_dist *dist)
 
 /* ---- program -------------------------------------------------------------------------------- */
 
+/* The planned scratch of a builtin: a bf16 MATMUL's bf16 copies of its inputs (+16 bytes to
+ * start b's copy 16-byte aligned), attention's row statistics. */
 static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
 {
+    if (n->op == JDT_OP_MATMUL) {
+        const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
+        int nd = n->shape.ndim;
+        int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
+        int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
+        int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        return n->attrs.i[2] ? jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2) + 16
+                             : 0;
+    }
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
     if (q->ndim != 4) return 0;
     return jdt_cuk_attention_scratch_bytes(q->dims[0], q->dims[1], q->dims[2], q->dims[3]);
@@ -533,6 +544,13 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        if (n->attrs.i[2]) /* bf16 compute: the planned scratch takes the bf16 copies */
+            return jdt_cuk_matmul_bf16(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M,
+                                       Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
+                                       b->ndim == 2, scratch,
+                                       sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes
+                                                            : 0,
+                                       e);
         return jdt_cuk_matmul(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                               n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
     }

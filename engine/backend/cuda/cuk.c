@@ -587,6 +587,16 @@ void jdt_cuk_fill_rows(jdt_cuk *k, float *c, const float *bias, int64_t rows, in
     launch(k, JDT_CUK_K_FILL_ROWS, grid, 256, 0, args);
 }
 
+void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n)
+{
+    if (n <= 0) return;
+    int vec = n % 4 == 0 && aligned16(x) && ((uintptr_t)y & 7u) == 0;
+    int64_t grid = ((vec ? n / 4 : n) + 255) / 256;
+    if (grid > 65536) grid = 65536;
+    void *args[] = {&x, &y, &n, &vec};
+    launch(k, JDT_CUK_K_TO_BF16, grid, 256, 0, args);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */

@@ -54,6 +54,23 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
                           int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                           bool b_shared, jdt_err *e);
 
+/* jdt_cuk_matmul with bf16 compute (MATMUL attrs i[2], precision.compute: bf16), the meaning of
+ * jdt_rt_matmul_bf16: a and b rounded to bf16 (nearest even) by a conversion kernel into
+ * scratch (device memory of scratch_bytes >= jdt_cuk_matmul_bf16_scratch_bytes: the bf16
+ * copies, a's first), then a bf16 x bf16 GEMM with f32 accumulation (CUBLAS_COMPUTE_32F), f32
+ * bias and output. a and b are not modified. Errors as jdt_cuk_matmul; ERR_INTERNAL when the
+ * scratch is too small. */
+int64_t jdt_cuk_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
+                                          bool b_shared);
+jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const float *bias,
+                               float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                               bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,
+                               jdt_err *e);
+
+/* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow
+ * gives Inf (bitwise jdt_bf16_round). */
+void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n);
+
 /* out (n, C) = table (V, C) rows idx (n); out-of-range indices give zero rows (not counted: the
  * device cannot return a count without a synchronisation). */
 void jdt_cuk_gather(jdt_cuk *k, const float *table, const int32_t *idx, float *out, int64_t n,
