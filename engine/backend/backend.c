@@ -101,4 +101,11 @@ void jdt_device_set_dist(jdt_device *d, struct jdt_dist *dist)
     (void)d;
     (void)dist;
 }
+
+void jdt_device_set_groups(jdt_device *d, jdt_device_group_fn fn, void *ctx)
+{
+    (void)d;
+    (void)fn;
+    (void)ctx;
+}
 #endif

@@ -525,6 +525,18 @@ void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes)
     else snprintf(buf, n_bytes, "%s/%s/ckpt", cfg->run.out_dir, cfg->run.name);
 }
 
+/* The ranks of collective group `group` (a mesh-axes mask) in group order, for a device with its
+ * own collectives (jdt_device_set_groups); 0 when unknown. */
+static int train_group_ranks(void *ctx, int group, int *ranks, int max_ranks)
+{
+    trainer *tr = ctx;
+    if (group <= 0 || group > 7) return 0;
+    int n = jdt_mesh_group_size(&tr->mesh, (unsigned)group);
+    if (n > max_ranks) return 0;
+    jdt_mesh_group_ranks(&tr->mesh, (unsigned)group, ranks);
+    return n;
+}
+
 /* runtime.backend cuda: opens this rank's GPU (dist.local_rank picks it; one process per GPU)
  * and hands it the job for NCCL; emit_only (inspect) compiles to CUDA source without a GPU.
  * The CPU needs no device object. */
@@ -540,6 +552,7 @@ static jdt_status open_device(trainer *tr, bool emit_only, jdt_err *e)
                                     &tr->device, e);
     if (st != JDT_OK) return jdt_err_prefix(e, "runtime.backend cuda");
     jdt_device_set_dist(tr->device, tr->dist);
+    jdt_device_set_groups(tr->device, train_group_ranks, tr);
     char desc[300];
     if (tr->rank == 0) JDT_INFO("device: %s", jdt_device_describe(tr->device, desc, sizeof desc));
     return JDT_OK;

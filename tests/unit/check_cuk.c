@@ -277,6 +277,33 @@ START_TEST(test_to_bf16)
 }
 END_TEST
 
+/* The collectives' block order on the device equals the CPU's jdt_permute_blocks_f32, both
+ * ways (the NCCL all-gather / reduce-scatter wire order, engine/backend/cuda/cuda.c). */
+START_TEST(test_permute_blocks)
+{
+    GPU_OR_SKIP(k);
+    const int64_t shapes[][3] = {{2, 3, 5}, {4, 1, 7}, {3, 8, 1}, {8, 12, 768}, {1, 5, 9}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t nb = shapes[s][0], outer = shapes[s][1], blk = shapes[s][2], n = nb * outer * blk;
+        float *x = rand_floats(n, 9 + (unsigned)s, -1, 1), *want = malloc((size_t)n * 4);
+        float *dx = dev_from(x, (size_t)n * 4), *dy = dev_alloc((size_t)n * 4);
+        for (int to_outer = 0; to_outer < 2; to_outer++) {
+            jdt_permute_blocks_f32(x, want, nb, outer, blk, to_outer);
+            jdt_cuk_permute_blocks(k, dx, dy, nb, outer, blk, to_outer);
+            float *got = dev_to_host(k, dy, n);
+            char what[96];
+            snprintf(what, sizeof what, "permute k%lld outer%lld blk%lld to_outer%d", (long long)nb,
+                     (long long)outer, (long long)blk, to_outer);
+            expect_close(what, got, want, n, 0, 0);
+            free(got);
+        }
+        free(x), free(want);
+        cudaFree(dx), cudaFree(dy);
+    }
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* ---- row kernels -------------------------------------------------------------------------- */
 
 typedef enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_NORM, ROW_RMS } row_kind;
@@ -573,6 +600,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_matmul_bf16);
     tcase_add_test(tc, test_to_bf16);
+    tcase_add_test(tc, test_permute_blocks);
     tcase_add_test(tc, test_row_kernels);
     tcase_add_test(tc, test_softmax_xent);
     tcase_add_test(tc, test_gather_scatter);

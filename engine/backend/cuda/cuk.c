@@ -597,6 +597,26 @@ void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n)
     launch(k, JDT_CUK_K_TO_BF16, grid, 256, 0, args);
 }
 
+void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_blocks,
+                            int64_t outer, int64_t blk, bool to_outer)
+{
+    if (n_blocks <= 0 || outer <= 0 || blk <= 0) return;
+    const size_t row = (size_t)blk * sizeof(float), wide = (size_t)n_blocks * row;
+    for (int64_t j = 0; j < n_blocks; j++) {
+        /* block j of the wire: rows (j, o, :) contiguous, one per o; in (outer, k, blk) the
+         * same rows are a stride of k blocks apart */
+        const float *s = to_outer ? src + j * outer * blk : src + j * blk;
+        float *d = to_outer ? dst + j * blk : dst + j * outer * blk;
+        cudaError_t rc = cudaMemcpy2DAsync(d, to_outer ? wide : row, s, to_outer ? row : wide, row,
+                                           (size_t)outer, cudaMemcpyDeviceToDevice, k->stream);
+        if (rc != cudaSuccess) {
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "permuting collective blocks: %s",
+                          cudaGetErrorString(rc));
+            return;
+        }
+    }
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */

@@ -110,6 +110,13 @@ void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, in
 void jdt_cuk_concat(jdt_cuk *k, const float *const *in, const int64_t *len, int n_in, float *out,
                     int64_t outer, int64_t inner, size_t elem_bytes);
 
+/* The collectives' block order (jdt_permute_blocks_f32 on the device): a tensor viewed as
+ * (outer, k, blk) <-> the wire's (k, outer, blk). to_outer: src is (k, outer, blk), dst
+ * (outer, k, blk); else the reverse. src and dst must not overlap. k strided copies on the
+ * stream (cudaMemcpy2DAsync); failures deferred to jdt_cuk_check. */
+void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_blocks,
+                            int64_t outer, int64_t blk, bool to_outer);
+
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
  * (B, T, H, D); backward: o = bit 3, dout = bit 4). Head size D <= 256 (a larger D records
  * ERR_UNSUPPORTED for jdt_cuk_check). scratch: device memory of
@@ -145,6 +152,19 @@ void jdt_cuk_comm_free(jdt_cuk_comm *c);
  * queuing; a peer failure shows up in a later call or jdt_cuk_comm_poll. Every member must call
  * it in the same order with the same n. */
 jdt_status jdt_cuk_allreduce(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e);
+/* In-place maximum of buf (n floats) over the group; ordering as jdt_cuk_allreduce. */
+jdt_status jdt_cuk_allreduce_max(jdt_cuk_comm *c, float *buf, int64_t n, jdt_err *e);
+/* recv (n_ranks * n_per_rank) = every member's send (n_per_rank) in group order (ncclAllGather);
+ * recv must not overlap send unless send is recv's own slot. Ordering as jdt_cuk_allreduce. */
+jdt_status jdt_cuk_allgather(jdt_cuk_comm *c, const float *send, float *recv, int64_t n_per_rank,
+                             jdt_err *e);
+/* recv (n_per_rank) = slot <group index> of the sum (average: / group size) of every member's
+ * send (n_ranks * n_per_rank) (ncclReduceScatter); recv must not overlap send unless it is
+ * send's own slot. Ordering as jdt_cuk_allreduce. */
+jdt_status jdt_cuk_reduce_scatter(jdt_cuk_comm *c, const float *send, float *recv,
+                                  int64_t n_per_rank, bool average, jdt_err *e);
+/* Number of ranks in the communicator. */
+int jdt_cuk_comm_size(const jdt_cuk_comm *c);
 /* Polls the communicator's asynchronous error (ncclCommGetAsyncError) and the rendezvous
  * (jdt_dist_check); on a failure aborts the communicator and returns ERR_PEER_LOST/ERR_NET
  * naming it. Cheap; never blocks. */
