@@ -40,6 +40,8 @@ typedef struct {
     void (*push)(jdt_device *d);
     void (*close)(jdt_device *d);
     char *(*describe)(const jdt_device *d, char *buf, size_t n);
+    /* Device memory figures (NULL: none, the CPU). */
+    bool (*memory)(const jdt_device *d, jdt_device_mem *m);
 } jdt_backend_vt;
 
 struct jdt_device {

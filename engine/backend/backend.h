@@ -63,6 +63,19 @@ void jdt_device_push(jdt_device *d);
 struct jdt_dist;
 void jdt_device_set_dist(jdt_device *d, struct jdt_dist *dist);
 
+/* Device memory of this process (a GPU; the CPU has none: use the peak RSS). */
+typedef struct {
+    int64_t peak_bytes;  /* most held at once by our allocations: the programs' planned
+                            allocations, mirrored parameters/optimizer state, GEMM workspace */
+    int64_t now_bytes;   /* the same, now */
+    int64_t used_bytes;  /* cudaMemGetInfo: total - free now (all processes and libraries on
+                            the GPU, NCCL and the CUDA context included) */
+    int64_t total_bytes; /* the device's memory */
+} jdt_device_mem;
+/* Fills *m and returns true for a device with its own memory; false (m zeroed) for the CPU or
+ * a device without the figures. */
+bool jdt_device_memory(const jdt_device *d, jdt_device_mem *m);
+
 /* Maps a collective's group id (engine/shard: a mask of mesh axes) to its global ranks in group
  * order (at most max_ranks); returns their count, 0 for an unknown group. */
 typedef int (*jdt_device_group_fn)(void *ctx, int group, int *ranks, int max_ranks);

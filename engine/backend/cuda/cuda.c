@@ -68,6 +68,10 @@ typedef struct {
     void *group_ctx;
     group_comm groups[MAX_GROUPS]; /* made on each group's first collective */
     int n_groups;
+    /* memory accounting: our cudaMallocs (programs, leaf mirrors) + the cuBLASLt workspace */
+    int64_t bytes_now, bytes_peak;
+    void **promised;            /* host leaves counted by a prepare, mirrored at a later begin */
+    int n_promised, cap_promised;
 } cuda_dev;
 
 typedef struct {
@@ -81,6 +85,7 @@ typedef struct {
     cudaKernel_t scale_kern; /* the module's jdt_scale (all-reduce scaling) */
     void *dmem;              /* the one allocation: table | inputs | collective scratch | arena */
     float *dcoll;            /* all-gather / reduce-scatter staging (the largest full tensor) */
+    int64_t dmem_bytes;
     void **dtable;           /* (n_bufs) device pointer table */
     unsigned char *dinputs, *darena;
     int64_t *input_off; /* (n_bufs) offset of an INPUT leaf's slot, else -1 */
@@ -310,6 +315,8 @@ static jdt_status mirror_get(cuda_dev *cd, void *host, size_t n_bytes, mirror **
     m->refs = 1;
     CU(cudaMalloc(&m->dev, n_bytes ? n_bytes : 4), "cudaMalloc of a leaf");
     cd->m[cd->n_m++] = m;
+    cd->bytes_now += (int64_t)n_bytes;
+    if (cd->bytes_now > cd->bytes_peak) cd->bytes_peak = cd->bytes_now;
     *out = m;
     return JDT_OK;
 fail:
@@ -326,6 +333,7 @@ static void mirror_put(cuda_dev *cd, mirror *m)
             break;
         }
     cudaFree(m->dev);
+    cd->bytes_now -= (int64_t)m->n_bytes;
     jdt_free(m);
 }
 
@@ -364,9 +372,22 @@ static void cuda_close(jdt_device *d)
         jdt_free(cd->m[i]);
     }
     jdt_free(cd->m);
+    jdt_free(cd->promised);
     jdt_cuk_free(cd->k);
     jdt_free(cd);
     d->impl = NULL;
+}
+
+static bool cuda_memory(const jdt_device *d, jdt_device_mem *m)
+{
+    const cuda_dev *cd = d->impl;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0;
+    m->peak_bytes = cd->bytes_peak;
+    m->now_bytes = cd->bytes_now;
+    m->used_bytes = (int64_t)(total_b - free_b);
+    m->total_bytes = (int64_t)total_b;
+    return true;
 }
 
 static char *cuda_describe(const jdt_device *d, char *buf, size_t n)
@@ -410,6 +431,65 @@ static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
     return jdt_cuk_attention_scratch_bytes(q->dims[0], q->dims[1], q->dims[2], q->dims[3]);
 }
 
+static void fmt_gib(char *buf, size_t n, double bytes)
+{
+    if (bytes >= 1073741824.0) snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+    else snprintf(buf, n, "%.0f MiB", bytes / 1048576.0);
+}
+
+/* Headroom kept free for what is allocated outside the plan: the CUDA context's growth,
+ * cuBLASLt's plans, NCCL's buffers (made at a group's first collective). */
+#define DEVICE_RESERVE_BYTES (256ll << 20)
+
+/* Before a program's one cudaMalloc: the program (program_bytes) plus the leaves it will mirror
+ * that no earlier program mirrors or has counted (parameters, optimizer state), plus
+ * DEVICE_RESERVE_BYTES, must fit in the device's free memory (cudaMemGetInfo); else one line
+ * with the figures and what to change (ERR_NOMEM, exit 1) instead of a CUDA OOM mid-step. The
+ * leaves counted here are remembered (cd->promised) so the eval/apply programs that share them
+ * do not count them again. */
+static jdt_status check_fits(cuda_dev *cd, const cprog *c, int64_t program_bytes, jdt_err *e)
+{
+    int64_t leaf_bytes = 0;
+    for (int b = 0; b < c->n_bufs; b++) {
+        if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
+        const cnode *n = &c->nodes[c->bufs[b].leaf_node];
+        if (n->op == JDT_OP_INPUT) continue; /* in the program's allocation */
+        void *host = n->src ? n->src->data : NULL;
+        bool known = false;
+        for (int i = 0; host && i < cd->n_m && !known; i++)
+            known = cd->m[i]->host == host;
+        for (int i = 0; host && i < cd->n_promised && !known; i++)
+            known = cd->promised[i] == host;
+        if (known) continue;
+        leaf_bytes += jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype);
+        if (host && jdt_compile_grow((void **)&cd->promised, &cd->cap_promised,
+                                     cd->n_promised + 1, sizeof *cd->promised))
+            cd->promised[cd->n_promised++] = host;
+    }
+    size_t free_b = 0, total_b = 0;
+    cudaError_t ce = cudaMemGetInfo(&free_b, &total_b);
+    if (ce != cudaSuccess)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: cudaMemGetInfo: %s", cudaGetErrorString(ce));
+    const int64_t need = program_bytes + leaf_bytes + DEVICE_RESERVE_BYTES;
+    if (need <= (int64_t)free_b) return JDT_OK;
+    char s_need[32], s_prog[32], s_arena[32], s_leaf[32], s_free[32], s_total[32];
+    fmt_gib(s_need, sizeof s_need, (double)need);
+    fmt_gib(s_prog, sizeof s_prog, (double)program_bytes);
+    fmt_gib(s_arena, sizeof s_arena, (double)c->arena_bytes);
+    fmt_gib(s_leaf, sizeof s_leaf, (double)leaf_bytes);
+    fmt_gib(s_free, sizeof s_free, (double)free_b);
+    fmt_gib(s_total, sizeof s_total, (double)total_b);
+    return jdt_err_set(e, JDT_ERR_NOMEM,
+                       "cuda: the compiled step needs %s of GPU memory but %s of %s is free on "
+                       "%s (program %s, of which %s activations/intermediates; parameters and "
+                       "optimizer state %s; %lld MiB reserve): use a smaller "
+                       "data.micro_batch_size (gradient accumulation keeps data.batch_size)%s",
+                       s_need, s_free, s_total, cd->name, s_prog, s_arena, s_leaf,
+                       DEVICE_RESERVE_BYTES >> 20,
+                       c->opts.remat ? ", or more fsdp ranks (mesh.fsdp)"
+                                     : ", or runtime.remat: block");
+}
+
 static void cuda_release(void *state)
 {
     cuda_prog *p = state;
@@ -419,6 +499,7 @@ static void cuda_release(void *state)
         for (int b = 0; b < p->c->n_bufs; b++)
             mirror_put(p->cd, p->bmir[b]);
     if (p->lib) cudaLibraryUnload(p->lib);
+    if (p->dmem) p->cd->bytes_now -= p->dmem_bytes;
     cudaFree(p->dmem);
     jdt_free(p->kern);
     jdt_free(p->launch);
@@ -487,7 +568,11 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
         if (full > coll_bytes) coll_bytes = full;
     }
     int64_t total = table_bytes + in_bytes + coll_bytes + (c->arena_bytes ? c->arena_bytes : 256);
+    if ((st = check_fits(cd, c, total, e)) != JDT_OK) goto fail;
     CU(cudaMalloc(&p->dmem, (size_t)total), "cudaMalloc of the program's arena");
+    p->dmem_bytes = total;
+    cd->bytes_now += total;
+    if (cd->bytes_now > cd->bytes_peak) cd->bytes_peak = cd->bytes_now;
     p->dtable = p->dmem;
     p->dinputs = (unsigned char *)p->dmem + table_bytes;
     p->dcoll = coll_bytes ? (float *)(p->dinputs + in_bytes) : NULL;
@@ -931,6 +1016,7 @@ static const jdt_backend_vt cuda_vt = {
     .push = cuda_push,
     .close = cuda_close,
     .describe = cuda_describe,
+    .memory = cuda_memory,
 };
 
 jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
@@ -965,6 +1051,7 @@ jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
     if ((st = jdt_cuk_init(d->index, dir, &cd->k, e)) != JDT_OK) goto fail;
     cd->stream = (cudaStream_t)jdt_cuk_stream(cd->k);
     cd->arch = jdt_cuk_arch(cd->k);
+    cd->bytes_now = cd->bytes_peak = JDT_CUK_WORKSPACE_BYTES;
     return JDT_OK;
 fail:
     cuda_close(d);

@@ -63,7 +63,7 @@ typedef enum {
 
 #define JDT_CUK_MAX_LIBS 8 /* distinct .cu files */
 #define JDT_CUK_PLANS 64   /* cached GEMM plans */
-#define JDT_CUK_WORKSPACE (32u << 20)
+#define JDT_CUK_WORKSPACE ((unsigned)JDT_CUK_WORKSPACE_BYTES)
 
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
 typedef struct {

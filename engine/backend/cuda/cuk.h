@@ -31,6 +31,8 @@ typedef struct jdt_cuk jdt_cuk; /* per process: device, one compute stream, cuBL
 jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e);
 /* Synchronises the stream, then releases everything. NULL is a no-op. */
 void jdt_cuk_free(jdt_cuk *k);
+/* Bytes of the cuBLASLt workspace jdt_cuk_init allocates (device memory accounting). */
+#define JDT_CUK_WORKSPACE_BYTES (32ll << 20)
 /* The cudaStream_t every call below is queued on. */
 void *jdt_cuk_stream(jdt_cuk *k);
 /* Compute capability * 10 of the device, e.g. 90. */
