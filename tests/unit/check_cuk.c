@@ -205,7 +205,7 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
     float *bias = rand_floats(N, 6, -1, 1), *want = malloc((size_t)nc * sizeof(float));
     float *scr = malloc((size_t)jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, shared) * 4 + 4);
     jdt_rt_matmul_bf16(a, b, with_bias ? bias : NULL, want, batch, M, N, K, ta, tb, shared, scr, 1);
-    int64_t sb = jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, shared) + 16;
+    int64_t sb = jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, shared);
     float *da = dev_from(a, (size_t)na * 4), *db = dev_from(b, (size_t)nb * 4);
     float *dbias = dev_from(bias, (size_t)N * 4), *dc = dev_alloc((size_t)nc * 4);
     void *dscr = dev_alloc((size_t)sb);
@@ -254,7 +254,7 @@ START_TEST(test_to_bf16)
                                 0x80008000u, 0x00018000u, 0x477fe000u, 0};
     for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++)
         memcpy(&x[i * 97], &special[i], 4);
-    float *dx = dev_from(x, (size_t)n * 4);
+    float *dx = dev_from(x, (size_t)n * 4), *dr = dev_alloc((size_t)n * 4);
     uint16_t *dy = dev_alloc((size_t)n * 2 + 16), *y = malloc((size_t)n * 2 + 16);
     for (int pass = 0; pass < 2; pass++) { /* n - 3: a multiple of 4 (vector path), then n */
         int64_t m = pass ? n : n - 3;
@@ -271,8 +271,16 @@ START_TEST(test_to_bf16)
                           (long long)i, (double)x[i], y[i], (unsigned)(u >> 16));
         }
     }
-    free(x), free(y);
-    cudaFree(dx), cudaFree(dy);
+    /* the f32-valued rounding (the TF32 fallback's inputs): the same bits, low half zero */
+    jdt_cuk_bf16_round(k, dx, dr, n);
+    float *r = dev_to_host(k, dr, n);
+    for (int64_t i = 0; i < n; i++) {
+        float w = jdt_bf16_round(x[i]);
+        ck_assert_msg(memcmp(&w, &r[i], 4) == 0, "bf16_round[%lld] of %a: got %a, want %a",
+                      (long long)i, (double)x[i], (double)r[i], (double)w);
+    }
+    free(x), free(y), free(r);
+    cudaFree(dx), cudaFree(dy), cudaFree(dr);
     jdt_cuk_free(k);
 }
 END_TEST

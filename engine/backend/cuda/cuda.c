@@ -413,8 +413,8 @@ void jdt_device_set_groups(jdt_device *d, jdt_device_group_fn fn, void *ctx)
 
 /* ---- program -------------------------------------------------------------------------------- */
 
-/* The planned scratch of a builtin: a bf16 MATMUL's bf16 copies of its inputs (+16 bytes to
- * start b's copy 16-byte aligned), attention's row statistics. */
+/* The planned scratch of a builtin: a bf16 MATMUL's rounded copies of its inputs
+ * (jdt_cuk_matmul_bf16_scratch_bytes), attention's row statistics. */
 static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
 {
     if (n->op == JDT_OP_MATMUL) {
@@ -423,8 +423,7 @@ static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
         int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        return n->attrs.i[2] ? jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2) + 16
-                             : 0;
+        return n->attrs.i[2] ? jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2) : 0;
     }
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
     if (q->ndim != 4) return 0;

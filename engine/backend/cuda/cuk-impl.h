@@ -41,6 +41,7 @@ extern const int jdt_cuk_n_sources;
     X(ROPE, "cuk_misc.cu", "cuk_rope")                                                             \
     X(FILL_ROWS, "cuk_misc.cu", "cuk_fill_rows")                                                   \
     X(TO_BF16, "cuk_misc.cu", "cuk_to_bf16")                                                       \
+    X(BF16_ROUND, "cuk_misc.cu", "cuk_bf16_round")                                                 \
     X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                          \
     X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                        \
     X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                        \

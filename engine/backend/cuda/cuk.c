@@ -617,6 +617,15 @@ void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_
     }
 }
 
+void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n)
+{
+    if (n <= 0) return;
+    int64_t grid = (n + 255) / 256;
+    if (grid > 65536) grid = 65536;
+    void *args[] = {&x, &y, &n};
+    launch(k, JDT_CUK_K_BF16_ROUND, grid, 256, 0, args);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */

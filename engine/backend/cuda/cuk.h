@@ -60,8 +60,11 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
  * jdt_rt_matmul_bf16: a and b rounded to bf16 (nearest even) by a conversion kernel into
  * scratch (device memory of scratch_bytes >= jdt_cuk_matmul_bf16_scratch_bytes: the bf16
  * copies, a's first), then a bf16 x bf16 GEMM with f32 accumulation (CUBLAS_COMPUTE_32F), f32
- * bias and output. a and b are not modified. Errors as jdt_cuk_matmul; ERR_INTERNAL when the
- * scratch is too small. */
+ * bias and output. Where cuBLASLt has no bf16 algorithm for the shape/alignment, the inputs are
+ * rounded into f32 copies instead (the scratch has room for them) and multiplied with TF32
+ * tensor cores: a bf16 value is exact in TF32, so the products are the same. a and b are not
+ * modified. Errors as jdt_cuk_matmul; ERR_INTERNAL when the scratch is smaller than the bf16
+ * copies (2 bytes per input element). */
 int64_t jdt_cuk_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
                                           bool b_shared);
 jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const float *bias,
@@ -72,6 +75,8 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
 /* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow
  * gives Inf (bitwise jdt_bf16_round). */
 void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n);
+/* y (n) = x rounded to bf16, kept as f32 (bitwise jdt_bf16_round). */
+void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n);
 
 /* out (n, C) = table (V, C) rows idx (n); out-of-range indices give zero rows (not counted: the
  * device cannot return a count without a synchronisation). */

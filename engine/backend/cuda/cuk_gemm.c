@@ -221,8 +221,8 @@ static int64_t bf16_b_offset(int64_t na, int64_t nb, int64_t scratch_bytes)
 
 int64_t jdt_cuk_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
                                           bool b_shared)
-{
-    return 2 * (batch * M * K + (b_shared ? 1 : batch) * K * N);
+{ /* f32 room: the TF32 fallback's rounded copies; the bf16 copies take half of it */
+    return 4 * (batch * M * K + (b_shared ? 1 : batch) * K * N) + 16;
 }
 
 jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const float *bias,
@@ -243,5 +243,12 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
     uint16_t *b16 = (uint16_t *)((char *)scratch + bf16_b_offset(na, nb, scratch_bytes));
     jdt_cuk_to_bf16(k, a, a16, na);
     jdt_cuk_to_bf16(k, b, b16, nb);
-    return gemm(k, a16, b16, bias, c, batch, M, N, K, ta, tb, b_shared, true, e);
+    st = gemm(k, a16, b16, bias, c, batch, M, N, K, ta, tb, b_shared, true, e);
+    if (st == JDT_OK || scratch_bytes < 4 * (na + nb)) return st;
+    /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
+     * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
+    float *ar = scratch, *br = ar + na;
+    jdt_cuk_bf16_round(k, a, ar, na);
+    jdt_cuk_bf16_round(k, b, br, nb);
+    return gemm(k, ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, false, e);
 }

@@ -88,3 +88,12 @@ extern "C" __global__ void cuk_to_bf16(const float *x, unsigned short *y, i64 n,
     for (i64 i = t0; i < n; i += stride)
         y[i] = cuk_bf16_bits(x[i]);
 }
+
+/* y (n, f32) = x rounded to bf16, kept in f32 (the bf16 GEMM's fallback: TF32 tensor cores
+ * multiply such values exactly). Grid-stride. */
+extern "C" __global__ void cuk_bf16_round(const float *x, float *y, i64 n)
+{
+    i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = __uint_as_float((unsigned int)cuk_bf16_bits(x[i]) << 16);
+}
