@@ -19,7 +19,7 @@
 #   BUNDLE_DIR (made here by scripts/gpu/bundle.sh): bin/jdt-train, bin/check_cu{k,da} built with
 #   make CUDA=1 and libs.tar.xz with the C libraries they need (unpacked into /tmp, never /).
 #   Without it the script uses build-cuda/ of this checkout, building it if missing.
-# Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 36 GiB of arena for jdt-train), GPT_STEPS (12),
+# Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 43 GiB of arena for jdt-train in bf16, 36 in f32), GPT_STEPS (12),
 #   GPT_PRECISION (bf16: precision.compute of stage 4; f32 = TF32 GEMMs, MFU against 494.7),
 #   PEER_DTYPES ("bf16 f32": the peers' precisions; f32 = TF32 matmuls, what jdt-train computes
 #   in), STAGE_TIMEOUT_S (150),
