@@ -33,7 +33,9 @@ static void add_tests(TCase *tc)
 #else
 
 #include "backend/cuda/cuk.h"
+#include "comm/comm.h"
 #include "runtime/runtime.h"
+#include "tests/unit/testutil.h"
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
@@ -308,6 +310,69 @@ START_TEST(test_permute_blocks)
         free(x), free(want);
         cudaFree(dx), cudaFree(dy);
     }
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* NCCL on one GPU: a one-rank job (a real rendezvous on loopback) makes a communicator through
+ * the KV store, and every collective the backend uses runs and leaves the data as one rank's
+ * sum/max/gather/scatter must (NCCL refuses two ranks on one GPU: the multi-rank paths need a
+ * machine with 2+ GPUs, scripts/gpu/check.sh stage 6). Checks libnccl's loading, the
+ * non-blocking init, enqueue, event ordering and polling. */
+START_TEST(test_nccl_one_rank)
+{
+    GPU_OR_SKIP(k);
+    int port, lfd = tu_free_listener(&port);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    jdt_dist_opts o;
+    jdt_dist_opts_default(&o);
+    o.coordinator = addr;
+    o.token = "cuk-test";
+    o.coord_listen_fd = lfd;
+    o.connect_timeout_s = 20;
+    jdt_dist *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_dist_init(&o, &d, &e) == JDT_OK, "dist: %s", e.msg);
+    const int ranks[1] = {0};
+    jdt_cuk_comm *c = NULL;
+    jdt_status s = jdt_cuk_comm_init(k, d, ranks, 1, "test/one", &c, &e);
+    if (s == JDT_ERR_UNSUPPORTED) { /* libnccl.so.2 not on the library path */
+        printf("SKIP check_cuk test_nccl_one_rank: %s\n", e.msg);
+        jdt_dist_free(d);
+        jdt_cuk_free(k);
+        return;
+    }
+    ck_assert_msg(s == JDT_OK, "comm init: %s", e.msg);
+    ck_assert_int_eq(jdt_cuk_comm_size(c), 1);
+    const int64_t n = 1000;
+    float *x = rand_floats(n, 21, -3, 3);
+    float *dx = dev_from(x, (size_t)n * 4), *dy = dev_alloc((size_t)n * 4);
+    ck_assert_msg(jdt_cuk_allreduce(c, dx, n, false, &e) == JDT_OK, "sum: %s", e.msg);
+    ck_assert_msg(jdt_cuk_allreduce(c, dx, n, true, &e) == JDT_OK, "mean: %s", e.msg);
+    ck_assert_msg(jdt_cuk_allreduce_max(c, dx, n, &e) == JDT_OK, "max: %s", e.msg);
+    ck_assert_msg(jdt_cuk_comm_sync(c, 60, &e) == JDT_OK, "sync: %s", e.msg);
+    float *got = dev_to_host(k, dx, n);
+    expect_close("nccl all-reduce of one rank", got, x, n, 0, 0);
+    free(got);
+    ck_assert_msg(jdt_cuk_allgather(c, dx, dy, n, &e) == JDT_OK, "all-gather: %s", e.msg);
+    ck_assert_msg(jdt_cuk_comm_sync(c, 60, &e) == JDT_OK, "sync: %s", e.msg);
+    got = dev_to_host(k, dy, n);
+    expect_close("nccl all-gather of one rank", got, x, n, 0, 0);
+    free(got);
+    ck_assert_int_eq(cudaMemset(dy, 0, (size_t)n * 4), cudaSuccess);
+    ck_assert_msg(jdt_cuk_reduce_scatter(c, dx, dy, n, false, &e) == JDT_OK, "reduce-scatter: %s",
+                  e.msg);
+    ck_assert_msg(jdt_cuk_comm_sync(c, 60, &e) == JDT_OK, "sync: %s", e.msg);
+    got = dev_to_host(k, dy, n);
+    expect_close("nccl reduce-scatter of one rank", got, x, n, 0, 0);
+    free(got);
+    ck_assert_msg(jdt_cuk_comm_poll(c, &e) == JDT_OK, "poll: %s", e.msg);
+    jdt_cuk_comm_free(c);
+    free(x);
+    cudaFree(dx), cudaFree(dy);
+    jdt_dist_free(d);
     jdt_cuk_free(k);
 }
 END_TEST
@@ -609,6 +674,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_matmul_bf16);
     tcase_add_test(tc, test_to_bf16);
     tcase_add_test(tc, test_permute_blocks);
+    tcase_add_test(tc, test_nccl_one_rank);
     tcase_add_test(tc, test_row_kernels);
     tcase_add_test(tc, test_softmax_xent);
     tcase_add_test(tc, test_gather_scatter);
