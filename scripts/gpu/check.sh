@@ -3,7 +3,8 @@
 # (the H200 device machine: PyTorch, JAX, CUDA 13, none of this project's C libraries).
 # Stages, each reported and each allowed to fail without stopping the next:
 #   1 probe    nvidia-smi, glibc, where libcudart/libnvrtc/libcublasLt/libnccl are
-#   2 tests    check_cuk (builtin kernels) and check_cuda (every op graph, train steps) vs the CPU
+#   2 tests    check_cuk (builtin kernels, bf16 GEMMs, NCCL in a one-rank job) and check_cuda's
+#              GPU case (every op graph, train steps incl. bf16) vs the CPU
 #   3 tiny     configs/tiny.yaml trained on the GPU and on the CPU: the loss curves compared,
 #              f32 (TF32 GEMMs) and bf16 compute (cuBLASLt bf16 GEMMs vs the CPU's bf16 path)
 #   4 gpt2     GPT-2 124M (L=12 C=768 H=12 T=1024 V=50257, synthetic tokens), bf16 compute by
@@ -87,9 +88,13 @@ fi
 
 # ---- 2: GPU tests ---------------------------------------------------------------------------
 if want 2; then
-say "stage 2 tests (check_cuk: every builtin kernel vs the CPU; check_cuda: every op graph and train step vs the CPU)"
+say "stage 2 tests (check_cuk: every builtin kernel vs the CPU, NCCL one rank; check_cuda gpu case: every op graph and train step, f32 and bf16, vs the CPU)"
+# check_cuda: only its "gpu" test case here (CK_RUN_CASE); the NVRTC and emulated-device cases
+# need no GPU and run in CI, so they do not spend device time. check_cuk shares the kernel
+# cache ($JDT_CACHE_DIR) across its tests and with the jdt-train runs below.
 for t in check_cuk check_cuda; do
-  (cd "$ROOT" && timeout "$TMO" "$TESTDIR/$t" >"$OUT/$t.log" 2>&1); rc=$?
+  case_sel=""; [ "$t" = check_cuda ] && case_sel=gpu
+  (cd "$ROOT" && env ${case_sel:+CK_RUN_CASE=$case_sel} timeout "$TMO" "$TESTDIR/$t" >"$OUT/$t.log" 2>&1); rc=$?
   grep -E "^[0-9]+%|:[EF]:|SKIP" "$OUT/$t.log" | tee -a "$SUMMARY"
   say "stage 2 $t exit $rc"
 done

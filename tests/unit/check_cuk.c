@@ -76,11 +76,16 @@ END_TEST
 
 /* ---- GPU fixture -------------------------------------------------------------------------- */
 
-/* A context on device 0 with a private cache, or NULL after printing one SKIP line (no GPU or
+/* A context on device 0 with the run's kernel cache, or NULL after printing one SKIP line (no GPU or
  * driver: that must be ERR_UNSUPPORTED with a message, never a crash). */
 static jdt_cuk *gpu_or_skip(const char *test, char *cache_dir, size_t n)
 {
-    snprintf(cache_dir, n, "/tmp/jdt-check-cuk-%ld", (long)getpid());
+    /* one cache for every test of the run (Check forks a process per test: the runner is the
+     * parent): NVRTC compiles the builtin kernels once, not once per GPU test (~20-30 s each);
+     * $JDT_CACHE_DIR (scripts/gpu/check.sh sets it) shares them with jdt-train's runs too */
+    const char *env = getenv("JDT_CACHE_DIR");
+    if (env && *env) snprintf(cache_dir, n, "%s", env);
+    else snprintf(cache_dir, n, "/tmp/jdt-check-cuk-%ld", (long)getppid());
     jdt_cuk *k = NULL;
     jdt_err e;
     jdt_err_clear(&e);
