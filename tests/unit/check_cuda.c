@@ -563,7 +563,10 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol)
 START_TEST(test_gpu_train_matches_cpu)
 {
     jdt_device *d = gpu_or_skip(MODELS[_i].name);
-    if (d) model_vs_cpu(_i, d, 2e-3); /* TF32 GEMMs */
+    /* TF32 GEMMs; bf16: the GEMMs round at the CPU's points, but the CPU also rounds attention's
+     * products to bf16 while the CUDA attention is f32 (docs/backend.md, bf16 compute) */
+    bool bf16 = strstr(MODELS[_i].name, "bf16") != NULL;
+    if (d) model_vs_cpu(_i, d, bf16 ? 5e-3 : 2e-3);
 }
 END_TEST
 
