@@ -76,16 +76,18 @@ END_TEST
 
 /* ---- GPU fixture -------------------------------------------------------------------------- */
 
-/* A context on device 0 with the run's kernel cache, or NULL after printing one SKIP line (no GPU or
- * driver: that must be ERR_UNSUPPORTED with a message, never a crash). */
+/* A context on device 0 with the run's kernel cache, or NULL after printing one SKIP line (no GPU
+ * or driver: that must be ERR_UNSUPPORTED with a message, never a crash). */
 static jdt_cuk *gpu_or_skip(const char *test, char *cache_dir, size_t n)
 {
     /* one cache for every test of the run (Check forks a process per test: the runner is the
      * parent): NVRTC compiles the builtin kernels once, not once per GPU test (~20-30 s each);
      * $JDT_CACHE_DIR (scripts/gpu/check.sh sets it) shares them with jdt-train's runs too */
     const char *env = getenv("JDT_CACHE_DIR");
-    if (env && *env) snprintf(cache_dir, n, "%s", env);
-    else snprintf(cache_dir, n, "/tmp/jdt-check-cuk-%ld", (long)getppid());
+    if (env && *env)
+        snprintf(cache_dir, n, "%s", env);
+    else
+        snprintf(cache_dir, n, "/tmp/jdt-check-cuk-%ld", (long)getppid());
     jdt_cuk *k = NULL;
     jdt_err e;
     jdt_err_clear(&e);
@@ -245,8 +247,8 @@ START_TEST(test_matmul_bf16)
     for (int f = 0; f < 16; f++)
         check_matmul_bf16(k, 3, 37, 53, 29, f & 1, f >> 1 & 1, f >> 2 & 1, f >> 3 & 1);
     check_matmul_bf16(k, 1, 256, 768, 512, false, false, true, true); /* aligned: a linear layer */
-    check_matmul_bf16(k, 4, 64, 96, 128, true, false, false, false); /* weight-gradient shape */
-    check_matmul_bf16(k, 2, 5, 7, 0, false, false, false, true);     /* K = 0: bias rows */
+    check_matmul_bf16(k, 4, 64, 96, 128, true, false, false, false);  /* weight-gradient shape */
+    check_matmul_bf16(k, 2, 5, 7, 0, false, false, false, true);      /* K = 0: bias rows */
     jdt_cuk_free(k);
 }
 END_TEST
@@ -258,9 +260,9 @@ START_TEST(test_to_bf16)
     GPU_OR_SKIP(k);
     const int64_t n = 4099;
     float *x = rand_floats(n, 7, -1e4f, 1e4f);
-    const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu,
-                                0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u, 0x00000001u,
-                                0x80008000u, 0x00018000u, 0x477fe000u, 0};
+    const uint32_t special[] = {
+        0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,
+        0x7fc00001u, 0x7f800001u, 0x00000001u, 0x80008000u, 0x00018000u, 0x477fe000u, 0};
     for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++)
         memcpy(&x[i * 97], &special[i], 4);
     float *dx = dev_from(x, (size_t)n * 4), *dr = dev_alloc((size_t)n * 4);
@@ -276,8 +278,9 @@ START_TEST(test_to_bf16)
             float r = jdt_bf16_round(x[i]);
             uint32_t u;
             memcpy(&u, &r, 4);
-            ck_assert_msg(y[i] == (uint16_t)(u >> 16), "to_bf16[%lld] of %a: got 0x%04x, want 0x%04x",
-                          (long long)i, (double)x[i], y[i], (unsigned)(u >> 16));
+            ck_assert_msg(y[i] == (uint16_t)(u >> 16),
+                          "to_bf16[%lld] of %a: got 0x%04x, want 0x%04x", (long long)i,
+                          (double)x[i], y[i], (unsigned)(u >> 16));
         }
     }
     /* the f32-valued rounding (the TF32 fallback's inputs): the same bits, low half zero */

@@ -64,13 +64,14 @@ typedef struct {
     char name[256];
     int arch;
     jdt_dist *dist; /* set by jdt_device_set_dist: NCCL for the collectives */
-    jdt_device_group_fn group_ranks; /* set by jdt_device_set_groups; NULL: every group is the world */
+    jdt_device_group_fn
+        group_ranks; /* set by jdt_device_set_groups; NULL: every group is the world */
     void *group_ctx;
     group_comm groups[MAX_GROUPS]; /* made on each group's first collective */
     int n_groups;
     /* memory accounting: our cudaMallocs (programs, leaf mirrors) + the cuBLASLt workspace */
     int64_t bytes_now, bytes_peak;
-    void **promised;            /* host leaves counted by a prepare, mirrored at a later begin */
+    void **promised; /* host leaves counted by a prepare, mirrored at a later begin */
     int n_promised, cap_promised;
 } cuda_dev;
 
@@ -86,7 +87,7 @@ typedef struct {
     void *dmem;              /* the one allocation: table | inputs | collective scratch | arena */
     float *dcoll;            /* all-gather / reduce-scatter staging (the largest full tensor) */
     int64_t dmem_bytes;
-    void **dtable;           /* (n_bufs) device pointer table */
+    void **dtable; /* (n_bufs) device pointer table */
     unsigned char *dinputs, *darena;
     int64_t *input_off; /* (n_bufs) offset of an INPUT leaf's slot, else -1 */
     mirror **bmir;      /* (n_bufs) a persistent leaf's mirror, else NULL */
@@ -432,8 +433,10 @@ static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
 
 static void fmt_gib(char *buf, size_t n, double bytes)
 {
-    if (bytes >= 1073741824.0) snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
-    else snprintf(buf, n, "%.0f MiB", bytes / 1048576.0);
+    if (bytes >= 1073741824.0)
+        snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+    else
+        snprintf(buf, n, "%.0f MiB", bytes / 1048576.0);
 }
 
 /* Headroom kept free for what is allocated outside the plan: the CUDA context's growth,
@@ -461,8 +464,8 @@ static jdt_status check_fits(cuda_dev *cd, const cprog *c, int64_t program_bytes
             known = cd->promised[i] == host;
         if (known) continue;
         leaf_bytes += jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype);
-        if (host && jdt_compile_grow((void **)&cd->promised, &cd->cap_promised,
-                                     cd->n_promised + 1, sizeof *cd->promised))
+        if (host && jdt_compile_grow((void **)&cd->promised, &cd->cap_promised, cd->n_promised + 1,
+                                     sizeof *cd->promised))
             cd->promised[cd->n_promised++] = host;
     }
     size_t free_b = 0, total_b = 0;
@@ -478,15 +481,14 @@ static jdt_status check_fits(cuda_dev *cd, const cprog *c, int64_t program_bytes
     fmt_gib(s_leaf, sizeof s_leaf, (double)leaf_bytes);
     fmt_gib(s_free, sizeof s_free, (double)free_b);
     fmt_gib(s_total, sizeof s_total, (double)total_b);
-    return jdt_err_set(e, JDT_ERR_NOMEM,
-                       "cuda: the compiled step needs %s of GPU memory but %s of %s is free on "
-                       "%s (program %s, of which %s activations/intermediates; parameters and "
-                       "optimizer state %s; %lld MiB reserve): use a smaller "
-                       "data.micro_batch_size (gradient accumulation keeps data.batch_size)%s",
-                       s_need, s_free, s_total, cd->name, s_prog, s_arena, s_leaf,
-                       DEVICE_RESERVE_BYTES >> 20,
-                       c->opts.remat ? ", or more fsdp ranks (mesh.fsdp)"
-                                     : ", or runtime.remat: block");
+    return jdt_err_set(
+        e, JDT_ERR_NOMEM,
+        "cuda: the compiled step needs %s of GPU memory but %s of %s is free on "
+        "%s (program %s, of which %s activations/intermediates; parameters and "
+        "optimizer state %s; %lld MiB reserve): use a smaller "
+        "data.micro_batch_size (gradient accumulation keeps data.batch_size)%s",
+        s_need, s_free, s_total, cd->name, s_prog, s_arena, s_leaf, DEVICE_RESERVE_BYTES >> 20,
+        c->opts.remat ? ", or more fsdp ranks (mesh.fsdp)" : ", or runtime.remat: block");
 }
 
 static void cuda_release(void *state)
@@ -574,7 +576,7 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
     if (cd->bytes_now > cd->bytes_peak) cd->bytes_peak = cd->bytes_now;
     p->dtable = p->dmem;
     p->dinputs = (unsigned char *)p->dmem + table_bytes;
-    p->dcoll = coll_bytes ? (float *)(p->dinputs + in_bytes) : NULL;
+    p->dcoll = coll_bytes ? (float *)(void *)(p->dinputs + in_bytes) : NULL;
     p->darena = p->dinputs + in_bytes + coll_bytes;
     for (int b = 0; b < c->n_bufs; b++) {
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
@@ -665,8 +667,8 @@ static jdt_status scale(cuda_prog *p, float *o, int64_t n, double sc, jdt_err *e
     float scf = (float)sc;
     long long cnt = n;
     void *args[] = {&o, &cnt, &scf};
-    int grid = (int)((cnt + 255) / 256 < JDT_CUDA_MAX_GRID ? (cnt + 255) / 256 + 1
-                                                           : JDT_CUDA_MAX_GRID);
+    int grid =
+        (int)((cnt + 255) / 256 < JDT_CUDA_MAX_GRID ? (cnt + 255) / 256 + 1 : JDT_CUDA_MAX_GRID);
     CU(cudaLaunchKernel((const void *)p->scale_kern, (dim3){(unsigned)grid, 1, 1},
                         (dim3){256, 1, 1}, args, 0, p->cd->stream),
        "collective scale");
@@ -745,7 +747,8 @@ static jdt_status gather_scatter(cuda_prog *p, const cnode *n, float *o, float *
     jdt_status st = group_comm_get(p->cd, (int)n->attrs.i[0], &cm, &size, e);
     if (st != JDT_OK) return st;
     if (size != k)
-        return jdt_err_set(e, JDT_ERR_INTERNAL, "%s over %lld members, but group %lld has %d rank(s)",
+        return jdt_err_set(e, JDT_ERR_INTERNAL,
+                           "%s over %lld members, but group %lld has %d rank(s)",
                            jdt_op_name(n->op), (long long)k, (long long)n->attrs.i[0], size);
     if (!cm) { /* k = 1: a copy (times the scale for the scatter) */
         if ((st = copy_d2d(p, o, in, nl, "collective copy", e)) != JDT_OK) return st;
@@ -801,12 +804,10 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
         if (n->attrs.i[2]) /* bf16 compute: the planned scratch takes the bf16 copies */
-            return jdt_cuk_matmul_bf16(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M,
-                                       Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
-                                       b->ndim == 2, scratch,
-                                       sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes
-                                                            : 0,
-                                       e);
+            return jdt_cuk_matmul_bf16(
+                k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K, n->attrs.i[0] != 0,
+                n->attrs.i[1] != 0, b->ndim == 2, scratch,
+                sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0, e);
         return jdt_cuk_matmul(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                               n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
     }
