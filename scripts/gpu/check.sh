@@ -6,7 +6,8 @@
 #   2 tests    check_cuk (builtin kernels, bf16 GEMMs, NCCL in a one-rank job) and check_cuda's
 #              GPU case (every op graph, train steps incl. bf16) vs the CPU
 #   3 tiny     configs/tiny.yaml trained on the GPU and on the CPU: the loss curves compared,
-#              f32 (TF32 GEMMs) and bf16 compute (cuBLASLt bf16 GEMMs vs the CPU's bf16 path)
+#              f32 (TF32 GEMMs) and bf16 compute (cuBLASLt bf16 GEMMs vs the CPU's bf16 path);
+#              an oversized batch must be refused by the device memory check (exit 1)
 #   4 gpt2     GPT-2 124M (L=12 C=768 H=12 T=1024 V=50257, synthetic tokens), bf16 compute by
 #              default: tok/s, MFU against the datasheet's dense bf16 peak (989.4 TFLOP/s on
 #              H100/H200 SXM), peak device memory
@@ -126,6 +127,16 @@ PY
     say "tiny $prec FAILED (cpu exit $rc_c, cuda exit $rc_g)"; tail -3 "$OUT/tiny-cpu-$prec.log" | tee -a "$SUMMARY"
   fi
 done
+# the device memory check: a plan larger than the GPU (~216 GiB of arena) must be one line and
+# exit 1 before its allocation, never a CUDA out-of-memory error mid-step
+(cd "$ROOT" && timeout "$TMO" "$BIN" train configs/tiny.yaml run.out_dir="$OUT/tiny-oom" run.steps=2 \
+   run.eval_every=0 checkpoint.every=0 runtime.backend=cuda data.batch_size=524288 \
+   data.micro_batch_size=524288 >"$OUT/tiny-oom.log" 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -q "of GPU memory but" "$OUT/tiny-oom.log"; then
+  say "tiny oversized batch refused before allocating (exit 1): $(grep -o 'the compiled step needs.*' "$OUT/tiny-oom.log" | head -1)"
+else
+  say "tiny oversized batch NOT refused cleanly (exit $rc):"; tail -3 "$OUT/tiny-oom.log" | tee -a "$SUMMARY"
+fi
 fi
 
 # ---- 4: GPT-2 124M ---------------------------------------------------------------------------
