@@ -63,10 +63,12 @@ static unsigned regather_swap(jdt_graph *g, jdt_tensor *node, const bool *need,
         jdt_tensor *in = node->inputs[k];
         if (!is_param_gather(in) || !need[1 - k]) continue;
         if (!regather[in->id]) {
-            jdt_tensor *c = jdt_graph_op(g, in->op, 1, in->inputs, &in->attrs, in->dtype, &in->shape);
+            jdt_tensor *c =
+                jdt_graph_op(g, in->op, 1, in->inputs, &in->attrs, in->dtype, &in->shape);
             if (!c) return swapped; /* sticky graph error */
             c->flags |= JDT_TENSOR_REMAT;
-            for (int d = 0; d < in->shape.ndim; d++) c->axes[d] = in->axes[d];
+            for (int d = 0; d < in->shape.ndim; d++)
+                c->axes[d] = in->axes[d];
             regather[in->id] = c;
         }
         saved[k] = in;

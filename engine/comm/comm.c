@@ -646,8 +646,7 @@ jdt_status jdt_comm_wait(jdt_comm_work *w, jdt_err *e)
     return jdt_comm_wait_timed(w, NULL, NULL, e);
 }
 
-jdt_status jdt_comm_wait_timed(jdt_comm_work *w, double *run_start_s, double *run_end_s,
-                               jdt_err *e)
+jdt_status jdt_comm_wait_timed(jdt_comm_work *w, double *run_start_s, double *run_end_s, jdt_err *e)
 {
     if (!w) return jdt_err_set(e, JDT_ERR_INVALID, "wait: no work");
     jdt_dist *d = w->g->d;

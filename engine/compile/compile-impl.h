@@ -61,7 +61,13 @@ typedef struct {
  * input into its buffer (an all-gather's part, a reduce-scatter's permuted input) right after
  * the input is computed; START issues the collective once every member is packed; WAIT, just
  * before the first step that reads a member, waits and finishes each member (scale, unpermute). */
-typedef enum { STEP_KERNEL, STEP_BUILTIN, STEP_COLL_PACK, STEP_COLL_START, STEP_COLL_WAIT } step_kind;
+typedef enum {
+    STEP_KERNEL,
+    STEP_BUILTIN,
+    STEP_COLL_PACK,
+    STEP_COLL_START,
+    STEP_COLL_WAIT
+} step_kind;
 
 typedef struct {
     step_kind kind;

@@ -29,8 +29,7 @@ typedef enum {
  * order (the schedule is a pure function of the graph), so members of a group always agree.
  * Every started handle is waited exactly once, also when the run fails. */
 typedef jdt_status (*jdt_collective_start_fn)(void *ctx, int group, int kind, jdt_dtype dt,
-                                              void *buf, size_t n_elems, void **handle,
-                                              jdt_err *e);
+                                              void *buf, size_t n_elems, void **handle, jdt_err *e);
 typedef jdt_status (*jdt_collective_wait_fn)(void *ctx, void *handle, jdt_err *e);
 
 /* Options of a compilation. Device-neutral: cache_dir, no_fuse, no_simplify, profile, no_jit,

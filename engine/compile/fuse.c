@@ -240,9 +240,12 @@ static int first_reader(const cprog *c, const user_lists *u, int i)
         int r = u->users[k];
         const cnode *rn = &c->nodes[r];
         int at;
-        if (rn->kind == CK_VIEW || rn->absorbed) at = first_reader(c, u, r);
-        else if (rn->group >= 0) at = c->groups[rn->group].root;
-        else at = r;
+        if (rn->kind == CK_VIEW || rn->absorbed)
+            at = first_reader(c, u, r);
+        else if (rn->group >= 0)
+            at = c->groups[rn->group].root;
+        else
+            at = r;
         if (at < best) best = at;
     }
     return best == INT32_MAX ? c->n_nodes : best;
@@ -307,21 +310,26 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         acoll[i] = 1;
         pack[i] = mkkey(p, KEY_PACK);
         wait[i] = mkkey(first_reader(c, u, i), KEY_WAIT);
-        if (p >= 0 && acoll[p]) chain[n_chain++] = i; /* packed once p's wait is placed */
-        else if (p < 0) pf[n_pf++] = i;
-        else cand[n_cand++] = (coll_cand){i, pack[i], wait[i]};
+        if (p >= 0 && acoll[p])
+            chain[n_chain++] = i; /* packed once p's wait is placed */
+        else if (p < 0)
+            pf[n_pf++] = i;
+        else
+            cand[n_cand++] = (coll_cand){i, pack[i], wait[i]};
     }
     /* collectives of leaves: issued JDT_PREFETCH_COLLS ahead, in the order they are needed */
     for (int a = 1; a < n_pf; a++) /* insertion sort by wait key (few, mostly sorted) */
         for (int b = a; b > 0 && (wait[pf[b - 1]] > wait[pf[b]] ||
-                                  (wait[pf[b - 1]] == wait[pf[b]] && pf[b - 1] > pf[b])); b--) {
+                                  (wait[pf[b - 1]] == wait[pf[b]] && pf[b - 1] > pf[b]));
+             b--) {
             int t = pf[b];
             pf[b] = pf[b - 1];
             pf[b - 1] = t;
         }
     for (int j = 0; j < n_pf; j++)
-        pack[pf[j]] = j < JDT_PREFETCH_COLLS ? mkkey(-1, KEY_PF_PACK)
-                                             : wait[pf[j - JDT_PREFETCH_COLLS]] - KEY_WAIT + KEY_PF_PACK;
+        pack[pf[j]] = j < JDT_PREFETCH_COLLS
+                          ? mkkey(-1, KEY_PF_PACK)
+                          : wait[pf[j - JDT_PREFETCH_COLLS]] - KEY_WAIT + KEY_PF_PACK;
     qsort(cand, (size_t)n_cand, sizeof *cand, cmp_cand);
     /* a reduce-scatter holds a full-size scratch until its wait, and its result is usually
      * first read at the end of the backward (clipping, the optimizer): wait for it before the
@@ -354,7 +362,8 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         int64_t elems = coll_elems(c, n), min_wait = cand[a].wait;
         members[nm++] = cand[a].node;
         for (int b = a + 1; n->op == JDT_OP_ALL_REDUCE && c->opts.bucket_bytes > 0 && b < n_cand &&
-                            nm < (int)(sizeof members / sizeof members[0]); b++) {
+                            nm < (int)(sizeof members / sizeof members[0]);
+             b++) {
             const cnode *m = &c->nodes[cand[b].node];
             if (bucket[cand[b].node] >= 0 || m->op != JDT_OP_ALL_REDUCE ||
                 m->attrs.i[0] != n->attrs.i[0] || m->attrs.i[1] != n->attrs.i[1])
@@ -392,8 +401,8 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
             const cgroup *g = &c->groups[n->group];
             n->store = g->root == i || is_kept(u, i);
             if (g->root != i) continue;
-            PUSH(mkkey(i, KEY_BASE), i, .kind = STEP_KERNEL, .group = n->group, .kernel = -1, .node = i,
-                 .scratch_buf = -1, .coll = -1);
+            PUSH(mkkey(i, KEY_BASE), i, .kind = STEP_KERNEL, .group = n->group, .kernel = -1,
+                 .node = i, .scratch_buf = -1, .coll = -1);
         } else if (n->kind == CK_BUILTIN) {
             n->store = true;
             PUSH(mkkey(i, KEY_BASE), i, .kind = STEP_BUILTIN, .group = -1, .kernel = -1, .node = i,
@@ -408,17 +417,17 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         int64_t last_pack = 0, first_wait = INT64_MAX;
         for (int m = 0; m < cl->n_members; m++) {
             int i = cl->members[m];
-            PUSH(pack[i], i, .kind = STEP_COLL_PACK, .group = -1, .kernel = -1, .node = i, .scratch_buf = -1,
-                 .coll = k);
+            PUSH(pack[i], i, .kind = STEP_COLL_PACK, .group = -1, .kernel = -1, .node = i,
+                 .scratch_buf = -1, .coll = k);
             if (m == 0 || pack[i] > last_pack) last_pack = pack[i];
             if (wait[i] < first_wait) first_wait = wait[i];
         }
         /* START right after the last PACK of its kind at that node (KEY_PACK -> KEY_START,
          * KEY_PF_PACK -> KEY_PF_START, KEY_CPACK -> KEY_CSTART) */
-        PUSH(last_pack + 1, N + k, .kind = STEP_COLL_START, .group = -1, .kernel = -1, .node = cl->members[0],
-             .scratch_buf = -1, .coll = k);
-        PUSH(first_wait, N + k, .kind = STEP_COLL_WAIT, .group = -1, .kernel = -1, .node = cl->members[0],
-             .scratch_buf = -1, .coll = k);
+        PUSH(last_pack + 1, N + k, .kind = STEP_COLL_START, .group = -1, .kernel = -1,
+             .node = cl->members[0], .scratch_buf = -1, .coll = k);
+        PUSH(first_wait, N + k, .kind = STEP_COLL_WAIT, .group = -1, .kernel = -1,
+             .node = cl->members[0], .scratch_buf = -1, .coll = k);
     }
 #undef PUSH
     qsort(ks, (size_t)n_ks, sizeof *ks, cmp_keyed);
@@ -662,8 +671,8 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
 static bool dies_in_plan(const cprog *c, int b, const int *last, int S)
 {
     const cbuf *cb = &c->bufs[b];
-    return cb->info.kind == JDT_BUF_ARENA && cb->info.slot_of < 0 && cb->info.def_step != -2 && last[b] >= 0 &&
-           last[b] < S && cb->info.def_step <= last[b];
+    return cb->info.kind == JDT_BUF_ARENA && cb->info.slot_of < 0 && cb->info.def_step != -2 &&
+           last[b] >= 0 && last[b] < S && cb->info.def_step <= last[b];
 }
 
 jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
@@ -815,8 +824,10 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         int outs[JDT_GROUP_MAX_STORES + 2], n_outs = 0;
         if (sp->kind == STEP_COLL_PACK) {
             const ccoll *cl = &c->colls[sp->coll];
-            if (cl->buf < 0) outs[n_outs++] = c->nodes[sp->node].buf;
-            else if (sp->node == cl->members[0]) outs[n_outs++] = cl->buf;
+            if (cl->buf < 0)
+                outs[n_outs++] = c->nodes[sp->node].buf;
+            else if (sp->node == cl->members[0])
+                outs[n_outs++] = cl->buf;
             if (cl->scratch_buf >= 0) outs[n_outs++] = cl->scratch_buf;
         } else if (sp->kind == STEP_COLL_START || sp->kind == STEP_COLL_WAIT) {
         } else if (sp->kind == STEP_BUILTIN) {

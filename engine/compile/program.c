@@ -212,8 +212,9 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
             else if (sp->kind != STEP_BUILTIN) /* a bucket is named by its first member */
                 snprintf(p->step_name[s], sizeof p->step_name[s], "%s:%s",
                          jdt_op_name(c->nodes[sp->node].op),
-                         sp->kind == STEP_COLL_PACK ? "pack"
-                         : sp->kind == STEP_COLL_START ? "start" : "wait");
+                         sp->kind == STEP_COLL_PACK    ? "pack"
+                         : sp->kind == STEP_COLL_START ? "start"
+                                                       : "wait");
             else
                 snprintf(p->step_name[s], sizeof p->step_name[s], "%s",
                          jdt_op_name(c->nodes[sp->node].op));
@@ -292,11 +293,13 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
     }
     for (int s = 0; s < c->n_steps; s++) {
         const cstep *sp = &c->steps[s];
-        int k = sp->kind == STEP_KERNEL ? (int)c->nodes[c->groups[sp->group].root].op
+        int k = sp->kind == STEP_KERNEL    ? (int)c->nodes[c->groups[sp->group].root].op
                 : sp->kind == STEP_BUILTIN ? JDT_OP_COUNT + (int)c->nodes[sp->node].op
-                : (sp->kind == STEP_COLL_PACK    ? 2
-                   : sp->kind == STEP_COLL_START ? 3
-                                                 : 4) * JDT_OP_COUNT + (int)c->nodes[sp->node].op;
+                                           : (sp->kind == STEP_COLL_PACK    ? 2
+                                              : sp->kind == STEP_COLL_START ? 3
+                                                                            : 4) *
+                                                     JDT_OP_COUNT +
+                                                 (int)c->nodes[sp->node].op;
         t[k] += p->step_s[s];
         count[k]++;
         total += p->step_s[s];
@@ -313,13 +316,12 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
         if (best < 0 || off >= n) break;
         static const char *const part[5] = {"", "", " pack", " start", " wait"};
         const int cls = best / JDT_OP_COUNT;
-        const char *what = best == MAX_KINDS - 1 ? "update copies"
-                                                 : jdt_op_name((jdt_op)(best % JDT_OP_COUNT));
-        off += (size_t)snprintf(buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %s%s%s\n",
-                                total > 0 ? 100.0 * t[best] / total : 0.0,
-                                t[best] * 1e3 / p->n_runs, count[best],
-                                best < JDT_OP_COUNT ? "fused:" : "", what,
-                                best == MAX_KINDS - 1 ? "" : part[cls]);
+        const char *what =
+            best == MAX_KINDS - 1 ? "update copies" : jdt_op_name((jdt_op)(best % JDT_OP_COUNT));
+        off += (size_t)snprintf(
+            buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %s%s%s\n",
+            total > 0 ? 100.0 * t[best] / total : 0.0, t[best] * 1e3 / p->n_runs, count[best],
+            best < JDT_OP_COUNT ? "fused:" : "", what, best == MAX_KINDS - 1 ? "" : part[cls]);
         count[best] = 0;
     }
     return buf;

@@ -181,8 +181,10 @@ static void print_collectives(const jdt_step *s, const jdt_config *cfg, FILE *f,
         fprintf(f,
                 "    issued by the %s program: %d calls per run, %d of them start/wait pairs "
                 "under compute, %d all-reduces coalesced into buckets of <= %d MiB\n",
-                p ? "apply" : accum ? "micro-batch" : "train-step", cs->n_coll_calls,
-                cs->n_coll_async, cs->n_coll_bucketed, cfg->runtime.bucket_mb);
+                p       ? "apply"
+                : accum ? "micro-batch"
+                        : "train-step",
+                cs->n_coll_calls, cs->n_coll_async, cs->n_coll_bucketed, cfg->runtime.bucket_mb);
     }
     jdt_free(tab.rows);
 }

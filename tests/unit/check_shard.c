@@ -423,8 +423,10 @@ static jdt_graph *overlap_graph(jdt_tensor **P, float *pv, float *xv)
 static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *stats)
 {
     float pv[120], xv[32];
-    for (int i = 0; i < 120; i++) pv[i] = 0.05f * (float)((i * 37) % 23 - 11);
-    for (int i = 0; i < 32; i++) xv[i] = 0.1f * (float)((i * 13) % 17 - 8);
+    for (int i = 0; i < 120; i++)
+        pv[i] = 0.05f * (float)((i * 37) % 23 - 11);
+    for (int i = 0; i < 32; i++)
+        xv[i] = 0.1f * (float)((i * 13) % 17 - 8);
     jdt_tensor *P[6];
     jdt_graph *g = overlap_graph(P, pv, xv);
     jdt_compile_opts o;
@@ -453,9 +455,11 @@ static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *
     for (int i = 0; i < 7; i++) {
         const jdt_tensor *t = jdt_graph_output(g, i);
         const float *v = jdt_program_output(prog, i);
-        for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++) out[k++] = v[j];
+        for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
+            out[k++] = v[j];
     }
-    for (int i = 0; i < 120; i++) out[k++] = pv[i];
+    for (int i = 0; i < 120; i++)
+        out[k++] = pv[i];
     *n_out = k;
     *stats = *jdt_program_stats(prog);
     if (mode >= 2) { /* bucket slots lie inside their bucket, which is live across them */
@@ -504,8 +508,8 @@ START_TEST(test_overlap_window)
     ck_assert(memcmp(ov, blk, n_blk * sizeof(float)) == 0);
     ck_assert(memcmp(bk, blk, n_blk * sizeof(float)) == 0);
     for (size_t i = 0; i < n_ref; i++) /* and the interpreter agrees */
-        ck_assert_msg(fabsf(ref[i] - blk[i]) <= 1e-5f * (1.0f + fabsf(ref[i])), "value %zu: %g vs %g",
-                      i, ref[i], blk[i]);
+        ck_assert_msg(fabsf(ref[i] - blk[i]) <= 1e-5f * (1.0f + fabsf(ref[i])),
+                      "value %zu: %g vs %g", i, ref[i], blk[i]);
     /* 3 forward gathers, 2 re-gathers for the backward GEMMs of layers 1 and 2 (layer 0's
      * input needs no cotangent), 3 reduce-scatters, 3 bias all-reduces */
     ck_assert_int_eq(s_blk.n_coll_async, 0);

@@ -293,8 +293,10 @@ static void coll_pack(cpu_prog *p, const cstep *sp)
         return;
     }
     float *tmp = p->ptrs[cl->scratch_buf];
-    if (outer > 1) jdt_permute_blocks_f32(x, tmp, k, outer, blk, false);
-    else memcpy(tmp, x, (size_t)nf * sizeof *tmp);
+    if (outer > 1)
+        jdt_permute_blocks_f32(x, tmp, k, outer, blk, false);
+    else
+        memcpy(tmp, x, (size_t)nf * sizeof *tmp);
 }
 
 static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
@@ -302,18 +304,17 @@ static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
     const cprog *c = p->c;
     const ccoll *cl = &c->colls[sp->coll];
     const cnode *n = &c->nodes[cl->members[0]];
-    void *buf = cl->buf >= 0                          ? p->ptrs[cl->buf]
+    void *buf = cl->buf >= 0                     ? p->ptrs[cl->buf]
                 : n->op == JDT_OP_REDUCE_SCATTER ? p->ptrs[cl->scratch_buf]
-                                                  : ptr_of(p, cl->members[0]);
+                                                 : ptr_of(p, cl->members[0]);
     const int kind = n->op == JDT_OP_ALL_REDUCE   ? (int)n->attrs.i[1]
                      : n->op == JDT_OP_ALL_GATHER ? JDT_COLL_ALLGATHER
                                                   : JDT_COLL_REDUCE_SCATTER;
     if (cl->inline_run) /* waited for right away: blocking saves the thread hand-offs */
-        return c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], kind,
-                                  JDT_DTYPE_F32, buf, (size_t)cl->n_elems, e);
-    return c->opts.collective_start(c->opts.collective_ctx, (int)n->attrs.i[0], kind,
-                                    JDT_DTYPE_F32, buf, (size_t)cl->n_elems,
-                                    &p->handles[sp->coll], e);
+        return c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], kind, JDT_DTYPE_F32,
+                                  buf, (size_t)cl->n_elems, e);
+    return c->opts.collective_start(c->opts.collective_ctx, (int)n->attrs.i[0], kind, JDT_DTYPE_F32,
+                                    buf, (size_t)cl->n_elems, &p->handles[sp->coll], e);
 }
 
 /* WAIT: the collective, then each member's finish (scale, unpermute, the scattered part). */
@@ -496,11 +497,19 @@ static jdt_status cpu_step(void *state, int s, jdt_err *e)
     }
     jdt_status st = JDT_OK;
     switch (sp->kind) {
-    case STEP_COLL_PACK: coll_pack(p, sp); break;
-    case STEP_COLL_START: st = coll_start(p, sp, e); break;
-    case STEP_COLL_WAIT: st = coll_wait(p, sp, e); break;
+    case STEP_COLL_PACK:
+        coll_pack(p, sp);
+        break;
+    case STEP_COLL_START:
+        st = coll_start(p, sp, e);
+        break;
+    case STEP_COLL_WAIT:
+        st = coll_wait(p, sp, e);
+        break;
     case STEP_KERNEL: /* handled above */
-    case STEP_BUILTIN: st = run_builtin(p, sp, e); break;
+    case STEP_BUILTIN:
+        st = run_builtin(p, sp, e);
+        break;
     }
     if (st != JDT_OK) coll_drain(p);
     return st;
