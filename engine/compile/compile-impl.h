@@ -95,6 +95,9 @@ typedef struct cprog_ {
     int n_bufs, cap_bufs;
     int64_t arena_bytes;
     jdt_compile_stats stats;
+    /* opts.share_arena accepted (same device, its arena large enough): the lender's backend
+     * state, whose arena this program's buffers point into; NULL: an arena of its own */
+    const void *arena_lender;
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

@@ -57,6 +57,13 @@ typedef struct {
     /* The device the program runs on (engine/backend/backend.h); NULL: the CPU. A CUDA
      * device keeps leaves in device memory (see backend.h for how host buffers relate). */
     struct jdt_device *device;
+    /* CPU backend: a compiled program whose arena this one reuses instead of allocating its
+     * own, when that arena is at least as large as this program's plan (a train step's eval
+     * and apply programs never run at the same time as the step). The two programs' outputs
+     * then live in the same memory: an output is valid only until either program runs. The
+     * lender must outlive the borrower. Ignored by other backends and when too small
+     * (jdt_program_arena_shared says which happened). */
+    const struct jdt_program *share_arena;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */
@@ -73,6 +80,7 @@ typedef struct {
     int n_update_copies;   /* updates copied into their leaf after the step */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */
+    bool arena_shared;     /* the arena is opts.share_arena's (nothing allocated for it) */
     double compile_s;      /* wall time of jdt_program_compile */
     double cc_s;           /* of which spent in the C compiler (0 on a cache hit) */
     bool cache_hit;        /* shared object found in the on-disk cache */
@@ -91,6 +99,9 @@ typedef struct jdt_program jdt_program;
  * lives (leaf tensors are read at every run). opts may be NULL (defaults). */
 jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_program **out,
                                jdt_err *e);
+
+/* True when p runs in the arena of opts.share_arena (no arena of its own). */
+bool jdt_program_arena_shared(const jdt_program *p);
 
 /* Refuses (ERR_NOMEM, one line with both figures and what to change) an arena of n_bytes
  * that exceeds the memory available to this process (jdt_mem_available); JDT_OK when it fits

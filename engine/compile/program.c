@@ -183,6 +183,14 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
+    /* one arena for programs that never run at once (train step, eval, apply): borrow the
+     * lender's when it is on the same CPU device and large enough */
+    const jdt_program *lend = c->opts.share_arena;
+    if (lend && !lend->interp && lend->dev == p->dev && p->dev == jdt_device_cpu_default() &&
+        lend->c.arena_bytes >= c->arena_bytes && (lend->state || c->opts.plan_only)) {
+        c->arena_lender = lend->state ? lend->state : lend;
+        c->stats.arena_shared = true;
+    }
     if (c->opts.plan_only) { /* shapes and sizes only: no code, no compiler, no arena */
         for (int i = 0; i < c->n_nodes; i++)
             c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
@@ -338,6 +346,11 @@ jdt_status jdt_program_read_output(const jdt_program *p, int i, void *dst, size_
         return jdt_err_set(e, JDT_ERR_INVALID, "read: output %d has %zu bytes, %zu asked", i,
                            have, n_bytes);
     return p->dev->vt->read(p->state, p->c.outputs[i], dst, n_bytes, e);
+}
+
+bool jdt_program_arena_shared(const jdt_program *p)
+{
+    return p && p->c.stats.arena_shared;
 }
 
 const jdt_compile_stats *jdt_program_stats(const jdt_program *p)

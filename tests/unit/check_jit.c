@@ -493,6 +493,65 @@ START_TEST(test_bf16_compute)
 }
 END_TEST
 
+/* opts.share_arena: a program runs in a larger program's arena (no allocation of its own),
+ * both stay right when they run alternately; a lender too small is not used. */
+START_TEST(test_shared_arena)
+{
+    fx a, b;
+    fx_init(&a);
+    fx_init(&b);
+    bf16_mlp(&a, false);
+    jdt_tensor *x = FX_INPUT(&b, "x", JDT_DTYPE_F32, -1, 1, 8, 16);
+    out(&b, jdt_graph_add(b.g, jdt_graph_exp(b.g, jdt_graph_tanh(b.g, x)),
+                          jdt_graph_transpose(b.g, jdt_graph_transpose(b.g, x, (int[]){1, 0}),
+                                              (int[]){1, 0})));
+    fx_fill(&a, 3);
+    fx_fill(&b, 4);
+    jdt_compile_opts o;
+    fx_opts(&a, &o);
+    jdt_program *pa = fx_check_steps(&a, &o, 1, 1e-4, 1e-6, true);
+    ck_assert(!jdt_program_arena_shared(pa));
+    const jdt_compile_stats *sa = jdt_program_stats(pa);
+    /* the lender's outputs, to compare after the borrower has run in its arena */
+    float *before[4];
+    int n_out = jdt_graph_n_outputs(a.g);
+    ck_assert_int_le(n_out, 4);
+    for (int i = 0; i < n_out; i++) {
+        size_t nb = (size_t)jdt_shape_numel(&jdt_graph_output(a.g, i)->shape) * sizeof(float);
+        before[i] = malloc(nb);
+        memcpy(before[i], jdt_program_output(pa, i), nb);
+    }
+    jdt_compile_opts ob;
+    fx_opts(&b, &ob);
+    ob.share_arena = pa;
+    jdt_program *pb = fx_check_steps(&b, &ob, 2, 1e-5, 1e-6, true);
+    ck_assert_msg(jdt_program_arena_shared(pb), "arena %lld <= lender's %lld but not shared",
+                  (long long)jdt_program_stats(pb)->arena_bytes, (long long)sa->arena_bytes);
+    ck_assert(jdt_program_stats(pb)->arena_shared);
+    ck_assert_int_gt(jdt_program_stats(pb)->arena_bytes, 0);
+    jdt_err e;
+    fx_bind(&a, true);
+    ck_assert_msg(jdt_program_run(pa, &e) == JDT_OK, "%s", e.msg);
+    for (int i = 0; i < n_out; i++) {
+        const jdt_tensor *t = jdt_graph_output(a.g, i);
+        ck_assert_msg(memcmp(before[i], jdt_program_output(pa, i),
+                             (size_t)jdt_shape_numel(&t->shape) * sizeof(float)) == 0,
+                      "output %d changed after the borrower ran", i);
+        free(before[i]);
+    }
+    /* a lender smaller than the plan: an arena of its own */
+    jdt_program *pa2 = NULL;
+    o.share_arena = pb;
+    ck_assert_msg(jdt_program_compile(a.g, &o, &pa2, &e) == JDT_OK, "%s", e.msg);
+    ck_assert(!jdt_program_arena_shared(pa2));
+    jdt_program_free(pa2);
+    jdt_program_free(pb); /* the borrower first */
+    jdt_program_free(pa);
+    fx_free(&a);
+    fx_free(&b);
+}
+END_TEST
+
 START_TEST(test_special_values)
 {
     fx f;
@@ -594,6 +653,7 @@ int main(void)
     tcase_add_test(tc, test_train_step_updates);
     tcase_add_test(tc, test_transformer_block_adam);
     tcase_add_test(tc, test_bf16_compute);
+    tcase_add_test(tc, test_shared_arena);
     tcase_add_test(tc, test_special_values);
     tcase_add_test(tc, test_run_errors);
     suite_add_tcase(s, tc);

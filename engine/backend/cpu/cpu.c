@@ -32,6 +32,7 @@ typedef struct {
     const kernel_fn *kernels; /* (n_kernels) in the shared object */
     void **ptrs;              /* (n_bufs) */
     unsigned char *arena;     /* (arena_bytes) */
+    bool arena_borrowed;      /* arena is the lender's (c->arena_lender): not freed here */
     float *coll_scratch; /* (largest all-gather / reduce-scatter tensor) their permuting copy */
     char *src;
 } cpu_prog;
@@ -261,7 +262,7 @@ static void cpu_release(void *state)
     cpu_prog *p = state;
     if (!p) return;
     jdt_free(p->ptrs);
-    jdt_free_aligned(p->arena);
+    if (!p->arena_borrowed) jdt_free_aligned(p->arena);
     jdt_free(p->coll_scratch);
     jdt_free(p->src);
     jdt_free(p->launch);
@@ -302,7 +303,7 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
     }
     /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
      * the OOM killer later */
-    if ((st = jdt_compile_check_arena(c->arena_bytes, e)) != JDT_OK) goto fail;
+    if (!c->arena_lender && (st = jdt_compile_check_arena(c->arena_bytes, e)) != JDT_OK) goto fail;
     int64_t need = 0; /* the collectives' permuting scratch */
     for (int i = 0; i < c->n_nodes; i++) {
         const cnode *n = &c->nodes[i];
@@ -316,7 +317,12 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: collective scratch");
         goto fail;
     }
-    p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
+    if (c->arena_lender) { /* program.c checked: same CPU device, large enough */
+        p->arena = ((const cpu_prog *)c->arena_lender)->arena;
+        p->arena_borrowed = true;
+    } else {
+        p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
+    }
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
     if (!p->arena || !p->ptrs) {
         st = jdt_err_set(e, JDT_ERR_NOMEM,
