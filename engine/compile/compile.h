@@ -37,6 +37,8 @@ typedef struct {
     int threads;           /* CPU: 0: omp_get_max_threads() */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
+    bool no_bf16_storage;  /* keep every intermediate f32 (by default the CPU backend stores a
+                              value read only by bf16-compute GEMMs as bf16: same numbers) */
     bool profile;          /* time every step of every run (see jdt_program_profile) */
     bool no_jit;           /* run the reference interpreter instead (no C compiler needed;
                               slow, allocates per run: for debugging and machines without cc) */
@@ -78,6 +80,7 @@ typedef struct {
     int n_inplace;         /* buffers written in place over a dying input */
     int n_donated;         /* updates written directly into their leaf's buffer */
     int n_update_copies;   /* updates copied into their leaf after the step */
+    int n_bf16_stored;     /* values stored as bf16 (read only by bf16-compute GEMMs) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */
     bool arena_shared;     /* the arena is opts.share_arena's (nothing allocated for it) */
@@ -161,6 +164,7 @@ typedef struct {
     int def_step;            /* step that writes it (-1: leaf, valid before step 0) */
     int last_step;           /* last step that reads it (n_steps: kept to the end) */
     int inplace_of;          /* buffer whose storage it took over at def_step, or -1 */
+    bool bf16;               /* holds bf16 values of an f32 node (bf16 storage, fuse.c) */
 } jdt_buf_info;
 
 int jdt_program_n_buffers(const jdt_program *p);

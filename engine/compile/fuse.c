@@ -148,6 +148,50 @@ static bool splat_needs_buffer(const cprog *c, const user_lists *u, int i)
     return false;
 }
 
+/* Is every reader of node i (through views) a bf16-compute GEMM reading it as its a or b
+ * operand, with no view of it an output or update value? Such a value is rounded to bf16 by
+ * every reader, so storing it as bf16 changes no number. */
+static bool read_by_bf16_gemms_only(const cprog *c, const user_lists *u, int i)
+{
+    if (u->start[i + 1] == u->start[i]) return false;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        int ui = u->users[k];
+        const cnode *un = &c->nodes[ui];
+        if (un->kind == CK_VIEW && un->op == JDT_OP_RESHAPE) {
+            if (is_kept(u, ui) || !read_by_bf16_gemms_only(c, u, ui)) return false;
+            continue;
+        }
+        if (un->op != JDT_OP_MATMUL || !un->attrs.i[2]) return false;
+        for (int q = 2; q < un->n_in; q++)
+            if (un->in[q] == i) return false; /* the bias stays f32 */
+    }
+    return true;
+}
+
+static void mark_bf16_views(cprog *c, const user_lists *u, int i)
+{
+    c->nodes[i].bf16 = true;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++)
+        if (c->nodes[u->users[k]].kind == CK_VIEW) mark_bf16_views(c, u, u->users[k]);
+}
+
+/* bf16 storage (precision.compute: bf16): a value computed by a fused elementwise kernel in
+ * f32 and read only by bf16 GEMMs (in the forward pass and, saved or recomputed, by the
+ * weight-gradient GEMM of the backward) is stored as bf16, rounded on store (nearest even,
+ * the GEMM's own rounding): half the bytes in the arena and no conversion in the GEMM. Graph
+ * outputs, update values, reductions' results and leaves stay f32. */
+static void mark_bf16_storage(cprog *c, const user_lists *u)
+{
+    if (!c->bf16_storage) return;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *n = &c->nodes[i];
+        if (!n->store || n->group < 0 || n->dtype != JDT_DTYPE_F32 || is_kept(u, i)) continue;
+        if (n->kind != CK_EW && n->kind != CK_MAP) continue;
+        if (c->groups[n->group].is_reduce && c->groups[n->group].root == i) continue;
+        if (read_by_bf16_gemms_only(c, u, i)) mark_bf16_views(c, u, i);
+    }
+}
+
 static void sort_members(cgroup *g)
 {
     for (int a = 1; a < g->n_members; a++) /* insertion sort: groups are small */
@@ -220,6 +264,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
             goto out;
         }
     }
+    mark_bf16_storage(c, &u);
     c->stats.n_kernels = n_kernels;
     c->stats.n_builtin = c->n_steps - n_kernels;
     c->stats.n_steps = c->n_steps;
@@ -315,7 +360,7 @@ static int add_buf(cprog *c, jdt_buf_kind kind, int64_t n_bytes, int leaf_node)
 
 static int64_t node_bytes(const cnode *n)
 {
-    return jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype);
+    return jdt_shape_numel(&n->shape) * (n->bf16 ? 2 : (int64_t)jdt_dtype_size(n->dtype));
 }
 
 /* Calls fn(step, input node) for every buffer read of step s (group-external inputs). */
@@ -371,7 +416,9 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
         int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        return 4 * jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b->ndim == 2);
+        return jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, n->attrs.i[0] != 0,
+                                                b->ndim == 2, c->nodes[n->in[0]].bf16,
+                                                c->nodes[n->in[1]].bf16);
     }
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
@@ -410,6 +457,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         n->buf = add_buf(c, n->kind == CK_LEAF ? JDT_BUF_LEAF : JDT_BUF_ARENA, node_bytes(n),
                          n->kind == CK_LEAF ? i : -1);
         if (n->buf < 0) goto nomem;
+        c->bufs[n->buf].info.bf16 = n->bf16;
+        c->stats.n_bf16_stored += n->bf16;
     }
     for (int s = 0; s < S; s++) {
         cstep *sp = &c->steps[s];

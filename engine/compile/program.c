@@ -179,6 +179,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         *out = p;
         return JDT_OK;
     }
+    c->bf16_storage = p->dev == jdt_device_cpu_default() && !c->opts.no_bf16_storage;
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
@@ -368,10 +369,10 @@ char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
     const jdt_compile_stats *s = &p->c.stats;
     snprintf(buf, n,
              "ops %d -> %d; steps %d (%d fused kernels, %d builtin); in-place %d, donated "
-             "updates %d, copied updates %d; arena %.2f MiB; %.3g GFLOP/step; compile %.2fs "
-             "(cc %.2fs, cache %s: %s)",
+             "updates %d, copied updates %d; bf16-stored %d; arena %.2f MiB; %.3g GFLOP/step; "
+             "compile %.2fs (cc %.2fs, cache %s: %s)",
              s->n_ops_in, s->n_ops_out, s->n_steps, s->n_kernels, s->n_builtin, s->n_inplace,
-             s->n_donated, s->n_update_copies, (double)s->arena_bytes / 1048576.0,
+             s->n_donated, s->n_update_copies, s->n_bf16_stored, (double)s->arena_bytes / 1048576.0,
              s->flops_per_step / 1e9, s->compile_s, s->cc_s, s->cache_hit ? "hit" : "miss",
              s->so_path);
     return buf;

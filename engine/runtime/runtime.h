@@ -41,6 +41,22 @@ int64_t jdt_rt_matmul_bf16_scratch_floats(int64_t batch, int64_t M, int64_t N, i
 void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float *c, int64_t batch,
                         int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
                         float *scratch, int nt);
+/* The same product with operands that may already be stored as bf16 (a_bf16 / b_bf16: the
+ * operand is uint16_t bf16 bits, as the compiler stores values read only by bf16 GEMMs;
+ * otherwise f32). Such an operand needs no conversion: on the oneDNN path it is used in place
+ * (a transposed left operand is transposed into the scratch), on the portable path it is
+ * widened into the scratch. The scratch is what jdt_rt_matmul_bf16_scratch_bytes returns for
+ * the same arguments — computed on this host: the oneDNN path needs 2 bytes per converted
+ * element, the portable path 4 per element. Same numbers as jdt_rt_matmul_bf16 on the
+ * bf16-rounded f32 operands. */
+int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                                         bool b_shared, bool a_bf16, bool b_bf16);
+void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c,
+                           int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                           bool b_shared, bool a_bf16, bool b_bf16, void *scratch, int nt);
+/* bf16 storage: x rounded to the nearest bf16 (as jdt_rt_bf16_round), its 16 bits; and back. */
+uint16_t jdt_rt_bf16_bits(float x);
+float jdt_rt_bf16_float(uint16_t h);
 
 /* out (n, C) = table (V, C) rows idx (n). Returns the number of out-of-range indices (their
  * rows are zero-filled); the caller reports them. */

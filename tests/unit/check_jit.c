@@ -7,6 +7,7 @@
 #include "jit-fixture.h"
 
 #include "autodiff/autodiff.h"
+#include "runtime/runtime.h"
 
 #define RT 2e-5
 #define AT 2e-5
@@ -552,6 +553,123 @@ START_TEST(test_shared_arena)
 }
 END_TEST
 
+/* bf16 storage: every kind of fused producer (elementwise unary/binary, broadcast add, a
+ * materialised transpose, slice and broadcast, a reshape view, the affine part of a norm) of a
+ * value read only by bf16 GEMMs — as a, transposed a, b and transposed b — stores it as bf16
+ * (2-byte buffer, rounded on store); the products equal the ones computed from f32 storage
+ * (the GEMM rounds its inputs either way) and the interpreter's bf16 semantics. */
+enum { BS_M = 32, BS_K = 48, BS_N = 40, BS_CASES = 14 };
+
+static jdt_tensor *bf16_producer(fx *f, int k)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, BS_M, BS_K);
+    switch (k) {
+    case 0: return jdt_graph_gelu(g, x);
+    case 1: return jdt_graph_tanh(g, x);
+    case 2: return jdt_graph_exp(g, jdt_graph_mul_scalar(g, x, 0.5));
+    case 3: return jdt_graph_add(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
+    case 4: return jdt_graph_mul(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
+    case 5: return jdt_graph_add_bcast(g, x, FX_PARAM(f, "bias", -1, 1, BS_K));
+    case 6: return jdt_graph_transpose(g, FX_INPUT(f, "z", JDT_DTYPE_F32, -2, 2, BS_K, BS_M),
+                                       (int[]){1, 0});
+    case 7: return jdt_graph_slice(g, FX_INPUT(f, "wide", JDT_DTYPE_F32, -2, 2, BS_M, 2 * BS_K), 1,
+                                   BS_K / 2, BS_K / 2 + BS_K);
+    case 8: return jdt_graph_add(g, x, jdt_graph_broadcast(g, FX_PARAM(f, "row", -1, 1, BS_K), 2,
+                                                           (int64_t[]){BS_M, BS_K}));
+    case 9: return jdt_graph_reshape(
+        g, jdt_graph_silu(g, FX_INPUT(f, "flat", JDT_DTYPE_F32, -2, 2, BS_M * BS_K)), 2,
+        (int64_t[]){BS_M, BS_K});
+    case 10: return jdt_graph_add_bcast(
+        g, jdt_graph_mul_bcast(g, jdt_graph_normalize(g, x, 1e-5), FX_PARAM(f, "nw", 0.5, 1.5, BS_K)),
+        FX_PARAM(f, "nb", -0.5, 0.5, BS_K));
+    case 11: return jdt_graph_relu(g, jdt_graph_sub(g, x, jdt_graph_mul_scalar(g, x, 0.25)));
+    case 12: return jdt_graph_div(g, x, jdt_graph_add_scalar(g, jdt_graph_abs(g, x), 1.0));
+    default: return jdt_graph_sigmoid(g, jdt_graph_neg(g, x));
+    }
+}
+
+static void bf16_storage_graph(fx *f, int k)
+{
+    jdt_graph *g = f->g;
+    jdt_graph_set_matmul_bf16(g, true);
+    jdt_tensor *y = bf16_producer(f, k); /* (M, K) */
+    ck_assert_msg(y, "case %d: %s", k, jdt_graph_error_msg(g));
+    jdt_tensor *w = FX_PARAM(f, "w", -0.5, 0.5, BS_K, BS_N);
+    jdt_tensor *u = FX_PARAM(f, "u", -0.5, 0.5, BS_M, 16);
+    jdt_tensor *q = FX_PARAM(f, "q", -0.5, 0.5, 16, BS_M);
+    jdt_tensor *q2 = FX_PARAM(f, "q2", -0.5, 0.5, 16, BS_K);
+    out(f, jdt_graph_matmul(g, y, w, false, false));  /* y as a */
+    out(f, jdt_graph_matmul(g, y, u, true, false));   /* y as transposed a: (K, 16) */
+    out(f, jdt_graph_matmul(g, q, y, false, false));  /* y as b: (16, K) */
+    out(f, jdt_graph_matmul(g, q2, y, false, true));  /* y as transposed b: (16, M) */
+}
+
+static void bf16_storage_cases(void)
+{
+    for (int k = 0; k < BS_CASES; k++) {
+        fx f;
+        fx_init(&f);
+        bf16_storage_graph(&f, k);
+        fx_fill(&f, 100 + (uint64_t)k);
+        jdt_compile_opts o, o32;
+        fx_opts(&f, &o);
+        fx_opts(&f, &o32);
+        o32.no_bf16_storage = true;
+        /* against the interpreter: bf16 tolerance (a 1-ulp f32 difference in a producer,
+         * e.g. gelu's approximation, can flip one operand's bf16 rounding) */
+        jdt_program *p = fx_check_steps(&f, &o, 1, 1e-2, 5e-3, true);
+        jdt_program *p32 = fx_check_steps(&f, &o32, 1, 1e-2, 5e-3, true);
+        const jdt_compile_stats *s = jdt_program_stats(p);
+        ck_assert_msg(s->n_bf16_stored >= 1, "case %d: nothing stored as bf16", k);
+        ck_assert_int_eq(jdt_program_stats(p32)->n_bf16_stored, 0);
+        int n_half = 0;
+        for (int b = 0; b < jdt_program_n_buffers(p); b++) {
+            jdt_buf_info bi;
+            ck_assert(jdt_program_buffer(p, b, &bi));
+            if (bi.bf16) {
+                ck_assert_int_eq(bi.n_bytes, 2 * BS_M * BS_K);
+                n_half++;
+            }
+        }
+        ck_assert_msg(n_half >= 1, "case %d: no 2-byte buffer in the plan", k);
+        ck_assert_msg(s->arena_bytes < jdt_program_stats(p32)->arena_bytes ||
+                          !jdt_rt_bf16_native(),
+                      "case %d: arena %lld with bf16 storage, %lld without", k,
+                      (long long)s->arena_bytes, (long long)jdt_program_stats(p32)->arena_bytes);
+        ck_assert_msg(strstr(jdt_program_source(p), "jdt_bf16_st("), "case %d: no bf16 store",
+                      k);
+        /* same products as from f32 storage: the GEMM sees the same bf16 operands */
+        for (int i = 0; i < jdt_graph_n_outputs(f.g); i++) {
+            const jdt_tensor *t = jdt_graph_output(f.g, i);
+            const float *a = jdt_program_output(p, i), *b = jdt_program_output(p32, i);
+            for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
+                ck_assert_msg(fabsf(a[j] - b[j]) <= 1e-6f * (1.0f + fabsf(b[j])),
+                              "case %d output %d element %lld: %.9g (bf16 storage) vs %.9g", k,
+                              i, (long long)j, a[j], b[j]);
+        }
+        jdt_program_free(p);
+        jdt_program_free(p32);
+        fx_free(&f);
+    }
+}
+
+START_TEST(test_bf16_storage)
+{
+    bf16_storage_cases();
+}
+END_TEST
+
+/* the same on the portable path (SGEMM on widened operands): a fork of its own, so the path
+ * choice (made once per process) sees the variable */
+START_TEST(test_bf16_storage_portable)
+{
+    setenv("JDT_BF16_NO_DNNL", "1", 1);
+    ck_assert(!jdt_rt_bf16_native());
+    bf16_storage_cases();
+}
+END_TEST
+
 START_TEST(test_special_values)
 {
     fx f;
@@ -654,6 +772,8 @@ int main(void)
     tcase_add_test(tc, test_transformer_block_adam);
     tcase_add_test(tc, test_bf16_compute);
     tcase_add_test(tc, test_shared_arena);
+    tcase_add_test(tc, test_bf16_storage);
+    tcase_add_test(tc, test_bf16_storage_portable);
     tcase_add_test(tc, test_special_values);
     tcase_add_test(tc, test_run_errors);
     suite_add_tcase(s, tc);

@@ -23,8 +23,12 @@ static void emit_loads(jdt_sbuf *s, const jdt_nest *N)
     for (int a = 0; a < N->n_acc; a++) {
         if (N->acc[a].write || a == N->flat) continue;
         jdt_nest_offset(N, a, off, sizeof off);
-        jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n",
-                      jdt_nest_ctype(N->c->nodes[N->acc[a].node].dtype), a, a, off);
+        const cnode *x = &N->c->nodes[N->acc[a].node];
+        if (x->bf16) /* bf16 storage: widened, computed in f32 */
+            jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a, off);
+        else
+            jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(x->dtype), a, a,
+                          off);
     }
     if (N->flat >= 0) {
         jdt_nest_offset(N, N->flat, off, sizeof off);
@@ -69,12 +73,11 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
     for (int a = 0; a < N.n_acc; a++) {
         if (a == N.flat) continue;
         const cnode *x = &c->nodes[N.acc[a].node];
+        const char *T = x->bf16 ? "uint16_t" : jdt_nest_ctype(x->dtype);
         if (N.acc[a].write)
-            jdt_sb_printf(s, "    %s *w%d = (%s *)p[%d];\n", jdt_nest_ctype(x->dtype), a,
-                          jdt_nest_ctype(x->dtype), x->buf);
+            jdt_sb_printf(s, "    %s *w%d = (%s *)p[%d];\n", T, a, T, x->buf);
         else
-            jdt_sb_printf(s, "    const %s *r%d = (const %s *)p[%d];\n", jdt_nest_ctype(x->dtype),
-                          a, jdt_nest_ctype(x->dtype), x->buf);
+            jdt_sb_printf(s, "    const %s *r%d = (const %s *)p[%d];\n", T, a, T, x->buf);
     }
     char off[512];
     if (!g->is_reduce) {
@@ -87,7 +90,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         for (int a = 0; a < N.n_acc; a++) {
             if (!N.acc[a].write) continue;
             jdt_nest_offset(&N, a, off, sizeof off);
-            jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N.acc[a].node);
+            if (c->nodes[N.acc[a].node].bf16) /* rounded to nearest even on store */
+                jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(v%d);\n", a, off, N.acc[a].node);
+            else
+                jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N.acc[a].node);
         }
         jdt_sb_printf(s, "    }\n}\n\n");
         return;
@@ -194,6 +200,14 @@ static const char PRELUDE[] =
     "        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;\n"
     "    }\n"
     "    return c0;\n}\n"
+    /* bf16 storage: the upper 16 bits of an f32; stores round to nearest even (a NaN stays a
+     * quiet NaN, overflow gives Inf), as jdt_bf16_round (engine/core/util.c) */
+    "__attribute__((unused)) static inline float jdt_bf16_ld(uint16_t h)\n{\n"
+    "    union { uint32_t u; float f; } b; b.u = (uint32_t)h << 16; return b.f;\n}\n"
+    "__attribute__((unused)) static inline uint16_t jdt_bf16_st(float x)\n{\n"
+    "    union { uint32_t u; float f; } b; b.f = x;\n"
+    "    uint32_t q = (b.u | 0x00400000u) >> 16, r = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) >> 16;\n"
+    "    return (uint16_t)((b.u & 0x7fffffffu) > 0x7f800000u ? q : r);\n}\n"
     "__attribute__((unused)) static inline float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
     "(1.0f / 16777216.0f); }\n"
     /* exp and tanh for f32 written so the loop vectoriser can inline them (glibc's are scalar
