@@ -580,6 +580,14 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                     }
                 }
             }
+            if (sp->kind == STEP_BUILTIN && k == 0 && c->nodes[sp->node].op == JDT_OP_SCATTER_ADD &&
+                c->nodes[sp->node].n_in > 2) {
+                /* a scatter-add onto an initial value that dies here adds into its buffer */
+                int xb = c->nodes[c->nodes[sp->node].in[2]].buf;
+                if (xb >= 0 && c->bufs[xb].info.kind == JDT_BUF_ARENA && !taken[xb] &&
+                    last[xb] == s && c->bufs[xb].info.n_bytes == b->info.n_bytes)
+                    donor = xb;
+            }
             if (donor >= 0) {
                 taken[donor] = true;
                 b->info.offset = c->bufs[donor].info.offset;

@@ -69,8 +69,15 @@ int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_
 int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n, int64_t V,
                            int64_t C)
 {
-    int64_t bad = 0;
     memset(out, 0, (size_t)(V * C) * sizeof(float));
+    return jdt_rt_scatter_add_into(src, idx, out, out, n, V, C);
+}
+
+int64_t jdt_rt_scatter_add_into(const float *src, const int32_t *idx, const float *init,
+                                float *out, int64_t n, int64_t V, int64_t C)
+{
+    int64_t bad = 0;
+    if (out != init) memcpy(out, init, (size_t)(V * C) * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         int64_t r = idx[i];
         if (r < 0 || r >= V) {

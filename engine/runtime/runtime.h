@@ -66,6 +66,10 @@ int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_
  * (skipped). Serial over rows (duplicate indices), vectorised over C. */
 int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n, int64_t V,
                            int64_t C);
+/* The same onto an initial value: out (V, C) = init; out[idx[i]] += src[i]. out may be init
+ * (in place: nothing is copied). */
+int64_t jdt_rt_scatter_add_into(const float *src, const int32_t *idx, const float *init,
+                                float *out, int64_t n, int64_t V, int64_t C);
 
 /* Row kernels over x (N, C). */
 void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt);

@@ -494,6 +494,39 @@ START_TEST(test_bf16_compute)
 }
 END_TEST
 
+/* A tied embedding's gradient: matmul product + scatter_add of the lookup's rows. The add is
+ * folded into the scatter, which adds into the product's buffer in place (the product dies
+ * there); a leaf initial value is copied, not modified; both equal the interpreter. */
+START_TEST(test_scatter_add_fold)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *h = FX_INPUT(&f, "h", JDT_DTYPE_F32, -1, 1, 15, 6);
+    jdt_tensor *d = FX_INPUT(&f, "d", JDT_DTYPE_F32, -1, 1, 15, 11);
+    jdt_tensor *idx = FX_INPUT(&f, "idx", JDT_DTYPE_I32, 0, 11, 15); /* repeats rows */
+    jdt_tensor *src = FX_INPUT(&f, "src", JDT_DTYPE_F32, -1, 1, 15, 6);
+    jdt_tensor *lf = FX_INPUT(&f, "leaf", JDT_DTYPE_F32, -1, 1, 11, 6);
+    jdt_tensor *dw = jdt_graph_matmul(g, d, h, true, false); /* (11, 6) */
+    out(&f, jdt_graph_mul_scalar(g, jdt_graph_add(g, dw, jdt_graph_scatter_add(g, src, idx, 11)),
+                                 2.0));
+    out(&f, jdt_graph_add(g, jdt_graph_scatter_add(g, src, idx, 11), lf));
+    fx_fill(&f, 8);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 2, 1e-5, 1e-5, true);
+    int n_inplace = 0; /* the scatter over the product, the mul over the scatter */
+    for (int b = 0; b < jdt_program_n_buffers(p); b++) {
+        jdt_buf_info bi;
+        ck_assert(jdt_program_buffer(p, b, &bi));
+        n_inplace += bi.inplace_of >= 0 && bi.n_bytes == 11 * 6 * 4;
+    }
+    ck_assert_int_ge(n_inplace, 2);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
 /* opts.share_arena: a program runs in a larger program's arena (no allocation of its own),
  * both stay right when they run alternately; a lender too small is not used. */
 START_TEST(test_shared_arena)
@@ -771,6 +804,7 @@ int main(void)
     tcase_add_test(tc, test_train_step_updates);
     tcase_add_test(tc, test_transformer_block_adam);
     tcase_add_test(tc, test_bf16_compute);
+    tcase_add_test(tc, test_scatter_add_fold);
     tcase_add_test(tc, test_shared_arena);
     tcase_add_test(tc, test_bf16_storage);
     tcase_add_test(tc, test_bf16_storage_portable);

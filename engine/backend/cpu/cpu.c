@@ -90,8 +90,10 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     }
     case JDT_OP_SCATTER_ADD: {
         int64_t V = n->shape.dims[0];
-        bad = jdt_rt_scatter_add(in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), V,
-                                 last_dim(&n->shape));
+        int64_t n_idx = jdt_shape_numel(&c->nodes[n->in[1]].shape);
+        bad = n->n_in > 2 /* onto an initial value (passes.c fold_scatter_adds) */
+                  ? jdt_rt_scatter_add_into(in[0], in[1], in[2], o, n_idx, V, last_dim(&n->shape))
+                  : jdt_rt_scatter_add(in[0], in[1], o, n_idx, V, last_dim(&n->shape));
         if (bad)
             return jdt_err_set(e, JDT_ERR_INVALID, "scatter_add: %lld indices outside [0, %lld)",
                                (long long)bad, (long long)V);
