@@ -640,7 +640,8 @@ END_TEST
  * materialised transpose, slice and broadcast, a reshape view, the affine part of a norm) of a
  * value read only by bf16 GEMMs — as a, transposed a, b and transposed b — stores it as bf16
  * (2-byte buffer, rounded on store); the products equal the ones computed from f32 storage
- * (the GEMM rounds its inputs either way) and the interpreter's bf16 semantics. */
+ * (the GEMM rounds its inputs either way), match the interpreter's bf16 semantics, and the
+ * f32 interpreter's products within bf16 tolerance. */
 enum { BS_M = 32, BS_K = 48, BS_N = 40, BS_CASES = 14 };
 
 static jdt_tensor *bf16_producer(fx *f, int k)
@@ -672,10 +673,10 @@ static jdt_tensor *bf16_producer(fx *f, int k)
     }
 }
 
-static void bf16_storage_graph(fx *f, int k)
+static void bf16_storage_graph(fx *f, int k, bool bf16)
 {
     jdt_graph *g = f->g;
-    jdt_graph_set_matmul_bf16(g, true);
+    jdt_graph_set_matmul_bf16(g, bf16);
     jdt_tensor *y = bf16_producer(f, k); /* (M, K) */
     ck_assert_msg(y, "case %d: %s", k, jdt_graph_error_msg(g));
     jdt_tensor *w = FX_PARAM(f, "w", -0.5, 0.5, BS_K, BS_N);
@@ -691,10 +692,13 @@ static void bf16_storage_graph(fx *f, int k)
 static void bf16_storage_cases(void)
 {
     for (int k = 0; k < BS_CASES; k++) {
-        fx f;
+        fx f, r;
         fx_init(&f);
-        bf16_storage_graph(&f, k);
+        fx_init(&r);
+        bf16_storage_graph(&f, k, true);
+        bf16_storage_graph(&r, k, false); /* the f32 reference: same leaves, same values */
         fx_fill(&f, 100 + (uint64_t)k);
+        fx_fill(&r, 100 + (uint64_t)k);
         jdt_compile_opts o, o32;
         fx_opts(&f, &o);
         fx_opts(&f, &o32);
@@ -722,6 +726,29 @@ static void bf16_storage_cases(void)
                       (long long)s->arena_bytes, (long long)jdt_program_stats(p32)->arena_bytes);
         ck_assert_msg(strstr(jdt_program_source(p), "jdt_bf16_st("), "case %d: no bf16 store",
                       k);
+        /* the f32 interpreter: within bf16 tolerance, and not equal (the rounding happened) */
+        jdt_interp *it = NULL;
+        jdt_err e;
+        ck_assert_int_eq(jdt_interp_new(r.g, &it, &e), JDT_OK);
+        fx_bind(&r, false);
+        ck_assert_msg(jdt_interp_run(it, &e) == JDT_OK, "interp: %s", e.msg);
+        double max_rel = 0;
+        for (int i = 0; i < jdt_graph_n_outputs(r.g); i++) {
+            const jdt_tensor *t = jdt_graph_output(r.g, i);
+            const float *got = jdt_program_output(p, i), *want = jdt_interp_value(it, t);
+            double scale = 0;
+            for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
+                scale = fmax(scale, fabs(want[j]));
+            for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++) {
+                double rel = fabs(got[j] - want[j]) / (scale + 1e-30);
+                ck_assert_msg(rel < 2e-2, "case %d output %d element %lld: bf16 %.7g vs f32 %.7g",
+                              k, i, (long long)j, got[j], want[j]);
+                max_rel = fmax(max_rel, rel);
+            }
+        }
+        ck_assert_msg(max_rel > 1e-6, "case %d: equal to f32 (%g): nothing was rounded", k,
+                      max_rel);
+        jdt_interp_free(it);
         /* same products as from f32 storage: the GEMM sees the same bf16 operands */
         for (int i = 0; i < jdt_graph_n_outputs(f.g); i++) {
             const jdt_tensor *t = jdt_graph_output(f.g, i);
@@ -734,6 +761,7 @@ static void bf16_storage_cases(void)
         jdt_program_free(p);
         jdt_program_free(p32);
         fx_free(&f);
+        fx_free(&r);
     }
 }
 
