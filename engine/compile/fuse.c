@@ -175,8 +175,8 @@ static void mark_bf16_views(cprog *c, const user_lists *u, int i)
         if (c->nodes[u->users[k]].kind == CK_VIEW) mark_bf16_views(c, u, u->users[k]);
 }
 
-/* bf16 storage (precision.compute: bf16): a value computed by a fused elementwise kernel in
- * f32 and read only by bf16 GEMMs (in the forward pass and, saved or recomputed, by the
+/* bf16 storage (precision.compute: bf16): a value computed by a fused elementwise kernel (or
+ * the cross-entropy backward builtin) in f32 and read only by bf16 GEMMs (in the forward pass and, saved or recomputed, by the
  * weight-gradient GEMM of the backward) is stored as bf16, rounded on store (nearest even,
  * the GEMM's own rounding): half the bytes in the arena and no conversion in the GEMM. Graph
  * outputs, update values, reductions' results and leaves stay f32. */
@@ -185,9 +185,11 @@ static void mark_bf16_storage(cprog *c, const user_lists *u)
     if (!c->bf16_storage) return;
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *n = &c->nodes[i];
-        if (!n->store || n->group < 0 || n->dtype != JDT_DTYPE_F32 || is_kept(u, i)) continue;
-        if (n->kind != CK_EW && n->kind != CK_MAP) continue;
-        if (c->groups[n->group].is_reduce && c->groups[n->group].root == i) continue;
+        if (!n->store || n->dtype != JDT_DTYPE_F32 || is_kept(u, i)) continue;
+        /* builtins with a bf16-storing kernel: the cross-entropy's dlogits */
+        bool builtin = n->kind == CK_BUILTIN && n->op == JDT_OP_SOFTMAX_XENT_BWD;
+        if (!builtin && (n->group < 0 || (n->kind != CK_EW && n->kind != CK_MAP))) continue;
+        if (!builtin && c->groups[n->group].is_reduce && c->groups[n->group].root == i) continue;
         if (read_by_bf16_gemms_only(c, u, i)) mark_bf16_views(c, u, i);
     }
 }

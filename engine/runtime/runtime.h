@@ -84,6 +84,10 @@ int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss
 /* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target < 0 or >= V are 0. */
 void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
                              float *dlogits, int64_t N, int64_t V, int nt);
+/* The same, each value computed in f32 and stored rounded to bf16 (nearest even; uint16_t
+ * bits): dlogits that only bf16 GEMMs read (the compiler's bf16 storage). */
+void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt, const float *dloss,
+                                  uint16_t *dlogits, int64_t N, int64_t V, int nt);
 void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt);
 void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
                           float eps, int nt);

@@ -537,6 +537,28 @@ START_TEST(test_bf16_compute)
     }
     ck_assert_msg(max_rel > 1e-5, "bf16 outputs equal the f32 ones (%g): nothing was rounded",
                   max_rel);
+    /* bf16 storage: the GELU output and the cross-entropy's dlogits (48 x 40) are stored as
+     * bf16; the step equals the one with f32 storage */
+    bool dlogits16 = false;
+    for (int i = 0; i < jdt_program_n_buffers(p); i++) {
+        jdt_buf_info bi;
+        ck_assert(jdt_program_buffer(p, i, &bi));
+        dlogits16 = dlogits16 || (bi.bf16 && bi.n_bytes == 48 * 40 * 2);
+    }
+    ck_assert_msg(dlogits16, "dlogits not stored as bf16");
+    ck_assert_int_ge(jdt_program_stats(p)->n_bf16_stored, 2);
+    jdt_compile_opts o32 = o;
+    o32.no_bf16_storage = true;
+    jdt_program *p32 = fx_check_steps(&b, &o32, 1, 1e-4, 1e-6, true);
+    for (int i = 0; i < jdt_graph_n_outputs(b.g); i++) {
+        const jdt_tensor *t = jdt_graph_output(b.g, i);
+        const float *x = jdt_program_output(p, i), *y = jdt_program_output(p32, i);
+        for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
+            ck_assert_msg(fabsf(x[j] - y[j]) <= 1e-6f * (1.0f + fabsf(y[j])),
+                          "output %d element %lld: %.9g (bf16 storage) vs %.9g", i, (long long)j,
+                          x[j], y[j]);
+    }
+    jdt_program_free(p32);
     jdt_interp_free(it);
     jdt_program_free(p);
     fx_free(&a);
