@@ -176,10 +176,11 @@ static void mark_bf16_views(cprog *c, const user_lists *u, int i)
 }
 
 /* bf16 storage (precision.compute: bf16): a value computed by a fused elementwise kernel (or
- * the cross-entropy backward builtin) in f32 and read only by bf16 GEMMs (in the forward pass and, saved or recomputed, by the
- * weight-gradient GEMM of the backward) is stored as bf16, rounded on store (nearest even,
- * the GEMM's own rounding): half the bytes in the arena and no conversion in the GEMM. Graph
- * outputs, update values, reductions' results and leaves stay f32. */
+ * the cross-entropy backward builtin) in f32 and read only by bf16 GEMMs (in the forward pass
+ * and, saved or recomputed, by the weight-gradient GEMM of the backward) is stored as bf16,
+ * rounded on store (nearest even, the GEMM's own rounding): half the bytes in the arena and
+ * no conversion in the GEMM. Graph outputs, update values, reductions' results and leaves
+ * stay f32. */
 static void mark_bf16_storage(cprog *c, const user_lists *u)
 {
     if (!c->bf16_storage) return;
@@ -412,7 +413,10 @@ static bool read_only_at_index(const cprog *c, int gi, int b)
 
 static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
 {
-    if (n->op == JDT_OP_MATMUL && n->attrs.i[2]) { /* bf16 compute: the rounded inputs */
+    const bool bf16_mm = n->op == JDT_OP_MATMUL && n->attrs.i[2];
+    if (c->scratch_bytes && (bf16_mm || n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD))
+        return c->scratch_bytes(c, n); /* the device's kernels */
+    if (bf16_mm) {                     /* bf16 compute: the rounded inputs */
         const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
         int nd = n->shape.ndim;
         int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
@@ -424,7 +428,6 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
     }
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
-    if (c->scratch_bytes) return c->scratch_bytes(c, n); /* the device's kernels */
     return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt, n->attrs.i[0] != 0) * 4;
 }
 

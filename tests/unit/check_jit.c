@@ -686,9 +686,10 @@ static jdt_tensor *bf16_producer(fx *f, int k)
     case 9: return jdt_graph_reshape(
         g, jdt_graph_silu(g, FX_INPUT(f, "flat", JDT_DTYPE_F32, -2, 2, BS_M * BS_K)), 2,
         (int64_t[]){BS_M, BS_K});
-    case 10: return jdt_graph_add_bcast(
-        g, jdt_graph_mul_bcast(g, jdt_graph_normalize(g, x, 1e-5), FX_PARAM(f, "nw", 0.5, 1.5, BS_K)),
-        FX_PARAM(f, "nb", -0.5, 0.5, BS_K));
+    case 10: return jdt_graph_add_bcast(g,
+                                        jdt_graph_mul_bcast(g, jdt_graph_normalize(g, x, 1e-5),
+                                                            FX_PARAM(f, "nw", 0.5, 1.5, BS_K)),
+                                        FX_PARAM(f, "nb", -0.5, 0.5, BS_K));
     case 11: return jdt_graph_relu(g, jdt_graph_sub(g, x, jdt_graph_mul_scalar(g, x, 0.25)));
     case 12: return jdt_graph_div(g, x, jdt_graph_add_scalar(g, jdt_graph_abs(g, x), 1.0));
     default: return jdt_graph_sigmoid(g, jdt_graph_neg(g, x));
