@@ -25,10 +25,11 @@ void jdt_rt_set_threads(int nt);
  * thread gets a fraction of a core, and every region waits for it: 1 thread can then be faster
  * than n. The tuner is fed the wall time of every run of one program and answers how many
  * threads the next run should use: the budget n, or 1. After JDT_RT_TUNER_WARMUP runs it
- * times a few runs of the current choice, then probes the other count for as many runs (fewer
- * when the first probe run is far slower: JDT_RT_TUNER_ABORT x) and switches when the probe's
- * median run is at least JDT_RT_TUNER_HYST faster than the current choice's (hysteresis: a tie
- * never flips it). Probes recur every `probe_every` runs, the interval doubling (up to 16x)
+ * times a few runs of the current choice, then probes: k runs of the other count alternating
+ * with k runs of the current one (so a change of load hits both), stopping at once when the
+ * first probe run is JDT_RT_TUNER_ABORT x slower than the runs before, and switches when the
+ * probe's median run is at least JDT_RT_TUNER_HYST faster than the current choice's median in
+ * the same stretch (hysteresis: a tie never flips it). Probes recur every `probe_every` runs, the interval doubling (up to 16x)
  * each time the choice holds and resetting when it changes. Samples per side: enough runs for
  * JDT_RT_TUNER_PROBE_S seconds, 2..JDT_RT_TUNER_MAX_SAMPLES. Pure bookkeeping (no clock, no
  * threads): the caller times the runs. Not thread-safe; one tuner per program. */
@@ -45,12 +46,14 @@ typedef struct {
     int until_probe;  /* runs of `chosen` left before the next probe */
     int n_runs;       /* runs recorded */
     int n_probes;     /* probes started (for logs and tests) */
-    bool probing;     /* the next run uses the other count */
+    bool probing;     /* a probe is under way */
+    bool alt_next;    /* while probing: the next run uses the other count */
     int k;            /* samples per side of the current probe */
     int n_base;       /* run times of `chosen` in base[] (a ring, newest at (n_base-1) % MAX) */
-    int n_probe;
+    int n_probe, n_pbase; /* samples of this probe: the other count, the current one */
     double base[JDT_RT_TUNER_MAX_SAMPLES];
     double probe[JDT_RT_TUNER_MAX_SAMPLES];
+    double pbase[JDT_RT_TUNER_MAX_SAMPLES];
     double last_base_s, last_probe_s; /* medians of the last completed comparison (for logs) */
 } jdt_rt_tuner;
 

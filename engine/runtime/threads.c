@@ -32,7 +32,7 @@ static int other(const jdt_rt_tuner *t)
 
 int jdt_rt_tuner_threads(const jdt_rt_tuner *t)
 {
-    return t->probing ? other(t) : t->chosen;
+    return t->probing && t->alt_next ? other(t) : t->chosen;
 }
 
 static double median(const double *x, int n)
@@ -80,33 +80,43 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s)
     if (t->max_threads <= 1 || t->n_runs <= JDT_RT_TUNER_WARMUP || !(run_s >= 0.0) ||
         !isfinite(run_s))
         return false;
-    if (!t->probing) {
+    if (!t->probing || !t->alt_next) { /* a run of the current choice */
         t->base[t->n_base % MAX_S] = run_s;
         t->n_base++;
         if (t->n_base >= 2 * MAX_S) t->n_base -= MAX_S; /* same ring slot, no overflow */
+    }
+    if (!t->probing) {
         if (t->until_probe > 0) t->until_probe--;
         int have = t->n_base < MAX_S ? t->n_base : MAX_S;
         if (t->until_probe == 0) {
             int k = samples_for(base_median(t, have));
             if (have >= k) {
                 t->probing = true;
+                t->alt_next = true;
                 t->k = k;
-                t->n_probe = 0;
+                t->n_probe = t->n_pbase = 0;
                 t->n_probes++;
             }
         }
         return false;
     }
-    t->probe[t->n_probe++] = run_s;
-    double mb = base_median(t, t->k);
-    if (t->n_probe == 1 && run_s > JDT_RT_TUNER_ABORT * mb) { /* clearly slower: stop early */
-        t->last_base_s = mb;
-        t->last_probe_s = run_s;
-        end_probe(t, false);
-        return false;
+    /* probing: runs alternate other, current, other ... so that a change of load during the
+     * probe hits both sides alike */
+    if (!t->alt_next) {
+        t->pbase[t->n_pbase++] = run_s;
+    } else {
+        t->probe[t->n_probe++] = run_s;
+        double before = base_median(t, t->k); /* the runs before the probe */
+        if (t->n_probe == 1 && run_s > JDT_RT_TUNER_ABORT * before) { /* clearly slower */
+            t->last_base_s = before;
+            t->last_probe_s = run_s;
+            end_probe(t, false);
+            return false;
+        }
     }
-    if (t->n_probe < t->k) return false;
-    double mp = median(t->probe, t->n_probe);
+    t->alt_next = !t->alt_next;
+    if (t->n_probe < t->k || t->n_pbase < t->k) return false;
+    double mb = median(t->pbase, t->n_pbase), mp = median(t->probe, t->n_probe);
     t->last_base_s = mb;
     t->last_probe_s = mp;
     bool win = mp < (1.0 - JDT_RT_TUNER_HYST) * mb;

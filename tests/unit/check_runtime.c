@@ -161,10 +161,15 @@ START_TEST(test_tuner_switches_and_back)
     jdt_rt_tuner_init(&t, 2, 50);
     ck_assert_int_eq(jdt_rt_tuner_threads(&t), 2); /* starts with the budget */
     /* 1 thread 20% faster (the busy-core case): 2 warm-up runs, 8 timed runs with 2 threads
-     * (10 ms runs: 0.2 s is more than 8 samples), 8 probe runs with 1, then the switch */
-    tuner_sim r = simulate(&t, 18, 0.008, 0.010, 0.0, NULL);
-    ck_assert_int_eq(r.changes, 1);
+     * (10 ms runs: 0.2 s is more than 8 samples), 8 probe runs with 1 alternating with 8 more
+     * with 2, then the switch */
+    tuner_sim r = simulate(&t, 25, 0.008, 0.010, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
     ck_assert_int_eq(r.ones, 8);
+    ck_assert(t.probing && t.n_probe == 8 && t.n_pbase == 7);
+    r = simulate(&t, 1, 0.008, 0.010, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 1);
+    ck_assert_int_eq(r.ones, 0);
     ck_assert_int_eq(t.chosen, 1);
     ck_assert_int_eq(jdt_rt_tuner_threads(&t), 1);
     ck_assert_double_eq_tol(t.last_probe_s, 0.008, 1e-12);
@@ -177,7 +182,7 @@ START_TEST(test_tuner_switches_and_back)
      * the longest interval (16 x 50 runs) plus one probe */
     int runs = 0;
     while (!jdt_rt_tuner_record(&t, jdt_rt_tuner_threads(&t) == 1 ? 0.008 : 0.004))
-        ck_assert_int_le(++runs, 16 * 50 + 8);
+        ck_assert_int_le(++runs, 16 * 50 + 16);
     ck_assert_int_eq(t.chosen, 2);
     ck_assert_int_eq(t.interval, 50); /* a change resets the interval */
     r = simulate(&t, 1000, 0.008, 0.004, 0.0, NULL); /* and 2 it stays */
@@ -211,6 +216,23 @@ START_TEST(test_tuner_hysteresis)
     jdt_rt_tuner_init(&t, 2, 50);
     r = simulate(&t, 3000, 0.010, 0.010, 0.10, &seed);
     ck_assert_int_le(r.changes, 2);
+}
+END_TEST
+
+START_TEST(test_tuner_load_change)
+{
+    /* a burst of load ends just as the probe starts (every run 3x faster from run 11 on): 1
+     * thread's probe runs look faster than the 2-thread runs before it, but the probe compares
+     * against 2-thread runs interleaved with its own, so it keeps 2 threads */
+    jdt_rt_tuner t;
+    jdt_rt_tuner_init(&t, 2, 50);
+    tuner_sim r = simulate(&t, 10, 0.048, 0.024, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert(t.probing && t.n_probe == 0);
+    r = simulate(&t, 200, 0.0096, 0.008, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_eq(t.chosen, 2);
+    ck_assert_double_eq_tol(t.last_base_s, 0.008, 1e-12);
 }
 END_TEST
 
@@ -266,6 +288,7 @@ static Suite *runtime_suite(void)
     tcase_set_timeout(tt, 60);
     tcase_add_test(tt, test_tuner_switches_and_back);
     tcase_add_test(tt, test_tuner_hysteresis);
+    tcase_add_test(tt, test_tuner_load_change);
     tcase_add_test(tt, test_tuner_quiet_machine_cost);
     tcase_add_test(tt, test_tuner_one_thread_budget);
     suite_add_tcase(s, tt);
