@@ -36,7 +36,7 @@ losses "$TMP/runs/pinned/metrics.jsonl" >"$TMP/pinned"
 JDT_THREAD_PROBE_EVERY=2 expect 0 "$BIN" "$TMP/t.yaml" run.name=probed --log-level debug
 grep -q 'step compiled in .*(cache hit)' "$TMP/err" || fail "the probing run recompiled: $(grep 'compiled' "$TMP/err")"
 n=$(grep -c 'probes 1 threads against 2\|probes 2 threads against 1' "$TMP/err")
-[ "$n" -ge 2 ] || fail "only $n probes in 20 steps: $(grep 'threads:' "$TMP/err")"
+[ "$n" -ge 1 ] || fail "no probe in 20 steps: $(grep 'threads:' "$TMP/err")"
 losses "$TMP/runs/probed/metrics.jsonl" >"$TMP/probed"
 paste "$TMP/pinned" "$TMP/probed" | awk '
   { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > m) m = r; n++ }
