@@ -35,7 +35,7 @@ void jdt_rt_set_threads(int nt);
  * threads): the caller times the runs. Not thread-safe; one tuner per program. */
 #define JDT_RT_TUNER_WARMUP 2
 #define JDT_RT_TUNER_MAX_SAMPLES 8
-#define JDT_RT_TUNER_PROBE_S 0.2
+#define JDT_RT_TUNER_PROBE_S 0.1
 #define JDT_RT_TUNER_HYST 0.05
 #define JDT_RT_TUNER_ABORT 1.5
 typedef struct {

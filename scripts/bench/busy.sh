@@ -11,7 +11,7 @@
 # "OLD NEW": every binary runs in every repetition, alternating, one table row per binary and
 # model; default: JDT_BIN alone).
 set -uo pipefail
-STEPS=${1:-30}
+STEPS=${1:-60} # tiny's steps (gpt6: a third): enough for the adaptive thread count to settle
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BINS=${BINS:-${JDT_BIN:-$ROOT/build/jdt-train}}
 read -r -a BIN_LIST <<<"$BINS"
@@ -41,6 +41,8 @@ write_cfg gpt6 6 384 6 256 8 65 "$STEPS"
 run_one() { # model threads binary -> median tok/s of the logged windows after the first
   env ${EXTRA_ENV:-} taskset -c "$CPUS" "$3" "$TMP/$1.yaml" runtime.threads="$2" \
     2>"$TMP/log" >/dev/null || { tail -3 "$TMP/log" >&2; return 1; }
+  grep -o 'threads: [0-9]* instead of [0-9]* from run [0-9]*' "$TMP/log" | sed 's/threads: //' |
+    tr '\n' ' ' >>"$TMP/switches.$1.$2"; echo >>"$TMP/switches.$1.$2"
   grep -E "^step [0-9]+/" "$TMP/log" | tail -n +2 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' |
     sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
@@ -59,7 +61,8 @@ fi
 for ((r = 0; r < REPS; r++)); do
   for m in $MODELS; do
     for b in "${!BIN_LIST[@]}"; do
-      for t in 1 2; do run_one "$m" "$t" "${BIN_LIST[$b]}" >> "$TMP/$m.$b.$t" || exit 1; done
+      for t in 1 2; do run_one "$m" "$t" "${BIN_LIST[$b]}" >> "$TMP/$m.$b.$t" || exit 1
+        mv "$TMP/switches.$m.$t" "$TMP/switches.$m.$b.$t.$r"; done
     done
   done
 done
@@ -74,5 +77,12 @@ for m in $MODELS; do
     x=$(best "$TMP/$m.$b.1"); y=$(best "$TMP/$m.$b.2")
     printf "%-6s %3s %14s %16s %14s %16s %8s\n" "$m" "$b" "$x" "$(spread "$TMP/$m.$b.1")" "$y" \
       "$(spread "$TMP/$m.$b.2")" "$(awk -v a="$x" -v b="$y" 'BEGIN{printf "%.2f", b/a}')"
+  done
+done
+# the adaptive thread count's changes (runtime.adaptive_threads), per 2-thread run
+for m in $MODELS; do
+  for b in "${!BIN_LIST[@]}"; do
+    sw=$(for ((r = 0; r < REPS; r++)); do printf '[%s] ' "$(cat "$TMP/switches.$m.$b.2.$r" | xargs)"; done)
+    echo "$m bin $b, 2-thread runs' thread switches: $sw"
   done
 done

@@ -161,7 +161,7 @@ START_TEST(test_tuner_switches_and_back)
     jdt_rt_tuner_init(&t, 2, 50);
     ck_assert_int_eq(jdt_rt_tuner_threads(&t), 2); /* starts with the budget */
     /* 1 thread 20% faster (the busy-core case): 2 warm-up runs, 8 timed runs with 2 threads
-     * (10 ms runs: 0.2 s is more than 8 samples), 8 probe runs with 1 alternating with 8 more
+     * (10 ms runs: 0.1 s is more than 8 samples), 8 probe runs with 1 alternating with 8 more
      * with 2, then the switch */
     tuner_sim r = simulate(&t, 25, 0.008, 0.010, 0.0, NULL);
     ck_assert_int_eq(r.changes, 0);
@@ -226,13 +226,13 @@ START_TEST(test_tuner_load_change)
      * against 2-thread runs interleaved with its own, so it keeps 2 threads */
     jdt_rt_tuner t;
     jdt_rt_tuner_init(&t, 2, 50);
-    tuner_sim r = simulate(&t, 10, 0.048, 0.024, 0.0, NULL);
+    tuner_sim r = simulate(&t, 10, 0.024, 0.012, 0.0, NULL);
     ck_assert_int_eq(r.changes, 0);
     ck_assert(t.probing && t.n_probe == 0);
-    r = simulate(&t, 200, 0.0096, 0.008, 0.0, NULL);
+    r = simulate(&t, 200, 0.0048, 0.004, 0.0, NULL);
     ck_assert_int_eq(r.changes, 0);
     ck_assert_int_eq(t.chosen, 2);
-    ck_assert_double_eq_tol(t.last_base_s, 0.008, 1e-12);
+    ck_assert_double_eq_tol(t.last_base_s, 0.004, 1e-12);
 }
 END_TEST
 
