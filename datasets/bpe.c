@@ -93,6 +93,11 @@ struct jdt_bpe {
     UChar *u16_in, *u16_out;
     char *nfc_buf;
     size_t nfc_cap; /* bytes of input the buffers are sized for */
+
+    /* progress of a long encode or count (jdt_bpe_set_progress): MB of the caller's text done */
+    jdt_progress *prog;
+    size_t prog_seg_base, prog_seg_len; /* the current segment in the caller's text */
+    size_t prog_next;                   /* report again once the split reaches this offset */
 };
 
 /* ---- the ByteLevel alphabet ---------------------------------------------------------------- */
@@ -597,6 +602,17 @@ static jdt_status encode_piece(jdt_bpe *t, const char *p, size_t n, id_vec *out,
 
 typedef jdt_status (*piece_fn)(jdt_bpe *t, const char *p, size_t n, void *ctx, jdt_err *e);
 
+enum { PROGRESS_STEP = 1 << 20 }; /* bytes of split text between progress reports */
+
+/* Reports offset `from` of the n-byte split buffer of the current segment as MB of the caller's
+ * text (normalisation may change the segment's length: scaled back to the original's). */
+static void progress_at(jdt_bpe *t, size_t from, size_t n)
+{
+    double done = (double)t->prog_seg_base + (double)t->prog_seg_len * (double)from / (double)n;
+    jdt_progress_update(t->prog, done / 1048576.0);
+    t->prog_next = from + PROGRESS_STEP;
+}
+
 /* Splits one segment (no added tokens in it) into pieces with the regex: matches and the gaps
  * between them, in order. */
 static jdt_status split_segment(jdt_bpe *t, const char *s, size_t n, piece_fn fn, void *ctx,
@@ -637,6 +653,7 @@ static jdt_status split_segment(jdt_bpe *t, const char *s, size_t n, piece_fn fn
         if (ms > gap && (st = fn(t, s + gap, ms - gap, ctx, e))) return st;
         if ((st = fn(t, s + ms, me - ms, ctx, e))) return st;
         gap = from = me;
+        if (t->prog && from >= t->prog_next) progress_at(t, from, n);
     }
     if (gap < n && (st = fn(t, s + gap, n - gap, ctx, e))) return st;
     return JDT_OK;
@@ -742,6 +759,9 @@ static jdt_status for_each_piece(jdt_bpe *t, const char *s, size_t n, piece_fn f
         int k = find_added(t, s, n, pos, &at);
         const char *seg = s + pos;
         size_t n_seg = at - pos;
+        t->prog_seg_base = pos;
+        t->prog_seg_len = n_seg;
+        t->prog_next = PROGRESS_STEP;
         if (t->nfc && n_seg && (st = nfc_segment(t, seg, n_seg, &seg, &n_seg, e))) return st;
         if ((st = split_segment(t, seg, n_seg, fn, ctx, e))) return st;
         if (k < 0) break;
@@ -759,6 +779,11 @@ static jdt_status enc_piece_cb(jdt_bpe *t, const char *p, size_t n, void *ctx, j
 static jdt_status enc_added_cb(jdt_bpe *t, uint32_t id, void *ctx, jdt_err *e)
 {
     return push_ids(ctx, &id, 1, e);
+}
+
+void jdt_bpe_set_progress(jdt_bpe *t, jdt_progress *prog)
+{
+    t->prog = prog;
 }
 
 jdt_status jdt_bpe_encode(jdt_bpe *t, const char *text, size_t n, uint32_t **ids, size_t *n_ids,
@@ -1457,7 +1482,8 @@ static bool push_touched(trainer *tr)
     return true;
 }
 
-jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_bpe **out, jdt_err *e)
+jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, bool progress,
+                         jdt_bpe **out, jdt_err *e)
 {
     *out = NULL;
     if (vocab_size < 257 || vocab_size > (1 << 24))
@@ -1482,7 +1508,17 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
     if (!(t->regex = jdt_strdup(JDT_BPE_GPT2_REGEX))) goto oom;
     /* ids 256.. are filled as merges are made; the maps are rebuilt at the end */
     if ((st = vmap_build(t, what, e)) || (st = finish_setup(t, what, e))) goto out;
-    if ((st = for_each_piece(t, text, n_bytes, count_word, skip_added, &tr, e))) goto out;
+    jdt_progress prog;
+    if (progress) {
+        jdt_progress_begin(&prog, "BPE training: counting words", (double)n_bytes / 1048576.0, "MB");
+        t->prog = &prog;
+    }
+    st = for_each_piece(t, text, n_bytes, count_word, skip_added, &tr, e);
+    if (progress) {
+        jdt_progress_end(&prog);
+        t->prog = NULL;
+    }
+    if (st) goto out;
     if ((st = merges_alloc(t, (size_t)vocab_size, what, e))) goto out;
 
     /* symbols: every word starts as its bytes (ids 0..255 are the bytes) */
@@ -1504,12 +1540,14 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
     uint32_t next_id = 256;
     char *buf = NULL;
     size_t buf_cap = 0;
+    if (progress) jdt_progress_begin(&prog, "BPE training: merges", (double)(eot - 256), "merges");
     while (next_id < eot && tr.pq_n) {
         pq_ent best = pq_pop(&tr);
         pair_ent *s = pair_slot(&tr, best.a, best.b);
         if (s->key == EMPTY_KEY || s->count != best.count) continue; /* stale */
         if (best.count < 2) break;
         uint32_t a = best.a, b = best.b, z = next_id++;
+        if (progress) jdt_progress_update(&prog, (double)(next_id - 256));
         size_t la = t->tok_len[a], lb = t->tok_len[b];
         if (!grow((void **)&buf, &buf_cap, la + lb, 1)) goto oom_buf;
         memcpy(buf, t->blob + t->tok_off[a], la);
@@ -1562,6 +1600,7 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
         goto oom_buf;
     }
     jdt_free(buf);
+    if (progress) jdt_progress_end(&prog);
     /* the special token takes the id after the last merge (the vocabulary shrinks if training
      * stopped early) */
     uint32_t final_eot = next_id;
@@ -1589,6 +1628,7 @@ jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_b
     return JDT_OK;
 oom_buf:
     jdt_free(buf);
+    if (progress) jdt_progress_end(&prog);
 oom:
     st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", what);
 out:

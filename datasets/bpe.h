@@ -35,10 +35,11 @@ jdt_status jdt_bpe_load(const char *path, jdt_bpe **out, jdt_err *e);
  * then one id per merge (the most frequent adjacent pair within GPT-2-regex pieces, counted
  * over the whole text; ties go to the smaller (left, right) id pair), and the last id is the
  * special token "<|endoftext|>" (cut out of the text before counting). Stops early, with a
- * smaller vocabulary, if no pair occurs twice. vocab_size must be in [257, 2^24]. Errors:
- * ERR_INVALID, ERR_NOMEM. */
-jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, jdt_bpe **out,
-                         jdt_err *e);
+ * smaller vocabulary, if no pair occurs twice. vocab_size must be in [257, 2^24]. progress:
+ * report the two phases (counting words, MB of text; merging, merges made) through
+ * core's jdt_progress lines. Errors: ERR_INVALID, ERR_NOMEM. */
+jdt_status jdt_bpe_train(const char *text, size_t n_bytes, int vocab_size, bool progress,
+                         jdt_bpe **out, jdt_err *e);
 
 /* Writes tok as a Hugging Face tokenizer.json at path (temp file + rename). A tokenizer loaded
  * from a tokenizer.json is written back as it was read (the original text), others are
@@ -49,6 +50,10 @@ jdt_status jdt_bpe_save(const jdt_bpe *tok, const char *path, jdt_err *e);
 int jdt_bpe_vocab_size(const jdt_bpe *tok);
 /* The id of special token s, or -1. */
 int jdt_bpe_special_id(const jdt_bpe *tok, const char *s);
+
+/* Later jdt_bpe_encode calls report MB of their text done to prog (begun by the caller, with
+ * the text's size in MB as its total); NULL stops reporting. */
+void jdt_bpe_set_progress(jdt_bpe *tok, jdt_progress *prog);
 
 /* Encodes n_bytes of text, appending ids to *ids (a jdt_realloc'd array of *cap elements,
  * *n_ids used; both may start NULL/0). Errors: ERR_NOMEM, ERR_INTERNAL (a PCRE2 match

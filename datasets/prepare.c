@@ -238,7 +238,8 @@ jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *o, jdt_prep_result *res, 
         /* train on the head that becomes train data, so val stays unseen */
         size_t n_head = n_text - (size_t)floor((double)n_text * o->val_fraction);
         double t0 = jdt_now_s();
-        if ((st = jdt_bpe_train(text, n_head ? n_head : n_text, o->vocab_size, &tok, e))) goto out;
+        if ((st = jdt_bpe_train(text, n_head ? n_head : n_text, o->vocab_size, true, &tok, e)))
+            goto out;
         JDT_INFO("trained a byte-level BPE of %d ids on %zu bytes in %.1f s",
                  jdt_bpe_vocab_size(tok), n_head, jdt_now_s() - t0);
     }
@@ -250,7 +251,13 @@ jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *o, jdt_prep_result *res, 
     char tok_name[32];
     snprintf(tok_name, sizeof tok_name, "bpe-%016llx",
              (unsigned long long)jdt_hash_bytes(JDT_HASH_INIT, tok_json, n_json));
-    if ((st = jdt_bpe_encode(tok, text, n_text, &ids, &n_ids, &cap, e))) goto out;
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "prepare: encoding", (double)n_text / 1048576.0, "MB");
+    jdt_bpe_set_progress(tok, &prog);
+    st = jdt_bpe_encode(tok, text, n_text, &ids, &n_ids, &cap, e);
+    jdt_bpe_set_progress(tok, NULL);
+    jdt_progress_end(&prog);
+    if (st) goto out;
     int64_t n = (int64_t)n_ids;
     int64_t n_val = (int64_t)floor((double)n * o->val_fraction);
     if (o->val_fraction > 0 && n_val < 2) n_val = 2;

@@ -376,7 +376,7 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
     if (c->scratch_bytes) return c->scratch_bytes(c, n); /* the device's kernels */
-    return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt) * 4;
+    return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt, n->attrs.i[0] != 0) * 4;
 }
 
 /* Is arena buffer b freed at step last[b] of the placement sweep (written at or before it, a

@@ -598,7 +598,7 @@ jdt_tensor *jdt_graph_attention(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, jdt_
                                 double scale)
 {
     jdt_tensor *in[3] = {q, k, v};
-    jdt_attrs a = {.f = {scale}};
+    jdt_attrs a = {.i = {jdt_graph_matmul_bf16(g) ? 1 : 0}, .f = {scale}};
     return jdt_graph_op(g, JDT_OP_ATTENTION, 3, in, &a, JDT_DTYPE_F32, NULL);
 }
 
@@ -606,7 +606,7 @@ jdt_tensor *jdt_graph_attention_bwd(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, 
                                     jdt_tensor *o, jdt_tensor *dout, double scale)
 {
     jdt_tensor *in[5] = {q, k, v, o, dout};
-    jdt_attrs a = {.f = {scale}};
+    jdt_attrs a = {.i = {jdt_graph_matmul_bf16(g) ? 1 : 0}, .f = {scale}};
     return jdt_graph_op(g, JDT_OP_ATTENTION_BWD, 5, in, &a, JDT_DTYPE_F32, NULL);
 }
 

@@ -48,6 +48,32 @@ typedef enum {
 #define JDT_OPC_COUNT (JDT_OPC_COLLECTIVE + 1)
 
 /*
+ * Partition kinds: how the SPMD partitioner (engine/shard) splits an op over a device mesh.
+ * Each op names its kind in engine/graph/ops.c, beside its shape and VJP rules (part_<OP>), so
+ * adding an op keeps one place to edit; engine/shard implements one rule per kind.
+ * JDT_PART_NONE: the op has no partition rule (backward-only ops and collectives: the
+ * partitioner runs before autodiff and inserts the collectives itself).
+ */
+typedef enum {
+    JDT_PART_NONE,
+    JDT_PART_LEAF,        /* placement from the sharding rules (params) or the batch rule */
+    JDT_PART_GENERATOR,   /* replicated, computed locally */
+    JDT_PART_ELEMENTWISE, /* inputs brought to one placement; partial sums pass linear ops */
+    JDT_PART_BROADCAST,
+    JDT_PART_REDUCTION,   /* a reduced split dim becomes a partial sum */
+    JDT_PART_RESHAPE,
+    JDT_PART_TRANSPOSE,
+    JDT_PART_AXIS_WHOLE,  /* slice / concat: the op's axis gathered whole */
+    JDT_PART_MATMUL,      /* contraction split -> partial sum; batch and free dims carried */
+    JDT_PART_GATHER,      /* row gather (embedding): table split on rows or columns */
+    JDT_PART_ROWS,        /* softmax / norms: the last dim whole, other dims carried */
+    JDT_PART_XENT,        /* softmax cross-entropy: classes whole, rows carried */
+    JDT_PART_ROPE,
+    JDT_PART_ATTENTION,   /* heads and batch carried, sequence and head dim whole */
+} jdt_part_kind;
+#define JDT_PART_COUNT (JDT_PART_ATTENTION + 1)
+
+/*
  * The op list. X(NAME, "name", n_inputs, CLASS); n_inputs -1 = variadic (1..JDT_MAX_INPUTS);
  * CLASS is a jdt_op_class without its JDT_OPC_ prefix.
  * Semantics (attrs are jdt_attrs.i[] integers and .f[] doubles):
@@ -101,7 +127,10 @@ typedef enum {
  *                       t * f[0]^(-2i/D) (f[0] = theta); i[0] = 1 rotates by minus the angle
  *                       (its own VJP)
  *   ATTENTION           (q, k, v) each (B, H, T, D); causal; scale f[0]; -> (B, H, T, D).
- *                       Tiled with an online softmax: no T x T matrix is kept.
+ *                       Tiled with an online softmax: no T x T matrix is kept. i[0] = 1: bf16
+ *                       compute (as MATMUL's i[2]): the inputs of each product (q, k, v, the
+ *                       probabilities; in the backward also dout and dS) are rounded to bf16,
+ *                       sums, softmax and dS stay f32. Set from jdt_graph_set_matmul_bf16.
  *   ATTENTION_BWD       (q, k, v, o, do) -> (3, B, H, T, D) packing dq, dk, dv; recomputes the
  *                       row log-sum-exp from q, k.
  * Collectives (SPMD: every process runs the same graph on its shard)
@@ -255,6 +284,8 @@ int jdt_op_arity(jdt_op op); /* -1 for variadic */
 jdt_op_class jdt_op_class_of(jdt_op op);
 /* "leaf", "elementwise", ... ; "?" outside the enum. */
 const char *jdt_op_class_name(jdt_op_class c);
+/* The op's partition kind (engine/graph/ops.c, part_<OP>); JDT_PART_NONE outside the enum. */
+jdt_part_kind jdt_op_partition(jdt_op op);
 
 int64_t jdt_shape_numel(const jdt_shape *s);
 bool jdt_shape_eq(const jdt_shape *a, const jdt_shape *b);
@@ -297,7 +328,7 @@ void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor
  * keeping them (runtime.remat: block). */
 void jdt_graph_set_block(jdt_graph *g, int block);
 
-/* MATMULs built from now on (jdt_graph_matmul, and the VJPs of bf16 MATMULs) compute in bf16
+/* MATMULs and ATTENTIONs built from now on (and the VJPs of bf16 ones) compute in bf16
  * when `on`: attrs i[2] = 1, inputs rounded to bf16, f32 accumulation and output
  * (precision.compute: bf16, the mixed-precision recipe). Default off. */
 void jdt_graph_set_matmul_bf16(jdt_graph *g, bool on);

@@ -639,7 +639,15 @@ static jdt_status eval_rope(const node_ctx *nd)
     return JDT_OK;
 }
 
-/* ATTENTION (plain T x T causal softmax) and ATTENTION_BWD */
+/* x rounded to bf16 when `on` (bf16 compute: where a product's input is rounded) */
+static inline double bf16_if(bool on, double x)
+{
+    return on ? (double)jdt_bf16_round((float)x) : x;
+}
+
+/* ATTENTION (plain T x T causal softmax) and ATTENTION_BWD. bf16 compute (i[0]): q, k, v,
+ * dout, the probabilities and dS are rounded where they enter a product, and the backward's
+ * delta_i is dO_i . O_i with O_i from those rounded products, as the kernels compute them. */
 static jdt_status eval_attention(const node_ctx *nd)
 {
     node_val *nv = nd->it->vals;
@@ -665,6 +673,8 @@ static jdt_status eval_attention(const node_ctx *nd)
         return FAIL(JDT_ERR_NOMEM, "out of memory");
     }
     memset(y, 0, (size_t)n * sizeof(double));
+    const bool bf = a->i[0] != 0;
+#define R_(x) bf16_if(bf, (x))
     for (int64_t bh = 0; bh < BH; bh++) {
         const double *q = x0 + bh * per, *k = x1 + bh * per, *v = x2 + bh * per;
         for (int64_t i = 0; i < T; i++) {
@@ -672,7 +682,7 @@ static jdt_status eval_attention(const node_ctx *nd)
             for (int64_t j = 0; j <= i; j++) {
                 double s = 0;
                 for (int64_t d = 0; d < D; d++)
-                    s += q[i * D + d] * k[j * D + d];
+                    s += R_(q[i * D + d]) * R_(k[j * D + d]);
                 p[j] = s * sc;
                 mx = p[j] > mx ? p[j] : mx;
             }
@@ -683,7 +693,7 @@ static jdt_status eval_attention(const node_ctx *nd)
             if (t->op == JDT_OP_ATTENTION) {
                 for (int64_t j = 0; j <= i; j++)
                     for (int64_t d = 0; d < D; d++)
-                        y[bh * per + i * D + d] += p[j] * v[j * D + d];
+                        y[bh * per + i * D + d] += R_(p[j]) * R_(v[j * D + d]);
                 continue;
             }
             const double *doi = dout + bh * per + i * D;
@@ -692,19 +702,29 @@ static jdt_status eval_attention(const node_ctx *nd)
             for (int64_t j = 0; j <= i; j++) {
                 dp[j] = 0;
                 for (int64_t d = 0; d < D; d++)
-                    dp[j] += doi[d] * v[j * D + d];
+                    dp[j] += R_(doi[d]) * R_(v[j * D + d]);
                 pdp += p[j] * dp[j];
+            }
+            if (bf) { /* delta = dO . O with O from the rounded products, as the kernels */
+                pdp = 0;
+                for (int64_t d = 0; d < D; d++) {
+                    double od = 0;
+                    for (int64_t j = 0; j <= i; j++)
+                        od += R_(p[j]) * R_(v[j * D + d]);
+                    pdp += doi[d] * od;
+                }
             }
             for (int64_t j = 0; j <= i; j++) {
                 double ds = p[j] * (dp[j] - pdp) * sc;
                 for (int64_t d = 0; d < D; d++) {
-                    dv[j * D + d] += p[j] * doi[d];
-                    dq[i * D + d] += ds * k[j * D + d];
-                    dk[j * D + d] += ds * q[i * D + d];
+                    dv[j * D + d] += R_(p[j]) * R_(doi[d]);
+                    dq[i * D + d] += R_(ds) * R_(k[j * D + d]);
+                    dk[j * D + d] += R_(ds) * R_(q[i * D + d]);
                 }
             }
         }
     }
+#undef R_
     jdt_free(p);
     jdt_free(dp);
     return JDT_OK;

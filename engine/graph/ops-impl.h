@@ -1,7 +1,8 @@
 /*
  * ops-impl.h — internal: the enum-indexed op registry (engine/graph/ops.c). One row per op of
- * JDT_OP_LIST with its name, arity, shape rule and VJP rule; the builder checks every node with
- * the shape rule, autodiff (engine/autodiff) calls the VJP rule.
+ * JDT_OP_LIST with its name, arity, shape rule, VJP rule and partition kind; the builder checks
+ * every node with the shape rule, autodiff (engine/autodiff) calls the VJP rule, the SPMD
+ * partitioner (engine/shard) the rule of the op's partition kind.
  */
 #ifndef JDT_GRAPH_OPS_IMPL_H
 #define JDT_GRAPH_OPS_IMPL_H
@@ -26,6 +27,7 @@ typedef struct {
     int arity;            /* -1 variadic */
     jdt_shape_rule shape; /* never NULL */
     jdt_vjp_rule vjp;     /* NULL: not differentiable (an error if reached on a gradient path) */
+    jdt_part_kind part;   /* how engine/shard partitions it (JDT_PART_NONE: it does not) */
 } jdt_op_info;
 
 /* The registry row for op (op must be < JDT_OP_COUNT). */

@@ -1,8 +1,10 @@
 /*
  * ops.c — the op registry: for every op of JDT_OP_LIST its shape rule (checked by the builder on
- * every node) and, next to it, its VJP rule (used by engine/autodiff). The table is generated
- * from JDT_OP_LIST with functions named shape_<OP> and vjp_<OP>, so an op added to the list
- * without rules does not compile; non-differentiable ops define vjp_<OP> as NULL explicitly.
+ * every node), next to it its VJP rule (used by engine/autodiff) and its partition kind (how
+ * engine/shard splits it over a mesh). The table is generated from JDT_OP_LIST with functions
+ * named shape_<OP> and vjp_<OP> and kinds named part_<OP>, so an op added to the list without
+ * all three does not compile; non-differentiable ops define vjp_<OP> as NULL and ops the
+ * partitioner never sees define part_<OP> as JDT_PART_NONE, explicitly.
  *
  * VJP rules only build nodes with the public builder API (builder.h); they never compute.
  */
@@ -777,8 +779,11 @@ static void vjp_ROPE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool 
 static void vjp_ATTENTION(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                           jdt_tensor **dx)
 {
+    bool prev = jdt_graph_matmul_bf16(g); /* the backward computes as the forward did */
+    jdt_graph_set_matmul_bf16(g, node->attrs.i[0] != 0);
     jdt_tensor *packed =
         jdt_graph_attention_bwd(g, IN(0), IN(1), IN(2), node, dy, node->attrs.f[0]);
+    jdt_graph_set_matmul_bf16(g, prev);
     /* (3, B, ...) viewed as (3B, ...), then sliced: the slices have the gradients' shape, so no
      * reshape follows them and the compiler composes each slice into its consumer's read */
     jdt_shape flat = node->shape;
@@ -868,10 +873,74 @@ static void vjp_REDUCE_SCATTER(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, c
     dx[0] = a->f[0] == 1.0 ? d : jdt_graph_mul_scalar(g, d, a->f[0]);
 }
 
+/* ---- partition kinds (engine/shard implements one rule per kind) ---------------------------- */
+
+#define part_PARAM JDT_PART_LEAF
+#define part_INPUT JDT_PART_LEAF
+#define part_CONSTANT JDT_PART_LEAF
+#define part_NEG JDT_PART_ELEMENTWISE
+#define part_EXP JDT_PART_ELEMENTWISE
+#define part_LOG JDT_PART_ELEMENTWISE
+#define part_TANH JDT_PART_ELEMENTWISE
+#define part_SQRT JDT_PART_ELEMENTWISE
+#define part_RSQRT JDT_PART_ELEMENTWISE
+#define part_RELU JDT_PART_ELEMENTWISE
+#define part_GELU JDT_PART_ELEMENTWISE
+#define part_SILU JDT_PART_ELEMENTWISE
+#define part_SIGMOID JDT_PART_ELEMENTWISE
+#define part_ABS JDT_PART_ELEMENTWISE
+#define part_ADD JDT_PART_ELEMENTWISE
+#define part_SUB JDT_PART_ELEMENTWISE
+#define part_MUL JDT_PART_ELEMENTWISE
+#define part_DIV JDT_PART_ELEMENTWISE
+#define part_MAX JDT_PART_ELEMENTWISE
+#define part_MIN JDT_PART_ELEMENTWISE
+#define part_GT JDT_PART_ELEMENTWISE
+#define part_GE JDT_PART_ELEMENTWISE
+#define part_ADD_SCALAR JDT_PART_ELEMENTWISE
+#define part_MUL_SCALAR JDT_PART_ELEMENTWISE
+#define part_POW_SCALAR JDT_PART_ELEMENTWISE
+#define part_SELECT JDT_PART_ELEMENTWISE
+#define part_CAST JDT_PART_ELEMENTWISE
+#define part_STOP_GRADIENT JDT_PART_ELEMENTWISE
+#define part_DROPOUT JDT_PART_ELEMENTWISE
+#define part_BROADCAST JDT_PART_BROADCAST
+#define part_REDUCE_SUM JDT_PART_REDUCTION
+#define part_REDUCE_MAX JDT_PART_REDUCTION
+#define part_REDUCE_MEAN JDT_PART_REDUCTION
+#define part_RESHAPE JDT_PART_RESHAPE
+#define part_TRANSPOSE JDT_PART_TRANSPOSE
+#define part_SLICE JDT_PART_AXIS_WHOLE
+#define part_CONCAT JDT_PART_AXIS_WHOLE
+#define part_MATMUL JDT_PART_MATMUL
+#define part_GATHER JDT_PART_GATHER
+#define part_IOTA JDT_PART_GENERATOR
+#define part_CAUSAL_MASK JDT_PART_GENERATOR
+#define part_SOFTMAX JDT_PART_ROWS
+#define part_LOG_SOFTMAX JDT_PART_ROWS
+#define part_NORMALIZE JDT_PART_ROWS
+#define part_RMS_NORMALIZE JDT_PART_ROWS
+#define part_SOFTMAX_XENT JDT_PART_XENT
+#define part_ROPE JDT_PART_ROPE
+#define part_ATTENTION JDT_PART_ATTENTION
+/* Backward-only ops (the partitioner runs before autodiff) and the collectives it inserts. */
+#define part_GELU_GRAD JDT_PART_NONE
+#define part_SILU_GRAD JDT_PART_NONE
+#define part_SCATTER_ADD JDT_PART_NONE
+#define part_SOFTMAX_BWD JDT_PART_NONE
+#define part_LOG_SOFTMAX_BWD JDT_PART_NONE
+#define part_SOFTMAX_XENT_BWD JDT_PART_NONE
+#define part_NORMALIZE_BWD JDT_PART_NONE
+#define part_RMS_NORMALIZE_BWD JDT_PART_NONE
+#define part_ATTENTION_BWD JDT_PART_NONE
+#define part_ALL_REDUCE JDT_PART_NONE
+#define part_ALL_GATHER JDT_PART_NONE
+#define part_REDUCE_SCATTER JDT_PART_NONE
+
 /* ---- the table ---------------------------------------------------------------------------- */
 
 static const jdt_op_info OP_INFO[] = {
-#define X_(name, str, n_in, cls) {str, n_in, shape_##name, vjp_##name},
+#define X_(name, str, n_in, cls) {str, n_in, shape_##name, vjp_##name, part_##name},
     JDT_OP_LIST(X_)
 #undef X_
 };
@@ -880,4 +949,9 @@ _Static_assert(JDT_ARRAY_LEN(OP_INFO) == JDT_OP_COUNT, "op registry incomplete")
 const jdt_op_info *jdt_op_info_get(jdt_op op)
 {
     return &OP_INFO[op];
+}
+
+jdt_part_kind jdt_op_partition(jdt_op op)
+{
+    return (int)op >= 0 && (int)op < JDT_OP_COUNT ? OP_INFO[op].part : JDT_PART_NONE;
 }

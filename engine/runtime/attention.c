@@ -16,6 +16,11 @@
  * Rows of a block beyond their diagonal get p = 0 (and so dS = 0): the upper triangle of the
  * diagonal block is computed by the GEMM and discarded, a waste of at most ATT_BQ / T of the
  * work. Row softmax uses the vectorisable exp of runtime-impl.h.
+ *
+ * bf16 compute (`precision.compute: bf16`): the same blocks, with every GEMM a small bf16 GEMM
+ * of gemm_bf16.c (inputs rounded to bf16, f32 accumulation): q, k, v, dout, the probabilities P
+ * and dS are rounded where they enter a product; scores, the softmax, delta and dS are computed
+ * in f32. A head's k and v are packed once for all its query blocks.
  */
 #include "runtime/runtime.h"
 #include "runtime/runtime-impl.h"
@@ -47,9 +52,29 @@ static int64_t att_per_thread(int64_t D, int64_t T)
     return 2 * ATT_BQ * T + 16;
 }
 
-int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt)
+/* bf16: the two tiles, three packs of a head's k / v, one A pack and one B pack of a block. */
+static int64_t att_pack_b_max(int64_t D, int64_t T)
 {
-    return (int64_t)(nt > 0 ? nt : 1) * att_per_thread(D, T);
+    int64_t x = jdt_rt_bf16_pack_b_floats(D, T), y = jdt_rt_bf16_pack_b_floats(T, D);
+    return x > y ? x : y;
+}
+
+static int64_t att_pack_a_max(int64_t D, int64_t T)
+{
+    int64_t x = jdt_rt_bf16_pack_a_floats(ATT_BQ, D > T ? D : T);
+    int64_t y = jdt_rt_bf16_pack_a_floats(T, ATT_BQ);
+    return x > y ? x : y;
+}
+
+static int64_t att_per_thread_bf16(int64_t D, int64_t T)
+{
+    return 2 * ATT_BQ * T + 3 * att_pack_b_max(D, T) + att_pack_a_max(D, T) +
+           jdt_rt_bf16_pack_b_floats(ATT_BQ, D) + 16;
+}
+
+int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16)
+{
+    return (int64_t)(nt > 0 ? nt : 1) * (bf16 ? att_per_thread_bf16(D, T) : att_per_thread(D, T));
 }
 
 /* S (nq, n_keys) holds scale * q.k of rows i0..i0+nq-1; turns each row r into its causal
@@ -78,12 +103,45 @@ JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int
     }
 }
 
+/* The bf16 forward: per head, k packed as B of q k^T and v as B of P v; per block of queries
+ * the q block and P packed as A. */
+JDT_RT_CLONES static void attention_bf16(const float *q, const float *k, const float *v, float *o,
+                                         int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                                         unsigned bthd, float *scratch, int nt)
+{
+    const int64_t per = att_per_thread_bf16(D, T), pb = att_pack_b_max(D, T);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        float *S = scratch + (int64_t)omp_get_thread_num() * per;
+        float *kp = S + 2 * ATT_BQ * T, *vp = kp + pb, *ap = vp + 2 * pb;
+        int lq, lk, lv;
+        const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
+        const float *kb = slice_of(k, bthd, 1, bh, H, T, D, &lk);
+        const float *vb = slice_of(v, bthd, 2, bh, H, T, D, &lv);
+        float *ob = o + bh * T * D;
+        jdt_rt_bf16_pack_b(kb, lk, true, D, T, kp);  /* B(d, j) = k[j][d] */
+        jdt_rt_bf16_pack_b(vb, lv, false, T, D, vp); /* B(j, d) = v[j][d] */
+        for (int64_t i0 = 0; i0 < T; i0 += ATT_BQ) {
+            int64_t nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, nk = i0 + nq;
+            jdt_rt_bf16_pack_a(qb + i0 * lq, lq, false, nq, D, ap);
+            jdt_rt_bf16_gemm_packed(ap, kp, T, nq, nk, D, scale, 0.0f, S, nk);
+            softmax_causal_rows(S, nq, nk, i0);
+            jdt_rt_bf16_pack_a(S, nk, false, nq, nk, ap);
+            jdt_rt_bf16_gemm_packed(ap, vp, D, nq, D, nk, 1.0f, 0.0f, ob + i0 * D, D);
+        }
+    }
+}
+
 JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float *v, float *o,
                                     int64_t B, int64_t H, int64_t T, int64_t D, float scale,
-                                    unsigned bthd, float *scratch, int nt)
+                                    unsigned bthd, bool bf16, float *scratch, int nt)
 {
     int64_t per = att_per_thread(D, T);
     if (B * H * T * D == 0) return;
+    if (bf16) {
+        attention_bf16(q, k, v, o, B, H, T, D, scale, bthd, scratch, nt);
+        return;
+    }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *S = scratch + (int64_t)omp_get_thread_num() * per;
@@ -103,14 +161,87 @@ JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float 
     }
 }
 
+/* delta_i = dO_i . O_i and dS = P * (dP - delta) * scale over a block's rows, into dP. */
+JDT_RT_INLINE void att_ds(const float *P, float *dP, const float *gi, int lg, const float *ob,
+                          int lo, int64_t i0, int64_t nq, int64_t nk, int64_t D, float scale)
+{
+    for (int64_t r = 0; r < nq; r++) {
+        const float *gr = gi + r * lg, *orow = ob + (i0 + r) * lo;
+        float delta = 0.0f;
+#pragma omp simd reduction(+ : delta)
+        for (int64_t d = 0; d < D; d++)
+            delta += gr[d] * orow[d];
+        const float *pr = P + r * nk;
+        float *dpr = dP + r * nk;
+#pragma omp simd
+        for (int64_t j = 0; j < nk; j++)
+            dpr[j] = pr[j] * (dpr[j] - delta) * scale;
+    }
+}
+
+/* The bf16 backward: per head, k packed as B of q k^T and of dS k, v as B of dO v^T; per block
+ * q, dO, P^T, dS and dS^T packed as A, dO and q as B. */
+JDT_RT_CLONES static void attention_bwd_bf16(const float *q, const float *k, const float *v,
+                                             const float *o, const float *dout, float *dqkv,
+                                             int64_t B, int64_t H, int64_t T, int64_t D,
+                                             float scale, unsigned bthd, float *scratch, int nt)
+{
+    const int64_t per = att_per_thread_bf16(D, T), pb = att_pack_b_max(D, T), n = B * H * T * D;
+    float *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        float *P = scratch + (int64_t)omp_get_thread_num() * per, *dP = P + ATT_BQ * T;
+        float *kpt = dP + ATT_BQ * T, *vpt = kpt + pb, *kp = vpt + pb, *ap = kp + pb;
+        float *bq = ap + att_pack_a_max(D, T);
+        int64_t off = bh * T * D;
+        int lq, lk, lv, lo, lg;
+        const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
+        const float *kb = slice_of(k, bthd, 1, bh, H, T, D, &lk);
+        const float *vb = slice_of(v, bthd, 2, bh, H, T, D, &lv);
+        const float *ob = slice_of(o, bthd, 3, bh, H, T, D, &lo);
+        const float *gb = slice_of(dout, bthd, 4, bh, H, T, D, &lg);
+        float *dqb = dq + off, *dkb = dk + off, *dvb = dv + off;
+        memset(dkb, 0, (size_t)(T * D) * sizeof(float));
+        memset(dvb, 0, (size_t)(T * D) * sizeof(float));
+        jdt_rt_bf16_pack_b(kb, lk, true, D, T, kpt); /* B(d, j) = k[j][d] */
+        jdt_rt_bf16_pack_b(vb, lv, true, D, T, vpt); /* B(d, j) = v[j][d] */
+        jdt_rt_bf16_pack_b(kb, lk, false, T, D, kp); /* B(j, d) = k[j][d] */
+        for (int64_t i0 = 0; i0 < T; i0 += ATT_BQ) {
+            int64_t nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, nk = i0 + nq;
+            const float *qi = qb + i0 * lq, *gi = gb + i0 * lg;
+            jdt_rt_bf16_pack_a(qi, lq, false, nq, D, ap);
+            jdt_rt_bf16_gemm_packed(ap, kpt, T, nq, nk, D, scale, 0.0f, P, nk);
+            softmax_causal_rows(P, nq, nk, i0);
+            jdt_rt_bf16_pack_a(gi, lg, false, nq, D, ap);
+            jdt_rt_bf16_gemm_packed(ap, vpt, T, nq, nk, D, 1.0f, 0.0f, dP, nk);
+            att_ds(P, dP, gi, lg, ob, lo, i0, nq, nk, D, scale);
+            /* dV += P^T dO_b */
+            jdt_rt_bf16_pack_a(P, nk, true, nk, nq, ap);
+            jdt_rt_bf16_pack_b(gi, lg, false, nq, D, bq);
+            jdt_rt_bf16_gemm_packed(ap, bq, D, nk, D, nq, 1.0f, 1.0f, dvb, D);
+            /* dQ_b = dS K */
+            jdt_rt_bf16_pack_a(dP, nk, false, nq, nk, ap);
+            jdt_rt_bf16_gemm_packed(ap, kp, D, nq, D, nk, 1.0f, 0.0f, dqb + i0 * D, D);
+            /* dK += dS^T Q_b */
+            jdt_rt_bf16_pack_a(dP, nk, true, nk, nq, ap);
+            jdt_rt_bf16_pack_b(qi, lq, false, nq, D, bq);
+            jdt_rt_bf16_gemm_packed(ap, bq, D, nk, D, nq, 1.0f, 1.0f, dkb, D);
+        }
+    }
+}
+
 JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const float *v,
                                         const float *o, const float *dout, float *dqkv, int64_t B,
-                                        int64_t H, int64_t T, int64_t D, float scale,
-                                        unsigned bthd, float *scratch, int nt)
+                                        int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
+                                        bool bf16, float *scratch, int nt)
 {
     int64_t per = att_per_thread(D, T), n = B * H * T * D;
     float *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
     if (n == 0) return;
+    if (bf16) {
+        attention_bwd_bf16(q, k, v, o, dout, dqkv, B, H, T, D, scale, bthd, scratch, nt);
+        return;
+    }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *P = scratch + (int64_t)omp_get_thread_num() * per, *dP = P + ATT_BQ * T;
@@ -130,26 +261,16 @@ JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const fl
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, scale,
                         qi, lq, kb, lk, 0.0f, P, (int)nk);
             softmax_causal_rows(P, nq, nk, i0);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, 1.0f,
-                        gi, lg, vb, lv, 0.0f, dP, (int)nk);
-            for (int64_t r = 0; r < nq; r++) {
-                const float *gr = gi + r * lg, *orow = ob + (i0 + r) * lo;
-                float delta = 0.0f;
-#pragma omp simd reduction(+ : delta)
-                for (int64_t d = 0; d < D; d++)
-                    delta += gr[d] * orow[d];
-                float *pr = P + r * nk, *dpr = dP + r * nk;
-#pragma omp simd
-                for (int64_t j = 0; j < nk; j++)
-                    dpr[j] = pr[j] * (dpr[j] - delta) * scale;
-            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, 1.0f, gi,
+                        lg, vb, lv, 0.0f, dP, (int)nk);
+            att_ds(P, dP, gi, lg, ob, lo, i0, nq, nk, D, scale);
             /* dV += P^T dO_b, dQ_b = dS K, dK += dS^T Q_b */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, 1.0f, P,
                         (int)nk, gi, lg, 1.0f, dvb, (int)D);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f,
                         dP, (int)nk, kb, lk, 0.0f, dqb + i0 * D, (int)D);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, 1.0f,
-                        dP, (int)nk, qi, lq, 1.0f, dkb, (int)D);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)nq, 1.0f, dP,
+                        (int)nk, qi, lq, 1.0f, dkb, (int)D);
         }
     }
 }

@@ -131,14 +131,35 @@ void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *
  * block's scores against its causal keys fit the scratch): no T x T matrix.
  * bthd: bit i set = input i (q, k, v; for the backward also o = bit 3, dout = bit 4) is stored
  * (B, T, H, D) instead (a head-major view read strided: no transpose copy). Outputs are always
- * (B, H, T, D). scratch: jdt_rt_attention_scratch_floats(D, T, nt) floats. */
-int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt);
+ * (B, H, T, D). bf16: bf16 compute (precision.compute: bf16), every product's inputs (q, k, v,
+ * dout, the probabilities, dS) rounded to bf16 and accumulated in f32 (jdt_rt_bf16_gemm_packed);
+ * the softmax and dS stay f32. scratch: jdt_rt_attention_scratch_floats(D, T, nt, bf16) floats. */
+int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16);
 void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, int64_t B,
-                      int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, float *scratch,
-                      int nt);
+                      int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                      float *scratch, int nt);
 /* dqkv (3, B, H, T, D) = (dq, dk, dv) of the above; recomputes the softmax. */
 void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const float *o,
                           const float *dout, float *dqkv, int64_t B, int64_t H, int64_t T,
-                          int64_t D, float scale, unsigned bthd, float *scratch, int nt);
+                          int64_t D, float scale, unsigned bthd, bool bf16, float *scratch, int nt);
+
+/* Small bf16 GEMMs for hand-written kernels (engine/runtime/gemm_bf16.c): inputs rounded to
+ * bf16 (nearest even) while packed, f32 accumulation and result.
+ * jdt_rt_bf16_pack_a: op(A) (M x K; A[i][k] = a[i * lda + k], or a[k * lda + i] when ta) into
+ * pack (jdt_rt_bf16_pack_a_floats(M, K) floats of 4 bytes; its format is private).
+ * jdt_rt_bf16_pack_b: op(B) (K x N; B[k][j] = b[k * ldb + j], or b[j * ldb + k] when tb) into pack
+ * (jdt_rt_bf16_pack_b_floats(K, N)). jdt_rt_bf16_gemm_packed: C (M x N, row stride ldc) = alpha * A
+ * B + beta * C (beta 0: C is not read), A an M x K pack, B a pack built with N = ldb_n columns and
+ * at least K rows (a prefix of a larger B pack's rows and columns may be used). AVX512-BF16
+ * (VDPBF16PS) where jdt_rt_bf16_tiles_native(), else SGEMM on the rounded values (the same
+ * products; the two pack formats differ, so packs are not kept across processes). Single-threaded:
+ * callers parallelise over their own tiles. */
+bool jdt_rt_bf16_tiles_native(void);
+int64_t jdt_rt_bf16_pack_a_floats(int64_t M, int64_t K);
+int64_t jdt_rt_bf16_pack_b_floats(int64_t K, int64_t N);
+void jdt_rt_bf16_pack_a(const float *a, int64_t lda, bool ta, int64_t M, int64_t K, void *pack);
+void jdt_rt_bf16_pack_b(const float *b, int64_t ldb, bool tb, int64_t K, int64_t N, void *pack);
+void jdt_rt_bf16_gemm_packed(const void *apack, const void *bpack, int64_t ldb_n, int64_t M,
+                             int64_t N, int64_t K, float alpha, float beta, float *c, int64_t ldc);
 
 #endif /* JDT_RUNTIME_H */

@@ -420,35 +420,27 @@ static jdt_status rule_attention(pctx *c, const jdt_tensor *n, jdt_tensor **in,
     return JDT_OK;
 }
 
-/* The partition rule of each op (NULL: the op has none yet; partitioning a graph that holds it
- * fails naming it). Backward-only ops are absent: the partitioner runs before autodiff. */
-static const prule RULES[JDT_OP_COUNT] = {
-    [JDT_OP_PARAM] = rule_leaf,        [JDT_OP_INPUT] = rule_leaf,
-    [JDT_OP_CONSTANT] = rule_leaf,     [JDT_OP_NEG] = rule_ew,
-    [JDT_OP_EXP] = rule_ew,            [JDT_OP_LOG] = rule_ew,
-    [JDT_OP_TANH] = rule_ew,           [JDT_OP_SQRT] = rule_ew,
-    [JDT_OP_RSQRT] = rule_ew,          [JDT_OP_RELU] = rule_ew,
-    [JDT_OP_GELU] = rule_ew,           [JDT_OP_SILU] = rule_ew,
-    [JDT_OP_SIGMOID] = rule_ew,        [JDT_OP_ABS] = rule_ew,
-    [JDT_OP_ADD] = rule_ew,            [JDT_OP_SUB] = rule_ew,
-    [JDT_OP_MUL] = rule_ew,            [JDT_OP_DIV] = rule_ew,
-    [JDT_OP_MAX] = rule_ew,            [JDT_OP_MIN] = rule_ew,
-    [JDT_OP_GT] = rule_ew,             [JDT_OP_GE] = rule_ew,
-    [JDT_OP_ADD_SCALAR] = rule_ew,     [JDT_OP_MUL_SCALAR] = rule_ew,
-    [JDT_OP_POW_SCALAR] = rule_ew,     [JDT_OP_SELECT] = rule_ew,
-    [JDT_OP_CAST] = rule_ew,           [JDT_OP_STOP_GRADIENT] = rule_ew,
-    [JDT_OP_DROPOUT] = rule_ew,        [JDT_OP_BROADCAST] = rule_broadcast,
-    [JDT_OP_REDUCE_SUM] = rule_reduce, [JDT_OP_REDUCE_MAX] = rule_reduce,
-    [JDT_OP_REDUCE_MEAN] = rule_reduce, [JDT_OP_RESHAPE] = rule_reshape,
-    [JDT_OP_TRANSPOSE] = rule_transpose, [JDT_OP_SLICE] = rule_axis_whole,
-    [JDT_OP_CONCAT] = rule_axis_whole, [JDT_OP_MATMUL] = rule_matmul,
-    [JDT_OP_GATHER] = rule_gather,     [JDT_OP_IOTA] = rule_gen,
-    [JDT_OP_CAUSAL_MASK] = rule_gen,   [JDT_OP_SOFTMAX] = rule_rows,
-    [JDT_OP_LOG_SOFTMAX] = rule_rows,  [JDT_OP_SOFTMAX_XENT] = rule_xent,
-    [JDT_OP_NORMALIZE] = rule_rows,    [JDT_OP_RMS_NORMALIZE] = rule_rows,
-    [JDT_OP_ROPE] = rule_rope,         [JDT_OP_ATTENTION] = rule_attention,
+/* The rule of each partition kind; an op names its kind beside its shape and VJP rules
+ * (engine/graph/ops.c, part_<OP>). JDT_PART_NONE: no rule (backward-only ops, collectives:
+ * the partitioner runs before autodiff); partitioning a graph that holds one fails naming it. */
+static const prule RULES[JDT_PART_COUNT] = {
+    [JDT_PART_NONE] = NULL,
+    [JDT_PART_LEAF] = rule_leaf,
+    [JDT_PART_GENERATOR] = rule_gen,
+    [JDT_PART_ELEMENTWISE] = rule_ew,
+    [JDT_PART_BROADCAST] = rule_broadcast,
+    [JDT_PART_REDUCTION] = rule_reduce,
+    [JDT_PART_RESHAPE] = rule_reshape,
+    [JDT_PART_TRANSPOSE] = rule_transpose,
+    [JDT_PART_AXIS_WHOLE] = rule_axis_whole,
+    [JDT_PART_MATMUL] = rule_matmul,
+    [JDT_PART_GATHER] = rule_gather,
+    [JDT_PART_ROWS] = rule_rows,
+    [JDT_PART_XENT] = rule_xent,
+    [JDT_PART_ROPE] = rule_rope,
+    [JDT_PART_ATTENTION] = rule_attention,
 };
-_Static_assert(sizeof RULES / sizeof RULES[0] == JDT_OP_COUNT, "partition rule table size");
+_Static_assert(sizeof RULES / sizeof RULES[0] == JDT_PART_COUNT, "partition rule table size");
 
 void jdt_shard_result_free(jdt_shard_result *r)
 {
@@ -477,7 +469,7 @@ jdt_status jdt_shard_partition(const jdt_mesh *m, const jdt_config_rules *rules,
     jdt_status st = JDT_OK;
     for (int i = 0; i < n && st == JDT_OK; i++) {
         const jdt_tensor *t = jdt_graph_node(src, i);
-        prule rule = RULES[t->op];
+        prule rule = RULES[jdt_op_partition(t->op)];
         if (!rule) {
             st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "shard: %s (node %d) has no partition rule",
                              jdt_op_name(t->op), i);

@@ -279,7 +279,7 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
     if (st != JDT_OK) return st;
     /* one process on the CPU backend is this machine: refused here as train would refuse it */
     const bool here = world == 1 && cpu;
-    if (here && (st = jdt_train_check_memory(cfg, cfg->data.micro_batch_size, e)) != JDT_OK)
+    if (here && (st = jdt_train_check_memory(cfg, cfg->data.micro_batch_size, NULL, e)) != JDT_OK)
         return st;
     if ((st = check_planner_memory(cfg, e)) != JDT_OK) return st;
     if (world > 1 && (st = jdt_train_check_mesh(cfg, world, e)) != JDT_OK) return st;

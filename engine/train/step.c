@@ -393,7 +393,7 @@ jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step 
 {
     *out = NULL;
     /* before building anything: a plan that cannot fit is refused in microseconds */
-    jdt_status mst = o->plan_only ? JDT_OK : jdt_train_check_memory(cfg, o->micro_batch, e);
+    jdt_status mst = o->plan_only ? JDT_OK : jdt_train_check_memory(cfg, o->micro_batch, o->mesh, e);
     if (mst != JDT_OK) return mst;
     jdt_step *s = jdt_calloc(1, sizeof *s);
     if (!s) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");

@@ -126,19 +126,23 @@ void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o);
 
 /* A config-level memory estimate of one process's train step (a formula: no graph is built).
  * state: parameters, gradients, optimizer moments, gradient accumulator; act: activations
- * kept for the backward pass of one micro-batch of micro_batch rows (a lower bound: the
- * compiled plan is checked exactly before its arena is allocated). */
+ * kept for the backward pass of one micro-batch of micro_batch rows (GLOBAL rows: with a mesh,
+ * this device's share under the default rules, weights over fsdp x tensor, rows over data x
+ * fsdp; NULL mesh = one device). A lower bound: the compiled plan is checked exactly before
+ * its arena is allocated. */
 typedef struct {
     int64_t n_params;
     double state_bytes, act_bytes, total_bytes;
 } jdt_mem_estimate;
-void jdt_train_mem_estimate(const jdt_config *cfg, int64_t micro_batch, jdt_mem_estimate *out);
+void jdt_train_mem_estimate(const jdt_config *cfg, int64_t micro_batch, const jdt_mesh *mesh,
+                            jdt_mem_estimate *out);
 
 /* Refuses (ERR_NOMEM, one line with the figures and what to change: a smaller batch or model,
  * remat, more fsdp) a plan whose estimate exceeds the memory available to this process
  * (jdt_mem_available: MemAvailable or the cgroup limit). JDT_OK if it fits or the figure is
  * unknown. Microseconds; call it before building anything. */
-jdt_status jdt_train_check_memory(const jdt_config *cfg, int64_t micro_batch, jdt_err *e);
+jdt_status jdt_train_check_memory(const jdt_config *cfg, int64_t micro_batch, const jdt_mesh *mesh,
+                                  jdt_err *e);
 
 /* The checkpoint directory of cfg: checkpoint.dir, or <run.out_dir>/<run.name>/ckpt. */
 void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes);

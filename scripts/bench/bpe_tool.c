@@ -92,7 +92,7 @@ int main(int argc, char **argv)
         size_t n;
         if (jdt_io_read_all(argv[2], &text, &n, &e)) return fail(&e);
         double t0 = now_s();
-        if (jdt_bpe_train(text, n, atoi(argv[3]), &t, &e) || jdt_bpe_save(t, argv[4], &e)) return fail(&e);
+        if (jdt_bpe_train(text, n, atoi(argv[3]), false, &t, &e) || jdt_bpe_save(t, argv[4], &e)) return fail(&e);
         printf("trained vocab %d on %zu bytes in %.2f s\n", jdt_bpe_vocab_size(t), n, now_s() - t0);
         jdt_free(text);
     } else if (argc == 5 && strcmp(argv[1], "roundtrip") == 0) {

@@ -17,10 +17,19 @@ for cmd in "" inspect; do
   [ "$(grep -c error "$TMP/err")" -eq 1 ] || fail "more than one error line"
 done
 
+# on a mesh the estimate is per device: mesh.fsdp=2 halves the state figure (93.1 -> 46.6 GiB)
+state1=$(grep -oE "parameters: [0-9.]+ GiB for parameters" "$TMP/err" | grep -oE "[0-9.]+ GiB" | cut -d' ' -f1)
+timeout 60 "$BIN" --nproc 2 configs/tiny.yaml model.n_layer=99999 mesh.fsdp=2 run.out_dir="$TMP/runs" >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] || { cat "$TMP/err"; fail "fsdp=2 of 99,999 layers: exit $rc, expected 1"; }
+state2=$(grep -oE "per device \(5e\+09 parameters: [0-9.]+ GiB for parameters" "$TMP/err" | head -1 | grep -oE "[0-9.]+ GiB" | cut -d' ' -f1)
+[ -n "$state2" ] || { cat "$TMP/err"; fail "fsdp=2: no per-device figure"; }
+awk -v a="$state1" -v b="$state2" 'BEGIN { r = b / a; exit !(r > 0.49 && r < 0.51) }' ||
+  fail "fsdp=2 state per device $state2 GiB is not half of one process's $state1 GiB"
+
 # the estimate (2.6 GiB, a lower bound) passes under a 3.2 GB limit; the exact plan (3.4 GiB
 # of intermediates) does not, and is refused before allocating
 (ulimit -v 3300000; exec "$BIN" inspect configs/tiny.yaml model.seq_len=65536) >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 1 ] || { cat "$TMP/err"; fail "seq_len 65536 under ulimit -v: exit $rc, expected 1"; }
 grep -qE "compile: the plan needs [0-9.]+ MiB for intermediates but [0-9.]+ MiB is available \(address-space limit, ulimit -v\): use a smaller data.micro_batch_size" "$TMP/err" ||
   { cat "$TMP/err"; fail "arena refusal message"; }
-echo "99,999 layers refused at once; an arena over the limit refused before allocation"
+echo "99,999 layers refused at once (state $state1 GiB, $state2 GiB per device with fsdp=2); an arena over the limit refused before allocation"

@@ -5,7 +5,9 @@
 # JDT_PROGRESS_INTERVAL=0 (a line per tensor, so the count does not depend on the disk's speed;
 # docs/observability.md) gives several plain "saving checkpoint step 1: done/total MB (pct),
 # rate, ETA" lines and then "loading checkpoint: ..." lines on resume, with no terminal control
-# characters; a bad JDT_PROGRESS_INTERVAL is one warning.
+# characters; `prepare` with a BPE trained on the fortunes corpus (2.5 MB) reports its three
+# long phases (counting words and merging while training, then encoding) the same way; a bad
+# JDT_PROGRESS_INTERVAL is one warning.
 set -uo pipefail
 cd "$JDT_TMP"
 trap 'rm -rf "$JDT_TMP/runs"' EXIT
@@ -37,4 +39,28 @@ n=$(grep -cE "^loading checkpoint: [0-9.]+/460\.[0-9] MB" load.log)
 JDT_PROGRESS_INTERVAL=soon "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs" \
   run.steps=2 > bad.log 2>&1 || { cat bad.log; fail "a bad JDT_PROGRESS_INTERVAL must not fail the run"; }
 [ "$(grep -c "JDT_PROGRESS_INTERVAL='soon' is not a number of seconds" bad.log)" -eq 1 ] || { cat bad.log; fail "want one warning for a bad JDT_PROGRESS_INTERVAL"; }
+# prepare: BPE training (words counted in MB, merges made) and encoding, plain lines
+for f in /usr/share/games/fortunes/*; do
+  case "$f" in *.dat|*.u8|*/art|*/ascii-art) continue;; esac
+  [ -f "$f" ] && cat "$f"
+done > corpus.txt
+[ "$(stat -c %s corpus.txt)" -gt 2000000 ] || fail "no fortunes corpus (apt-get install fortunes)"
+cat > prep.yaml <<YAML
+run: {name: prep, out_dir: $JDT_TMP/runs, steps: 1}
+model: {type: gpt, vocab_size: 2000, seq_len: 64, n_layer: 1, n_embd: 32, n_head: 2}
+data: {format: tokens, source: $JDT_TMP/corpus.txt, tokenizer: bpe, train_path: $JDT_TMP/prep, batch_size: 4}
+YAML
+JDT_PROGRESS_INTERVAL=0 "$JDT_BIN" prepare prep.yaml > prep.log 2>&1 || { tail prep.log; fail "prepare failed"; }
+if grep -q $'\r\|\033' prep.log; then fail "terminal control characters in prepare's log"; fi
+n=$(grep -cE "^BPE training: counting words: [0-9.]+/[0-9.]+ MB \([0-9]+%\)" prep.log)
+[ "$n" -ge 2 ] || { tail prep.log; fail "want >= 2 'counting words' lines, got $n"; }
+n=$(grep -cE "^BPE training: merges: [0-9.]+/1743\.0 merges \([0-9]+%\)" prep.log)
+[ "$n" -ge 100 ] || { tail prep.log; fail "want a 'merges' line per merge (1743 at most), got $n"; }
+grep -oE "^BPE training: merges: [0-9.]+" prep.log | awk -F': ' '
+  { if ($3 + 0 <= prev || $3 + 0 > 1743) bad = 1; prev = $3 + 0 } END { exit bad }' ||
+  fail "merge progress is not strictly increasing within the total"
+n=$(grep -cE "^prepare: encoding: [0-9.]+/[0-9.]+ MB \([0-9]+%\)" prep.log)
+[ "$n" -ge 2 ] || { tail prep.log; fail "want >= 2 'prepare: encoding' lines, got $n"; }
+grep -q "^prepared .*corpus.txt" prep.log || fail "no 'prepared' line"
+
 echo "ok: $(grep -c '^saving checkpoint' save.log) save and $(grep -c '^loading checkpoint' load.log) load progress lines"

@@ -247,7 +247,7 @@ START_TEST(test_train_save_load)
     char *text = sample_text(&n);
     jdt_bpe *t = NULL, *u = NULL;
     jdt_err e;
-    ck_assert_int_eq(jdt_bpe_train(text, n, 400, &t, &e), JDT_OK);
+    ck_assert_int_eq(jdt_bpe_train(text, n, 400, false, &t, &e), JDT_OK);
     int V = jdt_bpe_vocab_size(t);
     ck_assert(V > 257 && V <= 400);
     ck_assert_int_eq(jdt_bpe_special_id(t, "<|endoftext|>"), V - 1);
@@ -266,7 +266,7 @@ START_TEST(test_train_save_load)
     ck_assert(memcmp(back, text, n) == 0);
     /* vocab too small / too large */
     jdt_bpe *x = NULL;
-    ck_assert_int_eq(jdt_bpe_train(text, n, 256, &x, &e), JDT_ERR_INVALID);
+    ck_assert_int_eq(jdt_bpe_train(text, n, 256, false, &x, &e), JDT_ERR_INVALID);
     ck_assert_ptr_null(x);
     jdt_free(back);
     jdt_free(a);
@@ -283,7 +283,7 @@ START_TEST(test_roundtrip_bytes)
     char *text = sample_text(&n);
     jdt_bpe *t = NULL;
     jdt_err e;
-    ck_assert_int_eq(jdt_bpe_train(text, n, 350, &t, &e), JDT_OK);
+    ck_assert_int_eq(jdt_bpe_train(text, n, 350, false, &t, &e), JDT_OK);
     char buf[600], back[600];
     uint32_t *ids = NULL;
     size_t cap = 0;
@@ -358,7 +358,7 @@ START_TEST(test_alloc_failures)
     char *text = sample_text(&n);
     jdt_err e;
     jdt_bpe *t = NULL;
-    ck_assert_int_eq(jdt_bpe_train(text, n, 300, &t, &e), JDT_OK);
+    ck_assert_int_eq(jdt_bpe_train(text, n, 300, false, &t, &e), JDT_OK);
     ck_assert_int_eq(jdt_bpe_save(t, path_in("tok.json"), &e), JDT_OK);
     jdt_bpe_free(t);
     int n_nomem = 0;
@@ -383,7 +383,7 @@ START_TEST(test_alloc_failures)
         jdt_bpe_free(u);
         jdt_bpe *v = NULL;
         jdt_alloc_fail_after(k);
-        st = jdt_bpe_train(text, n, 300, &v, &e);
+        st = jdt_bpe_train(text, n, 300, false, &v, &e);
         jdt_alloc_fail_after(0);
         ck_assert(st == JDT_OK || st == JDT_ERR_NOMEM);
         jdt_bpe_free(v);

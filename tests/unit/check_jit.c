@@ -224,6 +224,56 @@ START_TEST(test_attention)
 }
 END_TEST
 
+/* Attention in bf16 compute (precision.compute: bf16): both nodes carry the flag, the compiled
+ * kernels (packed bf16 tiles) match the interpreter's bf16 semantics (the same rounding points)
+ * to within a probability's rare neighbouring-bf16 flip (the kernel's f32 exp vs the
+ * reference's double exp), and differ from f32 attention by bf16 rounding. */
+static void attention_graph(fx *f, bool bf16)
+{
+    jdt_graph *g = f->g;
+    jdt_graph_set_matmul_bf16(g, bf16);
+    jdt_tensor *q = FX_INPUT(f, "q", JDT_DTYPE_F32, -2, 2, 2, 3, 67, 12);
+    jdt_tensor *k = FX_INPUT(f, "k", JDT_DTYPE_F32, -2, 2, 2, 3, 67, 12);
+    jdt_tensor *v = FX_INPUT(f, "v", JDT_DTYPE_F32, -1, 1, 2, 3, 67, 12);
+    jdt_tensor *d = FX_INPUT(f, "do", JDT_DTYPE_F32, -1, 1, 2, 3, 67, 12);
+    jdt_tensor *o = jdt_graph_attention(g, q, k, v, 0.3);
+    out(f, o);
+    out(f, jdt_graph_attention_bwd(g, q, k, v, o, d, 0.3));
+}
+
+START_TEST(test_attention_bf16)
+{
+    fx a, b;
+    fx_init(&a);
+    fx_init(&b);
+    attention_graph(&a, false);
+    attention_graph(&b, true);
+    for (int i = 0; i < jdt_graph_n_outputs(b.g); i++)
+        ck_assert_int_eq(jdt_graph_output(b.g, i)->attrs.i[0], 1);
+    ck_assert_int_eq(jdt_graph_output(a.g, 0)->attrs.i[0], 0);
+    fx_fill(&a, 5);
+    fx_fill(&b, 5);
+    jdt_compile_opts o;
+    fx_opts(&b, &o);
+    jdt_program *p = fx_check_steps(&b, &o, 1, 2e-3, 2e-4, true);
+    jdt_compile_opts oa;
+    fx_opts(&a, &oa);
+    jdt_program *pa = fx_check_steps(&a, &oa, 1, 2e-4, 2e-5, true);
+    double max_diff = 0;
+    for (int i = 0; i < jdt_graph_n_outputs(a.g); i++) {
+        const float *x = jdt_program_output(p, i), *y = jdt_program_output(pa, i);
+        for (int64_t j = 0; j < jdt_shape_numel(&jdt_graph_output(a.g, i)->shape); j++)
+            max_diff = fmax(max_diff, fabs(x[j] - y[j]));
+    }
+    ck_assert_msg(max_diff > 1e-4 && max_diff < 0.1, "bf16 vs f32 attention: max diff %g",
+                  max_diff);
+    jdt_program_free(p);
+    jdt_program_free(pa);
+    fx_free(&a);
+    fx_free(&b);
+}
+END_TEST
+
 /* Random chains: elementwise ops on broadcasts of smaller inputs, ending in reductions over
  * random axes; several chains per program. */
 START_TEST(test_random_fused_chains)
@@ -590,6 +640,7 @@ int main(void)
     tcase_add_test(tc, test_matmul_gather_scatter);
     tcase_add_test(tc, test_row_primitives);
     tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_attention_bf16);
     tcase_add_test(tc, test_random_fused_chains);
     tcase_add_test(tc, test_train_step_updates);
     tcase_add_test(tc, test_transformer_block_adam);

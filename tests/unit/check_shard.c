@@ -206,6 +206,44 @@ START_TEST(test_partition_fsdp_and_tensor)
 }
 END_TEST
 
+/* Partition kinds come from the op registry (ops.c, beside shape and VJP rules): forward ops
+ * have one, backward-only ops and collectives have none, and a graph holding one of those is
+ * refused naming the op and node. */
+START_TEST(test_partition_kinds)
+{
+    ck_assert_int_eq(jdt_op_partition(JDT_OP_MATMUL), JDT_PART_MATMUL);
+    ck_assert_int_eq(jdt_op_partition(JDT_OP_ADD), JDT_PART_ELEMENTWISE);
+    ck_assert_int_eq(jdt_op_partition(JDT_OP_ATTENTION), JDT_PART_ATTENTION);
+    ck_assert_int_eq(jdt_op_partition((jdt_op)JDT_OP_COUNT), JDT_PART_NONE);
+    for (int op = 0; op < JDT_OP_COUNT; op++) {
+        jdt_part_kind k = jdt_op_partition((jdt_op)op);
+        ck_assert_int_lt((int)k, JDT_PART_COUNT);
+        if (jdt_op_class_of((jdt_op)op) == JDT_OPC_COLLECTIVE)
+            ck_assert_msg(k == JDT_PART_NONE, "collective %s has a partition kind",
+                          jdt_op_name((jdt_op)op));
+        if (jdt_op_class_of((jdt_op)op) == JDT_OPC_ELEMENTWISE && op != JDT_OP_GELU_GRAD &&
+            op != JDT_OP_SILU_GRAD)
+            ck_assert_msg(k == JDT_PART_ELEMENTWISE, "%s", jdt_op_name((jdt_op)op));
+    }
+    jdt_mesh m;
+    jdt_err e;
+    const int sizes[3] = {2, 1, 1};
+    ck_assert_int_eq(jdt_mesh_init(&m, sizes, 2, 0, &e), JDT_OK);
+    jdt_config_rules rules;
+    memset(&rules, 0, sizeof rules);
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[1] = {4};
+    jdt_tensor *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 1, d, NULL);
+    jdt_tensor *y = jdt_graph_gelu_grad(g, x, x);
+    jdt_graph_add_output(g, y);
+    ck_assert_int_eq(jdt_graph_error(g, &e), JDT_OK);
+    jdt_shard_result r;
+    ck_assert_int_eq(jdt_shard_partition(&m, &rules, g, &r, &e), JDT_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "gelu_grad (node 1) has no partition rule") != NULL, "%s", e.msg);
+    jdt_graph_free(g);
+}
+END_TEST
+
 /* A group of two identical members: gather repeats this member's part, scatter-sum doubles
  * member 0's part (this process plays index 0). */
 static int g_calls;
@@ -304,6 +342,7 @@ int main(void)
     tcase_add_test(tc, test_rules_first_fit);
     tcase_add_test(tc, test_copy_block);
     tcase_add_test(tc, test_partition_fsdp_and_tensor);
+    tcase_add_test(tc, test_partition_kinds);
     tcase_add_test(tc, test_gather_scatter_ops);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

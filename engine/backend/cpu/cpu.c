@@ -152,10 +152,12 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
                 bthd |= 1u << k;
         if (n->op == JDT_OP_ATTENTION)
             jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
-                             s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
+                             s0->dims[3], (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch,
+                             nt);
         else
             jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
-                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch, nt);
+                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
+                                 n->attrs.i[0] != 0, scratch, nt);
         break;
     }
     case JDT_OP_CONCAT: {

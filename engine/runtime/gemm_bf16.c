@@ -1,0 +1,297 @@
+/*
+ * gemm_bf16.c — small bf16 GEMMs for the CPU's hand-written kernels (the attention tiles of
+ * `precision.compute: bf16`): inputs rounded to bf16 (nearest even) while they are packed,
+ * products accumulated in f32, f32 result (see runtime.h, jdt_rt_bf16_pack_*).
+ *
+ * Two pack formats, chosen once per process (jdt_rt_bf16_tiles_native):
+ *   - AVX512-BF16 (VDPBF16PS): the pair layout the instruction reads. An A pack holds M rows of
+ *     K2 = ceil(K / 2) 32-bit words, word p of row i = (A[i][2p], A[i][2p+1]) with element 2p in
+ *     the low half; a B pack holds K2 rows of ldp = N rounded up to 32 words, word j of row p =
+ *     (B[2p][j], B[2p+1][j]). An odd K is padded with zeros, columns past N are zero. The
+ *     micro-kernel keeps an 8 x 32 tile of C in 16 registers and, per pair of K, loads two
+ *     vectors of B and broadcasts one word of A per row.
+ *   - everywhere else: the rounded values as f32, A row-major (M x K), B row-major (K x ldp),
+ *     multiplied by OpenBLAS's SGEMM. A bf16 x bf16 product is exact in f32, so both paths
+ *     compute the same sums up to the order of the f32 accumulation.
+ * A B pack may be built once for the largest K and N and multiplied by a prefix of its rows and
+ * columns (attention packs a head's keys once and multiplies every query block against the
+ * keys before it): a prefix of even K reads whole pairs; an odd K reads one pair half, and the
+ * A pack's zero in that pair cancels the other half.
+ */
+#include "runtime/runtime.h"
+#include "runtime/runtime-impl.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
+#define GEMM_BF16_X86 1
+#include <immintrin.h>
+#endif
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static bool g_native;
+
+static void detect_once(void)
+{
+#ifdef GEMM_BF16_X86
+    g_native = __builtin_cpu_supports("avx512bf16") && !getenv("JDT_BF16_NO_DNNL");
+#endif
+}
+
+bool jdt_rt_bf16_tiles_native(void)
+{
+    pthread_once(&g_once, detect_once);
+    return g_native;
+}
+
+static int64_t ld_of(int64_t N)
+{
+    return (N + 31) / 32 * 32;
+}
+
+int64_t jdt_rt_bf16_pack_a_floats(int64_t M, int64_t K)
+{
+    return M * (K + 1); /* native: M * ceil(K / 2) words; portable: M * K floats */
+}
+
+int64_t jdt_rt_bf16_pack_b_floats(int64_t K, int64_t N)
+{
+    return (K + 1) * ld_of(N); /* native: ceil(K / 2) rows; portable: K rows */
+}
+
+/* The bf16 bits of x rounded to nearest even (jdt_bf16_round's rule, NaN kept quiet), without
+ * a branch or a call so that packing loops vectorise. */
+static inline __attribute__((always_inline)) uint32_t bits16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r;
+}
+
+static inline __attribute__((always_inline)) float round16(float x)
+{
+    uint32_t u = bits16(x) << 16;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+#ifdef GEMM_BF16_X86
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#else
+#define BF16_TARGET
+#endif
+
+/* Packing. The inner loops run along memory (a row of the source) and vectorise (omp simd);
+ * the native packs are compiled for AVX512 and only called where jdt_rt_bf16_tiles_native().
+ * op(A) is M x K with A[i][k] = a[i * lda + k] (a[k * lda + i] when ta); op(B) is K x N with
+ * B[k][j] = b[k * ldb + j] (b[j * ldb + k] when tb). */
+BF16_TARGET static void pack_a_native(const float *a, int64_t lda, bool ta, int64_t M, int64_t K,
+                                      uint32_t *w)
+{
+    const int64_t K2 = (K + 1) / 2, Ke = K / 2;
+    if (!ta) {
+        for (int64_t i = 0; i < M; i++) {
+            const float *r = a + i * lda;
+#pragma omp simd
+            for (int64_t p = 0; p < Ke; p++)
+                w[i * K2 + p] = bits16(r[2 * p]) | bits16(r[2 * p + 1]) << 16;
+            if (K2 > Ke) w[i * K2 + Ke] = bits16(r[K - 1]);
+        }
+        return;
+    }
+    for (int64_t p = 0; p < K2; p++) {
+        const float *r0 = a + 2 * p * lda, *r1 = r0 + lda;
+        if (2 * p + 1 < K) {
+#pragma omp simd
+            for (int64_t i = 0; i < M; i++)
+                w[i * K2 + p] = bits16(r0[i]) | bits16(r1[i]) << 16;
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < M; i++)
+                w[i * K2 + p] = bits16(r0[i]);
+        }
+    }
+}
+
+BF16_TARGET static void pack_b_native(const float *b, int64_t ldb, bool tb, int64_t K, int64_t N,
+                                      int64_t ldp, uint32_t *w)
+{
+    for (int64_t p = 0; p < (K + 1) / 2; p++) {
+        uint32_t *row = w + p * ldp;
+        const bool two = 2 * p + 1 < K;
+        if (!tb) {
+            const float *r0 = b + 2 * p * ldb, *r1 = r0 + ldb;
+            if (two) {
+#pragma omp simd
+                for (int64_t j = 0; j < N; j++)
+                    row[j] = bits16(r0[j]) | bits16(r1[j]) << 16;
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < N; j++)
+                    row[j] = bits16(r0[j]);
+            }
+        } else { /* a column pair of b per word: strided reads */
+            const float *c0 = b + 2 * p;
+            for (int64_t j = 0; j < N; j++)
+                row[j] = bits16(c0[j * ldb]) | (two ? bits16(c0[j * ldb + 1]) << 16 : 0u);
+        }
+        memset(row + N, 0, (size_t)(ldp - N) * sizeof *row);
+    }
+}
+
+static void pack_a_portable(const float *a, int64_t lda, bool ta, int64_t M, int64_t K, float *y)
+{
+    if (!ta) {
+        for (int64_t i = 0; i < M; i++) {
+#pragma omp simd
+            for (int64_t k = 0; k < K; k++)
+                y[i * K + k] = round16(a[i * lda + k]);
+        }
+        return;
+    }
+    for (int64_t k = 0; k < K; k++) {
+#pragma omp simd
+        for (int64_t i = 0; i < M; i++)
+            y[i * K + k] = round16(a[k * lda + i]);
+    }
+}
+
+static void pack_b_portable(const float *b, int64_t ldb, bool tb, int64_t K, int64_t N, int64_t ldp,
+                            float *y)
+{
+    for (int64_t k = 0; k < K; k++) {
+        float *row = y + k * ldp;
+        if (!tb) {
+#pragma omp simd
+            for (int64_t j = 0; j < N; j++)
+                row[j] = round16(b[k * ldb + j]);
+        } else {
+            for (int64_t j = 0; j < N; j++)
+                row[j] = round16(b[j * ldb + k]);
+        }
+        memset(row + N, 0, (size_t)(ldp - N) * sizeof *row);
+    }
+}
+
+void jdt_rt_bf16_pack_a(const float *a, int64_t lda, bool ta, int64_t M, int64_t K, void *pack)
+{
+    if (jdt_rt_bf16_tiles_native())
+        pack_a_native(a, lda, ta, M, K, pack);
+    else
+        pack_a_portable(a, lda, ta, M, K, pack);
+}
+
+void jdt_rt_bf16_pack_b(const float *b, int64_t ldb, bool tb, int64_t K, int64_t N, void *pack)
+{
+    if (jdt_rt_bf16_tiles_native())
+        pack_b_native(b, ldb, tb, K, N, ld_of(N), pack);
+    else
+        pack_b_portable(b, ldb, tb, K, N, ld_of(N), pack);
+}
+
+#ifdef GEMM_BF16_X86
+/* One MR x 32 tile of C (MR <= 8, a compile-time constant after inlining): acc = sum over
+ * the K2 pairs of A's rows times B's 32 columns, then c = alpha * acc + beta * c for the n
+ * valid columns (n <= 32). */
+BF16_TARGET static inline __attribute__((always_inline)) void
+tile(int MR, const uint32_t *ap, int64_t K2, const uint32_t *bp, int64_t ldp, float alpha,
+     float beta, float *c, int64_t ldc, int64_t n)
+{
+    __m512 acc[8][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < K2; p++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * ldp);
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * ldp + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r * K2 + p]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+        }
+    }
+    const __mmask16 m0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    const __mmask16 m1 =
+        n >= 32 ? (__mmask16)0xFFFF : (n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : (__mmask16)0);
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+        float *cr = c + r * ldc;
+        __m512 y0 = _mm512_mul_ps(acc[r][0], va), y1 = _mm512_mul_ps(acc[r][1], va);
+        if (beta != 0.0f) {
+            y0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, cr), vb, y0);
+            y1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, cr + 16), vb, y1);
+        }
+        _mm512_mask_storeu_ps(cr, m0, y0);
+        _mm512_mask_storeu_ps(cr + 16, m1, y1);
+    }
+}
+
+BF16_TARGET static void gemm_native(const uint32_t *ap, const uint32_t *bp, int64_t ldp, int64_t M,
+                                    int64_t N, int64_t K, float alpha, float beta, float *c,
+                                    int64_t ldc)
+{
+    const int64_t K2 = (K + 1) / 2;
+    for (int64_t i0 = 0; i0 < M; i0 += 8) {
+        const int64_t mr = M - i0 < 8 ? M - i0 : 8;
+        const uint32_t *a = ap + i0 * K2;
+        for (int64_t j0 = 0; j0 < N; j0 += 32) {
+            const int64_t n = N - j0 < 32 ? N - j0 : 32;
+            float *cc = c + i0 * ldc + j0;
+            const uint32_t *b = bp + j0;
+            switch (mr) {
+            case 8:
+                tile(8, a, K2, b, ldp, alpha, beta, cc, ldc, n);
+                break;
+            case 7:
+                tile(7, a, K2, b, ldp, alpha, beta, cc, ldc, n);
+                break;
+            case 6:
+                tile(6, a, K2, b, ldp, alpha, beta, cc, ldc, n);
+                break;
+            case 5:
+                tile(5, a, K2, b, ldp, alpha, beta, cc, ldc, n);
+                break;
+            case 4:
+                tile(4, a, K2, b, ldp, alpha, beta, cc, ldc, n);
+                break;
+            case 3:
+                tile(3, a, K2, b, ldp, alpha, beta, cc, ldc, n);
+                break;
+            case 2:
+                tile(2, a, K2, b, ldp, alpha, beta, cc, ldc, n);
+                break;
+            default:
+                tile(1, a, K2, b, ldp, alpha, beta, cc, ldc, n);
+                break;
+            }
+        }
+    }
+}
+#endif
+
+void jdt_rt_bf16_gemm_packed(const void *apack, const void *bpack, int64_t ldb_n, int64_t M,
+                             int64_t N, int64_t K, float alpha, float beta, float *c, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    const int64_t ldp = ld_of(ldb_n);
+    if (K <= 0) { /* an empty sum */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                c[i * ldc + j] = beta != 0.0f ? beta * c[i * ldc + j] : 0.0f;
+        return;
+    }
+#ifdef GEMM_BF16_X86
+    if (jdt_rt_bf16_tiles_native()) {
+        gemm_native(apack, bpack, ldp, M, N, K, alpha, beta, c, ldc);
+        return;
+    }
+#endif
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, alpha, apack,
+                (int)K, bpack, (int)ldp, beta, c, (int)ldc);
+}
