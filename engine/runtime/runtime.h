@@ -37,7 +37,7 @@ void jdt_rt_set_threads(int nt);
 #define JDT_RT_TUNER_MAX_SAMPLES 8
 #define JDT_RT_TUNER_PROBE_S 0.1
 #define JDT_RT_TUNER_HYST 0.05
-#define JDT_RT_TUNER_ABORT 1.5
+#define JDT_RT_TUNER_ABORT 1.25
 typedef struct {
     int max_threads;  /* n, the budget; <= 1: the tuner always answers 1 */
     int chosen;       /* the count that won the last comparison (starts at n) */
