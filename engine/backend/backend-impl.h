@@ -16,7 +16,7 @@
 
 typedef struct {
     const char *name;
-    /* Scratch bytes builtin n needs (attention); NULL: the CPU kernels' sizes. */
+    /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src
      * the generated source (owned by the state). Errors name the failing op/compiler. */
@@ -40,6 +40,8 @@ typedef struct {
     void (*push)(jdt_device *d);
     void (*close)(jdt_device *d);
     char *(*describe)(const jdt_device *d, char *buf, size_t n);
+    /* Device memory figures (NULL: none, the CPU). */
+    bool (*memory)(const jdt_device *d, jdt_device_mem *m);
 } jdt_backend_vt;
 
 struct jdt_device {

@@ -90,6 +90,12 @@ jdt_status jdt_device_pull(jdt_device *d, jdt_err *e)
     return d && d->vt->pull ? d->vt->pull(d, e) : JDT_OK;
 }
 
+bool jdt_device_memory(const jdt_device *d, jdt_device_mem *m)
+{
+    memset(m, 0, sizeof *m);
+    return d && d->vt->memory ? d->vt->memory(d, m) : false;
+}
+
 void jdt_device_push(jdt_device *d)
 {
     if (d && d->vt->push) d->vt->push(d);
@@ -100,5 +106,12 @@ void jdt_device_set_dist(jdt_device *d, struct jdt_dist *dist)
 {
     (void)d;
     (void)dist;
+}
+
+void jdt_device_set_groups(jdt_device *d, jdt_device_group_fn fn, void *ctx)
+{
+    (void)d;
+    (void)fn;
+    (void)ctx;
 }
 #endif

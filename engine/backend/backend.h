@@ -55,11 +55,33 @@ jdt_status jdt_device_pull(jdt_device *d, jdt_err *e);
  * of any program on d uploads them again. */
 void jdt_device_push(jdt_device *d);
 
-/* Data parallelism on a device with its own collectives (CUDA: NCCL): the job's process group;
- * ALL_REDUCE nodes of programs on d then reduce over it (the communicator is created on the
- * first all-reduce, which every rank reaches in the same order). No-op for the CPU, whose
- * programs use jdt_compile_opts.collective. */
+/* Collectives on a device with its own (CUDA: NCCL): the job's process group; ALL_REDUCE,
+ * ALL_GATHER and REDUCE_SCATTER nodes of programs on d then run over the groups of
+ * jdt_device_set_groups (communicators created on each group's first collective, which every
+ * member reaches in the same order). No-op for the CPU, whose programs use
+ * jdt_compile_opts.collective. */
 struct jdt_dist;
 void jdt_device_set_dist(jdt_device *d, struct jdt_dist *dist);
+
+/* Device memory of this process (a GPU; the CPU has none: use the peak RSS). */
+typedef struct {
+    int64_t peak_bytes;  /* most held at once by our allocations: the programs' planned
+                            allocations, mirrored parameters/optimizer state, GEMM workspace */
+    int64_t now_bytes;   /* the same, now */
+    int64_t used_bytes;  /* cudaMemGetInfo: total - free now (all processes and libraries on
+                            the GPU, NCCL and the CUDA context included) */
+    int64_t total_bytes; /* the device's memory */
+} jdt_device_mem;
+/* Fills *m and returns true for a device with its own memory; false (m zeroed) for the CPU or
+ * a device without the figures. */
+bool jdt_device_memory(const jdt_device *d, jdt_device_mem *m);
+
+/* Maps a collective's group id (engine/shard: a mask of mesh axes) to its global ranks in group
+ * order (at most max_ranks); returns their count, 0 for an unknown group. */
+typedef int (*jdt_device_group_fn)(void *ctx, int group, int *ranks, int max_ranks);
+/* The job's process groups, for a device with its own collectives (CUDA: one NCCL communicator
+ * per distinct rank set, made on the group's first collective). Without it every group is the
+ * whole world. No-op for the CPU. ctx must outlive the device's programs. */
+void jdt_device_set_groups(jdt_device *d, jdt_device_group_fn fn, void *ctx);
 
 #endif /* JDT_BACKEND_H */

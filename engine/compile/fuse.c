@@ -365,7 +365,10 @@ static bool read_only_at_index(const cprog *c, int gi, int b)
 
 static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
 {
-    if (n->op == JDT_OP_MATMUL && n->attrs.i[2]) { /* bf16 compute: the rounded inputs */
+    const bool bf16_mm = n->op == JDT_OP_MATMUL && n->attrs.i[2];
+    if (c->scratch_bytes && (bf16_mm || n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD))
+        return c->scratch_bytes(c, n); /* the device's kernels */
+    if (bf16_mm) {                     /* bf16 compute: the rounded inputs */
         const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
         int nd = n->shape.ndim;
         int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
@@ -375,7 +378,6 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
     }
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
-    if (c->scratch_bytes) return c->scratch_bytes(c, n); /* the device's kernels */
     return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt, n->attrs.i[0] != 0) * 4;
 }
 

@@ -2,7 +2,7 @@
  * caps.c — what this build can run. One table of rules, checked once by cmd/ before any work
  * (jdt_train_check_capabilities): a config asking for something not built is refused with one
  * line naming the key and what to do, never accepted and silently ignored. When a feature
- * lands, its row goes (bf16 GEMMs on the CUDA backend delete the precision.compute row). Mesh
+ * lands, its row goes. Mesh
  * shapes and rules that cannot divide the model are checked by jdt_train_check_mesh
  * (engine/train/step.c), which needs the world size.
  */
@@ -21,18 +21,14 @@ typedef struct {
     cap_refuses_fn refuses;
 } cap_rule;
 
-/* bf16 compute (GEMMs on bf16-rounded inputs, f32 accumulation) exists on the CPU backend
- * only; the CUDA backend's GEMMs are TF32. */
+/* bf16 compute (GEMMs on bf16-rounded inputs, f32 accumulation) exists on both backends (CPU:
+ * oneDNN or rounded SGEMM; CUDA: cuBLASLt bf16 x bf16 -> f32); other compute types do not. */
 static bool compute_not_built(const jdt_config *cfg, char *why, size_t n_why)
 {
-    if (cfg->precision.compute == JDT_DTYPE_F32) return false;
-    if (cfg->precision.compute == JDT_DTYPE_BF16 && cfg->runtime.backend == JDT_BACKEND_CPU)
+    if (cfg->precision.compute == JDT_DTYPE_F32 || cfg->precision.compute == JDT_DTYPE_BF16)
         return false;
-    snprintf(why, n_why,
-             "%s compute is not built for runtime.backend %s yet (the CPU backend has bf16); "
-             "set precision.compute: f32",
-             jdt_dtype_name(cfg->precision.compute),
-             cfg->runtime.backend == JDT_BACKEND_CPU ? "cpu" : "cuda");
+    snprintf(why, n_why, "%s compute is not built (f32 and bf16 are); set precision.compute: bf16",
+             jdt_dtype_name(cfg->precision.compute));
     return true;
 }
 
@@ -65,20 +61,6 @@ static bool backend_not_built(const jdt_config *cfg, char *why, size_t n_why)
     return true;
 }
 
-/* The CUDA backend's collectives are NCCL all-reduces only: the partitioner's all-gathers and
- * reduce-scatters (mesh.fsdp / mesh.tensor > 1) have no CUDA path yet. */
-static bool cuda_mesh_not_built(const jdt_config *cfg, char *why, size_t n_why)
-{
-    if (cfg->runtime.backend != JDT_BACKEND_CUDA || (cfg->mesh.fsdp == 1 && cfg->mesh.tensor == 1))
-        return false;
-    snprintf(why, n_why,
-             "mesh.fsdp = %d, mesh.tensor = %d with runtime.backend: cuda: the CUDA backend has "
-             "data parallelism only (NCCL all-reduce) so far; use mesh.data, or runtime.backend: "
-             "cpu for fsdp/tensor meshes",
-             cfg->mesh.fsdp, cfg->mesh.tensor);
-    return true;
-}
-
 /* A rule whose logical axis no model puts on a dim would silently shard nothing (a typo, or a
  * name from another codebase). Rules naming a mesh axis of size 1 are fine: as in MaxText, one
  * rule list serves every mesh, and a size-1 axis means replicated. Unknown mesh axes are
@@ -106,10 +88,9 @@ static bool rule_axis_unused(const jdt_config *cfg, char *why, size_t n_why)
 
 /* The rules, in the order their messages are checked. Delete a row when its feature lands. */
 static const cap_rule CAP_RULES[] = {
-    {"precision.compute", compute_not_built}, /* until the CUDA backend has bf16 GEMMs */
+    {"precision.compute", compute_not_built}, /* f32 and bf16 only */
     {"precision.params", params_not_f32},     /* f32 master weights by design */
     {"runtime.backend", backend_not_built},   /* cuda: only in a CUDA build */
-    {"runtime.backend", cuda_mesh_not_built}, /* until NCCL all-gather/reduce-scatter land */
     {"sharding.rules", rule_axis_unused},
 };
 

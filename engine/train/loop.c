@@ -526,6 +526,18 @@ void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes)
     else snprintf(buf, n_bytes, "%s/%s/ckpt", cfg->run.out_dir, cfg->run.name);
 }
 
+/* The ranks of collective group `group` (a mesh-axes mask) in group order, for a device with its
+ * own collectives (jdt_device_set_groups); 0 when unknown. */
+static int train_group_ranks(void *ctx, int group, int *ranks, int max_ranks)
+{
+    trainer *tr = ctx;
+    if (group <= 0 || group > 7) return 0;
+    int n = jdt_mesh_group_size(&tr->mesh, (unsigned)group);
+    if (n > max_ranks) return 0;
+    jdt_mesh_group_ranks(&tr->mesh, (unsigned)group, ranks);
+    return n;
+}
+
 /* runtime.backend cuda: opens this rank's GPU (dist.local_rank picks it; one process per GPU)
  * and hands it the job for NCCL; emit_only (inspect) compiles to CUDA source without a GPU.
  * The CPU needs no device object. */
@@ -541,6 +553,7 @@ static jdt_status open_device(trainer *tr, bool emit_only, jdt_err *e)
                                     &tr->device, e);
     if (st != JDT_OK) return jdt_err_prefix(e, "runtime.backend cuda");
     jdt_device_set_dist(tr->device, tr->dist);
+    jdt_device_set_groups(tr->device, train_group_ranks, tr);
     char desc[300];
     if (tr->rank == 0) JDT_INFO("device: %s", jdt_device_describe(tr->device, desc, sizeof desc));
     return JDT_OK;
@@ -737,25 +750,33 @@ static void log_window(trainer *tr, int64_t t, double loss, double lr, double gn
     const double mfu = 100.0 * tr->flops_per_step / dt / tr->peak;
     const double rss_mb = (double)jdt_obs_peak_rss_bytes() / 1048576.0;
     const double wait_ms = tr->window_wait / (double)tr->window_steps * 1e3;
+    jdt_device_mem dm; /* a GPU's memory: our allocations' peak (engine/backend) */
+    const bool dev = jdt_device_memory(tr->device, &dm);
+    const double dev_mb = (double)dm.peak_bytes / 1048576.0;
+    char dev_txt[64] = "";
+    if (dev) snprintf(dev_txt, sizeof dev_txt, " | peak device %.0f MB", dev_mb);
+    char dev_json[64] = "";
+    if (dev) snprintf(dev_json, sizeof dev_json, "\"peak_device_mb\": %.1f, ", dev_mb);
     JDT_INFO("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | %.0f %s/s | MFU %.1f%%%s | "
-             "%.1f ms/step (data %.1f) | peak RSS %.0f MB | ETA %s",
+             "%.1f ms/step (data %.1f) | peak RSS %.0f MB%s | ETA %s",
              (long long)(t + 1), (long long)cfg->run.steps, loss, lr, gnorm,
              tr->units_per_step / dt, mlp ? "samples" : "tok", mfu, mfu > 100 ? " (!)" : "",
-             dt * 1e3, wait_ms, rss_mb, eta);
+             dt * 1e3, wait_ms, rss_mb, dev_txt, eta);
     if (mfu > 100 && !tr->warned_mfu) {
         tr->warned_mfu = true;
         warn_mfu(mfu, "", tr->peak, &tr->pref);
     }
     /* "step" last: the resume test compares lines matching '"step": N,' */
     fprintf(tr->metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
-            "\"data_ms\": %.6g, \"peak_rss_mb\": %.1f, \"elapsed_s\": %.3f, \"step\": %lld}\n",
-            tr->units_per_step / dt, mfu, dt * 1e3, wait_ms, rss_mb, jdt_now_s() - tr->t_start,
-            (long long)(t + 1));
+            "\"data_ms\": %.6g, \"peak_rss_mb\": %.1f, %s\"elapsed_s\": %.3f, \"step\": %lld}\n",
+            tr->units_per_step / dt, mfu, dt * 1e3, wait_ms, rss_mb, dev_json,
+            jdt_now_s() - tr->t_start, (long long)(t + 1));
     jdt_tboard_scalar(tr->tb, "perf/tokens_per_s", t + 1, tr->units_per_step / dt, NULL);
     jdt_tboard_scalar(tr->tb, "perf/mfu_percent", t + 1, mfu, NULL);
     jdt_tboard_scalar(tr->tb, "perf/step_ms", t + 1, dt * 1e3, NULL);
     jdt_tboard_scalar(tr->tb, "perf/data_wait_ms", t + 1, wait_ms, NULL);
     jdt_tboard_scalar(tr->tb, "memory/peak_rss_mb", t + 1, rss_mb, NULL);
+    if (dev) jdt_tboard_scalar(tr->tb, "memory/peak_device_mb", t + 1, dev_mb, NULL);
     jdt_tboard_flush(tr->tb, NULL);
     fflush(tr->metrics);
     tr->window_steps = 0;
@@ -838,6 +859,14 @@ static void log_summary(const trainer *tr, int64_t t)
     const double pct = wall > 0 ? 100.0 / wall : 0;
     const double run_mfu = 100.0 * tr->flops_per_step * n_run / tr->s_step / tr->peak;
     if (run_mfu > 100 && !tr->warned_mfu) warn_mfu(run_mfu, " over the run", tr->peak, &tr->pref);
+    jdt_device_mem dm;
+    char dev_txt[200] = "";
+    if (jdt_device_memory(tr->device, &dm))
+        snprintf(dev_txt, sizeof dev_txt,
+                 "\n  device memory  %.1f MiB peak of our allocations (programs, parameters/state, "
+                 "GEMM workspace); %.2f of %.2f GiB in use on the GPU",
+                 (double)dm.peak_bytes / 1048576.0, (double)dm.used_bytes / 1073741824.0,
+                 (double)dm.total_bytes / 1073741824.0);
     JDT_INFO("summary of this run (rank 0):\n"
              "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.6g GFLOP/s, %s)\n"
              "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
@@ -845,12 +874,12 @@ static void log_summary(const trainer *tr, int64_t t)
              "  data wait      %8.2fs %5.1f%%\n"
              "  eval           %8.2fs %5.1f%%\n"
              "  checkpointing  %8.2fs %5.1f%%\n"
-             "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state",
+             "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state%s",
              tr->units_per_step * n_run / tr->s_step, mlp ? "samples" : "tok", run_mfu,
              run_mfu > 100 ? " (!)" : "", tr->peak * 1e-9, tr->pref.source, tr->s_step - tr->s_comm, (tr->s_step - tr->s_comm) * pct, tr->s_comm,
              tr->s_comm * pct, tr->s_data, tr->s_data * pct, tr->s_eval, tr->s_eval * pct,
              tr->s_ckpt, tr->s_ckpt * pct, (double)jdt_obs_peak_rss_bytes() / 1048576.0,
-             cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0);
+             cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0, dev_txt);
 }
 
 /* After step t: evaluation, periodic and final checkpoints (every rank saves its slices), the

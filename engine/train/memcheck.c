@@ -66,12 +66,23 @@ jdt_status jdt_train_check_memory(const jdt_config *c, int64_t micro_batch, cons
     jdt_train_mem_estimate(c, micro_batch, mesh, &m);
     const char *source;
     int64_t avail = jdt_mem_available(&source);
-    if (avail < 0 || m.total_bytes <= (double)avail) return JDT_OK;
+    /* runtime.backend cuda: activations live on the GPU (the CUDA backend checks its planned
+     * allocation against the device's free memory); the host keeps the parameters and the
+     * optimizer state that the device mirrors */
+    const bool gpu = c->runtime.backend == JDT_BACKEND_CUDA;
+    const double host_bytes = gpu ? m.state_bytes : m.total_bytes;
+    if (avail < 0 || host_bytes <= (double)avail) return JDT_OK;
     char need[32], st[32], act[32], have[32];
     fmt_bytes(need, sizeof need, m.total_bytes);
     fmt_bytes(st, sizeof st, m.state_bytes);
     fmt_bytes(act, sizeof act, m.act_bytes);
     fmt_bytes(have, sizeof have, (double)avail);
+    if (gpu)
+        return jdt_err_set(e, JDT_ERR_NOMEM,
+                           "the host copy of the parameters, gradients and optimizer state needs "
+                           "%s (%.3g parameters) but %s is available (%s): use a smaller model "
+                           "(model.n_layer, model.n_embd) or more fsdp ranks (mesh.fsdp)",
+                           st, (double)m.n_params, have, source);
     const char *advice =
         m.state_bytes > (double)avail
             ? "a smaller model (model.n_layer, model.n_embd) or more fsdp ranks (mesh.fsdp)"

@@ -400,7 +400,10 @@ jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step 
     s->cfg = cfg;
     s->o = *o;
     if (s->o.n_accum < 1) s->o.n_accum = 1;
-    if (cfg->precision.compute == JDT_DTYPE_BF16) /* which GEMM path, said once */
+    if (cfg->precision.compute == JDT_DTYPE_BF16 && o->copts.device &&
+        jdt_device_get_kind(o->copts.device) == JDT_DEVICE_CUDA)
+        JDT_INFO("precision.compute bf16: cuBLASLt bf16 x bf16 GEMMs, f32 accumulation and output");
+    else if (cfg->precision.compute == JDT_DTYPE_BF16) /* which GEMM path, said once */
         jdt_log(jdt_rt_bf16_native() ? JDT_LOG_INFO : JDT_LOG_WARN, "precision.compute bf16: %s",
                 jdt_rt_bf16_describe());
     if (s->o.plan_only) s->o.copts.plan_only = true;

@@ -139,7 +139,9 @@ void jdt_train_mem_estimate(const jdt_config *cfg, int64_t micro_batch, const jd
 
 /* Refuses (ERR_NOMEM, one line with the figures and what to change: a smaller batch or model,
  * remat, more fsdp) a plan whose estimate exceeds the memory available to this process
- * (jdt_mem_available: MemAvailable or the cgroup limit). JDT_OK if it fits or the figure is
+ * (jdt_mem_available: MemAvailable or the cgroup limit). With runtime.backend cuda only the
+ * host's parameters/gradients/optimizer state count (activations are on the GPU, checked by
+ * the CUDA backend against the device's free memory). JDT_OK if it fits or the figure is
  * unknown. Microseconds; call it before building anything. */
 jdt_status jdt_train_check_memory(const jdt_config *cfg, int64_t micro_batch, const jdt_mesh *mesh,
                                   jdt_err *e);

@@ -29,12 +29,27 @@ if [ -n "$IBIN" ]; then
   grep -qE "kernels +[0-9]+ fused" "$TMP/out" || fail "inspect lacks the kernel count"
   "$IBIN" inspect configs/tiny.yaml runtime.backend=cuda --compile >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect --compile cuda failed"; }
   grep -q "to CUDA source" "$TMP/out" || { cat "$TMP/out"; fail "inspect --compile does not show the CUDA step"; }
+  # bf16 compute runs on the CUDA backend (cuBLASLt bf16 GEMMs): accepted and compiled
+  "$IBIN" inspect configs/tiny.yaml runtime.backend=cuda precision.compute=bf16 --compile >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/out" "$TMP/err"; fail "inspect --compile cuda bf16 failed"; }
+  grep -q "not runnable" "$TMP/out" && { cat "$TMP/out"; fail "cuda bf16 refused"; }
+  grep -q "to CUDA source" "$TMP/out" || { cat "$TMP/out"; fail "inspect --compile does not show the CUDA bf16 step"; }
 fi
 
 if [ -n "${JDT_CUDA_BIN:-}" ]; then
   "$JDT_CUDA_BIN" train configs/tiny.yaml "${O[@]}" runtime.backend=cuda >"$TMP/out" 2>"$TMP/err"; rc=$?
   if nvidia-smi -L >/dev/null 2>&1; then
     [ $rc -eq 0 ] || { tail -5 "$TMP/err"; fail "CUDA build with a GPU: exit $rc"; }
+    # bf16 compute on the GPU: trains, names its GEMM path once, the loss falls
+    "$JDT_CUDA_BIN" train configs/tiny.yaml run.out_dir="$TMP/runs-bf16" run.steps=40 run.eval_every=0 \
+      runtime.backend=cuda precision.compute=bf16 >"$TMP/out" 2>"$TMP/err"; rc=$?
+    [ $rc -eq 0 ] || { tail -5 "$TMP/err"; fail "CUDA bf16 with a GPU: exit $rc"; }
+    grep -q "precision.compute bf16: cuBLASLt" "$TMP/err" || { cat "$TMP/err"; fail "bf16 GEMM path not named"; }
+    python3 - "$TMP/runs-bf16/tiny/metrics.jsonl" <<'PY' || fail "CUDA bf16: the loss did not fall"
+import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1]) if '"loss"' in x]
+print("CUDA bf16 tiny: loss %.4f -> %.4f" % (l[0], l[-1]))
+sys.exit(0 if l[-1] < l[0] - 0.5 else 1)
+PY
   else
     [ $rc -eq 1 ] || { cat "$TMP/err"; fail "CUDA build without a GPU: exit $rc, expected 1"; }
     [ "$(grep -c 'jdt-train: error' "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "expected one error line"; }

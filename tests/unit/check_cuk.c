@@ -33,7 +33,9 @@ static void add_tests(TCase *tc)
 #else
 
 #include "backend/cuda/cuk.h"
+#include "comm/comm.h"
 #include "runtime/runtime.h"
+#include "tests/unit/testutil.h"
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
@@ -74,11 +76,18 @@ END_TEST
 
 /* ---- GPU fixture -------------------------------------------------------------------------- */
 
-/* A context on device 0 with a private cache, or NULL after printing one SKIP line (no GPU or
- * driver: that must be ERR_UNSUPPORTED with a message, never a crash). */
+/* A context on device 0 with the run's kernel cache, or NULL after printing one SKIP line (no GPU
+ * or driver: that must be ERR_UNSUPPORTED with a message, never a crash). */
 static jdt_cuk *gpu_or_skip(const char *test, char *cache_dir, size_t n)
 {
-    snprintf(cache_dir, n, "/tmp/jdt-check-cuk-%ld", (long)getpid());
+    /* one cache for every test of the run (Check forks a process per test: the runner is the
+     * parent): NVRTC compiles the builtin kernels once, not once per GPU test (~20-30 s each);
+     * $JDT_CACHE_DIR (scripts/gpu/check.sh sets it) shares them with jdt-train's runs too */
+    const char *env = getenv("JDT_CACHE_DIR");
+    if (env && *env)
+        snprintf(cache_dir, n, "%s", env);
+    else
+        snprintf(cache_dir, n, "/tmp/jdt-check-cuk-%ld", (long)getppid());
     jdt_cuk *k = NULL;
     jdt_err e;
     jdt_err_clear(&e);
@@ -191,6 +200,189 @@ START_TEST(test_matmul)
     check_matmul(k, 2, 5, 7, 0, false, false, false, false);    /* K = 0: zeros */
     /* a repeated shape reuses its cached plan; results must not change */
     check_matmul(k, 3, 37, 53, 29, true, false, false, true);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* bf16 compute vs the CPU's jdt_rt_matmul_bf16: the same bf16-rounded inputs, f32
+ * accumulation on both sides, so only the summation order differs. a and b are not modified. */
+static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                              bool tb, bool shared, bool with_bias)
+{
+    int64_t na = batch * M * K, nb = (shared ? 1 : batch) * K * N, nc = batch * M * N;
+    float *a = rand_floats(na, 4, -2, 2), *b = rand_floats(nb, 5, -1, 1);
+    float *bias = rand_floats(N, 6, -1, 1), *want = malloc((size_t)nc * sizeof(float));
+    float *scr = malloc((size_t)jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, shared) * 4 + 4);
+    jdt_rt_matmul_bf16(a, b, with_bias ? bias : NULL, want, batch, M, N, K, ta, tb, shared, scr, 1);
+    int64_t sb = jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, shared);
+    float *da = dev_from(a, (size_t)na * 4), *db = dev_from(b, (size_t)nb * 4);
+    float *dbias = dev_from(bias, (size_t)N * 4), *dc = dev_alloc((size_t)nc * 4);
+    void *dscr = dev_alloc((size_t)sb);
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_matmul_bf16(k, da, db, with_bias ? dbias : NULL, dc, batch, M, N, K, ta,
+                                       tb, shared, dscr, sb, &e);
+    ck_assert_msg(s == JDT_OK, "%s", e.msg);
+    float *got = dev_to_host(k, dc, nc), *a2 = dev_to_host(k, da, na);
+    char what[128];
+    snprintf(what, sizeof what, "matmul_bf16 b%lld M%lld N%lld K%lld ta%d tb%d shared%d bias%d",
+             (long long)batch, (long long)M, (long long)N, (long long)K, ta, tb, shared, with_bias);
+    /* f32 accumulation on both sides, in different orders (and tensor-core partial sums): a
+     * missing or different input rounding would be off by ~2^-9 sqrt(K) |a||b|, far above */
+    expect_close(what, got, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
+    expect_close("matmul_bf16 left input unchanged", a2, a, na, 0, 0);
+    /* too small a scratch is an error, not a write past it */
+    if (K > 0) {
+        s = jdt_cuk_matmul_bf16(k, da, db, NULL, dc, batch, M, N, K, ta, tb, shared, dscr, 2, &e);
+        ck_assert_int_eq(s, JDT_ERR_INTERNAL);
+        ck_assert_ptr_nonnull(strstr(e.msg, "scratch"));
+    }
+    free(a), free(b), free(bias), free(want), free(got), free(a2), free(scr);
+    cudaFree(da), cudaFree(db), cudaFree(dbias), cudaFree(dc), cudaFree(dscr);
+}
+
+START_TEST(test_matmul_bf16)
+{
+    GPU_OR_SKIP(k);
+    for (int f = 0; f < 16; f++)
+        check_matmul_bf16(k, 3, 37, 53, 29, f & 1, f >> 1 & 1, f >> 2 & 1, f >> 3 & 1);
+    check_matmul_bf16(k, 1, 256, 768, 512, false, false, true, true); /* aligned: a linear layer */
+    check_matmul_bf16(k, 4, 64, 96, 128, true, false, false, false);  /* weight-gradient shape */
+    check_matmul_bf16(k, 2, 5, 7, 0, false, false, false, true);      /* K = 0: bias rows */
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* The f32 -> bf16 conversion is bitwise jdt_bf16_round: ties to even, NaN, Inf, overflow,
+ * subnormals, both the float4 and the scalar path. */
+START_TEST(test_to_bf16)
+{
+    GPU_OR_SKIP(k);
+    const int64_t n = 4099;
+    float *x = rand_floats(n, 7, -1e4f, 1e4f);
+    const uint32_t special[] = {
+        0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,
+        0x7fc00001u, 0x7f800001u, 0x00000001u, 0x80008000u, 0x00018000u, 0x477fe000u, 0};
+    for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++)
+        memcpy(&x[i * 97], &special[i], 4);
+    float *dx = dev_from(x, (size_t)n * 4), *dr = dev_alloc((size_t)n * 4);
+    uint16_t *dy = dev_alloc((size_t)n * 2 + 16), *y = malloc((size_t)n * 2 + 16);
+    for (int pass = 0; pass < 2; pass++) { /* n - 3: a multiple of 4 (vector path), then n */
+        int64_t m = pass ? n : n - 3;
+        jdt_cuk_to_bf16(k, dx, dy, m);
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_msg(jdt_cuk_check(k, "to_bf16", true, &e) == JDT_OK, "%s", e.msg);
+        ck_assert_int_eq(cudaMemcpy(y, dy, (size_t)m * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int64_t i = 0; i < m; i++) {
+            float r = jdt_bf16_round(x[i]);
+            uint32_t u;
+            memcpy(&u, &r, 4);
+            ck_assert_msg(y[i] == (uint16_t)(u >> 16),
+                          "to_bf16[%lld] of %a: got 0x%04x, want 0x%04x", (long long)i,
+                          (double)x[i], y[i], (unsigned)(u >> 16));
+        }
+    }
+    /* the f32-valued rounding (the TF32 fallback's inputs): the same bits, low half zero */
+    jdt_cuk_bf16_round(k, dx, dr, n);
+    float *r = dev_to_host(k, dr, n);
+    for (int64_t i = 0; i < n; i++) {
+        float w = jdt_bf16_round(x[i]);
+        ck_assert_msg(memcmp(&w, &r[i], 4) == 0, "bf16_round[%lld] of %a: got %a, want %a",
+                      (long long)i, (double)x[i], (double)r[i], (double)w);
+    }
+    free(x), free(y), free(r);
+    cudaFree(dx), cudaFree(dy), cudaFree(dr);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* The collectives' block order on the device equals the CPU's jdt_permute_blocks_f32, both
+ * ways (the NCCL all-gather / reduce-scatter wire order, engine/backend/cuda/cuda.c). */
+START_TEST(test_permute_blocks)
+{
+    GPU_OR_SKIP(k);
+    const int64_t shapes[][3] = {{2, 3, 5}, {4, 1, 7}, {3, 8, 1}, {8, 12, 768}, {1, 5, 9}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t nb = shapes[s][0], outer = shapes[s][1], blk = shapes[s][2], n = nb * outer * blk;
+        float *x = rand_floats(n, 9 + (unsigned)s, -1, 1), *want = malloc((size_t)n * 4);
+        float *dx = dev_from(x, (size_t)n * 4), *dy = dev_alloc((size_t)n * 4);
+        for (int to_outer = 0; to_outer < 2; to_outer++) {
+            jdt_permute_blocks_f32(x, want, nb, outer, blk, to_outer);
+            jdt_cuk_permute_blocks(k, dx, dy, nb, outer, blk, to_outer);
+            float *got = dev_to_host(k, dy, n);
+            char what[96];
+            snprintf(what, sizeof what, "permute k%lld outer%lld blk%lld to_outer%d", (long long)nb,
+                     (long long)outer, (long long)blk, to_outer);
+            expect_close(what, got, want, n, 0, 0);
+            free(got);
+        }
+        free(x), free(want);
+        cudaFree(dx), cudaFree(dy);
+    }
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* NCCL on one GPU: a one-rank job (a real rendezvous on loopback) makes a communicator through
+ * the KV store, and every collective the backend uses runs and leaves the data as one rank's
+ * sum/max/gather/scatter must (NCCL refuses two ranks on one GPU: the multi-rank paths need a
+ * machine with 2+ GPUs, scripts/gpu/check.sh stage 6). Checks libnccl's loading, the
+ * non-blocking init, enqueue, event ordering and polling. */
+START_TEST(test_nccl_one_rank)
+{
+    GPU_OR_SKIP(k);
+    int port, lfd = tu_free_listener(&port);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    jdt_dist_opts o;
+    jdt_dist_opts_default(&o);
+    o.coordinator = addr;
+    o.token = "cuk-test";
+    o.coord_listen_fd = lfd;
+    o.connect_timeout_s = 20;
+    jdt_dist *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_dist_init(&o, &d, &e) == JDT_OK, "dist: %s", e.msg);
+    const int ranks[1] = {0};
+    jdt_cuk_comm *c = NULL;
+    jdt_status s = jdt_cuk_comm_init(k, d, ranks, 1, "test/one", &c, &e);
+    if (s == JDT_ERR_UNSUPPORTED) { /* libnccl.so.2 not on the library path */
+        printf("SKIP check_cuk test_nccl_one_rank: %s\n", e.msg);
+        jdt_dist_free(d);
+        jdt_cuk_free(k);
+        return;
+    }
+    ck_assert_msg(s == JDT_OK, "comm init: %s", e.msg);
+    ck_assert_int_eq(jdt_cuk_comm_size(c), 1);
+    const int64_t n = 1000;
+    float *x = rand_floats(n, 21, -3, 3);
+    float *dx = dev_from(x, (size_t)n * 4), *dy = dev_alloc((size_t)n * 4);
+    ck_assert_msg(jdt_cuk_allreduce(c, dx, n, false, &e) == JDT_OK, "sum: %s", e.msg);
+    ck_assert_msg(jdt_cuk_allreduce(c, dx, n, true, &e) == JDT_OK, "mean: %s", e.msg);
+    ck_assert_msg(jdt_cuk_allreduce_max(c, dx, n, &e) == JDT_OK, "max: %s", e.msg);
+    ck_assert_msg(jdt_cuk_comm_sync(c, 60, &e) == JDT_OK, "sync: %s", e.msg);
+    float *got = dev_to_host(k, dx, n);
+    expect_close("nccl all-reduce of one rank", got, x, n, 0, 0);
+    free(got);
+    ck_assert_msg(jdt_cuk_allgather(c, dx, dy, n, &e) == JDT_OK, "all-gather: %s", e.msg);
+    ck_assert_msg(jdt_cuk_comm_sync(c, 60, &e) == JDT_OK, "sync: %s", e.msg);
+    got = dev_to_host(k, dy, n);
+    expect_close("nccl all-gather of one rank", got, x, n, 0, 0);
+    free(got);
+    ck_assert_int_eq(cudaMemset(dy, 0, (size_t)n * 4), cudaSuccess);
+    ck_assert_msg(jdt_cuk_reduce_scatter(c, dx, dy, n, false, &e) == JDT_OK, "reduce-scatter: %s",
+                  e.msg);
+    ck_assert_msg(jdt_cuk_comm_sync(c, 60, &e) == JDT_OK, "sync: %s", e.msg);
+    got = dev_to_host(k, dy, n);
+    expect_close("nccl reduce-scatter of one rank", got, x, n, 0, 0);
+    free(got);
+    ck_assert_msg(jdt_cuk_comm_poll(c, &e) == JDT_OK, "poll: %s", e.msg);
+    jdt_cuk_comm_free(c);
+    free(x);
+    cudaFree(dx), cudaFree(dy);
+    jdt_dist_free(d);
     jdt_cuk_free(k);
 }
 END_TEST
@@ -489,6 +681,10 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_no_gpu_is_clean_error);
     tcase_add_test(tc, test_init_errors_and_cache);
     tcase_add_test(tc, test_matmul);
+    tcase_add_test(tc, test_matmul_bf16);
+    tcase_add_test(tc, test_to_bf16);
+    tcase_add_test(tc, test_permute_blocks);
+    tcase_add_test(tc, test_nccl_one_rank);
     tcase_add_test(tc, test_row_kernels);
     tcase_add_test(tc, test_softmax_xent);
     tcase_add_test(tc, test_gather_scatter);

@@ -45,6 +45,17 @@ typedef struct {
     int refs;   /* programs using it */
 } mirror;
 
+/* The communicator of one collective group id (engine/shard: a mask of mesh axes). Groups with
+ * the same ranks share one communicator (the first entry owns it); a group of one rank has
+ * none (its collectives are local). */
+#define MAX_GROUPS 16
+typedef struct {
+    int group, n_ranks;
+    uint64_t ranks_hash;
+    jdt_cuk_comm *comm;
+    bool owner;
+} group_comm;
+
 typedef struct {
     jdt_cuk *k;
     cudaStream_t stream;
@@ -52,8 +63,16 @@ typedef struct {
     int n_m, cap_m;
     char name[256];
     int arch;
-    jdt_dist *dist;      /* set by jdt_device_set_dist: NCCL for ALL_REDUCE */
-    jdt_cuk_comm *world; /* created on the first all-reduce (every rank reaches it) */
+    jdt_dist *dist; /* set by jdt_device_set_dist: NCCL for the collectives */
+    jdt_device_group_fn
+        group_ranks; /* set by jdt_device_set_groups; NULL: every group is the world */
+    void *group_ctx;
+    group_comm groups[MAX_GROUPS]; /* made on each group's first collective */
+    int n_groups;
+    /* memory accounting: our cudaMallocs (programs, leaf mirrors) + the cuBLASLt workspace */
+    int64_t bytes_now, bytes_peak;
+    void **promised; /* host leaves counted by a prepare, mirrored at a later begin */
+    int n_promised, cap_promised;
 } cuda_dev;
 
 typedef struct {
@@ -65,8 +84,10 @@ typedef struct {
     cudaLibrary_t lib;
     cudaKernel_t *kern;      /* (n_kernels) */
     cudaKernel_t scale_kern; /* the module's jdt_scale (all-reduce scaling) */
-    void *dmem;              /* the one allocation: table | inputs | arena */
-    void **dtable;           /* (n_bufs) device pointer table */
+    void *dmem;              /* the one allocation: table | inputs | collective scratch | arena */
+    float *dcoll;            /* all-gather / reduce-scatter staging (the largest full tensor) */
+    int64_t dmem_bytes;
+    void **dtable; /* (n_bufs) device pointer table */
     unsigned char *dinputs, *darena;
     int64_t *input_off; /* (n_bufs) offset of an INPUT leaf's slot, else -1 */
     mirror **bmir;      /* (n_bufs) a persistent leaf's mirror, else NULL */
@@ -208,7 +229,70 @@ static jdt_status cubin_get(const char *dir, const char *src, int arch, void **i
 #define COLLECTIVE_WAIT_S 600.0
 static jdt_status settle(cuda_dev *cd, jdt_err *e)
 {
-    return cd->world ? jdt_cuk_comm_sync(cd->world, COLLECTIVE_WAIT_S, e) : JDT_OK;
+    for (int i = 0; i < cd->n_groups; i++) {
+        if (!cd->groups[i].owner) continue;
+        jdt_status st = jdt_cuk_comm_sync(cd->groups[i].comm, COLLECTIVE_WAIT_S, e);
+        if (st != JDT_OK) return st;
+    }
+    return JDT_OK;
+}
+
+/* The communicator of collective group `group`, made on the group's first collective (every
+ * member reaches it in the same program order); *comm NULL when the group is this rank alone
+ * (or the job has one process). *size: the group's rank count. */
+static jdt_status group_comm_get(cuda_dev *cd, int group, jdt_cuk_comm **comm, int *size,
+                                 jdt_err *e)
+{
+    *comm = NULL;
+    *size = 1;
+    if (!cd->dist) return JDT_OK;
+    for (int i = 0; i < cd->n_groups; i++)
+        if (cd->groups[i].group == group) {
+            *comm = cd->groups[i].comm;
+            *size = cd->groups[i].n_ranks;
+            return JDT_OK;
+        }
+    if (cd->n_groups == MAX_GROUPS)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "cuda: more than %d collective groups",
+                           MAX_GROUPS);
+    const int W = jdt_dist_world_size(cd->dist);
+    int *ranks = jdt_calloc((size_t)W + 1, sizeof *ranks);
+    if (!ranks) return jdt_err_set(e, JDT_ERR_NOMEM, "cuda: group ranks");
+    int n = W;
+    if (cd->group_ranks) {
+        n = cd->group_ranks(cd->group_ctx, group, ranks, W);
+    } else {
+        for (int r = 0; r < W; r++)
+            ranks[r] = r;
+    }
+    jdt_status st = JDT_OK;
+    if (n < 1) {
+        st = jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: collective on unknown group %d", group);
+        goto out;
+    }
+    group_comm *g = &cd->groups[cd->n_groups];
+    memset(g, 0, sizeof *g);
+    g->group = group;
+    g->n_ranks = n;
+    g->ranks_hash = jdt_hash_bytes(14695981039346656037ULL, ranks, (size_t)n * sizeof *ranks);
+    for (int i = 0; i < cd->n_groups && n > 1; i++)
+        if (cd->groups[i].owner && cd->groups[i].n_ranks == n &&
+            cd->groups[i].ranks_hash == g->ranks_hash)
+            g->comm = cd->groups[i].comm; /* the same ranks under another mask */
+    if (n > 1 && !g->comm) {
+        char key[96]; /* unique per rank set: disjoint groups of one mask differ in ranks[0] */
+        snprintf(key, sizeof key, "jdt/nccl/n%d-r%d-%016llx", n, ranks[0],
+                 (unsigned long long)g->ranks_hash);
+        if ((st = jdt_cuk_comm_init(cd->k, cd->dist, ranks, n, key, &g->comm, e)) != JDT_OK)
+            goto out;
+        g->owner = true;
+    }
+    cd->n_groups++;
+    *comm = g->comm;
+    *size = n;
+out:
+    jdt_free(ranks);
+    return st;
 }
 
 static jdt_status mirror_get(cuda_dev *cd, void *host, size_t n_bytes, mirror **out, jdt_err *e)
@@ -232,6 +316,8 @@ static jdt_status mirror_get(cuda_dev *cd, void *host, size_t n_bytes, mirror **
     m->refs = 1;
     CU(cudaMalloc(&m->dev, n_bytes ? n_bytes : 4), "cudaMalloc of a leaf");
     cd->m[cd->n_m++] = m;
+    cd->bytes_now += (int64_t)n_bytes;
+    if (cd->bytes_now > cd->bytes_peak) cd->bytes_peak = cd->bytes_now;
     *out = m;
     return JDT_OK;
 fail:
@@ -248,6 +334,7 @@ static void mirror_put(cuda_dev *cd, mirror *m)
             break;
         }
     cudaFree(m->dev);
+    cd->bytes_now -= (int64_t)m->n_bytes;
     jdt_free(m);
 }
 
@@ -279,15 +366,29 @@ static void cuda_close(jdt_device *d)
 {
     cuda_dev *cd = d->impl;
     if (!cd) return;
-    jdt_cuk_comm_free(cd->world);
+    for (int i = 0; i < cd->n_groups; i++)
+        if (cd->groups[i].owner) jdt_cuk_comm_free(cd->groups[i].comm);
     for (int i = 0; i < cd->n_m; i++) {
         cudaFree(cd->m[i]->dev);
         jdt_free(cd->m[i]);
     }
     jdt_free(cd->m);
+    jdt_free(cd->promised);
     jdt_cuk_free(cd->k);
     jdt_free(cd);
     d->impl = NULL;
+}
+
+static bool cuda_memory(const jdt_device *d, jdt_device_mem *m)
+{
+    const cuda_dev *cd = d->impl;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0;
+    m->peak_bytes = cd->bytes_peak;
+    m->now_bytes = cd->bytes_now;
+    m->used_bytes = (int64_t)(total_b - free_b);
+    m->total_bytes = (int64_t)total_b;
+    return true;
 }
 
 static char *cuda_describe(const jdt_device *d, char *buf, size_t n)
@@ -297,18 +398,97 @@ static char *cuda_describe(const jdt_device *d, char *buf, size_t n)
     return buf;
 }
 
+static const jdt_backend_vt cuda_vt; /* defined below */
+
 void jdt_device_set_dist(jdt_device *d, jdt_dist *dist)
 {
-    if (d && d->kind == JDT_DEVICE_CUDA && d->impl) ((cuda_dev *)d->impl)->dist = dist;
+    if (d && d->vt == &cuda_vt && d->impl) ((cuda_dev *)d->impl)->dist = dist;
+}
+
+void jdt_device_set_groups(jdt_device *d, jdt_device_group_fn fn, void *ctx)
+{
+    if (!d || d->vt != &cuda_vt || !d->impl) return;
+    ((cuda_dev *)d->impl)->group_ranks = fn;
+    ((cuda_dev *)d->impl)->group_ctx = ctx;
 }
 
 /* ---- program -------------------------------------------------------------------------------- */
 
+/* The planned scratch of a builtin: a bf16 MATMUL's rounded copies of its inputs
+ * (jdt_cuk_matmul_bf16_scratch_bytes), attention's row statistics. */
 static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
 {
+    if (n->op == JDT_OP_MATMUL) {
+        const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
+        int nd = n->shape.ndim;
+        int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
+        int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
+        int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        return n->attrs.i[2] ? jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2) : 0;
+    }
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
     if (q->ndim != 4) return 0;
     return jdt_cuk_attention_scratch_bytes(q->dims[0], q->dims[1], q->dims[2], q->dims[3]);
+}
+
+static void fmt_gib(char *buf, size_t n, double bytes)
+{
+    if (bytes >= 1073741824.0)
+        snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+    else
+        snprintf(buf, n, "%.0f MiB", bytes / 1048576.0);
+}
+
+/* Headroom kept free for what is allocated outside the plan: the CUDA context's growth,
+ * cuBLASLt's plans, NCCL's buffers (made at a group's first collective). */
+#define DEVICE_RESERVE_BYTES (256ll << 20)
+
+/* Before a program's one cudaMalloc: the program (program_bytes) plus the leaves it will mirror
+ * that no earlier program mirrors or has counted (parameters, optimizer state), plus
+ * DEVICE_RESERVE_BYTES, must fit in the device's free memory (cudaMemGetInfo); else one line
+ * with the figures and what to change (ERR_NOMEM, exit 1) instead of a CUDA OOM mid-step. The
+ * leaves counted here are remembered (cd->promised) so the eval/apply programs that share them
+ * do not count them again. */
+static jdt_status check_fits(cuda_dev *cd, const cprog *c, int64_t program_bytes, jdt_err *e)
+{
+    int64_t leaf_bytes = 0;
+    for (int b = 0; b < c->n_bufs; b++) {
+        if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
+        const cnode *n = &c->nodes[c->bufs[b].leaf_node];
+        if (n->op == JDT_OP_INPUT) continue; /* in the program's allocation */
+        void *host = n->src ? n->src->data : NULL;
+        bool known = false;
+        for (int i = 0; host && i < cd->n_m && !known; i++)
+            known = cd->m[i]->host == host;
+        for (int i = 0; host && i < cd->n_promised && !known; i++)
+            known = cd->promised[i] == host;
+        if (known) continue;
+        leaf_bytes += jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype);
+        if (host && jdt_compile_grow((void **)&cd->promised, &cd->cap_promised, cd->n_promised + 1,
+                                     sizeof *cd->promised))
+            cd->promised[cd->n_promised++] = host;
+    }
+    size_t free_b = 0, total_b = 0;
+    cudaError_t ce = cudaMemGetInfo(&free_b, &total_b);
+    if (ce != cudaSuccess)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: cudaMemGetInfo: %s", cudaGetErrorString(ce));
+    const int64_t need = program_bytes + leaf_bytes + DEVICE_RESERVE_BYTES;
+    if (need <= (int64_t)free_b) return JDT_OK;
+    char s_need[32], s_prog[32], s_arena[32], s_leaf[32], s_free[32], s_total[32];
+    fmt_gib(s_need, sizeof s_need, (double)need);
+    fmt_gib(s_prog, sizeof s_prog, (double)program_bytes);
+    fmt_gib(s_arena, sizeof s_arena, (double)c->arena_bytes);
+    fmt_gib(s_leaf, sizeof s_leaf, (double)leaf_bytes);
+    fmt_gib(s_free, sizeof s_free, (double)free_b);
+    fmt_gib(s_total, sizeof s_total, (double)total_b);
+    return jdt_err_set(
+        e, JDT_ERR_NOMEM,
+        "cuda: the compiled step needs %s of GPU memory but %s of %s is free on "
+        "%s (program %s, of which %s activations/intermediates; parameters and "
+        "optimizer state %s; %lld MiB reserve): use a smaller "
+        "data.micro_batch_size (gradient accumulation keeps data.batch_size)%s",
+        s_need, s_free, s_total, cd->name, s_prog, s_arena, s_leaf, DEVICE_RESERVE_BYTES >> 20,
+        c->opts.remat ? ", or more fsdp ranks (mesh.fsdp)" : ", or runtime.remat: block");
 }
 
 static void cuda_release(void *state)
@@ -320,6 +500,7 @@ static void cuda_release(void *state)
         for (int b = 0; b < p->c->n_bufs; b++)
             mirror_put(p->cd, p->bmir[b]);
     if (p->lib) cudaLibraryUnload(p->lib);
+    if (p->dmem) p->cd->bytes_now -= p->dmem_bytes;
     cudaFree(p->dmem);
     jdt_free(p->kern);
     jdt_free(p->launch);
@@ -378,11 +559,25 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
             ((int64_t)jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype) + 255) / 256 *
             256;
     }
-    int64_t total = table_bytes + in_bytes + (c->arena_bytes ? c->arena_bytes : 256);
+    int64_t coll_bytes = 0; /* all-gather / reduce-scatter staging: the largest full tensor */
+    for (int i = 0; i < c->n_nodes; i++) {
+        const cnode *n = &c->nodes[i];
+        int64_t full = n->op == JDT_OP_ALL_GATHER       ? jdt_shape_numel(&n->shape)
+                       : n->op == JDT_OP_REDUCE_SCATTER ? jdt_shape_numel(&c->nodes[n->in[0]].shape)
+                                                        : 0;
+        full = (full * (int64_t)sizeof(float) + 255) / 256 * 256;
+        if (full > coll_bytes) coll_bytes = full;
+    }
+    int64_t total = table_bytes + in_bytes + coll_bytes + (c->arena_bytes ? c->arena_bytes : 256);
+    if ((st = check_fits(cd, c, total, e)) != JDT_OK) goto fail;
     CU(cudaMalloc(&p->dmem, (size_t)total), "cudaMalloc of the program's arena");
+    p->dmem_bytes = total;
+    cd->bytes_now += total;
+    if (cd->bytes_now > cd->bytes_peak) cd->bytes_peak = cd->bytes_now;
     p->dtable = p->dmem;
     p->dinputs = (unsigned char *)p->dmem + table_bytes;
-    p->darena = p->dinputs + in_bytes;
+    p->dcoll = coll_bytes ? (float *)(void *)(p->dinputs + in_bytes) : NULL;
+    p->darena = p->dinputs + in_bytes + coll_bytes;
     for (int b = 0; b < c->n_bufs; b++) {
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
             p->ptrs[b] = p->darena + c->bufs[b].info.offset;
@@ -464,52 +659,127 @@ static int64_t last_dim(const jdt_shape *s)
     return s->ndim ? s->dims[s->ndim - 1] : 1;
 }
 
-static jdt_status all_reduce(cuda_prog *p, const cnode *n, void *o, void *in, jdt_err *e)
+/* o (n floats) *= sc on the compute stream (the module's jdt_scale kernel). */
+static jdt_status scale(cuda_prog *p, float *o, int64_t n, double sc, jdt_err *e)
 {
-    cuda_dev *cd = p->cd;
     jdt_status st = JDT_OK;
-    int64_t n_el = jdt_shape_numel(&n->shape);
-    if (o != in)
-        CU(cudaMemcpyAsync(o, in, (size_t)n_el * sizeof(float), cudaMemcpyDeviceToDevice,
-                           cd->stream),
-           "all_reduce copy");
-    if (!cd->dist) {
-        /* one process: the reduction over one rank is the identity (only the scale applies) */
-    } else {
-        if (n->attrs.i[0] != 0 || n->attrs.i[1] != 0)
-            return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                               "all_reduce on cuda: only sum/mean over the world group (group "
-                               "%lld, op %lld asked)",
-                               (long long)n->attrs.i[0], (long long)n->attrs.i[1]);
-        if (!cd->world) {
-            int W = jdt_dist_world_size(cd->dist);
-            int *ranks = jdt_calloc((size_t)W, sizeof *ranks);
-            if (!ranks) return jdt_err_set(e, JDT_ERR_NOMEM, "all_reduce: ranks");
-            for (int r = 0; r < W; r++)
-                ranks[r] = r;
-            st = jdt_cuk_comm_init(cd->k, cd->dist, ranks, W, "jdt/nccl/world", &cd->world, e);
-            jdt_free(ranks);
-            if (st != JDT_OK) return st;
-        }
-        double W = (double)jdt_dist_world_size(cd->dist), sc = n->attrs.f[0];
-        bool average = sc * W > 0.999999 && sc * W < 1.000001;
-        if ((st = jdt_cuk_comm_poll(cd->world, e)) != JDT_OK) return st;
-        if ((st = jdt_cuk_allreduce(cd->world, o, n_el, average, e)) != JDT_OK) return st;
-        if (average || sc == 1.0) return JDT_OK;
-    }
-    if (n->attrs.f[0] != 1.0) {
-        float sc = (float)n->attrs.f[0];
-        long long cnt = n_el;
-        void *args[] = {&o, &cnt, &sc};
-        int grid = (int)((cnt + 255) / 256 < JDT_CUDA_MAX_GRID ? (cnt + 255) / 256 + 1
-                                                               : JDT_CUDA_MAX_GRID);
-        CU(cudaLaunchKernel((const void *)p->scale_kern, (dim3){(unsigned)grid, 1, 1},
-                            (dim3){256, 1, 1}, args, 0, cd->stream),
-           "all_reduce scale");
-    }
+    if (sc == 1.0 || n <= 0) return JDT_OK;
+    float scf = (float)sc;
+    long long cnt = n;
+    void *args[] = {&o, &cnt, &scf};
+    int grid =
+        (int)((cnt + 255) / 256 < JDT_CUDA_MAX_GRID ? (cnt + 255) / 256 + 1 : JDT_CUDA_MAX_GRID);
+    CU(cudaLaunchKernel((const void *)p->scale_kern, (dim3){(unsigned)grid, 1, 1},
+                        (dim3){256, 1, 1}, args, 0, p->cd->stream),
+       "collective scale");
     return JDT_OK;
 fail:
     return st;
+}
+
+static jdt_status copy_d2d(cuda_prog *p, void *dst, const void *src, int64_t n_floats,
+                           const char *what, jdt_err *e)
+{
+    jdt_status st = JDT_OK;
+    if (dst == src || n_floats <= 0) return JDT_OK;
+    CU(cudaMemcpyAsync(dst, src, (size_t)n_floats * sizeof(float), cudaMemcpyDeviceToDevice,
+                       p->cd->stream),
+       what);
+    return JDT_OK;
+fail:
+    return st;
+}
+
+static bool overlaps(const void *a, int64_t na_floats, const void *b, int64_t nb_floats)
+{
+    const char *pa = a, *pb = b;
+    return pa < pb + nb_floats * 4 && pb < pa + na_floats * 4;
+}
+
+/* A scale of 1/size is NCCL's average (one pass instead of sum + scale). */
+static bool is_mean(double sc, int size)
+{
+    return sc * size > 0.999999 && sc * size < 1.000001;
+}
+
+static jdt_status all_reduce(cuda_prog *p, const cnode *n, void *o, void *in, jdt_err *e)
+{
+    cuda_dev *cd = p->cd;
+    jdt_status st;
+    int64_t n_el = jdt_shape_numel(&n->shape);
+    const double sc = n->attrs.f[0];
+    if (n->attrs.i[1] != 0 && n->attrs.i[1] != 1)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "all_reduce on cuda: reduction op %lld",
+                           (long long)n->attrs.i[1]);
+    if ((st = copy_d2d(p, o, in, n_el, "all_reduce copy", e)) != JDT_OK) return st;
+    jdt_cuk_comm *cm;
+    int size;
+    if ((st = group_comm_get(cd, (int)n->attrs.i[0], &cm, &size, e)) != JDT_OK) return st;
+    if (cm) { /* one rank alone: the reduction is the identity, only the scale applies */
+        if (n->attrs.i[1] == 1) {
+            st = jdt_cuk_allreduce_max(cm, o, n_el, e);
+        } else if (is_mean(sc, size)) {
+            return jdt_cuk_allreduce(cm, o, n_el, true, e);
+        } else {
+            st = jdt_cuk_allreduce(cm, o, n_el, false, e);
+        }
+        if (st != JDT_OK) return st;
+    }
+    return scale(p, o, n_el, sc, e);
+}
+
+/* ALL_GATHER / REDUCE_SCATTER in the CPU backend's block order (engine/backend/cpu/cpu.c): the
+ * full tensor viewed as (outer, k, blk) along axis i[1]; NCCL's wire order is (k, outer, blk),
+ * so a permuting copy through the staging buffer unless everything before the axis has size 1. */
+static jdt_status gather_scatter(cuda_prog *p, const cnode *n, float *o, float *in, jdt_err *e)
+{
+    const cprog *c = p->c;
+    const bool gather = n->op == JDT_OP_ALL_GATHER;
+    const jdt_shape *full = gather ? &n->shape : &c->nodes[n->in[0]].shape;
+    const int ax = (int)n->attrs.i[1];
+    const int64_t k = n->attrs.i[2], nf = jdt_shape_numel(full), nl = k ? nf / k : 0;
+    int64_t outer = 1;
+    for (int d = 0; d < ax; d++)
+        outer *= full->dims[d];
+    const int64_t blk = outer ? nl / outer : 0;
+    jdt_cuk_comm *cm;
+    int size;
+    jdt_status st = group_comm_get(p->cd, (int)n->attrs.i[0], &cm, &size, e);
+    if (st != JDT_OK) return st;
+    if (size != k)
+        return jdt_err_set(e, JDT_ERR_INTERNAL,
+                           "%s over %lld members, but group %lld has %d rank(s)",
+                           jdt_op_name(n->op), (long long)k, (long long)n->attrs.i[0], size);
+    if (!cm) { /* k = 1: a copy (times the scale for the scatter) */
+        if ((st = copy_d2d(p, o, in, nl, "collective copy", e)) != JDT_OK) return st;
+        return gather ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
+    }
+    float *tmp = p->dcoll;
+    if (!tmp) return jdt_err_set(e, JDT_ERR_INTERNAL, "%s: no staging buffer", jdt_op_name(n->op));
+    if (gather) {
+        if (outer > 1) {
+            if ((st = jdt_cuk_allgather(cm, in, tmp, nl, e)) != JDT_OK) return st;
+            jdt_cuk_permute_blocks(p->cd->k, tmp, o, k, outer, blk, true);
+            return JDT_OK;
+        }
+        const float *send = in;
+        if (overlaps(in, nl, o, nf)) { /* NCCL's in-place form needs it at slot `index` */
+            if ((st = copy_d2d(p, tmp, in, nl, "all_gather staging", e)) != JDT_OK) return st;
+            send = tmp;
+        }
+        return jdt_cuk_allgather(cm, send, o, nl, e);
+    }
+    const float *send = in;
+    if (outer > 1) {
+        jdt_cuk_permute_blocks(p->cd->k, in, tmp, k, outer, blk, false);
+        send = tmp;
+    } else if (overlaps(in, nf, o, nl)) {
+        if ((st = copy_d2d(p, tmp, in, nf, "reduce_scatter staging", e)) != JDT_OK) return st;
+        send = tmp;
+    }
+    const bool mean = is_mean(n->attrs.f[0], size);
+    if ((st = jdt_cuk_reduce_scatter(cm, send, o, nl, mean, e)) != JDT_OK) return st;
+    return mean ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
 }
 
 static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
@@ -533,6 +803,11 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        if (n->attrs.i[2]) /* bf16 compute: the planned scratch takes the bf16 copies */
+            return jdt_cuk_matmul_bf16(
+                k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K, n->attrs.i[0] != 0,
+                n->attrs.i[1] != 0, b->ndim == 2, scratch,
+                sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0, e);
         return jdt_cuk_matmul(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                               n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
     }
@@ -607,12 +882,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
     }
     case JDT_OP_ALL_REDUCE:
         return all_reduce(p, n, o, in[0], e);
-    case JDT_OP_ALL_GATHER: /* fsdp / tensor meshes: refused before any work (train/caps.c) */
+    case JDT_OP_ALL_GATHER:
     case JDT_OP_REDUCE_SCATTER:
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                           "run: the CUDA backend has no %s yet (mesh.fsdp / mesh.tensor > 1 run "
-                           "on runtime.backend: cpu)",
-                           jdt_op_name(n->op));
+        return gather_scatter(p, n, o, in[0], e);
     case JDT_OP_PARAM: /* not builtins: leaves, views and fused work never get here */
     case JDT_OP_INPUT:
     case JDT_OP_CONSTANT:
@@ -744,6 +1016,7 @@ static const jdt_backend_vt cuda_vt = {
     .push = cuda_push,
     .close = cuda_close,
     .describe = cuda_describe,
+    .memory = cuda_memory,
 };
 
 jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
@@ -778,6 +1051,7 @@ jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
     if ((st = jdt_cuk_init(d->index, dir, &cd->k, e)) != JDT_OK) goto fail;
     cd->stream = (cudaStream_t)jdt_cuk_stream(cd->k);
     cd->arch = jdt_cuk_arch(cd->k);
+    cd->bytes_now = cd->bytes_peak = JDT_CUK_WORKSPACE_BYTES;
     return JDT_OK;
 fail:
     cuda_close(d);

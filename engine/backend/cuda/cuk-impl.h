@@ -40,6 +40,8 @@ extern const int jdt_cuk_n_sources;
     X(SCATTER_ADD, "cuk_misc.cu", "cuk_scatter_add")                                               \
     X(ROPE, "cuk_misc.cu", "cuk_rope")                                                             \
     X(FILL_ROWS, "cuk_misc.cu", "cuk_fill_rows")                                                   \
+    X(TO_BF16, "cuk_misc.cu", "cuk_to_bf16")                                                       \
+    X(BF16_ROUND, "cuk_misc.cu", "cuk_bf16_round")                                                 \
     X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                          \
     X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                        \
     X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                        \
@@ -62,12 +64,12 @@ typedef enum {
 
 #define JDT_CUK_MAX_LIBS 8 /* distinct .cu files */
 #define JDT_CUK_PLANS 64   /* cached GEMM plans */
-#define JDT_CUK_WORKSPACE (32u << 20)
+#define JDT_CUK_WORKSPACE ((unsigned)JDT_CUK_WORKSPACE_BYTES)
 
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
 typedef struct {
     bool used;
-    int64_t key[10];
+    int64_t key[11];
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;

@@ -587,6 +587,45 @@ void jdt_cuk_fill_rows(jdt_cuk *k, float *c, const float *bias, int64_t rows, in
     launch(k, JDT_CUK_K_FILL_ROWS, grid, 256, 0, args);
 }
 
+void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n)
+{
+    if (n <= 0) return;
+    int vec = n % 4 == 0 && aligned16(x) && ((uintptr_t)y & 7u) == 0;
+    int64_t grid = ((vec ? n / 4 : n) + 255) / 256;
+    if (grid > 65536) grid = 65536;
+    void *args[] = {&x, &y, &n, &vec};
+    launch(k, JDT_CUK_K_TO_BF16, grid, 256, 0, args);
+}
+
+void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_blocks,
+                            int64_t outer, int64_t blk, bool to_outer)
+{
+    if (n_blocks <= 0 || outer <= 0 || blk <= 0) return;
+    const size_t row = (size_t)blk * sizeof(float), wide = (size_t)n_blocks * row;
+    for (int64_t j = 0; j < n_blocks; j++) {
+        /* block j of the wire: rows (j, o, :) contiguous, one per o; in (outer, k, blk) the
+         * same rows are a stride of k blocks apart */
+        const float *s = to_outer ? src + j * outer * blk : src + j * blk;
+        float *d = to_outer ? dst + j * blk : dst + j * outer * blk;
+        cudaError_t rc = cudaMemcpy2DAsync(d, to_outer ? wide : row, s, to_outer ? row : wide, row,
+                                           (size_t)outer, cudaMemcpyDeviceToDevice, k->stream);
+        if (rc != cudaSuccess) {
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "permuting collective blocks: %s",
+                          cudaGetErrorString(rc));
+            return;
+        }
+    }
+}
+
+void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n)
+{
+    if (n <= 0) return;
+    int64_t grid = (n + 255) / 256;
+    if (grid > 65536) grid = 65536;
+    void *args[] = {&x, &y, &n};
+    launch(k, JDT_CUK_K_BF16_ROUND, grid, 256, 0, args);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */

@@ -31,6 +31,8 @@ typedef struct jdt_cuk jdt_cuk; /* per process: device, one compute stream, cuBL
 jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e);
 /* Synchronises the stream, then releases everything. NULL is a no-op. */
 void jdt_cuk_free(jdt_cuk *k);
+/* Bytes of the cuBLASLt workspace jdt_cuk_init allocates (device memory accounting). */
+#define JDT_CUK_WORKSPACE_BYTES (32ll << 20)
 /* The cudaStream_t every call below is queued on. */
 void *jdt_cuk_stream(jdt_cuk *k);
 /* Compute capability * 10 of the device, e.g. 90. */
@@ -53,6 +55,28 @@ jdt_status jdt_cuk_compile_all(int arch, jdt_err *e);
 jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias, float *c,
                           int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                           bool b_shared, jdt_err *e);
+
+/* jdt_cuk_matmul with bf16 compute (MATMUL attrs i[2], precision.compute: bf16), the meaning of
+ * jdt_rt_matmul_bf16: a and b rounded to bf16 (nearest even) by a conversion kernel into
+ * scratch (device memory of scratch_bytes >= jdt_cuk_matmul_bf16_scratch_bytes: the bf16
+ * copies, a's first), then a bf16 x bf16 GEMM with f32 accumulation (CUBLAS_COMPUTE_32F), f32
+ * bias and output. Where cuBLASLt has no bf16 algorithm for the shape/alignment, the inputs are
+ * rounded into f32 copies instead (the scratch has room for them) and multiplied with TF32
+ * tensor cores: a bf16 value is exact in TF32, so the products are the same. a and b are not
+ * modified. Errors as jdt_cuk_matmul; ERR_INTERNAL when the scratch is smaller than the bf16
+ * copies (2 bytes per input element). */
+int64_t jdt_cuk_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
+                                          bool b_shared);
+jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const float *bias,
+                               float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                               bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,
+                               jdt_err *e);
+
+/* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow
+ * gives Inf (bitwise jdt_bf16_round). */
+void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n);
+/* y (n) = x rounded to bf16, kept as f32 (bitwise jdt_bf16_round). */
+void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n);
 
 /* out (n, C) = table (V, C) rows idx (n); out-of-range indices give zero rows (not counted: the
  * device cannot return a count without a synchronisation). */
@@ -93,6 +117,13 @@ void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, in
 void jdt_cuk_concat(jdt_cuk *k, const float *const *in, const int64_t *len, int n_in, float *out,
                     int64_t outer, int64_t inner, size_t elem_bytes);
 
+/* The collectives' block order (jdt_permute_blocks_f32 on the device): a tensor viewed as
+ * (outer, k, blk) <-> the wire's (k, outer, blk). to_outer: src is (k, outer, blk), dst
+ * (outer, k, blk); else the reverse. src and dst must not overlap. k strided copies on the
+ * stream (cudaMemcpy2DAsync); failures deferred to jdt_cuk_check. */
+void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_blocks,
+                            int64_t outer, int64_t blk, bool to_outer);
+
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
  * (B, T, H, D); backward: o = bit 3, dout = bit 4). Head size D <= 256 (a larger D records
  * ERR_UNSUPPORTED for jdt_cuk_check). scratch: device memory of
@@ -128,6 +159,19 @@ void jdt_cuk_comm_free(jdt_cuk_comm *c);
  * queuing; a peer failure shows up in a later call or jdt_cuk_comm_poll. Every member must call
  * it in the same order with the same n. */
 jdt_status jdt_cuk_allreduce(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e);
+/* In-place maximum of buf (n floats) over the group; ordering as jdt_cuk_allreduce. */
+jdt_status jdt_cuk_allreduce_max(jdt_cuk_comm *c, float *buf, int64_t n, jdt_err *e);
+/* recv (n_ranks * n_per_rank) = every member's send (n_per_rank) in group order (ncclAllGather);
+ * recv must not overlap send unless send is recv's own slot. Ordering as jdt_cuk_allreduce. */
+jdt_status jdt_cuk_allgather(jdt_cuk_comm *c, const float *send, float *recv, int64_t n_per_rank,
+                             jdt_err *e);
+/* recv (n_per_rank) = slot <group index> of the sum (average: / group size) of every member's
+ * send (n_ranks * n_per_rank) (ncclReduceScatter); recv must not overlap send unless it is
+ * send's own slot. Ordering as jdt_cuk_allreduce. */
+jdt_status jdt_cuk_reduce_scatter(jdt_cuk_comm *c, const float *send, float *recv,
+                                  int64_t n_per_rank, bool average, jdt_err *e);
+/* Number of ranks in the communicator. */
+int jdt_cuk_comm_size(const jdt_cuk_comm *c);
 /* Polls the communicator's asynchronous error (ncclCommGetAsyncError) and the rendezvous
  * (jdt_dist_check); on a failure aborts the communicator and returns ERR_PEER_LOST/ERR_NET
  * naming it. Cheap; never blocks. */

@@ -7,8 +7,9 @@
  * a polling loop over ncclCommGetAsyncError and the rendezvous's health (jdt_dist_check): a
  * dead peer then ends the wait with the rank named (the coordinator's heartbeat) and the
  * communicator aborted, instead of a hang inside NCCL. Collectives run on the communicator's
- * own stream; events order them after the compute stream's earlier work (and, on join, the
- * compute stream's later work after them).
+ * own stream; events order them after the compute stream's earlier work and the compute
+ * stream's later work after them. All-reduce (sum, mean, max), all-gather and reduce-scatter
+ * (sum, mean) over f32 buffers.
  */
 #include "backend/cuda/cuk-impl.h"
 #include "comm/comm.h"
@@ -35,6 +36,8 @@ typedef struct {
     __typeof__(ncclCommFinalize) *finalize;
     __typeof__(ncclCommDestroy) *destroy;
     __typeof__(ncclAllReduce) *all_reduce;
+    __typeof__(ncclAllGather) *all_gather;
+    __typeof__(ncclReduceScatter) *reduce_scatter;
     __typeof__(ncclGetErrorString) *error_string;
     __typeof__(ncclGetLastError) *last_error;
 } nccl_api;
@@ -73,6 +76,8 @@ static jdt_status nccl_load(nccl_api *a, jdt_err *e)
     SYM(finalize, "ncclCommFinalize")
     SYM(destroy, "ncclCommDestroy")
     SYM(all_reduce, "ncclAllReduce")
+    SYM(all_gather, "ncclAllGather")
+    SYM(reduce_scatter, "ncclReduceScatter")
     SYM(error_string, "ncclGetErrorString")
     SYM(last_error, "ncclGetLastError")
 #undef SYM
@@ -251,36 +256,74 @@ void jdt_cuk_comm_free(jdt_cuk_comm *c)
     jdt_free(c);
 }
 
-/* Queues the all-reduce on the communicator's stream after the compute stream's work so far. */
-static jdt_status allreduce_start(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e)
+typedef enum { COLL_ALLREDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER } coll_kind;
+static const char *const COLL_NAME[] = {"all-reduce", "all-gather", "reduce-scatter"};
+
+/* Queues one collective on the communicator's stream, after the compute stream's work so far,
+ * and makes the compute stream's later work wait for it. n: elements per rank for the gather
+ * and the scatter (send count / receive count), the buffer length for the all-reduce. */
+static jdt_status coll(jdt_cuk_comm *c, coll_kind kind, const float *send, float *recv, int64_t n,
+                       ncclRedOp_t op, jdt_err *e)
 {
+    const char *what = COLL_NAME[kind];
     if (c->failed || !c->comm)
         return jdt_err_set(e, JDT_ERR_NET, "NCCL communicator %s has failed earlier", c->key);
     cudaError_t rc = cudaEventRecord(c->ev_compute, c->k->stream);
     if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->stream, c->ev_compute, 0);
-    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "all-reduce: ordering after compute");
+    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "NCCL: ordering after compute");
     if (n > 0) {
-        ncclResult_t r = c->api.all_reduce(buf, buf, (size_t)n, ncclFloat32,
-                                           average ? ncclAvg : ncclSum, c->comm, c->stream);
+        ncclResult_t r = ncclSuccess;
+        switch (kind) {
+        case COLL_ALLREDUCE:
+            r = c->api.all_reduce(send, recv, (size_t)n, ncclFloat32, op, c->comm, c->stream);
+            break;
+        case COLL_ALLGATHER:
+            r = c->api.all_gather(send, recv, (size_t)n, ncclFloat32, c->comm, c->stream);
+            break;
+        case COLL_REDUCE_SCATTER:
+            r = c->api.reduce_scatter(send, recv, (size_t)n, ncclFloat32, op, c->comm, c->stream);
+            break;
+        }
         if (r == ncclInProgress) {
-            jdt_status s = wait_ready(c, NCCL_INIT_TIMEOUT_S, "all-reduce enqueue", e);
+            char enq[64];
+            snprintf(enq, sizeof enq, "%s enqueue", what);
+            jdt_status s = wait_ready(c, NCCL_INIT_TIMEOUT_S, enq, e);
             if (s != JDT_OK) return s;
         } else if (r != ncclSuccess) {
-            return nccl_fail(c, r, "ncclAllReduce", e);
+            return nccl_fail(c, r, what, e);
         }
     }
     rc = cudaEventRecord(c->ev_comm, c->stream);
-    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "all-reduce: event record");
-    return JDT_OK;
+    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->k->stream, c->ev_comm, 0);
+    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "NCCL: ordering compute after it");
+    return jdt_cuk_comm_poll(c, e);
 }
 
 jdt_status jdt_cuk_allreduce(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e)
 {
-    jdt_status s = allreduce_start(c, buf, n, average, e);
-    if (s != JDT_OK) return s;
-    cudaError_t rc = cudaStreamWaitEvent(c->k->stream, c->ev_comm, 0);
-    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "all-reduce: ordering compute after it");
-    return jdt_cuk_comm_poll(c, e);
+    return coll(c, COLL_ALLREDUCE, buf, buf, n, average ? ncclAvg : ncclSum, e);
+}
+
+jdt_status jdt_cuk_allreduce_max(jdt_cuk_comm *c, float *buf, int64_t n, jdt_err *e)
+{
+    return coll(c, COLL_ALLREDUCE, buf, buf, n, ncclMax, e);
+}
+
+jdt_status jdt_cuk_allgather(jdt_cuk_comm *c, const float *send, float *recv, int64_t n_per_rank,
+                             jdt_err *e)
+{
+    return coll(c, COLL_ALLGATHER, send, recv, n_per_rank, ncclSum, e);
+}
+
+jdt_status jdt_cuk_reduce_scatter(jdt_cuk_comm *c, const float *send, float *recv,
+                                  int64_t n_per_rank, bool average, jdt_err *e)
+{
+    return coll(c, COLL_REDUCE_SCATTER, send, recv, n_per_rank, average ? ncclAvg : ncclSum, e);
+}
+
+int jdt_cuk_comm_size(const jdt_cuk_comm *c)
+{
+    return c->n_ranks;
 }
 
 jdt_status jdt_cuk_comm_sync(jdt_cuk_comm *c, double timeout_s, jdt_err *e)

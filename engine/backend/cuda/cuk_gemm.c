@@ -30,9 +30,9 @@ static int64_t align_of(const void *p)
 static jdt_status lt_err(jdt_err *e, cublasStatus_t st, const char *what, const int64_t *key)
 {
     return jdt_err_set(e, JDT_ERR_INTERNAL,
-                       "cuBLASLt %s (batch %lld, M %lld, N %lld, K %lld, ta %lld, tb %lld): %s",
-                       what, (long long)key[0], (long long)key[1], (long long)key[2],
-                       (long long)key[3], (long long)key[4], (long long)key[5],
+                       "cuBLASLt %s (%s, batch %lld, M %lld, N %lld, K %lld, ta %lld, tb %lld): %s",
+                       what, key[10] ? "bf16" : "tf32", (long long)key[0], (long long)key[1],
+                       (long long)key[2], (long long)key[3], (long long)key[4], (long long)key[5],
                        cublasLtGetStatusString(st));
 }
 
@@ -52,12 +52,12 @@ void jdt_cuk_gemm_free_plans(jdt_cuk *k)
         plan_release(&k->plans[i]);
 }
 
-/* A column-major layout rows x cols with leading dimension ld, batched with `stride`. */
-static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t ld,
-                                  int64_t batch, int64_t stride)
+/* A column-major layout of type dt, rows x cols with leading dimension ld, batched with
+ * `stride` (elements). */
+static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, cudaDataType dt, int64_t rows,
+                                  int64_t cols, int64_t ld, int64_t batch, int64_t stride)
 {
-    cublasStatus_t st =
-        cublasLtMatrixLayoutCreate(l, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld);
+    cublasStatus_t st = cublasLtMatrixLayoutCreate(l, dt, (uint64_t)rows, (uint64_t)cols, ld);
     if (st != CUBLAS_STATUS_SUCCESS || batch == 1) return st;
     int32_t n = (int32_t)batch;
     st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n);
@@ -66,19 +66,21 @@ static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64
                                             &stride, sizeof stride);
 }
 
-/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments...); with
- * epilogue false the bias (if any) is left to the caller (p->bias_by_beta). */
+/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments, bf16); with
+ * epilogue false the bias (if any) is left to the caller (p->bias_by_beta). bf16: A and B are
+ * bf16, C/D and the bias f32, f32 accumulation; else all f32 with TF32 tensor cores. */
 static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, int64_t align_ab,
                              int64_t align_c, int64_t align_bias, bool epilogue, jdt_err *e)
 {
     int64_t batch = key[0], M = key[1], N = key[2], K = key[3];
-    bool ta = key[4], tb = key[5], shared = key[6], bias = key[7] && epilogue;
+    bool ta = key[4], tb = key[5], shared = key[6], bias = key[7] && epilogue, bf16 = key[10];
+    cudaDataType dt_ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasStatus_t st;
     memcpy(p->key, key, sizeof p->key);
     p->used = true;
     p->bias_by_beta = key[7] && !epilogue;
-    if ((st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F)) !=
-        CUBLAS_STATUS_SUCCESS)
+    cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    if ((st = cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS)
         return lt_err(e, st, "MatmulDescCreate", key);
     int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
@@ -94,11 +96,11 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     }
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatmulDescSetAttribute", key);
     /* cuBLAS A = our b: (N, K) col-major ld N, or stored (K, N) ld K and transposed */
-    st = make_layout(&p->la, tb ? K : N, tb ? N : K, tb ? K : N, batch, shared ? 0 : K * N);
+    st = make_layout(&p->la, dt_ab, tb ? K : N, tb ? N : K, tb ? K : N, batch, shared ? 0 : K * N);
     /* cuBLAS B = our a: (K, M) col-major ld K, or stored (M, K) ld M and transposed */
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = make_layout(&p->lb, ta ? M : K, ta ? K : M, ta ? M : K, batch, M * K);
-    if (st == CUBLAS_STATUS_SUCCESS) st = make_layout(&p->lc, N, M, N, batch, M * N);
+        st = make_layout(&p->lb, dt_ab, ta ? M : K, ta ? K : M, ta ? M : K, batch, M * K);
+    if (st == CUBLAS_STATUS_SUCCESS) st = make_layout(&p->lc, CUDA_R_32F, N, M, N, batch, M * N);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatrixLayoutCreate", key);
 
     cublasLtMatmulPreference_t pref;
@@ -133,27 +135,16 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     return JDT_OK;
 }
 
-jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias, float *c,
-                          int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                          bool b_shared, jdt_err *e)
+/* The GEMM of jdt_cuk_matmul on a and b of type f32 or (bf16) bf16, after the caller's
+ * checks: batch, M, N, K > 0 and within cuBLASLt's int32 limits, the batch already folded. */
+static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const float *bias, float *c,
+                       int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                       bool b_shared, bool bf16, jdt_err *e)
 {
-    if (batch <= 0 || M <= 0 || N <= 0) return JDT_OK;
-    if (K <= 0) {
-        jdt_cuk_fill_rows(k, c, bias, batch * M, N);
-        return JDT_OK;
-    }
-    if (b_shared && !ta) { /* one (batch*M, K) @ (K, N) product */
-        M *= batch;
-        batch = 1;
-    }
-    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX)
-        return jdt_err_set(e, JDT_ERR_INVALID,
-                           "matmul: dimension too large for cuBLASLt (batch %lld, M %lld, N "
-                           "%lld, K %lld)",
-                           (long long)batch, (long long)M, (long long)N, (long long)K);
     int64_t al_ab = align_of(a) < align_of(b) ? align_of(a) : align_of(b);
     int64_t al_c = align_of(c), al_bias = bias ? align_of(bias) : 16;
-    int64_t key[10] = {batch, M, N, K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias};
+    int64_t key[11] = {batch, M, N, K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias,
+                       bf16};
     jdt_cuk_plan *p = NULL;
     for (int i = 0; i < JDT_CUK_PLANS && !p; i++)
         if (k->plans[i].used && memcmp(k->plans[i].key, key, sizeof key) == 0) p = &k->plans[i];
@@ -185,4 +176,79 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
                             &p->algo, k->workspace, JDT_CUK_WORKSPACE, k->stream);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "Matmul", key);
     return JDT_OK;
+}
+
+/* Shared checks of both entry points: empty products, K = 0 (c = bias rows), folding a batch
+ * over a shared b into M, cuBLASLt's int32 dimensions. *done when nothing is left to do. */
+static jdt_status gemm_shape(jdt_cuk *k, const float *bias, float *c, int64_t *batch, int64_t *M,
+                             int64_t N, int64_t K, bool ta, bool b_shared, bool *done, jdt_err *e)
+{
+    *done = true;
+    if (*batch <= 0 || *M <= 0 || N <= 0) return JDT_OK;
+    if (K <= 0) {
+        jdt_cuk_fill_rows(k, c, bias, *batch * *M, N);
+        return JDT_OK;
+    }
+    if (b_shared && !ta) { /* one (batch*M, K) @ (K, N) product */
+        *M *= *batch;
+        *batch = 1;
+    }
+    if (*M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || *batch > INT32_MAX)
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "matmul: dimension too large for cuBLASLt (batch %lld, M %lld, N "
+                           "%lld, K %lld)",
+                           (long long)*batch, (long long)*M, (long long)N, (long long)K);
+    *done = false;
+    return JDT_OK;
+}
+
+jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias, float *c,
+                          int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                          bool b_shared, jdt_err *e)
+{
+    bool done;
+    jdt_status st = gemm_shape(k, bias, c, &batch, &M, N, K, ta, b_shared, &done, e);
+    if (st != JDT_OK || done) return st;
+    return gemm(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, e);
+}
+
+/* Where b's bf16 copy starts in the scratch: after a's, 16-byte aligned when that fits. */
+static int64_t bf16_b_offset(int64_t na, int64_t nb, int64_t scratch_bytes)
+{
+    int64_t off = (2 * na + 15) / 16 * 16;
+    return off + 2 * nb <= scratch_bytes ? off : 2 * na;
+}
+
+int64_t jdt_cuk_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
+                                          bool b_shared)
+{ /* f32 room: the TF32 fallback's rounded copies; the bf16 copies take half of it */
+    return 4 * (batch * M * K + (b_shared ? 1 : batch) * K * N) + 16;
+}
+
+jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const float *bias,
+                               float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                               bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,
+                               jdt_err *e)
+{
+    const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
+    bool done;
+    jdt_status st = gemm_shape(k, bias, c, &batch, &M, N, K, ta, b_shared, &done, e);
+    if (st != JDT_OK || done) return st;
+    if (!scratch || scratch_bytes < 2 * (na + nb))
+        return jdt_err_set(e, JDT_ERR_INTERNAL,
+                           "matmul bf16: scratch of %lld bytes, %lld needed (the memory plan "
+                           "and the CUDA backend disagree)",
+                           (long long)scratch_bytes, (long long)(2 * (na + nb)));
+    uint16_t *a16 = scratch;
+    uint16_t *b16 = (uint16_t *)((char *)scratch + bf16_b_offset(na, nb, scratch_bytes));
+    jdt_cuk_to_bf16(k, a, a16, na);
+    jdt_cuk_to_bf16(k, b, b16, nb);
+    st = gemm(k, a16, b16, bias, c, batch, M, N, K, ta, tb, b_shared, true, e);
+    if (st == JDT_OK || scratch_bytes < 4 * (na + nb)) return st;
+    /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
+     * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
+    float *ar = scratch, *br = ar + na;
+    jdt_cuk_bf16_round(k, a, ar, na);
+    jdt_cuk_bf16_round(k, b, br, nb);
+    return gemm(k, ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, false, e);
 }

@@ -62,3 +62,38 @@ extern "C" __global__ void cuk_fill_rows(float *c, const float *bias, i64 rows, 
          e += (i64)gridDim.x * blockDim.x)
         c[e] = bias ? bias[e % N] : 0.0f;
 }
+
+/* x (f32) rounded to the nearest bf16, ties to even (jdt_rt_bf16_round's rule): the bit
+ * pattern. A NaN stays a (quiet) NaN; values past the largest bf16 round to Inf. */
+__device__ __forceinline__ unsigned short cuk_bf16_bits(float x)
+{
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* y (n, bf16 bits) = x (n, f32) rounded to bf16: the inputs of a bf16 GEMM (cuk_gemm.c).
+ * Grid-stride; vec: x 16-byte and y 8-byte aligned and n % 4 == 0 (float4 in, 4 x u16 out). */
+extern "C" __global__ void cuk_to_bf16(const float *x, unsigned short *y, i64 n, int vec)
+{
+    i64 stride = (i64)gridDim.x * blockDim.x, t0 = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        for (i64 i = t0; i < n / 4; i += stride) {
+            float4 v = ((const float4 *)x)[i];
+            ((ushort4 *)y)[i] = make_ushort4(cuk_bf16_bits(v.x), cuk_bf16_bits(v.y),
+                                             cuk_bf16_bits(v.z), cuk_bf16_bits(v.w));
+        }
+        return;
+    }
+    for (i64 i = t0; i < n; i += stride)
+        y[i] = cuk_bf16_bits(x[i]);
+}
+
+/* y (n, f32) = x rounded to bf16, kept in f32 (the bf16 GEMM's fallback: TF32 tensor cores
+ * multiply such values exactly). Grid-stride. */
+extern "C" __global__ void cuk_bf16_round(const float *x, float *y, i64 n)
+{
+    i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = __uint_as_float((unsigned int)cuk_bf16_bits(x[i]) << 16);
+}
