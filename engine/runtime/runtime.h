@@ -29,27 +29,28 @@ void jdt_rt_set_threads(int nt);
  * with k runs of the current one (so a change of load hits both), stopping at once when the
  * first probe run is JDT_RT_TUNER_ABORT x slower than the runs before, and switches when the
  * probe's median run is at least JDT_RT_TUNER_HYST faster than the current choice's median in
- * the same stretch (hysteresis: a tie never flips it). Probes recur every `probe_every` runs, the interval doubling (up to 16x)
- * each time the choice holds and resetting when it changes. Samples per side: enough runs for
- * JDT_RT_TUNER_PROBE_S seconds, 2..JDT_RT_TUNER_MAX_SAMPLES. Pure bookkeeping (no clock, no
- * threads): the caller times the runs. Not thread-safe; one tuner per program. */
+ * the same stretch (hysteresis: a tie never flips it). Probes recur every `probe_every` runs, the
+ * interval doubling (up to 16x) each time the choice holds and resetting when it changes. Samples
+ * per side: enough runs for JDT_RT_TUNER_PROBE_S seconds, 2..JDT_RT_TUNER_MAX_SAMPLES. Pure
+ * bookkeeping (no clock, no threads): the caller times the runs. Not thread-safe; one tuner per
+ * program. */
 #define JDT_RT_TUNER_WARMUP 2
 #define JDT_RT_TUNER_MAX_SAMPLES 8
 #define JDT_RT_TUNER_PROBE_S 0.1
 #define JDT_RT_TUNER_HYST 0.05
 #define JDT_RT_TUNER_ABORT 1.25
 typedef struct {
-    int max_threads;  /* n, the budget; <= 1: the tuner always answers 1 */
-    int chosen;       /* the count that won the last comparison (starts at n) */
-    int probe_every;  /* runs between probes after a change */
-    int interval;     /* runs between probes now */
-    int until_probe;  /* runs of `chosen` left before the next probe */
-    int n_runs;       /* runs recorded */
-    int n_probes;     /* probes started (for logs and tests) */
-    bool probing;     /* a probe is under way */
-    bool alt_next;    /* while probing: the next run uses the other count */
-    int k;            /* samples per side of the current probe */
-    int n_base;       /* run times of `chosen` in base[] (a ring, newest at (n_base-1) % MAX) */
+    int max_threads;      /* n, the budget; <= 1: the tuner always answers 1 */
+    int chosen;           /* the count that won the last comparison (starts at n) */
+    int probe_every;      /* runs between probes after a change */
+    int interval;         /* runs between probes now */
+    int until_probe;      /* runs of `chosen` left before the next probe */
+    int n_runs;           /* runs recorded */
+    int n_probes;         /* probes started (for logs and tests) */
+    bool probing;         /* a probe is under way */
+    bool alt_next;        /* while probing: the next run uses the other count */
+    int k;                /* samples per side of the current probe */
+    int n_base;           /* run times of `chosen` in base[] (a ring, newest at (n_base-1) % MAX) */
     int n_probe, n_pbase; /* samples of this probe: the other count, the current one */
     double base[JDT_RT_TUNER_MAX_SAMPLES];
     double probe[JDT_RT_TUNER_MAX_SAMPLES];

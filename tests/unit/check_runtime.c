@@ -329,7 +329,7 @@ START_TEST(test_tuner_switches_and_back)
     while (!jdt_rt_tuner_record(&t, jdt_rt_tuner_threads(&t) == 1 ? 0.008 : 0.004))
         ck_assert_int_le(++runs, 16 * 50 + 16);
     ck_assert_int_eq(t.chosen, 2);
-    ck_assert_int_eq(t.interval, 50); /* a change resets the interval */
+    ck_assert_int_eq(t.interval, 50);                /* a change resets the interval */
     r = simulate(&t, 1000, 0.008, 0.004, 0.0, NULL); /* and 2 it stays */
     ck_assert_int_eq(r.changes, 0);
 }

@@ -40,11 +40,11 @@ typedef struct {
     unsigned char *arena;     /* (arena_bytes) */
     float *coll_scratch; /* (largest all-gather / reduce-scatter tensor) their permuting copy */
     char *src;
-    int *so_nt;          /* the shared object's jdt_nt (NULL: emulated device) */
-    int nt;              /* threads of the current run */
-    bool adaptive;       /* opts.adaptive_threads with a budget above 1 */
-    jdt_rt_tuner tuner;  /* picks nt when adaptive */
-    double t_begin;      /* jdt_now_s() at begin */
+    int *so_nt;         /* the shared object's jdt_nt (NULL: emulated device) */
+    int nt;             /* threads of the current run */
+    bool adaptive;      /* opts.adaptive_threads with a budget above 1 */
+    jdt_rt_tuner tuner; /* picks nt when adaptive */
+    double t_begin;     /* jdt_now_s() at begin */
 } cpu_prog;
 
 static void *ptr_of(const cpu_prog *p, int node)

@@ -116,9 +116,9 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         emit_loops(s, &N, 0, n_outer);
         jdt_sb_printf(s, "    {\n    %s acc = %s;\n", T, init);
         if (n_outer == 0 && jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS)
-            jdt_sb_printf(s,
-                          "    #pragma omp parallel for simd num_threads(jdt_nt) reduction(%s : acc)\n",
-                          is_max ? "max" : "+");
+            jdt_sb_printf(
+                s, "    #pragma omp parallel for simd num_threads(jdt_nt) reduction(%s : acc)\n",
+                is_max ? "max" : "+");
         else
             jdt_sb_printf(s, "    #pragma omp simd reduction(%s : acc)\n", is_max ? "max" : "+");
         emit_loops(s, &N, n_outer, N.n);
