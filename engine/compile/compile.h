@@ -24,7 +24,7 @@ typedef enum {
 
 /* Options of a compilation. Device-neutral: cache_dir, no_fuse, no_simplify, profile, no_jit,
  * remat, collective, trace, device. CPU backend only (the CUDA backend ignores them: NVRTC and
- * the GPU take their place): cc, cflags, cc_timeout_s, threads. */
+ * the GPU take their place): cc, cflags, cc_timeout_s, threads, adaptive_threads. */
 typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
                               ~/.cache/jdt-train (compiled kernels of every backend) */
@@ -34,7 +34,10 @@ typedef struct {
                               semantics must hold) */
     double cc_timeout_s;   /* CPU: 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
     int64_t cache_max_bytes; /* bound of the on-disk cache: 0 = 1 GiB, < 0 = unbounded */
-    int threads;           /* CPU: 0: omp_get_max_threads() */
+    int threads;           /* CPU: 0: omp_get_max_threads(); the most threads a run uses */
+    bool adaptive_threads; /* CPU: time the runs and use 1 thread instead of `threads` while
+                              that is faster (jdt_rt_tuner, engine/runtime/runtime.h); false:
+                              always `threads` */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
     bool no_bf16_storage;  /* keep every intermediate f32 (by default the CPU backend stores a

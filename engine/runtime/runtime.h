@@ -15,9 +15,57 @@
 
 #include "core/core.h"
 
-/* Sets the process's thread budget for OpenBLAS (generated kernels and the functions below
- * take `nt` explicitly). Call once per program compile, not concurrently with a GEMM. */
+/* Sets the process's thread count for OpenBLAS (generated kernels and the functions below
+ * take `nt` explicitly). Call before a program run (the count is process-wide and may change
+ * between runs), not concurrently with a GEMM. */
 void jdt_rt_set_threads(int nt);
+
+/* The adaptive thread count (engine/runtime/threads.c). On a machine where another process
+ * keeps a core busy, a team of n threads splits every parallel loop and GEMM evenly while one
+ * thread gets a fraction of a core, and every region waits for it: 1 thread can then be faster
+ * than n. The tuner is fed the wall time of every run of one program and answers how many
+ * threads the next run should use: the budget n, or 1. After JDT_RT_TUNER_WARMUP runs it
+ * times a few runs of the current choice, then probes: k runs of the other count alternating
+ * with k runs of the current one (so a change of load hits both), stopping at once when the
+ * first probe run is JDT_RT_TUNER_ABORT x slower than the runs before, and switches when the
+ * probe's median run is at least JDT_RT_TUNER_HYST faster than the current choice's median in
+ * the same stretch (hysteresis: a tie never flips it). Probes recur every `probe_every` runs, the
+ * interval doubling (up to 16x) each time the choice holds and resetting when it changes. Samples
+ * per side: enough runs for JDT_RT_TUNER_PROBE_S seconds, 2..JDT_RT_TUNER_MAX_SAMPLES. Pure
+ * bookkeeping (no clock, no threads): the caller times the runs. Not thread-safe; one tuner per
+ * program. */
+#define JDT_RT_TUNER_WARMUP 2
+#define JDT_RT_TUNER_MAX_SAMPLES 8
+#define JDT_RT_TUNER_PROBE_S 0.1
+#define JDT_RT_TUNER_HYST 0.05
+#define JDT_RT_TUNER_ABORT 1.25
+typedef struct {
+    int max_threads;      /* n, the budget; <= 1: the tuner always answers 1 */
+    int chosen;           /* the count that won the last comparison (starts at n) */
+    int probe_every;      /* runs between probes after a change */
+    int interval;         /* runs between probes now */
+    int until_probe;      /* runs of `chosen` left before the next probe */
+    int n_runs;           /* runs recorded */
+    int n_probes;         /* probes started (for logs and tests) */
+    bool probing;         /* a probe is under way */
+    bool alt_next;        /* while probing: the next run uses the other count */
+    int k;                /* samples per side of the current probe */
+    int n_base;           /* run times of `chosen` in base[] (a ring, newest at (n_base-1) % MAX) */
+    int n_probe, n_pbase; /* samples of this probe: the other count, the current one */
+    double base[JDT_RT_TUNER_MAX_SAMPLES];
+    double probe[JDT_RT_TUNER_MAX_SAMPLES];
+    double pbase[JDT_RT_TUNER_MAX_SAMPLES];
+    double last_base_s, last_probe_s; /* medians of the last completed comparison (for logs) */
+} jdt_rt_tuner;
+
+/* Starts a tuner for a budget of max_threads; probe_every <= 0 means 50 runs. */
+void jdt_rt_tuner_init(jdt_rt_tuner *t, int max_threads, int probe_every);
+/* The thread count the next run should use (max_threads or 1). */
+int jdt_rt_tuner_threads(const jdt_rt_tuner *t);
+/* Records the wall time of the run that just finished (run with jdt_rt_tuner_threads()).
+ * Returns true when the choice changed (the caller logs it once); t->last_base_s and
+ * t->last_probe_s then hold the medians it compared. */
+bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s);
 
 /* c = a @ b (+ bias) for `batch` independent products. a (batch, M, K) or (batch, K, M) if ta;
  * b (batch|1, K, N) or (batch|1, N, K) if tb (b_shared: one b for every batch); c (batch, M, N);

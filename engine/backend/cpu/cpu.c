@@ -9,11 +9,17 @@
  * fused kernels are the CUDA emitter's, compiled as C++ for the host with a shim that runs a
  * block's threads as real threads (engine/backend/cuda/emit.c); everything else is the CPU's.
  * It exists so the CUDA kernels' semantics are tested on machines without a GPU.
+ *
+ * Threads: every run uses p->nt threads — the generated kernels read it from the shared
+ * object's `jdt_nt`, the builtins get it as `nt`, OpenBLAS is set to it at begin. It is the
+ * budget c->nt, or, with opts.adaptive_threads, what the run-time tuner (jdt_rt_tuner) picks
+ * from the wall times of the previous runs, timed from begin to finish.
  */
 #include "backend/cpu/cpu-impl.h"
 #include "backend/cuda/cuda-emit.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +41,11 @@ typedef struct {
     bool arena_borrowed;      /* arena is the lender's (c->arena_lender): not freed here */
     float *coll_scratch; /* (largest all-gather / reduce-scatter tensor) their permuting copy */
     char *src;
+    int *so_nt;         /* the shared object's jdt_nt (NULL: emulated device) */
+    int nt;             /* threads of the current run */
+    bool adaptive;      /* opts.adaptive_threads with a budget above 1 */
+    jdt_rt_tuner tuner; /* picks nt when adaptive */
+    double t_begin;     /* jdt_now_s() at begin */
 } cpu_prog;
 
 static void *ptr_of(const cpu_prog *p, int node)
@@ -52,7 +63,7 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
 {
     const cprog *c = p->c;
     const cnode *n = &c->nodes[sp->node];
-    int nt = c->nt;
+    int nt = p->nt;
     void *o = ptr_of(p, sp->node);
     void *in[JDT_MAX_INPUTS] = {0};
     for (int k = 0; k < n->n_in; k++)
@@ -341,6 +352,17 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
     for (int b = 0; b < c->n_bufs; b++)
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
             p->ptrs[b] = p->arena + c->bufs[b].info.offset;
+    if (!emu && !(p->so_nt = dlsym(p->so, "jdt_nt"))) {
+        st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks jdt_nt", c->stats.so_path);
+        goto fail;
+    }
+    p->nt = c->nt;
+    p->adaptive = c->opts.adaptive_threads && c->nt > 1;
+    /* JDT_THREAD_PROBE_EVERY=N: probe every N runs from the start (tests, debugging) */
+    const char *pe = getenv("JDT_THREAD_PROBE_EVERY");
+    long probe_every = pe && *pe ? strtol(pe, NULL, 10) : 0;
+    jdt_rt_tuner_init(&p->tuner, c->nt,
+                      probe_every > 0 && probe_every < INT_MAX ? (int)probe_every : 0);
     jdt_rt_set_threads(c->nt);
     *state = p;
     return JDT_OK;
@@ -377,8 +399,11 @@ static jdt_status cpu_begin(void *state, jdt_err *e)
             return jdt_err_set(e, JDT_ERR_INVALID, "run: leaf %s is not bound (data is NULL)",
                                jdt_compile_node_label(n, lbl, sizeof lbl));
     }
+    p->nt = p->adaptive ? jdt_rt_tuner_threads(&p->tuner) : c->nt;
+    if (p->so_nt) *p->so_nt = p->nt;
     /* OpenBLAS's thread count is process-wide: another program may have changed it */
-    jdt_rt_set_threads(c->nt);
+    jdt_rt_set_threads(p->nt);
+    p->t_begin = jdt_now_s();
     return JDT_OK;
 }
 
@@ -416,6 +441,18 @@ static jdt_status cpu_finish(void *state, jdt_err *e)
             memmove(ptr_of(p, u->target), p->ptrs[vb],
                     (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype));
         }
+    }
+    if (p->adaptive) {
+        jdt_rt_tuner *t = &p->tuner;
+        int probes = t->n_probes;
+        if (jdt_rt_tuner_record(t, jdt_now_s() - p->t_begin))
+            JDT_INFO("threads: %d instead of %d from run %d on (%.1f vs %.1f ms per run; "
+                     "runtime.adaptive_threads: false keeps %d)",
+                     t->chosen, t->chosen == 1 ? c->nt : 1, t->n_runs + 1, 1e3 * t->last_probe_s,
+                     1e3 * t->last_base_s, c->nt);
+        if (t->n_probes != probes)
+            JDT_DEBUG("threads: run %d probes %d threads against %d", t->n_runs + 1,
+                      jdt_rt_tuner_threads(t), t->chosen);
     }
     return JDT_OK;
 }
