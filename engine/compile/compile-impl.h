@@ -40,6 +40,9 @@ typedef struct {
     bool store;    /* materialised: has a buffer */
     int buf;       /* buffer index (views: their input's) or -1 */
     bool absorbed; /* a strided read (MAP) composed into its MAP consumers' reads: no kernel */
+    bool bf16;     /* stored as bf16 (2 bytes, round to nearest even on store, widened on load)
+                      though computed in f32: a value read only by bf16-compute GEMMs, which
+                      round it anyway (fuse.c mark_bf16_storage) */
 } cnode;
 
 typedef struct {
@@ -121,6 +124,11 @@ typedef struct cprog_ {
     int n_colls, cap_colls;
     int64_t arena_bytes;
     jdt_compile_stats stats;
+    /* opts.share_arena accepted (same device, its arena large enough): the lender's backend
+     * state, whose arena this program's buffers point into; NULL: an arena of its own */
+    const void *arena_lender;
+    bool bf16_storage; /* the device stores bf16 values (the CPU backend): fuse.c may mark them */
+    bool host_builtins; /* the CPU backend's builtins run it (scatter-add onto an initial value) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

@@ -34,7 +34,7 @@ typedef jdt_status (*jdt_collective_wait_fn)(void *ctx, void *handle, jdt_err *e
 
 /* Options of a compilation. Device-neutral: cache_dir, no_fuse, no_simplify, profile, no_jit,
  * remat, collective, trace, device. CPU backend only (the CUDA backend ignores them: NVRTC and
- * the GPU take their place): cc, cflags, cc_timeout_s, threads. */
+ * the GPU take their place): cc, cflags, cc_timeout_s, threads, adaptive_threads. */
 typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
                               ~/.cache/jdt-train (compiled kernels of every backend) */
@@ -44,9 +44,14 @@ typedef struct {
                               semantics must hold) */
     double cc_timeout_s;   /* CPU: 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
     int64_t cache_max_bytes; /* bound of the on-disk cache: 0 = 1 GiB, < 0 = unbounded */
-    int threads;           /* CPU: 0: omp_get_max_threads() */
+    int threads;           /* CPU: 0: omp_get_max_threads(); the most threads a run uses */
+    bool adaptive_threads; /* CPU: time the runs and use 1 thread instead of `threads` while
+                              that is faster (jdt_rt_tuner, engine/runtime/runtime.h); false:
+                              always `threads` */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
+    bool no_bf16_storage;  /* keep every intermediate f32 (by default the CPU backend stores a
+                              value read only by bf16-compute GEMMs as bf16: same numbers) */
     bool profile;          /* time every step of every run (see jdt_program_profile) */
     bool no_jit;           /* run the reference interpreter instead (no C compiler needed;
                               slow, allocates per run: for debugging and machines without cc) */
@@ -78,6 +83,13 @@ typedef struct {
     /* The device the program runs on (engine/backend/backend.h); NULL: the CPU. A CUDA
      * device keeps leaves in device memory (see backend.h for how host buffers relate). */
     struct jdt_device *device;
+    /* CPU backend: a compiled program whose arena this one reuses instead of allocating its
+     * own, when that arena is at least as large as this program's plan (a train step's eval
+     * and apply programs never run at the same time as the step). The two programs' outputs
+     * then live in the same memory: an output is valid only until either program runs. The
+     * lender must outlive the borrower. Ignored by other backends and when too small
+     * (jdt_program_arena_shared says which happened). */
+    const struct jdt_program *share_arena;
 } jdt_compile_opts;
 
 /* Fills o with the defaults (all NULL/0). */
@@ -95,8 +107,10 @@ typedef struct {
     int n_coll_calls;      /* collective calls per run (a bucket of all-reduces is one) */
     int n_coll_async;      /* of which issued as start/wait pairs (opts.collective_start) */
     int n_coll_bucketed;   /* ALL_REDUCE nodes that run inside a bucket of several */
+    int n_bf16_stored;     /* values stored as bf16 (read only by bf16-compute GEMMs) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */
+    bool arena_shared;     /* the arena is opts.share_arena's (nothing allocated for it) */
     double compile_s;      /* wall time of jdt_program_compile */
     double cc_s;           /* of which spent in the C compiler (0 on a cache hit) */
     bool cache_hit;        /* shared object found in the on-disk cache */
@@ -115,6 +129,9 @@ typedef struct jdt_program jdt_program;
  * lives (leaf tensors are read at every run). opts may be NULL (defaults). */
 jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_program **out,
                                jdt_err *e);
+
+/* True when p runs in the arena of opts.share_arena (no arena of its own). */
+bool jdt_program_arena_shared(const jdt_program *p);
 
 /* Refuses (ERR_NOMEM, one line with both figures and what to change) an arena of n_bytes
  * that exceeds the memory available to this process (jdt_mem_available); JDT_OK when it fits
@@ -176,6 +193,7 @@ typedef struct {
     int inplace_of;          /* buffer whose storage it took over at def_step, or -1 */
     int slot_of;             /* a slot inside bucket buffer slot_of (an all-reduce bucket's
                                 member: placed with it, not on its own), or -1 */
+    bool bf16;               /* holds bf16 values of an f32 node (bf16 storage, fuse.c) */
 } jdt_buf_info;
 
 int jdt_program_n_buffers(const jdt_program *p);

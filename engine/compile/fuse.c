@@ -150,6 +150,53 @@ static bool splat_needs_buffer(const cprog *c, const user_lists *u, int i)
     return false;
 }
 
+/* Is every reader of node i (through views) a bf16-compute GEMM reading it as its a or b
+ * operand, with no view of it an output or update value? Such a value is rounded to bf16 by
+ * every reader, so storing it as bf16 changes no number. */
+static bool read_by_bf16_gemms_only(const cprog *c, const user_lists *u, int i)
+{
+    if (u->start[i + 1] == u->start[i]) return false;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        int ui = u->users[k];
+        const cnode *un = &c->nodes[ui];
+        if (un->kind == CK_VIEW && un->op == JDT_OP_RESHAPE) {
+            if (is_kept(u, ui) || !read_by_bf16_gemms_only(c, u, ui)) return false;
+            continue;
+        }
+        if (un->op != JDT_OP_MATMUL || !un->attrs.i[2]) return false;
+        for (int q = 2; q < un->n_in; q++)
+            if (un->in[q] == i) return false; /* the bias stays f32 */
+    }
+    return true;
+}
+
+static void mark_bf16_views(cprog *c, const user_lists *u, int i)
+{
+    c->nodes[i].bf16 = true;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++)
+        if (c->nodes[u->users[k]].kind == CK_VIEW) mark_bf16_views(c, u, u->users[k]);
+}
+
+/* bf16 storage (precision.compute: bf16): a value computed by a fused elementwise kernel (or
+ * the cross-entropy backward builtin) in f32 and read only by bf16 GEMMs (in the forward pass
+ * and, saved or recomputed, by the weight-gradient GEMM of the backward) is stored as bf16,
+ * rounded on store (nearest even, the GEMM's own rounding): half the bytes in the arena and
+ * no conversion in the GEMM. Graph outputs, update values, reductions' results and leaves
+ * stay f32. */
+static void mark_bf16_storage(cprog *c, const user_lists *u)
+{
+    if (!c->bf16_storage) return;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *n = &c->nodes[i];
+        if (!n->store || n->dtype != JDT_DTYPE_F32 || is_kept(u, i)) continue;
+        /* builtins with a bf16-storing kernel: the cross-entropy's dlogits */
+        bool builtin = n->kind == CK_BUILTIN && n->op == JDT_OP_SOFTMAX_XENT_BWD;
+        if (!builtin && (n->group < 0 || (n->kind != CK_EW && n->kind != CK_MAP))) continue;
+        if (!builtin && c->groups[n->group].is_reduce && c->groups[n->group].root == i) continue;
+        if (read_by_bf16_gemms_only(c, u, i)) mark_bf16_views(c, u, i);
+    }
+}
+
 static void sort_members(cgroup *g)
 {
     for (int a = 1; a < g->n_members; a++) /* insertion sort: groups are small */
@@ -496,6 +543,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
         sort_members(&c->groups[g]);
 
     st = schedule(c, &u, e);
+    if (st == JDT_OK) mark_bf16_storage(c, &u);
 out:
     jdt_free(u.start);
     jdt_free(u.users);
@@ -589,7 +637,7 @@ static int add_buf(cprog *c, jdt_buf_kind kind, int64_t n_bytes, int leaf_node)
 
 static int64_t node_bytes(const cnode *n)
 {
-    return jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype);
+    return jdt_shape_numel(&n->shape) * (n->bf16 ? 2 : (int64_t)jdt_dtype_size(n->dtype));
 }
 
 /* Calls fn(step, input node) for every buffer read of step s (group-external inputs). */
@@ -659,7 +707,9 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
         int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        return 4 * jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b->ndim == 2);
+        return jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, n->attrs.i[0] != 0,
+                                                b->ndim == 2, c->nodes[n->in[0]].bf16,
+                                                c->nodes[n->in[1]].bf16);
     }
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
@@ -697,6 +747,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         n->buf = add_buf(c, n->kind == CK_LEAF ? JDT_BUF_LEAF : JDT_BUF_ARENA, node_bytes(n),
                          n->kind == CK_LEAF ? i : -1);
         if (n->buf < 0) goto nomem;
+        c->bufs[n->buf].info.bf16 = n->bf16;
+        c->stats.n_bf16_stored += n->bf16;
     }
     /* asynchronous collectives: a bucket is one buffer whose slots are its members' buffers;
      * a reduce-scatter works in a full-size scratch live from its PACK to its WAIT */
@@ -857,6 +909,14 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                         if (read_only_at_index(c, sp->group, x->buf)) donor = x->buf;
                     }
                 }
+            }
+            if (sp->kind == STEP_BUILTIN && k == 0 && c->nodes[sp->node].op == JDT_OP_SCATTER_ADD &&
+                c->nodes[sp->node].n_in > 2) {
+                /* a scatter-add onto an initial value that dies here adds into its buffer */
+                int xb = c->nodes[c->nodes[sp->node].in[2]].buf;
+                if (xb >= 0 && c->bufs[xb].info.kind == JDT_BUF_ARENA && !taken[xb] &&
+                    last[xb] == s && c->bufs[xb].info.n_bytes == b->info.n_bytes)
+                    donor = xb;
             }
             if (donor >= 0) {
                 taken[donor] = true;

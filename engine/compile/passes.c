@@ -535,6 +535,50 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* Folds y = x + scatter_add(src, idx) (the scatter read by nothing else; x f32, same shape,
+ * materialised before it) into the scatter: the builtin gets x as a third input and adds the
+ * rows into a copy of it, or into x's own buffer when x dies there (fuse.c plans that in
+ * place), and the add becomes a view. A tied embedding's two gradients (the output
+ * projection's and the token lookup's) then need one (V, C) buffer instead of three live at
+ * once. CPU builtins only; skipped with no_fuse. */
+static jdt_status fold_scatter_adds(cprog *c, jdt_err *e)
+{
+    int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: scatter folding");
+    for (int i = 0; i < c->n_nodes; i++)
+        for (int k = 0; k < c->nodes[i].n_in; k++)
+            users[c->nodes[i].in[k]]++;
+    for (int i = 0; i < c->n_outputs; i++)
+        users[c->outputs[i]]++;
+    for (int i = 0; i < c->n_updates; i++)
+        users[c->updates[i].value]++, users[c->updates[i].target]++;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *a = &c->nodes[i];
+        if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32)
+            continue;
+        for (int side = 0; side < 2; side++) {
+            int si = a->in[side], xi = a->in[1 - side];
+            cnode *sc = &c->nodes[si];
+            const cnode *x = &c->nodes[xi];
+            if (sc->op != JDT_OP_SCATTER_ADD || sc->n_in != 2 || users[si] != 1 ||
+                !jdt_shape_eq(&sc->shape, &a->shape) || x->kind == CK_SPLAT ||
+                x->dtype != JDT_DTYPE_F32 || !jdt_shape_eq(&x->shape, &a->shape) ||
+                (xi > si && x->kind != CK_LEAF))
+                continue;
+            sc->in[2] = xi;
+            sc->n_in = 3;
+            a->op = JDT_OP_RESHAPE;
+            a->kind = CK_VIEW;
+            a->n_in = 1;
+            a->in[0] = si;
+            memset(&a->attrs, 0, sizeof a->attrs);
+            break;
+        }
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* The attention builtins read q, k, v, o and dout in either (B, H, T, D) or (B, T, H, D)
  * layout (runtime.h). A (0, 2, 1, 3) transpose read only by attention builtins is therefore not
  * materialised: it becomes a view of its input's buffer, and the builtin reads that buffer
@@ -642,6 +686,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
 
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->host_builtins && (st = fold_scatter_adds(c, e)) != JDT_OK) goto out;
 
     /* DCE: live = reachable from outputs, update values and targets */
     for (int i = 0; i < c->n_outputs; i++)

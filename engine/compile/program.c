@@ -182,10 +182,20 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         *out = p;
         return JDT_OK;
     }
+    c->host_builtins = p->dev == jdt_device_cpu_default();
+    c->bf16_storage = c->host_builtins && !c->opts.no_bf16_storage;
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
+    /* one arena for programs that never run at once (train step, eval, apply): borrow the
+     * lender's when it is on the same CPU device and large enough */
+    const jdt_program *lend = c->opts.share_arena;
+    if (lend && !lend->interp && lend->dev == p->dev && p->dev == jdt_device_cpu_default() &&
+        lend->c.arena_bytes >= c->arena_bytes && (lend->state || c->opts.plan_only)) {
+        c->arena_lender = lend->state ? lend->state : lend;
+        c->stats.arena_shared = true;
+    }
     if (c->opts.plan_only) { /* shapes and sizes only: no code, no compiler, no arena */
         for (int i = 0; i < c->n_nodes; i++)
             c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
@@ -356,6 +366,11 @@ jdt_status jdt_program_read_output(const jdt_program *p, int i, void *dst, size_
     return p->dev->vt->read(p->state, p->c.outputs[i], dst, n_bytes, e);
 }
 
+bool jdt_program_arena_shared(const jdt_program *p)
+{
+    return p && p->c.stats.arena_shared;
+}
+
 const jdt_compile_stats *jdt_program_stats(const jdt_program *p)
 {
     return &p->c.stats;
@@ -371,10 +386,10 @@ char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
     const jdt_compile_stats *s = &p->c.stats;
     snprintf(buf, n,
              "ops %d -> %d; steps %d (%d fused kernels, %d builtin); in-place %d, donated "
-             "updates %d, copied updates %d; arena %.2f MiB; %.3g GFLOP/step; compile %.2fs "
-             "(cc %.2fs, cache %s: %s)",
+             "updates %d, copied updates %d; bf16-stored %d; arena %.2f MiB; %.3g GFLOP/step; "
+             "compile %.2fs (cc %.2fs, cache %s: %s)",
              s->n_ops_in, s->n_ops_out, s->n_steps, s->n_kernels, s->n_builtin, s->n_inplace,
-             s->n_donated, s->n_update_copies, (double)s->arena_bytes / 1048576.0,
+             s->n_donated, s->n_update_copies, s->n_bf16_stored, (double)s->arena_bytes / 1048576.0,
              s->flops_per_step / 1e9, s->compile_s, s->cc_s, s->cache_hit ? "hit" : "miss",
              s->so_path);
     return buf;

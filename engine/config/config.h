@@ -152,6 +152,7 @@ typedef struct jdt_config {
     struct {
         jdt_backend backend;
         int threads;     /* 0 = auto */
+        bool adaptive_threads; /* use 1 thread instead of `threads` while that measures faster */
         char *cache_dir; /* "" = ~/.cache/jdt-train */
         int cache_max_mb; /* bound of the JIT cache in MiB, least recently used pruned; 0 = none */
         bool jit;        /* false = reference interpreter */

@@ -69,8 +69,15 @@ int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_
 int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n, int64_t V,
                            int64_t C)
 {
-    int64_t bad = 0;
     memset(out, 0, (size_t)(V * C) * sizeof(float));
+    return jdt_rt_scatter_add_into(src, idx, out, out, n, V, C);
+}
+
+int64_t jdt_rt_scatter_add_into(const float *src, const int32_t *idx, const float *init,
+                                float *out, int64_t n, int64_t V, int64_t C)
+{
+    int64_t bad = 0;
+    if (out != init) memcpy(out, init, (size_t)(V * C) * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         int64_t r = idx[i];
         if (r < 0 || r >= V) {
@@ -206,6 +213,37 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *t
         for (int64_t c = 0; c < V; c++)
             d[c] = g * jdt_rt_expf(x[c] - l);
         d[t] -= g;
+    }
+}
+
+/* f32 -> bf16 bits, nearest even; a NaN stays a quiet NaN (jdt_bf16_round's rule), written
+ * with integer selects so the row loop vectorises */
+JDT_RT_INLINE uint16_t bf16_store(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t q = (u | 0x00400000u) >> 16, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt,
+                                                const float *dloss, uint16_t *dlogits, int64_t N,
+                                                int64_t V, int nt)
+{
+#pragma omp parallel for num_threads(nt) if (N * V >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        int64_t t = tgt[n];
+        uint16_t *d = dlogits + n * V;
+        if (t < 0 || t >= V) {
+            memset(d, 0, (size_t)V * sizeof *d);
+            continue;
+        }
+        const float *x = logits + n * V;
+        float l = row_lse(x, V), g = dloss[n];
+#pragma omp simd
+        for (int64_t c = 0; c < V; c++)
+            d[c] = bf16_store(g * jdt_rt_expf(x[c] - l));
+        d[t] = bf16_store(g * jdt_rt_expf(x[t] - l) - g); /* the f32 path's d[t] -= g */
     }
 }
 

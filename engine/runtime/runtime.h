@@ -15,9 +15,57 @@
 
 #include "core/core.h"
 
-/* Sets the process's thread budget for OpenBLAS (generated kernels and the functions below
- * take `nt` explicitly). Call once per program compile, not concurrently with a GEMM. */
+/* Sets the process's thread count for OpenBLAS (generated kernels and the functions below
+ * take `nt` explicitly). Call before a program run (the count is process-wide and may change
+ * between runs), not concurrently with a GEMM. */
 void jdt_rt_set_threads(int nt);
+
+/* The adaptive thread count (engine/runtime/threads.c). On a machine where another process
+ * keeps a core busy, a team of n threads splits every parallel loop and GEMM evenly while one
+ * thread gets a fraction of a core, and every region waits for it: 1 thread can then be faster
+ * than n. The tuner is fed the wall time of every run of one program and answers how many
+ * threads the next run should use: the budget n, or 1. After JDT_RT_TUNER_WARMUP runs it
+ * times a few runs of the current choice, then probes: k runs of the other count alternating
+ * with k runs of the current one (so a change of load hits both), stopping at once when the
+ * first probe run is JDT_RT_TUNER_ABORT x slower than the runs before, and switches when the
+ * probe's median run is at least JDT_RT_TUNER_HYST faster than the current choice's median in
+ * the same stretch (hysteresis: a tie never flips it). Probes recur every `probe_every` runs, the
+ * interval doubling (up to 16x) each time the choice holds and resetting when it changes. Samples
+ * per side: enough runs for JDT_RT_TUNER_PROBE_S seconds, 2..JDT_RT_TUNER_MAX_SAMPLES. Pure
+ * bookkeeping (no clock, no threads): the caller times the runs. Not thread-safe; one tuner per
+ * program. */
+#define JDT_RT_TUNER_WARMUP 2
+#define JDT_RT_TUNER_MAX_SAMPLES 8
+#define JDT_RT_TUNER_PROBE_S 0.1
+#define JDT_RT_TUNER_HYST 0.05
+#define JDT_RT_TUNER_ABORT 1.25
+typedef struct {
+    int max_threads;      /* n, the budget; <= 1: the tuner always answers 1 */
+    int chosen;           /* the count that won the last comparison (starts at n) */
+    int probe_every;      /* runs between probes after a change */
+    int interval;         /* runs between probes now */
+    int until_probe;      /* runs of `chosen` left before the next probe */
+    int n_runs;           /* runs recorded */
+    int n_probes;         /* probes started (for logs and tests) */
+    bool probing;         /* a probe is under way */
+    bool alt_next;        /* while probing: the next run uses the other count */
+    int k;                /* samples per side of the current probe */
+    int n_base;           /* run times of `chosen` in base[] (a ring, newest at (n_base-1) % MAX) */
+    int n_probe, n_pbase; /* samples of this probe: the other count, the current one */
+    double base[JDT_RT_TUNER_MAX_SAMPLES];
+    double probe[JDT_RT_TUNER_MAX_SAMPLES];
+    double pbase[JDT_RT_TUNER_MAX_SAMPLES];
+    double last_base_s, last_probe_s; /* medians of the last completed comparison (for logs) */
+} jdt_rt_tuner;
+
+/* Starts a tuner for a budget of max_threads; probe_every <= 0 means 50 runs. */
+void jdt_rt_tuner_init(jdt_rt_tuner *t, int max_threads, int probe_every);
+/* The thread count the next run should use (max_threads or 1). */
+int jdt_rt_tuner_threads(const jdt_rt_tuner *t);
+/* Records the wall time of the run that just finished (run with jdt_rt_tuner_threads()).
+ * Returns true when the choice changed (the caller logs it once); t->last_base_s and
+ * t->last_probe_s then hold the medians it compared. */
+bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s);
 
 /* c = a @ b (+ bias) for `batch` independent products. a (batch, M, K) or (batch, K, M) if ta;
  * b (batch|1, K, N) or (batch|1, N, K) if tb (b_shared: one b for every batch); c (batch, M, N);
@@ -41,6 +89,22 @@ int64_t jdt_rt_matmul_bf16_scratch_floats(int64_t batch, int64_t M, int64_t N, i
 void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float *c, int64_t batch,
                         int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
                         float *scratch, int nt);
+/* The same product with operands that may already be stored as bf16 (a_bf16 / b_bf16: the
+ * operand is uint16_t bf16 bits, as the compiler stores values read only by bf16 GEMMs;
+ * otherwise f32). Such an operand needs no conversion: on the oneDNN path it is used in place
+ * (a transposed left operand is transposed into the scratch), on the portable path it is
+ * widened into the scratch. The scratch is what jdt_rt_matmul_bf16_scratch_bytes returns for
+ * the same arguments — computed on this host: the oneDNN path needs 2 bytes per converted
+ * element, the portable path 4 per element. Same numbers as jdt_rt_matmul_bf16 on the
+ * bf16-rounded f32 operands. */
+int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                                         bool b_shared, bool a_bf16, bool b_bf16);
+void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c,
+                           int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                           bool b_shared, bool a_bf16, bool b_bf16, void *scratch, int nt);
+/* bf16 storage: x rounded to the nearest bf16 (as jdt_rt_bf16_round), its 16 bits; and back. */
+uint16_t jdt_rt_bf16_bits(float x);
+float jdt_rt_bf16_float(uint16_t h);
 
 /* out (n, C) = table (V, C) rows idx (n). Returns the number of out-of-range indices (their
  * rows are zero-filled); the caller reports them. */
@@ -50,6 +114,10 @@ int64_t jdt_rt_gather(const float *table, const int32_t *idx, float *out, int64_
  * (skipped). Serial over rows (duplicate indices), vectorised over C. */
 int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int64_t n, int64_t V,
                            int64_t C);
+/* The same onto an initial value: out (V, C) = init; out[idx[i]] += src[i]. out may be init
+ * (in place: nothing is copied). */
+int64_t jdt_rt_scatter_add_into(const float *src, const int32_t *idx, const float *init,
+                                float *out, int64_t n, int64_t V, int64_t C);
 
 /* Row kernels over x (N, C). */
 void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt);
@@ -64,6 +132,10 @@ int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss
 /* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target < 0 or >= V are 0. */
 void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
                              float *dlogits, int64_t N, int64_t V, int nt);
+/* The same, each value computed in f32 and stored rounded to bf16 (nearest even; uint16_t
+ * bits): dlogits that only bf16 GEMMs read (the compiler's bf16 storage). */
+void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt, const float *dloss,
+                                  uint16_t *dlogits, int64_t N, int64_t V, int nt);
 void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt);
 void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
                           float eps, int nt);

@@ -592,6 +592,7 @@ void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
 {
     jdt_compile_opts_init(o);
     o->threads = cfg->runtime.threads;
+    o->adaptive_threads = cfg->runtime.adaptive_threads;
     o->cache_dir = cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL;
     o->cache_max_bytes = cfg->runtime.cache_max_mb > 0 ? (int64_t)cfg->runtime.cache_max_mb << 20 : -1;
     o->cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;

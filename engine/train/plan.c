@@ -238,6 +238,8 @@ static void print_memory(const jdt_step *s, const jdt_config *cfg, FILE *f)
     const double grad_b = accum ? param_b : 0; /* accumulators; else in the arena */
     const double am = sm ? (double)sm->arena_bytes : 0, aa = sa ? (double)sa->arena_bytes : 0,
                  ae = se ? (double)se->arena_bytes : 0;
+    /* the apply and eval programs run in the train step's arena when it is large enough */
+    const bool a_own = sa && !sa->arena_shared, e_own = se && !se->arena_shared;
     char b[32], b2[32];
     const char *opt = cfg->optimizer.type == JDT_OPTIM_ADAMW ? "AdamW m and v"
                       : cfg->optimizer.momentum > 0          ? "SGD momentum buffer"
@@ -261,13 +263,14 @@ static void print_memory(const jdt_step *s, const jdt_config *cfg, FILE *f)
             "backward, gradients, scratch)\n",
             fmt_bytes(am, b, sizeof b), accum ? "micro-batch" : "train-step");
     if (accum)
-        fprintf(f, "                     %12s  arena of the apply program (clipping + update)\n",
-                fmt_bytes(aa, b, sizeof b));
+        fprintf(f, "                     %12s  arena of the apply program (clipping + update)%s\n",
+                fmt_bytes(aa, b, sizeof b), a_own ? "" : ", inside the arena above");
     if (se)
-        fprintf(f, "                     %12s  arena of the eval program\n",
-                fmt_bytes(ae, b, sizeof b));
+        fprintf(f, "                     %12s  arena of the eval program%s\n",
+                fmt_bytes(ae, b, sizeof b), e_own ? "" : ", inside the arena above");
     fprintf(f, "    total            %12s  per device, before framework overhead\n",
-            fmt_bytes(param_b + opt_b + grad_b + am + aa + ae, b, sizeof b));
+            fmt_bytes(param_b + opt_b + grad_b + am + (a_own ? aa : 0) + (e_own ? ae : 0), b,
+                      sizeof b));
 }
 
 /* The plan itself lives here: its graphs, partition maps and compiler tables grow with the
@@ -343,8 +346,9 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
     const jdt_compile_stats *sa = jdt_step_prog_stats(step, JDT_STEP_PROG_APPLY);
     const jdt_compile_stats *se = jdt_step_prog_stats(step, JDT_STEP_PROG_EVAL);
     if (here && !compile) { /* the exact plan, as the compiler checks it before allocating */
-        int64_t arenas =
-            (sm ? sm->arena_bytes : 0) + (sa ? sa->arena_bytes : 0) + (se ? se->arena_bytes : 0);
+        int64_t arenas = (sm ? sm->arena_bytes : 0) +
+                         (sa && !sa->arena_shared ? sa->arena_bytes : 0) +
+                         (se && !se->arena_shared ? se->arena_bytes : 0);
         if ((st = jdt_compile_check_arena(arenas, e)) != JDT_OK) goto out;
     }
 

@@ -52,11 +52,17 @@ struct jdt_step {
     int out_loss, out_norm;    /* output indices in main (norm in apply when accumulating) */
 };
 
-static jdt_status exec_init(exec *x, const jdt_step_opts *o, jdt_err *e)
+/* Compiles (or plans) x->g; lender: the program whose arena x reuses when it fits (the eval
+ * and apply programs never run during the train step, so one arena serves all three). */
+static jdt_status exec_init(exec *x, const jdt_step_opts *o, const jdt_program *lender, jdt_err *e)
 {
     jdt_status st = jdt_graph_error(x->g, e);
     if (st != JDT_OK) return st;
-    if (o->use_jit || o->plan_only) return jdt_program_compile(x->g, &o->copts, &x->p, e);
+    if (o->use_jit || o->plan_only) {
+        jdt_compile_opts co = o->copts;
+        co.share_arena = lender;
+        return jdt_program_compile(x->g, &co, &x->p, e);
+    }
     st = jdt_interp_new(x->g, &x->it, e);
     if (st == JDT_OK) jdt_interp_set_collective(x->it, o->copts.collective, o->copts.collective_ctx);
     return st;
@@ -342,7 +348,7 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     if (s->o.n_accum == 1) {
         for (int i = 0; i < n; i++) G[i] = grad_sum(s, g, i, G[i]);
         s->out_norm = jdt_graph_add_output(g, build_update(s, g, n, P, G, s->m_main.params));
-        return exec_init(&s->main, &s->o, e);
+        return exec_init(&s->main, &s->o, NULL, e);
     }
 
     /* accumulate: acc += grad; apply: clip + optimizer on acc / n_accum, then acc = 0 */
@@ -376,8 +382,8 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
         jdt_graph_add_update(ga, acca, jdt_graph_full(ga, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, 0.0));
     }
     s->out_norm = jdt_graph_add_output(ga, build_update(s, ga, n, PA, GA, s->m_main.params));
-    if ((st = exec_init(&s->main, &s->o, e)) != JDT_OK) return st;
-    return exec_init(&s->apply, &s->o, e);
+    if ((st = exec_init(&s->main, &s->o, NULL, e)) != JDT_OK) return st;
+    return exec_init(&s->apply, &s->o, s->main.p, e);
 }
 
 static jdt_status build_eval(jdt_step *s, jdt_err *e)
@@ -386,7 +392,7 @@ static jdt_status build_eval(jdt_step *s, jdt_err *e)
     if (st != JDT_OK) return st;
     bind_params(s, &s->m_eval);
     jdt_graph_add_output(s->eval.g, global_loss(s, s->eval.g, s->m_eval.loss, &s->eval_loss_place));
-    return exec_init(&s->eval, &s->o, e);
+    return exec_init(&s->eval, &s->o, s->main.p, e);
 }
 
 jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step **out, jdt_err *e)
@@ -422,9 +428,9 @@ jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step 
 void jdt_step_free(jdt_step *s)
 {
     if (!s) return;
-    exec_free(&s->main);
+    exec_free(&s->eval); /* the borrowers of main's arena first */
     exec_free(&s->apply);
-    exec_free(&s->eval);
+    exec_free(&s->main);
     for (int i = 0; i < s->n_tensors; i++) jdt_free_aligned(s->tensors[i].data);
     jdt_free(s->tensors);
     if (s->acc)

@@ -7,11 +7,14 @@
 # count and the ratio 2 threads / 1 thread, which should be >= 1.
 # Env: REPS (default 3), JDT_BIN, CPUS (default 0-1), NO_LOAD=1 (no busy core: the quiet
 # comparison), MODELS (default "tiny gpt6"), EXTRA_ENV (e.g. "OMP_WAIT_POLICY=active" to compare
-# libgomp's spinning wait against the binary's default).
+# libgomp's spinning wait against the binary's default), BINS (space-separated binaries, e.g.
+# "OLD NEW": every binary runs in every repetition, alternating, one table row per binary and
+# model; default: JDT_BIN alone).
 set -uo pipefail
-STEPS=${1:-30}
+STEPS=${1:-60} # tiny's steps (gpt6: a third): enough for the adaptive thread count to settle
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BIN=${JDT_BIN:-$ROOT/build/jdt-train}
+BINS=${BINS:-${JDT_BIN:-$ROOT/build/jdt-train}}
+read -r -a BIN_LIST <<<"$BINS"
 REPS=${REPS:-3}
 CPUS=${CPUS:-0-1}
 MODELS=${MODELS:-tiny gpt6}
@@ -35,16 +38,20 @@ YAML
 write_cfg tiny 2 128 4 64 16 256 "$STEPS"
 write_cfg gpt6 6 384 6 256 8 65 "$STEPS"
 
-run_one() { # model threads -> median tok/s of the logged windows after the first
-  env ${EXTRA_ENV:-} taskset -c "$CPUS" "$BIN" "$TMP/$1.yaml" runtime.threads="$2" \
+run_one() { # model threads binary -> median tok/s of the logged windows after the first
+  env ${EXTRA_ENV:-} taskset -c "$CPUS" "$3" "$TMP/$1.yaml" runtime.threads="$2" \
     2>"$TMP/log" >/dev/null || { tail -3 "$TMP/log" >&2; return 1; }
+  grep -o 'threads: [0-9]* instead of [0-9]* from run [0-9]*' "$TMP/log" | sed 's/threads: //' |
+    tr '\n' ' ' >>"$TMP/switches.$1.$2"; echo >>"$TMP/switches.$1.$2"
   grep -E "^step [0-9]+/" "$TMP/log" | tail -n +2 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' |
     sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
 
-for m in $MODELS; do # compile both programs before the load starts (cache)
-  for t in 1 2; do taskset -c "$CPUS" "$BIN" "$TMP/$m.yaml" run.steps=1 runtime.threads=$t \
-    >/dev/null 2>&1 || { echo "busy.sh: $m failed to start" >&2; exit 1; }; done
+for BIN in "${BIN_LIST[@]}"; do # compile every program before the load starts (cache)
+  for m in $MODELS; do
+    for t in 1 2; do taskset -c "$CPUS" "$BIN" "$TMP/$m.yaml" run.steps=1 runtime.threads=$t \
+      >/dev/null 2>&1 || { echo "busy.sh: $m failed to start ($BIN)" >&2; exit 1; }; done
+  done
 done
 last_cpu=$(taskset -c "$CPUS" sh -c 'grep Cpus_allowed_list /proc/self/status' | sed -E 's/.*[-,]([0-9]+)$/\1/; s/.*:\s*//')
 if [ -z "${NO_LOAD:-}" ]; then
@@ -53,16 +60,29 @@ if [ -z "${NO_LOAD:-}" ]; then
 fi
 for ((r = 0; r < REPS; r++)); do
   for m in $MODELS; do
-    for t in 1 2; do run_one "$m" "$t" >> "$TMP/$m.$t" || exit 1; done
+    for b in "${!BIN_LIST[@]}"; do
+      for t in 1 2; do run_one "$m" "$t" "${BIN_LIST[$b]}" >> "$TMP/$m.$b.$t" || exit 1
+        mv "$TMP/switches.$m.$t" "$TMP/switches.$m.$b.$t.$r"; done
+    done
   done
 done
 [ -n "$LOAD_PID" ] && { kill "$LOAD_PID"; LOAD_PID=; }
 best() { sort -g "$1" | tail -1; }
 spread() { sort -g "$1" | awk 'NR==1{lo=$1} {hi=$1} END{printf "%s..%s", lo, hi}'; }
 echo "busy.sh: ${NO_LOAD:+no }background load${NO_LOAD:-: one core busy (yes on CPU $last_cpu)}, CPUs $CPUS, best of $REPS alternating runs${EXTRA_ENV:+, env $EXTRA_ENV}; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-6s %14s %16s %14s %16s %8s\n" model "1 thread tok/s" "runs" "2 threads tok/s" "runs" "2t/1t"
+for b in "${!BIN_LIST[@]}"; do [ "${#BIN_LIST[@]}" -gt 1 ] && echo "bin $b: ${BIN_LIST[$b]}"; done
+printf "%-6s %3s %14s %16s %14s %16s %8s\n" model bin "1 thread tok/s" "runs" "2 threads tok/s" "runs" "2t/1t"
 for m in $MODELS; do
-  a=$(best "$TMP/$m.1"); b=$(best "$TMP/$m.2")
-  printf "%-6s %14s %16s %14s %16s %8s\n" "$m" "$a" "$(spread "$TMP/$m.1")" "$b" "$(spread "$TMP/$m.2")" \
-    "$(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.2f", b/a}')"
+  for b in "${!BIN_LIST[@]}"; do
+    x=$(best "$TMP/$m.$b.1"); y=$(best "$TMP/$m.$b.2")
+    printf "%-6s %3s %14s %16s %14s %16s %8s\n" "$m" "$b" "$x" "$(spread "$TMP/$m.$b.1")" "$y" \
+      "$(spread "$TMP/$m.$b.2")" "$(awk -v a="$x" -v b="$y" 'BEGIN{printf "%.2f", b/a}')"
+  done
+done
+# the adaptive thread count's changes (runtime.adaptive_threads), per 2-thread run
+for m in $MODELS; do
+  for b in "${!BIN_LIST[@]}"; do
+    sw=$(for ((r = 0; r < REPS; r++)); do printf '[%s] ' "$(cat "$TMP/switches.$m.$b.2.$r" | xargs)"; done)
+    echo "$m bin $b, 2-thread runs' thread switches: $sw"
+  done
 done

@@ -7,6 +7,7 @@
 #include "jit-fixture.h"
 
 #include "autodiff/autodiff.h"
+#include "runtime/runtime.h"
 
 #define RT 2e-5
 #define AT 2e-5
@@ -536,10 +537,270 @@ START_TEST(test_bf16_compute)
     }
     ck_assert_msg(max_rel > 1e-5, "bf16 outputs equal the f32 ones (%g): nothing was rounded",
                   max_rel);
+    /* bf16 storage: the GELU output and the cross-entropy's dlogits (48 x 40) are stored as
+     * bf16; the step equals the one with f32 storage */
+    bool dlogits16 = false;
+    for (int i = 0; i < jdt_program_n_buffers(p); i++) {
+        jdt_buf_info bi;
+        ck_assert(jdt_program_buffer(p, i, &bi));
+        dlogits16 = dlogits16 || (bi.bf16 && bi.n_bytes == 48 * 40 * 2);
+    }
+    ck_assert_msg(dlogits16, "dlogits not stored as bf16");
+    ck_assert_int_ge(jdt_program_stats(p)->n_bf16_stored, 2);
+    jdt_compile_opts o32 = o;
+    o32.no_bf16_storage = true;
+    jdt_program *p32 = fx_check_steps(&b, &o32, 1, 1e-4, 1e-6, true);
+    for (int i = 0; i < jdt_graph_n_outputs(b.g); i++) {
+        const jdt_tensor *t = jdt_graph_output(b.g, i);
+        const float *x = jdt_program_output(p, i), *y = jdt_program_output(p32, i);
+        for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
+            ck_assert_msg(fabsf(x[j] - y[j]) <= 1e-6f * (1.0f + fabsf(y[j])),
+                          "output %d element %lld: %.9g (bf16 storage) vs %.9g", i, (long long)j,
+                          x[j], y[j]);
+    }
+    jdt_program_free(p32);
     jdt_interp_free(it);
     jdt_program_free(p);
     fx_free(&a);
     fx_free(&b);
+}
+END_TEST
+
+/* A tied embedding's gradient: matmul product + scatter_add of the lookup's rows. The add is
+ * folded into the scatter, which adds into the product's buffer in place (the product dies
+ * there); a leaf initial value is copied, not modified; both equal the interpreter. */
+START_TEST(test_scatter_add_fold)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *h = FX_INPUT(&f, "h", JDT_DTYPE_F32, -1, 1, 15, 6);
+    jdt_tensor *d = FX_INPUT(&f, "d", JDT_DTYPE_F32, -1, 1, 15, 11);
+    jdt_tensor *idx = FX_INPUT(&f, "idx", JDT_DTYPE_I32, 0, 11, 15); /* repeats rows */
+    jdt_tensor *src = FX_INPUT(&f, "src", JDT_DTYPE_F32, -1, 1, 15, 6);
+    jdt_tensor *lf = FX_INPUT(&f, "leaf", JDT_DTYPE_F32, -1, 1, 11, 6);
+    jdt_tensor *dw = jdt_graph_matmul(g, d, h, true, false); /* (11, 6) */
+    out(&f, jdt_graph_mul_scalar(g, jdt_graph_add(g, dw, jdt_graph_scatter_add(g, src, idx, 11)),
+                                 2.0));
+    out(&f, jdt_graph_add(g, jdt_graph_scatter_add(g, src, idx, 11), lf));
+    fx_fill(&f, 8);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 2, 1e-5, 1e-5, true);
+    int n_inplace = 0; /* the scatter over the product, the mul over the scatter */
+    for (int b = 0; b < jdt_program_n_buffers(p); b++) {
+        jdt_buf_info bi;
+        ck_assert(jdt_program_buffer(p, b, &bi));
+        n_inplace += bi.inplace_of >= 0 && bi.n_bytes == 11 * 6 * 4;
+    }
+    ck_assert_int_ge(n_inplace, 2);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+/* opts.share_arena: a program runs in a larger program's arena (no allocation of its own),
+ * both stay right when they run alternately; a lender too small is not used. */
+START_TEST(test_shared_arena)
+{
+    fx a, b;
+    fx_init(&a);
+    fx_init(&b);
+    bf16_mlp(&a, false);
+    jdt_tensor *x = FX_INPUT(&b, "x", JDT_DTYPE_F32, -1, 1, 8, 16);
+    out(&b, jdt_graph_add(b.g, jdt_graph_exp(b.g, jdt_graph_tanh(b.g, x)),
+                          jdt_graph_transpose(b.g, jdt_graph_transpose(b.g, x, (int[]){1, 0}),
+                                              (int[]){1, 0})));
+    fx_fill(&a, 3);
+    fx_fill(&b, 4);
+    jdt_compile_opts o;
+    fx_opts(&a, &o);
+    jdt_program *pa = fx_check_steps(&a, &o, 1, 1e-4, 1e-6, true);
+    ck_assert(!jdt_program_arena_shared(pa));
+    const jdt_compile_stats *sa = jdt_program_stats(pa);
+    /* the lender's outputs, to compare after the borrower has run in its arena */
+    float *before[4];
+    int n_out = jdt_graph_n_outputs(a.g);
+    ck_assert_int_le(n_out, 4);
+    for (int i = 0; i < n_out; i++) {
+        size_t nb = (size_t)jdt_shape_numel(&jdt_graph_output(a.g, i)->shape) * sizeof(float);
+        before[i] = malloc(nb);
+        memcpy(before[i], jdt_program_output(pa, i), nb);
+    }
+    jdt_compile_opts ob;
+    fx_opts(&b, &ob);
+    ob.share_arena = pa;
+    jdt_program *pb = fx_check_steps(&b, &ob, 2, 1e-5, 1e-6, true);
+    ck_assert_msg(jdt_program_arena_shared(pb), "arena %lld <= lender's %lld but not shared",
+                  (long long)jdt_program_stats(pb)->arena_bytes, (long long)sa->arena_bytes);
+    ck_assert(jdt_program_stats(pb)->arena_shared);
+    ck_assert_int_gt(jdt_program_stats(pb)->arena_bytes, 0);
+    jdt_err e;
+    fx_bind(&a, true);
+    ck_assert_msg(jdt_program_run(pa, &e) == JDT_OK, "%s", e.msg);
+    for (int i = 0; i < n_out; i++) {
+        const jdt_tensor *t = jdt_graph_output(a.g, i);
+        ck_assert_msg(memcmp(before[i], jdt_program_output(pa, i),
+                             (size_t)jdt_shape_numel(&t->shape) * sizeof(float)) == 0,
+                      "output %d changed after the borrower ran", i);
+        free(before[i]);
+    }
+    /* a lender smaller than the plan: an arena of its own */
+    jdt_program *pa2 = NULL;
+    o.share_arena = pb;
+    ck_assert_msg(jdt_program_compile(a.g, &o, &pa2, &e) == JDT_OK, "%s", e.msg);
+    ck_assert(!jdt_program_arena_shared(pa2));
+    jdt_program_free(pa2);
+    jdt_program_free(pb); /* the borrower first */
+    jdt_program_free(pa);
+    fx_free(&a);
+    fx_free(&b);
+}
+END_TEST
+
+/* bf16 storage: every kind of fused producer (elementwise unary/binary, broadcast add, a
+ * materialised transpose, slice and broadcast, a reshape view, the affine part of a norm) of a
+ * value read only by bf16 GEMMs — as a, transposed a, b and transposed b — stores it as bf16
+ * (2-byte buffer, rounded on store); the products equal the ones computed from f32 storage
+ * (the GEMM rounds its inputs either way), match the interpreter's bf16 semantics, and the
+ * f32 interpreter's products within bf16 tolerance. */
+enum { BS_M = 32, BS_K = 48, BS_N = 40, BS_CASES = 14 };
+
+static jdt_tensor *bf16_producer(fx *f, int k)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, BS_M, BS_K);
+    switch (k) {
+    case 0: return jdt_graph_gelu(g, x);
+    case 1: return jdt_graph_tanh(g, x);
+    case 2: return jdt_graph_exp(g, jdt_graph_mul_scalar(g, x, 0.5));
+    case 3: return jdt_graph_add(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
+    case 4: return jdt_graph_mul(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
+    case 5: return jdt_graph_add_bcast(g, x, FX_PARAM(f, "bias", -1, 1, BS_K));
+    case 6: return jdt_graph_transpose(g, FX_INPUT(f, "z", JDT_DTYPE_F32, -2, 2, BS_K, BS_M),
+                                       (int[]){1, 0});
+    case 7: return jdt_graph_slice(g, FX_INPUT(f, "wide", JDT_DTYPE_F32, -2, 2, BS_M, 2 * BS_K), 1,
+                                   BS_K / 2, BS_K / 2 + BS_K);
+    case 8: return jdt_graph_add(g, x, jdt_graph_broadcast(g, FX_PARAM(f, "row", -1, 1, BS_K), 2,
+                                                           (int64_t[]){BS_M, BS_K}));
+    case 9: return jdt_graph_reshape(
+        g, jdt_graph_silu(g, FX_INPUT(f, "flat", JDT_DTYPE_F32, -2, 2, BS_M * BS_K)), 2,
+        (int64_t[]){BS_M, BS_K});
+    case 10: return jdt_graph_add_bcast(g,
+                                        jdt_graph_mul_bcast(g, jdt_graph_normalize(g, x, 1e-5),
+                                                            FX_PARAM(f, "nw", 0.5, 1.5, BS_K)),
+                                        FX_PARAM(f, "nb", -0.5, 0.5, BS_K));
+    case 11: return jdt_graph_relu(g, jdt_graph_sub(g, x, jdt_graph_mul_scalar(g, x, 0.25)));
+    case 12: return jdt_graph_div(g, x, jdt_graph_add_scalar(g, jdt_graph_abs(g, x), 1.0));
+    default: return jdt_graph_sigmoid(g, jdt_graph_neg(g, x));
+    }
+}
+
+static void bf16_storage_graph(fx *f, int k, bool bf16)
+{
+    jdt_graph *g = f->g;
+    jdt_graph_set_matmul_bf16(g, bf16);
+    jdt_tensor *y = bf16_producer(f, k); /* (M, K) */
+    ck_assert_msg(y, "case %d: %s", k, jdt_graph_error_msg(g));
+    jdt_tensor *w = FX_PARAM(f, "w", -0.5, 0.5, BS_K, BS_N);
+    jdt_tensor *u = FX_PARAM(f, "u", -0.5, 0.5, BS_M, 16);
+    jdt_tensor *q = FX_PARAM(f, "q", -0.5, 0.5, 16, BS_M);
+    jdt_tensor *q2 = FX_PARAM(f, "q2", -0.5, 0.5, 16, BS_K);
+    out(f, jdt_graph_matmul(g, y, w, false, false));  /* y as a */
+    out(f, jdt_graph_matmul(g, y, u, true, false));   /* y as transposed a: (K, 16) */
+    out(f, jdt_graph_matmul(g, q, y, false, false));  /* y as b: (16, K) */
+    out(f, jdt_graph_matmul(g, q2, y, false, true));  /* y as transposed b: (16, M) */
+}
+
+static void bf16_storage_cases(void)
+{
+    for (int k = 0; k < BS_CASES; k++) {
+        fx f, r;
+        fx_init(&f);
+        fx_init(&r);
+        bf16_storage_graph(&f, k, true);
+        bf16_storage_graph(&r, k, false); /* the f32 reference: same leaves, same values */
+        fx_fill(&f, 100 + (uint64_t)k);
+        fx_fill(&r, 100 + (uint64_t)k);
+        jdt_compile_opts o, o32;
+        fx_opts(&f, &o);
+        fx_opts(&f, &o32);
+        o32.no_bf16_storage = true;
+        /* against the interpreter: bf16 tolerance (a 1-ulp f32 difference in a producer,
+         * e.g. gelu's approximation, can flip one operand's bf16 rounding) */
+        jdt_program *p = fx_check_steps(&f, &o, 1, 1e-2, 5e-3, true);
+        jdt_program *p32 = fx_check_steps(&f, &o32, 1, 1e-2, 5e-3, true);
+        const jdt_compile_stats *s = jdt_program_stats(p);
+        ck_assert_msg(s->n_bf16_stored >= 1, "case %d: nothing stored as bf16", k);
+        ck_assert_int_eq(jdt_program_stats(p32)->n_bf16_stored, 0);
+        int n_half = 0;
+        for (int b = 0; b < jdt_program_n_buffers(p); b++) {
+            jdt_buf_info bi;
+            ck_assert(jdt_program_buffer(p, b, &bi));
+            if (bi.bf16) {
+                ck_assert_int_eq(bi.n_bytes, 2 * BS_M * BS_K);
+                n_half++;
+            }
+        }
+        ck_assert_msg(n_half >= 1, "case %d: no 2-byte buffer in the plan", k);
+        ck_assert_msg(s->arena_bytes < jdt_program_stats(p32)->arena_bytes ||
+                          !jdt_rt_bf16_native(),
+                      "case %d: arena %lld with bf16 storage, %lld without", k,
+                      (long long)s->arena_bytes, (long long)jdt_program_stats(p32)->arena_bytes);
+        ck_assert_msg(strstr(jdt_program_source(p), "jdt_bf16_st("), "case %d: no bf16 store",
+                      k);
+        /* the f32 interpreter: within bf16 tolerance, and not equal (the rounding happened) */
+        jdt_interp *it = NULL;
+        jdt_err e;
+        ck_assert_int_eq(jdt_interp_new(r.g, &it, &e), JDT_OK);
+        fx_bind(&r, false);
+        ck_assert_msg(jdt_interp_run(it, &e) == JDT_OK, "interp: %s", e.msg);
+        double max_rel = 0;
+        for (int i = 0; i < jdt_graph_n_outputs(r.g); i++) {
+            const jdt_tensor *t = jdt_graph_output(r.g, i);
+            const float *got = jdt_program_output(p, i), *want = jdt_interp_value(it, t);
+            double scale = 0;
+            for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
+                scale = fmax(scale, fabs(want[j]));
+            for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++) {
+                double rel = fabs(got[j] - want[j]) / (scale + 1e-30);
+                ck_assert_msg(rel < 2e-2, "case %d output %d element %lld: bf16 %.7g vs f32 %.7g",
+                              k, i, (long long)j, got[j], want[j]);
+                max_rel = fmax(max_rel, rel);
+            }
+        }
+        ck_assert_msg(max_rel > 1e-6, "case %d: equal to f32 (%g): nothing was rounded", k,
+                      max_rel);
+        jdt_interp_free(it);
+        /* same products as from f32 storage: the GEMM sees the same bf16 operands */
+        for (int i = 0; i < jdt_graph_n_outputs(f.g); i++) {
+            const jdt_tensor *t = jdt_graph_output(f.g, i);
+            const float *a = jdt_program_output(p, i), *b = jdt_program_output(p32, i);
+            for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
+                ck_assert_msg(fabsf(a[j] - b[j]) <= 1e-6f * (1.0f + fabsf(b[j])),
+                              "case %d output %d element %lld: %.9g (bf16 storage) vs %.9g", k,
+                              i, (long long)j, a[j], b[j]);
+        }
+        jdt_program_free(p);
+        jdt_program_free(p32);
+        fx_free(&f);
+        fx_free(&r);
+    }
+}
+
+START_TEST(test_bf16_storage)
+{
+    bf16_storage_cases();
+}
+END_TEST
+
+/* the same on the portable path (SGEMM on widened operands): a fork of its own, so the path
+ * choice (made once per process) sees the variable */
+START_TEST(test_bf16_storage_portable)
+{
+    setenv("JDT_BF16_NO_DNNL", "1", 1);
+    ck_assert(!jdt_rt_bf16_native());
+    bf16_storage_cases();
 }
 END_TEST
 
@@ -645,6 +906,10 @@ int main(void)
     tcase_add_test(tc, test_train_step_updates);
     tcase_add_test(tc, test_transformer_block_adam);
     tcase_add_test(tc, test_bf16_compute);
+    tcase_add_test(tc, test_scatter_add_fold);
+    tcase_add_test(tc, test_shared_arena);
+    tcase_add_test(tc, test_bf16_storage);
+    tcase_add_test(tc, test_bf16_storage_portable);
     tcase_add_test(tc, test_special_values);
     tcase_add_test(tc, test_run_errors);
     suite_add_tcase(s, tc);

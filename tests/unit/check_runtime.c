@@ -6,7 +6,8 @@
  * (JDT_BF16_NO_DNNL, each test is its own process); the small packed bf16 GEMMs of
  * gemm_bf16.c (ragged shapes, transposes, beta, a prefix of a larger B pack) and the bf16
  * attention forward and backward built on them, against double references of the rounded
- * inputs, on both paths.
+ * inputs, on both paths; and the adaptive thread count's decisions (jdt_rt_tuner) on
+ * simulated run times.
  */
 #include "runtime/runtime.h"
 #include "tests/unit/testutil.h"
@@ -276,6 +277,148 @@ START_TEST(test_bf16_tiles_portable_path)
 }
 END_TEST
 
+/* ---- the adaptive thread count (engine/runtime/threads.c) ---------------------------------- */
+
+/* Runs the tuner for n_runs runs in a simulated machine where a run takes t_one seconds on 1
+ * thread and t_all on the budget, each times (1 + noise * u), u uniform in [-1, 1) from *seed.
+ * Counts the runs made with 1 thread and the changes of choice. */
+typedef struct {
+    int ones, changes;
+} tuner_sim;
+
+static tuner_sim simulate(jdt_rt_tuner *t, int n_runs, double t_one, double t_all, double noise,
+                          unsigned *seed)
+{
+    tuner_sim r = {0, 0};
+    for (int i = 0; i < n_runs; i++) {
+        int nt = jdt_rt_tuner_threads(t);
+        ck_assert(nt == 1 || nt == t->max_threads);
+        double u = seed ? (double)frand(seed) : 0.0;
+        r.ones += nt == 1;
+        r.changes += jdt_rt_tuner_record(t, (nt == 1 ? t_one : t_all) * (1.0 + noise * u));
+    }
+    return r;
+}
+
+START_TEST(test_tuner_switches_and_back)
+{
+    jdt_rt_tuner t;
+    jdt_rt_tuner_init(&t, 2, 50);
+    ck_assert_int_eq(jdt_rt_tuner_threads(&t), 2); /* starts with the budget */
+    /* 1 thread 20% faster (the busy-core case): 2 warm-up runs, 8 timed runs with 2 threads
+     * (10 ms runs: 0.1 s is more than 8 samples), 8 probe runs with 1 alternating with 8 more
+     * with 2, then the switch */
+    tuner_sim r = simulate(&t, 25, 0.008, 0.010, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_eq(r.ones, 8);
+    ck_assert(t.probing && t.n_probe == 8 && t.n_pbase == 7);
+    r = simulate(&t, 1, 0.008, 0.010, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 1);
+    ck_assert_int_eq(r.ones, 0);
+    ck_assert_int_eq(t.chosen, 1);
+    ck_assert_int_eq(jdt_rt_tuner_threads(&t), 1);
+    ck_assert_double_eq_tol(t.last_probe_s, 0.008, 1e-12);
+    ck_assert_double_eq_tol(t.last_base_s, 0.010, 1e-12);
+    /* it stays while 1 thread stays faster: probes of 2 threads every 50, 100, 200 ... runs */
+    r = simulate(&t, 1000, 0.008, 0.010, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_ge(r.ones, 1000 - 5 * 8);
+    /* the machine gets quiet (2 threads twice as fast): back to 2 at the next probe, within
+     * the longest interval (16 x 50 runs) plus one probe */
+    int runs = 0;
+    while (!jdt_rt_tuner_record(&t, jdt_rt_tuner_threads(&t) == 1 ? 0.008 : 0.004))
+        ck_assert_int_le(++runs, 16 * 50 + 16);
+    ck_assert_int_eq(t.chosen, 2);
+    ck_assert_int_eq(t.interval, 50);                /* a change resets the interval */
+    r = simulate(&t, 1000, 0.008, 0.004, 0.0, NULL); /* and 2 it stays */
+    ck_assert_int_eq(r.changes, 0);
+}
+END_TEST
+
+START_TEST(test_tuner_hysteresis)
+{
+    /* 2% apart, either way: never flips (the switch needs JDT_RT_TUNER_HYST = 5%) */
+    jdt_rt_tuner t;
+    jdt_rt_tuner_init(&t, 4, 50);
+    tuner_sim r = simulate(&t, 3000, 0.0098, 0.0100, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_eq(t.chosen, 4);
+    ck_assert_int_ge(t.n_probes, 4);
+    ck_assert_int_eq(t.interval, 16 * 50); /* each held choice doubles the interval, capped */
+    jdt_rt_tuner_init(&t, 4, 50);
+    r = simulate(&t, 30, 0.008, 0.010, 0.0, NULL); /* now on 1 thread ... */
+    ck_assert_int_eq(t.chosen, 1);
+    r = simulate(&t, 3000, 0.0100, 0.0098, 0.0, NULL); /* ... and 4 only 2% faster: stays */
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_eq(t.chosen, 1);
+    /* with +-10% noise on every run, a 25% difference is still found once and kept */
+    unsigned seed = 7;
+    jdt_rt_tuner_init(&t, 2, 50);
+    r = simulate(&t, 3000, 0.008, 0.010, 0.10, &seed);
+    ck_assert_int_eq(r.changes, 1);
+    ck_assert_int_eq(t.chosen, 1);
+    /* and with the same noise and no real difference it never settles on flapping */
+    jdt_rt_tuner_init(&t, 2, 50);
+    r = simulate(&t, 3000, 0.010, 0.010, 0.10, &seed);
+    ck_assert_int_le(r.changes, 2);
+}
+END_TEST
+
+START_TEST(test_tuner_load_change)
+{
+    /* a burst of load ends just as the probe starts (every run 3x faster from run 11 on): 1
+     * thread's probe runs look faster than the 2-thread runs before it, but the probe compares
+     * against 2-thread runs interleaved with its own, so it keeps 2 threads */
+    jdt_rt_tuner t;
+    jdt_rt_tuner_init(&t, 2, 50);
+    tuner_sim r = simulate(&t, 10, 0.024, 0.012, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert(t.probing && t.n_probe == 0);
+    r = simulate(&t, 200, 0.0048, 0.004, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_eq(t.chosen, 2);
+    ck_assert_double_eq_tol(t.last_base_s, 0.004, 1e-12);
+}
+END_TEST
+
+START_TEST(test_tuner_quiet_machine_cost)
+{
+    /* 1 thread twice as slow (a quiet machine): each probe stops after one run, and probes
+     * thin out (after run 10, then 100, 200, 400, 800 runs apart): 5 one-thread runs in 1600 */
+    jdt_rt_tuner t;
+    jdt_rt_tuner_init(&t, 2, 50);
+    tuner_sim r = simulate(&t, 1600, 0.020, 0.010, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_eq(r.ones, t.n_probes);
+    ck_assert_int_eq(r.ones, 5);
+    /* slow runs (1 s): 2 samples per side, so the first probe starts after 2 + 2 runs */
+    jdt_rt_tuner_init(&t, 2, 50);
+    r = simulate(&t, 4, 2.0, 1.0, 0.0, NULL);
+    ck_assert_int_eq(r.ones, 0);
+    ck_assert_int_eq(jdt_rt_tuner_threads(&t), 1);
+    ck_assert_int_eq(t.k, 2);
+}
+END_TEST
+
+START_TEST(test_tuner_one_thread_budget)
+{
+    jdt_rt_tuner t;
+    jdt_rt_tuner_init(&t, 1, 0);
+    tuner_sim r = simulate(&t, 500, 0.001, 0.002, 0.0, NULL);
+    ck_assert_int_eq(r.ones, 500);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_eq(t.n_probes, 0);
+    jdt_rt_tuner_init(&t, 0, 0); /* 0 or negative: 1 */
+    ck_assert_int_eq(jdt_rt_tuner_threads(&t), 1);
+    ck_assert_int_eq(t.probe_every, 50);
+    /* a non-finite or negative time is ignored */
+    jdt_rt_tuner_init(&t, 2, 50);
+    for (int i = 0; i < 100; i++)
+        ck_assert(!jdt_rt_tuner_record(&t, -1.0) && !jdt_rt_tuner_record(&t, NAN));
+    ck_assert_int_eq(t.n_probes, 0);
+}
+END_TEST
+
 static Suite *runtime_suite(void)
 {
     Suite *s = suite_create("runtime");
@@ -288,6 +431,14 @@ static Suite *runtime_suite(void)
     tcase_add_test(tc, test_matmul_bf16_portable_path);
     tcase_add_test(tc, test_matmul_bf16_empty);
     suite_add_tcase(s, tc);
+    TCase *tt = tcase_create("threads");
+    tcase_set_timeout(tt, 60);
+    tcase_add_test(tt, test_tuner_switches_and_back);
+    tcase_add_test(tt, test_tuner_hysteresis);
+    tcase_add_test(tt, test_tuner_load_change);
+    tcase_add_test(tt, test_tuner_quiet_machine_cost);
+    tcase_add_test(tt, test_tuner_one_thread_budget);
+    suite_add_tcase(s, tt);
     return s;
 }
 

@@ -8,6 +8,7 @@
 #include "config/config.h"
 #include "graph/builder.h"
 #include "models/models.h"
+#include "runtime/runtime.h"
 #include "train/train.h"
 
 #include <check.h>
@@ -229,6 +230,67 @@ START_TEST(test_remat_same_losses_less_memory)
 }
 END_TEST
 
+/* The planned train step of a GPT (what `inspect` prints), f32 vs precision.compute: bf16,
+ * with and without block remat: bf16 stores the values only bf16 GEMMs read as bf16, so its
+ * arena is smaller (on the oneDNN path; the portable path's f32 GEMM scratch may outweigh
+ * it), and with storage forced off it is no smaller. The eval program runs in the train
+ * step's arena. Planner numbers only, nothing runs. */
+static int64_t planned_arena(const char *prec, const char *remat, bool no_storage,
+                             int *n_bf16, bool *eval_shared)
+{
+    char p[64], r[64];
+    snprintf(p, sizeof p, "precision.compute=%s", prec);
+    snprintf(r, sizeof r, "runtime.remat=%s", remat);
+    char *over[] = {"model.n_layer=3", "model.seq_len=64", "model.n_embd=64", p, r};
+    jdt_config c;
+    load(&c, JDT_ARRAY_LEN(over), over);
+    jdt_step_opts o;
+    memset(&o, 0, sizeof o);
+    o.micro_batch = c.data.micro_batch_size;
+    o.n_accum = 1;
+    o.use_jit = true;
+    o.plan_only = true;
+    jdt_compile_opts_init(&o.copts);
+    o.copts.threads = 1;
+    o.copts.remat = strcmp(remat, "block") == 0 ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
+    o.copts.no_bf16_storage = no_storage;
+    jdt_step *s = NULL;
+    jdt_err e;
+    ck_assert_msg(jdt_step_new(&c, &o, &s, &e) == JDT_OK, "%s", e.msg);
+    const jdt_compile_stats *m = jdt_step_prog_stats(s, JDT_STEP_PROG_MAIN);
+    int64_t a = m->arena_bytes;
+    *n_bf16 = m->n_bf16_stored;
+    *eval_shared = jdt_step_prog_stats(s, JDT_STEP_PROG_EVAL)->arena_shared;
+    jdt_step_free(s);
+    jdt_config_free(&c);
+    return a;
+}
+
+START_TEST(test_bf16_plan_smaller)
+{
+    const char *remats[2] = {"none", "block"};
+    for (int k = 0; k < 2; k++) {
+        int n32, n16, n16off;
+        bool sh32, sh16, sh16off;
+        int64_t a32 = planned_arena("f32", remats[k], false, &n32, &sh32);
+        int64_t a16 = planned_arena("bf16", remats[k], false, &n16, &sh16);
+        int64_t a16off = planned_arena("bf16", remats[k], true, &n16off, &sh16off);
+        printf("remat %s: planned train arena f32 %lld, bf16 %lld (%d values stored as bf16), "
+               "bf16 without bf16 storage %lld\n", remats[k], (long long)a32, (long long)a16, n16,
+               (long long)a16off);
+        ck_assert_int_eq(n32, 0);
+        ck_assert_int_eq(n16off, 0);
+        ck_assert_int_ge(n16, 4); /* per block at least: ln1, ln2, attention out, gelu out */
+        ck_assert_msg(a16 < a16off, "remat %s: bf16 storage %lld not below %lld", remats[k],
+                      (long long)a16, (long long)a16off);
+        if (jdt_rt_bf16_native())
+            ck_assert_msg(a16 < a32, "remat %s: bf16 arena %lld not below f32 %lld", remats[k],
+                          (long long)a16, (long long)a32);
+        ck_assert(sh32 && sh16 && sh16off);
+    }
+}
+END_TEST
+
 /* A step built with opts.plan_only (what `inspect` plans with) is the compiled step without
  * values or code: the same tensors and shapes, the same arenas, kernels and FLOPs per program,
  * but no buffer behind any tensor, and running it is a clear error. */
@@ -273,6 +335,7 @@ START_TEST(test_plan_only_matches_compiled)
         const jdt_compile_stats *b = jdt_step_prog_stats(s[1], progs[k]);
         ck_assert_msg(a && b, "program %d missing", k);
         ck_assert(a->arena_bytes > 0 && a->arena_bytes == b->arena_bytes);
+        ck_assert(a->arena_shared == b->arena_shared); /* inspect says what train allocates */
         ck_assert_int_eq(a->n_kernels, b->n_kernels);
         ck_assert_int_eq(a->n_builtin, b->n_builtin);
         ck_assert(a->flops_per_step == b->flops_per_step);
@@ -362,6 +425,7 @@ int main(void)
     tcase_add_test(tc, test_all_reduce_op);
     tcase_add_test(tc, test_remat_same_losses_less_memory);
     tcase_add_test(tc, test_plan_only_matches_compiled);
+    tcase_add_test(tc, test_bf16_plan_smaller);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

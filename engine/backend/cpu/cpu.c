@@ -9,11 +9,17 @@
  * fused kernels are the CUDA emitter's, compiled as C++ for the host with a shim that runs a
  * block's threads as real threads (engine/backend/cuda/emit.c); everything else is the CPU's.
  * It exists so the CUDA kernels' semantics are tested on machines without a GPU.
+ *
+ * Threads: every run uses p->nt threads — the generated kernels read it from the shared
+ * object's `jdt_nt`, the builtins get it as `nt`, OpenBLAS is set to it at begin. It is the
+ * budget c->nt, or, with opts.adaptive_threads, what the run-time tuner (jdt_rt_tuner) picks
+ * from the wall times of the previous runs, timed from begin to finish.
  */
 #include "backend/cpu/cpu-impl.h"
 #include "backend/cuda/cuda-emit.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,9 +38,15 @@ typedef struct {
     const kernel_fn *kernels; /* (n_kernels) in the shared object */
     void **ptrs;              /* (n_bufs) */
     unsigned char *arena;     /* (arena_bytes) */
+    bool arena_borrowed;      /* arena is the lender's (c->arena_lender): not freed here */
     float *coll_scratch; /* (largest all-gather / reduce-scatter tensor) their permuting copy */
     void **handles;      /* (n_colls) started asynchronous collectives, NULL when not pending */
     char *src;
+    int *so_nt;         /* the shared object's jdt_nt (NULL: emulated device) */
+    int nt;             /* threads of the current run */
+    bool adaptive;      /* opts.adaptive_threads with a budget above 1 */
+    jdt_rt_tuner tuner; /* picks nt when adaptive */
+    double t_begin;     /* jdt_now_s() at begin */
 } cpu_prog;
 
 static void *ptr_of(const cpu_prog *p, int node)
@@ -52,7 +64,7 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
 {
     const cprog *c = p->c;
     const cnode *n = &c->nodes[sp->node];
-    int nt = c->nt;
+    int nt = p->nt;
     void *o = ptr_of(p, sp->node);
     void *in[JDT_MAX_INPUTS] = {0};
     for (int k = 0; k < n->n_in; k++)
@@ -70,9 +82,10 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        if (n->attrs.i[2]) /* bf16 compute: scratch holds the rounded inputs */
-            jdt_rt_matmul_bf16(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
-                               n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, scratch, nt);
+        if (n->attrs.i[2]) /* bf16 compute: scratch holds the converted inputs */
+            jdt_rt_matmul_bf16_ex(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
+                                  n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2,
+                                  c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16, scratch, nt);
         else
             jdt_rt_matmul(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                           n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2);
@@ -89,8 +102,10 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     }
     case JDT_OP_SCATTER_ADD: {
         int64_t V = n->shape.dims[0];
-        bad = jdt_rt_scatter_add(in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), V,
-                                 last_dim(&n->shape));
+        int64_t n_idx = jdt_shape_numel(&c->nodes[n->in[1]].shape);
+        bad = n->n_in > 2 /* onto an initial value (passes.c fold_scatter_adds) */
+                  ? jdt_rt_scatter_add_into(in[0], in[1], in[2], o, n_idx, V, last_dim(&n->shape))
+                  : jdt_rt_scatter_add(in[0], in[1], o, n_idx, V, last_dim(&n->shape));
         if (bad)
             return jdt_err_set(e, JDT_ERR_INVALID, "scatter_add: %lld indices outside [0, %lld)",
                                (long long)bad, (long long)V);
@@ -115,7 +130,10 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
                                (long long)bad, (long long)C);
         break;
     case JDT_OP_SOFTMAX_XENT_BWD:
-        jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt);
+        if (n->bf16) /* read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
+            jdt_rt_softmax_xent_bwd_bf16(in[0], in[1], in[2], o, N, C, nt);
+        else
+            jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt);
         break;
     case JDT_OP_NORMALIZE:
         jdt_rt_normalize(in[0], o, N, C, eps, nt);
@@ -372,7 +390,7 @@ static void cpu_release(void *state)
     coll_drain(p);
     jdt_free(p->handles);
     jdt_free(p->ptrs);
-    jdt_free_aligned(p->arena);
+    if (!p->arena_borrowed) jdt_free_aligned(p->arena);
     jdt_free(p->coll_scratch);
     jdt_free(p->src);
     jdt_free(p->launch);
@@ -413,7 +431,7 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
     }
     /* the exact plan, checked before allocating it: a clear refusal, not a failed malloc or
      * the OOM killer later */
-    if ((st = jdt_compile_check_arena(c->arena_bytes, e)) != JDT_OK) goto fail;
+    if (!c->arena_lender && (st = jdt_compile_check_arena(c->arena_bytes, e)) != JDT_OK) goto fail;
     int64_t need = 0; /* the collectives' permuting scratch */
     for (int i = 0; i < c->n_nodes; i++) {
         const cnode *n = &c->nodes[i];
@@ -427,7 +445,12 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: collective scratch");
         goto fail;
     }
-    p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
+    if (c->arena_lender) { /* program.c checked: same CPU device, large enough */
+        p->arena = ((const cpu_prog *)c->arena_lender)->arena;
+        p->arena_borrowed = true;
+    } else {
+        p->arena = jdt_malloc_aligned((size_t)(c->arena_bytes ? c->arena_bytes : 64));
+    }
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof(void *));
     p->handles = jdt_calloc((size_t)c->n_colls + 1, sizeof(void *));
     if (!p->arena || !p->ptrs || !p->handles) {
@@ -439,6 +462,17 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
     for (int b = 0; b < c->n_bufs; b++)
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
             p->ptrs[b] = p->arena + c->bufs[b].info.offset;
+    if (!emu && !(p->so_nt = dlsym(p->so, "jdt_nt"))) {
+        st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks jdt_nt", c->stats.so_path);
+        goto fail;
+    }
+    p->nt = c->nt;
+    p->adaptive = c->opts.adaptive_threads && c->nt > 1;
+    /* JDT_THREAD_PROBE_EVERY=N: probe every N runs from the start (tests, debugging) */
+    const char *pe = getenv("JDT_THREAD_PROBE_EVERY");
+    long probe_every = pe && *pe ? strtol(pe, NULL, 10) : 0;
+    jdt_rt_tuner_init(&p->tuner, c->nt,
+                      probe_every > 0 && probe_every < INT_MAX ? (int)probe_every : 0);
     jdt_rt_set_threads(c->nt);
     *state = p;
     return JDT_OK;
@@ -475,8 +509,11 @@ static jdt_status cpu_begin(void *state, jdt_err *e)
             return jdt_err_set(e, JDT_ERR_INVALID, "run: leaf %s is not bound (data is NULL)",
                                jdt_compile_node_label(n, lbl, sizeof lbl));
     }
+    p->nt = p->adaptive ? jdt_rt_tuner_threads(&p->tuner) : c->nt;
+    if (p->so_nt) *p->so_nt = p->nt;
     /* OpenBLAS's thread count is process-wide: another program may have changed it */
-    jdt_rt_set_threads(c->nt);
+    jdt_rt_set_threads(p->nt);
+    p->t_begin = jdt_now_s();
     return JDT_OK;
 }
 
@@ -531,6 +568,18 @@ static jdt_status cpu_finish(void *state, jdt_err *e)
             memmove(ptr_of(p, u->target), p->ptrs[vb],
                     (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype));
         }
+    }
+    if (p->adaptive) {
+        jdt_rt_tuner *t = &p->tuner;
+        int probes = t->n_probes;
+        if (jdt_rt_tuner_record(t, jdt_now_s() - p->t_begin))
+            JDT_INFO("threads: %d instead of %d from run %d on (%.1f vs %.1f ms per run; "
+                     "runtime.adaptive_threads: false keeps %d)",
+                     t->chosen, t->chosen == 1 ? c->nt : 1, t->n_runs + 1, 1e3 * t->last_probe_s,
+                     1e3 * t->last_base_s, c->nt);
+        if (t->n_probes != probes)
+            JDT_DEBUG("threads: run %d probes %d threads against %d", t->n_runs + 1,
+                      jdt_rt_tuner_threads(t), t->chosen);
     }
     return JDT_OK;
 }

@@ -6,7 +6,10 @@
  * accumulator, other reductions accumulating into the pre-initialised output (column tiles per
  * thread when the leading dim is reduced). Shapes, strides and scalars are literals: the
  * kernel is specialised to the program. The outer loop gets `omp parallel for` when the domain
- * is big enough. Math is <tgmath.h> in the node's own type and no fast-math flag is used, so
+ * is big enough; its team size is the variable `jdt_nt` of the shared object, which the backend
+ * sets before every run (the adaptive thread count changes it without changing the source, so
+ * the compile cache still hits). The thread budget (c->nt) only shapes loops (collapse depth,
+ * column tiles). Math is <tgmath.h> in the node's own type and no fast-math flag is used, so
  * NaN/Inf propagate as in the reference.
  */
 #include "backend/cpu/cpu-impl.h"
@@ -23,8 +26,12 @@ static void emit_loads(jdt_sbuf *s, const jdt_nest *N)
     for (int a = 0; a < N->n_acc; a++) {
         if (N->acc[a].write || a == N->flat) continue;
         jdt_nest_offset(N, a, off, sizeof off);
-        jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n",
-                      jdt_nest_ctype(N->c->nodes[N->acc[a].node].dtype), a, a, off);
+        const cnode *x = &N->c->nodes[N->acc[a].node];
+        if (x->bf16) /* bf16 storage: widened, computed in f32 */
+            jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a, off);
+        else
+            jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(x->dtype), a, a,
+                          off);
     }
     if (N->flat >= 0) {
         jdt_nest_offset(N, N->flat, off, sizeof off);
@@ -48,9 +55,9 @@ static void emit_parallel(jdt_sbuf *s, const jdt_nest *N, int n_outer, int nt)
         prod *= N->dims[col++];
     if (prod < 2) return;
     if (col > 1)
-        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(%d) collapse(%d)\n", nt, col);
+        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) collapse(%d)\n", col);
     else
-        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(%d)\n", nt);
+        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt)\n");
 }
 
 static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, jdt_err *e,
@@ -69,12 +76,11 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
     for (int a = 0; a < N.n_acc; a++) {
         if (a == N.flat) continue;
         const cnode *x = &c->nodes[N.acc[a].node];
+        const char *T = x->bf16 ? "uint16_t" : jdt_nest_ctype(x->dtype);
         if (N.acc[a].write)
-            jdt_sb_printf(s, "    %s *w%d = (%s *)p[%d];\n", jdt_nest_ctype(x->dtype), a,
-                          jdt_nest_ctype(x->dtype), x->buf);
+            jdt_sb_printf(s, "    %s *w%d = (%s *)p[%d];\n", T, a, T, x->buf);
         else
-            jdt_sb_printf(s, "    const %s *r%d = (const %s *)p[%d];\n", jdt_nest_ctype(x->dtype),
-                          a, jdt_nest_ctype(x->dtype), x->buf);
+            jdt_sb_printf(s, "    const %s *r%d = (const %s *)p[%d];\n", T, a, T, x->buf);
     }
     char off[512];
     if (!g->is_reduce) {
@@ -87,7 +93,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         for (int a = 0; a < N.n_acc; a++) {
             if (!N.acc[a].write) continue;
             jdt_nest_offset(&N, a, off, sizeof off);
-            jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N.acc[a].node);
+            if (c->nodes[N.acc[a].node].bf16) /* rounded to nearest even on store */
+                jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(v%d);\n", a, off, N.acc[a].node);
+            else
+                jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N.acc[a].node);
         }
         jdt_sb_printf(s, "    }\n}\n\n");
         return;
@@ -113,9 +122,9 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         emit_loops(s, &N, 0, n_outer);
         jdt_sb_printf(s, "    {\n    %s acc = %s;\n", T, init);
         if (n_outer == 0 && jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS)
-            jdt_sb_printf(s,
-                          "    #pragma omp parallel for simd num_threads(%d) reduction(%s : acc)\n",
-                          nt, is_max ? "max" : "+");
+            jdt_sb_printf(
+                s, "    #pragma omp parallel for simd num_threads(jdt_nt) reduction(%s : acc)\n",
+                is_max ? "max" : "+");
         else
             jdt_sb_printf(s, "    #pragma omp simd reduction(%s : acc)\n", is_max ? "max" : "+");
         emit_loops(s, &N, n_outer, N.n);
@@ -148,7 +157,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
          * contiguous */
         int64_t tile = (last + 4 * nt - 1) / (4 * nt);
         tile = (tile + 15) / 16 * 16;
-        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(%d)\n", nt);
+        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt)\n");
         jdt_sb_printf(s, "    for (int64_t cb = 0; cb < %lldLL; cb += %lldLL)\n", (long long)last,
                       (long long)tile);
         emit_loops(s, &N, 0, N.n - 1);
@@ -182,6 +191,8 @@ static const char PRELUDE[] =
     "/* generated by jdt-train's CPU backend: one function per fused group */\n"
     "#include <stdint.h>\n#include <tgmath.h>\n\n"
     "typedef void (*jdt_kernel_fn)(void *const *);\n"
+    "/* the team size of every parallel loop below: the backend sets it before each run */\n"
+    "int jdt_nt = 1;\n"
     "__attribute__((unused)) static inline uint32_t jdt_philox_w0(uint64_t key, uint64_t hi, "
     "uint64_t lo)\n{\n"
     "    uint32_t c0 = (uint32_t)lo, c1 = (uint32_t)(lo >> 32), c2 = (uint32_t)hi, c3 = "
@@ -194,6 +205,14 @@ static const char PRELUDE[] =
     "        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;\n"
     "    }\n"
     "    return c0;\n}\n"
+    /* bf16 storage: the upper 16 bits of an f32; stores round to nearest even (a NaN stays a
+     * quiet NaN, overflow gives Inf), as jdt_bf16_round (engine/core/util.c) */
+    "__attribute__((unused)) static inline float jdt_bf16_ld(uint16_t h)\n{\n"
+    "    union { uint32_t u; float f; } b; b.u = (uint32_t)h << 16; return b.f;\n}\n"
+    "__attribute__((unused)) static inline uint16_t jdt_bf16_st(float x)\n{\n"
+    "    union { uint32_t u; float f; } b; b.f = x;\n"
+    "    uint32_t q = (b.u | 0x00400000u) >> 16, r = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) >> 16;\n"
+    "    return (uint16_t)((b.u & 0x7fffffffu) > 0x7f800000u ? q : r);\n}\n"
     "__attribute__((unused)) static inline float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
     "(1.0f / 16777216.0f); }\n"
     /* exp and tanh for f32 written so the loop vectoriser can inline them (glibc's are scalar

@@ -322,6 +322,14 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
     jdt_status st = JDT_OK;
     *src = NULL;
     *launch = NULL;
+    for (int i = 0; i < c->n_nodes; i++) /* program.c marks bf16 storage for the CPU only */
+        if (c->nodes[i].bf16) {
+            char lbl[128];
+            return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                               "cuda codegen: %s is stored as bf16, which the CUDA emitter does "
+                               "not implement yet",
+                               jdt_compile_node_label(&c->nodes[i], lbl, sizeof lbl));
+        }
     jdt_cuda_launch *L = jdt_calloc((size_t)c->stats.n_kernels + 1, sizeof *L);
     if (!L) return jdt_err_set(e, JDT_ERR_NOMEM, "codegen: launch table");
     jdt_sb_printf(&s, "%s", PRELUDE);
