@@ -127,7 +127,7 @@ typedef struct cprog_ {
     /* opts.share_arena accepted (same device, its arena large enough): the lender's backend
      * state, whose arena this program's buffers point into; NULL: an arena of its own */
     const void *arena_lender;
-    bool bf16_storage; /* the device stores bf16 values (the CPU backend): fuse.c may mark them */
+    bool bf16_storage;  /* the device stores bf16 values (the CPU backend): fuse.c may mark them */
     bool host_builtins; /* the CPU backend's builtins run it (scatter-add onto an initial value) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);

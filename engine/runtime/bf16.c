@@ -260,9 +260,9 @@ int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, in
     return 2 * ((a_bf16 && !ta ? 0 : na) + (b_bf16 ? 0 : nb));
 }
 
-void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c,
-                           int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                           bool b_shared, bool a_bf16, bool b_bf16, void *scratch, int nt)
+void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c, int64_t batch,
+                           int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
+                           bool a_bf16, bool b_bf16, void *scratch, int nt)
 {
     if (!a_bf16 && !b_bf16 && !jdt_rt_bf16_native()) {
         jdt_rt_matmul_bf16(a, b, bias, c, batch, M, N, K, ta, tb, b_shared, scratch, nt);

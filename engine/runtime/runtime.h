@@ -99,9 +99,9 @@ void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float
  * bf16-rounded f32 operands. */
 int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
                                          bool b_shared, bool a_bf16, bool b_bf16);
-void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c,
-                           int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                           bool b_shared, bool a_bf16, bool b_bf16, void *scratch, int nt);
+void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c, int64_t batch,
+                           int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
+                           bool a_bf16, bool b_bf16, void *scratch, int nt);
 /* bf16 storage: x rounded to the nearest bf16 (as jdt_rt_bf16_round), its 16 bits; and back. */
 uint16_t jdt_rt_bf16_bits(float x);
 float jdt_rt_bf16_float(uint16_t h);
@@ -116,8 +116,8 @@ int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int
                            int64_t C);
 /* The same onto an initial value: out (V, C) = init; out[idx[i]] += src[i]. out may be init
  * (in place: nothing is copied). */
-int64_t jdt_rt_scatter_add_into(const float *src, const int32_t *idx, const float *init,
-                                float *out, int64_t n, int64_t V, int64_t C);
+int64_t jdt_rt_scatter_add_into(const float *src, const int32_t *idx, const float *init, float *out,
+                                int64_t n, int64_t V, int64_t C);
 
 /* Row kernels over x (N, C). */
 void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt);

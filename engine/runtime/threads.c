@@ -38,11 +38,14 @@ int jdt_rt_tuner_threads(const jdt_rt_tuner *t)
 static double median(const double *x, int n)
 {
     double s[MAX_S];
-    for (int i = 0; i < n; i++) { /* insertion sort: n <= MAX_S */
+    if (n <= 0) return 0.0; /* no samples: no time */
+    memcpy(s, x, (size_t)n * sizeof *s);
+    for (int i = 1; i < n; i++) { /* insertion sort: n <= MAX_S */
+        double v = s[i];
         int j = i;
-        for (; j > 0 && s[j - 1] > x[i]; j--)
+        for (; j > 0 && s[j - 1] > v; j--)
             s[j] = s[j - 1];
-        s[j] = x[i];
+        s[j] = v;
     }
     return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }

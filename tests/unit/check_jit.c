@@ -580,8 +580,8 @@ START_TEST(test_scatter_add_fold)
     jdt_tensor *src = FX_INPUT(&f, "src", JDT_DTYPE_F32, -1, 1, 15, 6);
     jdt_tensor *lf = FX_INPUT(&f, "leaf", JDT_DTYPE_F32, -1, 1, 11, 6);
     jdt_tensor *dw = jdt_graph_matmul(g, d, h, true, false); /* (11, 6) */
-    out(&f, jdt_graph_mul_scalar(g, jdt_graph_add(g, dw, jdt_graph_scatter_add(g, src, idx, 11)),
-                                 2.0));
+    out(&f,
+        jdt_graph_mul_scalar(g, jdt_graph_add(g, dw, jdt_graph_scatter_add(g, src, idx, 11)), 2.0));
     out(&f, jdt_graph_add(g, jdt_graph_scatter_add(g, src, idx, 11), lf));
     fx_fill(&f, 8);
     jdt_compile_opts o;
@@ -671,28 +671,43 @@ static jdt_tensor *bf16_producer(fx *f, int k)
     jdt_graph *g = f->g;
     jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, BS_M, BS_K);
     switch (k) {
-    case 0: return jdt_graph_gelu(g, x);
-    case 1: return jdt_graph_tanh(g, x);
-    case 2: return jdt_graph_exp(g, jdt_graph_mul_scalar(g, x, 0.5));
-    case 3: return jdt_graph_add(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
-    case 4: return jdt_graph_mul(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
-    case 5: return jdt_graph_add_bcast(g, x, FX_PARAM(f, "bias", -1, 1, BS_K));
-    case 6: return jdt_graph_transpose(g, FX_INPUT(f, "z", JDT_DTYPE_F32, -2, 2, BS_K, BS_M),
-                                       (int[]){1, 0});
-    case 7: return jdt_graph_slice(g, FX_INPUT(f, "wide", JDT_DTYPE_F32, -2, 2, BS_M, 2 * BS_K), 1,
-                                   BS_K / 2, BS_K / 2 + BS_K);
-    case 8: return jdt_graph_add(g, x, jdt_graph_broadcast(g, FX_PARAM(f, "row", -1, 1, BS_K), 2,
-                                                           (int64_t[]){BS_M, BS_K}));
-    case 9: return jdt_graph_reshape(
-        g, jdt_graph_silu(g, FX_INPUT(f, "flat", JDT_DTYPE_F32, -2, 2, BS_M * BS_K)), 2,
-        (int64_t[]){BS_M, BS_K});
-    case 10: return jdt_graph_add_bcast(g,
-                                        jdt_graph_mul_bcast(g, jdt_graph_normalize(g, x, 1e-5),
-                                                            FX_PARAM(f, "nw", 0.5, 1.5, BS_K)),
-                                        FX_PARAM(f, "nb", -0.5, 0.5, BS_K));
-    case 11: return jdt_graph_relu(g, jdt_graph_sub(g, x, jdt_graph_mul_scalar(g, x, 0.25)));
-    case 12: return jdt_graph_div(g, x, jdt_graph_add_scalar(g, jdt_graph_abs(g, x), 1.0));
-    default: return jdt_graph_sigmoid(g, jdt_graph_neg(g, x));
+    case 0:
+        return jdt_graph_gelu(g, x);
+    case 1:
+        return jdt_graph_tanh(g, x);
+    case 2:
+        return jdt_graph_exp(g, jdt_graph_mul_scalar(g, x, 0.5));
+    case 3:
+        return jdt_graph_add(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
+    case 4:
+        return jdt_graph_mul(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
+    case 5:
+        return jdt_graph_add_bcast(g, x, FX_PARAM(f, "bias", -1, 1, BS_K));
+    case 6:
+        return jdt_graph_transpose(g, FX_INPUT(f, "z", JDT_DTYPE_F32, -2, 2, BS_K, BS_M),
+                                   (int[]){1, 0});
+    case 7:
+        return jdt_graph_slice(g, FX_INPUT(f, "wide", JDT_DTYPE_F32, -2, 2, BS_M, 2 * BS_K), 1,
+                               BS_K / 2, BS_K / 2 + BS_K);
+    case 8:
+        return jdt_graph_add(
+            g, x,
+            jdt_graph_broadcast(g, FX_PARAM(f, "row", -1, 1, BS_K), 2, (int64_t[]){BS_M, BS_K}));
+    case 9:
+        return jdt_graph_reshape(
+            g, jdt_graph_silu(g, FX_INPUT(f, "flat", JDT_DTYPE_F32, -2, 2, BS_M * BS_K)), 2,
+            (int64_t[]){BS_M, BS_K});
+    case 10:
+        return jdt_graph_add_bcast(g,
+                                   jdt_graph_mul_bcast(g, jdt_graph_normalize(g, x, 1e-5),
+                                                       FX_PARAM(f, "nw", 0.5, 1.5, BS_K)),
+                                   FX_PARAM(f, "nb", -0.5, 0.5, BS_K));
+    case 11:
+        return jdt_graph_relu(g, jdt_graph_sub(g, x, jdt_graph_mul_scalar(g, x, 0.25)));
+    case 12:
+        return jdt_graph_div(g, x, jdt_graph_add_scalar(g, jdt_graph_abs(g, x), 1.0));
+    default:
+        return jdt_graph_sigmoid(g, jdt_graph_neg(g, x));
     }
 }
 
@@ -706,10 +721,10 @@ static void bf16_storage_graph(fx *f, int k, bool bf16)
     jdt_tensor *u = FX_PARAM(f, "u", -0.5, 0.5, BS_M, 16);
     jdt_tensor *q = FX_PARAM(f, "q", -0.5, 0.5, 16, BS_M);
     jdt_tensor *q2 = FX_PARAM(f, "q2", -0.5, 0.5, 16, BS_K);
-    out(f, jdt_graph_matmul(g, y, w, false, false));  /* y as a */
-    out(f, jdt_graph_matmul(g, y, u, true, false));   /* y as transposed a: (K, 16) */
-    out(f, jdt_graph_matmul(g, q, y, false, false));  /* y as b: (16, K) */
-    out(f, jdt_graph_matmul(g, q2, y, false, true));  /* y as transposed b: (16, M) */
+    out(f, jdt_graph_matmul(g, y, w, false, false)); /* y as a */
+    out(f, jdt_graph_matmul(g, y, u, true, false));  /* y as transposed a: (K, 16) */
+    out(f, jdt_graph_matmul(g, q, y, false, false)); /* y as b: (16, K) */
+    out(f, jdt_graph_matmul(g, q2, y, false, true)); /* y as transposed b: (16, M) */
 }
 
 static void bf16_storage_cases(void)
@@ -743,12 +758,10 @@ static void bf16_storage_cases(void)
             }
         }
         ck_assert_msg(n_half >= 1, "case %d: no 2-byte buffer in the plan", k);
-        ck_assert_msg(s->arena_bytes < jdt_program_stats(p32)->arena_bytes ||
-                          !jdt_rt_bf16_native(),
+        ck_assert_msg(s->arena_bytes < jdt_program_stats(p32)->arena_bytes || !jdt_rt_bf16_native(),
                       "case %d: arena %lld with bf16 storage, %lld without", k,
                       (long long)s->arena_bytes, (long long)jdt_program_stats(p32)->arena_bytes);
-        ck_assert_msg(strstr(jdt_program_source(p), "jdt_bf16_st("), "case %d: no bf16 store",
-                      k);
+        ck_assert_msg(strstr(jdt_program_source(p), "jdt_bf16_st("), "case %d: no bf16 store", k);
         /* the f32 interpreter: within bf16 tolerance, and not equal (the rounding happened) */
         jdt_interp *it = NULL;
         jdt_err e;
@@ -778,8 +791,8 @@ static void bf16_storage_cases(void)
             const float *a = jdt_program_output(p, i), *b = jdt_program_output(p32, i);
             for (int64_t j = 0; j < jdt_shape_numel(&t->shape); j++)
                 ck_assert_msg(fabsf(a[j] - b[j]) <= 1e-6f * (1.0f + fabsf(b[j])),
-                              "case %d output %d element %lld: %.9g (bf16 storage) vs %.9g", k,
-                              i, (long long)j, a[j], b[j]);
+                              "case %d output %d element %lld: %.9g (bf16 storage) vs %.9g", k, i,
+                              (long long)j, a[j], b[j]);
         }
         jdt_program_free(p);
         jdt_program_free(p32);
