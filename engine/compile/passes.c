@@ -489,14 +489,12 @@ static jdt_status check_node(const jdt_tensor *t, jdt_err *e)
     return JDT_OK;
 }
 
-/* Folds y = matmul(a, w) + broadcast(bias) (bias: one value per output column, the matmul read
- * by nothing else) into the matmul: the builtin gets the bias as a third input and starts its
- * accumulator from it (GEMM with beta = 1), and the add becomes a view of the product. Saves a
- * full read and write of y per linear layer. Skipped with no_fuse (tests compare both paths). */
-static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
+/* Readers of each node (inputs of nodes, graph outputs, update values and targets) in a new
+ * (n_nodes + 1) array the caller frees; NULL when out of memory. */
+static int *count_users(const cprog *c)
 {
     int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
-    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: bias folding");
+    if (!users) return NULL;
     for (int i = 0; i < c->n_nodes; i++)
         for (int k = 0; k < c->nodes[i].n_in; k++)
             users[c->nodes[i].in[k]]++;
@@ -504,6 +502,17 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
         users[c->outputs[i]]++;
     for (int i = 0; i < c->n_updates; i++)
         users[c->updates[i].value]++, users[c->updates[i].target]++;
+    return users;
+}
+
+/* Folds y = matmul(a, w) + broadcast(bias) (bias: one value per output column, the matmul read
+ * by nothing else) into the matmul: the builtin gets the bias as a third input and starts its
+ * accumulator from it (GEMM with beta = 1), and the add becomes a view of the product. Saves a
+ * full read and write of y per linear layer. Skipped with no_fuse (tests compare both paths). */
+static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: bias folding");
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *a = &c->nodes[i];
         if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32 ||
@@ -543,15 +552,8 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
  * once. CPU builtins only; skipped with no_fuse. */
 static jdt_status fold_scatter_adds(cprog *c, jdt_err *e)
 {
-    int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
+    int *users = count_users(c);
     if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: scatter folding");
-    for (int i = 0; i < c->n_nodes; i++)
-        for (int k = 0; k < c->nodes[i].n_in; k++)
-            users[c->nodes[i].in[k]]++;
-    for (int i = 0; i < c->n_outputs; i++)
-        users[c->outputs[i]]++;
-    for (int i = 0; i < c->n_updates; i++)
-        users[c->updates[i].value]++, users[c->updates[i].target]++;
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *a = &c->nodes[i];
         if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32)
@@ -585,7 +587,7 @@ static jdt_status fold_scatter_adds(cprog *c, jdt_err *e)
  * strided (program.c passes the layout). Skipped with no_fuse. */
 static jdt_status fold_attention_transposes(cprog *c, jdt_err *e)
 {
-    int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
+    int *users = count_users(c);
     int *att_uses = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
     if (!users || !att_uses) {
         jdt_free(users);
@@ -594,16 +596,10 @@ static jdt_status fold_attention_transposes(cprog *c, jdt_err *e)
     }
     for (int i = 0; i < c->n_nodes; i++) {
         const cnode *n = &c->nodes[i];
-        bool att = n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD;
-        for (int k = 0; k < n->n_in; k++) {
-            users[n->in[k]]++;
-            if (att) att_uses[n->in[k]]++;
-        }
+        if (n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD)
+            for (int k = 0; k < n->n_in; k++)
+                att_uses[n->in[k]]++;
     }
-    for (int i = 0; i < c->n_outputs; i++)
-        users[c->outputs[i]]++;
-    for (int i = 0; i < c->n_updates; i++)
-        users[c->updates[i].value]++, users[c->updates[i].target]++;
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *t = &c->nodes[i];
         if (t->op != JDT_OP_TRANSPOSE || t->kind != CK_MAP || t->shape.ndim != 4 ||

@@ -161,6 +161,31 @@ JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float 
     }
 }
 
+/* One head's slices for the backward: the five inputs with their row strides, and its dq,
+ * dk, dv blocks of dqkv, dk and dv zeroed (they accumulate over query blocks). */
+typedef struct {
+    const float *q, *k, *v, *o, *g;
+    int lq, lk, lv, lo, lg;
+    float *dq, *dk, *dv;
+} att_head;
+
+JDT_RT_INLINE void att_head_bwd(att_head *h, const float *q, const float *k, const float *v,
+                                const float *o, const float *dout, float *dqkv, unsigned bthd,
+                                int64_t bh, int64_t B, int64_t H, int64_t T, int64_t D)
+{
+    const int64_t n = B * H * T * D, off = bh * T * D;
+    h->q = slice_of(q, bthd, 0, bh, H, T, D, &h->lq);
+    h->k = slice_of(k, bthd, 1, bh, H, T, D, &h->lk);
+    h->v = slice_of(v, bthd, 2, bh, H, T, D, &h->lv);
+    h->o = slice_of(o, bthd, 3, bh, H, T, D, &h->lo);
+    h->g = slice_of(dout, bthd, 4, bh, H, T, D, &h->lg);
+    h->dq = dqkv + off;
+    h->dk = dqkv + n + off;
+    h->dv = dqkv + 2 * n + off;
+    memset(h->dk, 0, (size_t)(T * D) * sizeof(float));
+    memset(h->dv, 0, (size_t)(T * D) * sizeof(float));
+}
+
 /* delta_i = dO_i . O_i and dS = P * (dP - delta) * scale over a block's rows, into dP. */
 JDT_RT_INLINE void att_ds(const float *P, float *dP, const float *gi, int lg, const float *ob,
                           int lo, int64_t i0, int64_t nq, int64_t nk, int64_t D, float scale)
@@ -186,23 +211,17 @@ JDT_RT_CLONES static void attention_bwd_bf16(const float *q, const float *k, con
                                              int64_t B, int64_t H, int64_t T, int64_t D,
                                              float scale, unsigned bthd, float *scratch, int nt)
 {
-    const int64_t per = att_per_thread_bf16(D, T), pb = att_pack_b_max(D, T), n = B * H * T * D;
-    float *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
+    const int64_t per = att_per_thread_bf16(D, T), pb = att_pack_b_max(D, T);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *P = scratch + (int64_t)omp_get_thread_num() * per, *dP = P + ATT_BQ * T;
         float *kpt = dP + ATT_BQ * T, *vpt = kpt + pb, *kp = vpt + pb, *ap = kp + pb;
         float *bq = ap + att_pack_a_max(D, T);
-        int64_t off = bh * T * D;
-        int lq, lk, lv, lo, lg;
-        const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
-        const float *kb = slice_of(k, bthd, 1, bh, H, T, D, &lk);
-        const float *vb = slice_of(v, bthd, 2, bh, H, T, D, &lv);
-        const float *ob = slice_of(o, bthd, 3, bh, H, T, D, &lo);
-        const float *gb = slice_of(dout, bthd, 4, bh, H, T, D, &lg);
-        float *dqb = dq + off, *dkb = dk + off, *dvb = dv + off;
-        memset(dkb, 0, (size_t)(T * D) * sizeof(float));
-        memset(dvb, 0, (size_t)(T * D) * sizeof(float));
+        att_head h;
+        att_head_bwd(&h, q, k, v, o, dout, dqkv, bthd, bh, B, H, T, D);
+        const float *qb = h.q, *kb = h.k, *vb = h.v, *ob = h.o, *gb = h.g;
+        const int lq = h.lq, lk = h.lk, lv = h.lv, lo = h.lo, lg = h.lg;
+        float *dqb = h.dq, *dkb = h.dk, *dvb = h.dv;
         jdt_rt_bf16_pack_b(kb, lk, true, D, T, kpt); /* B(d, j) = k[j][d] */
         jdt_rt_bf16_pack_b(vb, lv, true, D, T, vpt); /* B(d, j) = v[j][d] */
         jdt_rt_bf16_pack_b(kb, lk, false, T, D, kp); /* B(j, d) = k[j][d] */
@@ -236,7 +255,6 @@ JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const fl
                                         bool bf16, float *scratch, int nt)
 {
     int64_t per = att_per_thread(D, T), n = B * H * T * D;
-    float *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
     if (n == 0) return;
     if (bf16) {
         attention_bwd_bf16(q, k, v, o, dout, dqkv, B, H, T, D, scale, bthd, scratch, nt);
@@ -245,16 +263,11 @@ JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const fl
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *P = scratch + (int64_t)omp_get_thread_num() * per, *dP = P + ATT_BQ * T;
-        int64_t off = bh * T * D;
-        int lq, lk, lv, lo, lg;
-        const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
-        const float *kb = slice_of(k, bthd, 1, bh, H, T, D, &lk);
-        const float *vb = slice_of(v, bthd, 2, bh, H, T, D, &lv);
-        const float *ob = slice_of(o, bthd, 3, bh, H, T, D, &lo);
-        const float *gb = slice_of(dout, bthd, 4, bh, H, T, D, &lg);
-        float *dqb = dq + off, *dkb = dk + off, *dvb = dv + off;
-        memset(dkb, 0, (size_t)(T * D) * sizeof(float));
-        memset(dvb, 0, (size_t)(T * D) * sizeof(float));
+        att_head h;
+        att_head_bwd(&h, q, k, v, o, dout, dqkv, bthd, bh, B, H, T, D);
+        const float *qb = h.q, *kb = h.k, *vb = h.v, *ob = h.o, *gb = h.g;
+        const int lq = h.lq, lk = h.lk, lv = h.lv, lo = h.lo, lg = h.lg;
+        float *dqb = h.dq, *dkb = h.dk, *dvb = h.dv;
         for (int64_t i0 = 0; i0 < T; i0 += ATT_BQ) {
             int64_t nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, nk = i0 + nq;
             const float *qi = qb + i0 * lq, *gi = gb + i0 * lg;
