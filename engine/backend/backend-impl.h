@@ -42,6 +42,8 @@ typedef struct {
     char *(*describe)(const jdt_device *d, char *buf, size_t n);
     /* Device memory figures (NULL: none, the CPU). */
     bool (*memory)(const jdt_device *d, jdt_device_mem *m);
+    /* Collectives' time on a device with its own (NULL: none; see jdt_device_comm_times). */
+    bool (*comm_times)(const jdt_device *d, double *waited_s, double *moving_s);
 } jdt_backend_vt;
 
 struct jdt_device {

@@ -946,7 +946,12 @@ static void log_summary(const trainer *tr, int64_t t)
     const double pct = wall > 0 ? 100.0 / wall : 0;
     const double run_mfu = 100.0 * tr->flops_per_step * n_run / tr->s_step / tr->peak;
     if (run_mfu > 100 && !tr->warned_mfu) warn_mfu(run_mfu, " over the run", tr->peak, &tr->pref);
-    const double comm_s = tr->s_comm, moving_s = tr->s_comm_moving;
+    /* a device with its own collectives (CUDA: NCCL) times them with its events */
+    double comm_s = tr->s_comm, moving_s = tr->s_comm_moving, dev_waited_s, dev_moving_s;
+    if (jdt_device_comm_times(tr->device, &dev_waited_s, &dev_moving_s)) {
+        comm_s += dev_waited_s;
+        moving_s += dev_moving_s;
+    }
     jdt_device_mem dm;
     char dev_txt[200] = "";
     if (jdt_device_memory(tr->device, &dm))

@@ -801,7 +801,7 @@ static int rank0_group(void *ctx, int group, int *ranks, int max_ranks)
 /* On a GPU: the same step for a group of one rank, its collectives forced through NCCL
  * (JDT_CUDA_NCCL_SINGLE=1: a one-rank communicator, the only kind one GPU can make), blocking
  * vs started on the communicator's stream and waited by the compute stream: bitwise equal, the
- * CPU within TF32 tolerance. */
+ * CPU within TF32 tolerance, and the NCCL time counted (jdt_device_comm_times). */
 START_TEST(test_gpu_overlap_matches_blocking)
 {
     jdt_device *probe = gpu_or_skip("overlap");
@@ -817,6 +817,7 @@ START_TEST(test_gpu_overlap_matches_blocking)
     float res[3][OVL_OUT], cpu[OVL_OUT];
     jdt_compile_stats st[3], cs;
     size_t n[3];
+    double waited = 0, moving = 0;
     jdt_err e;
     jdt_err_clear(&e);
     for (int mode = 0; mode < 3; mode++) {
@@ -826,6 +827,10 @@ START_TEST(test_gpu_overlap_matches_blocking)
         jdt_device_set_dist(d, dist);
         jdt_device_set_groups(d, rank0_group, NULL);
         n[mode] = ovl_run(d, 1, mode, res[mode], &st[mode]);
+        ck_assert(jdt_device_comm_times(d, &waited, &moving));
+        printf("check_cuda: overlap mode %d: NCCL %.3f ms on its stream, compute waited %.3f ms\n",
+               mode, moving * 1e3, waited * 1e3);
+        ck_assert_msg(moving > 0 && waited >= 0, "NCCL time not counted: %g / %g", moving, waited);
         jdt_device_close(d);
     }
     ck_assert_int_gt(st[1].n_coll_async, 5);

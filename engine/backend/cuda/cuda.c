@@ -402,6 +402,15 @@ static bool cuda_memory(const jdt_device *d, jdt_device_mem *m)
     return true;
 }
 
+static bool cuda_comm_times(const jdt_device *d, double *waited_s, double *moving_s)
+{
+    const cuda_dev *cd = d->impl;
+    if (!cd->dist) return false;
+    *waited_s = cd->comm_waited_s;
+    *moving_s = cd->comm_moving_s;
+    return true;
+}
+
 static char *cuda_describe(const jdt_device *d, char *buf, size_t n)
 {
     const cuda_dev *cd = d->impl;
@@ -1218,6 +1227,7 @@ static const jdt_backend_vt cuda_vt = {
     .close = cuda_close,
     .describe = cuda_describe,
     .memory = cuda_memory,
+    .comm_times = cuda_comm_times,
 };
 
 jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
