@@ -979,6 +979,18 @@ static jdt_status coll_wait(cuda_prog *p, const cstep *sp, jdt_err *e)
     return JDT_OK;
 }
 
+/* After a failed step: every collective still started is waited (the compute stream ordered
+ * after it), as the CPU backend waits its handles, so the next run can start them again. */
+static void coll_drain(cuda_prog *p)
+{
+    for (int k = 0; k < p->c->n_colls; k++) {
+        if (!p->ccomm[k]) continue;
+        jdt_err ignored;
+        jdt_cuk_coll_wait(p->ccomm[k], p->tk[k], &ignored);
+        p->ccomm[k] = NULL;
+    }
+}
+
 static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
 {
     const cprog *c = p->c;
@@ -1145,16 +1157,21 @@ static jdt_status cuda_step(void *state, int s, jdt_err *e)
     }
     switch (sp->kind) {
     case STEP_COLL_PACK:
-        return coll_pack(p, sp, e);
+        st = coll_pack(p, sp, e);
+        break;
     case STEP_COLL_START:
-        return coll_start(p, sp, e);
+        st = coll_start(p, sp, e);
+        break;
     case STEP_COLL_WAIT:
-        return coll_wait(p, sp, e);
+        st = coll_wait(p, sp, e);
+        break;
     case STEP_KERNEL: /* above */
     case STEP_BUILTIN:
+        st = run_builtin(p, sp, e);
         break;
     }
-    return run_builtin(p, sp, e);
+    if (st != JDT_OK) coll_drain(p);
+    return st;
 fail:
     return st;
 }
