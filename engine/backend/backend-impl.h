@@ -16,6 +16,9 @@
 
 typedef struct {
     const char *name;
+    /* The backend loads and stores bf16-stored values (cnode.bf16: fused kernels round on
+     * store, builtins read them; fuse.c mark_bf16_storage). The default CPU device always does. */
+    bool bf16_storage;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src

@@ -182,7 +182,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         return JDT_OK;
     }
     c->host_builtins = p->dev == jdt_device_cpu_default();
-    c->bf16_storage = c->host_builtins && !c->opts.no_bf16_storage;
+    c->bf16_storage = (c->host_builtins || p->dev->vt->bf16_storage) && !c->opts.no_bf16_storage;
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;

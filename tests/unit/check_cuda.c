@@ -373,6 +373,11 @@ START_TEST(test_nvrtc_train_steps)
     ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
     jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
     check_source(MODELS[i].name, jdt_step_source(s), jdt_step_stats(s)->n_kernels);
+    if (strstr(MODELS[i].name, "bf16")) { /* bf16 storage: fused kernels store bf16 (NVRTC above) */
+        ck_assert_int_gt(jdt_step_stats(s)->n_bf16_stored, 0);
+        ck_assert_ptr_nonnull(strstr(jdt_step_source(s), "= jdt_bf16_st(v"));
+        ck_assert_ptr_nonnull(strstr(jdt_step_source(s), "= jdt_bf16_ld(r"));
+    }
     jdt_step_free(s);
     jdt_device_close(d);
     jdt_config_free(&c);
@@ -519,6 +524,10 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol)
     char cache[] = "/tmp/jdt-check-cuda-XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(cache));
     jdt_step *sc = make_step(&c, NULL, cache), *sg = make_step(&c, d, cache);
+    /* bf16 storage on the device too (the CPU's count may differ: it folds scatter-adds) */
+    printf("check_cuda: %s: bf16-stored values cpu %d, cuda %d\n", MODELS[i].name,
+           jdt_step_stats(sc)->n_bf16_stored, jdt_step_stats(sg)->n_bf16_stored);
+    if (strstr(MODELS[i].name, "bf16")) ck_assert_int_gt(jdt_step_stats(sg)->n_bf16_stored, 0);
     size_t n = (size_t)c.data.batch_size *
                (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
     int32_t *xi = calloc(n, 4), *y = calloc(n, 4);
@@ -579,7 +588,10 @@ END_TEST
 
 START_TEST(test_emulated_train_matches_cpu)
 {
-    model_vs_cpu(_i, emulated(), 1e-4);
+    /* bf16: the two emitters' exp/tanh differ by an f32 ulp here and there; where such a value
+     * feeds a bf16 GEMM it can round to the neighbouring bf16 (2^-8 relative), which 8 AdamW
+     * steps carry into the parameters (seen: 1.6e-4 on a 0.0087 weight) */
+    model_vs_cpu(_i, emulated(), strstr(MODELS[_i].name, "bf16") ? 1e-3 : 1e-4);
 }
 END_TEST
 

@@ -233,6 +233,37 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
      * missing or different input rounding would be off by ~2^-9 sqrt(K) |a||b|, far above */
     expect_close(what, got, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
     expect_close("matmul_bf16 left input unchanged", a2, a, na, 0, 0);
+    /* operands stored as bf16 (the compiler's bf16 storage): read as they are, no conversion;
+     * the same products (the GEMM algorithm may differ with the alignment: tolerance) */
+    uint16_t *a16 = malloc((size_t)na * 2 + 2), *b16 = malloc((size_t)nb * 2 + 2);
+    for (int64_t i = 0; i < na; i++) {
+        float r = jdt_bf16_round(a[i]);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        a16[i] = (uint16_t)(u >> 16);
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        float r = jdt_bf16_round(b[i]);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        b16[i] = (uint16_t)(u >> 16);
+    }
+    void *da16 = dev_from(a16, (size_t)na * 2), *db16 = dev_from(b16, (size_t)nb * 2);
+    for (int which = 1; which < 4; which++) {
+        const bool a_bf = which & 1, b_bf = which & 2;
+        ck_assert_int_eq(cudaMemset(dc, 0xff, (size_t)nc * 4), cudaSuccess);
+        s = jdt_cuk_matmul_bf16_ex(k, a_bf ? da16 : (void *)da, b_bf ? db16 : (void *)db,
+                                   with_bias ? dbias : NULL, dc, batch, M, N, K, ta, tb, shared,
+                                   a_bf, b_bf, dscr, sb, &e);
+        ck_assert_msg(s == JDT_OK, "%s", e.msg);
+        float *g16 = dev_to_host(k, dc, nc);
+        char w16[160];
+        snprintf(w16, sizeof w16, "%s, bf16-stored a %d b %d", what, a_bf, b_bf);
+        expect_close(w16, g16, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
+        free(g16);
+    }
+    free(a16), free(b16);
+    cudaFree(da16), cudaFree(db16);
     /* too small a scratch is an error, not a write past it */
     if (K > 0) {
         s = jdt_cuk_matmul_bf16(k, da, db, NULL, dc, batch, M, N, K, ta, tb, shared, dscr, 2, &e);
@@ -629,6 +660,27 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     float *gl = dev_to_host(k, lossd, N), *gdx = dev_to_host(k, dxo, n);
     expect_close("softmax_xent", gl, loss, N, 1e-5f, 1e-5f);
     expect_close("softmax_xent_bwd", gdx, dx, n, 1e-7f, 1e-4f);
+    /* the bf16-storing variant against the CPU's: the same values rounded (one bf16 step apart
+     * at most, where the two exps straddle a rounding boundary) */
+    uint16_t *d16 = dev_alloc((size_t)n * 2), *h16 = malloc((size_t)n * 2),
+             *w16 = malloc((size_t)n * 2);
+    jdt_rt_softmax_xent_bwd_bf16(x, t, dl, w16, N, V, 1);
+    jdt_cuk_softmax_xent_bwd_bf16(k, dxd, td, dld, d16, N, V);
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_cuk_check(k, "xent_bwd_bf16", true, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t ug = (uint32_t)h16[i] << 16, uw = (uint32_t)w16[i] << 16;
+        float fg, fw;
+        memcpy(&fg, &ug, 4);
+        memcpy(&fw, &uw, 4);
+        ck_assert_msg(fabsf(fg - fw) <= 1e-7f + 8e-3f * fabsf(fw),
+                      "softmax_xent_bwd_bf16[%lld]: got %g, want %g", (long long)i, (double)fg,
+                      (double)fw);
+    }
+    free(h16), free(w16);
+    cudaFree(d16);
     free(x), free(dl), free(t), free(loss), free(dx), free(gl), free(gdx);
     cudaFree(dxd), cudaFree(dld), cudaFree(td), cudaFree(lossd), cudaFree(dxo);
 }

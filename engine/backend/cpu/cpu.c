@@ -619,6 +619,7 @@ const jdt_backend_vt jdt_backend_cpu = {
 
 const jdt_backend_vt jdt_backend_cuda_emulated = {
     .name = "cuda (emulated on the host)",
+    .bf16_storage = true, /* the CUDA emitter's loads/stores, the CPU builtins' bf16 paths */
     .prepare = emu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,

@@ -1012,11 +1012,12 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        if (n->attrs.i[2]) /* bf16 compute: the planned scratch takes the bf16 copies */
-            return jdt_cuk_matmul_bf16(
+        if (n->attrs.i[2]) /* bf16 compute: bf16-stored operands are read as they are, the
+                              planned scratch takes the bf16 copies of the others */
+            return jdt_cuk_matmul_bf16_ex(
                 k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K, n->attrs.i[0] != 0,
-                n->attrs.i[1] != 0, b->ndim == 2, scratch,
-                sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0, e);
+                n->attrs.i[1] != 0, b->ndim == 2, c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16,
+                scratch, sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0, e);
         return jdt_cuk_matmul(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                               n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
     }
@@ -1044,7 +1045,10 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         jdt_cuk_softmax_xent(k, in[0], in[1], o, N, C);
         return JDT_OK;
     case JDT_OP_SOFTMAX_XENT_BWD:
-        jdt_cuk_softmax_xent_bwd(k, in[0], in[1], in[2], o, N, C);
+        if (n->bf16) /* read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
+            jdt_cuk_softmax_xent_bwd_bf16(k, in[0], in[1], in[2], o, N, C);
+        else
+            jdt_cuk_softmax_xent_bwd(k, in[0], in[1], in[2], o, N, C);
         return JDT_OK;
     case JDT_OP_NORMALIZE:
         jdt_cuk_normalize(k, in[0], o, N, C, eps);
@@ -1229,6 +1233,7 @@ fail:
 
 static const jdt_backend_vt cuda_vt = {
     .name = "cuda",
+    .bf16_storage = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
     .source = cuda_source,

@@ -477,6 +477,15 @@ void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tg
     launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD, N, row_threads(V), 0, args);
 }
 
+void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const float *logits, const int32_t *tgt,
+                                   const float *dloss, uint16_t *dlogits, int64_t N, int64_t V)
+{
+    if (N <= 0 || V <= 0) return;
+    int vec = vec_ok(V, logits, NULL, NULL);
+    void *args[] = {&logits, &tgt, &dloss, &dlogits, &N, &V, &vec};
+    launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD_BF16, N, row_threads(V), 0, args);
+}
+
 static void norm_launch2(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, float *y, int64_t N,
                          int64_t C, float eps)
 {
@@ -624,6 +633,15 @@ void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n)
     if (grid > 65536) grid = 65536;
     void *args[] = {&x, &y, &n};
     launch(k, JDT_CUK_K_BF16_ROUND, grid, 256, 0, args);
+}
+
+void jdt_cuk_bf16_widen(jdt_cuk *k, const uint16_t *x, float *y, int64_t n)
+{
+    if (n <= 0) return;
+    int64_t grid = (n + 255) / 256;
+    if (grid > 65536) grid = 65536;
+    void *args[] = {&x, &y, &n};
+    launch(k, JDT_CUK_K_BF16_WIDEN, grid, 256, 0, args);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */

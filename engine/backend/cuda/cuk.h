@@ -71,12 +71,22 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
                                float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
                                bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,
                                jdt_err *e);
+/* jdt_cuk_matmul_bf16 where a (a_bf16) and/or b (b_bf16) are already stored as bf16 bit patterns
+ * (uint16_t, the compiler's bf16 storage): cuBLASLt reads them directly, no conversion pass;
+ * only an f32 operand is converted into the scratch. The TF32 fallback widens a bf16 operand
+ * (exact). Same scratch size as jdt_cuk_matmul_bf16. */
+jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
+                                  float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                                  bool tb, bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
+                                  int64_t scratch_bytes, jdt_err *e);
 
 /* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow
  * gives Inf (bitwise jdt_bf16_round). */
 void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n);
 /* y (n) = x rounded to bf16, kept as f32 (bitwise jdt_bf16_round). */
 void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n);
+/* y (n, f32) = x (n, bf16 bit patterns) widened (exact). */
+void jdt_cuk_bf16_widen(jdt_cuk *k, const uint16_t *x, float *y, int64_t n);
 
 /* out (n, C) = table (V, C) rows idx (n); out-of-range indices give zero rows (not counted: the
  * device cannot return a count without a synchronisation). */
@@ -100,6 +110,10 @@ void jdt_cuk_softmax_xent(jdt_cuk *k, const float *logits, const int32_t *tgt, f
 /* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target out of range: 0. */
 void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tgt,
                               const float *dloss, float *dlogits, int64_t N, int64_t V);
+/* The same, dlogits stored as bf16 bit patterns (rounded to nearest even): the compiler's bf16
+ * storage of a value only bf16 GEMMs read (jdt_rt_softmax_xent_bwd_bf16). */
+void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const float *logits, const int32_t *tgt,
+                                   const float *dloss, uint16_t *dlogits, int64_t N, int64_t V);
 void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
 void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
                            int64_t C, float eps);
