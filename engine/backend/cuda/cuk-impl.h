@@ -81,6 +81,10 @@ typedef struct {
 struct jdt_cuk {
     int device, arch;
     cudaStream_t stream;
+    /* NCCL's stream, shared by every communicator (cuk_comm.c): collectives of different
+     * communicators then run in the order they were issued, the same on every rank, which NCCL
+     * needs of concurrent communicators; made with the first communicator */
+    cudaStream_t comm_stream;
     cudaLibrary_t libs[JDT_CUK_MAX_LIBS];
     int n_libs;
     cudaKernel_t fn[JDT_CUK_K_COUNT];

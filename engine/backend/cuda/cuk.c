@@ -354,6 +354,7 @@ void jdt_cuk_free(jdt_cuk *k)
     if (k->lt) cublasLtDestroy(k->lt);
     if (k->workspace) cudaFree(k->workspace);
     if (k->stream) cudaStreamDestroy(k->stream);
+    if (k->comm_stream) cudaStreamDestroy(k->comm_stream);
     for (int i = 0; i < k->n_libs; i++)
         cudaLibraryUnload(k->libs[i]);
     jdt_free(k);

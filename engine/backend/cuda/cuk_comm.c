@@ -6,8 +6,10 @@
  * A communicator is created non-blocking (ncclConfig_t.blocking = 0) and every wait on NCCL is
  * a polling loop over ncclCommGetAsyncError and the rendezvous's health (jdt_dist_check): a
  * dead peer then ends the wait with the rank named (the coordinator's heartbeat) and the
- * communicator aborted, instead of a hang inside NCCL. Collectives run on the communicator's
- * own stream; events order them after the compute stream's earlier work and the compute
+ * communicator aborted, instead of a hang inside NCCL. Collectives run on NCCL's stream (one
+ * for every communicator of the process, so collectives of different communicators run in
+ * issue order, the same on every rank: NCCL does not allow them to interleave differently on
+ * different ranks); events order them after the compute stream's earlier work and the compute
  * stream's later work after them: at once for the blocking calls, or, for a started one
  * (jdt_cuk_coll_start / _wait, the backend's STEP_COLL_START / _WAIT), at its wait, so the
  * compute queued in between overlaps it. All-reduce (sum, mean, max), all-gather and
@@ -49,7 +51,7 @@ struct jdt_cuk_comm {
     struct jdt_dist *d;
     nccl_api api;
     ncclComm_t comm;
-    cudaStream_t stream;
+    cudaStream_t stream;    /* k->comm_stream: NCCL's stream, shared by every communicator */
     cudaEvent_t ev_comm;    /* after the last collective queued: comm work done */
     jdt_cuk_coll *blocking; /* the events of the blocking calls (jdt_cuk_allreduce ...) */
     int n_ranks, index;
@@ -182,7 +184,9 @@ jdt_status jdt_cuk_comm_init(jdt_cuk *k, struct jdt_dist *d, const int *ranks, i
     jdt_status s = nccl_load(&c->api, e);
     if (s != JDT_OK) goto fail;
     cudaError_t rc = cudaSetDevice(k->device);
-    if (rc == cudaSuccess) rc = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (rc == cudaSuccess && !k->comm_stream)
+        rc = cudaStreamCreateWithFlags(&k->comm_stream, cudaStreamNonBlocking);
+    c->stream = k->comm_stream;
     if (rc == cudaSuccess) rc = cudaEventCreateWithFlags(&c->ev_comm, cudaEventDisableTiming);
     if (rc != cudaSuccess) {
         s = jdt_cuk_cuda_err(e, rc, "NCCL communicator stream");
@@ -254,7 +258,6 @@ void jdt_cuk_comm_free(jdt_cuk_comm *c)
     }
     jdt_cuk_coll_free(c->blocking);
     if (c->ev_comm) cudaEventDestroy(c->ev_comm);
-    if (c->stream) cudaStreamDestroy(c->stream);
     if (c->api.lib) dlclose(c->api.lib);
     jdt_free(c);
 }
