@@ -373,10 +373,10 @@ START_TEST(test_nvrtc_train_steps)
     ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
     jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
     check_source(MODELS[i].name, jdt_step_source(s), jdt_step_stats(s)->n_kernels);
-    if (strstr(MODELS[i].name, "bf16")) { /* bf16 storage: fused kernels store bf16 (NVRTC above) */
+    /* bf16 storage: fused kernels store bf16 (compiled by NVRTC above); only GEMMs read it */
+    if (strstr(MODELS[i].name, "bf16")) {
         ck_assert_int_gt(jdt_step_stats(s)->n_bf16_stored, 0);
         ck_assert_ptr_nonnull(strstr(jdt_step_source(s), "= jdt_bf16_st(v"));
-        ck_assert_ptr_nonnull(strstr(jdt_step_source(s), "= jdt_bf16_ld(r"));
     }
     jdt_step_free(s);
     jdt_device_close(d);
