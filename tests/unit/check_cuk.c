@@ -174,7 +174,7 @@ static void check_matmul(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_
     int64_t na = batch * M * K, nb = (shared ? 1 : batch) * K * N, nc = batch * M * N;
     float *a = rand_floats(na, 1, -1, 1), *b = rand_floats(nb, 2, -1, 1);
     float *bias = rand_floats(N, 3, -1, 1), *want = malloc((size_t)nc * sizeof(float));
-    jdt_rt_matmul(a, b, with_bias ? bias : NULL, want, batch, M, N, K, ta, tb, shared);
+    jdt_rt_matmul(a, b, with_bias ? bias : NULL, want, batch, M, N, K, ta, tb, shared, 1);
     float *da = dev_from(a, (size_t)na * 4), *db = dev_from(b, (size_t)nb * 4);
     float *dbias = dev_from(bias, (size_t)N * 4), *dc = dev_alloc((size_t)nc * 4);
     jdt_err e;
