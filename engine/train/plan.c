@@ -180,7 +180,7 @@ static void print_collectives(const jdt_step *s, const jdt_config *cfg, FILE *f,
         if (!cs || cs->n_coll_calls == 0) continue;
         fprintf(f,
                 "    issued by the %s program: %d calls per run, %d of them start/wait pairs "
-                "under compute, %d all-reduces coalesced into buckets of <= %d MiB\n",
+                "under compute, %d collectives coalesced into buckets of <= %d MiB\n",
                 p       ? "apply"
                 : accum ? "micro-batch"
                         : "train-step",
