@@ -74,6 +74,11 @@ typedef struct {
      * no concat, no split; a gather's or scatter's through a wire buffer). <= 0: one
      * collective per node. */
     int64_t bucket_bytes;
+    /* With collective_start: collectives of leaves (FSDP weight all-gathers; buckets of them
+     * when bucket_bytes > 0) are issued ahead of their use while the gathered bytes in flight
+     * (issued, not yet waited) stay within this many bytes; at least one call ahead. 0: the
+     * default, 8 MiB; < 0: one call ahead only. */
+    int64_t prefetch_bytes;
     /* Per-step trace hook: when non-NULL, jdt_program_run calls it once per executed step, in
      * schedule order, on the calling thread, with jdt_now_s() timestamps around the step. name
      * is "fused:<root op>" for generated kernels, the op name for builtins ("matmul",
@@ -109,6 +114,8 @@ typedef struct {
     int n_coll_calls;      /* collective calls per run (a bucket of all-reduces is one) */
     int n_coll_async;      /* of which issued as start/wait pairs (opts.collective_start) */
     int n_coll_bucketed;   /* collective nodes that run inside a bucket of several */
+    int n_coll_prefetch;   /* calls of collectives of leaves (FSDP weight gathers), prefetched */
+    int64_t prefetch_peak_bytes; /* most gathered bytes of them in flight (opts.prefetch_bytes) */
     int n_bf16_stored;     /* values stored as bf16 (read only by bf16-compute GEMMs) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */

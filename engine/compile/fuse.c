@@ -221,8 +221,8 @@ static bool add_step(cprog *c, cstep s)
  * collectives the steps are the node order: (root or builtin node, KEY_BASE). With them, each
  * collective node becomes PACK + START right after the step that computes its input
  * (KEY_PACK, KEY_START at the producer) and WAIT just before the first step that reads it
- * (KEY_WAIT at that reader); a collective of a leaf (an FSDP weight gather) is issued
- * JDT_PREFETCH_COLLS calls ahead of its use instead of at the start of the step. The
+ * (KEY_WAIT at that reader); a collective of a leaf (an FSDP weight gather) is issued as far
+ * ahead of its use as opts.prefetch_bytes allows instead of at the start of the step. The
  * keys are a pure function of the graph, so every rank issues the same starts in one order. */
 enum {
     KEY_PF_PACK = 1, /* a leaf collective, prefetched: at the wait of an earlier one */
@@ -235,12 +235,9 @@ enum {
     KEY_START = 8,
 };
 
-/* How many calls of collectives of leaves (FSDP all-gathers of weights, or buckets of them)
- * are in flight ahead of their use: one GPT block's GEMM weights (q, k, v, o, fc, proj)
- * unbucketed. Measured on the benchmark GPT (docs/perf.md): 1..8 ahead change the planned
- * arena by a few MiB either way (placement noise); the gathers are then prefetched a block
- * ahead, forward and backward. */
-#define JDT_PREFETCH_COLLS 6
+/* Gathered bytes of leaf collectives (FSDP all-gathers of weights) in flight ahead of their
+ * use when opts.prefetch_bytes is 0 (runtime.prefetch_mb's default): see schedule. */
+#define JDT_PREFETCH_BYTES_DEFAULT ((int64_t)8 << 20)
 /* Reduce-scatters in flight behind the backward (see schedule). */
 #define JDT_RS_IN_FLIGHT 2
 
@@ -480,8 +477,10 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
     }
 
     /* collectives of leaves (FSDP weight gathers): buckets of consecutive ones in the order
-     * they are needed, each waited with its first member and issued at the wait of the
-     * JDT_PREFETCH_COLLS-th bucket before it (the first ones at the start of the step) */
+     * they are needed, each waited with its first member; bucket j is issued at the wait of
+     * the earliest bucket lo (or at the start of the step) such that the gathered bytes in
+     * flight then, buckets lo..j, fit in the prefetch budget; always at least at the wait of
+     * bucket j - 1 (one ahead), however large it is */
     const int pf0 = c->n_colls;
     for (int j = 0; j < n_pf;) {
         const cnode *n = &c->nodes[pf[j]];
@@ -501,13 +500,22 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         if (nm > 1) c->stats.n_coll_bucketed += nm;
         j += nm;
     }
-    for (int j = pf0; j < c->n_colls; j++) {
-        const int lo = j - JDT_PREFETCH_COLLS;
+    const int64_t budget =
+        c->opts.prefetch_bytes ? c->opts.prefetch_bytes : JDT_PREFETCH_BYTES_DEFAULT;
+    int64_t in_flight = 0; /* gathered bytes of buckets max(lo, pf0)..j */
+    for (int j = pf0, lo = pf0 - 1; j < c->n_colls; j++) {
+        in_flight += c->colls[j].n_elems * 4;
+        while (lo < j - 1 && in_flight > budget) {
+            if (lo >= pf0) in_flight -= c->colls[lo].n_elems * 4;
+            lo++;
+        }
         const int64_t key = lo < pf0 ? mkkey(-1, KEY_PF_PACK)
                                      : wait[c->colls[lo].members[0]] - KEY_WAIT + KEY_PF_PACK;
         for (int m = 0; m < c->colls[j].n_members; m++)
             pack[c->colls[j].members[m]] = key;
+        if (in_flight > c->stats.prefetch_peak_bytes) c->stats.prefetch_peak_bytes = in_flight;
     }
+    c->stats.n_coll_prefetch = c->n_colls - pf0;
     /* the keyed steps */
 #define PUSH(K, T, ...)                                                                            \
     do {                                                                                           \

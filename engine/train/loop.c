@@ -663,6 +663,8 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
             so.copts.collective_start = train_collective_start;
             so.copts.collective_wait = train_collective_wait;
             so.copts.bucket_bytes = (int64_t)cfg->runtime.bucket_mb << 20;
+            so.copts.prefetch_bytes =
+                cfg->runtime.prefetch_mb ? (int64_t)cfg->runtime.prefetch_mb << 20 : -1;
         }
     }
     return jdt_step_new(cfg, &so, out, e);

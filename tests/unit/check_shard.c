@@ -439,7 +439,7 @@ static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *
     o.collective = twin_collective;
     /* 0 interpreter, 1 blocking, 2 start/wait, 3 start/wait + buckets (every gradient
      * collective of a kind in one, all the gathers in one), 4 buckets of two (512 bytes:
-     * two 8x8 tensors) */
+     * two 8x8 tensors) and gathers issued one bucket ahead only */
     o.no_jit = mode == 0;
     if (mode >= 2) {
         o.collective_start = fake_start;
@@ -447,7 +447,7 @@ static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *
         o.trace = ov_trace;
     }
     if (mode == 3) o.bucket_bytes = 1 << 20;
-    if (mode == 4) o.bucket_bytes = 512;
+    if (mode == 4) o.bucket_bytes = 512, o.prefetch_bytes = -1;
     jdt_program *prog = NULL;
     jdt_err e;
     ck_assert_msg(jdt_program_compile(g, &o, &prog, &e) == JDT_OK, "%s", e.msg);
@@ -532,6 +532,12 @@ START_TEST(test_overlap_window)
      * bias all-reduces (32 bytes each) in one */
     ck_assert_int_eq(s_b2.n_coll_bucketed, 9);
     ck_assert_int_eq(s_b2.n_coll_calls, 6);
+    /* prefetch: one bucket of 5 gathers (5 x 256 bytes) issued at the start; one ahead only:
+     * the second bucket is issued as the first is waited, so both are in flight */
+    ck_assert_int_eq(s_bk.n_coll_prefetch, 1);
+    ck_assert_int_eq(s_bk.prefetch_peak_bytes, 1280);
+    ck_assert_int_eq(s_b2.n_coll_prefetch, 3);
+    ck_assert_int_eq(s_b2.prefetch_peak_bytes, 1024);
 }
 END_TEST
 
