@@ -82,14 +82,20 @@ typedef struct {
 } cstep;
 
 /* One asynchronous collective call: a single ALL_REDUCE / ALL_GATHER / REDUCE_SCATTER node, or
- * a bucket of ALL_REDUCEs of one group and kind whose buffers are consecutive slots of `buf`. */
+ * a bucket of nodes of one op and group (fuse.c add_coll). A bucket of ALL_REDUCEs runs on
+ * `buf`, whose consecutive slots are its members' buffers. A REDUCE_SCATTER (one or a bucket)
+ * and a bucket of ALL_GATHERs run on the wire buffer `scratch_buf` of k segments, segment r
+ * holding every member's part r side by side (part_off): PACK puts a member's input there
+ * (scatter: its parts permuted into the segments), WAIT takes each member's result out into
+ * the member's own buffer, which is defined there. A lone ALL_GATHER runs on its own output. */
 typedef struct {
     int *members; /* cnode indices, in slot order */
     int n_members;
-    int64_t n_elems; /* of the call: the bucket, or the full (gathered / scattered) tensor */
-    int buf;         /* bucket buffer (n_members > 1) or -1: the member's own buffer */
-    int scratch_buf; /* reduce-scatter: the permuted full input, live from PACK to WAIT; or -1 */
-    int start_step, wait_step;
+    int64_t *part_off; /* per member: offset of its part in a segment (all-reduce: of its slot) */
+    int64_t n_elems;   /* of the call: the bucket, or the full (gathered / scattered) tensor */
+    int buf;           /* all-reduce bucket buffer (n_members > 1) or -1 */
+    int scratch_buf;   /* the wire buffer (see above), live from the first PACK to WAIT; or -1 */
+    int first_pack_step, start_step, wait_step;
     bool inline_run; /* nothing runs between START and WAIT: START runs it blocking (no thread
                         hand-off), WAIT only finishes */
 } ccoll;

@@ -67,11 +67,18 @@ typedef struct {
      * blocking through `collective` at its place in the graph. */
     jdt_collective_start_fn collective_start;
     jdt_collective_wait_fn collective_wait;
-    /* With collective_start: gradient-style ALL_REDUCEs of one group and kind whose inputs
-     * become ready one after another are coalesced into buckets of at most this many bytes,
-     * one collective each, the members laid out side by side in the arena (no concat, no
-     * split). <= 0: one collective per node. */
+    /* With collective_start: gradient-style ALL_REDUCEs and REDUCE_SCATTERs of one group (and
+     * kind) whose inputs become ready one after another, and ALL_GATHERs of leaves needed one
+     * after another, are coalesced into buckets of at most this many bytes (of the full
+     * tensors), one collective each (an all-reduce bucket's members side by side in the arena:
+     * no concat, no split; a gather's or scatter's through a wire buffer). <= 0: one
+     * collective per node. */
     int64_t bucket_bytes;
+    /* With collective_start: collectives of leaves (FSDP weight all-gathers; buckets of them
+     * when bucket_bytes > 0) are issued ahead of their use while the gathered bytes in flight
+     * (issued, not yet waited) stay within this many bytes; at least one call ahead. 0: the
+     * default, 8 MiB; < 0: one call ahead only. */
+    int64_t prefetch_bytes;
     /* Per-step trace hook: when non-NULL, jdt_program_run calls it once per executed step, in
      * schedule order, on the calling thread, with jdt_now_s() timestamps around the step. name
      * is "fused:<root op>" for generated kernels, the op name for builtins ("matmul",
@@ -106,7 +113,9 @@ typedef struct {
     int n_update_copies;   /* updates copied into their leaf after the step */
     int n_coll_calls;      /* collective calls per run (a bucket of all-reduces is one) */
     int n_coll_async;      /* of which issued as start/wait pairs (opts.collective_start) */
-    int n_coll_bucketed;   /* ALL_REDUCE nodes that run inside a bucket of several */
+    int n_coll_bucketed;   /* collective nodes that run inside a bucket of several */
+    int n_coll_prefetch;   /* calls of collectives of leaves (FSDP weight gathers), prefetched */
+    int64_t prefetch_peak_bytes; /* most gathered bytes of them in flight (opts.prefetch_bytes) */
     int n_bf16_stored;     /* values stored as bf16 (read only by bf16-compute GEMMs) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */

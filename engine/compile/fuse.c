@@ -221,8 +221,8 @@ static bool add_step(cprog *c, cstep s)
  * collectives the steps are the node order: (root or builtin node, KEY_BASE). With them, each
  * collective node becomes PACK + START right after the step that computes its input
  * (KEY_PACK, KEY_START at the producer) and WAIT just before the first step that reads it
- * (KEY_WAIT at that reader); a collective of a leaf (an FSDP weight gather) is issued
- * JDT_PREFETCH_COLLS leaf collectives ahead of its use instead of at the start of the step. The
+ * (KEY_WAIT at that reader); a collective of a leaf (an FSDP weight gather) is issued as far
+ * ahead of its use as opts.prefetch_bytes allows instead of at the start of the step. The
  * keys are a pure function of the graph, so every rank issues the same starts in one order. */
 enum {
     KEY_PF_PACK = 1, /* a leaf collective, prefetched: at the wait of an earlier one */
@@ -235,11 +235,9 @@ enum {
     KEY_START = 8,
 };
 
-/* How many collectives of leaves (FSDP all-gathers of weights) are in flight ahead of their
- * use: one GPT block's GEMM weights (q, k, v, o, fc, proj). Measured on the benchmark GPT
- * (docs/perf.md): 1..8 ahead change the planned arena by a few MiB either way (placement
- * noise); the gathers are then prefetched a block ahead, forward and backward. */
-#define JDT_PREFETCH_COLLS 6
+/* Gathered bytes of leaf collectives (FSDP all-gathers of weights) in flight ahead of their
+ * use when opts.prefetch_bytes is 0 (runtime.prefetch_mb's default): see schedule. */
+#define JDT_PREFETCH_BYTES_DEFAULT ((int64_t)8 << 20)
 /* Reduce-scatters in flight behind the backward (see schedule). */
 #define JDT_RS_IN_FLIGHT 2
 
@@ -298,18 +296,53 @@ static int first_reader(const cprog *c, const user_lists *u, int i)
     return best == INT32_MAX ? c->n_nodes : best;
 }
 
-static bool add_coll(cprog *c, const int *members, int n, int64_t n_elems)
+/* The full tensor a collective node moves (all-gather: its output; else its input). */
+static int64_t coll_elems(const cprog *c, const cnode *n)
+{
+    return n->op == JDT_OP_ALL_GATHER ? jdt_shape_numel(&n->shape)
+                                      : jdt_shape_numel(&c->nodes[n->in[0]].shape);
+}
+
+/* Can collective nodes a and b share one call: the same op over the same group (an all-reduce:
+ * of the same kind; a gather or scatter: into as many parts)? */
+static bool same_call(const cprog *c, const cnode *a, const cnode *b)
+{
+    /* The segmented gather/scatter buckets are run by the host's collective hooks (the CPU and
+     * emulated devices); the CUDA backend runs one tensor per gather/scatter call (its NCCL
+     * path knows no segments yet), all-reduce buckets on every device. */
+    if (a->op != JDT_OP_ALL_REDUCE && !c->host_builtins) return false;
+    return a->op == b->op && a->attrs.i[0] == b->attrs.i[0] &&
+           (a->op == JDT_OP_ALL_REDUCE ? a->attrs.i[1] == b->attrs.i[1]
+                                       : a->attrs.i[2] == b->attrs.i[2]);
+}
+
+/* Appends the call of members[0..n) (in slot order). Its wire layout: an all-reduce's members
+ * side by side; an all-gather's or reduce-scatter's k segments, segment r holding part r of
+ * every member side by side (part_off[m] into the segment), so one call moves every member's
+ * part r to or from group member r. */
+static bool add_coll(cprog *c, const int *members, int n)
 {
     if (!jdt_compile_grow((void **)&c->colls, &c->cap_colls, c->n_colls + 1, sizeof(ccoll)))
         return false;
     ccoll *k = &c->colls[c->n_colls];
     memset(k, 0, sizeof *k);
     k->members = jdt_malloc(sizeof(int) * (size_t)n);
-    if (!k->members) return false;
+    k->part_off = jdt_malloc(sizeof(int64_t) * (size_t)n);
+    if (!k->members || !k->part_off) {
+        jdt_free(k->members);
+        jdt_free(k->part_off);
+        return false;
+    }
     memcpy(k->members, members, sizeof(int) * (size_t)n);
     k->n_members = n;
-    k->n_elems = n_elems;
+    for (int m = 0; m < n; m++) {
+        const cnode *x = &c->nodes[members[m]];
+        const int64_t parts = x->op == JDT_OP_ALL_REDUCE ? 1 : x->attrs.i[2];
+        k->part_off[m] = k->n_elems / parts; /* every member has the same k */
+        k->n_elems += coll_elems(c, x);
+    }
     k->buf = k->scratch_buf = -1;
+    k->first_pack_step = -1;
     c->n_colls++;
     return true;
 }
@@ -326,11 +359,40 @@ static int cmp_cand(const void *a, const void *b)
     return (x->node > y->node) - (x->node < y->node);
 }
 
-/* The full tensor a collective node moves (all-gather: its output; else its input). */
-static int64_t coll_elems(const cprog *c, const cnode *n)
+/* Most members of one bucket. */
+#define JDT_BUCKET_MAX_MEMBERS 256
+
+/* Coalesces the candidates of op `op` not yet in a call (cand: in pack order) into calls:
+ * members that can share one (same_call), in the order their inputs are ready; a bucket closes
+ * when the next member would make it exceed opts.bucket_bytes (<= 0: every node alone) or a
+ * member's result (wait) is needed before the next input is ready, so a bucket never waits on
+ * itself. Appends one ccoll per bucket and sets bucket[node] to it. */
+static bool form_buckets(cprog *c, const coll_cand *cand, int n_cand, jdt_op op,
+                         const int64_t *wait, int *bucket)
 {
-    return n->op == JDT_OP_ALL_GATHER ? jdt_shape_numel(&n->shape)
-                                      : jdt_shape_numel(&c->nodes[n->in[0]].shape);
+    for (int a = 0; a < n_cand; a++) {
+        const cnode *n = &c->nodes[cand[a].node];
+        if (bucket[cand[a].node] >= 0 || n->op != op) continue;
+        int members[JDT_BUCKET_MAX_MEMBERS], nm = 0;
+        int64_t elems = coll_elems(c, n), min_wait = wait[cand[a].node];
+        members[nm++] = cand[a].node;
+        for (int b = a + 1; c->opts.bucket_bytes > 0 && b < n_cand && nm < JDT_BUCKET_MAX_MEMBERS;
+             b++) {
+            const cnode *m = &c->nodes[cand[b].node];
+            if (bucket[cand[b].node] >= 0 || !same_call(c, n, m)) continue;
+            if (cand[b].pack >= min_wait) break; /* needed before this one is ready */
+            const int64_t me = coll_elems(c, m);
+            if ((elems + me) * 4 > c->opts.bucket_bytes) break;
+            members[nm++] = cand[b].node;
+            elems += me;
+            if (wait[cand[b].node] < min_wait) min_wait = wait[cand[b].node];
+        }
+        for (int k = 0; k < nm; k++)
+            bucket[members[k]] = c->n_colls;
+        if (!add_coll(c, members, nm)) return false;
+        if (nm > 1) c->stats.n_coll_bucketed += nm;
+    }
+    return true;
 }
 
 static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
@@ -364,8 +426,7 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         else
             cand[n_cand++] = (coll_cand){i, pack[i], wait[i]};
     }
-    /* collectives of leaves: issued JDT_PREFETCH_COLLS ahead, in the order they are needed */
-    for (int a = 1; a < n_pf; a++) /* insertion sort by wait key (few, mostly sorted) */
+    for (int a = 1; a < n_pf; a++) /* leaves' collectives by need (few, mostly sorted) */
         for (int b = a; b > 0 && (wait[pf[b - 1]] > wait[pf[b]] ||
                                   (wait[pf[b - 1]] == wait[pf[b]] && pf[b - 1] > pf[b]));
              b--) {
@@ -373,21 +434,34 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
             pf[b] = pf[b - 1];
             pf[b - 1] = t;
         }
-    for (int j = 0; j < n_pf; j++)
-        pack[pf[j]] = j < JDT_PREFETCH_COLLS
-                          ? mkkey(-1, KEY_PF_PACK)
-                          : wait[pf[j - JDT_PREFETCH_COLLS]] - KEY_WAIT + KEY_PF_PACK;
+    for (int i = 0; i < N; i++)
+        bucket[i] = -1;
     qsort(cand, (size_t)n_cand, sizeof *cand, cmp_cand);
-    /* a reduce-scatter holds a full-size scratch until its wait, and its result is usually
-     * first read at the end of the backward (clipping, the optimizer): wait for it before the
-     * input of the JDT_RS_IN_FLIGHT-th next one is computed, as FSDP does, so the scratches of
-     * a whole backward are never live at once */
-    for (int a = 0; a + JDT_RS_IN_FLIGHT < n_cand; a++) {
-        const int i = cand[a].node, nx = cand[a + JDT_RS_IN_FLIGHT].node;
-        if (c->nodes[i].op != JDT_OP_REDUCE_SCATTER) continue;
-        const int p_next = producer_node(c, c->nodes[nx].in[0]);
-        if (p_next > producer_node(c, c->nodes[i].in[0]) && mkkey(p_next, KEY_WAIT) < wait[i])
-            wait[i] = mkkey(p_next, KEY_WAIT);
+
+    /* gradient reduce-scatters: buckets in the order their inputs are ready. A bucket holds a
+     * full-size wire buffer until its wait, and its results are usually first read at the end
+     * of the backward (clipping, the optimizer): it is waited before the input of the
+     * JDT_RS_IN_FLIGHT-th next bucket is computed, as FSDP does, so the wire buffers of a whole
+     * backward are never live at once. Every member's wait becomes the bucket's (one wait
+     * finishes them all; a chained all-reduce of a member follows it). */
+    const int rs0 = c->n_colls;
+    if (!form_buckets(c, cand, n_cand, JDT_OP_REDUCE_SCATTER, wait, bucket)) goto nomem;
+    for (int a = rs0; a < c->n_colls; a++) {
+        const ccoll *cl = &c->colls[a];
+        int64_t w = INT64_MAX;
+        int p_last = -1;
+        for (int m = 0; m < cl->n_members; m++) {
+            const int i = cl->members[m], p = producer_node(c, c->nodes[i].in[0]);
+            if (wait[i] < w) w = wait[i];
+            if (p > p_last) p_last = p;
+        }
+        if (a + JDT_RS_IN_FLIGHT < c->n_colls) {
+            const ccoll *nx = &c->colls[a + JDT_RS_IN_FLIGHT];
+            const int p_next = producer_node(c, c->nodes[nx->members[0]].in[0]);
+            if (p_next > p_last && mkkey(p_next, KEY_WAIT) < w) w = mkkey(p_next, KEY_WAIT);
+        }
+        for (int m = 0; m < cl->n_members; m++)
+            wait[cl->members[m]] = w;
     }
 
     /* a collective of a collective's result (a data-axis all-reduce of an fsdp reduce-scatter)
@@ -397,40 +471,55 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         pack[i] = wait[p] - KEY_WAIT + KEY_CPACK;
         cand[n_cand++] = (coll_cand){i, pack[i], wait[i]};
     }
-    /* buckets: all-reduces of one group and kind, in the order their inputs are ready; a bucket
-     * closes when full or when a member's result is needed before the next input is ready */
+    /* all-reduces (gradients; chained ones too): buckets alike; anything else one call each */
     qsort(cand, (size_t)n_cand, sizeof *cand, cmp_cand);
-    for (int i = 0; i < N; i++)
-        bucket[i] = -1;
+    if (!form_buckets(c, cand, n_cand, JDT_OP_ALL_REDUCE, wait, bucket)) goto nomem;
     for (int a = 0; a < n_cand; a++) {
-        const cnode *n = &c->nodes[cand[a].node];
         if (bucket[cand[a].node] >= 0) continue;
-        int members[256], nm = 0;
-        int64_t elems = coll_elems(c, n), min_wait = cand[a].wait;
-        members[nm++] = cand[a].node;
-        for (int b = a + 1; n->op == JDT_OP_ALL_REDUCE && c->opts.bucket_bytes > 0 && b < n_cand &&
-                            nm < (int)(sizeof members / sizeof members[0]);
-             b++) {
-            const cnode *m = &c->nodes[cand[b].node];
-            if (bucket[cand[b].node] >= 0 || m->op != JDT_OP_ALL_REDUCE ||
-                m->attrs.i[0] != n->attrs.i[0] || m->attrs.i[1] != n->attrs.i[1])
-                continue;
-            if (cand[b].pack >= min_wait) break; /* needed before this one is ready */
-            int64_t me = jdt_shape_numel(&m->shape);
-            if ((elems + me) * 4 > c->opts.bucket_bytes) break;
-            members[nm++] = cand[b].node;
-            elems += me;
-            if (cand[b].wait < min_wait) min_wait = cand[b].wait;
+        bucket[cand[a].node] = c->n_colls;
+        if (!add_coll(c, &cand[a].node, 1)) goto nomem;
+    }
+
+    /* collectives of leaves (FSDP weight gathers): buckets of consecutive ones in the order
+     * they are needed, each waited with its first member; bucket j is issued at the wait of
+     * the earliest bucket lo (or at the start of the step) such that the gathered bytes in
+     * flight then, buckets lo..j, fit in the prefetch budget; always at least at the wait of
+     * bucket j - 1 (one ahead), however large it is */
+    const int pf0 = c->n_colls;
+    for (int j = 0; j < n_pf;) {
+        const cnode *n = &c->nodes[pf[j]];
+        int nm = 1;
+        int64_t elems = coll_elems(c, n);
+        while (c->opts.bucket_bytes > 0 && j + nm < n_pf && nm < JDT_BUCKET_MAX_MEMBERS) {
+            const cnode *m = &c->nodes[pf[j + nm]];
+            if (!same_call(c, n, m) || (elems + coll_elems(c, m)) * 4 > c->opts.bucket_bytes) break;
+            elems += coll_elems(c, m);
+            nm++;
         }
-        for (int k = 0; k < nm; k++)
-            bucket[members[k]] = c->n_colls;
-        if (!add_coll(c, members, nm, elems)) goto nomem;
+        for (int k = 0; k < nm; k++) {
+            bucket[pf[j + k]] = c->n_colls;
+            wait[pf[j + k]] = wait[pf[j]];
+        }
+        if (!add_coll(c, &pf[j], nm)) goto nomem;
         if (nm > 1) c->stats.n_coll_bucketed += nm;
+        j += nm;
     }
-    for (int j = 0; j < n_pf; j++) {
-        bucket[pf[j]] = c->n_colls;
-        if (!add_coll(c, &pf[j], 1, coll_elems(c, &c->nodes[pf[j]]))) goto nomem;
+    const int64_t budget =
+        c->opts.prefetch_bytes ? c->opts.prefetch_bytes : JDT_PREFETCH_BYTES_DEFAULT;
+    int64_t in_flight = 0; /* gathered bytes of buckets max(lo, pf0)..j */
+    for (int j = pf0, lo = pf0 - 1; j < c->n_colls; j++) {
+        in_flight += c->colls[j].n_elems * 4;
+        while (lo < j - 1 && in_flight > budget) {
+            if (lo >= pf0) in_flight -= c->colls[lo].n_elems * 4;
+            lo++;
+        }
+        const int64_t key = lo < pf0 ? mkkey(-1, KEY_PF_PACK)
+                                     : wait[c->colls[lo].members[0]] - KEY_WAIT + KEY_PF_PACK;
+        for (int m = 0; m < c->colls[j].n_members; m++)
+            pack[c->colls[j].members[m]] = key;
+        if (in_flight > c->stats.prefetch_peak_bytes) c->stats.prefetch_peak_bytes = in_flight;
     }
+    c->stats.n_coll_prefetch = c->n_colls - pf0;
     /* the keyed steps */
 #define PUSH(K, T, ...)                                                                            \
     do {                                                                                           \
@@ -482,6 +571,8 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
     for (int j = 0; j < n_ks; j++) {
         cstep s = ks[j].s;
         if (s.kind == STEP_KERNEL) s.kernel = n_kernels++;
+        if (s.kind == STEP_COLL_PACK && c->colls[s.coll].first_pack_step < 0)
+            c->colls[s.coll].first_pack_step = c->n_steps;
         if (s.kind == STEP_COLL_START) c->colls[s.coll].start_step = c->n_steps;
         if (s.kind == STEP_COLL_WAIT) c->colls[s.coll].wait_step = c->n_steps;
         if (!add_step(c, s)) goto nomem;
@@ -749,16 +840,18 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         c->bufs[n->buf].info.bf16 = n->bf16;
         c->stats.n_bf16_stored += n->bf16;
     }
-    /* asynchronous collectives: a bucket is one buffer whose slots are its members' buffers;
-     * a reduce-scatter works in a full-size scratch live from its PACK to its WAIT */
+    /* asynchronous collectives: an all-reduce bucket is one buffer whose slots are its
+     * members' buffers; a reduce-scatter or a bucket of all-gathers works in a wire buffer
+     * live from its first PACK to its WAIT, where the members' own buffers are defined */
     for (int k = 0; k < c->n_colls; k++) {
         ccoll *cl = &c->colls[k];
-        if (cl->n_members > 1) {
+        const jdt_op op = c->nodes[cl->members[0]].op;
+        if (op == JDT_OP_ALL_REDUCE && cl->n_members > 1) {
             if ((cl->buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * 4, -1)) < 0) goto nomem;
             for (int m = 0; m < cl->n_members; m++)
                 c->bufs[c->nodes[cl->members[m]].buf].info.slot_of = cl->buf;
         }
-        if (c->nodes[cl->members[0]].op == JDT_OP_REDUCE_SCATTER) {
+        if (op == JDT_OP_REDUCE_SCATTER || (op == JDT_OP_ALL_GATHER && cl->n_members > 1)) {
             if ((cl->scratch_buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * 4, -1)) < 0) goto nomem;
             c->bufs[cl->scratch_buf].info.last_step = cl->wait_step;
         }
@@ -767,12 +860,20 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         cstep *sp = &c->steps[s];
         if (sp->kind == STEP_COLL_PACK) {
             const ccoll *cl = &c->colls[sp->coll];
-            c->bufs[c->nodes[sp->node].buf].info.def_step = s;
-            if (cl->buf >= 0 && sp->node == cl->members[0]) c->bufs[cl->buf].info.def_step = s;
-            if (cl->scratch_buf >= 0) c->bufs[cl->scratch_buf].info.def_step = s;
+            if (cl->scratch_buf < 0) c->bufs[c->nodes[sp->node].buf].info.def_step = s;
+            if (s == cl->first_pack_step) {
+                if (cl->buf >= 0) c->bufs[cl->buf].info.def_step = s;
+                if (cl->scratch_buf >= 0) c->bufs[cl->scratch_buf].info.def_step = s;
+            }
             continue;
         }
-        if (sp->kind == STEP_COLL_START || sp->kind == STEP_COLL_WAIT) continue;
+        if (sp->kind == STEP_COLL_WAIT) {
+            const ccoll *cl = &c->colls[sp->coll];
+            for (int m = 0; cl->scratch_buf >= 0 && m < cl->n_members; m++)
+                c->bufs[c->nodes[cl->members[m]].buf].info.def_step = s;
+            continue;
+        }
+        if (sp->kind == STEP_COLL_START) continue;
         if (sp->kind == STEP_BUILTIN) {
             c->bufs[c->nodes[sp->node].buf].info.def_step = s;
             int64_t sb = builtin_scratch_bytes(c, &c->nodes[sp->node]);
@@ -875,12 +976,16 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         int outs[JDT_GROUP_MAX_STORES + 2], n_outs = 0;
         if (sp->kind == STEP_COLL_PACK) {
             const ccoll *cl = &c->colls[sp->coll];
-            if (cl->buf < 0)
-                outs[n_outs++] = c->nodes[sp->node].buf;
-            else if (sp->node == cl->members[0])
-                outs[n_outs++] = cl->buf;
-            if (cl->scratch_buf >= 0) outs[n_outs++] = cl->scratch_buf;
-        } else if (sp->kind == STEP_COLL_START || sp->kind == STEP_COLL_WAIT) {
+            if (cl->buf < 0 && cl->scratch_buf < 0) outs[n_outs++] = c->nodes[sp->node].buf;
+            if (s == cl->first_pack_step && cl->buf >= 0) outs[n_outs++] = cl->buf;
+            if (s == cl->first_pack_step && cl->scratch_buf >= 0) outs[n_outs++] = cl->scratch_buf;
+        } else if (sp->kind == STEP_COLL_WAIT) { /* the results out of a wire buffer */
+            const ccoll *cl = &c->colls[sp->coll];
+            for (int m = 0; cl->scratch_buf >= 0 && m < cl->n_members; m++) {
+                cbuf *b = &c->bufs[c->nodes[cl->members[m]].buf];
+                if (!arena_take(&A, b->info.n_bytes, &b->info.offset)) goto nomem;
+            }
+        } else if (sp->kind == STEP_COLL_START) {
         } else if (sp->kind == STEP_BUILTIN) {
             outs[n_outs++] = c->nodes[sp->node].buf;
             if (sp->scratch_buf >= 0) outs[n_outs++] = sp->scratch_buf;

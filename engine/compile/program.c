@@ -406,8 +406,10 @@ void jdt_program_free(jdt_program *p)
     jdt_free(c->updates);
     jdt_free(c->steps);
     jdt_free(c->bufs);
-    for (int k = 0; k < c->n_colls; k++)
+    for (int k = 0; k < c->n_colls; k++) {
         jdt_free(c->colls[k].members);
+        jdt_free(c->colls[k].part_off);
+    }
     jdt_free(c->colls);
     if (p->state) p->dev->vt->release(p->state);
     jdt_free(p->step_s);

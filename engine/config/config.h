@@ -158,7 +158,8 @@ typedef struct jdt_config {
         bool jit;        /* false = reference interpreter */
         jdt_remat remat;
         bool overlap_comm; /* collectives as start/wait pairs under compute (CPU and CUDA) */
-        int bucket_mb;     /* gradient all-reduce buckets in MiB; 0 = one per gradient */
+        int bucket_mb;     /* collective buckets in MiB; 0 = one call per tensor */
+        int prefetch_mb;   /* FSDP gathers in flight ahead of use, MiB; 0 = one call ahead */
         char *cc;
         char *cflags; /* "" = the compiler's built-in flags */
         double peak_gflops; /* MFU reference per process; 0 = measured once per machine, cached */

@@ -664,6 +664,8 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
             so.copts.collective_start = train_collective_start;
             so.copts.collective_wait = train_collective_wait;
             so.copts.bucket_bytes = (int64_t)cfg->runtime.bucket_mb << 20;
+            so.copts.prefetch_bytes =
+                cfg->runtime.prefetch_mb ? (int64_t)cfg->runtime.prefetch_mb << 20 : -1;
         }
     }
     return jdt_step_new(cfg, &so, out, e);
@@ -963,15 +965,15 @@ static void log_summary(const trainer *tr, int64_t t)
     JDT_INFO("summary of this run (rank 0):\n"
              "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.6g GFLOP/s, %s)\n"
              "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
-             "  communication  %8.2fs %5.1f%%  (waited for; %.2fs moving data, %.0f%% of it "
-             "hidden under compute)\n"
+             "  communication  %8.2fs %5.1f%%  (waited for; %d calls per program run, %.2fs "
+             "moving data, %.0f%% of it hidden under compute)\n"
              "  data wait      %8.2fs %5.1f%%\n"
              "  eval           %8.2fs %5.1f%%\n"
              "  checkpointing  %8.2fs %5.1f%%\n"
              "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state%s",
              tr->units_per_step * n_run / tr->s_step, mlp ? "samples" : "tok", run_mfu,
              run_mfu > 100 ? " (!)" : "", tr->peak * 1e-9, tr->pref.source, tr->s_step - comm_s, (tr->s_step - comm_s) * pct, comm_s,
-             comm_s * pct, moving_s,
+             comm_s * pct, cs ? cs->n_coll_calls : 0, moving_s,
              moving_s > 0 ? 100.0 * fmax(0.0, 1.0 - comm_s / moving_s) : 0.0,
              tr->s_data, tr->s_data * pct, tr->s_eval, tr->s_eval * pct,
              tr->s_ckpt, tr->s_ckpt * pct, (double)jdt_obs_peak_rss_bytes() / 1048576.0,

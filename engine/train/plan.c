@@ -180,11 +180,19 @@ static void print_collectives(const jdt_step *s, const jdt_config *cfg, FILE *f,
         if (!cs || cs->n_coll_calls == 0) continue;
         fprintf(f,
                 "    issued by the %s program: %d calls per run, %d of them start/wait pairs "
-                "under compute, %d all-reduces coalesced into buckets of <= %d MiB\n",
+                "under compute, %d collectives coalesced into buckets of <= %d MiB\n",
                 p       ? "apply"
                 : accum ? "micro-batch"
                         : "train-step",
                 cs->n_coll_calls, cs->n_coll_async, cs->n_coll_bucketed, cfg->runtime.bucket_mb);
+        if (cs->n_coll_prefetch > 0) { /* planned in the arena above: live from their start */
+            char pb[32];
+            fprintf(f,
+                    "    of which %d calls gather weights ahead of use: at most %s gathered in "
+                    "flight (runtime.prefetch_mb %d)\n",
+                    cs->n_coll_prefetch, fmt_bytes((double)cs->prefetch_peak_bytes, pb, sizeof pb),
+                    cfg->runtime.prefetch_mb);
+        }
     }
     jdt_free(tab.rows);
 }
@@ -328,6 +336,8 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
             so.copts.collective_start = plan_collective_start;
             so.copts.collective_wait = plan_collective_wait;
             so.copts.bucket_bytes = (int64_t)cfg->runtime.bucket_mb << 20;
+            so.copts.prefetch_bytes =
+                cfg->runtime.prefetch_mb ? (int64_t)cfg->runtime.prefetch_mb << 20 : -1;
         }
     }
     /* a CUDA step is planned (and with compile, emitted as CUDA source) by the CUDA backend

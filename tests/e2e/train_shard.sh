@@ -47,8 +47,9 @@ run_model gpt configs/tiny.yaml tiny "$T"
 
 # start/wait collectives (docs/compiler.md "Collectives") change when data moves, never the
 # numbers: the blocking schedule gives bitwise the same losses and state. Buckets keep that for
-# groups of two (the fsdp=2 run above used the default 4 MiB buckets); groups of four compare
-# unbucketed.
+# groups of two (the fsdp=2 run above used the default 4 MiB buckets) and for reduce-scatters and
+# gathers of any group; the 4-process meshes all-reduce some gradients over groups of four, so
+# they compare unbucketed.
 blocking() { # $1 label, $2 nproc, $3 mesh, $4 run dir of the overlapped run, $5 extra overrides
   local C="configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T"
   "$BIN" --nproc "$2" $C run.out_dir="$TMP/blk_$1" $3 runtime.overlap_comm=false >/dev/null 2>"$TMP/err" \
@@ -61,7 +62,22 @@ blocking() { # $1 label, $2 nproc, $3 mesh, $4 run dir of the overlapped run, $5
   done
   echo "$3: overlapped collectives${5:-} = blocking schedule, bitwise (losses and state)"
 }
-blocking fsdp2 2 "mesh.fsdp=2" "$TMP/gpt/mesh_fsdp_2"
+blocking fsdp2 2 "mesh.fsdp=2" "$TMP/gpt/mesh_fsdp_2" " (4 MiB buckets of gathers, reduce-scatters, all-reduces)"
+# the same without buckets, and with 1 MiB buckets gathered one bucket ahead only: bitwise too
+# (a bucket's reduce-scatter sums each member's part in the segment it has alone)
+for v in "b0:runtime.bucket_mb=0" "b1:runtime.bucket_mb=1 runtime.prefetch_mb=0"; do
+  # shellcheck disable=SC2086
+  "$BIN" --nproc 2 configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T \
+    mesh.fsdp=2 ${v#*:} run.out_dir="$TMP/ovl_${v%%:*}" >/dev/null 2>"$TMP/err" \
+    || { tail -n 8 "$TMP/err"; fail "overlapped fsdp=2 ${v#*:}"; }
+  cmp -s <(losses "$TMP/ovl_${v%%:*}/tiny/metrics.jsonl") <(losses "$TMP/blk_fsdp2/tiny/metrics.jsonl") \
+    || fail "fsdp=2 ${v#*:}: losses differ from the blocking schedule"
+  for grp in /params /opt; do
+    h5diff "$TMP/ovl_${v%%:*}/tiny/ckpt/step_000020/state.h5" "$TMP/blk_fsdp2/tiny/ckpt/step_000020/state.h5" $grp \
+      >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "fsdp=2 ${v#*:}: $grp differs from the blocking schedule"; }
+  done
+  echo "mesh.fsdp=2: overlapped collectives (${v#*:}) = blocking schedule, bitwise (losses and state)"
+done
 "$BIN" --nproc 4 configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T \
   mesh.fsdp=2 mesh.tensor=2 runtime.bucket_mb=0 run.out_dir="$TMP/ovl_2x2" >/dev/null 2>"$TMP/err" \
   || { tail -n 8 "$TMP/err"; fail "overlapped 2x2"; }
@@ -83,6 +99,19 @@ b2=$(grep -o 'per device: [0-9]* bytes' "$TMP/i2" | awk '{print $3}')
 [ -n "$b1" ] && [ -n "$b2" ] || fail "inspect prints no per-device parameter bytes: $(cat "$TMP/i2")"
 awk -v a="$b1" -v b="$b2" 'BEGIN { r = b / a; printf "fsdp=2 / 1 process parameter+optimizer bytes: %d / %d = %.3f\n", b, a, r; exit !(r > 0.49 && r < 0.51) }' \
   || fail "fsdp=2 does not halve the bytes per device"
+
+# prefetch by bytes: the weight gathers in flight stay within runtime.prefetch_mb, and a larger
+# budget prefetches more and plans a larger arena (C=256, 4 layers: 4 MiB buckets)
+for pm in 8 32; do
+  "$BIN" inspect configs/tiny.yaml mesh.fsdp=2 model.n_embd=256 model.n_layer=4 runtime.prefetch_mb=$pm \
+    > "$TMP/pf$pm" 2>&1 || { cat "$TMP/pf$pm"; fail "inspect prefetch_mb=$pm"; }
+done
+pf() { grep -o 'at most [0-9.]* MiB gathered in flight' "$1" | awk '{print $3}'; }
+ar() { grep -m1 'activations' "$1" | awk '{print $2}'; }
+[ -n "$(pf "$TMP/pf8")" ] && [ -n "$(ar "$TMP/pf8")" ] || fail "inspect prints no prefetch or arena: $(cat "$TMP/pf8")"
+awk -v f8="$(pf "$TMP/pf8")" -v f32="$(pf "$TMP/pf32")" -v a8="$(ar "$TMP/pf8")" -v a32="$(ar "$TMP/pf32")" \
+  'BEGIN { printf "prefetch_mb 8 / 32: %s / %s MiB gathered in flight, arena %s / %s MiB\n", f8, f32, a8, a32
+           exit !(f8 <= 8 && f32 <= 32 && f32 > f8 && a32 > a8) }' || fail "prefetch budget not kept or not planned"
 
 # a checkpoint of the 2x2 mesh resumes on fsdp=2 and on one process at the same step
 C="configs/tiny.yaml runtime.threads=1 $T run.eval_every=0"

@@ -386,22 +386,24 @@ static void ov_trace(void *ctx, const char *name, double t0, double t1)
 
 /* FSDP-style step: 3 layers h = tanh(x @ all_gather(W_l) + b_l), loss = sum(h^2); the weight
  * gradients are reduce-scattered (the gather's VJP), the bias gradients all-reduced (scale
- * 0.5, the data-parallel mean), every parameter updated by SGD. Outputs: loss, gradients. */
+ * 0.5, the data-parallel mean), every parameter updated by SGD. Outputs: loss, gradients.
+ * W_1 is stored split along its columns (gathered along axis 1: its parts are strided), the
+ * others along their rows, so buckets mix both layouts. */
 static jdt_graph *overlap_graph(jdt_tensor **P, float *pv, float *xv)
 {
     jdt_graph *g = jdt_graph_new();
-    const int64_t xd[2] = {4, 8}, wd[2] = {4, 8}, bd[1] = {8};
+    const int64_t xd[2] = {4, 8}, wd[2] = {4, 8}, wd1[2] = {8, 4}, bd[1] = {8};
     jdt_tensor *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 2, xd, NULL), *h = x;
     x->data = xv;
     for (int l = 0; l < 3; l++) {
         char nm[16];
         snprintf(nm, sizeof nm, "w%d", l);
-        P[2 * l] = jdt_graph_param(g, nm, JDT_DTYPE_F32, 2, wd, NULL);
+        P[2 * l] = jdt_graph_param(g, nm, JDT_DTYPE_F32, 2, l == 1 ? wd1 : wd, NULL);
         snprintf(nm, sizeof nm, "b%d", l);
         P[2 * l + 1] = jdt_graph_param(g, nm, JDT_DTYPE_F32, 1, bd, NULL);
         P[2 * l]->data = pv + l * 40;
         P[2 * l + 1]->data = pv + l * 40 + 32;
-        jdt_tensor *wg = jdt_graph_all_gather(g, P[2 * l], 1, 2, 0); /* (8, 8) */
+        jdt_tensor *wg = jdt_graph_all_gather(g, P[2 * l], 1, 2, l == 1); /* (8, 8) */
         jdt_tensor *z = jdt_graph_matmul(g, h, wg, false, false);
         h = jdt_graph_tanh(g, jdt_graph_add(g, z, jdt_graph_broadcast(g, P[2 * l + 1], 2, xd)));
     }
@@ -435,13 +437,17 @@ static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *
     ck_assert_ptr_nonnull(mkdtemp(cache));
     o.cache_dir = cache;
     o.collective = twin_collective;
-    o.no_jit = mode == 0; /* 0 interpreter, 1 blocking, 2 start/wait, 3 start/wait + buckets */
+    /* 0 interpreter, 1 blocking, 2 start/wait, 3 start/wait + buckets (every gradient
+     * collective of a kind in one, all the gathers in one), 4 buckets of two (512 bytes:
+     * two 8x8 tensors) and gathers issued one bucket ahead only */
+    o.no_jit = mode == 0;
     if (mode >= 2) {
         o.collective_start = fake_start;
         o.collective_wait = fake_wait;
         o.trace = ov_trace;
     }
     if (mode == 3) o.bucket_bytes = 1 << 20;
+    if (mode == 4) o.bucket_bytes = 512, o.prefetch_bytes = -1;
     jdt_program *prog = NULL;
     jdt_err e;
     ck_assert_msg(jdt_program_compile(g, &o, &prog, &e) == JDT_OK, "%s", e.msg);
@@ -483,9 +489,9 @@ static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *
 
 START_TEST(test_overlap_window)
 {
-    float ref[300], blk[300], ov[300], bk[300];
-    size_t n_ref, n_blk, n_ov, n_bk;
-    jdt_compile_stats s_ref, s_blk, s_ov, s_bk;
+    float ref[300], blk[300], ov[300], bk[300], b2[300];
+    size_t n_ref, n_blk, n_ov, n_bk, n_b2;
+    jdt_compile_stats s_ref, s_blk, s_ov, s_bk, s_b2;
     overlap_run(0, ref, &n_ref, &s_ref);
     overlap_run(1, blk, &n_blk, &s_blk);
     overlap_run(2, ov, &n_ov, &s_ov);
@@ -501,12 +507,15 @@ START_TEST(test_overlap_window)
                   "the first gradient reduce-scatter starts at step %d, after the last GEMM (%d)",
                   first_start, last_matmul);
     overlap_run(3, bk, &n_bk, &s_bk);
+    overlap_run(4, b2, &n_b2, &s_b2);
     ck_assert_int_eq(n_ref, n_blk);
     ck_assert_int_eq(n_ov, n_blk);
     ck_assert_int_eq(n_bk, n_blk);
+    ck_assert_int_eq(n_b2, n_blk);
     /* bitwise equal to the blocking schedule (the twins' sums do not depend on placement) */
     ck_assert(memcmp(ov, blk, n_blk * sizeof(float)) == 0);
     ck_assert(memcmp(bk, blk, n_blk * sizeof(float)) == 0);
+    ck_assert(memcmp(b2, blk, n_blk * sizeof(float)) == 0);
     for (size_t i = 0; i < n_ref; i++) /* and the interpreter agrees */
         ck_assert_msg(fabsf(ref[i] - blk[i]) <= 1e-5f * (1.0f + fabsf(ref[i])),
                       "value %zu: %g vs %g", i, ref[i], blk[i]);
@@ -516,8 +525,19 @@ START_TEST(test_overlap_window)
     ck_assert_int_eq(s_ov.n_coll_calls, 11);
     /* one has no step between its start and its wait: it runs inline, blocking */
     ck_assert_int_eq(s_ov.n_coll_async, 10);
-    ck_assert_int_eq(s_bk.n_coll_bucketed, 3); /* the bias all-reduces: one bucket */
-    ck_assert_int_eq(s_bk.n_coll_calls, 9);
+    /* one bucket each: the 3 bias all-reduces, the 3 weight reduce-scatters, the 5 gathers */
+    ck_assert_int_eq(s_bk.n_coll_bucketed, 11);
+    ck_assert_int_eq(s_bk.n_coll_calls, 3);
+    /* 512-byte buckets: gathers (w0 w1) (w2 w2') (w1'), reduce-scatters (w2 w1) (w0), the
+     * bias all-reduces (32 bytes each) in one */
+    ck_assert_int_eq(s_b2.n_coll_bucketed, 9);
+    ck_assert_int_eq(s_b2.n_coll_calls, 6);
+    /* prefetch: one bucket of 5 gathers (5 x 256 bytes) issued at the start; one ahead only:
+     * the second bucket is issued as the first is waited, so both are in flight */
+    ck_assert_int_eq(s_bk.n_coll_prefetch, 1);
+    ck_assert_int_eq(s_bk.prefetch_peak_bytes, 1280);
+    ck_assert_int_eq(s_b2.n_coll_prefetch, 3);
+    ck_assert_int_eq(s_b2.prefetch_peak_bytes, 1024);
 }
 END_TEST
 

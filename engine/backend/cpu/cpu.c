@@ -292,6 +292,35 @@ static void coll_dims(const cprog *c, const cnode *n, int64_t *k, int64_t *nf, i
     *blk = *outer ? *nf / *k / *outer : 0;
 }
 
+/* The parts of an (outer, k, blk) tensor x to or from a wire buffer of k segments of seg values:
+ * part r (x's blocks (o, r, :) for every o) at part_off in segment r (compile-impl.h, ccoll). */
+static void wire_put(const float *x, float *wire, int64_t k, int64_t outer, int64_t blk,
+                     int64_t seg, int64_t part_off)
+{
+    for (int64_t r = 0; r < k; r++)
+        for (int64_t o = 0; o < outer; o++)
+            memcpy(wire + r * seg + part_off + o * blk, x + (o * k + r) * blk,
+                   (size_t)blk * sizeof *x);
+}
+
+static void wire_get(float *x, const float *wire, int64_t k, int64_t outer, int64_t blk,
+                     int64_t seg, int64_t part_off)
+{
+    for (int64_t r = 0; r < k; r++)
+        for (int64_t o = 0; o < outer; o++)
+            memcpy(x + (o * k + r) * blk, wire + r * seg + part_off + o * blk,
+                   (size_t)blk * sizeof *x);
+}
+
+/* The index of node i among the members of cl. */
+static int member_index(const ccoll *cl, int i)
+{
+    int m = 0;
+    while (m < cl->n_members - 1 && cl->members[m] != i)
+        m++;
+    return m;
+}
+
 /* PACK: the member's input into the buffer the collective runs on. */
 static void coll_pack(cpu_prog *p, const cstep *sp)
 {
@@ -306,15 +335,16 @@ static void coll_pack(cpu_prog *p, const cstep *sp)
     }
     int64_t k, nf, outer, blk;
     coll_dims(c, n, &k, &nf, &outer, &blk);
-    if (n->op == JDT_OP_ALL_GATHER) {
+    if (cl->scratch_buf < 0) { /* a lone all-gather: its part first in its own output */
         memmove(o, x, (size_t)(nf / k) * sizeof *o);
         return;
     }
-    float *tmp = p->ptrs[cl->scratch_buf];
-    if (outer > 1)
-        jdt_permute_blocks_f32(x, tmp, k, outer, blk, false);
+    float *wire = p->ptrs[cl->scratch_buf];
+    const int64_t off = cl->part_off[member_index(cl, sp->node)];
+    if (n->op == JDT_OP_ALL_GATHER) /* this member's part of the call comes first */
+        memcpy(wire + off, x, (size_t)(nf / k) * sizeof *wire);
     else
-        memcpy(tmp, x, (size_t)nf * sizeof *tmp);
+        wire_put(x, wire, k, outer, blk, cl->n_elems / k, off);
 }
 
 static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
@@ -322,9 +352,9 @@ static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
     const cprog *c = p->c;
     const ccoll *cl = &c->colls[sp->coll];
     const cnode *n = &c->nodes[cl->members[0]];
-    void *buf = cl->buf >= 0                     ? p->ptrs[cl->buf]
-                : n->op == JDT_OP_REDUCE_SCATTER ? p->ptrs[cl->scratch_buf]
-                                                 : ptr_of(p, cl->members[0]);
+    void *buf = cl->buf >= 0           ? p->ptrs[cl->buf]
+                : cl->scratch_buf >= 0 ? p->ptrs[cl->scratch_buf]
+                                       : ptr_of(p, cl->members[0]);
     const int kind = n->op == JDT_OP_ALL_REDUCE   ? (int)n->attrs.i[1]
                      : n->op == JDT_OP_ALL_GATHER ? JDT_COLL_ALLGATHER
                                                   : JDT_COLL_REDUCE_SCATTER;
@@ -356,15 +386,18 @@ static jdt_status coll_wait(cpu_prog *p, const cstep *sp, jdt_err *e)
             continue;
         }
         coll_dims(c, n, &k, &nf, &outer, &blk);
-        if (n->op == JDT_OP_ALL_GATHER) {
+        float *wire = cl->scratch_buf >= 0 ? p->ptrs[cl->scratch_buf] : NULL;
+        if (n->op == JDT_OP_ALL_GATHER && wire) {
+            wire_get(o, wire, k, outer, blk, cl->n_elems / k, cl->part_off[m]);
+        } else if (n->op == JDT_OP_ALL_GATHER) {
             if (outer > 1) {
                 memcpy(p->coll_scratch, o, (size_t)nf * sizeof *o);
                 jdt_permute_blocks_f32(p->coll_scratch, o, k, outer, blk, true);
             }
-        } else {
-            const float *tmp = p->ptrs[cl->scratch_buf];
+        } else { /* this member's segment, moved to the front by collective_wait */
+            const float *part = wire + cl->part_off[m];
             for (int64_t i = 0; i < nf / k; i++)
-                o[i] = tmp[i] * sc;
+                o[i] = part[i] * sc;
         }
     }
     return JDT_OK;
