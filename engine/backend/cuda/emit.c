@@ -46,6 +46,16 @@ static const char PRELUDE[] =
     "        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;\n"
     "    }\n"
     "    return c0;\n}\n"
+    /* bf16 storage (cnode.bf16): the upper 16 bits of an f32, stores rounded to nearest even
+     * (a NaN stays a quiet NaN), as the CPU prelude and jdt_bf16_round */
+    "static __device__ __forceinline__ float jdt_bf16_ld(uint16_t h)\n{\n"
+    "    union { uint32_t u; float f; } b; b.u = (uint32_t)h << 16; return b.f;\n}\n"
+    "static __device__ __forceinline__ uint16_t jdt_bf16_st(float x)\n{\n"
+    "    union { uint32_t u; float f; } b; b.f = x; uint32_t u = b.u;\n"
+    "    uint32_t q = (u | 0x00400000u) >> 16, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n"
+    "    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);\n}\n"
+    "static __device__ __forceinline__ float jdt_bf16_rn(float x) { return "
+    "jdt_bf16_ld(jdt_bf16_st(x)); }\n"
     "static __device__ __forceinline__ float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
     "(1.0f / 16777216.0f); }\n"
     "extern \"C\" __global__ void jdt_scale(float *x, long long n, float s)\n{\n"
@@ -92,7 +102,7 @@ static void emit_pointers(jdt_sbuf *s, const jdt_nest *N)
     for (int a = 0; a < N->n_acc; a++) {
         if (a == N->flat) continue;
         const cnode *x = &c->nodes[N->acc[a].node];
-        const char *T = jdt_nest_ctype(x->dtype);
+        const char *T = x->bf16 ? "uint16_t" : jdt_nest_ctype(x->dtype);
         if (N->acc[a].write)
             jdt_sb_printf(s, "    %s *w%d = (%s *)p[%d];\n", T, a, T, x->buf);
         else
@@ -106,8 +116,12 @@ static void emit_loads(jdt_sbuf *s, const jdt_nest *N, bool wide)
     for (int a = 0; a < N->n_acc; a++) {
         if (N->acc[a].write || a == N->flat) continue;
         offset32(N, a, wide, off, sizeof off);
-        jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n",
-                      jdt_nest_ctype(N->c->nodes[N->acc[a].node].dtype), a, a, off);
+        const cnode *x = &N->c->nodes[N->acc[a].node];
+        if (x->bf16) /* bf16 storage: widened, computed in f32 */
+            jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a, off);
+        else
+            jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(x->dtype), a, a,
+                          off);
     }
     if (N->flat >= 0) {
         offset32(N, N->flat, wide, off, sizeof off);
@@ -221,7 +235,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         for (int a = 0; a < N.n_acc; a++) {
             if (!N.acc[a].write) continue;
             offset32(&N, a, wide, off, sizeof off);
-            jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N.acc[a].node);
+            jdt_sb_printf(s,
+                          c->nodes[N.acc[a].node].bf16 ? "        w%d[%s] = jdt_bf16_st(v%d);\n"
+                                                       : "        w%d[%s] = v%d;\n",
+                          a, off, N.acc[a].node);
         }
         jdt_sb_printf(s, "    }\n}\n\n");
         return;
@@ -322,14 +339,17 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
     jdt_status st = JDT_OK;
     *src = NULL;
     *launch = NULL;
-    for (int i = 0; i < c->n_nodes; i++) /* program.c marks bf16 storage for the CPU only */
-        if (c->nodes[i].bf16) {
-            char lbl[128];
-            return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                               "cuda codegen: %s is stored as bf16, which the CUDA emitter does "
-                               "not implement yet",
-                               jdt_compile_node_label(&c->nodes[i], lbl, sizeof lbl));
-        }
+    /* bf16 values (bf16 IR nodes; program.c marks bf16 storage for the CPU only) are loaded
+     * and stored by the kernels below; the CUDA builtins read f32 only */
+    for (int i = 0; i < c->n_nodes; i++)
+        for (int k = 0; k < c->nodes[i].n_in; k++)
+            if (c->nodes[i].kind == CK_BUILTIN && c->nodes[c->nodes[i].in[k]].bf16) {
+                char lbl[128];
+                return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                                   "cuda codegen: %s reads a bf16 value, which the CUDA "
+                                   "builtins do not implement yet (cast it to f32)",
+                                   jdt_compile_node_label(&c->nodes[i], lbl, sizeof lbl));
+            }
     jdt_cuda_launch *L = jdt_calloc((size_t)c->stats.n_kernels + 1, sizeof *L);
     if (!L) return jdt_err_set(e, JDT_ERR_NOMEM, "codegen: launch table");
     jdt_sb_printf(&s, "%s", PRELUDE);
