@@ -342,6 +342,13 @@ void jdt_graph_set_block(jdt_graph *g, int block);
 void jdt_graph_set_matmul_bf16(jdt_graph *g, bool on);
 bool jdt_graph_matmul_bf16(const jdt_graph *g);
 
+/* Models built from now on read each GEMM weight through one CAST to bf16 when `on` (a bf16
+ * operand: bf16 compute; models/models.c), instead of letting every GEMM round the f32 weight.
+ * The train step sets it for precision.compute: bf16 where the backend's GEMMs read bf16
+ * operands and no fsdp axis would have to gather the copy. Default off. */
+void jdt_graph_set_bf16_weights(jdt_graph *g, bool on);
+bool jdt_graph_bf16_weights(const jdt_graph *g);
+
 /* Finds a leaf by name; NULL if absent. Hashed: it indexes the named nodes added since its
  * last call (g is not const for that), so a lookup costs O(1) on average. */
 jdt_tensor *jdt_graph_find(jdt_graph *g, const char *name);
