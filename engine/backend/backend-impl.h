@@ -16,6 +16,9 @@
 
 typedef struct {
     const char *name;
+    /* The backend loads and stores bf16-stored values (cnode.bf16: fused kernels round on
+     * store, builtins read them; fuse.c mark_bf16_storage). The default CPU device always does. */
+    bool bf16_storage;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src
@@ -42,6 +45,8 @@ typedef struct {
     char *(*describe)(const jdt_device *d, char *buf, size_t n);
     /* Device memory figures (NULL: none, the CPU). */
     bool (*memory)(const jdt_device *d, jdt_device_mem *m);
+    /* Collectives' time on a device with its own (NULL: none; see jdt_device_comm_times). */
+    bool (*comm_times)(const jdt_device *d, double *waited_s, double *moving_s);
 } jdt_backend_vt;
 
 struct jdt_device {

@@ -90,6 +90,12 @@ jdt_status jdt_device_pull(jdt_device *d, jdt_err *e)
     return d && d->vt->pull ? d->vt->pull(d, e) : JDT_OK;
 }
 
+bool jdt_device_comm_times(const jdt_device *d, double *waited_s, double *moving_s)
+{
+    *waited_s = *moving_s = 0.0;
+    return d && d->vt->comm_times ? d->vt->comm_times(d, waited_s, moving_s) : false;
+}
+
 bool jdt_device_memory(const jdt_device *d, jdt_device_mem *m)
 {
     memset(m, 0, sizeof *m);

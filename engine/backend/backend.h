@@ -76,6 +76,15 @@ typedef struct {
  * a device without the figures. */
 bool jdt_device_memory(const jdt_device *d, jdt_device_mem *m);
 
+/* Time spent in the device's own collectives (CUDA: NCCL, timed with CUDA events) by every
+ * program run on d so far whose work has finished (each run's is counted by its output reads):
+ * *moving_s the collectives' run time on their streams (waiting for peers included), *waited_s
+ * how long the compute stream stalled waiting for them (a blocking collective: all of it; a
+ * started one: what compute between its start and wait did not cover). Returns false (both 0)
+ * for a device without its own collectives (the CPU: the trainer times jdt_compile_opts'
+ * collective hooks itself) or before jdt_device_set_dist. */
+bool jdt_device_comm_times(const jdt_device *d, double *waited_s, double *moving_s);
+
 /* Maps a collective's group id (engine/shard: a mask of mesh axes) to its global ranks in group
  * order (at most max_ranks); returns their count, 0 for an unknown group. */
 typedef int (*jdt_device_group_fn)(void *ctx, int group, int *ranks, int max_ranks);

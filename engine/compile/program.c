@@ -171,9 +171,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if (opts) c->opts = *opts;
     p->dev = c->opts.device ? c->opts.device : jdt_device_cpu_default();
     c->scratch_bytes = p->dev->vt->scratch_bytes;
-    /* start/wait collectives are the CPU backend's (CUDA: NCCL orders them on its stream) */
-    if (p->dev->vt != &jdt_backend_cpu && p->dev->vt != &jdt_backend_cuda_emulated)
-        c->opts.collective_start = NULL, c->opts.collective_wait = NULL;
+    /* start/wait collectives: the CPU backends call the hooks; the CUDA backend runs its own
+     * (NCCL on a stream of its own) and takes the hooks as the request to overlap them */
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
     if (c->nt < 1) c->nt = 1;
 
@@ -187,7 +186,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         return JDT_OK;
     }
     c->host_builtins = p->dev == jdt_device_cpu_default();
-    c->bf16_storage = c->host_builtins && !c->opts.no_bf16_storage;
+    c->bf16_storage = (c->host_builtins || p->dev->vt->bf16_storage) && !c->opts.no_bf16_storage;
     if ((st = jdt_compile_lower(c, g, e)) != JDT_OK) goto fail;
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;

@@ -157,7 +157,7 @@ typedef struct jdt_config {
         int cache_max_mb; /* bound of the JIT cache in MiB, least recently used pruned; 0 = none */
         bool jit;        /* false = reference interpreter */
         jdt_remat remat;
-        bool overlap_comm; /* collectives as start/wait pairs under compute (CPU backend) */
+        bool overlap_comm; /* collectives as start/wait pairs under compute (CPU and CUDA) */
         int bucket_mb;     /* gradient all-reduce buckets in MiB; 0 = one per gradient */
         char *cc;
         char *cflags; /* "" = the compiler's built-in flags */

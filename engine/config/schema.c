@@ -139,7 +139,7 @@ static const jdt_config_key KEYS[] = {
     K_INT("runtime.cache_max_mb", runtime.cache_max_mb, 0, 16777216, "1024", "JIT cache size bound in MiB, least recently used entries pruned (0 = unbounded)"),
     K_BOOL("runtime.jit", runtime.jit, "true", "compile fused kernels (false = reference interpreter)"),
     K_ENUM("runtime.remat", runtime.remat, C_REMAT, "none", "recompute activations in backward: none or per block"),
-    K_BOOL("runtime.overlap_comm", runtime.overlap_comm, "true", "run collectives on the communication thread under compute (start/wait); false = blocking, in graph order"),
+    K_BOOL("runtime.overlap_comm", runtime.overlap_comm, "true", "run collectives under compute (start/wait: the CPU's communication thread, NCCL's own stream on CUDA); false = blocking, in graph order"),
     K_INT("runtime.bucket_mb", runtime.bucket_mb, 0, 4096, "4", "coalesce gradient all-reduces into buckets of this many MiB (0 = one per gradient)"),
     K_STR("runtime.cc", runtime.cc, "cc", "C compiler the CPU JIT runs"),
     K_STR("runtime.cflags", runtime.cflags, "", "extra JIT compiler flags (\"\" = built-in flags)"),

@@ -317,7 +317,7 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, floa
         widen(b, br, nb, nt);
     else
         round_f32(b, br, nb, nt);
-    jdt_rt_matmul(ar, br, bias, c, batch, M, N, K, ta, tb, b_shared);
+    jdt_rt_matmul(ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, nt);
 }
 
 void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float *c, int64_t batch,
@@ -340,5 +340,5 @@ void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float
     float *ar = scratch, *br = scratch + na;
     round_f32(a, ar, na, nt);
     round_f32(b, br, nb, nt);
-    jdt_rt_matmul(ar, br, bias, c, batch, M, N, K, ta, tb, b_shared);
+    jdt_rt_matmul(ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, nt);
 }

@@ -12,16 +12,51 @@
 #include <math.h>
 #include <string.h>
 
-#define PAR_MIN_WORK 32768 /* below this many elements a parallel region costs more than it saves  \
-                            */
+#define PAR_MIN_WORK                                                                               \
+    32768 /* below this many elements a parallel region costs more than it saves                   \
+           */
 
 void jdt_rt_set_threads(int nt)
 {
-    openblas_set_num_threads(nt > 0 ? nt : 1);
+    (void)nt;
+    openblas_set_num_threads(1); /* jdt_rt_matmul's tiles are the parallelism */
+}
+
+/* A GEMM's output cut into tiles that the threads take one at a time (schedule(dynamic)), each
+ * tile a single-threaded SGEMM over all of K. Why: OpenBLAS's own threads split a GEMM evenly,
+ * so when the OS gives one thread half a core (another process on it) the whole GEMM waits for
+ * it; with tiles, a thread that runs slower simply takes fewer (docs/compiler.md, Threads). The
+ * tiling depends on the shape only, never on the thread count, and every output element is one
+ * SGEMM's dot product over all of K, so the result is bitwise the same for any thread count
+ * and any order the tiles are taken in (the adaptive thread count may change it mid-run). */
+#define TILE_MIN_FLOPS (1 << 22) /* below this a GEMM is one tile */
+#define TILE_MAX 8               /* tiles per GEMM: each one re-packs the operand it shares */
+#define TILE_ALIGN 16            /* rows/columns per tile: a multiple of the micro-kernels' */
+
+typedef struct {
+    int64_t n_tiles, step; /* tiles along the split dimension, rows/columns per tile */
+    bool split_n;          /* split the columns (N) rather than the rows (M) */
+} gemm_tiling;
+
+static gemm_tiling tiling_for(int64_t M, int64_t N, int64_t K)
+{
+    gemm_tiling t = {1, M, false};
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    if (flops < (double)TILE_MIN_FLOPS) return t;
+    t.split_n = N > M; /* cut the longer side: each tile re-packs the other operand */
+    int64_t len = t.split_n ? N : M;
+    int64_t n = (int64_t)(flops / (double)TILE_MIN_FLOPS);
+    n = n < TILE_MAX ? n : TILE_MAX;
+    if (n > len / TILE_ALIGN) n = len / TILE_ALIGN;
+    if (n < 1) n = 1;
+    t.step = (len + n - 1) / n;
+    t.step = (t.step + TILE_ALIGN - 1) / TILE_ALIGN * TILE_ALIGN;
+    t.n_tiles = (len + t.step - 1) / t.step;
+    return t;
 }
 
 void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, int64_t batch,
-                   int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared)
+                   int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, int nt)
 {
     if (M == 0 || N == 0) return;
     float beta = 0.0f;
@@ -34,18 +69,30 @@ void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, 
         if (!bias) memset(c, 0, (size_t)(batch * M * N) * sizeof(float));
         return;
     }
-    int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
+    int64_t lda = ta ? M : K, ldb = tb ? K : N;
     /* A shared b and a row-major, untransposed a: the batch folds into M (one big GEMM). */
-    if (b_shared && !ta) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)(batch * M),
-                    (int)N, (int)K, 1.0f, a, lda, b, ldb, beta, c, (int)N);
-        return;
-    }
-    for (int64_t i = 0; i < batch; i++) {
-        const float *bi = b_shared ? b : b + i * K * N;
+    int64_t Mg = M, nb = batch;
+    if (b_shared && !ta) Mg = batch * M, nb = 1;
+    gemm_tiling t = tiling_for(Mg, N, K);
+    int64_t n_jobs = nb * t.n_tiles;
+#pragma omp parallel for num_threads(nt > 0 ? nt : 1) schedule(dynamic, 1) if (nt > 1 && n_jobs > 1)
+    for (int64_t job = 0; job < n_jobs; job++) {
+        int64_t i = job / t.n_tiles, lo = job % t.n_tiles * t.step;
+        const float *ai = a + (nb > 1 ? i * M * K : 0);
+        const float *bi = b + (b_shared ? 0 : i * K * N);
+        float *ci = c + (nb > 1 ? i * M * N : 0);
+        int64_t m = Mg, n = N;
+        if (t.split_n) {
+            n = N - lo < t.step ? N - lo : t.step;
+            bi += tb ? lo * ldb : lo;
+            ci += lo;
+        } else {
+            m = Mg - lo < t.step ? Mg - lo : t.step;
+            ai += ta ? lo : lo * lda;
+            ci += lo * N;
+        }
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)M, (int)N, (int)K, 1.0f, a + i * M * K, lda, bi, ldb, beta,
-                    c + i * M * N, (int)N);
+                    (int)m, (int)n, (int)K, 1.0f, ai, (int)lda, bi, (int)ldb, beta, ci, (int)N);
     }
 }
 
@@ -73,8 +120,8 @@ int64_t jdt_rt_scatter_add(const float *src, const int32_t *idx, float *out, int
     return jdt_rt_scatter_add_into(src, idx, out, out, n, V, C);
 }
 
-int64_t jdt_rt_scatter_add_into(const float *src, const int32_t *idx, const float *init,
-                                float *out, int64_t n, int64_t V, int64_t C)
+int64_t jdt_rt_scatter_add_into(const float *src, const int32_t *idx, const float *init, float *out,
+                                int64_t n, int64_t V, int64_t C)
 {
     int64_t bad = 0;
     if (out != init) memcpy(out, init, (size_t)(V * C) * sizeof(float));
@@ -116,7 +163,7 @@ JDT_RT_INLINE float row_lse(const float *x, int64_t C)
 
 JDT_RT_CLONES void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C;
         float *yr = y + n * C;
@@ -136,7 +183,7 @@ JDT_RT_CLONES void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C
 JDT_RT_CLONES void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N,
                                       int64_t C, int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *yr = y + n * C, *dyr = dy + n * C;
         float s = 0.0f;
@@ -151,7 +198,7 @@ JDT_RT_CLONES void jdt_rt_softmax_bwd(const float *y, const float *dy, float *dx
 
 JDT_RT_CLONES void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64_t C, int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         float l = row_lse(x + n * C, C);
 #pragma omp simd
@@ -163,7 +210,7 @@ JDT_RT_CLONES void jdt_rt_log_softmax(const float *x, float *y, int64_t N, int64
 JDT_RT_CLONES void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t N,
                                           int64_t C, int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *yr = y + n * C, *dyr = dy + n * C;
         float s = 0.0f;
@@ -199,7 +246,7 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *t
                                            const float *dloss, float *dlogits, int64_t N, int64_t V,
                                            int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * V >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         int64_t t = tgt[n];
         float *d = dlogits + n * V;
@@ -230,7 +277,7 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32
                                                 const float *dloss, uint16_t *dlogits, int64_t N,
                                                 int64_t V, int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * V >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         int64_t t = tgt[n];
         uint16_t *d = dlogits + n * V;
@@ -266,7 +313,7 @@ JDT_RT_INLINE void row_moments(const float *x, int64_t C, float eps, float *mean
 JDT_RT_CLONES void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
                                     int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         float mu, r;
         row_moments(x + n * C, C, eps, &mu, &r);
@@ -279,7 +326,7 @@ JDT_RT_CLONES void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t
 JDT_RT_CLONES void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N,
                                         int64_t C, float eps, int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C, *g = dxhat + n * C;
         float mu, r, sg = 0.0f, sgx = 0.0f;
@@ -300,7 +347,7 @@ JDT_RT_CLONES void jdt_rt_normalize_bwd(const float *x, const float *dxhat, floa
 JDT_RT_CLONES void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float eps,
                                         int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C;
         float s = 0.0f;
@@ -317,7 +364,7 @@ JDT_RT_CLONES void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int
 JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx,
                                             int64_t N, int64_t C, float eps, int nt)
 {
-#pragma omp parallel for num_threads(nt) if (N * C >= PAR_MIN_WORK)
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * C >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C, *g = dxhat + n * C;
         float s = 0.0f, sgx = 0.0f;
@@ -338,7 +385,8 @@ void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int6
                  bool inverse, int nt)
 {
     double sign = inverse ? -1.0 : 1.0;
-#pragma omp parallel for collapse(2) num_threads(nt) if (B * T * H * D >= PAR_MIN_WORK)
+#pragma omp parallel for collapse(2) num_threads(nt)                                               \
+    schedule(guided) if (B * T * H * D >= PAR_MIN_WORK)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             for (int64_t i = 0; i < D / 2; i++) {

@@ -15,9 +15,10 @@
 
 #include "core/core.h"
 
-/* Sets the process's thread count for OpenBLAS (generated kernels and the functions below
- * take `nt` explicitly). Call before a program run (the count is process-wide and may change
- * between runs), not concurrently with a GEMM. */
+/* Prepares the process-wide GEMM library for a program run on up to nt threads: OpenBLAS is
+ * kept single-threaded, since jdt_rt_matmul shares a GEMM's tiles among the nt threads itself
+ * (generated kernels and the functions below take `nt` explicitly). Call before a program run
+ * (another program may have changed the setting), not concurrently with a GEMM. */
 void jdt_rt_set_threads(int nt);
 
 /* The adaptive thread count (engine/runtime/threads.c). On a machine where another process
@@ -70,9 +71,10 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s);
 /* c = a @ b (+ bias) for `batch` independent products. a (batch, M, K) or (batch, K, M) if ta;
  * b (batch|1, K, N) or (batch|1, N, K) if tb (b_shared: one b for every batch); c (batch, M, N);
  * bias (N) or NULL: added to every row (the GEMM accumulates onto rows initialised to it).
- * Accumulates in f32 (cblas_sgemm). */
+ * Accumulates in f32 (cblas_sgemm). Runs on up to nt threads, which take output tiles one at a
+ * time; the tiling depends on the shape only, so the result is bitwise the same for every nt. */
 void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, int64_t batch,
-                   int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared);
+                   int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, int nt);
 
 /* bf16 compute (engine/runtime/bf16.c). jdt_rt_bf16_round: x rounded to the nearest bf16
  * (ties to even; NaN stays NaN, overflow gives Inf), returned as f32.

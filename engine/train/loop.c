@@ -658,8 +658,9 @@ static jdt_status make_step(trainer *tr, jdt_step **out, jdt_err *e)
     if (tr->dist) {
         so.copts.collective = train_collective;
         so.copts.collective_ctx = tr;
-        /* the CPU backend overlaps them with compute (CUDA: NCCL on its own stream) */
-        if (cfg->runtime.backend == JDT_BACKEND_CPU && cfg->runtime.overlap_comm) {
+        /* overlapped with compute: the CPU backend through these hooks (a comm thread), the
+         * CUDA backend with NCCL on its own stream (the hooks only ask for the schedule) */
+        if (cfg->runtime.overlap_comm) {
             so.copts.collective_start = train_collective_start;
             so.copts.collective_wait = train_collective_wait;
             so.copts.bucket_bytes = (int64_t)cfg->runtime.bucket_mb << 20;
@@ -945,6 +946,12 @@ static void log_summary(const trainer *tr, int64_t t)
     const double pct = wall > 0 ? 100.0 / wall : 0;
     const double run_mfu = 100.0 * tr->flops_per_step * n_run / tr->s_step / tr->peak;
     if (run_mfu > 100 && !tr->warned_mfu) warn_mfu(run_mfu, " over the run", tr->peak, &tr->pref);
+    /* a device with its own collectives (CUDA: NCCL) times them with its events */
+    double comm_s = tr->s_comm, moving_s = tr->s_comm_moving, dev_waited_s, dev_moving_s;
+    if (jdt_device_comm_times(tr->device, &dev_waited_s, &dev_moving_s)) {
+        comm_s += dev_waited_s;
+        moving_s += dev_moving_s;
+    }
     jdt_device_mem dm;
     char dev_txt[200] = "";
     if (jdt_device_memory(tr->device, &dm))
@@ -963,9 +970,9 @@ static void log_summary(const trainer *tr, int64_t t)
              "  checkpointing  %8.2fs %5.1f%%\n"
              "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state%s",
              tr->units_per_step * n_run / tr->s_step, mlp ? "samples" : "tok", run_mfu,
-             run_mfu > 100 ? " (!)" : "", tr->peak * 1e-9, tr->pref.source, tr->s_step - tr->s_comm, (tr->s_step - tr->s_comm) * pct, tr->s_comm,
-             tr->s_comm * pct, tr->s_comm_moving,
-             tr->s_comm_moving > 0 ? 100.0 * fmax(0.0, 1.0 - tr->s_comm / tr->s_comm_moving) : 0.0,
+             run_mfu > 100 ? " (!)" : "", tr->peak * 1e-9, tr->pref.source, tr->s_step - comm_s, (tr->s_step - comm_s) * pct, comm_s,
+             comm_s * pct, moving_s,
+             moving_s > 0 ? 100.0 * fmax(0.0, 1.0 - comm_s / moving_s) : 0.0,
              tr->s_data, tr->s_data * pct, tr->s_eval, tr->s_eval * pct,
              tr->s_ckpt, tr->s_ckpt * pct, (double)jdt_obs_peak_rss_bytes() / 1048576.0,
              cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0, dev_txt);

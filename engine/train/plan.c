@@ -324,7 +324,7 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
     if (world > 1) {
         so.copts.collective = plan_collective;
         /* the schedule and memory plan the trainer compiles (loop.c make_step) */
-        if (cpu && cfg->runtime.overlap_comm) {
+        if (cfg->runtime.overlap_comm) {
             so.copts.collective_start = plan_collective_start;
             so.copts.collective_wait = plan_collective_wait;
             so.copts.bucket_bytes = (int64_t)cfg->runtime.bucket_mb << 20;

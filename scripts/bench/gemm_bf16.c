@@ -58,7 +58,7 @@ int main(int argc, char **argv)
         double best32 = 1e30, best16 = 1e30;
         for (int r = 0; r <= reps; r++) { /* r = 0 warms both up (primitive creation) */
             double t0 = now_s();
-            jdt_rt_matmul(a, b, NULL, o, 1, M, N, K, cases[c].ta, cases[c].tb, true);
+            jdt_rt_matmul(a, b, NULL, o, 1, M, N, K, cases[c].ta, cases[c].tb, true, nt);
             double t1 = now_s();
             jdt_rt_matmul_bf16(a, b, NULL, o, 1, M, N, K, cases[c].ta, cases[c].tb, true, s, nt);
             double t2 = now_s();

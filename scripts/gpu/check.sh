@@ -3,8 +3,10 @@
 # (the H200 device machine: PyTorch, JAX, CUDA 13, none of this project's C libraries).
 # Stages, each reported and each allowed to fail without stopping the next:
 #   1 probe    nvidia-smi, glibc, where libcudart/libnvrtc/libcublasLt/libnccl are
-#   2 tests    check_cuk (builtin kernels, bf16 GEMMs, NCCL in a one-rank job) and check_cuda's
-#              GPU case (every op graph, train steps incl. bf16) vs the CPU
+#   2 tests    check_cuk (builtin kernels, bf16 GEMMs incl. bf16-stored operands, NCCL in a
+#              one-rank job: blocking and started collectives, their event timing, a dead peer in
+#              the rendezvous) and check_cuda's GPU case (every op graph, train steps incl. bf16,
+#              the overlap step: blocking vs start/wait on NCCL's stream, bitwise) vs the CPU
 #   3 tiny     configs/tiny.yaml trained on the GPU and on the CPU: the loss curves compared,
 #              f32 (TF32 GEMMs) and bf16 compute (cuBLASLt bf16 GEMMs vs the CPU's bf16 path);
 #              an oversized batch must be refused by the device memory check (exit 1)
@@ -14,8 +16,10 @@
 #   5 peers    the same model and batch in PyTorch (torch.compile) and JAX (jax.jit), ratios
 #              (scripts/bench/gpt_peer_gpu.py)
 #   6 multi    with 2+ GPUs only: tiny on 2 GPUs (mesh.data=2, then mesh.fsdp=2: NCCL all-reduce,
-#              all-gather, reduce-scatter) vs the same mesh on the CPU. With one GPU it is skipped
-#              and says why (NCCL refuses two ranks on one GPU).
+#              all-gather, reduce-scatter) vs the same mesh on the CPU, and the GPU run again with
+#              runtime.overlap_comm=false (blocking collectives: the same losses); the summary's
+#              communication row (NCCL time: waited / moving / hidden). With one GPU it is
+#              skipped and says why (NCCL refuses two ranks on one GPU).
 #
 # Usage: scripts/gpu/check.sh [BUNDLE_DIR]
 #   BUNDLE_DIR (made here by scripts/gpu/bundle.sh): bin/jdt-train, bin/check_cu{k,da} built with
@@ -100,6 +104,7 @@ for t in check_cuk check_cuda; do
   say "stage 2 $t exit $rc"
 done
 grep -E "loss cpu" "$OUT/check_cuda.log" | grep "step 7" | tee -a "$SUMMARY"
+grep -hE "overlap mode|started all-reduces" "$OUT/check_cuda.log" "$OUT/check_cuk.log" | tee -a "$SUMMARY"
 fi
 
 # ---- 3: tiny on GPU vs CPU --------------------------------------------------------------------
@@ -188,18 +193,23 @@ else
   say "stage 6 multi-GPU: tiny on 2 GPUs vs 2 CPU ranks (mesh.data=2, mesh.fsdp=2)"
   for mesh in "mesh.data=2 mesh.fsdp=1" "mesh.data=1 mesh.fsdp=2"; do
     tag=$(echo "$mesh" | tr ' =.' '__-')
-    for be in cpu cuda; do
+    for be in cpu cuda cuda-blocking; do
+      extra=""; [ "$be" = cuda-blocking ] && extra="runtime.overlap_comm=false"
       (cd "$ROOT" && timeout "$TMO" "$BIN" --nproc 2 configs/tiny.yaml run.out_dir="$OUT/multi-$be-$tag" \
-         run.steps=20 run.eval_every=0 checkpoint.every=0 runtime.backend=$be $mesh >"$OUT/multi-$be-$tag.log" 2>&1)
+         run.steps=20 run.eval_every=0 checkpoint.every=0 runtime.backend=${be%-blocking} $extra $mesh \
+         >"$OUT/multi-$be-$tag.log" 2>&1)
       echo "  $mesh $be: exit $?" | tee -a "$SUMMARY"
+      grep -m1 "communication " "$OUT/multi-$be-$tag.log" | sed 's/^/    /' | tee -a "$SUMMARY"
     done
-    python3 - "$OUT/multi-cpu-$tag/tiny/metrics.jsonl" "$OUT/multi-cuda-$tag/tiny/metrics.jsonl" "$mesh" <<'PY' 2>&1 | tee -a "$SUMMARY"
+    python3 - "$OUT/multi-cpu-$tag/tiny/metrics.jsonl" "$OUT/multi-cuda-$tag/tiny/metrics.jsonl" "$mesh" \
+      "$OUT/multi-cuda-blocking-$tag/tiny/metrics.jsonl" <<'PY' 2>&1 | tee -a "$SUMMARY"
 import json, sys
 def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
-c, g = losses(sys.argv[1]), losses(sys.argv[2])
+c, g, b = losses(sys.argv[1]), losses(sys.argv[2]), losses(sys.argv[4])
 d = max(abs(a - b) / abs(a) for a, b in zip(c, g))
 print(f"multi {sys.argv[3]}: cpu {c[0]:.4f} -> {c[-1]:.4f}, cuda {g[0]:.4f} -> {g[-1]:.4f}, "
-      f"max relative difference {d:.2e} -> {'MATCH' if d < 5e-3 else 'DIFFER'}")
+      f"max relative difference {d:.2e} -> {'MATCH' if d < 5e-3 else 'DIFFER'}; "
+      f"overlapped vs blocking NCCL: {'BITWISE' if g == b else 'DIFFER'}")
 PY
   done
 fi

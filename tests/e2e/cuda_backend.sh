@@ -33,6 +33,14 @@ if [ -n "$IBIN" ]; then
   "$IBIN" inspect configs/tiny.yaml runtime.backend=cuda precision.compute=bf16 --compile >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/out" "$TMP/err"; fail "inspect --compile cuda bf16 failed"; }
   grep -q "not runnable" "$TMP/out" && { cat "$TMP/out"; fail "cuda bf16 refused"; }
   grep -q "to CUDA source" "$TMP/out" || { cat "$TMP/out"; fail "inspect --compile does not show the CUDA bf16 step"; }
+  # collectives overlap compute on CUDA too (NCCL on its own stream): the FSDP step's
+  # collectives are start/wait pairs, none with runtime.overlap_comm=false
+  M=(runtime.backend=cuda mesh.fsdp=2 dist.world_size=2)
+  "$IBIN" inspect configs/tiny.yaml "${M[@]}" >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda fsdp failed"; }
+  n=$(grep -oE "micro-batch program: [0-9]+ calls per run, [0-9]+ of them start/wait" "$TMP/out" | grep -oE "[0-9]+ of them" | grep -oE "[0-9]+")
+  [ "${n:-0}" -gt 10 ] || { cat "$TMP/out"; fail "cuda fsdp: collectives not overlapped (${n:-none})"; }
+  "$IBIN" inspect configs/tiny.yaml "${M[@]}" runtime.overlap_comm=false >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda fsdp blocking failed"; }
+  grep -q "micro-batch program: [0-9]* calls per run, 0 of them start/wait" "$TMP/out" || { cat "$TMP/out"; fail "cuda fsdp: overlap_comm=false still overlaps"; }
 fi
 
 if [ -n "${JDT_CUDA_BIN:-}" ]; then

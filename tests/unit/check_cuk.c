@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #ifndef JDT_CUDA
 
@@ -172,7 +174,7 @@ static void check_matmul(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_
     int64_t na = batch * M * K, nb = (shared ? 1 : batch) * K * N, nc = batch * M * N;
     float *a = rand_floats(na, 1, -1, 1), *b = rand_floats(nb, 2, -1, 1);
     float *bias = rand_floats(N, 3, -1, 1), *want = malloc((size_t)nc * sizeof(float));
-    jdt_rt_matmul(a, b, with_bias ? bias : NULL, want, batch, M, N, K, ta, tb, shared);
+    jdt_rt_matmul(a, b, with_bias ? bias : NULL, want, batch, M, N, K, ta, tb, shared, 1);
     float *da = dev_from(a, (size_t)na * 4), *db = dev_from(b, (size_t)nb * 4);
     float *dbias = dev_from(bias, (size_t)N * 4), *dc = dev_alloc((size_t)nc * 4);
     jdt_err e;
@@ -231,6 +233,37 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
      * missing or different input rounding would be off by ~2^-9 sqrt(K) |a||b|, far above */
     expect_close(what, got, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
     expect_close("matmul_bf16 left input unchanged", a2, a, na, 0, 0);
+    /* operands stored as bf16 (the compiler's bf16 storage): read as they are, no conversion;
+     * the same products (the GEMM algorithm may differ with the alignment: tolerance) */
+    uint16_t *a16 = malloc((size_t)na * 2 + 2), *b16 = malloc((size_t)nb * 2 + 2);
+    for (int64_t i = 0; i < na; i++) {
+        float r = jdt_bf16_round(a[i]);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        a16[i] = (uint16_t)(u >> 16);
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        float r = jdt_bf16_round(b[i]);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        b16[i] = (uint16_t)(u >> 16);
+    }
+    void *da16 = dev_from(a16, (size_t)na * 2), *db16 = dev_from(b16, (size_t)nb * 2);
+    for (int which = 1; which < 4; which++) {
+        const bool a_bf = which & 1, b_bf = which & 2;
+        ck_assert_int_eq(cudaMemset(dc, 0xff, (size_t)nc * 4), cudaSuccess);
+        s = jdt_cuk_matmul_bf16_ex(k, a_bf ? da16 : (void *)da, b_bf ? db16 : (void *)db,
+                                   with_bias ? dbias : NULL, dc, batch, M, N, K, ta, tb, shared,
+                                   a_bf, b_bf, dscr, sb, &e);
+        ck_assert_msg(s == JDT_OK, "%s", e.msg);
+        float *g16 = dev_to_host(k, dc, nc);
+        char w16[160];
+        snprintf(w16, sizeof w16, "%s, bf16-stored a %d b %d", what, a_bf, b_bf);
+        expect_close(w16, g16, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
+        free(g16);
+    }
+    free(a16), free(b16);
+    cudaFree(da16), cudaFree(db16);
     /* too small a scratch is an error, not a write past it */
     if (K > 0) {
         s = jdt_cuk_matmul_bf16(k, da, db, NULL, dc, batch, M, N, K, ta, tb, shared, dscr, 2, &e);
@@ -387,6 +420,162 @@ START_TEST(test_nccl_one_rank)
 }
 END_TEST
 
+/* A job of world_size ranks on loopback whose coordinator this process hosts as rank 0 (the
+ * other ranks connect to *port). */
+static jdt_dist *loopback_rank0(int world_size, int lfd, int port, double peer_timeout_s)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    jdt_dist_opts o;
+    jdt_dist_opts_default(&o);
+    o.coordinator = addr;
+    o.token = "cuk-test";
+    o.coord_listen_fd = lfd;
+    o.connect_timeout_s = 20;
+    o.world_size = world_size;
+    o.rank = 0;
+    o.heartbeat_s = 0.2;
+    o.peer_timeout_s = peer_timeout_s;
+    jdt_dist *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_dist_init(&o, &d, &e) == JDT_OK, "dist: %s", e.msg);
+    return d;
+}
+
+/* A started collective (the backend's STEP_COLL_START / _WAIT): the all-reduce runs on the
+ * communicator's stream while compute queued after the start runs on the compute stream; the
+ * wait orders the compute stream after it. One rank: the sum leaves the data as it was. Its
+ * NCCL time is counted once finished; a wait without a start and a second start are errors. */
+START_TEST(test_coll_start_wait)
+{
+    GPU_OR_SKIP(k);
+    int port, lfd = tu_free_listener(&port);
+    jdt_dist *d = loopback_rank0(1, lfd, port, 10);
+    const int ranks[1] = {0};
+    jdt_cuk_comm *c = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_comm_init(k, d, ranks, 1, "test/coll", &c, &e);
+    if (s == JDT_ERR_UNSUPPORTED) {
+        printf("SKIP check_cuk test_coll_start_wait: %s\n", e.msg);
+        jdt_dist_free(d);
+        jdt_cuk_free(k);
+        return;
+    }
+    ck_assert_msg(s == JDT_OK, "comm init: %s", e.msg);
+    jdt_cuk_coll *t = NULL;
+    ck_assert_msg(jdt_cuk_coll_new(k, &t, &e) == JDT_OK, "%s", e.msg);
+    double waited = 0, moving = 0;
+    ck_assert(!jdt_cuk_coll_times(t, &waited, &moving)); /* nothing started yet */
+    ck_assert_int_eq(jdt_cuk_coll_wait(c, t, &e), JDT_ERR_INTERNAL);
+    const int64_t n = 1 << 20;
+    float *x = rand_floats(n, 31, -3, 3), *y = rand_floats(n, 32, -3, 3);
+    float *dx = dev_from(x, (size_t)n * 4), *dy = dev_from(y, (size_t)n * 4);
+    float *dz = dev_alloc((size_t)n * 4);
+    for (int round = 0; round < 3; round++) {
+        ck_assert_msg(jdt_cuk_coll_start(c, t, JDT_CUK_ALLREDUCE, JDT_CUK_SUM, dx, dx, n, &e) ==
+                          JDT_OK,
+                      "start: %s", e.msg);
+        ck_assert_int_eq(jdt_cuk_coll_start(c, t, JDT_CUK_ALLREDUCE, JDT_CUK_SUM, dx, dx, n, &e),
+                         JDT_ERR_INTERNAL);
+        jdt_cuk_bf16_round(k, dy, dz, n); /* compute inside the window, other buffers */
+        ck_assert_msg(jdt_cuk_coll_wait(c, t, &e) == JDT_OK, "wait: %s", e.msg);
+        jdt_cuk_bf16_round(k, dx, dz, n); /* after the wait: reads the collective's result */
+        ck_assert_msg(jdt_cuk_comm_sync(c, 60, &e) == JDT_OK, "sync: %s", e.msg);
+        float *got = dev_to_host(k, dz, n);
+        for (int64_t i = 0; i < n; i += 997)
+            ck_assert_msg(got[i] == jdt_bf16_round(x[i]), "round %d [%lld]: %g vs %g", round,
+                          (long long)i, (double)got[i], (double)jdt_bf16_round(x[i]));
+        free(got);
+        ck_assert(jdt_cuk_coll_times(t, &waited, &moving));
+        ck_assert(!jdt_cuk_coll_times(t, &waited, &moving)); /* counted once */
+    }
+    printf("check_cuk: 3 started all-reduces of 4 MiB: NCCL %.3f ms, compute waited %.3f ms\n",
+           moving * 1e3, waited * 1e3);
+    ck_assert(moving > 0 && waited >= 0);
+    jdt_cuk_coll_free(t);
+    jdt_cuk_comm_free(c);
+    free(x), free(y);
+    cudaFree(dx), cudaFree(dy), cudaFree(dz);
+    jdt_dist_free(d);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* A dead peer while a collective is in flight ends the wait with the rank named and the
+ * communicator aborted, instead of a hang: rank 1 (a child process that joins the rendezvous and
+ * dies without a goodbye) is reported lost by the coordinator's heartbeat, and the polling wait
+ * (jdt_cuk_comm_sync, as the backend's settle before any host wait) returns ERR_PEER_LOST. The
+ * communicator is this rank's alone (NCCL refuses two ranks on one GPU), so this checks the
+ * rendezvous half of the polling; ncclCommGetAsyncError's half needs two GPUs. */
+START_TEST(test_nccl_dead_peer)
+{
+    int n_gpu = 0;
+    if (cudaGetDeviceCount(&n_gpu) != cudaSuccess || n_gpu == 0) {
+        printf("SKIP check_cuk test_nccl_dead_peer: no GPU\n");
+        return;
+    }
+    int port, lfd = tu_free_listener(&port);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) { /* rank 1: joins, then dies (no CUDA here) */
+        close(lfd);
+        char addr[64];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+        jdt_dist_opts o;
+        jdt_dist_opts_default(&o);
+        o.coordinator = addr;
+        o.token = "cuk-test";
+        o.connect_timeout_s = 20;
+        o.world_size = 2;
+        o.rank = 1;
+        o.heartbeat_s = 0.2;
+        o.peer_timeout_s = 2;
+        jdt_dist *d = NULL;
+        jdt_err e;
+        if (jdt_dist_init(&o, &d, &e) != JDT_OK) _exit(3);
+        sleep(2);
+        _exit(0); /* no goodbye: a lost rank */
+    }
+    jdt_dist *d = loopback_rank0(2, lfd, port, 2);
+    GPU_OR_SKIP(k);
+    const int ranks[1] = {0};
+    jdt_cuk_comm *c = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_comm_init(k, d, ranks, 1, "test/dead", &c, &e);
+    if (s == JDT_ERR_UNSUPPORTED) {
+        printf("SKIP check_cuk test_nccl_dead_peer: %s\n", e.msg);
+    } else {
+        ck_assert_msg(s == JDT_OK, "comm init: %s", e.msg);
+        jdt_cuk_coll *t = NULL;
+        ck_assert_msg(jdt_cuk_coll_new(k, &t, &e) == JDT_OK, "%s", e.msg);
+        float *dx = dev_alloc(4096 * 4);
+        double t0 = jdt_now_s();
+        do { /* collectives keep flowing until the loss is noticed */
+            s = jdt_cuk_coll_start(c, t, JDT_CUK_ALLREDUCE, JDT_CUK_SUM, dx, dx, 4096, &e);
+            if (s == JDT_OK) s = jdt_cuk_coll_wait(c, t, &e);
+            if (s == JDT_OK) s = jdt_cuk_comm_sync(c, 30, &e);
+        } while (s == JDT_OK && jdt_now_s() - t0 < 20);
+        ck_assert_msg(s == JDT_ERR_PEER_LOST, "status %s: %s", jdt_status_name(s), e.msg);
+        ck_assert_msg(strstr(e.msg, "rank 1") && strstr(e.msg, "test/dead") && !strchr(e.msg, '\n'),
+                      "message: %s", e.msg);
+        ck_assert_msg(jdt_now_s() - t0 < 15, "took %.1f s", jdt_now_s() - t0);
+        /* aborted: later calls fail at once, naming the communicator */
+        ck_assert_int_eq(jdt_cuk_coll_start(c, t, JDT_CUK_ALLREDUCE, JDT_CUK_SUM, dx, dx, 1, &e),
+                         JDT_ERR_NET);
+        jdt_cuk_coll_free(t);
+        jdt_cuk_comm_free(c);
+        cudaFree(dx);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    jdt_dist_free(d);
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* ---- row kernels -------------------------------------------------------------------------- */
 
 typedef enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_NORM, ROW_RMS } row_kind;
@@ -471,6 +660,27 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     float *gl = dev_to_host(k, lossd, N), *gdx = dev_to_host(k, dxo, n);
     expect_close("softmax_xent", gl, loss, N, 1e-5f, 1e-5f);
     expect_close("softmax_xent_bwd", gdx, dx, n, 1e-7f, 1e-4f);
+    /* the bf16-storing variant against the CPU's: the same values rounded (one bf16 step apart
+     * at most, where the two exps straddle a rounding boundary) */
+    uint16_t *d16 = dev_alloc((size_t)n * 2), *h16 = malloc((size_t)n * 2),
+             *w16 = malloc((size_t)n * 2);
+    jdt_rt_softmax_xent_bwd_bf16(x, t, dl, w16, N, V, 1);
+    jdt_cuk_softmax_xent_bwd_bf16(k, dxd, td, dld, d16, N, V);
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_cuk_check(k, "xent_bwd_bf16", true, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t ug = (uint32_t)h16[i] << 16, uw = (uint32_t)w16[i] << 16;
+        float fg, fw;
+        memcpy(&fg, &ug, 4);
+        memcpy(&fw, &uw, 4);
+        ck_assert_msg(fabsf(fg - fw) <= 1e-7f + 8e-3f * fabsf(fw),
+                      "softmax_xent_bwd_bf16[%lld]: got %g, want %g", (long long)i, (double)fg,
+                      (double)fw);
+    }
+    free(h16), free(w16);
+    cudaFree(d16);
     free(x), free(dl), free(t), free(loss), free(dx), free(gl), free(gdx);
     cudaFree(dxd), cudaFree(dld), cudaFree(td), cudaFree(lossd), cudaFree(dxo);
 }
@@ -685,6 +895,8 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_to_bf16);
     tcase_add_test(tc, test_permute_blocks);
     tcase_add_test(tc, test_nccl_one_rank);
+    tcase_add_test(tc, test_coll_start_wait);
+    tcase_add_test(tc, test_nccl_dead_peer);
     tcase_add_test(tc, test_row_kernels);
     tcase_add_test(tc, test_softmax_xent);
     tcase_add_test(tc, test_gather_scatter);

@@ -88,7 +88,7 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
                                   c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16, scratch, nt);
         else
             jdt_rt_matmul(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
-                          n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2);
+                          n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, nt);
         break;
     }
     case JDT_OP_GATHER: {
@@ -619,6 +619,7 @@ const jdt_backend_vt jdt_backend_cpu = {
 
 const jdt_backend_vt jdt_backend_cuda_emulated = {
     .name = "cuda (emulated on the host)",
+    .bf16_storage = true, /* the CUDA emitter's loads/stores, the CPU builtins' bf16 paths */
     .prepare = emu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,

@@ -19,6 +19,15 @@
 #include <string.h>
 
 #define PAR_MIN_ELEMS 32768
+/* Parallel loops hand out their iterations in shrinking chunks as threads ask (guided), not in
+ * one fixed share per thread: a thread the OS runs at half speed (a busy core) takes less, and
+ * no region waits for it (docs/compiler.md, Threads). Every output is still computed by one
+ * thread in one order, so results do not depend on the thread count. */
+#define SCHED "schedule(guided)"
+/* A reduction of a whole domain to one value: partial sums over this many chunks of the
+ * outermost dim, taken by the threads as they come, then added in chunk order (the same
+ * bits for every thread count, unlike an OpenMP reduction clause). */
+#define RED_CHUNKS 64
 
 static void emit_loads(jdt_sbuf *s, const jdt_nest *N)
 {
@@ -55,9 +64,10 @@ static void emit_parallel(jdt_sbuf *s, const jdt_nest *N, int n_outer, int nt)
         prod *= N->dims[col++];
     if (prod < 2) return;
     if (col > 1)
-        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) collapse(%d)\n", col);
+        jdt_sb_printf(
+            s, "    #pragma omp parallel for num_threads(jdt_nt) " SCHED " collapse(%d)\n", col);
     else
-        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt)\n");
+        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) " SCHED "\n");
 }
 
 static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, jdt_err *e,
@@ -120,14 +130,29 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         int n_outer = N.n - 1;
         if (n_outer > 0) emit_parallel(s, &N, n_outer, nt);
         emit_loops(s, &N, 0, n_outer);
-        jdt_sb_printf(s, "    {\n    %s acc = %s;\n", T, init);
-        if (n_outer == 0 && jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS)
+        int64_t n_ch = N.dims[0] < RED_CHUNKS ? N.dims[0] : RED_CHUNKS;
+        bool chunked = n_outer == 0 && jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS && n_ch > 1;
+        if (chunked) { /* partials per chunk of dim 0, then summed in order */
+            int64_t len = (N.dims[0] + n_ch - 1) / n_ch;
+            n_ch = (N.dims[0] + len - 1) / len;
+            jdt_sb_printf(s, "    {\n    %s part[%lld];\n", T, (long long)n_ch);
             jdt_sb_printf(
-                s, "    #pragma omp parallel for simd num_threads(jdt_nt) reduction(%s : acc)\n",
-                is_max ? "max" : "+");
-        else
+                s, "    #pragma omp parallel for num_threads(jdt_nt) schedule(dynamic, 1)\n");
+            jdt_sb_printf(s, "    for (int64_t ch = 0; ch < %lldLL; ch++) {\n    %s acc = %s;\n",
+                          (long long)n_ch, T, init);
+            jdt_sb_printf(s,
+                          "    const int64_t hi = ch * %lldLL + %lldLL < %lldLL ? ch * %lldLL + "
+                          "%lldLL : %lldLL;\n",
+                          (long long)len, (long long)len, (long long)N.dims[0], (long long)len,
+                          (long long)len, (long long)N.dims[0]);
             jdt_sb_printf(s, "    #pragma omp simd reduction(%s : acc)\n", is_max ? "max" : "+");
-        emit_loops(s, &N, n_outer, N.n);
+            jdt_sb_printf(s, "    for (int64_t i0 = ch * %lldLL; i0 < hi; i0++)\n", (long long)len);
+            emit_loops(s, &N, 1, N.n);
+        } else {
+            jdt_sb_printf(s, "    {\n    %s acc = %s;\n", T, init);
+            jdt_sb_printf(s, "    #pragma omp simd reduction(%s : acc)\n", is_max ? "max" : "+");
+            emit_loops(s, &N, n_outer, N.n);
+        }
         jdt_sb_printf(s, "    {\n");
         emit_loads(s, &N);
         for (int i = 0; i < g->n_members; i++)
@@ -137,6 +162,14 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         else
             jdt_sb_printf(s, "        acc += %s;\n", src);
         jdt_sb_printf(s, "    }\n");
+        if (chunked) {
+            jdt_sb_printf(s, "    part[ch] = acc;\n    }\n    %s acc = %s;\n", T, init);
+            jdt_sb_printf(s, "    for (int64_t ch = 0; ch < %lldLL; ch++)\n", (long long)n_ch);
+            if (is_max)
+                jdt_sb_printf(s, "        acc = part[ch] > acc ? part[ch] : acc;\n");
+            else
+                jdt_sb_printf(s, "        acc += part[ch];\n");
+        }
         jdt_nest_offset(&N, w, off, sizeof off);
         if (is_mean)
             jdt_sb_printf(s, "    w%d[%s] = acc / (%s)%lld;\n", w, off, T, (long long)count);
@@ -157,7 +190,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
          * contiguous */
         int64_t tile = (last + 4 * nt - 1) / (4 * nt);
         tile = (tile + 15) / 16 * 16;
-        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt)\n");
+        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) " SCHED "\n");
         jdt_sb_printf(s, "    for (int64_t cb = 0; cb < %lldLL; cb += %lldLL)\n", (long long)last,
                       (long long)tile);
         emit_loops(s, &N, 0, N.n - 1);

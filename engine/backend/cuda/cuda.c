@@ -71,6 +71,9 @@ typedef struct {
     int n_groups;
     /* memory accounting: our cudaMallocs (programs, leaf mirrors) + the cuBLASLt workspace */
     int64_t bytes_now, bytes_peak;
+    /* NCCL time (cudaEvent timing, jdt_cuk_coll_times), summed over the programs' runs: the
+     * collectives' run time on their streams, the compute stream's stalls waiting for them */
+    double comm_moving_s, comm_waited_s;
     void **promised; /* host leaves counted by a prepare, mirrored at a later begin */
     int n_promised, cap_promised;
 } cuda_dev;
@@ -93,6 +96,10 @@ typedef struct {
     mirror **bmir;      /* (n_bufs) a persistent leaf's mirror, else NULL */
     void **ptrs;        /* (n_bufs) host copy of the table */
     bool table_dirty;
+    /* NCCL events: [k < n_colls] started collective k (STEP_COLL_*), [n_colls + s] the blocking
+     * collective of step s; made at the first use (NULL: none yet, or a one-rank group) */
+    jdt_cuk_coll **tk;
+    jdt_cuk_comm **ccomm; /* (n_colls) the communicator collective k was started on, or NULL */
 } cuda_prog;
 
 #define CU(call, what)                                                                             \
@@ -239,7 +246,9 @@ static jdt_status settle(cuda_dev *cd, jdt_err *e)
 
 /* The communicator of collective group `group`, made on the group's first collective (every
  * member reaches it in the same program order); *comm NULL when the group is this rank alone
- * (or the job has one process). *size: the group's rank count. */
+ * (or the job has one process). *size: the group's rank count. JDT_CUDA_NCCL_SINGLE=1 (tests
+ * on one GPU) gives a group of one rank a communicator too, so its collectives take the NCCL
+ * path (streams, events, timing) instead of local copies. */
 static jdt_status group_comm_get(cuda_dev *cd, int group, jdt_cuk_comm **comm, int *size,
                                  jdt_err *e)
 {
@@ -275,11 +284,13 @@ static jdt_status group_comm_get(cuda_dev *cd, int group, jdt_cuk_comm **comm, i
     g->group = group;
     g->n_ranks = n;
     g->ranks_hash = jdt_hash_bytes(14695981039346656037ULL, ranks, (size_t)n * sizeof *ranks);
-    for (int i = 0; i < cd->n_groups && n > 1; i++)
+    const char *single = getenv("JDT_CUDA_NCCL_SINGLE");
+    const bool want_comm = n > 1 || (single && strcmp(single, "1") == 0);
+    for (int i = 0; i < cd->n_groups && want_comm; i++)
         if (cd->groups[i].owner && cd->groups[i].n_ranks == n &&
             cd->groups[i].ranks_hash == g->ranks_hash)
             g->comm = cd->groups[i].comm; /* the same ranks under another mask */
-    if (n > 1 && !g->comm) {
+    if (want_comm && !g->comm) {
         char key[96]; /* unique per rank set: disjoint groups of one mask differ in ranks[0] */
         snprintf(key, sizeof key, "jdt/nccl/n%d-r%d-%016llx", n, ranks[0],
                  (unsigned long long)g->ranks_hash);
@@ -391,6 +402,15 @@ static bool cuda_memory(const jdt_device *d, jdt_device_mem *m)
     return true;
 }
 
+static bool cuda_comm_times(const jdt_device *d, double *waited_s, double *moving_s)
+{
+    const cuda_dev *cd = d->impl;
+    if (!cd->dist) return false;
+    *waited_s = cd->comm_waited_s;
+    *moving_s = cd->comm_moving_s;
+    return true;
+}
+
 static char *cuda_describe(const jdt_device *d, char *buf, size_t n)
 {
     const cuda_dev *cd = d->impl;
@@ -495,7 +515,15 @@ static void cuda_release(void *state)
 {
     cuda_prog *p = state;
     if (!p) return;
+    if (p->tk) { /* a failed run may leave a started collective on a buffer freed below */
+        jdt_err ignored;
+        settle(p->cd, &ignored);
+    }
     if (p->dmem || p->lib) cudaStreamSynchronize(p->cd->stream);
+    for (int i = 0; p->tk && i < p->c->n_colls + p->c->n_steps; i++)
+        jdt_cuk_coll_free(p->tk[i]);
+    jdt_free(p->tk);
+    jdt_free(p->ccomm);
     if (p->bmir)
         for (int b = 0; b < p->c->n_bufs; b++)
             mirror_put(p->cd, p->bmir[b]);
@@ -537,7 +565,8 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
     p->input_off = jdt_calloc((size_t)c->n_bufs + 1, sizeof *p->input_off);
     p->bmir = jdt_calloc((size_t)c->n_bufs + 1, sizeof *p->bmir);
     p->ptrs = jdt_calloc((size_t)c->n_bufs + 1, sizeof *p->ptrs);
-    if (!p->kern || !p->input_off || !p->bmir || !p->ptrs) {
+    p->ccomm = jdt_calloc((size_t)c->n_colls + 1, sizeof *p->ccomm);
+    if (!p->kern || !p->input_off || !p->bmir || !p->ptrs || !p->ccomm) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: program tables");
         goto fail;
     }
@@ -702,7 +731,47 @@ static bool is_mean(double sc, int size)
     return sc * size > 0.999999 && sc * size < 1.000001;
 }
 
-static jdt_status all_reduce(cuda_prog *p, const cnode *n, void *o, void *in, jdt_err *e)
+/* ---- collectives ----------------------------------------------------------------------------
+ * Blocking (a STEP_BUILTIN collective node: runtime.overlap_comm false, or a program compiled
+ * without start/wait) or started and waited (STEP_COLL_PACK / _START / _WAIT, scheduled by
+ * fuse.c when the compile options carry collective_start/_wait: the CUDA backend runs them
+ * with NCCL itself and uses those hooks only as the request to overlap). Both paths make the
+ * same NCCL calls on the same data, then the same scale kernels: the results are identical. */
+
+/* The events of slot i of p->tk (made on first use): the NCCL time of the collective that ran
+ * there last is counted first, if finished (never waits). */
+static jdt_status ticket(cuda_prog *p, int i, jdt_cuk_coll **out, jdt_err *e)
+{
+    const int n = p->c->n_colls + p->c->n_steps;
+    if (!p->tk && !(p->tk = jdt_calloc((size_t)n + 1, sizeof *p->tk)))
+        return jdt_err_set(e, JDT_ERR_NOMEM, "cuda: collective events");
+    if (!p->tk[i]) {
+        jdt_status st = jdt_cuk_coll_new(p->cd->k, &p->tk[i], e);
+        if (st != JDT_OK) return st;
+    }
+    jdt_cuk_coll_times(p->tk[i], &p->cd->comm_waited_s, &p->cd->comm_moving_s);
+    *out = p->tk[i];
+    return JDT_OK;
+}
+
+/* Counts the NCCL time of every finished collective of p (after a synchronisation: all). */
+static void harvest(cuda_prog *p)
+{
+    for (int i = 0; p->tk && i < p->c->n_colls + p->c->n_steps; i++)
+        jdt_cuk_coll_times(p->tk[i], &p->cd->comm_waited_s, &p->cd->comm_moving_s);
+}
+
+/* A collective at once: started and waited on the events of step s. */
+static jdt_status blocking(cuda_prog *p, int s, jdt_cuk_comm *cm, jdt_cuk_coll_kind kind,
+                           jdt_cuk_redop op, const float *send, float *recv, int64_t n, jdt_err *e)
+{
+    jdt_cuk_coll *t;
+    jdt_status st = ticket(p, p->c->n_colls + s, &t, e);
+    if (st == JDT_OK) st = jdt_cuk_coll_start(cm, t, kind, op, send, recv, n, e);
+    return st == JDT_OK ? jdt_cuk_coll_wait(cm, t, e) : st;
+}
+
+static jdt_status all_reduce(cuda_prog *p, int s, const cnode *n, void *o, void *in, jdt_err *e)
 {
     cuda_dev *cd = p->cd;
     jdt_status st;
@@ -716,40 +785,54 @@ static jdt_status all_reduce(cuda_prog *p, const cnode *n, void *o, void *in, jd
     int size;
     if ((st = group_comm_get(cd, (int)n->attrs.i[0], &cm, &size, e)) != JDT_OK) return st;
     if (cm) { /* one rank alone: the reduction is the identity, only the scale applies */
-        if (n->attrs.i[1] == 1) {
-            st = jdt_cuk_allreduce_max(cm, o, n_el, e);
-        } else if (is_mean(sc, size)) {
-            return jdt_cuk_allreduce(cm, o, n_el, true, e);
-        } else {
-            st = jdt_cuk_allreduce(cm, o, n_el, false, e);
-        }
-        if (st != JDT_OK) return st;
+        const bool avg = n->attrs.i[1] == 0 && is_mean(sc, size);
+        st = blocking(p, s, cm, JDT_CUK_ALLREDUCE,
+                      n->attrs.i[1] == 1 ? JDT_CUK_MAX
+                      : avg              ? JDT_CUK_AVG
+                                         : JDT_CUK_SUM,
+                      o, o, n_el, e);
+        if (st != JDT_OK || avg) return st;
     }
     return scale(p, o, n_el, sc, e);
 }
 
-/* ALL_GATHER / REDUCE_SCATTER in the CPU backend's block order (engine/backend/cpu/cpu.c): the
- * full tensor viewed as (outer, k, blk) along axis i[1]; NCCL's wire order is (k, outer, blk),
- * so a permuting copy through the staging buffer unless everything before the axis has size 1. */
-static jdt_status gather_scatter(cuda_prog *p, const cnode *n, float *o, float *in, jdt_err *e)
+/* The (outer, k, blk) view of an all-gather / reduce-scatter's full tensor along axis i[1]
+ * (the CPU backend's block order, engine/backend/cpu/cpu.c); nl = nf / k, one member's part. */
+static void coll_dims(const cprog *c, const cnode *n, int64_t *k, int64_t *nf, int64_t *nl,
+                      int64_t *outer, int64_t *blk)
 {
-    const cprog *c = p->c;
+    const jdt_shape *full = n->op == JDT_OP_ALL_GATHER ? &n->shape : &c->nodes[n->in[0]].shape;
+    *k = n->attrs.i[2];
+    *nf = jdt_shape_numel(full);
+    *nl = *k ? *nf / *k : 0;
+    *outer = 1;
+    for (int d = 0; d < (int)n->attrs.i[1]; d++)
+        *outer *= full->dims[d];
+    *blk = *outer ? *nl / *outer : 0;
+}
+
+/* The communicator of collective node n's group, checked against the node's member count. */
+static jdt_status coll_comm(cuda_prog *p, const cnode *n, jdt_cuk_comm **cm, int *size, jdt_err *e)
+{
+    jdt_status st = group_comm_get(p->cd, (int)n->attrs.i[0], cm, size, e);
+    if (st != JDT_OK || n->op == JDT_OP_ALL_REDUCE || *size == n->attrs.i[2]) return st;
+    return jdt_err_set(e, JDT_ERR_INTERNAL, "%s over %lld members, but group %lld has %d rank(s)",
+                       jdt_op_name(n->op), (long long)n->attrs.i[2], (long long)n->attrs.i[0],
+                       *size);
+}
+
+/* ALL_GATHER / REDUCE_SCATTER, blocking: NCCL's wire order is (k, outer, blk), so a permuting
+ * copy through the staging buffer unless everything before the axis has size 1. */
+static jdt_status gather_scatter(cuda_prog *p, int s, const cnode *n, float *o, float *in,
+                                 jdt_err *e)
+{
     const bool gather = n->op == JDT_OP_ALL_GATHER;
-    const jdt_shape *full = gather ? &n->shape : &c->nodes[n->in[0]].shape;
-    const int ax = (int)n->attrs.i[1];
-    const int64_t k = n->attrs.i[2], nf = jdt_shape_numel(full), nl = k ? nf / k : 0;
-    int64_t outer = 1;
-    for (int d = 0; d < ax; d++)
-        outer *= full->dims[d];
-    const int64_t blk = outer ? nl / outer : 0;
+    int64_t k, nf, nl, outer, blk;
+    coll_dims(p->c, n, &k, &nf, &nl, &outer, &blk);
     jdt_cuk_comm *cm;
     int size;
-    jdt_status st = group_comm_get(p->cd, (int)n->attrs.i[0], &cm, &size, e);
+    jdt_status st = coll_comm(p, n, &cm, &size, e);
     if (st != JDT_OK) return st;
-    if (size != k)
-        return jdt_err_set(e, JDT_ERR_INTERNAL,
-                           "%s over %lld members, but group %lld has %d rank(s)",
-                           jdt_op_name(n->op), (long long)k, (long long)n->attrs.i[0], size);
     if (!cm) { /* k = 1: a copy (times the scale for the scatter) */
         if ((st = copy_d2d(p, o, in, nl, "collective copy", e)) != JDT_OK) return st;
         return gather ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
@@ -758,7 +841,8 @@ static jdt_status gather_scatter(cuda_prog *p, const cnode *n, float *o, float *
     if (!tmp) return jdt_err_set(e, JDT_ERR_INTERNAL, "%s: no staging buffer", jdt_op_name(n->op));
     if (gather) {
         if (outer > 1) {
-            if ((st = jdt_cuk_allgather(cm, in, tmp, nl, e)) != JDT_OK) return st;
+            st = blocking(p, s, cm, JDT_CUK_ALLGATHER, JDT_CUK_SUM, in, tmp, nl, e);
+            if (st != JDT_OK) return st;
             jdt_cuk_permute_blocks(p->cd->k, tmp, o, k, outer, blk, true);
             return JDT_OK;
         }
@@ -767,7 +851,7 @@ static jdt_status gather_scatter(cuda_prog *p, const cnode *n, float *o, float *
             if ((st = copy_d2d(p, tmp, in, nl, "all_gather staging", e)) != JDT_OK) return st;
             send = tmp;
         }
-        return jdt_cuk_allgather(cm, send, o, nl, e);
+        return blocking(p, s, cm, JDT_CUK_ALLGATHER, JDT_CUK_SUM, send, o, nl, e);
     }
     const float *send = in;
     if (outer > 1) {
@@ -778,8 +862,133 @@ static jdt_status gather_scatter(cuda_prog *p, const cnode *n, float *o, float *
         send = tmp;
     }
     const bool mean = is_mean(n->attrs.f[0], size);
-    if ((st = jdt_cuk_reduce_scatter(cm, send, o, nl, mean, e)) != JDT_OK) return st;
+    st = blocking(p, s, cm, JDT_CUK_REDUCE_SCATTER, mean ? JDT_CUK_AVG : JDT_CUK_SUM, send, o, nl,
+                  e);
+    if (st != JDT_OK) return st;
     return mean ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
+}
+
+/* Started collective cl: whether its all-reduce averages in NCCL (every member's scale is
+ * 1/size; otherwise a sum, each member scaled at the wait). */
+static bool coll_avg(const cprog *c, const ccoll *cl, int size)
+{
+    const cnode *n0 = &c->nodes[cl->members[0]];
+    if (n0->op == JDT_OP_ALL_REDUCE && n0->attrs.i[1] != 0) return false;
+    for (int m = 0; m < cl->n_members; m++)
+        if (!is_mean(c->nodes[cl->members[m]].attrs.f[0], size)) return false;
+    return true;
+}
+
+/* STEP_COLL_PACK, on the compute stream: a member's input into the buffer NCCL will use — an
+ * all-reduce's own buffer (or its bucket slot), an all-gather's slot `index` of its output
+ * (NCCL's in-place form), a reduce-scatter's permuted input in the collective's scratch. */
+static jdt_status coll_pack(cuda_prog *p, const cstep *sp, jdt_err *e)
+{
+    const cprog *c = p->c;
+    const ccoll *cl = &c->colls[sp->coll];
+    const cnode *n = &c->nodes[sp->node];
+    float *x = dptr(p, n->in[0]), *o = dptr(p, sp->node);
+    if (n->op == JDT_OP_ALL_REDUCE)
+        return copy_d2d(p, o, x, jdt_shape_numel(&n->shape), "all_reduce pack", e);
+    int64_t k, nf, nl, outer, blk;
+    coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
+    if (n->op == JDT_OP_ALL_GATHER) {
+        jdt_cuk_comm *cm;
+        int size;
+        jdt_status st = coll_comm(p, n, &cm, &size, e);
+        if (st != JDT_OK) return st;
+        float *dst = o + (cm ? jdt_cuk_comm_index(cm) : 0) * nl;
+        if (dst != x && overlaps(x, nl, dst, nl)) { /* through the staging buffer */
+            if (!p->dcoll) return jdt_err_set(e, JDT_ERR_INTERNAL, "all_gather: no staging");
+            if ((st = copy_d2d(p, p->dcoll, x, nl, "all_gather pack", e)) != JDT_OK) return st;
+            x = p->dcoll;
+        }
+        return copy_d2d(p, dst, x, nl, "all_gather pack", e);
+    }
+    float *tmp = p->ptrs[cl->scratch_buf];
+    if (outer > 1 && k > 1) {
+        jdt_cuk_permute_blocks(p->cd->k, x, tmp, k, outer, blk, false);
+        return JDT_OK;
+    }
+    return copy_d2d(p, tmp, x, nf, "reduce_scatter pack", e);
+}
+
+/* STEP_COLL_START: the collective on its communicator's stream, behind an event of the compute
+ * stream (jdt_cuk_coll_start); the compute queued until the wait runs alongside it. */
+static jdt_status coll_start(cuda_prog *p, const cstep *sp, jdt_err *e)
+{
+    const cprog *c = p->c;
+    const ccoll *cl = &c->colls[sp->coll];
+    const cnode *n = &c->nodes[cl->members[0]];
+    jdt_cuk_comm *cm;
+    int size;
+    jdt_status st = coll_comm(p, n, &cm, &size, e);
+    if (st != JDT_OK) return st;
+    p->ccomm[sp->coll] = cm;
+    float *o = dptr(p, cl->members[0]);
+    int64_t k, nf, nl, outer, blk;
+    if (n->op != JDT_OP_ALL_REDUCE) coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
+    if (!cm) /* a group of one: the identity (a scatter's part is its whole scratch) */
+        return n->op == JDT_OP_REDUCE_SCATTER
+                   ? copy_d2d(p, o, p->ptrs[cl->scratch_buf], nl, "reduce_scatter copy", e)
+                   : JDT_OK;
+    jdt_cuk_coll *t;
+    if ((st = ticket(p, sp->coll, &t, e)) != JDT_OK) return st;
+    const jdt_cuk_redop op = n->op == JDT_OP_ALL_REDUCE && n->attrs.i[1] == 1 ? JDT_CUK_MAX
+                             : coll_avg(c, cl, size)                          ? JDT_CUK_AVG
+                                                                              : JDT_CUK_SUM;
+    if (n->op == JDT_OP_ALL_GATHER)
+        return jdt_cuk_coll_start(cm, t, JDT_CUK_ALLGATHER, op, o + jdt_cuk_comm_index(cm) * nl, o,
+                                  nl, e);
+    if (n->op == JDT_OP_REDUCE_SCATTER)
+        return jdt_cuk_coll_start(cm, t, JDT_CUK_REDUCE_SCATTER, op, p->ptrs[cl->scratch_buf], o,
+                                  nl, e);
+    float *buf = cl->buf >= 0 ? p->ptrs[cl->buf] : o; /* a bucket: all its slots at once */
+    return jdt_cuk_coll_start(cm, t, JDT_CUK_ALLREDUCE, op, buf, buf, cl->n_elems, e);
+}
+
+/* STEP_COLL_WAIT: the compute stream waits for the collective (the host does not), then each
+ * member's finish on the compute stream: its scale, an all-gather's block order. */
+static jdt_status coll_wait(cuda_prog *p, const cstep *sp, jdt_err *e)
+{
+    const cprog *c = p->c;
+    const ccoll *cl = &c->colls[sp->coll];
+    jdt_cuk_comm *cm = p->ccomm[sp->coll];
+    p->ccomm[sp->coll] = NULL;
+    jdt_status st = cm ? jdt_cuk_coll_wait(cm, p->tk[sp->coll], e) : JDT_OK;
+    if (st != JDT_OK) return st;
+    const bool avg = cm && coll_avg(c, cl, jdt_cuk_comm_size(cm));
+    for (int m = 0; m < cl->n_members; m++) {
+        const cnode *n = &c->nodes[cl->members[m]];
+        float *o = dptr(p, cl->members[m]);
+        if (n->op == JDT_OP_ALL_REDUCE) {
+            st = avg ? JDT_OK : scale(p, o, jdt_shape_numel(&n->shape), n->attrs.f[0], e);
+        } else {
+            int64_t k, nf, nl, outer, blk;
+            coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
+            if (n->op == JDT_OP_REDUCE_SCATTER) {
+                st = avg ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
+            } else if (outer > 1 && k > 1) { /* (k, outer, blk) -> (outer, k, blk) */
+                st = copy_d2d(p, p->dcoll, o, nf, "all_gather unpermute", e);
+                if (st == JDT_OK)
+                    jdt_cuk_permute_blocks(p->cd->k, p->dcoll, o, k, outer, blk, true);
+            }
+        }
+        if (st != JDT_OK) return st;
+    }
+    return JDT_OK;
+}
+
+/* After a failed step: every collective still started is waited (the compute stream ordered
+ * after it), as the CPU backend waits its handles, so the next run can start them again. */
+static void coll_drain(cuda_prog *p)
+{
+    for (int k = 0; k < p->c->n_colls; k++) {
+        if (!p->ccomm[k]) continue;
+        jdt_err ignored;
+        jdt_cuk_coll_wait(p->ccomm[k], p->tk[k], &ignored);
+        p->ccomm[k] = NULL;
+    }
 }
 
 static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
@@ -803,11 +1012,12 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        if (n->attrs.i[2]) /* bf16 compute: the planned scratch takes the bf16 copies */
-            return jdt_cuk_matmul_bf16(
+        if (n->attrs.i[2]) /* bf16 compute: bf16-stored operands are read as they are, the
+                              planned scratch takes the bf16 copies of the others */
+            return jdt_cuk_matmul_bf16_ex(
                 k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K, n->attrs.i[0] != 0,
-                n->attrs.i[1] != 0, b->ndim == 2, scratch,
-                sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0, e);
+                n->attrs.i[1] != 0, b->ndim == 2, c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16,
+                scratch, sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0, e);
         return jdt_cuk_matmul(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                               n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
     }
@@ -835,7 +1045,10 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         jdt_cuk_softmax_xent(k, in[0], in[1], o, N, C);
         return JDT_OK;
     case JDT_OP_SOFTMAX_XENT_BWD:
-        jdt_cuk_softmax_xent_bwd(k, in[0], in[1], in[2], o, N, C);
+        if (n->bf16) /* read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
+            jdt_cuk_softmax_xent_bwd_bf16(k, in[0], in[1], in[2], o, N, C);
+        else
+            jdt_cuk_softmax_xent_bwd(k, in[0], in[1], in[2], o, N, C);
         return JDT_OK;
     case JDT_OP_NORMALIZE:
         jdt_cuk_normalize(k, in[0], o, N, C, eps);
@@ -881,10 +1094,10 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         return JDT_OK;
     }
     case JDT_OP_ALL_REDUCE:
-        return all_reduce(p, n, o, in[0], e);
+        return all_reduce(p, (int)(sp - c->steps), n, o, in[0], e);
     case JDT_OP_ALL_GATHER:
     case JDT_OP_REDUCE_SCATTER:
-        return gather_scatter(p, n, o, in[0], e);
+        return gather_scatter(p, (int)(sp - c->steps), n, o, in[0], e);
     case JDT_OP_PARAM: /* not builtins: leaves, views and fused work never get here */
     case JDT_OP_INPUT:
     case JDT_OP_CONSTANT:
@@ -946,7 +1159,23 @@ static jdt_status cuda_step(void *state, int s, jdt_err *e)
            "launching a generated kernel");
         return JDT_OK;
     }
-    return run_builtin(p, sp, e);
+    switch (sp->kind) {
+    case STEP_COLL_PACK:
+        st = coll_pack(p, sp, e);
+        break;
+    case STEP_COLL_START:
+        st = coll_start(p, sp, e);
+        break;
+    case STEP_COLL_WAIT:
+        st = coll_wait(p, sp, e);
+        break;
+    case STEP_KERNEL: /* above */
+    case STEP_BUILTIN:
+        st = run_builtin(p, sp, e);
+        break;
+    }
+    if (st != JDT_OK) coll_drain(p);
+    return st;
 fail:
     return st;
 }
@@ -979,7 +1208,9 @@ static jdt_status cuda_sync(void *state, jdt_err *e)
 {
     cuda_prog *p = state;
     jdt_status st = settle(p->cd, e);
-    return st != JDT_OK ? st : jdt_cuk_check(p->cd->k, "run", true, e);
+    if (st == JDT_OK) st = jdt_cuk_check(p->cd->k, "run", true, e);
+    if (st == JDT_OK) harvest(p);
+    return st;
 }
 
 static const void *cuda_host_ptr(void *state, int node)
@@ -1002,6 +1233,7 @@ fail:
 
 static const jdt_backend_vt cuda_vt = {
     .name = "cuda",
+    .bf16_storage = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
     .source = cuda_source,
@@ -1017,6 +1249,7 @@ static const jdt_backend_vt cuda_vt = {
     .close = cuda_close,
     .describe = cuda_describe,
     .memory = cuda_memory,
+    .comm_times = cuda_comm_times,
 };
 
 jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)

@@ -32,6 +32,7 @@ extern const int jdt_cuk_n_sources;
     X(LOG_SOFTMAX_BWD, "cuk_rows.cu", "cuk_log_softmax_bwd")                                       \
     X(SOFTMAX_XENT, "cuk_rows.cu", "cuk_softmax_xent")                                             \
     X(SOFTMAX_XENT_BWD, "cuk_rows.cu", "cuk_softmax_xent_bwd")                                     \
+    X(SOFTMAX_XENT_BWD_BF16, "cuk_rows.cu", "cuk_softmax_xent_bwd_bf16")                           \
     X(NORMALIZE, "cuk_rows.cu", "cuk_normalize")                                                   \
     X(NORMALIZE_BWD, "cuk_rows.cu", "cuk_normalize_bwd")                                           \
     X(RMS_NORMALIZE, "cuk_rows.cu", "cuk_rms_normalize")                                           \
@@ -42,6 +43,7 @@ extern const int jdt_cuk_n_sources;
     X(FILL_ROWS, "cuk_misc.cu", "cuk_fill_rows")                                                   \
     X(TO_BF16, "cuk_misc.cu", "cuk_to_bf16")                                                       \
     X(BF16_ROUND, "cuk_misc.cu", "cuk_bf16_round")                                                 \
+    X(BF16_WIDEN, "cuk_misc.cu", "cuk_bf16_widen")                                                 \
     X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                          \
     X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                        \
     X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                        \
@@ -79,6 +81,10 @@ typedef struct {
 struct jdt_cuk {
     int device, arch;
     cudaStream_t stream;
+    /* NCCL's stream, shared by every communicator (cuk_comm.c): collectives of different
+     * communicators then run in the order they were issued, the same on every rank, which NCCL
+     * needs of concurrent communicators; made with the first communicator */
+    cudaStream_t comm_stream;
     cudaLibrary_t libs[JDT_CUK_MAX_LIBS];
     int n_libs;
     cudaKernel_t fn[JDT_CUK_K_COUNT];

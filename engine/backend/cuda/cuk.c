@@ -354,6 +354,7 @@ void jdt_cuk_free(jdt_cuk *k)
     if (k->lt) cublasLtDestroy(k->lt);
     if (k->workspace) cudaFree(k->workspace);
     if (k->stream) cudaStreamDestroy(k->stream);
+    if (k->comm_stream) cudaStreamDestroy(k->comm_stream);
     for (int i = 0; i < k->n_libs; i++)
         cudaLibraryUnload(k->libs[i]);
     jdt_free(k);
@@ -475,6 +476,15 @@ void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tg
     int vec = vec_ok(V, logits, dlogits, NULL);
     void *args[] = {&logits, &tgt, &dloss, &dlogits, &N, &V, &vec};
     launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD, N, row_threads(V), 0, args);
+}
+
+void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const float *logits, const int32_t *tgt,
+                                   const float *dloss, uint16_t *dlogits, int64_t N, int64_t V)
+{
+    if (N <= 0 || V <= 0) return;
+    int vec = vec_ok(V, logits, NULL, NULL);
+    void *args[] = {&logits, &tgt, &dloss, &dlogits, &N, &V, &vec};
+    launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD_BF16, N, row_threads(V), 0, args);
 }
 
 static void norm_launch2(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, float *y, int64_t N,
@@ -624,6 +634,15 @@ void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n)
     if (grid > 65536) grid = 65536;
     void *args[] = {&x, &y, &n};
     launch(k, JDT_CUK_K_BF16_ROUND, grid, 256, 0, args);
+}
+
+void jdt_cuk_bf16_widen(jdt_cuk *k, const uint16_t *x, float *y, int64_t n)
+{
+    if (n <= 0) return;
+    int64_t grid = (n + 255) / 256;
+    if (grid > 65536) grid = 65536;
+    void *args[] = {&x, &y, &n};
+    launch(k, JDT_CUK_K_BF16_WIDEN, grid, 256, 0, args);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */

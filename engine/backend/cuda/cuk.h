@@ -71,12 +71,22 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
                                float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
                                bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,
                                jdt_err *e);
+/* jdt_cuk_matmul_bf16 where a (a_bf16) and/or b (b_bf16) are already stored as bf16 bit patterns
+ * (uint16_t, the compiler's bf16 storage): cuBLASLt reads them directly, no conversion pass;
+ * only an f32 operand is converted into the scratch. The TF32 fallback widens a bf16 operand
+ * (exact). Same scratch size as jdt_cuk_matmul_bf16. */
+jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
+                                  float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                                  bool tb, bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
+                                  int64_t scratch_bytes, jdt_err *e);
 
 /* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow
  * gives Inf (bitwise jdt_bf16_round). */
 void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n);
 /* y (n) = x rounded to bf16, kept as f32 (bitwise jdt_bf16_round). */
 void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n);
+/* y (n, f32) = x (n, bf16 bit patterns) widened (exact). */
+void jdt_cuk_bf16_widen(jdt_cuk *k, const uint16_t *x, float *y, int64_t n);
 
 /* out (n, C) = table (V, C) rows idx (n); out-of-range indices give zero rows (not counted: the
  * device cannot return a count without a synchronisation). */
@@ -100,6 +110,10 @@ void jdt_cuk_softmax_xent(jdt_cuk *k, const float *logits, const int32_t *tgt, f
 /* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target out of range: 0. */
 void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tgt,
                               const float *dloss, float *dlogits, int64_t N, int64_t V);
+/* The same, dlogits stored as bf16 bit patterns (rounded to nearest even): the compiler's bf16
+ * storage of a value only bf16 GEMMs read (jdt_rt_softmax_xent_bwd_bf16). */
+void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const float *logits, const int32_t *tgt,
+                                   const float *dloss, uint16_t *dlogits, int64_t N, int64_t V);
 void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
 void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
                            int64_t C, float eps);
@@ -170,8 +184,49 @@ jdt_status jdt_cuk_allgather(jdt_cuk_comm *c, const float *send, float *recv, in
  * send's own slot. Ordering as jdt_cuk_allreduce. */
 jdt_status jdt_cuk_reduce_scatter(jdt_cuk_comm *c, const float *send, float *recv,
                                   int64_t n_per_rank, bool average, jdt_err *e);
+/* ---- started collectives (the CUDA backend's STEP_COLL_START / STEP_COLL_WAIT) --------------
+ * A jdt_cuk_coll holds the events of one collective in flight: start queues it on the
+ * communicator's stream behind an event recorded on the compute stream (so it sees the compute
+ * stream's work so far, the packed buffer) and records `done` after it; compute work queued
+ * after the start runs alongside it. wait makes the compute stream wait for `done` (the host
+ * does not block). Between start and wait, send and recv belong to NCCL: the caller must not
+ * touch them (the memory plan keeps them reserved). Every member calls start in the same order
+ * with the same kind and count. The events are timed: jdt_cuk_coll_times gives how long the NCCL
+ * work ran and how long the compute stream stalled at the wait. */
+typedef struct jdt_cuk_coll jdt_cuk_coll;
+typedef enum {
+    JDT_CUK_ALLREDUCE,     /* recv (n) = op over the group of send (n); send may be recv */
+    JDT_CUK_ALLGATHER,     /* recv (size * n) = every member's send (n) in group order */
+    JDT_CUK_REDUCE_SCATTER /* recv (n) = slot <index> of op over the group of send (size * n) */
+} jdt_cuk_coll_kind;
+typedef enum { JDT_CUK_SUM, JDT_CUK_AVG, JDT_CUK_MAX } jdt_cuk_redop;
+/* Events for one collective in flight (cudaEventCreate, timing on). ERR_INTERNAL naming the
+ * CUDA error. Owned by the caller (jdt_cuk_coll_free; NULL is a no-op). */
+jdt_status jdt_cuk_coll_new(jdt_cuk *k, jdt_cuk_coll **out, jdt_err *e);
+void jdt_cuk_coll_free(jdt_cuk_coll *t);
+/* Queues the collective on c's stream after the compute stream's work so far and returns at
+ * once (polling c for asynchronous errors first). n: elements per rank for the gather and the
+ * scatter (send count / receive count), the buffer length for the all-reduce; MAX is for the
+ * all-reduce only. A start of t whose previous start was not waited is ERR_INTERNAL. Errors:
+ * ERR_NET / ERR_PEER_LOST naming the communicator (it is aborted), ERR_INTERNAL for CUDA. */
+jdt_status jdt_cuk_coll_start(jdt_cuk_comm *c, jdt_cuk_coll *t, jdt_cuk_coll_kind kind,
+                              jdt_cuk_redop op, const float *send, float *recv, int64_t n,
+                              jdt_err *e);
+/* Makes the compute stream's later work wait for t's collective (no host wait), then polls c
+ * (ncclCommGetAsyncError and the rendezvous's lost-peer signal): a dead peer found here is
+ * ERR_PEER_LOST naming the rank, the communicator aborted. A wait without a start is
+ * ERR_INTERNAL. */
+jdt_status jdt_cuk_coll_wait(jdt_cuk_comm *c, jdt_cuk_coll *t, jdt_err *e);
+/* When t's last start/wait pair has finished on the device and was not counted yet: adds the
+ * NCCL stream's time from the collective's start to its end (*moving_s: waiting for peers
+ * included) and the compute stream's stall at the wait (*waited_s), and returns true. Never
+ * blocks: false while the work is unfinished (or nothing was started). */
+bool jdt_cuk_coll_times(jdt_cuk_coll *t, double *waited_s, double *moving_s);
+
 /* Number of ranks in the communicator. */
 int jdt_cuk_comm_size(const jdt_cuk_comm *c);
+/* This rank's index in the communicator's rank list (its slot in gathers and scatters). */
+int jdt_cuk_comm_index(const jdt_cuk_comm *c);
 /* Polls the communicator's asynchronous error (ncclCommGetAsyncError) and the rendezvous
  * (jdt_dist_check); on a failure aborts the communicator and returns ERR_PEER_LOST/ERR_NET
  * naming it. Cheap; never blocks. */

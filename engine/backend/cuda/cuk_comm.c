@@ -6,10 +6,14 @@
  * A communicator is created non-blocking (ncclConfig_t.blocking = 0) and every wait on NCCL is
  * a polling loop over ncclCommGetAsyncError and the rendezvous's health (jdt_dist_check): a
  * dead peer then ends the wait with the rank named (the coordinator's heartbeat) and the
- * communicator aborted, instead of a hang inside NCCL. Collectives run on the communicator's
- * own stream; events order them after the compute stream's earlier work and the compute
- * stream's later work after them. All-reduce (sum, mean, max), all-gather and reduce-scatter
- * (sum, mean) over f32 buffers.
+ * communicator aborted, instead of a hang inside NCCL. Collectives run on NCCL's stream (one
+ * for every communicator of the process, so collectives of different communicators run in
+ * issue order, the same on every rank: NCCL does not allow them to interleave differently on
+ * different ranks); events order them after the compute stream's earlier work and the compute
+ * stream's later work after them: at once for the blocking calls, or, for a started one
+ * (jdt_cuk_coll_start / _wait, the backend's STEP_COLL_START / _WAIT), at its wait, so the
+ * compute queued in between overlaps it. All-reduce (sum, mean, max), all-gather and
+ * reduce-scatter (sum, mean) over f32 buffers.
  */
 #include "backend/cuda/cuk-impl.h"
 #include "comm/comm.h"
@@ -47,8 +51,9 @@ struct jdt_cuk_comm {
     struct jdt_dist *d;
     nccl_api api;
     ncclComm_t comm;
-    cudaStream_t stream;
-    cudaEvent_t ev_compute, ev_comm; /* compute -> comm ordering; comm work done */
+    cudaStream_t stream;    /* k->comm_stream: NCCL's stream, shared by every communicator */
+    cudaEvent_t ev_comm;    /* after the last collective queued: comm work done */
+    jdt_cuk_coll *blocking; /* the events of the blocking calls (jdt_cuk_allreduce ...) */
     int n_ranks, index;
     bool failed;
     char key[128];
@@ -179,13 +184,15 @@ jdt_status jdt_cuk_comm_init(jdt_cuk *k, struct jdt_dist *d, const int *ranks, i
     jdt_status s = nccl_load(&c->api, e);
     if (s != JDT_OK) goto fail;
     cudaError_t rc = cudaSetDevice(k->device);
-    if (rc == cudaSuccess) rc = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    if (rc == cudaSuccess) rc = cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming);
+    if (rc == cudaSuccess && !k->comm_stream)
+        rc = cudaStreamCreateWithFlags(&k->comm_stream, cudaStreamNonBlocking);
+    c->stream = k->comm_stream;
     if (rc == cudaSuccess) rc = cudaEventCreateWithFlags(&c->ev_comm, cudaEventDisableTiming);
     if (rc != cudaSuccess) {
         s = jdt_cuk_cuda_err(e, rc, "NCCL communicator stream");
         goto fail;
     }
+    if ((s = jdt_cuk_coll_new(k, &c->blocking, e)) != JDT_OK) goto fail;
     /* the unique id: made by the first listed rank, passed through the rendezvous KV store */
     char kv_key[256];
     snprintf(kv_key, sizeof kv_key, "cuk/nccl/%s", key);
@@ -249,42 +256,85 @@ void jdt_cuk_comm_free(jdt_cuk_comm *c)
                 c->api.abort(c->comm);
         }
     }
+    jdt_cuk_coll_free(c->blocking);
     if (c->ev_comm) cudaEventDestroy(c->ev_comm);
-    if (c->ev_compute) cudaEventDestroy(c->ev_compute);
-    if (c->stream) cudaStreamDestroy(c->stream);
     if (c->api.lib) dlclose(c->api.lib);
     jdt_free(c);
 }
 
-typedef enum { COLL_ALLREDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER } coll_kind;
+/* ---- started collectives -------------------------------------------------------------------- */
+
+struct jdt_cuk_coll {
+    jdt_cuk *k;
+    cudaEvent_t ready;  /* compute stream, at start: the packed buffers are written */
+    cudaEvent_t begin;  /* communicator stream, once it passed `ready` (timed) */
+    cudaEvent_t done;   /* communicator stream, after the NCCL call (timed) */
+    cudaEvent_t w0, w1; /* compute stream, around its wait for `done` (timed) */
+    bool started;       /* started and not yet waited */
+    bool timed;         /* waited; its times not yet counted (jdt_cuk_coll_times) */
+};
+
+jdt_status jdt_cuk_coll_new(jdt_cuk *k, jdt_cuk_coll **out, jdt_err *e)
+{
+    *out = NULL;
+    jdt_cuk_coll *t = jdt_calloc(1, sizeof *t);
+    if (!t) return jdt_err_set(e, JDT_ERR_NOMEM, "NCCL: collective events");
+    t->k = k;
+    cudaError_t rc = cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming);
+    if (rc == cudaSuccess) rc = cudaEventCreate(&t->begin);
+    if (rc == cudaSuccess) rc = cudaEventCreate(&t->done);
+    if (rc == cudaSuccess) rc = cudaEventCreate(&t->w0);
+    if (rc == cudaSuccess) rc = cudaEventCreate(&t->w1);
+    if (rc != cudaSuccess) {
+        jdt_cuk_coll_free(t);
+        return jdt_cuk_cuda_err(e, rc, "NCCL: creating a collective's events");
+    }
+    *out = t;
+    return JDT_OK;
+}
+
+void jdt_cuk_coll_free(jdt_cuk_coll *t)
+{
+    if (!t) return;
+    cudaEvent_t ev[] = {t->ready, t->begin, t->done, t->w0, t->w1};
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    jdt_free(t);
+}
+
 static const char *const COLL_NAME[] = {"all-reduce", "all-gather", "reduce-scatter"};
 
-/* Queues one collective on the communicator's stream, after the compute stream's work so far,
- * and makes the compute stream's later work wait for it. n: elements per rank for the gather
- * and the scatter (send count / receive count), the buffer length for the all-reduce. */
-static jdt_status coll(jdt_cuk_comm *c, coll_kind kind, const float *send, float *recv, int64_t n,
-                       ncclRedOp_t op, jdt_err *e)
+jdt_status jdt_cuk_coll_start(jdt_cuk_comm *c, jdt_cuk_coll *t, jdt_cuk_coll_kind kind,
+                              jdt_cuk_redop op, const float *send, float *recv, int64_t n,
+                              jdt_err *e)
 {
     const char *what = COLL_NAME[kind];
+    if (t->started)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "NCCL %s started twice without a wait", what);
     if (c->failed || !c->comm)
         return jdt_err_set(e, JDT_ERR_NET, "NCCL communicator %s has failed earlier", c->key);
-    cudaError_t rc = cudaEventRecord(c->ev_compute, c->k->stream);
-    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->stream, c->ev_compute, 0);
+    if (op == JDT_CUK_MAX && kind != JDT_CUK_ALLREDUCE)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "NCCL %s with max", what);
+    const ncclRedOp_t rop = op == JDT_CUK_AVG ? ncclAvg : op == JDT_CUK_MAX ? ncclMax : ncclSum;
+    t->timed = false; /* uncounted times of the previous pair are dropped */
+    cudaError_t rc = cudaEventRecord(t->ready, c->k->stream);
+    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->stream, t->ready, 0);
+    if (rc == cudaSuccess) rc = cudaEventRecord(t->begin, c->stream);
     if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "NCCL: ordering after compute");
     if (n > 0) {
         ncclResult_t r = ncclSuccess;
         switch (kind) {
-        case COLL_ALLREDUCE:
-            r = c->api.all_reduce(send, recv, (size_t)n, ncclFloat32, op, c->comm, c->stream);
+        case JDT_CUK_ALLREDUCE:
+            r = c->api.all_reduce(send, recv, (size_t)n, ncclFloat32, rop, c->comm, c->stream);
             break;
-        case COLL_ALLGATHER:
+        case JDT_CUK_ALLGATHER:
             r = c->api.all_gather(send, recv, (size_t)n, ncclFloat32, c->comm, c->stream);
             break;
-        case COLL_REDUCE_SCATTER:
-            r = c->api.reduce_scatter(send, recv, (size_t)n, ncclFloat32, op, c->comm, c->stream);
+        case JDT_CUK_REDUCE_SCATTER:
+            r = c->api.reduce_scatter(send, recv, (size_t)n, ncclFloat32, rop, c->comm, c->stream);
             break;
         }
-        if (r == ncclInProgress) {
+        if (r == ncclInProgress) { /* non-blocking communicator: the enqueue completes later */
             char enq[64];
             snprintf(enq, sizeof enq, "%s enqueue", what);
             jdt_status s = wait_ready(c, NCCL_INIT_TIMEOUT_S, enq, e);
@@ -293,32 +343,75 @@ static jdt_status coll(jdt_cuk_comm *c, coll_kind kind, const float *send, float
             return nccl_fail(c, r, what, e);
         }
     }
-    rc = cudaEventRecord(c->ev_comm, c->stream);
-    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->k->stream, c->ev_comm, 0);
+    rc = cudaEventRecord(t->done, c->stream);
+    if (rc == cudaSuccess) rc = cudaEventRecord(c->ev_comm, c->stream);
+    if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "NCCL: recording a collective's end");
+    jdt_status s = jdt_cuk_comm_poll(c, e);
+    t->started = s == JDT_OK; /* else the communicator is aborted: nothing left to wait for */
+    return s;
+}
+
+jdt_status jdt_cuk_coll_wait(jdt_cuk_comm *c, jdt_cuk_coll *t, jdt_err *e)
+{
+    if (!t->started)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "NCCL: a collective waited without a start");
+    t->started = false;
+    cudaError_t rc = cudaEventRecord(t->w0, c->k->stream);
+    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->k->stream, t->done, 0);
+    if (rc == cudaSuccess) rc = cudaEventRecord(t->w1, c->k->stream);
     if (rc != cudaSuccess) return jdt_cuk_cuda_err(e, rc, "NCCL: ordering compute after it");
+    t->timed = true;
     return jdt_cuk_comm_poll(c, e);
+}
+
+bool jdt_cuk_coll_times(jdt_cuk_coll *t, double *waited_s, double *moving_s)
+{
+    /* w1 follows the compute stream's wait for `done`, which follows `begin` */
+    if (!t || !t->timed || cudaEventQuery(t->w1) != cudaSuccess) return false;
+    float moving_ms = 0.0f, waited_ms = 0.0f;
+    if (cudaEventElapsedTime(&moving_ms, t->begin, t->done) != cudaSuccess ||
+        cudaEventElapsedTime(&waited_ms, t->w0, t->w1) != cudaSuccess)
+        return false;
+    t->timed = false;
+    *moving_s += 1e-3 * (double)moving_ms;
+    *waited_s += 1e-3 * (double)waited_ms;
+    return true;
+}
+
+/* The blocking calls: a start and its wait at once, on the communicator's own events. */
+static jdt_status coll(jdt_cuk_comm *c, jdt_cuk_coll_kind kind, const float *send, float *recv,
+                       int64_t n, jdt_cuk_redop op, jdt_err *e)
+{
+    jdt_status s = jdt_cuk_coll_start(c, c->blocking, kind, op, send, recv, n, e);
+    return s != JDT_OK ? s : jdt_cuk_coll_wait(c, c->blocking, e);
 }
 
 jdt_status jdt_cuk_allreduce(jdt_cuk_comm *c, float *buf, int64_t n, bool average, jdt_err *e)
 {
-    return coll(c, COLL_ALLREDUCE, buf, buf, n, average ? ncclAvg : ncclSum, e);
+    return coll(c, JDT_CUK_ALLREDUCE, buf, buf, n, average ? JDT_CUK_AVG : JDT_CUK_SUM, e);
 }
 
 jdt_status jdt_cuk_allreduce_max(jdt_cuk_comm *c, float *buf, int64_t n, jdt_err *e)
 {
-    return coll(c, COLL_ALLREDUCE, buf, buf, n, ncclMax, e);
+    return coll(c, JDT_CUK_ALLREDUCE, buf, buf, n, JDT_CUK_MAX, e);
 }
 
 jdt_status jdt_cuk_allgather(jdt_cuk_comm *c, const float *send, float *recv, int64_t n_per_rank,
                              jdt_err *e)
 {
-    return coll(c, COLL_ALLGATHER, send, recv, n_per_rank, ncclSum, e);
+    return coll(c, JDT_CUK_ALLGATHER, send, recv, n_per_rank, JDT_CUK_SUM, e);
 }
 
 jdt_status jdt_cuk_reduce_scatter(jdt_cuk_comm *c, const float *send, float *recv,
                                   int64_t n_per_rank, bool average, jdt_err *e)
 {
-    return coll(c, COLL_REDUCE_SCATTER, send, recv, n_per_rank, average ? ncclAvg : ncclSum, e);
+    return coll(c, JDT_CUK_REDUCE_SCATTER, send, recv, n_per_rank,
+                average ? JDT_CUK_AVG : JDT_CUK_SUM, e);
+}
+
+int jdt_cuk_comm_index(const jdt_cuk_comm *c)
+{
+    return c->index;
 }
 
 int jdt_cuk_comm_size(const jdt_cuk_comm *c)

@@ -230,25 +230,49 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
                                bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,
                                jdt_err *e)
 {
+    return jdt_cuk_matmul_bf16_ex(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, false,
+                                  scratch, scratch_bytes, e);
+}
+
+jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
+                                  float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                                  bool tb, bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
+                                  int64_t scratch_bytes, jdt_err *e)
+{
     const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
     bool done;
     jdt_status st = gemm_shape(k, bias, c, &batch, &M, N, K, ta, b_shared, &done, e);
     if (st != JDT_OK || done) return st;
-    if (!scratch || scratch_bytes < 2 * (na + nb))
+    /* the bf16 copies of the f32 operands (none when both are stored as bf16) */
+    const int64_t need = 2 * ((a_bf16 ? 0 : na) + (b_bf16 ? 0 : nb));
+    if (need > 0 && (!scratch || scratch_bytes < need))
         return jdt_err_set(e, JDT_ERR_INTERNAL,
                            "matmul bf16: scratch of %lld bytes, %lld needed (the memory plan "
                            "and the CUDA backend disagree)",
-                           (long long)scratch_bytes, (long long)(2 * (na + nb)));
-    uint16_t *a16 = scratch;
-    uint16_t *b16 = (uint16_t *)((char *)scratch + bf16_b_offset(na, nb, scratch_bytes));
-    jdt_cuk_to_bf16(k, a, a16, na);
-    jdt_cuk_to_bf16(k, b, b16, nb);
+                           (long long)scratch_bytes, (long long)need);
+    const uint16_t *a16 = a, *b16 = b;
+    if (!a_bf16) {
+        jdt_cuk_to_bf16(k, a, scratch, na);
+        a16 = scratch;
+    }
+    if (!b_bf16) {
+        uint16_t *bs =
+            (uint16_t *)((char *)scratch + (a_bf16 ? 0 : bf16_b_offset(na, nb, scratch_bytes)));
+        jdt_cuk_to_bf16(k, b, bs, nb);
+        b16 = bs;
+    }
     st = gemm(k, a16, b16, bias, c, batch, M, N, K, ta, tb, b_shared, true, e);
-    if (st == JDT_OK || scratch_bytes < 4 * (na + nb)) return st;
+    if (st == JDT_OK || !scratch || scratch_bytes < 4 * (na + nb)) return st;
     /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
      * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
     float *ar = scratch, *br = ar + na;
-    jdt_cuk_bf16_round(k, a, ar, na);
-    jdt_cuk_bf16_round(k, b, br, nb);
+    if (a_bf16)
+        jdt_cuk_bf16_widen(k, a, ar, na);
+    else
+        jdt_cuk_bf16_round(k, a, ar, na);
+    if (b_bf16)
+        jdt_cuk_bf16_widen(k, b, br, nb);
+    else
+        jdt_cuk_bf16_round(k, b, br, nb);
     return gemm(k, ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, false, e);
 }

@@ -46,14 +46,15 @@ static const char PRELUDE[] =
     "        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;\n"
     "    }\n"
     "    return c0;\n}\n"
-    /* bf16 storage (cnode.bf16): the upper 16 bits of an f32, stores rounded to nearest even
-     * (a NaN stays a quiet NaN), as the CPU prelude and jdt_bf16_round */
-    "static __device__ __forceinline__ float jdt_bf16_ld(uint16_t h)\n{\n"
-    "    union { uint32_t u; float f; } b; b.u = (uint32_t)h << 16; return b.f;\n}\n"
+    /* bf16 storage: the upper 16 bits of an f32; stores round to nearest even (a NaN stays a
+     * quiet NaN, overflow gives Inf), bitwise the CPU emitter's and jdt_bf16_round */
+    "static __device__ __forceinline__ float jdt_bf16_ld(uint16_t h) { return "
+    "__uint_as_float((uint32_t)h << 16); }\n"
     "static __device__ __forceinline__ uint16_t jdt_bf16_st(float x)\n{\n"
-    "    union { uint32_t u; float f; } b; b.f = x; uint32_t u = b.u;\n"
+    "    uint32_t u = __float_as_uint(x);\n"
     "    uint32_t q = (u | 0x00400000u) >> 16, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n"
     "    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);\n}\n"
+    /* a bf16 node's value: its f32 result rounded to bf16 (kept in a float; nest.c) */
     "static __device__ __forceinline__ float jdt_bf16_rn(float x) { return "
     "jdt_bf16_ld(jdt_bf16_st(x)); }\n"
     "static __device__ __forceinline__ float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
@@ -235,10 +236,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         for (int a = 0; a < N.n_acc; a++) {
             if (!N.acc[a].write) continue;
             offset32(&N, a, wide, off, sizeof off);
-            jdt_sb_printf(s,
-                          c->nodes[N.acc[a].node].bf16 ? "        w%d[%s] = jdt_bf16_st(v%d);\n"
-                                                       : "        w%d[%s] = v%d;\n",
-                          a, off, N.acc[a].node);
+            if (c->nodes[N.acc[a].node].bf16) /* rounded to nearest even on store */
+                jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(v%d);\n", a, off, N.acc[a].node);
+            else
+                jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N.acc[a].node);
         }
         jdt_sb_printf(s, "    }\n}\n\n");
         return;
@@ -339,17 +340,17 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
     jdt_status st = JDT_OK;
     *src = NULL;
     *launch = NULL;
-    /* bf16 values (bf16 IR nodes; program.c marks bf16 storage for the CPU only) are loaded
-     * and stored by the kernels below; the CUDA builtins read f32 only */
+    /* fuse.c never stores a reduction's result as bf16 (a bf16 IR node fused into a
+     * reduction's loop is rounded in registers, not stored) */
     for (int i = 0; i < c->n_nodes; i++)
-        for (int k = 0; k < c->nodes[i].n_in; k++)
-            if (c->nodes[i].kind == CK_BUILTIN && c->nodes[c->nodes[i].in[k]].bf16) {
-                char lbl[128];
-                return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                                   "cuda codegen: %s reads a bf16 value, which the CUDA "
-                                   "builtins do not implement yet (cast it to f32)",
-                                   jdt_compile_node_label(&c->nodes[i], lbl, sizeof lbl));
-            }
+        if (c->nodes[i].bf16 && c->nodes[i].store && c->nodes[i].group >= 0 &&
+            c->groups[c->nodes[i].group].is_reduce) {
+            char lbl[128];
+            return jdt_err_set(e, JDT_ERR_INTERNAL,
+                               "cuda codegen: %s in a reduction is stored as bf16, which the "
+                               "reduction kernels do not implement",
+                               jdt_compile_node_label(&c->nodes[i], lbl, sizeof lbl));
+        }
     jdt_cuda_launch *L = jdt_calloc((size_t)c->stats.n_kernels + 1, sizeof *L);
     if (!L) return jdt_err_set(e, JDT_ERR_NOMEM, "codegen: launch table");
     jdt_sb_printf(&s, "%s", PRELUDE);
@@ -440,6 +441,7 @@ static const void *eo_host_ptr(void *state, int node)
 
 const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .name = "cuda (source only)",
+    .bf16_storage = true,
     .prepare = eo_prepare,
     .source = eo_source,
     .begin = eo_begin,
@@ -465,6 +467,10 @@ static const char EMU_HEAD[] =
     "#define int64_t jdt_i64_\n#define uint64_t jdt_u64_\n"
     "#undef INFINITY\n#undef NAN\n#undef INT32_MAX\n#undef INT32_MIN\n"
     "static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }\n"
+    "static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; "
+    "}\n"
+    "static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return "
+    "u; }\n"
     "struct jdt_dim3 { unsigned x, y, z; };\n"
     "static jdt_dim3 blockIdx, blockDim, gridDim;\n"
     "static thread_local jdt_dim3 threadIdx;\n"

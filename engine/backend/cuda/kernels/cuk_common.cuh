@@ -54,6 +54,15 @@ __device__ __forceinline__ float cuk_block_max(float v, float *sh)
     return cuk_warp_max(v);
 }
 
+/* x (f32) rounded to the nearest bf16, ties to even (jdt_rt_bf16_round's rule): the bit
+ * pattern. A NaN stays a (quiet) NaN; values past the largest bf16 round to Inf. */
+__device__ __forceinline__ unsigned short cuk_bf16_bits(float x)
+{
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* Calls f(c, x[c]) for every c < C of a row, each thread a strided share. With vec (C % 4 == 0
  * and x 16-byte aligned, checked by the launcher) the loads are float4. */
 template <class F>

@@ -63,15 +63,6 @@ extern "C" __global__ void cuk_fill_rows(float *c, const float *bias, i64 rows, 
         c[e] = bias ? bias[e % N] : 0.0f;
 }
 
-/* x (f32) rounded to the nearest bf16, ties to even (jdt_rt_bf16_round's rule): the bit
- * pattern. A NaN stays a (quiet) NaN; values past the largest bf16 round to Inf. */
-__device__ __forceinline__ unsigned short cuk_bf16_bits(float x)
-{
-    unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* y (n, bf16 bits) = x (n, f32) rounded to bf16: the inputs of a bf16 GEMM (cuk_gemm.c).
  * Grid-stride; vec: x 16-byte and y 8-byte aligned and n % 4 == 0 (float4 in, 4 x u16 out). */
 extern "C" __global__ void cuk_to_bf16(const float *x, unsigned short *y, i64 n, int vec)
@@ -87,6 +78,15 @@ extern "C" __global__ void cuk_to_bf16(const float *x, unsigned short *y, i64 n,
     }
     for (i64 i = t0; i < n; i += stride)
         y[i] = cuk_bf16_bits(x[i]);
+}
+
+/* y (n, f32) = x (n, bf16 bits) widened: a bf16-stored GEMM input for the bf16 GEMM's TF32
+ * fallback (exact). Grid-stride. */
+extern "C" __global__ void cuk_bf16_widen(const unsigned short *x, float *y, i64 n)
+{
+    i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = __uint_as_float((unsigned int)x[i] << 16);
 }
 
 /* y (n, f32) = x rounded to bf16, kept in f32 (the bf16 GEMM's fallback: TF32 tensor cores

@@ -113,6 +113,30 @@ extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *
     }
 }
 
+/* cuk_softmax_xent_bwd storing bf16 (bit patterns, rounded to nearest even): dlogits read only
+ * by bf16 GEMMs (the compiler's bf16 storage, precision.compute: bf16). */
+extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const i32 *tgt,
+                                                     const float *dloss, unsigned short *dlogits,
+                                                     i64 N, i64 V, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        i64 t = tgt[n];
+        const float *xr = logits + n * V;
+        unsigned short *d = dlogits + n * V;
+        if (t < 0 || t >= V) {
+            for (i64 c = threadIdx.x; c < V; c += blockDim.x)
+                d[c] = 0;
+            continue;
+        }
+        float l = cuk_row_lse(xr, V, vec, sh), g = dloss[n];
+        cuk_row_visit(xr, V, vec, [&](i64 c, float a) {
+            float p = g * expf(a - l);
+            d[c] = cuk_bf16_bits(c == t ? p - g : p);
+        });
+    }
+}
+
 /* Mean and 1/sqrt(var + eps) of a row (two passes: the centred second pass keeps the variance
  * accurate when |mean| >> std), to every thread. */
 __device__ void cuk_row_moments(const float *xr, i64 C, bool vec, float eps, float *sh, float *mean,
