@@ -23,6 +23,7 @@ typedef struct {
     jdt_model *m;
     int cap;
     bool oom;
+    bool cast_weights; /* GEMM weights read through a CAST to bf16 (precision.compute: bf16) */
 } builder;
 
 static jdt_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *dims,
@@ -48,6 +49,14 @@ static jdt_tensor *add_param(builder *b, const char *name, int ndim, const int64
     return t;
 }
 
+/* The weight operand of a GEMM: under precision.compute: bf16 a bf16 copy, built once per
+ * step (one CAST per parameter, read by the forward GEMM and by the backward's dX GEMM; its
+ * gradient passes through the CAST as f32 to the f32 master weight). */
+static jdt_tensor *gemm_weight(builder *b, jdt_tensor *w)
+{
+    return b->cast_weights ? jdt_graph_cast(b->g, w, JDT_DTYPE_BF16) : w;
+}
+
 /* x (N, in) @ W (in, out) [+ b (out)] -> (N, out) */
 static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
                           const char *in_axis, const char *out_axis, double std)
@@ -57,7 +66,7 @@ static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t
     const char *wa[2] = {in_axis, out_axis};
     snprintf(name, sizeof name, "%s.w", prefix);
     jdt_tensor *w = add_param(b, name, 2, wd, wa, JDT_INIT_NORMAL, std, true);
-    jdt_tensor *y = jdt_graph_matmul(b->g, x, w, false, false);
+    jdt_tensor *y = jdt_graph_matmul(b->g, x, gemm_weight(b, w), false, false);
     if (b->cfg->model.bias) {
         const char *ba[1] = {out_axis};
         snprintf(name, sizeof name, "%s.b", prefix);
@@ -193,12 +202,12 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
     jdt_graph_set_block(g, 0);
     jdt_tensor *hf = jdt_graph_reshape(g, norm(b, h, "ln_f", C), 2, nc);
     if (cfg->model.tie_embeddings) {
-        m->logits = jdt_graph_matmul(g, hf, wte, false, true); /* (N, V) */
+        m->logits = jdt_graph_matmul(g, hf, gemm_weight(b, wte), false, true); /* (N, V) */
     } else {
         const int64_t cv[2] = {C, V};
         const char *cv_axes[2] = {"embed", "vocab"};
         jdt_tensor *head = add_param(b, "head", 2, cv, cv_axes, JDT_INIT_NORMAL, std, true);
-        m->logits = jdt_graph_matmul(g, hf, head, false, false);
+        m->logits = jdt_graph_matmul(g, hf, gemm_weight(b, head), false, false);
     }
     const int64_t n1[1] = {N};
     jdt_tensor *tgt = jdt_graph_reshape(g, m->y, 1, n1);
@@ -241,7 +250,7 @@ jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, b
     memset(m, 0, sizeof *m);
     m->batch = batch;
     if (batch < 1) return jdt_err_set(e, JDT_ERR_CONFIG, "model: batch must be >= 1, got %lld", (long long)batch);
-    builder b = {.g = g, .cfg = cfg, .m = m};
+    builder b = {.g = g, .cfg = cfg, .m = m, .cast_weights = jdt_graph_bf16_weights(g)};
     jdt_status st = cfg->model.type == JDT_MODEL_MLP ? build_mlp(&b, batch, e)
                                                      : build_gpt(&b, batch, training, e);
     if (st != JDT_OK) return st;

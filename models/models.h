@@ -40,7 +40,10 @@ typedef struct {
 } jdt_model;
 
 /* Builds the model of cfg->model into g for `batch` rows. `training` enables dropout (when
- * cfg->model.dropout > 0). Returns JDT_OK and fills *m (pointers into g's arena), or
+ * cfg->model.dropout > 0). When g's jdt_graph_bf16_weights is on, every GEMM weight is read
+ * through one CAST to bf16 (a bf16 operand: bf16 compute); GEMMs of two activations and
+ * attention compute in bf16 when jdt_graph_matmul_bf16 is on (the train step sets both from
+ * precision.compute). Returns JDT_OK and fills *m (pointers into g's arena), or
  * ERR_CONFIG/ERR_SHAPE/ERR_NOMEM with e naming the first failing op. */
 jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
                            jdt_model *m, jdt_err *e);

@@ -144,7 +144,8 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
             if (dep[t->inputs[k]->id]) live[t->inputs[k]->id] = true;
     }
     if (live[loss->id])
-        ct[loss->id] = jdt_graph_full(g, loss->dtype, loss->shape.ndim, loss->shape.dims, 1.0);
+        ct[loss->id] = jdt_graph_full(g, jdt_dtype_cotangent(loss->dtype), loss->shape.ndim,
+                                      loss->shape.dims, 1.0);
     for (int i = loss->id; i >= 0; i--) {
         jdt_tensor *t = jdt_graph_node(g, i);
         if (!live[i] || !ct[i] || t->n_inputs == 0) continue;
@@ -180,7 +181,8 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
         for (int k = 0; k < t->n_inputs; k++) {
             jdt_tensor *in = t->inputs[k];
             if (!need[k] || !dx[k]) continue;
-            if (!jdt_shape_eq(&dx[k]->shape, &in->shape) || dx[k]->dtype != in->dtype) {
+            if (!jdt_shape_eq(&dx[k]->shape, &in->shape) ||
+                dx[k]->dtype != jdt_dtype_cotangent(in->dtype)) {
                 st = jdt_err_set(e, JDT_ERR_INTERNAL,
                                  "autodiff: VJP of '%s' (node %d) gave input %d a "
                                  "cotangent of the wrong shape or dtype",
@@ -193,7 +195,9 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
     for (int i = 0; i < n_params; i++) {
         jdt_tensor *p = params[i];
         grads[i] =
-            ct[p->id] ? ct[p->id] : jdt_graph_full(g, p->dtype, p->shape.ndim, p->shape.dims, 0.0);
+            ct[p->id] ? ct[p->id]
+                      : jdt_graph_full(g, jdt_dtype_cotangent(p->dtype), p->shape.ndim,
+                                       p->shape.dims, 0.0);
     }
     if ((st = jdt_graph_error(g, e)) != JDT_OK) {
         jdt_err_prefix(e, "autodiff");

@@ -14,7 +14,8 @@
 
 /* Differentiates `loss` (a float tensor with exactly one element) with respect to
  * params[0..n_params) (PARAM leaves of g) and sets grads[i] to a tensor of g with the shape and
- * dtype of params[i]. A parameter the loss does not depend on gets a zero CONSTANT.
+ * dtype of params[i] (f32 for a bf16 param: a bf16 value's cotangent is f32,
+ * jdt_dtype_cotangent). A parameter the loss does not depend on gets a zero CONSTANT.
  * Returns JDT_OK; ERR_INVALID if the loss is not a one-element float node of g or a param is
  * not a PARAM of g; ERR_UNSUPPORTED if a node on a gradient path has no VJP rule (the message
  * names the op and node id: fused backward ops are not differentiated again); or the graph's

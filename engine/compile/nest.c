@@ -61,7 +61,8 @@ const char *jdt_nest_ctype(jdt_dtype dt)
         return "uint16_t";
     case JDT_DTYPE_U32:
         return "uint32_t";
-    case JDT_DTYPE_BF16: /* refused before codegen (passes.c check_node) */
+    case JDT_DTYPE_BF16: /* computed in f32; its storage is uint16_t (cnode.bf16) */
+        return "float";
     case JDT_DTYPE_COUNT:
         break;
     }
@@ -70,7 +71,84 @@ const char *jdt_nest_ctype(jdt_dtype dt)
 
 static bool is_float(jdt_dtype dt)
 {
-    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64;
+    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64 || dt == JDT_DTYPE_BF16;
+}
+
+/* f32 math for f32 and bf16 values (the inline exp and tanh) */
+static bool f32_math(jdt_dtype dt)
+{
+    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_BF16;
+}
+
+/* Does op m, on bf16 inputs, give a value that is already a bf16 value (one of its inputs, a
+ * bf16 literal, 0 or 1), so its bf16 rounding can be skipped? */
+static bool exact_on_bf16(const cnode *m)
+{
+    switch (m->op) {
+    case JDT_OP_BROADCAST:
+    case JDT_OP_TRANSPOSE:
+    case JDT_OP_SLICE:
+    case JDT_OP_STOP_GRADIENT:
+    case JDT_OP_NEG:
+    case JDT_OP_ABS:
+    case JDT_OP_RELU:
+    case JDT_OP_MAX:
+    case JDT_OP_MIN:
+    case JDT_OP_GT:
+    case JDT_OP_GE:
+    case JDT_OP_SELECT:
+    case JDT_OP_CONSTANT:
+        return true;
+    case JDT_OP_PARAM:
+    case JDT_OP_INPUT:
+    case JDT_OP_EXP:
+    case JDT_OP_LOG:
+    case JDT_OP_TANH:
+    case JDT_OP_SQRT:
+    case JDT_OP_RSQRT:
+    case JDT_OP_GELU:
+    case JDT_OP_SILU:
+    case JDT_OP_SIGMOID:
+    case JDT_OP_ADD:
+    case JDT_OP_SUB:
+    case JDT_OP_MUL:
+    case JDT_OP_DIV:
+    case JDT_OP_ADD_SCALAR:
+    case JDT_OP_MUL_SCALAR:
+    case JDT_OP_POW_SCALAR:
+    case JDT_OP_GELU_GRAD:
+    case JDT_OP_SILU_GRAD:
+    case JDT_OP_CAST:
+    case JDT_OP_DROPOUT:
+    case JDT_OP_REDUCE_SUM:
+    case JDT_OP_REDUCE_MAX:
+    case JDT_OP_REDUCE_MEAN:
+    case JDT_OP_RESHAPE:
+    case JDT_OP_CONCAT:
+    case JDT_OP_MATMUL:
+    case JDT_OP_GATHER:
+    case JDT_OP_SCATTER_ADD:
+    case JDT_OP_IOTA:
+    case JDT_OP_CAUSAL_MASK:
+    case JDT_OP_SOFTMAX:
+    case JDT_OP_SOFTMAX_BWD:
+    case JDT_OP_LOG_SOFTMAX:
+    case JDT_OP_LOG_SOFTMAX_BWD:
+    case JDT_OP_SOFTMAX_XENT:
+    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_NORMALIZE:
+    case JDT_OP_NORMALIZE_BWD:
+    case JDT_OP_RMS_NORMALIZE:
+    case JDT_OP_RMS_NORMALIZE_BWD:
+    case JDT_OP_ROPE:
+    case JDT_OP_ATTENTION:
+    case JDT_OP_ATTENTION_BWD:
+    case JDT_OP_ALL_REDUCE:
+    case JDT_OP_ALL_GATHER:
+    case JDT_OP_REDUCE_SCATTER:
+        break;
+    }
+    return false;
 }
 
 /* A literal of type dt ("((float)0.5)", "((float)INFINITY)", "((int32_t)3)"). */
@@ -269,6 +347,12 @@ void jdt_nest_operand(const jdt_nest *N, const cnode *m, int k, char *out, size_
     }
 }
 
+/* A bf16 member whose f32 result must be rounded to bf16 (not an exact op on bf16 inputs). */
+static bool bf16_rounded(const cnode *m)
+{
+    return m->dtype == JDT_DTYPE_BF16 && !exact_on_bf16(m);
+}
+
 static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
 {
     const cprog *c = N->c;
@@ -279,11 +363,12 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
     if (m->n_in > 1) jdt_nest_operand(N, m, 1, b, sizeof b);
     if (m->n_in > 2) jdt_nest_operand(N, m, 2, d, sizeof d);
     double f = m->attrs.f[0];
-    const char *EXP = m->dtype == JDT_DTYPE_F32 ? "jdt_expf" : "exp";
-    const char *TANH = m->dtype == JDT_DTYPE_F32 ? "jdt_tanhf" : "tanh";
+    const char *EXP = f32_math(m->dtype) ? "jdt_expf" : "exp";
+    const char *TANH = f32_math(m->dtype) ? "jdt_tanhf" : "tanh";
     char F[64];
     jdt_nest_lit(F, sizeof F, m->dtype, f);
-    jdt_sb_printf(s, "        const %s v%d = ", T, id);
+    /* a bf16 member's f32 result is u<id>; jdt_nest_value rounds it into v<id> */
+    jdt_sb_printf(s, "        const %s %c%d = ", T, bf16_rounded(m) ? 'u' : 'v', id);
     switch (m->op) {
     case JDT_OP_CONSTANT: {
         char L[64];
@@ -465,17 +550,28 @@ jdt_status jdt_sb_status(const jdt_sbuf *s, const cprog *c, const char *what, jd
     return JDT_OK;
 }
 
-/* GELU_GRAD/SILU_GRAD need a temporary; written as a statement block. */
+static void emit_grad_value(jdt_sbuf *s, const jdt_nest *N, int id);
+
+/* GELU_GRAD/SILU_GRAD need a temporary; written as a statement block. A bf16 member is
+ * computed in f32 and rounded to bf16 (jdt_bf16_rn, nearest even) right there, stored or not,
+ * so its readers inside the group see the value the reference rounds. */
 void jdt_nest_value(jdt_sbuf *s, const jdt_nest *N, int id)
 {
     const cnode *m = &N->c->nodes[id];
-    if (m->op != JDT_OP_GELU_GRAD && m->op != JDT_OP_SILU_GRAD) {
+    if (m->op != JDT_OP_GELU_GRAD && m->op != JDT_OP_SILU_GRAD)
         emit_value(s, N, id);
-        return;
-    }
+    else
+        emit_grad_value(s, N, id);
+    if (bf16_rounded(m)) jdt_sb_printf(s, "        const float v%d = jdt_bf16_rn(u%d);\n", id, id);
+}
+
+static void emit_grad_value(jdt_sbuf *s, const jdt_nest *N, int id)
+{
+    const cnode *m = &N->c->nodes[id];
     const char *T = jdt_nest_ctype(m->dtype);
-    const char *EXP = m->dtype == JDT_DTYPE_F32 ? "jdt_expf" : "exp";
-    const char *TANH = m->dtype == JDT_DTYPE_F32 ? "jdt_tanhf" : "tanh";
+    const char *V = bf16_rounded(m) ? "u" : "v";
+    const char *EXP = f32_math(m->dtype) ? "jdt_expf" : "exp";
+    const char *TANH = f32_math(m->dtype) ? "jdt_tanhf" : "tanh";
     char x[96], dy[96];
     jdt_nest_operand(N, m, 0, x, sizeof x);
     jdt_nest_operand(N, m, 1, dy, sizeof dy);
@@ -487,14 +583,14 @@ void jdt_nest_value(jdt_sbuf *s, const jdt_nest *N, int id)
             T, id, TANH, T, x, T, x, x, x);
         jdt_sb_printf(
             s,
-            "        const %s v%d = %s * ((%s)0.5 * ((%s)1 + t%d) + (%s)0.5 * %s * ((%s)1 - "
+            "        const %s %s%d = %s * ((%s)0.5 * ((%s)1 + t%d) + (%s)0.5 * %s * ((%s)1 - "
             "t%d * t%d) * (%s)0.7978845608028654 * ((%s)1 + (%s)0.134145 * %s * %s));\n",
-            T, id, dy, T, T, id, T, x, T, id, id, T, T, T, x, x);
+            T, V, id, dy, T, T, id, T, x, T, id, id, T, T, T, x, x);
     } else {
         jdt_sb_printf(s, "        const %s t%d = (%s)1 / ((%s)1 + %s(-%s));\n", T, id, T, T, EXP,
                       x);
-        jdt_sb_printf(s, "        const %s v%d = %s * t%d * ((%s)1 + %s * ((%s)1 - t%d));\n", T, id,
-                      dy, id, T, x, T, id);
+        jdt_sb_printf(s, "        const %s %s%d = %s * t%d * ((%s)1 + %s * ((%s)1 - t%d));\n", T, V,
+                      id, dy, id, T, x, T, id);
     }
 }
 

@@ -57,7 +57,8 @@ static cnode_kind kind_of(jdt_op op, const jdt_tensor *t)
 static bool dtype_supported(jdt_dtype dt)
 {
     return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64 || dt == JDT_DTYPE_I32 ||
-           dt == JDT_DTYPE_U8 || dt == JDT_DTYPE_U16 || dt == JDT_DTYPE_U32;
+           dt == JDT_DTYPE_U8 || dt == JDT_DTYPE_U16 || dt == JDT_DTYPE_U32 ||
+           dt == JDT_DTYPE_BF16;
 }
 
 /* Evaluates an elementwise op on splat values in double (rounded to the dtype by the caller). */
@@ -182,8 +183,9 @@ static double round_to(jdt_dtype dt, double v)
         return (double)(float)v;
     case JDT_DTYPE_I32:
         return isfinite(v) ? (double)(int32_t)v : 0.0;
+    case JDT_DTYPE_BF16: /* through f32, as the kernels compute it */
+        return (double)jdt_bf16_round((float)v);
     case JDT_DTYPE_F64:
-    case JDT_DTYPE_BF16:
     case JDT_DTYPE_U16:
     case JDT_DTYPE_U32:
     case JDT_DTYPE_U8:
@@ -236,6 +238,7 @@ static int emit(lowerer *L, cnode *n)
         return -1;
     int id = c->n_nodes++;
     c->nodes[id] = *n;
+    c->nodes[id].bf16 = n->bf16 || n->dtype == JDT_DTYPE_BF16; /* splats made here too */
     c->nodes[id].group = -1;
     c->nodes[id].buf = -1;
     if (cse) L->table[slot] = id;
@@ -651,6 +654,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
          * the activation alive again */
         if (cn.kind == CK_LEAF || (t->flags & JDT_TENSOR_REMAT)) cn.src = t;
         if (cn.kind == CK_SPLAT) cn.splat = round_to(t->dtype, t->attrs.f[0]);
+        /* a bf16 node is computed in f32 and stored as bf16 wherever it is materialised */
+        cn.bf16 = t->dtype == JDT_DTYPE_BF16;
         int id = -2;
         if (L.simplify && cn.kind != CK_LEAF && cn.kind != CK_SPLAT) id = simplify(&L, &cn);
         if (id == -2) id = emit(&L, &cn);

@@ -41,7 +41,8 @@ const char *jdt_compile_node_label(const cnode *n, char *buf, size_t len)
     return buf;
 }
 
-/* Builtins compute in f32 (indices i32); anything else has no CPU kernel. */
+/* Builtins compute in f32 (indices i32; a MATMUL operand may be bf16); anything else has no
+ * CPU kernel. */
 static jdt_status check_builtins(const cprog *c, jdt_err *e)
 {
     for (int i = 0; i < c->n_nodes; i++) {
@@ -52,7 +53,10 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             bool idx = (n->op == JDT_OP_GATHER || n->op == JDT_OP_SCATTER_ADD ||
                         n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) &&
                        k == 1;
-            ok = ok && c->nodes[n->in[k]].dtype == (idx ? JDT_DTYPE_I32 : JDT_DTYPE_F32);
+            jdt_dtype want = idx ? JDT_DTYPE_I32 : JDT_DTYPE_F32;
+            if (n->op == JDT_OP_MATMUL && k < 2 && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16)
+                want = JDT_DTYPE_BF16; /* a bf16 operand (bf16 compute, read as stored) */
+            ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
         if ((n->op == JDT_OP_ALL_REDUCE || n->op == JDT_OP_ALL_GATHER ||

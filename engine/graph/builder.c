@@ -12,7 +12,12 @@
 
 bool jdt_dtype_is_float(jdt_dtype dt)
 {
-    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64;
+    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64 || dt == JDT_DTYPE_BF16;
+}
+
+jdt_dtype jdt_dtype_cotangent(jdt_dtype dt)
+{
+    return dt == JDT_DTYPE_BF16 ? JDT_DTYPE_F32 : dt;
 }
 
 static void describe_inputs(int n, jdt_tensor *const *in, char *buf, size_t cap)
@@ -159,6 +164,28 @@ static void propagate_axes(jdt_tensor *t)
 
 /* ---- the generic constructor -------------------------------------------------------------- */
 
+/* Type promotion (as JAX's for bf16 against f32): an elementwise op (CAST aside) whose float
+ * inputs mix bf16 with f32 or f64 gets its bf16 inputs cast to the widest of them, so the node
+ * itself has one float dtype. VJP rules rely on it (an f32 cotangent times a bf16 value).
+ * Returns true and fills out[] when it cast something. */
+static bool promote_inputs(jdt_graph *g, jdt_op op, int n, jdt_tensor *const *in, jdt_tensor **out)
+{
+    if (jdt_op_class_of(op) != JDT_OPC_ELEMENTWISE || op == JDT_OP_CAST) return false;
+    bool any_bf16 = false;
+    jdt_dtype wide = JDT_DTYPE_BF16;
+    const int first = op == JDT_OP_SELECT ? 1 : 0; /* SELECT's condition keeps its dtype */
+    for (int i = first; i < n; i++) {
+        if (in[i]->dtype == JDT_DTYPE_BF16) any_bf16 = true;
+        if (in[i]->dtype == JDT_DTYPE_F64) wide = JDT_DTYPE_F64;
+        if (in[i]->dtype == JDT_DTYPE_F32 && wide != JDT_DTYPE_F64) wide = JDT_DTYPE_F32;
+    }
+    if (!any_bf16 || wide == JDT_DTYPE_BF16) return false;
+    for (int i = 0; i < n; i++)
+        out[i] =
+            i >= first && in[i]->dtype == JDT_DTYPE_BF16 ? jdt_graph_cast(g, in[i], wide) : in[i];
+    return true;
+}
+
 jdt_tensor *jdt_graph_op(jdt_graph *g, jdt_op op, int n_inputs, jdt_tensor *const *inputs,
                          const jdt_attrs *attrs, jdt_dtype dt, const jdt_shape *shape)
 {
@@ -187,6 +214,11 @@ jdt_tensor *jdt_graph_op(jdt_graph *g, jdt_op op, int n_inputs, jdt_tensor *cons
                            info->name, i);
             return NULL;
         }
+    }
+    jdt_tensor *promoted[JDT_MAX_INPUTS];
+    if (n_inputs > 0 && promote_inputs(g, op, n_inputs, inputs, promoted)) {
+        if (jdt_graph_error_msg(g)) return NULL;
+        inputs = promoted;
     }
     jdt_attrs at;
     memset(&at, 0, sizeof at);
@@ -542,7 +574,10 @@ jdt_tensor *jdt_graph_concat(jdt_graph *g, int n, jdt_tensor *const *xs, int axi
 
 jdt_tensor *jdt_graph_matmul(jdt_graph *g, jdt_tensor *a, jdt_tensor *b, bool ta, bool tb)
 {
-    jdt_attrs at = {.i = {ta ? 1 : 0, tb ? 1 : 0, jdt_graph_matmul_bf16(g) ? 1 : 0}};
+    /* a bf16 operand means bf16 compute (graph.h, MATMUL) */
+    bool bf16 = jdt_graph_matmul_bf16(g) || (a && a->dtype == JDT_DTYPE_BF16) ||
+                (b && b->dtype == JDT_DTYPE_BF16);
+    jdt_attrs at = {.i = {ta ? 1 : 0, tb ? 1 : 0, bf16 ? 1 : 0}};
     return op2(g, JDT_OP_MATMUL, a, b, &at);
 }
 

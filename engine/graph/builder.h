@@ -174,7 +174,10 @@ jdt_status jdt_graph_verify(const jdt_graph *g, jdt_err *e);
 /* Writes one line per node to f: "  %id = op(inputs) attrs : shape dtype [axes] 'name' flags",
  * then the outputs and updates. For debugging and `inspect`; the format is not a contract. */
 void jdt_graph_fprint(const jdt_graph *g, FILE *f);
-/* True for F32 and F64. */
+/* True for F32, F64 and BF16 (the differentiable dtypes). */
 bool jdt_dtype_is_float(jdt_dtype dt);
+/* The dtype of a cotangent (gradient) of a dt value: dt, except F32 for BF16 (gradients stay
+ * f32 in the mixed-precision recipe; the GEMMs produce them in f32). */
+jdt_dtype jdt_dtype_cotangent(jdt_dtype dt);
 
 #endif /* JDT_GRAPH_BUILDER_H */

@@ -32,6 +32,7 @@ struct jdt_graph {
     arena_block *arena;
     int cur_block; /* block id given to new nodes */
     bool matmul_bf16; /* MATMULs built from now on compute in bf16 (attrs i[2] = 1) */
+    bool bf16_weights; /* models read GEMM weights through a CAST to bf16 */
     jdt_tensor **nodes; /* (n_nodes) */
     int n_nodes, cap_nodes;
     jdt_tensor **outputs;
@@ -234,6 +235,8 @@ void jdt_graph_update(const jdt_graph *g, int i, jdt_tensor **target, jdt_tensor
 void jdt_graph_set_block(jdt_graph *g, int block) { g->cur_block = block; }
 void jdt_graph_set_matmul_bf16(jdt_graph *g, bool on) { g->matmul_bf16 = on; }
 bool jdt_graph_matmul_bf16(const jdt_graph *g) { return g->matmul_bf16; }
+void jdt_graph_set_bf16_weights(jdt_graph *g, bool on) { g->bf16_weights = on; }
+bool jdt_graph_bf16_weights(const jdt_graph *g) { return g->bf16_weights; }
 
 /* Puts node id into the name index (which has room). */
 static void name_insert(jdt_graph *g, int id)

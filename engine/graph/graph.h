@@ -81,7 +81,13 @@ typedef enum {
  * Leaves
  *   PARAM, INPUT        bound by caller; no inputs. PARAM is differentiable.
  *   CONSTANT            arena data (t->data) or, when data is NULL, every element = f[0].
+ * Dtypes: f32 and f64 everywhere a float is taken; bf16 (JDT_DTYPE_BF16) on CAST, elementwise
+ * ops, shape ops (broadcast, reshape, transpose, slice) and MATMUL operands. A bf16 node is
+ * computed in f32 and its value rounded to bf16 (nearest even: round(f32 result)); that rounded
+ * value is what its readers see. Reductions, fused primitives, concat, index ops and
+ * collectives take f32/f64 only (cast first). The cotangent of a bf16 value is f32.
  * Elementwise, all inputs and the output have the same shape (the builder inserts BROADCAST)
+ *   and one dtype (the builder casts a bf16 input mixed with f32/f64 ones up: promotion)
  *   NEG EXP LOG TANH SQRT RSQRT RELU GELU(tanh form) SILU SIGMOID ABS
  *   ADD SUB MUL DIV MAX MIN
  *   GT GE               f32 1.0 where a > b (a >= b), else 0.0; no gradient (the output has
@@ -89,7 +95,8 @@ typedef enum {
  *   ADD_SCALAR MUL_SCALAR POW_SCALAR   x + f[0], x * f[0], x ** f[0]
  *   GELU_GRAD SILU_GRAD (x, dy) -> dy * f'(x)
  *   SELECT              (cond, a, b) -> cond != 0 ? a : b
- *   CAST                converts to the node's dtype
+ *   CAST                converts to the node's dtype (f32, f64, i32 among themselves; bf16
+ *                       to and from f32 and f64)
  *   STOP_GRADIENT       identity forward, zero gradient
  *   DROPOUT             (x, step) step: i32 scalar (shape ndim 0). keep element j with prob
  *                       1 - f[0] using Philox(key = i[0], ctr_hi = step, ctr_lo = j), scale kept
@@ -106,7 +113,8 @@ typedef enum {
  *   MATMUL              (a, b): a (..., M, K) [(..., K, M) if i[0]], b (..., K, N) [(..., N, K)
  *                       if i[1]]; leading batch dims equal, or b 2-D (shared by every batch).
  *                       out (..., M, N). f32, accumulated in f32. i[2] = 1: bf16 compute (a
- *                       and b rounded to bf16 first; jdt_graph_set_matmul_bf16).
+ *                       and b rounded to bf16 first; jdt_graph_set_matmul_bf16). a or b may be
+ *                       bf16 (the other bf16 or f32): then i[2] must be 1 and out is f32.
  *   GATHER              (table (V, C), idx (...) i32) -> (..., C); row lookup
  *   SCATTER_ADD         (src (..., C), idx (...) i32) -> (i[0] = V, C); rows summed into zeros
  *   IOTA                no inputs; value = index along axis i[0]
@@ -333,6 +341,13 @@ void jdt_graph_set_block(jdt_graph *g, int block);
  * (precision.compute: bf16, the mixed-precision recipe). Default off. */
 void jdt_graph_set_matmul_bf16(jdt_graph *g, bool on);
 bool jdt_graph_matmul_bf16(const jdt_graph *g);
+
+/* Models built from now on read each GEMM weight through one CAST to bf16 when `on` (a bf16
+ * operand: bf16 compute; models/models.c), instead of letting every GEMM round the f32 weight.
+ * The train step sets it for precision.compute: bf16 where the backend's GEMMs read bf16
+ * operands and no fsdp axis would have to gather the copy. Default off. */
+void jdt_graph_set_bf16_weights(jdt_graph *g, bool on);
+bool jdt_graph_bf16_weights(const jdt_graph *g);
 
 /* Finds a leaf by name; NULL if absent. Hashed: it indexes the named nodes added since its
  * last call (g is not const for that), so a lookup costs O(1) on average. */

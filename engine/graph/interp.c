@@ -64,7 +64,8 @@ void jdt_interp_free(jdt_interp *it)
 
 static bool supported(jdt_dtype dt)
 {
-    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64 || dt == JDT_DTYPE_I32;
+    return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64 || dt == JDT_DTYPE_I32 ||
+           dt == JDT_DTYPE_BF16;
 }
 
 static jdt_status alloc_vals(jdt_interp *it, jdt_err *e)
@@ -85,7 +86,7 @@ static jdt_status alloc_vals(jdt_interp *it, jdt_err *e)
         it->n_alloc = i + 1;
         if (!supported(t->dtype)) {
             st = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                             "interp: node %d (%s) has dtype %s (f32, f64, i32 supported)", i,
+                             "interp: node %d (%s) has dtype %s (f32, f64, i32, bf16 supported)", i,
                              jdt_op_name(t->op), jdt_dtype_name(t->dtype));
             goto fail_free_vals;
         }
@@ -117,8 +118,13 @@ static double load(jdt_dtype dt, const void *p, int64_t i)
         return ((const double *)p)[i];
     case JDT_DTYPE_I32:
         return ((const int32_t *)p)[i];
-    case JDT_DTYPE_BF16: /* not reached: alloc_vals refuses other dtypes before a run */
-    case JDT_DTYPE_U16:
+    case JDT_DTYPE_BF16: { /* the upper 16 bits of an f32 */
+        uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case JDT_DTYPE_U16: /* not reached: alloc_vals refuses other dtypes before a run */
     case JDT_DTYPE_U32:
     case JDT_DTYPE_U8:
     case JDT_DTYPE_COUNT:
@@ -127,13 +133,21 @@ static double load(jdt_dtype dt, const void *p, int64_t i)
     return NAN;
 }
 
-/* Rounds every v[i] to dt and stores it into buf. */
+/* Rounds every v[i] to dt and stores it into buf. A bf16 value is the f32 result rounded to
+ * bf16 (nearest even): bf16 nodes are computed in f32 and rounded where stored, and this order
+ * (double -> f32 -> bf16) is what the compiled kernels do. */
 static void round_store(jdt_dtype dt, double *v, void *buf, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
         if (dt == JDT_DTYPE_F32) {
             float f = (float)v[i];
             ((float *)buf)[i] = f;
+            v[i] = f;
+        } else if (dt == JDT_DTYPE_BF16) {
+            float f = jdt_bf16_round((float)v[i]);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
             v[i] = f;
         } else if (dt == JDT_DTYPE_F64) {
             ((double *)buf)[i] = v[i];

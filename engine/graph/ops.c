@@ -20,6 +20,7 @@
 
 /* ---- shape-rule helpers -------------------------------------------------------------------- */
 
+/* f32 and f64: the dtypes every float op accepts (reductions, row ops, index ops, collectives) */
 static bool is_float(jdt_dtype dt)
 {
     return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64;
@@ -27,6 +28,12 @@ static bool is_float(jdt_dtype dt)
 static bool is_num(jdt_dtype dt)
 {
     return is_float(dt) || dt == JDT_DTYPE_I32;
+}
+/* is_float or bf16: elementwise ops, shape ops and MATMUL operands also take bf16 (computed in
+ * f32, the result rounded to bf16 where it is a bf16 node) */
+static bool is_real(jdt_dtype dt)
+{
+    return is_float(dt) || dt == JDT_DTYPE_BF16;
 }
 
 static bool valid_shape(const jdt_shape *s, char *why, size_t n_why)
@@ -38,14 +45,15 @@ static bool valid_shape(const jdt_shape *s, char *why, size_t n_why)
     return true;
 }
 
-/* All inputs float, same dtype and same shape; result = input 0. */
-static bool same_float(jdt_tensor *const *in, int n_in, jdt_dtype *dt, jdt_shape *out, char *why,
-                       size_t n_why)
+/* All inputs float (bf16 too when allow_bf16), same dtype and same shape; result = input 0. */
+static bool same_float_ex(jdt_tensor *const *in, int n_in, bool allow_bf16, jdt_dtype *dt,
+                          jdt_shape *out, char *why, size_t n_why)
 {
     for (int i = 0; i < n_in; i++) {
-        if (!is_float(in[i]->dtype))
-            return WHY("input %d has dtype %s, expected f32 or f64", i,
-                       jdt_dtype_name(in[i]->dtype));
+        if (!(allow_bf16 ? is_real(in[i]->dtype) : is_float(in[i]->dtype)))
+            return WHY("input %d has dtype %s, expected f32 or f64%s", i,
+                       jdt_dtype_name(in[i]->dtype),
+                       in[i]->dtype == JDT_DTYPE_BF16 ? " (cast bf16 to f32 first)" : "");
         if (in[i]->dtype != in[0]->dtype) return WHY("inputs have different dtypes");
         if (!jdt_shape_eq(&in[i]->shape, &in[0]->shape))
             return WHY("input %d's shape differs from input 0's (use the _bcast helpers)", i);
@@ -55,10 +63,18 @@ static bool same_float(jdt_tensor *const *in, int n_in, jdt_dtype *dt, jdt_shape
     return true;
 }
 
+static bool same_float(jdt_tensor *const *in, int n_in, jdt_dtype *dt, jdt_shape *out, char *why,
+                       size_t n_why)
+{
+    return same_float_ex(in, n_in, false, dt, out, why, n_why);
+}
+
+/* Elementwise ops: f32, f64 or bf16 (all inputs one dtype; the builder promotes a bf16 input
+ * mixed with f32/f64 ones by a CAST, builder.c promote_inputs). */
 static bool shape_elementwise(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
                               jdt_shape *out, char *why, size_t n_why)
 {
-    return same_float(in, n_in, dt, out, why, n_why);
+    return same_float_ex(in, n_in, true, dt, out, why, n_why);
 }
 
 /* Row ops work on the last axis: rank >= 1. */
@@ -116,18 +132,20 @@ static bool shape_leaf(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_
 static bool shape_SELECT(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
                          jdt_shape *out, char *why, size_t n_why)
 {
-    if (!is_num(in[0]->dtype))
+    if (!is_num(in[0]->dtype) && in[0]->dtype != JDT_DTYPE_BF16)
         return WHY("condition dtype %s unsupported", jdt_dtype_name(in[0]->dtype));
     if (!jdt_shape_eq(&in[0]->shape, &in[1]->shape)) return WHY("condition shape differs from a's");
-    return same_float(in + 1, 2, dt, out, why, n_why);
+    return same_float_ex(in + 1, 2, true, dt, out, why, n_why);
 }
 
 static bool shape_CAST(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
                        jdt_shape *out, char *why, size_t n_why)
 {
-    if (!is_num(in[0]->dtype) || !is_num(*dt))
-        return WHY("cast %s -> %s unsupported (f32, f64, i32)", jdt_dtype_name(in[0]->dtype),
-                   jdt_dtype_name(*dt));
+    jdt_dtype from = in[0]->dtype, to = *dt;
+    bool bf16 = from == JDT_DTYPE_BF16 || to == JDT_DTYPE_BF16;
+    if (bf16 ? !(is_real(from) && is_real(to)) : !(is_num(from) && is_num(to)))
+        return WHY("cast %s -> %s unsupported (f32, f64, i32; bf16 <-> f32, f64)",
+                   jdt_dtype_name(from), jdt_dtype_name(to));
     *out = in[0]->shape;
     return true;
 }
@@ -143,7 +161,7 @@ static bool shape_STOP_GRADIENT(jdt_tensor *const *in, int n_in, const jdt_attrs
 static bool shape_DROPOUT(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
                           jdt_shape *out, char *why, size_t n_why)
 {
-    if (!same_float(in, 1, dt, out, why, n_why)) return false;
+    if (!same_float_ex(in, 1, true, dt, out, why, n_why)) return false;
     if (in[1]->dtype != JDT_DTYPE_I32 || in[1]->shape.ndim != 0)
         return WHY("step must be an i32 scalar (rank 0)");
     if (!(a->f[0] >= 0.0 && a->f[0] < 1.0)) return WHY("rate %g not in [0, 1)", a->f[0]);
@@ -241,10 +259,12 @@ static bool shape_CONCAT(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jd
     const jdt_shape *s = &in[0]->shape;
     if (ax < 0 || ax >= s->ndim)
         return WHY("axis %lld out of range for rank %d", (long long)ax, s->ndim);
+    if (in[0]->dtype == JDT_DTYPE_BF16) return WHY("bf16 inputs unsupported (cast to f32)");
     *out = *s;
     for (int k = 1; k < n_in; k++) {
         const jdt_shape *t = &in[k]->shape;
         if (in[k]->dtype != in[0]->dtype) return WHY("input %d has a different dtype", k);
+        if (in[k]->dtype == JDT_DTYPE_BF16) return WHY("bf16 inputs unsupported (cast to f32)");
         if (t->ndim != s->ndim)
             return WHY("input %d has rank %d, input 0 rank %d", k, t->ndim, s->ndim);
         for (int i = 0; i < s->ndim; i++)
@@ -260,8 +280,16 @@ static bool shape_MATMUL(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jd
                          jdt_shape *out, char *why, size_t n_why)
 {
     const jdt_shape *sa = &in[0]->shape, *sb = &in[1]->shape;
-    if (!is_float(in[0]->dtype) || in[0]->dtype != in[1]->dtype)
+    jdt_dtype da = in[0]->dtype, db = in[1]->dtype;
+    bool bf16 = da == JDT_DTYPE_BF16 || db == JDT_DTYPE_BF16;
+    if (bf16) { /* a bf16 operand: bf16 compute, the other operand f32 or bf16, output f32 */
+        if (!(da == JDT_DTYPE_BF16 || da == JDT_DTYPE_F32) ||
+            !(db == JDT_DTYPE_BF16 || db == JDT_DTYPE_F32))
+            return WHY("a bf16 operand needs a bf16 or f32 other operand");
+        if (!a->i[2]) return WHY("bf16 operands need bf16 compute (attrs i[2] = 1)");
+    } else if (!is_float(da) || da != db) {
         return WHY("operands must share a float dtype");
+    }
     if (sa->ndim < 2 || sb->ndim < 2) return WHY("operands need rank >= 2");
     if (sb->ndim != 2) {
         if (sa->ndim != sb->ndim)
@@ -275,7 +303,7 @@ static bool shape_MATMUL(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jd
     *out = *sa;
     out->dims[sa->ndim - 2] = m;
     out->dims[sa->ndim - 1] = n;
-    *dt = in[0]->dtype;
+    *dt = bf16 ? JDT_DTYPE_F32 : in[0]->dtype;
     return true;
 }
 
@@ -552,11 +580,15 @@ static void vjp_SELECT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const boo
     if (need[2]) dx[2] = jdt_graph_select(g, IN(0), z, dy);
 }
 
+/* Casts dy back to the input's cotangent dtype: a bf16 value's cotangent is f32
+ * (jdt_dtype_cotangent), so the VJP of f32 -> bf16 passes the f32 cotangent through unrounded
+ * (the gradients stay f32) and that of bf16 -> f32 is the identity too. */
 static void vjp_CAST(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                      jdt_tensor **dx)
 {
-    if (is_float(IN(0)->dtype) && is_float(node->dtype))
-        dx[0] = jdt_graph_cast(g, dy, IN(0)->dtype);
+    if (!is_real(IN(0)->dtype) || !is_real(node->dtype) || !dy) return;
+    jdt_dtype want = jdt_dtype_cotangent(IN(0)->dtype);
+    dx[0] = dy->dtype == want ? dy : jdt_graph_cast(g, dy, want);
 }
 
 static void vjp_STOP_GRADIENT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,

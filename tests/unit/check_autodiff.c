@@ -448,6 +448,129 @@ START_TEST(test_f32_matches_f64)
 }
 END_TEST
 
+/* Gradients through bf16 nodes. A CAST to bf16 is piecewise constant, so its own derivative is
+ * 0 almost everywhere; the mixed-precision recipe differentiates it as the identity (its VJP
+ * passes the f32 cotangent through). Checked that way: at params already on the bf16 grid, the
+ * gradient of sum(W * f(bf16 casts of p)) must equal the central difference of the same f in
+ * f64 without the casts (f's bf16 nodes compute exact products here, so the two fs agree at
+ * these points). tol: 1e-6 when only the cotangent's f32 rounding differs; GEMMs on bf16
+ * operands round the cotangent itself to bf16 (as the flag-based bf16 compute does). */
+typedef jdt_tensor *(*bf16_fn)(jdt_graph *g, jdt_tensor **p, bool bf16);
+
+static jdt_tensor *to16(jdt_graph *g, jdt_tensor *x, bool bf16)
+{
+    return bf16 ? jdt_graph_cast(g, x, JDT_DTYPE_BF16) : x;
+}
+static jdt_tensor *back64(jdt_graph *g, jdt_tensor *x, bool bf16)
+{
+    return bf16 ? jdt_graph_cast(g, x, F64) : x;
+}
+static jdt_tensor *bf_chain(jdt_graph *g, jdt_tensor **p, bool bf16)
+{
+    /* exp(-max(p0, p1) / 4) with the max and the scaling bf16 nodes (exact on bf16 values) */
+    jdt_tensor *m = jdt_graph_max(g, to16(g, p[0], bf16), to16(g, p[1], bf16));
+    m = jdt_graph_mul_scalar(g, jdt_graph_neg(g, m), 0.25);
+    return jdt_graph_exp(g, back64(g, m, bf16));
+}
+static jdt_tensor *bf_views(jdt_graph *g, jdt_tensor **p, bool bf16)
+{
+    jdt_tensor *t = jdt_graph_transpose(g, to16(g, p[0], bf16), (int[]){1, 0});
+    jdt_tensor *r = jdt_graph_relu(g, jdt_graph_slice(g, t, 0, 1, 3));
+    return jdt_graph_tanh(g, back64(g, jdt_graph_reshape(g, r, 1, (int64_t[]){4}), bf16));
+}
+static jdt_tensor *bf_mixed(jdt_graph *g, jdt_tensor **p, bool bf16)
+{
+    /* f64 * bf16 promotes the bf16 side: a CAST in the graph, its VJP on the way back */
+    return jdt_graph_mul(g, jdt_graph_mul(g, p[1], p[1]), to16(g, p[0], bf16));
+}
+static jdt_tensor *bf_matmul(jdt_graph *g, jdt_tensor **p, bool bf16)
+{
+    jdt_tensor *a = to16(g, p[0], bf16), *b = to16(g, p[1], bf16);
+    return jdt_graph_tanh(g, back64(g, jdt_graph_matmul(g, a, b, false, true), bf16)); /* f32 */
+}
+
+static void gradcheck_bf16(const char *name, bf16_fn f, const int64_t (*dims)[2], double tol)
+{
+    jdt_graph *g16 = jdt_graph_new(), *g64 = jdt_graph_new();
+    jdt_tensor *p16[2], *p64[2];
+    double *data[2];
+    for (int k = 0; k < 2; k++) {
+        char nm[8];
+        snprintf(nm, sizeof nm, "p%d", k);
+        p16[k] = jdt_graph_param(g16, nm, F64, 2, dims[k], NULL);
+        p64[k] = jdt_graph_param(g64, nm, F64, 2, dims[k], NULL);
+        int64_t n = dims[k][0] * dims[k][1];
+        data[k] = jdt_malloc((size_t)n * sizeof(double));
+        fill(data[k], n, jdt_rng_key(77, nm), INIT_AWAY);
+        for (int64_t j = 0; j < n; j++) /* on the bf16 grid */
+            data[k][j] = jdt_bf16_round((float)data[k][j]);
+        p16[k]->data = p64[k]->data = data[k];
+    }
+    jdt_graph *gs[2] = {g16, g64};
+    jdt_tensor *loss[2], *gr[2][2];
+    double w[64];
+    jdt_err e;
+    for (int v = 0; v < 2; v++) {
+        jdt_tensor *y = f(gs[v], v ? p64 : p16, v == 0);
+        ck_assert_msg(jdt_graph_error(gs[v], &e) == JDT_OK, "%s: builder: %s", name, e.msg);
+        int64_t ny = jdt_shape_numel(&y->shape);
+        ck_assert(ny <= 64);
+        fill(w, ny, jdt_rng_key(99, "cotangent"), INIT_NORMAL);
+        jdt_tensor *W = jdt_graph_constant(gs[v], F64, y->shape.ndim, y->shape.dims, w);
+        loss[v] = jdt_graph_reduce_sum(gs[v], jdt_graph_mul(gs[v], y, W), (1u << y->shape.ndim) - 1,
+                                       false);
+        ck_assert_msg(jdt_autodiff_grad(gs[v], loss[v], 2, v ? p64 : p16, gr[v], &e) == JDT_OK,
+                      "%s: %s", name, e.msg);
+        ck_assert_msg(jdt_graph_verify(gs[v], &e) == JDT_OK, "%s: %s", name, e.msg);
+    }
+    bool has_bf16 = false;
+    for (int i = 0; i < jdt_graph_n_nodes(g16); i++)
+        has_bf16 = has_bf16 || jdt_graph_node(g16, i)->dtype == JDT_DTYPE_BF16;
+    ck_assert(has_bf16);
+    jdt_interp *it16, *it64;
+    ck_assert_int_eq(jdt_interp_new(g16, &it16, &e), JDT_OK);
+    ck_assert_int_eq(jdt_interp_new(g64, &it64, &e), JDT_OK);
+    double l16 = run_loss(it16, loss[0]), l64 = run_loss(it64, loss[1]);
+    ck_assert_msg(fabs(l16 - l64) <= tol * fmax(1, fabs(l64)), "%s: loss %.12g vs %.12g", name, l16,
+                  l64);
+    for (int k = 0; k < 2; k++) {
+        int64_t n = dims[k][0] * dims[k][1];
+        double an[64];
+        ck_assert_int_eq(gr[0][k]->dtype, F64);
+        ck_assert_int_eq(jdt_interp_read_f64(it16, gr[0][k], an, &e), JDT_OK);
+        for (int64_t j = 0; j < n; j++) {
+            const double h = 1e-5;
+            double x0 = data[k][j];
+            data[k][j] = x0 + h;
+            double lp = run_loss(it64, loss[1]);
+            data[k][j] = x0 - h;
+            double lm = run_loss(it64, loss[1]);
+            data[k][j] = x0;
+            double fd = (lp - lm) / (2 * h);
+            double rel = fabs(fd - an[j]) / fmax(1.0, fmax(fabs(fd), fabs(an[j])));
+            ck_assert_msg(rel < tol,
+                          "%s: d/dp%d[%lld]: through bf16 %.12g vs finite difference "
+                          "%.12g",
+                          name, k, (long long)j, an[j], fd);
+        }
+    }
+    jdt_interp_free(it16);
+    jdt_interp_free(it64);
+    for (int k = 0; k < 2; k++)
+        jdt_free(data[k]);
+    jdt_graph_free(g16);
+    jdt_graph_free(g64);
+}
+
+START_TEST(test_gradcheck_bf16)
+{
+    gradcheck_bf16("chain", bf_chain, (const int64_t[][2]){{2, 3}, {2, 3}}, 1e-6);
+    gradcheck_bf16("views", bf_views, (const int64_t[][2]){{2, 3}, {1, 1}}, 1e-6);
+    gradcheck_bf16("mixed", bf_mixed, (const int64_t[][2]){{2, 3}, {2, 3}}, 1e-6);
+    gradcheck_bf16("matmul", bf_matmul, (const int64_t[][2]){{3, 5}, {4, 5}}, 2e-2);
+}
+END_TEST
+
 /* ---- behaviour tests ---------------------------------------------------------------------- */
 
 /* loss = sum(x * stop_gradient(x)) has gradient x, not 2x; a param reached only through a
@@ -641,6 +764,7 @@ int main(void)
     TCase *tb = tcase_create("behaviour");
     tcase_set_timeout(tb, 120);
     tcase_add_test(tb, test_stop_gradient);
+    tcase_add_test(tb, test_gradcheck_bf16);
     tcase_add_test(tb, test_missing_vjp_and_bad_args);
     tcase_add_test(tb, test_only_reaching_nodes);
     tcase_add_test(tb, test_train_step_mlp);

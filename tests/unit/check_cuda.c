@@ -184,6 +184,29 @@ static void build_builtins(fx *f)
 /* bf16 compute (precision.compute: bf16): the same GEMM shapes with MATMUL attrs i[2] set, odd
  * and aligned sizes, a bias the compiler folds into the GEMM. On a GPU: cuBLASLt bf16 x bf16 ->
  * f32 against the CPU's jdt_rt_matmul_bf16 (same rounded inputs: summation order only). */
+/* bf16 IR nodes in the generated kernels: casts, elementwise ops computed in f32 and rounded,
+ * strided reads of bf16 values, a bf16 output and a bf16 state update (loads widen, stores
+ * round). The CUDA builtins read f32 only, so no GEMM reads a bf16 value here. */
+static void build_bf16_nodes(fx *f)
+{
+    const jdt_dtype BF = JDT_DTYPE_BF16;
+    jdt_graph *g = f->g;
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, 9, 33);
+    jdt_tensor *y = FX_INPUT(f, "y", JDT_DTYPE_F32, -2, 2, 9, 33);
+    jdt_tensor *z = FX_INPUT(f, "z", BF, -2, 2, 9, 33);
+    jdt_tensor *xb = jdt_graph_cast(g, x, BF), *yb = jdt_graph_cast(g, y, BF);
+    jdt_tensor *sum = jdt_graph_add(g, xb, yb);
+    out(f, sum);
+    out(f, jdt_graph_cast(g, jdt_graph_mul(g, sum, z), JDT_DTYPE_F32));
+    out(f, jdt_graph_div(g, xb, jdt_graph_add_scalar(g, jdt_graph_abs(g, yb), 0.5)));
+    out(f, jdt_graph_exp(g, jdt_graph_transpose(g, xb, (int[]){1, 0})));
+    out(f, jdt_graph_select(g, jdt_graph_gt(g, xb, z), jdt_graph_slice(g, xb, 1, 0, 33), z));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_cast(g, jdt_graph_mul(g, xb, z), JDT_DTYPE_F32), 2u,
+                                false));
+    jdt_tensor *acc = fx_leaf(f, 2, "acc", BF, 2, (int64_t[]){9, 33}, -1, 1);
+    jdt_graph_add_update(g, acc, jdt_graph_add(g, acc, jdt_graph_mul_scalar(g, xb, 0.01)));
+}
+
 static void build_bf16_matmul(fx *f)
 {
     jdt_graph *g = f->g;
@@ -241,6 +264,9 @@ static const struct {
     /* bf16-rounded inputs on both sides, f32 accumulation: summation order only (an input not
      * rounded would be ~1e-2 off) */
     {"bf16_matmul", build_bf16_matmul, 3e-4, 3e-4},
+    /* bf16 values: one bf16 ulp (2^-8) where the device's f32 math (expf, division) lands on
+     * the other side of a rounding boundary */
+    {"bf16_nodes", build_bf16_nodes, 8e-3, 1e-6},
 };
 #define N_GRAPHS ((int)(sizeof GRAPHS / sizeof GRAPHS[0]))
 

@@ -44,6 +44,78 @@ static void expect_err(jdt_graph *g, jdt_status code, const char *s1, const char
     if (s2) ck_assert_msg(strstr(e.msg, s2) != NULL, "'%s' not in: %s", s2, e.msg);
 }
 
+/* bf16 nodes: CAST to and from f32/f64, elementwise and shape ops keep bf16, a mixed
+ * bf16/f32 elementwise op is promoted to f32 by a CAST, MATMUL takes bf16 operands (bf16
+ * compute, f32 output); reductions, row ops, concat and collectives refuse bf16. */
+START_TEST(test_bf16_rules)
+{
+    const jdt_dtype BF = JDT_DTYPE_BF16;
+    jdt_graph *g = jdt_graph_new();
+    jdt_tensor *x = inp(g, "x", F32, DIMS(2, 3)), *w = inp(g, "w", F32, DIMS(3, 4));
+    jdt_tensor *xb = jdt_graph_cast(g, x, BF), *wb = jdt_graph_cast(g, w, BF);
+    ck_assert_int_eq(xb->dtype, BF);
+    ck_assert_int_eq(jdt_graph_cast(g, xb, F64)->dtype, F64);
+    ck_assert_int_eq(jdt_graph_exp(g, xb)->dtype, BF);
+    ck_assert_int_eq(jdt_graph_mul(g, xb, xb)->dtype, BF);
+    ck_assert_int_eq(jdt_graph_gt(g, xb, xb)->dtype, BF);
+    ck_assert_int_eq(jdt_graph_select(g, x, xb, xb)->dtype, BF);
+    ck_assert_int_eq(jdt_graph_transpose(g, xb, (int[]){1, 0})->dtype, BF);
+    ck_assert_int_eq(jdt_graph_reshape(g, xb, DIMS(6))->dtype, BF);
+    ck_assert_int_eq(jdt_graph_slice(g, xb, 1, 0, 2)->dtype, BF);
+    ck_assert_int_eq(jdt_graph_broadcast(g, xb, DIMS(5, 2, 3))->dtype, BF);
+    /* promotion: bf16 * f32 is f32, through a CAST of the bf16 side */
+    int n0 = jdt_graph_n_nodes(g);
+    jdt_tensor *m = jdt_graph_mul(g, xb, x);
+    ck_assert_int_eq(m->dtype, F32);
+    ck_assert_int_eq(jdt_graph_n_nodes(g), n0 + 2);
+    ck_assert_int_eq(m->inputs[0]->op, JDT_OP_CAST);
+    ck_assert_ptr_eq(m->inputs[0]->inputs[0], xb);
+    /* matmul: any bf16 operand means bf16 compute and an f32 product */
+    jdt_tensor *mm = jdt_graph_matmul(g, xb, wb, false, false);
+    ck_assert_int_eq(mm->dtype, F32);
+    ck_assert_int_eq(mm->attrs.i[2], 1);
+    ck_assert_int_eq(jdt_graph_matmul(g, x, wb, false, false)->attrs.i[2], 1);
+    ck_assert_int_eq(jdt_graph_matmul(g, x, w, false, false)->attrs.i[2], 0);
+    jdt_err e;
+    ck_assert_msg(jdt_graph_verify(g, &e) == JDT_OK, "%s", e.msg);
+    /* a bf16 operand without the bf16-compute flag is refused by the rule */
+    jdt_tensor *in2[2] = {xb, wb};
+    jdt_shape s = jdt_shape_make(DIMS(2, 4));
+    ck_assert_ptr_nonnull(jdt_graph_new_node(g, JDT_OP_MATMUL, F32, &s, 2, in2, NULL));
+    ck_assert_int_eq(jdt_graph_verify(g, &e), JDT_ERR_SHAPE);
+    ck_assert_msg(strstr(e.msg, "bf16 compute"), "%s", e.msg);
+    jdt_graph_free(g);
+    g = jdt_graph_new();
+    x = inp(g, "x", F64, DIMS(2, 3));
+    ck_assert_ptr_null(jdt_graph_matmul(g, jdt_graph_cast(g, x, BF), x, false, true));
+    expect_err(g, JDT_ERR_SHAPE, "op 'matmul'", "bf16 or f32");
+    jdt_graph_free(g);
+    /* what stays f32: reductions, row ops, concat, index ops, collectives */
+    jdt_tensor *(*refuse[])(jdt_graph *, jdt_tensor *) = {jdt_graph_softmax, jdt_graph_log_softmax};
+    for (size_t k = 0; k < 2; k++) {
+        g = jdt_graph_new();
+        ck_assert_ptr_null(refuse[k](g, jdt_graph_cast(g, inp(g, "x", F32, DIMS(2, 3)), BF)));
+        expect_err(g, JDT_ERR_SHAPE, "bf16", NULL);
+        jdt_graph_free(g);
+    }
+    g = jdt_graph_new();
+    xb = jdt_graph_cast(g, inp(g, "x", F32, DIMS(2, 3)), BF);
+    ck_assert_ptr_null(jdt_graph_reduce_sum(g, xb, 1u, false));
+    expect_err(g, JDT_ERR_SHAPE, "op 'reduce_sum'", "bf16");
+    jdt_graph_free(g);
+    g = jdt_graph_new();
+    xb = jdt_graph_cast(g, inp(g, "x", F32, DIMS(2, 3)), BF);
+    ck_assert_ptr_null(jdt_graph_concat(g, 2, (jdt_tensor *[]){xb, xb}, 0));
+    expect_err(g, JDT_ERR_SHAPE, "op 'concat'", "bf16");
+    jdt_graph_free(g);
+    g = jdt_graph_new();
+    xb = jdt_graph_cast(g, inp(g, "x", F32, DIMS(2, 4)), BF);
+    ck_assert_ptr_null(jdt_graph_all_gather(g, xb, 0, 2, 0));
+    expect_err(g, JDT_ERR_SHAPE, "op 'all_gather'", "bf16");
+    jdt_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_registry)
 {
     for (int op = 0; op < JDT_OP_COUNT; op++) {
@@ -144,10 +216,14 @@ START_TEST(test_elementwise_rules)
     ck_assert_ptr_null(jdt_graph_softmax(g, inp(g, "s", F32, 0, NULL)));
     expect_err(g, JDT_ERR_SHAPE, "op 'softmax'", "rank");
     jdt_graph_free(g);
-    /* cast to an unsupported dtype */
+    /* cast to an unsupported dtype: bf16 converts only to and from f32 and f64 */
     g = jdt_graph_new();
-    ck_assert_ptr_null(jdt_graph_cast(g, inp(g, "a", F32, DIMS(2)), JDT_DTYPE_BF16));
-    expect_err(g, JDT_ERR_SHAPE, "op 'cast'", "bf16");
+    ck_assert_ptr_null(jdt_graph_cast(g, inp(g, "a", I32, DIMS(2)), JDT_DTYPE_BF16));
+    expect_err(g, JDT_ERR_SHAPE, "op 'cast'", "i32 -> bf16");
+    jdt_graph_free(g);
+    g = jdt_graph_new();
+    ck_assert_ptr_null(jdt_graph_cast(g, inp(g, "a", F32, DIMS(2)), JDT_DTYPE_U16));
+    expect_err(g, JDT_ERR_SHAPE, "op 'cast'", "u16");
     jdt_graph_free(g);
     /* dropout: step must be an i32 scalar, rate in [0, 1) */
     g = jdt_graph_new();
@@ -503,6 +579,7 @@ int main(void)
     TCase *tc = tcase_create("graph");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_registry);
+    tcase_add_test(tc, test_bf16_rules);
     tcase_add_test(tc, test_elementwise_rules);
     tcase_add_test(tc, test_shape_rules);
     tcase_add_test(tc, test_shape_rule_errors);

@@ -52,8 +52,13 @@ static double v(jdt_interp *it, jdt_tensor *t, int64_t i)
         return ((const float *)p)[i];
     case JDT_DTYPE_I32:
         return ((const int32_t *)p)[i];
-    case JDT_DTYPE_BF16: /* the interpreter keeps only f32, f64 and i32 values */
-    case JDT_DTYPE_U16:
+    case JDT_DTYPE_BF16: {
+        uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float x;
+        memcpy(&x, &u, 4);
+        return x;
+    }
+    case JDT_DTYPE_U16: /* the interpreter keeps only f32, f64, i32 and bf16 values */
     case JDT_DTYPE_U32:
     case JDT_DTYPE_U8:
     case JDT_DTYPE_COUNT:
@@ -141,6 +146,58 @@ START_TEST(test_binary_scalar_select_cast)
     ck_assert_int_eq(((const int32_t *)jdt_interp_value(it, ci))[1], -2);
     ck_assert_int_eq(((const int32_t *)jdt_interp_value(it, ci))[2], 0);
     ck_assert(((const float *)jdt_interp_value(it, cf))[1] == -2.0f);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
+/* bf16 nodes: values rounded to bf16 (nearest even, through f32) exactly where a bf16 node is,
+ * stored as 16 bits; a bf16 leaf is read from 16-bit caller memory; a MATMUL on bf16 operands
+ * sums the products unrounded into an f32 result. */
+START_TEST(test_bf16)
+{
+    const jdt_dtype BF = JDT_DTYPE_BF16;
+    jdt_graph *g = jdt_graph_new();
+    int64_t d[1] = {6};
+    const double u = 1.0 / 256; /* half a bf16 ulp at 1 */
+    /* tie to even (down), tie to even (up), above the tie, below it, NaN, overflow to Inf */
+    double x[6] = {1 + u, 1 + 3 * u, 1 + u + 1e-6, 1 + u - 1e-6, NAN, 3.4e38};
+    double want[6] = {1, 1 + 4 * u, 1 + 2 * u, 1, NAN, INFINITY};
+    jdt_tensor *X = in64(g, "x", 1, d, x);
+    jdt_tensor *xb = jdt_graph_cast(g, X, BF), *back = jdt_graph_cast(g, xb, JDT_DTYPE_F64);
+    /* 1 + u is exact in f32 and a tie in bf16: the bf16 sum rounds, the f32 sum does not */
+    double one[6] = {1, 1, 1, 1, 1, 1}, us[6] = {u, u, u, u, u, u};
+    jdt_tensor *O = in64(g, "one", 1, d, one), *U = in64(g, "u", 1, d, us);
+    jdt_tensor *sum16 = jdt_graph_add(g, jdt_graph_cast(g, O, BF), jdt_graph_cast(g, U, BF));
+    jdt_tensor *sum32 =
+        jdt_graph_add(g, jdt_graph_cast(g, O, JDT_DTYPE_F32), jdt_graph_cast(g, U, JDT_DTYPE_F32));
+    /* a bf16 leaf: 16-bit memory holding 1.5, -2, 0.25 */
+    uint16_t lb[3] = {0x3fc0, 0xc000, 0x3e80};
+    jdt_tensor *L = jdt_graph_input(g, "lb", BF, 1, (int64_t[]){3}, NULL);
+    L->data = lb;
+    jdt_tensor *neg = jdt_graph_neg(g, L);
+    /* matmul (1, 3) bf16 x (3, 1) f32 -> f32: products of rounded inputs, unrounded sum */
+    double w[3] = {1 + u, 1, 1.0 / 3};
+    jdt_tensor *W = jdt_graph_cast(g, in64(g, "w", 1, (int64_t[]){3}, w), JDT_DTYPE_F32);
+    jdt_tensor *mm = jdt_graph_matmul(g, jdt_graph_reshape(g, L, 2, (int64_t[]){1, 3}),
+                                      jdt_graph_reshape(g, W, 2, (int64_t[]){3, 1}), false, false);
+    jdt_interp *it = run_ok(g);
+    for (int i = 0; i < 6; i++) {
+        if (isnan(want[i]))
+            ck_assert(isnan(v(it, back, i)) && isnan(v(it, xb, i)));
+        else
+            ck_assert_msg(v(it, back, i) == want[i] && v(it, xb, i) == want[i],
+                          "x[%d] = %.17g: bf16 %.17g, want %.17g", i, x[i], v(it, back, i),
+                          want[i]);
+        ck_assert(v(it, sum16, i) == 1.0);
+        ck_assert(v(it, sum32, i) == 1 + u);
+    }
+    ck_assert_uint_eq(((const uint16_t *)jdt_interp_value(it, xb))[0], 0x3f80); /* 1.0 */
+    ck_assert(v(it, neg, 0) == -1.5 && v(it, neg, 1) == 2.0 && v(it, neg, 2) == -0.25);
+    ck_assert_uint_eq(((const uint16_t *)jdt_interp_value(it, neg))[0], 0xbfc0);
+    ck_assert_int_eq(mm->dtype, JDT_DTYPE_F32);
+    double third16 = jdt_bf16_round((float)(1.0 / 3)); /* the f32 1/3, then rounded */
+    NEAR(v(it, mm, 0), (float)(1.5 * 1.0 - 2.0 * 1.0 + 0.25 * third16));
     jdt_interp_free(it);
     jdt_graph_free(g);
 }
@@ -458,12 +515,12 @@ START_TEST(test_errors)
     ck_assert_msg(strstr(e.msg, "'x'") && strstr(e.msg, "no bound data"), "%s", e.msg);
     ck_assert_ptr_null(jdt_interp_value(it, X));
     jdt_interp_free(it);
-    /* a bf16 node is refused by name */
-    jdt_tensor *Bf = jdt_graph_input(g, "bf", JDT_DTYPE_BF16, 1, d, NULL);
-    ck_assert_ptr_nonnull(Bf);
+    /* a node of a dtype it does not keep (u16) is refused by name */
+    jdt_tensor *U = jdt_graph_input(g, "u", JDT_DTYPE_U16, 1, d, NULL);
+    ck_assert_ptr_nonnull(U);
     ck_assert_int_eq(jdt_interp_new(g, &it, &e), JDT_OK);
     ck_assert_int_eq(jdt_interp_run(it, &e), JDT_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(e.msg, "bf16"), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "u16"), "%s", e.msg);
     jdt_interp_free(it);
     /* a graph with a builder error is refused */
     jdt_graph_add(g, X, jdt_graph_input(g, "y", JDT_DTYPE_F64, 1, (int64_t[]){3}, NULL));
@@ -608,6 +665,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_unary);
     tcase_add_test(tc, test_binary_scalar_select_cast);
+    tcase_add_test(tc, test_bf16);
     tcase_add_test(tc, test_grad_helpers);
     tcase_add_test(tc, test_shape_ops);
     tcase_add_test(tc, test_matmul);

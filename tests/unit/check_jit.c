@@ -817,6 +817,133 @@ START_TEST(test_bf16_storage_portable)
 }
 END_TEST
 
+/* bf16 IR nodes (CAST to bf16, elementwise and shape ops on bf16, bf16 leaves, a bf16 state
+ * update, bf16 outputs, MATMUL on bf16 operands) compiled against the interpreter. kind 0: ops
+ * whose f32 math is correctly rounded (+ - * / sqrt, selects, maps), so the compiled values
+ * equal the reference bit for bit; kind 1: exp/tanh/gelu/silu/sigmoid/log, whose compiled f32
+ * approximations may land on the other side of a bf16 rounding boundary (one bf16 ulp);
+ * kind 2: GEMMs on bf16 operands (f32 summation order). Each runs fused (bf16 members rounded
+ * in registers) and with no_fuse (every node stored, rounded on store). */
+static void bf16_node_graph(fx *f, int kind)
+{
+    const jdt_dtype BF = JDT_DTYPE_BF16;
+    jdt_graph *g = f->g;
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, 9, 33);
+    jdt_tensor *y = FX_INPUT(f, "y", JDT_DTYPE_F32, -2, 2, 9, 33);
+    jdt_tensor *z = FX_INPUT(f, "z", BF, -2, 2, 9, 33);
+    jdt_tensor *xb = jdt_graph_cast(g, x, BF), *yb = jdt_graph_cast(g, y, BF);
+    jdt_tensor *pos = jdt_graph_add_scalar(g, jdt_graph_abs(g, yb), 0.5);
+    if (kind == 0) {
+        jdt_tensor *sum = jdt_graph_add(g, xb, yb);
+        out(f, sum);                                                         /* a bf16 output */
+        out(f, jdt_graph_cast(g, jdt_graph_mul(g, sum, xb), JDT_DTYPE_F32)); /* rounded twice */
+        out(f, jdt_graph_sub(g, xb, z));
+        out(f, jdt_graph_div(g, xb, pos));
+        out(f, jdt_graph_sqrt(g, pos));
+        out(f, jdt_graph_mul_scalar(g, jdt_graph_neg(g, jdt_graph_relu(g, xb)), 0.3));
+        out(f, jdt_graph_select(g, jdt_graph_gt(g, xb, yb), jdt_graph_max(g, xb, z),
+                                jdt_graph_min(g, yb, z)));
+        out(f, jdt_graph_cast(g, jdt_graph_transpose(g, jdt_graph_mul(g, xb, yb), (int[]){1, 0}),
+                              JDT_DTYPE_F64));
+        out(f, jdt_graph_slice(g, jdt_graph_add(g, z, xb), 1, 3, 20));
+        out(f, jdt_graph_broadcast(g, jdt_graph_reshape(g, pos, 3, (int64_t[]){1, 9, 33}), 3,
+                                   (int64_t[]){2, 9, 33}));
+        /* a reduction over bf16 values rounded inside the reduction's loop */
+        out(f,
+            jdt_graph_reduce_sum(
+                g, jdt_graph_cast(g, jdt_graph_mul(g, jdt_graph_add(g, xb, z), yb), JDT_DTYPE_F32),
+                2u, false));
+        /* promotion: f32 * bf16 is an f32 product of the rounded value */
+        out(f, jdt_graph_mul(g, x, xb));
+        /* a bf16 state leaf updated by a bf16 value (the step's rounding) */
+        jdt_tensor *acc = fx_leaf(f, 2, "acc", BF, 2, (int64_t[]){9, 33}, -1, 1);
+        jdt_graph_add_update(g, acc, jdt_graph_add(g, acc, jdt_graph_mul_scalar(g, xb, 0.01)));
+    } else if (kind == 1) {
+        out(f, jdt_graph_exp(g, xb));
+        out(f, jdt_graph_tanh(g, z));
+        out(f, jdt_graph_cast(g, jdt_graph_gelu(g, jdt_graph_add(g, xb, z)), JDT_DTYPE_F32));
+        out(f, jdt_graph_silu(g, xb));
+        out(f, jdt_graph_sigmoid(g, yb));
+        out(f, jdt_graph_log(g, pos));
+    } else {
+        jdt_tensor *w = FX_INPUT(f, "w", JDT_DTYPE_F32, -1, 1, 33, 17);
+        jdt_tensor *wb = jdt_graph_cast(g, w, BF);
+        out(f, jdt_graph_matmul(g, xb, wb, false, false));
+        out(f, jdt_graph_matmul(g, jdt_graph_add(g, xb, z), w, false, false)); /* mixed */
+        out(f, jdt_graph_matmul(g, wb, jdt_graph_mul(g, yb, z), true, true));
+        out(f, jdt_graph_matmul(g, xb, z, true, false));
+    }
+}
+
+START_TEST(test_bf16_nodes)
+{
+    const double rtol[3] = {0, 8e-3, 2e-6}, atol[3] = {0, 1e-6, 1e-6};
+    for (int kind = 0; kind < 3; kind++)
+        for (int no_fuse = 0; no_fuse < 2; no_fuse++) {
+            fx f;
+            fx_init(&f);
+            bf16_node_graph(&f, kind);
+            fx_fill(&f, 21 + (uint64_t)kind);
+            jdt_compile_opts o;
+            fx_opts(&f, &o);
+            o.no_fuse = no_fuse;
+            jdt_program *p = fx_check_steps(&f, &o, 2, rtol[kind], atol[kind], true);
+            /* bf16 values are stored in 2 bytes: the bf16 leaves, and the stored nodes */
+            int n16 = 0;
+            for (int i = 0; i < jdt_program_n_buffers(p); i++) {
+                jdt_buf_info bi;
+                ck_assert(jdt_program_buffer(p, i, &bi));
+                if (bi.bf16 && bi.kind == JDT_BUF_ARENA) {
+                    ck_assert_int_eq(bi.n_bytes % 2, 0);
+                    n16++;
+                }
+            }
+            ck_assert_msg(n16 >= (kind == 2 ? 2 : 1), "kind %d: %d bf16 arena buffers", kind, n16);
+            if (kind == 0) { /* the bf16 output's bytes are the reference's bits */
+                const uint16_t *b16 = jdt_program_output(p, 0);
+                jdt_interp *it = NULL;
+                jdt_err e;
+                ck_assert_int_eq(jdt_interp_new(f.g, &it, &e), JDT_OK);
+                fx_bind(&f, false);
+                ck_assert_int_eq(jdt_interp_run(it, &e), JDT_OK);
+                const uint16_t *r16 = jdt_interp_value(it, jdt_graph_output(f.g, 0));
+                ck_assert_int_eq(memcmp(b16, r16, 9 * 33 * 2), 0);
+                jdt_interp_free(it);
+            }
+            jdt_program_free(p);
+            fx_free(&f);
+        }
+}
+END_TEST
+
+/* Casts to the same dtype fold away, f32 -> bf16 -> f32 does not (it rounds); the compiled
+ * program's graph of a bf16 round trip keeps one rounding. */
+START_TEST(test_bf16_cast_passes)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -2, 2, 5, 7);
+    jdt_tensor *xb = jdt_graph_cast(g, x, JDT_DTYPE_BF16);
+    jdt_tensor *same = jdt_graph_cast(g, xb, JDT_DTYPE_BF16);
+    out(&f, jdt_graph_cast(g, same, JDT_DTYPE_F32));
+    out(&f, jdt_graph_cast(g, jdt_graph_cast(g, x, JDT_DTYPE_BF16), JDT_DTYPE_F32)); /* CSE */
+    fx_fill(&f, 3);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, 0, 0, true);
+    /* x -> bf16 -> f32, once (CSE), the bf16 -> bf16 cast gone: 3 ops of 5 built after x */
+    ck_assert_int_eq(jdt_program_stats(p)->n_ops_out, 3);
+    const float *a = jdt_program_output(p, 0);
+    bool rounded = false;
+    for (int i = 0; i < 35; i++)
+        rounded = rounded || a[i] != ((const float *)f.jit[0])[i];
+    ck_assert_msg(rounded, "the round trip changed nothing: the cast was folded");
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_special_values)
 {
     fx f;
@@ -890,15 +1017,15 @@ START_TEST(test_run_errors)
     ck_assert_int_eq(jdt_program_run(p, &e), JDT_ERR_INVALID);
     ck_assert_msg(strstr(e.msg, "gather"), "%s", e.msg);
     jdt_program_free(p);
-    /* a bf16 node has no CPU kernel: one clear error */
+    /* a u16 softmax has no CPU kernel: one clear error */
     jdt_graph *g2 = jdt_graph_new();
-    jdt_tensor *bx = jdt_graph_input(g2, "bx", JDT_DTYPE_BF16, 1, (int64_t[]){4}, NULL);
+    jdt_tensor *ux = jdt_graph_input(g2, "ux", JDT_DTYPE_U16, 1, (int64_t[]){4}, NULL);
     jdt_graph_add_output(
-        g2,
-        bx ? jdt_graph_new_node(g2, JDT_OP_NEG, JDT_DTYPE_BF16, &bx->shape, 1, &bx, NULL) : NULL);
+        g2, ux ? jdt_graph_new_node(g2, JDT_OP_SOFTMAX, JDT_DTYPE_U16, &ux->shape, 1, &ux, NULL)
+               : NULL);
     ck_assert_int_eq(jdt_program_compile(g2, &o, &p, &e), JDT_ERR_UNSUPPORTED);
     ck_assert_ptr_null(p);
-    ck_assert_msg(strstr(e.msg, "bf16"), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "u16"), "%s", e.msg);
     jdt_graph_free(g2);
     fx_free(&f);
 }
@@ -923,6 +1050,8 @@ int main(void)
     tcase_add_test(tc, test_shared_arena);
     tcase_add_test(tc, test_bf16_storage);
     tcase_add_test(tc, test_bf16_storage_portable);
+    tcase_add_test(tc, test_bf16_nodes);
+    tcase_add_test(tc, test_bf16_cast_passes);
     tcase_add_test(tc, test_special_values);
     tcase_add_test(tc, test_run_errors);
     suite_add_tcase(s, tc);

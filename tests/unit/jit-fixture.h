@@ -71,6 +71,15 @@ static jdt_tensor *fx_leaf(fx *f, int kind, const char *name, jdt_dtype dt, int 
     fx_leaf(f, 1, name, dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / 8), (int64_t[]){__VA_ARGS__}, \
             lo, hi)
 
+/* x rounded to bf16 (nearest even), as its 16 stored bits */
+static uint16_t fx_bf16_bits(float x)
+{
+    float r = jdt_bf16_round(x);
+    uint32_t u;
+    memcpy(&u, &r, 4);
+    return (uint16_t)(u >> 16);
+}
+
 static void fx_fill(fx *f, uint64_t seed)
 {
     for (int i = 0; i < f->n; i++) {
@@ -89,6 +98,8 @@ static void fx_fill(fx *f, uint64_t seed)
                 ((float *)f->ref[i])[j] = (float)v;
             else if (t->dtype == JDT_DTYPE_F64)
                 ((double *)f->ref[i])[j] = v;
+            else if (t->dtype == JDT_DTYPE_BF16)
+                ((uint16_t *)f->ref[i])[j] = fx_bf16_bits((float)v);
             else
                 ((int32_t *)f->ref[i])[j] = (int32_t)floor(v);
         }
@@ -114,6 +125,12 @@ static double fx_get(const void *p, jdt_dtype dt, int64_t j)
 {
     if (dt == JDT_DTYPE_F32) return ((const float *)p)[j];
     if (dt == JDT_DTYPE_F64) return ((const double *)p)[j];
+    if (dt == JDT_DTYPE_BF16) {
+        uint32_t u = (uint32_t)((const uint16_t *)p)[j] << 16;
+        float x;
+        memcpy(&x, &u, 4);
+        return x;
+    }
     return ((const int32_t *)p)[j];
 }
 

@@ -246,6 +246,9 @@ static const char PRELUDE[] =
     "    union { uint32_t u; float f; } b; b.f = x;\n"
     "    uint32_t q = (b.u | 0x00400000u) >> 16, r = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) >> 16;\n"
     "    return (uint16_t)((b.u & 0x7fffffffu) > 0x7f800000u ? q : r);\n}\n"
+    /* a bf16 node's value: its f32 result rounded to bf16 (kept in a float) */
+    "__attribute__((unused)) static inline float jdt_bf16_rn(float x) { return "
+    "jdt_bf16_ld(jdt_bf16_st(x)); }\n"
     "__attribute__((unused)) static inline float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
     "(1.0f / 16777216.0f); }\n"
     /* exp and tanh for f32 written so the loop vectoriser can inline them (glibc's are scalar

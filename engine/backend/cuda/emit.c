@@ -54,6 +54,9 @@ static const char PRELUDE[] =
     "    uint32_t u = __float_as_uint(x);\n"
     "    uint32_t q = (u | 0x00400000u) >> 16, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n"
     "    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);\n}\n"
+    /* a bf16 node's value: its f32 result rounded to bf16 (kept in a float; nest.c) */
+    "static __device__ __forceinline__ float jdt_bf16_rn(float x) { return "
+    "jdt_bf16_ld(jdt_bf16_st(x)); }\n"
     "static __device__ __forceinline__ float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
     "(1.0f / 16777216.0f); }\n"
     "extern \"C\" __global__ void jdt_scale(float *x, long long n, float s)\n{\n"
@@ -337,8 +340,11 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
     jdt_status st = JDT_OK;
     *src = NULL;
     *launch = NULL;
-    for (int i = 0; i < c->n_nodes; i++) /* fuse.c never stores a reduction's result as bf16 */
-        if (c->nodes[i].bf16 && c->nodes[i].group >= 0 && c->groups[c->nodes[i].group].is_reduce) {
+    /* fuse.c never stores a reduction's result as bf16 (a bf16 IR node fused into a
+     * reduction's loop is rounded in registers, not stored) */
+    for (int i = 0; i < c->n_nodes; i++)
+        if (c->nodes[i].bf16 && c->nodes[i].store && c->nodes[i].group >= 0 &&
+            c->groups[c->nodes[i].group].is_reduce) {
             char lbl[128];
             return jdt_err_set(e, JDT_ERR_INTERNAL,
                                "cuda codegen: %s in a reduction is stored as bf16, which the "
