@@ -229,11 +229,10 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
      * (activations, norms, softmax, loss, optimizer, master weights) stays f32 */
     jdt_graph_set_matmul_bf16(gg, s->cfg->precision.compute == JDT_DTYPE_BF16);
     /* and each GEMM weight is cast to bf16 once per step (a CAST node) rather than rounded by
-     * every GEMM that reads it; not on CUDA (the cast form is not yet checked on a GPU) nor
-     * under FSDP (the partitioner would gather the bf16 copy, and collectives carry f32):
-     * there the GEMMs round the weight themselves, with the same numbers */
-    const bool cuda = s->o.copts.device && jdt_device_get_kind(s->o.copts.device) == JDT_DEVICE_CUDA;
-    jdt_graph_set_bf16_weights(gg, s->cfg->precision.compute == JDT_DTYPE_BF16 && !cuda &&
+     * every GEMM that reads it (CUDA: cuBLASLt reads the bf16 copy as stored); not under FSDP
+     * (the partitioner would gather the bf16 copy, and collectives carry f32): there the GEMMs
+     * round the weight themselves, with the same numbers */
+    jdt_graph_set_bf16_weights(gg, s->cfg->precision.compute == JDT_DTYPE_BF16 &&
                                        s->cfg->mesh.fsdp <= 1);
     jdt_status st = jdt_model_build(gg, s->cfg, s->o.micro_batch, training, m, e);
     memset(loss_place, 0, sizeof *loss_place);

@@ -186,7 +186,7 @@ static void build_builtins(fx *f)
  * f32 against the CPU's jdt_rt_matmul_bf16 (same rounded inputs: summation order only). */
 /* bf16 IR nodes in the generated kernels: casts, elementwise ops computed in f32 and rounded,
  * strided reads of bf16 values, a bf16 output and a bf16 state update (loads widen, stores
- * round). The CUDA builtins read f32 only, so no GEMM reads a bf16 value here. */
+ * round). No GEMM reads a bf16 value here (bf16_cast_matmul does). */
 static void build_bf16_nodes(fx *f)
 {
     const jdt_dtype BF = JDT_DTYPE_BF16;
@@ -235,6 +235,34 @@ static void build_bf16_matmul(fx *f)
     jdt_graph_set_matmul_bf16(g, false);
 }
 
+/* The train step's cast form of bf16 compute (jdt_graph_set_bf16_weights): weights cast to bf16
+ * by CAST nodes (a fused kernel storing uint16_t) that bf16 GEMMs read as stored bf16 operands
+ * (jdt_cuk_matmul_bf16_ex's a_bf16/b_bf16: no conversion pass), beside f32 operands the GEMM
+ * rounds itself: the forward shape with a shared weight and a bias, the dX shape (the same
+ * cast weight transposed), a transposed bf16 left operand, both operands cast, and odd sizes
+ * (cuBLASLt's TF32 fallback widens a stored bf16 operand). */
+static void build_bf16_cast_matmul(fx *f)
+{
+    const jdt_dtype BF = JDT_DTYPE_BF16;
+    jdt_graph *g = f->g;
+    jdt_graph_set_matmul_bf16(g, true);
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, 3, 64, 128);
+    jdt_tensor *w = FX_INPUT(f, "w", JDT_DTYPE_F32, -1, 1, 128, 96);
+    jdt_tensor *bias = FX_INPUT(f, "bias", JDT_DTYPE_F32, -1, 1, 96);
+    jdt_tensor *dy = FX_INPUT(f, "dy", JDT_DTYPE_F32, -1, 1, 3, 64, 96);
+    jdt_tensor *a = FX_INPUT(f, "a", JDT_DTYPE_F32, -1, 1, 5, 7);
+    jdt_tensor *at = FX_INPUT(f, "at", JDT_DTYPE_F32, -1, 1, 7, 5);
+    jdt_tensor *b = FX_INPUT(f, "b", JDT_DTYPE_F32, -1, 1, 7, 9);
+    jdt_tensor *bt = FX_INPUT(f, "bt", JDT_DTYPE_F32, -1, 1, 9, 7);
+    jdt_tensor *wb = jdt_graph_cast(g, w, BF);
+    jdt_tensor *y = jdt_graph_matmul(g, x, wb, false, false);
+    out(f, jdt_graph_add(g, y, jdt_graph_broadcast(g, bias, 3, (int64_t[]){3, 64, 96})));
+    out(f, jdt_graph_matmul(g, dy, wb, false, true));
+    out(f, jdt_graph_matmul(g, jdt_graph_cast(g, at, BF), b, true, false));
+    out(f, jdt_graph_matmul(g, jdt_graph_cast(g, a, BF), jdt_graph_cast(g, bt, BF), false, true));
+    jdt_graph_set_matmul_bf16(g, false);
+}
+
 /* An Adam-like update of a parameter and a moment: donated and copied updates on the device. */
 static void build_update(fx *f)
 {
@@ -264,6 +292,9 @@ static const struct {
     /* bf16-rounded inputs on both sides, f32 accumulation: summation order only (an input not
      * rounded would be ~1e-2 off) */
     {"bf16_matmul", build_bf16_matmul, 3e-4, 3e-4},
+    /* the same products with the weights' bf16 rounding done by CAST kernels: summation order
+     * only (the emulated device runs the CPU's GEMMs: there they are bitwise equal) */
+    {"bf16_cast_matmul", build_bf16_cast_matmul, 3e-4, 3e-4},
     /* bf16 values: one bf16 ulp (2^-8) where the device's f32 math (expf, division) lands on
      * the other side of a rounding boundary */
     {"bf16_nodes", build_bf16_nodes, 8e-3, 1e-6},
@@ -329,6 +360,19 @@ static jdt_step *make_step(const jdt_config *c, jdt_device *d, const char *cache
     jdt_status st = jdt_step_new(c, &o, &s, &e);
     ck_assert_msg(st == JDT_OK, "step_new: %s", e.msg);
     return s;
+}
+
+/* The CASTs to bf16 in s's train graph: > 0 when the step reads its GEMM weights through bf16
+ * copies (the cast form of precision.compute: bf16, engine/train/step.c). */
+static int n_bf16_casts(const jdt_step *s)
+{
+    const jdt_graph *g = jdt_step_graph(s, JDT_STEP_PROG_MAIN);
+    int n = 0;
+    for (int i = 0; g && i < jdt_graph_n_nodes(g); i++) {
+        const jdt_tensor *t = jdt_graph_node(g, i);
+        n += t->op == JDT_OP_CAST && t->dtype == JDT_DTYPE_BF16;
+    }
+    return n;
 }
 
 /* ---- NVRTC (no GPU needed) ------------------------------------------------------------------ */
@@ -399,9 +443,11 @@ START_TEST(test_nvrtc_train_steps)
     ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
     jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
     check_source(MODELS[i].name, jdt_step_source(s), jdt_step_stats(s)->n_kernels);
-    /* bf16 storage: fused kernels store bf16 (compiled by NVRTC above); only GEMMs read it */
+    /* bf16 storage: fused kernels store bf16 (compiled by NVRTC above); only GEMMs read it.
+     * The weights' bf16 copies are CAST kernels among them (the cast form, as on the CPU). */
     if (strstr(MODELS[i].name, "bf16")) {
         ck_assert_int_gt(jdt_step_stats(s)->n_bf16_stored, 0);
+        ck_assert_int_gt(n_bf16_casts(s), 0);
         ck_assert_ptr_nonnull(strstr(jdt_step_source(s), "= jdt_bf16_st(v"));
     }
     jdt_step_free(s);
@@ -554,6 +600,10 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol)
     printf("check_cuda: %s: bf16-stored values cpu %d, cuda %d\n", MODELS[i].name,
            jdt_step_stats(sc)->n_bf16_stored, jdt_step_stats(sg)->n_bf16_stored);
     if (strstr(MODELS[i].name, "bf16")) ck_assert_int_gt(jdt_step_stats(sg)->n_bf16_stored, 0);
+    /* bf16 compute: both steps read every GEMM weight through one CAST to bf16 (the cast form);
+     * the device's GEMMs take the bf16 copies as stored operands */
+    ck_assert_int_eq(n_bf16_casts(sg), n_bf16_casts(sc));
+    if (strstr(MODELS[i].name, "bf16")) ck_assert_int_gt(n_bf16_casts(sg), 0);
     size_t n = (size_t)c.data.batch_size *
                (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
     int32_t *xi = calloc(n, 4), *y = calloc(n, 4);
@@ -614,9 +664,11 @@ END_TEST
 
 START_TEST(test_emulated_train_matches_cpu)
 {
-    /* bf16: the two emitters' exp/tanh differ by an f32 ulp here and there; where such a value
-     * feeds a bf16 GEMM it can round to the neighbouring bf16 (2^-8 relative), which 8 AdamW
-     * steps carry into the parameters (seen: 1.6e-4 on a 0.0087 weight) */
+    /* bf16 (both in the cast form: the same CAST kernels' rounding, jdt_bf16_st, and the CPU's
+     * GEMMs on the emulated device): the two emitters' exp/tanh differ by an f32 ulp here and
+     * there; where such a value feeds a bf16 GEMM it can round to the neighbouring bf16 (2^-8
+     * relative), which 8 AdamW steps carry into the parameters (seen: 1.6e-4 on a 0.0087
+     * weight) */
     model_vs_cpu(_i, emulated(), strstr(MODELS[_i].name, "bf16") ? 1e-3 : 1e-4);
 }
 END_TEST
