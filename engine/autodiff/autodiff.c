@@ -42,11 +42,14 @@ static void clone_block(jdt_graph *g, int n, int block, jdt_tensor **clone)
     }
 }
 
-/* An FSDP weight gather: ALL_GATHER of a parameter (not itself a recomputed copy). */
+/* An FSDP weight gather: ALL_GATHER of a parameter, or of its shard's bf16 copy (a CAST, under
+ * precision.compute: bf16), not itself a recomputed copy. */
 static bool is_param_gather(const jdt_tensor *t)
 {
-    return t->op == JDT_OP_ALL_GATHER && !(t->flags & JDT_TENSOR_REMAT) &&
-           t->inputs[0]->op == JDT_OP_PARAM;
+    if (t->op != JDT_OP_ALL_GATHER || (t->flags & JDT_TENSOR_REMAT)) return false;
+    const jdt_tensor *x = t->inputs[0];
+    if (x->op == JDT_OP_CAST && x->dtype == JDT_DTYPE_BF16) x = x->inputs[0];
+    return x->op == JDT_OP_PARAM;
 }
 
 /* Reshard after forward (PyTorch FSDP's reshard_after_forward): a GEMM's VJP that reads an

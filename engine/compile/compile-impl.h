@@ -93,6 +93,7 @@ typedef struct {
     int n_members;
     int64_t *part_off; /* per member: offset of its part in a segment (all-reduce: of its slot) */
     int64_t n_elems;   /* of the call: the bucket, or the full (gathered / scattered) tensor */
+    int64_t esz;       /* bytes per element of every member: 4 (f32), 2 (a bf16 all-gather) */
     int buf;           /* all-reduce bucket buffer (n_members > 1) or -1 */
     int scratch_buf;   /* the wire buffer (see above), live from the first PACK to WAIT; or -1 */
     int first_pack_step, start_step, wait_step;

@@ -116,6 +116,7 @@ typedef struct {
     int n_coll_bucketed;   /* collective nodes that run inside a bucket of several */
     int n_coll_prefetch;   /* calls of collectives of leaves (FSDP weight gathers), prefetched */
     int64_t prefetch_peak_bytes; /* most gathered bytes of them in flight (opts.prefetch_bytes) */
+    int64_t gather_bytes;  /* bytes all-gathered per run (the gathered tensors; bf16: 2 each) */
     int n_bf16_stored;     /* values stored as bf16 (read only by bf16-compute GEMMs) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */

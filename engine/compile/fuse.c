@@ -225,7 +225,8 @@ static bool add_step(cprog *c, cstep s)
  * ahead of its use as opts.prefetch_bytes allows instead of at the start of the step. The
  * keys are a pure function of the graph, so every rank issues the same starts in one order. */
 enum {
-    KEY_PF_PACK = 1, /* a leaf collective, prefetched: at the wait of an earlier one */
+    KEY_PF_PRODUCE = 0, /* the kernel of a leaf-fed input (a weight shard's bf16 cast) */
+    KEY_PF_PACK = 1,    /* a leaf collective, prefetched: at the wait of an earlier one */
     KEY_PF_START = 2,
     KEY_WAIT = 3,
     KEY_CPACK = 4, /* a collective of a collective's result: right after that one's wait */
@@ -296,6 +297,24 @@ static int first_reader(const cprog *c, const user_lists *u, int i)
     return best == INT32_MAX ? c->n_nodes : best;
 }
 
+/* Does the kernel of group root p read leaves only (views of them included)? Such a kernel (a
+ * weight shard's bf16 cast under FSDP) can run at any point before its readers, so an
+ * all-gather of its result is prefetched like a leaf's (schedule: KEY_PF_PRODUCE). */
+static bool leaf_fed(const cprog *c, int p)
+{
+    const cnode *r = &c->nodes[p];
+    if (r->group < 0 || c->groups[r->group].root != p) return false;
+    const cgroup *g = &c->groups[r->group];
+    for (int m = 0; m < g->n_members; m++) {
+        const cnode *x = &c->nodes[g->members[m]];
+        for (int k = 0; k < x->n_in; k++) {
+            const int q = producer_node(c, x->in[k]);
+            if (q >= 0 && c->nodes[q].group != r->group) return false;
+        }
+    }
+    return true;
+}
+
 /* The full tensor a collective node moves (all-gather: its output; else its input). */
 static int64_t coll_elems(const cprog *c, const cnode *n)
 {
@@ -303,15 +322,15 @@ static int64_t coll_elems(const cprog *c, const cnode *n)
                                       : jdt_shape_numel(&c->nodes[n->in[0]].shape);
 }
 
-/* Can collective nodes a and b share one call: the same op over the same group (an all-reduce:
- * of the same kind; a gather or scatter: into as many parts)? */
+/* Can collective nodes a and b share one call: the same op and dtype over the same group (an
+ * all-reduce: of the same kind; a gather or scatter: into as many parts)? */
 static bool same_call(const cprog *c, const cnode *a, const cnode *b)
 {
     /* The segmented gather/scatter buckets are run by the host's collective hooks (the CPU and
      * emulated devices); the CUDA backend runs one tensor per gather/scatter call (its NCCL
      * path knows no segments yet), all-reduce buckets on every device. */
     if (a->op != JDT_OP_ALL_REDUCE && !c->host_builtins) return false;
-    return a->op == b->op && a->attrs.i[0] == b->attrs.i[0] &&
+    return a->op == b->op && a->dtype == b->dtype && a->attrs.i[0] == b->attrs.i[0] &&
            (a->op == JDT_OP_ALL_REDUCE ? a->attrs.i[1] == b->attrs.i[1]
                                        : a->attrs.i[2] == b->attrs.i[2]);
 }
@@ -341,6 +360,7 @@ static bool add_coll(cprog *c, const int *members, int n)
         k->part_off[m] = k->n_elems / parts; /* every member has the same k */
         k->n_elems += coll_elems(c, x);
     }
+    k->esz = (int64_t)jdt_dtype_size(c->nodes[members[0]].dtype);
     k->buf = k->scratch_buf = -1;
     k->first_pack_step = -1;
     c->n_colls++;
@@ -375,6 +395,7 @@ static bool form_buckets(cprog *c, const coll_cand *cand, int n_cand, jdt_op op,
         if (bucket[cand[a].node] >= 0 || n->op != op) continue;
         int members[JDT_BUCKET_MAX_MEMBERS], nm = 0;
         int64_t elems = coll_elems(c, n), min_wait = wait[cand[a].node];
+        const int64_t esz = (int64_t)jdt_dtype_size(n->dtype);
         members[nm++] = cand[a].node;
         for (int b = a + 1; c->opts.bucket_bytes > 0 && b < n_cand && nm < JDT_BUCKET_MAX_MEMBERS;
              b++) {
@@ -382,7 +403,7 @@ static bool form_buckets(cprog *c, const coll_cand *cand, int n_cand, jdt_op op,
             if (bucket[cand[b].node] >= 0 || !same_call(c, n, m)) continue;
             if (cand[b].pack >= min_wait) break; /* needed before this one is ready */
             const int64_t me = coll_elems(c, m);
-            if ((elems + me) * 4 > c->opts.bucket_bytes) break;
+            if ((elems + me) * esz > c->opts.bucket_bytes) break;
             members[nm++] = cand[b].node;
             elems += me;
             if (wait[cand[b].node] < min_wait) min_wait = wait[cand[b].node];
@@ -406,23 +427,30 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
     int *pf = jdt_malloc(sizeof(int) * ((size_t)N + 1));
     int *bucket = jdt_malloc(sizeof(int) * ((size_t)N + 1));
     int *chain = jdt_malloc(sizeof(int) * ((size_t)N + 1));
+    int64_t *early = jdt_malloc(sizeof(int64_t) * ((size_t)N + 1)); /* KEY_PF_PRODUCE keys */
     keyed_step *ks = NULL;
     int n_ks = 0, cap_ks = 0, n_cand = 0, n_pf = 0, n_chain = 0;
     jdt_status st = JDT_OK;
-    if (!acoll || !pack || !wait || !cand || !pf || !bucket || !chain) goto nomem;
+    if (!acoll || !pack || !wait || !cand || !pf || !bucket || !chain || !early) goto nomem;
+    for (int i = 0; i < N; i++)
+        early[i] = -1;
 
-    /* which collectives run asynchronously, and their pack and wait keys */
+    /* which collectives run asynchronously (f32; a gather of bf16 too), and their pack and wait
+     * keys */
     for (int i = 0; async && i < N; i++) {
         const cnode *n = &c->nodes[i];
-        if (!n->live || !is_collective_op(n->op) || n->dtype != JDT_DTYPE_F32) continue;
+        if (!n->live || !is_collective_op(n->op)) continue;
+        if (n->dtype != JDT_DTYPE_F32 &&
+            !(n->op == JDT_OP_ALL_GATHER && n->dtype == JDT_DTYPE_BF16))
+            continue;
         int p = producer_node(c, n->in[0]);
         acoll[i] = 1;
         pack[i] = mkkey(p, KEY_PACK);
         wait[i] = mkkey(first_reader(c, u, i), KEY_WAIT);
         if (p >= 0 && acoll[p])
             chain[n_chain++] = i; /* packed once p's wait is placed */
-        else if (p < 0)
-            pf[n_pf++] = i;
+        else if (p < 0 || (n->op == JDT_OP_ALL_GATHER && leaf_fed(c, p)))
+            pf[n_pf++] = i; /* a leaf's, or a leaf-fed kernel's (moved ahead of the pack) */
         else
             cand[n_cand++] = (coll_cand){i, pack[i], wait[i]};
     }
@@ -490,9 +518,11 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         const cnode *n = &c->nodes[pf[j]];
         int nm = 1;
         int64_t elems = coll_elems(c, n);
+        const int64_t esz = (int64_t)jdt_dtype_size(n->dtype);
         while (c->opts.bucket_bytes > 0 && j + nm < n_pf && nm < JDT_BUCKET_MAX_MEMBERS) {
             const cnode *m = &c->nodes[pf[j + nm]];
-            if (!same_call(c, n, m) || (elems + coll_elems(c, m)) * 4 > c->opts.bucket_bytes) break;
+            if (!same_call(c, n, m) || (elems + coll_elems(c, m)) * esz > c->opts.bucket_bytes)
+                break;
             elems += coll_elems(c, m);
             nm++;
         }
@@ -508,15 +538,20 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         c->opts.prefetch_bytes ? c->opts.prefetch_bytes : JDT_PREFETCH_BYTES_DEFAULT;
     int64_t in_flight = 0; /* gathered bytes of buckets max(lo, pf0)..j */
     for (int j = pf0, lo = pf0 - 1; j < c->n_colls; j++) {
-        in_flight += c->colls[j].n_elems * 4;
+        in_flight += c->colls[j].n_elems * c->colls[j].esz;
         while (lo < j - 1 && in_flight > budget) {
-            if (lo >= pf0) in_flight -= c->colls[lo].n_elems * 4;
+            if (lo >= pf0) in_flight -= c->colls[lo].n_elems * c->colls[lo].esz;
             lo++;
         }
         const int64_t key = lo < pf0 ? mkkey(-1, KEY_PF_PACK)
                                      : wait[c->colls[lo].members[0]] - KEY_WAIT + KEY_PF_PACK;
-        for (int m = 0; m < c->colls[j].n_members; m++)
-            pack[c->colls[j].members[m]] = key;
+        for (int m = 0; m < c->colls[j].n_members; m++) {
+            const int i = c->colls[j].members[m], p = producer_node(c, c->nodes[i].in[0]);
+            pack[i] = key;
+            /* a leaf-fed input's kernel runs right before the pack (the first one of it) */
+            const int64_t pk = key - KEY_PF_PACK + KEY_PF_PRODUCE;
+            if (p >= 0 && (early[p] < 0 || pk < early[p])) early[p] = pk;
+        }
         if (in_flight > c->stats.prefetch_peak_bytes) c->stats.prefetch_peak_bytes = in_flight;
     }
     c->stats.n_coll_prefetch = c->n_colls - pf0;
@@ -529,6 +564,8 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
     int n_blocking = 0;
     for (int i = 0; i < N; i++) {
         cnode *n = &c->nodes[i];
+        if (n->live && n->op == JDT_OP_ALL_GATHER)
+            c->stats.gather_bytes += coll_elems(c, n) * (int64_t)jdt_dtype_size(n->dtype);
         if (acoll[i]) {
             n->store = true;
             continue;
@@ -537,8 +574,8 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
             const cgroup *g = &c->groups[n->group];
             n->store = g->root == i || is_kept(u, i);
             if (g->root != i) continue;
-            PUSH(mkkey(i, KEY_BASE), i, .kind = STEP_KERNEL, .group = n->group, .kernel = -1,
-                 .node = i, .scratch_buf = -1, .coll = -1);
+            PUSH(early[i] >= 0 ? early[i] : mkkey(i, KEY_BASE), i, .kind = STEP_KERNEL,
+                 .group = n->group, .kernel = -1, .node = i, .scratch_buf = -1, .coll = -1);
         } else if (n->kind == CK_BUILTIN) {
             n->store = true;
             PUSH(mkkey(i, KEY_BASE), i, .kind = STEP_BUILTIN, .group = -1, .kernel = -1, .node = i,
@@ -599,6 +636,7 @@ out:
     jdt_free(pf);
     jdt_free(bucket);
     jdt_free(chain);
+    jdt_free(early);
     jdt_free(ks);
     return st;
 }
@@ -847,12 +885,13 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         ccoll *cl = &c->colls[k];
         const jdt_op op = c->nodes[cl->members[0]].op;
         if (op == JDT_OP_ALL_REDUCE && cl->n_members > 1) {
-            if ((cl->buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * 4, -1)) < 0) goto nomem;
+            if ((cl->buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * cl->esz, -1)) < 0) goto nomem;
             for (int m = 0; m < cl->n_members; m++)
                 c->bufs[c->nodes[cl->members[m]].buf].info.slot_of = cl->buf;
         }
         if (op == JDT_OP_REDUCE_SCATTER || (op == JDT_OP_ALL_GATHER && cl->n_members > 1)) {
-            if ((cl->scratch_buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * 4, -1)) < 0) goto nomem;
+            if ((cl->scratch_buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * cl->esz, -1)) < 0)
+                goto nomem;
             c->bufs[cl->scratch_buf].info.last_step = cl->wait_step;
         }
     }

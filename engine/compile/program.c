@@ -41,19 +41,20 @@ const char *jdt_compile_node_label(const cnode *n, char *buf, size_t len)
     return buf;
 }
 
-/* Builtins compute in f32 (indices i32; a MATMUL operand may be bf16); anything else has no
- * CPU kernel. */
+/* Builtins compute in f32 (indices i32; a MATMUL operand may be bf16, an ALL_GATHER moves bf16
+ * too); anything else has no CPU kernel. */
 static jdt_status check_builtins(const cprog *c, jdt_err *e)
 {
     for (int i = 0; i < c->n_nodes; i++) {
         const cnode *n = &c->nodes[i];
         if (n->kind != CK_BUILTIN || n->op == JDT_OP_CONCAT) continue;
-        bool ok = n->dtype == JDT_DTYPE_F32;
+        const bool bf16_gather = n->op == JDT_OP_ALL_GATHER && n->dtype == JDT_DTYPE_BF16;
+        bool ok = n->dtype == JDT_DTYPE_F32 || bf16_gather;
         for (int k = 0; k < n->n_in; k++) {
             bool idx = (n->op == JDT_OP_GATHER || n->op == JDT_OP_SCATTER_ADD ||
                         n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) &&
                        k == 1;
-            jdt_dtype want = idx ? JDT_DTYPE_I32 : JDT_DTYPE_F32;
+            jdt_dtype want = idx ? JDT_DTYPE_I32 : bf16_gather ? JDT_DTYPE_BF16 : JDT_DTYPE_F32;
             if (n->op == JDT_OP_MATMUL && k < 2 && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16)
                 want = JDT_DTYPE_BF16; /* a bf16 operand (bf16 compute, read as stored) */
             ok = ok && c->nodes[n->in[k]].dtype == want;

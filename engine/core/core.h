@@ -201,6 +201,9 @@ uint64_t jdt_rng_key(uint64_t seed, const char *name);
  * axis. */
 void jdt_permute_blocks_f32(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
                             bool to_outer);
+/* The same for blocks of blk_bytes bytes (any element type: a bf16 all-gather). */
+void jdt_permute_blocks_bytes(const void *src, void *dst, int64_t k, int64_t outer,
+                              int64_t blk_bytes, bool to_outer);
 
 /* ---- time --------------------------------------------------------------------------------- */
 

@@ -130,13 +130,21 @@ double jdt_now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void jdt_permute_blocks_bytes(const void *src, void *dst, int64_t k, int64_t outer,
+                              int64_t blk_bytes, bool to_outer)
+{
+    const char *s = src;
+    char *d = dst;
+    for (int64_t j = 0; j < k; j++)
+        for (int64_t o = 0; o < outer; o++) {
+            const char *a = to_outer ? s + (j * outer + o) * blk_bytes : s + (o * k + j) * blk_bytes;
+            char *b = to_outer ? d + (o * k + j) * blk_bytes : d + (j * outer + o) * blk_bytes;
+            memcpy(b, a, (size_t)blk_bytes);
+        }
+}
+
 void jdt_permute_blocks_f32(const float *src, float *dst, int64_t k, int64_t outer, int64_t blk,
                             bool to_outer)
 {
-    for (int64_t j = 0; j < k; j++)
-        for (int64_t o = 0; o < outer; o++) {
-            const float *a = to_outer ? src + (j * outer + o) * blk : src + (o * k + j) * blk;
-            float *b = to_outer ? dst + (o * k + j) * blk : dst + (j * outer + o) * blk;
-            memcpy(b, a, (size_t)blk * sizeof *a);
-        }
+    jdt_permute_blocks_bytes(src, dst, k, outer, blk * (int64_t)sizeof(float), to_outer);
 }

@@ -768,7 +768,8 @@ static jdt_status eval_all_reduce(const node_ctx *nd)
 }
 
 /* ALL_GATHER and REDUCE_SCATTER: the full tensor viewed as (outer, k, blk) along the axis; the
- * wire wants (k, outer, blk). The wire format is f32. */
+ * wire wants (k, outer, blk). The wire format is f32 (a bf16 gather's values are exact in it;
+ * compiled programs move those as bf16). */
 static jdt_status eval_gather_scatter(const node_ctx *nd)
 {
     jdt_interp *it = nd->it;

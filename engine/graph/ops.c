@@ -849,12 +849,17 @@ static void vjp_ALL_REDUCE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const
     dx[0] = jdt_graph_op(g, JDT_OP_ALL_REDUCE, 1, in, &node->attrs, dy->dtype, NULL);
 }
 
-/* ALL_GATHER / REDUCE_SCATTER: i[0] group, i[1] axis, i[2] k members. */
+/* ALL_GATHER / REDUCE_SCATTER: i[0] group, i[1] axis, i[2] k members. An all-gather also
+ * moves bf16 (a byte copy: FSDP gathers the bf16 copies of weight shards); a reduce-scatter
+ * sums, in f32 or f64. */
 static bool check_shard_collective(jdt_tensor *const *in, const jdt_attrs *a, const char *what,
                                    char *why, size_t n_why)
 {
-    if (in[0]->dtype != JDT_DTYPE_F32 && in[0]->dtype != JDT_DTYPE_F64)
-        return WHY("%s needs a float tensor, got %s", what, jdt_dtype_name(in[0]->dtype));
+    const bool gather = strcmp(what, "all_gather") == 0;
+    if (in[0]->dtype != JDT_DTYPE_F32 && in[0]->dtype != JDT_DTYPE_F64 &&
+        !(gather && in[0]->dtype == JDT_DTYPE_BF16))
+        return WHY("%s needs a float tensor%s, got %s", what, gather ? " (or bf16)" : "",
+                   jdt_dtype_name(in[0]->dtype));
     if (a->i[0] < 0) return WHY("group %lld < 0", (long long)a->i[0]);
     if (a->i[2] < 1) return WHY("group size %lld < 1", (long long)a->i[2]);
     if (a->i[1] < 0 || a->i[1] >= in[0]->shape.ndim)

@@ -50,10 +50,11 @@ static const char *fmt_bytes(double b, char *buf, size_t n)
     return buf;
 }
 
-/* One kind of collective of one program: same op, group and buffer shape. */
+/* One kind of collective of one program: same op, dtype, group and buffer shape. */
 typedef struct {
     const char *where; /* "micro", "step", "apply" or "eval" */
     jdt_op op;
+    jdt_dtype dtype; /* f32; bf16 for FSDP's gathers of bf16 weight copies */
     unsigned group;  /* mesh-axis mask */
     jdt_shape full;  /* the whole buffer it moves (the gathered / pre-scatter shape) */
     int64_t n_bytes; /* bytes of that buffer */
@@ -84,7 +85,7 @@ static jdt_status collect(coll_table *tab, const jdt_graph *g, const char *where
         coll_row *r = NULL;
         for (int k = 0; k < tab->n && !r; k++) {
             coll_row *q = &tab->rows[k];
-            if (q->where == where && q->op == t->op && q->group == group &&
+            if (q->where == where && q->op == t->op && q->dtype == t->dtype && q->group == group &&
                 q->full.ndim == full->ndim &&
                 memcmp(q->full.dims, full->dims, sizeof(int64_t) * (size_t)full->ndim) == 0)
                 r = q;
@@ -101,6 +102,7 @@ static jdt_status collect(coll_table *tab, const jdt_graph *g, const char *where
             memset(r, 0, sizeof *r);
             r->where = where;
             r->op = t->op;
+            r->dtype = t->dtype;
             r->group = group;
             r->full = *full;
             r->n_bytes = jdt_shape_numel(full) * (int64_t)jdt_dtype_size(t->dtype);
@@ -144,11 +146,12 @@ static void print_collectives(const jdt_step *s, const jdt_config *cfg, FILE *f,
             "buffer each one moves):\n",
             accum ? "'micro' runs once per micro-batch, 'apply' once per step"
                   : "one run per step");
-    fprintf(f, "    %-5s %-14s %-13s %5s %9s %12s %12s  %s\n", "prog", "op", "group", "ranks",
-            "count", "bytes each", "bytes/step", "buffer shape");
+    fprintf(f, "    %-5s %-14s %-5s %-13s %5s %9s %12s %12s  %s\n", "prog", "op", "dtype", "group",
+            "ranks", "count", "bytes each", "bytes/step", "buffer shape");
     for (int k = 0; k < tab.n; k++) {
         const coll_row *r = &tab.rows[k];
-        fprintf(f, "    %-5s %-14s %-13s %5d %9lld %12s %12s  %s\n", r->where, jdt_op_name(r->op),
+        fprintf(f, "    %-5s %-14s %-5s %-13s %5d %9lld %12s %12s  %s\n", r->where,
+                jdt_op_name(r->op), jdt_dtype_name(r->dtype),
                 jdt_mesh_axes_str(r->group, ax, sizeof ax), jdt_mesh_group_size(m, r->group),
                 (long long)r->count, fmt_bytes((double)r->n_bytes, b1, sizeof b1),
                 fmt_bytes((double)r->n_bytes * (double)r->count, b2, sizeof b2),
@@ -185,6 +188,11 @@ static void print_collectives(const jdt_step *s, const jdt_config *cfg, FILE *f,
                 : accum ? "micro-batch"
                         : "train-step",
                 cs->n_coll_calls, cs->n_coll_async, cs->n_coll_bucketed, cfg->runtime.bucket_mb);
+        if (cs->gather_bytes > 0) { /* after the compiler's CSE: what moves, not graph nodes */
+            char gb[32];
+            fprintf(f, "    all-gathered per run: %s (gathered tensors)\n",
+                    fmt_bytes((double)cs->gather_bytes, gb, sizeof gb));
+        }
         if (cs->n_coll_prefetch > 0) { /* planned in the arena above: live from their start */
             char pb[32];
             fprintf(f,

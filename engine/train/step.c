@@ -229,11 +229,11 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
      * (activations, norms, softmax, loss, optimizer, master weights) stays f32 */
     jdt_graph_set_matmul_bf16(gg, s->cfg->precision.compute == JDT_DTYPE_BF16);
     /* and each GEMM weight is cast to bf16 once per step (a CAST node) rather than rounded by
-     * every GEMM that reads it (CUDA: cuBLASLt reads the bf16 copy as stored); not under FSDP
-     * (the partitioner would gather the bf16 copy, and collectives carry f32): there the GEMMs
-     * round the weight themselves, with the same numbers */
-    jdt_graph_set_bf16_weights(gg, s->cfg->precision.compute == JDT_DTYPE_BF16 &&
-                                       s->cfg->mesh.fsdp <= 1);
+     * every GEMM that reads it (CUDA: cuBLASLt reads the bf16 copy as stored). Under FSDP the
+     * partitioner keeps the CAST on the weight's shard and all-gathers the bf16 copy: half the
+     * bytes of the f32 gather, the same numbers (round(shard) gathered = round(full)); the
+     * gradient is reduce-scattered in f32 */
+    jdt_graph_set_bf16_weights(gg, s->cfg->precision.compute == JDT_DTYPE_BF16);
     jdt_status st = jdt_model_build(gg, s->cfg, s->o.micro_batch, training, m, e);
     memset(loss_place, 0, sizeof *loss_place);
     if (st != JDT_OK || s->mesh.world_size <= 1) {

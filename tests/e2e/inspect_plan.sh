@@ -87,8 +87,8 @@ done
 
 # --- the collectives of one step (runtime.remat none: no recomputed forward collectives) ----
 plan "$TMP/pnr" mesh.data=64 mesh.tensor=8 runtime.remat=none
-awk '$1 == "micro" && $2 == "all_reduce" && $3 == "tensor" { n += $5; if ($NF != "4096)") bad = 1 }
-     $1 == "apply" && $3 ~ /data/ && $NF != "()" { g += $5 }
+awk '$1 == "micro" && $2 == "all_reduce" && $4 == "tensor" { n += $6; if ($NF != "4096)") bad = 1 }
+     $1 == "apply" && $4 ~ /data/ && $NF != "()" { g += $6 }
      END { printf "tensor all-reduces per step %d (16 micro-batches x 32 blocks x 4), gradient sums over data %d (291 parameters)\n", n, g
            exit !(n == 2048 && g == 291 && !bad) }' "$TMP/pnr" || fail "collective counts: $(grep -A14 'collectives of one' "$TMP/pnr")"
 

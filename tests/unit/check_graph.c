@@ -90,7 +90,8 @@ START_TEST(test_bf16_rules)
     ck_assert_ptr_null(jdt_graph_matmul(g, jdt_graph_cast(g, x, BF), x, false, true));
     expect_err(g, JDT_ERR_SHAPE, "op 'matmul'", "bf16 or f32");
     jdt_graph_free(g);
-    /* what stays f32: reductions, row ops, concat, index ops, collectives */
+    /* what stays f32: reductions, row ops, concat, index ops, the summing collectives (an
+     * all-gather moves bf16: FSDP's bf16 weight copies) */
     jdt_tensor *(*refuse[])(jdt_graph *, jdt_tensor *) = {jdt_graph_softmax, jdt_graph_log_softmax};
     for (size_t k = 0; k < 2; k++) {
         g = jdt_graph_new();
@@ -110,8 +111,16 @@ START_TEST(test_bf16_rules)
     jdt_graph_free(g);
     g = jdt_graph_new();
     xb = jdt_graph_cast(g, inp(g, "x", F32, DIMS(2, 4)), BF);
-    ck_assert_ptr_null(jdt_graph_all_gather(g, xb, 0, 2, 0));
-    expect_err(g, JDT_ERR_SHAPE, "op 'all_gather'", "bf16");
+    ck_assert_ptr_null(jdt_graph_reduce_scatter(g, xb, 1, 2, 0, 1.0));
+    expect_err(g, JDT_ERR_SHAPE, "op 'reduce_scatter'", "bf16");
+    jdt_graph_free(g);
+    g = jdt_graph_new();
+    xb = jdt_graph_cast(g, inp(g, "x", F32, DIMS(2, 4)), BF);
+    jdt_tensor *xg = jdt_graph_all_gather(g, xb, 1, 2, 0);
+    ck_assert_ptr_nonnull(xg);
+    ck_assert_int_eq(xg->dtype, BF);
+    ck_assert_int_eq(xg->shape.dims[0], 4);
+    ck_assert_msg(jdt_graph_verify(g, &e) == JDT_OK, "%s", e.msg);
     jdt_graph_free(g);
 }
 END_TEST

@@ -251,11 +251,12 @@ static jdt_status twin_collective(void *ctx, int group, int kind, jdt_dtype dt, 
                                   size_t n, jdt_err *e)
 {
     (void)ctx, (void)group, (void)e;
-    ck_assert_int_eq(dt, JDT_DTYPE_F32);
+    /* f32; an all-gather moves bf16 too (FSDP's bf16 weight copies: a byte copy) */
+    ck_assert(dt == JDT_DTYPE_F32 || (dt == JDT_DTYPE_BF16 && kind == JDT_COLL_ALLGATHER));
     float *f = buf;
     g_calls++;
     if (kind == JDT_COLL_ALLGATHER)
-        for (size_t i = 0; i < n / 2; i++) f[n / 2 + i] = f[i];
+        memcpy((char *)buf + n / 2 * jdt_dtype_size(dt), buf, n / 2 * jdt_dtype_size(dt));
     else if (kind == JDT_COLL_REDUCE_SCATTER)
         for (size_t i = 0; i < n / 2; i++) f[i] *= 2.0f;
     else
@@ -337,7 +338,9 @@ END_TEST
 /* A started collective of the fake async communicator: a snapshot of its buffer at start. */
 typedef struct {
     int kind;
-    float *buf, *snap;
+    jdt_dtype dt;
+    void *buf, *snap;
+    size_t n_bytes;
     size_t n;
 } fake_work;
 static int g_started, g_pending;
@@ -346,14 +349,16 @@ static jdt_status fake_start(void *ctx, int group, int kind, jdt_dtype dt, void 
                              void **handle, jdt_err *e)
 {
     (void)ctx, (void)group, (void)e;
-    ck_assert_int_eq(dt, JDT_DTYPE_F32);
+    ck_assert(dt == JDT_DTYPE_F32 || (dt == JDT_DTYPE_BF16 && kind == JDT_COLL_ALLGATHER));
     fake_work *w = malloc(sizeof *w);
     ck_assert_ptr_nonnull(w);
     w->kind = kind;
+    w->dt = dt;
     w->buf = buf;
     w->n = n;
-    w->snap = malloc(n * sizeof(float) + 1);
-    memcpy(w->snap, buf, n * sizeof(float));
+    w->n_bytes = n * jdt_dtype_size(dt);
+    w->snap = malloc(w->n_bytes + 1);
+    memcpy(w->snap, buf, w->n_bytes);
     g_started++;
     g_pending++;
     *handle = w;
@@ -365,10 +370,10 @@ static jdt_status fake_start(void *ctx, int group, int kind, jdt_dtype dt, void 
 static jdt_status fake_wait(void *ctx, void *handle, jdt_err *e)
 {
     fake_work *w = handle;
-    ck_assert_msg(memcmp(w->buf, w->snap, w->n * sizeof(float)) == 0,
-                  "a collective's buffer (%zu floats) was written between its start and wait",
-                  w->n);
-    jdt_status st = twin_collective(ctx, 0, w->kind, JDT_DTYPE_F32, w->buf, w->n, e);
+    ck_assert_msg(memcmp(w->buf, w->snap, w->n_bytes) == 0,
+                  "a collective's buffer (%zu bytes) was written between its start and wait",
+                  w->n_bytes);
+    jdt_status st = twin_collective(ctx, 0, w->kind, w->dt, w->buf, w->n, e);
     g_pending--;
     free(w->snap);
     free(w);
@@ -388,10 +393,14 @@ static void ov_trace(void *ctx, const char *name, double t0, double t1)
  * gradients are reduce-scattered (the gather's VJP), the bias gradients all-reduced (scale
  * 0.5, the data-parallel mean), every parameter updated by SGD. Outputs: loss, gradients.
  * W_1 is stored split along its columns (gathered along axis 1: its parts are strided), the
- * others along their rows, so buckets mix both layouts. */
-static jdt_graph *overlap_graph(jdt_tensor **P, float *pv, float *xv)
+ * others along their rows, so buckets mix both layouts. form: OV_F32; OV_BF16_FLAG, bf16
+ * compute with the f32 weight gathered and rounded by the GEMM; OV_BF16_CAST, the train
+ * step's cast form under FSDP: the shard cast to bf16, the bf16 copy gathered. */
+enum { OV_F32, OV_BF16_FLAG, OV_BF16_CAST };
+static jdt_graph *overlap_graph(int form, jdt_tensor **P, float *pv, float *xv)
 {
     jdt_graph *g = jdt_graph_new();
+    jdt_graph_set_matmul_bf16(g, form != OV_F32);
     const int64_t xd[2] = {4, 8}, wd[2] = {4, 8}, wd1[2] = {8, 4}, bd[1] = {8};
     jdt_tensor *x = jdt_graph_input(g, "x", JDT_DTYPE_F32, 2, xd, NULL), *h = x;
     x->data = xv;
@@ -403,7 +412,9 @@ static jdt_graph *overlap_graph(jdt_tensor **P, float *pv, float *xv)
         P[2 * l + 1] = jdt_graph_param(g, nm, JDT_DTYPE_F32, 1, bd, NULL);
         P[2 * l]->data = pv + l * 40;
         P[2 * l + 1]->data = pv + l * 40 + 32;
-        jdt_tensor *wg = jdt_graph_all_gather(g, P[2 * l], 1, 2, l == 1); /* (8, 8) */
+        jdt_tensor *ws = form == OV_BF16_CAST ? jdt_graph_cast(g, P[2 * l], JDT_DTYPE_BF16)
+                                              : P[2 * l];
+        jdt_tensor *wg = jdt_graph_all_gather(g, ws, 1, 2, l == 1); /* (8, 8) */
         jdt_tensor *z = jdt_graph_matmul(g, h, wg, false, false);
         h = jdt_graph_tanh(g, jdt_graph_add(g, z, jdt_graph_broadcast(g, P[2 * l + 1], 2, xd)));
     }
@@ -422,7 +433,7 @@ static jdt_graph *overlap_graph(jdt_tensor **P, float *pv, float *xv)
 /* Runs the step twice (the second run sees the updated parameters) with the given schedule;
  * out receives the outputs of the second run and the parameters after it (7 + 120 floats
  * max). */
-static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *stats)
+static void overlap_run(int form, int mode, float *out, size_t *n_out, jdt_compile_stats *stats)
 {
     float pv[120], xv[32];
     for (int i = 0; i < 120; i++)
@@ -430,7 +441,7 @@ static void overlap_run(int mode, float *out, size_t *n_out, jdt_compile_stats *
     for (int i = 0; i < 32; i++)
         xv[i] = 0.1f * (float)((i * 13) % 17 - 8);
     jdt_tensor *P[6];
-    jdt_graph *g = overlap_graph(P, pv, xv);
+    jdt_graph *g = overlap_graph(form, P, pv, xv);
     jdt_compile_opts o;
     jdt_compile_opts_init(&o);
     char cache[] = "/tmp/jdt-check-overlap-XXXXXX";
@@ -492,9 +503,9 @@ START_TEST(test_overlap_window)
     float ref[300], blk[300], ov[300], bk[300], b2[300];
     size_t n_ref, n_blk, n_ov, n_bk, n_b2;
     jdt_compile_stats s_ref, s_blk, s_ov, s_bk, s_b2;
-    overlap_run(0, ref, &n_ref, &s_ref);
-    overlap_run(1, blk, &n_blk, &s_blk);
-    overlap_run(2, ov, &n_ov, &s_ov);
+    overlap_run(OV_F32, 0, ref, &n_ref, &s_ref);
+    overlap_run(OV_F32, 1, blk, &n_blk, &s_blk);
+    overlap_run(OV_F32, 2, ov, &n_ov, &s_ov);
     /* the schedule of the start/wait program: a gradient's collective is issued before the
      * last backward GEMM (it runs under it), and the weights' gathers are issued ahead */
     int first_start = -1, last_matmul = -1;
@@ -506,8 +517,8 @@ START_TEST(test_overlap_window)
     ck_assert_msg(first_start < last_matmul,
                   "the first gradient reduce-scatter starts at step %d, after the last GEMM (%d)",
                   first_start, last_matmul);
-    overlap_run(3, bk, &n_bk, &s_bk);
-    overlap_run(4, b2, &n_b2, &s_b2);
+    overlap_run(OV_F32, 3, bk, &n_bk, &s_bk);
+    overlap_run(OV_F32, 4, b2, &n_b2, &s_b2);
     ck_assert_int_eq(n_ref, n_blk);
     ck_assert_int_eq(n_ov, n_blk);
     ck_assert_int_eq(n_bk, n_blk);
@@ -541,6 +552,47 @@ START_TEST(test_overlap_window)
 }
 END_TEST
 
+/* precision.compute: bf16 under FSDP. The cast form gathers each weight shard's bf16 copy (a
+ * CAST on the shard, a bf16 ALL_GATHER: half the bytes) where the flag form gathers the f32
+ * shard and the GEMM rounds it: round(shard) gathered = round(full), so the two steps are
+ * bitwise equal, on every schedule; the interpreter (f32 wire for the bf16 values) agrees. */
+START_TEST(test_overlap_bf16_gathers)
+{
+    float fl[300], ref[300], blk[300], ov[300], bk[300], b2[300];
+    size_t n_fl, n_ref, n_blk, n_ov, n_bk, n_b2;
+    jdt_compile_stats s_fl, s_ref, s_blk, s_ov, s_bk, s_b2;
+    overlap_run(OV_BF16_FLAG, 1, fl, &n_fl, &s_fl);
+    overlap_run(OV_BF16_CAST, 0, ref, &n_ref, &s_ref);
+    overlap_run(OV_BF16_CAST, 1, blk, &n_blk, &s_blk);
+    overlap_run(OV_BF16_CAST, 2, ov, &n_ov, &s_ov);
+    overlap_run(OV_BF16_CAST, 3, bk, &n_bk, &s_bk);
+    overlap_run(OV_BF16_CAST, 4, b2, &n_b2, &s_b2);
+    ck_assert_int_eq(n_blk, n_fl);
+    ck_assert_int_eq(n_ref, n_fl);
+    ck_assert_int_eq(n_ov, n_fl);
+    ck_assert_int_eq(n_bk, n_fl);
+    ck_assert_int_eq(n_b2, n_fl);
+    ck_assert(memcmp(blk, fl, n_fl * sizeof(float)) == 0);
+    ck_assert(memcmp(ov, fl, n_fl * sizeof(float)) == 0);
+    ck_assert(memcmp(bk, fl, n_fl * sizeof(float)) == 0);
+    ck_assert(memcmp(b2, fl, n_fl * sizeof(float)) == 0);
+    for (size_t i = 0; i < n_ref; i++)
+        ck_assert_msg(fabsf(ref[i] - blk[i]) <= 1e-5f * (1.0f + fabsf(ref[i])),
+                      "value %zu: %g vs %g", i, ref[i], blk[i]);
+    /* half the gathered bytes: 5 gathers (3 forward, 2 re-gathers for the backward, as with
+     * f32: the re-gather reads the bf16 shard) of 8x8 bf16 instead of f32 */
+    ck_assert_int_eq(s_fl.gather_bytes, 5 * 64 * 4);
+    ck_assert_int_eq(s_blk.gather_bytes, 5 * 64 * 2);
+    ck_assert_int_eq(s_ov.n_coll_calls, 11);
+    /* the casts read parameters only: their gathers are prefetched like the parameters' (one
+     * bucket of the 5 issued at the start, the casts moved ahead of it) */
+    ck_assert_int_eq(s_bk.n_coll_prefetch, 1);
+    ck_assert_int_eq(s_bk.prefetch_peak_bytes, 640);
+    /* f32 (the bias all-reduces, the weight reduce-scatters) and bf16 never share a bucket */
+    ck_assert_int_eq(s_bk.n_coll_calls, 3);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("shard");
@@ -554,6 +606,7 @@ int main(void)
     tcase_add_test(tc, test_partition_kinds);
     tcase_add_test(tc, test_gather_scatter_ops);
     tcase_add_test(tc, test_overlap_window);
+    tcase_add_test(tc, test_overlap_bf16_gathers);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

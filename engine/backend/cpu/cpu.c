@@ -197,7 +197,8 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_ALL_GATHER:
     case JDT_OP_REDUCE_SCATTER: {
         /* the full tensor viewed as (outer, k, blk) along the axis; the wire wants (k, outer,
-         * blk): one permuting copy unless everything before the axis has size 1 */
+         * blk): one permuting copy unless everything before the axis has size 1. A gather is a
+         * byte copy of any element size (bf16: FSDP's weight copies); a scatter sums f32 */
         const bool gather = n->op == JDT_OP_ALL_GATHER;
         const jdt_shape *full = gather ? &n->shape : s0;
         const int ax = (int)n->attrs.i[1];
@@ -210,12 +211,13 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         const float *xf = in[0];
         jdt_status cst;
         if (gather) {
-            memmove(of, xf, (size_t)nl * sizeof *of);
+            const size_t esz = jdt_dtype_size(n->dtype);
+            memmove(o, in[0], (size_t)nl * esz);
             cst = c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], JDT_COLL_ALLGATHER,
-                                     JDT_DTYPE_F32, of, (size_t)nf, e);
+                                     n->dtype, o, (size_t)nf, e);
             if (cst == JDT_OK && outer > 1) {
-                memcpy(tmp, of, (size_t)nf * sizeof *tmp);
-                jdt_permute_blocks_f32(tmp, of, k, outer, blk, true);
+                memcpy(tmp, o, (size_t)nf * esz);
+                jdt_permute_blocks_bytes(tmp, o, k, outer, blk * (int64_t)esz, true);
             }
         } else {
             if (outer > 1)
@@ -293,23 +295,28 @@ static void coll_dims(const cprog *c, const cnode *n, int64_t *k, int64_t *nf, i
 }
 
 /* The parts of an (outer, k, blk) tensor x to or from a wire buffer of k segments of seg values:
- * part r (x's blocks (o, r, :) for every o) at part_off in segment r (compile-impl.h, ccoll). */
-static void wire_put(const float *x, float *wire, int64_t k, int64_t outer, int64_t blk,
-                     int64_t seg, int64_t part_off)
+ * part r (x's blocks (o, r, :) for every o) at part_off in segment r (compile-impl.h, ccoll).
+ * Sizes count elements of esz bytes (4; a bf16 gather's 2). */
+static void wire_put(const void *x, void *wire, int64_t k, int64_t outer, int64_t blk, int64_t seg,
+                     int64_t part_off, int64_t esz)
 {
+    const char *xs = x;
+    char *ws = wire;
     for (int64_t r = 0; r < k; r++)
         for (int64_t o = 0; o < outer; o++)
-            memcpy(wire + r * seg + part_off + o * blk, x + (o * k + r) * blk,
-                   (size_t)blk * sizeof *x);
+            memcpy(ws + (r * seg + part_off + o * blk) * esz, xs + ((o * k + r) * blk) * esz,
+                   (size_t)(blk * esz));
 }
 
-static void wire_get(float *x, const float *wire, int64_t k, int64_t outer, int64_t blk,
-                     int64_t seg, int64_t part_off)
+static void wire_get(void *x, const void *wire, int64_t k, int64_t outer, int64_t blk, int64_t seg,
+                     int64_t part_off, int64_t esz)
 {
+    char *xs = x;
+    const char *ws = wire;
     for (int64_t r = 0; r < k; r++)
         for (int64_t o = 0; o < outer; o++)
-            memcpy(x + (o * k + r) * blk, wire + r * seg + part_off + o * blk,
-                   (size_t)blk * sizeof *x);
+            memcpy(xs + ((o * k + r) * blk) * esz, ws + (r * seg + part_off + o * blk) * esz,
+                   (size_t)(blk * esz));
 }
 
 /* The index of node i among the members of cl. */
@@ -335,16 +342,17 @@ static void coll_pack(cpu_prog *p, const cstep *sp)
     }
     int64_t k, nf, outer, blk;
     coll_dims(c, n, &k, &nf, &outer, &blk);
+    const int64_t esz = cl->esz;
     if (cl->scratch_buf < 0) { /* a lone all-gather: its part first in its own output */
-        memmove(o, x, (size_t)(nf / k) * sizeof *o);
+        memmove(o, x, (size_t)(nf / k * esz));
         return;
     }
-    float *wire = p->ptrs[cl->scratch_buf];
+    char *wire = p->ptrs[cl->scratch_buf];
     const int64_t off = cl->part_off[member_index(cl, sp->node)];
     if (n->op == JDT_OP_ALL_GATHER) /* this member's part of the call comes first */
-        memcpy(wire + off, x, (size_t)(nf / k) * sizeof *wire);
+        memcpy(wire + off * esz, x, (size_t)(nf / k * esz));
     else
-        wire_put(x, wire, k, outer, blk, cl->n_elems / k, off);
+        wire_put(x, wire, k, outer, blk, cl->n_elems / k, off, esz);
 }
 
 static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
@@ -359,10 +367,10 @@ static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
                      : n->op == JDT_OP_ALL_GATHER ? JDT_COLL_ALLGATHER
                                                   : JDT_COLL_REDUCE_SCATTER;
     if (cl->inline_run) /* waited for right away: blocking saves the thread hand-offs */
-        return c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], kind, JDT_DTYPE_F32,
-                                  buf, (size_t)cl->n_elems, e);
-    return c->opts.collective_start(c->opts.collective_ctx, (int)n->attrs.i[0], kind, JDT_DTYPE_F32,
-                                    buf, (size_t)cl->n_elems, &p->handles[sp->coll], e);
+        return c->opts.collective(c->opts.collective_ctx, (int)n->attrs.i[0], kind, n->dtype, buf,
+                                  (size_t)cl->n_elems, e);
+    return c->opts.collective_start(c->opts.collective_ctx, (int)n->attrs.i[0], kind, n->dtype, buf,
+                                    (size_t)cl->n_elems, &p->handles[sp->coll], e);
 }
 
 /* WAIT: the collective, then each member's finish (scale, unpermute, the scattered part). */
@@ -387,12 +395,13 @@ static jdt_status coll_wait(cpu_prog *p, const cstep *sp, jdt_err *e)
         }
         coll_dims(c, n, &k, &nf, &outer, &blk);
         float *wire = cl->scratch_buf >= 0 ? p->ptrs[cl->scratch_buf] : NULL;
+        const int64_t esz = cl->esz;
         if (n->op == JDT_OP_ALL_GATHER && wire) {
-            wire_get(o, wire, k, outer, blk, cl->n_elems / k, cl->part_off[m]);
+            wire_get(o, wire, k, outer, blk, cl->n_elems / k, cl->part_off[m], esz);
         } else if (n->op == JDT_OP_ALL_GATHER) {
             if (outer > 1) {
-                memcpy(p->coll_scratch, o, (size_t)nf * sizeof *o);
-                jdt_permute_blocks_f32(p->coll_scratch, o, k, outer, blk, true);
+                memcpy(p->coll_scratch, o, (size_t)(nf * esz));
+                jdt_permute_blocks_bytes(p->coll_scratch, o, k, outer, blk * esz, true);
             }
         } else { /* this member's segment, moved to the front by collective_wait */
             const float *part = wire + cl->part_off[m];

@@ -706,23 +706,39 @@ fail:
     return st;
 }
 
-static jdt_status copy_d2d(cuda_prog *p, void *dst, const void *src, int64_t n_floats,
-                           const char *what, jdt_err *e)
+static jdt_status copy_bytes(cuda_prog *p, void *dst, const void *src, int64_t n_bytes,
+                             const char *what, jdt_err *e)
 {
     jdt_status st = JDT_OK;
-    if (dst == src || n_floats <= 0) return JDT_OK;
-    CU(cudaMemcpyAsync(dst, src, (size_t)n_floats * sizeof(float), cudaMemcpyDeviceToDevice,
-                       p->cd->stream),
-       what);
+    if (dst == src || n_bytes <= 0) return JDT_OK;
+    CU(cudaMemcpyAsync(dst, src, (size_t)n_bytes, cudaMemcpyDeviceToDevice, p->cd->stream), what);
     return JDT_OK;
 fail:
     return st;
 }
 
-static bool overlaps(const void *a, int64_t na_floats, const void *b, int64_t nb_floats)
+static jdt_status copy_d2d(cuda_prog *p, void *dst, const void *src, int64_t n_floats,
+                           const char *what, jdt_err *e)
+{
+    return copy_bytes(p, dst, src, n_floats * (int64_t)sizeof(float), what, e);
+}
+
+static bool overlaps_bytes(const void *a, int64_t na_bytes, const void *b, int64_t nb_bytes)
 {
     const char *pa = a, *pb = b;
-    return pa < pb + nb_floats * 4 && pb < pa + na_floats * 4;
+    return pa < pb + nb_bytes && pb < pa + na_bytes;
+}
+
+static bool overlaps(const void *a, int64_t na_floats, const void *b, int64_t nb_floats)
+{
+    return overlaps_bytes(a, na_floats * 4, b, nb_floats * 4);
+}
+
+/* An all-gather's NCCL kind and element size: f32, or bf16 (FSDP's bf16 weight copies). */
+static jdt_cuk_coll_kind gather_kind(const cnode *n, int64_t *esz)
+{
+    *esz = (int64_t)jdt_dtype_size(n->dtype);
+    return n->dtype == JDT_DTYPE_BF16 ? JDT_CUK_ALLGATHER_BF16 : JDT_CUK_ALLGATHER;
 }
 
 /* A scale of 1/size is NCCL's average (one pass instead of sum + scale). */
@@ -763,7 +779,7 @@ static void harvest(cuda_prog *p)
 
 /* A collective at once: started and waited on the events of step s. */
 static jdt_status blocking(cuda_prog *p, int s, jdt_cuk_comm *cm, jdt_cuk_coll_kind kind,
-                           jdt_cuk_redop op, const float *send, float *recv, int64_t n, jdt_err *e)
+                           jdt_cuk_redop op, const void *send, void *recv, int64_t n, jdt_err *e)
 {
     jdt_cuk_coll *t;
     jdt_status st = ticket(p, p->c->n_colls + s, &t, e);
@@ -822,36 +838,39 @@ static jdt_status coll_comm(cuda_prog *p, const cnode *n, jdt_cuk_comm **cm, int
 }
 
 /* ALL_GATHER / REDUCE_SCATTER, blocking: NCCL's wire order is (k, outer, blk), so a permuting
- * copy through the staging buffer unless everything before the axis has size 1. */
+ * copy through the staging buffer unless everything before the axis has size 1. A gather moves
+ * f32 or bf16 (bytes of esz), a scatter sums f32. */
 static jdt_status gather_scatter(cuda_prog *p, int s, const cnode *n, float *o, float *in,
                                  jdt_err *e)
 {
     const bool gather = n->op == JDT_OP_ALL_GATHER;
-    int64_t k, nf, nl, outer, blk;
+    int64_t k, nf, nl, outer, blk, esz;
+    const jdt_cuk_coll_kind gk = gather_kind(n, &esz);
     coll_dims(p->c, n, &k, &nf, &nl, &outer, &blk);
     jdt_cuk_comm *cm;
     int size;
     jdt_status st = coll_comm(p, n, &cm, &size, e);
     if (st != JDT_OK) return st;
     if (!cm) { /* k = 1: a copy (times the scale for the scatter) */
-        if ((st = copy_d2d(p, o, in, nl, "collective copy", e)) != JDT_OK) return st;
+        if ((st = copy_bytes(p, o, in, nl * esz, "collective copy", e)) != JDT_OK) return st;
         return gather ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
     }
     float *tmp = p->dcoll;
     if (!tmp) return jdt_err_set(e, JDT_ERR_INTERNAL, "%s: no staging buffer", jdt_op_name(n->op));
     if (gather) {
         if (outer > 1) {
-            st = blocking(p, s, cm, JDT_CUK_ALLGATHER, JDT_CUK_SUM, in, tmp, nl, e);
+            st = blocking(p, s, cm, gk, JDT_CUK_SUM, in, tmp, nl, e);
             if (st != JDT_OK) return st;
-            jdt_cuk_permute_blocks(p->cd->k, tmp, o, k, outer, blk, true);
+            jdt_cuk_permute_blocks_bytes(p->cd->k, tmp, o, k, outer, blk * esz, true);
             return JDT_OK;
         }
-        const float *send = in;
-        if (overlaps(in, nl, o, nf)) { /* NCCL's in-place form needs it at slot `index` */
-            if ((st = copy_d2d(p, tmp, in, nl, "all_gather staging", e)) != JDT_OK) return st;
+        const void *send = in;
+        if (overlaps_bytes(in, nl * esz, o, nf * esz)) { /* NCCL's in-place form: slot `index` */
+            if ((st = copy_bytes(p, tmp, in, nl * esz, "all_gather staging", e)) != JDT_OK)
+                return st;
             send = tmp;
         }
-        return blocking(p, s, cm, JDT_CUK_ALLGATHER, JDT_CUK_SUM, send, o, nl, e);
+        return blocking(p, s, cm, gk, JDT_CUK_SUM, send, o, nl, e);
     }
     const float *send = in;
     if (outer > 1) {
@@ -895,15 +914,18 @@ static jdt_status coll_pack(cuda_prog *p, const cstep *sp, jdt_err *e)
     if (n->op == JDT_OP_ALL_GATHER) {
         jdt_cuk_comm *cm;
         int size;
+        int64_t esz;
+        gather_kind(n, &esz);
         jdt_status st = coll_comm(p, n, &cm, &size, e);
         if (st != JDT_OK) return st;
-        float *dst = o + (cm ? jdt_cuk_comm_index(cm) : 0) * nl;
-        if (dst != x && overlaps(x, nl, dst, nl)) { /* through the staging buffer */
+        char *dst = (char *)o + (cm ? jdt_cuk_comm_index(cm) : 0) * nl * esz;
+        if ((void *)dst != x && overlaps_bytes(x, nl * esz, dst, nl * esz)) { /* via staging */
             if (!p->dcoll) return jdt_err_set(e, JDT_ERR_INTERNAL, "all_gather: no staging");
-            if ((st = copy_d2d(p, p->dcoll, x, nl, "all_gather pack", e)) != JDT_OK) return st;
+            if ((st = copy_bytes(p, p->dcoll, x, nl * esz, "all_gather pack", e)) != JDT_OK)
+                return st;
             x = p->dcoll;
         }
-        return copy_d2d(p, dst, x, nl, "all_gather pack", e);
+        return copy_bytes(p, dst, x, nl * esz, "all_gather pack", e);
     }
     float *tmp = p->ptrs[cl->scratch_buf];
     if (outer > 1 && k > 1) {
@@ -937,9 +959,12 @@ static jdt_status coll_start(cuda_prog *p, const cstep *sp, jdt_err *e)
     const jdt_cuk_redop op = n->op == JDT_OP_ALL_REDUCE && n->attrs.i[1] == 1 ? JDT_CUK_MAX
                              : coll_avg(c, cl, size)                          ? JDT_CUK_AVG
                                                                               : JDT_CUK_SUM;
-    if (n->op == JDT_OP_ALL_GATHER)
-        return jdt_cuk_coll_start(cm, t, JDT_CUK_ALLGATHER, op, o + jdt_cuk_comm_index(cm) * nl, o,
+    if (n->op == JDT_OP_ALL_GATHER) {
+        int64_t esz;
+        const jdt_cuk_coll_kind gk = gather_kind(n, &esz);
+        return jdt_cuk_coll_start(cm, t, gk, op, (char *)o + jdt_cuk_comm_index(cm) * nl * esz, o,
                                   nl, e);
+    }
     if (n->op == JDT_OP_REDUCE_SCATTER)
         return jdt_cuk_coll_start(cm, t, JDT_CUK_REDUCE_SCATTER, op, p->ptrs[cl->scratch_buf], o,
                                   nl, e);
@@ -969,9 +994,11 @@ static jdt_status coll_wait(cuda_prog *p, const cstep *sp, jdt_err *e)
             if (n->op == JDT_OP_REDUCE_SCATTER) {
                 st = avg ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
             } else if (outer > 1 && k > 1) { /* (k, outer, blk) -> (outer, k, blk) */
-                st = copy_d2d(p, p->dcoll, o, nf, "all_gather unpermute", e);
+                int64_t esz;
+                gather_kind(n, &esz);
+                st = copy_bytes(p, p->dcoll, o, nf * esz, "all_gather unpermute", e);
                 if (st == JDT_OK)
-                    jdt_cuk_permute_blocks(p->cd->k, p->dcoll, o, k, outer, blk, true);
+                    jdt_cuk_permute_blocks_bytes(p->cd->k, p->dcoll, o, k, outer, blk * esz, true);
             }
         }
         if (st != JDT_OK) return st;

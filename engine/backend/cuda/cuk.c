@@ -610,13 +610,22 @@ void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n)
 void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_blocks,
                             int64_t outer, int64_t blk, bool to_outer)
 {
-    if (n_blocks <= 0 || outer <= 0 || blk <= 0) return;
-    const size_t row = (size_t)blk * sizeof(float), wide = (size_t)n_blocks * row;
+    jdt_cuk_permute_blocks_bytes(k, src, dst, n_blocks, outer, blk * (int64_t)sizeof(float),
+                                 to_outer);
+}
+
+void jdt_cuk_permute_blocks_bytes(jdt_cuk *k, const void *src, void *dst, int64_t n_blocks,
+                                  int64_t outer, int64_t blk_bytes, bool to_outer)
+{
+    if (n_blocks <= 0 || outer <= 0 || blk_bytes <= 0) return;
+    const size_t row = (size_t)blk_bytes, wide = (size_t)n_blocks * row;
+    const char *sb = src;
+    char *db = dst;
     for (int64_t j = 0; j < n_blocks; j++) {
         /* block j of the wire: rows (j, o, :) contiguous, one per o; in (outer, k, blk) the
          * same rows are a stride of k blocks apart */
-        const float *s = to_outer ? src + j * outer * blk : src + j * blk;
-        float *d = to_outer ? dst + j * blk : dst + j * outer * blk;
+        const char *s = to_outer ? sb + j * outer * blk_bytes : sb + j * blk_bytes;
+        char *d = to_outer ? db + j * blk_bytes : db + j * outer * blk_bytes;
         cudaError_t rc = cudaMemcpy2DAsync(d, to_outer ? wide : row, s, to_outer ? row : wide, row,
                                            (size_t)outer, cudaMemcpyDeviceToDevice, k->stream);
         if (rc != cudaSuccess) {

@@ -137,6 +137,9 @@ void jdt_cuk_concat(jdt_cuk *k, const float *const *in, const int64_t *len, int 
  * stream (cudaMemcpy2DAsync); failures deferred to jdt_cuk_check. */
 void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_blocks,
                             int64_t outer, int64_t blk, bool to_outer);
+/* The same for blocks of blk_bytes bytes (any element type: a bf16 all-gather). */
+void jdt_cuk_permute_blocks_bytes(jdt_cuk *k, const void *src, void *dst, int64_t n_blocks,
+                                  int64_t outer, int64_t blk_bytes, bool to_outer);
 
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
  * (B, T, H, D); backward: o = bit 3, dout = bit 4). Head size D <= 256 (a larger D records
@@ -195,9 +198,10 @@ jdt_status jdt_cuk_reduce_scatter(jdt_cuk_comm *c, const float *send, float *rec
  * work ran and how long the compute stream stalled at the wait. */
 typedef struct jdt_cuk_coll jdt_cuk_coll;
 typedef enum {
-    JDT_CUK_ALLREDUCE,     /* recv (n) = op over the group of send (n); send may be recv */
-    JDT_CUK_ALLGATHER,     /* recv (size * n) = every member's send (n) in group order */
-    JDT_CUK_REDUCE_SCATTER /* recv (n) = slot <index> of op over the group of send (size * n) */
+    JDT_CUK_ALLREDUCE,      /* recv (n) = op over the group of send (n); send may be recv */
+    JDT_CUK_ALLGATHER,      /* recv (size * n) = every member's send (n) in group order */
+    JDT_CUK_REDUCE_SCATTER, /* recv (n) = slot <index> of op over the group of send (size * n) */
+    JDT_CUK_ALLGATHER_BF16  /* JDT_CUK_ALLGATHER of bf16 elements (ncclBfloat16: 2 bytes each) */
 } jdt_cuk_coll_kind;
 typedef enum { JDT_CUK_SUM, JDT_CUK_AVG, JDT_CUK_MAX } jdt_cuk_redop;
 /* Events for one collective in flight (cudaEventCreate, timing on). ERR_INTERNAL naming the
@@ -210,7 +214,7 @@ void jdt_cuk_coll_free(jdt_cuk_coll *t);
  * all-reduce only. A start of t whose previous start was not waited is ERR_INTERNAL. Errors:
  * ERR_NET / ERR_PEER_LOST naming the communicator (it is aborted), ERR_INTERNAL for CUDA. */
 jdt_status jdt_cuk_coll_start(jdt_cuk_comm *c, jdt_cuk_coll *t, jdt_cuk_coll_kind kind,
-                              jdt_cuk_redop op, const float *send, float *recv, int64_t n,
+                              jdt_cuk_redop op, const void *send, void *recv, int64_t n,
                               jdt_err *e);
 /* Makes the compute stream's later work wait for t's collective (no host wait), then polls c
  * (ncclCommGetAsyncError and the rendezvous's lost-peer signal): a dead peer found here is

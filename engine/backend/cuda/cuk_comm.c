@@ -302,11 +302,11 @@ void jdt_cuk_coll_free(jdt_cuk_coll *t)
     jdt_free(t);
 }
 
-static const char *const COLL_NAME[] = {"all-reduce", "all-gather", "reduce-scatter"};
+static const char *const COLL_NAME[] = {"all-reduce", "all-gather", "reduce-scatter",
+                                        "all-gather (bf16)"};
 
 jdt_status jdt_cuk_coll_start(jdt_cuk_comm *c, jdt_cuk_coll *t, jdt_cuk_coll_kind kind,
-                              jdt_cuk_redop op, const float *send, float *recv, int64_t n,
-                              jdt_err *e)
+                              jdt_cuk_redop op, const void *send, void *recv, int64_t n, jdt_err *e)
 {
     const char *what = COLL_NAME[kind];
     if (t->started)
@@ -329,6 +329,9 @@ jdt_status jdt_cuk_coll_start(jdt_cuk_comm *c, jdt_cuk_coll *t, jdt_cuk_coll_kin
             break;
         case JDT_CUK_ALLGATHER:
             r = c->api.all_gather(send, recv, (size_t)n, ncclFloat32, c->comm, c->stream);
+            break;
+        case JDT_CUK_ALLGATHER_BF16: /* a byte copy: FSDP's bf16 weight copies, half the bytes */
+            r = c->api.all_gather(send, recv, (size_t)n, ncclBfloat16, c->comm, c->stream);
             break;
         case JDT_CUK_REDUCE_SCATTER:
             r = c->api.reduce_scatter(send, recv, (size_t)n, ncclFloat32, rop, c->comm, c->stream);
