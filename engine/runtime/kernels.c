@@ -29,7 +29,7 @@ void jdt_rt_set_threads(int nt)
  * tiling depends on the shape only, never on the thread count, and every output element is one
  * SGEMM's dot product over all of K, so the result is bitwise the same for any thread count
  * and any order the tiles are taken in (the adaptive thread count may change it mid-run). */
-#define TILE_MIN_FLOPS (1 << 22) /* below this a GEMM is one tile */
+#define TILE_MIN_FLOPS (1 << 24) /* below this a GEMM is one tile; docs/perf.md, Busy machines */
 #define TILE_MAX 8               /* tiles per GEMM: each one re-packs the operand it shares */
 #define TILE_ALIGN 16            /* rows/columns per tile: a multiple of the micro-kernels' */
 
