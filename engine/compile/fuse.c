@@ -260,11 +260,6 @@ static int cmp_keyed(const void *a, const void *b)
     return (x->tie > y->tie) - (x->tie < y->tie);
 }
 
-static bool is_collective_op(jdt_op op)
-{
-    return op == JDT_OP_ALL_REDUCE || op == JDT_OP_ALL_GATHER || op == JDT_OP_REDUCE_SCATTER;
-}
-
 /* The node whose step writes the memory node i reads as (through views): -1 for leaves. */
 static int producer_node(const cprog *c, int i)
 {
@@ -439,7 +434,7 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
      * keys */
     for (int i = 0; async && i < N; i++) {
         const cnode *n = &c->nodes[i];
-        if (!n->live || !is_collective_op(n->op)) continue;
+        if (!n->live || jdt_op_class_of(n->op) != JDT_OPC_COLLECTIVE) continue;
         if (n->dtype != JDT_DTYPE_F32 &&
             !(n->op == JDT_OP_ALL_GATHER && n->dtype == JDT_DTYPE_BF16))
             continue;
@@ -580,7 +575,7 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
             n->store = true;
             PUSH(mkkey(i, KEY_BASE), i, .kind = STEP_BUILTIN, .group = -1, .kernel = -1, .node = i,
                  .scratch_buf = -1, .coll = -1);
-            if (is_collective_op(n->op)) n_blocking++;
+            if (jdt_op_class_of(n->op) == JDT_OPC_COLLECTIVE) n_blocking++;
         } else {
             n->store = n->kind == CK_LEAF || n->kind == CK_VIEW;
         }

@@ -80,77 +80,6 @@ static bool f32_math(jdt_dtype dt)
     return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_BF16;
 }
 
-/* Does op m, on bf16 inputs, give a value that is already a bf16 value (one of its inputs, a
- * bf16 literal, 0 or 1), so its bf16 rounding can be skipped? */
-static bool exact_on_bf16(const cnode *m)
-{
-    switch (m->op) {
-    case JDT_OP_BROADCAST:
-    case JDT_OP_TRANSPOSE:
-    case JDT_OP_SLICE:
-    case JDT_OP_STOP_GRADIENT:
-    case JDT_OP_NEG:
-    case JDT_OP_ABS:
-    case JDT_OP_RELU:
-    case JDT_OP_MAX:
-    case JDT_OP_MIN:
-    case JDT_OP_GT:
-    case JDT_OP_GE:
-    case JDT_OP_SELECT:
-    case JDT_OP_CONSTANT:
-        return true;
-    case JDT_OP_PARAM:
-    case JDT_OP_INPUT:
-    case JDT_OP_EXP:
-    case JDT_OP_LOG:
-    case JDT_OP_TANH:
-    case JDT_OP_SQRT:
-    case JDT_OP_RSQRT:
-    case JDT_OP_GELU:
-    case JDT_OP_SILU:
-    case JDT_OP_SIGMOID:
-    case JDT_OP_ADD:
-    case JDT_OP_SUB:
-    case JDT_OP_MUL:
-    case JDT_OP_DIV:
-    case JDT_OP_ADD_SCALAR:
-    case JDT_OP_MUL_SCALAR:
-    case JDT_OP_POW_SCALAR:
-    case JDT_OP_GELU_GRAD:
-    case JDT_OP_SILU_GRAD:
-    case JDT_OP_CAST:
-    case JDT_OP_DROPOUT:
-    case JDT_OP_REDUCE_SUM:
-    case JDT_OP_REDUCE_MAX:
-    case JDT_OP_REDUCE_MEAN:
-    case JDT_OP_RESHAPE:
-    case JDT_OP_CONCAT:
-    case JDT_OP_MATMUL:
-    case JDT_OP_GATHER:
-    case JDT_OP_SCATTER_ADD:
-    case JDT_OP_IOTA:
-    case JDT_OP_CAUSAL_MASK:
-    case JDT_OP_SOFTMAX:
-    case JDT_OP_SOFTMAX_BWD:
-    case JDT_OP_LOG_SOFTMAX:
-    case JDT_OP_LOG_SOFTMAX_BWD:
-    case JDT_OP_SOFTMAX_XENT:
-    case JDT_OP_SOFTMAX_XENT_BWD:
-    case JDT_OP_NORMALIZE:
-    case JDT_OP_NORMALIZE_BWD:
-    case JDT_OP_RMS_NORMALIZE:
-    case JDT_OP_RMS_NORMALIZE_BWD:
-    case JDT_OP_ROPE:
-    case JDT_OP_ATTENTION:
-    case JDT_OP_ATTENTION_BWD:
-    case JDT_OP_ALL_REDUCE:
-    case JDT_OP_ALL_GATHER:
-    case JDT_OP_REDUCE_SCATTER:
-        break;
-    }
-    return false;
-}
-
 /* A literal of type dt ("((float)0.5)", "((float)INFINITY)", "((int32_t)3)"). */
 void jdt_nest_lit(char *out, size_t n, jdt_dtype dt, double v)
 {
@@ -347,10 +276,10 @@ void jdt_nest_operand(const jdt_nest *N, const cnode *m, int k, char *out, size_
     }
 }
 
-/* A bf16 member whose f32 result must be rounded to bf16 (not an exact op on bf16 inputs). */
+/* A bf16 member whose f32 result must be rounded to bf16 (its op is not JDT_OPF_EXACT_BF16). */
 static bool bf16_rounded(const cnode *m)
 {
-    return m->dtype == JDT_DTYPE_BF16 && !exact_on_bf16(m);
+    return m->dtype == JDT_DTYPE_BF16 && !(jdt_op_flags(m->op) & JDT_OPF_EXACT_BF16);
 }
 
 static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)

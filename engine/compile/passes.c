@@ -292,71 +292,8 @@ static int simplify(lowerer *L, cnode *n)
             if (eval_splat(n->op, &n->attrs, v, &r)) return make_splat(L, n, r);
         }
     }
-    switch (n->op) {
-    case JDT_OP_STOP_GRADIENT:
-    case JDT_OP_CAST:
-    case JDT_OP_RESHAPE:
-    case JDT_OP_BROADCAST:
-        if (same_as_x) return x;
-        break;
-    case JDT_OP_PARAM:
-    case JDT_OP_INPUT:
-    case JDT_OP_CONSTANT:
-    case JDT_OP_NEG:
-    case JDT_OP_EXP:
-    case JDT_OP_LOG:
-    case JDT_OP_TANH:
-    case JDT_OP_SQRT:
-    case JDT_OP_RSQRT:
-    case JDT_OP_RELU:
-    case JDT_OP_GELU:
-    case JDT_OP_SILU:
-    case JDT_OP_SIGMOID:
-    case JDT_OP_ABS:
-    case JDT_OP_ADD:
-    case JDT_OP_SUB:
-    case JDT_OP_MUL:
-    case JDT_OP_DIV:
-    case JDT_OP_MAX:
-    case JDT_OP_MIN:
-    case JDT_OP_GT:
-    case JDT_OP_GE:
-    case JDT_OP_ADD_SCALAR:
-    case JDT_OP_MUL_SCALAR:
-    case JDT_OP_POW_SCALAR:
-    case JDT_OP_GELU_GRAD:
-    case JDT_OP_SILU_GRAD:
-    case JDT_OP_SELECT:
-    case JDT_OP_DROPOUT:
-    case JDT_OP_REDUCE_SUM:
-    case JDT_OP_REDUCE_MAX:
-    case JDT_OP_REDUCE_MEAN:
-    case JDT_OP_TRANSPOSE:
-    case JDT_OP_SLICE:
-    case JDT_OP_CONCAT:
-    case JDT_OP_MATMUL:
-    case JDT_OP_GATHER:
-    case JDT_OP_SCATTER_ADD:
-    case JDT_OP_IOTA:
-    case JDT_OP_CAUSAL_MASK:
-    case JDT_OP_SOFTMAX:
-    case JDT_OP_SOFTMAX_BWD:
-    case JDT_OP_LOG_SOFTMAX:
-    case JDT_OP_LOG_SOFTMAX_BWD:
-    case JDT_OP_SOFTMAX_XENT:
-    case JDT_OP_SOFTMAX_XENT_BWD:
-    case JDT_OP_NORMALIZE:
-    case JDT_OP_NORMALIZE_BWD:
-    case JDT_OP_RMS_NORMALIZE:
-    case JDT_OP_RMS_NORMALIZE_BWD:
-    case JDT_OP_ROPE:
-    case JDT_OP_ATTENTION:
-    case JDT_OP_ATTENTION_BWD:
-    case JDT_OP_ALL_REDUCE:
-    case JDT_OP_ALL_GATHER:
-    case JDT_OP_REDUCE_SCATTER:
-        break;
-    }
+    /* an op that changes nothing when its result has its input's dtype and shape */
+    if ((jdt_op_flags(n->op) & JDT_OPF_ID_IF_SAME_TYPE) && same_as_x) return x;
     switch (n->op) {
     case JDT_OP_MUL:
         if (is_splat(c, y, 1.0) && same_as_x) return x;

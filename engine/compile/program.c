@@ -60,8 +60,7 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
-        if ((n->op == JDT_OP_ALL_REDUCE || n->op == JDT_OP_ALL_GATHER ||
-             n->op == JDT_OP_REDUCE_SCATTER) && !c->opts.collective)
+        if (jdt_op_class_of(n->op) == JDT_OPC_COLLECTIVE && !c->opts.collective)
             return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                                "compile: %s needs a communicator (opts.collective)",
                                jdt_op_name(n->op));

@@ -74,6 +74,20 @@ typedef enum {
 #define JDT_PART_COUNT (JDT_PART_ATTENTION + 1)
 
 /*
+ * Op flags: yes/no properties the compiler asks of an op, one bit each. Each op names its set
+ * in engine/graph/ops.c, beside its shape, VJP and partition entries (flags_<OP>, 0 for none),
+ * so a new op cannot compile without deciding them; `jdt_op_flags` reads them.
+ */
+enum {
+    /* On bf16 inputs the result is already a bf16 value (one of its inputs, a bf16 literal, 0 or
+     * 1), so a bf16 node of this op needs no rounding (engine/compile/nest.c). */
+    JDT_OPF_EXACT_BF16 = 1u << 0,
+    /* The result is input 0 itself whenever it has input 0's dtype and shape, whatever the
+     * attributes: the simplifier drops such a node (engine/compile/passes.c). */
+    JDT_OPF_ID_IF_SAME_TYPE = 1u << 1,
+};
+
+/*
  * The op list. X(NAME, "name", n_inputs, CLASS); n_inputs -1 = variadic (1..JDT_MAX_INPUTS);
  * CLASS is a jdt_op_class without its JDT_OPC_ prefix.
  * Semantics (attrs are jdt_attrs.i[] integers and .f[] doubles):
@@ -294,6 +308,8 @@ jdt_op_class jdt_op_class_of(jdt_op op);
 const char *jdt_op_class_name(jdt_op_class c);
 /* The op's partition kind (engine/graph/ops.c, part_<OP>); JDT_PART_NONE outside the enum. */
 jdt_part_kind jdt_op_partition(jdt_op op);
+/* The op's JDT_OPF_* flags ORed together (engine/graph/ops.c, flags_<OP>); 0 outside the enum. */
+uint32_t jdt_op_flags(jdt_op op);
 
 int64_t jdt_shape_numel(const jdt_shape *s);
 bool jdt_shape_eq(const jdt_shape *a, const jdt_shape *b);

@@ -1,7 +1,7 @@
 /*
  * ops-impl.h — internal: the enum-indexed op registry (engine/graph/ops.c). One row per op of
- * JDT_OP_LIST with its name, arity, shape rule, VJP rule and partition kind; the builder checks
- * every node with the shape rule, autodiff (engine/autodiff) calls the VJP rule, the SPMD
+ * JDT_OP_LIST with its name, arity, shape rule, VJP rule, partition kind and flags; the builder
+ * checks every node with the shape rule, autodiff (engine/autodiff) calls the VJP rule, the SPMD
  * partitioner (engine/shard) the rule of the op's partition kind.
  */
 #ifndef JDT_GRAPH_OPS_IMPL_H
@@ -28,6 +28,7 @@ typedef struct {
     jdt_shape_rule shape; /* never NULL */
     jdt_vjp_rule vjp;     /* NULL: not differentiable (an error if reached on a gradient path) */
     jdt_part_kind part;   /* how engine/shard partitions it (JDT_PART_NONE: it does not) */
+    uint32_t flags;       /* JDT_OPF_* bits (graph.h) */
 } jdt_op_info;
 
 /* The registry row for op (op must be < JDT_OP_COUNT). */

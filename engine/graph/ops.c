@@ -6,6 +6,9 @@
  * all three does not compile; non-differentiable ops define vjp_<OP> as NULL and ops the
  * partitioner never sees define part_<OP> as JDT_PART_NONE, explicitly.
  *
+ * Beside them, each op's flags_<OP>: the JDT_OPF_* yes/no properties passes and backends ask of
+ * it (graph.h), 0 where it has none, also written out for every op.
+ *
  * VJP rules only build nodes with the public builder API (builder.h); they never compute.
  */
 #include "graph/ops-impl.h"
@@ -974,10 +977,73 @@ static void vjp_REDUCE_SCATTER(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, c
 #define part_ALL_GATHER JDT_PART_NONE
 #define part_REDUCE_SCATTER JDT_PART_NONE
 
+/* ---- op flags (JDT_OPF_*, graph.h; 0: none of them) ---------------------------------------- */
+
+#define flags_PARAM 0
+#define flags_INPUT 0
+#define flags_CONSTANT JDT_OPF_EXACT_BF16
+#define flags_NEG JDT_OPF_EXACT_BF16
+#define flags_EXP 0
+#define flags_LOG 0
+#define flags_TANH 0
+#define flags_SQRT 0
+#define flags_RSQRT 0
+#define flags_RELU JDT_OPF_EXACT_BF16
+#define flags_GELU 0
+#define flags_SILU 0
+#define flags_SIGMOID 0
+#define flags_ABS JDT_OPF_EXACT_BF16
+#define flags_ADD 0
+#define flags_SUB 0
+#define flags_MUL 0
+#define flags_DIV 0
+#define flags_MAX JDT_OPF_EXACT_BF16
+#define flags_MIN JDT_OPF_EXACT_BF16
+#define flags_GT JDT_OPF_EXACT_BF16
+#define flags_GE JDT_OPF_EXACT_BF16
+#define flags_ADD_SCALAR 0
+#define flags_MUL_SCALAR 0
+#define flags_POW_SCALAR 0
+#define flags_GELU_GRAD 0
+#define flags_SILU_GRAD 0
+#define flags_SELECT JDT_OPF_EXACT_BF16
+#define flags_CAST JDT_OPF_ID_IF_SAME_TYPE
+#define flags_STOP_GRADIENT (JDT_OPF_EXACT_BF16 | JDT_OPF_ID_IF_SAME_TYPE)
+#define flags_DROPOUT 0
+#define flags_BROADCAST (JDT_OPF_EXACT_BF16 | JDT_OPF_ID_IF_SAME_TYPE)
+#define flags_REDUCE_SUM 0
+#define flags_REDUCE_MAX 0
+#define flags_REDUCE_MEAN 0
+#define flags_RESHAPE JDT_OPF_ID_IF_SAME_TYPE
+#define flags_TRANSPOSE JDT_OPF_EXACT_BF16
+#define flags_SLICE JDT_OPF_EXACT_BF16
+#define flags_CONCAT 0
+#define flags_MATMUL 0
+#define flags_GATHER 0
+#define flags_SCATTER_ADD 0
+#define flags_IOTA 0
+#define flags_CAUSAL_MASK 0
+#define flags_SOFTMAX 0
+#define flags_SOFTMAX_BWD 0
+#define flags_LOG_SOFTMAX 0
+#define flags_LOG_SOFTMAX_BWD 0
+#define flags_SOFTMAX_XENT 0
+#define flags_SOFTMAX_XENT_BWD 0
+#define flags_NORMALIZE 0
+#define flags_NORMALIZE_BWD 0
+#define flags_RMS_NORMALIZE 0
+#define flags_RMS_NORMALIZE_BWD 0
+#define flags_ROPE 0
+#define flags_ATTENTION 0
+#define flags_ATTENTION_BWD 0
+#define flags_ALL_REDUCE 0
+#define flags_ALL_GATHER 0
+#define flags_REDUCE_SCATTER 0
+
 /* ---- the table ---------------------------------------------------------------------------- */
 
 static const jdt_op_info OP_INFO[] = {
-#define X_(name, str, n_in, cls) {str, n_in, shape_##name, vjp_##name, part_##name},
+#define X_(name, str, n_in, cls) {str, n_in, shape_##name, vjp_##name, part_##name, flags_##name},
     JDT_OP_LIST(X_)
 #undef X_
 };
@@ -991,4 +1057,9 @@ const jdt_op_info *jdt_op_info_get(jdt_op op)
 jdt_part_kind jdt_op_partition(jdt_op op)
 {
     return (int)op >= 0 && (int)op < JDT_OP_COUNT ? OP_INFO[op].part : JDT_PART_NONE;
+}
+
+uint32_t jdt_op_flags(jdt_op op)
+{
+    return (int)op >= 0 && (int)op < JDT_OP_COUNT ? OP_INFO[op].flags : 0;
 }

@@ -66,11 +66,6 @@ typedef struct {
     int n, cap;
 } coll_table;
 
-static bool is_collective(jdt_op op)
-{
-    return op == JDT_OP_ALL_REDUCE || op == JDT_OP_ALL_GATHER || op == JDT_OP_REDUCE_SCATTER;
-}
-
 /* Adds g's collectives, each counted `runs` times, to the table (first appearance keeps the
  * schedule order). ERR_NOMEM. */
 static jdt_status collect(coll_table *tab, const jdt_graph *g, const char *where, int64_t runs,
@@ -79,7 +74,7 @@ static jdt_status collect(coll_table *tab, const jdt_graph *g, const char *where
     if (!g) return JDT_OK;
     for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
         const jdt_tensor *t = jdt_graph_node(g, i);
-        if (!is_collective(t->op)) continue;
+        if (jdt_op_class_of(t->op) != JDT_OPC_COLLECTIVE) continue;
         const jdt_shape *full = t->op == JDT_OP_REDUCE_SCATTER ? &t->inputs[0]->shape : &t->shape;
         const unsigned group = (unsigned)t->attrs.i[0];
         coll_row *r = NULL;

@@ -5,6 +5,7 @@
  */
 #include "tests/unit/testutil.h"
 #include "graph/builder.h"
+#include "graph/interp.h"
 #include "graph/ops-impl.h"
 
 #include <check.h>
@@ -154,6 +155,84 @@ START_TEST(test_registry)
         ck_assert_ptr_nonnull(jdt_op_info_get(with[i])->vjp);
     for (size_t i = 0; i < JDT_ARRAY_LEN(without); i++)
         ck_assert_ptr_null(jdt_op_info_get(without[i])->vjp);
+}
+END_TEST
+
+/* Runs g in the interpreter and copies t's value into out (numel(t) doubles). */
+static void interp_value(jdt_graph *g, jdt_tensor *t, double *out)
+{
+    jdt_interp *it = NULL;
+    jdt_err e;
+    ck_assert_msg(jdt_interp_new(g, &it, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_msg(jdt_interp_run(it, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(jdt_interp_read_f64(it, t, out, &e), JDT_OK);
+    jdt_interp_free(it);
+}
+
+/* Op flags (flags_<OP>, ops.c) against what they promise: the accessor reads the registry
+ * row; an EXACT_BF16 op takes bf16 (leaf, elementwise or shape class) and its elementwise ones,
+ * applied to bf16 values held in f32, give values bf16 holds exactly (an arithmetic op such as
+ * ADD or MUL would not: the values below are chosen so); an ID_IF_SAME_TYPE op built with its
+ * input's dtype and shape gives its input back. */
+START_TEST(test_op_flags)
+{
+    const uint32_t known = JDT_OPF_EXACT_BF16 | JDT_OPF_ID_IF_SAME_TYPE;
+    enum { N = 8 };
+    const float raw[3][N] = {{1.7f, -3.14159f, 0.3f, 1e-3f, 250.7f, -0.0f, 0.0f, 7.1f},
+                             {0.3f, 2.2f, -0.3f, 1.1f, 250.7f, 0.0f, -5.9f, 0.7f},
+                             {1.0f, 0.0f, -2.0f, 0.0f, 3.0f, 1.0f, 0.0f, 0.5f}};
+    float v[3][N];
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < N; j++)
+            v[k][j] = jdt_bf16_round(raw[k][j]);
+    int n_exact = 0, n_id = 0;
+    for (int op = 0; op < JDT_OP_COUNT; op++) {
+        const char *name = jdt_op_name((jdt_op)op);
+        const uint32_t f = jdt_op_flags((jdt_op)op);
+        const jdt_op_class c = jdt_op_class_of((jdt_op)op);
+        const int arity = jdt_op_arity((jdt_op)op);
+        ck_assert_uint_eq(f, jdt_op_info_get((jdt_op)op)->flags);
+        ck_assert_msg(!(f & ~known), "%s: unknown flag bits 0x%x", name, (unsigned)f);
+        if (f & JDT_OPF_EXACT_BF16) {
+            n_exact++;
+            ck_assert_msg(c == JDT_OPC_LEAF || c == JDT_OPC_ELEMENTWISE || c == JDT_OPC_SHAPE,
+                          "%s is EXACT_BF16 but its class (%s) takes no bf16", name,
+                          jdt_op_class_name(c));
+        }
+        if ((f & JDT_OPF_EXACT_BF16) && c == JDT_OPC_ELEMENTWISE) {
+            jdt_graph *g = jdt_graph_new();
+            jdt_tensor *in[3];
+            for (int k = 0; k < arity; k++)
+                in[k] = jdt_graph_constant(g, F32, DIMS(N), v[k]);
+            jdt_tensor *t = jdt_graph_op(g, (jdt_op)op, arity, in, &(jdt_attrs){0}, F32, NULL);
+            ck_assert_msg(t != NULL, "%s: not built", name);
+            double out[N];
+            interp_value(g, t, out);
+            for (int j = 0; j < N; j++)
+                ck_assert_msg((float)out[j] == jdt_bf16_round((float)out[j]),
+                              "%s: element %d = %.9g is not a bf16 value", name, j, out[j]);
+            jdt_graph_free(g);
+        }
+        if (f & JDT_OPF_ID_IF_SAME_TYPE) {
+            n_id++;
+            ck_assert_msg(arity == 1, "%s: ID_IF_SAME_TYPE on an op of arity %d", name, arity);
+            jdt_graph *g = jdt_graph_new();
+            jdt_tensor *x = jdt_graph_constant(g, F32, DIMS(2, 4), v[0]);
+            jdt_tensor *t = jdt_graph_op(g, (jdt_op)op, 1, &x, &(jdt_attrs){0}, F32, &x->shape);
+            ck_assert_msg(t != NULL, "%s: not built with its input's dtype and shape", name);
+            ck_assert(t->dtype == x->dtype && jdt_shape_eq(&t->shape, &x->shape));
+            double out[N];
+            interp_value(g, t, out);
+            for (int j = 0; j < N; j++)
+                ck_assert_msg(out[j] == (double)v[0][j], "%s: element %d changed", name, j);
+            jdt_graph_free(g);
+        }
+    }
+    /* both flags are in use, so the checks above ran; values outside the enum have none */
+    ck_assert_int_gt(n_exact, 0);
+    ck_assert_int_gt(n_id, 0);
+    ck_assert_uint_eq(jdt_op_flags((jdt_op)JDT_OP_COUNT), 0);
+    ck_assert_uint_eq(jdt_op_flags((jdt_op)-1), 0);
 }
 END_TEST
 
@@ -588,6 +667,7 @@ int main(void)
     TCase *tc = tcase_create("graph");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_registry);
+    tcase_add_test(tc, test_op_flags);
     tcase_add_test(tc, test_bf16_rules);
     tcase_add_test(tc, test_elementwise_rules);
     tcase_add_test(tc, test_shape_rules);
