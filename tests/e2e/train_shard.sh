@@ -51,16 +51,18 @@ run_model gpt configs/tiny.yaml tiny "$T"
 # groups of two (the fsdp=2 run above used the default 4 MiB buckets) and for reduce-scatters and
 # gathers of any group; the 4-process meshes all-reduce some gradients over groups of four, so
 # they compare unbucketed.
+same_run() { # $1, $2 run dirs (tiny, checkpoint at step 20), $3 what is compared: bitwise losses and state
+  cmp -s <(losses "$1/tiny/metrics.jsonl") <(losses "$2/tiny/metrics.jsonl") || fail "$3: losses differ"
+  for grp in /params /opt; do
+    h5diff "$1/tiny/ckpt/step_000020/state.h5" "$2/tiny/ckpt/step_000020/state.h5" $grp \
+      >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "$3: $grp differs"; }
+  done
+}
 blocking() { # $1 label, $2 nproc, $3 mesh, $4 run dir of the overlapped run, $5 extra overrides
   local C="configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T"
   "$BIN" --nproc "$2" $C run.out_dir="$TMP/blk_$1" $3 runtime.overlap_comm=false >/dev/null 2>"$TMP/err" \
     || { tail -n 8 "$TMP/err"; fail "blocking $3"; }
-  cmp -s <(losses "$4/tiny/metrics.jsonl") <(losses "$TMP/blk_$1/tiny/metrics.jsonl") \
-    || fail "$3: overlapped and blocking collectives give different losses"
-  for grp in /params /opt; do
-    h5diff "$4/tiny/ckpt/step_000020/state.h5" "$TMP/blk_$1/tiny/ckpt/step_000020/state.h5" $grp \
-      >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "$3: overlapped and blocking $grp differ"; }
-  done
+  same_run "$4" "$TMP/blk_$1" "$3: overlapped and blocking collectives"
   echo "$3: overlapped collectives${5:-} = blocking schedule, bitwise (losses and state)"
 }
 blocking fsdp2 2 "mesh.fsdp=2" "$TMP/gpt/mesh_fsdp_2" " (4 MiB buckets of gathers, reduce-scatters, all-reduces)"
@@ -71,12 +73,7 @@ for v in "b0:runtime.bucket_mb=0" "b1:runtime.bucket_mb=1 runtime.prefetch_mb=0"
   "$BIN" --nproc 2 configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T \
     mesh.fsdp=2 ${v#*:} run.out_dir="$TMP/ovl_${v%%:*}" >/dev/null 2>"$TMP/err" \
     || { tail -n 8 "$TMP/err"; fail "overlapped fsdp=2 ${v#*:}"; }
-  cmp -s <(losses "$TMP/ovl_${v%%:*}/tiny/metrics.jsonl") <(losses "$TMP/blk_fsdp2/tiny/metrics.jsonl") \
-    || fail "fsdp=2 ${v#*:}: losses differ from the blocking schedule"
-  for grp in /params /opt; do
-    h5diff "$TMP/ovl_${v%%:*}/tiny/ckpt/step_000020/state.h5" "$TMP/blk_fsdp2/tiny/ckpt/step_000020/state.h5" $grp \
-      >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "fsdp=2 ${v#*:}: $grp differs from the blocking schedule"; }
-  done
+  same_run "$TMP/ovl_${v%%:*}" "$TMP/blk_fsdp2" "fsdp=2 ${v#*:} and the blocking schedule"
   echo "mesh.fsdp=2: overlapped collectives (${v#*:}) = blocking schedule, bitwise (losses and state)"
 done
 "$BIN" --nproc 4 configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T \

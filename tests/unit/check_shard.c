@@ -437,6 +437,14 @@ static void assert_bitwise(const float *x, size_t nx, const float *y, size_t ny)
     ck_assert(memcmp(x, y, ny * sizeof(float)) == 0);
 }
 
+/* x (the interpreter's run) and y agree to 1e-5 relative, value by value */
+static void assert_close(const float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(fabsf(x[i] - y[i]) <= 1e-5f * (1.0f + fabsf(x[i])), "value %zu: %g vs %g",
+                      i, x[i], y[i]);
+}
+
 /* Runs the step twice (the second run sees the updated parameters) with the given schedule;
  * out receives the outputs of the second run and the parameters after it (7 + 120 floats
  * max). */
@@ -531,9 +539,7 @@ START_TEST(test_overlap_window)
     assert_bitwise(ov, n_ov, blk, n_blk);
     assert_bitwise(bk, n_bk, blk, n_blk);
     assert_bitwise(b2, n_b2, blk, n_blk);
-    for (size_t i = 0; i < n_ref; i++) /* and the interpreter agrees */
-        ck_assert_msg(fabsf(ref[i] - blk[i]) <= 1e-5f * (1.0f + fabsf(ref[i])),
-                      "value %zu: %g vs %g", i, ref[i], blk[i]);
+    assert_close(ref, blk, n_ref); /* and the interpreter agrees */
     /* 3 forward gathers, 2 re-gathers for the backward GEMMs of layers 1 and 2 (layer 0's
      * input needs no cotangent), 3 reduce-scatters, 3 bias all-reduces */
     ck_assert_int_eq(s_blk.n_coll_async, 0);
@@ -576,9 +582,7 @@ START_TEST(test_overlap_bf16_gathers)
     assert_bitwise(ov, n_ov, fl, n_fl);
     assert_bitwise(bk, n_bk, fl, n_fl);
     assert_bitwise(b2, n_b2, fl, n_fl);
-    for (size_t i = 0; i < n_ref; i++)
-        ck_assert_msg(fabsf(ref[i] - blk[i]) <= 1e-5f * (1.0f + fabsf(ref[i])),
-                      "value %zu: %g vs %g", i, ref[i], blk[i]);
+    assert_close(ref, blk, n_ref);
     /* half the gathered bytes: 5 gathers (3 forward, 2 re-gathers for the backward, as with
      * f32: the re-gather reads the bf16 shard) of 8x8 bf16 instead of f32 */
     ck_assert_int_eq(s_fl.gather_bytes, 5 * 64 * 4);
