@@ -29,16 +29,20 @@ void jdt_rt_set_threads(int nt);
  * times a few runs of the current choice, then probes: k runs of the other count alternating
  * with k runs of the current one (so a change of load hits both), stopping at once when the
  * first probe run is JDT_RT_TUNER_ABORT x slower than the runs before, and switches when the
- * probe's median run is at least JDT_RT_TUNER_HYST faster than the current choice's median in
- * the same stretch (hysteresis: a tie never flips it). Probes recur every `probe_every` runs, the
+ * probe's median run is faster than the current choice's median in the same stretch by at least
+ * JDT_RT_TUNER_HYST_DOWN (a switch to 1 thread) or JDT_RT_TUNER_HYST_UP (back to n). The
+ * thresholds are hysteresis (a tie never flips the choice back and forth) and lopsided: 1 thread
+ * that is as fast as n within noise wins, because it does the same work on a fraction of the CPU
+ * (the core goes back to whoever keeps it busy). Probes recur every `probe_every` runs, the
  * interval doubling (up to 16x) each time the choice holds and resetting when it changes. Samples
  * per side: enough runs for JDT_RT_TUNER_PROBE_S seconds, 2..JDT_RT_TUNER_MAX_SAMPLES. Pure
  * bookkeeping (no clock, no threads): the caller times the runs. Not thread-safe; one tuner per
  * program. */
 #define JDT_RT_TUNER_WARMUP 2
 #define JDT_RT_TUNER_MAX_SAMPLES 8
-#define JDT_RT_TUNER_PROBE_S 0.1
-#define JDT_RT_TUNER_HYST 0.05
+#define JDT_RT_TUNER_PROBE_S 0.5
+#define JDT_RT_TUNER_HYST_UP 0.05
+#define JDT_RT_TUNER_HYST_DOWN 0.02
 #define JDT_RT_TUNER_ABORT 1.25
 typedef struct {
     int max_threads;      /* n, the budget; <= 1: the tuner always answers 1 */

@@ -122,7 +122,8 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s)
     double mb = median(t->pbase, t->n_pbase), mp = median(t->probe, t->n_probe);
     t->last_base_s = mb;
     t->last_probe_s = mp;
-    bool win = mp < (1.0 - JDT_RT_TUNER_HYST) * mb;
+    double hyst = other(t) == 1 ? JDT_RT_TUNER_HYST_DOWN : JDT_RT_TUNER_HYST_UP;
+    bool win = mp < (1.0 - hyst) * mb;
     if (win) { /* the probe's runs become the new choice's samples */
         t->chosen = other(t);
         for (int i = 0; i < t->n_probe; i++)

@@ -4,7 +4,8 @@
 # last CPU of the set), alternating the two thread counts REPS times in one run so both see the
 # same background. Models: the tiny GPT of issue 14 (L=2 C=128 H=4 T=64 B=16 V=256) and the
 # L=6 C=384 GPT of train_gpt.sh (T=256 B=8 V=65). Prints tokens/s (best and spread) per thread
-# count and the ratio 2 threads / 1 thread, which should be >= 1.
+# count and the ratio 2 threads / 1 thread (of the best runs and of the median runs), which should
+# be >= 1.
 # Env: REPS (default 3), JDT_BIN, CPUS (default 0-1), NO_LOAD=1 (no busy core: the quiet
 # comparison), MODELS (default "tiny gpt6"), EXTRA_ENV (e.g. "OMP_WAIT_POLICY=active" to compare
 # libgomp's spinning wait against the binary's default), BINS (space-separated binaries, e.g.
@@ -68,15 +69,18 @@ for ((r = 0; r < REPS; r++)); do
 done
 [ -n "$LOAD_PID" ] && { kill "$LOAD_PID"; LOAD_PID=; }
 best() { sort -g "$1" | tail -1; }
+median() { sort -g "$1" | awk '{a[NR]=$1} END {print NR % 2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 spread() { sort -g "$1" | awk 'NR==1{lo=$1} {hi=$1} END{printf "%s..%s", lo, hi}'; }
 echo "busy.sh: ${NO_LOAD:+no }background load${NO_LOAD:-: one core busy (yes on CPU $last_cpu)}, CPUs $CPUS, best of $REPS alternating runs${EXTRA_ENV:+, env $EXTRA_ENV}; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for b in "${!BIN_LIST[@]}"; do [ "${#BIN_LIST[@]}" -gt 1 ] && echo "bin $b: ${BIN_LIST[$b]}"; done
-printf "%-6s %3s %14s %16s %14s %16s %8s\n" model bin "1 thread tok/s" "runs" "2 threads tok/s" "runs" "2t/1t"
+printf "%-6s %3s %14s %16s %14s %16s %8s %13s\n" model bin "1 thread tok/s" "runs" "2 threads tok/s" "runs" "2t/1t" "median 2t/1t"
 for m in $MODELS; do
   for b in "${!BIN_LIST[@]}"; do
     x=$(best "$TMP/$m.$b.1"); y=$(best "$TMP/$m.$b.2")
-    printf "%-6s %3s %14s %16s %14s %16s %8s\n" "$m" "$b" "$x" "$(spread "$TMP/$m.$b.1")" "$y" \
-      "$(spread "$TMP/$m.$b.2")" "$(awk -v a="$x" -v b="$y" 'BEGIN{printf "%.2f", b/a}')"
+    mx=$(median "$TMP/$m.$b.1"); my=$(median "$TMP/$m.$b.2")
+    printf "%-6s %3s %14s %16s %14s %16s %8s %13s\n" "$m" "$b" "$x" "$(spread "$TMP/$m.$b.1")" "$y" \
+      "$(spread "$TMP/$m.$b.2")" "$(awk -v a="$x" -v b="$y" 'BEGIN{printf "%.2f", b/a}')" \
+      "$(awk -v a="$mx" -v b="$my" 'BEGIN{printf "%.2f", b/a}')"
   done
 done
 # the adaptive thread count's changes (runtime.adaptive_threads), per 2-thread run

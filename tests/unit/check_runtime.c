@@ -337,20 +337,27 @@ END_TEST
 
 START_TEST(test_tuner_hysteresis)
 {
-    /* 2% apart, either way: never flips (the switch needs JDT_RT_TUNER_HYST = 5%) */
+    /* 1 thread 1% faster: never flips (the switch to 1 needs JDT_RT_TUNER_HYST_DOWN = 2%) */
     jdt_rt_tuner t;
     jdt_rt_tuner_init(&t, 4, 50);
-    tuner_sim r = simulate(&t, 3000, 0.0098, 0.0100, 0.0, NULL);
+    tuner_sim r = simulate(&t, 3000, 0.0099, 0.0100, 0.0, NULL);
     ck_assert_int_eq(r.changes, 0);
     ck_assert_int_eq(t.chosen, 4);
     ck_assert_int_ge(t.n_probes, 4);
     ck_assert_int_eq(t.interval, 16 * 50); /* each held choice doubles the interval, capped */
+    /* 1 thread 3% faster: as fast within noise on a fraction of the CPU, so it wins, once */
     jdt_rt_tuner_init(&t, 4, 50);
-    r = simulate(&t, 30, 0.008, 0.010, 0.0, NULL); /* now on 1 thread ... */
+    r = simulate(&t, 3000, 0.0097, 0.0100, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 1);
     ck_assert_int_eq(t.chosen, 1);
-    r = simulate(&t, 3000, 0.0100, 0.0098, 0.0, NULL); /* ... and 4 only 2% faster: stays */
+    /* on 1 thread, 4 threads 4% faster is not enough to go back (JDT_RT_TUNER_HYST_UP = 5%) */
+    r = simulate(&t, 3000, 0.0100, 0.0096, 0.0, NULL);
     ck_assert_int_eq(r.changes, 0);
     ck_assert_int_eq(t.chosen, 1);
+    /* and 6% faster is */
+    r = simulate(&t, 3000, 0.0100, 0.0094, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 1);
+    ck_assert_int_eq(t.chosen, 4);
     /* with +-10% noise on every run, a 25% difference is still found once and kept */
     unsigned seed = 7;
     jdt_rt_tuner_init(&t, 2, 50);

@@ -614,11 +614,15 @@ static jdt_status cpu_finish(void *state, jdt_err *e)
     if (p->adaptive) {
         jdt_rt_tuner *t = &p->tuner;
         int probes = t->n_probes;
+        bool was_probing = t->probing;
         if (jdt_rt_tuner_record(t, jdt_now_s() - p->t_begin))
             JDT_INFO("threads: %d instead of %d from run %d on (%.1f vs %.1f ms per run; "
                      "runtime.adaptive_threads: false keeps %d)",
                      t->chosen, t->chosen == 1 ? c->nt : 1, t->n_runs + 1, 1e3 * t->last_probe_s,
                      1e3 * t->last_base_s, c->nt);
+        else if (was_probing && !t->probing)
+            JDT_DEBUG("threads: keeping %d (%.1f vs %.1f ms per run with %d)", t->chosen,
+                      1e3 * t->last_base_s, 1e3 * t->last_probe_s, t->chosen == 1 ? c->nt : 1);
         if (t->n_probes != probes)
             JDT_DEBUG("threads: run %d probes %d threads against %d", t->n_runs + 1,
                       jdt_rt_tuner_threads(t), t->chosen);
