@@ -26,9 +26,13 @@ void jdt_rt_set_threads(int nt);
  * thread gets a fraction of a core, and every region waits for it: 1 thread can then be faster
  * than n. The tuner is fed the wall time of every run of one program and answers how many
  * threads the next run should use: the budget n, or 1. After JDT_RT_TUNER_WARMUP runs it
- * times a few runs of the current choice, then probes: k runs of the other count alternating
+ * times 2 runs of the current choice (k before later probes, so the first decision comes early),
+ * then probes: k runs of the other count alternating
  * with k runs of the current one (so a change of load hits both), stopping at once when the
- * first probe run is JDT_RT_TUNER_ABORT x slower than the runs before, and switches when the
+ * first probe run is JDT_RT_TUNER_ABORT x slower than the runs before, or when after
+ * JDT_RT_TUNER_EARLY_RUNS runs a side the other count's median is JDT_RT_TUNER_EARLY_LOSS
+ * slower than the current one's (a probe that is losing costs 3 slow runs, not 8); it switches
+ * at that point when the other count is JDT_RT_TUNER_EARLY_WIN faster, and otherwise when the
  * probe's median run is faster than the current choice's median in the same stretch by at least
  * JDT_RT_TUNER_HYST_DOWN (a switch to 1 thread) or JDT_RT_TUNER_HYST_UP (back to n). The
  * thresholds are hysteresis (a tie never flips the choice back and forth) and lopsided: 1 thread
@@ -44,6 +48,9 @@ void jdt_rt_set_threads(int nt);
 #define JDT_RT_TUNER_HYST_UP 0.05
 #define JDT_RT_TUNER_HYST_DOWN 0.02
 #define JDT_RT_TUNER_ABORT 1.25
+#define JDT_RT_TUNER_EARLY_RUNS 3
+#define JDT_RT_TUNER_EARLY_LOSS 0.05
+#define JDT_RT_TUNER_EARLY_WIN 0.10
 typedef struct {
     int max_threads;      /* n, the budget; <= 1: the tuner always answers 1 */
     int chosen;           /* the count that won the last comparison (starts at n) */

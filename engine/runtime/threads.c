@@ -93,7 +93,7 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s)
         int have = t->n_base < MAX_S ? t->n_base : MAX_S;
         if (t->until_probe == 0) {
             int k = samples_for(base_median(t, have));
-            if (have >= k) {
+            if (have >= (t->n_probes == 0 ? 2 : k)) {
                 t->probing = true;
                 t->alt_next = true;
                 t->k = k;
@@ -109,7 +109,8 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s)
         t->pbase[t->n_pbase++] = run_s;
     } else {
         t->probe[t->n_probe++] = run_s;
-        double before = base_median(t, t->k); /* the runs before the probe */
+        /* the runs before the probe: k of them, or the 2 timed runs before the first probe */
+        double before = base_median(t, t->n_base < t->k ? t->n_base : t->k);
         if (t->n_probe == 1 && run_s > JDT_RT_TUNER_ABORT * before) { /* clearly slower */
             t->last_base_s = before;
             t->last_probe_s = run_s;
@@ -118,8 +119,12 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s)
         }
     }
     t->alt_next = !t->alt_next;
-    if (t->n_probe < t->k || t->n_pbase < t->k) return false;
     double mb = median(t->pbase, t->n_pbase), mp = median(t->probe, t->n_probe);
+    bool early = t->n_probe >= JDT_RT_TUNER_EARLY_RUNS && t->n_pbase >= JDT_RT_TUNER_EARLY_RUNS &&
+                 (t->n_probe < t->k || t->n_pbase < t->k);
+    bool decided = early && (mp > (1.0 + JDT_RT_TUNER_EARLY_LOSS) * mb ||
+                             mp < (1.0 - JDT_RT_TUNER_EARLY_WIN) * mb); /* clear either way */
+    if (!decided && (t->n_probe < t->k || t->n_pbase < t->k)) return false;
     t->last_base_s = mb;
     t->last_probe_s = mp;
     double hyst = other(t) == 1 ? JDT_RT_TUNER_HYST_DOWN : JDT_RT_TUNER_HYST_UP;

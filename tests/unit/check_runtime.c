@@ -305,13 +305,14 @@ START_TEST(test_tuner_switches_and_back)
     jdt_rt_tuner t;
     jdt_rt_tuner_init(&t, 2, 50);
     ck_assert_int_eq(jdt_rt_tuner_threads(&t), 2); /* starts with the budget */
-    /* 1 thread 20% faster (the busy-core case): 2 warm-up runs, 8 timed runs with 2 threads
-     * (10 ms runs: 0.1 s is more than 8 samples), 8 probe runs with 1 alternating with 8 more
-     * with 2, then the switch */
-    tuner_sim r = simulate(&t, 25, 0.008, 0.010, 0.0, NULL);
+    /* 1 thread 20% faster (the busy-core case): 2 warm-up runs, 2 timed runs with 2 threads,
+     * then probe runs with 1 alternating with runs with 2 (k = 8: 10 ms runs, 0.5 s is more
+     * than 8 samples); after 3 a side 1 thread is clearly faster (JDT_RT_TUNER_EARLY_WIN), so
+     * the switch comes after run 10, not 20 */
+    tuner_sim r = simulate(&t, 9, 0.008, 0.010, 0.0, NULL);
     ck_assert_int_eq(r.changes, 0);
-    ck_assert_int_eq(r.ones, 8);
-    ck_assert(t.probing && t.n_probe == 8 && t.n_pbase == 7);
+    ck_assert_int_eq(r.ones, 3);
+    ck_assert(t.probing && t.k == 8 && t.n_probe == 3 && t.n_pbase == 2);
     r = simulate(&t, 1, 0.008, 0.010, 0.0, NULL);
     ck_assert_int_eq(r.changes, 1);
     ck_assert_int_eq(r.ones, 0);
@@ -364,21 +365,55 @@ START_TEST(test_tuner_hysteresis)
     r = simulate(&t, 3000, 0.008, 0.010, 0.10, &seed);
     ck_assert_int_eq(r.changes, 1);
     ck_assert_int_eq(t.chosen, 1);
-    /* and with the same noise and no real difference it never settles on flapping */
+    /* over many noise sequences (3000 runs each, +-10% per run): with no real difference most
+     * probes keep the choice (a flip costs nothing then, but each one restarts the probing);
+     * with a real 10% difference either way the choice flips at most twice */
+    int changes = 0, probes = 0;
+    for (unsigned s = 1; s <= 50; s++) {
+        seed = s;
+        jdt_rt_tuner_init(&t, 2, 50);
+        changes += simulate(&t, 3000, 0.010, 0.010, 0.10, &seed).changes;
+        probes += t.n_probes;
+        for (int d = -1; d <= 1; d += 2) {
+            jdt_rt_tuner_init(&t, 2, 50);
+            ck_assert_int_le(
+                simulate(&t, 3000, 0.010 * (1.0 + 0.1 * d), 0.010, 0.10, &seed).changes, 2);
+        }
+    }
+    ck_assert_int_lt(changes, probes / 3);
+}
+END_TEST
+
+START_TEST(test_tuner_early_stop)
+{
+    /* on 1 thread, with 2 threads 10% slower (too little for the 1.25x abort): each probe of 2
+     * threads stops after JDT_RT_TUNER_EARLY_RUNS runs a side instead of k = 8 */
+    jdt_rt_tuner t;
     jdt_rt_tuner_init(&t, 2, 50);
-    r = simulate(&t, 3000, 0.010, 0.010, 0.10, &seed);
-    ck_assert_int_le(r.changes, 2);
+    tuner_sim r = simulate(&t, 30, 0.008, 0.010, 0.0, NULL);
+    ck_assert_int_eq(t.chosen, 1);
+    int probes = t.n_probes;
+    r = simulate(&t, 1600, 0.010, 0.011, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 0);
+    ck_assert_int_eq(t.chosen, 1);
+    ck_assert_int_ge(t.n_probes - probes, 4);
+    ck_assert_int_eq(1600 - r.ones, JDT_RT_TUNER_EARLY_RUNS * (t.n_probes - probes));
+    ck_assert_double_eq_tol(t.last_probe_s, 0.011, 1e-12);
+    /* a probe that is winning runs to k a side and switches (2 threads 10% faster) */
+    r = simulate(&t, 1000, 0.011, 0.010, 0.0, NULL);
+    ck_assert_int_eq(r.changes, 1);
+    ck_assert_int_eq(t.chosen, 2);
 }
 END_TEST
 
 START_TEST(test_tuner_load_change)
 {
-    /* a burst of load ends just as the probe starts (every run 3x faster from run 11 on): 1
+    /* a burst of load ends just as the probe starts (every run 3x faster from run 5 on): 1
      * thread's probe runs look faster than the 2-thread runs before it, but the probe compares
      * against 2-thread runs interleaved with its own, so it keeps 2 threads */
     jdt_rt_tuner t;
     jdt_rt_tuner_init(&t, 2, 50);
-    tuner_sim r = simulate(&t, 10, 0.024, 0.012, 0.0, NULL);
+    tuner_sim r = simulate(&t, 4, 0.024, 0.012, 0.0, NULL);
     ck_assert_int_eq(r.changes, 0);
     ck_assert(t.probing && t.n_probe == 0);
     r = simulate(&t, 200, 0.0048, 0.004, 0.0, NULL);
@@ -391,7 +426,7 @@ END_TEST
 START_TEST(test_tuner_quiet_machine_cost)
 {
     /* 1 thread twice as slow (a quiet machine): each probe stops after one run, and probes
-     * thin out (after run 10, then 100, 200, 400, 800 runs apart): 5 one-thread runs in 1600 */
+     * thin out (at run 5, then 100, 200, 400, 800 runs apart): 5 one-thread runs in 1600 */
     jdt_rt_tuner t;
     jdt_rt_tuner_init(&t, 2, 50);
     tuner_sim r = simulate(&t, 1600, 0.020, 0.010, 0.0, NULL);
@@ -442,6 +477,7 @@ static Suite *runtime_suite(void)
     tcase_set_timeout(tt, 60);
     tcase_add_test(tt, test_tuner_switches_and_back);
     tcase_add_test(tt, test_tuner_hysteresis);
+    tcase_add_test(tt, test_tuner_early_stop);
     tcase_add_test(tt, test_tuner_load_change);
     tcase_add_test(tt, test_tuner_quiet_machine_cost);
     tcase_add_test(tt, test_tuner_one_thread_budget);
