@@ -7,12 +7,14 @@
  * awake claims them, the region ends when the claimed chunks are done); the same pool with the
  * caller pinned to CPU 0 and the worker to CPU 1 (`pinned`, the busy core being CPU 1). It is
  * the ceiling test behind docs/perf.md (Busy machines, session 7): if no way of sharing the
- * work beats one thread here, no threading of jdt-train's step can. Not part of the build:
- * scripts/bench/regions.sh compiles and runs it.
+ * work beats one thread here, no threading of jdt-train's step can. Built as build/bench/regions
+ * (it uses nothing of the engine); scripts/bench/regions.sh runs it.
  *
  * Usage: regions MODE R W C STEPS   (prints the mean milliseconds per step)
  */
-#define _GNU_SOURCE
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_setaffinity; the Makefile defines it already */
+#endif
 #include <linux/futex.h>
 #include <omp.h>
 #include <pthread.h>

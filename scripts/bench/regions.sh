@@ -12,11 +12,11 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 REPS=${REPS:-3}
 STEPS=${STEPS:-10}
 SHAPES=${SHAPES:-"300 200 8|30 3000 16|1000 50 4"}
-TMP=$(mktemp -d /tmp/jdt-regions.XXXXXX)
 LOAD_PID=
-cleanup() { [ -n "$LOAD_PID" ] && kill "$LOAD_PID" 2>/dev/null; rm -rf "$TMP"; }
+cleanup() { [ -n "$LOAD_PID" ] && kill "$LOAD_PID" 2>/dev/null; }
 trap cleanup EXIT
-cc -O2 -std=c11 -fopenmp -pthread "$ROOT/scripts/bench/regions.c" -o "$TMP/regions"
+BIN="$ROOT/build/bench/regions"
+[ -x "$BIN" ] || make -C "$ROOT" --no-print-directory build/bench/regions >/dev/null
 export OMP_WAIT_POLICY=passive
 MODES="one omp pool pinned"
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print NR % 2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
@@ -28,7 +28,7 @@ for load in none busy; do
   for shape in "${shapes[@]}"; do
     declare -A t=()
     for ((r = 0; r < REPS; r++)); do
-      for m in $MODES; do t[$m]+="$(taskset -c 0-1 "$TMP/regions" $m $shape "$STEPS") "; done
+      for m in $MODES; do t[$m]+="$(taskset -c 0-1 "$BIN" $m $shape "$STEPS") "; done
     done
     one=$(echo "${t[one]}" | median)
     row=""
