@@ -120,11 +120,11 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s)
     }
     t->alt_next = !t->alt_next;
     double mb = median(t->pbase, t->n_pbase), mp = median(t->probe, t->n_probe);
-    bool early = t->n_probe >= JDT_RT_TUNER_EARLY_RUNS && t->n_pbase >= JDT_RT_TUNER_EARLY_RUNS &&
-                 (t->n_probe < t->k || t->n_pbase < t->k);
-    bool decided = early && (mp > (1.0 + JDT_RT_TUNER_EARLY_LOSS) * mb ||
-                             mp < (1.0 - JDT_RT_TUNER_EARLY_WIN) * mb); /* clear either way */
-    if (!decided && (t->n_probe < t->k || t->n_pbase < t->k)) return false;
+    bool full = t->n_probe >= t->k && t->n_pbase >= t->k;
+    bool clear = t->n_probe >= JDT_RT_TUNER_EARLY_RUNS && t->n_pbase >= JDT_RT_TUNER_EARLY_RUNS &&
+                 (mp > (1.0 + JDT_RT_TUNER_EARLY_LOSS) * mb ||
+                  mp < (1.0 - JDT_RT_TUNER_EARLY_WIN) * mb); /* decided early, either way */
+    if (!full && !clear) return false;
     t->last_base_s = mb;
     t->last_probe_s = mp;
     double hyst = other(t) == 1 ? JDT_RT_TUNER_HYST_DOWN : JDT_RT_TUNER_HYST_UP;

@@ -8,13 +8,15 @@
  * caller pinned to CPU 0 and the worker to CPU 1 (`pinned`, the busy core being CPU 1). It is
  * the ceiling test behind docs/perf.md (Busy machines, session 7): if no way of sharing the
  * work beats one thread here, no threading of jdt-train's step can. Built as build/bench/regions
- * (it uses nothing of the engine); scripts/bench/regions.sh runs it.
+ * (of the engine it uses only the clock, jdt_now_s); scripts/bench/regions.sh runs it.
  *
  * Usage: regions MODE R W C STEPS   (prints the mean milliseconds per step)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* sched_setaffinity; the Makefile defines it already */
 #endif
+#include "core/core.h"
+
 #include <linux/futex.h>
 #include <omp.h>
 #include <pthread.h>
@@ -26,15 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static volatile double sink;
 
@@ -124,9 +118,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "regions: R, W, C and STEPS must be positive\n");
         return 2;
     }
-    double t0 = now();
+    double t0 = jdt_now_s();
     work(50000000);
-    double per_us = 50000000 / ((now() - t0) * 1e6); /* calibrated on an idle-ish core */
+    double per_us = 50000000 / ((jdt_now_s() - t0) * 1e6); /* calibrated on an idle-ish core */
     chunk_iters = (long)(W * per_us / (double)n_chunks);
     pinned = !strcmp(mode, "pinned");
     bool pool = pinned || !strcmp(mode, "pool");
@@ -138,7 +132,7 @@ int main(int argc, char **argv)
     uint32_t gen = 0;
     double total = 0;
     for (int s = 0; s < steps; s++) {
-        double a = now();
+        double a = jdt_now_s();
         for (int r = 0; r < R; r++) {
             if (pool) {
                 pool_region(++gen);
@@ -151,7 +145,7 @@ int main(int argc, char **argv)
                     work(chunk_iters);
             }
         }
-        total += now() - a;
+        total += jdt_now_s() - a;
     }
     printf("%.2f\n", 1e3 * total / steps);
     return 0;
