@@ -1101,10 +1101,11 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                 bthd |= 1u << j;
         if (n->op == JDT_OP_ATTENTION)
             jdt_cuk_attention(k, in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
-                              s0->dims[3], (float)n->attrs.f[0], bthd, scratch);
+                              s0->dims[3], (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else
             jdt_cuk_attention_bwd(k, in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
-                                  s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd, scratch);
+                                  s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
+                                  n->attrs.i[0] != 0, scratch);
         return JDT_OK;
     }
     case JDT_OP_CONCAT: {

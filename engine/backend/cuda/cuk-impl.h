@@ -55,7 +55,15 @@ extern const int jdt_cuk_n_sources;
     X(ATT_DQ_D256, "cuk_attention.cu", "cuk_att_dq_d256")                                          \
     X(ATT_DKV_D64, "cuk_attention.cu", "cuk_att_dkv_d64")                                          \
     X(ATT_DKV_D128, "cuk_attention.cu", "cuk_att_dkv_d128")                                        \
-    X(ATT_DKV_D256, "cuk_attention.cu", "cuk_att_dkv_d256")
+    X(ATT_DKV_D256, "cuk_attention.cu", "cuk_att_dkv_d256")                                        \
+    X(ATT_TC_FWD_D64, "cuk_attention_tc.cu", "cuk_att_tc_fwd_d64")                                 \
+    X(ATT_TC_FWD_D128, "cuk_attention_tc.cu", "cuk_att_tc_fwd_d128")                               \
+    X(ATT_TC_STATS_D64, "cuk_attention_tc.cu", "cuk_att_tc_stats_d64")                             \
+    X(ATT_TC_STATS_D128, "cuk_attention_tc.cu", "cuk_att_tc_stats_d128")                           \
+    X(ATT_TC_DQ_D64, "cuk_attention_tc.cu", "cuk_att_tc_dq_d64")                                   \
+    X(ATT_TC_DQ_D128, "cuk_attention_tc.cu", "cuk_att_tc_dq_d128")                                 \
+    X(ATT_TC_DKV_D64, "cuk_attention_tc.cu", "cuk_att_tc_dkv_d64")                                 \
+    X(ATT_TC_DKV_D128, "cuk_attention_tc.cu", "cuk_att_tc_dkv_d128")
 
 typedef enum {
 #define X(e, file, name) JDT_CUK_K_##e,

@@ -674,12 +674,30 @@ static int att_class(int64_t D, int64_t *ct)
     return -1;
 }
 
+/* The tensor-core class of D for bf16 compute: 0 (D <= 64), 1 (D <= 128), -1 when the FMA
+ * kernels serve (no bf16, D > 128, or a GPU before sm_80, which has no bf16 mma). */
+static int att_tc_class(const jdt_cuk *k, bool bf16, int64_t D)
+{
+    if (!bf16 || k->arch < 80 || D > 128) return -1;
+    return D <= 64 ? 0 : 1;
+}
+
+#define ATT_TC_BR 64 /* rows per block (kernels/cuk_attention_tc.cu) */
+#define ATT_TC_THREADS 128
+
 void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float *v, float *o,
                        int64_t B, int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
-                       void *scratch)
+                       bool bf16, void *scratch)
 {
     (void)scratch;
     if (B * H * T * D <= 0) return;
+    int tc = att_tc_class(k, bf16, D);
+    if (tc >= 0) {
+        int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
+        void *args[] = {&q, &kk, &v, &o, &B, &H, &T, &D, &scale, &bthd};
+        launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_FWD_D64 + tc), blocks, ATT_TC_THREADS, 0, args);
+        return;
+    }
     int64_t ct;
     int cls = att_class(D, &ct);
     if (cls < 0) {
@@ -694,10 +712,25 @@ void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float 
 
 void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const float *v,
                            const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,
-                           int64_t T, int64_t D, float scale, unsigned bthd, void *scratch)
+                           int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                           void *scratch)
 {
     int64_t n = B * H * T * D;
     if (n <= 0) return;
+    int tc = att_tc_class(k, bf16, D);
+    if (tc >= 0) {
+        float *stats = scratch, *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
+        int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
+        void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
+        launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_STATS_D64 + tc), blocks, ATT_TC_THREADS, 0,
+               sargs);
+        void *qargs[] = {&q, &kk, &v, &dout, &stats, &dq, &B, &H, &T, &D, &scale, &bthd};
+        launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_DQ_D64 + tc), blocks, ATT_TC_THREADS, 0, qargs);
+        void *kargs[] = {&q, &kk, &v, &dout, &stats, &dk, &dv, &B, &H, &T, &D, &scale, &bthd};
+        launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_DKV_D64 + tc), blocks, ATT_TC_THREADS, 0,
+               kargs);
+        return;
+    }
     int64_t ct;
     int cls = att_class(D, &ct);
     if (cls < 0) {

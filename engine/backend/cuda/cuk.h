@@ -143,17 +143,21 @@ void jdt_cuk_permute_blocks_bytes(jdt_cuk *k, const void *src, void *dst, int64_
 
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
  * (B, T, H, D); backward: o = bit 3, dout = bit 4). Head size D <= 256 (a larger D records
- * ERR_UNSUPPORTED for jdt_cuk_check). scratch: device memory of
- * jdt_cuk_attention_scratch_bytes bytes (unused by the forward; the backward keeps the row
- * log-sum-exp and dO.O there). */
+ * ERR_UNSUPPORTED for jdt_cuk_check). bf16: jdt_rt_attention's bf16 compute (the products'
+ * inputs rounded to bf16, f32 accumulation), on tensor cores (kernels/cuk_attention_tc.cu)
+ * when D <= 128 and the GPU is sm_80 or newer; otherwise, and without bf16, the f32 FMA kernels
+ * (kernels/cuk_attention.cu; with bf16 they skip the rounding: f32 products). scratch: device
+ * memory of jdt_cuk_attention_scratch_bytes bytes (unused by the forward; the backward keeps
+ * the row log-sum-exp and dO.O there). */
 int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D);
 void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float *v, float *o,
                        int64_t B, int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
-                       void *scratch);
+                       bool bf16, void *scratch);
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics). */
 void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const float *v,
                            const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,
-                           int64_t T, int64_t D, float scale, unsigned bthd, void *scratch);
+                           int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                           void *scratch);
 
 /* ---- NCCL collectives --------------------------------------------------------------------- */
 
