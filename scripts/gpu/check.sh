@@ -29,7 +29,8 @@
 #   GPT_PRECISION (bf16: precision.compute of stage 4; f32 = TF32 GEMMs, MFU against 494.7),
 #   PEER_DTYPES ("bf16 f32": the peers' precisions; f32 = TF32 matmuls, what jdt-train computes
 #   in), STAGE_TIMEOUT_S (150),
-#   STAGES (default "2 3 4 5 6": which stages after the probe run).
+#   STAGES (default "2 3 4 5 6": which stages after the probe run; "4f" adds stage 4 again with
+#   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUNDLE=${1:-}
@@ -123,7 +124,8 @@ import json, sys
 def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
 c, g = losses(sys.argv[1]), losses(sys.argv[2])
 d = max(abs(a - b) / abs(a) for a, b in zip(c, g))
-# bf16: the CPU also rounds attention's products to bf16, the GPU's attention is f32
+# bf16: both round attention's products to bf16 (the GPU on tensor cores; the forward's
+# probabilities before normalising), the GEMMs sum in another order
 thr = 5e-3 if sys.argv[3] == "f32" else 2e-2
 print(f"tiny {sys.argv[3]}: {len(c)} steps, cpu {c[0]:.4f} -> {c[-1]:.4f}, cuda {g[0]:.4f} -> {g[-1]:.4f}, "
       f"max relative loss difference {d:.2e} -> {'MATCH' if d < thr else 'DIFFER'} (threshold {thr:g})")
@@ -161,6 +163,16 @@ JDT_TOKS=$(echo "$last" | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 JDT_MFU=$(echo "$last" | sed -nE 's/.*MFU ([0-9.]+)%.*/\1/p')
 JDT_DEV=$(echo "$last" | sed -nE 's/.*peak device ([0-9]+) MB.*/\1/p')
 say "stage 4 exit $rc, jdt-train $GPT_PREC ${JDT_TOKS:-?} tok/s, MFU ${JDT_MFU:-?}% (goal >= 45% of 989.4 TFLOP/s bf16), peak device ${JDT_DEV:-?} MB"
+fi
+# ---- 4f (not in the default STAGES): stage 4 again with the f32 FMA attention ---------------------
+if want 4f; then
+(cd "$ROOT" && JDT_CUK_ATTENTION=fma timeout "$TMO" "$BIN" train configs/gpt2-124m.yaml \
+   run.out_dir="$OUT/gpt2-fma" run.steps="$STEPS" run.log_every=1 run.eval_every=0 checkpoint.every=0 \
+   model.vocab_size=50257 data.format=synthetic data.batch_size="$B" data.micro_batch_size="$B" \
+   mesh.data=1 mesh.fsdp=1 precision.compute="$GPT_PREC" runtime.remat=none runtime.backend=cuda \
+   >"$OUT/gpt2-fma.log" 2>&1); rc=$?
+toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-fma.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+say "stage 4f exit $rc, attention on FMA (JDT_CUK_ATTENTION=fma): ${toks:-?} tok/s against ${JDT_TOKS:-?} with tensor-core attention"
 fi
 
 # ---- 5: peers --------------------------------------------------------------------------------

@@ -297,6 +297,9 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
         goto fail;
     }
     k->arch = major * 10 + minor;
+    /* JDT_CUK_ATTENTION=fma: the f32 FMA attention even for bf16 compute (to compare speed) */
+    const char *att = getenv("JDT_CUK_ATTENTION");
+    k->att_fma = att && strcmp(att, "fma") == 0;
     char target[32];
     bool cubin = true;
     if ((s = pick_target(k->arch, target, sizeof target, &cubin, e)) != JDT_OK) goto fail;
@@ -675,10 +678,11 @@ static int att_class(int64_t D, int64_t *ct)
 }
 
 /* The tensor-core class of D for bf16 compute: 0 (D <= 64), 1 (D <= 128), -1 when the FMA
- * kernels serve (no bf16, D > 128, or a GPU before sm_80, which has no bf16 mma). */
+ * kernels serve (no bf16, D > 128, a GPU before sm_80, which has no bf16 mma, or
+ * JDT_CUK_ATTENTION=fma). */
 static int att_tc_class(const jdt_cuk *k, bool bf16, int64_t D)
 {
-    if (!bf16 || k->arch < 80 || D > 128) return -1;
+    if (!bf16 || k->arch < 80 || D > 128 || k->att_fma) return -1;
     return D <= 64 ? 0 : 1;
 }
 
