@@ -115,6 +115,27 @@ __device__ __forceinline__ void tc_frag_b(unsigned b[2], const unsigned short *Y
     b[1] = tc_u32(p + 8);
 }
 
+/* The block's TC_BR rows from row r0 of input bx (x) and, unless y is null, of input by (y), as
+ * the A fragments of each warp's 16 rows (xa, ya: DM / 16 each), staged through sm (TC_BR
+ * (DM + 8) halves per input). Begins and ends with __syncthreads: every thread calls it. */
+template <int DM>
+__device__ __forceinline__ void tc_rows_a(unsigned (*xa)[4], unsigned (*ya)[4], unsigned short *sm,
+                                          const float *x, int bx, const float *y, int by,
+                                          unsigned bthd, i64 b, i64 h, i64 r0, i64 H, i64 T, i64 D)
+{
+    constexpr int L = DM + 8;
+    int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    __syncthreads(); /* the previous block's tiles have been consumed */
+    tc_load<TC_BR, DM>(sm, L, nullptr, 0, x, bthd, bx, b, h, r0, H, T, D);
+    if (y) tc_load<TC_BR, DM>(sm + TC_BR * L, L, nullptr, 0, y, bthd, by, b, h, r0, H, T, D);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < DM / 16; kk++) {
+        tc_frag_a(xa[kk], sm, L, w * 16, kk * 16, g, t);
+        if (y) tc_frag_a(ya[kk], sm + TC_BR * L, L, w * 16, kk * 16, g, t);
+    }
+}
+
 /* C fragments c[N/8] (16 x N) of the warp as the A fragment of k-step kk (columns 16 kk..). */
 __device__ __forceinline__ void tc_c_to_a(unsigned a[4], const float (*c)[4], int kk)
 {
@@ -196,13 +217,8 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
         i64 i0 = qb * TC_BR + w * 16 + g; /* this lane's rows: i0 and i0 + 8 */
-        __syncthreads(); /* the previous block's tiles have been consumed */
-        tc_load<TC_BR, DM>(sm, LQ, nullptr, 0, q, bthd, 0, b, h, qb * TC_BR, H, T, D);
-        __syncthreads();
         unsigned qa[DM / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < DM / 16; kk++)
-            tc_frag_a(qa[kk], sm, LQ, w * 16, kk * 16, g, t);
+        tc_rows_a<DM>(qa, nullptr, sm, q, 0, nullptr, 0, bthd, b, h, qb * TC_BR, H, T, D);
         float acc[DM / 8][4];
 #pragma unroll
         for (int dn = 0; dn < DM / 8; dn++)
@@ -243,13 +259,14 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
                     s[nt][e] = p;
                     l[e >> 1] += p; /* this lane's share; summed over the row's 4 lanes below */
                 }
-            if (STATS) continue;
+            if (!STATS) {
 #pragma unroll
-            for (int dn = 0; dn < DM / 8; dn++) {
-                acc[dn][0] *= alpha[0], acc[dn][1] *= alpha[0];
-                acc[dn][2] *= alpha[1], acc[dn][3] *= alpha[1];
+                for (int dn = 0; dn < DM / 8; dn++) {
+                    acc[dn][0] *= alpha[0], acc[dn][1] *= alpha[0];
+                    acc[dn][2] *= alpha[1], acc[dn][3] *= alpha[1];
+                }
+                tc_acc_by<DM, BC>(acc, s, Vt, LV, g, t);
             }
-            tc_acc_by<DM, BC>(acc, s, Vt, LV, g, t);
         }
         l[0] = tc_shfl_sum(l[0]);
         l[1] = tc_shfl_sum(l[1]);
@@ -293,16 +310,8 @@ __device__ void tc_dq(const float *q, const float *k, const float *v, const floa
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
         i64 i0 = qb * TC_BR + w * 16 + g;
-        __syncthreads();
-        tc_load<TC_BR, DM>(sm, LQ, nullptr, 0, q, bthd, 0, b, h, qb * TC_BR, H, T, D);
-        tc_load<TC_BR, DM>(sm + TC_BR * LQ, LQ, nullptr, 0, dout, bthd, 4, b, h, qb * TC_BR, H, T, D);
-        __syncthreads();
         unsigned qa[DM / 16][4], ga[DM / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < DM / 16; kk++) {
-            tc_frag_a(qa[kk], sm, LQ, w * 16, kk * 16, g, t);
-            tc_frag_a(ga[kk], sm + TC_BR * LQ, LQ, w * 16, kk * 16, g, t);
-        }
+        tc_rows_a<DM>(qa, ga, sm, q, 0, dout, 4, bthd, b, h, qb * TC_BR, H, T, D);
         float L[2], dl[2];
         for (int r = 0; r < 2; r++) {
             bool in = i0 + 8 * r < T;
@@ -357,16 +366,8 @@ __device__ void tc_dkv(const float *q, const float *k, const float *v, const flo
     for (i64 blk = blockIdx.x; blk < B * H * nkb; blk += gridDim.x) {
         i64 bh = blk / nkb, kb = blk % nkb, b = bh / H, h = bh % H;
         i64 j0 = kb * TC_BR + w * 16 + g; /* this lane's keys: j0 and j0 + 8 */
-        __syncthreads();
-        tc_load<TC_BR, DM>(sm, LK, nullptr, 0, k, bthd, 1, b, h, kb * TC_BR, H, T, D);
-        tc_load<TC_BR, DM>(sm + TC_BR * LK, LK, nullptr, 0, v, bthd, 2, b, h, kb * TC_BR, H, T, D);
-        __syncthreads();
         unsigned ka[DM / 16][4], va[DM / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < DM / 16; kk++) {
-            tc_frag_a(ka[kk], sm, LK, w * 16, kk * 16, g, t);
-            tc_frag_a(va[kk], sm + TC_BR * LK, LK, w * 16, kk * 16, g, t);
-        }
+        tc_rows_a<DM>(ka, va, sm, k, 1, v, 2, bthd, b, h, kb * TC_BR, H, T, D);
         float ak[DM / 8][4], av[DM / 8][4];
 #pragma unroll
         for (int dn = 0; dn < DM / 8; dn++)
