@@ -870,11 +870,11 @@ END_TEST
 /* The bf16 tensor-core attention (kernels/cuk_attention_tc.cu) compiled by the host's C++
  * compiler with this shim, so its indexing, masking, online softmax, fragment bookkeeping and
  * rounding points are checked against the CPU on any machine. A block's 128 threads are real
- * threads (__syncthreads a barrier, __shared__ shared); a warp's shuffles and mma go through
- * per-warp exchange arrays and a 32-thread barrier; mma.sync.m16n8k16 is computed from the
- * fragment layouts of the PTX ISA (the ones the kernel assumes). What this cannot check: the
- * real mma's layouts and accumulation, the memory model and the launch limits (the GPU test
- * test_attention_bf16 does). */
+ * threads (__syncthreads a barrier, __shared__ shared); a warp's shuffles, ldmatrix and mma go
+ * through per-warp exchange arrays and a 32-thread barrier; ldmatrix.x4 (.trans) and
+ * mma.sync.m16n8k16 follow the fragment layouts of the PTX ISA (the ones the kernel assumes). What
+ * this cannot check: the real mma's layouts and accumulation, the memory model and the launch
+ * limits (the GPU test test_attention_bf16 does). */
 static const char TC_EMU_HEAD[] =
     "#define JDT_CUK_EMU 1\n"
     "#include <cmath>\n#include <cstring>\n#include <thread>\n#include <barrier>\n"
@@ -923,6 +923,22 @@ static const char TC_EMU_HEAD[] =
     "            s += av * bv;\n"
     "        }\n"
     "        d[e] += s;\n"
+    "    }\n"
+    "    emu_syncwarp();\n"
+    "}\n"
+    /* ldmatrix.x4: lane l's register i = matrix i (rows from lanes 8 i..8 i + 7) at row l / 4,
+     * columns 2 (l % 4), + 1; transposed: column l / 4 of rows 2 (l % 4), + 1 */
+    "static const unsigned short *emu_rowp[128];\n"
+    "template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], "
+    "const unsigned short *row) {\n"
+    "    unsigned tid = threadIdx.x, base = tid & ~31u, lane = tid & 31u;\n"
+    "    emu_rowp[tid] = row;\n"
+    "    emu_syncwarp();\n"
+    "    unsigned g = lane >> 2, t = lane & 3;\n"
+    "    for (unsigned i = 0; i < 4; i++) {\n"
+    "        const unsigned short *const *m = emu_rowp + base + 8 * i;\n"
+    "        r[i] = TRANS ? (unsigned)m[2 * t][g] | (unsigned)m[2 * t + 1][g] << 16\n"
+    "                     : (unsigned)m[g][2 * t] | (unsigned)m[g][2 * t + 1] << 16;\n"
     "    }\n"
     "    emu_syncwarp();\n"
     "}\n";

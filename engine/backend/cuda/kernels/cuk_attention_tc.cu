@@ -31,9 +31,12 @@
 
 #define TC_BR 64 /* rows per block */
 #define TC_THREADS 128
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
 
 /* d (16 x 8, f32) += a (16 x 16, bf16) b (16 x 8, bf16): one warp, every lane. The host
- * emulation (check_cuk) defines JDT_CUK_EMU and its own cuk_mma_bf16 with these layouts. */
+ * emulation (check_cuk) defines JDT_CUK_EMU and its own cuk_mma_bf16 and cuk_ldsm_x4 with
+ * these layouts. */
 #ifndef JDT_CUK_EMU
 __device__ __forceinline__ void cuk_mma_bf16(float d[4], const unsigned a[4], const unsigned b[2])
 {
@@ -44,6 +47,28 @@ __device__ __forceinline__ void cuk_mma_bf16(float d[4], const unsigned a[4], co
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
     __trap(); /* the launcher picks these kernels on sm_80+ only */
+#endif
+}
+
+/* ldmatrix.x4: four 8 x 8 b16 matrices from shared memory; lane l gives the address of row l % 8
+ * of matrix l / 8 (16 bytes, 16-byte aligned). Register i of lane l receives matrix i's row
+ * l / 4, columns 2 (l % 4) and + 1; with TRANS the transposed matrix's (stored rows 2 (l % 4)
+ * and + 1 of column l / 4). One warp, every lane. */
+template <bool TRANS>
+__device__ __forceinline__ void cuk_ldsm_x4(unsigned r[4], const unsigned short *row)
+{
+#if __CUDA_ARCH__ >= 800
+    unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#else
+    __trap();
 #endif
 }
 #endif
@@ -66,11 +91,6 @@ __device__ __forceinline__ unsigned tc_pack(float lo, float hi)
     return (unsigned)cuk_bf16_bits(lo) | (unsigned)cuk_bf16_bits(hi) << 16;
 }
 
-__device__ __forceinline__ unsigned tc_u32(const unsigned short *p)
-{
-    return *(const unsigned *)p;
-}
-
 /* Element offset of row t of slice (b, h) for input `bit` (as cuk_attention.cu's att_row). */
 __device__ __forceinline__ i64 tc_row(unsigned bthd, int bit, i64 b, i64 h, i64 t, i64 H, i64 T,
                                       i64 D)
@@ -79,40 +99,45 @@ __device__ __forceinline__ i64 tc_row(unsigned bthd, int bit, i64 b, i64 h, i64 
 }
 
 /* Rows t0..t0+R-1 of input `bit` of slice (b, h) rounded to bf16 into X (R x DM, row stride
- * lx) and/or Xt (DM x R, its transpose, row stride lt); zeros past T and past D. */
+ * lx); zeros past T and past D. */
 template <int R, int DM>
-__device__ __forceinline__ void tc_load(unsigned short *X, int lx, unsigned short *Xt, int lt,
-                                        const float *x, unsigned bthd, int bit, i64 b, i64 h,
-                                        i64 t0, i64 H, i64 T, i64 D)
+__device__ __forceinline__ void tc_load(unsigned short *X, int lx, const float *x, unsigned bthd,
+                                        int bit, i64 b, i64 h, i64 t0, i64 H, i64 T, i64 D)
 {
     for (int e = threadIdx.x; e < R * DM; e += blockDim.x) {
         int r = e / DM, d = e - r * DM;
         i64 t = t0 + r;
-        unsigned short u = 0;
-        if (t < T && d < D) u = cuk_bf16_bits(x[tc_row(bthd, bit, b, h, t, H, T, D) + d]);
-        if (X) X[r * lx + d] = u;
-        if (Xt) Xt[d * lt + r] = u;
+        float v = t < T && d < D ? x[tc_row(bthd, bit, b, h, t, H, T, D) + d] : 0.0f;
+        X[r * lx + d] = cuk_bf16_bits(v);
     }
 }
 
-/* A fragment (16 x 16) of row-major X at rows r0.., columns k0... */
+/* A fragment (16 x 16) of row-major X at rows r0.., columns k0..: the matrices (r0, k0),
+ * (r0 + 8, k0), (r0, k0 + 8), (r0 + 8, k0 + 8). */
 __device__ __forceinline__ void tc_frag_a(unsigned a[4], const unsigned short *X, int lx, int r0,
-                                          int k0, int g, int t)
+                                          int k0, int lane)
 {
-    const unsigned short *p = X + (r0 + g) * lx + k0 + 2 * t;
-    a[0] = tc_u32(p);
-    a[1] = tc_u32(p + 8 * lx);
-    a[2] = tc_u32(p + 8);
-    a[3] = tc_u32(p + 8 * lx + 8);
+    int m = lane >> 3;
+    cuk_ldsm_x4<false>(a, X + (r0 + (lane & 7) + 8 * (m & 1)) * lx + k0 + 8 * (m >> 1));
 }
 
-/* B fragment (16 x 8, k x n) of a matrix stored n-major: Y[n][k] (row stride ly), n0.., k0... */
-__device__ __forceinline__ void tc_frag_b(unsigned b[2], const unsigned short *Y, int ly, int n0,
-                                          int k0, int g, int t)
+/* B fragments (16 x 8, k x n) of columns n0.. (b[0], b[1]) and n0 + 8.. (b[2], b[3]), rows
+ * k0.., of a matrix stored n-major, Y[n][k]: the matrices (n0, k0), (n0, k0 + 8), (n0 + 8, k0),
+ * (n0 + 8, k0 + 8). */
+__device__ __forceinline__ void tc_frag_b2(unsigned b[4], const unsigned short *Y, int ly, int n0,
+                                           int k0, int lane)
 {
-    const unsigned short *p = Y + (n0 + g) * ly + k0 + 2 * t;
-    b[0] = tc_u32(p);
-    b[1] = tc_u32(p + 8);
+    int m = lane >> 3;
+    cuk_ldsm_x4<false>(b, Y + (n0 + (lane & 7) + 8 * (m >> 1)) * ly + k0 + 8 * (m & 1));
+}
+
+/* The same of a matrix stored k-major, Z[k][n], by transposing loads: the stored matrices
+ * (k0, n0), (k0 + 8, n0), (k0, n0 + 8), (k0 + 8, n0 + 8). */
+__device__ __forceinline__ void tc_frag_b2_t(unsigned b[4], const unsigned short *Z, int lz, int n0,
+                                             int k0, int lane)
+{
+    int m = lane >> 3;
+    cuk_ldsm_x4<true>(b, Z + (k0 + (lane & 7) + 8 * (m & 1)) * lz + n0 + 8 * (m >> 1));
 }
 
 /* The block's TC_BR rows from row r0 of input bx (x) and, unless y is null, of input by (y), as
@@ -124,15 +149,15 @@ __device__ __forceinline__ void tc_rows_a(unsigned (*xa)[4], unsigned (*ya)[4], 
                                           unsigned bthd, i64 b, i64 h, i64 r0, i64 H, i64 T, i64 D)
 {
     constexpr int L = DM + 8;
-    int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     __syncthreads(); /* the previous block's tiles have been consumed */
-    tc_load<TC_BR, DM>(sm, L, nullptr, 0, x, bthd, bx, b, h, r0, H, T, D);
-    if (y) tc_load<TC_BR, DM>(sm + TC_BR * L, L, nullptr, 0, y, bthd, by, b, h, r0, H, T, D);
+    tc_load<TC_BR, DM>(sm, L, x, bthd, bx, b, h, r0, H, T, D);
+    if (y) tc_load<TC_BR, DM>(sm + TC_BR * L, L, y, bthd, by, b, h, r0, H, T, D);
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < DM / 16; kk++) {
-        tc_frag_a(xa[kk], sm, L, w * 16, kk * 16, g, t);
-        if (y) tc_frag_a(ya[kk], sm + TC_BR * L, L, w * 16, kk * 16, g, t);
+        tc_frag_a(xa[kk], sm, L, w * 16, kk * 16, lane);
+        if (y) tc_frag_a(ya[kk], sm + TC_BR * L, L, w * 16, kk * 16, lane);
     }
 }
 
@@ -148,35 +173,37 @@ __device__ __forceinline__ void tc_c_to_a(unsigned a[4], const float (*c)[4], in
 /* c[N/8] = A (the warp's 16 x DM rows, fragments a) times Y^T, Y (N x DM) stored row-major. */
 template <int DM, int N>
 __device__ __forceinline__ void tc_rows_by(float (*c)[4], const unsigned (*a)[4],
-                                           const unsigned short *Y, int ly, int g, int t)
+                                           const unsigned short *Y, int ly, int lane)
 {
 #pragma unroll
-    for (int nt = 0; nt < N / 8; nt++) {
-        c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+    for (int n2 = 0; n2 < N / 16; n2++) {
+        float *c0 = c[2 * n2], *c1 = c[2 * n2 + 1];
+        c0[0] = c0[1] = c0[2] = c0[3] = c1[0] = c1[1] = c1[2] = c1[3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < DM / 16; kk++) {
-            unsigned bf[2];
-            tc_frag_b(bf, Y, ly, nt * 8, kk * 16, g, t);
-            cuk_mma_bf16(c[nt], a[kk], bf);
+            unsigned bf[4];
+            tc_frag_b2(bf, Y, ly, n2 * 16, kk * 16, lane);
+            cuk_mma_bf16(c0, a[kk], bf);
+            cuk_mma_bf16(c1, a[kk], bf + 2);
         }
     }
 }
 
-/* acc[DM/8] += P (the warp's 16 x N C fragments p) times Z (N x DM), Z stored transposed
- * (Zt: DM x N, row stride lz). */
+/* acc[DM/8] += P (the warp's 16 x N C fragments p) times Z (N x DM, row-major, row stride lz). */
 template <int DM, int N>
 __device__ __forceinline__ void tc_acc_by(float (*acc)[4], const float (*p)[4],
-                                          const unsigned short *Zt, int lz, int g, int t)
+                                          const unsigned short *Z, int lz, int lane)
 {
 #pragma unroll
     for (int kk = 0; kk < N / 16; kk++) {
         unsigned pa[4];
         tc_c_to_a(pa, p, kk);
 #pragma unroll
-        for (int dn = 0; dn < DM / 8; dn++) {
-            unsigned bf[2];
-            tc_frag_b(bf, Zt, lz, dn * 8, kk * 16, g, t);
-            cuk_mma_bf16(acc[dn], pa, bf);
+        for (int d2 = 0; d2 < DM / 16; d2++) {
+            unsigned bf[4];
+            tc_frag_b2_t(bf, Z, lz, d2 * 16, kk * 16, lane);
+            cuk_mma_bf16(acc[2 * d2], pa, bf);
+            cuk_mma_bf16(acc[2 * d2 + 1], pa, bf + 2);
         }
     }
 }
@@ -208,10 +235,10 @@ template <int DM, int BC, bool STATS>
 __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o, const float *dout,
                        float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
-    constexpr int LQ = DM + 8, LK = DM + 8, LV = BC + 8;
-    constexpr int NQ = TC_BR * LQ, NKV = BC * LK + DM * LV;
-    __shared__ unsigned sm32[(NQ > NKV ? NQ : NKV) / 2];
-    unsigned short *sm = (unsigned short *)sm32, *Ks = sm, *Vt = sm + BC * LK;
+    constexpr int L = DM + 8, NQ = TC_BR * L, NKV = 2 * BC * L;
+    __shared__ float4 smv[(NQ > NKV ? NQ : NKV) / 8]; /* 16-byte aligned rows for ldmatrix */
+    unsigned short *sm = (unsigned short *)smv, *Ks = sm, *Vs = sm + BC * L;
+    const float sl2 = scale * TC_LOG2E; /* scores in log2 units: exp2f */
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nqb = (T + TC_BR - 1) / TC_BR;
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
@@ -227,19 +254,19 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
         i64 kend = min(T, (qb + 1) * TC_BR);
         for (i64 j0 = 0; j0 < kend; j0 += BC) {
             __syncthreads();
-            tc_load<BC, DM>(Ks, LK, nullptr, 0, k, bthd, 1, b, h, j0, H, T, D);
-            if (!STATS) tc_load<BC, DM>(nullptr, 0, Vt, LV, v, bthd, 2, b, h, j0, H, T, D);
+            tc_load<BC, DM>(Ks, L, k, bthd, 1, b, h, j0, H, T, D);
+            if (!STATS) tc_load<BC, DM>(Vs, L, v, bthd, 2, b, h, j0, H, T, D);
             __syncthreads();
             if (j0 > qb * TC_BR + w * 16 + 15) continue; /* the warp's rows see none of it */
             float s[BC / 8][4];
-            tc_rows_by<DM, BC>(s, qa, Ks, LK, g, t);
+            tc_rows_by<DM, BC>(s, qa, Ks, L, lane);
             float mt[2] = {CUK_NEG_INF, CUK_NEG_INF};
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     i64 i = i0 + 8 * (e >> 1), j = j0 + nt * 8 + 2 * t + (e & 1);
-                    s[nt][e] = j <= i ? s[nt][e] * scale : CUK_NEG_INF;
+                    s[nt][e] = j <= i ? s[nt][e] * sl2 : CUK_NEG_INF;
                     mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
                 }
             float alpha[2], mu[2];
@@ -247,7 +274,7 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
             for (int r = 0; r < 2; r++) {
                 float mn = fmaxf(m[r], tc_shfl_max(mt[r]));
                 mu[r] = mn == CUK_NEG_INF ? 0.0f : mn; /* nothing visible yet: p = 0 */
-                alpha[r] = expf(m[r] - mu[r]);         /* m = -inf before the first key: 0 */
+                alpha[r] = exp2f(m[r] - mu[r]);        /* m = -inf before the first key: 0 */
                 m[r] = mn;
                 l[r] *= alpha[r];
             }
@@ -255,7 +282,7 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float p = expf(s[nt][e] - mu[e >> 1]);
+                    float p = exp2f(s[nt][e] - mu[e >> 1]);
                     s[nt][e] = p;
                     l[e >> 1] += p; /* this lane's share; summed over the row's 4 lanes below */
                 }
@@ -265,7 +292,7 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
                     acc[dn][0] *= alpha[0], acc[dn][1] *= alpha[0];
                     acc[dn][2] *= alpha[1], acc[dn][3] *= alpha[1];
                 }
-                tc_acc_by<DM, BC>(acc, s, Vt, LV, g, t);
+                tc_acc_by<DM, BC>(acc, s, Vs, L, lane);
             }
         }
         l[0] = tc_shfl_sum(l[0]);
@@ -277,7 +304,7 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
         }
         if (t == 0)
             for (int r = 0; r < 2; r++)
-                if (i0 + 8 * r < T) stats[bh * T + i0 + 8 * r] = m[r] + logf(l[r]);
+                if (i0 + 8 * r < T) stats[bh * T + i0 + 8 * r] = m[r] * TC_LN2 + logf(l[r]);
         /* delta = dO . O, f32: the warp's 16 rows one after another, lanes along d */
         for (int r = 0; r < 16; r++) {
             i64 i = qb * TC_BR + w * 16 + r;
@@ -300,11 +327,11 @@ __device__ void tc_dq(const float *q, const float *k, const float *v, const floa
                       const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,
                       unsigned bthd)
 {
-    constexpr int LQ = DM + 8, LK = DM + 8, LKT = BC + 8;
-    constexpr int N1 = 2 * TC_BR * LQ, N2 = 2 * BC * LK + DM * LKT;
-    __shared__ unsigned sm32[(N1 > N2 ? N1 : N2) / 2];
-    unsigned short *sm = (unsigned short *)sm32;
-    unsigned short *Ks = sm, *Vs = sm + BC * LK, *Kt = sm + 2 * BC * LK;
+    constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BC * L;
+    __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
+    unsigned short *sm = (unsigned short *)smv;
+    unsigned short *Ks = sm, *Vs = sm + BC * L;
+    const float sl2 = scale * TC_LOG2E;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nqb = (T + TC_BR - 1) / TC_BR;
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
@@ -312,10 +339,10 @@ __device__ void tc_dq(const float *q, const float *k, const float *v, const floa
         i64 i0 = qb * TC_BR + w * 16 + g;
         unsigned qa[DM / 16][4], ga[DM / 16][4];
         tc_rows_a<DM>(qa, ga, sm, q, 0, dout, 4, bthd, b, h, qb * TC_BR, H, T, D);
-        float L[2], dl[2];
+        float L2[2], dl[2]; /* L in log2 units, delta */
         for (int r = 0; r < 2; r++) {
             bool in = i0 + 8 * r < T;
-            L[r] = in ? stats[bh * T + i0 + 8 * r] : 0.0f;
+            L2[r] = in ? stats[bh * T + i0 + 8 * r] * TC_LOG2E : 0.0f;
             dl[r] = in ? stats[B * H * T + bh * T + i0 + 8 * r] : 0.0f;
         }
         float acc[DM / 8][4];
@@ -325,23 +352,23 @@ __device__ void tc_dq(const float *q, const float *k, const float *v, const floa
         i64 kend = min(T, (qb + 1) * TC_BR);
         for (i64 j0 = 0; j0 < kend; j0 += BC) {
             __syncthreads();
-            tc_load<BC, DM>(Ks, LK, Kt, LKT, k, bthd, 1, b, h, j0, H, T, D);
-            tc_load<BC, DM>(Vs, LK, nullptr, 0, v, bthd, 2, b, h, j0, H, T, D);
+            tc_load<BC, DM>(Ks, L, k, bthd, 1, b, h, j0, H, T, D);
+            tc_load<BC, DM>(Vs, L, v, bthd, 2, b, h, j0, H, T, D);
             __syncthreads();
             if (j0 > qb * TC_BR + w * 16 + 15) continue;
             float s[BC / 8][4], dp[BC / 8][4];
-            tc_rows_by<DM, BC>(s, qa, Ks, LK, g, t);
-            tc_rows_by<DM, BC>(dp, ga, Vs, LK, g, t);
+            tc_rows_by<DM, BC>(s, qa, Ks, L, lane);
+            tc_rows_by<DM, BC>(dp, ga, Vs, L, lane);
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int r = e >> 1;
                     i64 i = i0 + 8 * r, j = j0 + nt * 8 + 2 * t + (e & 1);
-                    float p = j <= i && i < T ? expf(s[nt][e] * scale - L[r]) : 0.0f;
+                    float p = j <= i && i < T ? exp2f(s[nt][e] * sl2 - L2[r]) : 0.0f;
                     s[nt][e] = p * (dp[nt][e] - dl[r]) * scale; /* dS, rounded as the CPU's */
                 }
-            tc_acc_by<DM, BC>(acc, s, Kt, LKT, g, t);
+            tc_acc_by<DM, BC>(acc, s, Ks, L, lane);
         }
         float one[2] = {1.0f, 1.0f};
         tc_store<DM>(dq, acc, bh, i0, T, D, one, t);
@@ -355,12 +382,12 @@ __device__ void tc_dkv(const float *q, const float *k, const float *v, const flo
                        const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,
                        float scale, unsigned bthd)
 {
-    constexpr int LK = DM + 8, LQ = DM + 8, LQT = BQ + 8;
-    constexpr int N1 = 2 * TC_BR * LK, N2 = 2 * BQ * LQ + 2 * DM * LQT;
-    __shared__ unsigned sm32[(N1 > N2 ? N1 : N2) / 2];
+    constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BQ * L;
+    __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
     __shared__ float Ls[BQ], Ds[BQ];
-    unsigned short *sm = (unsigned short *)sm32;
-    unsigned short *Qs = sm, *Gs = sm + BQ * LQ, *Qt = sm + 2 * BQ * LQ, *Gt = Qt + DM * LQT;
+    unsigned short *sm = (unsigned short *)smv;
+    unsigned short *Qs = sm, *Gs = sm + BQ * L;
+    const float sl2 = scale * TC_LOG2E;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nkb = (T + TC_BR - 1) / TC_BR;
     for (i64 blk = blockIdx.x; blk < B * H * nkb; blk += gridDim.x) {
@@ -375,30 +402,30 @@ __device__ void tc_dkv(const float *q, const float *k, const float *v, const flo
                 ak[dn][e] = av[dn][e] = 0.0f;
         for (i64 q0 = (kb * TC_BR) / BQ * BQ; q0 < T; q0 += BQ) {
             __syncthreads();
-            tc_load<BQ, DM>(Qs, LQ, Qt, LQT, q, bthd, 0, b, h, q0, H, T, D);
-            tc_load<BQ, DM>(Gs, LQ, Gt, LQT, dout, bthd, 4, b, h, q0, H, T, D);
+            tc_load<BQ, DM>(Qs, L, q, bthd, 0, b, h, q0, H, T, D);
+            tc_load<BQ, DM>(Gs, L, dout, bthd, 4, b, h, q0, H, T, D);
             for (int c = threadIdx.x; c < BQ; c += blockDim.x) {
                 bool in = q0 + c < T;
-                Ls[c] = in ? stats[bh * T + q0 + c] : 0.0f;
+                Ls[c] = in ? stats[bh * T + q0 + c] * TC_LOG2E : 0.0f;
                 Ds[c] = in ? stats[B * H * T + bh * T + q0 + c] : 0.0f;
             }
             __syncthreads();
             if (q0 + BQ - 1 < kb * TC_BR + w * 16) continue; /* every query before the keys */
             float s[BQ / 8][4], dp[BQ / 8][4];
-            tc_rows_by<DM, BQ>(s, ka, Qs, LQ, g, t);  /* k . q */
-            tc_rows_by<DM, BQ>(dp, va, Gs, LQ, g, t); /* v . dO */
+            tc_rows_by<DM, BQ>(s, ka, Qs, L, lane);  /* k . q */
+            tc_rows_by<DM, BQ>(dp, va, Gs, L, lane); /* v . dO */
 #pragma unroll
             for (int nt = 0; nt < BQ / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int c = nt * 8 + 2 * t + (e & 1);
                     i64 j = j0 + 8 * (e >> 1), i = q0 + c;
-                    float p = i >= j && i < T ? expf(s[nt][e] * scale - Ls[c]) : 0.0f;
+                    float p = i >= j && i < T ? exp2f(s[nt][e] * sl2 - Ls[c]) : 0.0f;
                     s[nt][e] = p;
                     dp[nt][e] = p * (dp[nt][e] - Ds[c]) * scale;
                 }
-            tc_acc_by<DM, BQ>(av, s, Gt, LQT, g, t);
-            tc_acc_by<DM, BQ>(ak, dp, Qt, LQT, g, t);
+            tc_acc_by<DM, BQ>(av, s, Gs, L, lane);
+            tc_acc_by<DM, BQ>(ak, dp, Qs, L, lane);
         }
         float one[2] = {1.0f, 1.0f};
         tc_store<DM>(dv, av, bh, j0, T, D, one, t);
@@ -406,9 +433,10 @@ __device__ void tc_dkv(const float *q, const float *k, const float *v, const flo
     }
 }
 
-/* Entry points, one per head-size class (D <= DM). Block: TC_THREADS threads, static shared
- * memory only (at most 48 KiB). */
-#define TC_VARIANT(DM, BC)                                                                         \
+/* Entry points, one per head-size class (D <= DM): BC key rows per tile for the forward and dQ,
+ * BQ query rows per tile for dK/dV. Block: TC_THREADS threads, static shared memory only (at
+ * most 48 KiB). */
+#define TC_VARIANT(DM, BC, BQ)                                                                         \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_fwd_d##DM(const float *q, const float *k, const float *v, float *o, i64 B,      \
                              i64 H, i64 T, i64 D, float scale, unsigned bthd)                      \
@@ -434,8 +462,8 @@ __device__ void tc_dkv(const float *q, const float *k, const float *v, const flo
                              const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D, \
                              float scale, unsigned bthd)                                           \
     {                                                                                              \
-        tc_dkv<DM, BC>(q, k, v, dout, stats, dk, dv, B, H, T, D, scale, bthd);                     \
+        tc_dkv<DM, BQ>(q, k, v, dout, stats, dk, dv, B, H, T, D, scale, bthd);                     \
     }
 
-TC_VARIANT(64, 64)
-TC_VARIANT(128, 32)
+TC_VARIANT(64, 64, 64)
+TC_VARIANT(128, 32, 16) /* dK/dV: query tiles of 16 keep its 64 + 64 accumulators unspilled */
