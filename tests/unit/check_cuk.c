@@ -874,7 +874,7 @@ END_TEST
  * through per-warp exchange arrays and a 32-thread barrier; ldmatrix.x4 (.trans) and
  * mma.sync.m16n8k16 follow the fragment layouts of the PTX ISA (the ones the kernel assumes). What
  * this cannot check: the real mma's layouts and accumulation, the memory model and the launch
- * limits (the GPU test test_attention_bf16 does). */
+ * limits (test_attention's bf16 cases on a GPU do). */
 static const char TC_EMU_HEAD[] =
     "#define JDT_CUK_EMU 1\n"
     "#include <cmath>\n#include <cstring>\n#include <thread>\n#include <barrier>\n"

@@ -10,8 +10,9 @@
  *
  * Mapping (FlashAttention-2's): a block of 4 warps owns TC_BR = 64 rows (queries; keys in the
  * dK/dV kernel), a warp 16 of them; the other side streams through shared memory in tiles of
- * BC rows, rounded to bf16 once as it is stored (row-major, and transposed where a product
- * needs the tile as its k x n operand). The warp's rows sit in registers as mma A fragments;
+ * BC rows, rounded to bf16 once as it is stored (row-major, rows padded by 16 bytes). Fragments
+ * are read by ldmatrix.x4, transposing (.trans) where a product needs the tile as its k x n
+ * operand. The warp's rows sit in registers as mma A fragments;
  * scores come out in C fragments, whose layout is the A layout of the next product (P V, dS K,
  * ...), so probabilities never leave registers. Fragment layouts are PTX's for m16n8k16
  * (lane = 4 * group + t: A rows group and group + 8, columns 2t, 2t + 1 and + 8; B columns
@@ -24,8 +25,8 @@
  * As in cuk_attention.cu the backward recomputes the scores (no T x T matrix) and its kernels
  * write disjoint outputs (no atomics: deterministic). Rows past T compute on zeros and write
  * nothing; a warp whose rows are all masked from a tile skips its products (warp-uniform, so
- * every lane still reaches every __syncthreads). Not yet: ldmatrix, cp.async double buffering,
- * bf16-stored inputs (the inputs are f32 and converted as tiles are stored).
+ * every lane still reaches every __syncthreads). Softmax in log2 units (exp2f). Not yet: cp.async
+ * double buffering, bf16-stored inputs (the inputs are f32 and converted as tiles are stored).
  */
 #include "cuk_common.cuh"
 
