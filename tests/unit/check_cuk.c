@@ -875,7 +875,7 @@ END_TEST
  * mma.sync.m16n8k16 follow the fragment layouts of the PTX ISA (the ones the kernel assumes). What
  * this cannot check: the real mma's layouts and accumulation, the memory model and the launch
  * limits (test_attention's bf16 cases on a GPU do). */
-static const char TC_EMU_HEAD[] =
+static const char ATT_EMU_HEAD[] =
     "#define JDT_CUK_EMU 1\n"
     "#include <cmath>\n#include <cstring>\n#include <thread>\n#include <barrier>\n"
     "#include <vector>\n"
@@ -901,6 +901,8 @@ static const char TC_EMU_HEAD[] =
     "static inline long long min(long long a, long long b) { return a < b ? a : b; }\n"
     "#define __global__\n#define __device__\n#define __forceinline__ inline\n"
     "#define __launch_bounds__(n)\n#define __shared__ static\n"
+    "static float emu_dyn_smem[12288];\n"
+    "#define CUK_DYN_SMEM(T, name) T *name = (T *)emu_dyn_smem\n"
     "static unsigned emu_a[128][4], emu_b[128][2];\n"
     "static inline float emu_bf(unsigned r, int hi) "
     "{ return __uint_as_float((hi ? r >> 16 : r & 0xffffu) << 16); }\n"
@@ -943,7 +945,7 @@ static const char TC_EMU_HEAD[] =
     "    emu_syncwarp();\n"
     "}\n";
 
-static const char TC_EMU_TAIL[] =
+static const char ATT_EMU_TAIL[] =
     "template <class F> static void emu_launch(unsigned grid, F f) {\n"
     "    gridDim = {grid, 1, 1}; blockDim = {128, 1, 1};\n"
     "    std::barrier<> bar(128); emu_block_bar = &bar;\n"
@@ -972,6 +974,27 @@ static const char TC_EMU_TAIL[] =
     "scale, bthd); else cuk_att_tc_dq_d64(q, k, v, g, stats, dq, B, H, T, D, scale, bthd); });\n"
     "    emu_launch(grid, [=] { if (d128) cuk_att_tc_dkv_d128(q, k, v, g, stats, dk, dv, B, H, T, "
     "D, scale, bthd); else cuk_att_tc_dkv_d64(q, k, v, g, stats, dk, dv, B, H, T, D, scale, "
+    "bthd); });\n}\n"
+    /* the f32 FMA kernels (cuk_attention.cu): head-size class 0/1/2 = d64/d128/d256 */
+    "extern \"C\" void emu_att_fma(int cls, const float *q, const float *k, const float *v, "
+    "float *o, long long B, long long H, long long T, long long D, float scale, unsigned bthd, "
+    "unsigned grid) {\n"
+    "    emu_launch(grid, [=] { if (cls == 2) cuk_att_fwd_d256(q, k, v, o, B, H, T, D, scale, "
+    "bthd); else if (cls == 1) cuk_att_fwd_d128(q, k, v, o, B, H, T, D, scale, bthd); "
+    "else cuk_att_fwd_d64(q, k, v, o, B, H, T, D, scale, bthd); });\n}\n"
+    "extern \"C\" void emu_att_fma_bwd(int cls, const float *q, const float *k, const float *v, "
+    "const float *o, const float *g, float *stats, float *dq, float *dk, float *dv, "
+    "long long B, long long H, long long T, long long D, float scale, unsigned bthd, "
+    "unsigned grid) {\n"
+    "    emu_launch(grid, [=] { if (cls == 2) cuk_att_stats_d256(q, k, o, g, stats, B, H, T, D, "
+    "scale, bthd); else if (cls == 1) cuk_att_stats_d128(q, k, o, g, stats, B, H, T, D, scale, "
+    "bthd); else cuk_att_stats_d64(q, k, o, g, stats, B, H, T, D, scale, bthd); });\n"
+    "    emu_launch(grid, [=] { if (cls == 2) cuk_att_dq_d256(q, k, v, g, stats, dq, B, H, T, D, "
+    "scale, bthd); else if (cls == 1) cuk_att_dq_d128(q, k, v, g, stats, dq, B, H, T, D, scale, "
+    "bthd); else cuk_att_dq_d64(q, k, v, g, stats, dq, B, H, T, D, scale, bthd); });\n"
+    "    emu_launch(grid, [=] { if (cls == 2) cuk_att_dkv_d256(q, k, v, g, stats, dk, dv, B, H, "
+    "T, D, scale, bthd); else if (cls == 1) cuk_att_dkv_d128(q, k, v, g, stats, dk, dv, B, H, "
+    "T, D, scale, bthd); else cuk_att_dkv_d64(q, k, v, g, stats, dk, dv, B, H, T, D, scale, "
     "bthd); });\n}\n";
 
 typedef void (*emu_att_fn)(int, const float *, const float *, const float *, float *, long long,
@@ -980,11 +1003,13 @@ typedef void (*emu_att_bwd_fn)(int, const float *, const float *, const float *,
                                const float *, float *, float *, float *, float *, long long,
                                long long, long long, long long, float, unsigned, unsigned);
 
-static void write_text(const char *path, const char *a, const char *b, const char *c)
+/* Writes the n strings one after another into path. */
+static void write_text(const char *path, const char *const *parts, int n)
 {
     FILE *f = fopen(path, "w");
     ck_assert_msg(f != NULL, "cannot write %s", path);
-    fputs(a, f), fputs(b, f), fputs(c, f);
+    for (int i = 0; i < n; i++)
+        fputs(parts[i], f);
     ck_assert_int_eq(fclose(f), 0);
 }
 
@@ -997,32 +1022,36 @@ static const char *cuk_source(const char *name)
 }
 
 /* Builds the emulation into dir and returns the dlopen handle. */
-static void *tc_emu_build(const char *dir)
+static void *att_emu_build(const char *dir)
 {
     char path[512], cmd[2048];
     snprintf(path, sizeof path, "%s/cuk_common.cuh", dir);
-    write_text(path, cuk_source("cuk_common.cuh"), "", "");
+    const char *common = cuk_source("cuk_common.cuh");
+    write_text(path, &common, 1);
     snprintf(path, sizeof path, "%s/emu.cc", dir);
-    write_text(path, TC_EMU_HEAD, cuk_source("cuk_attention_tc.cu"), TC_EMU_TAIL);
+    const char *parts[] = {ATT_EMU_HEAD, cuk_source("cuk_attention.cu"),
+                           cuk_source("cuk_attention_tc.cu"), ATT_EMU_TAIL};
+    write_text(path, parts, 4);
     const char *cxx = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "g++";
     snprintf(cmd, sizeof cmd, "%s -std=c++20 -O1 -w -pthread -shared -fPIC -o %s/emu.so %s 2>&1",
              cxx, dir, path);
     int rc = system(cmd);
-    ck_assert_msg(rc == 0, "compiling the tensor-core attention emulation failed: %s", cmd);
+    ck_assert_msg(rc == 0, "compiling the attention emulation failed: %s", cmd);
     snprintf(path, sizeof path, "%s/emu.so", dir);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     ck_assert_msg(h != NULL, "dlopen %s: %s", path, dlerror());
     return h;
 }
 
-/* The emulated tensor-core forward and backward against jdt_rt_attention with bf16 (and f32:
- * the rounding must be there, so the bf16 reference must be the closer one when D is large
- * enough for rounding to show). */
-static void check_attention_tc_emu(void *h, int64_t B, int64_t H, int64_t T, int64_t D,
-                                   unsigned bthd)
+/* The emulated attention forward and backward: the tensor-core kernels (fma false) against
+ * jdt_rt_attention with bf16 (and f32: the rounding must be there, so the bf16 reference must be
+ * the closer one when D is large enough for rounding to show); the f32 FMA kernels (fma true)
+ * against jdt_rt_attention in f32, with the GPU test's tolerances. */
+static void check_attention_emu(void *h, bool fma, int64_t B, int64_t H, int64_t T, int64_t D,
+                                unsigned bthd)
 {
-    emu_att_fn fwd = (emu_att_fn)dlsym(h, "emu_att");
-    emu_att_bwd_fn bwd = (emu_att_bwd_fn)dlsym(h, "emu_att_bwd");
+    emu_att_fn fwd = (emu_att_fn)dlsym(h, fma ? "emu_att_fma" : "emu_att");
+    emu_att_bwd_fn bwd = (emu_att_bwd_fn)dlsym(h, fma ? "emu_att_fma_bwd" : "emu_att_bwd");
     ck_assert(fwd && bwd);
     int64_t n = B * H * T * D;
     float scale = 1.0f / sqrtf((float)D);
@@ -1035,21 +1064,31 @@ static void check_attention_tc_emu(void *h, int64_t B, int64_t H, int64_t T, int
         jdt_rt_attention(q, kk, v, ref[bf], B, H, T, D, scale, 0, bf, scr, 1);
         jdt_rt_attention_bwd(q, kk, v, ref[bf], go, dref[bf], B, H, T, D, scale, 0, bf, scr, 1);
     }
-    const float *hin[5] = {q, kk, v, ref[1], go};
+    const float *hin[5] = {q, kk, v, ref[!fma], go};
     float *in[5];
     for (int i = 0; i < 5; i++)
         in[i] = (bthd >> i & 1u) ? to_bthd(hin[i], B, H, T, D) : NULL;
 #define IN(i) (in[i] ? in[i] : hin[i])
     float *o = malloc((size_t)n * 4), *d = malloc((size_t)(3 * n) * 4);
     float *stats = malloc((size_t)(2 * B * H * T) * 4);
-    int64_t blocks = B * H * ((T + 63) / 64);
+    int rows = fma ? 32 : 64, cls = fma ? (D > 128) + (D > 64) : D > 64;
+    int64_t blocks = B * H * ((T + rows - 1) / rows);
     unsigned grid = (unsigned)(blocks < 3 ? blocks : 3); /* and the grid-stride loop */
-    fwd(D > 64, IN(0), IN(1), IN(2), o, B, H, T, D, scale, bthd & 7u, grid);
-    bwd(D > 64, IN(0), IN(1), IN(2), IN(3), IN(4), stats, d, d + n, d + 2 * n, B, H, T, D, scale,
-        bthd, grid);
+    fwd(cls, IN(0), IN(1), IN(2), o, B, H, T, D, scale, bthd & 7u, grid);
+    bwd(cls, IN(0), IN(1), IN(2), IN(3), IN(4), stats, d, d + n, d + 2 * n, B, H, T, D, scale, bthd,
+        grid);
 #undef IN
-    const char *nm[4] = {"o", "dq", "dk", "dv"};
-    for (int w = 0; w < 4; w++) {
+    if (fma) {
+        char what[96];
+        snprintf(what, sizeof what, "attention (emulated FMA) B%lld H%lld T%lld D%lld bthd%u",
+                 (long long)B, (long long)H, (long long)T, (long long)D, bthd);
+        expect_close(what, o, ref[0], n, 2e-5f, 1e-4f);
+        expect_close(what, d, dref[0], 3 * n, 5e-5f, 1e-3f);
+        printf("%s: max error %.2e (o), %.2e (dq, dk, dv) of the largest value\n", what,
+               rel_err(o, ref[0], n), rel_err(d, dref[0], 3 * n));
+    }
+    for (int w = 0; w < 4 && !fma; w++) {
+        const char *nm[4] = {"o", "dq", "dk", "dv"};
         const float *got = w ? d + (w - 1) * n : o;
         const float *r16 = w ? dref[1] + (w - 1) * n : ref[1];
         const float *r32 = w ? dref[0] + (w - 1) * n : ref[0];
@@ -1072,18 +1111,21 @@ static void check_attention_tc_emu(void *h, int64_t B, int64_t H, int64_t T, int
     free(q), free(kk), free(v), free(go), free(scr), free(o), free(d), free(stats);
 }
 
-START_TEST(test_attention_tc_emulated)
+START_TEST(test_attention_emulated)
 {
-    tu_tmpdir_make("cuk_tc");
+    tu_tmpdir_make("cuk_att");
     double t0 = jdt_now_s();
-    void *h = tc_emu_build(tu_tmpdir());
-    printf("tensor-core attention emulation built in %.1f s\n", jdt_now_s() - t0);
+    void *h = att_emu_build(tu_tmpdir());
+    printf("attention emulation built in %.1f s\n", jdt_now_s() - t0);
     /* small shapes: the emulation runs 128 threads per block on the host's cores */
-    check_attention_tc_emu(h, 2, 2, 70, 16, 0);   /* d64 class, D < 64, T past a tile, 4 blocks */
-    check_attention_tc_emu(h, 1, 1, 65, 64, 31u); /* d64, every input (B, T, H, D) */
-    check_attention_tc_emu(h, 1, 1, 40, 80, 5u);  /* d128 class (key tiles of 32), mixed layouts */
-    check_attention_tc_emu(h, 1, 1, 1, 8, 0);     /* one token */
-    printf("tensor-core attention emulation: %.1f s in all\n", jdt_now_s() - t0);
+    for (int fma = 0; fma < 2; fma++) {
+        check_attention_emu(h, fma, 2, 2, 70, 16, 0);   /* d64 class, D < 64, T past a tile */
+        check_attention_emu(h, fma, 1, 1, 65, 64, 31u); /* d64, every input (B, T, H, D) */
+        check_attention_emu(h, fma, 1, 1, 40, 80, 5u);  /* d128 class, mixed layouts */
+        check_attention_emu(h, fma, 1, 1, 1, 8, 0);     /* one token */
+    }
+    check_attention_emu(h, true, 1, 1, 20, 136, 0); /* the FMA kernels' d256 class */
+    printf("attention emulation: %.1f s in all\n", jdt_now_s() - t0);
     dlclose(h);
     tu_tmpdir_remove();
 }
@@ -1138,7 +1180,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_nvrtc_compile_sm80);
     tcase_add_test(tc, test_nvrtc_compile_sm90);
     tcase_add_test(tc, test_nvrtc_bad_arch_is_compile_error);
-    tcase_add_test(tc, test_attention_tc_emulated);
+    tcase_add_test(tc, test_attention_emulated);
     tcase_add_test(tc, test_no_gpu_is_clean_error);
     tcase_add_test(tc, test_init_errors_and_cache);
     tcase_add_test(tc, test_matmul);

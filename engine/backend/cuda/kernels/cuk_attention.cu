@@ -90,7 +90,7 @@ template <int DM, int CT>
 __device__ void att_fwd(const float *q, const float *k, const float *v, float *o, i64 B, i64 H,
                         i64 T, i64 D, float scale, unsigned bthd)
 {
-    extern __shared__ float smem[];
+    CUK_DYN_SMEM(float, smem);
     float *Ks = smem, *Vs = smem + CT * D;
     int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
     i64 nqb = (T + ATT_R - 1) / ATT_R;
@@ -150,7 +150,7 @@ template <int DM, int CT>
 __device__ void att_stats(const float *q, const float *k, const float *o, const float *dout,
                           float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
-    extern __shared__ float smem[];
+    CUK_DYN_SMEM(float, smem);
     float *Ks = smem;
     int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
     i64 nqb = (T + ATT_R - 1) / ATT_R;
@@ -201,7 +201,7 @@ __device__ void att_dq(const float *q, const float *k, const float *v, const flo
                        const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,
                        unsigned bthd)
 {
-    extern __shared__ float smem[];
+    CUK_DYN_SMEM(float, smem);
     float *Ks = smem, *Vs = smem + CT * D;
     int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
     i64 nqb = (T + ATT_R - 1) / ATT_R;
@@ -248,7 +248,7 @@ __device__ void att_dkv(const float *q, const float *k, const float *v, const fl
                         const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,
                         float scale, unsigned bthd)
 {
-    extern __shared__ float smem[];
+    CUK_DYN_SMEM(float, smem);
     float *Qs = smem, *Gs = smem + CT * D, *Ls = smem + 2 * CT * D, *Ds = Ls + CT;
     int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
     i64 nkb = (T + ATT_R - 1) / ATT_R;

@@ -13,6 +13,12 @@ typedef int i32;
 #define CUK_NEG_INF __int_as_float(0xff800000)
 #define CUK_NAN __int_as_float(0x7fc00000)
 
+/* The block's dynamic shared memory as `T name[]` (check_cuk's host emulation, which defines
+ * JDT_CUK_EMU, supplies its own). */
+#ifndef JDT_CUK_EMU
+#define CUK_DYN_SMEM(T, name) extern __shared__ T name[]
+#endif
+
 __device__ __forceinline__ float cuk_warp_sum(float v)
 {
 #pragma unroll
