@@ -28,9 +28,11 @@ START_TEST(test_cuda_not_built)
 }
 END_TEST
 
-static void add_tests(TCase *tc)
+static void add_tests(Suite *s)
 {
+    TCase *tc = tcase_create("cuk");
     tcase_add_test(tc, test_cuda_not_built);
+    suite_add_tcase(s, tc);
 }
 
 #else
@@ -1175,13 +1177,22 @@ START_TEST(test_no_gpu_is_clean_error)
 }
 END_TEST
 
-static void add_tests(TCase *tc)
+/* Test cases: "host" needs no GPU (NVRTC compiles, the attention emulation, the no-GPU error:
+ * CI runs them, scripts/gpu/check.sh skips them to save device time), "gpu" needs one (each
+ * test prints SKIP with the reason otherwise). NVRTC compiles of the attention kernels take
+ * tens of seconds. */
+static void add_tests(Suite *s)
 {
-    tcase_add_test(tc, test_nvrtc_compile_sm80);
-    tcase_add_test(tc, test_nvrtc_compile_sm90);
-    tcase_add_test(tc, test_nvrtc_bad_arch_is_compile_error);
-    tcase_add_test(tc, test_attention_emulated);
-    tcase_add_test(tc, test_no_gpu_is_clean_error);
+    TCase *th = tcase_create("host");
+    tcase_set_timeout(th, 300);
+    tcase_add_test(th, test_nvrtc_compile_sm80);
+    tcase_add_test(th, test_nvrtc_compile_sm90);
+    tcase_add_test(th, test_nvrtc_bad_arch_is_compile_error);
+    tcase_add_test(th, test_attention_emulated);
+    tcase_add_test(th, test_no_gpu_is_clean_error);
+    suite_add_tcase(s, th);
+    TCase *tc = tcase_create("gpu");
+    tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_init_errors_and_cache);
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_matmul_bf16);
@@ -1196,6 +1207,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_concat);
     tcase_add_test(tc, test_attention);
+    suite_add_tcase(s, tc);
 }
 
 #endif /* JDT_CUDA */
@@ -1203,10 +1215,7 @@ static void add_tests(TCase *tc)
 int main(void)
 {
     Suite *s = suite_create("cuk");
-    TCase *tc = tcase_create("cuk");
-    tcase_set_timeout(tc, 300); /* NVRTC compiles of the attention kernels take tens of seconds */
-    add_tests(tc);
-    suite_add_tcase(s, tc);
+    add_tests(s);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
