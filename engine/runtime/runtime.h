@@ -26,9 +26,9 @@ void jdt_rt_set_threads(int nt);
  * thread gets a fraction of a core, and every region waits for it: 1 thread can then be faster
  * than n. The tuner is fed the wall time of every run of one program and answers how many
  * threads the next run should use: the budget n, or 1. After JDT_RT_TUNER_WARMUP runs it
- * times 2 runs of the current choice (k before later probes, so the first decision comes early),
- * then probes: k runs of the other count alternating
- * with k runs of the current one (so a change of load hits both), stopping at once when the
+ * times JDT_RT_TUNER_FIRST_RUNS runs of the current choice (k before later probes, so the first
+ * decision comes early), then probes: k runs of the other count alternating with k runs of the
+ * current one (so a change of load hits both), stopping at once when the
  * first probe run is JDT_RT_TUNER_ABORT x slower than the runs before, or when after
  * JDT_RT_TUNER_EARLY_RUNS runs a side the other count's median is JDT_RT_TUNER_EARLY_LOSS
  * slower than the current one's (a probe that is losing costs 3 slow runs, not 8); it switches
@@ -43,6 +43,7 @@ void jdt_rt_set_threads(int nt);
  * bookkeeping (no clock, no threads): the caller times the runs. Not thread-safe; one tuner per
  * program. */
 #define JDT_RT_TUNER_WARMUP 2
+#define JDT_RT_TUNER_FIRST_RUNS 2
 #define JDT_RT_TUNER_MAX_SAMPLES 8
 #define JDT_RT_TUNER_PROBE_S 0.5
 #define JDT_RT_TUNER_HYST_UP 0.05

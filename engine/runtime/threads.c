@@ -93,7 +93,7 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s)
         int have = t->n_base < MAX_S ? t->n_base : MAX_S;
         if (t->until_probe == 0) {
             int k = samples_for(base_median(t, have));
-            if (have >= (t->n_probes == 0 ? 2 : k)) {
+            if (have >= (t->n_probes == 0 ? JDT_RT_TUNER_FIRST_RUNS : k)) {
                 t->probing = true;
                 t->alt_next = true;
                 t->k = k;
@@ -109,7 +109,7 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s)
         t->pbase[t->n_pbase++] = run_s;
     } else {
         t->probe[t->n_probe++] = run_s;
-        /* the runs before the probe: k of them, or the 2 timed runs before the first probe */
+        /* the runs before the probe: k of them, or the JDT_RT_TUNER_FIRST_RUNS before the first */
         double before = base_median(t, t->n_base < t->k ? t->n_base : t->k);
         if (t->n_probe == 1 && run_s > JDT_RT_TUNER_ABORT * before) { /* clearly slower */
             t->last_base_s = before;

@@ -39,6 +39,7 @@ static void add_tests(Suite *s)
 
 #include "backend/cuda/cuk-impl.h"
 #include "comm/comm.h"
+#include "compile/compile-impl.h"
 #include "runtime/runtime.h"
 #include "tests/unit/testutil.h"
 
@@ -1005,13 +1006,11 @@ typedef void (*emu_att_bwd_fn)(int, const float *, const float *, const float *,
                                const float *, float *, float *, float *, float *, long long,
                                long long, long long, long long, float, unsigned, unsigned);
 
-/* Writes the n strings one after another into path. */
-static void write_text(const char *path, const char *const *parts, int n)
+static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
     ck_assert_msg(f != NULL, "cannot write %s", path);
-    for (int i = 0; i < n; i++)
-        fputs(parts[i], f);
+    fputs(text, f);
     ck_assert_int_eq(fclose(f), 0);
 }
 
@@ -1023,25 +1022,29 @@ static const char *cuk_source(const char *name)
     return NULL;
 }
 
-/* Builds the emulation into dir and returns the dlopen handle. */
+/* Builds the emulation with the compile cache's builder (the $CXX the emulated device uses),
+ * cached in dir, and returns the dlopen handle. */
 static void *att_emu_build(const char *dir)
 {
-    char path[512], cmd[2048];
-    snprintf(path, sizeof path, "%s/cuk_common.cuh", dir);
-    const char *common = cuk_source("cuk_common.cuh");
-    write_text(path, &common, 1);
-    snprintf(path, sizeof path, "%s/emu.cc", dir);
-    const char *parts[] = {ATT_EMU_HEAD, cuk_source("cuk_attention.cu"),
-                           cuk_source("cuk_attention_tc.cu"), ATT_EMU_TAIL};
-    write_text(path, parts, 4);
-    const char *cxx = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "g++";
-    snprintf(cmd, sizeof cmd, "%s -std=c++20 -O1 -w -pthread -shared -fPIC -o %s/emu.so %s 2>&1",
-             cxx, dir, path);
-    int rc = system(cmd);
-    ck_assert_msg(rc == 0, "compiling the attention emulation failed: %s", cmd);
-    snprintf(path, sizeof path, "%s/emu.so", dir);
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    ck_assert_msg(h != NULL, "dlopen %s: %s", path, dlerror());
+    char path[512], flags[640];
+    snprintf(path, sizeof path, "%s/cuk_common.cuh", dir); /* the .cu files include it */
+    write_text(path, cuk_source("cuk_common.cuh"));
+    jdt_sbuf src = {0};
+    jdt_sb_printf(&src, "%s%s%s%s", ATT_EMU_HEAD, cuk_source("cuk_attention.cu"),
+                  cuk_source("cuk_attention_tc.cu"), ATT_EMU_TAIL);
+    ck_assert(!src.oom);
+    snprintf(flags, sizeof flags, "-x c++ -std=c++20 -O1 -w -pthread -I%s", dir);
+    jdt_compile_opts o = {0};
+    o.cc = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "g++";
+    o.cflags = flags;
+    o.cache_dir = dir;
+    jdt_compile_stats st;
+    jdt_err e;
+    jdt_err_clear(&e);
+    void *h = NULL;
+    jdt_status s = jdt_compile_build(&o, src.buf, &h, &st, &e);
+    jdt_free(src.buf);
+    ck_assert_msg(s == JDT_OK, "compiling the attention emulation: %s", e.msg);
     return h;
 }
 
@@ -1059,9 +1062,9 @@ static void check_attention_emu(void *h, bool fma, int64_t B, int64_t H, int64_t
     float scale = 1.0f / sqrtf((float)D);
     float *q = rand_floats(n, 71, -2, 2), *kk = rand_floats(n, 72, -2, 2);
     float *v = rand_floats(n, 73, -1, 1), *go = rand_floats(n, 74, -1, 1);
-    float *ref[2], *dref[2];
+    float *ref[2] = {NULL, NULL}, *dref[2] = {NULL, NULL};
     float *scr = malloc((size_t)jdt_rt_attention_scratch_floats(D, T, 1, true) * 4);
-    for (int bf = 0; bf < 2; bf++) {
+    for (int bf = 0; bf < (fma ? 1 : 2); bf++) { /* f32; bf16 for the tensor-core kernels */
         ref[bf] = malloc((size_t)n * 4), dref[bf] = malloc((size_t)(3 * n) * 4);
         jdt_rt_attention(q, kk, v, ref[bf], B, H, T, D, scale, 0, bf, scr, 1);
         jdt_rt_attention_bwd(q, kk, v, ref[bf], go, dref[bf], B, H, T, D, scale, 0, bf, scr, 1);
