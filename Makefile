@@ -128,6 +128,25 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TU_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(TU_OBJS) $(LIB) $(CHECK_LIBS) $(LDLIBS)
 
+ifeq ($(CUDA),1)
+# The host CUDA emulator (tests/infra/cudaemu): a stand-in for libcudart, libnvrtc and
+# libcublasLt that runs every kernel on the CPU. jdt-train-emu and the *-emu test binaries are
+# the CUDA build linked against it instead, so the CUDA backend runs end to end without a GPU.
+CUDAEMU_SO := $(BUILD)/libjdtcudaemu.so
+EMU_LDLIBS := $(filter-out -lcudart -lnvrtc -lcublasLt,$(LDLIBS)) -L$(BUILD) \
+              -Wl,-rpath,$(CURDIR)/$(BUILD) -ljdtcudaemu
+$(CUDAEMU_SO): tests/infra/cudaemu/cudaemu.c tests/infra/cudaemu/emu.hpp
+	$(CC) -std=c11 $(OPT) $(WARN) -Wno-missing-prototypes -Wno-switch-enum -fPIC -shared -isystem $(CUDA_HOME)/include \
+	    -DCUDAEMU_DIR='"$(CURDIR)/tests/infra/cudaemu"' $< -o $@ -ldl
+
+$(BUILD)/jdt-train-emu: $(CMD_OBJS) $(LIB) $(CUDAEMU_SO)
+	$(CC) $(LDFLAGS) -o $@ $(CMD_OBJS) $(LIB) $(EMU_LDLIBS)
+
+$(BUILD)/tests/%-emu: $(BUILD)/obj/tests/unit/%.o $(TU_OBJS) $(LIB) $(CUDAEMU_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(TU_OBJS) $(LIB) $(CHECK_LIBS) $(EMU_LDLIBS)
+endif
+
 # scripts/bench/*.c: benchmark drivers linked with the engine (run by scripts/bench/*.sh)
 $(BUILD)/bench/%: $(BUILD)/obj/scripts/bench/%.o $(LIB)
 	@mkdir -p $(dir $@)

@@ -10,7 +10,7 @@ for tool in clang-format cppcheck; do
   command -v "$tool" >/dev/null || { echo "lint: $tool is not installed (scripts/install-deps.sh)"; exit 2; }
 done
 mapfile -t files < <(git ls-files 'engine/*.[ch]' 'cmd/*.[ch]' 'models/*.[ch]' 'datasets/*.[ch]' \
-                                  'tests/unit/*.[ch]' 'scripts/bench/*.c' 2>/dev/null)
+                                  'tests/unit/*.[ch]' 'tests/infra/*.c' 'scripts/bench/*.c' 2>/dev/null)
 # a checkout without git metadata: every file on disk
 [ ${#files[@]} -gt 0 ] || mapfile -t files < <(ls engine/*/*.[ch] cmd/*.[ch] models/*.[ch] \
                                                  datasets/*.[ch] tests/unit/*.[ch] scripts/bench/*.c 2>/dev/null)

@@ -1,0 +1,1143 @@
+/*
+ * cudaemu.c — a host stand-in for the CUDA runtime, NVRTC and cuBLASLt (the calls the CUDA
+ * backend makes), so the whole CUDA backend (engine/backend/cuda: cuda.c, cuk*.c and every
+ * kernel it compiles) runs on a machine without a GPU. A test fixture, not a product: the
+ * Makefile links libjdtcudaemu.so in place of libcudart, libnvrtc and libcublasLt into
+ * build-cuda/jdt-train-emu and the *-emu test binaries.
+ *
+ *   NVRTC      nvrtcCompileProgram preprocesses the source (its headers written to a temporary
+ *              folder) with __global__ marked, finds the extern "C" kernels, and compiles
+ *              emu.hpp + the text + one launcher per kernel with $CXX (g++) into a shared
+ *              object; the "cubin" is that object behind an 8-byte magic and its size.
+ *   runtime    "device" memory is host memory: cudaMalloc counts against a fixed capacity
+ *              (JDT_CUDAEMU_MEM_MB, default 8192) and fills new memory with 0xff bytes (NaN
+ *              floats), so a read of memory nobody wrote shows; copies into or out of device
+ *              memory must lie inside one allocation. cudaLibraryLoadData dlopens the object
+ *              from a memfd; cudaLaunchKernel checks the launch limits of a real GPU (1024
+ *              threads per block, 48 KiB of dynamic shared memory, grid y/z <= 65535) and runs
+ *              the kernel at once (emu.hpp). Streams are synchronous, events hold a time stamp.
+ *              A failed kernel (a deadlock, see emu.hpp) becomes a sticky
+ *              cudaErrorLaunchFailure, as on a GPU. One device, compute capability 9.0
+ *              (JDT_CUDAEMU_DEVICES=0: none; JDT_CUDAEMU_ARCH=75: an older part).
+ *   cuBLASLt   column-major matmul with strided batches, op N/T, the BIAS epilogue, f32 or bf16
+ *              A/B with f32 C/D; CUBLAS_COMPUTE_32F_FAST_TF32 rounds A and B to TF32 first, as
+ *              the tensor cores do. JDT_CUDAEMU_NO_BF16_GEMM=1 offers no bf16 algorithm (the
+ *              backend's TF32 fallback then runs).
+ *
+ * Not emulated: NCCL (the backend dlopens it; with no libnccl a multi-rank CUDA run fails in one
+ * line), asynchrony and overlap, the memory model, performance.
+ */
+#define _GNU_SOURCE
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <nvrtc.h>
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CUDAEMU_DIR /* the Makefile passes the absolute path of this folder */
+#define CUDAEMU_DIR "tests/infra/cudaemu"
+#endif
+
+static const char IMAGE_MAGIC[8] = "JDTEMU01";
+#define IMAGE_FORMAT 1u /* bump when the generated launcher table changes */
+
+/* ---- state ---------------------------------------------------------------------------------- */
+
+static cudaError_t g_sticky; /* a failed kernel: every later call returns it, as on a GPU */
+static cudaError_t g_last;
+
+static cudaError_t ret(cudaError_t e)
+{
+    if (e != cudaSuccess) g_last = e;
+    return e;
+}
+#define STICKY()                                                                                   \
+    do {                                                                                           \
+        if (g_sticky) return ret(g_sticky);                                                        \
+    } while (0)
+
+static long env_long(const char *name, long dflt)
+{
+    const char *s = getenv(name);
+    return s && *s ? strtol(s, NULL, 10) : dflt;
+}
+
+static size_t mem_total(void)
+{
+    return (size_t)env_long("JDT_CUDAEMU_MEM_MB", 8192) << 20;
+}
+
+typedef struct {
+    char *p;
+    size_t n;
+} alloc_t;
+static alloc_t *g_allocs;
+static int g_n_allocs, g_cap_allocs;
+static size_t g_used;
+
+static const alloc_t *find_alloc(const void *p)
+{
+    for (int i = 0; i < g_n_allocs; i++)
+        if ((const char *)p >= g_allocs[i].p && (const char *)p < g_allocs[i].p + g_allocs[i].n)
+            return &g_allocs[i];
+    return NULL;
+}
+
+/* Whether [p, p + n) lies inside one device allocation; else one line on stderr. */
+static bool dev_range(const void *p, size_t n, const char *what)
+{
+    if (n == 0) return true;
+    const alloc_t *a = find_alloc(p);
+    if (a && (size_t)((const char *)p - a->p) + n <= a->n) return true;
+    fprintf(stderr, "cudaemu: %s: %zu bytes at %p are not inside one device allocation%s\n", what,
+            n, p, a ? " (it runs past the end)" : "");
+    return false;
+}
+
+/* ---- errors and the device ------------------------------------------------------------------ */
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorMemoryAllocation:
+        return "out of memory";
+    case cudaErrorNoDevice:
+        return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal";
+    case cudaErrorInvalidConfiguration:
+        return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+        return "unspecified launch failure";
+    case cudaErrorInvalidKernelImage:
+        return "device kernel image is invalid";
+    case cudaErrorInvalidResourceHandle:
+        return "invalid resource handle";
+    case cudaErrorSymbolNotFound:
+        return "named symbol not found";
+    case cudaErrorNotReady:
+        return "device not ready";
+    default:
+        return "unknown error (cudaemu)";
+    }
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return "cudaSuccess";
+    case cudaErrorInvalidValue:
+        return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+        return "cudaErrorMemoryAllocation";
+    case cudaErrorNoDevice:
+        return "cudaErrorNoDevice";
+    case cudaErrorInvalidConfiguration:
+        return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure:
+        return "cudaErrorLaunchFailure";
+    case cudaErrorInvalidKernelImage:
+        return "cudaErrorInvalidKernelImage";
+    case cudaErrorSymbolNotFound:
+        return "cudaErrorSymbolNotFound";
+    case cudaErrorInvalidDeviceFunction:
+        return "cudaErrorInvalidDeviceFunction";
+    default:
+        return "cudaErrorUnknown";
+    }
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = g_sticky ? g_sticky : g_last;
+    g_last = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = (int)env_long("JDT_CUDAEMU_DEVICES", 1);
+    return *n > 0 ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int d)
+{
+    int n = 0;
+    cudaGetDeviceCount(&n);
+    return d >= 0 && d < n ? cudaSuccess : ret(cudaErrorInvalidDevice);
+}
+
+static int arch(void)
+{
+    return (int)env_long("JDT_CUDAEMU_ARCH", 90);
+}
+
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int dev)
+{
+    switch (a) {
+    case cudaDevAttrComputeCapabilityMajor:
+        *v = arch() / 10;
+        return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+        *v = arch() % 10;
+        return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+        *v = 4;
+        return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock:
+        *v = 1024;
+        return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+        *v = 48 * 1024;
+        return cudaSuccess;
+    default:
+        return ret(cudaErrorInvalidValue);
+    }
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "cudaemu (host emulation)");
+    p->totalGlobalMem = mem_total();
+    p->multiProcessorCount = 4;
+    p->major = arch() / 10;
+    p->minor = arch() % 10;
+    p->maxThreadsPerBlock = 1024;
+    p->sharedMemPerBlock = 48 * 1024;
+    p->warpSize = 32;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+    STICKY();
+    *total_b = mem_total();
+    *free_b = *total_b > g_used ? *total_b - g_used : 0;
+    return cudaSuccess;
+}
+
+/* ---- memory --------------------------------------------------------------------------------- */
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    STICKY();
+    *p = NULL;
+    size_t r = (n + 255) / 256 * 256;
+    if (r == 0) r = 256;
+    if (g_used + r > mem_total()) return ret(cudaErrorMemoryAllocation);
+    if (g_n_allocs == g_cap_allocs) {
+        int cap = g_cap_allocs ? 2 * g_cap_allocs : 64;
+        alloc_t *a = realloc(g_allocs, (size_t)cap * sizeof *a);
+        if (!a) return ret(cudaErrorMemoryAllocation);
+        g_allocs = a;
+        g_cap_allocs = cap;
+    }
+    char *m = aligned_alloc(256, r);
+    if (!m) return ret(cudaErrorMemoryAllocation);
+    memset(m, 0xff, r);
+    g_allocs[g_n_allocs++] = (alloc_t){m, n};
+    g_used += r;
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+    if (!p) return cudaSuccess;
+    for (int i = 0; i < g_n_allocs; i++)
+        if (g_allocs[i].p == p) {
+            size_t r = (g_allocs[i].n + 255) / 256 * 256;
+            g_used -= r ? r : 256;
+            free(p);
+            g_allocs[i] = g_allocs[--g_n_allocs];
+            return cudaSuccess;
+        }
+    fprintf(stderr, "cudaemu: cudaFree of %p, which cudaMalloc did not return\n", p);
+    return ret(cudaErrorInvalidValue);
+}
+
+static bool copy_ok(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    bool d_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool s_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (kind == cudaMemcpyDefault) d_dev = find_alloc(dst), s_dev = find_alloc(src);
+    if (d_dev && !dev_range(dst, n, "cudaMemcpy destination")) return false;
+    if (s_dev && !dev_range(src, n, "cudaMemcpy source")) return false;
+    return true;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    STICKY();
+    if (!copy_ok(dst, src, n, kind)) return ret(cudaErrorInvalidValue);
+    if (n) memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t s)
+{
+    return cudaMemcpy(dst, src, n, kind);
+}
+
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t w,
+                              size_t h, enum cudaMemcpyKind kind, cudaStream_t s)
+{
+    STICKY();
+    if (h == 0 || w == 0) return cudaSuccess;
+    if (w > dpitch || w > spitch) return ret(cudaErrorInvalidValue);
+    bool d_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool s_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if ((d_dev && !dev_range(dst, (h - 1) * dpitch + w, "cudaMemcpy2D destination")) ||
+        (s_dev && !dev_range(src, (h - 1) * spitch + w, "cudaMemcpy2D source")))
+        return ret(cudaErrorInvalidValue);
+    for (size_t r = 0; r < h; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, w);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
+{
+    STICKY();
+    if (!dev_range(p, n, "cudaMemset")) return ret(cudaErrorInvalidValue);
+    memset(p, v, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    return cudaMemsetAsync(p, v, n, NULL);
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    STICKY();
+    return cudaSuccess;
+}
+
+/* ---- streams and events --------------------------------------------------------------------- */
+
+struct CUstream_st {
+    int unused;
+};
+struct CUevent_st {
+    double t;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    *s = calloc(1, sizeof **s);
+    return *s ? cudaSuccess : ret(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    return cudaStreamCreateWithFlags(s, 0);
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    free(s);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    STICKY();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    STICKY();
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    *e = calloc(1, sizeof **e);
+    return *e ? cudaSuccess : ret(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    return cudaEventCreateWithFlags(e, 0);
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    free(e);
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    STICKY();
+    e->t = now_ms();
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    STICKY();
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    STICKY();
+    *ms = (float)(b->t - a->t);
+    return cudaSuccess;
+}
+
+/* ---- libraries and launches ----------------------------------------------------------------- */
+
+typedef int (*emu_launch_fn)(void **args, const unsigned *g, const unsigned *b, char *msg,
+                             size_t msg_n);
+
+struct CUlib_st {
+    void *so;
+    int n;
+    const char *const *names;
+    const emu_launch_fn *fns;
+    int (*set_dyn)(size_t);
+    struct CUkern_st *kerns;
+};
+struct CUkern_st {
+    uint64_t magic;
+    struct CUlib_st *lib;
+    int idx;
+};
+#define KERN_MAGIC 0x6b656d75646a6bULL
+
+cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJitOption *jo,
+                                void **jv, unsigned njo, enum cudaLibraryOption *lo, void **lv,
+                                unsigned nlo)
+{
+    STICKY();
+    uint64_t n = 0;
+    if (!code || memcmp(code, IMAGE_MAGIC, 8) != 0) return ret(cudaErrorInvalidKernelImage);
+    memcpy(&n, (const char *)code + 8, 8);
+    if (n == 0 || n > (1ull << 31)) return ret(cudaErrorInvalidKernelImage);
+    /* a file of its own name: the dynamic loader takes a name it has loaded for that object */
+    char path[] = "/tmp/jdt-cudaemu-image-XXXXXXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return ret(cudaErrorInvalidKernelImage);
+    const char *p = (const char *)code + 16;
+    for (uint64_t done = 0; done < n;) {
+        ssize_t w = write(fd, p + done, (size_t)(n - done));
+        if (w <= 0) {
+            close(fd);
+            unlink(path);
+            return ret(cudaErrorInvalidKernelImage);
+        }
+        done += (uint64_t)w;
+    }
+    close(fd);
+    void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    unlink(path);
+    if (!so) {
+        fprintf(stderr, "cudaemu: loading a kernel image: %s\n", dlerror());
+        return ret(cudaErrorInvalidKernelImage);
+    }
+    struct CUlib_st *l = calloc(1, sizeof *l);
+    const int *np = dlsym(so, "jdt_emu_n");
+    if (l) {
+        l->names = dlsym(so, "jdt_emu_names");
+        l->fns = dlsym(so, "jdt_emu_fns");
+        l->set_dyn = (int (*)(size_t))dlsym(so, "jdt_emu_set_dyn");
+        l->kerns = np ? calloc((size_t)(*np ? *np : 1), sizeof *l->kerns) : NULL;
+    }
+    if (!l || !np || !l->names || !l->fns || !l->set_dyn || !l->kerns) {
+        dlclose(so);
+        if (l) free(l->kerns);
+        free(l);
+        return ret(cudaErrorInvalidKernelImage);
+    }
+    l->so = so;
+    l->n = *np;
+    for (int i = 0; i < l->n; i++)
+        l->kerns[i] = (struct CUkern_st){KERN_MAGIC, l, i};
+    *lib = l;
+    return cudaSuccess;
+}
+
+cudaError_t cudaLibraryGetKernel(cudaKernel_t *k, cudaLibrary_t lib, const char *name)
+{
+    STICKY();
+    for (int i = 0; i < lib->n; i++)
+        if (strcmp(lib->names[i], name) == 0) {
+            *k = &lib->kerns[i];
+            return cudaSuccess;
+        }
+    return ret(cudaErrorSymbolNotFound);
+}
+
+cudaError_t cudaLibraryUnload(cudaLibrary_t lib)
+{
+    if (!lib) return ret(cudaErrorInvalidResourceHandle);
+    for (int i = 0; i < lib->n; i++)
+        lib->kerns[i].magic = 0;
+    dlclose(lib->so);
+    free(lib->kerns);
+    free(lib);
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size_t smem,
+                             cudaStream_t s)
+{
+    STICKY();
+    const struct CUkern_st *k = func;
+    if (!k || k->magic != KERN_MAGIC) return ret(cudaErrorInvalidDeviceFunction);
+    const char *name = k->lib->names[k->idx];
+    unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
+    const char *bad = NULL;
+    if (nt == 0 || nt > 1024 || b.z > 64)
+        bad = "block of more than 1024 threads (or none)";
+    else if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535)
+        bad = "empty grid, or grid y/z past 65535";
+    else if (smem > 48 * 1024)
+        bad = "more than 48 KiB of dynamic shared memory without cudaFuncSetAttribute";
+    if (bad) {
+        fprintf(stderr,
+                "cudaemu: launch of %s (grid %u x %u x %u, block %u x %u x %u, %zu bytes "
+                "of shared memory): %s\n",
+                name, g.x, g.y, g.z, b.x, b.y, b.z, smem, bad);
+        return ret(cudaErrorInvalidConfiguration);
+    }
+    if (k->lib->set_dyn(smem) != 0) return ret(cudaErrorMemoryAllocation);
+    unsigned gg[3] = {g.x, g.y, g.z}, bb[3] = {b.x, b.y, b.z};
+    char msg[512] = "";
+    if (k->lib->fns[k->idx](args, gg, bb, msg, sizeof msg) != 0) {
+        fprintf(stderr, "cudaemu: kernel %s: %s\n", name, msg);
+        g_sticky = cudaErrorLaunchFailure;
+    }
+    return cudaSuccess;
+}
+
+/* ---- NVRTC ---------------------------------------------------------------------------------- */
+
+struct _nvrtcProgram {
+    char *src, *name;
+    int n_hdr;
+    char **hdr_text, **hdr_name;
+    char *log;
+    char *image;
+    size_t image_n;
+};
+
+const char *nvrtcGetErrorString(nvrtcResult r)
+{
+    switch (r) {
+    case NVRTC_SUCCESS:
+        return "NVRTC_SUCCESS";
+    case NVRTC_ERROR_OUT_OF_MEMORY:
+        return "NVRTC_ERROR_OUT_OF_MEMORY";
+    case NVRTC_ERROR_INVALID_INPUT:
+        return "NVRTC_ERROR_INVALID_INPUT";
+    case NVRTC_ERROR_INVALID_PROGRAM:
+        return "NVRTC_ERROR_INVALID_PROGRAM";
+    case NVRTC_ERROR_COMPILATION:
+        return "NVRTC_ERROR_COMPILATION";
+    default:
+        return "NVRTC_ERROR (cudaemu)";
+    }
+}
+
+static char *read_file(const char *path, size_t *n);
+
+/* 13.(9000 + a hash of emu.hpp): a minor no real NVRTC has, so the backends' compile caches (keyed
+ * by the NVRTC version) never mix real cubins with emulator images, nor images built by an
+ * older emu.hpp with newer ones. */
+nvrtcResult nvrtcVersion(int *major, int *minor)
+{
+    static int hashed = -1;
+    if (hashed < 0) {
+        size_t n = 0;
+        char *t = read_file(CUDAEMU_DIR "/emu.hpp", &n);
+        uint32_t h = 2166136261u ^ IMAGE_FORMAT;
+        for (size_t i = 0; t && i < n; i++)
+            h = (h ^ (unsigned char)t[i]) * 16777619u;
+        free(t);
+        hashed = (int)(h % 997u);
+    }
+    *major = 13;
+    *minor = 9000 + hashed;
+    return NVRTC_SUCCESS;
+}
+
+static const int ARCHS[] = {75, 80, 86, 89, 90};
+
+nvrtcResult nvrtcGetNumSupportedArchs(int *n)
+{
+    *n = (int)(sizeof ARCHS / sizeof ARCHS[0]);
+    return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetSupportedArchs(int *a)
+{
+    memcpy(a, ARCHS, sizeof ARCHS);
+    return NVRTC_SUCCESS;
+}
+
+static char *xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+nvrtcResult nvrtcCreateProgram(nvrtcProgram *out, const char *src, const char *name, int n_hdr,
+                               const char *const *hdr, const char *const *inc)
+{
+    struct _nvrtcProgram *p = calloc(1, sizeof *p);
+    if (!p) return NVRTC_ERROR_OUT_OF_MEMORY;
+    p->src = xstrdup(src);
+    p->name = xstrdup(name ? name : "program.cu");
+    p->n_hdr = n_hdr;
+    p->hdr_text = calloc((size_t)(n_hdr + 1), sizeof *p->hdr_text);
+    p->hdr_name = calloc((size_t)(n_hdr + 1), sizeof *p->hdr_name);
+    for (int i = 0; i < n_hdr; i++) {
+        p->hdr_text[i] = xstrdup(hdr[i]);
+        p->hdr_name[i] = xstrdup(inc[i]);
+    }
+    *out = p;
+    return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcDestroyProgram(nvrtcProgram *pp)
+{
+    struct _nvrtcProgram *p = *pp;
+    if (!p) return NVRTC_SUCCESS;
+    for (int i = 0; i < p->n_hdr; i++)
+        free(p->hdr_text[i]), free(p->hdr_name[i]);
+    free(p->hdr_text), free(p->hdr_name), free(p->src), free(p->name), free(p->log), free(p->image);
+    free(p);
+    *pp = NULL;
+    return NVRTC_SUCCESS;
+}
+
+static bool write_file(const char *path, const char *text, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    bool ok = fwrite(text, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+static char *read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) free(b), b = NULL;
+    fclose(f);
+    if (b) b[len] = '\0', *n = (size_t)len;
+    return b;
+}
+
+/* Runs argv (NULL-terminated) with stdout and stderr into log_path. true on exit status 0. */
+static bool run(char *const argv[], const char *log_path)
+{
+    pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        FILE *f = freopen(log_path, "w", stdout);
+        if (f) dup2(fileno(stdout), 2);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        ;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static void rm_rf(const char *dir)
+{
+    if (getenv("JDT_CUDAEMU_KEEP")) { /* debugging: keep the sources and the object */
+        fprintf(stderr, "cudaemu: kept %s\n", dir);
+        return;
+    }
+    char *argv[] = {"rm", "-rf", (char *)dir, NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp("rm", argv);
+        _exit(127);
+    }
+    int st;
+    if (pid > 0) waitpid(pid, &st, 0);
+}
+
+/* The names of the extern "C" kernels in preprocessed text where __global__ became
+ * jdt_emu_global: `extern "C" jdt_emu_global void [__launch_bounds__(...)] NAME (`. */
+static int find_kernels(const char *text, char ***names)
+{
+    int n = 0, cap = 16;
+    char **v = malloc((size_t)cap * sizeof *v);
+    *names = v;
+    if (!v) return 0;
+    for (const char *p = text; (p = strstr(p, "jdt_emu_global")) != NULL; p++) {
+        const char *b = p;
+        while (b > text && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\n'))
+            b--;
+        if (b - text < 10 || strncmp(b - 10, "extern \"C\"", 10) != 0) continue;
+        const char *q = p + strlen("jdt_emu_global");
+        while (*q == ' ' || *q == '\t' || *q == '\n')
+            q++;
+        if (strncmp(q, "void", 4) != 0) continue;
+        q += 4;
+        while (*q == ' ' || *q == '\t' || *q == '\n')
+            q++;
+        if (strncmp(q, "__launch_bounds__", 17) == 0) { /* skip its balanced parentheses */
+            q = strchr(q, '(');
+            int depth = 0;
+            for (; q && *q; q++)
+                if (*q == '(')
+                    depth++;
+                else if (*q == ')' && --depth == 0)
+                    break;
+            if (!q || !*q) continue;
+            q++;
+            while (*q == ' ' || *q == '\t' || *q == '\n')
+                q++;
+        }
+        const char *s = q;
+        while ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') ||
+               *q == '_')
+            q++;
+        if (q == s) continue;
+        if (n == cap) {
+            cap *= 2;
+            char **w = realloc(v, (size_t)cap * sizeof *v);
+            if (!w) break;
+            v = w;
+        }
+        char *name = malloc((size_t)(q - s) + 1);
+        if (!name) break;
+        memcpy(name, s, (size_t)(q - s));
+        name[q - s] = '\0';
+        v[n++] = name;
+    }
+    *names = v;
+    return n;
+}
+
+static nvrtcResult compile_fail(struct _nvrtcProgram *p, const char *dir, const char *log_path,
+                                const char *what)
+{
+    size_t n = 0;
+    char *out = read_file(log_path, &n);
+    size_t len = strlen(what) + (out ? n : 0) + 64;
+    free(p->log);
+    p->log = malloc(len);
+    if (p->log) snprintf(p->log, len, "cudaemu: %s\n%s", what, out ? out : "");
+    free(out);
+    rm_rf(dir);
+    return NVRTC_ERROR_COMPILATION;
+}
+
+nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n_opts, const char *const *opts)
+{
+    char dir[] = "/tmp/jdt-cudaemu-XXXXXX";
+    if (!mkdtemp(dir)) return NVRTC_ERROR_OUT_OF_MEMORY;
+    char path[4096], pre[4096], cc_path[4096], so_path[4096], log_path[4096], inc[4200];
+    for (int i = 0; i < p->n_hdr; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, p->hdr_name[i]);
+        if (!write_file(path, p->hdr_text[i], strlen(p->hdr_text[i]))) {
+            rm_rf(dir);
+            return NVRTC_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    snprintf(path, sizeof path, "%s/src.cu", dir);
+    snprintf(pre, sizeof pre, "%s/src.ii", dir);
+    snprintf(cc_path, sizeof cc_path, "%s/emu.cc", dir);
+    snprintf(so_path, sizeof so_path, "%s/emu.so", dir);
+    snprintf(log_path, sizeof log_path, "%s/log", dir);
+    snprintf(inc, sizeof inc, "-I%s", dir);
+    if (!write_file(path, p->src, strlen(p->src))) {
+        rm_rf(dir);
+        return NVRTC_ERROR_OUT_OF_MEMORY;
+    }
+    const char *cxx = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "g++";
+    /* 1: preprocess with __global__ marked (CUDA's other keywords pass through as text) */
+    char *pp_argv[] = {(char *)cxx,
+                       "-E",
+                       "-P",
+                       "-x",
+                       "c++",
+                       "-DJDT_CUK_EMU=1",
+                       "-D__CUDACC__=1",
+                       "-D__CUDA_ARCH__=900",
+                       "-D__global__=jdt_emu_global",
+                       inc,
+                       path,
+                       "-o",
+                       pre,
+                       NULL};
+    if (!run(pp_argv, log_path)) return compile_fail(p, dir, log_path, "preprocessing failed");
+    size_t n = 0;
+    char *text = read_file(pre, &n);
+    if (!text) return compile_fail(p, dir, log_path, "no preprocessed text");
+    char **names = NULL;
+    int nk = find_kernels(text, &names);
+    free(text);
+    /* 2: emu.hpp + the text + a launcher per kernel */
+    FILE *f = fopen(cc_path, "w");
+    if (!f) return compile_fail(p, dir, log_path, "cannot write the emulation source");
+    fprintf(f, "#include \"%s/emu.hpp\"\n#include \"src.ii\"\n", CUDAEMU_DIR);
+    for (int i = 0; i < nk; i++)
+        fprintf(f, "JDT_EMU_KERNEL(%s)\n", names[i]);
+    fprintf(f, "extern \"C\" const int jdt_emu_n = %d;\n", nk);
+    fprintf(f, "extern \"C\" const char *const jdt_emu_names[] = {");
+    for (int i = 0; i < nk; i++)
+        fprintf(f, "\"%s\", ", names[i]);
+    fprintf(f, "nullptr};\nextern \"C\" const jdt_emu_launch_fn jdt_emu_fns[] = {");
+    for (int i = 0; i < nk; i++)
+        fprintf(f, "jdt_emu_l_%s, ", names[i]);
+    fprintf(f, "nullptr};\n");
+    for (int i = 0; i < nk; i++)
+        free(names[i]);
+    free(names);
+    if (fclose(f) != 0) return compile_fail(p, dir, log_path, "cannot write the emulation source");
+    const char *opt = getenv("JDT_CUDAEMU_OPT") ? getenv("JDT_CUDAEMU_OPT") : "-O1";
+    char *cc_argv[] = {(char *)cxx,       "-std=c++20", (char *)opt, "-w", "-shared", "-fPIC",
+                       "-fno-gnu-unique", inc,          cc_path,     "-o", so_path,   NULL};
+    if (!run(cc_argv, log_path)) return compile_fail(p, dir, log_path, "compiling failed");
+    char *so = read_file(so_path, &n);
+    if (!so) return compile_fail(p, dir, log_path, "no shared object");
+    free(p->image);
+    p->image = malloc(n + 16);
+    if (!p->image) {
+        free(so);
+        rm_rf(dir);
+        return NVRTC_ERROR_OUT_OF_MEMORY;
+    }
+    uint64_t n64 = n;
+    memcpy(p->image, IMAGE_MAGIC, 8);
+    memcpy(p->image + 8, &n64, 8);
+    memcpy(p->image + 16, so, n);
+    p->image_n = n + 16;
+    free(so);
+    rm_rf(dir);
+    return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram p, size_t *n)
+{
+    *n = p->log ? strlen(p->log) + 1 : 1;
+    return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetProgramLog(nvrtcProgram p, char *log)
+{
+    strcpy(log, p->log ? p->log : "");
+    return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetCUBINSize(nvrtcProgram p, size_t *n)
+{
+    if (!p->image) return NVRTC_ERROR_INVALID_PROGRAM;
+    *n = p->image_n;
+    return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetCUBIN(nvrtcProgram p, char *out)
+{
+    if (!p->image) return NVRTC_ERROR_INVALID_PROGRAM;
+    memcpy(out, p->image, p->image_n);
+    return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetPTXSize(nvrtcProgram p, size_t *n)
+{
+    return nvrtcGetCUBINSize(p, n);
+}
+nvrtcResult nvrtcGetPTX(nvrtcProgram p, char *out)
+{
+    return nvrtcGetCUBIN(p, out);
+}
+
+/* ---- cuBLASLt ------------------------------------------------------------------------------- */
+
+typedef struct {
+    cublasComputeType_t compute;
+    int32_t ta, tb, epilogue;
+    const void *bias;
+    int64_t bias_stride;
+} lt_desc;
+
+typedef struct {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld, stride;
+    int32_t batch;
+} lt_layout;
+
+const char *cublasLtGetStatusString(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+        return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+        return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default:
+        return "CUBLAS_STATUS (cudaemu)";
+    }
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    *h = (cublasLtHandle_t)calloc(1, 16);
+    return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+    free(h);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c,
+                                        cudaDataType_t scale)
+{
+    if (scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    lt_desc *x = calloc(1, sizeof *x);
+    if (!x) return CUBLAS_STATUS_ALLOC_FAILED;
+    x->compute = c;
+    x->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    *d = (cublasLtMatmulDesc_t)x;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
+{
+    free(d);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t a, const void *buf,
+                                              size_t n)
+{
+    lt_desc *x = (lt_desc *)d;
+    switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+        if (n != 4) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->ta, buf, 4);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+        if (n != 4) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->tb, buf, 4);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+        if (n != 4) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->epilogue, buf, 4);
+        return x->epilogue == CUBLASLT_EPILOGUE_DEFAULT || x->epilogue == CUBLASLT_EPILOGUE_BIAS
+                   ? CUBLAS_STATUS_SUCCESS
+                   : CUBLAS_STATUS_NOT_SUPPORTED;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+        if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->bias, buf, n);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE:
+        if (n != 8) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->bias_stride, buf, 8);
+        return CUBLAS_STATUS_SUCCESS;
+    default:
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t rows,
+                                          uint64_t cols, int64_t ld)
+{
+    if (t != CUDA_R_32F && t != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (ld < (int64_t)rows) return CUBLAS_STATUS_INVALID_VALUE;
+    lt_layout *x = calloc(1, sizeof *x);
+    if (!x) return CUBLAS_STATUS_ALLOC_FAILED;
+    *x = (lt_layout){t, rows, cols, ld, 0, 1};
+    *l = (cublasLtMatrixLayout_t)x;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+    free(l);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
+                                                cublasLtMatrixLayoutAttribute_t a, const void *buf,
+                                                size_t n)
+{
+    lt_layout *x = (lt_layout *)l;
+    if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && n == 4) {
+        memcpy(&x->batch, buf, 4);
+        return x->batch > 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (a == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && n == 8) {
+        memcpy(&x->stride, buf, 8);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    *p = (cublasLtMatmulPreference_t)calloc(1, 16);
+    return *p ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
+{
+    free(p);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *buf, size_t n)
+{
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The shapes of D = op(A) op(B) (+ C): m x k times k x n into m x n. */
+static bool lt_shapes(const lt_desc *d, const lt_layout *a, const lt_layout *b, const lt_layout *c,
+                      uint64_t *m, uint64_t *nn, uint64_t *k)
+{
+    uint64_t am = d->ta ? a->cols : a->rows, ak = d->ta ? a->rows : a->cols;
+    uint64_t bk = d->tb ? b->cols : b->rows, bn = d->tb ? b->rows : b->cols;
+    if (ak != bk || c->rows != am || c->cols != bn) return false;
+    if (a->batch != c->batch || b->batch != c->batch) return false;
+    *m = am, *nn = bn, *k = ak;
+    return true;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op,
+                                              cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+                                              cublasLtMatmulPreference_t pref, int req,
+                                              cublasLtMatmulHeuristicResult_t *res, int *n_res)
+{
+    const lt_desc *d = (const lt_desc *)op;
+    const lt_layout *a = (const lt_layout *)A, *b = (const lt_layout *)B, *c = (const lt_layout *)C;
+    uint64_t m, n, k;
+    *n_res = 0;
+    if (!lt_shapes(d, a, b, c, &m, &n, &k)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (a->type != b->type || c->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (a->type == CUDA_R_16BF && env_long("JDT_CUDAEMU_NO_BF16_GEMM", 0))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (req < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    memset(res, 0, sizeof *res);
+    res->state = CUBLAS_STATUS_SUCCESS;
+    res->wavesCount = 1.0f;
+    *n_res = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* An element of A or B as the tensor cores see it: bf16 widened, f32 rounded to TF32 (nearest,
+ * ties away from zero on the 13 dropped bits) when the compute type says so. */
+static float lt_load(const lt_layout *l, const void *base, int64_t bi, uint64_t r, uint64_t c,
+                     bool tf32)
+{
+    int64_t off = bi * l->stride + (int64_t)(c * (uint64_t)l->ld + r);
+    if (l->type == CUDA_R_16BF) {
+        uint32_t u = (uint32_t)((const uint16_t *)base)[off] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    float f = ((const float *)base)[off];
+    if (tf32 && isfinite(f)) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u = (u + 0x1000u) & ~0x1fffu;
+        memcpy(&f, &u, 4);
+    }
+    return f;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t Al, const void *B,
+                              cublasLtMatrixLayout_t Bl, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t Cl, void *D, cublasLtMatrixLayout_t Dl,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_n,
+                              cudaStream_t s)
+{
+    if (g_sticky) return CUBLAS_STATUS_EXECUTION_FAILED;
+    const lt_desc *d = (const lt_desc *)op;
+    const lt_layout *a = (const lt_layout *)Al, *b = (const lt_layout *)Bl;
+    const lt_layout *c = (const lt_layout *)Cl, *dl = (const lt_layout *)Dl;
+    uint64_t m, n, k;
+    if (!lt_shapes(d, a, b, c, &m, &n, &k) || dl->rows != c->rows || dl->cols != c->cols)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    size_t esz = a->type == CUDA_R_16BF ? 2 : 4;
+    for (int64_t bi = 0; bi < c->batch; bi++) {
+        size_t a_end =
+            (size_t)(bi * a->stride + (int64_t)((a->cols - 1) * (uint64_t)a->ld + a->rows));
+        size_t b_end =
+            (size_t)(bi * b->stride + (int64_t)((b->cols - 1) * (uint64_t)b->ld + b->rows));
+        size_t d_end =
+            (size_t)(bi * dl->stride + (int64_t)((dl->cols - 1) * (uint64_t)dl->ld + dl->rows));
+        if (!dev_range(A, a_end * esz, "cublasLtMatmul A") ||
+            !dev_range(B, b_end * esz, "cublasLtMatmul B") ||
+            !dev_range(D, d_end * 4, "cublasLtMatmul D"))
+            return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && !dev_range(d->bias, m * 4, "cublasLtMatmul bias"))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && !env_long("JDT_CUDAEMU_NO_TF32", 0);
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    float *acc = malloc((size_t)m * sizeof *acc);
+    if (!acc) return CUBLAS_STATUS_ALLOC_FAILED;
+    for (int64_t bi = 0; bi < c->batch; bi++)
+        for (uint64_t j = 0; j < n; j++) {
+            for (uint64_t i = 0; i < m; i++)
+                acc[i] = 0.0f;
+            for (uint64_t kk = 0; kk < k; kk++) {
+                float bv = d->tb ? lt_load(b, B, bi, j, kk, tf32) : lt_load(b, B, bi, kk, j, tf32);
+                for (uint64_t i = 0; i < m; i++)
+                    acc[i] +=
+                        (d->ta ? lt_load(a, A, bi, kk, i, tf32) : lt_load(a, A, bi, i, kk, tf32)) *
+                        bv;
+            }
+            for (uint64_t i = 0; i < m; i++) {
+                int64_t co = bi * c->stride + (int64_t)(j * (uint64_t)c->ld + i);
+                int64_t dof = bi * dl->stride + (int64_t)(j * (uint64_t)dl->ld + i);
+                float v = al * acc[i];
+                if (be != 0.0f) v += be * ((const float *)C)[co];
+                if (d->epilogue == CUBLASLT_EPILOGUE_BIAS)
+                    v += ((const float *)d->bias)[(int64_t)i + bi * d->bias_stride];
+                ((float *)D)[dof] = v;
+            }
+        }
+    free(acc);
+    return CUBLAS_STATUS_SUCCESS;
+}

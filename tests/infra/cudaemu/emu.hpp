@@ -1,0 +1,574 @@
+/*
+ * emu.hpp — the device side of the host CUDA emulator (tests/infra/cudaemu): what a CUDA C
+ * kernel needs to compile as host C++20 and run on the CPU. The emulator's NVRTC
+ * (cudaemu.c) preprocesses a program's source with __global__ marked, then compiles
+ * `#include "emu.hpp"` + that text + one launcher per kernel into a shared object.
+ *
+ * Execution model. A launch runs its blocks one after another; a block's threads are fibers
+ * (ucontext) on one OS thread, run round-robin. A fiber runs until it waits: at __syncthreads
+ * (the block's barrier), at a warp collective (__shfl_*_sync, __syncwarp, ldmatrix, mma: the
+ * warp's barrier) or at its end. A barrier opens when every live thread of its block (warp)
+ * has arrived; a thread that exits counts as arrived, as on Volta and later. When no fiber can
+ * move and some have not ended, the launch fails with "deadlock" (a __syncthreads under
+ * divergent control flow, a warp collective some lanes skip): a bug the GPU may hang on.
+ *
+ * Memory: __shared__ arrays are static (blocks never overlap in time); the dynamic shared
+ * memory is a per-launch buffer filled with 0xff bytes (NaN floats) before every block, so a
+ * kernel that reads shared memory it did not write sees NaNs instead of a stale copy. Atomics
+ * are plain read-modify-writes (one OS thread). Warp-level matrix ops (ldmatrix.x4, with and
+ * without .trans, and mma.sync.m16n8k16 bf16 -> f32) follow the PTX ISA's fragment layouts.
+ * What it cannot check: the memory model (fences, races between blocks), the real
+ * instruction set's layouts and rounding, performance.
+ */
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sys/mman.h>
+#include <tuple>
+#include <type_traits>
+#include <ucontext.h>
+#include <utility>
+
+#define JDT_CUK_EMU 1
+
+/* CUDA's keywords as plain C++. The preprocessed kernel text carries jdt_emu_global where the
+ * source said __global__ (the NVRTC stand-in finds the kernels by it). */
+#define jdt_emu_global
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __restrict__ __restrict
+#define __noinline__ __attribute__((noinline))
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+struct uint3 {
+    unsigned x, y, z;
+};
+struct float2 {
+    float x, y;
+};
+struct float4 {
+    float x, y, z, w;
+};
+struct ushort4 {
+    unsigned short x, y, z, w;
+};
+struct uint2 {
+    unsigned x, y;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline float4 make_float4(float a, float b, float c, float d)
+{
+    return {a, b, c, d};
+}
+static inline float2 make_float2(float a, float b)
+{
+    return {a, b};
+}
+static inline ushort4 make_ushort4(unsigned short a, unsigned short b, unsigned short c,
+                                   unsigned short d)
+{
+    return {a, b, c, d};
+}
+
+static uint3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+static const int warpSize = 32;
+
+/* ---- bit casts and math the CUDA device library has and libm lacks -------------------------- */
+
+static inline float __int_as_float(int i)
+{
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+static inline float __uint_as_float(unsigned u)
+{
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+static inline unsigned __float_as_uint(float f)
+{
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+static inline int __float_as_int(float f)
+{
+    int i;
+    std::memcpy(&i, &f, 4);
+    return i;
+}
+static inline float rsqrtf(float x)
+{
+    return 1.0f / sqrtf(x);
+}
+static inline float __fdividef(float a, float b)
+{
+    return a / b;
+}
+static inline float __saturatef(float x)
+{
+    return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x;
+}
+static inline long long min(long long a, long long b)
+{
+    return a < b ? a : b;
+}
+static inline long long max(long long a, long long b)
+{
+    return a > b ? a : b;
+}
+static inline int min(int a, int b)
+{
+    return a < b ? a : b;
+}
+static inline int max(int a, int b)
+{
+    return a > b ? a : b;
+}
+static inline unsigned min(unsigned a, unsigned b)
+{
+    return a < b ? a : b;
+}
+static inline unsigned max(unsigned a, unsigned b)
+{
+    return a > b ? a : b;
+}
+static inline float min(float a, float b)
+{
+    return fminf(a, b);
+}
+static inline float max(float a, float b)
+{
+    return fmaxf(a, b);
+}
+template <class T> static inline T __ldg(const T *p)
+{
+    return *p;
+}
+static inline unsigned long long __cvta_generic_to_shared(const void *p)
+{
+    return (unsigned long long)(uintptr_t)p;
+}
+
+/* ---- the fiber scheduler ------------------------------------------------------------------ */
+
+#define EMU_MAX_THREADS 1024
+#define EMU_STACK (256 * 1024)
+
+struct emu_bar {
+    unsigned arrived, gen;
+};
+/* Context switches: on x86-64 a six-register switch (no signal-mask system call, which makes
+ * swapcontext ~100x slower here); elsewhere ucontext. */
+#if defined(__x86_64__)
+#define EMU_FAST_SWITCH 1
+extern "C" void jdt_emu_switch(void **save_sp, void *to_sp);
+asm(".text\n.globl jdt_emu_switch\n.hidden jdt_emu_switch\n.type jdt_emu_switch,@function\n"
+    "jdt_emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n.size jdt_emu_switch, .-jdt_emu_switch\n");
+#endif
+
+struct emu_fiber {
+#ifdef EMU_FAST_SWITCH
+    void *sp;
+#else
+    ucontext_t ctx;
+#endif
+    uint3 tid;
+    bool done;
+};
+
+static emu_fiber emu_fib[EMU_MAX_THREADS];
+static char *emu_stacks;
+#ifdef EMU_FAST_SWITCH
+static void *emu_main_sp;
+#else
+static ucontext_t emu_main;
+#endif
+static unsigned emu_cur, emu_nthreads, emu_live, emu_warp_live[EMU_MAX_THREADS / 32];
+static emu_bar emu_block_bar, emu_warp_bar[EMU_MAX_THREADS / 32];
+static unsigned long long emu_moves; /* barrier openings and thread ends: progress */
+static void (*emu_body)(void *);
+static void *emu_body_arg;
+static unsigned char *emu_dyn;
+static size_t emu_dyn_bytes;
+
+static inline unsigned emu_linear_tid()
+{
+    return emu_cur;
+}
+
+static inline void emu_yield()
+{
+#ifdef EMU_FAST_SWITCH
+    jdt_emu_switch(&emu_fib[emu_cur].sp, emu_main_sp);
+#else
+    swapcontext(&emu_fib[emu_cur].ctx, &emu_main);
+#endif
+}
+
+/* Arrives at barrier b of `live` threads and waits until it opens. */
+static inline void emu_arrive(emu_bar *b, unsigned live)
+{
+    unsigned g = b->gen;
+    if (++b->arrived >= live) {
+        b->arrived = 0;
+        b->gen++;
+        emu_moves++;
+        return;
+    }
+    while (b->gen == g)
+        emu_yield();
+}
+
+static inline void __syncthreads()
+{
+    emu_arrive(&emu_block_bar, emu_live);
+}
+static inline void __syncwarp(unsigned = 0xffffffffu)
+{
+    unsigned w = emu_cur >> 5;
+    emu_arrive(&emu_warp_bar[w], emu_warp_live[w]);
+}
+static inline void __threadfence() {}
+static inline void __threadfence_block() {}
+[[noreturn]] static inline void __trap()
+{
+    std::fprintf(stderr, "cudaemu: __trap() in a kernel\n");
+    std::abort();
+}
+
+static void emu_entry()
+{
+    emu_body(emu_body_arg);
+    emu_fib[emu_cur].done = true;
+#ifdef EMU_FAST_SWITCH
+    void *dead;
+    jdt_emu_switch(&dead, emu_main_sp); /* never resumed */
+    __builtin_unreachable();
+#endif
+    /* ucontext: uc_link returns to the scheduler */
+}
+
+/* Runs body over the grid. 0, or -1 with msg filled (deadlock). */
+static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *msg, size_t msg_n)
+{
+    unsigned nt = b.x * b.y * b.z;
+    if (!emu_stacks) {
+        emu_stacks =
+            (char *)mmap(nullptr, (size_t)EMU_MAX_THREADS * EMU_STACK, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (emu_stacks == MAP_FAILED) {
+            emu_stacks = nullptr;
+            std::snprintf(msg, msg_n, "no memory for the emulated threads' stacks");
+            return -1;
+        }
+    }
+    gridDim = g;
+    blockDim = b;
+    emu_body = body;
+    emu_body_arg = arg;
+    emu_nthreads = nt;
+    for (unsigned bz = 0; bz < g.z; bz++)
+        for (unsigned by = 0; by < g.y; by++)
+            for (unsigned bx = 0; bx < g.x; bx++) {
+                blockIdx = {bx, by, bz};
+                if (emu_dyn) std::memset(emu_dyn, 0xff, emu_dyn_bytes);
+                emu_live = nt;
+                emu_block_bar = {0, 0};
+                for (unsigned w = 0; w < (nt + 31) / 32; w++) {
+                    emu_warp_bar[w] = {0, 0};
+                    emu_warp_live[w] = nt - 32 * w < 32 ? nt - 32 * w : 32;
+                }
+                for (unsigned t = 0; t < nt; t++) {
+                    emu_fiber *f = &emu_fib[t];
+                    f->tid = {t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
+                    f->done = false;
+#ifdef EMU_FAST_SWITCH
+                    /* r15 r14 r13 r12 rbx rbp, then emu_entry as the return address, then a
+                     * zero "caller": emu_entry starts with rsp = 8 mod 16, as after a call */
+                    void **sp = (void **)(emu_stacks + (size_t)(t + 1) * EMU_STACK) - 8;
+                    for (int i = 0; i < 6; i++)
+                        sp[i] = nullptr;
+                    sp[6] = (void *)emu_entry;
+                    sp[7] = nullptr;
+                    f->sp = sp;
+#else
+                    getcontext(&f->ctx);
+                    f->ctx.uc_stack.ss_sp = emu_stacks + (size_t)t * EMU_STACK;
+                    f->ctx.uc_stack.ss_size = EMU_STACK;
+                    f->ctx.uc_link = &emu_main;
+                    makecontext(&f->ctx, emu_entry, 0);
+#endif
+                }
+                unsigned left = nt;
+                while (left) {
+                    unsigned long long before = emu_moves;
+                    for (unsigned t = 0; t < nt; t++) {
+                        emu_fiber *f = &emu_fib[t];
+                        if (f->done) continue;
+                        emu_cur = t;
+                        threadIdx = f->tid;
+#ifdef EMU_FAST_SWITCH
+                        jdt_emu_switch(&emu_main_sp, f->sp);
+#else
+                        swapcontext(&emu_main, &f->ctx);
+#endif
+                        if (!f->done) continue;
+                        left--;
+                        emu_moves++;
+                        emu_live--;
+                        emu_warp_live[t >> 5]--;
+                        /* an exited thread counts as arrived: open what it was the last for */
+                        emu_bar *wb = &emu_warp_bar[t >> 5];
+                        if (wb->arrived && wb->arrived >= emu_warp_live[t >> 5])
+                            wb->arrived = 0, wb->gen++;
+                        if (emu_block_bar.arrived && emu_block_bar.arrived >= emu_live)
+                            emu_block_bar.arrived = 0, emu_block_bar.gen++;
+                    }
+                    if (left && emu_moves == before) {
+                        std::snprintf(msg, msg_n,
+                                      "deadlock in block (%u, %u, %u): %u of %u threads wait at a "
+                                      "barrier that cannot open (__syncthreads or a warp "
+                                      "collective under divergent control flow)",
+                                      bx, by, bz, left, nt);
+                        return -1;
+                    }
+                }
+            }
+    return 0;
+}
+
+/* ---- warp collectives ---------------------------------------------------------------------- */
+
+static unsigned long long emu_xch[EMU_MAX_THREADS];
+
+template <class T> static inline T emu_exchange(T v, unsigned src_lane)
+{
+    static_assert(sizeof(T) <= 8, "shuffled values are at most 8 bytes");
+    unsigned t = emu_cur, base = t & ~31u;
+    std::memcpy(&emu_xch[t], &v, sizeof v);
+    __syncwarp();
+    T r;
+    std::memcpy(&r, &emu_xch[base + (src_lane & 31u)], sizeof r);
+    __syncwarp();
+    return r;
+}
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int m, int = 32)
+{
+    return emu_exchange(v, (emu_cur & 31u) ^ (unsigned)m);
+}
+template <class T> static inline T __shfl_sync(unsigned, T v, int src, int w = 32)
+{
+    unsigned lane = emu_cur & 31u;
+    return emu_exchange(v, (lane & ~(unsigned)(w - 1)) + ((unsigned)src & (unsigned)(w - 1)));
+}
+template <class T> static inline T __shfl_down_sync(unsigned, T v, unsigned d, int w = 32)
+{
+    unsigned lane = emu_cur & 31u, seg = lane & (unsigned)(w - 1);
+    return emu_exchange(v, seg + d < (unsigned)w ? lane + d : lane);
+}
+template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d, int w = 32)
+{
+    unsigned lane = emu_cur & 31u, seg = lane & (unsigned)(w - 1);
+    return emu_exchange(v, seg >= d ? lane - d : lane);
+}
+static inline unsigned __ballot_sync(unsigned, int p)
+{
+    unsigned t = emu_cur, base = t & ~31u, r = 0;
+    emu_xch[t] = p != 0;
+    __syncwarp();
+    for (unsigned l = 0; l < 32 && base + l < emu_nthreads; l++)
+        r |= (unsigned)emu_xch[base + l] << l;
+    __syncwarp();
+    return r;
+}
+static inline int __any_sync(unsigned m, int p)
+{
+    return __ballot_sync(m, p) != 0;
+}
+static inline int __all_sync(unsigned m, int p)
+{
+    unsigned t = emu_cur, base = t & ~31u;
+    unsigned n = emu_nthreads - base < 32 ? emu_nthreads - base : 32;
+    unsigned want = n == 32 ? 0xffffffffu : (1u << n) - 1;
+    return __ballot_sync(m, p) == want;
+}
+
+/* ---- atomics (one OS thread: plain read-modify-writes) ------------------------------------- */
+
+template <class T> static inline T atomicAdd(T *a, T v)
+{
+    T old = *a;
+    *a = old + v;
+    return old;
+}
+template <class T> static inline T atomicMax(T *a, T v)
+{
+    T old = *a;
+    if (v > old) *a = v;
+    return old;
+}
+template <class T> static inline T atomicMin(T *a, T v)
+{
+    T old = *a;
+    if (v < old) *a = v;
+    return old;
+}
+template <class T> static inline T atomicExch(T *a, T v)
+{
+    T old = *a;
+    *a = v;
+    return old;
+}
+template <class T> static inline T atomicCAS(T *a, T cmp, T v)
+{
+    T old = *a;
+    if (old == cmp) *a = v;
+    return old;
+}
+
+/* ---- tensor-core fragments (kernels/cuk_attention_tc.cu's cuk_mma_bf16 / cuk_ldsm_x4) ---------
+ */
+
+static unsigned emu_mma_a[EMU_MAX_THREADS][4], emu_mma_b[EMU_MAX_THREADS][2];
+static const unsigned short *emu_rowp[EMU_MAX_THREADS];
+
+static inline float emu_bf(unsigned r, int hi)
+{
+    return __uint_as_float((hi ? r >> 16 : r & 0xffffu) << 16);
+}
+
+/* d (16 x 8, f32) += a (16 x 16, bf16) b (16 x 8, bf16), one warp. A(row, k) sits in lane
+ * 4 (row % 8) + (k % 8) / 2, register row / 8 + 2 (k / 8), half k % 2; B(k, n) in lane
+ * 4 n + (k % 8) / 2, register k / 8, half k % 2; C(row, n) in lane 4 (row % 8) + n / 2,
+ * element 2 (row / 8) + n % 2. */
+static inline void cuk_mma_bf16(float d[4], const unsigned a[4], const unsigned b[2])
+{
+    unsigned tid = emu_cur, base = tid & ~31u, lane = tid & 31u;
+    for (int i = 0; i < 4; i++)
+        emu_mma_a[tid][i] = a[i];
+    emu_mma_b[tid][0] = b[0];
+    emu_mma_b[tid][1] = b[1];
+    __syncwarp();
+    int g = (int)(lane >> 2), t = (int)(lane & 3);
+    for (int e = 0; e < 4; e++) {
+        int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        float s = 0.0f;
+        for (int kx = 0; kx < 16; kx++) {
+            float av = emu_bf(
+                emu_mma_a[base + (row & 7) * 4 + ((kx & 7) >> 1)][(row >> 3) + 2 * (kx >> 3)],
+                kx & 1);
+            float bv = emu_bf(emu_mma_b[base + col * 4 + ((kx & 7) >> 1)][kx >> 3], kx & 1);
+            s += av * bv;
+        }
+        d[e] += s;
+    }
+    __syncwarp();
+}
+
+/* ldmatrix.x4: lane l's register i = matrix i (row addresses from lanes 8 i .. 8 i + 7) at row
+ * l / 4, columns 2 (l % 4) and + 1; transposed: column l / 4 of rows 2 (l % 4) and + 1. */
+template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsigned short *row)
+{
+    unsigned tid = emu_cur, base = tid & ~31u, lane = tid & 31u;
+    emu_rowp[tid] = row;
+    __syncwarp();
+    unsigned g = lane >> 2, t = lane & 3;
+    for (unsigned i = 0; i < 4; i++) {
+        const unsigned short *const *m = emu_rowp + base + 8 * i;
+        r[i] = TRANS ? (unsigned)m[2 * t][g] | (unsigned)m[2 * t + 1][g] << 16
+                     : (unsigned)m[g][2 * t] | (unsigned)m[g][2 * t + 1] << 16;
+    }
+    __syncwarp();
+}
+
+/* The dynamic shared memory (cuk_common.cuh's CUK_DYN_SMEM). */
+#define CUK_DYN_SMEM(T, name) T *name = (T *)emu_dyn
+
+/* ---- launchers ----------------------------------------------------------------------------- */
+
+/* Kernel F's arguments from cudaLaunchKernel's array (pointers to each value), then the grid. */
+template <class... A, size_t... I>
+static int emu_launch_impl(void (*f)(A...), void **args, dim3 g, dim3 b, char *msg, size_t msg_n,
+                           std::index_sequence<I...>)
+{
+    struct call {
+        void (*f)(A...);
+        std::tuple<std::decay_t<A>...> v;
+    } c{f, std::tuple<std::decay_t<A>...>(*(std::decay_t<A> *)args[I]...)};
+    return emu_run_grid(
+        [](void *p) {
+            call *cp = (call *)p;
+            std::apply(cp->f, cp->v);
+        },
+        &c, g, b, msg, msg_n);
+}
+
+template <class... A>
+static int emu_launch(void (*f)(A...), void **args, dim3 g, dim3 b, char *msg, size_t msg_n)
+{
+    return emu_launch_impl(f, args, g, b, msg, msg_n, std::index_sequence_for<A...>{});
+}
+
+typedef int (*jdt_emu_launch_fn)(void **args, const unsigned *g, const unsigned *b, char *msg,
+                                 size_t msg_n);
+
+/* The entry the NVRTC stand-in appends per kernel: g and b are the grid and block (x, y, z). */
+#define JDT_EMU_KERNEL(name)                                                                       \
+    static int jdt_emu_l_##name(void **args, const unsigned *g, const unsigned *b, char *msg,      \
+                                size_t msg_n)                                                      \
+    {                                                                                              \
+        return emu_launch(&name, args, dim3{g[0], g[1], g[2]}, dim3{b[0], b[1], b[2]}, msg,        \
+                          msg_n);                                                                  \
+    }
+
+/* Sets the dynamic shared memory of the next launch (called by the runtime stand-in). */
+extern "C" int jdt_emu_set_dyn(size_t bytes)
+{
+    static size_t cap;
+    if (bytes > cap) {
+        std::free(emu_dyn);
+        emu_dyn = (unsigned char *)std::malloc(bytes);
+        if (!emu_dyn) {
+            cap = 0;
+            return -1;
+        }
+        cap = bytes;
+    }
+    emu_dyn_bytes = bytes;
+    return 0;
+}
+
+/* The generated kernels declare the fixed-width types and constants themselves (NVRTC has no
+ * system headers): rename them away from the host's. Last, so nothing above sees this. */
+#define int8_t jdt_i8_
+#define uint8_t jdt_u8_
+#define int16_t jdt_i16_
+#define uint16_t jdt_u16_
+#define int32_t jdt_i32_
+#define uint32_t jdt_u32_
+#define int64_t jdt_i64_
+#define uint64_t jdt_u64_
+#undef INFINITY
+#undef NAN
+#undef INT32_MAX
+#undef INT32_MIN
