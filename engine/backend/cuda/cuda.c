@@ -582,7 +582,9 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
         p->input_off[b] = -1;
         if (c->bufs[b].info.kind != JDT_BUF_LEAF) continue;
         const cnode *n = &c->nodes[c->bufs[b].leaf_node];
-        if (n->op != JDT_OP_INPUT) continue;
+        /* a STATE leaf (optimizer moments, accumulated gradients) is an INPUT node flagged
+         * JDT_TENSOR_STATE: mirrored like a parameter, so its device updates persist */
+        if (n->op != JDT_OP_INPUT || (n->src->flags & JDT_TENSOR_STATE)) continue;
         p->input_off[b] = in_bytes;
         in_bytes +=
             ((int64_t)jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype) + 255) / 256 *

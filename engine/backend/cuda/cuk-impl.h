@@ -89,6 +89,7 @@ typedef struct {
 struct jdt_cuk {
     int device, arch;
     bool att_fma; /* JDT_CUK_ATTENTION=fma: no tensor-core attention */
+    bool no_tf32; /* JDT_CUDA_TF32=0: f32 GEMMs in full FP32 instead of TF32 tensor cores */
     cudaStream_t stream;
     /* NCCL's stream, shared by every communicator (cuk_comm.c): collectives of different
      * communicators then run in the order they were issued, the same on every rank, which NCCL

@@ -300,6 +300,10 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
     /* JDT_CUK_ATTENTION=fma: the f32 FMA attention even for bf16 compute (to compare speed) */
     const char *att = getenv("JDT_CUK_ATTENTION");
     k->att_fma = att && strcmp(att, "fma") == 0;
+    /* JDT_CUDA_TF32=0: f32 GEMMs without TF32 (PyTorch's allow_tf32 = False), for comparing
+     * against the CPU beyond TF32's 10-bit mantissa (check_cuda's train test) */
+    const char *tf32 = getenv("JDT_CUDA_TF32");
+    k->no_tf32 = tf32 && strcmp(tf32, "0") == 0;
     char target[32];
     bool cubin = true;
     if ((s = pick_target(k->arch, target, sizeof target, &cubin, e)) != JDT_OK) goto fail;

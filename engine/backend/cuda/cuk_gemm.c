@@ -11,7 +11,7 @@
  *
  * Plans (descriptors, layouts and the heuristic's algorithm) are cached per shape, transpose
  * flags, bias presence and pointer alignment: the heuristic query costs tens of microseconds
- * and a training step repeats the same few shapes.
+ * and a training step repeats the same few shapes. JDT_CUDA_TF32=0 multiplies f32 in full FP32.
  */
 #include "backend/cuda/cuk-impl.h"
 
@@ -79,7 +79,8 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     memcpy(p->key, key, sizeof p->key);
     p->used = true;
     p->bias_by_beta = key[7] && !epilogue;
-    cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    cublasComputeType_t compute =
+        bf16 || k->no_tf32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
     if ((st = cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS)
         return lt_err(e, st, "MatmulDescCreate", key);
     int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
