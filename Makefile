@@ -139,10 +139,15 @@ $(CUDAEMU_SO): tests/infra/cudaemu/cudaemu.c tests/infra/cudaemu/emu.hpp
 	$(CC) -std=c11 $(OPT) $(WARN) -Wno-missing-prototypes -Wno-switch-enum -fPIC -shared -isystem $(CUDA_HOME)/include \
 	    -DCUDAEMU_DIR='"$(CURDIR)/tests/infra/cudaemu"' $< -o $@ -ldl
 
-$(BUILD)/jdt-train-emu: $(CMD_OBJS) $(LIB) $(CUDAEMU_SO)
+NCCLEMU_SO := $(BUILD)/libjdtncclemu.so
+$(NCCLEMU_SO): tests/infra/cudaemu/ncclemu.c
+	$(CC) -std=c11 $(OPT) $(WARN) -Wno-missing-prototypes -Wno-switch-enum -fPIC -shared \
+	    -isystem $(CUDA_HOME)/include $< -o $@
+
+$(BUILD)/jdt-train-emu: $(CMD_OBJS) $(LIB) $(CUDAEMU_SO) $(NCCLEMU_SO)
 	$(CC) $(LDFLAGS) -o $@ $(CMD_OBJS) $(LIB) $(EMU_LDLIBS)
 
-$(BUILD)/tests/%-emu: $(BUILD)/obj/tests/unit/%.o $(TU_OBJS) $(LIB) $(CUDAEMU_SO)
+$(BUILD)/tests/%-emu: $(BUILD)/obj/tests/unit/%.o $(TU_OBJS) $(LIB) $(CUDAEMU_SO) $(NCCLEMU_SO)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(TU_OBJS) $(LIB) $(CHECK_LIBS) $(EMU_LDLIBS)
 endif

@@ -952,10 +952,7 @@ static jdt_status coll_start(cuda_prog *p, const cstep *sp, jdt_err *e)
     float *o = dptr(p, cl->members[0]);
     int64_t k, nf, nl, outer, blk;
     if (n->op != JDT_OP_ALL_REDUCE) coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
-    if (!cm) /* a group of one: the identity (a scatter's part is its whole scratch) */
-        return n->op == JDT_OP_REDUCE_SCATTER
-                   ? copy_d2d(p, o, p->ptrs[cl->scratch_buf], nl, "reduce_scatter copy", e)
-                   : JDT_OK;
+    if (!cm) return JDT_OK; /* a group of one: the identity (a scatter's copy is at the wait) */
     jdt_cuk_coll *t;
     if ((st = ticket(p, sp->coll, &t, e)) != JDT_OK) return st;
     const jdt_cuk_redop op = n->op == JDT_OP_ALL_REDUCE && n->attrs.i[1] == 1 ? JDT_CUK_MAX
@@ -967,9 +964,13 @@ static jdt_status coll_start(cuda_prog *p, const cstep *sp, jdt_err *e)
         return jdt_cuk_coll_start(cm, t, gk, op, (char *)o + jdt_cuk_comm_index(cm) * nl * esz, o,
                                   nl, e);
     }
-    if (n->op == JDT_OP_REDUCE_SCATTER)
-        return jdt_cuk_coll_start(cm, t, JDT_CUK_REDUCE_SCATTER, op, p->ptrs[cl->scratch_buf], o,
-                                  nl, e);
+    if (n->op == JDT_OP_REDUCE_SCATTER) { /* in place: this rank's part of the scratch (the
+                                           * memory plan gives the output its place only at
+                                           * the wait: it may hold live data until then) */
+        float *wire = p->ptrs[cl->scratch_buf];
+        return jdt_cuk_coll_start(cm, t, JDT_CUK_REDUCE_SCATTER, op, wire,
+                                  wire + jdt_cuk_comm_index(cm) * nl, nl, e);
+    }
     float *buf = cl->buf >= 0 ? p->ptrs[cl->buf] : o; /* a bucket: all its slots at once */
     return jdt_cuk_coll_start(cm, t, JDT_CUK_ALLREDUCE, op, buf, buf, cl->n_elems, e);
 }
@@ -993,8 +994,11 @@ static jdt_status coll_wait(cuda_prog *p, const cstep *sp, jdt_err *e)
         } else {
             int64_t k, nf, nl, outer, blk;
             coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
-            if (n->op == JDT_OP_REDUCE_SCATTER) {
-                st = avg ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
+            if (n->op == JDT_OP_REDUCE_SCATTER) { /* this rank's part out of the scratch */
+                const float *part = (const float *)p->ptrs[cl->scratch_buf] +
+                                    (cm ? jdt_cuk_comm_index(cm) : 0) * nl;
+                st = copy_d2d(p, o, part, nl, "reduce_scatter result", e);
+                if (st == JDT_OK && !avg) st = scale(p, o, nl, n->attrs.f[0], e);
             } else if (outer > 1 && k > 1) { /* (k, outer, blk) -> (outer, k, blk) */
                 int64_t esz;
                 gather_kind(n, &esz);

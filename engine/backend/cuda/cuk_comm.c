@@ -19,6 +19,7 @@
 #include "comm/comm.h"
 
 #include <dlfcn.h>
+#include <stdlib.h>
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #include <nccl.h> /* types and constants only: the functions are resolved with dlsym */
@@ -62,7 +63,11 @@ struct jdt_cuk_comm {
 static jdt_status nccl_load(nccl_api *a, jdt_err *e)
 {
     memset(a, 0, sizeof *a);
-    a->lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    /* JDT_NCCL_LIBRARY: another NCCL build (a path or a soname); the host CUDA emulator's
+     * stand-in (tests/infra/cudaemu) is loaded this way */
+    const char *lib = getenv("JDT_NCCL_LIBRARY");
+    if (!lib || !*lib) lib = "libnccl.so.2";
+    a->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     if (!a->lib)
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                            "NCCL is needed for multi-GPU training but cannot be loaded: %s",
@@ -72,7 +77,7 @@ static jdt_status nccl_load(nccl_api *a, jdt_err *e)
         dlclose(a->lib);                                                                           \
         a->lib = NULL;                                                                             \
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,                                                 \
-                           "libnccl.so.2 lacks %s (NCCL 2.14 or newer is needed)", name);          \
+                           "%s lacks %s (NCCL 2.14 or newer is needed)", lib, name);          \
     }
     SYM(get_unique_id, "ncclGetUniqueId")
     SYM(init_rank_config, "ncclCommInitRankConfig")

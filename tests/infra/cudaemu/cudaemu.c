@@ -24,8 +24,12 @@
  *              the tensor cores do. JDT_CUDAEMU_NO_BF16_GEMM=1 offers no bf16 algorithm (the
  *              backend's TF32 fallback then runs).
  *
- * Not emulated: NCCL (the backend dlopens it; with no libnccl a multi-rank CUDA run fails in one
- * line), asynchrony and overlap, the memory model, performance.
+ *   NCCL       ncclemu.c (libjdtncclemu.so beside this library, through JDT_NCCL_LIBRARY, which
+ *              a constructor here sets): the processes of a job exchange host memory through
+ *              shared memory.
+ *
+ * Not emulated: asynchrony and overlap (every call completes before it returns), the memory
+ * model, performance.
  */
 #define _GNU_SOURCE
 #include <cublasLt.h>
@@ -104,6 +108,21 @@ static bool dev_range(const void *p, size_t n, const char *what)
     fprintf(stderr, "cudaemu: %s: %zu bytes at %p are not inside one device allocation%s\n", what,
             n, p, a ? " (it runs past the end)" : "");
     return false;
+}
+
+/* The emulated processes' NCCL is ncclemu.c's libjdtncclemu.so, beside this library
+ * (cuk_comm.c dlopens JDT_NCCL_LIBRARY when set). */
+__attribute__((constructor)) static void use_nccl_stand_in(void)
+{
+    Dl_info info;
+    if (getenv("JDT_NCCL_LIBRARY") || !dladdr((void *)use_nccl_stand_in, &info) || !info.dli_fname)
+        return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s", info.dli_fname);
+    char *slash = strrchr(path, '/');
+    if (!slash) return;
+    snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "libjdtncclemu.so");
+    setenv("JDT_NCCL_LIBRARY", path, 0);
 }
 
 /* ---- errors and the device ------------------------------------------------------------------ */
@@ -284,9 +303,24 @@ static bool copy_ok(void *dst, const void *src, size_t n, enum cudaMemcpyKind ki
     return true;
 }
 
+/* JDT_CUDAEMU_TRACE=1: every copy and launch on stderr (debugging the backend) */
+static void trace(const char *fmt, ...)
+{
+    static int on = -1;
+    if (on < 0) on = env_long("JDT_CUDAEMU_TRACE", 0) != 0;
+    if (!on) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("cudaemu trace: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
     STICKY();
+    trace("memcpy %p <- %p %zu bytes (kind %d)", dst, src, n, (int)kind);
     if (!copy_ok(dst, src, n, kind)) return ret(cudaErrorInvalidValue);
     if (n) memmove(dst, src, n);
     return cudaSuccess;
@@ -309,6 +343,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     if ((d_dev && !dev_range(dst, (h - 1) * dpitch + w, "cudaMemcpy2D destination")) ||
         (s_dev && !dev_range(src, (h - 1) * spitch + w, "cudaMemcpy2D source")))
         return ret(cudaErrorInvalidValue);
+    trace("memcpy2d %p (pitch %zu) <- %p (pitch %zu), %zu x %zu bytes", dst, dpitch, src, spitch, h,
+          w);
     for (size_t r = 0; r < h; r++)
         memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, w);
     return cudaSuccess;
@@ -521,6 +557,8 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size
                 name, g.x, g.y, g.z, b.x, b.y, b.z, smem, bad);
         return ret(cudaErrorInvalidConfiguration);
     }
+    trace("launch %s grid %u x %u x %u block %u x %u x %u smem %zu", name, g.x, g.y, g.z, b.x, b.y,
+          b.z, smem);
     if (k->lib->set_dyn(smem) != 0) return ret(cudaErrorMemoryAllocation);
     unsigned gg[3] = {g.x, g.y, g.z}, bb[3] = {b.x, b.y, b.z};
     char msg[512] = "";
