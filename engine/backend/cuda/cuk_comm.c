@@ -76,8 +76,8 @@ static jdt_status nccl_load(nccl_api *a, jdt_err *e)
     if (!(*(void **)&a->field = dlsym(a->lib, name))) {                                            \
         dlclose(a->lib);                                                                           \
         a->lib = NULL;                                                                             \
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,                                                 \
-                           "%s lacks %s (NCCL 2.14 or newer is needed)", lib, name);          \
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s lacks %s (NCCL 2.14 or newer is needed)",   \
+                           lib, name);                                                             \
     }
     SYM(get_unique_id, "ncclGetUniqueId")
     SYM(init_rank_config, "ncclCommInitRankConfig")

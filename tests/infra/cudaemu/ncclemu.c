@@ -210,9 +210,14 @@ static size_t type_size(ncclDataType_t t)
 
 static float load(const char *p, ncclDataType_t t, size_t i)
 {
-    if (t == ncclFloat32) return ((const float *)p)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
     float f;
+    if (t == ncclFloat32) {
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    uint32_t u = (uint32_t)h << 16;
     memcpy(&f, &u, 4);
     return f;
 }
@@ -220,13 +225,14 @@ static float load(const char *p, ncclDataType_t t, size_t i)
 static void store(char *p, ncclDataType_t t, size_t i, float v)
 {
     if (t == ncclFloat32) {
-        ((float *)p)[i] = v;
+        memcpy(p + 4 * i, &v, 4);
         return;
     }
     uint32_t u;
     memcpy(&u, &v, 4);
     u += 0x7fffu + ((u >> 16) & 1u); /* nearest even (no NaN inputs here) */
-    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+    uint16_t h = (uint16_t)(u >> 16);
+    memcpy(p + 2 * i, &h, 2);
 }
 
 /* dst[i] = op over ranks r of slot r at element off + i (rank order: the same on every rank). */
