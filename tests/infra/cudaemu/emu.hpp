@@ -88,29 +88,28 @@ static const int warpSize = 32;
 
 /* ---- bit casts and math the CUDA device library has and libm lacks -------------------------- */
 
+template <class To, class From> static inline To emu_bits(From x)
+{
+    static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+    To y;
+    std::memcpy(&y, &x, sizeof y);
+    return y;
+}
 static inline float __int_as_float(int i)
 {
-    float f;
-    std::memcpy(&f, &i, 4);
-    return f;
+    return emu_bits<float>(i);
 }
 static inline float __uint_as_float(unsigned u)
 {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
+    return emu_bits<float>(u);
 }
 static inline unsigned __float_as_uint(float f)
 {
-    unsigned u;
-    std::memcpy(&u, &f, 4);
-    return u;
+    return emu_bits<unsigned>(f);
 }
 static inline int __float_as_int(float f)
 {
-    int i;
-    std::memcpy(&i, &f, 4);
-    return i;
+    return emu_bits<int>(f);
 }
 static inline float rsqrtf(float x)
 {

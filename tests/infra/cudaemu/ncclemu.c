@@ -235,6 +235,13 @@ static void store(char *p, ncclDataType_t t, size_t i, float v)
     memcpy(p + 2 * i, &h, 2);
 }
 
+/* This rank's chunk into its slot, then the barrier after which every slot is readable. */
+static ncclResult_t post(ncclComm_t c, const void *src, size_t bytes)
+{
+    memcpy(c->slots + (size_t)c->rank * SLOT_BYTES, src, bytes);
+    return barrier(c);
+}
+
 /* dst[i] = op over ranks r of slot r at element off + i (rank order: the same on every rank). */
 static void combine(ncclComm_t c, char *dst, size_t off, size_t cnt, ncclDataType_t t,
                     ncclRedOp_t op)
@@ -262,8 +269,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     size_t chunk = SLOT_BYTES / es;
     for (size_t o = 0; o < count || (o == 0 && count == 0); o += chunk) {
         size_t n = count - o < chunk ? count - o : chunk;
-        memcpy(c->slots + (size_t)c->rank * SLOT_BYTES, (const char *)send + o * es, n * es);
-        ncclResult_t r = barrier(c);
+        ncclResult_t r = post(c, (const char *)send + o * es, n * es);
         if (r == ncclSuccess) combine(c, (char *)recv + o * es, 0, n, t, op);
         if (r == ncclSuccess) r = barrier(c);
         if (r != ncclSuccess) return r;
@@ -283,8 +289,7 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
     size_t chunk = SLOT_BYTES / es;
     for (size_t o = 0; o < count || (o == 0 && count == 0); o += chunk) {
         size_t n = count - o < chunk ? count - o : chunk;
-        memcpy(c->slots + (size_t)c->rank * SLOT_BYTES, (const char *)send + o * es, n * es);
-        ncclResult_t r = barrier(c);
+        ncclResult_t r = post(c, (const char *)send + o * es, n * es);
         for (int q = 0; r == ncclSuccess && q < c->n; q++)
             memcpy((char *)recv + ((size_t)q * count + o) * es, c->slots + (size_t)q * SLOT_BYTES,
                    n * es);
