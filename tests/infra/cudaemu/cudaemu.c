@@ -255,12 +255,17 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 
 /* ---- memory --------------------------------------------------------------------------------- */
 
+/* What an allocation of n bytes takes: whole 256-byte units, at least one. */
+static size_t dev_bytes(size_t n)
+{
+    return n ? (n + 255) / 256 * 256 : 256;
+}
+
 cudaError_t cudaMalloc(void **p, size_t n)
 {
     STICKY();
     *p = NULL;
-    size_t r = (n + 255) / 256 * 256;
-    if (r == 0) r = 256;
+    size_t r = dev_bytes(n);
     if (g_used + r > mem_total()) return ret(cudaErrorMemoryAllocation);
     if (g_n_allocs == g_cap_allocs) {
         int cap = g_cap_allocs ? 2 * g_cap_allocs : 64;
@@ -283,8 +288,7 @@ cudaError_t cudaFree(void *p)
     if (!p) return cudaSuccess;
     for (int i = 0; i < g_n_allocs; i++)
         if (g_allocs[i].p == p) {
-            size_t r = (g_allocs[i].n + 255) / 256 * 256;
-            g_used -= r ? r : 256;
+            g_used -= dev_bytes(g_allocs[i].n);
             free(p);
             g_allocs[i] = g_allocs[--g_n_allocs];
             return cudaSuccess;
@@ -718,13 +722,7 @@ static void rm_rf(const char *dir)
         return;
     }
     char *argv[] = {"rm", "-rf", (char *)dir, NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-        execvp("rm", argv);
-        _exit(127);
-    }
-    int st;
-    if (pid > 0) waitpid(pid, &st, 0);
+    run(argv, "/dev/null");
 }
 
 /* The names of the extern "C" kernels in preprocessed text where __global__ became

@@ -210,11 +210,6 @@ static void *emu_body_arg;
 static unsigned char *emu_dyn;
 static size_t emu_dyn_bytes;
 
-static inline unsigned emu_linear_tid()
-{
-    return emu_cur;
-}
-
 static inline void emu_yield()
 {
 #ifdef EMU_FAST_SWITCH
