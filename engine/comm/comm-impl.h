@@ -180,6 +180,12 @@ struct jdt_dist {
 /* Records the first abort reason (later ones are ignored) and sets the flag. */
 void jdt_dist_set_abort(jdt_dist *d, jdt_status code, const char *fmt, ...) JDT_PRINTF(3, 4);
 
+/* Waits up to secs for an abort reason (the coordinator's ABORT, or the monitor finding the
+ * coordinator gone); true if one is recorded. A peer connection that closes is usually the
+ * echo of a failure elsewhere (that peer saw rank 0 die and exited): the reason names the
+ * rank that failed, where the EOF would name only the messenger. */
+bool jdt_dist_await_abort(jdt_dist *d, double secs);
+
 /* Collective building blocks for set-up exchanges (comm.c), run on the comm thread inside
  * a collective: all-gather of bytes_per_member bytes per member (buf: (k, bytes_per_member)),
  * broadcast of n_bytes from group index 0. */

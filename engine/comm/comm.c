@@ -100,11 +100,15 @@ void jdt_comm_reduce(void *dst, const void *src, size_t n_elems, jdt_dtype dt, j
 
 /* ---- the step engine -------------------------------------------------------------------------- */
 
+/* How long a failed peer connection waits for the job's abort reason before naming that peer. */
+#define PEER_EXPLAIN_S 2.0
+
 static jdt_status peer_error(jdt_dist *d, int rank, const char *opname, const char *what,
                              jdt_err *e)
 {
-    /* If the coordinator already explained (e.g. that rank was killed), prefer its words. */
-    if (atomic_load(&d->aborted)) return jdt_dist_check(d, e);
+    /* If the coordinator explains (that rank was killed, or rank 0 died and that rank left
+     * because of it), prefer its words: give its message a moment to arrive. */
+    if (jdt_dist_await_abort(d, PEER_EXPLAIN_S)) return jdt_dist_check(d, e);
     return jdt_err_set(e, JDT_ERR_PEER_LOST, "%s: rank %d (host %s) %s", opname, rank,
                        jdt_dist_host(d, rank), what);
 }

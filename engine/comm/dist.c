@@ -49,6 +49,30 @@ void jdt_dist_set_abort(jdt_dist *d, jdt_status code, const char *fmt, ...)
     pthread_mutex_unlock(&d->mu);
 }
 
+/* Waits on d->cv (d->mu held) for at most 20 ms: callers loop on a deadline of the monotonic
+ * clock (jdt_now_s), the condvar's timeout is on the realtime clock. */
+static void cv_wait_short(jdt_dist *d)
+{
+    struct timespec abs;
+    clock_gettime(CLOCK_REALTIME, &abs);
+    abs.tv_nsec += 20 * 1000 * 1000;
+    if (abs.tv_nsec >= 1000000000L) {
+        abs.tv_sec++;
+        abs.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&d->cv, &d->mu, &abs);
+}
+
+bool jdt_dist_await_abort(jdt_dist *d, double secs)
+{
+    const double deadline = jdt_now_s() + secs;
+    pthread_mutex_lock(&d->mu);
+    while (!atomic_load(&d->aborted) && jdt_now_s() < deadline)
+        cv_wait_short(d);
+    pthread_mutex_unlock(&d->mu);
+    return atomic_load(&d->aborted);
+}
+
 jdt_status jdt_dist_check(jdt_dist *d, jdt_err *e)
 {
     if (!atomic_load(&d->aborted)) return JDT_OK;
@@ -169,17 +193,8 @@ static jdt_status request(jdt_dist *d, jdt_wbuf *b, double wait_s, jdt_msg_type 
     if (st) goto out_unlock_req;
     double deadline = jdt_now_s() + wait_s;
     pthread_mutex_lock(&d->mu);
-    while (!d->resp_ready && !atomic_load(&d->aborted) && jdt_now_s() < deadline) {
-        /* short timed waits: the deadline is on the monotonic clock, the condvar's on realtime */
-        struct timespec abs;
-        clock_gettime(CLOCK_REALTIME, &abs);
-        abs.tv_nsec += 20 * 1000 * 1000;
-        if (abs.tv_nsec >= 1000000000L) {
-            abs.tv_sec++;
-            abs.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&d->cv, &d->mu, &abs);
-    }
+    while (!d->resp_ready && !atomic_load(&d->aborted) && jdt_now_s() < deadline)
+        cv_wait_short(d);
     if (d->resp_ready) {
         d->resp_ready = false;
         if (d->resp_type != want) {
