@@ -126,8 +126,8 @@ jdt_status jdt_cuda_nvrtc(const char *src, const char *name, int arch, void **im
                            nvrtcGetErrorString(r));
     char opt_arch[64];
     snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d", arch);
-    const char *opts[] = {opt_arch, "--std=c++17"};
-    r = nvrtcCompileProgram(prog, 2, opts);
+    const char *opts[] = {opt_arch, "--std=c++17", JDT_NVRTC_SPLIT};
+    r = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
     jdt_status st = JDT_OK;
     if (r != NVRTC_SUCCESS) {
         size_t log_n = 0;

@@ -9,6 +9,7 @@
  * options). Written to a unique temporary and renamed into place, so processes sharing the
  * directory never see a partial file; an unreadable or corrupt entry is recompiled.
  */
+#include "backend/cuda/cuda.h"
 #include "backend/cuda/cuk-impl.h"
 
 #include <errno.h>
@@ -102,7 +103,7 @@ static jdt_status nvrtc_compile(int si, const char *target, bool cubin, char **c
     }
     char arch_opt[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", target);
-    const char *opts[] = {arch_opt, "--std=c++17"};
+    const char *opts[] = {arch_opt, "--std=c++17", JDT_NVRTC_SPLIT};
     nvrtcProgram prog;
     nvrtcResult rc = nvrtcCreateProgram(&prog, jdt_cuk_sources[si].text, jdt_cuk_sources[si].name,
                                         n_hdr, hdr_text, hdr_name);
