@@ -59,7 +59,6 @@ struct jdt_device {
 
 extern const jdt_backend_vt jdt_backend_cpu;
 extern const jdt_backend_vt jdt_backend_cuda_emit_only; /* cuda/emit.c, in every build */
-extern const jdt_backend_vt jdt_backend_cuda_emulated;  /* cpu/cpu.c, in every build */
 /* The process's CPU device (programs compiled without opts.device). */
 jdt_device *jdt_device_cpu_default(void);
 

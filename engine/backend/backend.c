@@ -58,13 +58,6 @@ jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e)
     return JDT_OK;
 }
 
-jdt_status jdt_device_open_emulated(jdt_device **out, jdt_err *e)
-{
-    jdt_status st = jdt_device_open_emit_only(out, e);
-    if (st == JDT_OK) (*out)->vt = &jdt_backend_cuda_emulated;
-    return st;
-}
-
 void jdt_device_close(jdt_device *d)
 {
     if (!d || d == &g_cpu) return;

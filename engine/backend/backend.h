@@ -37,10 +37,6 @@ jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_di
  * succeeds (jdt_program_source gives the kernels), jdt_program_run fails with ERR_UNSUPPORTED.
  * Needs no GPU, driver or CUDA library (`inspect`, CI tests that NVRTC-compile the source). */
 jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e);
-/* A CUDA device emulated on the host, for tests without a GPU: programs run the CUDA emitter's
- * kernels compiled as C++20 by $CXX (default g++) through a shim where a block's threads are
- * real threads; builtins are the CPU's kernels; memory is host memory. Slow; not for training. */
-jdt_status jdt_device_open_emulated(jdt_device **out, jdt_err *e);
 /* Closes the device; every program compiled for it must be freed first. NULL is a no-op. */
 void jdt_device_close(jdt_device *d);
 

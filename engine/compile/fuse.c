@@ -321,9 +321,9 @@ static int64_t coll_elems(const cprog *c, const cnode *n)
  * all-reduce: of the same kind; a gather or scatter: into as many parts)? */
 static bool same_call(const cprog *c, const cnode *a, const cnode *b)
 {
-    /* The segmented gather/scatter buckets are run by the host's collective hooks (the CPU and
-     * emulated devices); the CUDA backend runs one tensor per gather/scatter call (its NCCL
-     * path knows no segments yet), all-reduce buckets on every device. */
+    /* The segmented gather/scatter buckets are run by the host's collective hooks (the CPU
+     * device); the CUDA backend runs one tensor per gather/scatter call (its NCCL path knows no
+     * segments yet), all-reduce buckets on every device. */
     if (a->op != JDT_OP_ALL_REDUCE && !c->host_builtins) return false;
     return a->op == b->op && a->dtype == b->dtype && a->attrs.i[0] == b->attrs.i[0] &&
            (a->op == JDT_OP_ALL_REDUCE ? a->attrs.i[1] == b->attrs.i[1]

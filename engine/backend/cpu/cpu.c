@@ -5,18 +5,12 @@
  * prepare time), the hand-written kernels of engine/runtime for the builtins, and the update
  * copies that could not be donated.
  *
- * The same backend also serves the *emulated CUDA device* (jdt_device_open_emulated): the
- * fused kernels are the CUDA emitter's, compiled as C++ for the host with a shim that runs a
- * block's threads as real threads (engine/backend/cuda/emit.c); everything else is the CPU's.
- * It exists so the CUDA kernels' semantics are tested on machines without a GPU.
- *
  * Threads: every run uses p->nt threads — the generated kernels read it from the shared
  * object's `jdt_nt`, the builtins get it as `nt`, OpenBLAS is set to it at begin. It is the
  * budget c->nt, or, with opts.adaptive_threads, what the run-time tuner (jdt_rt_tuner) picks
  * from the wall times of the previous runs, timed from begin to finish.
  */
 #include "backend/cpu/cpu-impl.h"
-#include "backend/cuda/cuda-emit.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -27,13 +21,9 @@
 #include "runtime/runtime.h"
 
 typedef void (*kernel_fn)(void *const *);
-typedef int (*emu_launch_fn)(int k, unsigned grid_x, unsigned grid_y, unsigned bx, unsigned by,
-                             int sync, void *const *p);
 
 typedef struct {
     const cprog *c;
-    emu_launch_fn emu;       /* the emulated CUDA device: kernels from the CUDA emitter */
-    jdt_cuda_launch *launch; /* (n_kernels) their launch shapes */
     void *so;
     const kernel_fn *kernels; /* (n_kernels) in the shared object */
     void **ptrs;              /* (n_bufs) */
@@ -42,7 +32,7 @@ typedef struct {
     float *coll_scratch; /* (largest all-gather / reduce-scatter tensor) their permuting copy */
     void **handles;      /* (n_colls) started asynchronous collectives, NULL when not pending */
     char *src;
-    int *so_nt;         /* the shared object's jdt_nt (NULL: emulated device) */
+    int *so_nt;         /* the shared object's jdt_nt */
     int nt;             /* threads of the current run */
     bool adaptive;      /* opts.adaptive_threads with a budget above 1 */
     jdt_rt_tuner tuner; /* picks nt when adaptive */
@@ -435,12 +425,11 @@ static void cpu_release(void *state)
     if (!p->arena_borrowed) jdt_free_aligned(p->arena);
     jdt_free(p->coll_scratch);
     jdt_free(p->src);
-    jdt_free(p->launch);
     if (p->so) dlclose(p->so);
     jdt_free(p);
 }
 
-static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu, jdt_err *e)
+static jdt_status cpu_prepare(jdt_device *d, const cprog *c, void **state, jdt_err *e)
 {
     jdt_status st;
     *state = NULL;
@@ -448,25 +437,11 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
     if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: program");
     p->c = c;
     jdt_compile_stats *stats = (jdt_compile_stats *)&c->stats;
-    if (emu) {
-        jdt_compile_opts o = c->opts;
-        o.cc = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "g++";
-        o.cflags = "-x c++ -std=c++20 -O1 -w -pthread";
-        if ((st = jdt_cuda_emu_source(c, &p->src, &p->launch, e)) != JDT_OK) goto fail;
-        if ((st = jdt_compile_build(&o, p->src, &p->so, stats, e)) != JDT_OK) goto fail;
-        p->emu = (emu_launch_fn)dlsym(p->so, "jdt_emu_launch");
-        if (!p->emu) {
-            st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks jdt_emu_launch",
-                             c->stats.so_path);
-            goto fail;
-        }
-    } else {
-        if ((st = jdt_cpu_codegen(c, &p->src, e)) != JDT_OK) goto fail;
-        if ((st = jdt_compile_build(&c->opts, p->src, &p->so, stats, e)) != JDT_OK) goto fail;
-    }
-    p->kernels = emu ? NULL : dlsym(p->so, "jdt_kernels");
-    const int *nk = emu ? &c->stats.n_kernels : dlsym(p->so, "jdt_n_kernels");
-    if ((!emu && !p->kernels) || !nk || *nk != c->stats.n_kernels) {
+    if ((st = jdt_cpu_codegen(c, &p->src, e)) != JDT_OK) goto fail;
+    if ((st = jdt_compile_build(&c->opts, p->src, &p->so, stats, e)) != JDT_OK) goto fail;
+    p->kernels = dlsym(p->so, "jdt_kernels");
+    const int *nk = dlsym(p->so, "jdt_n_kernels");
+    if (!p->kernels || !nk || *nk != c->stats.n_kernels) {
         st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks the expected kernel table",
                          c->stats.so_path);
         goto fail;
@@ -504,7 +479,7 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
     for (int b = 0; b < c->n_bufs; b++)
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
             p->ptrs[b] = p->arena + c->bufs[b].info.offset;
-    if (!emu && !(p->so_nt = dlsym(p->so, "jdt_nt"))) {
+    if (!(p->so_nt = dlsym(p->so, "jdt_nt"))) {
         st = jdt_err_set(e, JDT_ERR_COMPILE, "compile: %s lacks jdt_nt", c->stats.so_path);
         goto fail;
     }
@@ -521,16 +496,6 @@ static jdt_status prepare(jdt_device *d, const cprog *c, void **state, bool emu,
 fail:
     cpu_release(p);
     return st;
-}
-
-static jdt_status cpu_prepare(jdt_device *d, const cprog *c, void **state, jdt_err *e)
-{
-    return prepare(d, c, state, false, e);
-}
-
-static jdt_status emu_prepare(jdt_device *d, const cprog *c, void **state, jdt_err *e)
-{
-    return prepare(d, c, state, true, e);
 }
 
 static const char *cpu_source(const void *state)
@@ -552,7 +517,7 @@ static jdt_status cpu_begin(void *state, jdt_err *e)
                                jdt_compile_node_label(n, lbl, sizeof lbl));
     }
     p->nt = p->adaptive ? jdt_rt_tuner_threads(&p->tuner) : c->nt;
-    if (p->so_nt) *p->so_nt = p->nt;
+    *p->so_nt = p->nt;
     /* OpenBLAS's thread count is process-wide: another program may have changed it */
     jdt_rt_set_threads(p->nt);
     p->t_begin = jdt_now_s();
@@ -563,13 +528,6 @@ static jdt_status cpu_step(void *state, int s, jdt_err *e)
 {
     cpu_prog *p = state;
     const cstep *sp = &p->c->steps[s];
-    if (sp->kind == STEP_KERNEL && p->emu) {
-        const jdt_cuda_launch *L = &p->launch[sp->kernel];
-        if (p->emu(sp->kernel, (unsigned)L->grid_x, (unsigned)L->grid_y, (unsigned)L->block_x,
-                   (unsigned)L->block_y, L->block_y > 1, (void *const *)p->ptrs) != 0)
-            return jdt_err_set(e, JDT_ERR_INTERNAL, "emulated kernel %d failed", sp->kernel);
-        return JDT_OK;
-    }
     if (sp->kind == STEP_KERNEL) {
         p->kernels[sp->kernel]((void *const *)p->ptrs);
         return JDT_OK;
@@ -653,20 +611,6 @@ static jdt_status cpu_read(void *state, int node, void *dst, size_t n_bytes, jdt
 const jdt_backend_vt jdt_backend_cpu = {
     .name = "cpu",
     .prepare = cpu_prepare,
-    .source = cpu_source,
-    .begin = cpu_begin,
-    .step = cpu_step,
-    .finish = cpu_finish,
-    .sync = cpu_sync,
-    .read = cpu_read,
-    .host_ptr = cpu_host_ptr,
-    .release = cpu_release,
-};
-
-const jdt_backend_vt jdt_backend_cuda_emulated = {
-    .name = "cuda (emulated on the host)",
-    .bf16_storage = true, /* the CUDA emitter's loads/stores, the CPU builtins' bf16 paths */
-    .prepare = emu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,
     .step = cpu_step,

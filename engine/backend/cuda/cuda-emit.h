@@ -21,14 +21,6 @@ typedef struct {
  * rejects), ERR_NOMEM. */
 jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch, jdt_err *e);
 
-/* The same kernels wrapped for the host's C++ compiler (C++20): CUDA's keywords defined away,
- * a block's threads as real threads (barriers are real), and
- * `extern "C" int jdt_emu_launch(int k, unsigned grid_x, unsigned grid_y, unsigned bx,
- * unsigned by, int sync, void *const *p)` running kernel k (sync: it has barriers). Tests check the
- * emitted kernels' semantics with it on machines without a GPU (engine/backend/cpu/cpu.c, the
- * emulated device). */
-jdt_status jdt_cuda_emu_source(const cprog *c, char **src, jdt_cuda_launch **launch, jdt_err *e);
-
 /* Most blocks of a grid-stride launch (the loops cover any size). */
 #define JDT_CUDA_MAX_GRID 4096
 /* Reductions with fewer output tiles than this (about two per SM of an H100/H200) split their
