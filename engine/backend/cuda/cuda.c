@@ -114,6 +114,17 @@ typedef struct {
 
 /* ---- NVRTC and the kernel cache ------------------------------------------------------------ */
 
+int jdt_cuda_nvrtc_compile(void *prog, const char *target)
+{
+    char arch[64];
+    snprintf(arch, sizeof arch, "--gpu-architecture=%s", target);
+    const char *opts[] = {arch, "--std=c++17", "--split-compile=0"};
+    nvrtcResult r = nvrtcCompileProgram((nvrtcProgram)prog, 3, opts);
+    if (r == NVRTC_ERROR_INVALID_OPTION) /* an NVRTC older than the option */
+        r = nvrtcCompileProgram((nvrtcProgram)prog, 2, opts);
+    return (int)r;
+}
+
 jdt_status jdt_cuda_nvrtc(const char *src, const char *name, int arch, void **image,
                           size_t *n_bytes, jdt_err *e)
 {
@@ -124,10 +135,9 @@ jdt_status jdt_cuda_nvrtc(const char *src, const char *name, int arch, void **im
     if (r != NVRTC_SUCCESS)
         return jdt_err_set(e, JDT_ERR_COMPILE, "nvrtc: create %s: %s", name,
                            nvrtcGetErrorString(r));
-    char opt_arch[64];
-    snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d", arch);
-    const char *opts[] = {opt_arch, "--std=c++17", JDT_NVRTC_SPLIT};
-    r = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
+    char target[32];
+    snprintf(target, sizeof target, "sm_%d", arch);
+    r = (nvrtcResult)jdt_cuda_nvrtc_compile(prog, target);
     jdt_status st = JDT_OK;
     if (r != NVRTC_SUCCESS) {
         size_t log_n = 0;

@@ -8,10 +8,12 @@
 
 #include "backend/backend.h"
 
-/* NVRTC option on every compile: its optimiser and ptxas run split across all the host's cores
- * (0: as many threads as CPUs). Same code (ptxas reports the same registers and spills), 27%
- * less wall time for the FMA attention on 2 cores (70.5 -> 51.2 s, sm_90). */
-#define JDT_NVRTC_SPLIT "--split-compile=0"
+/* nvrtcCompileProgram(prog) for `target` (sm_NN or compute_NN), C++17, with NVRTC's optimiser
+ * and ptxas split across all the host's cores (--split-compile=0: the same code, ptxas reports
+ * the same registers and spills; 27% less wall time for the FMA attention on 2 cores, 70.5 ->
+ * 51.2 s for sm_90). An NVRTC that does not know the option compiles without it. Returns
+ * NVRTC's status (typed int: nvrtc.h stays out of this header). */
+int jdt_cuda_nvrtc_compile(void *prog, const char *target);
 
 /* Compiles CUDA C++ source `src` (named `name` in messages) with NVRTC for sm_<arch> into a
  * cubin: *image (jdt_free) of *n_bytes. ERR_COMPILE with NVRTC's log on failure. */

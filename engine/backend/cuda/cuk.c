@@ -101,15 +101,12 @@ static jdt_status nvrtc_compile(int si, const char *target, bool cubin, char **c
             hdr_name[n_hdr++] = jdt_cuk_sources[i].name;
         }
     }
-    char arch_opt[64];
-    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", target);
-    const char *opts[] = {arch_opt, "--std=c++17", JDT_NVRTC_SPLIT};
     nvrtcProgram prog;
     nvrtcResult rc = nvrtcCreateProgram(&prog, jdt_cuk_sources[si].text, jdt_cuk_sources[si].name,
                                         n_hdr, hdr_text, hdr_name);
     if (rc != NVRTC_SUCCESS) return nvrtc_err(e, rc, "nvrtcCreateProgram");
     jdt_status s = JDT_OK;
-    rc = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
+    rc = (nvrtcResult)jdt_cuda_nvrtc_compile(prog, target);
     if (rc != NVRTC_SUCCESS) {
         size_t log_n = 0;
         char log[1536] = "";
