@@ -19,6 +19,11 @@
  * (a hit refreshes an entry's mtime) until the total is within the bound
  * (runtime.cache_max_mb, default 1024 MiB).
  *
+ * One build per entry at a time: a miss takes flock on <dir>/.jdt-<key>.lock (the ranks of a job
+ * on one host compile the same program at once; the first builds, the others wait, then load its
+ * entry), unlinked and released once the entry is in place. No lock (read-only directory, a
+ * holder past the compiler's timeout): build anyway, the rename keeps entries whole.
+ *
  * Progress: the compiler says nothing while it runs, so the progress line estimates the time
  * left from this compiler's last rate on this machine (bytes of C per second, kept in
  * <dir>/.cc-rate-<hash of compiler, version, flags, CPU>.txt; not an entry, never pruned).
@@ -426,11 +431,51 @@ static void write_rate(const char *path, double bytes_per_s)
     if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
+/* A valid entry `so` that loads: *handle, a hit (its mtime refreshed for the LRU bound). */
+static bool load_hit(const char *so, void **handle, jdt_compile_stats *st)
+{
+    if (!entry_valid(so)) return false;
+    *handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    if (!*handle) {
+        JDT_WARN("compile cache: %s does not load (%s); rebuilding", so, dlerror());
+        return false;
+    }
+    utimensat(AT_FDCWD, so, NULL, 0);
+    st->cache_hit = true;
+    return true;
+}
+
+/* Takes the build lock of one entry (flock on lock_path, created): its fd, or -1 when the lock
+ * cannot be had (a read-only or lock-less file system: build without it) or another process
+ * has held it past wait_s (a hung compiler: build anyway; the rename keeps entries whole). */
+static int lock_build(const char *lock_path, double wait_s)
+{
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    const double deadline = jdt_now_s() + wait_s;
+    bool said = false;
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK || jdt_now_s() > deadline) {
+            close(fd);
+            return -1;
+        }
+        if (!said) JDT_DEBUG("compile cache: another process is building %s; waiting", lock_path);
+        said = true;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return fd;
+}
+
+static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const char *cc,
+                               const char *flags, const char *ver, const char *cpu,
+                               const char *dir, uint64_t key, const char *so, double timeout_s,
+                               void **handle, jdt_compile_stats *st, jdt_err *e);
+
 jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **handle,
                              jdt_compile_stats *st, jdt_err *e)
 {
-    char dir[768], ver[256], cpu[8192], so[1024], tmp_c[1100], tmp_so[1100], log[1100];
-    char flags_buf[1024];
+    char dir[768], ver[256], cpu[8192], so[1024];
     const char *cc = o->cc ? o->cc : (getenv("CC") && *getenv("CC") ? getenv("CC") : "cc");
     const char *flags = o->cflags ? o->cflags : DEFAULT_CFLAGS;
     jdt_status s = jdt_compile_cache_dir(o, dir, sizeof dir, e);
@@ -447,17 +492,36 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     key = jdt_hash_str(key, cpu);
     jdt_compile_cache_path(dir, key, "so", so, sizeof so);
     snprintf(st->so_path, sizeof st->so_path, "%s", so);
-    const int64_t max_bytes = o->cache_max_bytes;
 
-    if (entry_valid(so)) {
-        *handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-        if (*handle) {
-            utimensat(AT_FDCWD, so, NULL, 0); /* last use, for the LRU bound */
-            st->cache_hit = true;
-            return JDT_OK;
-        }
-        JDT_WARN("compile cache: %s does not load (%s); rebuilding", so, dlerror());
+    if (load_hit(so, handle, st)) return JDT_OK;
+    /* the processes of a job on this host compile the same program at once: one builds it,
+     * the others wait for its entry (and build it themselves if none appears) */
+    char lock_path[1100];
+    snprintf(lock_path, sizeof lock_path, "%s/.jdt-%016llx.lock", dir, (unsigned long long)key);
+    const int build_lock = lock_build(lock_path, timeout_s + 30.0);
+    if (build_lock >= 0 && load_hit(so, handle, st)) {
+        st->cache_waited = true;
+        close(build_lock);
+        return JDT_OK;
     }
+    s = build_locked(o, src, cc, flags, ver, cpu, dir, key, so, timeout_s, handle, st, e);
+    if (build_lock >= 0) { /* unlinked first: a newcomer finds the entry, or a new lock */
+        unlink(lock_path);
+        close(build_lock);
+    }
+    return s;
+}
+
+/* The miss path of jdt_compile_build: compile src into unique temporaries, rename the shared
+ * object into place as entry `so`, load it. */
+static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const char *cc,
+                               const char *flags, const char *ver, const char *cpu,
+                               const char *dir, uint64_t key, const char *so, double timeout_s,
+                               void **handle, jdt_compile_stats *st, jdt_err *e)
+{
+    char tmp_c[1100], tmp_so[1100], log[1100], flags_buf[1024];
+    const int64_t max_bytes = o->cache_max_bytes;
+    jdt_status s;
     jdt_compile_cache_prune(dir, max_bytes, NULL); /* dead compiles' temporaries, the bound */
 
     /* miss or corrupt: compile into unique temporaries, then rename into place */

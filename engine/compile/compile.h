@@ -124,6 +124,7 @@ typedef struct {
     double compile_s;      /* wall time of jdt_program_compile */
     double cc_s;           /* of which spent in the C compiler (0 on a cache hit) */
     bool cache_hit;        /* shared object found in the on-disk cache */
+    bool cache_waited;     /* ... after waiting for another process of this host to build it */
     char so_path[1024];    /* the cached shared object */
 } jdt_compile_stats;
 

@@ -736,7 +736,10 @@ static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
         JDT_INFO("model: %s, %lld parameters; step compiled in %.2fs%s",
                  cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt",
                  (long long)jdt_model_param_count(jdt_step_model(tr->step)), jdt_now_s() - t_compile,
-                 cs ? (cs->cache_hit ? " (cache hit)" : " (cache miss)") : " (interpreter)");
+                 !cs              ? " (interpreter)"
+                 : cs->cache_waited ? " (cache hit: built by another process)"
+                 : cs->cache_hit    ? " (cache hit)"
+                                    : " (cache miss)");
     if (main_rank && tr->world_size > 1)
         JDT_INFO("mesh: data %d x fsdp %d x tensor %d; rank 0 holds %.2f MiB of parameters and "
                  "optimizer state", tr->mesh.size[JDT_MESH_DATA], tr->mesh.size[JDT_MESH_FSDP],

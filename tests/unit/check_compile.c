@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/time.h>
+#include <errno.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -278,12 +279,26 @@ START_TEST(test_cache_hit_miss)
 }
 END_TEST
 
+/* N processes compile the same program into an empty cache at once (the ranks of a job on one
+ * host): one runs the compiler (the others wait on the entry's build lock and load its shared
+ * object), every one computes the right value, and no temporary or lock is left behind. */
 START_TEST(test_cache_concurrent_writers)
 {
     fx f;
     fx_init(&f);
     jdt_compile_opts o;
     fx_opts(&f, &o);
+    char wrap[512], count[512];
+    snprintf(wrap, sizeof wrap, "%s/count-cc.sh", f.cache);
+    snprintf(count, sizeof count, "%s/builds.txt", f.cache);
+    ck_assert(mkdir(f.cache, 0755) == 0 || errno == EEXIST);
+    FILE *wf = fopen(wrap, "w");
+    ck_assert_ptr_nonnull(wf);
+    fprintf(wf, "#!/bin/sh\ncase \"$*\" in *-shared*) echo build >> '%s';; esac\nexec cc \"$@\"\n",
+            count);
+    fclose(wf);
+    ck_assert_int_eq(chmod(wrap, 0755), 0);
+    o.cc = wrap;
     enum { N = 4 };
     pid_t kids[N];
     for (int i = 0; i < N; i++) {
@@ -316,6 +331,18 @@ START_TEST(test_cache_concurrent_writers)
     ck_assert(hit);
     ck_assert_int_eq(count_files(f.cache, ".so"), 1);
     ck_assert_int_eq(count_files(f.cache, ".tmp"), 0);
+    FILE *cf = fopen(count, "r");
+    ck_assert_ptr_nonnull(cf);
+    int builds = 0;
+    for (int ch; (ch = fgetc(cf)) != EOF;)
+        builds += ch == '\n';
+    fclose(cf);
+    ck_assert_msg(builds == 1, "%d processes ran the compiler for one entry", builds);
+    DIR *d = opendir(f.cache);
+    ck_assert_ptr_nonnull(d);
+    for (struct dirent *de; (de = readdir(d));)
+        ck_assert_msg(strncmp(de->d_name, ".jdt-", 5) != 0, "build lock %s left", de->d_name);
+    closedir(d);
     jdt_graph_free(g);
     fx_free(&f);
 }
