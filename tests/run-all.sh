@@ -5,7 +5,8 @@
 #
 # Unit suites: every BUILD_DIR/tests/check_* binary (Check, fork mode, per-test timeouts).
 # End-to-end: every tests/e2e/*.sh, run with JDT_BIN set to the binary, in a fresh temp dir
-# ($JDT_TMP). Exit 0 = pass, 77 = skip (the script prints why), anything else = fail. Tests set
+# ($JDT_TMP), JDT_TEST_JOBS at a time (those marked "# e2e: exclusive" alone). Exit 0 = pass,
+# 77 = skip (the script prints why), anything else = fail. Tests set
 # up what they need themselves (tests/infra/ fixtures, docs/testing.md); after each one,
 # tests/infra/teardown.sh stops any fixture still up under its $JDT_TMP (a test that leaked one
 # fails). Under CI=true a test whose fixture cannot run fails instead of skipping.
@@ -37,30 +38,75 @@ if [ "$WHAT" = all ] || [ "$WHAT" = unit ]; then
   done
 fi
 
+# One e2e test: runs it in a fresh $JDT_TMP under a 600 s limit, stops any fixture it left up,
+# and writes "rc secs" to $RES/NAME.rc (rc 99: passed but leaked a fixture), its output to
+# $RES/NAME.out and the teardown's to $RES/NAME.td.
+run_e2e() {
+  local t=$1 name tmp start out rc secs td tdrc
+  name=$(basename "$t" .sh)
+  tmp=$(mktemp -d /tmp/jdt-e2e.XXXXXX)
+  start=$(date +%s)
+  out=$(cd "$ROOT" && JDT_TMP="$tmp" timeout -k 10 600 bash "$t" 2>&1); rc=$?
+  secs=$(( $(date +%s) - start ))
+  td=$(bash "$ROOT/tests/infra/teardown.sh" "$tmp" 2>&1); tdrc=$?
+  if [ $tdrc -ne 0 ]; then
+    out="$out
+$td"
+    [ $rc -eq 0 ] || [ $rc -eq 77 ] && rc=99
+  fi
+  printf '%s\n' "$out" > "$RES/$name.out"
+  printf '%s\n' "$td" > "$RES/$name.td"
+  rm -rf "$tmp"
+  echo "$rc $secs" > "$RES/$name.rc"
+}
+
+# Prints test NAME's result line from $RES and counts it.
+report_e2e() {
+  local name=$1 rc secs out
+  read -r rc secs < "$RES/$name.rc"
+  out=$(cat "$RES/$name.out")
+  case $rc in
+    0)  echo "e2e $name: ok (${secs}s)"; pass=$((pass + 1));;
+    77) echo "e2e $name: SKIP: $(echo "$out" | grep -m1 -i 'skip' || echo "$out" | tail -1)"; skip=$((skip + 1));;
+    99) echo "e2e $name: FAILED (passed, but left fixtures up; stopped them)"; sed 's/^/    /' "$RES/$name.td"
+        fail=$((fail + 1)); failed+=("e2e:$name");;
+    *)  echo "e2e $name: FAILED (exit $rc, ${secs}s)"; echo "$out" | tail -30 | sed 's/^/    /'
+        fail=$((fail + 1)); failed+=("e2e:$name");;
+  esac
+}
+
 if [ "$WHAT" = all ] || [ "$WHAT" = e2e ]; then
+  # Tests run JDT_TEST_JOBS at a time (default: the CPUs, at most 4), except those whose header
+  # has a line "# e2e: exclusive (why)": timing-sensitive ones (signals, peer time-outs, rate
+  # limits), daemons and namespaces, and the multi-process heavyweights run alone afterwards.
+  jobs=${JDT_TEST_JOBS:-$(nproc)}
+  [ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
+  [ "$jobs" -le 4 ] || jobs=4
+  RES=$(mktemp -d /tmp/jdt-e2e-results.XXXXXX)
+  pool=(); alone=()
   for t in "$ROOT"/tests/e2e/*.sh; do
     [ -f "$t" ] || continue
-    name=$(basename "$t" .sh)
-    tmp=$(mktemp -d /tmp/jdt-e2e.XXXXXX)
-    start=$(date +%s)
-    out=$(cd "$ROOT" && JDT_TMP="$tmp" timeout -k 10 600 bash "$t" 2>&1); rc=$?
-    secs=$(( $(date +%s) - start ))
-    td=$(bash "$ROOT/tests/infra/teardown.sh" "$tmp" 2>&1); tdrc=$?
-    if [ $tdrc -ne 0 ]; then
-      out="$out
-$td"
-      [ $rc -eq 0 ] || [ $rc -eq 77 ] && rc=99
-    fi
-    case $rc in
-      0)  echo "e2e $name: ok (${secs}s)"; pass=$((pass + 1));;
-      77) echo "e2e $name: SKIP: $(echo "$out" | grep -m1 -i 'skip' || echo "$out" | tail -1)"; skip=$((skip + 1));;
-      99) echo "e2e $name: FAILED (passed, but left fixtures up; stopped them)"; echo "$td" | sed 's/^/    /'
-          fail=$((fail + 1)); failed+=("e2e:$name");;
-      *)  echo "e2e $name: FAILED (exit $rc, ${secs}s)"; echo "$out" | tail -30 | sed 's/^/    /'
-          fail=$((fail + 1)); failed+=("e2e:$name");;
-    esac
-    rm -rf "$tmp"
+    if grep -q '^# e2e: exclusive' "$t"; then alone+=("$t"); else pool+=("$t"); fi
   done
+  declare -A running=()
+  for t in "${pool[@]}"; do
+    while [ ${#running[@]} -ge "$jobs" ]; do
+      for pid in "${!running[@]}"; do
+        kill -0 "$pid" 2>/dev/null && continue
+        wait "$pid"; report_e2e "${running[$pid]}"; unset "running[$pid]"
+      done
+      [ ${#running[@]} -ge "$jobs" ] && sleep 0.2
+    done
+    run_e2e "$t" &
+    running[$!]=$(basename "$t" .sh)
+  done
+  for pid in "${!running[@]}"; do
+    wait "$pid"; report_e2e "${running[$pid]}"
+  done
+  for t in "${alone[@]}"; do
+    run_e2e "$t"; report_e2e "$(basename "$t" .sh)"
+  done
+  rm -rf "$RES"
 fi
 
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"

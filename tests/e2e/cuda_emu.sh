@@ -7,6 +7,7 @@
 # memory); a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
 # `make test` builds build-cuda/jdt-train-emu first wherever CUDA's headers are installed.
+# e2e: exclusive (two emulated GPUs, a dead peer found on a clock)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 EMU=${JDT_CUDA_EMU_BIN:-$ROOT/build-cuda/jdt-train-emu}

@@ -8,6 +8,7 @@
 # mid-file, a shard whose bytes do not match the manifest's sha256 and a listing with no
 # shards each end with one line naming the URL and exit 1; over HTTPS a self-signed
 # certificate is refused unless CURL_CA_BUNDLE names it.
+# e2e: exclusive (rate-limited transfers interrupted on a clock)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }

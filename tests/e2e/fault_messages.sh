@@ -3,6 +3,7 @@
 # of newlines, carriage returns and terminal escapes give one printable error line (exit 2);
 # a base_config that is a FIFO, a device or a directory is refused at once instead of hanging;
 # no error ends in an empty detail after a colon.
+# e2e: exclusive (peer time-outs)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
 fail() { echo "FAIL: $*"; exit 1; }

@@ -18,9 +18,11 @@ expect() { local want=$1; shift; "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
 export JDT_RUNTIME_CACHE_DIR="$TMP/cache"
 VENV=$BUILD/pyvenv
 if ! "$VENV/bin/python" -c "import safetensors, numpy, tokenizers" 2>/dev/null; then
-  python3 -m venv "$VENV" >/dev/null 2>&1 || { echo "SKIP: python3 -m venv failed"; exit 77; }
+  . "$ROOT/tests/infra/lib.sh"
+  # --clear: a venv left half-made by an interrupted run (no pip) is made afresh
+  python3 -m venv --clear "$VENV" >/dev/null 2>&1 || infra_skip "python3 -m venv failed"
   "$VENV/bin/pip" install -q tokenizers tiktoken safetensors numpy h5py >"$TMP/pip.log" 2>&1 ||
-    { echo "SKIP: PyPI unreachable (pip install safetensors failed: $(tail -1 "$TMP/pip.log"))"; exit 77; }
+    infra_skip "PyPI unreachable (pip install safetensors failed: $(tail -1 "$TMP/pip.log"))"
 fi
 PY=$VENV/bin/python
 O="run.out_dir=$TMP/runs"

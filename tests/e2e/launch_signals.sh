@@ -3,6 +3,7 @@
 # the whole job (the others notice the lost peer or are stopped) within the limit, with a
 # message naming the rank and a non-zero exit; SIGTERM to the launcher reaches every rank;
 # no process of the job survives the launcher.
+# e2e: exclusive (signals and the time-outs they race)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }

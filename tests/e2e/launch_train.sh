@@ -3,6 +3,7 @@
 # configs/tiny.yaml mesh.data=2` reproduces the single-process loss curve (metrics.jsonl, 1e-5
 # relative), and a rank killed with SIGKILL mid-run ends the whole job within the limit with a
 # message naming it and a non-zero exit.
+# e2e: exclusive (a killed rank must end the job within 30 s)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }

@@ -6,6 +6,7 @@
 # every interface; the 4-process data-parallel run matches the single-process loss curve. A
 # wrong token on one process is refused and the job fails with a message instead of hanging.
 # Needs root: skips (77) otherwise; under CI=true that is a failure.
+# e2e: exclusive (network namespaces, three ranks)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }

@@ -6,6 +6,7 @@
 # data-parallel and match the single-process loss curve; a task killed with SIGKILL on host2
 # ends the job with a message naming its rank and host.
 # Needs root: skips (77) otherwise; under CI=true that is a failure.
+# e2e: exclusive (SLURM daemons on namespace hosts)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }

@@ -2,7 +2,8 @@
 # obs_tensorboard.sh — a tiny run writes TensorBoard events and metrics that TensorBoard's own
 # event reader (the `tensorboard` PyPI package, in a venv cached under build/tb-venv) reads back
 # with every metric, and `jdt-train plot` draws the run to a non-trivial PNG.
-# Skips (77) with a reason only when the venv cannot be created or PyPI cannot be reached.
+# Skips (77) with a reason only when the venv cannot be created or PyPI cannot be reached (a
+# failure under CI=true, infra_skip).
 set -uo pipefail
 cd "$JDT_TMP"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -20,8 +21,11 @@ grep -q "metrics.jsonl" err || fail "plot error does not name the file"
 
 VENV="$JDT_ROOT/build/tb-venv"
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import tensorboard" 2>/dev/null; then
-  python3 -m venv "$VENV" > /dev/null 2>&1 || { echo "SKIP: python3 -m venv failed"; exit 77; }
-  "$VENV/bin/pip" install -q tensorboard > pip.log 2>&1 || { echo "SKIP: pip cannot install tensorboard (PyPI unreachable?)"; tail -2 pip.log; exit 77; }
+  . "$JDT_ROOT/tests/infra/lib.sh"
+  # --clear: a venv left half-made by an interrupted run (no pip) is made afresh
+  python3 -m venv --clear "$VENV" > /dev/null 2>&1 || infra_skip "python3 -m venv failed"
+  "$VENV/bin/pip" install -q tensorboard > pip.log 2>&1 ||
+    infra_skip "pip cannot install tensorboard (PyPI unreachable?): $(tail -1 pip.log)"
 fi
 "$VENV/bin/python" - "$ev" <<'PY' || fail "TensorBoard's reader rejected the event file"
 import sys

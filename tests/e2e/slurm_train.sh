@@ -5,6 +5,7 @@
 # one-node.sbatch trains tiny.yaml data-parallel on 2 tasks and matches the single-process loss
 # curve; jdt-train run in the batch script without srun is refused with a hint.
 # Needs root (the cluster's daemons): skips (77) otherwise; under CI=true that is a failure.
+# e2e: exclusive (SLURM daemons)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }

@@ -12,6 +12,7 @@
 # (start/wait) collectives give bitwise the losses and state of the blocking schedule; with
 # precision.compute: bf16, fsdp=2 gathers bf16 weight copies (fewer bytes, inspect) and agrees.
 # The launcher binds its coordinator port itself (port 0), so parallel runs cannot collide.
+# e2e: exclusive (up to four ranks at once)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
 fail() { echo "FAIL: $*"; exit 1; }
