@@ -445,11 +445,15 @@ static bool load_hit(const char *so, void **handle, jdt_compile_stats *st)
     return true;
 }
 
-/* Takes the build lock of one entry (flock on lock_path, created): its fd, or -1 when the lock
- * cannot be had (a read-only or lock-less file system: build without it) or another process
- * has held it past wait_s (a hung compiler: build anyway; the rename keeps entries whole). */
-static int lock_build(const char *lock_path, double wait_s)
+static void lock_path_of(const char *dir, uint64_t key, char *buf, size_t n)
 {
+    snprintf(buf, n, "%s/.jdt-%016llx.lock", dir, (unsigned long long)key);
+}
+
+int jdt_compile_cache_lock(const char *dir, uint64_t key, double wait_s)
+{
+    char lock_path[1100];
+    lock_path_of(dir, key, lock_path, sizeof lock_path);
     int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return -1;
     const double deadline = jdt_now_s() + wait_s;
@@ -465,6 +469,18 @@ static int lock_build(const char *lock_path, double wait_s)
         nanosleep(&ts, NULL);
     }
     return fd;
+}
+
+void jdt_compile_cache_unlock(const char *dir, uint64_t key, int fd)
+{
+    if (fd < 0) return;
+    char lock_path[1100];
+    lock_path_of(dir, key, lock_path, sizeof lock_path);
+    struct stat a, b; /* unlink only our file: a waiter's may since be a newcomer's lock */
+    if (fstat(fd, &a) == 0 && stat(lock_path, &b) == 0 && a.st_ino == b.st_ino &&
+        a.st_dev == b.st_dev)
+        unlink(lock_path);
+    close(fd);
 }
 
 static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const char *cc,
@@ -496,19 +512,14 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     if (load_hit(so, handle, st)) return JDT_OK;
     /* the processes of a job on this host compile the same program at once: one builds it,
      * the others wait for its entry (and build it themselves if none appears) */
-    char lock_path[1100];
-    snprintf(lock_path, sizeof lock_path, "%s/.jdt-%016llx.lock", dir, (unsigned long long)key);
-    const int build_lock = lock_build(lock_path, timeout_s + 30.0);
-    if (build_lock >= 0 && load_hit(so, handle, st)) {
+    const int lock = jdt_compile_cache_lock(dir, key, timeout_s + 30.0);
+    if (lock >= 0 && load_hit(so, handle, st)) {
         st->cache_waited = true;
-        close(build_lock);
-        return JDT_OK;
+        s = JDT_OK;
+    } else {
+        s = build_locked(o, src, cc, flags, ver, cpu, dir, key, so, timeout_s, handle, st, e);
     }
-    s = build_locked(o, src, cc, flags, ver, cpu, dir, key, so, timeout_s, handle, st, e);
-    if (build_lock >= 0) { /* unlinked first: a newcomer finds the entry, or a new lock */
-        unlink(lock_path);
-        close(build_lock);
-    }
+    jdt_compile_cache_unlock(dir, key, lock);
     return s;
 }
 

@@ -200,6 +200,15 @@ void jdt_nest_lit(char *out, size_t n, jdt_dtype dt, double v);
  * returns the dlopen handle in *handle. */
 jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **handle,
                              jdt_compile_stats *st, jdt_err *e);
+/* The build lock of cache entry `key` under dir (flock on <dir>/.jdt-<key>.lock), for every
+ * cache of compiled code (the CPU JIT, NVRTC programs, the CUDA builtins): after a miss, take
+ * it, look again (another process of this host may have built the entry meanwhile), build,
+ * store, release. Returns the lock's fd, or -1 without one (the file cannot be made, or its
+ * holder kept it past wait_s: build anyway, entries are renamed into place whole). */
+int jdt_compile_cache_lock(const char *dir, uint64_t key, double wait_s);
+/* Releases lock fd (>= 0) of entry key: the file is unlinked first, so a process arriving now
+ * finds the entry, or makes a new lock. fd < 0 is a no-op. */
+void jdt_compile_cache_unlock(const char *dir, uint64_t key, int fd);
 
 /* The node a read of x really touches: x, or for absorbed strided reads the first node down
  * the chain that is materialised (or a splat). */

@@ -218,16 +218,28 @@ static void cache_write(const char *path, const void *image, size_t n)
     if (!ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
+/* How long a process waits for another's NVRTC compile of the same kernels before compiling
+ * them itself (the builtins' attention takes about a minute on 2 cores). */
+#define NVRTC_LOCK_WAIT_S 900.0
+
 /* The cubin of src for arch, from the cache under dir or compiled (and stored). */
 static jdt_status cubin_get(const char *dir, const char *src, int arch, void **image,
                             size_t *n_bytes, jdt_compile_stats *stats, jdt_err *e)
 {
     char path[sizeof stats->so_path];
-    snprintf(path, sizeof path, "%.900s/jdt-%016llx.sm_%d.cubin", dir,
-             (unsigned long long)cubin_key(src, arch), arch);
+    const uint64_t key = cubin_key(src, arch);
+    snprintf(path, sizeof path, "%.900s/jdt-%016llx.sm_%d.cubin", dir, (unsigned long long)key,
+             arch);
     snprintf(stats->so_path, sizeof stats->so_path, "%s", path);
     if ((*image = cache_read(path, n_bytes))) {
         stats->cache_hit = true;
+        return JDT_OK;
+    }
+    /* the ranks of a node compile the same program at once: one runs NVRTC (on every core) */
+    const int lock = jdt_compile_cache_lock(dir, key, NVRTC_LOCK_WAIT_S);
+    if (lock >= 0 && (*image = cache_read(path, n_bytes))) {
+        jdt_compile_cache_unlock(dir, key, lock);
+        stats->cache_hit = stats->cache_waited = true;
         return JDT_OK;
     }
     double t0 = jdt_now_s();
@@ -235,6 +247,7 @@ static jdt_status cubin_get(const char *dir, const char *src, int arch, void **i
     stats->cc_s = jdt_now_s() - t0;
     stats->cache_hit = false;
     if (st == JDT_OK) cache_write(path, *image, *n_bytes);
+    jdt_compile_cache_unlock(dir, key, lock);
     return st;
 }
 

@@ -11,6 +11,7 @@
  */
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cuk-impl.h"
+#include "compile/compile-impl.h"
 
 #include <errno.h>
 #include <nvrtc.h>
@@ -238,26 +239,41 @@ static jdt_status load_source(int si, const char *target, bool cubin, const char
     char path[1024] = "";
     char *code = NULL;
     size_t n = 0;
+    const uint64_t key = source_key(si, target);
+    int lock = -1;
     if (cache_dir && *cache_dir) {
-        snprintf(path, sizeof path, "%s/cuk-%016llx.bin", cache_dir,
-                 (unsigned long long)source_key(si, target));
+        snprintf(path, sizeof path, "%s/cuk-%016llx.bin", cache_dir, (unsigned long long)key);
         code = cache_read(path, &n);
+        /* the ranks of a node start at once: one compiles (NVRTC on every core), the others
+         * wait for its entry (the FMA attention takes about a minute on 2 cores) */
+        if (!code) {
+            mkdir_p(cache_dir);
+            lock = jdt_compile_cache_lock(cache_dir, key, 900.0);
+            if (lock >= 0) code = cache_read(path, &n);
+        }
     }
     bool from_cache = code != NULL;
     if (!code) {
         jdt_status s = nvrtc_compile(si, target, cubin, &code, &n, e);
-        if (s != JDT_OK) return s;
+        if (s != JDT_OK) {
+            jdt_compile_cache_unlock(cache_dir, key, lock);
+            return s;
+        }
     }
     cudaError_t rc = cudaLibraryLoadData(lib, code, NULL, NULL, 0, NULL, NULL, 0);
     if (rc != cudaSuccess && from_cache) { /* a corrupt entry: compile afresh */
         jdt_free(code);
         code = NULL;
         jdt_status s = nvrtc_compile(si, target, cubin, &code, &n, e);
-        if (s != JDT_OK) return s;
+        if (s != JDT_OK) {
+            jdt_compile_cache_unlock(cache_dir, key, lock);
+            return s;
+        }
         from_cache = false;
         rc = cudaLibraryLoadData(lib, code, NULL, NULL, 0, NULL, NULL, 0);
     }
     if (rc == cudaSuccess && !from_cache && path[0]) cache_write(cache_dir, path, code, n);
+    jdt_compile_cache_unlock(cache_dir, key, lock);
     jdt_free(code);
     if (rc != cudaSuccess) {
         jdt_cuk_cuda_err(e, rc, "cudaLibraryLoadData");
