@@ -180,13 +180,11 @@ test: deps
 
 # The CUDA suites: NVRTC and host-side checks, then their GPU test cases on the host CUDA
 # emulator (tests/infra/cudaemu; the *-emu binaries), then the command-line checks. On a machine
-# with a GPU the plain binaries run the GPU cases on it too. check_cuda's "emulated" case is left
-# to the default build's check_cuda (run-all.sh runs it; its code is the same in both builds).
+# with a GPU the plain binaries run the GPU cases on it too.
 EMU_TESTS := build-cuda/jdt-train-emu build-cuda/tests/check_cuda-emu build-cuda/tests/check_cuk-emu
 test-cuda:
 	@$(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk $(EMU_TESTS)
-	@CK_RUN_CASE=nvrtc build-cuda/tests/check_cuda
-	@CK_RUN_CASE=gpu build-cuda/tests/check_cuda
+	@build-cuda/tests/check_cuda
 	@build-cuda/tests/check_cuk
 	@CK_RUN_CASE=gpu build-cuda/tests/check_cuda-emu
 	@CK_RUN_CASE=gpu build-cuda/tests/check_cuk-emu
