@@ -101,6 +101,21 @@ typedef struct {
                         hand-off), WAIT only finishes */
 } ccoll;
 
+/* The index of cnode `node` among the members of cl (the last member if none). */
+static inline int jdt_ccoll_member(const ccoll *cl, int node)
+{
+    int m = 0;
+    while (m < cl->n_members - 1 && cl->members[m] != node)
+        m++;
+    return m;
+}
+
+/* The length of one of cl's wire segments, in elements (a gather's or scatter's k: parts). */
+static inline int64_t jdt_ccoll_seg(const ccoll *cl, int64_t k)
+{
+    return k > 0 ? cl->n_elems / k : 0;
+}
+
 typedef struct {
     jdt_buf_info info;
     int leaf_node; /* JDT_BUF_LEAF: the cnode whose src->data is bound, else -1 */

@@ -319,12 +319,8 @@ static int64_t coll_elems(const cprog *c, const cnode *n)
 
 /* Can collective nodes a and b share one call: the same op and dtype over the same group (an
  * all-reduce: of the same kind; a gather or scatter: into as many parts)? */
-static bool same_call(const cprog *c, const cnode *a, const cnode *b)
+static bool same_call(const cnode *a, const cnode *b)
 {
-    /* The segmented gather/scatter buckets are run by the host's collective hooks (the CPU
-     * device); the CUDA backend runs one tensor per gather/scatter call (its NCCL path knows no
-     * segments yet), all-reduce buckets on every device. */
-    if (a->op != JDT_OP_ALL_REDUCE && !c->host_builtins) return false;
     return a->op == b->op && a->dtype == b->dtype && a->attrs.i[0] == b->attrs.i[0] &&
            (a->op == JDT_OP_ALL_REDUCE ? a->attrs.i[1] == b->attrs.i[1]
                                        : a->attrs.i[2] == b->attrs.i[2]);
@@ -395,7 +391,7 @@ static bool form_buckets(cprog *c, const coll_cand *cand, int n_cand, jdt_op op,
         for (int b = a + 1; c->opts.bucket_bytes > 0 && b < n_cand && nm < JDT_BUCKET_MAX_MEMBERS;
              b++) {
             const cnode *m = &c->nodes[cand[b].node];
-            if (bucket[cand[b].node] >= 0 || !same_call(c, n, m)) continue;
+            if (bucket[cand[b].node] >= 0 || !same_call(n, m)) continue;
             if (cand[b].pack >= min_wait) break; /* needed before this one is ready */
             const int64_t me = coll_elems(c, m);
             if ((elems + me) * esz > c->opts.bucket_bytes) break;
@@ -516,8 +512,7 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
         const int64_t esz = (int64_t)jdt_dtype_size(n->dtype);
         while (c->opts.bucket_bytes > 0 && j + nm < n_pf && nm < JDT_BUCKET_MAX_MEMBERS) {
             const cnode *m = &c->nodes[pf[j + nm]];
-            if (!same_call(c, n, m) || (elems + coll_elems(c, m)) * esz > c->opts.bucket_bytes)
-                break;
+            if (!same_call(n, m) || (elems + coll_elems(c, m)) * esz > c->opts.bucket_bytes) break;
             elems += coll_elems(c, m);
             nm++;
         }

@@ -4,7 +4,8 @@
 # NCCL stand-ins that run every kernel on the CPU). On emulated GPUs, configs/tiny.yaml with
 # runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs) and bf16 compute on
 # one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
-# memory); a run resumed from a checkpoint written from device memory continues the uninterrupted
+# memory), FSDP's bucketed gathers and reduce-scatters bit for bit those of one call per
+# tensor; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
 # `make test` builds build-cuda/jdt-train-emu first wherever CUDA's headers are installed.
 # e2e: exclusive (two emulated GPUs, a dead peer found on a clock)
@@ -50,6 +51,18 @@ for mesh in mesh.fsdp=2 mesh.tensor=2; do
   compare "$TMP/cpu/tiny/metrics.jsonl" "$TMP/$mesh/tiny/metrics.jsonl" "2 emulated GPUs, $mesh" 1e-4 ||
     fail "$mesh losses differ"
 done
+
+# FSDP's gathers and reduce-scatters are bucketed on CUDA as on the CPU (segmented wire buffers,
+# docs/backend.md): the CUDA step issues the CPU step's calls, and its losses equal those of
+# one call per tensor (runtime.bucket_mb=0) bit for bit (the same sums, other packing)
+plan() { "$1" inspect "${C[@]}" mesh.fsdp=2 runtime.backend="$2" | grep "issued by"; }
+plan "$BIN" cpu > "$TMP/plan.cpu"; plan "$EMU" cuda > "$TMP/plan.cuda"
+grep -q "coalesced into buckets" "$TMP/plan.cpu" || { cat "$TMP/plan.cpu"; fail "no buckets planned"; }
+cmp -s "$TMP/plan.cpu" "$TMP/plan.cuda" || { diff "$TMP/plan.cpu" "$TMP/plan.cuda"; fail "the CUDA step's collectives differ from the CPU's"; }
+run "$EMU" "$TMP/fsdp-b0" --nproc 2 "${C[@]}" runtime.backend=cuda mesh.fsdp=2 runtime.bucket_mb=0
+losses "$TMP/mesh.fsdp=2/tiny/metrics.jsonl" > "$TMP/a"; losses "$TMP/fsdp-b0/tiny/metrics.jsonl" > "$TMP/b"
+cmp -s "$TMP/a" "$TMP/b" || { paste "$TMP/a" "$TMP/b"; fail "bucketed FSDP losses differ from one call per tensor"; }
+echo "2 emulated GPUs, fsdp=2: $(head -1 "$TMP/plan.cuda" | sed 's/^ *//'); losses equal runtime.bucket_mb=0's"
 
 # checkpoints come from device memory (parameters and optimizer state pulled to the host) and
 # resume onto it: 3 steps, a checkpoint, 3 more from it = the 6-step run

@@ -343,7 +343,8 @@ START_TEST(test_to_bf16)
 END_TEST
 
 /* The collectives' block order on the device equals the CPU's jdt_permute_blocks_f32, both
- * ways (the NCCL all-gather / reduce-scatter wire order, engine/backend/cuda/cuda.c). */
+ * ways (the NCCL all-gather / reduce-scatter wire order, engine/backend/cuda/cuda.c), and a
+ * bucket's wire layout (segments wider than one part) round-trips. */
 START_TEST(test_permute_blocks)
 {
     GPU_OR_SKIP(k);
@@ -362,6 +363,25 @@ START_TEST(test_permute_blocks)
             expect_close(what, got, want, n, 0, 0);
             free(got);
         }
+        /* a bucket's wire (jdt_cuk_wire_bytes): segments of seg > one part, this member's
+         * part r at off in segment r; put, then get back */
+        const int64_t seg = outer * blk + 5, off = 3, nw = nb * seg;
+        float *wire = malloc((size_t)nw * 4), *dw = dev_alloc((size_t)nw * 4);
+        ck_assert_int_eq(cudaMemset(dw, 0, (size_t)nw * 4), cudaSuccess);
+        jdt_cuk_wire_bytes(k, dx, dw, nb, outer, blk * 4, seg * 4, off * 4, false);
+        memset(wire, 0, (size_t)nw * 4);
+        for (int64_t r = 0; r < nb; r++)
+            for (int64_t o = 0; o < outer; o++)
+                memcpy(wire + r * seg + off + o * blk, x + (o * nb + r) * blk, (size_t)blk * 4);
+        float *got = dev_to_host(k, dw, nw);
+        expect_close("wire put", got, wire, nw, 0, 0);
+        free(got);
+        ck_assert_int_eq(cudaMemset(dy, 0, (size_t)n * 4), cudaSuccess);
+        jdt_cuk_wire_bytes(k, dy, dw, nb, outer, blk * 4, seg * 4, off * 4, true);
+        got = dev_to_host(k, dy, n);
+        expect_close("wire get", got, x, n, 0, 0);
+        free(got), free(wire);
+        cudaFree(dw);
         free(x), free(want);
         cudaFree(dx), cudaFree(dy);
     }

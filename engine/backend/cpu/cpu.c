@@ -309,15 +309,6 @@ static void wire_get(void *x, const void *wire, int64_t k, int64_t outer, int64_
                    (size_t)(blk * esz));
 }
 
-/* The index of node i among the members of cl. */
-static int member_index(const ccoll *cl, int i)
-{
-    int m = 0;
-    while (m < cl->n_members - 1 && cl->members[m] != i)
-        m++;
-    return m;
-}
-
 /* PACK: the member's input into the buffer the collective runs on. */
 static void coll_pack(cpu_prog *p, const cstep *sp)
 {
@@ -338,11 +329,11 @@ static void coll_pack(cpu_prog *p, const cstep *sp)
         return;
     }
     char *wire = p->ptrs[cl->scratch_buf];
-    const int64_t off = cl->part_off[member_index(cl, sp->node)];
+    const int64_t off = cl->part_off[jdt_ccoll_member(cl, sp->node)];
     if (n->op == JDT_OP_ALL_GATHER) /* this member's part of the call comes first */
         memcpy(wire + off * esz, x, (size_t)(nf / k * esz));
     else
-        wire_put(x, wire, k, outer, blk, cl->n_elems / k, off, esz);
+        wire_put(x, wire, k, outer, blk, jdt_ccoll_seg(cl, k), off, esz);
 }
 
 static jdt_status coll_start(cpu_prog *p, const cstep *sp, jdt_err *e)
@@ -387,7 +378,7 @@ static jdt_status coll_wait(cpu_prog *p, const cstep *sp, jdt_err *e)
         float *wire = cl->scratch_buf >= 0 ? p->ptrs[cl->scratch_buf] : NULL;
         const int64_t esz = cl->esz;
         if (n->op == JDT_OP_ALL_GATHER && wire) {
-            wire_get(o, wire, k, outer, blk, cl->n_elems / k, cl->part_off[m], esz);
+            wire_get(o, wire, k, outer, blk, jdt_ccoll_seg(cl, k), cl->part_off[m], esz);
         } else if (n->op == JDT_OP_ALL_GATHER) {
             if (outer > 1) {
                 memcpy(p->coll_scratch, o, (size_t)(nf * esz));

@@ -924,8 +924,10 @@ static bool coll_avg(const cprog *c, const ccoll *cl, int size)
 }
 
 /* STEP_COLL_PACK, on the compute stream: a member's input into the buffer NCCL will use — an
- * all-reduce's own buffer (or its bucket slot), an all-gather's slot `index` of its output
- * (NCCL's in-place form), a reduce-scatter's permuted input in the collective's scratch. */
+ * all-reduce's own buffer (or its bucket slot); a lone all-gather's slot `index` of its output
+ * (NCCL's in-place form); else the collective's wire (compile-impl.h, ccoll): a bucketed
+ * all-gather's part at its place in segment `index`, a reduce-scatter's k parts one per
+ * segment. */
 static jdt_status coll_pack(cuda_prog *p, const cstep *sp, jdt_err *e)
 {
     const cprog *c = p->c;
@@ -936,14 +938,20 @@ static jdt_status coll_pack(cuda_prog *p, const cstep *sp, jdt_err *e)
         return copy_d2d(p, o, x, jdt_shape_numel(&n->shape), "all_reduce pack", e);
     int64_t k, nf, nl, outer, blk;
     coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
+    const int64_t esz = cl->esz;
     if (n->op == JDT_OP_ALL_GATHER) {
         jdt_cuk_comm *cm;
         int size;
-        int64_t esz;
-        gather_kind(n, &esz);
         jdt_status st = coll_comm(p, n, &cm, &size, e);
         if (st != JDT_OK) return st;
-        char *dst = (char *)o + (cm ? jdt_cuk_comm_index(cm) : 0) * nl * esz;
+        const int64_t index = cm ? jdt_cuk_comm_index(cm) : 0;
+        if (cl->scratch_buf >= 0) { /* a bucket */
+            char *wire = p->ptrs[cl->scratch_buf];
+            const int64_t at =
+                index * jdt_ccoll_seg(cl, k) + cl->part_off[jdt_ccoll_member(cl, sp->node)];
+            return copy_bytes(p, wire + at * esz, x, nl * esz, "all_gather pack", e);
+        }
+        char *dst = (char *)o + index * nl * esz;
         if ((void *)dst != x && overlaps_bytes(x, nl * esz, dst, nl * esz)) { /* via staging */
             if (!p->dcoll) return jdt_err_set(e, JDT_ERR_INTERNAL, "all_gather: no staging");
             if ((st = copy_bytes(p, p->dcoll, x, nl * esz, "all_gather pack", e)) != JDT_OK)
@@ -952,12 +960,10 @@ static jdt_status coll_pack(cuda_prog *p, const cstep *sp, jdt_err *e)
         }
         return copy_bytes(p, dst, x, nl * esz, "all_gather pack", e);
     }
-    float *tmp = p->ptrs[cl->scratch_buf];
-    if (outer > 1 && k > 1) {
-        jdt_cuk_permute_blocks(p->cd->k, x, tmp, k, outer, blk, false);
-        return JDT_OK;
-    }
-    return copy_d2d(p, tmp, x, nf, "reduce_scatter pack", e);
+    jdt_cuk_wire_bytes(p->cd->k, x, p->ptrs[cl->scratch_buf], k, outer, blk * esz,
+                       jdt_ccoll_seg(cl, k) * esz,
+                       cl->part_off[jdt_ccoll_member(cl, sp->node)] * esz, false);
+    return JDT_OK;
 }
 
 /* STEP_COLL_START: the collective on its communicator's stream, behind an event of the compute
@@ -981,18 +987,21 @@ static jdt_status coll_start(cuda_prog *p, const cstep *sp, jdt_err *e)
     const jdt_cuk_redop op = n->op == JDT_OP_ALL_REDUCE && n->attrs.i[1] == 1 ? JDT_CUK_MAX
                              : coll_avg(c, cl, size)                          ? JDT_CUK_AVG
                                                                               : JDT_CUK_SUM;
-    if (n->op == JDT_OP_ALL_GATHER) {
+    const int64_t index = jdt_cuk_comm_index(cm);
+    if (n->op == JDT_OP_ALL_GATHER) { /* in place: segment `index` of the wire or output */
         int64_t esz;
         const jdt_cuk_coll_kind gk = gather_kind(n, &esz);
-        return jdt_cuk_coll_start(cm, t, gk, op, (char *)o + jdt_cuk_comm_index(cm) * nl * esz, o,
-                                  nl, e);
+        const int64_t seg = cl->scratch_buf >= 0 ? jdt_ccoll_seg(cl, k) : nl;
+        char *buf = cl->scratch_buf >= 0 ? p->ptrs[cl->scratch_buf] : (void *)o;
+        return jdt_cuk_coll_start(cm, t, gk, op, buf + index * seg * esz, buf, seg, e);
     }
-    if (n->op == JDT_OP_REDUCE_SCATTER) { /* in place: this rank's part of the scratch (the
-                                           * memory plan gives the output its place only at
-                                           * the wait: it may hold live data until then) */
+    if (n->op == JDT_OP_REDUCE_SCATTER) { /* in place: this rank's segment of the wire (the
+                                           * memory plan gives the outputs their places only
+                                           * at the wait: they may hold live data until then) */
         float *wire = p->ptrs[cl->scratch_buf];
-        return jdt_cuk_coll_start(cm, t, JDT_CUK_REDUCE_SCATTER, op, wire,
-                                  wire + jdt_cuk_comm_index(cm) * nl, nl, e);
+        const int64_t seg = jdt_ccoll_seg(cl, k);
+        return jdt_cuk_coll_start(cm, t, JDT_CUK_REDUCE_SCATTER, op, wire, wire + index * seg, seg,
+                                  e);
     }
     float *buf = cl->buf >= 0 ? p->ptrs[cl->buf] : o; /* a bucket: all its slots at once */
     return jdt_cuk_coll_start(cm, t, JDT_CUK_ALLREDUCE, op, buf, buf, cl->n_elems, e);
@@ -1017,11 +1026,15 @@ static jdt_status coll_wait(cuda_prog *p, const cstep *sp, jdt_err *e)
         } else {
             int64_t k, nf, nl, outer, blk;
             coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
-            if (n->op == JDT_OP_REDUCE_SCATTER) { /* this rank's part out of the scratch */
-                const float *part = (const float *)p->ptrs[cl->scratch_buf] +
-                                    (cm ? jdt_cuk_comm_index(cm) : 0) * nl;
+            const int64_t index = cm ? jdt_cuk_comm_index(cm) : 0, seg = jdt_ccoll_seg(cl, k);
+            void *wire = cl->scratch_buf >= 0 ? p->ptrs[cl->scratch_buf] : NULL;
+            if (n->op == JDT_OP_REDUCE_SCATTER) { /* this rank's part out of its segment */
+                const float *part = (const float *)wire + index * seg + cl->part_off[m];
                 st = copy_d2d(p, o, part, nl, "reduce_scatter result", e);
                 if (st == JDT_OK && !avg) st = scale(p, o, nl, n->attrs.f[0], e);
+            } else if (wire) { /* a bucket: every part r out of segment r */
+                jdt_cuk_wire_bytes(p->cd->k, o, wire, k, outer, blk * cl->esz, seg * cl->esz,
+                                   cl->part_off[m] * cl->esz, true);
             } else if (outer > 1 && k > 1) { /* (k, outer, blk) -> (outer, k, blk) */
                 int64_t esz;
                 gather_kind(n, &esz);

@@ -638,19 +638,31 @@ void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_
 void jdt_cuk_permute_blocks_bytes(jdt_cuk *k, const void *src, void *dst, int64_t n_blocks,
                                   int64_t outer, int64_t blk_bytes, bool to_outer)
 {
-    if (n_blocks <= 0 || outer <= 0 || blk_bytes <= 0) return;
-    const size_t row = (size_t)blk_bytes, wide = (size_t)n_blocks * row;
-    const char *sb = src;
-    char *db = dst;
-    for (int64_t j = 0; j < n_blocks; j++) {
-        /* block j of the wire: rows (j, o, :) contiguous, one per o; in (outer, k, blk) the
-         * same rows are a stride of k blocks apart */
-        const char *s = to_outer ? sb + j * outer * blk_bytes : sb + j * blk_bytes;
-        char *d = to_outer ? db + j * blk_bytes : db + j * outer * blk_bytes;
-        cudaError_t rc = cudaMemcpy2DAsync(d, to_outer ? wide : row, s, to_outer ? row : wide, row,
-                                           (size_t)outer, cudaMemcpyDeviceToDevice, k->stream);
+    /* the wire of one tensor: segment r is part r alone */
+    jdt_cuk_wire_bytes(k, to_outer ? dst : (void *)src, to_outer ? (void *)src : dst, n_blocks,
+                       outer, blk_bytes, outer * blk_bytes, 0, to_outer);
+}
+
+void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_t outer,
+                        int64_t blk_bytes, int64_t seg_bytes, int64_t off_bytes, bool get)
+{
+    if (n_parts <= 0 || outer <= 0 || blk_bytes <= 0) return;
+    const size_t row = (size_t)blk_bytes, wide = (size_t)n_parts * row;
+    char *xb = x, *wb = (char *)wire + off_bytes;
+    /* outer = 1: part r is one row of x, segment r one row of the wire: one copy of k rows;
+     * else part r's rows (o, r, :) are a stride of k blocks apart in x and contiguous in
+     * segment r: one copy of outer rows per part */
+    const int64_t copies = outer == 1 ? 1 : n_parts;
+    const size_t height = outer == 1 ? (size_t)n_parts : (size_t)outer;
+    const size_t xpitch = outer == 1 ? row : wide, wpitch = outer == 1 ? (size_t)seg_bytes : row;
+    for (int64_t r = 0; r < copies; r++) {
+        char *xr = xb + r * blk_bytes, *wr = wb + r * seg_bytes;
+        cudaError_t rc = get ? cudaMemcpy2DAsync(xr, xpitch, wr, wpitch, row, height,
+                                                 cudaMemcpyDeviceToDevice, k->stream)
+                             : cudaMemcpy2DAsync(wr, wpitch, xr, xpitch, row, height,
+                                                 cudaMemcpyDeviceToDevice, k->stream);
         if (rc != cudaSuccess) {
-            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "permuting collective blocks: %s",
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "collective wire copy: cudaMemcpy2DAsync: %s",
                           cudaGetErrorString(rc));
             return;
         }

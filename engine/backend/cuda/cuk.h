@@ -140,6 +140,13 @@ void jdt_cuk_permute_blocks(jdt_cuk *k, const float *src, float *dst, int64_t n_
 /* The same for blocks of blk_bytes bytes (any element type: a bf16 all-gather). */
 void jdt_cuk_permute_blocks_bytes(jdt_cuk *k, const void *src, void *dst, int64_t n_blocks,
                                   int64_t outer, int64_t blk_bytes, bool to_outer);
+/* A collective bucket's wire (compile-impl.h, ccoll): n_parts segments of seg_bytes, segment r
+ * holding, at off_bytes, part r of member x, a tensor viewed as (outer, n_parts, blk) with
+ * blocks of blk_bytes; part r is x's blocks (o, r, :) for every o, side by side. get: the parts
+ * from the wire into x, else x's parts onto the wire. x and the wire must not overlap. One
+ * strided copy (outer = 1) or one per part on the stream; failures deferred to jdt_cuk_check. */
+void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_t outer,
+                        int64_t blk_bytes, int64_t seg_bytes, int64_t off_bytes, bool get);
 
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
  * (B, T, H, D); backward: o = bit 3, dout = bit 4). Head size D <= 256 (a larger D records
