@@ -357,8 +357,10 @@ void jdt_compile_cache_prune(const char *dir, int64_t max_bytes, const char *kee
         }
         int64_t bytes = (int64_t)sb.st_size;
         if (kind == 3) {
-            if (age > FAILED_MAX_AGE_S) unlink(path);
-            else total += bytes;
+            if (age > FAILED_MAX_AGE_S)
+                unlink(path);
+            else
+                total += bytes;
             continue;
         }
         total += bytes;
@@ -431,13 +433,15 @@ static void write_rate(const char *path, double bytes_per_s)
     if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
-/* A valid entry `so` that loads: *handle, a hit (its mtime refreshed for the LRU bound). */
-static bool load_hit(const char *so, void **handle, jdt_compile_stats *st)
+/* A valid entry `so` that loads: *handle, a hit (its mtime refreshed for the LRU bound). warn:
+ * say so when a valid entry does not load (once: the check under the build lock). */
+static bool load_hit(const char *so, bool warn, void **handle, jdt_compile_stats *st)
 {
     if (!entry_valid(so)) return false;
     *handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
     if (!*handle) {
-        JDT_WARN("compile cache: %s does not load (%s); rebuilding", so, dlerror());
+        const char *why = dlerror();
+        if (warn) JDT_WARN("compile cache: %s does not load (%s); rebuilding", so, why);
         return false;
     }
     utimensat(AT_FDCWD, so, NULL, 0);
@@ -483,10 +487,39 @@ void jdt_compile_cache_unlock(const char *dir, uint64_t key, int fd)
     close(fd);
 }
 
+jdt_status jdt_compile_cache_fetch(const char *dir, uint64_t key, const char *kind, double wait_s,
+                                   int64_t max_bytes, jdt_cache_build_fn build, void *ctx,
+                                   unsigned char **bytes, size_t *n_bytes, jdt_cache_how *how,
+                                   jdt_err *e)
+{
+    *bytes = NULL;
+    *n_bytes = 0;
+    *how = JDT_CACHE_HIT;
+    const bool cached = dir && *dir;
+    if (cached && jdt_compile_cache_get(dir, key, kind, bytes, n_bytes)) return JDT_OK;
+    jdt_err de;
+    if (cached) mkdir_p(dir, &de); /* a failure shows as the store's warning */
+    const int lock = cached ? jdt_compile_cache_lock(dir, key, wait_s) : -1;
+    jdt_status st = JDT_OK;
+    if (lock >= 0 && jdt_compile_cache_get(dir, key, kind, bytes, n_bytes)) {
+        *how = JDT_CACHE_WAITED;
+    } else {
+        *how = JDT_CACHE_BUILT;
+        st = build(ctx, bytes, n_bytes, e);
+        jdt_err pe;
+        jdt_err_clear(&pe);
+        if (st == JDT_OK && cached &&
+            jdt_compile_cache_put(dir, key, kind, *bytes, *n_bytes, max_bytes, &pe) != JDT_OK)
+            JDT_WARN("%s", pe.msg);
+    }
+    jdt_compile_cache_unlock(dir, key, lock);
+    return st;
+}
+
 static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const char *cc,
-                               const char *flags, const char *ver, const char *cpu,
-                               const char *dir, uint64_t key, const char *so, double timeout_s,
-                               void **handle, jdt_compile_stats *st, jdt_err *e);
+                               const char *flags, const char *ver, const char *cpu, const char *dir,
+                               uint64_t key, const char *so, double timeout_s, void **handle,
+                               jdt_compile_stats *st, jdt_err *e);
 
 jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **handle,
                              jdt_compile_stats *st, jdt_err *e)
@@ -509,11 +542,11 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     jdt_compile_cache_path(dir, key, "so", so, sizeof so);
     snprintf(st->so_path, sizeof st->so_path, "%s", so);
 
-    if (load_hit(so, handle, st)) return JDT_OK;
+    if (load_hit(so, false, handle, st)) return JDT_OK;
     /* the processes of a job on this host compile the same program at once: one builds it,
      * the others wait for its entry (and build it themselves if none appears) */
     const int lock = jdt_compile_cache_lock(dir, key, timeout_s + 30.0);
-    if (lock >= 0 && load_hit(so, handle, st)) {
+    if (lock >= 0 && load_hit(so, true, handle, st)) {
         st->cache_waited = true;
         s = JDT_OK;
     } else {
@@ -526,9 +559,9 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
 /* The miss path of jdt_compile_build: compile src into unique temporaries, rename the shared
  * object into place as entry `so`, load it. */
 static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const char *cc,
-                               const char *flags, const char *ver, const char *cpu,
-                               const char *dir, uint64_t key, const char *so, double timeout_s,
-                               void **handle, jdt_compile_stats *st, jdt_err *e)
+                               const char *flags, const char *ver, const char *cpu, const char *dir,
+                               uint64_t key, const char *so, double timeout_s, void **handle,
+                               jdt_compile_stats *st, jdt_err *e)
 {
     char tmp_c[1100], tmp_so[1100], log[1100], flags_buf[1024];
     const int64_t max_bytes = o->cache_max_bytes;

@@ -225,6 +225,25 @@ int jdt_compile_cache_lock(const char *dir, uint64_t key, double wait_s);
  * finds the entry, or makes a new lock. fd < 0 is a no-op. */
 void jdt_compile_cache_unlock(const char *dir, uint64_t key, int fd);
 
+/* Builds the bytes of a cache entry into *bytes (jdt_malloc'd) and *n_bytes. */
+typedef jdt_status (*jdt_cache_build_fn)(void *ctx, unsigned char **bytes, size_t *n_bytes,
+                                         jdt_err *e);
+typedef enum {
+    JDT_CACHE_HIT,    /* the entry was there */
+    JDT_CACHE_WAITED, /* another process of this host built it while this one waited */
+    JDT_CACHE_BUILT   /* built here (and stored, when dir is given) */
+} jdt_cache_how;
+/* The bytes of entry (key, kind) in dir (jdt_compile_cache_get), else, under the host's build
+ * lock (waiting at most wait_s), another process's fresh entry, else build(ctx)'s bytes, stored
+ * (jdt_compile_cache_put, pruning to max_bytes; a failed store is a warning: the next run
+ * builds again; dir is created if missing). dir NULL or "": always built, never stored. *bytes is
+ * the caller's (jdt_free); *how says where it came from. The builder's failure is returned as is.
+ */
+jdt_status jdt_compile_cache_fetch(const char *dir, uint64_t key, const char *kind, double wait_s,
+                                   int64_t max_bytes, jdt_cache_build_fn build, void *ctx,
+                                   unsigned char **bytes, size_t *n_bytes, jdt_cache_how *how,
+                                   jdt_err *e);
+
 /* The node a read of x really touches: x, or for absorbed strided reads the first node down
  * the chain that is materialised (or a splat). */
 static inline int cnode_read_src(const cprog *c, int x)

@@ -57,8 +57,7 @@ static cnode_kind kind_of(jdt_op op, const jdt_tensor *t)
 static bool dtype_supported(jdt_dtype dt)
 {
     return dt == JDT_DTYPE_F32 || dt == JDT_DTYPE_F64 || dt == JDT_DTYPE_I32 ||
-           dt == JDT_DTYPE_U8 || dt == JDT_DTYPE_U16 || dt == JDT_DTYPE_U32 ||
-           dt == JDT_DTYPE_BF16;
+           dt == JDT_DTYPE_U8 || dt == JDT_DTYPE_U16 || dt == JDT_DTYPE_U32 || dt == JDT_DTYPE_BF16;
 }
 
 /* Evaluates an elementwise op on splat values in double (rounded to the dtype by the caller). */
@@ -467,7 +466,8 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
             const cnode *x = &c->nodes[bc->in[0]];
             int64_t N = a->shape.dims[a->shape.ndim - 1];
             /* inputs precede their users, except leaves (valid before the first step) */
-            if ((bc->in[0] > mi && x->kind != CK_LEAF) || x->kind == CK_SPLAT || x->dtype != JDT_DTYPE_F32 || x->shape.ndim < 1 ||
+            if ((bc->in[0] > mi && x->kind != CK_LEAF) || x->kind == CK_SPLAT ||
+                x->dtype != JDT_DTYPE_F32 || x->shape.ndim < 1 ||
                 x->shape.dims[x->shape.ndim - 1] != N || jdt_shape_numel(&x->shape) != N)
                 continue;
             m->in[2] = bc->in[0];

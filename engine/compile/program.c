@@ -17,10 +17,10 @@ struct jdt_program {
     cprog c;
     jdt_graph *g;
     jdt_device *dev;
-    void *state;        /* the backend's per-program state */
-    jdt_interp *interp; /* opts.no_jit: the reference interpreter runs the graph */
-    double *step_s;     /* (n_steps + 1) accumulated seconds per step (profile), last:
-                           update copies */
+    void *state;           /* the backend's per-program state */
+    jdt_interp *interp;    /* opts.no_jit: the reference interpreter runs the graph */
+    double *step_s;        /* (n_steps + 1) accumulated seconds per step (profile), last:
+                              update copies */
     char (*step_name)[40]; /* (n_steps) trace names, only with opts.trace */
     int n_runs;
 };
@@ -262,7 +262,8 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
     jdt_status st;
     if (p->interp) return jdt_interp_run(p->interp, e);
     if (!p->state)
-        return jdt_err_set(e, JDT_ERR_INVALID, "run: the program was planned only (opts.plan_only)");
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "run: the program was planned only (opts.plan_only)");
     if ((st = vt->begin(p->state, e)) != JDT_OK) return st;
     bool timed = p->step_s || c->opts.trace;
     for (int s = 0; s < c->n_steps; s++) {
@@ -360,12 +361,13 @@ jdt_status jdt_program_read_output(const jdt_program *p, int i, void *dst, size_
         return jdt_err_set(e, JDT_ERR_INVALID, "read: no output %d (the program has %d)", i,
                            p->c.n_outputs);
     if (!p->state)
-        return jdt_err_set(e, JDT_ERR_INVALID, "read: the program was planned only (opts.plan_only)");
+        return jdt_err_set(e, JDT_ERR_INVALID,
+                           "read: the program was planned only (opts.plan_only)");
     const cnode *n = &p->c.nodes[p->c.outputs[i]];
     size_t have = (size_t)jdt_shape_numel(&n->shape) * jdt_dtype_size(n->dtype);
     if (n_bytes > have)
-        return jdt_err_set(e, JDT_ERR_INVALID, "read: output %d has %zu bytes, %zu asked", i,
-                           have, n_bytes);
+        return jdt_err_set(e, JDT_ERR_INVALID, "read: output %d has %zu bytes, %zu asked", i, have,
+                           n_bytes);
     return p->dev->vt->read(p->state, p->c.outputs[i], dst, n_bytes, e);
 }
 

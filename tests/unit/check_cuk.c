@@ -910,13 +910,18 @@ END_TEST
 START_TEST(test_init_errors_and_cache)
 {
     GPU_OR_SKIP(k);
+    jdt_err le;
+    jdt_err_clear(&le);
+    ck_assert_msg(jdt_cuk_load_all(k, &le) == JDT_OK, "%s", le.msg); /* every kernel resolves */
     jdt_cuk_free(k);
-    /* the first init filled the cache: one entry per .cu source */
+    /* that filled the cache: one entry per .cu source */
     DIR *dir = opendir(cache_dir_);
     ck_assert_ptr_nonnull(dir);
     int n_entries = 0;
     for (struct dirent *de; (de = readdir(dir));)
-        if (strncmp(de->d_name, "cuk-", 4) == 0) n_entries++;
+        if (strncmp(de->d_name, "jdt-", 4) == 0 && strlen(de->d_name) > 4 &&
+            strcmp(de->d_name + strlen(de->d_name) - 4, ".cuk") == 0)
+            n_entries++;
     closedir(dir);
     ck_assert_int_ge(n_entries, 3);
     jdt_err e;
@@ -930,6 +935,55 @@ START_TEST(test_init_errors_and_cache)
     ck_assert_int_eq(jdt_cuk_init(4096, cache_dir_, &bad, &e), JDT_ERR_UNSUPPORTED);
     ck_assert_ptr_null(bad);
     ck_assert(strstr(e.msg, "4096") != NULL);
+
+    /* a damaged entry (in a cache of its own: the probe source alone) is recompiled and
+     * replaced by a whole one */
+    char own[128], cmd[400];
+    snprintf(own, sizeof own, "/tmp/jdt-check-cuk-damaged-%ld", (long)getpid());
+    ck_assert_int_eq(jdt_cuk_init(0, own, &k, &e), JDT_OK);
+    jdt_cuk_free(k);
+    snprintf(cmd, sizeof cmd,
+             "ls %s/jdt-*.cuk | wc -l | grep -qx 1 && "
+             "for f in %s/jdt-*.cuk; do head -c 300 /dev/urandom > $f; done",
+             own, own);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_msg(jdt_cuk_init(0, own, &k, &e) == JDT_OK, "over a damaged entry: %s", e.msg);
+    jdt_cuk_free(k);
+    snprintf(cmd, sizeof cmd, "test $(stat -c %%s %s/jdt-*.cuk) -gt 1000", own);
+    ck_assert_msg(system(cmd) == 0, "the damaged entry was not replaced");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", own);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* A source is compiled (or read from the cache) and loaded at its first launch, once: a run
+ * never compiles the attention it does not use. */
+START_TEST(test_lazy_load)
+{
+    GPU_OR_SKIP(k);
+    ck_assert_int_eq(jdt_cuk_n_loaded(k), 1); /* the probe source (cuk_misc.cu) */
+    const int64_t N = 3, C = 7;
+    float *x = rand_floats(N * C, 5, -2, 2);
+    float *dx = dev_from(x, (size_t)(N * C) * 4), *dy = dev_alloc((size_t)(N * C) * 4);
+    jdt_cuk_to_bf16(k, dx, (uint16_t *)dy, N * C);
+    ck_assert_int_eq(jdt_cuk_n_loaded(k), 1); /* the same source */
+    for (int r = 0; r < 2; r++) {
+        jdt_cuk_softmax(k, dx, dy, N, C); /* cuk_rows.cu, the first time only */
+        float *got = dev_to_host(k, dy, N * C);
+        ck_assert_float_gt(got[0], 0);
+        free(got);
+        ck_assert_int_eq(jdt_cuk_n_loaded(k), 2);
+    }
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_cuk_load_all(k, &e) == JDT_OK, "%s", e.msg);
+    const int all = jdt_cuk_n_loaded(k);
+    ck_assert_int_ge(all, 4);
+    ck_assert_int_eq(jdt_cuk_load_all(k, &e), JDT_OK);
+    ck_assert_int_eq(jdt_cuk_n_loaded(k), all);
+    free(x);
+    cudaFree(dx), cudaFree(dy);
+    jdt_cuk_free(k);
 }
 END_TEST
 
@@ -965,6 +1019,7 @@ static void add_tests(Suite *s)
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_init_errors_and_cache);
+    tcase_add_test(tc, test_lazy_load);
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_matmul_bf16);
     tcase_add_test(tc, test_to_bf16);

@@ -24,16 +24,12 @@
 #include "comm/comm.h"
 
 #include <cuda_runtime.h>
-#include <errno.h>
 #include <nvrtc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define CU_FORMAT "jdt-cuda-cubin-1"
-#define CU_MAGIC "JDTCU001"
 
 /* A leaf mirrored in device memory, shared by every program that binds the same host memory
  * (the train, apply and eval programs share parameters). Freed when its last program goes. */
@@ -171,83 +167,50 @@ static uint64_t cubin_key(const char *src, int arch)
 {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
-    uint64_t h = jdt_hash_str(14695981039346656037ULL, CU_FORMAT);
+    uint64_t h = jdt_hash_str(JDT_HASH_INIT, CU_FORMAT);
     h = jdt_hash_str(h, src);
     h = jdt_hash_u64(h, (uint64_t)major * 1000 + (uint64_t)minor);
     return jdt_hash_u64(h, (uint64_t)arch);
-}
-
-/* Reads a cache entry: the image followed by {magic, u64 size, u64 hash}. */
-static void *cache_read(const char *path, size_t *n_bytes)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    void *buf = NULL;
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || sb.st_size < 24) goto out;
-    size_t total = (size_t)sb.st_size;
-    buf = jdt_malloc(total);
-    if (!buf || fread(buf, 1, total, f) != total) goto bad;
-    const unsigned char *t = (const unsigned char *)buf + total - 24;
-    uint64_t size, hash;
-    memcpy(&size, t + 8, 8);
-    memcpy(&hash, t + 16, 8);
-    if (memcmp(t, CU_MAGIC, 8) != 0 || size != total - 24 ||
-        hash != jdt_hash_bytes(14695981039346656037ULL, buf, size))
-        goto bad;
-    *n_bytes = size;
-    goto out;
-bad:
-    jdt_free(buf);
-    buf = NULL;
-out:
-    fclose(f);
-    return buf;
-}
-
-static void cache_write(const char *path, const void *image, size_t n)
-{
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    uint64_t size = n, hash = jdt_hash_bytes(14695981039346656037ULL, image, n);
-    bool ok = fwrite(image, 1, n, f) == n && fwrite(CU_MAGIC, 1, 8, f) == 8 &&
-              fwrite(&size, 8, 1, f) == 1 && fwrite(&hash, 8, 1, f) == 1;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
 /* How long a process waits for another's NVRTC compile of the same kernels before compiling
  * them itself (the builtins' attention takes about a minute on 2 cores). */
 #define NVRTC_LOCK_WAIT_S 900.0
 
-/* The cubin of src for arch, from the cache under dir or compiled (and stored). */
-static jdt_status cubin_get(const char *dir, const char *src, int arch, void **image,
-                            size_t *n_bytes, jdt_compile_stats *stats, jdt_err *e)
+typedef struct {
+    const char *src;
+    int arch;
+    double *cc_s;
+} cubin_build;
+
+static jdt_status build_cubin(void *ctx, unsigned char **bytes, size_t *n_bytes, jdt_err *e)
 {
-    char path[sizeof stats->so_path];
+    cubin_build *b = ctx;
+    const double t0 = jdt_now_s();
+    void *image = NULL;
+    jdt_status st = jdt_cuda_nvrtc(b->src, "jdt-program.cu", b->arch, &image, n_bytes, e);
+    *b->cc_s = jdt_now_s() - t0;
+    *bytes = image;
+    return st;
+}
+
+/* The cubin of src for arch, from the compile cache under dir or compiled by NVRTC (and
+ * stored): the ranks of a node compile the same program at once, one runs NVRTC (on every
+ * core) while the others wait for its entry. */
+static jdt_status cubin_get(const char *dir, const char *src, int arch, int64_t max_bytes,
+                            unsigned char **image, size_t *n_bytes, jdt_compile_stats *stats,
+                            jdt_err *e)
+{
     const uint64_t key = cubin_key(src, arch);
-    snprintf(path, sizeof path, "%.900s/jdt-%016llx.sm_%d.cubin", dir, (unsigned long long)key,
-             arch);
-    snprintf(stats->so_path, sizeof stats->so_path, "%s", path);
-    if ((*image = cache_read(path, n_bytes))) {
-        stats->cache_hit = true;
-        return JDT_OK;
-    }
-    /* the ranks of a node compile the same program at once: one runs NVRTC (on every core) */
-    const int lock = jdt_compile_cache_lock(dir, key, NVRTC_LOCK_WAIT_S);
-    if (lock >= 0 && (*image = cache_read(path, n_bytes))) {
-        jdt_compile_cache_unlock(dir, key, lock);
-        stats->cache_hit = stats->cache_waited = true;
-        return JDT_OK;
-    }
-    double t0 = jdt_now_s();
-    jdt_status st = jdt_cuda_nvrtc(src, "jdt-program.cu", arch, image, n_bytes, e);
-    stats->cc_s = jdt_now_s() - t0;
-    stats->cache_hit = false;
-    if (st == JDT_OK) cache_write(path, *image, *n_bytes);
-    jdt_compile_cache_unlock(dir, key, lock);
+    char kind[32];
+    snprintf(kind, sizeof kind, "sm_%d.cubin", arch);
+    jdt_compile_cache_path(dir, key, kind, stats->so_path, sizeof stats->so_path);
+    cubin_build b = {src, arch, &stats->cc_s};
+    jdt_cache_how how;
+    jdt_status st = jdt_compile_cache_fetch(dir, key, kind, NVRTC_LOCK_WAIT_S, max_bytes,
+                                            build_cubin, &b, image, n_bytes, &how, e);
+    stats->cache_hit = how != JDT_CACHE_BUILT;
+    stats->cache_waited = how == JDT_CACHE_WAITED;
     return st;
 }
 
@@ -306,7 +269,7 @@ static jdt_status group_comm_get(cuda_dev *cd, int group, jdt_cuk_comm **comm, i
     memset(g, 0, sizeof *g);
     g->group = group;
     g->n_ranks = n;
-    g->ranks_hash = jdt_hash_bytes(14695981039346656037ULL, ranks, (size_t)n * sizeof *ranks);
+    g->ranks_hash = jdt_hash_bytes(JDT_HASH_INIT, ranks, (size_t)n * sizeof *ranks);
     const char *single = getenv("JDT_CUDA_NCCL_SINGLE");
     const bool want_comm = n > 1 || (single && strcmp(single, "1") == 0);
     for (int i = 0; i < cd->n_groups && want_comm; i++)
@@ -573,14 +536,16 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
     p->d = d;
     p->cd = cd;
     jdt_compile_stats *stats = (jdt_compile_stats *)&c->stats;
-    void *image = NULL;
+    unsigned char *image = NULL;
     size_t n_image = 0;
     if ((st = jdt_cuda_codegen(c, &p->src, &p->launch, e)) != JDT_OK) goto fail;
     char dir[1024];
     jdt_compile_opts co = c->opts;
     if (d->cache_dir[0]) co.cache_dir = d->cache_dir;
     if ((st = jdt_compile_cache_dir(&co, dir, sizeof dir, e)) != JDT_OK) goto fail;
-    if ((st = cubin_get(dir, p->src, cd->arch, &image, &n_image, stats, e)) != JDT_OK) goto fail;
+    if ((st = cubin_get(dir, p->src, cd->arch, co.cache_max_bytes, &image, &n_image, stats, e)) !=
+        JDT_OK)
+        goto fail;
     CU(cudaLibraryLoadData(&p->lib, image, NULL, NULL, 0, NULL, NULL, 0),
        "loading the compiled kernels");
     int nk = c->stats.n_kernels;

@@ -95,9 +95,13 @@ struct jdt_cuk {
      * communicators then run in the order they were issued, the same on every rank, which NCCL
      * needs of concurrent communicators; made with the first communicator */
     cudaStream_t comm_stream;
-    cudaLibrary_t libs[JDT_CUK_MAX_LIBS];
+    char target[32];      /* NVRTC's target: "sm_90" (a cubin) or "compute_XX" (PTX) */
+    bool cubin;           /* target is a real architecture */
+    char cache_dir[1024]; /* of the builtins' compiled code; "" none */
+    cudaLibrary_t libs[JDT_CUK_MAX_LIBS]; /* the sources loaded so far (jdt_cuk_load) */
     int n_libs;
-    cudaKernel_t fn[JDT_CUK_K_COUNT];
+    uint64_t failed_src;              /* bit i: jdt_cuk_sources[i] failed to load */
+    cudaKernel_t fn[JDT_CUK_K_COUNT]; /* NULL until its source is loaded */
     cublasLtHandle_t lt;
     void *workspace; /* JDT_CUK_WORKSPACE bytes for cuBLASLt */
     jdt_cuk_plan plans[JDT_CUK_PLANS];

@@ -5,22 +5,20 @@
  * it starts on a machine without a driver) and one launcher per builtin kernel. GEMMs are in
  * cuk_gemm.c, NCCL in cuk_comm.c.
  *
- * Cache: <cache_dir>/cuk-<hash>.bin, hash of (the .cu text, every header, NVRTC version, target,
- * options). Written to a unique temporary and renamed into place, so processes sharing the
- * directory never see a partial file; an unreadable or corrupt entry is recompiled.
+ * Cache: the compile cache's entries (engine/compile/cache.c) <cache_dir>/jdt-<key>.cuk, key a
+ * hash of (the .cu text, every header, NVRTC version, target); checksummed, renamed into place
+ * whole, one compile per host at a time; a damaged entry, or one cudaLibraryLoadData rejects, is
+ * recompiled. A source loads at the first launch of one of its kernels (jdt_cuk_load).
  */
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cuk-impl.h"
 #include "compile/compile-impl.h"
 
-#include <errno.h>
 #include <nvrtc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 static const struct {
     const char *file, *name;
@@ -164,19 +162,6 @@ jdt_status jdt_cuk_compile_all(int arch, jdt_err *e)
 
 /* ---- on-disk cache ------------------------------------------------------------------------ */
 
-static void mkdir_p(const char *path)
-{
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        mkdir(tmp, 0755);
-        *p = '/';
-    }
-    mkdir(tmp, 0755);
-}
-
 static uint64_t source_key(int si, const char *target)
 {
     int maj = 0, min = 0;
@@ -191,89 +176,53 @@ static uint64_t source_key(int si, const char *target)
     return h;
 }
 
-/* Reads a cache entry: "JDTCUK1\n" + 8-byte size + code. NULL when absent or malformed. */
-static char *cache_read(const char *path, size_t *n_bytes)
+typedef struct {
+    int si;
+    const char *target;
+    bool cubin;
+} source_build;
+
+static jdt_status build_source(void *ctx, unsigned char **bytes, size_t *n_bytes, jdt_err *e)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char magic[8];
-    uint64_t n = 0;
-    char *buf = NULL;
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "JDTCUK1\n", 8) != 0 ||
-        fread(&n, sizeof n, 1, f) != 1 || n == 0 || n > (1u << 30))
-        goto out;
-    buf = jdt_malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        jdt_free(buf);
-        buf = NULL;
-        goto out;
-    }
-    if (buf) {
-        buf[n] = '\0';
-        *n_bytes = (size_t)n;
-    }
-out:
-    fclose(f);
-    return buf;
+    const source_build *b = ctx;
+    JDT_INFO("cuda: compiling the builtin kernels of %s for %s with NVRTC (first use; "
+             "cached for later runs)",
+             jdt_cuk_sources[b->si].name, b->target);
+    char *code = NULL;
+    jdt_status s = nvrtc_compile(b->si, b->target, b->cubin, &code, n_bytes, e);
+    *bytes = (unsigned char *)code;
+    return s;
 }
 
-/* Best effort: a failed write only costs a recompile next time. */
-static void cache_write(const char *dir, const char *path, const char *code, size_t n)
-{
-    mkdir_p(dir);
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    uint64_t n64 = n;
-    bool ok = fwrite("JDTCUK1\n", 1, 8, f) == 8 && fwrite(&n64, sizeof n64, 1, f) == 1 &&
-              fwrite(code, 1, n, f) == n;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) unlink(tmp);
-}
+/* How long a process waits for another's NVRTC compile of the same source (the FMA attention
+ * takes about a minute on 2 cores). */
+#define CUK_LOCK_WAIT_S 900.0
 
-/* Compiles (or loads from the cache) source si for target and loads it as a library. */
+/* Source si for target, from the compile cache under cache_dir (NULL or "": none) or compiled
+ * by NVRTC (one process of a node compiles, the others wait for its entry), loaded as *lib. */
 static jdt_status load_source(int si, const char *target, bool cubin, const char *cache_dir,
                               cudaLibrary_t *lib, jdt_err *e)
 {
-    char path[1024] = "";
-    char *code = NULL;
-    size_t n = 0;
     const uint64_t key = source_key(si, target);
-    int lock = -1;
-    if (cache_dir && *cache_dir) {
-        snprintf(path, sizeof path, "%s/cuk-%016llx.bin", cache_dir, (unsigned long long)key);
-        code = cache_read(path, &n);
-        /* the ranks of a node start at once: one compiles (NVRTC on every core), the others
-         * wait for its entry (the FMA attention takes about a minute on 2 cores) */
-        if (!code) {
-            mkdir_p(cache_dir);
-            lock = jdt_compile_cache_lock(cache_dir, key, 900.0);
-            if (lock >= 0) code = cache_read(path, &n);
-        }
-    }
-    bool from_cache = code != NULL;
-    if (!code) {
-        jdt_status s = nvrtc_compile(si, target, cubin, &code, &n, e);
-        if (s != JDT_OK) {
-            jdt_compile_cache_unlock(cache_dir, key, lock);
-            return s;
-        }
-    }
+    source_build b = {si, target, cubin};
+    unsigned char *code = NULL;
+    size_t n = 0;
+    jdt_cache_how how;
+    jdt_status s = jdt_compile_cache_fetch(cache_dir, key, "cuk", CUK_LOCK_WAIT_S, 0, build_source,
+                                           &b, &code, &n, &how, e);
+    if (s != JDT_OK) return s;
     cudaError_t rc = cudaLibraryLoadData(lib, code, NULL, NULL, 0, NULL, NULL, 0);
-    if (rc != cudaSuccess && from_cache) { /* a corrupt entry: compile afresh */
+    if (rc != cudaSuccess && how != JDT_CACHE_BUILT) { /* an entry this NVRTC cannot load */
         jdt_free(code);
         code = NULL;
-        jdt_status s = nvrtc_compile(si, target, cubin, &code, &n, e);
-        if (s != JDT_OK) {
-            jdt_compile_cache_unlock(cache_dir, key, lock);
-            return s;
-        }
-        from_cache = false;
+        if ((s = build_source(&b, &code, &n, e)) != JDT_OK) return s;
         rc = cudaLibraryLoadData(lib, code, NULL, NULL, 0, NULL, NULL, 0);
+        jdt_err pe;
+        jdt_err_clear(&pe);
+        if (rc == cudaSuccess && cache_dir && *cache_dir &&
+            jdt_compile_cache_put(cache_dir, key, "cuk", code, n, 0, &pe) != JDT_OK)
+            JDT_WARN("%s", pe.msg);
     }
-    if (rc == cudaSuccess && !from_cache && path[0]) cache_write(cache_dir, path, code, n);
-    jdt_compile_cache_unlock(cache_dir, key, lock);
     jdt_free(code);
     if (rc != cudaSuccess) {
         jdt_cuk_cuda_err(e, rc, "cudaLibraryLoadData");
@@ -283,6 +232,55 @@ static jdt_status load_source(int si, const char *target, bool cubin, const char
 }
 
 /* ---- context ------------------------------------------------------------------------------ */
+
+jdt_status jdt_cuk_load(jdt_cuk *k, int kernel, jdt_err *e)
+{
+    if (k->fn[kernel]) return JDT_OK;
+    const char *file = KERNELS[kernel].file;
+    int si = 0;
+    while (si < jdt_cuk_n_sources && strcmp(jdt_cuk_sources[si].name, file) != 0)
+        si++;
+    if (si == jdt_cuk_n_sources)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "kernel %s: source %s not embedded",
+                           KERNELS[kernel].name, file);
+    if (si >= 64 || k->n_libs == JDT_CUK_MAX_LIBS)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "more than %d kernel sources", JDT_CUK_MAX_LIBS);
+    if (k->failed_src >> si & 1) /* once: not a second compile per launch */
+        return jdt_err_set(e, JDT_ERR_COMPILE, "kernel %s: its source %s did not load",
+                           KERNELS[kernel].name, file);
+    cudaLibrary_t lib;
+    jdt_status s = load_source(si, k->target, k->cubin, k->cache_dir, &lib, e);
+    if (s != JDT_OK) {
+        k->failed_src |= 1ull << si;
+        return s;
+    }
+    k->libs[k->n_libs++] = lib;
+    for (int ki = 0; ki < JDT_CUK_K_COUNT; ki++) {
+        if (strcmp(KERNELS[ki].file, file) != 0) continue;
+        cudaError_t rc = cudaLibraryGetKernel(&k->fn[ki], lib, KERNELS[ki].name);
+        if (rc != cudaSuccess) {
+            k->fn[ki] = NULL;
+            k->failed_src |= 1ull << si;
+            jdt_cuk_cuda_err(e, rc, "cudaLibraryGetKernel");
+            return jdt_err_prefix(e, "kernel %s", KERNELS[ki].name);
+        }
+    }
+    return JDT_OK;
+}
+
+jdt_status jdt_cuk_load_all(jdt_cuk *k, jdt_err *e)
+{
+    for (int ki = 0; ki < JDT_CUK_K_COUNT; ki++) {
+        jdt_status s = jdt_cuk_load(k, ki, e);
+        if (s != JDT_OK) return s;
+    }
+    return JDT_OK;
+}
+
+int jdt_cuk_n_loaded(const jdt_cuk *k)
+{
+    return k->n_libs;
+}
 
 jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e)
 {
@@ -318,34 +316,12 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
      * against the CPU beyond TF32's 10-bit mantissa (check_cuda's train test) */
     const char *tf32 = getenv("JDT_CUDA_TF32");
     k->no_tf32 = tf32 && strcmp(tf32, "0") == 0;
-    char target[32];
-    bool cubin = true;
-    if ((s = pick_target(k->arch, target, sizeof target, &cubin, e)) != JDT_OK) goto fail;
-    for (int si = 0; si < jdt_cuk_n_sources; si++) {
-        size_t len = strlen(jdt_cuk_sources[si].name);
-        if (len < 3 || strcmp(jdt_cuk_sources[si].name + len - 3, ".cu") != 0) continue;
-        if (k->n_libs == JDT_CUK_MAX_LIBS) {
-            s = jdt_err_set(e, JDT_ERR_INTERNAL, "more than %d kernel sources", JDT_CUK_MAX_LIBS);
-            goto fail;
-        }
-        cudaLibrary_t lib;
-        if ((s = load_source(si, target, cubin, cache_dir, &lib, e)) != JDT_OK) goto fail;
-        k->libs[k->n_libs++] = lib;
-        for (int ki = 0; ki < JDT_CUK_K_COUNT; ki++) {
-            if (strcmp(KERNELS[ki].file, jdt_cuk_sources[si].name) != 0) continue;
-            if ((rc = cudaLibraryGetKernel(&k->fn[ki], lib, KERNELS[ki].name)) != cudaSuccess) {
-                jdt_cuk_cuda_err(e, rc, "cudaLibraryGetKernel");
-                s = jdt_err_prefix(e, "kernel %s", KERNELS[ki].name);
-                goto fail;
-            }
-        }
-    }
-    for (int ki = 0; ki < JDT_CUK_K_COUNT; ki++)
-        if (!k->fn[ki]) {
-            s = jdt_err_set(e, JDT_ERR_INTERNAL, "kernel %s: source %s not embedded",
-                            KERNELS[ki].name, KERNELS[ki].file);
-            goto fail;
-        }
+    if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
+    snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
+    /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the
+     * attention it does not use (the FMA one is NVRTC's longest, about a minute on 2 cores);
+     * this small one now, so a broken NVRTC or driver is reported when the device opens */
+    if ((s = jdt_cuk_load(k, JDT_CUK_K_FILL_ROWS, e)) != JDT_OK) goto fail;
     if ((rc = cudaStreamCreateWithFlags(&k->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         s = jdt_cuk_cuda_err(e, rc, "cudaStreamCreate");
         goto fail;
@@ -410,6 +386,12 @@ static void launch(jdt_cuk *k, jdt_cuk_kernel ki, int64_t grid, unsigned block, 
                    void **args)
 {
     if (grid <= 0) return;
+    jdt_err le;
+    jdt_err_clear(&le);
+    if (!k->fn[ki] && jdt_cuk_load(k, ki, &le) != JDT_OK) { /* its source's first launch */
+        jdt_cuk_defer(k, le.code, "%s", le.msg);
+        return;
+    }
     dim3 g = {(unsigned)(grid > GRID_MAX ? GRID_MAX : grid), 1, 1}, b = {block, 1, 1};
     cudaError_t rc = cudaLaunchKernel((const void *)k->fn[ki], g, b, args, smem, k->stream);
     if (rc != cudaSuccess)

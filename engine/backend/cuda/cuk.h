@@ -22,15 +22,25 @@
 typedef struct jdt_cuk jdt_cuk; /* per process: device, one compute stream, cuBLASLt handle and
                                    workspace, the NVRTC-compiled builtin kernels */
 
-/* Selects CUDA device `device` (cudaSetDevice), compiles the builtin kernels with NVRTC for the
- * device's architecture (or loads them from the on-disk cache under cache_dir, keyed by source
- * + NVRTC version + arch; NULL cache_dir: no cache), creates the stream, the cuBLASLt handle and
- * its 32 MiB workspace. No GPU or no driver: ERR_UNSUPPORTED; any other CUDA/NVRTC/cuBLASLt
- * failure: ERR_RUNTIME-class status (ERR_INTERNAL, ERR_COMPILE, ERR_NOMEM) with one line naming
- * the failing call and its error string. *out owned by the caller (jdt_cuk_free). */
+/* Selects CUDA device `device` (cudaSetDevice), creates the stream, the cuBLASLt handle and its
+ * 32 MiB workspace, and loads one small builtin kernel source (a working NVRTC and driver);
+ * every other source is compiled with NVRTC for the device's architecture at the first launch
+ * of one of its kernels (or loaded from the on-disk cache under cache_dir, keyed by source +
+ * NVRTC version + arch; NULL cache_dir: no cache; jdt_cuk_load). No GPU or no driver:
+ * ERR_UNSUPPORTED; any other CUDA/NVRTC/cuBLASLt failure: ERR_RUNTIME-class status (ERR_INTERNAL,
+ * ERR_COMPILE, ERR_NOMEM) with one line naming the failing call and its error string. *out owned by
+ * the caller (jdt_cuk_free). */
 jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e);
 /* Synchronises the stream, then releases everything. NULL is a no-op. */
 void jdt_cuk_free(jdt_cuk *k);
+/* Loads the source of builtin kernel `kernel` (a jdt_cuk_kernel, cuk-impl.h) and every kernel it
+ * defines, unless loaded: from the cache, else compiled by NVRTC (logged: seconds to a minute).
+ * A launcher calls it at its kernel's first launch and defers its failure to jdt_cuk_check. */
+jdt_status jdt_cuk_load(jdt_cuk *k, int kernel, jdt_err *e);
+/* Loads every builtin source now (tests; a warm-up). */
+jdt_status jdt_cuk_load_all(jdt_cuk *k, jdt_err *e);
+/* How many builtin sources are loaded. */
+int jdt_cuk_n_loaded(const jdt_cuk *k);
 /* Bytes of the cuBLASLt workspace jdt_cuk_init allocates (device memory accounting). */
 #define JDT_CUK_WORKSPACE_BYTES (32ll << 20)
 /* The cudaStream_t every call below is queued on. */
