@@ -650,33 +650,21 @@ END_TEST
  * An FSDP-style step of 3 layers, h = tanh(h @ all_gather(W_l) + b_l), loss = sum(h^2): the
  * weights gathered along axis 0 (layers 0, 2) or axis 1 (layer 1: outer > 1, the permuted block
  * order), their gradients reduce-scattered (the gather's VJP), the bias gradients all-reduced
- * with scale 1/k (the data-parallel mean: NCCL's average on a GPU), the loss max-all-reduced,
+ * (the data-parallel mean over one rank), the loss max-all-reduced,
  * every parameter updated by SGD. Run blocking, with start/wait, and with start/wait and
  * buckets: the results must be bitwise equal, the window between a start and its wait never
  * touching the collective's buffer. */
 
 #ifdef JDT_CUDA /* the GPU test below; the CPU build has no overlap test here */
 #define OVL_PARAMS (3 * (64 + 8))
-static int g_twins = 1; /* the group: this many members holding identical data */
 static int g_ovl_pending;
 
-/* The collective of a group of g_twins members that all hold this member's data. */
-static jdt_status twin_coll(void *ctx, int group, int kind, jdt_dtype dt, void *buf, size_t n,
-                            jdt_err *e)
+/* The host's collective for a group of one rank (the CPU reference run): the identity. */
+static jdt_status one_rank_coll(void *ctx, int group, int kind, jdt_dtype dt, void *buf, size_t n,
+                                jdt_err *e)
 {
-    (void)ctx, (void)group, (void)e;
+    (void)ctx, (void)group, (void)kind, (void)buf, (void)n, (void)e;
     ck_assert_int_eq(dt, JDT_DTYPE_F32);
-    float *f = buf;
-    const size_t part = n / (size_t)g_twins;
-    if (kind == JDT_COLL_ALLGATHER)
-        for (int m = 1; m < g_twins; m++)
-            memcpy(f + (size_t)m * part, f, part * sizeof *f);
-    else if (kind == JDT_COLL_REDUCE_SCATTER)
-        for (size_t i = 0; i < part; i++)
-            f[i] *= (float)g_twins;
-    else if (kind == JDT_COLL_ALLREDUCE_SUM)
-        for (size_t i = 0; i < n; i++)
-            f[i] *= (float)g_twins;
     return JDT_OK;
 }
 
@@ -706,15 +694,15 @@ static jdt_status ovl_wait(void *ctx, void *handle, jdt_err *e)
     ck_assert_msg(memcmp(w->buf, w->snap, w->n * sizeof(float)) == 0,
                   "a collective's buffer (%zu floats) was written between its start and wait",
                   w->n);
-    jdt_status st = twin_coll(ctx, 1, w->kind, JDT_DTYPE_F32, w->buf, w->n, e);
+    jdt_status st = one_rank_coll(ctx, 1, w->kind, JDT_DTYPE_F32, w->buf, w->n, e);
     g_ovl_pending--;
     free(w->snap);
     free(w);
     return st;
 }
 
-/* The step for a group of k members; P[6] its parameters bound to pv, x bound to xv (4, 8). */
-static jdt_graph *ovl_graph(int k, float *pv, float *xv)
+/* The step for a group of one rank; P[6] its parameters bound to pv, x bound to xv (4, 8). */
+static jdt_graph *ovl_graph(float *pv, float *xv)
 {
     jdt_graph *g = jdt_graph_new();
     const int64_t xd[2] = {4, 8}, bd[1] = {8};
@@ -723,17 +711,17 @@ static jdt_graph *ovl_graph(int k, float *pv, float *xv)
     float *next = pv;
     for (int l = 0; l < 3; l++) {
         const int axis = l == 1;
-        const int64_t wd[2] = {axis ? 8 : 8 / k, axis ? 8 / k : 8};
+        const int64_t wd[2] = {8, 8};
         char nm[16];
         snprintf(nm, sizeof nm, "w%d", l);
         P[2 * l] = jdt_graph_param(g, nm, JDT_DTYPE_F32, 2, wd, NULL);
         snprintf(nm, sizeof nm, "b%d", l);
         P[2 * l + 1] = jdt_graph_param(g, nm, JDT_DTYPE_F32, 1, bd, NULL);
         P[2 * l]->data = next;
-        next += 64 / k;
+        next += 64;
         P[2 * l + 1]->data = next;
         next += 8;
-        jdt_tensor *wg = jdt_graph_all_gather(g, P[2 * l], 1, k, axis); /* (8, 8) */
+        jdt_tensor *wg = jdt_graph_all_gather(g, P[2 * l], 1, 1, axis); /* (8, 8) */
         jdt_tensor *z = jdt_graph_matmul(g, h, wg, false, false);
         h = jdt_graph_tanh(g, jdt_graph_add(g, z, jdt_graph_broadcast(g, P[2 * l + 1], 2, xd)));
     }
@@ -743,7 +731,7 @@ static jdt_graph *ovl_graph(int k, float *pv, float *xv)
     jdt_graph_add_output(g, loss);
     jdt_graph_add_output(g, jdt_graph_all_reduce(g, loss, 1, 1, 1.0));
     for (int i = 0; i < 6; i++) {
-        if (i % 2) G[i] = jdt_graph_all_reduce(g, G[i], 1, 0, 1.0 / k);
+        if (i % 2) G[i] = jdt_graph_all_reduce(g, G[i], 1, 0, 1.0);
         jdt_graph_add_output(g, G[i]);
         jdt_graph_add_update(g, P[i], jdt_graph_sub(g, P[i], jdt_graph_mul_scalar(g, G[i], 0.1)));
     }
@@ -751,17 +739,16 @@ static jdt_graph *ovl_graph(int k, float *pv, float *xv)
 }
 
 /* Two runs of the step on device d (NULL: the CPU) with schedule `mode` (0 blocking, 1
- * start/wait, 2 start/wait + buckets), k members; out: the outputs of the second run, then the
+ * start/wait, 2 start/wait + buckets); out: the outputs of the second run, then the
  * parameters after it. Returns the count; *stats the program's statistics. */
-static size_t ovl_run(jdt_device *d, int k, int mode, float *out, jdt_compile_stats *stats)
+static size_t ovl_run(jdt_device *d, int mode, float *out, jdt_compile_stats *stats)
 {
     float pv[OVL_PARAMS], xv[32];
     for (int i = 0; i < OVL_PARAMS; i++)
         pv[i] = 0.05f * (float)((i * 37) % 23 - 11);
     for (int i = 0; i < 32; i++)
         xv[i] = 0.1f * (float)((i * 13) % 17 - 8);
-    g_twins = k;
-    jdt_graph *g = ovl_graph(k, pv, xv);
+    jdt_graph *g = ovl_graph(pv, xv);
     jdt_compile_opts o;
     jdt_compile_opts_init(&o);
     char cache[] = "/tmp/jdt-check-cuda-ovl-XXXXXX";
@@ -769,7 +756,7 @@ static size_t ovl_run(jdt_device *d, int k, int mode, float *out, jdt_compile_st
     o.cache_dir = cache;
     o.threads = 1;
     o.device = d;
-    o.collective = twin_coll;
+    o.collective = one_rank_coll;
     if (mode >= 1) {
         o.collective_start = ovl_start;
         o.collective_wait = ovl_wait;
@@ -793,7 +780,7 @@ static size_t ovl_run(jdt_device *d, int k, int mode, float *out, jdt_compile_st
         n += (size_t)jdt_shape_numel(&t->shape);
     }
     if (d) ck_assert_msg(jdt_device_pull(d, &e) == JDT_OK, "pull: %s", e.msg);
-    const int n_par = 3 * (64 / k + 8);
+    const int n_par = OVL_PARAMS;
     memcpy(out + n, pv, (size_t)n_par * sizeof(float));
     n += (size_t)n_par;
     *stats = *jdt_program_stats(prog);
@@ -864,7 +851,7 @@ START_TEST(test_gpu_overlap_matches_blocking)
                       e.msg);
         jdt_device_set_dist(d, dist);
         jdt_device_set_groups(d, rank0_group, NULL);
-        n[mode] = ovl_run(d, 1, mode, res[mode], &st[mode]);
+        n[mode] = ovl_run(d, mode, res[mode], &st[mode]);
         ck_assert(jdt_device_comm_times(d, &waited, &moving));
         printf("check_cuda: overlap mode %d: NCCL %.3f ms on its stream, compute waited %.3f ms\n",
                mode, moving * 1e3, waited * 1e3);
@@ -874,7 +861,7 @@ START_TEST(test_gpu_overlap_matches_blocking)
     ck_assert_int_gt(st[1].n_coll_async, 5);
     ck_assert_msg(memcmp(res[1], res[0], n[0] * sizeof(float)) == 0, "start/wait != blocking");
     ck_assert_msg(memcmp(res[2], res[0], n[0] * sizeof(float)) == 0, "buckets != blocking");
-    ck_assert_int_eq(ovl_run(NULL, 1, 0, cpu, &cs), n[0]);
+    ck_assert_int_eq(ovl_run(NULL, 0, cpu, &cs), n[0]);
     fx_compare("overlap step (gpu vs cpu)", res[0], cpu, JDT_DTYPE_F32, (int64_t)n[0], 2e-3, 2e-3);
     jdt_dist_free(dist);
     unsetenv("JDT_CUDA_NCCL_SINGLE");
