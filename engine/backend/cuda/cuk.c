@@ -637,15 +637,18 @@ void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_
     const int64_t copies = outer == 1 ? 1 : n_parts;
     const size_t height = outer == 1 ? (size_t)n_parts : (size_t)outer;
     const size_t xpitch = outer == 1 ? row : wide, wpitch = outer == 1 ? (size_t)seg_bytes : row;
+    /* rows back to back on both sides (one tensor's wire, one part): one plain copy, which
+     * also keeps a pitch past the driver's limit (2^31 bytes: a large lone part) out */
+    const bool flat = height == 1 || (xpitch == row && wpitch == row);
     for (int64_t r = 0; r < copies; r++) {
         char *xr = xb + r * blk_bytes, *wr = wb + r * seg_bytes;
-        cudaError_t rc = get ? cudaMemcpy2DAsync(xr, xpitch, wr, wpitch, row, height,
-                                                 cudaMemcpyDeviceToDevice, k->stream)
-                             : cudaMemcpy2DAsync(wr, wpitch, xr, xpitch, row, height,
-                                                 cudaMemcpyDeviceToDevice, k->stream);
+        char *dst = get ? xr : wr, *src = get ? wr : xr;
+        cudaError_t rc =
+            flat ? cudaMemcpyAsync(dst, src, row * height, cudaMemcpyDeviceToDevice, k->stream)
+                 : cudaMemcpy2DAsync(dst, get ? xpitch : wpitch, src, get ? wpitch : xpitch, row,
+                                     height, cudaMemcpyDeviceToDevice, k->stream);
         if (rc != cudaSuccess) {
-            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "collective wire copy: cudaMemcpy2DAsync: %s",
-                          cudaGetErrorString(rc));
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "collective wire copy: %s", cudaGetErrorString(rc));
             return;
         }
     }
