@@ -4,8 +4,8 @@
 # NCCL stand-ins that run every kernel on the CPU). On emulated GPUs, configs/tiny.yaml with
 # runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs) and bf16 compute on
 # one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
-# memory), FSDP's bucketed gathers and reduce-scatters bit for bit those of one call per
-# tensor; a run resumed from a checkpoint written from device memory continues the uninterrupted
+# memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
+# those of one call per tensor; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
 # `make test` builds build-cuda/jdt-train-emu first wherever CUDA's headers are installed.
 # e2e: exclusive (two emulated GPUs, a dead peer found on a clock)
@@ -18,7 +18,7 @@ if [ ! -x "$EMU" ]; then # make test builds it wherever CUDA's headers are insta
   exit 77
 fi
 cd "$ROOT" || exit 1
-export JDT_RUNTIME_CACHE_DIR="$TMP/cache" JDT_CUDAEMU_DEVICES=2
+export JDT_RUNTIME_CACHE_DIR="$TMP/cache" JDT_CUDAEMU_DEVICES=4
 C=(configs/tiny.yaml run.steps=6 run.eval_every=0 runtime.threads=1 checkpoint.every=0)
 
 losses() { grep -o '"loss": [0-9.e+-]*' "$1" | awk '{print $2}'; }
@@ -46,10 +46,15 @@ grep -q "precision.compute bf16: cuBLASLt" "$TMP/err" || { cat "$TMP/err"; fail 
 compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/gpu16/tiny/metrics.jsonl" "emulated GPU, bf16" 1e-3 ||
   fail "bf16 losses differ"
 
-for mesh in mesh.fsdp=2 mesh.tensor=2; do
-  run "$EMU" "$TMP/$mesh" --nproc 2 "${C[@]}" runtime.backend=cuda "$mesh"
-  compare "$TMP/cpu/tiny/metrics.jsonl" "$TMP/$mesh/tiny/metrics.jsonl" "2 emulated GPUs, $mesh" 1e-4 ||
-    fail "$mesh losses differ"
+# data x fsdp: two communicators per process (the data group's all-reduce, the fsdp group's
+# gathers and reduce-scatters) on one NCCL stream
+for mesh in "2 mesh.fsdp=2" "2 mesh.tensor=2" "4 mesh.data=2 mesh.fsdp=2"; do
+  read -r np axes <<<"$mesh"
+  tag=${axes// /+}
+  # shellcheck disable=SC2086 # axes: one override per word
+  run "$EMU" "$TMP/$tag" --nproc "$np" "${C[@]}" runtime.backend=cuda $axes
+  compare "$TMP/cpu/tiny/metrics.jsonl" "$TMP/$tag/tiny/metrics.jsonl" "$np emulated GPUs, $axes" 1e-4 ||
+    fail "$axes losses differ"
 done
 
 # FSDP's gathers and reduce-scatters are bucketed on CUDA as on the CPU (segmented wire buffers,
