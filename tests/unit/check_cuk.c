@@ -526,6 +526,19 @@ START_TEST(test_coll_start_wait)
     printf("check_cuk: 3 started all-reduces of 4 MiB: NCCL %.3f ms, compute waited %.3f ms\n",
            moving * 1e3, waited * 1e3);
     ck_assert(moving > 0 && waited >= 0);
+    const char *defer = getenv("JDT_CUDAEMU_DEFER");
+    if (emulated_gpu() && !(defer && strcmp(defer, "0") == 0)) {
+        /* the emulator's race check (tests/infra/cudaemu: collectives run at their wait, their
+         * send buffer compared with what it held at the call): the collective's buffer written
+         * inside the window fails the communicator instead of passing unseen */
+        ck_assert_int_eq(jdt_cuk_coll_start(c, t, JDT_CUK_ALLREDUCE, JDT_CUK_SUM, dx, dx, n, &e),
+                         JDT_OK);
+        jdt_cuk_bf16_round(k, dy, dx, n); /* a race on a GPU */
+        jdt_status ws = jdt_cuk_coll_wait(c, t, &e);
+        jdt_status ss = ws == JDT_OK ? jdt_cuk_comm_sync(c, 60, &e) : ws;
+        ck_assert_msg(ss != JDT_OK, "a write into an all-reduce in flight went unseen");
+        printf("check_cuk: emulator race check: %s\n", e.msg);
+    }
     jdt_cuk_coll_free(t);
     jdt_cuk_comm_free(c);
     free(x), free(y);

@@ -15,7 +15,9 @@
  *              memory must lie inside one allocation. cudaLibraryLoadData dlopens the object
  *              from a memfd; cudaLaunchKernel checks the launch limits of a real GPU (1024
  *              threads per block, 48 KiB of dynamic shared memory, grid y/z <= 65535) and runs
- *              the kernel at once (emu.hpp). Streams are synchronous, events hold a time stamp.
+ *              the kernel at once (emu.hpp). Work runs when issued, except NCCL's, which is
+ *              deferred as late as a GPU may run it, and must be ordered after the other
+ *              streams' work (JDT_CUDAEMU_DEFER, below); events hold a time stamp.
  *              A failed kernel (a deadlock, see emu.hpp) becomes a sticky
  *              cudaErrorLaunchFailure, as on a GPU. One device, compute capability 9.0
  *              (JDT_CUDAEMU_DEVICES=0: none; JDT_CUDAEMU_ARCH=75: an older part).
@@ -28,8 +30,8 @@
  *              a constructor here sets): the processes of a job exchange host memory through
  *              shared memory.
  *
- * Not emulated: asynchrony and overlap (every call completes before it returns), the memory
- * model, performance.
+ * Not emulated: overlap (kernels and copies complete before the call returns; only NCCL's
+ * calls are deferred), the memory model, performance.
  */
 #define _GNU_SOURCE
 #include <cublasLt.h>
@@ -37,6 +39,7 @@
 #include <nvrtc.h>
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -58,6 +61,11 @@ static const char IMAGE_MAGIC[8] = "JDTEMU01";
 #define IMAGE_FORMAT 1u /* bump when the generated launcher table changes */
 
 /* ---- state ---------------------------------------------------------------------------------- */
+
+static void stream_run(cudaStream_t s, unsigned long long upto); /* deferred work, below */
+static void stream_work(cudaStream_t s);
+static cudaStream_t next_stream_of(cudaStream_t s);
+static cudaStream_t g_streams;
 
 static cudaError_t g_sticky; /* a failed kernel: every later call returns it, as on a GPU */
 static cudaError_t g_last;
@@ -333,12 +341,16 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                             cudaStream_t s)
 {
+    stream_run(s, ULLONG_MAX);
+    stream_work(s);
     return cudaMemcpy(dst, src, n, kind);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t w,
                               size_t h, enum cudaMemcpyKind kind, cudaStream_t s)
 {
+    stream_run(s, ULLONG_MAX);
+    stream_work(s);
     STICKY();
     if (h == 0 || w == 0) return cudaSuccess;
     if (w > dpitch || w > spitch) return ret(cudaErrorInvalidValue);
@@ -356,6 +368,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
+    stream_run(s, ULLONG_MAX);
+    stream_work(s);
     STICKY();
     if (!dev_range(p, n, "cudaMemset")) return ret(cudaErrorInvalidValue);
     memset(p, v, n);
@@ -369,18 +383,52 @@ cudaError_t cudaMemset(void *p, int v, size_t n)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+    for (cudaStream_t s = g_streams; s; s = next_stream_of(s))
+        stream_run(s, ULLONG_MAX);
     STICKY();
     return cudaSuccess;
 }
 
 /* ---- streams and events --------------------------------------------------------------------- */
 
+/* Deferred work (JDT_CUDAEMU_DEFER, default 1): NCCL's calls (ncclemu.c, through
+ * jdt_cudaemu_defer) do not run when issued but queue on their stream, and run only when the
+ * program must see them done: a stream waits for an event recorded after them, an event is
+ * queried or synchronised, the stream is synchronised or destroyed, the device synchronised,
+ * or other work is issued on that stream. That is the latest a GPU may run them, so a buffer
+ * read before its collective's wait, or written between its start and wait, shows as wrong
+ * numbers. Everything else runs when issued. */
+typedef struct emu_op {
+    void (*fn)(void *ctx);
+    void *ctx;
+    struct emu_op *next;
+} emu_op;
+
+#define EMU_MAX_SEEN 8
 struct CUstream_st {
-    int unused;
+    emu_op *head, *tail;
+    unsigned long long issued, ran; /* deferred ops queued / run so far */
+    unsigned long long work;        /* kernels, copies, memsets, GEMMs issued on it */
+    struct {                        /* how much of other streams' work this one waited for */
+        struct CUstream_st *s;
+        unsigned long long work;
+    } seen[EMU_MAX_SEEN];
+    struct CUstream_st *next_stream;
 };
 struct CUevent_st {
     double t;
+    cudaStream_t s;         /* recorded behind deferred work of s (NULL: complete) */
+    unsigned long long seq; /* ... the first `seq` ops of s */
+    cudaStream_t src;       /* the stream it was recorded on, and its work then */
+    unsigned long long src_work;
 };
+
+/* g_streams: every live stream, for cudaDeviceSynchronize */
+
+static cudaStream_t next_stream_of(cudaStream_t s)
+{
+    return s->next_stream;
+}
 
 static double now_ms(void)
 {
@@ -389,10 +437,77 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* Runs s's deferred ops until `upto` of them have run (ULLONG_MAX: all). */
+static void stream_run(cudaStream_t s, unsigned long long upto)
+{
+    while (s && s->head && s->ran < upto) {
+        emu_op *op = s->head;
+        s->head = op->next;
+        if (!s->head) s->tail = NULL;
+        s->ran++;
+        op->fn(op->ctx);
+        free(op);
+    }
+}
+
+static void event_run(cudaEvent_t e)
+{
+    if (!e->s) return;
+    stream_run(e->s, e->seq);
+    if (e->s->ran >= e->seq) e->s = NULL;
+}
+
+/* Work issued on stream s (for the ordering check below). */
+static void stream_work(cudaStream_t s)
+{
+    if (s) s->work++;
+}
+
+/* Whether everything issued on every other stream so far is ordered before new work on s
+ * (s waited for an event recorded after it): what a collective's stream needs of the compute
+ * stream that wrote its inputs. The name of a stream not waited for goes to *who. */
+int jdt_cudaemu_ordered(cudaStream_t s, const char **who);
+int jdt_cudaemu_ordered(cudaStream_t s, const char **who)
+{
+    for (cudaStream_t x = g_streams; s && x; x = x->next_stream) {
+        if (x == s || x->work == 0) continue;
+        unsigned long long got = 0;
+        for (int i = 0; i < EMU_MAX_SEEN; i++)
+            if (s->seen[i].s == x) got = s->seen[i].work;
+        if (got < x->work) {
+            *who = "another stream's kernels or copies";
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Queues fn(ctx) on s (ncclemu.c's collectives). 0: not deferred (JDT_CUDAEMU_DEFER=0, or no
+ * stream): the caller runs it now. */
+int jdt_cudaemu_defer(cudaStream_t s, void (*fn)(void *ctx), void *ctx);
+int jdt_cudaemu_defer(cudaStream_t s, void (*fn)(void *ctx), void *ctx)
+{
+    if (!s || env_long("JDT_CUDAEMU_DEFER", 1) == 0) return 0;
+    emu_op *op = calloc(1, sizeof *op);
+    if (!op) return 0;
+    op->fn = fn;
+    op->ctx = ctx;
+    if (s->tail)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+    s->issued++;
+    return 1;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
     *s = calloc(1, sizeof **s);
-    return *s ? cudaSuccess : ret(cudaErrorMemoryAllocation);
+    if (!*s) return ret(cudaErrorMemoryAllocation);
+    (*s)->next_stream = g_streams;
+    g_streams = *s;
+    return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t *s)
 {
@@ -400,16 +515,37 @@ cudaError_t cudaStreamCreate(cudaStream_t *s)
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+    stream_run(s, ULLONG_MAX);
+    for (cudaStream_t *p = &g_streams; *p; p = &(*p)->next_stream)
+        if (*p == s) {
+            *p = s->next_stream;
+            break;
+        }
+    for (cudaStream_t x = g_streams; x; x = x->next_stream)
+        for (int i = 0; i < EMU_MAX_SEEN; i++)
+            if (x->seen[i].s == s) x->seen[i].s = NULL, x->seen[i].work = 0;
     free(s);
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
+    stream_run(s, ULLONG_MAX);
     STICKY();
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
+    event_run(e);
+    if (s && e->src && e->src != s) { /* s now runs after e's stream's work up to e */
+        int free_i = -1, i = 0;
+        for (; i < EMU_MAX_SEEN && s->seen[i].s != e->src; i++)
+            if (!s->seen[i].s && free_i < 0) free_i = i;
+        if (i == EMU_MAX_SEEN) i = free_i;
+        if (i >= 0) {
+            s->seen[i].s = e->src;
+            if (e->src_work > s->seen[i].work) s->seen[i].work = e->src_work;
+        }
+    }
     STICKY();
     return cudaSuccess;
 }
@@ -427,19 +563,46 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
     free(e);
     return cudaSuccess;
 }
+
+typedef struct {
+    cudaEvent_t e;
+} stamp_ctx;
+static void stamp(void *ctx)
+{
+    ((stamp_ctx *)ctx)->e->t = now_ms();
+    free(ctx);
+}
+
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     STICKY();
+    e->s = NULL;
+    e->src = s;
+    e->src_work = s ? s->work : 0;
+    if (s && s->head) { /* behind deferred work: its time stamp when that has run */
+        stamp_ctx *c = malloc(sizeof *c);
+        if (c) c->e = e;
+        if (c && jdt_cudaemu_defer(s, stamp, c)) {
+            e->s = s;
+            e->seq = s->issued;
+            return cudaSuccess;
+        }
+        free(c);
+        stream_run(s, ULLONG_MAX);
+    }
     e->t = now_ms();
     return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e)
 {
+    event_run(e);
     STICKY();
     return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
+    event_run(a);
+    event_run(b);
     STICKY();
     *ms = (float)(b->t - a->t);
     return cudaSuccess;
@@ -542,6 +705,8 @@ cudaError_t cudaLibraryUnload(cudaLibrary_t lib)
 cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size_t smem,
                              cudaStream_t s)
 {
+    stream_run(s, ULLONG_MAX);
+    stream_work(s);
     STICKY();
     const struct CUkern_st *k = func;
     if (!k || k->magic != KERN_MAGIC) return ret(cudaErrorInvalidDeviceFunction);
@@ -1127,6 +1292,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                               const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_n,
                               cudaStream_t s)
 {
+    stream_run(s, ULLONG_MAX);
+    stream_work(s);
     if (g_sticky) return CUBLAS_STATUS_EXECUTION_FAILED;
     const lt_desc *d = (const lt_desc *)op;
     const lt_layout *a = (const lt_layout *)Al, *b = (const lt_layout *)Bl;

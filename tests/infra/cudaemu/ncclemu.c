@@ -5,7 +5,9 @@
  * emulator's runtime points JDT_NCCL_LIBRARY at this library, which cuk_comm.c dlopens in place
  * of libnccl.so.2. A test fixture, not a product.
  *
- * A collective runs when it is called (the emulated streams are synchronous): each rank copies
+ * A collective runs when its stream reaches it: queued by the emulated runtime (cudaemu.c
+ * jdt_cudaemu_defer) until the program waits for it, or at once without that runtime or with
+ * JDT_CUDAEMU_DEFER=0. Each rank copies
  * its data into its slot of the segment, a barrier, each rank combines the slots in rank order
  * (the same bits on every rank), a barrier. Messages larger than a slot go in chunks. The
  * barrier spins with sched_yield; while it waits it checks that every peer's process is alive
@@ -16,10 +18,12 @@
 #define _GNU_SOURCE
 #include <nccl.h>
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +53,8 @@ struct ncclComm {
     size_t map_bytes;
     ncclResult_t async; /* the first failure: every later call returns it */
     char why[256];
+    int refs;   /* deferred collectives still queued on a stream, each holding the comm */
+    bool freed; /* destroyed or aborted: released when the last of them has run */
 };
 
 static double now_s(void)
@@ -177,6 +183,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *r)
 static void release(ncclComm_t c)
 {
     if (!c) return;
+    if (c->refs > 0) { /* queued collectives still name it: the last one releases it */
+        c->freed = true;
+        if (c->async == ncclSuccess) c->async = ncclInvalidUsage;
+        return;
+    }
     munmap(c->h, c->map_bytes);
     free(c);
 }
@@ -257,8 +268,8 @@ static void combine(ncclComm_t c, char *dst, size_t off, size_t cnt, ncclDataTyp
     }
 }
 
-ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
-                           ncclRedOp_t op, ncclComm_t c, cudaStream_t s)
+static ncclResult_t run_all_reduce(const void *send, void *recv, size_t count, ncclDataType_t t,
+                                   ncclRedOp_t op, ncclComm_t c)
 {
     if (getenv("JDT_CUDAEMU_TRACE"))
         fprintf(stderr, "ncclemu trace: all_reduce %p -> %p count %zu op %d\n", send, recv, count,
@@ -278,9 +289,10 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     return ncclSuccess;
 }
 
-ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t,
-                           ncclComm_t c, cudaStream_t s)
+static ncclResult_t run_all_gather(const void *send, void *recv, size_t count, ncclDataType_t t,
+                                   ncclRedOp_t op, ncclComm_t c)
 {
+    (void)op;
     if (getenv("JDT_CUDAEMU_TRACE"))
         fprintf(stderr, "ncclemu trace: all_gather %p -> %p count %zu\n", send, recv, count);
     size_t es = type_size(t);
@@ -300,8 +312,8 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
     return ncclSuccess;
 }
 
-ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t,
-                               ncclRedOp_t op, ncclComm_t c, cudaStream_t s)
+static ncclResult_t run_reduce_scatter(const void *send, void *recv, size_t count, ncclDataType_t t,
+                                       ncclRedOp_t op, ncclComm_t c)
 {
     if (getenv("JDT_CUDAEMU_TRACE"))
         fprintf(stderr, "ncclemu trace: reduce_scatter %p -> %p count %zu op %d\n", send, recv,
@@ -323,4 +335,108 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclD
         if (count == 0) break;
     }
     return ncclSuccess;
+}
+
+/* ---- issue: now, or deferred on the stream (cudaemu.c jdt_cudaemu_defer) ------------------ */
+
+typedef ncclResult_t (*coll_fn)(const void *send, void *recv, size_t count, ncclDataType_t t,
+                                ncclRedOp_t op, ncclComm_t c);
+typedef struct {
+    coll_fn fn;
+    const void *send;
+    void *recv;
+    size_t count;
+    ncclDataType_t t;
+    ncclRedOp_t op;
+    ncclComm_t c;
+    const char *name;
+    void *snap; /* the send buffer when issued */
+    size_t send_bytes;
+} deferred;
+
+/* A deferred collective's turn. Its send buffer must hold what it held when the collective
+ * was issued: a change means the program wrote it while the collective was in flight (or
+ * before its inputs were ready), a race on a GPU; that, and any failure, becomes the
+ * communicator's asynchronous error, as NCCL reports a failure of work already enqueued. */
+static void run_deferred(void *ctx)
+{
+    deferred *d = ctx;
+    ncclComm_t c = d->c;
+    if (c->async == ncclSuccess && d->snap && memcmp(d->snap, d->send, d->send_bytes) != 0) {
+        fprintf(stderr,
+                "ncclemu: rank %d: the send buffer of %s (%p, %zu bytes) changed between the "
+                "call and its turn on the stream: a race with other work on a GPU\n",
+                c->rank, d->name, d->send, d->send_bytes);
+        fail(c, ncclInvalidUsage, "ncclemu: rank %d: a collective's send buffer changed in flight",
+             c->rank);
+    }
+    if (c->async == ncclSuccess) {
+        ncclResult_t r = d->fn(d->send, d->recv, d->count, d->t, d->op, c);
+        if (r != ncclSuccess && c->async == ncclSuccess) c->async = r;
+    }
+    free(d->snap);
+    free(d);
+    if (--c->refs == 0 && c->freed) release(c);
+}
+
+static ncclResult_t issue(const char *name, coll_fn fn, const void *send, size_t send_count,
+                          void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                          cudaStream_t s)
+{
+    if (c->async != ncclSuccess) return c->async;
+    static int (*defer)(cudaStream_t, void (*)(void *), void *);
+    static int (*ordered)(cudaStream_t, const char **);
+    static bool looked;
+    if (!looked) { /* the emulated runtime, when this process has it */
+        *(void **)&defer = dlsym(RTLD_DEFAULT, "jdt_cudaemu_defer");
+        *(void **)&ordered = dlsym(RTLD_DEFAULT, "jdt_cudaemu_ordered");
+        looked = true;
+    }
+    const char *who = NULL, *off = getenv("JDT_CUDAEMU_DEFER");
+    if (ordered && !(off && strcmp(off, "0") == 0) && !ordered(s, &who)) {
+        fprintf(stderr,
+                "ncclemu: rank %d: %s issued on a stream that has not waited for %s: on a GPU "
+                "it may run before its inputs are written\n",
+                c->rank, name, who);
+        return fail(c, ncclInvalidUsage,
+                    "ncclemu: rank %d: a collective not ordered after its "
+                    "inputs",
+                    c->rank);
+    }
+    deferred *d = defer ? malloc(sizeof *d) : NULL;
+    if (d) {
+        const size_t nb = send_count * type_size(t);
+        *d = (deferred){fn, send, recv, count, t, op, c, name, malloc(nb ? nb : 1), nb};
+        if (d->snap) memcpy(d->snap, send, nb);
+        c->refs++;
+        if (defer(s, run_deferred, d)) return ncclSuccess;
+        c->refs--;
+        free(d->snap);
+        free(d);
+    }
+    return fn(send, recv, count, t, op, c);
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
+                           ncclRedOp_t op, ncclComm_t c, cudaStream_t s)
+{
+    if (!type_size(t) || (op != ncclSum && op != ncclMax && op != ncclAvg))
+        return ncclInvalidArgument;
+    return issue("all_reduce", run_all_reduce, send, count, recv, count, t, op, c, s);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t,
+                           ncclComm_t c, cudaStream_t s)
+{
+    if (!type_size(t)) return ncclInvalidArgument;
+    return issue("all_gather", run_all_gather, send, count, recv, count, t, ncclSum, c, s);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t,
+                               ncclRedOp_t op, ncclComm_t c, cudaStream_t s)
+{
+    if (!type_size(t) || (op != ncclSum && op != ncclMax && op != ncclAvg))
+        return ncclInvalidArgument;
+    return issue("reduce_scatter", run_reduce_scatter, send, count * (size_t)c->n, recv, count, t,
+                 op, c, s);
 }
