@@ -34,11 +34,17 @@ if [ -n "$IBIN" ]; then
   grep -q "not runnable" "$TMP/out" && { cat "$TMP/out"; fail "cuda bf16 refused"; }
   grep -q "to CUDA source" "$TMP/out" || { cat "$TMP/out"; fail "inspect --compile does not show the CUDA bf16 step"; }
   # collectives overlap compute on CUDA too (NCCL on its own stream): the FSDP step's
-  # collectives are start/wait pairs, none with runtime.overlap_comm=false
+  # collectives are start/wait pairs (one per tensor with runtime.bucket_mb=0, else in
+  # buckets), none with runtime.overlap_comm=false
   M=(runtime.backend=cuda mesh.fsdp=2 dist.world_size=2)
-  "$IBIN" inspect configs/tiny.yaml "${M[@]}" >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda fsdp failed"; }
-  n=$(grep -oE "micro-batch program: [0-9]+ calls per run, [0-9]+ of them start/wait" "$TMP/out" | grep -oE "[0-9]+ of them" | grep -oE "[0-9]+")
+  started() { grep -oE "micro-batch program: [0-9]+ calls per run, [0-9]+ of them start/wait" "$TMP/out" | grep -oE "[0-9]+ of them" | grep -oE "[0-9]+"; }
+  "$IBIN" inspect configs/tiny.yaml "${M[@]}" runtime.bucket_mb=0 >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda fsdp failed"; }
+  n=$(started)
   [ "${n:-0}" -gt 10 ] || { cat "$TMP/out"; fail "cuda fsdp: collectives not overlapped (${n:-none})"; }
+  "$IBIN" inspect configs/tiny.yaml "${M[@]}" >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda fsdp failed"; }
+  n=$(started)
+  [ "${n:-0}" -ge 1 ] || { cat "$TMP/out"; fail "cuda fsdp: bucketed collectives not overlapped (${n:-none})"; }
+  grep -qE "micro-batch program: .* [1-9][0-9]* collectives coalesced" "$TMP/out" || { cat "$TMP/out"; fail "cuda fsdp: no buckets"; }
   "$IBIN" inspect configs/tiny.yaml "${M[@]}" runtime.overlap_comm=false >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda fsdp blocking failed"; }
   grep -q "micro-batch program: [0-9]* calls per run, 0 of them start/wait" "$TMP/out" || { cat "$TMP/out"; fail "cuda fsdp: overlap_comm=false still overlaps"; }
 fi
