@@ -30,7 +30,11 @@
 #   PEER_DTYPES ("bf16 f32": the peers' precisions; f32 = TF32 matmuls, what jdt-train computes
 #   in), STAGE_TIMEOUT_S (150),
 #   STAGES (default "2 3 4 5 6": which stages after the probe run; "4f" adds stage 4 again with
-#   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one).
+#   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one),
+#   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
+#   before a GPU session spends its minutes: build-cuda/jdt-train-emu and the *-emu tests, two
+#   emulated GPUs, GPT-2 shrunk by GPT_EXTRA, the peers on the CPU with --tiny; no numbers from
+#   it mean anything), GPT_EXTRA (overrides appended to stage 4's command).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUNDLE=${1:-}
@@ -41,6 +45,17 @@ PEER_DTYPES=${PEER_DTYPES:-bf16 f32}
 TMO=${STAGE_TIMEOUT_S:-150}
 GPT_PREC=${GPT_PRECISION:-bf16}
 STAGES=" ${STAGES:-2 3 4 5 6} "
+REHEARSE=${REHEARSE:-0}
+GPT_EXTRA=${GPT_EXTRA:-}
+SFX=""                     # the test binaries' suffix
+PEER_ARGS="--device cuda"  # the peers' device (and size)
+if [ "$REHEARSE" = 1 ]; then
+  export JDT_CUDAEMU_DEVICES=${JDT_CUDAEMU_DEVICES:-2}
+  SFX=-emu
+  GPT_EXTRA=${GPT_EXTRA:-model.n_layer=1 model.n_embd=64 model.n_head=2 model.seq_len=64}
+  B=${GPT_BATCH:-2}; STEPS=${GPT_STEPS:-3}; PEER_DTYPES=f32
+  PEER_ARGS="--device cpu --tiny"
+fi
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
@@ -80,10 +95,12 @@ if [ -n "$BUNDLE" ]; then
     libdirs=(/tmp/jdt-libs "${libdirs[@]}")
   fi
 else
-  BIN="$ROOT/build-cuda/jdt-train"; TESTDIR="$ROOT/build-cuda/tests"
+  BIN="$ROOT/build-cuda/jdt-train$SFX"; TESTDIR="$ROOT/build-cuda/tests"
   if [ ! -x "$BIN" ]; then
     say "building: make CUDA=1 tests-build"
     (cd "$ROOT" && make -j"$(nproc)" CUDA=1 tests-build >"$OUT/build.log" 2>&1) || say "build FAILED (see $OUT/build.log)"
+    [ -z "$SFX" ] || (cd "$ROOT" && make -j"$(nproc)" CUDA=1 build-cuda/jdt-train-emu \
+      build-cuda/tests/check_cuk-emu build-cuda/tests/check_cuda-emu >>"$OUT/build.log" 2>&1)
   fi
 fi
 LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -101,7 +118,7 @@ say "stage 2 tests (check_cuk: every builtin kernel vs the CPU, NCCL one rank; c
 # shares the kernel cache ($JDT_CACHE_DIR) across its tests and with the jdt-train runs below.
 for t in check_cuk check_cuda; do
   case_sel=gpu
-  (cd "$ROOT" && env ${case_sel:+CK_RUN_CASE=$case_sel} timeout "$TMO" "$TESTDIR/$t" >"$OUT/$t.log" 2>&1); rc=$?
+  (cd "$ROOT" && env ${case_sel:+CK_RUN_CASE=$case_sel} timeout "$TMO" "$TESTDIR/$t$SFX" >"$OUT/$t.log" 2>&1); rc=$?
   grep -E "^[0-9]+%|:[EF]:|SKIP" "$OUT/$t.log" | tee -a "$SUMMARY"
   say "stage 2 $t exit $rc"
 done
@@ -156,7 +173,7 @@ say "stage 4 gpt2-124m: B=$B T=1024, $STEPS steps, $what"
 (cd "$ROOT" && timeout "$TMO" "$BIN" train configs/gpt2-124m.yaml run.out_dir="$OUT/gpt2" \
    run.steps="$STEPS" run.log_every=1 run.eval_every=0 checkpoint.every=0 model.vocab_size=50257 \
    data.format=synthetic data.batch_size="$B" data.micro_batch_size="$B" mesh.data=1 mesh.fsdp=1 \
-   precision.compute="$GPT_PREC" runtime.remat=none runtime.backend=cuda >"$OUT/gpt2.log" 2>&1); rc=$?
+   precision.compute="$GPT_PREC" runtime.remat=none runtime.backend=cuda $GPT_EXTRA >"$OUT/gpt2.log" 2>&1); rc=$?
 grep -E "device:|compiled|MFU reference|precision.compute|GPU memory|device memory" "$OUT/gpt2.log" | tee -a "$SUMMARY"
 tail -3 "$OUT/gpt2.log" | tee -a "$SUMMARY"
 last=$(grep -E "^.*step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2.log" | tail -1)
@@ -182,8 +199,9 @@ for dt in $PEER_DTYPES; do
   for fw in torch jax; do
     want 5 || continue
     say "stage 5 peer $fw --dtype $dt (B=$B)"
+    # shellcheck disable=SC2086 # PEER_ARGS: one argument per word
     PYTHONUNBUFFERED=1 timeout "$TMO" python3 "$PEER" --framework $fw --batch "$B" --steps 10 \
-      --dtype "$dt" --device cuda >"$OUT/peer-$fw-$dt.log" 2>&1; rc=$?
+      --dtype "$dt" $PEER_ARGS >"$OUT/peer-$fw-$dt.log" 2>&1; rc=$?
     line=$(grep -E '^\{.*"tokens_per_s"' "$OUT/peer-$fw-$dt.log" | tail -1)
     if [ -n "$line" ]; then
       echo "$line" | tee -a "$SUMMARY"
@@ -200,6 +218,7 @@ done
 # ---- 6: more than one GPU -------------------------------------------------------------------------
 if want 6; then
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "$REHEARSE" = 1 ] && n_gpu=$JDT_CUDAEMU_DEVICES
 if [ "${n_gpu:-0}" -lt 2 ]; then
   say "stage 6 multi-GPU: skipped: ${n_gpu:-0} GPU(s) here; NCCL refuses two ranks on one GPU, so the NCCL all-reduce / all-gather / reduce-scatter paths need a machine with 2+ GPUs"
 else
