@@ -179,15 +179,16 @@ test: deps
 	    $(MAKE) --no-print-directory test-cuda || st=1; fi; exit $$st
 
 # The CUDA suites: NVRTC and host-side checks, then their GPU test cases on the host CUDA
-# emulator (tests/infra/cudaemu; the *-emu binaries), then the command-line checks. On a machine
+# emulator (tests/infra/cudaemu; the *-emu binaries; MALLOC_PERTURB_ fills freed memory, so a
+# use after free of deferred work crashes every time), then the command-line checks. On a machine
 # with a GPU the plain binaries run the GPU cases on it too.
 EMU_TESTS := build-cuda/jdt-train-emu build-cuda/tests/check_cuda-emu build-cuda/tests/check_cuk-emu
 test-cuda:
 	@$(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk $(EMU_TESTS)
 	@build-cuda/tests/check_cuda
 	@build-cuda/tests/check_cuk
-	@CK_RUN_CASE=gpu build-cuda/tests/check_cuda-emu
-	@CK_RUN_CASE=gpu build-cuda/tests/check_cuk-emu
+	@MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuda-emu
+	@MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuk-emu
 	@JDT_CUDA_BIN=$(CURDIR)/build-cuda/jdt-train JDT_BIN=$(CURDIR)/$(BUILD)/jdt-train JDT_ROOT=$(CURDIR) \
 	    JDT_TMP=$$(mktemp -d) bash tests/e2e/cuda_backend.sh
 

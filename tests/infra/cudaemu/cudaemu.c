@@ -294,6 +294,9 @@ cudaError_t cudaMalloc(void **p, size_t n)
 cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
+    /* cudaFree synchronises the device: deferred work that uses p runs first */
+    for (cudaStream_t s = g_streams; s; s = next_stream_of(s))
+        stream_run(s, ULLONG_MAX);
     for (int i = 0; i < g_n_allocs; i++)
         if (g_allocs[i].p == p) {
             g_used -= dev_bytes(g_allocs[i].n);
@@ -417,7 +420,9 @@ struct CUstream_st {
 };
 struct CUevent_st {
     double t;
-    cudaStream_t s;         /* recorded behind deferred work of s (NULL: complete) */
+    int stamps;     /* time stamps still queued behind deferred work (each holds the event) */
+    bool dead;      /* destroyed while stamps were queued: the last one frees it */
+    cudaStream_t s; /* recorded behind deferred work of s (NULL: complete) */
     unsigned long long seq; /* ... the first `seq` ops of s */
     cudaStream_t src;       /* the stream it was recorded on, and its work then */
     unsigned long long src_work;
@@ -450,11 +455,11 @@ static void stream_run(cudaStream_t s, unsigned long long upto)
     }
 }
 
+/* Runs what event e was recorded behind (its stamp, which completes it, is the last of it). */
 static void event_run(cudaEvent_t e)
 {
-    if (!e->s) return;
-    stream_run(e->s, e->seq);
-    if (e->s->ran >= e->seq) e->s = NULL;
+    cudaStream_t s = e->s;
+    if (s) stream_run(s, e->seq);
 }
 
 /* Work issued on stream s (for the ordering check below). */
@@ -560,17 +565,25 @@ cudaError_t cudaEventCreate(cudaEvent_t *e)
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
-    free(e);
+    if (e && e->stamps > 0) /* a GPU may destroy an event whose work is pending */
+        e->dead = true;
+    else
+        free(e);
     return cudaSuccess;
 }
 
 typedef struct {
     cudaEvent_t e;
+    unsigned long long seq; /* this record's place on its stream */
 } stamp_ctx;
 static void stamp(void *ctx)
 {
-    ((stamp_ctx *)ctx)->e->t = now_ms();
+    cudaEvent_t e = ((stamp_ctx *)ctx)->e;
+    const unsigned long long seq = ((stamp_ctx *)ctx)->seq;
     free(ctx);
+    e->t = now_ms();
+    if (e->s && e->seq == seq) e->s = NULL; /* its latest record: complete */
+    if (--e->stamps == 0 && e->dead) free(e);
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
@@ -582,9 +595,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
     if (s && s->head) { /* behind deferred work: its time stamp when that has run */
         stamp_ctx *c = malloc(sizeof *c);
         if (c) c->e = e;
+        if (c) c->seq = s->issued + 1;
         if (c && jdt_cudaemu_defer(s, stamp, c)) {
             e->s = s;
             e->seq = s->issued;
+            e->stamps++;
             return cudaSuccess;
         }
         free(c);
