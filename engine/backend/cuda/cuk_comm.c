@@ -263,7 +263,9 @@ void jdt_cuk_comm_free(jdt_cuk_comm *c)
     }
     jdt_cuk_coll_free(c->blocking);
     if (c->ev_comm) cudaEventDestroy(c->ev_comm);
-    if (c->api.lib) dlclose(c->api.lib);
+    /* the NCCL library stays loaded (no dlclose): after an abort its work may still be queued
+     * on the stream, and unloading the code under it crashes (seen on the emulator, whose
+     * collectives run when the stream reaches them) */
     jdt_free(c);
 }
 
