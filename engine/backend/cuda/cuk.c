@@ -386,11 +386,13 @@ static void launch(jdt_cuk *k, jdt_cuk_kernel ki, int64_t grid, unsigned block, 
                    void **args)
 {
     if (grid <= 0) return;
-    jdt_err le;
-    jdt_err_clear(&le);
-    if (!k->fn[ki] && jdt_cuk_load(k, ki, &le) != JDT_OK) { /* its source's first launch */
-        jdt_cuk_defer(k, le.code, "%s", le.msg);
-        return;
+    if (!k->fn[ki]) { /* its source's first launch */
+        jdt_err le;
+        jdt_err_clear(&le);
+        if (jdt_cuk_load(k, ki, &le) != JDT_OK) {
+            jdt_cuk_defer(k, le.code, "%s", le.msg);
+            return;
+        }
     }
     dim3 g = {(unsigned)(grid > GRID_MAX ? GRID_MAX : grid), 1, 1}, b = {block, 1, 1};
     cudaError_t rc = cudaLaunchKernel((const void *)k->fn[ki], g, b, args, smem, k->stream);
