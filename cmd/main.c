@@ -57,6 +57,7 @@ typedef struct {
     const char *ckpt;            /* --ckpt PATH */
     bool no_compile;             /* inspect --no-compile */
     bool compile;                /* inspect --compile */
+    int cuda_arch;               /* inspect --cuda-arch sm_NN: NN (0: not given) */
     bool profile;                /* train --profile */
     char **prompts;              /* --prompt TEXT, repeatable (n_prompts) */
     int n_prompts;
@@ -116,7 +117,7 @@ static const subcommand SUBCOMMANDS[] = {
      FLAG_LOG_LEVEL | FLAG_PROFILE, true},
     {"inspect", cmd_inspect, "validate a config and summarise it, or print the schema",
      "usage: jdt-train inspect CONFIG [key.path=value ...] [--compile | --no-compile]\n"
-     "                         [--print-config] [--log-level LEVEL]\n"
+     "                         [--cuda-arch sm_NN] [--print-config] [--log-level LEVEL]\n"
      "       jdt-train inspect --schema[=markdown]\n"
      "\n"
      "Resolves and validates CONFIG exactly as train does, then prints a summary: the model,\n"
@@ -130,6 +131,11 @@ static const subcommand SUBCOMMANDS[] = {
      "options:\n"
      "  --compile           also generate and compile the step's code (CPU backend: compile\n"
      "                      time, cache hit/miss; it warms the compile cache)\n"
+     "  --cuda-arch sm_NN   runtime.backend cuda: compile the step's kernels and the builtin\n"
+     "                      kernels it launches with NVRTC for GPUs of that architecture\n"
+     "                      (sm_90: H100/H200) into the compile cache, here, without a GPU;\n"
+     "                      a run on such a GPU with the same runtime.cache_dir then starts\n"
+     "                      without compiling (needs a build with make CUDA=1)\n"
      "  --no-compile        print the summary only, without planning the step\n"
      "  --print-config      print the fully resolved config as YAML instead (feeding it back\n"
      "                      gives the same config)\n"
@@ -281,6 +287,17 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
             } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--no-compile") == 0) {
                 a->no_compile = true;
             } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--compile") == 0) {
+                a->compile = true;
+            } else if ((cmd->flags & FLAG_PRINT_CONFIG) &&
+                       (strcmp(s, "--cuda-arch") == 0 || strncmp(s, "--cuda-arch=", 12) == 0)) {
+                const char *v = s[11] == '=' ? s + 12 : i + 1 < argc ? argv[++i] : NULL;
+                if (!v) return usage_error(cmd, "--cuda-arch needs %s", "an architecture such as sm_90");
+                if (strncmp(v, "sm_", 3) == 0) v += 3;
+                char *end = NULL;
+                long x = strtol(v, &end, 10);
+                if (end == v || *end || x < 10 || x > 999)
+                    return usage_error(cmd, "--cuda-arch: %s is not an architecture such as sm_90 (H100/H200) or sm_80 (A100)", v);
+                a->cuda_arch = (int)x;
                 a->compile = true;
             } else if ((cmd->flags & FLAG_CKPT) && strcmp(s, "--ckpt") == 0) {
                 if (i + 1 >= argc) return usage_error(cmd, "--ckpt needs a %s", "path");
@@ -496,7 +513,7 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         return fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
     }
     if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
-    if (a->compile && a->no_compile) return usage_error(cmd, "--compile and --no-compile %s", "exclude each other");
+    if (a->compile && a->no_compile) return usage_error(cmd, "--compile (or --cuda-arch) and --no-compile %s", "exclude each other");
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
@@ -511,9 +528,19 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         bool runs = jdt_train_check_capabilities(&c, &e) == JDT_OK;
         if (!runs) printf("not runnable by this build: %s\n", e.msg);
         fflush(stdout);
+        if (a->cuda_arch && (c.runtime.backend != JDT_BACKEND_CUDA || !runs)) {
+            /* asked to fill the cache for a GPU: not doing it is an error, not a summary */
+            if (c.runtime.backend != JDT_BACKEND_CUDA)
+                fprintf(stderr, "jdt-train: error: --cuda-arch compiles for runtime.backend: cuda, "
+                                "but this config runs on the cpu (add runtime.backend=cuda)\n");
+            else
+                fprintf(stderr, "jdt-train: error: --cuda-arch: nothing compiled: %s\n", e.msg);
+            jdt_config_free(&c);
+            return EXIT_USAGE;
+        }
         if (!a->no_compile && runs) {
             jdt_err_clear(&e);
-            jdt_status st = jdt_train_inspect(&c, a->compile, stdout, &e);
+            jdt_status st = jdt_train_inspect(&c, a->compile, a->cuda_arch, stdout, &e);
             if (st != JDT_OK) {
                 fprintf(stderr, "jdt-train: error: %s\n", e.msg);
                 jdt_config_free(&c);

@@ -65,6 +65,8 @@ jdt_device *jdt_device_cpu_default(void);
 #ifdef JDT_CUDA
 /* cuda/cuda.c: fills d->vt and d->impl for CUDA device d->index. */
 jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e);
+/* cuda/cuda.c: fills d->vt and d->impl for an ahead-of-time device compiling for sm_<arch>. */
+jdt_status jdt_cuda_device_open_aot(jdt_device *d, int arch, jdt_err *e);
 #endif
 
 #endif /* JDT_BACKEND_IMPL_H */

@@ -58,6 +58,31 @@ jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e)
     return JDT_OK;
 }
 
+jdt_status jdt_device_open_aot(jdt_device_kind kind, int arch, const char *cache_dir,
+                               jdt_device **out, jdt_err *e)
+{
+    *out = NULL;
+    if (kind != JDT_DEVICE_CUDA || !jdt_device_built(kind))
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "compiling CUDA kernels ahead of time needs a binary built with make "
+                           "CUDA=1 (this one has backends: cpu)");
+    jdt_device *d = jdt_calloc(1, sizeof *d);
+    if (!d) return jdt_err_set(e, JDT_ERR_NOMEM, "device: out of memory");
+    d->kind = kind;
+    if (cache_dir) snprintf(d->cache_dir, sizeof d->cache_dir, "%s", cache_dir);
+#ifdef JDT_CUDA
+    jdt_status st = jdt_cuda_device_open_aot(d, arch, e);
+    if (st != JDT_OK) {
+        jdt_free(d);
+        return st;
+    }
+#else
+    (void)arch;
+#endif
+    *out = d;
+    return JDT_OK;
+}
+
 void jdt_device_close(jdt_device *d)
 {
     if (!d || d == &g_cpu) return;

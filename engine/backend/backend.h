@@ -37,6 +37,15 @@ jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_di
  * succeeds (jdt_program_source gives the kernels), jdt_program_run fails with ERR_UNSUPPORTED.
  * Needs no GPU, driver or CUDA library (`inspect`, CI tests that NVRTC-compile the source). */
 jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e);
+/* A CUDA device that compiles ahead of time, without a GPU (`inspect --cuda-arch sm_90`, a
+ * login node warming the cache for a GPU job): jdt_program_compile plans the program as the CUDA
+ * backend does, NVRTC-compiles its kernels for sm_<arch> and the builtin kernel sources it will
+ * launch, and stores them in the compile cache under cache_dir (NULL: the compiler's default)
+ * under the keys a run on such a GPU looks up; jdt_program_run fails with ERR_UNSUPPORTED.
+ * Needs NVRTC only. Errors: ERR_UNSUPPORTED (a binary without CUDA), ERR_CONFIG (an arch this
+ * NVRTC cannot compile for, naming the ones it can). */
+jdt_status jdt_device_open_aot(jdt_device_kind kind, int arch, const char *cache_dir,
+                               jdt_device **out, jdt_err *e);
 /* Closes the device; every program compiled for it must be freed first. NULL is a no-op. */
 void jdt_device_close(jdt_device *d);
 

@@ -304,7 +304,8 @@ static jdt_status check_planner_memory(const jdt_config *cfg, jdt_err *e)
         (long long)layers, (double)need / 1073741824.0, (double)avail / 1073741824.0, src);
 }
 
-jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_err *e)
+jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, int cuda_arch, FILE *f,
+                             jdt_err *e)
 {
     const int world = jdt_config_mesh_size(cfg);
     if (world == 0)
@@ -346,7 +347,13 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
     /* a CUDA step is planned (and with compile, emitted as CUDA source) by the CUDA backend
      * without a GPU: its memory plan is that device's */
     jdt_device *dev = NULL;
-    if (!cpu && (st = jdt_device_open_emit_only(&dev, e)) != JDT_OK) return st;
+    if (!cpu && compile && cuda_arch > 0)
+        st =
+            jdt_device_open_aot(JDT_DEVICE_CUDA, cuda_arch,
+                                cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL, &dev, e);
+    else if (!cpu)
+        st = jdt_device_open_emit_only(&dev, e);
+    if (st != JDT_OK) return st;
     so.copts.device = dev;
     const double t0 = jdt_now_s();
     jdt_step *step = NULL;
@@ -407,12 +414,19 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_e
         fprintf(f,
                 "  memory         %.1f MiB planned peak of intermediates (micro-batch program)\n",
                 (double)sm->arena_bytes / 1048576.0);
-        if (compile && dev)
-            fprintf(
-                f,
-                "  compile        %.2fs to CUDA source (%zu bytes; NVRTC runs on the GPU host)\n",
-                dt, strlen(jdt_step_source(step)));
-        else if (compile)
+        if (compile && dev && cuda_arch > 0) {
+            char desc[1400];
+            fprintf(f,
+                    "  compile        %.2fs (NVRTC %.2fs for sm_%d), cache %s: %s\n"
+                    "  device         %s\n",
+                    dt, sm->cc_s, cuda_arch, sm->cache_hit ? "hit" : "miss", sm->so_path,
+                    jdt_device_describe(dev, desc, sizeof desc));
+        } else if (compile && dev) {
+            fprintf(f,
+                    "  compile        %.2fs to CUDA source (%zu bytes; NVRTC runs on the GPU "
+                    "host, or here with --cuda-arch)\n",
+                    dt, strlen(jdt_step_source(step)));
+        } else if (compile)
             fprintf(f, "  compile        %.2fs (C compiler %.2fs), cache %s: %s\n", dt, sm->cc_s,
                     sm->cache_hit ? "hit" : "miss", sm->so_path);
     } else {

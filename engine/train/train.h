@@ -184,8 +184,12 @@ jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *
  * devices elsewhere and is never refused for this machine's memory. Errors: ERR_CONFIG (mesh,
  * rules; a -1 mesh axis, which only a process count fills in), ERR_COMPILE ... cfg must pass
  * jdt_train_check_capabilities (the caller checks). runtime.backend cuda plans with the CUDA
- * backend's emitter (no GPU needed); with compile it emits the CUDA source. */
-jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, FILE *f, jdt_err *e);
+ * backend's emitter (no GPU needed); with compile it emits the CUDA source, and with cuda_arch
+ * (> 0: sm_<cuda_arch>, a CUDA build) it compiles that source and the builtin kernels the step
+ * launches with NVRTC into the compile cache (runtime.cache_dir), as a run on such a GPU would
+ * (jdt_device_open_aot): ERR_UNSUPPORTED without CUDA, ERR_CONFIG for an arch NVRTC lacks. */
+jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, int cuda_arch, FILE *f,
+                             jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
  * loss over cfg->run.eval_steps batches. dist NULL: one process; else every rank of the job

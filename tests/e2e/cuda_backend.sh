@@ -21,12 +21,45 @@ fi
 "$BIN" inspect configs/tiny.yaml runtime.backend=cuda >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda failed"; }
 if "$BIN" version | grep -q '^backends:.* cuda'; then IBIN=$BIN; else
   grep -q "not runnable by this build: runtime.backend" "$TMP/out" || { cat "$TMP/out"; fail "CPU build: inspect does not say why"; }
+  # asked to compile for a GPU ahead of time, a build without CUDA fails instead of summarising
+  "$BIN" inspect configs/tiny.yaml runtime.backend=cuda --cuda-arch sm_90 >"$TMP/out" 2>"$TMP/err"; rc=$?
+  [ $rc -eq 2 ] && grep -q "nothing compiled: .*make CUDA=1" "$TMP/err" || { cat "$TMP/err"; fail "CPU build: --cuda-arch exit $rc, expected 2 naming make CUDA=1"; }
   IBIN=${JDT_CUDA_BIN:-}
 fi
 if [ -n "$IBIN" ]; then
   "$IBIN" inspect configs/tiny.yaml runtime.backend=cuda >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect cuda failed"; }
   grep -q "planned step (one process)" "$TMP/out" || { cat "$TMP/out"; fail "inspect does not plan the CUDA step"; }
   grep -qE "kernels +[0-9]+ fused" "$TMP/out" || fail "inspect lacks the kernel count"
+  # ahead of time, no GPU: NVRTC compiles the bf16 step and the builtins it launches (misc,
+  # rows, the tensor-core attention) for sm_90 into runtime.cache_dir; the cubins are CUDA ELF
+  # images (e_machine 190); a second inspect finds them all
+  A=(configs/tiny.yaml runtime.backend=cuda precision.compute=bf16 runtime.cache_dir="$TMP/aot")
+  if "$IBIN" version | grep -q '^backends:.* cuda'; then
+    "$IBIN" inspect "${A[@]}" --cuda-arch sm_90 >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/out" "$TMP/err"; fail "inspect --cuda-arch sm_90 failed"; }
+    grep -qE "NVRTC .* for sm_90\), cache miss" "$TMP/out" || { cat "$TMP/out"; fail "inspect --cuda-arch: no NVRTC compile of the step"; }
+    grep -q "builtin kernel sources: 3 compiled, 0 found" "$TMP/out" || { cat "$TMP/out"; fail "inspect --cuda-arch: builtins not compiled"; }
+    [ "$(ls "$TMP/aot"/*.cuk | wc -l)" -eq 3 ] || { ls -l "$TMP/aot"; fail "expected 3 builtin entries"; }
+    n=0
+    for f in "$TMP/aot"/*.sm_90.cubin; do
+      [ "$(od -An -tx1 -N4 "$f" | tr -d ' ')" = 7f454c46 ] && [ "$(od -An -tu2 -j18 -N2 "$f" | tr -d ' ')" = 190 ] ||
+        fail "$f is not a CUDA ELF image"
+      n=$((n + 1))
+    done
+    [ $n -ge 1 ] || { ls -l "$TMP/aot"; fail "no sm_90 cubin stored"; }
+    "$IBIN" inspect "${A[@]}" --cuda-arch=90 >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "second inspect --cuda-arch failed"; }
+    grep -q "cache hit" "$TMP/out" && grep -q "builtin kernel sources: 0 compiled, 3 found" "$TMP/out" ||
+      { cat "$TMP/out"; fail "second inspect --cuda-arch compiled again"; }
+    echo "inspect --cuda-arch sm_90 (no GPU): $n program cubins + 3 builtin sources stored; a second inspect compiled nothing"
+    # an architecture NVRTC lacks, or not one at all: one line, exit 2
+    for bad in "sm_95:cannot compile for sm_95; it compiles for: .*sm_90" "gpu9:is not an architecture"; do
+      "$IBIN" inspect "${A[@]}" --cuda-arch "${bad%%:*}" >"$TMP/out" 2>"$TMP/err"; rc=$?
+      [ $rc -eq 2 ] && [ "$(grep -c 'jdt-train: ' "$TMP/err")" -eq 1 ] && grep -q "${bad#*:}" "$TMP/err" ||
+        { cat "$TMP/err"; fail "--cuda-arch ${bad%%:*}: exit $rc, expected 2 and one line saying why"; }
+    done
+  fi
+  # a CPU config, or a build without CUDA: --cuda-arch compiles nothing, which is an error
+  "$IBIN" inspect configs/tiny.yaml --cuda-arch sm_90 >"$TMP/out" 2>"$TMP/err"; rc=$?
+  [ $rc -eq 2 ] && grep -q "runtime.backend: cuda" "$TMP/err" || { cat "$TMP/err"; fail "--cuda-arch on a cpu config: exit $rc, expected 2"; }
   "$IBIN" inspect configs/tiny.yaml runtime.backend=cuda --compile >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect --compile cuda failed"; }
   grep -q "to CUDA source" "$TMP/out" || { cat "$TMP/out"; fail "inspect --compile does not show the CUDA step"; }
   # bf16 compute runs on the CUDA backend (cuBLASLt bf16 GEMMs): accepted and compiled

@@ -35,8 +35,19 @@ run() { # $1 binary, $2 out dir, rest: overrides (and --nproc N first)
 run "$BIN" "$TMP/cpu" "${C[@]}"
 run "$BIN" "$TMP/cpu16" "${C[@]}" precision.compute=bf16
 
+# ahead of time (inspect --cuda-arch, docs/backend.md): the step's kernels and the builtins it
+# launches compiled into the cache with no GPU opened; the run on the (emulated) sm_90 GPU then
+# finds every entry it needs and compiles nothing: the keys are the run's
+"$EMU" inspect "${C[@]}" runtime.backend=cuda --cuda-arch sm_90 >"$TMP/aot" 2>&1 || { cat "$TMP/aot"; fail "inspect --cuda-arch sm_90"; }
+grep -q "cache miss" "$TMP/aot" || { cat "$TMP/aot"; fail "inspect --cuda-arch did not compile the step"; }
+grep -qE "builtin kernel sources: [1-9] compiled" "$TMP/aot" || { cat "$TMP/aot"; fail "inspect --cuda-arch did not compile the builtins"; }
+ls "$TMP/cache" | grep -v '\.lock$' > "$TMP/aot.before"
 run "$EMU" "$TMP/gpu" "${C[@]}" runtime.backend=cuda
 grep -q "cudaemu (host emulation)" "$TMP/out" "$TMP/err" || fail "the device is not the emulator"
+ls "$TMP/cache" | grep -v '\.lock$' > "$TMP/aot.after"
+grep -q "compiling the builtin" "$TMP/err" && { cat "$TMP/err"; fail "the run compiled builtins inspect --cuda-arch had compiled"; }
+cmp -s "$TMP/aot.before" "$TMP/aot.after" || { diff "$TMP/aot.before" "$TMP/aot.after"; fail "the run compiled what inspect --cuda-arch had compiled"; }
+echo "inspect --cuda-arch sm_90: $(grep -o 'builtin kernel sources: [0-9]* compiled' "$TMP/aot"), $(wc -l < "$TMP/aot.before") cache entries; the run on the emulated sm_90 GPU compiled nothing"
 # TF32 GEMMs (10-bit mantissa) against f32: seen 1e-6 on these sizes
 compare "$TMP/cpu/tiny/metrics.jsonl" "$TMP/gpu/tiny/metrics.jsonl" "emulated GPU, f32 (TF32)" 1e-4 ||
   fail "f32 losses differ"

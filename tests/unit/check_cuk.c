@@ -1,7 +1,8 @@
 /*
  * check_cuk.c — unit tests for the CUDA kernels module (engine/backend/cuda/cuk.h).
  *
- * Without a GPU (CI): every builtin kernel source compiles under NVRTC for sm_80 and sm_90, and
+ * Without a GPU (CI): every builtin kernel source compiles under NVRTC for sm_90 (ahead of time,
+ * into a cache) and those with architecture-dependent code for sm_80, and
  * jdt_cuk_init fails cleanly with ERR_UNSUPPORTED; every GPU test prints one "SKIP" line with
  * the reason. With a GPU, or on the host CUDA emulator (tests/infra/cudaemu: check_cuk-emu runs
  * this suite's gpu case there, the largest attention shape left to real GPUs): every kernel against
@@ -52,21 +53,71 @@ static void add_tests(Suite *s)
 
 /* ---- NVRTC (no GPU needed) ---------------------------------------------------------------- */
 
+/* sm_80 (A100): the sources with code that depends on the architecture (the tensor-core
+ * attention's mma.sync and ldmatrix) and the small ones; the FMA attention is plain CUDA C++ with
+ * no architecture-dependent code, NVRTC's longest compile (about 50 s on 2 cores), and compiled
+ * for sm_90 below */
 START_TEST(test_nvrtc_compile_sm80)
 {
     jdt_err e;
     jdt_err_clear(&e);
-    jdt_status s = jdt_cuk_compile_all(80, &e);
+    int built = 0, cached = 0;
+    jdt_status s =
+        jdt_cuk_precompile(80, NULL, JDT_CUK_SRC_BASE | JDT_CUK_SRC_ATT_TC, &built, &cached, &e);
     ck_assert_msg(s == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(built, 3);
+    ck_assert_int_eq(cached, 0);
 }
 END_TEST
 
+static int count_entries(const char *dir, const char *suffix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        size_t len = strlen(de->d_name), sl = strlen(suffix);
+        n += len > sl && strcmp(de->d_name + len - sl, suffix) == 0;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* sm_90 (H100/H200), every source, ahead of time into a cache (`inspect --cuda-arch`): four
+ * entries stored, and a second precompile finds them all */
 START_TEST(test_nvrtc_compile_sm90)
 {
     jdt_err e;
     jdt_err_clear(&e);
-    jdt_status s = jdt_cuk_compile_all(90, &e);
+    char dir[] = "/tmp/jdt-check-cuk-aot.XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    const unsigned all = JDT_CUK_SRC_BASE | JDT_CUK_SRC_ATT_TC | JDT_CUK_SRC_ATT_FMA;
+    int built = 0, cached = 0;
+    jdt_status s = jdt_cuk_precompile(90, dir, all, &built, &cached, &e);
     ck_assert_msg(s == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(built, 4);
+    ck_assert_int_eq(count_entries(dir, ".cuk"), 4);
+    built = cached = 0;
+    s = jdt_cuk_precompile(90, dir, all, &built, &cached, &e);
+    ck_assert_msg(s == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(built, 0);
+    ck_assert_int_eq(cached, 4);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* the attention source a run launches, as jdt_cuk_attention picks it */
+START_TEST(test_attention_sources)
+{
+    ck_assert_uint_eq(jdt_cuk_attention_sources(90, true, 64), JDT_CUK_SRC_ATT_TC);
+    ck_assert_uint_eq(jdt_cuk_attention_sources(80, true, 128), JDT_CUK_SRC_ATT_TC);
+    ck_assert_uint_eq(jdt_cuk_attention_sources(90, false, 64), JDT_CUK_SRC_ATT_FMA);
+    ck_assert_uint_eq(jdt_cuk_attention_sources(90, true, 256), JDT_CUK_SRC_ATT_FMA);
+    ck_assert_uint_eq(jdt_cuk_attention_sources(75, true, 64), JDT_CUK_SRC_ATT_FMA);
+    setenv("JDT_CUK_ATTENTION", "fma", 1);
+    ck_assert_uint_eq(jdt_cuk_attention_sources(90, true, 64), JDT_CUK_SRC_ATT_FMA);
+    unsetenv("JDT_CUK_ATTENTION");
 }
 END_TEST
 
@@ -74,8 +125,11 @@ START_TEST(test_nvrtc_bad_arch_is_compile_error)
 {
     jdt_err e;
     jdt_err_clear(&e);
-    ck_assert_int_eq(jdt_cuk_compile_all(1, &e), JDT_ERR_COMPILE);
-    ck_assert(strstr(e.msg, "sm_1") != NULL);
+    int built = 0, cached = 0;
+    ck_assert_int_eq(jdt_cuk_precompile(1, NULL, JDT_CUK_SRC_BASE, &built, &cached, &e),
+                     JDT_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(e.msg, "sm_1 is older") != NULL, "%s", e.msg);
+    ck_assert_int_eq(built, 0);
 }
 END_TEST
 
@@ -1027,6 +1081,7 @@ static void add_tests(Suite *s)
     tcase_add_test(th, test_nvrtc_compile_sm80);
     tcase_add_test(th, test_nvrtc_compile_sm90);
     tcase_add_test(th, test_nvrtc_bad_arch_is_compile_error);
+    tcase_add_test(th, test_attention_sources);
     tcase_add_test(th, test_no_gpu_is_clean_error);
     suite_add_tcase(s, th);
     TCase *tc = tcase_create("gpu");

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CU_FORMAT "jdt-cuda-cubin-1"
 
@@ -1324,4 +1325,193 @@ jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
 fail:
     cuda_close(d);
     return st;
+}
+
+/* ---- ahead of time: NVRTC into the compile cache, no GPU ------------------------------------ */
+
+/* The device of jdt_device_open_aot: what a GPU of compute capability `arch` would compile,
+ * compiled now and stored under the keys its run looks up (cubin_key, the builtins' keys). */
+typedef struct {
+    int arch;
+    unsigned cuk_done;     /* builtin sources (JDT_CUK_SRC_*) compiled or found */
+    int n_built, n_cached; /* builtin sources: compiled by NVRTC, found in the cache */
+    char dir[1024];        /* the compile cache */
+} aot_dev;
+
+typedef struct {
+    char *src;
+    jdt_cuda_launch *launch;
+} aot_prog;
+
+static void aot_release(void *state)
+{
+    aot_prog *p = state;
+    if (!p) return;
+    jdt_free(p->src);
+    jdt_free(p->launch);
+    jdt_free(p);
+}
+
+/* The builtin sources program c launches: the small ones always, each ATTENTION's as
+ * jdt_cuk_attention picks it for this arch. */
+static unsigned aot_sources(const cprog *c, int arch)
+{
+    unsigned src = JDT_CUK_SRC_BASE;
+    for (int i = 0; i < c->n_nodes; i++) {
+        const cnode *n = &c->nodes[i];
+        if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) continue;
+        const jdt_shape *q = &c->nodes[n->in[0]].shape;
+        if (q->ndim == 4) src |= jdt_cuk_attention_sources(arch, n->attrs.i[0] != 0, q->dims[3]);
+    }
+    return src;
+}
+
+/* An entry the AOT compile built must be in the cache (its store only warns at run time). */
+static jdt_status aot_stored(const char *dir, uint64_t key, const char *kind, jdt_err *e)
+{
+    char path[1200];
+    jdt_compile_cache_path(dir, key, kind, path, sizeof path);
+    if (access(path, R_OK) == 0) return JDT_OK;
+    return jdt_err_set(e, JDT_ERR_IO,
+                       "compile cache: %s was not stored (is %s writable? see the warning above)",
+                       path, dir);
+}
+
+static jdt_status aot_prepare(jdt_device *d, const cprog *c, void **state, jdt_err *e)
+{
+    aot_dev *ad = d->impl;
+    *state = NULL;
+    aot_prog *p = jdt_calloc(1, sizeof *p);
+    if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: program");
+    jdt_compile_stats *stats = (jdt_compile_stats *)&c->stats;
+    unsigned char *image = NULL;
+    size_t n_image = 0;
+    char dir[1024]; /* the program's cache, chosen as cuda_prepare chooses it */
+    jdt_compile_opts co = c->opts;
+    if (d->cache_dir[0]) co.cache_dir = d->cache_dir;
+    jdt_status st = jdt_cuda_codegen(c, &p->src, &p->launch, e);
+    if (st == JDT_OK) st = jdt_compile_cache_dir(&co, dir, sizeof dir, e);
+    if (st == JDT_OK)
+        st = cubin_get(dir, p->src, ad->arch, co.cache_max_bytes, &image, &n_image, stats, e);
+    jdt_free(image);
+    if (st == JDT_OK && !stats->cache_hit) {
+        char kind[32];
+        snprintf(kind, sizeof kind, "sm_%d.cubin", ad->arch);
+        st = aot_stored(dir, cubin_key(p->src, ad->arch), kind, e);
+    }
+    const unsigned want = aot_sources(c, ad->arch) & ~ad->cuk_done;
+    if (st == JDT_OK && want) {
+        st = jdt_cuk_precompile(ad->arch, ad->dir, want, &ad->n_built, &ad->n_cached, e);
+        if (st == JDT_OK) ad->cuk_done |= want;
+    }
+    if (st != JDT_OK) {
+        aot_release(p);
+        return st;
+    }
+    *state = p;
+    return JDT_OK;
+}
+
+static const char *aot_source(const void *state)
+{
+    return ((const aot_prog *)state)->src;
+}
+
+static jdt_status aot_unsupported(void *state, jdt_err *e)
+{
+    (void)state;
+    return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                       "run: this device compiles ahead of time only (jdt_device_open_aot)");
+}
+
+static jdt_status aot_step(void *state, int s, jdt_err *e)
+{
+    (void)s;
+    return aot_unsupported(state, e);
+}
+
+static jdt_status aot_noop(void *state, jdt_err *e)
+{
+    (void)state;
+    (void)e;
+    return JDT_OK;
+}
+
+static jdt_status aot_read(void *state, int node, void *dst, size_t n_bytes, jdt_err *e)
+{
+    (void)node;
+    (void)dst;
+    (void)n_bytes;
+    return aot_unsupported(state, e);
+}
+
+static void aot_close(jdt_device *d)
+{
+    jdt_free(d->impl);
+    d->impl = NULL;
+}
+
+static char *aot_describe(const jdt_device *d, char *buf, size_t n)
+{
+    const aot_dev *ad = d->impl;
+    snprintf(buf, n,
+             "cuda sm_%d, compiled ahead of time (no GPU used); builtin kernel sources: %d "
+             "compiled, %d found in the cache %s",
+             ad->arch, ad->n_built, ad->n_cached, ad->dir);
+    return buf;
+}
+
+static const jdt_backend_vt aot_vt = {
+    .name = "cuda (ahead of time)",
+    .bf16_storage = true,
+    .scratch_bytes = cuda_scratch_bytes, /* the run's memory plan, exactly */
+    .prepare = aot_prepare,
+    .source = aot_source,
+    .begin = aot_unsupported,
+    .step = aot_step,
+    .finish = aot_noop,
+    .sync = aot_noop,
+    .read = aot_read,
+    .host_ptr = cuda_host_ptr,
+    .release = aot_release,
+    .close = aot_close,
+    .describe = aot_describe,
+};
+
+jdt_status jdt_cuda_device_open_aot(jdt_device *d, int arch, jdt_err *e)
+{
+    int n_archs = 0, archs[128];
+    nvrtcResult r = nvrtcGetNumSupportedArchs(&n_archs);
+    if (r == NVRTC_SUCCESS && n_archs > 128) n_archs = 128;
+    if (r == NVRTC_SUCCESS) r = nvrtcGetSupportedArchs(archs);
+    if (r != NVRTC_SUCCESS)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "nvrtc: supported architectures: %s",
+                           nvrtcGetErrorString(r));
+    bool known = false;
+    char list[512] = "";
+    for (int i = 0; i < n_archs; i++) {
+        known |= archs[i] == arch;
+        size_t at = strlen(list);
+        snprintf(list + at, sizeof list - at, "%ssm_%d", i ? " " : "", archs[i]);
+    }
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    if (!known)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "cuda: NVRTC %d.%d cannot compile for sm_%d; it compiles for: %s", major,
+                           minor, arch, list);
+    aot_dev *ad = jdt_calloc(1, sizeof *ad);
+    if (!ad) return jdt_err_set(e, JDT_ERR_NOMEM, "cuda: device");
+    ad->arch = arch;
+    jdt_compile_opts co;
+    jdt_compile_opts_init(&co);
+    if (d->cache_dir[0]) co.cache_dir = d->cache_dir;
+    jdt_status st = jdt_compile_cache_dir(&co, ad->dir, sizeof ad->dir, e);
+    if (st != JDT_OK) {
+        jdt_free(ad);
+        return st;
+    }
+    d->impl = ad;
+    d->vt = &aot_vt;
+    return JDT_OK;
 }

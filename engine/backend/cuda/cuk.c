@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const struct {
     const char *file, *name;
@@ -57,6 +58,13 @@ void jdt_cuk_defer(jdt_cuk *k, jdt_status code, const char *fmt, ...)
 static jdt_status nvrtc_err(jdt_err *e, nvrtcResult rc, const char *what)
 {
     return jdt_err_set(e, JDT_ERR_COMPILE, "%s: %s", what, nvrtcGetErrorString(rc));
+}
+
+/* JDT_CUK_ATTENTION=fma: the f32 FMA attention even for bf16 compute (to compare speed) */
+static bool att_fma_forced(void)
+{
+    const char *att = getenv("JDT_CUK_ATTENTION");
+    return att && strcmp(att, "fma") == 0;
 }
 
 /* ---- NVRTC -------------------------------------------------------------------------------- */
@@ -144,22 +152,6 @@ out_prog:
     return s;
 }
 
-jdt_status jdt_cuk_compile_all(int arch, jdt_err *e)
-{
-    char target[32];
-    snprintf(target, sizeof target, "sm_%d", arch);
-    for (int i = 0; i < jdt_cuk_n_sources; i++) {
-        size_t len = strlen(jdt_cuk_sources[i].name);
-        if (len < 3 || strcmp(jdt_cuk_sources[i].name + len - 3, ".cu") != 0) continue;
-        char *code = NULL;
-        size_t n = 0;
-        jdt_status s = nvrtc_compile(i, target, true, &code, &n, e);
-        if (s != JDT_OK) return s;
-        jdt_free(code);
-    }
-    return JDT_OK;
-}
-
 /* ---- on-disk cache ------------------------------------------------------------------------ */
 
 static uint64_t source_key(int si, const char *target)
@@ -180,14 +172,15 @@ typedef struct {
     int si;
     const char *target;
     bool cubin;
+    bool ahead; /* jdt_cuk_precompile: no run is waiting for it */
 } source_build;
 
 static jdt_status build_source(void *ctx, unsigned char **bytes, size_t *n_bytes, jdt_err *e)
 {
     const source_build *b = ctx;
-    JDT_INFO("cuda: compiling the builtin kernels of %s for %s with NVRTC (first use; "
-             "cached for later runs)",
-             jdt_cuk_sources[b->si].name, b->target);
+    JDT_INFO("cuda: compiling the builtin kernels of %s for %s with NVRTC%s",
+             jdt_cuk_sources[b->si].name, b->target,
+             b->ahead ? " (ahead of time)" : " (first use; cached for later runs)");
     char *code = NULL;
     jdt_status s = nvrtc_compile(b->si, b->target, b->cubin, &code, n_bytes, e);
     *bytes = (unsigned char *)code;
@@ -204,7 +197,7 @@ static jdt_status load_source(int si, const char *target, bool cubin, const char
                               cudaLibrary_t *lib, jdt_err *e)
 {
     const uint64_t key = source_key(si, target);
-    source_build b = {si, target, cubin};
+    source_build b = {si, target, cubin, false};
     unsigned char *code = NULL;
     size_t n = 0;
     jdt_cache_how how;
@@ -231,16 +224,60 @@ static jdt_status load_source(int si, const char *target, bool cubin, const char
     return JDT_OK;
 }
 
+/* The jdt_cuk_sources index of file, or -1. */
+static int source_index(const char *file)
+{
+    for (int si = 0; si < jdt_cuk_n_sources; si++)
+        if (strcmp(jdt_cuk_sources[si].name, file) == 0) return si;
+    return -1;
+}
+
+jdt_status jdt_cuk_precompile(int arch, const char *cache_dir, unsigned sources, int *n_built,
+                              int *n_cached, jdt_err *e)
+{
+    static const struct {
+        unsigned bit;
+        const char *file;
+    } SRC[] = {{JDT_CUK_SRC_BASE, "cuk_misc.cu"},
+               {JDT_CUK_SRC_BASE, "cuk_rows.cu"},
+               {JDT_CUK_SRC_ATT_TC, "cuk_attention_tc.cu"},
+               {JDT_CUK_SRC_ATT_FMA, "cuk_attention.cu"}};
+    char target[32];
+    bool cubin;
+    jdt_status s = pick_target(arch, target, sizeof target, &cubin, e);
+    if (s != JDT_OK) return s;
+    for (size_t i = 0; i < sizeof SRC / sizeof SRC[0]; i++) {
+        if (!(sources & SRC[i].bit)) continue;
+        const int si = source_index(SRC[i].file);
+        if (si < 0)
+            return jdt_err_set(e, JDT_ERR_INTERNAL, "builtin source %s not embedded", SRC[i].file);
+        source_build b = {si, target, cubin, true};
+        unsigned char *code = NULL;
+        size_t n = 0;
+        jdt_cache_how how;
+        s = jdt_compile_cache_fetch(cache_dir, source_key(si, target), "cuk", CUK_LOCK_WAIT_S, 0,
+                                    build_source, &b, &code, &n, &how, e);
+        jdt_free(code);
+        if (s != JDT_OK) return s;
+        char path[1200]; /* compiled for the cache: a store that failed (only a warning at run
+                          * time) fails here */
+        jdt_compile_cache_path(cache_dir ? cache_dir : "", source_key(si, target), "cuk", path,
+                               sizeof path);
+        if (how == JDT_CACHE_BUILT && cache_dir && *cache_dir && access(path, R_OK) != 0)
+            return jdt_err_set(e, JDT_ERR_IO, "compile cache: %s was not stored", path);
+        ++*(how == JDT_CACHE_BUILT ? n_built : n_cached);
+    }
+    return JDT_OK;
+}
+
 /* ---- context ------------------------------------------------------------------------------ */
 
 jdt_status jdt_cuk_load(jdt_cuk *k, int kernel, jdt_err *e)
 {
     if (k->fn[kernel]) return JDT_OK;
     const char *file = KERNELS[kernel].file;
-    int si = 0;
-    while (si < jdt_cuk_n_sources && strcmp(jdt_cuk_sources[si].name, file) != 0)
-        si++;
-    if (si == jdt_cuk_n_sources)
+    const int si = source_index(file);
+    if (si < 0)
         return jdt_err_set(e, JDT_ERR_INTERNAL, "kernel %s: source %s not embedded",
                            KERNELS[kernel].name, file);
     if (si >= 64 || k->n_libs == JDT_CUK_MAX_LIBS)
@@ -309,9 +346,7 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
         goto fail;
     }
     k->arch = major * 10 + minor;
-    /* JDT_CUK_ATTENTION=fma: the f32 FMA attention even for bf16 compute (to compare speed) */
-    const char *att = getenv("JDT_CUK_ATTENTION");
-    k->att_fma = att && strcmp(att, "fma") == 0;
+    k->att_fma = att_fma_forced();
     /* JDT_CUDA_TF32=0: f32 GEMMs without TF32 (PyTorch's allow_tf32 = False), for comparing
      * against the CPU beyond TF32's 10-bit mantissa (check_cuda's train test) */
     const char *tf32 = getenv("JDT_CUDA_TF32");
@@ -694,13 +729,24 @@ static int att_class(int64_t D, int64_t *ct)
     return -1;
 }
 
-/* The tensor-core class of D for bf16 compute: 0 (D <= 64), 1 (D <= 128), -1 when the FMA
- * kernels serve (no bf16, D > 128, a GPU before sm_80, which has no bf16 mma, or
+/* The tensor-core class of D for bf16 compute on arch: 0 (D <= 64), 1 (D <= 128), -1 when the
+ * FMA kernels serve (no bf16, D > 128, a GPU before sm_80, which has no bf16 mma, or
  * JDT_CUK_ATTENTION=fma). */
+static int att_tc_class_for(int arch, bool fma, bool bf16, int64_t D)
+{
+    if (!bf16 || arch < 80 || D > 128 || fma) return -1;
+    return D <= 64 ? 0 : 1;
+}
+
 static int att_tc_class(const jdt_cuk *k, bool bf16, int64_t D)
 {
-    if (!bf16 || k->arch < 80 || D > 128 || k->att_fma) return -1;
-    return D <= 64 ? 0 : 1;
+    return att_tc_class_for(k->arch, k->att_fma, bf16, D);
+}
+
+unsigned jdt_cuk_attention_sources(int arch, bool bf16, int64_t D)
+{
+    return att_tc_class_for(arch, att_fma_forced(), bf16, D) >= 0 ? JDT_CUK_SRC_ATT_TC
+                                                                  : JDT_CUK_SRC_ATT_FMA;
 }
 
 #define ATT_TC_BR 64 /* rows per block (kernels/cuk_attention_tc.cu) */

@@ -53,9 +53,24 @@ int jdt_cuk_arch(const jdt_cuk *k);
  * the context unusable: the caller should free it and stop. */
 jdt_status jdt_cuk_check(jdt_cuk *k, const char *what, bool sync, jdt_err *e);
 
-/* NVRTC only (works with no GPU or driver): compiles every builtin kernel source for `arch`
- * (e.g. 90 for sm_90) to a cubin and discards it. ERR_COMPILE with the NVRTC log on failure. */
-jdt_status jdt_cuk_compile_all(int arch, jdt_err *e);
+/* Builtin kernel sources, as bits for jdt_cuk_precompile: the small ones every run loads
+ * (misc, rows), and the two attentions. */
+#define JDT_CUK_SRC_BASE 1u
+#define JDT_CUK_SRC_ATT_FMA 2u
+#define JDT_CUK_SRC_ATT_TC 4u
+/* The attention source (JDT_CUK_SRC_ATT_*) that jdt_cuk_attention and its backward launch on a
+ * GPU of compute capability arch for head size D with or without bf16 compute (the tensor-core
+ * kernels for bf16, D <= 128, sm_80+, unless JDT_CUK_ATTENTION=fma). */
+unsigned jdt_cuk_attention_sources(int arch, bool bf16, int64_t D);
+/* NVRTC only (no GPU or driver needed): compiles the builtin sources in `sources` for a GPU of
+ * compute capability arch (the target jdt_cuk_init picks for it) into the compile cache under
+ * cache_dir, under the keys jdt_cuk_load looks up, so a run on such a GPU loads them without
+ * NVRTC (NULL or "": compiled and discarded, a compile check). Sources already cached are not
+ * compiled again. Adds to *n_built (compiled now) and *n_cached (found). ERR_UNSUPPORTED for an
+ * arch older than NVRTC supports; ERR_COMPILE with the NVRTC log; ERR_IO when an entry it
+ * compiled was not stored. */
+jdt_status jdt_cuk_precompile(int arch, const char *cache_dir, unsigned sources, int *n_built,
+                              int *n_cached, jdt_err *e);
 
 /* c = a @ b (+ bias), shapes as jdt_rt_matmul: a (batch, M, K) or (batch, K, M) if ta; b
  * (batch|1, K, N) or (batch|1, N, K) if tb; c (batch, M, N); bias (N) or NULL. cuBLASLt with
