@@ -23,8 +23,13 @@
 #
 # Usage: scripts/gpu/check.sh [BUNDLE_DIR]
 #   BUNDLE_DIR (made here by scripts/gpu/bundle.sh): bin/jdt-train, bin/check_cu{k,da} built with
-#   make CUDA=1 and libs.tar.xz with the C libraries they need (unpacked into /tmp, never /).
+#   make CUDA=1, libs.tar.xz with the C libraries they need (unpacked into /tmp, never /) and
+#   cache/: stages 3 and 4's kernels compiled ahead of time for sm_90 (below), copied into the
+#   run's cache so the GPU's minutes are not spent in NVRTC (where its NVRTC is this one's).
 #   Without it the script uses build-cuda/ of this checkout, building it if missing.
+#   PRECOMPILE=DIR (no GPU needed; bundle.sh uses it): instead of the stages, compile the
+#   kernels of stages 3 and 4's runs (the same configs and overrides) with `jdt-train inspect
+#   --cuda-arch sm_$GPU_ARCH` (default 90) into DIR, and stop.
 # Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 43 GiB of arena for jdt-train in bf16, 36 in f32), GPT_STEPS (12),
 #   GPT_PRECISION (bf16: precision.compute of stage 4; f32 = TF32 GEMMs, MFU against 494.7),
 #   PEER_DTYPES ("bf16 f32": the peers' precisions; f32 = TF32 matmuls, what jdt-train computes
@@ -57,6 +62,36 @@ if [ "$REHEARSE" = 1 ]; then
   PEER_ARGS="--device cpu --tiny"
 fi
 want() { [[ "$STAGES" == *" $1 "* ]]; }
+# The runs of stages 3 and 4, as arguments after the binary (PRECOMPILE compiles the same ones).
+tiny_args() { # backend precision -> TINY
+  TINY=(train configs/tiny.yaml run.out_dir="$OUT/tiny-$1-$2" run.steps=30 run.eval_every=0
+        checkpoint.every=0 runtime.backend="$1" precision.compute="$2")
+}
+gpt_args() { # out_dir -> GPT
+  # shellcheck disable=SC2206 # GPT_EXTRA: one override per word
+  GPT=(train configs/gpt2-124m.yaml run.out_dir="$1" run.steps="$STEPS" run.log_every=1
+       run.eval_every=0 checkpoint.every=0 model.vocab_size=50257 data.format=synthetic
+       data.batch_size="$B" data.micro_batch_size="$B" mesh.data=1 mesh.fsdp=1
+       precision.compute="$GPT_PREC" runtime.remat=none runtime.backend=cuda $GPT_EXTRA)
+}
+if [ -n "${PRECOMPILE:-}" ]; then
+  PBIN=$ROOT/build-cuda/jdt-train$SFX
+  [ -x "$PBIN" ] || (cd "$ROOT" && make -j"$(nproc)" CUDA=1 "build-cuda/jdt-train$SFX" >/dev/null) || exit 1
+  mkdir -p "$PRECOMPILE" || exit 1
+  t0=$(date +%s)
+  tiny_args cuda f32; a=("${TINY[@]}"); tiny_args cuda bf16; b=("${TINY[@]}"); gpt_args "$OUT/gpt2"
+  for args in a b GPT; do
+    declare -n r=$args
+    (cd "$ROOT" && "$PBIN" inspect "${r[@]:1}" runtime.cache_dir="$PRECOMPILE" \
+       --cuda-arch "sm_${GPU_ARCH:-90}" >"$PRECOMPILE/inspect-$args.log" 2>&1) ||
+      { tail -3 "$PRECOMPILE/inspect-$args.log"; echo "precompile of ${r[1]} FAILED"; exit 1; }
+    grep -E "^  (compile|device) " "$PRECOMPILE/inspect-$args.log"
+    unset -n r
+  done
+  rm -f "$PRECOMPILE"/inspect-*.log "$PRECOMPILE"/*.lock "$PRECOMPILE"/.prune.lock
+  echo "precompiled for sm_${GPU_ARCH:-90} into $PRECOMPILE in $(( $(date +%s) - t0 ))s ($(du -sh "$PRECOMPILE" | cut -f1))"
+  exit 0
+fi
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -103,6 +138,11 @@ else
       build-cuda/tests/check_cuk-emu build-cuda/tests/check_cuda-emu >>"$OUT/build.log" 2>&1)
   fi
 fi
+# the kernels compiled ahead of time here (bundle.sh): the GPU's runs find them in the cache
+if [ -n "$BUNDLE" ] && [ -d "$BUNDLE/cache" ]; then
+  mkdir -p "$JDT_CACHE_DIR" && cp -n "$BUNDLE"/cache/jdt-* "$JDT_CACHE_DIR"/ 2>/dev/null
+  say "kernel cache: $(ls "$BUNDLE/cache" | wc -l) entries compiled ahead of time for sm_90 (a GPU with another NVRTC or arch compiles its own)"
+fi
 LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
 if ! "$BIN" version >/dev/null 2>&1; then
@@ -130,8 +170,8 @@ fi
 if want 3; then
 say "stage 3 tiny: GPU vs CPU loss curves (f32, then bf16 compute)"
 tiny() { # backend precision
-  (cd "$ROOT" && timeout "$TMO" "$BIN" train configs/tiny.yaml run.out_dir="$OUT/tiny-$1-$2" run.steps=30 \
-     run.eval_every=0 checkpoint.every=0 runtime.backend="$1" precision.compute="$2" >"$OUT/tiny-$1-$2.log" 2>&1)
+  tiny_args "$1" "$2"
+  (cd "$ROOT" && timeout "$TMO" "$BIN" "${TINY[@]}" >"$OUT/tiny-$1-$2.log" 2>&1)
 }
 for prec in f32 bf16; do
   tiny cpu $prec; rc_c=$?; tiny cuda $prec; rc_g=$?
@@ -170,11 +210,9 @@ if want 4; then
 if [ "$GPT_PREC" = bf16 ]; then what="f32 storage, bf16 GEMMs (f32 accumulation), MFU vs dense bf16"
 else what="f32 storage + TF32 GEMMs, MFU vs dense TF32"; fi
 say "stage 4 gpt2-124m: B=$B T=1024, $STEPS steps, $what"
-(cd "$ROOT" && timeout "$TMO" "$BIN" train configs/gpt2-124m.yaml run.out_dir="$OUT/gpt2" \
-   run.steps="$STEPS" run.log_every=1 run.eval_every=0 checkpoint.every=0 model.vocab_size=50257 \
-   data.format=synthetic data.batch_size="$B" data.micro_batch_size="$B" mesh.data=1 mesh.fsdp=1 \
-   precision.compute="$GPT_PREC" runtime.remat=none runtime.backend=cuda $GPT_EXTRA >"$OUT/gpt2.log" 2>&1); rc=$?
-grep -E "device:|compiled|MFU reference|precision.compute|GPU memory|device memory" "$OUT/gpt2.log" | tee -a "$SUMMARY"
+gpt_args "$OUT/gpt2"
+(cd "$ROOT" && timeout "$TMO" "$BIN" "${GPT[@]}" >"$OUT/gpt2.log" 2>&1); rc=$?
+grep -E "device:|compiled|compiling|MFU reference|precision.compute|GPU memory|device memory" "$OUT/gpt2.log" | tee -a "$SUMMARY"
 tail -3 "$OUT/gpt2.log" | tee -a "$SUMMARY"
 last=$(grep -E "^.*step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2.log" | tail -1)
 JDT_TOKS=$(echo "$last" | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
@@ -184,11 +222,8 @@ say "stage 4 exit $rc, jdt-train $GPT_PREC ${JDT_TOKS:-?} tok/s, MFU ${JDT_MFU:-
 fi
 # ---- 4f (not in the default STAGES): stage 4 again with the f32 FMA attention ---------------------
 if want 4f; then
-(cd "$ROOT" && JDT_CUK_ATTENTION=fma timeout "$TMO" "$BIN" train configs/gpt2-124m.yaml \
-   run.out_dir="$OUT/gpt2-fma" run.steps="$STEPS" run.log_every=1 run.eval_every=0 checkpoint.every=0 \
-   model.vocab_size=50257 data.format=synthetic data.batch_size="$B" data.micro_batch_size="$B" \
-   mesh.data=1 mesh.fsdp=1 precision.compute="$GPT_PREC" runtime.remat=none runtime.backend=cuda \
-   >"$OUT/gpt2-fma.log" 2>&1); rc=$?
+gpt_args "$OUT/gpt2-fma"
+(cd "$ROOT" && JDT_CUK_ATTENTION=fma timeout "$TMO" "$BIN" "${GPT[@]}" >"$OUT/gpt2-fma.log" 2>&1); rc=$?
 toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-fma.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 say "stage 4f exit $rc, attention on FMA (JDT_CUK_ATTENTION=fma): ${toks:-?} tok/s against ${JDT_TOKS:-?} with tensor-core attention"
 fi
