@@ -22,6 +22,8 @@
 #              skipped and says why (NCCL refuses two ranks on one GPU).
 #
 # Usage: scripts/gpu/check.sh [BUNDLE_DIR]
+#   On the device machine: here `scripts/gpu/bundle.sh .gpu` (ignored by git: name it in the
+#   device tool's carry), there `bash scripts/gpu/check.sh .gpu` with OUT under $OUT.
 #   BUNDLE_DIR (made here by scripts/gpu/bundle.sh): bin/jdt-train, bin/check_cu{k,da} built with
 #   make CUDA=1, libs.tar.xz with the C libraries they need (unpacked into /tmp, never /) and
 #   cache/: stages 3 and 4's kernels compiled ahead of time for sm_90 (below), copied into the
@@ -39,7 +41,8 @@
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
 #   before a GPU session spends its minutes: build-cuda/jdt-train-emu and the *-emu tests, two
 #   emulated GPUs, GPT-2 shrunk by GPT_EXTRA, the peers on the CPU with --tiny; no numbers from
-#   it mean anything), GPT_EXTRA (overrides appended to stage 4's command).
+#   it mean anything), GPT_EXTRA (overrides appended to stage 4's command), PEER_PY (the peers'
+#   Python, default python3).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUNDLE=${1:-}
@@ -60,6 +63,8 @@ if [ "$REHEARSE" = 1 ]; then
   GPT_EXTRA=${GPT_EXTRA:-model.n_layer=1 model.n_embd=64 model.n_head=2 model.seq_len=64}
   B=${GPT_BATCH:-2}; STEPS=${GPT_STEPS:-3}; PEER_DTYPES=f32
   PEER_ARGS="--device cpu --tiny"
+  # the peers' Python: one with torch (Debian's python3-torch here), as the GPU machine's has
+  /usr/bin/python3 -c "import torch" 2>/dev/null && PEER_PY=${PEER_PY:-/usr/bin/python3}
 fi
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 # The runs of stages 3 and 4, as arguments after the binary (PRECOMPILE compiles the same ones).
@@ -175,6 +180,7 @@ tiny() { # backend precision
 }
 for prec in f32 bf16; do
   tiny cpu $prec; rc_c=$?; tiny cuda $prec; rc_g=$?
+  grep -hoE "step compiled in .*|compiling the builtin kernels of [^ ]*" "$OUT/tiny-cuda-$prec.log" | sed 's/^/  cuda: /' | tee -a "$SUMMARY"
   tail -3 "$OUT/tiny-cuda-$prec.log" | tee -a "$SUMMARY"
   if [ $rc_c -eq 0 ] && [ $rc_g -eq 0 ]; then
     python3 - "$OUT/tiny-cpu-$prec/tiny/metrics.jsonl" "$OUT/tiny-cuda-$prec/tiny/metrics.jsonl" "$prec" <<'PY' | tee -a "$SUMMARY"
@@ -235,7 +241,7 @@ for dt in $PEER_DTYPES; do
     want 5 || continue
     say "stage 5 peer $fw --dtype $dt (B=$B)"
     # shellcheck disable=SC2086 # PEER_ARGS: one argument per word
-    PYTHONUNBUFFERED=1 timeout "$TMO" python3 "$PEER" --framework $fw --batch "$B" --steps 10 \
+    PYTHONUNBUFFERED=1 timeout "$TMO" "${PEER_PY:-python3}" "$PEER" --framework $fw --batch "$B" --steps 10 \
       --dtype "$dt" $PEER_ARGS >"$OUT/peer-$fw-$dt.log" 2>&1; rc=$?
     line=$(grep -E '^\{.*"tokens_per_s"' "$OUT/peer-$fw-$dt.log" | tail -1)
     if [ -n "$line" ]; then
