@@ -8,7 +8,8 @@
 # those of one call per tensor; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
 # `make test` builds build-cuda/jdt-train-emu first wherever CUDA's headers are installed.
-# e2e: exclusive (two emulated GPUs, a dead peer found on a clock)
+# Not exclusive: no step here races a clock (the dead-peer checks are check_cuk's), and its
+# single-process runs leave a core to the pool.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 EMU=${JDT_CUDA_EMU_BIN:-$ROOT/build-cuda/jdt-train-emu}
