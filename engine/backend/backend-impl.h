@@ -19,6 +19,10 @@ typedef struct {
     /* The backend loads and stores bf16-stored values (cnode.bf16: fused kernels round on
      * store, builtins read them; fuse.c mark_bf16_storage). The default CPU device always does. */
     bool bf16_storage;
+    /* A lone ALL_GATHER sharded past its first axis runs on a planned wire buffer (fuse.c), as a
+     * bucket does, instead of in its own output plus a full-size unpermuting copy (CUDA: no
+     * staging buffer the size of the largest gathered tensor held for the program's life). */
+    bool wire_gathers;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src

@@ -815,11 +815,24 @@ static bool read_only_at_index(const cprog *c, int gi, int b)
     return true;
 }
 
+/* The product of an all-gather's dims before its gathered axis (attrs i[1]): 1 when its parts
+ * lie back to back in the full tensor. */
+static int64_t gather_outer(const cprog *c, int node)
+{
+    const cnode *n = &c->nodes[node];
+    int64_t outer = 1;
+    for (int d = 0; d < (int)n->attrs.i[1]; d++)
+        outer *= n->shape.dims[d];
+    return outer;
+}
+
 static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
 {
     const bool bf16_mm = n->op == JDT_OP_MATMUL && n->attrs.i[2];
-    if (c->scratch_bytes && (bf16_mm || n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD))
-        return c->scratch_bytes(c, n); /* the device's kernels */
+    if (c->scratch_bytes &&
+        (bf16_mm || n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD ||
+         n->op == JDT_OP_ALL_GATHER || n->op == JDT_OP_REDUCE_SCATTER))
+        return c->scratch_bytes(c, n); /* the device's kernels (a blocking collective's staging) */
     if (bf16_mm) {                     /* bf16 compute: the rounded inputs */
         const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
         int nd = n->shape.ndim;
@@ -879,7 +892,9 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
             for (int m = 0; m < cl->n_members; m++)
                 c->bufs[c->nodes[cl->members[m]].buf].info.slot_of = cl->buf;
         }
-        if (op == JDT_OP_REDUCE_SCATTER || (op == JDT_OP_ALL_GATHER && cl->n_members > 1)) {
+        if (op == JDT_OP_REDUCE_SCATTER ||
+            (op == JDT_OP_ALL_GATHER &&
+             (cl->n_members > 1 || (c->wire_gathers && gather_outer(c, cl->members[0]) > 1)))) {
             if ((cl->scratch_buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * cl->esz, -1)) < 0)
                 goto nomem;
             c->bufs[cl->scratch_buf].info.last_step = cl->wait_step;

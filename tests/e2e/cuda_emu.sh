@@ -5,7 +5,7 @@
 # runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs) and bf16 compute on
 # one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
 # memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
-# those of one call per tensor; a run resumed from a checkpoint written from device memory continues the uninterrupted
+# those of one call per tensor and of blocking collectives; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
 # `make test` builds build-cuda/jdt-train-emu first wherever CUDA's headers are installed.
 # Not exclusive: no step here races a clock (the dead-peer checks are check_cuk's), and its
@@ -79,7 +79,12 @@ cmp -s "$TMP/plan.cpu" "$TMP/plan.cuda" || { diff "$TMP/plan.cpu" "$TMP/plan.cud
 run "$EMU" "$TMP/fsdp-b0" --nproc 2 "${C[@]}" runtime.backend=cuda mesh.fsdp=2 runtime.bucket_mb=0
 losses "$TMP/mesh.fsdp=2/tiny/metrics.jsonl" > "$TMP/a"; losses "$TMP/fsdp-b0/tiny/metrics.jsonl" > "$TMP/b"
 cmp -s "$TMP/a" "$TMP/b" || { paste "$TMP/a" "$TMP/b"; fail "bucketed FSDP losses differ from one call per tensor"; }
-echo "2 emulated GPUs, fsdp=2: $(head -1 "$TMP/plan.cuda" | sed 's/^ *//'); losses equal runtime.bucket_mb=0's"
+# blocking NCCL (runtime.overlap_comm=false: each collective a step of its own, staged in its
+# step's planned scratch, not a program-long buffer): the same numbers, bit for bit
+run "$EMU" "$TMP/fsdp-blk" --nproc 2 "${C[@]}" runtime.backend=cuda mesh.fsdp=2 runtime.overlap_comm=false
+losses "$TMP/fsdp-blk/tiny/metrics.jsonl" > "$TMP/b"
+cmp -s "$TMP/a" "$TMP/b" || { paste "$TMP/a" "$TMP/b"; fail "blocking FSDP losses differ from started collectives"; }
+echo "2 emulated GPUs, fsdp=2: $(head -1 "$TMP/plan.cuda" | sed 's/^ *//'); losses equal runtime.bucket_mb=0's and runtime.overlap_comm=false's"
 
 # checkpoints come from device memory (parameters and optimizer state pulled to the host) and
 # resume onto it: 3 steps, a checkpoint, 3 more from it = the 6-step run

@@ -85,7 +85,8 @@ typedef struct {
     cudaKernel_t *kern;      /* (n_kernels) */
     cudaKernel_t scale_kern; /* the module's jdt_scale (all-reduce scaling) */
     void *dmem;              /* the one allocation: table | inputs | collective scratch | arena */
-    float *dcoll;            /* all-gather / reduce-scatter staging (the largest full tensor) */
+    void *dcoll; /* a started lone all-gather's input set aside when it overlaps its slot (the
+                    largest such shard; blocking collectives have planned scratch) */
     int64_t dmem_bytes;
     void **dtable; /* (n_bufs) device pointer table */
     unsigned char *dinputs, *darena;
@@ -406,6 +407,8 @@ static char *cuda_describe(const jdt_device *d, char *buf, size_t n)
 }
 
 static const jdt_backend_vt cuda_vt; /* defined below */
+static void coll_dims(const cprog *c, const cnode *n, int64_t *k, int64_t *nf, int64_t *nl,
+                      int64_t *outer, int64_t *blk);
 
 void jdt_device_set_dist(jdt_device *d, jdt_dist *dist)
 {
@@ -422,9 +425,21 @@ void jdt_device_set_groups(jdt_device *d, jdt_device_group_fn fn, void *ctx)
 /* ---- program -------------------------------------------------------------------------------- */
 
 /* The planned scratch of a builtin: a bf16 MATMUL's rounded copies of its inputs
- * (jdt_cuk_matmul_bf16_scratch_bytes), attention's row statistics. */
+ * (jdt_cuk_matmul_bf16_scratch_bytes), attention's row statistics, a blocking all-gather's or
+ * reduce-scatter's staging (gather_scatter: NCCL's wire order permuted through it, or an input
+ * that overlaps the output copied aside; planned for its step only, not held for the program). */
 static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
 {
+    if (n->op == JDT_OP_ALL_GATHER || n->op == JDT_OP_REDUCE_SCATTER) {
+        const jdt_shape *full = n->op == JDT_OP_ALL_GATHER ? &n->shape : &c->nodes[n->in[0]].shape;
+        const int64_t nf = jdt_shape_numel(full), k = n->attrs.i[2] > 0 ? n->attrs.i[2] : 1;
+        int64_t outer = 1;
+        for (int d = 0; d < (int)n->attrs.i[1]; d++)
+            outer *= full->dims[d];
+        const int64_t esz = (int64_t)jdt_dtype_size(n->dtype);
+        /* a gather in NCCL's order needs the full tensor only when it must be permuted */
+        return n->op == JDT_OP_ALL_GATHER && outer == 1 ? nf / k * esz : nf * esz;
+    }
     if (n->op == JDT_OP_MATMUL) {
         const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
         int nd = n->shape.ndim;
@@ -579,14 +594,16 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
             ((int64_t)jdt_shape_numel(&n->shape) * (int64_t)jdt_dtype_size(n->dtype) + 255) / 256 *
             256;
     }
-    int64_t coll_bytes = 0; /* all-gather / reduce-scatter staging: the largest full tensor */
-    for (int i = 0; i < c->n_nodes; i++) {
-        const cnode *n = &c->nodes[i];
-        int64_t full = n->op == JDT_OP_ALL_GATHER       ? jdt_shape_numel(&n->shape)
-                       : n->op == JDT_OP_REDUCE_SCATTER ? jdt_shape_numel(&c->nodes[n->in[0]].shape)
-                                                        : 0;
-        full = (full * (int64_t)sizeof(float) + 255) / 256 * 256;
-        if (full > coll_bytes) coll_bytes = full;
+    int64_t coll_bytes = 0; /* coll_pack's staging: the largest shard of a lone all-gather
+                               that runs in its own output (a wire-less started one) */
+    for (int i = 0; i < c->n_colls; i++) {
+        const ccoll *cl = &c->colls[i];
+        const cnode *n = &c->nodes[cl->members[0]];
+        if (n->op != JDT_OP_ALL_GATHER || cl->scratch_buf >= 0) continue;
+        int64_t k, nf, nl, outer, blk;
+        coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
+        const int64_t b = (nl * cl->esz + 255) / 256 * 256;
+        if (b > coll_bytes) coll_bytes = b;
     }
     int64_t total = table_bytes + in_bytes + coll_bytes + (c->arena_bytes ? c->arena_bytes : 256);
     if ((st = check_fits(cd, c, total, e)) != JDT_OK) goto fail;
@@ -596,7 +613,7 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
     if (cd->bytes_now > cd->bytes_peak) cd->bytes_peak = cd->bytes_now;
     p->dtable = p->dmem;
     p->dinputs = (unsigned char *)p->dmem + table_bytes;
-    p->dcoll = coll_bytes ? (float *)(void *)(p->dinputs + in_bytes) : NULL;
+    p->dcoll = coll_bytes ? p->dinputs + in_bytes : NULL;
     p->darena = p->dinputs + in_bytes + coll_bytes;
     for (int b = 0; b < c->n_bufs; b++) {
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
@@ -829,8 +846,8 @@ static jdt_status coll_comm(cuda_prog *p, const cnode *n, jdt_cuk_comm **cm, int
 }
 
 /* ALL_GATHER / REDUCE_SCATTER, blocking: NCCL's wire order is (k, outer, blk), so a permuting
- * copy through the staging buffer unless everything before the axis has size 1. A gather moves
- * f32 or bf16 (bytes of esz), a scatter sums f32. */
+ * copy through the step's planned scratch (cuda_scratch_bytes) unless everything before the
+ * axis has size 1. A gather moves f32 or bf16 (bytes of esz), a scatter sums f32. */
 static jdt_status gather_scatter(cuda_prog *p, int s, const cnode *n, float *o, float *in,
                                  jdt_err *e)
 {
@@ -846,7 +863,8 @@ static jdt_status gather_scatter(cuda_prog *p, int s, const cnode *n, float *o, 
         if ((st = copy_bytes(p, o, in, nl * esz, "collective copy", e)) != JDT_OK) return st;
         return gather ? JDT_OK : scale(p, o, nl, n->attrs.f[0], e);
     }
-    float *tmp = p->dcoll;
+    const int sb = p->c->steps[s].scratch_buf;
+    float *tmp = sb >= 0 ? p->ptrs[sb] : NULL;
     if (!tmp) return jdt_err_set(e, JDT_ERR_INTERNAL, "%s: no staging buffer", jdt_op_name(n->op));
     if (gather) {
         if (outer > 1) {
@@ -1001,12 +1019,10 @@ static jdt_status coll_wait(cuda_prog *p, const cstep *sp, jdt_err *e)
             } else if (wire) { /* a bucket: every part r out of segment r */
                 jdt_cuk_wire_bytes(p->cd->k, o, wire, k, outer, blk * cl->esz, seg * cl->esz,
                                    cl->part_off[m] * cl->esz, true);
-            } else if (outer > 1 && k > 1) { /* (k, outer, blk) -> (outer, k, blk) */
-                int64_t esz;
-                gather_kind(n, &esz);
-                st = copy_bytes(p, p->dcoll, o, nf * esz, "all_gather unpermute", e);
-                if (st == JDT_OK)
-                    jdt_cuk_permute_blocks_bytes(p->cd->k, p->dcoll, o, k, outer, blk * esz, true);
+            } else if (outer > 1 && k > 1) { /* fuse.c gives these a wire (wire_gathers) */
+                st = jdt_err_set(e, JDT_ERR_INTERNAL,
+                                 "all_gather: a lone gather past axis 0 "
+                                 "without a wire buffer");
             }
         }
         if (st != JDT_OK) return st;
@@ -1270,6 +1286,7 @@ fail:
 static const jdt_backend_vt cuda_vt = {
     .name = "cuda",
     .bf16_storage = true,
+    .wire_gathers = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
     .source = cuda_source,
@@ -1464,6 +1481,7 @@ static char *aot_describe(const jdt_device *d, char *buf, size_t n)
 static const jdt_backend_vt aot_vt = {
     .name = "cuda (ahead of time)",
     .bf16_storage = true,
+    .wire_gathers = true,
     .scratch_bytes = cuda_scratch_bytes, /* the run's memory plan, exactly */
     .prepare = aot_prepare,
     .source = aot_source,

@@ -442,6 +442,7 @@ static const void *eo_host_ptr(void *state, int node)
 const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .name = "cuda (source only)",
     .bf16_storage = true,
+    .wire_gathers = true,
     .prepare = eo_prepare,
     .source = eo_source,
     .begin = eo_begin,
