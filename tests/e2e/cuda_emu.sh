@@ -63,8 +63,16 @@ compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/gpu16/tiny/metrics.jsonl" "emulate
 for mesh in "2 mesh.fsdp=2" "2 mesh.tensor=2" "4 mesh.data=2 mesh.fsdp=2"; do
   read -r np axes <<<"$mesh"
   tag=${axes// /+}
+  # ahead of time for the mesh (inspect plans rank 0; SPMD: every rank's program is the same
+  # source), then no rank of the run compiles
+  # shellcheck disable=SC2086 # axes: one override per word
+  "$EMU" inspect "${C[@]}" runtime.backend=cuda $axes dist.world_size="$np" --cuda-arch sm_90 >"$TMP/aot" 2>&1 ||
+    { cat "$TMP/aot"; fail "inspect --cuda-arch sm_90 $axes"; }
+  ls "$TMP/cache" | grep -v '\.lock$' > "$TMP/aot.before"
   # shellcheck disable=SC2086 # axes: one override per word
   run "$EMU" "$TMP/$tag" --nproc "$np" "${C[@]}" runtime.backend=cuda $axes
+  ls "$TMP/cache" | grep -v '\.lock$' > "$TMP/aot.after"
+  cmp -s "$TMP/aot.before" "$TMP/aot.after" || { diff "$TMP/aot.before" "$TMP/aot.after"; fail "$axes: a rank compiled what inspect --cuda-arch had compiled"; }
   compare "$TMP/cpu/tiny/metrics.jsonl" "$TMP/$tag/tiny/metrics.jsonl" "$np emulated GPUs, $axes" 1e-4 ||
     fail "$axes losses differ"
 done
