@@ -34,8 +34,11 @@
 #   --cuda-arch sm_$GPU_ARCH` (default 90) into DIR, and stop.
 # Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 43 GiB of arena for jdt-train in bf16, 36 in f32), GPT_STEPS (12),
 #   GPT_PRECISION (bf16: precision.compute of stage 4; f32 = TF32 GEMMs, MFU against 494.7),
-#   PEER_DTYPES ("bf16 f32": the peers' precisions; f32 = TF32 matmuls, what jdt-train computes
-#   in), STAGE_TIMEOUT_S (150),
+#   PEER_DTYPES ("bf16": the peers' precisions, stage 4's; "bf16 f32" adds TF32 matmuls, about
+#   two more minutes of torch.compile and jax.jit), STAGE_TIMEOUT_S (150: one command's limit),
+#   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
+#   start with under 20 s left is skipped and says so, so the summary is always written inside
+#   the device tool's 10-minute command limit),
 #   STAGES (default "2 3 4 5 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
@@ -49,8 +52,9 @@ BUNDLE=${1:-}
 OUT=${OUT:-/tmp/jdt-gpu-check}
 B=${GPT_BATCH:-32}
 STEPS=${GPT_STEPS:-12}
-PEER_DTYPES=${PEER_DTYPES:-bf16 f32}
-TMO=${STAGE_TIMEOUT_S:-150}
+PEER_DTYPES=${PEER_DTYPES:-bf16}
+TMO_MAX=${STAGE_TIMEOUT_S:-150}
+BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
 STAGES=" ${STAGES:-2 3 4 5 6} "
 REHEARSE=${REHEARSE:-0}
@@ -61,12 +65,23 @@ if [ "$REHEARSE" = 1 ]; then
   export JDT_CUDAEMU_DEVICES=${JDT_CUDAEMU_DEVICES:-2}
   SFX=-emu
   GPT_EXTRA=${GPT_EXTRA:-model.n_layer=1 model.n_embd=64 model.n_head=2 model.seq_len=64}
-  B=${GPT_BATCH:-2}; STEPS=${GPT_STEPS:-3}; PEER_DTYPES=f32
+  B=${GPT_BATCH:-2}; STEPS=${GPT_STEPS:-3}; PEER_DTYPES=f32; BUDGET=${BUDGET_S:-1500}
   PEER_ARGS="--device cpu --tiny"
   # the peers' Python: one with torch (Debian's python3-torch here), as the GPU machine's has
   /usr/bin/python3 -c "import torch" 2>/dev/null && PEER_PY=${PEER_PY:-/usr/bin/python3}
 fi
-want() { [[ "$STAGES" == *" $1 "* ]]; }
+# the time a command may take: STAGE_TIMEOUT_S, or what is left of BUDGET_S if less
+tmo() {
+  local left=$((BUDGET - ($(date +%s) - t_all)))
+  [ "$left" -lt "$TMO_MAX" ] && echo $((left > 1 ? left : 1)) || echo "$TMO_MAX"
+}
+want() {
+  [[ "$STAGES" == *" $1 "* ]] || return 1
+  local left=$((BUDGET - ($(date +%s) - t_all)))
+  [ "$left" -ge 20 ] && return 0
+  say "stage $1 skipped: ${left}s left of BUDGET_S=$BUDGET"
+  return 1
+}
 # The runs of stages 3 and 4, as arguments after the binary (PRECOMPILE compiles the same ones).
 tiny_args() { # backend precision -> TINY
   TINY=(train configs/tiny.yaml run.out_dir="$OUT/tiny-$1-$2" run.steps=30 run.eval_every=0
@@ -163,7 +178,7 @@ say "stage 2 tests (check_cuk: every builtin kernel vs the CPU, NCCL one rank; c
 # shares the kernel cache ($JDT_CACHE_DIR) across its tests and with the jdt-train runs below.
 for t in check_cuk check_cuda; do
   case_sel=gpu
-  (cd "$ROOT" && env ${case_sel:+CK_RUN_CASE=$case_sel} timeout "$TMO" "$TESTDIR/$t$SFX" >"$OUT/$t.log" 2>&1); rc=$?
+  (cd "$ROOT" && env ${case_sel:+CK_RUN_CASE=$case_sel} timeout "$(tmo)" "$TESTDIR/$t$SFX" >"$OUT/$t.log" 2>&1); rc=$?
   grep -E "^[0-9]+%|:[EF]:|SKIP" "$OUT/$t.log" | tee -a "$SUMMARY"
   say "stage 2 $t exit $rc"
 done
@@ -176,7 +191,7 @@ if want 3; then
 say "stage 3 tiny: GPU vs CPU loss curves (f32, then bf16 compute)"
 tiny() { # backend precision
   tiny_args "$1" "$2"
-  (cd "$ROOT" && timeout "$TMO" "$BIN" "${TINY[@]}" >"$OUT/tiny-$1-$2.log" 2>&1)
+  (cd "$ROOT" && timeout "$(tmo)" "$BIN" "${TINY[@]}" >"$OUT/tiny-$1-$2.log" 2>&1)
 }
 for prec in f32 bf16; do
   tiny cpu $prec; rc_c=$?; tiny cuda $prec; rc_g=$?
@@ -200,7 +215,7 @@ PY
 done
 # the device memory check: a plan larger than the GPU (~216 GiB of arena) must be one line and
 # exit 1 before its allocation, never a CUDA out-of-memory error mid-step
-(cd "$ROOT" && timeout "$TMO" "$BIN" train configs/tiny.yaml run.out_dir="$OUT/tiny-oom" run.steps=2 \
+(cd "$ROOT" && timeout "$(tmo)" "$BIN" train configs/tiny.yaml run.out_dir="$OUT/tiny-oom" run.steps=2 \
    run.eval_every=0 checkpoint.every=0 runtime.backend=cuda data.batch_size=524288 \
    data.micro_batch_size=524288 >"$OUT/tiny-oom.log" 2>&1); rc=$?
 if [ $rc -eq 1 ] && grep -q "of GPU memory but" "$OUT/tiny-oom.log"; then
@@ -217,7 +232,7 @@ if [ "$GPT_PREC" = bf16 ]; then what="f32 storage, bf16 GEMMs (f32 accumulation)
 else what="f32 storage + TF32 GEMMs, MFU vs dense TF32"; fi
 say "stage 4 gpt2-124m: B=$B T=1024, $STEPS steps, $what"
 gpt_args "$OUT/gpt2"
-(cd "$ROOT" && timeout "$TMO" "$BIN" "${GPT[@]}" >"$OUT/gpt2.log" 2>&1); rc=$?
+(cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2.log" 2>&1); rc=$?
 grep -E "device:|compiled|compiling|MFU reference|precision.compute|GPU memory|device memory" "$OUT/gpt2.log" | tee -a "$SUMMARY"
 tail -3 "$OUT/gpt2.log" | tee -a "$SUMMARY"
 last=$(grep -E "^.*step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2.log" | tail -1)
@@ -229,7 +244,7 @@ fi
 # ---- 4f (not in the default STAGES): stage 4 again with the f32 FMA attention ---------------------
 if want 4f; then
 gpt_args "$OUT/gpt2-fma"
-(cd "$ROOT" && JDT_CUK_ATTENTION=fma timeout "$TMO" "$BIN" "${GPT[@]}" >"$OUT/gpt2-fma.log" 2>&1); rc=$?
+(cd "$ROOT" && JDT_CUK_ATTENTION=fma timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-fma.log" 2>&1); rc=$?
 toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-fma.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 say "stage 4f exit $rc, attention on FMA (JDT_CUK_ATTENTION=fma): ${toks:-?} tok/s against ${JDT_TOKS:-?} with tensor-core attention"
 fi
@@ -241,7 +256,7 @@ for dt in $PEER_DTYPES; do
     want 5 || continue
     say "stage 5 peer $fw --dtype $dt (B=$B)"
     # shellcheck disable=SC2086 # PEER_ARGS: one argument per word
-    PYTHONUNBUFFERED=1 timeout "$TMO" "${PEER_PY:-python3}" "$PEER" --framework $fw --batch "$B" --steps 10 \
+    PYTHONUNBUFFERED=1 timeout "$(tmo)" "${PEER_PY:-python3}" "$PEER" --framework $fw --batch "$B" --steps 10 \
       --dtype "$dt" $PEER_ARGS >"$OUT/peer-$fw-$dt.log" 2>&1; rc=$?
     line=$(grep -E '^\{.*"tokens_per_s"' "$OUT/peer-$fw-$dt.log" | tail -1)
     if [ -n "$line" ]; then
@@ -268,7 +283,7 @@ else
     tag=$(echo "$mesh" | tr ' =.' '__-')
     for be in cpu cuda cuda-blocking; do
       extra=""; [ "$be" = cuda-blocking ] && extra="runtime.overlap_comm=false"
-      (cd "$ROOT" && timeout "$TMO" "$BIN" --nproc 2 configs/tiny.yaml run.out_dir="$OUT/multi-$be-$tag" \
+      (cd "$ROOT" && timeout "$(tmo)" "$BIN" --nproc 2 configs/tiny.yaml run.out_dir="$OUT/multi-$be-$tag" \
          run.steps=20 run.eval_every=0 checkpoint.every=0 runtime.backend=${be%-blocking} $extra $mesh \
          >"$OUT/multi-$be-$tag.log" 2>&1)
       echo "  $mesh $be: exit $?" | tee -a "$SUMMARY"
