@@ -23,7 +23,7 @@
 #
 # Usage: scripts/gpu/check.sh [BUNDLE_DIR]
 #   On the device machine: here `scripts/gpu/bundle.sh .gpu` (ignored by git: name it in the
-#   device tool's carry), there `bash scripts/gpu/check.sh .gpu` with OUT under $OUT.
+#   device tool's carry), there `RESULTS=$OUT bash scripts/gpu/check.sh .gpu` (RESULTS below).
 #   BUNDLE_DIR (made here by scripts/gpu/bundle.sh): bin/jdt-train, bin/check_cu{k,da} built with
 #   make CUDA=1, libs.tar.xz with the C libraries they need (unpacked into /tmp, never /) and
 #   cache/: stages 3 and 4's kernels compiled ahead of time for sm_90 (below), copied into the
@@ -113,7 +113,10 @@ if [ -n "${PRECOMPILE:-}" ]; then
   exit 0
 fi
 mkdir -p "$OUT"
-SUMMARY="$OUT/summary.txt"
+# RESULTS (the device tool's $OUT, which brings back at most 8 files): summary.txt is written
+# there as the stages go, and the main logs are copied there at the end
+[ -n "${RESULTS:-}" ] && mkdir -p "$RESULTS"
+SUMMARY="${RESULTS:-$OUT}/summary.txt"
 : >"$SUMMARY"
 say() { echo "== $*" | tee -a "$SUMMARY"; }
 t_all=$(date +%s)
@@ -304,3 +307,8 @@ fi
 fi
 
 say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"
+if [ -n "${RESULTS:-}" ]; then
+  for f in check_cuk.log check_cuda.log gpt2.log tiny-cuda-bf16.log peer-torch-bf16.log peer-jax-bf16.log; do
+    [ -f "$OUT/$f" ] && tail -c 2000000 "$OUT/$f" > "$RESULTS/$f"
+  done
+fi
