@@ -34,8 +34,8 @@
 #   --cuda-arch sm_$GPU_ARCH` (default 90) into DIR, and stop.
 # Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 43 GiB of arena for jdt-train in bf16, 36 in f32), GPT_STEPS (12),
 #   GPT_PRECISION (bf16: precision.compute of stage 4; f32 = TF32 GEMMs, MFU against 494.7),
-#   PEER_DTYPES ("bf16": the peers' precisions, stage 4's; "bf16 f32" adds TF32 matmuls, about
-#   two more minutes of torch.compile and jax.jit), STAGE_TIMEOUT_S (150: one command's limit),
+#   PEER_DTYPES ("bf16": the peers' precisions, stage 4's; "bf16 f32" adds TF32 matmuls: two
+#   more runs, each with its torch.compile or jax.jit), STAGE_TIMEOUT_S (150: one command's limit),
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
 #   start with under 20 s left is skipped and says so, so the summary is always written inside
 #   the device tool's 10-minute command limit),
