@@ -15,6 +15,9 @@
 #              H100/H200 SXM), peak device memory
 #   5 peers    the same model and batch in PyTorch (torch.compile) and JAX (jax.jit), ratios
 #              (scripts/bench/gpt_peer_gpu.py)
+#   4p profile stage 4's run again for 5 steps with run.profile: the time per kind of kernel
+#              (GEMM, attention, norms, fused groups, collectives) of 3 steps, where the next
+#              optimisation should go (every step is synchronised: its tok/s are not stage 4's)
 #   6 multi    with 2+ GPUs only: tiny on 2 GPUs (mesh.data=2, then mesh.fsdp=2: NCCL all-reduce,
 #              all-gather, reduce-scatter) vs the same mesh on the CPU, and the GPU run again with
 #              runtime.overlap_comm=false (blocking collectives: the same losses); the summary's
@@ -39,7 +42,7 @@
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
 #   start with under 20 s left is skipped and says so, so the summary is always written inside
 #   the device tool's 10-minute command limit),
-#   STAGES (default "2 3 4 5 6": which stages after the probe run; "4f" adds stage 4 again with
+#   STAGES (default "2 3 4 5 4p 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
 #   before a GPU session spends its minutes: build-cuda/jdt-train-emu and the *-emu tests, two
@@ -56,7 +59,7 @@ PEER_DTYPES=${PEER_DTYPES:-bf16}
 TMO_MAX=${STAGE_TIMEOUT_S:-150}
 BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
-STAGES=" ${STAGES:-2 3 4 5 6} "
+STAGES=" ${STAGES:-2 3 4 5 4p 6} "
 REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
@@ -274,6 +277,15 @@ print("%s %s: %.0f tok/s, MFU %.1f%%%s" % (fw, d["dtype"], t, 100 * d["mfu"], r)
     fi
   done
 done
+# ---- 4p: where stage 4's step spends its time ----------------------------------------------------
+if want 4p; then
+say "stage 4p gpt2-124m profile: time per kind of kernel over 3 steps (run.profile: each step synchronised)"
+gpt_args "$OUT/gpt2-prof"
+(cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 run.profile=true run.profile_steps=3 \
+   >"$OUT/gpt2-prof.log" 2>&1); rc=$?
+sed -n '/profile of the compiled step/,/^[^ 0-9]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -45 | tee -a "$SUMMARY"
+say "stage 4p exit $rc"
+fi
 # ---- 6: more than one GPU -------------------------------------------------------------------------
 if want 6; then
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -308,7 +320,8 @@ fi
 
 say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"
 if [ -n "${RESULTS:-}" ]; then
-  for f in check_cuk.log check_cuda.log gpt2.log tiny-cuda-bf16.log peer-torch-bf16.log peer-jax-bf16.log; do
+  for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log tiny-cuda-bf16.log peer-torch-bf16.log \
+           peer-jax-bf16.log; do
     [ -f "$OUT/$f" ] && tail -c 2000000 "$OUT/$f" > "$RESULTS/$f"
   done
 fi
