@@ -21,6 +21,22 @@ bool jdt_device_built(jdt_device_kind kind)
     return kind == JDT_DEVICE_CPU;
 }
 
+/* A device object of kind (the CPU vtable until a backend fills its own), or NULL with ERR_NOMEM.
+ */
+static jdt_device *device_new(jdt_device_kind kind, int index, const char *cache_dir, jdt_err *e)
+{
+    jdt_device *d = jdt_calloc(1, sizeof *d);
+    if (!d) {
+        jdt_err_set(e, JDT_ERR_NOMEM, "device: out of memory");
+        return NULL;
+    }
+    d->kind = kind;
+    d->index = index;
+    if (cache_dir) snprintf(d->cache_dir, sizeof d->cache_dir, "%s", cache_dir);
+    d->vt = &jdt_backend_cpu;
+    return d;
+}
+
 jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_dir, jdt_device **out,
                            jdt_err *e)
 {
@@ -28,12 +44,8 @@ jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_di
     if (!jdt_device_built(kind))
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                            "backend cuda is not built into this binary (build with make CUDA=1)");
-    jdt_device *d = jdt_calloc(1, sizeof *d);
-    if (!d) return jdt_err_set(e, JDT_ERR_NOMEM, "device: out of memory");
-    d->kind = kind;
-    d->index = index;
-    if (cache_dir) snprintf(d->cache_dir, sizeof d->cache_dir, "%s", cache_dir);
-    d->vt = &jdt_backend_cpu;
+    jdt_device *d = device_new(kind, index, cache_dir, e);
+    if (!d) return JDT_ERR_NOMEM;
 #ifdef JDT_CUDA
     if (kind == JDT_DEVICE_CUDA) {
         jdt_status st = jdt_cuda_device_open(d, e);
@@ -50,9 +62,8 @@ jdt_status jdt_device_open(jdt_device_kind kind, int index, const char *cache_di
 jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e)
 {
     *out = NULL;
-    jdt_device *d = jdt_calloc(1, sizeof *d);
-    if (!d) return jdt_err_set(e, JDT_ERR_NOMEM, "device: out of memory");
-    d->kind = JDT_DEVICE_CUDA;
+    jdt_device *d = device_new(JDT_DEVICE_CUDA, 0, NULL, e);
+    if (!d) return JDT_ERR_NOMEM;
     d->vt = &jdt_backend_cuda_emit_only;
     *out = d;
     return JDT_OK;
@@ -66,10 +77,8 @@ jdt_status jdt_device_open_aot(jdt_device_kind kind, int arch, const char *cache
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                            "compiling CUDA kernels ahead of time needs a binary built with make "
                            "CUDA=1 (this one has backends: cpu)");
-    jdt_device *d = jdt_calloc(1, sizeof *d);
-    if (!d) return jdt_err_set(e, JDT_ERR_NOMEM, "device: out of memory");
-    d->kind = kind;
-    if (cache_dir) snprintf(d->cache_dir, sizeof d->cache_dir, "%s", cache_dir);
+    jdt_device *d = device_new(kind, 0, cache_dir, e);
+    if (!d) return JDT_ERR_NOMEM;
 #ifdef JDT_CUDA
     jdt_status st = jdt_cuda_device_open_aot(d, arch, e);
     if (st != JDT_OK) {

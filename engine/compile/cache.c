@@ -487,6 +487,16 @@ void jdt_compile_cache_unlock(const char *dir, uint64_t key, int fd)
     close(fd);
 }
 
+jdt_status jdt_compile_cache_require(const char *dir, uint64_t key, const char *kind, jdt_err *e)
+{
+    char path[1200];
+    jdt_compile_cache_path(dir, key, kind, path, sizeof path);
+    if (access(path, R_OK) == 0) return JDT_OK;
+    return jdt_err_set(e, JDT_ERR_IO,
+                       "compile cache: %s was not stored (is %s writable? see the warning above)",
+                       path, dir);
+}
+
 jdt_status jdt_compile_cache_fetch(const char *dir, uint64_t key, const char *kind, double wait_s,
                                    int64_t max_bytes, jdt_cache_build_fn build, void *ctx,
                                    unsigned char **bytes, size_t *n_bytes, jdt_cache_how *how,

@@ -156,6 +156,23 @@ typedef struct cprog_ {
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;
 
+/* The full tensor of an ALL_GATHER (its output) or REDUCE_SCATTER (its input), and the product
+ * of its dims before the sharded axis (attrs i[1]): the `outer` of the (outer, k, blk) block
+ * order both backends use; 1 when the parts lie back to back. */
+static inline const jdt_shape *jdt_coll_full(const cprog *c, const cnode *n)
+{
+    return n->op == JDT_OP_ALL_GATHER ? &n->shape : &c->nodes[n->in[0]].shape;
+}
+
+static inline int64_t jdt_coll_outer(const cprog *c, const cnode *n)
+{
+    const jdt_shape *full = jdt_coll_full(c, n);
+    int64_t outer = 1;
+    for (int d = 0; d < (int)n->attrs.i[1]; d++)
+        outer *= full->dims[d];
+    return outer;
+}
+
 /* passes.c: copies g into c->nodes with simplification/CSE (unless no_simplify) and DCE. */
 jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e);
 /* fuse.c: groups, schedule and memory plan. */
@@ -244,6 +261,10 @@ jdt_status jdt_compile_cache_fetch(const char *dir, uint64_t key, const char *ki
                                    int64_t max_bytes, jdt_cache_build_fn build, void *ctx,
                                    unsigned char **bytes, size_t *n_bytes, jdt_cache_how *how,
                                    jdt_err *e);
+/* For a caller whose point is the stored entry (an ahead-of-time compile): ERR_IO naming entry
+ * (key, kind) of dir when it is not there, e.g. after jdt_compile_cache_fetch built it but its
+ * store failed, which fetch only warns about. */
+jdt_status jdt_compile_cache_require(const char *dir, uint64_t key, const char *kind, jdt_err *e);
 
 /* The node a read of x really touches: x, or for absorbed strided reads the first node down
  * the chain that is materialised (or a splat). */

@@ -815,17 +815,6 @@ static bool read_only_at_index(const cprog *c, int gi, int b)
     return true;
 }
 
-/* The product of an all-gather's dims before its gathered axis (attrs i[1]): 1 when its parts
- * lie back to back in the full tensor. */
-static int64_t gather_outer(const cprog *c, int node)
-{
-    const cnode *n = &c->nodes[node];
-    int64_t outer = 1;
-    for (int d = 0; d < (int)n->attrs.i[1]; d++)
-        outer *= n->shape.dims[d];
-    return outer;
-}
-
 static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
 {
     const bool bf16_mm = n->op == JDT_OP_MATMUL && n->attrs.i[2];
@@ -894,7 +883,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         }
         if (op == JDT_OP_REDUCE_SCATTER ||
             (op == JDT_OP_ALL_GATHER &&
-             (cl->n_members > 1 || (c->wire_gathers && gather_outer(c, cl->members[0]) > 1)))) {
+             (cl->n_members > 1 ||
+              (c->wire_gathers && jdt_coll_outer(c, &c->nodes[cl->members[0]]) > 1)))) {
             if ((cl->scratch_buf = add_buf(c, JDT_BUF_ARENA, cl->n_elems * cl->esz, -1)) < 0)
                 goto nomem;
             c->bufs[cl->scratch_buf].info.last_step = cl->wait_step;

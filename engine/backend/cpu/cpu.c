@@ -275,12 +275,9 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
 static void coll_dims(const cprog *c, const cnode *n, int64_t *k, int64_t *nf, int64_t *outer,
                       int64_t *blk)
 {
-    const jdt_shape *full = n->op == JDT_OP_ALL_GATHER ? &n->shape : &c->nodes[n->in[0]].shape;
     *k = n->attrs.i[2];
-    *nf = jdt_shape_numel(full);
-    *outer = 1;
-    for (int d = 0; d < (int)n->attrs.i[1]; d++)
-        *outer *= full->dims[d];
+    *nf = jdt_shape_numel(jdt_coll_full(c, n));
+    *outer = jdt_coll_outer(c, n);
     *blk = *outer ? *nf / *k / *outer : 0;
 }
 

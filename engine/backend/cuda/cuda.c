@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define CU_FORMAT "jdt-cuda-cubin-1"
 
@@ -431,14 +430,11 @@ void jdt_device_set_groups(jdt_device *d, jdt_device_group_fn fn, void *ctx)
 static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
 {
     if (n->op == JDT_OP_ALL_GATHER || n->op == JDT_OP_REDUCE_SCATTER) {
-        const jdt_shape *full = n->op == JDT_OP_ALL_GATHER ? &n->shape : &c->nodes[n->in[0]].shape;
-        const int64_t nf = jdt_shape_numel(full), k = n->attrs.i[2] > 0 ? n->attrs.i[2] : 1;
-        int64_t outer = 1;
-        for (int d = 0; d < (int)n->attrs.i[1]; d++)
-            outer *= full->dims[d];
+        int64_t k, nf, nl, outer, blk;
+        coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
         const int64_t esz = (int64_t)jdt_dtype_size(n->dtype);
         /* a gather in NCCL's order needs the full tensor only when it must be permuted */
-        return n->op == JDT_OP_ALL_GATHER && outer == 1 ? nf / k * esz : nf * esz;
+        return n->op == JDT_OP_ALL_GATHER && outer == 1 ? nl * esz : nf * esz;
     }
     if (n->op == JDT_OP_MATMUL) {
         const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
@@ -825,13 +821,10 @@ static jdt_status all_reduce(cuda_prog *p, int s, const cnode *n, void *o, void 
 static void coll_dims(const cprog *c, const cnode *n, int64_t *k, int64_t *nf, int64_t *nl,
                       int64_t *outer, int64_t *blk)
 {
-    const jdt_shape *full = n->op == JDT_OP_ALL_GATHER ? &n->shape : &c->nodes[n->in[0]].shape;
     *k = n->attrs.i[2];
-    *nf = jdt_shape_numel(full);
+    *nf = jdt_shape_numel(jdt_coll_full(c, n));
     *nl = *k ? *nf / *k : 0;
-    *outer = 1;
-    for (int d = 0; d < (int)n->attrs.i[1]; d++)
-        *outer *= full->dims[d];
+    *outer = jdt_coll_outer(c, n);
     *blk = *outer ? *nl / *outer : 0;
 }
 
@@ -1355,20 +1348,6 @@ typedef struct {
     char dir[1024];        /* the compile cache */
 } aot_dev;
 
-typedef struct {
-    char *src;
-    jdt_cuda_launch *launch;
-} aot_prog;
-
-static void aot_release(void *state)
-{
-    aot_prog *p = state;
-    if (!p) return;
-    jdt_free(p->src);
-    jdt_free(p->launch);
-    jdt_free(p);
-}
-
 /* The builtin sources program c launches: the small ones always, each ATTENTION's as
  * jdt_cuk_attention picks it for this arch. */
 static unsigned aot_sources(const cprog *c, int arch)
@@ -1383,38 +1362,29 @@ static unsigned aot_sources(const cprog *c, int arch)
     return src;
 }
 
-/* An entry the AOT compile built must be in the cache (its store only warns at run time). */
-static jdt_status aot_stored(const char *dir, uint64_t key, const char *kind, jdt_err *e)
-{
-    char path[1200];
-    jdt_compile_cache_path(dir, key, kind, path, sizeof path);
-    if (access(path, R_OK) == 0) return JDT_OK;
-    return jdt_err_set(e, JDT_ERR_IO,
-                       "compile cache: %s was not stored (is %s writable? see the warning above)",
-                       path, dir);
-}
-
+/* The emit-only device's prepare (the program's CUDA source, the state every other call of
+ * this device takes), then NVRTC into the cache as cuda_prepare would compile it. */
 static jdt_status aot_prepare(jdt_device *d, const cprog *c, void **state, jdt_err *e)
 {
+    const jdt_backend_vt *eo = &jdt_backend_cuda_emit_only;
     aot_dev *ad = d->impl;
-    *state = NULL;
-    aot_prog *p = jdt_calloc(1, sizeof *p);
-    if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: program");
+    jdt_status st = eo->prepare(d, c, state, e);
+    if (st != JDT_OK) return st;
+    const char *src = eo->source(*state);
     jdt_compile_stats *stats = (jdt_compile_stats *)&c->stats;
     unsigned char *image = NULL;
     size_t n_image = 0;
     char dir[1024]; /* the program's cache, chosen as cuda_prepare chooses it */
     jdt_compile_opts co = c->opts;
     if (d->cache_dir[0]) co.cache_dir = d->cache_dir;
-    jdt_status st = jdt_cuda_codegen(c, &p->src, &p->launch, e);
-    if (st == JDT_OK) st = jdt_compile_cache_dir(&co, dir, sizeof dir, e);
+    st = jdt_compile_cache_dir(&co, dir, sizeof dir, e);
     if (st == JDT_OK)
-        st = cubin_get(dir, p->src, ad->arch, co.cache_max_bytes, &image, &n_image, stats, e);
+        st = cubin_get(dir, src, ad->arch, co.cache_max_bytes, &image, &n_image, stats, e);
     jdt_free(image);
-    if (st == JDT_OK && !stats->cache_hit) {
+    if (st == JDT_OK && !stats->cache_hit) { /* compiled now: it must have been stored */
         char kind[32];
         snprintf(kind, sizeof kind, "sm_%d.cubin", ad->arch);
-        st = aot_stored(dir, cubin_key(p->src, ad->arch), kind, e);
+        st = jdt_compile_cache_require(dir, cubin_key(src, ad->arch), kind, e);
     }
     const unsigned want = aot_sources(c, ad->arch) & ~ad->cuk_done;
     if (st == JDT_OK && want) {
@@ -1422,44 +1392,10 @@ static jdt_status aot_prepare(jdt_device *d, const cprog *c, void **state, jdt_e
         if (st == JDT_OK) ad->cuk_done |= want;
     }
     if (st != JDT_OK) {
-        aot_release(p);
-        return st;
+        eo->release(*state);
+        *state = NULL;
     }
-    *state = p;
-    return JDT_OK;
-}
-
-static const char *aot_source(const void *state)
-{
-    return ((const aot_prog *)state)->src;
-}
-
-static jdt_status aot_unsupported(void *state, jdt_err *e)
-{
-    (void)state;
-    return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                       "run: this device compiles ahead of time only (jdt_device_open_aot)");
-}
-
-static jdt_status aot_step(void *state, int s, jdt_err *e)
-{
-    (void)s;
-    return aot_unsupported(state, e);
-}
-
-static jdt_status aot_noop(void *state, jdt_err *e)
-{
-    (void)state;
-    (void)e;
-    return JDT_OK;
-}
-
-static jdt_status aot_read(void *state, int node, void *dst, size_t n_bytes, jdt_err *e)
-{
-    (void)node;
-    (void)dst;
-    (void)n_bytes;
-    return aot_unsupported(state, e);
+    return st;
 }
 
 static void aot_close(jdt_device *d)
@@ -1478,23 +1414,9 @@ static char *aot_describe(const jdt_device *d, char *buf, size_t n)
     return buf;
 }
 
-static const jdt_backend_vt aot_vt = {
-    .name = "cuda (ahead of time)",
-    .bf16_storage = true,
-    .wire_gathers = true,
-    .scratch_bytes = cuda_scratch_bytes, /* the run's memory plan, exactly */
-    .prepare = aot_prepare,
-    .source = aot_source,
-    .begin = aot_unsupported,
-    .step = aot_step,
-    .finish = aot_noop,
-    .sync = aot_noop,
-    .read = aot_read,
-    .host_ptr = cuda_host_ptr,
-    .release = aot_release,
-    .close = aot_close,
-    .describe = aot_describe,
-};
+/* The emit-only device's vtable (source, and run calls that fail with ERR_UNSUPPORTED) with
+ * the CUDA backend's memory plan and the compile above; filled at the first open. */
+static jdt_backend_vt aot_vt;
 
 jdt_status jdt_cuda_device_open_aot(jdt_device *d, int arch, jdt_err *e)
 {
@@ -1528,6 +1450,15 @@ jdt_status jdt_cuda_device_open_aot(jdt_device *d, int arch, jdt_err *e)
     if (st != JDT_OK) {
         jdt_free(ad);
         return st;
+    }
+    if (!aot_vt.prepare) {
+        jdt_backend_vt vt = jdt_backend_cuda_emit_only;
+        vt.name = "cuda (ahead of time)";
+        vt.scratch_bytes = cuda_scratch_bytes; /* the run's memory plan, exactly */
+        vt.prepare = aot_prepare;
+        vt.close = aot_close;
+        vt.describe = aot_describe;
+        aot_vt = vt;
     }
     d->impl = ad;
     d->vt = &aot_vt;

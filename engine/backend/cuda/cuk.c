@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static const struct {
     const char *file, *name;
@@ -255,16 +254,14 @@ jdt_status jdt_cuk_precompile(int arch, const char *cache_dir, unsigned sources,
         unsigned char *code = NULL;
         size_t n = 0;
         jdt_cache_how how;
-        s = jdt_compile_cache_fetch(cache_dir, source_key(si, target), "cuk", CUK_LOCK_WAIT_S, 0,
-                                    build_source, &b, &code, &n, &how, e);
+        const uint64_t key = source_key(si, target);
+        s = jdt_compile_cache_fetch(cache_dir, key, "cuk", CUK_LOCK_WAIT_S, 0, build_source, &b,
+                                    &code, &n, &how, e);
         jdt_free(code);
         if (s != JDT_OK) return s;
-        char path[1200]; /* compiled for the cache: a store that failed (only a warning at run
-                          * time) fails here */
-        jdt_compile_cache_path(cache_dir ? cache_dir : "", source_key(si, target), "cuk", path,
-                               sizeof path);
-        if (how == JDT_CACHE_BUILT && cache_dir && *cache_dir && access(path, R_OK) != 0)
-            return jdt_err_set(e, JDT_ERR_IO, "compile cache: %s was not stored", path);
+        /* compiled for the cache: a store that failed (a warning at run time) fails here */
+        if (cache_dir && *cache_dir && (s = jdt_compile_cache_require(cache_dir, key, "cuk", e)))
+            return s;
         ++*(how == JDT_CACHE_BUILT ? n_built : n_cached);
     }
     return JDT_OK;
