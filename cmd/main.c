@@ -57,7 +57,8 @@ typedef struct {
     const char *ckpt;            /* --ckpt PATH */
     bool no_compile;             /* inspect --no-compile */
     bool compile;                /* inspect --compile */
-    int cuda_arch;               /* inspect --cuda-arch sm_NN: NN (0: not given) */
+    int cuda_arch[JDT_MAX_CUDA_ARCHS]; /* inspect --cuda-arch sm_NN[,sm_MM...]: NN, MM ... */
+    int n_cuda_arch;                   /* how many (0: not given) */
     bool profile;                /* train --profile */
     char **prompts;              /* --prompt TEXT, repeatable (n_prompts) */
     int n_prompts;
@@ -117,7 +118,7 @@ static const subcommand SUBCOMMANDS[] = {
      FLAG_LOG_LEVEL | FLAG_PROFILE, true},
     {"inspect", cmd_inspect, "validate a config and summarise it, or print the schema",
      "usage: jdt-train inspect CONFIG [key.path=value ...] [--compile | --no-compile]\n"
-     "                         [--cuda-arch sm_NN] [--print-config] [--log-level LEVEL]\n"
+     "                         [--cuda-arch sm_NN[,sm_MM...]] [--print-config] [--log-level LEVEL]\n"
      "       jdt-train inspect --schema[=markdown]\n"
      "\n"
      "Resolves and validates CONFIG exactly as train does, then prints a summary: the model,\n"
@@ -133,7 +134,8 @@ static const subcommand SUBCOMMANDS[] = {
      "                      time, cache hit/miss; it warms the compile cache)\n"
      "  --cuda-arch sm_NN   runtime.backend cuda: compile the step's kernels and the builtin\n"
      "                      kernels it launches with NVRTC for GPUs of that architecture\n"
-     "                      (sm_90: H100/H200) into the compile cache, here, without a GPU;\n"
+     "                      (sm_90: H100/H200; a list such as sm_80,sm_90 compiles for each)\n"
+     "                      into the compile cache, here, without a GPU;\n"
      "                      a run on such a GPU with the same runtime.cache_dir then starts\n"
      "                      without compiling (needs a build with make CUDA=1)\n"
      "  --no-compile        print the summary only, without planning the step\n"
@@ -292,12 +294,29 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                        (strcmp(s, "--cuda-arch") == 0 || strncmp(s, "--cuda-arch=", 12) == 0)) {
                 const char *v = s[11] == '=' ? s + 12 : i + 1 < argc ? argv[++i] : NULL;
                 if (!v) return usage_error(cmd, "--cuda-arch needs %s", "an architecture such as sm_90");
-                if (strncmp(v, "sm_", 3) == 0) v += 3;
-                char *end = NULL;
-                long x = strtol(v, &end, 10);
-                if (end == v || *end || x < 10 || x > 999)
-                    return usage_error(cmd, "--cuda-arch: %s is not an architecture such as sm_90 (H100/H200) or sm_80 (A100)", v);
-                a->cuda_arch = (int)x;
+                /* a comma-separated list: one compile per architecture (a cluster of A100s
+                 * and H100s, one cache) */
+                a->n_cuda_arch = 0;
+                for (const char *p = v;;) {
+                    const char *q = strchr(p, ',');
+                    size_t len = q ? (size_t)(q - p) : strlen(p);
+                    char one[32];
+                    if (len >= sizeof one) len = sizeof one - 1;
+                    memcpy(one, p, len);
+                    one[len] = 0;
+                    const char *d = strncmp(one, "sm_", 3) == 0 ? one + 3 : one;
+                    char *end = NULL;
+                    long x = strtol(d, &end, 10);
+                    if (end == d || *end || x < 10 || x > 999)
+                        return usage_error(cmd, "--cuda-arch: %s is not an architecture such as sm_90 (H100/H200) or sm_80 (A100)", one);
+                    if (a->n_cuda_arch == JDT_MAX_CUDA_ARCHS)
+                        return usage_error(cmd, "--cuda-arch: %s", "more than 8 architectures");
+                    for (int k = 0; k < a->n_cuda_arch; k++)
+                        if (a->cuda_arch[k] == x) return usage_error(cmd, "--cuda-arch: %s is listed twice", one);
+                    a->cuda_arch[a->n_cuda_arch++] = (int)x;
+                    if (!q) break;
+                    p = q + 1;
+                }
                 a->compile = true;
             } else if ((cmd->flags & FLAG_CKPT) && strcmp(s, "--ckpt") == 0) {
                 if (i + 1 >= argc) return usage_error(cmd, "--ckpt needs a %s", "path");
@@ -528,7 +547,7 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         bool runs = jdt_train_check_capabilities(&c, &e) == JDT_OK;
         if (!runs) printf("not runnable by this build: %s\n", e.msg);
         fflush(stdout);
-        if (a->cuda_arch && (c.runtime.backend != JDT_BACKEND_CUDA || !runs)) {
+        if (a->n_cuda_arch && (c.runtime.backend != JDT_BACKEND_CUDA || !runs)) {
             /* asked to fill the cache for a GPU: not doing it is an error, not a summary */
             if (c.runtime.backend != JDT_BACKEND_CUDA)
                 fprintf(stderr, "jdt-train: error: --cuda-arch compiles for runtime.backend: cuda, "
@@ -540,7 +559,7 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         }
         if (!a->no_compile && runs) {
             jdt_err_clear(&e);
-            jdt_status st = jdt_train_inspect(&c, a->compile, a->cuda_arch, stdout, &e);
+            jdt_status st = jdt_train_inspect(&c, a->compile, a->cuda_arch, a->n_cuda_arch, stdout, &e);
             if (st != JDT_OK) {
                 fprintf(stderr, "jdt-train: error: %s\n", e.msg);
                 jdt_config_free(&c);

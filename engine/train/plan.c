@@ -304,8 +304,10 @@ static jdt_status check_planner_memory(const jdt_config *cfg, jdt_err *e)
         (long long)layers, (double)need / 1073741824.0, (double)avail / 1073741824.0, src);
 }
 
-jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, int cuda_arch, FILE *f,
-                             jdt_err *e)
+/* One inspect for one CUDA architecture (0: none). brief: only the compile line (a further
+ * architecture of a list, after the first printed the summary). */
+static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch, bool brief,
+                              FILE *f, jdt_err *e)
 {
     const int world = jdt_config_mesh_size(cfg);
     if (world == 0)
@@ -372,6 +374,14 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, int cuda_arch,
         if ((st = jdt_compile_check_arena(arenas, e)) != JDT_OK) goto out;
     }
 
+    if (brief) { /* compile with sm_<cuda_arch> only: the step was printed for the first */
+        char desc[1400];
+        fprintf(f, "  compile        %.2fs (NVRTC %.2fs for sm_%d), cache %s: %s\n"
+                   "  device         %s\n",
+                dt, sm ? sm->cc_s : 0.0, cuda_arch, sm && sm->cache_hit ? "hit" : "miss",
+                sm ? sm->so_path : "-", jdt_device_describe(dev, desc, sizeof desc));
+        goto out;
+    }
     const int64_t rows =
         cfg->data.micro_batch_size /
         jdt_mesh_group_size(&mesh, jdt_shard_batch_axes(&mesh, &cfg->sharding.rules));
@@ -437,5 +447,24 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, int cuda_arch,
 out:
     jdt_step_free(step);
     jdt_device_close(dev);
+    return st;
+}
+
+jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, const int *cuda_arch, int n_arch,
+                             FILE *f, jdt_err *e)
+{
+    /* every architecture is checked before any is compiled: a typo in the list's tail is
+     * one line, not a minute of NVRTC and then an error */
+    for (int i = 0; i < n_arch; i++) {
+        jdt_device *d = NULL;
+        jdt_status st = jdt_device_open_aot(
+            JDT_DEVICE_CUDA, cuda_arch[i],
+            cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL, &d, e);
+        jdt_device_close(d);
+        if (st != JDT_OK) return st;
+    }
+    jdt_status st = inspect_one(cfg, compile, n_arch > 0 ? cuda_arch[0] : 0, false, f, e);
+    for (int i = 1; i < n_arch && st == JDT_OK; i++)
+        st = inspect_one(cfg, compile, cuda_arch[i], true, f, e);
     return st;
 }

@@ -185,11 +185,14 @@ jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *
  * rules; a -1 mesh axis, which only a process count fills in), ERR_COMPILE ... cfg must pass
  * jdt_train_check_capabilities (the caller checks). runtime.backend cuda plans with the CUDA
  * backend's emitter (no GPU needed); with compile it emits the CUDA source, and with cuda_arch
- * (> 0: sm_<cuda_arch>, a CUDA build) it compiles that source and the builtin kernels the step
+ * (sm_<cuda_arch[i]>, a CUDA build) it compiles that source and the builtin kernels the step
  * launches with NVRTC into the compile cache (runtime.cache_dir), as a run on such a GPU would
- * (jdt_device_open_aot): ERR_UNSUPPORTED without CUDA, ERR_CONFIG for an arch NVRTC lacks. */
-jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, int cuda_arch, FILE *f,
-                             jdt_err *e);
+ * (jdt_device_open_aot): ERR_UNSUPPORTED without CUDA, ERR_CONFIG for an arch NVRTC lacks.
+ * cuda_arch lists n_arch (0..JDT_MAX_CUDA_ARCHS) architectures: the summary is printed once,
+ * for the first, and each further one adds its compile line; the first failure stops. */
+#define JDT_MAX_CUDA_ARCHS 8
+jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, const int *cuda_arch, int n_arch,
+                             FILE *f, jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
  * loss over cfg->run.eval_steps batches. dist NULL: one process; else every rank of the job

@@ -46,15 +46,26 @@ if [ -n "$IBIN" ]; then
       n=$((n + 1))
     done
     [ $n -ge 1 ] || { ls -l "$TMP/aot"; fail "no sm_90 cubin stored"; }
-    "$IBIN" inspect "${A[@]}" --cuda-arch=90 >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "second inspect --cuda-arch failed"; }
-    grep -q "cache hit" "$TMP/out" && grep -q "builtin kernel sources: 0 compiled, 3 found" "$TMP/out" ||
-      { cat "$TMP/out"; fail "second inspect --cuda-arch compiled again"; }
-    echo "inspect --cuda-arch sm_90 (no GPU): $n program cubins + 3 builtin sources stored; a second inspect compiled nothing"
-    # an architecture NVRTC lacks, or not one at all: one line, exit 2
-    for bad in "sm_95:cannot compile for sm_95; it compiles for: .*sm_90" "gpu9:is not an architecture"; do
+    # a list: sm_90 again (all found), then sm_86 (compiled: its own cubins and builtins)
+    "$IBIN" inspect "${A[@]}" --cuda-arch=90,sm_86 >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; fail "inspect --cuda-arch=90,sm_86 failed"; }
+    grep -qE "NVRTC .* for sm_90\), cache hit" "$TMP/out" && grep -q "sm_90, .*builtin kernel sources: 0 compiled, 3 found" "$TMP/out" ||
+      { cat "$TMP/out"; fail "second inspect --cuda-arch compiled sm_90 again"; }
+    grep -qE "NVRTC .* for sm_86\), cache miss" "$TMP/out" && grep -q "sm_86, .*builtin kernel sources: 3 compiled, 0 found" "$TMP/out" ||
+      { cat "$TMP/out"; fail "inspect --cuda-arch=90,sm_86 did not compile for sm_86"; }
+    [ "$(grep -c "^  compile " "$TMP/out")" -eq 2 ] && [ "$(grep -c "^compiled step" "$TMP/out")" -eq 1 ] ||
+      { cat "$TMP/out"; fail "a list of two archs: expected one summary and two compile lines"; }
+    m=$(ls "$TMP/aot" | wc -l)
+    [ "$(ls "$TMP/aot"/*.sm_86.cubin | wc -l)" -eq $n ] && [ "$(ls "$TMP/aot"/*.cuk | wc -l)" -eq 6 ] ||
+      { ls -l "$TMP/aot"; fail "expected $n sm_86 cubins and 6 builtin entries"; }
+    echo "inspect --cuda-arch sm_90 (no GPU): $n program cubins + 3 builtin sources stored; --cuda-arch=90,sm_86 found those and compiled sm_86's"
+    # an architecture NVRTC lacks, or not one at all, also in a list's tail, or one listed
+    # twice: one line, exit 2, nothing compiled
+    for bad in "sm_95:cannot compile for sm_95; it compiles for: .*sm_90" "gpu9:is not an architecture" \
+      "sm_80,sm_95:cannot compile for sm_95" "sm_80,:is not an architecture" "sm_80,80:listed twice"; do
       "$IBIN" inspect "${A[@]}" --cuda-arch "${bad%%:*}" >"$TMP/out" 2>"$TMP/err"; rc=$?
       [ $rc -eq 2 ] && [ "$(grep -c 'jdt-train: ' "$TMP/err")" -eq 1 ] && grep -q "${bad#*:}" "$TMP/err" ||
         { cat "$TMP/err"; fail "--cuda-arch ${bad%%:*}: exit $rc, expected 2 and one line saying why"; }
+      [ "$(ls "$TMP/aot" | wc -l)" -eq "$m" ] || { ls -l "$TMP/aot"; fail "--cuda-arch ${bad%%:*} compiled something"; }
     done
   fi
   # a CPU config, or a build without CUDA: --cuda-arch compiles nothing, which is an error
