@@ -376,8 +376,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
 
     if (brief) { /* compile with sm_<cuda_arch> only: the step was printed for the first */
         char desc[1400];
-        fprintf(f, "  compile        %.2fs (NVRTC %.2fs for sm_%d), cache %s: %s\n"
-                   "  device         %s\n",
+        fprintf(f,
+                "  compile        %.2fs (NVRTC %.2fs for sm_%d), cache %s: %s\n"
+                "  device         %s\n",
                 dt, sm ? sm->cc_s : 0.0, cuda_arch, sm && sm->cache_hit ? "hit" : "miss",
                 sm ? sm->so_path : "-", jdt_device_describe(dev, desc, sizeof desc));
         goto out;
@@ -457,9 +458,9 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, const int *cud
      * one line, not a minute of NVRTC and then an error */
     for (int i = 0; i < n_arch; i++) {
         jdt_device *d = NULL;
-        jdt_status st = jdt_device_open_aot(
-            JDT_DEVICE_CUDA, cuda_arch[i],
-            cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL, &d, e);
+        jdt_status st =
+            jdt_device_open_aot(JDT_DEVICE_CUDA, cuda_arch[i],
+                                cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL, &d, e);
         jdt_device_close(d);
         if (st != JDT_OK) return st;
     }

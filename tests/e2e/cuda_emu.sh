@@ -57,6 +57,12 @@ grep -q "precision.compute bf16: cuBLASLt" "$TMP/err" || { cat "$TMP/err"; fail 
 # the same rounding points but the attention forward's (docs/backend.md): seen 1e-5
 compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/gpu16/tiny/metrics.jsonl" "emulated GPU, bf16" 1e-3 ||
   fail "bf16 losses differ"
+# the elementwise kernels' vector form (4 elements per thread, float4 / bf16 x 4 accesses) computes
+# every element as the scalar form does: the same losses to the last digit
+JDT_CUDA_VEC=0 run "$EMU" "$TMP/gpu16s" "${C[@]}" runtime.backend=cuda precision.compute=bf16
+losses "$TMP/gpu16/tiny/metrics.jsonl" > "$TMP/a"; losses "$TMP/gpu16s/tiny/metrics.jsonl" > "$TMP/b"
+[ "$(wc -l < "$TMP/a")" -eq 6 ] && cmp -s "$TMP/a" "$TMP/b" || { paste "$TMP/a" "$TMP/b"; fail "JDT_CUDA_VEC=0 changed the losses"; }
+echo "emulated GPU, bf16: scalar elementwise kernels (JDT_CUDA_VEC=0) give the vector kernels' losses exactly"
 
 # data x fsdp: two communicators per process (the data group's all-reduce, the fsdp group's
 # gathers and reduce-scatters) on one NCCL stream

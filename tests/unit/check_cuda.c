@@ -92,6 +92,33 @@ static void build_elementwise(fx *f)
     out(f, jdt_graph_cast(g, jdt_graph_select(g, xi, xd, jdt_graph_neg(g, xd)), JDT_DTYPE_F32));
 }
 
+/* Elementwise kernels whose innermost extent is a multiple of 4 (emit.c's vectorised form: a
+ * thread owns 4 consecutive elements): contiguous reads and writes as float4, a broadcast
+ * innermost dim (one load per thread), a transposed and a slice-offset read (per element,
+ * beside vector writes), the ops that read the flat index (dropout, iota, the causal mask), an
+ * i32 store, fused and unfused. */
+static void build_vector(fx *f)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -3, 3, 6, 8, 12);
+    jdt_tensor *y = FX_INPUT(f, "y", JDT_DTYPE_F32, -3, 3, 6, 8, 12);
+    jdt_tensor *row = FX_INPUT(f, "row", JDT_DTYPE_F32, -1, 1, 6, 1, 12);
+    jdt_tensor *col = FX_INPUT(f, "col", JDT_DTYPE_F32, -1, 1, 6, 8, 1);
+    jdt_tensor *sq = FX_INPUT(f, "sq", JDT_DTYPE_F32, -1, 1, 6, 12, 8);
+    jdt_tensor *stp = jdt_graph_input(g, "stp", JDT_DTYPE_I32, 0, NULL, NULL);
+    f->leaf[f->n] = stp, f->lo[f->n] = 3, f->hi[f->n] = 4, f->n++;
+    out(f, jdt_graph_gelu(g, jdt_graph_add(g, x, y)));
+    out(f, jdt_graph_mul_bcast(g, x, row));
+    out(f, jdt_graph_add_bcast(g, jdt_graph_tanh(g, y), col));
+    out(f, jdt_graph_sub(g, x, jdt_graph_transpose(g, sq, (int[]){0, 2, 1})));
+    out(f, jdt_graph_exp(g, jdt_graph_slice(g, x, 2, 1, 9)));
+    out(f, jdt_graph_dropout(g, jdt_graph_mul(g, x, y), stp, 0.3, 99));
+    out(f, jdt_graph_iota(g, JDT_DTYPE_F32, 2, (int64_t[]){6, 16}, 1));
+    out(f, jdt_graph_causal_mask(g, JDT_DTYPE_F32, 12));
+    out(f, jdt_graph_select(g, jdt_graph_gt(g, x, y), x, jdt_graph_mul_scalar(g, y, 2.0)));
+    out(f, jdt_graph_cast(g, jdt_graph_mul_scalar(g, x, 10.0), JDT_DTYPE_I32));
+}
+
 static void build_shape_reduce(fx *f)
 {
     jdt_graph *g = f->g;
@@ -286,6 +313,7 @@ static const struct {
 } GRAPHS[] = {
     {"elementwise", build_elementwise, 1e-5, 1e-5},
     {"shape_reduce", build_shape_reduce, 1e-4, 1e-4},
+    {"vector", build_vector, 1e-5, 1e-5},
     /* TF32 GEMMs (10-bit mantissa): ~1e-3 relative on these small K */
     {"builtins", build_builtins, 5e-3, 5e-3},
     {"update", build_update, 1e-5, 1e-5},
@@ -425,6 +453,10 @@ START_TEST(test_nvrtc_op_graphs)
         check_source(GRAPHS[i].name, jdt_program_source(p), jdt_program_stats(p)->n_kernels);
         if (strcmp(GRAPHS[i].name, "shape_reduce") == 0) /* the long reductions are split */
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "_done[tile]"));
+        if (strcmp(GRAPHS[i].name, "vector") == 0) { /* 4 elements per thread */
+            ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "= jdt_ld4(r"));
+            ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "jdt_st4(w"));
+        }
         jdt_program_free(p);
     }
     jdt_device_close(d);

@@ -4,7 +4,9 @@
  *
  *   elementwise  a grid-stride loop over the flat domain index; the nest's (collapsed) indices
  *                are recovered with div/mod by literal extents; every access is its affine
- *                offset; members are the same value expressions as on the CPU.
+ *                offset; members are the same value expressions as on the CPU. When the
+ *                innermost extent allows (vec_width), a thread owns 4 consecutive elements and
+ *                contiguous f32 / bf16 accesses are single float4 / ushort4 ones (emit_vec_body).
  *   reduction    a block of 256 threads per tile of outputs: (1 x 256) when the innermost dim
  *                is reduced (a row per block, threads stride along the row), (32 x 8) when the
  *                innermost dim is kept (32 adjacent outputs per block so reads coalesce, 8
@@ -19,6 +21,7 @@
 #include "backend/backend-impl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define RED_THREADS 256
@@ -59,24 +62,51 @@ static const char PRELUDE[] =
     "jdt_bf16_ld(jdt_bf16_st(x)); }\n"
     "static __device__ __forceinline__ float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
     "(1.0f / 16777216.0f); }\n"
+    /* vector loads and stores of elementwise kernels (emit_vec): 4 floats (16 bytes) or 4 bf16
+     * (8 bytes) at an offset that is a multiple of 4 in a buffer aligned to 64 bytes; the host
+     * emulator traps on a misaligned one, which a GPU would fault on */
+    "#ifdef JDT_CUK_EMU\n"
+    "#define JDT_VEC_ALIGNED(p, n) do { if ((unsigned long long)(p) % (n)) __trap(); } while (0)\n"
+    "#else\n"
+    "#define JDT_VEC_ALIGNED(p, n) do { } while (0)\n"
+    "#endif\n"
+    "static __device__ __forceinline__ float4 jdt_ld4(const float *p)\n"
+    "{ JDT_VEC_ALIGNED(p, 16); return *(const float4 *)p; }\n"
+    "static __device__ __forceinline__ void jdt_st4(float *p, float4 v)\n"
+    "{ JDT_VEC_ALIGNED(p, 16); *(float4 *)p = v; }\n"
+    "static __device__ __forceinline__ ushort4 jdt_ldh4(const uint16_t *p)\n"
+    "{ JDT_VEC_ALIGNED(p, 8); return *(const ushort4 *)p; }\n"
+    "static __device__ __forceinline__ void jdt_sth4(uint16_t *p, ushort4 v)\n"
+    "{ JDT_VEC_ALIGNED(p, 8); *(ushort4 *)p = v; }\n"
     "extern \"C\" __global__ void jdt_scale(float *x, long long n, float s)\n{\n"
     "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
     "         i += (long long)gridDim.x * blockDim.x)\n"
     "        x[i] *= s;\n}\n\n";
 
-/* Offset of access a in the index type ("base + stride * ik ..."). */
-static void offset32(const jdt_nest *N, int a, bool wide, char *out, size_t n)
+/* Offset of access a in the index type ("base + stride * ik ..."); the innermost dim's index
+ * is named `last` when given (a vector's first element, b<k>), else i<k> like the others. */
+static void offset_at(const jdt_nest *N, int a, bool wide, const char *last, char *out, size_t n)
 {
     const char *sfx = wide ? "LL" : "";
     size_t off = (size_t)snprintf(out, n, "%lld%s", (long long)N->acc[a].base, sfx);
     for (int k = 0; k < N->n && off < n; k++) {
         int64_t s = N->acc[a].stride[k];
+        char ik[24];
         if (s == 0) continue;
-        if (s == 1)
-            off += (size_t)snprintf(out + off, n - off, " + i%d", k);
+        if (last && k == N->n - 1)
+            snprintf(ik, sizeof ik, "%s", last);
         else
-            off += (size_t)snprintf(out + off, n - off, " + %lld%s * i%d", (long long)s, sfx, k);
+            snprintf(ik, sizeof ik, "i%d", k);
+        if (s == 1)
+            off += (size_t)snprintf(out + off, n - off, " + %s", ik);
+        else
+            off += (size_t)snprintf(out + off, n - off, " + %lld%s * %s", (long long)s, sfx, ik);
     }
+}
+
+static void offset32(const jdt_nest *N, int a, bool wide, char *out, size_t n)
+{
+    offset_at(N, a, wide, NULL, out, n);
 }
 
 /* True when 64-bit indices are needed: some extent product or access offset reaches 2^31. */
@@ -131,8 +161,18 @@ static void emit_loads(jdt_sbuf *s, const jdt_nest *N, bool wide)
 }
 
 /* Recovers indices i<k> for the dims with kept[k] == want (all dims when all) from `var`. */
+static void emit_decompose_v(jdt_sbuf *s, const jdt_nest *N, const char *I, const char *var,
+                             bool all, bool want, int vec);
+
 static void emit_decompose(jdt_sbuf *s, const jdt_nest *N, const char *I, const char *var, bool all,
                            bool want)
+{
+    emit_decompose_v(s, N, I, var, all, want, 1);
+}
+
+/* As emit_decompose, the innermost dim counted in vectors of vec elements (its extent / vec). */
+static void emit_decompose_v(jdt_sbuf *s, const jdt_nest *N, const char *I, const char *var,
+                             bool all, bool want, int vec)
 {
     int last = -1;
     for (int k = 0; k < N->n; k++)
@@ -146,9 +186,11 @@ static void emit_decompose(jdt_sbuf *s, const jdt_nest *N, const char *I, const 
             if (all || N->kept[j] == want) first_dim = false;
         if (first_dim)
             jdt_sb_printf(s, "        const %s i%d = q_%s;\n", I, k, var);
-        else
-            jdt_sb_printf(s, "        const %s i%d = q_%s %% %lld; q_%s /= %lld;\n", I, k, var,
-                          (long long)N->dims[k], var, (long long)N->dims[k]);
+        else {
+            const long long ext = (long long)(k == N->n - 1 ? N->dims[k] / vec : N->dims[k]);
+            jdt_sb_printf(s, "        const %s i%d = q_%s %% %lld; q_%s /= %lld;\n", I, k, var, ext,
+                          var, ext);
+        }
     }
 }
 
@@ -187,6 +229,130 @@ static red_plan plan_reduce(const jdt_nest *N)
     return r;
 }
 
+/* How an elementwise kernel of vector width VEC reaches an access (emit_vec). */
+typedef enum {
+    VA_SCALAR, /* an element per lane: a strided or non-float access */
+    VA_VEC,    /* VEC consecutive elements at an offset that is a multiple of VEC: one vector */
+    VA_BCAST   /* the same element for every lane (innermost stride 0): one load */
+} vec_access;
+
+#define VEC 4
+
+static vec_access classify_vec(const jdt_nest *N, int a)
+{
+    const jdt_access *x = &N->acc[a];
+    const int in = N->n - 1;
+    if (a == N->flat) return VA_SCALAR;
+    if (x->stride[in] == 0 && !x->write) return VA_BCAST;
+    const cnode *nd = &N->c->nodes[x->node];
+    if (x->stride[in] != 1 || (!nd->bf16 && nd->dtype != JDT_DTYPE_F32) || x->base % VEC)
+        return VA_SCALAR;
+    for (int k = 0; k < in; k++)
+        if (x->stride[k] % VEC) return VA_SCALAR;
+    return VA_VEC;
+}
+
+/* The vector width of an elementwise group: VEC when its innermost extent is a multiple of VEC
+ * and some access is a vector (a contiguous f32 or bf16 read or write), else 1. JDT_CUDA_VEC=0
+ * turns it off (to measure it against the scalar kernels on a GPU). */
+static int vec_width(const jdt_nest *N)
+{
+    const char *env = getenv("JDT_CUDA_VEC");
+    if ((env && strcmp(env, "0") == 0) || N->dims[N->n - 1] % VEC) return 1;
+    for (int a = 0; a < N->n_acc; a++)
+        if (classify_vec(N, a) == VA_VEC) return VEC;
+    return 1;
+}
+
+/* The body of a vectorised elementwise kernel: a thread owns VEC consecutive elements along the
+ * innermost dim (indices b<in> .. b<in> + VEC - 1). Vector accesses load (store) once per
+ * thread as float4 / ushort4, broadcast ones once, strided ones per element; the members'
+ * expressions are emitted once per element (lane), as the scalar kernel's, with i<in> the
+ * lane's index, so every value is computed exactly as there. */
+static void emit_vec_body(jdt_sbuf *s, const jdt_nest *N, bool wide, const char *I)
+{
+    const cprog *c = N->c;
+    const cgroup *g = N->g;
+    const int in = N->n - 1;
+    static const char comp[VEC] = {'x', 'y', 'z', 'w'};
+    char off[512], base[24];
+    snprintf(base, sizeof base, "b%d", in);
+    jdt_sb_printf(s, "        const %s b%d = i%d * %d;\n", I, in, in, VEC);
+    for (int a = 0; a < N->n_acc; a++) {
+        vec_access k = classify_vec(N, a);
+        const jdt_access *x = &N->acc[a];
+        if (k == VA_SCALAR) continue;
+        const cnode *nd = &c->nodes[x->node];
+        offset_at(N, a, wide, base, off, sizeof off);
+        if (k == VA_BCAST) {
+            if (nd->bf16)
+                jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a, off);
+            else
+                jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(nd->dtype), a,
+                              a, off);
+        } else if (x->write) {
+            jdt_sb_printf(s, "        %s W%d;\n", nd->bf16 ? "ushort4" : "float4", a);
+        } else {
+            jdt_sb_printf(s, "        const %s X%d = %s(r%d + (%s));\n",
+                          nd->bf16 ? "ushort4" : "float4", a, nd->bf16 ? "jdt_ldh4" : "jdt_ld4", a,
+                          off);
+        }
+    }
+    for (int j = 0; j < VEC; j++) {
+        jdt_sb_printf(s, "        {\n        const %s i%d = b%d + %d;\n", I, in, in, j);
+        for (int a = 0; a < N->n_acc; a++) {
+            const jdt_access *x = &N->acc[a];
+            if (x->write) continue;
+            if (a == N->flat) {
+                offset32(N, a, wide, off, sizeof off);
+                jdt_sb_printf(s, "        const int64_t flat = %s;\n", off);
+                continue;
+            }
+            const cnode *nd = &c->nodes[x->node];
+            vec_access k = classify_vec(N, a);
+            if (k == VA_VEC) {
+                if (nd->bf16)
+                    jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(X%d.%c);\n", a, a,
+                                  comp[j]);
+                else
+                    jdt_sb_printf(s, "        const float x%d = X%d.%c;\n", a, a, comp[j]);
+            } else if (k == VA_SCALAR) {
+                offset32(N, a, wide, off, sizeof off);
+                if (nd->bf16)
+                    jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a,
+                                  off);
+                else
+                    jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(nd->dtype),
+                                  a, a, off);
+            }
+        }
+        for (int i = 0; i < g->n_members; i++)
+            jdt_nest_value(s, N, g->members[i]);
+        for (int a = 0; a < N->n_acc; a++) {
+            const jdt_access *x = &N->acc[a];
+            if (!x->write) continue;
+            const bool h = c->nodes[x->node].bf16;
+            if (classify_vec(N, a) == VA_VEC) {
+                jdt_sb_printf(
+                    s, h ? "        W%d.%c = jdt_bf16_st(v%d);\n" : "        W%d.%c = v%d;\n", a,
+                    comp[j], x->node);
+            } else {
+                offset32(N, a, wide, off, sizeof off);
+                jdt_sb_printf(
+                    s, h ? "        w%d[%s] = jdt_bf16_st(v%d);\n" : "        w%d[%s] = v%d;\n", a,
+                    off, x->node);
+            }
+        }
+        jdt_sb_printf(s, "        }\n");
+    }
+    for (int a = 0; a < N->n_acc; a++) {
+        if (!N->acc[a].write || classify_vec(N, a) != VA_VEC) continue;
+        offset_at(N, a, wide, base, off, sizeof off);
+        jdt_sb_printf(s, "        %s(w%d + (%s), W%d);\n",
+                      c->nodes[N->acc[a].node].bf16 ? "jdt_sth4" : "jdt_st4", a, off, a);
+    }
+}
+
 static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda_launch *L,
                        jdt_err *e, jdt_status *st)
 {
@@ -219,6 +385,8 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         int64_t total = 1;
         for (int k = 0; k < N.n; k++)
             total *= N.dims[k];
+        const int vec = vec_width(&N);
+        total /= vec; /* threads: one per vector */
         int64_t blocks = (total + RED_THREADS - 1) / RED_THREADS;
         L->grid_x =
             (int)(blocks < JDT_CUDA_MAX_GRID ? (blocks > 0 ? blocks : 1) : JDT_CUDA_MAX_GRID);
@@ -229,7 +397,12 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
                       "    for (%s t = (%s)blockIdx.x * %d + (%s)threadIdx.x; t < %lld; t += "
                       "(%s)gridDim.x * %d) {\n",
                       I, I, RED_THREADS, I, (long long)total, I, RED_THREADS);
-        emit_decompose(s, &N, I, "t", true, true);
+        emit_decompose_v(s, &N, I, "t", true, true, vec);
+        if (vec > 1) {
+            emit_vec_body(s, &N, wide, I);
+            jdt_sb_printf(s, "    }\n}\n\n");
+            return;
+        }
         emit_loads(s, &N, wide);
         for (int i = 0; i < g->n_members; i++)
             jdt_nest_value(s, &N, g->members[i]);
