@@ -33,7 +33,8 @@
 typedef struct {
     int *start; /* (n_nodes + 1) CSR offsets */
     int *users;
-    unsigned char *kept; /* (n_nodes) 1: a graph output or an update value (must be stored) */
+    unsigned char *kept; /* (n_nodes) 1: a graph output or an update value, or a bf16 copy fused
+                            into its producer's group (fuse_bf16_copies): must be stored */
 } user_lists;
 
 static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
@@ -195,6 +196,63 @@ static void mark_bf16_storage(cprog *c, const user_lists *u)
         if (!builtin && c->groups[n->group].is_reduce && c->groups[n->group].root == i) continue;
         if (read_by_bf16_gemms_only(c, u, i)) mark_bf16_views(c, u, i);
     }
+}
+
+/* stats.n_bf16_converted: the operands bf16 GEMMs convert at every call (stored in f32). */
+static void count_bf16_converted(cprog *c)
+{
+    for (int i = 0; i < c->n_nodes; i++) {
+        const cnode *n = &c->nodes[i];
+        if (n->live && n->op == JDT_OP_MATMUL && n->attrs.i[2])
+            c->stats.n_bf16_converted += !c->nodes[n->in[0]].bf16 + !c->nodes[n->in[1]].bf16;
+    }
+}
+
+/* A CAST to bf16 alone in its group whose input is computed at the loop index by an elementwise
+ * group of the same domain (a bf16 GEMM's copy of a cotangent that the bias gradient and the
+ * residual path read in f32: ops.c vjp_MATMUL) joins that group as a stored member: the kernel
+ * that computes the value stores its bf16 copy too, instead of a kernel of its own re-reading
+ * it. The producer's other readers kept it out of the cast's group (joinable). The cast's index
+ * is past the group's root, which is where the group runs: every reader of the copy comes later
+ * still. Its empty group is dropped. Returns false when out of memory. */
+static bool fuse_bf16_copies(cprog *c, user_lists *u)
+{
+    int moved = 0;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *n = &c->nodes[i];
+        if (n->op != JDT_OP_CAST || n->dtype != JDT_DTYPE_BF16 || n->kind != CK_EW ||
+            n->group < 0 || c->groups[n->group].n_members != 1)
+            continue;
+        const cnode *x = &c->nodes[n->in[0]];
+        if (x->group < 0 || (x->kind != CK_EW && x->kind != CK_MAP)) continue;
+        cgroup *h = &c->groups[x->group];
+        if (h->is_reduce || !jdt_shape_eq(&h->domain, &n->shape) ||
+            !jdt_shape_eq(&x->shape, &n->shape) || h->n_in_bound + 1 > JDT_GROUP_MAX_READS ||
+            h->n_stores + 1 > JDT_GROUP_MAX_STORES)
+            continue;
+        c->groups[n->group].n_members = 0; /* dropped below */
+        c->groups[n->group].root = -1;
+        u->kept[i] = 1; /* stored from inside the group: builtins read it */
+        if (!group_add(c, u, x->group, i)) return false;
+        moved++;
+    }
+    if (!moved) return true;
+    int *map = jdt_malloc(sizeof(int) * ((size_t)c->n_groups + 1)), k = 0;
+    if (!map) return false;
+    for (int g = 0; g < c->n_groups; g++) {
+        if (c->groups[g].root < 0) {
+            jdt_free(c->groups[g].members);
+            map[g] = -1;
+            continue;
+        }
+        map[g] = k;
+        c->groups[k++] = c->groups[g];
+    }
+    c->n_groups = k;
+    for (int i = 0; i < c->n_nodes; i++)
+        if (c->nodes[i].group >= 0) c->nodes[i].group = map[c->nodes[i].group];
+    jdt_free(map);
+    return true;
 }
 
 static void sort_members(cgroup *g)
@@ -658,11 +716,18 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
             goto out;
         }
     }
+    if (!c->opts.no_fuse && !fuse_bf16_copies(c, &u)) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: fusion groups");
+        goto out;
+    }
     for (int g = 0; g < c->n_groups; g++)
         sort_members(&c->groups[g]);
 
     st = schedule(c, &u, e);
-    if (st == JDT_OK) mark_bf16_storage(c, &u);
+    if (st == JDT_OK) {
+        mark_bf16_storage(c, &u);
+        count_bf16_converted(c);
+    }
 out:
     jdt_free(u.start);
     jdt_free(u.users);

@@ -392,12 +392,13 @@ char *jdt_program_summary(const jdt_program *p, char *buf, size_t n)
     const jdt_compile_stats *s = &p->c.stats;
     snprintf(buf, n,
              "ops %d -> %d; steps %d (%d fused kernels, %d builtin); in-place %d, donated "
-             "updates %d, copied updates %d; bf16-stored %d; arena %.2f MiB; %.3g GFLOP/step; "
+             "updates %d, copied updates %d; bf16-stored %d, bf16 GEMM operands converted per "
+             "call %d; arena %.2f MiB; %.3g GFLOP/step; "
              "compile %.2fs (cc %.2fs, cache %s: %s)",
              s->n_ops_in, s->n_ops_out, s->n_steps, s->n_kernels, s->n_builtin, s->n_inplace,
-             s->n_donated, s->n_update_copies, s->n_bf16_stored, (double)s->arena_bytes / 1048576.0,
-             s->flops_per_step / 1e9, s->compile_s, s->cc_s, s->cache_hit ? "hit" : "miss",
-             s->so_path);
+             s->n_donated, s->n_update_copies, s->n_bf16_stored, s->n_bf16_converted,
+             (double)s->arena_bytes / 1048576.0, s->flops_per_step / 1e9, s->compile_s, s->cc_s,
+             s->cache_hit ? "hit" : "miss", s->so_path);
     return buf;
 }
 

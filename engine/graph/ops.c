@@ -715,12 +715,29 @@ static jdt_tensor *mm(jdt_graph *g, jdt_tensor *a, jdt_tensor *b, bool ta, bool 
 static void vjp_matmul_f(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                          jdt_tensor **dx);
 
-/* The gradient GEMMs compute in the precision of the forward one (attrs i[2]). */
+/* The gradient GEMMs compute in the precision of the forward one (attrs i[2]). A bf16 GEMM's
+ * gradient GEMMs both round the f32 cotangent dy to bf16: under the cast form
+ * (jdt_graph_bf16_weights) they read one CAST of it instead, which the compiler fuses into dy's
+ * producer (a bf16 store beside the f32 one the bias gradient and the residual path read), so
+ * the backend converts nothing per GEMM; the same numbers (both round to nearest even). Not
+ * for the cross-entropy's dlogits: the compiler stores that as bf16 itself when only GEMMs read
+ * it (fuse.c mark_bf16_storage), and a CAST would make it an f32 store plus a copy. */
 static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                        jdt_tensor **dx)
 {
     bool prev = jdt_graph_matmul_bf16(g);
-    jdt_graph_set_matmul_bf16(g, node->attrs.i[2] != 0);
+    const bool bf16 = node->attrs.i[2] != 0;
+    jdt_graph_set_matmul_bf16(g, bf16);
+    jdt_tensor *src = dy;
+    while (src && src->op == JDT_OP_RESHAPE)
+        src = src->inputs[0];
+    if (bf16 && dy && dy->dtype == JDT_DTYPE_F32 && jdt_graph_bf16_weights(g) &&
+        src->op != JDT_OP_SOFTMAX_XENT_BWD && (need[0] || need[1])) {
+        /* cast before the reshapes (a view of the copy), so the cast reads its producer at
+         * the loop index and can join its kernel */
+        jdt_tensor *c = jdt_graph_cast(g, src, JDT_DTYPE_BF16);
+        dy = src == dy ? c : jdt_graph_reshape(g, c, dy->shape.ndim, dy->shape.dims);
+    }
     vjp_matmul_f(g, node, dy, need, dx);
     jdt_graph_set_matmul_bf16(g, prev);
 }

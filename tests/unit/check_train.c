@@ -251,12 +251,20 @@ static void bf16_grads(const jdt_config *cfg, bool cast_weights, bool jit, doubl
     for (int i = 0; i < m.n_params; i++)
         jdt_graph_add_output(g, grads[i]);
     /* the casts: one per parameter at most, each of a parameter, read by GEMMs only; no GEMM
-     * reads a parameter directly when there are casts */
+     * reads a parameter directly when there are casts. The backward's other casts are of the
+     * cotangents the gradient GEMMs read (ops.c vjp_MATMUL): none without weight casts, at
+     * least one per GEMM weight (here: a dy per GEMM but the cross-entropy's) with them */
     *n_casts = 0;
+    int n_dy_casts = 0;
     for (int i = 0; i < jdt_graph_n_nodes(g); i++) {
         const jdt_tensor *t = jdt_graph_node(g, i);
+        if (t->op == JDT_OP_CAST && t->dtype == JDT_DTYPE_BF16 &&
+            t->inputs[0]->op != JDT_OP_PARAM) {
+            ck_assert_int_eq(t->inputs[0]->dtype, JDT_DTYPE_F32);
+            n_dy_casts++;
+            continue;
+        }
         if (t->op == JDT_OP_CAST && t->dtype == JDT_DTYPE_BF16) {
-            ck_assert_int_eq(t->inputs[0]->op, JDT_OP_PARAM);
             for (int j = 0; j < i; j++) {
                 const jdt_tensor *u = jdt_graph_node(g, j);
                 ck_assert(!(u->op == JDT_OP_CAST && u->dtype == JDT_DTYPE_BF16 &&
@@ -265,6 +273,8 @@ static void bf16_grads(const jdt_config *cfg, bool cast_weights, bool jit, doubl
             (*n_casts)++;
         }
     }
+    if (!cast_weights) ck_assert_int_eq(n_dy_casts, 0);
+    if (cast_weights) ck_assert_int_ge(n_dy_casts, *n_casts - 1);
     for (int i = 0; i < jdt_graph_n_nodes(g) && *n_casts; i++) {
         const jdt_tensor *t = jdt_graph_node(g, i);
         if (t->op == JDT_OP_MATMUL)
@@ -381,7 +391,7 @@ END_TEST
  * it), and with storage forced off it is no smaller. The eval program runs in the train
  * step's arena. Planner numbers only, nothing runs. */
 static int64_t planned_arena(const char *prec, const char *remat, bool no_storage,
-                             int *n_bf16, bool *eval_shared)
+                             int *n_bf16, int *n_conv, bool *eval_shared)
 {
     char p[64], r[64];
     snprintf(p, sizeof p, "precision.compute=%s", prec);
@@ -405,6 +415,7 @@ static int64_t planned_arena(const char *prec, const char *remat, bool no_storag
     const jdt_compile_stats *m = jdt_step_prog_stats(s, JDT_STEP_PROG_MAIN);
     int64_t a = m->arena_bytes;
     *n_bf16 = m->n_bf16_stored;
+    *n_conv = m->n_bf16_converted;
     *eval_shared = jdt_step_prog_stats(s, JDT_STEP_PROG_EVAL)->arena_shared;
     jdt_step_free(s);
     jdt_config_free(&c);
@@ -415,19 +426,27 @@ START_TEST(test_bf16_plan_smaller)
 {
     const char *remats[2] = {"none", "block"};
     for (int k = 0; k < 2; k++) {
-        int n32, n16, n16off;
+        int n32, n16, n16off, c32, c16, c16off;
         bool sh32, sh16, sh16off;
-        int64_t a32 = planned_arena("f32", remats[k], false, &n32, &sh32);
-        int64_t a16 = planned_arena("bf16", remats[k], false, &n16, &sh16);
-        int64_t a16off = planned_arena("bf16", remats[k], true, &n16off, &sh16off);
-        printf("remat %s: planned train arena f32 %lld, bf16 %lld (%d values stored as bf16), "
-               "bf16 without bf16 storage %lld\n", remats[k], (long long)a32, (long long)a16, n16,
-               (long long)a16off);
+        int64_t a32 = planned_arena("f32", remats[k], false, &n32, &c32, &sh32);
+        int64_t a16 = planned_arena("bf16", remats[k], false, &n16, &c16, &sh16);
+        int64_t a16off = planned_arena("bf16", remats[k], true, &n16off, &c16off, &sh16off);
+        printf("remat %s: planned train arena f32 %lld, bf16 %lld (%d values stored as bf16, "
+               "%d GEMM operands converted per call), bf16 without bf16 storage %lld (%d "
+               "converted)\n", remats[k], (long long)a32, (long long)a16, n16, c16,
+               (long long)a16off, c16off);
         ck_assert_int_eq(n32, 0);
-        /* without the compiler's bf16 storage only the bf16 weight copies (one CAST per GEMM
-         * weight: q, k, v, o, fc, proj in each of 3 blocks and the tied embedding) are bf16;
-         * block remat recomputes a block's casts with the rest of it for the backward */
-        ck_assert_int_eq(n16off, k == 0 ? 6 * 3 + 1 : 2 * 6 * 3 + 1);
+        ck_assert_int_eq(c32, 0);
+        /* without the compiler's bf16 storage only the bf16 CASTs are: one per GEMM weight (q,
+         * k, v, o, fc, proj in each of 3 blocks and the tied embedding; block remat recomputes
+         * a block's with the rest of it for the backward) and one per cotangent the gradient
+         * GEMMs read (the same six per block; the cross-entropy's dlogits is not cast) */
+        ck_assert_int_eq(n16off, (k == 0 ? 6 * 3 + 1 : 2 * 6 * 3 + 1) + 6 * 3);
+        /* with it, no bf16 GEMM converts an operand at every call: the forward's activations
+         * are stored as bf16 and the backward's cotangents are cast once, in the kernel that
+         * computes them; without it, the activations are converted */
+        ck_assert_int_eq(c16, 0);
+        ck_assert_int_gt(c16off, 0);
         ck_assert_int_ge(n16, n16off + 4); /* per block at least: ln1, ln2, attention out, gelu */
         ck_assert_msg(a16 < a16off, "remat %s: bf16 storage %lld not below %lld", remats[k],
                       (long long)a16, (long long)a16off);
