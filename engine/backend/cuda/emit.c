@@ -252,6 +252,12 @@ static vec_access classify_vec(const jdt_nest *N, int a)
     return VA_VEC;
 }
 
+/* Registers a thread may hold in vector loads and stores (a float4 is 4, a bf16 x 4 is 2): a
+ * group with more (a wide fused update reading dozens of tensors) stays scalar rather than
+ * spill them to local memory; the limit leaves most of __launch_bounds__(256)'s 255 registers
+ * to the members' values. */
+#define VEC_MAX_REGS 96
+
 /* The vector width of an elementwise group: VEC when its innermost extent is a multiple of VEC
  * and some access is a vector (a contiguous f32 or bf16 read or write), else 1. JDT_CUDA_VEC=0
  * turns it off (to measure it against the scalar kernels on a GPU). */
@@ -259,9 +265,13 @@ static int vec_width(const jdt_nest *N)
 {
     const char *env = getenv("JDT_CUDA_VEC");
     if ((env && strcmp(env, "0") == 0) || N->dims[N->n - 1] % VEC) return 1;
+    int regs = 0, n_vec = 0;
     for (int a = 0; a < N->n_acc; a++)
-        if (classify_vec(N, a) == VA_VEC) return VEC;
-    return 1;
+        if (classify_vec(N, a) == VA_VEC) {
+            n_vec++;
+            regs += N->c->nodes[N->acc[a].node].bf16 ? VEC / 2 : VEC;
+        }
+    return n_vec > 0 && regs <= VEC_MAX_REGS ? VEC : 1;
 }
 
 /* The body of a vectorised elementwise kernel: a thread owns VEC consecutive elements along the
