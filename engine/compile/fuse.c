@@ -141,6 +141,31 @@ static bool absorbable(const cprog *c, const user_lists *u, int i)
     return true;
 }
 
+/* A broadcast that members of several groups read at their loop index (a norm weight in the
+ * forward and the backward, an optimizer scalar over every parameter of one shape): each
+ * group reads its input with stride 0 (nest.c read_reader) instead of one kernel writing the
+ * whole broadcast tensor for them all to read back, which costs its size in the arena from
+ * the first reader to the last (a layer norm's weight, B x T x C floats, from the forward to
+ * the backward) and a pass over it. XLA gets the same by duplicating broadcasts into their
+ * consumers. Not for builtins or views, which read buffers. */
+static bool broadcast_absorbable(const cprog *c, const user_lists *u, int i)
+{
+    if (c->opts.no_fuse || c->nodes[i].op != JDT_OP_BROADCAST || is_kept(u, i) ||
+        u->start[i + 1] == u->start[i])
+        return false;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        const int ui = u->users[k];
+        const cnode *un = &c->nodes[ui];
+        if (un->absorbed) continue; /* a strided read composing onto this one */
+        if (un->group < 0) return false;
+        if (un->kind == CK_EW && !(un->op == JDT_OP_DROPOUT && un->in[1] == i)) continue;
+        if (un->kind == CK_MAP) continue;
+        if (un->kind == CK_REDUCE && c->groups[un->group].root == ui) continue;
+        return false;
+    }
+    return true;
+}
+
 static bool splat_needs_buffer(const cprog *c, const user_lists *u, int i)
 {
     if (is_kept(u, i)) return true;
@@ -705,6 +730,10 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
             continue;
         } else if (n->kind == CK_EW || n->kind == CK_MAP) {
             gi = joinable(c, &u, i);
+            if (gi < 0 && broadcast_absorbable(c, &u, i)) {
+                n->absorbed = true;
+                continue;
+            }
             if (gi < 0) gi = new_group(c, i, &n->shape, false);
         } else if (n->kind == CK_REDUCE) {
             gi = new_group(c, i, &c->nodes[n->in[0]].shape, true);

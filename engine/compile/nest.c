@@ -256,19 +256,28 @@ void jdt_nest_offset(const jdt_nest *N, int a, char *out, size_t n)
 /* ---- values ---------------------------------------------------------------------------------- */
 
 /* The expression naming input k of member m: a literal, a member value or a loaded read. */
+/* The reader of member m's input k, as accesses record it: m itself for a strided read (MAP),
+ * the absorbed strided read when the input is one (a broadcast several groups read, fuse.c
+ * broadcast_absorbable), else -1 (a read at the loop index). */
+static int read_reader(const cprog *c, const cnode *m, int k)
+{
+    if (m->kind == CK_MAP) return (int)(m - c->nodes);
+    return c->nodes[m->in[k]].absorbed ? m->in[k] : -1;
+}
+
 void jdt_nest_operand(const jdt_nest *N, const cnode *m, int k, char *out, size_t n)
 {
     const cprog *c = N->c;
     int x = cnode_read_src(c, m->in[k]);
     const cnode *xn = &c->nodes[x];
+    const int r = read_reader(c, m, k);
     if (xn->kind == CK_SPLAT)
         jdt_nest_lit(out, n, xn->dtype, xn->splat);
-    else if (xn->group == m->group && m->group >= 0 && m->kind != CK_MAP)
+    else if (xn->group == m->group && m->group >= 0 && r < 0)
         snprintf(out, n, "v%d", x);
     else {
         for (int a = 0; a < N->n_acc; a++)
-            if (!N->acc[a].write && N->acc[a].node == x &&
-                N->acc[a].reader == (m->kind == CK_MAP ? (int)(m - c->nodes) : -1)) {
+            if (!N->acc[a].write && N->acc[a].node == x && N->acc[a].reader == r) {
                 snprintf(out, n, "x%d", a);
                 return;
             }
@@ -544,8 +553,8 @@ jdt_status jdt_nest_build(const cprog *c, int gi, jdt_nest *N, jdt_err *e)
         for (int k = 0; k < m->n_in; k++) {
             int xi = cnode_read_src(c, m->in[k]);
             const cnode *x = &c->nodes[xi];
-            if (x->kind == CK_SPLAT || (x->group == gi && m->kind != CK_MAP)) continue;
-            int r = m->kind == CK_MAP ? g->members[i] : -1;
+            const int r = read_reader(c, m, k);
+            if (x->kind == CK_SPLAT || (x->group == gi && r < 0)) continue;
             if (add_access(N, xi, r, false) < 0) goto too_many;
         }
         if (m->store && add_access(N, g->members[i], -1, true) < 0) goto too_many;

@@ -599,6 +599,41 @@ START_TEST(test_scatter_add_fold)
 }
 END_TEST
 
+/* A broadcast read by several groups (a norm weight in the forward and the backward, a scalar
+ * over many tensors, a row statistic along the last dim) is read through stride 0 by each
+ * (fuse.c broadcast_absorbable) instead of materialised: the same values as the interpreter
+ * (also under a transpose and inside a reduction), and no kernel for any of the broadcasts. */
+START_TEST(test_broadcast_shared)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 6, 8, 12);
+    jdt_tensor *w = FX_INPUT(&f, "w", JDT_DTYPE_F32, -1, 1, 12, 12);
+    jdt_tensor *gain = FX_INPUT(&f, "gain", JDT_DTYPE_F32, 0.5, 1.5, 12);
+    jdt_tensor *sc = FX_INPUT(&f, "sc", JDT_DTYPE_F32, 0.5, 1.5, 1);
+    jdt_tensor *row = FX_INPUT(&f, "row", JDT_DTYPE_F32, -1, 1, 6, 8, 1);
+    jdt_tensor *gb = jdt_graph_broadcast(g, gain, 3, (int64_t[]){6, 8, 12});
+    jdt_tensor *sb = jdt_graph_broadcast(g, sc, 3, (int64_t[]){6, 8, 12});
+    jdt_tensor *rb = jdt_graph_broadcast(g, row, 3, (int64_t[]){6, 8, 12});
+    /* each broadcast read on both sides of a GEMM (a builtin: the groups cannot merge) */
+    jdt_tensor *h = jdt_graph_mul(g, jdt_graph_mul(g, x, gb), jdt_graph_add(g, sb, rb));
+    jdt_tensor *y = jdt_graph_matmul(g, h, w, false, false);
+    out(&f, jdt_graph_add(g, jdt_graph_mul(g, y, gb), jdt_graph_mul(g, rb, sb)));
+    out(&f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, gb, y), 3u, false));
+    out(&f, jdt_graph_exp(g, jdt_graph_transpose(g, jdt_graph_mul(g, y, rb), (int[]){2, 0, 1})));
+    fx_fill(&f, 11);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, 1e-5, 1e-6, true);
+    /* h's group, the output's, the reduction, y * rb and the transpose's group (a strided
+     * read of a buffer): 5 kernels; a kernel per materialised broadcast would make 8 */
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 5);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
 /* opts.share_arena: a program runs in a larger program's arena (no allocation of its own),
  * both stay right when they run alternately; a lender too small is not used. */
 START_TEST(test_shared_arena)
@@ -1047,6 +1082,7 @@ int main(void)
     tcase_add_test(tc, test_transformer_block_adam);
     tcase_add_test(tc, test_bf16_compute);
     tcase_add_test(tc, test_scatter_add_fold);
+    tcase_add_test(tc, test_broadcast_shared);
     tcase_add_test(tc, test_shared_arena);
     tcase_add_test(tc, test_bf16_storage);
     tcase_add_test(tc, test_bf16_storage_portable);
