@@ -83,6 +83,16 @@ for mesh in "2 mesh.fsdp=2" "2 mesh.tensor=2" "4 mesh.data=2 mesh.fsdp=2"; do
     fail "$axes losses differ"
 done
 
+# odd sizes (C = 66: a 66-float norm weight puts the next gradient's slot of the data
+# all-reduce's bucket 8 bytes past a 16-byte boundary): the elementwise kernels read such a
+# slot one element per thread, not as float4 (a misaligned vector access: a fault on a GPU, a
+# trap on the emulator)
+O=(model.n_embd=66 model.n_head=2)
+run "$BIN" "$TMP/cpu66" "${C[@]}" "${O[@]}"
+run "$EMU" "$TMP/gpu66" --nproc 2 "${C[@]}" "${O[@]}" runtime.backend=cuda mesh.data=2
+compare "$TMP/cpu66/tiny/metrics.jsonl" "$TMP/gpu66/tiny/metrics.jsonl" "2 emulated GPUs, mesh.data=2, C=66" 1e-4 ||
+  fail "C=66 data=2 losses differ"
+
 # FSDP's gathers and reduce-scatters are bucketed on CUDA as on the CPU (segmented wire buffers,
 # docs/backend.md): the CUDA step issues the CPU step's calls, and its losses equal those of
 # one call per tensor (runtime.bucket_mb=0) bit for bit (the same sums, other packing)

@@ -247,6 +247,12 @@ static vec_access classify_vec(const jdt_nest *N, int a)
     const cnode *nd = &N->c->nodes[x->node];
     if (x->stride[in] != 1 || (!nd->bf16 && nd->dtype != JDT_DTYPE_F32) || x->base % VEC)
         return VA_SCALAR;
+    /* the buffer must start on the vector's size: leaves (own cudaMalloc, 256-byte input slots)
+     * and arena buffers (64-byte offsets) do, but a slot of an all-reduce bucket sits right
+     * after the previous member's bytes (fuse.c: slots side by side) */
+    const cbuf *cb = &N->c->bufs[nd->buf];
+    if (cb->info.kind == JDT_BUF_ARENA && cb->info.offset % (nd->bf16 ? 2 * VEC : 4 * VEC))
+        return VA_SCALAR;
     for (int k = 0; k < in; k++)
         if (x->stride[k] % VEC) return VA_SCALAR;
     return VA_VEC;
