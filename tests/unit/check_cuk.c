@@ -958,6 +958,8 @@ START_TEST(test_attention)
         check_attention(k, 1, 2, 130, 64, 0, bf);  /* d64, full head */
         check_attention(k, 1, 2, 65, 64, 31u, bf); /* every input (B, T, H, D) */
         check_attention(k, 1, 1, 45, 80, 5u, bf);  /* d128 class, mixed layouts */
+        check_attention(k, 1, 2, 40, 30, 2u, bf);  /* D not a multiple of 4: tiles loaded one
+                                                      element per thread */
         if (!emulated_gpu()) /* GPT-2's heads, many blocks per SM (a minute on the emulator) */
             check_attention(k, 2, 12, 1024, 64, 0, bf);
         check_attention(k, 1, 1, 1, 8, 0, bf); /* one token */
