@@ -425,6 +425,11 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         fprintf(f,
                 "  memory         %.1f MiB planned peak of intermediates (micro-batch program)\n",
                 (double)sm->arena_bytes / 1048576.0);
+        if (cfg->precision.compute == JDT_DTYPE_BF16) /* docs/compiler.md, bf16 storage */
+            fprintf(f,
+                    "  bf16           %d values stored as bf16, %d bf16 GEMM operands converted "
+                    "at every call (micro-batch program)\n",
+                    sm->n_bf16_stored, sm->n_bf16_converted);
         if (compile && dev && cuda_arch > 0) {
             char desc[1400];
             fprintf(f,

@@ -83,6 +83,12 @@ for mesh in "2 mesh.fsdp=2" "2 mesh.tensor=2" "4 mesh.data=2 mesh.fsdp=2"; do
     fail "$axes losses differ"
 done
 
+# bf16 compute under FSDP on 2 emulated GPUs: bf16 weight gathers, the backward's cotangent
+# casts built on the partitioned graph, against the one-process CPU bf16 run
+run "$EMU" "$TMP/fsdp16" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 mesh.fsdp=2
+compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/fsdp16/tiny/metrics.jsonl" "2 emulated GPUs, mesh.fsdp=2, bf16" 1e-3 ||
+  fail "bf16 fsdp=2 losses differ"
+
 # odd sizes (C = 66: a 66-float norm weight puts the next gradient's slot of the data
 # all-reduce's bucket 8 bytes past a 16-byte boundary): the elementwise kernels read such a
 # slot one element per thread, not as float4 (a misaligned vector access: a fault on a GPU, a

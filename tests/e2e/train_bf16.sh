@@ -29,6 +29,21 @@ for s in 1 2 3; do
   close "$(loss bf16 $s)" "$(loss interp $s)" 1e-4 || fail "step $s: compiled bf16 $(loss bf16 $s) vs interpreter $(loss interp $s)"
 done
 
+# inspect shows the bf16 plan: values stored as bf16, and no GEMM operand converted at every
+# call (the backward's cotangents are cast once, in the kernel that computes them)
+"$BIN" inspect configs/tiny.yaml precision.compute=bf16 >"$TMP/inspect" 2>"$TMP/inspect.err" || { cat "$TMP/inspect.err"; fail "inspect bf16"; }
+grep -qE "^  bf16 +[1-9][0-9]* values stored as bf16, 0 bf16 GEMM operands converted" "$TMP/inspect" ||
+  { cat "$TMP/inspect"; fail "inspect bf16: no bf16 line, or operands converted per call"; }
+# the same on a mesh (the backward is built on the partitioned graph): data x fsdp, tensor
+for m in "mesh.data=2 mesh.fsdp=2" "mesh.data=1 mesh.tensor=2"; do
+  # shellcheck disable=SC2086 # one override per word
+  "$BIN" inspect configs/tiny.yaml precision.compute=bf16 $m >"$TMP/inspect" 2>"$TMP/inspect.err" || { cat "$TMP/inspect.err"; fail "inspect bf16 $m"; }
+  grep -qE "^  bf16 +[1-9][0-9]* values stored as bf16, 0 bf16 GEMM operands converted" "$TMP/inspect" ||
+    { grep "^  bf16" "$TMP/inspect"; fail "inspect bf16 $m: operands converted per call"; }
+done
+"$BIN" inspect configs/tiny.yaml >"$TMP/inspect32" 2>&1 || fail "inspect f32"
+grep -q "values stored as bf16" "$TMP/inspect32" && fail "inspect f32 prints a bf16 line"
+
 JDT_BF16_NO_DNNL=1 run portable run.steps=3 precision.compute=bf16
 grep -qi "warn.*precision.compute bf16: .*bf16-rounded inputs" "$TMP/portable.err" || { cat "$TMP/portable.err"; fail "portable path not announced"; }
 for s in 1 2 3; do
