@@ -309,8 +309,11 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                     long x = strtol(d, &end, 10);
                     if (end == d || *end || x < 10 || x > 999)
                         return usage_error(cmd, "--cuda-arch: %s is not an architecture such as sm_90 (H100/H200) or sm_80 (A100)", one);
-                    if (a->n_cuda_arch == JDT_MAX_CUDA_ARCHS)
-                        return usage_error(cmd, "--cuda-arch: %s", "more than 8 architectures");
+                    if (a->n_cuda_arch == JDT_MAX_CUDA_ARCHS) {
+                        char lim[16];
+                        snprintf(lim, sizeof lim, "%d", JDT_MAX_CUDA_ARCHS);
+                        return usage_error(cmd, "--cuda-arch: more than %s architectures", lim);
+                    }
                     for (int k = 0; k < a->n_cuda_arch; k++)
                         if (a->cuda_arch[k] == x) return usage_error(cmd, "--cuda-arch: %s is listed twice", one);
                     a->cuda_arch[a->n_cuda_arch++] = (int)x;

@@ -304,6 +304,19 @@ static jdt_status check_planner_memory(const jdt_config *cfg, jdt_err *e)
         (long long)layers, (double)need / 1073741824.0, (double)avail / 1073741824.0, src);
 }
 
+/* The compile and device lines of an ahead-of-time CUDA compile for sm_<arch> (sm: the
+ * micro-batch program's stats, NULL under the interpreter). */
+static void print_aot_compile(FILE *f, double dt, const jdt_compile_stats *sm, int arch,
+                              jdt_device *dev)
+{
+    char desc[1400];
+    fprintf(f,
+            "  compile        %.2fs (NVRTC %.2fs for sm_%d), cache %s: %s\n"
+            "  device         %s\n",
+            dt, sm ? sm->cc_s : 0.0, arch, sm && sm->cache_hit ? "hit" : "miss",
+            sm ? sm->so_path : "-", jdt_device_describe(dev, desc, sizeof desc));
+}
+
 /* One inspect for one CUDA architecture (0: none). brief: only the compile line (a further
  * architecture of a list, after the first printed the summary). */
 static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch, bool brief,
@@ -375,12 +388,7 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
     }
 
     if (brief) { /* compile with sm_<cuda_arch> only: the step was printed for the first */
-        char desc[1400];
-        fprintf(f,
-                "  compile        %.2fs (NVRTC %.2fs for sm_%d), cache %s: %s\n"
-                "  device         %s\n",
-                dt, sm ? sm->cc_s : 0.0, cuda_arch, sm && sm->cache_hit ? "hit" : "miss",
-                sm ? sm->so_path : "-", jdt_device_describe(dev, desc, sizeof desc));
+        print_aot_compile(f, dt, sm, cuda_arch, dev);
         goto out;
     }
     const int64_t rows =
@@ -431,12 +439,7 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
                     "at every call (micro-batch program)\n",
                     sm->n_bf16_stored, sm->n_bf16_converted);
         if (compile && dev && cuda_arch > 0) {
-            char desc[1400];
-            fprintf(f,
-                    "  compile        %.2fs (NVRTC %.2fs for sm_%d), cache %s: %s\n"
-                    "  device         %s\n",
-                    dt, sm->cc_s, cuda_arch, sm->cache_hit ? "hit" : "miss", sm->so_path,
-                    jdt_device_describe(dev, desc, sizeof desc));
+            print_aot_compile(f, dt, sm, cuda_arch, dev);
         } else if (compile && dev) {
             fprintf(f,
                     "  compile        %.2fs to CUDA source (%zu bytes; NVRTC runs on the GPU "

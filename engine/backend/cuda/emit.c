@@ -62,7 +62,7 @@ static const char PRELUDE[] =
     "jdt_bf16_ld(jdt_bf16_st(x)); }\n"
     "static __device__ __forceinline__ float jdt_unit(uint32_t x) { return (float)(x >> 8) * "
     "(1.0f / 16777216.0f); }\n"
-    /* vector loads and stores of elementwise kernels (emit_vec): 4 floats (16 bytes) or 4 bf16
+    /* vector loads and stores of elementwise kernels (emit_vec_body): 4 floats (16 bytes) or 4 bf16
      * (8 bytes) at an offset that is a multiple of 4 in a buffer aligned to 64 bytes; the host
      * emulator traps on a misaligned one, which a GPU would fault on */
     "#ifdef JDT_CUK_EMU\n"
@@ -141,18 +141,34 @@ static void emit_pointers(jdt_sbuf *s, const jdt_nest *N)
     }
 }
 
+/* x<a> = read access a at element offset `off` (bf16 storage: widened, computed in f32). */
+static void emit_load(jdt_sbuf *s, const jdt_nest *N, int a, const char *off)
+{
+    const cnode *x = &N->c->nodes[N->acc[a].node];
+    if (x->bf16)
+        jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a, off);
+    else
+        jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(x->dtype), a, a, off);
+}
+
+/* Write access a at element offset `off` takes its node's value (bf16 storage: rounded to
+ * nearest even on store). */
+static void emit_store(jdt_sbuf *s, const jdt_nest *N, int a, const char *off)
+{
+    const int node = N->acc[a].node;
+    if (N->c->nodes[node].bf16)
+        jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(v%d);\n", a, off, node);
+    else
+        jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, node);
+}
+
 static void emit_loads(jdt_sbuf *s, const jdt_nest *N, bool wide)
 {
     char off[512];
     for (int a = 0; a < N->n_acc; a++) {
         if (N->acc[a].write || a == N->flat) continue;
         offset32(N, a, wide, off, sizeof off);
-        const cnode *x = &N->c->nodes[N->acc[a].node];
-        if (x->bf16) /* bf16 storage: widened, computed in f32 */
-            jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a, off);
-        else
-            jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(x->dtype), a, a,
-                          off);
+        emit_load(s, N, a, off);
     }
     if (N->flat >= 0) {
         offset32(N, N->flat, wide, off, sizeof off);
@@ -229,7 +245,7 @@ static red_plan plan_reduce(const jdt_nest *N)
     return r;
 }
 
-/* How an elementwise kernel of vector width VEC reaches an access (emit_vec). */
+/* How an elementwise kernel of vector width VEC reaches an access (emit_vec_body). */
 typedef enum {
     VA_SCALAR, /* an element per lane: a strided or non-float access */
     VA_VEC,    /* VEC consecutive elements at an offset that is a multiple of VEC: one vector */
@@ -292,20 +308,18 @@ static void emit_vec_body(jdt_sbuf *s, const jdt_nest *N, bool wide, const char 
     const int in = N->n - 1;
     static const char comp[VEC] = {'x', 'y', 'z', 'w'};
     char off[512], base[24];
+    vec_access kind[JDT_NEST_MAX_ACC];
+    for (int a = 0; a < N->n_acc; a++)
+        kind[a] = classify_vec(N, a);
     snprintf(base, sizeof base, "b%d", in);
     jdt_sb_printf(s, "        const %s b%d = i%d * %d;\n", I, in, in, VEC);
     for (int a = 0; a < N->n_acc; a++) {
-        vec_access k = classify_vec(N, a);
         const jdt_access *x = &N->acc[a];
-        if (k == VA_SCALAR) continue;
+        if (kind[a] == VA_SCALAR) continue;
         const cnode *nd = &c->nodes[x->node];
         offset_at(N, a, wide, base, off, sizeof off);
-        if (k == VA_BCAST) {
-            if (nd->bf16)
-                jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a, off);
-            else
-                jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(nd->dtype), a,
-                              a, off);
+        if (kind[a] == VA_BCAST) {
+            emit_load(s, N, a, off);
         } else if (x->write) {
             jdt_sb_printf(s, "        %s W%d;\n", nd->bf16 ? "ushort4" : "float4", a);
         } else {
@@ -324,22 +338,15 @@ static void emit_vec_body(jdt_sbuf *s, const jdt_nest *N, bool wide, const char 
                 jdt_sb_printf(s, "        const int64_t flat = %s;\n", off);
                 continue;
             }
-            const cnode *nd = &c->nodes[x->node];
-            vec_access k = classify_vec(N, a);
-            if (k == VA_VEC) {
-                if (nd->bf16)
+            if (kind[a] == VA_VEC) {
+                if (c->nodes[x->node].bf16)
                     jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(X%d.%c);\n", a, a,
                                   comp[j]);
                 else
                     jdt_sb_printf(s, "        const float x%d = X%d.%c;\n", a, a, comp[j]);
-            } else if (k == VA_SCALAR) {
+            } else if (kind[a] == VA_SCALAR) {
                 offset32(N, a, wide, off, sizeof off);
-                if (nd->bf16)
-                    jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a,
-                                  off);
-                else
-                    jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(nd->dtype),
-                                  a, a, off);
+                emit_load(s, N, a, off);
             }
         }
         for (int i = 0; i < g->n_members; i++)
@@ -347,22 +354,20 @@ static void emit_vec_body(jdt_sbuf *s, const jdt_nest *N, bool wide, const char 
         for (int a = 0; a < N->n_acc; a++) {
             const jdt_access *x = &N->acc[a];
             if (!x->write) continue;
-            const bool h = c->nodes[x->node].bf16;
-            if (classify_vec(N, a) == VA_VEC) {
-                jdt_sb_printf(
-                    s, h ? "        W%d.%c = jdt_bf16_st(v%d);\n" : "        W%d.%c = v%d;\n", a,
-                    comp[j], x->node);
+            if (kind[a] == VA_VEC) {
+                jdt_sb_printf(s,
+                              c->nodes[x->node].bf16 ? "        W%d.%c = jdt_bf16_st(v%d);\n"
+                                                     : "        W%d.%c = v%d;\n",
+                              a, comp[j], x->node);
             } else {
                 offset32(N, a, wide, off, sizeof off);
-                jdt_sb_printf(
-                    s, h ? "        w%d[%s] = jdt_bf16_st(v%d);\n" : "        w%d[%s] = v%d;\n", a,
-                    off, x->node);
+                emit_store(s, N, a, off);
             }
         }
         jdt_sb_printf(s, "        }\n");
     }
     for (int a = 0; a < N->n_acc; a++) {
-        if (!N->acc[a].write || classify_vec(N, a) != VA_VEC) continue;
+        if (!N->acc[a].write || kind[a] != VA_VEC) continue;
         offset_at(N, a, wide, base, off, sizeof off);
         jdt_sb_printf(s, "        %s(w%d + (%s), W%d);\n",
                       c->nodes[N->acc[a].node].bf16 ? "jdt_sth4" : "jdt_st4", a, off, a);
@@ -425,10 +430,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         for (int a = 0; a < N.n_acc; a++) {
             if (!N.acc[a].write) continue;
             offset32(&N, a, wide, off, sizeof off);
-            if (c->nodes[N.acc[a].node].bf16) /* rounded to nearest even on store */
-                jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(v%d);\n", a, off, N.acc[a].node);
-            else
-                jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N.acc[a].node);
+            emit_store(s, &N, a, off);
         }
         jdt_sb_printf(s, "    }\n}\n\n");
         return;
