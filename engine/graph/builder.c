@@ -593,10 +593,11 @@ jdt_tensor *jdt_graph_scatter_add(jdt_graph *g, jdt_tensor *src, jdt_tensor *idx
 }
 
 jdt_tensor *jdt_graph_softmax_xent_bwd(jdt_graph *g, jdt_tensor *logits, jdt_tensor *targets,
-                                       jdt_tensor *dloss)
+                                       jdt_tensor *dloss, jdt_tensor *loss)
 {
-    jdt_tensor *in[3] = {logits, targets, dloss};
-    return jdt_graph_op(g, JDT_OP_SOFTMAX_XENT_BWD, 3, in, NULL, JDT_DTYPE_F32, NULL);
+    if (!loss && !(loss = jdt_graph_softmax_xent(g, logits, targets))) return NULL;
+    jdt_tensor *in[4] = {logits, targets, dloss, loss};
+    return jdt_graph_op(g, JDT_OP_SOFTMAX_XENT_BWD, 4, in, NULL, JDT_DTYPE_F32, NULL);
 }
 
 jdt_tensor *jdt_graph_normalize(jdt_graph *g, jdt_tensor *x, double eps)

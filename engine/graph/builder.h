@@ -135,8 +135,11 @@ jdt_tensor *jdt_graph_log_softmax(jdt_graph *g, jdt_tensor *x);
 jdt_tensor *jdt_graph_log_softmax_bwd(jdt_graph *g, jdt_tensor *y, jdt_tensor *dy);
 /* logits (N, V), targets (N) i32 -> loss (N); target < 0 is ignored. */
 jdt_tensor *jdt_graph_softmax_xent(jdt_graph *g, jdt_tensor *logits, jdt_tensor *targets);
+/* dlogits (N, V) of the loss above with per-row cotangent dloss (N). loss: that forward's
+ * output for these logits and targets (the kernels read a row's logsumexp from it), or NULL
+ * to add it here. */
 jdt_tensor *jdt_graph_softmax_xent_bwd(jdt_graph *g, jdt_tensor *logits, jdt_tensor *targets,
-                                       jdt_tensor *dloss);
+                                       jdt_tensor *dloss, jdt_tensor *loss);
 jdt_tensor *jdt_graph_normalize(jdt_graph *g, jdt_tensor *x, double eps);
 jdt_tensor *jdt_graph_normalize_bwd(jdt_graph *g, jdt_tensor *x, jdt_tensor *dxhat, double eps);
 jdt_tensor *jdt_graph_rms_normalize(jdt_graph *g, jdt_tensor *x, double eps);

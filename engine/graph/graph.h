@@ -140,7 +140,9 @@ enum {
  *   LOG_SOFTMAX_BWD     (y, dy) -> dy - exp(y) * sum(dy)      (y = log_softmax output)
  *   SOFTMAX_XENT        (logits (N, V), targets (N) i32) -> loss (N) = lse(row) - row[target];
  *                       a target < 0 is ignored (loss 0, no gradient)
- *   SOFTMAX_XENT_BWD    (logits (N, V), targets (N), dloss (N)) -> dlogits (N, V)
+ *   SOFTMAX_XENT_BWD    (logits (N, V), targets (N), dloss (N), loss (N)) -> dlogits (N, V);
+ *                       loss is SOFTMAX_XENT's output for the same logits and targets (the
+ *                       kernels take a row's logsumexp from it instead of another pass)
  *   NORMALIZE           layernorm without affine: (x - mean) * rsqrt(var + f[0])
  *   NORMALIZE_BWD       (x, dxhat) -> dx
  *   RMS_NORMALIZE       x * rsqrt(mean(x^2) + f[0])
@@ -219,7 +221,7 @@ enum {
     X(LOG_SOFTMAX, "log_softmax", 1, FUSED)                                                       \
     X(LOG_SOFTMAX_BWD, "log_softmax_bwd", 2, FUSED)                                               \
     X(SOFTMAX_XENT, "softmax_xent", 2, FUSED)                                                     \
-    X(SOFTMAX_XENT_BWD, "softmax_xent_bwd", 3, FUSED)                                             \
+    X(SOFTMAX_XENT_BWD, "softmax_xent_bwd", 4, FUSED)                                             \
     X(NORMALIZE, "normalize", 1, FUSED)                                                           \
     X(NORMALIZE_BWD, "normalize_bwd", 2, FUSED)                                                   \
     X(RMS_NORMALIZE, "rms_normalize", 1, FUSED)                                                   \

@@ -367,10 +367,11 @@ static bool shape_SOFTMAX_XENT(jdt_tensor *const *in, int n_in, const jdt_attrs 
     if (sl->ndim != 2 || !is_float(in[0]->dtype)) return WHY("logits must be a 2-D float (N, V)");
     if (in[1]->dtype != JDT_DTYPE_I32 || st->ndim != 1 || st->dims[0] != sl->dims[0])
         return WHY("targets must be i32 of shape (N) = (%lld)", (long long)sl->dims[0]);
-    if (n_in == 3) {
-        if (in[2]->dtype != in[0]->dtype || in[2]->shape.ndim != 1 ||
-            in[2]->shape.dims[0] != sl->dims[0])
-            return WHY("dloss must be (N) with the logits' dtype");
+    if (n_in == 4) {
+        for (int k = 2; k < 4; k++)
+            if (in[k]->dtype != in[0]->dtype || in[k]->shape.ndim != 1 ||
+                in[k]->shape.dims[0] != sl->dims[0])
+                return WHY("%s must be (N) with the logits' dtype", k == 2 ? "dloss" : "loss");
         *out = *sl;
     } else {
         *out = *st;
@@ -807,7 +808,7 @@ static void vjp_LOG_SOFTMAX(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, cons
 static void vjp_SOFTMAX_XENT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                              jdt_tensor **dx)
 {
-    if (need[0]) dx[0] = jdt_graph_softmax_xent_bwd(g, IN(0), IN(1), dy);
+    if (need[0]) dx[0] = jdt_graph_softmax_xent_bwd(g, IN(0), IN(1), dy, node);
 }
 
 static void vjp_NORMALIZE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,

@@ -242,9 +242,16 @@ JDT_RT_CLONES int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tg
     return bad;
 }
 
+/* A cross-entropy row's logsumexp for the backward: from the forward's loss when given
+ * (loss = lse - x[t]), else computed. */
+JDT_RT_INLINE float xent_lse(const float *x, const float *loss, int64_t n, int64_t t, int64_t V)
+{
+    return loss ? loss[n] + x[t] : row_lse(x, V);
+}
+
 JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt,
-                                           const float *dloss, float *dlogits, int64_t N, int64_t V,
-                                           int nt)
+                                           const float *dloss, const float *loss, float *dlogits,
+                                           int64_t N, int64_t V, int nt)
 {
 #pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -255,7 +262,7 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *t
             continue;
         }
         const float *x = logits + n * V;
-        float l = row_lse(x, V), g = dloss[n];
+        float l = xent_lse(x, loss, n, t, V), g = dloss[n];
 #pragma omp simd
         for (int64_t c = 0; c < V; c++)
             d[c] = g * jdt_rt_expf(x[c] - l);
@@ -274,8 +281,8 @@ JDT_RT_INLINE uint16_t bf16_store(float x)
 }
 
 JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt,
-                                                const float *dloss, uint16_t *dlogits, int64_t N,
-                                                int64_t V, int nt)
+                                                const float *dloss, const float *loss,
+                                                uint16_t *dlogits, int64_t N, int64_t V, int nt)
 {
 #pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
@@ -286,7 +293,7 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32
             continue;
         }
         const float *x = logits + n * V;
-        float l = row_lse(x, V), g = dloss[n];
+        float l = xent_lse(x, loss, n, t, V), g = dloss[n];
 #pragma omp simd
         for (int64_t c = 0; c < V; c++)
             d[c] = bf16_store(g * jdt_rt_expf(x[c] - l));

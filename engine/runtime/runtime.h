@@ -143,13 +143,17 @@ void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t 
  * targets >= V (loss set to NAN). */
 int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss, int64_t N,
                             int64_t V, int nt);
-/* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target < 0 or >= V are 0. */
+/* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target < 0 or >= V are 0.
+ * loss: the forward's per-row loss of these logits and targets (jdt_rt_softmax_xent's output),
+ * or NULL. With it a row's logsumexp is loss + row[target] (no max and sum passes; within an
+ * ulp or two of the computed one), without it it is computed. */
 void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
-                             float *dlogits, int64_t N, int64_t V, int nt);
+                             const float *loss, float *dlogits, int64_t N, int64_t V, int nt);
 /* The same, each value computed in f32 and stored rounded to bf16 (nearest even; uint16_t
  * bits): dlogits that only bf16 GEMMs read (the compiler's bf16 storage). */
 void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt, const float *dloss,
-                                  uint16_t *dlogits, int64_t N, int64_t V, int nt);
+                                  const float *loss, uint16_t *dlogits, int64_t N, int64_t V,
+                                  int nt);
 void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt);
 void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
                           float eps, int nt);

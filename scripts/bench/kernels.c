@@ -155,8 +155,9 @@ int main(int argc, char **argv)
         jdt_tensor *x = jdt_graph_input(g, "logits", JDT_DTYPE_F32, 2, nv, NULL);
         jdt_tensor *t = jdt_graph_input(g, "tg", JDT_DTYPE_I32, 1, nv, NULL);
         jdt_tensor *dl = jdt_graph_input(g, "dl", JDT_DTYPE_F32, 1, nv, NULL);
-        jdt_graph_add_output(g, jdt_graph_softmax_xent(g, x, t));
-        jdt_graph_add_output(g, jdt_graph_softmax_xent_bwd(g, x, t, dl));
+        jdt_tensor *xe = jdt_graph_softmax_xent(g, x, t);
+        jdt_graph_add_output(g, xe);
+        jdt_graph_add_output(g, jdt_graph_softmax_xent_bwd(g, x, t, dl, xe));
     }
     cases[nc++] = (bcase){"xent_fwd_bwd", g, 0};
 

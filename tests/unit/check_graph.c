@@ -358,7 +358,7 @@ START_TEST(test_shape_rules)
     jdt_tensor *lg = inp(g, "lg", F32, DIMS(6, 10)), *tg = inp(g, "tg", I32, DIMS(6));
     jdt_tensor *xe = jdt_graph_softmax_xent(g, lg, tg);
     expect_shape(xe, DIMS(6));
-    expect_shape(jdt_graph_softmax_xent_bwd(g, lg, tg, xe), DIMS(6, 10));
+    expect_shape(jdt_graph_softmax_xent_bwd(g, lg, tg, xe, xe), DIMS(6, 10));
     jdt_tensor *q = inp(g, "q", F32, DIMS(2, 4, 8, 16));
     expect_shape(jdt_graph_rope(g, q, 10000, false), DIMS(2, 4, 8, 16));
     jdt_tensor *o = jdt_graph_attention(g, q, q, q, 0.25);

@@ -368,7 +368,7 @@ START_TEST(test_softmax_family)
     jdt_tensor *X = in64(g, "x", 2, d22, x), *T = in_i32(g, "t", 1, d2, tg),
                *DL = in64(g, "dl", 1, d2, dl);
     jdt_tensor *sm = jdt_graph_softmax(g, X), *ls = jdt_graph_log_softmax(g, X);
-    jdt_tensor *xe = jdt_graph_softmax_xent(g, X, T), *xb = jdt_graph_softmax_xent_bwd(g, X, T, DL);
+    jdt_tensor *xe = jdt_graph_softmax_xent(g, X, T), *xb = jdt_graph_softmax_xent_bwd(g, X, T, DL, xe);
     double dy[4] = {1, 0, 0, 1};
     jdt_tensor *DY = in64(g, "dy", 2, d22, dy);
     jdt_tensor *smb = jdt_graph_softmax_bwd(g, sm, DY), *lsb = jdt_graph_log_softmax_bwd(g, ls, DY);

@@ -188,8 +188,9 @@ START_TEST(test_row_primitives)
     out(&f, jdt_graph_softmax_bwd(g, sm, dy));
     out(&f, lsm);
     out(&f, jdt_graph_log_softmax_bwd(g, lsm, dy));
-    out(&f, jdt_graph_softmax_xent(g, x, tg));
-    out(&f, jdt_graph_softmax_xent_bwd(g, x, tg, dl));
+    jdt_tensor *xe = jdt_graph_softmax_xent(g, x, tg);
+    out(&f, xe);
+    out(&f, jdt_graph_softmax_xent_bwd(g, x, tg, dl, xe));
     out(&f, jdt_graph_normalize(g, x, 1e-5));
     out(&f, jdt_graph_normalize_bwd(g, x, dy, 1e-5));
     out(&f, jdt_graph_rms_normalize(g, x, 1e-6));

@@ -6,8 +6,9 @@
  * (JDT_BF16_NO_DNNL, each test is its own process); the small packed bf16 GEMMs of
  * gemm_bf16.c (ragged shapes, transposes, beta, a prefix of a larger B pack) and the bf16
  * attention forward and backward built on them, against double references of the rounded
- * inputs, on both paths; and the adaptive thread count's decisions (jdt_rt_tuner) on
- * simulated run times.
+ * inputs, on both paths; the cross-entropy backward with its logsumexp taken from the
+ * forward's loss or computed, f32 and bf16-storing, against a double reference; and the
+ * adaptive thread count's decisions (jdt_rt_tuner) on simulated run times.
  */
 #include "runtime/runtime.h"
 #include "tests/unit/testutil.h"
@@ -16,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 START_TEST(test_bf16_round)
 {
@@ -461,6 +463,78 @@ START_TEST(test_tuner_one_thread_budget)
 }
 END_TEST
 
+/* xent backward at (N, V): from the loss (as the compiled step calls it) and without, f32 and
+ * bf16 stores, against double arithmetic; a row with masked (-inf) logits, an ignored target
+ * (-1) and one out of range (V) included. A wrong loss must move the result (it is read). */
+static void check_xent_bwd(int64_t N, int64_t V)
+{
+    int64_t n = N * V;
+    float *x = malloc((size_t)n * 4), *dl = malloc((size_t)N * 4), *loss = malloc((size_t)N * 4);
+    float *dx = malloc((size_t)n * 4);
+    uint16_t *d16 = malloc((size_t)n * 2);
+    int32_t *t = malloc((size_t)N * 4);
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 16.0 - 8.0);
+    }
+    for (int64_t i = 0; i < N; i++) {
+        dl[i] = 0.5f + (float)i / (float)N;
+        t[i] = (int32_t)((i * 7919 + 3) % V);
+    }
+    t[0] = -1;
+    if (N > 1) t[1] = (int32_t)V;
+    if (N > 2)
+        for (int64_t c = 0; c < V; c += 2)
+            if (c != t[2]) x[2 * V + c] = -INFINITY;
+    ck_assert_int_eq(jdt_rt_softmax_xent(x, t, loss, N, V, 2), N > 1);
+    for (int from_loss = 0; from_loss < 2; from_loss++) {
+        const float *lp = from_loss ? loss : NULL;
+        jdt_rt_softmax_xent_bwd(x, t, dl, lp, dx, N, V, 2);
+        jdt_rt_softmax_xent_bwd_bf16(x, t, dl, lp, d16, N, V, 2);
+        for (int64_t i = 0; i < N; i++) {
+            const float *xr = x + i * V;
+            double m = -INFINITY, s = 0;
+            for (int64_t c = 0; c < V; c++)
+                m = xr[c] > m ? xr[c] : m;
+            for (int64_t c = 0; c < V; c++)
+                s += exp((double)xr[c] - m);
+            const bool in = t[i] >= 0 && t[i] < V;
+            for (int64_t c = 0; c < V; c++) {
+                double want = in ? (exp((double)xr[c] - m - log(s)) - (c == t[i])) * dl[i] : 0.0;
+                double got = dx[i * V + c], tol = 1e-7 + 2e-5 * fabs(want);
+                ck_assert_msg(fabs(got - want) <= tol, "xent_bwd(%s) N=%lld V=%lld [%lld,%lld]: %g, want %g",
+                              from_loss ? "loss" : "computed", (long long)N, (long long)V,
+                              (long long)i, (long long)c, got, want);
+                uint32_t u = (uint32_t)d16[i * V + c] << 16;
+                float h;
+                memcpy(&h, &u, 4);
+                ck_assert_msg(fabs(h - want) <= 1e-7 + 8e-3 * fabs(want),
+                              "xent_bwd_bf16(%s) [%lld,%lld]: %g, want %g",
+                              from_loss ? "loss" : "computed", (long long)i, (long long)c,
+                              (double)h, want);
+            }
+        }
+    }
+    if (N > 3) { /* the loss is read: a loss off by 0.5 scales row 3's softmax by e^-0.5 */
+        loss[3] += 0.5f;
+        jdt_rt_softmax_xent_bwd(x, t, dl, loss, dx, N, V, 2);
+        int64_t c = t[3] == 0 ? 1 : 0;
+        float want = dl[3] * expf(x[3 * V + c] - (loss[3] - 0.5f + x[3 * V + t[3]]) - 0.5f);
+        ck_assert_msg(fabsf(dx[3 * V + c] - want) <= 1e-5f * fabsf(want), "%g vs %g",
+                      (double)dx[3 * V + c], (double)want);
+    }
+    free(x), free(dl), free(loss), free(dx), free(d16), free(t);
+}
+
+START_TEST(test_xent_bwd_from_loss)
+{
+    check_xent_bwd(7, 37);
+    check_xent_bwd(5, 1024);
+    check_xent_bwd(4, 50304);
+}
+END_TEST
+
 static Suite *runtime_suite(void)
 {
     Suite *s = suite_create("runtime");
@@ -472,6 +546,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(tc, test_bf16_tiles_portable_path);
     tcase_add_test(tc, test_matmul_bf16_portable_path);
     tcase_add_test(tc, test_matmul_bf16_empty);
+    tcase_add_test(tc, test_xent_bwd_from_loss);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("threads");
     tcase_set_timeout(tt, 60);

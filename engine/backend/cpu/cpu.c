@@ -121,9 +121,9 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         break;
     case JDT_OP_SOFTMAX_XENT_BWD:
         if (n->bf16) /* read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
-            jdt_rt_softmax_xent_bwd_bf16(in[0], in[1], in[2], o, N, C, nt);
+            jdt_rt_softmax_xent_bwd_bf16(in[0], in[1], in[2], in[3], o, N, C, nt);
         else
-            jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], o, N, C, nt);
+            jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], in[3], o, N, C, nt);
         break;
     case JDT_OP_NORMALIZE:
         jdt_rt_normalize(in[0], o, N, C, eps, nt);

@@ -1090,9 +1090,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         return JDT_OK;
     case JDT_OP_SOFTMAX_XENT_BWD:
         if (n->bf16) /* read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
-            jdt_cuk_softmax_xent_bwd_bf16(k, in[0], in[1], in[2], o, N, C);
+            jdt_cuk_softmax_xent_bwd_bf16(k, in[0], in[1], in[2], in[3], o, N, C);
         else
-            jdt_cuk_softmax_xent_bwd(k, in[0], in[1], in[2], o, N, C);
+            jdt_cuk_softmax_xent_bwd(k, in[0], in[1], in[2], in[3], o, N, C);
         return JDT_OK;
     case JDT_OP_NORMALIZE:
         jdt_cuk_normalize(k, in[0], o, N, C, eps);

@@ -507,20 +507,23 @@ void jdt_cuk_softmax_xent(jdt_cuk *k, const float *logits, const int32_t *tgt, f
 }
 
 void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tgt,
-                              const float *dloss, float *dlogits, int64_t N, int64_t V)
+                              const float *dloss, const float *loss, float *dlogits, int64_t N,
+                              int64_t V)
 {
     if (N <= 0 || V <= 0) return;
     int vec = vec_ok(V, logits, dlogits, NULL);
-    void *args[] = {&logits, &tgt, &dloss, &dlogits, &N, &V, &vec};
+    void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &vec};
     launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD, N, row_threads(V), 0, args);
 }
 
 void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const float *logits, const int32_t *tgt,
-                                   const float *dloss, uint16_t *dlogits, int64_t N, int64_t V)
+                                   const float *dloss, const float *loss, uint16_t *dlogits,
+                                   int64_t N, int64_t V)
 {
     if (N <= 0 || V <= 0) return;
-    int vec = vec_ok(V, logits, NULL, NULL);
-    void *args[] = {&logits, &tgt, &dloss, &dlogits, &N, &V, &vec};
+    /* float4 reads, 8-byte bf16 writes */
+    int vec = vec_ok(V, logits, NULL, NULL) && ((uintptr_t)dlogits & 7u) == 0;
+    void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &vec};
     launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD_BF16, N, row_threads(V), 0, args);
 }
 

@@ -132,13 +132,18 @@ void jdt_cuk_log_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float 
 /* loss (N) = logsumexp(row) - row[target]; target < 0 -> 0; target >= V -> NaN. */
 void jdt_cuk_softmax_xent(jdt_cuk *k, const float *logits, const int32_t *tgt, float *loss,
                           int64_t N, int64_t V);
-/* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target out of range: 0. */
+/* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target out of range: 0.
+ * loss: the forward's per-row loss of these logits and targets (jdt_cuk_softmax_xent's output)
+ * or NULL; with it each row is read once (its logsumexp is loss + row[target]), without it
+ * twice. */
 void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tgt,
-                              const float *dloss, float *dlogits, int64_t N, int64_t V);
+                              const float *dloss, const float *loss, float *dlogits, int64_t N,
+                              int64_t V);
 /* The same, dlogits stored as bf16 bit patterns (rounded to nearest even): the compiler's bf16
  * storage of a value only bf16 GEMMs read (jdt_rt_softmax_xent_bwd_bf16). */
 void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const float *logits, const int32_t *tgt,
-                                   const float *dloss, uint16_t *dlogits, int64_t N, int64_t V);
+                                   const float *dloss, const float *loss, uint16_t *dlogits,
+                                   int64_t N, int64_t V);
 void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
 void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
                            int64_t C, float eps);

@@ -76,6 +76,10 @@ static inline float2 make_float2(float a, float b)
 {
     return {a, b};
 }
+static inline uint2 make_uint2(unsigned a, unsigned b)
+{
+    return {a, b};
+}
 static inline ushort4 make_ushort4(unsigned short a, unsigned short b, unsigned short c,
                                    unsigned short d)
 {

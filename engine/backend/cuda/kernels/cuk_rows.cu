@@ -4,8 +4,10 @@
  * of engine/runtime/runtime.h (see engine/backend/cuda/cuk.h).
  *
  * Layout: one block per row (a grid-stride loop over rows when N exceeds the grid), threads
- * stride over the row, block reductions by warp shuffles. Rows are re-read per pass (they stay
- * in L1/L2): max, sum, write. `vec` (chosen by the launcher) switches to float4 accesses.
+ * stride over the row, block reductions by warp shuffles. A logsumexp is one pass (online max
+ * and sum); rows are re-read per pass otherwise (softmax: max, sum, write). The cross-entropy
+ * backward takes the forward's per-row loss and reads its row once. `vec` (chosen by the
+ * launcher) switches to float4 accesses.
  */
 #include "cuk_common.cuh"
 
@@ -38,16 +40,42 @@ extern "C" __global__ void cuk_softmax_bwd(const float *y, const float *dy, floa
     }
 }
 
-/* logsumexp of a row, to every thread of the block (-inf for a row of -inf). */
+/* Folds a, b, c, d into a thread's running logsumexp state: m the largest value so far (-inf
+ * before any), s the sum of exp(x - m). One exp per value and one for the rescale; -inf values
+ * add nothing, a NaN makes s NaN (fmaxf skips it, its exp does not). */
+__device__ __forceinline__ void cuk_lse_fold4(float &m, float &s, float a, float b, float c,
+                                              float d)
+{
+    float mn = fmaxf(m, fmaxf(fmaxf(a, b), fmaxf(c, d)));
+    float base = mn == CUK_NEG_INF ? 0.0f : mn;
+    s = s * expf(m - base) + ((expf(a - base) + expf(b - base)) + (expf(c - base) + expf(d - base)));
+    m = mn;
+}
+
+/* logsumexp of a row, to every thread of the block, in one pass over the row (online: each
+ * thread keeps its own max and rescales its sum when the max grows; the block combines them).
+ * A row of -inf gives -inf, a row with a NaN NaN. Every thread must call it (barriers). */
 __device__ float cuk_row_lse(const float *xr, i64 C, bool vec, float *sh)
 {
-    float m = CUK_NEG_INF;
-    cuk_row_visit(xr, C, vec, [&](i64, float a) { m = fmaxf(m, a); });
-    m = cuk_block_max(m, sh);
-    if (m == CUK_NEG_INF) return m; /* uniform over the block: no thread skips a barrier */
-    float s = 0.0f;
-    cuk_row_visit(xr, C, vec, [&](i64, float a) { s += expf(a - m); });
-    return m + logf(cuk_block_sum(s, sh));
+    float m = CUK_NEG_INF, s = 0.0f;
+    if (vec) {
+        const float4 *x4 = (const float4 *)xr;
+        for (i64 i = threadIdx.x; i < C / 4; i += blockDim.x) {
+            float4 a = x4[i];
+            cuk_lse_fold4(m, s, a.x, a.y, a.z, a.w);
+        }
+    } else {
+        const i64 bd = blockDim.x;
+        for (i64 c = threadIdx.x; c < C; c += 4 * bd) {
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[j] = c + j * bd < C ? xr[c + j * bd] : CUK_NEG_INF;
+            cuk_lse_fold4(m, s, v[0], v[1], v[2], v[3]);
+        }
+    }
+    float M = cuk_block_max(m, sh), base = M == CUK_NEG_INF ? 0.0f : M;
+    return base + logf(cuk_block_sum(s * expf(m - base), sh));
 }
 
 extern "C" __global__ void cuk_log_softmax(const float *x, float *y, i64 N, i64 C, int vec)
@@ -91,10 +119,20 @@ extern "C" __global__ void cuk_softmax_xent(const float *logits, const i32 *tgt,
     }
 }
 
-/* dlogits = dloss * (softmax(row) - onehot(t)); rows with t out of [0, V) are 0. */
+/* The logsumexp of row n for the backward: from the forward's loss when there is one
+ * (loss = lse - row[t], so lse = loss + row[t]: no pass over the row), else computed. Uniform
+ * over the block (loss == NULL is). */
+__device__ __forceinline__ float cuk_xent_lse(const float *xr, const float *loss, i64 n, i64 t,
+                                              i64 V, bool vec, float *sh)
+{
+    return loss ? loss[n] + xr[t] : cuk_row_lse(xr, V, vec, sh);
+}
+
+/* dlogits = dloss * (softmax(row) - onehot(t)); rows with t out of [0, V) are 0. loss: the
+ * forward's per-row loss of these logits and targets (SOFTMAX_XENT's output), or NULL. */
 extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *tgt,
-                                                const float *dloss, float *dlogits, i64 N, i64 V,
-                                                int vec)
+                                                const float *dloss, const float *loss,
+                                                float *dlogits, i64 N, i64 V, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -105,7 +143,7 @@ extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *
             cuk_row_map(xr, d, V, vec, [&](i64, float) { return 0.0f; });
             continue;
         }
-        float l = cuk_row_lse(xr, V, vec, sh), g = dloss[n];
+        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh), g = dloss[n];
         cuk_row_map(xr, d, V, vec, [&](i64 c, float a) {
             float p = g * expf(a - l);
             return c == t ? p - g : p;
@@ -114,10 +152,13 @@ extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *
 }
 
 /* cuk_softmax_xent_bwd storing bf16 (bit patterns, rounded to nearest even): dlogits read only
- * by bf16 GEMMs (the compiler's bf16 storage, precision.compute: bf16). */
+ * by bf16 GEMMs (the compiler's bf16 storage, precision.compute: bf16). With vec the row is
+ * read as float4 and written 4 values (8 bytes) at a time (dlogits 8-byte aligned: the
+ * launcher checks). */
 extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const i32 *tgt,
-                                                     const float *dloss, unsigned short *dlogits,
-                                                     i64 N, i64 V, int vec)
+                                                     const float *dloss, const float *loss,
+                                                     unsigned short *dlogits, i64 N, i64 V,
+                                                     int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -129,11 +170,23 @@ extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const 
                 d[c] = 0;
             continue;
         }
-        float l = cuk_row_lse(xr, V, vec, sh), g = dloss[n];
-        cuk_row_visit(xr, V, vec, [&](i64 c, float a) {
+        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh), g = dloss[n];
+        auto bits = [&](i64 c, float a) -> unsigned int {
             float p = g * expf(a - l);
-            d[c] = cuk_bf16_bits(c == t ? p - g : p);
-        });
+            return cuk_bf16_bits(c == t ? p - g : p);
+        };
+        if (vec) {
+            const float4 *x4 = (const float4 *)xr;
+            uint2 *d4 = (uint2 *)d;
+            for (i64 i = threadIdx.x; i < V / 4; i += blockDim.x) {
+                float4 a = x4[i];
+                d4[i] = make_uint2(bits(4 * i, a.x) | bits(4 * i + 1, a.y) << 16,
+                                   bits(4 * i + 2, a.z) | bits(4 * i + 3, a.w) << 16);
+            }
+        } else {
+            for (i64 c = threadIdx.x; c < V; c += blockDim.x)
+                d[c] = (unsigned short)bits(c, xr[c]);
+        }
     }
 }
 
