@@ -133,6 +133,32 @@ static void build_vector_wide(fx *f)
     out(f, sum);
 }
 
+/* Column reductions (the innermost dim kept) whose innermost extent is a multiple of 4: a thread
+ * sums 4 adjacent outputs (emit.c red_vec_width) through float4 loads, broadcast loads (x * col)
+ * and strided ones (a transpose), split over blocks (4500 rows) or not, with a reduced middle
+ * dim, several tiles, sum / max / mean. */
+static void build_vector_reduce(fx *f)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, 4500, 36);
+    jdt_tensor *w = FX_INPUT(f, "w", JDT_DTYPE_F32, -1, 1, 36);
+    jdt_tensor *col = FX_INPUT(f, "col", JDT_DTYPE_F32, -1, 1, 4500, 1);
+    jdt_tensor *xt = FX_INPUT(f, "xt", JDT_DTYPE_F32, -1, 1, 36, 4500);
+    jdt_tensor *y = FX_INPUT(f, "y", JDT_DTYPE_F32, -2, 2, 6, 50, 16);
+    jdt_tensor *z = FX_INPUT(f, "z", JDT_DTYPE_F32, -2, 2, 300, 260);
+    jdt_tensor *u = FX_INPUT(f, "u", JDT_DTYPE_F32, -2, 2, 8, 20, 12);
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_mul_bcast(g, x, w), 1u, false));
+    out(f, jdt_graph_reduce_max(g, x, 1u, true));
+    out(f, jdt_graph_reduce_mean(g, jdt_graph_exp(g, x), 1u, false));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_mul_bcast(g, x, col), 1u, false));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_add(g, x, jdt_graph_transpose(g, xt, (int[]){1, 0})),
+                                1u, false));
+    out(f, jdt_graph_reduce_sum(g, y, 3u, false));
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_tanh(g, z), 1u, false));
+    out(f, jdt_graph_reduce_max(g, u, 2u, false));
+    out(f, jdt_graph_reduce_mean(g, u, 2u, true));
+}
+
 static void build_shape_reduce(fx *f)
 {
     jdt_graph *g = f->g;
@@ -328,6 +354,7 @@ static const struct {
 } GRAPHS[] = {
     {"elementwise", build_elementwise, 1e-5, 1e-5},
     {"shape_reduce", build_shape_reduce, 1e-4, 1e-4},
+    {"vector_reduce", build_vector_reduce, 1e-4, 1e-4},
     {"vector", build_vector, 1e-5, 1e-5},
     {"vector_wide", build_vector_wide, 1e-5, 1e-5},
     /* TF32 GEMMs (10-bit mantissa): ~1e-3 relative on these small K */
@@ -472,6 +499,10 @@ START_TEST(test_nvrtc_op_graphs)
         if (strcmp(GRAPHS[i].name, "vector") == 0) { /* 4 elements per thread */
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "= jdt_ld4(r"));
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "jdt_st4(w"));
+        }
+        if (strcmp(GRAPHS[i].name, "vector_reduce") == 0) { /* 4 outputs per thread */
+            ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "acc3 += x"));
+            ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "_done[tile]"));
         }
         if (strcmp(GRAPHS[i].name, "vector_wide") == 0 && !nf) /* too many loads to hold */
             ck_assert_ptr_null(strstr(jdt_program_source(p), "= jdt_ld4(r"));
