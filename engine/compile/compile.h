@@ -121,6 +121,9 @@ typedef struct {
     int n_bf16_converted;  /* operands of bf16-compute GEMMs stored in f32: converted by the GEMM
                               at every call (0 in a bf16 GPT step: ops.c vjp_MATMUL) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
+    double kernel_bytes;   /* bytes the fused kernels move per run at least (every element of
+                              every buffer they read or write once: the memory-bound floor) */
+    double builtin_bytes;  /* the same for builtin calls (inputs and output once) */
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */
     bool arena_shared;     /* the arena is opts.share_arena's (nothing allocated for it) */
     double compile_s;      /* wall time of jdt_program_compile */

@@ -157,6 +157,59 @@ static double node_flops(const cprog *c, const cnode *n)
     return numel;
 }
 
+/* Bytes of one element of node i as stored (bf16 storage: 2). */
+static double elem_bytes(const cprog *c, int i)
+{
+    const cnode *n = &c->nodes[i];
+    return n->bf16 ? 2.0 : (double)jdt_dtype_size(n->dtype);
+}
+
+/* What step sp moves and computes at least: every element of every buffer it reads or writes
+ * once (a kernel's accesses from its loop nest, so a broadcast or a weight read by every row
+ * counts its own elements; a builtin's inputs and output), and node_flops of its nodes.
+ * Collectives count neither (their time is the network's). The profile divides them by the
+ * measured time: an elementwise kind far below the memory's bandwidth, or a GEMM far below the
+ * device's FLOP rate, is where the step loses time. */
+static void step_cost(const cprog *c, const cstep *sp, double *bytes, double *flops)
+{
+    *bytes = *flops = 0.0;
+    if (sp->kind == STEP_KERNEL) {
+        const cgroup *g = &c->groups[sp->group];
+        for (int m = 0; m < g->n_members; m++)
+            *flops += node_flops(c, &c->nodes[g->members[m]]);
+        jdt_nest N;
+        jdt_err e;
+        jdt_err_clear(&e);
+        if (jdt_nest_build(c, sp->group, &N, &e) != JDT_OK) return;
+        for (int a = 0; a < N.n_acc; a++) {
+            if (a == N.flat) continue; /* an index, not memory */
+            double elems = 1.0;
+            for (int k = 0; k < N.n; k++)
+                if (N.acc[a].stride[k] != 0) elems *= (double)N.dims[k];
+            *bytes += elems * elem_bytes(c, N.acc[a].node);
+        }
+    } else if (sp->kind == STEP_BUILTIN) {
+        const cnode *n = &c->nodes[sp->node];
+        *flops = node_flops(c, n);
+        *bytes = (double)jdt_shape_numel(&n->shape) * elem_bytes(c, sp->node);
+        for (int k = 0; k < n->n_in; k++)
+            *bytes += (double)jdt_shape_numel(&c->nodes[n->in[k]].shape) * elem_bytes(c, n->in[k]);
+    }
+}
+
+/* stats.kernel_bytes, builtin_bytes: step_cost summed over the steps. */
+static void count_bytes(cprog *c)
+{
+    for (int s = 0; s < c->n_steps; s++) {
+        double b, f;
+        step_cost(c, &c->steps[s], &b, &f);
+        if (c->steps[s].kind == STEP_KERNEL)
+            c->stats.kernel_bytes += b;
+        else
+            c->stats.builtin_bytes += b;
+    }
+}
+
 jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_program **out,
                                jdt_err *e)
 {
@@ -203,6 +256,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if (c->opts.plan_only) { /* shapes and sizes only: no code, no compiler, no arena */
         for (int i = 0; i < c->n_nodes; i++)
             c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
+        count_bytes(c);
         c->stats.compile_s = jdt_now_s() - t0;
         snprintf(c->stats.so_path, sizeof c->stats.so_path, "(planned only)");
         *out = p;
@@ -236,6 +290,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     }
     for (int i = 0; i < c->n_nodes; i++)
         c->stats.flops_per_step += node_flops(c, &c->nodes[i]);
+    count_bytes(c);
     c->stats.compile_s = jdt_now_s() - t0;
     *out = p;
     return JDT_OK;
@@ -298,7 +353,7 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
     /* kinds: fused kernels by root op, builtins by op, then collective pack / start / wait by
      * op, last: update copies */
     enum { MAX_KINDS = 5 * JDT_OP_COUNT + 1 };
-    double t[MAX_KINDS] = {0}, total = 0.0;
+    double t[MAX_KINDS] = {0}, bytes[MAX_KINDS] = {0}, flops[MAX_KINDS] = {0}, total = 0.0;
     int count[MAX_KINDS] = {0};
     size_t off = 0;
     buf[0] = 0;
@@ -315,15 +370,21 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
                                                                             : 4) *
                                                      JDT_OP_COUNT +
                                                  (int)c->nodes[sp->node].op;
+        double sb, sf;
+        step_cost(c, sp, &sb, &sf);
         t[k] += p->step_s[s];
+        bytes[k] += sb;
+        flops[k] += sf;
         count[k]++;
         total += p->step_s[s];
     }
     t[MAX_KINDS - 1] = p->step_s[c->n_steps];
     count[MAX_KINDS - 1] = c->stats.n_update_copies;
     total += t[MAX_KINDS - 1];
-    off += (size_t)snprintf(buf + off, n - off, "%d runs, %.3f ms per run\n", p->n_runs,
-                            total * 1e3 / p->n_runs);
+    off += (size_t)snprintf(buf + off, n - off,
+                            "%d runs, %.3f ms per run (GB/s, TFLOP/s: bytes each step moves and "
+                            "FLOPs it does at least, over its time)\n",
+                            p->n_runs, total * 1e3 / p->n_runs);
     for (;;) {
         int best = -1;
         for (int k = 0; k < MAX_KINDS; k++)
@@ -333,9 +394,11 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
         const int cls = best / JDT_OP_COUNT;
         const char *what =
             best == MAX_KINDS - 1 ? "update copies" : jdt_op_name((jdt_op)(best % JDT_OP_COUNT));
+        const double per_s = t[best] > 0 ? p->n_runs / t[best] : 0.0; /* runs per second */
         off += (size_t)snprintf(
-            buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %s%s%s\n",
+            buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %9.3g GB/s %9.3g TFLOP/s  %s%s%s\n",
             total > 0 ? 100.0 * t[best] / total : 0.0, t[best] * 1e3 / p->n_runs, count[best],
+            bytes[best] * per_s / 1e9, flops[best] * per_s / 1e12,
             best < JDT_OP_COUNT ? "fused:" : "", what, best == MAX_KINDS - 1 ? "" : part[cls]);
         count[best] = 0;
     }

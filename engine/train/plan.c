@@ -431,6 +431,11 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
                 "model count %.3g per optimizer step, all devices\n",
                 sm->flops_per_step, jdt_step_model_flops(step));
         fprintf(f,
+                "  traffic        %.3g GB per run at least: %.3g fused kernels, %.3g builtins "
+                "(every element of every buffer read or written once)\n",
+                (sm->kernel_bytes + sm->builtin_bytes) / 1e9, sm->kernel_bytes / 1e9,
+                sm->builtin_bytes / 1e9);
+        fprintf(f,
                 "  memory         %.1f MiB planned peak of intermediates (micro-batch program)\n",
                 (double)sm->arena_bytes / 1048576.0);
         if (cfg->precision.compute == JDT_DTYPE_BF16) /* docs/compiler.md, bf16 storage */

@@ -379,6 +379,18 @@ START_TEST(test_train_step_updates)
     jdt_program_profile(p, prof, sizeof prof);
     ck_assert_msg(strstr(prof, "3 runs") && strstr(prof, "matmul") && strstr(prof, "fused:"), "%s",
                   prof);
+    /* each kind's bandwidth and FLOP rate from the bytes and FLOPs it does at least: the
+     * matmuls move their operands and products, and multiply */
+    const char *mm = strstr(prof, "matmul");
+    const char *line = mm;
+    while (line > prof && line[-1] != '\n')
+        line--;
+    double pct, ms, gbs, tfs;
+    int cnt;
+    ck_assert_msg(sscanf(line, " %lf%% %lf ms %d x %lf GB/s %lf TFLOP/s", &pct, &ms, &cnt, &gbs,
+                         &tfs) == 5,
+                  "%s", prof);
+    ck_assert_msg(gbs > 0 && tfs > 0 && cnt > 0, "%s", prof);
     jdt_program_free(p);
     fx_free(&f);
 }
