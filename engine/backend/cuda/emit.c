@@ -471,12 +471,9 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     const int V = g->is_reduce ? red_vec_width(&N, root) : 1; /* outputs per reducing thread */
     if (g->is_reduce) {
         rp = plan_reduce(&N, V);
-        if (rp.S > 1)
-            jdt_sb_printf(s,
-                          "__device__ %s k%d_part[%lld]; // (S, n_out) partials\n"
-                          "__device__ unsigned k%d_done[%lld]; // blocks finished per tile\n",
-                          jdt_nest_ctype(root->dtype), kernel, (long long)(rp.S * rp.n_out), kernel,
-                          (long long)rp.n_tiles);
+        if (rp.S > 1) /* partials in jdt_red_part (jdt_cuda_codegen) */
+            jdt_sb_printf(s, "__device__ unsigned k%d_done[%lld]; // blocks finished per tile\n",
+                          kernel, (long long)rp.n_tiles);
     }
     jdt_sb_printf(s, "extern \"C\" __global__ void __launch_bounds__(%d) k%d(void *const *p)\n{\n",
                   RED_THREADS, kernel);
@@ -599,8 +596,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     if (S > 1) {
         jdt_sb_printf(s, "    if (ty == 0 && o < %lld) {\n", (long long)n_slot);
         for (int j = 0; j < V; j++)
-            jdt_sb_printf(s, "        k%d_part[(%s)blockIdx.y * %lld + o * %d + %d] = sh[tx * %d + %d];\n",
-                          kernel, I, (long long)n_out, V, j, V, j);
+            jdt_sb_printf(s,
+                          "        ((%s *)jdt_red_part)[(%s)blockIdx.y * %lld + o * %d + %d] = "
+                          "sh[tx * %d + %d];\n",
+                          T, I, (long long)n_out, V, j, V, j);
         jdt_sb_printf(s, "    }\n");
         jdt_sb_printf(s, "    __threadfence();\n    __syncthreads();\n");
         jdt_sb_printf(s,
@@ -616,8 +615,8 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
             jdt_sb_printf(s, "        %s a = %s;\n", T, init);
             jdt_sb_printf(s, "        for (unsigned q = 0; q < gridDim.y; q++) {\n");
             jdt_sb_printf(
-                s, "            const %s b = ((volatile %s *)k%d_part)[(%s)q * %lld + o * %d + %d];\n",
-                T, T, kernel, I, (long long)n_out, V, j);
+                s, "            const %s b = ((volatile %s *)jdt_red_part)[(%s)q * %lld + o * %d + %d];\n",
+                T, T, I, (long long)n_out, V, j);
             if (is_max)
                 jdt_sb_printf(s, "            a = b > a ? b : a;\n        }\n");
             else
@@ -661,6 +660,27 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
     jdt_cuda_launch *L = jdt_calloc((size_t)c->stats.n_kernels + 1, sizeof *L);
     if (!L) return jdt_err_set(e, JDT_ERR_NOMEM, "codegen: launch table");
     jdt_sb_printf(&s, "%s", PRELUDE);
+    /* the split reductions' partials: one array for the module, as large as the largest
+     * kernel's (S x n_out), since its kernels run one after another on one stream */
+    int64_t part_bytes = 0;
+    for (int i = 0; i < c->n_steps; i++) {
+        const cstep *sp = &c->steps[i];
+        jdt_nest N;
+        if (sp->kind != STEP_KERNEL || !c->groups[sp->group].is_reduce ||
+            jdt_nest_build(c, sp->group, &N, e) != JDT_OK)
+            continue; /* a group the nest builder rejects fails in emit_group below */
+        const cnode *root = &c->nodes[c->groups[sp->group].root];
+        const red_plan rp = plan_reduce(&N, red_vec_width(&N, root));
+        const int64_t esz = root->dtype == JDT_DTYPE_F64 ? 8 : 4; /* >= its jdt_nest_ctype */
+        const int64_t b = rp.S > 1 ? rp.S * rp.n_out * esz : 0;
+        if (b > part_bytes) part_bytes = b;
+    }
+    jdt_err_clear(e);
+    if (part_bytes > 0)
+        jdt_sb_printf(&s,
+                      "__device__ unsigned long long jdt_red_part[%lld]; // split reductions' "
+                      "partials (S x n_out), shared: one kernel at a time\n",
+                      (long long)((part_bytes + 7) / 8));
     int n_k = 0;
     for (int i = 0; i < c->n_steps && st == JDT_OK; i++) {
         if (c->steps[i].kind != STEP_KERNEL) continue;
