@@ -23,6 +23,10 @@ typedef struct {
      * bucket does, instead of in its own output plus a full-size unpermuting copy (CUDA: no
      * staging buffer the size of the largest gathered tensor held for the program's life). */
     bool wire_gathers;
+    /* The device's reduction kernels store the members of their loop other than the result
+     * (each element of the reduced domain once), so fuse.c may merge an elementwise producer
+     * with other readers into the reduction reading it (fuse_reduce_producers). */
+    bool reduce_stores;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src

@@ -152,6 +152,8 @@ typedef struct cprog_ {
     bool bf16_storage;  /* the device stores bf16 values (the CPU backend): fuse.c may mark them */
     bool host_builtins; /* the CPU backend's builtins run it (scatter-add onto an initial value) */
     bool wire_gathers;  /* the device's vtable flag: lone all-gathers with outer > 1 get a wire */
+    bool reduce_stores; /* the device's vtable flag: reduction kernels store members of their
+                           loop (fuse.c fuse_reduce_producers) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

@@ -118,6 +118,8 @@ typedef struct {
     int64_t prefetch_peak_bytes; /* most gathered bytes of them in flight (opts.prefetch_bytes) */
     int64_t gather_bytes;  /* bytes all-gathered per run (the gathered tensors; bf16: 2 each) */
     int n_bf16_stored;     /* values stored as bf16 (read only by bf16-compute GEMMs) */
+    int n_reduce_merged;   /* elementwise groups merged into the reduction reading them
+                              (fuse.c fuse_reduce_producers; devices with reduce_stores) */
     int n_bf16_converted;  /* operands of bf16-compute GEMMs stored in f32: converted by the GEMM
                               at every call (0 in a bf16 GPT step: ops.c vjp_MATMUL) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */

@@ -240,6 +240,8 @@ static void count_bf16_converted(cprog *c)
  * it. The producer's other readers kept it out of the cast's group (joinable). The cast's index
  * is past the group's root, which is where the group runs: every reader of the copy comes later
  * still. Its empty group is dropped. Returns false when out of memory. */
+static bool drop_empty_groups(cprog *c);
+
 static bool fuse_bf16_copies(cprog *c, user_lists *u)
 {
     int moved = 0;
@@ -261,7 +263,12 @@ static bool fuse_bf16_copies(cprog *c, user_lists *u)
         if (!group_add(c, u, x->group, i)) return false;
         moved++;
     }
-    if (!moved) return true;
+    return !moved || drop_empty_groups(c);
+}
+
+/* Removes the groups emptied by a merge (root -1) and renumbers the rest. False: no memory. */
+static bool drop_empty_groups(cprog *c)
+{
     int *map = jdt_malloc(sizeof(int) * ((size_t)c->n_groups + 1)), k = 0;
     if (!map) return false;
     for (int g = 0; g < c->n_groups; g++) {
@@ -278,6 +285,99 @@ static bool fuse_bf16_copies(cprog *c, user_lists *u)
         if (c->nodes[i].group >= 0) c->nodes[i].group = map[c->nodes[i].group];
     jdt_free(map);
     return true;
+}
+
+/* May the values of node m be computed by a kernel that runs at step key `after` (a group
+ * root's index)? Every reader outside groups ga and gb, through views and absorbed strided
+ * reads, must come later (its index above `after`) and not be a collective (whose pack is
+ * keyed by its producer, earlier). *outside: set when some reader is outside them. */
+static bool read_later(const cprog *c, const user_lists *u, int m, int ga, int gb, int after,
+                       bool *outside)
+{
+    for (int k = u->start[m]; k < u->start[m + 1]; k++) {
+        const int v = u->users[k];
+        const cnode *vn = &c->nodes[v];
+        if (vn->group >= 0 && (vn->group == ga || vn->group == gb)) continue;
+        if (vn->absorbed || vn->kind == CK_VIEW) {
+            if (!read_later(c, u, v, ga, gb, after, outside)) return false;
+            continue;
+        }
+        *outside = true;
+        if (v <= after || jdt_op_class_of(vn->op) == JDT_OPC_COLLECTIVE) return false;
+    }
+    return true;
+}
+
+/* An elementwise group G whose root X a reduction group R reads at its loop index, with the same
+ * domain, joins R where the device's reduction kernels store members from their loop
+ * (c->reduce_stores: CUDA). The bias gradient of a bf16 GEMM's input cotangent is the case:
+ * G computes dh (GELU backward) and stores it in f32 and its bf16 copy for the GEMMs
+ * (fuse_bf16_copies), R reads dh back to sum it over the rows; merged, one kernel computes dh,
+ * stores the copy and sums, and dh is stored only if something else reads it. The merged
+ * kernel runs where R did (its root), later than G: every value it stores must be read only
+ * later (read_later), else G stays apart. Read and store limits as joinable's. Returns false
+ * when out of memory. */
+static bool fuse_reduce_producers(cprog *c, user_lists *u)
+{
+    if (!c->reduce_stores || c->opts.no_fuse) return true;
+    int merged = 0;
+    for (int gr = 0; gr < c->n_groups; gr++) {
+        cgroup *R = &c->groups[gr];
+        if (!R->is_reduce || R->root < 0) continue;
+        for (int mi = 0; mi < R->n_members; mi++) { /* R's reads of another group's root */
+            const cnode *rm = &c->nodes[R->members[mi]];
+            int x = -1;
+            for (int k = 0; k < rm->n_in && x < 0; k++) {
+                const int xi = rm->in[k];
+                const cnode *xn = &c->nodes[xi];
+                if (xn->group >= 0 && xn->group != gr && !c->groups[xn->group].is_reduce &&
+                    c->groups[xn->group].root == xi && (xn->kind == CK_EW || xn->kind == CK_MAP))
+                    x = xi;
+            }
+            if (x < 0) continue;
+            const int gg = c->nodes[x].group;
+            cgroup *G = &c->groups[gg];
+            if (!jdt_shape_eq(&G->domain, &R->domain)) continue;
+            bool ok = true, x_out = false;
+            for (int k = u->start[x]; k < u->start[x + 1] && ok; k++) { /* at R's loop index */
+                const int v = u->users[k];
+                const cnode *vn = &c->nodes[v];
+                if (vn->group == gr) ok = vn->kind == CK_EW || v == R->root;
+            }
+            int stores = 0; /* G's members stored from R's kernel */
+            for (int m = 0; m < G->n_members && ok; m++) {
+                const int gm = G->members[m];
+                bool out = false;
+                ok = read_later(c, u, gm, gr, gg, R->root, &out);
+                if (gm == x)
+                    x_out = out;
+                else
+                    stores += is_kept(u, gm);
+            }
+            stores += is_kept(u, x) || x_out;
+            if (!ok || R->n_in_bound + G->n_in_bound > JDT_GROUP_MAX_READS ||
+                R->n_stores + stores > JDT_GROUP_MAX_STORES)
+                continue;
+            if (x_out) u->kept[x] = 1; /* read elsewhere: stored from R's kernel */
+            const int n_g = G->n_members;
+            int *gm = jdt_malloc(sizeof(int) * (size_t)n_g);
+            if (!gm) return false;
+            memcpy(gm, G->members, sizeof(int) * (size_t)n_g);
+            G->n_members = 0; /* dropped below */
+            G->root = -1;
+            for (int m = 0; m < n_g; m++)
+                if (!group_add(c, u, gr, gm[m])) {
+                    jdt_free(gm);
+                    return false;
+                }
+            jdt_free(gm);
+            R = &c->groups[gr];
+            merged++;
+            mi = -1; /* R's members changed: look again */
+        }
+    }
+    c->stats.n_reduce_merged = merged;
+    return !merged || drop_empty_groups(c);
 }
 
 static void sort_members(cgroup *g)
@@ -745,7 +845,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
             goto out;
         }
     }
-    if (!c->opts.no_fuse && !fuse_bf16_copies(c, &u)) {
+    if (!c->opts.no_fuse && (!fuse_bf16_copies(c, &u) || !fuse_reduce_producers(c, &u))) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: fusion groups");
         goto out;
     }

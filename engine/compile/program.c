@@ -225,6 +225,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     p->dev = c->opts.device ? c->opts.device : jdt_device_cpu_default();
     c->scratch_bytes = p->dev->vt->scratch_bytes;
     c->wire_gathers = p->dev->vt->wire_gathers;
+    c->reduce_stores = p->dev->vt->reduce_stores;
     /* start/wait collectives: the CPU backends call the hooks; the CUDA backend runs its own
      * (NCCL on a stream of its own) and takes the hooks as the request to overlap them */
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();

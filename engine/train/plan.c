@@ -423,9 +423,12 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
     if (sm) {
         fprintf(f, "  ops            %d -> %d after DCE/CSE/simplification\n", sm->n_ops_in,
                 sm->n_ops_out);
-        fprintf(f,
-                "  kernels        %d fused loop nests + %d builtin calls (GEMM, attention, ...)\n",
+        fprintf(f, "  kernels        %d fused loop nests + %d builtin calls (GEMM, attention, ...)",
                 sm->n_kernels, sm->n_builtin);
+        if (sm->n_reduce_merged > 0)
+            fprintf(f, "; %d elementwise producers computed inside the reductions reading them",
+                    sm->n_reduce_merged);
+        fprintf(f, "\n");
         fprintf(f,
                 "  FLOPs/step     %.3g per device (compiler count, per micro-batch run); "
                 "model count %.3g per optimizer step, all devices\n",

@@ -331,6 +331,34 @@ static void build_bf16_cast_matmul(fx *f)
     jdt_graph_set_matmul_bf16(g, false);
 }
 
+/* The bias-gradient pattern of a bf16 backward: h = (x + y) * y (an elementwise group: GELU's
+ * backward in GPT-2, here without transcendentals so both sides round h to the same bf16), its
+ * bf16 copy for two GEMMs (dX, dW) and its sum over the rows (the bias gradient). On CUDA the
+ * group merges into the reduction (fuse.c fuse_reduce_producers): one kernel computes h, stores
+ * the copy and sums h. Once with h read by nothing else (not stored at all), once with h also an
+ * output (stored from the reduction's loop), once with a 4-output column reduction and once a
+ * scalar one (a row length of 30). The sum comes before the GEMMs that read the copy, as
+ * autodiff orders a bias gradient: the merged kernel runs where the sum did. */
+static void build_reduce_producer(fx *f)
+{
+    const jdt_dtype BF = JDT_DTYPE_BF16;
+    jdt_graph *g = f->g;
+    jdt_graph_set_matmul_bf16(g, true);
+    for (int v = 0; v < 2; v++) {
+        const int64_t C = v ? 30 : 48;
+        jdt_tensor *x = FX_INPUT(f, v ? "x1" : "x0", JDT_DTYPE_F32, -2, 2, 4, 64, C);
+        jdt_tensor *y = FX_INPUT(f, v ? "y1" : "y0", JDT_DTYPE_F32, -1, 1, 4, 64, C);
+        jdt_tensor *w = FX_INPUT(f, v ? "w1" : "w0", JDT_DTYPE_F32, -1, 1, C, 24);
+        jdt_tensor *h = jdt_graph_mul(g, jdt_graph_add(g, x, y), y); /* exact on both sides */
+        out(f, jdt_graph_reduce_sum(g, h, 3u, false)); /* bias, before the GEMMs as in autodiff */
+        jdt_tensor *hb = jdt_graph_reshape(g, jdt_graph_cast(g, h, BF), 2, (int64_t[]){256, C});
+        out(f, jdt_graph_matmul(g, hb, jdt_graph_cast(g, w, BF), false, false)); /* dX-like */
+        out(f, jdt_graph_matmul(g, hb, hb, true, false));                         /* dW-like */
+        if (v) out(f, h);
+    }
+    jdt_graph_set_matmul_bf16(g, false);
+}
+
 /* An Adam-like update of a parameter and a moment: donated and copied updates on the device. */
 static void build_update(fx *f)
 {
@@ -355,6 +383,8 @@ static const struct {
     {"elementwise", build_elementwise, 1e-5, 1e-5},
     {"shape_reduce", build_shape_reduce, 1e-4, 1e-4},
     {"vector_reduce", build_vector_reduce, 1e-4, 1e-4},
+    /* bf16 GEMM products of bf16 copies: summation order only */
+    {"reduce_producer", build_reduce_producer, 3e-4, 3e-4},
     {"vector", build_vector, 1e-5, 1e-5},
     {"vector_wide", build_vector_wide, 1e-5, 1e-5},
     /* TF32 GEMMs (10-bit mantissa): ~1e-3 relative on these small K */
@@ -504,6 +534,8 @@ START_TEST(test_nvrtc_op_graphs)
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "acc3 += x"));
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "_done[tile]"));
         }
+        if (strcmp(GRAPHS[i].name, "reduce_producer") == 0) /* both producers merged */
+            ck_assert_int_eq(jdt_program_stats(p)->n_reduce_merged, nf ? 0 : 2);
         if (strcmp(GRAPHS[i].name, "vector_wide") == 0 && !nf) /* too many loads to hold */
             ck_assert_ptr_null(strstr(jdt_program_source(p), "= jdt_ld4(r"));
         jdt_program_free(p);

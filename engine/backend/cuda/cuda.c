@@ -1280,6 +1280,7 @@ static const jdt_backend_vt cuda_vt = {
     .name = "cuda",
     .bf16_storage = true,
     .wire_gathers = true,
+    .reduce_stores = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
     .source = cuda_source,

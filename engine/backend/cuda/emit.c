@@ -323,6 +323,19 @@ static int red_vec_width(const jdt_nest *N, const cnode *root)
     return n_vec > 0 && regs <= VEC_MAX_REGS ? VEC : 1;
 }
 
+/* A reduction's stores of its members other than the result (fuse.c fuse_reduce_producers:
+ * the merged producer's bf16 copy, or its value where others read it), at the element the loop
+ * is at: every element of the reduced domain is visited once. */
+static void emit_red_member_stores(jdt_sbuf *s, const jdt_nest *N, bool wide)
+{
+    char off[512];
+    for (int a = 0; a < N->n_acc; a++) {
+        if (!N->acc[a].write || N->acc[a].node == N->g->root) continue;
+        offset32(N, a, wide, off, sizeof off);
+        emit_store(s, N, a, off);
+    }
+}
+
 /* The loads and member values of one row of a vectorised column reduction (red_vec_width): a
  * thread's VEC outputs at b<in> .. b<in> + VEC - 1; vector reads once, broadcast ones once,
  * strided ones per lane; lane j adds its value `src` into acc<j> (or takes the max). */
@@ -366,6 +379,7 @@ static void emit_red_vec_row(jdt_sbuf *s, const jdt_nest *N, bool wide, const ch
         }
         for (int i = 0; i < g->n_members; i++)
             if (g->members[i] != g->root) jdt_nest_value(s, N, g->members[i]);
+        emit_red_member_stores(s, N, wide);
         if (is_max)
             jdt_sb_printf(s, "        acc%d = %s > acc%d ? %s : acc%d;\n        }\n", j, src, j, src,
                           j);
@@ -524,9 +538,9 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     char init[64], src[96], J[24] = "";
     jdt_nest_lit(init, sizeof init, root->dtype, is_max ? -1.0 / 0.0 : 0.0);
     jdt_nest_operand(&N, root, 0, src, sizeof src);
-    int w = -1;
+    int w = -1; /* the result's store (members may store too: emit_red_member_stores) */
     for (int a = 0; a < N.n_acc; a++)
-        if (N.acc[a].write) w = a;
+        if (N.acc[a].write && N.acc[a].node == g->root) w = a;
     jdt_sb_printf(s, "    __shared__ %s sh[%d];\n", T, RED_THREADS * V);
     jdt_sb_printf(s, "    const int tx = threadIdx.x, ty = threadIdx.y;\n");
     if (S > 1) { /* this block's chunk of the reduced range */
@@ -562,6 +576,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         emit_loads(s, &N, wide);
         for (int i = 0; i < g->n_members; i++)
             if (g->members[i] != g->root) jdt_nest_value(s, &N, g->members[i]);
+        emit_red_member_stores(s, &N, wide);
         if (is_max)
             jdt_sb_printf(s, "        acc = %s > acc ? %s : acc;\n", src, src);
         else
@@ -646,14 +661,14 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
     jdt_status st = JDT_OK;
     *src = NULL;
     *launch = NULL;
-    /* fuse.c never stores a reduction's result as bf16 (a bf16 IR node fused into a
-     * reduction's loop is rounded in registers, not stored) */
+    /* fuse.c never stores a reduction's result as bf16 (its members may be: stored from the
+     * loop, rounded as elementwise kernels do) */
     for (int i = 0; i < c->n_nodes; i++)
         if (c->nodes[i].bf16 && c->nodes[i].store && c->nodes[i].group >= 0 &&
-            c->groups[c->nodes[i].group].is_reduce) {
+            c->groups[c->nodes[i].group].is_reduce && c->groups[c->nodes[i].group].root == i) {
             char lbl[128];
             return jdt_err_set(e, JDT_ERR_INTERNAL,
-                               "cuda codegen: %s in a reduction is stored as bf16, which the "
+                               "cuda codegen: %s is a reduction result stored as bf16, which the "
                                "reduction kernels do not implement",
                                jdt_compile_node_label(&c->nodes[i], lbl, sizeof lbl));
         }
@@ -770,6 +785,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .name = "cuda (source only)",
     .bf16_storage = true,
     .wire_gathers = true,
+    .reduce_stores = true,
     .prepare = eo_prepare,
     .source = eo_source,
     .begin = eo_begin,
