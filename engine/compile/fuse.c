@@ -308,6 +308,34 @@ static bool read_later(const cprog *c, const user_lists *u, int m, int ga, int g
     return true;
 }
 
+/* A reduction group R of one node that reads a reshape V of a group root X whose leading dims
+ * it reduces (a bias gradient summed over the (B, T) rows of the (B, T, C) view of a
+ * (B, T, H, D) value: the q/k/v transposes of attention's backward): may R reduce X over the
+ * same rows instead? Yes when V only regroups dims, so that the reduced leading dims of V
+ * cover exactly X's first q dims (the kept ones then have the same row-major order). Returns
+ * X's reduce mask (bits 0..q-1), or 0. */
+static uint32_t reshape_reduce_mask(const cprog *c, const user_lists *u, const cgroup *R, int v)
+{
+    const cnode *vn = &c->nodes[v], *root = &c->nodes[R->root];
+    if (R->n_members != 1 || vn->kind != CK_VIEW || vn->op != JDT_OP_RESHAPE || vn->absorbed ||
+        is_kept(u, v) || u->start[v + 1] - u->start[v] != 1)
+        return 0;
+    const jdt_shape *vs = &vn->shape, *xs = &c->nodes[vn->in[0]].shape;
+    int p = 0; /* V's reduced dims: a prefix */
+    while (p < vs->ndim && cnode_reduces_axis(root, p))
+        p++;
+    if (p == 0 || p == vs->ndim) return 0;
+    for (int d = p; d < vs->ndim; d++)
+        if (cnode_reduces_axis(root, d)) return 0;
+    int64_t rows = 1, xrows = 1;
+    for (int d = 0; d < p; d++)
+        rows *= vs->dims[d];
+    int q = 0;
+    while (q < xs->ndim && xrows < rows)
+        xrows *= xs->dims[q++];
+    return xrows == rows && q < xs->ndim ? (1u << q) - 1 : 0;
+}
+
 /* An elementwise group G whose root X a reduction group R reads at its loop index, with the same
  * domain, joins R where the device's reduction kernels store members from their loop
  * (c->reduce_stores: CUDA). The bias gradient of a bf16 GEMM's input cotangent is the case:
@@ -326,18 +354,26 @@ static bool fuse_reduce_producers(cprog *c, user_lists *u)
         if (!R->is_reduce || R->root < 0) continue;
         for (int mi = 0; mi < R->n_members; mi++) { /* R's reads of another group's root */
             const cnode *rm = &c->nodes[R->members[mi]];
-            int x = -1;
+            int x = -1, view = -1;
+            uint32_t vmask = 0;
             for (int k = 0; k < rm->n_in && x < 0; k++) {
-                const int xi = rm->in[k];
+                int xi = rm->in[k];
+                if (R->members[mi] == R->root &&
+                    (vmask = reshape_reduce_mask(c, u, R, xi)) != 0) { /* through a reshape */
+                    view = xi;
+                    xi = c->nodes[xi].in[0];
+                }
                 const cnode *xn = &c->nodes[xi];
                 if (xn->group >= 0 && xn->group != gr && !c->groups[xn->group].is_reduce &&
                     c->groups[xn->group].root == xi && (xn->kind == CK_EW || xn->kind == CK_MAP))
                     x = xi;
+                else
+                    view = -1;
             }
             if (x < 0) continue;
             const int gg = c->nodes[x].group;
             cgroup *G = &c->groups[gg];
-            if (!jdt_shape_eq(&G->domain, &R->domain)) continue;
+            if (!jdt_shape_eq(&G->domain, view >= 0 ? &c->nodes[x].shape : &R->domain)) continue;
             bool ok = true, x_out = false;
             for (int k = u->start[x]; k < u->start[x + 1] && ok; k++) { /* at R's loop index */
                 const int v = u->users[k];
@@ -359,6 +395,12 @@ static bool fuse_reduce_producers(cprog *c, user_lists *u)
                 R->n_stores + stores > JDT_GROUP_MAX_STORES)
                 continue;
             if (x_out) u->kept[x] = 1; /* read elsewhere: stored from R's kernel */
+            if (view >= 0) { /* R reduces X's leading dims directly; the view goes unread */
+                c->nodes[view].absorbed = true;
+                c->nodes[R->root].in[0] = x;
+                c->nodes[R->root].attrs.i[0] = vmask;
+                R->domain = c->nodes[x].shape;
+            }
             const int n_g = G->n_members;
             int *gm = jdt_malloc(sizeof(int) * (size_t)n_g);
             if (!gm) return false;
@@ -755,7 +797,8 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
                  .scratch_buf = -1, .coll = -1);
             if (jdt_op_class_of(n->op) == JDT_OPC_COLLECTIVE) n_blocking++;
         } else {
-            n->store = n->kind == CK_LEAF || n->kind == CK_VIEW;
+            /* a view a reduction reads through (fuse_reduce_producers) has no buffer */
+            n->store = n->kind == CK_LEAF || (n->kind == CK_VIEW && !n->absorbed);
         }
     }
     for (int k = 0; k < c->n_colls; k++) {

@@ -337,8 +337,9 @@ static void build_bf16_cast_matmul(fx *f)
  * group merges into the reduction (fuse.c fuse_reduce_producers): one kernel computes h, stores
  * the copy and sums h. Once with h read by nothing else (not stored at all), once with h also an
  * output (stored from the reduction's loop), once with a 4-output column reduction and once a
- * scalar one (a row length of 30). The sum comes before the GEMMs that read the copy, as
- * autodiff orders a bias gradient: the merged kernel runs where the sum did. */
+ * scalar one (a row length of 30); and a transpose summed through a reshape (q/k/v bias
+ * gradients). The sums come before the GEMMs that read the copies, as autodiff orders a bias
+ * gradient: the merged kernel runs where the sum did. */
 static void build_reduce_producer(fx *f)
 {
     const jdt_dtype BF = JDT_DTYPE_BF16;
@@ -356,6 +357,14 @@ static void build_reduce_producer(fx *f)
         out(f, jdt_graph_matmul(g, hb, hb, true, false));                         /* dW-like */
         if (v) out(f, h);
     }
+    /* attention's dq: a (B, H, T, D) value transposed to (B, T, H, D), summed over (B, T) through
+     * its (B, T, C) view (the reduction then runs over the transpose's dims) */
+    jdt_tensor *a = FX_INPUT(f, "a", JDT_DTYPE_F32, -1, 1, 2, 3, 16, 8);
+    jdt_tensor *wq = FX_INPUT(f, "wq", JDT_DTYPE_F32, -1, 1, 24, 24);
+    jdt_tensor *x = jdt_graph_transpose(g, a, (int[]){0, 2, 1, 3});
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_reshape(g, x, 3, (int64_t[]){2, 16, 24}), 3u, false));
+    jdt_tensor *xb = jdt_graph_reshape(g, jdt_graph_cast(g, x, BF), 2, (int64_t[]){32, 24});
+    out(f, jdt_graph_matmul(g, xb, jdt_graph_cast(g, wq, BF), false, false));
     jdt_graph_set_matmul_bf16(g, false);
 }
 
@@ -535,7 +544,7 @@ START_TEST(test_nvrtc_op_graphs)
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "_done[tile]"));
         }
         if (strcmp(GRAPHS[i].name, "reduce_producer") == 0) /* both producers merged */
-            ck_assert_int_eq(jdt_program_stats(p)->n_reduce_merged, nf ? 0 : 2);
+            ck_assert_int_eq(jdt_program_stats(p)->n_reduce_merged, nf ? 0 : 3);
         if (strcmp(GRAPHS[i].name, "vector_wide") == 0 && !nf) /* too many loads to hold */
             ck_assert_ptr_null(strstr(jdt_program_source(p), "= jdt_ld4(r"));
         jdt_program_free(p);
