@@ -338,7 +338,9 @@ static void emit_red_member_stores(jdt_sbuf *s, const jdt_nest *N, bool wide)
 
 /* The loads and member values of one row of a vectorised column reduction (red_vec_width): a
  * thread's VEC outputs at b<in> .. b<in> + VEC - 1; vector reads once, broadcast ones once,
- * strided ones per lane; lane j adds its value `src` into acc<j> (or takes the max). */
+ * strided ones per lane; lane j adds its value `src` into acc<j> (or takes the max). A stored
+ * member (emit_red_member_stores) contiguous along the row is written once per row as a
+ * float4 / ushort4 gathered from the lanes, else per lane. */
 static void emit_red_vec_row(jdt_sbuf *s, const jdt_nest *N, bool wide, const char *I,
                              const char *src, bool is_max)
 {
@@ -362,6 +364,13 @@ static void emit_red_vec_row(jdt_sbuf *s, const jdt_nest *N, bool wide, const ch
             jdt_sb_printf(s, "        const %s X%d = %s(r%d + (%s));\n", h ? "ushort4" : "float4",
                           a, h ? "jdt_ldh4" : "jdt_ld4", a, off);
     }
+    for (int a = 0; a < N->n_acc; a++) { /* stored members: one vector per row where they can */
+        if (!N->acc[a].write || N->acc[a].node == g->root) continue;
+        kind[a] = classify_vec(N, a);
+        if (kind[a] == VA_VEC)
+            jdt_sb_printf(s, "        %s W%d;\n",
+                          c->nodes[N->acc[a].node].bf16 ? "ushort4" : "float4", a);
+    }
     for (int j = 0; j < VEC; j++) {
         jdt_sb_printf(s, "        {\n        const %s i%d = b%d + %d;\n", I, in, in, j);
         for (int a = 0; a < N->n_acc; a++) {
@@ -379,12 +388,30 @@ static void emit_red_vec_row(jdt_sbuf *s, const jdt_nest *N, bool wide, const ch
         }
         for (int i = 0; i < g->n_members; i++)
             if (g->members[i] != g->root) jdt_nest_value(s, N, g->members[i]);
-        emit_red_member_stores(s, N, wide);
+        for (int a = 0; a < N->n_acc; a++) {
+            const jdt_access *x = &N->acc[a];
+            if (!x->write || x->node == g->root) continue;
+            if (kind[a] == VA_VEC) {
+                jdt_sb_printf(s,
+                              c->nodes[x->node].bf16 ? "        W%d.%c = jdt_bf16_st(v%d);\n"
+                                                     : "        W%d.%c = v%d;\n",
+                              a, comp[j], x->node);
+            } else {
+                offset32(N, a, wide, off, sizeof off);
+                emit_store(s, N, a, off);
+            }
+        }
         if (is_max)
             jdt_sb_printf(s, "        acc%d = %s > acc%d ? %s : acc%d;\n        }\n", j, src, j, src,
                           j);
         else
             jdt_sb_printf(s, "        acc%d += %s;\n        }\n", j, src);
+    }
+    for (int a = 0; a < N->n_acc; a++) {
+        if (!N->acc[a].write || N->acc[a].node == g->root || kind[a] != VA_VEC) continue;
+        offset_at(N, a, wide, base, off, sizeof off);
+        jdt_sb_printf(s, "        %s(w%d + (%s), W%d);\n",
+                      c->nodes[N->acc[a].node].bf16 ? "jdt_sth4" : "jdt_st4", a, off, a);
     }
 }
 
