@@ -354,7 +354,7 @@ static void build_reduce_producer(fx *f)
         out(f, jdt_graph_reduce_sum(g, h, 3u, false)); /* bias, before the GEMMs as in autodiff */
         jdt_tensor *hb = jdt_graph_reshape(g, jdt_graph_cast(g, h, BF), 2, (int64_t[]){256, C});
         out(f, jdt_graph_matmul(g, hb, jdt_graph_cast(g, w, BF), false, false)); /* dX-like */
-        out(f, jdt_graph_matmul(g, hb, hb, true, false));                         /* dW-like */
+        out(f, jdt_graph_matmul(g, hb, hb, true, false));                        /* dW-like */
         if (v) out(f, h);
     }
     /* attention's dq: a (B, H, T, D) value transposed to (B, T, H, D), summed over (B, T) through

@@ -387,9 +387,9 @@ START_TEST(test_train_step_updates)
         line--;
     double pct, ms, gbs, tfs;
     int cnt;
-    ck_assert_msg(sscanf(line, " %lf%% %lf ms %d x %lf GB/s %lf TFLOP/s", &pct, &ms, &cnt, &gbs,
-                         &tfs) == 5,
-                  "%s", prof);
+    ck_assert_msg(
+        sscanf(line, " %lf%% %lf ms %d x %lf GB/s %lf TFLOP/s", &pct, &ms, &cnt, &gbs, &tfs) == 5,
+        "%s", prof);
     ck_assert_msg(gbs > 0 && tfs > 0 && cnt > 0, "%s", prof);
     jdt_program_free(p);
     fx_free(&f);

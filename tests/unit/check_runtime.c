@@ -503,7 +503,8 @@ static void check_xent_bwd(int64_t N, int64_t V)
             for (int64_t c = 0; c < V; c++) {
                 double want = in ? (exp((double)xr[c] - m - log(s)) - (c == t[i])) * dl[i] : 0.0;
                 double got = dx[i * V + c], tol = 1e-7 + 2e-5 * fabs(want);
-                ck_assert_msg(fabs(got - want) <= tol, "xent_bwd(%s) N=%lld V=%lld [%lld,%lld]: %g, want %g",
+                ck_assert_msg(fabs(got - want) <= tol,
+                              "xent_bwd(%s) N=%lld V=%lld [%lld,%lld]: %g, want %g",
                               from_loss ? "loss" : "computed", (long long)N, (long long)V,
                               (long long)i, (long long)c, got, want);
                 uint32_t u = (uint32_t)d16[i * V + c] << 16;

@@ -402,8 +402,8 @@ static void emit_red_vec_row(jdt_sbuf *s, const jdt_nest *N, bool wide, const ch
             }
         }
         if (is_max)
-            jdt_sb_printf(s, "        acc%d = %s > acc%d ? %s : acc%d;\n        }\n", j, src, j, src,
-                          j);
+            jdt_sb_printf(s, "        acc%d = %s > acc%d ? %s : acc%d;\n        }\n", j, src, j,
+                          src, j);
         else
             jdt_sb_printf(s, "        acc%d += %s;\n        }\n", j, src);
     }
@@ -611,8 +611,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     }
     jdt_sb_printf(s, "    }\n    }\n");
     /* shared memory: a value per thread and lane, sh[(ty * BX + tx) * V + j] */
-    if (V == 1)
-        jdt_sb_printf(s, "    sh[ty * %d + tx] = acc;\n", BX);
+    if (V == 1) jdt_sb_printf(s, "    sh[ty * %d + tx] = acc;\n", BX);
     for (int j = 0; V > 1 && j < V; j++)
         jdt_sb_printf(s, "    sh[(ty * %d + tx) * %d + %d] = acc%d;\n", BX, V, j, j);
     jdt_sb_printf(s, "    __syncthreads();\n");
@@ -656,9 +655,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
             if (V > 1) jdt_sb_printf(s, "        const %s i%d = b%d + %d;\n", I, in, in, j);
             jdt_sb_printf(s, "        %s a = %s;\n", T, init);
             jdt_sb_printf(s, "        for (unsigned q = 0; q < gridDim.y; q++) {\n");
-            jdt_sb_printf(
-                s, "            const %s b = ((volatile %s *)jdt_red_part)[(%s)q * %lld + o * %d + %d];\n",
-                T, T, I, (long long)n_out, V, j);
+            jdt_sb_printf(s,
+                          "            const %s b = ((volatile %s *)jdt_red_part)[(%s)q * %lld + o "
+                          "* %d + %d];\n",
+                          T, T, I, (long long)n_out, V, j);
             if (is_max)
                 jdt_sb_printf(s, "            a = b > a ? b : a;\n        }\n");
             else
