@@ -336,83 +336,121 @@ static void emit_red_member_stores(jdt_sbuf *s, const jdt_nest *N, bool wide)
     }
 }
 
-/* The loads and member values of one row of a vectorised column reduction (red_vec_width): a
- * thread's VEC outputs at b<in> .. b<in> + VEC - 1; vector reads once, broadcast ones once,
- * strided ones per lane; lane j adds its value `src` into acc<j> (or takes the max). A stored
- * member (emit_red_member_stores) contiguous along the row is written once per row as a
- * float4 / ushort4 gathered from the lanes, else per lane. */
-static void emit_red_vec_row(jdt_sbuf *s, const jdt_nest *N, bool wide, const char *I,
-                             const char *src, bool is_max)
+/* ---- a thread's VEC consecutive elements (emit_vec_body, emit_red_vec_row) ----------------- */
+
+static const char COMP[VEC] = {'x', 'y', 'z', 'w'};
+
+/* Opens a thread's VEC elements at b<in> = i<in> * VEC: classifies every access into kind[]
+ * (the write accesses of node `skip`, a reduction's result, left out), loads vector reads once
+ * (X<a>: float4 / ushort4) and broadcast ones once, declares the vector store registers W<a>. */
+static void emit_vec_open(jdt_sbuf *s, const jdt_nest *N, bool wide, const char *I, int skip,
+                          vec_access *kind)
 {
-    const cprog *c = N->c;
-    const cgroup *g = N->g;
     const int in = N->n - 1;
-    static const char comp[VEC] = {'x', 'y', 'z', 'w'};
     char off[512], base[24];
-    vec_access kind[JDT_NEST_MAX_ACC];
     snprintf(base, sizeof base, "b%d", in);
     jdt_sb_printf(s, "        const %s b%d = i%d * %d;\n", I, in, in, VEC);
     for (int a = 0; a < N->n_acc; a++) {
-        if (N->acc[a].write) continue;
+        const jdt_access *x = &N->acc[a];
+        if (x->write && x->node == skip) continue;
         kind[a] = classify_vec(N, a);
         if (kind[a] == VA_SCALAR) continue;
-        const bool h = c->nodes[N->acc[a].node].bf16;
+        const bool h = N->c->nodes[x->node].bf16;
         offset_at(N, a, wide, base, off, sizeof off);
         if (kind[a] == VA_BCAST)
             emit_load(s, N, a, off);
+        else if (x->write)
+            jdt_sb_printf(s, "        %s W%d;\n", h ? "ushort4" : "float4", a);
         else
             jdt_sb_printf(s, "        const %s X%d = %s(r%d + (%s));\n", h ? "ushort4" : "float4",
                           a, h ? "jdt_ldh4" : "jdt_ld4", a, off);
     }
-    for (int a = 0; a < N->n_acc; a++) { /* stored members: one vector per row where they can */
-        if (!N->acc[a].write || N->acc[a].node == g->root) continue;
-        kind[a] = classify_vec(N, a);
-        if (kind[a] == VA_VEC)
-            jdt_sb_printf(s, "        %s W%d;\n",
-                          c->nodes[N->acc[a].node].bf16 ? "ushort4" : "float4", a);
+}
+
+/* Lane j's reads (inside its block, i<in> the lane's index): its component of each vector
+ * read, its own load of each strided one, the flat index. */
+static void emit_lane_reads(jdt_sbuf *s, const jdt_nest *N, bool wide, const vec_access *kind,
+                            int j)
+{
+    char off[512];
+    for (int a = 0; a < N->n_acc; a++) {
+        const jdt_access *x = &N->acc[a];
+        if (x->write) continue;
+        if (a == N->flat) {
+            offset32(N, a, wide, off, sizeof off);
+            jdt_sb_printf(s, "        const int64_t flat = %s;\n", off);
+        } else if (kind[a] == VA_VEC) {
+            jdt_sb_printf(s,
+                          N->c->nodes[x->node].bf16
+                              ? "        const float x%d = jdt_bf16_ld(X%d.%c);\n"
+                              : "        const float x%d = X%d.%c;\n",
+                          a, a, COMP[j]);
+        } else if (kind[a] == VA_SCALAR) {
+            offset32(N, a, wide, off, sizeof off);
+            emit_load(s, N, a, off);
+        }
     }
+}
+
+/* Lane j's stores (node `skip` left out): into its component of W<a>, or its own store. */
+static void emit_lane_writes(jdt_sbuf *s, const jdt_nest *N, bool wide, const vec_access *kind,
+                             int j, int skip)
+{
+    char off[512];
+    for (int a = 0; a < N->n_acc; a++) {
+        const jdt_access *x = &N->acc[a];
+        if (!x->write || x->node == skip) continue;
+        if (kind[a] == VA_VEC) {
+            jdt_sb_printf(s,
+                          N->c->nodes[x->node].bf16 ? "        W%d.%c = jdt_bf16_st(v%d);\n"
+                                                    : "        W%d.%c = v%d;\n",
+                          a, COMP[j], x->node);
+        } else {
+            offset32(N, a, wide, off, sizeof off);
+            emit_store(s, N, a, off);
+        }
+    }
+}
+
+/* Closes the thread's elements: one vector store of each W<a>. */
+static void emit_vec_close(jdt_sbuf *s, const jdt_nest *N, bool wide, const vec_access *kind,
+                           int skip)
+{
+    char off[512], base[24];
+    snprintf(base, sizeof base, "b%d", N->n - 1);
+    for (int a = 0; a < N->n_acc; a++) {
+        const jdt_access *x = &N->acc[a];
+        if (!x->write || x->node == skip || kind[a] != VA_VEC) continue;
+        offset_at(N, a, wide, base, off, sizeof off);
+        jdt_sb_printf(s, "        %s(w%d + (%s), W%d);\n",
+                      N->c->nodes[x->node].bf16 ? "jdt_sth4" : "jdt_st4", a, off, a);
+    }
+}
+
+/* One row of a vectorised column reduction (red_vec_width): a thread's VEC outputs at b<in> ..
+ * b<in> + VEC - 1; lane j adds its value `src` into acc<j> (or takes the max). A stored member
+ * (fuse.c fuse_reduce_producers) contiguous along the row is written once per row as a float4 /
+ * ushort4 gathered from the lanes, else per lane. */
+static void emit_red_vec_row(jdt_sbuf *s, const jdt_nest *N, bool wide, const char *I,
+                             const char *src, bool is_max)
+{
+    const cgroup *g = N->g;
+    const int in = N->n - 1;
+    vec_access kind[JDT_NEST_MAX_ACC];
+    emit_vec_open(s, N, wide, I, g->root, kind);
     for (int j = 0; j < VEC; j++) {
         jdt_sb_printf(s, "        {\n        const %s i%d = b%d + %d;\n", I, in, in, j);
-        for (int a = 0; a < N->n_acc; a++) {
-            if (N->acc[a].write) continue;
-            if (kind[a] == VA_VEC) {
-                jdt_sb_printf(s,
-                              c->nodes[N->acc[a].node].bf16
-                                  ? "        const float x%d = jdt_bf16_ld(X%d.%c);\n"
-                                  : "        const float x%d = X%d.%c;\n",
-                              a, a, comp[j]);
-            } else if (kind[a] == VA_SCALAR) {
-                offset32(N, a, wide, off, sizeof off);
-                emit_load(s, N, a, off);
-            }
-        }
+        emit_lane_reads(s, N, wide, kind, j);
         for (int i = 0; i < g->n_members; i++)
             if (g->members[i] != g->root) jdt_nest_value(s, N, g->members[i]);
-        for (int a = 0; a < N->n_acc; a++) {
-            const jdt_access *x = &N->acc[a];
-            if (!x->write || x->node == g->root) continue;
-            if (kind[a] == VA_VEC) {
-                jdt_sb_printf(s,
-                              c->nodes[x->node].bf16 ? "        W%d.%c = jdt_bf16_st(v%d);\n"
-                                                     : "        W%d.%c = v%d;\n",
-                              a, comp[j], x->node);
-            } else {
-                offset32(N, a, wide, off, sizeof off);
-                emit_store(s, N, a, off);
-            }
-        }
+        emit_lane_writes(s, N, wide, kind, j, g->root);
         if (is_max)
             jdt_sb_printf(s, "        acc%d = %s > acc%d ? %s : acc%d;\n        }\n", j, src, j,
                           src, j);
         else
             jdt_sb_printf(s, "        acc%d += %s;\n        }\n", j, src);
     }
-    for (int a = 0; a < N->n_acc; a++) {
-        if (!N->acc[a].write || N->acc[a].node == g->root || kind[a] != VA_VEC) continue;
-        offset_at(N, a, wide, base, off, sizeof off);
-        jdt_sb_printf(s, "        %s(w%d + (%s), W%d);\n",
-                      c->nodes[N->acc[a].node].bf16 ? "jdt_sth4" : "jdt_st4", a, off, a);
-    }
+    emit_vec_close(s, N, wide, kind, g->root);
 }
 
 /* The body of a vectorised elementwise kernel: a thread owns VEC consecutive elements along the
@@ -422,75 +460,19 @@ static void emit_red_vec_row(jdt_sbuf *s, const jdt_nest *N, bool wide, const ch
  * lane's index, so every value is computed exactly as there. */
 static void emit_vec_body(jdt_sbuf *s, const jdt_nest *N, bool wide, const char *I)
 {
-    const cprog *c = N->c;
     const cgroup *g = N->g;
     const int in = N->n - 1;
-    static const char comp[VEC] = {'x', 'y', 'z', 'w'};
-    char off[512], base[24];
     vec_access kind[JDT_NEST_MAX_ACC];
-    for (int a = 0; a < N->n_acc; a++)
-        kind[a] = classify_vec(N, a);
-    snprintf(base, sizeof base, "b%d", in);
-    jdt_sb_printf(s, "        const %s b%d = i%d * %d;\n", I, in, in, VEC);
-    for (int a = 0; a < N->n_acc; a++) {
-        const jdt_access *x = &N->acc[a];
-        if (kind[a] == VA_SCALAR) continue;
-        const cnode *nd = &c->nodes[x->node];
-        offset_at(N, a, wide, base, off, sizeof off);
-        if (kind[a] == VA_BCAST) {
-            emit_load(s, N, a, off);
-        } else if (x->write) {
-            jdt_sb_printf(s, "        %s W%d;\n", nd->bf16 ? "ushort4" : "float4", a);
-        } else {
-            jdt_sb_printf(s, "        const %s X%d = %s(r%d + (%s));\n",
-                          nd->bf16 ? "ushort4" : "float4", a, nd->bf16 ? "jdt_ldh4" : "jdt_ld4", a,
-                          off);
-        }
-    }
+    emit_vec_open(s, N, wide, I, -1, kind);
     for (int j = 0; j < VEC; j++) {
         jdt_sb_printf(s, "        {\n        const %s i%d = b%d + %d;\n", I, in, in, j);
-        for (int a = 0; a < N->n_acc; a++) {
-            const jdt_access *x = &N->acc[a];
-            if (x->write) continue;
-            if (a == N->flat) {
-                offset32(N, a, wide, off, sizeof off);
-                jdt_sb_printf(s, "        const int64_t flat = %s;\n", off);
-                continue;
-            }
-            if (kind[a] == VA_VEC) {
-                if (c->nodes[x->node].bf16)
-                    jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(X%d.%c);\n", a, a,
-                                  comp[j]);
-                else
-                    jdt_sb_printf(s, "        const float x%d = X%d.%c;\n", a, a, comp[j]);
-            } else if (kind[a] == VA_SCALAR) {
-                offset32(N, a, wide, off, sizeof off);
-                emit_load(s, N, a, off);
-            }
-        }
+        emit_lane_reads(s, N, wide, kind, j);
         for (int i = 0; i < g->n_members; i++)
             jdt_nest_value(s, N, g->members[i]);
-        for (int a = 0; a < N->n_acc; a++) {
-            const jdt_access *x = &N->acc[a];
-            if (!x->write) continue;
-            if (kind[a] == VA_VEC) {
-                jdt_sb_printf(s,
-                              c->nodes[x->node].bf16 ? "        W%d.%c = jdt_bf16_st(v%d);\n"
-                                                     : "        W%d.%c = v%d;\n",
-                              a, comp[j], x->node);
-            } else {
-                offset32(N, a, wide, off, sizeof off);
-                emit_store(s, N, a, off);
-            }
-        }
+        emit_lane_writes(s, N, wide, kind, j, -1);
         jdt_sb_printf(s, "        }\n");
     }
-    for (int a = 0; a < N->n_acc; a++) {
-        if (!N->acc[a].write || kind[a] != VA_VEC) continue;
-        offset_at(N, a, wide, base, off, sizeof off);
-        jdt_sb_printf(s, "        %s(w%d + (%s), W%d);\n",
-                      c->nodes[N->acc[a].node].bf16 ? "jdt_sth4" : "jdt_st4", a, off, a);
-    }
+    emit_vec_close(s, N, wide, kind, -1);
 }
 
 static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda_launch *L,
