@@ -47,7 +47,8 @@ typedef struct {
 
 typedef struct {
     int root;     /* cnode index; the group runs at the root's position */
-    int *members; /* cnode indices in topological order (root last) */
+    int *members; /* cnode indices in topological order (a bf16 copy moved into its
+                     producer's group comes after the root: fuse.c fuse_bf16_copies) */
     int n_members, cap_members;
     jdt_shape domain; /* loop domain: the root's shape, or a reduction's input shape */
     bool is_reduce;
