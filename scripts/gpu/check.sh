@@ -44,7 +44,8 @@
 #   the device tool's 10-minute command limit),
 #   STAGES (default "2 3 4 5 4p 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
-#   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one output per thread instead of four),
+#   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
+#   output per thread instead of four),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
 #   before a GPU session spends its minutes: build-cuda/jdt-train-emu and the *-emu tests, two
 #   emulated GPUs, GPT-2 shrunk by GPT_EXTRA, the peers on the CPU with --tiny; no numbers from
