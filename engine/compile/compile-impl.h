@@ -278,6 +278,12 @@ static inline int cnode_read_src(const cprog *c, int x)
     return x;
 }
 
+/* Bytes of one element of n as stored (bf16 storage: 2, though computed in f32). */
+static inline int64_t cnode_elem_size(const cnode *n)
+{
+    return n->bf16 ? 2 : (int64_t)jdt_dtype_size(n->dtype);
+}
+
 /* Reduce attrs helper: true when axis k of an n-d input is reduced. */
 static inline bool cnode_reduces_axis(const cnode *r, int k)
 {

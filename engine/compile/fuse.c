@@ -993,7 +993,7 @@ static int add_buf(cprog *c, jdt_buf_kind kind, int64_t n_bytes, int leaf_node)
 
 static int64_t node_bytes(const cnode *n)
 {
-    return jdt_shape_numel(&n->shape) * (n->bf16 ? 2 : (int64_t)jdt_dtype_size(n->dtype));
+    return jdt_shape_numel(&n->shape) * cnode_elem_size(n);
 }
 
 /* Calls fn(step, input node) for every buffer read of step s (group-external inputs). */

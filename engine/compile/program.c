@@ -157,13 +157,6 @@ static double node_flops(const cprog *c, const cnode *n)
     return numel;
 }
 
-/* Bytes of one element of node i as stored (bf16 storage: 2). */
-static double elem_bytes(const cprog *c, int i)
-{
-    const cnode *n = &c->nodes[i];
-    return n->bf16 ? 2.0 : (double)jdt_dtype_size(n->dtype);
-}
-
 /* What step sp moves and computes at least: every element of every buffer it reads or writes
  * once (a kernel's accesses from its loop nest, so a broadcast or a weight read by every row
  * counts its own elements; a builtin's inputs and output), and node_flops of its nodes.
@@ -186,14 +179,15 @@ static void step_cost(const cprog *c, const cstep *sp, double *bytes, double *fl
             double elems = 1.0;
             for (int k = 0; k < N.n; k++)
                 if (N.acc[a].stride[k] != 0) elems *= (double)N.dims[k];
-            *bytes += elems * elem_bytes(c, N.acc[a].node);
+            *bytes += elems * (double)cnode_elem_size(&c->nodes[N.acc[a].node]);
         }
     } else if (sp->kind == STEP_BUILTIN) {
         const cnode *n = &c->nodes[sp->node];
         *flops = node_flops(c, n);
-        *bytes = (double)jdt_shape_numel(&n->shape) * elem_bytes(c, sp->node);
+        *bytes = (double)(jdt_shape_numel(&n->shape) * cnode_elem_size(n));
         for (int k = 0; k < n->n_in; k++)
-            *bytes += (double)jdt_shape_numel(&c->nodes[n->in[k]].shape) * elem_bytes(c, n->in[k]);
+            *bytes += (double)(jdt_shape_numel(&c->nodes[n->in[k]].shape) *
+                               cnode_elem_size(&c->nodes[n->in[k]]));
     }
 }
 

@@ -284,17 +284,29 @@ static vec_access classify_vec(const jdt_nest *N, int a)
 /* The vector width of an elementwise group: VEC when its innermost extent is a multiple of VEC
  * and some access is a vector (a contiguous f32 or bf16 read or write), else 1. JDT_CUDA_VEC=0
  * turns it off (to measure it against the scalar kernels on a GPU). */
-static int vec_width(const jdt_nest *N)
+/* JDT_CUDA_VEC=0: no vector kernels (to measure them against the scalar ones on a GPU). */
+static bool vec_off(void)
 {
     const char *env = getenv("JDT_CUDA_VEC");
-    if ((env && strcmp(env, "0") == 0) || N->dims[N->n - 1] % VEC) return 1;
+    return env && strcmp(env, "0") == 0;
+}
+
+/* Does a thread of VEC elements pay: some access (a read, with reads_only) a vector, and the
+ * vector registers within VEC_MAX_REGS? */
+static bool vec_fits(const jdt_nest *N, bool reads_only)
+{
     int regs = 0, n_vec = 0;
     for (int a = 0; a < N->n_acc; a++)
-        if (classify_vec(N, a) == VA_VEC) {
+        if (!(reads_only && N->acc[a].write) && classify_vec(N, a) == VA_VEC) {
             n_vec++;
             regs += N->c->nodes[N->acc[a].node].bf16 ? VEC / 2 : VEC;
         }
-    return n_vec > 0 && regs <= VEC_MAX_REGS ? VEC : 1;
+    return n_vec > 0 && regs <= VEC_MAX_REGS;
+}
+
+static int vec_width(const jdt_nest *N)
+{
+    return !vec_off() && N->dims[N->n - 1] % VEC == 0 && vec_fits(N, false) ? VEC : 1;
 }
 
 /* The outputs per thread of a reduction: VEC for a column reduction (the innermost dim kept,
@@ -305,32 +317,25 @@ static int vec_width(const jdt_nest *N)
  * SM waits on memory latency rather than bandwidth. */
 static int red_vec_width(const jdt_nest *N, const cnode *root)
 {
-    const char *env = getenv("JDT_CUDA_VEC");
     const int in = N->n - 1;
-    if ((env && strcmp(env, "0") == 0) || !N->kept[in] || N->dims[in] % VEC || N->flat >= 0 ||
+    if (vec_off() || !N->kept[in] || N->dims[in] % VEC || N->flat >= 0 ||
         root->dtype != JDT_DTYPE_F32)
         return 1;
     int64_t n_red = 1;
     for (int k = 0; k < N->n; k++)
         if (!N->kept[k]) n_red *= N->dims[k];
-    if (n_red <= 1) return 1;
-    int regs = 0, n_vec = 0;
-    for (int a = 0; a < N->n_acc; a++)
-        if (!N->acc[a].write && classify_vec(N, a) == VA_VEC) {
-            n_vec++;
-            regs += N->c->nodes[N->acc[a].node].bf16 ? VEC / 2 : VEC;
-        }
-    return n_vec > 0 && regs <= VEC_MAX_REGS ? VEC : 1;
+    return n_red > 1 && vec_fits(N, true) ? VEC : 1;
 }
 
-/* A reduction's stores of its members other than the result (fuse.c fuse_reduce_producers:
- * the merged producer's bf16 copy, or its value where others read it), at the element the loop
- * is at: every element of the reduced domain is visited once. */
-static void emit_red_member_stores(jdt_sbuf *s, const jdt_nest *N, bool wide)
+/* The stores of an element's values, at the element the loop is at, but node skip's (a
+ * reduction's result, written once per output; -1: none). In a reduction they are its members'
+ * (fuse.c fuse_reduce_producers: the merged producer's bf16 copy, or its value where others
+ * read it): every element of the reduced domain is visited once. */
+static void emit_stores(jdt_sbuf *s, const jdt_nest *N, bool wide, int skip)
 {
     char off[512];
     for (int a = 0; a < N->n_acc; a++) {
-        if (!N->acc[a].write || N->acc[a].node == N->g->root) continue;
+        if (!N->acc[a].write || N->acc[a].node == skip) continue;
         offset32(N, a, wide, off, sizeof off);
         emit_store(s, N, a, off);
     }
@@ -526,11 +531,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         emit_loads(s, &N, wide);
         for (int i = 0; i < g->n_members; i++)
             jdt_nest_value(s, &N, g->members[i]);
-        for (int a = 0; a < N.n_acc; a++) {
-            if (!N.acc[a].write) continue;
-            offset32(&N, a, wide, off, sizeof off);
-            emit_store(s, &N, a, off);
-        }
+        emit_stores(s, &N, wide, -1);
         jdt_sb_printf(s, "    }\n}\n\n");
         return;
     }
@@ -547,7 +548,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     char init[64], src[96], J[24] = "";
     jdt_nest_lit(init, sizeof init, root->dtype, is_max ? -1.0 / 0.0 : 0.0);
     jdt_nest_operand(&N, root, 0, src, sizeof src);
-    int w = -1; /* the result's store (members may store too: emit_red_member_stores) */
+    int w = -1; /* the result's store (members may store too: emit_stores) */
     for (int a = 0; a < N.n_acc; a++)
         if (N.acc[a].write && N.acc[a].node == g->root) w = a;
     jdt_sb_printf(s, "    __shared__ %s sh[%d];\n", T, RED_THREADS * V);
@@ -585,7 +586,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         emit_loads(s, &N, wide);
         for (int i = 0; i < g->n_members; i++)
             if (g->members[i] != g->root) jdt_nest_value(s, &N, g->members[i]);
-        emit_red_member_stores(s, &N, wide);
+        emit_stores(s, &N, wide, g->root);
         if (is_max)
             jdt_sb_printf(s, "        acc = %s > acc ? %s : acc;\n", src, src);
         else
