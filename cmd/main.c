@@ -500,7 +500,8 @@ static void print_summary(const jdt_config *c, FILE *f)
     fprintf(f, ", weight decay %g, grad clip %s", c->optimizer.weight_decay, c->optimizer.grad_clip > 0 ? "" : "off");
     if (c->optimizer.grad_clip > 0) fprintf(f, "%g", c->optimizer.grad_clip);
     fprintf(f, "\n");
-    fprintf(f, "precision   compute %s, params %s\n", jdt_dtype_name(c->precision.compute),
+    fprintf(f, "precision   compute %s, activations %s, params %s\n",
+            jdt_dtype_name(c->precision.compute), jdt_dtype_name(c->precision.activations),
             jdt_dtype_name(c->precision.params));
     fprintf(f, "run         %s: %lld steps, seed %lld, outputs in %s/%s; log every %lld", c->run.name,
             (long long)c->run.steps, (long long)c->run.seed, c->run.out_dir, c->run.name,

@@ -24,6 +24,7 @@ typedef struct {
     int cap;
     bool oom;
     bool cast_weights; /* GEMM weights read through a CAST to bf16 (precision.compute: bf16) */
+    bool bf16_out;     /* linear and head outputs stored as bf16 (precision.activations: bf16) */
 } builder;
 
 static jdt_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *dims,
@@ -57,23 +58,54 @@ static jdt_tensor *gemm_weight(builder *b, jdt_tensor *w)
     return b->cast_weights ? jdt_graph_cast(b->g, w, JDT_DTYPE_BF16) : w;
 }
 
-/* x (N, in) @ W (in, out) [+ b (out)] -> (N, out) */
-static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
-                          const char *in_axis, const char *out_axis, double std)
+/* x (N, in) @ W (in, out) [+ b (out)] -> (N, out). With cast (precision.activations: bf16)
+ * the output is a bf16 node, bf16(x @ W + bf16(b)): PyTorch autocast's linear, whose bias is
+ * cast to bf16 too, and what cuBLASLt computes with a bf16 output and bias. The rounded bias is
+ * built before the product so that the compiler can fold it into the GEMM (passes.c). */
+static jdt_tensor *linear_ex(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
+                             const char *in_axis, const char *out_axis, double std, bool cast)
 {
     char name[256];
     const int64_t wd[2] = {in, out};
     const char *wa[2] = {in_axis, out_axis};
     snprintf(name, sizeof name, "%s.w", prefix);
     jdt_tensor *w = add_param(b, name, 2, wd, wa, JDT_INIT_NORMAL, std, true);
-    jdt_tensor *y = jdt_graph_matmul(b->g, x, gemm_weight(b, w), false, false);
+    jdt_tensor *bias = NULL;
+    cast = cast && b->bf16_out;
     if (b->cfg->model.bias) {
         const char *ba[1] = {out_axis};
         snprintf(name, sizeof name, "%s.b", prefix);
-        jdt_tensor *bias = add_param(b, name, 1, &out, ba, JDT_INIT_ZEROS, 0, false);
-        y = jdt_graph_add_bcast(b->g, y, bias);
+        bias = add_param(b, name, 1, &out, ba, JDT_INIT_ZEROS, 0, false);
+        if (cast)
+            bias = jdt_graph_cast(b->g, jdt_graph_cast(b->g, bias, JDT_DTYPE_BF16), JDT_DTYPE_F32);
     }
-    return y;
+    jdt_tensor *y = jdt_graph_matmul(b->g, x, gemm_weight(b, w), false, false);
+    if (bias) y = jdt_graph_add_bcast(b->g, y, bias);
+    return cast ? jdt_graph_cast(b->g, y, JDT_DTYPE_BF16) : y;
+}
+
+static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
+                          const char *in_axis, const char *out_axis, double std)
+{
+    return linear_ex(b, x, prefix, in, out, in_axis, out_axis, std, true);
+}
+
+/* q, k and v stay f32 in the graph: the attention reads them rounded to bf16 itself under
+ * bf16 compute, so storing them as bf16 would change no number (a storage matter, not the
+ * model's). */
+static jdt_tensor *linear_qkv(builder *b, jdt_tensor *x, const char *prefix, int64_t in,
+                              int64_t out, const char *out_axis, double std)
+{
+    return linear_ex(b, x, prefix, in, out, "embed", out_axis, std, false);
+}
+
+/* The head's logits: bf16 under precision.activations: bf16, read by the loss as f32 (the
+ * compiler lets a backend's cross-entropy read the bf16 values directly). */
+static jdt_tensor *head_logits(builder *b, jdt_tensor *x, jdt_tensor *w, bool tb)
+{
+    jdt_tensor *y = jdt_graph_matmul(b->g, x, gemm_weight(b, w), false, tb);
+    if (!b->bf16_out) return y;
+    return jdt_graph_cast(b->g, jdt_graph_cast(b->g, y, JDT_DTYPE_BF16), JDT_DTYPE_F32);
 }
 
 /* norm over the last axis of x (..., C) with learned scale (and shift for layernorm+bias) */
@@ -152,11 +184,11 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
         snprintf(name, sizeof name, "%s.ln1", p);
         jdt_tensor *a = jdt_graph_reshape(g, norm(b, h, name, C), 2, nc);
         snprintf(name, sizeof name, "%s.attn.q", p);
-        jdt_tensor *q = jdt_graph_reshape(g, linear(b, a, name, C, H * D, "embed", "heads", std), 4, bthd);
+        jdt_tensor *q = jdt_graph_reshape(g, linear_qkv(b, a, name, C, H * D, "heads", std), 4, bthd);
         snprintf(name, sizeof name, "%s.attn.k", p);
-        jdt_tensor *k = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv_heads", std), 4, btkd);
+        jdt_tensor *k = jdt_graph_reshape(g, linear_qkv(b, a, name, C, Hkv * D, "kv_heads", std), 4, btkd);
         snprintf(name, sizeof name, "%s.attn.v", p);
-        jdt_tensor *v = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv_heads", std), 4, btkd);
+        jdt_tensor *v = jdt_graph_reshape(g, linear_qkv(b, a, name, C, Hkv * D, "kv_heads", std), 4, btkd);
         if (cfg->model.pos == JDT_POS_ROPE) {
             q = jdt_graph_rope(g, q, cfg->model.rope_theta, false);
             k = jdt_graph_rope(g, k, cfg->model.rope_theta, false);
@@ -202,12 +234,12 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
     jdt_graph_set_block(g, 0);
     jdt_tensor *hf = jdt_graph_reshape(g, norm(b, h, "ln_f", C), 2, nc);
     if (cfg->model.tie_embeddings) {
-        m->logits = jdt_graph_matmul(g, hf, gemm_weight(b, wte), false, true); /* (N, V) */
+        m->logits = head_logits(b, hf, wte, true); /* (N, V) */
     } else {
         const int64_t cv[2] = {C, V};
         const char *cv_axes[2] = {"embed", "vocab"};
         jdt_tensor *head = add_param(b, "head", 2, cv, cv_axes, JDT_INIT_NORMAL, std, true);
-        m->logits = jdt_graph_matmul(g, hf, gemm_weight(b, head), false, false);
+        m->logits = head_logits(b, hf, head, false);
     }
     const int64_t n1[1] = {N};
     jdt_tensor *tgt = jdt_graph_reshape(g, m->y, 1, n1);
@@ -239,6 +271,8 @@ static jdt_status build_mlp(builder *b, int64_t B, jdt_err *e)
     }
     m->logits = linear(b, h, "out", width, K, cfg->model.n_hidden ? "mlp" : "embed", "vocab",
                        sqrt(1.0 / (double)width));
+    if (m->logits && m->logits->dtype == JDT_DTYPE_BF16) /* the loss reads f32 */
+        m->logits = jdt_graph_cast(g, m->logits, JDT_DTYPE_F32);
     m->loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, m->logits, m->y), 1u, false);
     (void)e;
     return JDT_OK;
@@ -250,7 +284,11 @@ jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, b
     memset(m, 0, sizeof *m);
     m->batch = batch;
     if (batch < 1) return jdt_err_set(e, JDT_ERR_CONFIG, "model: batch must be >= 1, got %lld", (long long)batch);
-    builder b = {.g = g, .cfg = cfg, .m = m, .cast_weights = jdt_graph_bf16_weights(g)};
+    builder b = {.g = g,
+                 .cfg = cfg,
+                 .m = m,
+                 .cast_weights = jdt_graph_bf16_weights(g),
+                 .bf16_out = cfg->precision.activations == JDT_DTYPE_BF16};
     jdt_status st = cfg->model.type == JDT_MODEL_MLP ? build_mlp(&b, batch, e)
                                                      : build_gpt(&b, batch, training, e);
     if (st != JDT_OK) return st;

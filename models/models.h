@@ -33,7 +33,8 @@ typedef struct {
     jdt_tensor *x;       /* gpt: (B, T) i32 token ids;  mlp: (B, in_dim) f32 */
     jdt_tensor *y;       /* gpt: (B, T) i32 next tokens; mlp: (B) i32 labels */
     jdt_tensor *step;    /* () i32 dropout step counter; NULL when the graph has no dropout */
-    jdt_tensor *logits;  /* gpt: (N, V); mlp: (B, n_classes) */
+    jdt_tensor *logits;  /* gpt: (N, V); mlp: (B, n_classes); f32 (bf16-rounded values under
+                          * precision.activations: bf16) */
     jdt_tensor *loss;    /* () f32: mean cross-entropy over the rows */
     int n_params;
     jdt_model_param *params; /* (n_params), arena-owned, in a stable order */
@@ -43,7 +44,9 @@ typedef struct {
  * cfg->model.dropout > 0). When g's jdt_graph_bf16_weights is on, every GEMM weight is read
  * through one CAST to bf16 (a bf16 operand: bf16 compute); GEMMs of two activations and
  * attention compute in bf16 when jdt_graph_matmul_bf16 is on (the train step sets both from
- * precision.compute). Returns JDT_OK and fills *m (pointers into g's arena), or
+ * precision.compute). With cfg->precision.activations bf16 the outputs of the linear layers
+ * (but q, k, v) and of the head are bf16 nodes, bf16(x W + bf16(b)) as PyTorch autocast's.
+ * Returns JDT_OK and fills *m (pointers into g's arena), or
  * ERR_CONFIG/ERR_SHAPE/ERR_NOMEM with e naming the first failing op. */
 jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
                            jdt_model *m, jdt_err *e);

@@ -27,6 +27,10 @@ typedef struct {
      * (each element of the reduced domain once), so fuse.c may merge an elementwise producer
      * with other readers into the reduction reading it (fuse_reduce_producers). */
     bool reduce_stores;
+    /* A bf16-compute GEMM stores a bf16 output (with a bf16 bias), and the cross-entropy
+     * (forward and backward) reads bf16 logits, so passes.c fold_bf16_casts may fold the CASTs
+     * of precision.activations: bf16 into them. */
+    bool bf16_builtins;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src

@@ -155,6 +155,8 @@ typedef struct cprog_ {
     bool wire_gathers;  /* the device's vtable flag: lone all-gathers with outer > 1 get a wire */
     bool reduce_stores; /* the device's vtable flag: reduction kernels store members of their
                            loop (fuse.c fuse_reduce_producers) */
+    bool bf16_builtins; /* the device's vtable flag: GEMMs store bf16 outputs, the cross-entropy
+                           reads bf16 logits (passes.c fold_bf16_casts) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

@@ -484,6 +484,71 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* Follows views (CK_VIEW) down from node i while the aliased node has no other reader: the
+ * node at the bottom (i itself when i is not a view). */
+static int view_base(const cprog *c, const int *users, int i)
+{
+    while (c->nodes[i].kind == CK_VIEW && users[c->nodes[i].in[0]] == 1)
+        i = c->nodes[i].in[0];
+    return i;
+}
+
+/* precision.activations: bf16 on a device whose builtins take bf16 (c->bf16_builtins: CUDA).
+ * (1) y = CAST(matmul(a, w) [+ bias], bf16), the product read by nothing else and computed in
+ * bf16 (attrs i[2]): the GEMM stores y as bf16 itself (cuBLASLt's D type) and the CAST becomes
+ * a view. A folded bias must be the bf16 rounding of the model's (CAST(CAST(b, bf16), f32),
+ * models.c), since cuBLASLt's bias has D's type: the GEMM then reads the bf16 node. (2) The
+ * cross-entropy (forward and backward) reading CAST(x, f32) of a bf16 x reads x. Both change no
+ * number: the GEMM rounds its f32 result once as the CAST did, and widening a bf16 value is
+ * exact. They save the f32 copies: 6 bytes of 10 per element of GPT-2's logits. Skipped with
+ * no_fuse. */
+static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: bf16 cast folding");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *x = &c->nodes[i];
+        if (x->op == JDT_OP_CAST && x->kind == CK_EW && x->dtype == JDT_DTYPE_BF16 &&
+            c->nodes[x->in[0]].dtype == JDT_DTYPE_F32) {
+            int mi = view_base(c, users, x->in[0]);
+            cnode *m = &c->nodes[mi];
+            if (users[x->in[0]] != 1 || m->op != JDT_OP_MATMUL || !m->attrs.i[2] ||
+                users[mi] != 1 || m->dtype != JDT_DTYPE_F32)
+                continue;
+            int bias = -1;
+            if (m->n_in == 3) {
+                const cnode *bn = &c->nodes[m->in[2]];
+                if (bn->op != JDT_OP_CAST || bn->kind != CK_EW ||
+                    c->nodes[bn->in[0]].dtype != JDT_DTYPE_BF16)
+                    continue;
+                bias = bn->in[0];
+            }
+            if (bias >= 0) m->in[2] = bias;
+            for (int v = x->in[0];; v = c->nodes[v].in[0]) { /* the product and its views */
+                c->nodes[v].dtype = JDT_DTYPE_BF16;
+                c->nodes[v].bf16 = true;
+                if (v == mi) break;
+            }
+            x->op = JDT_OP_RESHAPE;
+            x->kind = CK_VIEW;
+            memset(&x->attrs, 0, sizeof x->attrs);
+            c->stats.n_bf16_folded++;
+        } else if ((x->op == JDT_OP_SOFTMAX_XENT || x->op == JDT_OP_SOFTMAX_XENT_BWD) &&
+                   x->kind == CK_BUILTIN) {
+            const cnode *l = &c->nodes[x->in[0]];
+            if (l->op == JDT_OP_CAST && l->kind == CK_EW && l->dtype == JDT_DTYPE_F32 &&
+                c->nodes[l->in[0]].dtype == JDT_DTYPE_BF16) {
+                users[x->in[0]]--;
+                x->in[0] = l->in[0];
+                users[x->in[0]]++;
+                c->stats.n_bf16_folded++;
+            }
+        }
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* Folds y = x + scatter_add(src, idx) (the scatter read by nothing else; x f32, same shape,
  * materialised before it) into the scatter: the builtin gets x as a third input and adds the
  * rows into a copy of it, or into x's own buffer when x dies there (fuse.c plans that in
@@ -623,6 +688,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     }
 
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->host_builtins && (st = fold_scatter_adds(c, e)) != JDT_OK) goto out;
 

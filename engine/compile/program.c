@@ -49,7 +49,8 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
         const cnode *n = &c->nodes[i];
         if (n->kind != CK_BUILTIN || n->op == JDT_OP_CONCAT) continue;
         const bool bf16_gather = n->op == JDT_OP_ALL_GATHER && n->dtype == JDT_DTYPE_BF16;
-        bool ok = n->dtype == JDT_DTYPE_F32 || bf16_gather;
+        bool ok = n->dtype == JDT_DTYPE_F32 || bf16_gather ||
+                  (c->bf16_builtins && n->op == JDT_OP_MATMUL && n->dtype == JDT_DTYPE_BF16);
         for (int k = 0; k < n->n_in; k++) {
             bool idx = (n->op == JDT_OP_GATHER || n->op == JDT_OP_SCATTER_ADD ||
                         n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) &&
@@ -57,6 +58,10 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             jdt_dtype want = idx ? JDT_DTYPE_I32 : bf16_gather ? JDT_DTYPE_BF16 : JDT_DTYPE_F32;
             if (n->op == JDT_OP_MATMUL && k < 2 && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16)
                 want = JDT_DTYPE_BF16; /* a bf16 operand (bf16 compute, read as stored) */
+            if (c->bf16_builtins && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
+                ((n->op == JDT_OP_MATMUL && k == 2) ||
+                 ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) && k == 0)))
+                want = JDT_DTYPE_BF16; /* passes.c fold_bf16_casts */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
@@ -220,6 +225,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->scratch_bytes = p->dev->vt->scratch_bytes;
     c->wire_gathers = p->dev->vt->wire_gathers;
     c->reduce_stores = p->dev->vt->reduce_stores;
+    c->bf16_builtins = p->dev->vt->bf16_builtins;
     /* start/wait collectives: the CPU backends call the hooks; the CUDA backend runs its own
      * (NCCL on a stream of its own) and takes the hooks as the request to overlap them */
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();

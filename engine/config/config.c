@@ -1161,6 +1161,9 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
     if (c->dist.rank >= 0 && c->dist.world_size > 0 && c->dist.rank >= c->dist.world_size)
         return cross_error(ld, "dist.rank", e, "%d is not below dist.world_size = %d",
                            c->dist.rank, c->dist.world_size);
+    if (c->precision.activations == JDT_DTYPE_BF16 && c->precision.compute != JDT_DTYPE_BF16)
+        return cross_error(ld, "precision.activations", e,
+                           "bf16 needs precision.compute: bf16 (the GEMMs that write them)");
     if (c->dist.token[0] && c->dist.token_file[0])
         return cross_error(ld, "dist.token_file", e, "set dist.token or dist.token_file, not both");
     if (c->optimizer.decay_steps > 0 && c->optimizer.schedule != JDT_SCHED_CONSTANT &&

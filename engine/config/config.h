@@ -138,7 +138,8 @@ typedef struct jdt_config {
         jdt_nan_policy nan_policy;
     } optimizer;
     struct {
-        jdt_dtype compute; /* JDT_DTYPE_F32 or JDT_DTYPE_BF16 */
+        jdt_dtype compute;     /* JDT_DTYPE_F32 or JDT_DTYPE_BF16 */
+        jdt_dtype activations; /* JDT_DTYPE_F32, or JDT_DTYPE_BF16 (needs compute bf16) */
         jdt_dtype params;  /* JDT_DTYPE_F32 */
     } precision;
     struct {

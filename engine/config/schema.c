@@ -122,7 +122,8 @@ static const jdt_config_key KEYS[] = {
     K_FLT("optimizer.grad_clip", optimizer.grad_clip, 0, FMAX, "1", "clip the global gradient norm to this (0 = off)"),
     K_ENUM("optimizer.nan_policy", optimizer.nan_policy, C_NAN, "stop", "on a non-finite loss or gradient: stop the run or skip the step"),
     /* precision */
-    K_ENUMV("precision.compute", precision.compute, C_COMPUTE, V_COMPUTE, "f32", "dtype of activations and matmul inputs"),
+    K_ENUMV("precision.compute", precision.compute, C_COMPUTE, V_COMPUTE, "f32", "dtype of matmul inputs (bf16: f32 accumulation)"),
+    K_ENUMV("precision.activations", precision.activations, C_COMPUTE, V_COMPUTE, "f32", "dtype the linear layers' and the head's outputs are stored in (bf16 needs compute: bf16; PyTorch autocast's and MaxText's activations)"),
     K_ENUMV("precision.params", precision.params, C_PARAMS, V_PARAMS, "f32", "dtype of master weights and optimizer state"),
     /* checkpoint */
     K_STR("checkpoint.dir", checkpoint.dir, "", "checkpoint folder (\"\" = <out_dir>/<name>/ckpt)"),

@@ -414,7 +414,10 @@ jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step 
     if (s->o.n_accum < 1) s->o.n_accum = 1;
     if (cfg->precision.compute == JDT_DTYPE_BF16 && o->copts.device &&
         jdt_device_get_kind(o->copts.device) == JDT_DEVICE_CUDA)
-        JDT_INFO("precision.compute bf16: cuBLASLt bf16 x bf16 GEMMs, f32 accumulation and output");
+        JDT_INFO("precision.compute bf16: cuBLASLt bf16 x bf16 GEMMs, f32 accumulation and %s",
+                 cfg->precision.activations == JDT_DTYPE_BF16
+                     ? "bf16 outputs of the linear layers and the head (precision.activations)"
+                     : "output");
     else if (cfg->precision.compute == JDT_DTYPE_BF16) /* which GEMM path, said once */
         jdt_log(jdt_rt_bf16_native() ? JDT_LOG_INFO : JDT_LOG_WARN, "precision.compute bf16: %s",
                 jdt_rt_bf16_describe());

@@ -37,6 +37,8 @@
 #   --cuda-arch sm_$GPU_ARCH` (default 90) into DIR, and stop.
 # Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 43 GiB of arena for jdt-train in bf16, 36 in f32), GPT_STEPS (12),
 #   GPT_PRECISION (bf16: precision.compute of stage 4; f32 = TF32 GEMMs, MFU against 494.7),
+#   GPT_ACTIVATIONS (precision.activations of stage 4; default bf16 with bf16 compute, as the
+#   peers' autocast and MaxText store their linear layers' outputs; f32 with f32),
 #   PEER_DTYPES ("bf16": the peers' precisions, stage 4's; "bf16 f32" adds TF32 matmuls: two
 #   more runs, each with its torch.compile or jax.jit), STAGE_TIMEOUT_S (150: one command's limit),
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
@@ -45,7 +47,8 @@
 #   STAGES (default "2 3 4 5 4p 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
-#   output per thread instead of four),
+#   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
+#   outputs stored in f32),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
 #   before a GPU session spends its minutes: build-cuda/jdt-train-emu and the *-emu tests, two
 #   emulated GPUs, GPT-2 shrunk by GPT_EXTRA, the peers on the CPU with --tiny; no numbers from
@@ -61,6 +64,7 @@ PEER_DTYPES=${PEER_DTYPES:-bf16}
 TMO_MAX=${STAGE_TIMEOUT_S:-150}
 BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
+GPT_ACT=${GPT_ACTIVATIONS:-$GPT_PREC}
 STAGES=" ${STAGES:-2 3 4 5 4p 6} "
 REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
@@ -92,12 +96,13 @@ tiny_args() { # backend precision -> TINY
   TINY=(train configs/tiny.yaml run.out_dir="$OUT/tiny-$1-$2" run.steps=30 run.eval_every=0
         checkpoint.every=0 runtime.backend="$1" precision.compute="$2")
 }
-gpt_args() { # out_dir -> GPT
+gpt_args() { # out_dir [activations] -> GPT
   # shellcheck disable=SC2206 # GPT_EXTRA: one override per word
   GPT=(train configs/gpt2-124m.yaml run.out_dir="$1" run.steps="$STEPS" run.log_every=1
        run.eval_every=0 checkpoint.every=0 model.vocab_size=50257 data.format=synthetic
        data.batch_size="$B" data.micro_batch_size="$B" mesh.data=1 mesh.fsdp=1
-       precision.compute="$GPT_PREC" runtime.remat=none runtime.backend=cuda $GPT_EXTRA)
+       precision.compute="$GPT_PREC" precision.activations="${2:-$GPT_ACT}" runtime.remat=none
+       runtime.backend=cuda $GPT_EXTRA)
 }
 if [ -n "${PRECOMPILE:-}" ]; then
   PBIN=$ROOT/build-cuda/jdt-train$SFX
@@ -236,7 +241,7 @@ fi
 # ---- 4: GPT-2 124M ---------------------------------------------------------------------------
 JDT_TOKS=""
 if want 4; then
-if [ "$GPT_PREC" = bf16 ]; then what="f32 storage, bf16 GEMMs (f32 accumulation), MFU vs dense bf16"
+if [ "$GPT_PREC" = bf16 ]; then what="$GPT_ACT activations, bf16 GEMMs (f32 accumulation), MFU vs dense bf16"
 else what="f32 storage + TF32 GEMMs, MFU vs dense TF32"; fi
 say "stage 4 gpt2-124m: B=$B T=1024, $STEPS steps, $what"
 gpt_args "$OUT/gpt2"
@@ -262,6 +267,14 @@ gpt_args "$OUT/gpt2-scalar"
 (cd "$ROOT" && JDT_CUDA_VEC=0 timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-scalar.log" 2>&1); rc=$?
 toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-scalar.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 say "stage 4v exit $rc, scalar elementwise kernels and reductions (JDT_CUDA_VEC=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with 4-wide ones (its kernels are not in the bundle's cache: NVRTC time counts)"
+fi
+
+# ---- 4a (not in the default STAGES): stage 4 again with the linear layers' outputs in f32 ------
+if want 4a; then
+gpt_args "$OUT/gpt2-act32" f32
+(cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-act32.log" 2>&1); rc=$?
+toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-act32.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+say "stage 4a exit $rc, precision.activations f32: ${toks:-?} tok/s against ${JDT_TOKS:-?} with $GPT_ACT (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
 # ---- 5: peers --------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 # cuda_emu.sh — the CUDA backend end to end without a GPU: build-cuda/jdt-train-emu is the CUDA
 # build linked against the host CUDA emulator (tests/infra/cudaemu: runtime, NVRTC, cuBLASLt and
 # NCCL stand-ins that run every kernel on the CPU). On emulated GPUs, configs/tiny.yaml with
-# runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs) and bf16 compute on
-# one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
+# runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs), bf16 compute and
+# bf16 activations (GEMMs storing bf16 outputs; also under tensor=2) on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
 # memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
 # those of one call per tensor and of blocking collectives; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
@@ -63,6 +63,19 @@ JDT_CUDA_VEC=0 run "$EMU" "$TMP/gpu16s" "${C[@]}" runtime.backend=cuda precision
 losses "$TMP/gpu16/tiny/metrics.jsonl" > "$TMP/a"; losses "$TMP/gpu16s/tiny/metrics.jsonl" > "$TMP/b"
 [ "$(wc -l < "$TMP/a")" -eq 6 ] && cmp -s "$TMP/a" "$TMP/b" || { paste "$TMP/a" "$TMP/b"; fail "JDT_CUDA_VEC=0 changed the losses"; }
 echo "emulated GPU, bf16: scalar elementwise kernels (JDT_CUDA_VEC=0) give the vector kernels' losses exactly"
+
+# precision.activations: bf16: the GEMMs store the linear layers' and the head's outputs as
+# bf16 (the bias bf16 in the epilogue) and the cross-entropy reads the bf16 logits (compiler:
+# fold_bf16_casts); the CPU computes the same roundings in fused kernels. Seen 2e-5. Then under
+# tensor=2, where the row-parallel GEMMs' partial sums are all-reduced in f32 before the cast
+run "$BIN" "$TMP/cpu16a" "${C[@]}" precision.compute=bf16 precision.activations=bf16
+run "$EMU" "$TMP/gpu16a" "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16
+grep -q "bf16 outputs of the linear layers" "$TMP/err" || { cat "$TMP/err"; fail "bf16 activations not named"; }
+compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/gpu16a/tiny/metrics.jsonl" "emulated GPU, bf16 activations" 1e-3 ||
+  fail "bf16 activations losses differ"
+run "$EMU" "$TMP/tp16a" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.tensor=2
+compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/tp16a/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, bf16 act." 1e-3 ||
+  fail "bf16 activations tensor=2 losses differ"
 
 # data x fsdp: two communicators per process (the data group's all-reduce, the fsdp group's
 # gathers and reduce-scatters) on one NCCL stream

@@ -155,6 +155,8 @@ START_TEST(test_wrong_types)
                  "model.activation", "one of gelu|swiglu|relu", "did you mean gelu?");
     EXPECT_ERROR(load_text("precision:\n  params: bf16\n", &c, &e), &e, "precision.params",
                  "one of f32");
+    EXPECT_ERROR(load_text("precision:\n  activations: bf16\n", &c, &e), &e,
+                 "precision.activations", "needs precision.compute: bf16");
 }
 END_TEST
 

@@ -328,6 +328,39 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
         expect_close(w16, g16, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
         free(g16);
     }
+    /* a bf16 output (precision.activations: bf16) with a bf16 bias: the f32 product plus the
+     * bias rounded once, so within a bf16 step of the CPU's product rounded */
+    if (K > 0) {
+        uint16_t *bias16 = malloc((size_t)N * 2), *c16 = malloc((size_t)nc * 2);
+        float *biasr = malloc((size_t)N * 4), *wantr = malloc((size_t)nc * 4);
+        for (int64_t i = 0; i < N; i++) {
+            bias16[i] = jdt_rt_bf16_bits(bias[i]);
+            biasr[i] = jdt_rt_bf16_round(bias[i]);
+        }
+        jdt_rt_matmul_bf16(a, b, with_bias ? biasr : NULL, wantr, batch, M, N, K, ta, tb, shared,
+                           scr, 1);
+        uint16_t *dbias16 = dev_from(bias16, (size_t)N * 2), *dc16 = dev_alloc((size_t)nc * 2);
+        for (int which = 0; which < 4; which++) {
+            const bool a_bf = which & 1, b_bf = which & 2;
+            s = jdt_cuk_matmul_bf16_out(k, a_bf ? da16 : (void *)da, b_bf ? db16 : (void *)db,
+                                        with_bias ? dbias16 : NULL, dc16, batch, M, N, K, ta, tb,
+                                        shared, a_bf, b_bf, dscr, sb, &e);
+            ck_assert_msg(s == JDT_OK, "%s", e.msg);
+            ck_assert_int_eq(cudaMemcpy(c16, dc16, (size_t)nc * 2, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            for (int64_t i = 0; i < nc; i++) {
+                uint32_t u = (uint32_t)c16[i] << 16;
+                float g;
+                memcpy(&g, &u, 4);
+                float w = jdt_rt_bf16_round(wantr[i]);
+                ck_assert_msg(fabsf(g - w) <= 1e-4f * sqrtf((float)(K + 1)) + 8e-3f * fabsf(w),
+                              "%s, bf16 out (a %d b %d)[%lld]: got %g, want %g", what, a_bf, b_bf,
+                              (long long)i, (double)g, (double)w);
+            }
+        }
+        free(bias16), free(c16), free(biasr), free(wantr);
+        cudaFree(dbias16), cudaFree(dc16);
+    }
     free(a16), free(b16);
     cudaFree(da16), cudaFree(db16);
     /* too small a scratch is an error, not a write past it */
@@ -757,12 +790,12 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     float *dxd = dev_from(x, (size_t)n * 4), *dld = dev_from(dl, (size_t)N * 4);
     int32_t *td = dev_from(t, (size_t)N * 4);
     float *lossd = dev_alloc((size_t)N * 4), *dxo = dev_alloc((size_t)n * 4);
-    jdt_cuk_softmax_xent(k, dxd, td, lossd, N, V);
+    jdt_cuk_softmax_xent(k, dxd, false, td, lossd, N, V);
     float *gl = dev_to_host(k, lossd, N);
     expect_close("softmax_xent", gl, loss, N, 1e-5f, 1e-5f);
     /* the backward with its logsumexp computed, then taken from the forward's loss */
     for (int with_loss = 0; with_loss < 2; with_loss++) {
-        jdt_cuk_softmax_xent_bwd(k, dxd, td, dld, with_loss ? lossd : NULL, dxo, N, V);
+        jdt_cuk_softmax_xent_bwd(k, dxd, false, td, dld, with_loss ? lossd : NULL, dxo, N, V);
         float *gdx = dev_to_host(k, dxo, n);
         expect_close(with_loss ? "softmax_xent_bwd(loss)" : "softmax_xent_bwd", gdx, dx, n, 1e-7f,
                      1e-4f);
@@ -773,7 +806,7 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     uint16_t *d16 = dev_alloc((size_t)n * 2), *h16 = malloc((size_t)n * 2),
              *w16 = malloc((size_t)n * 2);
     jdt_rt_softmax_xent_bwd_bf16(x, t, dl, loss, w16, N, V, 1);
-    jdt_cuk_softmax_xent_bwd_bf16(k, dxd, td, dld, lossd, d16, N, V);
+    jdt_cuk_softmax_xent_bwd_bf16(k, dxd, false, td, dld, lossd, d16, N, V);
     jdt_err e;
     jdt_err_clear(&e);
     ck_assert_msg(jdt_cuk_check(k, "xent_bwd_bf16", true, &e) == JDT_OK, "%s", e.msg);
@@ -787,6 +820,37 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
                       "softmax_xent_bwd_bf16[%lld]: got %g, want %g", (long long)i, (double)fg,
                       (double)fw);
     }
+    /* bf16 logits (precision.activations: bf16): the three kernels read the bit patterns;
+     * the reference is the CPU's on the same values widened to f32 */
+    uint16_t *x16 = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        x16[i] = jdt_rt_bf16_bits(x[i]);
+        x[i] = jdt_rt_bf16_round(x[i]);
+    }
+    jdt_rt_softmax_xent(x, t, loss, N, V, 1);
+    jdt_rt_softmax_xent_bwd(x, t, dl, NULL, dx, N, V, 1);
+    jdt_rt_softmax_xent_bwd_bf16(x, t, dl, loss, w16, N, V, 1);
+    uint16_t *x16d = dev_from(x16, (size_t)n * 2);
+    jdt_cuk_softmax_xent(k, x16d, true, td, lossd, N, V);
+    float *gl16 = dev_to_host(k, lossd, N);
+    expect_close("softmax_xent(bf16 logits)", gl16, loss, N, 1e-5f, 1e-5f);
+    jdt_cuk_softmax_xent_bwd(k, x16d, true, td, dld, lossd, dxo, N, V);
+    float *gdx16 = dev_to_host(k, dxo, n);
+    expect_close("softmax_xent_bwd(bf16 logits)", gdx16, dx, n, 1e-7f, 1e-4f);
+    jdt_cuk_softmax_xent_bwd_bf16(k, x16d, true, td, dld, lossd, d16, N, V);
+    ck_assert_msg(jdt_cuk_check(k, "xent_bwd_bf16(bf16 logits)", true, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t ug = (uint32_t)h16[i] << 16, uw = (uint32_t)w16[i] << 16;
+        float fg, fw;
+        memcpy(&fg, &ug, 4);
+        memcpy(&fw, &uw, 4);
+        ck_assert_msg(fabsf(fg - fw) <= 1e-7f + 8e-3f * fabsf(fw),
+                      "softmax_xent_bwd_bf16(bf16 logits)[%lld]: got %g, want %g", (long long)i,
+                      (double)fg, (double)fw);
+    }
+    free(x16), free(gl16), free(gdx16);
+    cudaFree(x16d);
     free(h16), free(w16);
     cudaFree(d16);
     free(x), free(dl), free(t), free(loss), free(dx), free(gl);

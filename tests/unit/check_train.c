@@ -385,6 +385,52 @@ START_TEST(test_bf16_cast_weights)
 }
 END_TEST
 
+/* precision.activations: bf16: the linear layers (but q, k, v) and the head store bf16 outputs
+ * (bf16(x W + bf16(b)), models.c). On the CPU the CASTs are fused kernels (the CUDA backend
+ * folds them into its GEMMs, check_cuda): the compiled step agrees with the interpreter, and
+ * its loss differs from the f32-activations one by the rounding, not more. GPT with biases and
+ * the llama variant. */
+START_TEST(test_bf16_activations)
+{
+    char *variants[][6] = {
+        {"precision.compute=bf16", "precision.activations=bf16", NULL, NULL, NULL, NULL},
+        {"precision.compute=bf16", "precision.activations=bf16", "model.norm=rmsnorm",
+         "model.pos=rope", "model.activation=swiglu", "model.tie_embeddings=false"},
+    };
+    static double act[200000], ref[200000], f32a[200000];
+    for (size_t v = 0; v < JDT_ARRAY_LEN(variants); v++) {
+        int n = 0;
+        while (n < 6 && variants[v][n]) n++;
+        jdt_config c;
+        load(&c, n, variants[v]);
+        int64_t na, nr, nf;
+        int casts, casts_ref, casts_f;
+        bf16_grads(&c, true, true, act, 200000, &na, &casts);
+        bf16_grads(&c, true, false, ref, 200000, &nr, &casts_ref);
+        c.precision.activations = JDT_DTYPE_F32;
+        bf16_grads(&c, true, true, f32a, 200000, &nf, &casts_f);
+        ck_assert_int_eq(na, nr);
+        ck_assert_int_eq(na, nf);
+        /* the bias casts (CAST to bf16 of a parameter) come on top of the weights' */
+        if (v == 0) ck_assert_int_gt(casts, casts_f);
+        double worst_ref = 0, scale = 0;
+        for (int64_t j = 0; j < na; j++)
+            scale = fmax(scale, fabs(ref[j]));
+        for (int64_t j = 0; j < na; j++)
+            worst_ref = fmax(worst_ref, fabs(act[j] - ref[j]) / (fabs(ref[j]) + 1e-3 * scale));
+        printf("bf16 activations, variant %zu: loss %.7f (interpreter %.7f, f32 activations "
+               "%.7f), gradients vs the interpreter %.3g\n",
+               v, act[0], ref[0], f32a[0], worst_ref);
+        ck_assert_msg(worst_ref < 3e-2, "variant %zu: compiled vs interpreter %g", v, worst_ref);
+        ck_assert_msg(fabs(act[0] - ref[0]) <= 1e-4 * fabs(ref[0]), "variant %zu: loss %.9g vs "
+                      "interpreter %.9g", v, act[0], ref[0]);
+        ck_assert_msg(act[0] != f32a[0] && fabs(act[0] - f32a[0]) <= 1e-2 * fabs(f32a[0]),
+                      "variant %zu: loss %.9g, with f32 activations %.9g", v, act[0], f32a[0]);
+        jdt_config_free(&c);
+    }
+}
+END_TEST
+
 /* The planned train step of a GPT (what `inspect` prints), f32 vs precision.compute: bf16,
  * with and without block remat: bf16 stores the values only bf16 GEMMs read as bf16, so its
  * arena is smaller (on the oneDNN path; the portable path's f32 GEMM scratch may outweigh
@@ -588,6 +634,7 @@ int main(void)
     tcase_add_test(tc, test_lr_schedule);
     tcase_add_test(tc, test_init_is_deterministic_by_name);
     tcase_add_test(tc, test_jit_matches_interpreter);
+    tcase_add_test(tc, test_bf16_activations);
     tcase_add_test(tc, test_accumulation_matches_big_batch);
     tcase_add_test(tc, test_all_reduce_op);
     tcase_add_test(tc, test_remat_same_losses_less_memory);

@@ -1056,12 +1056,18 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        const int64_t scratch_n = sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0;
+        if (n->dtype == JDT_DTYPE_BF16) /* a bf16 output, bias bf16 too (fold_bf16_casts) */
+            return jdt_cuk_matmul_bf16_out(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M,
+                                           Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
+                                           b->ndim == 2, c->nodes[n->in[0]].bf16,
+                                           c->nodes[n->in[1]].bf16, scratch, scratch_n, e);
         if (n->attrs.i[2]) /* bf16 compute: bf16-stored operands are read as they are, the
                               planned scratch takes the bf16 copies of the others */
-            return jdt_cuk_matmul_bf16_ex(
-                k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K, n->attrs.i[0] != 0,
-                n->attrs.i[1] != 0, b->ndim == 2, c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16,
-                scratch, sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0, e);
+            return jdt_cuk_matmul_bf16_ex(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M,
+                                          Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
+                                          b->ndim == 2, c->nodes[n->in[0]].bf16,
+                                          c->nodes[n->in[1]].bf16, scratch, scratch_n, e);
         return jdt_cuk_matmul(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                               n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
     }
@@ -1085,15 +1091,17 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_LOG_SOFTMAX_BWD:
         jdt_cuk_log_softmax_bwd(k, in[0], in[1], o, N, C);
         return JDT_OK;
-    case JDT_OP_SOFTMAX_XENT:
-        jdt_cuk_softmax_xent(k, in[0], in[1], o, N, C);
+    case JDT_OP_SOFTMAX_XENT: /* bf16 logits: passes.c fold_bf16_casts */
+        jdt_cuk_softmax_xent(k, in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1], o, N, C);
         return JDT_OK;
-    case JDT_OP_SOFTMAX_XENT_BWD:
+    case JDT_OP_SOFTMAX_XENT_BWD: {
+        bool lb = c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
         if (n->bf16) /* read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
-            jdt_cuk_softmax_xent_bwd_bf16(k, in[0], in[1], in[2], in[3], o, N, C);
+            jdt_cuk_softmax_xent_bwd_bf16(k, in[0], lb, in[1], in[2], in[3], o, N, C);
         else
-            jdt_cuk_softmax_xent_bwd(k, in[0], in[1], in[2], in[3], o, N, C);
+            jdt_cuk_softmax_xent_bwd(k, in[0], lb, in[1], in[2], in[3], o, N, C);
         return JDT_OK;
+    }
     case JDT_OP_NORMALIZE:
         jdt_cuk_normalize(k, in[0], o, N, C, eps);
         return JDT_OK;
@@ -1281,6 +1289,7 @@ static const jdt_backend_vt cuda_vt = {
     .bf16_storage = true,
     .wire_gathers = true,
     .reduce_stores = true,
+    .bf16_builtins = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
     .source = cuda_source,

@@ -33,6 +33,9 @@ extern const int jdt_cuk_n_sources;
     X(SOFTMAX_XENT, "cuk_rows.cu", "cuk_softmax_xent")                                             \
     X(SOFTMAX_XENT_BWD, "cuk_rows.cu", "cuk_softmax_xent_bwd")                                     \
     X(SOFTMAX_XENT_BWD_BF16, "cuk_rows.cu", "cuk_softmax_xent_bwd_bf16")                           \
+    X(SOFTMAX_XENT_B, "cuk_rows.cu", "cuk_softmax_xent_b")                                         \
+    X(SOFTMAX_XENT_BWD_B, "cuk_rows.cu", "cuk_softmax_xent_bwd_b")                                 \
+    X(SOFTMAX_XENT_BWD_BF16_B, "cuk_rows.cu", "cuk_softmax_xent_bwd_bf16_b")                       \
     X(NORMALIZE, "cuk_rows.cu", "cuk_normalize")                                                   \
     X(NORMALIZE_BWD, "cuk_rows.cu", "cuk_normalize_bwd")                                           \
     X(RMS_NORMALIZE, "cuk_rows.cu", "cuk_rms_normalize")                                           \
@@ -79,7 +82,7 @@ typedef enum {
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
 typedef struct {
     bool used;
-    int64_t key[11];
+    int64_t key[12];
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;

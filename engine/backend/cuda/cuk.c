@@ -493,38 +493,47 @@ void jdt_cuk_log_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float 
     row_launch3(k, JDT_CUK_K_LOG_SOFTMAX_BWD, y, dy, dx, N, C);
 }
 
-void jdt_cuk_softmax_xent(jdt_cuk *k, const float *logits, const int32_t *tgt, float *loss,
-                          int64_t N, int64_t V)
+/* float4 (f32) or 8-byte (bf16) row loads: V a multiple of 4 and the logits aligned to it */
+static int xent_vec(int64_t V, const void *logits, bool logits_bf16)
+{
+    return V % 4 == 0 && ((uintptr_t)logits & (logits_bf16 ? 7u : 15u)) == 0;
+}
+
+void jdt_cuk_softmax_xent(jdt_cuk *k, const void *logits, bool logits_bf16, const int32_t *tgt,
+                          float *loss, int64_t N, int64_t V)
 {
     if (N <= 0) return;
     if (V <= 0) { /* every target is out of range: loss NaN, or 0 for negative targets */
         jdt_cuk_defer(k, JDT_ERR_INVALID, "softmax_xent: empty vocabulary");
         return;
     }
-    int vec = vec_ok(V, logits, NULL, NULL);
+    int vec = xent_vec(V, logits, logits_bf16);
     void *args[] = {&logits, &tgt, &loss, &N, &V, &vec};
-    launch(k, JDT_CUK_K_SOFTMAX_XENT, N, row_threads(V), 0, args);
+    launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_B : JDT_CUK_K_SOFTMAX_XENT, N, row_threads(V), 0,
+           args);
 }
 
-void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tgt,
+void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const void *logits, bool logits_bf16, const int32_t *tgt,
                               const float *dloss, const float *loss, float *dlogits, int64_t N,
                               int64_t V)
 {
     if (N <= 0 || V <= 0) return;
-    int vec = vec_ok(V, logits, dlogits, NULL);
+    int vec = xent_vec(V, logits, logits_bf16) && aligned16(dlogits);
     void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &vec};
-    launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD, N, row_threads(V), 0, args);
+    launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_BWD_B : JDT_CUK_K_SOFTMAX_XENT_BWD, N,
+           row_threads(V), 0, args);
 }
 
-void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const float *logits, const int32_t *tgt,
-                                   const float *dloss, const float *loss, uint16_t *dlogits,
-                                   int64_t N, int64_t V)
+void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_bf16,
+                                   const int32_t *tgt, const float *dloss, const float *loss,
+                                   uint16_t *dlogits, int64_t N, int64_t V)
 {
     if (N <= 0 || V <= 0) return;
-    /* float4 reads, 8-byte bf16 writes */
-    int vec = vec_ok(V, logits, NULL, NULL) && ((uintptr_t)dlogits & 7u) == 0;
+    /* 4-value reads, 8-byte bf16 writes */
+    int vec = xent_vec(V, logits, logits_bf16) && ((uintptr_t)dlogits & 7u) == 0;
     void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &vec};
-    launch(k, JDT_CUK_K_SOFTMAX_XENT_BWD_BF16, N, row_threads(V), 0, args);
+    launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_BWD_BF16_B : JDT_CUK_K_SOFTMAX_XENT_BWD_BF16, N,
+           row_threads(V), 0, args);
 }
 
 static void norm_launch2(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, float *y, int64_t N,

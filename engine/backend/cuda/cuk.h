@@ -104,6 +104,15 @@ jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, cons
                                   float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
                                   bool tb, bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
                                   int64_t scratch_bytes, jdt_err *e);
+/* jdt_cuk_matmul_bf16_ex storing c as bf16 bit patterns (the f32 accumulator plus the bias,
+ * rounded to nearest even once): a GEMM whose output the compiler folded a bf16 CAST into
+ * (precision.activations: bf16; passes.c fold_bf16_casts). bias: bf16 bit patterns (N) or NULL
+ * (cuBLASLt's bias has the output's type). No TF32 fallback: should cuBLASLt have no bf16
+ * algorithm for the shape, ERR_INTERNAL naming it. */
+jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, const uint16_t *bias,
+                                   uint16_t *c, int64_t batch, int64_t M, int64_t N, int64_t K,
+                                   bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
+                                   void *scratch, int64_t scratch_bytes, jdt_err *e);
 
 /* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow
  * gives Inf (bitwise jdt_bf16_round). */
@@ -129,21 +138,22 @@ void jdt_cuk_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float *dx,
 void jdt_cuk_log_softmax(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C);
 void jdt_cuk_log_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float *dx, int64_t N,
                              int64_t C);
-/* loss (N) = logsumexp(row) - row[target]; target < 0 -> 0; target >= V -> NaN. */
-void jdt_cuk_softmax_xent(jdt_cuk *k, const float *logits, const int32_t *tgt, float *loss,
-                          int64_t N, int64_t V);
+/* loss (N) = logsumexp(row) - row[target]; target < 0 -> 0; target >= V -> NaN. The logits are
+ * f32, or bf16 bit patterns with logits_bf16 (precision.activations: bf16; widened exactly). */
+void jdt_cuk_softmax_xent(jdt_cuk *k, const void *logits, bool logits_bf16, const int32_t *tgt,
+                          float *loss, int64_t N, int64_t V);
 /* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target out of range: 0.
  * loss: the forward's per-row loss of these logits and targets (jdt_cuk_softmax_xent's output)
  * or NULL; with it each row is read once (its logsumexp is loss + row[target]), without it
- * twice. */
-void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const float *logits, const int32_t *tgt,
+ * twice. logits as above. */
+void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const void *logits, bool logits_bf16, const int32_t *tgt,
                               const float *dloss, const float *loss, float *dlogits, int64_t N,
                               int64_t V);
 /* The same, dlogits stored as bf16 bit patterns (rounded to nearest even): the compiler's bf16
  * storage of a value only bf16 GEMMs read (jdt_rt_softmax_xent_bwd_bf16). */
-void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const float *logits, const int32_t *tgt,
-                                   const float *dloss, const float *loss, uint16_t *dlogits,
-                                   int64_t N, int64_t V);
+void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_bf16,
+                                   const int32_t *tgt, const float *dloss, const float *loss,
+                                   uint16_t *dlogits, int64_t N, int64_t V);
 void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
 void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
                            int64_t C, float eps);

@@ -12,6 +12,8 @@
  * Plans (descriptors, layouts and the heuristic's algorithm) are cached per shape, transpose
  * flags, bias presence and pointer alignment: the heuristic query costs tens of microseconds
  * and a training step repeats the same few shapes. JDT_CUDA_TF32=0 multiplies f32 in full FP32.
+ * A bf16 GEMM may also store its output as bf16 (jdt_cuk_matmul_bf16_out): C/D bf16, the bias
+ * bf16 too (cuBLASLt's bias has D's type), the epilogue adding it in f32 before the rounding.
  */
 #include "backend/cuda/cuk-impl.h"
 
@@ -31,9 +33,12 @@ static jdt_status lt_err(jdt_err *e, cublasStatus_t st, const char *what, const 
 {
     return jdt_err_set(e, JDT_ERR_INTERNAL,
                        "cuBLASLt %s (%s, batch %lld, M %lld, N %lld, K %lld, ta %lld, tb %lld): %s",
-                       what, key[10] ? "bf16" : "tf32", (long long)key[0], (long long)key[1],
-                       (long long)key[2], (long long)key[3], (long long)key[4], (long long)key[5],
-                       cublasLtGetStatusString(st));
+                       what,
+                       key[11]   ? "bf16 out"
+                       : key[10] ? "bf16"
+                                 : "tf32",
+                       (long long)key[0], (long long)key[1], (long long)key[2], (long long)key[3],
+                       (long long)key[4], (long long)key[5], cublasLtGetStatusString(st));
 }
 
 static void plan_release(jdt_cuk_plan *p)
@@ -66,14 +71,16 @@ static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, cudaDataType dt, in
                                             &stride, sizeof stride);
 }
 
-/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments, bf16); with
- * epilogue false the bias (if any) is left to the caller (p->bias_by_beta). bf16: A and B are
- * bf16, C/D and the bias f32, f32 accumulation; else all f32 with TF32 tensor cores. */
+/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments, bf16, bf16 out);
+ * with epilogue false the bias (if any) is left to the caller (p->bias_by_beta). bf16: A and B
+ * are bf16, C/D and the bias f32 (bf16 with bf16 out), f32 accumulation; else all f32 with TF32
+ * tensor cores. */
 static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, int64_t align_ab,
                              int64_t align_c, int64_t align_bias, bool epilogue, jdt_err *e)
 {
     int64_t batch = key[0], M = key[1], N = key[2], K = key[3];
     bool ta = key[4], tb = key[5], shared = key[6], bias = key[7] && epilogue, bf16 = key[10];
+    cudaDataType dt_c = key[11] ? CUDA_R_16BF : CUDA_R_32F;
     cudaDataType dt_ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasStatus_t st;
     memcpy(p->key, key, sizeof p->key);
@@ -101,7 +108,7 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     /* cuBLAS B = our a: (K, M) col-major ld K, or stored (M, K) ld M and transposed */
     if (st == CUBLAS_STATUS_SUCCESS)
         st = make_layout(&p->lb, dt_ab, ta ? M : K, ta ? K : M, ta ? M : K, batch, M * K);
-    if (st == CUBLAS_STATUS_SUCCESS) st = make_layout(&p->lc, CUDA_R_32F, N, M, N, batch, M * N);
+    if (st == CUBLAS_STATUS_SUCCESS) st = make_layout(&p->lc, dt_c, N, M, N, batch, M * N);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatrixLayoutCreate", key);
 
     cublasLtMatmulPreference_t pref;
@@ -136,16 +143,17 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     return JDT_OK;
 }
 
-/* The GEMM of jdt_cuk_matmul on a and b of type f32 or (bf16) bf16, after the caller's
- * checks: batch, M, N, K > 0 and within cuBLASLt's int32 limits, the batch already folded. */
-static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const float *bias, float *c,
+/* The GEMM of jdt_cuk_matmul on a and b of type f32 or (bf16) bf16, c and the bias f32 or
+ * (c_bf16, with bf16) bf16, after the caller's checks: batch, M, N, K > 0 and within cuBLASLt's
+ * int32 limits, the batch already folded. */
+static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, void *c,
                        int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                       bool b_shared, bool bf16, jdt_err *e)
+                       bool b_shared, bool bf16, bool c_bf16, jdt_err *e)
 {
     int64_t al_ab = align_of(a) < align_of(b) ? align_of(a) : align_of(b);
     int64_t al_c = align_of(c), al_bias = bias ? align_of(bias) : 16;
-    int64_t key[11] = {batch, M, N, K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias,
-                       bf16};
+    int64_t key[12] = {
+        batch, M, N, K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias, bf16, c_bf16};
     jdt_cuk_plan *p = NULL;
     for (int i = 0; i < JDT_CUK_PLANS && !p; i++)
         if (k->plans[i].used && memcmp(k->plans[i].key, key, sizeof key) == 0) p = &k->plans[i];
@@ -154,7 +162,8 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const float *bi
         k->next_plan = (k->next_plan + 1) % JDT_CUK_PLANS;
         plan_release(p);
         jdt_status s = plan_build(k, p, key, al_ab, al_c, al_bias, true, e);
-        if (s != JDT_OK && bias) { /* no algorithm with the bias epilogue: bias rows + beta 1 */
+        if (s != JDT_OK && bias &&
+            !c_bf16) { /* no algorithm with the bias epilogue: bias rows + beta 1 */
             plan_release(p);
             s = plan_build(k, p, key, al_ab, al_c, al_bias, false, e);
         }
@@ -210,7 +219,7 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
     bool done;
     jdt_status st = gemm_shape(k, bias, c, &batch, &M, N, K, ta, b_shared, &done, e);
     if (st != JDT_OK || done) return st;
-    return gemm(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, e);
+    return gemm(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, false, e);
 }
 
 /* Where b's bf16 copy starts in the scratch: after a's, 16-byte aligned when that fits. */
@@ -235,12 +244,17 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
                                   scratch, scratch_bytes, e);
 }
 
-jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
-                                  float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
-                                  bool tb, bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
-                                  int64_t scratch_bytes, jdt_err *e)
+/* jdt_cuk_matmul_bf16_ex and jdt_cuk_matmul_bf16_out: c and the bias f32, or both bf16
+ * (c_bf16, which has no TF32 fallback) */
+static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const void *bias, void *c,
+                              int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                              bool b_shared, bool a_bf16, bool b_bf16, bool c_bf16, void *scratch,
+                              int64_t scratch_bytes, jdt_err *e)
 {
     const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
+    if (c_bf16 && K <= 0 && batch > 0 && M > 0 && N > 0)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "matmul: a bf16 output of an empty (K = 0) product");
     bool done;
     jdt_status st = gemm_shape(k, bias, c, &batch, &M, N, K, ta, b_shared, &done, e);
     if (st != JDT_OK || done) return st;
@@ -262,8 +276,8 @@ jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, cons
         jdt_cuk_to_bf16(k, b, bs, nb);
         b16 = bs;
     }
-    st = gemm(k, a16, b16, bias, c, batch, M, N, K, ta, tb, b_shared, true, e);
-    if (st == JDT_OK || !scratch || scratch_bytes < 4 * (na + nb)) return st;
+    st = gemm(k, a16, b16, bias, c, batch, M, N, K, ta, tb, b_shared, true, c_bf16, e);
+    if (st == JDT_OK || c_bf16 || !scratch || scratch_bytes < 4 * (na + nb)) return st;
     /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
      * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
     float *ar = scratch, *br = ar + na;
@@ -275,5 +289,23 @@ jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, cons
         jdt_cuk_bf16_widen(k, b, br, nb);
     else
         jdt_cuk_bf16_round(k, b, br, nb);
-    return gemm(k, ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, false, e);
+    return gemm(k, ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, false, false, e);
+}
+
+jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
+                                  float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                                  bool tb, bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
+                                  int64_t scratch_bytes, jdt_err *e)
+{
+    return matmul_bf16(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16, false,
+                       scratch, scratch_bytes, e);
+}
+
+jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, const uint16_t *bias,
+                                   uint16_t *c, int64_t batch, int64_t M, int64_t N, int64_t K,
+                                   bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
+                                   void *scratch, int64_t scratch_bytes, jdt_err *e)
+{
+    return matmul_bf16(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16, true,
+                       scratch, scratch_bytes, e);
 }

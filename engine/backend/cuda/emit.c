@@ -796,6 +796,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .bf16_storage = true,
     .wire_gathers = true,
     .reduce_stores = true,
+    .bf16_builtins = true,
     .prepare = eo_prepare,
     .source = eo_source,
     .begin = eo_begin,

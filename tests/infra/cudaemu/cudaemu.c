@@ -21,8 +21,9 @@
  *              A failed kernel (a deadlock, see emu.hpp) becomes a sticky
  *              cudaErrorLaunchFailure, as on a GPU. One device, compute capability 9.0
  *              (JDT_CUDAEMU_DEVICES=0: none; JDT_CUDAEMU_ARCH=75: an older part).
- *   cuBLASLt   column-major matmul with strided batches, op N/T, the BIAS epilogue, f32 or bf16
- *              A/B with f32 C/D; CUBLAS_COMPUTE_32F_FAST_TF32 rounds A and B to TF32 first, as
+ *   cuBLASLt   column-major matmul with strided batches, op N/T, the BIAS epilogue (of D's type),
+ *              f32 or bf16 A/B with f32 C/D, or bf16 C/D (rounded to nearest even) from bf16
+ *              A/B; CUBLAS_COMPUTE_32F_FAST_TF32 rounds A and B to TF32 first, as
  *              the tensor cores do. JDT_CUDAEMU_NO_BF16_GEMM=1 offers no bf16 algorithm (the
  *              backend's TF32 fallback then runs).
  *
@@ -1267,7 +1268,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     uint64_t m, n, k;
     *n_res = 0;
     if (!lt_shapes(d, a, b, c, &m, &n, &k)) return CUBLAS_STATUS_INVALID_VALUE;
-    if (a->type != b->type || c->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    /* f32 output, or bf16 (and a bf16 bias) from bf16 inputs */
+    if (a->type != b->type ||
+        (c->type != CUDA_R_32F && !(c->type == CUDA_R_16BF && a->type == CUDA_R_16BF)))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     if (a->type == CUDA_R_16BF && env_long("JDT_CUDAEMU_NO_BF16_GEMM", 0))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (req < 1) return CUBLAS_STATUS_INVALID_VALUE;
@@ -1300,6 +1304,23 @@ static float lt_load(const lt_layout *l, const void *base, int64_t bi, uint64_t 
     return f;
 }
 
+/* f32 x to bf16 bits, nearest even (NaN stays a quiet NaN), and back */
+static uint16_t lt_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float lt_widen(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha,
                               const void *A, cublasLtMatrixLayout_t Al, const void *B,
                               cublasLtMatrixLayout_t Bl, const void *beta, const void *C,
@@ -1316,7 +1337,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     uint64_t m, n, k;
     if (!lt_shapes(d, a, b, c, &m, &n, &k) || dl->rows != c->rows || dl->cols != c->cols)
         return CUBLAS_STATUS_INVALID_VALUE;
-    size_t esz = a->type == CUDA_R_16BF ? 2 : 4;
+    size_t esz = a->type == CUDA_R_16BF ? 2 : 4, dsz = dl->type == CUDA_R_16BF ? 2 : 4;
+    if (dl->type != c->type) return CUBLAS_STATUS_NOT_SUPPORTED;
     for (int64_t bi = 0; bi < c->batch; bi++) {
         size_t a_end =
             (size_t)(bi * a->stride + (int64_t)((a->cols - 1) * (uint64_t)a->ld + a->rows));
@@ -1326,10 +1348,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
             (size_t)(bi * dl->stride + (int64_t)((dl->cols - 1) * (uint64_t)dl->ld + dl->rows));
         if (!dev_range(A, a_end * esz, "cublasLtMatmul A") ||
             !dev_range(B, b_end * esz, "cublasLtMatmul B") ||
-            !dev_range(D, d_end * 4, "cublasLtMatmul D"))
+            !dev_range(D, d_end * dsz, "cublasLtMatmul D"))
             return CUBLAS_STATUS_INVALID_VALUE;
     }
-    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && !dev_range(d->bias, m * 4, "cublasLtMatmul bias"))
+    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS &&
+        !dev_range(d->bias, m * dsz, "cublasLtMatmul bias"))
         return CUBLAS_STATUS_INVALID_VALUE;
     bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && !env_long("JDT_CUDAEMU_NO_TF32", 0);
     float al = *(const float *)alpha, be = *(const float *)beta;
@@ -1349,11 +1372,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
             for (uint64_t i = 0; i < m; i++) {
                 int64_t co = bi * c->stride + (int64_t)(j * (uint64_t)c->ld + i);
                 int64_t dof = bi * dl->stride + (int64_t)(j * (uint64_t)dl->ld + i);
+                int64_t bo = (int64_t)i + bi * d->bias_stride;
                 float v = al * acc[i];
-                if (be != 0.0f) v += be * ((const float *)C)[co];
-                if (d->epilogue == CUBLASLT_EPILOGUE_BIAS)
-                    v += ((const float *)d->bias)[(int64_t)i + bi * d->bias_stride];
-                ((float *)D)[dof] = v;
+                if (be != 0.0f)
+                    v += be *
+                         (dsz == 2 ? lt_widen(((const uint16_t *)C)[co]) : ((const float *)C)[co]);
+                if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) /* the bias has D's type */
+                    v += dsz == 2 ? lt_widen(((const uint16_t *)d->bias)[bo])
+                                  : ((const float *)d->bias)[bo];
+                if (dsz == 2)
+                    ((uint16_t *)D)[dof] = lt_bf16(v);
+                else
+                    ((float *)D)[dof] = v;
             }
         }
     free(acc);

@@ -69,6 +69,21 @@ __device__ __forceinline__ unsigned short cuk_bf16_bits(float x)
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* Loads of f32 rows and of bf16 rows (bit patterns, widened exactly): element c, and the 4
+ * elements of group i (a float4, or 8 bytes of bf16; the row 16- or 8-byte aligned). */
+__device__ __forceinline__ float cuk_ld(const float *x, i64 c) { return x[c]; }
+__device__ __forceinline__ float cuk_ld(const unsigned short *x, i64 c)
+{
+    return __uint_as_float((unsigned int)x[c] << 16);
+}
+__device__ __forceinline__ float4 cuk_ld4(const float *x, i64 i) { return ((const float4 *)x)[i]; }
+__device__ __forceinline__ float4 cuk_ld4(const unsigned short *x, i64 i)
+{
+    uint2 u = ((const uint2 *)x)[i];
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
 /* Calls f(c, x[c]) for every c < C of a row, each thread a strided share. With vec (C % 4 == 0
  * and x 16-byte aligned, checked by the launcher) the loads are float4. */
 template <class F>

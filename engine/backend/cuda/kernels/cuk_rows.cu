@@ -52,16 +52,16 @@ __device__ __forceinline__ void cuk_lse_fold4(float &m, float &s, float a, float
     m = mn;
 }
 
-/* logsumexp of a row, to every thread of the block, in one pass over the row (online: each
- * thread keeps its own max and rescales its sum when the max grows; the block combines them).
- * A row of -inf gives -inf, a row with a NaN NaN. Every thread must call it (barriers). */
-__device__ float cuk_row_lse(const float *xr, i64 C, bool vec, float *sh)
+/* logsumexp of a row (f32 or bf16), to every thread of the block, in one pass over the row
+ * (online: each thread keeps its own max and rescales its sum when the max grows; the block
+ * combines them). A row of -inf gives -inf, a row with a NaN NaN. Every thread must call it
+ * (barriers). */
+template <class T> __device__ float cuk_row_lse(const T *xr, i64 C, bool vec, float *sh)
 {
     float m = CUK_NEG_INF, s = 0.0f;
     if (vec) {
-        const float4 *x4 = (const float4 *)xr;
         for (i64 i = threadIdx.x; i < C / 4; i += blockDim.x) {
-            float4 a = x4[i];
+            float4 a = cuk_ld4(xr, i);
             cuk_lse_fold4(m, s, a.x, a.y, a.z, a.w);
         }
     } else {
@@ -70,7 +70,7 @@ __device__ float cuk_row_lse(const float *xr, i64 C, bool vec, float *sh)
             float v[4];
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                v[j] = c + j * bd < C ? xr[c + j * bd] : CUK_NEG_INF;
+                v[j] = c + j * bd < C ? cuk_ld(xr, c + j * bd) : CUK_NEG_INF;
             cuk_lse_fold4(m, s, v[0], v[1], v[2], v[3]);
         }
     }
@@ -102,9 +102,14 @@ extern "C" __global__ void cuk_log_softmax_bwd(const float *y, const float *dy, 
     }
 }
 
+/* The cross-entropy kernels read f32 logits or (precision.activations: bf16, the compiler's
+ * fold_bf16_casts) bf16 ones: templates over the logits' element type, one extern "C" entry
+ * per type (the _b suffix: bf16 logits). */
+
 /* loss[n] = lse(row) - row[t]; t < 0 -> 0; t >= V -> NaN. */
-extern "C" __global__ void cuk_softmax_xent(const float *logits, const i32 *tgt, float *loss, i64 N,
-                                            i64 V, int vec)
+template <class T>
+__device__ __forceinline__ void xent_fwd(const T *logits, const i32 *tgt, float *loss, i64 N, i64 V,
+                                         int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -113,57 +118,96 @@ extern "C" __global__ void cuk_softmax_xent(const float *logits, const i32 *tgt,
             if (threadIdx.x == 0) loss[n] = t < 0 ? 0.0f : CUK_NAN;
             continue;
         }
-        const float *xr = logits + n * V;
+        const T *xr = logits + n * V;
         float l = cuk_row_lse(xr, V, vec, sh);
-        if (threadIdx.x == 0) loss[n] = l - xr[t];
+        if (threadIdx.x == 0) loss[n] = l - cuk_ld(xr, t);
     }
+}
+
+extern "C" __global__ void cuk_softmax_xent(const float *logits, const i32 *tgt, float *loss, i64 N,
+                                            i64 V, int vec)
+{
+    xent_fwd(logits, tgt, loss, N, V, vec);
+}
+
+extern "C" __global__ void cuk_softmax_xent_b(const unsigned short *logits, const i32 *tgt,
+                                              float *loss, i64 N, i64 V, int vec)
+{
+    xent_fwd(logits, tgt, loss, N, V, vec);
 }
 
 /* The logsumexp of row n for the backward: from the forward's loss when there is one
  * (loss = lse - row[t], so lse = loss + row[t]: no pass over the row), else computed. Uniform
  * over the block (loss == NULL is). */
-__device__ __forceinline__ float cuk_xent_lse(const float *xr, const float *loss, i64 n, i64 t,
-                                              i64 V, bool vec, float *sh)
+template <class T>
+__device__ __forceinline__ float cuk_xent_lse(const T *xr, const float *loss, i64 n, i64 t, i64 V,
+                                              bool vec, float *sh)
 {
-    return loss ? loss[n] + xr[t] : cuk_row_lse(xr, V, vec, sh);
+    return loss ? loss[n] + cuk_ld(xr, t) : cuk_row_lse(xr, V, vec, sh);
 }
 
 /* dlogits = dloss * (softmax(row) - onehot(t)); rows with t out of [0, V) are 0. loss: the
  * forward's per-row loss of these logits and targets (SOFTMAX_XENT's output), or NULL. */
+template <class T>
+__device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const float *dloss,
+                                         const float *loss, float *dlogits, i64 N, i64 V, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        i64 t = tgt[n];
+        const T *xr = logits + n * V;
+        float *d = dlogits + n * V;
+        if (t < 0 || t >= V) {
+            for (i64 c = threadIdx.x; c < V; c += blockDim.x)
+                d[c] = 0.0f;
+            continue;
+        }
+        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh), g = dloss[n];
+        auto f = [&](i64 c, float a) {
+            float p = g * expf(a - l);
+            return c == t ? p - g : p;
+        };
+        if (vec) {
+            float4 *d4 = (float4 *)d;
+            for (i64 i = threadIdx.x; i < V / 4; i += blockDim.x) {
+                float4 a = cuk_ld4(xr, i);
+                d4[i] = make_float4(f(4 * i, a.x), f(4 * i + 1, a.y), f(4 * i + 2, a.z),
+                                    f(4 * i + 3, a.w));
+            }
+        } else {
+            for (i64 c = threadIdx.x; c < V; c += blockDim.x)
+                d[c] = f(c, cuk_ld(xr, c));
+        }
+    }
+}
+
 extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *tgt,
                                                 const float *dloss, const float *loss,
                                                 float *dlogits, i64 N, i64 V, int vec)
 {
-    __shared__ float sh[32];
-    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
-        i64 t = tgt[n];
-        const float *xr = logits + n * V;
-        float *d = dlogits + n * V;
-        if (t < 0 || t >= V) {
-            cuk_row_map(xr, d, V, vec, [&](i64, float) { return 0.0f; });
-            continue;
-        }
-        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh), g = dloss[n];
-        cuk_row_map(xr, d, V, vec, [&](i64 c, float a) {
-            float p = g * expf(a - l);
-            return c == t ? p - g : p;
-        });
-    }
+    xent_bwd(logits, tgt, dloss, loss, dlogits, N, V, vec);
 }
 
-/* cuk_softmax_xent_bwd storing bf16 (bit patterns, rounded to nearest even): dlogits read only
- * by bf16 GEMMs (the compiler's bf16 storage, precision.compute: bf16). With vec the row is
- * read as float4 and written 4 values (8 bytes) at a time (dlogits 8-byte aligned: the
+extern "C" __global__ void cuk_softmax_xent_bwd_b(const unsigned short *logits, const i32 *tgt,
+                                                  const float *dloss, const float *loss,
+                                                  float *dlogits, i64 N, i64 V, int vec)
+{
+    xent_bwd(logits, tgt, dloss, loss, dlogits, N, V, vec);
+}
+
+/* The backward storing bf16 (bit patterns, rounded to nearest even): dlogits read only by bf16
+ * GEMMs (the compiler's bf16 storage, precision.compute: bf16). With vec the row is read 4
+ * values at a time and written 4 values (8 bytes) at a time (dlogits 8-byte aligned: the
  * launcher checks). */
-extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const i32 *tgt,
-                                                     const float *dloss, const float *loss,
-                                                     unsigned short *dlogits, i64 N, i64 V,
-                                                     int vec)
+template <class T>
+__device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, const float *dloss,
+                                              const float *loss, unsigned short *dlogits, i64 N,
+                                              i64 V, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
         i64 t = tgt[n];
-        const float *xr = logits + n * V;
+        const T *xr = logits + n * V;
         unsigned short *d = dlogits + n * V;
         if (t < 0 || t >= V) {
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
@@ -176,18 +220,33 @@ extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const 
             return cuk_bf16_bits(c == t ? p - g : p);
         };
         if (vec) {
-            const float4 *x4 = (const float4 *)xr;
             uint2 *d4 = (uint2 *)d;
             for (i64 i = threadIdx.x; i < V / 4; i += blockDim.x) {
-                float4 a = x4[i];
+                float4 a = cuk_ld4(xr, i);
                 d4[i] = make_uint2(bits(4 * i, a.x) | bits(4 * i + 1, a.y) << 16,
                                    bits(4 * i + 2, a.z) | bits(4 * i + 3, a.w) << 16);
             }
         } else {
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
-                d[c] = (unsigned short)bits(c, xr[c]);
+                d[c] = (unsigned short)bits(c, cuk_ld(xr, c));
         }
     }
+}
+
+extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const i32 *tgt,
+                                                     const float *dloss, const float *loss,
+                                                     unsigned short *dlogits, i64 N, i64 V,
+                                                     int vec)
+{
+    xent_bwd_bf16(logits, tgt, dloss, loss, dlogits, N, V, vec);
+}
+
+extern "C" __global__ void cuk_softmax_xent_bwd_bf16_b(const unsigned short *logits,
+                                                       const i32 *tgt, const float *dloss,
+                                                       const float *loss, unsigned short *dlogits,
+                                                       i64 N, i64 V, int vec)
+{
+    xent_bwd_bf16(logits, tgt, dloss, loss, dlogits, N, V, vec);
 }
 
 /* Mean and 1/sqrt(var + eps) of a row (two passes: the centred second pass keeps the variance
