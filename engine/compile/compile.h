@@ -128,6 +128,11 @@ typedef struct {
     double kernel_bytes;   /* bytes the fused kernels move per run at least (every element of
                               every buffer they read or write once: the memory-bound floor) */
     double builtin_bytes;  /* the same for builtin calls (inputs and output once) */
+    struct {               /* the kinds that move the most of those bytes, most first: */
+        char name[32];     /* "fused:<root op>" or the builtin's op ("" past the last) */
+        int count;         /* steps of the kind */
+        double bytes;      /* bytes they move per run at least */
+    } traffic_top[8];
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */
     bool arena_shared;     /* the arena is opts.share_arena's (nothing allocated for it) */
     double compile_s;      /* wall time of jdt_program_compile */

@@ -196,16 +196,36 @@ static void step_cost(const cprog *c, const cstep *sp, double *bytes, double *fl
     }
 }
 
-/* stats.kernel_bytes, builtin_bytes: step_cost summed over the steps. */
+/* stats.kernel_bytes, builtin_bytes: step_cost summed over the steps; stats.traffic_top: the
+ * kinds (fused kernels by root op, builtins by op) that move the most. */
 static void count_bytes(cprog *c)
 {
+    double by[2 * JDT_OP_COUNT] = {0};
+    int count[2 * JDT_OP_COUNT] = {0};
     for (int s = 0; s < c->n_steps; s++) {
+        const cstep *sp = &c->steps[s];
         double b, f;
-        step_cost(c, &c->steps[s], &b, &f);
-        if (c->steps[s].kind == STEP_KERNEL)
+        step_cost(c, sp, &b, &f);
+        if (sp->kind == STEP_KERNEL)
             c->stats.kernel_bytes += b;
         else
             c->stats.builtin_bytes += b;
+        int k = sp->kind == STEP_KERNEL    ? (int)c->nodes[c->groups[sp->group].root].op
+                : sp->kind == STEP_BUILTIN ? JDT_OP_COUNT + (int)c->nodes[sp->node].op
+                                           : -1;
+        if (k >= 0) by[k] += b, count[k]++;
+    }
+    const int n_top = (int)(sizeof c->stats.traffic_top / sizeof c->stats.traffic_top[0]);
+    for (int t = 0; t < n_top; t++) {
+        int best = -1;
+        for (int k = 0; k < 2 * JDT_OP_COUNT; k++)
+            if (count[k] > 0 && (best < 0 || by[k] > by[best])) best = k;
+        if (best < 0) break;
+        snprintf(c->stats.traffic_top[t].name, sizeof c->stats.traffic_top[t].name, "%s%s",
+                 best < JDT_OP_COUNT ? "fused:" : "", jdt_op_name((jdt_op)(best % JDT_OP_COUNT)));
+        c->stats.traffic_top[t].count = count[best];
+        c->stats.traffic_top[t].bytes = by[best];
+        count[best] = 0;
     }
 }
 

@@ -438,6 +438,11 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
                 "(every element of every buffer read or written once)\n",
                 (sm->kernel_bytes + sm->builtin_bytes) / 1e9, sm->kernel_bytes / 1e9,
                 sm->builtin_bytes / 1e9);
+        fprintf(f, "  traffic by    ");
+        for (int t = 0; t < 8 && sm->traffic_top[t].name[0]; t++)
+            fprintf(f, "%s %s %.3g GB (%d)", t ? "," : "", sm->traffic_top[t].name,
+                    sm->traffic_top[t].bytes / 1e9, sm->traffic_top[t].count);
+        fprintf(f, "\n");
         fprintf(f,
                 "  memory         %.1f MiB planned peak of intermediates (micro-batch program)\n",
                 (double)sm->arena_bytes / 1048576.0);
