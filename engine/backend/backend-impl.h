@@ -31,6 +31,10 @@ typedef struct {
      * (forward and backward) reads bf16 logits, so passes.c fold_bf16_casts may fold the CASTs
      * of precision.activations: bf16 into them. */
     bool bf16_builtins;
+    /* The layer and RMS norm backward builtins take the norm's scale w as a third input and
+     * read dy, computing the normalised value's cotangent dy * w themselves (passes.c
+     * fold_norm_scales: the product's kernel and its buffer go). */
+    bool norm_bwd_scale;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src

@@ -150,13 +150,15 @@ typedef struct cprog_ {
     /* opts.share_arena accepted (same device, its arena large enough): the lender's backend
      * state, whose arena this program's buffers point into; NULL: an arena of its own */
     const void *arena_lender;
-    bool bf16_storage;  /* the device stores bf16 values (the CPU backend): fuse.c may mark them */
-    bool host_builtins; /* the CPU backend's builtins run it (scatter-add onto an initial value) */
-    bool wire_gathers;  /* the device's vtable flag: lone all-gathers with outer > 1 get a wire */
-    bool reduce_stores; /* the device's vtable flag: reduction kernels store members of their
-                           loop (fuse.c fuse_reduce_producers) */
-    bool bf16_builtins; /* the device's vtable flag: GEMMs store bf16 outputs, the cross-entropy
-                           reads bf16 logits (passes.c fold_bf16_casts) */
+    bool bf16_storage;   /* the device stores bf16 values (the CPU backend): fuse.c may mark them */
+    bool host_builtins;  /* the CPU backend's builtins run it (scatter-add onto an initial value) */
+    bool wire_gathers;   /* the device's vtable flag: lone all-gathers with outer > 1 get a wire */
+    bool reduce_stores;  /* the device's vtable flag: reduction kernels store members of their
+                            loop (fuse.c fuse_reduce_producers) */
+    bool bf16_builtins;  /* the device's vtable flag: GEMMs store bf16 outputs, the cross-entropy
+                            reads bf16 logits (passes.c fold_bf16_casts) */
+    bool norm_bwd_scale; /* the device's vtable flag: the norm backwards take the scale
+                            (passes.c fold_norm_scales) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

@@ -124,6 +124,8 @@ typedef struct {
                               at every call (0 in a bf16 GPT step: ops.c vjp_MATMUL) */
     int n_bf16_folded;     /* bf16 CASTs folded into builtins: GEMMs storing bf16 outputs and
                               cross-entropies reading bf16 logits (passes.c fold_bf16_casts) */
+    int n_norm_scales_folded; /* norm backwards that form dy * w themselves (passes.c
+                                 fold_norm_scales) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     double kernel_bytes;   /* bytes the fused kernels move per run at least (every element of
                               every buffer they read or write once: the memory-bound floor) */

@@ -549,6 +549,48 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* The norm backwards read their scale (c->norm_bwd_scale: CUDA): NORMALIZE_BWD(x, dy * w) and
+ * RMS_NORMALIZE_BWD(x, dy * w), the product read by nothing else and w one value per column
+ * broadcast along the rows (the VJP of the norm's affine, models.c norm), become the builtin
+ * on (x, dy, w): it forms dy * w as it reads dy, so the product's kernel (a full read and write)
+ * and its buffer go, and no number changes (the same f32 products). Skipped with no_fuse. */
+static jdt_status fold_norm_scales(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: norm scale folding");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *nb = &c->nodes[i];
+        if ((nb->op != JDT_OP_NORMALIZE_BWD && nb->op != JDT_OP_RMS_NORMALIZE_BWD) ||
+            nb->kind != CK_BUILTIN || nb->n_in != 2 || users[nb->in[1]] != 1)
+            continue;
+        const cnode *mul = &c->nodes[nb->in[1]];
+        if (mul->op != JDT_OP_MUL || mul->kind != CK_EW || mul->n_in != 2 ||
+            mul->dtype != JDT_DTYPE_F32 || !jdt_shape_eq(&mul->shape, &nb->shape))
+            continue;
+        const int64_t C = nb->shape.dims[nb->shape.ndim - 1];
+        for (int side = 0; side < 2; side++) {
+            const cnode *dy = &c->nodes[mul->in[side]], *bc = &c->nodes[mul->in[1 - side]];
+            if (bc->op != JDT_OP_BROADCAST || dy->dtype != JDT_DTYPE_F32 ||
+                !jdt_shape_eq(&dy->shape, &nb->shape))
+                continue;
+            const int wi = bc->in[0];
+            const cnode *w = &c->nodes[wi];
+            /* inputs precede their users, except leaves (valid before the first step) */
+            if ((wi > i && w->kind != CK_LEAF) || w->kind == CK_SPLAT ||
+                w->dtype != JDT_DTYPE_F32 || w->shape.ndim < 1 ||
+                w->shape.dims[w->shape.ndim - 1] != C || jdt_shape_numel(&w->shape) != C)
+                continue;
+            nb->in[1] = mul->in[side];
+            nb->in[2] = wi;
+            nb->n_in = 3;
+            c->stats.n_norm_scales_folded++;
+            break;
+        }
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* Folds y = x + scatter_add(src, idx) (the scatter read by nothing else; x f32, same shape,
  * materialised before it) into the scatter: the builtin gets x as a third input and adds the
  * rows into a copy of it, or into x's own buffer when x dies there (fuse.c plans that in
@@ -689,6 +731,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
 
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->norm_bwd_scale && (st = fold_norm_scales(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->host_builtins && (st = fold_scatter_adds(c, e)) != JDT_OK) goto out;
 

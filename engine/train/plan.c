@@ -428,6 +428,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_reduce_merged > 0)
             fprintf(f, "; %d elementwise producers computed inside the reductions reading them",
                     sm->n_reduce_merged);
+        if (sm->n_norm_scales_folded > 0)
+            fprintf(f, "; %d norm backwards scale their input themselves",
+                    sm->n_norm_scales_folded);
         fprintf(f, "\n");
         fprintf(f,
                 "  FLOPs/step     %.3g per device (compiler count, per micro-batch run); "

@@ -581,6 +581,9 @@ START_TEST(test_nvrtc_train_steps)
     }
     /* bf16 activations: every linear but q/k/v and the head store bf16 outputs from the GEMM
      * (3 per layer: o, fc, proj), the cross-entropy forward and backward read them */
+    /* every norm backward forms dy * w itself (ln1, ln2 per layer and the final norm) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_norm_scales_folded,
+                     c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
     if (strstr(MODELS[i].name, "bf16act"))
         ck_assert_int_eq(jdt_step_stats(s)->n_bf16_folded, 3 * c.model.n_layer + 3);
     else

@@ -741,14 +741,14 @@ static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
         jdt_rt_normalize(x, y, N, C, eps, 1);
         jdt_rt_normalize_bwd(x, g, dx, N, C, eps, 1);
         jdt_cuk_normalize(k, dxin, dy, N, C, eps);
-        jdt_cuk_normalize_bwd(k, dxin, dg, ddx, N, C, eps);
+        jdt_cuk_normalize_bwd(k, dxin, dg, NULL, ddx, N, C, eps);
         break;
     case ROW_RMS:
         name = "rms_normalize";
         jdt_rt_rms_normalize(x, y, N, C, eps, 1);
         jdt_rt_rms_normalize_bwd(x, g, dx, N, C, eps, 1);
         jdt_cuk_rms_normalize(k, dxin, dy, N, C, eps);
-        jdt_cuk_rms_normalize_bwd(k, dxin, dg, ddx, N, C, eps);
+        jdt_cuk_rms_normalize_bwd(k, dxin, dg, NULL, ddx, N, C, eps);
         break;
     }
     float *gy = dev_to_host(k, dy, n), *gdx = dev_to_host(k, ddx, n);
@@ -757,6 +757,26 @@ static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
     expect_close(what, gy, y, n, 1e-6f, 2e-5f);
     snprintf(what, sizeof what, "%s_bwd N%lld C%lld", name, (long long)N, (long long)C);
     expect_close(what, gdx, dx, n, 1e-6f, 1e-4f);
+    if (kind == ROW_NORM || kind == ROW_RMS) {
+        /* with the scale (passes.c fold_norm_scales): the kernel forms dy * w itself; the
+         * reference is the plain backward on the host's products */
+        float *w = rand_floats(C, 13, -2, 2), *gw = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++)
+            gw[i] = g[i] * w[i % C];
+        float *dw = dev_from(w, (size_t)C * 4);
+        if (kind == ROW_NORM) {
+            jdt_rt_normalize_bwd(x, gw, dx, N, C, eps, 1);
+            jdt_cuk_normalize_bwd(k, dxin, dg, dw, ddx, N, C, eps);
+        } else {
+            jdt_rt_rms_normalize_bwd(x, gw, dx, N, C, eps, 1);
+            jdt_cuk_rms_normalize_bwd(k, dxin, dg, dw, ddx, N, C, eps);
+        }
+        float *gdxw = dev_to_host(k, ddx, n);
+        snprintf(what, sizeof what, "%s_bwd(scaled) N%lld C%lld", name, (long long)N, (long long)C);
+        expect_close(what, gdxw, dx, n, 1e-6f, 1e-4f);
+        free(w), free(gw), free(gdxw);
+        cudaFree(dw);
+    }
     free(x), free(g), free(y), free(dx), free(gy), free(gdx);
     cudaFree(dxin), cudaFree(dg), cudaFree(dy), cudaFree(ddx);
 }

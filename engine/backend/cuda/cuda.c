@@ -1106,13 +1106,13 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         jdt_cuk_normalize(k, in[0], o, N, C, eps);
         return JDT_OK;
     case JDT_OP_NORMALIZE_BWD:
-        jdt_cuk_normalize_bwd(k, in[0], in[1], o, N, C, eps);
+        jdt_cuk_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
     case JDT_OP_RMS_NORMALIZE:
         jdt_cuk_rms_normalize(k, in[0], o, N, C, eps);
         return JDT_OK;
     case JDT_OP_RMS_NORMALIZE_BWD:
-        jdt_cuk_rms_normalize_bwd(k, in[0], in[1], o, N, C, eps);
+        jdt_cuk_rms_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
     case JDT_OP_ROPE:
         jdt_cuk_rope(k, in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
@@ -1290,6 +1290,7 @@ static const jdt_backend_vt cuda_vt = {
     .wire_gathers = true,
     .reduce_stores = true,
     .bf16_builtins = true,
+    .norm_bwd_scale = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
     .source = cuda_source,

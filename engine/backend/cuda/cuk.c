@@ -545,12 +545,12 @@ static void norm_launch2(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, float *y
     launch(k, ki, N, row_threads(C), 0, args);
 }
 
-static void norm_launch3(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const float *g, float *y,
-                         int64_t N, int64_t C, float eps)
+static void norm_launch3(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const float *g,
+                         const float *w, float *y, int64_t N, int64_t C, float eps)
 {
     if (N <= 0 || C <= 0) return;
     int vec = vec_ok(C, x, g, y);
-    void *args[] = {&x, &g, &y, &N, &C, &eps, &vec};
+    void *args[] = {&x, &g, &w, &y, &N, &C, &eps, &vec};
     launch(k, ki, N, row_threads(C), 0, args);
 }
 
@@ -559,10 +559,10 @@ void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t 
     norm_launch2(k, JDT_CUK_K_NORMALIZE, x, y, N, C, eps);
 }
 
-void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
-                           int64_t C, float eps)
+void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, const float *w, float *dx,
+                           int64_t N, int64_t C, float eps)
 {
-    norm_launch3(k, JDT_CUK_K_NORMALIZE_BWD, x, dxhat, dx, N, C, eps);
+    norm_launch3(k, JDT_CUK_K_NORMALIZE_BWD, x, dy, w, dx, N, C, eps);
 }
 
 void jdt_cuk_rms_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps)
@@ -570,10 +570,10 @@ void jdt_cuk_rms_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int6
     norm_launch2(k, JDT_CUK_K_RMS_NORMALIZE, x, y, N, C, eps);
 }
 
-void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
-                               int64_t C, float eps)
+void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, const float *w,
+                               float *dx, int64_t N, int64_t C, float eps)
 {
-    norm_launch3(k, JDT_CUK_K_RMS_NORMALIZE_BWD, x, dxhat, dx, N, C, eps);
+    norm_launch3(k, JDT_CUK_K_RMS_NORMALIZE_BWD, x, dy, w, dx, N, C, eps);
 }
 
 void jdt_cuk_gather(jdt_cuk *k, const float *table, const int32_t *idx, float *out, int64_t n,

@@ -155,11 +155,13 @@ void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_b
                                    const int32_t *tgt, const float *dloss, const float *loss,
                                    uint16_t *dlogits, int64_t N, int64_t V);
 void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
-void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
-                           int64_t C, float eps);
+/* The norms' backwards: dx from x and the normalised value's cotangent dxhat = dy * w, w (C)
+ * the norm's scale, or dxhat = dy when w is NULL (jdt_rt_normalize_bwd's semantics then). */
+void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, const float *w, float *dx,
+                           int64_t N, int64_t C, float eps);
 void jdt_cuk_rms_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
-void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dxhat, float *dx, int64_t N,
-                               int64_t C, float eps);
+void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, const float *w,
+                               float *dx, int64_t N, int64_t C, float eps);
 
 /* y (B, T, H, D) = rotary embedding of x (see jdt_rt_rope). D must be even. */
 void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,

@@ -797,6 +797,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .wire_gathers = true,
     .reduce_stores = true,
     .bf16_builtins = true,
+    .norm_bwd_scale = true,
     .prepare = eo_prepare,
     .source = eo_source,
     .begin = eo_begin,

@@ -274,22 +274,32 @@ extern "C" __global__ void cuk_normalize(const float *x, float *y, i64 N, i64 C,
     }
 }
 
-extern "C" __global__ void cuk_normalize_bwd(const float *x, const float *dxhat, float *dx, i64 N,
-                                             i64 C, float eps, int vec)
+/* The norm backwards take the normalised value's cotangent as dy * w when w is not NULL (w: C
+ * values, the norm's scale: the compiler folds the affine's product into the builtin, passes.c
+ * fold_norm_scales), else as dy itself. */
+__device__ __forceinline__ float cuk_scaled(const float *w, i64 c, float g)
+{
+    return w ? g * w[c] : g;
+}
+
+extern "C" __global__ void cuk_normalize_bwd(const float *x, const float *dy, const float *w,
+                                             float *dx, i64 N, i64 C, float eps, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
-        const float *xr = x + n * C, *gr = dxhat + n * C;
+        const float *xr = x + n * C, *gr = dy + n * C;
         float mu, r, sg = 0.0f, sgx = 0.0f;
         cuk_row_moments(xr, C, vec, eps, sh, &mu, &r);
-        cuk_row_visit2(xr, gr, C, vec, [&](i64, float a, float g) {
+        cuk_row_visit2(xr, gr, C, vec, [&](i64 c, float a, float g) {
+            g = cuk_scaled(w, c, g);
             sg += g;
             sgx += g * (a - mu) * r;
         });
         sg = cuk_block_sum(sg, sh) / (float)C;
         sgx = cuk_block_sum(sgx, sh) / (float)C;
-        cuk_row_map2(xr, gr, dx + n * C, C, vec,
-                     [&](i64, float a, float g) { return r * (g - sg - (a - mu) * r * sgx); });
+        cuk_row_map2(xr, gr, dx + n * C, C, vec, [&](i64 c, float a, float g) {
+            return r * (cuk_scaled(w, c, g) - sg - (a - mu) * r * sgx);
+        });
     }
 }
 
@@ -306,21 +316,22 @@ extern "C" __global__ void cuk_rms_normalize(const float *x, float *y, i64 N, i6
     }
 }
 
-extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dxhat, float *dx,
-                                                 i64 N, i64 C, float eps, int vec)
+extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dy, const float *w,
+                                                 float *dx, i64 N, i64 C, float eps, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
-        const float *xr = x + n * C, *gr = dxhat + n * C;
+        const float *xr = x + n * C, *gr = dy + n * C;
         float s = 0.0f, sgx = 0.0f;
-        cuk_row_visit2(xr, gr, C, vec, [&](i64, float a, float g) {
+        cuk_row_visit2(xr, gr, C, vec, [&](i64 c, float a, float g) {
             s += a * a;
-            sgx += g * a;
+            sgx += cuk_scaled(w, c, g) * a;
         });
         s = cuk_block_sum(s, sh);
         sgx = cuk_block_sum(sgx, sh);
         float r = 1.0f / sqrtf(s / (float)C + eps);
         float k = r * r * r * sgx / (float)C;
-        cuk_row_map2(xr, gr, dx + n * C, C, vec, [&](i64, float a, float g) { return r * g - a * k; });
+        cuk_row_map2(xr, gr, dx + n * C, C, vec,
+                     [&](i64 c, float a, float g) { return r * cuk_scaled(w, c, g) - a * k; });
     }
 }
