@@ -33,6 +33,7 @@ struct jdt_graph {
     int cur_block; /* block id given to new nodes */
     bool matmul_bf16; /* MATMULs built from now on compute in bf16 (attrs i[2] = 1) */
     bool bf16_weights; /* models read GEMM weights through a CAST to bf16 */
+    bool bf16_grads;   /* GEMM VJPs round bf16 activations' cotangents to bf16 */
     jdt_tensor **nodes; /* (n_nodes) */
     int n_nodes, cap_nodes;
     jdt_tensor **outputs;
@@ -237,6 +238,8 @@ void jdt_graph_set_matmul_bf16(jdt_graph *g, bool on) { g->matmul_bf16 = on; }
 bool jdt_graph_matmul_bf16(const jdt_graph *g) { return g->matmul_bf16; }
 void jdt_graph_set_bf16_weights(jdt_graph *g, bool on) { g->bf16_weights = on; }
 bool jdt_graph_bf16_weights(const jdt_graph *g) { return g->bf16_weights; }
+void jdt_graph_set_bf16_grads(jdt_graph *g, bool on) { g->bf16_grads = on; }
+bool jdt_graph_bf16_grads(const jdt_graph *g) { return g->bf16_grads; }
 
 /* Puts node id into the name index (which has room). */
 static void name_insert(jdt_graph *g, int id)

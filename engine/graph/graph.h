@@ -367,6 +367,14 @@ bool jdt_graph_matmul_bf16(const jdt_graph *g);
 void jdt_graph_set_bf16_weights(jdt_graph *g, bool on);
 bool jdt_graph_bf16_weights(const jdt_graph *g);
 
+/* VJPs built from now on round the cotangent of a bf16 activation that a bf16 GEMM reads (an
+ * operand of dtype bf16 that is not a CAST: a GELU or SwiGLU output, not a weight's copy) to
+ * bf16, as autocast's backward does: dx = CAST(CAST(dy @ bᵀ, bf16), f32), still f32 by dtype
+ * (jdt_dtype_cotangent), which the CUDA compiler turns into a GEMM storing bf16 (passes.c
+ * fold_bf16_casts). The train step sets it for precision.activations: bf16. Default off. */
+void jdt_graph_set_bf16_grads(jdt_graph *g, bool on);
+bool jdt_graph_bf16_grads(const jdt_graph *g);
+
 /* Finds a leaf by name; NULL if absent. Hashed: it indexes the named nodes added since its
  * last call (g is not const for that), so a lookup costs O(1) on average. */
 jdt_tensor *jdt_graph_find(jdt_graph *g, const char *name);

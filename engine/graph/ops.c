@@ -740,6 +740,11 @@ static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const boo
         dy = src == dy ? c : jdt_graph_reshape(g, c, dy->shape.ndim, dy->shape.dims);
     }
     vjp_matmul_f(g, node, dy, need, dx);
+    /* the cotangent of a bf16 activation operand, rounded to bf16 (jdt_graph_bf16_grads) */
+    for (int k = 0; k < 2 && bf16 && jdt_graph_bf16_grads(g); k++)
+        if (need[k] && dx[k] && dx[k]->dtype == JDT_DTYPE_F32 &&
+            IN(k)->dtype == JDT_DTYPE_BF16 && IN(k)->op != JDT_OP_CAST)
+            dx[k] = jdt_graph_cast(g, jdt_graph_cast(g, dx[k], JDT_DTYPE_BF16), JDT_DTYPE_F32);
     jdt_graph_set_matmul_bf16(g, prev);
 }
 

@@ -468,6 +468,7 @@ jdt_status jdt_shard_partition(const jdt_mesh *m, const jdt_config_rules *rules,
     /* the backward (autodiff runs on the partitioned graph) builds its bf16 GEMMs' cotangent
      * casts under the cast form as the one-device graph would (graph/ops.c vjp_MATMUL) */
     jdt_graph_set_bf16_weights(out->g, jdt_graph_bf16_weights(src));
+    jdt_graph_set_bf16_grads(out->g, jdt_graph_bf16_grads(src));
     pctx c = {.m = m, .rules = rules, .g = out->g, .r = out, .e = e};
     jdt_status st = JDT_OK;
     for (int i = 0; i < n && st == JDT_OK; i++) {

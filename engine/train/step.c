@@ -234,6 +234,9 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
      * bytes of the f32 gather, the same numbers (round(shard) gathered = round(full)); the
      * gradient is reduce-scattered in f32 */
     jdt_graph_set_bf16_weights(gg, s->cfg->precision.compute == JDT_DTYPE_BF16);
+    /* precision.activations: bf16 also rounds the cotangents of the bf16 activations GEMMs
+     * read (the GELU output's), as autocast's backward does */
+    jdt_graph_set_bf16_grads(gg, s->cfg->precision.activations == JDT_DTYPE_BF16);
     jdt_status st = jdt_model_build(gg, s->cfg, s->o.micro_batch, training, m, e);
     memset(loss_place, 0, sizeof *loss_place);
     if (st != JDT_OK || s->mesh.world_size <= 1) {

@@ -230,6 +230,9 @@ START_TEST(test_remat_same_losses_less_memory)
 }
 END_TEST
 
+/* test_bf16_activations: the backward without jdt_graph_bf16_grads, for comparison */
+static bool no_bf16_grads;
+
 /* One forward + backward of model cfg on graph g with the bf16 compute flag on: outputs loss
  * and every parameter's gradient, computed by the compiled program (or the interpreter). */
 static void bf16_grads(const jdt_config *cfg, bool cast_weights, bool jit, double *out,
@@ -238,6 +241,7 @@ static void bf16_grads(const jdt_config *cfg, bool cast_weights, bool jit, doubl
     jdt_graph *g = jdt_graph_new();
     jdt_graph_set_matmul_bf16(g, true);
     jdt_graph_set_bf16_weights(g, cast_weights);
+    jdt_graph_set_bf16_grads(g, cfg->precision.activations == JDT_DTYPE_BF16 && !no_bf16_grads);
     jdt_model m;
     jdt_err e;
     ck_assert_msg(jdt_model_build(g, cfg, 4, true, &m, &e) == JDT_OK, "%s", e.msg);
@@ -386,7 +390,8 @@ START_TEST(test_bf16_cast_weights)
 END_TEST
 
 /* precision.activations: bf16: the linear layers (but q, k, v) and the head store bf16 outputs
- * (bf16(x W + bf16(b)), models.c). On the CPU the CASTs are fused kernels (the CUDA backend
+ * (bf16(x W + bf16(b)), models.c), and the cotangents of the bf16 activations GEMMs read are
+ * rounded to bf16 (jdt_graph_bf16_grads). On the CPU the CASTs are fused kernels (the CUDA backend
  * folds them into its GEMMs, check_cuda): the compiled step agrees with the interpreter, and
  * its loss differs from the f32-activations one by the rounding, not more. GPT with biases and
  * the llama variant. */
@@ -397,7 +402,7 @@ START_TEST(test_bf16_activations)
         {"precision.compute=bf16", "precision.activations=bf16", "model.norm=rmsnorm",
          "model.pos=rope", "model.activation=swiglu", "model.tie_embeddings=false"},
     };
-    static double act[200000], ref[200000], f32a[200000];
+    static double act[200000], ref[200000], f32a[200000], f32g[200000];
     for (size_t v = 0; v < JDT_ARRAY_LEN(variants); v++) {
         int n = 0;
         while (n < 6 && variants[v][n]) n++;
@@ -407,6 +412,20 @@ START_TEST(test_bf16_activations)
         int casts, casts_ref, casts_f;
         bf16_grads(&c, true, true, act, 200000, &na, &casts);
         bf16_grads(&c, true, false, ref, 200000, &nr, &casts_ref);
+        /* the GELU (SwiGLU) output's cotangent rounded to bf16 (jdt_graph_bf16_grads): the
+         * same loss, other gradients than with it f32 */
+        no_bf16_grads = true;
+        int64_t ng;
+        int casts_g;
+        bf16_grads(&c, true, true, f32g, 200000, &ng, &casts_g);
+        no_bf16_grads = false;
+        ck_assert_int_eq(ng, na);
+        ck_assert_msg(f32g[0] == act[0], "variant %zu: loss %.9g vs %.9g", v, f32g[0], act[0]);
+        double gdiff = 0;
+        for (int64_t j = 1; j < na; j++)
+            gdiff = fmax(gdiff, fabs(f32g[j] - act[j]));
+        ck_assert_msg(gdiff > 0, "variant %zu: rounding the activations' cotangents changed no "
+                      "gradient", v);
         c.precision.activations = JDT_DTYPE_F32;
         bf16_grads(&c, true, true, f32a, 200000, &nf, &casts_f);
         ck_assert_int_eq(na, nr);
