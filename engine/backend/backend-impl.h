@@ -35,6 +35,9 @@ typedef struct {
      * read dy, computing the normalised value's cotangent dy * w themselves (passes.c
      * fold_norm_scales: the product's kernel and its buffer go). */
     bool norm_bwd_scale;
+    /* Its GEMMs add a tensor of the output's shape to the product (cuBLASLt's C, beta 1), so
+     * passes.c fold_gemm_accumulates folds y = x + a @ b into the GEMM (MATMUL attrs i[3]). */
+    bool gemm_accumulate;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src

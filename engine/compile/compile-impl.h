@@ -159,6 +159,8 @@ typedef struct cprog_ {
                             reads bf16 logits (passes.c fold_bf16_casts) */
     bool norm_bwd_scale; /* the device's vtable flag: the norm backwards take the scale
                             (passes.c fold_norm_scales) */
+    bool gemm_accumulate; /* the device's vtable flag: GEMMs add an input to their product
+                             (passes.c fold_gemm_accumulates) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;
@@ -286,6 +288,18 @@ static inline int cnode_read_src(const cprog *c, int x)
 static inline int64_t cnode_elem_size(const cnode *n)
 {
     return n->bf16 ? 2 : (int64_t)jdt_dtype_size(n->dtype);
+}
+
+/* A MATMUL cnode's optional inputs after a and b: the bias (N values, passes.c fold_bias_adds)
+ * at in[2], and, with attrs i[3] set, a tensor of the output's shape the product is added to,
+ * last (the GEMM's C with beta 1: passes.c fold_gemm_accumulates). -1 when absent. */
+static inline int cnode_mm_bias(const cnode *n)
+{
+    return n->n_in - (n->attrs.i[3] ? 1 : 0) > 2 ? n->in[2] : -1;
+}
+static inline int cnode_mm_acc(const cnode *n)
+{
+    return n->attrs.i[3] ? n->in[n->n_in - 1] : -1;
 }
 
 /* Reduce attrs helper: true when axis k of an n-d input is reduced. */

@@ -126,6 +126,8 @@ typedef struct {
                               cross-entropies reading bf16 logits (passes.c fold_bf16_casts) */
     int n_norm_scales_folded; /* norm backwards that form dy * w themselves (passes.c
                                  fold_norm_scales) */
+    int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands
+                              (passes.c fold_gemm_accumulates) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     double kernel_bytes;   /* bytes the fused kernels move per run at least (every element of
                               every buffer they read or write once: the memory-bound floor) */

@@ -516,7 +516,7 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
                 users[mi] != 1 || m->dtype != JDT_DTYPE_F32)
                 continue;
             int bias = -1;
-            if (m->n_in == 3) {
+            if (m->n_in == 3) { /* the bias (no accumulate input yet: that fold comes later) */
                 const cnode *bn = &c->nodes[m->in[2]];
                 if (bn->op != JDT_OP_CAST || bn->kind != CK_EW ||
                     c->nodes[bn->in[0]].dtype != JDT_DTYPE_BF16)
@@ -584,6 +584,47 @@ static jdt_status fold_norm_scales(cprog *c, jdt_err *e)
             nb->in[2] = wi;
             nb->n_in = 3;
             c->stats.n_norm_scales_folded++;
+            break;
+        }
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
+/* y = x + a @ b on a device whose GEMMs accumulate (c->gemm_accumulate: CUDA), the product
+ * (through the views the bias fold leaves) read by nothing else and f32, x an f32 tensor of
+ * y's shape materialised before the product: the GEMM gets x as a last input (attrs i[3],
+ * cuBLASLt's C with beta 1) and the add becomes a view of it. The add's kernel (two full reads,
+ * a write) goes for one read inside the GEMM. GPT-2's backward sums the three q/k/v GEMMs'
+ * input cotangents so; an f32 residual stream adds each block's projections so. The f32 sum
+ * is the same up to its order. Skipped with no_fuse. */
+static jdt_status fold_gemm_accumulates(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: GEMM accumulate folding");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *a = &c->nodes[i];
+        if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32)
+            continue;
+        for (int side = 0; side < 2; side++) {
+            const int top = a->in[side], xi = a->in[1 - side];
+            const int mi = view_base(c, users, top);
+            cnode *m = &c->nodes[mi];
+            const cnode *x = &c->nodes[xi];
+            if (users[top] != 1 || m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN ||
+                m->dtype != JDT_DTYPE_F32 || m->attrs.i[3] || m->n_in >= JDT_MAX_INPUTS ||
+                jdt_shape_numel(&m->shape) != jdt_shape_numel(&a->shape) ||
+                !jdt_shape_eq(&x->shape, &a->shape) || x->dtype != JDT_DTYPE_F32 ||
+                x->kind == CK_SPLAT || x->kind == CK_MAP || (xi > mi && x->kind != CK_LEAF))
+                continue;
+            m->in[m->n_in++] = xi;
+            m->attrs.i[3] = 1;
+            a->op = JDT_OP_RESHAPE;
+            a->kind = CK_VIEW;
+            a->n_in = 1;
+            a->in[0] = top;
+            memset(&a->attrs, 0, sizeof a->attrs);
+            c->stats.n_gemm_acc_folded++;
             break;
         }
     }
@@ -732,6 +773,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_scale && (st = fold_norm_scales(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->gemm_accumulate && (st = fold_gemm_accumulates(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->host_builtins && (st = fold_scatter_adds(c, e)) != JDT_OK) goto out;
 

@@ -247,6 +247,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->reduce_stores = p->dev->vt->reduce_stores;
     c->bf16_builtins = p->dev->vt->bf16_builtins;
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
+    c->gemm_accumulate = p->dev->vt->gemm_accumulate;
     /* start/wait collectives: the CPU backends call the hooks; the CUDA backend runs its own
      * (NCCL on a stream of its own) and takes the hooks as the request to overlap them */
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();

@@ -579,6 +579,17 @@ START_TEST(test_nvrtc_train_steps)
         ck_assert_int_gt(n_bf16_casts(s), 0);
         ck_assert_ptr_nonnull(strstr(jdt_step_source(s), "= jdt_bf16_st(v"));
     }
+    /* the backward's sum of the q, k, v GEMMs' input cotangents is done by two of the GEMMs
+     * (2 per layer); with f32 activations and no dropout the residual adds too (2 more) */
+    printf("check_cuda: %s: %d adds folded into GEMMs\n", MODELS[i].name,
+           jdt_step_stats(s)->n_gemm_acc_folded);
+    if (c.model.type == JDT_MODEL_GPT)
+        ck_assert_int_ge(
+            jdt_step_stats(s)->n_gemm_acc_folded,
+            2 * c.model.n_layer *
+                (c.precision.activations == JDT_DTYPE_F32 && c.model.dropout == 0 ? 2 : 1));
+    else
+        ck_assert_int_eq(jdt_step_stats(s)->n_gemm_acc_folded, 0);
     /* every norm backward forms dy * w itself (ln1, ln2 per layer and the final norm) */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_scales_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);

@@ -245,8 +245,8 @@ static void check_matmul(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_
     float *dbias = dev_from(bias, (size_t)N * 4), *dc = dev_alloc((size_t)nc * 4);
     jdt_err e;
     jdt_err_clear(&e);
-    jdt_status s =
-        jdt_cuk_matmul(k, da, db, with_bias ? dbias : NULL, dc, batch, M, N, K, ta, tb, shared, &e);
+    jdt_status s = jdt_cuk_matmul(k, da, db, with_bias ? dbias : NULL, NULL, dc, batch, M, N, K, ta,
+                                  tb, shared, &e);
     ck_assert_msg(s == JDT_OK, "%s", e.msg);
     float *got = dev_to_host(k, dc, nc);
     char what[128];
@@ -254,6 +254,24 @@ static void check_matmul(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_
              (long long)batch, (long long)M, (long long)N, (long long)K, ta, tb, shared, with_bias);
     /* TF32: 10-bit mantissa inputs, f32 accumulation; |a|,|b| <= 1 */
     expect_close(what, got, want, nc, 2e-3f * sqrtf((float)(K + 1)), 1e-2f);
+    if (K > 0) { /* accumulating onto x (fold_gemm_accumulates): into a new c, then in place */
+        float *x = rand_floats(nc, 9, -4, 4), *wx = malloc((size_t)nc * 4);
+        for (int64_t i = 0; i < nc; i++)
+            wx[i] = want[i] + x[i];
+        float *dx = dev_from(x, (size_t)nc * 4);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            s = jdt_cuk_matmul(k, da, db, with_bias ? dbias : NULL, dx, inplace ? dx : dc, batch, M,
+                               N, K, ta, tb, shared, &e);
+            ck_assert_msg(s == JDT_OK, "%s", e.msg);
+            float *gx = dev_to_host(k, inplace ? dx : dc, nc);
+            char wa[160];
+            snprintf(wa, sizeof wa, "%s + acc%s", what, inplace ? " (in place)" : "");
+            expect_close(wa, gx, wx, nc, 2e-3f * sqrtf((float)(K + 1)), 1e-2f);
+            free(gx);
+        }
+        free(x), free(wx);
+        cudaFree(dx);
+    }
     free(a), free(b), free(bias), free(want), free(got);
     cudaFree(da), cudaFree(db), cudaFree(dbias), cudaFree(dc);
 }
@@ -319,14 +337,29 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
         const bool a_bf = which & 1, b_bf = which & 2;
         ck_assert_int_eq(cudaMemset(dc, 0xff, (size_t)nc * 4), cudaSuccess);
         s = jdt_cuk_matmul_bf16_ex(k, a_bf ? da16 : (void *)da, b_bf ? db16 : (void *)db,
-                                   with_bias ? dbias : NULL, dc, batch, M, N, K, ta, tb, shared,
-                                   a_bf, b_bf, dscr, sb, &e);
+                                   with_bias ? dbias : NULL, NULL, dc, batch, M, N, K, ta, tb,
+                                   shared, a_bf, b_bf, dscr, sb, &e);
         ck_assert_msg(s == JDT_OK, "%s", e.msg);
         float *g16 = dev_to_host(k, dc, nc);
         char w16[160];
         snprintf(w16, sizeof w16, "%s, bf16-stored a %d b %d", what, a_bf, b_bf);
         expect_close(w16, g16, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
         free(g16);
+    }
+    if (K > 0) { /* accumulating onto x (fold_gemm_accumulates), bf16-stored operands */
+        float *x = rand_floats(nc, 9, -4, 4), *wx = malloc((size_t)nc * 4);
+        for (int64_t i = 0; i < nc; i++)
+            wx[i] = want[i] + x[i];
+        float *dx = dev_from(x, (size_t)nc * 4);
+        s = jdt_cuk_matmul_bf16_ex(k, da16, db16, with_bias ? dbias : NULL, dx, dc, batch, M, N, K,
+                                   ta, tb, shared, true, true, dscr, sb, &e);
+        ck_assert_msg(s == JDT_OK, "%s", e.msg);
+        float *gx = dev_to_host(k, dc, nc);
+        char wa[160];
+        snprintf(wa, sizeof wa, "%s, bf16-stored a and b, + acc", what);
+        expect_close(wa, gx, wx, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
+        free(x), free(wx), free(gx);
+        cudaFree(dx);
     }
     /* a bf16 output (precision.activations: bf16) with a bf16 bias: the f32 product plus the
      * bias rounded once, so within a bf16 step of the CPU's product rounded */

@@ -1057,19 +1057,21 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
         const int64_t scratch_n = sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0;
+        const int bi = cnode_mm_bias(n), ai = cnode_mm_acc(n);
+        void *bias = bi >= 0 ? dptr(p, bi) : NULL, *acc = ai >= 0 ? dptr(p, ai) : NULL;
         if (n->dtype == JDT_DTYPE_BF16) /* a bf16 output, bias bf16 too (fold_bf16_casts) */
-            return jdt_cuk_matmul_bf16_out(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M,
-                                           Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
-                                           b->ndim == 2, c->nodes[n->in[0]].bf16,
-                                           c->nodes[n->in[1]].bf16, scratch, scratch_n, e);
+            return jdt_cuk_matmul_bf16_out(k, in[0], in[1], bias, o, batch, M, Nn, K,
+                                           n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2,
+                                           c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16,
+                                           scratch, scratch_n, e);
         if (n->attrs.i[2]) /* bf16 compute: bf16-stored operands are read as they are, the
                               planned scratch takes the bf16 copies of the others */
-            return jdt_cuk_matmul_bf16_ex(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M,
-                                          Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
-                                          b->ndim == 2, c->nodes[n->in[0]].bf16,
-                                          c->nodes[n->in[1]].bf16, scratch, scratch_n, e);
-        return jdt_cuk_matmul(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
-                              n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, e);
+            return jdt_cuk_matmul_bf16_ex(k, in[0], in[1], bias, acc, o, batch, M, Nn, K,
+                                          n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2,
+                                          c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16, scratch,
+                                          scratch_n, e);
+        return jdt_cuk_matmul(k, in[0], in[1], bias, acc, o, batch, M, Nn, K, n->attrs.i[0] != 0,
+                              n->attrs.i[1] != 0, b->ndim == 2, e);
     }
     case JDT_OP_GATHER:
         jdt_cuk_gather(k, in[0], in[1], o, jdt_shape_numel(&c->nodes[n->in[1]].shape), s0->dims[0],
@@ -1291,6 +1293,7 @@ static const jdt_backend_vt cuda_vt = {
     .reduce_stores = true,
     .bf16_builtins = true,
     .norm_bwd_scale = true,
+    .gemm_accumulate = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
     .source = cuda_source,

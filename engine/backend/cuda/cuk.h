@@ -72,14 +72,16 @@ unsigned jdt_cuk_attention_sources(int arch, bool bf16, int64_t D);
 jdt_status jdt_cuk_precompile(int arch, const char *cache_dir, unsigned sources, int *n_built,
                               int *n_cached, jdt_err *e);
 
-/* c = a @ b (+ bias), shapes as jdt_rt_matmul: a (batch, M, K) or (batch, K, M) if ta; b
- * (batch|1, K, N) or (batch|1, N, K) if tb; c (batch, M, N); bias (N) or NULL. cuBLASLt with
- * TF32 tensor cores (f32 in/out, f32 accumulate), the bias added by the GEMM's epilogue; plans
- * (layouts + chosen algorithm) are cached per shape in the context. ERR_INVALID for a
- * dimension over INT32_MAX rows/leading dimension; ERR_INTERNAL naming the cuBLASLt status. */
-jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias, float *c,
-                          int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                          bool b_shared, jdt_err *e);
+/* c = a @ b (+ bias) (+ acc), shapes as jdt_rt_matmul: a (batch, M, K) or (batch, K, M) if ta;
+ * b (batch|1, K, N) or (batch|1, N, K) if tb; c (batch, M, N); bias (N) or NULL; acc (batch, M,
+ * N) or NULL (cuBLASLt's C with beta 1, may be c itself: the compiler's fold_gemm_accumulates).
+ * cuBLASLt with TF32 tensor cores (f32 in/out, f32 accumulate), the bias added by the GEMM's
+ * epilogue; plans (layouts + chosen algorithm) are cached per shape in the context.
+ * ERR_INVALID for a dimension over INT32_MAX rows/leading dimension; ERR_INTERNAL naming the
+ * cuBLASLt status. */
+jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias,
+                          const float *acc, float *c, int64_t batch, int64_t M, int64_t N,
+                          int64_t K, bool ta, bool tb, bool b_shared, jdt_err *e);
 
 /* jdt_cuk_matmul with bf16 compute (MATMUL attrs i[2], precision.compute: bf16), the meaning of
  * jdt_rt_matmul_bf16: a and b rounded to bf16 (nearest even) by a conversion kernel into
@@ -99,11 +101,11 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
 /* jdt_cuk_matmul_bf16 where a (a_bf16) and/or b (b_bf16) are already stored as bf16 bit patterns
  * (uint16_t, the compiler's bf16 storage): cuBLASLt reads them directly, no conversion pass;
  * only an f32 operand is converted into the scratch. The TF32 fallback widens a bf16 operand
- * (exact). Same scratch size as jdt_cuk_matmul_bf16. */
+ * (exact). acc as jdt_cuk_matmul's. Same scratch size as jdt_cuk_matmul_bf16. */
 jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
-                                  float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
-                                  bool tb, bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
-                                  int64_t scratch_bytes, jdt_err *e);
+                                  const float *acc, float *c, int64_t batch, int64_t M, int64_t N,
+                                  int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
+                                  bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e);
 /* jdt_cuk_matmul_bf16_ex storing c as bf16 bit patterns (the f32 accumulator plus the bias,
  * rounded to nearest even once): a GEMM whose output the compiler folded a bf16 CAST into
  * (precision.activations: bf16; passes.c fold_bf16_casts). bias: bf16 bit patterns (N) or NULL

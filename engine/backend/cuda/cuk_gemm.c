@@ -146,12 +146,13 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
 /* The GEMM of jdt_cuk_matmul on a and b of type f32 or (bf16) bf16, c and the bias f32 or
  * (c_bf16, with bf16) bf16, after the caller's checks: batch, M, N, K > 0 and within cuBLASLt's
  * int32 limits, the batch already folded. */
-static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, void *c,
-                       int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, const void *acc,
+                       void *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                        bool b_shared, bool bf16, bool c_bf16, jdt_err *e)
 {
     int64_t al_ab = align_of(a) < align_of(b) ? align_of(a) : align_of(b);
     int64_t al_c = align_of(c), al_bias = bias ? align_of(bias) : 16;
+    if (acc && align_of(acc) < al_c) al_c = align_of(acc); /* C's alignment too */
     int64_t key[12] = {
         batch, M, N, K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias, bf16, c_bf16};
     jdt_cuk_plan *p = NULL;
@@ -173,7 +174,12 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
         }
     }
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    float alpha = 1.0f, beta = 0.0f;
+    float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+    if (p->bias_by_beta && acc)
+        return jdt_err_set(e, JDT_ERR_INTERNAL,
+                           "cuBLASLt: no algorithm with the bias epilogue for an accumulating "
+                           "GEMM (batch %lld, M %lld, N %lld, K %lld)",
+                           (long long)batch, (long long)M, (long long)N, (long long)K);
     if (p->bias_by_beta) {
         jdt_cuk_fill_rows(k, c, bias, batch * M, N);
         beta = 1.0f;
@@ -182,19 +188,22 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
                                             sizeof bias);
     }
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmul(k->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
-                            &p->algo, k->workspace, JDT_CUK_WORKSPACE, k->stream);
+        st = cublasLtMatmul(k->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, acc ? acc : c, p->lc,
+                            c, p->lc, &p->algo, k->workspace, JDT_CUK_WORKSPACE, k->stream);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "Matmul", key);
     return JDT_OK;
 }
 
 /* Shared checks of both entry points: empty products, K = 0 (c = bias rows), folding a batch
  * over a shared b into M, cuBLASLt's int32 dimensions. *done when nothing is left to do. */
-static jdt_status gemm_shape(jdt_cuk *k, const float *bias, float *c, int64_t *batch, int64_t *M,
-                             int64_t N, int64_t K, bool ta, bool b_shared, bool *done, jdt_err *e)
+static jdt_status gemm_shape(jdt_cuk *k, const float *bias, const float *acc, float *c,
+                             int64_t *batch, int64_t *M, int64_t N, int64_t K, bool ta,
+                             bool b_shared, bool *done, jdt_err *e)
 {
     *done = true;
     if (*batch <= 0 || *M <= 0 || N <= 0) return JDT_OK;
+    if (K <= 0 && acc)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "matmul: an accumulating empty (K = 0) product");
     if (K <= 0) {
         jdt_cuk_fill_rows(k, c, bias, *batch * *M, N);
         return JDT_OK;
@@ -212,14 +221,14 @@ static jdt_status gemm_shape(jdt_cuk *k, const float *bias, float *c, int64_t *b
     return JDT_OK;
 }
 
-jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias, float *c,
-                          int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                          bool b_shared, jdt_err *e)
+jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias,
+                          const float *acc, float *c, int64_t batch, int64_t M, int64_t N,
+                          int64_t K, bool ta, bool tb, bool b_shared, jdt_err *e)
 {
     bool done;
-    jdt_status st = gemm_shape(k, bias, c, &batch, &M, N, K, ta, b_shared, &done, e);
+    jdt_status st = gemm_shape(k, bias, acc, c, &batch, &M, N, K, ta, b_shared, &done, e);
     if (st != JDT_OK || done) return st;
-    return gemm(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, false, e);
+    return gemm(k, a, b, bias, acc, c, batch, M, N, K, ta, tb, b_shared, false, false, e);
 }
 
 /* Where b's bf16 copy starts in the scratch: after a's, 16-byte aligned when that fits. */
@@ -240,23 +249,23 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
                                bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,
                                jdt_err *e)
 {
-    return jdt_cuk_matmul_bf16_ex(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, false,
-                                  scratch, scratch_bytes, e);
+    return jdt_cuk_matmul_bf16_ex(k, a, b, bias, NULL, c, batch, M, N, K, ta, tb, b_shared, false,
+                                  false, scratch, scratch_bytes, e);
 }
 
 /* jdt_cuk_matmul_bf16_ex and jdt_cuk_matmul_bf16_out: c and the bias f32, or both bf16
  * (c_bf16, which has no TF32 fallback) */
-static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const void *bias, void *c,
-                              int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                              bool b_shared, bool a_bf16, bool b_bf16, bool c_bf16, void *scratch,
-                              int64_t scratch_bytes, jdt_err *e)
+static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const void *bias,
+                              const float *acc, void *c, int64_t batch, int64_t M, int64_t N,
+                              int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
+                              bool c_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
     const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
     if (c_bf16 && K <= 0 && batch > 0 && M > 0 && N > 0)
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                            "matmul: a bf16 output of an empty (K = 0) product");
     bool done;
-    jdt_status st = gemm_shape(k, bias, c, &batch, &M, N, K, ta, b_shared, &done, e);
+    jdt_status st = gemm_shape(k, bias, acc, c, &batch, &M, N, K, ta, b_shared, &done, e);
     if (st != JDT_OK || done) return st;
     /* the bf16 copies of the f32 operands (none when both are stored as bf16) */
     const int64_t need = 2 * ((a_bf16 ? 0 : na) + (b_bf16 ? 0 : nb));
@@ -276,7 +285,7 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         jdt_cuk_to_bf16(k, b, bs, nb);
         b16 = bs;
     }
-    st = gemm(k, a16, b16, bias, c, batch, M, N, K, ta, tb, b_shared, true, c_bf16, e);
+    st = gemm(k, a16, b16, bias, acc, c, batch, M, N, K, ta, tb, b_shared, true, c_bf16, e);
     if (st == JDT_OK || c_bf16 || !scratch || scratch_bytes < 4 * (na + nb)) return st;
     /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
      * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
@@ -289,16 +298,16 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         jdt_cuk_bf16_widen(k, b, br, nb);
     else
         jdt_cuk_bf16_round(k, b, br, nb);
-    return gemm(k, ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, false, false, e);
+    return gemm(k, ar, br, bias, acc, c, batch, M, N, K, ta, tb, b_shared, false, false, e);
 }
 
 jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
-                                  float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
-                                  bool tb, bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
-                                  int64_t scratch_bytes, jdt_err *e)
+                                  const float *acc, float *c, int64_t batch, int64_t M, int64_t N,
+                                  int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
+                                  bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
-    return matmul_bf16(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16, false,
-                       scratch, scratch_bytes, e);
+    return matmul_bf16(k, a, b, bias, acc, c, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16,
+                       false, scratch, scratch_bytes, e);
 }
 
 jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, const uint16_t *bias,
@@ -306,6 +315,6 @@ jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, con
                                    bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
                                    void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
-    return matmul_bf16(k, a, b, bias, c, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16, true,
-                       scratch, scratch_bytes, e);
+    return matmul_bf16(k, a, b, bias, NULL, c, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16,
+                       true, scratch, scratch_bytes, e);
 }

@@ -798,6 +798,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .reduce_stores = true,
     .bf16_builtins = true,
     .norm_bwd_scale = true,
+    .gemm_accumulate = true,
     .prepare = eo_prepare,
     .source = eo_source,
     .begin = eo_begin,
