@@ -90,13 +90,18 @@ static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t
     return linear_ex(b, x, prefix, in, out, in_axis, out_axis, std, true);
 }
 
-/* q, k and v stay f32 in the graph: the attention reads them rounded to bf16 itself under
- * bf16 compute, so storing them as bf16 would change no number (a storage matter, not the
- * model's). */
+/* q, k and v: bf16 like the other linear layers' outputs; the attention (and RoPE) read them
+ * through a CAST to f32 (as_f32), which the CUDA compiler folds into the attention builtins. */
 static jdt_tensor *linear_qkv(builder *b, jdt_tensor *x, const char *prefix, int64_t in,
                               int64_t out, const char *out_axis, double std)
 {
-    return linear_ex(b, x, prefix, in, out, "embed", out_axis, std, false);
+    return linear_ex(b, x, prefix, in, out, "embed", out_axis, std, true);
+}
+
+/* t, or its f32 widening when it is bf16 (exact) */
+static jdt_tensor *as_f32(jdt_graph *g, jdt_tensor *t)
+{
+    return t && t->dtype == JDT_DTYPE_BF16 ? jdt_graph_cast(g, t, JDT_DTYPE_F32) : t;
 }
 
 /* The head's logits: bf16 under precision.activations: bf16, read by the loss as f32 (the
@@ -190,8 +195,8 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
         snprintf(name, sizeof name, "%s.attn.v", p);
         jdt_tensor *v = jdt_graph_reshape(g, linear_qkv(b, a, name, C, Hkv * D, "kv_heads", std), 4, btkd);
         if (cfg->model.pos == JDT_POS_ROPE) {
-            q = jdt_graph_rope(g, q, cfg->model.rope_theta, false);
-            k = jdt_graph_rope(g, k, cfg->model.rope_theta, false);
+            q = jdt_graph_rope(g, as_f32(g, q), cfg->model.rope_theta, false);
+            k = jdt_graph_rope(g, as_f32(g, k), cfg->model.rope_theta, false);
         }
         q = heads_first(g, q); /* (B, H, T, D) */
         k = heads_first(g, k); /* (B, Hkv, T, D) */
@@ -202,7 +207,8 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
             k = jdt_graph_reshape(g, jdt_graph_broadcast(g, jdt_graph_reshape(g, k, 5, b1), 5, bg), 4, bh);
             v = jdt_graph_reshape(g, jdt_graph_broadcast(g, jdt_graph_reshape(g, v, 5, b1), 5, bg), 4, bh);
         }
-        jdt_tensor *att = jdt_graph_attention(g, q, k, v, scale); /* (B, H, T, D) */
+        jdt_tensor *att = /* (B, H, T, D) */
+            jdt_graph_attention(g, as_f32(g, q), as_f32(g, k), as_f32(g, v), scale);
         att = jdt_graph_reshape(g, heads_first(g, att), 2, nc);   /* (N, C) */
         snprintf(name, sizeof name, "%s.attn.o", p);
         jdt_tensor *o = linear(b, att, name, H * D, C, "heads", "embed", std_resid);

@@ -45,7 +45,7 @@ typedef struct {
  * through one CAST to bf16 (a bf16 operand: bf16 compute); GEMMs of two activations and
  * attention compute in bf16 when jdt_graph_matmul_bf16 is on (the train step sets both from
  * precision.compute). With cfg->precision.activations bf16 the outputs of the linear layers
- * (but q, k, v) and of the head are bf16 nodes, bf16(x W + bf16(b)) as PyTorch autocast's.
+ * and of the head are bf16 nodes, bf16(x W + bf16(b)) as PyTorch autocast's.
  * Returns JDT_OK and fills *m (pointers into g's arena), or
  * ERR_CONFIG/ERR_SHAPE/ERR_NOMEM with e naming the first failing op. */
 jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,

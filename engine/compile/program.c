@@ -60,7 +60,8 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                 want = JDT_DTYPE_BF16; /* a bf16 operand (bf16 compute, read as stored) */
             if (c->bf16_builtins && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
                 ((n->op == JDT_OP_MATMUL && k == 2) ||
-                 ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) && k == 0)))
+                 ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) && k == 0) ||
+                 ((n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3)))
                 want = JDT_DTYPE_BF16; /* passes.c fold_bf16_casts */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }

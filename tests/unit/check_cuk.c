@@ -1046,9 +1046,10 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
     }
     float *dO = dev_alloc((size_t)n * 4), *dD = dev_alloc((size_t)(3 * n) * 4);
     void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
-    jdt_cuk_attention(k, din[0], din[1], din[2], dO, B, H, T, D, scale, bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], din[3], din[4], dD, B, H, T, D, scale, bthd,
-                          bf16, dscr);
+    jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, B, H, T, D, scale, bthd & 7u, bf16,
+                      dscr);
+    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], dD, B, H, T, D, scale,
+                          bthd, bf16, dscr);
     float *go_ = dev_to_host(k, dO, n), *gd = dev_to_host(k, dD, 3 * n);
     char what[96];
     snprintf(what, sizeof what, "attention%s B%lld H%lld T%lld D%lld bthd%u", bf16 ? " bf16" : "",
@@ -1069,6 +1070,39 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
         expect_close(what, go_, o, n, 2e-5f, 1e-4f);
         expect_close(what, gd, dqkv, 3 * n, 5e-5f, 1e-3f);
     }
+    /* q, k, v stored as bf16 (the _b kernels, precision.activations: bf16): the same outputs,
+     * bit for bit, as f32 inputs holding the same (rounded) values */
+    uint16_t *h16 = malloc((size_t)n * 2);
+    float *hr = malloc((size_t)n * 4);
+    void *d16[3];
+    float *dr[3];
+    for (int i = 0; i < 3; i++) {
+        float *t = (bthd >> i & 1u) ? to_bthd(hin[i], B, H, T, D) : NULL;
+        const float *src = t ? t : hin[i];
+        for (int64_t j = 0; j < n; j++) {
+            h16[j] = jdt_rt_bf16_bits(src[j]);
+            hr[j] = jdt_rt_bf16_round(src[j]);
+        }
+        d16[i] = dev_from(h16, (size_t)n * 2);
+        dr[i] = dev_from(hr, (size_t)n * 4);
+        free(t);
+    }
+    float *dO2 = dev_alloc((size_t)n * 4), *dD2 = dev_alloc((size_t)(3 * n) * 4);
+    jdt_cuk_attention(k, dr[0], dr[1], dr[2], false, dO, B, H, T, D, scale, bthd & 7u, bf16, dscr);
+    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], dD, B, H, T, D, scale,
+                          bthd, bf16, dscr);
+    jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO2, B, H, T, D, scale, bthd & 7u, bf16,
+                      dscr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dD2, B, H, T, D, scale,
+                          bthd, bf16, dscr);
+    float *a1 = dev_to_host(k, dO, n), *a2 = dev_to_host(k, dO2, n);
+    float *b1 = dev_to_host(k, dD, 3 * n), *b2 = dev_to_host(k, dD2, 3 * n);
+    ck_assert_msg(memcmp(a1, a2, (size_t)n * 4) == 0, "%s: bf16 q/k/v: o differs", what);
+    ck_assert_msg(memcmp(b1, b2, (size_t)(3 * n) * 4) == 0, "%s: bf16 q/k/v: dqkv differs", what);
+    free(h16), free(hr), free(a1), free(a2), free(b1), free(b2);
+    for (int i = 0; i < 3; i++)
+        cudaFree(d16[i]), cudaFree(dr[i]);
+    cudaFree(dO2), cudaFree(dD2);
     free(q), free(kk), free(v), free(go), free(o), free(dqkv), free(scr), free(go_), free(gd);
     for (int i = 0; i < 5; i++)
         cudaFree(din[i]);
@@ -1091,7 +1125,7 @@ START_TEST(test_attention)
         check_attention(k, 1, 1, 1, 8, 0, bf); /* one token */
     }
     check_attention(k, 1, 1, 33, 136, 0, false); /* d256 class */
-    jdt_cuk_attention(k, NULL, NULL, NULL, NULL, 1, 1, 4, 300, 1.0f, 0, false, NULL);
+    jdt_cuk_attention(k, NULL, NULL, NULL, false, NULL, 1, 1, 4, 300, 1.0f, 0, false, NULL);
     jdt_err e;
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_cuk_check(k, "attention", false, &e), JDT_ERR_UNSUPPORTED);

@@ -1126,12 +1126,15 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         for (int j = 0; j < n->n_in; j++)
             if (c->nodes[n->in[j]].kind == CK_VIEW && c->nodes[n->in[j]].op == JDT_OP_TRANSPOSE)
                 bthd |= 1u << j;
+        /* q, k, v bf16 (fold_bf16_casts: all three or none) */
+        const bool qkv16 = c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
         if (n->op == JDT_OP_ATTENTION)
-            jdt_cuk_attention(k, in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
-                              s0->dims[3], (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
+            jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, o, s0->dims[0], s0->dims[1],
+                              s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
+                              n->attrs.i[0] != 0, scratch);
         else
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
-                                  s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], o, s0->dims[0],
+                                  s0->dims[1], s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
                                   n->attrs.i[0] != 0, scratch);
         return JDT_OK;
     }

@@ -66,7 +66,27 @@ extern const int jdt_cuk_n_sources;
     X(ATT_TC_DQ_D64, "cuk_attention_tc.cu", "cuk_att_tc_dq_d64")                                   \
     X(ATT_TC_DQ_D128, "cuk_attention_tc.cu", "cuk_att_tc_dq_d128")                                 \
     X(ATT_TC_DKV_D64, "cuk_attention_tc.cu", "cuk_att_tc_dkv_d64")                                 \
-    X(ATT_TC_DKV_D128, "cuk_attention_tc.cu", "cuk_att_tc_dkv_d128")
+    X(ATT_TC_DKV_D128, "cuk_attention_tc.cu", "cuk_att_tc_dkv_d128")                               \
+    X(ATT_FWD_B_D64, "cuk_attention.cu", "cuk_att_fwd_b_d64")                                      \
+    X(ATT_FWD_B_D128, "cuk_attention.cu", "cuk_att_fwd_b_d128")                                    \
+    X(ATT_FWD_B_D256, "cuk_attention.cu", "cuk_att_fwd_b_d256")                                    \
+    X(ATT_STATS_B_D64, "cuk_attention.cu", "cuk_att_stats_b_d64")                                  \
+    X(ATT_STATS_B_D128, "cuk_attention.cu", "cuk_att_stats_b_d128")                                \
+    X(ATT_STATS_B_D256, "cuk_attention.cu", "cuk_att_stats_b_d256")                                \
+    X(ATT_DQ_B_D64, "cuk_attention.cu", "cuk_att_dq_b_d64")                                        \
+    X(ATT_DQ_B_D128, "cuk_attention.cu", "cuk_att_dq_b_d128")                                      \
+    X(ATT_DQ_B_D256, "cuk_attention.cu", "cuk_att_dq_b_d256")                                      \
+    X(ATT_DKV_B_D64, "cuk_attention.cu", "cuk_att_dkv_b_d64")                                      \
+    X(ATT_DKV_B_D128, "cuk_attention.cu", "cuk_att_dkv_b_d128")                                    \
+    X(ATT_DKV_B_D256, "cuk_attention.cu", "cuk_att_dkv_b_d256")                                    \
+    X(ATT_TC_FWD_B_D64, "cuk_attention_tc.cu", "cuk_att_tc_fwd_b_d64")                             \
+    X(ATT_TC_FWD_B_D128, "cuk_attention_tc.cu", "cuk_att_tc_fwd_b_d128")                           \
+    X(ATT_TC_STATS_B_D64, "cuk_attention_tc.cu", "cuk_att_tc_stats_b_d64")                         \
+    X(ATT_TC_STATS_B_D128, "cuk_attention_tc.cu", "cuk_att_tc_stats_b_d128")                       \
+    X(ATT_TC_DQ_B_D64, "cuk_attention_tc.cu", "cuk_att_tc_dq_b_d64")                               \
+    X(ATT_TC_DQ_B_D128, "cuk_attention_tc.cu", "cuk_att_tc_dq_b_d128")                             \
+    X(ATT_TC_DKV_B_D64, "cuk_attention_tc.cu", "cuk_att_tc_dkv_b_d64")                             \
+    X(ATT_TC_DKV_B_D128, "cuk_attention_tc.cu", "cuk_att_tc_dkv_b_d128")
 
 typedef enum {
 #define X(e, file, name) JDT_CUK_K_##e,

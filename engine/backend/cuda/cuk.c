@@ -761,9 +761,16 @@ unsigned jdt_cuk_attention_sources(int arch, bool bf16, int64_t D)
 #define ATT_TC_BR 64 /* rows per block (kernels/cuk_attention_tc.cu) */
 #define ATT_TC_THREADS 128
 
-void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float *v, float *o,
-                       int64_t B, int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
-                       bool bf16, void *scratch)
+/* The kernel of family `f32` (its D64 enumerator) for class cls, or of its bf16-q/k/v family
+ * `b16` (qkv_bf16). */
+static jdt_cuk_kernel att_kernel(jdt_cuk_kernel f32, jdt_cuk_kernel b16, bool qkv_bf16, int cls)
+{
+    return (jdt_cuk_kernel)((qkv_bf16 ? b16 : f32) + cls);
+}
+
+void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
+                       float *o, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                       unsigned bthd, bool bf16, void *scratch)
 {
     (void)scratch;
     if (B * H * T * D <= 0) return;
@@ -771,7 +778,8 @@ void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float 
     if (tc >= 0) {
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
         void *args[] = {&q, &kk, &v, &o, &B, &H, &T, &D, &scale, &bthd};
-        launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_FWD_D64 + tc), blocks, ATT_TC_THREADS, 0, args);
+        launch(k, att_kernel(JDT_CUK_K_ATT_TC_FWD_D64, JDT_CUK_K_ATT_TC_FWD_B_D64, qkv_bf16, tc),
+               blocks, ATT_TC_THREADS, 0, args);
         return;
     }
     int64_t ct;
@@ -783,10 +791,11 @@ void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float 
     int64_t blocks = B * H * ((T + ATT_R - 1) / ATT_R);
     size_t smem = (size_t)(2 * ct * D + 2 * ct) * sizeof(float);
     void *args[] = {&q, &kk, &v, &o, &B, &H, &T, &D, &scale, &bthd};
-    launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_FWD_D64 + cls), blocks, ATT_THREADS, smem, args);
+    launch(k, att_kernel(JDT_CUK_K_ATT_FWD_D64, JDT_CUK_K_ATT_FWD_B_D64, qkv_bf16, cls), blocks,
+           ATT_THREADS, smem, args);
 }
 
-void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const float *v,
+void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
                            const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,
                            int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
                            void *scratch)
@@ -794,17 +803,19 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const fl
     int64_t n = B * H * T * D;
     if (n <= 0) return;
     int tc = att_tc_class(k, bf16, D);
+    float *stats = scratch, *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
+    void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
+    void *qargs[] = {&q, &kk, &v, &dout, &stats, &dq, &B, &H, &T, &D, &scale, &bthd};
+    void *kargs[] = {&q, &kk, &v, &dout, &stats, &dk, &dv, &B, &H, &T, &D, &scale, &bthd};
     if (tc >= 0) {
-        float *stats = scratch, *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
-        void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
-        launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_STATS_D64 + tc), blocks, ATT_TC_THREADS, 0,
-               sargs);
-        void *qargs[] = {&q, &kk, &v, &dout, &stats, &dq, &B, &H, &T, &D, &scale, &bthd};
-        launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_DQ_D64 + tc), blocks, ATT_TC_THREADS, 0, qargs);
-        void *kargs[] = {&q, &kk, &v, &dout, &stats, &dk, &dv, &B, &H, &T, &D, &scale, &bthd};
-        launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_DKV_D64 + tc), blocks, ATT_TC_THREADS, 0,
-               kargs);
+        launch(k,
+               att_kernel(JDT_CUK_K_ATT_TC_STATS_D64, JDT_CUK_K_ATT_TC_STATS_B_D64, qkv_bf16, tc),
+               blocks, ATT_TC_THREADS, 0, sargs);
+        launch(k, att_kernel(JDT_CUK_K_ATT_TC_DQ_D64, JDT_CUK_K_ATT_TC_DQ_B_D64, qkv_bf16, tc),
+               blocks, ATT_TC_THREADS, 0, qargs);
+        launch(k, att_kernel(JDT_CUK_K_ATT_TC_DKV_D64, JDT_CUK_K_ATT_TC_DKV_B_D64, qkv_bf16, tc),
+               blocks, ATT_TC_THREADS, 0, kargs);
         return;
     }
     int64_t ct;
@@ -813,13 +824,12 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const fl
         jdt_cuk_defer(k, JDT_ERR_UNSUPPORTED, "attention_bwd: head size %lld > 256", (long long)D);
         return;
     }
-    float *stats = scratch, *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
     int64_t blocks = B * H * ((T + ATT_R - 1) / ATT_R);
     size_t smem = (size_t)(2 * ct * D + 2 * ct) * sizeof(float);
-    void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
-    launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_STATS_D64 + cls), blocks, ATT_THREADS, smem, sargs);
-    void *qargs[] = {&q, &kk, &v, &dout, &stats, &dq, &B, &H, &T, &D, &scale, &bthd};
-    launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_DQ_D64 + cls), blocks, ATT_THREADS, smem, qargs);
-    void *kargs[] = {&q, &kk, &v, &dout, &stats, &dk, &dv, &B, &H, &T, &D, &scale, &bthd};
-    launch(k, (jdt_cuk_kernel)(JDT_CUK_K_ATT_DKV_D64 + cls), blocks, ATT_THREADS, smem, kargs);
+    launch(k, att_kernel(JDT_CUK_K_ATT_STATS_D64, JDT_CUK_K_ATT_STATS_B_D64, qkv_bf16, cls), blocks,
+           ATT_THREADS, smem, sargs);
+    launch(k, att_kernel(JDT_CUK_K_ATT_DQ_D64, JDT_CUK_K_ATT_DQ_B_D64, qkv_bf16, cls), blocks,
+           ATT_THREADS, smem, qargs);
+    launch(k, att_kernel(JDT_CUK_K_ATT_DKV_D64, JDT_CUK_K_ATT_DKV_B_D64, qkv_bf16, cls), blocks,
+           ATT_THREADS, smem, kargs);
 }

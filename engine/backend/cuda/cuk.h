@@ -201,11 +201,15 @@ void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_
  * memory of jdt_cuk_attention_scratch_bytes bytes (unused by the forward; the backward keeps
  * the row log-sum-exp and dO.O there). */
 int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D);
-void jdt_cuk_attention(jdt_cuk *k, const float *q, const float *kk, const float *v, float *o,
-                       int64_t B, int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
-                       bool bf16, void *scratch);
+/* q, kk, v: f32, or bf16 bit patterns with qkv_bf16 (a bf16 GEMM stored them as bf16:
+ * precision.activations: bf16, passes.c fold_bf16_casts; the _b kernels, which read the bits as
+ * they are, so with bf16 compute the results are those of f32 inputs holding the same values);
+ * o, dout and the outputs are f32. */
+void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
+                       float *o, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                       unsigned bthd, bool bf16, void *scratch);
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics). */
-void jdt_cuk_attention_bwd(jdt_cuk *k, const float *q, const float *kk, const float *v,
+void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
                            const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,
                            int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
                            void *scratch);

@@ -1,8 +1,9 @@
 /*
  * cuk_attention.cu — flash-style causal attention for the CUDA backend, forward and backward,
- * f32 with FMA (correctness first; a tensor-core version is future work). Same semantics as
+ * f32 with FMA (the tensor-core version is cuk_attention_tc.cu). Same semantics as
  * jdt_rt_attention / jdt_rt_attention_bwd (engine/runtime/runtime.h): q k v (B, H, T, D) or,
- * per bit of bthd, (B, T, H, D); outputs (B, H, T, D); causal; scores scaled by `scale`.
+ * per bit of bthd, (B, T, H, D); outputs (B, H, T, D); causal; scores scaled by `scale`. q, k
+ * and v are f32, or bf16 bit patterns (the _b kernels), widened as they are loaded.
  *
  * Mapping: a block owns R = 32 rows (queries, or keys in the dK/dV kernel), 4 consecutive lanes
  * per row; lane `sub` of a row holds the row's elements d = sub + 4*i in registers (so a dot
@@ -41,25 +42,25 @@ __device__ __forceinline__ float att_row_sum(float v)
 }
 
 /* tile (CT, D) = rows t0..t0+CT-1 of input `bit` of slice (b, h), times mul; rows >= T zero. */
-template <int CT>
-__device__ __forceinline__ void att_load_tile(float *tile, const float *x, unsigned bthd, int bit,
+template <int CT, class TX>
+__device__ __forceinline__ void att_load_tile(float *tile, const TX *x, unsigned bthd, int bit,
                                               i64 b, i64 h, i64 t0, i64 H, i64 T, i64 D, float mul)
 {
     for (i64 e = threadIdx.x; e < (i64)CT * D; e += blockDim.x) {
         i64 c = e / D, d = e - c * D, t = t0 + c;
-        tile[e] = t < T ? x[att_row(bthd, bit, b, h, t, H, T, D) + d] * mul : 0.0f;
+        tile[e] = t < T ? cuk_ld(x, att_row(bthd, bit, b, h, t, H, T, D) + d) * mul : 0.0f;
     }
 }
 
 /* regs[i] = x row element sub + 4 i (times mul), 0 past D or for an inactive row. */
-template <int DM>
-__device__ __forceinline__ void att_load_row(float *regs, const float *x, i64 off, i64 D, int sub,
+template <int DM, class TX>
+__device__ __forceinline__ void att_load_row(float *regs, const TX *x, i64 off, i64 D, int sub,
                                              bool act, float mul)
 {
 #pragma unroll
     for (int i = 0; i < DM / 4; i++) {
         i64 d = sub + 4 * i;
-        regs[i] = act && d < D ? x[off + d] * mul : 0.0f;
+        regs[i] = act && d < D ? cuk_ld(x, off + d) * mul : 0.0f;
     }
 }
 
@@ -86,8 +87,8 @@ __device__ __forceinline__ void att_axpy(float *acc, float a, const float *tile,
     }
 }
 
-template <int DM, int CT>
-__device__ void att_fwd(const float *q, const float *k, const float *v, float *o, i64 B, i64 H,
+template <int DM, int CT, class TQ>
+__device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, i64 B, i64 H,
                         i64 T, i64 D, float scale, unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
@@ -146,8 +147,8 @@ __device__ void att_fwd(const float *q, const float *k, const float *v, float *o
 
 /* Per query row: stats[bh*T + i] = logsumexp of the scaled causal scores, and
  * stats[B*H*T + bh*T + i] = dO_i . O_i. */
-template <int DM, int CT>
-__device__ void att_stats(const float *q, const float *k, const float *o, const float *dout,
+template <int DM, int CT, class TQ>
+__device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float *dout,
                           float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
@@ -196,8 +197,8 @@ __device__ void att_stats(const float *q, const float *k, const float *o, const 
 }
 
 /* dq (B, H, T, D) from the stats. */
-template <int DM, int CT>
-__device__ void att_dq(const float *q, const float *k, const float *v, const float *dout,
+template <int DM, int CT, class TQ>
+__device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                        const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,
                        unsigned bthd)
 {
@@ -243,8 +244,8 @@ __device__ void att_dq(const float *q, const float *k, const float *v, const flo
 
 /* dk, dv (B, H, T, D) from the stats: rows are keys, tiles stream queries i >= the block's
  * first key. */
-template <int DM, int CT>
-__device__ void att_dkv(const float *q, const float *k, const float *v, const float *dout,
+template <int DM, int CT, class TQ>
+__device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                         const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,
                         float scale, unsigned bthd)
 {
@@ -296,36 +297,42 @@ __device__ void att_dkv(const float *q, const float *k, const float *v, const fl
     }
 }
 
-/* Entry points, one per head-size class. Block: ATT_THREADS threads; dynamic shared memory:
- * (2 * CT * D + 2 * CT) floats (the launcher computes it). */
-#define ATT_VARIANT(DM, CT)                                                                        \
+/* Entry points, one per head-size class and q/k/v type (f32, or bf16 bit patterns: the _b
+ * kernels, for q, k, v a bf16 GEMM stored as bf16 under precision.activations: bf16; o, dO and
+ * the outputs stay f32). Block: ATT_THREADS threads; dynamic shared memory: (2 * CT * D + 2 *
+ * CT) floats (the launcher computes it). */
+#define ATT_VARIANT(DM, CT, TQ, SFX)                                                               \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
-        cuk_att_fwd_d##DM(const float *q, const float *k, const float *v, float *o, i64 B, i64 H,  \
-                          i64 T, i64 D, float scale, unsigned bthd)                                \
+        cuk_att_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, i64 B, i64 H,    \
+                                 i64 T, i64 D, float scale, unsigned bthd)                         \
     {                                                                                              \
         att_fwd<DM, CT>(q, k, v, o, B, H, T, D, scale, bthd);                                      \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
-        cuk_att_stats_d##DM(const float *q, const float *k, const float *o, const float *dout,     \
-                            float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)  \
+        cuk_att_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout,    \
+                                   float *stats, i64 B, i64 H, i64 T, i64 D, float scale,          \
+                                   unsigned bthd)                                                  \
     {                                                                                              \
         att_stats<DM, CT>(q, k, o, dout, stats, B, H, T, D, scale, bthd);                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
-        cuk_att_dq_d##DM(const float *q, const float *k, const float *v, const float *dout,        \
-                         const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,   \
-                         unsigned bthd)                                                            \
+        cuk_att_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,          \
+                                const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D,         \
+                                float scale, unsigned bthd)                                        \
     {                                                                                              \
         att_dq<DM, CT>(q, k, v, dout, stats, dq, B, H, T, D, scale, bthd);                         \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
-        cuk_att_dkv_d##DM(const float *q, const float *k, const float *v, const float *dout,       \
-                          const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,    \
-                          float scale, unsigned bthd)                                              \
+        cuk_att_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,         \
+                                 const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T,    \
+                                 i64 D, float scale, unsigned bthd)                                \
     {                                                                                              \
         att_dkv<DM, CT>(q, k, v, dout, stats, dk, dv, B, H, T, D, scale, bthd);                    \
     }
 
-ATT_VARIANT(64, 64)
-ATT_VARIANT(128, 32)
-ATT_VARIANT(256, 16)
+ATT_VARIANT(64, 64, float, )
+ATT_VARIANT(128, 32, float, )
+ATT_VARIANT(256, 16, float, )
+ATT_VARIANT(64, 64, unsigned short, _b)
+ATT_VARIANT(128, 32, unsigned short, _b)
+ATT_VARIANT(256, 16, unsigned short, _b)

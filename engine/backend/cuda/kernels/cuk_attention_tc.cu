@@ -25,9 +25,9 @@
  * As in cuk_attention.cu the backward recomputes the scores (no T x T matrix) and its kernels
  * write disjoint outputs (no atomics: deterministic). Rows past T compute on zeros and write
  * nothing; a warp whose rows are all masked from a tile skips its products (warp-uniform, so
- * every lane still reaches every __syncthreads). Softmax in log2 units (exp2f). Not yet: cp.async
- * double buffering, bf16-stored inputs (the inputs are f32 and converted as tiles are stored,
- * 4 per thread and load where the head size and alignment allow: tc_load).
+ * every lane still reaches every __syncthreads). Softmax in log2 units (exp2f). q, k, v are f32,
+ * converted as tiles are stored (4 per thread and load where the head size and alignment allow:
+ * tc_load), or bf16 (the _b kernels: the bits copied). Not yet: cp.async double buffering.
  */
 #include "cuk_common.cuh"
 
@@ -130,6 +130,31 @@ __device__ __forceinline__ void tc_load(unsigned short *X, int lx, const float *
     }
 }
 
+/* The same of bf16 rows (q, k, v a bf16 GEMM stored under precision.activations: bf16): the
+ * bits copied, no rounding; 4 elements (8 bytes) per thread where D % 4 == 0 and x is 8-byte
+ * aligned. */
+template <int R, int DM>
+__device__ __forceinline__ void tc_load(unsigned short *X, int lx, const unsigned short *x,
+                                        unsigned bthd, int bit, i64 b, i64 h, i64 t0, i64 H, i64 T,
+                                        i64 D)
+{
+    if ((D & 3) == 0 && ((unsigned long long)x & 7u) == 0) {
+        for (int e = threadIdx.x; e < R * DM / 4; e += blockDim.x) {
+            int r = e / (DM / 4), d = (e - r * (DM / 4)) * 4;
+            i64 t = t0 + r;
+            uint2 w = make_uint2(0u, 0u);
+            if (t < T && d < D) w = *(const uint2 *)(x + tc_row(bthd, bit, b, h, t, H, T, D) + d);
+            *(uint2 *)(X + r * lx + d) = w;
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < R * DM; e += blockDim.x) {
+        int r = e / DM, d = e - r * DM;
+        i64 t = t0 + r;
+        X[r * lx + d] = t < T && d < D ? x[tc_row(bthd, bit, b, h, t, H, T, D) + d] : 0;
+    }
+}
+
 /* A fragment (16 x 16) of row-major X at rows r0.., columns k0..: the matrices (r0, k0),
  * (r0 + 8, k0), (r0, k0 + 8), (r0 + 8, k0 + 8). */
 __device__ __forceinline__ void tc_frag_a(unsigned a[4], const unsigned short *X, int lx, int r0,
@@ -161,9 +186,9 @@ __device__ __forceinline__ void tc_frag_b2_t(unsigned b[4], const unsigned short
 /* The block's TC_BR rows from row r0 of input bx (x) and, unless y is null, of input by (y), as
  * the A fragments of each warp's 16 rows (xa, ya: DM / 16 each), staged through sm (TC_BR
  * (DM + 8) halves per input). Begins and ends with __syncthreads: every thread calls it. */
-template <int DM>
+template <int DM, class TX, class TY>
 __device__ __forceinline__ void tc_rows_a(unsigned (*xa)[4], unsigned (*ya)[4], unsigned short *sm,
-                                          const float *x, int bx, const float *y, int by,
+                                          const TX *x, int bx, const TY *y, int by,
                                           unsigned bthd, i64 b, i64 h, i64 r0, i64 H, i64 T, i64 D)
 {
     constexpr int L = DM + 8;
@@ -249,8 +274,8 @@ __device__ __forceinline__ void tc_store(float *out, const float (*acc)[4], i64 
 
 /* Forward (STATS false: o) or the backward's row statistics (STATS true: stats[bh*T + i] = L_i,
  * stats[B*H*T + bh*T + i] = dO_i . O_i). */
-template <int DM, int BC, bool STATS>
-__device__ void tc_fwd(const float *q, const float *k, const float *v, float *o, const float *dout,
+template <int DM, int BC, bool STATS, class TQ>
+__device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, const float *dout,
                        float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, NQ = TC_BR * L, NKV = 2 * BC * L;
@@ -263,7 +288,8 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
         i64 i0 = qb * TC_BR + w * 16 + g; /* this lane's rows: i0 and i0 + 8 */
         unsigned qa[DM / 16][4];
-        tc_rows_a<DM>(qa, nullptr, sm, q, 0, nullptr, 0, bthd, b, h, qb * TC_BR, H, T, D);
+        tc_rows_a<DM>(qa, nullptr, sm, q, 0, (const TQ *)nullptr, 0, bthd, b, h, qb * TC_BR, H, T,
+                      D);
         float acc[DM / 8][4];
 #pragma unroll
         for (int dn = 0; dn < DM / 8; dn++)
@@ -340,8 +366,8 @@ __device__ void tc_fwd(const float *q, const float *k, const float *v, float *o,
 }
 
 /* dq (B, H, T, D) from the stats. */
-template <int DM, int BC>
-__device__ void tc_dq(const float *q, const float *k, const float *v, const float *dout,
+template <int DM, int BC, class TQ>
+__device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                       const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,
                       unsigned bthd)
 {
@@ -395,8 +421,8 @@ __device__ void tc_dq(const float *q, const float *k, const float *v, const floa
 
 /* dk, dv (B, H, T, D) from the stats: rows are keys, tiles stream queries i >= the block's
  * first key. */
-template <int DM, int BQ>
-__device__ void tc_dkv(const float *q, const float *k, const float *v, const float *dout,
+template <int DM, int BQ, class TQ>
+__device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                        const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,
                        float scale, unsigned bthd)
 {
@@ -451,37 +477,41 @@ __device__ void tc_dkv(const float *q, const float *k, const float *v, const flo
     }
 }
 
-/* Entry points, one per head-size class (D <= DM): BC key rows per tile for the forward and dQ,
- * BQ query rows per tile for dK/dV. Block: TC_THREADS threads, static shared memory only (at
- * most 48 KiB). */
-#define TC_VARIANT(DM, BC, BQ)                                                                         \
+/* Entry points, one per head-size class (D <= DM) and q/k/v type (f32, rounded to bf16 as the
+ * tiles are stored, or bf16 bit patterns copied: the _b kernels, precision.activations: bf16):
+ * BC key rows per tile for the forward and dQ, BQ query rows per tile for dK/dV. Block:
+ * TC_THREADS threads, static shared memory only (at most 48 KiB). */
+#define TC_VARIANT(DM, BC, BQ, TQ, SFX)                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_fwd_d##DM(const float *q, const float *k, const float *v, float *o, i64 B,      \
-                             i64 H, i64 T, i64 D, float scale, unsigned bthd)                      \
+        cuk_att_tc_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, i64 B, i64 H, \
+                                    i64 T, i64 D, float scale, unsigned bthd)                      \
     {                                                                                              \
-        tc_fwd<DM, BC, false>(q, k, v, o, nullptr, nullptr, B, H, T, D, scale, bthd);                    \
+        tc_fwd<DM, BC, false>(q, k, v, o, nullptr, nullptr, B, H, T, D, scale, bthd);              \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_stats_d##DM(const float *q, const float *k, const float *o, const float *dout,  \
-                               float *stats, i64 B, i64 H, i64 T, i64 D, float scale,              \
-                               unsigned bthd)                                                      \
+        cuk_att_tc_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout, \
+                                      float *stats, i64 B, i64 H, i64 T, i64 D, float scale,       \
+                                      unsigned bthd)                                               \
     {                                                                                              \
-        tc_fwd<DM, BC, true>(q, k, nullptr, (float *)o, dout, stats, B, H, T, D, scale, bthd);        \
+        tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, dout, stats, B, H, T, D, scale, \
+                             bthd);                                                                \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_dq_d##DM(const float *q, const float *k, const float *v, const float *dout,     \
-                            const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D,             \
-                            float scale, unsigned bthd)                                            \
+        cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,       \
+                                   const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D,      \
+                                   float scale, unsigned bthd)                                     \
     {                                                                                              \
         tc_dq<DM, BC>(q, k, v, dout, stats, dq, B, H, T, D, scale, bthd);                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_dkv_d##DM(const float *q, const float *k, const float *v, const float *dout,    \
-                             const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D, \
-                             float scale, unsigned bthd)                                           \
+        cuk_att_tc_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,      \
+                                    const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, \
+                                    i64 D, float scale, unsigned bthd)                             \
     {                                                                                              \
         tc_dkv<DM, BQ>(q, k, v, dout, stats, dk, dv, B, H, T, D, scale, bthd);                     \
     }
 
-TC_VARIANT(64, 64, 64)
-TC_VARIANT(128, 32, 16) /* dK/dV: query tiles of 16 keep its 64 + 64 accumulators unspilled */
+TC_VARIANT(64, 64, 64, float, )
+TC_VARIANT(128, 32, 16, float, ) /* dK/dV: query tiles of 16 keep its 64 + 64 accumulators unspilled */
+TC_VARIANT(64, 64, 64, unsigned short, _b)
+TC_VARIANT(128, 32, 16, unsigned short, _b)
