@@ -444,6 +444,18 @@ static int *count_users(const cprog *c)
     return users;
 }
 
+/* Node a, folded into the builtin computing its value (an add into the builtin computing one
+ * of its operands, a cast into the GEMM computing its input), becomes a view of node v, the
+ * builtin's result (or a view of it). */
+static void to_view(cnode *a, int v)
+{
+    a->op = JDT_OP_RESHAPE;
+    a->kind = CK_VIEW;
+    a->n_in = 1;
+    a->in[0] = v;
+    memset(&a->attrs, 0, sizeof a->attrs);
+}
+
 /* Folds y = matmul(a, w) + broadcast(bias) (bias: one value per output column, the matmul read
  * by nothing else) into the matmul: the builtin gets the bias as a third input and starts its
  * accumulator from it (GEMM with beta = 1), and the add becomes a view of the product. Saves a
@@ -472,11 +484,7 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
                 continue;
             m->in[2] = bc->in[0];
             m->n_in = 3;
-            a->op = JDT_OP_RESHAPE;
-            a->kind = CK_VIEW;
-            a->n_in = 1;
-            a->in[0] = mi;
-            memset(&a->attrs, 0, sizeof a->attrs);
+            to_view(a, mi);
             break;
         }
     }
@@ -546,9 +554,7 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
                 c->nodes[v].bf16 = true;
                 if (v == mi) break;
             }
-            x->op = JDT_OP_RESHAPE;
-            x->kind = CK_VIEW;
-            memset(&x->attrs, 0, sizeof x->attrs);
+            to_view(x, x->in[0]);
             c->stats.n_bf16_folded++;
         } else if ((x->op == JDT_OP_ATTENTION || x->op == JDT_OP_ATTENTION_BWD) &&
                    x->kind == CK_BUILTIN) {
@@ -646,11 +652,7 @@ static jdt_status fold_gemm_accumulates(cprog *c, jdt_err *e)
                 continue;
             m->in[m->n_in++] = xi;
             m->attrs.i[3] = 1;
-            a->op = JDT_OP_RESHAPE;
-            a->kind = CK_VIEW;
-            a->n_in = 1;
-            a->in[0] = top;
-            memset(&a->attrs, 0, sizeof a->attrs);
+            to_view(a, top);
             c->stats.n_gemm_acc_folded++;
             break;
         }
@@ -684,11 +686,7 @@ static jdt_status fold_scatter_adds(cprog *c, jdt_err *e)
                 continue;
             sc->in[2] = xi;
             sc->n_in = 3;
-            a->op = JDT_OP_RESHAPE;
-            a->kind = CK_VIEW;
-            a->n_in = 1;
-            a->in[0] = si;
-            memset(&a->attrs, 0, sizeof a->attrs);
+            to_view(a, si);
             break;
         }
     }

@@ -825,6 +825,20 @@ START_TEST(test_row_kernels)
 }
 END_TEST
 
+/* got and want (n bf16 bit patterns) at most one bf16 step apart (two computations of one
+ * value landing on either side of a rounding boundary) */
+static void expect_bf16_near(const char *what, const uint16_t *got, const uint16_t *want, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t ug = (uint32_t)got[i] << 16, uw = (uint32_t)want[i] << 16;
+        float fg, fw;
+        memcpy(&fg, &ug, 4);
+        memcpy(&fw, &uw, 4);
+        ck_assert_msg(fabsf(fg - fw) <= 1e-7f + 8e-3f * fabsf(fw), "%s[%lld]: got %g, want %g",
+                      what, (long long)i, (double)fg, (double)fw);
+    }
+}
+
 static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
 {
     int64_t n = N * V;
@@ -864,15 +878,7 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     jdt_err_clear(&e);
     ck_assert_msg(jdt_cuk_check(k, "xent_bwd_bf16", true, &e) == JDT_OK, "%s", e.msg);
     ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t ug = (uint32_t)h16[i] << 16, uw = (uint32_t)w16[i] << 16;
-        float fg, fw;
-        memcpy(&fg, &ug, 4);
-        memcpy(&fw, &uw, 4);
-        ck_assert_msg(fabsf(fg - fw) <= 1e-7f + 8e-3f * fabsf(fw),
-                      "softmax_xent_bwd_bf16[%lld]: got %g, want %g", (long long)i, (double)fg,
-                      (double)fw);
-    }
+    expect_bf16_near("softmax_xent_bwd_bf16", h16, w16, n);
     /* bf16 logits (precision.activations: bf16): the three kernels read the bit patterns;
      * the reference is the CPU's on the same values widened to f32 */
     uint16_t *x16 = malloc((size_t)n * 2);
@@ -893,15 +899,7 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     jdt_cuk_softmax_xent_bwd_bf16(k, x16d, true, td, dld, lossd, d16, N, V);
     ck_assert_msg(jdt_cuk_check(k, "xent_bwd_bf16(bf16 logits)", true, &e) == JDT_OK, "%s", e.msg);
     ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t ug = (uint32_t)h16[i] << 16, uw = (uint32_t)w16[i] << 16;
-        float fg, fw;
-        memcpy(&fg, &ug, 4);
-        memcpy(&fw, &uw, 4);
-        ck_assert_msg(fabsf(fg - fw) <= 1e-7f + 8e-3f * fabsf(fw),
-                      "softmax_xent_bwd_bf16(bf16 logits)[%lld]: got %g, want %g", (long long)i,
-                      (double)fg, (double)fw);
-    }
+    expect_bf16_near("softmax_xent_bwd_bf16(bf16 logits)", h16, w16, n);
     free(x16), free(gl16), free(gdx16);
     cudaFree(x16d);
     free(h16), free(w16);
