@@ -353,6 +353,7 @@ say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"
 if [ -n "${RESULTS:-}" ]; then
   for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log tiny-cuda-bf16.log peer-torch-bf16.log \
            peer-jax-bf16.log; do
-    [ -f "$OUT/$f" ] && tail -c 2000000 "$OUT/$f" > "$RESULTS/$f"
+    if [ -f "$OUT/$f" ]; then tail -c 2000000 "$OUT/$f" > "$RESULTS/$f"; fi
   done
 fi
+exit 0 # the stages report their own failures in the summary
