@@ -389,7 +389,7 @@ START_TEST(test_bf16_cast_weights)
 }
 END_TEST
 
-/* precision.activations: bf16: the linear layers (but q, k, v) and the head store bf16 outputs
+/* precision.activations: bf16: the linear layers and the head store bf16 outputs
  * (bf16(x W + bf16(b)), models.c), and the cotangents of the bf16 activations GEMMs read are
  * rounded to bf16 (jdt_graph_bf16_grads). On the CPU the CASTs are fused kernels (the CUDA backend
  * folds them into its GEMMs, check_cuda): the compiled step agrees with the interpreter, and
