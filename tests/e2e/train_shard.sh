@@ -132,7 +132,7 @@ for pm in 8 32; do
     > "$TMP/pf$pm" 2>&1 || { cat "$TMP/pf$pm"; fail "inspect prefetch_mb=$pm"; }
 done
 pf() { grep -o 'at most [0-9.]* MiB gathered in flight' "$1" | awk '{print $3}'; }
-ar() { grep -m1 'activations' "$1" | awk '{print $2}'; }
+ar() { grep -m1 -E '^ +activations +[0-9]' "$1" | awk '{print $2}'; } # the memory line's arena
 [ -n "$(pf "$TMP/pf8")" ] && [ -n "$(ar "$TMP/pf8")" ] || fail "inspect prints no prefetch or arena: $(cat "$TMP/pf8")"
 awk -v f8="$(pf "$TMP/pf8")" -v f32="$(pf "$TMP/pf32")" -v a8="$(ar "$TMP/pf8")" -v a32="$(ar "$TMP/pf32")" \
   'BEGIN { printf "prefetch_mb 8 / 32: %s / %s MiB gathered in flight, arena %s / %s MiB\n", f8, f32, a8, a32
