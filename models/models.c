@@ -58,12 +58,20 @@ static jdt_tensor *gemm_weight(builder *b, jdt_tensor *w)
     return b->cast_weights ? jdt_graph_cast(b->g, w, JDT_DTYPE_BF16) : w;
 }
 
-/* x (N, in) @ W (in, out) [+ b (out)] -> (N, out). With cast (precision.activations: bf16)
- * the output is a bf16 node, bf16(x @ W + bf16(b)): PyTorch autocast's linear, whose bias is
- * cast to bf16 too, and what cuBLASLt computes with a bf16 output and bias. The rounded bias is
- * built before the product so that the compiler can fold it into the GEMM (passes.c). */
-static jdt_tensor *linear_ex(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
-                             const char *in_axis, const char *out_axis, double std, bool cast)
+/* t, or its f32 widening when it is bf16 (exact) */
+static jdt_tensor *as_f32(jdt_graph *g, jdt_tensor *t)
+{
+    return t && t->dtype == JDT_DTYPE_BF16 ? jdt_graph_cast(g, t, JDT_DTYPE_F32) : t;
+}
+
+/* x (N, in) @ W (in, out) [+ b (out)] -> (N, out). Under precision.activations: bf16 the
+ * output is a bf16 node, bf16(x @ W + bf16(b)): PyTorch autocast's linear, whose bias is cast
+ * to bf16 too, and what cuBLASLt computes with a bf16 output and bias. The rounded bias is
+ * built before the product so that the compiler can fold it into the GEMM (passes.c). Readers
+ * that need f32 (attention, RoPE, the loss) widen it (as_f32), which the CUDA compiler folds
+ * into their builtins. */
+static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
+                          const char *in_axis, const char *out_axis, double std)
 {
     char name[256];
     const int64_t wd[2] = {in, out};
@@ -71,37 +79,16 @@ static jdt_tensor *linear_ex(builder *b, jdt_tensor *x, const char *prefix, int6
     snprintf(name, sizeof name, "%s.w", prefix);
     jdt_tensor *w = add_param(b, name, 2, wd, wa, JDT_INIT_NORMAL, std, true);
     jdt_tensor *bias = NULL;
-    cast = cast && b->bf16_out;
     if (b->cfg->model.bias) {
         const char *ba[1] = {out_axis};
         snprintf(name, sizeof name, "%s.b", prefix);
         bias = add_param(b, name, 1, &out, ba, JDT_INIT_ZEROS, 0, false);
-        if (cast)
-            bias = jdt_graph_cast(b->g, jdt_graph_cast(b->g, bias, JDT_DTYPE_BF16), JDT_DTYPE_F32);
+        if (b->bf16_out)
+            bias = as_f32(b->g, jdt_graph_cast(b->g, bias, JDT_DTYPE_BF16));
     }
     jdt_tensor *y = jdt_graph_matmul(b->g, x, gemm_weight(b, w), false, false);
     if (bias) y = jdt_graph_add_bcast(b->g, y, bias);
-    return cast ? jdt_graph_cast(b->g, y, JDT_DTYPE_BF16) : y;
-}
-
-static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
-                          const char *in_axis, const char *out_axis, double std)
-{
-    return linear_ex(b, x, prefix, in, out, in_axis, out_axis, std, true);
-}
-
-/* q, k and v: bf16 like the other linear layers' outputs; the attention (and RoPE) read them
- * through a CAST to f32 (as_f32), which the CUDA compiler folds into the attention builtins. */
-static jdt_tensor *linear_qkv(builder *b, jdt_tensor *x, const char *prefix, int64_t in,
-                              int64_t out, const char *out_axis, double std)
-{
-    return linear_ex(b, x, prefix, in, out, "embed", out_axis, std, true);
-}
-
-/* t, or its f32 widening when it is bf16 (exact) */
-static jdt_tensor *as_f32(jdt_graph *g, jdt_tensor *t)
-{
-    return t && t->dtype == JDT_DTYPE_BF16 ? jdt_graph_cast(g, t, JDT_DTYPE_F32) : t;
+    return b->bf16_out ? jdt_graph_cast(b->g, y, JDT_DTYPE_BF16) : y;
 }
 
 /* The head's logits: bf16 under precision.activations: bf16, read by the loss as f32 (the
@@ -109,8 +96,7 @@ static jdt_tensor *as_f32(jdt_graph *g, jdt_tensor *t)
 static jdt_tensor *head_logits(builder *b, jdt_tensor *x, jdt_tensor *w, bool tb)
 {
     jdt_tensor *y = jdt_graph_matmul(b->g, x, gemm_weight(b, w), false, tb);
-    if (!b->bf16_out) return y;
-    return jdt_graph_cast(b->g, jdt_graph_cast(b->g, y, JDT_DTYPE_BF16), JDT_DTYPE_F32);
+    return b->bf16_out ? as_f32(b->g, jdt_graph_cast(b->g, y, JDT_DTYPE_BF16)) : y;
 }
 
 /* norm over the last axis of x (..., C) with learned scale (and shift for layernorm+bias) */
@@ -189,11 +175,11 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
         snprintf(name, sizeof name, "%s.ln1", p);
         jdt_tensor *a = jdt_graph_reshape(g, norm(b, h, name, C), 2, nc);
         snprintf(name, sizeof name, "%s.attn.q", p);
-        jdt_tensor *q = jdt_graph_reshape(g, linear_qkv(b, a, name, C, H * D, "heads", std), 4, bthd);
+        jdt_tensor *q = jdt_graph_reshape(g, linear(b, a, name, C, H * D, "embed", "heads", std), 4, bthd);
         snprintf(name, sizeof name, "%s.attn.k", p);
-        jdt_tensor *k = jdt_graph_reshape(g, linear_qkv(b, a, name, C, Hkv * D, "kv_heads", std), 4, btkd);
+        jdt_tensor *k = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv_heads", std), 4, btkd);
         snprintf(name, sizeof name, "%s.attn.v", p);
-        jdt_tensor *v = jdt_graph_reshape(g, linear_qkv(b, a, name, C, Hkv * D, "kv_heads", std), 4, btkd);
+        jdt_tensor *v = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv_heads", std), 4, btkd);
         if (cfg->model.pos == JDT_POS_ROPE) {
             q = jdt_graph_rope(g, as_f32(g, q), cfg->model.rope_theta, false);
             k = jdt_graph_rope(g, as_f32(g, k), cfg->model.rope_theta, false);
@@ -277,8 +263,7 @@ static jdt_status build_mlp(builder *b, int64_t B, jdt_err *e)
     }
     m->logits = linear(b, h, "out", width, K, cfg->model.n_hidden ? "mlp" : "embed", "vocab",
                        sqrt(1.0 / (double)width));
-    if (m->logits && m->logits->dtype == JDT_DTYPE_BF16) /* the loss reads f32 */
-        m->logits = jdt_graph_cast(g, m->logits, JDT_DTYPE_F32);
+    m->logits = as_f32(g, m->logits); /* the loss reads f32 */
     m->loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, m->logits, m->y), 1u, false);
     (void)e;
     return JDT_OK;

@@ -36,7 +36,7 @@ typedef struct {
      * fold_norm_scales: the product's kernel and its buffer go). */
     bool norm_bwd_scale;
     /* Its GEMMs add a tensor of the output's shape to the product (cuBLASLt's C, beta 1), so
-     * passes.c fold_gemm_accumulates folds y = x + a @ b into the GEMM (MATMUL attrs i[3]). */
+     * passes.c fold_addends folds y = x + a @ b into the GEMM (MATMUL attrs i[3]). */
     bool gemm_accumulate;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);

@@ -160,7 +160,7 @@ typedef struct cprog_ {
     bool norm_bwd_scale; /* the device's vtable flag: the norm backwards take the scale
                             (passes.c fold_norm_scales) */
     bool gemm_accumulate; /* the device's vtable flag: GEMMs add an input to their product
-                             (passes.c fold_gemm_accumulates) */
+                             (passes.c fold_addends) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;
@@ -292,7 +292,7 @@ static inline int64_t cnode_elem_size(const cnode *n)
 
 /* A MATMUL cnode's optional inputs after a and b: the bias (N values, passes.c fold_bias_adds)
  * at in[2], and, with attrs i[3] set, a tensor of the output's shape the product is added to,
- * last (the GEMM's C with beta 1: passes.c fold_gemm_accumulates). -1 when absent. */
+ * last (the GEMM's C with beta 1: passes.c fold_addends). -1 when absent. */
 static inline int cnode_mm_bias(const cnode *n)
 {
     return n->n_in - (n->attrs.i[3] ? 1 : 0) > 2 ? n->in[2] : -1;

@@ -127,7 +127,7 @@ typedef struct {
     int n_norm_scales_folded; /* norm backwards that form dy * w themselves (passes.c
                                  fold_norm_scales) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands
-                              (passes.c fold_gemm_accumulates) */
+                              (passes.c fold_addends) */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     double kernel_bytes;   /* bytes the fused kernels move per run at least (every element of
                               every buffer they read or write once: the memory-bound floor) */

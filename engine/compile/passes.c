@@ -501,6 +501,14 @@ static int view_base(const cprog *c, const int *users, int i)
     return i;
 }
 
+/* Is node l a CAST to f32 of a bf16 value (an exact widening)? */
+static bool is_widening(const cprog *c, int l)
+{
+    const cnode *n = &c->nodes[l];
+    return n->op == JDT_OP_CAST && n->kind == CK_EW && n->dtype == JDT_DTYPE_F32 &&
+           c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
+}
+
 /* Builtin input k of node x, a CAST to f32 of a bf16 value, becomes that value; the CAST, when
  * nothing else reads it, turns into an unread constant so that passes before DCE (the
  * attention-layout fold counts readers) no longer see it read its input. */
@@ -542,11 +550,8 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
                 continue;
             int bias = -1;
             if (m->n_in == 3) { /* the bias (no accumulate input yet: that fold comes later) */
-                const cnode *bn = &c->nodes[m->in[2]];
-                if (bn->op != JDT_OP_CAST || bn->kind != CK_EW ||
-                    c->nodes[bn->in[0]].dtype != JDT_DTYPE_BF16)
-                    continue;
-                bias = bn->in[0];
+                if (!is_widening(c, m->in[2])) continue;
+                bias = c->nodes[m->in[2]].in[0];
             }
             if (bias >= 0) m->in[2] = bias;
             for (int v = x->in[0];; v = c->nodes[v].in[0]) { /* the product and its views */
@@ -560,19 +565,14 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
                    x->kind == CK_BUILTIN) {
             /* q, k, v: all three bf16 or none (the kernels take one type for them) */
             bool all = true;
-            for (int k = 0; k < 3; k++) {
-                const cnode *l = &c->nodes[x->in[k]];
-                all = all && l->op == JDT_OP_CAST && l->kind == CK_EW &&
-                      l->dtype == JDT_DTYPE_F32 && c->nodes[l->in[0]].dtype == JDT_DTYPE_BF16;
-            }
+            for (int k = 0; k < 3; k++)
+                all = all && is_widening(c, x->in[k]);
             for (int k = 0; k < 3 && all; k++)
                 skip_widening(c, users, x, k);
             c->stats.n_bf16_folded += all;
         } else if ((x->op == JDT_OP_SOFTMAX_XENT || x->op == JDT_OP_SOFTMAX_XENT_BWD) &&
                    x->kind == CK_BUILTIN) {
-            const cnode *l = &c->nodes[x->in[0]];
-            if (l->op == JDT_OP_CAST && l->kind == CK_EW && l->dtype == JDT_DTYPE_F32 &&
-                c->nodes[l->in[0]].dtype == JDT_DTYPE_BF16) {
+            if (is_widening(c, x->in[0])) {
                 skip_widening(c, users, x, 0);
                 c->stats.n_bf16_folded++;
             }
@@ -624,36 +624,43 @@ static jdt_status fold_norm_scales(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
-/* y = x + a @ b on a device whose GEMMs accumulate (c->gemm_accumulate: CUDA), the product
- * (through the views the bias fold leaves) read by nothing else and f32, x an f32 tensor of
- * y's shape materialised before the product: the GEMM gets x as a last input (attrs i[3],
- * cuBLASLt's C with beta 1) and the add becomes a view of it. The add's kernel (two full reads,
- * a write) goes for one read inside the GEMM. GPT-2's backward sums the three q/k/v GEMMs'
- * input cotangents so; an f32 residual stream adds each block's projections so. The f32 sum
- * is the same up to its order. Skipped with no_fuse. */
-static jdt_status fold_gemm_accumulates(cprog *c, jdt_err *e)
+/* A builtin that can add a tensor of its result's shape to that result: `takes` says whether
+ * builtin f (reached through views when `viewed`) may take x so, `flag` is the attrs slot that
+ * marks it (the last input is then the addend) or -1 when its input count says so. */
+typedef struct {
+    bool (*takes)(const cnode *f, const cnode *x, bool viewed);
+    int flag;
+} addend_rule;
+
+/* y = x + f(...), f a builtin that `rule` lets take x: f's result read by nothing else (through
+ * views) and f32, x an f32 tensor of y's shape materialised before f. f gets x as its last
+ * input and the add becomes a view of f's result: the add's kernel (two full reads, a write)
+ * goes for one read inside f. *n_folded counts them (NULL: not counted). */
+static jdt_status fold_addends(cprog *c, addend_rule rule, int *n_folded, jdt_err *e)
 {
     int *users = count_users(c);
-    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: GEMM accumulate folding");
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: folding adds into builtins");
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *a = &c->nodes[i];
         if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32)
             continue;
         for (int side = 0; side < 2; side++) {
             const int top = a->in[side], xi = a->in[1 - side];
-            const int mi = view_base(c, users, top);
-            cnode *m = &c->nodes[mi];
+            const int fi = view_base(c, users, top);
+            cnode *f = &c->nodes[fi];
             const cnode *x = &c->nodes[xi];
-            if (users[top] != 1 || m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN ||
-                m->dtype != JDT_DTYPE_F32 || m->attrs.i[3] || m->n_in >= JDT_MAX_INPUTS ||
-                jdt_shape_numel(&m->shape) != jdt_shape_numel(&a->shape) ||
+            /* inputs precede their users, except leaves (valid before the first step) */
+            if (users[top] != 1 || f->kind != CK_BUILTIN || f->dtype != JDT_DTYPE_F32 ||
+                f->n_in >= JDT_MAX_INPUTS ||
+                jdt_shape_numel(&f->shape) != jdt_shape_numel(&a->shape) ||
                 !jdt_shape_eq(&x->shape, &a->shape) || x->dtype != JDT_DTYPE_F32 ||
-                x->kind == CK_SPLAT || x->kind == CK_MAP || (xi > mi && x->kind != CK_LEAF))
+                x->kind == CK_SPLAT || (xi > fi && x->kind != CK_LEAF) ||
+                !rule.takes(f, x, fi != top))
                 continue;
-            m->in[m->n_in++] = xi;
-            m->attrs.i[3] = 1;
+            f->in[f->n_in++] = xi;
+            if (rule.flag >= 0) f->attrs.i[rule.flag] = 1;
             to_view(a, top);
-            c->stats.n_gemm_acc_folded++;
+            if (n_folded) (*n_folded)++;
             break;
         }
     }
@@ -661,37 +668,25 @@ static jdt_status fold_gemm_accumulates(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
-/* Folds y = x + scatter_add(src, idx) (the scatter read by nothing else; x f32, same shape,
- * materialised before it) into the scatter: the builtin gets x as a third input and adds the
- * rows into a copy of it, or into x's own buffer when x dies there (fuse.c plans that in
- * place), and the add becomes a view. A tied embedding's two gradients (the output
- * projection's and the token lookup's) then need one (V, C) buffer instead of three live at
- * once. CPU builtins only; skipped with no_fuse. */
-static jdt_status fold_scatter_adds(cprog *c, jdt_err *e)
+/* y = x + a @ b on a device whose GEMMs accumulate (c->gemm_accumulate: CUDA): the GEMM gets x
+ * as a last input (attrs i[3], cuBLASLt's C with beta 1). GPT-2's backward sums the three q/k/v
+ * GEMMs' input cotangents so; an f32 residual stream adds each block's projections so. The f32
+ * sum is the same up to its order. Skipped with no_fuse. */
+static bool gemm_takes(const cnode *f, const cnode *x, bool viewed)
 {
-    int *users = count_users(c);
-    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: scatter folding");
-    for (int i = 0; i < c->n_nodes; i++) {
-        cnode *a = &c->nodes[i];
-        if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32)
-            continue;
-        for (int side = 0; side < 2; side++) {
-            int si = a->in[side], xi = a->in[1 - side];
-            cnode *sc = &c->nodes[si];
-            const cnode *x = &c->nodes[xi];
-            if (sc->op != JDT_OP_SCATTER_ADD || sc->n_in != 2 || users[si] != 1 ||
-                !jdt_shape_eq(&sc->shape, &a->shape) || x->kind == CK_SPLAT ||
-                x->dtype != JDT_DTYPE_F32 || !jdt_shape_eq(&x->shape, &a->shape) ||
-                (xi > si && x->kind != CK_LEAF))
-                continue;
-            sc->in[2] = xi;
-            sc->n_in = 3;
-            to_view(a, si);
-            break;
-        }
-    }
-    jdt_free(users);
-    return JDT_OK;
+    (void)viewed; /* the bias fold's view */
+    return f->op == JDT_OP_MATMUL && !f->attrs.i[3] && x->kind != CK_MAP;
+}
+
+/* y = x + scatter_add(src, idx) (x f32, the scatter's shape): the builtin gets x as a third
+ * input and adds the rows into a copy of it, or into x's own buffer when x dies there (fuse.c
+ * plans that in place). A tied embedding's two gradients (the output projection's and the token
+ * lookup's) then need one (V, C) buffer instead of three live at once. CPU builtins only;
+ * skipped with no_fuse. */
+static bool scatter_takes(const cnode *f, const cnode *x, bool viewed)
+{
+    (void)x;
+    return f->op == JDT_OP_SCATTER_ADD && f->n_in == 2 && !viewed;
 }
 
 /* The attention builtins read q, k, v, o and dout in either (B, H, T, D) or (B, T, H, D)
@@ -799,10 +794,14 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_scale && (st = fold_norm_scales(c, e)) != JDT_OK) goto out;
-    if (!c->opts.no_fuse && c->gemm_accumulate && (st = fold_gemm_accumulates(c, e)) != JDT_OK)
+    if (!c->opts.no_fuse && c->gemm_accumulate &&
+        (st = fold_addends(c, (addend_rule){gemm_takes, 3}, &c->stats.n_gemm_acc_folded, e)) !=
+            JDT_OK)
         goto out;
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
-    if (!c->opts.no_fuse && c->host_builtins && (st = fold_scatter_adds(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->host_builtins &&
+        (st = fold_addends(c, (addend_rule){scatter_takes, -1}, NULL, e)) != JDT_OK)
+        goto out;
 
     /* DCE: live = reachable from outputs, update values and targets */
     for (int i = 0; i < c->n_outputs; i++)

@@ -254,7 +254,7 @@ static void check_matmul(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_
              (long long)batch, (long long)M, (long long)N, (long long)K, ta, tb, shared, with_bias);
     /* TF32: 10-bit mantissa inputs, f32 accumulation; |a|,|b| <= 1 */
     expect_close(what, got, want, nc, 2e-3f * sqrtf((float)(K + 1)), 1e-2f);
-    if (K > 0) { /* accumulating onto x (fold_gemm_accumulates): into a new c, then in place */
+    if (K > 0) { /* accumulating onto x (fold_addends): into a new c, then in place */
         float *x = rand_floats(nc, 9, -4, 4), *wx = malloc((size_t)nc * 4);
         for (int64_t i = 0; i < nc; i++)
             wx[i] = want[i] + x[i];
@@ -346,7 +346,7 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
         expect_close(w16, g16, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
         free(g16);
     }
-    if (K > 0) { /* accumulating onto x (fold_gemm_accumulates), bf16-stored operands */
+    if (K > 0) { /* accumulating onto x (fold_addends), bf16-stored operands */
         float *x = rand_floats(nc, 9, -4, 4), *wx = malloc((size_t)nc * 4);
         for (int64_t i = 0; i < nc; i++)
             wx[i] = want[i] + x[i];

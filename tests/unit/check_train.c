@@ -336,6 +336,24 @@ static void bf16_grads(const jdt_config *cfg, bool cast_weights, bool jit, doubl
     ck_assert_int_eq(system(cmd), 0);
 }
 
+static double max_abs(const double *x, int64_t n)
+{
+    double m = 0;
+    for (int64_t j = 0; j < n; j++)
+        m = fmax(m, fabs(x[j]));
+    return m;
+}
+
+/* max over j of |got - want| / (|want| + 1e-3 scale): relative, with values far below the
+ * largest (scale) compared absolutely */
+static double max_rel_diff(const double *got, const double *want, int64_t n, double scale)
+{
+    double w = 0;
+    for (int64_t j = 0; j < n; j++)
+        w = fmax(w, fabs(got[j] - want[j]) / (fabs(want[j]) + 1e-3 * scale));
+    return w;
+}
+
 /* precision.compute: bf16 casts every GEMM weight to bf16 once (jdt_graph_bf16_weights: a
  * CAST node read by the forward GEMM and the backward's dX GEMM) instead of rounding it inside
  * each GEMM (the bf16 compute flag alone, as on CUDA and under FSDP): the same loss and
@@ -366,13 +384,9 @@ START_TEST(test_bf16_cast_weights)
         ck_assert_int_eq(casts_flag, 0);
         ck_assert_msg(casts >= (c.model.type == JDT_MODEL_MLP ? 3 : 9), "variant %zu: %d casts", v,
                       casts);
-        double worst = 0, worst_ref = 0, scale = 0;
-        for (int64_t j = 0; j < na; j++)
-            scale = fmax(scale, fabs(flag[j]));
-        for (int64_t j = 0; j < na; j++) {
-            worst = fmax(worst, fabs(cast[j] - flag[j]) / (fabs(flag[j]) + 1e-3 * scale));
-            worst_ref = fmax(worst_ref, fabs(cast[j] - ref[j]) / (fabs(ref[j]) + 1e-3 * scale));
-        }
+        const double scale = max_abs(flag, na);
+        const double worst = max_rel_diff(cast, flag, na, scale);
+        const double worst_ref = max_rel_diff(cast, ref, na, scale);
         printf("bf16 cast weights, variant %zu: %d casts, %lld values, max rel diff vs the flag "
                "form %.3g, vs the interpreter %.3g (loss %.7f / %.7f)\n",
                v, casts, (long long)na, worst, worst_ref, cast[0], flag[0]);
@@ -432,11 +446,7 @@ START_TEST(test_bf16_activations)
         ck_assert_int_eq(na, nf);
         /* the bias casts (CAST to bf16 of a parameter) come on top of the weights' */
         if (v == 0) ck_assert_int_gt(casts, casts_f);
-        double worst_ref = 0, scale = 0;
-        for (int64_t j = 0; j < na; j++)
-            scale = fmax(scale, fabs(ref[j]));
-        for (int64_t j = 0; j < na; j++)
-            worst_ref = fmax(worst_ref, fabs(act[j] - ref[j]) / (fabs(ref[j]) + 1e-3 * scale));
+        const double worst_ref = max_rel_diff(act, ref, na, max_abs(ref, na));
         printf("bf16 activations, variant %zu: loss %.7f (interpreter %.7f, f32 activations "
                "%.7f), gradients vs the interpreter %.3g\n",
                v, act[0], ref[0], f32a[0], worst_ref);

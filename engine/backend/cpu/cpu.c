@@ -93,7 +93,7 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_SCATTER_ADD: {
         int64_t V = n->shape.dims[0];
         int64_t n_idx = jdt_shape_numel(&c->nodes[n->in[1]].shape);
-        bad = n->n_in > 2 /* onto an initial value (passes.c fold_scatter_adds) */
+        bad = n->n_in > 2 /* onto an initial value (passes.c fold_addends, scatter_takes) */
                   ? jdt_rt_scatter_add_into(in[0], in[1], in[2], o, n_idx, V, last_dim(&n->shape))
                   : jdt_rt_scatter_add(in[0], in[1], o, n_idx, V, last_dim(&n->shape));
         if (bad)

@@ -74,7 +74,7 @@ jdt_status jdt_cuk_precompile(int arch, const char *cache_dir, unsigned sources,
 
 /* c = a @ b (+ bias) (+ acc), shapes as jdt_rt_matmul: a (batch, M, K) or (batch, K, M) if ta;
  * b (batch|1, K, N) or (batch|1, N, K) if tb; c (batch, M, N); bias (N) or NULL; acc (batch, M,
- * N) or NULL (cuBLASLt's C with beta 1, may be c itself: the compiler's fold_gemm_accumulates).
+ * N) or NULL (cuBLASLt's C with beta 1, may be c itself: the compiler's fold_addends).
  * cuBLASLt with TF32 tensor cores (f32 in/out, f32 accumulate), the bias added by the GEMM's
  * epilogue; plans (layouts + chosen algorithm) are cached per shape in the context.
  * ERR_INVALID for a dimension over INT32_MAX rows/leading dimension; ERR_INTERNAL naming the
