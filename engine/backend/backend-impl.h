@@ -38,6 +38,9 @@ typedef struct {
     /* Its GEMMs add a tensor of the output's shape to the product (cuBLASLt's C, beta 1), so
      * passes.c fold_addends folds y = x + a @ b into the GEMM (MATMUL attrs i[3]). */
     bool gemm_accumulate;
+    /* Consecutive fused kernels that touch disjoint memory may run as one launch (cstep.merged,
+     * merge.c): the emitter gives them one grid, each keeping its blocks and code. */
+    bool merge_launches;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src

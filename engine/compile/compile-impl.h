@@ -80,6 +80,9 @@ typedef struct {
     int node;        /* STEP_BUILTIN, STEP_COLL_PACK: cnode index */
     int scratch_buf; /* builtin scratch buffer or -1 */
     int coll;        /* STEP_COLL_*: index into cprog.colls, else -1 */
+    int merged;      /* STEP_KERNEL on a device that merges launches (merge.c): 0: a launch of
+                        its own; n > 1: its launch runs this kernel and the next n - 1 kernel
+                        steps; -1: an earlier step's launch runs it (this step does nothing) */
 } cstep;
 
 /* One asynchronous collective call: a single ALL_REDUCE / ALL_GATHER / REDUCE_SCATTER node, or
@@ -161,6 +164,8 @@ typedef struct cprog_ {
                             (passes.c fold_norm_scales) */
     bool gemm_accumulate; /* the device's vtable flag: GEMMs add an input to their product
                              (passes.c fold_addends) */
+    bool merge_launches;  /* the device's vtable flag: independent consecutive kernels run as
+                             one launch (merge.c) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;
@@ -187,6 +192,9 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e);
 /* fuse.c: groups, schedule and memory plan. */
 jdt_status jdt_compile_fuse(cprog *c, jdt_err *e);
 jdt_status jdt_compile_plan(cprog *c, jdt_err *e);
+/* Sets cstep.merged over the planned schedule: runs of consecutive kernel steps that touch
+ * disjoint memory (by the plan's offsets) become one launch each (merge.c). ERR_NOMEM. */
+jdt_status jdt_compile_merge_launches(cprog *c, jdt_err *e);
 /* ---- nest.c: the device-neutral loop nest of a fused group (the emitters' input) ---------- */
 
 /* A growing text buffer; oom is set (and further output dropped) on allocation failure.

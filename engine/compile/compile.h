@@ -49,6 +49,8 @@ typedef struct {
                               that is faster (jdt_rt_tuner, engine/runtime/runtime.h); false:
                               always `threads` */
     bool no_fuse;          /* debug: one kernel per op (tests compare against fusion) */
+    bool no_merge_launches; /* debug: one launch per fused kernel on devices that merge
+                               independent consecutive kernels into one (CUDA: merge.c) */
     bool no_simplify;      /* debug: skip CSE, folding and algebraic simplification */
     bool no_bf16_storage;  /* keep every intermediate f32 (by default the CPU backend stores a
                               value read only by bf16-compute GEMMs as bf16: same numbers) */
@@ -128,6 +130,8 @@ typedef struct {
                                  fold_norm_scales) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands
                               (passes.c fold_addends) */
+    int n_launch_merged;   /* fused kernels run inside an earlier kernel's launch (merge.c):
+                              the device launches n_kernels - n_launch_merged */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */
     double kernel_bytes;   /* bytes the fused kernels move per run at least (every element of
                               every buffer they read or write once: the memory-bound floor) */

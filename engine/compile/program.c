@@ -249,6 +249,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->bf16_builtins = p->dev->vt->bf16_builtins;
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
+    c->merge_launches = p->dev->vt->merge_launches && !c->opts.no_merge_launches;
     /* start/wait collectives: the CPU backends call the hooks; the CUDA backend runs its own
      * (NCCL on a stream of its own) and takes the hooks as the request to overlap them */
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
@@ -269,6 +270,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if ((st = check_builtins(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_fuse(c, e)) != JDT_OK) goto fail;
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
+    if (c->merge_launches && (st = jdt_compile_merge_launches(c, e)) != JDT_OK) goto fail;
     /* one arena for programs that never run at once (train step, eval, apply): borrow the
      * lender's when it is on the same CPU device and large enough */
     const jdt_program *lend = c->opts.share_arena;

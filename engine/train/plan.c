@@ -423,8 +423,11 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
     if (sm) {
         fprintf(f, "  ops            %d -> %d after DCE/CSE/simplification\n", sm->n_ops_in,
                 sm->n_ops_out);
-        fprintf(f, "  kernels        %d fused loop nests + %d builtin calls (GEMM, attention, ...)",
-                sm->n_kernels, sm->n_builtin);
+        fprintf(f, "  kernels        %d fused loop nests", sm->n_kernels);
+        if (sm->n_launch_merged > 0)
+            fprintf(f, " (%d launches: independent neighbours share one)",
+                    sm->n_kernels - sm->n_launch_merged);
+        fprintf(f, " + %d builtin calls (GEMM, attention, ...)", sm->n_builtin);
         if (sm->n_reduce_merged > 0)
             fprintf(f, "; %d elementwise producers computed inside the reductions reading them",
                     sm->n_reduce_merged);

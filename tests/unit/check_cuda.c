@@ -198,6 +198,42 @@ static void build_shape_reduce(fx *f)
     out(f, jdt_graph_reduce_max(g, big, 3u, false));
 }
 
+/* An optimizer's shape (merge.c): a sum of squares per gradient, short ones in one block, long
+ * ones split over blocks, a column sum split too, then a total and a clip coefficient that
+ * depend on them, then an update per parameter reading the coefficient, and bf16 copies. The
+ * independent neighbours share launches; the dependent ones must not. */
+static void build_optimizer(fx *f)
+{
+    jdt_graph *g = f->g;
+    static const int64_t n[6] = {768, 3072, 20000, 768, 9000, 40};
+    static const char *gn[6] = {"g0", "g1", "g2", "g3", "g4", "g5"},
+                      *pn[6] = {"p0", "p1", "p2", "p3", "p4", "p5"};
+    jdt_tensor *sq[6], *gr[6], *pr[6];
+    for (int i = 0; i < 6; i++) {
+        gr[i] = fx_leaf(f, 1, gn[i], JDT_DTYPE_F32, 1, &n[i], -1, 1);
+        pr[i] = fx_leaf(f, 1, pn[i], JDT_DTYPE_F32, 1, &n[i], -1, 1);
+        sq[i] = jdt_graph_reduce_sum(g, jdt_graph_mul(g, gr[i], gr[i]), 1u, false);
+    }
+    jdt_tensor *cols = FX_INPUT(f, "cols", JDT_DTYPE_F32, -1, 1, 5000, 40);
+    out(f, jdt_graph_reduce_sum(g, cols, 1u, false)); /* (40): a split column sum */
+    jdt_tensor *total = sq[0];
+    for (int i = 1; i < 6; i++)
+        total = jdt_graph_add(g, total, sq[i]);
+    jdt_tensor *coef =
+        jdt_graph_min(g,
+                      jdt_graph_div(g, jdt_graph_full(g, JDT_DTYPE_F32, 0, NULL, 1.0),
+                                    jdt_graph_add_scalar(g, jdt_graph_sqrt(g, total), 1e-6)),
+                      jdt_graph_full(g, JDT_DTYPE_F32, 0, NULL, 1.0));
+    out(f, coef);
+    for (int i = 0; i < 6; i++) {
+        jdt_tensor *c = jdt_graph_broadcast(g, coef, 1, &n[i]);
+        jdt_tensor *upd =
+            jdt_graph_sub(g, pr[i], jdt_graph_mul(g, c, jdt_graph_mul_scalar(g, gr[i], 0.1)));
+        out(f, upd);
+        out(f, jdt_graph_cast(g, jdt_graph_cast(g, pr[i], JDT_DTYPE_BF16), JDT_DTYPE_F32));
+    }
+}
+
 static void build_builtins(fx *f)
 {
     jdt_graph *g = f->g;
@@ -399,6 +435,8 @@ static const struct {
     /* TF32 GEMMs (10-bit mantissa): ~1e-3 relative on these small K */
     {"builtins", build_builtins, 5e-3, 5e-3},
     {"update", build_update, 1e-5, 1e-5},
+    /* sums of up to 20000 values: summation order only */
+    {"optimizer", build_optimizer, 1e-4, 1e-4},
     /* bf16-rounded inputs on both sides, f32 accumulation: summation order only (an input not
      * rounded would be ~1e-2 off) */
     {"bf16_matmul", build_bf16_matmul, 3e-4, 3e-4},
@@ -494,19 +532,26 @@ static int n_bf16_casts(const jdt_step *s)
 
 /* ---- NVRTC (no GPU needed) ------------------------------------------------------------------ */
 
-static int count_kernels(const char *src)
+static int count_of(const char *src, const char *what)
 {
     int n = 0;
-    for (const char *p = src; (p = strstr(p, "__global__ void __launch_bounds__")); p++)
+    for (const char *p = src; (p = strstr(p, what)); p++)
         n++;
     return n;
 }
 
-/* The emitted source has one kernel per fused group; with CUDA=1 NVRTC compiles it. */
-static void check_source(const char *what, const char *src, int n_kernels)
+/* The emitted source has one kernel per launch, and a device function per kernel that runs in
+ * a merged launch (merge.c); with CUDA=1 NVRTC compiles it. */
+static void check_source(const char *what, const char *src, const jdt_compile_stats *cs)
 {
-    ck_assert_msg(count_kernels(src) == n_kernels, "%s: %d kernels in the source, %d expected",
-                  what, count_kernels(src), n_kernels);
+    const int n_global = count_of(src, "__global__ void __launch_bounds__"),
+              n_member = count_of(src, "__device__ __noinline__ void k");
+    ck_assert_msg(n_global == cs->n_kernels - cs->n_launch_merged,
+                  "%s: %d kernels in the source, %d launches expected", what, n_global,
+                  cs->n_kernels - cs->n_launch_merged);
+    ck_assert_msg(n_global + n_member >= cs->n_kernels && n_member <= 2 * cs->n_launch_merged,
+                  "%s: %d merged members in the source for %d merged kernels", what, n_member,
+                  cs->n_launch_merged);
 #ifdef JDT_CUDA
     void *image = NULL;
     size_t n = 0;
@@ -529,17 +574,19 @@ START_TEST(test_nvrtc_op_graphs)
     jdt_err e;
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
-    for (int nf = 0; nf < 2; nf++) { /* fused, and one kernel per op */
+    for (int mode = 0; mode < 3; mode++) { /* fused; one launch per kernel; one kernel per op */
+        const bool nf = mode == 2;
         jdt_compile_opts o;
         fx_opts(&f, &o);
         o.device = d;
         o.no_fuse = nf;
+        o.no_merge_launches = mode == 1;
         jdt_program *p = NULL;
         jdt_status st = jdt_program_compile(f.g, &o, &p, &e);
         ck_assert_msg(st == JDT_OK, "compile %s: %s", GRAPHS[i].name, e.msg);
         /* an emit-only program cannot run: one clear error */
         ck_assert_int_eq(jdt_program_run(p, &e), JDT_ERR_UNSUPPORTED);
-        check_source(GRAPHS[i].name, jdt_program_source(p), jdt_program_stats(p)->n_kernels);
+        check_source(GRAPHS[i].name, jdt_program_source(p), jdt_program_stats(p));
         if (strcmp(GRAPHS[i].name, "shape_reduce") == 0) /* the long reductions are split */
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "_done[tile]"));
         if (strcmp(GRAPHS[i].name, "vector") == 0) { /* 4 elements per thread */
@@ -554,6 +601,15 @@ START_TEST(test_nvrtc_op_graphs)
             ck_assert_int_eq(jdt_program_stats(p)->n_reduce_merged, nf ? 0 : 3);
         if (strcmp(GRAPHS[i].name, "vector_wide") == 0 && !nf) /* too many loads to hold */
             ck_assert_ptr_null(strstr(jdt_program_source(p), "= jdt_ld4(r"));
+        if (mode == 1) ck_assert_int_eq(jdt_program_stats(p)->n_launch_merged, 0);
+        if (strcmp(GRAPHS[i].name, "optimizer") == 0 && mode == 0) {
+            /* the sums of squares share a launch, split ones with their partials side by side;
+             * the total, the coefficient and the updates reading it come later */
+            ck_assert_int_ge(jdt_program_stats(p)->n_launch_merged, 10);
+            ck_assert_int_ge(
+                jdt_program_stats(p)->n_kernels - jdt_program_stats(p)->n_launch_merged, 3);
+            ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "(jdt_red_part + "));
+        }
         jdt_program_free(p);
     }
     jdt_device_close(d);
@@ -571,7 +627,7 @@ START_TEST(test_nvrtc_train_steps)
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
     jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
-    check_source(MODELS[i].name, jdt_step_source(s), jdt_step_stats(s)->n_kernels);
+    check_source(MODELS[i].name, jdt_step_source(s), jdt_step_stats(s));
     /* bf16 storage: fused kernels store bf16 (compiled by NVRTC above); only GEMMs read it.
      * The weights' bf16 copies are CAST kernels among them (the cast form, as on the CPU). */
     if (strstr(MODELS[i].name, "bf16")) {
@@ -685,6 +741,52 @@ START_TEST(test_gpu_ops_match_cpu)
 {
     jdt_device *d = gpu_or_skip(GRAPHS[_i].name);
     if (d) graph_vs_cpu(_i, d);
+}
+END_TEST
+
+/* Merged launches (merge.c) compute bit for bit what one launch per kernel does: the graphs
+ * with the most independent neighbours (reductions split and not, the optimizer's shape). */
+START_TEST(test_gpu_merged_launches_bitwise)
+{
+    static const char *const names[] = {"shape_reduce", "optimizer"};
+    int i = 0;
+    while (strcmp(GRAPHS[i].name, names[_i]) != 0)
+        i++;
+    jdt_device *d = gpu_or_skip(names[_i]);
+    if (!d) return;
+    fx f;
+    fx_init(&f);
+    GRAPHS[i].build(&f);
+    fx_fill(&f, 5);
+    fx_bind(&f, true);
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_program *p[2] = {NULL, NULL};
+    for (int m = 0; m < 2; m++) {
+        jdt_compile_opts o;
+        fx_opts(&f, &o);
+        o.device = d;
+        o.no_merge_launches = m == 1;
+        ck_assert_msg(jdt_program_compile(f.g, &o, &p[m], &e) == JDT_OK, "compile: %s", e.msg);
+        ck_assert_msg(jdt_program_run(p[m], &e) == JDT_OK, "run: %s", e.msg);
+    }
+    ck_assert_int_gt(jdt_program_stats(p[0])->n_launch_merged, 0);
+    ck_assert_int_eq(jdt_program_stats(p[1])->n_launch_merged, 0);
+    for (int k = 0; k < jdt_graph_n_outputs(f.g); k++) {
+        jdt_tensor *t = jdt_graph_output(f.g, k);
+        size_t nb = (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype);
+        unsigned char *a = malloc(nb + 8), *b = malloc(nb + 8);
+        ck_assert_msg(jdt_program_read_output(p[0], k, a, nb, &e) == JDT_OK, "read: %s", e.msg);
+        ck_assert_msg(jdt_program_read_output(p[1], k, b, nb, &e) == JDT_OK, "read: %s", e.msg);
+        ck_assert_msg(memcmp(a, b, nb) == 0, "%s output %d (%s): merged launches differ", names[_i],
+                      k, jdt_op_name(t->op));
+        free(a);
+        free(b);
+    }
+    jdt_program_free(p[0]);
+    jdt_program_free(p[1]);
+    jdt_device_close(d);
+    fx_free(&f);
 }
 END_TEST
 
@@ -1061,12 +1163,14 @@ static Suite *suite(void)
     TCase *tg = tcase_create("gpu");
     tcase_set_timeout(tg, 300);
     tcase_add_loop_test(tg, test_gpu_ops_match_cpu, 0, N_GRAPHS);
+    tcase_add_loop_test(tg, test_gpu_merged_launches_bitwise, 0, 2);
     tcase_add_loop_test(tg, test_gpu_train_matches_cpu, 0, N_MODELS);
     tcase_add_loop_test(tg, test_gpu_train_tf32_matches_cpu, 0, 2);
     tcase_add_test(tg, test_gpu_overlap_matches_blocking);
     suite_add_tcase(s, tg);
 #else
     (void)test_gpu_ops_match_cpu;
+    (void)test_gpu_merged_launches_bitwise;
     (void)test_gpu_train_matches_cpu;
     (void)test_gpu_train_tf32_matches_cpu;
     (void)test_gpu_overlap_matches_blocking;

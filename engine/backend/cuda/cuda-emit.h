@@ -15,8 +15,10 @@ typedef struct {
 } jdt_cuda_launch;
 
 /* The CUDA C++ translation unit (for NVRTC) with one `extern "C" __global__ void k<i>(void
- * *const *p)` per kernel step of c, in kernel order; p is the device array of buffer pointers
- * (one slot per buffer, like the CPU's table). *launch receives n_kernels launch shapes.
+ * *const *p)` per launch of c, in kernel order: kernel i's own, or for a run of kernels that
+ * cstep.merged gives one launch, the run's with i its first kernel (the others are device
+ * functions it calls); p is the device array of buffer pointers (one slot per buffer, like the
+ * CPU's table). *launch receives n_kernels launch shapes (a merged run's members' unused).
  * Both outputs are owned by the caller (jdt_free). ERR_UNSUPPORTED (a group the nest builder
  * rejects), ERR_NOMEM. */
 jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch, jdt_err *e);

@@ -570,10 +570,12 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: program tables");
         goto fail;
     }
-    for (int k = 0; k < nk; k++) {
+    for (int s = 0; s < c->n_steps; s++) { /* the kernels launched (merge.c: not members) */
+        const cstep *sp = &c->steps[s];
+        if (sp->kind != STEP_KERNEL || sp->merged < 0) continue;
         char name[32];
-        snprintf(name, sizeof name, "k%d", k);
-        CU(cudaLibraryGetKernel(&p->kern[k], p->lib, name), "finding a generated kernel");
+        snprintf(name, sizeof name, "k%d", sp->kernel);
+        CU(cudaLibraryGetKernel(&p->kern[sp->kernel], p->lib, name), "finding a generated kernel");
     }
     CU(cudaLibraryGetKernel(&p->scale_kern, p->lib, "jdt_scale"), "finding jdt_scale");
     /* one allocation: pointer table | INPUT slots | arena, each 256-byte aligned */
@@ -1208,6 +1210,7 @@ static jdt_status cuda_step(void *state, int s, jdt_err *e)
     const cstep *sp = &p->c->steps[s];
     jdt_status st = JDT_OK;
     if (sp->kind == STEP_KERNEL) {
+        if (sp->merged < 0) return JDT_OK; /* run by an earlier step's launch (merge.c) */
         const jdt_cuda_launch *L = &p->launch[sp->kernel];
         void *args[] = {&p->dtable};
         CU(cudaLaunchKernel((const void *)p->kern[sp->kernel],
@@ -1297,6 +1300,7 @@ static const jdt_backend_vt cuda_vt = {
     .bf16_builtins = true,
     .norm_bwd_scale = true,
     .gemm_accumulate = true,
+    .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
     .source = cuda_source,

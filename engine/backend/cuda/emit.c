@@ -480,8 +480,38 @@ static void emit_vec_body(jdt_sbuf *s, const jdt_nest *N, bool wide, const char 
     emit_vec_close(s, N, wide, kind, -1);
 }
 
-static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda_launch *L,
-                       jdt_err *e, jdt_status *st)
+/* How a kernel's code names its block and grid. A kernel of its own reads CUDA's; a member of a
+ * merged launch (cstep.merged) is a __device__ function k<i>_m of the launch's kernel, which
+ * passes the member's block index and grid (its own launch's, unchanged), a shared-memory area
+ * for its reduction and its partials' place in jdt_red_part. */
+typedef struct {
+    bool member;
+    const char *bx, *by, *gx, *gy;
+    int64_t part_off; /* member: its partials' offset in jdt_red_part, in 8-byte words */
+} kernel_ctx;
+
+static const kernel_ctx KERNEL_OWN = {false,       "blockIdx.x", "blockIdx.y",
+                                      "gridDim.x", "gridDim.y",  0};
+
+/* What kernel step sp needs besides its buffers: bytes of split-reduction partials in
+ * jdt_red_part and of shared memory (0 and 0 for an elementwise kernel, or a group the nest
+ * builder rejects, which fails in emit_group). */
+static void kernel_needs(const cprog *c, const cstep *sp, int64_t *part, int64_t *shared)
+{
+    *part = *shared = 0;
+    jdt_nest N;
+    jdt_err e = {0};
+    if (!c->groups[sp->group].is_reduce || jdt_nest_build(c, sp->group, &N, &e) != JDT_OK) return;
+    const cnode *root = &c->nodes[c->groups[sp->group].root];
+    const int V = red_vec_width(&N, root);
+    const red_plan rp = plan_reduce(&N, V);
+    const int64_t esz = root->dtype == JDT_DTYPE_F64 ? 8 : 4; /* >= its jdt_nest_ctype */
+    *part = rp.S > 1 ? (rp.S * rp.n_out * esz + 7) / 8 * 8 : 0;
+    *shared = (int64_t)RED_THREADS * V * esz;
+}
+
+static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, const kernel_ctx *kc,
+                       jdt_cuda_launch *L, jdt_err *e, jdt_status *st)
 {
     const cgroup *g = &c->groups[gi];
     jdt_nest N;
@@ -503,8 +533,16 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
             jdt_sb_printf(s, "__device__ unsigned k%d_done[%lld]; // blocks finished per tile\n",
                           kernel, (long long)rp.n_tiles);
     }
-    jdt_sb_printf(s, "extern \"C\" __global__ void __launch_bounds__(%d) k%d(void *const *p)\n{\n",
-                  RED_THREADS, kernel);
+    if (kc->member)
+        jdt_sb_printf(s,
+                      "static __device__ __noinline__ void k%d_m(void *const *p, unsigned char "
+                      "*jdt_shm, int *jdt_last, const unsigned %s, const unsigned %s, const "
+                      "unsigned %s, const unsigned %s)\n{\n",
+                      kernel, kc->bx, kc->by, kc->gx, kc->gy);
+    else
+        jdt_sb_printf(s,
+                      "extern \"C\" __global__ void __launch_bounds__(%d) k%d(void *const *p)\n{\n",
+                      RED_THREADS, kernel);
     emit_pointers(s, &N);
     if (!g->is_reduce) {
         int64_t total = 1;
@@ -519,9 +557,9 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
         L->block_y = 1;
         L->grid_y = 1;
         jdt_sb_printf(s,
-                      "    for (%s t = (%s)blockIdx.x * %d + (%s)threadIdx.x; t < %lld; t += "
-                      "(%s)gridDim.x * %d) {\n",
-                      I, I, RED_THREADS, I, (long long)total, I, RED_THREADS);
+                      "    for (%s t = (%s)%s * %d + (%s)threadIdx.x; t < %lld; t += "
+                      "(%s)%s * %d) {\n",
+                      I, I, kc->bx, RED_THREADS, I, (long long)total, I, kc->gx, RED_THREADS);
         emit_decompose_v(s, &N, I, "t", true, true, vec);
         if (vec > 1) {
             emit_vec_body(s, &N, wide, I);
@@ -551,20 +589,28 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     int w = -1; /* the result's store (members may store too: emit_stores) */
     for (int a = 0; a < N.n_acc; a++)
         if (N.acc[a].write && N.acc[a].node == g->root) w = a;
-    jdt_sb_printf(s, "    __shared__ %s sh[%d];\n", T, RED_THREADS * V);
-    jdt_sb_printf(s, "    const int tx = threadIdx.x, ty = threadIdx.y;\n");
+    if (kc->member) { /* a (256 x 1) block of the merged launch as (BX x BY) */
+        jdt_sb_printf(s, "    %s *const sh = (%s *)jdt_shm;\n", T, T);
+        jdt_sb_printf(s, "    const int tx = threadIdx.x %% %d, ty = threadIdx.x / %d;\n", BX, BX);
+    } else {
+        jdt_sb_printf(s, "    __shared__ %s sh[%d];\n", T, RED_THREADS * V);
+        jdt_sb_printf(s, "    const int tx = threadIdx.x, ty = threadIdx.y;\n");
+    }
     if (S > 1) { /* this block's chunk of the reduced range */
-        jdt_sb_printf(s, "    __shared__ int last;\n");
-        jdt_sb_printf(s, "    const %s per = (%lld + (%s)gridDim.y - 1) / (%s)gridDim.y;\n", I,
-                      (long long)n_red, I, I);
-        jdt_sb_printf(s, "    const %s r_begin = (%s)blockIdx.y * per;\n", I, I);
+        if (kc->member)
+            jdt_sb_printf(s, "    int &last = *jdt_last;\n");
+        else
+            jdt_sb_printf(s, "    __shared__ int last;\n");
+        jdt_sb_printf(s, "    const %s per = (%lld + (%s)%s - 1) / (%s)%s;\n", I, (long long)n_red,
+                      I, kc->gy, I, kc->gy);
+        jdt_sb_printf(s, "    const %s r_begin = (%s)%s * per;\n", I, I, kc->by);
         jdt_sb_printf(s, "    const %s r_end = r_begin + per < %lld ? r_begin + per : %lld;\n", I,
                       (long long)n_red, (long long)n_red);
     } else {
         jdt_sb_printf(s, "    const %s r_begin = 0, r_end = %lld;\n", I, (long long)n_red);
     }
-    jdt_sb_printf(s, "    for (%s tile = blockIdx.x; tile < %lld; tile += gridDim.x) {\n", I,
-                  (long long)n_tiles);
+    jdt_sb_printf(s, "    for (%s tile = %s; tile < %lld; tile += %s) {\n", I, kc->bx,
+                  (long long)n_tiles, kc->gx);
     jdt_sb_printf(s, "    const %s o = tile * %d + tx;\n", I, BX);
     if (V == 1) {
         jdt_sb_printf(s, "    %s acc = %s;\n", T, init);
@@ -618,18 +664,21 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     else
         fin[0] = 0;
     if (S > 1) {
+        char part[64] = "jdt_red_part"; /* this kernel's partials */
+        if (kc->part_off > 0)
+            snprintf(part, sizeof part, "(jdt_red_part + %lld)", (long long)kc->part_off);
         jdt_sb_printf(s, "    if (ty == 0 && o < %lld) {\n", (long long)n_slot);
         for (int j = 0; j < V; j++)
             jdt_sb_printf(s,
-                          "        ((%s *)jdt_red_part)[(%s)blockIdx.y * %lld + o * %d + %d] = "
+                          "        ((%s *)%s)[(%s)%s * %lld + o * %d + %d] = "
                           "sh[tx * %d + %d];\n",
-                          T, I, (long long)n_out, V, j, V, j);
+                          T, part, I, kc->by, (long long)n_out, V, j, V, j);
         jdt_sb_printf(s, "    }\n");
         jdt_sb_printf(s, "    __threadfence();\n    __syncthreads();\n");
         jdt_sb_printf(s,
                       "    if (tx == 0 && ty == 0) last = atomicAdd(&k%d_done[tile], 1u) == "
-                      "gridDim.y - 1;\n    __syncthreads();\n",
-                      kernel);
+                      "%s - 1;\n    __syncthreads();\n",
+                      kernel, kc->gy);
         jdt_sb_printf(s, "    if (last) {\n    if (ty == 0 && o < %lld) {\n", (long long)n_slot);
         emit_decompose_v(s, &N, I, "o", false, true, V);
         if (V > 1) jdt_sb_printf(s, "        const %s b%d = i%d * %d;\n", I, in, in, V);
@@ -637,11 +686,11 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
             jdt_sb_printf(s, "        {\n");
             if (V > 1) jdt_sb_printf(s, "        const %s i%d = b%d + %d;\n", I, in, in, j);
             jdt_sb_printf(s, "        %s a = %s;\n", T, init);
-            jdt_sb_printf(s, "        for (unsigned q = 0; q < gridDim.y; q++) {\n");
+            jdt_sb_printf(s, "        for (unsigned q = 0; q < %s; q++) {\n", kc->gy);
             jdt_sb_printf(s,
-                          "            const %s b = ((volatile %s *)jdt_red_part)[(%s)q * %lld + o "
+                          "            const %s b = ((volatile %s *)%s)[(%s)q * %lld + o "
                           "* %d + %d];\n",
-                          T, T, I, (long long)n_out, V, j);
+                          T, T, part, I, (long long)n_out, V, j);
             if (is_max)
                 jdt_sb_printf(s, "            a = b > a ? b : a;\n        }\n");
             else
@@ -665,6 +714,57 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, jdt_cuda
     jdt_sb_printf(s, "    }\n    __syncthreads();\n    }\n}\n\n");
 }
 
+/* Kernel steps first .. first + n - 1 (cstep.merged) as one launch: each a device function
+ * (emit_group with a member's kernel_ctx), then the kernel k<head> that runs them, a member per
+ * range of its blocks, each range the member's own grid flattened (x fastest). *L receives the
+ * launch shape; the members' partials lie one after another in jdt_red_part. */
+static void emit_merged(jdt_sbuf *s, const cprog *c, int first, int n, jdt_cuda_launch *L,
+                        jdt_err *e, jdt_status *st)
+{
+    static const kernel_ctx MEMBER = {true, "jbx", "jby", "jgx", "jgy", 0};
+    int64_t part_off = 0, shared = 16, blocks = 0;
+    int head = c->steps[first].kernel;
+    jdt_cuda_launch *own = jdt_calloc((size_t)n, sizeof *own);
+    if (!own) {
+        *st = jdt_err_set(e, JDT_ERR_NOMEM, "codegen: merged launch");
+        return;
+    }
+    for (int m = 0; m < n && *st == JDT_OK; m++) {
+        const cstep *sp = &c->steps[first + m];
+        int64_t part, sh;
+        kernel_needs(c, sp, &part, &sh);
+        kernel_ctx kc = MEMBER;
+        kc.part_off = part_off / 8;
+        part_off += part;
+        if (sh > shared) shared = sh;
+        emit_group(s, c, sp->group, sp->kernel, &kc, &own[m], e, st);
+        blocks += (int64_t)own[m].grid_x * own[m].grid_y;
+    }
+    if (*st == JDT_OK) {
+        jdt_sb_printf(s,
+                      "extern \"C\" __global__ void __launch_bounds__(%d) k%d(void *const *p)\n{\n",
+                      RED_THREADS, head);
+        jdt_sb_printf(s, "    __shared__ float4 jdt_shm[%lld];\n    __shared__ int jdt_last;\n",
+                      (long long)(shared + 15) / 16);
+        jdt_sb_printf(s, "    unsigned b = blockIdx.x;\n");
+        for (int m = 0; m < n; m++) {
+            const unsigned gx = (unsigned)own[m].grid_x, gy = (unsigned)own[m].grid_y;
+            const char *tail = m + 1 < n ? "\n    b -= " : "\n";
+            jdt_sb_printf(s,
+                          "    if (b < %uu) { k%d_m(p, (unsigned char *)jdt_shm, &jdt_last, b %% "
+                          "%uu, b / %uu, %uu, %uu); return; }%s",
+                          gx * gy, c->steps[first + m].kernel, gx, gx, gx, gy, tail);
+            if (m + 1 < n) jdt_sb_printf(s, "%uu;\n", gx * gy);
+        }
+        jdt_sb_printf(s, "}\n\n");
+        L->grid_x = (int)blocks;
+        L->grid_y = 1;
+        L->block_x = RED_THREADS;
+        L->block_y = 1;
+    }
+    jdt_free(own);
+}
+
 jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch, jdt_err *e)
 {
     jdt_sbuf s = {0};
@@ -686,25 +786,21 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
     if (!L) return jdt_err_set(e, JDT_ERR_NOMEM, "codegen: launch table");
     jdt_sb_printf(&s, "%s", PRELUDE);
     /* the split reductions' partials: one array for the module, as large as the largest
-     * kernel's (S x n_out), since its kernels run one after another on one stream */
-    int64_t part_bytes = 0;
+     * launch's (S x n_out for each kernel it runs), since launches run one after another on
+     * one stream */
+    int64_t part_bytes = 0, launch_part = 0;
     for (int i = 0; i < c->n_steps; i++) {
         const cstep *sp = &c->steps[i];
-        jdt_nest N;
-        if (sp->kind != STEP_KERNEL || !c->groups[sp->group].is_reduce ||
-            jdt_nest_build(c, sp->group, &N, e) != JDT_OK)
-            continue; /* a group the nest builder rejects fails in emit_group below */
-        const cnode *root = &c->nodes[c->groups[sp->group].root];
-        const red_plan rp = plan_reduce(&N, red_vec_width(&N, root));
-        const int64_t esz = root->dtype == JDT_DTYPE_F64 ? 8 : 4; /* >= its jdt_nest_ctype */
-        const int64_t b = rp.S > 1 ? rp.S * rp.n_out * esz : 0;
-        if (b > part_bytes) part_bytes = b;
+        if (sp->kind != STEP_KERNEL) continue;
+        int64_t b, sh;
+        kernel_needs(c, sp, &b, &sh);
+        launch_part = sp->merged < 0 ? launch_part + b : b;
+        if (launch_part > part_bytes) part_bytes = launch_part;
     }
-    jdt_err_clear(e);
     if (part_bytes > 0)
         jdt_sb_printf(&s,
                       "__device__ unsigned long long jdt_red_part[%lld]; // split reductions' "
-                      "partials (S x n_out), shared: one kernel at a time\n",
+                      "partials (S x n_out), shared: one launch at a time\n",
                       (long long)((part_bytes + 7) / 8));
     int n_k = 0;
     for (int i = 0; i < c->n_steps && st == JDT_OK; i++) {
@@ -714,7 +810,12 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
             st = jdt_err_set(e, JDT_ERR_INTERNAL, "codegen: kernel index %d out of range", k);
             break;
         }
-        emit_group(&s, c, c->steps[i].group, k, &L[k], e, &st);
+        if (c->steps[i].merged > 1) {
+            emit_merged(&s, c, i, c->steps[i].merged, &L[k], e, &st);
+            i += c->steps[i].merged - 1; /* its members' steps (consecutive kernels) */
+        } else {
+            emit_group(&s, c, c->steps[i].group, k, &KERNEL_OWN, &L[k], e, &st);
+        }
         n_k++;
     }
     if (st == JDT_OK) st = jdt_sb_status(&s, c, "cuda codegen", e);
@@ -799,6 +900,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .bf16_builtins = true,
     .norm_bwd_scale = true,
     .gemm_accumulate = true,
+    .merge_launches = true,
     .prepare = eo_prepare,
     .source = eo_source,
     .begin = eo_begin,

@@ -4,12 +4,12 @@
  * (cudaemu.c) preprocesses a program's source with __global__ marked, then compiles
  * `#include "emu.hpp"` + that text + one launcher per kernel into a shared object.
  *
- * Execution model. A launch runs its blocks one after another; a block's threads are fibers
- * (ucontext) on one OS thread, run round-robin. A fiber runs until it waits: at __syncthreads
- * (the block's barrier), at a warp collective (__shfl_*_sync, __syncwarp, ldmatrix, mma: the
- * warp's barrier) or at its end. A barrier opens when every live thread of its block (warp)
- * has arrived; a thread that exits counts as arrived, as on Volta and later. When no fiber can
- * move and some have not ended, the launch fails with "deadlock" (a __syncthreads under
+ * Execution model. A launch runs its blocks one after another, the last first; a block's
+ * threads are fibers (ucontext) on one OS thread, run round-robin. A fiber runs until it waits: at
+ * __syncthreads (the block's barrier), at a warp collective (__shfl_*_sync, __syncwarp, ldmatrix,
+ * mma: the warp's barrier) or at its end. A barrier opens when every live thread of its block
+ * (warp) has arrived; a thread that exits counts as arrived, as on Volta and later. When no fiber
+ * can move and some have not ended, the launch fails with "deadlock" (a __syncthreads under
  * divergent control flow, a warp collective some lanes skip): a bug the GPU may hang on.
  *
  * Memory: __shared__ arrays are static (blocks never overlap in time); the dynamic shared
@@ -285,73 +285,75 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
     emu_body = body;
     emu_body_arg = arg;
     emu_nthreads = nt;
-    for (unsigned bz = 0; bz < g.z; bz++)
-        for (unsigned by = 0; by < g.y; by++)
-            for (unsigned bx = 0; bx < g.x; bx++) {
-                blockIdx = {bx, by, bz};
-                if (emu_dyn) std::memset(emu_dyn, 0xff, emu_dyn_bytes);
-                emu_live = nt;
-                emu_block_bar = {0, 0};
-                for (unsigned w = 0; w < (nt + 31) / 32; w++) {
-                    emu_warp_bar[w] = {0, 0};
-                    emu_warp_live[w] = nt - 32 * w < 32 ? nt - 32 * w : 32;
-                }
-                for (unsigned t = 0; t < nt; t++) {
-                    emu_fiber *f = &emu_fib[t];
-                    f->tid = {t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
-                    f->done = false;
+    /* last block first: a GPU promises no order, and a kernel (or a merged launch of several)
+     * whose blocks read what earlier blocks wrote fails here instead of passing by luck */
+    const unsigned long long n_blocks = (unsigned long long)g.x * g.y * g.z;
+    for (unsigned long long i = n_blocks; i-- > 0;) {
+        const unsigned bx = (unsigned)(i % g.x), by = (unsigned)(i / g.x % g.y),
+                       bz = (unsigned)(i / ((unsigned long long)g.x * g.y));
+        blockIdx = {bx, by, bz};
+        if (emu_dyn) std::memset(emu_dyn, 0xff, emu_dyn_bytes);
+        emu_live = nt;
+        emu_block_bar = {0, 0};
+        for (unsigned w = 0; w < (nt + 31) / 32; w++) {
+            emu_warp_bar[w] = {0, 0};
+            emu_warp_live[w] = nt - 32 * w < 32 ? nt - 32 * w : 32;
+        }
+        for (unsigned t = 0; t < nt; t++) {
+            emu_fiber *f = &emu_fib[t];
+            f->tid = {t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
+            f->done = false;
 #ifdef EMU_FAST_SWITCH
-                    /* r15 r14 r13 r12 rbx rbp, then emu_entry as the return address, then a
-                     * zero "caller": emu_entry starts with rsp = 8 mod 16, as after a call */
-                    void **sp = (void **)(emu_stacks + (size_t)(t + 1) * EMU_STACK) - 8;
-                    for (int i = 0; i < 6; i++)
-                        sp[i] = nullptr;
-                    sp[6] = (void *)emu_entry;
-                    sp[7] = nullptr;
-                    f->sp = sp;
+            /* r15 r14 r13 r12 rbx rbp, then emu_entry as the return address, then a
+             * zero "caller": emu_entry starts with rsp = 8 mod 16, as after a call */
+            void **sp = (void **)(emu_stacks + (size_t)(t + 1) * EMU_STACK) - 8;
+            for (int i = 0; i < 6; i++)
+                sp[i] = nullptr;
+            sp[6] = (void *)emu_entry;
+            sp[7] = nullptr;
+            f->sp = sp;
 #else
-                    getcontext(&f->ctx);
-                    f->ctx.uc_stack.ss_sp = emu_stacks + (size_t)t * EMU_STACK;
-                    f->ctx.uc_stack.ss_size = EMU_STACK;
-                    f->ctx.uc_link = &emu_main;
-                    makecontext(&f->ctx, emu_entry, 0);
+            getcontext(&f->ctx);
+            f->ctx.uc_stack.ss_sp = emu_stacks + (size_t)t * EMU_STACK;
+            f->ctx.uc_stack.ss_size = EMU_STACK;
+            f->ctx.uc_link = &emu_main;
+            makecontext(&f->ctx, emu_entry, 0);
 #endif
-                }
-                unsigned left = nt;
-                while (left) {
-                    unsigned long long before = emu_moves;
-                    for (unsigned t = 0; t < nt; t++) {
-                        emu_fiber *f = &emu_fib[t];
-                        if (f->done) continue;
-                        emu_cur = t;
-                        threadIdx = f->tid;
+        }
+        unsigned left = nt;
+        while (left) {
+            unsigned long long before = emu_moves;
+            for (unsigned t = 0; t < nt; t++) {
+                emu_fiber *f = &emu_fib[t];
+                if (f->done) continue;
+                emu_cur = t;
+                threadIdx = f->tid;
 #ifdef EMU_FAST_SWITCH
-                        jdt_emu_switch(&emu_main_sp, f->sp);
+                jdt_emu_switch(&emu_main_sp, f->sp);
 #else
-                        swapcontext(&emu_main, &f->ctx);
+                swapcontext(&emu_main, &f->ctx);
 #endif
-                        if (!f->done) continue;
-                        left--;
-                        emu_moves++;
-                        emu_live--;
-                        emu_warp_live[t >> 5]--;
-                        /* an exited thread counts as arrived: open what it was the last for */
-                        emu_bar *wb = &emu_warp_bar[t >> 5];
-                        if (wb->arrived && wb->arrived >= emu_warp_live[t >> 5])
-                            wb->arrived = 0, wb->gen++;
-                        if (emu_block_bar.arrived && emu_block_bar.arrived >= emu_live)
-                            emu_block_bar.arrived = 0, emu_block_bar.gen++;
-                    }
-                    if (left && emu_moves == before) {
-                        std::snprintf(msg, msg_n,
-                                      "deadlock in block (%u, %u, %u): %u of %u threads wait at a "
-                                      "barrier that cannot open (__syncthreads or a warp "
-                                      "collective under divergent control flow)",
-                                      bx, by, bz, left, nt);
-                        return -1;
-                    }
-                }
+                if (!f->done) continue;
+                left--;
+                emu_moves++;
+                emu_live--;
+                emu_warp_live[t >> 5]--;
+                /* an exited thread counts as arrived: open what it was the last for */
+                emu_bar *wb = &emu_warp_bar[t >> 5];
+                if (wb->arrived && wb->arrived >= emu_warp_live[t >> 5]) wb->arrived = 0, wb->gen++;
+                if (emu_block_bar.arrived && emu_block_bar.arrived >= emu_live)
+                    emu_block_bar.arrived = 0, emu_block_bar.gen++;
             }
+            if (left && emu_moves == before) {
+                std::snprintf(msg, msg_n,
+                              "deadlock in block (%u, %u, %u): %u of %u threads wait at a "
+                              "barrier that cannot open (__syncthreads or a warp "
+                              "collective under divergent control flow)",
+                              bx, by, bz, left, nt);
+                return -1;
+            }
+        }
+    }
     return 0;
 }
 
