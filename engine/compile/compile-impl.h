@@ -193,7 +193,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e);
 jdt_status jdt_compile_fuse(cprog *c, jdt_err *e);
 jdt_status jdt_compile_plan(cprog *c, jdt_err *e);
 /* Sets cstep.merged over the planned schedule: runs of consecutive kernel steps that touch
- * disjoint memory (by the plan's offsets) become one launch each (merge.c). ERR_NOMEM. */
+ * disjoint memory (by the plan's offsets) become one launch each (merge.c); none with
+ * JDT_MERGE_LAUNCHES=0 in the environment. ERR_NOMEM. */
 jdt_status jdt_compile_merge_launches(cprog *c, jdt_err *e);
 /* ---- nest.c: the device-neutral loop nest of a fused group (the emitters' input) ---------- */
 

@@ -300,7 +300,9 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         }
         for (int s = 0; s < c->n_steps; s++) {
             const cstep *sp = &c->steps[s];
-            if (sp->kind == STEP_KERNEL)
+            if (sp->kind == STEP_KERNEL && sp->merged != 0) /* merge.c: the launch, then none */
+                snprintf(p->step_name[s], sizeof p->step_name[s], "fused:merged launch");
+            else if (sp->kind == STEP_KERNEL)
                 snprintf(p->step_name[s], sizeof p->step_name[s], "fused:%s",
                          jdt_op_name(c->nodes[c->groups[sp->group].root].op));
             else if (sp->kind != STEP_BUILTIN) /* a bucket is named by its first member */
@@ -377,8 +379,9 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
 {
     const cprog *c = &p->c;
     /* kinds: fused kernels by root op, builtins by op, then collective pack / start / wait by
-     * op, last: update copies */
-    enum { MAX_KINDS = 5 * JDT_OP_COUNT + 1 };
+     * op, then the kernels of merged launches (merge.c: one time for several roots), last:
+     * update copies */
+    enum { MERGED = 5 * JDT_OP_COUNT, MAX_KINDS = 5 * JDT_OP_COUNT + 2 };
     double t[MAX_KINDS] = {0}, bytes[MAX_KINDS] = {0}, flops[MAX_KINDS] = {0}, total = 0.0;
     int count[MAX_KINDS] = {0};
     size_t off = 0;
@@ -389,7 +392,8 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
     }
     for (int s = 0; s < c->n_steps; s++) {
         const cstep *sp = &c->steps[s];
-        int k = sp->kind == STEP_KERNEL    ? (int)c->nodes[c->groups[sp->group].root].op
+        int k = sp->kind == STEP_KERNEL && sp->merged != 0 ? MERGED
+                : sp->kind == STEP_KERNEL  ? (int)c->nodes[c->groups[sp->group].root].op
                 : sp->kind == STEP_BUILTIN ? JDT_OP_COUNT + (int)c->nodes[sp->node].op
                                            : (sp->kind == STEP_COLL_PACK    ? 2
                                               : sp->kind == STEP_COLL_START ? 3
@@ -418,14 +422,16 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
         if (best < 0 || off >= n) break;
         static const char *const part[5] = {"", "", " pack", " start", " wait"};
         const int cls = best / JDT_OP_COUNT;
-        const char *what =
-            best == MAX_KINDS - 1 ? "update copies" : jdt_op_name((jdt_op)(best % JDT_OP_COUNT));
+        const char *what = best == MAX_KINDS - 1 ? "update copies"
+                           : best == MERGED      ? "kernels of merged launches"
+                                                 : jdt_op_name((jdt_op)(best % JDT_OP_COUNT));
         const double per_s = t[best] > 0 ? p->n_runs / t[best] : 0.0; /* runs per second */
         off += (size_t)snprintf(
             buf + off, n - off, "  %5.1f%%  %9.3f ms  %4d x  %9.3g GB/s %9.3g TFLOP/s  %s%s%s\n",
             total > 0 ? 100.0 * t[best] / total : 0.0, t[best] * 1e3 / p->n_runs, count[best],
             bytes[best] * per_s / 1e9, flops[best] * per_s / 1e12,
-            best < JDT_OP_COUNT ? "fused:" : "", what, best == MAX_KINDS - 1 ? "" : part[cls]);
+            best < JDT_OP_COUNT || best == MERGED ? "fused:" : "", what,
+            best >= MERGED ? "" : part[cls]);
         count[best] = 0;
     }
     return buf;

@@ -48,7 +48,8 @@
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
-#   outputs stored in f32),
+#   outputs stored in f32; "4m" with JDT_MERGE_LAUNCHES=0, one launch per fused kernel instead of
+#   independent neighbours sharing one),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
 #   before a GPU session spends its minutes: build-cuda/jdt-train-emu and the *-emu tests, two
 #   emulated GPUs, GPT-2 shrunk by GPT_EXTRA, the peers on the CPU with --tiny; no numbers from
@@ -276,6 +277,14 @@ gpt_args "$OUT/gpt2-scalar"
 (cd "$ROOT" && JDT_CUDA_VEC=0 timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-scalar.log" 2>&1); rc=$?
 toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-scalar.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 say "stage 4v exit $rc, scalar elementwise kernels and reductions (JDT_CUDA_VEC=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with 4-wide ones (its kernels are not in the bundle's cache: NVRTC time counts)"
+fi
+
+# ---- 4m (not in the default STAGES): stage 4 again with one launch per fused kernel -------------
+if want 4m; then
+gpt_args "$OUT/gpt2-unmerged"
+(cd "$ROOT" && JDT_MERGE_LAUNCHES=0 timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-unmerged.log" 2>&1); rc=$?
+toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-unmerged.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+say "stage 4m exit $rc, one launch per fused kernel (JDT_MERGE_LAUNCHES=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with independent neighbours merged (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
 # ---- 4a (not in the default STAGES): stage 4 again with the linear layers' outputs in f32 ------
