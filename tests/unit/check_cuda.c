@@ -234,6 +234,22 @@ static void build_optimizer(fx *f)
     }
 }
 
+/* Two kernels independent in the graph but not in memory (merge.c): t = exp(x), read by two
+ * reductions (stored by the first, which computes it: fuse_reduce_producers), dies at the
+ * second; u = tanh(y), of t's size, comes next and the plan places it in t's bytes. u must not
+ * share the second reduction's launch: in one grid its blocks could overwrite t before the
+ * reduction reads it (the emulator runs u's blocks first, so the outputs would be wrong). */
+static void build_reuse(fx *f)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, 64, 96);
+    jdt_tensor *y = FX_INPUT(f, "y", JDT_DTYPE_F32, -2, 2, 64, 96);
+    jdt_tensor *t = jdt_graph_exp(g, x);
+    out(f, jdt_graph_reduce_sum(g, t, 2u, false));
+    out(f, jdt_graph_reduce_max(g, t, 2u, false));
+    out(f, jdt_graph_tanh(g, y));
+}
+
 static void build_builtins(fx *f)
 {
     jdt_graph *g = f->g;
@@ -437,6 +453,7 @@ static const struct {
     {"update", build_update, 1e-5, 1e-5},
     /* sums of up to 20000 values: summation order only */
     {"optimizer", build_optimizer, 1e-4, 1e-4},
+    {"reuse", build_reuse, 1e-5, 1e-5},
     /* bf16-rounded inputs on both sides, f32 accumulation: summation order only (an input not
      * rounded would be ~1e-2 off) */
     {"bf16_matmul", build_bf16_matmul, 3e-4, 3e-4},
@@ -609,6 +626,25 @@ START_TEST(test_nvrtc_op_graphs)
             ck_assert_int_ge(
                 jdt_program_stats(p)->n_kernels - jdt_program_stats(p)->n_launch_merged, 3);
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "(jdt_red_part + "));
+        }
+        if (strcmp(GRAPHS[i].name, "reuse") == 0 && mode == 0) {
+            /* the plan put tanh's output in exp's bytes: no two of the 3 kernels share a
+             * launch (the first writes what the second reads, the third writes where the
+             * second reads) */
+            bool reused = false;
+            for (int a = 0; a < jdt_program_n_buffers(p); a++)
+                for (int b = a + 1; b < jdt_program_n_buffers(p); b++) {
+                    jdt_buf_info ia, ib;
+                    jdt_program_buffer(p, a, &ia);
+                    jdt_program_buffer(p, b, &ib);
+                    reused |= ia.kind == JDT_BUF_ARENA && ib.kind == JDT_BUF_ARENA &&
+                              ia.n_bytes == 64 * 96 * 4 && ib.n_bytes == ia.n_bytes &&
+                              ia.offset == ib.offset;
+                }
+            ck_assert_msg(reused,
+                          "reuse: the plan did not reuse exp's bytes; the test tests nothing");
+            ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 3);
+            ck_assert_int_eq(jdt_program_stats(p)->n_launch_merged, 0);
         }
         jdt_program_free(p);
     }
