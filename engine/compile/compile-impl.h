@@ -164,8 +164,9 @@ typedef struct cprog_ {
                             (passes.c fold_norm_scales) */
     bool gemm_accumulate; /* the device's vtable flag: GEMMs add an input to their product
                              (passes.c fold_addends) */
-    bool merge_launches;  /* the device's vtable flag: independent consecutive kernels run as
-                             one launch (merge.c) */
+    bool merge_launches;  /* the device's vtable flag, unless opts.no_merge_launches or
+                             JDT_MERGE_LAUNCHES=0: independent consecutive kernels run as one
+                             launch (merge.c) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;
@@ -193,8 +194,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e);
 jdt_status jdt_compile_fuse(cprog *c, jdt_err *e);
 jdt_status jdt_compile_plan(cprog *c, jdt_err *e);
 /* Sets cstep.merged over the planned schedule: runs of consecutive kernel steps that touch
- * disjoint memory (by the plan's offsets) become one launch each (merge.c); none with
- * JDT_MERGE_LAUNCHES=0 in the environment. ERR_NOMEM. */
+ * disjoint memory (by the plan's offsets) become one launch each (merge.c). ERR_NOMEM. */
 jdt_status jdt_compile_merge_launches(cprog *c, jdt_err *e);
 /* ---- nest.c: the device-neutral loop nest of a fused group (the emitters' input) ---------- */
 

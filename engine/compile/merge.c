@@ -22,7 +22,6 @@
 #include "compile/compile-impl.h"
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* The most kernels in one launch: the launch picks its member by a chain of comparisons. */
@@ -68,9 +67,6 @@ static bool step_touches(const cprog *c, int s, touch *t, int *n)
 
 jdt_status jdt_compile_merge_launches(cprog *c, jdt_err *e)
 {
-    c->stats.n_launch_merged = 0;
-    const char *env = getenv("JDT_MERGE_LAUNCHES"); /* "0": one launch per kernel (measuring) */
-    if (env && strcmp(env, "0") == 0) return JDT_OK;
     touch *run = jdt_malloc(sizeof *run * (size_t)MERGE_MAX * JDT_NEST_MAX_ACC);
     if (!run) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: launch merging");
     int head = -1, n_members = 0, n_run = 0;

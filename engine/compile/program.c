@@ -9,6 +9,7 @@
 
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "graph/interp.h"
@@ -249,7 +250,9 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->bf16_builtins = p->dev->vt->bf16_builtins;
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
-    c->merge_launches = p->dev->vt->merge_launches && !c->opts.no_merge_launches;
+    const char *merge_env = getenv("JDT_MERGE_LAUNCHES"); /* "0": measuring what merging gives */
+    c->merge_launches = p->dev->vt->merge_launches && !c->opts.no_merge_launches &&
+                        !(merge_env && strcmp(merge_env, "0") == 0);
     /* start/wait collectives: the CPU backends call the hooks; the CUDA backend runs its own
      * (NCCL on a stream of its own) and takes the hooks as the request to overlap them */
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();

@@ -241,30 +241,39 @@ fi
 
 # ---- 4: GPT-2 124M ---------------------------------------------------------------------------
 JDT_TOKS=""
+# run_gpt NAME [VAR=VALUE]: the step gpt_args built, with that variable set, into $OUT/NAME.log;
+# sets rc and toks (the last logged step's tok/s)
+run_gpt() {
+  (cd "$ROOT" && env ${2:+"$2"} timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/$1.log" 2>&1); rc=$?
+  toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/$1.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+}
+# gpt_failed WHAT SAVE: stage 4 failed (not a timeout); say so and keep its log as SAVE.log
+gpt_failed() {
+  say "stage 4 $1failed (exit $rc): $(grep -m1 'error' "$OUT/gpt2.log")"
+  cp "$OUT/gpt2.log" "$OUT/$2.log"
+}
 if want 4; then
 if [ "$GPT_PREC" = bf16 ]; then what="$GPT_ACT activations, bf16 GEMMs (f32 accumulation), MFU vs dense bf16"
 else what="f32 storage + TF32 GEMMs, MFU vs dense TF32"; fi
 say "stage 4 gpt2-124m: B=$B T=1024, $STEPS steps, $what"
 gpt_args "$OUT/gpt2"
-(cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2.log" 2>&1); rc=$?
+run_gpt gpt2
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -qi "cublas" "$OUT/gpt2.log"; then
   # a failure of a merged launch (several fused kernels in one grid: new code that no GPU has
   # run yet) must not cost the measurement either: the step again with one launch per kernel,
   # and so for the rest of the script (its kernels are not in the bundle's cache)
-  say "stage 4 failed (exit $rc): $(grep -m1 'error' "$OUT/gpt2.log")"
-  cp "$OUT/gpt2.log" "$OUT/gpt2-merged-failed.log"
+  gpt_failed "" gpt2-merged-failed
   export JDT_MERGE_LAUNCHES=0
   say "stage 4 again with one launch per fused kernel (JDT_MERGE_LAUNCHES=0 from here on)"
-  (cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2.log" 2>&1); rc=$?
+  run_gpt gpt2
 fi
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$GPT_ACT" = bf16 ]; then
   # a failure of the bf16-output GEMMs (e.g. no cuBLASLt algorithm: they have no fallback)
   # must not cost the stage: the step again with f32 activations, the previous numerics
-  say "stage 4 with bf16 activations failed (exit $rc): $(grep -m1 'error' "$OUT/gpt2.log")"
-  cp "$OUT/gpt2.log" "$OUT/gpt2-act16-failed.log"
+  gpt_failed "with bf16 activations " gpt2-act16-failed
   GPT_ACT=f32; gpt_args "$OUT/gpt2"
   say "stage 4 again with precision.activations f32"
-  (cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2.log" 2>&1); rc=$?
+  run_gpt gpt2
 fi
 grep -E "device:|compiled|compiling|MFU reference|precision.compute|GPU memory|device memory" "$OUT/gpt2.log" | tee -a "$SUMMARY"
 tail -3 "$OUT/gpt2.log" | tee -a "$SUMMARY"
@@ -277,31 +286,27 @@ fi
 # ---- 4f (not in the default STAGES): stage 4 again with the f32 FMA attention ---------------------
 if want 4f; then
 gpt_args "$OUT/gpt2-fma"
-(cd "$ROOT" && JDT_CUK_ATTENTION=fma timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-fma.log" 2>&1); rc=$?
-toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-fma.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+run_gpt gpt2-fma JDT_CUK_ATTENTION=fma
 say "stage 4f exit $rc, attention on FMA (JDT_CUK_ATTENTION=fma): ${toks:-?} tok/s against ${JDT_TOKS:-?} with tensor-core attention"
 fi
 # ---- 4v (not in the default STAGES): stage 4 again with scalar elementwise kernels ---------------
 if want 4v; then
 gpt_args "$OUT/gpt2-scalar"
-(cd "$ROOT" && JDT_CUDA_VEC=0 timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-scalar.log" 2>&1); rc=$?
-toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-scalar.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+run_gpt gpt2-scalar JDT_CUDA_VEC=0
 say "stage 4v exit $rc, scalar elementwise kernels and reductions (JDT_CUDA_VEC=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with 4-wide ones (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
 # ---- 4m (not in the default STAGES): stage 4 again with one launch per fused kernel -------------
 if want 4m; then
 gpt_args "$OUT/gpt2-unmerged"
-(cd "$ROOT" && JDT_MERGE_LAUNCHES=0 timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-unmerged.log" 2>&1); rc=$?
-toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-unmerged.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+run_gpt gpt2-unmerged JDT_MERGE_LAUNCHES=0
 say "stage 4m exit $rc, one launch per fused kernel (JDT_MERGE_LAUNCHES=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with independent neighbours merged (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
 # ---- 4a (not in the default STAGES): stage 4 again with the linear layers' outputs in f32 ------
 if want 4a; then
 gpt_args "$OUT/gpt2-act32" f32
-(cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/gpt2-act32.log" 2>&1); rc=$?
-toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-act32.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+run_gpt gpt2-act32
 say "stage 4a exit $rc, precision.activations f32: ${toks:-?} tok/s against ${JDT_TOKS:-?} with $GPT_ACT (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 

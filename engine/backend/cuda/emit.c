@@ -717,9 +717,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, const ke
 /* Kernel steps first .. first + n - 1 (cstep.merged) as one launch: each a device function
  * (emit_group with a member's kernel_ctx), then the kernel k<head> that runs them, a member per
  * range of its blocks, each range the member's own grid flattened (x fastest). *L receives the
- * launch shape; the members' partials lie one after another in jdt_red_part. */
-static void emit_merged(jdt_sbuf *s, const cprog *c, int first, int n, jdt_cuda_launch *L,
-                        jdt_err *e, jdt_status *st)
+ * launch shape; the members' partials lie one after another in jdt_red_part. part and shared:
+ * kernel_needs of every kernel, by kernel index. */
+static void emit_merged(jdt_sbuf *s, const cprog *c, int first, int n, const int64_t *part,
+                        const int64_t *shared_of, jdt_cuda_launch *L, jdt_err *e, jdt_status *st)
 {
     static const kernel_ctx MEMBER = {true, "jbx", "jby", "jgx", "jgy", 0};
     int64_t part_off = 0, shared = 16, blocks = 0;
@@ -731,12 +732,10 @@ static void emit_merged(jdt_sbuf *s, const cprog *c, int first, int n, jdt_cuda_
     }
     for (int m = 0; m < n && *st == JDT_OK; m++) {
         const cstep *sp = &c->steps[first + m];
-        int64_t part, sh;
-        kernel_needs(c, sp, &part, &sh);
         kernel_ctx kc = MEMBER;
         kc.part_off = part_off / 8;
-        part_off += part;
-        if (sh > shared) shared = sh;
+        part_off += part[sp->kernel];
+        if (shared_of[sp->kernel] > shared) shared = shared_of[sp->kernel];
         emit_group(s, c, sp->group, sp->kernel, &kc, &own[m], e, st);
         blocks += (int64_t)own[m].grid_x * own[m].grid_y;
     }
@@ -782,8 +781,15 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
                                "reduction kernels do not implement",
                                jdt_compile_node_label(&c->nodes[i], lbl, sizeof lbl));
         }
-    jdt_cuda_launch *L = jdt_calloc((size_t)c->stats.n_kernels + 1, sizeof *L);
-    if (!L) return jdt_err_set(e, JDT_ERR_NOMEM, "codegen: launch table");
+    const size_t nk = (size_t)c->stats.n_kernels + 1;
+    jdt_cuda_launch *L = jdt_calloc(nk, sizeof *L);
+    int64_t *part = jdt_calloc(nk, sizeof *part), *shared = jdt_calloc(nk, sizeof *shared);
+    if (!L || !part || !shared) {
+        jdt_free(L);
+        jdt_free(part);
+        jdt_free(shared);
+        return jdt_err_set(e, JDT_ERR_NOMEM, "codegen: launch table");
+    }
     jdt_sb_printf(&s, "%s", PRELUDE);
     /* the split reductions' partials: one array for the module, as large as the largest
      * launch's (S x n_out for each kernel it runs), since launches run one after another on
@@ -791,9 +797,10 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
     int64_t part_bytes = 0, launch_part = 0;
     for (int i = 0; i < c->n_steps; i++) {
         const cstep *sp = &c->steps[i];
-        if (sp->kind != STEP_KERNEL) continue;
-        int64_t b, sh;
-        kernel_needs(c, sp, &b, &sh);
+        if (sp->kind != STEP_KERNEL || sp->kernel < 0 || sp->kernel >= c->stats.n_kernels)
+            continue; /* an index out of range fails below */
+        kernel_needs(c, sp, &part[sp->kernel], &shared[sp->kernel]);
+        const int64_t b = part[sp->kernel];
         launch_part = sp->merged < 0 ? launch_part + b : b;
         if (launch_part > part_bytes) part_bytes = launch_part;
     }
@@ -811,13 +818,15 @@ jdt_status jdt_cuda_codegen(const cprog *c, char **src, jdt_cuda_launch **launch
             break;
         }
         if (c->steps[i].merged > 1) {
-            emit_merged(&s, c, i, c->steps[i].merged, &L[k], e, &st);
+            emit_merged(&s, c, i, c->steps[i].merged, part, shared, &L[k], e, &st);
             i += c->steps[i].merged - 1; /* its members' steps (consecutive kernels) */
         } else {
             emit_group(&s, c, c->steps[i].group, k, &KERNEL_OWN, &L[k], e, &st);
         }
         n_k++;
     }
+    jdt_free(part);
+    jdt_free(shared);
     if (st == JDT_OK) st = jdt_sb_status(&s, c, "cuda codegen", e);
     if (st != JDT_OK) {
         jdt_free(s.buf);
