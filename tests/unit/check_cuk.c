@@ -745,6 +745,9 @@ END_TEST
 
 typedef enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_NORM, ROW_RMS } row_kind;
 
+static void expect_bf16_near(const char *what, const uint16_t *got, const uint16_t *want,
+                             int64_t n);
+
 static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
 {
     int64_t n = N * C;
@@ -807,6 +810,59 @@ static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
         float *gdxw = dev_to_host(k, ddx, n);
         snprintf(what, sizeof what, "%s_bwd(scaled) N%lld C%lld", name, (long long)N, (long long)C);
         expect_close(what, gdxw, dx, n, 1e-6f, 1e-4f);
+        /* the forward with the affine (passes.c fold_norm_affines): y * w + b from a kernel
+         * that never stores xhat, f32 with a shift, bf16 bits without one */
+        {
+            float *sb = rand_floats(C, 14, -1, 1), *dsb = dev_from(sb, (size_t)C * 4);
+            float *want = malloc((size_t)n * 4), *dya = dev_alloc((size_t)n * 4);
+            uint16_t *want16 = malloc((size_t)n * 2);
+            for (int64_t i = 0; i < n; i++) {
+                want[i] = y[i] * w[i % C] + sb[i % C];
+                want16[i] = jdt_rt_bf16_bits(y[i] * w[i % C]);
+            }
+            jdt_cuk_normalize_affine(k, kind == ROW_RMS, dxin, dw, dsb, dya, false, N, C, eps);
+            float *ga = dev_to_host(k, dya, n);
+            snprintf(what, sizeof what, "%s_affine N%lld C%lld", name, (long long)N, (long long)C);
+            expect_close(what, ga, want, n, 1e-5f, 1e-4f);
+            jdt_cuk_normalize_affine(k, kind == ROW_RMS, dxin, dw, NULL, dya, true, N, C, eps);
+            float *g16 = dev_to_host(k, dya, (n + 1) / 2); /* n bf16 values */
+            snprintf(what, sizeof what, "%s_affine_bf16 N%lld C%lld", name, (long long)N,
+                     (long long)C);
+            expect_bf16_near(what, (const uint16_t *)g16, want16, n);
+            free(sb), free(want), free(want16), free(ga), free(g16);
+            cudaFree(dsb), cudaFree(dya);
+        }
+        /* and the affine's gradient partials (passes.c fold_norm_partials): P row ranges of
+         * R = ceil(N / P) rows, more partials than rows included (the empty ones are zeros);
+         * the reference sums the host's xhat (y above) in double */
+        if (C <= JDT_CUK_NORM_PART_MAX_C) {
+            const int64_t Ps[] = {1, 3, N + 2};
+            for (int q = 0; q < 3; q++) {
+                const int64_t P = Ps[q], R = (N + P - 1) / P;
+                float *dp = dev_alloc((size_t)(2 * P * C) * 4);
+                if (kind == ROW_NORM)
+                    jdt_cuk_normalize_bwd_part(k, dxin, dg, dw, ddx, dp, dp + P * C, N, C, P, eps);
+                else
+                    jdt_cuk_rms_normalize_bwd_part(k, dxin, dg, dw, ddx, dp, dp + P * C, N, C, P,
+                                                   eps);
+                float *gp = dev_to_host(k, dp, 2 * P * C), *gdxp = dev_to_host(k, ddx, n);
+                snprintf(what, sizeof what, "%s_bwd_part(P %lld) N%lld C%lld", name, (long long)P,
+                         (long long)N, (long long)C);
+                expect_close(what, gdxp, dx, n, 1e-6f, 1e-4f);
+                float *want = calloc((size_t)(2 * P * C), 4);
+                for (int64_t p = 0; p < P; p++)
+                    for (int64_t c = 0; c < C; c++) {
+                        double sw = 0.0, sb = 0.0;
+                        for (int64_t r = p * R; r < N && r < (p + 1) * R; r++)
+                            sw += (double)g[r * C + c] * y[r * C + c], sb += g[r * C + c];
+                        want[p * C + c] = (float)sw;
+                        want[(P + p) * C + c] = (float)sb;
+                    }
+                expect_close(what, gp, want, 2 * P * C, 1e-4f, 1e-4f);
+                free(gp), free(gdxp), free(want);
+                cudaFree(dp);
+            }
+        }
         free(w), free(gw), free(gdxw);
         cudaFree(dw);
     }

@@ -40,6 +40,12 @@ extern const int jdt_cuk_n_sources;
     X(NORMALIZE_BWD, "cuk_rows.cu", "cuk_normalize_bwd")                                           \
     X(RMS_NORMALIZE, "cuk_rows.cu", "cuk_rms_normalize")                                           \
     X(RMS_NORMALIZE_BWD, "cuk_rows.cu", "cuk_rms_normalize_bwd")                                   \
+    X(NORMALIZE_AFFINE, "cuk_rows.cu", "cuk_normalize_affine")                                     \
+    X(NORMALIZE_AFFINE_BF16, "cuk_rows.cu", "cuk_normalize_affine_bf16")                           \
+    X(RMS_NORMALIZE_AFFINE, "cuk_rows.cu", "cuk_rms_normalize_affine")                             \
+    X(RMS_NORMALIZE_AFFINE_BF16, "cuk_rows.cu", "cuk_rms_normalize_affine_bf16")                   \
+    X(NORMALIZE_BWD_PART, "cuk_rows.cu", "cuk_normalize_bwd_part")                                 \
+    X(RMS_NORMALIZE_BWD_PART, "cuk_rows.cu", "cuk_rms_normalize_bwd_part")                         \
     X(GATHER, "cuk_misc.cu", "cuk_gather")                                                         \
     X(SCATTER_ADD, "cuk_misc.cu", "cuk_scatter_add")                                               \
     X(ROPE, "cuk_misc.cu", "cuk_rope")                                                             \

@@ -576,6 +576,50 @@ void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, cons
     norm_launch3(k, JDT_CUK_K_RMS_NORMALIZE_BWD, x, dy, w, dx, N, C, eps);
 }
 
+void jdt_cuk_normalize_affine(jdt_cuk *k, bool rms, const float *x, const float *w, const float *b,
+                              void *y, bool y_bf16, int64_t N, int64_t C, float eps)
+{
+    if (N <= 0 || C <= 0) return;
+    int vec = C % 4 == 0 && aligned16(x); /* the moments' reads; y is written per element */
+    void *args[] = {&x, &w, &b, &y, &N, &C, &eps, &vec};
+    jdt_cuk_kernel ki =
+        rms ? (y_bf16 ? JDT_CUK_K_RMS_NORMALIZE_AFFINE_BF16 : JDT_CUK_K_RMS_NORMALIZE_AFFINE)
+            : (y_bf16 ? JDT_CUK_K_NORMALIZE_AFFINE_BF16 : JDT_CUK_K_NORMALIZE_AFFINE);
+    launch(k, ki, N, row_threads(C), 0, args);
+}
+
+#define NORM_PART_MAX 8 /* CUK_PART_MAX of cuk_rows.cu: columns per thread */
+_Static_assert(NORM_PART_MAX *ROW_THREADS_MAX == JDT_CUK_NORM_PART_MAX_C, "cuk.h's limit");
+
+static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const float *dy,
+                             const float *w, float *dx, float *pw, float *pb, int64_t N, int64_t C,
+                             int64_t P, float eps)
+{
+    if (N <= 0 || C <= 0 || P <= 0) return;
+    unsigned bd = row_threads(C);
+    if (C > (int64_t)NORM_PART_MAX * bd) {
+        jdt_cuk_defer(k, JDT_ERR_INTERNAL, "%s: rows of %lld values (at most %lld)",
+                      KERNELS[ki].name, (long long)C, (long long)NORM_PART_MAX * bd);
+        return;
+    }
+    void *args[] = {&x, &dy, &w, &dx, &pw, &pb, &N, &C, &eps, &P};
+    launch(k, ki, P, bd, 0, args);
+}
+
+void jdt_cuk_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
+                                float *dx, float *pw, float *pb, int64_t N, int64_t C, int64_t P,
+                                float eps)
+{
+    norm_part_launch(k, JDT_CUK_K_NORMALIZE_BWD_PART, x, dy, w, dx, pw, pb, N, C, P, eps);
+}
+
+void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
+                                    float *dx, float *pw, float *pb, int64_t N, int64_t C,
+                                    int64_t P, float eps)
+{
+    norm_part_launch(k, JDT_CUK_K_RMS_NORMALIZE_BWD_PART, x, dy, w, dx, pw, pb, N, C, P, eps);
+}
+
 void jdt_cuk_gather(jdt_cuk *k, const float *table, const int32_t *idx, float *out, int64_t n,
                     int64_t V, int64_t C)
 {

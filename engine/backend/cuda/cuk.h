@@ -164,6 +164,25 @@ void jdt_cuk_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, const fl
 void jdt_cuk_rms_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
 void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, const float *w,
                                float *dx, int64_t N, int64_t C, float eps);
+/* The norms with their affine: y = xhat * w + b per column (b NULL: no shift), xhat what
+ * jdt_cuk_normalize / jdt_cuk_rms_normalize (rms) store; y f32, or bf16 bit patterns (rounded
+ * to nearest even) when y_bf16 (passes.c fold_norm_affines). */
+void jdt_cuk_normalize_affine(jdt_cuk *k, bool rms, const float *x, const float *w, const float *b,
+                              void *y, bool y_bf16, int64_t N, int64_t C, float eps);
+/* The norm backwards with w (not NULL) that also sum the affine's gradients: dx as above, and
+ * pw, pb (P, C): row p the column sums of dy * xhat and of dy over the rows [p R, min(N, (p + 1)
+ * R)), R = ceil(N / P) (zeros for an empty range), xhat the normalised x (rms: x * rstd). Their
+ * column sums over the P rows are the gradients of the norm's scale and shift (passes.c
+ * fold_norm_partials). Needs 1 <= P and C <= JDT_CUK_NORM_PART_MAX_C. */
+void jdt_cuk_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
+                                float *dx, float *pw, float *pb, int64_t N, int64_t C, int64_t P,
+                                float eps);
+void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
+                                    float *dx, float *pw, float *pb, int64_t N, int64_t C,
+                                    int64_t P, float eps);
+/* The widest row the _part kernels take: 8 columns per thread (their sums live in registers,
+ * cuk_rows.cu CUK_PART_MAX) of at most 1024 threads. */
+#define JDT_CUK_NORM_PART_MAX_C 8192
 
 /* y (B, T, H, D) = rotary embedding of x (see jdt_rt_rope). D must be even. */
 void jdt_cuk_rope(jdt_cuk *k, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,

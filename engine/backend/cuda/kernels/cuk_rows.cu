@@ -274,6 +274,65 @@ extern "C" __global__ void cuk_normalize(const float *x, float *y, i64 N, i64 C,
     }
 }
 
+/* The norms with their affine (passes.c fold_norm_affines): y = xhat * w (+ b) per column, b
+ * NULL for none, stored as f32 or as bf16 bits rounded to nearest even (a value only bf16
+ * GEMMs read, fuse.c mark_bf16_storage). xhat = (x - mean) * rstd, or x * rstd (rms): the
+ * values the plain kernels store, so xhat is never written. */
+__device__ __forceinline__ void cuk_st(float *y, i64 i, float v) { y[i] = v; }
+__device__ __forceinline__ void cuk_st(unsigned short *y, i64 i, float v)
+{
+    y[i] = cuk_bf16_bits(v);
+}
+
+template <bool RMS, class T>
+__device__ __forceinline__ void norm_affine(const float *x, const float *w, const float *b, T *y,
+                                            i64 N, i64 C, float eps, int vec)
+{
+    __shared__ float sh[32];
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *xr = x + n * C;
+        float mu = 0.0f, r;
+        if (RMS) {
+            float s = 0.0f;
+            cuk_row_visit(xr, C, vec, [&](i64, float a) { s += a * a; });
+            r = 1.0f / sqrtf(cuk_block_sum(s, sh) / (float)C + eps);
+        } else {
+            cuk_row_moments(xr, C, vec, eps, sh, &mu, &r);
+        }
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+            const float v = (xr[c] - mu) * r * w[c];
+            cuk_st(y, n * C + c, b ? v + b[c] : v);
+        }
+    }
+}
+
+extern "C" __global__ void cuk_normalize_affine(const float *x, const float *w, const float *b,
+                                                float *y, i64 N, i64 C, float eps, int vec)
+{
+    norm_affine<false>(x, w, b, y, N, C, eps, vec);
+}
+
+extern "C" __global__ void cuk_normalize_affine_bf16(const float *x, const float *w,
+                                                     const float *b, unsigned short *y, i64 N,
+                                                     i64 C, float eps, int vec)
+{
+    norm_affine<false>(x, w, b, y, N, C, eps, vec);
+}
+
+extern "C" __global__ void cuk_rms_normalize_affine(const float *x, const float *w,
+                                                    const float *b, float *y, i64 N, i64 C,
+                                                    float eps, int vec)
+{
+    norm_affine<true>(x, w, b, y, N, C, eps, vec);
+}
+
+extern "C" __global__ void cuk_rms_normalize_affine_bf16(const float *x, const float *w,
+                                                         const float *b, unsigned short *y, i64 N,
+                                                         i64 C, float eps, int vec)
+{
+    norm_affine<true>(x, w, b, y, N, C, eps, vec);
+}
+
 /* The norm backwards take the normalised value's cotangent as dy * w when w is not NULL (w: C
  * values, the norm's scale: the compiler folds the affine's product into the builtin, passes.c
  * fold_norm_scales), else as dy itself. */
@@ -334,4 +393,98 @@ extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dy
         cuk_row_map2(xr, gr, dx + n * C, C, vec,
                      [&](i64 c, float a, float g) { return r * cuk_scaled(w, c, g) - a * k; });
     }
+}
+
+/* The norm backwards that also sum their affine's gradients (passes.c fold_norm_partials): dx
+ * as cuk_normalize_bwd / cuk_rms_normalize_bwd with the scale w, and per column c the sums of
+ * dy * xhat (into pw[p C + c]) and of dy (pb[p C + c]) over the rows [p R, min(N, (p + 1) R))
+ * of partial p, R = ceil(N / P): block p of the P takes those rows (a partial without rows is
+ * zeros). A small reduction over the P partial rows then gives w's and b's gradients, so
+ * neither xhat nor a second read of dy for them is needed. xhat = (x - mean) * rstd, or x *
+ * rstd (rms). Thread t owns the columns t + i bd (i < CUK_PART_MAX; the launcher checks that C
+ * fits): a row's x and dy are read once into registers, the next row's while this one's block
+ * sums run, and the column sums stay in registers across the rows. */
+#define CUK_PART_MAX 8
+template <bool RMS>
+__device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, const float *w,
+                                              float *dx, float *pw, float *pb, i64 N, i64 C,
+                                              float eps, i64 P)
+{
+    __shared__ float sh[32];
+    const i64 R = (N + P - 1) / P, bd = blockDim.x;
+    for (i64 p = blockIdx.x; p < P; p += gridDim.x) {
+        float aw[CUK_PART_MAX], ab[CUK_PART_MAX], xa[CUK_PART_MAX], ga[CUK_PART_MAX],
+            xb[CUK_PART_MAX], gb[CUK_PART_MAX];
+        const i64 r0 = p * R, r1 = (p + 1) * R < N ? (p + 1) * R : N;
+#pragma unroll
+        for (int i = 0; i < CUK_PART_MAX; i++) {
+            const i64 c = threadIdx.x + i * bd;
+            const bool in = c < C && r0 < r1;
+            aw[i] = ab[i] = 0.0f;
+            xb[i] = in ? x[r0 * C + c] : 0.0f;
+            gb[i] = in ? dy[r0 * C + c] : 0.0f;
+        }
+        for (i64 n = r0; n < r1; n++) {
+            float s = 0.0f, mu = 0.0f, v = 0.0f, sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CUK_PART_MAX; i++) {
+                const i64 c = threadIdx.x + i * bd;
+                const bool in = c < C && n + 1 < r1;
+                xa[i] = xb[i], ga[i] = gb[i];
+                xb[i] = in ? x[(n + 1) * C + c] : 0.0f; /* the next row, in flight meanwhile */
+                gb[i] = in ? dy[(n + 1) * C + c] : 0.0f;
+                s += RMS ? xa[i] * xa[i] : xa[i];
+            }
+            float r;
+            if (RMS) {
+                r = 1.0f / sqrtf(cuk_block_sum(s, sh) / (float)C + eps);
+            } else {
+                mu = cuk_block_sum(s, sh) / (float)C;
+#pragma unroll
+                for (int i = 0; i < CUK_PART_MAX; i++)
+                    if (threadIdx.x + i * bd < C) v += (xa[i] - mu) * (xa[i] - mu);
+                r = 1.0f / sqrtf(cuk_block_sum(v, sh) / (float)C + eps);
+            }
+#pragma unroll
+            for (int i = 0; i < CUK_PART_MAX; i++) {
+                const i64 c = threadIdx.x + i * bd;
+                if (c >= C) continue;
+                const float gs = cuk_scaled(w, c, ga[i]);
+                sg += gs;
+                sgx += gs * (xa[i] - mu) * r;
+            }
+            if (!RMS) sg = cuk_block_sum(sg, sh) / (float)C;
+            sgx = cuk_block_sum(sgx, sh) / (float)C;
+#pragma unroll
+            for (int i = 0; i < CUK_PART_MAX; i++) {
+                const i64 c = threadIdx.x + i * bd;
+                if (c >= C) continue;
+                const float xh = (xa[i] - mu) * r, gs = cuk_scaled(w, c, ga[i]);
+                dx[n * C + c] = r * (gs - (RMS ? 0.0f : sg) - xh * sgx);
+                aw[i] += ga[i] * xh;
+                ab[i] += ga[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < CUK_PART_MAX; i++) {
+            const i64 c = threadIdx.x + i * bd;
+            if (c >= C) continue;
+            pw[p * C + c] = aw[i];
+            pb[p * C + c] = ab[i];
+        }
+    }
+}
+
+extern "C" __global__ void cuk_normalize_bwd_part(const float *x, const float *dy, const float *w,
+                                                  float *dx, float *pw, float *pb, i64 N, i64 C,
+                                                  float eps, i64 P)
+{
+    norm_bwd_part<false>(x, dy, w, dx, pw, pb, N, C, eps, P);
+}
+
+extern "C" __global__ void cuk_rms_normalize_bwd_part(const float *x, const float *dy,
+                                                      const float *w, float *dx, float *pw,
+                                                      float *pb, i64 N, i64 C, float eps, i64 P)
+{
+    norm_bwd_part<true>(x, dy, w, dx, pw, pb, N, C, eps, P);
 }
