@@ -35,6 +35,12 @@ typedef struct {
      * read dy, computing the normalised value's cotangent dy * w themselves (passes.c
      * fold_norm_scales: the product's kernel and its buffer go). */
     bool norm_bwd_scale;
+    /* The widest row (C) for which its norm backward builtins with the scale also sum the
+     * affine's gradients per block of rows (attrs i[0] = P: the output packs dx and P partial
+     * rows of dw's and db's sums), so passes.c fold_norm_partials replaces the two gradient
+     * reductions over every row (and the forward's stored xhat they read) by reductions over
+     * P rows; 0: it does not. */
+    int64_t norm_bwd_partials;
     /* Its GEMMs add a tensor of the output's shape to the product (cuBLASLt's C, beta 1), so
      * passes.c fold_addends folds y = x + a @ b into the GEMM (MATMUL attrs i[3]). */
     bool gemm_accumulate;

@@ -162,11 +162,13 @@ typedef struct cprog_ {
                             reads bf16 logits (passes.c fold_bf16_casts) */
     bool norm_bwd_scale; /* the device's vtable flag: the norm backwards take the scale
                             (passes.c fold_norm_scales) */
-    bool gemm_accumulate; /* the device's vtable flag: GEMMs add an input to their product
-                             (passes.c fold_addends) */
-    bool merge_launches;  /* the device's vtable flag, unless opts.no_merge_launches or
-                             JDT_MERGE_LAUNCHES=0: independent consecutive kernels run as one
-                             launch (merge.c) */
+    int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
+                                  backward sums its affine's gradients (fold_norm_partials) */
+    bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product
+                                  (passes.c fold_addends) */
+    bool merge_launches;       /* the device's vtable flag, unless opts.no_merge_launches or
+                                  JDT_MERGE_LAUNCHES=0: independent consecutive kernels run as one
+                                  launch (merge.c) */
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

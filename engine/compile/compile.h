@@ -128,6 +128,9 @@ typedef struct {
                               cross-entropies reading bf16 logits (passes.c fold_bf16_casts) */
     int n_norm_scales_folded; /* norm backwards that form dy * w themselves (passes.c
                                  fold_norm_scales) */
+    int n_norm_affines_folded;  /* norms that apply their affine (passes.c fold_norm_affines) */
+    int n_norm_partials_folded; /* norm backwards that also sum their affine's gradients
+                                   (passes.c fold_norm_partials) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands
                               (passes.c fold_addends) */
     int n_launch_merged;   /* fused kernels run inside an earlier kernel's launch (merge.c):

@@ -624,6 +624,285 @@ static jdt_status fold_norm_scales(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* Follows views (CK_VIEW) down from node i, whatever else reads them: the node whose buffer
+ * holds i's elements in i's order. */
+static int view_root(const cprog *c, int i)
+{
+    while (c->nodes[i].kind == CK_VIEW)
+        i = c->nodes[i].in[0];
+    return i;
+}
+
+/* Is r a REDUCE_SUM of a tensor whose rows are those of root (views followed), C values per
+ * row, over every axis but the last: the column sums of root's (rows, C) matrix? */
+static bool column_sums_of(const cprog *c, int r, int root, int64_t C, int64_t numel)
+{
+    const cnode *n = &c->nodes[r];
+    if (n->op != JDT_OP_REDUCE_SUM || n->kind != CK_REDUCE || n->dtype != JDT_DTYPE_F32)
+        return false;
+    const cnode *a = &c->nodes[n->in[0]];
+    const int nd = a->shape.ndim;
+    return view_root(c, n->in[0]) == root && nd >= 1 && a->shape.dims[nd - 1] == C &&
+           jdt_shape_numel(&a->shape) == numel &&
+           n->attrs.i[0] == (((int64_t)1 << nd) - 1) - ((int64_t)1 << (nd - 1));
+}
+
+/* Appends node n (group and buffer unset) to c's nodes; its index, or -1 out of memory. Its
+ * inputs may follow it until order_inputs_first runs. */
+static int append_node(cprog *c, const cnode *n)
+{
+    if (!jdt_compile_grow((void **)&c->nodes, &c->cap_nodes, c->n_nodes + 1, sizeof(cnode)))
+        return -1;
+    c->nodes[c->n_nodes] = *n;
+    c->nodes[c->n_nodes].group = c->nodes[c->n_nodes].buf = -1;
+    return c->n_nodes++;
+}
+
+/* Renumbers the nodes so that every node follows its inputs, leaves included, keeping the
+ * order of nodes already so (a depth-first walk that emits a node's inputs before it, in index
+ * order): a rewrite that appends nodes another node reads runs it. */
+static jdt_status order_inputs_first(cprog *c, jdt_err *e)
+{
+    const int n = c->n_nodes;
+    int *pos = jdt_malloc(sizeof(int) * ((size_t)n + 1)),
+        *stack = jdt_malloc(sizeof(int) * ((size_t)n + 1));
+    cnode *out = jdt_malloc(sizeof(cnode) * ((size_t)n + 1));
+    if (!pos || !stack || !out) {
+        jdt_free(pos), jdt_free(stack), jdt_free(out);
+        return jdt_err_set(e, JDT_ERR_NOMEM, "compile: ordering %d nodes", n);
+    }
+    memset(pos, 0xff, sizeof(int) * (size_t)n);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (pos[i] >= 0) continue;
+        int sp = 0;
+        stack[sp++] = i;
+        pos[i] = -2; /* on the stack */
+        while (sp > 0) {
+            const int t = stack[sp - 1];
+            int next = -1;
+            for (int k = 0; k < c->nodes[t].n_in && next < 0; k++)
+                if (pos[c->nodes[t].in[k]] == -1) next = c->nodes[t].in[k];
+            if (next >= 0) {
+                pos[next] = -2;
+                stack[sp++] = next;
+                continue;
+            }
+            out[m] = c->nodes[t];
+            pos[t] = m++;
+            sp--;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < out[i].n_in; k++)
+            out[i].in[k] = pos[out[i].in[k]];
+    memcpy(c->nodes, out, sizeof(cnode) * (size_t)n);
+    for (int i = 0; i < c->n_outputs; i++)
+        c->outputs[i] = pos[c->outputs[i]];
+    for (int i = 0; i < c->n_updates; i++) {
+        c->updates[i].target = pos[c->updates[i].target];
+        c->updates[i].value = pos[c->updates[i].value];
+    }
+    jdt_free(pos), jdt_free(stack), jdt_free(out);
+    return JDT_OK;
+}
+
+/* Node l, read by nothing now, becomes an unread constant, so that the passes before DCE that
+ * count readers no longer see it read its inputs. */
+static void unread(cprog *c, int *users, int l)
+{
+    for (int k = 0; k < c->nodes[l].n_in; k++)
+        users[c->nodes[l].in[k]]--;
+    c->nodes[l].op = JDT_OP_CONSTANT;
+    c->nodes[l].kind = CK_SPLAT;
+    c->nodes[l].n_in = 0;
+    c->nodes[l].splat = 0.0;
+}
+
+/* Partial rows per norm backward (passes.c fold_norm_partials): enough blocks to fill a GPU,
+ * few enough that their sums are a small read. */
+#define NORM_PARTIALS 1024
+
+/* The affine's gradients summed by the norm backward (c->norm_bwd_partials: CUDA). After
+ * fold_norm_scales a layer norm's backward reads x through three kernels: dx =
+ * NORMALIZE_BWD(x, dy, w), dw = REDUCE_SUM(dy * xhat) (xhat = NORMALIZE(x), stored by the
+ * forward for it) and db = REDUCE_SUM(dy), each over every row. The builtin already walks x
+ * and dy row by row; it now also sums, per block of rows, dy * xhat and dy per column, and
+ * writes those P partial rows after dx in one packed output (attrs i[0] = P): (d0 + 2k, ..., C)
+ * for dx's (d0, ..., C), k slots of axis 0 (S rows each, P = k S) for dw's partials, k for
+ * db's. dx becomes the slice [0, d0) of it (composed into its readers like attention's packed
+ * gradients), dw and db reductions over the slices [d0, d0 + k) and [d0 + k, d0 + 2k): P rows
+ * instead of all, and nothing reads xhat in the backward any more. Same for RMS_NORMALIZE_BWD
+ * (dw only; xhat = x * rstd). The sums change order (per block, then over the blocks); each
+ * term is the same f32 product. Skipped with no_fuse. */
+static jdt_status fold_norm_partials(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: norm gradient partials");
+    const int n0 = c->n_nodes;
+    int folded = 0;
+    for (int i = 0; i < n0; i++) {
+        const cnode nb = c->nodes[i];
+        const bool rms = nb.op == JDT_OP_RMS_NORMALIZE_BWD;
+        if ((nb.op != JDT_OP_NORMALIZE_BWD && !rms) || nb.kind != CK_BUILTIN || nb.n_in != 3 ||
+            nb.attrs.i[0] != 0 || nb.dtype != JDT_DTYPE_F32 || nb.shape.ndim < 2)
+            continue;
+        const int nd = nb.shape.ndim;
+        const int64_t C = nb.shape.dims[nd - 1], numel = jdt_shape_numel(&nb.shape);
+        if (C < 1 || C > c->norm_bwd_partials || numel < 1) continue;
+        const int xr = view_root(c, nb.in[0]), dyr = view_root(c, nb.in[1]);
+        /* dw: REDUCE_SUM(MUL(dy, xhat)), the product read by nothing else, xhat the same norm
+         * of the same x (views followed) */
+        int dw = -1, db = -1;
+        for (int r = 0; r < n0 && dw < 0; r++) {
+            const cnode *red = &c->nodes[r];
+            if (red->op != JDT_OP_REDUCE_SUM || red->kind != CK_REDUCE) continue;
+            const cnode *mul = &c->nodes[red->in[0]];
+            if (mul->op != JDT_OP_MUL || mul->kind != CK_EW || mul->n_in != 2 ||
+                users[red->in[0]] != 1)
+                continue;
+            for (int side = 0; side < 2; side++) {
+                const int xh = view_root(c, mul->in[1 - side]);
+                const cnode *f = &c->nodes[xh];
+                if (view_root(c, mul->in[side]) != dyr ||
+                    f->op != (rms ? JDT_OP_RMS_NORMALIZE : JDT_OP_NORMALIZE) ||
+                    f->kind != CK_BUILTIN || view_root(c, f->in[0]) != xr ||
+                    f->attrs.f[0] != nb.attrs.f[0] || f->dtype != JDT_DTYPE_F32 ||
+                    !jdt_shape_eq(&c->nodes[mul->in[side]].shape, &mul->shape) ||
+                    !jdt_shape_eq(&c->nodes[mul->in[1 - side]].shape, &mul->shape))
+                    continue;
+                if (column_sums_of(c, r, red->in[0], C, numel)) dw = r;
+                break;
+            }
+        }
+        if (dw < 0) continue;
+        const int prod = c->nodes[dw].in[0];
+        for (int r = 0; r < n0 && db < 0 && !rms; r++)
+            if (column_sums_of(c, r, dyr, C, numel)) db = r;
+
+        /* the packing: S rows per index of axis 0, k indices per partial block */
+        const int64_t d0 = nb.shape.dims[0], S = numel / C / d0;
+        int64_t k = (NORM_PARTIALS + S - 1) / S;
+        if (k > d0) k = d0;
+        cnode packed = nb;
+        packed.shape.dims[0] = d0 + 2 * k;
+        packed.attrs.i[0] = k * S;
+        const int pi = append_node(c, &packed);
+        if (pi < 0) goto nomem;
+        cnode sl = {.op = JDT_OP_SLICE,
+                    .dtype = JDT_DTYPE_F32,
+                    .shape = nb.shape,
+                    .n_in = 1,
+                    .in = {pi},
+                    .kind = CK_MAP};
+        int sums[2] = {dw, db};
+        for (int q = 0; q < 2; q++) {
+            if (sums[q] < 0) continue;
+            cnode part = sl;
+            part.shape.dims[0] = k;
+            part.attrs.i[1] = d0 + q * k;
+            part.attrs.i[2] = d0 + (q + 1) * k;
+            const int si = append_node(c, &part);
+            if (si < 0) goto nomem;
+            cnode red = {.op = JDT_OP_REDUCE_SUM,
+                         .dtype = JDT_DTYPE_F32,
+                         .n_in = 1,
+                         .in = {si},
+                         .kind = CK_REDUCE};
+            red.attrs.i[0] = (((int64_t)1 << nd) - 1) - ((int64_t)1 << (nd - 1));
+            red.shape.ndim = 1;
+            red.shape.dims[0] = C;
+            const int ri = append_node(c, &red);
+            if (ri < 0) goto nomem;
+            to_view(&c->nodes[sums[q]], ri); /* the old sum: a view of the new one */
+        }
+        sl.attrs.i[2] = d0; /* dx: the slice [0, d0) */
+        c->nodes[i] = sl;
+        unread(c, users, prod); /* dy * xhat: xhat's reader no more (fold_norm_affines) */
+        folded++;
+    }
+    jdt_free(users);
+    c->stats.n_norm_partials_folded += folded;
+    return folded ? order_inputs_first(c, e) : JDT_OK;
+nomem:
+    jdt_free(users);
+    return jdt_err_set(e, JDT_ERR_NOMEM, "compile: norm gradient partials");
+}
+
+/* The node that BROADCAST node b spreads along the rows of a (..., C) tensor when it holds C
+ * f32 values and is valid at node `at` (computed before it, or a leaf), else -1. */
+static int row_vector(const cprog *c, int b, int64_t C, int at)
+{
+    const cnode *bc = &c->nodes[b];
+    if (bc->op != JDT_OP_BROADCAST) return -1;
+    const int wi = bc->in[0];
+    const cnode *w = &c->nodes[wi];
+    if ((wi > at && w->kind != CK_LEAF) || w->kind == CK_SPLAT || w->dtype != JDT_DTYPE_F32 ||
+        w->shape.ndim < 1 || w->shape.dims[w->shape.ndim - 1] != C ||
+        jdt_shape_numel(&w->shape) != C)
+        return -1;
+    return wi;
+}
+
+/* The one node reading node i (users[i] == 1) among those after it, or -1. */
+static int sole_reader(const cprog *c, const int *users, int i)
+{
+    if (users[i] != 1) return -1;
+    for (int j = i + 1; j < c->n_nodes; j++)
+        for (int k = 0; k < c->nodes[j].n_in; k++)
+            if (c->nodes[j].in[k] == i) return j;
+    return -1;
+}
+
+/* The norms apply their affine (c->norm_bwd_partials: CUDA, whose norm backwards no longer read
+ * xhat, fold_norm_partials): y = NORMALIZE(x) * w (+ b), xhat read by nothing else and w, b
+ * one value per column broadcast along the rows (models.c norm), becomes NORMALIZE(x, w[, b])
+ * (RMS_NORMALIZE likewise) and the affine's result a view of it. The norm's kernel computes the
+ * same f32 xhat and applies the affine as it stores, so xhat's buffer (f32, a full write and
+ * read) and the affine's kernel go; y is stored as bf16 when only bf16 GEMMs read it, as the
+ * affine's kernel stored it (fuse.c mark_bf16_storage). Skipped with no_fuse. */
+static jdt_status fold_norm_affines(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: norm affines");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *f = &c->nodes[i];
+        if ((f->op != JDT_OP_NORMALIZE && f->op != JDT_OP_RMS_NORMALIZE) || f->kind != CK_BUILTIN ||
+            f->n_in != 1 || f->dtype != JDT_DTYPE_F32 || f->shape.ndim < 1)
+            continue;
+        const int64_t C = f->shape.dims[f->shape.ndim - 1];
+        const int mi = sole_reader(c, users, i);
+        if (mi < 0) continue;
+        const cnode *m = &c->nodes[mi];
+        if (m->op != JDT_OP_MUL || m->kind != CK_EW || m->n_in != 2 || m->dtype != JDT_DTYPE_F32 ||
+            !jdt_shape_eq(&m->shape, &f->shape))
+            continue;
+        const int w = row_vector(c, m->in[m->in[0] == i ? 1 : 0], C, i);
+        if (w < 0 || (m->in[0] == i) == (m->in[1] == i)) continue;
+        /* the shift, when the product's one reader adds a row vector to it */
+        int top = mi, b = -1;
+        const int ai = sole_reader(c, users, mi);
+        if (ai >= 0) {
+            const cnode *a = &c->nodes[ai];
+            if (a->op == JDT_OP_ADD && a->kind == CK_EW && a->n_in == 2 &&
+                a->dtype == JDT_DTYPE_F32 && jdt_shape_eq(&a->shape, &f->shape) &&
+                (a->in[0] == mi) != (a->in[1] == mi) &&
+                (b = row_vector(c, a->in[a->in[0] == mi ? 1 : 0], C, i)) >= 0)
+                top = ai;
+        }
+        f->in[1] = w;
+        f->n_in = 2;
+        if (b >= 0) f->in[f->n_in++] = b;
+        users[w]++;
+        if (b >= 0) users[b]++;
+        if (top != mi) unread(c, users, mi);
+        to_view(&c->nodes[top], i);
+        c->stats.n_norm_affines_folded++;
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* A builtin that can add a tensor of its result's shape to that result: `takes` says whether
  * builtin f (reached through views when `viewed`) may take x so, `flag` is the attrs slot that
  * marks it (the last input is then the addend) or -1 when its input count says so. */
@@ -777,8 +1056,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     c->n_updates = jdt_graph_n_updates(g);
     c->outputs = jdt_calloc((size_t)c->n_outputs + 1, sizeof(int));
     c->updates = jdt_calloc((size_t)c->n_updates + 1, sizeof(cupdate));
-    remap = jdt_malloc(sizeof(int) * ((size_t)c->n_nodes + 1));
-    if (!c->outputs || !c->updates || !remap) {
+    if (!c->outputs || !c->updates) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: outputs");
         goto out;
     }
@@ -794,6 +1072,10 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_scale && (st = fold_norm_scales(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->norm_bwd_partials > 0 && (st = fold_norm_partials(c, e)) != JDT_OK)
+        goto out;
+    if (!c->opts.no_fuse && c->norm_bwd_partials > 0 && (st = fold_norm_affines(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && c->gemm_accumulate &&
         (st = fold_addends(c, (addend_rule){gemm_takes, 3}, &c->stats.n_gemm_acc_folded, e)) !=
             JDT_OK)
@@ -803,7 +1085,13 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         (st = fold_addends(c, (addend_rule){scatter_takes, -1}, NULL, e)) != JDT_OK)
         goto out;
 
-    /* DCE: live = reachable from outputs, update values and targets */
+    /* DCE: live = reachable from outputs, update values and targets (the folds may have
+     * added nodes: remap is sized after them) */
+    remap = jdt_malloc(sizeof(int) * ((size_t)c->n_nodes + 1));
+    if (!remap) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: dead code elimination");
+        goto out;
+    }
     for (int i = 0; i < c->n_outputs; i++)
         c->nodes[c->outputs[i]].live = true;
     for (int i = 0; i < c->n_updates; i++) {

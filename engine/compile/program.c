@@ -250,6 +250,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->bf16_builtins = p->dev->vt->bf16_builtins;
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
+    c->norm_bwd_partials = p->dev->vt->norm_bwd_partials;
     const char *merge_env = getenv("JDT_MERGE_LAUNCHES"); /* "0": measuring what merging gives */
     c->merge_launches = p->dev->vt->merge_launches && !c->opts.no_merge_launches &&
                         !(merge_env && strcmp(merge_env, "0") == 0);

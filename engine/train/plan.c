@@ -434,6 +434,11 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_norm_scales_folded > 0)
             fprintf(f, "; %d norm backwards scale their input themselves",
                     sm->n_norm_scales_folded);
+        if (sm->n_norm_affines_folded > 0)
+            fprintf(f, "; %d norms apply their affine", sm->n_norm_affines_folded);
+        if (sm->n_norm_partials_folded > 0)
+            fprintf(f, "; %d norm backwards sum their affine's gradients",
+                    sm->n_norm_partials_folded);
         if (sm->n_gemm_acc_folded > 0)
             fprintf(f, "; %d adds done by the GEMMs computing an operand", sm->n_gemm_acc_folded);
         fprintf(f, "\n");

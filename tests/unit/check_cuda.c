@@ -685,6 +685,13 @@ START_TEST(test_nvrtc_train_steps)
     /* every norm backward forms dy * w itself (ln1, ln2 per layer and the final norm) */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_scales_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
+    /* and sums its affine's weight (and bias) gradients over blocks of rows: no reduction
+     * reads xhat or a full dy for them (passes.c fold_norm_partials) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_norm_partials_folded,
+                     c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
+    /* so xhat has no reader but the forward's affine, which the norm then applies itself */
+    ck_assert_int_eq(jdt_step_stats(s)->n_norm_affines_folded,
+                     c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
     /* bf16 activations: every linear and the head store bf16 outputs from the GEMM (6 per
      * layer: q, k, v, o, fc, proj), the attention forward and backward read q, k, v and the
      * cross-entropy forward and backward the logits as bf16, and the GEMM computing the GELU

@@ -1107,16 +1107,34 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         return JDT_OK;
     }
     case JDT_OP_NORMALIZE:
-        jdt_cuk_normalize(k, in[0], o, N, C, eps);
+        if (n->n_in > 1) /* with its affine (passes.c fold_norm_affines) */
+            jdt_cuk_normalize_affine(k, false, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, n->bf16,
+                                     N, C, eps);
+        else
+            jdt_cuk_normalize(k, in[0], o, N, C, eps);
         return JDT_OK;
     case JDT_OP_NORMALIZE_BWD:
-        jdt_cuk_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
+        if (n->attrs.i[0] > 0) /* dx, then P rows of dw's and db's partials (passes.c) */
+            jdt_cuk_normalize_bwd_part(k, in[0], in[1], in[2], o, (float *)o + N * C,
+                                       (float *)o + (N + n->attrs.i[0]) * C, N, C, n->attrs.i[0],
+                                       eps);
+        else
+            jdt_cuk_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
     case JDT_OP_RMS_NORMALIZE:
-        jdt_cuk_rms_normalize(k, in[0], o, N, C, eps);
+        if (n->n_in > 1)
+            jdt_cuk_normalize_affine(k, true, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, n->bf16,
+                                     N, C, eps);
+        else
+            jdt_cuk_rms_normalize(k, in[0], o, N, C, eps);
         return JDT_OK;
     case JDT_OP_RMS_NORMALIZE_BWD:
-        jdt_cuk_rms_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
+        if (n->attrs.i[0] > 0)
+            jdt_cuk_rms_normalize_bwd_part(k, in[0], in[1], in[2], o, (float *)o + N * C,
+                                           (float *)o + (N + n->attrs.i[0]) * C, N, C,
+                                           n->attrs.i[0], eps);
+        else
+            jdt_cuk_rms_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
     case JDT_OP_ROPE:
         jdt_cuk_rope(k, in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
@@ -1300,6 +1318,7 @@ static const jdt_backend_vt cuda_vt = {
     .bf16_builtins = true,
     .norm_bwd_scale = true,
     .gemm_accumulate = true,
+    .norm_bwd_partials = JDT_CUK_NORM_PART_MAX_C,
     .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,

@@ -18,6 +18,7 @@
  * math: NaN/Inf propagate); jdt_expf/jdt_tanhf are CUDA's expf/tanhf here.
  */
 #include "backend/cuda/cuda-emit.h"
+#include "backend/cuda/cuk.h"
 #include "backend/backend-impl.h"
 
 #include <stdio.h>
@@ -909,6 +910,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .bf16_builtins = true,
     .norm_bwd_scale = true,
     .gemm_accumulate = true,
+    .norm_bwd_partials = JDT_CUK_NORM_PART_MAX_C,
     .merge_launches = true,
     .prepare = eo_prepare,
     .source = eo_source,
