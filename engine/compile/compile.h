@@ -120,6 +120,8 @@ typedef struct {
     int64_t prefetch_peak_bytes; /* most gathered bytes of them in flight (opts.prefetch_bytes) */
     int64_t gather_bytes;  /* bytes all-gathered per run (the gathered tensors; bf16: 2 each) */
     int n_bf16_stored;     /* values stored as bf16 (read only by bf16-compute GEMMs) */
+    int n_reduce_siblings; /* bf16 copies stored by the reduction reading the same value
+                              (fuse.c fuse_reduce_siblings) */
     int n_reduce_merged;   /* elementwise groups merged into the reduction reading them
                               (fuse.c fuse_reduce_producers; devices with reduce_stores) */
     int n_bf16_converted;  /* operands of bf16-compute GEMMs stored in f32: converted by the GEMM
@@ -129,6 +131,7 @@ typedef struct {
     int n_norm_scales_folded; /* norm backwards that form dy * w themselves (passes.c
                                  fold_norm_scales) */
     int n_norm_affines_folded;  /* norms that apply their affine (passes.c fold_norm_affines) */
+    int n_norm_acc_folded;      /* of those, the ones adding the residual's cotangent to dx */
     int n_norm_partials_folded; /* norm backwards that also sum their affine's gradients
                                    (passes.c fold_norm_partials) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands

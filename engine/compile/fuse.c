@@ -426,6 +426,56 @@ static bool fuse_reduce_producers(cprog *c, user_lists *u)
     return !merged || drop_empty_groups(c);
 }
 
+/* A lone elementwise group of one input x (a bf16 copy that GEMMs read) over the domain of a
+ * reduction of one node whose root reads the same x (the bias gradient summing the value the
+ * copy rounds): the reduction's kernel stores it too (c->reduce_stores), so x is read once
+ * instead of twice. Every reader of the copy must come after the reduction (where its kernel
+ * runs). passes.c fold_norm_partials leaves such pairs: the residual's cotangent is then a view
+ * of a norm backward's output, not a kernel the two could have joined. */
+static bool fuse_reduce_siblings(cprog *c, user_lists *u)
+{
+    if (!c->reduce_stores || c->opts.no_fuse) return true;
+    int merged = 0;
+    for (int gg = 0; gg < c->n_groups; gg++) {
+        const cgroup *G = &c->groups[gg];
+        if (G->is_reduce || G->root < 0 || G->n_members != 1) continue;
+        const int s = G->root, x = c->nodes[s].in[0];
+        if (c->nodes[s].kind != CK_EW || c->nodes[s].n_in != 1) continue;
+        for (int k = u->start[x]; k < u->start[x + 1]; k++) {
+            int v = u->users[k], view = -1;
+            uint32_t vmask = 0;
+            if (c->nodes[v].kind == CK_VIEW && u->start[v + 1] - u->start[v] == 1) {
+                view = v; /* the reduction reads a reshape of x (rows regrouped) */
+                v = u->users[u->start[v]];
+            }
+            const int gr = c->nodes[v].group;
+            if (gr < 0 || gr == gg) continue;
+            cgroup *R = &c->groups[gr];
+            bool out = false;
+            if (!R->is_reduce || R->root != v || R->n_members != 1 ||
+                (view >= 0 && (vmask = reshape_reduce_mask(c, u, R, view)) == 0) ||
+                !jdt_shape_eq(view >= 0 ? &c->nodes[x].shape : &R->domain, &c->nodes[s].shape) ||
+                R->n_stores + 1 > JDT_GROUP_MAX_STORES || R->n_in_bound + 1 > JDT_GROUP_MAX_READS ||
+                !read_later(c, u, s, gr, gg, R->root, &out))
+                continue;
+            if (view >= 0) { /* R reduces x's leading dims directly; the view goes unread */
+                c->nodes[view].absorbed = true;
+                c->nodes[R->root].in[0] = x;
+                c->nodes[R->root].attrs.i[0] = vmask;
+                R->domain = c->nodes[x].shape;
+            }
+            c->groups[gg].n_members = 0; /* dropped below */
+            c->groups[gg].root = -1;
+            u->kept[s] = 1; /* stored from the reduction's kernel: GEMMs read it */
+            if (!group_add(c, u, gr, s)) return false;
+            merged++;
+            break;
+        }
+    }
+    c->stats.n_reduce_siblings = merged;
+    return !merged || drop_empty_groups(c);
+}
+
 static void sort_members(cgroup *g)
 {
     for (int a = 1; a < g->n_members; a++) /* insertion sort: groups are small */
@@ -892,7 +942,8 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
             goto out;
         }
     }
-    if (!c->opts.no_fuse && (!fuse_bf16_copies(c, &u) || !fuse_reduce_producers(c, &u))) {
+    if (!c->opts.no_fuse && (!fuse_bf16_copies(c, &u) || !fuse_reduce_producers(c, &u) ||
+                             !fuse_reduce_siblings(c, &u))) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: fusion groups");
         goto out;
     }

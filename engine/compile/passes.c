@@ -719,6 +719,16 @@ static void unread(cprog *c, int *users, int l)
     c->nodes[l].splat = 0.0;
 }
 
+/* The one node reading node i (users[i] == 1) among those after it, or -1. */
+static int sole_reader(const cprog *c, const int *users, int i)
+{
+    if (users[i] != 1) return -1;
+    for (int j = i + 1; j < c->n_nodes; j++)
+        for (int k = 0; k < c->nodes[j].n_in; k++)
+            if (c->nodes[j].in[k] == i) return j;
+    return -1;
+}
+
 /* Partial rows per norm backward (passes.c fold_norm_partials): enough blocks to fill a GPU,
  * few enough that their sums are a small read. */
 #define NORM_PARTIALS 1024
@@ -730,11 +740,15 @@ static void unread(cprog *c, int *users, int l)
  * and dy row by row; it now also sums, per block of rows, dy * xhat and dy per column, and
  * writes those P partial rows after dx in one packed output (attrs i[0] = P): (d0 + 2k, ..., C)
  * for dx's (d0, ..., C), k slots of axis 0 (S rows each, P = k S) for dw's partials, k for
- * db's. dx becomes the slice [0, d0) of it (composed into its readers like attention's packed
- * gradients), dw and db reductions over the slices [d0, d0 + k) and [d0 + k, d0 + 2k): P rows
+ * db's. dx becomes a view of its first d0 slots (a prefix: contiguous, so fused kernels and
+ * builtins read it in place), dw and db reductions over the slices [d0, d0 + k) and [d0 + k,
+ * d0 + 2k): P rows
  * instead of all, and nothing reads xhat in the backward any more. Same for RMS_NORMALIZE_BWD
- * (dw only; xhat = x * rstd). The sums change order (per block, then over the blocks); each
- * term is the same f32 product. Skipped with no_fuse. */
+ * (dw only; xhat = x * rstd). When dx's one reader adds it to a tensor computed before (the
+ * residual stream's cotangent), the builtin takes that as a fourth input and the add's result
+ * is the slice instead: the add's kernel (two full reads and a write) goes for one read. The
+ * sums change order (per block, then over the blocks); each term is the same f32 product, and
+ * the add the same f32 add. Skipped with no_fuse. */
 static jdt_status fold_norm_partials(cprog *c, jdt_err *e)
 {
     int *users = count_users(c);
@@ -780,6 +794,20 @@ static jdt_status fold_norm_partials(cprog *c, jdt_err *e)
         for (int r = 0; r < n0 && db < 0 && !rms; r++)
             if (column_sums_of(c, r, dyr, C, numel)) db = r;
 
+        /* dx read only by an add of a tensor of its shape computed before (the residual
+         * stream's cotangent): the kernel adds it as it writes dx, and the add's kernel goes */
+        int acc = -1;
+        const int ai = sole_reader(c, users, i);
+        if (ai >= 0) {
+            const cnode *a = &c->nodes[ai];
+            const int r = a->n_in == 2 ? a->in[a->in[0] == i ? 1 : 0] : -1;
+            if (a->op == JDT_OP_ADD && a->kind == CK_EW && a->n_in == 2 &&
+                a->dtype == JDT_DTYPE_F32 && jdt_shape_eq(&a->shape, &nb.shape) &&
+                (a->in[0] == i) != (a->in[1] == i) && c->nodes[r].dtype == JDT_DTYPE_F32 &&
+                jdt_shape_eq(&c->nodes[r].shape, &nb.shape) && c->nodes[r].kind != CK_SPLAT &&
+                c->nodes[r].kind != CK_MAP && (r < i || c->nodes[r].kind == CK_LEAF))
+                acc = r;
+        }
         /* the packing: S rows per index of axis 0, k indices per partial block */
         const int64_t d0 = nb.shape.dims[0], S = numel / C / d0;
         int64_t k = (NORM_PARTIALS + S - 1) / S;
@@ -787,6 +815,7 @@ static jdt_status fold_norm_partials(cprog *c, jdt_err *e)
         cnode packed = nb;
         packed.shape.dims[0] = d0 + 2 * k;
         packed.attrs.i[0] = k * S;
+        if (acc >= 0) packed.in[packed.n_in++] = acc;
         const int pi = append_node(c, &packed);
         if (pi < 0) goto nomem;
         cnode sl = {.op = JDT_OP_SLICE,
@@ -816,8 +845,20 @@ static jdt_status fold_norm_partials(cprog *c, jdt_err *e)
             if (ri < 0) goto nomem;
             to_view(&c->nodes[sums[q]], ri); /* the old sum: a view of the new one */
         }
-        sl.attrs.i[2] = d0; /* dx: the slice [0, d0) */
-        c->nodes[i] = sl;
+        /* dx (plus acc): the packed output's first elements, a view (the one kind whose input
+         * holds more elements than it), so builtins read it in place too */
+        cnode dxv = nb;
+        to_view(&dxv, pi);
+        if (acc >= 0) { /* the add's value is the view's; nothing reads the old node */
+            c->nodes[ai] = dxv;
+            c->nodes[i].op = JDT_OP_CONSTANT;
+            c->nodes[i].kind = CK_SPLAT;
+            c->nodes[i].n_in = 0;
+            c->nodes[i].splat = 0.0;
+            c->stats.n_norm_acc_folded++;
+        } else {
+            c->nodes[i] = dxv;
+        }
         unread(c, users, prod); /* dy * xhat: xhat's reader no more (fold_norm_affines) */
         folded++;
     }
@@ -842,16 +883,6 @@ static int row_vector(const cprog *c, int b, int64_t C, int at)
         jdt_shape_numel(&w->shape) != C)
         return -1;
     return wi;
-}
-
-/* The one node reading node i (users[i] == 1) among those after it, or -1. */
-static int sole_reader(const cprog *c, const int *users, int i)
-{
-    if (users[i] != 1) return -1;
-    for (int j = i + 1; j < c->n_nodes; j++)
-        for (int k = 0; k < c->nodes[j].n_in; k++)
-            if (c->nodes[j].in[k] == i) return j;
-    return -1;
 }
 
 /* The norms apply their affine (c->norm_bwd_partials: CUDA, whose norm backwards no longer read

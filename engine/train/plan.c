@@ -431,14 +431,17 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_reduce_merged > 0)
             fprintf(f, "; %d elementwise producers computed inside the reductions reading them",
                     sm->n_reduce_merged);
+        if (sm->n_reduce_siblings > 0)
+            fprintf(f, "; %d copies stored by the reductions reading the same value",
+                    sm->n_reduce_siblings);
         if (sm->n_norm_scales_folded > 0)
             fprintf(f, "; %d norm backwards scale their input themselves",
                     sm->n_norm_scales_folded);
         if (sm->n_norm_affines_folded > 0)
             fprintf(f, "; %d norms apply their affine", sm->n_norm_affines_folded);
         if (sm->n_norm_partials_folded > 0)
-            fprintf(f, "; %d norm backwards sum their affine's gradients",
-                    sm->n_norm_partials_folded);
+            fprintf(f, "; %d norm backwards sum their affine's gradients (%d add the residual's)",
+                    sm->n_norm_partials_folded, sm->n_norm_acc_folded);
         if (sm->n_gemm_acc_folded > 0)
             fprintf(f, "; %d adds done by the GEMMs computing an operand", sm->n_gemm_acc_folded);
         fprintf(f, "\n");

@@ -689,6 +689,13 @@ START_TEST(test_nvrtc_train_steps)
      * reads xhat or a full dy for them (passes.c fold_norm_partials) */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_partials_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
+    /* the residual's cotangent: every norm but the last adds it to its dx (2 per layer) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_norm_acc_folded,
+                     c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer);
+    /* with biases and bf16 compute, the bias gradient's reduction over that sum also stores
+     * its bf16 copy for the projection's GEMMs (fuse.c fuse_reduce_siblings) */
+    if (c.model.type == JDT_MODEL_GPT && c.model.bias && c.precision.compute == JDT_DTYPE_BF16)
+        ck_assert_int_eq(jdt_step_stats(s)->n_reduce_siblings, 2 * c.model.n_layer);
     /* so xhat has no reader but the forward's affine, which the norm then applies itself */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_affines_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);

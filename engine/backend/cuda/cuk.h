@@ -169,17 +169,18 @@ void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, cons
  * to nearest even) when y_bf16 (passes.c fold_norm_affines). */
 void jdt_cuk_normalize_affine(jdt_cuk *k, bool rms, const float *x, const float *w, const float *b,
                               void *y, bool y_bf16, int64_t N, int64_t C, float eps);
-/* The norm backwards with w (not NULL) that also sum the affine's gradients: dx as above, and
- * pw, pb (P, C): row p the column sums of dy * xhat and of dy over the rows [p R, min(N, (p + 1)
- * R)), R = ceil(N / P) (zeros for an empty range), xhat the normalised x (rms: x * rstd). Their
- * column sums over the P rows are the gradients of the norm's scale and shift (passes.c
+/* The norm backwards with w (not NULL) that also sum the affine's gradients: dx as above, plus
+ * acc (N, C) when not NULL (passes.c folds the residual add that reads dx), and pw, pb (P, C):
+ * row p the column sums of dy * xhat and of dy over the rows [p R, min(N, (p + 1) R)), R =
+ * ceil(N / P) (zeros for an empty range), xhat the normalised x (rms: x * rstd). Their column
+ * sums over the P rows are the gradients of the norm's scale and shift (passes.c
  * fold_norm_partials). Needs 1 <= P and C <= JDT_CUK_NORM_PART_MAX_C. */
 void jdt_cuk_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
-                                float *dx, float *pw, float *pb, int64_t N, int64_t C, int64_t P,
-                                float eps);
+                                const float *acc, float *dx, float *pw, float *pb, int64_t N,
+                                int64_t C, int64_t P, float eps);
 void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
-                                    float *dx, float *pw, float *pb, int64_t N, int64_t C,
-                                    int64_t P, float eps);
+                                    const float *acc, float *dx, float *pw, float *pb, int64_t N,
+                                    int64_t C, int64_t P, float eps);
 /* The widest row the _part kernels take: 8 columns per thread (their sums live in registers,
  * cuk_rows.cu CUK_PART_MAX) of at most 1024 threads. */
 #define JDT_CUK_NORM_PART_MAX_C 8192

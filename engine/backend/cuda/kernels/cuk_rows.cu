@@ -396,7 +396,9 @@ extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dy
 }
 
 /* The norm backwards that also sum their affine's gradients (passes.c fold_norm_partials): dx
- * as cuk_normalize_bwd / cuk_rms_normalize_bwd with the scale w, and per column c the sums of
+ * as cuk_normalize_bwd / cuk_rms_normalize_bwd with the scale w, plus acc when not NULL (the
+ * residual stream's cotangent the norm's input adds to: a tensor of dx's shape, read as the row
+ * is), and per column c the sums of
  * dy * xhat (into pw[p C + c]) and of dy (pb[p C + c]) over the rows [p R, min(N, (p + 1) R))
  * of partial p, R = ceil(N / P): block p of the P takes those rows (a partial without rows is
  * zeros). A small reduction over the P partial rows then gives w's and b's gradients, so
@@ -407,14 +409,14 @@ extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dy
 #define CUK_PART_MAX 8
 template <bool RMS>
 __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, const float *w,
-                                              float *dx, float *pw, float *pb, i64 N, i64 C,
-                                              float eps, i64 P)
+                                              const float *acc, float *dx, float *pw,
+                                              float *pb, i64 N, i64 C, float eps, i64 P)
 {
     __shared__ float sh[32];
     const i64 R = (N + P - 1) / P, bd = blockDim.x;
     for (i64 p = blockIdx.x; p < P; p += gridDim.x) {
         float aw[CUK_PART_MAX], ab[CUK_PART_MAX], xa[CUK_PART_MAX], ga[CUK_PART_MAX],
-            xb[CUK_PART_MAX], gb[CUK_PART_MAX];
+            xb[CUK_PART_MAX], gb[CUK_PART_MAX], ac[CUK_PART_MAX];
         const i64 r0 = p * R, r1 = (p + 1) * R < N ? (p + 1) * R : N;
 #pragma unroll
         for (int i = 0; i < CUK_PART_MAX; i++) {
@@ -431,6 +433,7 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
                 const i64 c = threadIdx.x + i * bd;
                 const bool in = c < C && n + 1 < r1;
                 xa[i] = xb[i], ga[i] = gb[i];
+                ac[i] = acc && c < C ? acc[n * C + c] : 0.0f; /* in flight during the sums */
                 xb[i] = in ? x[(n + 1) * C + c] : 0.0f; /* the next row, in flight meanwhile */
                 gb[i] = in ? dy[(n + 1) * C + c] : 0.0f;
                 s += RMS ? xa[i] * xa[i] : xa[i];
@@ -460,7 +463,8 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
                 const i64 c = threadIdx.x + i * bd;
                 if (c >= C) continue;
                 const float xh = (xa[i] - mu) * r, gs = cuk_scaled(w, c, ga[i]);
-                dx[n * C + c] = r * (gs - (RMS ? 0.0f : sg) - xh * sgx);
+                const float d = r * (gs - (RMS ? 0.0f : sg) - xh * sgx);
+                dx[n * C + c] = acc ? d + ac[i] : d;
                 aw[i] += ga[i] * xh;
                 ab[i] += ga[i];
             }
@@ -476,15 +480,16 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
 }
 
 extern "C" __global__ void cuk_normalize_bwd_part(const float *x, const float *dy, const float *w,
-                                                  float *dx, float *pw, float *pb, i64 N, i64 C,
-                                                  float eps, i64 P)
+                                                  const float *acc, float *dx, float *pw,
+                                                  float *pb, i64 N, i64 C, float eps, i64 P)
 {
-    norm_bwd_part<false>(x, dy, w, dx, pw, pb, N, C, eps, P);
+    norm_bwd_part<false>(x, dy, w, acc, dx, pw, pb, N, C, eps, P);
 }
 
 extern "C" __global__ void cuk_rms_normalize_bwd_part(const float *x, const float *dy,
-                                                      const float *w, float *dx, float *pw,
-                                                      float *pb, i64 N, i64 C, float eps, i64 P)
+                                                      const float *w, const float *acc, float *dx,
+                                                      float *pw, float *pb, i64 N, i64 C,
+                                                      float eps, i64 P)
 {
-    norm_bwd_part<true>(x, dy, w, dx, pw, pb, N, C, eps, P);
+    norm_bwd_part<true>(x, dy, w, acc, dx, pw, pb, N, C, eps, P);
 }
