@@ -407,12 +407,27 @@ extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dy
  * fits): a row's x and dy are read once into registers, the next row's while this one's block
  * sums run, and the column sums stay in registers across the rows. */
 #define CUK_PART_MAX 8
+
+/* Sums of a and b over the block, to every thread, in one exchange (two barriers, not four).
+ * sh: 64 floats. Every thread must call it. */
+__device__ __forceinline__ float2 cuk_block_sum2(float a, float b, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    a = cuk_warp_sum(a);
+    b = cuk_warp_sum(b);
+    __syncthreads(); /* sh may still be read by a previous reduction */
+    if (lane == 0) sh[w] = a, sh[32 + w] = b;
+    __syncthreads();
+    a = lane < nw ? sh[lane] : 0.0f;
+    b = lane < nw ? sh[32 + lane] : 0.0f;
+    return make_float2(cuk_warp_sum(a), cuk_warp_sum(b));
+}
 template <bool RMS>
 __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, const float *w,
                                               const float *acc, float *dx, float *pw,
                                               float *pb, i64 N, i64 C, float eps, i64 P)
 {
-    __shared__ float sh[32];
+    __shared__ float sh[64];
     const i64 R = (N + P - 1) / P, bd = blockDim.x;
     for (i64 p = blockIdx.x; p < P; p += gridDim.x) {
         float aw[CUK_PART_MAX], ab[CUK_PART_MAX], xa[CUK_PART_MAX], ga[CUK_PART_MAX],
@@ -456,8 +471,9 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
                 sg += gs;
                 sgx += gs * (xa[i] - mu) * r;
             }
-            if (!RMS) sg = cuk_block_sum(sg, sh) / (float)C;
-            sgx = cuk_block_sum(sgx, sh) / (float)C;
+            const float2 t = cuk_block_sum2(sg, sgx, sh);
+            sg = t.x / (float)C;
+            sgx = t.y / (float)C;
 #pragma unroll
             for (int i = 0; i < CUK_PART_MAX; i++) {
                 const i64 c = threadIdx.x + i * bd;
