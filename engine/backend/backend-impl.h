@@ -35,6 +35,10 @@ typedef struct {
      * read dy, computing the normalised value's cotangent dy * w themselves (passes.c
      * fold_norm_scales: the product's kernel and its buffer go). */
     bool norm_bwd_scale;
+    /* Its bf16-output GEMMs can apply GELU as an epilogue, writing GELU(y) and y (MATMUL attrs
+     * i[4]: the output packs both), so passes.c fold_gelu_epilogues drops the MLP's GELU
+     * kernel. */
+    bool gemm_gelu;
     /* The widest row (C) for which its norm backward builtins with the scale also sum the
      * affine's gradients per block of rows (attrs i[0] = P: the output packs dx and P partial
      * rows of dw's and db's sums), so passes.c fold_norm_partials replaces the two gradient

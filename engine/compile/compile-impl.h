@@ -162,6 +162,7 @@ typedef struct cprog_ {
                             reads bf16 logits (passes.c fold_bf16_casts) */
     bool norm_bwd_scale; /* the device's vtable flag: the norm backwards take the scale
                             (passes.c fold_norm_scales) */
+    bool gemm_gelu;      /* the device's vtable flag: bf16 GEMMs apply GELU (fold_gelu_epilogues) */
     int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product
@@ -311,6 +312,13 @@ static inline int cnode_mm_bias(const cnode *n)
 static inline int cnode_mm_acc(const cnode *n)
 {
     return n->attrs.i[3] ? n->in[n->n_in - 1] : -1;
+}
+/* Rows of a MATMUL's product: its shape's, or half of them when the GEMM's GELU epilogue packs
+ * GELU(y) and then y into its output (attrs i[4], passes.c fold_gelu_epilogues). */
+static inline int64_t cnode_mm_rows(const cnode *n)
+{
+    const int64_t r = n->shape.dims[n->shape.ndim - 2];
+    return n->attrs.i[4] ? r / 2 : r;
 }
 
 /* Reduce attrs helper: true when axis k of an n-d input is reduced. */

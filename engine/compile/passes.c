@@ -934,6 +934,67 @@ static jdt_status fold_norm_affines(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* The GELU of a linear layer by its GEMM (c->gemm_gelu: CUDA, cuBLASLt's GELU_AUX_BIAS
+ * epilogue). Under precision.activations: bf16 the MLP is u = bf16(x @ W + b), g = GELU(u) (a
+ * bf16 node, models.c): after fold_bf16_casts a bf16 MATMUL m read only through the CAST's view
+ * v, which GELU and, in the backward, GELU_GRAD read. m gets attrs i[4] and twice the rows: its
+ * output packs g and then u, both bf16 (the epilogue writes GELU's input to the aux matrix); g
+ * becomes a view of the first half (what the projection's GEMMs read, in place) and v the
+ * slice of the second (composed into the fused kernels that read it; any other kind of reader
+ * and the fold is skipped). The GELU kernel (a read and a write of the (rows, 4C) bf16 tensor)
+ * goes. The epilogue applies GELU to the f32 sum before rounding where the graph rounds u
+ * first: g may differ from the CPU's by one bf16 step (jdt_cuk_matmul_bf16_gelu's fallback
+ * keeps the graph's order). Skipped with no_fuse. */
+static jdt_status fold_gelu_epilogues(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: GELU epilogues");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *m = &c->nodes[i];
+        if (m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN || m->dtype != JDT_DTYPE_BF16 ||
+            !m->attrs.i[2] || m->attrs.i[3] || m->attrs.i[4] || m->shape.ndim != 2)
+            continue;
+        /* the views (the bias add's, the CAST's) down to the last, each read only by the next */
+        int vi = sole_reader(c, users, i), next;
+        while (vi >= 0 && c->nodes[vi].kind == CK_VIEW && (next = sole_reader(c, users, vi)) >= 0 &&
+               c->nodes[next].kind == CK_VIEW)
+            vi = next;
+        if (vi < 0 || c->nodes[vi].kind != CK_VIEW || c->nodes[vi].dtype != JDT_DTYPE_BF16 ||
+            !jdt_shape_eq(&c->nodes[vi].shape, &m->shape))
+            continue;
+        int g = -1;
+        bool ok = true;
+        for (int j = vi + 1; j < c->n_nodes && ok; j++) {
+            const cnode *r = &c->nodes[j];
+            bool reads = false;
+            for (int k = 0; k < r->n_in; k++)
+                reads = reads || r->in[k] == vi;
+            if (!reads) continue;
+            if (r->op == JDT_OP_GELU && r->kind == CK_EW && r->dtype == JDT_DTYPE_BF16 && g < 0)
+                g = j;
+            else
+                ok = r->kind == CK_EW || r->kind == CK_REDUCE;
+        }
+        if (!ok || g < 0) continue;
+        const int64_t M = m->shape.dims[0];
+        m->shape.dims[0] = 2 * M;
+        m->attrs.i[4] = 1;
+        cnode *v = &c->nodes[vi]; /* u: the second half (the views between go unread) */
+        v->op = JDT_OP_SLICE;
+        v->kind = CK_MAP;
+        v->in[0] = i;
+        memset(&v->attrs, 0, sizeof v->attrs);
+        v->attrs.i[1] = M;
+        v->attrs.i[2] = 2 * M;
+        users[vi]--;
+        to_view(&c->nodes[g], i); /* GELU(u): the first M rows */
+        users[i]++;
+        c->stats.n_gelu_epilogues++;
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* A builtin that can add a tensor of its result's shape to that result: `takes` says whether
  * builtin f (reached through views when `viewed`) may take x so, `flag` is the attrs slot that
  * marks it (the last input is then the addend) or -1 when its input count says so. */
@@ -1102,6 +1163,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
 
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->gemm_gelu && (st = fold_gelu_epilogues(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_scale && (st = fold_norm_scales(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_partials > 0 && (st = fold_norm_partials(c, e)) != JDT_OK)
         goto out;

@@ -90,7 +90,7 @@ static double node_flops(const cprog *c, const cnode *n)
         const cnode *a = &c->nodes[n->in[0]];
         int nd = a->shape.ndim;
         double K = (double)(n->attrs.i[0] ? a->shape.dims[nd - 2] : a->shape.dims[nd - 1]);
-        return 2.0 * numel * K;
+        return 2.0 * numel * K / (n->attrs.i[4] ? 2.0 : 1.0); /* a packed GELU epilogue */
     }
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD: {
@@ -250,7 +250,11 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->bf16_builtins = p->dev->vt->bf16_builtins;
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
-    c->norm_bwd_partials = p->dev->vt->norm_bwd_partials;
+    /* "0": measuring (or ruling out) what a fold gives; the CPU sets neither flag */
+    const char *norm_env = getenv("JDT_NORM_FOLDS"), *gelu_env = getenv("JDT_GELU_EPILOGUE");
+    c->norm_bwd_partials =
+        norm_env && strcmp(norm_env, "0") == 0 ? 0 : p->dev->vt->norm_bwd_partials;
+    c->gemm_gelu = p->dev->vt->gemm_gelu && !(gelu_env && strcmp(gelu_env, "0") == 0);
     const char *merge_env = getenv("JDT_MERGE_LAUNCHES"); /* "0": measuring what merging gives */
     c->merge_launches = p->dev->vt->merge_launches && !c->opts.no_merge_launches &&
                         !(merge_env && strcmp(merge_env, "0") == 0);

@@ -49,7 +49,8 @@
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
 #   outputs stored in f32; "4m" with JDT_MERGE_LAUNCHES=0, one launch per fused kernel instead of
-#   independent neighbours sharing one),
+#   independent neighbours sharing one; "4n" with JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0, the layer
+#   norms in five kernels and the GELU a kernel after its GEMM),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
 #   before a GPU session spends its minutes: build-cuda/jdt-train-emu and the *-emu tests, two
 #   emulated GPUs, GPT-2 shrunk by GPT_EXTRA, the peers on the CPU with --tiny; no numbers from
@@ -241,11 +242,12 @@ fi
 
 # ---- 4: GPT-2 124M ---------------------------------------------------------------------------
 JDT_TOKS=""
-# run_gpt NAME [VAR=VALUE]: the step gpt_args built, with that variable set, into $OUT/NAME.log;
-# sets rc and toks (the last logged step's tok/s)
+# run_gpt NAME [VAR=VALUE ...]: the step gpt_args built, with those variables set, into
+# $OUT/NAME.log; sets rc and toks (the last logged step's tok/s)
 run_gpt() {
-  (cd "$ROOT" && env ${2:+"$2"} timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/$1.log" 2>&1); rc=$?
-  toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/$1.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
+  local name=$1; shift
+  (cd "$ROOT" && env "$@" timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/$name.log" 2>&1); rc=$?
+  toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/$name.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 }
 # gpt_failed WHAT SAVE: stage 4 failed (not a timeout); say so and keep its log as SAVE.log
 gpt_failed() {
@@ -259,12 +261,13 @@ say "stage 4 gpt2-124m: B=$B T=1024, $STEPS steps, $what"
 gpt_args "$OUT/gpt2"
 run_gpt gpt2
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -qi "cublas" "$OUT/gpt2.log"; then
-  # a failure of a merged launch (several fused kernels in one grid: new code that no GPU has
-  # run yet) must not cost the measurement either: the step again with one launch per kernel,
-  # and so for the rest of the script (its kernels are not in the bundle's cache)
+  # a failure of code no GPU has run yet (merged launches: several fused kernels in one grid;
+  # the two-kernel layer norms and the GEMM's GELU epilogue) must not cost the measurement
+  # either: the step again without them, and so for the rest of the script (its kernels are
+  # not in the bundle's cache)
   gpt_failed "" gpt2-merged-failed
-  export JDT_MERGE_LAUNCHES=0
-  say "stage 4 again with one launch per fused kernel (JDT_MERGE_LAUNCHES=0 from here on)"
+  export JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0
+  say "stage 4 again with one launch per fused kernel, five-kernel norms, GELU after the GEMM (JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 from here on)"
   run_gpt gpt2
 fi
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$GPT_ACT" = bf16 ]; then
@@ -275,13 +278,13 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$GPT_ACT" = bf16 ]; then
   say "stage 4 again with precision.activations f32"
   run_gpt gpt2
 fi
-grep -E "device:|compiled|compiling|MFU reference|precision.compute|GPU memory|device memory" "$OUT/gpt2.log" | tee -a "$SUMMARY"
+grep -E "device:|compiled|compiling|MFU reference|precision.compute|GPU memory|device memory|GELU epilogue" "$OUT/gpt2.log" | tee -a "$SUMMARY"
 tail -3 "$OUT/gpt2.log" | tee -a "$SUMMARY"
 last=$(grep -E "^.*step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2.log" | tail -1)
 JDT_TOKS=$(echo "$last" | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 JDT_MFU=$(echo "$last" | sed -nE 's/.*MFU ([0-9.]+)%.*/\1/p')
 JDT_DEV=$(echo "$last" | sed -nE 's/.*peak device ([0-9]+) MB.*/\1/p')
-say "stage 4 exit $rc, jdt-train $GPT_PREC (activations $GPT_ACT${JDT_MERGE_LAUNCHES:+, one launch per kernel}) ${JDT_TOKS:-?} tok/s, MFU ${JDT_MFU:-?}% (goal >= 45% of 989.4 TFLOP/s bf16), peak device ${JDT_DEV:-?} MB"
+say "stage 4 exit $rc, jdt-train $GPT_PREC (activations $GPT_ACT${JDT_MERGE_LAUNCHES:+, one launch per kernel, five-kernel norms, GELU after the GEMM}) ${JDT_TOKS:-?} tok/s, MFU ${JDT_MFU:-?}% (goal >= 45% of 989.4 TFLOP/s bf16), peak device ${JDT_DEV:-?} MB"
 fi
 # ---- 4f (not in the default STAGES): stage 4 again with the f32 FMA attention ---------------------
 if want 4f; then
@@ -301,6 +304,13 @@ if want 4m; then
 gpt_args "$OUT/gpt2-unmerged"
 run_gpt gpt2-unmerged JDT_MERGE_LAUNCHES=0
 say "stage 4m exit $rc, one launch per fused kernel (JDT_MERGE_LAUNCHES=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with independent neighbours merged (its kernels are not in the bundle's cache: NVRTC time counts)"
+fi
+
+# ---- 4n (not in the default STAGES): stage 4 again with session 16's norms and GELU -----------
+if want 4n; then
+gpt_args "$OUT/gpt2-norm5"
+run_gpt gpt2-norm5 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0
+say "stage 4n exit $rc, five-kernel layer norms and the GELU after its GEMM (JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with two-kernel norms and the GELU epilogue (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
 # ---- 4a (not in the default STAGES): stage 4 again with the linear layers' outputs in f32 ------

@@ -292,6 +292,9 @@ END_TEST
 
 /* bf16 compute vs the CPU's jdt_rt_matmul_bf16: the same bf16-rounded inputs, f32
  * accumulation on both sides, so only the summation order differs. a and b are not modified. */
+static void expect_bf16_near(const char *what, const uint16_t *got, const uint16_t *want,
+                             int64_t n);
+
 static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
                               bool tb, bool shared, bool with_bias)
 {
@@ -391,6 +394,43 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
                               (long long)i, (double)g, (double)w);
             }
         }
+        /* with the GELU epilogue (passes.c fold_gelu_epilogues): pre as the bf16 output above,
+         * y the GELU of the f32 sum (cuBLASLt's order); then on the fallback (the GEMM, then
+         * cuk_gelu_bf16: bitwise the GELU of the pre it wrote, within a step for tanhf) */
+        uint16_t *dy16 = dev_alloc((size_t)nc * 2), *y16 = malloc((size_t)nc * 2),
+                 *p16 = malloc((size_t)nc * 2), *w16 = malloc((size_t)nc * 2);
+        for (int which = 0; which < 5; which++) {
+            const bool a_bf = which & 1, b_bf = which & 2, fallback = which == 4;
+            k->gelu_epilogue_off = fallback;
+            s = jdt_cuk_matmul_bf16_gelu(k, a_bf ? da16 : (void *)da, b_bf ? db16 : (void *)db,
+                                         with_bias ? dbias16 : NULL, dy16, dc16, batch, M, N, K, ta,
+                                         tb, shared, a_bf, b_bf, dscr, sb, &e);
+            ck_assert_msg(s == JDT_OK, "%s", e.msg);
+            ck_assert_int_eq(cudaMemcpy(y16, dy16, (size_t)nc * 2, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(p16, dc16, (size_t)nc * 2, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            for (int64_t i = 0; i < nc; i++) {
+                const float pv = jdt_rt_bf16_float(p16[i]), yv = jdt_rt_bf16_float(y16[i]);
+                const float w = jdt_rt_bf16_round(wantr[i]), v = wantr[i];
+                const float gv =
+                    0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+                const float gp =
+                    0.5f * pv * (1.0f + tanhf(0.7978845608f * (pv + 0.044715f * pv * pv * pv)));
+                w16[i] = jdt_rt_bf16_bits(gp);
+                ck_assert_msg(fabsf(pv - w) <= 1e-4f * sqrtf((float)(K + 1)) + 8e-3f * fabsf(w),
+                              "%s, gelu pre (a %d b %d)[%lld]: got %g, want %g", what, a_bf, b_bf,
+                              (long long)i, (double)pv, (double)w);
+                ck_assert_msg(fallback || fabsf(yv - gv) <=
+                                              1.2e-4f * sqrtf((float)(K + 1)) + 8e-3f * fabsf(gv),
+                              "%s, gelu (a %d b %d)[%lld]: got %g, want %g", what, a_bf, b_bf,
+                              (long long)i, (double)yv, (double)gv);
+            }
+            if (fallback) expect_bf16_near("gelu fallback: GELU of pre", y16, w16, nc);
+        }
+        k->gelu_epilogue_off = false;
+        free(y16), free(p16), free(w16);
+        cudaFree(dy16);
         free(bias16), free(c16), free(biasr), free(wantr);
         cudaFree(dbias16), cudaFree(dc16);
     }
@@ -744,9 +784,6 @@ END_TEST
 /* ---- row kernels -------------------------------------------------------------------------- */
 
 typedef enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_NORM, ROW_RMS } row_kind;
-
-static void expect_bf16_near(const char *what, const uint16_t *got, const uint16_t *want,
-                             int64_t n);
 
 static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
 {

@@ -439,9 +439,10 @@ static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
     if (n->op == JDT_OP_MATMUL) {
         const jdt_shape *a = &c->nodes[n->in[0]].shape, *b = &c->nodes[n->in[1]].shape;
         int nd = n->shape.ndim;
-        int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
+        int64_t M = cnode_mm_rows(n), N = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
+        if (n->attrs.i[4]) batch /= 2; /* GELU(y) and y packed */
         return n->attrs.i[2] ? jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2) : 0;
     }
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
@@ -1055,12 +1056,17 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_MATMUL: {
         const jdt_shape *a = s0, *b = &c->nodes[n->in[1]].shape;
         int nd = n->shape.ndim;
-        int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
+        int64_t M = cnode_mm_rows(n), Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
         const int64_t scratch_n = sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0;
         const int bi = cnode_mm_bias(n), ai = cnode_mm_acc(n);
         void *bias = bi >= 0 ? dptr(p, bi) : NULL, *acc = ai >= 0 ? dptr(p, ai) : NULL;
+        if (n->attrs.i[4]) /* GELU(y), then y, both bf16 (passes.c fold_gelu_epilogues) */
+            return jdt_cuk_matmul_bf16_gelu(k, in[0], in[1], bias, o, (uint16_t *)o + mn, batch / 2,
+                                            M, Nn, K, n->attrs.i[0] != 0, n->attrs.i[1] != 0,
+                                            b->ndim == 2, c->nodes[n->in[0]].bf16,
+                                            c->nodes[n->in[1]].bf16, scratch, scratch_n, e);
         if (n->dtype == JDT_DTYPE_BF16) /* a bf16 output, bias bf16 too (fold_bf16_casts) */
             return jdt_cuk_matmul_bf16_out(k, in[0], in[1], bias, o, batch, M, Nn, K,
                                            n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2,
@@ -1319,6 +1325,7 @@ static const jdt_backend_vt cuda_vt = {
     .norm_bwd_scale = true,
     .gemm_accumulate = true,
     .norm_bwd_partials = JDT_CUK_NORM_PART_MAX_C,
+    .gemm_gelu = true,
     .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,

@@ -53,6 +53,7 @@ extern const int jdt_cuk_n_sources;
     X(TO_BF16, "cuk_misc.cu", "cuk_to_bf16")                                                       \
     X(BF16_ROUND, "cuk_misc.cu", "cuk_bf16_round")                                                 \
     X(BF16_WIDEN, "cuk_misc.cu", "cuk_bf16_widen")                                                 \
+    X(GELU_BF16, "cuk_misc.cu", "cuk_gelu_bf16")                                                   \
     X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                          \
     X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                        \
     X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                        \
@@ -108,7 +109,7 @@ typedef enum {
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
 typedef struct {
     bool used;
-    int64_t key[12];
+    int64_t key[13];
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -134,7 +135,10 @@ struct jdt_cuk {
     cublasLtHandle_t lt;
     void *workspace; /* JDT_CUK_WORKSPACE bytes for cuBLASLt */
     jdt_cuk_plan plans[JDT_CUK_PLANS];
-    int next_plan;   /* round-robin eviction */
+    int next_plan; /* round-robin eviction */
+    /* cuBLASLt refused the GELU epilogue once (jdt_cuk_matmul_bf16_gelu): GEMM + GELU kernel
+     * from then on, without asking again */
+    bool gelu_epilogue_off;
     jdt_err pending; /* first failure of a void launcher, reported by jdt_cuk_check */
 };
 

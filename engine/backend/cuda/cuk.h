@@ -115,6 +115,17 @@ jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, con
                                    uint16_t *c, int64_t batch, int64_t M, int64_t N, int64_t K,
                                    bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
                                    void *scratch, int64_t scratch_bytes, jdt_err *e);
+/* jdt_cuk_matmul_bf16_out with cuBLASLt's GELU epilogue (passes.c fold_gelu_epilogues): pre
+ * (M, N, bf16) = a @ b + bias, y (M, N, bf16) = GELU(a @ b + bias) (tanh form) from the f32
+ * value, one pass over the output (CUBLASLT_EPILOGUE_GELU_AUX_BIAS, pre the aux matrix). Where
+ * cuBLASLt has no such algorithm (or the batch is not 1, or N not a multiple of 8), the plain
+ * GEMM writes pre and jdt_cuk_gelu_bf16 y from it: GELU of the rounded pre, the CPU's order. */
+jdt_status jdt_cuk_matmul_bf16_gelu(jdt_cuk *k, const void *a, const void *b, const uint16_t *bias,
+                                    uint16_t *y, uint16_t *pre, int64_t batch, int64_t M, int64_t N,
+                                    int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
+                                    bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e);
+/* y (n, bf16) = GELU (tanh form) of x (n, bf16), rounded to nearest even. */
+void jdt_cuk_gelu_bf16(jdt_cuk *k, const uint16_t *x, uint16_t *y, int64_t n);
 
 /* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow
  * gives Inf (bitwise jdt_bf16_round). */

@@ -34,7 +34,8 @@ static jdt_status lt_err(jdt_err *e, cublasStatus_t st, const char *what, const 
     return jdt_err_set(e, JDT_ERR_INTERNAL,
                        "cuBLASLt %s (%s, batch %lld, M %lld, N %lld, K %lld, ta %lld, tb %lld): %s",
                        what,
-                       key[11]   ? "bf16 out"
+                       key[12]   ? "bf16 out, GELU epilogue"
+                       : key[11] ? "bf16 out"
                        : key[10] ? "bf16"
                                  : "tf32",
                        (long long)key[0], (long long)key[1], (long long)key[2], (long long)key[3],
@@ -71,10 +72,11 @@ static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, cudaDataType dt, in
                                             &stride, sizeof stride);
 }
 
-/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments, bf16, bf16 out);
- * with epilogue false the bias (if any) is left to the caller (p->bias_by_beta). bf16: A and B
- * are bf16, C/D and the bias f32 (bf16 with bf16 out), f32 accumulation; else all f32 with TF32
- * tensor cores. */
+/* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments, bf16, bf16 out,
+ * GELU aux); with epilogue false the bias (if any) is left to the caller (p->bias_by_beta).
+ * bf16: A and B are bf16, C/D and the bias f32 (bf16 with bf16 out), f32 accumulation; else all
+ * f32 with TF32 tensor cores. GELU aux: D = GELU(x), the aux matrix (D's type and layout, its
+ * pointer set per call) x, x the product plus the bias. */
 static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, int64_t align_ab,
                              int64_t align_c, int64_t align_bias, bool epilogue, jdt_err *e)
 {
@@ -94,7 +96,14 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-    if (st == CUBLAS_STATUS_SUCCESS && bias) {
+    if (st == CUBLAS_STATUS_SUCCESS && key[12]) {
+        int32_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        int64_t ld = N; /* c^T is (N, M) column-major */
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                                sizeof ld);
+    } else if (st == CUBLAS_STATUS_SUCCESS && bias) {
         int32_t epi = CUBLASLT_EPILOGUE_BIAS;
         int64_t bstride = 0;
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
@@ -147,14 +156,16 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
  * (c_bf16, with bf16) bf16, after the caller's checks: batch, M, N, K > 0 and within cuBLASLt's
  * int32 limits, the batch already folded. */
 static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, const void *acc,
-                       void *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                       bool b_shared, bool bf16, bool c_bf16, jdt_err *e)
+                       void *c, void *aux, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+                       bool tb, bool b_shared, bool bf16, bool c_bf16, jdt_err *e)
 {
     int64_t al_ab = align_of(a) < align_of(b) ? align_of(a) : align_of(b);
     int64_t al_c = align_of(c), al_bias = bias ? align_of(bias) : 16;
     if (acc && align_of(acc) < al_c) al_c = align_of(acc); /* C's alignment too */
-    int64_t key[12] = {
-        batch, M, N, K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias, bf16, c_bf16};
+    if (aux && align_of(aux) < al_c) al_c = align_of(aux);
+    int64_t key[13] = {
+        batch, M,      N,          K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias,
+        bf16,  c_bf16, aux != NULL};
     jdt_cuk_plan *p = NULL;
     for (int i = 0; i < JDT_CUK_PLANS && !p; i++)
         if (k->plans[i].used && memcmp(k->plans[i].key, key, sizeof key) == 0) p = &k->plans[i];
@@ -163,8 +174,8 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
         k->next_plan = (k->next_plan + 1) % JDT_CUK_PLANS;
         plan_release(p);
         jdt_status s = plan_build(k, p, key, al_ab, al_c, al_bias, true, e);
-        if (s != JDT_OK && bias &&
-            !c_bf16) { /* no algorithm with the bias epilogue: bias rows + beta 1 */
+        if (s != JDT_OK && bias && !c_bf16 &&
+            !aux) { /* no algorithm with the bias epilogue: bias rows + beta 1 */
             plan_release(p);
             s = plan_build(k, p, key, al_ab, al_c, al_bias, false, e);
         }
@@ -187,6 +198,9 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                             sizeof bias);
     }
+    if (st == CUBLAS_STATUS_SUCCESS && aux)
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                            sizeof aux);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmul(k->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, acc ? acc : c, p->lc,
                             c, p->lc, &p->algo, k->workspace, JDT_CUK_WORKSPACE, k->stream);
@@ -228,7 +242,7 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
     bool done;
     jdt_status st = gemm_shape(k, bias, acc, c, &batch, &M, N, K, ta, b_shared, &done, e);
     if (st != JDT_OK || done) return st;
-    return gemm(k, a, b, bias, acc, c, batch, M, N, K, ta, tb, b_shared, false, false, e);
+    return gemm(k, a, b, bias, acc, c, NULL, batch, M, N, K, ta, tb, b_shared, false, false, e);
 }
 
 /* Where b's bf16 copy starts in the scratch: after a's, 16-byte aligned when that fits. */
@@ -256,9 +270,10 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
 /* jdt_cuk_matmul_bf16_ex and jdt_cuk_matmul_bf16_out: c and the bias f32, or both bf16
  * (c_bf16, which has no TF32 fallback) */
 static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const void *bias,
-                              const float *acc, void *c, int64_t batch, int64_t M, int64_t N,
-                              int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
-                              bool c_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
+                              const float *acc, void *c, void *aux, int64_t batch, int64_t M,
+                              int64_t N, int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
+                              bool b_bf16, bool c_bf16, void *scratch, int64_t scratch_bytes,
+                              jdt_err *e)
 {
     const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
     if (c_bf16 && K <= 0 && batch > 0 && M > 0 && N > 0)
@@ -285,7 +300,9 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         jdt_cuk_to_bf16(k, b, bs, nb);
         b16 = bs;
     }
-    st = gemm(k, a16, b16, bias, acc, c, batch, M, N, K, ta, tb, b_shared, true, c_bf16, e);
+    if (aux && (batch != 1 || N % 8 != 0)) /* cuBLASLt's aux: one matrix, ld a multiple of 8 */
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "matmul: GELU epilogue for this shape");
+    st = gemm(k, a16, b16, bias, acc, c, aux, batch, M, N, K, ta, tb, b_shared, true, c_bf16, e);
     if (st == JDT_OK || c_bf16 || !scratch || scratch_bytes < 4 * (na + nb)) return st;
     /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
      * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
@@ -298,7 +315,7 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         jdt_cuk_bf16_widen(k, b, br, nb);
     else
         jdt_cuk_bf16_round(k, b, br, nb);
-    return gemm(k, ar, br, bias, acc, c, batch, M, N, K, ta, tb, b_shared, false, false, e);
+    return gemm(k, ar, br, bias, acc, c, NULL, batch, M, N, K, ta, tb, b_shared, false, false, e);
 }
 
 jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
@@ -306,8 +323,8 @@ jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, cons
                                   int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
                                   bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
-    return matmul_bf16(k, a, b, bias, acc, c, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16,
-                       false, scratch, scratch_bytes, e);
+    return matmul_bf16(k, a, b, bias, acc, c, NULL, batch, M, N, K, ta, tb, b_shared, a_bf16,
+                       b_bf16, false, scratch, scratch_bytes, e);
 }
 
 jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, const uint16_t *bias,
@@ -315,6 +332,29 @@ jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, con
                                    bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
                                    void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
-    return matmul_bf16(k, a, b, bias, NULL, c, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16,
-                       true, scratch, scratch_bytes, e);
+    return matmul_bf16(k, a, b, bias, NULL, c, NULL, batch, M, N, K, ta, tb, b_shared, a_bf16,
+                       b_bf16, true, scratch, scratch_bytes, e);
+}
+
+jdt_status jdt_cuk_matmul_bf16_gelu(jdt_cuk *k, const void *a, const void *b, const uint16_t *bias,
+                                    uint16_t *y, uint16_t *pre, int64_t batch, int64_t M, int64_t N,
+                                    int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
+                                    bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
+{
+    jdt_err le;
+    jdt_err_clear(&le);
+    /* cuBLASLt's aux is one matrix (the batch folds into M only over a shared b), ld % 8 == 0 */
+    const bool fits = (batch == 1 || (b_shared && !ta)) && N % 8 == 0 && K > 0;
+    if (fits && !k->gelu_epilogue_off &&
+        matmul_bf16(k, a, b, bias, NULL, y, pre, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16,
+                    true, scratch, scratch_bytes, &le) == JDT_OK)
+        return JDT_OK;
+    if (fits && !k->gelu_epilogue_off) { /* said once; the GEMM into pre, then the GELU kernel */
+        k->gelu_epilogue_off = true;
+        JDT_INFO("cuda: no cuBLASLt GELU epilogue here (%s): the GEMM, then a GELU kernel", le.msg);
+    }
+    jdt_status st = matmul_bf16(k, a, b, bias, NULL, pre, NULL, batch, M, N, K, ta, tb, b_shared,
+                                a_bf16, b_bf16, true, scratch, scratch_bytes, e);
+    if (st == JDT_OK) jdt_cuk_gelu_bf16(k, pre, y, batch * M * N);
+    return st;
 }

@@ -1099,10 +1099,21 @@ nvrtcResult nvrtcGetPTX(nvrtcProgram p, char *out)
 
 typedef struct {
     cublasComputeType_t compute;
-    int32_t ta, tb, epilogue;
+    int32_t ta, tb, epilogue, aux_type;
     const void *bias;
-    int64_t bias_stride;
+    void *aux; /* GELU_AUX(_BIAS): where the GELU's input goes, D's type, leading dim aux_ld */
+    int64_t bias_stride, aux_ld;
 } lt_desc;
+
+/* Does epilogue e add the bias / write the GELU input to aux and D = GELU(x)? */
+static bool lt_has_bias(int32_t e)
+{
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+static bool lt_has_gelu(int32_t e)
+{
+    return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
 
 typedef struct {
     cudaDataType type;
@@ -1149,6 +1160,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     if (!x) return CUBLAS_STATUS_ALLOC_FAILED;
     x->compute = c;
     x->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    x->aux_type = -1;
     *d = (cublasLtMatmulDesc_t)x;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1176,9 +1188,25 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
     case CUBLASLT_MATMUL_DESC_EPILOGUE:
         if (n != 4) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&x->epilogue, buf, 4);
-        return x->epilogue == CUBLASLT_EPILOGUE_DEFAULT || x->epilogue == CUBLASLT_EPILOGUE_BIAS
+        /* JDT_CUDAEMU_NO_GELU_EPILOGUE=1: a cuBLASLt that refuses it (the callers' fallback) */
+        if (lt_has_gelu(x->epilogue) && env_long("JDT_CUDAEMU_NO_GELU_EPILOGUE", 0))
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        return x->epilogue == CUBLASLT_EPILOGUE_DEFAULT || lt_has_bias(x->epilogue) ||
+                       lt_has_gelu(x->epilogue)
                    ? CUBLAS_STATUS_SUCCESS
                    : CUBLAS_STATUS_NOT_SUPPORTED;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->aux, buf, n);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        if (n != 8) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->aux_ld, buf, 8);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+        if (n != 4) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->aux_type, buf, 4);
+        return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
         if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&x->bias, buf, n);
@@ -1351,9 +1379,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
             !dev_range(D, d_end * dsz, "cublasLtMatmul D"))
             return CUBLAS_STATUS_INVALID_VALUE;
     }
-    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS &&
-        !dev_range(d->bias, m * dsz, "cublasLtMatmul bias"))
+    if (lt_has_bias(d->epilogue) && !dev_range(d->bias, m * dsz, "cublasLtMatmul bias"))
         return CUBLAS_STATUS_INVALID_VALUE;
+    if (lt_has_gelu(d->epilogue)) { /* aux: D's type (or as set), ld >= rows, one batch */
+        if (c->batch != 1 || d->aux_ld < (int64_t)m || d->aux_ld % 8 != 0 ||
+            (d->aux_type != -1 && d->aux_type != (int32_t)dl->type))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        if (!dev_range(d->aux, ((n - 1) * (uint64_t)d->aux_ld + m) * dsz, "cublasLtMatmul aux"))
+            return CUBLAS_STATUS_INVALID_VALUE;
+    }
     bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && !env_long("JDT_CUDAEMU_NO_TF32", 0);
     float al = *(const float *)alpha, be = *(const float *)beta;
     float *acc = malloc((size_t)m * sizeof *acc);
@@ -1377,9 +1411,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                 if (be != 0.0f)
                     v += be *
                          (dsz == 2 ? lt_widen(((const uint16_t *)C)[co]) : ((const float *)C)[co]);
-                if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) /* the bias has D's type */
+                if (lt_has_bias(d->epilogue)) /* the bias has D's type */
                     v += dsz == 2 ? lt_widen(((const uint16_t *)d->bias)[bo])
                                   : ((const float *)d->bias)[bo];
+                if (lt_has_gelu(d->epilogue)) { /* the input to aux, D = GELU (tanh form) */
+                    const int64_t xo = (int64_t)(j * (uint64_t)d->aux_ld + i);
+                    if (dsz == 2)
+                        ((uint16_t *)d->aux)[xo] = lt_bf16(v);
+                    else
+                        ((float *)d->aux)[xo] = v;
+                    v = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+                }
                 if (dsz == 2)
                     ((uint16_t *)D)[dof] = lt_bf16(v);
                 else

@@ -89,6 +89,18 @@ extern "C" __global__ void cuk_bf16_widen(const unsigned short *x, float *y, i64
         y[i] = __uint_as_float((unsigned int)x[i] << 16);
 }
 
+/* y (n, bf16 bits) = GELU (tanh form, as the compiler's kernels) of x (n, bf16 bits), rounded to
+ * nearest even: the bf16 GEMM's GELU epilogue where cuBLASLt has none (jdt_cuk_matmul_bf16_gelu).
+ * Grid-stride. */
+extern "C" __global__ void cuk_gelu_bf16(const unsigned short *x, unsigned short *y, i64 n)
+{
+    i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float v = __uint_as_float((unsigned int)x[i] << 16);
+        y[i] = cuk_bf16_bits(0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))));
+    }
+}
+
 /* y (n, f32) = x rounded to bf16, kept in f32 (the bf16 GEMM's fallback: TF32 tensor cores
  * multiply such values exactly). Grid-stride. */
 extern "C" __global__ void cuk_bf16_round(const float *x, float *y, i64 n)
