@@ -509,6 +509,18 @@ static bool is_widening(const cprog *c, int l)
            c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
 }
 
+/* Node l, read by nothing now, becomes an unread constant, so that the passes before DCE that
+ * count readers no longer see it read its inputs. */
+static void unread(cprog *c, int *users, int l)
+{
+    for (int k = 0; k < c->nodes[l].n_in; k++)
+        users[c->nodes[l].in[k]]--;
+    c->nodes[l].op = JDT_OP_CONSTANT;
+    c->nodes[l].kind = CK_SPLAT;
+    c->nodes[l].n_in = 0;
+    c->nodes[l].splat = 0.0;
+}
+
 /* Builtin input k of node x, a CAST to f32 of a bf16 value, becomes that value; the CAST, when
  * nothing else reads it, turns into an unread constant so that passes before DCE (the
  * attention-layout fold counts readers) no longer see it read its input. */
@@ -517,12 +529,7 @@ static void skip_widening(cprog *c, int *users, cnode *x, int k)
     const int l = x->in[k];
     x->in[k] = c->nodes[l].in[0];
     users[x->in[k]]++;
-    if (--users[l] > 0) return;
-    users[c->nodes[l].in[0]]--;
-    c->nodes[l].op = JDT_OP_CONSTANT;
-    c->nodes[l].kind = CK_SPLAT;
-    c->nodes[l].n_in = 0;
-    c->nodes[l].splat = 0.0;
+    if (--users[l] == 0) unread(c, users, l);
 }
 
 /* precision.activations: bf16 on a device whose builtins take bf16 (c->bf16_builtins: CUDA).
@@ -582,6 +589,21 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* The node that BROADCAST node b spreads along the rows of a (..., C) tensor when it holds C
+ * f32 values and is valid at node `at` (computed before it, or a leaf), else -1. */
+static int row_vector(const cprog *c, int b, int64_t C, int at)
+{
+    const cnode *bc = &c->nodes[b];
+    if (bc->op != JDT_OP_BROADCAST) return -1;
+    const int wi = bc->in[0];
+    const cnode *w = &c->nodes[wi];
+    if ((wi > at && w->kind != CK_LEAF) || w->kind == CK_SPLAT || w->dtype != JDT_DTYPE_F32 ||
+        w->shape.ndim < 1 || w->shape.dims[w->shape.ndim - 1] != C ||
+        jdt_shape_numel(&w->shape) != C)
+        return -1;
+    return wi;
+}
+
 /* The norm backwards read their scale (c->norm_bwd_scale: CUDA): NORMALIZE_BWD(x, dy * w) and
  * RMS_NORMALIZE_BWD(x, dy * w), the product read by nothing else and w one value per column
  * broadcast along the rows (the VJP of the norm's affine, models.c norm), become the builtin
@@ -602,16 +624,9 @@ static jdt_status fold_norm_scales(cprog *c, jdt_err *e)
             continue;
         const int64_t C = nb->shape.dims[nb->shape.ndim - 1];
         for (int side = 0; side < 2; side++) {
-            const cnode *dy = &c->nodes[mul->in[side]], *bc = &c->nodes[mul->in[1 - side]];
-            if (bc->op != JDT_OP_BROADCAST || dy->dtype != JDT_DTYPE_F32 ||
-                !jdt_shape_eq(&dy->shape, &nb->shape))
-                continue;
-            const int wi = bc->in[0];
-            const cnode *w = &c->nodes[wi];
-            /* inputs precede their users, except leaves (valid before the first step) */
-            if ((wi > i && w->kind != CK_LEAF) || w->kind == CK_SPLAT ||
-                w->dtype != JDT_DTYPE_F32 || w->shape.ndim < 1 ||
-                w->shape.dims[w->shape.ndim - 1] != C || jdt_shape_numel(&w->shape) != C)
+            const cnode *dy = &c->nodes[mul->in[side]];
+            const int wi = row_vector(c, mul->in[1 - side], C, i);
+            if (wi < 0 || dy->dtype != JDT_DTYPE_F32 || !jdt_shape_eq(&dy->shape, &nb->shape))
                 continue;
             nb->in[1] = mul->in[side];
             nb->in[2] = wi;
@@ -705,18 +720,6 @@ static jdt_status order_inputs_first(cprog *c, jdt_err *e)
     }
     jdt_free(pos), jdt_free(stack), jdt_free(out);
     return JDT_OK;
-}
-
-/* Node l, read by nothing now, becomes an unread constant, so that the passes before DCE that
- * count readers no longer see it read its inputs. */
-static void unread(cprog *c, int *users, int l)
-{
-    for (int k = 0; k < c->nodes[l].n_in; k++)
-        users[c->nodes[l].in[k]]--;
-    c->nodes[l].op = JDT_OP_CONSTANT;
-    c->nodes[l].kind = CK_SPLAT;
-    c->nodes[l].n_in = 0;
-    c->nodes[l].splat = 0.0;
 }
 
 /* The one node reading node i (users[i] == 1) among those after it, or -1. */
@@ -851,10 +854,8 @@ static jdt_status fold_norm_partials(cprog *c, jdt_err *e)
         to_view(&dxv, pi);
         if (acc >= 0) { /* the add's value is the view's; nothing reads the old node */
             c->nodes[ai] = dxv;
-            c->nodes[i].op = JDT_OP_CONSTANT;
-            c->nodes[i].kind = CK_SPLAT;
-            c->nodes[i].n_in = 0;
-            c->nodes[i].splat = 0.0;
+            c->nodes[i].n_in = 0; /* its inputs are the packed node's now: counts unchanged */
+            unread(c, users, i);
             c->stats.n_norm_acc_folded++;
         } else {
             c->nodes[i] = dxv;
@@ -868,21 +869,6 @@ static jdt_status fold_norm_partials(cprog *c, jdt_err *e)
 nomem:
     jdt_free(users);
     return jdt_err_set(e, JDT_ERR_NOMEM, "compile: norm gradient partials");
-}
-
-/* The node that BROADCAST node b spreads along the rows of a (..., C) tensor when it holds C
- * f32 values and is valid at node `at` (computed before it, or a leaf), else -1. */
-static int row_vector(const cprog *c, int b, int64_t C, int at)
-{
-    const cnode *bc = &c->nodes[b];
-    if (bc->op != JDT_OP_BROADCAST) return -1;
-    const int wi = bc->in[0];
-    const cnode *w = &c->nodes[wi];
-    if ((wi > at && w->kind != CK_LEAF) || w->kind == CK_SPLAT || w->dtype != JDT_DTYPE_F32 ||
-        w->shape.ndim < 1 || w->shape.dims[w->shape.ndim - 1] != C ||
-        jdt_shape_numel(&w->shape) != C)
-        return -1;
-    return wi;
 }
 
 /* The norms apply their affine (c->norm_bwd_partials: CUDA, whose norm backwards no longer read
