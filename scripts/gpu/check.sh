@@ -50,7 +50,8 @@
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
 #   outputs stored in f32; "4m" with JDT_MERGE_LAUNCHES=0, one launch per fused kernel instead of
 #   independent neighbours sharing one; "4n" with JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0, the layer
-#   norms in five kernels and the GELU a kernel after its GEMM),
+#   norms in five kernels and the GELU a kernel after its GEMM; these variants run after stage 5
+#   and 4p, so the default stages keep their budget),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
 #   before a GPU session spends its minutes: build-cuda/jdt-train-emu and the *-emu tests, two
 #   emulated GPUs, GPT-2 shrunk by GPT_EXTRA, the peers on the CPU with --tiny; no numbers from
@@ -286,6 +287,39 @@ JDT_MFU=$(echo "$last" | sed -nE 's/.*MFU ([0-9.]+)%.*/\1/p')
 JDT_DEV=$(echo "$last" | sed -nE 's/.*peak device ([0-9]+) MB.*/\1/p')
 say "stage 4 exit $rc, jdt-train $GPT_PREC (activations $GPT_ACT${JDT_MERGE_LAUNCHES:+, one launch per kernel, five-kernel norms, GELU after the GEMM}) ${JDT_TOKS:-?} tok/s, MFU ${JDT_MFU:-?}% (goal >= 45% of 989.4 TFLOP/s bf16), peak device ${JDT_DEV:-?} MB"
 fi
+# ---- 5: peers --------------------------------------------------------------------------------
+PEER="$ROOT/scripts/bench/gpt_peer_gpu.py"
+for dt in $PEER_DTYPES; do
+  for fw in torch jax; do
+    want 5 || continue
+    say "stage 5 peer $fw --dtype $dt (B=$B)"
+    # shellcheck disable=SC2086 # PEER_ARGS: one argument per word
+    PYTHONUNBUFFERED=1 timeout "$(tmo)" "${PEER_PY:-python3}" "$PEER" --framework $fw --batch "$B" --steps 10 \
+      --dtype "$dt" $PEER_ARGS >"$OUT/peer-$fw-$dt.log" 2>&1; rc=$?
+    line=$(grep -E '^\{.*"tokens_per_s"' "$OUT/peer-$fw-$dt.log" | tail -1)
+    if [ -n "$line" ]; then
+      echo "$line" | tee -a "$SUMMARY"
+      JDT_TOKS="${JDT_TOKS:-}" python3 -c '
+import json, os, sys
+d = json.loads(sys.argv[1]); j = os.environ.get("JDT_TOKS"); fw = d["framework"]; t = d["tokens_per_s"]
+r = ", jdt-train / %s = %.3f" % (fw, float(j) / t) if j else ""
+print("%s %s: %.0f tok/s, MFU %.1f%%%s" % (fw, d["dtype"], t, 100 * d["mfu"], r))' "$line" | tee -a "$SUMMARY"
+    else
+      say "peer $fw $dt FAILED (exit $rc)"; tail -3 "$OUT/peer-$fw-$dt.log" | tee -a "$SUMMARY"
+    fi
+  done
+done
+# ---- 4p: where stage 4's step spends its time ----------------------------------------------------
+if want 4p; then
+say "stage 4p gpt2-124m profile: time per kind of kernel over 3 steps (run.profile: each step synchronised)"
+gpt_args "$OUT/gpt2-prof"
+(cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 run.profile=true run.profile_steps=3 \
+   >"$OUT/gpt2-prof.log" 2>&1); rc=$?
+sed -n '/profile of the compiled step/,/^[^ 0-9]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -45 | tee -a "$SUMMARY"
+say "stage 4p exit $rc"
+fi
+# The opt-in variants of stage 4 come after the peers and the profile: what the default STAGES
+# measure is not left without budget by them.
 # ---- 4f (not in the default STAGES): stage 4 again with the f32 FMA attention ---------------------
 if want 4f; then
 gpt_args "$OUT/gpt2-fma"
@@ -320,37 +354,6 @@ run_gpt gpt2-act32
 say "stage 4a exit $rc, precision.activations f32: ${toks:-?} tok/s against ${JDT_TOKS:-?} with $GPT_ACT (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
-# ---- 5: peers --------------------------------------------------------------------------------
-PEER="$ROOT/scripts/bench/gpt_peer_gpu.py"
-for dt in $PEER_DTYPES; do
-  for fw in torch jax; do
-    want 5 || continue
-    say "stage 5 peer $fw --dtype $dt (B=$B)"
-    # shellcheck disable=SC2086 # PEER_ARGS: one argument per word
-    PYTHONUNBUFFERED=1 timeout "$(tmo)" "${PEER_PY:-python3}" "$PEER" --framework $fw --batch "$B" --steps 10 \
-      --dtype "$dt" $PEER_ARGS >"$OUT/peer-$fw-$dt.log" 2>&1; rc=$?
-    line=$(grep -E '^\{.*"tokens_per_s"' "$OUT/peer-$fw-$dt.log" | tail -1)
-    if [ -n "$line" ]; then
-      echo "$line" | tee -a "$SUMMARY"
-      JDT_TOKS="${JDT_TOKS:-}" python3 -c '
-import json, os, sys
-d = json.loads(sys.argv[1]); j = os.environ.get("JDT_TOKS"); fw = d["framework"]; t = d["tokens_per_s"]
-r = ", jdt-train / %s = %.3f" % (fw, float(j) / t) if j else ""
-print("%s %s: %.0f tok/s, MFU %.1f%%%s" % (fw, d["dtype"], t, 100 * d["mfu"], r))' "$line" | tee -a "$SUMMARY"
-    else
-      say "peer $fw $dt FAILED (exit $rc)"; tail -3 "$OUT/peer-$fw-$dt.log" | tee -a "$SUMMARY"
-    fi
-  done
-done
-# ---- 4p: where stage 4's step spends its time ----------------------------------------------------
-if want 4p; then
-say "stage 4p gpt2-124m profile: time per kind of kernel over 3 steps (run.profile: each step synchronised)"
-gpt_args "$OUT/gpt2-prof"
-(cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 run.profile=true run.profile_steps=3 \
-   >"$OUT/gpt2-prof.log" 2>&1); rc=$?
-sed -n '/profile of the compiled step/,/^[^ 0-9]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -45 | tee -a "$SUMMARY"
-say "stage 4p exit $rc"
-fi
 # ---- 6: more than one GPU -------------------------------------------------------------------------
 if want 6; then
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
