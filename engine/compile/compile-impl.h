@@ -307,11 +307,17 @@ static inline int64_t cnode_elem_size(const cnode *n)
  * last (the GEMM's C with beta 1: passes.c fold_addends). -1 when absent. */
 static inline int cnode_mm_bias(const cnode *n)
 {
-    return n->n_in - (n->attrs.i[3] ? 1 : 0) > 2 ? n->in[2] : -1;
+    return n->n_in - (n->attrs.i[3] ? 1 : 0) - (n->attrs.i[5] ? 1 : 0) > 2 ? n->in[2] : -1;
 }
 static inline int cnode_mm_acc(const cnode *n)
 {
-    return n->attrs.i[3] ? n->in[n->n_in - 1] : -1;
+    return n->attrs.i[3] ? n->in[n->n_in - 1 - (n->attrs.i[5] ? 1 : 0)] : -1;
+}
+/* The GELU backward's aux of a MATMUL (attrs i[5], passes.c fold_dgelu_epilogues): its last
+ * input, a MATMUL with the GELU epilogue whose second half is the forward's GELU input. */
+static inline int cnode_mm_aux(const cnode *n)
+{
+    return n->attrs.i[5] ? n->in[n->n_in - 1] : -1;
 }
 /* Rows of a MATMUL's product: its shape's, or half of them when the GEMM's GELU epilogue packs
  * GELU(y) and then y into its output (attrs i[4], passes.c fold_gelu_epilogues). */

@@ -981,6 +981,68 @@ static jdt_status fold_gelu_epilogues(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* The GELU backward by the GEMM computing its cotangent (c->gemm_gelu: CUDA, cuBLASLt's DGELU
+ * epilogue), after fold_gelu_epilogues: GELU_GRAD(f32(u), f32(d)), u the second half of a
+ * GELU-folded MATMUL (the forward's GELU input) and d the bf16 output of a MATMUL read by
+ * nothing else (the projection's input gradient, rounded to bf16 by its GEMM: vjp_MATMUL). That
+ * GEMM takes the folded MATMUL as a last input (attrs i[5], cnode_mm_aux) and writes d GELU'(u)
+ * as bf16 instead of d; GELU_GRAD becomes the f32 widening of that, and a bf16 CAST of it (the
+ * copy the fc layer's GEMMs read) a view. The fused kernel that read u and d and wrote the copy
+ * goes for the GEMM's read of u. Numbers: the epilogue multiplies the f32 product before any
+ * rounding, and the bias gradient then sums the bf16-rounded d GELU'(u) (autocast's order), where
+ * the graph rounds d and sums the f32 products. Skipped with no_fuse. */
+static jdt_status fold_dgelu_epilogues(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: GELU backward epilogues");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *gg = &c->nodes[i];
+        if (gg->op != JDT_OP_GELU_GRAD || gg->kind != CK_EW || gg->n_in != 2 ||
+            gg->dtype != JDT_DTYPE_F32 || !is_widening(c, gg->in[0]) ||
+            !is_widening(c, gg->in[1]) || users[gg->in[1]] != 1)
+            continue;
+        const int ux = gg->in[0], dx = gg->in[1], v = c->nodes[ux].in[0], t = c->nodes[dx].in[0];
+        const cnode *vn = &c->nodes[v];
+        if (vn->op != JDT_OP_SLICE || vn->kind != CK_MAP) continue;
+        const int fi = vn->in[0];
+        const cnode *f = &c->nodes[fi];
+        if (f->op != JDT_OP_MATMUL || !f->attrs.i[4] || vn->attrs.i[0] != 0 ||
+            vn->attrs.i[1] != cnode_mm_rows(f) || users[t] != 1)
+            continue;
+        int mi = t; /* d's GEMM, down the views only this chain reads */
+        while (c->nodes[mi].kind == CK_VIEW && users[c->nodes[mi].in[0]] == 1)
+            mi = c->nodes[mi].in[0];
+        cnode *m = &c->nodes[mi];
+        if (m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN || m->dtype != JDT_DTYPE_BF16 ||
+            !m->attrs.i[2] || m->attrs.i[3] || m->attrs.i[4] || m->attrs.i[5] || m->n_in != 2 ||
+            m->shape.ndim != 2 || !jdt_shape_eq(&m->shape, &vn->shape) ||
+            !jdt_shape_eq(&c->nodes[t].shape, &gg->shape) || fi > mi)
+            continue;
+        m->in[m->n_in++] = fi;
+        m->attrs.i[5] = 1;
+        users[fi]++;
+        unread(c, users, dx); /* d's widening: GELU_GRAD's place is taken by the product's */
+        if (--users[ux] == 0) unread(c, users, ux);
+        gg->op = JDT_OP_CAST;
+        gg->n_in = 1;
+        gg->in[0] = t;
+        memset(&gg->attrs, 0, sizeof gg->attrs);
+        users[t]++;
+        for (int j = i + 1; j < c->n_nodes; j++) { /* bf16 copies of it: the product itself */
+            cnode *r = &c->nodes[j];
+            if (r->op == JDT_OP_CAST && r->kind == CK_EW && r->n_in == 1 && r->in[0] == i &&
+                r->dtype == JDT_DTYPE_BF16 && jdt_shape_eq(&r->shape, &c->nodes[t].shape)) {
+                users[i]--;
+                to_view(r, t);
+                users[t]++;
+            }
+        }
+        c->stats.n_dgelu_epilogues++;
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* A builtin that can add a tensor of its result's shape to that result: `takes` says whether
  * builtin f (reached through views when `viewed`) may take x so, `flag` is the attrs slot that
  * marks it (the last input is then the addend) or -1 when its input count says so. */
@@ -1032,7 +1094,8 @@ static jdt_status fold_addends(cprog *c, addend_rule rule, int *n_folded, jdt_er
 static bool gemm_takes(const cnode *f, const cnode *x, bool viewed)
 {
     (void)viewed; /* the bias fold's view */
-    return f->op == JDT_OP_MATMUL && !f->attrs.i[3] && x->kind != CK_MAP;
+    return f->op == JDT_OP_MATMUL && !f->attrs.i[3] && !f->attrs.i[4] && !f->attrs.i[5] &&
+           x->kind != CK_MAP; /* not with a GELU epilogue (the aux stays the last input) */
 }
 
 /* y = x + scatter_add(src, idx) (x f32, the scatter's shape): the builtin gets x as a third
@@ -1150,6 +1213,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->gemm_gelu && (st = fold_gelu_epilogues(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->gemm_gelu && (st = fold_dgelu_epilogues(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_scale && (st = fold_norm_scales(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_partials > 0 && (st = fold_norm_partials(c, e)) != JDT_OK)
         goto out;

@@ -60,7 +60,7 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             if (n->op == JDT_OP_MATMUL && k < 2 && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16)
                 want = JDT_DTYPE_BF16; /* a bf16 operand (bf16 compute, read as stored) */
             if (c->bf16_builtins && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
-                ((n->op == JDT_OP_MATMUL && k == 2) ||
+                ((n->op == JDT_OP_MATMUL && (k == 2 || n->in[k] == cnode_mm_aux(n))) ||
                  ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) && k == 0) ||
                  ((n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3)))
                 want = JDT_DTYPE_BF16; /* passes.c fold_bf16_casts */
@@ -192,9 +192,10 @@ static void step_cost(const cprog *c, const cstep *sp, double *bytes, double *fl
         const cnode *n = &c->nodes[sp->node];
         *flops = node_flops(c, n);
         *bytes = (double)(jdt_shape_numel(&n->shape) * cnode_elem_size(n));
-        for (int k = 0; k < n->n_in; k++)
+        for (int k = 0; k < n->n_in; k++) /* a GELU backward's aux: its second half */
             *bytes += (double)(jdt_shape_numel(&c->nodes[n->in[k]].shape) *
-                               cnode_elem_size(&c->nodes[n->in[k]]));
+                               cnode_elem_size(&c->nodes[n->in[k]])) /
+                      (n->op == JDT_OP_MATMUL && n->in[k] == cnode_mm_aux(n) ? 2.0 : 1.0);
     }
 }
 

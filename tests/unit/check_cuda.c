@@ -697,11 +697,13 @@ START_TEST(test_nvrtc_train_steps)
     if (c.model.type == JDT_MODEL_GPT && c.model.bias && c.precision.compute == JDT_DTYPE_BF16)
         ck_assert_int_eq(jdt_step_stats(s)->n_reduce_siblings, 2 * c.model.n_layer);
     /* bf16 activations: the MLP's GELU by its GEMM (cuBLASLt's GELU_AUX_BIAS), one per layer */
-    ck_assert_int_eq(jdt_step_stats(s)->n_gelu_epilogues,
-                     c.model.type == JDT_MODEL_GPT && c.model.activation == JDT_ACT_GELU &&
-                             c.precision.activations == JDT_DTYPE_BF16
-                         ? c.model.n_layer
-                         : 0);
+    const int gelu_folds = c.model.type == JDT_MODEL_GPT && c.model.activation == JDT_ACT_GELU &&
+                                   c.precision.activations == JDT_DTYPE_BF16
+                               ? c.model.n_layer
+                               : 0;
+    ck_assert_int_eq(jdt_step_stats(s)->n_gelu_epilogues, gelu_folds);
+    /* and its backward by the GEMM computing its cotangent (cuBLASLt's DGELU) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_dgelu_epilogues, gelu_folds);
     /* so xhat has no reader but the forward's affine, which the norm then applies itself */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_affines_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);

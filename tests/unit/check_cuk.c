@@ -429,6 +429,36 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
             if (fallback) expect_bf16_near("gelu fallback: GELU of pre", y16, w16, nc);
         }
         k->gelu_epilogue_off = false;
+        /* the GELU backward's GEMM (fold_dgelu_epilogues): (a @ b) GELU'(u) as bf16, u a bf16
+         * GELU input, by the epilogue and by its fallback (the product rounded first) */
+        float *wnb = malloc((size_t)nc * 4), *ur = rand_floats(nc, 10, -4, 4);
+        jdt_rt_matmul_bf16(a, b, NULL, wnb, batch, M, N, K, ta, tb, shared, scr, 1);
+        for (int64_t i = 0; i < nc; i++)
+            p16[i] = jdt_rt_bf16_bits(ur[i]);
+        uint16_t *du16 = dev_from(p16, (size_t)nc * 2);
+        for (int which = 0; which < 5; which++) {
+            const bool a_bf = which & 1, b_bf = which & 2, fallback = which == 4;
+            k->dgelu_epilogue_off = fallback;
+            s = jdt_cuk_matmul_bf16_dgelu(k, a_bf ? da16 : (void *)da, b_bf ? db16 : (void *)db,
+                                          du16, dy16, batch, M, N, K, ta, tb, shared, a_bf, b_bf,
+                                          dscr, sb, &e);
+            ck_assert_msg(s == JDT_OK, "%s", e.msg);
+            ck_assert_int_eq(cudaMemcpy(y16, dy16, (size_t)nc * 2, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            for (int64_t i = 0; i < nc; i++) {
+                const float u = jdt_rt_bf16_float(p16[i]), g = jdt_rt_bf16_float(y16[i]);
+                const float t = tanhf(0.7978845608f * (u + 0.044715f * u * u * u));
+                const float d = 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * 0.7978845608f *
+                                                        (1.0f + 3.0f * 0.044715f * u * u);
+                const float w = wnb[i] * d;
+                ck_assert_msg(fabsf(g - w) <= 1.2e-4f * sqrtf((float)(K + 1)) + 8e-3f * fabsf(w),
+                              "%s, dgelu (a %d b %d%s)[%lld]: got %g, want %g", what, a_bf, b_bf,
+                              fallback ? ", fallback" : "", (long long)i, (double)g, (double)w);
+            }
+        }
+        k->dgelu_epilogue_off = false;
+        free(wnb), free(ur);
+        cudaFree(du16);
         free(y16), free(p16), free(w16);
         cudaFree(dy16);
         free(bias16), free(c16), free(biasr), free(wantr);

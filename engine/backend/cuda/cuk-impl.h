@@ -54,6 +54,7 @@ extern const int jdt_cuk_n_sources;
     X(BF16_ROUND, "cuk_misc.cu", "cuk_bf16_round")                                                 \
     X(BF16_WIDEN, "cuk_misc.cu", "cuk_bf16_widen")                                                 \
     X(GELU_BF16, "cuk_misc.cu", "cuk_gelu_bf16")                                                   \
+    X(DGELU_BF16, "cuk_misc.cu", "cuk_dgelu_bf16")                                                 \
     X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                          \
     X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                        \
     X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                        \
@@ -138,7 +139,7 @@ struct jdt_cuk {
     int next_plan; /* round-robin eviction */
     /* cuBLASLt refused the GELU epilogue once (jdt_cuk_matmul_bf16_gelu): GEMM + GELU kernel
      * from then on, without asking again */
-    bool gelu_epilogue_off;
+    bool gelu_epilogue_off, dgelu_epilogue_off; /* the same for DGELU */
     jdt_err pending; /* first failure of a void launcher, reported by jdt_cuk_check */
 };
 

@@ -771,6 +771,15 @@ void jdt_cuk_gelu_bf16(jdt_cuk *k, const uint16_t *x, uint16_t *y, int64_t n)
     launch(k, JDT_CUK_K_GELU_BF16, grid, 256, 0, args);
 }
 
+void jdt_cuk_dgelu_bf16(jdt_cuk *k, const uint16_t *u, uint16_t *g, int64_t n)
+{
+    if (n <= 0) return;
+    int64_t grid = (n + 255) / 256;
+    if (grid > 65536) grid = 65536;
+    void *args[] = {&u, &g, &n};
+    launch(k, JDT_CUK_K_DGELU_BF16, grid, 256, 0, args);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */

@@ -96,8 +96,10 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-    if (st == CUBLAS_STATUS_SUCCESS && key[12]) {
-        int32_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (st == CUBLAS_STATUS_SUCCESS && key[12]) { /* 1: GELU(x) out, x to aux; 2: x GELU'(aux) */
+        int32_t epi = key[12] == 2 ? CUBLASLT_EPILOGUE_DGELU
+                      : bias       ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                   : CUBLASLT_EPILOGUE_GELU_AUX;
         int64_t ld = N; /* c^T is (N, M) column-major */
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
         if (st == CUBLAS_STATUS_SUCCESS)
@@ -156,16 +158,27 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
  * (c_bf16, with bf16) bf16, after the caller's checks: batch, M, N, K > 0 and within cuBLASLt's
  * int32 limits, the batch already folded. */
 static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, const void *acc,
-                       void *c, void *aux, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
-                       bool tb, bool b_shared, bool bf16, bool c_bf16, jdt_err *e)
+                       void *c, const void *aux, int aux_kind, int64_t batch, int64_t M, int64_t N,
+                       int64_t K, bool ta, bool tb, bool b_shared, bool bf16, bool c_bf16,
+                       jdt_err *e)
 {
     int64_t al_ab = align_of(a) < align_of(b) ? align_of(a) : align_of(b);
     int64_t al_c = align_of(c), al_bias = bias ? align_of(bias) : 16;
     if (acc && align_of(acc) < al_c) al_c = align_of(acc); /* C's alignment too */
     if (aux && align_of(aux) < al_c) al_c = align_of(aux);
-    int64_t key[13] = {
-        batch, M,      N,          K, ta, tb, b_shared, bias != NULL, al_ab, al_c * 32 + al_bias,
-        bf16,  c_bf16, aux != NULL};
+    int64_t key[13] = {batch,
+                       M,
+                       N,
+                       K,
+                       ta,
+                       tb,
+                       b_shared,
+                       bias != NULL,
+                       al_ab,
+                       al_c * 32 + al_bias,
+                       bf16,
+                       c_bf16,
+                       aux ? aux_kind : 0};
     jdt_cuk_plan *p = NULL;
     for (int i = 0; i < JDT_CUK_PLANS && !p; i++)
         if (k->plans[i].used && memcmp(k->plans[i].key, key, sizeof key) == 0) p = &k->plans[i];
@@ -242,7 +255,7 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
     bool done;
     jdt_status st = gemm_shape(k, bias, acc, c, &batch, &M, N, K, ta, b_shared, &done, e);
     if (st != JDT_OK || done) return st;
-    return gemm(k, a, b, bias, acc, c, NULL, batch, M, N, K, ta, tb, b_shared, false, false, e);
+    return gemm(k, a, b, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, false, false, e);
 }
 
 /* Where b's bf16 copy starts in the scratch: after a's, 16-byte aligned when that fits. */
@@ -270,10 +283,10 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
 /* jdt_cuk_matmul_bf16_ex and jdt_cuk_matmul_bf16_out: c and the bias f32, or both bf16
  * (c_bf16, which has no TF32 fallback) */
 static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const void *bias,
-                              const float *acc, void *c, void *aux, int64_t batch, int64_t M,
-                              int64_t N, int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
-                              bool b_bf16, bool c_bf16, void *scratch, int64_t scratch_bytes,
-                              jdt_err *e)
+                              const float *acc, void *c, const void *aux, int aux_kind,
+                              int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                              bool b_shared, bool a_bf16, bool b_bf16, bool c_bf16, void *scratch,
+                              int64_t scratch_bytes, jdt_err *e)
 {
     const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
     if (c_bf16 && K <= 0 && batch > 0 && M > 0 && N > 0)
@@ -302,7 +315,8 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
     }
     if (aux && (batch != 1 || N % 8 != 0)) /* cuBLASLt's aux: one matrix, ld a multiple of 8 */
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "matmul: GELU epilogue for this shape");
-    st = gemm(k, a16, b16, bias, acc, c, aux, batch, M, N, K, ta, tb, b_shared, true, c_bf16, e);
+    st = gemm(k, a16, b16, bias, acc, c, aux, aux_kind, batch, M, N, K, ta, tb, b_shared, true,
+              c_bf16, e);
     if (st == JDT_OK || c_bf16 || !scratch || scratch_bytes < 4 * (na + nb)) return st;
     /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
      * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
@@ -315,7 +329,8 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         jdt_cuk_bf16_widen(k, b, br, nb);
     else
         jdt_cuk_bf16_round(k, b, br, nb);
-    return gemm(k, ar, br, bias, acc, c, NULL, batch, M, N, K, ta, tb, b_shared, false, false, e);
+    return gemm(k, ar, br, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, false, false,
+                e);
 }
 
 jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
@@ -323,7 +338,7 @@ jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, cons
                                   int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
                                   bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
-    return matmul_bf16(k, a, b, bias, acc, c, NULL, batch, M, N, K, ta, tb, b_shared, a_bf16,
+    return matmul_bf16(k, a, b, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, a_bf16,
                        b_bf16, false, scratch, scratch_bytes, e);
 }
 
@@ -332,7 +347,7 @@ jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, con
                                    bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
                                    void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
-    return matmul_bf16(k, a, b, bias, NULL, c, NULL, batch, M, N, K, ta, tb, b_shared, a_bf16,
+    return matmul_bf16(k, a, b, bias, NULL, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, a_bf16,
                        b_bf16, true, scratch, scratch_bytes, e);
 }
 
@@ -346,15 +361,38 @@ jdt_status jdt_cuk_matmul_bf16_gelu(jdt_cuk *k, const void *a, const void *b, co
     /* cuBLASLt's aux is one matrix (the batch folds into M only over a shared b), ld % 8 == 0 */
     const bool fits = (batch == 1 || (b_shared && !ta)) && N % 8 == 0 && K > 0;
     if (fits && !k->gelu_epilogue_off &&
-        matmul_bf16(k, a, b, bias, NULL, y, pre, batch, M, N, K, ta, tb, b_shared, a_bf16, b_bf16,
-                    true, scratch, scratch_bytes, &le) == JDT_OK)
+        matmul_bf16(k, a, b, bias, NULL, y, pre, 1, batch, M, N, K, ta, tb, b_shared, a_bf16,
+                    b_bf16, true, scratch, scratch_bytes, &le) == JDT_OK)
         return JDT_OK;
     if (fits && !k->gelu_epilogue_off) { /* said once; the GEMM into pre, then the GELU kernel */
         k->gelu_epilogue_off = true;
         JDT_INFO("cuda: no cuBLASLt GELU epilogue here (%s): the GEMM, then a GELU kernel", le.msg);
     }
-    jdt_status st = matmul_bf16(k, a, b, bias, NULL, pre, NULL, batch, M, N, K, ta, tb, b_shared,
+    jdt_status st = matmul_bf16(k, a, b, bias, NULL, pre, NULL, 0, batch, M, N, K, ta, tb, b_shared,
                                 a_bf16, b_bf16, true, scratch, scratch_bytes, e);
     if (st == JDT_OK) jdt_cuk_gelu_bf16(k, pre, y, batch * M * N);
+    return st;
+}
+
+jdt_status jdt_cuk_matmul_bf16_dgelu(jdt_cuk *k, const void *a, const void *b, const uint16_t *pre,
+                                     uint16_t *dx, int64_t batch, int64_t M, int64_t N, int64_t K,
+                                     bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
+                                     void *scratch, int64_t scratch_bytes, jdt_err *e)
+{
+    jdt_err le;
+    jdt_err_clear(&le);
+    const bool fits = (batch == 1 || (b_shared && !ta)) && N % 8 == 0 && K > 0;
+    if (fits && !k->dgelu_epilogue_off &&
+        matmul_bf16(k, a, b, NULL, NULL, dx, pre, 2, batch, M, N, K, ta, tb, b_shared, a_bf16,
+                    b_bf16, true, scratch, scratch_bytes, &le) == JDT_OK)
+        return JDT_OK;
+    if (fits && !k->dgelu_epilogue_off) { /* said once; the GEMM, then GELU' in place */
+        k->dgelu_epilogue_off = true;
+        JDT_INFO("cuda: no cuBLASLt DGELU epilogue here (%s): the GEMM, then a GELU' kernel",
+                 le.msg);
+    }
+    jdt_status st = matmul_bf16(k, a, b, NULL, NULL, dx, NULL, 0, batch, M, N, K, ta, tb, b_shared,
+                                a_bf16, b_bf16, true, scratch, scratch_bytes, e);
+    if (st == JDT_OK) jdt_cuk_dgelu_bf16(k, pre, dx, batch * M * N);
     return st;
 }

@@ -1114,6 +1114,11 @@ static bool lt_has_gelu(int32_t e)
 {
     return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
+/* Do epilogue e's read (DGELU: D = x GELU'(aux)) or write (GELU_AUX) an aux matrix? */
+static bool lt_has_aux(int32_t e)
+{
+    return lt_has_gelu(e) || e == CUBLASLT_EPILOGUE_DGELU;
+}
 
 typedef struct {
     cudaDataType type;
@@ -1189,10 +1194,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
         if (n != 4) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&x->epilogue, buf, 4);
         /* JDT_CUDAEMU_NO_GELU_EPILOGUE=1: a cuBLASLt that refuses it (the callers' fallback) */
-        if (lt_has_gelu(x->epilogue) && env_long("JDT_CUDAEMU_NO_GELU_EPILOGUE", 0))
+        if (lt_has_aux(x->epilogue) && env_long("JDT_CUDAEMU_NO_GELU_EPILOGUE", 0))
             return CUBLAS_STATUS_NOT_SUPPORTED;
         return x->epilogue == CUBLASLT_EPILOGUE_DEFAULT || lt_has_bias(x->epilogue) ||
-                       lt_has_gelu(x->epilogue)
+                       lt_has_aux(x->epilogue)
                    ? CUBLAS_STATUS_SUCCESS
                    : CUBLAS_STATUS_NOT_SUPPORTED;
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
@@ -1381,7 +1386,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     }
     if (lt_has_bias(d->epilogue) && !dev_range(d->bias, m * dsz, "cublasLtMatmul bias"))
         return CUBLAS_STATUS_INVALID_VALUE;
-    if (lt_has_gelu(d->epilogue)) { /* aux: D's type (or as set), ld >= rows, one batch */
+    if (lt_has_aux(d->epilogue)) { /* aux: D's type (or as set), ld >= rows, one batch */
         if (c->batch != 1 || d->aux_ld < (int64_t)m || d->aux_ld % 8 != 0 ||
             (d->aux_type != -1 && d->aux_type != (int32_t)dl->type))
             return CUBLAS_STATUS_INVALID_VALUE;
@@ -1421,6 +1426,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                     else
                         ((float *)d->aux)[xo] = v;
                     v = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+                } else if (d->epilogue == CUBLASLT_EPILOGUE_DGELU) { /* D = x GELU'(aux) */
+                    const int64_t xo = (int64_t)(j * (uint64_t)d->aux_ld + i);
+                    const float u = dsz == 2 ? lt_widen(((const uint16_t *)d->aux)[xo])
+                                             : ((const float *)d->aux)[xo];
+                    const float t = tanhf(0.7978845608f * (u + 0.044715f * u * u * u));
+                    v *= 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * 0.7978845608f *
+                                                 (1.0f + 3.0f * 0.044715f * u * u);
                 }
                 if (dsz == 2)
                     ((uint16_t *)D)[dof] = lt_bf16(v);

@@ -101,6 +101,21 @@ extern "C" __global__ void cuk_gelu_bf16(const unsigned short *x, unsigned short
     }
 }
 
+/* g (n, bf16 bits) *= GELU'(u) (u: n bf16 bits, the tanh form's derivative), in place, rounded
+ * to nearest even: the DGELU epilogue where cuBLASLt has none (jdt_cuk_matmul_bf16_dgelu).
+ * Grid-stride. */
+extern "C" __global__ void cuk_dgelu_bf16(const unsigned short *u, unsigned short *g, i64 n)
+{
+    i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float x = __uint_as_float((unsigned int)u[i] << 16);
+        const float t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
+        const float d = 0.5f * (1.0f + t) +
+                        0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+        g[i] = cuk_bf16_bits(__uint_as_float((unsigned int)g[i] << 16) * d);
+    }
+}
+
 /* y (n, f32) = x rounded to bf16, kept in f32 (the bf16 GEMM's fallback: TF32 tensor cores
  * multiply such values exactly). Grid-stride. */
 extern "C" __global__ void cuk_bf16_round(const float *x, float *y, i64 n)
