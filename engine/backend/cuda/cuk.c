@@ -680,14 +680,19 @@ void jdt_cuk_concat(jdt_cuk *k, const float *const *in, const int64_t *len, int 
     }
 }
 
-void jdt_cuk_fill_rows(jdt_cuk *k, float *c, const float *bias, int64_t rows, int64_t N)
+/* An elementwise kernel over n elements: 256 threads a block, at most 65536 blocks (the
+ * kernels grid-stride past them); nothing for n <= 0. */
+static void launch_elems(jdt_cuk *k, jdt_cuk_kernel ki, int64_t n, void **args)
 {
-    int64_t n = rows * N;
     if (n <= 0) return;
     int64_t grid = (n + 255) / 256;
-    if (grid > 65536) grid = 65536;
+    launch(k, ki, grid > 65536 ? 65536 : grid, 256, 0, args);
+}
+
+void jdt_cuk_fill_rows(jdt_cuk *k, float *c, const float *bias, int64_t rows, int64_t N)
+{
     void *args[] = {&c, &bias, &rows, &N};
-    launch(k, JDT_CUK_K_FILL_ROWS, grid, 256, 0, args);
+    launch_elems(k, JDT_CUK_K_FILL_ROWS, rows * N, args);
 }
 
 void jdt_cuk_to_bf16(jdt_cuk *k, const float *x, uint16_t *y, int64_t n)
@@ -746,38 +751,26 @@ void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_
 
 void jdt_cuk_bf16_round(jdt_cuk *k, const float *x, float *y, int64_t n)
 {
-    if (n <= 0) return;
-    int64_t grid = (n + 255) / 256;
-    if (grid > 65536) grid = 65536;
     void *args[] = {&x, &y, &n};
-    launch(k, JDT_CUK_K_BF16_ROUND, grid, 256, 0, args);
+    launch_elems(k, JDT_CUK_K_BF16_ROUND, n, args);
 }
 
 void jdt_cuk_bf16_widen(jdt_cuk *k, const uint16_t *x, float *y, int64_t n)
 {
-    if (n <= 0) return;
-    int64_t grid = (n + 255) / 256;
-    if (grid > 65536) grid = 65536;
     void *args[] = {&x, &y, &n};
-    launch(k, JDT_CUK_K_BF16_WIDEN, grid, 256, 0, args);
+    launch_elems(k, JDT_CUK_K_BF16_WIDEN, n, args);
 }
 
 void jdt_cuk_gelu_bf16(jdt_cuk *k, const uint16_t *x, uint16_t *y, int64_t n)
 {
-    if (n <= 0) return;
-    int64_t grid = (n + 255) / 256;
-    if (grid > 65536) grid = 65536;
     void *args[] = {&x, &y, &n};
-    launch(k, JDT_CUK_K_GELU_BF16, grid, 256, 0, args);
+    launch_elems(k, JDT_CUK_K_GELU_BF16, n, args);
 }
 
 void jdt_cuk_dgelu_bf16(jdt_cuk *k, const uint16_t *u, uint16_t *g, int64_t n)
 {
-    if (n <= 0) return;
-    int64_t grid = (n + 255) / 256;
-    if (grid > 65536) grid = 65536;
     void *args[] = {&u, &g, &n};
-    launch(k, JDT_CUK_K_DGELU_BF16, grid, 256, 0, args);
+    launch_elems(k, JDT_CUK_K_DGELU_BF16, n, args);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
