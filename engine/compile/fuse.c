@@ -340,6 +340,16 @@ static uint32_t reshape_reduce_mask(const cprog *c, const user_lists *u, const c
     return xrows == rows && q < xs->ndim ? (1u << q) - 1 : 0;
 }
 
+/* Reduction group R, whose root reads the reshape `view` of x (reshape_reduce_mask gave vmask),
+ * reduces x's leading dims directly instead; the view goes unread. */
+static void reduce_directly(cprog *c, cgroup *R, int view, int x, uint32_t vmask)
+{
+    c->nodes[view].absorbed = true;
+    c->nodes[R->root].in[0] = x;
+    c->nodes[R->root].attrs.i[0] = vmask;
+    R->domain = c->nodes[x].shape;
+}
+
 /* An elementwise group G whose root X a reduction group R reads at its loop index, with the same
  * domain, joins R where the device's reduction kernels store members from their loop
  * (c->reduce_stores: CUDA). The bias gradient of a bf16 GEMM's input cotangent is the case:
@@ -399,12 +409,7 @@ static bool fuse_reduce_producers(cprog *c, user_lists *u)
                 R->n_stores + stores > JDT_GROUP_MAX_STORES)
                 continue;
             if (x_out) u->kept[x] = 1; /* read elsewhere: stored from R's kernel */
-            if (view >= 0) { /* R reduces X's leading dims directly; the view goes unread */
-                c->nodes[view].absorbed = true;
-                c->nodes[R->root].in[0] = x;
-                c->nodes[R->root].attrs.i[0] = vmask;
-                R->domain = c->nodes[x].shape;
-            }
+            if (view >= 0) reduce_directly(c, R, view, x, vmask);
             const int n_g = G->n_members;
             int *gm = jdt_malloc(sizeof(int) * (size_t)n_g);
             if (!gm) return false;
@@ -458,12 +463,7 @@ static bool fuse_reduce_siblings(cprog *c, user_lists *u)
                 R->n_stores + 1 > JDT_GROUP_MAX_STORES || R->n_in_bound + 1 > JDT_GROUP_MAX_READS ||
                 !read_later(c, u, s, gr, gg, R->root, &out))
                 continue;
-            if (view >= 0) { /* R reduces x's leading dims directly; the view goes unread */
-                c->nodes[view].absorbed = true;
-                c->nodes[R->root].in[0] = x;
-                c->nodes[R->root].attrs.i[0] = vmask;
-                R->domain = c->nodes[x].shape;
-            }
+            if (view >= 0) reduce_directly(c, R, view, x, vmask);
             c->groups[gg].n_members = 0; /* dropped below */
             c->groups[gg].root = -1;
             u->kept[s] = 1; /* stored from the reduction's kernel: GEMMs read it */

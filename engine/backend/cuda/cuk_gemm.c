@@ -313,8 +313,6 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         jdt_cuk_to_bf16(k, b, bs, nb);
         b16 = bs;
     }
-    if (aux && (batch != 1 || N % 8 != 0)) /* cuBLASLt's aux: one matrix, ld a multiple of 8 */
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "matmul: GELU epilogue for this shape");
     st = gemm(k, a16, b16, bias, acc, c, aux, aux_kind, batch, M, N, K, ta, tb, b_shared, true,
               c_bf16, e);
     if (st == JDT_OK || c_bf16 || !scratch || scratch_bytes < 4 * (na + nb)) return st;
@@ -351,23 +349,36 @@ jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, con
                        b_bf16, true, scratch, scratch_bytes, e);
 }
 
+/* The bf16-output GEMM with a GELU epilogue (aux_kind 1: GELU_AUX(_BIAS), 2: DGELU; aux the
+ * GELU input), when the shape fits cuBLASLt's one aux matrix (the batch folds into M only over
+ * a shared b; ld N a multiple of 8) and the context has not been refused it before (*off).
+ * False: the caller's fallback runs; a refusal sets *off and says so once. */
+static bool gelu_epilogue(jdt_cuk *k, bool *off, const char *what, const void *a, const void *b,
+                          const void *bias, uint16_t *c, const uint16_t *aux, int aux_kind,
+                          int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                          bool b_shared, bool a_bf16, bool b_bf16, void *scratch,
+                          int64_t scratch_bytes)
+{
+    if (*off || !(batch == 1 || (b_shared && !ta)) || N % 8 != 0 || K <= 0) return false;
+    jdt_err le;
+    jdt_err_clear(&le);
+    if (matmul_bf16(k, a, b, bias, NULL, c, aux, aux_kind, batch, M, N, K, ta, tb, b_shared, a_bf16,
+                    b_bf16, true, scratch, scratch_bytes, &le) == JDT_OK)
+        return true;
+    *off = true;
+    JDT_INFO("cuda: no cuBLASLt %s epilogue here (%s): the GEMM, then a %s kernel", what, le.msg,
+             aux_kind == 2 ? "GELU'" : "GELU");
+    return false;
+}
+
 jdt_status jdt_cuk_matmul_bf16_gelu(jdt_cuk *k, const void *a, const void *b, const uint16_t *bias,
                                     uint16_t *y, uint16_t *pre, int64_t batch, int64_t M, int64_t N,
                                     int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
                                     bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
-    jdt_err le;
-    jdt_err_clear(&le);
-    /* cuBLASLt's aux is one matrix (the batch folds into M only over a shared b), ld % 8 == 0 */
-    const bool fits = (batch == 1 || (b_shared && !ta)) && N % 8 == 0 && K > 0;
-    if (fits && !k->gelu_epilogue_off &&
-        matmul_bf16(k, a, b, bias, NULL, y, pre, 1, batch, M, N, K, ta, tb, b_shared, a_bf16,
-                    b_bf16, true, scratch, scratch_bytes, &le) == JDT_OK)
+    if (gelu_epilogue(k, &k->gelu_epilogue_off, "GELU", a, b, bias, y, pre, 1, batch, M, N, K, ta,
+                      tb, b_shared, a_bf16, b_bf16, scratch, scratch_bytes))
         return JDT_OK;
-    if (fits && !k->gelu_epilogue_off) { /* said once; the GEMM into pre, then the GELU kernel */
-        k->gelu_epilogue_off = true;
-        JDT_INFO("cuda: no cuBLASLt GELU epilogue here (%s): the GEMM, then a GELU kernel", le.msg);
-    }
     jdt_status st = matmul_bf16(k, a, b, bias, NULL, pre, NULL, 0, batch, M, N, K, ta, tb, b_shared,
                                 a_bf16, b_bf16, true, scratch, scratch_bytes, e);
     if (st == JDT_OK) jdt_cuk_gelu_bf16(k, pre, y, batch * M * N);
@@ -379,18 +390,9 @@ jdt_status jdt_cuk_matmul_bf16_dgelu(jdt_cuk *k, const void *a, const void *b, c
                                      bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
                                      void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
-    jdt_err le;
-    jdt_err_clear(&le);
-    const bool fits = (batch == 1 || (b_shared && !ta)) && N % 8 == 0 && K > 0;
-    if (fits && !k->dgelu_epilogue_off &&
-        matmul_bf16(k, a, b, NULL, NULL, dx, pre, 2, batch, M, N, K, ta, tb, b_shared, a_bf16,
-                    b_bf16, true, scratch, scratch_bytes, &le) == JDT_OK)
+    if (gelu_epilogue(k, &k->dgelu_epilogue_off, "DGELU", a, b, NULL, dx, pre, 2, batch, M, N, K,
+                      ta, tb, b_shared, a_bf16, b_bf16, scratch, scratch_bytes))
         return JDT_OK;
-    if (fits && !k->dgelu_epilogue_off) { /* said once; the GEMM, then GELU' in place */
-        k->dgelu_epilogue_off = true;
-        JDT_INFO("cuda: no cuBLASLt DGELU epilogue here (%s): the GEMM, then a GELU' kernel",
-                 le.msg);
-    }
     jdt_status st = matmul_bf16(k, a, b, NULL, NULL, dx, NULL, 0, batch, M, N, K, ta, tb, b_shared,
                                 a_bf16, b_bf16, true, scratch, scratch_bytes, e);
     if (st == JDT_OK) jdt_cuk_dgelu_bf16(k, pre, dx, batch * M * N);
