@@ -49,6 +49,7 @@ static bool step_touches(const cprog *c, int s, touch *t, int *n)
     jdt_err e = {0};
     if (jdt_nest_build(c, c->steps[s].group, &N, &e) != JDT_OK) return false;
     for (int a = 0; a < N.n_acc; a++) {
+        if (a == N.flat) continue; /* the flat index: no memory, no node */
         const int b = c->nodes[N.acc[a].node].buf;
         if (b < 0) return false;
         const jdt_buf_info *bi = &c->bufs[b].info;
