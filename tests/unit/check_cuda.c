@@ -123,7 +123,7 @@ static void build_vector(fx *f)
  * VEC_MAX_REGS, so its kernel stays one element per thread (no spills). */
 static void build_vector_wide(fx *f)
 {
-    static char names[25][8];
+    static char names[25][16];
     jdt_tensor *sum = NULL;
     for (int i = 0; i < 25; i++) {
         snprintf(names[i], sizeof names[i], "x%d", i);

@@ -558,6 +558,13 @@ extern "C" int jdt_emu_set_dyn(size_t bytes)
     return 0;
 }
 
+/* The dynamic shared memory goes with the module (the runtime stand-in dlcloses it). */
+__attribute__((destructor)) static void emu_free_dyn(void)
+{
+    std::free(emu_dyn);
+    emu_dyn = nullptr;
+}
+
 /* The generated kernels declare the fixed-width types and constants themselves (NVRTC has no
  * system headers): rename them away from the host's. Last, so nothing above sees this. */
 #define int8_t jdt_i8_
