@@ -167,6 +167,8 @@ typedef struct cprog_ {
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product
                                   (passes.c fold_addends) */
+    bool residual_gemm;        /* gemm_accumulate and bf16_builtins, unless JDT_RESIDUAL_GEMM=0:
+                                  bf16 branch outputs added unrounded (fold_residual_gemms) */
     bool merge_launches;       /* the device's vtable flag, unless opts.no_merge_launches or
                                   JDT_MERGE_LAUNCHES=0: independent consecutive kernels run as one
                                   launch (merge.c) */

@@ -138,6 +138,8 @@ typedef struct {
                                    (passes.c fold_norm_partials) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands
                               (passes.c fold_addends) */
+    int n_residual_gemms;  /* of those, residual adds of a bf16 branch output that the GEMM
+                              adds unrounded (passes.c fold_residual_gemms) */
     int n_launch_merged;   /* fused kernels run inside an earlier kernel's launch (merge.c):
                               the device launches n_kernels - n_launch_merged */
     double flops_per_step; /* matmul/attention 2*MACs plus one per elementwise result */

@@ -1109,6 +1109,65 @@ static bool scatter_takes(const cnode *f, const cnode *x, bool viewed)
     return f->op == JDT_OP_SCATTER_ADD && f->n_in == 2 && !viewed;
 }
 
+/* precision.activations: bf16 on a device whose GEMMs accumulate and take bf16 (CUDA): a
+ * residual add y = x + CAST(CAST(p, bf16), f32), p a bf16-compute GEMM's f32 product [+ bias]
+ * read by nothing else and x an f32 tensor that fold_addends would give that GEMM. The branch
+ * output is then not rounded to bf16: the add reads p itself, and fold_addends (run later) has
+ * the GEMM add x as cuBLASLt's C, writing y in f32. The bf16 store of the branch output, its
+ * read and the add's kernel (x read, y written) go for an f32 read of x inside the GEMM: 2 of
+ * the 10 bytes per element. It changes numbers as autocast would not (y = x + p where autocast
+ * has x + bf16(p): more exact, not the same), so it is a switch of its own (JDT_RESIDUAL_GEMM=0
+ * in the environment turns it off, program.c). A bias stays the widened bf16 rounding of the
+ * model's (cuBLASLt's f32 bias). Skipped with no_fuse. */
+static jdt_status fold_residual_gemms(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: residual GEMM folding");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *a = &c->nodes[i];
+        if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32)
+            continue;
+        for (int side = 0; side < 2; side++) {
+            const int l = a->in[side], xi = a->in[1 - side];
+            if (!is_widening(c, l) || users[l] != 1) continue;
+            int views[8], n_views = 0, r = c->nodes[l].in[0]; /* reshapes of CAST(p, bf16) */
+            while (c->nodes[r].kind == CK_VIEW && users[r] == 1 && n_views < 8)
+                views[n_views++] = r, r = c->nodes[r].in[0];
+            const cnode *rn = &c->nodes[r];
+            if (rn->op != JDT_OP_CAST || rn->kind != CK_EW || rn->dtype != JDT_DTYPE_BF16 ||
+                users[r] != 1)
+                continue;
+            const int top = rn->in[0], fi = view_base(c, users, top);
+            const cnode *f = &c->nodes[fi], *x = &c->nodes[xi];
+            if (users[top] != 1 || f->op != JDT_OP_MATMUL || f->kind != CK_BUILTIN ||
+                !f->attrs.i[2] || f->dtype != JDT_DTYPE_F32 || f->n_in >= JDT_MAX_INPUTS ||
+                c->nodes[top].dtype != JDT_DTYPE_F32 ||
+                jdt_shape_numel(&f->shape) != jdt_shape_numel(&a->shape) ||
+                !jdt_shape_eq(&x->shape, &a->shape) || x->dtype != JDT_DTYPE_F32 ||
+                x->kind == CK_SPLAT || (xi > fi && x->kind != CK_LEAF) || !gemm_takes(f, x, true))
+                continue;
+            /* the reshapes now view the f32 product; the add reads the outermost */
+            for (int k = 0; k < n_views; k++) {
+                c->nodes[views[k]].dtype = JDT_DTYPE_F32;
+                c->nodes[views[k]].bf16 = false;
+            }
+            const int in = n_views > 0 ? views[0] : top;
+            if (n_views > 0) {
+                c->nodes[views[n_views - 1]].in[0] = top;
+                users[top]++, users[r]--;
+            }
+            a->in[side] = in;
+            users[in]++;
+            if (--users[l] == 0) unread(c, users, l);
+            if (users[r] == 0) unread(c, users, r);
+            c->stats.n_residual_gemms++;
+            break;
+        }
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* The attention builtins read q, k, v, o and dout in either (B, H, T, D) or (B, T, H, D)
  * layout (runtime.h). A (0, 2, 1, 3) transpose read only by attention builtins is therefore not
  * materialised: it becomes a view of its input's buffer, and the builtin reads that buffer
@@ -1211,6 +1270,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     }
 
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->residual_gemm && (st = fold_residual_gemms(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->gemm_gelu && (st = fold_gelu_epilogues(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->gemm_gelu && (st = fold_dgelu_epilogues(c, e)) != JDT_OK) goto out;

@@ -256,6 +256,9 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->norm_bwd_partials =
         norm_env && strcmp(norm_env, "0") == 0 ? 0 : p->dev->vt->norm_bwd_partials;
     c->gemm_gelu = p->dev->vt->gemm_gelu && !(gelu_env && strcmp(gelu_env, "0") == 0);
+    const char *resid_env = getenv("JDT_RESIDUAL_GEMM");
+    c->residual_gemm =
+        c->gemm_accumulate && c->bf16_builtins && !(resid_env && strcmp(resid_env, "0") == 0);
     const char *merge_env = getenv("JDT_MERGE_LAUNCHES"); /* "0": measuring what merging gives */
     c->merge_launches = p->dev->vt->merge_launches && !c->opts.no_merge_launches &&
                         !(merge_env && strcmp(merge_env, "0") == 0);

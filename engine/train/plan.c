@@ -447,6 +447,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
                     sm->n_norm_partials_folded, sm->n_norm_acc_folded);
         if (sm->n_gemm_acc_folded > 0)
             fprintf(f, "; %d adds done by the GEMMs computing an operand", sm->n_gemm_acc_folded);
+        if (sm->n_residual_gemms > 0)
+            fprintf(f, " (%d residual adds of unrounded bf16 branch outputs)",
+                    sm->n_residual_gemms);
         fprintf(f, "\n");
         fprintf(f,
                 "  FLOPs/step     %.3g per device (compiler count, per micro-batch run); "
