@@ -25,6 +25,7 @@ BUILD   ?= build-cuda
 endif
 ifeq ($(SANITIZE),1)
 BUILD   ?= build-asan
+export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tests/infra/lsan.supp
 OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDSAN   := -fsanitize=address,undefined
 else

@@ -129,8 +129,10 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
     for (char *p = host; *p; p++)
         if (*p == '/') *p = '_';
     if (cache_dir && *cache_dir) {
-        char dir[900];
-        snprintf(dir, sizeof dir, "%s/peak", cache_dir);
+        /* a path that would not fit is not cached (measured each run) rather than truncated */
+        char dir[sizeof out->cache_path - sizeof host - 32];
+        const int nd = snprintf(dir, sizeof dir, "%s/peak", cache_dir);
+        if (nd < 0 || (size_t)nd >= sizeof dir) goto measure;
         mkdir_parents(dir);
         snprintf(out->cache_path, sizeof out->cache_path, "%s/%s-t%d.txt", dir, host, nt);
         double cached = read_cache(out->cache_path);
@@ -141,6 +143,7 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
             return JDT_OK;
         }
     }
+measure:
     openblas_set_num_threads(nt);
     double loads[1] = {0};
     bool have_load = getloadavg(loads, 1) == 1;

@@ -495,7 +495,7 @@ static void gradcheck_bf16(const char *name, bf16_fn f, const int64_t (*dims)[2]
     jdt_tensor *p16[2], *p64[2];
     double *data[2];
     for (int k = 0; k < 2; k++) {
-        char nm[8];
+        char nm[16];
         snprintf(nm, sizeof nm, "p%d", k);
         p16[k] = jdt_graph_param(g16, nm, F64, 2, dims[k], NULL);
         p64[k] = jdt_graph_param(g64, nm, F64, 2, dims[k], NULL);

@@ -381,12 +381,13 @@ static jdt_status fake_wait(void *ctx, void *handle, jdt_err *e)
 }
 
 #define OV_MAX_TRACE 512
-static const char *g_trace[OV_MAX_TRACE];
+static char g_trace[OV_MAX_TRACE][48]; /* copies: the names belong to the program */
 static int g_n_trace;
 static void ov_trace(void *ctx, const char *name, double t0, double t1)
 {
     (void)ctx, (void)t0, (void)t1;
-    if (g_n_trace < OV_MAX_TRACE) g_trace[g_n_trace++] = name;
+    if (g_n_trace < OV_MAX_TRACE)
+        snprintf(g_trace[g_n_trace++], sizeof g_trace[0], "%s", name);
 }
 
 /* FSDP-style step: 3 layers h = tanh(x @ all_gather(W_l) + b_l), loss = sum(h^2); the weight
