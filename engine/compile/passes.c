@@ -1051,6 +1051,19 @@ typedef struct {
     int flag;
 } addend_rule;
 
+/* Can builtin fi (f32, its result read through views as add a's operand) take x = node xi,
+ * the add's other operand, as an input added to its result: x an f32 tensor of a's shape,
+ * materialised, and valid at fi (inputs precede their users, except leaves, valid before the
+ * first step)? The op's own rule (addend_rule.takes) comes on top. */
+static bool addend_fits(const cprog *c, const cnode *a, int fi, int xi)
+{
+    const cnode *f = &c->nodes[fi], *x = &c->nodes[xi];
+    return f->kind == CK_BUILTIN && f->dtype == JDT_DTYPE_F32 && f->n_in < JDT_MAX_INPUTS &&
+           jdt_shape_numel(&f->shape) == jdt_shape_numel(&a->shape) &&
+           jdt_shape_eq(&x->shape, &a->shape) && x->dtype == JDT_DTYPE_F32 && x->kind != CK_SPLAT &&
+           !(xi > fi && x->kind != CK_LEAF);
+}
+
 /* y = x + f(...), f a builtin that `rule` lets take x: f's result read by nothing else (through
  * views) and f32, x an f32 tensor of y's shape materialised before f. f gets x as its last
  * input and the add becomes a view of f's result: the add's kernel (two full reads, a write)
@@ -1067,14 +1080,8 @@ static jdt_status fold_addends(cprog *c, addend_rule rule, int *n_folded, jdt_er
             const int top = a->in[side], xi = a->in[1 - side];
             const int fi = view_base(c, users, top);
             cnode *f = &c->nodes[fi];
-            const cnode *x = &c->nodes[xi];
-            /* inputs precede their users, except leaves (valid before the first step) */
-            if (users[top] != 1 || f->kind != CK_BUILTIN || f->dtype != JDT_DTYPE_F32 ||
-                f->n_in >= JDT_MAX_INPUTS ||
-                jdt_shape_numel(&f->shape) != jdt_shape_numel(&a->shape) ||
-                !jdt_shape_eq(&x->shape, &a->shape) || x->dtype != JDT_DTYPE_F32 ||
-                x->kind == CK_SPLAT || (xi > fi && x->kind != CK_LEAF) ||
-                !rule.takes(f, x, fi != top))
+            if (users[top] != 1 || !addend_fits(c, a, fi, xi) ||
+                !rule.takes(f, &c->nodes[xi], fi != top))
                 continue;
             f->in[f->n_in++] = xi;
             if (rule.flag >= 0) f->attrs.i[rule.flag] = 1;
@@ -1138,13 +1145,10 @@ static jdt_status fold_residual_gemms(cprog *c, jdt_err *e)
                 users[r] != 1)
                 continue;
             const int top = rn->in[0], fi = view_base(c, users, top);
-            const cnode *f = &c->nodes[fi], *x = &c->nodes[xi];
-            if (users[top] != 1 || f->op != JDT_OP_MATMUL || f->kind != CK_BUILTIN ||
-                !f->attrs.i[2] || f->dtype != JDT_DTYPE_F32 || f->n_in >= JDT_MAX_INPUTS ||
-                c->nodes[top].dtype != JDT_DTYPE_F32 ||
-                jdt_shape_numel(&f->shape) != jdt_shape_numel(&a->shape) ||
-                !jdt_shape_eq(&x->shape, &a->shape) || x->dtype != JDT_DTYPE_F32 ||
-                x->kind == CK_SPLAT || (xi > fi && x->kind != CK_LEAF) || !gemm_takes(f, x, true))
+            const cnode *f = &c->nodes[fi];
+            if (users[top] != 1 || f->op != JDT_OP_MATMUL || !f->attrs.i[2] ||
+                c->nodes[top].dtype != JDT_DTYPE_F32 || !addend_fits(c, a, fi, xi) ||
+                !gemm_takes(f, &c->nodes[xi], true))
                 continue;
             /* the reshapes now view the f32 product; the add reads the outermost */
             for (int k = 0; k < n_views; k++) {
