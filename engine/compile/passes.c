@@ -433,10 +433,32 @@ static jdt_status check_node(const jdt_tensor *t, jdt_err *e)
 static int *count_users(const cprog *c)
 {
     int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
-    if (!users) return NULL;
+    int *stack = jdt_malloc(sizeof(int) * ((size_t)c->n_nodes + 1));
+    unsigned char *live = jdt_calloc((size_t)c->n_nodes + 1, 1);
+    if (!users || !stack || !live) {
+        jdt_free(users), jdt_free(stack), jdt_free(live);
+        return NULL;
+    }
+    /* only live readers count: a reader DCE will drop (a cotangent the VJP built and nothing
+     * took) must not keep a fold from its value. Reachable from the outputs and updates. */
+    int sp = 0;
+    for (int i = 0; i < c->n_outputs; i++)
+        if (!live[c->outputs[i]]) live[c->outputs[i]] = 1, stack[sp++] = c->outputs[i];
+    for (int i = 0; i < c->n_updates; i++)
+        for (int t = 0; t < 2; t++) {
+            const int v = t ? c->updates[i].target : c->updates[i].value;
+            if (!live[v]) live[v] = 1, stack[sp++] = v;
+        }
+    while (sp > 0) {
+        const cnode *n = &c->nodes[stack[--sp]];
+        for (int k = 0; k < n->n_in; k++)
+            if (!live[n->in[k]]) live[n->in[k]] = 1, stack[sp++] = n->in[k];
+    }
     for (int i = 0; i < c->n_nodes; i++)
-        for (int k = 0; k < c->nodes[i].n_in; k++)
+        for (int k = 0; live[i] && k < c->nodes[i].n_in; k++)
             users[c->nodes[i].in[k]]++;
+    jdt_free(stack);
+    jdt_free(live);
     for (int i = 0; i < c->n_outputs; i++)
         users[c->outputs[i]]++;
     for (int i = 0; i < c->n_updates; i++)
@@ -538,8 +560,9 @@ static void skip_widening(cprog *c, int *users, cnode *x, int k)
  * a view. A folded bias must be the bf16 rounding of the model's (CAST(CAST(b, bf16), f32),
  * models.c), since cuBLASLt's bias has D's type: the GEMM then reads the bf16 node. (2) The
  * cross-entropy (forward and backward) reading CAST(x, f32) of a bf16 x reads x, and so does
- * the attention (forward and backward) of its q, k and v when all three are such. Both change no
- * number: the GEMM rounds its f32 result once as the CAST did, and widening a bf16 value is
+ * the attention (forward and backward) of its q, k and v when all three are such; so does RoPE,
+ * and (1) holds for it too (rotating bf16 q and k, storing them rounded). Both change no
+ * number: the builtin rounds its f32 result once as the CAST did, and widening a bf16 value is
  * exact. They save the f32 copies: 6 bytes of 10 per element of GPT-2's logits. Skipped with
  * no_fuse. */
 static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
@@ -552,11 +575,12 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
             c->nodes[x->in[0]].dtype == JDT_DTYPE_F32) {
             int mi = view_base(c, users, x->in[0]);
             cnode *m = &c->nodes[mi];
-            if (users[x->in[0]] != 1 || m->op != JDT_OP_MATMUL || !m->attrs.i[2] ||
+            const bool rope = m->op == JDT_OP_ROPE && m->kind == CK_BUILTIN;
+            if (users[x->in[0]] != 1 || (!rope && (m->op != JDT_OP_MATMUL || !m->attrs.i[2])) ||
                 users[mi] != 1 || m->dtype != JDT_DTYPE_F32)
                 continue;
             int bias = -1;
-            if (m->n_in == 3) { /* the bias (no accumulate input yet: that fold comes later) */
+            if (!rope && m->n_in == 3) { /* the bias (no accumulate input yet: later) */
                 if (!is_widening(c, m->in[2])) continue;
                 bias = c->nodes[m->in[2]].in[0];
             }
@@ -577,7 +601,8 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
             for (int k = 0; k < 3 && all; k++)
                 skip_widening(c, users, x, k);
             c->stats.n_bf16_folded += all;
-        } else if ((x->op == JDT_OP_SOFTMAX_XENT || x->op == JDT_OP_SOFTMAX_XENT_BWD) &&
+        } else if ((x->op == JDT_OP_SOFTMAX_XENT || x->op == JDT_OP_SOFTMAX_XENT_BWD ||
+                    x->op == JDT_OP_ROPE) &&
                    x->kind == CK_BUILTIN) {
             if (is_widening(c, x->in[0])) {
                 skip_widening(c, users, x, 0);

@@ -43,7 +43,8 @@ const char *jdt_compile_node_label(const cnode *n, char *buf, size_t len)
 }
 
 /* Builtins compute in f32 (indices i32; a MATMUL operand may be bf16, an ALL_GATHER moves bf16
- * too); anything else has no CPU kernel. */
+ * too; on a device with bf16_builtins the inputs and outputs fold_bf16_casts makes bf16);
+ * anything else has no kernel. */
 static jdt_status check_builtins(const cprog *c, jdt_err *e)
 {
     for (int i = 0; i < c->n_nodes; i++) {
@@ -51,7 +52,8 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
         if (n->kind != CK_BUILTIN || n->op == JDT_OP_CONCAT) continue;
         const bool bf16_gather = n->op == JDT_OP_ALL_GATHER && n->dtype == JDT_DTYPE_BF16;
         bool ok = n->dtype == JDT_DTYPE_F32 || bf16_gather ||
-                  (c->bf16_builtins && n->op == JDT_OP_MATMUL && n->dtype == JDT_DTYPE_BF16);
+                  (c->bf16_builtins && (n->op == JDT_OP_MATMUL || n->op == JDT_OP_ROPE) &&
+                   n->dtype == JDT_DTYPE_BF16);
         for (int k = 0; k < n->n_in; k++) {
             bool idx = (n->op == JDT_OP_GATHER || n->op == JDT_OP_SCATTER_ADD ||
                         n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) &&
@@ -61,7 +63,9 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                 want = JDT_DTYPE_BF16; /* a bf16 operand (bf16 compute, read as stored) */
             if (c->bf16_builtins && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
                 ((n->op == JDT_OP_MATMUL && (k == 2 || n->in[k] == cnode_mm_aux(n))) ||
-                 ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) && k == 0) ||
+                 ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD ||
+                   n->op == JDT_OP_ROPE) &&
+                  k == 0) ||
                  ((n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3)))
                 want = JDT_DTYPE_BF16; /* passes.c fold_bf16_casts */
             ok = ok && c->nodes[n->in[k]].dtype == want;

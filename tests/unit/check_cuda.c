@@ -479,7 +479,7 @@ static const char *MLP =
     "optimizer: {type: sgd, lr: 0.05, momentum: 0.9, nesterov: true}\n";
 static const struct {
     const char *name, *base;
-    const char *over[4];
+    const char *over[8];
 } MODELS[] = {
     {"gpt2", NULL, {NULL}},
     {"llama",
@@ -499,14 +499,20 @@ static const struct {
      NULL,
      {"precision.compute=bf16", "precision.activations=bf16", "model.bias=false"}},
     {"gpt2-bf16act-bias", NULL, {"precision.compute=bf16", "precision.activations=bf16", NULL}},
+    /* and the Llama variant: RoPE reads the bf16 q and k and its backward stores their bf16
+     * cotangents itself (fold_bf16_casts) */
+    {"llama-bf16act",
+     NULL,
+     {"model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu", "model.bias=false",
+      "precision.compute=bf16", "precision.activations=bf16", NULL}},
 };
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 
 static void load_model(int i, jdt_config *c)
 {
-    char *over[4];
+    char *over[8];
     int n = 0;
-    for (int k = 0; k < 4 && MODELS[i].over[k]; k++)
+    for (int k = 0; k < 8 && MODELS[i].over[k]; k++)
         over[n++] = (char *)MODELS[i].over[k];
     jdt_err e;
     jdt_err_clear(&e);
@@ -712,13 +718,16 @@ START_TEST(test_nvrtc_train_steps)
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_affines_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
     /* bf16 activations: every linear and the head store bf16 outputs from the GEMM (6 per
-     * layer: q, k, v, o, fc, proj; o and proj not when the residual add takes them unrounded),
-     * the attention forward and backward read q, k, v and the cross-entropy forward and
-     * backward the logits as bf16, and the GEMM computing the GELU output's cotangent stores it
-     * as bf16 (one per layer) */
+     * layer: q, k, v, o, fc, proj; SwiGLU's 7: gate and up for fc; o and proj not when the
+     * residual add takes them unrounded), the attention forward and backward read q, k, v (not
+     * with RoPE, whose q and k are f32) and the cross-entropy forward and backward the logits as
+     * bf16, the GEMM computing the MLP product's cotangent stores it as bf16 (one per layer),
+     * and RoPE reads bf16 q and k and its backward stores their cotangents as bf16 (4) */
+    const bool rope = c.model.pos == JDT_POS_ROPE;
+    const int per_layer = (c.model.activation == JDT_ACT_SWIGLU ? 7 : 6) + (rope ? 4 : 2) + 1;
     if (strstr(MODELS[i].name, "bf16act"))
         ck_assert_int_eq(jdt_step_stats(s)->n_bf16_folded,
-                         9 * c.model.n_layer + 3 - residual_folds);
+                         per_layer * c.model.n_layer + 3 - residual_folds);
     else
         ck_assert_int_eq(jdt_step_stats(s)->n_bf16_folded, 0);
     jdt_step_free(s);

@@ -1086,12 +1086,49 @@ START_TEST(test_rope)
     float *dx = dev_from(x, (size_t)n * 4), *dy = dev_alloc((size_t)n * 4);
     for (int inv = 0; inv < 2; inv++) {
         jdt_rt_rope(x, y, B, T, H, D, 10000.0, inv, 1);
-        jdt_cuk_rope(k, dx, dy, B, T, H, D, 10000.0, inv);
+        jdt_cuk_rope(k, dx, dy, false, false, B, T, H, D, 10000.0, inv);
         float *g = dev_to_host(k, dy, n);
         expect_close(inv ? "rope inverse" : "rope", g, y, n, 2e-6f, 1e-5f);
         free(g);
     }
-    jdt_cuk_rope(k, dx, dy, B, T, H, 7, 10000.0, false); /* odd D: a deferred error */
+    /* bf16 in and/or out (fold_bf16_casts): bf16 x gives exactly the f32 kernel's result on the
+     * widened values, and a bf16 y is exactly that result rounded to nearest even */
+    float *xr = malloc((size_t)n * 4);
+    uint16_t *x16 = malloc((size_t)n * 2), *y16 = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        xr[i] = jdt_bf16_round(x[i]);
+        uint32_t u;
+        memcpy(&u, &xr[i], 4);
+        x16[i] = (uint16_t)(u >> 16);
+    }
+    float *dxr = dev_from(xr, (size_t)n * 4), *dref = dev_alloc((size_t)n * 4);
+    uint16_t *dx16 = dev_from(x16, (size_t)n * 2), *dy16 = dev_alloc((size_t)n * 2);
+    for (int inv = 0; inv < 2; inv++) {
+        jdt_cuk_rope(k, dxr, dref, false, false, B, T, H, D, 10000.0, inv);
+        float *ref = dev_to_host(k, dref, n);
+        jdt_cuk_rope(k, dx16, dy, true, false, B, T, H, D, 10000.0, inv);
+        float *g = dev_to_host(k, dy, n);
+        ck_assert_msg(memcmp(g, ref, (size_t)n * 4) == 0, "rope bf16 in, inverse %d", inv);
+        for (int x_is16 = 0; x_is16 < 2; x_is16++) {
+            jdt_cuk_rope(k, x_is16 ? (const void *)dx16 : (const void *)dxr, dy16, x_is16, true, B,
+                         T, H, D, 10000.0, inv);
+            free(dev_to_host(k, dref, 0)); /* waits, checks */
+            ck_assert_int_eq(cudaMemcpy(y16, dy16, (size_t)n * 2, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            for (int64_t i = 0; i < n; i++) {
+                const float w = jdt_bf16_round(ref[i]);
+                uint32_t u;
+                memcpy(&u, &w, 4);
+                ck_assert_msg(y16[i] == (uint16_t)(u >> 16),
+                              "rope bf16 out (bf16 in %d, inverse %d) [%lld]: %04x vs %04x", x_is16,
+                              inv, (long long)i, y16[i], (unsigned)(u >> 16));
+            }
+        }
+        free(ref), free(g);
+    }
+    free(xr), free(x16), free(y16);
+    cudaFree(dxr), cudaFree(dref), cudaFree(dx16), cudaFree(dy16);
+    jdt_cuk_rope(k, dx, dy, false, false, B, T, H, 7, 10000.0, false); /* odd D: deferred error */
     jdt_err e;
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_cuk_check(k, "rope", true, &e), JDT_ERR_INVALID);

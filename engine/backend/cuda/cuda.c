@@ -1152,8 +1152,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
             jdt_cuk_rms_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
     case JDT_OP_ROPE:
-        jdt_cuk_rope(k, in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
-                     n->attrs.i[0] != 0);
+        /* bf16 in and out where fold_bf16_casts put them */
+        jdt_cuk_rope(k, in[0], o, c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, n->bf16, s0->dims[0],
+                     s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0], n->attrs.i[0] != 0);
         return JDT_OK;
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD: {

@@ -37,9 +37,11 @@ extern "C" __global__ void cuk_scatter_add(const float *src, const i32 *idx, flo
 }
 
 /* y (B, T, H, D) = rotation of pairs (2i, 2i+1) of x by t * theta^(-2i/D) (negated when
- * inverse). One thread per pair, grid-stride; the angle in double like the CPU kernel. */
-extern "C" __global__ void cuk_rope(const float *x, float *y, i64 B, i64 T, i64 H, i64 D,
-                                    double theta, int inverse)
+ * inverse). One thread per pair, grid-stride; the angle in double like the CPU kernel. x16: x
+ * holds bf16 bit patterns (widened exactly); y16: y is stored as bf16, rounded to nearest even
+ * (the f32 result's CAST): the same numbers as f32 in and a rounding CAST after. */
+extern "C" __global__ void cuk_rope(const void *xv, void *yv, i64 B, i64 T, i64 H, i64 D,
+                                    double theta, int inverse, int x16, int y16)
 {
     i64 half = D / 2, n_pairs = B * T * H * half;
     for (i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x; p < n_pairs;
@@ -48,9 +50,19 @@ extern "C" __global__ void cuk_rope(const float *x, float *y, i64 B, i64 T, i64 
         double ang = (inverse ? -1.0 : 1.0) * (double)t * pow(theta, -2.0 * (double)i / (double)D);
         float cs = (float)cos(ang), sn = (float)sin(ang);
         i64 o = 2 * p; /* pairs are contiguous: element index of the pair's first value */
-        float x0 = x[o], x1 = x[o + 1];
-        y[o] = x0 * cs - x1 * sn;
-        y[o + 1] = x0 * sn + x1 * cs;
+        float x0, x1;
+        if (x16) {
+            x0 = cuk_ld((const unsigned short *)xv, o), x1 = cuk_ld((const unsigned short *)xv, o + 1);
+        } else {
+            x0 = ((const float *)xv)[o], x1 = ((const float *)xv)[o + 1];
+        }
+        const float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+        if (y16) {
+            ((unsigned short *)yv)[o] = cuk_bf16_bits(y0);
+            ((unsigned short *)yv)[o + 1] = cuk_bf16_bits(y1);
+        } else {
+            ((float *)yv)[o] = y0, ((float *)yv)[o + 1] = y1;
+        }
     }
 }
 
