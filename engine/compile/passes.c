@@ -430,40 +430,64 @@ static jdt_status check_node(const jdt_tensor *t, jdt_err *e)
 
 /* Readers of each node (inputs of nodes, graph outputs, update values and targets) in a new
  * (n_nodes + 1) array the caller frees; NULL when out of memory. */
-static int *count_users(const cprog *c)
+/* Marks node i live and stacks it for live_nodes' walk, once. */
+static void mark_live(unsigned char *live, int *stack, int *sp, int i)
 {
-    int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
-    int *stack = jdt_malloc(sizeof(int) * ((size_t)c->n_nodes + 1));
+    if (!live[i]) live[i] = 1, stack[(*sp)++] = i;
+}
+
+/* live[i] = 1 when node i is reachable from the outputs and the update values and targets
+ * (any node order: a worklist, not a reverse scan); NULL when out of memory. Caller frees. */
+static unsigned char *live_nodes(const cprog *c)
+{
     unsigned char *live = jdt_calloc((size_t)c->n_nodes + 1, 1);
-    if (!users || !stack || !live) {
-        jdt_free(users), jdt_free(stack), jdt_free(live);
+    int *stack = jdt_malloc(sizeof(int) * ((size_t)c->n_nodes + 1));
+    if (!live || !stack) {
+        jdt_free(live), jdt_free(stack);
         return NULL;
     }
-    /* only live readers count: a reader DCE will drop (a cotangent the VJP built and nothing
-     * took) must not keep a fold from its value. Reachable from the outputs and updates. */
     int sp = 0;
     for (int i = 0; i < c->n_outputs; i++)
-        if (!live[c->outputs[i]]) live[c->outputs[i]] = 1, stack[sp++] = c->outputs[i];
-    for (int i = 0; i < c->n_updates; i++)
-        for (int t = 0; t < 2; t++) {
-            const int v = t ? c->updates[i].target : c->updates[i].value;
-            if (!live[v]) live[v] = 1, stack[sp++] = v;
-        }
+        mark_live(live, stack, &sp, c->outputs[i]);
+    for (int i = 0; i < c->n_updates; i++) {
+        mark_live(live, stack, &sp, c->updates[i].value);
+        mark_live(live, stack, &sp, c->updates[i].target);
+    }
     while (sp > 0) {
         const cnode *n = &c->nodes[stack[--sp]];
         for (int k = 0; k < n->n_in; k++)
-            if (!live[n->in[k]]) live[n->in[k]] = 1, stack[sp++] = n->in[k];
+            mark_live(live, stack, &sp, n->in[k]);
+    }
+    jdt_free(stack);
+    return live;
+}
+
+/* Readers of each node among the live ones (a reader DCE will drop, such as a cotangent the VJP
+ * built and nothing took, must not keep a fold from its value), plus one per output and per
+ * update use. Caller frees; NULL when out of memory. */
+static int *count_users(const cprog *c)
+{
+    int *users = jdt_calloc((size_t)c->n_nodes + 1, sizeof(int));
+    unsigned char *live = live_nodes(c);
+    if (!users || !live) {
+        jdt_free(users), jdt_free(live);
+        return NULL;
     }
     for (int i = 0; i < c->n_nodes; i++)
         for (int k = 0; live[i] && k < c->nodes[i].n_in; k++)
             users[c->nodes[i].in[k]]++;
-    jdt_free(stack);
     jdt_free(live);
     for (int i = 0; i < c->n_outputs; i++)
         users[c->outputs[i]]++;
     for (int i = 0; i < c->n_updates; i++)
         users[c->updates[i].value]++, users[c->updates[i].target]++;
     return users;
+}
+
+/* Is node a an elementwise f32 ADD of two operands (what the add folds look for)? */
+static bool is_f32_add(const cnode *a)
+{
+    return a->op == JDT_OP_ADD && a->kind == CK_EW && a->n_in == 2 && a->dtype == JDT_DTYPE_F32;
 }
 
 /* Node a, folded into the builtin computing its value (an add into the builtin computing one
@@ -488,9 +512,7 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
     if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: bias folding");
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *a = &c->nodes[i];
-        if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32 ||
-            a->shape.ndim < 2)
-            continue;
+        if (!is_f32_add(a) || a->shape.ndim < 2) continue;
         for (int side = 0; side < 2; side++) {
             int mi = a->in[side], bi = a->in[1 - side];
             cnode *m = &c->nodes[mi], *bc = &c->nodes[bi];
@@ -1099,8 +1121,7 @@ static jdt_status fold_addends(cprog *c, addend_rule rule, int *n_folded, jdt_er
     if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: folding adds into builtins");
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *a = &c->nodes[i];
-        if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32)
-            continue;
+        if (!is_f32_add(a)) continue;
         for (int side = 0; side < 2; side++) {
             const int top = a->in[side], xi = a->in[1 - side];
             const int fi = view_base(c, users, top);
@@ -1157,8 +1178,7 @@ static jdt_status fold_residual_gemms(cprog *c, jdt_err *e)
     if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: residual GEMM folding");
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *a = &c->nodes[i];
-        if (a->op != JDT_OP_ADD || a->kind != CK_EW || a->n_in != 2 || a->dtype != JDT_DTYPE_F32)
-            continue;
+        if (!is_f32_add(a)) continue;
         for (int side = 0; side < 2; side++) {
             const int l = a->in[side], xi = a->in[1 - side];
             if (!is_widening(c, l) || users[l] != 1) continue;
@@ -1321,20 +1341,14 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     /* DCE: live = reachable from outputs, update values and targets (the folds may have
      * added nodes: remap is sized after them) */
     remap = jdt_malloc(sizeof(int) * ((size_t)c->n_nodes + 1));
-    if (!remap) {
+    unsigned char *live = remap ? live_nodes(c) : NULL;
+    if (!live) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: dead code elimination");
         goto out;
     }
-    for (int i = 0; i < c->n_outputs; i++)
-        c->nodes[c->outputs[i]].live = true;
-    for (int i = 0; i < c->n_updates; i++) {
-        c->nodes[c->updates[i].target].live = true;
-        c->nodes[c->updates[i].value].live = true;
-    }
-    for (int i = c->n_nodes - 1; i >= 0; i--)
-        if (c->nodes[i].live)
-            for (int k = 0; k < c->nodes[i].n_in; k++)
-                c->nodes[c->nodes[i].in[k]].live = true;
+    for (int i = 0; i < c->n_nodes; i++)
+        c->nodes[i].live = live[i];
+    jdt_free(live);
     int m = 0;
     for (int i = 0; i < c->n_nodes; i++) /* first: a folded bias leaf may follow its reader */
         remap[i] = c->nodes[i].live ? m++ : -1;
