@@ -39,6 +39,10 @@ typedef struct {
      * i[4]: the output packs both), so passes.c fold_gelu_epilogues drops the MLP's GELU
      * kernel. */
     bool gemm_gelu;
+    /* Its cross-entropy forward builtin can also write dlogits for a constant dloss (attrs f[0];
+     * the cnode `co` names the backward it computes), reading each row of logits once for both,
+     * so passes.c fold_xent_backwards drops the backward's step. */
+    bool xent_fused;
     /* The widest row (C) for which its norm backward builtins with the scale also sum the
      * affine's gradients per block of rows (attrs i[0] = P: the output packs dx and P partial
      * rows of dw's and db's sums), so passes.c fold_norm_partials replaces the two gradient

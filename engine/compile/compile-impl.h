@@ -22,6 +22,8 @@ typedef enum {
     CK_REDUCE,  /* REDUCE_*: a group root */
     CK_VIEW,    /* RESHAPE: aliases its input's buffer */
     CK_BUILTIN, /* hand-written kernel (engine/runtime) */
+    CK_COOUT,   /* a builtin's second output: written by the step of the builtin in[0] (its
+                   only input), whose `co` names this node; a buffer of its own, no step */
 } cnode_kind;
 
 typedef struct {
@@ -43,6 +45,8 @@ typedef struct {
     bool bf16;     /* stored as bf16 (2 bytes, round to nearest even on store, widened on load)
                       though computed in f32: a value read only by bf16-compute GEMMs, which
                       round it anyway (fuse.c mark_bf16_storage) */
+    int co;        /* CK_BUILTIN: the CK_COOUT node its step writes besides its own output
+                      (always a later index), 0: none (passes.c fold_xent_backwards) */
 } cnode;
 
 typedef struct {
@@ -163,6 +167,8 @@ typedef struct cprog_ {
     bool norm_bwd_scale; /* the device's vtable flag: the norm backwards take the scale
                             (passes.c fold_norm_scales) */
     bool gemm_gelu;      /* the device's vtable flag: bf16 GEMMs apply GELU (fold_gelu_epilogues) */
+    bool xent_fused;     /* the device's vtable flag, unless JDT_FUSED_XENT=0: the cross-entropy
+                            forward writes dlogits too (passes.c fold_xent_backwards) */
     int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product

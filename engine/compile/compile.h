@@ -136,6 +136,8 @@ typedef struct {
     int n_norm_acc_folded;      /* of those, the ones adding the residual's cotangent to dx */
     int n_norm_partials_folded; /* norm backwards that also sum their affine's gradients
                                    (passes.c fold_norm_partials) */
+    int n_xent_fused;      /* cross-entropy backwards computed by their forward's step in the
+                              same pass over the logits (passes.c fold_xent_backwards) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands
                               (passes.c fold_addends) */
     int n_residual_gemms;  /* of those, residual adds of a bf16 branch output that the GEMM

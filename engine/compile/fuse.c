@@ -218,7 +218,7 @@ static void mark_bf16_storage(cprog *c, const user_lists *u)
         /* builtins with a bf16-storing kernel: the cross-entropy's dlogits, a norm applying
          * its affine (CUDA: passes.c fold_norm_affines) */
         bool builtin =
-            n->kind == CK_BUILTIN &&
+            (n->kind == CK_BUILTIN || n->kind == CK_COOUT) &&
             (n->op == JDT_OP_SOFTMAX_XENT_BWD ||
              ((n->op == JDT_OP_NORMALIZE || n->op == JDT_OP_RMS_NORMALIZE) && n->n_in > 1));
         if (!builtin && (n->group < 0 || (n->kind != CK_EW && n->kind != CK_MAP))) continue;
@@ -851,8 +851,10 @@ static jdt_status schedule(cprog *c, const user_lists *u, jdt_err *e)
                  .scratch_buf = -1, .coll = -1);
             if (jdt_op_class_of(n->op) == JDT_OPC_COLLECTIVE) n_blocking++;
         } else {
-            /* a view a reduction reads through (fuse_reduce_producers) has no buffer */
-            n->store = n->kind == CK_LEAF || (n->kind == CK_VIEW && !n->absorbed);
+            /* a view a reduction reads through (fuse_reduce_producers) has no buffer; a
+             * co-output has one, written by its builtin's step */
+            n->store =
+                n->kind == CK_LEAF || n->kind == CK_COOUT || (n->kind == CK_VIEW && !n->absorbed);
         }
     }
     for (int k = 0; k < c->n_colls; k++) {
@@ -1202,6 +1204,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         if (sp->kind == STEP_COLL_START) continue;
         if (sp->kind == STEP_BUILTIN) {
             c->bufs[c->nodes[sp->node].buf].info.def_step = s;
+            if (c->nodes[sp->node].co)
+                c->bufs[c->nodes[c->nodes[sp->node].co].buf].info.def_step = s;
             int64_t sb = builtin_scratch_bytes(c, &c->nodes[sp->node]);
             if (sb > 0) {
                 sp->scratch_buf = add_buf(c, JDT_BUF_ARENA, sb, -1);
@@ -1314,6 +1318,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         } else if (sp->kind == STEP_COLL_START) {
         } else if (sp->kind == STEP_BUILTIN) {
             outs[n_outs++] = c->nodes[sp->node].buf;
+            if (c->nodes[sp->node].co) outs[n_outs++] = c->nodes[c->nodes[sp->node].co].buf;
             if (sp->scratch_buf >= 0) outs[n_outs++] = sp->scratch_buf;
         } else {
             const cgroup *g = &c->groups[sp->group];

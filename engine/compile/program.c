@@ -164,7 +164,7 @@ static double node_flops(const cprog *c, const cnode *n)
     }
     if (n->kind == CK_LEAF || n->kind == CK_SPLAT || n->kind == CK_VIEW) return 0.0;
     if (n->kind == CK_REDUCE) return (double)jdt_shape_numel(&c->nodes[n->in[0]].shape);
-    if (n->kind == CK_BUILTIN) return 5.0 * numel;
+    if (n->kind == CK_BUILTIN || n->kind == CK_COOUT) return 5.0 * numel;
     return numel;
 }
 
@@ -196,6 +196,11 @@ static void step_cost(const cprog *c, const cstep *sp, double *bytes, double *fl
         const cnode *n = &c->nodes[sp->node];
         *flops = node_flops(c, n);
         *bytes = (double)(jdt_shape_numel(&n->shape) * cnode_elem_size(n));
+        if (n->co) { /* its second output (passes.c fold_xent_backwards) */
+            const cnode *co = &c->nodes[n->co];
+            *flops += node_flops(c, co);
+            *bytes += (double)(jdt_shape_numel(&co->shape) * cnode_elem_size(co));
+        }
         for (int k = 0; k < n->n_in; k++) /* a GELU backward's aux: its second half */
             *bytes += (double)(jdt_shape_numel(&c->nodes[n->in[k]].shape) *
                                cnode_elem_size(&c->nodes[n->in[k]])) /
@@ -260,6 +265,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->norm_bwd_partials =
         norm_env && strcmp(norm_env, "0") == 0 ? 0 : p->dev->vt->norm_bwd_partials;
     c->gemm_gelu = p->dev->vt->gemm_gelu && !(gelu_env && strcmp(gelu_env, "0") == 0);
+    const char *xent_env = getenv("JDT_FUSED_XENT");
+    c->xent_fused = p->dev->vt->xent_fused && !(xent_env && strcmp(xent_env, "0") == 0);
     const char *resid_env = getenv("JDT_RESIDUAL_GEMM");
     c->residual_gemm =
         c->gemm_accumulate && c->bf16_builtins && !(resid_env && strcmp(resid_env, "0") == 0);

@@ -692,6 +692,9 @@ START_TEST(test_nvrtc_train_steps)
     const int residual_folds =
         c.model.type == JDT_MODEL_GPT && bf16act && c.model.dropout == 0 ? 2 * c.model.n_layer : 0;
     ck_assert_int_eq(jdt_step_stats(s)->n_residual_gemms, residual_folds);
+    /* the loss's mean gives every row the same cotangent: the cross-entropy's backward is done
+     * by its forward's pass over the logits (passes.c fold_xent_backwards) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_xent_fused, 1);
     /* every norm backward forms dy * w itself (ln1, ln2 per layer and the final norm) */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_scales_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
@@ -908,6 +911,9 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol, bool params)
     if (strstr(MODELS[i].name, "bf16act"))
         ck_assert_int_eq(jdt_step_stats(sg)->n_residual_gemms,
                          getenv("JDT_RESIDUAL_GEMM") ? 0 : 2 * c.model.n_layer);
+    /* the fused classifier on the device only (JDT_FUSED_XENT=0: the two builtins) */
+    ck_assert_int_eq(jdt_step_stats(sc)->n_xent_fused, 0);
+    ck_assert_int_eq(jdt_step_stats(sg)->n_xent_fused, getenv("JDT_FUSED_XENT") ? 0 : 1);
     size_t n = (size_t)c.data.batch_size *
                (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
     int32_t *xi = calloc(n, 4), *y = calloc(n, 4);

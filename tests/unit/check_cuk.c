@@ -970,18 +970,28 @@ static void expect_bf16_near(const char *what, const uint16_t *got, const uint16
     }
 }
 
-static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
+/* Logits (N, V) and targets for the cross-entropy tests, with the rows that take other paths:
+ * row 0 ignored (target -1: loss 0, gradient 0), row 1 out of range (target V: loss NaN,
+ * gradient 0), row 3 mostly masked (-inf logits the online logsumexp skips). */
+static int32_t *xent_inputs(int64_t N, int64_t V, float **x)
 {
-    int64_t n = N * V;
-    float *x = rand_floats(n, 21, -4, 4), *dl = rand_floats(N, 22, 0.5f, 2);
+    *x = rand_floats(N * V, 21, -4, 4);
     int32_t *t = malloc((size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++)
         t[i] = (int32_t)((i * 7919) % V);
-    t[0] = -1;                    /* ignored row: loss 0, gradient 0 */
-    if (N > 2) t[1] = (int32_t)V; /* out of range: loss NaN, gradient 0 */
-    if (N > 3)                    /* masked logits: the online logsumexp skips -inf */
+    t[0] = -1;
+    if (N > 2) t[1] = (int32_t)V;
+    if (N > 3)
         for (int64_t c = 0; c < V; c += 3)
-            if (c != t[3]) x[3 * V + c] = -INFINITY;
+            if (c != t[3]) (*x)[3 * V + c] = -INFINITY;
+    return t;
+}
+
+static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
+{
+    int64_t n = N * V;
+    float *x, *dl = rand_floats(N, 22, 0.5f, 2);
+    int32_t *t = xent_inputs(N, V, &x);
     float *loss = malloc((size_t)N * 4), *dx = malloc((size_t)n * 4);
     jdt_rt_softmax_xent(x, t, loss, N, V, 1);
     jdt_rt_softmax_xent_bwd(x, t, dl, NULL, dx, N, V, 1);
@@ -1039,12 +1049,71 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     cudaFree(dxd), cudaFree(dld), cudaFree(td), cudaFree(lossd), cudaFree(dxo);
 }
 
+/* The fused classifier (jdt_cuk_softmax_xent_fused, the compiler's fold_xent_backwards):
+ * the loss and dlogits of one pass against the CPU's forward and backward with dloss = g in
+ * every row; f32 or bf16 logits (the reference on the same values widened), f32 or bf16
+ * dlogits. */
+static void check_xent_fused(jdt_cuk *k, int64_t N, int64_t V, bool logits_bf16)
+{
+    const int64_t n = N * V;
+    const float g = 0.37f;
+    float *x, *dl = malloc((size_t)N * 4), *loss = malloc((size_t)N * 4),
+              *dx = malloc((size_t)n * 4);
+    int32_t *t = xent_inputs(N, V, &x);
+    uint16_t *x16 = malloc((size_t)n * 2), *w16 = malloc((size_t)n * 2),
+             *h16 = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < N; i++)
+        dl[i] = g;
+    for (int64_t i = 0; logits_bf16 && i < n; i++) {
+        x16[i] = jdt_rt_bf16_bits(x[i]);
+        x[i] = jdt_rt_bf16_round(x[i]);
+    }
+    jdt_rt_softmax_xent(x, t, loss, N, V, 1);
+    jdt_rt_softmax_xent_bwd(x, t, dl, NULL, dx, N, V, 1);
+    jdt_rt_softmax_xent_bwd_bf16(x, t, dl, loss, w16, N, V, 1);
+    void *xd =
+        logits_bf16 ? (void *)dev_from(x16, (size_t)n * 2) : (void *)dev_from(x, (size_t)n * 4);
+    int32_t *td = dev_from(t, (size_t)N * 4);
+    float *lossd = dev_alloc((size_t)N * 4), *dxo = dev_alloc((size_t)n * 4);
+    uint16_t *d16 = dev_alloc((size_t)n * 2);
+    char what[64];
+    for (int out16 = 0; out16 < 2; out16++) {
+        cudaMemset(lossd, 0xff, (size_t)N * 4); /* NaN: a row not written shows */
+        jdt_cuk_softmax_xent_fused(k, xd, logits_bf16, td, g, lossd,
+                                   out16 ? (void *)d16 : (void *)dxo, out16, N, V);
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_msg(jdt_cuk_check(k, "xent_fused", true, &e) == JDT_OK, "%s", e.msg);
+        snprintf(what, sizeof what, "softmax_xent_fused(%s logits, %s dlogits) loss",
+                 logits_bf16 ? "bf16" : "f32", out16 ? "bf16" : "f32");
+        float *gl = dev_to_host(k, lossd, N);
+        expect_close(what, gl, loss, N, 1e-5f, 1e-5f);
+        free(gl);
+        if (out16) {
+            ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            expect_bf16_near(what, h16, w16, n);
+        } else {
+            float *gdx = dev_to_host(k, dxo, n);
+            expect_close(what, gdx, dx, n, 1e-7f, 1e-4f);
+            free(gdx);
+        }
+    }
+    free(x), free(dl), free(loss), free(dx), free(t), free(x16), free(w16), free(h16);
+    cudaFree(xd), cudaFree(td), cudaFree(lossd), cudaFree(dxo), cudaFree(d16);
+}
+
 START_TEST(test_softmax_xent)
 {
     GPU_OR_SKIP(k);
     check_xent(k, 9, 1037);
     check_xent(k, 6, 1024);
     check_xent(k, 4, 50257);
+    for (int lb = 0; lb < 2; lb++) {
+        check_xent_fused(k, 9, 1037, lb);
+        check_xent_fused(k, 6, 1024, lb);
+        check_xent_fused(k, 4, 50257, lb);
+    }
     jdt_cuk_free(k);
 }
 END_TEST

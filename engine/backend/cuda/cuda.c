@@ -1111,7 +1111,13 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         jdt_cuk_log_softmax_bwd(k, in[0], in[1], o, N, C);
         return JDT_OK;
     case JDT_OP_SOFTMAX_XENT: /* bf16 logits: passes.c fold_bf16_casts */
-        jdt_cuk_softmax_xent(k, in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1], o, N, C);
+        if (n->co)            /* and the backward (passes.c fold_xent_backwards) */
+            jdt_cuk_softmax_xent_fused(k, in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1],
+                                       (float)n->attrs.f[0], o, dptr(p, n->co),
+                                       c->nodes[n->co].bf16, N, C);
+        else
+            jdt_cuk_softmax_xent(k, in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1], o, N,
+                                 C);
         return JDT_OK;
     case JDT_OP_SOFTMAX_XENT_BWD: {
         bool lb = c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
@@ -1336,6 +1342,7 @@ static const jdt_backend_vt cuda_vt = {
     .gemm_accumulate = true,
     .norm_bwd_partials = JDT_CUK_NORM_PART_MAX_C,
     .gemm_gelu = true,
+    .xent_fused = true,
     .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,

@@ -36,6 +36,10 @@ extern const int jdt_cuk_n_sources;
     X(SOFTMAX_XENT_B, "cuk_rows.cu", "cuk_softmax_xent_b")                                         \
     X(SOFTMAX_XENT_BWD_B, "cuk_rows.cu", "cuk_softmax_xent_bwd_b")                                 \
     X(SOFTMAX_XENT_BWD_BF16_B, "cuk_rows.cu", "cuk_softmax_xent_bwd_bf16_b")                       \
+    X(SOFTMAX_XENT_FUSED, "cuk_rows.cu", "cuk_softmax_xent_fused")                                 \
+    X(SOFTMAX_XENT_FUSED_B, "cuk_rows.cu", "cuk_softmax_xent_fused_b")                             \
+    X(SOFTMAX_XENT_FUSED_BF16, "cuk_rows.cu", "cuk_softmax_xent_fused_bf16")                       \
+    X(SOFTMAX_XENT_FUSED_BF16_B, "cuk_rows.cu", "cuk_softmax_xent_fused_bf16_b")                   \
     X(NORMALIZE, "cuk_rows.cu", "cuk_normalize")                                                   \
     X(NORMALIZE_BWD, "cuk_rows.cu", "cuk_normalize_bwd")                                           \
     X(RMS_NORMALIZE, "cuk_rows.cu", "cuk_rms_normalize")                                           \

@@ -536,6 +536,25 @@ void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_b
            row_threads(V), 0, args);
 }
 
+void jdt_cuk_softmax_xent_fused(jdt_cuk *k, const void *logits, bool logits_bf16,
+                                const int32_t *tgt, float g, float *loss, void *dlogits,
+                                bool dlogits_bf16, int64_t N, int64_t V)
+{
+    if (N <= 0) return;
+    if (V <= 0) {
+        jdt_cuk_defer(k, JDT_ERR_INVALID, "softmax_xent: empty vocabulary");
+        return;
+    }
+    int vec =
+        xent_vec(V, logits, logits_bf16) && ((uintptr_t)dlogits & (dlogits_bf16 ? 7u : 15u)) == 0;
+    void *args[] = {&logits, &tgt, &g, &loss, &dlogits, &N, &V, &vec};
+    jdt_cuk_kernel ki = dlogits_bf16 ? (logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_FUSED_BF16_B
+                                                    : JDT_CUK_K_SOFTMAX_XENT_FUSED_BF16)
+                                     : (logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_FUSED_B
+                                                    : JDT_CUK_K_SOFTMAX_XENT_FUSED);
+    launch(k, ki, N, row_threads(V), 0, args);
+}
+
 static void norm_launch2(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, float *y, int64_t N,
                          int64_t C, float eps)
 {

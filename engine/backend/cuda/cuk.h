@@ -177,6 +177,14 @@ void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const void *logits, bool logits_bf16, 
 void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_bf16,
                                    const int32_t *tgt, const float *dloss, const float *loss,
                                    uint16_t *dlogits, int64_t N, int64_t V);
+/* llm.c's fused classifier (passes.c fold_xent_backwards): loss as jdt_cuk_softmax_xent's and
+ * dlogits = g * (softmax(row) - onehot(target)) as jdt_cuk_softmax_xent_bwd's for a dloss of g
+ * in every row, the row's logsumexp found once (the backward half reads the row again while it
+ * is in cache). dlogits f32, or bf16 bit patterns (nearest even) with dlogits_bf16; logits as
+ * above. */
+void jdt_cuk_softmax_xent_fused(jdt_cuk *k, const void *logits, bool logits_bf16,
+                                const int32_t *tgt, float g, float *loss, void *dlogits,
+                                bool dlogits_bf16, int64_t N, int64_t V);
 void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
 /* The norms' backwards: dx from x and the normalised value's cotangent dxhat = dy * w, w (C)
  * the norm's scale, or dxhat = dy when w is NULL (jdt_rt_normalize_bwd's semantics then). */

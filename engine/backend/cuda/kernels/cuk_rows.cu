@@ -146,11 +146,25 @@ __device__ __forceinline__ float cuk_xent_lse(const T *xr, const float *loss, i6
     return loss ? loss[n] + cuk_ld(xr, t) : cuk_row_lse(xr, V, vec, sh);
 }
 
-/* dlogits = dloss * (softmax(row) - onehot(t)); rows with t out of [0, V) are 0. loss: the
- * forward's per-row loss of these logits and targets (SOFTMAX_XENT's output), or NULL. */
+/* The fused classifier's forward half (the compiler's fold_xent_backwards): with loss_out,
+ * row n's loss from its logsumexp l, or for a target out of range 0 (t < 0) or NaN; by thread
+ * 0, before the backward half reads the row again (from cache). */
+template <class T>
+__device__ __forceinline__ void cuk_xent_store_loss(float *loss_out, i64 n, i64 t, i64 V, float l,
+                                                    const T *xr)
+{
+    if (loss_out && threadIdx.x == 0)
+        loss_out[n] = t < 0 ? 0.0f : t >= V ? CUK_NAN : l - cuk_ld(xr, t);
+}
+
+/* dlogits = dloss * (softmax(row) - onehot(t)); rows with t out of [0, V) are 0. dloss: the
+ * per-row cotangents, or NULL for the same g for every row. loss: the forward's per-row loss
+ * of these logits and targets (SOFTMAX_XENT's output), or NULL (the logsumexp is computed;
+ * loss_out, when not NULL, receives the loss too). */
 template <class T>
 __device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const float *dloss,
-                                         const float *loss, float *dlogits, i64 N, i64 V, int vec)
+                                         float g, const float *loss, float *loss_out,
+                                         float *dlogits, i64 N, i64 V, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -158,11 +172,14 @@ __device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const 
         const T *xr = logits + n * V;
         float *d = dlogits + n * V;
         if (t < 0 || t >= V) {
+            cuk_xent_store_loss(loss_out, n, t, V, 0.0f, xr);
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
                 d[c] = 0.0f;
             continue;
         }
-        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh), g = dloss[n];
+        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh);
+        if (dloss) g = dloss[n];
+        cuk_xent_store_loss(loss_out, n, t, V, l, xr);
         auto f = [&](i64 c, float a) {
             float p = g * expf(a - l);
             return c == t ? p - g : p;
@@ -185,14 +202,29 @@ extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *
                                                 const float *dloss, const float *loss,
                                                 float *dlogits, i64 N, i64 V, int vec)
 {
-    xent_bwd(logits, tgt, dloss, loss, dlogits, N, V, vec);
+    xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_bwd_b(const unsigned short *logits, const i32 *tgt,
                                                   const float *dloss, const float *loss,
                                                   float *dlogits, i64 N, i64 V, int vec)
 {
-    xent_bwd(logits, tgt, dloss, loss, dlogits, N, V, vec);
+    xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, vec);
+}
+
+/* The fused classifier: loss and dlogits = g * (softmax - onehot) in one pass over a row. */
+extern "C" __global__ void cuk_softmax_xent_fused(const float *logits, const i32 *tgt, float g,
+                                                  float *loss, float *dlogits, i64 N, i64 V,
+                                                  int vec)
+{
+    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, vec);
+}
+
+extern "C" __global__ void cuk_softmax_xent_fused_b(const unsigned short *logits, const i32 *tgt,
+                                                    float g, float *loss, float *dlogits, i64 N,
+                                                    i64 V, int vec)
+{
+    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, vec);
 }
 
 /* The backward storing bf16 (bit patterns, rounded to nearest even): dlogits read only by bf16
@@ -201,8 +233,8 @@ extern "C" __global__ void cuk_softmax_xent_bwd_b(const unsigned short *logits, 
  * launcher checks). */
 template <class T>
 __device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, const float *dloss,
-                                              const float *loss, unsigned short *dlogits, i64 N,
-                                              i64 V, int vec)
+                                              float g, const float *loss, float *loss_out,
+                                              unsigned short *dlogits, i64 N, i64 V, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -210,11 +242,14 @@ __device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, c
         const T *xr = logits + n * V;
         unsigned short *d = dlogits + n * V;
         if (t < 0 || t >= V) {
+            cuk_xent_store_loss(loss_out, n, t, V, 0.0f, xr);
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
                 d[c] = 0;
             continue;
         }
-        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh), g = dloss[n];
+        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh);
+        if (dloss) g = dloss[n];
+        cuk_xent_store_loss(loss_out, n, t, V, l, xr);
         auto bits = [&](i64 c, float a) -> unsigned int {
             float p = g * expf(a - l);
             return cuk_bf16_bits(c == t ? p - g : p);
@@ -235,18 +270,32 @@ __device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, c
 
 extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const i32 *tgt,
                                                      const float *dloss, const float *loss,
-                                                     unsigned short *dlogits, i64 N, i64 V,
-                                                     int vec)
+                                                     unsigned short *dlogits, i64 N, i64 V, int vec)
 {
-    xent_bwd_bf16(logits, tgt, dloss, loss, dlogits, N, V, vec);
+    xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, vec);
 }
 
-extern "C" __global__ void cuk_softmax_xent_bwd_bf16_b(const unsigned short *logits,
-                                                       const i32 *tgt, const float *dloss,
-                                                       const float *loss, unsigned short *dlogits,
-                                                       i64 N, i64 V, int vec)
+extern "C" __global__ void cuk_softmax_xent_bwd_bf16_b(const unsigned short *logits, const i32 *tgt,
+                                                       const float *dloss, const float *loss,
+                                                       unsigned short *dlogits, i64 N, i64 V,
+                                                       int vec)
 {
-    xent_bwd_bf16(logits, tgt, dloss, loss, dlogits, N, V, vec);
+    xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, vec);
+}
+
+extern "C" __global__ void cuk_softmax_xent_fused_bf16(const float *logits, const i32 *tgt, float g,
+                                                       float *loss, unsigned short *dlogits, i64 N,
+                                                       i64 V, int vec)
+{
+    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, vec);
+}
+
+extern "C" __global__ void cuk_softmax_xent_fused_bf16_b(const unsigned short *logits,
+                                                         const i32 *tgt, float g, float *loss,
+                                                         unsigned short *dlogits, i64 N, i64 V,
+                                                         int vec)
+{
+    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, vec);
 }
 
 /* Mean and 1/sqrt(var + eps) of a row (two passes: the centred second pass keeps the variance
