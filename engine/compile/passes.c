@@ -950,6 +950,85 @@ nomem:
     return jdt_err_set(e, JDT_ERR_NOMEM, "compile: norm gradient partials");
 }
 
+/* A packed norm backward's output g (fold_norm_partials: dx, plus the residual's cotangent when
+ * it took that) is the input cotangent of the linear layer before the norm's reader in the
+ * forward: GPT-2's attention and MLP projections. Their backward reads g twice more: the bias
+ * gradient, a column-sum reduction of g, and the bf16 GEMMs' copy, CAST(g, bf16) (ops.c
+ * vjp_MATMUL; one kernel stores both, fuse.c fuse_reduce_siblings). The builtin, which holds
+ * each value of g as it writes it, does both (c->norm_bwd_partials: CUDA's _part kernels): the
+ * column sums per block of rows into k more slots of its packed output (attrs i[1] = 1; the
+ * reduction then sums P rows, as for dw and db), and the copy as its co-output (CK_COOUT): the
+ * f32 g is no longer read for them (4 bytes per element of each of GPT-2's 24, ~2.4 GB per step
+ * at B 32), and no kernel stores the copy. The copy is the same rounding of the same value;
+ * the bias gradient's sum changes order (per block, then over the blocks). Skipped with
+ * no_fuse. */
+static jdt_status fold_norm_cotangents(cprog *c, jdt_err *e)
+{
+    const int n0 = c->n_nodes;
+    int folded = 0;
+    for (int pi = 0; pi < n0; pi++) {
+        const cnode *nb = &c->nodes[pi];
+        if ((nb->op != JDT_OP_NORMALIZE_BWD && nb->op != JDT_OP_RMS_NORMALIZE_BWD) ||
+            nb->kind != CK_BUILTIN || nb->attrs.i[0] <= 0 || nb->attrs.i[1] != 0 || nb->co)
+            continue;
+        int v = -1; /* g: the view of the packed output's first slots */
+        for (int j = pi + 1; j < n0 && v < 0; j++)
+            if (c->nodes[j].kind == CK_VIEW && c->nodes[j].in[0] == pi) v = j;
+        if (v < 0) continue;
+        const jdt_shape *gs = &c->nodes[v].shape;
+        const int nd = gs->ndim;
+        const int64_t C = gs->dims[nd - 1], numel = jdt_shape_numel(gs), d0 = gs->dims[0],
+                      k = (nb->shape.dims[0] - d0) / 2;
+        int sum = -1, copy = -1;
+        for (int r = v + 1; r < n0; r++) {
+            const cnode *x = &c->nodes[r];
+            if (sum < 0 && column_sums_of(c, r, pi, C, numel)) sum = r;
+            if (copy < 0 && x->op == JDT_OP_CAST && x->kind == CK_EW &&
+                x->dtype == JDT_DTYPE_BF16 && c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 &&
+                view_root(c, x->in[0]) == pi && jdt_shape_numel(&x->shape) == numel)
+                copy = r;
+        }
+        if (sum < 0 && copy < 0) continue;
+        if (sum >= 0) { /* k more partial rows: the sums of g, reduced over P rows */
+            c->nodes[pi].shape.dims[0] += k;
+            c->nodes[pi].attrs.i[1] = 1;
+            cnode part = {.op = JDT_OP_SLICE,
+                          .dtype = JDT_DTYPE_F32,
+                          .shape = *gs,
+                          .n_in = 1,
+                          .in = {pi},
+                          .kind = CK_MAP};
+            part.shape.dims[0] = k;
+            part.attrs.i[1] = d0 + 2 * k;
+            part.attrs.i[2] = d0 + 3 * k;
+            const int si = append_node(c, &part);
+            if (si < 0) goto nomem;
+            cnode red = {.op = JDT_OP_REDUCE_SUM,
+                         .dtype = JDT_DTYPE_F32,
+                         .n_in = 1,
+                         .in = {si},
+                         .kind = CK_REDUCE};
+            red.attrs.i[0] = (((int64_t)1 << nd) - 1) - ((int64_t)1 << (nd - 1));
+            red.shape.ndim = 1;
+            red.shape.dims[0] = C;
+            const int ri = append_node(c, &red);
+            if (ri < 0) goto nomem;
+            to_view(&c->nodes[sum], ri);
+        }
+        if (copy >= 0) { /* written by the builtin's step: its one input is the builtin */
+            cnode *x = &c->nodes[copy];
+            x->kind = CK_COOUT;
+            x->in[0] = pi;
+            c->nodes[pi].co = copy;
+        }
+        c->stats.n_norm_cotangents_folded++;
+        folded++;
+    }
+    return folded ? order_inputs_first(c, e) : JDT_OK;
+nomem:
+    return jdt_err_set(e, JDT_ERR_NOMEM, "compile: norm cotangent folding");
+}
+
 /* The norms apply their affine (c->norm_bwd_partials: CUDA, whose norm backwards no longer read
  * xhat, fold_norm_partials): y = NORMALIZE(x) * w (+ b), xhat read by nothing else and w, b
  * one value per column broadcast along the rows (models.c norm), becomes NORMALIZE(x, w[, b])
@@ -1359,6 +1438,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && c->gemm_gelu && (st = fold_dgelu_epilogues(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_scale && (st = fold_norm_scales(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_bwd_partials > 0 && (st = fold_norm_partials(c, e)) != JDT_OK)
+        goto out;
+    if (!c->opts.no_fuse && c->norm_bwd_partials > 0 && (st = fold_norm_cotangents(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && c->norm_bwd_partials > 0 && (st = fold_norm_affines(c, e)) != JDT_OK)
         goto out;

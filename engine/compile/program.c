@@ -164,7 +164,8 @@ static double node_flops(const cprog *c, const cnode *n)
     }
     if (n->kind == CK_LEAF || n->kind == CK_SPLAT || n->kind == CK_VIEW) return 0.0;
     if (n->kind == CK_REDUCE) return (double)jdt_shape_numel(&c->nodes[n->in[0]].shape);
-    if (n->kind == CK_BUILTIN || n->kind == CK_COOUT) return 5.0 * numel;
+    if (n->kind == CK_BUILTIN || (n->kind == CK_COOUT && jdt_op_class_of(n->op) == JDT_OPC_FUSED))
+        return 5.0 * numel;
     return numel;
 }
 

@@ -906,34 +906,52 @@ static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
             const int64_t Ps[] = {1, 3, N + 2};
             for (int q = 0; q < 3; q++) {
                 const int64_t P = Ps[q], R = (N + P - 1) / P;
-                float *dp = dev_alloc((size_t)(2 * P * C) * 4);
+                float *dp = dev_alloc((size_t)(3 * P * C) * 4);
                 /* the last one adds a residual cotangent to dx (passes.c folds that add) */
                 float *acc = q == 2 ? rand_floats(n, 15, -1, 1) : NULL;
                 float *dacc = acc ? dev_from(acc, (size_t)n * 4) : NULL;
+                /* the last two also sum the output's columns and store its bf16 copy (passes.c
+                 * fold_norm_cotangents) */
+                float *pg = q > 0 ? dp + 2 * P * C : NULL;
+                uint16_t *d16 = q > 0 ? dev_alloc((size_t)n * 2) : NULL;
                 if (kind == ROW_NORM)
-                    jdt_cuk_normalize_bwd_part(k, dxin, dg, dw, dacc, ddx, dp, dp + P * C, N, C, P,
-                                               eps);
+                    jdt_cuk_normalize_bwd_part(k, dxin, dg, dw, dacc, ddx, dp, dp + P * C, pg, d16,
+                                               N, C, P, eps);
                 else
-                    jdt_cuk_rms_normalize_bwd_part(k, dxin, dg, dw, dacc, ddx, dp, dp + P * C, N, C,
-                                                   P, eps);
-                float *gp = dev_to_host(k, dp, 2 * P * C), *gdxp = dev_to_host(k, ddx, n);
-                snprintf(what, sizeof what, "%s_bwd_part(P %lld%s) N%lld C%lld", name, (long long)P,
-                         acc ? ", acc" : "", (long long)N, (long long)C);
+                    jdt_cuk_rms_normalize_bwd_part(k, dxin, dg, dw, dacc, ddx, dp, dp + P * C, pg,
+                                                   d16, N, C, P, eps);
+                float *gp = dev_to_host(k, dp, 3 * P * C), *gdxp = dev_to_host(k, ddx, n);
+                snprintf(what, sizeof what, "%s_bwd_part(P %lld%s%s) N%lld C%lld", name,
+                         (long long)P, acc ? ", acc" : "", pg ? ", out sums, bf16 copy" : "",
+                         (long long)N, (long long)C);
+                if (d16) { /* the copy: the written output's rounding, bit for bit */
+                    uint16_t *h16 = malloc((size_t)n * 2);
+                    ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost),
+                                     cudaSuccess);
+                    for (int64_t i = 0; i < n; i++)
+                        ck_assert_msg(h16[i] == jdt_rt_bf16_bits(gdxp[i]),
+                                      "%s: bf16 copy [%lld] %04x, want %04x", what, (long long)i,
+                                      h16[i], jdt_rt_bf16_bits(gdxp[i]));
+                    free(h16);
+                }
+                float *want = calloc((size_t)(3 * P * C), 4);
+                for (int64_t p = 0; p < P; p++)
+                    for (int64_t c = 0; c < C; c++) {
+                        double sw = 0.0, sb = 0.0, so = 0.0;
+                        for (int64_t r = p * R; r < N && r < (p + 1) * R; r++) {
+                            sw += (double)g[r * C + c] * y[r * C + c], sb += g[r * C + c];
+                            so += (double)dx[r * C + c] + (acc ? acc[r * C + c] : 0.0);
+                        }
+                        want[p * C + c] = (float)sw;
+                        want[(P + p) * C + c] = (float)sb;
+                        want[(2 * P + p) * C + c] = (float)so;
+                    }
                 for (int64_t i = 0; i < n && acc; i++)
                     gdxp[i] -= acc[i];
                 expect_close(what, gdxp, dx, n, 1e-5f, 1e-4f);
+                expect_close(what, gp, want, (pg ? 3 : 2) * P * C, 1e-4f, 1e-4f);
                 free(acc);
-                cudaFree(dacc);
-                float *want = calloc((size_t)(2 * P * C), 4);
-                for (int64_t p = 0; p < P; p++)
-                    for (int64_t c = 0; c < C; c++) {
-                        double sw = 0.0, sb = 0.0;
-                        for (int64_t r = p * R; r < N && r < (p + 1) * R; r++)
-                            sw += (double)g[r * C + c] * y[r * C + c], sb += g[r * C + c];
-                        want[p * C + c] = (float)sw;
-                        want[(P + p) * C + c] = (float)sb;
-                    }
-                expect_close(what, gp, want, 2 * P * C, 1e-4f, 1e-4f);
+                cudaFree(dacc), cudaFree(d16);
                 free(gp), free(gdxp), free(want);
                 cudaFree(dp);
             }

@@ -1038,6 +1038,19 @@ static void coll_drain(cuda_prog *p)
     }
 }
 
+/* A packed norm backward's (passes.c fold_norm_partials) optional extras: the P rows of its
+ * output's column sums after dw's and db's (attrs i[1], fold_norm_cotangents), and the bf16
+ * copy of its output, its co-output; NULL when it has none. */
+static float *norm_out_sums(const cnode *n, void *o, int64_t N, int64_t C)
+{
+    return n->attrs.i[1] ? (float *)o + (N + 2 * n->attrs.i[0]) * C : NULL;
+}
+
+static uint16_t *norm_out_copy(cuda_prog *p, const cnode *n)
+{
+    return n->co ? dptr(p, n->co) : NULL;
+}
+
 static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
 {
     const cprog *c = p->c;
@@ -1137,8 +1150,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_NORMALIZE_BWD:
         if (n->attrs.i[0] > 0) /* dx, then P rows of dw's and db's partials (passes.c) */
             jdt_cuk_normalize_bwd_part(k, in[0], in[1], in[2], n->n_in > 3 ? in[3] : NULL, o,
-                                       (float *)o + N * C, (float *)o + (N + n->attrs.i[0]) * C, N,
-                                       C, n->attrs.i[0], eps);
+                                       (float *)o + N * C, (float *)o + (N + n->attrs.i[0]) * C,
+                                       norm_out_sums(n, o, N, C), norm_out_copy(p, n), N, C,
+                                       n->attrs.i[0], eps);
         else
             jdt_cuk_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
@@ -1153,7 +1167,8 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         if (n->attrs.i[0] > 0)
             jdt_cuk_rms_normalize_bwd_part(k, in[0], in[1], in[2], n->n_in > 3 ? in[3] : NULL, o,
                                            (float *)o + N * C, (float *)o + (N + n->attrs.i[0]) * C,
-                                           N, C, n->attrs.i[0], eps);
+                                           norm_out_sums(n, o, N, C), norm_out_copy(p, n), N, C,
+                                           n->attrs.i[0], eps);
         else
             jdt_cuk_rms_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;

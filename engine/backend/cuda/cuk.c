@@ -612,7 +612,7 @@ _Static_assert(NORM_PART_MAX *ROW_THREADS_MAX == JDT_CUK_NORM_PART_MAX_C, "cuk.h
 
 static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const float *dy,
                              const float *w, const float *acc, float *dx, float *pw, float *pb,
-                             int64_t N, int64_t C, int64_t P, float eps)
+                             float *pg, uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps)
 {
     if (N <= 0 || C <= 0 || P <= 0) return;
     unsigned bd = row_threads(C);
@@ -621,22 +621,24 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
                       KERNELS[ki].name, (long long)C, (long long)NORM_PART_MAX * bd);
         return;
     }
-    void *args[] = {&x, &dy, &w, &acc, &dx, &pw, &pb, &N, &C, &eps, &P};
+    void *args[] = {&x, &dy, &w, &acc, &dx, &pw, &pb, &pg, &dx16, &N, &C, &eps, &P};
     launch(k, ki, P, bd, 0, args);
 }
 
 void jdt_cuk_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
-                                const float *acc, float *dx, float *pw, float *pb, int64_t N,
-                                int64_t C, int64_t P, float eps)
+                                const float *acc, float *dx, float *pw, float *pb, float *pg,
+                                uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps)
 {
-    norm_part_launch(k, JDT_CUK_K_NORMALIZE_BWD_PART, x, dy, w, acc, dx, pw, pb, N, C, P, eps);
+    norm_part_launch(k, JDT_CUK_K_NORMALIZE_BWD_PART, x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, P,
+                     eps);
 }
 
 void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
-                                    const float *acc, float *dx, float *pw, float *pb, int64_t N,
-                                    int64_t C, int64_t P, float eps)
+                                    const float *acc, float *dx, float *pw, float *pb, float *pg,
+                                    uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps)
 {
-    norm_part_launch(k, JDT_CUK_K_RMS_NORMALIZE_BWD_PART, x, dy, w, acc, dx, pw, pb, N, C, P, eps);
+    norm_part_launch(k, JDT_CUK_K_RMS_NORMALIZE_BWD_PART, x, dy, w, acc, dx, pw, pb, pg, dx16, N, C,
+                     P, eps);
 }
 
 void jdt_cuk_gather(jdt_cuk *k, const float *table, const int32_t *idx, float *out, int64_t n,

@@ -451,8 +451,11 @@ extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dy
  * dy * xhat (into pw[p C + c]) and of dy (pb[p C + c]) over the rows [p R, min(N, (p + 1) R))
  * of partial p, R = ceil(N / P): block p of the P takes those rows (a partial without rows is
  * zeros). A small reduction over the P partial rows then gives w's and b's gradients, so
- * neither xhat nor a second read of dy for them is needed. xhat = (x - mean) * rstd, or x *
- * rstd (rms). Thread t owns the columns t + i bd (i < CUK_PART_MAX; the launcher checks that C
+ * neither xhat nor a second read of dy for them is needed. With pg the sums of the output
+ * (dx + acc) too (pg[p C + c]: the bias gradient of the linear layer whose input cotangent the
+ * output is), with dx16 its bf16 copy (that layer's GEMMs' operand): passes.c
+ * fold_norm_cotangents; no reduction or cast then reads the f32 output again. xhat = (x - mean)
+ * * rstd, or x * rstd (rms). Thread t owns the columns t + i bd (i < CUK_PART_MAX; the launcher checks that C
  * fits): a row's x and dy are read once into registers, the next row's while this one's block
  * sums run, and the column sums stay in registers across the rows. */
 #define CUK_PART_MAX 8
@@ -474,19 +477,20 @@ __device__ __forceinline__ float2 cuk_block_sum2(float a, float b, float *sh)
 template <bool RMS>
 __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, const float *w,
                                               const float *acc, float *dx, float *pw,
-                                              float *pb, i64 N, i64 C, float eps, i64 P)
+                                              float *pb, float *pg, unsigned short *dx16, i64 N,
+                                              i64 C, float eps, i64 P)
 {
     __shared__ float sh[64];
     const i64 R = (N + P - 1) / P, bd = blockDim.x;
     for (i64 p = blockIdx.x; p < P; p += gridDim.x) {
-        float aw[CUK_PART_MAX], ab[CUK_PART_MAX], xa[CUK_PART_MAX], ga[CUK_PART_MAX],
-            xb[CUK_PART_MAX], gb[CUK_PART_MAX], ac[CUK_PART_MAX];
+        float aw[CUK_PART_MAX], ab[CUK_PART_MAX], ag[CUK_PART_MAX], xa[CUK_PART_MAX],
+            ga[CUK_PART_MAX], xb[CUK_PART_MAX], gb[CUK_PART_MAX], ac[CUK_PART_MAX];
         const i64 r0 = p * R, r1 = (p + 1) * R < N ? (p + 1) * R : N;
 #pragma unroll
         for (int i = 0; i < CUK_PART_MAX; i++) {
             const i64 c = threadIdx.x + i * bd;
             const bool in = c < C && r0 < r1;
-            aw[i] = ab[i] = 0.0f;
+            aw[i] = ab[i] = ag[i] = 0.0f;
             xb[i] = in ? x[r0 * C + c] : 0.0f;
             gb[i] = in ? dy[r0 * C + c] : 0.0f;
         }
@@ -528,10 +532,12 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
                 const i64 c = threadIdx.x + i * bd;
                 if (c >= C) continue;
                 const float xh = (xa[i] - mu) * r, gs = cuk_scaled(w, c, ga[i]);
-                const float d = r * (gs - (RMS ? 0.0f : sg) - xh * sgx);
-                dx[n * C + c] = acc ? d + ac[i] : d;
+                const float d = r * (gs - (RMS ? 0.0f : sg) - xh * sgx), o = acc ? d + ac[i] : d;
+                dx[n * C + c] = o;
+                if (dx16) dx16[n * C + c] = cuk_bf16_bits(o);
                 aw[i] += ga[i] * xh;
                 ab[i] += ga[i];
+                ag[i] += o;
             }
         }
 #pragma unroll
@@ -540,21 +546,24 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
             if (c >= C) continue;
             pw[p * C + c] = aw[i];
             pb[p * C + c] = ab[i];
+            if (pg) pg[p * C + c] = ag[i];
         }
     }
 }
 
 extern "C" __global__ void cuk_normalize_bwd_part(const float *x, const float *dy, const float *w,
                                                   const float *acc, float *dx, float *pw,
-                                                  float *pb, i64 N, i64 C, float eps, i64 P)
+                                                  float *pb, float *pg, unsigned short *dx16,
+                                                  i64 N, i64 C, float eps, i64 P)
 {
-    norm_bwd_part<false>(x, dy, w, acc, dx, pw, pb, N, C, eps, P);
+    norm_bwd_part<false>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);
 }
 
 extern "C" __global__ void cuk_rms_normalize_bwd_part(const float *x, const float *dy,
                                                       const float *w, const float *acc, float *dx,
-                                                      float *pw, float *pb, i64 N, i64 C,
+                                                      float *pw, float *pb, float *pg,
+                                                      unsigned short *dx16, i64 N, i64 C,
                                                       float eps, i64 P)
 {
-    norm_bwd_part<true>(x, dy, w, acc, dx, pw, pb, N, C, eps, P);
+    norm_bwd_part<true>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);
 }
