@@ -43,6 +43,10 @@ typedef struct {
      * the cnode `co` names the backward it computes), reading each row of logits once for both,
      * so passes.c fold_xent_backwards drops the backward's step. */
     bool xent_fused;
+    /* Its attention forward builtin can also write o's (B, T, H, D) copy, f32 or bf16 (the cnode
+     * `co`: the transpose the projection's GEMM reads), so passes.c fold_attention_copies drops
+     * that transpose's kernel. */
+    bool attention_copy;
     /* The widest row (C) for which its norm backward builtins with the scale also sum the
      * affine's gradients per block of rows (attrs i[0] = P: the output packs dx and P partial
      * rows of dw's and db's sums), so passes.c fold_norm_partials replaces the two gradient

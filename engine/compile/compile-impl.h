@@ -169,6 +169,8 @@ typedef struct cprog_ {
     bool gemm_gelu;      /* the device's vtable flag: bf16 GEMMs apply GELU (fold_gelu_epilogues) */
     bool xent_fused;     /* the device's vtable flag, unless JDT_FUSED_XENT=0: the cross-entropy
                             forward writes dlogits too (passes.c fold_xent_backwards) */
+    bool attention_copy; /* the device's vtable flag, unless JDT_ATTENTION_COPY=0: the attention
+                            forward writes o's (B, T, H, D) copy too (fold_attention_copies) */
     int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product

@@ -138,6 +138,8 @@ typedef struct {
                                    (passes.c fold_norm_partials) */
     int n_norm_cotangents_folded; /* of those, the ones that also sum their output's columns
                                      and/or store its bf16 copy (passes.c fold_norm_cotangents) */
+    int n_attention_copies; /* attentions that also write o's (B, T, H, D) copy (passes.c
+                               fold_attention_copies) */
     int n_xent_fused;      /* cross-entropy backwards computed by their forward's step in the
                               same pass over the logits (passes.c fold_xent_backwards) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands

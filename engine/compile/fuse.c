@@ -216,11 +216,13 @@ static void mark_bf16_storage(cprog *c, const user_lists *u)
         cnode *n = &c->nodes[i];
         if (!n->store || n->dtype != JDT_DTYPE_F32 || is_kept(u, i)) continue;
         /* builtins with a bf16-storing kernel: the cross-entropy's dlogits, a norm applying
-         * its affine (CUDA: passes.c fold_norm_affines) */
+         * its affine (CUDA: passes.c fold_norm_affines), the attention's copy of o (CUDA:
+         * fold_attention_copies) */
         bool builtin =
-            (n->kind == CK_BUILTIN || n->kind == CK_COOUT) &&
-            (n->op == JDT_OP_SOFTMAX_XENT_BWD ||
-             ((n->op == JDT_OP_NORMALIZE || n->op == JDT_OP_RMS_NORMALIZE) && n->n_in > 1));
+            (n->kind == CK_COOUT && n->op == JDT_OP_TRANSPOSE) ||
+            ((n->kind == CK_BUILTIN || n->kind == CK_COOUT) &&
+             (n->op == JDT_OP_SOFTMAX_XENT_BWD ||
+              ((n->op == JDT_OP_NORMALIZE || n->op == JDT_OP_RMS_NORMALIZE) && n->n_in > 1)));
         if (!builtin && (n->group < 0 || (n->kind != CK_EW && n->kind != CK_MAP))) continue;
         if (!builtin && c->groups[n->group].is_reduce && c->groups[n->group].root == i) continue;
         if (read_by_bf16_gemms_only(c, u, i)) mark_bf16_views(c, u, i);

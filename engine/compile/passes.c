@@ -1328,6 +1328,33 @@ static jdt_status fold_residual_gemms(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* The attention's output o (B, H, T, D) goes to the projection's GEMM through a (0, 2, 1, 3)
+ * transpose, a kernel that reads o (f32) and stores the (B, T, H, D) copy (bf16 when only bf16
+ * GEMMs read it, fuse.c mark_bf16_storage); the backward reads o itself. The attention's step
+ * writes that copy as its co-output (CK_COOUT) instead (c->attention_copy: CUDA's kernels, as
+ * they store o): the transpose's kernel and its read of o go (GPT-2 124M, bf16, B 32: 12 of
+ * them, 4 bytes of 10 per element, 1.2 GB per step). The same values, the same rounding.
+ * Skipped with no_fuse. */
+static jdt_status fold_attention_copies(cprog *c, jdt_err *e)
+{
+    (void)e;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *t = &c->nodes[i];
+        if (t->op != JDT_OP_TRANSPOSE || t->kind != CK_MAP || t->shape.ndim != 4 ||
+            t->dtype != JDT_DTYPE_F32 || t->attrs.i[0] != 0 || t->attrs.i[1] != 2 ||
+            t->attrs.i[2] != 1 || t->attrs.i[3] != 3)
+            continue;
+        cnode *a = &c->nodes[t->in[0]];
+        if (a->op != JDT_OP_ATTENTION || a->kind != CK_BUILTIN || a->dtype != JDT_DTYPE_F32 ||
+            a->co)
+            continue;
+        t->kind = CK_COOUT;
+        a->co = i;
+        c->stats.n_attention_copies++;
+    }
+    return JDT_OK;
+}
+
 /* The attention builtins read q, k, v, o and dout in either (B, H, T, D) or (B, T, H, D)
  * layout (runtime.h). A (0, 2, 1, 3) transpose read only by attention builtins is therefore not
  * materialised: it becomes a view of its input's buffer, and the builtin reads that buffer
@@ -1448,6 +1475,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
             JDT_OK)
         goto out;
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->attention_copy && (st = fold_attention_copies(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && c->host_builtins &&
         (st = fold_addends(c, (addend_rule){scatter_takes, -1}, NULL, e)) != JDT_OK)
         goto out;

@@ -268,6 +268,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->gemm_gelu = p->dev->vt->gemm_gelu && !(gelu_env && strcmp(gelu_env, "0") == 0);
     const char *xent_env = getenv("JDT_FUSED_XENT");
     c->xent_fused = p->dev->vt->xent_fused && !(xent_env && strcmp(xent_env, "0") == 0);
+    const char *att_env = getenv("JDT_ATTENTION_COPY");
+    c->attention_copy = p->dev->vt->attention_copy && !(att_env && strcmp(att_env, "0") == 0);
     const char *resid_env = getenv("JDT_RESIDUAL_GEMM");
     c->residual_gemm =
         c->gemm_accumulate && c->bf16_builtins && !(resid_env && strcmp(resid_env, "0") == 0);

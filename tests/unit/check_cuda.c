@@ -695,6 +695,10 @@ START_TEST(test_nvrtc_train_steps)
     /* the loss's mean gives every row the same cotangent: the cross-entropy's backward is done
      * by its forward's pass over the logits (passes.c fold_xent_backwards) */
     ck_assert_int_eq(jdt_step_stats(s)->n_xent_fused, 1);
+    /* every attention stores the (B, T, H, D) copy of o its projection's GEMM reads (passes.c
+     * fold_attention_copies) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_attention_copies,
+                     c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
     /* every norm backward forms dy * w itself (ln1, ln2 per layer and the final norm) */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_scales_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
@@ -927,6 +931,7 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol, bool params)
     /* the fused classifier on the device only (JDT_FUSED_XENT=0: the two builtins) */
     ck_assert_int_eq(jdt_step_stats(sc)->n_xent_fused, 0);
     ck_assert_int_eq(jdt_step_stats(sg)->n_xent_fused, getenv("JDT_FUSED_XENT") ? 0 : 1);
+    ck_assert_int_eq(jdt_step_stats(sc)->n_attention_copies, 0);
     size_t n = (size_t)c.data.batch_size *
                (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
     int32_t *xi = calloc(n, 4), *y = calloc(n, 4);

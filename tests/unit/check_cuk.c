@@ -1299,8 +1299,8 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
     }
     float *dO = dev_alloc((size_t)n * 4), *dD = dev_alloc((size_t)(3 * n) * 4);
     void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
-    jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, B, H, T, D, scale, bthd & 7u, bf16,
-                      dscr);
+    jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, NULL, false, B, H, T, D, scale,
+                      bthd & 7u, bf16, dscr);
     jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], dD, B, H, T, D, scale,
                           bthd, bf16, dscr);
     float *go_ = dev_to_host(k, dO, n), *gd = dev_to_host(k, dD, 3 * n);
@@ -1341,17 +1341,33 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
         free(t);
     }
     float *dO2 = dev_alloc((size_t)n * 4), *dD2 = dev_alloc((size_t)(3 * n) * 4);
-    jdt_cuk_attention(k, dr[0], dr[1], dr[2], false, dO, B, H, T, D, scale, bthd & 7u, bf16, dscr);
+    /* with the (B, T, H, D) second copy of o (passes.c fold_attention_copies): f32 here, bf16
+     * below, each the transposed o bit for bit (bf16: o's rounding) */
+    float *dc32 = dev_alloc((size_t)n * 4);
+    uint16_t *dc16 = dev_alloc((size_t)n * 2);
+    jdt_cuk_attention(k, dr[0], dr[1], dr[2], false, dO, dc32, false, B, H, T, D, scale, bthd & 7u,
+                      bf16, dscr);
     jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], dD, B, H, T, D, scale,
                           bthd, bf16, dscr);
-    jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO2, B, H, T, D, scale, bthd & 7u, bf16,
-                      dscr);
+    jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO2, dc16, true, B, H, T, D, scale,
+                      bthd & 7u, bf16, dscr);
     jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dD2, B, H, T, D, scale,
                           bthd, bf16, dscr);
     float *a1 = dev_to_host(k, dO, n), *a2 = dev_to_host(k, dO2, n);
     float *b1 = dev_to_host(k, dD, 3 * n), *b2 = dev_to_host(k, dD2, 3 * n);
     ck_assert_msg(memcmp(a1, a2, (size_t)n * 4) == 0, "%s: bf16 q/k/v: o differs", what);
     ck_assert_msg(memcmp(b1, b2, (size_t)(3 * n) * 4) == 0, "%s: bf16 q/k/v: dqkv differs", what);
+    {
+        float *t1 = to_bthd(a1, B, H, T, D), *c32 = dev_to_host(k, dc32, n);
+        uint16_t *c16 = malloc((size_t)n * 2);
+        ck_assert_int_eq(cudaMemcpy(c16, dc16, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        ck_assert_msg(memcmp(c32, t1, (size_t)n * 4) == 0, "%s: o's f32 (B, T, H, D) copy", what);
+        for (int64_t j = 0; j < n; j++) /* a1 == a2 above */
+            ck_assert_msg(c16[j] == jdt_rt_bf16_bits(t1[j]), "%s: o's bf16 copy [%lld]", what,
+                          (long long)j);
+        free(t1), free(c32), free(c16);
+        cudaFree(dc32), cudaFree(dc16);
+    }
     free(h16), free(hr), free(a1), free(a2), free(b1), free(b2);
     for (int i = 0; i < 3; i++)
         cudaFree(d16[i]), cudaFree(dr[i]);
@@ -1378,7 +1394,8 @@ START_TEST(test_attention)
         check_attention(k, 1, 1, 1, 8, 0, bf); /* one token */
     }
     check_attention(k, 1, 1, 33, 136, 0, false); /* d256 class */
-    jdt_cuk_attention(k, NULL, NULL, NULL, false, NULL, 1, 1, 4, 300, 1.0f, 0, false, NULL);
+    jdt_cuk_attention(k, NULL, NULL, NULL, false, NULL, NULL, false, 1, 1, 4, 300, 1.0f, 0, false,
+                      NULL);
     jdt_err e;
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_cuk_check(k, "attention", false, &e), JDT_ERR_UNSUPPORTED);

@@ -1186,9 +1186,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         /* q, k, v bf16 (fold_bf16_casts: all three or none) */
         const bool qkv16 = c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
         if (n->op == JDT_OP_ATTENTION)
-            jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, o, s0->dims[0], s0->dims[1],
-                              s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
-                              n->attrs.i[0] != 0, scratch);
+            jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, o, n->co ? dptr(p, n->co) : NULL,
+                              n->co && c->nodes[n->co].bf16, s0->dims[0], s0->dims[1], s0->dims[2],
+                              s0->dims[3], (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else
             jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], o, s0->dims[0],
                                   s0->dims[1], s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
@@ -1358,6 +1358,7 @@ static const jdt_backend_vt cuda_vt = {
     .norm_bwd_partials = JDT_CUK_NORM_PART_MAX_C,
     .gemm_gelu = true,
     .xent_fused = true,
+    .attention_copy = true,
     .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,

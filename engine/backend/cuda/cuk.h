@@ -256,10 +256,12 @@ int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t
 /* q, kk, v: f32, or bf16 bit patterns with qkv_bf16 (a bf16 GEMM stored them as bf16:
  * precision.activations: bf16, passes.c fold_bf16_casts; the _b kernels, which read the bits as
  * they are, so with bf16 compute the results are those of f32 inputs holding the same values);
- * o, dout and the outputs are f32. */
+ * o, dout and the outputs are f32. o2, when not NULL: a second copy of o in (B, T, H, D) order,
+ * bf16 bit patterns (nearest even) with o2_bf16, else f32 (passes.c fold_attention_copies: the
+ * projection's GEMM operand, which a transpose kernel would otherwise make from o). */
 void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                       float *o, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
-                       unsigned bthd, bool bf16, void *scratch);
+                       float *o, void *o2, bool o2_bf16, int64_t B, int64_t H, int64_t T, int64_t D,
+                       float scale, unsigned bthd, bool bf16, void *scratch);
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics). */
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
                            const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,

@@ -913,6 +913,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .norm_bwd_partials = JDT_CUK_NORM_PART_MAX_C,
     .gemm_gelu = true,
     .xent_fused = true,
+    .attention_copy = true,
     .merge_launches = true,
     .prepare = eo_prepare,
     .source = eo_source,

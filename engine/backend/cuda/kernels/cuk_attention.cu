@@ -88,8 +88,8 @@ __device__ __forceinline__ void att_axpy(float *acc, float a, const float *tile,
 }
 
 template <int DM, int CT, class TQ>
-__device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, i64 B, i64 H,
-                        i64 T, i64 D, float scale, unsigned bthd)
+__device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b,
+                        i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Ks = smem, *Vs = smem + CT * D;
@@ -139,7 +139,9 @@ __device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, i64 B, 
 #pragma unroll
             for (int u = 0; u < DM / 4; u++) {
                 i64 d = sub + 4 * u;
-                if (d < D) orow[d] = acc[u] * inv;
+                if (d >= D) continue;
+                orow[d] = acc[u] * inv;
+                if (o2) cuk_att_store2(o2, o2b, b, h, i, d, H, T, D, orow[d]);
             }
         }
     }
@@ -303,10 +305,10 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
  * CT) floats (the launcher computes it). */
 #define ATT_VARIANT(DM, CT, TQ, SFX)                                                               \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
-        cuk_att_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, i64 B, i64 H,    \
-                                 i64 T, i64 D, float scale, unsigned bthd)                         \
+        cuk_att_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2,        \
+                                 int o2b, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)  \
     {                                                                                              \
-        att_fwd<DM, CT>(q, k, v, o, B, H, T, D, scale, bthd);                                      \
+        att_fwd<DM, CT>(q, k, v, o, o2, o2b, B, H, T, D, scale, bthd);                             \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout,    \

@@ -252,10 +252,12 @@ __device__ __forceinline__ void tc_acc_by(float (*acc)[4], const float (*p)[4],
 }
 
 /* The warp's 16 x DM accumulator (rows i0, i0 + 8 of the C layout) times mul[r] into out
- * (B, H, T, D) slice bh; rows past T and columns past D are not written. */
+ * (B, H, T, D) slice bh, and into the forward's (B, T, H, D) copy o2 when not NULL
+ * (cuk_att_store2; H heads); rows past T and columns past D are not written. */
 template <int DM>
 __device__ __forceinline__ void tc_store(float *out, const float (*acc)[4], i64 bh, i64 i0, i64 T,
-                                         i64 D, const float mul[2], int t)
+                                         i64 D, const float mul[2], int t, void *o2 = nullptr,
+                                         int o2b = 0, i64 H = 1)
 {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -267,7 +269,9 @@ __device__ __forceinline__ void tc_store(float *out, const float (*acc)[4], i64 
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 i64 d = dn * 8 + 2 * t + c;
-                if (d < D) row[d] = acc[dn][2 * r + c] * mul[r];
+                if (d >= D) continue;
+                row[d] = acc[dn][2 * r + c] * mul[r];
+                if (o2) cuk_att_store2(o2, o2b, bh / H, bh % H, i, d, H, T, D, row[d]);
             }
     }
 }
@@ -275,8 +279,9 @@ __device__ __forceinline__ void tc_store(float *out, const float (*acc)[4], i64 
 /* Forward (STATS false: o) or the backward's row statistics (STATS true: stats[bh*T + i] = L_i,
  * stats[B*H*T + bh*T + i] = dO_i . O_i). */
 template <int DM, int BC, bool STATS, class TQ>
-__device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, const float *dout,
-                       float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
+__device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b,
+                       const float *dout, float *stats, i64 B, i64 H, i64 T, i64 D, float scale,
+                       unsigned bthd)
 {
     constexpr int L = DM + 8, NQ = TC_BR * L, NKV = 2 * BC * L;
     __shared__ float4 smv[(NQ > NKV ? NQ : NKV) / 8]; /* 16-byte aligned rows for ldmatrix */
@@ -343,7 +348,7 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, const fl
         l[1] = tc_shfl_sum(l[1]);
         if (!STATS) {
             float inv[2] = {1.0f / l[0], 1.0f / l[1]};
-            tc_store<DM>(o, acc, bh, i0, T, D, inv, t);
+            tc_store<DM>(o, acc, bh, i0, T, D, inv, t, o2, o2b, H);
             continue;
         }
         if (t == 0)
@@ -483,18 +488,19 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
  * TC_THREADS threads, static shared memory only (at most 48 KiB). */
 #define TC_VARIANT(DM, BC, BQ, TQ, SFX)                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, i64 B, i64 H, \
-                                    i64 T, i64 D, float scale, unsigned bthd)                      \
+        cuk_att_tc_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2,     \
+                                    int o2b, i64 B, i64 H, i64 T, i64 D, float scale,              \
+                                    unsigned bthd)                                                 \
     {                                                                                              \
-        tc_fwd<DM, BC, false>(q, k, v, o, nullptr, nullptr, B, H, T, D, scale, bthd);              \
+        tc_fwd<DM, BC, false>(q, k, v, o, o2, o2b, nullptr, nullptr, B, H, T, D, scale, bthd);     \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout, \
                                       float *stats, i64 B, i64 H, i64 T, i64 D, float scale,       \
                                       unsigned bthd)                                               \
     {                                                                                              \
-        tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, dout, stats, B, H, T, D, scale, \
-                             bthd);                                                                \
+        tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats, B, H, \
+                             T, D, scale, bthd);                                                   \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,       \

@@ -69,6 +69,19 @@ __device__ __forceinline__ unsigned short cuk_bf16_bits(float x)
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* The attention forward's optional second output (the compiler's fold_attention_copies): the
+ * value v of o at (b, h, i, d) into o2, a (B, T, H, D) copy (the layout of the transpose the
+ * projection's GEMM reads), bf16 bit patterns with o2_bf16, else f32. */
+__device__ __forceinline__ void cuk_att_store2(void *o2, int o2_bf16, i64 b, i64 h, i64 i, i64 d,
+                                               i64 H, i64 T, i64 D, float v)
+{
+    const i64 at = ((b * T + i) * H + h) * D + d;
+    if (o2_bf16)
+        ((unsigned short *)o2)[at] = cuk_bf16_bits(v);
+    else
+        ((float *)o2)[at] = v;
+}
+
 /* Loads of f32 rows and of bf16 rows (bit patterns, widened exactly): element c, and the 4
  * elements of group i (a float4, or 8 bytes of bf16; the row 16- or 8-byte aligned). */
 __device__ __forceinline__ float cuk_ld(const float *x, i64 c) { return x[c]; }
