@@ -506,10 +506,25 @@ static void to_view(cnode *a, int v)
  * by nothing else) into the matmul: the builtin gets the bias as a third input and starts its
  * accumulator from it (GEMM with beta = 1), and the add becomes a view of the product. Saves a
  * full read and write of y per linear layer. Skipped with no_fuse (tests compare both paths). */
+static jdt_status order_inputs_first(cprog *c, jdt_err *e);
+
+/* Is node b, a later one than node at, a chain of one-input nodes down to a node before `at`
+ * or a leaf? Such a value cannot depend on `at`, so order_inputs_first can move the chain
+ * ahead of it (FSDP's gathered bias: its all-gather and casts come after the GEMM). */
+static bool early_chain(const cprog *c, int b, int at)
+{
+    while (b > at && c->nodes[b].kind != CK_LEAF) {
+        if (c->nodes[b].n_in != 1) return false;
+        b = c->nodes[b].in[0];
+    }
+    return true;
+}
+
 static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
 {
     int *users = count_users(c);
     if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: bias folding");
+    bool reorder = false;
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *a = &c->nodes[i];
         if (!is_f32_add(a) || a->shape.ndim < 2) continue;
@@ -521,11 +536,13 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
                 continue;
             const cnode *x = &c->nodes[bc->in[0]];
             int64_t N = a->shape.dims[a->shape.ndim - 1];
-            /* inputs precede their users, except leaves (valid before the first step) */
-            if ((bc->in[0] > mi && x->kind != CK_LEAF) || x->kind == CK_SPLAT ||
+            /* inputs precede their users, except leaves (valid before the first step) and
+             * a later bias that can move ahead (early_chain; renumbered below) */
+            if ((bc->in[0] > mi && !early_chain(c, bc->in[0], mi)) || x->kind == CK_SPLAT ||
                 x->dtype != JDT_DTYPE_F32 || x->shape.ndim < 1 ||
                 x->shape.dims[x->shape.ndim - 1] != N || jdt_shape_numel(&x->shape) != N)
                 continue;
+            reorder = reorder || (bc->in[0] > mi && x->kind != CK_LEAF);
             m->in[2] = bc->in[0];
             m->n_in = 3;
             to_view(a, mi);
@@ -533,7 +550,7 @@ static jdt_status fold_bias_adds(cprog *c, jdt_err *e)
         }
     }
     jdt_free(users);
-    return JDT_OK;
+    return reorder ? order_inputs_first(c, e) : JDT_OK;
 }
 
 /* Follows views (CK_VIEW) down from node i while the aliased node has no other reader: the

@@ -109,15 +109,15 @@ done
 run "$EMU" "$TMP/fsdp16" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 mesh.fsdp=2
 compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/fsdp16/tiny/metrics.jsonl" "2 emulated GPUs, mesh.fsdp=2, bf16" 1e-3 ||
   fail "bf16 fsdp=2 losses differ"
-# and bf16 activations under FSDP, without biases: the projections' GEMMs add the residual
-# stream (compiler: fold_residual_gemms) on gathered weights (with biases the gathered bias
-# comes after its GEMM and no bias or residual fold applies; docs/compiler.md limits)
-run "$BIN" "$TMP/cpu16n" "${C[@]}" precision.compute=bf16 precision.activations=bf16 model.bias=false
-run "$EMU" "$TMP/fsdp16n" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 model.bias=false mesh.fsdp=2
-compare "$TMP/cpu16n/tiny/metrics.jsonl" "$TMP/fsdp16n/tiny/metrics.jsonl" "2 emulated GPUs, mesh.fsdp=2, bf16 act., no bias" 1e-3 ||
+# and bf16 activations under FSDP: the gathered biases (their all-gathers and casts come after
+# the GEMMs in node order; compiler: fold_bias_adds moves them ahead) and the residual stream
+# (fold_residual_gemms) added by the GEMMs on gathered weights: 8 adds, 4 of them residual
+run "$EMU" "$TMP/fsdp16a" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.fsdp=2
+compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/fsdp16a/tiny/metrics.jsonl" "2 emulated GPUs, mesh.fsdp=2, bf16 act." 1e-3 ||
   fail "bf16 activations fsdp=2 losses differ"
-"$EMU" inspect "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 model.bias=false mesh.fsdp=2 dist.world_size=2 >"$TMP/insp" 2>&1 &&
-  grep -q "4 residual adds of unrounded bf16 branch outputs" "$TMP/insp" || { cat "$TMP/insp"; fail "fsdp=2: the residual adds are not in the GEMMs"; }
+"$EMU" inspect "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.fsdp=2 dist.world_size=2 >"$TMP/insp" 2>&1 &&
+  grep -q "8 adds done by the GEMMs computing an operand (4 residual adds of unrounded bf16 branch outputs)" "$TMP/insp" ||
+  { cat "$TMP/insp"; fail "fsdp=2: the biases and residual adds are not in the GEMMs"; }
 
 # odd sizes (C = 66: a 66-float norm weight puts the next gradient's slot of the data
 # all-reduce's bucket 8 bytes past a 16-byte boundary): the elementwise kernels read such a
