@@ -653,6 +653,96 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* Node `node` becomes the second output of builtin `host` (CK_COOUT, a later index): its one
+ * input is the host, whose step writes its buffer (compile-impl.h). */
+static void make_co_output(cprog *c, int host, int node)
+{
+    cnode *x = &c->nodes[node];
+    x->kind = CK_COOUT;
+    x->n_in = 1;
+    x->in[0] = host;
+    c->nodes[host].co = node;
+}
+
+/* Is every reader of node r (through reshape views and (0, 2, 1, 3) transposes) a bf16-compute
+ * attention, forward or backward, reading it as q, k or v? Such an attention rounds it to bf16
+ * as it reads it. Not an output or update value. */
+static bool read_as_bf16_qkv(const cprog *c, int r)
+{
+    for (int i = 0; i < c->n_outputs; i++)
+        if (c->outputs[i] == r) return false;
+    for (int i = 0; i < c->n_updates; i++)
+        if (c->updates[i].value == r || c->updates[i].target == r) return false;
+    for (int j = r + 1; j < c->n_nodes; j++) {
+        const cnode *u = &c->nodes[j];
+        for (int k = 0; k < u->n_in; k++) {
+            if (u->in[k] != r) continue;
+            if ((u->kind == CK_VIEW && u->op == JDT_OP_RESHAPE) ||
+                (u->op == JDT_OP_TRANSPOSE && u->kind == CK_MAP)) {
+                if (!read_as_bf16_qkv(c, j)) return false;
+                break;
+            }
+            if ((u->op != JDT_OP_ATTENTION && u->op != JDT_OP_ATTENTION_BWD) ||
+                u->kind != CK_BUILTIN || !u->attrs.i[0] || k >= 3)
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Llama's q and k reach the attention through RoPE, a builtin that stores f32, so the attention
+ * rule of fold_bf16_casts (all of q, k, v widened bf16 values) misses them, and v is widened by a
+ * kernel of its own. With bf16 compute the attention rounds q, k and v to bf16 as it reads them
+ * (the tensor-core kernels; the CPU's too): a RoPE read only so (through the head transposes)
+ * stores bf16 (cuk_rope's y16), and v's widening is skipped. The forward and backward then read
+ * 6 bytes per element of q, k, v instead of 12, RoPE writes 2 instead of 4, and v's widening
+ * kernel goes: the same numbers on the tensor-core kernels (the f32 FMA ones, for head sizes
+ * over 128, round q and k where they did not). Needs bf16_builtins; skipped with no_fuse. */
+static jdt_status fold_rope_attention(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: rope attention folding");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *x = &c->nodes[i];
+        if ((x->op != JDT_OP_ATTENTION && x->op != JDT_OP_ATTENTION_BWD) || x->kind != CK_BUILTIN ||
+            !x->attrs.i[0])
+            continue;
+        int base[3], n_work = 0;
+        bool ok = true;
+        for (int k = 0; k < 3 && ok; k++) {
+            int b = x->in[k];
+            while ((c->nodes[b].kind == CK_VIEW && c->nodes[b].op == JDT_OP_RESHAPE) ||
+                   (c->nodes[b].op == JDT_OP_TRANSPOSE && c->nodes[b].kind == CK_MAP))
+                b = c->nodes[b].in[0];
+            const cnode *bn = &c->nodes[b];
+            base[k] = -1;
+            if (bn->dtype == JDT_DTYPE_BF16) continue;
+            if (b == x->in[k] && is_widening(c, b)) {
+                n_work++;
+                continue;
+            }
+            ok = bn->op == JDT_OP_ROPE && bn->kind == CK_BUILTIN && bn->dtype == JDT_DTYPE_F32 &&
+                 read_as_bf16_qkv(c, b);
+            base[k] = b;
+            n_work++;
+        }
+        if (!ok || n_work == 0) continue;
+        for (int k = 0; k < 3; k++) {
+            if (base[k] >= 0) /* the RoPE and the views down to it store bf16 */
+                for (int v = x->in[k];; v = c->nodes[v].in[0]) {
+                    c->nodes[v].dtype = JDT_DTYPE_BF16;
+                    c->nodes[v].bf16 = true;
+                    if (v == base[k]) break;
+                }
+            else if (is_widening(c, x->in[k]))
+                skip_widening(c, users, x, k);
+        }
+        c->stats.n_bf16_folded++;
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* llm.c's fused classifier: SOFTMAX_XENT_BWD(logits, targets, dloss, X) with X =
  * SOFTMAX_XENT(logits, targets) and dloss a splat (the VJP of the loss's mean: every row's
  * cotangent 1/N times the seed) becomes X's co-output (CK_COOUT): X's step finds each row's
@@ -674,10 +764,7 @@ static jdt_status fold_xent_backwards(cprog *c, jdt_err *e)
             d->dtype != JDT_DTYPE_F32 || jdt_shape_numel(&d->shape) != jdt_shape_numel(&x->shape))
             continue;
         x->attrs.f[0] = d->splat;
-        x->co = i;
-        b->kind = CK_COOUT;
-        b->n_in = 1;
-        b->in[0] = (int)(x - c->nodes);
+        make_co_output(c, b->in[3], i);
         c->stats.n_xent_fused++;
     }
     return JDT_OK;
@@ -1032,12 +1119,7 @@ static jdt_status fold_norm_cotangents(cprog *c, jdt_err *e)
             if (ri < 0) goto nomem;
             to_view(&c->nodes[sum], ri);
         }
-        if (copy >= 0) { /* written by the builtin's step: its one input is the builtin */
-            cnode *x = &c->nodes[copy];
-            x->kind = CK_COOUT;
-            x->in[0] = pi;
-            c->nodes[pi].co = copy;
-        }
+        if (copy >= 0) make_co_output(c, pi, copy); /* written by the builtin's step */
         c->stats.n_norm_cotangents_folded++;
         folded++;
     }
@@ -1365,8 +1447,7 @@ static jdt_status fold_attention_copies(cprog *c, jdt_err *e)
         if (a->op != JDT_OP_ATTENTION || a->kind != CK_BUILTIN || a->dtype != JDT_DTYPE_F32 ||
             a->co)
             continue;
-        t->kind = CK_COOUT;
-        a->co = i;
+        make_co_output(c, t->in[0], i);
         c->stats.n_attention_copies++;
     }
     return JDT_OK;
@@ -1477,6 +1558,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && c->residual_gemm && (st = fold_residual_gemms(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_rope_attention(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && c->xent_fused && (st = fold_xent_backwards(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->gemm_gelu && (st = fold_gelu_epilogues(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->gemm_gelu && (st = fold_dgelu_epilogues(c, e)) != JDT_OK) goto out;

@@ -71,6 +71,10 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
+        if ((n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) &&
+            (c->nodes[n->in[1]].dtype != c->nodes[n->in[0]].dtype ||
+             c->nodes[n->in[2]].dtype != c->nodes[n->in[0]].dtype))
+            ok = false; /* the kernels take one type for q, k and v */
         if (jdt_op_class_of(n->op) == JDT_OPC_COLLECTIVE && !c->opts.collective)
             return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                                "compile: %s needs a communicator (opts.collective)",

@@ -739,12 +739,13 @@ START_TEST(test_nvrtc_train_steps)
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
     /* bf16 activations: every linear and the head store bf16 outputs from the GEMM (6 per
      * layer: q, k, v, o, fc, proj; SwiGLU's 7: gate and up for fc; o and proj not when the
-     * residual add takes them unrounded), the attention forward and backward read q, k, v (not
-     * with RoPE, whose q and k are f32) and the cross-entropy forward and backward the logits as
-     * bf16, the GEMM computing the MLP product's cotangent stores it as bf16 (one per layer),
-     * and RoPE reads bf16 q and k and its backward stores their cotangents as bf16 (4) */
+     * residual add takes them unrounded), the attention forward and backward read q, k, v (with
+     * RoPE: RoPE stores bf16 q and k for them, passes.c fold_rope_attention) and the
+     * cross-entropy forward and backward the logits as bf16, the GEMM computing the MLP
+     * product's cotangent stores it as bf16 (one per layer), and RoPE reads bf16 q and k and its
+     * backward stores their cotangents as bf16 (4) */
     const bool rope = c.model.pos == JDT_POS_ROPE;
-    const int per_layer = (c.model.activation == JDT_ACT_SWIGLU ? 7 : 6) + (rope ? 4 : 2) + 1;
+    const int per_layer = (c.model.activation == JDT_ACT_SWIGLU ? 7 : 6) + (rope ? 6 : 2) + 1;
     if (strstr(MODELS[i].name, "bf16act"))
         ck_assert_int_eq(jdt_step_stats(s)->n_bf16_folded,
                          per_layer * c.model.n_layer + 3 - residual_folds);
