@@ -47,6 +47,9 @@ typedef struct {
      * `co`: the transpose the projection's GEMM reads), so passes.c fold_attention_copies drops
      * that transpose's kernel. */
     bool attention_copy;
+    /* Its RoPE builtin reads x in (B, H, T, D) order at an element offset (attrs i[1], i[2]), so
+     * passes.c fold_rope_transposes drops the transpose before a RoPE backward. */
+    bool rope_bhtd;
     /* The widest row (C) for which its norm backward builtins with the scale also sum the
      * affine's gradients per block of rows (attrs i[0] = P: the output packs dx and P partial
      * rows of dw's and db's sums), so passes.c fold_norm_partials replaces the two gradient

@@ -171,6 +171,8 @@ typedef struct cprog_ {
                             forward writes dlogits too (passes.c fold_xent_backwards) */
     bool attention_copy; /* the device's vtable flag, unless JDT_ATTENTION_COPY=0: the attention
                             forward writes o's (B, T, H, D) copy too (fold_attention_copies) */
+    bool rope_bhtd;      /* the device's vtable flag: its RoPE reads (B, H, T, D) input at an
+                            offset (passes.c fold_rope_transposes) */
     int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product

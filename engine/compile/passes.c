@@ -1427,6 +1427,53 @@ static jdt_status fold_residual_gemms(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* The RoPE backward (Llama's) reads the attention backward's dq or dk through the (0, 2, 1, 3)
+ * transpose back to (B, T, H, D): a kernel that reads the slot (f32, strided) and stores the
+ * transposed copy, which RoPE then reads. The RoPE kernel reads (B, H, T, D) input itself
+ * (cuk_rope's x_bhtd; c->rope_bhtd: CUDA), so a transpose read by nothing but the RoPE is
+ * skipped: the RoPE takes the transpose's input, a (B, H, T, D) node, or a slice along axis 0
+ * of one (the backward's packed (3, B, H, T, D) output, through its reshape) as attrs i[2], the
+ * element offset (i[1] = 1: that layout). The transpose's kernel and its buffer go (Llama at
+ * GPT-2's size, B 32: 2 per layer, 8 bytes per element). The same values. Skipped with
+ * no_fuse. */
+static jdt_status fold_rope_transposes(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: rope layouts");
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *r = &c->nodes[i];
+        if (r->op != JDT_OP_ROPE || r->kind != CK_BUILTIN || r->n_in != 1 || r->attrs.i[1] != 0)
+            continue;
+        const int ti = r->in[0];
+        const cnode *t = &c->nodes[ti];
+        if (t->op != JDT_OP_TRANSPOSE || t->kind != CK_MAP || users[ti] != 1 ||
+            t->attrs.i[0] != 0 || t->attrs.i[1] != 2 || t->attrs.i[2] != 1 || t->attrs.i[3] != 3)
+            continue;
+        int src = t->in[0];
+        int64_t off = 0;
+        const cnode *sn = &c->nodes[src];
+        if (sn->op == JDT_OP_SLICE && sn->kind == CK_MAP && sn->attrs.i[0] == 0) {
+            const cnode *v = &c->nodes[sn->in[0]];
+            bool rest = v->shape.ndim == sn->shape.ndim;
+            for (int d = 1; rest && d < sn->shape.ndim; d++)
+                rest = v->shape.dims[d] == sn->shape.dims[d];
+            if (!rest || sn->shape.dims[0] < 1) continue;
+            off = sn->attrs.i[1] * (jdt_shape_numel(&sn->shape) / sn->shape.dims[0]);
+            src = sn->in[0];
+            sn = v;
+        }
+        if (sn->kind == CK_MAP || sn->kind == CK_SPLAT || sn->dtype != t->dtype) continue;
+        users[src]++;
+        r->in[0] = src;
+        r->attrs.i[1] = 1;
+        r->attrs.i[2] = off;
+        if (--users[ti] == 0) unread(c, users, ti);
+        c->stats.n_rope_transposes_folded++;
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* The attention's output o (B, H, T, D) goes to the projection's GEMM through a (0, 2, 1, 3)
  * transpose, a kernel that reads o (f32) and stores the (B, T, H, D) copy (bf16 when only bf16
  * GEMMs read it, fuse.c mark_bf16_storage); the backward reads o itself. The attention's step
@@ -1577,6 +1624,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->attention_copy && (st = fold_attention_copies(c, e)) != JDT_OK)
         goto out;
+    if (!c->opts.no_fuse && c->rope_bhtd && (st = fold_rope_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->host_builtins &&
         (st = fold_addends(c, (addend_rule){scatter_takes, -1}, NULL, e)) != JDT_OK)
         goto out;

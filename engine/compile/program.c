@@ -206,6 +206,10 @@ static void step_cost(const cprog *c, const cstep *sp, double *bytes, double *fl
             *flops += node_flops(c, co);
             *bytes += (double)(jdt_shape_numel(&co->shape) * cnode_elem_size(co));
         }
+        if (n->op == JDT_OP_ROPE && n->attrs.i[1]) { /* a slot of its input (passes.c) */
+            *bytes += (double)(jdt_shape_numel(&n->shape) * cnode_elem_size(&c->nodes[n->in[0]]));
+            return;
+        }
         for (int k = 0; k < n->n_in; k++) /* a GELU backward's aux: its second half */
             *bytes += (double)(jdt_shape_numel(&c->nodes[n->in[k]].shape) *
                                cnode_elem_size(&c->nodes[n->in[k]])) /
@@ -274,6 +278,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->xent_fused = p->dev->vt->xent_fused && !(xent_env && strcmp(xent_env, "0") == 0);
     const char *att_env = getenv("JDT_ATTENTION_COPY");
     c->attention_copy = p->dev->vt->attention_copy && !(att_env && strcmp(att_env, "0") == 0);
+    c->rope_bhtd = p->dev->vt->rope_bhtd;
     const char *resid_env = getenv("JDT_RESIDUAL_GEMM");
     c->residual_gemm =
         c->gemm_accumulate && c->bf16_builtins && !(resid_env && strcmp(resid_env, "0") == 0);

@@ -699,6 +699,10 @@ START_TEST(test_nvrtc_train_steps)
      * fold_attention_copies) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_copies,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
+    /* and with RoPE its backward reads dq and dk in the attention backward's layout (passes.c
+     * fold_rope_transposes): no transpose kernel between */
+    ck_assert_int_eq(jdt_step_stats(s)->n_rope_transposes_folded,
+                     c.model.pos == JDT_POS_ROPE ? 2 * c.model.n_layer : 0);
     /* every norm backward forms dy * w itself (ln1, ln2 per layer and the final norm) */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_scales_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);

@@ -1173,10 +1173,25 @@ START_TEST(test_rope)
     float *dx = dev_from(x, (size_t)n * 4), *dy = dev_alloc((size_t)n * 4);
     for (int inv = 0; inv < 2; inv++) {
         jdt_rt_rope(x, y, B, T, H, D, 10000.0, inv, 1);
-        jdt_cuk_rope(k, dx, dy, false, false, B, T, H, D, 10000.0, inv);
+        jdt_cuk_rope(k, dx, dy, false, false, false, B, T, H, D, 10000.0, inv);
         float *g = dev_to_host(k, dy, n);
         expect_close(inv ? "rope inverse" : "rope", g, y, n, 2e-6f, 1e-5f);
         free(g);
+        /* x stored (B, H, T, D) (the attention backward's dq, dk: passes.c
+         * fold_rope_transposes): the same y, bit for bit */
+        float *xt = malloc((size_t)n * 4);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(xt + ((b * H + h) * T + t) * D, x + ((b * T + t) * H + h) * D,
+                           (size_t)D * 4);
+        float *dxt = dev_from(xt, (size_t)n * 4), *dyt = dev_alloc((size_t)n * 4);
+        jdt_cuk_rope(k, dxt, dyt, false, false, true, B, T, H, D, 10000.0, inv);
+        float *gy = dev_to_host(k, dy, n), *gt = dev_to_host(k, dyt, n);
+        ck_assert_msg(memcmp(gt, gy, (size_t)n * 4) == 0, "rope of (B, H, T, D) x, inverse %d",
+                      inv);
+        free(xt), free(gy), free(gt);
+        cudaFree(dxt), cudaFree(dyt);
     }
     /* bf16 in and/or out (fold_bf16_casts): bf16 x gives exactly the f32 kernel's result on the
      * widened values, and a bf16 y is exactly that result rounded to nearest even */
@@ -1191,14 +1206,14 @@ START_TEST(test_rope)
     float *dxr = dev_from(xr, (size_t)n * 4), *dref = dev_alloc((size_t)n * 4);
     uint16_t *dx16 = dev_from(x16, (size_t)n * 2), *dy16 = dev_alloc((size_t)n * 2);
     for (int inv = 0; inv < 2; inv++) {
-        jdt_cuk_rope(k, dxr, dref, false, false, B, T, H, D, 10000.0, inv);
+        jdt_cuk_rope(k, dxr, dref, false, false, false, B, T, H, D, 10000.0, inv);
         float *ref = dev_to_host(k, dref, n);
-        jdt_cuk_rope(k, dx16, dy, true, false, B, T, H, D, 10000.0, inv);
+        jdt_cuk_rope(k, dx16, dy, true, false, false, B, T, H, D, 10000.0, inv);
         float *g = dev_to_host(k, dy, n);
         ck_assert_msg(memcmp(g, ref, (size_t)n * 4) == 0, "rope bf16 in, inverse %d", inv);
         for (int x_is16 = 0; x_is16 < 2; x_is16++) {
-            jdt_cuk_rope(k, x_is16 ? (const void *)dx16 : (const void *)dxr, dy16, x_is16, true, B,
-                         T, H, D, 10000.0, inv);
+            jdt_cuk_rope(k, x_is16 ? (const void *)dx16 : (const void *)dxr, dy16, x_is16, true,
+                         false, B, T, H, D, 10000.0, inv);
             free(dev_to_host(k, dref, 0)); /* waits, checks */
             ck_assert_int_eq(cudaMemcpy(y16, dy16, (size_t)n * 2, cudaMemcpyDeviceToHost),
                              cudaSuccess);
@@ -1215,7 +1230,8 @@ START_TEST(test_rope)
     }
     free(xr), free(x16), free(y16);
     cudaFree(dxr), cudaFree(dref), cudaFree(dx16), cudaFree(dy16);
-    jdt_cuk_rope(k, dx, dy, false, false, B, T, H, 7, 10000.0, false); /* odd D: deferred error */
+    jdt_cuk_rope(k, dx, dy, false, false, false, B, T, H, 7, 10000.0,
+                 false); /* odd D: deferred error */
     jdt_err e;
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_cuk_check(k, "rope", true, &e), JDT_ERR_INVALID);

@@ -1172,11 +1172,16 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         else
             jdt_cuk_rms_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
-    case JDT_OP_ROPE:
-        /* bf16 in and out where fold_bf16_casts put them */
-        jdt_cuk_rope(k, in[0], o, c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, n->bf16, s0->dims[0],
-                     s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0], n->attrs.i[0] != 0);
+    case JDT_OP_ROPE: {
+        /* bf16 in and out where fold_bf16_casts put them; i[1]: x is (B, H, T, D) at element
+         * i[2] of its input (fold_rope_transposes) */
+        const cnode *x = &c->nodes[n->in[0]];
+        const bool x16 = x->dtype == JDT_DTYPE_BF16;
+        const char *xp = (const char *)in[0] + n->attrs.i[2] * (x16 ? 2 : 4);
+        jdt_cuk_rope(k, xp, o, x16, n->bf16, n->attrs.i[1] != 0, n->shape.dims[0], n->shape.dims[1],
+                     n->shape.dims[2], n->shape.dims[3], n->attrs.f[0], n->attrs.i[0] != 0);
         return JDT_OK;
+    }
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD: {
         unsigned bthd = 0;
@@ -1359,6 +1364,7 @@ static const jdt_backend_vt cuda_vt = {
     .gemm_gelu = true,
     .xent_fused = true,
     .attention_copy = true,
+    .rope_bhtd = true,
     .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,

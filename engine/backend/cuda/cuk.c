@@ -666,8 +666,8 @@ void jdt_cuk_scatter_add(jdt_cuk *k, const float *src, const int32_t *idx, float
     launch(k, JDT_CUK_K_SCATTER_ADD, n, C >= 256 ? 256 : 128, 0, args);
 }
 
-void jdt_cuk_rope(jdt_cuk *k, const void *x, void *y, bool x16, bool y16, int64_t B, int64_t T,
-                  int64_t H, int64_t D, double theta, bool inverse)
+void jdt_cuk_rope(jdt_cuk *k, const void *x, void *y, bool x16, bool y16, bool x_bhtd, int64_t B,
+                  int64_t T, int64_t H, int64_t D, double theta, bool inverse)
 {
     if (D % 2 != 0) {
         jdt_cuk_defer(k, JDT_ERR_INVALID, "rope: head size %lld is odd", (long long)D);
@@ -675,8 +675,8 @@ void jdt_cuk_rope(jdt_cuk *k, const void *x, void *y, bool x16, bool y16, int64_
     }
     int64_t n_pairs = B * T * H * (D / 2);
     if (n_pairs <= 0) return;
-    int inv = inverse, in16 = x16, out16 = y16;
-    void *args[] = {&x, &y, &B, &T, &H, &D, &theta, &inv, &in16, &out16};
+    int inv = inverse, in16 = x16, out16 = y16, bhtd = x_bhtd;
+    void *args[] = {&x, &y, &B, &T, &H, &D, &theta, &inv, &in16, &out16, &bhtd};
     launch(k, JDT_CUK_K_ROPE, (n_pairs + 255) / 256, 256, 0, args);
 }
 

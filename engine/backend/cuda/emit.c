@@ -914,6 +914,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .gemm_gelu = true,
     .xent_fused = true,
     .attention_copy = true,
+    .rope_bhtd = true,
     .merge_launches = true,
     .prepare = eo_prepare,
     .source = eo_source,

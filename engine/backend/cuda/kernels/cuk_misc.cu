@@ -41,7 +41,7 @@ extern "C" __global__ void cuk_scatter_add(const float *src, const i32 *idx, flo
  * holds bf16 bit patterns (widened exactly); y16: y is stored as bf16, rounded to nearest even
  * (the f32 result's CAST): the same numbers as f32 in and a rounding CAST after. */
 extern "C" __global__ void cuk_rope(const void *xv, void *yv, i64 B, i64 T, i64 H, i64 D,
-                                    double theta, int inverse, int x16, int y16)
+                                    double theta, int inverse, int x16, int y16, int x_bhtd)
 {
     i64 half = D / 2, n_pairs = B * T * H * half;
     for (i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x; p < n_pairs;
@@ -50,11 +50,13 @@ extern "C" __global__ void cuk_rope(const void *xv, void *yv, i64 B, i64 T, i64 
         double ang = (inverse ? -1.0 : 1.0) * (double)t * pow(theta, -2.0 * (double)i / (double)D);
         float cs = (float)cos(ang), sn = (float)sin(ang);
         i64 o = 2 * p; /* pairs are contiguous: element index of the pair's first value */
+        i64 xo = o;    /* x's: the same, or in (B, H, T, D) order */
+        if (x_bhtd) xo = ((p / (half * H * T) * H + (p / half) % H) * T + t) * D + 2 * i;
         float x0, x1;
         if (x16) {
-            x0 = cuk_ld((const unsigned short *)xv, o), x1 = cuk_ld((const unsigned short *)xv, o + 1);
+            x0 = cuk_ld((const unsigned short *)xv, xo), x1 = cuk_ld((const unsigned short *)xv, xo + 1);
         } else {
-            x0 = ((const float *)xv)[o], x1 = ((const float *)xv)[o + 1];
+            x0 = ((const float *)xv)[xo], x1 = ((const float *)xv)[xo + 1];
         }
         const float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
         if (y16) {
