@@ -138,6 +138,8 @@ typedef struct {
                                    (passes.c fold_norm_partials) */
     int n_norm_cotangents_folded; /* of those, the ones that also sum their output's columns
                                      and/or store its bf16 copy (passes.c fold_norm_cotangents) */
+    int n_widenings_split; /* copies of widening CASTs made so that each reader widens the bf16
+                              value itself (passes.c split_widenings) */
     int n_rope_transposes_folded; /* RoPEs reading (B, H, T, D) input themselves (passes.c
                                      fold_rope_transposes) */
     int n_attention_copies; /* attentions that also write o's (B, T, H, D) copy (passes.c

@@ -1427,6 +1427,61 @@ static jdt_status fold_residual_gemms(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* A widening CAST (a bf16 value to f32) read by several elementwise nodes of its shape becomes
+ * one copy per reader, so each fuses into its reader's kernel, which then reads the bf16 value
+ * (2 bytes) and widens it as it goes: fusion keeps a value two groups read in a kernel of its
+ * own that stores it (fuse.c), here an f32 copy of a bf16 tensor (2 bytes read, 4 written, then
+ * 4 read per reader). Llama's SwiGLU backward widens the bf16 cotangent of the gated product
+ * for two kernels (the gate's and the up projection's); at GPT-2's size, B 32, that copy moved
+ * 10 bytes per element more than the widening inside both, 1 GB per layer. Exact: widening is.
+ * On devices with bf16_builtins (whose GEMMs store the bf16 values widened here); skipped with
+ * no_fuse. */
+static jdt_status split_widenings(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: widening copies");
+    const int n0 = c->n_nodes;
+    int split = 0;
+    for (int i = 0; i < n0; i++) {
+        if (users[i] < 2 || !is_widening(c, i)) continue;
+        const int64_t numel = jdt_shape_numel(&c->nodes[i].shape);
+        int readers = 0;
+        bool ok = true;
+        for (int j = i + 1; j < n0 && ok; j++) {
+            const cnode *u = &c->nodes[j];
+            for (int k = 0; k < u->n_in && ok; k++)
+                if (u->in[k] == i) {
+                    ok = u->kind == CK_EW && jdt_shape_numel(&u->shape) == numel;
+                    readers++;
+                }
+        }
+        if (!ok || readers != users[i]) continue; /* an output, an update, another kind */
+        bool first = true;
+        for (int j = i + 1; j < n0; j++) {
+            int kk[JDT_MAX_INPUTS], nk = 0;
+            for (int k = 0; k < c->nodes[j].n_in; k++)
+                if (c->nodes[j].in[k] == i) kk[nk++] = k;
+            if (nk == 0) continue;
+            if (first) {
+                first = false;
+                continue;
+            }
+            const cnode copy = c->nodes[i];
+            const int ci = append_node(c, &copy);
+            if (ci < 0) {
+                jdt_free(users);
+                return jdt_err_set(e, JDT_ERR_NOMEM, "compile: widening copies");
+            }
+            for (int q = 0; q < nk; q++)
+                c->nodes[j].in[kk[q]] = ci;
+            split++;
+        }
+    }
+    jdt_free(users);
+    c->stats.n_widenings_split += split;
+    return split ? order_inputs_first(c, e) : JDT_OK;
+}
+
 /* The RoPE backward (Llama's) reads the attention backward's dq or dk through the (0, 2, 1, 3)
  * transpose back to (B, T, H, D): a kernel that reads the slot (f32, strided) and stores the
  * transposed copy, which RoPE then reads. The RoPE kernel reads (B, H, T, D) input itself
@@ -1625,6 +1680,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && c->attention_copy && (st = fold_attention_copies(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && c->rope_bhtd && (st = fold_rope_transposes(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->bf16_builtins && (st = split_widenings(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->host_builtins &&
         (st = fold_addends(c, (addend_rule){scatter_takes, -1}, NULL, e)) != JDT_OK)
         goto out;

@@ -703,6 +703,10 @@ START_TEST(test_nvrtc_train_steps)
      * fold_rope_transposes): no transpose kernel between */
     ck_assert_int_eq(jdt_step_stats(s)->n_rope_transposes_folded,
                      c.model.pos == JDT_POS_ROPE ? 2 * c.model.n_layer : 0);
+    /* SwiGLU with bf16 activations: the backward's two kernels each widen the bf16 cotangent of
+     * the gated product themselves (passes.c split_widenings), one copy per layer */
+    ck_assert_int_eq(jdt_step_stats(s)->n_widenings_split,
+                     c.model.activation == JDT_ACT_SWIGLU && bf16act ? c.model.n_layer : 0);
     /* every norm backward forms dy * w itself (ln1, ln2 per layer and the final norm) */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_scales_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);
