@@ -46,7 +46,7 @@ typedef struct {
                       though computed in f32: a value read only by bf16-compute GEMMs, which
                       round it anyway (fuse.c mark_bf16_storage) */
     int co;        /* CK_BUILTIN: the CK_COOUT node its step writes besides its own output
-                      (always a later index), 0: none (passes.c fold_xent_backwards) */
+                      (always a later index), 0: none (passes.c make_co_output) */
 } cnode;
 
 typedef struct {

@@ -201,7 +201,7 @@ static void step_cost(const cprog *c, const cstep *sp, double *bytes, double *fl
         const cnode *n = &c->nodes[sp->node];
         *flops = node_flops(c, n);
         *bytes = (double)(jdt_shape_numel(&n->shape) * cnode_elem_size(n));
-        if (n->co) { /* its second output (passes.c fold_xent_backwards) */
+        if (n->co) { /* its second output (passes.c make_co_output) */
             const cnode *co = &c->nodes[n->co];
             *flops += node_flops(c, co);
             *bytes += (double)(jdt_shape_numel(&co->shape) * cnode_elem_size(co));
@@ -250,6 +250,13 @@ static void count_bytes(cprog *c)
     }
 }
 
+/* Is environment variable `name` set to "0" (a fold or device feature turned off)? */
+static bool env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "0") == 0;
+}
+
 jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_program **out,
                                jdt_err *e)
 {
@@ -269,22 +276,15 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->bf16_builtins = p->dev->vt->bf16_builtins;
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
-    /* "0": measuring (or ruling out) what a fold gives; the CPU sets neither flag */
-    const char *norm_env = getenv("JDT_NORM_FOLDS"), *gelu_env = getenv("JDT_GELU_EPILOGUE");
-    c->norm_bwd_partials =
-        norm_env && strcmp(norm_env, "0") == 0 ? 0 : p->dev->vt->norm_bwd_partials;
-    c->gemm_gelu = p->dev->vt->gemm_gelu && !(gelu_env && strcmp(gelu_env, "0") == 0);
-    const char *xent_env = getenv("JDT_FUSED_XENT");
-    c->xent_fused = p->dev->vt->xent_fused && !(xent_env && strcmp(xent_env, "0") == 0);
-    const char *att_env = getenv("JDT_ATTENTION_COPY");
-    c->attention_copy = p->dev->vt->attention_copy && !(att_env && strcmp(att_env, "0") == 0);
+    /* "0": measuring (or ruling out) what a fold gives; the CPU sets none of these flags */
+    c->norm_bwd_partials = env_off("JDT_NORM_FOLDS") ? 0 : p->dev->vt->norm_bwd_partials;
+    c->gemm_gelu = p->dev->vt->gemm_gelu && !env_off("JDT_GELU_EPILOGUE");
+    c->xent_fused = p->dev->vt->xent_fused && !env_off("JDT_FUSED_XENT");
+    c->attention_copy = p->dev->vt->attention_copy && !env_off("JDT_ATTENTION_COPY");
     c->rope_bhtd = p->dev->vt->rope_bhtd;
-    const char *resid_env = getenv("JDT_RESIDUAL_GEMM");
-    c->residual_gemm =
-        c->gemm_accumulate && c->bf16_builtins && !(resid_env && strcmp(resid_env, "0") == 0);
-    const char *merge_env = getenv("JDT_MERGE_LAUNCHES"); /* "0": measuring what merging gives */
-    c->merge_launches = p->dev->vt->merge_launches && !c->opts.no_merge_launches &&
-                        !(merge_env && strcmp(merge_env, "0") == 0);
+    c->residual_gemm = c->gemm_accumulate && c->bf16_builtins && !env_off("JDT_RESIDUAL_GEMM");
+    c->merge_launches =
+        p->dev->vt->merge_launches && !c->opts.no_merge_launches && !env_off("JDT_MERGE_LAUNCHES");
     /* start/wait collectives: the CPU backends call the hooks; the CUDA backend runs its own
      * (NCCL on a stream of its own) and takes the hooks as the request to overlap them */
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
