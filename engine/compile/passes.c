@@ -915,6 +915,43 @@ static int sole_reader(const cprog *c, const int *users, int i)
     return -1;
 }
 
+/* Is t a (0, 2, 1, 3) transpose of a 4-D tensor, (B, H, T, D) <-> (B, T, H, D): the head split
+ * the attention and RoPE kernels can read or write through their layout flags? */
+static bool is_head_transpose(const cnode *t)
+{
+    return t->op == JDT_OP_TRANSPOSE && t->shape.ndim == 4 && t->attrs.i[0] == 0 &&
+           t->attrs.i[1] == 2 && t->attrs.i[2] == 1 && t->attrs.i[3] == 3;
+}
+
+/* Node `sum` (a column sum over every row of a (d0, ..., C) tensor) becomes a view of the sum
+ * over k partial rows instead: slots [slot, slot + k) of axis 0 of packed node pi, whose builtin
+ * writes per-block column sums there (fold_norm_partials, fold_norm_cotangents). `like` is the
+ * full tensor's shape. False when out of memory. */
+static bool sum_partials(cprog *c, int sum, int pi, const jdt_shape *like, int64_t slot, int64_t k)
+{
+    const int nd = like->ndim;
+    cnode part = {.op = JDT_OP_SLICE,
+                  .dtype = JDT_DTYPE_F32,
+                  .shape = *like,
+                  .n_in = 1,
+                  .in = {pi},
+                  .kind = CK_MAP};
+    part.shape.dims[0] = k;
+    part.attrs.i[1] = slot;
+    part.attrs.i[2] = slot + k;
+    const int si = append_node(c, &part);
+    if (si < 0) return false;
+    cnode red = {
+        .op = JDT_OP_REDUCE_SUM, .dtype = JDT_DTYPE_F32, .n_in = 1, .in = {si}, .kind = CK_REDUCE};
+    red.attrs.i[0] = (((int64_t)1 << nd) - 1) - ((int64_t)1 << (nd - 1));
+    red.shape.ndim = 1;
+    red.shape.dims[0] = like->dims[nd - 1];
+    const int ri = append_node(c, &red);
+    if (ri < 0) return false;
+    to_view(&c->nodes[sum], ri); /* the old sum: a view of the new one */
+    return true;
+}
+
 /* Partial rows per norm backward (passes.c fold_norm_partials): enough blocks to fill a GPU,
  * few enough that their sums are a small read. */
 #define NORM_PARTIALS 1024
@@ -1004,33 +1041,9 @@ static jdt_status fold_norm_partials(cprog *c, jdt_err *e)
         if (acc >= 0) packed.in[packed.n_in++] = acc;
         const int pi = append_node(c, &packed);
         if (pi < 0) goto nomem;
-        cnode sl = {.op = JDT_OP_SLICE,
-                    .dtype = JDT_DTYPE_F32,
-                    .shape = nb.shape,
-                    .n_in = 1,
-                    .in = {pi},
-                    .kind = CK_MAP};
         int sums[2] = {dw, db};
-        for (int q = 0; q < 2; q++) {
-            if (sums[q] < 0) continue;
-            cnode part = sl;
-            part.shape.dims[0] = k;
-            part.attrs.i[1] = d0 + q * k;
-            part.attrs.i[2] = d0 + (q + 1) * k;
-            const int si = append_node(c, &part);
-            if (si < 0) goto nomem;
-            cnode red = {.op = JDT_OP_REDUCE_SUM,
-                         .dtype = JDT_DTYPE_F32,
-                         .n_in = 1,
-                         .in = {si},
-                         .kind = CK_REDUCE};
-            red.attrs.i[0] = (((int64_t)1 << nd) - 1) - ((int64_t)1 << (nd - 1));
-            red.shape.ndim = 1;
-            red.shape.dims[0] = C;
-            const int ri = append_node(c, &red);
-            if (ri < 0) goto nomem;
-            to_view(&c->nodes[sums[q]], ri); /* the old sum: a view of the new one */
-        }
+        for (int q = 0; q < 2; q++)
+            if (sums[q] >= 0 && !sum_partials(c, sums[q], pi, &nb.shape, d0 + q * k, k)) goto nomem;
         /* dx (plus acc): the packed output's first elements, a view (the one kind whose input
          * holds more elements than it), so builtins read it in place too */
         cnode dxv = nb;
@@ -1096,28 +1109,7 @@ static jdt_status fold_norm_cotangents(cprog *c, jdt_err *e)
         if (sum >= 0) { /* k more partial rows: the sums of g, reduced over P rows */
             c->nodes[pi].shape.dims[0] += k;
             c->nodes[pi].attrs.i[1] = 1;
-            cnode part = {.op = JDT_OP_SLICE,
-                          .dtype = JDT_DTYPE_F32,
-                          .shape = *gs,
-                          .n_in = 1,
-                          .in = {pi},
-                          .kind = CK_MAP};
-            part.shape.dims[0] = k;
-            part.attrs.i[1] = d0 + 2 * k;
-            part.attrs.i[2] = d0 + 3 * k;
-            const int si = append_node(c, &part);
-            if (si < 0) goto nomem;
-            cnode red = {.op = JDT_OP_REDUCE_SUM,
-                         .dtype = JDT_DTYPE_F32,
-                         .n_in = 1,
-                         .in = {si},
-                         .kind = CK_REDUCE};
-            red.attrs.i[0] = (((int64_t)1 << nd) - 1) - ((int64_t)1 << (nd - 1));
-            red.shape.ndim = 1;
-            red.shape.dims[0] = C;
-            const int ri = append_node(c, &red);
-            if (ri < 0) goto nomem;
-            to_view(&c->nodes[sum], ri);
+            if (!sum_partials(c, sum, pi, gs, d0 + 2 * k, k)) goto nomem;
         }
         if (copy >= 0) make_co_output(c, pi, copy); /* written by the builtin's step */
         c->stats.n_norm_cotangents_folded++;
@@ -1501,9 +1493,7 @@ static jdt_status fold_rope_transposes(cprog *c, jdt_err *e)
             continue;
         const int ti = r->in[0];
         const cnode *t = &c->nodes[ti];
-        if (t->op != JDT_OP_TRANSPOSE || t->kind != CK_MAP || users[ti] != 1 ||
-            t->attrs.i[0] != 0 || t->attrs.i[1] != 2 || t->attrs.i[2] != 1 || t->attrs.i[3] != 3)
-            continue;
+        if (!is_head_transpose(t) || t->kind != CK_MAP || users[ti] != 1) continue;
         int src = t->in[0];
         int64_t off = 0;
         const cnode *sn = &c->nodes[src];
@@ -1541,10 +1531,7 @@ static jdt_status fold_attention_copies(cprog *c, jdt_err *e)
     (void)e;
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *t = &c->nodes[i];
-        if (t->op != JDT_OP_TRANSPOSE || t->kind != CK_MAP || t->shape.ndim != 4 ||
-            t->dtype != JDT_DTYPE_F32 || t->attrs.i[0] != 0 || t->attrs.i[1] != 2 ||
-            t->attrs.i[2] != 1 || t->attrs.i[3] != 3)
-            continue;
+        if (!is_head_transpose(t) || t->kind != CK_MAP || t->dtype != JDT_DTYPE_F32) continue;
         cnode *a = &c->nodes[t->in[0]];
         if (a->op != JDT_OP_ATTENTION || a->kind != CK_BUILTIN || a->dtype != JDT_DTYPE_F32 ||
             a->co)
@@ -1576,11 +1563,9 @@ static jdt_status fold_attention_transposes(cprog *c, jdt_err *e)
     }
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *t = &c->nodes[i];
-        if (t->op != JDT_OP_TRANSPOSE || t->kind != CK_MAP || t->shape.ndim != 4 ||
+        if (!is_head_transpose(t) || t->kind != CK_MAP ||
             (t->dtype != JDT_DTYPE_F32 && t->dtype != JDT_DTYPE_BF16) || users[i] == 0 ||
             users[i] != att_uses[i])
-            continue;
-        if (t->attrs.i[0] != 0 || t->attrs.i[1] != 2 || t->attrs.i[2] != 1 || t->attrs.i[3] != 3)
             continue;
         if (c->nodes[t->in[0]].kind == CK_SPLAT) continue;
         t->kind = CK_VIEW; /* op stays TRANSPOSE: program.c reads it as (B, T, H, D) */
