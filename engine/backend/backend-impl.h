@@ -50,6 +50,12 @@ typedef struct {
     /* Its RoPE builtin reads x in (B, H, T, D) order at an element offset (attrs i[1], i[2]), so
      * passes.c fold_rope_transposes drops the transpose before a RoPE backward. */
     bool rope_bhtd;
+    /* Rows per partial column sum when its attention backward builtin can write, instead of
+     * the packed f32 dq, dk, dv, their (B, T, H, D) copies (f32 or bf16, the cnode's chain of
+     * `co`) and the column sums of each JDT_CUK_ATT_PART rows (ATTENTION_BWD attrs i[1]: the
+     * output is those partials), so passes.c fold_attention_cotangents drops the kernel per
+     * projection that made the copy and the bias gradient's sum from the f32 output; 0: not. */
+    int attention_part_rows;
     /* The widest row (C) for which its norm backward builtins with the scale also sum the
      * affine's gradients per block of rows (attrs i[0] = P: the output packs dx and P partial
      * rows of dw's and db's sums), so passes.c fold_norm_partials replaces the two gradient

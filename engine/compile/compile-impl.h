@@ -45,8 +45,9 @@ typedef struct {
     bool bf16;     /* stored as bf16 (2 bytes, round to nearest even on store, widened on load)
                       though computed in f32: a value read only by bf16-compute GEMMs, which
                       round it anyway (fuse.c mark_bf16_storage) */
-    int co;        /* CK_BUILTIN: the CK_COOUT node its step writes besides its own output
-                      (always a later index), 0: none (passes.c make_co_output) */
+    int co;        /* CK_BUILTIN: the first CK_COOUT node its step writes besides its own output;
+                      CK_COOUT: the next one of the same step (a chain, in the builtin's order);
+                      always a later index than the builtin, 0: none (passes.c make_co_output) */
 } cnode;
 
 typedef struct {
@@ -173,6 +174,8 @@ typedef struct cprog_ {
                             forward writes o's (B, T, H, D) copy too (fold_attention_copies) */
     bool rope_bhtd;      /* the device's vtable flag: its RoPE reads (B, H, T, D) input at an
                             offset (passes.c fold_rope_transposes) */
+    int attention_part_rows;   /* the device's vtable field, unless JDT_ATTENTION_GRADS=0: the
+                                  attention backward's cotangent form (fold_attention_cotangents) */
     int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product

@@ -1206,8 +1206,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         if (sp->kind == STEP_COLL_START) continue;
         if (sp->kind == STEP_BUILTIN) {
             c->bufs[c->nodes[sp->node].buf].info.def_step = s;
-            if (c->nodes[sp->node].co)
-                c->bufs[c->nodes[c->nodes[sp->node].co].buf].info.def_step = s;
+            for (int q = c->nodes[sp->node].co; q; q = c->nodes[q].co)
+                c->bufs[c->nodes[q].buf].info.def_step = s;
             int64_t sb = builtin_scratch_bytes(c, &c->nodes[sp->node]);
             if (sb > 0) {
                 sp->scratch_buf = add_buf(c, JDT_BUF_ARENA, sb, -1);
@@ -1320,7 +1320,9 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         } else if (sp->kind == STEP_COLL_START) {
         } else if (sp->kind == STEP_BUILTIN) {
             outs[n_outs++] = c->nodes[sp->node].buf;
-            if (c->nodes[sp->node].co) outs[n_outs++] = c->nodes[c->nodes[sp->node].co].buf;
+            for (int q = c->nodes[sp->node].co; q && n_outs < JDT_GROUP_MAX_STORES + 1;
+                 q = c->nodes[q].co)
+                outs[n_outs++] = c->nodes[q].buf;
             if (sp->scratch_buf >= 0) outs[n_outs++] = sp->scratch_buf;
         } else {
             const cgroup *g = &c->groups[sp->group];

@@ -653,15 +653,19 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
-/* Node `node` becomes the second output of builtin `host` (CK_COOUT, a later index): its one
- * input is the host, whose step writes its buffer (compile-impl.h). */
+/* Node `node` becomes another output of builtin `host` (CK_COOUT, a later index), the last of
+ * its chain: its one input is the host, whose step writes its buffer (compile-impl.h). */
 static void make_co_output(cprog *c, int host, int node)
 {
     cnode *x = &c->nodes[node];
     x->kind = CK_COOUT;
     x->n_in = 1;
     x->in[0] = host;
-    c->nodes[host].co = node;
+    x->co = 0;
+    int *at = &c->nodes[host].co;
+    while (*at)
+        at = &c->nodes[*at].co;
+    *at = node;
 }
 
 /* Is every reader of node r (through reshape views and (0, 2, 1, 3) transposes) a bf16-compute
@@ -1542,6 +1546,132 @@ static jdt_status fold_attention_copies(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* Node i holds elements [off, off + numel(i)) of an attention backward's packed output (3 n
+ * elements, (3, B, H, T, D)): is every live reader of it a reshape view or a SLICE of axis 0
+ * (both keep the elements contiguous) leading on, or the (0, 2, 1, 3) transpose of one whole
+ * third (dims: its (B, H, T, D)), recorded as tr[third], each third read once? */
+static bool attention_thirds(const cprog *c, const unsigned char *live, int i, int64_t off,
+                             int64_t n, const int64_t *dims, int tr[3], int depth)
+{
+    const cnode *x = &c->nodes[i];
+    for (int i_out = 0; i_out < c->n_outputs; i_out++)
+        if (c->outputs[i_out] == i) return false;
+    for (int q = 0; q < c->n_updates; q++)
+        if (c->updates[q].value == i || c->updates[q].target == i) return false;
+    for (int j = i + 1; j < c->n_nodes; j++) {
+        const cnode *u = &c->nodes[j];
+        for (int k = 0; live[j] && k < u->n_in; k++) {
+            if (u->in[k] != i) continue;
+            if (depth < 8 && u->kind == CK_VIEW && u->op == JDT_OP_RESHAPE) {
+                if (!attention_thirds(c, live, j, off, n, dims, tr, depth + 1)) return false;
+            } else if (depth < 8 && u->op == JDT_OP_SLICE && u->kind == CK_MAP &&
+                       u->attrs.i[0] == 0 && x->shape.ndim >= 1 && x->shape.dims[0] > 0) {
+                const int64_t row = jdt_shape_numel(&x->shape) / x->shape.dims[0];
+                if (!attention_thirds(c, live, j, off + u->attrs.i[1] * row, n, dims, tr,
+                                      depth + 1))
+                    return false;
+            } else if (is_head_transpose(u) && u->kind == CK_MAP && u->dtype == JDT_DTYPE_F32 &&
+                       x->shape.ndim == 4 && x->shape.dims[0] == dims[0] &&
+                       x->shape.dims[1] == dims[1] && x->shape.dims[2] == dims[2] &&
+                       x->shape.dims[3] == dims[3] && off % n == 0 && off / n < 3 &&
+                       tr[off / n] < 0) {
+                tr[off / n] = j;
+            } else {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* Is every live reader of node i (through reshape views) node a or node b, none of them an
+ * output or update? */
+static bool read_only_by(const cprog *c, const unsigned char *live, int i, int a, int b)
+{
+    for (int q = 0; q < c->n_outputs; q++)
+        if (c->outputs[q] == i) return false;
+    for (int q = 0; q < c->n_updates; q++)
+        if (c->updates[q].value == i || c->updates[q].target == i) return false;
+    for (int j = i + 1; j < c->n_nodes; j++)
+        for (int k = 0; live[j] && k < c->nodes[j].n_in; k++) {
+            if (c->nodes[j].in[k] != i || j == a || j == b) continue;
+            if (c->nodes[j].kind != CK_VIEW || c->nodes[j].op != JDT_OP_RESHAPE ||
+                !read_only_by(c, live, j, a, b))
+                return false;
+        }
+    return true;
+}
+
+/* The attention backward's packed output (3, B, H, T, D), f32, reaches the q, k and v
+ * projections' backward as three slices, each through a (0, 2, 1, 3) transpose to (B, T, H, D)
+ * that a kernel per projection reads whole (4 bytes per element) to sum its columns (the bias
+ * gradient) and store the copy the GEMMs read (bf16 under bf16 compute; fuse.c puts both in one
+ * kernel). The attention's kernels, which hold each value of dq, dk and dv as they write it,
+ * do both instead (c->attention_part_rows: CUDA's, jdt_cuk_att_grads; attrs i[1] = 1): the
+ * builtin's output becomes the column sums of each R = attention_part_rows rows of a sequence,
+ * (3 P, H D) with P = B ceil(T / R), which the bias gradients reduce instead (sum_partials), and
+ * the three copies become its co-outputs (CK_COOUT), in q, k, v order: the CAST when it and the
+ * sum are the transpose's only readers, else the f32 transpose itself. The packed f32 output is
+ * not written (GPT-2 124M, bf16, B 32: per layer 300 MB written, 450 MB read by three kernels).
+ * The copies are the same values and the same rounding; the bias gradients change order (per
+ * chunk of rows, then over the chunks). Only when every reader of the output is one of the
+ * three transposes (Llama's dq and dk: f32 copies, which RoPE's backward reads, so
+ * fold_rope_transposes finds nothing left to fold). Skipped with no_fuse. */
+static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
+{
+    unsigned char *live = live_nodes(c);
+    if (!live) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: attention cotangents");
+    const int n0 = c->n_nodes;
+    const int64_t R = c->attention_part_rows;
+    int folded = 0;
+    for (int ai = 0; ai < n0; ai++) {
+        const cnode *a = &c->nodes[ai];
+        if (!live[ai] || a->op != JDT_OP_ATTENTION_BWD || a->kind != CK_BUILTIN ||
+            a->dtype != JDT_DTYPE_F32 || a->co || a->attrs.i[1] || a->shape.ndim != 5 ||
+            a->shape.dims[0] != 3)
+            continue;
+        const int64_t *dims = a->shape.dims + 1; /* B, H, T, D */
+        const int64_t n = dims[0] * dims[1] * dims[2] * dims[3], C = dims[1] * dims[3];
+        int tr[3] = {-1, -1, -1};
+        if (n <= 0 || !attention_thirds(c, live, ai, 0, n, dims, tr, 0) || tr[0] < 0 || tr[1] < 0 ||
+            tr[2] < 0)
+            continue;
+        int sum[3], co[3];
+        for (int s = 0; s < 3; s++) {
+            int copy = -1;
+            sum[s] = -1;
+            for (int r = tr[s] + 1; r < n0; r++) {
+                const cnode *x = &c->nodes[r];
+                if (!live[r]) continue;
+                if (sum[s] < 0 && column_sums_of(c, r, tr[s], C, n)) sum[s] = r;
+                if (copy < 0 && x->op == JDT_OP_CAST && x->kind == CK_EW &&
+                    x->dtype == JDT_DTYPE_BF16 && c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 &&
+                    view_root(c, x->in[0]) == tr[s] && jdt_shape_numel(&x->shape) == n)
+                    copy = r;
+            }
+            co[s] = copy >= 0 && read_only_by(c, live, tr[s], sum[s], copy) ? copy : tr[s];
+        }
+        const int64_t P = dims[0] * ((dims[2] + R - 1) / R);
+        cnode *am = &c->nodes[ai];
+        am->shape.ndim = 2;
+        am->shape.dims[0] = 3 * P;
+        am->shape.dims[1] = C;
+        am->attrs.i[1] = 1;
+        const jdt_shape like = am->shape;
+        for (int s = 0; s < 3; s++)
+            if (sum[s] >= 0 && !sum_partials(c, sum[s], ai, &like, s * P, P)) {
+                jdt_free(live);
+                return jdt_err_set(e, JDT_ERR_NOMEM, "compile: attention cotangents");
+            }
+        for (int s = 0; s < 3; s++)
+            make_co_output(c, ai, co[s]);
+        c->stats.n_attention_cotangents++;
+        folded++;
+    }
+    jdt_free(live);
+    return folded ? order_inputs_first(c, e) : JDT_OK;
+}
+
 /* The attention builtins read q, k, v, o and dout in either (B, H, T, D) or (B, T, H, D)
  * layout (runtime.h). A (0, 2, 1, 3) transpose read only by attention builtins is therefore not
  * materialised: it becomes a view of its input's buffer, and the builtin reads that buffer
@@ -1664,6 +1794,9 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->attention_copy && (st = fold_attention_copies(c, e)) != JDT_OK)
         goto out;
+    if (!c->opts.no_fuse && c->attention_part_rows > 0 &&
+        (st = fold_attention_cotangents(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && c->rope_bhtd && (st = fold_rope_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = split_widenings(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->host_builtins &&
@@ -1681,6 +1814,21 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     for (int i = 0; i < c->n_nodes; i++)
         c->nodes[i].live = live[i];
     jdt_free(live);
+    /* A live builtin's co-outputs keep their places in its chain (the kernel takes them by
+     * position): one read by nothing stays while a later one is live; dead ones at the end go
+     * (not written). */
+    for (int i = 0; i < c->n_nodes; i++) {
+        if (!c->nodes[i].live || c->nodes[i].kind != CK_BUILTIN) continue;
+        int last = 0;
+        for (int q = c->nodes[i].co; q; q = c->nodes[q].co)
+            if (c->nodes[q].live) last = q;
+        for (int q = c->nodes[i].co; last && q != last; q = c->nodes[q].co)
+            c->nodes[q].live = true;
+        if (!last)
+            c->nodes[i].co = 0;
+        else
+            c->nodes[last].co = 0;
+    }
     int m = 0;
     for (int i = 0; i < c->n_nodes; i++) /* first: a folded bias leaf may follow its reader */
         remap[i] = c->nodes[i].live ? m++ : -1;
@@ -1690,7 +1838,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         cnode cn = c->nodes[i];
         for (int k = 0; k < cn.n_in; k++)
             cn.in[k] = remap[cn.in[k]];
-        cn.co = cn.co && remap[cn.co] >= 0 ? remap[cn.co] : 0; /* a dead co-output: not written */
+        cn.co = cn.co ? remap[cn.co] : 0; /* live: above */
         c->nodes[m++] = cn;
     }
     c->n_nodes = m;

@@ -201,8 +201,8 @@ static void step_cost(const cprog *c, const cstep *sp, double *bytes, double *fl
         const cnode *n = &c->nodes[sp->node];
         *flops = node_flops(c, n);
         *bytes = (double)(jdt_shape_numel(&n->shape) * cnode_elem_size(n));
-        if (n->co) { /* its second output (passes.c make_co_output) */
-            const cnode *co = &c->nodes[n->co];
+        for (int q = n->co; q; q = c->nodes[q].co) { /* its other outputs (make_co_output) */
+            const cnode *co = &c->nodes[q];
             *flops += node_flops(c, co);
             *bytes += (double)(jdt_shape_numel(&co->shape) * cnode_elem_size(co));
         }
@@ -281,6 +281,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->gemm_gelu = p->dev->vt->gemm_gelu && !env_off("JDT_GELU_EPILOGUE");
     c->xent_fused = p->dev->vt->xent_fused && !env_off("JDT_FUSED_XENT");
     c->attention_copy = p->dev->vt->attention_copy && !env_off("JDT_ATTENTION_COPY");
+    c->attention_part_rows = env_off("JDT_ATTENTION_GRADS") ? 0 : p->dev->vt->attention_part_rows;
     c->rope_bhtd = p->dev->vt->rope_bhtd;
     c->residual_gemm = c->gemm_accumulate && c->bf16_builtins && !env_off("JDT_RESIDUAL_GEMM");
     c->merge_launches =

@@ -456,6 +456,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_attention_copies > 0)
             fprintf(f, "; %d attentions store the projection's copy of their output",
                     sm->n_attention_copies);
+        if (sm->n_attention_cotangents > 0)
+            fprintf(f, "; %d attention backwards store the projections' copies of dq, dk, dv",
+                    sm->n_attention_cotangents);
         if (sm->n_xent_fused > 0)
             fprintf(f, "; %d cross-entropy backwards in their forward's pass over the logits",
                     sm->n_xent_fused);

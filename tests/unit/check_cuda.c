@@ -699,10 +699,22 @@ START_TEST(test_nvrtc_train_steps)
      * fold_attention_copies) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_copies,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
-    /* and with RoPE its backward reads dq and dk in the attention backward's layout (passes.c
-     * fold_rope_transposes): no transpose kernel between */
-    ck_assert_int_eq(jdt_step_stats(s)->n_rope_transposes_folded,
-                     c.model.pos == JDT_POS_ROPE ? 2 * c.model.n_layer : 0);
+    /* every attention backward stores the (B, T, H, D) copies of dq, dk and dv that the
+     * projections' backward reads, and their bias gradients' partial sums (passes.c
+     * fold_attention_cotangents); with RoPE its backward reads those copies, so no transpose
+     * is left for fold_rope_transposes, which takes the packed output's slices in place when
+     * the fold is off (JDT_ATTENTION_GRADS=0) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_attention_cotangents,
+                     c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
+    ck_assert_int_eq(jdt_step_stats(s)->n_rope_transposes_folded, 0);
+    if (c.model.pos == JDT_POS_ROPE) {
+        setenv("JDT_ATTENTION_GRADS", "0", 1);
+        jdt_step *s0 = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
+        unsetenv("JDT_ATTENTION_GRADS");
+        ck_assert_int_eq(jdt_step_stats(s0)->n_attention_cotangents, 0);
+        ck_assert_int_eq(jdt_step_stats(s0)->n_rope_transposes_folded, 2 * c.model.n_layer);
+        jdt_step_free(s0);
+    }
     /* SwiGLU with bf16 activations: the backward's two kernels each widen the bf16 cotangent of
      * the gated product themselves (passes.c split_widenings), one copy per layer */
     ck_assert_int_eq(jdt_step_stats(s)->n_widenings_split,
@@ -941,6 +953,12 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol, bool params)
     ck_assert_int_eq(jdt_step_stats(sc)->n_xent_fused, 0);
     ck_assert_int_eq(jdt_step_stats(sg)->n_xent_fused, getenv("JDT_FUSED_XENT") ? 0 : 1);
     ck_assert_int_eq(jdt_step_stats(sc)->n_attention_copies, 0);
+    /* the attention backward's cotangent form on the device only (JDT_ATTENTION_GRADS=0: the
+     * packed output): the parameters below then come from its copies and partial sums */
+    ck_assert_int_eq(jdt_step_stats(sc)->n_attention_cotangents, 0);
+    ck_assert_int_eq(
+        jdt_step_stats(sg)->n_attention_cotangents,
+        c.model.type == JDT_MODEL_MLP || getenv("JDT_ATTENTION_GRADS") ? 0 : c.model.n_layer);
     size_t n = (size_t)c.data.batch_size *
                (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
     int32_t *xi = calloc(n, 4), *y = calloc(n, 4);

@@ -1290,6 +1290,67 @@ static double rel_err(const float *got, const float *want, int64_t n)
     return m > 0.0 ? d / m : d;
 }
 
+/* The backward's cotangent form (passes.c fold_attention_cotangents) against its packed
+ * output dqkv (3 n, f32, from the same inputs: bf16 q, k, v in d16, o and dO in din): with
+ * dqkv as well and without it, dq and dv copied as bf16, dk as f32, each bit for bit the
+ * transposed value or its rounding; each partial the sum of its JDT_CUK_ATT_PART rows of a
+ * sequence. */
+static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16, float *const *din,
+                                  const float *dqkv, int64_t B, int64_t H, int64_t T, int64_t D,
+                                  float scale, unsigned bthd, bool bf16, void *dscr)
+{
+    const int64_t n = B * H * T * D, C = H * D, nc = (T + JDT_CUK_ATT_PART - 1) / JDT_CUK_ATT_PART;
+    const int64_t P = B * nc;
+    float *want_part = calloc((size_t)(3 * P * C), 4);
+    for (int s = 0; s < 3; s++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t d = 0; d < D; d++)
+                        want_part[((s * P) + b * nc + t / JDT_CUK_ATT_PART) * C + h * D + d] +=
+                            dqkv[s * n + ((b * H + h) * T + t) * D + d];
+    for (int with_packed = 0; with_packed < 2; with_packed++) {
+        jdt_cuk_att_grads g = {.copy_bf16 = {true, false, true}};
+        g.copy[0] = dev_alloc((size_t)n * 2);
+        g.copy[1] = dev_alloc((size_t)n * 4);
+        g.copy[2] = dev_alloc((size_t)n * 2);
+        g.part = dev_alloc((size_t)(3 * P * C) * 4);
+        float *dD = with_packed ? dev_alloc((size_t)(3 * n) * 4) : NULL;
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dD, &g, B, H, T, D,
+                              scale, bthd, bf16, dscr);
+        if (dD) {
+            float *got = dev_to_host(k, dD, 3 * n);
+            ck_assert_msg(memcmp(got, dqkv, (size_t)(3 * n) * 4) == 0,
+                          "%s: cotangent form: packed dqkv differs", what);
+            free(got);
+            cudaFree(dD);
+        }
+        uint16_t *c16 = malloc((size_t)n * 2);
+        for (int s = 0; s < 3; s++) {
+            float *want = to_bthd(dqkv + s * n, B, H, T, D);
+            if (g.copy_bf16[s]) {
+                ck_assert_int_eq(cudaMemcpy(c16, g.copy[s], (size_t)n * 2, cudaMemcpyDeviceToHost),
+                                 cudaSuccess);
+                for (int64_t j = 0; j < n; j++)
+                    ck_assert_msg(c16[j] == jdt_rt_bf16_bits(want[j]),
+                                  "%s: cotangent form: bf16 copy %d [%lld]", what, s, (long long)j);
+            } else {
+                float *got = dev_to_host(k, g.copy[s], n);
+                ck_assert_msg(memcmp(got, want, (size_t)n * 4) == 0,
+                              "%s: cotangent form: f32 copy %d", what, s);
+                free(got);
+            }
+            free(want);
+            cudaFree(g.copy[s]);
+        }
+        float *part = dev_to_host(k, g.part, 3 * P * C);
+        expect_close(what, part, want_part, 3 * P * C, 1e-5f, 1e-5f);
+        free(part), free(c16);
+        cudaFree(g.part);
+    }
+    free(want_part);
+}
+
 /* bf16: the tensor-core kernels against jdt_rt_attention's bf16 compute (the same rounding
  * points; the forward rounds unnormalised probabilities: 5e-3 of the largest output, the
  * backward 1e-4) and, for head sizes where rounding shows, closer to it than to f32's; else
@@ -1317,8 +1378,8 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
     void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
     jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, NULL, false, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], dD, B, H, T, D, scale,
-                          bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], dD, NULL, B, H, T, D,
+                          scale, bthd, bf16, dscr);
     float *go_ = dev_to_host(k, dO, n), *gd = dev_to_host(k, dD, 3 * n);
     char what[96];
     snprintf(what, sizeof what, "attention%s B%lld H%lld T%lld D%lld bthd%u", bf16 ? " bf16" : "",
@@ -1363,12 +1424,12 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
     uint16_t *dc16 = dev_alloc((size_t)n * 2);
     jdt_cuk_attention(k, dr[0], dr[1], dr[2], false, dO, dc32, false, B, H, T, D, scale, bthd & 7u,
                       bf16, dscr);
-    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], dD, B, H, T, D, scale,
-                          bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], dD, NULL, B, H, T, D,
+                          scale, bthd, bf16, dscr);
     jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO2, dc16, true, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dD2, B, H, T, D, scale,
-                          bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dD2, NULL, B, H, T, D,
+                          scale, bthd, bf16, dscr);
     float *a1 = dev_to_host(k, dO, n), *a2 = dev_to_host(k, dO2, n);
     float *b1 = dev_to_host(k, dD, 3 * n), *b2 = dev_to_host(k, dD2, 3 * n);
     ck_assert_msg(memcmp(a1, a2, (size_t)n * 4) == 0, "%s: bf16 q/k/v: o differs", what);
@@ -1384,6 +1445,7 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
         free(t1), free(c32), free(c16);
         cudaFree(dc32), cudaFree(dc16);
     }
+    check_attention_grads(k, what, d16, din, b2, B, H, T, D, scale, bthd, bf16, dscr);
     free(h16), free(hr), free(a1), free(a2), free(b1), free(b2);
     for (int i = 0; i < 3; i++)
         cudaFree(d16[i]), cudaFree(dr[i]);

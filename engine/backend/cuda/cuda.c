@@ -1194,10 +1194,22 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
             jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, o, n->co ? dptr(p, n->co) : NULL,
                               n->co && c->nodes[n->co].bf16, s0->dims[0], s0->dims[1], s0->dims[2],
                               s0->dims[3], (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
-        else
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], o, s0->dims[0],
+        else if (!n->attrs.i[1])
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], o, NULL, s0->dims[0],
                                   s0->dims[1], s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
                                   n->attrs.i[0] != 0, scratch);
+        else { /* the cotangent form (passes.c fold_attention_cotangents): the output is the
+                  partials; the co-outputs, in order, the copies of dq, dk, dv */
+            jdt_cuk_att_grads g = {.part = o};
+            int q = n->co;
+            for (int j = 0; j < 3 && q; j++, q = c->nodes[q].co) {
+                g.copy[j] = dptr(p, q);
+                g.copy_bf16[j] = c->nodes[q].bf16;
+            }
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], NULL, &g,
+                                  s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+                                  (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
+        }
         return JDT_OK;
     }
     case JDT_OP_CONCAT: {
@@ -1365,6 +1377,7 @@ static const jdt_backend_vt cuda_vt = {
     .xent_fused = true,
     .attention_copy = true,
     .rope_bhtd = true,
+    .attention_part_rows = JDT_CUK_ATT_PART,
     .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,

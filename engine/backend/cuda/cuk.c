@@ -872,17 +872,27 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
 }
 
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                           const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,
-                           int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
-                           void *scratch)
+                           const float *o, const float *dout, float *dqkv,
+                           const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T, int64_t D,
+                           float scale, unsigned bthd, bool bf16, void *scratch)
 {
     int64_t n = B * H * T * D;
     if (n <= 0) return;
     int tc = att_tc_class(k, bf16, D);
-    float *stats = scratch, *dq = dqkv, *dk = dqkv + n, *dv = dqkv + 2 * n;
+    float *stats = scratch, *dq = dqkv, *dk = dqkv ? dqkv + n : NULL,
+          *dv = dqkv ? dqkv + 2 * n : NULL;
+    /* the cotangent form's outputs (NULL: not written) */
+    const int64_t P = B * ((T + JDT_CUK_ATT_PART - 1) / JDT_CUK_ATT_PART);
+    void *q2 = g ? g->copy[0] : NULL, *k2 = g ? g->copy[1] : NULL, *v2 = g ? g->copy[2] : NULL;
+    float *qp = g && g->part ? g->part : NULL, *kp = qp ? qp + P * H * D : NULL,
+          *vp = qp ? qp + 2 * P * H * D : NULL;
+    int q2b = g && g->copy_bf16[0],
+        kv2b = g ? (g->copy_bf16[1] ? 1 : 0) | (g->copy_bf16[2] ? 2 : 0) : 0;
     void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
-    void *qargs[] = {&q, &kk, &v, &dout, &stats, &dq, &B, &H, &T, &D, &scale, &bthd};
-    void *kargs[] = {&q, &kk, &v, &dout, &stats, &dk, &dv, &B, &H, &T, &D, &scale, &bthd};
+    void *qargs[] = {&q,  &kk, &v, &dout, &stats, &dq,    &q2,  &q2b,
+                     &qp, &B,  &H, &T,    &D,     &scale, &bthd};
+    void *kargs[] = {&q,    &kk, &v,  &dout, &stats, &dk, &dv, &k2,    &v2,
+                     &kv2b, &kp, &vp, &B,    &H,     &T,  &D,  &scale, &bthd};
     if (tc >= 0) {
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
         launch(k,
@@ -901,7 +911,9 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         return;
     }
     int64_t blocks = B * H * ((T + ATT_R - 1) / ATT_R);
-    size_t smem = (size_t)(2 * ct * D + 2 * ct) * sizeof(float);
+    int64_t floats = 2 * ct * D + 2 * ct; /* the tiles, or the rows staged for g */
+    if (floats < ATT_R * (D + 4)) floats = ATT_R * (D + 4);
+    size_t smem = (size_t)floats * sizeof(float);
     launch(k, att_kernel(JDT_CUK_K_ATT_STATS_D64, JDT_CUK_K_ATT_STATS_B_D64, qkv_bf16, cls), blocks,
            ATT_THREADS, smem, sargs);
     launch(k, att_kernel(JDT_CUK_K_ATT_DQ_D64, JDT_CUK_K_ATT_DQ_B_D64, qkv_bf16, cls), blocks,

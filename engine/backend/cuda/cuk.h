@@ -264,11 +264,27 @@ int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t
 void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
                        float *o, void *o2, bool o2_bf16, int64_t B, int64_t H, int64_t T, int64_t D,
                        float scale, unsigned bthd, bool bf16, void *scratch);
-/* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics). */
+/* Rows per partial column sum of the backward's cotangent form (below). */
+#define JDT_CUK_ATT_PART 32
+
+/* The backward's cotangent form (passes.c fold_attention_cotangents): what the q, k and v
+ * projections' backward reads of dq, dk and dv, written by the attention's kernels instead of
+ * made from the packed f32 output by a kernel per projection. */
+typedef struct {
+    void *copy[3];     /* dq, dk, dv in (B, T, H, D) order (the GEMMs' operand), or NULL */
+    bool copy_bf16[3]; /* bf16 bit patterns (nearest even), else f32 */
+    float *part;       /* (3, P, H D), P = B ceil(T / JDT_CUK_ATT_PART): the column sums of
+                          dq, dk, dv viewed as (B T, H D) over each JDT_CUK_ATT_PART rows of a
+                          sequence (the bias gradients' partials), or NULL */
+} jdt_cuk_att_grads;
+
+/* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics).
+ * With g, also (or, when dqkv is NULL, only) g's outputs: the same values, each copy the f32
+ * value or its bf16 rounding, bit for bit; each partial the f32 sum of its rows. */
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                           const float *o, const float *dout, float *dqkv, int64_t B, int64_t H,
-                           int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
-                           void *scratch);
+                           const float *o, const float *dout, float *dqkv,
+                           const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T, int64_t D,
+                           float scale, unsigned bthd, bool bf16, void *scratch);
 
 /* ---- NCCL collectives --------------------------------------------------------------------- */
 

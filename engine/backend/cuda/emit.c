@@ -915,6 +915,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .xent_fused = true,
     .attention_copy = true,
     .rope_bhtd = true,
+    .attention_part_rows = JDT_CUK_ATT_PART,
     .merge_launches = true,
     .prepare = eo_prepare,
     .source = eo_source,

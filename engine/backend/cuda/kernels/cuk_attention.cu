@@ -198,11 +198,27 @@ __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float 
     }
 }
 
+/* Row r's share of an accumulator (elements d = sub + 4 i) times mul into stage (ATT_R rows of
+ * stride D + 4 f32, over the tiles' shared memory: the launcher sizes it for both) for
+ * cuk_att_grads_out. Every thread calls it: it begins and ends with __syncthreads. */
+template <int DM>
+__device__ __forceinline__ void att_stage(float *stage, const float *acc, float mul, int r, int sub,
+                                          i64 D)
+{
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < DM / 4; u++) {
+        i64 d = sub + 4 * u;
+        if (d < D) stage[r * (D + 4) + d] = acc[u] * mul;
+    }
+    __syncthreads();
+}
+
 /* dq (B, H, T, D) from the stats. */
 template <int DM, int CT, class TQ>
 __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
-                       const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,
-                       unsigned bthd)
+                       const float *stats, float *dq, void *g2, int g2b, float *part, i64 B,
+                       i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Ks = smem, *Vs = smem + CT * D;
@@ -233,6 +249,12 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                 att_axpy<DM>(acc, p * (dp - delta), Ks, jj, D, sub);
             }
         }
+        if (g2 || part) { /* the cotangent form (uniform over the grid) */
+            att_stage<DM>(smem, acc, scale, r, sub, D);
+            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dq, g2, g2b, part, b, h, qb * ATT_R, H, T,
+                                     D);
+            continue;
+        }
         if (act) {
             float *row = dq + (bh * T + i) * D;
 #pragma unroll
@@ -248,8 +270,9 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
  * first key. */
 template <int DM, int CT, class TQ>
 __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
-                        const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,
-                        float scale, unsigned bthd)
+                        const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b,
+                        float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, float scale,
+                        unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Qs = smem, *Gs = smem + CT * D, *Ls = smem + 2 * CT * D, *Ds = Ls + CT;
@@ -285,6 +308,15 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
                 att_axpy<DM>(ak, p * (dp - Ds[ii]), Qs, ii, D, sub); /* Qs is pre-scaled */
             }
         }
+        if (k2 || v2 || kpart || vpart) { /* the cotangent form (uniform over the grid) */
+            att_stage<DM>(smem, av, 1.0f, r, sub, D);
+            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dv, v2, kv2b >> 1 & 1, vpart, b, h,
+                                     kb * ATT_R, H, T, D);
+            att_stage<DM>(smem, ak, 1.0f, r, sub, D);
+            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dk, k2, kv2b & 1, kpart, b, h, kb * ATT_R,
+                                     H, T, D);
+            continue;
+        }
         if (act) {
             float *rk = dk + (bh * T + j) * D, *rv = dv + (bh * T + j) * D;
 #pragma unroll
@@ -302,7 +334,7 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
 /* Entry points, one per head-size class and q/k/v type (f32, or bf16 bit patterns: the _b
  * kernels, for q, k, v a bf16 GEMM stored as bf16 under precision.activations: bf16; o, dO and
  * the outputs stay f32). Block: ATT_THREADS threads; dynamic shared memory: (2 * CT * D + 2 *
- * CT) floats (the launcher computes it). */
+ * CT) floats, at least ATT_R (D + 4) for the backward's staging (the launcher computes it). */
 #define ATT_VARIANT(DM, CT, TQ, SFX)                                                               \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2,        \
@@ -319,17 +351,19 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,          \
-                                const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D,         \
-                                float scale, unsigned bthd)                                        \
+                                const float *stats, float *dq, void *g2, int g2b, float *part,     \
+                                i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)            \
     {                                                                                              \
-        att_dq<DM, CT>(q, k, v, dout, stats, dq, B, H, T, D, scale, bthd);                         \
+        att_dq<DM, CT>(q, k, v, dout, stats, dq, g2, g2b, part, B, H, T, D, scale, bthd);          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,         \
-                                 const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T,    \
-                                 i64 D, float scale, unsigned bthd)                                \
+                                 const float *stats, float *dk, float *dv, void *k2, void *v2,     \
+                                 int kv2b, float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, \
+                                 float scale, unsigned bthd)                                       \
     {                                                                                              \
-        att_dkv<DM, CT>(q, k, v, dout, stats, dk, dv, B, H, T, D, scale, bthd);                    \
+        att_dkv<DM, CT>(q, k, v, dout, stats, dk, dv, k2, v2, kv2b, kpart, vpart, B, H, T, D,      \
+                        scale, bthd);                                                              \
     }
 
 ATT_VARIANT(64, 64, float, )

@@ -276,6 +276,27 @@ __device__ __forceinline__ void tc_store(float *out, const float (*acc)[4], i64 
     }
 }
 
+/* The warp's 16 x DM accumulator (rows w 16 + g and + 8 of the block, C layout) into stage
+ * (TC_BR rows of stride DM + 4 f32: the tiles' shared memory, free once every warp is past
+ * the first barrier) for cuk_att_grads_out. Every thread calls it: it begins and ends with
+ * __syncthreads. */
+template <int DM>
+__device__ __forceinline__ void tc_stage(float *stage, const float (*acc)[4], int w, int g, int t,
+                                         i64 D)
+{
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int dn = 0; dn < DM / 8; dn++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                int d = dn * 8 + 2 * t + c;
+                if (d < D) stage[(w * 16 + g + 8 * r) * (DM + 4) + d] = acc[dn][2 * r + c];
+            }
+    __syncthreads();
+}
+
 /* Forward (STATS false: o) or the backward's row statistics (STATS true: stats[bh*T + i] = L_i,
  * stats[B*H*T + bh*T + i] = dO_i . O_i). */
 template <int DM, int BC, bool STATS, class TQ>
@@ -373,11 +394,12 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
 /* dq (B, H, T, D) from the stats. */
 template <int DM, int BC, class TQ>
 __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
-                      const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D, float scale,
-                      unsigned bthd)
+                      const float *stats, float *dq, void *g2, int g2b, float *part, i64 B,
+                      i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BC * L;
     __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
+    static_assert(TC_BR * (DM + 4) * sizeof(float) <= sizeof smv, "tc_stage fits");
     unsigned short *sm = (unsigned short *)smv;
     unsigned short *Ks = sm, *Vs = sm + BC * L;
     const float sl2 = scale * TC_LOG2E;
@@ -419,6 +441,12 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                 }
             tc_acc_by<DM, BC>(acc, s, Ks, L, lane);
         }
+        if (g2 || part) { /* the cotangent form (uniform over the grid) */
+            tc_stage<DM>((float *)smv, acc, w, g, t, D);
+            cuk_att_grads_out<TC_BR>((float *)smv, DM + 4, dq, g2, g2b, part, b, h, qb * TC_BR, H,
+                                     T, D);
+            continue;
+        }
         float one[2] = {1.0f, 1.0f};
         tc_store<DM>(dq, acc, bh, i0, T, D, one, t);
     }
@@ -428,11 +456,13 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
  * first key. */
 template <int DM, int BQ, class TQ>
 __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
-                       const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, i64 D,
-                       float scale, unsigned bthd)
+                       const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b,
+                       float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, float scale,
+                       unsigned bthd)
 {
     constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BQ * L;
     __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
+    static_assert(TC_BR * (DM + 4) * sizeof(float) <= sizeof smv, "tc_stage fits");
     __shared__ float Ls[BQ], Ds[BQ];
     unsigned short *sm = (unsigned short *)smv;
     unsigned short *Qs = sm, *Gs = sm + BQ * L;
@@ -476,6 +506,16 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
             tc_acc_by<DM, BQ>(av, s, Gs, L, lane);
             tc_acc_by<DM, BQ>(ak, dp, Qs, L, lane);
         }
+        if (k2 || v2 || kpart || vpart) { /* the cotangent form (uniform over the grid) */
+            float *st = (float *)smv;
+            tc_stage<DM>(st, av, w, g, t, D);
+            cuk_att_grads_out<TC_BR>(st, DM + 4, dv, v2, kv2b >> 1 & 1, vpart, b, h, kb * TC_BR, H,
+                                     T, D);
+            tc_stage<DM>(st, ak, w, g, t, D);
+            cuk_att_grads_out<TC_BR>(st, DM + 4, dk, k2, kv2b & 1, kpart, b, h, kb * TC_BR, H, T,
+                                     D);
+            continue;
+        }
         float one[2] = {1.0f, 1.0f};
         tc_store<DM>(dv, av, bh, j0, T, D, one, t);
         tc_store<DM>(dk, ak, bh, j0, T, D, one, t);
@@ -504,17 +544,19 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,       \
-                                   const float *stats, float *dq, i64 B, i64 H, i64 T, i64 D,      \
-                                   float scale, unsigned bthd)                                     \
+                                   const float *stats, float *dq, void *g2, int g2b, float *part,  \
+                                   i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)         \
     {                                                                                              \
-        tc_dq<DM, BC>(q, k, v, dout, stats, dq, B, H, T, D, scale, bthd);                          \
+        tc_dq<DM, BC>(q, k, v, dout, stats, dq, g2, g2b, part, B, H, T, D, scale, bthd);           \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,      \
-                                    const float *stats, float *dk, float *dv, i64 B, i64 H, i64 T, \
+                                    const float *stats, float *dk, float *dv, void *k2, void *v2,  \
+                                    int kv2b, float *kpart, float *vpart, i64 B, i64 H, i64 T,     \
                                     i64 D, float scale, unsigned bthd)                             \
     {                                                                                              \
-        tc_dkv<DM, BQ>(q, k, v, dout, stats, dk, dv, B, H, T, D, scale, bthd);                     \
+        tc_dkv<DM, BQ>(q, k, v, dout, stats, dk, dv, k2, v2, kv2b, kpart, vpart, B, H, T, D,       \
+                       scale, bthd);                                                               \
     }
 
 TC_VARIANT(64, 64, 64, float, )

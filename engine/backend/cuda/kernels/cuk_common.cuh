@@ -82,6 +82,43 @@ __device__ __forceinline__ void cuk_att_store2(void *o2, int o2_bf16, i64 b, i64
         ((float *)o2)[at] = v;
 }
 
+/* Rows per partial column sum of the attention backward's cotangent form (cuk.h
+ * JDT_CUK_ATT_PART): a multiple of both kernels' blocks start every chunk. */
+#define CUK_ATT_PART 32
+
+/* The attention backward's cotangent form (the compiler's fold_attention_cotangents): rows
+ * r0..r0+R-1 of slice (b, h) of dq, dk or dv, staged as f32 in shared memory (row stride ls)
+ * by the caller, stored coalesced: into out (B, H, T, D) f32 unless NULL, into g2, the
+ * (B, T, H, D) copy the projection's GEMMs read (cuk_att_store2; none when NULL), and, unless
+ * part is NULL, summed per column over each CUK_ATT_PART rows into row b ceil(T / CUK_ATT_PART)
+ * + i / CUK_ATT_PART, columns h D.., of part (P, H D): the bias gradient's partial rows. r0 is
+ * a multiple of CUK_ATT_PART; rows past T are neither stored nor summed. Every thread of the
+ * block calls it, between the __syncthreads ending the staging and one before stage is
+ * written again. */
+template <int R>
+__device__ __forceinline__ void cuk_att_grads_out(const float *stage, int ls, float *out, void *g2,
+                                                  int g2b, float *part, i64 b, i64 h, i64 r0,
+                                                  i64 H, i64 T, i64 D)
+{
+    for (i64 e = threadIdx.x; e < R * D; e += blockDim.x) {
+        i64 rr = e / D, d = e - rr * D, i = r0 + rr;
+        if (i >= T) continue;
+        float v = stage[rr * ls + d];
+        if (out) out[((b * H + h) * T + i) * D + d] = v;
+        if (g2) cuk_att_store2(g2, g2b, b, h, i, d, H, T, D, v);
+    }
+    if (!part) return;
+    const i64 nc = (T + CUK_ATT_PART - 1) / CUK_ATT_PART;
+    for (i64 e = threadIdx.x; e < (R / CUK_ATT_PART) * D; e += blockDim.x) {
+        i64 c = e / D, d = e - c * D, i1 = r0 + c * CUK_ATT_PART;
+        if (i1 >= T) continue;
+        float s = 0.0f;
+        for (i64 rr = 0; rr < CUK_ATT_PART && i1 + rr < T; rr++)
+            s += stage[(c * CUK_ATT_PART + rr) * ls + d];
+        part[(b * nc + i1 / CUK_ATT_PART) * H * D + h * D + d] = s;
+    }
+}
+
 /* Loads of f32 rows and of bf16 rows (bit patterns, widened exactly): element c, and the 4
  * elements of group i (a float4, or 8 bytes of bf16; the row 16- or 8-byte aligned). */
 __device__ __forceinline__ float cuk_ld(const float *x, i64 c) { return x[c]; }
