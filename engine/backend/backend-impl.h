@@ -56,6 +56,11 @@ typedef struct {
      * output is those partials), so passes.c fold_attention_cotangents drops the kernel per
      * projection that made the copy and the bias gradient's sum from the f32 output; 0: not. */
     int attention_part_rows;
+    /* Its attention forward builtin can store each query row's log-sum-exp after o (attrs
+     * i[1]: the output packs both) and its backward take it from there (attrs i[2]) instead of
+     * a pass over the keys, so passes.c fold_attention_lse packs the forwards the backwards
+     * read (FlashAttention's saved statistics). */
+    bool attention_lse;
     /* The widest row (C) for which its norm backward builtins with the scale also sum the
      * affine's gradients per block of rows (attrs i[0] = P: the output packs dx and P partial
      * rows of dw's and db's sums), so passes.c fold_norm_partials replaces the two gradient

@@ -176,6 +176,8 @@ typedef struct cprog_ {
                             offset (passes.c fold_rope_transposes) */
     int attention_part_rows;   /* the device's vtable field, unless JDT_ATTENTION_GRADS=0: the
                                   attention backward's cotangent form (fold_attention_cotangents) */
+    bool attention_lse;        /* the device's vtable flag, unless JDT_ATTENTION_LSE=0: the forward
+                                  stores the log-sum-exp its backward reads (fold_attention_lse) */
     int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product

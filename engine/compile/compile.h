@@ -147,6 +147,8 @@ typedef struct {
     int n_attention_cotangents; /* attention backwards writing the projections' copies of dq,
                                    dk, dv and their bias-gradient partials (passes.c
                                    fold_attention_cotangents) */
+    int n_attention_lse; /* attention backwards taking their forward's stored log-sum-exp
+                            (passes.c fold_attention_lse) */
     int n_xent_fused;      /* cross-entropy backwards computed by their forward's step in the
                               same pass over the logits (passes.c fold_xent_backwards) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands

@@ -1547,10 +1547,11 @@ static jdt_status fold_attention_copies(cprog *c, jdt_err *e)
 }
 
 /* Node i holds elements [off, off + numel(i)) of an attention backward's packed output (3 n
- * elements, (3, B, H, T, D)): is every live reader of it a reshape view or a SLICE of axis 0
+ * elements, (3, B, H, T, D)): is every live reader of it among the first n0 nodes (those
+ * `live` covers) a reshape view or a SLICE of axis 0
  * (both keep the elements contiguous) leading on, or the (0, 2, 1, 3) transpose of one whole
  * third (dims: its (B, H, T, D)), recorded as tr[third], each third read once? */
-static bool attention_thirds(const cprog *c, const unsigned char *live, int i, int64_t off,
+static bool attention_thirds(const cprog *c, const unsigned char *live, int n0, int i, int64_t off,
                              int64_t n, const int64_t *dims, int tr[3], int depth)
 {
     const cnode *x = &c->nodes[i];
@@ -1558,16 +1559,16 @@ static bool attention_thirds(const cprog *c, const unsigned char *live, int i, i
         if (c->outputs[i_out] == i) return false;
     for (int q = 0; q < c->n_updates; q++)
         if (c->updates[q].value == i || c->updates[q].target == i) return false;
-    for (int j = i + 1; j < c->n_nodes; j++) {
+    for (int j = i + 1; j < n0; j++) {
         const cnode *u = &c->nodes[j];
         for (int k = 0; live[j] && k < u->n_in; k++) {
             if (u->in[k] != i) continue;
             if (depth < 8 && u->kind == CK_VIEW && u->op == JDT_OP_RESHAPE) {
-                if (!attention_thirds(c, live, j, off, n, dims, tr, depth + 1)) return false;
+                if (!attention_thirds(c, live, n0, j, off, n, dims, tr, depth + 1)) return false;
             } else if (depth < 8 && u->op == JDT_OP_SLICE && u->kind == CK_MAP &&
                        u->attrs.i[0] == 0 && x->shape.ndim >= 1 && x->shape.dims[0] > 0) {
                 const int64_t row = jdt_shape_numel(&x->shape) / x->shape.dims[0];
-                if (!attention_thirds(c, live, j, off + u->attrs.i[1] * row, n, dims, tr,
+                if (!attention_thirds(c, live, n0, j, off + u->attrs.i[1] * row, n, dims, tr,
                                       depth + 1))
                     return false;
             } else if (is_head_transpose(u) && u->kind == CK_MAP && u->dtype == JDT_DTYPE_F32 &&
@@ -1584,19 +1585,19 @@ static bool attention_thirds(const cprog *c, const unsigned char *live, int i, i
     return true;
 }
 
-/* Is every live reader of node i (through reshape views) node a or node b, none of them an
- * output or update? */
-static bool read_only_by(const cprog *c, const unsigned char *live, int i, int a, int b)
+/* Is every live reader of node i among the first n0 (through reshape views) node a or node b,
+ * none of them an output or update? */
+static bool read_only_by(const cprog *c, const unsigned char *live, int n0, int i, int a, int b)
 {
     for (int q = 0; q < c->n_outputs; q++)
         if (c->outputs[q] == i) return false;
     for (int q = 0; q < c->n_updates; q++)
         if (c->updates[q].value == i || c->updates[q].target == i) return false;
-    for (int j = i + 1; j < c->n_nodes; j++)
+    for (int j = i + 1; j < n0; j++)
         for (int k = 0; live[j] && k < c->nodes[j].n_in; k++) {
             if (c->nodes[j].in[k] != i || j == a || j == b) continue;
             if (c->nodes[j].kind != CK_VIEW || c->nodes[j].op != JDT_OP_RESHAPE ||
-                !read_only_by(c, live, j, a, b))
+                !read_only_by(c, live, n0, j, a, b))
                 return false;
         }
     return true;
@@ -1633,8 +1634,8 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
         const int64_t *dims = a->shape.dims + 1; /* B, H, T, D */
         const int64_t n = dims[0] * dims[1] * dims[2] * dims[3], C = dims[1] * dims[3];
         int tr[3] = {-1, -1, -1};
-        if (n <= 0 || !attention_thirds(c, live, ai, 0, n, dims, tr, 0) || tr[0] < 0 || tr[1] < 0 ||
-            tr[2] < 0)
+        if (n <= 0 || !attention_thirds(c, live, n0, ai, 0, n, dims, tr, 0) || tr[0] < 0 ||
+            tr[1] < 0 || tr[2] < 0)
             continue;
         int sum[3], co[3];
         for (int s = 0; s < 3; s++) {
@@ -1649,7 +1650,7 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
                     view_root(c, x->in[0]) == tr[s] && jdt_shape_numel(&x->shape) == n)
                     copy = r;
             }
-            co[s] = copy >= 0 && read_only_by(c, live, tr[s], sum[s], copy) ? copy : tr[s];
+            co[s] = copy >= 0 && read_only_by(c, live, n0, tr[s], sum[s], copy) ? copy : tr[s];
         }
         const int64_t P = dims[0] * ((dims[2] + R - 1) / R);
         cnode *am = &c->nodes[ai];
@@ -1669,6 +1670,53 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
         folded++;
     }
     jdt_free(live);
+    return folded ? order_inputs_first(c, e) : JDT_OK;
+}
+
+/* The attention backward's first kernel finds each query row's log-sum-exp L of its scaled
+ * causal scores again, a pass over the keys (the forward's QK^T and its exponentials) that the
+ * forward had made for the same rows; FlashAttention keeps L from the forward instead
+ * (c->attention_lse: CUDA's kernels). An ATTENTION_BWD whose o (in[3], views followed) is an
+ * ATTENTION builtin on the same q, k, v inputs, scale and bf16 flag gets it: the forward's
+ * output becomes packed, o then L (B, H, T), f32 (attrs i[1] = 1; the old node a prefix view
+ * of it, its co-outputs the packed node's), and the backward takes L right after its o (attrs
+ * i[2] = 1). The same floats either way (both kernels run the same online softmax over the
+ * same tiles): a pass over the keys per backward goes, and B H T floats per layer stay alive
+ * until the backward (GPT-2 124M, B 32: 1.5 MB each). Under remat the recomputed forward is
+ * the one packed. Skipped with no_fuse. */
+static jdt_status fold_attention_lse(cprog *c, jdt_err *e)
+{
+    const int n0 = c->n_nodes;
+    int folded = 0;
+    for (int bi = 0; bi < n0; bi++) {
+        const cnode *bw = &c->nodes[bi];
+        if (bw->op != JDT_OP_ATTENTION_BWD || bw->kind != CK_BUILTIN || bw->n_in != 5 ||
+            bw->attrs.i[2])
+            continue;
+        const int fi = view_root(c, bw->in[3]);
+        const cnode *f = &c->nodes[fi];
+        if (f->op != JDT_OP_ATTENTION || f->kind != CK_BUILTIN || f->dtype != JDT_DTYPE_F32 ||
+            f->n_in != 3 || f->in[0] != bw->in[0] || f->in[1] != bw->in[1] ||
+            f->in[2] != bw->in[2] || f->attrs.i[0] != bw->attrs.i[0] ||
+            f->attrs.f[0] != bw->attrs.f[0] || c->nodes[f->in[0]].shape.ndim != 4)
+            continue;
+        if (!f->attrs.i[1]) { /* pack it (a forward two backwards read is packed once) */
+            const jdt_shape *qs = &c->nodes[f->in[0]].shape;
+            cnode pk = *f;
+            pk.shape.ndim = 1;
+            pk.shape.dims[0] = jdt_shape_numel(&f->shape) + qs->dims[0] * qs->dims[1] * qs->dims[2];
+            pk.attrs.i[1] = 1;
+            const int pi = append_node(c, &pk);
+            if (pi < 0) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: attention statistics");
+            for (int q = c->nodes[pi].co; q; q = c->nodes[q].co)
+                c->nodes[q].in[0] = pi; /* the forward's co-outputs follow it */
+            to_view(&c->nodes[fi], pi);
+            c->nodes[fi].co = 0;
+        }
+        c->nodes[bi].attrs.i[2] = 1;
+        c->stats.n_attention_lse++;
+        folded++;
+    }
     return folded ? order_inputs_first(c, e) : JDT_OK;
 }
 
@@ -1797,6 +1845,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && c->attention_part_rows > 0 &&
         (st = fold_attention_cotangents(c, e)) != JDT_OK)
         goto out;
+    if (!c->opts.no_fuse && c->attention_lse && (st = fold_attention_lse(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->rope_bhtd && (st = fold_rope_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = split_widenings(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->host_builtins &&

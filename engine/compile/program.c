@@ -282,6 +282,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->xent_fused = p->dev->vt->xent_fused && !env_off("JDT_FUSED_XENT");
     c->attention_copy = p->dev->vt->attention_copy && !env_off("JDT_ATTENTION_COPY");
     c->attention_part_rows = env_off("JDT_ATTENTION_GRADS") ? 0 : p->dev->vt->attention_part_rows;
+    c->attention_lse = p->dev->vt->attention_lse && !env_off("JDT_ATTENTION_LSE");
     c->rope_bhtd = p->dev->vt->rope_bhtd;
     c->residual_gemm = c->gemm_accumulate && c->bf16_builtins && !env_off("JDT_RESIDUAL_GEMM");
     c->merge_launches =

@@ -459,6 +459,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_attention_cotangents > 0)
             fprintf(f, "; %d attention backwards store the projections' copies of dq, dk, dv",
                     sm->n_attention_cotangents);
+        if (sm->n_attention_lse > 0)
+            fprintf(f, "; %d attention backwards read their forward's log-sum-exp",
+                    sm->n_attention_lse);
         if (sm->n_xent_fused > 0)
             fprintf(f, "; %d cross-entropy backwards in their forward's pass over the logits",
                     sm->n_xent_fused);

@@ -706,6 +706,9 @@ START_TEST(test_nvrtc_train_steps)
      * the fold is off (JDT_ATTENTION_GRADS=0) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_cotangents,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
+    /* and takes the row log-sum-exp its forward stored (passes.c fold_attention_lse) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_attention_lse,
+                     c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
     ck_assert_int_eq(jdt_step_stats(s)->n_rope_transposes_folded, 0);
     if (c.model.pos == JDT_POS_ROPE) {
         setenv("JDT_ATTENTION_GRADS", "0", 1);
@@ -956,6 +959,10 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol, bool params)
     /* the attention backward's cotangent form on the device only (JDT_ATTENTION_GRADS=0: the
      * packed output): the parameters below then come from its copies and partial sums */
     ck_assert_int_eq(jdt_step_stats(sc)->n_attention_cotangents, 0);
+    ck_assert_int_eq(jdt_step_stats(sc)->n_attention_lse, 0);
+    ck_assert_int_eq(
+        jdt_step_stats(sg)->n_attention_lse,
+        c.model.type == JDT_MODEL_MLP || getenv("JDT_ATTENTION_LSE") ? 0 : c.model.n_layer);
     ck_assert_int_eq(
         jdt_step_stats(sg)->n_attention_cotangents,
         c.model.type == JDT_MODEL_MLP || getenv("JDT_ATTENTION_GRADS") ? 0 : c.model.n_layer);

@@ -1316,8 +1316,8 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
         g.copy[2] = dev_alloc((size_t)n * 2);
         g.part = dev_alloc((size_t)(3 * P * C) * 4);
         float *dD = with_packed ? dev_alloc((size_t)(3 * n) * 4) : NULL;
-        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dD, &g, B, H, T, D,
-                              scale, bthd, bf16, dscr);
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], NULL, dD, &g, B, H,
+                              T, D, scale, bthd, bf16, dscr);
         if (dD) {
             float *got = dev_to_host(k, dD, 3 * n);
             ck_assert_msg(memcmp(got, dqkv, (size_t)(3 * n) * 4) == 0,
@@ -1351,6 +1351,62 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
     free(want_part);
 }
 
+/* The forward's saved log-sum-exp (passes.c fold_attention_lse), bf16 q, k, v in d16 (the
+ * bf16 roundings of the host's q and kk), o and dO in din: the forward with lse stores the
+ * same o (o16, from the same inputs without it) and each row's logsumexp of its scaled causal
+ * scores (against the host's, in double); the backward taking it gives dqkv16 bit for bit,
+ * and one taking it plus ln 2 (every probability halved) does not, so it is read. */
+static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, float *const *din,
+                                const float *q, const float *kk, const float *o16,
+                                const float *dqkv16, int64_t B, int64_t H, int64_t T, int64_t D,
+                                float scale, unsigned bthd, bool bf16, void *dscr)
+{
+    const int64_t n = B * H * T * D, nr = B * H * T;
+    float *dO = dev_alloc((size_t)n * 4), *dL = dev_alloc((size_t)nr * 4);
+    float *dD = dev_alloc((size_t)(3 * n) * 4);
+    jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO, NULL, false, dL, B, H, T, D, scale,
+                      bthd & 7u, bf16, dscr);
+    float *o = dev_to_host(k, dO, n), *L = dev_to_host(k, dL, nr);
+    ck_assert_msg(memcmp(o, o16, (size_t)n * 4) == 0, "%s: lse: o differs", what);
+    double worst = 0.0;
+    for (int64_t bh = 0; bh < B * H; bh++)
+        for (int64_t i = 0; i < T; i++) {
+            const float *qi = q + (bh * T + i) * D;
+            double m = -INFINITY, sum = 0.0;
+            for (int pass = 0; pass < 2; pass++)
+                for (int64_t j = 0; j <= i; j++) {
+                    const float *kj = kk + (bh * T + j) * D;
+                    double dot = 0.0;
+                    for (int64_t d = 0; d < D; d++)
+                        dot += (double)jdt_rt_bf16_round(qi[d]) * jdt_rt_bf16_round(kj[d]);
+                    dot *= scale;
+                    if (pass == 0)
+                        m = fmax(m, dot);
+                    else
+                        sum += exp(dot - m);
+                }
+            worst = fmax(worst, fabs(L[bh * T + i] - (m + log(sum))) / (1.0 + fabs(m)));
+        }
+    printf("%s: forward's log-sum-exp within %.1e of the host's\n", what, worst);
+    ck_assert_msg(worst < 2e-5, "%s: lse off by %g", what, worst);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dL, dD, NULL, B, H, T, D,
+                          scale, bthd, bf16, dscr);
+    float *got = dev_to_host(k, dD, 3 * n);
+    ck_assert_msg(memcmp(got, dqkv16, (size_t)(3 * n) * 4) == 0,
+                  "%s: lse: dqkv differs from the backward's own statistics", what);
+    free(got);
+    for (int64_t r = 0; r < nr; r++)
+        L[r] += 0.6931472f;
+    float *dL2 = dev_from(L, (size_t)nr * 4);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dL2, dD, NULL, B, H, T,
+                          D, scale, bthd, bf16, dscr);
+    got = dev_to_host(k, dD, 3 * n);
+    ck_assert_msg(rel_err(got + 2 * n, dqkv16 + 2 * n, n) > 0.3,
+                  "%s: lse: the backward ignored it (dv unchanged by halved probabilities)", what);
+    free(got), free(o), free(L);
+    cudaFree(dO), cudaFree(dL), cudaFree(dL2), cudaFree(dD);
+}
+
 /* bf16: the tensor-core kernels against jdt_rt_attention's bf16 compute (the same rounding
  * points; the forward rounds unnormalised probabilities: 5e-3 of the largest output, the
  * backward 1e-4) and, for head sizes where rounding shows, closer to it than to f32's; else
@@ -1376,10 +1432,10 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
     }
     float *dO = dev_alloc((size_t)n * 4), *dD = dev_alloc((size_t)(3 * n) * 4);
     void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
-    jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, NULL, false, B, H, T, D, scale,
+    jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, NULL, false, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], dD, NULL, B, H, T, D,
-                          scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], NULL, dD, NULL, B, H, T,
+                          D, scale, bthd, bf16, dscr);
     float *go_ = dev_to_host(k, dO, n), *gd = dev_to_host(k, dD, 3 * n);
     char what[96];
     snprintf(what, sizeof what, "attention%s B%lld H%lld T%lld D%lld bthd%u", bf16 ? " bf16" : "",
@@ -1422,14 +1478,14 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
      * below, each the transposed o bit for bit (bf16: o's rounding) */
     float *dc32 = dev_alloc((size_t)n * 4);
     uint16_t *dc16 = dev_alloc((size_t)n * 2);
-    jdt_cuk_attention(k, dr[0], dr[1], dr[2], false, dO, dc32, false, B, H, T, D, scale, bthd & 7u,
-                      bf16, dscr);
-    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], dD, NULL, B, H, T, D,
-                          scale, bthd, bf16, dscr);
-    jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO2, dc16, true, B, H, T, D, scale,
+    jdt_cuk_attention(k, dr[0], dr[1], dr[2], false, dO, dc32, false, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dD2, NULL, B, H, T, D,
+    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], NULL, dD, NULL, B, H, T, D,
                           scale, bthd, bf16, dscr);
+    jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO2, dc16, true, NULL, B, H, T, D, scale,
+                      bthd & 7u, bf16, dscr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], NULL, dD2, NULL, B, H, T,
+                          D, scale, bthd, bf16, dscr);
     float *a1 = dev_to_host(k, dO, n), *a2 = dev_to_host(k, dO2, n);
     float *b1 = dev_to_host(k, dD, 3 * n), *b2 = dev_to_host(k, dD2, 3 * n);
     ck_assert_msg(memcmp(a1, a2, (size_t)n * 4) == 0, "%s: bf16 q/k/v: o differs", what);
@@ -1446,6 +1502,7 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
         cudaFree(dc32), cudaFree(dc16);
     }
     check_attention_grads(k, what, d16, din, b2, B, H, T, D, scale, bthd, bf16, dscr);
+    check_attention_lse(k, what, d16, din, q, kk, a2, b2, B, H, T, D, scale, bthd, bf16, dscr);
     free(h16), free(hr), free(a1), free(a2), free(b1), free(b2);
     for (int i = 0; i < 3; i++)
         cudaFree(d16[i]), cudaFree(dr[i]);
@@ -1472,8 +1529,8 @@ START_TEST(test_attention)
         check_attention(k, 1, 1, 1, 8, 0, bf); /* one token */
     }
     check_attention(k, 1, 1, 33, 136, 0, false); /* d256 class */
-    jdt_cuk_attention(k, NULL, NULL, NULL, false, NULL, NULL, false, 1, 1, 4, 300, 1.0f, 0, false,
-                      NULL);
+    jdt_cuk_attention(k, NULL, NULL, NULL, false, NULL, NULL, false, NULL, 1, 1, 4, 300, 1.0f, 0,
+                      false, NULL);
     jdt_err e;
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_cuk_check(k, "attention", false, &e), JDT_ERR_UNSUPPORTED);

@@ -1190,14 +1190,20 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                 bthd |= 1u << j;
         /* q, k, v bf16 (fold_bf16_casts: all three or none) */
         const bool qkv16 = c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
+        /* the forward's log-sum-exp after o in its packed output (passes.c fold_attention_lse):
+         * stored by the forward (attrs i[1]), read by the backward (attrs i[2]) */
+        const int64_t no = jdt_shape_numel(s0);
+        const float *lse =
+            n->op == JDT_OP_ATTENTION_BWD && n->attrs.i[2] ? (const float *)in[3] + no : NULL;
         if (n->op == JDT_OP_ATTENTION)
             jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, o, n->co ? dptr(p, n->co) : NULL,
-                              n->co && c->nodes[n->co].bf16, s0->dims[0], s0->dims[1], s0->dims[2],
-                              s0->dims[3], (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
+                              n->co && c->nodes[n->co].bf16, n->attrs.i[1] ? (float *)o + no : NULL,
+                              s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+                              (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else if (!n->attrs.i[1])
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], o, NULL, s0->dims[0],
-                                  s0->dims[1], s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
-                                  n->attrs.i[0] != 0, scratch);
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], lse, o, NULL,
+                                  s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+                                  (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else { /* the cotangent form (passes.c fold_attention_cotangents): the output is the
                   partials; the co-outputs, in order, the copies of dq, dk, dv */
             jdt_cuk_att_grads g = {.part = o};
@@ -1206,7 +1212,7 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                 g.copy[j] = dptr(p, q);
                 g.copy_bf16[j] = c->nodes[q].bf16;
             }
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], NULL, &g,
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], lse, NULL, &g,
                                   s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                                   (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         }
@@ -1378,6 +1384,7 @@ static const jdt_backend_vt cuda_vt = {
     .attention_copy = true,
     .rope_bhtd = true,
     .attention_part_rows = JDT_CUK_ATT_PART,
+    .attention_lse = true,
     .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,

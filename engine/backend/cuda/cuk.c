@@ -845,15 +845,15 @@ static jdt_cuk_kernel att_kernel(jdt_cuk_kernel f32, jdt_cuk_kernel b16, bool qk
 }
 
 void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                       float *o, void *o2, bool o2_bf16, int64_t B, int64_t H, int64_t T, int64_t D,
-                       float scale, unsigned bthd, bool bf16, void *scratch)
+                       float *o, void *o2, bool o2_bf16, float *lse, int64_t B, int64_t H,
+                       int64_t T, int64_t D, float scale, unsigned bthd, bool bf16, void *scratch)
 {
     (void)scratch;
     if (B * H * T * D <= 0) return;
     int tc = att_tc_class(k, bf16, D), o2b = o2_bf16;
     if (tc >= 0) {
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
-        void *args[] = {&q, &kk, &v, &o, &o2, &o2b, &B, &H, &T, &D, &scale, &bthd};
+        void *args[] = {&q, &kk, &v, &o, &o2, &o2b, &lse, &B, &H, &T, &D, &scale, &bthd};
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_FWD_D64, JDT_CUK_K_ATT_TC_FWD_B_D64, qkv_bf16, tc),
                blocks, ATT_TC_THREADS, 0, args);
         return;
@@ -866,13 +866,13 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
     }
     int64_t blocks = B * H * ((T + ATT_R - 1) / ATT_R);
     size_t smem = (size_t)(2 * ct * D + 2 * ct) * sizeof(float);
-    void *args[] = {&q, &kk, &v, &o, &o2, &o2b, &B, &H, &T, &D, &scale, &bthd};
+    void *args[] = {&q, &kk, &v, &o, &o2, &o2b, &lse, &B, &H, &T, &D, &scale, &bthd};
     launch(k, att_kernel(JDT_CUK_K_ATT_FWD_D64, JDT_CUK_K_ATT_FWD_B_D64, qkv_bf16, cls), blocks,
            ATT_THREADS, smem, args);
 }
 
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                           const float *o, const float *dout, float *dqkv,
+                           const float *o, const float *dout, const float *lse, float *dqkv,
                            const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T, int64_t D,
                            float scale, unsigned bthd, bool bf16, void *scratch)
 {
@@ -888,7 +888,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
           *vp = qp ? qp + 2 * P * H * D : NULL;
     int q2b = g && g->copy_bf16[0],
         kv2b = g ? (g->copy_bf16[1] ? 1 : 0) | (g->copy_bf16[2] ? 2 : 0) : 0;
-    void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
+    void *sargs[] = {&q, &kk, &o, &dout, &stats, &lse, &B, &H, &T, &D, &scale, &bthd};
     void *qargs[] = {&q,  &kk, &v, &dout, &stats, &dq,    &q2,  &q2b,
                      &qp, &B,  &H, &T,    &D,     &scale, &bthd};
     void *kargs[] = {&q,    &kk, &v,  &dout, &stats, &dk, &dv, &k2,    &v2,

@@ -260,10 +260,12 @@ int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t
  * they are, so with bf16 compute the results are those of f32 inputs holding the same values);
  * o, dout and the outputs are f32. o2, when not NULL: a second copy of o in (B, T, H, D) order,
  * bf16 bit patterns (nearest even) with o2_bf16, else f32 (passes.c fold_attention_copies: the
- * projection's GEMM operand, which a transpose kernel would otherwise make from o). */
+ * projection's GEMM operand, which a transpose kernel would otherwise make from o). lse, when
+ * not NULL: each query row's log-sum-exp of its scaled causal scores (B, H, T), f32, for the
+ * backward (passes.c fold_attention_lse). */
 void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                       float *o, void *o2, bool o2_bf16, int64_t B, int64_t H, int64_t T, int64_t D,
-                       float scale, unsigned bthd, bool bf16, void *scratch);
+                       float *o, void *o2, bool o2_bf16, float *lse, int64_t B, int64_t H,
+                       int64_t T, int64_t D, float scale, unsigned bthd, bool bf16, void *scratch);
 /* Rows per partial column sum of the backward's cotangent form (below). */
 #define JDT_CUK_ATT_PART 32
 
@@ -280,9 +282,11 @@ typedef struct {
 
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics).
  * With g, also (or, when dqkv is NULL, only) g's outputs: the same values, each copy the f32
- * value or its bf16 rounding, bit for bit; each partial the f32 sum of its rows. */
+ * value or its bf16 rounding, bit for bit; each partial the f32 sum of its rows. lse, when not
+ * NULL, is the forward's (jdt_cuk_attention on the same q, k, scale and bf16): the row
+ * statistics take it instead of a pass over the keys (the same floats, so the same results). */
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                           const float *o, const float *dout, float *dqkv,
+                           const float *o, const float *dout, const float *lse, float *dqkv,
                            const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T, int64_t D,
                            float scale, unsigned bthd, bool bf16, void *scratch);
 

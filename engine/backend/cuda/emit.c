@@ -916,6 +916,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .attention_copy = true,
     .rope_bhtd = true,
     .attention_part_rows = JDT_CUK_ATT_PART,
+    .attention_lse = true,
     .merge_launches = true,
     .prepare = eo_prepare,
     .source = eo_source,

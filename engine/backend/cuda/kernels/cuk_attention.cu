@@ -89,7 +89,7 @@ __device__ __forceinline__ void att_axpy(float *acc, float a, const float *tile,
 
 template <int DM, int CT, class TQ>
 __device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b,
-                        i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
+                        float *lse, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Ks = smem, *Vs = smem + CT * D;
@@ -143,15 +143,18 @@ __device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o
                 orow[d] = acc[u] * inv;
                 if (o2) cuk_att_store2(o2, o2b, b, h, i, d, H, T, D, orow[d]);
             }
+            if (lse && sub == 0) lse[bh * T + i] = m + logf(l); /* att_stats' L */
         }
     }
 }
 
-/* Per query row: stats[bh*T + i] = logsumexp of the scaled causal scores, and
- * stats[B*H*T + bh*T + i] = dO_i . O_i. */
+/* Per query row: stats[bh*T + i] = logsumexp of the scaled causal scores (lse[bh*T + i], the
+ * forward's, when lse is not NULL: the key loop is skipped), and stats[B*H*T + bh*T + i] =
+ * dO_i . O_i. */
 template <int DM, int CT, class TQ>
 __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float *dout,
-                          float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
+                          float *stats, const float *lse, i64 B, i64 H, i64 T, i64 D, float scale,
+                          unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Ks = smem;
@@ -171,7 +174,7 @@ __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float 
         delta = att_row_sum(delta);
         att_load_row<DM>(qr, q, act ? att_row(bthd, 0, b, h, i, H, T, D) : 0, D, sub, act, scale);
         float m = CUK_NEG_INF, l = 0.0f;
-        i64 kend = min(T, (qb + 1) * ATT_R);
+        i64 kend = lse ? 0 : min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads();
             att_load_tile<CT>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
@@ -192,7 +195,7 @@ __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float 
             m = mn;
         }
         if (act && sub == 0) {
-            stats[bh * T + i] = m + logf(l);
+            stats[bh * T + i] = lse ? lse[bh * T + i] : m + logf(l);
             stats[B * H * T + bh * T + i] = delta;
         }
     }
@@ -338,16 +341,17 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
 #define ATT_VARIANT(DM, CT, TQ, SFX)                                                               \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2,        \
-                                 int o2b, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)  \
+                                 int o2b, float *lse, i64 B, i64 H, i64 T, i64 D, float scale,     \
+                                 unsigned bthd)                                                    \
     {                                                                                              \
-        att_fwd<DM, CT>(q, k, v, o, o2, o2b, B, H, T, D, scale, bthd);                             \
+        att_fwd<DM, CT>(q, k, v, o, o2, o2b, lse, B, H, T, D, scale, bthd);                        \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout,    \
-                                   float *stats, i64 B, i64 H, i64 T, i64 D, float scale,          \
-                                   unsigned bthd)                                                  \
+                                   float *stats, const float *lse, i64 B, i64 H, i64 T, i64 D,     \
+                                   float scale, unsigned bthd)                                     \
     {                                                                                              \
-        att_stats<DM, CT>(q, k, o, dout, stats, B, H, T, D, scale, bthd);                          \
+        att_stats<DM, CT>(q, k, o, dout, stats, lse, B, H, T, D, scale, bthd);                     \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,          \

@@ -297,12 +297,14 @@ __device__ __forceinline__ void tc_stage(float *stage, const float (*acc)[4], in
     __syncthreads();
 }
 
-/* Forward (STATS false: o) or the backward's row statistics (STATS true: stats[bh*T + i] = L_i,
- * stats[B*H*T + bh*T + i] = dO_i . O_i). */
+/* Forward (STATS false: o, and L_i into lse[bh*T + i] unless lse is NULL) or the backward's
+ * row statistics (STATS true: stats[bh*T + i] = L_i, stats[B*H*T + bh*T + i] = dO_i . O_i;
+ * L_i taken from lse, the forward's, when it is not NULL: the key loop is skipped). L_i =
+ * logsumexp of the row's scaled causal scores, the same float either way. */
 template <int DM, int BC, bool STATS, class TQ>
 __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b,
-                       const float *dout, float *stats, i64 B, i64 H, i64 T, i64 D, float scale,
-                       unsigned bthd)
+                       const float *dout, float *stats, float *lse, i64 B, i64 H, i64 T, i64 D,
+                       float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, NQ = TC_BR * L, NKV = 2 * BC * L;
     __shared__ float4 smv[(NQ > NKV ? NQ : NKV) / 8]; /* 16-byte aligned rows for ldmatrix */
@@ -313,15 +315,17 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
         i64 i0 = qb * TC_BR + w * 16 + g; /* this lane's rows: i0 and i0 + 8 */
+        const bool given = STATS && lse; /* uniform over the grid */
         unsigned qa[DM / 16][4];
-        tc_rows_a<DM>(qa, nullptr, sm, q, 0, (const TQ *)nullptr, 0, bthd, b, h, qb * TC_BR, H, T,
-                      D);
+        if (!given)
+            tc_rows_a<DM>(qa, nullptr, sm, q, 0, (const TQ *)nullptr, 0, bthd, b, h, qb * TC_BR, H,
+                          T, D);
         float acc[DM / 8][4];
 #pragma unroll
         for (int dn = 0; dn < DM / 8; dn++)
             acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
         float m[2] = {CUK_NEG_INF, CUK_NEG_INF}, l[2] = {0.0f, 0.0f};
-        i64 kend = min(T, (qb + 1) * TC_BR);
+        i64 kend = given ? 0 : min(T, (qb + 1) * TC_BR);
         for (i64 j0 = 0; j0 < kend; j0 += BC) {
             __syncthreads();
             tc_load<BC, DM>(Ks, L, k, bthd, 1, b, h, j0, H, T, D);
@@ -370,11 +374,16 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
         if (!STATS) {
             float inv[2] = {1.0f / l[0], 1.0f / l[1]};
             tc_store<DM>(o, acc, bh, i0, T, D, inv, t, o2, o2b, H);
+            if (lse && t == 0)
+                for (int r = 0; r < 2; r++)
+                    if (i0 + 8 * r < T) lse[bh * T + i0 + 8 * r] = m[r] * TC_LN2 + logf(l[r]);
             continue;
         }
         if (t == 0)
             for (int r = 0; r < 2; r++)
-                if (i0 + 8 * r < T) stats[bh * T + i0 + 8 * r] = m[r] * TC_LN2 + logf(l[r]);
+                if (i0 + 8 * r < T)
+                    stats[bh * T + i0 + 8 * r] =
+                        given ? lse[bh * T + i0 + 8 * r] : m[r] * TC_LN2 + logf(l[r]);
         /* delta = dO . O, f32: the warp's 16 rows one after another, lanes along d */
         for (int r = 0; r < 16; r++) {
             i64 i = qb * TC_BR + w * 16 + r;
@@ -529,18 +538,19 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
 #define TC_VARIANT(DM, BC, BQ, TQ, SFX)                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2,     \
-                                    int o2b, i64 B, i64 H, i64 T, i64 D, float scale,              \
+                                    int o2b, float *lse, i64 B, i64 H, i64 T, i64 D, float scale,  \
                                     unsigned bthd)                                                 \
     {                                                                                              \
-        tc_fwd<DM, BC, false>(q, k, v, o, o2, o2b, nullptr, nullptr, B, H, T, D, scale, bthd);     \
+        tc_fwd<DM, BC, false>(q, k, v, o, o2, o2b, nullptr, nullptr, lse, B, H, T, D, scale,       \
+                              bthd);                                                               \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout, \
-                                      float *stats, i64 B, i64 H, i64 T, i64 D, float scale,       \
-                                      unsigned bthd)                                               \
+                                      float *stats, const float *lse, i64 B, i64 H, i64 T, i64 D,  \
+                                      float scale, unsigned bthd)                                  \
     {                                                                                              \
-        tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats, B, H, \
-                             T, D, scale, bthd);                                                   \
+        tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats,       \
+                             (float *)lse, B, H, T, D, scale, bthd);                               \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,       \
