@@ -668,15 +668,22 @@ static void make_co_output(cprog *c, int host, int node)
     *at = node;
 }
 
+/* Is node i a graph output, or an update's value or target (a value the caller sees)? */
+static bool is_result(const cprog *c, int i)
+{
+    for (int q = 0; q < c->n_outputs; q++)
+        if (c->outputs[q] == i) return true;
+    for (int q = 0; q < c->n_updates; q++)
+        if (c->updates[q].value == i || c->updates[q].target == i) return true;
+    return false;
+}
+
 /* Is every reader of node r (through reshape views and (0, 2, 1, 3) transposes) a bf16-compute
  * attention, forward or backward, reading it as q, k or v? Such an attention rounds it to bf16
  * as it reads it. Not an output or update value. */
 static bool read_as_bf16_qkv(const cprog *c, int r)
 {
-    for (int i = 0; i < c->n_outputs; i++)
-        if (c->outputs[i] == r) return false;
-    for (int i = 0; i < c->n_updates; i++)
-        if (c->updates[i].value == r || c->updates[i].target == r) return false;
+    if (is_result(c, r)) return false;
     for (int j = r + 1; j < c->n_nodes; j++) {
         const cnode *u = &c->nodes[j];
         for (int k = 0; k < u->n_in; k++) {
@@ -1555,10 +1562,7 @@ static bool attention_thirds(const cprog *c, const unsigned char *live, int n0, 
                              int64_t n, const int64_t *dims, int tr[3], int depth)
 {
     const cnode *x = &c->nodes[i];
-    for (int i_out = 0; i_out < c->n_outputs; i_out++)
-        if (c->outputs[i_out] == i) return false;
-    for (int q = 0; q < c->n_updates; q++)
-        if (c->updates[q].value == i || c->updates[q].target == i) return false;
+    if (is_result(c, i)) return false;
     for (int j = i + 1; j < n0; j++) {
         const cnode *u = &c->nodes[j];
         for (int k = 0; live[j] && k < u->n_in; k++) {
@@ -1589,10 +1593,7 @@ static bool attention_thirds(const cprog *c, const unsigned char *live, int n0, 
  * none of them an output or update? */
 static bool read_only_by(const cprog *c, const unsigned char *live, int n0, int i, int a, int b)
 {
-    for (int q = 0; q < c->n_outputs; q++)
-        if (c->outputs[q] == i) return false;
-    for (int q = 0; q < c->n_updates; q++)
-        if (c->updates[q].value == i || c->updates[q].target == i) return false;
+    if (is_result(c, i)) return false;
     for (int j = i + 1; j < n0; j++)
         for (int k = 0; live[j] && k < c->nodes[j].n_in; k++) {
             if (c->nodes[j].in[k] != i || j == a || j == b) continue;
