@@ -269,7 +269,8 @@ run_gpt gpt2
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -qi "cublas" "$OUT/gpt2.log"; then
   # a failure of code no GPU has run yet (merged launches: several fused kernels in one grid;
   # the two-kernel layer norms, the GEMM's GELU epilogue, the residual adds in the GEMMs, the
-  # fused classifier, the attention's second output) must not cost the measurement
+  # fused classifier, the attention's second output, its backward's cotangent form and saved
+  # log-sum-exp) must not cost the measurement
   # either: the step again without them, and so for the rest of the script (its kernels are
   # not in the bundle's cache)
   gpt_failed "" gpt2-merged-failed

@@ -3,7 +3,7 @@
 # build linked against the host CUDA emulator (tests/infra/cudaemu: runtime, NVRTC, cuBLASLt and
 # NCCL stand-ins that run every kernel on the CPU). On emulated GPUs, configs/tiny.yaml with
 # runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs), bf16 compute and
-# bf16 activations (GEMMs storing bf16 outputs; also under tensor=2) on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
+# bf16 activations (GEMMs storing bf16 outputs; also under tensor=2) and bf16 under runtime.remat: block on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
 # memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
 # those of one call per tensor and of blocking collectives; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
@@ -57,6 +57,12 @@ grep -q "precision.compute bf16: cuBLASLt" "$TMP/err" || { cat "$TMP/err"; fail 
 # the same rounding points but the attention forward's (docs/backend.md): seen 1e-5
 compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/gpu16/tiny/metrics.jsonl" "emulated GPU, bf16" 1e-3 ||
   fail "bf16 losses differ"
+# block rematerialisation (gpt2-124m.yaml's default): the backward's recomputed attention
+# forwards are the ones that store the log-sum-exp (passes.c fold_attention_lse); the CPU
+# reference does not recompute (the same values): seen 1.2e-5
+run "$EMU" "$TMP/gpu16r" "${C[@]}" runtime.backend=cuda precision.compute=bf16 runtime.remat=block
+compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/gpu16r/tiny/metrics.jsonl" "emulated GPU, bf16, remat block" 1e-3 ||
+  fail "bf16 losses differ under runtime.remat=block"
 # the elementwise kernels' vector form (4 elements per thread, float4 / bf16 x 4 accesses) computes
 # every element as the scalar form does: the same losses to the last digit
 JDT_CUDA_VEC=0 run "$EMU" "$TMP/gpu16s" "${C[@]}" runtime.backend=cuda precision.compute=bf16
