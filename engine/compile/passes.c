@@ -1681,9 +1681,10 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
  * ATTENTION builtin on the same q, k, v inputs, scale and bf16 flag gets it: the forward's
  * output becomes packed, o then L (B, H, T), f32 (attrs i[1] = 1; the old node a prefix view
  * of it, its co-outputs the packed node's), and the backward takes L right after its o (attrs
- * i[2] = 1). The same floats either way (both kernels run the same online softmax over the
- * same tiles): a pass over the keys per backward goes, and B H T floats per layer stay alive
- * until the backward (GPT-2 124M, B 32: 1.5 MB each). Under remat the recomputed forward is
+ * i[2] = 1; its dQ kernel then forms the row statistics, and the statistics kernel, a pass
+ * over the keys, does not run). The same floats either way (both kernels run the same online
+ * softmax over the same tiles), and B H T floats per layer stay alive until the backward
+ * (GPT-2 124M, B 32: 1.5 MB each). Under remat the recomputed forward is
  * the one packed. Skipped with no_fuse. */
 static jdt_status fold_attention_lse(cprog *c, jdt_err *e)
 {

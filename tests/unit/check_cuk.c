@@ -1354,8 +1354,10 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
 /* The forward's saved log-sum-exp (passes.c fold_attention_lse), bf16 q, k, v in d16 (the
  * bf16 roundings of the host's q and kk), o and dO in din: the forward with lse stores the
  * same o (o16, from the same inputs without it) and each row's logsumexp of its scaled causal
- * scores (against the host's, in double); the backward taking it gives dqkv16 bit for bit,
- * and one taking it plus ln 2 (every probability halved) does not, so it is read. */
+ * scores (against the host's, in double); the backward taking it (its dQ kernel then forms the
+ * row statistics, into a fresh scratch: the emulator fills new memory with NaN, so an entry
+ * it misses shows) gives dqkv16 bit for bit, and one taking it plus ln 2 (every probability
+ * halved) does not, so it is read. */
 static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, float *const *din,
                                 const float *q, const float *kk, const float *o16,
                                 const float *dqkv16, int64_t B, int64_t H, int64_t T, int64_t D,
@@ -1389,8 +1391,10 @@ static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, 
         }
     printf("%s: forward's log-sum-exp within %.1e of the host's\n", what, worst);
     ck_assert_msg(worst < 2e-5, "%s: lse off by %g", what, worst);
+    void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
     jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dL, dD, NULL, B, H, T, D,
-                          scale, bthd, bf16, dscr);
+                          scale, bthd, bf16, fresh);
+    cudaFree(fresh);
     float *got = dev_to_host(k, dD, 3 * n);
     ck_assert_msg(memcmp(got, dqkv16, (size_t)(3 * n) * 4) == 0,
                   "%s: lse: dqkv differs from the backward's own statistics", what);

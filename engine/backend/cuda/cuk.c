@@ -888,16 +888,20 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
           *vp = qp ? qp + 2 * P * H * D : NULL;
     int q2b = g && g->copy_bf16[0],
         kv2b = g ? (g->copy_bf16[1] ? 1 : 0) | (g->copy_bf16[2] ? 2 : 0) : 0;
-    void *sargs[] = {&q, &kk, &o, &dout, &stats, &lse, &B, &H, &T, &D, &scale, &bthd};
-    void *qargs[] = {&q,  &kk, &v, &dout, &stats, &dq,    &q2,  &q2b,
-                     &qp, &B,  &H, &T,    &D,     &scale, &bthd};
+    /* with lse the dQ kernel forms the statistics (the row's dO . O, L copied) and the
+     * statistics kernel, a pass over the keys for L, does not run */
+    void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
+    void *qargs[] = {&q,   &kk, &v, &o, &dout, &lse, &stats, &dq,  &q2,
+                     &q2b, &qp, &B, &H, &T,    &D,   &scale, &bthd};
     void *kargs[] = {&q,    &kk, &v,  &dout, &stats, &dk, &dv, &k2,    &v2,
                      &kv2b, &kp, &vp, &B,    &H,     &T,  &D,  &scale, &bthd};
     if (tc >= 0) {
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
-        launch(k,
-               att_kernel(JDT_CUK_K_ATT_TC_STATS_D64, JDT_CUK_K_ATT_TC_STATS_B_D64, qkv_bf16, tc),
-               blocks, ATT_TC_THREADS, 0, sargs);
+        if (!lse)
+            launch(
+                k,
+                att_kernel(JDT_CUK_K_ATT_TC_STATS_D64, JDT_CUK_K_ATT_TC_STATS_B_D64, qkv_bf16, tc),
+                blocks, ATT_TC_THREADS, 0, sargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DQ_D64, JDT_CUK_K_ATT_TC_DQ_B_D64, qkv_bf16, tc),
                blocks, ATT_TC_THREADS, 0, qargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DKV_D64, JDT_CUK_K_ATT_TC_DKV_B_D64, qkv_bf16, tc),
@@ -914,8 +918,9 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
     int64_t floats = 2 * ct * D + 2 * ct; /* the tiles, or the rows staged for g */
     if (floats < ATT_R * (D + 4)) floats = ATT_R * (D + 4);
     size_t smem = (size_t)floats * sizeof(float);
-    launch(k, att_kernel(JDT_CUK_K_ATT_STATS_D64, JDT_CUK_K_ATT_STATS_B_D64, qkv_bf16, cls), blocks,
-           ATT_THREADS, smem, sargs);
+    if (!lse)
+        launch(k, att_kernel(JDT_CUK_K_ATT_STATS_D64, JDT_CUK_K_ATT_STATS_B_D64, qkv_bf16, cls),
+               blocks, ATT_THREADS, smem, sargs);
     launch(k, att_kernel(JDT_CUK_K_ATT_DQ_D64, JDT_CUK_K_ATT_DQ_B_D64, qkv_bf16, cls), blocks,
            ATT_THREADS, smem, qargs);
     launch(k, att_kernel(JDT_CUK_K_ATT_DKV_D64, JDT_CUK_K_ATT_DKV_B_D64, qkv_bf16, cls), blocks,

@@ -283,8 +283,9 @@ typedef struct {
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics).
  * With g, also (or, when dqkv is NULL, only) g's outputs: the same values, each copy the f32
  * value or its bf16 rounding, bit for bit; each partial the f32 sum of its rows. lse, when not
- * NULL, is the forward's (jdt_cuk_attention on the same q, k, scale and bf16): the row
- * statistics take it instead of a pass over the keys (the same floats, so the same results). */
+ * NULL, is the forward's (jdt_cuk_attention on the same q, k, scale and bf16): the dQ kernel
+ * forms the row statistics with it and the statistics kernel, a pass over the keys, does not
+ * run (the same floats, so the same results). */
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
                            const float *o, const float *dout, const float *lse, float *dqkv,
                            const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T, int64_t D,

@@ -148,13 +148,11 @@ __device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o
     }
 }
 
-/* Per query row: stats[bh*T + i] = logsumexp of the scaled causal scores (lse[bh*T + i], the
- * forward's, when lse is not NULL: the key loop is skipped), and stats[B*H*T + bh*T + i] =
- * dO_i . O_i. */
+/* Per query row: stats[bh*T + i] = logsumexp of the scaled causal scores, and
+ * stats[B*H*T + bh*T + i] = dO_i . O_i. */
 template <int DM, int CT, class TQ>
 __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float *dout,
-                          float *stats, const float *lse, i64 B, i64 H, i64 T, i64 D, float scale,
-                          unsigned bthd)
+                          float *stats, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Ks = smem;
@@ -174,7 +172,7 @@ __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float 
         delta = att_row_sum(delta);
         att_load_row<DM>(qr, q, act ? att_row(bthd, 0, b, h, i, H, T, D) : 0, D, sub, act, scale);
         float m = CUK_NEG_INF, l = 0.0f;
-        i64 kend = lse ? 0 : min(T, (qb + 1) * ATT_R);
+        i64 kend = min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads();
             att_load_tile<CT>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
@@ -195,7 +193,7 @@ __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float 
             m = mn;
         }
         if (act && sub == 0) {
-            stats[bh * T + i] = lse ? lse[bh * T + i] : m + logf(l);
+            stats[bh * T + i] = m + logf(l);
             stats[B * H * T + bh * T + i] = delta;
         }
     }
@@ -217,11 +215,13 @@ __device__ __forceinline__ void att_stage(float *stage, const float *acc, float 
     __syncthreads();
 }
 
-/* dq (B, H, T, D) from the stats. */
+/* dq (B, H, T, D) from the stats, or, when lse (the forward's log-sum-exp) is not NULL, from
+ * lse and dO . O formed here as att_stats would (which then does not run), both also stored in
+ * stats for the dK/dV kernel. */
 template <int DM, int CT, class TQ>
-__device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
-                       const float *stats, float *dq, void *g2, int g2b, float *part, i64 B,
-                       i64 H, i64 T, i64 D, float scale, unsigned bthd)
+__device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,
+                       const float *lse, float *stats, float *dq, void *g2, int g2b, float *part,
+                       i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Ks = smem, *Vs = smem + CT * D;
@@ -232,12 +232,28 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
         i64 i = qb * ATT_R + r;
         bool act = i < T;
         float qr[DM / 4], gr[DM / 4], acc[DM / 4];
-        att_load_row<DM>(qr, q, act ? att_row(bthd, 0, b, h, i, H, T, D) : 0, D, sub, act, scale);
         att_load_row<DM>(gr, dout, act ? att_row(bthd, 4, b, h, i, H, T, D) : 0, D, sub, act, 1.0f);
+        float L, delta;
+        if (lse) { /* the statistics here, as att_stats forms them (uniform over the grid) */
+            att_load_row<DM>(qr, o, act ? att_row(bthd, 3, b, h, i, H, T, D) : 0, D, sub, act, 1.0f);
+            delta = 0.0f;
+#pragma unroll
+            for (int u = 0; u < DM / 4; u++)
+                delta += qr[u] * gr[u];
+            delta = att_row_sum(delta); /* 0 for an inactive row (zeros loaded) */
+            L = act ? lse[bh * T + i] : 0.0f;
+            if (act && sub == 0) {
+                stats[bh * T + i] = L;
+                stats[B * H * T + bh * T + i] = delta;
+            }
+        } else {
+            L = act ? stats[bh * T + i] : 0.0f;
+            delta = act ? stats[B * H * T + bh * T + i] : 0.0f;
+        }
+        att_load_row<DM>(qr, q, act ? att_row(bthd, 0, b, h, i, H, T, D) : 0, D, sub, act, scale);
 #pragma unroll
         for (int u = 0; u < DM / 4; u++)
             acc[u] = 0.0f;
-        float L = act ? stats[bh * T + i] : 0.0f, delta = act ? stats[B * H * T + bh * T + i] : 0.0f;
         i64 kend = min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads();
@@ -348,17 +364,18 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout,    \
-                                   float *stats, const float *lse, i64 B, i64 H, i64 T, i64 D,     \
-                                   float scale, unsigned bthd)                                     \
+                                   float *stats, i64 B, i64 H, i64 T, i64 D, float scale,          \
+                                   unsigned bthd)                                                  \
     {                                                                                              \
-        att_stats<DM, CT>(q, k, o, dout, stats, lse, B, H, T, D, scale, bthd);                     \
+        att_stats<DM, CT>(q, k, o, dout, stats, B, H, T, D, scale, bthd);                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
-        cuk_att_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,          \
-                                const float *stats, float *dq, void *g2, int g2b, float *part,     \
-                                i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)            \
+        cuk_att_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *o,             \
+                                const float *dout, const float *lse, float *stats, float *dq,      \
+                                void *g2, int g2b, float *part, i64 B, i64 H, i64 T, i64 D,        \
+                                float scale, unsigned bthd)                                        \
     {                                                                                              \
-        att_dq<DM, CT>(q, k, v, dout, stats, dq, g2, g2b, part, B, H, T, D, scale, bthd);          \
+        att_dq<DM, CT>(q, k, v, o, dout, lse, stats, dq, g2, g2b, part, B, H, T, D, scale, bthd);  \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,         \

@@ -297,10 +297,32 @@ __device__ __forceinline__ void tc_stage(float *stage, const float (*acc)[4], in
     __syncthreads();
 }
 
+/* delta = dO . O (f32) of the warp's 16 rows r0.. of slice (b, h), one row after another, lanes
+ * along d, into stats[B*H*T + bh*T + i] (lane 0) and, unless dl is NULL, into dl[0] and dl[1]
+ * for the lane's rows r0 + g and r0 + g + 8 (0 past T). Every lane of the warp calls it. */
+__device__ __forceinline__ void tc_delta(const float *o, const float *dout, float *stats, float *dl,
+                                         unsigned bthd, i64 b, i64 h, i64 bh, i64 r0, int lane,
+                                         int g, i64 B, i64 H, i64 T, i64 D)
+{
+    for (int r = 0; r < 16; r++) {
+        i64 i = r0 + r;
+        float dsum = 0.0f;
+        if (i < T) {
+            const float *orow = o + tc_row(bthd, 3, b, h, i, H, T, D);
+            const float *grow = dout + tc_row(bthd, 4, b, h, i, H, T, D);
+            for (i64 d = lane; d < D; d += 32)
+                dsum += orow[d] * grow[d];
+        }
+        dsum = cuk_warp_sum(dsum);
+        if (lane == 0 && i < T) stats[B * H * T + bh * T + i] = dsum;
+        if (dl && r == g) dl[0] = dsum;
+        if (dl && r == g + 8) dl[1] = dsum;
+    }
+}
+
 /* Forward (STATS false: o, and L_i into lse[bh*T + i] unless lse is NULL) or the backward's
- * row statistics (STATS true: stats[bh*T + i] = L_i, stats[B*H*T + bh*T + i] = dO_i . O_i;
- * L_i taken from lse, the forward's, when it is not NULL: the key loop is skipped). L_i =
- * logsumexp of the row's scaled causal scores, the same float either way. */
+ * row statistics (STATS true: stats[bh*T + i] = L_i, stats[B*H*T + bh*T + i] = dO_i . O_i).
+ * L_i = logsumexp of the row's scaled causal scores, the same float either way. */
 template <int DM, int BC, bool STATS, class TQ>
 __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b,
                        const float *dout, float *stats, float *lse, i64 B, i64 H, i64 T, i64 D,
@@ -315,17 +337,15 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
         i64 i0 = qb * TC_BR + w * 16 + g; /* this lane's rows: i0 and i0 + 8 */
-        const bool given = STATS && lse; /* uniform over the grid */
         unsigned qa[DM / 16][4];
-        if (!given)
-            tc_rows_a<DM>(qa, nullptr, sm, q, 0, (const TQ *)nullptr, 0, bthd, b, h, qb * TC_BR, H,
-                          T, D);
+        tc_rows_a<DM>(qa, nullptr, sm, q, 0, (const TQ *)nullptr, 0, bthd, b, h, qb * TC_BR, H, T,
+                      D);
         float acc[DM / 8][4];
 #pragma unroll
         for (int dn = 0; dn < DM / 8; dn++)
             acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
         float m[2] = {CUK_NEG_INF, CUK_NEG_INF}, l[2] = {0.0f, 0.0f};
-        i64 kend = given ? 0 : min(T, (qb + 1) * TC_BR);
+        i64 kend = min(T, (qb + 1) * TC_BR);
         for (i64 j0 = 0; j0 < kend; j0 += BC) {
             __syncthreads();
             tc_load<BC, DM>(Ks, L, k, bthd, 1, b, h, j0, H, T, D);
@@ -381,30 +401,18 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
         }
         if (t == 0)
             for (int r = 0; r < 2; r++)
-                if (i0 + 8 * r < T)
-                    stats[bh * T + i0 + 8 * r] =
-                        given ? lse[bh * T + i0 + 8 * r] : m[r] * TC_LN2 + logf(l[r]);
-        /* delta = dO . O, f32: the warp's 16 rows one after another, lanes along d */
-        for (int r = 0; r < 16; r++) {
-            i64 i = qb * TC_BR + w * 16 + r;
-            float dsum = 0.0f;
-            if (i < T) {
-                const float *orow = o + tc_row(bthd, 3, b, h, i, H, T, D);
-                const float *grow = dout + tc_row(bthd, 4, b, h, i, H, T, D);
-                for (i64 d = lane; d < D; d += 32)
-                    dsum += orow[d] * grow[d];
-            }
-            dsum = cuk_warp_sum(dsum);
-            if (lane == 0 && i < T) stats[B * H * T + bh * T + i] = dsum;
-        }
+                if (i0 + 8 * r < T) stats[bh * T + i0 + 8 * r] = m[r] * TC_LN2 + logf(l[r]);
+        tc_delta(o, dout, stats, nullptr, bthd, b, h, bh, qb * TC_BR + w * 16, lane, 0, B, H, T, D);
     }
 }
 
-/* dq (B, H, T, D) from the stats. */
+/* dq (B, H, T, D) from the stats, or, when lse (the forward's log-sum-exp) is not NULL, from
+ * lse and dO . O formed here as the statistics kernel would (which then does not run), both
+ * also stored in stats for the dK/dV kernel. */
 template <int DM, int BC, class TQ>
-__device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
-                      const float *stats, float *dq, void *g2, int g2b, float *part, i64 B,
-                      i64 H, i64 T, i64 D, float scale, unsigned bthd)
+__device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,
+                      const float *lse, float *stats, float *dq, void *g2, int g2b, float *part,
+                      i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BC * L;
     __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
@@ -420,10 +428,18 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *dout,
         unsigned qa[DM / 16][4], ga[DM / 16][4];
         tc_rows_a<DM>(qa, ga, sm, q, 0, dout, 4, bthd, b, h, qb * TC_BR, H, T, D);
         float L2[2], dl[2]; /* L in log2 units, delta */
+        if (lse) { /* the statistics here (uniform over the grid) */
+            tc_delta(o, dout, stats, dl, bthd, b, h, bh, qb * TC_BR + w * 16, lane, g, B, H, T, D);
+            for (int c = lane; c < 16; c += 32) {
+                i64 i = qb * TC_BR + w * 16 + c;
+                if (i < T) stats[bh * T + i] = lse[bh * T + i];
+            }
+        }
         for (int r = 0; r < 2; r++) {
             bool in = i0 + 8 * r < T;
-            L2[r] = in ? stats[bh * T + i0 + 8 * r] * TC_LOG2E : 0.0f;
-            dl[r] = in ? stats[B * H * T + bh * T + i0 + 8 * r] : 0.0f;
+            const float *ls = lse ? lse : stats;
+            L2[r] = in ? ls[bh * T + i0 + 8 * r] * TC_LOG2E : 0.0f;
+            dl[r] = !in ? 0.0f : lse ? dl[r] : stats[B * H * T + bh * T + i0 + 8 * r];
         }
         float acc[DM / 8][4];
 #pragma unroll
@@ -546,18 +562,19 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout, \
-                                      float *stats, const float *lse, i64 B, i64 H, i64 T, i64 D,  \
-                                      float scale, unsigned bthd)                                  \
+                                      float *stats, i64 B, i64 H, i64 T, i64 D, float scale,       \
+                                      unsigned bthd)                                               \
     {                                                                                              \
         tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats,       \
-                             (float *)lse, B, H, T, D, scale, bthd);                               \
+                             nullptr, B, H, T, D, scale, bthd);                                    \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,       \
-                                   const float *stats, float *dq, void *g2, int g2b, float *part,  \
-                                   i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)         \
+        cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *o,          \
+                                   const float *dout, const float *lse, float *stats, float *dq,   \
+                                   void *g2, int g2b, float *part, i64 B, i64 H, i64 T, i64 D,     \
+                                   float scale, unsigned bthd)                                     \
     {                                                                                              \
-        tc_dq<DM, BC>(q, k, v, dout, stats, dq, g2, g2b, part, B, H, T, D, scale, bthd);           \
+        tc_dq<DM, BC>(q, k, v, o, dout, lse, stats, dq, g2, g2b, part, B, H, T, D, scale, bthd);   \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,      \
