@@ -124,6 +124,8 @@ typedef struct {
                               (fuse.c fuse_reduce_siblings) */
     int n_reduce_merged;   /* elementwise groups merged into the reduction reading them
                               (fuse.c fuse_reduce_producers; devices with reduce_stores) */
+    int n_ew_siblings;     /* elementwise groups merged into an earlier one reading the same
+                              value over the same domain (fuse.c fuse_ew_siblings) */
     int n_bf16_converted;  /* operands of bf16-compute GEMMs stored in f32: converted by the GEMM
                               at every call (0 in a bf16 GPT step: ops.c vjp_MATMUL) */
     int n_bf16_folded;     /* bf16 CASTs folded into builtins: GEMMs storing bf16 outputs and

@@ -478,6 +478,94 @@ static bool fuse_reduce_siblings(cprog *c, user_lists *u)
     return !merged || drop_empty_groups(c);
 }
 
+/* The step key from which node x's memory holds its value (views and absorbed strided reads
+ * followed to the buffer they read): -1 for leaves and literals, else the index of the node
+ * whose step writes it (a group's root; a co-output's builtin). */
+static int ready_key(const cprog *c, int x)
+{
+    while (c->nodes[x].kind == CK_VIEW || c->nodes[x].absorbed)
+        x = c->nodes[x].in[0];
+    const cnode *n = &c->nodes[x];
+    if (n->kind == CK_LEAF || (n->kind == CK_SPLAT && n->group < 0)) return -1;
+    if (n->group >= 0) return c->groups[n->group].root;
+    return n->kind == CK_COOUT ? n->in[0] : x;
+}
+
+/* May elementwise group gb join group ga, whose root comes first (the merged kernel runs at
+ * ga's step)? Both elementwise over one domain; no member of gb reads a member of ga (a value
+ * the loop computes would have to be read strided, or gb would have joined ga already) and
+ * every other value gb reads is ready before ga's step; the read and store limits hold. */
+static bool sibling_fits(const cprog *c, const user_lists *u, int ga, int gb)
+{
+    const cgroup *A = &c->groups[ga], *B = &c->groups[gb];
+    if (A->is_reduce || B->is_reduce || A->root < 0 || B->root < 0 || A->root >= B->root ||
+        !jdt_shape_eq(&A->domain, &B->domain) ||
+        A->n_in_bound + B->n_in_bound > JDT_GROUP_MAX_READS)
+        return false;
+    int stores = 1; /* gb's root, stored from ga's kernel */
+    for (int m = 0; m < B->n_members; m++) {
+        const int bm = B->members[m];
+        const cnode *n = &c->nodes[bm];
+        if (n->kind != CK_EW && n->kind != CK_MAP) return false;
+        if (bm != B->root) stores += is_kept(u, bm);
+        for (int k = 0; k < n->n_in; k++) {
+            const int x = n->in[k];
+            if (c->nodes[x].group == gb) continue;
+            if (c->nodes[x].group == ga || ready_key(c, x) >= A->root) return false;
+        }
+    }
+    return A->n_stores + B->n_stores + stores <= JDT_GROUP_MAX_STORES;
+}
+
+/* Two elementwise kernels over one domain reading the same materialised value (Llama's SwiGLU
+ * backward: the up projection's cotangent dh * silu(g) and the gate's dh * u * silu'(g), each
+ * read by its own GEMMs, so neither joins the other) become one: the later group's members
+ * join the earlier one, whose kernel then stores the later root too, reading the shared
+ * inputs once (SwiGLU: dh, g and u read once instead of dh and g twice). The merged kernel runs
+ * at the earlier root's step, so everything the later group reads must be ready by then
+ * (sibling_fits); its values are only computed earlier, so their readers are unaffected. The
+ * same arithmetic per element. Returns false when out of memory. */
+static bool fuse_ew_siblings(cprog *c, user_lists *u)
+{
+    if (c->opts.no_fuse) return true;
+    int merged = 0;
+    for (int x = 0; x < c->n_nodes; x++) {
+        const cnode *xn = &c->nodes[x];
+        if (xn->absorbed || xn->kind == CK_SPLAT ||
+            (xn->group >= 0 && !c->groups[xn->group].is_reduce && c->groups[xn->group].root != x))
+            continue; /* not read from memory: a literal, a strided view, computed in a loop */
+        for (int i = u->start[x]; i < u->start[x + 1]; i++) {
+            const cnode *ri = &c->nodes[u->users[i]];
+            const int ga = ri->group;
+            if (ga < 0 || ri->kind != CK_EW || !jdt_shape_eq(&ri->shape, &c->nodes[x].shape))
+                continue;
+            for (int j = u->start[x]; j < u->start[x + 1]; j++) {
+                const cnode *rj = &c->nodes[u->users[j]];
+                const int gb = rj->group;
+                if (gb < 0 || gb == ga || rj->kind != CK_EW || !sibling_fits(c, u, ga, gb))
+                    continue;
+                cgroup *B = &c->groups[gb];
+                const int n_b = B->n_members;
+                int *bm = jdt_malloc(sizeof(int) * ((size_t)n_b + 1));
+                if (!bm) return false;
+                memcpy(bm, B->members, sizeof(int) * (size_t)n_b);
+                u->kept[B->root] = 1; /* stored from ga's kernel: its readers read memory */
+                B->n_members = 0;     /* dropped below */
+                B->root = -1;
+                for (int m = 0; m < n_b; m++)
+                    if (!group_add(c, u, ga, bm[m])) {
+                        jdt_free(bm);
+                        return false;
+                    }
+                jdt_free(bm);
+                merged++;
+            }
+        }
+    }
+    c->stats.n_ew_siblings = merged;
+    return !merged || drop_empty_groups(c);
+}
+
 static void sort_members(cgroup *g)
 {
     for (int a = 1; a < g->n_members; a++) /* insertion sort: groups are small */
@@ -947,7 +1035,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
         }
     }
     if (!c->opts.no_fuse && (!fuse_bf16_copies(c, &u) || !fuse_reduce_producers(c, &u) ||
-                             !fuse_reduce_siblings(c, &u))) {
+                             !fuse_reduce_siblings(c, &u) || !fuse_ew_siblings(c, &u))) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: fusion groups");
         goto out;
     }

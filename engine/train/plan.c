@@ -434,6 +434,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_reduce_siblings > 0)
             fprintf(f, "; %d copies stored by the reductions reading the same value",
                     sm->n_reduce_siblings);
+        if (sm->n_ew_siblings > 0)
+            fprintf(f, "; %d elementwise kernels merged into a sibling reading the same value",
+                    sm->n_ew_siblings);
         if (sm->n_norm_scales_folded > 0)
             fprintf(f, "; %d norm backwards scale their input themselves",
                     sm->n_norm_scales_folded);

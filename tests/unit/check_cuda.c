@@ -706,6 +706,10 @@ START_TEST(test_nvrtc_train_steps)
      * the fold is off (JDT_ATTENTION_GRADS=0) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_cotangents,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
+    /* SwiGLU's backward: the up and gate projections' cotangents in one kernel reading dh once
+     * (fuse.c fuse_ew_siblings) */
+    if (c.model.activation == JDT_ACT_SWIGLU)
+        ck_assert_int_eq(jdt_step_stats(s)->n_ew_siblings, c.model.n_layer);
     /* and takes the row log-sum-exp its forward stored (passes.c fold_attention_lse) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_lse,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);

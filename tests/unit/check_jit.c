@@ -639,9 +639,46 @@ START_TEST(test_broadcast_shared)
     jdt_compile_opts o;
     fx_opts(&f, &o);
     jdt_program *p = fx_check_steps(&f, &o, 1, 1e-5, 1e-6, true);
-    /* h's group, the output's, the reduction, y * rb and the transpose's group (a strided
-     * read of a buffer): 5 kernels; a kernel per materialised broadcast would make 8 */
-    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 5);
+    /* h's group, the output's (which also stores y * rb: both read y over one domain, fuse.c
+     * fuse_ew_siblings), the reduction and the transpose's group (a strided read of a
+     * buffer): 4 kernels; a kernel per materialised broadcast would make 7 */
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 4);
+    ck_assert_int_eq(jdt_program_stats(p)->n_ew_siblings, 1);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
+/* Elementwise siblings (fuse.c fuse_ew_siblings): the shape of Llama's SwiGLU backward, two
+ * kernels over one domain reading dh and g, each read by a GEMM of its own, become one kernel
+ * storing both; a third that reads the first GEMM's result (not ready when the merged kernel
+ * runs) stays apart, and one over another domain too. The results are the interpreter's. */
+START_TEST(test_elementwise_siblings)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *dh = FX_INPUT(&f, "dh", JDT_DTYPE_F32, -1, 1, 16, 24);
+    jdt_tensor *gt = FX_INPUT(&f, "g", JDT_DTYPE_F32, -1, 1, 16, 24);
+    jdt_tensor *up = FX_INPUT(&f, "u", JDT_DTYPE_F32, -1, 1, 16, 24);
+    jdt_tensor *w1 = FX_INPUT(&f, "w1", JDT_DTYPE_F32, -1, 1, 24, 8);
+    jdt_tensor *w2 = FX_INPUT(&f, "w2", JDT_DTYPE_F32, -1, 1, 24, 8);
+    jdt_tensor *du = jdt_graph_mul(g, dh, jdt_graph_sigmoid(g, gt));
+    jdt_tensor *dg = jdt_graph_mul(g, jdt_graph_mul(g, dh, up), jdt_graph_tanh(g, gt));
+    jdt_tensor *y1 = jdt_graph_matmul(g, du, w1, false, false);
+    out(&f, y1);
+    out(&f, jdt_graph_matmul(g, dg, w2, false, false));
+    /* reads dh and y1 (16, 8): another domain; and one over dh's domain reading y1's product */
+    jdt_tensor *back = jdt_graph_matmul(g, y1, w1, false, true);
+    out(&f, jdt_graph_matmul(g, jdt_graph_mul(g, dh, back), w2, false, false));
+    out(&f, jdt_graph_exp(g, y1));
+    fx_fill(&f, 17);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 1, 1e-5, 1e-6, true);
+    /* du and dg: one kernel; dh * back: its own (back is not ready); exp(y1): its own */
+    ck_assert_int_eq(jdt_program_stats(p)->n_ew_siblings, 1);
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 3);
     jdt_program_free(p);
     fx_free(&f);
 }
@@ -1096,6 +1133,7 @@ int main(void)
     tcase_add_test(tc, test_bf16_compute);
     tcase_add_test(tc, test_scatter_add_fold);
     tcase_add_test(tc, test_broadcast_shared);
+    tcase_add_test(tc, test_elementwise_siblings);
     tcase_add_test(tc, test_shared_arena);
     tcase_add_test(tc, test_bf16_storage);
     tcase_add_test(tc, test_bf16_storage_portable);
