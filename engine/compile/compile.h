@@ -142,6 +142,8 @@ typedef struct {
                                      and/or store its bf16 copy (passes.c fold_norm_cotangents) */
     int n_widenings_split; /* copies of widening CASTs made so that each reader widens the bf16
                               value itself (passes.c split_widenings) */
+    int n_recomputes_split; /* copies of cheap functions of stored values made so that each
+                               reader recomputes it (passes.c split_widenings) */
     int n_rope_transposes_folded; /* RoPEs reading (B, H, T, D) input themselves (passes.c
                                      fold_rope_transposes) */
     int n_attention_copies; /* attentions that also write o's (B, T, H, D) copy (passes.c

@@ -1430,59 +1430,95 @@ static jdt_status fold_residual_gemms(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
-/* A widening CAST (a bf16 value to f32) read by several elementwise nodes of its shape becomes
- * one copy per reader, so each fuses into its reader's kernel, which then reads the bf16 value
- * (2 bytes) and widens it as it goes: fusion keeps a value two groups read in a kernel of its
- * own that stores it (fuse.c), here an f32 copy of a bf16 tensor (2 bytes read, 4 written, then
- * 4 read per reader). Llama's SwiGLU backward widens the bf16 cotangent of the gated product
- * for two kernels (the gate's and the up projection's); at GPT-2's size, B 32, that copy moved
- * 10 bytes per element more than the widening inside both, 1 GB per layer. Exact: widening is.
- * On devices with bf16_builtins (whose GEMMs store the bf16 values widened here); skipped with
- * no_fuse. */
+/* Node i, read by users[i] nodes, all elementwise over its element count (not an output or
+ * update): true, and copies of it appended so that each reader but the first reads one of its
+ * own (*n_copies counted), so that each copy fuses into its reader's kernel. False when out of
+ * memory; *ok false when i does not qualify. */
+static bool split_per_reader(cprog *c, const int *users, int i, int n0, int *n_copies, bool *ok)
+{
+    const int64_t numel = jdt_shape_numel(&c->nodes[i].shape);
+    int readers = 0;
+    *ok = true;
+    for (int j = i + 1; j < n0 && *ok; j++) {
+        const cnode *u = &c->nodes[j];
+        for (int k = 0; k < u->n_in && *ok; k++)
+            if (u->in[k] == i) {
+                *ok = u->kind == CK_EW && jdt_shape_numel(&u->shape) == numel;
+                readers++;
+            }
+    }
+    if (!*ok || readers != users[i]) return *ok = false, true; /* an output, an update, ... */
+    bool first = true;
+    for (int j = i + 1; j < n0; j++) {
+        int kk[JDT_MAX_INPUTS], nk = 0;
+        for (int k = 0; k < c->nodes[j].n_in; k++)
+            if (c->nodes[j].in[k] == i) kk[nk++] = k;
+        if (nk == 0) continue;
+        if (first) {
+            first = false;
+            continue;
+        }
+        const cnode copy = c->nodes[i];
+        const int ci = append_node(c, &copy);
+        if (ci < 0) return false;
+        for (int q = 0; q < nk; q++)
+            c->nodes[j].in[kk[q]] = ci;
+        (*n_copies)++;
+    }
+    return true;
+}
+
+/* Is node i a cheap elementwise function of one value that its own memory holds whatever this
+ * node does (a builtin's output, a co-output, a leaf, through views)? Recomputing it in each
+ * reader's kernel then reads nothing that was not read anyway. */
+static bool cheap_of_stored(const cprog *c, int i)
+{
+    const cnode *n = &c->nodes[i];
+    if (n->kind != CK_EW || n->n_in != 1 ||
+        (n->op != JDT_OP_SILU && n->op != JDT_OP_SIGMOID && n->op != JDT_OP_TANH &&
+         n->op != JDT_OP_EXP && n->op != JDT_OP_GELU && n->op != JDT_OP_RELU &&
+         n->op != JDT_OP_NEG && n->op != JDT_OP_CAST))
+        return false;
+    const cnode_kind k = c->nodes[view_root(c, n->in[0])].kind;
+    return k == CK_BUILTIN || k == CK_COOUT || k == CK_LEAF;
+}
+
+/* A value read by several elementwise nodes of its shape is kept by fusion in a kernel of its
+ * own that stores it (fuse.c), and each reader's kernel reads it back. Two such values are
+ * cheaper recomputed by each reader (one copy per reader, each fusing into its reader's
+ * kernel):
+ *   - a widening CAST (a bf16 value to f32): each kernel reads the bf16 value (2 bytes) and
+ *     widens it as it goes instead of a kernel storing the f32 copy (2 bytes read, 4 written,
+ *     then 4 read per reader). Llama's SwiGLU backward widens the bf16 cotangent of the gated
+ *     product for the gate's and the up projection's kernels: at GPT-2's size, B 32, 10 bytes
+ *     per element, 1 GB per layer. Exact: widening is. (stats.n_widenings_split)
+ *   - a cheap unary function (SiLU, sigmoid, tanh, exp, GELU, ReLU, negation, a cast) of a
+ *     value in memory anyway (cheap_of_stored): Llama's s = silu(g) of the gate GEMM's output,
+ *     read by the forward's s * u and by the backward's dh * s, was a kernel storing s (and s
+ *     lived from the forward to the backward); now the forward is one kernel reading g and u,
+ *     and the backward reads g, which its gate cotangent (silu'(g)) read anyway. Each copy
+ *     computes the same f32 value and, for a bf16 node, rounds it where it is computed
+ *     (nest.c), as the stored one was: the same numbers. (stats.n_recomputes_split)
+ * On devices with bf16_builtins; skipped with no_fuse. */
 static jdt_status split_widenings(cprog *c, jdt_err *e)
 {
     int *users = count_users(c);
     if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: widening copies");
     const int n0 = c->n_nodes;
-    int split = 0;
+    int split = 0, recomputed = 0;
     for (int i = 0; i < n0; i++) {
-        if (users[i] < 2 || !is_widening(c, i)) continue;
-        const int64_t numel = jdt_shape_numel(&c->nodes[i].shape);
-        int readers = 0;
-        bool ok = true;
-        for (int j = i + 1; j < n0 && ok; j++) {
-            const cnode *u = &c->nodes[j];
-            for (int k = 0; k < u->n_in && ok; k++)
-                if (u->in[k] == i) {
-                    ok = u->kind == CK_EW && jdt_shape_numel(&u->shape) == numel;
-                    readers++;
-                }
-        }
-        if (!ok || readers != users[i]) continue; /* an output, an update, another kind */
-        bool first = true;
-        for (int j = i + 1; j < n0; j++) {
-            int kk[JDT_MAX_INPUTS], nk = 0;
-            for (int k = 0; k < c->nodes[j].n_in; k++)
-                if (c->nodes[j].in[k] == i) kk[nk++] = k;
-            if (nk == 0) continue;
-            if (first) {
-                first = false;
-                continue;
-            }
-            const cnode copy = c->nodes[i];
-            const int ci = append_node(c, &copy);
-            if (ci < 0) {
-                jdt_free(users);
-                return jdt_err_set(e, JDT_ERR_NOMEM, "compile: widening copies");
-            }
-            for (int q = 0; q < nk; q++)
-                c->nodes[j].in[kk[q]] = ci;
-            split++;
+        const bool widening = is_widening(c, i);
+        if (users[i] < 2 || (!widening && !cheap_of_stored(c, i))) continue;
+        bool ok;
+        if (!split_per_reader(c, users, i, n0, widening ? &split : &recomputed, &ok)) {
+            jdt_free(users);
+            return jdt_err_set(e, JDT_ERR_NOMEM, "compile: widening copies");
         }
     }
     jdt_free(users);
     c->stats.n_widenings_split += split;
-    return split ? order_inputs_first(c, e) : JDT_OK;
+    c->stats.n_recomputes_split += recomputed;
+    return split + recomputed ? order_inputs_first(c, e) : JDT_OK;
 }
 
 /* The RoPE backward (Llama's) reads the attention backward's dq or dk through the (0, 2, 1, 3)

@@ -454,6 +454,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_widenings_split > 0)
             fprintf(f, "; %d widenings of bf16 values recomputed by a second reader",
                     sm->n_widenings_split);
+        if (sm->n_recomputes_split > 0)
+            fprintf(f, "; %d cheap functions of stored values recomputed by a second reader",
+                    sm->n_recomputes_split);
         if (sm->n_rope_transposes_folded > 0)
             fprintf(f, "; %d RoPEs read the attention's layout", sm->n_rope_transposes_folded);
         if (sm->n_attention_copies > 0)

@@ -710,6 +710,10 @@ START_TEST(test_nvrtc_train_steps)
      * (fuse.c fuse_ew_siblings) */
     if (c.model.activation == JDT_ACT_SWIGLU)
         ck_assert_int_eq(jdt_step_stats(s)->n_ew_siblings, c.model.n_layer);
+    /* and its silu(g) recomputed by each reader (the forward's product, the backward's up
+     * cotangent) from the gate GEMM's stored output (passes.c split_widenings) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_recomputes_split,
+                     c.model.activation == JDT_ACT_SWIGLU ? c.model.n_layer : 0);
     /* and takes the row log-sum-exp its forward stored (passes.c fold_attention_lse) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_lse,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
