@@ -1649,12 +1649,14 @@ static bool read_only_by(const cprog *c, const unsigned char *live, int n0, int 
  * builtin's output becomes the column sums of each R = attention_part_rows rows of a sequence,
  * (3 P, H D) with P = B ceil(T / R), which the bias gradients reduce instead (sum_partials), and
  * the three copies become its co-outputs (CK_COOUT), in q, k, v order: the CAST when it and the
- * sum are the transpose's only readers, else the f32 transpose itself. The packed f32 output is
+ * sum are the transpose's only readers, the RoPE backward when that is its only reader (Llama's
+ * dq, dk: the kernels rotate the value as cuk_rope does, and the RoPE's kernel goes), else the
+ * f32 transpose itself. The packed f32 output is
  * not written (GPT-2 124M, bf16, B 32: per layer 300 MB written, 450 MB read by three kernels).
  * The copies are the same values and the same rounding; the bias gradients change order (per
  * chunk of rows, then over the chunks). Only when every reader of the output is one of the
- * three transposes (Llama's dq and dk: f32 copies, which RoPE's backward reads, so
- * fold_rope_transposes finds nothing left to fold). Skipped with no_fuse. */
+ * three transposes (so fold_rope_transposes finds nothing left to fold). Skipped with
+ * no_fuse. */
 static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
 {
     unsigned char *live = live_nodes(c);
@@ -1688,6 +1690,20 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
                     copy = r;
             }
             co[s] = copy >= 0 && read_only_by(c, live, n0, tr[s], sum[s], copy) ? copy : tr[s];
+            /* the copy's one reader RoPE's backward (Llama's dq, dk): the kernels rotate it as
+             * they store it, and the RoPE is the co-output instead */
+            int rope = -1;
+            for (int r = tr[s] + 1; co[s] == tr[s] && r < n0 && rope < 0; r++) {
+                const cnode *x = &c->nodes[r];
+                if (live[r] && x->op == JDT_OP_ROPE && x->kind == CK_BUILTIN && x->n_in == 1 &&
+                    x->in[0] == tr[s] && x->attrs.i[1] == 0 &&
+                    jdt_shape_eq(&x->shape, &c->nodes[tr[s]].shape) && x->attrs.f[0] != 0.0)
+                    rope = r;
+            }
+            if (rope >= 0 && read_only_by(c, live, n0, tr[s], rope, -1)) {
+                co[s] = rope;
+                c->stats.n_ropes_in_attention++;
+            }
         }
         const int64_t P = dims[0] * ((dims[2] + R - 1) / R);
         cnode *am = &c->nodes[ai];

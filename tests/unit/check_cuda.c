@@ -718,6 +718,10 @@ START_TEST(test_nvrtc_train_steps)
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_lse,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
     ck_assert_int_eq(jdt_step_stats(s)->n_rope_transposes_folded, 0);
+    /* with RoPE its kernels also rotate dq's and dk's copies as the RoPE backward would, whose
+     * kernels go */
+    ck_assert_int_eq(jdt_step_stats(s)->n_ropes_in_attention,
+                     c.model.pos == JDT_POS_ROPE ? 2 * c.model.n_layer : 0);
     if (c.model.pos == JDT_POS_ROPE) {
         setenv("JDT_ATTENTION_GRADS", "0", 1);
         jdt_step *s0 = make_step(&c, d, "/tmp/jdt-check-cuda-unused");

@@ -1348,6 +1348,30 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
         free(part), free(c16);
         cudaFree(g.part);
     }
+    /* dq and dk rotated as RoPE's backward (jdt_cuk_rope, inverse) would rotate the copies: bf16
+     * and f32, each bit for bit the rope kernel's result on the transposed packed value */
+    if (D % 2 == 0) {
+        jdt_cuk_att_grads g = {.copy_bf16 = {true, false, false},
+                               .rope_theta = {10000.0, 500.0, 0.0},
+                               .rope_inverse = {true, true, false}};
+        g.copy[0] = dev_alloc((size_t)n * 2);
+        g.copy[1] = dev_alloc((size_t)n * 4);
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], NULL, NULL, &g, B, H,
+                              T, D, scale, bthd, bf16, dscr);
+        for (int s = 0; s < 2; s++) {
+            float *t = to_bthd(dqkv + s * n, B, H, T, D);
+            float *dt = dev_from(t, (size_t)n * 4);
+            void *want = dev_alloc((size_t)n * (s == 0 ? 2 : 4));
+            jdt_cuk_rope(k, dt, want, false, s == 0, false, B, T, H, D, g.rope_theta[s], true);
+            const size_t nb = (size_t)n * (s == 0 ? 2 : 4);
+            char *a = malloc(nb), *w = malloc(nb);
+            ck_assert_int_eq(cudaMemcpy(a, g.copy[s], nb, cudaMemcpyDeviceToHost), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(w, want, nb, cudaMemcpyDeviceToHost), cudaSuccess);
+            ck_assert_msg(memcmp(a, w, nb) == 0, "%s: cotangent form: rotated copy %d", what, s);
+            free(a), free(w), free(t);
+            cudaFree(dt), cudaFree(want), cudaFree(g.copy[s]);
+        }
+    }
     free(want_part);
 }
 

@@ -1205,12 +1205,17 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                                   s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                                   (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else { /* the cotangent form (passes.c fold_attention_cotangents): the output is the
-                  partials; the co-outputs, in order, the copies of dq, dk, dv */
+                  partials; the co-outputs, in order, the copies of dq, dk, dv (or the RoPE
+                  backward of one) */
             jdt_cuk_att_grads g = {.part = o};
             int q = n->co;
             for (int j = 0; j < 3 && q; j++, q = c->nodes[q].co) {
                 g.copy[j] = dptr(p, q);
                 g.copy_bf16[j] = c->nodes[q].bf16;
+                if (c->nodes[q].op == JDT_OP_ROPE) { /* the RoPE backward the copy went to */
+                    g.rope_theta[j] = c->nodes[q].attrs.f[0];
+                    g.rope_inverse[j] = c->nodes[q].attrs.i[0] != 0;
+                }
             }
             jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], lse, NULL, &g,
                                   s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],

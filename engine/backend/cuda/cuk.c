@@ -888,13 +888,17 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
           *vp = qp ? qp + 2 * P * H * D : NULL;
     int q2b = g && g->copy_bf16[0],
         kv2b = g ? (g->copy_bf16[1] ? 1 : 0) | (g->copy_bf16[2] ? 2 : 0) : 0;
+    double q2rot = g ? g->rope_theta[0] : 0.0, k2rot = g ? g->rope_theta[1] : 0.0,
+           v2rot = g ? g->rope_theta[2] : 0.0;
+    int q2inv = g && g->rope_inverse[0],
+        kv2inv = g ? (g->rope_inverse[1] ? 1 : 0) | (g->rope_inverse[2] ? 2 : 0) : 0;
     /* with lse the dQ kernel forms the statistics (the row's dO . O, L copied) and the
      * statistics kernel, a pass over the keys for L, does not run */
     void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
-    void *qargs[] = {&q,   &kk, &v, &o, &dout, &lse, &stats, &dq,  &q2,
-                     &q2b, &qp, &B, &H, &T,    &D,   &scale, &bthd};
-    void *kargs[] = {&q,    &kk, &v,  &dout, &stats, &dk, &dv, &k2,    &v2,
-                     &kv2b, &kp, &vp, &B,    &H,     &T,  &D,  &scale, &bthd};
+    void *qargs[] = {&q,     &kk,    &v,  &o, &dout, &lse, &stats, &dq,    &q2,  &q2b,
+                     &q2rot, &q2inv, &qp, &B, &H,    &T,   &D,     &scale, &bthd};
+    void *kargs[] = {&q,     &kk,     &v,  &dout, &stats, &dk, &dv, &k2, &v2,    &kv2b, &k2rot,
+                     &v2rot, &kv2inv, &kp, &vp,   &B,     &H,  &T,  &D,  &scale, &bthd};
     if (tc >= 0) {
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
         if (!lse)

@@ -273,11 +273,14 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
  * projections' backward reads of dq, dk and dv, written by the attention's kernels instead of
  * made from the packed f32 output by a kernel per projection. */
 typedef struct {
-    void *copy[3];     /* dq, dk, dv in (B, T, H, D) order (the GEMMs' operand), or NULL */
-    bool copy_bf16[3]; /* bf16 bit patterns (nearest even), else f32 */
-    float *part;       /* (3, P, H D), P = B ceil(T / JDT_CUK_ATT_PART): the column sums of
-                          dq, dk, dv viewed as (B T, H D) over each JDT_CUK_ATT_PART rows of a
-                          sequence (the bias gradients' partials), or NULL */
+    void *copy[3];        /* dq, dk, dv in (B, T, H, D) order (the GEMMs' operand), or NULL */
+    bool copy_bf16[3];    /* bf16 bit patterns (nearest even), else f32 */
+    double rope_theta[3]; /* not 0: the copy is rotated as jdt_cuk_rope with this theta would
+                             rotate the value (Llama's RoPE backward on dq and dk) */
+    bool rope_inverse[3]; /* that rotation by minus the angle (RoPE's backward) */
+    float *part;          /* (3, P, H D), P = B ceil(T / JDT_CUK_ATT_PART): the column sums of
+                             dq, dk, dv viewed as (B T, H D) over each JDT_CUK_ATT_PART rows of a
+                             sequence (the bias gradients' partials), or NULL */
 } jdt_cuk_att_grads;
 
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics).

@@ -220,8 +220,9 @@ __device__ __forceinline__ void att_stage(float *stage, const float *acc, float 
  * stats for the dK/dV kernel. */
 template <int DM, int CT, class TQ>
 __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,
-                       const float *lse, float *stats, float *dq, void *g2, int g2b, float *part,
-                       i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
+                       const float *lse, float *stats, float *dq, void *g2, int g2b, double g2rot,
+                       int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale,
+                       unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Ks = smem, *Vs = smem + CT * D;
@@ -270,8 +271,8 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, co
         }
         if (g2 || part) { /* the cotangent form (uniform over the grid) */
             att_stage<DM>(smem, acc, scale, r, sub, D);
-            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dq, g2, g2b, part, b, h, qb * ATT_R, H, T,
-                                     D);
+            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dq, g2, g2b, g2rot, g2inv, part, b, h,
+                                     qb * ATT_R, H, T, D);
             continue;
         }
         if (act) {
@@ -290,8 +291,8 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, co
 template <int DM, int CT, class TQ>
 __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                         const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b,
-                        float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, float scale,
-                        unsigned bthd)
+                        double k2rot, double v2rot, int kv2inv, float *kpart, float *vpart, i64 B,
+                        i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     CUK_DYN_SMEM(float, smem);
     float *Qs = smem, *Gs = smem + CT * D, *Ls = smem + 2 * CT * D, *Ds = Ls + CT;
@@ -329,11 +330,11 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
         }
         if (k2 || v2 || kpart || vpart) { /* the cotangent form (uniform over the grid) */
             att_stage<DM>(smem, av, 1.0f, r, sub, D);
-            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dv, v2, kv2b >> 1 & 1, vpart, b, h,
-                                     kb * ATT_R, H, T, D);
+            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dv, v2, kv2b >> 1 & 1, v2rot,
+                                     kv2inv >> 1 & 1, vpart, b, h, kb * ATT_R, H, T, D);
             att_stage<DM>(smem, ak, 1.0f, r, sub, D);
-            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dk, k2, kv2b & 1, kpart, b, h, kb * ATT_R,
-                                     H, T, D);
+            cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dk, k2, kv2b & 1, k2rot, kv2inv & 1, kpart,
+                                     b, h, kb * ATT_R, H, T, D);
             continue;
         }
         if (act) {
@@ -372,19 +373,21 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *o,             \
                                 const float *dout, const float *lse, float *stats, float *dq,      \
-                                void *g2, int g2b, float *part, i64 B, i64 H, i64 T, i64 D,        \
-                                float scale, unsigned bthd)                                        \
+                                void *g2, int g2b, double g2rot, int g2inv, float *part, i64 B,    \
+                                i64 H, i64 T, i64 D, float scale, unsigned bthd)                   \
     {                                                                                              \
-        att_dq<DM, CT>(q, k, v, o, dout, lse, stats, dq, g2, g2b, part, B, H, T, D, scale, bthd);  \
+        att_dq<DM, CT>(q, k, v, o, dout, lse, stats, dq, g2, g2b, g2rot, g2inv, part, B, H, T, D,  \
+                       scale, bthd);                                                               \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
         cuk_att_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,         \
                                  const float *stats, float *dk, float *dv, void *k2, void *v2,     \
-                                 int kv2b, float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, \
-                                 float scale, unsigned bthd)                                       \
+                                 int kv2b, double k2rot, double v2rot, int kv2inv, float *kpart,   \
+                                 float *vpart, i64 B, i64 H, i64 T, i64 D, float scale,            \
+                                 unsigned bthd)                                                    \
     {                                                                                              \
-        att_dkv<DM, CT>(q, k, v, dout, stats, dk, dv, k2, v2, kv2b, kpart, vpart, B, H, T, D,      \
-                        scale, bthd);                                                              \
+        att_dkv<DM, CT>(q, k, v, dout, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, kpart,   \
+                        vpart, B, H, T, D, scale, bthd);                                           \
     }
 
 ATT_VARIANT(64, 64, float, )

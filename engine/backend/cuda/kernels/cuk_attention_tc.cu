@@ -411,8 +411,9 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
  * also stored in stats for the dK/dV kernel. */
 template <int DM, int BC, class TQ>
 __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,
-                      const float *lse, float *stats, float *dq, void *g2, int g2b, float *part,
-                      i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
+                      const float *lse, float *stats, float *dq, void *g2, int g2b, double g2rot,
+                      int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale,
+                      unsigned bthd)
 {
     constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BC * L;
     __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
@@ -468,8 +469,8 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
         }
         if (g2 || part) { /* the cotangent form (uniform over the grid) */
             tc_stage<DM>((float *)smv, acc, w, g, t, D);
-            cuk_att_grads_out<TC_BR>((float *)smv, DM + 4, dq, g2, g2b, part, b, h, qb * TC_BR, H,
-                                     T, D);
+            cuk_att_grads_out<TC_BR>((float *)smv, DM + 4, dq, g2, g2b, g2rot, g2inv, part, b, h,
+                                     qb * TC_BR, H, T, D);
             continue;
         }
         float one[2] = {1.0f, 1.0f};
@@ -482,8 +483,8 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
 template <int DM, int BQ, class TQ>
 __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                        const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b,
-                       float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, float scale,
-                       unsigned bthd)
+                       double k2rot, double v2rot, int kv2inv, float *kpart, float *vpart, i64 B,
+                       i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BQ * L;
     __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
@@ -534,11 +535,11 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
         if (k2 || v2 || kpart || vpart) { /* the cotangent form (uniform over the grid) */
             float *st = (float *)smv;
             tc_stage<DM>(st, av, w, g, t, D);
-            cuk_att_grads_out<TC_BR>(st, DM + 4, dv, v2, kv2b >> 1 & 1, vpart, b, h, kb * TC_BR, H,
-                                     T, D);
+            cuk_att_grads_out<TC_BR>(st, DM + 4, dv, v2, kv2b >> 1 & 1, v2rot, kv2inv >> 1 & 1,
+                                     vpart, b, h, kb * TC_BR, H, T, D);
             tc_stage<DM>(st, ak, w, g, t, D);
-            cuk_att_grads_out<TC_BR>(st, DM + 4, dk, k2, kv2b & 1, kpart, b, h, kb * TC_BR, H, T,
-                                     D);
+            cuk_att_grads_out<TC_BR>(st, DM + 4, dk, k2, kv2b & 1, k2rot, kv2inv & 1, kpart, b, h,
+                                     kb * TC_BR, H, T, D);
             continue;
         }
         float one[2] = {1.0f, 1.0f};
@@ -571,19 +572,21 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *o,          \
                                    const float *dout, const float *lse, float *stats, float *dq,   \
-                                   void *g2, int g2b, float *part, i64 B, i64 H, i64 T, i64 D,     \
-                                   float scale, unsigned bthd)                                     \
+                                   void *g2, int g2b, double g2rot, int g2inv, float *part, i64 B, \
+                                   i64 H, i64 T, i64 D, float scale, unsigned bthd)                \
     {                                                                                              \
-        tc_dq<DM, BC>(q, k, v, o, dout, lse, stats, dq, g2, g2b, part, B, H, T, D, scale, bthd);   \
+        tc_dq<DM, BC>(q, k, v, o, dout, lse, stats, dq, g2, g2b, g2rot, g2inv, part, B, H, T, D,   \
+                      scale, bthd);                                                                \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
         cuk_att_tc_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,      \
                                     const float *stats, float *dk, float *dv, void *k2, void *v2,  \
-                                    int kv2b, float *kpart, float *vpart, i64 B, i64 H, i64 T,     \
-                                    i64 D, float scale, unsigned bthd)                             \
+                                    int kv2b, double k2rot, double v2rot, int kv2inv,              \
+                                    float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D,        \
+                                    float scale, unsigned bthd)                                    \
     {                                                                                              \
-        tc_dkv<DM, BQ>(q, k, v, dout, stats, dk, dv, k2, v2, kv2b, kpart, vpart, B, H, T, D,       \
-                       scale, bthd);                                                               \
+        tc_dkv<DM, BQ>(q, k, v, dout, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, kpart,    \
+                       vpart, B, H, T, D, scale, bthd);                                            \
     }
 
 TC_VARIANT(64, 64, 64, float, )

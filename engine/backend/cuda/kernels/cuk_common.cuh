@@ -82,6 +82,18 @@ __device__ __forceinline__ void cuk_att_store2(void *o2, int o2_bf16, i64 b, i64
         ((float *)o2)[at] = v;
 }
 
+/* RoPE's rotation of the pair (x0, x1) at sequence position t, pair i of a head of size D:
+ * by the angle t theta^(-2i/D) (minus it when inverse), found in double: cuk_rope's arithmetic,
+ * shared with the attention backward's cotangent form. */
+__device__ __forceinline__ void cuk_rope_pair(float x0, float x1, i64 t, i64 i, i64 D, double theta,
+                                              int inverse, float *y0, float *y1)
+{
+    double ang = (inverse ? -1.0 : 1.0) * (double)t * pow(theta, -2.0 * (double)i / (double)D);
+    float cs = (float)cos(ang), sn = (float)sin(ang);
+    *y0 = x0 * cs - x1 * sn;
+    *y1 = x0 * sn + x1 * cs;
+}
+
 /* Rows per partial column sum of the attention backward's cotangent form (cuk.h
  * JDT_CUK_ATT_PART): a multiple of both kernels' blocks start every chunk. */
 #define CUK_ATT_PART 32
@@ -89,23 +101,35 @@ __device__ __forceinline__ void cuk_att_store2(void *o2, int o2_bf16, i64 b, i64
 /* The attention backward's cotangent form (the compiler's fold_attention_cotangents): rows
  * r0..r0+R-1 of slice (b, h) of dq, dk or dv, staged as f32 in shared memory (row stride ls)
  * by the caller, stored coalesced: into out (B, H, T, D) f32 unless NULL, into g2, the
- * (B, T, H, D) copy the projection's GEMMs read (cuk_att_store2; none when NULL), and, unless
- * part is NULL, summed per column over each CUK_ATT_PART rows into row b ceil(T / CUK_ATT_PART)
- * + i / CUK_ATT_PART, columns h D.., of part (P, H D): the bias gradient's partial rows. r0 is
- * a multiple of CUK_ATT_PART; rows past T are neither stored nor summed. Every thread of the
- * block calls it, between the __syncthreads ending the staging and one before stage is
- * written again. */
+ * (B, T, H, D) copy the projection's GEMMs read (cuk_att_store2; none when NULL; rotated as
+ * RoPE's backward would, cuk_rope_pair, when rot is not 0: rot is theta, inverse rot_inv), and,
+ * unless part is NULL, summed per column over each CUK_ATT_PART rows into row b ceil(T /
+ * CUK_ATT_PART) + i / CUK_ATT_PART, columns h D.., of part (P, H D): the bias gradient's
+ * partial rows (of the values before any rotation). r0 is a multiple of CUK_ATT_PART; rows
+ * past T are neither stored nor summed. Every thread of the block calls it, between the
+ * __syncthreads ending the staging and one before stage is written again. */
 template <int R>
 __device__ __forceinline__ void cuk_att_grads_out(const float *stage, int ls, float *out, void *g2,
-                                                  int g2b, float *part, i64 b, i64 h, i64 r0,
-                                                  i64 H, i64 T, i64 D)
+                                                  int g2b, double rot, int rot_inv, float *part,
+                                                  i64 b, i64 h, i64 r0, i64 H, i64 T, i64 D)
 {
-    for (i64 e = threadIdx.x; e < R * D; e += blockDim.x) {
+    const bool rotate = g2 && rot != 0.0;
+    for (i64 e = threadIdx.x; e < R * D && (out || (g2 && !rotate)); e += blockDim.x) {
         i64 rr = e / D, d = e - rr * D, i = r0 + rr;
         if (i >= T) continue;
         float v = stage[rr * ls + d];
         if (out) out[((b * H + h) * T + i) * D + d] = v;
-        if (g2) cuk_att_store2(g2, g2b, b, h, i, d, H, T, D, v);
+        if (g2 && !rotate) cuk_att_store2(g2, g2b, b, h, i, d, H, T, D, v);
+    }
+    const i64 half = D / 2;
+    for (i64 e = threadIdx.x; rotate && e < R * half; e += blockDim.x) {
+        i64 rr = e / half, p = e - rr * half, i = r0 + rr;
+        if (i >= T) continue;
+        float y0, y1;
+        cuk_rope_pair(stage[rr * ls + 2 * p], stage[rr * ls + 2 * p + 1], i, p, D, rot, rot_inv,
+                      &y0, &y1);
+        cuk_att_store2(g2, g2b, b, h, i, 2 * p, H, T, D, y0);
+        cuk_att_store2(g2, g2b, b, h, i, 2 * p + 1, H, T, D, y1);
     }
     if (!part) return;
     const i64 nc = (T + CUK_ATT_PART - 1) / CUK_ATT_PART;

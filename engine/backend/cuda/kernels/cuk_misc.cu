@@ -47,8 +47,6 @@ extern "C" __global__ void cuk_rope(const void *xv, void *yv, i64 B, i64 T, i64 
     for (i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x; p < n_pairs;
          p += (i64)gridDim.x * blockDim.x) {
         i64 i = p % half, t = (p / (half * H)) % T;
-        double ang = (inverse ? -1.0 : 1.0) * (double)t * pow(theta, -2.0 * (double)i / (double)D);
-        float cs = (float)cos(ang), sn = (float)sin(ang);
         i64 o = 2 * p; /* pairs are contiguous: element index of the pair's first value */
         i64 xo = o;    /* x's: the same, or in (B, H, T, D) order */
         if (x_bhtd) xo = ((p / (half * H * T) * H + (p / half) % H) * T + t) * D + 2 * i;
@@ -58,7 +56,8 @@ extern "C" __global__ void cuk_rope(const void *xv, void *yv, i64 B, i64 T, i64 
         } else {
             x0 = ((const float *)xv)[xo], x1 = ((const float *)xv)[xo + 1];
         }
-        const float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+        float y0, y1;
+        cuk_rope_pair(x0, x1, t, i, D, theta, inverse, &y0, &y1);
         if (y16) {
             ((unsigned short *)yv)[o] = cuk_bf16_bits(y0);
             ((unsigned short *)yv)[o + 1] = cuk_bf16_bits(y1);
