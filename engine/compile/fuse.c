@@ -33,9 +33,14 @@
 typedef struct {
     int *start; /* (n_nodes + 1) CSR offsets */
     int *users;
-    unsigned char *kept; /* (n_nodes) 1: a graph output or an update value, or a bf16 copy fused
-                            into its producer's group (fuse_bf16_copies): must be stored */
+    unsigned char *kept; /* (n_nodes) KEPT_RESULT or KEPT_STORED: must be stored */
 } user_lists;
+
+/* Why a value must be stored though fusion might have kept it in registers: a graph output or
+ * an update value (stays f32: the caller reads it), or a value a merge moved into another
+ * kernel whose other readers read memory (fuse_bf16_copies, fuse_reduce_producers,
+ * fuse_reduce_siblings, fuse_ew_siblings; bf16 storage may still apply, mark_bf16_storage). */
+enum { KEPT_RESULT = 1, KEPT_STORED = 2 };
 
 static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
 {
@@ -61,9 +66,9 @@ static jdt_status build_users(const cprog *c, user_lists *u, jdt_err *e)
             u->users[u->start[x] + fill[x]++] = i;
         }
     for (int k = 0; k < c->n_outputs; k++)
-        u->kept[c->outputs[k]] = 1;
+        u->kept[c->outputs[k]] = KEPT_RESULT;
     for (int k = 0; k < c->n_updates; k++)
-        u->kept[c->updates[k].value] = 1;
+        u->kept[c->updates[k].value] = KEPT_RESULT;
     jdt_free(fill);
     return JDT_OK;
 }
@@ -214,7 +219,7 @@ static void mark_bf16_storage(cprog *c, const user_lists *u)
     if (!c->bf16_storage) return;
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *n = &c->nodes[i];
-        if (!n->store || n->dtype != JDT_DTYPE_F32 || is_kept(u, i)) continue;
+        if (!n->store || n->dtype != JDT_DTYPE_F32 || u->kept[i] == KEPT_RESULT) continue;
         /* builtins with a bf16-storing kernel: the cross-entropy's dlogits, a norm applying
          * its affine (CUDA: passes.c fold_norm_affines), the attention's copy of o (CUDA:
          * fold_attention_copies) */
@@ -265,7 +270,7 @@ static bool fuse_bf16_copies(cprog *c, user_lists *u)
             continue;
         c->groups[n->group].n_members = 0; /* dropped below */
         c->groups[n->group].root = -1;
-        u->kept[i] = 1; /* stored from inside the group: builtins read it */
+        if (!u->kept[i]) u->kept[i] = KEPT_STORED; /* from inside the group: builtins read it */
         if (!group_add(c, u, x->group, i)) return false;
         moved++;
     }
@@ -410,7 +415,7 @@ static bool fuse_reduce_producers(cprog *c, user_lists *u)
             if (!ok || R->n_in_bound + G->n_in_bound > JDT_GROUP_MAX_READS ||
                 R->n_stores + stores > JDT_GROUP_MAX_STORES)
                 continue;
-            if (x_out) u->kept[x] = 1; /* read elsewhere: stored from R's kernel */
+            if (x_out && !u->kept[x]) u->kept[x] = KEPT_STORED; /* stored from R's kernel */
             if (view >= 0) reduce_directly(c, R, view, x, vmask);
             const int n_g = G->n_members;
             int *gm = jdt_malloc(sizeof(int) * (size_t)n_g);
@@ -468,7 +473,7 @@ static bool fuse_reduce_siblings(cprog *c, user_lists *u)
             if (view >= 0) reduce_directly(c, R, view, x, vmask);
             c->groups[gg].n_members = 0; /* dropped below */
             c->groups[gg].root = -1;
-            u->kept[s] = 1; /* stored from the reduction's kernel: GEMMs read it */
+            if (!u->kept[s]) u->kept[s] = KEPT_STORED; /* from the reduction's kernel */
             if (!group_add(c, u, gr, s)) return false;
             merged++;
             break;
@@ -549,8 +554,9 @@ static bool fuse_ew_siblings(cprog *c, user_lists *u)
                 int *bm = jdt_malloc(sizeof(int) * ((size_t)n_b + 1));
                 if (!bm) return false;
                 memcpy(bm, B->members, sizeof(int) * (size_t)n_b);
-                u->kept[B->root] = 1; /* stored from ga's kernel: its readers read memory */
-                B->n_members = 0;     /* dropped below */
+                if (!u->kept[B->root]) /* stored from ga's kernel: its readers read memory */
+                    u->kept[B->root] = KEPT_STORED;
+                B->n_members = 0; /* dropped below */
                 B->root = -1;
                 for (int m = 0; m < n_b; m++)
                     if (!group_add(c, u, ga, bm[m])) {

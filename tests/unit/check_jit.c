@@ -681,6 +681,26 @@ START_TEST(test_elementwise_siblings)
     ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 3);
     jdt_program_free(p);
     fx_free(&f);
+
+    /* with bf16 GEMMs: the merged kernel stores both siblings as bf16 (each read only by a
+     * bf16 GEMM): the later one, stored from the earlier one's kernel, too */
+    fx_init(&f);
+    g = f.g;
+    jdt_graph_set_matmul_bf16(g, true);
+    dh = FX_INPUT(&f, "dh", JDT_DTYPE_F32, -1, 1, 16, 24);
+    gt = FX_INPUT(&f, "g", JDT_DTYPE_F32, -1, 1, 16, 24);
+    w1 = FX_INPUT(&f, "w1", JDT_DTYPE_F32, -1, 1, 24, 8);
+    w2 = FX_INPUT(&f, "w2", JDT_DTYPE_F32, -1, 1, 24, 8);
+    out(&f, jdt_graph_matmul(g, jdt_graph_mul(g, dh, jdt_graph_sigmoid(g, gt)), w1, false, false));
+    out(&f, jdt_graph_matmul(g, jdt_graph_mul(g, dh, jdt_graph_tanh(g, gt)), w2, false, false));
+    fx_fill(&f, 18);
+    fx_opts(&f, &o);
+    p = fx_check_steps(&f, &o, 1, 1e-2, 5e-3, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_ew_siblings, 1);
+    ck_assert_int_eq(jdt_program_stats(p)->n_kernels, 1);
+    ck_assert_int_eq(jdt_program_stats(p)->n_bf16_stored, 2);
+    jdt_program_free(p);
+    fx_free(&f);
 }
 END_TEST
 
