@@ -298,6 +298,24 @@ static bool drop_empty_groups(cprog *c)
     return true;
 }
 
+/* Moves every member of group `from` into group `to` (in their order) and empties `from`
+ * (root -1: drop_empty_groups removes it). False when out of memory. */
+static bool move_members(cprog *c, const user_lists *u, int from, int to)
+{
+    cgroup *F = &c->groups[from];
+    const int n = F->n_members;
+    int *mem = jdt_malloc(sizeof(int) * ((size_t)n + 1));
+    if (!mem) return false;
+    memcpy(mem, F->members, sizeof(int) * (size_t)n);
+    F->n_members = 0;
+    F->root = -1;
+    bool ok = true;
+    for (int m = 0; m < n && ok; m++)
+        ok = group_add(c, u, to, mem[m]);
+    jdt_free(mem);
+    return ok;
+}
+
 /* May the values of node m be computed by a kernel that runs at step key `after` (a group
  * root's index)? Every reader outside groups ga and gb, through views and absorbed strided
  * reads, must come later (its index above `after`) and not be a collective (whose pack is
@@ -417,18 +435,7 @@ static bool fuse_reduce_producers(cprog *c, user_lists *u)
                 continue;
             if (x_out && !u->kept[x]) u->kept[x] = KEPT_STORED; /* stored from R's kernel */
             if (view >= 0) reduce_directly(c, R, view, x, vmask);
-            const int n_g = G->n_members;
-            int *gm = jdt_malloc(sizeof(int) * (size_t)n_g);
-            if (!gm) return false;
-            memcpy(gm, G->members, sizeof(int) * (size_t)n_g);
-            G->n_members = 0; /* dropped below */
-            G->root = -1;
-            for (int m = 0; m < n_g; m++)
-                if (!group_add(c, u, gr, gm[m])) {
-                    jdt_free(gm);
-                    return false;
-                }
-            jdt_free(gm);
+            if (!move_members(c, u, gg, gr)) return false;
             R = &c->groups[gr];
             merged++;
             mi = -1; /* R's members changed: look again */
@@ -549,21 +556,10 @@ static bool fuse_ew_siblings(cprog *c, user_lists *u)
                 const int gb = rj->group;
                 if (gb < 0 || gb == ga || rj->kind != CK_EW || !sibling_fits(c, u, ga, gb))
                     continue;
-                cgroup *B = &c->groups[gb];
-                const int n_b = B->n_members;
-                int *bm = jdt_malloc(sizeof(int) * ((size_t)n_b + 1));
-                if (!bm) return false;
-                memcpy(bm, B->members, sizeof(int) * (size_t)n_b);
-                if (!u->kept[B->root]) /* stored from ga's kernel: its readers read memory */
-                    u->kept[B->root] = KEPT_STORED;
-                B->n_members = 0; /* dropped below */
-                B->root = -1;
-                for (int m = 0; m < n_b; m++)
-                    if (!group_add(c, u, ga, bm[m])) {
-                        jdt_free(bm);
-                        return false;
-                    }
-                jdt_free(bm);
+                const int broot = c->groups[gb].root;
+                if (!u->kept[broot]) /* stored from ga's kernel: its readers read memory */
+                    u->kept[broot] = KEPT_STORED;
+                if (!move_members(c, u, gb, ga)) return false;
                 merged++;
             }
         }

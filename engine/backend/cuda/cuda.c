@@ -1038,15 +1038,16 @@ static void coll_drain(cuda_prog *p)
     }
 }
 
-/* A packed norm backward's (passes.c fold_norm_partials) optional extras: the P rows of its
- * output's column sums after dw's and db's (attrs i[1], fold_norm_cotangents), and the bf16
- * copy of its output, its co-output; NULL when it has none. */
+/* A packed norm backward's (passes.c fold_norm_partials) optional P rows of its output's
+ * column sums after dw's and db's (attrs i[1], fold_norm_cotangents); NULL when it has none.
+ * Its bf16 copy of its output is its co-output (co_ptr). */
 static float *norm_out_sums(const cnode *n, void *o, int64_t N, int64_t C)
 {
     return n->attrs.i[1] ? (float *)o + (N + 2 * n->attrs.i[0]) * C : NULL;
 }
 
-static uint16_t *norm_out_copy(cuda_prog *p, const cnode *n)
+/* The buffer of builtin n's first co-output (passes.c make_co_output), or NULL. */
+static void *co_ptr(cuda_prog *p, const cnode *n)
 {
     return n->co ? dptr(p, n->co) : NULL;
 }
@@ -1151,8 +1152,8 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         if (n->attrs.i[0] > 0) /* dx, then P rows of dw's and db's partials (passes.c) */
             jdt_cuk_normalize_bwd_part(k, in[0], in[1], in[2], n->n_in > 3 ? in[3] : NULL, o,
                                        (float *)o + N * C, (float *)o + (N + n->attrs.i[0]) * C,
-                                       norm_out_sums(n, o, N, C), norm_out_copy(p, n), N, C,
-                                       n->attrs.i[0], eps);
+                                       norm_out_sums(n, o, N, C), co_ptr(p, n), N, C, n->attrs.i[0],
+                                       eps);
         else
             jdt_cuk_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
@@ -1167,7 +1168,7 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         if (n->attrs.i[0] > 0)
             jdt_cuk_rms_normalize_bwd_part(k, in[0], in[1], in[2], n->n_in > 3 ? in[3] : NULL, o,
                                            (float *)o + N * C, (float *)o + (N + n->attrs.i[0]) * C,
-                                           norm_out_sums(n, o, N, C), norm_out_copy(p, n), N, C,
+                                           norm_out_sums(n, o, N, C), co_ptr(p, n), N, C,
                                            n->attrs.i[0], eps);
         else
             jdt_cuk_rms_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
@@ -1196,7 +1197,7 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         const float *lse =
             n->op == JDT_OP_ATTENTION_BWD && n->attrs.i[2] ? (const float *)in[3] + no : NULL;
         if (n->op == JDT_OP_ATTENTION)
-            jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, o, n->co ? dptr(p, n->co) : NULL,
+            jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, o, co_ptr(p, n),
                               n->co && c->nodes[n->co].bf16, n->attrs.i[1] ? (float *)o + no : NULL,
                               s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                               (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
