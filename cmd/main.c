@@ -17,6 +17,7 @@
 #include "io/fetch.h"
 #include "train/train.h"
 #include "train/hf.h"
+#include "runtime/runtime.h"
 
 #include <errno.h>
 #include <math.h>
@@ -903,31 +904,38 @@ static int cmd_help(const subcommand *cmd, cli_args *a)
     return EXIT_OK;
 }
 
-/* libgomp (the OpenMP runtime of the generated kernels and of OpenBLAS) reads its wait policy
- * once, when it is loaded, before main. Its default spins up to ~3 ms in every barrier and
- * between regions; on a shared machine a spinning thread takes the core a descheduled peer
- * needs, and a training step of a few hundred small parallel regions then runs 5-10x slower
- * with 2 threads than with 1 (issue 14; docs/perf.md, Busy machines). So unless the user chose
- * a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT set, even to "active"), the process re-executes
- * itself once with OMP_WAIT_POLICY=passive: idle threads sleep at once (futex) and wake on the
- * next region. If the re-exec fails, it runs on with libgomp's default. The binary is re-run
- * by its real path, not /proc/self/exe, so the process keeps its name (ps, pgrep, top show
- * jdt-train, not "exe"). */
-static void ensure_passive_wait(char **argv)
+/* Two libraries read settings from the environment once, when they are loaded, before main;
+ * unless the user set them, the process re-executes itself once with them set:
+ * - libgomp (the OpenMP runtime of the generated kernels and of OpenBLAS), its wait policy. Its
+ *   default spins up to ~3 ms in every barrier and between regions; on a shared machine a
+ *   spinning thread takes the core a descheduled peer needs, and a training step of a few
+ *   hundred small parallel regions then runs 5-10x slower with 2 threads than with 1 (issue 14;
+ *   docs/perf.md, Busy machines). Unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (even to
+ *   "active"): OMP_WAIT_POLICY=passive, idle threads sleep at once (futex) and wake on the
+ *   next region.
+ * - OpenBLAS, its kernels (OPENBLAS_CORETYPE): where it fell back to pre-AVX2 kernels on a CPU
+ *   it does not know but that has AVX2 (jdt_rt_blas_core_fix), the AVX2 or AVX-512 ones.
+ * If the re-exec fails, it runs on as it is. The binary is re-run by its real path, not
+ * /proc/self/exe, so the process keeps its name (ps, pgrep, top show jdt-train, not "exe"). */
+static void ensure_runtime_env(char **argv)
 {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    const bool wait = !getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT");
+    const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : jdt_rt_blas_core_fix();
+    if (!wait && !core) return;
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0 || (size_t)n >= sizeof self - 1) return;
     self[n] = '\0';
-    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    if (wait && setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    if (core && setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
     execv(self, argv);
-    unsetenv("OMP_WAIT_POLICY"); /* the exec failed: run on as we are */
+    if (wait) unsetenv("OMP_WAIT_POLICY"); /* the exec failed: run on as we are */
+    if (core) unsetenv("OPENBLAS_CORETYPE");
 }
 
 int main(int argc, char **argv)
 {
-    ensure_passive_wait(argv);
+    ensure_runtime_env(argv);
     if (argc < 2) {
         print_top_help(stderr);
         return EXIT_USAGE;

@@ -74,10 +74,12 @@ typedef struct {
     bool guessed;         /* a GPU not in the datasheet table: the H100 SXM figure assumed */
     double load_avg;      /* 1-minute load average when measured (-1: not measured here) */
     char cache_path[1024]; /* the cache file ("" when not used) */
+    char blas_core[32];   /* CPU: OpenBLAS's kernels ("SkylakeX", ...) the SGEMM ran on */
 } jdt_peak_ref;
 
 /* The MFU denominator for a CPU process with `threads` threads (0 = OpenMP's default):
- * override_gflops > 0 wins; else the value cached in cache_dir/peak/<host>-t<threads>.txt;
+ * override_gflops > 0 wins; else the value cached in cache_dir/peak/<host>-t<threads>-<OpenBLAS
+ * core>.txt (kernels chosen otherwise, e.g. by OPENBLAS_CORETYPE, are measured again);
  * else the best of 7 1024^3 SGEMMs on `threads` OpenBLAS threads, cached only when the machine
  * was quiet (1-minute load average + threads <= cores + 0.5) so a busy measurement is never
  * kept. Leaves OpenBLAS's thread count at `threads`. Errors: none fatal (a failed cache write

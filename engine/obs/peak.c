@@ -123,6 +123,10 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
         out->source = "runtime.peak_gflops";
         return JDT_OK;
     }
+    const char *core = openblas_get_corename();
+    snprintf(out->blas_core, sizeof out->blas_core, "%s", core && *core ? core : "unknown");
+    for (char *p = out->blas_core; *p; p++)
+        if (*p == '/' || *p == ' ') *p = '_';
     int nt = threads > 0 ? threads : omp_get_max_threads();
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
@@ -130,11 +134,12 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
         if (*p == '/') *p = '_';
     if (cache_dir && *cache_dir) {
         /* a path that would not fit is not cached (measured each run) rather than truncated */
-        char dir[sizeof out->cache_path - sizeof host - 32];
+        char dir[sizeof out->cache_path - sizeof host - sizeof out->blas_core - 32];
         const int nd = snprintf(dir, sizeof dir, "%s/peak", cache_dir);
         if (nd < 0 || (size_t)nd >= sizeof dir) goto measure;
         mkdir_parents(dir);
-        snprintf(out->cache_path, sizeof out->cache_path, "%s/%s-t%d.txt", dir, host, nt);
+        snprintf(out->cache_path, sizeof out->cache_path, "%s/%s-t%d-%s.txt", dir, host, nt,
+                 out->blas_core);
         double cached = read_cache(out->cache_path);
         if (cached > 0) {
             out->flops = cached * 1e9;
@@ -163,9 +168,9 @@ measure:
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out->cache_path, (long)getpid());
         FILE *f = fopen(tmp, "w");
         bool ok = f && fprintf(f,
-                               "%.3f\n# GFLOP/s: best of 7 SGEMM 1024^3 on %d threads, host %s, "
-                               "load %.2f of %ld cores\n",
-                               out->flops * 1e-9, nt, host, loads[0], n_cores) > 0;
+                               "%.3f\n# GFLOP/s: best of 7 SGEMM 1024^3 on %d threads (OpenBLAS "
+                               "%s), host %s, load %.2f of %ld cores\n",
+                               out->flops * 1e-9, nt, out->blas_core, host, loads[0], n_cores) > 0;
         if (f && fclose(f) != 0) ok = false;
         if (!ok || rename(tmp, out->cache_path) != 0) {
             JDT_WARN("could not cache the MFU reference in %s: %s", out->cache_path,

@@ -22,6 +22,33 @@ void jdt_rt_set_threads(int nt)
     openblas_set_num_threads(1); /* jdt_rt_matmul's tiles are the parallelism */
 }
 
+const char *jdt_rt_blas_core_for(const char *detected, bool avx2_fma, bool avx512)
+{
+    /* OpenBLAS's x86-64 cores whose SGEMM kernels predate AVX2 (its fallbacks among them) */
+    static const char *const old[] = {"Prescott",    "Core2",  "Penryn",      "Dunnington",
+                                      "Nehalem",     "Atom",   "Sandybridge", "Barcelona",
+                                      "Opteron",     "Bobcat", "Bulldozer",   "Piledriver",
+                                      "Steamroller", "Katmai", "Coppermine",  "Northwood"};
+    if (!detected || !avx2_fma) return NULL;
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
+        if (strncmp(detected, old[i], strlen(old[i])) == 0) return avx512 ? "SkylakeX" : "Haswell";
+    return NULL;
+}
+
+const char *jdt_rt_blas_core_fix(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vl");
+    return jdt_rt_blas_core_for(openblas_get_corename(), avx2_fma, avx512);
+#else
+    return NULL;
+#endif
+}
+
 /* A GEMM's output cut into tiles that the threads take one at a time (schedule(dynamic)), each
  * tile a single-threaded SGEMM over all of K. Why: OpenBLAS's own threads split a GEMM evenly,
  * so when the OS gives one thread half a core (another process on it) the whole GEMM waits for

@@ -21,6 +21,17 @@
  * (another program may have changed the setting), not concurrently with a GEMM. */
 void jdt_rt_set_threads(int nt);
 
+/* The OPENBLAS_CORETYPE to force (a process must set it before OpenBLAS loads: cmd/main.c
+ * re-executes itself), or NULL when OpenBLAS's choice is to be kept. A DYNAMIC_ARCH OpenBLAS
+ * that does not know a CPU model falls back to pre-AVX2 kernels ("Prescott", SSE3): Debian
+ * 12's 0.3.21 does so on Sapphire Rapids, where its SGEMM then runs 4-5x slower (docs/perf.md,
+ * "OpenBLAS on CPUs it does not know"). jdt_rt_blas_core_for is the decision on given inputs:
+ * `detected` a core name, avx2_fma (AVX2 and FMA) and avx512 (AVX-512 F, CD, BW, DQ, VL) the
+ * CPU's features; jdt_rt_blas_core_fix asks OpenBLAS and the CPU. Only a core without AVX2
+ * kernels on a CPU with AVX2 is replaced: "SkylakeX" with AVX-512, else "Haswell". */
+const char *jdt_rt_blas_core_for(const char *detected, bool avx2_fma, bool avx512);
+const char *jdt_rt_blas_core_fix(void);
+
 /* The adaptive thread count (engine/runtime/threads.c). On a machine where another process
  * keeps a core busy, a team of n threads splits every parallel loop and GEMM evenly while one
  * thread gets a fraction of a core, and every region waits for it: 1 thread can then be faster

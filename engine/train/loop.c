@@ -812,9 +812,10 @@ static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
     snprintf(path, sizeof path, "%s/metrics.jsonl", tr->run_dir);
     tr->metrics = fopen(path, start > 0 ? "a" : "w");
     if (!tr->metrics) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
-    JDT_INFO("MFU reference: %.6g GFLOP/s for %d process(es) (%s%s%s)", tr->peak * 1e-9,
+    JDT_INFO("MFU reference: %.6g GFLOP/s for %d process(es) (%s%s%s)%s%s%s", tr->peak * 1e-9,
              tr->world_size, tr->pref.source, tr->pref.cache_path[0] ? ": " : "",
-             tr->pref.cache_path);
+             tr->pref.cache_path, tr->pref.blas_core[0] ? "; OpenBLAS " : "",
+             tr->pref.blas_core, tr->pref.blas_core[0] ? " kernels" : "");
     if (tr->pref.provisional)
         JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
                  "overstated; set runtime.peak_gflops to pin it", tr->pref.load_avg);

@@ -2,7 +2,10 @@
 # obs_mfu.sh — an MFU above 100% is never printed without a warning (issue 13): with
 # runtime.peak_gflops pinned absurdly low every progress line's MFU carries "(!)", one warning
 # says the configured reference is too low, and the end-of-run summary is marked too; with a
-# generous reference nothing is marked or warned about.
+# generous reference nothing is marked or warned about. The measured reference names the
+# OpenBLAS kernels it ran on: never pre-AVX2 ones on a CPU with AVX2 and FMA (jdt-train
+# re-executes itself with OPENBLAS_CORETYPE where OpenBLAS fell back to them), and the user's
+# OPENBLAS_CORETYPE is kept.
 set -uo pipefail
 cd "$JDT_TMP"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -23,4 +26,18 @@ awk '/"mfu"/' "runs/tiny/metrics.jsonl" | grep -q . || fail "no mfu in metrics.j
   runtime.peak_gflops=1e9 > high.log 2>&1 || { cat high.log; fail "training failed"; }
 grep -q "(!)\|above 100%" high.log && { cat high.log; fail "marked or warned with a generous reference"; }
 grep -qE "MFU [0-9.]+%" high.log || fail "no MFU printed"
-echo "ok"
+
+old_cores="Prescott|Core2|Penryn|Dunnington|Nehalem|Atom|Sandybridge|Barcelona|Opteron|Bobcat|Bulldozer|Piledriver|Steamroller"
+env -u OPENBLAS_CORETYPE "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs3" \
+  run.steps=2 runtime.cache_dir="$JDT_TMP/cache3" > measured.log 2>&1 || { cat measured.log; fail "training failed"; }
+core=$(sed -nE 's/^MFU reference: .*; OpenBLAS (.*) kernels$/\1/p' measured.log)
+[ -n "$core" ] || { cat measured.log; fail "the measured reference names no OpenBLAS kernels"; }
+ls "$JDT_TMP/cache3/peak/"*"-$core.txt" >/dev/null 2>&1 || grep -q "busy machine" measured.log ||
+  fail "the reference was not cached under the kernels' name"
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  echo "$core" | grep -qxE "$old_cores" && fail "OpenBLAS runs its $core kernels on a CPU with AVX2"
+fi
+OPENBLAS_CORETYPE=Prescott "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs4" \
+  run.steps=2 runtime.cache_dir="$JDT_TMP/cache4" > user.log 2>&1 || { cat user.log; fail "training failed"; }
+grep -q "; OpenBLAS Prescott kernels$" user.log || { cat user.log; fail "OPENBLAS_CORETYPE=Prescott not kept"; }
+echo "ok ($core kernels)"

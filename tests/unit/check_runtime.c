@@ -536,6 +536,26 @@ START_TEST(test_xent_bwd_from_loss)
 }
 END_TEST
 
+/* OpenBLAS's kernels: only a pre-AVX2 core on a CPU with AVX2 is replaced, by the widest
+ * kernels the CPU runs; OpenBLAS's own choice of AVX2/AVX-512 kernels is kept. */
+START_TEST(test_blas_core_for)
+{
+    ck_assert_str_eq(jdt_rt_blas_core_for("Prescott", true, true), "SkylakeX");
+    ck_assert_str_eq(jdt_rt_blas_core_for("Prescott", true, false), "Haswell");
+    ck_assert_str_eq(jdt_rt_blas_core_for("Sandybridge", true, false), "Haswell");
+    ck_assert_str_eq(jdt_rt_blas_core_for("Nehalem", true, true), "SkylakeX");
+    ck_assert_ptr_null(jdt_rt_blas_core_for("Prescott", false, false)); /* SSE-only CPU */
+    ck_assert_ptr_null(jdt_rt_blas_core_for("Haswell", true, true));
+    ck_assert_ptr_null(jdt_rt_blas_core_for("Zen", true, true));
+    ck_assert_ptr_null(jdt_rt_blas_core_for("SkylakeX", true, true));
+    ck_assert_ptr_null(jdt_rt_blas_core_for("Cooperlake", true, true));
+    ck_assert_ptr_null(jdt_rt_blas_core_for(NULL, true, true));
+    /* this process: whatever OpenBLAS chose, the fix (if any) is one of the two cores */
+    const char *fix = jdt_rt_blas_core_fix();
+    ck_assert(!fix || !strcmp(fix, "SkylakeX") || !strcmp(fix, "Haswell"));
+}
+END_TEST
+
 static Suite *runtime_suite(void)
 {
     Suite *s = suite_create("runtime");
@@ -548,6 +568,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(tc, test_matmul_bf16_portable_path);
     tcase_add_test(tc, test_matmul_bf16_empty);
     tcase_add_test(tc, test_xent_bwd_from_loss);
+    tcase_add_test(tc, test_blas_core_for);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("threads");
     tcase_set_timeout(tt, 60);
