@@ -182,14 +182,19 @@ test: deps
 # The CUDA suites: NVRTC and host-side checks, then their GPU test cases on the host CUDA
 # emulator (tests/infra/cudaemu; the *-emu binaries; MALLOC_PERTURB_ fills freed memory, so a
 # use after free of deferred work crashes every time), then the command-line checks. On a machine
-# with a GPU the plain binaries run the GPU cases on it too.
+# with a GPU the plain binaries run the GPU cases on it too. The emulator runs a block's threads
+# in reverse order for check_cuda-emu (cuda_emu.sh runs them forward) and for a second run of
+# check_cuk-emu, whose kernels are then also built with UBSan (misaligned vector accesses,
+# shifts, signed overflow): a race between barriers shows up in one of the two orders.
 EMU_TESTS := build-cuda/jdt-train-emu build-cuda/tests/check_cuda-emu build-cuda/tests/check_cuk-emu
 test-cuda:
 	@$(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk $(EMU_TESTS)
 	@build-cuda/tests/check_cuda
 	@build-cuda/tests/check_cuk
-	@MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuda-emu
+	@JDT_CUDAEMU_ORDER=reverse MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuda-emu
 	@MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuk-emu
+	@JDT_CUDAEMU_ORDER=reverse JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" \
+	    MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuk-emu
 	@JDT_CUDA_BIN=$(CURDIR)/build-cuda/jdt-train JDT_BIN=$(CURDIR)/$(BUILD)/jdt-train JDT_ROOT=$(CURDIR) \
 	    JDT_TMP=$$(mktemp -d) bash tests/e2e/cuda_backend.sh
 

@@ -49,6 +49,7 @@ static void add_tests(Suite *s)
 #pragma GCC diagnostic pop
 
 #include <dirent.h>
+#include <nvrtc.h>
 #include <unistd.h>
 
 /* ---- NVRTC (no GPU needed) ---------------------------------------------------------------- */
@@ -1541,6 +1542,91 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
     cudaFree(dO), cudaFree(dD), cudaFree(dscr);
 }
 
+/* The emulator's own checks (tests/infra/cudaemu/emu.hpp), which the kernel tests rely on: every
+ * block starts with its static shared memory filled with 0xff bytes, and JDT_CUDAEMU_ORDER
+ * changes the order in which a block's threads run between barriers. The probe kernel reads
+ * shared memory before writing it (the poison, not the other block's values), then reads its
+ * neighbour's slot with no barrier in between, a race: thread t + 1 has written it only when it
+ * ran first. On a GPU the race's outcome is undefined: the test runs on the emulator only. */
+static const char EMU_PROBE_SRC[] = "extern \"C\" __global__ void emu_probe(unsigned *out)\n"
+                                    "{\n"
+                                    "    __shared__ unsigned s[64];\n"
+                                    "    unsigned t = threadIdx.x, b = blockIdx.x;\n"
+                                    "    out[(2 * b) * 64 + t] = s[t];\n"
+                                    "    s[t] = t + 1;\n"
+                                    "    out[(2 * b + 1) * 64 + t] = s[(t + 1) % 64];\n"
+                                    "}\n";
+
+static void emu_probe_run(cudaKernel_t fn, const char *order, unsigned out[256])
+{
+    if (order)
+        setenv("JDT_CUDAEMU_ORDER", order, 1);
+    else
+        unsetenv("JDT_CUDAEMU_ORDER");
+    unsigned *d = dev_alloc(256 * sizeof(unsigned));
+    void *args[] = {&d};
+    dim3 g = {2, 1, 1}, b = {64, 1, 1};
+    ck_assert_int_eq(cudaLaunchKernel((const void *)fn, g, b, args, 0, 0), cudaSuccess);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(out, d, 256 * sizeof(unsigned), cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    cudaFree(d);
+    unsetenv("JDT_CUDAEMU_ORDER");
+}
+
+START_TEST(test_emulator_strict)
+{
+    GPU_OR_SKIP(k);
+    if (!emulated_gpu()) {
+        printf("SKIP %s: the emulator's own checks (a racy probe kernel), not for a GPU\n",
+               __func__);
+        jdt_cuk_free(k);
+        return;
+    }
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, EMU_PROBE_SRC, "emu_probe.cu", 0, NULL, NULL),
+                     NVRTC_SUCCESS);
+    const char *opts[] = {"--gpu-architecture=sm_90"};
+    ck_assert_int_eq(nvrtcCompileProgram(prog, 1, opts), NVRTC_SUCCESS);
+    size_t n = 0;
+    ck_assert_int_eq(nvrtcGetCUBINSize(prog, &n), NVRTC_SUCCESS);
+    char *image = malloc(n);
+    ck_assert_ptr_nonnull(image);
+    ck_assert_int_eq(nvrtcGetCUBIN(prog, image), NVRTC_SUCCESS);
+    nvrtcDestroyProgram(&prog);
+    cudaLibrary_t lib;
+    ck_assert_int_eq(cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0), cudaSuccess);
+    cudaKernel_t fn;
+    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_probe"), cudaSuccess);
+    const unsigned P = 0xffffffffu;
+    unsigned fwd[256], rev[256], shuf[256];
+    char *was = getenv("JDT_CUDAEMU_ORDER") ? strdup(getenv("JDT_CUDAEMU_ORDER")) : NULL;
+    emu_probe_run(fn, NULL, fwd);
+    emu_probe_run(fn, "reverse", rev);
+    emu_probe_run(fn, "shuffle", shuf);
+    if (was) setenv("JDT_CUDAEMU_ORDER", was, 1); /* the other tests keep the caller's order */
+    free(was);
+    int differ = 0;
+    for (unsigned b = 0; b < 2; b++)
+        for (unsigned t = 0; t < 64; t++) {
+            for (const unsigned *o = fwd; o; o = o == fwd ? rev : o == rev ? shuf : NULL)
+                ck_assert_msg(o[2 * b * 64 + t] == P, "block %u thread %u read %#x unwritten", b, t,
+                              o[2 * b * 64 + t]);
+            /* forward: thread t runs before t + 1 (only thread 63 sees a write: s[0]);
+             * reverse: after it (only thread 63 does not) */
+            const unsigned r = (2 * b + 1) * 64 + t;
+            ck_assert_uint_eq(fwd[r], t < 63 ? P : 1u);
+            ck_assert_uint_eq(rev[r], t < 63 ? t + 2 : P);
+            ck_assert(shuf[r] == P || shuf[r] == (t + 1) % 64 + 1);
+            differ += shuf[r] != fwd[r];
+        }
+    ck_assert_int_gt(differ, 0); /* a permutation, not the forward order */
+    cudaLibraryUnload(lib);
+    free(image);
+    jdt_cuk_free(k);
+}
+END_TEST
+
 START_TEST(test_attention)
 {
     GPU_OR_SKIP(k);
@@ -1681,6 +1767,7 @@ static void add_tests(Suite *s)
     suite_add_tcase(s, th);
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_emulator_strict);
     tcase_add_test(tc, test_init_errors_and_cache);
     tcase_add_test(tc, test_lazy_load);
     tcase_add_test(tc, test_matmul);

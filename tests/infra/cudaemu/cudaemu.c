@@ -785,9 +785,10 @@ const char *nvrtcGetErrorString(nvrtcResult r)
 
 static char *read_file(const char *path, size_t *n);
 
-/* 13.(9000 + a hash of emu.hpp): a minor no real NVRTC has, so the backends' compile caches (keyed
- * by the NVRTC version) never mix real cubins with emulator images, nor images built by an
- * older emu.hpp with newer ones. */
+/* 13.(9000 + a hash of emu.hpp and the compile flags): a minor no real NVRTC has, so the
+ * backends' compile caches (keyed by the NVRTC version) never mix real cubins with emulator
+ * images, nor images built by an older emu.hpp, or with other JDT_CUDAEMU_OPT/_CFLAGS, with
+ * newer ones. */
 nvrtcResult nvrtcVersion(int *major, int *minor)
 {
     static int hashed = -1;
@@ -798,6 +799,12 @@ nvrtcResult nvrtcVersion(int *major, int *minor)
         for (size_t i = 0; t && i < n; i++)
             h = (h ^ (unsigned char)t[i]) * 16777619u;
         free(t);
+        const char *flags[] = {getenv("JDT_CUDAEMU_OPT"), getenv("JDT_CUDAEMU_CFLAGS")};
+        for (int f = 0; f < 2; f++)
+            for (const char *c = flags[f] ? flags[f] : "";; c++) {
+                h = (h ^ (unsigned char)*c) * 16777619u;
+                if (!*c) break;
+            }
         hashed = (int)(h % 997u);
     }
     *major = 13;
@@ -1038,9 +1045,19 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n_opts, const char *const *o
     free(names);
     if (fclose(f) != 0) return compile_fail(p, dir, log_path, "cannot write the emulation source");
     const char *opt = getenv("JDT_CUDAEMU_OPT") ? getenv("JDT_CUDAEMU_OPT") : "-O1";
-    char *cc_argv[] = {(char *)cxx,       "-std=c++20", (char *)opt, "-w", "-shared", "-fPIC",
-                       "-fno-gnu-unique", inc,          cc_path,     "-o", so_path,   NULL};
-    if (!run(cc_argv, log_path)) return compile_fail(p, dir, log_path, "compiling failed");
+    /* JDT_CUDAEMU_CFLAGS: more flags, split at spaces (e.g. -fsanitize=undefined
+     * -fno-sanitize-recover=all: the kernels' misaligned vector loads and shifts abort) */
+    char *cc_argv[64] = {(char *)cxx,       "-std=c++20", (char *)opt, "-w", "-shared", "-fPIC",
+                         "-fno-gnu-unique", inc,          cc_path,     "-o", so_path};
+    int cc_n = 11;
+    char *extra = getenv("JDT_CUDAEMU_CFLAGS") ? strdup(getenv("JDT_CUDAEMU_CFLAGS")) : NULL;
+    for (char *sv = NULL, *w = extra ? strtok_r(extra, " ", &sv) : NULL; w && cc_n < 63;
+         w = strtok_r(NULL, " ", &sv))
+        cc_argv[cc_n++] = w;
+    cc_argv[cc_n] = NULL;
+    int cc_ok = run(cc_argv, log_path);
+    free(extra);
+    if (!cc_ok) return compile_fail(p, dir, log_path, "compiling failed");
     char *so = read_file(so_path, &n);
     if (!so) return compile_fail(p, dir, log_path, "no shared object");
     free(p->image);

@@ -12,9 +12,13 @@
  * can move and some have not ended, the launch fails with "deadlock" (a __syncthreads under
  * divergent control flow, a warp collective some lanes skip): a bug the GPU may hang on.
  *
- * Memory: __shared__ arrays are static (blocks never overlap in time); the dynamic shared
- * memory is a per-launch buffer filled with 0xff bytes (NaN floats) before every block, so a
- * kernel that reads shared memory it did not write sees NaNs instead of a stale copy. Atomics
+ * JDT_CUDAEMU_ORDER=reverse or shuffle changes the order of the round-robin passes (emu_order):
+ * races between barriers show up as other results.
+ *
+ * Memory: __shared__ arrays are static (blocks never overlap in time), in one section; it and
+ * the dynamic shared memory (a per-launch buffer) are filled with 0xff bytes (NaN floats)
+ * before every block, so a kernel that reads shared memory it did not write sees NaNs instead
+ * of a stale copy. Atomics
  * are plain read-modify-writes (one OS thread). Warp-level matrix ops (ldmatrix.x4, with and
  * without .trans, and mma.sync.m16n8k16 bf16 -> f32) follow the PTX ISA's fragment layouts.
  * What it cannot check: the memory model (fences, races between blocks), the real
@@ -43,7 +47,10 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+/* Static shared arrays live in one section of the module, poisoned (0xff bytes: NaN floats)
+ * before every block like the dynamic shared memory: a kernel that reads shared memory it did
+ * not write in this block sees NaNs, not the previous block's values. */
+#define __shared__ static __attribute__((section("jdt_emu_shared")))
 #define __restrict__ __restrict
 #define __noinline__ __attribute__((noinline))
 
@@ -53,19 +60,22 @@ struct dim3 {
 struct uint3 {
     unsigned x, y, z;
 };
-struct float2 {
+/* Vector types carry CUDA's alignments (8 and 16 bytes): a kernel that loads one from an
+ * address the GPU would fault on ("misaligned address") is caught by the alignment sanitizer
+ * (JDT_CUDAEMU_CFLAGS=-fsanitize=alignment) instead of passing on x86. */
+struct alignas(8) float2 {
     float x, y;
 };
-struct float4 {
+struct alignas(16) float4 {
     float x, y, z, w;
 };
-struct ushort4 {
+struct alignas(8) ushort4 {
     unsigned short x, y, z, w;
 };
-struct uint2 {
+struct alignas(8) uint2 {
     unsigned x, y;
 };
-struct uint4 {
+struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
 static inline float4 make_float4(float a, float b, float c, float d)
@@ -213,6 +223,10 @@ static void (*emu_body)(void *);
 static void *emu_body_arg;
 static unsigned char *emu_dyn;
 static size_t emu_dyn_bytes;
+extern "C" unsigned char __start_jdt_emu_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" unsigned char __stop_jdt_emu_shared[] __attribute__((weak, visibility("hidden")));
+static unsigned emu_perm[EMU_MAX_THREADS]; /* the order of a pass over the block's threads */
+static unsigned long long emu_launches;
 
 static inline void emu_yield()
 {
@@ -266,6 +280,26 @@ static void emu_entry()
     /* ucontext: uc_link returns to the scheduler */
 }
 
+/* The order of the next pass over a block's nt threads into emu_perm (JDT_CUDAEMU_ORDER):
+ * "forward" (0, 1, ...; the default), "reverse", or "shuffle" (a new permutation per pass,
+ * seeded by the launch's number: runs repeat). A GPU promises no order between barriers, so
+ * two threads that share memory without one (a race) give another result in some order:
+ * reverse and shuffle find the races the forward order hides (a write before a read of
+ * another thread in the same interval). */
+static void emu_order(int mode, unsigned nt, unsigned long long *rng)
+{
+    for (unsigned k = 0; k < nt; k++)
+        emu_perm[k] = mode == 1 ? nt - 1 - k : k;
+    if (mode != 2) return;
+    for (unsigned k = nt; k > 1; k--) {
+        unsigned long long x = *rng; /* xorshift64 */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        *rng = x;
+        unsigned j = (unsigned)(x % k), tmp = emu_perm[k - 1];
+        emu_perm[k - 1] = emu_perm[j], emu_perm[j] = tmp;
+    }
+}
+
 /* Runs body over the grid. 0, or -1 with msg filled (deadlock). */
 static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *msg, size_t msg_n)
 {
@@ -280,6 +314,9 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
             return -1;
         }
     }
+    const char *ord = std::getenv("JDT_CUDAEMU_ORDER");
+    int mode = ord && !std::strcmp(ord, "reverse") ? 1 : ord && !std::strcmp(ord, "shuffle") ? 2 : 0;
+    unsigned long long rng = 0x9e3779b97f4a7c15ull ^ ++emu_launches;
     gridDim = g;
     blockDim = b;
     emu_body = body;
@@ -293,6 +330,9 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
                        bz = (unsigned)(i / ((unsigned long long)g.x * g.y));
         blockIdx = {bx, by, bz};
         if (emu_dyn) std::memset(emu_dyn, 0xff, emu_dyn_bytes);
+        if (__start_jdt_emu_shared && __stop_jdt_emu_shared > __start_jdt_emu_shared)
+            std::memset(__start_jdt_emu_shared, 0xff,
+                        (size_t)(__stop_jdt_emu_shared - __start_jdt_emu_shared));
         emu_live = nt;
         emu_block_bar = {0, 0};
         for (unsigned w = 0; w < (nt + 31) / 32; w++) {
@@ -323,7 +363,9 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
         unsigned left = nt;
         while (left) {
             unsigned long long before = emu_moves;
-            for (unsigned t = 0; t < nt; t++) {
+            emu_order(mode, nt, &rng);
+            for (unsigned k = 0; k < nt; k++) {
+                unsigned t = emu_perm[k];
                 emu_fiber *f = &emu_fib[t];
                 if (f->done) continue;
                 emu_cur = t;
@@ -490,6 +532,11 @@ static inline void cuk_mma_bf16(float d[4], const unsigned a[4], const unsigned 
 template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsigned short *row)
 {
     unsigned tid = emu_cur, base = tid & ~31u, lane = tid & 31u;
+    if ((uintptr_t)row & 15u) { /* the GPU: "misaligned address" */
+        std::fprintf(stderr, "cudaemu: ldmatrix row address %p is not 16-byte aligned\n",
+                     (const void *)row);
+        std::abort();
+    }
     emu_rowp[tid] = row;
     __syncwarp();
     unsigned g = lane >> 2, t = lane & 3;
