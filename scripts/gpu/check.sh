@@ -17,7 +17,9 @@
 #              (scripts/bench/gpt_peer_gpu.py)
 #   4p profile stage 4's run again for 5 steps with run.profile: the time per kind of kernel
 #              (GEMM, attention, norms, fused groups, collectives) of 3 steps, where the next
-#              optimisation should go (every step is synchronised: its tok/s are not stage 4's)
+#              optimisation should go (every step is synchronised: its tok/s are not stage 4's);
+#              then PyTorch's fused attention (SDPA: flash, cuDNN, memory-efficient) alone at the
+#              same shape, TFLOP/s as the profile counts them (scripts/bench/attention_peer_gpu.py)
 #   6 multi    with 2+ GPUs only: tiny on 2 GPUs (mesh.data=2, then mesh.fsdp=2: NCCL all-reduce,
 #              all-gather, reduce-scatter) vs the same mesh on the CPU, and the GPU run again with
 #              runtime.overlap_comm=false (blocking collectives: the same losses); the summary's
@@ -78,12 +80,15 @@ REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
 PEER_ARGS="--device cuda"  # the peers' device (and size)
+GPT_HEADS=12; GPT_SEQ=1024; GPT_HEAD_DIM=64  # stage 4's attention shape, for its torch peer
+ATT_PEER_ARGS="--device cuda --dtype $([ "$GPT_PREC" = bf16 ] && echo bf16 || echo f32)"
 if [ "$REHEARSE" = 1 ]; then
   export JDT_CUDAEMU_DEVICES=${JDT_CUDAEMU_DEVICES:-2}
   SFX=-emu
   GPT_EXTRA=${GPT_EXTRA:-model.n_layer=1 model.n_embd=64 model.n_head=2 model.seq_len=64}
   B=${GPT_BATCH:-2}; STEPS=${GPT_STEPS:-3}; PEER_DTYPES=f32; BUDGET=${BUDGET_S:-1500}
   PEER_ARGS="--device cpu --tiny"
+  GPT_HEADS=2; GPT_SEQ=64; GPT_HEAD_DIM=32; ATT_PEER_ARGS="--device cpu --dtype f32 --reps 3"
   # the peers' Python: one with torch (Debian's python3-torch here), as the GPU machine's has
   /usr/bin/python3 -c "import torch" 2>/dev/null && PEER_PY=${PEER_PY:-/usr/bin/python3}
 fi
@@ -324,6 +329,18 @@ gpt_args "$OUT/gpt2-prof"
    >"$OUT/gpt2-prof.log" 2>&1); rc=$?
 sed -n '/profile of the compiled step/,/^[^ 0-9]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -45 | tee -a "$SUMMARY"
 say "stage 4p exit $rc"
+# PyTorch's fused attention alone at the same shape, TFLOP/s counted as the profile's attention
+# and attention_bwd rows count them: is our attention where the step loses?
+if [ $((BUDGET - ($(date +%s) - t_all))) -ge 40 ]; then
+  say "stage 4p attention peer: torch SDPA at B=$B H=$GPT_HEADS T=$GPT_SEQ D=$GPT_HEAD_DIM (compare the profile's attention rows)"
+  # shellcheck disable=SC2086 # ATT_PEER_ARGS: one argument per word
+  timeout "$(tmo)" "${PEER_PY:-python3}" "$ROOT/scripts/bench/attention_peer_gpu.py" --batch "$B" \
+    --heads "$GPT_HEADS" --seq "$GPT_SEQ" --head-dim "$GPT_HEAD_DIM" $ATT_PEER_ARGS \
+    >"$OUT/attention-peer.log" 2>&1; rc=$?
+  grep -E '^\{' "$OUT/attention-peer.log" | tee -a "$SUMMARY"
+  [ "$rc" -eq 0 ] || { tail -3 "$OUT/attention-peer.log" | tee -a "$SUMMARY"; }
+  say "stage 4p attention peer exit $rc"
+fi
 fi
 # The opt-in variants of stage 4 come after the peers and the profile: what the default STAGES
 # measure is not left without budget by them.
