@@ -25,6 +25,7 @@
 #include <string.h>
 
 #ifdef JDT_HAVE_DNNL
+#include <cpuid.h>
 #include <oneapi/dnnl/dnnl.h>
 #if DNNL_VERSION_MAJOR != 2
 #undef JDT_HAVE_DNNL /* the C API below is oneDNN 2.x's (Debian 12); 3.x changed descriptors */
@@ -120,6 +121,7 @@ static void to_bf16_t(const float *x, uint16_t *y, int64_t batch, int64_t K, int
 typedef struct {
     int64_t batch, M, N, K;
     bool ta, tb, b_shared, bias;
+    int nt; /* the OpenMP threads it was created for: oneDNN plans its work split then */
     dnnl_primitive_t prim;
 } mm_entry;
 
@@ -134,10 +136,23 @@ static struct {
     int n_cache, next;
 } g_dnnl = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, false, NULL, NULL, {{0}}, 0, 0};
 
+/* Whether this CPU's bf16 GEMMs beat OpenBLAS's SGEMM: with AMX (Intel's tile unit, which
+ * oneDNN uses where the CPU and OS offer it), or on AMD (Zen 4 and later: a VDPBF16PS does twice
+ * an FMA's multiply-adds). Intel's AVX512-BF16 without AMX (Cooper Lake; Sapphire Rapids in a VM
+ * that hides AMX) runs VDPBF16PS at the FMA's rate: there oneDNN's bf16 GEMMs reached half of
+ * SGEMM's rate and the step ran faster as SGEMMs on rounded inputs (docs/perf.md, session 21). */
+static bool bf16_gemm_fast(void)
+{
+    unsigned a, b, c, d;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u)) return true; /* AMX-BF16 */
+    return __builtin_cpu_is("amd");
+}
+
 static void dnnl_init_once(void)
 {
     if (!__builtin_cpu_supports("avx512bf16")) return;
     if (getenv("JDT_BF16_NO_DNNL")) return; /* tests: force the portable path */
+    if (!bf16_gemm_fast() && !getenv("JDT_BF16_DNNL")) return;
     if (dnnl_engine_create(&g_dnnl.eng, dnnl_cpu, 0) != dnnl_success) return;
     if (dnnl_stream_create(&g_dnnl.stream, g_dnnl.eng, dnnl_stream_default_flags) != dnnl_success)
         return;
@@ -151,14 +166,17 @@ static bool md3(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t d2, int6
     return dnnl_memory_desc_init_by_strides(md, 3, dims, dt, strides) == dnnl_success;
 }
 
-/* The matmul primitive for this shape (cached); NULL if oneDNN has none. Caller holds mu. */
+/* The matmul primitive for this shape and nt threads (cached); NULL if oneDNN has none. Caller
+ * holds mu and has set OpenMP's thread count to nt: oneDNN fixes a primitive's work split (its
+ * thread count) when it creates it, from omp_get_max_threads(), which OpenBLAS's OpenMP build
+ * leaves at 1 (jdt_rt_set_threads) — a primitive created then runs on one thread for good. */
 static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
-                                     bool tb, bool b_shared, bool bias)
+                                     bool tb, bool b_shared, bool bias, int nt)
 {
     for (int i = 0; i < g_dnnl.n_cache; i++) {
         mm_entry *c = &g_dnnl.cache[i];
         if (c->batch == batch && c->M == M && c->N == N && c->K == K && c->ta == ta &&
-            c->tb == tb && c->b_shared == b_shared && c->bias == bias)
+            c->tb == tb && c->b_shared == b_shared && c->bias == bias && c->nt == nt)
             return c->prim;
     }
     dnnl_memory_desc_t src, wei, dst, bmd;
@@ -180,7 +198,7 @@ static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_
     mm_entry *c = &g_dnnl.cache[g_dnnl.n_cache < MM_CACHE ? g_dnnl.n_cache++ : g_dnnl.next++];
     g_dnnl.next %= MM_CACHE;
     if (c->prim) dnnl_primitive_destroy(c->prim);
-    *c = (mm_entry){batch, M, N, K, ta, tb, b_shared, bias, prim};
+    *c = (mm_entry){batch, M, N, K, ta, tb, b_shared, bias, nt, prim};
     return prim;
 }
 
@@ -189,7 +207,10 @@ static bool mm_run(const uint16_t *a, const uint16_t *b, const float *bias, floa
 {
     pthread_mutex_lock(&g_dnnl.mu);
     bool done = false;
-    dnnl_primitive_t prim = mm_primitive(batch, M, N, K, ta, tb, b_shared, bias != NULL);
+    const int prev = omp_get_max_threads();
+    nt = nt > 0 ? nt : 1;
+    omp_set_num_threads(nt);
+    dnnl_primitive_t prim = mm_primitive(batch, M, N, K, ta, tb, b_shared, bias != NULL, nt);
     if (prim) {
         const_dnnl_primitive_desc_t pd;
         dnnl_primitive_get_primitive_desc(prim, &pd);
@@ -205,16 +226,13 @@ static bool mm_run(const uint16_t *a, const uint16_t *b, const float *bias, floa
             ok = md && dnnl_memory_create(&m[i], md, g_dnnl.eng, ptr[i]) == dnnl_success;
             args[i] = (dnnl_exec_arg_t){which[i], m[i]};
         }
-        if (ok) {
-            int prev = omp_get_max_threads();
-            omp_set_num_threads(nt > 0 ? nt : 1);
+        if (ok)
             done = dnnl_primitive_execute(prim, g_dnnl.stream, args_n, args) == dnnl_success &&
                    dnnl_stream_wait(g_dnnl.stream) == dnnl_success;
-            omp_set_num_threads(prev);
-        }
         for (int i = 0; i < 4; i++)
             if (m[i]) dnnl_memory_destroy(m[i]);
     }
+    omp_set_num_threads(prev);
     pthread_mutex_unlock(&g_dnnl.mu);
     return done;
 }
@@ -230,6 +248,18 @@ bool jdt_rt_bf16_native(void)
 #endif
 }
 
+bool jdt_rt_bf16_warn(void)
+{
+    if (jdt_rt_bf16_native()) return false;
+#ifdef JDT_HAVE_DNNL
+    /* the portable path by choice: as fast as oneDNN would be, or faster */
+    if (!getenv("JDT_BF16_NO_DNNL") && __builtin_cpu_supports("avx512bf16") && !bf16_gemm_fast() &&
+        !getenv("JDT_BF16_DNNL"))
+        return false;
+#endif
+    return true;
+}
+
 const char *jdt_rt_bf16_describe(void)
 {
     if (jdt_rt_bf16_native())
@@ -241,6 +271,10 @@ const char *jdt_rt_bf16_describe(void)
     if (!__builtin_cpu_supports("avx512bf16"))
         return "bf16 GEMMs: this CPU has no AVX512-BF16; using f32 GEMMs on bf16-rounded inputs "
                "(same numbers, no speed-up)";
+    if (!bf16_gemm_fast() && !getenv("JDT_BF16_DNNL"))
+        return "bf16 GEMMs: this CPU's AVX512-BF16 runs at the f32 FMA's rate (no AMX), so f32 "
+               "GEMMs on bf16-rounded inputs, faster here (same numbers; JDT_BF16_DNNL=1 forces "
+               "oneDNN)";
 #endif
     return "bf16 GEMMs: this build has no oneDNN (libdnnl-dev); using f32 GEMMs on bf16-rounded "
            "inputs (same numbers, no speed-up)";

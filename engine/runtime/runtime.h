@@ -104,10 +104,14 @@ void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, 
  * jdt_rt_matmul_bf16: jdt_rt_matmul with a and b rounded to bf16 first, f32 accumulation, f32
  * bias and output; scratch: jdt_rt_matmul_bf16_scratch_floats(...) floats (a, b are not
  * modified). oneDNN's bf16 matmul where jdt_rt_bf16_native() (a build with oneDNN on a CPU with
- * AVX512-BF16), else SGEMM on the rounded inputs (the same products). nt: thread budget.
- * jdt_rt_bf16_describe: one line naming the path, for the caller to log once. */
+ * AVX512-BF16 whose bf16 products outrun its f32 FMAs: AMX or AMD, else only with
+ * JDT_BF16_DNNL=1; never with JDT_BF16_NO_DNNL=1), else SGEMM on the rounded inputs (the same
+ * products). nt: thread budget. jdt_rt_bf16_describe: one line naming the path, for the caller
+ * to log once, as a warning where jdt_rt_bf16_warn (bf16 compute brings no speed-up here for
+ * want of hardware, oneDNN or by JDT_BF16_NO_DNNL). */
 float jdt_rt_bf16_round(float x);
 bool jdt_rt_bf16_native(void);
+bool jdt_rt_bf16_warn(void);
 const char *jdt_rt_bf16_describe(void);
 int64_t jdt_rt_matmul_bf16_scratch_floats(int64_t batch, int64_t M, int64_t N, int64_t K,
                                           bool b_shared);

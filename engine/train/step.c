@@ -422,7 +422,7 @@ jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step 
                      ? "bf16 outputs of the linear layers and the head (precision.activations)"
                      : "output");
     else if (cfg->precision.compute == JDT_DTYPE_BF16) /* which GEMM path, said once */
-        jdt_log(jdt_rt_bf16_native() ? JDT_LOG_INFO : JDT_LOG_WARN, "precision.compute bf16: %s",
+        jdt_log(jdt_rt_bf16_warn() ? JDT_LOG_WARN : JDT_LOG_INFO, "precision.compute bf16: %s",
                 jdt_rt_bf16_describe());
     if (s->o.plan_only) s->o.copts.plan_only = true;
     static const int ones[JDT_MESH_AXIS_COUNT] = {1, 1, 1};

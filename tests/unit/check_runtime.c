@@ -120,10 +120,25 @@ START_TEST(test_matmul_bf16_best_path)
 }
 END_TEST
 
+/* oneDNN's path where this build and CPU have it, even where the portable path is the default
+ * (Intel's AVX512-BF16 without AMX): JDT_BF16_DNNL=1 */
+START_TEST(test_matmul_bf16_onednn_path)
+{
+    setenv("JDT_BF16_DNNL", "1", 1); /* before the first call: the choice is made once */
+    if (!jdt_rt_bf16_native()) {
+        fprintf(stderr, "check_runtime: SKIP %s: %s\n", __func__, jdt_rt_bf16_describe());
+        return;
+    }
+    ck_assert(!jdt_rt_bf16_warn());
+    mm_cases();
+}
+END_TEST
+
 START_TEST(test_matmul_bf16_portable_path)
 {
     setenv("JDT_BF16_NO_DNNL", "1", 1); /* before the first call: the choice is made once */
     ck_assert(!jdt_rt_bf16_native());
+    ck_assert(jdt_rt_bf16_warn()); /* chosen by the variable, not for speed: said as a warning */
     mm_cases();
 }
 END_TEST
@@ -566,6 +581,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(tc, test_bf16_tiles_best_path);
     tcase_add_test(tc, test_bf16_tiles_portable_path);
     tcase_add_test(tc, test_matmul_bf16_portable_path);
+    tcase_add_test(tc, test_matmul_bf16_onednn_path);
     tcase_add_test(tc, test_matmul_bf16_empty);
     tcase_add_test(tc, test_xent_bwd_from_loss);
     tcase_add_test(tc, test_blas_core_for);
