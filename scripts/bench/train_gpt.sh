@@ -32,7 +32,12 @@ YAML
 BF16=${BF16:-0}
 REPS=${REPS:-3}
 # compile once (cache), then the timed runs
-taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
+taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >"$TMP/warm.log" 2>&1
+# The peers on the OpenBLAS kernels jdt-train runs on: where OpenBLAS falls back to pre-AVX2
+# kernels on a CPU it does not know, jdt-train sets OPENBLAS_CORETYPE for itself (cmd/main.c),
+# and Debian's PyTorch (whose BLAS is that OpenBLAS) would otherwise run the slow ones.
+core=$(sed -nE 's/^MFU reference: .*; OpenBLAS (.*) kernels$/\1/p' "$TMP/warm.log" | head -1)
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -n "$core" ]; then export OPENBLAS_CORETYPE="$core"; fi
 [ "$BF16" = 1 ] && taskset -c "$CPUS" "$BIN" "$TMP/bench-bf16.yaml" run.steps=1 >/dev/null 2>&1
 run_jdt() { # [yaml] prints the median tok/s of the logged windows after the first two
   taskset -c "$CPUS" "$BIN" "${1:-$TMP/bench.yaml}" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log" >&2; return 1; }
@@ -64,7 +69,7 @@ peak=$(grep -oE "MFU reference: [0-9.]+ GFLOP" "$TMP/jdt.log" | tail -1 | awk "{
 flops=$(awk -v L=$L -v C=$C -v T=$T -v V=$V 'BEGIN { n = V*C + L*(12*C*C + 13*C) + 2*C; print 6*n + 12*L*T*C }')
 mfu() { awk -v r="$1" -v f="$flops" -v p="$peak" 'BEGIN { printf "%.1f", 100 * r * f / (p * 1e9) }'; }
 
-echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, SGEMM peak ${peak} GFLOP/s (last jdt run), $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token, best of $REPS alternating runs"
+echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, SGEMM peak ${peak} GFLOP/s (last jdt run; OpenBLAS ${OPENBLAS_CORETYPE:-default} kernels, the peers too), $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token, best of $REPS alternating runs"
 printf "%-10s %12s %8s %10s %16s\n" "framework" "tokens/s" "MFU %" "jdt/peer" "runs (min..max)"
 printf "%-10s %12s %8s %10s %16s\n" "jdt-train" "$jdt" "$(mfu "$jdt")" "1.00" "$(spread "$TMP/jdt.runs")"
 for fw in torch jax; do
