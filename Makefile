@@ -186,15 +186,17 @@ test: deps
 # in reverse order for check_cuda-emu (cuda_emu.sh runs them forward) and for a second run of
 # check_cuk-emu, whose kernels are then also built with UBSan (misaligned vector accesses,
 # shifts, signed overflow): a race between barriers shows up in one of the two orders.
+# the test binaries on the OpenBLAS kernels jdt-train runs on (tests/infra/blas-env.sh)
+BLAS_ENV = JDT_BIN=$(CURDIR)/$(BUILD)/jdt-train bash tests/infra/blas-env.sh
 EMU_TESTS := build-cuda/jdt-train-emu build-cuda/tests/check_cuda-emu build-cuda/tests/check_cuk-emu
 test-cuda:
 	@$(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk $(EMU_TESTS)
-	@build-cuda/tests/check_cuda
-	@build-cuda/tests/check_cuk
-	@JDT_CUDAEMU_ORDER=reverse MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuda-emu
-	@MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuk-emu
+	@$(BLAS_ENV) build-cuda/tests/check_cuda
+	@$(BLAS_ENV) build-cuda/tests/check_cuk
+	@JDT_CUDAEMU_ORDER=reverse MALLOC_PERTURB_=165 CK_RUN_CASE=gpu $(BLAS_ENV) build-cuda/tests/check_cuda-emu
+	@MALLOC_PERTURB_=165 CK_RUN_CASE=gpu $(BLAS_ENV) build-cuda/tests/check_cuk-emu
 	@JDT_CUDAEMU_ORDER=reverse JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" \
-	    MALLOC_PERTURB_=165 CK_RUN_CASE=gpu build-cuda/tests/check_cuk-emu
+	    MALLOC_PERTURB_=165 CK_RUN_CASE=gpu $(BLAS_ENV) build-cuda/tests/check_cuk-emu
 	@JDT_CUDA_BIN=$(CURDIR)/build-cuda/jdt-train JDT_BIN=$(CURDIR)/$(BUILD)/jdt-train JDT_ROOT=$(CURDIR) \
 	    JDT_TMP=$$(mktemp -d) bash tests/e2e/cuda_backend.sh
 

@@ -22,6 +22,12 @@ void jdt_rt_set_threads(int nt)
     openblas_set_num_threads(1); /* jdt_rt_matmul's tiles are the parallelism */
 }
 
+const char *jdt_rt_blas_core(void)
+{
+    const char *c = openblas_get_corename();
+    return c && *c ? c : "unknown";
+}
+
 const char *jdt_rt_blas_core_for(const char *detected, bool avx2_fma, bool avx512)
 {
     /* OpenBLAS's x86-64 cores whose SGEMM kernels predate AVX2 (its fallbacks among them) */

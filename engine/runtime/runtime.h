@@ -30,6 +30,8 @@ void jdt_rt_set_threads(int nt);
  * CPU's features; jdt_rt_blas_core_fix asks OpenBLAS and the CPU. Only a core without AVX2
  * kernels on a CPU with AVX2 is replaced: "SkylakeX" with AVX-512, else "Haswell". */
 const char *jdt_rt_blas_core_for(const char *detected, bool avx2_fma, bool avx512);
+/* The kernels OpenBLAS runs in this process ("SkylakeX", ...; "unknown" if it does not say). */
+const char *jdt_rt_blas_core(void);
 const char *jdt_rt_blas_core_fix(void);
 
 /* The adaptive thread count (engine/runtime/threads.c). On a machine where another process
