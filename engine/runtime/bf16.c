@@ -148,11 +148,22 @@ static bool bf16_gemm_fast(void)
     return __builtin_cpu_is("amd");
 }
 
+/* The GEMM path that the environment and the CPU ask for, in this order: JDT_BF16_NO_DNNL (tests:
+ * the portable path), no AVX512-BF16, bf16 no faster than f32 here (unless JDT_BF16_DNNL),
+ * else oneDNN (which may still fail to start: jdt_rt_bf16_native). */
+enum bf16_ask { ASK_ENV_OFF, ASK_NO_ISA, ASK_SLOW_ISA, ASK_ONEDNN };
+
+static enum bf16_ask bf16_ask(void)
+{
+    if (getenv("JDT_BF16_NO_DNNL")) return ASK_ENV_OFF;
+    if (!__builtin_cpu_supports("avx512bf16")) return ASK_NO_ISA;
+    if (!bf16_gemm_fast() && !getenv("JDT_BF16_DNNL")) return ASK_SLOW_ISA;
+    return ASK_ONEDNN;
+}
+
 static void dnnl_init_once(void)
 {
-    if (!__builtin_cpu_supports("avx512bf16")) return;
-    if (getenv("JDT_BF16_NO_DNNL")) return; /* tests: force the portable path */
-    if (!bf16_gemm_fast() && !getenv("JDT_BF16_DNNL")) return;
+    if (bf16_ask() != ASK_ONEDNN) return;
     if (dnnl_engine_create(&g_dnnl.eng, dnnl_cpu, 0) != dnnl_success) return;
     if (dnnl_stream_create(&g_dnnl.stream, g_dnnl.eng, dnnl_stream_default_flags) != dnnl_success)
         return;
@@ -252,10 +263,7 @@ bool jdt_rt_bf16_warn(void)
 {
     if (jdt_rt_bf16_native()) return false;
 #ifdef JDT_HAVE_DNNL
-    /* the portable path by choice: as fast as oneDNN would be, or faster */
-    if (!getenv("JDT_BF16_NO_DNNL") && __builtin_cpu_supports("avx512bf16") && !bf16_gemm_fast() &&
-        !getenv("JDT_BF16_DNNL"))
-        return false;
+    if (bf16_ask() == ASK_SLOW_ISA) return false; /* by choice: as fast as oneDNN, or faster */
 #endif
     return true;
 }
@@ -265,16 +273,20 @@ const char *jdt_rt_bf16_describe(void)
     if (jdt_rt_bf16_native())
         return "bf16 GEMMs: oneDNN on AVX512-BF16 (bf16 inputs, f32 accumulation)";
 #ifdef JDT_HAVE_DNNL
-    if (getenv("JDT_BF16_NO_DNNL"))
+    switch (bf16_ask()) {
+    case ASK_ENV_OFF:
         return "bf16 GEMMs: JDT_BF16_NO_DNNL is set; using f32 GEMMs on bf16-rounded inputs "
                "(same numbers, no speed-up)";
-    if (!__builtin_cpu_supports("avx512bf16"))
+    case ASK_NO_ISA:
         return "bf16 GEMMs: this CPU has no AVX512-BF16; using f32 GEMMs on bf16-rounded inputs "
                "(same numbers, no speed-up)";
-    if (!bf16_gemm_fast() && !getenv("JDT_BF16_DNNL"))
+    case ASK_SLOW_ISA:
         return "bf16 GEMMs: this CPU's AVX512-BF16 runs at the f32 FMA's rate (no AMX), so f32 "
                "GEMMs on bf16-rounded inputs, faster here (same numbers; JDT_BF16_DNNL=1 forces "
                "oneDNN)";
+    case ASK_ONEDNN: /* asked for, but it did not start */
+        break;
+    }
 #endif
     return "bf16 GEMMs: this build has no oneDNN (libdnnl-dev); using f32 GEMMs on bf16-rounded "
            "inputs (same numbers, no speed-up)";

@@ -32,12 +32,13 @@ YAML
 BF16=${BF16:-0}
 REPS=${REPS:-3}
 # compile once (cache), then the timed runs
-taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >"$TMP/warm.log" 2>&1
-# The peers on the OpenBLAS kernels jdt-train runs on: where OpenBLAS falls back to pre-AVX2
-# kernels on a CPU it does not know, jdt-train sets OPENBLAS_CORETYPE for itself (cmd/main.c),
-# and Debian's PyTorch (whose BLAS is that OpenBLAS) would otherwise run the slow ones.
-core=$(sed -nE 's/^MFU reference: .*; OpenBLAS (.*) kernels$/\1/p' "$TMP/warm.log" | head -1)
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -n "$core" ]; then export OPENBLAS_CORETYPE="$core"; fi
+taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
+# The peers on the OpenBLAS kernels jdt-train runs on (`jdt-train version`): where OpenBLAS
+# falls back to pre-AVX2 kernels on a CPU it does not know, jdt-train sets OPENBLAS_CORETYPE for
+# itself (cmd/main.c), and Debian's PyTorch (whose BLAS is that OpenBLAS) would otherwise run
+# the slow ones.
+core=$(JDT_BIN="$BIN" bash "$ROOT/tests/infra/blas-env.sh")
+if [ -n "$core" ]; then export OPENBLAS_CORETYPE="$core"; fi
 [ "$BF16" = 1 ] && taskset -c "$CPUS" "$BIN" "$TMP/bench-bf16.yaml" run.steps=1 >/dev/null 2>&1
 run_jdt() { # [yaml] prints the median tok/s of the logged windows after the first two
   taskset -c "$CPUS" "$BIN" "${1:-$TMP/bench.yaml}" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log" >&2; return 1; }

@@ -361,9 +361,10 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
 #endif
         }
         unsigned left = nt;
+        if (mode != 2) emu_order(mode, nt, &rng); /* a fixed order: once per block */
         while (left) {
             unsigned long long before = emu_moves;
-            emu_order(mode, nt, &rng);
+            if (mode == 2) emu_order(mode, nt, &rng);
             for (unsigned k = 0; k < nt; k++) {
                 unsigned t = emu_perm[k];
                 emu_fiber *f = &emu_fib[t];
