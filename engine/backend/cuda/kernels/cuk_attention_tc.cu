@@ -25,7 +25,7 @@
  * As in cuk_attention.cu the backward recomputes the scores (no T x T matrix) and its kernels
  * write disjoint outputs (no atomics: deterministic). Rows past T compute on zeros and write
  * nothing; a warp whose rows are all masked from a tile skips its products (warp-uniform, so
- * every lane still reaches every __syncthreads). Softmax in log2 units (exp2f). q, k, v are f32,
+ * every lane still reaches every __syncthreads). Softmax in log2 units (tc_exp2). q, k, v are f32,
  * converted as tiles are stored (4 per thread and load where the head size and alignment allow:
  * tc_load), or bf16 (the _b kernels: the bits copied). Not yet: cp.async double buffering.
  */
@@ -35,6 +35,14 @@
 #define TC_THREADS 128
 #define TC_LOG2E 1.4426950408889634f
 #define TC_LN2 0.6931471805599453f
+/* TC_HOT (scripts/bench/attention_sass.py only, never at run time): every block-uniform test of
+ * "whole and aligned tile" taken as true, so that the main loops' SASS is their hot path alone,
+ * whose instructions the script counts. */
+#ifdef TC_HOT
+#define TC_WHOLE(c) true
+#else
+#define TC_WHOLE(c) (c)
+#endif
 
 /* d (16 x 8, f32) += a (16 x 16, bf16) b (16 x 8, bf16): one warp, every lane. The host
  * emulation (check_cuk) defines JDT_CUK_EMU and its own cuk_mma_bf16 and cuk_ldsm_x4 with
@@ -87,10 +95,35 @@ __device__ __forceinline__ float tc_shfl_sum(float v)
     return v + __shfl_xor_sync(CUK_FULL, v, 2);
 }
 
-/* Two f32 rounded to bf16, lo in the low half: one 32-bit fragment register. */
+/* Two f32 rounded to bf16 (nearest, ties to even), lo in the low half: one 32-bit fragment
+ * register. On the GPU one cvt.rn.bf16x2.f32 (PTX: its first source goes to the upper half),
+ * where cuk_bf16_bits costs about five integer instructions a value; the same bits for every
+ * non-NaN value (a NaN stays a NaN, its payload may differ). The host emulation uses
+ * cuk_bf16_bits. */
 __device__ __forceinline__ unsigned tc_pack(float lo, float hi)
 {
+#if defined(JDT_CUK_EMU) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800
     return (unsigned)cuk_bf16_bits(lo) | (unsigned)cuk_bf16_bits(hi) << 16;
+#else
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#endif
+}
+
+/* 2^x: on the GPU one ex2.approx.ftz.f32 (MUFU.EX2; 2^-inf = +0, results below 2^-126 flushed
+ * to 0), where exp2f adds three instructions a value for subnormal results, which no product here
+ * needs (a probability under 2^-126 is lost to the f32 sums anyway). The host emulation uses
+ * exp2f. */
+__device__ __forceinline__ float tc_exp2(float x)
+{
+#if defined(JDT_CUK_EMU) || !defined(__CUDA_ARCH__)
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
 }
 
 /* Element offset of row t of slice (b, h) for input `bit` (as cuk_attention.cu's att_row). */
@@ -100,58 +133,57 @@ __device__ __forceinline__ i64 tc_row(unsigned bthd, int bit, i64 b, i64 h, i64 
     return (bthd >> bit & 1u) ? ((b * T + t) * H + h) * D : ((b * H + h) * T + t) * D;
 }
 
-/* Rows t0..t0+R-1 of input `bit` of slice (b, h) rounded to bf16 into X (R x DM, row stride
- * lx); zeros past T and past D. When D is a multiple of 4 and x is 16-byte aligned (every row
- * then starts on 16 bytes), a thread loads 4 consecutive elements of a row as one float4 and
- * stores their 4 bf16 as one 8-byte word (lx and DM are multiples of 8): a quarter of the
- * loads and of the index arithmetic. The branch is uniform over the block. */
-template <int R, int DM>
-__device__ __forceinline__ void tc_load(unsigned short *X, int lx, const float *x, unsigned bthd,
-                                        int bit, i64 b, i64 h, i64 t0, i64 H, i64 T, i64 D)
+/* Rows t0..t0+R-1 of input `bit` of slice (b, h) as bf16 into X (R x DM, row stride lx); zeros
+ * past T and past D. x is f32 (rounded, tc_pack) or bf16 bit patterns (copied: q, k, v a bf16
+ * GEMM stored under precision.activations: bf16). When D is a multiple of 4 and x is aligned to
+ * 4 elements (every row then is), a thread moves 4 consecutive elements of a row per load (a
+ * float4 or 8 bytes) and stores them as one 8-byte word (lx and DM are multiples of 8). The
+ * row's offset is one multiply from the tile's first row (tc_row once), the trip counts are
+ * compile-time (TC_THREADS threads), and the bounds are tested only in a tile that reaches past
+ * T or a head narrower than DM. Both branches are uniform over the block. */
+__device__ __forceinline__ uint2 tc_quad(const float *p)
 {
-    if ((D & 3) == 0 && ((unsigned long long)x & 15u) == 0) {
-        for (int e = threadIdx.x; e < R * DM / 4; e += blockDim.x) {
-            int r = e / (DM / 4), d = (e - r * (DM / 4)) * 4;
-            i64 t = t0 + r;
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (t < T && d < D) v = *(const float4 *)(x + tc_row(bthd, bit, b, h, t, H, T, D) + d);
-            uint2 w;
-            w.x = (unsigned)cuk_bf16_bits(v.x) | (unsigned)cuk_bf16_bits(v.y) << 16;
-            w.y = (unsigned)cuk_bf16_bits(v.z) | (unsigned)cuk_bf16_bits(v.w) << 16;
-            *(uint2 *)(X + r * lx + d) = w;
-        }
-        return;
-    }
-    for (int e = threadIdx.x; e < R * DM; e += blockDim.x) {
-        int r = e / DM, d = e - r * DM;
-        i64 t = t0 + r;
-        float v = t < T && d < D ? x[tc_row(bthd, bit, b, h, t, H, T, D) + d] : 0.0f;
-        X[r * lx + d] = cuk_bf16_bits(v);
-    }
+    float4 v = *(const float4 *)p;
+    return make_uint2(tc_pack(v.x, v.y), tc_pack(v.z, v.w));
+}
+__device__ __forceinline__ uint2 tc_quad(const unsigned short *p)
+{
+    return *(const uint2 *)p;
+}
+__device__ __forceinline__ unsigned short tc_one(float v)
+{
+    return cuk_bf16_bits(v);
+}
+__device__ __forceinline__ unsigned short tc_one(unsigned short v)
+{
+    return v;
 }
 
-/* The same of bf16 rows (q, k, v a bf16 GEMM stored under precision.activations: bf16): the
- * bits copied, no rounding; 4 elements (8 bytes) per thread where D % 4 == 0 and x is 8-byte
- * aligned. */
-template <int R, int DM>
-__device__ __forceinline__ void tc_load(unsigned short *X, int lx, const unsigned short *x,
-                                        unsigned bthd, int bit, i64 b, i64 h, i64 t0, i64 H, i64 T,
-                                        i64 D)
+template <int R, int DM, class TX>
+__device__ __forceinline__ void tc_load(unsigned short *X, int lx, const TX *x, unsigned bthd,
+                                        int bit, i64 b, i64 h, i64 t0, i64 H, i64 T, i64 D)
 {
-    if ((D & 3) == 0 && ((unsigned long long)x & 7u) == 0) {
-        for (int e = threadIdx.x; e < R * DM / 4; e += blockDim.x) {
-            int r = e / (DM / 4), d = (e - r * (DM / 4)) * 4;
-            i64 t = t0 + r;
+    const i64 rs = (bthd >> bit & 1u) ? H * D : D; /* elements from one row to the next */
+    const TX *x0 = x + tc_row(bthd, bit, b, h, t0, H, T, D);
+    if (TC_WHOLE((D & 3) == 0 && ((unsigned long long)x & (4 * sizeof(TX) - 1)) == 0)) {
+        /* a pass: TC_THREADS / Q rows, thread -> (row r, column d) fixed over the passes */
+        constexpr int Q = DM / 4, RP = TC_THREADS / Q;
+        static_assert(TC_THREADS % Q == 0 && R % RP == 0, "whole passes");
+        const int r = threadIdx.x / Q, d = (threadIdx.x % Q) * 4;
+        const bool full = TC_WHOLE(t0 + R <= T && D == DM);
+        const TX *xp = x0 + r * rs + d;
+        unsigned short *sp = X + r * lx + d;
+#pragma unroll
+        for (int k = 0; k < R / RP; k++) {
             uint2 w = make_uint2(0u, 0u);
-            if (t < T && d < D) w = *(const uint2 *)(x + tc_row(bthd, bit, b, h, t, H, T, D) + d);
-            *(uint2 *)(X + r * lx + d) = w;
+            if (full || (t0 + r + k * RP < T && d < D)) w = tc_quad(xp + k * RP * rs);
+            *(uint2 *)(sp + k * RP * lx) = w;
         }
         return;
     }
-    for (int e = threadIdx.x; e < R * DM; e += blockDim.x) {
+    for (int e = threadIdx.x; e < R * DM; e += TC_THREADS) {
         int r = e / DM, d = e - r * DM;
-        i64 t = t0 + r;
-        X[r * lx + d] = t < T && d < D ? x[tc_row(bthd, bit, b, h, t, H, T, D) + d] : 0;
+        X[r * lx + d] = t0 + r < T && d < D ? tc_one(x0[r * rs + d]) : (unsigned short)0;
     }
 }
 
@@ -331,7 +363,7 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
     constexpr int L = DM + 8, NQ = TC_BR * L, NKV = 2 * BC * L;
     __shared__ float4 smv[(NQ > NKV ? NQ : NKV) / 8]; /* 16-byte aligned rows for ldmatrix */
     unsigned short *sm = (unsigned short *)smv, *Ks = sm, *Vs = sm + BC * L;
-    const float sl2 = scale * TC_LOG2E; /* scores in log2 units: exp2f */
+    const float sl2 = scale * TC_LOG2E; /* scores in log2 units: tc_exp2 */
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nqb = (T + TC_BR - 1) / TC_BR;
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
@@ -355,20 +387,32 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
             float s[BC / 8][4];
             tc_rows_by<DM, BC>(s, qa, Ks, L, lane);
             float mt[2] = {CUK_NEG_INF, CUK_NEG_INF};
+            /* masks only on a tile where a key may follow a row (warp-uniform) */
+            if (TC_WHOLE(j0 + BC - 1 <= qb * TC_BR + w * 16)) {
 #pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++)
+                for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    i64 i = i0 + 8 * (e >> 1), j = j0 + nt * 8 + 2 * t + (e & 1);
-                    s[nt][e] = j <= i ? s[nt][e] * sl2 : CUK_NEG_INF;
-                    mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
-                }
+                    for (int e = 0; e < 4; e++) {
+                        s[nt][e] *= sl2;
+                        mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
+                    }
+            } else { /* keys after their row: -inf */
+                int dj = (int)(j0 - i0) + 2 * t; /* j - i at nt = 0, e = 0 */
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        s[nt][e] = dj + nt * 8 + (e & 1) - 8 * (e >> 1) <= 0 ? s[nt][e] * sl2
+                                                                             : CUK_NEG_INF;
+                        mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
+                    }
+            }
             float alpha[2], mu[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float mn = fmaxf(m[r], tc_shfl_max(mt[r]));
                 mu[r] = mn == CUK_NEG_INF ? 0.0f : mn; /* nothing visible yet: p = 0 */
-                alpha[r] = exp2f(m[r] - mu[r]);        /* m = -inf before the first key: 0 */
+                alpha[r] = tc_exp2(m[r] - mu[r]);      /* m = -inf before the first key: 0 */
                 m[r] = mn;
                 l[r] *= alpha[r];
             }
@@ -376,7 +420,7 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float p = exp2f(s[nt][e] - mu[e >> 1]);
+                    float p = tc_exp2(s[nt][e] - mu[e >> 1]);
                     s[nt][e] = p;
                     l[e >> 1] += p; /* this lane's share; summed over the row's 4 lanes below */
                 }
@@ -456,13 +500,17 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
             float s[BC / 8][4], dp[BC / 8][4];
             tc_rows_by<DM, BC>(s, qa, Ks, L, lane);
             tc_rows_by<DM, BC>(dp, ga, Vs, L, lane);
+            /* masks only where a key may follow a row or a row may be past T (warp-uniform) */
+            bool whole =
+                TC_WHOLE(j0 + BC - 1 <= qb * TC_BR + w * 16 && qb * TC_BR + w * 16 + 15 < T);
+            int dj = (int)(j0 - i0) + 2 * t; /* j - i at nt = 0, e = 0 */
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int r = e >> 1;
-                    i64 i = i0 + 8 * r, j = j0 + nt * 8 + 2 * t + (e & 1);
-                    float p = j <= i && i < T ? exp2f(s[nt][e] * sl2 - L2[r]) : 0.0f;
+                    bool in = whole || (dj + nt * 8 + (e & 1) - 8 * r <= 0 && i0 + 8 * r < T);
+                    float p = in ? tc_exp2(s[nt][e] * sl2 - L2[r]) : 0.0f;
                     s[nt][e] = p * (dp[nt][e] - dl[r]) * scale; /* dS, rounded as the CPU's */
                 }
             tc_acc_by<DM, BC>(acc, s, Ks, L, lane);
@@ -509,7 +557,9 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
             __syncthreads();
             tc_load<BQ, DM>(Qs, L, q, bthd, 0, b, h, q0, H, T, D);
             tc_load<BQ, DM>(Gs, L, dout, bthd, 4, b, h, q0, H, T, D);
-            for (int c = threadIdx.x; c < BQ; c += blockDim.x) {
+            static_assert(BQ <= TC_THREADS, "a thread per query of the tile");
+            if (threadIdx.x < BQ) {
+                int c = threadIdx.x;
                 bool in = q0 + c < T;
                 Ls[c] = in ? stats[bh * T + q0 + c] * TC_LOG2E : 0.0f;
                 Ds[c] = in ? stats[B * H * T + bh * T + q0 + c] : 0.0f;
@@ -519,13 +569,16 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
             float s[BQ / 8][4], dp[BQ / 8][4];
             tc_rows_by<DM, BQ>(s, ka, Qs, L, lane);  /* k . q */
             tc_rows_by<DM, BQ>(dp, va, Gs, L, lane); /* v . dO */
+            /* masks only where a query may precede a key or be past T (warp-uniform) */
+            bool whole = TC_WHOLE(q0 >= kb * TC_BR + w * 16 + 15 && q0 + BQ <= T);
+            int di = (int)(q0 - j0) + 2 * t; /* i - j at nt = 0, e = 0 */
 #pragma unroll
             for (int nt = 0; nt < BQ / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int c = nt * 8 + 2 * t + (e & 1);
-                    i64 j = j0 + 8 * (e >> 1), i = q0 + c;
-                    float p = i >= j && i < T ? exp2f(s[nt][e] * sl2 - Ls[c]) : 0.0f;
+                    bool in = whole || (di + nt * 8 + (e & 1) - 8 * (e >> 1) >= 0 && q0 + c < T);
+                    float p = in ? tc_exp2(s[nt][e] * sl2 - Ls[c]) : 0.0f;
                     s[nt][e] = p;
                     dp[nt][e] = p * (dp[nt][e] - Ds[c]) * scale;
                 }
@@ -553,43 +606,39 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
  * BC key rows per tile for the forward and dQ, BQ query rows per tile for dK/dV. Block:
  * TC_THREADS threads, static shared memory only (at most 48 KiB). */
 #define TC_VARIANT(DM, BC, BQ, TQ, SFX)                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_fwd##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2,     \
-                                    int o2b, float *lse, i64 B, i64 H, i64 T, i64 D, float scale,  \
-                                    unsigned bthd)                                                 \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_fwd##SFX##_d##DM(          \
+        const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b, float *lse, i64 B,     \
+        i64 H, i64 T, i64 D, float scale, unsigned bthd)                                           \
     {                                                                                              \
         tc_fwd<DM, BC, false>(q, k, v, o, o2, o2b, nullptr, nullptr, lse, B, H, T, D, scale,       \
                               bthd);                                                               \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_stats##SFX##_d##DM(const TQ *q, const TQ *k, const float *o, const float *dout, \
-                                      float *stats, i64 B, i64 H, i64 T, i64 D, float scale,       \
-                                      unsigned bthd)                                               \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_stats##SFX##_d##DM(        \
+        const TQ *q, const TQ *k, const float *o, const float *dout, float *stats, i64 B, i64 H,   \
+        i64 T, i64 D, float scale, unsigned bthd)                                                  \
     {                                                                                              \
         tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats,       \
                              nullptr, B, H, T, D, scale, bthd);                                    \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *o,          \
-                                   const float *dout, const float *lse, float *stats, float *dq,   \
-                                   void *g2, int g2b, double g2rot, int g2inv, float *part, i64 B, \
-                                   i64 H, i64 T, i64 D, float scale, unsigned bthd)                \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_dq##SFX##_d##DM(           \
+        const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,                  \
+        const float *lse, float *stats, float *dq, void *g2, int g2b, double g2rot, int g2inv,     \
+        float *part, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)                       \
     {                                                                                              \
         tc_dq<DM, BC>(q, k, v, o, dout, lse, stats, dq, g2, g2b, g2rot, g2inv, part, B, H, T, D,   \
                       scale, bthd);                                                                \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                       \
-        cuk_att_tc_dkv##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *dout,      \
-                                    const float *stats, float *dk, float *dv, void *k2, void *v2,  \
-                                    int kv2b, double k2rot, double v2rot, int kv2inv,              \
-                                    float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D,        \
-                                    float scale, unsigned bthd)                                    \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_dkv##SFX##_d##DM(          \
+        const TQ *q, const TQ *k, const TQ *v, const float *dout, const float *stats, float *dk,   \
+        float *dv, void *k2, void *v2, int kv2b, double k2rot, double v2rot, int kv2inv,           \
+        float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)        \
     {                                                                                              \
         tc_dkv<DM, BQ>(q, k, v, dout, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, kpart,    \
                        vpart, B, H, T, D, scale, bthd);                                            \
     }
 
 TC_VARIANT(64, 64, 64, float, )
-TC_VARIANT(128, 32, 16, float, ) /* dK/dV: query tiles of 16 keep its 64 + 64 accumulators unspilled */
+TC_VARIANT(128, 32, 16,
+           float, ) /* dK/dV: query tiles of 16 keep its 64 + 64 accumulators unspilled */
 TC_VARIANT(64, 64, 64, unsigned short, _b)
 TC_VARIANT(128, 32, 16, unsigned short, _b)
