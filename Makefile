@@ -179,26 +179,18 @@ test: deps
 	if [ "$(CUDA)" != 1 ] && [ -n "$(CUDA_FOUND)" ]; then \
 	    $(MAKE) --no-print-directory test-cuda || st=1; fi; exit $$st
 
-# The CUDA suites: NVRTC and host-side checks, then their GPU test cases on the host CUDA
-# emulator (tests/infra/cudaemu; the *-emu binaries; MALLOC_PERTURB_ fills freed memory, so a
-# use after free of deferred work crashes every time), then the command-line checks. On a machine
-# with a GPU the plain binaries run the GPU cases on it too. The emulator runs a block's threads
-# in reverse order for check_cuda-emu and check_cuk-emu (tests/e2e/cuda_emu.sh, whose training
-# runs every builtin, runs them forward: a race between barriers shows up in one of the two
-# orders), and builds check_cuk-emu's kernels with UBSan (misaligned vector accesses, shifts,
-# signed overflow).
-# the test binaries on the OpenBLAS kernels jdt-train runs on (tests/infra/blas-env.sh)
-BLAS_ENV = JDT_BIN=$(CURDIR)/$(BUILD)/jdt-train bash tests/infra/blas-env.sh
+# The CUDA suites (tests/run-cuda.sh, two queues side by side): NVRTC and host-side checks, then
+# their GPU test cases on the host CUDA emulator (tests/infra/cudaemu; the *-emu binaries;
+# MALLOC_PERTURB_ fills freed memory, so a use after free of deferred work crashes every time),
+# then the command-line checks. On a machine with a GPU the plain binaries run the GPU cases on
+# it too. The emulator runs a block's threads in reverse order for check_cuda-emu and
+# check_cuk-emu (tests/e2e/cuda_emu.sh, whose training runs every builtin, runs them forward: a
+# race between barriers shows up in one of the two orders), and builds check_cuk-emu's kernels
+# with UBSan (misaligned vector accesses, shifts, signed overflow).
 EMU_TESTS := build-cuda/jdt-train-emu build-cuda/tests/check_cuda-emu build-cuda/tests/check_cuk-emu
 test-cuda:
 	@$(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk $(EMU_TESTS)
-	@$(BLAS_ENV) build-cuda/tests/check_cuda
-	@$(BLAS_ENV) build-cuda/tests/check_cuk
-	@JDT_CUDAEMU_ORDER=reverse MALLOC_PERTURB_=165 CK_RUN_CASE=gpu $(BLAS_ENV) build-cuda/tests/check_cuda-emu
-	@JDT_CUDAEMU_ORDER=reverse JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" \
-	    MALLOC_PERTURB_=165 CK_RUN_CASE=gpu $(BLAS_ENV) build-cuda/tests/check_cuk-emu
-	@JDT_CUDA_BIN=$(CURDIR)/build-cuda/jdt-train JDT_BIN=$(CURDIR)/$(BUILD)/jdt-train JDT_ROOT=$(CURDIR) \
-	    JDT_TMP=$$(mktemp -d) bash tests/e2e/cuda_backend.sh
+	@bash tests/run-cuda.sh $(BUILD)
 
 tests-build: $(BIN) $(UNIT_BINS) $(BENCH_BINS)
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# run-cuda.sh [BUILD_DIR] — the CUDA suites of `make test-cuda` (which builds build-cuda/ first),
+# in two queues that run side by side, since most of them keep one core busy and CI has two:
+#   A: check_cuk (NVRTC compiles of every builtin kernel, host checks), then check_cuk-emu's GPU
+#      case on the host CUDA emulator, threads in reverse order, kernels built with UBSan, then
+#      tests/e2e/cuda_backend.sh with the CUDA binary
+#   B: check_cuda (NVRTC compiles of every generated kernel), then check_cuda-emu's GPU case in
+#      reverse order
+# (MALLOC_PERTURB_ fills freed memory: a use after free of deferred work crashes every time; the
+# forward thread order is tests/e2e/cuda_emu.sh's.) None of these races a clock: check_cuk's
+# dead-peer case allows its forked peer seconds, not milliseconds. Each suite's output is kept
+# and printed whole, A's then B's, with one line per suite; exits non-zero if any failed.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-build}
+cd "$ROOT" || exit 1
+LOGS=$(mktemp -d /tmp/jdt-cuda-suites.XXXXXX)
+export JDT_BIN="$ROOT/$BUILD/jdt-train"
+core=$(bash tests/infra/blas-env.sh) # the test binaries on jdt-train's OpenBLAS kernels
+[ -n "$core" ] && export OPENBLAS_CORETYPE="$core"
+
+# suite NAME CMD...: runs CMD with its output in $LOGS/NAME.log and its time and status in .rc
+suite() {
+  local name=$1 t0 rc
+  shift
+  t0=$(date +%s)
+  "$@" >"$LOGS/$name.log" 2>&1; rc=$?
+  echo "$rc $(($(date +%s) - t0))" >"$LOGS/$name.rc"
+}
+queue_a() {
+  suite check_cuk build-cuda/tests/check_cuk
+  suite check_cuk-emu env JDT_CUDAEMU_ORDER=reverse MALLOC_PERTURB_=165 CK_RUN_CASE=gpu \
+    JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" build-cuda/tests/check_cuk-emu
+  local tmp
+  tmp=$(mktemp -d /tmp/jdt-cuda-backend.XXXXXX)
+  suite cuda_backend env JDT_CUDA_BIN="$ROOT/build-cuda/jdt-train" JDT_ROOT="$ROOT" JDT_TMP="$tmp" \
+    bash tests/e2e/cuda_backend.sh
+  rm -rf "$tmp"
+}
+queue_b() {
+  suite check_cuda build-cuda/tests/check_cuda
+  suite check_cuda-emu env JDT_CUDAEMU_ORDER=reverse MALLOC_PERTURB_=165 CK_RUN_CASE=gpu \
+    build-cuda/tests/check_cuda-emu
+}
+queue_a & a=$!
+queue_b & b=$!
+wait $a $b
+
+failed=()
+for name in check_cuk check_cuk-emu cuda_backend check_cuda check_cuda-emu; do
+  if [ ! -f "$LOGS/$name.rc" ]; then
+    echo "cuda $name: did not run"; failed+=("$name"); continue
+  fi
+  read -r rc secs <"$LOGS/$name.rc"
+  cat "$LOGS/$name.log"
+  if [ "$rc" -eq 0 ]; then echo "cuda $name: ok (${secs}s)"; else
+    echo "cuda $name: FAILED (exit $rc, ${secs}s)"; failed+=("$name")
+  fi
+done
+rm -rf "$LOGS"
+[ ${#failed[@]} -eq 0 ] || { echo "cuda suites failed: ${failed[*]}"; exit 1; }
