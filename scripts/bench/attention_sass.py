@@ -61,6 +61,13 @@ def build(src, arch, out, extra):
     return res
 
 
+def build_hot(src, arch, tmp):
+    """The -DTC_HOT build (the tile loops' hot path alone); returns the cubin's path."""
+    out = os.path.join(tmp, "hot.cubin")
+    build(src, arch, out, ["-DTC_HOT"])
+    return out
+
+
 def sass(cuobjdump, cubin):
     """{kernel: [(address, opcode, text)]}"""
     out = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
@@ -121,12 +128,6 @@ def main():
         for l2, h2 in inner:
             n = sum(1 for ad, _, _ in ins if l2 <= ad <= h2)
             print(f"{'':26s} inner loop {l2:#x}-{h2:#x}: {n} instructions, run more than once a tile")
-
-
-def build_hot(src, arch, tmp):
-    out = os.path.join(tmp, "hot.cubin")
-    build(src, arch, out, ["-DTC_HOT"])
-    return out
 
 
 if __name__ == "__main__":

@@ -41,14 +41,29 @@ __device__ __forceinline__ float att_row_sum(float v)
     return v;
 }
 
-/* tile (CT, D) = rows t0..t0+CT-1 of input `bit` of slice (b, h), times mul; rows >= T zero. */
-template <int CT, class TX>
+/* tile (CT, D) = rows t0..t0+CT-1 of input `bit` of slice (b, h), times mul; rows >= T zero.
+ * A thread's columns are fixed over the rows it loads (DM / TPR columns, every RP-th row): no
+ * division per element, one multiply per row, and the unrolled passes keep several loads in
+ * flight where a loop of one element per pass waited for each. */
+template <int CT, int DM, class TX>
 __device__ __forceinline__ void att_load_tile(float *tile, const TX *x, unsigned bthd, int bit,
                                               i64 b, i64 h, i64 t0, i64 H, i64 T, i64 D, float mul)
 {
-    for (i64 e = threadIdx.x; e < (i64)CT * D; e += blockDim.x) {
-        i64 c = e / D, d = e - c * D, t = t0 + c;
-        tile[e] = t < T ? cuk_ld(x, att_row(bthd, bit, b, h, t, H, T, D) + d) * mul : 0.0f;
+    constexpr int TPR = DM < ATT_THREADS ? DM : ATT_THREADS; /* threads per row */
+    constexpr int RP = ATT_THREADS / TPR, CPT = DM / TPR;     /* rows per pass, columns */
+    static_assert(CT % RP == 0 && DM % TPR == 0, "whole passes");
+    const i64 rs = (bthd >> bit & 1u) ? H * D : D; /* elements from one row to the next */
+    const i64 base = att_row(bthd, bit, b, h, t0, H, T, D);
+    const int r = threadIdx.x / TPR, d0 = threadIdx.x % TPR;
+#pragma unroll 4
+    for (int k = 0; k < CT / RP; k++) {
+        const int c = r + k * RP;
+        const bool in = t0 + c < T;
+#pragma unroll
+        for (int m = 0; m < CPT; m++) {
+            const int d = d0 + m * TPR;
+            if (d < D) tile[c * D + d] = in ? cuk_ld(x, base + c * rs + d) * mul : 0.0f;
+        }
     }
 }
 
@@ -108,8 +123,8 @@ __device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o
         i64 kend = min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads(); /* the previous tile has been consumed */
-            att_load_tile<CT>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
-            att_load_tile<CT>(Vs, v, bthd, 2, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Vs, v, bthd, 2, b, h, j0, H, T, D, 1.0f);
             __syncthreads();
             float s[CT], mt = CUK_NEG_INF;
 #pragma unroll
@@ -175,7 +190,7 @@ __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float 
         i64 kend = min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads();
-            att_load_tile<CT>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
             __syncthreads();
             float s[CT], mt = CUK_NEG_INF;
 #pragma unroll
@@ -258,8 +273,8 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, co
         i64 kend = min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads();
-            att_load_tile<CT>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
-            att_load_tile<CT>(Vs, v, bthd, 2, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Vs, v, bthd, 2, b, h, j0, H, T, D, 1.0f);
             __syncthreads();
 #pragma unroll 4
             for (int jj = 0; jj < CT; jj++) {
@@ -310,8 +325,8 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
             ak[u] = av[u] = 0.0f;
         for (i64 i0 = (kb * ATT_R) / CT * CT; i0 < T; i0 += CT) {
             __syncthreads();
-            att_load_tile<CT>(Qs, q, bthd, 0, b, h, i0, H, T, D, scale);
-            att_load_tile<CT>(Gs, dout, bthd, 4, b, h, i0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Qs, q, bthd, 0, b, h, i0, H, T, D, scale);
+            att_load_tile<CT, DM>(Gs, dout, bthd, 4, b, h, i0, H, T, D, 1.0f);
             for (int c = threadIdx.x; c < CT; c += blockDim.x) {
                 bool in = i0 + c < T;
                 Ls[c] = in ? stats[bh * T + i0 + c] : 0.0f;
