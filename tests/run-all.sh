@@ -16,9 +16,8 @@ WHAT=${2:-all}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export JDT_BIN="$ROOT/$BUILD/jdt-train"
 export JDT_ROOT="$ROOT"
-# the test binaries on the OpenBLAS kernels jdt-train runs on (tests/infra/blas-env.sh)
-core=$(bash "$ROOT/tests/infra/blas-env.sh")
-if [ -n "$core" ]; then export OPENBLAS_CORETYPE="$core"; fi
+# the test binaries on the OpenBLAS kernels jdt-train runs on
+. "$ROOT/tests/infra/blas-env.sh"
 pass=0; fail=0; skip=0; failed=()
 
 if [ "$WHAT" = all ] || [ "$WHAT" = unit ]; then

@@ -16,8 +16,7 @@ BUILD=${1:-build}
 cd "$ROOT" || exit 1
 LOGS=$(mktemp -d /tmp/jdt-cuda-suites.XXXXXX)
 export JDT_BIN="$ROOT/$BUILD/jdt-train"
-core=$(bash tests/infra/blas-env.sh) # the test binaries on jdt-train's OpenBLAS kernels
-[ -n "$core" ] && export OPENBLAS_CORETYPE="$core"
+. tests/infra/blas-env.sh # the test binaries on jdt-train's OpenBLAS kernels
 
 # suite NAME CMD...: runs CMD with its output in $LOGS/NAME.log and its time and status in .rc
 suite() {

@@ -37,8 +37,7 @@ taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
 # falls back to pre-AVX2 kernels on a CPU it does not know, jdt-train sets OPENBLAS_CORETYPE for
 # itself (cmd/main.c), and Debian's PyTorch (whose BLAS is that OpenBLAS) would otherwise run
 # the slow ones.
-core=$(JDT_BIN="$BIN" bash "$ROOT/tests/infra/blas-env.sh")
-if [ -n "$core" ]; then export OPENBLAS_CORETYPE="$core"; fi
+JDT_BIN="$BIN" . "$ROOT/tests/infra/blas-env.sh"
 [ "$BF16" = 1 ] && taskset -c "$CPUS" "$BIN" "$TMP/bench-bf16.yaml" run.steps=1 >/dev/null 2>&1
 run_jdt() { # [yaml] prints the median tok/s of the logged windows after the first two
   taskset -c "$CPUS" "$BIN" "${1:-$TMP/bench.yaml}" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log" >&2; return 1; }
