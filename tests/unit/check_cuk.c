@@ -1436,21 +1436,21 @@ static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, 
     cudaFree(dO), cudaFree(dL), cudaFree(dL2), cudaFree(dD);
 }
 
-/* bf16: the tensor-core kernels against jdt_rt_attention's bf16 compute (the same rounding
- * points; the forward rounds unnormalised probabilities: 5e-3 of the largest output, the
- * backward 1e-4) and, for head sizes where rounding shows, closer to it than to f32's; else
- * the FMA kernels against f32. */
-static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t D, unsigned bthd,
-                            bool bf16)
+/* bf16 with a scale > 0: the tensor-core kernels against jdt_rt_attention's bf16 compute (the
+ * same rounding points; the forward rounds unnormalised probabilities: 5e-3 of the largest
+ * output, the backward 1e-4) and, for head sizes where rounding shows, closer to it than to
+ * f32's; else the FMA kernels against f32 (bf16 with a scale <= 0 runs them unrounded). */
+static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t D,
+                                   unsigned bthd, bool bf16, float scale)
 {
     int64_t n = B * H * T * D;
-    float scale = 1.0f / sqrtf((float)D);
+    bool tc = bf16 && scale > 0.0f; /* the reference rounds as the kernels do */
     float *q = rand_floats(n, 61, -1, 1), *kk = rand_floats(n, 62, -1, 1);
     float *v = rand_floats(n, 63, -1, 1), *go = rand_floats(n, 64, -1, 1);
     float *o = malloc((size_t)n * 4), *dqkv = malloc((size_t)(3 * n) * 4);
     float *scr = malloc((size_t)jdt_rt_attention_scratch_floats(D, T, 1, true) * 4);
-    jdt_rt_attention(q, kk, v, o, B, H, T, D, scale, 0, bf16, scr, 1);
-    jdt_rt_attention_bwd(q, kk, v, o, go, dqkv, B, H, T, D, scale, 0, bf16, scr, 1);
+    jdt_rt_attention(q, kk, v, o, B, H, T, D, scale, 0, tc, scr, 1);
+    jdt_rt_attention_bwd(q, kk, v, o, go, dqkv, B, H, T, D, scale, 0, tc, scr, 1);
     /* device inputs in the layout bthd asks for (the reference used (B, H, T, D)) */
     const float *hin[5] = {q, kk, v, o, go};
     float *din[5];
@@ -1467,9 +1467,10 @@ static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t
                           D, scale, bthd, bf16, dscr);
     float *go_ = dev_to_host(k, dO, n), *gd = dev_to_host(k, dD, 3 * n);
     char what[96];
-    snprintf(what, sizeof what, "attention%s B%lld H%lld T%lld D%lld bthd%u", bf16 ? " bf16" : "",
-             (long long)B, (long long)H, (long long)T, (long long)D, bthd);
-    if (bf16) {
+    snprintf(what, sizeof what, "attention%s B%lld H%lld T%lld D%lld bthd%u scale %g",
+             bf16 ? " bf16" : "", (long long)B, (long long)H, (long long)T, (long long)D, bthd,
+             scale);
+    if (tc) {
         double eo = rel_err(go_, o, n), ed = rel_err(gd, dqkv, 3 * n);
         printf("%s: max error %.2e (o), %.2e (dq, dk, dv) of the largest value\n", what, eo, ed);
         ck_assert_msg(eo < 5e-3 && ed < 1e-4, "%s: o %g, dqkv %g", what, eo, ed);
@@ -1627,6 +1628,12 @@ START_TEST(test_emulator_strict)
 }
 END_TEST
 
+static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t D, unsigned bthd,
+                            bool bf16)
+{
+    check_attention_scaled(k, B, H, T, D, bthd, bf16, 1.0f / sqrtf((float)D));
+}
+
 START_TEST(test_attention)
 {
     GPU_OR_SKIP(k);
@@ -1642,6 +1649,9 @@ START_TEST(test_attention)
             check_attention(k, 2, 12, 1024, 64, 0, bf);
         check_attention(k, 1, 1, 1, 8, 0, bf); /* one token */
     }
+    /* a negative scale: the FMA kernels, unrounded (the tensor-core forward takes the max of
+     * the unscaled scores; here that would be the minimum) */
+    check_attention_scaled(k, 1, 2, 70, 16, 0, true, -0.3f);
     check_attention(k, 1, 1, 33, 136, 0, false); /* d256 class */
     jdt_cuk_attention(k, NULL, NULL, NULL, false, NULL, NULL, false, NULL, 1, 1, 4, 300, 1.0f, 0,
                       false, NULL);

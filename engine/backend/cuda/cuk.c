@@ -816,16 +816,17 @@ static int att_class(int64_t D, int64_t *ct)
 
 /* The tensor-core class of D for bf16 compute on arch: 0 (D <= 64), 1 (D <= 128), -1 when the
  * FMA kernels serve (no bf16, D > 128, a GPU before sm_80, which has no bf16 mma, or
- * JDT_CUK_ATTENTION=fma). */
+ * JDT_CUK_ATTENTION=fma). The caller also sends a scale that is not > 0 to the FMA kernels:
+ * the tensor-core forward takes a row's max of the unscaled scores. */
 static int att_tc_class_for(int arch, bool fma, bool bf16, int64_t D)
 {
     if (!bf16 || arch < 80 || D > 128 || fma) return -1;
     return D <= 64 ? 0 : 1;
 }
 
-static int att_tc_class(const jdt_cuk *k, bool bf16, int64_t D)
+static int att_tc_class(const jdt_cuk *k, bool bf16, int64_t D, float scale)
 {
-    return att_tc_class_for(k->arch, k->att_fma, bf16, D);
+    return scale > 0.0f ? att_tc_class_for(k->arch, k->att_fma, bf16, D) : -1;
 }
 
 unsigned jdt_cuk_attention_sources(int arch, bool bf16, int64_t D)
@@ -850,7 +851,7 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
 {
     (void)scratch;
     if (B * H * T * D <= 0) return;
-    int tc = att_tc_class(k, bf16, D), o2b = o2_bf16;
+    int tc = att_tc_class(k, bf16, D, scale), o2b = o2_bf16;
     if (tc >= 0) {
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
         void *args[] = {&q, &kk, &v, &o, &o2, &o2b, &lse, &B, &H, &T, &D, &scale, &bthd};
@@ -878,7 +879,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
 {
     int64_t n = B * H * T * D;
     if (n <= 0) return;
-    int tc = att_tc_class(k, bf16, D);
+    int tc = att_tc_class(k, bf16, D, scale);
     float *stats = scratch, *dq = dqkv, *dk = dqkv ? dqkv + n : NULL,
           *dv = dqkv ? dqkv + 2 * n : NULL;
     /* the cotangent form's outputs (NULL: not written) */

@@ -392,25 +392,23 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
 #pragma unroll
                 for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        s[nt][e] *= sl2;
+                    for (int e = 0; e < 4; e++)
                         mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
-                    }
             } else { /* keys after their row: -inf */
                 int dj = (int)(j0 - i0) + 2 * t; /* j - i at nt = 0, e = 0 */
 #pragma unroll
                 for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        s[nt][e] = dj + nt * 8 + (e & 1) - 8 * (e >> 1) <= 0 ? s[nt][e] * sl2
-                                                                             : CUK_NEG_INF;
+                        if (dj + nt * 8 + (e & 1) - 8 * (e >> 1) > 0) s[nt][e] = CUK_NEG_INF;
                         mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
                     }
             }
             float alpha[2], mu[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                float mn = fmaxf(m[r], tc_shfl_max(mt[r]));
+                /* the raw scores' max scaled: their scaled max (sl2 > 0, rounding is monotone) */
+                float mn = fmaxf(m[r], tc_shfl_max(mt[r]) * sl2);
                 mu[r] = mn == CUK_NEG_INF ? 0.0f : mn; /* nothing visible yet: p = 0 */
                 alpha[r] = tc_exp2(m[r] - mu[r]);      /* m = -inf before the first key: 0 */
                 m[r] = mn;
@@ -420,7 +418,7 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float p = tc_exp2(s[nt][e] - mu[e >> 1]);
+                    float p = tc_exp2(s[nt][e] * sl2 - mu[e >> 1]); /* scaled by the FFMA */
                     s[nt][e] = p;
                     l[e >> 1] += p; /* this lane's share; summed over the row's 4 lanes below */
                 }
@@ -485,6 +483,7 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
             const float *ls = lse ? lse : stats;
             L2[r] = in ? ls[bh * T + i0 + 8 * r] * TC_LOG2E : 0.0f;
             dl[r] = !in ? 0.0f : lse ? dl[r] : stats[B * H * T + bh * T + i0 + 8 * r];
+            dl[r] *= scale; /* dS = p (dp - delta) scale = p (dp scale - delta scale) */
         }
         float acc[DM / 8][4];
 #pragma unroll
@@ -511,7 +510,7 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
                     int r = e >> 1;
                     bool in = whole || (dj + nt * 8 + (e & 1) - 8 * r <= 0 && i0 + 8 * r < T);
                     float p = in ? tc_exp2(s[nt][e] * sl2 - L2[r]) : 0.0f;
-                    s[nt][e] = p * (dp[nt][e] - dl[r]) * scale; /* dS, rounded as the CPU's */
+                    s[nt][e] = p * fmaf(dp[nt][e], scale, -dl[r]); /* dS, rounded as the CPU's */
                 }
             tc_acc_by<DM, BC>(acc, s, Ks, L, lane);
         }
@@ -562,7 +561,7 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                 int c = threadIdx.x;
                 bool in = q0 + c < T;
                 Ls[c] = in ? stats[bh * T + q0 + c] * TC_LOG2E : 0.0f;
-                Ds[c] = in ? stats[B * H * T + bh * T + q0 + c] : 0.0f;
+                Ds[c] = in ? stats[B * H * T + bh * T + q0 + c] * scale : 0.0f; /* as in dQ */
             }
             __syncthreads();
             if (q0 + BQ - 1 < kb * TC_BR + w * 16) continue; /* every query before the keys */
@@ -580,7 +579,7 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                     bool in = whole || (di + nt * 8 + (e & 1) - 8 * (e >> 1) >= 0 && q0 + c < T);
                     float p = in ? tc_exp2(s[nt][e] * sl2 - Ls[c]) : 0.0f;
                     s[nt][e] = p;
-                    dp[nt][e] = p * (dp[nt][e] - Ds[c]) * scale;
+                    dp[nt][e] = p * fmaf(dp[nt][e], scale, -Ds[c]);
                 }
             tc_acc_by<DM, BQ>(av, s, Gs, L, lane);
             tc_acc_by<DM, BQ>(ak, dp, Qs, L, lane);
