@@ -183,10 +183,12 @@ test: deps
 # their GPU test cases on the host CUDA emulator (tests/infra/cudaemu; the *-emu binaries;
 # MALLOC_PERTURB_ fills freed memory, so a use after free of deferred work crashes every time),
 # then the command-line checks. On a machine with a GPU the plain binaries run the GPU cases on
-# it too. The emulator runs a block's threads in reverse order for check_cuda-emu and
-# check_cuk-emu (tests/e2e/cuda_emu.sh, whose training runs every builtin, runs them forward: a
-# race between barriers shows up in one of the two orders), and builds check_cuk-emu's kernels
-# with UBSan (misaligned vector accesses, shifts, signed overflow).
+# it too. The emulator runs a block's warps one at a time, the last first, each thread of a warp
+# in reverse order, for check_cuda-emu and check_cuk-emu (tests/e2e/cuda_emu.sh, whose training
+# runs every builtin, runs them forward: a race between barriers shows up in one of the two
+# orders), lands check_cuk-emu's cp.async copies when issued (the others' when waited for),
+# and builds check_cuk-emu's kernels with UBSan (misaligned vector accesses, shifts, signed
+# overflow).
 EMU_TESTS := build-cuda/jdt-train-emu build-cuda/tests/check_cuda-emu build-cuda/tests/check_cuk-emu
 test-cuda:
 	@$(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk $(EMU_TESTS)

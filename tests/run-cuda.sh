@@ -2,10 +2,11 @@
 # run-cuda.sh [BUILD_DIR] — the CUDA suites of `make test-cuda` (which builds build-cuda/ first),
 # in two queues that run side by side, since most of them keep one core busy and CI has two:
 #   A: check_cuk (NVRTC compiles of every builtin kernel, host checks), then check_cuk-emu's GPU
-#      case on the host CUDA emulator, threads in reverse order, kernels built with UBSan, then
-#      tests/e2e/cuda_backend.sh with the CUDA binary
-#   B: check_cuda (NVRTC compiles of every generated kernel), then check_cuda-emu's GPU case in
-#      reverse order
+#      case on the host CUDA emulator, warp by warp (the last first, threads in reverse), cp.async
+#      copies landing when issued, kernels built with UBSan, then tests/e2e/cuda_backend.sh with
+#      the CUDA binary
+#   B: check_cuda (NVRTC compiles of every generated kernel), then check_cuda-emu's GPU case warp
+#      by warp (cp.async copies landing at their waits)
 # (MALLOC_PERTURB_ fills freed memory: a use after free of deferred work crashes every time; the
 # forward thread order is tests/e2e/cuda_emu.sh's.) None of these races a clock: check_cuk's
 # dead-peer case allows its forked peer seconds, not milliseconds. Each suite's output is kept
@@ -28,7 +29,8 @@ suite() {
 }
 queue_a() {
   suite check_cuk build-cuda/tests/check_cuk
-  suite check_cuk-emu env JDT_CUDAEMU_ORDER=reverse MALLOC_PERTURB_=165 CK_RUN_CASE=gpu \
+  suite check_cuk-emu env JDT_CUDAEMU_ORDER=warps JDT_CUDAEMU_CP_ASYNC=issue MALLOC_PERTURB_=165 \
+    CK_RUN_CASE=gpu \
     JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" build-cuda/tests/check_cuk-emu
   local tmp
   tmp=$(mktemp -d /tmp/jdt-cuda-backend.XXXXXX)
@@ -38,7 +40,7 @@ queue_a() {
 }
 queue_b() {
   suite check_cuda build-cuda/tests/check_cuda
-  suite check_cuda-emu env JDT_CUDAEMU_ORDER=reverse MALLOC_PERTURB_=165 CK_RUN_CASE=gpu \
+  suite check_cuda-emu env JDT_CUDAEMU_ORDER=warps MALLOC_PERTURB_=165 CK_RUN_CASE=gpu \
     build-cuda/tests/check_cuda-emu
 }
 queue_a & a=$!

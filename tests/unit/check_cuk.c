@@ -1628,6 +1628,109 @@ START_TEST(test_emulator_strict)
 }
 END_TEST
 
+/* The emulator's warp-at-a-time order and its cp.async (emu.hpp). emu_warps: each thread
+ * writes its slot, then, after a warp barrier only, reads the slot of the other warp's thread
+ * t +- 32: in step (reverse) both warps have written before either reads (but for the thread
+ * that opens warp 1's barrier); warp by warp ("warps", the last warp first) warp 1 reads before
+ * warp 0 has written. emu_cpa: 16 bytes per thread by
+ * cp.async, the first word read before the wait and after it: the copy lands at the wait
+ * (by default) or when issued (JDT_CUDAEMU_CP_ASYNC=issue). Emulator only, like the above. */
+static const char EMU_PROBE2_SRC[] =
+    "extern \"C\" __global__ void emu_warps(unsigned *out)\n"
+    "{\n"
+    "    __shared__ unsigned s[64];\n"
+    "    unsigned t = threadIdx.x;\n"
+    "    s[t] = t + 1;\n"
+    "    __syncwarp();\n"
+    "    out[t] = s[(t + 32) % 64];\n"
+    "}\n"
+    "extern \"C\" __global__ void emu_cpa(const unsigned *src, unsigned *out)\n"
+    "{\n"
+    "    __shared__ float4 c[64];\n"
+    "    unsigned t = threadIdx.x;\n"
+    "    cuk_cp_async16(&c[t], src + 4 * t, t % 2 == 0);\n"
+    "    cuk_cp_async_commit();\n"
+    "    out[t] = __float_as_uint(c[t].x);\n"
+    "    cuk_cp_async_wait<0>();\n"
+    "    out[64 + t] = __float_as_uint(c[t].x);\n"
+    "}\n";
+
+/* Runs fn of the probe program (64 threads, one block) with the emulator's order and cp.async
+ * switches set (NULL: unset) and copies out[0..128) back. */
+static void emu_probe2_run(cudaKernel_t fn, const char *order, const char *cpa, void **args,
+                           unsigned *dout, unsigned out[128])
+{
+    order ? setenv("JDT_CUDAEMU_ORDER", order, 1) : unsetenv("JDT_CUDAEMU_ORDER");
+    cpa ? setenv("JDT_CUDAEMU_CP_ASYNC", cpa, 1) : unsetenv("JDT_CUDAEMU_CP_ASYNC");
+    dim3 g = {1, 1, 1}, b = {64, 1, 1};
+    ck_assert_int_eq(cudaLaunchKernel((const void *)fn, g, b, args, 0, 0), cudaSuccess);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(out, dout, 128 * sizeof(unsigned), cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    unsetenv("JDT_CUDAEMU_ORDER");
+    unsetenv("JDT_CUDAEMU_CP_ASYNC");
+}
+
+START_TEST(test_emulator_warps_cp_async)
+{
+    GPU_OR_SKIP(k);
+    if (!emulated_gpu()) {
+        printf("SKIP %s: the emulator's own checks (racy probe kernels), not for a GPU\n",
+               __func__);
+        jdt_cuk_free(k);
+        return;
+    }
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, EMU_PROBE2_SRC, "emu_probe2.cu", 0, NULL, NULL),
+                     NVRTC_SUCCESS);
+    const char *opts[] = {"--gpu-architecture=sm_90"};
+    ck_assert_int_eq(nvrtcCompileProgram(prog, 1, opts), NVRTC_SUCCESS);
+    size_t n = 0;
+    ck_assert_int_eq(nvrtcGetCUBINSize(prog, &n), NVRTC_SUCCESS);
+    char *image = malloc(n);
+    ck_assert_ptr_nonnull(image);
+    ck_assert_int_eq(nvrtcGetCUBIN(prog, image), NVRTC_SUCCESS);
+    nvrtcDestroyProgram(&prog);
+    cudaLibrary_t lib;
+    ck_assert_int_eq(cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0), cudaSuccess);
+    cudaKernel_t warps, cpa;
+    ck_assert_int_eq(cudaLibraryGetKernel(&warps, lib, "emu_warps"), cudaSuccess);
+    ck_assert_int_eq(cudaLibraryGetKernel(&cpa, lib, "emu_cpa"), cudaSuccess);
+    char *was_o = getenv("JDT_CUDAEMU_ORDER") ? strdup(getenv("JDT_CUDAEMU_ORDER")) : NULL;
+    char *was_c = getenv("JDT_CUDAEMU_CP_ASYNC") ? strdup(getenv("JDT_CUDAEMU_CP_ASYNC")) : NULL;
+    const unsigned P = 0xffffffffu;
+    unsigned src[256], out[128];
+    for (unsigned i = 0; i < 256; i++)
+        src[i] = 1000 + i;
+    unsigned *dout = dev_alloc(128 * sizeof(unsigned)), *dsrc = dev_from(src, sizeof src);
+    void *wargs[] = {&dout}, *cargs[] = {&dsrc, &dout};
+
+    emu_probe2_run(warps, "reverse", NULL, wargs, dout, out);
+    for (unsigned t = 0; t < 64; t++) /* in step: written before read, but by thread 32, the
+                                       * last to reach warp 1's barrier, which runs on */
+        ck_assert_uint_eq(out[t], t == 32 ? P : (t + 32) % 64 + 1);
+    emu_probe2_run(warps, "warps", NULL, wargs, dout, out);
+    for (unsigned t = 0; t < 64; t++) /* warp 1 alone first: warp 0's slots unwritten */
+        ck_assert_uint_eq(out[t], t >= 32 ? P : t + 33);
+
+    for (int mode = 0; mode < 2; mode++) {
+        emu_probe2_run(cpa, NULL, mode ? "issue" : NULL, cargs, dout, out);
+        for (unsigned t = 0; t < 64; t++) {
+            unsigned want = t % 2 == 0 ? src[4 * t] : 0u; /* odd threads: zero-filled */
+            ck_assert_uint_eq(out[t], mode ? want : P);   /* before the wait */
+            ck_assert_uint_eq(out[64 + t], want);         /* after it */
+        }
+    }
+    if (was_o) setenv("JDT_CUDAEMU_ORDER", was_o, 1);
+    if (was_c) setenv("JDT_CUDAEMU_CP_ASYNC", was_c, 1);
+    free(was_o), free(was_c);
+    cudaFree(dout), cudaFree(dsrc);
+    cudaLibraryUnload(lib);
+    free(image);
+    jdt_cuk_free(k);
+}
+END_TEST
+
 static void check_attention(jdt_cuk *k, int64_t B, int64_t H, int64_t T, int64_t D, unsigned bthd,
                             bool bf16)
 {
@@ -1778,6 +1881,7 @@ static void add_tests(Suite *s)
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_emulator_strict);
+    tcase_add_test(tc, test_emulator_warps_cp_async);
     tcase_add_test(tc, test_init_errors_and_cache);
     tcase_add_test(tc, test_lazy_load);
     tcase_add_test(tc, test_matmul);

@@ -21,6 +21,7 @@
  * of a stale copy. Atomics
  * are plain read-modify-writes (one OS thread). Warp-level matrix ops (ldmatrix.x4, with and
  * without .trans, and mma.sync.m16n8k16 bf16 -> f32) follow the PTX ISA's fragment layouts.
+ * cp.async copies land only at the wait that lets them through (the latest a GPU may).
  * What it cannot check: the memory model (fences, races between blocks), the real
  * instruction set's layouts and rounding, performance.
  */
@@ -207,6 +208,8 @@ struct emu_fiber {
 #endif
     uint3 tid;
     bool done;
+    bool at_block;    /* waiting at __syncthreads ... */
+    unsigned bar_gen; /* ... of this generation of the block's barrier */
 };
 
 static emu_fiber emu_fib[EMU_MAX_THREADS];
@@ -219,6 +222,7 @@ static ucontext_t emu_main;
 static unsigned emu_cur, emu_nthreads, emu_live, emu_warp_live[EMU_MAX_THREADS / 32];
 static emu_bar emu_block_bar, emu_warp_bar[EMU_MAX_THREADS / 32];
 static unsigned long long emu_moves; /* barrier openings and thread ends: progress */
+static unsigned long long emu_arrivals; /* barrier arrivals (JDT_CUDAEMU_ORDER=warps' progress) */
 static void (*emu_body)(void *);
 static void *emu_body_arg;
 static unsigned char *emu_dyn;
@@ -227,6 +231,17 @@ extern "C" unsigned char __start_jdt_emu_shared[] __attribute__((weak, visibilit
 extern "C" unsigned char __stop_jdt_emu_shared[] __attribute__((weak, visibility("hidden")));
 static unsigned emu_perm[EMU_MAX_THREADS]; /* the order of a pass over the block's threads */
 static unsigned long long emu_launches;
+/* cp.async copies queued per thread (cuk_cp_async16, below): what, which group, how many */
+#define EMU_CPA_MAX 64
+struct emu_cpa {
+    void *dst;
+    const void *src;
+    unsigned grp;
+    bool zero;
+};
+static emu_cpa emu_cpa_q[EMU_MAX_THREADS][EMU_CPA_MAX];
+static unsigned emu_cpa_n[EMU_MAX_THREADS], emu_cpa_groups[EMU_MAX_THREADS];
+static bool emu_cpa_early; /* JDT_CUDAEMU_CP_ASYNC=issue: copies land when issued */
 
 static inline void emu_yield()
 {
@@ -241,6 +256,7 @@ static inline void emu_yield()
 static inline void emu_arrive(emu_bar *b, unsigned live)
 {
     unsigned g = b->gen;
+    emu_arrivals++;
     if (++b->arrived >= live) {
         b->arrived = 0;
         b->gen++;
@@ -253,7 +269,11 @@ static inline void emu_arrive(emu_bar *b, unsigned live)
 
 static inline void __syncthreads()
 {
+    emu_fiber *f = &emu_fib[emu_cur];
+    f->at_block = true;
+    f->bar_gen = emu_block_bar.gen;
     emu_arrive(&emu_block_bar, emu_live);
+    f->at_block = false;
 }
 static inline void __syncwarp(unsigned = 0xffffffffu)
 {
@@ -285,11 +305,15 @@ static void emu_entry()
  * seeded by the launch's number: runs repeat). A GPU promises no order between barriers, so
  * two threads that share memory without one (a race) give another result in some order:
  * reverse and shuffle find the races the forward order hides (a write before a read of
- * another thread in the same interval). */
+ * another thread in the same interval). In those orders every warp moves one warp collective
+ * (shuffle, ldmatrix, mma) per pass, so warps stay in step; "warps" (mode 3) runs one warp at
+ * a time, the last first, as far as it gets (to a __syncthreads or its end) before the next
+ * starts, as a GPU may when the others stall: a warp that writes shared memory another warp
+ * has still to read, with no __syncthreads between, shows there. */
 static void emu_order(int mode, unsigned nt, unsigned long long *rng)
 {
     for (unsigned k = 0; k < nt; k++)
-        emu_perm[k] = mode == 1 ? nt - 1 - k : k;
+        emu_perm[k] = mode == 1 || mode == 3 ? nt - 1 - k : k;
     if (mode != 2) return;
     for (unsigned k = nt; k > 1; k--) {
         unsigned long long x = *rng; /* xorshift64 */
@@ -298,6 +322,40 @@ static void emu_order(int mode, unsigned nt, unsigned long long *rng)
         unsigned j = (unsigned)(x % k), tmp = emu_perm[k - 1];
         emu_perm[k - 1] = emu_perm[j], emu_perm[j] = tmp;
     }
+}
+
+/* Runs thread t of block (bx, by, bz) until it waits or ends; an end is counted in *left and
+ * opens the barriers it was the last for. 0, or -1 with msg filled (it ended with cp.async
+ * copies not waited for). */
+static int emu_resume(unsigned t, unsigned bx, unsigned by, unsigned bz, unsigned *left,
+                      char *msg, size_t msg_n)
+{
+    emu_fiber *f = &emu_fib[t];
+    emu_cur = t;
+    threadIdx = f->tid;
+#ifdef EMU_FAST_SWITCH
+    jdt_emu_switch(&emu_main_sp, f->sp);
+#else
+    swapcontext(&emu_main, &f->ctx);
+#endif
+    if (!f->done) return 0;
+    if (emu_cpa_n[t]) {
+        std::snprintf(msg, msg_n,
+                      "thread %u of block (%u, %u, %u) ended with %u cp.async copies not "
+                      "waited for",
+                      t, bx, by, bz, emu_cpa_n[t]);
+        return -1;
+    }
+    (*left)--;
+    emu_moves++;
+    emu_live--;
+    emu_warp_live[t >> 5]--;
+    /* an exited thread counts as arrived: open what it was the last for */
+    emu_bar *wb = &emu_warp_bar[t >> 5];
+    if (wb->arrived && wb->arrived >= emu_warp_live[t >> 5]) wb->arrived = 0, wb->gen++;
+    if (emu_block_bar.arrived && emu_block_bar.arrived >= emu_live)
+        emu_block_bar.arrived = 0, emu_block_bar.gen++;
+    return 0;
 }
 
 /* Runs body over the grid. 0, or -1 with msg filled (deadlock). */
@@ -314,8 +372,14 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
             return -1;
         }
     }
+    const char *cpa = std::getenv("JDT_CUDAEMU_CP_ASYNC");
+    emu_cpa_early = cpa && !std::strcmp(cpa, "issue");
     const char *ord = std::getenv("JDT_CUDAEMU_ORDER");
-    int mode = ord && !std::strcmp(ord, "reverse") ? 1 : ord && !std::strcmp(ord, "shuffle") ? 2 : 0;
+    int mode = !ord                         ? 0
+               : !std::strcmp(ord, "reverse") ? 1
+               : !std::strcmp(ord, "shuffle") ? 2
+               : !std::strcmp(ord, "warps")   ? 3
+                                              : 0;
     unsigned long long rng = 0x9e3779b97f4a7c15ull ^ ++emu_launches;
     gridDim = g;
     blockDim = b;
@@ -343,6 +407,8 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
             emu_fiber *f = &emu_fib[t];
             f->tid = {t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
             f->done = false;
+            f->at_block = false;
+            emu_cpa_n[t] = emu_cpa_groups[t] = 0;
 #ifdef EMU_FAST_SWITCH
             /* r15 r14 r13 r12 rbx rbp, then emu_entry as the return address, then a
              * zero "caller": emu_entry starts with rsp = 8 mod 16, as after a call */
@@ -365,27 +431,27 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
         while (left) {
             unsigned long long before = emu_moves;
             if (mode == 2) emu_order(mode, nt, &rng);
-            for (unsigned k = 0; k < nt; k++) {
-                unsigned t = emu_perm[k];
-                emu_fiber *f = &emu_fib[t];
-                if (f->done) continue;
-                emu_cur = t;
-                threadIdx = f->tid;
-#ifdef EMU_FAST_SWITCH
-                jdt_emu_switch(&emu_main_sp, f->sp);
-#else
-                swapcontext(&emu_main, &f->ctx);
-#endif
-                if (!f->done) continue;
-                left--;
-                emu_moves++;
-                emu_live--;
-                emu_warp_live[t >> 5]--;
-                /* an exited thread counts as arrived: open what it was the last for */
-                emu_bar *wb = &emu_warp_bar[t >> 5];
-                if (wb->arrived && wb->arrived >= emu_warp_live[t >> 5]) wb->arrived = 0, wb->gen++;
-                if (emu_block_bar.arrived && emu_block_bar.arrived >= emu_live)
-                    emu_block_bar.arrived = 0, emu_block_bar.gen++;
+            if (mode == 3) { /* warp by warp, the last first, each as far as it gets */
+                for (unsigned w0 = (nt - 1) & ~31u;; w0 -= 32) {
+                    unsigned wn = nt - w0 < 32 ? nt - w0 : 32;
+                    for (;;) {
+                        unsigned long long seen = emu_arrivals + emu_moves;
+                        for (unsigned j = wn; j-- > 0;) {
+                            emu_fiber *f = &emu_fib[w0 + j];
+                            if (f->done || (f->at_block && f->bar_gen == emu_block_bar.gen))
+                                continue; /* at the block's barrier, still closed */
+                            if (emu_resume(w0 + j, bx, by, bz, &left, msg, msg_n)) return -1;
+                        }
+                        if (emu_arrivals + emu_moves == seen) break;
+                    }
+                    if (w0 == 0) break;
+                }
+            } else {
+                for (unsigned k = 0; k < nt; k++) {
+                    unsigned t = emu_perm[k];
+                    if (emu_fib[t].done) continue;
+                    if (emu_resume(t, bx, by, bz, &left, msg, msg_n)) return -1;
+                }
             }
             if (left && emu_moves == before) {
                 std::snprintf(msg, msg_n,
@@ -547,6 +613,51 @@ template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsign
                      : (unsigned)m[g][2 * t] | (unsigned)m[g][2 * t + 1] << 16;
     }
     __syncwarp();
+}
+
+/* ---- cp.async (kernels/cuk_attention_tc.cu's cuk_cp_async16 / _commit / _wait) -------------
+ * A copy is queued and made only at the cuk_cp_async_wait of its thread that lets its group
+ * through: the latest a GPU may complete it. So a tile read before its wait, or before the
+ * barrier that publishes other threads' copies, reads the poisoned or the previous contents
+ * (a race on a GPU) instead of the data by luck; the source is read at the wait. A thread that
+ * ends with copies queued fails the launch (emu_run_grid). JDT_CUDAEMU_CP_ASYNC=issue lands
+ * each copy when it is issued instead, the earliest a GPU may: a copy into a buffer other
+ * threads still read (no barrier between their reads and the issue) then corrupts their data. */
+
+static inline void cuk_cp_async16(void *dst, const void *src, bool full)
+{
+    unsigned t = emu_cur;
+    if ((uintptr_t)dst & 15u || (uintptr_t)src & 15u) { /* the GPU: "misaligned address" */
+        std::fprintf(stderr, "cudaemu: cp.async address %p <- %p is not 16-byte aligned\n", dst,
+                     src);
+        std::abort();
+    }
+    if (emu_cpa_early) { /* the earliest a GPU may land it: a write-after-read race shows */
+        full ? (void)std::memcpy(dst, src, 16) : (void)std::memset(dst, 0, 16);
+        return;
+    }
+    if (emu_cpa_n[t] == EMU_CPA_MAX) {
+        std::fprintf(stderr, "cudaemu: more than %d cp.async copies of one thread in flight\n",
+                     EMU_CPA_MAX);
+        std::abort();
+    }
+    emu_cpa_q[t][emu_cpa_n[t]++] = {dst, src, emu_cpa_groups[t], !full};
+}
+static inline void cuk_cp_async_commit()
+{
+    emu_cpa_groups[emu_cur]++;
+}
+template <int N> static inline void cuk_cp_async_wait()
+{
+    unsigned t = emu_cur, kept = 0;
+    for (unsigned i = 0; i < emu_cpa_n[t]; i++) {
+        const emu_cpa c = emu_cpa_q[t][i];
+        if (c.grp + N < emu_cpa_groups[t]) /* committed, and not among the N newest groups */
+            c.zero ? (void)std::memset(c.dst, 0, 16) : (void)std::memcpy(c.dst, c.src, 16);
+        else
+            emu_cpa_q[t][kept++] = c;
+    }
+    emu_cpa_n[t] = kept;
 }
 
 /* The dynamic shared memory (cuk_common.cuh's CUK_DYN_SMEM). */

@@ -27,7 +27,10 @@
  * nothing; a warp whose rows are all masked from a tile skips its products (warp-uniform, so
  * every lane still reaches every __syncthreads). Softmax in log2 units (tc_exp2). q, k, v are f32,
  * converted as tiles are stored (4 per thread and load where the head size and alignment allow:
- * tc_load), or bf16 (the _b kernels: the bits copied). Not yet: cp.async double buffering.
+ * tc_load), or bf16 (the _b kernels: the bits copied). The forward's and dQ's K/V tiles are
+ * double-buffered: the next tile is loaded while the block computes on this one, by cp.async
+ * for bf16 inputs (tc_load_async; f32 inputs are converted as they load, so theirs wait). dK/dV
+ * loads its Q and dO tiles as it needs them.
  */
 #include "cuk_common.cuh"
 
@@ -79,6 +82,36 @@ __device__ __forceinline__ void cuk_ldsm_x4(unsigned r[4], const unsigned short 
                      : "r"(a));
 #else
     __trap();
+#endif
+}
+
+/* cp.async (sm_80): a 16-byte copy from global to shared memory that completes in the
+ * background, without registers; `full` false writes 16 zero bytes instead (src-size 0: src
+ * is not read, but stays a valid address). Copies issued since the last commit form a group;
+ * cuk_cp_async_wait<N> waits until at most N of the thread's committed groups are in flight.
+ * A wait covers the calling thread's copies only: a __syncthreads after it publishes them to
+ * the block. The host emulation makes each copy at the wait that lets it through. */
+__device__ __forceinline__ void cuk_cp_async16(void *dst, const void *src, bool full)
+{
+#if __CUDA_ARCH__ >= 800
+    unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src),
+                 "r"(full ? 16 : 0)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void cuk_cp_async_commit()
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cuk_cp_async_wait()
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 #endif
@@ -184,6 +217,41 @@ __device__ __forceinline__ void tc_load(unsigned short *X, int lx, const TX *x, 
     for (int e = threadIdx.x; e < R * DM; e += TC_THREADS) {
         int r = e / DM, d = e - r * DM;
         X[r * lx + d] = t0 + r < T && d < D ? tc_one(x0[r * rs + d]) : (unsigned short)0;
+    }
+}
+
+/* tc_load issued in the background: for bf16 x (the _b kernels) with D a multiple of 8 and x
+ * 16-byte aligned, each thread copies 16-byte chunks (8 elements) of rows by cp.async, its
+ * (row, chunk) fixed over unrolled passes, zero-filled past T and past D; the caller commits,
+ * waits and synchronises the block before reading X. Otherwise (f32 x, or an odd head size or
+ * alignment) tc_load, done when it returns. */
+template <int R, int DM>
+__device__ __forceinline__ void tc_load_async(unsigned short *X, int lx, const float *x,
+                                              unsigned bthd, int bit, i64 b, i64 h, i64 t0, i64 H,
+                                              i64 T, i64 D)
+{
+    tc_load<R, DM>(X, lx, x, bthd, bit, b, h, t0, H, T, D);
+}
+template <int R, int DM>
+__device__ __forceinline__ void tc_load_async(unsigned short *X, int lx, const unsigned short *x,
+                                              unsigned bthd, int bit, i64 b, i64 h, i64 t0, i64 H,
+                                              i64 T, i64 D)
+{
+    if (!TC_WHOLE((D & 7) == 0 && ((unsigned long long)x & 15) == 0)) {
+        tc_load<R, DM>(X, lx, x, bthd, bit, b, h, t0, H, T, D);
+        return;
+    }
+    constexpr int Q = DM / 8, RP = TC_THREADS / Q; /* chunks per row, rows per pass */
+    static_assert(TC_THREADS % Q == 0 && R % RP == 0, "whole passes");
+    const i64 rs = (bthd >> bit & 1u) ? H * D : D;
+    const unsigned short *x0 = x + tc_row(bthd, bit, b, h, t0, H, T, D);
+    const int r = threadIdx.x / Q, d = (threadIdx.x % Q) * 8;
+    const bool full = TC_WHOLE(t0 + R <= T && D == DM);
+#pragma unroll
+    for (int k = 0; k < R / RP; k++) {
+        const int row = r + k * RP;
+        const bool in = full || (t0 + row < T && d < D);
+        cuk_cp_async16(X + row * lx + d, in ? x0 + row * rs + d : x0, in);
     }
 }
 
@@ -360,9 +428,9 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
                        const float *dout, float *stats, float *lse, i64 B, i64 H, i64 T, i64 D,
                        float scale, unsigned bthd)
 {
-    constexpr int L = DM + 8, NQ = TC_BR * L, NKV = 2 * BC * L;
-    __shared__ float4 smv[(NQ > NKV ? NQ : NKV) / 8]; /* 16-byte aligned rows for ldmatrix */
-    unsigned short *sm = (unsigned short *)smv, *Ks = sm, *Vs = sm + BC * L;
+    constexpr int L = DM + 8, NQ = TC_BR * L, NKV = 2 * BC * L; /* NKV: one K and one V tile */
+    __shared__ float4 smv[(NQ > 2 * NKV ? NQ : 2 * NKV) / 8]; /* 16-byte aligned rows */
+    unsigned short *sm = (unsigned short *)smv;
     const float sl2 = scale * TC_LOG2E; /* scores in log2 units: tc_exp2 */
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nqb = (T + TC_BR - 1) / TC_BR;
@@ -378,11 +446,25 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
             acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
         float m[2] = {CUK_NEG_INF, CUK_NEG_INF}, l[2] = {0.0f, 0.0f};
         i64 kend = min(T, (qb + 1) * TC_BR);
+        /* double-buffered tiles: tile j0 + BC is copied into one buffer while the block
+         * computes on j0 in the other (tc_load_async) */
+        __syncthreads(); /* every warp has its q fragments: the staging area is free */
+        tc_load_async<BC, DM>(sm, L, k, bthd, 1, b, h, 0, H, T, D);
+        if (!STATS) tc_load_async<BC, DM>(sm + BC * L, L, v, bthd, 2, b, h, 0, H, T, D);
+        cuk_cp_async_commit();
         for (i64 j0 = 0; j0 < kend; j0 += BC) {
-            __syncthreads();
-            tc_load<BC, DM>(Ks, L, k, bthd, 1, b, h, j0, H, T, D);
-            if (!STATS) tc_load<BC, DM>(Vs, L, v, bthd, 2, b, h, j0, H, T, D);
-            __syncthreads();
+            unsigned short *Ks = sm + ((j0 / BC) & 1) * NKV, *Vs = Ks + BC * L;
+            __syncthreads(); /* every warp is done with the other buffer's tile */
+            if (j0 + BC < kend) {
+                unsigned short *Kn = sm + (((j0 / BC) + 1) & 1) * NKV;
+                tc_load_async<BC, DM>(Kn, L, k, bthd, 1, b, h, j0 + BC, H, T, D);
+                if (!STATS) tc_load_async<BC, DM>(Kn + BC * L, L, v, bthd, 2, b, h, j0 + BC, H, T, D);
+                cuk_cp_async_commit();
+                cuk_cp_async_wait<1>(); /* this thread's copies of tile j0 have landed */
+            } else {
+                cuk_cp_async_wait<0>();
+            }
+            __syncthreads(); /* and every thread's */
             if (j0 > qb * TC_BR + w * 16 + 15) continue; /* the warp's rows see none of it */
             float s[BC / 8][4];
             tc_rows_by<DM, BC>(s, qa, Ks, L, lane);
@@ -457,11 +539,10 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
                       int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale,
                       unsigned bthd)
 {
-    constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BC * L;
-    __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
+    constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BC * L; /* N2: a K and a V tile */
+    __shared__ float4 smv[(N1 > 2 * N2 ? N1 : 2 * N2) / 8];
     static_assert(TC_BR * (DM + 4) * sizeof(float) <= sizeof smv, "tc_stage fits");
     unsigned short *sm = (unsigned short *)smv;
-    unsigned short *Ks = sm, *Vs = sm + BC * L;
     const float sl2 = scale * TC_LOG2E;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nqb = (T + TC_BR - 1) / TC_BR;
@@ -490,10 +571,22 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
         for (int dn = 0; dn < DM / 8; dn++)
             acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
         i64 kend = min(T, (qb + 1) * TC_BR);
+        __syncthreads(); /* double-buffered tiles, as in tc_fwd */
+        tc_load_async<BC, DM>(sm, L, k, bthd, 1, b, h, 0, H, T, D);
+        tc_load_async<BC, DM>(sm + BC * L, L, v, bthd, 2, b, h, 0, H, T, D);
+        cuk_cp_async_commit();
         for (i64 j0 = 0; j0 < kend; j0 += BC) {
+            unsigned short *Ks = sm + ((j0 / BC) & 1) * N2, *Vs = Ks + BC * L;
             __syncthreads();
-            tc_load<BC, DM>(Ks, L, k, bthd, 1, b, h, j0, H, T, D);
-            tc_load<BC, DM>(Vs, L, v, bthd, 2, b, h, j0, H, T, D);
+            if (j0 + BC < kend) {
+                unsigned short *Kn = sm + (((j0 / BC) + 1) & 1) * N2;
+                tc_load_async<BC, DM>(Kn, L, k, bthd, 1, b, h, j0 + BC, H, T, D);
+                tc_load_async<BC, DM>(Kn + BC * L, L, v, bthd, 2, b, h, j0 + BC, H, T, D);
+                cuk_cp_async_commit();
+                cuk_cp_async_wait<1>();
+            } else {
+                cuk_cp_async_wait<0>();
+            }
             __syncthreads();
             if (j0 > qb * TC_BR + w * 16 + 15) continue;
             float s[BC / 8][4], dp[BC / 8][4];
@@ -605,7 +698,7 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
  * BC key rows per tile for the forward and dQ, BQ query rows per tile for dK/dV. Block:
  * TC_THREADS threads, static shared memory only (at most 48 KiB). */
 #define TC_VARIANT(DM, BC, BQ, TQ, SFX)                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_fwd##SFX##_d##DM(          \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) cuk_att_tc_fwd##SFX##_d##DM(          \
         const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b, float *lse, i64 B,     \
         i64 H, i64 T, i64 D, float scale, unsigned bthd)                                           \
     {                                                                                              \
