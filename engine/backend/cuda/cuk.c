@@ -799,10 +799,19 @@ void jdt_cuk_dgelu_bf16(jdt_cuk *k, const uint16_t *u, uint16_t *g, int64_t n)
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */
 #define ATT_THREADS 128 /* 4 threads per row */
 
+/* The backward's scratch: L and dO.O per row (f32), then, 16-byte aligned, where the
+ * tensor-core kernels may serve (D <= 128), dO as bf16 with rows of the class's width (64 or
+ * 128), which the dQ kernel writes and the dK/dV kernel's tiles copy (cuk_attention_tc.cu). */
+static int64_t att_g16_offset(int64_t B, int64_t H, int64_t T)
+{
+    return (2 * B * H * T * (int64_t)sizeof(float) + 15) / 16 * 16;
+}
+
 int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D)
 {
-    (void)D;
-    return 2 * B * H * T * (int64_t)sizeof(float);
+    int64_t stats = 2 * B * H * T * (int64_t)sizeof(float);
+    if (D > 128) return stats;
+    return att_g16_offset(B, H, T) + B * H * T * (D <= 64 ? 64 : 128) * 2;
 }
 
 /* The head-size class of D: kernel offset 0/1/2 and the tile rows CT; -1 when D > 256. */
@@ -898,6 +907,12 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
     void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
     void *qargs[] = {&q,     &kk,    &v,  &o, &dout, &lse, &stats, &dq,    &q2,  &q2b,
                      &q2rot, &q2inv, &qp, &B, &H,    &T,   &D,     &scale, &bthd};
+    /* the tensor-core kernels: dO's bf16 copy after the statistics (dQ writes, dK/dV reads) */
+    void *g16 = (char *)scratch + att_g16_offset(B, H, T);
+    void *tqargs[] = {&q,   &kk,    &v,     &o,  &dout, &lse, &stats, &g16, &dq,    &q2,
+                      &q2b, &q2rot, &q2inv, &qp, &B,    &H,   &T,     &D,   &scale, &bthd};
+    void *tkargs[] = {&q,     &kk,     &v,  &g16, &stats, &dk, &dv, &k2, &v2,    &kv2b, &k2rot,
+                      &v2rot, &kv2inv, &kp, &vp,  &B,     &H,  &T,  &D,  &scale, &bthd};
     void *kargs[] = {&q,     &kk,     &v,  &dout, &stats, &dk, &dv, &k2, &v2,    &kv2b, &k2rot,
                      &v2rot, &kv2inv, &kp, &vp,   &B,     &H,  &T,  &D,  &scale, &bthd};
     if (tc >= 0) {
@@ -908,9 +923,9 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                 att_kernel(JDT_CUK_K_ATT_TC_STATS_D64, JDT_CUK_K_ATT_TC_STATS_B_D64, qkv_bf16, tc),
                 blocks, ATT_TC_THREADS, 0, sargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DQ_D64, JDT_CUK_K_ATT_TC_DQ_B_D64, qkv_bf16, tc),
-               blocks, ATT_TC_THREADS, 0, qargs);
+               blocks, ATT_TC_THREADS, 0, tqargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DKV_D64, JDT_CUK_K_ATT_TC_DKV_B_D64, qkv_bf16, tc),
-               blocks, ATT_TC_THREADS, 0, kargs);
+               blocks, ATT_TC_THREADS, 0, tkargs);
         return;
     }
     int64_t ct;

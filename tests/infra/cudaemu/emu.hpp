@@ -236,7 +236,7 @@ static unsigned long long emu_launches;
 struct emu_cpa {
     void *dst;
     const void *src;
-    unsigned grp;
+    unsigned grp, bytes;
     bool zero;
 };
 static emu_cpa emu_cpa_q[EMU_MAX_THREADS][EMU_CPA_MAX];
@@ -615,7 +615,7 @@ template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsign
     __syncwarp();
 }
 
-/* ---- cp.async (kernels/cuk_attention_tc.cu's cuk_cp_async16 / _commit / _wait) -------------
+/* ---- cp.async (kernels/cuk_attention_tc.cu's cuk_cp_async16 / 4 / _commit / _wait) ---------
  * A copy is queued and made only at the cuk_cp_async_wait of its thread that lets its group
  * through: the latest a GPU may complete it. So a tile read before its wait, or before the
  * barrier that publishes other threads' copies, reads the poisoned or the previous contents
@@ -624,16 +624,16 @@ template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsign
  * each copy when it is issued instead, the earliest a GPU may: a copy into a buffer other
  * threads still read (no barrier between their reads and the issue) then corrupts their data. */
 
-static inline void cuk_cp_async16(void *dst, const void *src, bool full)
+static inline void emu_cp_async(void *dst, const void *src, bool full, unsigned bytes)
 {
     unsigned t = emu_cur;
-    if ((uintptr_t)dst & 15u || (uintptr_t)src & 15u) { /* the GPU: "misaligned address" */
-        std::fprintf(stderr, "cudaemu: cp.async address %p <- %p is not 16-byte aligned\n", dst,
-                     src);
+    if ((uintptr_t)dst % bytes || (uintptr_t)src % bytes) { /* the GPU: "misaligned address" */
+        std::fprintf(stderr, "cudaemu: cp.async address %p <- %p is not %u-byte aligned\n", dst,
+                     src, bytes);
         std::abort();
     }
     if (emu_cpa_early) { /* the earliest a GPU may land it: a write-after-read race shows */
-        full ? (void)std::memcpy(dst, src, 16) : (void)std::memset(dst, 0, 16);
+        full ? (void)std::memcpy(dst, src, bytes) : (void)std::memset(dst, 0, bytes);
         return;
     }
     if (emu_cpa_n[t] == EMU_CPA_MAX) {
@@ -641,7 +641,15 @@ static inline void cuk_cp_async16(void *dst, const void *src, bool full)
                      EMU_CPA_MAX);
         std::abort();
     }
-    emu_cpa_q[t][emu_cpa_n[t]++] = {dst, src, emu_cpa_groups[t], !full};
+    emu_cpa_q[t][emu_cpa_n[t]++] = {dst, src, emu_cpa_groups[t], bytes, !full};
+}
+static inline void cuk_cp_async16(void *dst, const void *src, bool full)
+{
+    emu_cp_async(dst, src, full, 16);
+}
+static inline void cuk_cp_async4(void *dst, const void *src, bool full)
+{
+    emu_cp_async(dst, src, full, 4);
 }
 static inline void cuk_cp_async_commit()
 {
@@ -653,7 +661,7 @@ template <int N> static inline void cuk_cp_async_wait()
     for (unsigned i = 0; i < emu_cpa_n[t]; i++) {
         const emu_cpa c = emu_cpa_q[t][i];
         if (c.grp + N < emu_cpa_groups[t]) /* committed, and not among the N newest groups */
-            c.zero ? (void)std::memset(c.dst, 0, 16) : (void)std::memcpy(c.dst, c.src, 16);
+            c.zero ? (void)std::memset(c.dst, 0, c.bytes) : (void)std::memcpy(c.dst, c.src, c.bytes);
         else
             emu_cpa_q[t][kept++] = c;
     }

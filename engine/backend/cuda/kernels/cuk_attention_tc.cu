@@ -27,10 +27,11 @@
  * nothing; a warp whose rows are all masked from a tile skips its products (warp-uniform, so
  * every lane still reaches every __syncthreads). Softmax in log2 units (tc_exp2). q, k, v are f32,
  * converted as tiles are stored (4 per thread and load where the head size and alignment allow:
- * tc_load), or bf16 (the _b kernels: the bits copied). The forward's and dQ's K/V tiles are
- * double-buffered: the next tile is loaded while the block computes on this one, by cp.async
- * for bf16 inputs (tc_load_async; f32 inputs are converted as they load, so theirs wait). dK/dV
- * loads its Q and dO tiles as it needs them.
+ * tc_load), or bf16 (the _b kernels: the bits copied). Every tile loop is double-buffered: the
+ * next tile is loaded while the block computes on this one, by cp.async for bf16 rows
+ * (tc_load_async; f32 inputs are converted as they load, so theirs wait). dO is f32: the dQ
+ * kernel writes the bf16 rows it stages to the scratch (g16), and dK/dV copies its tiles from
+ * there.
  */
 #include "cuk_common.cuh"
 
@@ -97,6 +98,18 @@ __device__ __forceinline__ void cuk_cp_async16(void *dst, const void *src, bool 
     unsigned a = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src),
                  "r"(full ? 16 : 0)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+/* The same of 4 bytes (cached in L1 too: .ca, the only form of that size). */
+__device__ __forceinline__ void cuk_cp_async4(void *dst, const void *src, bool full)
+{
+#if __CUDA_ARCH__ >= 800
+    unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(src),
+                 "r"(full ? 4 : 0)
                  : "memory");
 #else
     __trap();
@@ -535,9 +548,9 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
  * also stored in stats for the dK/dV kernel. */
 template <int DM, int BC, class TQ>
 __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,
-                      const float *lse, float *stats, float *dq, void *g2, int g2b, double g2rot,
-                      int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale,
-                      unsigned bthd)
+                      const float *lse, float *stats, unsigned short *g16, float *dq, void *g2,
+                      int g2b, double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T, i64 D,
+                      float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BC * L; /* N2: a K and a V tile */
     __shared__ float4 smv[(N1 > 2 * N2 ? N1 : 2 * N2) / 8];
@@ -551,6 +564,17 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
         i64 i0 = qb * TC_BR + w * 16 + g;
         unsigned qa[DM / 16][4], ga[DM / 16][4];
         tc_rows_a<DM>(qa, ga, sm, q, 0, dout, 4, bthd, b, h, qb * TC_BR, H, T, D);
+        { /* dO's rows as the bf16 tiles stage them (zeros past D), row stride DM, into g16 for
+           * the dK/dV kernel, which then copies its dO tiles as they are (cp.async) */
+            constexpr int Q8 = DM / 8;
+            for (int e = threadIdx.x; e < TC_BR * Q8; e += TC_THREADS) {
+                int r = e / Q8, c = (e - r * Q8) * 8;
+                i64 i = qb * TC_BR + r;
+                if (i < T)
+                    *(uint4 *)(g16 + (bh * T + i) * DM + c) =
+                        *(const uint4 *)(sm + TC_BR * L + r * L + c);
+            }
+        }
         float L2[2], dl[2]; /* L in log2 units, delta */
         if (lse) { /* the statistics here (uniform over the grid) */
             tc_delta(o, dout, stats, dl, bthd, b, h, bh, qb * TC_BR + w * 16, lane, g, B, H, T, D);
@@ -618,20 +642,43 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
     }
 }
 
-/* dk, dv (B, H, T, D) from the stats: rows are keys, tiles stream queries i >= the block's
- * first key. */
+/* The dK/dV kernel's tiles for queries q0..q0+BQ-1 issued: Q (cp.async when bf16, else loaded
+ * and rounded here), dO from the dQ kernel's bf16 copy g16 (row stride DM: cp.async), and L
+ * and delta from the statistics by 4-byte cp.async (zeros past T), raw: their owner scales
+ * them once its copies have landed. */
 template <int DM, int BQ, class TQ>
-__device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
+__device__ __forceinline__ void tc_dkv_issue(unsigned short *Qs, float *Ls, float *Ds,
+                                             const TQ *q, const unsigned short *g16,
+                                             const float *stats, unsigned bthd, i64 b, i64 h,
+                                             i64 bh, i64 q0, i64 B, i64 H, i64 T, i64 D)
+{
+    constexpr int L = DM + 8;
+    tc_load_async<BQ, DM>(Qs, L, q, bthd, 0, b, h, q0, H, T, D);
+    tc_load_async<BQ, DM>(Qs + BQ * L, L, g16, 0u, 4, b, h, q0, H, T, (i64)DM);
+    static_assert(BQ <= TC_THREADS, "a thread per query of the tile");
+    if (threadIdx.x < BQ) {
+        int c = threadIdx.x;
+        bool in = q0 + c < T;
+        const float *ls = stats + bh * T + (in ? q0 + c : 0);
+        cuk_cp_async4(&Ls[c], ls, in);
+        cuk_cp_async4(&Ds[c], ls + B * H * T, in);
+    }
+}
+
+/* dk, dv (B, H, T, D) from the stats and g16 (dO as bf16, row stride DM, which the dQ kernel
+ * wrote): rows are keys, tiles stream queries i >= the block's first key, double-buffered as
+ * the forward's. */
+template <int DM, int BQ, class TQ>
+__device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned short *g16,
                        const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b,
                        double k2rot, double v2rot, int kv2inv, float *kpart, float *vpart, i64 B,
                        i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
-    constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BQ * L;
-    __shared__ float4 smv[(N1 > N2 ? N1 : N2) / 8];
+    constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BQ * L; /* N2: a Q and a dO tile */
+    __shared__ float4 smv[(N1 > 2 * N2 ? N1 : 2 * N2) / 8];
     static_assert(TC_BR * (DM + 4) * sizeof(float) <= sizeof smv, "tc_stage fits");
-    __shared__ float Ls[BQ], Ds[BQ];
+    __shared__ float Ls2[2][BQ], Ds2[2][BQ];
     unsigned short *sm = (unsigned short *)smv;
-    unsigned short *Qs = sm, *Gs = sm + BQ * L;
     const float sl2 = scale * TC_LOG2E;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nkb = (T + TC_BR - 1) / TC_BR;
@@ -645,18 +692,28 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
         for (int dn = 0; dn < DM / 8; dn++)
             for (int e = 0; e < 4; e++)
                 ak[dn][e] = av[dn][e] = 0.0f;
-        for (i64 q0 = (kb * TC_BR) / BQ * BQ; q0 < T; q0 += BQ) {
-            __syncthreads();
-            tc_load<BQ, DM>(Qs, L, q, bthd, 0, b, h, q0, H, T, D);
-            tc_load<BQ, DM>(Gs, L, dout, bthd, 4, b, h, q0, H, T, D);
-            static_assert(BQ <= TC_THREADS, "a thread per query of the tile");
-            if (threadIdx.x < BQ) {
-                int c = threadIdx.x;
-                bool in = q0 + c < T;
-                Ls[c] = in ? stats[bh * T + q0 + c] * TC_LOG2E : 0.0f;
-                Ds[c] = in ? stats[B * H * T + bh * T + q0 + c] * scale : 0.0f; /* as in dQ */
+        const i64 qs = (kb * TC_BR) / BQ * BQ;
+        __syncthreads(); /* every warp has its k, v fragments: the staging area is free */
+        tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, stats, bthd, b, h, bh, qs, B, H, T, D);
+        cuk_cp_async_commit();
+        for (i64 q0 = qs; q0 < T; q0 += BQ) {
+            const int u = (int)((q0 - qs) / BQ) & 1;
+            unsigned short *Qs = sm + u * N2, *Gs = Qs + BQ * L;
+            float *Ls = Ls2[u], *Ds = Ds2[u];
+            __syncthreads(); /* every warp is done with the other buffer's tiles */
+            if (q0 + BQ < T) {
+                tc_dkv_issue<DM, BQ>(sm + (u ^ 1) * N2, Ls2[u ^ 1], Ds2[u ^ 1], q, g16, stats,
+                                     bthd, b, h, bh, q0 + BQ, B, H, T, D);
+                cuk_cp_async_commit();
+                cuk_cp_async_wait<1>();
+            } else {
+                cuk_cp_async_wait<0>();
             }
-            __syncthreads();
+            if (threadIdx.x < BQ) { /* this thread's L and delta have landed */
+                Ls[threadIdx.x] *= TC_LOG2E;
+                Ds[threadIdx.x] *= scale; /* as in dQ */
+            }
+            __syncthreads(); /* every thread's copies and scalings */
             if (q0 + BQ - 1 < kb * TC_BR + w * 16) continue; /* every query before the keys */
             float s[BQ / 8][4], dp[BQ / 8][4];
             tc_rows_by<DM, BQ>(s, ka, Qs, L, lane);  /* k . q */
@@ -714,18 +771,20 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_dq##SFX##_d##DM(           \
         const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,                  \
-        const float *lse, float *stats, float *dq, void *g2, int g2b, double g2rot, int g2inv,     \
-        float *part, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)                       \
+        const float *lse, float *stats, unsigned short *g16, float *dq, void *g2, int g2b,         \
+        double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale,             \
+        unsigned bthd)                                                                             \
     {                                                                                              \
-        tc_dq<DM, BC>(q, k, v, o, dout, lse, stats, dq, g2, g2b, g2rot, g2inv, part, B, H, T, D,   \
-                      scale, bthd);                                                                \
+        tc_dq<DM, BC>(q, k, v, o, dout, lse, stats, g16, dq, g2, g2b, g2rot, g2inv, part, B, H, T, \
+                      D, scale, bthd);                                                             \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_dkv##SFX##_d##DM(          \
-        const TQ *q, const TQ *k, const TQ *v, const float *dout, const float *stats, float *dk,   \
-        float *dv, void *k2, void *v2, int kv2b, double k2rot, double v2rot, int kv2inv,           \
-        float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)        \
+        const TQ *q, const TQ *k, const TQ *v, const unsigned short *g16, const float *stats,      \
+        float *dk, float *dv, void *k2, void *v2, int kv2b, double k2rot, double v2rot,            \
+        int kv2inv, float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, float scale,           \
+        unsigned bthd)                                                                             \
     {                                                                                              \
-        tc_dkv<DM, BQ>(q, k, v, dout, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, kpart,    \
+        tc_dkv<DM, BQ>(q, k, v, g16, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, kpart,     \
                        vpart, B, H, T, D, scale, bthd);                                            \
     }
 
