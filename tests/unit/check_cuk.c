@@ -1558,6 +1558,25 @@ static const char EMU_PROBE_SRC[] = "extern \"C\" __global__ void emu_probe(unsi
                                     "    out[(2 * b + 1) * 64 + t] = s[(t + 1) % 64];\n"
                                     "}\n";
 
+/* A probe program compiled for sm_90 by the (emulated) NVRTC and loaded; *image (the cubin,
+ * which the library uses) is the caller's to free after cudaLibraryUnload. */
+static cudaLibrary_t emu_probe_load(const char *src, const char *name, char **image)
+{
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
+    const char *opts[] = {"--gpu-architecture=sm_90"};
+    ck_assert_int_eq(nvrtcCompileProgram(prog, 1, opts), NVRTC_SUCCESS);
+    size_t n = 0;
+    ck_assert_int_eq(nvrtcGetCUBINSize(prog, &n), NVRTC_SUCCESS);
+    *image = malloc(n);
+    ck_assert_ptr_nonnull(*image);
+    ck_assert_int_eq(nvrtcGetCUBIN(prog, *image), NVRTC_SUCCESS);
+    nvrtcDestroyProgram(&prog);
+    cudaLibrary_t lib;
+    ck_assert_int_eq(cudaLibraryLoadData(&lib, *image, NULL, NULL, 0, NULL, NULL, 0), cudaSuccess);
+    return lib;
+}
+
 static void emu_probe_run(cudaKernel_t fn, const char *order, unsigned out[256])
 {
     if (order)
@@ -1584,19 +1603,8 @@ START_TEST(test_emulator_strict)
         jdt_cuk_free(k);
         return;
     }
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, EMU_PROBE_SRC, "emu_probe.cu", 0, NULL, NULL),
-                     NVRTC_SUCCESS);
-    const char *opts[] = {"--gpu-architecture=sm_90"};
-    ck_assert_int_eq(nvrtcCompileProgram(prog, 1, opts), NVRTC_SUCCESS);
-    size_t n = 0;
-    ck_assert_int_eq(nvrtcGetCUBINSize(prog, &n), NVRTC_SUCCESS);
-    char *image = malloc(n);
-    ck_assert_ptr_nonnull(image);
-    ck_assert_int_eq(nvrtcGetCUBIN(prog, image), NVRTC_SUCCESS);
-    nvrtcDestroyProgram(&prog);
-    cudaLibrary_t lib;
-    ck_assert_int_eq(cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0), cudaSuccess);
+    char *image;
+    cudaLibrary_t lib = emu_probe_load(EMU_PROBE_SRC, "emu_probe.cu", &image);
     cudaKernel_t fn;
     ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_probe"), cudaSuccess);
     const unsigned P = 0xffffffffu;
@@ -1648,7 +1656,7 @@ static const char EMU_PROBE2_SRC[] =
     "{\n"
     "    __shared__ float4 c[64];\n"
     "    unsigned t = threadIdx.x;\n"
-    "    cuk_cp_async16(&c[t], src + 4 * t, t % 2 == 0);\n"
+    "    cuk_cp_async<16>(&c[t], src + 4 * t, t % 2 == 0);\n"
     "    cuk_cp_async_commit();\n"
     "    out[t] = __float_as_uint(c[t].x);\n"
     "    cuk_cp_async_wait<0>();\n"
@@ -1680,19 +1688,8 @@ START_TEST(test_emulator_warps_cp_async)
         jdt_cuk_free(k);
         return;
     }
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, EMU_PROBE2_SRC, "emu_probe2.cu", 0, NULL, NULL),
-                     NVRTC_SUCCESS);
-    const char *opts[] = {"--gpu-architecture=sm_90"};
-    ck_assert_int_eq(nvrtcCompileProgram(prog, 1, opts), NVRTC_SUCCESS);
-    size_t n = 0;
-    ck_assert_int_eq(nvrtcGetCUBINSize(prog, &n), NVRTC_SUCCESS);
-    char *image = malloc(n);
-    ck_assert_ptr_nonnull(image);
-    ck_assert_int_eq(nvrtcGetCUBIN(prog, image), NVRTC_SUCCESS);
-    nvrtcDestroyProgram(&prog);
-    cudaLibrary_t lib;
-    ck_assert_int_eq(cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0), cudaSuccess);
+    char *image;
+    cudaLibrary_t lib = emu_probe_load(EMU_PROBE2_SRC, "emu_probe2.cu", &image);
     cudaKernel_t warps, cpa;
     ck_assert_int_eq(cudaLibraryGetKernel(&warps, lib, "emu_warps"), cudaSuccess);
     ck_assert_int_eq(cudaLibraryGetKernel(&cpa, lib, "emu_cpa"), cudaSuccess);

@@ -231,7 +231,7 @@ extern "C" unsigned char __start_jdt_emu_shared[] __attribute__((weak, visibilit
 extern "C" unsigned char __stop_jdt_emu_shared[] __attribute__((weak, visibility("hidden")));
 static unsigned emu_perm[EMU_MAX_THREADS]; /* the order of a pass over the block's threads */
 static unsigned long long emu_launches;
-/* cp.async copies queued per thread (cuk_cp_async16, below): what, which group, how many */
+/* cp.async copies queued per thread (cuk_cp_async, below): what, which group, how many */
 #define EMU_CPA_MAX 64
 struct emu_cpa {
     void *dst;
@@ -615,7 +615,7 @@ template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsign
     __syncwarp();
 }
 
-/* ---- cp.async (kernels/cuk_attention_tc.cu's cuk_cp_async16 / 4 / _commit / _wait) ---------
+/* ---- cp.async (kernels/cuk_attention_tc.cu's cuk_cp_async / _commit / _wait) -------------
  * A copy is queued and made only at the cuk_cp_async_wait of its thread that lets its group
  * through: the latest a GPU may complete it. So a tile read before its wait, or before the
  * barrier that publishes other threads' copies, reads the poisoned or the previous contents
@@ -643,13 +643,9 @@ static inline void emu_cp_async(void *dst, const void *src, bool full, unsigned 
     }
     emu_cpa_q[t][emu_cpa_n[t]++] = {dst, src, emu_cpa_groups[t], bytes, !full};
 }
-static inline void cuk_cp_async16(void *dst, const void *src, bool full)
+template <int N> static inline void cuk_cp_async(void *dst, const void *src, bool full)
 {
-    emu_cp_async(dst, src, full, 16);
-}
-static inline void cuk_cp_async4(void *dst, const void *src, bool full)
-{
-    emu_cp_async(dst, src, full, 4);
+    emu_cp_async(dst, src, full, N);
 }
 static inline void cuk_cp_async_commit()
 {

@@ -86,31 +86,26 @@ __device__ __forceinline__ void cuk_ldsm_x4(unsigned r[4], const unsigned short 
 #endif
 }
 
-/* cp.async (sm_80): a 16-byte copy from global to shared memory that completes in the
- * background, without registers; `full` false writes 16 zero bytes instead (src-size 0: src
+/* cp.async (sm_80): an N-byte copy (16 or 4) from global to shared memory that completes in
+ * the background, without registers; `full` false writes N zero bytes instead (src-size 0: src
  * is not read, but stays a valid address). Copies issued since the last commit form a group;
  * cuk_cp_async_wait<N> waits until at most N of the thread's committed groups are in flight.
  * A wait covers the calling thread's copies only: a __syncthreads after it publishes them to
  * the block. The host emulation makes each copy at the wait that lets it through. */
-__device__ __forceinline__ void cuk_cp_async16(void *dst, const void *src, bool full)
+template <int N>
+__device__ __forceinline__ void cuk_cp_async(void *dst, const void *src, bool full)
 {
+    static_assert(N == 16 || N == 4, "16-byte tiles' chunks or 4-byte statistics");
 #if __CUDA_ARCH__ >= 800
     unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src),
-                 "r"(full ? 16 : 0)
-                 : "memory");
-#else
-    __trap();
-#endif
-}
-/* The same of 4 bytes (cached in L1 too: .ca, the only form of that size). */
-__device__ __forceinline__ void cuk_cp_async4(void *dst, const void *src, bool full)
-{
-#if __CUDA_ARCH__ >= 800
-    unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(src),
-                 "r"(full ? 4 : 0)
-                 : "memory");
+    if (N == 16) /* .cg: L2 only, the tiles stream */
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src),
+                     "r"(full ? 16 : 0)
+                     : "memory");
+    else /* .ca: the only form of 4 bytes */
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(src),
+                     "r"(full ? 4 : 0)
+                     : "memory");
 #else
     __trap();
 #endif
@@ -264,7 +259,7 @@ __device__ __forceinline__ void tc_load_async(unsigned short *X, int lx, const u
     for (int k = 0; k < R / RP; k++) {
         const int row = r + k * RP;
         const bool in = full || (t0 + row < T && d < D);
-        cuk_cp_async16(X + row * lx + d, in ? x0 + row * rs + d : x0, in);
+        cuk_cp_async<16>(X + row * lx + d, in ? x0 + row * rs + d : x0, in);
     }
 }
 
@@ -660,8 +655,8 @@ __device__ __forceinline__ void tc_dkv_issue(unsigned short *Qs, float *Ls, floa
         int c = threadIdx.x;
         bool in = q0 + c < T;
         const float *ls = stats + bh * T + (in ? q0 + c : 0);
-        cuk_cp_async4(&Ls[c], ls, in);
-        cuk_cp_async4(&Ds[c], ls + B * H * T, in);
+        cuk_cp_async<4>(&Ls[c], ls, in);
+        cuk_cp_async<4>(&Ds[c], ls + B * H * T, in);
     }
 }
 
