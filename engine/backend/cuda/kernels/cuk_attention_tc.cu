@@ -764,7 +764,7 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
         tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats,       \
                              nullptr, B, H, T, D, scale, bthd);                                    \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_dq##SFX##_d##DM(           \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, DM <= 64 ? 3 : 2) cuk_att_tc_dq##SFX##_d##DM(       \
         const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,                  \
         const float *lse, float *stats, unsigned short *g16, float *dq, void *g2, int g2b,         \
         double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale,             \
