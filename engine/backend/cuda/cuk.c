@@ -907,16 +907,16 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
     void *sargs[] = {&q, &kk, &o, &dout, &stats, &B, &H, &T, &D, &scale, &bthd};
     void *qargs[] = {&q,     &kk,    &v,  &o, &dout, &lse, &stats, &dq,    &q2,  &q2b,
                      &q2rot, &q2inv, &qp, &B, &H,    &T,   &D,     &scale, &bthd};
-    /* the tensor-core kernels: dO's bf16 copy after the statistics (dQ writes, dK/dV reads) */
-    void *g16 = (char *)scratch + att_g16_offset(B, H, T);
-    void *tqargs[] = {&q,   &kk,    &v,     &o,  &dout, &lse, &stats, &g16, &dq,    &q2,
-                      &q2b, &q2rot, &q2inv, &qp, &B,    &H,   &T,     &D,   &scale, &bthd};
-    void *tkargs[] = {&q,     &kk,     &v,  &g16, &stats, &dk, &dv, &k2, &v2,    &kv2b, &k2rot,
-                      &v2rot, &kv2inv, &kp, &vp,  &B,     &H,  &T,  &D,  &scale, &bthd};
     void *kargs[] = {&q,     &kk,     &v,  &dout, &stats, &dk, &dv, &k2, &v2,    &kv2b, &k2rot,
                      &v2rot, &kv2inv, &kp, &vp,   &B,     &H,  &T,  &D,  &scale, &bthd};
     if (tc >= 0) {
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
+        /* dO's bf16 copy after the statistics: the dQ kernel writes it, dK/dV reads it */
+        void *g16 = (char *)scratch + att_g16_offset(B, H, T);
+        void *tqargs[] = {&q,   &kk,    &v,     &o,  &dout, &lse, &stats, &g16, &dq,    &q2,
+                          &q2b, &q2rot, &q2inv, &qp, &B,    &H,   &T,     &D,   &scale, &bthd};
+        void *tkargs[] = {&q,     &kk,     &v,  &g16, &stats, &dk, &dv, &k2, &v2,    &kv2b, &k2rot,
+                          &v2rot, &kv2inv, &kp, &vp,  &B,     &H,  &T,  &D,  &scale, &bthd};
         if (!lse)
             launch(
                 k,

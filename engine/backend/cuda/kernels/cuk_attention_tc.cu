@@ -263,6 +263,31 @@ __device__ __forceinline__ void tc_load_async(unsigned short *X, int lx, const u
     }
 }
 
+/* The K tile (and, with V, the V tile after it) of keys j0.. into X, issued. */
+template <int BC, int DM, bool V, class TQ>
+__device__ __forceinline__ void tc_kv_issue(unsigned short *X, const TQ *k, const TQ *v,
+                                            unsigned bthd, i64 b, i64 h, i64 j0, i64 H, i64 T,
+                                            i64 D)
+{
+    tc_load_async<BC, DM>(X, DM + 8, k, bthd, 1, b, h, j0, H, T, D);
+    if (V) tc_load_async<BC, DM>(X + BC * (DM + 8), DM + 8, v, bthd, 2, b, h, j0, H, T, D);
+}
+
+/* A double-buffered tile loop's turn, every thread: once every warp is done with the other
+ * buffer, issue() fills it with the next tile when there is one (`more`); then this thread's
+ * copies of the current tile are waited for. The caller synchronises the block after it. */
+template <class F> __device__ __forceinline__ void tc_turn(bool more, F issue)
+{
+    __syncthreads();
+    if (more) {
+        issue();
+        cuk_cp_async_commit();
+        cuk_cp_async_wait<1>();
+    } else {
+        cuk_cp_async_wait<0>();
+    }
+}
+
 /* A fragment (16 x 16) of row-major X at rows r0.., columns k0..: the matrices (r0, k0),
  * (r0 + 8, k0), (r0, k0 + 8), (r0 + 8, k0 + 8). */
 __device__ __forceinline__ void tc_frag_a(unsigned a[4], const unsigned short *X, int lx, int r0,
@@ -457,22 +482,15 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
         /* double-buffered tiles: tile j0 + BC is copied into one buffer while the block
          * computes on j0 in the other (tc_load_async) */
         __syncthreads(); /* every warp has its q fragments: the staging area is free */
-        tc_load_async<BC, DM>(sm, L, k, bthd, 1, b, h, 0, H, T, D);
-        if (!STATS) tc_load_async<BC, DM>(sm + BC * L, L, v, bthd, 2, b, h, 0, H, T, D);
+        tc_kv_issue<BC, DM, !STATS>(sm, k, v, bthd, b, h, 0, H, T, D);
         cuk_cp_async_commit();
-        for (i64 j0 = 0; j0 < kend; j0 += BC) {
-            unsigned short *Ks = sm + ((j0 / BC) & 1) * NKV, *Vs = Ks + BC * L;
-            __syncthreads(); /* every warp is done with the other buffer's tile */
-            if (j0 + BC < kend) {
-                unsigned short *Kn = sm + (((j0 / BC) + 1) & 1) * NKV;
-                tc_load_async<BC, DM>(Kn, L, k, bthd, 1, b, h, j0 + BC, H, T, D);
-                if (!STATS) tc_load_async<BC, DM>(Kn + BC * L, L, v, bthd, 2, b, h, j0 + BC, H, T, D);
-                cuk_cp_async_commit();
-                cuk_cp_async_wait<1>(); /* this thread's copies of tile j0 have landed */
-            } else {
-                cuk_cp_async_wait<0>();
-            }
-            __syncthreads(); /* and every thread's */
+        for (i64 j0 = 0, u = 0; j0 < kend; j0 += BC, u ^= 1) { /* u: tile j0's buffer */
+            unsigned short *Ks = sm + u * NKV, *Vs = Ks + BC * L;
+            tc_turn(j0 + BC < kend, [&] {
+                tc_kv_issue<BC, DM, !STATS>(sm + (u ^ 1) * NKV, k, v, bthd, b, h, j0 + BC, H,
+                                            T, D);
+            });
+            __syncthreads(); /* every thread's copies of tile j0 have landed */
             if (j0 > qb * TC_BR + w * 16 + 15) continue; /* the warp's rows see none of it */
             float s[BC / 8][4];
             tc_rows_by<DM, BC>(s, qa, Ks, L, lane);
@@ -591,21 +609,13 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
             acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
         i64 kend = min(T, (qb + 1) * TC_BR);
         __syncthreads(); /* double-buffered tiles, as in tc_fwd */
-        tc_load_async<BC, DM>(sm, L, k, bthd, 1, b, h, 0, H, T, D);
-        tc_load_async<BC, DM>(sm + BC * L, L, v, bthd, 2, b, h, 0, H, T, D);
+        tc_kv_issue<BC, DM, true>(sm, k, v, bthd, b, h, 0, H, T, D);
         cuk_cp_async_commit();
-        for (i64 j0 = 0; j0 < kend; j0 += BC) {
-            unsigned short *Ks = sm + ((j0 / BC) & 1) * N2, *Vs = Ks + BC * L;
-            __syncthreads();
-            if (j0 + BC < kend) {
-                unsigned short *Kn = sm + (((j0 / BC) + 1) & 1) * N2;
-                tc_load_async<BC, DM>(Kn, L, k, bthd, 1, b, h, j0 + BC, H, T, D);
-                tc_load_async<BC, DM>(Kn + BC * L, L, v, bthd, 2, b, h, j0 + BC, H, T, D);
-                cuk_cp_async_commit();
-                cuk_cp_async_wait<1>();
-            } else {
-                cuk_cp_async_wait<0>();
-            }
+        for (i64 j0 = 0, u = 0; j0 < kend; j0 += BC, u ^= 1) { /* u: tile j0's buffer */
+            unsigned short *Ks = sm + u * N2, *Vs = Ks + BC * L;
+            tc_turn(j0 + BC < kend, [&] {
+                tc_kv_issue<BC, DM, true>(sm + (u ^ 1) * N2, k, v, bthd, b, h, j0 + BC, H, T, D);
+            });
             __syncthreads();
             if (j0 > qb * TC_BR + w * 16 + 15) continue;
             float s[BC / 8][4], dp[BC / 8][4];
@@ -691,19 +701,13 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
         __syncthreads(); /* every warp has its k, v fragments: the staging area is free */
         tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, stats, bthd, b, h, bh, qs, B, H, T, D);
         cuk_cp_async_commit();
-        for (i64 q0 = qs; q0 < T; q0 += BQ) {
-            const int u = (int)((q0 - qs) / BQ) & 1;
+        for (i64 q0 = qs, u = 0; q0 < T; q0 += BQ, u ^= 1) { /* u: tile q0's buffer */
             unsigned short *Qs = sm + u * N2, *Gs = Qs + BQ * L;
             float *Ls = Ls2[u], *Ds = Ds2[u];
-            __syncthreads(); /* every warp is done with the other buffer's tiles */
-            if (q0 + BQ < T) {
+            tc_turn(q0 + BQ < T, [&] {
                 tc_dkv_issue<DM, BQ>(sm + (u ^ 1) * N2, Ls2[u ^ 1], Ds2[u ^ 1], q, g16, stats,
                                      bthd, b, h, bh, q0 + BQ, B, H, T, D);
-                cuk_cp_async_commit();
-                cuk_cp_async_wait<1>();
-            } else {
-                cuk_cp_async_wait<0>();
-            }
+            });
             if (threadIdx.x < BQ) { /* this thread's L and delta have landed */
                 Ls[threadIdx.x] *= TC_LOG2E;
                 Ds[threadIdx.x] *= scale; /* as in dQ */
@@ -750,7 +754,8 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
  * BC key rows per tile for the forward and dQ, BQ query rows per tile for dK/dV. Block:
  * TC_THREADS threads, static shared memory only (at most 48 KiB). */
 #define TC_VARIANT(DM, BC, BQ, TQ, SFX)                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) cuk_att_tc_fwd##SFX##_d##DM(          \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, 3)                                    \
+        cuk_att_tc_fwd##SFX##_d##DM(                                                               \
         const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b, float *lse, i64 B,     \
         i64 H, i64 T, i64 D, float scale, unsigned bthd)                                           \
     {                                                                                              \
@@ -764,7 +769,8 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
         tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats,       \
                              nullptr, B, H, T, D, scale, bthd);                                    \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, DM <= 64 ? 3 : 2) cuk_att_tc_dq##SFX##_d##DM(       \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, DM <= 64 ? 3 : 2)                     \
+        cuk_att_tc_dq##SFX##_d##DM(                                                                \
         const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,                  \
         const float *lse, float *stats, unsigned short *g16, float *dq, void *g2, int g2b,         \
         double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale,             \
