@@ -133,6 +133,7 @@ typedef struct {
     int n_norm_scales_folded; /* norm backwards that form dy * w themselves (passes.c
                                  fold_norm_scales) */
     int n_dgelu_epilogues;      /* GELU backwards by the GEMM computing their cotangent */
+    int n_dgelu_bgrads;         /* of those, the GEMMs that also sum it into the bias gradient */
     int n_gelu_epilogues;       /* GELUs computed by their GEMM (passes.c fold_gelu_epilogues) */
     int n_norm_affines_folded;  /* norms that apply their affine (passes.c fold_norm_affines) */
     int n_norm_acc_folded;      /* of those, the ones adding the residual's cotangent to dx */

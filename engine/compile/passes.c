@@ -1249,8 +1249,11 @@ static jdt_status fold_gelu_epilogues(cprog *c, jdt_err *e)
  * as bf16 instead of d; GELU_GRAD becomes the f32 widening of that, and a bf16 CAST of it (the
  * copy the fc layer's GEMMs read) a view. The fused kernel that read u and d and wrote the copy
  * goes for the GEMM's read of u. Numbers: the epilogue multiplies the f32 product before any
- * rounding, and the bias gradient then sums the bf16-rounded d GELU'(u) (autocast's order), where
- * the graph rounds d and sums the f32 products. Skipped with no_fuse. */
+ * rounding, where the graph rounds d first. The bias gradient, a column sum of the product, is
+ * then the GEMM's co-output (CK_COOUT; CUBLASLT_EPILOGUE_DGELU_BGRAD, stats.n_dgelu_bgrads): it
+ * sums the f32 values before their rounding to bf16, where the graph sums the rounded ones
+ * (autocast's order); the reduction's read of the (rows, 4C) product goes. Skipped with
+ * no_fuse. */
 static jdt_status fold_dgelu_epilogues(cprog *c, jdt_err *e)
 {
     int *users = count_users(c);
@@ -1298,6 +1301,17 @@ static jdt_status fold_dgelu_epilogues(cprog *c, jdt_err *e)
             }
         }
         c->stats.n_dgelu_epilogues++;
+        /* the fc bias gradient, the column sums of d GELU'(u): the GEMM's co-output
+         * (cuBLASLt's DGELU_BGRAD), no longer a reduction reading the product back */
+        const int64_t N = m->shape.dims[1], numel = jdt_shape_numel(&m->shape);
+        for (int r = i + 1; r < c->n_nodes && !m->co; r++) {
+            if (!column_sums_of(c, r, i, N, numel) || is_result(c, r)) continue;
+            int x = c->nodes[r].in[0];
+            if (--users[x] == 0 && x != i) unread(c, users, x);
+            make_co_output(c, mi, r);
+            users[mi]++;
+            c->stats.n_dgelu_bgrads++;
+        }
     }
     jdt_free(users);
     return JDT_OK;

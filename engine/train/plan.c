@@ -441,8 +441,10 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
             fprintf(f, "; %d norm backwards scale their input themselves",
                     sm->n_norm_scales_folded);
         if (sm->n_gelu_epilogues > 0)
-            fprintf(f, "; %d GELUs applied by their GEMMs (%d backwards too)", sm->n_gelu_epilogues,
-                    sm->n_dgelu_epilogues);
+            fprintf(
+                f,
+                "; %d GELUs applied by their GEMMs (%d backwards too, %d with the bias gradient)",
+                sm->n_gelu_epilogues, sm->n_dgelu_epilogues, sm->n_dgelu_bgrads);
         if (sm->n_norm_affines_folded > 0)
             fprintf(f, "; %d norms apply their affine", sm->n_norm_affines_folded);
         if (sm->n_norm_partials_folded > 0)

@@ -79,11 +79,12 @@ run "$EMU" "$TMP/gpu16a" "${C[@]}" runtime.backend=cuda precision.compute=bf16 p
 grep -q "bf16 outputs of the linear layers" "$TMP/err" || { cat "$TMP/err"; fail "bf16 activations not named"; }
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/gpu16a/tiny/metrics.jsonl" "emulated GPU, bf16 activations" 1e-3 ||
   fail "bf16 activations losses differ"
-# the MLP's GELU and its backward by GEMMs (cuBLASLt's GELU_AUX_BIAS and DGELU, compiler:
+# the MLP's GELU and its backward by GEMMs (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD, compiler:
 # fold_gelu_epilogues, fold_dgelu_epilogues); where cuBLASLt refuses them, each GEMM and then a
-# kernel, said once at info level
+# kernel (the backward's bias gradient: a column-sum kernel), said once at info level
 JDT_CUDAEMU_NO_GELU_EPILOGUE=1 run "$EMU" "$TMP/gpu16g" "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16
-grep -q "no cuBLASLt GELU epilogue" "$TMP/err" && grep -q "no cuBLASLt DGELU epilogue" "$TMP/err" ||
+grep -q "no cuBLASLt GELU epilogue" "$TMP/err" && grep -q "no cuBLASLt DGELU epilogue" "$TMP/err" &&
+  grep -q "no cuBLASLt DGELU_BGRAD epilogue" "$TMP/err" ||
   { cat "$TMP/err"; fail "the GELU epilogues' fallbacks not named"; }
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/gpu16g/tiny/metrics.jsonl" "emulated GPU, bf16 act., GEMM then GELU" 1e-3 ||
   fail "GELU fallback losses differ"

@@ -769,6 +769,8 @@ START_TEST(test_nvrtc_train_steps)
     ck_assert_int_eq(jdt_step_stats(s)->n_gelu_epilogues, gelu_folds);
     /* and its backward by the GEMM computing its cotangent (cuBLASLt's DGELU) */
     ck_assert_int_eq(jdt_step_stats(s)->n_dgelu_epilogues, gelu_folds);
+    /* which, with the fc bias, also sums it into the bias gradient (DGELU_BGRAD) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_dgelu_bgrads, c.model.bias ? gelu_folds : 0);
     /* so xhat has no reader but the forward's affine, which the norm then applies itself */
     ck_assert_int_eq(jdt_step_stats(s)->n_norm_affines_folded,
                      c.model.type == JDT_MODEL_MLP ? 0 : 2 * c.model.n_layer + 1);

@@ -431,33 +431,57 @@ static void check_matmul_bf16(jdt_cuk *k, int64_t batch, int64_t M, int64_t N, i
         }
         k->gelu_epilogue_off = false;
         /* the GELU backward's GEMM (fold_dgelu_epilogues): (a @ b) GELU'(u) as bf16, u a bf16
-         * GELU input, by the epilogue and by its fallback (the product rounded first) */
+         * GELU input, and its column sums in f32 (the bias gradient): by the DGELU_BGRAD
+         * epilogue (which 0-3), by DGELU alone (4: no sums asked), by DGELU then the column-sum
+         * kernel (5) and by the GEMM, the GELU' kernel (the product rounded first) and the
+         * column sums (6) */
         float *wnb = malloc((size_t)nc * 4), *ur = rand_floats(nc, 10, -4, 4);
         jdt_rt_matmul_bf16(a, b, NULL, wnb, batch, M, N, K, ta, tb, shared, scr, 1);
         for (int64_t i = 0; i < nc; i++)
             p16[i] = jdt_rt_bf16_bits(ur[i]);
         uint16_t *du16 = dev_from(p16, (size_t)nc * 2);
-        for (int which = 0; which < 5; which++) {
-            const bool a_bf = which & 1, b_bf = which & 2, fallback = which == 4;
+        float *ddb = dev_alloc((size_t)N * 4), *gdb = malloc((size_t)N * 4);
+        double *wdb = malloc((size_t)N * sizeof *wdb), *tdb = malloc((size_t)N * sizeof *tdb);
+        for (int which = 0; which < 7; which++) {
+            const bool a_bf = which & 1 && which < 4, b_bf = which & 2 && which < 4;
+            const bool sums = which != 4, fallback = which == 6;
+            k->dgelu_bgrad_off = which >= 5;
             k->dgelu_epilogue_off = fallback;
+            ck_assert_int_eq(cudaMemset(ddb, 0xff, (size_t)N * 4), cudaSuccess); /* NaN */
             s = jdt_cuk_matmul_bf16_dgelu(k, a_bf ? da16 : (void *)da, b_bf ? db16 : (void *)db,
-                                          du16, dy16, batch, M, N, K, ta, tb, shared, a_bf, b_bf,
-                                          dscr, sb, &e);
+                                          du16, dy16, sums ? ddb : NULL, batch, M, N, K, ta, tb,
+                                          shared, a_bf, b_bf, dscr, sb, &e);
             ck_assert_msg(s == JDT_OK, "%s", e.msg);
             ck_assert_int_eq(cudaMemcpy(y16, dy16, (size_t)nc * 2, cudaMemcpyDeviceToHost),
                              cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(gdb, ddb, (size_t)N * 4, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            for (int64_t j = 0; j < N; j++)
+                wdb[j] = tdb[j] = 0.0;
             for (int64_t i = 0; i < nc; i++) {
                 const float u = jdt_rt_bf16_float(p16[i]), g = jdt_rt_bf16_float(y16[i]);
                 const float t = tanhf(0.7978845608f * (u + 0.044715f * u * u * u));
                 const float d = 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * 0.7978845608f *
                                                         (1.0f + 3.0f * 0.044715f * u * u);
-                const float w = wnb[i] * d;
-                ck_assert_msg(fabsf(g - w) <= 1.2e-4f * sqrtf((float)(K + 1)) + 8e-3f * fabsf(w),
-                              "%s, dgelu (a %d b %d%s)[%lld]: got %g, want %g", what, a_bf, b_bf,
-                              fallback ? ", fallback" : "", (long long)i, (double)g, (double)w);
+                const float w = wnb[i] * d,
+                            tol = 1.2e-4f * sqrtf((float)(K + 1)) + 8e-3f * fabsf(w);
+                ck_assert_msg(fabsf(g - w) <= tol,
+                              "%s, dgelu (a %d b %d, path %d)[%lld]: got %g, want %g", what, a_bf,
+                              b_bf, which, (long long)i, (double)g, (double)w);
+                wdb[i % N] += w; /* rows of N: (batch, M) of them */
+                tdb[i % N] += (double)tol * tol;
             }
+            for (int64_t j = 0; j < N; j++) /* 4 root-sum-squares of the elements' bounds (their
+                                                 rounding errors are independent); unasked, the
+                                                 sums are left alone */
+                ck_assert_msg(sums ? fabs(gdb[j] - wdb[j]) <= 4 * sqrt(tdb[j]) + 1e-6 * fabs(wdb[j])
+                                   : isnan(gdb[j]),
+                              "%s, dgelu bias gradient (a %d b %d, path %d)[%lld]: got %g, want %g",
+                              what, a_bf, b_bf, which, (long long)j, (double)gdb[j], wdb[j]);
         }
-        k->dgelu_epilogue_off = false;
+        k->dgelu_epilogue_off = k->dgelu_bgrad_off = false;
+        free(gdb), free(wdb), free(tdb);
+        cudaFree(ddb);
         free(wnb), free(ur);
         cudaFree(du16);
         free(y16), free(p16), free(w16);

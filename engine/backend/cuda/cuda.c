@@ -1076,11 +1076,12 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         const int64_t scratch_n = sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0;
         const int bi = cnode_mm_bias(n), ai = cnode_mm_acc(n);
         void *bias = bi >= 0 ? dptr(p, bi) : NULL, *acc = ai >= 0 ? dptr(p, ai) : NULL;
-        if (n->attrs.i[5]) { /* y GELU'(u), u the second half of the aux (fold_dgelu_epilogues) */
+        if (n->attrs.i[5]) { /* y GELU'(u), u the second half of the aux (fold_dgelu_epilogues),
+                                and its column sums when they are its co-output */
             const cnode *x = &c->nodes[cnode_mm_aux(n)];
             const uint16_t *u =
                 (const uint16_t *)dptr(p, cnode_mm_aux(n)) + cnode_mm_rows(x) * last_dim(&x->shape);
-            return jdt_cuk_matmul_bf16_dgelu(k, in[0], in[1], u, o, batch, M, Nn, K,
+            return jdt_cuk_matmul_bf16_dgelu(k, in[0], in[1], u, o, co_ptr(p, n), batch, M, Nn, K,
                                              n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2,
                                              c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16,
                                              scratch, scratch_n, e);

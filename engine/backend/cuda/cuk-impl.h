@@ -59,6 +59,7 @@ extern const int jdt_cuk_n_sources;
     X(BF16_WIDEN, "cuk_misc.cu", "cuk_bf16_widen")                                                 \
     X(GELU_BF16, "cuk_misc.cu", "cuk_gelu_bf16")                                                   \
     X(DGELU_BF16, "cuk_misc.cu", "cuk_dgelu_bf16")                                                 \
+    X(COLSUM_BF16, "cuk_misc.cu", "cuk_colsum_bf16")                                               \
     X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                          \
     X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                        \
     X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                        \
@@ -144,7 +145,8 @@ struct jdt_cuk {
     /* cuBLASLt refused the GELU epilogue once (jdt_cuk_matmul_bf16_gelu): GEMM + GELU kernel
      * from then on, without asking again */
     bool gelu_epilogue_off, dgelu_epilogue_off; /* the same for DGELU */
-    jdt_err pending; /* first failure of a void launcher, reported by jdt_cuk_check */
+    bool dgelu_bgrad_off; /* and for DGELU_BGRAD (jdt_cuk_matmul_bf16_dgelu with dbias) */
+    jdt_err pending;      /* first failure of a void launcher, reported by jdt_cuk_check */
 };
 
 /* Sets e from a CUDA runtime status: "<what>: <cudaGetErrorString>", ERR_UNSUPPORTED for no

@@ -794,6 +794,12 @@ void jdt_cuk_dgelu_bf16(jdt_cuk *k, const uint16_t *u, uint16_t *g, int64_t n)
     launch_elems(k, JDT_CUK_K_DGELU_BF16, n, args);
 }
 
+void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, int64_t N)
+{
+    void *args[] = {&x, &y, &rows, &N};
+    launch(k, JDT_CUK_K_COLSUM_BF16, (N + 31) / 32, 256, 0, args);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */

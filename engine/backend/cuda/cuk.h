@@ -127,15 +127,23 @@ jdt_status jdt_cuk_matmul_bf16_gelu(jdt_cuk *k, const void *a, const void *b, co
 /* The GELU backward's GEMM (passes.c fold_dgelu_epilogues): dx (M, N, bf16) = (a @ b) *
  * GELU'(pre), pre (M, N, bf16) the forward's GELU input, from the f32 product
  * (CUBLASLT_EPILOGUE_DGELU, pre the aux matrix). Fallback as jdt_cuk_matmul_bf16_gelu's: the
- * bf16 GEMM into dx, then jdt_cuk_dgelu_bf16 in place (the product rounded first). */
+ * bf16 GEMM into dx, then jdt_cuk_dgelu_bf16 in place (the product rounded first). With dbias
+ * (N, f32; NULL: none) also dbias = the column sums of dx over the batch's M rows, the bias
+ * gradient, by the same GEMM (CUBLASLT_EPILOGUE_DGELU_BGRAD with an f32 bias type: the sums of
+ * the f32 values before their rounding); where cuBLASLt has no such algorithm, the DGELU path
+ * above, then jdt_cuk_colsum_bf16 of the rounded dx. */
 jdt_status jdt_cuk_matmul_bf16_dgelu(jdt_cuk *k, const void *a, const void *b, const uint16_t *pre,
-                                     uint16_t *dx, int64_t batch, int64_t M, int64_t N, int64_t K,
-                                     bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
-                                     void *scratch, int64_t scratch_bytes, jdt_err *e);
+                                     uint16_t *dx, float *dbias, int64_t batch, int64_t M,
+                                     int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
+                                     bool a_bf16, bool b_bf16, void *scratch, int64_t scratch_bytes,
+                                     jdt_err *e);
 /* y (n, bf16) = GELU (tanh form) of x (n, bf16), rounded to nearest even. */
 void jdt_cuk_gelu_bf16(jdt_cuk *k, const uint16_t *x, uint16_t *y, int64_t n);
 /* g (n, bf16) *= GELU'(u) (u: n bf16), in place, rounded to nearest even. */
 void jdt_cuk_dgelu_bf16(jdt_cuk *k, const uint16_t *u, uint16_t *g, int64_t n);
+/* y (N, f32) = the column sums of x (rows, N, bf16), each summed in f32 in one fixed order
+ * (deterministic). */
+void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, int64_t N);
 
 /* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow
  * gives Inf (bitwise jdt_bf16_round). */

@@ -34,10 +34,11 @@ static jdt_status lt_err(jdt_err *e, cublasStatus_t st, const char *what, const 
     return jdt_err_set(e, JDT_ERR_INTERNAL,
                        "cuBLASLt %s (%s, batch %lld, M %lld, N %lld, K %lld, ta %lld, tb %lld): %s",
                        what,
-                       key[12]   ? "bf16 out, GELU epilogue"
-                       : key[11] ? "bf16 out"
-                       : key[10] ? "bf16"
-                                 : "tf32",
+                       key[12] == 3 ? "bf16 out, GELU' and bias gradient epilogue"
+                       : key[12]    ? "bf16 out, GELU epilogue"
+                       : key[11]    ? "bf16 out"
+                       : key[10]    ? "bf16"
+                                    : "tf32",
                        (long long)key[0], (long long)key[1], (long long)key[2], (long long)key[3],
                        (long long)key[4], (long long)key[5], cublasLtGetStatusString(st));
 }
@@ -75,8 +76,9 @@ static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, cudaDataType dt, in
 /* Builds plan p for key (batch, M, N, K, ta, tb, b_shared, bias, alignments, bf16, bf16 out,
  * GELU aux); with epilogue false the bias (if any) is left to the caller (p->bias_by_beta).
  * bf16: A and B are bf16, C/D and the bias f32 (bf16 with bf16 out), f32 accumulation; else all
- * f32 with TF32 tensor cores. GELU aux: D = GELU(x), the aux matrix (D's type and layout, its
- * pointer set per call) x, x the product plus the bias. */
+ * f32 with TF32 tensor cores. GELU aux 1: D = GELU(x), the aux matrix (D's type and layout, its
+ * pointer set per call) x, x the product plus the bias; 2: D = x GELU'(aux); 3: that, and the
+ * "bias" pointer (f32 whatever D's type) the sums of D's rows in cuBLAS's terms (our columns). */
 static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, int64_t align_ab,
                              int64_t align_c, int64_t align_bias, bool epilogue, jdt_err *e)
 {
@@ -97,14 +99,20 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
     if (st == CUBLAS_STATUS_SUCCESS && key[12]) { /* 1: GELU(x) out, x to aux; 2: x GELU'(aux) */
-        int32_t epi = key[12] == 2 ? CUBLASLT_EPILOGUE_DGELU
-                      : bias       ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                   : CUBLASLT_EPILOGUE_GELU_AUX;
+        int32_t epi = key[12] == 3   ? CUBLASLT_EPILOGUE_DGELU_BGRAD
+                      : key[12] == 2 ? CUBLASLT_EPILOGUE_DGELU
+                      : bias         ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                     : CUBLASLT_EPILOGUE_GELU_AUX;
         int64_t ld = N; /* c^T is (N, M) column-major */
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
         if (st == CUBLAS_STATUS_SUCCESS)
             st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
                                                 sizeof ld);
+        if (st == CUBLAS_STATUS_SUCCESS && key[12] == 3) { /* the bias gradient in f32 */
+            int32_t bt = CUDA_R_32F;
+            st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                sizeof bt);
+        }
     } else if (st == CUBLAS_STATUS_SUCCESS && bias) {
         int32_t epi = CUBLASLT_EPILOGUE_BIAS;
         int64_t bstride = 0;
@@ -349,10 +357,11 @@ jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, con
                        b_bf16, true, scratch, scratch_bytes, e);
 }
 
-/* The bf16-output GEMM with a GELU epilogue (aux_kind 1: GELU_AUX(_BIAS), 2: DGELU; aux the
- * GELU input), when the shape fits cuBLASLt's one aux matrix (the batch folds into M only over
- * a shared b; ld N a multiple of 8) and the context has not been refused it before (*off).
- * False: the caller's fallback runs; a refusal sets *off and says so once. */
+/* The bf16-output GEMM with a GELU epilogue (aux_kind 1: GELU_AUX(_BIAS), 2: DGELU, 3:
+ * DGELU_BGRAD, `bias` then the f32 gradient it writes; aux the GELU input), when the shape fits
+ * cuBLASLt's one aux matrix (the batch folds into M only over a shared b; ld N a multiple of 8)
+ * and the context has not been refused it before (*off). False: the caller's fallback runs; a
+ * refusal sets *off and says so once. */
 static bool gelu_epilogue(jdt_cuk *k, bool *off, const char *what, const void *a, const void *b,
                           const void *bias, uint16_t *c, const uint16_t *aux, int aux_kind,
                           int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
@@ -366,8 +375,10 @@ static bool gelu_epilogue(jdt_cuk *k, bool *off, const char *what, const void *a
                     b_bf16, true, scratch, scratch_bytes, &le) == JDT_OK)
         return true;
     *off = true;
-    JDT_INFO("cuda: no cuBLASLt %s epilogue here (%s): the GEMM, then a %s kernel", what, le.msg,
-             aux_kind == 2 ? "GELU'" : "GELU");
+    JDT_INFO("cuda: no cuBLASLt %s epilogue here (%s): %s", what, le.msg,
+             aux_kind == 3   ? "DGELU, then a column-sum kernel"
+             : aux_kind == 2 ? "the GEMM, then a GELU' kernel"
+                             : "the GEMM, then a GELU kernel");
     return false;
 }
 
@@ -386,15 +397,22 @@ jdt_status jdt_cuk_matmul_bf16_gelu(jdt_cuk *k, const void *a, const void *b, co
 }
 
 jdt_status jdt_cuk_matmul_bf16_dgelu(jdt_cuk *k, const void *a, const void *b, const uint16_t *pre,
-                                     uint16_t *dx, int64_t batch, int64_t M, int64_t N, int64_t K,
-                                     bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
-                                     void *scratch, int64_t scratch_bytes, jdt_err *e)
+                                     uint16_t *dx, float *dbias, int64_t batch, int64_t M,
+                                     int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
+                                     bool a_bf16, bool b_bf16, void *scratch, int64_t scratch_bytes,
+                                     jdt_err *e)
 {
-    if (gelu_epilogue(k, &k->dgelu_epilogue_off, "DGELU", a, b, NULL, dx, pre, 2, batch, M, N, K,
-                      ta, tb, b_shared, a_bf16, b_bf16, scratch, scratch_bytes))
+    if (dbias &&
+        gelu_epilogue(k, &k->dgelu_bgrad_off, "DGELU_BGRAD", a, b, dbias, dx, pre, 3, batch, M, N,
+                      K, ta, tb, b_shared, a_bf16, b_bf16, scratch, scratch_bytes))
         return JDT_OK;
-    jdt_status st = matmul_bf16(k, a, b, NULL, NULL, dx, NULL, 0, batch, M, N, K, ta, tb, b_shared,
-                                a_bf16, b_bf16, true, scratch, scratch_bytes, e);
-    if (st == JDT_OK) jdt_cuk_dgelu_bf16(k, pre, dx, batch * M * N);
+    jdt_status st = JDT_OK;
+    if (!gelu_epilogue(k, &k->dgelu_epilogue_off, "DGELU", a, b, NULL, dx, pre, 2, batch, M, N, K,
+                       ta, tb, b_shared, a_bf16, b_bf16, scratch, scratch_bytes)) {
+        st = matmul_bf16(k, a, b, NULL, NULL, dx, NULL, 0, batch, M, N, K, ta, tb, b_shared, a_bf16,
+                         b_bf16, true, scratch, scratch_bytes, e);
+        if (st == JDT_OK) jdt_cuk_dgelu_bf16(k, pre, dx, batch * M * N);
+    }
+    if (st == JDT_OK && dbias) jdt_cuk_colsum_bf16(k, dx, dbias, batch * M, N);
     return st;
 }

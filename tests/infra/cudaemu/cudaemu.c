@@ -1117,7 +1117,8 @@ nvrtcResult nvrtcGetPTX(nvrtcProgram p, char *out)
 typedef struct {
     cublasComputeType_t compute;
     int32_t ta, tb, epilogue, aux_type;
-    const void *bias;
+    int32_t bias_type; /* -1: D's type */
+    void *bias;        /* read (BIAS), or written (DGELU_BGRAD: the sums of D's rows) */
     void *aux; /* GELU_AUX(_BIAS): where the GELU's input goes, D's type, leading dim aux_ld */
     int64_t bias_stride, aux_ld;
 } lt_desc;
@@ -1131,10 +1132,15 @@ static bool lt_has_gelu(int32_t e)
 {
     return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
+/* Is e D = x GELU'(aux), with (DGELU_BGRAD) or without the bias gradient? */
+static bool lt_has_dgelu(int32_t e)
+{
+    return e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
 /* Do epilogue e's read (DGELU: D = x GELU'(aux)) or write (GELU_AUX) an aux matrix? */
 static bool lt_has_aux(int32_t e)
 {
-    return lt_has_gelu(e) || e == CUBLASLT_EPILOGUE_DGELU;
+    return lt_has_gelu(e) || lt_has_dgelu(e);
 }
 
 typedef struct {
@@ -1182,7 +1188,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     if (!x) return CUBLAS_STATUS_ALLOC_FAILED;
     x->compute = c;
     x->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    x->aux_type = -1;
+    x->aux_type = x->bias_type = -1;
     *d = (cublasLtMatmulDesc_t)x;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1213,6 +1219,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
         /* JDT_CUDAEMU_NO_GELU_EPILOGUE=1: a cuBLASLt that refuses it (the callers' fallback) */
         if (lt_has_aux(x->epilogue) && env_long("JDT_CUDAEMU_NO_GELU_EPILOGUE", 0))
             return CUBLAS_STATUS_NOT_SUPPORTED;
+        /* JDT_CUDAEMU_NO_BGRAD=1: one that has DGELU but not DGELU_BGRAD */
+        if (x->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD && env_long("JDT_CUDAEMU_NO_BGRAD", 0))
+            return CUBLAS_STATUS_NOT_SUPPORTED;
         return x->epilogue == CUBLASLT_EPILOGUE_DEFAULT || lt_has_bias(x->epilogue) ||
                        lt_has_aux(x->epilogue)
                    ? CUBLAS_STATUS_SUCCESS
@@ -1233,6 +1242,12 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
         if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&x->bias, buf, n);
         return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+        if (n != 4) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&x->bias_type, buf, 4);
+        return x->bias_type == -1 || x->bias_type == CUDA_R_32F || x->bias_type == CUDA_R_16BF
+                   ? CUBLAS_STATUS_SUCCESS
+                   : CUBLAS_STATUS_NOT_SUPPORTED;
     case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE:
         if (n != 8) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&x->bias_stride, buf, 8);
@@ -1401,7 +1416,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
             !dev_range(D, d_end * dsz, "cublasLtMatmul D"))
             return CUBLAS_STATUS_INVALID_VALUE;
     }
-    if (lt_has_bias(d->epilogue) && !dev_range(d->bias, m * dsz, "cublasLtMatmul bias"))
+    /* the bias (gradient): D's type unless set otherwise (only the gradient here) */
+    const bool bgrad = d->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    if (lt_has_bias(d->epilogue) && d->bias_type != -1 && d->bias_type != (int32_t)dl->type)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    const size_t bsz =
+        (d->bias_type == -1 ? (int32_t)dl->type : d->bias_type) == CUDA_R_16BF ? 2 : 4;
+    if ((lt_has_bias(d->epilogue) || bgrad) &&
+        !dev_range(d->bias, m * bsz,
+                   bgrad ? "cublasLtMatmul bias gradient" : "cublasLtMatmul bias"))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (lt_has_aux(d->epilogue)) { /* aux: D's type (or as set), ld >= rows, one batch */
         if (c->batch != 1 || d->aux_ld < (int64_t)m || d->aux_ld % 8 != 0 ||
@@ -1412,8 +1435,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     }
     bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && !env_long("JDT_CUDAEMU_NO_TF32", 0);
     float al = *(const float *)alpha, be = *(const float *)beta;
-    float *acc = malloc((size_t)m * sizeof *acc);
-    if (!acc) return CUBLAS_STATUS_ALLOC_FAILED;
+    float *acc = malloc((size_t)m * sizeof *acc), *bg = calloc((size_t)m, sizeof *bg);
+    if (!acc || !bg) {
+        free(acc);
+        free(bg);
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    }
     for (int64_t bi = 0; bi < c->batch; bi++)
         for (uint64_t j = 0; j < n; j++) {
             for (uint64_t i = 0; i < m; i++)
@@ -1443,13 +1470,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                     else
                         ((float *)d->aux)[xo] = v;
                     v = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-                } else if (d->epilogue == CUBLASLT_EPILOGUE_DGELU) { /* D = x GELU'(aux) */
+                } else if (lt_has_dgelu(d->epilogue)) { /* D = x GELU'(aux) */
                     const int64_t xo = (int64_t)(j * (uint64_t)d->aux_ld + i);
                     const float u = dsz == 2 ? lt_widen(((const uint16_t *)d->aux)[xo])
                                              : ((const float *)d->aux)[xo];
                     const float t = tanhf(0.7978845608f * (u + 0.044715f * u * u * u));
                     v *= 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * 0.7978845608f *
                                                  (1.0f + 3.0f * 0.044715f * u * u);
+                    bg[i] += v; /* BGRAD: the f32 value, before D's rounding (one batch) */
                 }
                 if (dsz == 2)
                     ((uint16_t *)D)[dof] = lt_bf16(v);
@@ -1457,6 +1485,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                     ((float *)D)[dof] = v;
             }
         }
+    for (uint64_t i = 0; bgrad && i < m; i++)
+        if (bsz == 2)
+            ((uint16_t *)d->bias)[i] = lt_bf16(bg[i]);
+        else
+            ((float *)d->bias)[i] = bg[i];
     free(acc);
+    free(bg);
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -129,6 +129,31 @@ extern "C" __global__ void cuk_dgelu_bf16(const unsigned short *u, unsigned shor
     }
 }
 
+/* y (N, f32) = the column sums of x (rows, N, bf16 bits): the bias gradient where cuBLASLt
+ * has no DGELU_BGRAD epilogue (jdt_cuk_matmul_bf16_dgelu). A block of 256 threads takes 32
+ * columns: warp w sums rows w, w + 8, ... of its lane's column in f32, then thread c adds the
+ * 8 warps' sums in warp order, so the result does not depend on scheduling. A fallback, not
+ * tuned: each warp reads 64 contiguous bytes per row. */
+extern "C" __global__ void __launch_bounds__(256) cuk_colsum_bf16(const unsigned short *x, float *y,
+                                                                  i64 rows, i64 N)
+{
+    __shared__ float part[8][32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const i64 col = (i64)blockIdx.x * 32 + lane;
+    float s = 0.0f;
+    if (col < N)
+        for (i64 r = w; r < rows; r += 8)
+            s += __uint_as_float((unsigned int)x[r * N + col] << 16);
+    part[w][lane] = s;
+    __syncthreads();
+    if (w == 0 && col < N) {
+        float t = part[0][lane];
+        for (int q = 1; q < 8; q++)
+            t += part[q][lane];
+        y[col] = t;
+    }
+}
+
 /* y (n, f32) = x rounded to bf16, kept in f32 (the bf16 GEMM's fallback: TF32 tensor cores
  * multiply such values exactly). Grid-stride. */
 extern "C" __global__ void cuk_bf16_round(const float *x, float *y, i64 n)
