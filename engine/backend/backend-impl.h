@@ -70,6 +70,10 @@ typedef struct {
     /* Its GEMMs add a tensor of the output's shape to the product (cuBLASLt's C, beta 1), so
      * passes.c fold_addends folds y = x + a @ b into the GEMM (MATMUL attrs i[3]). */
     bool gemm_accumulate;
+    /* Its GEMMs and cross-entropy builtins take a row stride (cnode pitch) for their operands
+     * and outputs, so fuse.c mark_pitched_rows may pad the rows of logits and dlogits whose
+     * vocabulary is not a multiple of 16 bytes (cuBLASLt's fast kernels need aligned rows). */
+    bool gemm_pitch;
     /* Consecutive fused kernels that touch disjoint memory may run as one launch (cstep.merged,
      * merge.c): the emitter gives them one grid, each keeping its blocks and code. */
     bool merge_launches;

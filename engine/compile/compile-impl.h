@@ -48,6 +48,9 @@ typedef struct {
     int co;        /* CK_BUILTIN: the first CK_COOUT node its step writes besides its own output;
                       CK_COOUT: the next one of the same step (a chain, in the builtin's order);
                       always a later index than the builtin, 0: none (passes.c make_co_output) */
+    int64_t pitch; /* elements from one row (last axis) of its buffer to the next when more than
+                      the row's length (fuse.c mark_pitched_rows: written and read by builtins
+                      only); 0: rows back to back. Views: their root's (cnode_row_stride) */
 } cnode;
 
 typedef struct {
@@ -182,6 +185,9 @@ typedef struct cprog_ {
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product
                                   (passes.c fold_addends) */
+    bool gemm_pitch;           /* the device's vtable flag, unless JDT_GEMM_PITCH=0: padded rows
+                                  for GEMM outputs read by the cross-entropy (fuse.c
+                                  mark_pitched_rows) */
     bool residual_gemm;        /* gemm_accumulate and bf16_builtins, unless JDT_RESIDUAL_GEMM=0:
                                   bf16 branch outputs added unrounded (fold_residual_gemms) */
     bool merge_launches;       /* the device's vtable flag, unless opts.no_merge_launches or
@@ -342,6 +348,17 @@ static inline int64_t cnode_mm_rows(const cnode *n)
 {
     const int64_t r = n->shape.dims[n->shape.ndim - 2];
     return n->attrs.i[4] ? r / 2 : r;
+}
+
+/* Elements from one row (last axis) of node x's buffer to the next: the pitch of the node its
+ * views lead to (fuse.c mark_pitched_rows), else the row's length. */
+static inline int64_t cnode_row_stride(const cprog *c, int x)
+{
+    const int64_t n =
+        c->nodes[x].shape.ndim ? c->nodes[x].shape.dims[c->nodes[x].shape.ndim - 1] : 1;
+    while (c->nodes[x].kind == CK_VIEW)
+        x = c->nodes[x].in[0];
+    return c->nodes[x].pitch ? c->nodes[x].pitch : n;
 }
 
 /* Reduce attrs helper: true when axis k of an n-d input is reduced. */

@@ -120,6 +120,8 @@ typedef struct {
     int64_t prefetch_peak_bytes; /* most gathered bytes of them in flight (opts.prefetch_bytes) */
     int64_t gather_bytes;  /* bytes all-gathered per run (the gathered tensors; bf16: 2 each) */
     int n_bf16_stored;     /* values stored as bf16 (read only by bf16-compute GEMMs) */
+    int n_pitched;         /* values whose rows are padded to 64 elements (fuse.c
+                              mark_pitched_rows: logits, dlogits) */
     int n_reduce_siblings; /* bf16 copies stored by the reduction reading the same value
                               (fuse.c fuse_reduce_siblings) */
     int n_reduce_merged;   /* elementwise groups merged into the reduction reading them

@@ -234,6 +234,72 @@ static void mark_bf16_storage(cprog *c, const user_lists *u)
     }
 }
 
+/* Does GEMM node m compute one matrix: a 2-D product, or a batch folded into M over a shared
+ * 2-D b (cuk_gemm.c)? Padded rows (below) need it. */
+static bool gemm_one_matrix(const cprog *c, const cnode *m)
+{
+    return m->shape.ndim == 2 || (c->nodes[m->in[1]].shape.ndim == 2 && !m->attrs.i[0]);
+}
+
+/* Is every reader of node i (through reshapes keeping its rows of `row` values, none a result)
+ * a builtin that takes a row stride for it: the cross-entropy, forward or backward, reading it
+ * as the logits, or a GEMM computing one matrix with no epilogue reading it as a or b in place
+ * (f32 compute, or i stored as bf16)? */
+static bool readers_take_pitch(const cprog *c, const user_lists *u, int i, int64_t row)
+{
+    if (u->start[i + 1] == u->start[i]) return false;
+    for (int k = u->start[i]; k < u->start[i + 1]; k++) {
+        const int ui = u->users[k];
+        const cnode *r = &c->nodes[ui];
+        if (r->kind == CK_VIEW && r->op == JDT_OP_RESHAPE) {
+            if (is_kept(u, ui) || r->shape.ndim < 2 || r->shape.dims[r->shape.ndim - 1] != row ||
+                !readers_take_pitch(c, u, ui, row))
+                return false;
+            continue;
+        }
+        if (r->kind != CK_BUILTIN) return false;
+        int slots = 0; /* the inputs that are i, as a bit mask */
+        for (int q = 0; q < r->n_in; q++)
+            slots |= (r->in[q] == i) << q;
+        if ((r->op == JDT_OP_SOFTMAX_XENT || r->op == JDT_OP_SOFTMAX_XENT_BWD) && slots == 1)
+            continue;
+        if (r->op == JDT_OP_MATMUL && (slots == 1 || slots == 2) && gemm_one_matrix(c, r) &&
+            !r->attrs.i[3] && !r->attrs.i[4] && !r->attrs.i[5] &&
+            (!r->attrs.i[2] || c->nodes[i].bf16 || c->nodes[i].dtype == JDT_DTYPE_BF16))
+            continue;
+        return false;
+    }
+    return true;
+}
+
+/* Padded rows (c->gemm_pitch: CUDA): a (rows, N) value whose rows are not a multiple of 16 bytes
+ * (GPT-2's logits and dlogits, N = 50257) makes cuBLASLt give up the kernels that load whole
+ * 16-byte vectors (TMA on Hopper) in every GEMM that writes or reads it. When it is written by a
+ * GEMM with no epilogue or by the cross-entropy backward (or the forward's fused backward, its
+ * co-output), is no result, and every reader takes a row stride (readers_take_pitch), its rows
+ * are stored `pitch` = N rounded up to 64 elements apart (cnode.pitch): N = 50257 becomes the
+ * 50304 that llm.c and nanoGPT pad GPT-2's vocabulary to, with the model's shapes unchanged.
+ * The padding is never read or written; no number changes. Values of fewer than 64 per row
+ * keep theirs. */
+static void mark_pitched_rows(cprog *c, const user_lists *u)
+{
+    if (!c->gemm_pitch) return;
+    for (int i = 0; i < c->n_nodes; i++) {
+        cnode *n = &c->nodes[i];
+        const int nd = n->shape.ndim;
+        if (!n->store || nd < 2 || is_kept(u, i) || n->pitch) continue;
+        const int64_t N = n->shape.dims[nd - 1];
+        if (N < 64 || (N * cnode_elem_size(n)) % 16 == 0) continue;
+        const bool writer =
+            (n->kind == CK_BUILTIN && n->op == JDT_OP_MATMUL && gemm_one_matrix(c, n) &&
+             !n->attrs.i[3] && !n->attrs.i[4] && !n->attrs.i[5]) ||
+            ((n->kind == CK_BUILTIN || n->kind == CK_COOUT) && n->op == JDT_OP_SOFTMAX_XENT_BWD);
+        if (!writer || !readers_take_pitch(c, u, i, N)) continue;
+        n->pitch = (N + 63) / 64 * 64;
+        c->stats.n_pitched++;
+    }
+}
+
 /* stats.n_bf16_converted: the operands bf16 GEMMs convert at every call (stored in f32). */
 static void count_bf16_converted(cprog *c)
 {
@@ -1048,6 +1114,7 @@ jdt_status jdt_compile_fuse(cprog *c, jdt_err *e)
     if (st == JDT_OK) {
         mark_bf16_storage(c, &u);
         count_bf16_converted(c);
+        mark_pitched_rows(c, &u);
     }
 out:
     jdt_free(u.start);
@@ -1142,7 +1209,9 @@ static int add_buf(cprog *c, jdt_buf_kind kind, int64_t n_bytes, int leaf_node)
 
 static int64_t node_bytes(const cnode *n)
 {
-    return jdt_shape_numel(&n->shape) * cnode_elem_size(n);
+    const int64_t numel = jdt_shape_numel(&n->shape);
+    if (!n->pitch) return numel * cnode_elem_size(n);
+    return numel / n->shape.dims[n->shape.ndim - 1] * n->pitch * cnode_elem_size(n);
 }
 
 /* Calls fn(step, input node) for every buffer read of step s (group-external inputs). */

@@ -276,6 +276,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->bf16_builtins = p->dev->vt->bf16_builtins;
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
+    c->gemm_pitch = p->dev->vt->gemm_pitch && !env_off("JDT_GEMM_PITCH");
     /* "0": measuring (or ruling out) what a fold gives; the CPU sets none of these flags */
     c->norm_bwd_partials = env_off("JDT_NORM_FOLDS") ? 0 : p->dev->vt->norm_bwd_partials;
     c->gemm_gelu = p->dev->vt->gemm_gelu && !env_off("JDT_GELU_EPILOGUE");

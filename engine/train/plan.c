@@ -445,6 +445,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
                 f,
                 "; %d GELUs applied by their GEMMs (%d backwards too, %d with the bias gradient)",
                 sm->n_gelu_epilogues, sm->n_dgelu_epilogues, sm->n_dgelu_bgrads);
+        if (sm->n_pitched > 0)
+            fprintf(f, "; %d GEMM operands with rows padded to 64 values (logits, dlogits)",
+                    sm->n_pitched);
         if (sm->n_norm_affines_folded > 0)
             fprintf(f, "; %d norms apply their affine", sm->n_norm_affines_folded);
         if (sm->n_norm_partials_folded > 0)

@@ -513,6 +513,116 @@ START_TEST(test_matmul_bf16)
 }
 END_TEST
 
+/* Padded rows (jdt_cuk_gemm_pitch; fuse.c mark_pitched_rows pads GPT-2's logits and dlogits):
+ * a (M, K), or stored (K, M) with ta, b (K, N) and c (M, N), each with rows padded, against the
+ * product of the same bf16-exact values on rows back to back: f32 operands (TF32 tensor cores,
+ * exact on such values), bf16-stored operands with an f32 output, and with a bf16 output. The
+ * operands' padding holds NaN (a read of it shows in c); c's must come back as it was. Then the
+ * misuses are errors, and take the pending strides with them: an entry point without strides,
+ * and a padded f32 operand that bf16 compute would convert. */
+START_TEST(test_matmul_pitched)
+{
+    GPU_OR_SKIP(k);
+    const int64_t M = 37, K = 53, N = 71, LA = 64, LB = 128, LC = 128;
+    jdt_err e;
+    jdt_err_clear(&e);
+    for (int ta = 0; ta < 2; ta++) {
+        const int64_t ar = ta ? K : M, ac = ta ? M : K; /* a as stored: rows, columns */
+        float *a = rand_floats(ar * ac, 41, -1, 1), *b = rand_floats(K * N, 42, -1, 1);
+        for (int64_t i = 0; i < ar * ac; i++)
+            a[i] = jdt_rt_bf16_round(a[i]);
+        for (int64_t i = 0; i < K * N; i++)
+            b[i] = jdt_rt_bf16_round(b[i]);
+        float *want = malloc((size_t)(M * N) * 4), *ap = malloc((size_t)(ar * LA) * 4),
+              *bp = malloc((size_t)(K * LB) * 4), *cp = malloc((size_t)(M * LC) * 4);
+        uint16_t *ap16 = malloc((size_t)(ar * LA) * 2), *bp16 = malloc((size_t)(K * LB) * 2),
+                 *cp16 = malloc((size_t)(M * LC) * 2);
+        jdt_rt_matmul(a, b, NULL, want, 1, M, N, K, ta, false, true, 1);
+        for (int64_t r = 0; r < ar; r++)
+            for (int64_t c = 0; c < LA; c++) {
+                ap[r * LA + c] = c < ac ? a[r * ac + c] : NAN;
+                ap16[r * LA + c] = c < ac ? jdt_rt_bf16_bits(a[r * ac + c]) : 0x7fc0;
+            }
+        for (int64_t r = 0; r < K; r++)
+            for (int64_t c = 0; c < LB; c++) {
+                bp[r * LB + c] = c < N ? b[r * N + c] : NAN;
+                bp16[r * LB + c] = c < N ? jdt_rt_bf16_bits(b[r * N + c]) : 0x7fc0;
+            }
+        float *dap = dev_from(ap, (size_t)(ar * LA) * 4), *dbp = dev_from(bp, (size_t)(K * LB) * 4);
+        uint16_t *dap16 = dev_from(ap16, (size_t)(ar * LA) * 2),
+                 *dbp16 = dev_from(bp16, (size_t)(K * LB) * 2);
+        float *dc = dev_alloc((size_t)(M * LC) * 4);
+        uint16_t *dc16 = dev_alloc((size_t)(M * LC) * 2);
+        for (int path = 0; path < 3; path++) {
+            ck_assert_int_eq(cudaMemset(dc, 0xff, (size_t)(M * LC) * 4), cudaSuccess);
+            ck_assert_int_eq(cudaMemset(dc16, 0xff, (size_t)(M * LC) * 2), cudaSuccess);
+            jdt_cuk_gemm_pitch(k, LA, LB, LC);
+            jdt_status s =
+                path == 0
+                    ? jdt_cuk_matmul(k, dap, dbp, NULL, NULL, dc, 1, M, N, K, ta, false, true, &e)
+                : path == 1 ? jdt_cuk_matmul_bf16_ex(k, dap16, dbp16, NULL, NULL, dc, 1, M, N, K,
+                                                     ta, false, true, true, true, NULL, 0, &e)
+                            : jdt_cuk_matmul_bf16_out(k, dap16, dbp16, NULL, dc16, 1, M, N, K, ta,
+                                                      false, true, true, true, NULL, 0, &e);
+            ck_assert_msg(s == JDT_OK, "%s", e.msg);
+            ck_assert_msg(jdt_cuk_check(k, "pitched matmul", true, &e) == JDT_OK, "%s", e.msg);
+            ck_assert_int_eq(cudaMemcpy(cp, dc, (size_t)(M * LC) * 4, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(cp16, dc16, (size_t)(M * LC) * 2, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t c = 0; c < LC; c++) {
+                    uint32_t bits;
+                    memcpy(&bits, &cp[r * LC + c], 4);
+                    const float g =
+                        path == 2 ? jdt_rt_bf16_float(cp16[r * LC + c]) : cp[r * LC + c];
+                    if (c >= N || path < 2)
+                        ck_assert_msg(path == 2 ? bits == 0xffffffffu || c < N
+                                                : c < N || bits == 0xffffffffu,
+                                      "pitched matmul ta %d path %d: (%lld, %lld) written", ta,
+                                      path, (long long)r, (long long)c);
+                    if (c >= N) {
+                        ck_assert_msg(path < 2 || cp16[r * LC + c] == 0xffff,
+                                      "pitched matmul ta %d path %d: padding (%lld, %lld) written",
+                                      ta, path, (long long)r, (long long)c);
+                        continue;
+                    }
+                    const float w = want[r * N + c];
+                    ck_assert_msg(fabsf(g - w) <= 1e-4f * sqrtf((float)K) + 8e-3f * fabsf(w),
+                                  "pitched matmul ta %d path %d (%lld, %lld): got %g, want %g", ta,
+                                  path, (long long)r, (long long)c, (double)g, (double)w);
+                }
+        }
+        free(a), free(b), free(want), free(ap), free(bp), free(cp), free(ap16), free(bp16);
+        free(cp16);
+        cudaFree(dap), cudaFree(dbp), cudaFree(dap16), cudaFree(dbp16), cudaFree(dc);
+        cudaFree(dc16);
+    }
+    /* misuses: errors that name the padding, and the next call runs on dense rows */
+    const int64_t n = 8;
+    float *x = rand_floats(n * n, 43, -1, 1), *dx = dev_from(x, (size_t)(n * n) * 4),
+          *dy = dev_alloc((size_t)(n * n) * 4);
+    uint16_t *d16 = dev_alloc((size_t)(n * n) * 2), *p16 = dev_alloc((size_t)(n * n) * 2);
+    void *scr = dev_alloc(4096);
+    jdt_cuk_gemm_pitch(k, 0, 0, 16);
+    ck_assert_int_eq(jdt_cuk_matmul_bf16_gelu(k, dx, dx, NULL, d16, p16, 1, n, n, n, false, false,
+                                              true, false, false, scr, 4096, &e),
+                     JDT_ERR_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "padded rows"));
+    jdt_cuk_gemm_pitch(k, 16, 0, 0);
+    ck_assert_int_eq(jdt_cuk_matmul_bf16_ex(k, dx, dx, NULL, NULL, dy, 1, n, n, n, false, false,
+                                            true, false, false, scr, 4096, &e),
+                     JDT_ERR_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "padded f32 operand"));
+    ck_assert_msg(jdt_cuk_matmul(k, dx, dx, NULL, NULL, dy, 1, n, n, n, false, false, true, &e) ==
+                      JDT_OK,
+                  "%s", e.msg);
+    free(x);
+    cudaFree(dx), cudaFree(dy), cudaFree(d16), cudaFree(p16), cudaFree(scr);
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* The f32 -> bf16 conversion is bitwise jdt_bf16_round: ties to even, NaN, Inf, overflow,
  * subnormals, both the float4 and the scalar path. */
 START_TEST(test_to_bf16)
@@ -1041,12 +1151,12 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     float *dxd = dev_from(x, (size_t)n * 4), *dld = dev_from(dl, (size_t)N * 4);
     int32_t *td = dev_from(t, (size_t)N * 4);
     float *lossd = dev_alloc((size_t)N * 4), *dxo = dev_alloc((size_t)n * 4);
-    jdt_cuk_softmax_xent(k, dxd, false, td, lossd, N, V);
+    jdt_cuk_softmax_xent(k, dxd, false, td, lossd, N, V, 0);
     float *gl = dev_to_host(k, lossd, N);
     expect_close("softmax_xent", gl, loss, N, 1e-5f, 1e-5f);
     /* the backward with its logsumexp computed, then taken from the forward's loss */
     for (int with_loss = 0; with_loss < 2; with_loss++) {
-        jdt_cuk_softmax_xent_bwd(k, dxd, false, td, dld, with_loss ? lossd : NULL, dxo, N, V);
+        jdt_cuk_softmax_xent_bwd(k, dxd, false, td, dld, with_loss ? lossd : NULL, dxo, N, V, 0, 0);
         float *gdx = dev_to_host(k, dxo, n);
         expect_close(with_loss ? "softmax_xent_bwd(loss)" : "softmax_xent_bwd", gdx, dx, n, 1e-7f,
                      1e-4f);
@@ -1057,7 +1167,7 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     uint16_t *d16 = dev_alloc((size_t)n * 2), *h16 = malloc((size_t)n * 2),
              *w16 = malloc((size_t)n * 2);
     jdt_rt_softmax_xent_bwd_bf16(x, t, dl, loss, w16, N, V, 1);
-    jdt_cuk_softmax_xent_bwd_bf16(k, dxd, false, td, dld, lossd, d16, N, V);
+    jdt_cuk_softmax_xent_bwd_bf16(k, dxd, false, td, dld, lossd, d16, N, V, 0, 0);
     jdt_err e;
     jdt_err_clear(&e);
     ck_assert_msg(jdt_cuk_check(k, "xent_bwd_bf16", true, &e) == JDT_OK, "%s", e.msg);
@@ -1074,13 +1184,13 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
     jdt_rt_softmax_xent_bwd(x, t, dl, NULL, dx, N, V, 1);
     jdt_rt_softmax_xent_bwd_bf16(x, t, dl, loss, w16, N, V, 1);
     uint16_t *x16d = dev_from(x16, (size_t)n * 2);
-    jdt_cuk_softmax_xent(k, x16d, true, td, lossd, N, V);
+    jdt_cuk_softmax_xent(k, x16d, true, td, lossd, N, V, 0);
     float *gl16 = dev_to_host(k, lossd, N);
     expect_close("softmax_xent(bf16 logits)", gl16, loss, N, 1e-5f, 1e-5f);
-    jdt_cuk_softmax_xent_bwd(k, x16d, true, td, dld, lossd, dxo, N, V);
+    jdt_cuk_softmax_xent_bwd(k, x16d, true, td, dld, lossd, dxo, N, V, 0, 0);
     float *gdx16 = dev_to_host(k, dxo, n);
     expect_close("softmax_xent_bwd(bf16 logits)", gdx16, dx, n, 1e-7f, 1e-4f);
-    jdt_cuk_softmax_xent_bwd_bf16(k, x16d, true, td, dld, lossd, d16, N, V);
+    jdt_cuk_softmax_xent_bwd_bf16(k, x16d, true, td, dld, lossd, d16, N, V, 0, 0);
     ck_assert_msg(jdt_cuk_check(k, "xent_bwd_bf16(bf16 logits)", true, &e) == JDT_OK, "%s", e.msg);
     ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     expect_bf16_near("softmax_xent_bwd_bf16(bf16 logits)", h16, w16, n);
@@ -1095,54 +1205,89 @@ static void check_xent(jdt_cuk *k, int64_t N, int64_t V)
 /* The fused classifier (jdt_cuk_softmax_xent_fused, the compiler's fold_xent_backwards):
  * the loss and dlogits of one pass against the CPU's forward and backward with dloss = g in
  * every row; f32 or bf16 logits (the reference on the same values widened), f32 or bf16
- * dlogits. */
-static void check_xent_fused(jdt_cuk *k, int64_t N, int64_t V, bool logits_bf16)
+ * dlogits. With ld > V the rows are ld apart in both (fuse.c mark_pitched_rows): the logits'
+ * padding holds NaN, which a read of it would carry into the loss, and dlogits' padding must
+ * come back as it was (all bits set). */
+static void check_xent_fused(jdt_cuk *k, int64_t N, int64_t V, bool logits_bf16, int64_t ld)
 {
-    const int64_t n = N * V;
+    const int64_t n = N * V, L = ld ? ld : V, np = N * L;
     const float g = 0.37f;
     float *x, *dl = malloc((size_t)N * 4), *loss = malloc((size_t)N * 4),
-              *dx = malloc((size_t)n * 4);
+              *dx = malloc((size_t)n * 4), *xp = malloc((size_t)np * 4);
     int32_t *t = xent_inputs(N, V, &x);
-    uint16_t *x16 = malloc((size_t)n * 2), *w16 = malloc((size_t)n * 2),
-             *h16 = malloc((size_t)n * 2);
+    uint16_t *x16 = malloc((size_t)np * 2), *w16 = malloc((size_t)n * 2),
+             *h16 = malloc((size_t)np * 2);
+    float *hdx = malloc((size_t)np * 4);
     for (int64_t i = 0; i < N; i++)
         dl[i] = g;
-    for (int64_t i = 0; logits_bf16 && i < n; i++) {
-        x16[i] = jdt_rt_bf16_bits(x[i]);
+    for (int64_t i = 0; logits_bf16 && i < n; i++)
         x[i] = jdt_rt_bf16_round(x[i]);
-    }
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t c = 0; c < L; c++) {
+            xp[r * L + c] = c < V ? x[r * V + c] : NAN;
+            x16[r * L + c] = c < V ? jdt_rt_bf16_bits(x[r * V + c]) : 0x7fc0;
+        }
     jdt_rt_softmax_xent(x, t, loss, N, V, 1);
     jdt_rt_softmax_xent_bwd(x, t, dl, NULL, dx, N, V, 1);
     jdt_rt_softmax_xent_bwd_bf16(x, t, dl, loss, w16, N, V, 1);
     void *xd =
-        logits_bf16 ? (void *)dev_from(x16, (size_t)n * 2) : (void *)dev_from(x, (size_t)n * 4);
+        logits_bf16 ? (void *)dev_from(x16, (size_t)np * 2) : (void *)dev_from(xp, (size_t)np * 4);
     int32_t *td = dev_from(t, (size_t)N * 4);
-    float *lossd = dev_alloc((size_t)N * 4), *dxo = dev_alloc((size_t)n * 4);
-    uint16_t *d16 = dev_alloc((size_t)n * 2);
-    char what[64];
+    float *lossd = dev_alloc((size_t)N * 4), *dxo = dev_alloc((size_t)np * 4);
+    uint16_t *d16 = dev_alloc((size_t)np * 2);
+    char what[96];
     for (int out16 = 0; out16 < 2; out16++) {
         cudaMemset(lossd, 0xff, (size_t)N * 4); /* NaN: a row not written shows */
+        cudaMemset(out16 ? (void *)d16 : (void *)dxo, 0xff, (size_t)np * (out16 ? 2 : 4));
         jdt_cuk_softmax_xent_fused(k, xd, logits_bf16, td, g, lossd,
-                                   out16 ? (void *)d16 : (void *)dxo, out16, N, V);
+                                   out16 ? (void *)d16 : (void *)dxo, out16, N, V, ld, ld);
         jdt_err e;
         jdt_err_clear(&e);
         ck_assert_msg(jdt_cuk_check(k, "xent_fused", true, &e) == JDT_OK, "%s", e.msg);
-        snprintf(what, sizeof what, "softmax_xent_fused(%s logits, %s dlogits) loss",
-                 logits_bf16 ? "bf16" : "f32", out16 ? "bf16" : "f32");
+        snprintf(what, sizeof what, "softmax_xent_fused(%s logits, %s dlogits, ld %lld) loss",
+                 logits_bf16 ? "bf16" : "f32", out16 ? "bf16" : "f32", (long long)ld);
         float *gl = dev_to_host(k, lossd, N);
         expect_close(what, gl, loss, N, 1e-5f, 1e-5f);
         free(gl);
-        if (out16) {
-            ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)n * 2, cudaMemcpyDeviceToHost),
+        if (out16)
+            ck_assert_int_eq(cudaMemcpy(h16, d16, (size_t)np * 2, cudaMemcpyDeviceToHost),
                              cudaSuccess);
+        else
+            ck_assert_int_eq(cudaMemcpy(hdx, dxo, (size_t)np * 4, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+        for (int64_t r = 0; r < N; r++) /* the padding untouched, the rows packed for the check */
+            for (int64_t c = 0; c < L; c++) {
+                uint32_t bits = 0;
+                if (!out16) memcpy(&bits, &hdx[r * L + c], 4);
+                if (c >= V)
+                    ck_assert_msg(out16 ? h16[r * L + c] == 0xffff : bits == 0xffffffffu,
+                                  "%s: padding (%lld, %lld) written", what, (long long)r,
+                                  (long long)c);
+                else if (out16)
+                    h16[r * V + c] = h16[r * L + c];
+                else
+                    hdx[r * V + c] = hdx[r * L + c];
+            }
+        if (out16)
             expect_bf16_near(what, h16, w16, n);
-        } else {
-            float *gdx = dev_to_host(k, dxo, n);
-            expect_close(what, gdx, dx, n, 1e-7f, 1e-4f);
-            free(gdx);
-        }
+        else
+            expect_close(what, hdx, dx, n, 1e-7f, 1e-4f);
     }
-    free(x), free(dl), free(loss), free(dx), free(t), free(x16), free(w16), free(h16);
+    /* the backward on its own, padded the same way (the logsumexp from the loss) */
+    if (ld) {
+        cudaMemset(dxo, 0xff, (size_t)np * 4);
+        float *dld = dev_from(dl, (size_t)N * 4), *gl = dev_from(loss, (size_t)N * 4);
+        jdt_cuk_softmax_xent_bwd(k, xd, logits_bf16, td, dld, gl, dxo, N, V, ld, ld);
+        ck_assert_int_eq(cudaMemcpy(hdx, dxo, (size_t)np * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int64_t r = 0; r < N; r++)
+            memmove(&hdx[r * V], &hdx[r * L], (size_t)V * 4);
+        snprintf(what, sizeof what, "softmax_xent_bwd(%s logits, ld %lld)",
+                 logits_bf16 ? "bf16" : "f32", (long long)ld);
+        expect_close(what, hdx, dx, n, 1e-7f, 1e-4f);
+        cudaFree(dld), cudaFree(gl);
+    }
+    free(x), free(dl), free(loss), free(dx), free(t), free(x16), free(w16), free(h16), free(xp);
+    free(hdx);
     cudaFree(xd), cudaFree(td), cudaFree(lossd), cudaFree(dxo), cudaFree(d16);
 }
 
@@ -1153,9 +1298,12 @@ START_TEST(test_softmax_xent)
     check_xent(k, 6, 1024);
     check_xent(k, 4, 50257);
     for (int lb = 0; lb < 2; lb++) {
-        check_xent_fused(k, 9, 1037, lb);
-        check_xent_fused(k, 6, 1024, lb);
-        check_xent_fused(k, 4, 50257, lb);
+        check_xent_fused(k, 9, 1037, lb, 0);
+        check_xent_fused(k, 6, 1024, lb, 0);
+        check_xent_fused(k, 4, 50257, lb, 0);
+        check_xent_fused(k, 5, 1037, lb, 1088); /* padded rows, scalar path */
+        check_xent_fused(k, 5, 1036, lb, 1088); /* padded rows, 4-value path */
+        check_xent_fused(k, 3, 50257, lb, 50304);
     }
     jdt_cuk_free(k);
 }
@@ -1907,6 +2055,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_lazy_load);
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_matmul_bf16);
+    tcase_add_test(tc, test_matmul_pitched);
     tcase_add_test(tc, test_to_bf16);
     tcase_add_test(tc, test_permute_blocks);
     tcase_add_test(tc, test_nccl_one_rank);

@@ -115,7 +115,7 @@ typedef enum {
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
 typedef struct {
     bool used;
-    int64_t key[13];
+    int64_t key[16]; /* cuk_gemm.c gemm(): shape, flags, alignments, epilogue, row strides */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -146,6 +146,7 @@ struct jdt_cuk {
      * from then on, without asking again */
     bool gelu_epilogue_off, dgelu_epilogue_off; /* the same for DGELU */
     bool dgelu_bgrad_off; /* and for DGELU_BGRAD (jdt_cuk_matmul_bf16_dgelu with dbias) */
+    int64_t ld_next[3];   /* jdt_cuk_gemm_pitch: the next GEMM's row strides of a, b, c */
     jdt_err pending;      /* first failure of a void launcher, reported by jdt_cuk_check */
 };
 

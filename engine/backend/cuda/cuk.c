@@ -493,61 +493,78 @@ void jdt_cuk_log_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float 
     row_launch3(k, JDT_CUK_K_LOG_SOFTMAX_BWD, y, dy, dx, N, C);
 }
 
-/* float4 (f32) or 8-byte (bf16) row loads: V a multiple of 4 and the logits aligned to it */
-static int xent_vec(int64_t V, const void *logits, bool logits_bf16)
+/* float4 (f32) or 8-byte (bf16) row loads: V and the row strides multiples of 4 and the logits
+ * aligned to them */
+static int xent_vec(int64_t V, int64_t ldx, int64_t ldd, const void *logits, bool logits_bf16)
 {
-    return V % 4 == 0 && ((uintptr_t)logits & (logits_bf16 ? 7u : 15u)) == 0;
+    return V % 4 == 0 && ldx % 4 == 0 && ldd % 4 == 0 &&
+           ((uintptr_t)logits & (logits_bf16 ? 7u : 15u)) == 0;
+}
+
+/* The row strides: 0 means V. False (and the failure recorded) when one is less than V. */
+static bool xent_ld(jdt_cuk *k, int64_t V, int64_t *ldx, int64_t *ldd)
+{
+    if (*ldx == 0) *ldx = V;
+    if (*ldd == 0) *ldd = V;
+    if (*ldx >= V && *ldd >= V) return true;
+    jdt_cuk_defer(k, JDT_ERR_INVALID, "softmax_xent: row stride %lld or %lld below %lld values",
+                  (long long)*ldx, (long long)*ldd, (long long)V);
+    return false;
 }
 
 void jdt_cuk_softmax_xent(jdt_cuk *k, const void *logits, bool logits_bf16, const int32_t *tgt,
-                          float *loss, int64_t N, int64_t V)
+                          float *loss, int64_t N, int64_t V, int64_t ldx)
 {
     if (N <= 0) return;
     if (V <= 0) { /* every target is out of range: loss NaN, or 0 for negative targets */
         jdt_cuk_defer(k, JDT_ERR_INVALID, "softmax_xent: empty vocabulary");
         return;
     }
-    int vec = xent_vec(V, logits, logits_bf16);
-    void *args[] = {&logits, &tgt, &loss, &N, &V, &vec};
+    int64_t ldd = 0;
+    if (!xent_ld(k, V, &ldx, &ldd)) return;
+    int vec = xent_vec(V, ldx, ldd, logits, logits_bf16);
+    void *args[] = {&logits, &tgt, &loss, &N, &V, &ldx, &ldd, &vec};
     launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_B : JDT_CUK_K_SOFTMAX_XENT, N, row_threads(V), 0,
            args);
 }
 
 void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const void *logits, bool logits_bf16, const int32_t *tgt,
                               const float *dloss, const float *loss, float *dlogits, int64_t N,
-                              int64_t V)
+                              int64_t V, int64_t ldx, int64_t ldd)
 {
-    if (N <= 0 || V <= 0) return;
-    int vec = xent_vec(V, logits, logits_bf16) && aligned16(dlogits);
-    void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &vec};
+    if (N <= 0 || V <= 0 || !xent_ld(k, V, &ldx, &ldd)) return;
+    int vec = xent_vec(V, ldx, ldd, logits, logits_bf16) && aligned16(dlogits);
+    void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &ldx, &ldd, &vec};
     launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_BWD_B : JDT_CUK_K_SOFTMAX_XENT_BWD, N,
            row_threads(V), 0, args);
 }
 
 void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_bf16,
                                    const int32_t *tgt, const float *dloss, const float *loss,
-                                   uint16_t *dlogits, int64_t N, int64_t V)
+                                   uint16_t *dlogits, int64_t N, int64_t V, int64_t ldx,
+                                   int64_t ldd)
 {
-    if (N <= 0 || V <= 0) return;
+    if (N <= 0 || V <= 0 || !xent_ld(k, V, &ldx, &ldd)) return;
     /* 4-value reads, 8-byte bf16 writes */
-    int vec = xent_vec(V, logits, logits_bf16) && ((uintptr_t)dlogits & 7u) == 0;
-    void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &vec};
+    int vec = xent_vec(V, ldx, ldd, logits, logits_bf16) && ((uintptr_t)dlogits & 7u) == 0;
+    void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &ldx, &ldd, &vec};
     launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_BWD_BF16_B : JDT_CUK_K_SOFTMAX_XENT_BWD_BF16, N,
            row_threads(V), 0, args);
 }
 
 void jdt_cuk_softmax_xent_fused(jdt_cuk *k, const void *logits, bool logits_bf16,
                                 const int32_t *tgt, float g, float *loss, void *dlogits,
-                                bool dlogits_bf16, int64_t N, int64_t V)
+                                bool dlogits_bf16, int64_t N, int64_t V, int64_t ldx, int64_t ldd)
 {
     if (N <= 0) return;
     if (V <= 0) {
         jdt_cuk_defer(k, JDT_ERR_INVALID, "softmax_xent: empty vocabulary");
         return;
     }
-    int vec =
-        xent_vec(V, logits, logits_bf16) && ((uintptr_t)dlogits & (dlogits_bf16 ? 7u : 15u)) == 0;
-    void *args[] = {&logits, &tgt, &g, &loss, &dlogits, &N, &V, &vec};
+    if (!xent_ld(k, V, &ldx, &ldd)) return;
+    int vec = xent_vec(V, ldx, ldd, logits, logits_bf16) &&
+              ((uintptr_t)dlogits & (dlogits_bf16 ? 7u : 15u)) == 0;
+    void *args[] = {&logits, &tgt, &g, &loss, &dlogits, &N, &V, &ldx, &ldd, &vec};
     jdt_cuk_kernel ki = dlogits_bf16 ? (logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_FUSED_BF16_B
                                                     : JDT_CUK_K_SOFTMAX_XENT_FUSED_BF16)
                                      : (logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_FUSED_B

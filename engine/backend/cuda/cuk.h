@@ -83,6 +83,13 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
                           const float *acc, float *c, int64_t batch, int64_t M, int64_t N,
                           int64_t K, bool ta, bool tb, bool b_shared, jdt_err *e);
 
+/* The row strides (elements) of a, b and c for the next jdt_cuk_matmul, jdt_cuk_matmul_bf16_ex
+ * or jdt_cuk_matmul_bf16_out call only, each 0 for rows back to back (padded rows: fuse.c
+ * mark_pitched_rows). That call takes them, a single matrix (batch 1, or a batch folded into M
+ * over a shared b) with its pitched operands read in place (f32 compute, or stored as bf16), or
+ * fails with ERR_INTERNAL; the other GEMM entry points fail while any is pending. */
+void jdt_cuk_gemm_pitch(jdt_cuk *k, int64_t lda, int64_t ldb, int64_t ldc);
+
 /* jdt_cuk_matmul with bf16 compute (MATMUL attrs i[2], precision.compute: bf16), the meaning of
  * jdt_rt_matmul_bf16: a and b rounded to bf16 (nearest even) by a conversion kernel into
  * scratch (device memory of scratch_bytes >= jdt_cuk_matmul_bf16_scratch_bytes: the bf16
@@ -170,21 +177,24 @@ void jdt_cuk_log_softmax(jdt_cuk *k, const float *x, float *y, int64_t N, int64_
 void jdt_cuk_log_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float *dx, int64_t N,
                              int64_t C);
 /* loss (N) = logsumexp(row) - row[target]; target < 0 -> 0; target >= V -> NaN. The logits are
- * f32, or bf16 bit patterns with logits_bf16 (precision.activations: bf16; widened exactly). */
+ * f32, or bf16 bit patterns with logits_bf16 (precision.activations: bf16; widened exactly),
+ * their rows ldx elements apart (ldx >= V; 0: V), as the cross-entropy functions below take
+ * them, which write dlogits rows ldd apart (0: V): padded rows, fuse.c mark_pitched_rows. */
 void jdt_cuk_softmax_xent(jdt_cuk *k, const void *logits, bool logits_bf16, const int32_t *tgt,
-                          float *loss, int64_t N, int64_t V);
+                          float *loss, int64_t N, int64_t V, int64_t ldx);
 /* dlogits (N, V) = dloss * (softmax(row) - onehot(target)); rows with target out of range: 0.
  * loss: the forward's per-row loss of these logits and targets (jdt_cuk_softmax_xent's output)
  * or NULL; with it each row is read once (its logsumexp is loss + row[target]), without it
  * twice. logits as above. */
 void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const void *logits, bool logits_bf16, const int32_t *tgt,
                               const float *dloss, const float *loss, float *dlogits, int64_t N,
-                              int64_t V);
+                              int64_t V, int64_t ldx, int64_t ldd);
 /* The same, dlogits stored as bf16 bit patterns (rounded to nearest even): the compiler's bf16
  * storage of a value only bf16 GEMMs read (jdt_rt_softmax_xent_bwd_bf16). */
 void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_bf16,
                                    const int32_t *tgt, const float *dloss, const float *loss,
-                                   uint16_t *dlogits, int64_t N, int64_t V);
+                                   uint16_t *dlogits, int64_t N, int64_t V, int64_t ldx,
+                                   int64_t ldd);
 /* llm.c's fused classifier (passes.c fold_xent_backwards): loss as jdt_cuk_softmax_xent's and
  * dlogits = g * (softmax(row) - onehot(target)) as jdt_cuk_softmax_xent_bwd's for a dloss of g
  * in every row, the row's logsumexp found once (the backward half reads the row again while it
@@ -192,7 +202,7 @@ void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_b
  * above. */
 void jdt_cuk_softmax_xent_fused(jdt_cuk *k, const void *logits, bool logits_bf16,
                                 const int32_t *tgt, float g, float *loss, void *dlogits,
-                                bool dlogits_bf16, int64_t N, int64_t V);
+                                bool dlogits_bf16, int64_t N, int64_t V, int64_t ldx, int64_t ldd);
 void jdt_cuk_normalize(jdt_cuk *k, const float *x, float *y, int64_t N, int64_t C, float eps);
 /* The norms' backwards: dx from x and the normalised value's cotangent dxhat = dy * w, w (C)
  * the norm's scale, or dxhat = dy when w is NULL (jdt_rt_normalize_bwd's semantics then). */

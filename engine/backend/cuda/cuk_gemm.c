@@ -84,6 +84,14 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
 {
     int64_t batch = key[0], M = key[1], N = key[2], K = key[3];
     bool ta = key[4], tb = key[5], shared = key[6], bias = key[7] && epilogue, bf16 = key[10];
+    /* row strides: the stored rows' lengths unless padded (key[13..15]: a, b, c) */
+    const int64_t lda = key[13] ? key[13]
+                        : ta    ? M
+                                : K,
+                  ldb = key[14] ? key[14]
+                        : tb    ? K
+                                : N,
+                  ldc = key[15] ? key[15] : N;
     cudaDataType dt_c = key[11] ? CUDA_R_16BF : CUDA_R_32F;
     cudaDataType dt_ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasStatus_t st;
@@ -123,11 +131,11 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     }
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatmulDescSetAttribute", key);
     /* cuBLAS A = our b: (N, K) col-major ld N, or stored (K, N) ld K and transposed */
-    st = make_layout(&p->la, dt_ab, tb ? K : N, tb ? N : K, tb ? K : N, batch, shared ? 0 : K * N);
+    st = make_layout(&p->la, dt_ab, tb ? K : N, tb ? N : K, ldb, batch, shared ? 0 : K * N);
     /* cuBLAS B = our a: (K, M) col-major ld K, or stored (M, K) ld M and transposed */
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = make_layout(&p->lb, dt_ab, ta ? M : K, ta ? K : M, ta ? M : K, batch, M * K);
-    if (st == CUBLAS_STATUS_SUCCESS) st = make_layout(&p->lc, dt_c, N, M, N, batch, M * N);
+        st = make_layout(&p->lb, dt_ab, ta ? M : K, ta ? K : M, lda, batch, M * K);
+    if (st == CUBLAS_STATUS_SUCCESS) st = make_layout(&p->lc, dt_c, N, M, ldc, batch, M * N);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatrixLayoutCreate", key);
 
     cublasLtMatmulPreference_t pref;
@@ -168,13 +176,19 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
 static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, const void *acc,
                        void *c, const void *aux, int aux_kind, int64_t batch, int64_t M, int64_t N,
                        int64_t K, bool ta, bool tb, bool b_shared, bool bf16, bool c_bf16,
-                       jdt_err *e)
+                       const int64_t *ld, jdt_err *e)
 {
+    static const int64_t dense[3] = {0, 0, 0};
+    if (!ld) ld = dense;
+    const bool pitched = ld[0] || ld[1] || ld[2];
+    if (pitched && batch != 1)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "matmul: padded rows in a batch of %lld products",
+                           (long long)batch);
     int64_t al_ab = align_of(a) < align_of(b) ? align_of(a) : align_of(b);
     int64_t al_c = align_of(c), al_bias = bias ? align_of(bias) : 16;
     if (acc && align_of(acc) < al_c) al_c = align_of(acc); /* C's alignment too */
     if (aux && align_of(aux) < al_c) al_c = align_of(aux);
-    int64_t key[13] = {batch,
+    int64_t key[16] = {batch,
                        M,
                        N,
                        K,
@@ -186,7 +200,10 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
                        al_c * 32 + al_bias,
                        bf16,
                        c_bf16,
-                       aux ? aux_kind : 0};
+                       aux ? aux_kind : 0,
+                       ld[0],
+                       ld[1],
+                       ld[2]};
     jdt_cuk_plan *p = NULL;
     for (int i = 0; i < JDT_CUK_PLANS && !p; i++)
         if (k->plans[i].used && memcmp(k->plans[i].key, key, sizeof key) == 0) p = &k->plans[i];
@@ -195,8 +212,8 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
         k->next_plan = (k->next_plan + 1) % JDT_CUK_PLANS;
         plan_release(p);
         jdt_status s = plan_build(k, p, key, al_ab, al_c, al_bias, true, e);
-        if (s != JDT_OK && bias && !c_bf16 &&
-            !aux) { /* no algorithm with the bias epilogue: bias rows + beta 1 */
+        if (s != JDT_OK && bias && !c_bf16 && !aux &&
+            !pitched) { /* no algorithm with the bias epilogue: bias rows + beta 1 */
             plan_release(p);
             s = plan_build(k, p, key, al_ab, al_c, al_bias, false, e);
         }
@@ -256,14 +273,38 @@ static jdt_status gemm_shape(jdt_cuk *k, const float *bias, const float *acc, fl
     return JDT_OK;
 }
 
+void jdt_cuk_gemm_pitch(jdt_cuk *k, int64_t lda, int64_t ldb, int64_t ldc)
+{
+    k->ld_next[0] = lda;
+    k->ld_next[1] = ldb;
+    k->ld_next[2] = ldc;
+}
+
+/* The pending row strides (jdt_cuk_gemm_pitch), taken: ld receives them, k forgets them.
+ * ERR_INTERNAL when any is set and `takes` is false (an entry point without them), or K is 0
+ * (the bias rows' fill writes rows back to back). */
+static jdt_status take_ld(jdt_cuk *k, int64_t *ld, bool takes, int64_t K, jdt_err *e)
+{
+    memcpy(ld, k->ld_next, sizeof k->ld_next);
+    memset(k->ld_next, 0, sizeof k->ld_next);
+    if (!(ld[0] || ld[1] || ld[2]) || (takes && K > 0)) return JDT_OK;
+    return jdt_err_set(e, JDT_ERR_INTERNAL, "matmul: padded rows (%lld, %lld, %lld) for a GEMM %s",
+                       (long long)ld[0], (long long)ld[1], (long long)ld[2],
+                       takes ? "with K = 0" : "that takes none");
+}
+
 jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias,
                           const float *acc, float *c, int64_t batch, int64_t M, int64_t N,
                           int64_t K, bool ta, bool tb, bool b_shared, jdt_err *e)
 {
+    int64_t ld[3];
+    jdt_status st = take_ld(k, ld, true, K, e);
+    if (st != JDT_OK) return st;
     bool done;
-    jdt_status st = gemm_shape(k, bias, acc, c, &batch, &M, N, K, ta, b_shared, &done, e);
+    st = gemm_shape(k, bias, acc, c, &batch, &M, N, K, ta, b_shared, &done, e);
     if (st != JDT_OK || done) return st;
-    return gemm(k, a, b, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, false, false, e);
+    return gemm(k, a, b, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, false, false, ld,
+                e);
 }
 
 /* Where b's bf16 copy starts in the scratch: after a's, 16-byte aligned when that fits. */
@@ -289,13 +330,19 @@ jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const
 }
 
 /* jdt_cuk_matmul_bf16_ex and jdt_cuk_matmul_bf16_out: c and the bias f32, or both bf16
- * (c_bf16, which has no TF32 fallback) */
+ * (c_bf16, which has no TF32 fallback); ld the row strides (NULL: none), a padded operand read
+ * in place only */
 static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const void *bias,
                               const float *acc, void *c, const void *aux, int aux_kind,
                               int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                               bool b_shared, bool a_bf16, bool b_bf16, bool c_bf16, void *scratch,
-                              int64_t scratch_bytes, jdt_err *e)
+                              int64_t scratch_bytes, const int64_t *ld, jdt_err *e)
 {
+    const bool pitched = ld && (ld[0] || ld[1] || ld[2]);
+    if (pitched && ((ld[0] && !a_bf16) || (ld[1] && !b_bf16)))
+        return jdt_err_set(e, JDT_ERR_INTERNAL,
+                           "matmul bf16: a padded f32 operand (the conversion reads rows back "
+                           "to back)");
     const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
     if (c_bf16 && K <= 0 && batch > 0 && M > 0 && N > 0)
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
@@ -322,8 +369,8 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         b16 = bs;
     }
     st = gemm(k, a16, b16, bias, acc, c, aux, aux_kind, batch, M, N, K, ta, tb, b_shared, true,
-              c_bf16, e);
-    if (st == JDT_OK || c_bf16 || !scratch || scratch_bytes < 4 * (na + nb)) return st;
+              c_bf16, ld, e);
+    if (st == JDT_OK || c_bf16 || pitched || !scratch || scratch_bytes < 4 * (na + nb)) return st;
     /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
      * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
     float *ar = scratch, *br = ar + na;
@@ -336,7 +383,7 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
     else
         jdt_cuk_bf16_round(k, b, br, nb);
     return gemm(k, ar, br, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, false, false,
-                e);
+                NULL, e);
 }
 
 jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,
@@ -344,8 +391,11 @@ jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, cons
                                   int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
                                   bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
+    int64_t ld[3];
+    jdt_status st = take_ld(k, ld, true, K, e);
+    if (st != JDT_OK) return st;
     return matmul_bf16(k, a, b, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, a_bf16,
-                       b_bf16, false, scratch, scratch_bytes, e);
+                       b_bf16, false, scratch, scratch_bytes, ld, e);
 }
 
 jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, const uint16_t *bias,
@@ -353,8 +403,11 @@ jdt_status jdt_cuk_matmul_bf16_out(jdt_cuk *k, const void *a, const void *b, con
                                    bool ta, bool tb, bool b_shared, bool a_bf16, bool b_bf16,
                                    void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
+    int64_t ld[3];
+    jdt_status st = take_ld(k, ld, true, K, e);
+    if (st != JDT_OK) return st;
     return matmul_bf16(k, a, b, bias, NULL, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, a_bf16,
-                       b_bf16, true, scratch, scratch_bytes, e);
+                       b_bf16, true, scratch, scratch_bytes, ld, e);
 }
 
 /* The bf16-output GEMM with a GELU epilogue (aux_kind 1: GELU_AUX(_BIAS), 2: DGELU, 3:
@@ -372,7 +425,7 @@ static bool gelu_epilogue(jdt_cuk *k, bool *off, const char *what, const void *a
     jdt_err le;
     jdt_err_clear(&le);
     if (matmul_bf16(k, a, b, bias, NULL, c, aux, aux_kind, batch, M, N, K, ta, tb, b_shared, a_bf16,
-                    b_bf16, true, scratch, scratch_bytes, &le) == JDT_OK)
+                    b_bf16, true, scratch, scratch_bytes, NULL, &le) == JDT_OK)
         return true;
     *off = true;
     JDT_INFO("cuda: no cuBLASLt %s epilogue here (%s): %s", what, le.msg,
@@ -387,11 +440,14 @@ jdt_status jdt_cuk_matmul_bf16_gelu(jdt_cuk *k, const void *a, const void *b, co
                                     int64_t K, bool ta, bool tb, bool b_shared, bool a_bf16,
                                     bool b_bf16, void *scratch, int64_t scratch_bytes, jdt_err *e)
 {
+    int64_t ld[3];
+    jdt_status lst = take_ld(k, ld, false, K, e);
+    if (lst != JDT_OK) return lst;
     if (gelu_epilogue(k, &k->gelu_epilogue_off, "GELU", a, b, bias, y, pre, 1, batch, M, N, K, ta,
                       tb, b_shared, a_bf16, b_bf16, scratch, scratch_bytes))
         return JDT_OK;
     jdt_status st = matmul_bf16(k, a, b, bias, NULL, pre, NULL, 0, batch, M, N, K, ta, tb, b_shared,
-                                a_bf16, b_bf16, true, scratch, scratch_bytes, e);
+                                a_bf16, b_bf16, true, scratch, scratch_bytes, NULL, e);
     if (st == JDT_OK) jdt_cuk_gelu_bf16(k, pre, y, batch * M * N);
     return st;
 }
@@ -402,15 +458,17 @@ jdt_status jdt_cuk_matmul_bf16_dgelu(jdt_cuk *k, const void *a, const void *b, c
                                      bool a_bf16, bool b_bf16, void *scratch, int64_t scratch_bytes,
                                      jdt_err *e)
 {
+    int64_t ld[3];
+    jdt_status st = take_ld(k, ld, false, K, e);
+    if (st != JDT_OK) return st;
     if (dbias &&
         gelu_epilogue(k, &k->dgelu_bgrad_off, "DGELU_BGRAD", a, b, dbias, dx, pre, 3, batch, M, N,
                       K, ta, tb, b_shared, a_bf16, b_bf16, scratch, scratch_bytes))
         return JDT_OK;
-    jdt_status st = JDT_OK;
     if (!gelu_epilogue(k, &k->dgelu_epilogue_off, "DGELU", a, b, NULL, dx, pre, 2, batch, M, N, K,
                        ta, tb, b_shared, a_bf16, b_bf16, scratch, scratch_bytes)) {
         st = matmul_bf16(k, a, b, NULL, NULL, dx, NULL, 0, batch, M, N, K, ta, tb, b_shared, a_bf16,
-                         b_bf16, true, scratch, scratch_bytes, e);
+                         b_bf16, true, scratch, scratch_bytes, NULL, e);
         if (st == JDT_OK) jdt_cuk_dgelu_bf16(k, pre, dx, batch * M * N);
     }
     if (st == JDT_OK && dbias) jdt_cuk_colsum_bf16(k, dx, dbias, batch * M, N);

@@ -912,6 +912,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .gemm_accumulate = true,
     .norm_bwd_partials = JDT_CUK_NORM_PART_MAX_C,
     .gemm_gelu = true,
+    .gemm_pitch = true,
     .xent_fused = true,
     .attention_copy = true,
     .rope_bhtd = true,

@@ -104,12 +104,14 @@ extern "C" __global__ void cuk_log_softmax_bwd(const float *y, const float *dy, 
 
 /* The cross-entropy kernels read f32 logits or (precision.activations: bf16, the compiler's
  * fold_bf16_casts) bf16 ones: templates over the logits' element type, one extern "C" entry
- * per type (the _b suffix: bf16 logits). */
+ * per type (the _b suffix: bf16 logits). Rows are ldx elements apart in the logits and ldd in
+ * dlogits (>= V: padded rows, the compiler's fuse.c mark_pitched_rows; the padding is neither
+ * read nor written). */
 
 /* loss[n] = lse(row) - row[t]; t < 0 -> 0; t >= V -> NaN. */
 template <class T>
 __device__ __forceinline__ void xent_fwd(const T *logits, const i32 *tgt, float *loss, i64 N, i64 V,
-                                         int vec)
+                                         i64 ldx, i64 ldd, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -118,22 +120,22 @@ __device__ __forceinline__ void xent_fwd(const T *logits, const i32 *tgt, float 
             if (threadIdx.x == 0) loss[n] = t < 0 ? 0.0f : CUK_NAN;
             continue;
         }
-        const T *xr = logits + n * V;
+        const T *xr = logits + n * ldx;
         float l = cuk_row_lse(xr, V, vec, sh);
         if (threadIdx.x == 0) loss[n] = l - cuk_ld(xr, t);
     }
 }
 
 extern "C" __global__ void cuk_softmax_xent(const float *logits, const i32 *tgt, float *loss, i64 N,
-                                            i64 V, int vec)
+                                            i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_fwd(logits, tgt, loss, N, V, vec);
+    xent_fwd(logits, tgt, loss, N, V, ldx, ldd, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_b(const unsigned short *logits, const i32 *tgt,
-                                              float *loss, i64 N, i64 V, int vec)
+                                              float *loss, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_fwd(logits, tgt, loss, N, V, vec);
+    xent_fwd(logits, tgt, loss, N, V, ldx, ldd, vec);
 }
 
 /* The logsumexp of row n for the backward: from the forward's loss when there is one
@@ -164,13 +166,13 @@ __device__ __forceinline__ void cuk_xent_store_loss(float *loss_out, i64 n, i64 
 template <class T>
 __device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const float *dloss,
                                          float g, const float *loss, float *loss_out,
-                                         float *dlogits, i64 N, i64 V, int vec)
+                                         float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
         i64 t = tgt[n];
-        const T *xr = logits + n * V;
-        float *d = dlogits + n * V;
+        const T *xr = logits + n * ldx;
+        float *d = dlogits + n * ldd;
         if (t < 0 || t >= V) {
             cuk_xent_store_loss(loss_out, n, t, V, 0.0f, xr);
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
@@ -200,31 +202,31 @@ __device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const 
 
 extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *tgt,
                                                 const float *dloss, const float *loss,
-                                                float *dlogits, i64 N, i64 V, int vec)
+                                                float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, vec);
+    xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_bwd_b(const unsigned short *logits, const i32 *tgt,
                                                   const float *dloss, const float *loss,
-                                                  float *dlogits, i64 N, i64 V, int vec)
+                                                  float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, vec);
+    xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
 /* The fused classifier: loss and dlogits = g * (softmax - onehot) in one pass over a row. */
 extern "C" __global__ void cuk_softmax_xent_fused(const float *logits, const i32 *tgt, float g,
-                                                  float *loss, float *dlogits, i64 N, i64 V,
+                                                  float *loss, float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
                                                   int vec)
 {
-    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, vec);
+    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_fused_b(const unsigned short *logits, const i32 *tgt,
                                                     float g, float *loss, float *dlogits, i64 N,
-                                                    i64 V, int vec)
+                                                    i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, vec);
+    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd, vec);
 }
 
 /* The backward storing bf16 (bit patterns, rounded to nearest even): dlogits read only by bf16
@@ -234,13 +236,13 @@ extern "C" __global__ void cuk_softmax_xent_fused_b(const unsigned short *logits
 template <class T>
 __device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, const float *dloss,
                                               float g, const float *loss, float *loss_out,
-                                              unsigned short *dlogits, i64 N, i64 V, int vec)
+                                              unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
         i64 t = tgt[n];
-        const T *xr = logits + n * V;
-        unsigned short *d = dlogits + n * V;
+        const T *xr = logits + n * ldx;
+        unsigned short *d = dlogits + n * ldd;
         if (t < 0 || t >= V) {
             cuk_xent_store_loss(loss_out, n, t, V, 0.0f, xr);
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
@@ -270,32 +272,32 @@ __device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, c
 
 extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const i32 *tgt,
                                                      const float *dloss, const float *loss,
-                                                     unsigned short *dlogits, i64 N, i64 V, int vec)
+                                                     unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, vec);
+    xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_bwd_bf16_b(const unsigned short *logits, const i32 *tgt,
                                                        const float *dloss, const float *loss,
-                                                       unsigned short *dlogits, i64 N, i64 V,
+                                                       unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
                                                        int vec)
 {
-    xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, vec);
+    xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_fused_bf16(const float *logits, const i32 *tgt, float g,
                                                        float *loss, unsigned short *dlogits, i64 N,
-                                                       i64 V, int vec)
+                                                       i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, vec);
+    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_fused_bf16_b(const unsigned short *logits,
                                                          const i32 *tgt, float g, float *loss,
-                                                         unsigned short *dlogits, i64 N, i64 V,
+                                                         unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
                                                          int vec)
 {
-    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, vec);
+    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd, vec);
 }
 
 /* Mean and 1/sqrt(var + eps) of a row (two passes: the centred second pass keeps the variance
