@@ -90,19 +90,19 @@ compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/gpu16g/tiny/metrics.jsonl" "emula
   fail "GELU fallback losses differ"
 # padded rows (compiler: fuse.c mark_pitched_rows): a vocabulary of 250 (500-byte bf16 rows,
 # not a multiple of 16) stores the logits and dlogits with rows of 256 for cuBLASLt's aligned
-# kernels; nothing reads or writes the padding, so the losses are those of rows back to back
-# (JDT_GEMM_PITCH=0) to the last digit, and the CPU's within bf16's bound
+# kernels (and the cross-entropy's 4-value loads); the losses are those of rows back to back
+# (JDT_GEMM_PITCH=0: one value per load, so another summation order; seen 1.2e-5) and the
+# CPU's within bf16's bound
 V250=("${C[@]}" precision.compute=bf16 precision.activations=bf16 model.vocab_size=250)
 "$EMU" inspect "${V250[@]}" runtime.backend=cuda >"$TMP/insp" 2>&1 || { cat "$TMP/insp"; fail "inspect, vocabulary 250"; }
 grep -q "2 GEMM operands with rows padded" "$TMP/insp" || { cat "$TMP/insp"; fail "vocabulary 250: logits and dlogits not padded"; }
 run "$BIN" "$TMP/cpuv" "${V250[@]}"
 run "$EMU" "$TMP/gpuv" "${V250[@]}" runtime.backend=cuda
 JDT_GEMM_PITCH=0 run "$EMU" "$TMP/gpuv0" "${V250[@]}" runtime.backend=cuda
-losses "$TMP/gpuv/tiny/metrics.jsonl" > "$TMP/a"; losses "$TMP/gpuv0/tiny/metrics.jsonl" > "$TMP/b"
-[ "$(wc -l < "$TMP/a")" -eq 6 ] && cmp -s "$TMP/a" "$TMP/b" || { paste "$TMP/a" "$TMP/b"; fail "padded rows changed the losses"; }
+compare "$TMP/gpuv0/tiny/metrics.jsonl" "$TMP/gpuv/tiny/metrics.jsonl" "emulated GPU, V=250, padded vs dense" 1e-4 ||
+  fail "padded rows changed the losses"
 compare "$TMP/cpuv/tiny/metrics.jsonl" "$TMP/gpuv/tiny/metrics.jsonl" "emulated GPU, V=250, padded rows" 1e-3 ||
   fail "vocabulary 250 losses differ"
-echo "emulated GPU, V=250: padded logits and dlogits rows give the dense rows' losses exactly"
 run "$EMU" "$TMP/tp16a" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.tensor=2
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/tp16a/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, bf16 act." 1e-3 ||
   fail "bf16 activations tensor=2 losses differ"

@@ -493,12 +493,12 @@ void jdt_cuk_log_softmax_bwd(jdt_cuk *k, const float *y, const float *dy, float 
     row_launch3(k, JDT_CUK_K_LOG_SOFTMAX_BWD, y, dy, dx, N, C);
 }
 
-/* float4 (f32) or 8-byte (bf16) row loads: V and the row strides multiples of 4 and the logits
- * aligned to them */
-static int xent_vec(int64_t V, int64_t ldx, int64_t ldd, const void *logits, bool logits_bf16)
+/* float4 (f32) or 8-byte (bf16) row loads: the row strides multiples of 4 and the logits
+ * aligned to them (padded rows qualify whatever V; the kernels take a row's last V % 4 values
+ * one by one) */
+static int xent_vec(int64_t ldx, int64_t ldd, const void *logits, bool logits_bf16)
 {
-    return V % 4 == 0 && ldx % 4 == 0 && ldd % 4 == 0 &&
-           ((uintptr_t)logits & (logits_bf16 ? 7u : 15u)) == 0;
+    return ldx % 4 == 0 && ldd % 4 == 0 && ((uintptr_t)logits & (logits_bf16 ? 7u : 15u)) == 0;
 }
 
 /* The row strides: 0 means V. False (and the failure recorded) when one is less than V. */
@@ -522,7 +522,7 @@ void jdt_cuk_softmax_xent(jdt_cuk *k, const void *logits, bool logits_bf16, cons
     }
     int64_t ldd = 0;
     if (!xent_ld(k, V, &ldx, &ldd)) return;
-    int vec = xent_vec(V, ldx, ldd, logits, logits_bf16);
+    int vec = xent_vec(ldx, ldx, logits, logits_bf16); /* no dlogits here */
     void *args[] = {&logits, &tgt, &loss, &N, &V, &ldx, &ldd, &vec};
     launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_B : JDT_CUK_K_SOFTMAX_XENT, N, row_threads(V), 0,
            args);
@@ -533,7 +533,7 @@ void jdt_cuk_softmax_xent_bwd(jdt_cuk *k, const void *logits, bool logits_bf16, 
                               int64_t V, int64_t ldx, int64_t ldd)
 {
     if (N <= 0 || V <= 0 || !xent_ld(k, V, &ldx, &ldd)) return;
-    int vec = xent_vec(V, ldx, ldd, logits, logits_bf16) && aligned16(dlogits);
+    int vec = xent_vec(ldx, ldd, logits, logits_bf16) && aligned16(dlogits);
     void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &ldx, &ldd, &vec};
     launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_BWD_B : JDT_CUK_K_SOFTMAX_XENT_BWD, N,
            row_threads(V), 0, args);
@@ -546,7 +546,7 @@ void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_b
 {
     if (N <= 0 || V <= 0 || !xent_ld(k, V, &ldx, &ldd)) return;
     /* 4-value reads, 8-byte bf16 writes */
-    int vec = xent_vec(V, ldx, ldd, logits, logits_bf16) && ((uintptr_t)dlogits & 7u) == 0;
+    int vec = xent_vec(ldx, ldd, logits, logits_bf16) && ((uintptr_t)dlogits & 7u) == 0;
     void *args[] = {&logits, &tgt, &dloss, &loss, &dlogits, &N, &V, &ldx, &ldd, &vec};
     launch(k, logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_BWD_BF16_B : JDT_CUK_K_SOFTMAX_XENT_BWD_BF16, N,
            row_threads(V), 0, args);
@@ -562,7 +562,7 @@ void jdt_cuk_softmax_xent_fused(jdt_cuk *k, const void *logits, bool logits_bf16
         return;
     }
     if (!xent_ld(k, V, &ldx, &ldd)) return;
-    int vec = xent_vec(V, ldx, ldd, logits, logits_bf16) &&
+    int vec = xent_vec(ldx, ldd, logits, logits_bf16) &&
               ((uintptr_t)dlogits & (dlogits_bf16 ? 7u : 15u)) == 0;
     void *args[] = {&logits, &tgt, &g, &loss, &dlogits, &N, &V, &ldx, &ldd, &vec};
     jdt_cuk_kernel ki = dlogits_bf16 ? (logits_bf16 ? JDT_CUK_K_SOFTMAX_XENT_FUSED_BF16_B

@@ -55,7 +55,7 @@ __device__ __forceinline__ void cuk_lse_fold4(float &m, float &s, float a, float
 /* logsumexp of a row (f32 or bf16), to every thread of the block, in one pass over the row
  * (online: each thread keeps its own max and rescales its sum when the max grows; the block
  * combines them). A row of -inf gives -inf, a row with a NaN NaN. Every thread must call it
- * (barriers). */
+ * (barriers). vec: 4 values per load from a row aligned to them, the last C % 4 one by one. */
 template <class T> __device__ float cuk_row_lse(const T *xr, i64 C, bool vec, float *sh)
 {
     float m = CUK_NEG_INF, s = 0.0f;
@@ -64,6 +64,8 @@ template <class T> __device__ float cuk_row_lse(const T *xr, i64 C, bool vec, fl
             float4 a = cuk_ld4(xr, i);
             cuk_lse_fold4(m, s, a.x, a.y, a.z, a.w);
         }
+        for (i64 c = C / 4 * 4 + threadIdx.x; c < C; c += blockDim.x)
+            cuk_lse_fold4(m, s, cuk_ld(xr, c), CUK_NEG_INF, CUK_NEG_INF, CUK_NEG_INF);
     } else {
         const i64 bd = blockDim.x;
         for (i64 c = threadIdx.x; c < C; c += 4 * bd) {
@@ -193,6 +195,8 @@ __device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const 
                 d4[i] = make_float4(f(4 * i, a.x), f(4 * i + 1, a.y), f(4 * i + 2, a.z),
                                     f(4 * i + 3, a.w));
             }
+            for (i64 c = V / 4 * 4 + threadIdx.x; c < V; c += blockDim.x) /* a padded row's tail */
+                d[c] = f(c, cuk_ld(xr, c));
         } else {
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
                 d[c] = f(c, cuk_ld(xr, c));
@@ -263,6 +267,8 @@ __device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, c
                 d4[i] = make_uint2(bits(4 * i, a.x) | bits(4 * i + 1, a.y) << 16,
                                    bits(4 * i + 2, a.z) | bits(4 * i + 3, a.w) << 16);
             }
+            for (i64 c = V / 4 * 4 + threadIdx.x; c < V; c += blockDim.x) /* a padded row's tail */
+                d[c] = (unsigned short)bits(c, cuk_ld(xr, c));
         } else {
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
                 d[c] = (unsigned short)bits(c, cuk_ld(xr, c));
