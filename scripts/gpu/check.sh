@@ -56,7 +56,9 @@
 #   JDT_ATTENTION_LSE=0, the layer norms in five kernels, the GELU a kernel after its GEMM, the
 #   residual adds kernels of their own, the cross-entropy's backward a pass of its own, the
 #   attention's output transposed by a kernel, its backward's packed output read by a kernel per
-#   projection and its log-sum-exp found again (session 16's step); these variants run after
+#   projection and its log-sum-exp found again (session 16's step); "4g" with JDT_GEMM_PITCH=0,
+#   the logits' and dlogits' rows back to back (100514 bytes: cuBLASLt's lm-head GEMMs without
+#   16-byte row alignment) instead of padded to 50304 values; these variants run after
 #   stage 5
 #   and 4p, so the default stages keep their budget),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
@@ -279,8 +281,8 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -qi "cublas" "$OUT/gpt2.log"; 
   # either: the step again without them, and so for the rest of the script (its kernels are
   # not in the bundle's cache)
   gpt_failed "" gpt2-merged-failed
-  export JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0
-  say "stage 4 again with one launch per fused kernel, five-kernel norms, GELU after the GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection and its log-sum-exp found again (JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 from here on)"
+  export JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_GEMM_PITCH=0
+  say "stage 4 again with one launch per fused kernel, five-kernel norms, GELU after the GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection, its log-sum-exp found again and the logits' rows unpadded (JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_GEMM_PITCH=0 from here on)"
   run_gpt gpt2
 fi
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$GPT_ACT" = bf16 ]; then
@@ -369,6 +371,13 @@ if want 4n; then
 gpt_args "$OUT/gpt2-norm5"
 run_gpt gpt2-norm5 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0
 say "stage 4n exit $rc, five-kernel layer norms, the GELU after its GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection and its log-sum-exp found again (JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with two-kernel norms, the GELU epilogue, the residual adds in the GEMMs, the fused classifier, the attention's copy, its backward's cotangent form and saved log-sum-exp (its kernels are not in the bundle's cache: NVRTC time counts)"
+fi
+
+# ---- 4g (not in the default STAGES): stage 4 again with the logits' rows back to back ----------
+if want 4g; then
+gpt_args "$OUT/gpt2-unpadded"
+run_gpt gpt2-unpadded JDT_GEMM_PITCH=0
+say "stage 4g exit $rc, logits and dlogits rows back to back (JDT_GEMM_PITCH=0: the lm-head GEMMs on 100514-byte rows): ${toks:-?} tok/s against ${JDT_TOKS:-?} with rows padded to 50304 values (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
 # ---- 4a (not in the default STAGES): stage 4 again with the linear layers' outputs in f32 ------
