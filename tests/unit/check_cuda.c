@@ -794,6 +794,48 @@ START_TEST(test_nvrtc_train_steps)
 }
 END_TEST
 
+/* Padded rows (fuse.c mark_pitched_rows): the logits and dlogits of a vocabulary whose rows are
+ * not a multiple of 16 bytes (250 values: 500 bytes in bf16, 1000 in f32) are padded, both, in
+ * f32, bf16 compute and bf16 activations; rows that are such a multiple (256 in bf16, 252 in
+ * f32) are not, nor anything with JDT_GEMM_PITCH=0. The numbers are cuda_emu.sh's. */
+START_TEST(test_nvrtc_pitched_logits)
+{
+    static const struct {
+        const char *over[3];
+        int want;
+    } CASES[] = {
+        {{"precision.compute=bf16", "precision.activations=bf16", "model.vocab_size=250"}, 2},
+        {{"model.vocab_size=250", NULL}, 2},
+        {{"precision.compute=bf16", "model.vocab_size=250", NULL}, 2},
+        {{"precision.compute=bf16", "precision.activations=bf16", "model.vocab_size=256"}, 0},
+        {{"model.vocab_size=252", NULL}, 0},
+    };
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++)
+        for (int off = 0; off < 2; off++) {
+            char *over[3];
+            int n = 0;
+            for (int k = 0; k < 3 && CASES[i].over[k]; k++)
+                over[n++] = (char *)CASES[i].over[k];
+            jdt_config c;
+            ck_assert_msg(jdt_config_load_string(GPT, "test", n, over, NULL, &c, &e) == JDT_OK,
+                          "%s", e.msg);
+            if (off) setenv("JDT_GEMM_PITCH", "0", 1);
+            jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
+            unsetenv("JDT_GEMM_PITCH");
+            ck_assert_msg(jdt_step_stats(s)->n_pitched == (off ? 0 : CASES[i].want),
+                          "case %d%s: %d values with padded rows", i,
+                          off ? " (JDT_GEMM_PITCH=0)" : "", jdt_step_stats(s)->n_pitched);
+            jdt_step_free(s);
+            jdt_config_free(&c);
+        }
+    jdt_device_close(d);
+}
+END_TEST
+
 /* ---- on a GPU ---------------------------------------------------------------------------------
  */
 
@@ -1313,6 +1355,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_nvrtc_op_graphs, 0, N_GRAPHS);
     tcase_add_loop_test(tc, test_nvrtc_train_steps, 0, N_MODELS);
+    tcase_add_test(tc, test_nvrtc_pitched_logits);
     tcase_add_test(tc, test_no_gpu_is_one_clear_error);
     suite_add_tcase(s, tc);
 #ifdef JDT_CUDA /* a CPU-only build has no GPU path to test (make test-cuda builds one) */
