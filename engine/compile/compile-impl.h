@@ -50,7 +50,7 @@ typedef struct {
                       always a later index than the builtin, 0: none (passes.c make_co_output) */
     int64_t pitch; /* elements from one row (last axis) of its buffer to the next when more than
                       the row's length (fuse.c mark_pitched_rows: written and read by builtins
-                      only); 0: rows back to back. Views: their root's (cnode_row_stride) */
+                      only); 0: rows back to back. Views: their root's (cnode_pitch) */
 } cnode;
 
 typedef struct {
@@ -350,15 +350,13 @@ static inline int64_t cnode_mm_rows(const cnode *n)
     return n->attrs.i[4] ? r / 2 : r;
 }
 
-/* Elements from one row (last axis) of node x's buffer to the next: the pitch of the node its
- * views lead to (fuse.c mark_pitched_rows), else the row's length. */
-static inline int64_t cnode_row_stride(const cprog *c, int x)
+/* The padded row stride of node x's buffer: the pitch of the node its views lead to (fuse.c
+ * mark_pitched_rows), 0 when its rows lie back to back. */
+static inline int64_t cnode_pitch(const cprog *c, int x)
 {
-    const int64_t n =
-        c->nodes[x].shape.ndim ? c->nodes[x].shape.dims[c->nodes[x].shape.ndim - 1] : 1;
     while (c->nodes[x].kind == CK_VIEW)
         x = c->nodes[x].in[0];
-    return c->nodes[x].pitch ? c->nodes[x].pitch : n;
+    return c->nodes[x].pitch;
 }
 
 /* Reduce attrs helper: true when axis k of an n-d input is reduced. */

@@ -1046,15 +1046,6 @@ static float *norm_out_sums(const cnode *n, void *o, int64_t N, int64_t C)
     return n->attrs.i[1] ? (float *)o + (N + 2 * n->attrs.i[0]) * C : NULL;
 }
 
-/* The padded row stride of node x's buffer (fuse.c mark_pitched_rows, views followed), or 0
- * when its rows lie back to back: what jdt_cuk_gemm_pitch and the cross-entropy take. */
-static int64_t pitch_of(const cprog *c, int x)
-{
-    while (c->nodes[x].kind == CK_VIEW)
-        x = c->nodes[x].in[0];
-    return c->nodes[x].pitch;
-}
-
 /* The buffer of builtin n's first co-output (passes.c make_co_output), or NULL. */
 static void *co_ptr(cuda_prog *p, const cnode *n)
 {
@@ -1085,7 +1076,7 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         const int64_t scratch_n = sp->scratch_buf >= 0 ? c->bufs[sp->scratch_buf].info.n_bytes : 0;
         const int bi = cnode_mm_bias(n), ai = cnode_mm_acc(n);
         void *bias = bi >= 0 ? dptr(p, bi) : NULL, *acc = ai >= 0 ? dptr(p, ai) : NULL;
-        const int64_t lda = pitch_of(c, n->in[0]), ldb = pitch_of(c, n->in[1]);
+        const int64_t lda = cnode_pitch(c, n->in[0]), ldb = cnode_pitch(c, n->in[1]);
         if (lda || ldb || n->pitch) /* padded rows: this GEMM's call takes them */
             jdt_cuk_gemm_pitch(k, lda, ldb, n->pitch);
         if (n->attrs.i[5]) { /* y GELU'(u), u the second half of the aux (fold_dgelu_epilogues),
@@ -1141,15 +1132,15 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         if (n->co)            /* and the backward (passes.c fold_xent_backwards) */
             jdt_cuk_softmax_xent_fused(k, in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1],
                                        (float)n->attrs.f[0], o, dptr(p, n->co),
-                                       c->nodes[n->co].bf16, N, C, pitch_of(c, n->in[0]),
+                                       c->nodes[n->co].bf16, N, C, cnode_pitch(c, n->in[0]),
                                        c->nodes[n->co].pitch);
         else
             jdt_cuk_softmax_xent(k, in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1], o, N,
-                                 C, pitch_of(c, n->in[0]));
+                                 C, cnode_pitch(c, n->in[0]));
         return JDT_OK;
     case JDT_OP_SOFTMAX_XENT_BWD: {
         bool lb = c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
-        const int64_t ldx = pitch_of(c, n->in[0]);
+        const int64_t ldx = cnode_pitch(c, n->in[0]);
         if (n->bf16) /* read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
             jdt_cuk_softmax_xent_bwd_bf16(k, in[0], lb, in[1], in[2], in[3], o, N, C, ldx,
                                           n->pitch);
