@@ -234,11 +234,13 @@ static void mark_bf16_storage(cprog *c, const user_lists *u)
     }
 }
 
-/* Does GEMM node m compute one matrix: a 2-D product, or a batch folded into M over a shared
- * 2-D b (cuk_gemm.c)? Padded rows (below) need it. */
-static bool gemm_one_matrix(const cprog *c, const cnode *m)
+/* Is node m a GEMM builtin computing one matrix (a 2-D product, or a batch folded into M over a
+ * shared 2-D b: cuk_gemm.c) with no addend or GELU epilogue? Padded rows (below) need it. */
+static bool plain_gemm(const cprog *c, const cnode *m)
 {
-    return m->shape.ndim == 2 || (c->nodes[m->in[1]].shape.ndim == 2 && !m->attrs.i[0]);
+    return m->kind == CK_BUILTIN && m->op == JDT_OP_MATMUL && !m->attrs.i[3] && !m->attrs.i[4] &&
+           !m->attrs.i[5] &&
+           (m->shape.ndim == 2 || (c->nodes[m->in[1]].shape.ndim == 2 && !m->attrs.i[0]));
 }
 
 /* Is every reader of node i (through reshapes keeping its rows of `row` values, none a result)
@@ -263,8 +265,7 @@ static bool readers_take_pitch(const cprog *c, const user_lists *u, int i, int64
             slots |= (r->in[q] == i) << q;
         if ((r->op == JDT_OP_SOFTMAX_XENT || r->op == JDT_OP_SOFTMAX_XENT_BWD) && slots == 1)
             continue;
-        if (r->op == JDT_OP_MATMUL && (slots == 1 || slots == 2) && gemm_one_matrix(c, r) &&
-            !r->attrs.i[3] && !r->attrs.i[4] && !r->attrs.i[5] &&
+        if ((slots == 1 || slots == 2) && plain_gemm(c, r) &&
             (!r->attrs.i[2] || c->nodes[i].bf16 || c->nodes[i].dtype == JDT_DTYPE_BF16))
             continue;
         return false;
@@ -279,7 +280,8 @@ static bool readers_take_pitch(const cprog *c, const user_lists *u, int i, int64
  * co-output), is no result, and every reader takes a row stride (readers_take_pitch), its rows
  * are stored `pitch` = N rounded up to 64 elements apart (cnode.pitch): N = 50257 becomes the
  * 50304 that llm.c and nanoGPT pad GPT-2's vocabulary to, with the model's shapes unchanged.
- * The padding is never read or written; no number changes. Values of fewer than 64 per row
+ * The padding is never read or written; the cross-entropy's 4-value loads on such rows sum in
+ * another order than its one-value loads of odd unpadded rows. Values of fewer than 64 per row
  * keep theirs. */
 static void mark_pitched_rows(cprog *c, const user_lists *u)
 {
@@ -290,10 +292,8 @@ static void mark_pitched_rows(cprog *c, const user_lists *u)
         if (!n->store || nd < 2 || is_kept(u, i) || n->pitch) continue;
         const int64_t N = n->shape.dims[nd - 1];
         if (N < 64 || (N * cnode_elem_size(n)) % 16 == 0) continue;
-        const bool writer =
-            (n->kind == CK_BUILTIN && n->op == JDT_OP_MATMUL && gemm_one_matrix(c, n) &&
-             !n->attrs.i[3] && !n->attrs.i[4] && !n->attrs.i[5]) ||
-            ((n->kind == CK_BUILTIN || n->kind == CK_COOUT) && n->op == JDT_OP_SOFTMAX_XENT_BWD);
+        const bool writer = plain_gemm(c, n) || ((n->kind == CK_BUILTIN || n->kind == CK_COOUT) &&
+                                                 n->op == JDT_OP_SOFTMAX_XENT_BWD);
         if (!writer || !readers_take_pitch(c, u, i, N)) continue;
         n->pitch = (N + 63) / 64 * 64;
         c->stats.n_pitched++;
