@@ -58,7 +58,9 @@
 #   attention's output transposed by a kernel, its backward's packed output read by a kernel per
 #   projection and its log-sum-exp found again (session 16's step); "4g" with JDT_GEMM_PITCH=0,
 #   the logits' and dlogits' rows back to back (100514 bytes: cuBLASLt's lm-head GEMMs without
-#   16-byte row alignment) instead of padded to 50304 values; these variants run after
+#   16-byte row alignment) instead of padded to 50304 values; "4t" with JDT_CUDA_AUTOTUNE=1,
+#   each GEMM plan's cuBLASLt algorithm the fastest of the heuristic's first 8 on this GPU
+#   (timed at the first step) instead of its first; these variants run after
 #   stage 5
 #   and 4p, so the default stages keep their budget),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
@@ -371,6 +373,14 @@ if want 4n; then
 gpt_args "$OUT/gpt2-norm5"
 run_gpt gpt2-norm5 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0
 say "stage 4n exit $rc, five-kernel layer norms, the GELU after its GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection and its log-sum-exp found again (JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with two-kernel norms, the GELU epilogue, the residual adds in the GEMMs, the fused classifier, the attention's copy, its backward's cotangent form and saved log-sum-exp (its kernels are not in the bundle's cache: NVRTC time counts)"
+fi
+
+# ---- 4t (not in the default STAGES): stage 4 again with the GEMMs' algorithms timed -----------
+if want 4t; then
+gpt_args "$OUT/gpt2-tuned"
+run_gpt gpt2-tuned JDT_CUDA_AUTOTUNE=1
+grep -E "cuBLASLt algorithm" "$OUT/gpt2-tuned.log" | head -24 | tee -a "$SUMMARY"
+say "stage 4t exit $rc, GEMM autotuning (JDT_CUDA_AUTOTUNE=1: each GEMM plan times the heuristic's first 8 cuBLASLt algorithms once, keeps the fastest): ${toks:-?} tok/s against ${JDT_TOKS:-?} with the heuristic's first; $(grep -c 'cuBLASLt algorithm' "$OUT/gpt2-tuned.log") plans took another algorithm"
 fi
 
 # ---- 4g (not in the default STAGES): stage 4 again with the logits' rows back to back ----------

@@ -613,8 +613,80 @@ START_TEST(test_matmul_pitched)
     ck_assert_msg(jdt_cuk_matmul(k, dx, dx, NULL, NULL, dy, 1, n, n, n, false, false, true, &e) ==
                       JDT_OK,
                   "%s", e.msg);
+    int timed, changed;
+    jdt_cuk_gemm_tuning(k, &timed, &changed);
+    if (!getenv("JDT_CUDA_AUTOTUNE")) ck_assert_int_eq(timed, 0); /* no timing by default */
     free(x);
     cudaFree(dx), cudaFree(dy), cudaFree(d16), cudaFree(p16), cudaFree(scr);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* JDT_CUDA_AUTOTUNE=1: a plan is timed at its first call that gives the same result when run
+ * again, never at an in-place accumulation (each timed run would add the product once more),
+ * and every call's result stays the product. On the emulator, whose heuristic offers 4
+ * algorithms, the slow first one is left for another and the refused second one skipped. */
+START_TEST(test_matmul_autotune)
+{
+    setenv("JDT_CUDA_AUTOTUNE", "1", 1);
+    GPU_OR_SKIP(k);
+    const bool emu = emulated_gpu();
+    if (emu) {
+        setenv("JDT_CUDAEMU_SLOW_ALGO", "0", 1);
+        setenv("JDT_CUDAEMU_BAD_ALGO", "1", 1);
+    }
+    const int64_t M = 64, N = 48, K = 40, nc = M * N;
+    float *a = rand_floats(M * K, 51, -1, 1), *b = rand_floats(K * N, 52, -1, 1);
+    float *x = rand_floats(nc, 53, -4, 4), *want = malloc((size_t)nc * 4),
+          *wx = malloc((size_t)nc * 4);
+    jdt_rt_matmul(a, b, NULL, want, 1, M, N, K, false, false, true, 1);
+    for (int64_t i = 0; i < nc; i++)
+        wx[i] = want[i] + x[i];
+    float *da = dev_from(a, (size_t)(M * K) * 4), *db = dev_from(b, (size_t)(K * N) * 4);
+    float *dc = dev_alloc((size_t)nc * 4);
+    const float atol = 2e-3f * sqrtf((float)(K + 1)), rtol = 1e-2f;
+    jdt_err e;
+    jdt_err_clear(&e);
+    int timed = -1, changed = -1;
+    for (int pass = 0; pass < 3; pass++) { /* in place, into another c, in place again */
+        float *dx = dev_from(x, (size_t)nc * 4);
+        const bool inplace = pass != 1;
+        jdt_status s = jdt_cuk_matmul(k, da, db, NULL, inplace ? dx : NULL, inplace ? dx : dc, 1, M,
+                                      N, K, false, false, true, &e);
+        ck_assert_msg(s == JDT_OK, "%s", e.msg);
+        float *got = dev_to_host(k, inplace ? dx : dc, nc);
+        expect_close(inplace ? "autotuned matmul + acc (in place)" : "autotuned matmul", got,
+                     inplace ? wx : want, nc, atol, rtol);
+        jdt_cuk_gemm_tuning(k, &timed, &changed);
+        ck_assert_int_eq(timed, pass == 0 ? 0 : 1); /* pass 0 may not time, pass 1 must */
+        free(got);
+        cudaFree(dx);
+    }
+    if (emu) ck_assert_int_eq(changed, 1); /* the slow first algorithm left */
+    /* a bf16-output plan of the same shape is another plan, timed at its first call */
+    uint16_t *a16 = malloc((size_t)(M * K) * 2), *b16 = malloc((size_t)(K * N) * 2),
+             *c16 = malloc((size_t)nc * 2);
+    for (int64_t i = 0; i < M * K; i++)
+        a16[i] = jdt_rt_bf16_bits(a[i]), a[i] = jdt_rt_bf16_round(a[i]);
+    for (int64_t i = 0; i < K * N; i++)
+        b16[i] = jdt_rt_bf16_bits(b[i]), b[i] = jdt_rt_bf16_round(b[i]);
+    jdt_rt_matmul(a, b, NULL, want, 1, M, N, K, false, false, true, 1);
+    uint16_t *da16 = dev_from(a16, (size_t)(M * K) * 2), *db16 = dev_from(b16, (size_t)(K * N) * 2),
+             *dc16 = dev_alloc((size_t)nc * 2);
+    ck_assert_msg(jdt_cuk_matmul_bf16_out(k, da16, db16, NULL, dc16, 1, M, N, K, false, false, true,
+                                          true, true, NULL, 0, &e) == JDT_OK,
+                  "%s", e.msg);
+    ck_assert_msg(jdt_cuk_check(k, "autotuned bf16 matmul", true, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_eq(cudaMemcpy(c16, dc16, (size_t)nc * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < nc; i++)
+        ck_assert_msg(fabsf(jdt_rt_bf16_float(c16[i]) - want[i]) <= 1e-4f + 8e-3f * fabsf(want[i]),
+                      "autotuned bf16 matmul [%lld]: got %g, want %g", (long long)i,
+                      (double)jdt_rt_bf16_float(c16[i]), (double)want[i]);
+    jdt_cuk_gemm_tuning(k, &timed, &changed);
+    ck_assert_int_eq(timed, 2);
+    if (emu) ck_assert_int_eq(changed, 2);
+    free(a), free(b), free(x), free(want), free(wx), free(a16), free(b16), free(c16);
+    cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(da16), cudaFree(db16), cudaFree(dc16);
     jdt_cuk_free(k);
 }
 END_TEST
@@ -2052,6 +2124,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_matmul_bf16);
     tcase_add_test(tc, test_matmul_pitched);
+    tcase_add_test(tc, test_matmul_autotune);
     tcase_add_test(tc, test_to_bf16);
     tcase_add_test(tc, test_permute_blocks);
     tcase_add_test(tc, test_nccl_one_rank);

@@ -110,6 +110,7 @@ typedef enum {
 
 #define JDT_CUK_MAX_LIBS 8 /* distinct .cu files */
 #define JDT_CUK_PLANS 64   /* cached GEMM plans */
+#define JDT_CUK_ALGOS 8    /* cuBLASLt algorithms timed per GEMM plan (JDT_CUDA_AUTOTUNE=1) */
 #define JDT_CUK_WORKSPACE ((unsigned)JDT_CUK_WORKSPACE_BYTES)
 
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
@@ -119,13 +120,19 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
+    /* JDT_CUDA_AUTOTUNE=1: the heuristic's candidates, its first first, until a call that may
+     * run more than once times them (cuk_gemm.c tune); n_cand 0 once timed, or with one */
+    cublasLtMatmulAlgo_t cand[JDT_CUK_ALGOS];
+    int n_cand;
     bool bias_by_beta; /* no algorithm had the bias epilogue: c = bias rows, then beta = 1 */
 } jdt_cuk_plan;
 
 struct jdt_cuk {
     int device, arch;
-    bool att_fma; /* JDT_CUK_ATTENTION=fma: no tensor-core attention */
-    bool no_tf32; /* JDT_CUDA_TF32=0: f32 GEMMs in full FP32 instead of TF32 tensor cores */
+    bool att_fma;  /* JDT_CUK_ATTENTION=fma: no tensor-core attention */
+    bool no_tf32;  /* JDT_CUDA_TF32=0: f32 GEMMs in full FP32 instead of TF32 tensor cores */
+    bool autotune; /* JDT_CUDA_AUTOTUNE=1: GEMM plans keep the fastest of JDT_CUK_ALGOS */
+    int n_timed, n_changed; /* plans timed so far, and those that left the heuristic's first */
     cudaStream_t stream;
     /* NCCL's stream, shared by every communicator (cuk_comm.c): collectives of different
      * communicators then run in the order they were issued, the same on every rank, which NCCL

@@ -348,6 +348,9 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
      * against the CPU beyond TF32's 10-bit mantissa (check_cuda's train test) */
     const char *tf32 = getenv("JDT_CUDA_TF32");
     k->no_tf32 = tf32 && strcmp(tf32, "0") == 0;
+    /* JDT_CUDA_AUTOTUNE=1: each GEMM shape times the heuristic's candidates once (cuk_gemm.c) */
+    const char *tune = getenv("JDT_CUDA_AUTOTUNE");
+    k->autotune = tune && strcmp(tune, "1") == 0;
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
     snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
     /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the

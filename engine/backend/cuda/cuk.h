@@ -83,6 +83,14 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
                           const float *acc, float *c, int64_t batch, int64_t M, int64_t N,
                           int64_t K, bool ta, bool tb, bool b_shared, jdt_err *e);
 
+/* With JDT_CUDA_AUTOTUNE=1 in the environment when k was made, each GEMM plan asks cuBLASLt's
+ * heuristic for up to 8 algorithms and, at the first call whose running twice gives the same
+ * result (not accumulating in place, no bias rows filled first, no DGELU over its own input),
+ * times each on that call's operands and keeps the fastest: the heuristic's first unless
+ * another is over 3% faster. The numbers then depend on the timing, which varies between runs.
+ * *timed: plans timed so far; *changed: those that took another algorithm than the first. */
+void jdt_cuk_gemm_tuning(const jdt_cuk *k, int *timed, int *changed);
+
 /* The row strides (elements) of a, b and c for the next jdt_cuk_matmul, jdt_cuk_matmul_bf16_ex
  * or jdt_cuk_matmul_bf16_out call only, each 0 for rows back to back (padded rows: fuse.c
  * mark_pitched_rows). That call takes them, a single matrix (batch 1, or a batch folded into M

@@ -11,12 +11,15 @@
  *
  * Plans (descriptors, layouts and the heuristic's algorithm) are cached per shape, transpose
  * flags, bias presence and pointer alignment: the heuristic query costs tens of microseconds
- * and a training step repeats the same few shapes. JDT_CUDA_TF32=0 multiplies f32 in full FP32.
- * A bf16 GEMM may also store its output as bf16 (jdt_cuk_matmul_bf16_out): C/D bf16, the bias
- * bf16 too (cuBLASLt's bias has D's type), the epilogue adding it in f32 before the rounding.
+ * and a training step repeats the same few shapes. JDT_CUDA_AUTOTUNE=1 times the heuristic's
+ * first 8 algorithms once per plan and keeps the fastest (XLA's GEMM autotuning; cuk.h).
+ * JDT_CUDA_TF32=0 multiplies f32 in full FP32. A bf16 GEMM may also store its output as bf16
+ * (jdt_cuk_matmul_bf16_out): C/D bf16, the bias bf16 too (cuBLASLt's bias has D's type), the
+ * epilogue adding it in f32 before the rounding.
  */
 #include "backend/cuda/cuk-impl.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Largest power of two (<= 16) dividing the address: cuBLASLt's alignment classes. */
@@ -29,18 +32,24 @@ static int64_t align_of(const void *p)
     return a;
 }
 
+/* What a plan key's GEMM computes in, stores and adds, for messages. */
+static const char *key_kind(const int64_t *key)
+{
+    return key[12] == 3   ? "bf16 out, GELU' and bias gradient epilogue"
+           : key[12] == 2 ? "bf16 out, GELU' epilogue"
+           : key[12]      ? "bf16 out, GELU epilogue"
+           : key[11]      ? "bf16 out"
+           : key[10]      ? "bf16"
+                          : "tf32";
+}
+
 static jdt_status lt_err(jdt_err *e, cublasStatus_t st, const char *what, const int64_t *key)
 {
     return jdt_err_set(e, JDT_ERR_INTERNAL,
                        "cuBLASLt %s (%s, batch %lld, M %lld, N %lld, K %lld, ta %lld, tb %lld): %s",
-                       what,
-                       key[12] == 3 ? "bf16 out, GELU' and bias gradient epilogue"
-                       : key[12]    ? "bf16 out, GELU epilogue"
-                       : key[11]    ? "bf16 out"
-                       : key[10]    ? "bf16"
-                                    : "tf32",
-                       (long long)key[0], (long long)key[1], (long long)key[2], (long long)key[3],
-                       (long long)key[4], (long long)key[5], cublasLtGetStatusString(st));
+                       what, key_kind(key), (long long)key[0], (long long)key[1], (long long)key[2],
+                       (long long)key[3], (long long)key[4], (long long)key[5],
+                       cublasLtGetStatusString(st));
 }
 
 static void plan_release(jdt_cuk_plan *p)
@@ -158,16 +167,79 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &al_c, sizeof al_c);
     (void)align_bias;
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[JDT_CUK_ALGOS];
     int n_res = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
-                                            &n_res);
+        st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
+                                            k->autotune ? JDT_CUK_ALGOS : 1, res, &n_res);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatmulAlgoGetHeuristic", key);
     if (n_res < 1) return lt_err(e, CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for", key);
-    p->algo = res.algo;
+    p->algo = res[0].algo;
+    p->n_cand = 0;
+    for (int i = 0; i < n_res && i < JDT_CUK_ALGOS; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
+    if (p->n_cand < 2) p->n_cand = 0; /* nothing to choose from */
     return JDT_OK;
+}
+
+void jdt_cuk_gemm_tuning(const jdt_cuk *k, int *timed, int *changed)
+{
+    *timed = k->n_timed;
+    *changed = k->n_changed;
+}
+
+#define TUNE_REPS 5 /* timed runs of each candidate, after an untimed one */
+
+/* JDT_CUDA_AUTOTUNE=1: times each candidate of p on this call's operands (set in p->op by the
+ * caller; D = c from C = cin, which the caller made sure is not c when beta is not 0, so every
+ * run leaves the same result) and keeps the fastest in p->algo: the heuristic's first unless
+ * another is over 3% faster, which is beyond the noise of TUNE_REPS back-to-back runs. A
+ * candidate that cuBLASLt refuses to run is skipped; if events fail, the first stays. Waits
+ * for the stream (the first step only: each plan is timed once). */
+static void tune(jdt_cuk *k, jdt_cuk_plan *p, const void *a, const void *b, const void *cin,
+                 void *c, float alpha, float beta)
+{
+    cudaEvent_t ev[2] = {NULL, NULL};
+    float ms[JDT_CUK_ALGOS];
+    int best = -1;
+    if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) goto out;
+    for (int i = 0; i < p->n_cand; i++) {
+        ms[i] = -1.0f;
+        bool ok = true;
+        for (int r = 0; r <= TUNE_REPS && ok; r++) {
+            if (r == 1 && cudaEventRecord(ev[0], k->stream) != cudaSuccess) goto out;
+            ok = cublasLtMatmul(k->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, cin, p->lc, c,
+                                p->lc, &p->cand[i], k->workspace, JDT_CUK_WORKSPACE,
+                                k->stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        if (!ok) continue; /* refused: not a candidate after all */
+        if (cudaEventRecord(ev[1], k->stream) != cudaSuccess ||
+            cudaStreamSynchronize(k->stream) != cudaSuccess ||
+            cudaEventElapsedTime(&ms[i], ev[0], ev[1]) != cudaSuccess)
+            goto out;
+        if (best < 0 || ms[i] < ms[best]) best = i;
+    }
+    if (best > 0 && ms[0] >= 0.0f && ms[best] >= 0.97f * ms[0]) best = 0;
+    if (best >= 0) p->algo = p->cand[best];
+    k->n_timed++;
+    if (best > 0) {
+        k->n_changed++;
+        const int64_t *key = p->key;
+        char first[64] = "the heuristic's first refused to run";
+        if (ms[0] >= 0.0f)
+            snprintf(first, sizeof first, "%.3f ms the heuristic's first",
+                     (double)ms[0] / TUNE_REPS);
+        JDT_INFO("cuda: GEMM (%s, batch %lld, M %lld, N %lld, K %lld, ta %lld, tb %lld): "
+                 "cuBLASLt algorithm %d of %d, %.3f ms a call; %s",
+                 key_kind(key), (long long)key[0], (long long)key[1], (long long)key[2],
+                 (long long)key[3], (long long)key[4], (long long)key[5], best + 1, p->n_cand,
+                 (double)ms[best] / TUNE_REPS, first);
+    }
+out:
+    p->n_cand = 0; /* timed once, whatever happened */
+    if (ev[0]) cudaEventDestroy(ev[0]);
+    if (ev[1]) cudaEventDestroy(ev[1]);
 }
 
 /* The GEMM of jdt_cuk_matmul on a and b of type f32 or (bf16) bf16, c and the bias f32 or
@@ -239,6 +311,10 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
     if (st == CUBLAS_STATUS_SUCCESS && aux)
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                             sizeof aux);
+    /* autotune at a call that may run again: no in-place accumulation, no DGELU over c */
+    if (st == CUBLAS_STATUS_SUCCESS && p->n_cand && !p->bias_by_beta && !(acc && acc == c) &&
+        !(aux && aux_kind >= 2 && aux == c))
+        tune(k, p, a, b, acc ? acc : c, c, alpha, beta);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmul(k->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, acc ? acc : c, p->lc,
                             c, p->lc, &p->algo, k->workspace, JDT_CUK_WORKSPACE, k->stream);

@@ -25,7 +25,9 @@
  *              f32 or bf16 A/B with f32 C/D, or bf16 C/D (rounded to nearest even) from bf16
  *              A/B; CUBLAS_COMPUTE_32F_FAST_TF32 rounds A and B to TF32 first, as
  *              the tensor cores do. JDT_CUDAEMU_NO_BF16_GEMM=1 offers no bf16 algorithm (the
- *              backend's TF32 fallback then runs).
+ *              backend's TF32 fallback then runs). The heuristic offers JDT_CUDAEMU_ALGOS
+ *              (default 4) numbered algorithms computing the same; JDT_CUDAEMU_SLOW_ALGO and
+ *              JDT_CUDAEMU_BAD_ALGO make one slow or refused (the backend's autotuning).
  *
  *   NCCL       ncclemu.c (libjdtncclemu.so beside this library, through JDT_NCCL_LIBRARY, which
  *              a constructor here sets): the processes of a job exchange host memory through
@@ -1340,10 +1342,16 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (a->type == CUDA_R_16BF && env_long("JDT_CUDAEMU_NO_BF16_GEMM", 0))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (req < 1) return CUBLAS_STATUS_INVALID_VALUE;
-    memset(res, 0, sizeof *res);
-    res->state = CUBLAS_STATUS_SUCCESS;
-    res->wavesCount = 1.0f;
-    *n_res = 1;
+    /* JDT_CUDAEMU_ALGOS (default 4) algorithms, all the same product: algo.data[0] numbers them */
+    long n_algo = env_long("JDT_CUDAEMU_ALGOS", 4);
+    if (n_algo < 1) n_algo = 1;
+    for (int i = 0; i < req && i < n_algo; i++) {
+        memset(&res[i], 0, sizeof res[i]);
+        res[i].algo.data[0] = (uint64_t)i;
+        res[i].state = CUBLAS_STATUS_SUCCESS;
+        res[i].wavesCount = 1.0f;
+        *n_res = i + 1;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1402,6 +1410,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     uint64_t m, n, k;
     if (!lt_shapes(d, a, b, c, &m, &n, &k) || dl->rows != c->rows || dl->cols != c->cols)
         return CUBLAS_STATUS_INVALID_VALUE;
+    /* an algorithm the heuristic offered (data[0] < JDT_CUDAEMU_ALGOS); JDT_CUDAEMU_BAD_ALGO=i:
+     * algorithm i refuses to run; JDT_CUDAEMU_SLOW_ALGO=i: it takes 2 ms longer (autotuning) */
+    if (!algo || algo->data[0] >= (uint64_t)env_long("JDT_CUDAEMU_ALGOS", 4) || algo->data[1] != 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if ((long)algo->data[0] == env_long("JDT_CUDAEMU_BAD_ALGO", -1))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if ((long)algo->data[0] == env_long("JDT_CUDAEMU_SLOW_ALGO", -1)) usleep(2000);
     size_t esz = a->type == CUDA_R_16BF ? 2 : 4, dsz = dl->type == CUDA_R_16BF ? 2 : 4;
     if (dl->type != c->type) return CUBLAS_STATUS_NOT_SUPPORTED;
     for (int64_t bi = 0; bi < c->batch; bi++) {
