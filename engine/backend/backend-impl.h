@@ -61,6 +61,11 @@ typedef struct {
      * a pass over the keys, so passes.c fold_attention_lse packs the forwards the backwards
      * read (FlashAttention's saved statistics). */
     bool attention_lse;
+    /* The largest head size D for which this device's attention backward builtin reads dO
+     * stored as bf16 (with bf16 compute, bf16 q, k, v and a scale > 0: CUDA's tensor-core
+     * kernels), so passes.c fold_attention_dout16 has the GEMM that computes dO store it as
+     * bf16; 0 (or NULL): never. */
+    int64_t (*attention_dout16_d)(const jdt_device *d);
     /* The widest row (C) for which its norm backward builtins with the scale also sum the
      * affine's gradients per block of rows (attrs i[0] = P: the output packs dx and P partial
      * rows of dw's and db's sums), so passes.c fold_norm_partials replaces the two gradient

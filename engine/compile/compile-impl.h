@@ -193,6 +193,9 @@ typedef struct cprog_ {
     bool merge_launches;       /* the device's vtable flag, unless opts.no_merge_launches or
                                   JDT_MERGE_LAUNCHES=0: independent consecutive kernels run as one
                                   launch (merge.c) */
+    /* the device's answer (vt attention_dout16_d), 0 with JDT_ATTENTION_DOUT16=0: the largest
+     * head size whose attention backward reads a bf16 dO (fold_attention_dout16) */
+    int64_t attention_dout16_d;
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

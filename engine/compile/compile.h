@@ -156,6 +156,8 @@ typedef struct {
                                    fold_attention_cotangents) */
     int n_ropes_in_attention;   /* of their copies, RoPE backwards the attention's kernels apply
                                    as they store (passes.c fold_attention_cotangents) */
+    int n_attention_dout16; /* attention backwards reading dO that its GEMM stored as bf16
+                               (passes.c fold_attention_dout16) */
     int n_attention_lse; /* attention backwards taking their forward's stored log-sum-exp
                             (passes.c fold_attention_lse) */
     int n_xent_fused;      /* cross-entropy backwards computed by their forward's step in the

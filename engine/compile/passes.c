@@ -1788,6 +1788,46 @@ static jdt_status fold_attention_lse(cprog *c, jdt_err *e)
     return folded ? order_inputs_first(c, e) : JDT_OK;
 }
 
+/* The attention backward's dO comes from the output projection's backward GEMM, f32, and its
+ * tensor-core kernels round it to bf16 for their products: the dQ kernel as it stages dO's
+ * rows, also writing that bf16 copy to scratch for the dK/dV kernel. Where the device's kernels
+ * read dO as bf16 (c->attention_dout16_d: head size D up to it, bf16 compute, bf16 q, k, v, a
+ * scale > 0), the GEMM stores dO as bf16 (cuBLASLt's D type, the same nearest-even rounding),
+ * read only by this backward through views: GPT-2 124M, bf16, B 32, per layer 50 MB less
+ * written by the GEMM, 50 MB less read by the dQ kernel, and the 50 MB copy is not written
+ * (1.8 GB per step). The products see the same bf16 values; delta = dO . O (f32) sums the
+ * rounded dO, as FlashAttention-2 and cuDNN do with bf16 dO. Runs after
+ * fold_attention_transposes (dO's transpose then is a view). Skipped with no_fuse. */
+static jdt_status fold_attention_dout16(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: bf16 dO");
+    for (int bi = 0; bi < c->n_nodes; bi++) {
+        const cnode *bw = &c->nodes[bi];
+        if (bw->op != JDT_OP_ATTENTION_BWD || bw->kind != CK_BUILTIN || bw->n_in < 5 ||
+            !bw->attrs.i[0] || !(bw->attrs.f[0] > 0.0) ||
+            c->nodes[bw->in[0]].dtype != JDT_DTYPE_BF16 || c->nodes[bw->in[0]].shape.ndim != 4 ||
+            c->nodes[bw->in[0]].shape.dims[3] > c->attention_dout16_d)
+            continue;
+        const int x = bw->in[4];
+        if (users[x] != 1) continue;
+        const int mi = view_base(c, users, x);
+        const cnode *m = &c->nodes[mi];
+        if (m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN || !m->attrs.i[2] ||
+            m->dtype != JDT_DTYPE_F32 || m->n_in != 2 || m->attrs.i[3] || m->attrs.i[4] ||
+            m->attrs.i[5] || users[mi] != 1)
+            continue;
+        for (int v = x;; v = c->nodes[v].in[0]) { /* the product and its views */
+            c->nodes[v].dtype = JDT_DTYPE_BF16;
+            c->nodes[v].bf16 = true;
+            if (v == mi) break;
+        }
+        c->stats.n_attention_dout16++;
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* The attention builtins read q, k, v, o and dout in either (B, H, T, D) or (B, T, H, D)
  * layout (runtime.h). A (0, 2, 1, 3) transpose read only by attention builtins is therefore not
  * materialised: it becomes a view of its input's buffer, and the builtin reads that buffer
@@ -1908,6 +1948,9 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
             JDT_OK)
         goto out;
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->attention_dout16_d > 0 &&
+        (st = fold_attention_dout16(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && c->attention_copy && (st = fold_attention_copies(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && c->attention_part_rows > 0 &&

@@ -43,8 +43,9 @@ const char *jdt_compile_node_label(const cnode *n, char *buf, size_t len)
 }
 
 /* Builtins compute in f32 (indices i32; a MATMUL operand may be bf16, an ALL_GATHER moves bf16
- * too; on a device with bf16_builtins the inputs and outputs fold_bf16_casts makes bf16);
- * anything else has no kernel. */
+ * too; on a device with bf16_builtins the inputs and outputs fold_bf16_casts makes bf16, and
+ * the attention backward's dO fold_attention_dout16 makes bf16); anything else has no
+ * kernel. */
 static jdt_status check_builtins(const cprog *c, jdt_err *e)
 {
     for (int i = 0; i < c->n_nodes; i++) {
@@ -66,8 +67,10 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                  ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD ||
                    n->op == JDT_OP_ROPE) &&
                   k == 0) ||
-                 ((n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3)))
-                want = JDT_DTYPE_BF16; /* passes.c fold_bf16_casts */
+                 ((n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3) ||
+                 (n->op == JDT_OP_ATTENTION_BWD && k == 4 && c->attention_dout16_d > 0 &&
+                  c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16)))
+                want = JDT_DTYPE_BF16; /* passes.c fold_bf16_casts, fold_attention_dout16 */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
@@ -284,6 +287,9 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->attention_copy = p->dev->vt->attention_copy && !env_off("JDT_ATTENTION_COPY");
     c->attention_part_rows = env_off("JDT_ATTENTION_GRADS") ? 0 : p->dev->vt->attention_part_rows;
     c->attention_lse = p->dev->vt->attention_lse && !env_off("JDT_ATTENTION_LSE");
+    c->attention_dout16_d = p->dev->vt->attention_dout16_d && !env_off("JDT_ATTENTION_DOUT16")
+                                ? p->dev->vt->attention_dout16_d(p->dev)
+                                : 0;
     c->rope_bhtd = p->dev->vt->rope_bhtd;
     c->residual_gemm = c->gemm_accumulate && c->bf16_builtins && !env_off("JDT_RESIDUAL_GEMM");
     c->merge_launches =

@@ -472,6 +472,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
                     sm->n_attention_cotangents);
         if (sm->n_ropes_in_attention > 0)
             fprintf(f, " (%d of them rotated: RoPE's backward)", sm->n_ropes_in_attention);
+        if (sm->n_attention_dout16 > 0)
+            fprintf(f, "; %d attention backwards read dO stored as bf16 by its GEMM",
+                    sm->n_attention_dout16);
         if (sm->n_attention_lse > 0)
             fprintf(f, "; %d attention backwards read their forward's log-sum-exp",
                     sm->n_attention_lse);

@@ -53,12 +53,12 @@
 #   outputs stored in f32; "4m" with JDT_MERGE_LAUNCHES=0, one launch per fused kernel instead of
 #   independent neighbours sharing one; "4n" with JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0
 #   JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0
-#   JDT_ATTENTION_LSE=0, the layer norms in five kernels, the GELU a kernel after its GEMM, the
-#   residual adds kernels of their own, the cross-entropy's backward a pass of its own, the
-#   attention's output transposed by a kernel, its backward's packed output read by a kernel per
-#   projection and its log-sum-exp found again (session 16's step); "4g" with JDT_GEMM_PITCH=0,
-#   the logits' and dlogits' rows back to back (100514 bytes: cuBLASLt's lm-head GEMMs without
-#   16-byte row alignment) instead of padded to 50304 values; "4t" with JDT_CUDA_AUTOTUNE=1,
+#   JDT_ATTENTION_LSE=0 JDT_ATTENTION_DOUT16=0, the layer norms in five kernels, the GELU a kernel
+#   after its GEMM, the residual adds kernels of their own, the cross-entropy's backward a pass of
+#   its own, the attention's output transposed by a kernel, its backward's packed output read by a
+#   kernel per projection, its log-sum-exp found again and its dO stored in f32 (session 16's step);
+#   "4g" with JDT_GEMM_PITCH=0, the logits' and dlogits' rows back to back (100514 bytes: the
+#   lm-head GEMMs without 16-byte row alignment) instead of padded to 50304 values; "4t" with JDT_CUDA_AUTOTUNE=1,
 #   each GEMM plan's cuBLASLt algorithm the fastest of the heuristic's first 8 on this GPU
 #   (timed at the first step) instead of its first; these variants run after
 #   stage 5
@@ -278,13 +278,13 @@ run_gpt gpt2
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -qi "cublas" "$OUT/gpt2.log"; then
   # a failure of code no GPU has run yet (merged launches: several fused kernels in one grid;
   # the two-kernel layer norms, the GEMM's GELU epilogue, the residual adds in the GEMMs, the
-  # fused classifier, the attention's second output, its backward's cotangent form and saved
-  # log-sum-exp) must not cost the measurement
+  # fused classifier, the attention's second output, its backward's cotangent form, saved
+  # log-sum-exp and bf16 dO) must not cost the measurement
   # either: the step again without them, and so for the rest of the script (its kernels are
   # not in the bundle's cache)
   gpt_failed "" gpt2-merged-failed
-  export JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_GEMM_PITCH=0
-  say "stage 4 again with one launch per fused kernel, five-kernel norms, GELU after the GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection, its log-sum-exp found again and the logits' rows unpadded (JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_GEMM_PITCH=0 from here on)"
+  export JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_ATTENTION_DOUT16=0 JDT_GEMM_PITCH=0
+  say "stage 4 again with one launch per fused kernel, five-kernel norms, GELU after the GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection, its log-sum-exp found again, its dO stored in f32 and the logits' rows unpadded (JDT_MERGE_LAUNCHES=0 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_ATTENTION_DOUT16=0 JDT_GEMM_PITCH=0 from here on)"
   run_gpt gpt2
 fi
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$GPT_ACT" = bf16 ]; then
@@ -371,8 +371,8 @@ fi
 # ---- 4n (not in the default STAGES): stage 4 again with session 16's norms, GELU, residual adds
 if want 4n; then
 gpt_args "$OUT/gpt2-norm5"
-run_gpt gpt2-norm5 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0
-say "stage 4n exit $rc, five-kernel layer norms, the GELU after its GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection and its log-sum-exp found again (JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with two-kernel norms, the GELU epilogue, the residual adds in the GEMMs, the fused classifier, the attention's copy, its backward's cotangent form and saved log-sum-exp (its kernels are not in the bundle's cache: NVRTC time counts)"
+run_gpt gpt2-norm5 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_ATTENTION_DOUT16=0
+say "stage 4n exit $rc, five-kernel layer norms, the GELU after its GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection, its log-sum-exp found again and its dO stored in f32 (JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_ATTENTION_DOUT16=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with two-kernel norms, the GELU epilogue, the residual adds in the GEMMs, the fused classifier, the attention's copy, its backward's cotangent form and saved log-sum-exp (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
 # ---- 4t (not in the default STAGES): stage 4 again with the GEMMs' algorithms timed -----------

@@ -836,6 +836,62 @@ START_TEST(test_nvrtc_pitched_logits)
 }
 END_TEST
 
+/* bf16 dO (passes.c fold_attention_dout16): the output projection's backward GEMM stores dO as
+ * bf16 for each layer's attention backward (here 2) exactly where the tensor-core kernels read
+ * it so: bf16 compute with bf16 q, k, v (bf16 activations; Llama's q and k through RoPE too),
+ * a head size up to 128; not in f32, not with f32 activations, not for heads of 136, not with
+ * JDT_ATTENTION_DOUT16=0 or the FMA attention (JDT_CUK_ATTENTION=fma). */
+START_TEST(test_nvrtc_attention_dout16)
+{
+    static const struct {
+        const char *over[6];
+        const char *env; /* "VAR=value" set for this case, or NULL */
+        int want;
+    } CASES[] = {
+        {{"precision.compute=bf16", "precision.activations=bf16"}, NULL, 2},
+        {{"precision.compute=bf16", "precision.activations=bf16", "model.norm=rmsnorm",
+          "model.pos=rope", "model.activation=swiglu", "model.bias=false"},
+         NULL,
+         2},
+        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_DOUT16=0", 0},
+        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_CUK_ATTENTION=fma", 0},
+        {{"precision.compute=bf16", "precision.activations=bf16", "model.n_embd=272",
+          "model.n_head=2"},
+         NULL,
+         0},
+        {{"precision.compute=bf16", NULL}, NULL, 0},
+        {{NULL}, NULL, 0},
+    };
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
+        char *over[6], var[64] = "";
+        int n = 0;
+        for (int k = 0; k < 6 && CASES[i].over[k]; k++)
+            over[n++] = (char *)CASES[i].over[k];
+        jdt_config c;
+        ck_assert_msg(jdt_config_load_string(GPT, "test", n, over, NULL, &c, &e) == JDT_OK, "%s",
+                      e.msg);
+        if (CASES[i].env) {
+            snprintf(var, sizeof var, "%s", CASES[i].env);
+            char *eq = strchr(var, '=');
+            *eq = '\0';
+            setenv(var, eq + 1, 1);
+        }
+        jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
+        if (var[0]) unsetenv(var);
+        ck_assert_msg(jdt_step_stats(s)->n_attention_dout16 == CASES[i].want,
+                      "case %d: %d attention backwards read a bf16 dO, want %d", i,
+                      jdt_step_stats(s)->n_attention_dout16, CASES[i].want);
+        jdt_step_free(s);
+        jdt_config_free(&c);
+    }
+    jdt_device_close(d);
+}
+END_TEST
+
 /* ---- on a GPU ---------------------------------------------------------------------------------
  */
 
@@ -1356,6 +1412,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_nvrtc_op_graphs, 0, N_GRAPHS);
     tcase_add_loop_test(tc, test_nvrtc_train_steps, 0, N_MODELS);
     tcase_add_test(tc, test_nvrtc_pitched_logits);
+    tcase_add_test(tc, test_nvrtc_attention_dout16);
     tcase_add_test(tc, test_no_gpu_is_one_clear_error);
     suite_add_tcase(s, tc);
 #ifdef JDT_CUDA /* a CPU-only build has no GPU path to test (make test-cuda builds one) */

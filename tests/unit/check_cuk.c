@@ -1557,8 +1557,8 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
         g.copy[2] = dev_alloc((size_t)n * 2);
         g.part = dev_alloc((size_t)(3 * P * C) * 4);
         float *dD = with_packed ? dev_alloc((size_t)(3 * n) * 4) : NULL;
-        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], NULL, dD, &g, B, H,
-                              T, D, scale, bthd, bf16, dscr);
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, NULL, dD, &g,
+                              B, H, T, D, scale, bthd, bf16, dscr);
         if (dD) {
             float *got = dev_to_host(k, dD, 3 * n);
             ck_assert_msg(memcmp(got, dqkv, (size_t)(3 * n) * 4) == 0,
@@ -1597,8 +1597,8 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
                                .rope_inverse = {true, true, false}};
         g.copy[0] = dev_alloc((size_t)n * 2);
         g.copy[1] = dev_alloc((size_t)n * 4);
-        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], NULL, NULL, &g, B, H,
-                              T, D, scale, bthd, bf16, dscr);
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, NULL, NULL,
+                              &g, B, H, T, D, scale, bthd, bf16, dscr);
         for (int s = 0; s < 2; s++) {
             float *t = to_bthd(dqkv + s * n, B, H, T, D);
             float *dt = dev_from(t, (size_t)n * 4);
@@ -1657,8 +1657,8 @@ static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, 
     printf("%s: forward's log-sum-exp within %.1e of the host's\n", what, worst);
     ck_assert_msg(worst < 2e-5, "%s: lse off by %g", what, worst);
     void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
-    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dL, dD, NULL, B, H, T, D,
-                          scale, bthd, bf16, fresh);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, dL, dD, NULL, B,
+                          H, T, D, scale, bthd, bf16, fresh);
     cudaFree(fresh);
     float *got = dev_to_host(k, dD, 3 * n);
     ck_assert_msg(memcmp(got, dqkv16, (size_t)(3 * n) * 4) == 0,
@@ -1667,13 +1667,64 @@ static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, 
     for (int64_t r = 0; r < nr; r++)
         L[r] += 0.6931472f;
     float *dL2 = dev_from(L, (size_t)nr * 4);
-    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], dL2, dD, NULL, B, H, T,
-                          D, scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, dL2, dD, NULL, B,
+                          H, T, D, scale, bthd, bf16, dscr);
     got = dev_to_host(k, dD, 3 * n);
     ck_assert_msg(rel_err(got + 2 * n, dqkv16 + 2 * n, n) > 0.3,
                   "%s: lse: the backward ignored it (dv unchanged by halved probabilities)", what);
     free(got), free(o), free(L);
     cudaFree(dO), cudaFree(dL), cudaFree(dL2), cudaFree(dD);
+}
+
+/* dO stored as bf16 (passes.c fold_attention_dout16; the _bg kernels, where the tensor-core
+ * kernels serve): with bf16 q, k, v in d16 and o in din[3], the backward on dO's bf16 bits
+ * (dO's layout: bthd bit 4) gives bit for bit what it gives on an f32 dO holding the same
+ * (rounded) values, with its own statistics and with the forward's log-sum-exp (the dK/dV
+ * kernel then tiles dO itself, not the dQ kernel's copy); a bf16 dO with f32 q, k, v is an
+ * error for jdt_cuk_check, never a silent misread. */
+static void check_attention_dout16(jdt_cuk *k, const char *what, void *const *d16,
+                                   float *const *din, const float *go, int64_t B, int64_t H,
+                                   int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                                   void *dscr)
+{
+    const int64_t n = B * H * T * D, nr = B * H * T;
+    float *t = (bthd >> 4 & 1u) ? to_bthd(go, B, H, T, D) : NULL;
+    const float *src = t ? t : go;
+    uint16_t *g16 = malloc((size_t)n * 2);
+    float *gr = malloc((size_t)n * 4);
+    for (int64_t j = 0; j < n; j++) {
+        g16[j] = jdt_rt_bf16_bits(src[j]);
+        gr[j] = jdt_rt_bf16_round(src[j]);
+    }
+    uint16_t *dg16 = dev_from(g16, (size_t)n * 2);
+    float *dgr = dev_from(gr, (size_t)n * 4), *dL = dev_alloc((size_t)nr * 4);
+    float *dA = dev_alloc((size_t)(3 * n) * 4), *dB = dev_alloc((size_t)(3 * n) * 4);
+    float *dO = dev_alloc((size_t)n * 4);
+    jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO, NULL, false, dL, B, H, T, D, scale,
+                      bthd & 7u, bf16, dscr);
+    for (int with_lse = 0; with_lse < 2; with_lse++) {
+        const float *lse = with_lse ? dL : NULL;
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], dgr, false, lse, dA, NULL, B,
+                              H, T, D, scale, bthd, bf16, dscr);
+        float *want = dev_to_host(k, dA, 3 * n);
+        void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], dg16, true, lse, dB, NULL, B,
+                              H, T, D, scale, bthd, bf16, fresh);
+        float *got = dev_to_host(k, dB, 3 * n);
+        ck_assert_msg(memcmp(got, want, (size_t)(3 * n) * 4) == 0,
+                      "%s: bf16 dO%s: dqkv differs from an f32 dO of the same values (error %g)",
+                      what, with_lse ? " and the forward's lse" : "", rel_err(got, want, 3 * n));
+        free(want), free(got);
+        cudaFree(fresh);
+    }
+    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], dg16, true, NULL, dB, NULL, B,
+                          H, T, D, scale, bthd, bf16, dscr);
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_cuk_check(k, "bf16 dO", true, &e), JDT_ERR_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "bf16 dO needs"));
+    free(t), free(g16), free(gr);
+    cudaFree(dg16), cudaFree(dgr), cudaFree(dL), cudaFree(dA), cudaFree(dB), cudaFree(dO);
 }
 
 /* bf16 with a scale > 0: the tensor-core kernels against jdt_rt_attention's bf16 compute (the
@@ -1703,8 +1754,8 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
     jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, NULL, false, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], NULL, dD, NULL, B, H, T,
-                          D, scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], false, NULL, dD, NULL,
+                          B, H, T, D, scale, bthd, bf16, dscr);
     float *go_ = dev_to_host(k, dO, n), *gd = dev_to_host(k, dD, 3 * n);
     char what[96];
     snprintf(what, sizeof what, "attention%s B%lld H%lld T%lld D%lld bthd%u scale %g",
@@ -1750,12 +1801,12 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     uint16_t *dc16 = dev_alloc((size_t)n * 2);
     jdt_cuk_attention(k, dr[0], dr[1], dr[2], false, dO, dc32, false, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], NULL, dD, NULL, B, H, T, D,
-                          scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], false, NULL, dD, NULL, B,
+                          H, T, D, scale, bthd, bf16, dscr);
     jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO2, dc16, true, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], NULL, dD2, NULL, B, H, T,
-                          D, scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, NULL, dD2, NULL,
+                          B, H, T, D, scale, bthd, bf16, dscr);
     float *a1 = dev_to_host(k, dO, n), *a2 = dev_to_host(k, dO2, n);
     float *b1 = dev_to_host(k, dD, 3 * n), *b2 = dev_to_host(k, dD2, 3 * n);
     ck_assert_msg(memcmp(a1, a2, (size_t)n * 4) == 0, "%s: bf16 q/k/v: o differs", what);
@@ -1773,6 +1824,8 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     }
     check_attention_grads(k, what, d16, din, b2, B, H, T, D, scale, bthd, bf16, dscr);
     check_attention_lse(k, what, d16, din, q, kk, a2, b2, B, H, T, D, scale, bthd, bf16, dscr);
+    if (jdt_cuk_attention_dout16(jdt_cuk_arch(k), bf16, D, scale))
+        check_attention_dout16(k, what, d16, din, go, B, H, T, D, scale, bthd, bf16, dscr);
     free(h16), free(hr), free(a1), free(a2), free(b1), free(b2);
     for (int i = 0; i < 3; i++)
         cudaFree(d16[i]), cudaFree(dr[i]);

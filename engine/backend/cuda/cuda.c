@@ -1198,6 +1198,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                 bthd |= 1u << j;
         /* q, k, v bf16 (fold_bf16_casts: all three or none) */
         const bool qkv16 = c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
+        /* the backward's dO stored as bf16 (passes.c fold_attention_dout16) */
+        const bool dout16 =
+            n->op == JDT_OP_ATTENTION_BWD && c->nodes[n->in[4]].dtype == JDT_DTYPE_BF16;
         /* the forward's log-sum-exp after o in its packed output (passes.c fold_attention_lse):
          * stored by the forward (attrs i[1]), read by the backward (attrs i[2]) */
         const int64_t no = jdt_shape_numel(s0);
@@ -1209,7 +1212,7 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                               s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                               (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else if (!n->attrs.i[1])
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], lse, o, NULL,
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], dout16, lse, o, NULL,
                                   s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                                   (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else { /* the cotangent form (passes.c fold_attention_cotangents): the output is the
@@ -1225,8 +1228,8 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                     g.rope_inverse[j] = c->nodes[q].attrs.i[0] != 0;
                 }
             }
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], lse, NULL, &g,
-                                  s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], dout16, lse, NULL,
+                                  &g, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                                   (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         }
         return JDT_OK;
@@ -1383,6 +1386,16 @@ fail:
     return st;
 }
 
+/* vt attention_dout16_d: the tensor-core attention's head sizes on sm_80 and newer, unless
+ * JDT_CUK_ATTENTION=fma (cuk.c jdt_cuk_attention_dout16 decides as the launcher will). */
+static int64_t cuda_attention_dout16_d(const jdt_device *d)
+{
+    const cuda_dev *cd = d->impl;
+    return jdt_cuk_attention_dout16(cd->arch, true, JDT_CUK_ATT_TC_MAX_D, 1.0f)
+               ? JDT_CUK_ATT_TC_MAX_D
+               : 0;
+}
+
 static const jdt_backend_vt cuda_vt = {
     .name = "cuda",
     .bf16_storage = true,
@@ -1399,6 +1412,7 @@ static const jdt_backend_vt cuda_vt = {
     .rope_bhtd = true,
     .attention_part_rows = JDT_CUK_ATT_PART,
     .attention_lse = true,
+    .attention_dout16_d = cuda_attention_dout16_d,
     .merge_launches = true,
     .scratch_bytes = cuda_scratch_bytes,
     .prepare = cuda_prepare,
@@ -1467,6 +1481,14 @@ typedef struct {
     int n_built, n_cached; /* builtin sources: compiled by NVRTC, found in the cache */
     char dir[1024];        /* the compile cache */
 } aot_dev;
+
+static int64_t aot_attention_dout16_d(const jdt_device *d)
+{
+    const aot_dev *ad = d->impl;
+    return jdt_cuk_attention_dout16(ad->arch, true, JDT_CUK_ATT_TC_MAX_D, 1.0f)
+               ? JDT_CUK_ATT_TC_MAX_D
+               : 0;
+}
 
 /* The builtin sources program c launches: the small ones always, each ATTENTION's as
  * jdt_cuk_attention picks it for this arch. */
@@ -1578,6 +1600,7 @@ jdt_status jdt_cuda_device_open_aot(jdt_device *d, int arch, jdt_err *e)
         vt.prepare = aot_prepare;
         vt.close = aot_close;
         vt.describe = aot_describe;
+        vt.attention_dout16_d = aot_attention_dout16_d; /* for the arch it compiles for */
         aot_vt = vt;
     }
     d->impl = ad;

@@ -99,7 +99,11 @@ extern const int jdt_cuk_n_sources;
     X(ATT_TC_DQ_B_D64, "cuk_attention_tc.cu", "cuk_att_tc_dq_b_d64")                               \
     X(ATT_TC_DQ_B_D128, "cuk_attention_tc.cu", "cuk_att_tc_dq_b_d128")                             \
     X(ATT_TC_DKV_B_D64, "cuk_attention_tc.cu", "cuk_att_tc_dkv_b_d64")                             \
-    X(ATT_TC_DKV_B_D128, "cuk_attention_tc.cu", "cuk_att_tc_dkv_b_d128")
+    X(ATT_TC_DKV_B_D128, "cuk_attention_tc.cu", "cuk_att_tc_dkv_b_d128")                           \
+    X(ATT_TC_STATS_BG_D64, "cuk_attention_tc.cu", "cuk_att_tc_stats_bg_d64")                       \
+    X(ATT_TC_STATS_BG_D128, "cuk_attention_tc.cu", "cuk_att_tc_stats_bg_d128")                     \
+    X(ATT_TC_DQ_BG_D64, "cuk_attention_tc.cu", "cuk_att_tc_dq_bg_d64")                             \
+    X(ATT_TC_DQ_BG_D128, "cuk_attention_tc.cu", "cuk_att_tc_dq_bg_d128")
 
 typedef enum {
 #define X(e, file, name) JDT_CUK_K_##e,

@@ -855,7 +855,7 @@ static int att_class(int64_t D, int64_t *ct)
  * the tensor-core forward takes a row's max of the unscaled scores. */
 static int att_tc_class_for(int arch, bool fma, bool bf16, int64_t D)
 {
-    if (!bf16 || arch < 80 || D > 128 || fma) return -1;
+    if (!bf16 || arch < 80 || D > JDT_CUK_ATT_TC_MAX_D || fma) return -1;
     return D <= 64 ? 0 : 1;
 }
 
@@ -907,14 +907,25 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
            ATT_THREADS, smem, args);
 }
 
+bool jdt_cuk_attention_dout16(int arch, bool bf16, int64_t D, float scale)
+{
+    return scale > 0.0f && att_tc_class_for(arch, att_fma_forced(), bf16, D) >= 0;
+}
+
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                           const float *o, const float *dout, const float *lse, float *dqkv,
-                           const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T, int64_t D,
-                           float scale, unsigned bthd, bool bf16, void *scratch)
+                           const float *o, const void *dout, bool dout_bf16, const float *lse,
+                           float *dqkv, const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
+                           int64_t D, float scale, unsigned bthd, bool bf16, void *scratch)
 {
     int64_t n = B * H * T * D;
     if (n <= 0) return;
     int tc = att_tc_class(k, bf16, D, scale);
+    if (dout_bf16 && (tc < 0 || !qkv_bf16)) {
+        jdt_cuk_defer(k, JDT_ERR_INTERNAL,
+                      "attention_bwd: a bf16 dO needs the tensor-core kernels and bf16 q, k, v "
+                      "(passes.c fold_attention_dout16 and the device disagree)");
+        return;
+    }
     float *stats = scratch, *dq = dqkv, *dk = dqkv ? dqkv + n : NULL,
           *dv = dqkv ? dqkv + 2 * n : NULL;
     /* the cotangent form's outputs (NULL: not written) */
@@ -937,18 +948,27 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                      &v2rot, &kv2inv, &kp, &vp,   &B,     &H,  &T,  &D,  &scale, &bthd};
     if (tc >= 0) {
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
-        /* dO's bf16 copy after the statistics: the dQ kernel writes it, dK/dV reads it */
+        /* dO's bf16 copy after the statistics: the dQ kernel writes it, dK/dV reads it; a
+         * bf16 dO is read where it is */
         void *g16 = (char *)scratch + att_g16_offset(B, H, T);
+        const void *gsrc = dout_bf16 ? dout : g16;
+        unsigned gbthd = dout_bf16 ? bthd : 0u;
+        int64_t gD = dout_bf16 ? D : (D <= 64 ? 64 : 128);
         void *tqargs[] = {&q,   &kk,    &v,     &o,  &dout, &lse, &stats, &g16, &dq,    &q2,
                           &q2b, &q2rot, &q2inv, &qp, &B,    &H,   &T,     &D,   &scale, &bthd};
-        void *tkargs[] = {&q,     &kk,     &v,  &g16, &stats, &dk, &dv, &k2, &v2,    &kv2b, &k2rot,
-                          &v2rot, &kv2inv, &kp, &vp,  &B,     &H,  &T,  &D,  &scale, &bthd};
+        void *tkargs[] = {&q,  &kk, &v,  &gsrc, &gbthd, &gD,    &stats,  &dk,
+                          &dv, &k2, &v2, &kv2b, &k2rot, &v2rot, &kv2inv, &kp,
+                          &vp, &B,  &H,  &T,    &D,     &scale, &bthd};
         if (!lse)
-            launch(
-                k,
-                att_kernel(JDT_CUK_K_ATT_TC_STATS_D64, JDT_CUK_K_ATT_TC_STATS_B_D64, qkv_bf16, tc),
-                blocks, ATT_TC_THREADS, 0, sargs);
-        launch(k, att_kernel(JDT_CUK_K_ATT_TC_DQ_D64, JDT_CUK_K_ATT_TC_DQ_B_D64, qkv_bf16, tc),
+            launch(k,
+                   dout_bf16 ? (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_STATS_BG_D64 + tc)
+                             : att_kernel(JDT_CUK_K_ATT_TC_STATS_D64, JDT_CUK_K_ATT_TC_STATS_B_D64,
+                                          qkv_bf16, tc),
+                   blocks, ATT_TC_THREADS, 0, sargs);
+        launch(k,
+               dout_bf16
+                   ? (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_DQ_BG_D64 + tc)
+                   : att_kernel(JDT_CUK_K_ATT_TC_DQ_D64, JDT_CUK_K_ATT_TC_DQ_B_D64, qkv_bf16, tc),
                blocks, ATT_TC_THREADS, 0, tqargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DKV_D64, JDT_CUK_K_ATT_TC_DKV_B_D64, qkv_bf16, tc),
                blocks, ATT_TC_THREADS, 0, tkargs);

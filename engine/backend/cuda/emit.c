@@ -902,6 +902,14 @@ static const void *eo_host_ptr(void *state, int node)
     return NULL;
 }
 
+/* vt attention_dout16_d of the plan with no GPU: a GPU of sm_80 or newer (the tensor-core
+ * attention's), unless JDT_CUK_ATTENTION=fma (cuk.c's rule, which this build may not have). */
+static int64_t eo_attention_dout16_d(const jdt_device *d)
+{
+    const char *att = getenv("JDT_CUK_ATTENTION");
+    return att && strcmp(att, "fma") == 0 ? 0 : JDT_CUK_ATT_TC_MAX_D;
+}
+
 const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .name = "cuda (source only)",
     .bf16_storage = true,
@@ -918,6 +926,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .rope_bhtd = true,
     .attention_part_rows = JDT_CUK_ATT_PART,
     .attention_lse = true,
+    .attention_dout16_d = eo_attention_dout16_d,
     .merge_launches = true,
     .prepare = eo_prepare,
     .source = eo_source,

@@ -92,8 +92,7 @@ __device__ __forceinline__ void cuk_ldsm_x4(unsigned r[4], const unsigned short 
  * cuk_cp_async_wait<N> waits until at most N of the thread's committed groups are in flight.
  * A wait covers the calling thread's copies only: a __syncthreads after it publishes them to
  * the block. The host emulation makes each copy at the wait that lets it through. */
-template <int N>
-__device__ __forceinline__ void cuk_cp_async(void *dst, const void *src, bool full)
+template <int N> __device__ __forceinline__ void cuk_cp_async(void *dst, const void *src, bool full)
 {
     static_assert(N == 16 || N == 4, "16-byte tiles' chunks or 4-byte statistics");
 #if __CUDA_ARCH__ >= 800
@@ -321,8 +320,8 @@ __device__ __forceinline__ void tc_frag_b2_t(unsigned b[4], const unsigned short
  * (DM + 8) halves per input). Begins and ends with __syncthreads: every thread calls it. */
 template <int DM, class TX, class TY>
 __device__ __forceinline__ void tc_rows_a(unsigned (*xa)[4], unsigned (*ya)[4], unsigned short *sm,
-                                          const TX *x, int bx, const TY *y, int by,
-                                          unsigned bthd, i64 b, i64 h, i64 r0, i64 H, i64 T, i64 D)
+                                          const TX *x, int bx, const TY *y, int by, unsigned bthd,
+                                          i64 b, i64 h, i64 r0, i64 H, i64 T, i64 D)
 {
     constexpr int L = DM + 8;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -430,10 +429,12 @@ __device__ __forceinline__ void tc_stage(float *stage, const float (*acc)[4], in
     __syncthreads();
 }
 
-/* delta = dO . O (f32) of the warp's 16 rows r0.. of slice (b, h), one row after another, lanes
- * along d, into stats[B*H*T + bh*T + i] (lane 0) and, unless dl is NULL, into dl[0] and dl[1]
- * for the lane's rows r0 + g and r0 + g + 8 (0 past T). Every lane of the warp calls it. */
-__device__ __forceinline__ void tc_delta(const float *o, const float *dout, float *stats, float *dl,
+/* delta = dO . O (f32; dO f32 or bf16) of the warp's 16 rows r0.. of slice (b, h), one row
+ * after another, lanes along d, into stats[B*H*T + bh*T + i] (lane 0) and, unless dl is NULL,
+ * into dl[0] and dl[1] for the lane's rows r0 + g and r0 + g + 8 (0 past T). Every lane of the
+ * warp calls it. */
+template <class TG>
+__device__ __forceinline__ void tc_delta(const float *o, const TG *dout, float *stats, float *dl,
                                          unsigned bthd, i64 b, i64 h, i64 bh, i64 r0, int lane,
                                          int g, i64 B, i64 H, i64 T, i64 D)
 {
@@ -442,9 +443,9 @@ __device__ __forceinline__ void tc_delta(const float *o, const float *dout, floa
         float dsum = 0.0f;
         if (i < T) {
             const float *orow = o + tc_row(bthd, 3, b, h, i, H, T, D);
-            const float *grow = dout + tc_row(bthd, 4, b, h, i, H, T, D);
+            const TG *grow = dout + tc_row(bthd, 4, b, h, i, H, T, D);
             for (i64 d = lane; d < D; d += 32)
-                dsum += orow[d] * grow[d];
+                dsum += orow[d] * cuk_ld(grow, d);
         }
         dsum = cuk_warp_sum(dsum);
         if (lane == 0 && i < T) stats[B * H * T + bh * T + i] = dsum;
@@ -456,13 +457,13 @@ __device__ __forceinline__ void tc_delta(const float *o, const float *dout, floa
 /* Forward (STATS false: o, and L_i into lse[bh*T + i] unless lse is NULL) or the backward's
  * row statistics (STATS true: stats[bh*T + i] = L_i, stats[B*H*T + bh*T + i] = dO_i . O_i).
  * L_i = logsumexp of the row's scaled causal scores, the same float either way. */
-template <int DM, int BC, bool STATS, class TQ>
+template <int DM, int BC, bool STATS, class TQ, class TG>
 __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b,
-                       const float *dout, float *stats, float *lse, i64 B, i64 H, i64 T, i64 D,
+                       const TG *dout, float *stats, float *lse, i64 B, i64 H, i64 T, i64 D,
                        float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, NQ = TC_BR * L, NKV = 2 * BC * L; /* NKV: one K and one V tile */
-    __shared__ float4 smv[(NQ > 2 * NKV ? NQ : 2 * NKV) / 8]; /* 16-byte aligned rows */
+    __shared__ float4 smv[(NQ > 2 * NKV ? NQ : 2 * NKV) / 8];   /* 16-byte aligned rows */
     unsigned short *sm = (unsigned short *)smv;
     const float sl2 = scale * TC_LOG2E; /* scores in log2 units: tc_exp2 */
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -487,8 +488,7 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
         for (i64 j0 = 0, u = 0; j0 < kend; j0 += BC, u ^= 1) { /* u: tile j0's buffer */
             unsigned short *Ks = sm + u * NKV, *Vs = Ks + BC * L;
             tc_turn(j0 + BC < kend, [&] {
-                tc_kv_issue<BC, DM, !STATS>(sm + (u ^ 1) * NKV, k, v, bthd, b, h, j0 + BC, H,
-                                            T, D);
+                tc_kv_issue<BC, DM, !STATS>(sm + (u ^ 1) * NKV, k, v, bthd, b, h, j0 + BC, H, T, D);
             });
             __syncthreads(); /* every thread's copies of tile j0 have landed */
             if (j0 > qb * TC_BR + w * 16 + 15) continue; /* the warp's rows see none of it */
@@ -502,7 +502,7 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         mt[e >> 1] = fmaxf(mt[e >> 1], s[nt][e]);
-            } else { /* keys after their row: -inf */
+            } else {                             /* keys after their row: -inf */
                 int dj = (int)(j0 - i0) + 2 * t; /* j - i at nt = 0, e = 0 */
 #pragma unroll
                 for (int nt = 0; nt < BC / 8; nt++)
@@ -558,9 +558,10 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
 
 /* dq (B, H, T, D) from the stats, or, when lse (the forward's log-sum-exp) is not NULL, from
  * lse and dO . O formed here as the statistics kernel would (which then does not run), both
- * also stored in stats for the dK/dV kernel. */
-template <int DM, int BC, class TQ>
-__device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,
+ * also stored in stats for the dK/dV kernel. An f32 dO's rows, rounded to bf16 as staged, go to
+ * g16 for the dK/dV kernel; a bf16 dO (the _bg kernels) is read there as it is. */
+template <int DM, int BC, class TQ, class TG>
+__device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, const TG *dout,
                       const float *lse, float *stats, unsigned short *g16, float *dq, void *g2,
                       int g2b, double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T, i64 D,
                       float scale, unsigned bthd)
@@ -577,8 +578,9 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
         i64 i0 = qb * TC_BR + w * 16 + g;
         unsigned qa[DM / 16][4], ga[DM / 16][4];
         tc_rows_a<DM>(qa, ga, sm, q, 0, dout, 4, bthd, b, h, qb * TC_BR, H, T, D);
-        { /* dO's rows as the bf16 tiles stage them (zeros past D), row stride DM, into g16 for
-           * the dK/dV kernel, which then copies its dO tiles as they are (cp.async) */
+        if (sizeof(TG) == sizeof(float)) {
+            /* dO's rows as the bf16 tiles stage them (zeros past D), row stride DM, into g16
+             * for the dK/dV kernel, which then copies its dO tiles as they are (cp.async) */
             constexpr int Q8 = DM / 8;
             for (int e = threadIdx.x; e < TC_BR * Q8; e += TC_THREADS) {
                 int r = e / Q8, c = (e - r * Q8) * 8;
@@ -589,7 +591,7 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
             }
         }
         float L2[2], dl[2]; /* L in log2 units, delta */
-        if (lse) { /* the statistics here (uniform over the grid) */
+        if (lse) {          /* the statistics here (uniform over the grid) */
             tc_delta(o, dout, stats, dl, bthd, b, h, bh, qb * TC_BR + w * 16, lane, g, B, H, T, D);
             for (int c = lane; c < 16; c += 32) {
                 i64 i = qb * TC_BR + w * 16 + c;
@@ -648,18 +650,19 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, con
 }
 
 /* The dK/dV kernel's tiles for queries q0..q0+BQ-1 issued: Q (cp.async when bf16, else loaded
- * and rounded here), dO from the dQ kernel's bf16 copy g16 (row stride DM: cp.async), and L
- * and delta from the statistics by 4-byte cp.async (zeros past T), raw: their owner scales
- * them once its copies have landed. */
+ * and rounded here), dO in bf16 from g16 (cp.async): the dQ kernel's copy (gbthd 0, row length
+ * gD = DM) or dO itself stored as bf16 (its layout bit 4 in gbthd, gD = D), and L and delta
+ * from the statistics by 4-byte cp.async (zeros past T), raw: their owner scales them once its
+ * copies have landed. */
 template <int DM, int BQ, class TQ>
-__device__ __forceinline__ void tc_dkv_issue(unsigned short *Qs, float *Ls, float *Ds,
-                                             const TQ *q, const unsigned short *g16,
+__device__ __forceinline__ void tc_dkv_issue(unsigned short *Qs, float *Ls, float *Ds, const TQ *q,
+                                             const unsigned short *g16, unsigned gbthd, i64 gD,
                                              const float *stats, unsigned bthd, i64 b, i64 h,
                                              i64 bh, i64 q0, i64 B, i64 H, i64 T, i64 D)
 {
     constexpr int L = DM + 8;
     tc_load_async<BQ, DM>(Qs, L, q, bthd, 0, b, h, q0, H, T, D);
-    tc_load_async<BQ, DM>(Qs + BQ * L, L, g16, 0u, 4, b, h, q0, H, T, (i64)DM);
+    tc_load_async<BQ, DM>(Qs + BQ * L, L, g16, gbthd, 4, b, h, q0, H, T, gD);
     static_assert(BQ <= TC_THREADS, "a thread per query of the tile");
     if (threadIdx.x < BQ) {
         int c = threadIdx.x;
@@ -670,14 +673,13 @@ __device__ __forceinline__ void tc_dkv_issue(unsigned short *Qs, float *Ls, floa
     }
 }
 
-/* dk, dv (B, H, T, D) from the stats and g16 (dO as bf16, row stride DM, which the dQ kernel
- * wrote): rows are keys, tiles stream queries i >= the block's first key, double-buffered as
- * the forward's. */
+/* dk, dv (B, H, T, D) from the stats and g16 (dO as bf16, as tc_dkv_issue reads it): rows are
+ * keys, tiles stream queries i >= the block's first key, double-buffered as the forward's. */
 template <int DM, int BQ, class TQ>
 __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned short *g16,
-                       const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b,
-                       double k2rot, double v2rot, int kv2inv, float *kpart, float *vpart, i64 B,
-                       i64 H, i64 T, i64 D, float scale, unsigned bthd)
+                       unsigned gbthd, i64 gD, const float *stats, float *dk, float *dv, void *k2,
+                       void *v2, int kv2b, double k2rot, double v2rot, int kv2inv, float *kpart,
+                       float *vpart, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BQ * L; /* N2: a Q and a dO tile */
     __shared__ float4 smv[(N1 > 2 * N2 ? N1 : 2 * N2) / 8];
@@ -699,14 +701,15 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
                 ak[dn][e] = av[dn][e] = 0.0f;
         const i64 qs = (kb * TC_BR) / BQ * BQ;
         __syncthreads(); /* every warp has its k, v fragments: the staging area is free */
-        tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, stats, bthd, b, h, bh, qs, B, H, T, D);
+        tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, gbthd, gD, stats, bthd, b, h, bh, qs, B, H,
+                             T, D);
         cuk_cp_async_commit();
         for (i64 q0 = qs, u = 0; q0 < T; q0 += BQ, u ^= 1) { /* u: tile q0's buffer */
             unsigned short *Qs = sm + u * N2, *Gs = Qs + BQ * L;
             float *Ls = Ls2[u], *Ds = Ds2[u];
             tc_turn(q0 + BQ < T, [&] {
-                tc_dkv_issue<DM, BQ>(sm + (u ^ 1) * N2, Ls2[u ^ 1], Ds2[u ^ 1], q, g16, stats,
-                                     bthd, b, h, bh, q0 + BQ, B, H, T, D);
+                tc_dkv_issue<DM, BQ>(sm + (u ^ 1) * N2, Ls2[u ^ 1], Ds2[u ^ 1], q, g16, gbthd, gD,
+                                     stats, bthd, b, h, bh, q0 + BQ, B, H, T, D);
             });
             if (threadIdx.x < BQ) { /* this thread's L and delta have landed */
                 Ls[threadIdx.x] *= TC_LOG2E;
@@ -751,46 +754,54 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
 
 /* Entry points, one per head-size class (D <= DM) and q/k/v type (f32, rounded to bf16 as the
  * tiles are stored, or bf16 bit patterns copied: the _b kernels, precision.activations: bf16):
- * BC key rows per tile for the forward and dQ, BQ query rows per tile for dK/dV. Block:
- * TC_THREADS threads, static shared memory only (at most 48 KiB). */
-#define TC_VARIANT(DM, BC, BQ, TQ, SFX)                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, 3)                                    \
-        cuk_att_tc_fwd##SFX##_d##DM(                                                               \
+ * BC key rows per tile for the forward and dQ, BQ query rows per tile for dK/dV; the statistics
+ * and dQ kernels also per dO type TG (f32, or bf16 with bf16 q/k/v: the _bg kernels, passes.c
+ * fold_attention_dout16). Block: TC_THREADS threads, static shared memory only (at most 48
+ * KiB). */
+#define TC_FWD(DM, BC, BQ, TQ, SFX)                                                                \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) cuk_att_tc_fwd##SFX##_d##DM(       \
         const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b, float *lse, i64 B,     \
         i64 H, i64 T, i64 D, float scale, unsigned bthd)                                           \
     {                                                                                              \
-        tc_fwd<DM, BC, false>(q, k, v, o, o2, o2b, nullptr, nullptr, lse, B, H, T, D, scale,       \
-                              bthd);                                                               \
+        tc_fwd<DM, BC, false>(q, k, v, o, o2, o2b, (const float *)nullptr, nullptr, lse, B, H, T,  \
+                              D, scale, bthd);                                                     \
     }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_dkv##SFX##_d##DM(          \
+        const TQ *q, const TQ *k, const TQ *v, const unsigned short *g16, unsigned gbthd, i64 gD,  \
+        const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b, double k2rot,      \
+        double v2rot, int kv2inv, float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D,          \
+        float scale, unsigned bthd)                                                                \
+    {                                                                                              \
+        tc_dkv<DM, BQ>(q, k, v, g16, gbthd, gD, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, \
+                       kpart, vpart, B, H, T, D, scale, bthd);                                     \
+    }
+#define TC_BWD(DM, BC, TQ, TG, SFX)                                                                \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_stats##SFX##_d##DM(        \
-        const TQ *q, const TQ *k, const float *o, const float *dout, float *stats, i64 B, i64 H,   \
+        const TQ *q, const TQ *k, const float *o, const TG *dout, float *stats, i64 B, i64 H,      \
         i64 T, i64 D, float scale, unsigned bthd)                                                  \
     {                                                                                              \
         tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats,       \
                              nullptr, B, H, T, D, scale, bthd);                                    \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS, DM <= 64 ? 3 : 2)                     \
-        cuk_att_tc_dq##SFX##_d##DM(                                                                \
-        const TQ *q, const TQ *k, const TQ *v, const float *o, const float *dout,                  \
-        const float *lse, float *stats, unsigned short *g16, float *dq, void *g2, int g2b,         \
-        double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale,             \
-        unsigned bthd)                                                                             \
+        cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *o,          \
+                                   const TG *dout, const float *lse, float *stats,                 \
+                                   unsigned short *g16, float *dq, void *g2, int g2b,              \
+                                   double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T,      \
+                                   i64 D, float scale, unsigned bthd)                              \
     {                                                                                              \
         tc_dq<DM, BC>(q, k, v, o, dout, lse, stats, g16, dq, g2, g2b, g2rot, g2inv, part, B, H, T, \
                       D, scale, bthd);                                                             \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_dkv##SFX##_d##DM(          \
-        const TQ *q, const TQ *k, const TQ *v, const unsigned short *g16, const float *stats,      \
-        float *dk, float *dv, void *k2, void *v2, int kv2b, double k2rot, double v2rot,            \
-        int kv2inv, float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D, float scale,           \
-        unsigned bthd)                                                                             \
-    {                                                                                              \
-        tc_dkv<DM, BQ>(q, k, v, g16, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, kpart,     \
-                       vpart, B, H, T, D, scale, bthd);                                            \
     }
 
-TC_VARIANT(64, 64, 64, float, )
-TC_VARIANT(128, 32, 16,
-           float, ) /* dK/dV: query tiles of 16 keep its 64 + 64 accumulators unspilled */
-TC_VARIANT(64, 64, 64, unsigned short, _b)
-TC_VARIANT(128, 32, 16, unsigned short, _b)
+/* dK/dV: query tiles of 16 for D 128 keep its 64 + 64 accumulators unspilled */
+TC_FWD(64, 64, 64, float, )
+TC_FWD(128, 32, 16, float, )
+TC_FWD(64, 64, 64, unsigned short, _b)
+TC_FWD(128, 32, 16, unsigned short, _b)
+TC_BWD(64, 64, float, float, )
+TC_BWD(128, 32, float, float, )
+TC_BWD(64, 64, unsigned short, float, _b)
+TC_BWD(128, 32, unsigned short, float, _b)
+TC_BWD(64, 64, unsigned short, unsigned short, _bg)
+TC_BWD(128, 32, unsigned short, unsigned short, _bg)
