@@ -181,9 +181,25 @@ static bool splat_needs_buffer(const cprog *c, const user_lists *u, int i)
     return false;
 }
 
+/* Is every reader of view v an attention backward reading it as o only, having taken o's
+ * bf16 copy (passes.c fold_attention_o16: attrs i[2] = 2)? */
+static bool read_as_bf16_o(const cprog *c, const user_lists *u, int v)
+{
+    if (is_kept(u, v) || u->start[v + 1] == u->start[v]) return false;
+    for (int k = u->start[v]; k < u->start[v + 1]; k++) {
+        const cnode *b = &c->nodes[u->users[k]];
+        if (b->op != JDT_OP_ATTENTION_BWD || b->attrs.i[2] != 2 || b->in[3] != v) return false;
+        for (int q = 0; q < b->n_in; q++)
+            if (q != 3 && b->in[q] == v) return false;
+    }
+    return true;
+}
+
 /* Is every reader of node i (through views) a bf16-compute GEMM reading it as its a or b
  * operand, with no view of it an output or update value? Such a value is rounded to bf16 by
- * every reader, so storing it as bf16 changes no number. */
+ * every reader, so storing it as bf16 changes no number. So is an attention's copy of o that
+ * its backward reads too (read_as_bf16_o), on purpose: that backward's delta = dO . O then
+ * sums the rounded o, as FlashAttention-2 with a bf16 o does. */
 static bool read_by_bf16_gemms_only(const cprog *c, const user_lists *u, int i)
 {
     if (u->start[i + 1] == u->start[i]) return false;
@@ -194,6 +210,7 @@ static bool read_by_bf16_gemms_only(const cprog *c, const user_lists *u, int i)
             if (is_kept(u, ui) || !read_by_bf16_gemms_only(c, u, ui)) return false;
             continue;
         }
+        if (un->kind == CK_VIEW && un->op == JDT_OP_TRANSPOSE && read_as_bf16_o(c, u, ui)) continue;
         if (un->op != JDT_OP_MATMUL || !un->attrs.i[2]) return false;
         for (int q = 2; q < un->n_in; q++)
             if (un->in[q] == i) return false; /* the bias stays f32 */

@@ -475,6 +475,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_attention_dout16 > 0)
             fprintf(f, "; %d attention backwards read dO stored as bf16 by its GEMM",
                     sm->n_attention_dout16);
+        if (sm->n_attention_o16 > 0)
+            fprintf(f, "; %d attention backwards read o's bf16 copy (no f32 o stored)",
+                    sm->n_attention_o16);
         if (sm->n_attention_lse > 0)
             fprintf(f, "; %d attention backwards read their forward's log-sum-exp",
                     sm->n_attention_lse);

@@ -840,27 +840,34 @@ END_TEST
  * bf16 for each layer's attention backward (here 2) exactly where the tensor-core kernels read
  * it so: bf16 compute with bf16 q, k, v (bf16 activations; Llama's q and k through RoPE too),
  * a head size up to 128; not in f32, not with f32 activations, not for heads of 136, not with
- * JDT_ATTENTION_DOUT16=0 or the FMA attention (JDT_CUK_ATTENTION=fma). */
+ * JDT_ATTENTION_DOUT16=0 or the FMA attention (JDT_CUK_ATTENTION=fma). With it, the backward
+ * reads o's bf16 copy and the forward stores no f32 o (fold_attention_o16), unless
+ * JDT_ATTENTION_O16=0 or the copy or the saved log-sum-exp it builds on is off. */
 START_TEST(test_nvrtc_attention_dout16)
 {
     static const struct {
         const char *over[6];
         const char *env; /* "VAR=value" set for this case, or NULL */
-        int want;
+        int want, want_o;
     } CASES[] = {
-        {{"precision.compute=bf16", "precision.activations=bf16"}, NULL, 2},
+        {{"precision.compute=bf16", "precision.activations=bf16"}, NULL, 2, 2},
         {{"precision.compute=bf16", "precision.activations=bf16", "model.norm=rmsnorm",
           "model.pos=rope", "model.activation=swiglu", "model.bias=false"},
          NULL,
+         2,
          2},
-        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_DOUT16=0", 0},
-        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_CUK_ATTENTION=fma", 0},
+        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_DOUT16=0", 0, 0},
+        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_O16=0", 2, 0},
+        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_LSE=0", 2, 0},
+        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_COPY=0", 2, 0},
+        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_CUK_ATTENTION=fma", 0, 0},
         {{"precision.compute=bf16", "precision.activations=bf16", "model.n_embd=272",
           "model.n_head=2"},
          NULL,
+         0,
          0},
-        {{"precision.compute=bf16", NULL}, NULL, 0},
-        {{NULL}, NULL, 0},
+        {{"precision.compute=bf16", NULL}, NULL, 0, 0},
+        {{NULL}, NULL, 0, 0},
     };
     jdt_device *d = NULL;
     jdt_err e;
@@ -882,9 +889,12 @@ START_TEST(test_nvrtc_attention_dout16)
         }
         jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
         if (var[0]) unsetenv(var);
-        ck_assert_msg(jdt_step_stats(s)->n_attention_dout16 == CASES[i].want,
-                      "case %d: %d attention backwards read a bf16 dO, want %d", i,
-                      jdt_step_stats(s)->n_attention_dout16, CASES[i].want);
+        const jdt_compile_stats *st = jdt_step_stats(s);
+        ck_assert_msg(
+            st->n_attention_dout16 == CASES[i].want && st->n_attention_o16 == CASES[i].want_o,
+            "case %d: %d attention backwards read a bf16 dO (want %d), %d its o's bf16 "
+            "copy (want %d)",
+            i, st->n_attention_dout16, CASES[i].want, st->n_attention_o16, CASES[i].want_o);
         jdt_step_free(s);
         jdt_config_free(&c);
     }

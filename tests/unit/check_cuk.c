@@ -1557,8 +1557,8 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
         g.copy[2] = dev_alloc((size_t)n * 2);
         g.part = dev_alloc((size_t)(3 * P * C) * 4);
         float *dD = with_packed ? dev_alloc((size_t)(3 * n) * 4) : NULL;
-        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, NULL, dD, &g,
-                              B, H, T, D, scale, bthd, bf16, dscr);
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, din[4], false, NULL,
+                              dD, &g, B, H, T, D, scale, bthd, bf16, dscr);
         if (dD) {
             float *got = dev_to_host(k, dD, 3 * n);
             ck_assert_msg(memcmp(got, dqkv, (size_t)(3 * n) * 4) == 0,
@@ -1597,8 +1597,8 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
                                .rope_inverse = {true, true, false}};
         g.copy[0] = dev_alloc((size_t)n * 2);
         g.copy[1] = dev_alloc((size_t)n * 4);
-        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, NULL, NULL,
-                              &g, B, H, T, D, scale, bthd, bf16, dscr);
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, din[4], false, NULL,
+                              NULL, &g, B, H, T, D, scale, bthd, bf16, dscr);
         for (int s = 0; s < 2; s++) {
             float *t = to_bthd(dqkv + s * n, B, H, T, D);
             float *dt = dev_from(t, (size_t)n * 4);
@@ -1657,8 +1657,8 @@ static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, 
     printf("%s: forward's log-sum-exp within %.1e of the host's\n", what, worst);
     ck_assert_msg(worst < 2e-5, "%s: lse off by %g", what, worst);
     void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
-    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, dL, dD, NULL, B,
-                          H, T, D, scale, bthd, bf16, fresh);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, din[4], false, dL, dD,
+                          NULL, B, H, T, D, scale, bthd, bf16, fresh);
     cudaFree(fresh);
     float *got = dev_to_host(k, dD, 3 * n);
     ck_assert_msg(memcmp(got, dqkv16, (size_t)(3 * n) * 4) == 0,
@@ -1667,8 +1667,8 @@ static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, 
     for (int64_t r = 0; r < nr; r++)
         L[r] += 0.6931472f;
     float *dL2 = dev_from(L, (size_t)nr * 4);
-    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, dL2, dD, NULL, B,
-                          H, T, D, scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, din[4], false, dL2, dD,
+                          NULL, B, H, T, D, scale, bthd, bf16, dscr);
     got = dev_to_host(k, dD, 3 * n);
     ck_assert_msg(rel_err(got + 2 * n, dqkv16 + 2 * n, n) > 0.3,
                   "%s: lse: the backward ignored it (dv unchanged by halved probabilities)", what);
@@ -1704,12 +1704,12 @@ static void check_attention_dout16(jdt_cuk *k, const char *what, void *const *d1
                       bthd & 7u, bf16, dscr);
     for (int with_lse = 0; with_lse < 2; with_lse++) {
         const float *lse = with_lse ? dL : NULL;
-        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], dgr, false, lse, dA, NULL, B,
-                              H, T, D, scale, bthd, bf16, dscr);
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, dgr, false, lse, dA,
+                              NULL, B, H, T, D, scale, bthd, bf16, dscr);
         float *want = dev_to_host(k, dA, 3 * n);
         void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
-        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], dg16, true, lse, dB, NULL, B,
-                              H, T, D, scale, bthd, bf16, fresh);
+        jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, dg16, true, lse, dB,
+                              NULL, B, H, T, D, scale, bthd, bf16, fresh);
         float *got = dev_to_host(k, dB, 3 * n);
         ck_assert_msg(memcmp(got, want, (size_t)(3 * n) * 4) == 0,
                       "%s: bf16 dO%s: dqkv differs from an f32 dO of the same values (error %g)",
@@ -1717,14 +1717,48 @@ static void check_attention_dout16(jdt_cuk *k, const char *what, void *const *d1
         free(want), free(got);
         cudaFree(fresh);
     }
-    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], dg16, true, NULL, dB, NULL, B,
-                          H, T, D, scale, bthd, bf16, dscr);
+    /* o as the forward's bf16 (B, T, H, D) copy too (fold_attention_o16: the _bgo kernels, o's
+     * layout bit 3): bit for bit the _bg kernels on an f32 o of the same values in that layout;
+     * a forward storing no o writes the same copy and log-sum-exp */
+    float *oh = dev_to_host(k, dO, n), *ot = to_bthd(oh, B, H, T, D);
+    uint16_t *o16 = malloc((size_t)n * 2), *c16 = malloc((size_t)n * 2);
+    for (int64_t j = 0; j < n; j++) {
+        o16[j] = jdt_rt_bf16_bits(ot[j]);
+        ot[j] = jdt_rt_bf16_round(ot[j]);
+    }
+    uint16_t *do16 = dev_from(o16, (size_t)n * 2), *dc16 = dev_alloc((size_t)n * 2);
+    float *dor = dev_from(ot, (size_t)n * 4), *dL2 = dev_alloc((size_t)nr * 4);
+    const unsigned bto = bthd | 8u;
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, dor, false, dg16, true, dL, dA, NULL, B,
+                          H, T, D, scale, bto, bf16, dscr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, do16, true, dg16, true, dL, dB, NULL, B,
+                          H, T, D, scale, bto, bf16, dscr);
+    float *want = dev_to_host(k, dA, 3 * n), *got = dev_to_host(k, dB, 3 * n);
+    ck_assert_msg(memcmp(got, want, (size_t)(3 * n) * 4) == 0,
+                  "%s: bf16 o and dO: dqkv differs from an f32 o of the same values (error %g)",
+                  what, rel_err(got, want, 3 * n));
+    jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, NULL, dc16, true, dL2, B, H, T, D, scale,
+                      bthd & 7u, bf16, dscr);
+    float *L1 = dev_to_host(k, dL, nr), *L2 = dev_to_host(k, dL2, nr);
+    ck_assert_int_eq(cudaMemcpy(c16, dc16, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_msg(memcmp(c16, o16, (size_t)n * 2) == 0, "%s: no o: its bf16 copy differs", what);
+    ck_assert_msg(memcmp(L1, L2, (size_t)nr * 4) == 0, "%s: no o: the log-sum-exp differs", what);
+    /* misuses, each an error for jdt_cuk_check: a bf16 dO with f32 q, k, v; a bf16 o with an
+     * f32 dO */
     jdt_err e;
     jdt_err_clear(&e);
+    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], false, dg16, true, NULL, dB,
+                          NULL, B, H, T, D, scale, bthd, bf16, dscr);
     ck_assert_int_eq(jdt_cuk_check(k, "bf16 dO", true, &e), JDT_ERR_INTERNAL);
     ck_assert_ptr_nonnull(strstr(e.msg, "bf16 dO needs"));
-    free(t), free(g16), free(gr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, do16, true, dgr, false, dL, dB, NULL, B,
+                          H, T, D, scale, bto, bf16, dscr);
+    ck_assert_int_eq(jdt_cuk_check(k, "bf16 o", true, &e), JDT_ERR_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "bf16 o needs"));
+    free(t), free(g16), free(gr), free(oh), free(ot), free(o16), free(c16), free(want), free(got);
+    free(L1), free(L2);
     cudaFree(dg16), cudaFree(dgr), cudaFree(dL), cudaFree(dA), cudaFree(dB), cudaFree(dO);
+    cudaFree(do16), cudaFree(dc16), cudaFree(dor), cudaFree(dL2);
 }
 
 /* bf16 with a scale > 0: the tensor-core kernels against jdt_rt_attention's bf16 compute (the
@@ -1754,8 +1788,8 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
     jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, NULL, false, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], din[4], false, NULL, dD, NULL,
-                          B, H, T, D, scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], false, din[4], false, NULL, dD,
+                          NULL, B, H, T, D, scale, bthd, bf16, dscr);
     float *go_ = dev_to_host(k, dO, n), *gd = dev_to_host(k, dD, 3 * n);
     char what[96];
     snprintf(what, sizeof what, "attention%s B%lld H%lld T%lld D%lld bthd%u scale %g",
@@ -1801,12 +1835,12 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     uint16_t *dc16 = dev_alloc((size_t)n * 2);
     jdt_cuk_attention(k, dr[0], dr[1], dr[2], false, dO, dc32, false, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], din[4], false, NULL, dD, NULL, B,
-                          H, T, D, scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, dr[0], dr[1], dr[2], false, din[3], false, din[4], false, NULL, dD,
+                          NULL, B, H, T, D, scale, bthd, bf16, dscr);
     jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO2, dc16, true, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
-    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], din[4], false, NULL, dD2, NULL,
-                          B, H, T, D, scale, bthd, bf16, dscr);
+    jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, din[4], false, NULL, dD2,
+                          NULL, B, H, T, D, scale, bthd, bf16, dscr);
     float *a1 = dev_to_host(k, dO, n), *a2 = dev_to_host(k, dO2, n);
     float *b1 = dev_to_host(k, dD, 3 * n), *b2 = dev_to_host(k, dD2, 3 * n);
     ck_assert_msg(memcmp(a1, a2, (size_t)n * 4) == 0, "%s: bf16 q/k/v: o differs", what);

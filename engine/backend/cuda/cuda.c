@@ -1201,19 +1201,28 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         /* the backward's dO stored as bf16 (passes.c fold_attention_dout16) */
         const bool dout16 =
             n->op == JDT_OP_ATTENTION_BWD && c->nodes[n->in[4]].dtype == JDT_DTYPE_BF16;
+        /* ... and o as bf16 (its forward's copy, fold_attention_o16) */
+        const bool o16 = n->op == JDT_OP_ATTENTION_BWD && c->nodes[n->in[3]].bf16;
         /* the forward's log-sum-exp after o in its packed output (passes.c fold_attention_lse):
-         * stored by the forward (attrs i[1]), read by the backward (attrs i[2]) */
+         * stored by the forward (attrs i[1] 1), read by the backward (attrs i[2] 1); or (2) the
+         * forward's output is the log-sum-exp alone, o not stored (its copy is), and the
+         * backward reads it as in[5] (fold_attention_o16) */
         const int64_t no = jdt_shape_numel(s0);
-        const float *lse =
-            n->op == JDT_OP_ATTENTION_BWD && n->attrs.i[2] ? (const float *)in[3] + no : NULL;
+        const float *lse = n->op != JDT_OP_ATTENTION_BWD ? NULL
+                           : n->attrs.i[2] == 2          ? (const float *)in[5]
+                           : n->attrs.i[2]               ? (const float *)in[3] + no
+                                                         : NULL;
         if (n->op == JDT_OP_ATTENTION)
-            jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, o, co_ptr(p, n),
-                              n->co && c->nodes[n->co].bf16, n->attrs.i[1] ? (float *)o + no : NULL,
+            jdt_cuk_attention(k, in[0], in[1], in[2], qkv16, n->attrs.i[1] == 2 ? NULL : o,
+                              co_ptr(p, n), n->co && c->nodes[n->co].bf16,
+                              n->attrs.i[1] == 2 ? (float *)o
+                              : n->attrs.i[1]    ? (float *)o + no
+                                                 : NULL,
                               s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                               (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else if (!n->attrs.i[1])
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], dout16, lse, o, NULL,
-                                  s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], o16, in[4], dout16, lse, o,
+                                  NULL, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                                   (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else { /* the cotangent form (passes.c fold_attention_cotangents): the output is the
                   partials; the co-outputs, in order, the copies of dq, dk, dv (or the RoPE
@@ -1228,8 +1237,8 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                     g.rope_inverse[j] = c->nodes[q].attrs.i[0] != 0;
                 }
             }
-            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], in[4], dout16, lse, NULL,
-                                  &g, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+            jdt_cuk_attention_bwd(k, in[0], in[1], in[2], qkv16, in[3], o16, in[4], dout16, lse,
+                                  NULL, &g, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                                   (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         }
         return JDT_OK;

@@ -103,7 +103,11 @@ extern const int jdt_cuk_n_sources;
     X(ATT_TC_STATS_BG_D64, "cuk_attention_tc.cu", "cuk_att_tc_stats_bg_d64")                       \
     X(ATT_TC_STATS_BG_D128, "cuk_attention_tc.cu", "cuk_att_tc_stats_bg_d128")                     \
     X(ATT_TC_DQ_BG_D64, "cuk_attention_tc.cu", "cuk_att_tc_dq_bg_d64")                             \
-    X(ATT_TC_DQ_BG_D128, "cuk_attention_tc.cu", "cuk_att_tc_dq_bg_d128")
+    X(ATT_TC_DQ_BG_D128, "cuk_attention_tc.cu", "cuk_att_tc_dq_bg_d128")                           \
+    X(ATT_TC_STATS_BGO_D64, "cuk_attention_tc.cu", "cuk_att_tc_stats_bgo_d64")                     \
+    X(ATT_TC_STATS_BGO_D128, "cuk_attention_tc.cu", "cuk_att_tc_stats_bgo_d128")                   \
+    X(ATT_TC_DQ_BGO_D64, "cuk_attention_tc.cu", "cuk_att_tc_dq_bgo_d64")                           \
+    X(ATT_TC_DQ_BGO_D128, "cuk_attention_tc.cu", "cuk_att_tc_dq_bgo_d128")
 
 typedef enum {
 #define X(e, file, name) JDT_CUK_K_##e,

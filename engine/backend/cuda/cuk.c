@@ -887,7 +887,13 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
     (void)scratch;
     if (B * H * T * D <= 0) return;
     int tc = att_tc_class(k, bf16, D, scale), o2b = o2_bf16;
+    static const char no_o[] = "attention: no o to store needs the tensor-core kernels and o's "
+                               "copy (passes.c fold_attention_o16 and the device disagree)";
     if (tc >= 0) {
+        if (!o && !o2) {
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "%s", no_o);
+            return;
+        }
         int64_t blocks = B * H * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
         void *args[] = {&q, &kk, &v, &o, &o2, &o2b, &lse, &B, &H, &T, &D, &scale, &bthd};
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_FWD_D64, JDT_CUK_K_ATT_TC_FWD_B_D64, qkv_bf16, tc),
@@ -898,6 +904,10 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
     int cls = att_class(D, &ct);
     if (cls < 0) {
         jdt_cuk_defer(k, JDT_ERR_UNSUPPORTED, "attention: head size %lld > 256", (long long)D);
+        return;
+    }
+    if (!o) { /* the FMA kernels store o */
+        jdt_cuk_defer(k, JDT_ERR_INTERNAL, "%s", no_o);
         return;
     }
     int64_t blocks = B * H * ((T + ATT_R - 1) / ATT_R);
@@ -913,17 +923,19 @@ bool jdt_cuk_attention_dout16(int arch, bool bf16, int64_t D, float scale)
 }
 
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                           const float *o, const void *dout, bool dout_bf16, const float *lse,
-                           float *dqkv, const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
-                           int64_t D, float scale, unsigned bthd, bool bf16, void *scratch)
+                           const void *o, bool o_bf16, const void *dout, bool dout_bf16,
+                           const float *lse, float *dqkv, const jdt_cuk_att_grads *g, int64_t B,
+                           int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                           void *scratch)
 {
     int64_t n = B * H * T * D;
     if (n <= 0) return;
     int tc = att_tc_class(k, bf16, D, scale);
-    if (dout_bf16 && (tc < 0 || !qkv_bf16)) {
+    if ((dout_bf16 || o_bf16) && (tc < 0 || !qkv_bf16 || !dout_bf16)) {
         jdt_cuk_defer(k, JDT_ERR_INTERNAL,
-                      "attention_bwd: a bf16 dO needs the tensor-core kernels and bf16 q, k, v "
-                      "(passes.c fold_attention_dout16 and the device disagree)");
+                      "attention_bwd: a bf16 %s needs the tensor-core kernels, bf16 q, k, v%s "
+                      "(passes.c fold_attention_dout16/o16 and the device disagree)",
+                      o_bf16 ? "o" : "dO", o_bf16 ? " and a bf16 dO" : "");
         return;
     }
     float *stats = scratch, *dq = dqkv, *dk = dqkv ? dqkv + n : NULL,
@@ -959,17 +971,17 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         void *tkargs[] = {&q,  &kk, &v,  &gsrc, &gbthd, &gD,    &stats,  &dk,
                           &dv, &k2, &v2, &kv2b, &k2rot, &v2rot, &kv2inv, &kp,
                           &vp, &B,  &H,  &T,    &D,     &scale, &bthd};
-        if (!lse)
-            launch(k,
-                   dout_bf16 ? (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_STATS_BG_D64 + tc)
-                             : att_kernel(JDT_CUK_K_ATT_TC_STATS_D64, JDT_CUK_K_ATT_TC_STATS_B_D64,
-                                          qkv_bf16, tc),
-                   blocks, ATT_TC_THREADS, 0, sargs);
-        launch(k,
-               dout_bf16
-                   ? (jdt_cuk_kernel)(JDT_CUK_K_ATT_TC_DQ_BG_D64 + tc)
-                   : att_kernel(JDT_CUK_K_ATT_TC_DQ_D64, JDT_CUK_K_ATT_TC_DQ_B_D64, qkv_bf16, tc),
-               blocks, ATT_TC_THREADS, 0, tqargs);
+        /* the statistics and dQ kernels by the types of q/k/v, dO and o */
+        const jdt_cuk_kernel ks = o_bf16      ? JDT_CUK_K_ATT_TC_STATS_BGO_D64
+                                  : dout_bf16 ? JDT_CUK_K_ATT_TC_STATS_BG_D64
+                                  : qkv_bf16  ? JDT_CUK_K_ATT_TC_STATS_B_D64
+                                              : JDT_CUK_K_ATT_TC_STATS_D64;
+        const jdt_cuk_kernel kq = o_bf16      ? JDT_CUK_K_ATT_TC_DQ_BGO_D64
+                                  : dout_bf16 ? JDT_CUK_K_ATT_TC_DQ_BG_D64
+                                  : qkv_bf16  ? JDT_CUK_K_ATT_TC_DQ_B_D64
+                                              : JDT_CUK_K_ATT_TC_DQ_D64;
+        if (!lse) launch(k, (jdt_cuk_kernel)(ks + tc), blocks, ATT_TC_THREADS, 0, sargs);
+        launch(k, (jdt_cuk_kernel)(kq + tc), blocks, ATT_TC_THREADS, 0, tqargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DKV_D64, JDT_CUK_K_ATT_TC_DKV_B_D64, qkv_bf16, tc),
                blocks, ATT_TC_THREADS, 0, tkargs);
         return;

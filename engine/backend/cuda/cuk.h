@@ -284,11 +284,11 @@ int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t
 /* q, kk, v: f32, or bf16 bit patterns with qkv_bf16 (a bf16 GEMM stored them as bf16:
  * precision.activations: bf16, passes.c fold_bf16_casts; the _b kernels, which read the bits as
  * they are, so with bf16 compute the results are those of f32 inputs holding the same values);
- * o, dout (unless dout_bf16, below) and the outputs are f32. o2, when not NULL: a second copy
- * of o in (B, T, H, D) order, bf16 bit patterns (nearest even) with o2_bf16, else f32 (passes.c
- * fold_attention_copies: the projection's GEMM operand, which a transpose kernel would
- * otherwise make from o). lse, when not NULL: each query row's log-sum-exp of its scaled causal
- * scores (B, H, T), f32, for the backward (passes.c fold_attention_lse). */
+ * o (NULL: not stored, below), dout (unless dout_bf16, below) and the outputs are f32. o2, when not
+ * NULL: a second copy of o in (B, T, H, D) order, bf16 bit patterns (nearest even) with o2_bf16,
+ * else f32 (passes.c fold_attention_copies: the projection's GEMM operand, which a transpose kernel
+ * would otherwise make from o). lse, when not NULL: each query row's log-sum-exp of its scaled
+ * causal scores (B, H, T), f32, for the backward (passes.c fold_attention_lse). */
 void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
                        float *o, void *o2, bool o2_bf16, float *lse, int64_t B, int64_t H,
                        int64_t T, int64_t D, float scale, unsigned bthd, bool bf16, void *scratch);
@@ -318,13 +318,16 @@ typedef struct {
  * forms the row statistics with it and the statistics kernel, a pass over the keys, does not
  * run (the same floats, so the same results). */
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
-                           const float *o, const void *dout, bool dout_bf16, const float *lse,
-                           float *dqkv, const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
-                           int64_t D, float scale, unsigned bthd, bool bf16, void *scratch);
-/* Whether jdt_cuk_attention_bwd takes dout as bf16 bit patterns (dout_bf16) on a GPU of compute
+                           const void *o, bool o_bf16, const void *dout, bool dout_bf16,
+                           const float *lse, float *dqkv, const jdt_cuk_att_grads *g, int64_t B,
+                           int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                           void *scratch);
+/* Whether jdt_cuk_attention_bwd takes dout (dout_bf16) and then also o (o_bf16) as bf16 bit
+ * patterns, and jdt_cuk_attention stores no o (o NULL, its copy o2 only), on a GPU of compute
  * capability arch for head size D, bf16 compute and this scale: on the tensor-core kernels,
- * with bf16 q, k, v (the _bg kernels: the products read those bits as they are, delta = dO . O
- * sums the widened values). Elsewhere dout_bf16 records ERR_INTERNAL for jdt_cuk_check. */
+ * with bf16 q, k, v (the _bg and _bgo kernels: the products read those bits as they are,
+ * delta = dO . O sums the widened values). Elsewhere those record ERR_INTERNAL for
+ * jdt_cuk_check. */
 bool jdt_cuk_attention_dout16(int arch, bool bf16, int64_t D, float scale);
 
 /* ---- NCCL collectives --------------------------------------------------------------------- */

@@ -395,15 +395,16 @@ __device__ __forceinline__ void tc_store(float *out, const float (*acc)[4], i64 
     for (int r = 0; r < 2; r++) {
         i64 i = i0 + 8 * r;
         if (i >= T) continue;
-        float *row = out + (bh * T + i) * D;
+        float *row = out ? out + (bh * T + i) * D : nullptr; /* none: o2 only */
 #pragma unroll
         for (int dn = 0; dn < DM / 8; dn++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 i64 d = dn * 8 + 2 * t + c;
                 if (d >= D) continue;
-                row[d] = acc[dn][2 * r + c] * mul[r];
-                if (o2) cuk_att_store2(o2, o2b, bh / H, bh % H, i, d, H, T, D, row[d]);
+                const float val = acc[dn][2 * r + c] * mul[r];
+                if (row) row[d] = val;
+                if (o2) cuk_att_store2(o2, o2b, bh / H, bh % H, i, d, H, T, D, val);
             }
     }
 }
@@ -429,12 +430,12 @@ __device__ __forceinline__ void tc_stage(float *stage, const float (*acc)[4], in
     __syncthreads();
 }
 
-/* delta = dO . O (f32; dO f32 or bf16) of the warp's 16 rows r0.. of slice (b, h), one row
- * after another, lanes along d, into stats[B*H*T + bh*T + i] (lane 0) and, unless dl is NULL,
- * into dl[0] and dl[1] for the lane's rows r0 + g and r0 + g + 8 (0 past T). Every lane of the
- * warp calls it. */
-template <class TG>
-__device__ __forceinline__ void tc_delta(const float *o, const TG *dout, float *stats, float *dl,
+/* delta = dO . O (f32; O and dO each f32 or bf16) of the warp's 16 rows r0.. of slice (b, h),
+ * one row after another, lanes along d, into stats[B*H*T + bh*T + i] (lane 0) and, unless dl is
+ * NULL, into dl[0] and dl[1] for the lane's rows r0 + g and r0 + g + 8 (0 past T). Every lane of
+ * the warp calls it. */
+template <class TO, class TG>
+__device__ __forceinline__ void tc_delta(const TO *o, const TG *dout, float *stats, float *dl,
                                          unsigned bthd, i64 b, i64 h, i64 bh, i64 r0, int lane,
                                          int g, i64 B, i64 H, i64 T, i64 D)
 {
@@ -442,10 +443,10 @@ __device__ __forceinline__ void tc_delta(const float *o, const TG *dout, float *
         i64 i = r0 + r;
         float dsum = 0.0f;
         if (i < T) {
-            const float *orow = o + tc_row(bthd, 3, b, h, i, H, T, D);
+            const TO *orow = o + tc_row(bthd, 3, b, h, i, H, T, D);
             const TG *grow = dout + tc_row(bthd, 4, b, h, i, H, T, D);
             for (i64 d = lane; d < D; d += 32)
-                dsum += orow[d] * cuk_ld(grow, d);
+                dsum += cuk_ld(orow, d) * cuk_ld(grow, d);
         }
         dsum = cuk_warp_sum(dsum);
         if (lane == 0 && i < T) stats[B * H * T + bh * T + i] = dsum;
@@ -454,11 +455,12 @@ __device__ __forceinline__ void tc_delta(const float *o, const TG *dout, float *
     }
 }
 
-/* Forward (STATS false: o, and L_i into lse[bh*T + i] unless lse is NULL) or the backward's
- * row statistics (STATS true: stats[bh*T + i] = L_i, stats[B*H*T + bh*T + i] = dO_i . O_i).
- * L_i = logsumexp of the row's scaled causal scores, the same float either way. */
-template <int DM, int BC, bool STATS, class TQ, class TG>
-__device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b,
+/* Forward (STATS false: o unless o is NULL, its copy o2 unless NULL, and L_i into lse[bh*T + i]
+ * unless lse is NULL) or the backward's row statistics (STATS true: stats[bh*T + i] = L_i,
+ * stats[B*H*T + bh*T + i] = dO_i . O_i, o read as TO). L_i = logsumexp of the row's scaled
+ * causal scores, the same float either way. */
+template <int DM, int BC, bool STATS, class TQ, class TO, class TG>
+__device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, TO *o, void *o2, int o2b,
                        const TG *dout, float *stats, float *lse, i64 B, i64 H, i64 T, i64 D,
                        float scale, unsigned bthd)
 {
@@ -541,7 +543,7 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
         }
         l[0] = tc_shfl_sum(l[0]);
         l[1] = tc_shfl_sum(l[1]);
-        if (!STATS) {
+        if constexpr (!STATS) {
             float inv[2] = {1.0f / l[0], 1.0f / l[1]};
             tc_store<DM>(o, acc, bh, i0, T, D, inv, t, o2, o2b, H);
             if (lse && t == 0)
@@ -560,8 +562,8 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o2
  * lse and dO . O formed here as the statistics kernel would (which then does not run), both
  * also stored in stats for the dK/dV kernel. An f32 dO's rows, rounded to bf16 as staged, go to
  * g16 for the dK/dV kernel; a bf16 dO (the _bg kernels) is read there as it is. */
-template <int DM, int BC, class TQ, class TG>
-__device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, const TG *dout,
+template <int DM, int BC, class TQ, class TO, class TG>
+__device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const TO *o, const TG *dout,
                       const float *lse, float *stats, unsigned short *g16, float *dq, void *g2,
                       int g2b, double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T, i64 D,
                       float scale, unsigned bthd)
@@ -755,9 +757,9 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
 /* Entry points, one per head-size class (D <= DM) and q/k/v type (f32, rounded to bf16 as the
  * tiles are stored, or bf16 bit patterns copied: the _b kernels, precision.activations: bf16):
  * BC key rows per tile for the forward and dQ, BQ query rows per tile for dK/dV; the statistics
- * and dQ kernels also per dO type TG (f32, or bf16 with bf16 q/k/v: the _bg kernels, passes.c
- * fold_attention_dout16). Block: TC_THREADS threads, static shared memory only (at most 48
- * KiB). */
+ * and dQ kernels also per dO type TG and o type TO (f32, or bf16 with bf16 q/k/v: dO in the _bg
+ * kernels, passes.c fold_attention_dout16, and o too in the _bgo ones, fold_attention_o16). Block:
+ * TC_THREADS threads, static shared memory only (at most 48 KiB). */
 #define TC_FWD(DM, BC, BQ, TQ, SFX)                                                                \
     extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) cuk_att_tc_fwd##SFX##_d##DM(       \
         const TQ *q, const TQ *k, const TQ *v, float *o, void *o2, int o2b, float *lse, i64 B,     \
@@ -775,20 +777,19 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
         tc_dkv<DM, BQ>(q, k, v, g16, gbthd, gD, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, \
                        kpart, vpart, B, H, T, D, scale, bthd);                                     \
     }
-#define TC_BWD(DM, BC, TQ, TG, SFX)                                                                \
+#define TC_BWD(DM, BC, TQ, TO, TG, SFX)                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_stats##SFX##_d##DM(        \
-        const TQ *q, const TQ *k, const float *o, const TG *dout, float *stats, i64 B, i64 H,      \
-        i64 T, i64 D, float scale, unsigned bthd)                                                  \
+        const TQ *q, const TQ *k, const TO *o, const TG *dout, float *stats, i64 B, i64 H, i64 T,  \
+        i64 D, float scale, unsigned bthd)                                                         \
     {                                                                                              \
-        tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (float *)o, nullptr, 0, dout, stats,       \
-                             nullptr, B, H, T, D, scale, bthd);                                    \
+        tc_fwd<DM, BC, true>(q, k, (const TQ *)nullptr, (TO *)o, nullptr, 0, dout, stats, nullptr, \
+                             B, H, T, D, scale, bthd);                                             \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS, DM <= 64 ? 3 : 2)                     \
-        cuk_att_tc_dq##SFX##_d##DM(const TQ *q, const TQ *k, const TQ *v, const float *o,          \
-                                   const TG *dout, const float *lse, float *stats,                 \
-                                   unsigned short *g16, float *dq, void *g2, int g2b,              \
-                                   double g2rot, int g2inv, float *part, i64 B, i64 H, i64 T,      \
-                                   i64 D, float scale, unsigned bthd)                              \
+        cuk_att_tc_dq##SFX##_d##DM(                                                                \
+            const TQ *q, const TQ *k, const TQ *v, const TO *o, const TG *dout, const float *lse,  \
+            float *stats, unsigned short *g16, float *dq, void *g2, int g2b, double g2rot,         \
+            int g2inv, float *part, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)        \
     {                                                                                              \
         tc_dq<DM, BC>(q, k, v, o, dout, lse, stats, g16, dq, g2, g2b, g2rot, g2inv, part, B, H, T, \
                       D, scale, bthd);                                                             \
@@ -799,9 +800,11 @@ TC_FWD(64, 64, 64, float, )
 TC_FWD(128, 32, 16, float, )
 TC_FWD(64, 64, 64, unsigned short, _b)
 TC_FWD(128, 32, 16, unsigned short, _b)
-TC_BWD(64, 64, float, float, )
-TC_BWD(128, 32, float, float, )
-TC_BWD(64, 64, unsigned short, float, _b)
-TC_BWD(128, 32, unsigned short, float, _b)
-TC_BWD(64, 64, unsigned short, unsigned short, _bg)
-TC_BWD(128, 32, unsigned short, unsigned short, _bg)
+TC_BWD(64, 64, float, float, float, )
+TC_BWD(128, 32, float, float, float, )
+TC_BWD(64, 64, unsigned short, float, float, _b)
+TC_BWD(128, 32, unsigned short, float, float, _b)
+TC_BWD(64, 64, unsigned short, float, unsigned short, _bg)
+TC_BWD(128, 32, unsigned short, float, unsigned short, _bg)
+TC_BWD(64, 64, unsigned short, unsigned short, unsigned short, _bgo)
+TC_BWD(128, 32, unsigned short, unsigned short, unsigned short, _bgo)
