@@ -158,6 +158,8 @@ typedef struct {
                                    as they store (passes.c fold_attention_cotangents) */
     int n_attention_dout16; /* attention backwards reading dO that its GEMM stored as bf16
                                (passes.c fold_attention_dout16) */
+    int n_norm_dy16;     /* norm backwards reading dy that its GEMM stored as bf16 (passes.c
+                            fold_norm_dy16) */
     int n_attention_o16; /* attention backwards reading o's bf16 copy, their forward storing no
                             f32 o (passes.c fold_attention_o16) */
     int n_attention_lse; /* attention backwards taking their forward's stored log-sum-exp

@@ -836,6 +836,33 @@ START_TEST(test_nvrtc_pitched_logits)
 }
 END_TEST
 
+/* The step of GPT (with overrides over, NULL-terminated, at most 6) planned for the emit-only
+ * CUDA device d, with environment variable env ("VAR=value", or NULL) set while it compiles. */
+static jdt_step *plan_gpt(jdt_device *d, const char *const *over, const char *env)
+{
+    char *ov[6], var[64] = "";
+    int n = 0;
+    for (int k = 0; k < 6 && over[k]; k++)
+        ov[n++] = (char *)over[k];
+    jdt_config c;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_config_load_string(GPT, "test", n, ov, NULL, &c, &e) == JDT_OK, "%s", e.msg);
+    if (env) {
+        snprintf(var, sizeof var, "%s", env);
+        char *eq = strchr(var, '=');
+        *eq = '\0';
+        setenv(var, eq + 1, 1);
+    }
+    jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
+    if (var[0]) unsetenv(var);
+    jdt_config_free(&c);
+    return s;
+}
+
+#define BF16_ACT "precision.compute=bf16", "precision.activations=bf16"
+#define LLAMA "model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu", "model.bias=false"
+
 /* bf16 dO (passes.c fold_attention_dout16): the output projection's backward GEMM stores dO as
  * bf16 for each layer's attention backward (here 2) exactly where the tensor-core kernels read
  * it so: bf16 compute with bf16 q, k, v (bf16 activations; Llama's q and k through RoPE too),
@@ -846,26 +873,18 @@ END_TEST
 START_TEST(test_nvrtc_attention_dout16)
 {
     static const struct {
-        const char *over[6];
+        const char *over[7];
         const char *env; /* "VAR=value" set for this case, or NULL */
         int want, want_o;
     } CASES[] = {
-        {{"precision.compute=bf16", "precision.activations=bf16"}, NULL, 2, 2},
-        {{"precision.compute=bf16", "precision.activations=bf16", "model.norm=rmsnorm",
-          "model.pos=rope", "model.activation=swiglu", "model.bias=false"},
-         NULL,
-         2,
-         2},
-        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_DOUT16=0", 0, 0},
-        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_O16=0", 2, 0},
-        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_LSE=0", 2, 0},
-        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_ATTENTION_COPY=0", 2, 0},
-        {{"precision.compute=bf16", "precision.activations=bf16"}, "JDT_CUK_ATTENTION=fma", 0, 0},
-        {{"precision.compute=bf16", "precision.activations=bf16", "model.n_embd=272",
-          "model.n_head=2"},
-         NULL,
-         0,
-         0},
+        {{BF16_ACT, NULL}, NULL, 2, 2},
+        {{BF16_ACT, LLAMA, NULL}, NULL, 2, 2},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_DOUT16=0", 0, 0},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_O16=0", 2, 0},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_LSE=0", 2, 0},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_COPY=0", 2, 0},
+        {{BF16_ACT, NULL}, "JDT_CUK_ATTENTION=fma", 0, 0},
+        {{BF16_ACT, "model.n_embd=272", "model.n_head=2", NULL}, NULL, 0, 0},
         {{"precision.compute=bf16", NULL}, NULL, 0, 0},
         {{NULL}, NULL, 0, 0},
     };
@@ -874,21 +893,7 @@ START_TEST(test_nvrtc_attention_dout16)
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
     for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
-        char *over[6], var[64] = "";
-        int n = 0;
-        for (int k = 0; k < 6 && CASES[i].over[k]; k++)
-            over[n++] = (char *)CASES[i].over[k];
-        jdt_config c;
-        ck_assert_msg(jdt_config_load_string(GPT, "test", n, over, NULL, &c, &e) == JDT_OK, "%s",
-                      e.msg);
-        if (CASES[i].env) {
-            snprintf(var, sizeof var, "%s", CASES[i].env);
-            char *eq = strchr(var, '=');
-            *eq = '\0';
-            setenv(var, eq + 1, 1);
-        }
-        jdt_step *s = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
-        if (var[0]) unsetenv(var);
+        jdt_step *s = plan_gpt(d, CASES[i].over, CASES[i].env);
         const jdt_compile_stats *st = jdt_step_stats(s);
         ck_assert_msg(
             st->n_attention_dout16 == CASES[i].want && st->n_attention_o16 == CASES[i].want_o,
@@ -896,7 +901,41 @@ START_TEST(test_nvrtc_attention_dout16)
             "copy (want %d)",
             i, st->n_attention_dout16, CASES[i].want, st->n_attention_o16, CASES[i].want_o);
         jdt_step_free(s);
-        jdt_config_free(&c);
+    }
+    jdt_device_close(d);
+}
+END_TEST
+
+/* bf16 dy (passes.c fold_norm_dy16): a norm backward in its partial-sums form reads dy stored
+ * as bf16 where one bf16-compute GEMM with nothing added computed it for it alone: GPT's ln2 of
+ * each layer (the fc's dX) and the final norm (the lm head's dX), 3 here, with bf16 or f32
+ * activations; Llama's final norm only (its ln2's dy sums the gate's and the up projection's
+ * dX, its ln1's the q, k and v projections', in accumulating GEMMs); none in f32, with
+ * JDT_NORM_DY16=0 or without the partial-sums form (JDT_NORM_FOLDS=0). */
+START_TEST(test_nvrtc_norm_dy16)
+{
+    static const struct {
+        const char *over[7];
+        const char *env;
+        int want;
+    } CASES[] = {
+        {{BF16_ACT, NULL}, NULL, 3},
+        {{"precision.compute=bf16", NULL}, NULL, 3},
+        {{BF16_ACT, LLAMA, NULL}, NULL, 1},
+        {{BF16_ACT, NULL}, "JDT_NORM_DY16=0", 0},
+        {{BF16_ACT, NULL}, "JDT_NORM_FOLDS=0", 0},
+        {{NULL}, NULL, 0},
+    };
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
+        jdt_step *s = plan_gpt(d, CASES[i].over, CASES[i].env);
+        ck_assert_msg(jdt_step_stats(s)->n_norm_dy16 == CASES[i].want,
+                      "case %d: %d norm backwards read a bf16 dy, want %d", i,
+                      jdt_step_stats(s)->n_norm_dy16, CASES[i].want);
+        jdt_step_free(s);
     }
     jdt_device_close(d);
 }
@@ -1148,12 +1187,21 @@ START_TEST(test_gpu_train_matches_cpu)
     bool bf16 = strstr(MODELS[_i].name, "bf16") != NULL;
     /* the parameters are compared where the device rounds where the CPU does: bf16 activations'
      * residual adds take the branch output unrounded on the device (passes.c
-     * fold_residual_gemms), so gpt2-bf16act turns that fold off and gpt2-bf16act-bias, which
-     * compares losses and gradient norms only, keeps it */
+     * fold_residual_gemms), and with bf16 compute the device stores the attention backward's
+     * dO and o and the norm backwards' dy as bf16 (fold_attention_dout16, fold_attention_o16,
+     * fold_norm_dy16: autocast's rounding points, not the CPU's), so the models comparing
+     * parameters turn those folds off; gpt2-bf16act-bias, which compares losses and gradient
+     * norms only, keeps them all */
     const bool params = !strstr(MODELS[_i].name, "-bias");
     if (params && strstr(MODELS[_i].name, "bf16act")) setenv("JDT_RESIDUAL_GEMM", "0", 1);
+    if (params && bf16) {
+        setenv("JDT_ATTENTION_DOUT16", "0", 1);
+        setenv("JDT_NORM_DY16", "0", 1);
+    }
     if (d) model_vs_cpu(_i, d, bf16 ? 5e-3 : 2e-3, params);
     unsetenv("JDT_RESIDUAL_GEMM");
+    unsetenv("JDT_ATTENTION_DOUT16");
+    unsetenv("JDT_NORM_DY16");
 }
 END_TEST
 
@@ -1423,6 +1471,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_nvrtc_train_steps, 0, N_MODELS);
     tcase_add_test(tc, test_nvrtc_pitched_logits);
     tcase_add_test(tc, test_nvrtc_attention_dout16);
+    tcase_add_test(tc, test_nvrtc_norm_dy16);
     tcase_add_test(tc, test_no_gpu_is_one_clear_error);
     suite_add_tcase(s, tc);
 #ifdef JDT_CUDA /* a CPU-only build has no GPU path to test (make test-cuda builds one) */

@@ -1014,6 +1014,55 @@ START_TEST(test_nccl_dead_peer)
 }
 END_TEST
 
+/* The _part norm backward on dy stored as bf16 (passes.c fold_norm_dy16, the _bg kernels)
+ * against the f32 kernel on a dy holding the same (rounded) values: dx, the partials, the
+ * output's sums and bf16 copy, bit for bit. */
+static void check_norm_dy16(jdt_cuk *k, bool rms, const float *g, const float *dxin,
+                            const float *dw, const float *dacc, bool sums, bool copy, int64_t N,
+                            int64_t C, int64_t P, float eps)
+{
+    const int64_t n = N * C, np = (sums ? 3 : 2) * P * C;
+    float *gr = malloc((size_t)n * 4);
+    uint16_t *g16 = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        g16[i] = jdt_rt_bf16_bits(g[i]);
+        gr[i] = jdt_rt_bf16_round(g[i]);
+    }
+    float *dgr = dev_from(gr, (size_t)n * 4);
+    uint16_t *dg16 = dev_from(g16, (size_t)n * 2);
+    float *out[2];
+    uint16_t *c16[2], *h16[2];
+    float *hout[2];
+    for (int b = 0; b < 2; b++) {
+        out[b] = dev_alloc((size_t)(n + np) * 4);
+        c16[b] = copy ? dev_alloc((size_t)n * 2) : NULL;
+        const void *dy = b ? (const void *)dg16 : (const void *)dgr;
+        float *pw = out[b] + n, *pb = pw + P * C, *pg = sums ? pb + P * C : NULL;
+        if (rms)
+            jdt_cuk_rms_normalize_bwd_part(k, dxin, dy, b, dw, dacc, out[b], pw, pb, pg, c16[b], N,
+                                           C, P, eps);
+        else
+            jdt_cuk_normalize_bwd_part(k, dxin, dy, b, dw, dacc, out[b], pw, pb, pg, c16[b], N, C,
+                                       P, eps);
+        hout[b] = dev_to_host(k, out[b], n + np);
+        h16[b] = malloc((size_t)n * 2);
+        if (copy)
+            ck_assert_int_eq(cudaMemcpy(h16[b], c16[b], (size_t)n * 2, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+    }
+    ck_assert_msg(memcmp(hout[0], hout[1], (size_t)(n + np) * 4) == 0,
+                  "%snorm_bwd_part N%lld C%lld P%lld: bf16 dy differs from an f32 dy of the same "
+                  "values",
+                  rms ? "rms_" : "", (long long)N, (long long)C, (long long)P);
+    ck_assert(!copy || memcmp(h16[0], h16[1], (size_t)n * 2) == 0);
+    for (int b = 0; b < 2; b++) {
+        free(hout[b]), free(h16[b]);
+        cudaFree(out[b]), cudaFree(c16[b]);
+    }
+    free(gr), free(g16);
+    cudaFree(dgr), cudaFree(dg16);
+}
+
 /* ---- row kernels -------------------------------------------------------------------------- */
 
 typedef enum { ROW_SOFTMAX, ROW_LOG_SOFTMAX, ROW_NORM, ROW_RMS } row_kind;
@@ -1118,11 +1167,13 @@ static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
                 float *pg = q > 0 ? dp + 2 * P * C : NULL;
                 uint16_t *d16 = q > 0 ? dev_alloc((size_t)n * 2) : NULL;
                 if (kind == ROW_NORM)
-                    jdt_cuk_normalize_bwd_part(k, dxin, dg, dw, dacc, ddx, dp, dp + P * C, pg, d16,
-                                               N, C, P, eps);
+                    jdt_cuk_normalize_bwd_part(k, dxin, dg, false, dw, dacc, ddx, dp, dp + P * C,
+                                               pg, d16, N, C, P, eps);
                 else
-                    jdt_cuk_rms_normalize_bwd_part(k, dxin, dg, dw, dacc, ddx, dp, dp + P * C, pg,
-                                                   d16, N, C, P, eps);
+                    jdt_cuk_rms_normalize_bwd_part(k, dxin, dg, false, dw, dacc, ddx, dp,
+                                                   dp + P * C, pg, d16, N, C, P, eps);
+                check_norm_dy16(k, kind == ROW_RMS, g, dxin, dw, dacc, pg != NULL, d16 != NULL, N,
+                                C, P, eps);
                 float *gp = dev_to_host(k, dp, 3 * P * C), *gdxp = dev_to_host(k, ddx, n);
                 snprintf(what, sizeof what, "%s_bwd_part(P %lld%s%s) N%lld C%lld", name,
                          (long long)P, acc ? ", acc" : "", pg ? ", out sums, bf16 copy" : "",

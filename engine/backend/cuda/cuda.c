@@ -1157,8 +1157,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         return JDT_OK;
     case JDT_OP_NORMALIZE_BWD:
         if (n->attrs.i[0] > 0) /* dx, then P rows of dw's and db's partials (passes.c) */
-            jdt_cuk_normalize_bwd_part(k, in[0], in[1], in[2], n->n_in > 3 ? in[3] : NULL, o,
-                                       (float *)o + N * C, (float *)o + (N + n->attrs.i[0]) * C,
+            jdt_cuk_normalize_bwd_part(k, in[0], in[1], c->nodes[n->in[1]].dtype == JDT_DTYPE_BF16,
+                                       in[2], n->n_in > 3 ? in[3] : NULL, o, (float *)o + N * C,
+                                       (float *)o + (N + n->attrs.i[0]) * C,
                                        norm_out_sums(n, o, N, C), co_ptr(p, n), N, C, n->attrs.i[0],
                                        eps);
         else
@@ -1173,10 +1174,11 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         return JDT_OK;
     case JDT_OP_RMS_NORMALIZE_BWD:
         if (n->attrs.i[0] > 0)
-            jdt_cuk_rms_normalize_bwd_part(k, in[0], in[1], in[2], n->n_in > 3 ? in[3] : NULL, o,
-                                           (float *)o + N * C, (float *)o + (N + n->attrs.i[0]) * C,
-                                           norm_out_sums(n, o, N, C), co_ptr(p, n), N, C,
-                                           n->attrs.i[0], eps);
+            jdt_cuk_rms_normalize_bwd_part(
+                k, in[0], in[1], c->nodes[n->in[1]].dtype == JDT_DTYPE_BF16, in[2],
+                n->n_in > 3 ? in[3] : NULL, o, (float *)o + N * C,
+                (float *)o + (N + n->attrs.i[0]) * C, norm_out_sums(n, o, N, C), co_ptr(p, n), N, C,
+                n->attrs.i[0], eps);
         else
             jdt_cuk_rms_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;

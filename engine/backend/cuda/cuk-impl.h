@@ -50,6 +50,8 @@ extern const int jdt_cuk_n_sources;
     X(RMS_NORMALIZE_AFFINE_BF16, "cuk_rows.cu", "cuk_rms_normalize_affine_bf16")                   \
     X(NORMALIZE_BWD_PART, "cuk_rows.cu", "cuk_normalize_bwd_part")                                 \
     X(RMS_NORMALIZE_BWD_PART, "cuk_rows.cu", "cuk_rms_normalize_bwd_part")                         \
+    X(NORMALIZE_BWD_PART_BG, "cuk_rows.cu", "cuk_normalize_bwd_part_bg")                           \
+    X(RMS_NORMALIZE_BWD_PART_BG, "cuk_rows.cu", "cuk_rms_normalize_bwd_part_bg")                   \
     X(GATHER, "cuk_misc.cu", "cuk_gather")                                                         \
     X(SCATTER_ADD, "cuk_misc.cu", "cuk_scatter_add")                                               \
     X(ROPE, "cuk_misc.cu", "cuk_rope")                                                             \

@@ -630,7 +630,7 @@ void jdt_cuk_normalize_affine(jdt_cuk *k, bool rms, const float *x, const float 
 #define NORM_PART_MAX 8 /* CUK_PART_MAX of cuk_rows.cu: columns per thread */
 _Static_assert(NORM_PART_MAX *ROW_THREADS_MAX == JDT_CUK_NORM_PART_MAX_C, "cuk.h's limit");
 
-static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const float *dy,
+static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const void *dy,
                              const float *w, const float *acc, float *dx, float *pw, float *pb,
                              float *pg, uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps)
 {
@@ -645,20 +645,23 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
     launch(k, ki, P, bd, 0, args);
 }
 
-void jdt_cuk_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
-                                const float *acc, float *dx, float *pw, float *pb, float *pg,
-                                uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps)
+void jdt_cuk_normalize_bwd_part(jdt_cuk *k, const float *x, const void *dy, bool dy_bf16,
+                                const float *w, const float *acc, float *dx, float *pw, float *pb,
+                                float *pg, uint16_t *dx16, int64_t N, int64_t C, int64_t P,
+                                float eps)
 {
-    norm_part_launch(k, JDT_CUK_K_NORMALIZE_BWD_PART, x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, P,
-                     eps);
+    norm_part_launch(k, dy_bf16 ? JDT_CUK_K_NORMALIZE_BWD_PART_BG : JDT_CUK_K_NORMALIZE_BWD_PART, x,
+                     dy, w, acc, dx, pw, pb, pg, dx16, N, C, P, eps);
 }
 
-void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const float *dy, const float *w,
-                                    const float *acc, float *dx, float *pw, float *pb, float *pg,
-                                    uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps)
+void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const void *dy, bool dy_bf16,
+                                    const float *w, const float *acc, float *dx, float *pw,
+                                    float *pb, float *pg, uint16_t *dx16, int64_t N, int64_t C,
+                                    int64_t P, float eps)
 {
-    norm_part_launch(k, JDT_CUK_K_RMS_NORMALIZE_BWD_PART, x, dy, w, acc, dx, pw, pb, pg, dx16, N, C,
-                     P, eps);
+    norm_part_launch(
+        k, dy_bf16 ? JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG : JDT_CUK_K_RMS_NORMALIZE_BWD_PART, x, dy,
+        w, acc, dx, pw, pb, pg, dx16, N, C, P, eps);
 }
 
 void jdt_cuk_gather(jdt_cuk *k, const float *table, const int32_t *idx, float *out, int64_t n,

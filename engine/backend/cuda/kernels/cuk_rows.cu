@@ -36,7 +36,8 @@ extern "C" __global__ void cuk_softmax_bwd(const float *y, const float *dy, floa
         float s = 0.0f;
         cuk_row_visit2(yr, gr, C, vec, [&](i64, float a, float g) { s += a * g; });
         s = cuk_block_sum(s, sh);
-        cuk_row_map2(yr, gr, dx + n * C, C, vec, [&](i64, float a, float g) { return a * (g - s); });
+        cuk_row_map2(yr, gr, dx + n * C, C, vec,
+                     [&](i64, float a, float g) { return a * (g - s); });
     }
 }
 
@@ -48,7 +49,8 @@ __device__ __forceinline__ void cuk_lse_fold4(float &m, float &s, float a, float
 {
     float mn = fmaxf(m, fmaxf(fmaxf(a, b), fmaxf(c, d)));
     float base = mn == CUK_NEG_INF ? 0.0f : mn;
-    s = s * expf(m - base) + ((expf(a - base) + expf(b - base)) + (expf(c - base) + expf(d - base)));
+    s = s * expf(m - base) +
+        ((expf(a - base) + expf(b - base)) + (expf(c - base) + expf(d - base)));
     m = mn;
 }
 
@@ -206,31 +208,35 @@ __device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const 
 
 extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *tgt,
                                                 const float *dloss, const float *loss,
-                                                float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
+                                                float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
+                                                int vec)
 {
     xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_bwd_b(const unsigned short *logits, const i32 *tgt,
                                                   const float *dloss, const float *loss,
-                                                  float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
+                                                  float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
+                                                  int vec)
 {
     xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
 /* The fused classifier: loss and dlogits = g * (softmax - onehot) in one pass over a row. */
 extern "C" __global__ void cuk_softmax_xent_fused(const float *logits, const i32 *tgt, float g,
-                                                  float *loss, float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
-                                                  int vec)
+                                                  float *loss, float *dlogits, i64 N, i64 V,
+                                                  i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd, vec);
+    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd,
+             vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_fused_b(const unsigned short *logits, const i32 *tgt,
                                                     float g, float *loss, float *dlogits, i64 N,
                                                     i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd, vec);
+    xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd,
+             vec);
 }
 
 /* The backward storing bf16 (bit patterns, rounded to nearest even): dlogits read only by bf16
@@ -238,9 +244,9 @@ extern "C" __global__ void cuk_softmax_xent_fused_b(const unsigned short *logits
  * values at a time and written 4 values (8 bytes) at a time (dlogits 8-byte aligned: the
  * launcher checks). */
 template <class T>
-__device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, const float *dloss,
-                                              float g, const float *loss, float *loss_out,
-                                              unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
+__device__ __forceinline__ void
+xent_bwd_bf16(const T *logits, const i32 *tgt, const float *dloss, float g, const float *loss,
+              float *loss_out, unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -278,15 +284,16 @@ __device__ __forceinline__ void xent_bwd_bf16(const T *logits, const i32 *tgt, c
 
 extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const i32 *tgt,
                                                      const float *dloss, const float *loss,
-                                                     unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
+                                                     unsigned short *dlogits, i64 N, i64 V, i64 ldx,
+                                                     i64 ldd, int vec)
 {
     xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_bwd_bf16_b(const unsigned short *logits, const i32 *tgt,
                                                        const float *dloss, const float *loss,
-                                                       unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
-                                                       int vec)
+                                                       unsigned short *dlogits, i64 N, i64 V,
+                                                       i64 ldx, i64 ldd, int vec)
 {
     xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
@@ -295,15 +302,17 @@ extern "C" __global__ void cuk_softmax_xent_fused_bf16(const float *logits, cons
                                                        float *loss, unsigned short *dlogits, i64 N,
                                                        i64 V, i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd, vec);
+    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd,
+                  vec);
 }
 
 extern "C" __global__ void cuk_softmax_xent_fused_bf16_b(const unsigned short *logits,
                                                          const i32 *tgt, float g, float *loss,
-                                                         unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
-                                                         int vec)
+                                                         unsigned short *dlogits, i64 N, i64 V,
+                                                         i64 ldx, i64 ldd, int vec)
 {
-    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd, vec);
+    xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd,
+                  vec);
 }
 
 /* Mean and 1/sqrt(var + eps) of a row (two passes: the centred second pass keeps the variance
@@ -335,7 +344,10 @@ extern "C" __global__ void cuk_normalize(const float *x, float *y, i64 N, i64 C,
  * NULL for none, stored as f32 or as bf16 bits rounded to nearest even (a value only bf16
  * GEMMs read, fuse.c mark_bf16_storage). xhat = (x - mean) * rstd, or x * rstd (rms): the
  * values the plain kernels store, so xhat is never written. */
-__device__ __forceinline__ void cuk_st(float *y, i64 i, float v) { y[i] = v; }
+__device__ __forceinline__ void cuk_st(float *y, i64 i, float v)
+{
+    y[i] = v;
+}
 __device__ __forceinline__ void cuk_st(unsigned short *y, i64 i, float v)
 {
     y[i] = cuk_bf16_bits(v);
@@ -369,16 +381,15 @@ extern "C" __global__ void cuk_normalize_affine(const float *x, const float *w, 
     norm_affine<false>(x, w, b, y, N, C, eps, vec);
 }
 
-extern "C" __global__ void cuk_normalize_affine_bf16(const float *x, const float *w,
-                                                     const float *b, unsigned short *y, i64 N,
-                                                     i64 C, float eps, int vec)
+extern "C" __global__ void cuk_normalize_affine_bf16(const float *x, const float *w, const float *b,
+                                                     unsigned short *y, i64 N, i64 C, float eps,
+                                                     int vec)
 {
     norm_affine<false>(x, w, b, y, N, C, eps, vec);
 }
 
-extern "C" __global__ void cuk_rms_normalize_affine(const float *x, const float *w,
-                                                    const float *b, float *y, i64 N, i64 C,
-                                                    float eps, int vec)
+extern "C" __global__ void cuk_rms_normalize_affine(const float *x, const float *w, const float *b,
+                                                    float *y, i64 N, i64 C, float eps, int vec)
 {
     norm_affine<true>(x, w, b, y, N, C, eps, vec);
 }
@@ -463,9 +474,9 @@ extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dy
  * (dx + acc) too (pg[p C + c]: the bias gradient of the linear layer whose input cotangent the
  * output is), with dx16 its bf16 copy (that layer's GEMMs' operand): passes.c
  * fold_norm_cotangents; no reduction or cast then reads the f32 output again. xhat = (x - mean)
- * * rstd, or x * rstd (rms). Thread t owns the columns t + i bd (i < CUK_PART_MAX; the launcher checks that C
- * fits): a row's x and dy are read once into registers, the next row's while this one's block
- * sums run, and the column sums stay in registers across the rows. */
+ * * rstd, or x * rstd (rms). Thread t owns the columns t + i bd (i < CUK_PART_MAX; the launcher
+ * checks that C fits): a row's x and dy are read once into registers, the next row's while this
+ * one's block sums run, and the column sums stay in registers across the rows. */
 #define CUK_PART_MAX 8
 
 /* Sums of a and b over the block, to every thread, in one exchange (two barriers, not four).
@@ -482,11 +493,10 @@ __device__ __forceinline__ float2 cuk_block_sum2(float a, float b, float *sh)
     b = lane < nw ? sh[32 + lane] : 0.0f;
     return make_float2(cuk_warp_sum(a), cuk_warp_sum(b));
 }
-template <bool RMS>
-__device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, const float *w,
-                                              const float *acc, float *dx, float *pw,
-                                              float *pb, float *pg, unsigned short *dx16, i64 N,
-                                              i64 C, float eps, i64 P)
+template <bool RMS, class TG>
+__device__ __forceinline__ void
+norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, float *dx, float *pw,
+              float *pb, float *pg, unsigned short *dx16, i64 N, i64 C, float eps, i64 P)
 {
     __shared__ float sh[64];
     const i64 R = (N + P - 1) / P, bd = blockDim.x;
@@ -500,7 +510,7 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
             const bool in = c < C && r0 < r1;
             aw[i] = ab[i] = ag[i] = 0.0f;
             xb[i] = in ? x[r0 * C + c] : 0.0f;
-            gb[i] = in ? dy[r0 * C + c] : 0.0f;
+            gb[i] = in ? cuk_ld(dy, r0 * C + c) : 0.0f;
         }
         for (i64 n = r0; n < r1; n++) {
             float s = 0.0f, mu = 0.0f, v = 0.0f, sg = 0.0f, sgx = 0.0f;
@@ -511,7 +521,7 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
                 xa[i] = xb[i], ga[i] = gb[i];
                 ac[i] = acc && c < C ? acc[n * C + c] : 0.0f; /* in flight during the sums */
                 xb[i] = in ? x[(n + 1) * C + c] : 0.0f; /* the next row, in flight meanwhile */
-                gb[i] = in ? dy[(n + 1) * C + c] : 0.0f;
+                gb[i] = in ? cuk_ld(dy, (n + 1) * C + c) : 0.0f;
                 s += RMS ? xa[i] * xa[i] : xa[i];
             }
             float r;
@@ -559,19 +569,16 @@ __device__ __forceinline__ void norm_bwd_part(const float *x, const float *dy, c
     }
 }
 
-extern "C" __global__ void cuk_normalize_bwd_part(const float *x, const float *dy, const float *w,
-                                                  const float *acc, float *dx, float *pw,
-                                                  float *pb, float *pg, unsigned short *dx16,
-                                                  i64 N, i64 C, float eps, i64 P)
-{
-    norm_bwd_part<false>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);
-}
-
-extern "C" __global__ void cuk_rms_normalize_bwd_part(const float *x, const float *dy,
-                                                      const float *w, const float *acc, float *dx,
-                                                      float *pw, float *pb, float *pg,
-                                                      unsigned short *dx16, i64 N, i64 C,
-                                                      float eps, i64 P)
-{
-    norm_bwd_part<true>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);
-}
+/* Entry points per norm and dy type: f32, or bf16 bit patterns (the _bg kernels: a GEMM
+ * stored dy as bf16, passes.c fold_norm_dy16), widened exactly as they load. */
+#define NORM_BWD_PART(NAME, RMS, TG)                                                               \
+    extern "C" __global__ void NAME(const float *x, const TG *dy, const float *w,                  \
+                                    const float *acc, float *dx, float *pw, float *pb, float *pg,  \
+                                    unsigned short *dx16, i64 N, i64 C, float eps, i64 P)          \
+    {                                                                                              \
+        norm_bwd_part<RMS>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);                     \
+    }
+NORM_BWD_PART(cuk_normalize_bwd_part, false, float)
+NORM_BWD_PART(cuk_rms_normalize_bwd_part, true, float)
+NORM_BWD_PART(cuk_normalize_bwd_part_bg, false, unsigned short)
+NORM_BWD_PART(cuk_rms_normalize_bwd_part_bg, true, unsigned short)
