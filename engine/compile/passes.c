@@ -1788,6 +1788,26 @@ static jdt_status fold_attention_lse(cprog *c, jdt_err *e)
     return folded ? order_inputs_first(c, e) : JDT_OK;
 }
 
+/* Node x (a builtin's input, read by it alone) leads through views read once to the product
+ * of a bf16-compute GEMM builtin, f32, with no bias, addend or GELU epilogue, read by nothing
+ * else? Then that GEMM stores it as bf16 (cuBLASLt's D type, nearest even) and it and its views
+ * become bf16 nodes: true. Else nothing changes: false. */
+static bool gemm_stores_bf16(cprog *c, const int *users, int x)
+{
+    if (users[x] != 1) return false;
+    const int mi = view_base(c, users, x);
+    const cnode *m = &c->nodes[mi];
+    if (m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN || !m->attrs.i[2] ||
+        m->dtype != JDT_DTYPE_F32 || m->n_in != 2 || m->attrs.i[3] || m->attrs.i[4] ||
+        m->attrs.i[5] || users[mi] != 1)
+        return false;
+    for (int v = x;; v = c->nodes[v].in[0]) { /* the product and its views */
+        c->nodes[v].dtype = JDT_DTYPE_BF16;
+        c->nodes[v].bf16 = true;
+        if (v == mi) return true;
+    }
+}
+
 /* The attention backward's dO comes from the output projection's backward GEMM, f32, and its
  * tensor-core kernels round it to bf16 for their products: the dQ kernel as it stages dO's
  * rows, also writing that bf16 copy to scratch for the dK/dV kernel. Where the device's kernels
@@ -1809,20 +1829,7 @@ static jdt_status fold_attention_dout16(cprog *c, jdt_err *e)
             c->nodes[bw->in[0]].dtype != JDT_DTYPE_BF16 || c->nodes[bw->in[0]].shape.ndim != 4 ||
             c->nodes[bw->in[0]].shape.dims[3] > c->attention_dout16_d)
             continue;
-        const int x = bw->in[4];
-        if (users[x] != 1) continue;
-        const int mi = view_base(c, users, x);
-        const cnode *m = &c->nodes[mi];
-        if (m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN || !m->attrs.i[2] ||
-            m->dtype != JDT_DTYPE_F32 || m->n_in != 2 || m->attrs.i[3] || m->attrs.i[4] ||
-            m->attrs.i[5] || users[mi] != 1)
-            continue;
-        for (int v = x;; v = c->nodes[v].in[0]) { /* the product and its views */
-            c->nodes[v].dtype = JDT_DTYPE_BF16;
-            c->nodes[v].bf16 = true;
-            if (v == mi) break;
-        }
-        c->stats.n_attention_dout16++;
+        if (gemm_stores_bf16(c, users, bw->in[4])) c->stats.n_attention_dout16++;
     }
     jdt_free(users);
     return JDT_OK;
@@ -1919,20 +1926,7 @@ static jdt_status fold_norm_dy16(cprog *c, jdt_err *e)
         if ((nb->op != JDT_OP_NORMALIZE_BWD && nb->op != JDT_OP_RMS_NORMALIZE_BWD) ||
             nb->kind != CK_BUILTIN || nb->attrs.i[0] <= 0 || nb->n_in < 2)
             continue;
-        const int x = nb->in[1];
-        if (users[x] != 1) continue;
-        const int mi = view_base(c, users, x);
-        const cnode *m = &c->nodes[mi];
-        if (m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN || !m->attrs.i[2] ||
-            m->dtype != JDT_DTYPE_F32 || m->n_in != 2 || m->attrs.i[3] || m->attrs.i[4] ||
-            m->attrs.i[5] || users[mi] != 1)
-            continue;
-        for (int v = x;; v = c->nodes[v].in[0]) { /* the product and its views */
-            c->nodes[v].dtype = JDT_DTYPE_BF16;
-            c->nodes[v].bf16 = true;
-            if (v == mi) break;
-        }
-        c->stats.n_norm_dy16++;
+        if (gemm_stores_bf16(c, users, nb->in[1])) c->stats.n_norm_dy16++;
     }
     jdt_free(users);
     return JDT_OK;

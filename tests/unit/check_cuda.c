@@ -863,30 +863,38 @@ static jdt_step *plan_gpt(jdt_device *d, const char *const *over, const char *en
 #define BF16_ACT "precision.compute=bf16", "precision.activations=bf16"
 #define LLAMA "model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu", "model.bias=false"
 
-/* bf16 dO (passes.c fold_attention_dout16): the output projection's backward GEMM stores dO as
- * bf16 for each layer's attention backward (here 2) exactly where the tensor-core kernels read
- * it so: bf16 compute with bf16 q, k, v (bf16 activations; Llama's q and k through RoPE too),
- * a head size up to 128; not in f32, not with f32 activations, not for heads of 136, not with
- * JDT_ATTENTION_DOUT16=0 or the FMA attention (JDT_CUK_ATTENTION=fma). With it, the backward
- * reads o's bf16 copy and the forward stores no f32 o (fold_attention_o16), unless
- * JDT_ATTENTION_O16=0 or the copy or the saved log-sum-exp it builds on is off. */
-START_TEST(test_nvrtc_attention_dout16)
+/* bf16 cotangents where autocast has them. dO (passes.c fold_attention_dout16): the output
+ * projection's backward GEMM stores it as bf16 for each layer's attention backward (here 2)
+ * exactly where the tensor-core kernels read it so: bf16 compute with bf16 q, k, v (bf16
+ * activations; Llama's q and k through RoPE too), a head size up to 128; not in f32, not with
+ * f32 activations, not for heads of 136, not with JDT_ATTENTION_DOUT16=0 or the FMA attention
+ * (JDT_CUK_ATTENTION=fma). With it, the backward reads o's bf16 copy and the forward stores no
+ * f32 o (fold_attention_o16), unless JDT_ATTENTION_O16=0 or the copy or the saved
+ * log-sum-exp it builds on is off. dy (fold_norm_dy16): a norm backward in its partial-sums
+ * form reads it as bf16 where one bf16-compute GEMM with nothing added computed it for it
+ * alone: GPT's ln2 of each layer (the fc's dX) and the final norm (the lm head's dX), 3 here,
+ * with bf16 or f32 activations; Llama's final norm only (its ln2's dy sums the gate's and the
+ * up projection's dX, its ln1's the q, k and v projections', in accumulating GEMMs); none in
+ * f32, with JDT_NORM_DY16=0 or without the partial-sums form (JDT_NORM_FOLDS=0). */
+START_TEST(test_nvrtc_bf16_cotangents)
 {
     static const struct {
         const char *over[7];
         const char *env; /* "VAR=value" set for this case, or NULL */
-        int want, want_o;
+        int dout, o, dy; /* the counts wanted */
     } CASES[] = {
-        {{BF16_ACT, NULL}, NULL, 2, 2},
-        {{BF16_ACT, LLAMA, NULL}, NULL, 2, 2},
-        {{BF16_ACT, NULL}, "JDT_ATTENTION_DOUT16=0", 0, 0},
-        {{BF16_ACT, NULL}, "JDT_ATTENTION_O16=0", 2, 0},
-        {{BF16_ACT, NULL}, "JDT_ATTENTION_LSE=0", 2, 0},
-        {{BF16_ACT, NULL}, "JDT_ATTENTION_COPY=0", 2, 0},
-        {{BF16_ACT, NULL}, "JDT_CUK_ATTENTION=fma", 0, 0},
-        {{BF16_ACT, "model.n_embd=272", "model.n_head=2", NULL}, NULL, 0, 0},
-        {{"precision.compute=bf16", NULL}, NULL, 0, 0},
-        {{NULL}, NULL, 0, 0},
+        {{BF16_ACT, NULL}, NULL, 2, 2, 3},
+        {{BF16_ACT, LLAMA, NULL}, NULL, 2, 2, 1},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_DOUT16=0", 0, 0, 3},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_O16=0", 2, 0, 3},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_LSE=0", 2, 0, 3},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_COPY=0", 2, 0, 3},
+        {{BF16_ACT, NULL}, "JDT_CUK_ATTENTION=fma", 0, 0, 3},
+        {{BF16_ACT, NULL}, "JDT_NORM_DY16=0", 2, 2, 0},
+        {{BF16_ACT, NULL}, "JDT_NORM_FOLDS=0", 2, 2, 0},
+        {{BF16_ACT, "model.n_embd=272", "model.n_head=2", NULL}, NULL, 0, 0, 3},
+        {{"precision.compute=bf16", NULL}, NULL, 0, 0, 3},
+        {{NULL}, NULL, 0, 0, 0},
     };
     jdt_device *d = NULL;
     jdt_err e;
@@ -895,46 +903,11 @@ START_TEST(test_nvrtc_attention_dout16)
     for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
         jdt_step *s = plan_gpt(d, CASES[i].over, CASES[i].env);
         const jdt_compile_stats *st = jdt_step_stats(s);
-        ck_assert_msg(
-            st->n_attention_dout16 == CASES[i].want && st->n_attention_o16 == CASES[i].want_o,
-            "case %d: %d attention backwards read a bf16 dO (want %d), %d its o's bf16 "
-            "copy (want %d)",
-            i, st->n_attention_dout16, CASES[i].want, st->n_attention_o16, CASES[i].want_o);
-        jdt_step_free(s);
-    }
-    jdt_device_close(d);
-}
-END_TEST
-
-/* bf16 dy (passes.c fold_norm_dy16): a norm backward in its partial-sums form reads dy stored
- * as bf16 where one bf16-compute GEMM with nothing added computed it for it alone: GPT's ln2 of
- * each layer (the fc's dX) and the final norm (the lm head's dX), 3 here, with bf16 or f32
- * activations; Llama's final norm only (its ln2's dy sums the gate's and the up projection's
- * dX, its ln1's the q, k and v projections', in accumulating GEMMs); none in f32, with
- * JDT_NORM_DY16=0 or without the partial-sums form (JDT_NORM_FOLDS=0). */
-START_TEST(test_nvrtc_norm_dy16)
-{
-    static const struct {
-        const char *over[7];
-        const char *env;
-        int want;
-    } CASES[] = {
-        {{BF16_ACT, NULL}, NULL, 3},
-        {{"precision.compute=bf16", NULL}, NULL, 3},
-        {{BF16_ACT, LLAMA, NULL}, NULL, 1},
-        {{BF16_ACT, NULL}, "JDT_NORM_DY16=0", 0},
-        {{BF16_ACT, NULL}, "JDT_NORM_FOLDS=0", 0},
-        {{NULL}, NULL, 0},
-    };
-    jdt_device *d = NULL;
-    jdt_err e;
-    jdt_err_clear(&e);
-    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
-    for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
-        jdt_step *s = plan_gpt(d, CASES[i].over, CASES[i].env);
-        ck_assert_msg(jdt_step_stats(s)->n_norm_dy16 == CASES[i].want,
-                      "case %d: %d norm backwards read a bf16 dy, want %d", i,
-                      jdt_step_stats(s)->n_norm_dy16, CASES[i].want);
+        ck_assert_msg(st->n_attention_dout16 == CASES[i].dout &&
+                          st->n_attention_o16 == CASES[i].o && st->n_norm_dy16 == CASES[i].dy,
+                      "case %d: bf16 dO %d (want %d), o %d (want %d), norm dy %d (want %d)", i,
+                      st->n_attention_dout16, CASES[i].dout, st->n_attention_o16, CASES[i].o,
+                      st->n_norm_dy16, CASES[i].dy);
         jdt_step_free(s);
     }
     jdt_device_close(d);
@@ -1470,8 +1443,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_nvrtc_op_graphs, 0, N_GRAPHS);
     tcase_add_loop_test(tc, test_nvrtc_train_steps, 0, N_MODELS);
     tcase_add_test(tc, test_nvrtc_pitched_logits);
-    tcase_add_test(tc, test_nvrtc_attention_dout16);
-    tcase_add_test(tc, test_nvrtc_norm_dy16);
+    tcase_add_test(tc, test_nvrtc_bf16_cotangents);
     tcase_add_test(tc, test_no_gpu_is_one_clear_error);
     suite_add_tcase(s, tc);
 #ifdef JDT_CUDA /* a CPU-only build has no GPU path to test (make test-cuda builds one) */

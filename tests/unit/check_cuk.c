@@ -217,6 +217,22 @@ static float *rand_floats(int64_t n, unsigned seed, float lo, float hi)
     return x;
 }
 
+/* x (n f32) on the device twice: as bf16 bit patterns (nearest even) in *d16 and as those
+ * values widened to f32 in *dr; when bits is not NULL it receives the patterns too. */
+static void dev_bf16_pair(const float *x, int64_t n, uint16_t **d16, float **dr, uint16_t *bits)
+{
+    uint16_t *h16 = malloc((size_t)(n ? n : 1) * 2);
+    float *hr = malloc((size_t)(n ? n : 1) * 4);
+    for (int64_t i = 0; i < n; i++) {
+        h16[i] = jdt_rt_bf16_bits(x[i]);
+        hr[i] = jdt_rt_bf16_round(x[i]);
+    }
+    if (bits) memcpy(bits, h16, (size_t)n * 2);
+    *d16 = dev_from(h16, (size_t)n * 2);
+    *dr = dev_from(hr, (size_t)n * 4);
+    free(h16), free(hr);
+}
+
 /* |got - want| <= atol + rtol |want| everywhere; NaN must match NaN. */
 static void expect_close(const char *what, const float *got, const float *want, int64_t n,
                          float atol, float rtol)
@@ -1022,14 +1038,9 @@ static void check_norm_dy16(jdt_cuk *k, bool rms, const float *g, const float *d
                             int64_t C, int64_t P, float eps)
 {
     const int64_t n = N * C, np = (sums ? 3 : 2) * P * C;
-    float *gr = malloc((size_t)n * 4);
-    uint16_t *g16 = malloc((size_t)n * 2);
-    for (int64_t i = 0; i < n; i++) {
-        g16[i] = jdt_rt_bf16_bits(g[i]);
-        gr[i] = jdt_rt_bf16_round(g[i]);
-    }
-    float *dgr = dev_from(gr, (size_t)n * 4);
-    uint16_t *dg16 = dev_from(g16, (size_t)n * 2);
+    float *dgr;
+    uint16_t *dg16;
+    dev_bf16_pair(g, n, &dg16, &dgr, NULL);
     float *out[2];
     uint16_t *c16[2], *h16[2];
     float *hout[2];
@@ -1059,7 +1070,6 @@ static void check_norm_dy16(jdt_cuk *k, bool rms, const float *g, const float *d
         free(hout[b]), free(h16[b]);
         cudaFree(out[b]), cudaFree(c16[b]);
     }
-    free(gr), free(g16);
     cudaFree(dgr), cudaFree(dg16);
 }
 
@@ -1740,15 +1750,9 @@ static void check_attention_dout16(jdt_cuk *k, const char *what, void *const *d1
 {
     const int64_t n = B * H * T * D, nr = B * H * T;
     float *t = (bthd >> 4 & 1u) ? to_bthd(go, B, H, T, D) : NULL;
-    const float *src = t ? t : go;
-    uint16_t *g16 = malloc((size_t)n * 2);
-    float *gr = malloc((size_t)n * 4);
-    for (int64_t j = 0; j < n; j++) {
-        g16[j] = jdt_rt_bf16_bits(src[j]);
-        gr[j] = jdt_rt_bf16_round(src[j]);
-    }
-    uint16_t *dg16 = dev_from(g16, (size_t)n * 2);
-    float *dgr = dev_from(gr, (size_t)n * 4), *dL = dev_alloc((size_t)nr * 4);
+    uint16_t *dg16;
+    float *dgr, *dL = dev_alloc((size_t)nr * 4);
+    dev_bf16_pair(t ? t : go, n, &dg16, &dgr, NULL);
     float *dA = dev_alloc((size_t)(3 * n) * 4), *dB = dev_alloc((size_t)(3 * n) * 4);
     float *dO = dev_alloc((size_t)n * 4);
     jdt_cuk_attention(k, d16[0], d16[1], d16[2], true, dO, NULL, false, dL, B, H, T, D, scale,
@@ -1771,14 +1775,11 @@ static void check_attention_dout16(jdt_cuk *k, const char *what, void *const *d1
     /* o as the forward's bf16 (B, T, H, D) copy too (fold_attention_o16: the _bgo kernels, o's
      * layout bit 3): bit for bit the _bg kernels on an f32 o of the same values in that layout;
      * a forward storing no o writes the same copy and log-sum-exp */
-    float *oh = dev_to_host(k, dO, n), *ot = to_bthd(oh, B, H, T, D);
-    uint16_t *o16 = malloc((size_t)n * 2), *c16 = malloc((size_t)n * 2);
-    for (int64_t j = 0; j < n; j++) {
-        o16[j] = jdt_rt_bf16_bits(ot[j]);
-        ot[j] = jdt_rt_bf16_round(ot[j]);
-    }
-    uint16_t *do16 = dev_from(o16, (size_t)n * 2), *dc16 = dev_alloc((size_t)n * 2);
-    float *dor = dev_from(ot, (size_t)n * 4), *dL2 = dev_alloc((size_t)nr * 4);
+    float *oh = dev_to_host(k, dO, n), *ot = to_bthd(oh, B, H, T, D), *dor;
+    uint16_t *o16 = malloc((size_t)n * 2), *c16 = malloc((size_t)n * 2), *do16;
+    dev_bf16_pair(ot, n, &do16, &dor, o16);
+    uint16_t *dc16 = dev_alloc((size_t)n * 2);
+    float *dL2 = dev_alloc((size_t)nr * 4);
     const unsigned bto = bthd | 8u;
     jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, dor, false, dg16, true, dL, dA, NULL, B,
                           H, T, D, scale, bto, bf16, dscr);
@@ -1806,7 +1807,7 @@ static void check_attention_dout16(jdt_cuk *k, const char *what, void *const *d1
                           H, T, D, scale, bto, bf16, dscr);
     ck_assert_int_eq(jdt_cuk_check(k, "bf16 o", true, &e), JDT_ERR_INTERNAL);
     ck_assert_ptr_nonnull(strstr(e.msg, "bf16 o needs"));
-    free(t), free(g16), free(gr), free(oh), free(ot), free(o16), free(c16), free(want), free(got);
+    free(t), free(oh), free(ot), free(o16), free(c16), free(want), free(got);
     free(L1), free(L2);
     cudaFree(dg16), cudaFree(dgr), cudaFree(dL), cudaFree(dA), cudaFree(dB), cudaFree(dO);
     cudaFree(do16), cudaFree(dc16), cudaFree(dor), cudaFree(dL2);
