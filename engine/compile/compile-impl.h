@@ -196,9 +196,12 @@ typedef struct cprog_ {
     /* the device's answer (vt attention_dout16_d), 0 with JDT_ATTENTION_DOUT16=0: the largest
      * head size whose attention backward reads a bf16 dO (fold_attention_dout16) */
     int64_t attention_dout16_d;
-    bool no_o16;    /* JDT_ATTENTION_O16=0: fold_attention_o16 off (dO still bf16) */
-    bool norm_dy16; /* bf16_builtins and norm_bwd_partials, unless JDT_NORM_DY16=0: the norm
-                       backwards' dy stored as bf16 by its GEMM (fold_norm_dy16) */
+    /* attention_dout16_d > 0, unless JDT_ATTENTION_O16=0: the backward reads o's bf16 copy,
+     * no f32 o stored (fold_attention_o16) */
+    bool attention_o16;
+    /* bf16_builtins and norm_bwd_partials, unless JDT_NORM_DY16=0: the norm backwards' dy
+     * stored as bf16 by its GEMM (fold_norm_dy16) */
+    bool norm_dy16;
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

@@ -2061,9 +2061,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         (st = fold_attention_cotangents(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && c->attention_lse && (st = fold_attention_lse(c, e)) != JDT_OK) goto out;
-    if (!c->opts.no_fuse && c->attention_dout16_d > 0 && !c->no_o16 &&
-        (st = fold_attention_o16(c, e)) != JDT_OK)
-        goto out;
+    if (!c->opts.no_fuse && c->attention_o16 && (st = fold_attention_o16(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->rope_bhtd && (st = fold_rope_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->norm_dy16 && (st = fold_norm_dy16(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = split_widenings(c, e)) != JDT_OK) goto out;

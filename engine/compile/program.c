@@ -292,7 +292,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->attention_dout16_d = p->dev->vt->attention_dout16_d && !env_off("JDT_ATTENTION_DOUT16")
                                 ? p->dev->vt->attention_dout16_d(p->dev)
                                 : 0;
-    c->no_o16 = env_off("JDT_ATTENTION_O16");
+    c->attention_o16 = c->attention_dout16_d > 0 && !env_off("JDT_ATTENTION_O16");
     c->norm_dy16 = c->bf16_builtins && c->norm_bwd_partials > 0 && !env_off("JDT_NORM_DY16");
     c->rope_bhtd = p->dev->vt->rope_bhtd;
     c->residual_gemm = c->gemm_accumulate && c->bf16_builtins && !env_off("JDT_RESIDUAL_GEMM");

@@ -1910,7 +1910,7 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     }
     check_attention_grads(k, what, d16, din, b2, B, H, T, D, scale, bthd, bf16, dscr);
     check_attention_lse(k, what, d16, din, q, kk, a2, b2, B, H, T, D, scale, bthd, bf16, dscr);
-    if (jdt_cuk_attention_dout16(jdt_cuk_arch(k), bf16, D, scale))
+    if (bf16 && scale > 0.0f && D <= jdt_cuk_attention_dout16_d(jdt_cuk_arch(k)))
         check_attention_dout16(k, what, d16, din, go, B, H, T, D, scale, bthd, bf16, dscr);
     free(h16), free(hr), free(a1), free(a2), free(b1), free(b2);
     for (int i = 0; i < 3; i++)

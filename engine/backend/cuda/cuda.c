@@ -1398,13 +1398,10 @@ fail:
 }
 
 /* vt attention_dout16_d: the tensor-core attention's head sizes on sm_80 and newer, unless
- * JDT_CUK_ATTENTION=fma (cuk.c jdt_cuk_attention_dout16 decides as the launcher will). */
+ * JDT_CUK_ATTENTION=fma (cuk.c decides as the launcher will). */
 static int64_t cuda_attention_dout16_d(const jdt_device *d)
 {
-    const cuda_dev *cd = d->impl;
-    return jdt_cuk_attention_dout16(cd->arch, true, JDT_CUK_ATT_TC_MAX_D, 1.0f)
-               ? JDT_CUK_ATT_TC_MAX_D
-               : 0;
+    return jdt_cuk_attention_dout16_d(((const cuda_dev *)d->impl)->arch);
 }
 
 static const jdt_backend_vt cuda_vt = {
@@ -1495,10 +1492,7 @@ typedef struct {
 
 static int64_t aot_attention_dout16_d(const jdt_device *d)
 {
-    const aot_dev *ad = d->impl;
-    return jdt_cuk_attention_dout16(ad->arch, true, JDT_CUK_ATT_TC_MAX_D, 1.0f)
-               ? JDT_CUK_ATT_TC_MAX_D
-               : 0;
+    return jdt_cuk_attention_dout16_d(((const aot_dev *)d->impl)->arch);
 }
 
 /* The builtin sources program c launches: the small ones always, each ATTENTION's as

@@ -920,9 +920,11 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
            ATT_THREADS, smem, args);
 }
 
-bool jdt_cuk_attention_dout16(int arch, bool bf16, int64_t D, float scale)
+int64_t jdt_cuk_attention_dout16_d(int arch)
 {
-    return scale > 0.0f && att_tc_class_for(arch, att_fma_forced(), bf16, D) >= 0;
+    return att_tc_class_for(arch, att_fma_forced(), true, JDT_CUK_ATT_TC_MAX_D) >= 0
+               ? JDT_CUK_ATT_TC_MAX_D
+               : 0;
 }
 
 void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,

@@ -325,13 +325,13 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                            const float *lse, float *dqkv, const jdt_cuk_att_grads *g, int64_t B,
                            int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
                            void *scratch);
-/* Whether jdt_cuk_attention_bwd takes dout (dout_bf16) and then also o (o_bf16) as bf16 bit
- * patterns, and jdt_cuk_attention stores no o (o NULL, its copy o2 only), on a GPU of compute
- * capability arch for head size D, bf16 compute and this scale: on the tensor-core kernels,
- * with bf16 q, k, v (the _bg and _bgo kernels: the products read those bits as they are,
- * delta = dO . O sums the widened values). Elsewhere those record ERR_INTERNAL for
- * jdt_cuk_check. */
-bool jdt_cuk_attention_dout16(int arch, bool bf16, int64_t D, float scale);
+/* The largest head size for which, on a GPU of compute capability arch, jdt_cuk_attention_bwd
+ * takes dout (dout_bf16) and then also o (o_bf16) as bf16 bit patterns and jdt_cuk_attention
+ * stores no o (o NULL, its copy o2 only), given bf16 compute, bf16 q, k, v and a scale > 0:
+ * the tensor-core kernels' (the _bg and _bgo kernels: the products read those bits as they
+ * are, delta = dO . O sums the widened values); 0 where they do not serve (before sm_80,
+ * JDT_CUK_ATTENTION=fma). Elsewhere those record ERR_INTERNAL for jdt_cuk_check. */
+int64_t jdt_cuk_attention_dout16_d(int arch);
 
 /* ---- NCCL collectives --------------------------------------------------------------------- */
 

@@ -580,7 +580,7 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const TO *o, const 
         i64 i0 = qb * TC_BR + w * 16 + g;
         unsigned qa[DM / 16][4], ga[DM / 16][4];
         tc_rows_a<DM>(qa, ga, sm, q, 0, dout, 4, bthd, b, h, qb * TC_BR, H, T, D);
-        if (sizeof(TG) == sizeof(float)) {
+        if constexpr (sizeof(TG) == sizeof(float)) {
             /* dO's rows as the bf16 tiles stage them (zeros past D), row stride DM, into g16
              * for the dK/dV kernel, which then copies its dO tiles as they are (cp.async) */
             constexpr int Q8 = DM / 8;
