@@ -175,9 +175,11 @@ test: deps
 	@$(MAKE) --no-print-directory all tests-build
 	@if [ "$(CUDA)" != 1 ] && [ -n "$(CUDA_FOUND)" ]; then \
 	    $(MAKE) --no-print-directory CUDA=1 build-cuda/jdt-train-emu; fi
-	@st=0; bash tests/run-all.sh $(BUILD) || st=1; \
+	@st=0; sum=$$(mktemp /tmp/jdt-test-summary.XXXXXX); \
+	JDT_TEST_SUMMARY=$$sum bash tests/run-all.sh $(BUILD) || st=1; \
 	if [ "$(CUDA)" != 1 ] && [ -n "$(CUDA_FOUND)" ]; then \
-	    $(MAKE) --no-print-directory test-cuda || st=1; fi; exit $$st
+	    JDT_TEST_SUMMARY=$$sum $(MAKE) --no-print-directory test-cuda || st=1; fi; \
+	echo "== make test: $$([ $$st = 0 ] && echo passed || echo FAILED)"; cat $$sum; rm -f $$sum; exit $$st
 
 # The CUDA suites (tests/run-cuda.sh, two queues side by side): NVRTC and host-side checks, then
 # their GPU test cases on the host CUDA emulator (tests/infra/cudaemu; the *-emu binaries;

@@ -10,6 +10,9 @@
 # up what they need themselves (tests/infra/ fixtures, docs/testing.md); after each one,
 # tests/infra/teardown.sh stops any fixture still up under its $JDT_TMP (a test that leaked one
 # fails). Under CI=true a test whose fixture cannot run fails instead of skipping.
+# With JDT_TEST_SUMMARY=FILE it also appends the closing line and, for each failure, its name
+# and the last lines it printed to FILE (`make test` prints FILE again after the CUDA suites, so
+# that the end of a CI log names what failed).
 set -uo pipefail
 BUILD=${1:-build}
 WHAT=${2:-all}
@@ -19,6 +22,7 @@ export JDT_ROOT="$ROOT"
 # the test binaries on the OpenBLAS kernels jdt-train runs on
 . "$ROOT/tests/infra/blas-env.sh"
 pass=0; fail=0; skip=0; failed=()
+details="" # the failures' names and last lines, for $JDT_TEST_SUMMARY
 
 if [ "$WHAT" = all ] || [ "$WHAT" = unit ]; then
   for t in "$ROOT/$BUILD"/tests/check_*; do
@@ -33,6 +37,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = unit ]; then
     s=$(echo "$out" | grep -c '^SKIP' || true)
     if [ $rc -ne 0 ] || [ -z "$line" ]; then
       echo "unit $name: FAILED (exit $rc)"; echo "$out" | tail -20
+      details+="unit $name: FAILED (exit $rc)"$'\n'"$( (echo "$out" | grep -E ':[EF]:'; echo "$out" | tail -5) | head -12 | sed 's/^/    /')"$'\n'
       failed+=("unit:$name")
       [ -z "$line" ] && f=$((f + 1))
     fi
@@ -71,8 +76,10 @@ report_e2e() {
     0)  echo "e2e $name: ok (${secs}s)"; pass=$((pass + 1));;
     77) echo "e2e $name: SKIP: $(echo "$out" | grep -m1 -i 'skip' || echo "$out" | tail -1)"; skip=$((skip + 1));;
     99) echo "e2e $name: FAILED (passed, but left fixtures up; stopped them)"; sed 's/^/    /' "$RES/$name.td"
+        details+="e2e $name: FAILED (passed, but left fixtures up)"$'\n'
         fail=$((fail + 1)); failed+=("e2e:$name");;
     *)  echo "e2e $name: FAILED (exit $rc, ${secs}s)"; echo "$out" | tail -30 | sed 's/^/    /'
+        details+="e2e $name: FAILED (exit $rc, ${secs}s)"$'\n'"$(echo "$out" | tail -12 | sed 's/^/    /')"$'\n'
         fail=$((fail + 1)); failed+=("e2e:$name");;
   esac
 }
@@ -113,4 +120,7 @@ fi
 
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "$pass passed, $fail failed, $skip skipped"
+if [ -n "${JDT_TEST_SUMMARY:-}" ]; then
+  { printf '%s' "$details"; echo "tests/run-all.sh: $pass passed, $fail failed, $skip skipped"; } >>"$JDT_TEST_SUMMARY"
+fi
 [ $fail -eq 0 ]

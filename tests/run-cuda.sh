@@ -10,7 +10,9 @@
 # (MALLOC_PERTURB_ fills freed memory: a use after free of deferred work crashes every time; the
 # forward thread order is tests/e2e/cuda_emu.sh's.) None of these races a clock: check_cuk's
 # dead-peer case allows its forked peer seconds, not milliseconds. Each suite's output is kept
-# and printed whole, A's then B's, with one line per suite; exits non-zero if any failed.
+# and printed whole, A's then B's, with one line per suite; exits non-zero if any failed. With
+# JDT_TEST_SUMMARY=FILE it appends each failed suite's line and last lines, and a closing line, to
+# FILE (run-all.sh's).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-build}
@@ -56,7 +58,11 @@ for name in check_cuk check_cuk-emu cuda_backend check_cuda check_cuda-emu; do
   cat "$LOGS/$name.log"
   if [ "$rc" -eq 0 ]; then echo "cuda $name: ok (${secs}s)"; else
     echo "cuda $name: FAILED (exit $rc, ${secs}s)"; failed+=("$name")
+    [ -n "${JDT_TEST_SUMMARY:-}" ] && { echo "cuda $name: FAILED (exit $rc, ${secs}s)"
+      (grep -E ':[EF]:' "$LOGS/$name.log"; tail -5 "$LOGS/$name.log") | head -12 | sed 's/^/    /'; } >>"$JDT_TEST_SUMMARY"
   fi
 done
+[ -n "${JDT_TEST_SUMMARY:-}" ] &&
+  echo "tests/run-cuda.sh: $((5 - ${#failed[@]})) of 5 CUDA suites passed" >>"$JDT_TEST_SUMMARY"
 rm -rf "$LOGS"
 [ ${#failed[@]} -eq 0 ] || { echo "cuda suites failed: ${failed[*]}"; exit 1; }
