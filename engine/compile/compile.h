@@ -245,7 +245,8 @@ char *jdt_program_summary(const jdt_program *p, char *buf, size_t n);
 
 /* With opts.profile: writes the accumulated time per kind of step over all runs so far (fused
  * kernels by their root op, builtins by op, update copies), largest first, one per line with
- * its share, into buf; returns buf. Without profiling it says so. */
+ * its share, then the GEMMs (MATMUL builtins) grouped by shape and form, the 16 that take
+ * longest, into buf; returns buf. Without profiling it says so. */
 char *jdt_program_profile(const jdt_program *p, char *buf, size_t n);
 
 /* Frees the program (closes the shared object). NULL is a no-op. */

@@ -423,6 +423,102 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
     return JDT_OK;
 }
 
+/* One row of the profile's GEMM table: the MATMUL steps of one shape and form. */
+typedef struct {
+    int64_t batch, m, n, k;
+    unsigned form; /* GEMM_* bits */
+    int count;
+    double t, flops;
+} gemm_row;
+enum {
+    GEMM_TA = 1,      /* a transposed (attrs i[0]) */
+    GEMM_TB = 2,      /* b transposed (i[1]) */
+    GEMM_BF16 = 4,    /* bf16 compute (i[2]) */
+    GEMM_OUT16 = 8,   /* the product stored as bf16 */
+    GEMM_BIAS = 16,   /* a bias epilogue (cnode_mm_bias) */
+    GEMM_ACC = 32,    /* added to a tensor (i[3], beta 1) */
+    GEMM_GELU = 64,   /* GELU epilogue (i[4]) */
+    GEMM_DGELU = 128, /* GELU backward epilogue (i[5]) */
+};
+
+static gemm_row gemm_key(const cprog *c, const cnode *n)
+{
+    const cnode *a = &c->nodes[n->in[0]];
+    const int nd = n->shape.ndim, na = a->shape.ndim;
+    gemm_row r = {.batch = 1, .m = cnode_mm_rows(n), .n = n->shape.dims[nd - 1]};
+    for (int d = 0; d < nd - 2; d++)
+        r.batch *= n->shape.dims[d];
+    r.k = n->attrs.i[0] ? a->shape.dims[na - 2] : a->shape.dims[na - 1];
+    r.form = (n->attrs.i[0] ? GEMM_TA : 0u) | (n->attrs.i[1] ? GEMM_TB : 0u) |
+             (n->attrs.i[2] ? GEMM_BF16 : 0u) |
+             (n->bf16 || n->dtype == JDT_DTYPE_BF16 ? GEMM_OUT16 : 0u) |
+             (cnode_mm_bias(n) >= 0 ? GEMM_BIAS : 0u) | (n->attrs.i[3] ? GEMM_ACC : 0u) |
+             (n->attrs.i[4] ? GEMM_GELU : 0u) | (n->attrs.i[5] ? GEMM_DGELU : 0u);
+    return r;
+}
+
+/* The profile's GEMM table: the MATMUL builtin steps grouped by shape (batch, M x N x K) and
+ * form (transposes, compute type, stored type, epilogue), the `most` that took longest, each
+ * with its share of the run, time per run, count and FLOP rate. On a GPU, where the GEMMs are
+ * the library's, a shape far below the others' rate is one its algorithm serves badly (or one
+ * too small to fill the device). Appends to buf at *off. */
+static void profile_gemms(const jdt_program *p, double total, int most, char *buf, size_t n,
+                          size_t *off)
+{
+    const cprog *c = &p->c;
+    gemm_row *rows = jdt_calloc((size_t)c->n_steps + 1, sizeof *rows);
+    int nr = 0;
+    if (!rows) return;
+    for (int s = 0; s < c->n_steps; s++) {
+        const cstep *sp = &c->steps[s];
+        if (sp->kind != STEP_BUILTIN || c->nodes[sp->node].op != JDT_OP_MATMUL) continue;
+        const cnode *nd = &c->nodes[sp->node];
+        gemm_row key = gemm_key(c, nd);
+        int r = 0;
+        while (r < nr && !(rows[r].batch == key.batch && rows[r].m == key.m && rows[r].n == key.n &&
+                           rows[r].k == key.k && rows[r].form == key.form))
+            r++;
+        if (r == nr) rows[nr++] = key;
+        double sb, sf;
+        step_cost(c, sp, &sb, &sf);
+        rows[r].count++;
+        rows[r].t += p->step_s[s];
+        rows[r].flops += sf;
+    }
+    if (nr > 0 && *off < n)
+        *off +=
+            (size_t)snprintf(buf + *off, n - *off,
+                             "GEMMs by shape (%d shapes; the %d that take longest: [batch x] M x "
+                             "N x K, a/b transposed, compute, epilogue):\n",
+                             nr, nr < most ? nr : most);
+    for (int shown = 0; shown < most && *off < n; shown++) {
+        int best = -1;
+        for (int r = 0; r < nr; r++)
+            if (rows[r].count > 0 && (best < 0 || rows[r].t > rows[best].t)) best = r;
+        if (best < 0) break;
+        const gemm_row *g = &rows[best];
+        const double per_s = g->t > 0 ? p->n_runs / g->t : 0.0;
+        char dims[96];
+        if (g->batch > 1)
+            snprintf(dims, sizeof dims, "%lld x %lld x %lld x %lld", (long long)g->batch,
+                     (long long)g->m, (long long)g->n, (long long)g->k);
+        else
+            snprintf(dims, sizeof dims, "%lld x %lld x %lld", (long long)g->m, (long long)g->n,
+                     (long long)g->k);
+        *off += (size_t)snprintf(
+            buf + *off, n - *off,
+            "  %5.1f%%  %9.3f ms  %4d x  %9.3g TFLOP/s  %s %c%c %s%s%s%s%s%s\n",
+            total > 0 ? 100.0 * g->t / total : 0.0, g->t * 1e3 / p->n_runs, g->count,
+            g->flops * per_s / 1e12, dims, g->form & GEMM_TA ? 't' : 'n',
+            g->form & GEMM_TB ? 't' : 'n', g->form & GEMM_BF16 ? "bf16" : "f32",
+            g->form & GEMM_OUT16 ? " ->bf16" : "", g->form & GEMM_BIAS ? " +bias" : "",
+            g->form & GEMM_ACC ? " +C" : "", g->form & GEMM_GELU ? " gelu" : "",
+            g->form & GEMM_DGELU ? " dgelu" : "");
+        rows[best].count = 0;
+    }
+    jdt_free(rows);
+}
+
 char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
 {
     const cprog *c = &p->c;
@@ -482,6 +578,7 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
             best >= MERGED ? "" : part[cls]);
         count[best] = 0;
     }
+    profile_gemms(p, total, 16, buf, n, &off);
     return buf;
 }
 

@@ -16,8 +16,10 @@
 #   5 peers    the same model and batch in PyTorch (torch.compile) and JAX (jax.jit), ratios
 #              (scripts/bench/gpt_peer_gpu.py)
 #   4p profile stage 4's run again for 5 steps with run.profile: the time per kind of kernel
-#              (GEMM, attention, norms, fused groups, collectives) of 3 steps, where the next
-#              optimisation should go (every step is synchronised: its tok/s are not stage 4's);
+#              (GEMM, attention, norms, fused groups, collectives) of 3 steps, then the GEMMs by
+#              shape with each shape's TFLOP/s (a cuBLASLt algorithm that serves one badly), where
+#              the next optimisation should go (every step is synchronised: its tok/s are not
+#              stage 4's);
 #              then PyTorch's fused attention (SDPA: flash, cuDNN, memory-efficient) alone at the
 #              same shape, TFLOP/s as the profile counts them (scripts/bench/attention_peer_gpu.py)
 #   6 multi    with 2+ GPUs only: tiny on 2 GPUs (mesh.data=2, then mesh.fsdp=2: NCCL all-reduce,
@@ -331,7 +333,7 @@ say "stage 4p gpt2-124m profile: time per kind of kernel over 3 steps (run.profi
 gpt_args "$OUT/gpt2-prof"
 (cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 run.profile=true run.profile_steps=3 \
    >"$OUT/gpt2-prof.log" 2>&1); rc=$?
-sed -n '/profile of the compiled step/,/^[^ 0-9]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -45 | tee -a "$SUMMARY"
+sed -n '/profile of the compiled step/,/^[^ 0-9G]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -62 | tee -a "$SUMMARY"
 say "stage 4p exit $rc"
 # PyTorch's fused attention alone at the same shape, TFLOP/s counted as the profile's attention
 # and attention_bwd rows count them: is our attention where the step loses?

@@ -391,6 +391,23 @@ START_TEST(test_train_step_updates)
         sscanf(line, " %lf%% %lf ms %d x %lf GB/s %lf TFLOP/s", &pct, &ms, &cnt, &gbs, &tfs) == 5,
         "%s", prof);
     ck_assert_msg(gbs > 0 && tfs > 0 && cnt > 0, "%s", prof);
+    /* the GEMM table: every matmul step once, under its shape (M x N x K) and transposes */
+    const char *gt = strstr(prof, "GEMMs by shape");
+    ck_assert_msg(gt, "%s", prof);
+    static const char *const shapes[] = {"8 x 16 x 12 nn", "8 x 5 x 16 nn", "8 x 16 x 5 nt",
+                                         "16 x 5 x 8 tn", "12 x 16 x 8 tn"};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        ck_assert_msg(strstr(gt, shapes[i]), "no GEMM row '%s' in\n%s", shapes[i], gt);
+    int gemms = 0, rows = 0;
+    for (const char *l = strchr(gt, '\n'); l && l[1]; l = strchr(l + 1, '\n')) {
+        double gp, gms, gtf;
+        int gc;
+        if (sscanf(l + 1, " %lf%% %lf ms %d x %lf TFLOP/s", &gp, &gms, &gc, &gtf) != 4) break;
+        ck_assert_msg(gtf > 0 && gc > 0, "%s", gt);
+        gemms += gc;
+        rows++;
+    }
+    ck_assert_msg(rows == 5 && gemms == cnt, "%d rows, %d GEMMs of %d:\n%s", rows, gemms, cnt, gt);
     jdt_program_free(p);
     fx_free(&f);
 }
