@@ -96,6 +96,12 @@ typedef struct {
     jdt_status (*finish)(void *state, jdt_err *e);
     /* Waits for every queued step (timing a step on an asynchronous device). */
     jdt_status (*sync)(void *state, jdt_err *e);
+    /* Step timing on the device's own clock, without a wait per step (NULL: the steps are
+     * timed on the host, each followed by sync). mark(state, i) queues mark i (0 <= i <=
+     * c->n_steps + 1) behind everything queued so far; after a sync, mark_times(state, n, sec)
+     * writes the seconds between mark i and mark i + 1 for i < n, each mark recorded since. */
+    jdt_status (*mark)(void *state, int i, jdt_err *e);
+    jdt_status (*mark_times)(void *state, int n, double *sec, jdt_err *e);
     /* Copies n_bytes of node's value to host memory dst (after finish). */
     jdt_status (*read)(void *state, int node, void *dst, size_t n_bytes, jdt_err *e);
     /* Host address of node's value, or NULL when the value lives in device memory. */

@@ -23,6 +23,8 @@ struct jdt_program {
     double *step_s;        /* (n_steps + 1) accumulated seconds per step (profile), last:
                               update copies */
     char (*step_name)[40]; /* (n_steps) trace names, only with opts.trace */
+    double *mark_s;        /* (n_steps + 1) one run's seconds per step by the device's marks
+                              (vt->mark), when it has them and the run is timed */
     int n_runs;
 };
 
@@ -341,6 +343,11 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
         goto fail;
     }
+    if ((c->opts.profile || c->opts.trace) && p->dev->vt->mark &&
+        !(p->mark_s = jdt_calloc((size_t)c->n_steps + 1, sizeof(double)))) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
+        goto fail;
+    }
     if (c->opts.trace) {
         if (!(p->step_name = jdt_calloc((size_t)c->n_steps + 1, sizeof *p->step_name))) {
             st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: trace names");
@@ -387,6 +394,41 @@ jdt_status jdt_compile_check_arena(int64_t n_bytes, jdt_err *e)
                        (double)n_bytes / 1048576.0, (double)mem_avail / 1048576.0, mem_src);
 }
 
+/* A timed run on a device with its own clock (vt->mark): a mark behind each step, one wait
+ * at the start (the trace's origin) and one at the end, then each step's seconds from the
+ * marks. The device's queue stays full, as in an untimed run, so the steps' times add up to
+ * the run's and are the device's, not the host's launch-and-wait round trips. */
+static jdt_status run_marked(jdt_program *p, jdt_err *e)
+{
+    cprog *c = &p->c;
+    const jdt_backend_vt *vt = p->dev->vt;
+    jdt_status st;
+    const int n = c->n_steps;
+    if ((st = vt->sync(p->state, e)) != JDT_OK) return st;
+    const double t0 = jdt_now_s();
+    if ((st = vt->mark(p->state, 0, e)) != JDT_OK) return st;
+    for (int s = 0; s < n; s++) {
+        if ((st = vt->step(p->state, s, e)) != JDT_OK ||
+            (st = vt->mark(p->state, s + 1, e)) != JDT_OK)
+            return jdt_err_prefix(e, "step %d", s);
+    }
+    if ((st = vt->finish(p->state, e)) != JDT_OK || (st = vt->mark(p->state, n + 1, e)) != JDT_OK ||
+        (st = vt->sync(p->state, e)) != JDT_OK ||
+        (st = vt->mark_times(p->state, n + 1, p->mark_s, e)) != JDT_OK)
+        return st;
+    double t = t0;
+    for (int s = 0; s <= n; s++) {
+        if (p->step_s) p->step_s[s] += p->mark_s[s];
+        const bool show = s < n || c->stats.n_update_copies > 0;
+        if (c->opts.trace && show)
+            c->opts.trace(c->opts.trace_ctx, s < n ? p->step_name[s] : "update", t,
+                          t + p->mark_s[s]);
+        t += p->mark_s[s];
+    }
+    if (p->step_s) p->n_runs++;
+    return JDT_OK;
+}
+
 jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
 {
     cprog *c = &p->c;
@@ -398,6 +440,7 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
                            "run: the program was planned only (opts.plan_only)");
     if ((st = vt->begin(p->state, e)) != JDT_OK) return st;
     bool timed = p->step_s || c->opts.trace;
+    if (timed && p->mark_s) return run_marked(p, e);
     for (int s = 0; s < c->n_steps; s++) {
         double t0 = timed ? jdt_now_s() : 0.0;
         if ((st = vt->step(p->state, s, e)) != JDT_OK) return jdt_err_prefix(e, "step %d", s);
@@ -661,6 +704,7 @@ void jdt_program_free(jdt_program *p)
     jdt_free(c->colls);
     if (p->state) p->dev->vt->release(p->state);
     jdt_free(p->step_s);
+    jdt_free(p->mark_s);
     jdt_free(p->step_name);
     jdt_interp_free(p->interp);
     jdt_free(p);

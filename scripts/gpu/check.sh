@@ -18,8 +18,8 @@
 #   4p profile stage 4's run again for 5 steps with run.profile: the time per kind of kernel
 #              (GEMM, attention, norms, fused groups, collectives) of 3 steps, then the GEMMs by
 #              shape with each shape's TFLOP/s (a cuBLASLt algorithm that serves one badly), where
-#              the next optimisation should go (every step is synchronised: its tok/s are not
-#              stage 4's);
+#              the next optimisation should go (each step timed by a CUDA event behind it, one
+#              wait per run: its tok/s should be near stage 4's);
 #              then PyTorch's fused attention (SDPA: flash, cuDNN, memory-efficient) alone at the
 #              same shape, TFLOP/s as the profile counts them (scripts/bench/attention_peer_gpu.py)
 #   6 multi    with 2+ GPUs only: tiny on 2 GPUs (mesh.data=2, then mesh.fsdp=2: NCCL all-reduce,
@@ -329,7 +329,7 @@ print("%s %s: %.0f tok/s, MFU %.1f%%%s" % (fw, d["dtype"], t, 100 * d["mfu"], r)
 done
 # ---- 4p: where stage 4's step spends its time ----------------------------------------------------
 if want 4p; then
-say "stage 4p gpt2-124m profile: time per kind of kernel over 3 steps (run.profile: each step synchronised)"
+say "stage 4p gpt2-124m profile: time per kind of kernel over 3 steps (run.profile: an event behind each step)"
 gpt_args "$OUT/gpt2-prof"
 (cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 run.profile=true run.profile_steps=3 \
    >"$OUT/gpt2-prof.log" 2>&1); rc=$?

@@ -1041,6 +1041,92 @@ START_TEST(test_gpu_merged_launches_bitwise)
 }
 END_TEST
 
+/* The steps' spans a profiled run reports (jdt_compile_opts.trace). */
+typedef struct {
+    int n;           /* spans so far */
+    double last_end; /* where the last span of this run ended */
+    bool fresh;      /* no span of this run yet */
+    bool ordered;    /* each span ends at or after its start, the next starts where it ended */
+} spans;
+static void span_hook(void *ctx, const char *name, double t0, double t1)
+{
+    spans *sp = ctx;
+    if (t1 < t0 || (!sp->fresh && t0 != sp->last_end)) sp->ordered = false;
+    sp->fresh = false;
+    sp->last_end = t1;
+    sp->n++;
+}
+
+/* A profiled run on the GPU times its steps by events behind each step (the backend's marks),
+ * without a wait per step: the spans are back to back (each starts where the last ended, by
+ * the device's clock), the profile's kinds add up to its time per run, and the outputs are
+ * those of an unprofiled run bit for bit. */
+START_TEST(test_gpu_profile_marks)
+{
+    jdt_device *d = gpu_or_skip("profile marks");
+    if (!d) return;
+    int i = 0;
+    while (strcmp(GRAPHS[i].name, "builtins") != 0)
+        i++;
+    fx f;
+    fx_init(&f);
+    GRAPHS[i].build(&f);
+    fx_fill(&f, 3);
+    fx_bind(&f, true);
+    jdt_err e;
+    jdt_err_clear(&e);
+    spans sp = {.fresh = true, .ordered = true};
+    jdt_program *p[2] = {NULL, NULL};
+    for (int m = 0; m < 2; m++) {
+        jdt_compile_opts o;
+        fx_opts(&f, &o);
+        o.device = d;
+        o.profile = m == 1;
+        o.trace = m == 1 ? span_hook : NULL;
+        o.trace_ctx = &sp;
+        ck_assert_msg(jdt_program_compile(f.g, &o, &p[m], &e) == JDT_OK, "compile: %s", e.msg);
+    }
+    int per_run = -1;
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(jdt_program_run(p[0], &e) == JDT_OK, "run: %s", e.msg);
+        const int n0 = sp.n;
+        ck_assert_msg(jdt_program_run(p[1], &e) == JDT_OK, "profiled run: %s", e.msg);
+        ck_assert_int_gt(sp.n - n0, 0);
+        if (per_run < 0) per_run = sp.n - n0;
+        ck_assert_int_eq(sp.n - n0, per_run);
+        for (int k = 0; k < jdt_graph_n_outputs(f.g); k++) {
+            jdt_tensor *t = jdt_graph_output(f.g, k);
+            size_t nb = (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype);
+            unsigned char *a = malloc(nb + 8), *b = malloc(nb + 8);
+            ck_assert_msg(jdt_program_read_output(p[0], k, a, nb, &e) == JDT_OK, "%s", e.msg);
+            ck_assert_msg(jdt_program_read_output(p[1], k, b, nb, &e) == JDT_OK, "%s", e.msg);
+            ck_assert_msg(memcmp(a, b, nb) == 0, "run %d output %d: profiling changed it", r, k);
+            free(a);
+            free(b);
+        }
+        sp.fresh = true; /* the next run starts anew, after its own wait */
+    }
+    ck_assert_msg(sp.ordered, "the profiled steps' spans are not back to back");
+    char prof[8192];
+    jdt_program_profile(p[1], prof, sizeof prof);
+    double per_ms = 0.0, sum_ms = 0.0;
+    int runs = 0;
+    ck_assert_msg(sscanf(prof, "%d runs, %lf ms per run", &runs, &per_ms) == 2, "%s", prof);
+    ck_assert_int_eq(runs, 3);
+    for (const char *l = strchr(prof, '\n'); l && l[1]; l = strchr(l + 1, '\n')) {
+        double pct, ms;
+        if (sscanf(l + 1, " %lf%% %lf ms", &pct, &ms) != 2) break; /* the GEMM table */
+        sum_ms += ms;
+    }
+    ck_assert_msg(per_ms > 0 && fabs(sum_ms - per_ms) <= 0.002 * 40 + 1e-3 * per_ms,
+                  "kinds add to %.3f ms of %.3f:\n%s", sum_ms, per_ms, prof);
+    jdt_program_free(p[0]);
+    jdt_program_free(p[1]);
+    jdt_device_close(d);
+    fx_free(&f);
+}
+END_TEST
+
 static void fill_batch(const jdt_config *c, int k, int32_t *xi, float *xf, int32_t *y)
 {
     uint32_t s = 12345u + 7919u * (uint32_t)k;
@@ -1454,6 +1540,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tg, test_gpu_train_matches_cpu, 0, N_MODELS);
     tcase_add_loop_test(tg, test_gpu_train_tf32_matches_cpu, 0, 2);
     tcase_add_test(tg, test_gpu_overlap_matches_blocking);
+    tcase_add_test(tg, test_gpu_profile_marks);
     suite_add_tcase(s, tg);
 #else
     (void)test_gpu_ops_match_cpu;
@@ -1461,6 +1548,7 @@ static Suite *suite(void)
     (void)test_gpu_train_matches_cpu;
     (void)test_gpu_train_tf32_matches_cpu;
     (void)test_gpu_overlap_matches_blocking;
+    (void)test_gpu_profile_marks;
 #endif
     return s;
 }

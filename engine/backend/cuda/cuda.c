@@ -97,6 +97,7 @@ typedef struct {
      * collective of step s; made at the first use (NULL: none yet, or a one-rank group) */
     jdt_cuk_coll **tk;
     jdt_cuk_comm **ccomm; /* (n_colls) the communicator collective k was started on, or NULL */
+    cudaEvent_t *marks;   /* (n_steps + 2) the step timing's marks (cuda_mark), made at the first */
 } cuda_prog;
 
 #define CU(call, what)                                                                             \
@@ -521,6 +522,9 @@ static void cuda_release(void *state)
     if (p->dmem || p->lib) cudaStreamSynchronize(p->cd->stream);
     for (int i = 0; p->tk && i < p->c->n_colls + p->c->n_steps; i++)
         jdt_cuk_coll_free(p->tk[i]);
+    for (int i = 0; p->marks && i < p->c->n_steps + 2; i++)
+        if (p->marks[i]) cudaEventDestroy(p->marks[i]);
+    jdt_free(p->marks);
     jdt_free(p->tk);
     jdt_free(p->ccomm);
     if (p->bmir)
@@ -1379,6 +1383,43 @@ static jdt_status cuda_sync(void *state, jdt_err *e)
     return st;
 }
 
+/* Mark i of the step timing: an event recorded on the compute stream, behind the steps queued
+ * so far (the collectives' streams join it at their waits). The events are made at the first
+ * mark, n_steps + 2 of them, and timed (no cudaEventDisableTiming). */
+static jdt_status cuda_mark(void *state, int i, jdt_err *e)
+{
+    cuda_prog *p = state;
+    const int n = p->c->n_steps + 2;
+    if (i < 0 || i >= n) return jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: mark %d of %d", i, n);
+    if (!p->marks && !(p->marks = jdt_calloc((size_t)n, sizeof *p->marks)))
+        return jdt_err_set(e, JDT_ERR_NOMEM, "cuda: step timing events");
+    cudaError_t rc = cudaSuccess;
+    if (!p->marks[i]) rc = cudaEventCreate(&p->marks[i]);
+    if (rc == cudaSuccess) rc = cudaEventRecord(p->marks[i], p->cd->stream);
+    if (rc != cudaSuccess)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: step timing event %d: %s", i,
+                           cudaGetErrorString(rc));
+    return JDT_OK;
+}
+
+static jdt_status cuda_mark_times(void *state, int n, double *sec, jdt_err *e)
+{
+    cuda_prog *p = state;
+    if (!p->marks || n < 0 || n + 1 > p->c->n_steps + 2)
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: %d step times without their marks", n);
+    for (int i = 0; i < n; i++) {
+        float ms = 0.0f;
+        cudaError_t rc = p->marks[i] && p->marks[i + 1]
+                             ? cudaEventElapsedTime(&ms, p->marks[i], p->marks[i + 1])
+                             : cudaErrorInvalidResourceHandle;
+        if (rc != cudaSuccess)
+            return jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: time of step %d: %s", i,
+                               cudaGetErrorString(rc));
+        sec[i] = ms > 0.0f ? ms / 1e3 : 0.0;
+    }
+    return JDT_OK;
+}
+
 static const void *cuda_host_ptr(void *state, int node)
 {
     return NULL;
@@ -1429,6 +1470,8 @@ static const jdt_backend_vt cuda_vt = {
     .step = cuda_step,
     .finish = cuda_finish,
     .sync = cuda_sync,
+    .mark = cuda_mark,
+    .mark_times = cuda_mark_times,
     .read = cuda_read,
     .host_ptr = cuda_host_ptr,
     .release = cuda_release,
