@@ -343,7 +343,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
         goto fail;
     }
-    if ((c->opts.profile || c->opts.trace) && p->dev->vt->mark &&
+    if ((c->opts.profile || c->opts.trace) && p->dev->vt->mark && p->dev->vt->mark_times &&
         !(p->mark_s = jdt_calloc((size_t)c->n_steps + 1, sizeof(double)))) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: profile counters");
         goto fail;
