@@ -433,9 +433,17 @@ fi
 
 say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"
 if [ -n "${RESULTS:-}" ]; then
-  for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log tiny-cuda-bf16.log peer-torch-bf16.log \
-           peer-jax-bf16.log; do
+  # the device tool brings back 8 files: summary.txt, 5 logs, the peers' logs in one file and
+  # stage 4p's Chrome trace (every step of 3 profiled steps, for ui.perfetto.dev)
+  for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log tiny-cuda-bf16.log; do
     if [ -f "$OUT/$f" ]; then tail -c 2000000 "$OUT/$f" > "$RESULTS/$f"; fi
   done
+  for f in "$OUT"/peer-*.log; do
+    [ -f "$f" ] && { echo "==== $(basename "$f")"; tail -c 1000000 "$f"; }
+  done > "$RESULTS/peers.log"
+  tr=$(ls "$OUT"/gpt2-prof/*/trace.rank0.json 2>/dev/null | head -1)
+  if [ -n "$tr" ] && [ "$(stat -c %s "$tr")" -lt 15000000 ]; then
+    cp "$tr" "$RESULTS/gpt2-prof.trace.json"
+  fi
 fi
 exit 0 # the stages report their own failures in the summary
