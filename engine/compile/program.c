@@ -541,13 +541,10 @@ static void profile_gemms(const jdt_program *p, double total, int most, char *bu
         if (best < 0) break;
         const gemm_row *g = &rows[best];
         const double per_s = g->t > 0 ? p->n_runs / g->t : 0.0;
-        char dims[96];
-        if (g->batch > 1)
-            snprintf(dims, sizeof dims, "%lld x %lld x %lld x %lld", (long long)g->batch,
-                     (long long)g->m, (long long)g->n, (long long)g->k);
-        else
-            snprintf(dims, sizeof dims, "%lld x %lld x %lld", (long long)g->m, (long long)g->n,
-                     (long long)g->k);
+        char bat[32] = "", dims[96];
+        if (g->batch > 1) snprintf(bat, sizeof bat, "%lld x ", (long long)g->batch);
+        snprintf(dims, sizeof dims, "%s%lld x %lld x %lld", bat, (long long)g->m, (long long)g->n,
+                 (long long)g->k);
         *off += (size_t)snprintf(
             buf + *off, n - *off,
             "  %5.1f%%  %9.3f ms  %4d x  %9.3g TFLOP/s  %s %c%c %s%s%s%s%s%s\n",

@@ -995,14 +995,39 @@ START_TEST(test_gpu_ops_match_cpu)
 }
 END_TEST
 
+/* The index in GRAPHS of the graph named name (it must be there). */
+static int graph_named(const char *name)
+{
+    int i = 0;
+    while (strcmp(GRAPHS[i].name, name) != 0)
+        i++;
+    return i;
+}
+
+/* Every output of programs a and b of graph g is the same bytes. */
+static void outputs_bitwise(jdt_graph *g, const jdt_program *a, const jdt_program *b,
+                            const char *what)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    for (int k = 0; k < jdt_graph_n_outputs(g); k++) {
+        jdt_tensor *t = jdt_graph_output(g, k);
+        size_t nb = (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype);
+        unsigned char *x = malloc(nb + 8), *y = malloc(nb + 8);
+        ck_assert_msg(jdt_program_read_output(a, k, x, nb, &e) == JDT_OK, "read: %s", e.msg);
+        ck_assert_msg(jdt_program_read_output(b, k, y, nb, &e) == JDT_OK, "read: %s", e.msg);
+        ck_assert_msg(memcmp(x, y, nb) == 0, "output %d (%s): %s", k, jdt_op_name(t->op), what);
+        free(x);
+        free(y);
+    }
+}
+
 /* Merged launches (merge.c) compute bit for bit what one launch per kernel does: the graphs
  * with the most independent neighbours (reductions split and not, the optimizer's shape). */
 START_TEST(test_gpu_merged_launches_bitwise)
 {
     static const char *const names[] = {"shape_reduce", "optimizer"};
-    int i = 0;
-    while (strcmp(GRAPHS[i].name, names[_i]) != 0)
-        i++;
+    const int i = graph_named(names[_i]);
     jdt_device *d = gpu_or_skip(names[_i]);
     if (!d) return;
     fx f;
@@ -1023,17 +1048,9 @@ START_TEST(test_gpu_merged_launches_bitwise)
     }
     ck_assert_int_gt(jdt_program_stats(p[0])->n_launch_merged, 0);
     ck_assert_int_eq(jdt_program_stats(p[1])->n_launch_merged, 0);
-    for (int k = 0; k < jdt_graph_n_outputs(f.g); k++) {
-        jdt_tensor *t = jdt_graph_output(f.g, k);
-        size_t nb = (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype);
-        unsigned char *a = malloc(nb + 8), *b = malloc(nb + 8);
-        ck_assert_msg(jdt_program_read_output(p[0], k, a, nb, &e) == JDT_OK, "read: %s", e.msg);
-        ck_assert_msg(jdt_program_read_output(p[1], k, b, nb, &e) == JDT_OK, "read: %s", e.msg);
-        ck_assert_msg(memcmp(a, b, nb) == 0, "%s output %d (%s): merged launches differ", names[_i],
-                      k, jdt_op_name(t->op));
-        free(a);
-        free(b);
-    }
+    char what[64];
+    snprintf(what, sizeof what, "%s: merged launches differ", names[_i]);
+    outputs_bitwise(f.g, p[0], p[1], what);
     jdt_program_free(p[0]);
     jdt_program_free(p[1]);
     jdt_device_close(d);
@@ -1065,9 +1082,7 @@ START_TEST(test_gpu_profile_marks)
 {
     jdt_device *d = gpu_or_skip("profile marks");
     if (!d) return;
-    int i = 0;
-    while (strcmp(GRAPHS[i].name, "builtins") != 0)
-        i++;
+    const int i = graph_named("builtins");
     fx f;
     fx_init(&f);
     GRAPHS[i].build(&f);
@@ -1094,16 +1109,9 @@ START_TEST(test_gpu_profile_marks)
         ck_assert_int_gt(sp.n - n0, 0);
         if (per_run < 0) per_run = sp.n - n0;
         ck_assert_int_eq(sp.n - n0, per_run);
-        for (int k = 0; k < jdt_graph_n_outputs(f.g); k++) {
-            jdt_tensor *t = jdt_graph_output(f.g, k);
-            size_t nb = (size_t)jdt_shape_numel(&t->shape) * jdt_dtype_size(t->dtype);
-            unsigned char *a = malloc(nb + 8), *b = malloc(nb + 8);
-            ck_assert_msg(jdt_program_read_output(p[0], k, a, nb, &e) == JDT_OK, "%s", e.msg);
-            ck_assert_msg(jdt_program_read_output(p[1], k, b, nb, &e) == JDT_OK, "%s", e.msg);
-            ck_assert_msg(memcmp(a, b, nb) == 0, "run %d output %d: profiling changed it", r, k);
-            free(a);
-            free(b);
-        }
+        char what[64];
+        snprintf(what, sizeof what, "run %d: profiling changed it", r);
+        outputs_bitwise(f.g, p[0], p[1], what);
         sp.fresh = true; /* the next run starts anew, after its own wait */
     }
     ck_assert_msg(sp.ordered, "the profiled steps' spans are not back to back");
