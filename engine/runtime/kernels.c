@@ -421,22 +421,45 @@ JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, 
     }
 }
 
-void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
-                 bool inverse, int nt)
+/* Frequency pairs whose cos and sin one pass of jdt_rt_rope keeps on the stack (a head of up to
+ * 2 ROPE_CHUNK values takes one pass). */
+#define ROPE_CHUNK 256
+
+/* Each (position t, pair i) angle's cos and sin are computed once and applied to every batch row
+ * and head at t (B H rows); before, each was computed again per batch row and the pairs were
+ * walked head by head with stride D (a Llama step at B 16, T 256 spent 5% of its time here, at
+ * 2.4 GB/s). The angle is the same double expression as before and as cuk_rope's, so the output
+ * is bit for bit the same. */
+JDT_RT_CLONES void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H,
+                               int64_t D, double theta, bool inverse, int nt)
 {
-    double sign = inverse ? -1.0 : 1.0;
-#pragma omp parallel for collapse(2) num_threads(nt)                                               \
-    schedule(guided) if (B * T * H * D >= PAR_MIN_WORK)
-    for (int64_t b = 0; b < B; b++) {
-        for (int64_t t = 0; t < T; t++) {
-            for (int64_t i = 0; i < D / 2; i++) {
-                double ang = sign * (double)t * pow(theta, -2.0 * (double)i / (double)D);
-                float cs = (float)cos(ang), sn = (float)sin(ang);
-                for (int64_t h = 0; h < H; h++) {
-                    int64_t o = ((b * T + t) * H + h) * D + 2 * i;
-                    float x0 = x[o], x1 = x[o + 1];
-                    y[o] = x0 * cs - x1 * sn;
-                    y[o + 1] = x0 * sn + x1 * cs;
+    const double sign = inverse ? -1.0 : 1.0;
+    const int64_t half = D / 2, HD = H * D;
+#pragma omp parallel num_threads(nt) if (B * T * H * D >= PAR_MIN_WORK)
+    {
+        double fr[ROPE_CHUNK];
+        float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+        for (int64_t i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
+            const int64_t ni = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
+            for (int64_t i = 0; i < ni; i++)
+                fr[i] = pow(theta, -2.0 * (double)(i0 + i) / (double)D);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++) {
+                for (int64_t i = 0; i < ni; i++) {
+                    const double ang = sign * (double)t * fr[i];
+                    cs[i] = (float)cos(ang);
+                    sn[i] = (float)sin(ang);
+                }
+                for (int64_t r = 0; r < B * H; r++) {
+                    const int64_t o = ((r / H) * T + t) * HD + (r % H) * D + 2 * i0;
+                    const float *xr = x + o;
+                    float *yr = y + o;
+#pragma omp simd
+                    for (int64_t i = 0; i < ni; i++) {
+                        const float x0 = xr[2 * i], x1 = xr[2 * i + 1];
+                        yr[2 * i] = x0 * cs[i] - x1 * sn[i];
+                        yr[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+                    }
                 }
             }
         }

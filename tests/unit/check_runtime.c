@@ -551,6 +551,55 @@ START_TEST(test_xent_bwd_from_loss)
 }
 END_TEST
 
+/* jdt_rt_rope against the rotation written out per element (each angle in double, as cuk_rope
+ * and the decoder compute it): bit for bit, forward and inverse, out of place and in place, on 1
+ * and 2 threads, for heads of one pass of cached angles and of several (D = 2 * 256 + 6). */
+static void check_rope(int64_t B, int64_t T, int64_t H, int64_t D, int nt)
+{
+    const int64_t n = B * T * H * D;
+    float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
+    float *want = malloc((size_t)n * sizeof(float)), *io = malloc((size_t)n * sizeof(float));
+    ck_assert(x && y && want && io);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)((i * 7919) % 2003) / 1001.0f - 1.0f;
+    const double theta = 10000.0;
+    for (int inv = 0; inv < 2; inv++) {
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t i = 0; i < D / 2; i++) {
+                        const double ang = (inv ? -1.0 : 1.0) * (double)t *
+                                           pow(theta, -2.0 * (double)i / (double)D);
+                        const float c = (float)cos(ang), sn = (float)sin(ang);
+                        const int64_t o = ((b * T + t) * H + h) * D + 2 * i;
+                        want[o] = x[o] * c - x[o + 1] * sn;
+                        want[o + 1] = x[o] * sn + x[o + 1] * c;
+                    }
+        memset(y, 0xff, (size_t)n * sizeof(float));
+        jdt_rt_rope(x, y, B, T, H, D, theta, inv, nt);
+        memcpy(io, x, (size_t)n * sizeof(float));
+        jdt_rt_rope(io, io, B, T, H, D, theta, inv, nt);
+        for (int64_t i = 0; i < n; i++) {
+            ck_assert_msg(!memcmp(&y[i], &want[i], sizeof(float)),
+                          "rope B%lld T%lld H%lld D%lld inv %d nt %d: y[%lld] %.9g, want %.9g",
+                          (long long)B, (long long)T, (long long)H, (long long)D, inv, nt,
+                          (long long)i, (double)y[i], (double)want[i]);
+            ck_assert_msg(!memcmp(&io[i], &want[i], sizeof(float)), "in place: io[%lld] %.9g",
+                          (long long)i, (double)io[i]);
+        }
+    }
+    free(x), free(y), free(want), free(io);
+}
+
+START_TEST(test_rope_per_element)
+{
+    check_rope(3, 37, 5, 64, 2);   /* parallel (above the work floor) */
+    check_rope(2, 5, 3, 10, 2);    /* below it: one thread */
+    check_rope(2, 9, 2, 518, 2);   /* three passes of 256, 256 and 3 pairs */
+    check_rope(1, 300, 1, 128, 1); /* long sequence, one thread */
+}
+END_TEST
+
 /* OpenBLAS's kernels: only a pre-AVX2 core on a CPU with AVX2 is replaced, by the widest
  * kernels the CPU runs; OpenBLAS's own choice of AVX2/AVX-512 kernels is kept. */
 START_TEST(test_blas_core_for)
@@ -585,6 +634,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(tc, test_matmul_bf16_empty);
     tcase_add_test(tc, test_xent_bwd_from_loss);
     tcase_add_test(tc, test_blas_core_for);
+    tcase_add_test(tc, test_rope_per_element);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("threads");
     tcase_set_timeout(tt, 60);
