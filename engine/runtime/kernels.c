@@ -430,8 +430,8 @@ JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, 
  * walked head by head with stride D (a Llama step at B 16, T 256 spent 5% of its time here, at
  * 2.4 GB/s). The angle is the same double expression as before and as cuk_rope's, so the output
  * is bit for bit the same. */
-JDT_RT_CLONES void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H,
-                               int64_t D, double theta, bool inverse, int nt)
+JDT_RT_CLONES void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
+                               double theta, bool inverse, int nt)
 {
     const double sign = inverse ? -1.0 : 1.0;
     const int64_t half = D / 2, HD = H * D;
