@@ -197,8 +197,35 @@ static void check_packed(int64_t M, int64_t N, int64_t K, int64_t Kb, int64_t Nb
     free(a), free(b), free(c), free(c0), free(ap), free(bp);
 }
 
+/* A B pack read through the transposed layout (tb) holds the same words as the pack of the
+ * transposed copy read directly: K x N with odd and even K, ragged N, K past one 128-value
+ * block of the transposed packer. */
+static void check_pack_bt(int64_t K, int64_t N)
+{
+    unsigned seed = (unsigned)(K * 5 + N);
+    float *b = malloc(sizeof(float) * (size_t)(K * N)),
+          *bt = malloc(sizeof(float) * (size_t)(K * N));
+    const size_t nb = sizeof(float) * (size_t)jdt_rt_bf16_pack_b_floats(K, N);
+    unsigned char *p0 = malloc(nb), *p1 = malloc(nb);
+    ck_assert(b && bt && p0 && p1);
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t j = 0; j < N; j++)
+            bt[j * K + k] = b[k * N + j] = frand(&seed);
+    memset(p0, 0xa5, nb);
+    memset(p1, 0xa5, nb);
+    jdt_rt_bf16_pack_b(b, N, false, K, N, p0);
+    jdt_rt_bf16_pack_b(bt, K, true, K, N, p1);
+    ck_assert_msg(!memcmp(p0, p1, nb), "K %lld N %lld: the transposed pack differs", (long long)K,
+                  (long long)N);
+    free(b), free(bt), free(p0), free(p1);
+}
+
 static void packed_cases(void)
 {
+    check_pack_bt(64, 256);
+    check_pack_bt(7, 45);
+    check_pack_bt(131, 17);
+    check_pack_bt(300, 33);
     check_packed(64, 64, 64, 64, 64, false, false, 0.0f);
     check_packed(13, 45, 7, 7, 45, false, true, 1.0f);     /* ragged M, N; odd K */
     check_packed(64, 130, 64, 64, 256, false, true, 0.0f); /* a prefix of B's columns */
