@@ -156,18 +156,29 @@ static jdt_status open_data(const trainer *tr, const char *path, const char *spl
     return JDT_OK;
 }
 
-/* Resolves train/val sources; synthetic data is generated once into the run directory. */
+/* Resolves train/val sources. Synthetic data is generated once into the run directory, under
+ * names that carry what generated it (the vocabulary, or the features and classes, and the
+ * seed): a run in the same directory whose config changed one of them gets data of its own.
+ * With one name for all, a larger vocabulary trained silently on the last run's smaller one's
+ * tokens and a smaller one failed on them. */
 static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
-    char train_path[1100], val_path[1100];
+    char train_path[1200], val_path[1200];
     const char *train_split = NULL, *val_split = NULL;
     if (cfg->data.format == JDT_DATA_SYNTHETIC) {
-        snprintf(train_path, sizeof train_path, "%s/synthetic_train.h5", tr->run_dir);
-        snprintf(val_path, sizeof val_path, "%s/synthetic_val.h5", tr->run_dir);
+        bool mlp = cfg->model.type == JDT_MODEL_MLP;
+        char tag[64];
+        if (mlp)
+            snprintf(tag, sizeof tag, "d%d-c%d-s%lld", cfg->model.in_dim, cfg->model.n_classes,
+                     (long long)cfg->run.seed);
+        else
+            snprintf(tag, sizeof tag, "v%d-s%lld", cfg->model.vocab_size,
+                     (long long)cfg->run.seed);
+        snprintf(train_path, sizeof train_path, "%s/synthetic_train-%s.h5", tr->run_dir, tag);
+        snprintf(val_path, sizeof val_path, "%s/synthetic_val-%s.h5", tr->run_dir, tag);
         struct stat sb;
         jdt_status st = JDT_OK;
-        bool mlp = cfg->model.type == JDT_MODEL_MLP;
         for (int i = 0; i < 2 && st == JDT_OK && tr->rank == 0; i++) {
             const char *p = i ? val_path : train_path;
             if (stat(p, &sb) == 0) continue;

@@ -2,7 +2,8 @@
 # train_tiny.sh — end to end: configs/tiny.yaml trains with a falling loss, writes metrics,
 # config and checkpoints; resume is bitwise exact (N + resume + N == 2N straight); eval and
 # sample work on the checkpoint; SIGTERM saves a checkpoint and exits 143; NaN stops the run
-# naming the step; bad data and a corrupt checkpoint give one clear error and exit 1.
+# naming the step; bad data and a corrupt checkpoint give one clear error and exit 1; synthetic
+# data is made again for a changed vocabulary.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -79,6 +80,17 @@ echo "not hdf5" > "$TMP/bad.h5"
 expect 1 "$BIN" configs/tiny.yaml run.out_dir="$TMP/d" data.format=tokens data.train_path="$TMP/bad.h5"
 grep -q "bad.h5" "$TMP/err" || fail "bad data error does not name the file"
 [ "$(grep -c . "$TMP/err")" -le 3 ] || fail "bad data gave a long error"
+
+# 6b. synthetic data follows the config: a second run in the same directory with another
+# vocabulary gets data of its own (with one file for all, a larger vocabulary trained silently
+# on the smaller one's tokens, and a smaller one failed on them)
+S="run.out_dir=$TMP/syn run.steps=1 run.eval_every=0 checkpoint.resume=none"
+expect 0 "$BIN" configs/tiny.yaml $S model.vocab_size=65
+expect 0 "$BIN" configs/tiny.yaml $S model.vocab_size=300
+expect 0 "$BIN" configs/tiny.yaml $S model.vocab_size=65
+syn=$(ls "$TMP/syn/tiny/"synthetic_train-v300-*.h5) || fail "no synthetic data made for vocab 300: $(ls "$TMP/syn/tiny")"
+expect 2 "$BIN" configs/tiny.yaml run.out_dir="$TMP/d" data.format=tokens data.train_path="$syn" model.vocab_size=299
+grep -q "vocab_size 300 exceeds" "$TMP/err" || fail "vocab 300's synthetic data is not of vocab 300: $(tail -1 "$TMP/err")"
 
 # 7. corrupt checkpoint: resume names it, exit 1
 ck=$(ls -d "$TMP/runs/tiny/ckpt/step_"* | tail -1)
