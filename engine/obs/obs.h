@@ -43,7 +43,8 @@ jdt_status jdt_tboard_open(const char *dir, jdt_tboard **out, jdt_err *e);
 
 /* Appends a scalar summary (Summary.Value.simple_value, float) under tag at step; wall time is
  * now. Buffered: visible after jdt_tboard_flush or close. Errors: ERR_IO. */
-jdt_status jdt_tboard_scalar(jdt_tboard *tb, const char *tag, int64_t step, double value, jdt_err *e);
+jdt_status jdt_tboard_scalar(jdt_tboard *tb, const char *tag, int64_t step, double value,
+                             jdt_err *e);
 
 /* Appends a text summary for TensorBoard's Text dashboard (a DT_STRING scalar tensor with
  * plugin "text"; the dashboard renders it as Markdown). Errors: ERR_IO, ERR_NOMEM. */
@@ -67,14 +68,14 @@ size_t jdt_tboard_encode_scalar(uint8_t *buf, size_t cap, double wall_time, int6
 /* ---- the MFU reference peak ----------------------------------------------------------------- */
 
 typedef struct {
-    double flops;         /* reference FLOP/s of one process (0: unknown) */
-    const char *source;   /* "runtime.peak_gflops", "cached", "measured", "measured (busy
-                             machine: not cached)", "device datasheet" */
-    bool provisional;     /* measured on a busy machine: MFU may be overstated */
-    bool guessed;         /* a GPU not in the datasheet table: the H100 SXM figure assumed */
-    double load_avg;      /* 1-minute load average when measured (-1: not measured here) */
+    double flops;          /* reference FLOP/s of one process (0: unknown) */
+    const char *source;    /* "runtime.peak_gflops", "cached", "measured", "measured (busy
+                              machine: not cached)", "device datasheet" */
+    bool provisional;      /* measured on a busy machine: MFU may be overstated */
+    bool guessed;          /* a GPU not in the datasheet table: the H100 SXM figure assumed */
+    double load_avg;       /* 1-minute load average when measured (-1: not measured here) */
     char cache_path[1024]; /* the cache file ("" when not used) */
-    char blas_core[32];   /* CPU: OpenBLAS's kernels ("SkylakeX", ...) the SGEMM ran on */
+    char blas_core[32];    /* CPU: OpenBLAS's kernels ("SkylakeX", ...) the SGEMM ran on */
 } jdt_peak_ref;
 
 /* The MFU denominator for a CPU process with `threads` threads (0 = OpenMP's default):
@@ -105,21 +106,23 @@ double jdt_peak_gpu_datasheet(const char *name, bool bf16);
 void jdt_peak_reference_gpu(const char *device_name, bool bf16, double override_gflops,
                             jdt_peak_ref *out);
 
-/* ---- memory ----------------------------------------------------------------------------------- */
+/* ---- memory -----------------------------------------------------------------------------------
+ */
 
 /* Peak resident set size of this process so far, in bytes (getrusage ru_maxrss). */
 int64_t jdt_obs_peak_rss_bytes(void);
 
-/* ---- metrics.jsonl reader and plots ------------------------------------------------------------ */
+/* ---- metrics.jsonl reader and plots ------------------------------------------------------------
+ */
 
 /* One run's series as read from RUN_DIR/metrics.jsonl (see docs/observability.md). Arrays are
  * parallel per series; x values are steps; tokens and seconds are derived per point. */
 typedef struct {
-    int64_t n;        /* points */
-    double *step;     /* (n) */
-    double *tokens;   /* (n) tokens (or samples) seen at that step; NAN when unknown */
-    double *time_s;   /* (n) wall seconds since the run started (interpolated); NAN unknown */
-    double *value;    /* (n) */
+    int64_t n;      /* points */
+    double *step;   /* (n) */
+    double *tokens; /* (n) tokens (or samples) seen at that step; NAN when unknown */
+    double *time_s; /* (n) wall seconds since the run started (interpolated); NAN unknown */
+    double *value;  /* (n) */
 } jdt_series;
 
 typedef enum {
@@ -140,7 +143,7 @@ const char *jdt_metric_key(jdt_metric m);
 bool jdt_metric_parse(const char *key, jdt_metric *out);
 
 typedef struct {
-    char name[256];                   /* the run's label: its directory's last component */
+    char name[256]; /* the run's label: its directory's last component */
     jdt_series s[JDT_METRIC_COUNT];
 } jdt_run_metrics;
 
@@ -153,12 +156,12 @@ void jdt_run_metrics_free(jdt_run_metrics *r);
 typedef enum { JDT_PLOT_X_STEP = 0, JDT_PLOT_X_TOKENS, JDT_PLOT_X_TIME } jdt_plot_x;
 
 typedef struct {
-    const char *out_path;  /* .png or .svg (by extension) */
+    const char *out_path; /* .png or .svg (by extension) */
     jdt_plot_x x;
-    bool log_y;            /* log scale on the loss panel */
-    int n_metrics;         /* 0: the default panels (loss + val loss, lr, tokens/s) */
+    bool log_y;    /* log scale on the loss panel */
+    int n_metrics; /* 0: the default panels (loss + val loss, lr, tokens/s) */
     jdt_metric metrics[JDT_METRIC_COUNT]; /* one panel each (loss also draws val loss) */
-    const char *title;     /* NULL: "jdt-train: RUN[, RUN...]" */
+    const char *title;                    /* NULL: "jdt-train: RUN[, RUN...]" */
 } jdt_plot_opts;
 
 /* Draws the runs' curves (several runs overlaid, one colour per run, a legend) into one

@@ -29,7 +29,10 @@
 /* The stop request from a signal handler: the only state a handler may touch. */
 static volatile sig_atomic_t g_stop_signal = 0;
 
-static void on_stop_signal(int sig) { g_stop_signal = sig; }
+static void on_stop_signal(int sig)
+{
+    g_stop_signal = sig;
+}
 
 static void install_signals(struct sigaction *old_int, struct sigaction *old_term)
 {
@@ -60,38 +63,41 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
 static void fmt_duration(double s, char *buf, size_t n)
 {
     long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, n, "%lds", t);
+    if (t >= 3600)
+        snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60)
+        snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, n, "%lds", t);
 }
 
 typedef struct {
     const jdt_config *cfg;
-    jdt_dist *dist;      /* NULL: single process */
+    jdt_dist *dist; /* NULL: single process */
     int rank, world_size;
-    jdt_mesh mesh;       /* this rank's place in the device mesh (1 x 1 x 1 alone) */
+    jdt_mesh mesh;             /* this rank's place in the device mesh (1 x 1 x 1 alone) */
     jdt_comm_group *groups[8]; /* process group per mesh-axis mask, made on first use */
-    int64_t data_shift;  /* global batch index - step (non-zero after resuming with another
-                            batch size) */
+    int64_t data_shift;        /* global batch index - step (non-zero after resuming with another
+                                  batch size) */
     char run_dir[1024];
     char ckpt_dir[1100];
     jdt_step *step;
     jdt_device *device; /* runtime.backend cuda: this rank's GPU; NULL: the CPU */
     jdt_data *train, *val;
     FILE *metrics;
-    jdt_tboard *tb;      /* rank 0: TensorBoard events in the run directory */
+    jdt_tboard *tb; /* rank 0: TensorBoard events in the run directory */
     double s_data, s_step, s_comm, s_ckpt, s_eval; /* seconds spent, for the end-of-run table;
                                                       s_comm: the step waited for collectives */
     double s_comm_moving; /* collectives moving data (blocking ones + started ones' run time) */
-    jdt_trace *trace;    /* run.profile: open while the traced steps run */
+    jdt_trace *trace;     /* run.profile: open while the traced steps run */
     bool tracing;
     char trace_path[1200];
-    int64_t first;       /* the first step this process runs (the resume point) */
-    double t_start;      /* when step `first` began */
+    int64_t first;  /* the first step this process runs (the resume point) */
+    double t_start; /* when step `first` began */
     /* global throughput numbers: every rank runs its share of the global batch */
     double units_per_step, flops_per_step, peak; /* peak: pref.flops x world size */
-    jdt_peak_ref pref;   /* the MFU reference of one process */
-    bool warned_mfu;     /* the MFU > 100% warning was given */
+    jdt_peak_ref pref;                           /* the MFU reference of one process */
+    bool warned_mfu;                             /* the MFU > 100% warning was given */
     /* the log window: steps since the last log line, their seconds in data + step, of which data */
     int64_t window_steps;
     double window_time, window_wait;
@@ -117,8 +123,8 @@ static void fetch_opts(const jdt_config *cfg, jdt_fetch_opts *fo, char *cache, s
     fo->timeout_s = cfg->data.fetch_timeout_s;
 }
 
-static jdt_status open_data(const trainer *tr, const char *path, const char *split,
-                            int64_t rows, jdt_data **out, jdt_err *e)
+static jdt_status open_data(const trainer *tr, const char *path, const char *split, int64_t rows,
+                            jdt_data **out, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
     jdt_data_opts o;
@@ -173,8 +179,7 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
             snprintf(tag, sizeof tag, "d%d-c%d-s%lld", cfg->model.in_dim, cfg->model.n_classes,
                      (long long)cfg->run.seed);
         else
-            snprintf(tag, sizeof tag, "v%d-s%lld", cfg->model.vocab_size,
-                     (long long)cfg->run.seed);
+            snprintf(tag, sizeof tag, "v%d-s%lld", cfg->model.vocab_size, (long long)cfg->run.seed);
         snprintf(train_path, sizeof train_path, "%s/synthetic_train-%s.h5", tr->run_dir, tag);
         snprintf(val_path, sizeof val_path, "%s/synthetic_val-%s.h5", tr->run_dir, tag);
         struct stat sb;
@@ -195,7 +200,8 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
             return st;
     } else {
         if (!cfg->data.train_path[0])
-            return jdt_err_set(e, JDT_ERR_CONFIG, "data.train_path is empty (run `jdt-train prepare` first?)");
+            return jdt_err_set(e, JDT_ERR_CONFIG,
+                               "data.train_path is empty (run `jdt-train prepare` first?)");
         snprintf(train_path, sizeof train_path, "%s", cfg->data.train_path);
         snprintf(val_path, sizeof val_path, "%s",
                  cfg->data.val_path[0] ? cfg->data.val_path : cfg->data.train_path);
@@ -207,7 +213,8 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
         if (jdt_fetch_is_url(val_path)) val_split = "val";
     }
     jdt_status st = JDT_OK;
-    if (want_train) st = open_data(tr, train_path, train_split, cfg->data.batch_size, &tr->train, e);
+    if (want_train)
+        st = open_data(tr, train_path, train_split, cfg->data.batch_size, &tr->train, e);
     if (st != JDT_OK) return st;
     if (want_val && (cfg->data.val_path[0] || cfg->data.format == JDT_DATA_SYNTHETIC))
         st = open_data(tr, val_path, val_split, cfg->data.micro_batch_size, &tr->val, e);
@@ -318,8 +325,10 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
     int n;
     jdt_status st = ckpt_tensors(tr, &ts, &n, e);
     if (st != JDT_OK) return st;
-    jdt_ckpt_meta meta = {.step = next_step, .rng_state = (uint64_t)tr->cfg->run.seed,
-                          .data_position = next_step + tr->data_shift, .config_text = tr->cfg->resolved_yaml};
+    jdt_ckpt_meta meta = {.step = next_step,
+                          .rng_state = (uint64_t)tr->cfg->run.seed,
+                          .data_position = next_step + tr->data_shift,
+                          .config_text = tr->cfg->resolved_yaml};
     jdt_ckpt_save_opts so = {.keep_last = tr->cfg->checkpoint.keep};
     if (tr->dist && tr->world_size > 1) {
         so.rank = tr->rank;
@@ -355,10 +364,13 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
             st = cst;
         }
         if (st == JDT_OK && bad != 0.0f)
-            st = jdt_err_set(e, JDT_ERR_IO, "checkpoint step %lld: another rank failed to write "
-                             "its part (see its log)", (long long)next_step);
+            st = jdt_err_set(e, JDT_ERR_IO,
+                             "checkpoint step %lld: another rank failed to write "
+                             "its part (see its log)",
+                             (long long)next_step);
     }
-    if (st == JDT_OK && tr->rank == 0) JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
+    if (st == JDT_OK && tr->rank == 0)
+        JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
     else if (st != JDT_OK)
         jdt_err_prefix(e, "checkpoint at step %lld not saved (the previous one is kept)",
                        (long long)next_step);
@@ -385,11 +397,12 @@ static jdt_status resume_batch(const jdt_config *cfg, const jdt_ckpt_meta *meta,
     }
     const int64_t g = meta->data_position * b_old, b_new = cfg->data.batch_size;
     if (g % b_new)
-        return jdt_err_set(e, JDT_ERR_CONFIG,
-                           "%s: the data stream stopped at sample %lld (%lld batches of %lld), which "
-                           "data.batch_size = %lld does not divide: resume with a batch size that "
-                           "divides it", path, (long long)g, (long long)meta->data_position,
-                           (long long)b_old, (long long)b_new);
+        return jdt_err_set(
+            e, JDT_ERR_CONFIG,
+            "%s: the data stream stopped at sample %lld (%lld batches of %lld), which "
+            "data.batch_size = %lld does not divide: resume with a batch size that "
+            "divides it",
+            path, (long long)g, (long long)meta->data_position, (long long)b_old, (long long)b_new);
     *batch = g / b_new;
     return JDT_OK;
 }
@@ -463,7 +476,10 @@ static jdt_status run_eval(trainer *tr, double *loss, jdt_err *e)
     return JDT_OK;
 }
 
-static bool last_step(const jdt_config *cfg, int64_t t) { return t + 1 == cfg->run.steps; }
+static bool last_step(const jdt_config *cfg, int64_t t)
+{
+    return t + 1 == cfg->run.steps;
+}
 
 static jdt_status train_collective_run(trainer *tr, int group, int kind, jdt_dtype dt, void *buf,
                                        size_t n_elems, jdt_comm_work **w, jdt_err *e);
@@ -499,9 +515,12 @@ typedef struct {
 static const char *coll_kind_name(int kind)
 {
     switch (kind) {
-    case JDT_COLL_ALLGATHER: return "all_gather";
-    case JDT_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    default: return "all_reduce";
+    case JDT_COLL_ALLGATHER:
+        return "all_gather";
+    case JDT_COLL_REDUCE_SCATTER:
+        return "reduce_scatter";
+    default:
+        return "all_reduce";
     }
 }
 
@@ -569,7 +588,8 @@ static jdt_status train_collective_run(trainer *tr, int group, int kind, jdt_dty
         } else {
             int ranks[64];
             if (n > (int)(sizeof ranks / sizeof ranks[0]))
-                return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "process group of %d ranks (at most 64)", n);
+                return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "process group of %d ranks (at most 64)",
+                                   n);
             jdt_mesh_group_ranks(&tr->mesh, (unsigned)group, ranks);
             jdt_status st = jdt_comm_group_new(tr->dist, n, ranks, &cg, e);
             if (st != JDT_OK) return st;
@@ -605,16 +625,20 @@ void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
     o->threads = cfg->runtime.threads;
     o->adaptive_threads = cfg->runtime.adaptive_threads;
     o->cache_dir = cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL;
-    o->cache_max_bytes = cfg->runtime.cache_max_mb > 0 ? (int64_t)cfg->runtime.cache_max_mb << 20 : -1;
+    o->cache_max_bytes =
+        cfg->runtime.cache_max_mb > 0 ? (int64_t)cfg->runtime.cache_max_mb << 20 : -1;
     o->cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;
     o->cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
-    o->remat = cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
+    o->remat =
+        cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
 }
 
 void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes)
 {
-    if (cfg->checkpoint.dir[0]) snprintf(buf, n_bytes, "%s", cfg->checkpoint.dir);
-    else snprintf(buf, n_bytes, "%s/%s/ckpt", cfg->run.out_dir, cfg->run.name);
+    if (cfg->checkpoint.dir[0])
+        snprintf(buf, n_bytes, "%s", cfg->checkpoint.dir);
+    else
+        snprintf(buf, n_bytes, "%s/%s/ckpt", cfg->run.out_dir, cfg->run.name);
 }
 
 /* The ranks of collective group `group` (a mesh-axes mask) in group order, for a device with its
@@ -639,9 +663,9 @@ static jdt_status open_device(trainer *tr, bool emit_only, jdt_err *e)
     if (cfg->runtime.backend == JDT_BACKEND_CPU) return JDT_OK;
     if (emit_only) return jdt_device_open_emit_only(&tr->device, e);
     int index = cfg->dist.local_rank >= 0 ? cfg->dist.local_rank : 0;
-    jdt_status st = jdt_device_open(JDT_DEVICE_CUDA, index,
-                                    cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL,
-                                    &tr->device, e);
+    jdt_status st =
+        jdt_device_open(JDT_DEVICE_CUDA, index,
+                        cfg->runtime.cache_dir[0] ? cfg->runtime.cache_dir : NULL, &tr->device, e);
     if (st != JDT_OK) return jdt_err_prefix(e, "runtime.backend cuda");
     jdt_device_set_dist(tr->device, tr->dist);
     jdt_device_set_groups(tr->device, train_group_ranks, tr);
@@ -690,12 +714,13 @@ static jdt_status check_world(trainer *tr, jdt_err *e)
     const int sizes[JDT_MESH_AXIS_COUNT] = {cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor};
     jdt_status st = jdt_mesh_init(&tr->mesh, sizes, tr->world_size, tr->rank, e);
     if (st != JDT_OK) return st;
-    const int ways = jdt_mesh_group_size(&tr->mesh, jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules));
+    const int ways =
+        jdt_mesh_group_size(&tr->mesh, jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules));
     if (cfg->data.batch_size % ways || cfg->data.micro_batch_size % ways)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "data.batch_size %d and data.micro_batch_size %d must be multiples of "
-                           "the %d ways the batch is split", cfg->data.batch_size,
-                           cfg->data.micro_batch_size, ways);
+                           "the %d ways the batch is split",
+                           cfg->data.batch_size, cfg->data.micro_batch_size, ways);
     return JDT_OK;
 }
 
@@ -746,18 +771,22 @@ static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
     if (main_rank)
         JDT_INFO("model: %s, %lld parameters; step compiled in %.2fs%s",
                  cfg->model.type == JDT_MODEL_MLP ? "mlp" : "gpt",
-                 (long long)jdt_model_param_count(jdt_step_model(tr->step)), jdt_now_s() - t_compile,
-                 !cs              ? " (interpreter)"
+                 (long long)jdt_model_param_count(jdt_step_model(tr->step)),
+                 jdt_now_s() - t_compile,
+                 !cs                ? " (interpreter)"
                  : cs->cache_waited ? " (cache hit: built by another process)"
                  : cs->cache_hit    ? " (cache hit)"
                                     : " (cache miss)");
     if (main_rank && tr->world_size > 1)
         JDT_INFO("mesh: data %d x fsdp %d x tensor %d; rank 0 holds %.2f MiB of parameters and "
-                 "optimizer state", tr->mesh.size[JDT_MESH_DATA], tr->mesh.size[JDT_MESH_FSDP],
-                 tr->mesh.size[JDT_MESH_TENSOR], (double)jdt_step_state_bytes(tr->step) / 1048576.0);
+                 "optimizer state",
+                 tr->mesh.size[JDT_MESH_DATA], tr->mesh.size[JDT_MESH_FSDP],
+                 tr->mesh.size[JDT_MESH_TENSOR],
+                 (double)jdt_step_state_bytes(tr->step) / 1048576.0);
     *start = 0;
     char *resume = NULL;
-    if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr->ckpt_dir, &resume, e)) != JDT_OK) return st;
+    if ((st = jdt_ckpt_resolve(cfg->checkpoint.resume, tr->ckpt_dir, &resume, e)) != JDT_OK)
+        return st;
     if (resume) {
         int64_t data_batch = 0;
         st = load_ckpt(cfg, tr->step, resume, start, &data_batch, e);
@@ -798,15 +827,17 @@ static jdt_status mfu_reference(trainer *tr, jdt_err *e)
                                cfg->runtime.peak_gflops, &tr->pref);
         if (tr->rank == 0 && tr->pref.guessed)
             JDT_WARN("MFU: %s is not in the datasheet table (engine/obs/peak.c); MFU assumes %.1f "
-                     "TFLOP/s: set runtime.peak_gflops to the part's dense peak", desc,
-                     tr->pref.flops * 1e-12);
+                     "TFLOP/s: set runtime.peak_gflops to the part's dense peak",
+                     desc, tr->pref.flops * 1e-12);
         return JDT_OK;
     }
     char cache_dir[1024];
     jdt_compile_opts co;
     jdt_train_compile_opts(cfg, &co);
-    if (jdt_compile_cache_dir(&co, cache_dir, sizeof cache_dir, NULL) != JDT_OK) cache_dir[0] = '\0';
-    return jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops, &tr->pref, e);
+    if (jdt_compile_cache_dir(&co, cache_dir, sizeof cache_dir, NULL) != JDT_OK)
+        cache_dir[0] = '\0';
+    return jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops, &tr->pref,
+                              e);
 }
 
 /* Rank 0's outputs: run_dir/config.yaml, metrics.jsonl (appended on a resume), the TensorBoard
@@ -825,11 +856,12 @@ static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
     if (!tr->metrics) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
     JDT_INFO("MFU reference: %.6g GFLOP/s for %d process(es) (%s%s%s)%s%s%s", tr->peak * 1e-9,
              tr->world_size, tr->pref.source, tr->pref.cache_path[0] ? ": " : "",
-             tr->pref.cache_path, tr->pref.blas_core[0] ? "; OpenBLAS " : "",
-             tr->pref.blas_core, tr->pref.blas_core[0] ? " kernels" : "");
+             tr->pref.cache_path, tr->pref.blas_core[0] ? "; OpenBLAS " : "", tr->pref.blas_core,
+             tr->pref.blas_core[0] ? " kernels" : "");
     if (tr->pref.provisional)
         JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
-                 "overstated; set runtime.peak_gflops to pin it", tr->pref.load_avg);
+                 "overstated; set runtime.peak_gflops to pin it",
+                 tr->pref.load_avg);
     jdt_status st = jdt_tboard_open(tr->run_dir, &tr->tb, e);
     if (st != JDT_OK) return st;
     size_t n = strlen(cfg->resolved_yaml) + 16;
@@ -871,7 +903,8 @@ static void log_window(trainer *tr, int64_t t, double loss, double lr, double gn
         warn_mfu(mfu, "", tr->peak, &tr->pref);
     }
     /* "step" last: the resume test compares lines matching '"step": N,' */
-    fprintf(tr->metrics, "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
+    fprintf(tr->metrics,
+            "{\"tokens_per_s\": %.6g, \"mfu\": %.4g, \"step_ms\": %.6g, "
             "\"data_ms\": %.6g, \"peak_rss_mb\": %.1f, %s\"elapsed_s\": %.3f, \"step\": %lld}\n",
             tr->units_per_step / dt, mfu, dt * 1e3, wait_ms, rss_mb, dev_json,
             jdt_now_s() - tr->t_start, (long long)(t + 1));
@@ -896,8 +929,8 @@ static jdt_status end_trace(trainer *tr, int64_t t, jdt_err *e)
     if (st != JDT_OK) return st;
     if (tr->rank == 0)
         JDT_INFO("wrote %s: a Chrome trace of steps %lld-%lld (open it in "
-                 "ui.perfetto.dev or chrome://tracing)", tr->trace_path,
-                 (long long)(tr->first + 2), (long long)(t + 1));
+                 "ui.perfetto.dev or chrome://tracing)",
+                 tr->trace_path, (long long)(tr->first + 2), (long long)(t + 1));
     return JDT_OK;
 }
 
@@ -933,9 +966,10 @@ static jdt_status train_step(trainer *tr, int64_t t, jdt_err *e)
             if ((st = end_trace(tr, t, e)) != JDT_OK) return st;
     }
     if (!main_rank) return JDT_OK;
-    fprintf(tr->metrics, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-            "\"tokens\": %.0f}\n", (long long)(t + 1), loss, lr, gnorm,
-            tr->units_per_step * (double)(t + 1));
+    fprintf(tr->metrics,
+            "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"tokens\": %.0f}\n",
+            (long long)(t + 1), loss, lr, gnorm, tr->units_per_step * (double)(t + 1));
     jdt_tboard_scalar(tr->tb, "loss/train", t + 1, loss, NULL);
     jdt_tboard_scalar(tr->tb, "optim/lr", t + 1, lr, NULL);
     jdt_tboard_scalar(tr->tb, "optim/grad_norm", t + 1, gnorm, NULL);
@@ -977,22 +1011,23 @@ static void log_summary(const trainer *tr, int64_t t)
                  "GEMM workspace); %.2f of %.2f GiB in use on the GPU",
                  (double)dm.peak_bytes / 1048576.0, (double)dm.used_bytes / 1073741824.0,
                  (double)dm.total_bytes / 1073741824.0);
-    JDT_INFO("summary of this run (rank 0):\n"
-             "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.6g GFLOP/s, %s)\n"
-             "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
-             "  communication  %8.2fs %5.1f%%  (waited for; %d calls per program run, %.2fs "
-             "moving data, %.0f%% of it hidden under compute)\n"
-             "  data wait      %8.2fs %5.1f%%\n"
-             "  eval           %8.2fs %5.1f%%\n"
-             "  checkpointing  %8.2fs %5.1f%%\n"
-             "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state%s",
-             tr->units_per_step * n_run / tr->s_step, mlp ? "samples" : "tok", run_mfu,
-             run_mfu > 100 ? " (!)" : "", tr->peak * 1e-9, tr->pref.source, tr->s_step - comm_s, (tr->s_step - comm_s) * pct, comm_s,
-             comm_s * pct, cs ? cs->n_coll_calls : 0, moving_s,
-             moving_s > 0 ? 100.0 * fmax(0.0, 1.0 - comm_s / moving_s) : 0.0,
-             tr->s_data, tr->s_data * pct, tr->s_eval, tr->s_eval * pct,
-             tr->s_ckpt, tr->s_ckpt * pct, (double)jdt_obs_peak_rss_bytes() / 1048576.0,
-             cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0, dev_txt);
+    JDT_INFO(
+        "summary of this run (rank 0):\n"
+        "  throughput     %.0f %s/s, MFU %.1f%%%s (reference %.6g GFLOP/s, %s)\n"
+        "  compute        %8.2fs %5.1f%%  (train steps, excluding communication)\n"
+        "  communication  %8.2fs %5.1f%%  (waited for; %d calls per program run, %.2fs "
+        "moving data, %.0f%% of it hidden under compute)\n"
+        "  data wait      %8.2fs %5.1f%%\n"
+        "  eval           %8.2fs %5.1f%%\n"
+        "  checkpointing  %8.2fs %5.1f%%\n"
+        "  peak memory    %.1f MiB resident; planner: %.1f MiB arena + %.1f MiB params/state%s",
+        tr->units_per_step * n_run / tr->s_step, mlp ? "samples" : "tok", run_mfu,
+        run_mfu > 100 ? " (!)" : "", tr->peak * 1e-9, tr->pref.source, tr->s_step - comm_s,
+        (tr->s_step - comm_s) * pct, comm_s, comm_s * pct, cs ? cs->n_coll_calls : 0, moving_s,
+        moving_s > 0 ? 100.0 * fmax(0.0, 1.0 - comm_s / moving_s) : 0.0, tr->s_data,
+        tr->s_data * pct, tr->s_eval, tr->s_eval * pct, tr->s_ckpt, tr->s_ckpt * pct,
+        (double)jdt_obs_peak_rss_bytes() / 1048576.0,
+        cs ? (double)cs->arena_bytes / 1048576.0 : 0.0, state_bytes / 1048576.0, dev_txt);
 }
 
 /* After step t: evaluation, periodic and final checkpoints (every rank saves its slices), the
@@ -1008,7 +1043,8 @@ static jdt_status after_step(trainer *tr, int64_t t, jdt_err *e)
         if ((st = run_eval(tr, &vl, e)) != JDT_OK) return st;
         tr->s_eval += jdt_now_s() - t_ev;
         if (main_rank) {
-            JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1), (long long)cfg->run.steps, vl);
+            JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1),
+                     (long long)cfg->run.steps, vl);
             fprintf(tr->metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
             jdt_tboard_scalar(tr->tb, "loss/val", t + 1, vl, NULL);
             jdt_tboard_flush(tr->tb, NULL);

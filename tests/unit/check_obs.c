@@ -23,9 +23,11 @@ START_TEST(test_crc32c_vectors)
     ck_assert_uint_eq(jdt_crc32c(b, 32), 0x8A9136AAu);
     memset(b, 0xFF, sizeof b);
     ck_assert_uint_eq(jdt_crc32c(b, 32), 0x62A8AB43u);
-    for (int i = 0; i < 32; i++) b[i] = (uint8_t)i;
+    for (int i = 0; i < 32; i++)
+        b[i] = (uint8_t)i;
     ck_assert_uint_eq(jdt_crc32c(b, 32), 0x46DD794Eu);
-    for (int i = 0; i < 32; i++) b[i] = (uint8_t)(31 - i);
+    for (int i = 0; i < 32; i++)
+        b[i] = (uint8_t)(31 - i);
     ck_assert_uint_eq(jdt_crc32c(b, 32), 0x113FDB5Cu);
 }
 END_TEST
@@ -50,7 +52,8 @@ START_TEST(test_tfrecord_frame)
     ck_assert_uint_eq(n, 9 + JDT_TFRECORD_OVERHEAD);
     /* uint64 little-endian length */
     ck_assert_uint_eq(out[0], 9);
-    for (int i = 1; i < 8; i++) ck_assert_uint_eq(out[i], 0);
+    for (int i = 1; i < 8; i++)
+        ck_assert_uint_eq(out[i], 0);
     ck_assert_uint_eq(le32(out + 8), jdt_crc32c_mask(jdt_crc32c(out, 8)));
     ck_assert_mem_eq(out + 12, payload, 9);
     ck_assert_uint_eq(le32(out + 21), 0xC78AB0E5u); /* masked CRC of "123456789" */
@@ -66,12 +69,12 @@ START_TEST(test_event_encoding)
     uint8_t buf[64];
     size_t n = jdt_tboard_encode_scalar(buf, sizeof buf, 1.5, 3, "a", 2.0f);
     static const uint8_t want[] = {
-        0x09, 0, 0, 0, 0, 0, 0, 0xF8, 0x3F, /* wall_time 1.5 (fixed64) */
-        0x10, 0x03,                         /* step 3 */
-        0x2A, 0x0A,                         /* summary, 10 bytes */
-        0x0A, 0x08,                         /* value, 8 bytes */
-        0x0A, 0x01, 'a',                    /* tag */
-        0x15, 0, 0, 0, 0x40,                /* simple_value 2.0f (fixed32) */
+        0x09, 0,    0,   0, 0,    0, 0, 0xF8, 0x3F, /* wall_time 1.5 (fixed64) */
+        0x10, 0x03,                                 /* step 3 */
+        0x2A, 0x0A,                                 /* summary, 10 bytes */
+        0x0A, 0x08,                                 /* value, 8 bytes */
+        0x0A, 0x01, 'a',                            /* tag */
+        0x15, 0,    0,   0, 0x40,                   /* simple_value 2.0f (fixed32) */
     };
     ck_assert_uint_eq(n, sizeof want);
     ck_assert_mem_eq(buf, want, sizeof want);
@@ -130,14 +133,17 @@ static void write_metrics(const char *dir, bool resumed)
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
     for (int s = 1; s <= 40; s++) {
-        fprintf(f, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": 1.0, \"tokens\": %d}\n",
-                s, 5.0 * exp(-s / 15.0) + 1.0, 1e-3 * (s < 10 ? s / 10.0 : 1.0), s * 512);
+        fprintf(
+            f, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": 1.0, \"tokens\": %d}\n",
+            s, 5.0 * exp(-s / 15.0) + 1.0, 1e-3 * (s < 10 ? s / 10.0 : 1.0), s * 512);
         if (s % 10 == 0) {
             fprintf(f, "{\"step\": %d, \"val_loss\": %.6f}\n", s, 5.0 * exp(-s / 15.0) + 1.2);
             /* elapsed_s restarts at 0 after a resume at step 20 */
             double el = resumed && s > 20 ? (s - 20) * 0.5 : s * 0.5;
-            fprintf(f, "{\"step\": %d, \"tokens_per_s\": 1024, \"mfu\": 12.5, \"step_ms\": 500, "
-                       "\"data_ms\": 1, \"peak_rss_mb\": 100, \"elapsed_s\": %.3f}\n", s, el);
+            fprintf(f,
+                    "{\"step\": %d, \"tokens_per_s\": 1024, \"mfu\": 12.5, \"step_ms\": 500, "
+                    "\"data_ms\": 1, \"peak_rss_mb\": 100, \"elapsed_s\": %.3f}\n",
+                    s, el);
         }
     }
     fclose(f);
