@@ -76,17 +76,29 @@ typedef struct {
     double load_avg;       /* 1-minute load average when measured (-1: not measured here) */
     char cache_path[1024]; /* the cache file ("" when not used) */
     char blas_core[32];    /* CPU: OpenBLAS's kernels ("SkylakeX", ...) the SGEMM ran on */
+    char gemm[48];         /* CPU: what was measured instead of the SGEMM ("" = the SGEMM) */
 } jdt_peak_ref;
+
+/* What a CPU reference measures when it is not OpenBLAS's SGEMM: the GEMM the run's compute goes
+ * through (oneDNN's bf16 matmul under precision.compute: bf16 where bf16 products outrun f32
+ * FMAs). name: the cache file's suffix ("bf16"); what: the reference line's words ("oneDNN bf16
+ * GEMMs"); measure: best-of-n_rep FLOP/s of 1024^3 products on nt threads, the first a warm-up
+ * not counted, 0 on failure. */
+typedef struct {
+    const char *name, *what;
+    double (*measure)(int n_rep, int nt);
+} jdt_peak_gemm;
 
 /* The MFU denominator for a CPU process with `threads` threads (0 = OpenMP's default):
  * override_gflops > 0 wins; else the value cached in cache_dir/peak/<host>-t<threads>-<OpenBLAS
- * core>.txt (kernels chosen otherwise, e.g. by OPENBLAS_CORETYPE, are measured again);
- * else the best of 7 1024^3 SGEMMs on `threads` OpenBLAS threads, cached only when the machine
- * was quiet (1-minute load average + threads <= cores + 0.5) so a busy measurement is never
- * kept. Leaves OpenBLAS's thread count at `threads`. Errors: none fatal (a failed cache write
- * is reported through JDT_WARN); returns JDT_OK with flops > 0, or ERR_NOMEM. */
+ * core>[-<gemm name>].txt (kernels chosen otherwise, e.g. by OPENBLAS_CORETYPE, are measured
+ * again); else the best of 7 1024^3 products of `gemm` (NULL: OpenBLAS's SGEMM) on `threads`
+ * threads, cached only when the machine was quiet (1-minute load average + threads <= cores +
+ * 0.5) so a busy measurement is never kept. Leaves OpenBLAS's thread count at `threads`.
+ * Errors: none fatal (a failed cache write is reported through JDT_WARN); returns JDT_OK with
+ * flops > 0, or ERR_NOMEM (or, with gemm, ERR_INTERNAL when its measurement fails). */
 jdt_status jdt_peak_reference(const char *cache_dir, int threads, double override_gflops,
-                              jdt_peak_ref *out, jdt_err *e);
+                              const jdt_peak_gemm *gemm, jdt_peak_ref *out, jdt_err *e);
 
 /* Best-of-n SGEMM throughput (FLOP/s) of n_rep 1024^3 products on OpenBLAS's current threads;
  * the first run is a warm-up and not counted. 0 on allocation failure. */

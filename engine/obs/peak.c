@@ -2,7 +2,8 @@
  * peak.c — the MFU reference: what "100%" means for this process, and peak memory.
  *
  * A CPU has no trustworthy datasheet number (turbo, AVX clocks, SMT), so the reference is the
- * SGEMM rate OpenBLAS reaches with the process's thread budget. Measured on a busy machine it
+ * SGEMM rate OpenBLAS reaches with the process's thread budget (under bf16 compute with oneDNN,
+ * the bf16 GEMM's rate: the caller passes that measurement). Measured on a busy machine it
  * is too low and MFU comes out above 100%, so it is measured once per (host, threads), kept
  * only when the machine was quiet, and cached beside the compile cache; runtime.peak_gflops
  * overrides it. See docs/observability.md.
@@ -114,7 +115,7 @@ static double read_cache(const char *path)
 }
 
 jdt_status jdt_peak_reference(const char *cache_dir, int threads, double override_gflops,
-                              jdt_peak_ref *out, jdt_err *e)
+                              const jdt_peak_gemm *gemm, jdt_peak_ref *out, jdt_err *e)
 {
     memset(out, 0, sizeof *out);
     out->load_avg = -1;
@@ -123,6 +124,7 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
         out->source = "runtime.peak_gflops";
         return JDT_OK;
     }
+    if (gemm) snprintf(out->gemm, sizeof out->gemm, "%s", gemm->what);
     const char *core = openblas_get_corename();
     snprintf(out->blas_core, sizeof out->blas_core, "%s", core && *core ? core : "unknown");
     for (char *p = out->blas_core; *p; p++)
@@ -138,8 +140,8 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
         const int nd = snprintf(dir, sizeof dir, "%s/peak", cache_dir);
         if (nd < 0 || (size_t)nd >= sizeof dir) goto measure;
         mkdir_parents(dir);
-        snprintf(out->cache_path, sizeof out->cache_path, "%s/%s-t%d-%s.txt", dir, host, nt,
-                 out->blas_core);
+        snprintf(out->cache_path, sizeof out->cache_path, "%s/%s-t%d-%s%s%s.txt", dir, host, nt,
+                 out->blas_core, gemm ? "-" : "", gemm ? gemm->name : "");
         double cached = read_cache(out->cache_path);
         if (cached > 0) {
             out->flops = cached * 1e9;
@@ -152,8 +154,11 @@ measure:
     openblas_set_num_threads(nt);
     double loads[1] = {0};
     bool have_load = getloadavg(loads, 1) == 1;
-    out->flops = jdt_peak_measure_sgemm(7);
-    if (out->flops <= 0) return jdt_err_set(e, JDT_ERR_NOMEM, "MFU reference: out of memory");
+    out->flops = gemm ? gemm->measure(7, nt) : jdt_peak_measure_sgemm(7);
+    if (out->flops <= 0)
+        return gemm ? jdt_err_set(e, JDT_ERR_INTERNAL, "MFU reference: measuring %s failed",
+                                  gemm->what)
+                    : jdt_err_set(e, JDT_ERR_NOMEM, "MFU reference: out of memory");
     out->load_avg = have_load ? loads[0] : -1;
     long n_cores = sysconf(_SC_NPROCESSORS_ONLN);
     bool quiet = have_load && loads[0] + nt <= (double)n_cores + 0.5;
@@ -168,9 +173,10 @@ measure:
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out->cache_path, (long)getpid());
         FILE *f = fopen(tmp, "w");
         bool ok = f && fprintf(f,
-                               "%.3f\n# GFLOP/s: best of 7 SGEMM 1024^3 on %d threads (OpenBLAS "
+                               "%.3f\n# GFLOP/s: best of 7 %s 1024^3 on %d threads (OpenBLAS "
                                "%s), host %s, load %.2f of %ld cores\n",
-                               out->flops * 1e-9, nt, out->blas_core, host, loads[0], n_cores) > 0;
+                               out->flops * 1e-9, gemm ? gemm->what : "SGEMM", nt, out->blas_core,
+                               host, loads[0], n_cores) > 0;
         if (f && fclose(f) != 0) ok = false;
         if (!ok || rename(tmp, out->cache_path) != 0) {
             JDT_WARN("could not cache the MFU reference in %s: %s", out->cache_path,

@@ -388,3 +388,32 @@ void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float
     round_f32(b, br, nb, nt);
     jdt_rt_matmul(ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, nt);
 }
+
+double jdt_rt_bf16_peak_measure(int n_rep, int nt)
+{
+    enum { N = 1024 };
+    const size_t n = (size_t)N * N;
+    const int64_t ns = jdt_rt_matmul_bf16_scratch_bytes(1, N, N, N, false, false, true, true);
+    uint16_t *a = jdt_malloc(n * sizeof *a), *b = jdt_malloc(n * sizeof *b);
+    float *c = jdt_malloc(n * sizeof *c);
+    void *scratch = ns > 0 ? jdt_malloc((size_t)ns) : NULL;
+    double best = 0;
+    if (a && b && c && (ns == 0 || scratch)) {
+        for (size_t i = 0; i < n; i++) {
+            a[i] = jdt_rt_bf16_bits(1e-3f * (float)(i % 97));
+            b[i] = jdt_rt_bf16_bits(1e-3f * (float)(i % 89));
+        }
+        for (int r = 0; r <= n_rep; r++) { /* r = 0 creates the primitive, warms caches */
+            const double t0 = jdt_now_s();
+            jdt_rt_matmul_bf16_ex(a, b, NULL, c, 1, N, N, N, false, false, false, true, true,
+                                  scratch, nt);
+            const double f = 2.0 * N * N * N / (jdt_now_s() - t0);
+            if (r > 0 && f > best) best = f;
+        }
+    }
+    jdt_free(a);
+    jdt_free(b);
+    jdt_free(c);
+    jdt_free(scratch);
+    return best;
+}

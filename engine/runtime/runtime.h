@@ -133,6 +133,10 @@ int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, in
 void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c, int64_t batch,
                            int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
                            bool a_bf16, bool b_bf16, void *scratch, int nt);
+/* The best of n_rep (after one warm-up) 1024^3 products of bf16 operands through
+ * jdt_rt_matmul_bf16_ex on nt threads, FLOP/s: the MFU reference of precision.compute: bf16 where
+ * jdt_rt_bf16_native(). 0 when out of memory. */
+double jdt_rt_bf16_peak_measure(int n_rep, int nt);
 /* bf16 storage: x rounded to the nearest bf16 (as jdt_rt_bf16_round), its 16 bits; and back. */
 uint16_t jdt_rt_bf16_bits(float x);
 float jdt_rt_bf16_float(uint16_t h);

@@ -15,6 +15,7 @@
 #include "io/data.h"
 #include "io/fetch.h"
 #include "obs/obs.h"
+#include "runtime/runtime.h"
 #include "train/trace.h"
 
 #include <cblas.h>
@@ -815,8 +816,9 @@ static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
 }
 
 /* The MFU denominator of one process: on a GPU the part's dense tensor-core peak for the
- * step's precision (TF32 for f32, bf16), on the CPU the cached or measured SGEMM peak
- * (engine/obs); runtime.peak_gflops pins either. */
+ * step's precision (TF32 for f32, bf16), on the CPU the cached or measured peak of the GEMM the
+ * step runs (the SGEMM, or oneDNN's bf16 GEMM under bf16 compute; engine/obs);
+ * runtime.peak_gflops pins either. */
 static jdt_status mfu_reference(trainer *tr, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
@@ -836,8 +838,13 @@ static jdt_status mfu_reference(trainer *tr, jdt_err *e)
     jdt_train_compile_opts(cfg, &co);
     if (jdt_compile_cache_dir(&co, cache_dir, sizeof cache_dir, NULL) != JDT_OK)
         cache_dir[0] = '\0';
-    return jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops, &tr->pref,
-                              e);
+    /* bf16 compute through oneDNN runs its GEMMs at the bf16 rate (1.7-1.8x the SGEMM's on an
+     * AMD EPYC): against the SGEMM a healthy run read MFU 170% and was told its reference was
+     * wrong. Elsewhere bf16 GEMMs are SGEMMs on rounded inputs, and the SGEMM is the ceiling. */
+    const jdt_peak_gemm bf16 = {"bf16", "oneDNN bf16 GEMMs", jdt_rt_bf16_peak_measure};
+    const bool use_bf16 = cfg->precision.compute == JDT_DTYPE_BF16 && jdt_rt_bf16_native();
+    return jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops,
+                              use_bf16 ? &bf16 : NULL, &tr->pref, e);
 }
 
 /* Rank 0's outputs: run_dir/config.yaml, metrics.jsonl (appended on a resume), the TensorBoard
@@ -856,8 +863,12 @@ static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
     if (!tr->metrics) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
     JDT_INFO("MFU reference: %.6g GFLOP/s for %d process(es) (%s%s%s)%s%s%s", tr->peak * 1e-9,
              tr->world_size, tr->pref.source, tr->pref.cache_path[0] ? ": " : "",
-             tr->pref.cache_path, tr->pref.blas_core[0] ? "; OpenBLAS " : "", tr->pref.blas_core,
-             tr->pref.blas_core[0] ? " kernels" : "");
+             tr->pref.cache_path,
+             tr->pref.gemm[0]        ? "; "
+             : tr->pref.blas_core[0] ? "; OpenBLAS "
+                                     : "",
+             tr->pref.gemm[0] ? tr->pref.gemm : tr->pref.blas_core,
+             !tr->pref.gemm[0] && tr->pref.blas_core[0] ? " kernels" : "");
     if (tr->pref.provisional)
         JDT_WARN("the MFU reference was measured on a busy machine (load %.1f): MFU may be "
                  "overstated; set runtime.peak_gflops to pin it",

@@ -39,9 +39,10 @@ taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
 # the slow ones.
 JDT_BIN="$BIN" . "$ROOT/tests/infra/blas-env.sh"
 [ "$BF16" = 1 ] && taskset -c "$CPUS" "$BIN" "$TMP/bench-bf16.yaml" run.steps=1 >/dev/null 2>&1
-run_jdt() { # [yaml] prints the median tok/s of the logged windows after the first two
-  taskset -c "$CPUS" "$BIN" "${1:-$TMP/bench.yaml}" 2>"$TMP/jdt.log" >/dev/null || { cat "$TMP/jdt.log" >&2; return 1; }
-  grep -E "^step [0-9]+/" "$TMP/jdt.log" | tail -n +3 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+run_jdt() { # [yaml] prints the median tok/s of the logged windows after the first two; log: $TMP/<yaml name>.log
+  local y=${1:-$TMP/bench.yaml}; local log=$TMP/$(basename "$y" .yaml).log
+  taskset -c "$CPUS" "$BIN" "$y" 2>"$log" >/dev/null || { cat "$log" >&2; return 1; }
+  grep -E "^step [0-9]+/" "$log" | tail -n +3 | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
 run_peer() { # fw (torch, jax, torch-bf16): prints tok/s or nothing
   local fw=$1 py=$PYTHON_TORCH bf=0; [ "$fw" = jax ] && py=$PYTHON_JAX
@@ -65,9 +66,13 @@ done
 best() { sort -g "$1" 2>/dev/null | grep -v '^$' | tail -1; }
 spread() { sort -g "$1" 2>/dev/null | grep -v '^$' | awk 'NR==1{lo=$1} {hi=$1} END{if (NR) printf "%s..%s", lo, hi}'; }
 jdt=$(best "$TMP/jdt.runs")
-peak=$(grep -oE "MFU reference: [0-9.]+ GFLOP" "$TMP/jdt.log" | tail -1 | awk "{print \$3}")
+peak=$(grep -oE "MFU reference: [0-9.]+ GFLOP" "$TMP/bench.log" | tail -1 | awk "{print \$3}")
+# the bf16 rows' reference: jdt-train's under bf16 compute (oneDNN's bf16 GEMM rate where its
+# bf16 GEMMs run through oneDNN, else the SGEMM's) and its description
+peak16=$(grep -oE "MFU reference: [0-9.]+ GFLOP" "$TMP/bench-bf16.log" 2>/dev/null | tail -1 | awk "{print \$3}")
+ref16=$(sed -nE 's/^MFU reference: .*\); (.*)$/\1/p' "$TMP/bench-bf16.log" 2>/dev/null | tail -1)
 flops=$(awk -v L=$L -v C=$C -v T=$T -v V=$V 'BEGIN { n = V*C + L*(12*C*C + 13*C) + 2*C; print 6*n + 12*L*T*C }')
-mfu() { awk -v r="$1" -v f="$flops" -v p="$peak" 'BEGIN { printf "%.1f", 100 * r * f / (p * 1e9) }'; }
+mfu() { awk -v r="$1" -v f="$flops" -v p="${2:-$peak}" 'BEGIN { printf "%.1f", 100 * r * f / (p * 1e9) }'; }
 
 echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, SGEMM peak ${peak} GFLOP/s (last jdt run; OpenBLAS ${OPENBLAS_CORETYPE:-default} kernels, the peers too), $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token, best of $REPS alternating runs"
 printf "%-10s %12s %8s %10s %16s\n" "framework" "tokens/s" "MFU %" "jdt/peer" "runs (min..max)"
@@ -80,8 +85,8 @@ for fw in torch jax; do
 done
 if [ "$BF16" = 1 ]; then
   jb=$(best "$TMP/jdt-bf16.runs")
-  printf "%-10s %12s %8s %10s %16s\n" "jdt-bf16" "$jb" "$(mfu "$jb")" "$(awk -v a="$jdt" -v b="$jb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/jdt-bf16.runs")"
+  printf "%-10s %12s %8s %10s %16s\n" "jdt-bf16" "$jb" "$(mfu "$jb" "$peak16")" "$(awk -v a="$jdt" -v b="$jb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/jdt-bf16.runs")"
   tb=$(best "$TMP/torch-bf16.runs" 2>/dev/null)
-  [ -n "$tb" ] && printf "%-10s %12s %8s %10s %16s\n" "torch-bf16" "$tb" "$(mfu "$tb")" "$(awk -v a="$jdt" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/torch-bf16.runs")"
-  echo "bf16: jdt-bf16 / jdt-train f32 = $(awk -v a="$jb" -v b="$jdt" 'BEGIN{printf "%.2f", a/b}')${tb:+, jdt-bf16 / torch-bf16 = $(awk -v a="$jb" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')} (MFU of bf16 rows is against the f32 SGEMM peak)"
+  [ -n "$tb" ] && printf "%-10s %12s %8s %10s %16s\n" "torch-bf16" "$tb" "$(mfu "$tb" "$peak16")" "$(awk -v a="$jdt" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/torch-bf16.runs")"
+  echo "bf16: jdt-bf16 / jdt-train f32 = $(awk -v a="$jb" -v b="$jdt" 'BEGIN{printf "%.2f", a/b}')${tb:+, jdt-bf16 / torch-bf16 = $(awk -v a="$jb" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')} (MFU of bf16 rows is against ${peak16} GFLOP/s: ${ref16:-?})"
 fi

@@ -5,7 +5,7 @@
 # generous reference nothing is marked or warned about. The measured reference names the
 # OpenBLAS kernels it ran on: never pre-AVX2 ones on a CPU with AVX2 and FMA (jdt-train
 # re-executes itself with OPENBLAS_CORETYPE where OpenBLAS fell back to them), and the user's
-# OPENBLAS_CORETYPE is kept.
+# OPENBLAS_CORETYPE is kept. Under bf16 compute through oneDNN the reference is oneDNN's bf16 GEMM.
 set -uo pipefail
 cd "$JDT_TMP"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -40,4 +40,22 @@ fi
 OPENBLAS_CORETYPE=Prescott "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs4" \
   run.steps=2 runtime.cache_dir="$JDT_TMP/cache4" > user.log 2>&1 || { cat user.log; fail "training failed"; }
 grep -q "; OpenBLAS Prescott kernels$" user.log || { cat user.log; fail "OPENBLAS_CORETYPE=Prescott not kept"; }
-echo "ok ($core kernels)"
+# bf16 compute: where its GEMMs run through oneDNN (the run says so once), MFU is against
+# oneDNN's bf16 GEMM rate, cached beside the SGEMM's under its own name (against the SGEMM a
+# healthy bf16 run read MFU 170% with a warning that the reference was wrong); elsewhere bf16
+# GEMMs are SGEMMs on rounded inputs and the SGEMM stays the reference
+"$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs5" run.steps=2 \
+  precision.compute=bf16 runtime.cache_dir="$JDT_TMP/cache3" > bf16.log 2>&1 ||
+  { cat bf16.log; fail "bf16 training failed"; }
+if grep -q "precision.compute bf16: bf16 GEMMs: oneDNN" bf16.log; then
+  grep -qE "^MFU reference: .*; oneDNN bf16 GEMMs$" bf16.log ||
+    { cat bf16.log; fail "bf16 GEMMs through oneDNN, MFU not against their rate"; }
+  ls "$JDT_TMP/cache3/peak/"*"-$core-bf16.txt" >/dev/null 2>&1 || grep -q "busy machine" bf16.log ||
+    fail "the bf16 reference was not cached under its own name: $(ls "$JDT_TMP/cache3/peak")"
+  bf16_ref="oneDNN bf16 GEMMs"
+else
+  grep -qE "^MFU reference: .*; OpenBLAS $core kernels$" bf16.log ||
+    { cat bf16.log; fail "bf16 on SGEMMs: the reference is not the SGEMM's"; }
+  bf16_ref="the SGEMM (no oneDNN bf16 path here)"
+fi
+echo "ok ($core kernels; bf16 against $bf16_ref)"

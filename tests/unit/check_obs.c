@@ -241,7 +241,7 @@ START_TEST(test_peak_override_and_rss)
 {
     jdt_peak_ref p;
     jdt_err e;
-    ck_assert_int_eq(jdt_peak_reference("/tmp", 1, 123.0, &p, &e), JDT_OK);
+    ck_assert_int_eq(jdt_peak_reference("/tmp", 1, 123.0, NULL, &p, &e), JDT_OK);
     ck_assert_double_eq_tol(p.flops, 123e9, 1);
     ck_assert_str_eq(p.source, "runtime.peak_gflops");
     ck_assert_int_gt(jdt_obs_peak_rss_bytes(), 1 << 20);
@@ -285,17 +285,62 @@ START_TEST(test_peak_cache)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     jdt_peak_ref p;
     jdt_err e;
-    ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &p, &e), JDT_OK);
+    ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, NULL, &p, &e), JDT_OK);
     ck_assert(p.flops > 0);
     if (!p.provisional) { /* quiet machine: the value was cached and is read back as is */
         double first = p.flops;
-        ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &p, &e), JDT_OK);
+        ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, NULL, &p, &e), JDT_OK);
         ck_assert_str_eq(p.source, "cached");
         ck_assert_double_eq_tol(p.flops, first, first * 1e-4);
     } else { /* busy machine: nothing may be cached */
         struct stat sb;
         ck_assert_int_ne(stat(p.cache_path, &sb), 0);
     }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* A GEMM other than the SGEMM (bf16 compute through oneDNN) is measured by the caller's function
+ * and cached under its own name, beside the SGEMM's; a failed measurement is an error. */
+static double fake_gemm_rate(int n_rep, int nt)
+{
+    return n_rep == 7 && nt == 1 ? 42e9 : -1;
+}
+
+static double failing_gemm_rate(int n_rep, int nt)
+{
+    (void)n_rep, (void)nt;
+    return 0;
+}
+
+START_TEST(test_peak_other_gemm)
+{
+    char dir[] = "/tmp/jdt-obs-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    const jdt_peak_gemm fake = {"fake", "fake GEMMs", fake_gemm_rate};
+    jdt_peak_ref p, q;
+    jdt_err e;
+    ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &fake, &p, &e), JDT_OK);
+    ck_assert_double_eq_tol(p.flops, 42e9, 1);
+    ck_assert_str_eq(p.gemm, "fake GEMMs");
+    const size_t n = strlen(p.cache_path);
+    ck_assert(n > 9 && !strcmp(p.cache_path + n - 9, "-fake.txt"));
+    if (!p.provisional) { /* quiet machine: read back from its own file */
+        ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &fake, &p, &e), JDT_OK);
+        ck_assert_str_eq(p.source, "cached");
+        ck_assert_double_eq_tol(p.flops, 42e9, 1);
+    }
+    ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, NULL, &q, &e), JDT_OK);
+    ck_assert_str_ne(q.cache_path, p.cache_path);
+    ck_assert_str_eq(q.gemm, "");
+    const jdt_peak_gemm bad = {"bad", "bad GEMMs", failing_gemm_rate};
+    ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &bad, &p, &e), JDT_ERR_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "bad GEMMs"));
+    /* an override wins over any GEMM */
+    ck_assert_int_eq(jdt_peak_reference(dir, 1, 7.0, &fake, &p, &e), JDT_OK);
+    ck_assert_double_eq_tol(p.flops, 7e9, 1);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     ck_assert_int_eq(system(cmd), 0);
@@ -316,6 +361,7 @@ int main(void)
     tcase_add_test(tc, test_plot_png_svg);
     tcase_add_test(tc, test_peak_override_and_rss);
     tcase_add_test(tc, test_peak_cache);
+    tcase_add_test(tc, test_peak_other_gemm);
     tcase_add_test(tc, test_peak_gpu_datasheet);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
