@@ -450,17 +450,18 @@ JDT_RT_CLONES void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, i
                     cs[i] = (float)cos(ang);
                     sn[i] = (float)sin(ang);
                 }
-                for (int64_t r = 0; r < B * H; r++) {
-                    const int64_t o = ((r / H) * T + t) * HD + (r % H) * D + 2 * i0;
-                    const float *xr = x + o;
-                    float *yr = y + o;
+                for (int64_t b = 0; b < B; b++) /* (b, t): H heads back to back */
+                    for (int64_t h = 0; h < H; h++) {
+                        const int64_t o = (b * T + t) * HD + h * D + 2 * i0;
+                        const float *xr = x + o;
+                        float *yr = y + o;
 #pragma omp simd
-                    for (int64_t i = 0; i < ni; i++) {
-                        const float x0 = xr[2 * i], x1 = xr[2 * i + 1];
-                        yr[2 * i] = x0 * cs[i] - x1 * sn[i];
-                        yr[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+                        for (int64_t i = 0; i < ni; i++) {
+                            const float x0 = xr[2 * i], x1 = xr[2 * i + 1];
+                            yr[2 * i] = x0 * cs[i] - x1 * sn[i];
+                            yr[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+                        }
                     }
-                }
             }
         }
     }

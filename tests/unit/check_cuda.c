@@ -1004,6 +1004,15 @@ static int graph_named(const char *name)
     return i;
 }
 
+/* f holds graph i of GRAPHS, its inputs filled from seed and bound for the JIT. */
+static void graph_fx(fx *f, int i, uint64_t seed)
+{
+    fx_init(f);
+    GRAPHS[i].build(f);
+    fx_fill(f, seed);
+    fx_bind(f, true);
+}
+
 /* Every output of programs a and b of graph g is the same bytes. */
 static void outputs_bitwise(jdt_graph *g, const jdt_program *a, const jdt_program *b,
                             const char *what)
@@ -1031,10 +1040,7 @@ START_TEST(test_gpu_merged_launches_bitwise)
     jdt_device *d = gpu_or_skip(names[_i]);
     if (!d) return;
     fx f;
-    fx_init(&f);
-    GRAPHS[i].build(&f);
-    fx_fill(&f, 5);
-    fx_bind(&f, true);
+    graph_fx(&f, i, 5);
     jdt_err e;
     jdt_err_clear(&e);
     jdt_program *p[2] = {NULL, NULL};
@@ -1084,10 +1090,7 @@ START_TEST(test_gpu_profile_marks)
     if (!d) return;
     const int i = graph_named("builtins");
     fx f;
-    fx_init(&f);
-    GRAPHS[i].build(&f);
-    fx_fill(&f, 3);
-    fx_bind(&f, true);
+    graph_fx(&f, i, 3);
     jdt_err e;
     jdt_err_clear(&e);
     spans sp = {.fresh = true, .ordered = true};
