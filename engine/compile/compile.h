@@ -213,7 +213,9 @@ jdt_status jdt_compile_check_arena(int64_t n_bytes, jdt_err *e);
 
 /* Runs one step: reads every leaf through its tensor's data pointer (all must be bound:
  * ERR_INVALID naming the leaf otherwise), computes the outputs, then applies every update to
- * its target leaf's buffer in place. Not thread-safe for one program; allocates nothing. */
+ * its target leaf's buffer in place. Distinct leaves must not share memory, nor point into the
+ * program's arena: updates are written in place during the step and kernels load a scalar
+ * leaf once, before their loops. Not thread-safe for one program; allocates nothing. */
 jdt_status jdt_program_run(jdt_program *p, jdt_err *e);
 
 /* Pointer to graph output i after a run (row-major, the output tensor's dtype and shape);

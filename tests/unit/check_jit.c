@@ -413,6 +413,115 @@ START_TEST(test_train_step_updates)
 }
 END_TEST
 
+/* The kernel of source src whose body contains needle: [*b, *e) spans from its "static void"
+ * line to the next blank line after it. False when there is none after from. */
+static bool kernel_with(const char *src, const char *from, const char *needle, const char **b,
+                        const char **e)
+{
+    const char *n = strstr(from, needle);
+    if (!n) return false;
+    const char *k = n;
+    while (k > src && strncmp(k, "static void k", 13) != 0)
+        k--;
+    const char *end = strstr(n, "\n\n");
+    *b = k, *e = end ? end : n + strlen(n);
+    return true;
+}
+
+/* AdamW as the trainer builds it (engine/train/step.c build_update: a clip scale computed in
+ * the step, lr and bias corrections fed per step, moments and parameter updated in place), on a
+ * small parameter (serial loop) and a large one (parallel loop): against the interpreter, and
+ * the emitted update loops vectorisable. Scalars are loaded once before the loop, not in it
+ * (loaded in it, GCC cannot prove the stores leave them alone and vectorised none of the
+ * trainer's AdamW loops: "no vectype for stmt"), and a moment read and written in place goes
+ * through one pointer (as two, the parallel loop needed 15 run-time overlap tests, over GCC's
+ * limit of 10). */
+START_TEST(test_adamw_loops_vectorisable)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    /* 0-d inputs, as the trainer's scalar_input */
+    jdt_tensor *lr = fx_leaf(&f, 1, "lr", JDT_DTYPE_F32, 0, NULL, 1e-3, 2e-3);
+    jdt_tensor *bc1 = fx_leaf(&f, 1, "bc1", JDT_DTYPE_F32, 0, NULL, 1.0, 2.0);
+    jdt_tensor *bc2 = fx_leaf(&f, 1, "bc2", JDT_DTYPE_F32, 0, NULL, 1.0, 2.0);
+    int64_t shapes[2][2] = {{40, 24}, {256, 160}}; /* 960 and 40960 elements (>= 32768: parallel) */
+    jdt_tensor *P[2], *G[2], *M[2], *Vs[2], *sumsq = NULL;
+    for (int i = 0; i < 2; i++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "p%d", i);
+        P[i] = fx_leaf(&f, 0, nm, JDT_DTYPE_F32, 2, shapes[i], -0.5, 0.5);
+        snprintf(nm, sizeof nm, "g%d", i);
+        G[i] = fx_leaf(&f, 1, nm, JDT_DTYPE_F32, 2, shapes[i], -1.0, 1.0);
+        snprintf(nm, sizeof nm, "m%d", i);
+        M[i] = fx_leaf(&f, 2, nm, JDT_DTYPE_F32, 2, shapes[i], -0.1, 0.1);
+        snprintf(nm, sizeof nm, "v%d", i);
+        Vs[i] = fx_leaf(&f, 2, nm, JDT_DTYPE_F32, 2, shapes[i], 0.0, 0.1);
+        jdt_tensor *ss = jdt_graph_reduce_sum(g, jdt_graph_mul(g, G[i], G[i]), 3u, false);
+        sumsq = sumsq ? jdt_graph_add(g, sumsq, ss) : ss;
+    }
+    jdt_tensor *norm = jdt_graph_sqrt(g, sumsq);
+    jdt_tensor *scale = jdt_graph_min(g, jdt_graph_scalar(g, JDT_DTYPE_F32, 1.0),
+                                      jdt_graph_div(g, jdt_graph_scalar(g, JDT_DTYPE_F32, 1.0),
+                                                    jdt_graph_add_scalar(g, norm, 1e-6)));
+    out(&f, norm);
+    for (int i = 0; i < 2; i++) {
+        jdt_tensor *gr = jdt_graph_mul_bcast(g, G[i], scale);
+        jdt_tensor *mn =
+            jdt_graph_add(g, jdt_graph_mul_scalar(g, M[i], 0.9), jdt_graph_mul_scalar(g, gr, 0.1));
+        jdt_tensor *vn = jdt_graph_add(g, jdt_graph_mul_scalar(g, Vs[i], 0.95),
+                                       jdt_graph_mul_scalar(g, jdt_graph_mul(g, gr, gr), 0.05));
+        jdt_tensor *den =
+            jdt_graph_add_scalar(g, jdt_graph_sqrt(g, jdt_graph_mul_bcast(g, vn, bc2)), 1e-8);
+        jdt_tensor *upd = jdt_graph_div(g, jdt_graph_mul_bcast(g, mn, bc1), den);
+        upd = jdt_graph_add(g, upd, jdt_graph_mul_scalar(g, P[i], 0.1));
+        jdt_graph_add_update(g, M[i], mn);
+        jdt_graph_add_update(g, Vs[i], vn);
+        jdt_graph_add_update(g, P[i], jdt_graph_sub(g, P[i], jdt_graph_mul_bcast(g, upd, lr)));
+    }
+    fx_fill(&f, 11);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program *p = fx_check_steps(&f, &o, 3, 1e-5, 1e-7, true);
+    const char *src = jdt_program_source(p);
+    ck_assert_ptr_nonnull(src);
+    int n_loops = 0, n_par = 0;
+    const char *b, *e, *from = src;
+    while (kernel_with(src, from, "sqrt(", &b, &e)) {
+        from = e;
+        const char *loop = strstr(b, "    for (");
+        ck_assert_msg(loop && loop < e, "no loop in\n%.*s", (int)(e - b), b);
+        int n_w = 0; /* the update kernels store m, v and p; the global norm's, one scalar */
+        for (const char *w = strstr(b, "float *w"); w && w < loop; w = strstr(w + 1, "float *w"))
+            n_w++;
+        if (n_w < 3) continue;
+        n_loops++;
+        const char *pragma = strstr(b, "#pragma omp parallel");
+        n_par += pragma && pragma < e;
+        /* no load at a fixed offset inside the loop: "= r<k>[<digits>];" */
+        for (const char *q = strstr(loop, "= r"); q && q < e; q = strstr(q + 1, "= r")) {
+            size_t k = strspn(q + 3, "0123456789"), d = k ? strspn(q + 4 + k, "0123456789") : 0;
+            ck_assert_msg(!(k && d && q[3 + k] == '[' && strncmp(q + 4 + k + d, "];", 2) == 0),
+                          "a scalar load inside the update loop:\n%.*s", (int)(e - b), b);
+        }
+        /* every buffer behind one pointer: no read pointer on a slot a write pointer has */
+        for (const char *w = strstr(b, "float *w"); w && w < loop; w = strstr(w + 1, "float *w")) {
+            const char *slot = strstr(w, "p[");
+            char decl[64];
+            int len = (int)strcspn(slot, ";");
+            snprintf(decl, sizeof decl, "(const float *)%.*s;", len, slot);
+            const char *dup = strstr(b, decl);
+            ck_assert_msg(!dup || dup > loop, "a read and a write pointer on %.*s:\n%.*s", len,
+                          slot, (int)(e - b), b);
+        }
+    }
+    ck_assert_msg(n_loops == 2 && n_par == 1, "%d update kernels, %d parallel:\n%s", n_loops, n_par,
+                  src);
+    jdt_program_free(p);
+    fx_free(&f);
+}
+END_TEST
+
 /* One pre-norm transformer block (rmsnorm, qkv projections, rope, causal attention, swiglu-ish
  * MLP, tied vocab head, cross-entropy) differentiated by autodiff and updated with Adam: the
  * whole-step graph the trainer compiles, two steps against the interpreter. */
@@ -1167,6 +1276,7 @@ int main(void)
     tcase_add_test(tc, test_random_fused_chains);
     tcase_add_test(tc, test_train_step_updates);
     tcase_add_test(tc, test_transformer_block_adam);
+    tcase_add_test(tc, test_adamw_loops_vectorisable);
     tcase_add_test(tc, test_bf16_compute);
     tcase_add_test(tc, test_scatter_add_fold);
     tcase_add_test(tc, test_broadcast_shared);

@@ -29,20 +29,80 @@
  * bits for every thread count, unlike an OpenMP reduction clause). */
 #define RED_CHUNKS 64
 
-static void emit_loads(jdt_sbuf *s, const jdt_nest *N)
+/* True when access a reads one element for the whole nest (every stride 0): a scalar operand. */
+static bool acc_invariant(const jdt_nest *N, int a)
 {
-    char off[512];
-    for (int a = 0; a < N->n_acc; a++) {
-        if (N->acc[a].write || a == N->flat) continue;
-        jdt_nest_offset(N, a, off, sizeof off);
-        const cnode *x = &N->c->nodes[N->acc[a].node];
-        if (x->bf16) /* bf16 storage: widened, computed in f32 */
-            jdt_sb_printf(s, "        const float x%d = jdt_bf16_ld(r%d[%s]);\n", a, a, off);
-        else
-            jdt_sb_printf(s, "        const %s x%d = r%d[%s];\n", jdt_nest_ctype(x->dtype), a, a,
-                          off);
+    for (int k = 0; k < N->n; k++)
+        if (N->acc[a].stride[k] != 0) return false;
+    return true;
+}
+
+/* The write access storing into the buffer read access a reads (an update in place: AdamW's
+ * moments, a parameter), in the same C type, or -1. The read then goes through that write's
+ * pointer: one pointer per buffer, so the compiler sees the read and the store at the same
+ * index as one array and needs no run-time overlap test for them (GCC tests at most 10 pairs
+ * of pointers before it gives up vectorising a loop; AdamW's loops had 15). */
+static int acc_writer(const jdt_nest *N, int a)
+{
+    const cnode *x = &N->c->nodes[N->acc[a].node];
+    for (int w = 0; w < N->n_acc; w++) {
+        if (!N->acc[w].write || w == N->flat) continue;
+        const cnode *y = &N->c->nodes[N->acc[w].node];
+        if (y->buf == x->buf && y->bf16 == x->bf16 && y->dtype == x->dtype) return w;
     }
+    return -1;
+}
+
+/* False when buffers a and b hold disjoint memory whenever one step touches both. Distinct
+ * leaves, and a leaf and the arena, never overlap (jdt_program_run's contract: leaf memory is
+ * the caller's, one tensor's per leaf); arena buffers live at the same step own disjoint
+ * intervals, except one taking over a donor's storage (fuse.c), which the intervals show. */
+static bool bufs_overlap(const cprog *c, int a, int b)
+{
+    if (a == b) return true;
+    const jdt_buf_info *x = &c->bufs[a].info, *y = &c->bufs[b].info;
+    if (x->kind != JDT_BUF_ARENA || y->kind != JDT_BUF_ARENA) return false;
+    return x->offset < y->offset + y->n_bytes && y->offset < x->offset + x->n_bytes;
+}
+
+/* True when read access a can be loaded once before the loops: it reads one element for the
+ * whole nest and no store of the group can change it. Loaded inside the loop, a scalar that
+ * the compiler cannot prove untouched by the loop's stores stops it vectorising the loop
+ * (GCC: "no vectype for stmt"), as it did every AdamW update. */
+static bool acc_hoistable(const jdt_nest *N, int a)
+{
+    if (N->acc[a].write || a == N->flat || !acc_invariant(N, a)) return false;
+    int rb = N->c->nodes[N->acc[a].node].buf;
+    for (int w = 0; w < N->n_acc; w++)
+        if (N->acc[w].write && w != N->flat &&
+            bufs_overlap(N->c, rb, N->c->nodes[N->acc[w].node].buf))
+            return false;
+    return true;
+}
+
+/* `const T x<a> = <ptr>[<offset>];` of read access a, indented by ind; through the store's
+ * pointer when the group writes the buffer too (acc_writer). */
+static void emit_load(jdt_sbuf *s, const jdt_nest *N, int a, const char *ind)
+{
+    char off[512], ptr[16];
+    jdt_nest_offset(N, a, off, sizeof off);
+    int w = acc_writer(N, a);
+    snprintf(ptr, sizeof ptr, "%c%d", w >= 0 ? 'w' : 'r', w >= 0 ? w : a);
+    const cnode *x = &N->c->nodes[N->acc[a].node];
+    if (x->bf16) /* bf16 storage: widened, computed in f32 */
+        jdt_sb_printf(s, "%sconst float x%d = jdt_bf16_ld(%s[%s]);\n", ind, a, ptr, off);
+    else
+        jdt_sb_printf(s, "%sconst %s x%d = %s[%s];\n", ind, jdt_nest_ctype(x->dtype), a, ptr, off);
+}
+
+/* The loads of the loop body: `x<a>` for every read access not in hoisted (NULL: none). */
+static void emit_loads(jdt_sbuf *s, const jdt_nest *N, const bool *hoisted)
+{
+    for (int a = 0; a < N->n_acc; a++)
+        if (!N->acc[a].write && a != N->flat && !(hoisted && hoisted[a]))
+            emit_load(s, N, a, "        ");
     if (N->flat >= 0) {
+        char off[512];
         jdt_nest_offset(N, N->flat, off, sizeof off);
         jdt_sb_printf(s, "        const int64_t flat = %s;\n", off);
     }
@@ -89,15 +149,20 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         const char *T = x->bf16 ? "uint16_t" : jdt_nest_ctype(x->dtype);
         if (N.acc[a].write)
             jdt_sb_printf(s, "    %s *w%d = (%s *)p[%d];\n", T, a, T, x->buf);
-        else
+        else if (acc_writer(&N, a) < 0)
             jdt_sb_printf(s, "    const %s *r%d = (const %s *)p[%d];\n", T, a, T, x->buf);
     }
     char off[512];
     if (!g->is_reduce) {
+        bool hoisted[JDT_NEST_MAX_ACC] = {0};
+        for (int a = 0; a < N.n_acc; a++) {
+            hoisted[a] = acc_hoistable(&N, a);
+            if (hoisted[a]) emit_load(s, &N, a, "    ");
+        }
         emit_parallel(s, &N, N.n > 1 ? N.n - 1 : 1, nt);
         emit_loops(s, &N, 0, N.n);
         jdt_sb_printf(s, "    {\n");
-        emit_loads(s, &N);
+        emit_loads(s, &N, hoisted);
         for (int i = 0; i < g->n_members; i++)
             jdt_nest_value(s, &N, g->members[i]);
         for (int a = 0; a < N.n_acc; a++) {
@@ -154,7 +219,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
             emit_loops(s, &N, n_outer, N.n);
         }
         jdt_sb_printf(s, "    {\n");
-        emit_loads(s, &N);
+        emit_loads(s, &N, NULL);
         for (int i = 0; i < g->n_members; i++)
             if (g->members[i] != g->root) jdt_nest_value(s, &N, g->members[i]);
         if (is_max)
@@ -205,7 +270,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         emit_loops(s, &N, 0, N.n);
     }
     jdt_sb_printf(s, "    {\n");
-    emit_loads(s, &N);
+    emit_loads(s, &N, NULL);
     for (int i = 0; i < g->n_members; i++)
         if (g->members[i] != g->root) jdt_nest_value(s, &N, g->members[i]);
     jdt_nest_offset(&N, w, off, sizeof off);
