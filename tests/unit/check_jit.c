@@ -142,6 +142,51 @@ START_TEST(test_shape_and_reduce_ops)
 }
 END_TEST
 
+/* Reductions over a leading dim (bias and norm-affine gradients) sum chunks of its rows in
+ * parallel into partials on the stack, then add the partials in chunk order: against the
+ * interpreter, the same bits compiled for 1, 2 and 3 threads (the chunks are fixed by the
+ * shapes), and the partial form where it fits (PART_STACK_BYTES), column tiles where not. */
+START_TEST(test_leading_reductions)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -2, 2, 2000, 37);
+    jdt_tensor *y = FX_INPUT(&f, "y", JDT_DTYPE_F32, -2, 2, 300, 7, 40);
+    jdt_tensor *wide = FX_INPUT(&f, "wide", JDT_DTYPE_F32, -2, 2, 3, 20000);
+    out(&f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, x, x), 1u, false)); /* (37): 64 chunks */
+    out(&f, jdt_graph_reduce_max(g, x, 1u, false));
+    out(&f, jdt_graph_reduce_mean(g, y, 1u, false));   /* (7, 40) */
+    out(&f, jdt_graph_reduce_sum(g, y, 3u, false));    /* (40) */
+    out(&f, jdt_graph_reduce_sum(g, y, 5u, false));    /* (7): the middle dim kept */
+    out(&f, jdt_graph_reduce_sum(g, wide, 1u, false)); /* 20000 outputs: column tiles */
+    fx_fill(&f, 5);
+    jdt_program *p[3];
+    for (int t = 0; t < 3; t++) {
+        jdt_compile_opts o;
+        fx_opts(&f, &o);
+        o.threads = t + 1;
+        p[t] = fx_check_steps(&f, &o, 1, 1e-5, 1e-4, true);
+    }
+    for (int i = 0; i < jdt_graph_n_outputs(g); i++) {
+        size_t n = (size_t)jdt_shape_numel(&jdt_graph_output(g, i)->shape) * sizeof(float);
+        for (int t = 1; t < 3; t++)
+            ck_assert_msg(memcmp(jdt_program_output(p[0], i), jdt_program_output(p[t], i), n) == 0,
+                          "output %d: %d threads differ from 1", i, t + 1);
+    }
+    /* the partial form in the kernels of the five that fit, not in the wide one's */
+    const char *src = jdt_program_source(p[1]);
+    int n_part = 0;
+    for (const char *q = strstr(src, "part + ch * "); q; q = strstr(q + 1, "part + ch * "))
+        n_part++;
+    ck_assert_msg(n_part == 5, "%d kernels with partials in\n%.3000s", n_part, src);
+    ck_assert_msg(!strstr(src, "part + ch * 20000LL"), "partials of 20000 outputs");
+    for (int t = 0; t < 3; t++)
+        jdt_program_free(p[t]);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_matmul_gather_scatter)
 {
     fx f;
@@ -515,8 +560,8 @@ START_TEST(test_adamw_loops_vectorisable)
                           slot, (int)(e - b), b);
         }
     }
-    ck_assert_msg(n_loops == 2 && n_par == 1, "%d update kernels, %d parallel:\n%s", n_loops, n_par,
-                  src);
+    ck_assert_msg(n_loops == 2 && n_par == 1, "%d update kernels, %d parallel, in\n%.3000s",
+                  n_loops, n_par, src);
     jdt_program_free(p);
     fx_free(&f);
 }
@@ -1269,6 +1314,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_elementwise_ops);
     tcase_add_test(tc, test_shape_and_reduce_ops);
+    tcase_add_test(tc, test_leading_reductions);
     tcase_add_test(tc, test_matmul_gather_scatter);
     tcase_add_test(tc, test_row_primitives);
     tcase_add_test(tc, test_attention);

@@ -3,8 +3,9 @@
  * translation unit, one static function per group, exported through a table `jdt_kernels[]`
  * (cpu.c dlsym's it). Each group's loop nest (engine/compile/nest.c) becomes plain loops:
  * elementwise chains one flat loop, row reductions a (rows, cols) nest with an `omp simd`
- * accumulator, other reductions accumulating into the pre-initialised output (column tiles per
- * thread when the leading dim is reduced). Shapes, strides and scalars are literals: the
+ * accumulator, other reductions accumulating into the pre-initialised output (when the leading
+ * dim is reduced: chunks of its rows into partials added in chunk order, or column tiles per
+ * thread where the partials would not fit). Shapes, strides and scalars are literals: the
  * kernel is specialised to the program. The outer loop gets `omp parallel for` when the domain
  * is big enough; its team size is the variable `jdt_nt` of the shared object, which the backend
  * sets before every run (the adaptive thread count changes it without changing the source, so
@@ -130,6 +131,41 @@ static void emit_parallel(jdt_sbuf *s, const jdt_nest *N, int n_outer, int nt)
         jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) " SCHED "\n");
 }
 
+/* Bytes of stack a reduction's partial outputs may take (row_chunks). */
+#define PART_STACK_BYTES (128 * 1024)
+
+/* Chunks of the leading reduced dim a reduction into out_n outputs of elem bytes each sums in
+ * parallel, each into partials of its own (emit_group), or 0 where that form does not apply:
+ * dim 0 kept, a domain under PAR_MIN_ELEMS, or partials past PART_STACK_BYTES with 2 chunks.
+ * Shapes alone decide it, never the thread count: the chunks fix the order of the sums. */
+static int64_t row_chunks(const jdt_nest *N, int64_t out_n, size_t elem)
+{
+    if (N->kept[0] || N->n < 2 || jdt_shape_numel(&N->g->domain) < PAR_MIN_ELEMS || out_n < 1)
+        return 0;
+    int64_t fit = PART_STACK_BYTES / (out_n * (int64_t)elem);
+    int64_t n_ch = N->dims[0] < RED_CHUNKS ? N->dims[0] : RED_CHUNKS;
+    if (fit < n_ch) n_ch = fit;
+    return n_ch > 1 ? n_ch : 0;
+}
+
+/* The body of a reduction's innermost loop: loads, the members but the root, then the root's
+ * input src added (or max-ed) into out[offset of access w]. */
+static void emit_accumulate(jdt_sbuf *s, const jdt_nest *N, const cgroup *g, int w, const char *out,
+                            const char *src, bool is_max)
+{
+    char off[512];
+    jdt_sb_printf(s, "    {\n");
+    emit_loads(s, N, NULL);
+    for (int i = 0; i < g->n_members; i++)
+        if (g->members[i] != g->root) jdt_nest_value(s, N, g->members[i]);
+    jdt_nest_offset(N, w, off, sizeof off);
+    if (is_max)
+        jdt_sb_printf(s, "        if (%s > %s[%s]) %s[%s] = %s;\n", src, out, off, out, off, src);
+    else
+        jdt_sb_printf(s, "        %s[%s] += %s;\n", out, off, src);
+    jdt_sb_printf(s, "    }\n");
+}
+
 static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, jdt_err *e,
                        jdt_status *st)
 {
@@ -244,41 +280,71 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         return;
     }
     int64_t out_n = jdt_shape_numel(&root->shape);
-    jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] = %s;\n", (long long)out_n, w,
-                  init);
-    int64_t last = N.dims[N.n - 1];
-    bool col_tiles = !N.kept[0] && N.n > 1 && N.kept[N.n - 1] && nt > 1 && last >= 32 &&
-                     jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS;
-    if (col_tiles) {
-        /* a leading reduced dim (bias gradients): threads own column tiles of the innermost
-         * kept dim, so every thread accumulates into its own outputs and reads stay
-         * contiguous */
-        int64_t tile = (last + 4 * nt - 1) / (4 * nt);
-        tile = (tile + 15) / 16 * 16;
-        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) " SCHED "\n");
-        jdt_sb_printf(s, "    for (int64_t cb = 0; cb < %lldLL; cb += %lldLL)\n", (long long)last,
-                      (long long)tile);
-        emit_loops(s, &N, 0, N.n - 1);
-        jdt_sb_printf(
-            s,
-            "    for (int64_t i%d = cb; i%d < (cb + %lldLL < %lldLL ? cb + %lldLL : %lldLL); "
-            "i%d++)\n",
-            N.n - 1, N.n - 1, (long long)tile, (long long)last, (long long)tile, (long long)last,
-            N.n - 1);
+    int64_t n_ch = row_chunks(&N, out_n, jdt_dtype_size(root->dtype));
+    if (n_ch > 1) {
+        /* a leading reduced dim (bias gradients): chunks of its rows, taken by the threads as
+         * they come, each summed in row order into a partial output of its own on the stack,
+         * the partials then added in chunk order. Every thread streams whole rows (the column
+         * tiles below read a few cache lines per row, strided: half the bandwidth), and the
+         * result does not depend on the thread count. */
+        int64_t len = (N.dims[0] + n_ch - 1) / n_ch;
+        n_ch = (N.dims[0] + len - 1) / len;
+        jdt_sb_printf(s, "    %s part[%lldLL];\n", T, (long long)(n_ch * out_n));
+        jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) schedule(dynamic, 1)\n");
+        jdt_sb_printf(s, "    for (int64_t ch = 0; ch < %lldLL; ch++) {\n", (long long)n_ch);
+        jdt_sb_printf(s, "    %s *pp = part + ch * %lldLL;\n", T, (long long)out_n);
+        jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) pp[o] = %s;\n", (long long)out_n,
+                      init);
+        jdt_sb_printf(s,
+                      "    const int64_t hi = ch * %lldLL + %lldLL < %lldLL ? ch * %lldLL + "
+                      "%lldLL : %lldLL;\n",
+                      (long long)len, (long long)len, (long long)N.dims[0], (long long)len,
+                      (long long)len, (long long)N.dims[0]);
+        jdt_sb_printf(s, "    for (int64_t i0 = ch * %lldLL; i0 < hi; i0++)\n", (long long)len);
+        emit_loops(s, &N, 1, N.n);
+        emit_accumulate(s, &N, g, w, "pp", src, is_max);
+        jdt_sb_printf(s, "    }\n");
+        jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] = %s;\n",
+                      (long long)out_n, w, init);
+        jdt_sb_printf(s, "    for (int64_t ch = 0; ch < %lldLL; ch++)\n", (long long)n_ch);
+        jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++)\n", (long long)out_n);
+        if (is_max)
+            jdt_sb_printf(s,
+                          "        w%d[o] = part[ch * %lldLL + o] > w%d[o] ? part[ch * %lldLL + "
+                          "o] : w%d[o];\n",
+                          w, (long long)out_n, w, (long long)out_n, w);
+        else
+            jdt_sb_printf(s, "        w%d[o] += part[ch * %lldLL + o];\n", w, (long long)out_n);
     } else {
-        if (N.kept[0]) emit_parallel(s, &N, 1, nt);
-        emit_loops(s, &N, 0, N.n);
+        jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] = %s;\n",
+                      (long long)out_n, w, init);
+        int64_t last = N.dims[N.n - 1];
+        bool col_tiles = !N.kept[0] && N.n > 1 && N.kept[N.n - 1] && nt > 1 && last >= 32 &&
+                         jdt_shape_numel(&g->domain) >= PAR_MIN_ELEMS;
+        if (col_tiles) {
+            /* the leading reduced dim's rows do not fit row_chunks' partials: threads own
+             * column tiles of the innermost kept dim, so every thread accumulates into its own
+             * outputs */
+            int64_t tile = (last + 4 * nt - 1) / (4 * nt);
+            tile = (tile + 15) / 16 * 16;
+            jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) " SCHED "\n");
+            jdt_sb_printf(s, "    for (int64_t cb = 0; cb < %lldLL; cb += %lldLL)\n",
+                          (long long)last, (long long)tile);
+            emit_loops(s, &N, 0, N.n - 1);
+            jdt_sb_printf(
+                s,
+                "    for (int64_t i%d = cb; i%d < (cb + %lldLL < %lldLL ? cb + %lldLL : %lldLL); "
+                "i%d++)\n",
+                N.n - 1, N.n - 1, (long long)tile, (long long)last, (long long)tile,
+                (long long)last, N.n - 1);
+        } else {
+            if (N.kept[0]) emit_parallel(s, &N, 1, nt);
+            emit_loops(s, &N, 0, N.n);
+        }
+        char wn[16];
+        snprintf(wn, sizeof wn, "w%d", w);
+        emit_accumulate(s, &N, g, w, wn, src, is_max);
     }
-    jdt_sb_printf(s, "    {\n");
-    emit_loads(s, &N, NULL);
-    for (int i = 0; i < g->n_members; i++)
-        if (g->members[i] != g->root) jdt_nest_value(s, &N, g->members[i]);
-    jdt_nest_offset(&N, w, off, sizeof off);
-    if (is_max)
-        jdt_sb_printf(s, "        if (%s > w%d[%s]) w%d[%s] = %s;\n", src, w, off, w, off, src);
-    else
-        jdt_sb_printf(s, "        w%d[%s] += %s;\n", w, off, src);
-    jdt_sb_printf(s, "    }\n");
     if (is_mean)
         jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] /= (%s)%lld;\n",
                       (long long)out_n, w, T, (long long)count);
