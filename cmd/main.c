@@ -889,7 +889,8 @@ static int cmd_version(const subcommand *cmd, cli_args *a)
 #else
     printf("backends: cpu\n");
 #endif
-    printf("cpu: OpenBLAS %s kernels; %s\n", jdt_rt_blas_core(), jdt_rt_bf16_describe());
+    printf("cpu: OpenBLAS %s kernels; %s; %s\n", jdt_rt_blas_core(), jdt_rt_sgemm_describe(),
+           jdt_rt_bf16_describe());
     return EXIT_OK;
 }
 

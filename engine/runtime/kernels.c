@@ -88,18 +88,37 @@ static gemm_tiling tiling_for(int64_t M, int64_t N, int64_t K)
     return t;
 }
 
+static int64_t g_blas_tiles; /* tiles run through OpenBLAS (jdt_rt_matmul_blas_tiles) */
+
+int64_t jdt_rt_matmul_blas_tiles(void)
+{
+    return __atomic_load_n(&g_blas_tiles, __ATOMIC_RELAXED);
+}
+
+/* One tile of jdt_rt_matmul through OpenBLAS: c (m, n; row stride ldc) = bias + op(a) op(b). */
+static void tile_sgemm(const float *a, const float *b, const float *bias, float *c, int64_t m,
+                       int64_t n, int64_t K, bool ta, bool tb, int64_t lda, int64_t ldb,
+                       int64_t ldc)
+{
+    __atomic_add_fetch(&g_blas_tiles, 1, __ATOMIC_RELAXED);
+    if (bias)
+        for (int64_t r = 0; r < m; r++)
+            memcpy(c + r * ldc, bias, (size_t)n * sizeof(float));
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)m, (int)n, (int)K, 1.0f, a, (int)lda, b, (int)ldb, bias ? 1.0f : 0.0f, c,
+                (int)ldc);
+}
+
 void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, int64_t batch,
                    int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, int nt)
 {
     if (M == 0 || N == 0) return;
-    float beta = 0.0f;
-    if (bias) {
-        for (int64_t r = 0; r < batch * M; r++)
-            memcpy(c + r * N, bias, (size_t)N * sizeof(float));
-        beta = 1.0f;
-    }
     if (K == 0) {
-        if (!bias) memset(c, 0, (size_t)(batch * M * N) * sizeof(float));
+        for (int64_t r = 0; r < batch * M; r++)
+            if (bias)
+                memcpy(c + r * N, bias, (size_t)N * sizeof(float));
+            else
+                memset(c + r * N, 0, (size_t)N * sizeof(float));
         return;
     }
     int64_t lda = ta ? M : K, ldb = tb ? K : N;
@@ -108,24 +127,39 @@ void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, 
     if (b_shared && !ta) Mg = batch * M, nb = 1;
     gemm_tiling t = tiling_for(Mg, N, K);
     int64_t n_jobs = nb * t.n_tiles;
+    /* the oneDNN primitives of the full tiles and of the last one, made here, run by any thread */
+    int64_t last = (t.split_n ? N : Mg) - (t.n_tiles - 1) * t.step;
+    const void *dt[2] = {NULL, NULL};
+    if (jdt_rt_sgemm_dnnl_on()) {
+        for (int k = t.n_tiles > 1 ? 0 : 1; k < 2; k++) { /* one tile: step is not a length */
+            int64_t len = k ? last : t.step;
+            dt[k] = jdt_rt_sgemm_dnnl_tile(t.split_n ? Mg : len, t.split_n ? len : N, K, ta, tb,
+                                           lda, ldb, N, bias != NULL);
+        }
+        if (t.n_tiles == 1) dt[0] = dt[1];
+        if (!dt[0] || !dt[1]) dt[0] = dt[1] = NULL;
+    }
 #pragma omp parallel for num_threads(nt > 0 ? nt : 1) schedule(dynamic, 1) if (nt > 1 && n_jobs > 1)
     for (int64_t job = 0; job < n_jobs; job++) {
-        int64_t i = job / t.n_tiles, lo = job % t.n_tiles * t.step;
+        int64_t i = job / t.n_tiles, k = job % t.n_tiles, lo = k * t.step;
         const float *ai = a + (nb > 1 ? i * M * K : 0);
         const float *bi = b + (b_shared ? 0 : i * K * N);
+        const float *bs = bias;
         float *ci = c + (nb > 1 ? i * M * N : 0);
         int64_t m = Mg, n = N;
         if (t.split_n) {
             n = N - lo < t.step ? N - lo : t.step;
             bi += tb ? lo * ldb : lo;
+            bs = bias ? bias + lo : NULL;
             ci += lo;
         } else {
             m = Mg - lo < t.step ? Mg - lo : t.step;
             ai += ta ? lo : lo * lda;
             ci += lo * N;
         }
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)m, (int)n, (int)K, 1.0f, ai, (int)lda, bi, (int)ldb, beta, ci, (int)N);
+        const void *d = dt[k == t.n_tiles - 1];
+        if (!d || !jdt_rt_sgemm_dnnl_run(d, ai, bi, bs, ci))
+            tile_sgemm(ai, bi, bs, ci, m, n, K, ta, tb, lda, ldb, N);
     }
 }
 

@@ -96,10 +96,32 @@ bool jdt_rt_tuner_record(jdt_rt_tuner *t, double run_s);
 /* c = a @ b (+ bias) for `batch` independent products. a (batch, M, K) or (batch, K, M) if ta;
  * b (batch|1, K, N) or (batch|1, N, K) if tb (b_shared: one b for every batch); c (batch, M, N);
  * bias (N) or NULL: added to every row (the GEMM accumulates onto rows initialised to it).
- * Accumulates in f32 (cblas_sgemm). Runs on up to nt threads, which take output tiles one at a
- * time; the tiling depends on the shape only, so the result is bitwise the same for every nt. */
+ * Accumulates in f32: each tile one single-threaded oneDNN matmul where jdt_rt_sgemm_dnnl_on(),
+ * else cblas_sgemm. Runs on up to nt threads, which take output tiles one at a time; the tiling
+ * depends on the shape only, so the result is bitwise the same for every nt. */
 void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, int64_t batch,
                    int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, int nt);
+
+/* f32 GEMM tiles through oneDNN (engine/runtime/sgemm_dnnl.c), which jdt_rt_matmul uses for its
+ * tiles where jdt_rt_sgemm_dnnl_on(): a build with oneDNN whose f32 matmul on this CPU is its
+ * AVX-512 brgemm, and JDT_SGEMM_NO_DNNL unset. jdt_rt_sgemm_dnnl_tile: the cached
+ * single-threaded primitive for c (m, n; row stride ldc) = op(a) (lda) op(b) (ldb) (+ bias (n)),
+ * created on first use by the calling thread; NULL when the path is off, oneDNN has no such
+ * primitive or the cache is full (use OpenBLAS). jdt_rt_sgemm_dnnl_run: runs it on the calling
+ * thread (any thread: each has its own stream and scratchpad); false on a oneDNN failure, c then
+ * undefined. jdt_rt_sgemm_describe: one line naming the f32 GEMM path. jdt_rt_sgemm_peak_measure:
+ * the best of n_rep 1024^3 jdt_rt_matmul products on nt threads, FLOP/s (the MFU reference where
+ * jdt_rt_sgemm_dnnl_on()); 0 when out of memory. */
+bool jdt_rt_sgemm_dnnl_on(void);
+/* The tiles jdt_rt_matmul has run through OpenBLAS in this process (tests: none where oneDNN
+ * serves every tile). */
+int64_t jdt_rt_matmul_blas_tiles(void);
+const char *jdt_rt_sgemm_describe(void);
+const void *jdt_rt_sgemm_dnnl_tile(int64_t m, int64_t n, int64_t K, bool ta, bool tb, int64_t lda,
+                                   int64_t ldb, int64_t ldc, bool bias);
+bool jdt_rt_sgemm_dnnl_run(const void *tile, const float *a, const float *b, const float *bias,
+                           float *c);
+double jdt_rt_sgemm_peak_measure(int n_rep, int nt);
 
 /* bf16 compute (engine/runtime/bf16.c). jdt_rt_bf16_round: x rounded to the nearest bf16
  * (ties to even; NaN stays NaN, overflow gives Inf), returned as f32.

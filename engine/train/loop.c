@@ -842,9 +842,12 @@ static jdt_status mfu_reference(trainer *tr, jdt_err *e)
      * AMD EPYC): against the SGEMM a healthy run read MFU 170% and was told its reference was
      * wrong. Elsewhere bf16 GEMMs are SGEMMs on rounded inputs, and the SGEMM is the ceiling. */
     const jdt_peak_gemm bf16 = {"bf16", "oneDNN bf16 GEMMs", jdt_rt_bf16_peak_measure};
+    const jdt_peak_gemm f32 = {"dnnl-f32", "oneDNN f32 GEMMs", jdt_rt_sgemm_peak_measure};
     const bool use_bf16 = cfg->precision.compute == JDT_DTYPE_BF16 && jdt_rt_bf16_native();
-    return jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops,
-                              use_bf16 ? &bf16 : NULL, &tr->pref, e);
+    /* the GEMM the step's products run on: oneDNN's bf16, oneDNN's f32 tiles, else OpenBLAS */
+    const jdt_peak_gemm *gemm = use_bf16 ? &bf16 : jdt_rt_sgemm_dnnl_on() ? &f32 : NULL;
+    return jdt_peak_reference(cache_dir, cfg->runtime.threads, cfg->runtime.peak_gflops, gemm,
+                              &tr->pref, e);
 }
 
 /* Rank 0's outputs: run_dir/config.yaml, metrics.jsonl (appended on a resume), the TensorBoard

@@ -13,7 +13,7 @@ grep -q "exit codes" "$TMP/out" || fail "--help lacks exit codes"
 expect 0 "$BIN" -h
 expect 0 "$BIN" --version;         grep -qE '^jdt-train [0-9]+\.[0-9]+\.[0-9]+$' "$TMP/out" || fail "bad --version"
 expect 0 "$BIN" version
-grep -qE '^cpu: OpenBLAS [^ ]+ kernels; bf16 GEMMs: ' "$TMP/out" || { cat "$TMP/out"; fail "version: no cpu line"; }
+grep -qE '^cpu: OpenBLAS [^ ]+ kernels; f32 GEMMs: [^;]+; bf16 GEMMs: ' "$TMP/out" || { cat "$TMP/out"; fail "version: no cpu line"; }
 expect 0 "$BIN" inspect --help;    grep -q -- "--print-config" "$TMP/out" || fail "inspect --help"
 expect 0 "$BIN" train --help;      grep -q "jdt-train \[train\] CONFIG" "$TMP/out" || fail "train --help"
 expect 0 "$BIN" help inspect;      grep -q "inspect --schema" "$TMP/out" || fail "help inspect"

@@ -5,7 +5,9 @@
 # generous reference nothing is marked or warned about. The measured reference names the
 # OpenBLAS kernels it ran on: never pre-AVX2 ones on a CPU with AVX2 and FMA (jdt-train
 # re-executes itself with OPENBLAS_CORETYPE where OpenBLAS fell back to them), and the user's
-# OPENBLAS_CORETYPE is kept. Under bf16 compute through oneDNN the reference is oneDNN's bf16 GEMM.
+# OPENBLAS_CORETYPE is kept (both with JDT_SGEMM_NO_DNNL=1: f32 GEMMs on OpenBLAS). Where f32
+# GEMMs run as oneDNN tiles (`jdt-train version` says so) the f32 reference is their rate; under
+# bf16 compute through oneDNN it is oneDNN's bf16 GEMM.
 set -uo pipefail
 cd "$JDT_TMP"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -28,7 +30,7 @@ grep -q "(!)\|above 100%" high.log && { cat high.log; fail "marked or warned wit
 grep -qE "MFU [0-9.]+%" high.log || fail "no MFU printed"
 
 old_cores="Prescott|Core2|Penryn|Dunnington|Nehalem|Atom|Sandybridge|Barcelona|Opteron|Bobcat|Bulldozer|Piledriver|Steamroller"
-env -u OPENBLAS_CORETYPE "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs3" \
+env -u OPENBLAS_CORETYPE JDT_SGEMM_NO_DNNL=1 "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs3" \
   run.steps=2 runtime.cache_dir="$JDT_TMP/cache3" > measured.log 2>&1 || { cat measured.log; fail "training failed"; }
 core=$(sed -nE 's/^MFU reference: .*; OpenBLAS (.*) kernels$/\1/p' measured.log)
 [ -n "$core" ] || { cat measured.log; fail "the measured reference names no OpenBLAS kernels"; }
@@ -37,25 +39,41 @@ ls "$JDT_TMP/cache3/peak/"*"-$core.txt" >/dev/null 2>&1 || grep -q "busy machine
 if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
   echo "$core" | grep -qxE "$old_cores" && fail "OpenBLAS runs its $core kernels on a CPU with AVX2"
 fi
-OPENBLAS_CORETYPE=Prescott "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs4" \
+OPENBLAS_CORETYPE=Prescott JDT_SGEMM_NO_DNNL=1 "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs4" \
   run.steps=2 runtime.cache_dir="$JDT_TMP/cache4" > user.log 2>&1 || { cat user.log; fail "training failed"; }
 grep -q "; OpenBLAS Prescott kernels$" user.log || { cat user.log; fail "OPENBLAS_CORETYPE=Prescott not kept"; }
+# oneDNN_ref LOG NAME WHAT: the run in LOG was measured against oneDNN's GEMM rate, cached as
+# ...-<kernels>-NAME.txt (unless the machine was busy), its reference line ending "; WHAT"
+onednn_ref() {
+  grep -qE "^MFU reference: .*; $3\$" "$1" || { cat "$1"; fail "GEMMs through oneDNN, MFU not against $3"; }
+  ls "$JDT_TMP/cache3/peak/"*"-$core-$2.txt" >/dev/null 2>&1 || grep -q "busy machine" "$1" ||
+    fail "the $3 reference was not cached under its own name: $(ls "$JDT_TMP/cache3/peak")"
+}
+# f32 GEMMs as oneDNN tiles: MFU against their rate (1024^3 through the same tiles), cached under
+# its own name; elsewhere the SGEMM's
+"$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs6" run.steps=2 \
+  runtime.cache_dir="$JDT_TMP/cache3" > f32.log 2>&1 || { cat f32.log; fail "f32 training failed"; }
+if "$JDT_BIN" version | grep -q "f32 GEMMs: oneDNN"; then
+  onednn_ref f32.log dnnl-f32 "oneDNN f32 GEMMs"
+  f32_ref="oneDNN f32 GEMMs"
+else
+  grep -qE "^MFU reference: .*; OpenBLAS $core kernels$" f32.log ||
+    { cat f32.log; fail "f32 on OpenBLAS: the reference is not the SGEMM's"; }
+  f32_ref="the SGEMM"
+fi
 # bf16 compute: where its GEMMs run through oneDNN (the run says so once), MFU is against
 # oneDNN's bf16 GEMM rate, cached beside the SGEMM's under its own name (against the SGEMM a
 # healthy bf16 run read MFU 170% with a warning that the reference was wrong); elsewhere bf16
-# GEMMs are SGEMMs on rounded inputs and the SGEMM stays the reference
+# GEMMs are f32 GEMMs on rounded inputs and the f32 GEMM's reference stays
 "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs5" run.steps=2 \
   precision.compute=bf16 runtime.cache_dir="$JDT_TMP/cache3" > bf16.log 2>&1 ||
   { cat bf16.log; fail "bf16 training failed"; }
 if grep -q "precision.compute bf16: bf16 GEMMs: oneDNN" bf16.log; then
-  grep -qE "^MFU reference: .*; oneDNN bf16 GEMMs$" bf16.log ||
-    { cat bf16.log; fail "bf16 GEMMs through oneDNN, MFU not against their rate"; }
-  ls "$JDT_TMP/cache3/peak/"*"-$core-bf16.txt" >/dev/null 2>&1 || grep -q "busy machine" bf16.log ||
-    fail "the bf16 reference was not cached under its own name: $(ls "$JDT_TMP/cache3/peak")"
+  onednn_ref bf16.log bf16 "oneDNN bf16 GEMMs"
   bf16_ref="oneDNN bf16 GEMMs"
 else
-  grep -qE "^MFU reference: .*; OpenBLAS $core kernels$" bf16.log ||
-    { cat bf16.log; fail "bf16 on SGEMMs: the reference is not the SGEMM's"; }
-  bf16_ref="the SGEMM (no oneDNN bf16 path here)"
+  grep -qF "; ${f32_ref/the SGEMM/OpenBLAS $core kernels}" bf16.log ||
+    { cat bf16.log; fail "bf16 on f32 GEMMs: the reference is not the f32 GEMM's ($f32_ref)"; }
+  bf16_ref="$f32_ref (no oneDNN bf16 path here)"
 fi
-echo "ok ($core kernels; bf16 against $bf16_ref)"
+echo "ok ($core kernels; f32 against $f32_ref; bf16 against $bf16_ref)"

@@ -1,5 +1,6 @@
 /*
- * check_runtime.c — the CPU runtime's bf16 compute kernels (engine/runtime/bf16.c) against
+ * check_runtime.c — f32 GEMMs (oneDNN tiles and OpenBLAS, against a double product, the same
+ * bits on any thread count); the CPU runtime's bf16 compute kernels (engine/runtime/bf16.c) against
  * plain references: bf16 rounding (ties to even, NaN/Inf/overflow), and bf16 GEMMs (every
  * layout flag, batch, shared b, bias) against a double-precision product of the bf16-rounded
  * inputs, on the oneDNN path where this CPU and build have it and on the portable path
@@ -43,6 +44,18 @@ static float frand(unsigned *s)
     return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
 }
 
+/* a (na), b (nb) and bias (n_bias) filled from seed */
+static void fill_operands(unsigned *seed, float *a, int64_t na, float *b, int64_t nb, float *bias,
+                          int64_t n_bias)
+{
+    for (int64_t i = 0; i < na; i++)
+        a[i] = frand(seed);
+    for (int64_t i = 0; i < nb; i++)
+        b[i] = frand(seed);
+    for (int64_t i = 0; i < n_bias; i++)
+        bias[i] = frand(seed);
+}
+
 /* c (batch, M, N) vs double sums of bf16-rounded products; returns the largest |error| /
  * (sum |a||b| + 1e-30) and, through dev, the largest |c - f32-unrounded product| (> 0 shows
  * that the inputs were rounded). */
@@ -56,12 +69,7 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
     float *scratch =
         malloc(sizeof(float) * (size_t)jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b_shared));
     ck_assert(a && b && c && bias && scratch);
-    for (int64_t i = 0; i < na; i++)
-        a[i] = frand(&seed);
-    for (int64_t i = 0; i < nb; i++)
-        b[i] = frand(&seed);
-    for (int64_t i = 0; i < N; i++)
-        bias[i] = frand(&seed);
+    fill_operands(&seed, a, na, b, nb, bias, N);
     jdt_rt_matmul_bf16(a, b, with_bias ? bias : NULL, c, batch, M, N, K, ta, tb, b_shared, scratch,
                        2);
     double worst = 0;
@@ -112,6 +120,94 @@ static void mm_cases(void)
                       "case %zu: result equals the unrounded f32 product (dev %g)", i, dev);
     }
 }
+
+/* f32 jdt_rt_matmul (its tiles through oneDNN or OpenBLAS) against a double product: shapes of
+ * one tile and of several (rows or columns split, a shorter last tile), transposes, batch,
+ * shared b, bias; the same bits on 1, 2 and 3 threads. Returns the largest relative error. */
+static double check_mm_f32(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                           bool b_shared, bool with_bias)
+{
+    unsigned seed = (unsigned)(batch * 31 + M * 7 + N * 5 + K + ta * 3 + tb * 11);
+    int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N, nc = batch * M * N;
+    float *a = malloc(sizeof(float) * (size_t)na), *b = malloc(sizeof(float) * (size_t)nb);
+    float *c[3], *bias = malloc(sizeof(float) * (size_t)N);
+    ck_assert(a && b && bias);
+    for (int t = 0; t < 3; t++)
+        ck_assert_ptr_nonnull(c[t] = malloc(sizeof(float) * (size_t)nc));
+    fill_operands(&seed, a, na, b, nb, bias, N);
+    for (int t = 0; t < 3; t++)
+        jdt_rt_matmul(a, b, with_bias ? bias : NULL, c[t], batch, M, N, K, ta, tb, b_shared, t + 1);
+    for (int t = 1; t < 3; t++)
+        ck_assert_msg(memcmp(c[0], c[t], sizeof(float) * (size_t)nc) == 0,
+                      "%lldx%lldx%lld: %d threads differ from 1", (long long)M, (long long)N,
+                      (long long)K, t + 1);
+    double worst = 0;
+    for (int64_t p = 0; p < batch; p++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double sum = with_bias ? bias[j] : 0, mag = fabs(sum);
+                for (int64_t k = 0; k < K; k++) {
+                    double x = a[p * M * K + (ta ? k * M + i : i * K + k)];
+                    double y = b[(b_shared ? 0 : p * K * N) + (tb ? j * K + k : k * N + j)];
+                    sum += x * y;
+                    mag += fabs(x * y);
+                }
+                double err = fabs(c[0][p * M * N + i * N + j] - sum) / (mag + 1e-30);
+                if (err > worst) worst = err;
+            }
+    free(a);
+    free(b);
+    free(bias);
+    for (int t = 0; t < 3; t++)
+        free(c[t]);
+    return worst;
+}
+
+static void mm_f32_cases(void)
+{
+    jdt_rt_set_threads(3); /* as a program run does: OpenBLAS single-threaded inside the tiles */
+    static const struct {
+        int64_t batch, M, N, K;
+        bool ta, tb, shared, bias;
+    } cases[] = {
+        {1, 37, 53, 71, false, true, true, true},      {3, 16, 24, 40, true, false, false, false},
+        {1, 1000, 200, 300, false, false, true, true}, /* 7 row tiles, the last shorter */
+        {1, 100, 1000, 200, false, true, true, true},  /* 2 column tiles, bias split with them */
+        {4, 250, 130, 170, false, false, true, false}, /* the batch folded into 1000 rows */
+        {1, 640, 300, 250, true, false, true, true},   /* row tiles of a transposed a */
+        {2, 300, 96, 500, true, true, false, true},    {1, 5, 7, 1, false, false, true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double err = check_mm_f32(cases[i].batch, cases[i].M, cases[i].N, cases[i].K, cases[i].ta,
+                                  cases[i].tb, cases[i].shared, cases[i].bias);
+        ck_assert_msg(err < 1e-6 * (1 + cases[i].K / 64.0), "case %zu: relative error %g", i, err);
+    }
+}
+
+/* f32 GEMMs on the path this build and CPU choose: oneDNN tiles where its f32 matmul is its
+ * AVX-512 brgemm (`jdt-train version` says which) */
+START_TEST(test_matmul_f32_best_path)
+{
+    fprintf(stderr, "check_runtime: %s\n", jdt_rt_sgemm_describe());
+    ck_assert(strstr(jdt_rt_sgemm_describe(), jdt_rt_sgemm_dnnl_on() ? "oneDNN" : "OpenBLAS"));
+    mm_f32_cases();
+    /* oneDNN served every tile: a transposed a's tiles included (their primitive once failed
+     * for a tile rounded past the leading dim, and OpenBLAS took them silently) */
+    if (jdt_rt_sgemm_dnnl_on())
+        ck_assert_msg(jdt_rt_matmul_blas_tiles() == 0, "%lld tiles ran on OpenBLAS",
+                      (long long)jdt_rt_matmul_blas_tiles());
+}
+END_TEST
+
+START_TEST(test_matmul_f32_openblas_path)
+{
+    setenv("JDT_SGEMM_NO_DNNL", "1", 1); /* before the first call: the choice is made once */
+    ck_assert(!jdt_rt_sgemm_dnnl_on());
+    ck_assert_ptr_null(jdt_rt_sgemm_dnnl_tile(64, 64, 64, false, false, 64, 64, 64, false));
+    mm_f32_cases();
+    ck_assert_int_gt(jdt_rt_matmul_blas_tiles(), 0);
+}
+END_TEST
 
 START_TEST(test_matmul_bf16_best_path)
 {
@@ -653,6 +749,8 @@ static Suite *runtime_suite(void)
     TCase *tc = tcase_create("bf16");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_bf16_round);
+    tcase_add_test(tc, test_matmul_f32_best_path);
+    tcase_add_test(tc, test_matmul_f32_openblas_path);
     tcase_add_test(tc, test_matmul_bf16_best_path);
     tcase_add_test(tc, test_bf16_tiles_best_path);
     tcase_add_test(tc, test_bf16_tiles_portable_path);

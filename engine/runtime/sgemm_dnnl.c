@@ -1,0 +1,235 @@
+/*
+ * sgemm_dnnl.c — f32 GEMM tiles through oneDNN's matmul, for jdt_rt_matmul (kernels.c).
+ *
+ * jdt_rt_matmul cuts a GEMM into output tiles fixed by the shape and hands them to its threads
+ * as they ask; each tile is one single-threaded product over all of K. Here that product is a
+ * oneDNN matmul primitive created for one thread, where oneDNN's f32 kernels are its AVX-512
+ * brgemm ones ("brg:avx512_core"): on the AMD EPYC dev box they ran the benchmark model's tiles
+ * 5-34% faster than OpenBLAS's single-threaded SGEMM (docs/perf.md, session 29). A primitive
+ * for one thread never splits K (oneDNN's own threading does, for large K and few outputs, and
+ * its bits then depend on the thread count), so the result still depends on the shape only.
+ *
+ * Primitives are created by the caller's thread before its parallel loop and executed by any
+ * thread: they use a user-managed scratchpad (the library-managed one may not migrate between
+ * threads), and each thread has its own scratchpad buffer and stream. Primitives are cached by
+ * tile (shape, transposes, leading dims, bias) and never destroyed; a full cache answers NULL
+ * and the caller uses OpenBLAS. JDT_SGEMM_NO_DNNL=1 turns the path off (A/B runs, tests).
+ */
+#include "runtime/runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef JDT_HAVE_DNNL
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#if DNNL_VERSION_MAJOR != 2
+#undef JDT_HAVE_DNNL /* the C API below is oneDNN 2.x's (Debian 12) */
+#endif
+#endif
+
+#ifdef JDT_HAVE_DNNL
+typedef struct {
+    int64_t m, n, K, lda, ldb, ldc;
+    bool ta, tb, bias;
+    dnnl_primitive_t prim;
+    size_t scratch_bytes;
+} tile_prim;
+
+enum { TILE_CACHE = 512 };
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t mu;
+    bool ok;
+    char impl[64];
+    dnnl_engine_t eng;
+    tile_prim cache[TILE_CACHE];
+    int n_cache;
+} g_sg = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, false, "", NULL, {{0}}, 0};
+
+/* Per thread: the stream its executions go to, and its scratchpad. Never freed (a few MiB per
+ * thread that ran a GEMM, for the process's life). */
+static _Thread_local dnnl_stream_t t_stream;
+static _Thread_local void *t_scratch;
+static _Thread_local size_t t_scratch_bytes;
+
+static bool md2(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t s0, int64_t s1)
+{
+    dnnl_dims_t dims = {d0, d1}, strides = {s0, s1};
+    return dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides) == dnnl_success;
+}
+
+/* A single-threaded primitive for c (m, n; row stride ldc) = op(a) op(b) (+ bias (n)); NULL
+ * when oneDNN has none. *impl: its implementation's name. Caller holds g_sg.mu. */
+static dnnl_primitive_t create(int64_t m, int64_t n, int64_t K, bool ta, bool tb, int64_t lda,
+                               int64_t ldb, int64_t ldc, bool bias, size_t *scratch_bytes,
+                               const char **impl)
+{
+    dnnl_memory_desc_t src, wei, dst, bmd;
+    bool ok = md2(&src, m, K, ta ? 1 : lda, ta ? lda : 1) &&
+              md2(&wei, K, n, tb ? 1 : ldb, tb ? ldb : 1) && md2(&dst, m, n, ldc, 1) &&
+              (!bias || md2(&bmd, 1, n, n, 1));
+    dnnl_matmul_desc_t desc;
+    if (!ok || dnnl_matmul_desc_init(&desc, &src, &wei, bias ? &bmd : NULL, &dst) != dnnl_success)
+        return NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    const int prev = omp_get_max_threads();
+    omp_set_num_threads(1); /* oneDNN plans its work split for omp_get_max_threads() threads */
+    if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success &&
+        dnnl_primitive_desc_create(&pd, &desc, attr, g_sg.eng, NULL) == dnnl_success) {
+        const dnnl_memory_desc_t *sp =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        *scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+        if (impl &&
+            dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, impl) != dnnl_success)
+            *impl = "";
+        if (dnnl_primitive_create(&prim, pd) != dnnl_success) prim = NULL;
+    }
+    omp_set_num_threads(prev);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_attr_destroy(attr);
+    return prim;
+}
+
+/* On where oneDNN's f32 matmul is its AVX-512 brgemm (probed on a 256^3 product). */
+static void init_once(void)
+{
+    const char *off = getenv("JDT_SGEMM_NO_DNNL");
+    if (off && *off && strcmp(off, "0") != 0) return;
+    if (dnnl_engine_create(&g_sg.eng, dnnl_cpu, 0) != dnnl_success) return;
+    size_t sb = 0;
+    const char *impl = "";
+    dnnl_primitive_t p = create(256, 256, 256, false, false, 256, 256, 256, false, &sb, &impl);
+    if (!p) return;
+    snprintf(g_sg.impl, sizeof g_sg.impl, "%s", impl);
+    dnnl_primitive_destroy(p);
+    g_sg.ok = strncmp(g_sg.impl, "brg:avx512", 10) == 0;
+}
+#endif
+
+bool jdt_rt_sgemm_dnnl_on(void)
+{
+#ifdef JDT_HAVE_DNNL
+    pthread_once(&g_sg.once, init_once);
+    return g_sg.ok;
+#else
+    return false;
+#endif
+}
+
+const char *jdt_rt_sgemm_describe(void)
+{
+#ifdef JDT_HAVE_DNNL
+    if (jdt_rt_sgemm_dnnl_on()) return "f32 GEMMs: oneDNN (brg:avx512_core tiles, one thread each)";
+    const char *off = getenv("JDT_SGEMM_NO_DNNL");
+    if (off && *off && strcmp(off, "0") != 0)
+        return "f32 GEMMs: OpenBLAS (JDT_SGEMM_NO_DNNL is set)";
+#endif
+    return "f32 GEMMs: OpenBLAS";
+}
+
+const void *jdt_rt_sgemm_dnnl_tile(int64_t m, int64_t n, int64_t K, bool ta, bool tb, int64_t lda,
+                                   int64_t ldb, int64_t ldc, bool bias)
+{
+#ifdef JDT_HAVE_DNNL
+    if (!jdt_rt_sgemm_dnnl_on() || m <= 0 || n <= 0 || K <= 0) return NULL;
+    pthread_mutex_lock(&g_sg.mu);
+    const tile_prim *hit = NULL;
+    for (int i = 0; i < g_sg.n_cache && !hit; i++) {
+        const tile_prim *c = &g_sg.cache[i];
+        if (c->m == m && c->n == n && c->K == K && c->ta == ta && c->tb == tb && c->lda == lda &&
+            c->ldb == ldb && c->ldc == ldc && c->bias == bias)
+            hit = c;
+    }
+    if (!hit && g_sg.n_cache < TILE_CACHE) {
+        size_t sb = 0;
+        dnnl_primitive_t p = create(m, n, K, ta, tb, lda, ldb, ldc, bias, &sb, NULL);
+        if (p) {
+            tile_prim *c = &g_sg.cache[g_sg.n_cache++];
+            *c = (tile_prim){m, n, K, lda, ldb, ldc, ta, tb, bias, p, sb};
+            hit = c;
+        }
+    }
+    pthread_mutex_unlock(&g_sg.mu);
+    return hit;
+#else
+    (void)m, (void)n, (void)K, (void)ta, (void)tb, (void)lda, (void)ldb, (void)ldc, (void)bias;
+    return NULL;
+#endif
+}
+
+bool jdt_rt_sgemm_dnnl_run(const void *tile, const float *a, const float *b, const float *bias,
+                           float *c)
+{
+#ifdef JDT_HAVE_DNNL
+    const tile_prim *t = tile;
+    if (!t) return false;
+    if (!t_stream &&
+        dnnl_stream_create(&t_stream, g_sg.eng, dnnl_stream_default_flags) != dnnl_success) {
+        t_stream = NULL;
+        return false;
+    }
+    if (t->scratch_bytes > t_scratch_bytes) {
+        void *s = realloc(t_scratch, t->scratch_bytes);
+        if (!s) return false;
+        t_scratch = s, t_scratch_bytes = t->scratch_bytes;
+    }
+    const_dnnl_primitive_desc_t pd;
+    if (dnnl_primitive_get_primitive_desc(t->prim, &pd) != dnnl_success) return false;
+    const int which[5] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD,
+                          DNNL_ARG_BIAS};
+    void *ptr[5] = {(void *)a, (void *)b, c, t_scratch, (void *)bias};
+    const int n_args = t->bias ? 5 : 4;
+    dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
+    dnnl_exec_arg_t args[5];
+    bool ok = true;
+    for (int i = 0; i < n_args && ok; i++) {
+        const dnnl_memory_desc_t *md =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, which[i]);
+        ok = md && dnnl_memory_create(&mem[i], md, g_sg.eng, ptr[i]) == dnnl_success;
+        args[i] = (dnnl_exec_arg_t){which[i], mem[i]};
+    }
+    /* one thread, also outside a parallel region: oneDNN sizes some of its loops by
+     * omp_get_max_threads() when it runs (a transposed a's copy split the other way gave other
+     * bits on 2 threads than on 1) */
+    const int prev = omp_get_max_threads();
+    omp_set_num_threads(1);
+    ok = ok && dnnl_primitive_execute(t->prim, t_stream, n_args, args) == dnnl_success &&
+         dnnl_stream_wait(t_stream) == dnnl_success;
+    omp_set_num_threads(prev);
+    for (int i = 0; i < 5; i++)
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+    return ok;
+#else
+    (void)tile, (void)a, (void)b, (void)bias, (void)c;
+    return false;
+#endif
+}
+
+double jdt_rt_sgemm_peak_measure(int n_rep, int nt)
+{
+    enum { N = 1024 };
+    const size_t n = (size_t)N * N;
+    float *a = jdt_malloc(n * sizeof *a), *b = jdt_malloc(n * sizeof *b);
+    float *c = jdt_malloc(n * sizeof *c);
+    double best = 0;
+    if (a && b && c) {
+        for (size_t i = 0; i < n; i++)
+            a[i] = b[i] = 1e-3f * (float)(i % 97);
+        for (int r = 0; r <= n_rep; r++) { /* r = 0 creates the primitives, warms caches */
+            const double t0 = jdt_now_s();
+            jdt_rt_matmul(a, b, NULL, c, 1, N, N, N, false, false, false, nt);
+            const double f = 2.0 * N * N * N / (jdt_now_s() - t0);
+            if (r > 0 && f > best) best = f;
+        }
+    }
+    jdt_free(a);
+    jdt_free(b);
+    jdt_free(c);
+    return best;
+}
