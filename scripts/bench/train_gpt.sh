@@ -2,7 +2,7 @@
 # train_gpt.sh [L C H T B V STEPS THREADS] — GPT training throughput: jdt-train against
 # PyTorch (CPU, eager; Debian's python3-torch or any importable torch) and JAX (CPU, jax.jit of
 # the whole step) on the same model, batch and thread count, in one run. Prints tokens/s, MFU
-# against the measured SGEMM peak, and the ratios jdt/peer.
+# against jdt-train's measured f32 GEMM peak, and the ratios jdt/peer.
 # Defaults: the issue's reference point L=6 C=384 H=6 T=256 B=8 V=65, 12 steps, 2 threads.
 # REPS (default 3): the frameworks run alternately REPS times (jdt, torch, jax, jdt, ...) and
 # each reports its best run, so a burst of load on a shared machine does not land on one side
@@ -74,7 +74,10 @@ ref16=$(sed -nE 's/^MFU reference: .*\); (.*)$/\1/p' "$TMP/bench-bf16.log" 2>/de
 flops=$(awk -v L=$L -v C=$C -v T=$T -v V=$V 'BEGIN { n = V*C + L*(12*C*C + 13*C) + 2*C; print 6*n + 12*L*T*C }')
 mfu() { awk -v r="$1" -v f="$flops" -v p="${2:-$peak}" 'BEGIN { printf "%.1f", 100 * r * f / (p * 1e9) }'; }
 
-echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, SGEMM peak ${peak} GFLOP/s (last jdt run; OpenBLAS ${OPENBLAS_CORETYPE:-default} kernels, the peers too), $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token, best of $REPS alternating runs"
+# the f32 rows' reference: jdt-train's f32 GEMM rate (oneDNN tiles where `jdt-train version`
+# says so, else OpenBLAS's SGEMM), named from its reference line
+ref32=$(sed -nE 's/^MFU reference: .*\); (.*)$/\1/p' "$TMP/bench.log" | tail -1)
+echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, f32 GEMM peak ${peak} GFLOP/s (last jdt run: ${ref32:-?}; the peers on OpenBLAS ${OPENBLAS_CORETYPE:-default} kernels), $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token, best of $REPS alternating runs"
 printf "%-10s %12s %8s %10s %16s\n" "framework" "tokens/s" "MFU %" "jdt/peer" "runs (min..max)"
 printf "%-10s %12s %8s %10s %16s\n" "jdt-train" "$jdt" "$(mfu "$jdt")" "1.00" "$(spread "$TMP/jdt.runs")"
 for fw in torch jax; do
