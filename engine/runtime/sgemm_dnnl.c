@@ -11,7 +11,8 @@
  *
  * Primitives are created by the caller's thread before its parallel loop and executed by any
  * thread: they use a user-managed scratchpad (the library-managed one may not migrate between
- * threads), and each thread has its own scratchpad buffer and stream. Primitives are cached by
+ * threads), and each thread has its own scratchpad buffer and stream (a pthread key's value,
+ * released when the thread ends). Primitives are cached by
  * tile (shape, transposes, leading dims, bias) and never destroyed; a full cache answers NULL
  * and the caller uses OpenBLAS. JDT_SGEMM_NO_DNNL=1 turns the path off (A/B runs, tests).
  */
@@ -43,17 +44,53 @@ static struct {
     pthread_once_t once;
     pthread_mutex_t mu;
     bool ok;
-    char impl[64];
+    char impl[64], describe[128];
     dnnl_engine_t eng;
     tile_prim cache[TILE_CACHE];
     int n_cache;
-} g_sg = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, false, "", NULL, {{0}}, 0};
+} g_sg = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, false, "", "", NULL, {{0}}, 0};
 
-/* Per thread: the stream its executions go to, and its scratchpad. Never freed (a few MiB per
- * thread that ran a GEMM, for the process's life). */
-static _Thread_local dnnl_stream_t t_stream;
-static _Thread_local void *t_scratch;
-static _Thread_local size_t t_scratch_bytes;
+/* Per thread: the stream its executions go to, and its scratchpad (well under 1 MiB for the
+ * shapes measured), released when the thread ends (g_sg.key's destructor). */
+typedef struct {
+    dnnl_stream_t stream;
+    void *scratch;
+    size_t scratch_bytes;
+} thread_state;
+
+static pthread_key_t g_key;
+static bool g_key_ok;
+
+static void thread_state_free(void *p)
+{
+    thread_state *ts = p;
+    if (ts->stream) dnnl_stream_destroy(ts->stream);
+    free(ts->scratch);
+    free(ts);
+}
+
+/* The calling thread's state with a scratchpad of at least need bytes; NULL when out of
+ * memory or oneDNN cannot make a stream. */
+static thread_state *thread_get(size_t need)
+{
+    if (!g_key_ok) return NULL;
+    thread_state *ts = pthread_getspecific(g_key);
+    if (!ts) {
+        ts = calloc(1, sizeof *ts);
+        if (!ts) return NULL;
+        if (dnnl_stream_create(&ts->stream, g_sg.eng, dnnl_stream_default_flags) != dnnl_success ||
+            pthread_setspecific(g_key, ts) != 0) {
+            thread_state_free(ts);
+            return NULL;
+        }
+    }
+    if (need > ts->scratch_bytes) {
+        void *sp = realloc(ts->scratch, need);
+        if (!sp) return NULL;
+        ts->scratch = sp, ts->scratch_bytes = need;
+    }
+    return ts;
+}
 
 static bool md2(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t s0, int64_t s1)
 {
@@ -62,10 +99,11 @@ static bool md2(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t s0, int6
 }
 
 /* A single-threaded primitive for c (m, n; row stride ldc) = op(a) op(b) (+ bias (n)); NULL
- * when oneDNN has none. *impl: its implementation's name. Caller holds g_sg.mu. */
+ * when oneDNN has none. impl (impl_n bytes, or NULL): its implementation's name, copied before the
+ * descriptor that owns the string goes. Caller holds g_sg.mu or is init_once. */
 static dnnl_primitive_t create(int64_t m, int64_t n, int64_t K, bool ta, bool tb, int64_t lda,
                                int64_t ldb, int64_t ldc, bool bias, size_t *scratch_bytes,
-                               const char **impl)
+                               char *impl, size_t impl_n)
 {
     dnnl_memory_desc_t src, wei, dst, bmd;
     bool ok = md2(&src, m, K, ta ? 1 : lda, ta ? lda : 1) &&
@@ -85,9 +123,10 @@ static dnnl_primitive_t create(int64_t m, int64_t n, int64_t K, bool ta, bool tb
         const dnnl_memory_desc_t *sp =
             dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         *scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+        const char *name = NULL;
         if (impl &&
-            dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, impl) != dnnl_success)
-            *impl = "";
+            dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name) == dnnl_success)
+            snprintf(impl, impl_n, "%s", name ? name : "");
         if (dnnl_primitive_create(&prim, pd) != dnnl_success) prim = NULL;
     }
     omp_set_num_threads(prev);
@@ -102,13 +141,15 @@ static void init_once(void)
     const char *off = getenv("JDT_SGEMM_NO_DNNL");
     if (off && *off && strcmp(off, "0") != 0) return;
     if (dnnl_engine_create(&g_sg.eng, dnnl_cpu, 0) != dnnl_success) return;
+    g_key_ok = pthread_key_create(&g_key, thread_state_free) == 0;
     size_t sb = 0;
-    const char *impl = "";
-    dnnl_primitive_t p = create(256, 256, 256, false, false, 256, 256, 256, false, &sb, &impl);
+    dnnl_primitive_t p =
+        create(256, 256, 256, false, false, 256, 256, 256, false, &sb, g_sg.impl, sizeof g_sg.impl);
     if (!p) return;
-    snprintf(g_sg.impl, sizeof g_sg.impl, "%s", impl);
     dnnl_primitive_destroy(p);
-    g_sg.ok = strncmp(g_sg.impl, "brg:avx512", 10) == 0;
+    g_sg.ok = g_key_ok && strncmp(g_sg.impl, "brg:avx512", 10) == 0;
+    snprintf(g_sg.describe, sizeof g_sg.describe, "f32 GEMMs: oneDNN (%s tiles, one thread each)",
+             g_sg.impl);
 }
 #endif
 
@@ -125,7 +166,7 @@ bool jdt_rt_sgemm_dnnl_on(void)
 const char *jdt_rt_sgemm_describe(void)
 {
 #ifdef JDT_HAVE_DNNL
-    if (jdt_rt_sgemm_dnnl_on()) return "f32 GEMMs: oneDNN (brg:avx512_core tiles, one thread each)";
+    if (jdt_rt_sgemm_dnnl_on()) return g_sg.describe;
     const char *off = getenv("JDT_SGEMM_NO_DNNL");
     if (off && *off && strcmp(off, "0") != 0)
         return "f32 GEMMs: OpenBLAS (JDT_SGEMM_NO_DNNL is set)";
@@ -148,7 +189,7 @@ const void *jdt_rt_sgemm_dnnl_tile(int64_t m, int64_t n, int64_t K, bool ta, boo
     }
     if (!hit && g_sg.n_cache < TILE_CACHE) {
         size_t sb = 0;
-        dnnl_primitive_t p = create(m, n, K, ta, tb, lda, ldb, ldc, bias, &sb, NULL);
+        dnnl_primitive_t p = create(m, n, K, ta, tb, lda, ldb, ldc, bias, &sb, NULL, 0);
         if (p) {
             tile_prim *c = &g_sg.cache[g_sg.n_cache++];
             *c = (tile_prim){m, n, K, lda, ldb, ldc, ta, tb, bias, p, sb};
@@ -169,21 +210,13 @@ bool jdt_rt_sgemm_dnnl_run(const void *tile, const float *a, const float *b, con
 #ifdef JDT_HAVE_DNNL
     const tile_prim *t = tile;
     if (!t) return false;
-    if (!t_stream &&
-        dnnl_stream_create(&t_stream, g_sg.eng, dnnl_stream_default_flags) != dnnl_success) {
-        t_stream = NULL;
-        return false;
-    }
-    if (t->scratch_bytes > t_scratch_bytes) {
-        void *s = realloc(t_scratch, t->scratch_bytes);
-        if (!s) return false;
-        t_scratch = s, t_scratch_bytes = t->scratch_bytes;
-    }
+    thread_state *ts = thread_get(t->scratch_bytes);
+    if (!ts) return false;
     const_dnnl_primitive_desc_t pd;
     if (dnnl_primitive_get_primitive_desc(t->prim, &pd) != dnnl_success) return false;
     const int which[5] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD,
                           DNNL_ARG_BIAS};
-    void *ptr[5] = {(void *)a, (void *)b, c, t_scratch, (void *)bias};
+    void *ptr[5] = {(void *)a, (void *)b, c, ts->scratch, (void *)bias};
     const int n_args = t->bias ? 5 : 4;
     dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
     dnnl_exec_arg_t args[5];
@@ -199,8 +232,8 @@ bool jdt_rt_sgemm_dnnl_run(const void *tile, const float *a, const float *b, con
      * bits on 2 threads than on 1) */
     const int prev = omp_get_max_threads();
     omp_set_num_threads(1);
-    ok = ok && dnnl_primitive_execute(t->prim, t_stream, n_args, args) == dnnl_success &&
-         dnnl_stream_wait(t_stream) == dnnl_success;
+    ok = ok && dnnl_primitive_execute(t->prim, ts->stream, n_args, args) == dnnl_success &&
+         dnnl_stream_wait(ts->stream) == dnnl_success;
     omp_set_num_threads(prev);
     for (int i = 0; i < 5; i++)
         if (mem[i]) dnnl_memory_destroy(mem[i]);
