@@ -24,12 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/dnnl-impl.h"
+#include "runtime/runtime-impl.h"
+
 #ifdef JDT_HAVE_DNNL
 #include <cpuid.h>
-#include <oneapi/dnnl/dnnl.h>
-#if DNNL_VERSION_MAJOR != 2
-#undef JDT_HAVE_DNNL /* the C API below is oneDNN 2.x's (Debian 12); 3.x changed descriptors */
-#endif
 #endif
 
 float jdt_rt_bf16_round(float x)
@@ -223,25 +222,9 @@ static bool mm_run(const uint16_t *a, const uint16_t *b, const float *bias, floa
     omp_set_num_threads(nt);
     dnnl_primitive_t prim = mm_primitive(batch, M, N, K, ta, tb, b_shared, bias != NULL, nt);
     if (prim) {
-        const_dnnl_primitive_desc_t pd;
-        dnnl_primitive_get_primitive_desc(prim, &pd);
-        dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
-        int args_n = bias ? 4 : 3;
         const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-        void *ptr[4] = {(void *)a, (void *)b, c, (void *)bias};
-        dnnl_exec_arg_t args[4];
-        bool ok = true;
-        for (int i = 0; i < args_n && ok; i++) {
-            const dnnl_memory_desc_t *md =
-                dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, which[i]);
-            ok = md && dnnl_memory_create(&m[i], md, g_dnnl.eng, ptr[i]) == dnnl_success;
-            args[i] = (dnnl_exec_arg_t){which[i], m[i]};
-        }
-        if (ok)
-            done = dnnl_primitive_execute(prim, g_dnnl.stream, args_n, args) == dnnl_success &&
-                   dnnl_stream_wait(g_dnnl.stream) == dnnl_success;
-        for (int i = 0; i < 4; i++)
-            if (m[i]) dnnl_memory_destroy(m[i]);
+        void *const ptr[4] = {(void *)a, (void *)b, c, (void *)bias};
+        done = jdt_rt_dnnl_exec(prim, g_dnnl.eng, g_dnnl.stream, bias ? 4 : 3, which, ptr);
     }
     omp_set_num_threads(prev);
     pthread_mutex_unlock(&g_dnnl.mu);
@@ -389,6 +372,20 @@ void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float
     jdt_rt_matmul(ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, nt);
 }
 
+typedef struct {
+    const uint16_t *a, *b;
+    float *c;
+    void *scratch;
+    int nt;
+} peak_ctx;
+
+static void peak_run(void *p)
+{
+    const peak_ctx *x = p;
+    jdt_rt_matmul_bf16_ex(x->a, x->b, NULL, x->c, 1, 1024, 1024, 1024, false, false, false, true,
+                          true, x->scratch, x->nt);
+}
+
 double jdt_rt_bf16_peak_measure(int n_rep, int nt)
 {
     enum { N = 1024 };
@@ -403,13 +400,8 @@ double jdt_rt_bf16_peak_measure(int n_rep, int nt)
             a[i] = jdt_rt_bf16_bits(1e-3f * (float)(i % 97));
             b[i] = jdt_rt_bf16_bits(1e-3f * (float)(i % 89));
         }
-        for (int r = 0; r <= n_rep; r++) { /* r = 0 creates the primitive, warms caches */
-            const double t0 = jdt_now_s();
-            jdt_rt_matmul_bf16_ex(a, b, NULL, c, 1, N, N, N, false, false, false, true, true,
-                                  scratch, nt);
-            const double f = 2.0 * N * N * N / (jdt_now_s() - t0);
-            if (r > 0 && f > best) best = f;
-        }
+        peak_ctx ctx = {a, b, c, scratch, nt};
+        best = jdt_rt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx);
     }
     jdt_free(a);
     jdt_free(b);

@@ -109,6 +109,14 @@ static void tile_sgemm(const float *a, const float *b, const float *bias, float 
                 (int)ldc);
 }
 
+/* The oneDNN primitive of a tile of len rows (columns when t splits N) of an (Mg, N, K) GEMM. */
+static const void *dnnl_tile(const gemm_tiling *t, int64_t len, int64_t Mg, int64_t N, int64_t K,
+                             bool ta, bool tb, bool bias)
+{
+    return jdt_rt_sgemm_dnnl_tile(t->split_n ? Mg : len, t->split_n ? len : N, K, ta, tb,
+                                  ta ? Mg : K, tb ? K : N, N, bias);
+}
+
 void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, int64_t batch,
                    int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, int nt)
 {
@@ -127,16 +135,13 @@ void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, 
     if (b_shared && !ta) Mg = batch * M, nb = 1;
     gemm_tiling t = tiling_for(Mg, N, K);
     int64_t n_jobs = nb * t.n_tiles;
-    /* the oneDNN primitives of the full tiles and of the last one, made here, run by any thread */
-    int64_t last = (t.split_n ? N : Mg) - (t.n_tiles - 1) * t.step;
+    /* the oneDNN primitives of the full tiles [0] and of the last one [1], made here, run by any
+     * thread (none: every tile on OpenBLAS) */
     const void *dt[2] = {NULL, NULL};
     if (jdt_rt_sgemm_dnnl_on()) {
-        for (int k = t.n_tiles > 1 ? 0 : 1; k < 2; k++) { /* one tile: step is not a length */
-            int64_t len = k ? last : t.step;
-            dt[k] = jdt_rt_sgemm_dnnl_tile(t.split_n ? Mg : len, t.split_n ? len : N, K, ta, tb,
-                                           lda, ldb, N, bias != NULL);
-        }
-        if (t.n_tiles == 1) dt[0] = dt[1];
+        dt[1] = dnnl_tile(&t, (t.split_n ? N : Mg) - (t.n_tiles - 1) * t.step, Mg, N, K, ta, tb,
+                          bias != NULL);
+        dt[0] = t.n_tiles > 1 ? dnnl_tile(&t, t.step, Mg, N, K, ta, tb, bias != NULL) : dt[1];
         if (!dt[0] || !dt[1]) dt[0] = dt[1] = NULL;
     }
 #pragma omp parallel for num_threads(nt > 0 ? nt : 1) schedule(dynamic, 1) if (nt > 1 && n_jobs > 1)

@@ -1,5 +1,6 @@
 /*
- * runtime-impl.h — internals shared by the CPU kernels: a vectorisable f32 exp.
+ * runtime-impl.h — internals shared by the CPU kernels: a vectorisable f32 exp, branch-free
+ * selects, the clone attributes, and the best-of-n timing of the GEMM MFU references.
  *
  * glibc's expf is a scalar call unless -ffast-math (which we refuse: NaN/Inf must keep their
  * meaning), so row kernels that are mostly exp (softmax, cross-entropy, attention) would run
@@ -10,6 +11,8 @@
  */
 #ifndef JDT_RUNTIME_IMPL_H
 #define JDT_RUNTIME_IMPL_H
+
+#include "core/core.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -27,6 +30,20 @@
 #define JDT_RT_CLONES
 #endif
 #define JDT_RT_INLINE static inline __attribute__((always_inline))
+
+/* The best rate (flops per second) of n_rep runs of run(ctx), each doing flops, after one
+ * untimed run (primitives made, caches warm): the GEMM MFU references (bf16.c, sgemm_dnnl.c). */
+static inline double jdt_rt_best_rate(double flops, int n_rep, void (*run)(void *), void *ctx)
+{
+    double best = 0;
+    for (int r = 0; r <= n_rep; r++) {
+        const double t0 = jdt_now_s();
+        run(ctx);
+        const double f = flops / (jdt_now_s() - t0);
+        if (r > 0 && f > best) best = f;
+    }
+    return best;
+}
 
 JDT_RT_INLINE float jdt_rt_sel(int c, float a, float b)
 {

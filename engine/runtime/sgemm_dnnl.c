@@ -22,13 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/dnnl-impl.h"
+#include "runtime/runtime-impl.h"
+
 #ifdef JDT_HAVE_DNNL
 #include <omp.h>
-#include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
-#if DNNL_VERSION_MAJOR != 2
-#undef JDT_HAVE_DNNL /* the C API below is oneDNN 2.x's (Debian 12) */
-#endif
 #endif
 
 #ifdef JDT_HAVE_DNNL
@@ -153,6 +152,30 @@ static void init_once(void)
 }
 #endif
 
+#ifdef JDT_HAVE_DNNL
+bool jdt_rt_dnnl_exec(dnnl_primitive_t prim, dnnl_engine_t eng, dnnl_stream_t stream, int n,
+                      const int *which, void *const *ptr)
+{
+    enum { MAX_ARGS = 8 };
+    const_dnnl_primitive_desc_t pd;
+    if (n > MAX_ARGS || dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success) return false;
+    dnnl_memory_t mem[MAX_ARGS] = {NULL};
+    dnnl_exec_arg_t args[MAX_ARGS];
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        const dnnl_memory_desc_t *md =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, which[i]);
+        ok = md && dnnl_memory_create(&mem[i], md, eng, ptr[i]) == dnnl_success;
+        args[i] = (dnnl_exec_arg_t){which[i], mem[i]};
+    }
+    ok = ok && dnnl_primitive_execute(prim, stream, n, args) == dnnl_success &&
+         dnnl_stream_wait(stream) == dnnl_success;
+    for (int i = 0; i < n; i++)
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+    return ok;
+}
+#endif
+
 bool jdt_rt_sgemm_dnnl_on(void)
 {
 #ifdef JDT_HAVE_DNNL
@@ -212,36 +235,32 @@ bool jdt_rt_sgemm_dnnl_run(const void *tile, const float *a, const float *b, con
     if (!t) return false;
     thread_state *ts = thread_get(t->scratch_bytes);
     if (!ts) return false;
-    const_dnnl_primitive_desc_t pd;
-    if (dnnl_primitive_get_primitive_desc(t->prim, &pd) != dnnl_success) return false;
     const int which[5] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD,
                           DNNL_ARG_BIAS};
-    void *ptr[5] = {(void *)a, (void *)b, c, ts->scratch, (void *)bias};
-    const int n_args = t->bias ? 5 : 4;
-    dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
-    dnnl_exec_arg_t args[5];
-    bool ok = true;
-    for (int i = 0; i < n_args && ok; i++) {
-        const dnnl_memory_desc_t *md =
-            dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, which[i]);
-        ok = md && dnnl_memory_create(&mem[i], md, g_sg.eng, ptr[i]) == dnnl_success;
-        args[i] = (dnnl_exec_arg_t){which[i], mem[i]};
-    }
-    /* one thread, also outside a parallel region: oneDNN sizes some of its loops by
-     * omp_get_max_threads() when it runs (a transposed a's copy split the other way gave other
-     * bits on 2 threads than on 1) */
+    void *const ptr[5] = {(void *)a, (void *)b, c, ts->scratch, (void *)bias};
+    /* on one thread, as planned, also where the caller runs it outside a parallel region
+     * (jdt_rt_matmul on 1 thread or 1 job) */
     const int prev = omp_get_max_threads();
     omp_set_num_threads(1);
-    ok = ok && dnnl_primitive_execute(t->prim, ts->stream, n_args, args) == dnnl_success &&
-         dnnl_stream_wait(ts->stream) == dnnl_success;
+    bool ok = jdt_rt_dnnl_exec(t->prim, g_sg.eng, ts->stream, t->bias ? 5 : 4, which, ptr);
     omp_set_num_threads(prev);
-    for (int i = 0; i < 5; i++)
-        if (mem[i]) dnnl_memory_destroy(mem[i]);
     return ok;
 #else
     (void)tile, (void)a, (void)b, (void)bias, (void)c;
     return false;
 #endif
+}
+
+typedef struct {
+    const float *a, *b;
+    float *c;
+    int nt;
+} peak_ctx;
+
+static void peak_run(void *p)
+{
+    const peak_ctx *x = p;
+    jdt_rt_matmul(x->a, x->b, NULL, x->c, 1, 1024, 1024, 1024, false, false, false, x->nt);
 }
 
 double jdt_rt_sgemm_peak_measure(int n_rep, int nt)
@@ -254,12 +273,8 @@ double jdt_rt_sgemm_peak_measure(int n_rep, int nt)
     if (a && b && c) {
         for (size_t i = 0; i < n; i++)
             a[i] = b[i] = 1e-3f * (float)(i % 97);
-        for (int r = 0; r <= n_rep; r++) { /* r = 0 creates the primitives, warms caches */
-            const double t0 = jdt_now_s();
-            jdt_rt_matmul(a, b, NULL, c, 1, N, N, N, false, false, false, nt);
-            const double f = 2.0 * N * N * N / (jdt_now_s() - t0);
-            if (r > 0 && f > best) best = f;
-        }
+        peak_ctx ctx = {a, b, c, nt};
+        best = jdt_rt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx);
     }
     jdt_free(a);
     jdt_free(b);
