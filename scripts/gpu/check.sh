@@ -195,9 +195,13 @@ if [ -n "$BUNDLE" ] && [ -d "$BUNDLE/cache" ]; then
   mkdir -p "$JDT_CACHE_DIR" && cp -n "$BUNDLE"/cache/jdt-* "$JDT_CACHE_DIR"/ 2>/dev/null
   say "kernel cache: $(ls "$BUNDLE/cache" | wc -l) entries compiled ahead of time for sm_90 (a GPU with another NVRTC or arch compiles its own)"
 fi
+# the driver's libcuda.so.1: the loader's cache should know it (PyTorch finds it); the driver's
+# folder of the device machine last, in case it does not
+echo "  libcuda.so.1: $(ldconfig -p 2>/dev/null | grep -m1 -o '/.*libcuda\.so\.1$' || echo 'not in the loader cache')" | tee -a "$SUMMARY"
+[ -d /usr/local/nvidia/lib64 ] && libdirs+=(/usr/local/nvidia/lib64)
 LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
-if ! "$BIN" version >/dev/null 2>&1; then
+if "$BIN" version >"$OUT/version.txt" 2>&1; then sed 's/^/  /' "$OUT/version.txt" | tee -a "$SUMMARY"; else
   say "binary does not start:"; ldd "$BIN" 2>&1 | grep -i "not found" | tee -a "$SUMMARY"
 fi
 
