@@ -120,6 +120,7 @@ typedef enum {
 
 #define JDT_CUK_MAX_LIBS 8 /* distinct .cu files */
 #define JDT_CUK_PLANS 64   /* cached GEMM plans */
+#define JDT_CUK_NO_SPLIT 8 /* remembered GEMM shapes that cuBLASLt would not run split */
 #define JDT_CUK_ALGOS 8    /* cuBLASLt algorithms timed per GEMM plan (JDT_CUDA_AUTOTUNE=1) */
 #define JDT_CUK_WORKSPACE ((unsigned)JDT_CUK_WORKSPACE_BYTES)
 
@@ -164,7 +165,14 @@ struct jdt_cuk {
     bool gelu_epilogue_off, dgelu_epilogue_off; /* the same for DGELU */
     bool dgelu_bgrad_off; /* and for DGELU_BGRAD (jdt_cuk_matmul_bf16_dgelu with dbias) */
     int64_t ld_next[3];   /* jdt_cuk_gemm_pitch: the next GEMM's row strides of a, b, c */
-    jdt_err pending;      /* first failure of a void launcher, reported by jdt_cuk_check */
+    /* cuk_gemm.c gemm: unaligned GEMMs split into an aligned bulk and a remainder (unless
+     * JDT_GEMM_SPLIT=0); shapes (M, N, K, ta, tb, bf16, c_bf16, bias) whose parts cuBLASLt
+     * refused, which run as one GEMM without asking again */
+    bool gemm_split;
+    int64_t no_split[JDT_CUK_NO_SPLIT][8];
+    int next_no_split;
+    int64_t n_split; /* GEMMs run split so far (for tests) */
+    jdt_err pending; /* first failure of a void launcher, reported by jdt_cuk_check */
 };
 
 /* Sets e from a CUDA runtime status: "<what>: <cudaGetErrorString>", ERR_UNSUPPORTED for no

@@ -351,6 +351,8 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
     /* JDT_CUDA_AUTOTUNE=1: each GEMM shape times the heuristic's candidates once (cuk_gemm.c) */
     const char *tune = getenv("JDT_CUDA_AUTOTUNE");
     k->autotune = tune && strcmp(tune, "1") == 0;
+    const char *split = getenv("JDT_GEMM_SPLIT");
+    k->gemm_split = !(split && strcmp(split, "0") == 0);
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
     snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
     /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the

@@ -242,13 +242,12 @@ out:
     if (ev[1]) cudaEventDestroy(ev[1]);
 }
 
-/* The GEMM of jdt_cuk_matmul on a and b of type f32 or (bf16) bf16, c and the bias f32 or
- * (c_bf16, with bf16) bf16, after the caller's checks: batch, M, N, K > 0 and within cuBLASLt's
- * int32 limits, the batch already folded. */
-static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, const void *acc,
-                       void *c, const void *aux, int aux_kind, int64_t batch, int64_t M, int64_t N,
-                       int64_t K, bool ta, bool tb, bool b_shared, bool bf16, bool c_bf16,
-                       const int64_t *ld, jdt_err *e)
+/* One cuBLASLt GEMM: gemm's arguments; dry: only find or build its plan (the checks a call
+ * would make before it launches included), launching nothing. */
+static jdt_status gemm_one(jdt_cuk *k, const void *a, const void *b, const void *bias,
+                           const void *acc, void *c, const void *aux, int aux_kind, int64_t batch,
+                           int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
+                           bool bf16, bool c_bf16, const int64_t *ld, bool dry, jdt_err *e)
 {
     static const int64_t dense[3] = {0, 0, 0};
     if (!ld) ld = dense;
@@ -301,6 +300,7 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
                            "cuBLASLt: no algorithm with the bias epilogue for an accumulating "
                            "GEMM (batch %lld, M %lld, N %lld, K %lld)",
                            (long long)batch, (long long)M, (long long)N, (long long)K);
+    if (dry) return JDT_OK;
     if (p->bias_by_beta) {
         jdt_cuk_fill_rows(k, c, bias, batch * M, N);
         beta = 1.0f;
@@ -320,6 +320,95 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
                             c, p->lc, &p->algo, k->workspace, JDT_CUK_WORKSPACE, k->stream);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "Matmul", key);
     return JDT_OK;
+}
+
+/* A bf16 c split over K holds the remainder's terms rounded to bf16 before the bulk adds onto
+ * them: split only where those are few of many (K past this), so that rounding stays far under
+ * the output's own. */
+#define SPLIT_K_BF16_MIN 1024
+
+static bool split_k(int64_t K, int64_t al, bool c_bf16)
+{
+    return K > al && K % al != 0 && (!c_bf16 || K > SPLIT_K_BF16_MIN);
+}
+
+/* The aligned split (gemm): the product as GEMMs whose cuBLAS m (our N) and k (our K) are
+ * multiples of al elements, and their remainders; row strides lda, ldb, ldc (never 0), batch 1,
+ * no aux. A K remainder (split_k) runs first, with the bias and acc, the bulk then adding onto
+ * c; an N remainder is the columns past the bulk. dry as gemm_one's. */
+static jdt_status gemm_split(jdt_cuk *k, const void *a, const void *b, const void *bias,
+                             const void *acc, void *c, int64_t M, int64_t N, int64_t K, bool ta,
+                             bool tb, bool bf16, bool c_bf16, const int64_t *ld, int64_t al,
+                             bool dry, jdt_err *e)
+{
+    const int64_t ea = bf16 ? 2 : 4, ec = c_bf16 ? 2 : 4;
+    if (split_k(K, al, c_bf16)) {
+        const int64_t K0 = K - K % al;
+        const char *ar = (const char *)a + (ta ? K0 * ld[0] : K0) * ea,
+                   *br = (const char *)b + (tb ? K0 : K0 * ld[1]) * ea;
+        jdt_status st =
+            gemm_split(k, ar, br, bias, acc, c, M, N, K - K0, ta, tb, bf16, c_bf16, ld, al, dry, e);
+        if (st != JDT_OK) return st;
+        return gemm_split(k, a, b, NULL, c, c, M, N, K0, ta, tb, bf16, c_bf16, ld, al, dry, e);
+    }
+    if (N > al && N % al != 0) {
+        const int64_t N0 = N - N % al;
+        jdt_status st = gemm_one(k, a, b, bias, acc, c, NULL, 0, 1, M, N0, K, ta, tb, false, bf16,
+                                 c_bf16, ld, dry, e);
+        if (st != JDT_OK) return st;
+        const char *br = (const char *)b + (tb ? N0 * ld[1] : N0) * ea;
+        return gemm_one(k, a, br, bias ? (const char *)bias + N0 * ec : NULL,
+                        acc ? (const char *)acc + N0 * ec : NULL, (char *)c + N0 * ec, NULL, 0, 1,
+                        M, N - N0, K, ta, tb, false, bf16, c_bf16, ld, dry, e);
+    }
+    return gemm_one(k, a, b, bias, acc, c, NULL, 0, 1, M, N, K, ta, tb, false, bf16, c_bf16, ld,
+                    dry, e);
+}
+
+/* The GEMM of jdt_cuk_matmul on a and b of type f32 or (bf16) bf16, c and the bias f32 or
+ * (c_bf16, with bf16) bf16, after the caller's checks: batch, M, N, K > 0 and within cuBLASLt's
+ * int32 limits, the batch already folded.
+ *
+ * cuBLASLt runs a GEMM whose m (our N) or k (our K) is not a multiple of 16 bytes' elements far
+ * slower than its neighbours: GPT-2's lm head (N, then K = 50257) took 25 and 19 ms on an H200
+ * where its weight gradient (M = 50257, cuBLAS's n) took 4.9 (run.profile, 2026-12-04); PyTorch's
+ * compiler pads such shapes (pad_mm). Here, without padded copies, an unbatched GEMM with no
+ * GELU epilogue runs as the aligned bulk and a remainder of < 8 (bf16) or < 4 (f32) elements
+ * (gemm_split), when cuBLASLt has plans for every part (else as one GEMM, remembered per shape);
+ * JDT_GEMM_SPLIT=0 keeps one GEMM always. */
+static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, const void *acc,
+                       void *c, const void *aux, int aux_kind, int64_t batch, int64_t M, int64_t N,
+                       int64_t K, bool ta, bool tb, bool b_shared, bool bf16, bool c_bf16,
+                       const int64_t *ld, jdt_err *e)
+{
+    const int64_t al = bf16 ? 8 : 4;
+    if (k->gemm_split && batch == 1 && !aux && (split_k(K, al, c_bf16) || (N > al && N % al))) {
+        const int64_t lds[3] = {ld && ld[0] ? ld[0]
+                                : ta        ? M
+                                            : K,
+                                ld && ld[1] ? ld[1]
+                                : tb        ? K
+                                            : N,
+                                ld && ld[2] ? ld[2] : N};
+        const int64_t shape[8] = {M, N, K, ta, tb, bf16, c_bf16, bias != NULL};
+        bool refused = false;
+        for (int i = 0; i < JDT_CUK_NO_SPLIT && !refused; i++)
+            refused = memcmp(k->no_split[i], shape, sizeof shape) == 0;
+        jdt_err le;
+        jdt_err_clear(&le);
+        if (!refused) {
+            if (gemm_split(k, a, b, bias, acc, c, M, N, K, ta, tb, bf16, c_bf16, lds, al, true,
+                           &le) == JDT_OK) {
+                k->n_split++;
+                return gemm_split(k, a, b, bias, acc, c, M, N, K, ta, tb, bf16, c_bf16, lds, al,
+                                  false, e);
+            }
+            memcpy(k->no_split[k->next_no_split], shape, sizeof shape);
+            k->next_no_split = (k->next_no_split + 1) % JDT_CUK_NO_SPLIT;
+        }
+    }
+    return gemm_one(k, a, b, bias, acc, c, aux, aux_kind, batch, M, N, K, ta, tb, b_shared, bf16,
+                    c_bf16, ld, false, e);
 }
 
 /* Shared checks of both entry points: empty products, K = 0 (c = bias rows), folding a batch
