@@ -251,6 +251,11 @@ char *jdt_program_summary(const jdt_program *p, char *buf, size_t n);
  * longest, into buf; returns buf. Without profiling it says so. */
 char *jdt_program_profile(const jdt_program *p, char *buf, size_t n);
 
+/* Forgets the profile's accumulated times and runs (the trainer's warm-up step: its first
+ * calls' setup, cuBLASLt's plans and module loads on a GPU, would count as kernel time). No-op
+ * without opts.profile. */
+void jdt_program_profile_reset(jdt_program *p);
+
 /* Frees the program (closes the shared object). NULL is a no-op. */
 void jdt_program_free(jdt_program *p);
 

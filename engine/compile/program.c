@@ -559,6 +559,13 @@ static void profile_gemms(const jdt_program *p, double total, int most, char *bu
     jdt_free(rows);
 }
 
+void jdt_program_profile_reset(jdt_program *p)
+{
+    if (!p || !p->step_s) return;
+    memset(p->step_s, 0, ((size_t)p->c.n_steps + 1) * sizeof *p->step_s);
+    p->n_runs = 0;
+}
+
 char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
 {
     const cprog *c = &p->c;

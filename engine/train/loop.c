@@ -224,12 +224,15 @@ static jdt_status setup_data(trainer *tr, bool want_train, bool want_val, jdt_er
     return st;
 }
 
-/* run.profile: where the compiled step spends its time, over the steps run so far. */
-static void log_profile(const trainer *tr)
+/* run.profile: where the compiled step spends its time, over the steps since the warm-up step
+ * (train_step resets the counts after it, unless it was the run's only one) up to step t. */
+static void log_profile(const trainer *tr, int64_t t)
 {
     static char buf[16384];
     jdt_step_profile(tr->step, buf, sizeof buf);
-    JDT_INFO("profile of the compiled step:\n%s", buf);
+    const int64_t from = t > tr->first ? tr->first + 2 : tr->first + 1;
+    JDT_INFO("profile of the compiled step, steps %lld-%lld%s:\n%s", (long long)from,
+             (long long)(t + 1), t > tr->first ? " (after the warm-up step)" : "", buf);
 }
 
 static jdt_status ckpt_barrier(void *ctx, jdt_err *e)
@@ -969,6 +972,8 @@ static jdt_status train_step(trainer *tr, int64_t t, jdt_err *e)
         st = JDT_OK;
     }
     if (st != JDT_OK) return st;
+    /* the profile, like the trace, leaves out the warm-up step (first calls' setup) */
+    if (cfg->run.profile && t == tr->first && !last_step(cfg, t)) jdt_step_profile_reset(tr->step);
     tr->window_steps++;
     tr->window_time += jdt_now_s() - t0;
     tr->s_step += jdt_now_s() - t_data;
@@ -1067,8 +1072,10 @@ static jdt_status after_step(trainer *tr, int64_t t, jdt_err *e)
     }
     if (cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last)
         if ((st = save_ckpt(tr, t + 1, e)) != JDT_OK) return st;
-    if (cfg->run.profile && main_rank && t + 1 - tr->first == cfg->run.profile_steps)
-        log_profile(tr);
+    if (cfg->run.profile && main_rank && cfg->run.profile_steps > 0 &&
+        (t - tr->first == cfg->run.profile_steps ||
+         (last && t - tr->first < cfg->run.profile_steps)))
+        log_profile(tr, t);
     if (last) {
         if ((st = save_ckpt(tr, t + 1, e)) != JDT_OK) return st;
         if (main_rank) log_summary(tr, t);

@@ -628,6 +628,12 @@ char *jdt_step_profile(const jdt_step *s, char *buf, size_t n)
     return buf;
 }
 
+void jdt_step_profile_reset(jdt_step *s)
+{
+    jdt_program_profile_reset(s->main.p);
+    jdt_program_profile_reset(s->apply.p);
+}
+
 jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *e)
 {
     const int sizes[JDT_MESH_AXIS_COUNT] = {cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor};

@@ -111,6 +111,8 @@ const char *jdt_step_source(const jdt_step *s);
 /* With run.profile: the time per kind of compiled step (kernels, builtins) of the train
  * programs so far, written into buf (n bytes); returns buf. */
 char *jdt_step_profile(const jdt_step *s, char *buf, size_t n);
+/* Forgets the times jdt_step_profile would report so far (jdt_program_profile_reset). */
+void jdt_step_profile_reset(jdt_step *s);
 
 /* The model (parameter list) and compile stats of the main program. */
 const jdt_model *jdt_step_model(const jdt_step *s);
