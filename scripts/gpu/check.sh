@@ -59,6 +59,12 @@
 #   after its GEMM, the residual adds kernels of their own, the cross-entropy's backward a pass of
 #   its own, the attention's output transposed by a kernel, its backward's packed output read by a
 #   kernel per projection, its log-sum-exp found again and its dO stored in f32 (session 16's step);
+#   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose N or K is not a multiple of 8 (bf16) as one
+#   cuBLASLt call instead of an aligned bulk and a remainder (cuk_gemm.c gemm: the lm head);
+#   "gm" times cuBLAS through torch on the lm head's GEMMs with the vocabulary at 50257 and
+#   rounded up to multiples of 8, 64 and 128 (scripts/bench/gemm_peer_gpu.py); "nc" runs Nsight
+#   Compute on five attention kernels of stage 4's step at B=8 (ncu-att.log: throughput,
+#   occupancy, registers, stall reasons of the forward, dQ and dK/dV kernels);
 #   "4g" with JDT_GEMM_PITCH=0, the logits' and dlogits' rows back to back (100514 bytes: the
 #   lm-head GEMMs without 16-byte row alignment) instead of padded to 50304 values; "4t" with JDT_CUDA_AUTOTUNE=1,
 #   each GEMM plan's cuBLASLt algorithm the fastest of the heuristic's first 8 on this GPU
@@ -141,14 +147,17 @@ if [ -n "${PRECOMPILE:-}" ]; then
   echo "precompiled for sm_${GPU_ARCH:-90} into $PRECOMPILE in $(( $(date +%s) - t0 ))s ($(du -sh "$PRECOMPILE" | cut -f1))"
   exit 0
 fi
+# the device tool's $OUT is where RESULTS go: the work directory must be another (the copies at
+# the end would truncate the logs they read, and the tool brings back 8 files)
+[ -n "${RESULTS:-}" ] && [ "$(realpath -m "$OUT")" = "$(realpath -m "$RESULTS")" ] && OUT=/tmp/jdt-gpu-check
 mkdir -p "$OUT"
 # RESULTS (the device tool's $OUT, which brings back at most 8 files): summary.txt is written
 # there as the stages go, and the main logs are copied there at the end
 [ -n "${RESULTS:-}" ] && mkdir -p "$RESULTS"
 SUMMARY="${RESULTS:-$OUT}/summary.txt"
 : >"$SUMMARY"
-say() { echo "== $*" | tee -a "$SUMMARY"; }
 t_all=$(date +%s)
+say() { echo "== [$(( $(date +%s) - t_all ))s] $*" | tee -a "$SUMMARY"; }
 export JDT_CACHE_DIR="$OUT/cache"
 export OMP_WAIT_POLICY=passive
 
@@ -403,6 +412,47 @@ run_gpt gpt2-act32
 say "stage 4a exit $rc, precision.activations f32: ${toks:-?} tok/s against ${JDT_TOKS:-?} with $GPT_ACT (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
+# ---- 4s (not in the default STAGES): stage 4 again with unaligned GEMMs run whole ---------------
+if want 4s; then
+gpt_args "$OUT/gpt2-nosplit"
+run_gpt gpt2-nosplit JDT_GEMM_SPLIT=0
+say "stage 4s exit $rc, unaligned GEMMs as one cuBLASLt call each (JDT_GEMM_SPLIT=0: the lm head's N and K = 50257): ${toks:-?} tok/s against ${JDT_TOKS:-?} split into an aligned bulk and a remainder"
+fi
+
+# ---- gm (not in the default STAGES): cuBLAS on the lm head's GEMMs, vocabulary aligned or not ----
+if want gm; then
+say "stage gm: torch (cuBLAS, eager) on the lm head's GEMMs at M=$((B * GPT_SEQ)) C=768, V = 50257 and aligned (scripts/bench/gemm_peer_gpu.py)"
+GM_ARGS="--device cuda"; [ "$REHEARSE" = 1 ] && GM_ARGS="--device cpu --tokens 256 --channels 64 --vocab 501,504 --reps 2"
+# shellcheck disable=SC2086 # GM_ARGS: one argument per word
+PYTHONUNBUFFERED=1 timeout "$(tmo)" "${PEER_PY:-python3}" "$ROOT/scripts/bench/gemm_peer_gpu.py" \
+  --tokens $((B * GPT_SEQ)) $GM_ARGS >"$OUT/gemm-peer.log" 2>&1; rc=$?
+grep -E '^\{' "$OUT/gemm-peer.log" | tee -a "$SUMMARY"
+[ "$rc" -eq 0 ] || tail -3 "$OUT/gemm-peer.log" | tee -a "$SUMMARY"
+say "stage gm exit $rc"
+fi
+
+# ---- nc (not in the default STAGES): Nsight Compute on the attention kernels of stage 4's step ----
+# at B=8 (the same blocks, fewer waves; kernel replay restores the whole arena per pass): two
+# forward launches, then the first backward's dQ, dK/dV and the next dQ. ncu's own clock
+# control is off (the card's clocks as found).
+if want nc; then
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -z "$NCU" ] || [ "$REHEARSE" = 1 ]; then
+  say "stage nc skipped: ${NCU:-no ncu here}${NCU:+ (the emulator has no counters)}"
+else
+  say "stage nc: $NCU on the attention kernels (B=8, launches 11-15 of cuk_att_tc*)"
+  gpt_args "$OUT/gpt2-ncu"
+  (cd "$ROOT" && timeout "$(tmo)" "$NCU" --clock-control none --kernel-name regex:cuk_att_tc \
+     --launch-skip 10 --launch-count 5 --section SpeedOfLight --section Occupancy \
+     --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+     --section MemoryWorkloadAnalysis "$BIN" "${GPT[@]}" data.batch_size=8 data.micro_batch_size=8 \
+     run.steps=1 >"$OUT/ncu-att.log" 2>&1); rc=$?
+  grep -E "^  cuk_att|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Registers|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued" \
+    "$OUT/ncu-att.log" | tee -a "$SUMMARY"
+  say "stage nc exit $rc"
+fi
+fi
+
 # ---- 6: more than one GPU -------------------------------------------------------------------------
 if want 6; then
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -439,10 +489,10 @@ say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"
 if [ -n "${RESULTS:-}" ]; then
   # the device tool brings back 8 files: summary.txt, 5 logs, the peers' logs in one file and
   # stage 4p's Chrome trace (every step of 3 profiled steps, for ui.perfetto.dev)
-  for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log tiny-cuda-bf16.log; do
+  for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log ncu-att.log; do
     if [ -f "$OUT/$f" ]; then tail -c 2000000 "$OUT/$f" > "$RESULTS/$f"; fi
   done
-  for f in "$OUT"/peer-*.log; do
+  for f in "$OUT"/peer-*.log "$OUT"/gemm-peer.log "$OUT"/tiny-cuda-bf16.log; do
     [ -f "$f" ] && { echo "==== $(basename "$f")"; tail -c 1000000 "$f"; }
   done > "$RESULTS/peers.log"
   tr=$(ls "$OUT"/gpt2-prof/*/trace.rank0.json 2>/dev/null | head -1)
