@@ -62,6 +62,7 @@ extern const int jdt_cuk_n_sources;
     X(GELU_BF16, "cuk_misc.cu", "cuk_gelu_bf16")                                                   \
     X(DGELU_BF16, "cuk_misc.cu", "cuk_dgelu_bf16")                                                 \
     X(COLSUM_BF16, "cuk_misc.cu", "cuk_colsum_bf16")                                               \
+    X(COLSUM_F32, "cuk_misc.cu", "cuk_colsum_f32")                                                 \
     X(ATT_FWD_D64, "cuk_attention.cu", "cuk_att_fwd_d64")                                          \
     X(ATT_FWD_D128, "cuk_attention.cu", "cuk_att_fwd_d128")                                        \
     X(ATT_FWD_D256, "cuk_attention.cu", "cuk_att_fwd_d256")                                        \

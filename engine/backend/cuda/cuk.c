@@ -821,8 +821,24 @@ void jdt_cuk_dgelu_bf16(jdt_cuk *k, const uint16_t *u, uint16_t *g, int64_t n)
 
 void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, int64_t N)
 {
-    void *args[] = {&x, &y, &rows, &N};
-    launch(k, JDT_CUK_K_COLSUM_BF16, (N + 31) / 32, 256, 0, args);
+    if (N <= 0) return;
+    /* chunks of 512 rows (more where the partials would not fit the cuBLASLt workspace, which
+     * they borrow: the stream runs this between GEMMs), at least one */
+    int64_t chunk = JDT_CUK_COLSUM_CHUNK;
+    const int64_t fit = (int64_t)JDT_CUK_WORKSPACE / (4 * N);
+    if (fit < 1) {
+        jdt_cuk_defer(k, JDT_ERR_UNSUPPORTED,
+                      "column sums of %lld columns: the partial sums "
+                      "do not fit the GEMM workspace",
+                      (long long)N);
+        return;
+    }
+    if ((rows + chunk - 1) / chunk > fit) chunk = (rows + fit - 1) / fit;
+    int64_t chunks = rows > 0 ? (rows + chunk - 1) / chunk : 1;
+    float *part = k->workspace;
+    void *a1[] = {&x, &part, &rows, &N, &chunk}, *a2[] = {&part, &y, &chunks, &N};
+    launch(k, JDT_CUK_K_COLSUM_BF16, (N + 63) / 64 * chunks, 256, 0, a1);
+    launch(k, JDT_CUK_K_COLSUM_F32, (N + 255) / 256, 256, 0, a2);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */

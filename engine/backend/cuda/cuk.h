@@ -157,7 +157,11 @@ void jdt_cuk_gelu_bf16(jdt_cuk *k, const uint16_t *x, uint16_t *y, int64_t n);
 /* g (n, bf16) *= GELU'(u) (u: n bf16), in place, rounded to nearest even. */
 void jdt_cuk_dgelu_bf16(jdt_cuk *k, const uint16_t *u, uint16_t *g, int64_t n);
 /* y (N, f32) = the column sums of x (rows, N, bf16), each summed in f32 in one fixed order
- * (deterministic). */
+ * that depends on the shape alone (deterministic): chunks of JDT_CUK_COLSUM_CHUNK rows (more
+ * when (rows / chunk) * N * 4 bytes would pass the GEMM workspace, whose memory holds the
+ * chunks' sums), in each every 8th row from r0 + w summed for w < 8, those 8 sums added in
+ * order, then the chunks in order (kernels/cuk_misc.cu). Uses the GEMM workspace. */
+#define JDT_CUK_COLSUM_CHUNK 512
 void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, int64_t N);
 
 /* y (n, bf16 bit patterns) = x (n) rounded to bf16: nearest even, NaN stays NaN, overflow

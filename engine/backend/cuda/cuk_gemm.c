@@ -166,6 +166,15 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &al_c, sizeof al_c);
+    /* a bf16 D: split-K partial sums only in f32 (the compute type). The in-place and
+     * output-type schemes add the partials in bf16, and each adds a rounding: on an H200 a
+     * 37 x 64 x 53 product into bf16 came out 16 bf16 steps off (check_cuk test_matmul_pitched,
+     * 2026-12-04), where the 37 x 71 x 53 one was within one step */
+    if (st == CUBLAS_STATUS_SUCCESS && dt_c == CUDA_R_16BF) {
+        uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &schemes, sizeof schemes);
+    }
     (void)align_bias;
     cublasLtMatmulHeuristicResult_t res[JDT_CUK_ALGOS];
     int n_res = 0;

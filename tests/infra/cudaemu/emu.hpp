@@ -126,6 +126,18 @@ static inline int __float_as_int(float f)
 {
     return emu_bits<int>(f);
 }
+static inline float __fmul_rn(float a, float b)
+{
+    return a * b;
+}
+static inline float __fadd_rn(float a, float b)
+{
+    return a + b;
+}
+static inline float __fsub_rn(float a, float b)
+{
+    return a - b;
+}
 static inline float rsqrtf(float x)
 {
     return 1.0f / sqrtf(x);

@@ -90,8 +90,11 @@ __device__ __forceinline__ void cuk_rope_pair(float x0, float x1, i64 t, i64 i, 
 {
     double ang = (inverse ? -1.0 : 1.0) * (double)t * pow(theta, -2.0 * (double)i / (double)D);
     float cs = (float)cos(ang), sn = (float)sin(ang);
-    *y0 = x0 * cs - x1 * sn;
-    *y1 = x0 * sn + x1 * cs;
+    /* rounded products and sum, never a fused multiply-add: NVRTC may contract a * b - c * d
+     * either way, and two kernels inlining this would then differ in the last bit (a suspect
+     * for the attention backward's rotated copies, which did not match cuk_rope's on an H200) */
+    *y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+    *y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
 }
 
 /* Rows per partial column sum of the attention backward's cotangent form (cuk.h

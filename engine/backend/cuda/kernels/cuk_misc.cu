@@ -129,29 +129,50 @@ extern "C" __global__ void cuk_dgelu_bf16(const unsigned short *u, unsigned shor
     }
 }
 
-/* y (N, f32) = the column sums of x (rows, N, bf16 bits): the bias gradient where cuBLASLt
- * has no DGELU_BGRAD epilogue (jdt_cuk_matmul_bf16_dgelu). A block of 256 threads takes 32
- * columns: warp w sums rows w, w + 8, ... of its lane's column in f32, then thread c adds the
- * 8 warps' sums in warp order, so the result does not depend on scheduling. A fallback, not
- * tuned: each warp reads 64 contiguous bytes per row. */
-extern "C" __global__ void __launch_bounds__(256) cuk_colsum_bf16(const unsigned short *x, float *y,
-                                                                  i64 rows, i64 N)
+/* The column sums of x (rows, N, bf16 bits) into y (N, f32): the bias gradient where cuBLASLt
+ * has no DGELU_BGRAD epilogue (jdt_cuk_matmul_bf16_dgelu), in two passes that fill the GPU.
+ * Block b sums the rows of chunk q = b / tiles (`chunk` rows from q chunk) in its 64 columns
+ * (tile b % tiles; a warp reads 128 contiguous bytes of a row): warp w every 8th row from
+ * w, then the 8 warps' sums in warp order, into part[q][col]; cuk_colsum_f32 then adds the
+ * chunks in order. The launcher picks the chunks from the shape alone, so the sums are the
+ * same bits on any GPU and schedule (check_cuk replays the order on the host). */
+extern "C" __global__ void __launch_bounds__(256) cuk_colsum_bf16(const unsigned short *x,
+                                                                  float *part, i64 rows, i64 N,
+                                                                  i64 chunk)
 {
-    __shared__ float part[8][32];
+    __shared__ float red[8][64];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const i64 col = (i64)blockIdx.x * 32 + lane;
-    float s = 0.0f;
-    if (col < N)
-        for (i64 r = w; r < rows; r += 8)
-            s += __uint_as_float((unsigned int)x[r * N + col] << 16);
-    part[w][lane] = s;
-    __syncthreads();
-    if (w == 0 && col < N) {
-        float t = part[0][lane];
-        for (int q = 1; q < 8; q++)
-            t += part[q][lane];
-        y[col] = t;
+    const i64 tiles = (N + 63) / 64, tile = blockIdx.x % tiles, q = blockIdx.x / tiles;
+    const i64 c0 = tile * 64 + lane, c1 = c0 + 32;
+    const i64 r0 = q * chunk, r1 = min(rows, r0 + chunk);
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 4
+    for (i64 r = r0 + w; r < r1; r += 8) {
+        const unsigned short *row = x + r * N;
+        if (c0 < N) s0 += __uint_as_float((unsigned int)row[c0] << 16);
+        if (c1 < N) s1 += __uint_as_float((unsigned int)row[c1] << 16);
     }
+    red[w][lane] = s0;
+    red[w][lane + 32] = s1;
+    __syncthreads();
+    const i64 c = tile * 64 + threadIdx.x;
+    if (threadIdx.x < 64 && c < N) {
+        float t = red[0][threadIdx.x];
+        for (int v = 1; v < 8; v++)
+            t += red[v][threadIdx.x];
+        part[q * N + c] = t;
+    }
+}
+
+/* y (N) = the sum over q < chunks of part (chunks, N), in order: cuk_colsum_bf16's second pass. */
+extern "C" __global__ void cuk_colsum_f32(const float *part, float *y, i64 chunks, i64 N)
+{
+    const i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= N) return;
+    float t = part[c];
+    for (i64 q = 1; q < chunks; q++)
+        t += part[q * N + c];
+    y[c] = t;
 }
 
 /* y (n, f32) = x rounded to bf16, kept in f32 (the bf16 GEMM's fallback: TF32 tensor cores
