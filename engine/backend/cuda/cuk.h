@@ -76,7 +76,10 @@ jdt_status jdt_cuk_precompile(int arch, const char *cache_dir, unsigned sources,
  * b (batch|1, K, N) or (batch|1, N, K) if tb; c (batch, M, N); bias (N) or NULL; acc (batch, M,
  * N) or NULL (cuBLASLt's C with beta 1, may be c itself: the compiler's fold_addends).
  * cuBLASLt with TF32 tensor cores (f32 in/out, f32 accumulate), the bias added by the GEMM's
- * epilogue; plans (layouts + chosen algorithm) are cached per shape in the context.
+ * epilogue; plans (layouts + chosen algorithm) are cached per shape in the context. A single
+ * matrix (batch 1 after folding) whose N or K is not a multiple of 4 (8 for bf16) runs as an
+ * aligned bulk plus the remainder (cuk_gemm.c gemm; unless JDT_GEMM_SPLIT=0 was set when k was
+ * made): a K remainder adds its terms separately, so the sums' order differs from one GEMM's.
  * ERR_INVALID for a dimension over INT32_MAX rows/leading dimension; ERR_INTERNAL naming the
  * cuBLASLt status. */
 jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const float *bias,
