@@ -165,6 +165,8 @@ export OMP_WAIT_POLICY=passive
 say "stage 1 probe"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee -a "$SUMMARY"
 ldd --version 2>&1 | head -1 | tee -a "$SUMMARY"
+# cuDNN's version decides how its fused attention could serve (docs/cuda-kernels.md)
+"${PEER_PY:-python3}" -c 'import torch; print("  torch", torch.__version__, "cuDNN", torch.backends.cudnn.version())' 2>&1 | tail -1 | tee -a "$SUMMARY"
 PY=$(command -v python3 || true)
 SITE=$($PY -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
 libdirs=()
