@@ -453,6 +453,13 @@ START_TEST(test_train_step_updates)
         rows++;
     }
     ck_assert_msg(rows == 5 && gemms == cnt, "%d rows, %d GEMMs of %d:\n%s", rows, gemms, cnt, gt);
+    /* the reset (the trainer's, after its warm-up step): the runs before it count no more */
+    jdt_program_profile_reset(p);
+    jdt_program_profile(p, prof, sizeof prof);
+    ck_assert_msg(strstr(prof, "no profile"), "%s", prof);
+    ck_assert_msg(jdt_program_run(p, &e) == JDT_OK, "%s", e.msg);
+    jdt_program_profile(p, prof, sizeof prof);
+    ck_assert_msg(strstr(prof, "1 runs") && strstr(prof, "matmul"), "%s", prof);
     jdt_program_free(p);
     fx_free(&f);
 }
