@@ -181,6 +181,19 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
                                             k->autotune ? JDT_CUK_ALGOS : 1, res, &n_res);
+    if (st == CUBLAS_STATUS_SUCCESS && n_res < 1 && dt_c == CUDA_R_16BF) {
+        /* none without a bf16 reduction: any rather than none (a bf16 D has no TF32 fallback) */
+        uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_MASK;
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &schemes, sizeof schemes);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
+                                                k->autotune ? JDT_CUK_ALGOS : 1, res, &n_res);
+        if (st == CUBLAS_STATUS_SUCCESS && n_res > 0)
+            JDT_INFO("cuda: GEMM (%s, batch %lld, M %lld, N %lld, K %lld): no cuBLASLt algorithm "
+                     "sums split-K partials in f32; one that sums them in bf16 runs",
+                     key_kind(key), (long long)batch, (long long)M, (long long)N, (long long)K);
+    }
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatmulAlgoGetHeuristic", key);
     if (n_res < 1) return lt_err(e, CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for", key);
