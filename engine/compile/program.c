@@ -482,6 +482,8 @@ enum {
     GEMM_ACC = 32,    /* added to a tensor (i[3], beta 1) */
     GEMM_GELU = 64,   /* GELU epilogue (i[4]) */
     GEMM_DGELU = 128, /* GELU backward epilogue (i[5]) */
+    GEMM_SUMS = 256,  /* with its output's column sums (a co-output: the bias gradient, by an
+                         epilogue or a kernel in the same step, whose time the row includes) */
 };
 
 static gemm_row gemm_key(const cprog *c, const cnode *n)
@@ -496,7 +498,8 @@ static gemm_row gemm_key(const cprog *c, const cnode *n)
              (n->attrs.i[2] ? GEMM_BF16 : 0u) |
              (n->bf16 || n->dtype == JDT_DTYPE_BF16 ? GEMM_OUT16 : 0u) |
              (cnode_mm_bias(n) >= 0 ? GEMM_BIAS : 0u) | (n->attrs.i[3] ? GEMM_ACC : 0u) |
-             (n->attrs.i[4] ? GEMM_GELU : 0u) | (n->attrs.i[5] ? GEMM_DGELU : 0u);
+             (n->attrs.i[4] ? GEMM_GELU : 0u) | (n->attrs.i[5] ? GEMM_DGELU : 0u) |
+             (n->co ? GEMM_SUMS : 0u);
     return r;
 }
 
@@ -547,13 +550,13 @@ static void profile_gemms(const jdt_program *p, double total, int most, char *bu
                  (long long)g->k);
         *off += (size_t)snprintf(
             buf + *off, n - *off,
-            "  %5.1f%%  %9.3f ms  %4d x  %9.3g TFLOP/s  %s %c%c %s%s%s%s%s%s\n",
+            "  %5.1f%%  %9.3f ms  %4d x  %9.3g TFLOP/s  %s %c%c %s%s%s%s%s%s%s\n",
             total > 0 ? 100.0 * g->t / total : 0.0, g->t * 1e3 / p->n_runs, g->count,
             g->flops * per_s / 1e12, dims, g->form & GEMM_TA ? 't' : 'n',
             g->form & GEMM_TB ? 't' : 'n', g->form & GEMM_BF16 ? "bf16" : "f32",
             g->form & GEMM_OUT16 ? " ->bf16" : "", g->form & GEMM_BIAS ? " +bias" : "",
             g->form & GEMM_ACC ? " +C" : "", g->form & GEMM_GELU ? " gelu" : "",
-            g->form & GEMM_DGELU ? " dgelu" : "");
+            g->form & GEMM_DGELU ? " dgelu" : "", g->form & GEMM_SUMS ? " +colsum" : "");
         rows[best].count = 0;
     }
     jdt_free(rows);

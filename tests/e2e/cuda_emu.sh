@@ -75,8 +75,13 @@ echo "emulated GPU, bf16: scalar elementwise kernels (JDT_CUDA_VEC=0) give the v
 # fold_bf16_casts); the CPU computes the same roundings in fused kernels. Seen 2e-5. Then under
 # tensor=2, where the row-parallel GEMMs' partial sums are all-reduced in f32 before the cast
 run "$BIN" "$TMP/cpu16a" "${C[@]}" precision.compute=bf16 precision.activations=bf16
-run "$EMU" "$TMP/gpu16a" "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16
+run "$EMU" "$TMP/gpu16a" "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 \
+  --profile run.profile_steps=2
 grep -q "bf16 outputs of the linear layers" "$TMP/err" || { cat "$TMP/err"; fail "bf16 activations not named"; }
+# the profile (steps 2-3, the warm-up left out) names the MLP's dgelu GEMM with its bias
+# gradient's column sums, whose time its row then holds
+grep -q "profile of the compiled step, steps 2-3" "$TMP/err" && grep -q " dgelu +colsum" "$TMP/err" ||
+  { grep -A30 "profile of" "$TMP/err"; fail "the profile's steps or its dgelu +colsum row"; }
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/gpu16a/tiny/metrics.jsonl" "emulated GPU, bf16 activations" 1e-3 ||
   fail "bf16 activations losses differ"
 # the MLP's GELU and its backward by GEMMs (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD, compiler:
