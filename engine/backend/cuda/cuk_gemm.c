@@ -169,27 +169,22 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     /* a bf16 D: split-K partial sums only in f32 (the compute type). The in-place and
      * output-type schemes add the partials in bf16, and each adds a rounding: on an H200 a
      * 37 x 64 x 53 product into bf16 came out 16 bf16 steps off (check_cuk test_matmul_pitched,
-     * 2026-12-04), where the 37 x 71 x 53 one was within one step */
-    if (st == CUBLAS_STATUS_SUCCESS && dt_c == CUDA_R_16BF) {
-        uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &schemes, sizeof schemes);
-    }
+     * 2026-12-04), where the 37 x 71 x 53 one was within one step. Where cuBLASLt has no such
+     * algorithm, any rather than none (a bf16 D has no TF32 fallback). */
     (void)align_bias;
+    const bool d16 = dt_c == CUDA_R_16BF;
+    const uint32_t schemes[2] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
+                                 CUBLASLT_REDUCTION_SCHEME_MASK};
     cublasLtMatmulHeuristicResult_t res[JDT_CUK_ALGOS];
     int n_res = 0;
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
-                                            k->autotune ? JDT_CUK_ALGOS : 1, res, &n_res);
-    if (st == CUBLAS_STATUS_SUCCESS && n_res < 1 && dt_c == CUDA_R_16BF) {
-        /* none without a bf16 reduction: any rather than none (a bf16 D has no TF32 fallback) */
-        uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_MASK;
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &schemes, sizeof schemes);
+    for (int i = d16 ? 0 : 1; st == CUBLAS_STATUS_SUCCESS && n_res < 1 && i < 2; i++) {
+        if (d16)
+            st = cublasLtMatmulPreferenceSetAttribute(
+                pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes[i], sizeof schemes[i]);
         if (st == CUBLAS_STATUS_SUCCESS)
             st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
                                                 k->autotune ? JDT_CUK_ALGOS : 1, res, &n_res);
-        if (st == CUBLAS_STATUS_SUCCESS && n_res > 0)
+        if (d16 && i == 1 && st == CUBLAS_STATUS_SUCCESS && n_res > 0)
             JDT_INFO("cuda: GEMM (%s, batch %lld, M %lld, N %lld, K %lld): no cuBLASLt algorithm "
                      "sums split-K partials in f32; one that sums them in bf16 runs",
                      key_kind(key), (long long)batch, (long long)M, (long long)N, (long long)K);
