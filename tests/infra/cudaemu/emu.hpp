@@ -91,6 +91,10 @@ static inline uint2 make_uint2(unsigned a, unsigned b)
 {
     return {a, b};
 }
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d)
+{
+    return {a, b, c, d};
+}
 static inline ushort4 make_ushort4(unsigned short a, unsigned short b, unsigned short c,
                                    unsigned short d)
 {

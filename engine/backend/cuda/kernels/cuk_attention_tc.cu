@@ -253,12 +253,19 @@ __device__ __forceinline__ void tc_load_async(unsigned short *X, int lx, const u
     const i64 rs = (bthd >> bit & 1u) ? H * D : D;
     const unsigned short *x0 = x + tc_row(bthd, bit, b, h, t0, H, T, D);
     const int r = threadIdx.x / Q, d = (threadIdx.x % Q) * 8;
-    const bool full = TC_WHOLE(t0 + R <= T && D == DM);
+    const unsigned short *xr = x0 + r * rs + d;
+    unsigned short *sr = X + r * lx + d;
+    if (TC_WHOLE(t0 + R <= T && D == DM)) { /* a whole tile: no test per copy */
+#pragma unroll
+        for (int k = 0; k < R / RP; k++)
+            cuk_cp_async<16>(sr + k * RP * lx, xr + k * RP * rs, true);
+        return;
+    }
 #pragma unroll
     for (int k = 0; k < R / RP; k++) {
         const int row = r + k * RP;
-        const bool in = full || (t0 + row < T && d < D);
-        cuk_cp_async<16>(X + row * lx + d, in ? x0 + row * rs + d : x0, in);
+        const bool in = t0 + row < T && d < D;
+        cuk_cp_async<16>(sr + k * RP * lx, in ? xr + k * RP * rs : x0, in);
     }
 }
 
@@ -385,27 +392,46 @@ __device__ __forceinline__ void tc_acc_by(float (*acc)[4], const float (*p)[4],
 
 /* The warp's 16 x DM accumulator (rows i0, i0 + 8 of the C layout) times mul[r] into out
  * (B, H, T, D) slice bh, and into the forward's (B, T, H, D) copy o2 when not NULL
- * (cuk_att_store2; H heads); rows past T and columns past D are not written. */
+ * (cuk_att_store2's layout; H heads); rows past T and columns past D are not written. A lane
+ * holds columns 2t and 2t + 1 of each 8: with D even and out and o2 aligned to a pair
+ * (block-uniform) it stores them as one pair (a float2, or two bf16 in 32 bits), the row
+ * addresses found once; else one by one. */
 template <int DM>
 __device__ __forceinline__ void tc_store(float *out, const float (*acc)[4], i64 bh, i64 i0, i64 T,
                                          i64 D, const float mul[2], int t, void *o2 = nullptr,
                                          int o2b = 0, i64 H = 1)
 {
+    const i64 b = o2 ? bh / H : 0, h = o2 ? bh - b * H : 0;
+    const bool pairs = (D & 1) == 0 && ((unsigned long long)out & 7) == 0 &&
+                       ((unsigned long long)o2 & (o2b ? 3 : 7)) == 0;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         i64 i = i0 + 8 * r;
         if (i >= T) continue;
         float *row = out ? out + (bh * T + i) * D : nullptr; /* none: o2 only */
+        const i64 at2 = ((b * T + i) * H + h) * D;           /* o2's row */
 #pragma unroll
-        for (int dn = 0; dn < DM / 8; dn++)
+        for (int dn = 0; dn < DM / 8; dn++) {
+            const int d = dn * 8 + 2 * t;
+            const float v0 = acc[dn][2 * r] * mul[r], v1 = acc[dn][2 * r + 1] * mul[r];
+            if (pairs) {
+                if (d >= D) continue; /* D even: d + 1 < D too */
+                if (row) *(float2 *)(row + d) = make_float2(v0, v1);
+                if (o2 && o2b)
+                    *(unsigned *)((unsigned short *)o2 + at2 + d) =
+                        (unsigned)cuk_bf16_bits(v0) | (unsigned)cuk_bf16_bits(v1) << 16;
+                else if (o2)
+                    *(float2 *)((float *)o2 + at2 + d) = make_float2(v0, v1);
+                continue;
+            }
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-                i64 d = dn * 8 + 2 * t + c;
-                if (d >= D) continue;
-                const float val = acc[dn][2 * r + c] * mul[r];
-                if (row) row[d] = val;
-                if (o2) cuk_att_store2(o2, o2b, bh / H, bh % H, i, d, H, T, D, val);
+                if (d + c >= D) continue;
+                const float val = c ? v1 : v0;
+                if (row) row[d + c] = val;
+                if (o2) cuk_att_store2(o2, o2b, b, h, i, d + c, H, T, D, val);
             }
+        }
     }
 }
 
@@ -558,6 +584,26 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, TO *o, void *o2, i
     }
 }
 
+/* The dQ kernel's dS of one key tile, in place: s[nt][e] (q . k) becomes p (dp[nt][e] scale -
+ * dl[r]), p = exp2(s sl2 - L2[r]), r = e >> 1 the lane's row (i0 or i0 + 8). MASK: p = 0 where
+ * the key follows the row (dj: j - i at nt = 0, e = 0) or the row is past T; without it, no
+ * test at all. */
+template <int BC, bool MASK>
+__device__ __forceinline__ void tc_dq_ds(float (*s)[4], const float (*dp)[4], const float L2[2],
+                                         const float dl[2], int dj, i64 i0, i64 T, float sl2,
+                                         float scale)
+{
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            const bool in = !MASK || (dj + nt * 8 + (e & 1) - 8 * r <= 0 && i0 + 8 * r < T);
+            const float p = in ? tc_exp2(s[nt][e] * sl2 - L2[r]) : 0.0f;
+            s[nt][e] = p * fmaf(dp[nt][e], scale, -dl[r]); /* dS, rounded as the CPU's */
+        }
+}
+
 /* dq (B, H, T, D) from the stats, or, when lse (the forward's log-sum-exp) is not NULL, from
  * lse and dO . O formed here as the statistics kernel would (which then does not run), both
  * also stored in stats for the dK/dV kernel. An f32 dO's rows, rounded to bf16 as staged, go to
@@ -625,19 +671,12 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const TO *o, const 
             float s[BC / 8][4], dp[BC / 8][4];
             tc_rows_by<DM, BC>(s, qa, Ks, L, lane);
             tc_rows_by<DM, BC>(dp, ga, Vs, L, lane);
-            /* masks only where a key may follow a row or a row may be past T (warp-uniform) */
-            bool whole =
-                TC_WHOLE(j0 + BC - 1 <= qb * TC_BR + w * 16 && qb * TC_BR + w * 16 + 15 < T);
-            int dj = (int)(j0 - i0) + 2 * t; /* j - i at nt = 0, e = 0 */
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int r = e >> 1;
-                    bool in = whole || (dj + nt * 8 + (e & 1) - 8 * r <= 0 && i0 + 8 * r < T);
-                    float p = in ? tc_exp2(s[nt][e] * sl2 - L2[r]) : 0.0f;
-                    s[nt][e] = p * fmaf(dp[nt][e], scale, -dl[r]); /* dS, rounded as the CPU's */
-                }
+            /* masks only where a key may follow a row or a row may be past T (warp-uniform);
+             * two copies of the loop, the unmasked one without tests (as in tc_dkv) */
+            if (TC_WHOLE(j0 + BC - 1 <= qb * TC_BR + w * 16 && qb * TC_BR + w * 16 + 15 < T))
+                tc_dq_ds<BC, false>(s, dp, L2, dl, 0, 0, 0, sl2, scale);
+            else
+                tc_dq_ds<BC, true>(s, dp, L2, dl, (int)(j0 - i0) + 2 * t, i0, T, sl2, scale);
             tc_acc_by<DM, BC>(acc, s, Ks, L, lane);
         }
         if (g2 || part) { /* the cotangent form (uniform over the grid) */
@@ -673,6 +712,27 @@ __device__ __forceinline__ void tc_dkv_issue(unsigned short *Qs, float *Ls, floa
         cuk_cp_async<4>(&Ls[c], ls, in);
         cuk_cp_async<4>(&Ds[c], ls + B * H * T, in);
     }
+}
+
+/* The dK/dV kernel's probabilities and dS of one query tile, in place: s[nt][e] (k . q) becomes
+ * p = exp2(s sl2 - Ls[c]) and dp[nt][e] (v . dO) becomes p (dp scale - Ds[c]), c the query's
+ * column in the tile (nt 8 + 2 t + (e & 1)). MASK: p = 0 where the query precedes the key (di:
+ * i - j at nt = 0, e = 0) or is past T (q0 + c >= T); without it, no test at all. */
+template <int BQ, bool MASK>
+__device__ __forceinline__ void tc_dkv_p(float (*s)[4], float (*dp)[4], const float *Ls,
+                                         const float *Ds, int di, i64 q0, i64 T, int t, float sl2,
+                                         float scale)
+{
+#pragma unroll
+    for (int nt = 0; nt < BQ / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int c = nt * 8 + 2 * t + (e & 1);
+            const bool in = !MASK || (di + nt * 8 + (e & 1) - 8 * (e >> 1) >= 0 && q0 + c < T);
+            const float p = in ? tc_exp2(s[nt][e] * sl2 - Ls[c]) : 0.0f;
+            s[nt][e] = p;
+            dp[nt][e] = p * fmaf(dp[nt][e], scale, -Ds[c]);
+        }
 }
 
 /* dk, dv (B, H, T, D) from the stats and g16 (dO as bf16, as tc_dkv_issue reads it): rows are
@@ -722,19 +782,14 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
             float s[BQ / 8][4], dp[BQ / 8][4];
             tc_rows_by<DM, BQ>(s, ka, Qs, L, lane);  /* k . q */
             tc_rows_by<DM, BQ>(dp, va, Gs, L, lane); /* v . dO */
-            /* masks only where a query may precede a key or be past T (warp-uniform) */
-            bool whole = TC_WHOLE(q0 >= kb * TC_BR + w * 16 + 15 && q0 + BQ <= T);
-            int di = (int)(q0 - j0) + 2 * t; /* i - j at nt = 0, e = 0 */
-#pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int c = nt * 8 + 2 * t + (e & 1);
-                    bool in = whole || (di + nt * 8 + (e & 1) - 8 * (e >> 1) >= 0 && q0 + c < T);
-                    float p = in ? tc_exp2(s[nt][e] * sl2 - Ls[c]) : 0.0f;
-                    s[nt][e] = p;
-                    dp[nt][e] = p * fmaf(dp[nt][e], scale, -Ds[c]);
-                }
+            /* masks only where a query may precede a key or be past T (warp-uniform); two
+             * copies of the loop, so that the unmasked tiles (all but a block's first) run
+             * without a test and a branch per element (Session 31: the one shared loop made
+             * the compiled tile loop twice as long as its unmasked path) */
+            if (TC_WHOLE(q0 >= kb * TC_BR + w * 16 + 15 && q0 + BQ <= T))
+                tc_dkv_p<BQ, false>(s, dp, Ls, Ds, 0, 0, 0, t, sl2, scale);
+            else
+                tc_dkv_p<BQ, true>(s, dp, Ls, Ds, (int)(q0 - j0) + 2 * t, q0, T, t, sl2, scale);
             tc_acc_by<DM, BQ>(av, s, Gs, L, lane);
             tc_acc_by<DM, BQ>(ak, dp, Qs, L, lane);
         }

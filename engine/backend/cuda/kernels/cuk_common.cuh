@@ -110,39 +110,86 @@ __device__ __forceinline__ void cuk_rope_pair(float x0, float x1, i64 t, i64 i, 
  * CUK_ATT_PART) + i / CUK_ATT_PART, columns h D.., of part (P, H D): the bias gradient's
  * partial rows (of the values before any rotation). r0 is a multiple of CUK_ATT_PART; rows
  * past T are neither stored nor summed. Every thread of the block calls it, between the
- * __syncthreads ending the staging and one before stage is written again. */
+ * __syncthreads ending the staging and one before stage is written again.
+ *
+ * It runs once per block after the tile loop, and once cost half as much as that loop: one
+ * element per thread and pass, each with a 64-bit division (about 25 instructions on its 32-bit
+ * path) and a 2-byte store, made the dK/dV kernel's epilogue about 4.9 K instructions a warp
+ * against its tile loops' 8.8 K (Session 31, docs/perf.md). So each thread owns 8 columns of a row at a time: two float4 reads of the
+ * stage, float4 stores to out, one 16-byte store of 8 bf16 to g2; 32-bit index arithmetic; the
+ * thread -> (row, columns) map found once. That needs D % 8 == 0, D / 8 <= blockDim.x, ls % 4
+ * == 0 and 16-byte aligned stage, out and g2 (block-uniform); otherwise one element at a time,
+ * as before. */
 template <int R>
 __device__ __forceinline__ void cuk_att_grads_out(const float *stage, int ls, float *out, void *g2,
                                                   int g2b, double rot, int rot_inv, float *part,
                                                   i64 b, i64 h, i64 r0, i64 H, i64 T, i64 D)
 {
     const bool rotate = g2 && rot != 0.0;
-    for (i64 e = threadIdx.x; e < R * D && (out || (g2 && !rotate)); e += blockDim.x) {
-        i64 rr = e / D, d = e - rr * D, i = r0 + rr;
-        if (i >= T) continue;
-        float v = stage[rr * ls + d];
-        if (out) out[((b * H + h) * T + i) * D + d] = v;
-        if (g2 && !rotate) cuk_att_store2(g2, g2b, b, h, i, d, H, T, D, v);
-    }
-    const i64 half = D / 2;
-    for (i64 e = threadIdx.x; rotate && e < R * half; e += blockDim.x) {
-        i64 rr = e / half, p = e - rr * half, i = r0 + rr;
-        if (i >= T) continue;
-        float y0, y1;
-        cuk_rope_pair(stage[rr * ls + 2 * p], stage[rr * ls + 2 * p + 1], i, p, D, rot, rot_inv,
-                      &y0, &y1);
-        cuk_att_store2(g2, g2b, b, h, i, 2 * p, H, T, D, y0);
-        cuk_att_store2(g2, g2b, b, h, i, 2 * p + 1, H, T, D, y1);
+    const int nr = (int)(T - r0 < R ? T - r0 : R); /* rows of this block before T */
+    const int Di = (int)D;
+    const bool vec = (Di & 7) == 0 && Di / 8 <= (int)blockDim.x && (ls & 3) == 0 &&
+                     ((unsigned long long)stage & 15) == 0 &&
+                     ((unsigned long long)out & 15) == 0 && ((unsigned long long)g2 & 15) == 0;
+    if (vec && (out || g2)) {
+        const int G = Di >> 3, rp = (int)blockDim.x / G; /* 8-column groups a row, rows a pass */
+        const int c8 = ((int)threadIdx.x % G) * 8;
+        for (int rr = (int)threadIdx.x / G; rr < nr && (int)threadIdx.x < rp * G; rr += rp) {
+            const i64 i = r0 + rr;
+            const float4 *s4 = (const float4 *)(stage + rr * ls + c8);
+            const float4 lo = s4[0], hi = s4[1];
+            if (out) {
+                float4 *o4 = (float4 *)(out + ((b * H + h) * T + i) * D + c8);
+                o4[0] = lo;
+                o4[1] = hi;
+            }
+            if (!g2) continue;
+            float y[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            if (rotate)
+                for (int p = 0; p < 4; p++)
+                    cuk_rope_pair(y[2 * p], y[2 * p + 1], i, c8 / 2 + p, D, rot, rot_inv,
+                                  &y[2 * p], &y[2 * p + 1]);
+            const i64 at = ((b * T + i) * H + h) * D + c8;
+            if (g2b) {
+                unsigned u[4];
+                for (int p = 0; p < 4; p++)
+                    u[p] = (unsigned)cuk_bf16_bits(y[2 * p]) |
+                           (unsigned)cuk_bf16_bits(y[2 * p + 1]) << 16;
+                *(uint4 *)((unsigned short *)g2 + at) = make_uint4(u[0], u[1], u[2], u[3]);
+            } else {
+                float4 *g4 = (float4 *)((float *)g2 + at);
+                g4[0] = make_float4(y[0], y[1], y[2], y[3]);
+                g4[1] = make_float4(y[4], y[5], y[6], y[7]);
+            }
+        }
+    } else {
+        for (int e = threadIdx.x; e < nr * Di && (out || (g2 && !rotate)); e += blockDim.x) {
+            const int rr = e / Di, d = e - rr * Di;
+            const i64 i = r0 + rr;
+            float v = stage[rr * ls + d];
+            if (out) out[((b * H + h) * T + i) * D + d] = v;
+            if (g2 && !rotate) cuk_att_store2(g2, g2b, b, h, i, d, H, T, D, v);
+        }
+        const int half = Di / 2;
+        for (int e = threadIdx.x; rotate && e < nr * half; e += blockDim.x) {
+            const int rr = e / half, p = e - rr * half;
+            const i64 i = r0 + rr;
+            float y0, y1;
+            cuk_rope_pair(stage[rr * ls + 2 * p], stage[rr * ls + 2 * p + 1], i, p, D, rot,
+                          rot_inv, &y0, &y1);
+            cuk_att_store2(g2, g2b, b, h, i, 2 * p, H, T, D, y0);
+            cuk_att_store2(g2, g2b, b, h, i, 2 * p + 1, H, T, D, y1);
+        }
     }
     if (!part) return;
     const i64 nc = (T + CUK_ATT_PART - 1) / CUK_ATT_PART;
-    for (i64 e = threadIdx.x; e < (R / CUK_ATT_PART) * D; e += blockDim.x) {
-        i64 c = e / D, d = e - c * D, i1 = r0 + c * CUK_ATT_PART;
-        if (i1 >= T) continue;
+    for (int e = threadIdx.x; e < (R / CUK_ATT_PART) * Di; e += blockDim.x) {
+        const int c = e / Di, d = e - c * Di, rr0 = c * CUK_ATT_PART;
+        if (rr0 >= nr) continue;
         float s = 0.0f;
-        for (i64 rr = 0; rr < CUK_ATT_PART && i1 + rr < T; rr++)
-            s += stage[(c * CUK_ATT_PART + rr) * ls + d];
-        part[(b * nc + i1 / CUK_ATT_PART) * H * D + h * D + d] = s;
+        for (int rr = rr0; rr < rr0 + CUK_ATT_PART && rr < nr; rr++)
+            s += stage[rr * ls + d];
+        part[(b * nc + (r0 + rr0) / CUK_ATT_PART) * H * D + h * D + d] = s;
     }
 }
 
