@@ -48,7 +48,7 @@
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
 #   start with under 20 s left is skipped and says so, so the summary is always written inside
 #   the device tool's 10-minute command limit),
-#   STAGES (default "2 3 4 5 4p 6": which stages after the probe run; "4f" adds stage 4 again with
+#   STAGES (default "2 3 4 5 4p nc 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
@@ -87,7 +87,7 @@ TMO_MAX=${STAGE_TIMEOUT_S:-150}
 BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
 GPT_ACT=${GPT_ACTIVATIONS:-$GPT_PREC}
-STAGES=" ${STAGES:-2 3 4 5 4p 6} "
+STAGES=" ${STAGES:-2 3 4 5 4p nc 6} "
 REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
@@ -433,10 +433,12 @@ grep -E '^\{' "$OUT/gemm-peer.log" | tee -a "$SUMMARY"
 say "stage gm exit $rc"
 fi
 
-# ---- nc (not in the default STAGES): Nsight Compute on the attention kernels of stage 4's step ----
+# ---- nc: Nsight Compute on the attention kernels of stage 4's step -----------------------------
 # at B=8 (the same blocks, fewer waves; kernel replay restores the whole arena per pass): two
 # forward launches, then the first backward's dQ, dK/dV and the next dQ. ncu's own clock
-# control is off (the card's clocks as found).
+# control is off (the card's clocks as found). smsp__inst_executed.sum is each kernel's
+# executed warp instructions: docs/perf.md (Session 31) predicts them from the SASS
+# (scripts/bench/attention_sass.py), and this checks the prediction.
 if want nc; then
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -z "$NCU" ] || [ "$REHEARSE" = 1 ]; then
@@ -447,9 +449,9 @@ else
   (cd "$ROOT" && timeout "$(tmo)" "$NCU" --clock-control none --kernel-name regex:cuk_att_tc \
      --launch-skip 10 --launch-count 5 --section SpeedOfLight --section Occupancy \
      --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-     --section MemoryWorkloadAnalysis "$BIN" "${GPT[@]}" data.batch_size=8 data.micro_batch_size=8 \
+     --section MemoryWorkloadAnalysis --metrics smsp__inst_executed.sum "$BIN" "${GPT[@]}" data.batch_size=8 data.micro_batch_size=8 \
      run.steps=1 >"$OUT/ncu-att.log" 2>&1); rc=$?
-  grep -E "^  cuk_att|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Registers|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued" \
+  grep -E "^  cuk_att|Duration|smsp__inst_executed.sum|SM Active Cycles|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Registers|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued" \
     "$OUT/ncu-att.log" | tee -a "$SUMMARY"
   say "stage nc exit $rc"
 fi
