@@ -456,15 +456,53 @@ __device__ __forceinline__ void tc_stage(float *stage, const float (*acc)[4], in
     __syncthreads();
 }
 
-/* delta = dO . O (f32; O and dO each f32 or bf16) of the warp's 16 rows r0.. of slice (b, h),
- * one row after another, lanes along d, into stats[B*H*T + bh*T + i] (lane 0) and, unless dl is
- * NULL, into dl[0] and dl[1] for the lane's rows r0 + g and r0 + g + 8 (0 past T). Every lane of
- * the warp calls it. */
+/* delta = dO . O (f32; O and dO each f32 or bf16) of the warp's 16 rows r0.. of slice (b, h)
+ * into stats[B*H*T + bh*T + i] and, unless dl is NULL, into dl[0] and dl[1] for the lane's rows
+ * r0 + g and r0 + g + 8 (0 past T). Every lane of the warp calls it. When D / 4 is a power of
+ * two up to 32 and o and dout are aligned to 4 elements (warp-uniform), G = D / 4 lanes share a
+ * row, each summing 4 consecutive products from one 4-element load of each (cuk_ld4), then the
+ * G partial sums by xor shuffles: 32 / G rows a pass, the row addresses found once a pass (it
+ * was one row at a time, lanes along d, about 1.5 K instructions a warp in the dQ kernel's
+ * prologue). Otherwise one row at a time. The stats and dQ kernels both call it, so they store
+ * the same floats. */
 template <class TO, class TG>
 __device__ __forceinline__ void tc_delta(const TO *o, const TG *dout, float *stats, float *dl,
                                          unsigned bthd, i64 b, i64 h, i64 bh, i64 r0, int lane,
                                          int g, i64 B, i64 H, i64 T, i64 D)
 {
+    const int G = (int)D >> 2;
+    if ((D & 3) == 0 && G <= 32 && (G & (G - 1)) == 0 &&
+        ((unsigned long long)o & (4 * sizeof(TO) - 1)) == 0 &&
+        ((unsigned long long)dout & (4 * sizeof(TG) - 1)) == 0) {
+        const int rpp = 32 / G, c4 = lane & (G - 1); /* rows a pass; this lane's 4 columns */
+        /* this lane's first row and the step to its row in the next pass, in elements */
+        const TO *op = o + tc_row(bthd, 3, b, h, r0 + lane / G, H, T, D);
+        const TG *gp = dout + tc_row(bthd, 4, b, h, r0 + lane / G, H, T, D);
+        const i64 ostep = rpp * ((bthd >> 3 & 1u) ? H * D : D);
+        const i64 gstep = rpp * ((bthd >> 4 & 1u) ? H * D : D);
+        for (int p0 = 0; p0 < 16; p0 += rpp, op += ostep, gp += gstep) {
+            const int rr = p0 + lane / G;
+            const i64 i = r0 + rr;
+            float dsum = 0.0f;
+            if (rr < 16 && i < T) {
+                const float4 a = cuk_ld4(op, c4), c = cuk_ld4(gp, c4);
+                dsum = a.x * c.x;
+                dsum = fmaf(a.y, c.y, dsum);
+                dsum = fmaf(a.z, c.z, dsum);
+                dsum = fmaf(a.w, c.w, dsum);
+            }
+            for (int m = G >> 1; m > 0; m >>= 1)
+                dsum += __shfl_xor_sync(CUK_FULL, dsum, m);
+            if (c4 == 0 && rr < 16 && i < T) stats[B * H * T + bh * T + i] = dsum;
+            if (dl) { /* rows g and g + 8 from the lanes that hold them, when in this pass */
+                const float v0 = __shfl_sync(CUK_FULL, dsum, ((g - p0) & (rpp - 1)) * G);
+                const float v1 = __shfl_sync(CUK_FULL, dsum, ((g + 8 - p0) & (rpp - 1)) * G);
+                if (g >= p0 && g < p0 + rpp) dl[0] = r0 + g < T ? v0 : 0.0f;
+                if (g + 8 >= p0 && g + 8 < p0 + rpp) dl[1] = r0 + g + 8 < T ? v1 : 0.0f;
+            }
+        }
+        return;
+    }
     for (int r = 0; r < 16; r++) {
         i64 i = r0 + r;
         float dsum = 0.0f;
