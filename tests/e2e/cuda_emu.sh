@@ -70,6 +70,22 @@ losses "$TMP/gpu16/tiny/metrics.jsonl" > "$TMP/a"; losses "$TMP/gpu16s/tiny/metr
 [ "$(wc -l < "$TMP/a")" -eq 6 ] && cmp -s "$TMP/a" "$TMP/b" || { paste "$TMP/a" "$TMP/b"; fail "JDT_CUDA_VEC=0 changed the losses"; }
 echo "emulated GPU, bf16: scalar elementwise kernels (JDT_CUDA_VEC=0) give the vector kernels' losses exactly"
 
+# C = 128: the layer norms' backwards take the warp-per-row kernels (cuk.c norm_part_launch: C a
+# multiple of 128), against the CPU and against the block-per-row ones (JDT_NORM_WARPS=0: the
+# same terms, their column sums in another order)
+W=(model.n_embd=128 model.n_head=2)
+run "$BIN" "$TMP/cpu16w" "${C[@]}" "${W[@]}" precision.compute=bf16
+run "$EMU" "$TMP/gpu16w" "${C[@]}" "${W[@]}" runtime.backend=cuda precision.compute=bf16
+compare "$TMP/cpu16w/tiny/metrics.jsonl" "$TMP/gpu16w/tiny/metrics.jsonl" "emulated GPU, bf16, C=128" 1e-3 ||
+  fail "bf16 losses differ at C=128 (the warp-per-row norm backwards)"
+# the sums' order moves an f32 value by an ulp here and there, and the bf16 copy of dx then
+# rounds it to a neighbouring bf16 now and then: seen 1.9e-5 between the two
+JDT_NORM_WARPS=0 run "$EMU" "$TMP/gpu16wb" "${C[@]}" "${W[@]}" runtime.backend=cuda precision.compute=bf16
+compare "$TMP/cpu16w/tiny/metrics.jsonl" "$TMP/gpu16wb/tiny/metrics.jsonl" "  blocks (JDT_NORM_WARPS=0), C=128" 1e-3 ||
+  fail "bf16 losses differ at C=128 (the block-per-row norm backwards)"
+compare "$TMP/gpu16wb/tiny/metrics.jsonl" "$TMP/gpu16w/tiny/metrics.jsonl" "  warps against blocks" 2e-4 ||
+  fail "the warp-per-row norm backwards moved the losses"
+
 # precision.activations: bf16: the GEMMs store the linear layers' and the head's outputs as
 # bf16 (the bias bf16 in the epilogue) and the cross-entropy reads the bf16 logits (compiler:
 # fold_bf16_casts); the CPU computes the same roundings in fused kernels. Seen 2e-5. Then under

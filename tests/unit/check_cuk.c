@@ -1340,7 +1340,10 @@ static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
 START_TEST(test_row_kernels)
 {
     GPU_OR_SKIP(k);
-    static const int64_t shapes[][2] = {{7, 1031}, {5, 1024}, {3, 5}, {2, 12289}, {1, 1}};
+    /* C = 1024, 768 and 128 also take the norm backwards' warp-per-row kernels (cuk.c
+     * norm_part_launch) */
+    static const int64_t shapes[][2] = {{7, 1031}, {5, 1024}, {3, 5},   {2, 12289},
+                                        {1, 1},    {9, 768},  {33, 128}};
     for (int kind = 0; kind < 4; kind++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             check_rows(k, (row_kind)kind, shapes[i][0], shapes[i][1]);

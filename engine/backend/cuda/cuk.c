@@ -353,6 +353,10 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
     k->autotune = tune && strcmp(tune, "1") == 0;
     const char *split = getenv("JDT_GEMM_SPLIT");
     k->gemm_split = !(split && strcmp(split, "0") == 0);
+    /* JDT_NORM_WARPS=0: the norm backwards' partial-sum kernels a block per row, as before
+     * Session 31 (check.sh's stage 4w compares) */
+    const char *nw = getenv("JDT_NORM_WARPS");
+    k->norm_warps = !(nw && strcmp(nw, "0") == 0);
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
     snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
     /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the
@@ -644,6 +648,21 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
         return;
     }
     void *args[] = {&x, &dy, &w, &acc, &dx, &pw, &pb, &pg, &dx16, &N, &C, &eps, &P};
+    /* a warp per row (cuk_rows.cu norm_bwd_part_w) where its layout applies: C a multiple of
+     * 128 up to 1024, 16-byte rows of x, acc and dx, 8-byte rows of dx16 and of a bf16 dy */
+    const bool dy16 =
+        ki == JDT_CUK_K_NORMALIZE_BWD_PART_BG || ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG;
+    if (k->norm_warps && C % 128 == 0 && C <= 1024 && aligned16(x) && aligned16(dx) &&
+        (!acc || aligned16(acc)) && ((uintptr_t)dy % (dy16 ? 8 : 16)) == 0 &&
+        (!dx16 || (uintptr_t)dx16 % 8 == 0)) {
+        const jdt_cuk_kernel kw =
+            ki == JDT_CUK_K_NORMALIZE_BWD_PART       ? JDT_CUK_K_NORMALIZE_BWD_PART_W
+            : ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART ? JDT_CUK_K_RMS_NORMALIZE_BWD_PART_W
+            : ki == JDT_CUK_K_NORMALIZE_BWD_PART_BG  ? JDT_CUK_K_NORMALIZE_BWD_PART_BG_W
+                                                     : JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG_W;
+        launch(k, kw, P, 128, 0, args);
+        return;
+    }
     launch(k, ki, P, bd, 0, args);
 }
 

@@ -569,6 +569,135 @@ norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, fl
     }
 }
 
+/* norm_bwd_part by warps, the same outputs (cuk.c picks it when C is a multiple of 128 up to
+ * CUK_PARTW_K * 128, the rows of x, acc and dx are 16-byte aligned and dy's and dx16's 8-byte,
+ * and blockDim.x is 128): a warp takes the rows r0 + w, r0 + w + 4, ... of its block's range, a
+ * lane the 4 consecutive columns 4 (lane + 32 j) of each group j of 128 (K = C / 128 groups), so
+ * a row's sums are warp shuffles without a barrier. Its column sums stay in the lane's registers
+ * over its rows; at the end the block adds its 4 warps' sums in warp order (shared memory). The
+ * block-per-row kernel spends three block-wide sums (six barriers) and 8 predicated column
+ * slots of 64-bit index arithmetic a row: about 800 instructions a warp and row, 4 warps a row
+ * (Session 31, docs/perf.md). The sums' order differs from it (per lane, then the warp), each
+ * term the same f32 product. */
+#define CUK_PARTW_K 8
+template <bool RMS, class TG>
+__device__ __forceinline__ void
+norm_bwd_part_w(const float *x, const TG *dy, const float *w, const float *acc, float *dx,
+                float *pw, float *pb, float *pg, unsigned short *dx16, i64 N, i64 C, float eps,
+                i64 P)
+{
+    __shared__ float4 red[4 * CUK_PARTW_K * 32]; /* 4 warps' column sums: C <= 1024 floats each */
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, K = (int)(C >> 7);
+    const i64 R = (N + P - 1) / P;
+    const float fc = (float)C;
+    for (i64 p = blockIdx.x; p < P; p += gridDim.x) {
+        float4 aw[CUK_PARTW_K], ab[CUK_PARTW_K], ag[CUK_PARTW_K];
+#pragma unroll
+        for (int j = 0; j < CUK_PARTW_K; j++)
+            aw[j] = ab[j] = ag[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const i64 r0 = p * R, r1 = (p + 1) * R < N ? (p + 1) * R : N;
+        for (i64 n = r0 + wp; n < r1; n += 4) {
+            const float4 *xr = (const float4 *)(x + n * C);
+            const TG *gr = dy + n * C;
+            float4 xa[CUK_PARTW_K], ga[CUK_PARTW_K], ac[CUK_PARTW_K];
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CUK_PARTW_K; j++) {
+                if (j >= K) break;
+                const int q = lane + 32 * j; /* this lane's float4 of group j */
+                xa[j] = xr[q];
+                ga[j] = cuk_ld4(gr, q);
+                ac[j] = acc ? ((const float4 *)(acc + n * C))[q] : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 a = xa[j];
+                s += RMS ? a.x * a.x : a.x;
+                s += RMS ? a.y * a.y : a.y;
+                s += RMS ? a.z * a.z : a.z;
+                s += RMS ? a.w * a.w : a.w;
+            }
+            float mu = 0.0f, r;
+            if (RMS) {
+                r = 1.0f / sqrtf(cuk_warp_sum(s) / fc + eps);
+            } else {
+                mu = cuk_warp_sum(s) / fc;
+                float v = 0.0f;
+#pragma unroll
+                for (int j = 0; j < CUK_PARTW_K; j++) {
+                    if (j >= K) break;
+                    const float4 a = xa[j];
+                    v += (a.x - mu) * (a.x - mu);
+                    v += (a.y - mu) * (a.y - mu);
+                    v += (a.z - mu) * (a.z - mu);
+                    v += (a.w - mu) * (a.w - mu);
+                }
+                r = 1.0f / sqrtf(cuk_warp_sum(v) / fc + eps);
+            }
+            float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CUK_PARTW_K; j++) {
+                if (j >= K) break;
+                const i64 c = 4 * (i64)(lane + 32 * j);
+                const float xv[4] = {xa[j].x, xa[j].y, xa[j].z, xa[j].w};
+                const float gv[4] = {ga[j].x, ga[j].y, ga[j].z, ga[j].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float gs = cuk_scaled(w, c + e, gv[e]);
+                    sg += gs;
+                    sgx += gs * (xv[e] - mu) * r;
+                }
+            }
+            sg = cuk_warp_sum(sg) / fc;
+            sgx = cuk_warp_sum(sgx) / fc;
+#pragma unroll
+            for (int j = 0; j < CUK_PARTW_K; j++) {
+                if (j >= K) break;
+                const int q = lane + 32 * j;
+                const i64 c = 4 * (i64)q;
+                const float xv[4] = {xa[j].x, xa[j].y, xa[j].z, xa[j].w};
+                const float gv[4] = {ga[j].x, ga[j].y, ga[j].z, ga[j].w};
+                const float av[4] = {ac[j].x, ac[j].y, ac[j].z, ac[j].w};
+                float o[4], xh[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    xh[e] = (xv[e] - mu) * r;
+                    const float gs = cuk_scaled(w, c + e, gv[e]);
+                    const float d = r * (gs - (RMS ? 0.0f : sg) - xh[e] * sgx);
+                    o[e] = acc ? d + av[e] : d;
+                }
+                ((float4 *)(dx + n * C))[q] = make_float4(o[0], o[1], o[2], o[3]);
+                if (dx16)
+                    ((uint2 *)(dx16 + n * C))[q] =
+                        make_uint2((unsigned)cuk_bf16_bits(o[0]) |
+                                       (unsigned)cuk_bf16_bits(o[1]) << 16,
+                                   (unsigned)cuk_bf16_bits(o[2]) |
+                                       (unsigned)cuk_bf16_bits(o[3]) << 16);
+                aw[j].x += gv[0] * xh[0], aw[j].y += gv[1] * xh[1];
+                aw[j].z += gv[2] * xh[2], aw[j].w += gv[3] * xh[3];
+                ab[j].x += gv[0], ab[j].y += gv[1], ab[j].z += gv[2], ab[j].w += gv[3];
+                ag[j].x += o[0], ag[j].y += o[1], ag[j].z += o[2], ag[j].w += o[3];
+            }
+        }
+        /* the block's sums: warp 0's + warp 1's + warp 2's + warp 3's, per column */
+        for (int a = 0; a < 3; a++) {
+            float *out = a == 0 ? pw : a == 1 ? pb : pg;
+            if (!out) break; /* pg last, and only when asked for */
+            __syncthreads(); /* red is free (the previous sum, or the previous partial's) */
+#pragma unroll
+            for (int j = 0; j < CUK_PARTW_K; j++)
+                if (j < K) red[(wp * K + j) * 32 + lane] = a == 0 ? aw[j] : a == 1 ? ab[j] : ag[j];
+            __syncthreads();
+            for (int q = threadIdx.x; q < K * 32; q += blockDim.x) {
+                const int j = q >> 5, l = q & 31;
+                float4 t = red[j * 32 + l];
+                for (int u = 1; u < 4; u++) {
+                    const float4 v = red[(u * K + j) * 32 + l];
+                    t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+                }
+                ((float4 *)(out + p * C))[l + 32 * j] = t;
+            }
+        }
+    }
+}
+
 /* Entry points per norm and dy type: f32, or bf16 bit patterns (the _bg kernels: a GEMM
  * stored dy as bf16, passes.c fold_norm_dy16), widened exactly as they load. */
 #define NORM_BWD_PART(NAME, RMS, TG)                                                               \
@@ -577,6 +706,13 @@ norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, fl
                                     unsigned short *dx16, i64 N, i64 C, float eps, i64 P)          \
     {                                                                                              \
         norm_bwd_part<RMS>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);                     \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128)                                              \
+        NAME##_w(const float *x, const TG *dy, const float *w, const float *acc, float *dx,        \
+                 float *pw, float *pb, float *pg, unsigned short *dx16, i64 N, i64 C, float eps,   \
+                 i64 P)                                                                            \
+    {                                                                                              \
+        norm_bwd_part_w<RMS>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);                   \
     }
 NORM_BWD_PART(cuk_normalize_bwd_part, false, float)
 NORM_BWD_PART(cuk_rms_normalize_bwd_part, true, float)
