@@ -48,7 +48,7 @@
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
 #   start with under 20 s left is skipped and says so, so the summary is always written inside
 #   the device tool's 10-minute command limit),
-#   STAGES (default "2 3 4 5 4p nc 6": which stages after the probe run; "4f" adds stage 4 again with
+#   STAGES (default "2 3 4 5 4p nc 4w 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
@@ -59,6 +59,8 @@
 #   after its GEMM, the residual adds kernels of their own, the cross-entropy's backward a pass of
 #   its own, the attention's output transposed by a kernel, its backward's packed output read by a
 #   kernel per projection, its log-sum-exp found again and its dO stored in f32 (session 16's step);
+#   "4w" with JDT_NORM_WARPS=0, the layer norms' backwards (the _part kernels) a block per row
+#   instead of a warp per row (cuk_rows.cu norm_bwd_part_w, C a multiple of 128);
 #   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose N or K is not a multiple of 8 (bf16) as one
 #   cuBLASLt call instead of an aligned bulk and a remainder (cuk_gemm.c gemm: the lm head);
 #   "gm" times cuBLAS through torch on the lm head's GEMMs with the vocabulary at 50257 and
@@ -87,7 +89,7 @@ TMO_MAX=${STAGE_TIMEOUT_S:-150}
 BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
 GPT_ACT=${GPT_ACTIVATIONS:-$GPT_PREC}
-STAGES=" ${STAGES:-2 3 4 5 4p nc 6} "
+STAGES=" ${STAGES:-2 3 4 5 4p nc 4w 6} "
 REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
@@ -412,6 +414,13 @@ if want 4a; then
 gpt_args "$OUT/gpt2-act32" f32
 run_gpt gpt2-act32
 say "stage 4a exit $rc, precision.activations f32: ${toks:-?} tok/s against ${JDT_TOKS:-?} with $GPT_ACT (its kernels are not in the bundle's cache: NVRTC time counts)"
+fi
+
+# ---- 4w: stage 4 again with the block-per-row norm backwards (JDT_NORM_WARPS=0) ----------------
+if want 4w; then
+gpt_args "$OUT/gpt2-normblocks"
+run_gpt gpt2-normblocks JDT_NORM_WARPS=0
+say "stage 4w exit $rc, the layer norms' backwards a block per row (JDT_NORM_WARPS=0, before Session 31): ${toks:-?} tok/s against ${JDT_TOKS:-?} a warp per row"
 fi
 
 # ---- 4s (not in the default STAGES): stage 4 again with unaligned GEMMs run whole ---------------
