@@ -65,7 +65,8 @@
 #   cuBLASLt call instead of an aligned bulk and a remainder (cuk_gemm.c gemm: the lm head);
 #   "gm" times cuBLAS through torch on the lm head's GEMMs with the vocabulary at 50257 and
 #   rounded up to multiples of 8, 64 and 128 (scripts/bench/gemm_peer_gpu.py); "nc" runs Nsight
-#   Compute on five attention kernels of stage 4's step at B=8 (ncu-att.log: throughput,
+#   Compute on five attention kernels of stage 4's step at B=8 and two of its norm backwards
+#   (ncu-att.log, ncu-norm.log: throughput,
 #   occupancy, registers, stall reasons of the forward, dQ and dK/dV kernels);
 #   "4g" with JDT_GEMM_PITCH=0, the logits' and dlogits' rows back to back (100514 bytes: the
 #   lm-head GEMMs without 16-byte row alignment) instead of padded to 50304 values; "4t" with JDT_CUDA_AUTOTUNE=1,
@@ -463,6 +464,18 @@ else
   grep -E "^  cuk_att|Duration|smsp__inst_executed.sum|SM Active Cycles|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Registers|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued" \
     "$OUT/ncu-att.log" | tee -a "$SUMMARY"
   say "stage nc exit $rc"
+  # the layer norms' backward (Session 31's warp-per-row kernel unless JDT_NORM_WARPS=0): is it
+  # bound by memory now? launches 3-4 of the step's norm backwards
+  say "stage nc: $NCU on the norm backwards (B=8, launches 3-4 of *normalize_bwd_part*)"
+  gpt_args "$OUT/gpt2-ncu-norm" # a fresh run directory: the first run's checkpoint would resume
+  (cd "$ROOT" && timeout "$(tmo)" "$NCU" --clock-control none --kernel-name regex:normalize_bwd_part \
+     --launch-skip 2 --launch-count 2 --section SpeedOfLight --section Occupancy \
+     --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+     --section MemoryWorkloadAnalysis --metrics smsp__inst_executed.sum "$BIN" "${GPT[@]}" data.batch_size=8 data.micro_batch_size=8 \
+     run.steps=1 >"$OUT/ncu-norm.log" 2>&1); rc=$?
+  grep -E "^  cuk_.*normalize|Duration|smsp__inst_executed.sum|SM Active Cycles|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued" \
+    "$OUT/ncu-norm.log" | tee -a "$SUMMARY"
+  say "stage nc (norms) exit $rc"
 fi
 fi
 
@@ -502,7 +515,7 @@ say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"
 if [ -n "${RESULTS:-}" ]; then
   # the device tool brings back 8 files: summary.txt, 5 logs, the peers' logs in one file and
   # stage 4p's Chrome trace (every step of 3 profiled steps, for ui.perfetto.dev)
-  for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log ncu-att.log; do
+  for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log ncu-att.log ncu-norm.log; do
     if [ -f "$OUT/$f" ]; then tail -c 2000000 "$OUT/$f" > "$RESULTS/$f"; fi
   done
   for f in "$OUT"/peer-*.log "$OUT"/gemm-peer.log "$OUT"/tiny-cuda-bf16.log; do
