@@ -649,12 +649,13 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
     }
     void *args[] = {&x, &dy, &w, &acc, &dx, &pw, &pb, &pg, &dx16, &N, &C, &eps, &P};
     /* a warp per row (cuk_rows.cu norm_bwd_part_w) where its layout applies: C a multiple of
-     * 128 up to 1024, 16-byte rows of x, acc and dx, 8-byte rows of dx16 and of a bf16 dy */
+     * 128 up to 1024, 16-byte rows of x, acc, dx and the partial sums, 8-byte rows of dx16 and
+     * of a bf16 dy */
     const bool dy16 =
         ki == JDT_CUK_K_NORMALIZE_BWD_PART_BG || ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG;
     if (k->norm_warps && C % 128 == 0 && C <= 1024 && aligned16(x) && aligned16(dx) &&
-        (!acc || aligned16(acc)) && ((uintptr_t)dy % (dy16 ? 8 : 16)) == 0 &&
-        (!dx16 || (uintptr_t)dx16 % 8 == 0)) {
+        (!acc || aligned16(acc)) && aligned16(pw) && aligned16(pb) && (!pg || aligned16(pg)) &&
+        ((uintptr_t)dy % (dy16 ? 8 : 16)) == 0 && (!dx16 || (uintptr_t)dx16 % 8 == 0)) {
         const jdt_cuk_kernel kw =
             ki == JDT_CUK_K_NORMALIZE_BWD_PART       ? JDT_CUK_K_NORMALIZE_BWD_PART_W
             : ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART ? JDT_CUK_K_RMS_NORMALIZE_BWD_PART_W

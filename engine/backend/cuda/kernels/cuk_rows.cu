@@ -570,8 +570,8 @@ norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, fl
 }
 
 /* norm_bwd_part by warps, the same outputs (cuk.c picks it when C is a multiple of 128 up to
- * CUK_PARTW_K * 128, the rows of x, acc and dx are 16-byte aligned and dy's and dx16's 8-byte,
- * and blockDim.x is 128): a warp takes the rows r0 + w, r0 + w + 4, ... of its block's range, a
+ * CUK_PARTW_K * 128, the rows of x, acc, dx, pw, pb and pg are 16-byte aligned, dy's 16-byte
+ * (f32) or 8-byte (bf16) and dx16's 8-byte, and blockDim.x is 128): a warp takes the rows r0 + w, r0 + w + 4, ... of its block's range, a
  * lane the 4 consecutive columns 4 (lane + 32 j) of each group j of 128 (K = C / 128 groups), so
  * a row's sums are warp shuffles without a barrier. Its column sums stay in the lane's registers
  * over its rows; at the end the block adds its 4 warps' sums in warp order (shared memory). The
