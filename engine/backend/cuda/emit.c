@@ -223,7 +223,12 @@ typedef struct {
  * the reduced range is long (bias and norm-weight gradients, the global gradient norm), the
  * reduced range is split over S blocks per tile: each writes a partial, and the last block of
  * the tile to finish (a counter) combines the partials in chunk order, so the result does not
- * depend on block scheduling. */
+ * depend on block scheduling. "Long" is 1024 (it was 4096 until Session 31): the column sums
+ * of GPT-2's 1024 partial rows (the bias and norm gradients' last step, 768 or 2304 columns)
+ * ran as 6 to 18 blocks of 8 rows of threads, 128 dependent loads each, at 94 GB/s on the H200
+ * (run 2: 36 of them, 1.2 ms a step); split, each of 16 chunks is 8 loads a thread. At least
+ * 8 loads a thread a chunk still bounds S, so a row reduction (256 threads along it) splits
+ * only from 4096. */
 static red_plan plan_reduce(const jdt_nest *N, int V)
 {
     red_plan r = {1, 1, 0, 1, RED_THREADS, 1};
@@ -237,7 +242,7 @@ static red_plan plan_reduce(const jdt_nest *N, int V)
     r.BX = cols ? 32 : 1;
     r.BY = RED_THREADS / r.BX;
     r.n_tiles = (r.n_out / V + r.BX - 1) / r.BX;
-    if (r.n_tiles < JDT_CUDA_SPLIT_TILES && r.n_red >= 4096) {
+    if (r.n_tiles < JDT_CUDA_SPLIT_TILES && r.n_red >= 1024) {
         int64_t S = (2 * JDT_CUDA_SPLIT_TILES + r.n_tiles - 1) / r.n_tiles;
         int64_t most = r.n_red / ((int64_t)r.BY * 8); /* >= 8 loads per thread per chunk */
         if (S > most) S = most;
