@@ -52,6 +52,10 @@ extern const int jdt_cuk_n_sources;
     X(RMS_NORMALIZE_BWD_PART, "cuk_rows.cu", "cuk_rms_normalize_bwd_part")                         \
     X(NORMALIZE_BWD_PART_BG, "cuk_rows.cu", "cuk_normalize_bwd_part_bg")                           \
     X(RMS_NORMALIZE_BWD_PART_BG, "cuk_rows.cu", "cuk_rms_normalize_bwd_part_bg")                   \
+    X(NORMALIZE_AFFINE_W, "cuk_rows.cu", "cuk_normalize_affine_w")                                 \
+    X(NORMALIZE_AFFINE_BF16_W, "cuk_rows.cu", "cuk_normalize_affine_bf16_w")                       \
+    X(RMS_NORMALIZE_AFFINE_W, "cuk_rows.cu", "cuk_rms_normalize_affine_w")                         \
+    X(RMS_NORMALIZE_AFFINE_BF16_W, "cuk_rows.cu", "cuk_rms_normalize_affine_bf16_w")               \
     X(NORMALIZE_BWD_PART_W, "cuk_rows.cu", "cuk_normalize_bwd_part_w")                             \
     X(RMS_NORMALIZE_BWD_PART_W, "cuk_rows.cu", "cuk_rms_normalize_bwd_part_w")                     \
     X(NORMALIZE_BWD_PART_BG_W, "cuk_rows.cu", "cuk_normalize_bwd_part_bg_w")                       \
@@ -174,7 +178,7 @@ struct jdt_cuk {
      * JDT_GEMM_SPLIT=0); shapes (M, N, K, ta, tb, bf16, c_bf16, bias) whose parts cuBLASLt
      * refused, which run as one GEMM without asking again */
     bool gemm_split;
-    bool norm_warps; /* JDT_NORM_WARPS != 0: the norm backwards' warp-per-row kernels (cuk.c) */
+    bool norm_warps; /* JDT_NORM_WARPS != 0: the norms' warp-per-row kernels (cuk.c) */
     int64_t no_split[JDT_CUK_NO_SPLIT][8];
     int next_no_split;
     int64_t n_split; /* GEMMs run split so far (for tests) */

@@ -353,8 +353,8 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
     k->autotune = tune && strcmp(tune, "1") == 0;
     const char *split = getenv("JDT_GEMM_SPLIT");
     k->gemm_split = !(split && strcmp(split, "0") == 0);
-    /* JDT_NORM_WARPS=0: the norm backwards' partial-sum kernels a block per row, as before
-     * Session 31 (check.sh's stage 4w compares) */
+    /* JDT_NORM_WARPS=0: the norms with an affine and their backwards' partial-sum kernels a
+     * block per row, as before Session 31 (check.sh's stage 4w compares) */
     const char *nw = getenv("JDT_NORM_WARPS");
     k->norm_warps = !(nw && strcmp(nw, "0") == 0);
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
@@ -625,6 +625,18 @@ void jdt_cuk_normalize_affine(jdt_cuk *k, bool rms, const float *x, const float 
                               void *y, bool y_bf16, int64_t N, int64_t C, float eps)
 {
     if (N <= 0 || C <= 0) return;
+    /* a warp per row (cuk_rows.cu norm_affine_w) where its layout applies: C a multiple of 128
+     * up to 1024, 16-byte rows of x, w, b and an f32 y, 8-byte rows of a bf16 y */
+    if (k->norm_warps && C % 128 == 0 && C <= 1024 && aligned16(x) && aligned16(w) &&
+        (!b || aligned16(b)) && (uintptr_t)y % (y_bf16 ? 8 : 16) == 0) {
+        void *args[] = {&x, &w, &b, &y, &N, &C, &eps};
+        jdt_cuk_kernel kw =
+            rms ? (y_bf16 ? JDT_CUK_K_RMS_NORMALIZE_AFFINE_BF16_W
+                          : JDT_CUK_K_RMS_NORMALIZE_AFFINE_W)
+                : (y_bf16 ? JDT_CUK_K_NORMALIZE_AFFINE_BF16_W : JDT_CUK_K_NORMALIZE_AFFINE_W);
+        launch(k, kw, (N + 3) / 4, 128, 0, args);
+        return;
+    }
     int vec = C % 4 == 0 && aligned16(x); /* the moments' reads; y is written per element */
     void *args[] = {&x, &w, &b, &y, &N, &C, &eps, &vec};
     jdt_cuk_kernel ki =

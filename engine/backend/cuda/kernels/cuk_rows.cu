@@ -375,10 +375,84 @@ __device__ __forceinline__ void norm_affine(const float *x, const float *w, cons
     }
 }
 
+/* norm_affine by warps (cuk.c picks it when C is a multiple of 128 up to 1024, x, w, b and an f32
+ * y are 16-byte aligned and a bf16 y 8-byte, and blockDim.x is 128): a warp takes a row, a lane
+ * the 4 consecutive columns 4 (lane + 32 j) of each group j of 128 (K = C / 128 groups), held
+ * in registers from one float4 load each; the moments are warp shuffles, no barrier, and a
+ * lane stores its 4 outputs at once (a float4, or 4 bf16 in 8 bytes). The block-per-row kernel
+ * reads the row three times and spends two block-wide sums a row (Session 31, docs/perf.md).
+ * The moments' sums run in another order; each output is the same expression of them. */
+#define CUK_PARTW_K 8 /* groups of 128 columns a warp's row holds: C <= 1024 */
+__device__ __forceinline__ void cuk_st4(float *y, i64 q, const float o[4])
+{
+    ((float4 *)y)[q] = make_float4(o[0], o[1], o[2], o[3]);
+}
+__device__ __forceinline__ void cuk_st4(unsigned short *y, i64 q, const float o[4])
+{
+    ((uint2 *)y)[q] =
+        make_uint2((unsigned)cuk_bf16_bits(o[0]) | (unsigned)cuk_bf16_bits(o[1]) << 16,
+                   (unsigned)cuk_bf16_bits(o[2]) | (unsigned)cuk_bf16_bits(o[3]) << 16);
+}
+template <bool RMS, class T>
+__device__ __forceinline__ void norm_affine_w(const float *x, const float *w, const float *b, T *y,
+                                              i64 N, i64 C, float eps)
+{
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, K = (int)(C >> 7);
+    const float fc = (float)C;
+    for (i64 n = (i64)blockIdx.x * 4 + wp; n < N; n += (i64)gridDim.x * 4) {
+        const float4 *xr = (const float4 *)(x + n * C);
+        float4 xa[CUK_PARTW_K];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CUK_PARTW_K; j++) {
+            if (j >= K) break;
+            xa[j] = xr[lane + 32 * j];
+            s += RMS ? xa[j].x * xa[j].x : xa[j].x;
+            s += RMS ? xa[j].y * xa[j].y : xa[j].y;
+            s += RMS ? xa[j].z * xa[j].z : xa[j].z;
+            s += RMS ? xa[j].w * xa[j].w : xa[j].w;
+        }
+        float mu = 0.0f, r;
+        if (RMS) {
+            r = 1.0f / sqrtf(cuk_warp_sum(s) / fc + eps);
+        } else {
+            mu = cuk_warp_sum(s) / fc;
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CUK_PARTW_K; j++) {
+                if (j >= K) break;
+                v += (xa[j].x - mu) * (xa[j].x - mu);
+                v += (xa[j].y - mu) * (xa[j].y - mu);
+                v += (xa[j].z - mu) * (xa[j].z - mu);
+                v += (xa[j].w - mu) * (xa[j].w - mu);
+            }
+            r = 1.0f / sqrtf(cuk_warp_sum(v) / fc + eps);
+        }
+#pragma unroll
+        for (int j = 0; j < CUK_PARTW_K; j++) {
+            if (j >= K) break;
+            const int q = lane + 32 * j;
+            const float4 wv = ((const float4 *)w)[q];
+            const float4 bv = b ? ((const float4 *)b)[q] : make_float4(0.f, 0.f, 0.f, 0.f);
+            float o[4] = {(xa[j].x - mu) * r * wv.x, (xa[j].y - mu) * r * wv.y,
+                          (xa[j].z - mu) * r * wv.z, (xa[j].w - mu) * r * wv.w};
+            if (b) o[0] += bv.x, o[1] += bv.y, o[2] += bv.z, o[3] += bv.w;
+            cuk_st4(y + n * C, q, o);
+        }
+    }
+}
+
 extern "C" __global__ void cuk_normalize_affine(const float *x, const float *w, const float *b,
                                                 float *y, i64 N, i64 C, float eps, int vec)
 {
     norm_affine<false>(x, w, b, y, N, C, eps, vec);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    cuk_normalize_affine_w(const float *x, const float *w, const float *b, float *y,
+                           i64 N, i64 C, float eps)
+{
+    norm_affine_w<false>(x, w, b, y, N, C, eps);
 }
 
 extern "C" __global__ void cuk_normalize_affine_bf16(const float *x, const float *w, const float *b,
@@ -388,10 +462,24 @@ extern "C" __global__ void cuk_normalize_affine_bf16(const float *x, const float
     norm_affine<false>(x, w, b, y, N, C, eps, vec);
 }
 
+extern "C" __global__ void __launch_bounds__(128)
+    cuk_normalize_affine_bf16_w(const float *x, const float *w, const float *b, unsigned short *y,
+                                i64 N, i64 C, float eps)
+{
+    norm_affine_w<false>(x, w, b, y, N, C, eps);
+}
+
 extern "C" __global__ void cuk_rms_normalize_affine(const float *x, const float *w, const float *b,
                                                     float *y, i64 N, i64 C, float eps, int vec)
 {
     norm_affine<true>(x, w, b, y, N, C, eps, vec);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    cuk_rms_normalize_affine_w(const float *x, const float *w, const float *b, float *y,
+                               i64 N, i64 C, float eps)
+{
+    norm_affine_w<true>(x, w, b, y, N, C, eps);
 }
 
 extern "C" __global__ void cuk_rms_normalize_affine_bf16(const float *x, const float *w,
@@ -399,6 +487,13 @@ extern "C" __global__ void cuk_rms_normalize_affine_bf16(const float *x, const f
                                                          i64 C, float eps, int vec)
 {
     norm_affine<true>(x, w, b, y, N, C, eps, vec);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    cuk_rms_normalize_affine_bf16_w(const float *x, const float *w, const float *b,
+                                    unsigned short *y, i64 N, i64 C, float eps)
+{
+    norm_affine_w<true>(x, w, b, y, N, C, eps);
 }
 
 /* The norm backwards take the normalised value's cotangent as dy * w when w is not NULL (w: C
@@ -571,15 +666,14 @@ norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, fl
 
 /* norm_bwd_part by warps, the same outputs (cuk.c picks it when C is a multiple of 128 up to
  * CUK_PARTW_K * 128, the rows of x, acc, dx, pw, pb and pg are 16-byte aligned, dy's 16-byte
- * (f32) or 8-byte (bf16) and dx16's 8-byte, and blockDim.x is 128): a warp takes the rows r0 + w, r0 + w + 4, ... of its block's range, a
- * lane the 4 consecutive columns 4 (lane + 32 j) of each group j of 128 (K = C / 128 groups), so
- * a row's sums are warp shuffles without a barrier. Its column sums stay in the lane's registers
- * over its rows; at the end the block adds its 4 warps' sums in warp order (shared memory). The
- * block-per-row kernel spends three block-wide sums (six barriers) and 8 predicated column
- * slots of 64-bit index arithmetic a row: about 800 instructions a warp and row, 4 warps a row
- * (Session 31, docs/perf.md). The sums' order differs from it (per lane, then the warp), each
- * term the same f32 product. */
-#define CUK_PARTW_K 8
+ * (f32) or 8-byte (bf16) and dx16's 8-byte, and blockDim.x is 128): a warp takes the rows
+ * r0 + w, r0 + w + 4, ... of its block's range, a lane the 4 consecutive columns 4 (lane + 32 j)
+ * of each group j of 128 (K = C / 128 groups), so a row's sums are warp shuffles without a
+ * barrier. Its column sums stay in the lane's registers over its rows; at the end the block adds
+ * its 4 warps' sums in warp order (shared memory). The block-per-row kernel spends three
+ * block-wide sums (six barriers) and 8 predicated column slots of 64-bit index arithmetic a
+ * row: about 800 instructions a warp and row, 4 warps a row (Session 31, docs/perf.md). The
+ * sums' order differs from it (per lane, then the warp), each term the same f32 product. */
 template <bool RMS, class TG>
 __device__ __forceinline__ void
 norm_bwd_part_w(const float *x, const TG *dy, const float *w, const float *acc, float *dx,
