@@ -393,6 +393,42 @@ __device__ __forceinline__ void cuk_st4(unsigned short *y, i64 q, const float o[
         make_uint2((unsigned)cuk_bf16_bits(o[0]) | (unsigned)cuk_bf16_bits(o[1]) << 16,
                    (unsigned)cuk_bf16_bits(o[2]) | (unsigned)cuk_bf16_bits(o[3]) << 16);
 }
+/* The moments of a warp's row, held as K float4 a lane (xa[j]: columns 4 (lane + 32 j)): mean
+ * (0 for RMS) and rstd = 1 / sqrt(mean square about it + eps), by warp shuffles. Every lane
+ * calls it and gets both. */
+template <bool RMS>
+__device__ __forceinline__ void cuk_warp_moments(const float4 *xa, int K, float fc, float eps,
+                                                 float *mean, float *rstd)
+{
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CUK_PARTW_K; j++) {
+        if (j >= K) break;
+        const float4 a = xa[j];
+        s += RMS ? a.x * a.x : a.x;
+        s += RMS ? a.y * a.y : a.y;
+        s += RMS ? a.z * a.z : a.z;
+        s += RMS ? a.w * a.w : a.w;
+    }
+    if (RMS) {
+        *mean = 0.0f;
+        *rstd = 1.0f / sqrtf(cuk_warp_sum(s) / fc + eps);
+        return;
+    }
+    const float mu = cuk_warp_sum(s) / fc;
+    float v = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CUK_PARTW_K; j++) {
+        if (j >= K) break;
+        const float4 a = xa[j];
+        v += (a.x - mu) * (a.x - mu);
+        v += (a.y - mu) * (a.y - mu);
+        v += (a.z - mu) * (a.z - mu);
+        v += (a.w - mu) * (a.w - mu);
+    }
+    *mean = mu;
+    *rstd = 1.0f / sqrtf(cuk_warp_sum(v) / fc + eps);
+}
 template <bool RMS, class T>
 __device__ __forceinline__ void norm_affine_w(const float *x, const float *w, const float *b, T *y,
                                               i64 N, i64 C, float eps)
@@ -402,32 +438,13 @@ __device__ __forceinline__ void norm_affine_w(const float *x, const float *w, co
     for (i64 n = (i64)blockIdx.x * 4 + wp; n < N; n += (i64)gridDim.x * 4) {
         const float4 *xr = (const float4 *)(x + n * C);
         float4 xa[CUK_PARTW_K];
-        float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < CUK_PARTW_K; j++) {
             if (j >= K) break;
             xa[j] = xr[lane + 32 * j];
-            s += RMS ? xa[j].x * xa[j].x : xa[j].x;
-            s += RMS ? xa[j].y * xa[j].y : xa[j].y;
-            s += RMS ? xa[j].z * xa[j].z : xa[j].z;
-            s += RMS ? xa[j].w * xa[j].w : xa[j].w;
         }
-        float mu = 0.0f, r;
-        if (RMS) {
-            r = 1.0f / sqrtf(cuk_warp_sum(s) / fc + eps);
-        } else {
-            mu = cuk_warp_sum(s) / fc;
-            float v = 0.0f;
-#pragma unroll
-            for (int j = 0; j < CUK_PARTW_K; j++) {
-                if (j >= K) break;
-                v += (xa[j].x - mu) * (xa[j].x - mu);
-                v += (xa[j].y - mu) * (xa[j].y - mu);
-                v += (xa[j].z - mu) * (xa[j].z - mu);
-                v += (xa[j].w - mu) * (xa[j].w - mu);
-            }
-            r = 1.0f / sqrtf(cuk_warp_sum(v) / fc + eps);
-        }
+        float mu, r;
+        cuk_warp_moments<RMS>(xa, K, fc, eps, &mu, &r);
 #pragma unroll
         for (int j = 0; j < CUK_PARTW_K; j++) {
             if (j >= K) break;
@@ -694,7 +711,6 @@ norm_bwd_part_w(const float *x, const TG *dy, const float *w, const float *acc, 
             const float4 *xr = (const float4 *)(x + n * C);
             const TG *gr = dy + n * C;
             float4 xa[CUK_PARTW_K], ga[CUK_PARTW_K], ac[CUK_PARTW_K];
-            float s = 0.0f;
 #pragma unroll
             for (int j = 0; j < CUK_PARTW_K; j++) {
                 if (j >= K) break;
@@ -702,29 +718,9 @@ norm_bwd_part_w(const float *x, const TG *dy, const float *w, const float *acc, 
                 xa[j] = xr[q];
                 ga[j] = cuk_ld4(gr, q);
                 ac[j] = acc ? ((const float4 *)(acc + n * C))[q] : make_float4(0.f, 0.f, 0.f, 0.f);
-                const float4 a = xa[j];
-                s += RMS ? a.x * a.x : a.x;
-                s += RMS ? a.y * a.y : a.y;
-                s += RMS ? a.z * a.z : a.z;
-                s += RMS ? a.w * a.w : a.w;
             }
-            float mu = 0.0f, r;
-            if (RMS) {
-                r = 1.0f / sqrtf(cuk_warp_sum(s) / fc + eps);
-            } else {
-                mu = cuk_warp_sum(s) / fc;
-                float v = 0.0f;
-#pragma unroll
-                for (int j = 0; j < CUK_PARTW_K; j++) {
-                    if (j >= K) break;
-                    const float4 a = xa[j];
-                    v += (a.x - mu) * (a.x - mu);
-                    v += (a.y - mu) * (a.y - mu);
-                    v += (a.z - mu) * (a.z - mu);
-                    v += (a.w - mu) * (a.w - mu);
-                }
-                r = 1.0f / sqrtf(cuk_warp_sum(v) / fc + eps);
-            }
+            float mu, r;
+            cuk_warp_moments<RMS>(xa, K, fc, eps, &mu, &r);
             float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
             for (int j = 0; j < CUK_PARTW_K; j++) {
