@@ -59,8 +59,9 @@
 #   after its GEMM, the residual adds kernels of their own, the cross-entropy's backward a pass of
 #   its own, the attention's output transposed by a kernel, its backward's packed output read by a
 #   kernel per projection, its log-sum-exp found again and its dO stored in f32 (session 16's step);
-#   "4w" with JDT_NORM_WARPS=0, the layer norms' backwards (the _part kernels) a block per row
-#   instead of a warp per row (cuk_rows.cu norm_bwd_part_w, C a multiple of 128);
+#   "4w" with JDT_NORM_WARPS=0, the layer norms (forwards with their affine, and the backwards'
+#   _part kernels) a block per row instead of a warp per row (cuk_rows.cu norm_affine_w and
+#   norm_bwd_part_w, C a multiple of 128);
 #   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose N or K is not a multiple of 8 (bf16) as one
 #   cuBLASLt call instead of an aligned bulk and a remainder (cuk_gemm.c gemm: the lm head);
 #   "gm" times cuBLAS through torch on the lm head's GEMMs with the vocabulary at 50257 and
@@ -417,11 +418,11 @@ run_gpt gpt2-act32
 say "stage 4a exit $rc, precision.activations f32: ${toks:-?} tok/s against ${JDT_TOKS:-?} with $GPT_ACT (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
-# ---- 4w: stage 4 again with the block-per-row norm backwards (JDT_NORM_WARPS=0) ----------------
+# ---- 4w: stage 4 again with the block-per-row norms (JDT_NORM_WARPS=0) --------------------------
 if want 4w; then
 gpt_args "$OUT/gpt2-normblocks"
 run_gpt gpt2-normblocks JDT_NORM_WARPS=0
-say "stage 4w exit $rc, the layer norms' backwards a block per row (JDT_NORM_WARPS=0, before Session 31): ${toks:-?} tok/s against ${JDT_TOKS:-?} a warp per row"
+say "stage 4w exit $rc, the layer norms a block per row (JDT_NORM_WARPS=0, before Session 31): ${toks:-?} tok/s against ${JDT_TOKS:-?} a warp per row"
 fi
 
 # ---- 4s (not in the default STAGES): stage 4 again with unaligned GEMMs run whole ---------------
