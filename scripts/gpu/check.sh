@@ -455,27 +455,27 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 if [ -z "$NCU" ] || [ "$REHEARSE" = 1 ]; then
   say "stage nc skipped: ${NCU:-no ncu here}${NCU:+ (the emulator has no counters)}"
 else
+  # ncu_kernels RUN_DIR KERNEL_REGEX SKIP COUNT LOG LINES: profile COUNT launches of the kernels
+  # matching KERNEL_REGEX after SKIP of them, in a one-step run of its own directory (a run
+  # directory already used would resume from its checkpoint), and copy into the summary the
+  # kernel lines and metrics (LINES: the kernel-name pattern, and any metric particular to it)
+  ncu_kernels() {
+    gpt_args "$1"
+    (cd "$ROOT" && timeout "$(tmo)" "$NCU" --clock-control none --kernel-name "regex:$2" \
+       --launch-skip "$3" --launch-count "$4" --section SpeedOfLight --section Occupancy \
+       --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+       --section MemoryWorkloadAnalysis --metrics smsp__inst_executed.sum "$BIN" "${GPT[@]}" data.batch_size=8 data.micro_batch_size=8 \
+       run.steps=1 >"$OUT/$5" 2>&1); rc=$?
+    grep -E "$6|Duration|smsp__inst_executed.sum|SM Active Cycles|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued" \
+      "$OUT/$5" | tee -a "$SUMMARY"
+  }
   say "stage nc: $NCU on the attention kernels (B=8, launches 11-15 of cuk_att_tc*)"
-  gpt_args "$OUT/gpt2-ncu"
-  (cd "$ROOT" && timeout "$(tmo)" "$NCU" --clock-control none --kernel-name regex:cuk_att_tc \
-     --launch-skip 10 --launch-count 5 --section SpeedOfLight --section Occupancy \
-     --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-     --section MemoryWorkloadAnalysis --metrics smsp__inst_executed.sum "$BIN" "${GPT[@]}" data.batch_size=8 data.micro_batch_size=8 \
-     run.steps=1 >"$OUT/ncu-att.log" 2>&1); rc=$?
-  grep -E "^  cuk_att|Duration|smsp__inst_executed.sum|SM Active Cycles|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Registers|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued" \
-    "$OUT/ncu-att.log" | tee -a "$SUMMARY"
+  ncu_kernels "$OUT/gpt2-ncu" cuk_att_tc 10 5 ncu-att.log "^  cuk_att|Block Limit Registers"
   say "stage nc exit $rc"
   # the layer norms' backward (Session 31's warp-per-row kernel unless JDT_NORM_WARPS=0): is it
   # bound by memory now? launches 3-4 of the step's norm backwards
   say "stage nc: $NCU on the norm backwards (B=8, launches 3-4 of *normalize_bwd_part*)"
-  gpt_args "$OUT/gpt2-ncu-norm" # a fresh run directory: the first run's checkpoint would resume
-  (cd "$ROOT" && timeout "$(tmo)" "$NCU" --clock-control none --kernel-name regex:normalize_bwd_part \
-     --launch-skip 2 --launch-count 2 --section SpeedOfLight --section Occupancy \
-     --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-     --section MemoryWorkloadAnalysis --metrics smsp__inst_executed.sum "$BIN" "${GPT[@]}" data.batch_size=8 data.micro_batch_size=8 \
-     run.steps=1 >"$OUT/ncu-norm.log" 2>&1); rc=$?
-  grep -E "^  cuk_.*normalize|Duration|smsp__inst_executed.sum|SM Active Cycles|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc Active|Issue Slots Busy|Warp Cycles Per Issued" \
-    "$OUT/ncu-norm.log" | tee -a "$SUMMARY"
+  ncu_kernels "$OUT/gpt2-ncu-norm" normalize_bwd_part 2 2 ncu-norm.log "^  cuk_.*normalize|DRAM Throughput"
   say "stage nc (norms) exit $rc"
 fi
 fi
