@@ -621,14 +621,23 @@ void jdt_cuk_rms_normalize_bwd(jdt_cuk *k, const float *x, const float *dy, cons
     norm_launch3(k, JDT_CUK_K_RMS_NORMALIZE_BWD, x, dy, w, dx, N, C, eps);
 }
 
+/* Rows of C values a warp each (cuk_rows.cu norm_affine_w, norm_bwd_part_w): C a multiple of 128
+ * up to CUK_PARTW_K (8) groups of 128, unless JDT_NORM_WARPS=0; the callers add their pointers'
+ * alignments. */
+#define NORM_WARP_MAX_C 1024
+static bool norm_warp_rows(const jdt_cuk *k, int64_t C)
+{
+    return k->norm_warps && C % 128 == 0 && C <= NORM_WARP_MAX_C;
+}
+
 void jdt_cuk_normalize_affine(jdt_cuk *k, bool rms, const float *x, const float *w, const float *b,
                               void *y, bool y_bf16, int64_t N, int64_t C, float eps)
 {
     if (N <= 0 || C <= 0) return;
     /* a warp per row (cuk_rows.cu norm_affine_w) where its layout applies: C a multiple of 128
      * up to 1024, 16-byte rows of x, w, b and an f32 y, 8-byte rows of a bf16 y */
-    if (k->norm_warps && C % 128 == 0 && C <= 1024 && aligned16(x) && aligned16(w) &&
-        (!b || aligned16(b)) && (uintptr_t)y % (y_bf16 ? 8 : 16) == 0) {
+    if (norm_warp_rows(k, C) && aligned16(x) && aligned16(w) && (!b || aligned16(b)) &&
+        (uintptr_t)y % (y_bf16 ? 8 : 16) == 0) {
         void *args[] = {&x, &w, &b, &y, &N, &C, &eps};
         jdt_cuk_kernel kw =
             rms ? (y_bf16 ? JDT_CUK_K_RMS_NORMALIZE_AFFINE_BF16_W
@@ -665,8 +674,8 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
      * of a bf16 dy */
     const bool dy16 =
         ki == JDT_CUK_K_NORMALIZE_BWD_PART_BG || ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG;
-    if (k->norm_warps && C % 128 == 0 && C <= 1024 && aligned16(x) && aligned16(dx) &&
-        (!acc || aligned16(acc)) && aligned16(pw) && aligned16(pb) && (!pg || aligned16(pg)) &&
+    if (norm_warp_rows(k, C) && aligned16(x) && aligned16(dx) && (!acc || aligned16(acc)) &&
+        aligned16(pw) && aligned16(pb) && (!pg || aligned16(pg)) &&
         ((uintptr_t)dy % (dy16 ? 8 : 16)) == 0 && (!dx16 || (uintptr_t)dx16 % 8 == 0)) {
         const jdt_cuk_kernel kw =
             ki == JDT_CUK_K_NORMALIZE_BWD_PART       ? JDT_CUK_K_NORMALIZE_BWD_PART_W
