@@ -123,6 +123,55 @@ START_TEST(test_attention_sources)
 }
 END_TEST
 
+/* cuDNN's fused attention graphs (cuk_cudnn.c), built without a GPU for a described H200: an
+ * engine must take each (forward with and without the log-sum-exp, backward; GPT-2's layouts
+ * and a (B, H, T, D) one) and its plan must finalize, kernels compiled, within the workspace.
+ * Skips where cuDNN cannot be loaded or predates 9.8, or on the host emulator (which stands in
+ * for the CUDA runtime cuDNN would call). */
+START_TEST(test_cudnn_offline)
+{
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess && strncmp(prop.name, "cudaemu", 7) == 0) {
+        printf("SKIP check_cuk test_cudnn_offline: the host CUDA emulator stands in for cudart\n");
+        return;
+    }
+    static const struct {
+        bool bwd, stats;
+        int64_t B, H, T, D;
+        unsigned bthd;
+    } cases[] = {
+        {false, true, 32, 12, 1024, 64, 7},  /* GPT-2: q, k, v (B, T, H, D) */
+        {false, false, 32, 12, 1024, 64, 7}, /* no backward to feed */
+        {true, true, 32, 12, 1024, 64, 31},  /* GPT-2's backward: o, dO (B, T, H, D) too */
+        {false, true, 2, 4, 256, 128, 0},    /* (B, H, T, D) inputs, head 128 */
+        {true, true, 2, 4, 256, 128, 8},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        jdt_err e;
+        jdt_err_clear(&e);
+        char info[160];
+        jdt_status s =
+            jdt_cuk_dnn_check_offline(cases[i].bwd, cases[i].stats, cases[i].B, cases[i].H,
+                                      cases[i].T, cases[i].D, cases[i].bthd, info, sizeof info, &e);
+        if (s == JDT_ERR_UNSUPPORTED &&
+            (strstr(e.msg, "cannot be loaded") || strstr(e.msg, "too old") ||
+             strstr(e.msg, "cannot build plans") || strstr(e.msg, "without cuDNN") ||
+             strstr(e.msg, "need libcuda"))) {
+            printf("SKIP check_cuk test_cudnn_offline: %s\n", e.msg);
+            return;
+        }
+        ck_assert_msg(s == JDT_OK, "case %zu (%s B=%lld T=%lld D=%lld bthd=%u): %s", i,
+                      cases[i].bwd ? "backward" : "forward", (long long)cases[i].B,
+                      (long long)cases[i].T, (long long)cases[i].D, cases[i].bthd, e.msg);
+        ck_assert(strstr(info, "engine ") == info);
+        printf("check_cuk test_cudnn_offline: %s%s B=%lld H=%lld T=%lld D=%lld: %s\n",
+               cases[i].bwd ? "backward" : "forward",
+               !cases[i].bwd && !cases[i].stats ? " (no statistics)" : "", (long long)cases[i].B,
+               (long long)cases[i].H, (long long)cases[i].T, (long long)cases[i].D, info);
+    }
+}
+END_TEST
+
 START_TEST(test_nvrtc_bad_arch_is_compile_error)
 {
     jdt_err e;
@@ -2083,6 +2132,145 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     cudaFree(dO), cudaFree(dD), cudaFree(dscr);
 }
 
+/* n bf16 bit patterns from the device, widened to f32 (after checking k's stream). */
+static float *dev_bf16_to_host(jdt_cuk *k, const uint16_t *dev, int64_t n)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status s = jdt_cuk_check(k, "test", true, &e);
+    ck_assert_msg(s == JDT_OK, "%s", e.msg);
+    uint16_t *b = malloc((size_t)n * 2);
+    float *f = malloc((size_t)n * 4);
+    ck_assert_int_eq(cudaMemcpy(b, dev, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)b[i] << 16;
+        memcpy(&f[i], &u, 4);
+    }
+    free(b);
+    return f;
+}
+
+/* |got - want| <= rel * max |want| everywhere, no NaN: two computations that round different
+ * intermediates (the probabilities) to bf16. */
+static void expect_near_max(const char *what, const float *got, const float *want, int64_t n,
+                            float rel)
+{
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        m = fmaxf(m, fabsf(want[i]));
+    ck_assert_msg(m > 0.0f, "%s: all zero", what);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(!isnan(got[i]) && fabsf(got[i] - want[i]) <= rel * m,
+                      "%s[%lld]: got %.6g, want %.6g (largest %.4g)", what, (long long)i,
+                      (double)got[i], (double)want[i], (double)m);
+}
+
+/* One shape of test_cudnn_attention: kd serves through cuDNN, k through our kernels. Returns
+ * false (after printing SKIP) when cuDNN cannot be loaded. */
+static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int64_t T, int64_t D,
+                             unsigned bthd)
+{
+    const int64_t n = B * H * T * D, rows = B * H * T, P = B * (T / JDT_CUK_ATT_PART);
+    const float scale = 1.0f / sqrtf((float)D);
+    float *hx[4] = {rand_floats(n, 11, -2, 2), rand_floats(n, 12, -2, 2), rand_floats(n, 13, -1, 1),
+                    rand_floats(n, 14, -1, 1)};
+    uint16_t *x16[4];
+    float *xr[4];
+    for (int i = 0; i < 4; i++)
+        dev_bf16_pair(hx[i], n, &x16[i], &xr[i], NULL);
+    const uint16_t *q = x16[0], *kk = x16[1], *v = x16[2], *dout = x16[3];
+    const int64_t sb = jdt_cuk_attention_scratch_bytes(B, H, T, D);
+    void *scr = dev_alloc((size_t)sb), *scr2 = dev_alloc((size_t)sb);
+    uint16_t *o[2] = {dev_alloc((size_t)n * 2), dev_alloc((size_t)n * 2)};
+    float *lse[2] = {dev_alloc((size_t)rows * 4), dev_alloc((size_t)rows * 4)};
+    jdt_cuk_attention(k, q, kk, v, true, NULL, o[0], true, lse[0], B, H, T, D, scale, bthd & 7,
+                      true, scr);
+    jdt_cuk_attention(kd, q, kk, v, true, NULL, o[1], true, lse[1], B, H, T, D, scale, bthd & 7,
+                      true, scr2);
+    bool ran = kd->n_dnn == 1;
+    if (!ran && strstr(kd->dnn_why, "cannot be loaded")) {
+        printf("SKIP check_cuk test_cudnn_attention: %s\n", kd->dnn_why);
+    } else {
+        ck_assert_msg(ran, "cuDNN declined the forward B=%lld H=%lld T=%lld D=%lld: %s",
+                      (long long)B, (long long)H, (long long)T, (long long)D, kd->dnn_why);
+        float *of[2] = {dev_bf16_to_host(k, o[0], n), dev_bf16_to_host(kd, o[1], n)};
+        float *lf[2] = {dev_to_host(k, lse[0], rows), dev_to_host(kd, lse[1], rows)};
+        expect_near_max("cuDNN attention o", of[1], of[0], n, 2e-2f);
+        expect_close("cuDNN attention log-sum-exp", lf[1], lf[0], rows, 2e-3f, 1e-4f);
+        /* the backward of both from our forward's o and log-sum-exp; cuDNN's twice */
+        uint16_t *cp[3][3];
+        float *part[3];
+        for (int r = 0; r < 3; r++) {
+            jdt_cuk_att_grads g = {.part = part[r] = dev_alloc((size_t)(3 * P * H * D) * 4)};
+            for (int j = 0; j < 3; j++) {
+                g.copy[j] = cp[r][j] = dev_alloc((size_t)n * 2);
+                g.copy_bf16[j] = true;
+            }
+            jdt_cuk_attention_bwd(r ? kd : k, q, kk, v, true, o[0], true, dout, true, lse[0], NULL,
+                                  &g, B, H, T, D, scale, bthd | 8u, true, r ? scr2 : scr);
+        }
+        ck_assert_msg(kd->n_dnn == 3, "cuDNN declined the backward: %s", kd->dnn_why);
+        static const char *const names[3] = {"dq", "dk", "dv"};
+        for (int j = 0; j < 3; j++) {
+            float *ref = dev_bf16_to_host(k, cp[0][j], n), *got = dev_bf16_to_host(kd, cp[1][j], n),
+                  *again = dev_bf16_to_host(kd, cp[2][j], n);
+            char what[64];
+            snprintf(what, sizeof what, "cuDNN attention backward %s", names[j]);
+            expect_near_max(what, got, ref, n, 2e-2f);
+            ck_assert_msg(memcmp(got, again, (size_t)n * 4) == 0,
+                          "cuDNN attention backward %s: two runs differ (nondeterministic)",
+                          names[j]);
+            free(ref), free(got), free(again);
+        }
+        float *pref = dev_to_host(k, part[0], 3 * P * H * D),
+              *pgot = dev_to_host(kd, part[1], 3 * P * H * D);
+        expect_near_max("cuDNN attention backward partial sums", pgot, pref, 3 * P * H * D, 2e-2f);
+        printf("check_cuk test_cudnn_attention: B=%lld H=%lld T=%lld D=%lld bthd=%u matches the "
+               "tensor-core kernels\n",
+               (long long)B, (long long)H, (long long)T, (long long)D, bthd);
+        free(pref), free(pgot);
+        for (int r = 0; r < 3; r++) {
+            cudaFree(part[r]);
+            for (int j = 0; j < 3; j++)
+                cudaFree(cp[r][j]);
+        }
+        for (int i = 0; i < 2; i++)
+            free(of[i]), free(lf[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        free(hx[i]), cudaFree(x16[i]), cudaFree(xr[i]);
+    for (int i = 0; i < 2; i++)
+        cudaFree(o[i]), cudaFree(lse[i]);
+    cudaFree(scr), cudaFree(scr2);
+    return ran;
+}
+
+/* cuDNN's fused attention (JDT_CUDNN_ATTENTION=1, cuk_cudnn.c) against jdt-train's tensor-core
+ * kernels on the same bf16 inputs: the forward's o and log-sum-exp, the backward's bf16 copies
+ * of dq, dk, dv (bitwise the same on a second run: the deterministic form) and the bias
+ * gradients' partial sums; GPT-2's layouts and a (B, H, T, D) one with heads of 128. cuDNN
+ * comes from JDT_CUDNN_LIBRARY (scripts/gpu/check.sh points it at PyTorch's copy); without it
+ * the test skips. Not on the emulator, which cannot run cuDNN. */
+START_TEST(test_cudnn_attention)
+{
+    GPU_OR_SKIP(k);
+    if (emulated_gpu() || jdt_cuk_arch(k) < 80) {
+        printf("SKIP check_cuk test_cudnn_attention: %s\n",
+               emulated_gpu() ? "the host CUDA emulator cannot run cuDNN" : "needs sm_80 or newer");
+        jdt_cuk_free(k);
+        return;
+    }
+    jdt_cuk *kd = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_cuk_init(0, cache_dir_, &kd, &e), JDT_OK);
+    kd->dnn_on = true;
+    if (check_cudnn_case(k, kd, 2, 3, 256, 64, 31u)) check_cudnn_case(k, kd, 1, 2, 128, 128, 0u);
+    jdt_cuk_free(kd);
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* The emulator's own checks (tests/infra/cudaemu/emu.hpp), which the kernel tests rely on: every
  * block starts with its static shared memory filled with 0xff bytes, and JDT_CUDAEMU_ORDER
  * changes the order in which a block's threads run between barriers. The probe kernel reads
@@ -2414,6 +2602,7 @@ static void add_tests(Suite *s)
     tcase_add_test(th, test_nvrtc_bad_arch_is_compile_error);
     tcase_add_test(th, test_attention_sources);
     tcase_add_test(th, test_no_gpu_is_clean_error);
+    tcase_add_test(th, test_cudnn_offline);
     suite_add_tcase(s, th);
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 300);
@@ -2437,6 +2626,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_concat);
     tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_cudnn_attention);
     suite_add_tcase(s, tc);
 }
 

@@ -183,6 +183,12 @@ struct jdt_cuk {
     int next_no_split;
     int64_t n_split; /* GEMMs run split so far (for tests) */
     jdt_err pending; /* first failure of a void launcher, reported by jdt_cuk_check */
+    /* JDT_CUDNN_ATTENTION=1: the bf16 attention through cuDNN where it takes the shape
+     * (cuk_cudnn.c); dnn: its library, handle and plans, made at the first call */
+    bool dnn_on;
+    struct jdt_cuk_dnn *dnn;
+    int64_t n_dnn;     /* calls cuDNN served (tests) */
+    char dnn_why[400]; /* why the last call it declined was declined ("" none) */
 };
 
 /* Sets e from a CUDA runtime status: "<what>: <cudaGetErrorString>", ERR_UNSUPPORTED for no
@@ -195,6 +201,14 @@ void jdt_cuk_defer(jdt_cuk *k, jdt_status code, const char *fmt, ...) JDT_PRINTF
 /* Fills c (rows, N) with bias broadcast over rows (zeros when bias is NULL), on the stream:
  * the result of a GEMM with K = 0. */
 void jdt_cuk_fill_rows(jdt_cuk *k, float *c, const float *bias, int64_t rows, int64_t N);
+
+/* part (rows / chunk, N) = the column sums of x (rows, N, bf16 bit patterns) over each chunk of
+ * `chunk` rows, f32, in cuk_colsum_bf16's order (the first pass of jdt_cuk_colsum_bf16). */
+void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_t rows, int64_t N,
+                              int64_t chunk);
+
+/* Destroys the cuDNN handle and plans (cuk_cudnn.c). */
+void jdt_cuk_dnn_free(jdt_cuk *k);
 
 /* Destroys the cached GEMM plans (cuk_gemm.c). */
 void jdt_cuk_gemm_free_plans(jdt_cuk *k);

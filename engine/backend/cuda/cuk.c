@@ -357,6 +357,10 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
      * block per row, as before Session 31 (check.sh's stage 4w compares) */
     const char *nw = getenv("JDT_NORM_WARPS");
     k->norm_warps = !(nw && strcmp(nw, "0") == 0);
+    /* JDT_CUDNN_ATTENTION=1: the bf16 attention through cuDNN's fused engines where they take
+     * the shape (cuk_cudnn.c); off by default until a GPU run has checked it */
+    const char *dnn = getenv("JDT_CUDNN_ATTENTION");
+    k->dnn_on = dnn && strcmp(dnn, "1") == 0;
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
     snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
     /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the
@@ -388,6 +392,7 @@ void jdt_cuk_free(jdt_cuk *k)
 {
     if (!k) return;
     if (k->stream) cudaStreamSynchronize(k->stream);
+    jdt_cuk_dnn_free(k);
     jdt_cuk_gemm_free_plans(k);
     if (k->lt) cublasLtDestroy(k->lt);
     if (k->workspace) cudaFree(k->workspace);
@@ -882,6 +887,15 @@ void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, 
     launch(k, JDT_CUK_K_COLSUM_F32, (N + 255) / 256, 256, 0, a2);
 }
 
+void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_t rows, int64_t N,
+                              int64_t chunk)
+{
+    if (N <= 0 || rows <= 0) return;
+    const int64_t chunks = (rows + chunk - 1) / chunk;
+    void *args[] = {&x, &part, &rows, &N, &chunk};
+    launch(k, JDT_CUK_K_COLSUM_BF16, (N + 63) / 64 * chunks, 256, 0, args);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */
@@ -949,6 +963,9 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
     (void)scratch;
     if (B * H * T * D <= 0) return;
     int tc = att_tc_class(k, bf16, D, scale), o2b = o2_bf16;
+    if (k->dnn_on && tc >= 0 && qkv_bf16 && !o && o2 && o2_bf16 && D % 8 == 0 &&
+        jdt_cuk_dnn_attention(k, q, kk, v, o2, lse, B, H, T, D, scale, bthd))
+        return;
     static const char no_o[] = "attention: no o to store needs the tensor-core kernels and o's "
                                "copy (passes.c fold_attention_o16 and the device disagree)";
     if (tc >= 0) {
@@ -1001,6 +1018,15 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                       "(passes.c fold_attention_dout16/o16 and the device disagree)",
                       o_bf16 ? "o" : "dO", o_bf16 ? " and a bf16 dO" : "");
         return;
+    }
+    if (k->dnn_on && tc >= 0 && o_bf16 && lse && !dqkv && g && D % 8 == 0 &&
+        (!g->part || T % JDT_CUK_ATT_PART == 0)) {
+        bool all = true;
+        for (int i = 0; i < 3; i++)
+            all &= g->copy[i] && g->copy_bf16[i] && g->rope_theta[i] == 0.0;
+        if (all && jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H, T, D, scale, bthd,
+                                             scratch))
+            return;
     }
     float *stats = scratch, *dq = dqkv, *dk = dqkv ? dqkv + n : NULL,
           *dv = dqkv ? dqkv + 2 * n : NULL;

@@ -340,6 +340,33 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
  * JDT_CUK_ATTENTION=fma). Elsewhere those record ERR_INTERNAL for jdt_cuk_check. */
 int64_t jdt_cuk_attention_dout16_d(int arch);
 
+/* ---- cuDNN's fused attention (cuk_cudnn.c) ---------------------------------------------- */
+
+/* jdt_cuk_attention through cuDNN's fused-attention engine (libcudnn.so.9 loaded at the first
+ * call: JDT_CUDNN_LIBRARY names it, else the loader's search and /usr/local/cuda/lib): q, kk, v
+ * bf16, stored as bthd says (bits 0-2); o2 the output, bf16 (B, T, H, D); lse as there or NULL.
+ * Queues it and returns true, or returns false (cuDNN missing, or no engine takes the shape:
+ * logged once per shape) and the caller runs its kernels. A failure while queueing is deferred
+ * to jdt_cuk_check. */
+bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
+                           float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                           unsigned bthd);
+/* jdt_cuk_attention_bwd's cotangent form through cuDNN: q, kk, v, o, dout bf16 (bthd bits 0-4),
+ * lse the forward's; g's three copies bf16 (B, T, H, D) without rotation, and its partial sums
+ * (T a multiple of JDT_CUK_ATT_PART) the column sums of the copies' bf16 values. scratch: at
+ * least B H T floats (the row sums of dO . O). The same return and errors as above. */
+bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v,
+                               const void *o, const void *dout, const float *lse,
+                               const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
+                               int64_t D, float scale, unsigned bthd, void *scratch);
+/* Builds the forward (with the log-sum-exp when stats) or backward graph of that shape for an
+ * H200 described to cuDNN (no GPU needed: cuDNN 9.8 or newer), picks an engine and finalizes
+ * its plan, as the GPU run would. JDT_OK with info = the engine, its workspace and whether it
+ * is deterministic; ERR_UNSUPPORTED when cuDNN cannot be loaded or is too old, or no engine
+ * takes the graph (the message says which). */
+jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, int64_t B, int64_t H, int64_t T,
+                                     int64_t D, unsigned bthd, char *info, size_t n, jdt_err *e);
+
 /* ---- NCCL collectives --------------------------------------------------------------------- */
 
 struct jdt_dist;

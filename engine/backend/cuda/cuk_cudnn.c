@@ -1,0 +1,838 @@
+/*
+ * cuk_cudnn.c — causal attention through cuDNN's fused attention engines (the "flash" fprop and
+ * bprop engines of cuDNN 9), for the CUDA backend's bf16 path (cuk.h jdt_cuk_attention and
+ * jdt_cuk_attention_bwd call in here first and fall back to jdt-train's kernels when this
+ * declines). libcudnn.so.9 is opened with dlopen on first use, like NCCL (cuk_comm.c): the
+ * binary never needs cuDNN; only cudnn_graph.h's types and constants are used at build time.
+ *
+ * The graph is cuDNN's C backend API, the "composite" form of scaled dot-product attention:
+ * matmul, scale, the causal mask as index generators + a compare + a select, the softmax with
+ * its statistics (max, exp, sum, log), matmul; the backward recomputes the probabilities from
+ * the forward's statistics (jdt-train's log-sum-exp is exactly cuDNN's Stats: max + log sum of
+ * the scaled, masked scores) and forms dV, dP, dS = P (dP - rowsum(dO . O)), dK and dQ. The
+ * backward takes the deterministic form (dQ written by its matmul, no f32 accumulator for
+ * atomics); the engine's numerical notes are logged. The fused-attention engine recognizes the
+ * pattern; cudnn-frontend's SDPA nodes document it (read, not copied).
+ *
+ * Plans are built once per shape (B, H, T, D, layouts) with the context's handle and cached;
+ * a shape no engine takes is remembered as declined (one info line) and runs our kernels. The
+ * plan's workspace is the context's cuBLASLt workspace (the stream orders them); an engine that
+ * wants more is skipped. The backward's row sums of dO . O go to the attention's scratch.
+ *
+ * Without a GPU, jdt_cuk_dnn_check_offline builds the same graphs against a described H200
+ * (cuDNN 9.8's device-property descriptor: heuristics and plan finalization need no handle), so
+ * CI proves that an engine takes each graph and that its kernels compile.
+ */
+#include "backend/cuda/cuk-impl.h"
+
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__has_include)
+#if __has_include(<cudnn_graph.h>)
+#define JDT_HAVE_CUDNN 1
+#endif
+#endif
+
+#ifndef JDT_HAVE_CUDNN
+
+bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
+                           float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                           unsigned bthd)
+{
+    (void)k, (void)q, (void)kk, (void)v, (void)o2, (void)lse, (void)B, (void)H, (void)T, (void)D;
+    (void)scale, (void)bthd;
+    return false;
+}
+bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v,
+                               const void *o, const void *dout, const float *lse,
+                               const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
+                               int64_t D, float scale, unsigned bthd, void *scratch)
+{
+    (void)k, (void)q, (void)kk, (void)v, (void)o, (void)dout, (void)lse, (void)g, (void)B;
+    (void)H, (void)T, (void)D, (void)scale, (void)bthd, (void)scratch;
+    return false;
+}
+void jdt_cuk_dnn_free(jdt_cuk *k)
+{
+    (void)k;
+}
+jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, int64_t B, int64_t H, int64_t T,
+                                     int64_t D, unsigned bthd, char *info, size_t n, jdt_err *e)
+{
+    (void)bwd, (void)stats, (void)B, (void)H, (void)T, (void)D, (void)bthd;
+    if (n) info[0] = 0;
+    return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "built without cuDNN's headers (cudnn_graph.h)");
+}
+
+#else
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <cudnn_graph.h> /* types and constants only: the functions are resolved with dlsym */
+#pragma GCC diagnostic pop
+
+/* The cuDNN entry points this file uses, resolved with dlsym. */
+typedef struct {
+    void *lib;
+    __typeof__(cudnnGetVersion) *get_version;
+    __typeof__(cudnnCreate) *create;
+    __typeof__(cudnnDestroy) *destroy;
+    __typeof__(cudnnSetStream) *set_stream;
+    __typeof__(cudnnGetErrorString) *error_string;
+    __typeof__(cudnnGetLastErrorString) *last_error;
+    __typeof__(cudnnBackendCreateDescriptor) *bcreate;
+    __typeof__(cudnnBackendDestroyDescriptor) *bdestroy;
+    __typeof__(cudnnBackendSetAttribute) *bset;
+    __typeof__(cudnnBackendGetAttribute) *bget;
+    __typeof__(cudnnBackendFinalize) *bfinalize;
+    __typeof__(cudnnBackendExecute) *bexecute;
+} dnn_api;
+
+/* The device-property descriptor (cuDNN 9.8) needs cuDNN 9.8 for offline builds. */
+#define DNN_MIN_VERSION 90000
+#define DNN_OFFLINE_MIN_VERSION 90800
+
+/* Opens libcudnn.so.9 (JDT_CUDNN_LIBRARY: a path or soname, e.g. PyTorch's wheel's copy;
+ * else the loader's search, then $CUDA_HOME/lib and /usr/local/cuda/lib{,64}). */
+static jdt_status dnn_load(dnn_api *a, jdt_err *e)
+{
+    memset(a, 0, sizeof *a);
+    const char *env = getenv("JDT_CUDNN_LIBRARY");
+    const char *home = getenv("CUDA_HOME");
+    char tries[5][512];
+    int n = 0;
+    if (env && *env)
+        snprintf(tries[n++], sizeof tries[0], "%s", env);
+    else {
+        snprintf(tries[n++], sizeof tries[0], "libcudnn.so.9");
+        if (home && *home) snprintf(tries[n++], sizeof tries[0], "%s/lib/libcudnn.so.9", home);
+        snprintf(tries[n++], sizeof tries[0], "/usr/local/cuda/lib/libcudnn.so.9");
+        snprintf(tries[n++], sizeof tries[0], "/usr/local/cuda/lib64/libcudnn.so.9");
+    }
+    const char *err = "";
+    for (int i = 0; i < n && !a->lib; i++)
+        if (!(a->lib = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL))) err = dlerror();
+    if (!a->lib)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "cuDNN cannot be loaded (%s): %s", tries[0],
+                           err ? err : "");
+#define SYM(field, name)                                                                           \
+    if (!(*(void **)&a->field = dlsym(a->lib, name))) {                                            \
+        dlclose(a->lib);                                                                           \
+        a->lib = NULL;                                                                             \
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "cuDNN lacks %s (cuDNN 9 is needed)", name);    \
+    }
+    SYM(get_version, "cudnnGetVersion");
+    SYM(create, "cudnnCreate");
+    SYM(destroy, "cudnnDestroy");
+    SYM(set_stream, "cudnnSetStream");
+    SYM(error_string, "cudnnGetErrorString");
+    SYM(last_error, "cudnnGetLastErrorString");
+    SYM(bcreate, "cudnnBackendCreateDescriptor");
+    SYM(bdestroy, "cudnnBackendDestroyDescriptor");
+    SYM(bset, "cudnnBackendSetAttribute");
+    SYM(bget, "cudnnBackendGetAttribute");
+    SYM(bfinalize, "cudnnBackendFinalize");
+    SYM(bexecute, "cudnnBackendExecute");
+#undef SYM
+    if (a->get_version() < DNN_MIN_VERSION) {
+        size_t v = a->get_version();
+        dlclose(a->lib);
+        a->lib = NULL;
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "cuDNN %zu is too old (9.0 or newer is needed)",
+                           v);
+    }
+    return JDT_OK;
+}
+
+/* ---- a graph under construction ----------------------------------------------------------- */
+
+#define DNN_MAX_DESC 128
+#define DNN_MAX_OPS 48
+
+/* Every descriptor made while building (freed together), the operations in order, and the
+ * first failure as one message. */
+typedef struct {
+    const dnn_api *a;
+    cudnnBackendDescriptor_t d[DNN_MAX_DESC];
+    int n_d;
+    cudnnBackendDescriptor_t ops[DNN_MAX_OPS];
+    int n_ops;
+    int64_t next_uid; /* the virtual tensors' */
+    bool failed;
+    char msg[400];
+} dnn_g;
+
+static void g_fail(dnn_g *g, cudnnStatus_t st, const char *fmt, ...) JDT_PRINTF(3, 4);
+static void g_fail(dnn_g *g, cudnnStatus_t st, const char *fmt, ...)
+{
+    if (g->failed) return;
+    g->failed = true;
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(g->msg, sizeof g->msg, fmt, ap);
+    va_end(ap);
+    if (len < 0 || (size_t)len >= sizeof g->msg) return;
+    char last[256] = "";
+    if (st != CUDNN_STATUS_SUCCESS) g->a->last_error(last, sizeof last);
+    snprintf(g->msg + len, sizeof g->msg - (size_t)len, ": %s%s%s",
+             st != CUDNN_STATUS_SUCCESS ? g->a->error_string(st) : "unsupported",
+             last[0] ? " - " : "", last);
+}
+
+static cudnnBackendDescriptor_t g_new(dnn_g *g, cudnnBackendDescriptorType_t type)
+{
+    if (g->failed) return NULL;
+    if (g->n_d == DNN_MAX_DESC) {
+        g_fail(g, CUDNN_STATUS_SUCCESS, "cuDNN graph: more than %d descriptors", DNN_MAX_DESC);
+        return NULL;
+    }
+    cudnnBackendDescriptor_t d = NULL;
+    cudnnStatus_t st = g->a->bcreate(type, &d);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        g_fail(g, st, "cudnnBackendCreateDescriptor(%d)", (int)type);
+        return NULL;
+    }
+    g->d[g->n_d++] = d;
+    return d;
+}
+
+static void g_set(dnn_g *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t attr,
+                  cudnnBackendAttributeType_t type, int64_t count, const void *value)
+{
+    if (g->failed || !d) return;
+    cudnnStatus_t st = g->a->bset(d, attr, type, count, value);
+    if (st != CUDNN_STATUS_SUCCESS) g_fail(g, st, "cudnnBackendSetAttribute(%d)", (int)attr);
+}
+
+/* Sets d's attribute attr to the descriptor v. */
+static void g_ref(dnn_g *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t attr,
+                  cudnnBackendDescriptor_t v)
+{
+    g_set(g, d, attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+}
+
+static void g_finalize(dnn_g *g, cudnnBackendDescriptor_t d, const char *what)
+{
+    if (g->failed || !d) return;
+    cudnnStatus_t st = g->a->bfinalize(d);
+    if (st != CUDNN_STATUS_SUCCESS) g_fail(g, st, "finalizing %s", what);
+}
+
+static void g_free(dnn_g *g)
+{
+    for (int i = g->n_d - 1; i >= 0; i--)
+        g->a->bdestroy(g->d[i]);
+    g->n_d = 0;
+}
+
+/* Tensor flags. */
+#define T_VIRTUAL 1
+#define T_BY_VALUE 2
+
+/* A 4-d tensor: uid 0 takes the next virtual uid. */
+static cudnnBackendDescriptor_t g_tensor(dnn_g *g, int64_t uid, cudnnDataType_t dt,
+                                         const int64_t dim[4], const int64_t str[4], int flags)
+{
+    cudnnBackendDescriptor_t t = g_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    if (!uid) uid = g->next_uid++;
+    int64_t align = 16;
+    bool virt = flags & T_VIRTUAL, by_value = flags & T_BY_VALUE;
+    g_set(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+    g_set(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim);
+    g_set(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str);
+    g_set(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    g_set(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+    g_set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
+    if (by_value) g_set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    g_finalize(g, t, "a tensor");
+    return t;
+}
+
+/* A virtual tensor shaped like dim with row-major strides. */
+static cudnnBackendDescriptor_t g_virtual(dnn_g *g, cudnnDataType_t dt, const int64_t dim[4])
+{
+    int64_t str[4] = {dim[1] * dim[2] * dim[3], dim[2] * dim[3], dim[3], 1};
+    return g_tensor(g, 0, dt, dim, str, T_VIRTUAL);
+}
+
+/* A by-value scalar (host memory in the variant pack). */
+static cudnnBackendDescriptor_t g_scalar(dnn_g *g, int64_t uid)
+{
+    static const int64_t one[4] = {1, 1, 1, 1};
+    return g_tensor(g, uid, CUDNN_DATA_FLOAT, one, one, T_BY_VALUE);
+}
+
+static void g_op(dnn_g *g, cudnnBackendDescriptor_t op, const char *what)
+{
+    g_finalize(g, op, what);
+    if (g->failed) return;
+    if (g->n_ops == DNN_MAX_OPS) {
+        g_fail(g, CUDNN_STATUS_SUCCESS, "cuDNN graph: more than %d operations", DNN_MAX_OPS);
+        return;
+    }
+    g->ops[g->n_ops++] = op;
+}
+
+/* y = mode(x, b, t): a pointwise operation at math precision prec; b, t NULL where the mode
+ * takes fewer inputs; axis >= 0 for GEN_INDEX. Returns y. */
+static cudnnBackendDescriptor_t g_pw(dnn_g *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec,
+                                     cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                     cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
+                                     int64_t axis)
+{
+    cudnnBackendDescriptor_t pw = g_new(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    g_set(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    g_set(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    if (axis >= 0) g_set(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    g_finalize(g, pw, "a pointwise descriptor");
+    cudnnBackendDescriptor_t op = g_new(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    const float one = 1.0f;
+    g_ref(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b) g_ref(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+    if (t) g_ref(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    g_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
+    g_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
+    g_op(g, op, "a pointwise operation");
+    return y;
+}
+
+/* Sets d's compute type (attribute attr) to f32 and finalizes d. */
+static void g_f32(dnn_g *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t attr,
+                  const char *what)
+{
+    cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    g_set(g, d, attr, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    g_finalize(g, d, what);
+}
+
+/* y = reduction of x over the axes where y's extent is 1, f32. */
+static cudnnBackendDescriptor_t g_reduce(dnn_g *g, cudnnReduceTensorOp_t mode,
+                                         cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t r = g_new(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    g_set(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
+    g_f32(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, "a reduction descriptor");
+    cudnnBackendDescriptor_t op = g_new(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
+    g_op(g, op, "a reduction operation");
+    return y;
+}
+
+/* c = a b over the last two axes (batched over the first two), f32 accumulation. */
+static cudnnBackendDescriptor_t g_matmul(dnn_g *g, cudnnBackendDescriptor_t a,
+                                         cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
+{
+    cudnnBackendDescriptor_t m = g_new(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    g_f32(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, "a matmul descriptor");
+    cudnnBackendDescriptor_t op = g_new(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, m);
+    g_op(g, op, "a matmul operation");
+    return c;
+}
+
+/* y = x viewed with y's dimensions and strides (a transpose, and the operand's type). */
+static cudnnBackendDescriptor_t g_reshape(dnn_g *g, cudnnBackendDescriptor_t x,
+                                          cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t op = g_new(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    g_ref(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    g_op(g, op, "a reshape operation");
+    return y;
+}
+
+/* ---- the attention graphs ----------------------------------------------------------------- */
+
+/* The variant pack's uids. */
+enum {
+    U_Q = 1,
+    U_K,
+    U_V,
+    U_O,
+    U_STATS,
+    U_SCALE,
+    U_DO,
+    U_DQ,
+    U_DK,
+    U_DV,
+    U_SOFTSUM, /* the backward's row sums of dO . O (scratch) */
+    U_NEG_INF,
+    U_ONE,
+    U_VIRTUAL = 100
+};
+
+/* One plan's shape. bthd as in jdt_cuk_attention (bit i: input i stored (B, T, H, D); the
+ * backward's o bit 3, dout bit 4); outputs (o, dq, dk, dv) are always (B, T, H, D). */
+typedef struct {
+    bool bwd, stats; /* stats: the forward stores the log-sum-exp */
+    int64_t B, H, T, D;
+    unsigned bthd;
+} dnn_key;
+
+/* (B, H, T, D) dimensions' strides of a tensor stored (B, T, H, D) or (B, H, T, D). */
+static void bhtd_strides(const dnn_key *s, bool bthd, int64_t str[4])
+{
+    const int64_t H = s->H, T = s->T, D = s->D;
+    if (bthd)
+        str[0] = T * H * D, str[1] = D, str[2] = H * D, str[3] = 1;
+    else
+        str[0] = H * T * D, str[1] = T * D, str[2] = D, str[3] = 1;
+}
+
+/* The (B, H, D, T) view of a (B, H, T, D) tensor (K^T, V^T). */
+static cudnnBackendDescriptor_t g_transposed_input(dnn_g *g, const dnn_key *s, int64_t uid,
+                                                   bool bthd)
+{
+    int64_t str[4], dim[4] = {s->B, s->H, s->D, s->T};
+    bhtd_strides(s, bthd, str);
+    int64_t t = str[2];
+    str[2] = str[3], str[3] = t;
+    return g_tensor(g, uid, CUDNN_DATA_BFLOAT16, dim, str, 0);
+}
+
+static cudnnBackendDescriptor_t g_input(dnn_g *g, const dnn_key *s, int64_t uid, bool bthd)
+{
+    int64_t str[4], dim[4] = {s->B, s->H, s->T, s->D};
+    bhtd_strides(s, bthd, str);
+    return g_tensor(g, uid, CUDNN_DATA_BFLOAT16, dim, str, 0);
+}
+
+/* The causal mask of scores (B, H, T, T): where row < column, -inf (the top-left diagonal). */
+static cudnnBackendDescriptor_t g_causal(dnn_g *g, const dnn_key *s, cudnnBackendDescriptor_t x,
+                                         cudnnBackendDescriptor_t neg_inf)
+{
+    const int64_t tt[4] = {s->B, s->H, s->T, s->T};
+    cudnnBackendDescriptor_t row = g_virtual(g, CUDNN_DATA_INT32, tt),
+                             col = g_virtual(g, CUDNN_DATA_INT32, tt),
+                             keep = g_virtual(g, CUDNN_DATA_BOOLEAN, tt);
+    g_pw(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, NULL, NULL, row, 2);
+    g_pw(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, NULL, NULL, col, 3);
+    g_pw(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, NULL, keep, -1);
+    return g_pw(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, neg_inf, keep,
+                g_virtual(g, CUDNN_DATA_FLOAT, tt), -1);
+}
+
+static void build_fwd(dnn_g *g, const dnn_key *s)
+{
+    const int64_t tt[4] = {s->B, s->H, s->T, s->T}, t1[4] = {s->B, s->H, s->T, 1};
+    const int64_t t1_str[4] = {s->H * s->T, s->T, 1, 1};
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t q = g_input(g, s, U_Q, s->bthd & 1),
+                             kt = g_transposed_input(g, s, U_K, s->bthd & 2),
+                             v = g_input(g, s, U_V, s->bthd & 4), o = g_input(g, s, U_O, true),
+                             scale = g_scalar(g, U_SCALE), neg_inf = g_scalar(g, U_NEG_INF);
+    cudnnBackendDescriptor_t sc = g_matmul(g, q, kt, g_virtual(g, f32, tt));
+    sc = g_pw(g, CUDNN_POINTWISE_MUL, f32, sc, scale, NULL, g_virtual(g, f32, tt), -1);
+    sc = g_causal(g, s, sc, neg_inf);
+    cudnnBackendDescriptor_t mx = g_reduce(g, CUDNN_REDUCE_TENSOR_MAX, sc, g_virtual(g, f32, t1));
+    cudnnBackendDescriptor_t ex =
+        g_pw(g, CUDNN_POINTWISE_SUB, f32, sc, mx, NULL, g_virtual(g, f32, tt), -1);
+    ex = g_pw(g, CUDNN_POINTWISE_EXP, f32, ex, NULL, NULL, g_virtual(g, f32, tt), -1);
+    cudnnBackendDescriptor_t sum = g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, ex, g_virtual(g, f32, t1));
+    /* the statistics, stored or virtual: the engine's pattern has them either way */
+    cudnnBackendDescriptor_t lg =
+        g_pw(g, CUDNN_POINTWISE_LOG, f32, sum, NULL, NULL, g_virtual(g, f32, t1), -1);
+    g_pw(g, CUDNN_POINTWISE_ADD, f32, mx, lg, NULL,
+         s->stats ? g_tensor(g, U_STATS, f32, t1, t1_str, 0) : g_virtual(g, f32, t1), -1);
+    /* the probabilities in the products' type (bf16), as the engine expects */
+    cudnnBackendDescriptor_t p =
+        g_pw(g, CUDNN_POINTWISE_DIV, f32, ex, sum, NULL, g_virtual(g, CUDNN_DATA_BFLOAT16, tt), -1);
+    g_matmul(g, p, v, o);
+}
+
+static void build_bwd(dnn_g *g, const dnn_key *s)
+{
+    const int64_t tt[4] = {s->B, s->H, s->T, s->T}, t1[4] = {s->B, s->H, s->T, 1},
+                  td[4] = {s->B, s->H, s->T, s->D};
+    const int64_t t1_str[4] = {s->H * s->T, s->T, 1, 1};
+    /* (B, H, T, T) stored transposed: the probabilities' and dS's view as P^T, dS^T */
+    const int64_t tt_t_str[4] = {s->H * s->T * s->T, s->T * s->T, 1, s->T};
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, b16 = CUDNN_DATA_BFLOAT16;
+    cudnnBackendDescriptor_t q = g_input(g, s, U_Q, s->bthd & 1),
+                             kt = g_transposed_input(g, s, U_K, s->bthd & 2),
+                             vt = g_transposed_input(g, s, U_V, s->bthd & 4),
+                             o = g_input(g, s, U_O, s->bthd & 8),
+                             dout = g_input(g, s, U_DO, s->bthd & 16),
+                             dq = g_input(g, s, U_DQ, true), dk = g_input(g, s, U_DK, true),
+                             dv = g_input(g, s, U_DV, true),
+                             stats = g_tensor(g, U_STATS, f32, t1, t1_str, 0),
+                             scale = g_scalar(g, U_SCALE), neg_inf = g_scalar(g, U_NEG_INF),
+                             one = g_scalar(g, U_ONE);
+    /* the row sums of dO . O */
+    cudnnBackendDescriptor_t dd =
+        g_pw(g, CUDNN_POINTWISE_MUL, f32, dout, o, NULL, g_virtual(g, f32, td), -1);
+    dd = g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dd, g_virtual(g, f32, t1));
+    cudnnBackendDescriptor_t softsum = g_pw(g, CUDNN_POINTWISE_MUL, f32, dd, one, NULL,
+                                            g_tensor(g, U_SOFTSUM, f32, t1, t1_str, 0), -1);
+    /* P = exp(scale Q K^T - L), masked */
+    cudnnBackendDescriptor_t sc = g_matmul(g, q, kt, g_virtual(g, f32, tt));
+    sc = g_pw(g, CUDNN_POINTWISE_MUL, f32, sc, scale, NULL, g_virtual(g, f32, tt), -1);
+    sc = g_pw(g, CUDNN_POINTWISE_SUB, f32, sc, stats, NULL, g_virtual(g, f32, tt), -1);
+    sc = g_causal(g, s, sc, neg_inf);
+    cudnnBackendDescriptor_t p =
+        g_pw(g, CUDNN_POINTWISE_EXP, f32, sc, NULL, NULL, g_virtual(g, f32, tt), -1);
+    /* dV = P^T dO */
+    g_matmul(g, g_reshape(g, p, g_tensor(g, 0, b16, tt, tt_t_str, T_VIRTUAL)), dout, dv);
+    /* dS = scale P (dO V^T - rowsum(dO . O)) */
+    cudnnBackendDescriptor_t ds = g_matmul(g, dout, vt, g_virtual(g, f32, tt));
+    ds = g_pw(g, CUDNN_POINTWISE_SUB, f32, ds, softsum, NULL, g_virtual(g, f32, tt), -1);
+    ds = g_pw(g, CUDNN_POINTWISE_MUL, f32, ds, p, NULL, g_virtual(g, f32, tt), -1);
+    ds = g_pw(g, CUDNN_POINTWISE_MUL, f32, ds, scale, NULL, g_virtual(g, f32, tt), -1);
+    /* dK = dS^T Q */
+    g_matmul(g, g_reshape(g, ds, g_tensor(g, 0, b16, tt, tt_t_str, T_VIRTUAL)), q, dk);
+    /* dQ = dS K (K from K^T's view; the deterministic form: no f32 accumulator) */
+    int64_t k_str[4];
+    bhtd_strides(s, s->bthd & 2, k_str);
+    g_matmul(g, ds, g_reshape(g, kt, g_tensor(g, 0, b16, td, k_str, T_VIRTUAL)), dq);
+}
+
+/* The operation graph of s, heuristics, and the first engine configuration whose plan
+ * finalizes with a workspace of at most max_ws bytes: *plan (owned by the caller, destroy with
+ * a->bdestroy), *ws. handle or devprop (offline) identifies the device. info: the engine's
+ * global index and whether cuDNN calls it nondeterministic. On failure, a message in e. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static jdt_status dnn_plan(const dnn_api *a, cudnnHandle_t handle, cudnnBackendDescriptor_t devprop,
+                           const dnn_key *s, int64_t max_ws, cudnnBackendDescriptor_t *plan,
+                           int64_t *ws, char *info, size_t n_info, jdt_err *e)
+{
+    dnn_g g = {.a = a, .next_uid = U_VIRTUAL};
+    *plan = NULL;
+    *ws = 0;
+    if (n_info) info[0] = 0;
+    if (s->bwd)
+        build_bwd(&g, s);
+    else
+        build_fwd(&g, s);
+    cudnnBackendDescriptor_t og = g_new(&g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    g_set(&g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.n_ops, g.ops);
+    if (handle) g_set(&g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    g_finalize(&g, og, "the operation graph");
+    int64_t n_cfg = 0;
+    cudnnBackendDescriptor_t cfg[16];
+    cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    char tried[200] = "";
+    for (int m = 0; m < 2 && !g.failed && !*plan; m++) {
+        cudnnBackendDescriptor_t heur = g_new(&g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+        g_ref(&g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, og);
+        g_set(&g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
+        if (devprop) g_ref(&g, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, devprop);
+        g_finalize(&g, heur, "the engine heuristics");
+        if (g.failed) break;
+        n_cfg = 0;
+        cudnnStatus_t st = a->bget(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n_cfg, NULL);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            g_fail(&g, st, "counting the heuristics' results");
+            break;
+        }
+        if (n_cfg > 16) n_cfg = 16;
+        for (int64_t i = 0; i < n_cfg; i++)
+            cfg[i] = g_new(&g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+        if (g.failed) break;
+        int64_t got = 0;
+        st = a->bget(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n_cfg,
+                     &got, cfg);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            g_fail(&g, st, "reading the heuristics' results");
+            break;
+        }
+        for (int64_t i = 0; i < got && !*plan; i++) {
+            cudnnBackendDescriptor_t p = NULL;
+            if (a->bcreate(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p) != CUDNN_STATUS_SUCCESS)
+                continue;
+            cudnnStatus_t ps = a->bset(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
+            if (ps == CUDNN_STATUS_SUCCESS && handle)
+                ps = a->bset(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+            if (ps == CUDNN_STATUS_SUCCESS && devprop)
+                ps = a->bset(p, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                             1, &devprop);
+            if (ps == CUDNN_STATUS_SUCCESS) ps = a->bfinalize(p);
+            /* offline (the driver's stub library): the engine took the graph and NVRTC compiled
+             * its kernel; only loading the module needs a GPU */
+            const bool compiled = devprop && ps == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER;
+            int64_t w = 0, cnt = 0;
+            if (ps == CUDNN_STATUS_SUCCESS)
+                ps = a->bget(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
+                             &w);
+            /* which engine: its global index and numerical notes */
+            cudnnBackendDescriptor_t eng = NULL;
+            int64_t idx = -1, n_notes = 0;
+            cudnnBackendNumericalNote_t notes[16];
+            if (a->bcreate(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) == CUDNN_STATUS_SUCCESS) {
+                if (a->bget(cfg[i], CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                            &cnt, &eng) == CUDNN_STATUS_SUCCESS) {
+                    a->bget(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &cnt, &idx);
+                    if (a->bget(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                16, &n_notes, notes) != CUDNN_STATUS_SUCCESS)
+                        n_notes = 0;
+                }
+                a->bdestroy(eng);
+            }
+            size_t len = strlen(tried);
+            snprintf(tried + len, sizeof tried - len, "%s%lld%s", len ? ", " : "", (long long)idx,
+                     compiled                     ? ""
+                     : ps != CUDNN_STATUS_SUCCESS ? " (no plan)"
+                     : w > max_ws                 ? " (workspace)"
+                                                  : "");
+            if (!compiled && (ps != CUDNN_STATUS_SUCCESS || w > max_ws)) {
+                a->bdestroy(p);
+                continue;
+            }
+            bool nondet = false;
+            for (int64_t j = 0; j < n_notes && j < 16; j++)
+                nondet |= notes[j] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+            *plan = p;
+            *ws = w;
+            if (n_info && compiled)
+                snprintf(info, n_info, "engine %lld, kernel compiled (loading it needs a GPU), %s",
+                         (long long)idx, nondet ? "nondeterministic" : "deterministic");
+            else if (n_info)
+                snprintf(info, n_info, "engine %lld, workspace %lld bytes, %s", (long long)idx,
+                         (long long)w, nondet ? "nondeterministic" : "deterministic");
+        }
+    }
+    jdt_status rc = JDT_OK;
+    if (g.failed)
+        rc = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s", g.msg);
+    else if (!*plan)
+        rc = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                         "no cuDNN engine takes the graph (%s: %s; workspace at most %lld bytes)",
+                         n_cfg ? "engines tried" : "heuristics", n_cfg ? tried : "none",
+                         (long long)max_ws);
+    g_free(&g);
+    return rc;
+}
+#pragma GCC diagnostic pop
+
+/* ---- the context's state: the library, a handle, plans by shape -------------------------- */
+
+#define DNN_PLANS 8
+
+typedef struct {
+    dnn_key key;
+    cudnnBackendDescriptor_t plan; /* NULL: declined */
+    int64_t ws;
+} dnn_entry;
+
+struct jdt_cuk_dnn {
+    dnn_api api;
+    cudnnHandle_t handle;
+    bool unavailable; /* the library or the handle failed: never asked again */
+    dnn_entry e[DNN_PLANS];
+    int n, next;
+};
+
+static bool key_eq(const dnn_key *a, const dnn_key *b)
+{
+    return a->bwd == b->bwd && a->stats == b->stats && a->B == b->B && a->H == b->H &&
+           a->T == b->T && a->D == b->D && a->bthd == b->bthd;
+}
+
+/* The plan of s, built at its first use; NULL when cuDNN declines (logged once). */
+static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    if (!k->dnn) {
+        if (!(k->dnn = jdt_calloc(1, sizeof *k->dnn))) return NULL;
+        struct jdt_cuk_dnn *d = k->dnn;
+        cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+        if (dnn_load(&d->api, &e) != JDT_OK)
+            d->unavailable = true;
+        else if ((st = d->api.create(&d->handle)) != CUDNN_STATUS_SUCCESS ||
+                 (st = d->api.set_stream(d->handle, k->stream)) != CUDNN_STATUS_SUCCESS) {
+            jdt_err_set(&e, JDT_ERR_UNSUPPORTED, "cudnnCreate: %s", d->api.error_string(st));
+            d->unavailable = true;
+        }
+        if (d->unavailable) snprintf(k->dnn_why, sizeof k->dnn_why, "%.399s", e.msg);
+        if (d->unavailable)
+            JDT_INFO("cuDNN attention (JDT_CUDNN_ATTENTION=1) unavailable, using jdt-train's "
+                     "kernels: %s",
+                     e.msg);
+        else
+            JDT_INFO("cuDNN attention: cuDNN %zu", d->api.get_version());
+    }
+    struct jdt_cuk_dnn *d = k->dnn;
+    if (d->unavailable) return NULL;
+    for (int i = 0; i < d->n; i++)
+        if (key_eq(&d->e[i].key, s)) {
+            if (d->e[i].plan) return &d->e[i];
+            snprintf(k->dnn_why, sizeof k->dnn_why, "declined before");
+            return NULL;
+        }
+    dnn_entry *en;
+    if (d->n < DNN_PLANS)
+        en = &d->e[d->n++];
+    else {
+        en = &d->e[d->next];
+        d->next = (d->next + 1) % DNN_PLANS;
+        if (en->plan) d->api.bdestroy(en->plan);
+    }
+    memset(en, 0, sizeof *en);
+    en->key = *s;
+    char info[160];
+    double t0 = jdt_now_s();
+    if (dnn_plan(&d->api, d->handle, NULL, s, JDT_CUK_WORKSPACE_BYTES, &en->plan, &en->ws, info,
+                 sizeof info, &e) != JDT_OK) {
+        JDT_INFO("cuDNN attention %s B=%lld H=%lld T=%lld D=%lld declined, using jdt-train's "
+                 "kernels: %s",
+                 s->bwd ? "backward" : "forward", (long long)s->B, (long long)s->H, (long long)s->T,
+                 (long long)s->D, e.msg);
+        snprintf(k->dnn_why, sizeof k->dnn_why, "%.399s", e.msg);
+        return NULL;
+    }
+    JDT_INFO("cuDNN attention %s B=%lld H=%lld T=%lld D=%lld: %s (plan built in %.2f s)",
+             s->bwd ? "backward" : "forward", (long long)s->B, (long long)s->H, (long long)s->T,
+             (long long)s->D, info, jdt_now_s() - t0);
+    return en;
+}
+
+/* Queues the plan on the stream with the pack's tensors; a failure is deferred. */
+static bool dnn_run(jdt_cuk *k, dnn_entry *en, const int64_t *uids, void **ptrs, int n)
+{
+    const dnn_api *a = &k->dnn->api;
+    cudnnBackendDescriptor_t vp = NULL;
+    void *ws = k->workspace;
+    cudnnStatus_t st = a->bcreate(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = a->bset(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = a->bset(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = a->bset(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    if (st == CUDNN_STATUS_SUCCESS) st = a->bfinalize(vp);
+    if (st == CUDNN_STATUS_SUCCESS) st = a->bexecute(k->dnn->handle, en->plan, vp);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        char last[256] = "";
+        a->last_error(last, sizeof last);
+        jdt_cuk_defer(k, JDT_ERR_INTERNAL, "cuDNN attention %s: %s%s%s",
+                      en->key.bwd ? "backward" : "forward", a->error_string(st),
+                      last[0] ? " - " : "", last);
+    }
+    if (vp) a->bdestroy(vp);
+    k->n_dnn++;
+    return true; /* queued or deferred: either way not to be run again by our kernels */
+}
+
+bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
+                           float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                           unsigned bthd)
+{
+    dnn_key s = {
+        .bwd = false, .stats = lse != NULL, .B = B, .H = H, .T = T, .D = D, .bthd = bthd & 7u};
+    dnn_entry *en = dnn_get(k, &s);
+    if (!en) return false;
+    float neg_inf = -__builtin_inff();
+    int64_t uids[] = {U_Q, U_K, U_V, U_O, U_SCALE, U_NEG_INF, U_STATS};
+    void *ptrs[] = {(void *)q, (void *)kk, (void *)v, o2, &scale, &neg_inf, lse};
+    return dnn_run(k, en, uids, ptrs, lse ? 7 : 6);
+}
+
+bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v,
+                               const void *o, const void *dout, const float *lse,
+                               const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
+                               int64_t D, float scale, unsigned bthd, void *scratch)
+{
+    dnn_key s = {.bwd = true, .stats = true, .B = B, .H = H, .T = T, .D = D, .bthd = bthd & 31u};
+    dnn_entry *en = dnn_get(k, &s);
+    if (!en) return false;
+    float neg_inf = -__builtin_inff(), one = 1.0f;
+    int64_t uids[] = {U_Q,  U_K,  U_V,       U_O,     U_DO,      U_STATS, U_DQ,
+                      U_DK, U_DV, U_SOFTSUM, U_SCALE, U_NEG_INF, U_ONE};
+    void *ptrs[] = {(void *)q,   (void *)kk, (void *)v,  (void *)o,  (void *)dout,
+                    (void *)lse, g->copy[0], g->copy[1], g->copy[2], scratch,
+                    &scale,      &neg_inf,   &one};
+    dnn_run(k, en, uids, ptrs, 13);
+    if (g->part) { /* the bias gradients' partial column sums, of the bf16 copies */
+        const int64_t P = B * (T / JDT_CUK_ATT_PART), N = H * D;
+        for (int i = 0; i < 3; i++)
+            jdt_cuk_colsum_part_bf16(k, g->copy[i], g->part + i * P * N, B * T, N,
+                                     JDT_CUK_ATT_PART);
+    }
+    return true;
+}
+
+void jdt_cuk_dnn_free(jdt_cuk *k)
+{
+    struct jdt_cuk_dnn *d = k->dnn;
+    if (!d) return;
+    for (int i = 0; i < d->n; i++)
+        if (d->e[i].plan) d->api.bdestroy(d->e[i].plan);
+    if (d->handle) d->api.destroy(d->handle);
+    /* the library stays open: cuDNN's own threads and atexit handlers may refer to it */
+    jdt_free(d);
+    k->dnn = NULL;
+}
+
+/* An H200's properties as cuDNN's device-property descriptor reads them (its JSON form, the
+ * fields of cudaDeviceProp that cuDNN 9.19 asks for), for building plans without a GPU. */
+static const char H200_JSON[] =
+    "{\"deviceName\":\"NVIDIA H200\",\"deviceVer\":900,\"driverVer\":13000,\"cudaDeviceId\":0,"
+    "\"maxGridSize\":[2147483647,65535,65535],\"maxBlockSize\":[1024,1024,64],"
+    "\"regsPerBlock\":65536,\"multiProcessorCount\":132,\"warpSize\":32,"
+    "\"maxSharedMemoryPerBlock\":49152,\"maxSharedMemoryPerBlockOptin\":232448,"
+    "\"reservedSharedMemoryPerBlock\":1024,\"maxRegistersPerSM\":65536,\"maxCtasPerSM\":32,"
+    "\"maxThreadsPerBlock\":1024,\"maxThreadsPerSM\":2048,\"pciDeviceId\":9013,"
+    "\"isTccDriver\":0,\"supportCoopLaunch\":1,\"smClockRateKHz\":1980000,"
+    "\"memClockRateKHz\":3201000,\"l2CacheSize\":52428800,\"totalGlobalMem\":150754820096}";
+
+jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, int64_t B, int64_t H, int64_t T,
+                                     int64_t D, unsigned bthd, char *info, size_t n, jdt_err *e)
+{
+    if (n) info[0] = 0;
+    /* cuDNN's runtime-compiled engines load their kernels through the driver: without one,
+     * the toolkit's stub libcuda (every call fails) lets them get as far as NVRTC's compile */
+    if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) {
+        const char *home = getenv("CUDA_HOME");
+        char stub[512];
+        snprintf(stub, sizeof stub, "%s/lib/stubs/libcuda.so",
+                 home && *home ? home : "/usr/local/cuda");
+        if (!dlopen(stub, RTLD_NOW | RTLD_GLOBAL) &&
+            !dlopen("/usr/local/cuda/lib64/stubs/libcuda.so", RTLD_NOW | RTLD_GLOBAL))
+            return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                               "cuDNN's runtime-compiled engines need libcuda: neither the "
+                               "driver's nor the toolkit's stub (%s) can be loaded",
+                               stub);
+    }
+    dnn_api a;
+    jdt_status rc = dnn_load(&a, e);
+    if (rc != JDT_OK) return rc;
+    if (a.get_version() < DNN_OFFLINE_MIN_VERSION)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "cuDNN %zu cannot build plans without a GPU (9.8 or newer can)",
+                           a.get_version());
+    cudnnBackendDescriptor_t dp = NULL, plan = NULL;
+    cudnnStatus_t st = a.bcreate(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &dp);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = a.bset(dp, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                    (int64_t)sizeof H200_JSON, H200_JSON);
+    if (st == CUDNN_STATUS_SUCCESS) st = a.bfinalize(dp);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        char last[256] = "";
+        a.last_error(last, sizeof last);
+        if (dp) a.bdestroy(dp);
+        return jdt_err_set(e, JDT_ERR_INTERNAL, "cuDNN's device properties of an H200: %s - %s",
+                           a.error_string(st), last);
+    }
+    dnn_key s = {.bwd = bwd, .stats = bwd || stats, .B = B, .H = H, .T = T, .D = D, .bthd = bthd};
+    int64_t ws = 0;
+    rc = dnn_plan(&a, NULL, dp, &s, JDT_CUK_WORKSPACE_BYTES, &plan, &ws, info, n, e);
+    if (plan) a.bdestroy(plan);
+    a.bdestroy(dp);
+    return rc;
+}
+
+#endif /* JDT_HAVE_CUDNN */
