@@ -48,7 +48,7 @@
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
 #   start with under 20 s left is skipped and says so, so the summary is always written inside
 #   the device tool's 10-minute command limit),
-#   STAGES (default "2 3 4 5 4p nc 4w 6": which stages after the probe run; "4f" adds stage 4 again with
+#   STAGES (default "2 3 4 5 4p 4c nc 4w 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
@@ -59,6 +59,9 @@
 #   after its GEMM, the residual adds kernels of their own, the cross-entropy's backward a pass of
 #   its own, the attention's output transposed by a kernel, its backward's packed output read by a
 #   kernel per projection, its log-sum-exp found again and its dO stored in f32 (session 16's step);
+#   "4c" with JDT_CUDNN_ATTENTION=1, the attention through cuDNN's fused engines (cuk_cudnn.c;
+#   PyTorch's libcudnn.so.9, found by the probe: JDT_CUDNN_LIBRARY), its tok/s and a profile's
+#   attention rows against stage 4p's;
 #   "4w" with JDT_NORM_WARPS=0, the layer norms (forwards with their affine, and the backwards'
 #   _part kernels) a block per row instead of a warp per row (cuk_rows.cu norm_affine_w and
 #   norm_bwd_part_w, C a multiple of 128);
@@ -91,7 +94,7 @@ TMO_MAX=${STAGE_TIMEOUT_S:-150}
 BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
 GPT_ACT=${GPT_ACTIVATIONS:-$GPT_PREC}
-STAGES=" ${STAGES:-2 3 4 5 4p nc 4w 6} "
+STAGES=" ${STAGES:-2 3 4 5 4p 4c nc 4w 6} "
 REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
@@ -188,6 +191,21 @@ for lib in libcudart.so.13 libnvrtc.so.13 libnvrtc-builtins.so.13.0 libcublasLt.
   echo "  $lib: ${found:-NOT FOUND}" | tee -a "$SUMMARY"
   [ -n "$found" ] && libdirs+=("$(dirname "$found")")
 done
+
+# cuDNN for its fused attention (JDT_CUDNN_ATTENTION=1: stage 2's test_cudnn_attention, stage
+# 4c): PyTorch's copy, unless JDT_CUDNN_LIBRARY names one
+if [ -z "${JDT_CUDNN_LIBRARY:-}" ]; then
+  dnn=""
+  for s in $SITE; do
+    dnn=$(find "$s/nvidia" "$s/torch/lib" -name libcudnn.so.9 2>/dev/null | head -1)
+    [ -n "$dnn" ] && break
+  done
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
+    [ -z "$dnn" ] && [ -e "$d/libcudnn.so.9" ] && dnn="$d/libcudnn.so.9"
+  done
+  [ -n "$dnn" ] && export JDT_CUDNN_LIBRARY="$dnn"
+fi
+echo "  libcudnn.so.9: ${JDT_CUDNN_LIBRARY:-NOT FOUND}" | tee -a "$SUMMARY"
 
 # ---- the binary and its libraries ---------------------------------------------------------------
 if [ -n "$BUNDLE" ]; then
@@ -416,6 +434,22 @@ if want 4a; then
 gpt_args "$OUT/gpt2-act32" f32
 run_gpt gpt2-act32
 say "stage 4a exit $rc, precision.activations f32: ${toks:-?} tok/s against ${JDT_TOKS:-?} with $GPT_ACT (its kernels are not in the bundle's cache: NVRTC time counts)"
+fi
+
+# ---- 4c: stage 4 again with cuDNN's fused attention (JDT_CUDNN_ATTENTION=1) -------------------
+if want 4c; then
+gpt_args "$OUT/gpt2-cudnn"
+run_gpt gpt2-cudnn JDT_CUDNN_ATTENTION=1
+grep -E "cuDNN" "$OUT/gpt2-cudnn.log" | head -6 | tee -a "$SUMMARY"
+say "stage 4c exit $rc, the attention through cuDNN (JDT_CUDNN_ATTENTION=1): ${toks:-?} tok/s against ${JDT_TOKS:-?} with jdt-train's kernels"
+if [ "$rc" -eq 0 ] && [ $((BUDGET - ($(date +%s) - t_all))) -ge 40 ]; then
+  gpt_args "$OUT/gpt2-cudnn-prof"
+  (cd "$ROOT" && JDT_CUDNN_ATTENTION=1 timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 run.profile=true \
+     run.profile_steps=3 >"$OUT/gpt2-cudnn-prof.log" 2>&1); rc=$?
+  sed -n '/profile of the compiled step/,/^[^ 0-9G]/p' "$OUT/gpt2-cudnn-prof.log" | grep -v '^step ' |
+    grep -E "profile of|total|attention" | tee -a "$SUMMARY"
+  say "stage 4c profile exit $rc (its attention rows against stage 4p's)"
+fi
 fi
 
 # ---- 4w: stage 4 again with the block-per-row norms (JDT_NORM_WARPS=0) --------------------------
