@@ -183,9 +183,10 @@ struct jdt_cuk {
     int next_no_split;
     int64_t n_split; /* GEMMs run split so far (for tests) */
     jdt_err pending; /* first failure of a void launcher, reported by jdt_cuk_check */
-    /* JDT_CUDNN_ATTENTION=1: the bf16 attention through cuDNN where it takes the shape
-     * (cuk_cudnn.c); dnn: its library, handle and plans, made at the first call */
-    bool dnn_on;
+    /* JDT_CUDNN_ATTENTION=1 (1) or =fast (2: the backward's dQ in an f32 accumulator the
+     * engine may add to atomically): the bf16 attention through cuDNN where it takes the shape
+     * (cuk_cudnn.c); 0 off. dnn: its library, handle, plans and memory, made at the first call */
+    int dnn_on;
     struct jdt_cuk_dnn *dnn;
     int64_t n_dnn;     /* calls cuDNN served (tests) */
     char dnn_why[400]; /* why the last call it declined was declined ("" none) */

@@ -357,10 +357,11 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
      * block per row, as before Session 31 (check.sh's stage 4w compares) */
     const char *nw = getenv("JDT_NORM_WARPS");
     k->norm_warps = !(nw && strcmp(nw, "0") == 0);
-    /* JDT_CUDNN_ATTENTION=1: the bf16 attention through cuDNN's fused engines where they take
-     * the shape (cuk_cudnn.c); off by default until a GPU run has checked it */
+    /* JDT_CUDNN_ATTENTION=1 (or =fast: its backward's dQ accumulated, maybe atomically): the
+     * bf16 attention through cuDNN's fused engines where they take the shape (cuk_cudnn.c);
+     * off by default until a GPU run has checked it */
     const char *dnn = getenv("JDT_CUDNN_ATTENTION");
-    k->dnn_on = dnn && strcmp(dnn, "1") == 0;
+    k->dnn_on = !dnn ? 0 : strcmp(dnn, "1") == 0 ? 1 : strcmp(dnn, "fast") == 0 ? 2 : 0;
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
     snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
     /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the

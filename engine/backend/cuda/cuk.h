@@ -359,13 +359,15 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                                const void *o, const void *dout, const float *lse,
                                const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
                                int64_t D, float scale, unsigned bthd, void *scratch);
-/* Builds the forward (with the log-sum-exp when stats) or backward graph of that shape for an
+/* Builds the forward (with the log-sum-exp when stats) or backward graph (accum: dQ in an f32
+ * accumulator, JDT_CUDNN_ATTENTION=fast's form) of that shape for an
  * H200 described to cuDNN (no GPU needed: cuDNN 9.8 or newer), picks an engine and finalizes
  * its plan, as the GPU run would. JDT_OK with info = the engine, its workspace and whether it
  * is deterministic; ERR_UNSUPPORTED when cuDNN cannot be loaded or is too old, or no engine
  * takes the graph (the message says which). */
-jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, int64_t B, int64_t H, int64_t T,
-                                     int64_t D, unsigned bthd, char *info, size_t n, jdt_err *e);
+jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, bool accum, int64_t B, int64_t H,
+                                     int64_t T, int64_t D, unsigned bthd, char *info, size_t n,
+                                     jdt_err *e);
 
 /* ---- NCCL collectives --------------------------------------------------------------------- */
 

@@ -60,10 +60,11 @@ void jdt_cuk_dnn_free(jdt_cuk *k)
 {
     (void)k;
 }
-jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, int64_t B, int64_t H, int64_t T,
-                                     int64_t D, unsigned bthd, char *info, size_t n, jdt_err *e)
+jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, bool accum, int64_t B, int64_t H,
+                                     int64_t T, int64_t D, unsigned bthd, char *info, size_t n,
+                                     jdt_err *e)
 {
-    (void)bwd, (void)stats, (void)B, (void)H, (void)T, (void)D, (void)bthd;
+    (void)bwd, (void)stats, (void)accum, (void)B, (void)H, (void)T, (void)D, (void)bthd;
     if (n) info[0] = 0;
     return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "built without cuDNN's headers (cudnn_graph.h)");
 }
@@ -149,6 +150,9 @@ static jdt_status dnn_load(dnn_api *a, jdt_err *e)
 }
 
 /* ---- a graph under construction ----------------------------------------------------------- */
+
+/* The most workspace a plan may ask for (an engine that wants more is skipped). */
+#define DNN_MAX_WORKSPACE (4ll << 30)
 
 #define DNN_MAX_DESC 128
 #define DNN_MAX_OPS 48
@@ -367,6 +371,7 @@ enum {
     U_DK,
     U_DV,
     U_SOFTSUM, /* the backward's row sums of dO . O (scratch) */
+    U_DQ_ACC,  /* the accumulator form's f32 dQ */
     U_NEG_INF,
     U_ONE,
     U_VIRTUAL = 100
@@ -376,6 +381,8 @@ enum {
  * backward's o bit 3, dout bit 4); outputs (o, dq, dk, dv) are always (B, T, H, D). */
 typedef struct {
     bool bwd, stats; /* stats: the forward stores the log-sum-exp */
+    bool accum;      /* the backward's dQ summed in an f32 accumulator (the engine may use
+                        atomics: JDT_CUDNN_ATTENTION=fast), else written by its matmul */
     int64_t B, H, T, D;
     unsigned bthd;
 } dnn_key;
@@ -491,10 +498,18 @@ static void build_bwd(dnn_g *g, const dnn_key *s)
     ds = g_pw(g, CUDNN_POINTWISE_MUL, f32, ds, scale, NULL, g_virtual(g, f32, tt), -1);
     /* dK = dS^T Q */
     g_matmul(g, g_reshape(g, ds, g_tensor(g, 0, b16, tt, tt_t_str, T_VIRTUAL)), q, dk);
-    /* dQ = dS K (K from K^T's view; the deterministic form: no f32 accumulator) */
-    int64_t k_str[4];
+    /* dQ = dS K (K from K^T's view): by the matmul (the deterministic form), or into an f32
+     * accumulator the engine may add to atomically, then rounded into dq */
+    int64_t k_str[4], acc_str[4];
     bhtd_strides(s, s->bthd & 2, k_str);
-    g_matmul(g, ds, g_reshape(g, kt, g_tensor(g, 0, b16, td, k_str, T_VIRTUAL)), dq);
+    cudnnBackendDescriptor_t kk = g_reshape(g, kt, g_tensor(g, 0, b16, td, k_str, T_VIRTUAL));
+    if (s->accum) {
+        bhtd_strides(s, false, acc_str);
+        cudnnBackendDescriptor_t acc = g_tensor(g, U_DQ_ACC, f32, td, acc_str, 0);
+        g_matmul(g, ds, kk, acc);
+        g_pw(g, CUDNN_POINTWISE_IDENTITY, f32, acc, NULL, NULL, dq, -1);
+    } else
+        g_matmul(g, ds, kk, dq);
 }
 
 /* The operation graph of s, heuristics, and the first engine configuration whose plan
@@ -630,6 +645,11 @@ typedef struct {
 struct jdt_cuk_dnn {
     dnn_api api;
     cudnnHandle_t handle;
+    /* device memory of our own for plans that want more workspace than the cuBLASLt
+     * workspace's 32 MiB, and the accumulator form's f32 dQ; grown as plans need (cudaMalloc
+     * outside the planned arena, like cuBLASLt's workspace), said at info level */
+    void *ws, *acc;
+    int64_t ws_bytes, acc_bytes;
     bool unavailable; /* the library or the handle failed: never asked again */
     dnn_entry e[DNN_PLANS];
     int n, next;
@@ -637,8 +657,29 @@ struct jdt_cuk_dnn {
 
 static bool key_eq(const dnn_key *a, const dnn_key *b)
 {
-    return a->bwd == b->bwd && a->stats == b->stats && a->B == b->B && a->H == b->H &&
-           a->T == b->T && a->D == b->D && a->bthd == b->bthd;
+    return a->bwd == b->bwd && a->stats == b->stats && a->accum == b->accum && a->B == b->B &&
+           a->H == b->H && a->T == b->T && a->D == b->D && a->bthd == b->bthd;
+}
+
+/* *buf holds at least n bytes (grown with cudaMalloc); false, with a message, when the GPU
+ * has no room. */
+static bool dnn_grow(void **buf, int64_t *have, int64_t n, const char *what, jdt_err *e)
+{
+    if (*have >= n) return true;
+    if (*buf) cudaFree(*buf);
+    *buf = NULL;
+    *have = 0;
+    cudaError_t rc = cudaMalloc(buf, (size_t)n);
+    if (rc != cudaSuccess) {
+        *buf = NULL;
+        cudaGetLastError();
+        jdt_err_set(e, JDT_ERR_NOMEM, "no room for cuDNN's %s of %.1f MiB: %s", what,
+                    (double)n / (1 << 20), cudaGetErrorString(rc));
+        return false;
+    }
+    *have = n;
+    JDT_INFO("cuDNN attention: %.1f MiB of device memory for its %s", (double)n / (1 << 20), what);
+    return true;
 }
 
 /* The plan of s, built at its first use; NULL when cuDNN declines (logged once). */
@@ -659,9 +700,7 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
         }
         if (d->unavailable) snprintf(k->dnn_why, sizeof k->dnn_why, "%.399s", e.msg);
         if (d->unavailable)
-            JDT_INFO("cuDNN attention (JDT_CUDNN_ATTENTION=1) unavailable, using jdt-train's "
-                     "kernels: %s",
-                     e.msg);
+            JDT_INFO("cuDNN attention unavailable, using jdt-train's kernels: %s", e.msg);
         else
             JDT_INFO("cuDNN attention: cuDNN %zu", d->api.get_version());
     }
@@ -685,8 +724,18 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
     en->key = *s;
     char info[160];
     double t0 = jdt_now_s();
-    if (dnn_plan(&d->api, d->handle, NULL, s, JDT_CUK_WORKSPACE_BYTES, &en->plan, &en->ws, info,
-                 sizeof info, &e) != JDT_OK) {
+    jdt_status rc = dnn_plan(&d->api, d->handle, NULL, s, DNN_MAX_WORKSPACE, &en->plan, &en->ws,
+                             info, sizeof info, &e);
+    /* memory beyond the cuBLASLt workspace: the plan's workspace, the accumulator */
+    if (rc == JDT_OK && en->ws > JDT_CUK_WORKSPACE_BYTES &&
+        !dnn_grow(&d->ws, &d->ws_bytes, en->ws, "workspace", &e))
+        rc = e.code;
+    if (rc == JDT_OK && s->accum &&
+        !dnn_grow(&d->acc, &d->acc_bytes, s->B * s->H * s->T * s->D * 4, "f32 dQ accumulator", &e))
+        rc = e.code;
+    if (rc != JDT_OK) {
+        if (en->plan) d->api.bdestroy(en->plan);
+        en->plan = NULL;
         JDT_INFO("cuDNN attention %s B=%lld H=%lld T=%lld D=%lld declined, using jdt-train's "
                  "kernels: %s",
                  s->bwd ? "backward" : "forward", (long long)s->B, (long long)s->H, (long long)s->T,
@@ -705,7 +754,7 @@ static bool dnn_run(jdt_cuk *k, dnn_entry *en, const int64_t *uids, void **ptrs,
 {
     const dnn_api *a = &k->dnn->api;
     cudnnBackendDescriptor_t vp = NULL;
-    void *ws = k->workspace;
+    void *ws = en->ws > JDT_CUK_WORKSPACE_BYTES ? k->dnn->ws : k->workspace;
     cudnnStatus_t st = a->bcreate(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
     if (st == CUDNN_STATUS_SUCCESS)
         st = a->bset(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
@@ -746,16 +795,29 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                                const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
                                int64_t D, float scale, unsigned bthd, void *scratch)
 {
-    dnn_key s = {.bwd = true, .stats = true, .B = B, .H = H, .T = T, .D = D, .bthd = bthd & 31u};
+    dnn_key s = {.bwd = true,
+                 .stats = true,
+                 .accum = k->dnn_on == 2,
+                 .B = B,
+                 .H = H,
+                 .T = T,
+                 .D = D,
+                 .bthd = bthd & 31u};
     dnn_entry *en = dnn_get(k, &s);
     if (!en) return false;
     float neg_inf = -__builtin_inff(), one = 1.0f;
     int64_t uids[] = {U_Q,  U_K,  U_V,       U_O,     U_DO,      U_STATS, U_DQ,
-                      U_DK, U_DV, U_SOFTSUM, U_SCALE, U_NEG_INF, U_ONE};
+                      U_DK, U_DV, U_SOFTSUM, U_SCALE, U_NEG_INF, U_ONE,   U_DQ_ACC};
     void *ptrs[] = {(void *)q,   (void *)kk, (void *)v,  (void *)o,  (void *)dout,
                     (void *)lse, g->copy[0], g->copy[1], g->copy[2], scratch,
-                    &scale,      &neg_inf,   &one};
-    dnn_run(k, en, uids, ptrs, 13);
+                    &scale,      &neg_inf,   &one,       k->dnn->acc};
+    if (s.accum) { /* the accumulator starts at zero */
+        cudaError_t rc = cudaMemsetAsync(k->dnn->acc, 0, (size_t)(B * H * T * D * 4), k->stream);
+        if (rc != cudaSuccess)
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "cuDNN attention backward: zeroing dQ: %s",
+                          cudaGetErrorString(rc));
+    }
+    dnn_run(k, en, uids, ptrs, s.accum ? 14 : 13);
     if (g->part) { /* the bias gradients' partial column sums, of the bf16 copies */
         const int64_t P = B * (T / JDT_CUK_ATT_PART), N = H * D;
         for (int i = 0; i < 3; i++)
@@ -772,6 +834,8 @@ void jdt_cuk_dnn_free(jdt_cuk *k)
     for (int i = 0; i < d->n; i++)
         if (d->e[i].plan) d->api.bdestroy(d->e[i].plan);
     if (d->handle) d->api.destroy(d->handle);
+    if (d->ws) cudaFree(d->ws);
+    if (d->acc) cudaFree(d->acc);
     /* the library stays open: cuDNN's own threads and atexit handlers may refer to it */
     jdt_free(d);
     k->dnn = NULL;
@@ -789,8 +853,9 @@ static const char H200_JSON[] =
     "\"isTccDriver\":0,\"supportCoopLaunch\":1,\"smClockRateKHz\":1980000,"
     "\"memClockRateKHz\":3201000,\"l2CacheSize\":52428800,\"totalGlobalMem\":150754820096}";
 
-jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, int64_t B, int64_t H, int64_t T,
-                                     int64_t D, unsigned bthd, char *info, size_t n, jdt_err *e)
+jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, bool accum, int64_t B, int64_t H,
+                                     int64_t T, int64_t D, unsigned bthd, char *info, size_t n,
+                                     jdt_err *e)
 {
     if (n) info[0] = 0;
     /* cuDNN's runtime-compiled engines load their kernels through the driver: without one,
@@ -827,9 +892,16 @@ jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, int64_t B, int64_t H,
         return jdt_err_set(e, JDT_ERR_INTERNAL, "cuDNN's device properties of an H200: %s - %s",
                            a.error_string(st), last);
     }
-    dnn_key s = {.bwd = bwd, .stats = bwd || stats, .B = B, .H = H, .T = T, .D = D, .bthd = bthd};
+    dnn_key s = {.bwd = bwd,
+                 .stats = bwd || stats,
+                 .accum = bwd && accum,
+                 .B = B,
+                 .H = H,
+                 .T = T,
+                 .D = D,
+                 .bthd = bthd};
     int64_t ws = 0;
-    rc = dnn_plan(&a, NULL, dp, &s, JDT_CUK_WORKSPACE_BYTES, &plan, &ws, info, n, e);
+    rc = dnn_plan(&a, NULL, dp, &s, DNN_MAX_WORKSPACE, &plan, &ws, info, n, e);
     if (plan) a.bdestroy(plan);
     a.bdestroy(dp);
     return rc;
