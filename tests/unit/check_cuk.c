@@ -2173,7 +2173,7 @@ static void expect_near_max(const char *what, const float *got, const float *wan
  * accumulated, where two runs need not give the same bits), k through our kernels. Returns
  * false (after printing SKIP) when cuDNN cannot be loaded. */
 static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int64_t T, int64_t D,
-                             unsigned bthd)
+                             unsigned bthd, bool rope)
 {
     const int64_t served = kd->n_dnn;
     const int64_t n = B * H * T * D, rows = B * H * T, P = B * (T / JDT_CUK_ATT_PART);
@@ -2207,10 +2207,14 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
         uint16_t *cp[3][3];
         float *part[3];
         for (int r = 0; r < 3; r++) {
-            jdt_cuk_att_grads g = {.part = part[r] = dev_alloc((size_t)(3 * P * H * D) * 4)};
+            /* with rope: Llama's dq and dk through RoPE's backward, no bias partial sums */
+            part[r] = dev_alloc((size_t)(3 * P * H * D) * 4);
+            jdt_cuk_att_grads g = {.part = rope ? NULL : part[r]};
             for (int j = 0; j < 3; j++) {
                 g.copy[j] = cp[r][j] = dev_alloc((size_t)n * 2);
                 g.copy_bf16[j] = true;
+                g.rope_theta[j] = rope && j < 2 ? 10000.0 : 0.0;
+                g.rope_inverse[j] = true;
             }
             jdt_cuk_attention_bwd(r ? kd : k, q, kk, v, true, o[0], true, dout, true, lse[0], NULL,
                                   &g, B, H, T, D, scale, bthd | 8u, true, r ? scr2 : scr);
@@ -2233,11 +2237,13 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
         }
         float *pref = dev_to_host(k, part[0], 3 * P * H * D),
               *pgot = dev_to_host(kd, part[1], 3 * P * H * D);
-        expect_near_max("cuDNN attention backward partial sums", pgot, pref, 3 * P * H * D, 2e-2f);
-        printf("check_cuk test_cudnn_attention: B=%lld H=%lld T=%lld D=%lld bthd=%u%s matches the "
-               "tensor-core kernels\n",
+        if (!rope)
+            expect_near_max("cuDNN attention backward partial sums", pgot, pref, 3 * P * H * D,
+                            2e-2f);
+        printf("check_cuk test_cudnn_attention: B=%lld H=%lld T=%lld D=%lld bthd=%u%s%s matches "
+               "the tensor-core kernels\n",
                (long long)B, (long long)H, (long long)T, (long long)D, bthd,
-               kd->dnn_on == 2 ? " (dQ accumulated)" : "");
+               kd->dnn_on == 2 ? " (dQ accumulated)" : "", rope ? " (RoPE on dq, dk)" : "");
         free(pref), free(pgot);
         for (int r = 0; r < 3; r++) {
             cudaFree(part[r]);
@@ -2258,8 +2264,9 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
 /* cuDNN's fused attention (JDT_CUDNN_ATTENTION=1, cuk_cudnn.c) against jdt-train's tensor-core
  * kernels on the same bf16 inputs: the forward's o and log-sum-exp, the backward's bf16 copies
  * of dq, dk, dv (bitwise the same on a second run: the deterministic form) and the bias
- * gradients' partial sums; GPT-2's layouts and a (B, H, T, D) one with heads of 128; then
- * GPT-2's layouts with dQ accumulated (JDT_CUDNN_ATTENTION=fast). cuDNN
+ * gradients' partial sums; GPT-2's layouts, a (B, H, T, D) one with heads of 128, and Llama's
+ * RoPE backward on the dq and dk copies; then GPT-2's layouts with dQ accumulated
+ * (JDT_CUDNN_ATTENTION=fast). cuDNN
  * comes from JDT_CUDNN_LIBRARY (scripts/gpu/check.sh points it at PyTorch's copy); without it
  * the test skips. Not on the emulator, which cannot run cuDNN. */
 START_TEST(test_cudnn_attention)
@@ -2276,10 +2283,11 @@ START_TEST(test_cudnn_attention)
     jdt_err_clear(&e);
     ck_assert_int_eq(jdt_cuk_init(0, cache_dir_, &kd, &e), JDT_OK);
     kd->dnn_on = 1;
-    if (check_cudnn_case(k, kd, 2, 3, 256, 64, 31u)) {
-        check_cudnn_case(k, kd, 1, 2, 128, 128, 0u);
+    if (check_cudnn_case(k, kd, 2, 3, 256, 64, 31u, false)) {
+        check_cudnn_case(k, kd, 1, 2, 128, 128, 0u, false);
+        check_cudnn_case(k, kd, 2, 3, 256, 64, 31u, true);
         kd->dnn_on = 2; /* JDT_CUDNN_ATTENTION=fast: new plans, dQ accumulated */
-        check_cudnn_case(k, kd, 2, 3, 256, 64, 31u);
+        check_cudnn_case(k, kd, 2, 3, 256, 64, 31u, false);
     }
     jdt_cuk_free(kd);
     jdt_cuk_free(k);

@@ -1024,7 +1024,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         (!g->part || T % JDT_CUK_ATT_PART == 0)) {
         bool all = true;
         for (int i = 0; i < 3; i++)
-            all &= g->copy[i] && g->copy_bf16[i] && g->rope_theta[i] == 0.0;
+            all &= g->copy[i] && g->copy_bf16[i] && (g->rope_theta[i] == 0.0 || !g->part);
         if (all && jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H, T, D, scale, bthd,
                                              scratch))
             return;

@@ -352,8 +352,10 @@ bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void
                            float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
                            unsigned bthd);
 /* jdt_cuk_attention_bwd's cotangent form through cuDNN: q, kk, v, o, dout bf16 (bthd bits 0-4),
- * lse the forward's; g's three copies bf16 (B, T, H, D) without rotation, and its partial sums
- * (T a multiple of JDT_CUK_ATT_PART) the column sums of the copies' bf16 values. scratch: at
+ * lse the forward's; g's three copies bf16 (B, T, H, D), a rotated one (RoPE's backward) rotated
+ * in place after cuDNN wrote it (so rounded to bf16 twice), and its partial sums (T a multiple of
+ * JDT_CUK_ATT_PART; the caller asks only without rotations) the column sums of the copies' bf16
+ * values. scratch: at
  * least B H T floats (the row sums of dO . O). The same return and errors as above. */
 bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v,
                                const void *o, const void *dout, const float *lse,

@@ -818,6 +818,10 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                           cudaGetErrorString(rc));
     }
     dnn_run(k, en, uids, ptrs, s.accum ? 14 : 13);
+    for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
+        if (g->rope_theta[i] != 0.0)
+            jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, H, D, g->rope_theta[i],
+                         g->rope_inverse[i]);
     if (g->part) { /* the bias gradients' partial column sums, of the bf16 copies */
         const int64_t P = B * (T / JDT_CUK_ATT_PART), N = H * D;
         for (int i = 0; i < 3; i++)
