@@ -66,6 +66,8 @@
 #   "4w" with JDT_NORM_WARPS=0, the layer norms (forwards with their affine, and the backwards'
 #   _part kernels) a block per row instead of a warp per row (cuk_rows.cu norm_affine_w and
 #   norm_bwd_part_w, C a multiple of 128);
+#   "4x" with JDT_XENT_SMEM=0, the fused classifier reading each bf16 row twice instead of
+#   staging it in shared memory (cuk_rows.cu cuk_softmax_xent_fused_bf16_bs);
 #   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose N or K is not a multiple of 8 (bf16) as one
 #   cuBLASLt call instead of an aligned bulk and a remainder (cuk_gemm.c gemm: the lm head);
 #   "gm" times cuBLAS through torch on the lm head's GEMMs with the vocabulary at 50257 and
@@ -478,6 +480,13 @@ if want 4w; then
 gpt_args "$OUT/gpt2-normblocks"
 run_gpt gpt2-normblocks JDT_NORM_WARPS=0
 say "stage 4w exit $rc, the layer norms a block per row (JDT_NORM_WARPS=0, before Session 31): ${toks:-?} tok/s against ${JDT_TOKS:-?} a warp per row"
+fi
+
+# ---- 4x (not in the default STAGES): stage 4 again with the two-pass classifier --------------
+if want 4x; then
+gpt_args "$OUT/gpt2-xent2"
+run_gpt gpt2-xent2 JDT_XENT_SMEM=0
+say "stage 4x exit $rc, the fused classifier reading each row twice (JDT_XENT_SMEM=0, before Session 32): ${toks:-?} tok/s against ${JDT_TOKS:-?} with rows staged in shared memory"
 fi
 
 # ---- 4s (not in the default STAGES): stage 4 again with unaligned GEMMs run whole ---------------

@@ -40,6 +40,7 @@ extern const int jdt_cuk_n_sources;
     X(SOFTMAX_XENT_FUSED_B, "cuk_rows.cu", "cuk_softmax_xent_fused_b")                             \
     X(SOFTMAX_XENT_FUSED_BF16, "cuk_rows.cu", "cuk_softmax_xent_fused_bf16")                       \
     X(SOFTMAX_XENT_FUSED_BF16_B, "cuk_rows.cu", "cuk_softmax_xent_fused_bf16_b")                   \
+    X(SOFTMAX_XENT_FUSED_BF16_BS, "cuk_rows.cu", "cuk_softmax_xent_fused_bf16_bs")                 \
     X(NORMALIZE, "cuk_rows.cu", "cuk_normalize")                                                   \
     X(NORMALIZE_BWD, "cuk_rows.cu", "cuk_normalize_bwd")                                           \
     X(RMS_NORMALIZE, "cuk_rows.cu", "cuk_rms_normalize")                                           \
@@ -178,7 +179,9 @@ struct jdt_cuk {
      * JDT_GEMM_SPLIT=0); shapes (M, N, K, ta, tb, bf16, c_bf16, bias) whose parts cuBLASLt
      * refused, which run as one GEMM without asking again */
     bool gemm_split;
-    bool norm_warps; /* JDT_NORM_WARPS != 0: the norms' warp-per-row kernels (cuk.c) */
+    bool norm_warps;   /* JDT_NORM_WARPS != 0: the norms' warp-per-row kernels (cuk.c) */
+    bool xent_smem;    /* JDT_XENT_SMEM != 0: the fused classifier's rows staged in shared memory */
+    int xent_smem_set; /* the dynamic shared memory cuk_softmax_xent_fused_bf16_bs may use */
     int64_t no_split[JDT_CUK_NO_SPLIT][8];
     int next_no_split;
     int64_t n_split; /* GEMMs run split so far (for tests) */

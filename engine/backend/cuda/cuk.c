@@ -357,6 +357,9 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
      * block per row, as before Session 31 (check.sh's stage 4w compares) */
     const char *nw = getenv("JDT_NORM_WARPS");
     k->norm_warps = !(nw && strcmp(nw, "0") == 0);
+    /* JDT_XENT_SMEM=0: the fused classifier reads each bf16 row twice, as before Session 32 */
+    const char *xs = getenv("JDT_XENT_SMEM");
+    k->xent_smem = !(xs && strcmp(xs, "0") == 0);
     /* JDT_CUDNN_ATTENTION=1 (or =fast: its backward's dQ accumulated, maybe atomically): the
      * bf16 attention through cuDNN's fused engines where they take the shape (cuk_cudnn.c);
      * off by default until a GPU run has checked it */
@@ -567,6 +570,37 @@ void jdt_cuk_softmax_xent_bwd_bf16(jdt_cuk *k, const void *logits, bool logits_b
            row_threads(V), 0, args);
 }
 
+/* The staged fused classifier (cuk_softmax_xent_fused_bf16_bs): 512 threads, and a row of at
+ * most 112 KiB of bf16 (57344 values), so that two blocks fit an SM's shared memory. */
+#define XENT_SMEM_THREADS 512
+#define XENT_SMEM_MAX (112 * 1024)
+
+/* The staged classifier's kernel loaded and allowed smem bytes of dynamic shared memory (once
+ * per size); false, with the failure deferred, when not. */
+static bool xent_smem_ready(jdt_cuk *k, int smem)
+{
+    const jdt_cuk_kernel ki = JDT_CUK_K_SOFTMAX_XENT_FUSED_BF16_BS;
+    if (k->xent_smem_set >= smem) return true;
+    jdt_err le;
+    jdt_err_clear(&le);
+    if (!k->fn[ki] && jdt_cuk_load(k, ki, &le) != JDT_OK) {
+        jdt_cuk_defer(k, le.code, "%s", le.msg);
+        return false;
+    }
+    cudaError_t rc = cudaFuncSetAttribute((const void *)k->fn[ki],
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (rc != cudaSuccess) { /* the two-pass kernel then */
+        cudaGetLastError();
+        k->xent_smem = false;
+        JDT_INFO("cuda: the staged classifier cannot have %d bytes of shared memory (%s); "
+                 "reading each row twice",
+                 smem, cudaGetErrorString(rc));
+        return false;
+    }
+    k->xent_smem_set = smem;
+    return true;
+}
+
 void jdt_cuk_softmax_xent_fused(jdt_cuk *k, const void *logits, bool logits_bf16,
                                 const int32_t *tgt, float g, float *loss, void *dlogits,
                                 bool dlogits_bf16, int64_t N, int64_t V, int64_t ldx, int64_t ldd)
@@ -577,6 +611,14 @@ void jdt_cuk_softmax_xent_fused(jdt_cuk *k, const void *logits, bool logits_bf16
         return;
     }
     if (!xent_ld(k, V, &ldx, &ldd)) return;
+    /* bf16 in and out, the row fitting shared memory twice an SM, 16-byte rows: staged */
+    const int64_t smem = (V + 7) / 8 * 16;
+    if (k->xent_smem && logits_bf16 && dlogits_bf16 && smem <= XENT_SMEM_MAX && ldx % 8 == 0 &&
+        ldd % 8 == 0 && aligned16(logits) && aligned16(dlogits) && xent_smem_ready(k, (int)smem)) {
+        void *args[] = {&logits, &tgt, &g, &loss, &dlogits, &N, &V, &ldx, &ldd};
+        launch(k, JDT_CUK_K_SOFTMAX_XENT_FUSED_BF16_BS, N, XENT_SMEM_THREADS, (size_t)smem, args);
+        return;
+    }
     int vec = xent_vec(ldx, ldd, logits, logits_bf16) &&
               ((uintptr_t)dlogits & (dlogits_bf16 ? 7u : 15u)) == 0;
     void *args[] = {&logits, &tgt, &g, &loss, &dlogits, &N, &V, &ldx, &ldd, &vec};
@@ -964,7 +1006,10 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
     (void)scratch;
     if (B * H * T * D <= 0) return;
     int tc = att_tc_class(k, bf16, D, scale), o2b = o2_bf16;
-    if (k->dnn_on && tc >= 0 && qkv_bf16 && !o && o2 && o2_bf16 && D % 8 == 0 &&
+    /* cuDNN's fused engines where they take it (cuk_cudnn.c): bf16 in and out, its tensors
+     * 16-byte aligned */
+    if (k->dnn_on && tc >= 0 && qkv_bf16 && !o && o2 && o2_bf16 && D % 8 == 0 && aligned16(q) &&
+        aligned16(kk) && aligned16(v) && aligned16(o2) && aligned16(lse) &&
         jdt_cuk_dnn_attention(k, q, kk, v, o2, lse, B, H, T, D, scale, bthd))
         return;
     static const char no_o[] = "attention: no o to store needs the tensor-core kernels and o's "
@@ -1021,10 +1066,12 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         return;
     }
     if (k->dnn_on && tc >= 0 && o_bf16 && lse && !dqkv && g && D % 8 == 0 &&
-        (!g->part || T % JDT_CUK_ATT_PART == 0)) {
+        (!g->part || T % JDT_CUK_ATT_PART == 0) && aligned16(q) && aligned16(kk) && aligned16(v) &&
+        aligned16(o) && aligned16(dout) && aligned16(lse) && aligned16(scratch)) {
         bool all = true;
         for (int i = 0; i < 3; i++)
-            all &= g->copy[i] && g->copy_bf16[i] && (g->rope_theta[i] == 0.0 || !g->part);
+            all &= g->copy[i] && g->copy_bf16[i] && aligned16(g->copy[i]) &&
+                   (g->rope_theta[i] == 0.0 || !g->part);
         if (all && jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H, T, D, scale, bthd,
                                              scratch))
             return;

@@ -643,6 +643,7 @@ struct CUkern_st {
     uint64_t magic;
     struct CUlib_st *lib;
     int idx;
+    size_t max_dyn; /* cudaFuncAttributeMaxDynamicSharedMemorySize: 48 KiB unless raised */
 };
 #define KERN_MAGIC 0x6b656d75646a6bULL
 
@@ -693,7 +694,7 @@ cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJ
     l->so = so;
     l->n = *np;
     for (int i = 0; i < l->n; i++)
-        l->kerns[i] = (struct CUkern_st){KERN_MAGIC, l, i};
+        l->kerns[i] = (struct CUkern_st){KERN_MAGIC, l, i, 48 * 1024};
     *lib = l;
     return cudaSuccess;
 }
@@ -720,6 +721,19 @@ cudaError_t cudaLibraryUnload(cudaLibrary_t lib)
     return cudaSuccess;
 }
 
+/* The dynamic shared memory a kernel may be launched with, up to an sm_90's 227 KiB per block
+ * (232448 bytes); the other attributes are not emulated. */
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
+{
+    STICKY();
+    struct CUkern_st *k = (struct CUkern_st *)func;
+    if (!k || k->magic != KERN_MAGIC) return ret(cudaErrorInvalidDeviceFunction);
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return ret(cudaErrorNotSupported);
+    if (value < 0 || value > 232448) return ret(cudaErrorInvalidValue);
+    k->max_dyn = (size_t)value;
+    return cudaSuccess;
+}
+
 cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size_t smem,
                              cudaStream_t s)
 {
@@ -735,8 +749,9 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size
         bad = "block of more than 1024 threads (or none)";
     else if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535)
         bad = "empty grid, or grid y/z past 65535";
-    else if (smem > 48 * 1024)
-        bad = "more than 48 KiB of dynamic shared memory without cudaFuncSetAttribute";
+    else if (smem > k->max_dyn)
+        bad = smem > 48 * 1024 ? "more dynamic shared memory than cudaFuncSetAttribute allowed"
+                               : "more than 48 KiB of dynamic shared memory";
     if (bad) {
         fprintf(stderr,
                 "cudaemu: launch of %s (grid %u x %u x %u, block %u x %u x %u, %zu bytes "

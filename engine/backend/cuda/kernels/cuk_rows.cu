@@ -315,6 +315,82 @@ extern "C" __global__ void cuk_softmax_xent_fused_bf16_b(const unsigned short *l
                   vec);
 }
 
+/* 8 bf16 values (a uint4 of bit patterns) widened to f32. */
+__device__ __forceinline__ void cuk_bf16x8(uint4 u, float v[8])
+{
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        v[2 * j] = __uint_as_float(w[j] << 16);
+        v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+}
+
+/* The fused classifier for bf16 logits and bf16 dlogits (GPT-2's under precision.activations:
+ * bf16) with each row staged in shared memory: the logits are read from memory once, 16 bytes
+ * a load, where xent_bwd_bf16 reads a row twice (its second pass from L2 at best: a row is
+ * 100 KB at GPT-2's vocabulary), and dlogits are stored 16 bytes at a time. The same values as
+ * xent_bwd_bf16 up to the sums' order (the log-sum-exp's last bits). Dynamic shared memory:
+ * ceil(V / 8) * 16 bytes (the launcher raises the kernel's limit); ldx, ldd multiples of 8 and
+ * both rows 16-byte aligned (the launcher checks). */
+extern "C" __global__ void __launch_bounds__(512)
+    cuk_softmax_xent_fused_bf16_bs(const unsigned short *logits, const i32 *tgt, float g,
+                                   float *loss, unsigned short *dlogits, i64 N, i64 V, i64 ldx,
+                                   i64 ldd)
+{
+    CUK_DYN_SMEM(uint4, cuk_xent_row);
+    __shared__ float sh[32];
+    unsigned short *row16 = (unsigned short *)cuk_xent_row;
+    const i64 V8 = V / 8;
+    for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
+        const i64 t = tgt[n];
+        const unsigned short *xr = logits + n * ldx;
+        unsigned short *d = dlogits + n * ldd;
+        if (t < 0 || t >= V) { /* uniform over the block */
+            cuk_xent_store_loss(loss, n, t, V, 0.0f, xr);
+            for (i64 c = threadIdx.x; c < V; c += blockDim.x)
+                d[c] = 0;
+            continue;
+        }
+        /* pass 1: the row into shared memory, each thread's running max and sum */
+        float m = CUK_NEG_INF, s = 0.0f;
+#pragma unroll 4
+        for (i64 i = threadIdx.x; i < V8; i += blockDim.x) {
+            const uint4 u = ((const uint4 *)xr)[i];
+            cuk_xent_row[i] = u;
+            float v[8];
+            cuk_bf16x8(u, v);
+            cuk_lse_fold4(m, s, v[0], v[1], v[2], v[3]);
+            cuk_lse_fold4(m, s, v[4], v[5], v[6], v[7]);
+        }
+        for (i64 c = V8 * 8 + threadIdx.x; c < V; c += blockDim.x) { /* the last V % 8 */
+            row16[c] = xr[c];
+            cuk_lse_fold4(m, s, cuk_ld(xr, c), CUK_NEG_INF, CUK_NEG_INF, CUK_NEG_INF);
+        }
+        /* the block's log-sum-exp (its barriers also publish the row in shared memory) */
+        const float M = cuk_block_max(m, sh), base = M == CUK_NEG_INF ? 0.0f : M;
+        const float l = base + logf(cuk_block_sum(s * expf(m - base), sh));
+        cuk_xent_store_loss(loss, n, t, V, l, row16);
+        /* pass 2: dlogits = g (softmax - onehot(t)) from shared memory */
+        auto bits = [&](i64 c, float a) -> unsigned int {
+            float p = g * expf(a - l);
+            return cuk_bf16_bits(c == t ? p - g : p);
+        };
+        for (i64 i = threadIdx.x; i < V8; i += blockDim.x) {
+            float v[8];
+            cuk_bf16x8(cuk_xent_row[i], v);
+            const i64 c = 8 * i;
+            ((uint4 *)d)[i] = make_uint4(bits(c, v[0]) | bits(c + 1, v[1]) << 16,
+                                         bits(c + 2, v[2]) | bits(c + 3, v[3]) << 16,
+                                         bits(c + 4, v[4]) | bits(c + 5, v[5]) << 16,
+                                         bits(c + 6, v[6]) | bits(c + 7, v[7]) << 16);
+        }
+        for (i64 c = V8 * 8 + threadIdx.x; c < V; c += blockDim.x)
+            d[c] = (unsigned short)bits(c, cuk_ld(row16, c));
+        __syncthreads(); /* the next row overwrites the staged one */
+    }
+}
+
 /* Mean and 1/sqrt(var + eps) of a row (two passes: the centred second pass keeps the variance
  * accurate when |mean| >> std), to every thread. */
 __device__ void cuk_row_moments(const float *xr, i64 C, bool vec, float eps, float *sh, float *mean,
