@@ -196,6 +196,9 @@ static void build_shape_reduce(fx *f)
     out(f, jdt_graph_reduce_mean(g, jdt_graph_exp(g, tall), 1u, false));
     out(f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, tall, tall), 3u, false));
     out(f, jdt_graph_reduce_max(g, big, 3u, false));
+    /* one sum of a long range (a gradient norm's squares): split over more than 128 blocks */
+    jdt_tensor *lng = FX_INPUT(f, "long", JDT_DTYPE_F32, -1, 1, 300000);
+    out(f, jdt_graph_reduce_sum(g, jdt_graph_mul(g, lng, lng), 1u, false));
 }
 
 /* An optimizer's shape (merge.c): a sum of squares per gradient, short ones in one block, long

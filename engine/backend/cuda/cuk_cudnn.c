@@ -691,7 +691,13 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
         if (!(k->dnn = jdt_calloc(1, sizeof *k->dnn))) return NULL;
         struct jdt_cuk_dnn *d = k->dnn;
         cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
-        if (dnn_load(&d->api, &e) != JDT_OK)
+        /* the handle belongs to the current device: the context's (a caller on another
+         * thread may not have selected it) */
+        cudaError_t crc = cudaSetDevice(k->device);
+        if (crc != cudaSuccess) {
+            jdt_cuk_cuda_err(&e, crc, "cudaSetDevice for cuDNN");
+            d->unavailable = true;
+        } else if (dnn_load(&d->api, &e) != JDT_OK)
             d->unavailable = true;
         else if ((st = d->api.create(&d->handle)) != CUDNN_STATUS_SUCCESS ||
                  (st = d->api.set_stream(d->handle, k->stream)) != CUDNN_STATUS_SUCCESS) {

@@ -228,7 +228,13 @@ typedef struct {
  * ran as 6 to 18 blocks of 8 rows of threads, 128 dependent loads each, at 94 GB/s on the H200
  * (run 2: 36 of them, 1.2 ms a step); split, each of 16 chunks is 8 loads a thread. At least
  * 8 loads a thread a chunk still bounds S, so a row reduction (256 threads along it) splits
- * only from 4096. */
+ * only from 4096. S is at most RED_MAX_SPLIT (it was 128 until Session 32): a single sum of a
+ * long range, the global gradient norm's squares of the tied embedding's 38.6 M gradients
+ * summed with their two parts, ran as 128 blocks (one an SM, 8 warps, a load each in flight)
+ * at about 0.8 TB/s (run 2's trace: 0.6 ms of the step); 512 blocks give each SM 4, and the
+ * last block's sum of the partials has 16 loads in flight (emit_group), so 512 partials take
+ * as many round trips to L2 as 128 did. */
+#define RED_MAX_SPLIT 512
 static red_plan plan_reduce(const jdt_nest *N, int V)
 {
     red_plan r = {1, 1, 0, 1, RED_THREADS, 1};
@@ -246,7 +252,7 @@ static red_plan plan_reduce(const jdt_nest *N, int V)
         int64_t S = (2 * JDT_CUDA_SPLIT_TILES + r.n_tiles - 1) / r.n_tiles;
         int64_t most = r.n_red / ((int64_t)r.BY * 8); /* >= 8 loads per thread per chunk */
         if (S > most) S = most;
-        if (S > 128) S = 128;
+        if (S > RED_MAX_SPLIT) S = RED_MAX_SPLIT;
         if (S >= 2) r.S = (int)S;
     }
     return r;
@@ -692,6 +698,9 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, const ke
             jdt_sb_printf(s, "        {\n");
             if (V > 1) jdt_sb_printf(s, "        const %s i%d = b%d + %d;\n", I, in, in, j);
             jdt_sb_printf(s, "        %s a = %s;\n", T, init);
+            /* 16 partials' loads in flight, then their adds in chunk order (the same sum):
+             * up to RED_MAX_SPLIT partials are 32 round trips to L2, not 128 */
+            jdt_sb_printf(s, "#pragma unroll 16\n");
             jdt_sb_printf(s, "        for (unsigned q = 0; q < %s; q++) {\n", kc->gy);
             jdt_sb_printf(s,
                           "            const %s b = ((volatile %s *)%s)[(%s)q * %lld + o "
