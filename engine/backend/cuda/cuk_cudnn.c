@@ -612,11 +612,14 @@ static jdt_status dnn_plan(const dnn_api *a, cudnnHandle_t handle, cudnnBackendD
             *plan = p;
             *ws = w;
             if (n_info && compiled)
-                snprintf(info, n_info, "engine %lld, kernel compiled (loading it needs a GPU), %s",
-                         (long long)idx, nondet ? "nondeterministic" : "deterministic");
+                snprintf(info, n_info,
+                         "engine %lld for %d operations, kernel compiled (loading it needs a "
+                         "GPU), %s",
+                         (long long)idx, g.n_ops, nondet ? "nondeterministic" : "deterministic");
             else if (n_info)
-                snprintf(info, n_info, "engine %lld, workspace %lld bytes, %s", (long long)idx,
-                         (long long)w, nondet ? "nondeterministic" : "deterministic");
+                snprintf(info, n_info, "engine %lld for %d operations, workspace %lld bytes, %s",
+                         (long long)idx, g.n_ops, (long long)w,
+                         nondet ? "nondeterministic" : "deterministic");
         }
     }
     jdt_status rc = JDT_OK;
