@@ -365,6 +365,8 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
      * off by default until a GPU run has checked it */
     const char *dnn = getenv("JDT_CUDNN_ATTENTION");
     k->dnn_on = !dnn ? 0 : strcmp(dnn, "1") == 0 ? 1 : strcmp(dnn, "fast") == 0 ? 2 : 0;
+    if (dnn && *dnn && !k->dnn_on && strcmp(dnn, "0") != 0)
+        JDT_WARN("JDT_CUDNN_ATTENTION=%s: expected 0, 1 or fast; cuDNN's attention stays off", dnn);
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
     snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
     /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the
