@@ -206,8 +206,9 @@ void jdt_cuk_defer(jdt_cuk *k, jdt_status code, const char *fmt, ...) JDT_PRINTF
  * the result of a GEMM with K = 0. */
 void jdt_cuk_fill_rows(jdt_cuk *k, float *c, const float *bias, int64_t rows, int64_t N);
 
-/* part (rows / chunk, N) = the column sums of x (rows, N, bf16 bit patterns) over each chunk of
- * `chunk` rows, f32, in cuk_colsum_bf16's order (the first pass of jdt_cuk_colsum_bf16). */
+/* part (ceil(rows / chunk), N) = the column sums of x (rows, N, bf16 bit patterns) over each
+ * chunk of `chunk` rows, f32, in cuk_colsum_bf16's order (the first pass of jdt_cuk_colsum_bf16;
+ * no rows: one chunk of zeros). */
 void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_t rows, int64_t N,
                               int64_t chunk);
 

@@ -910,6 +910,16 @@ void jdt_cuk_dgelu_bf16(jdt_cuk *k, const uint16_t *u, uint16_t *g, int64_t n)
     launch_elems(k, JDT_CUK_K_DGELU_BF16, n, args);
 }
 
+void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_t rows, int64_t N,
+                              int64_t chunk)
+{
+    if (N <= 0) return;
+    /* no rows: one chunk of zeros */
+    const int64_t chunks = rows > 0 ? (rows + chunk - 1) / chunk : 1;
+    void *args[] = {&x, &part, &rows, &N, &chunk};
+    launch(k, JDT_CUK_K_COLSUM_BF16, (N + 63) / 64 * chunks, 256, 0, args);
+}
+
 void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, int64_t N)
 {
     if (N <= 0) return;
@@ -927,18 +937,9 @@ void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, 
     if ((rows + chunk - 1) / chunk > fit) chunk = (rows + fit - 1) / fit;
     int64_t chunks = rows > 0 ? (rows + chunk - 1) / chunk : 1;
     float *part = k->workspace;
-    void *a1[] = {&x, &part, &rows, &N, &chunk}, *a2[] = {&part, &y, &chunks, &N};
-    launch(k, JDT_CUK_K_COLSUM_BF16, (N + 63) / 64 * chunks, 256, 0, a1);
-    launch(k, JDT_CUK_K_COLSUM_F32, (N + 255) / 256, 256, 0, a2);
-}
-
-void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_t rows, int64_t N,
-                              int64_t chunk)
-{
-    if (N <= 0 || rows <= 0) return;
-    const int64_t chunks = (rows + chunk - 1) / chunk;
-    void *args[] = {&x, &part, &rows, &N, &chunk};
-    launch(k, JDT_CUK_K_COLSUM_BF16, (N + 63) / 64 * chunks, 256, 0, args);
+    jdt_cuk_colsum_part_bf16(k, x, part, rows, N, chunk);
+    void *args[] = {&part, &y, &chunks, &N};
+    launch(k, JDT_CUK_K_COLSUM_F32, (N + 255) / 256, 256, 0, args);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */

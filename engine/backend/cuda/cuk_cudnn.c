@@ -707,10 +707,10 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
             jdt_err_set(&e, JDT_ERR_UNSUPPORTED, "cudnnCreate: %s", d->api.error_string(st));
             d->unavailable = true;
         }
-        if (d->unavailable) snprintf(k->dnn_why, sizeof k->dnn_why, "%.399s", e.msg);
-        if (d->unavailable)
+        if (d->unavailable) {
+            snprintf(k->dnn_why, sizeof k->dnn_why, "%.399s", e.msg);
             JDT_INFO("cuDNN attention unavailable, using jdt-train's kernels: %s", e.msg);
-        else
+        } else
             JDT_INFO("cuDNN attention: cuDNN %zu", d->api.get_version());
     }
     struct jdt_cuk_dnn *d = k->dnn;
@@ -758,8 +758,9 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
     return en;
 }
 
-/* Queues the plan on the stream with the pack's tensors; a failure is deferred. */
-static bool dnn_run(jdt_cuk *k, dnn_entry *en, const int64_t *uids, void **ptrs, int n)
+/* Queues the plan on the stream with the pack's tensors; a failure is deferred (either way the
+ * call is served: our kernels must not run it again). */
+static void dnn_run(jdt_cuk *k, dnn_entry *en, const int64_t *uids, void **ptrs, int n)
 {
     const dnn_api *a = &k->dnn->api;
     cudnnBackendDescriptor_t vp = NULL;
@@ -782,7 +783,6 @@ static bool dnn_run(jdt_cuk *k, dnn_entry *en, const int64_t *uids, void **ptrs,
     }
     if (vp) a->bdestroy(vp);
     k->n_dnn++;
-    return true; /* queued or deferred: either way not to be run again by our kernels */
 }
 
 bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
@@ -796,7 +796,8 @@ bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void
     float neg_inf = -__builtin_inff();
     int64_t uids[] = {U_Q, U_K, U_V, U_O, U_SCALE, U_NEG_INF, U_STATS};
     void *ptrs[] = {(void *)q, (void *)kk, (void *)v, o2, &scale, &neg_inf, lse};
-    return dnn_run(k, en, uids, ptrs, lse ? 7 : 6);
+    dnn_run(k, en, uids, ptrs, lse ? 7 : 6);
+    return true;
 }
 
 bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v,
