@@ -202,6 +202,10 @@ typedef struct cprog_ {
     /* bf16_builtins and norm_bwd_partials, unless JDT_NORM_DY16=0: the norm backwards' dy
      * stored as bf16 by its GEMM (fold_norm_dy16) */
     bool norm_dy16;
+    /* norm_dy16, unless JDT_NORM_DY_TERMS=0: a norm backward sums its dy from the bf16 products
+     * of the GEMMs computing it instead of their f32 chain through cuBLASLt's C
+     * (fold_norm_dy_terms) */
+    bool norm_dy_terms;
     /* scratch bytes a builtin node needs on the program's device (NULL: the CPU kernels') */
     int64_t (*scratch_bytes)(const struct cprog_ *c, const cnode *n);
 } cprog;

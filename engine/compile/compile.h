@@ -160,6 +160,8 @@ typedef struct {
                                (passes.c fold_attention_dout16) */
     int n_norm_dy16;     /* norm backwards reading dy that its GEMM stored as bf16 (passes.c
                             fold_norm_dy16) */
+    int n_norm_dy_terms; /* norm backwards summing dy from several GEMMs' bf16 products
+                            (passes.c fold_norm_dy_terms) */
     int n_attention_o16; /* attention backwards reading o's bf16 copy, their forward storing no
                             f32 o (passes.c fold_attention_o16) */
     int n_attention_lse; /* attention backwards taking their forward's stored log-sum-exp

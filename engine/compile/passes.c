@@ -1367,9 +1367,117 @@ static jdt_status fold_addends(cprog *c, addend_rule rule, int *n_folded, jdt_er
     return JDT_OK;
 }
 
+/* The most bf16 GEMM products a norm backward sums into its dy (fold_norm_dy_terms): the q, k
+ * and v projections' dX (GPT-2, Llama's ln1), or the gate's and the up projection's (Llama's
+ * ln2). cuda.c and the _part kernels take as many. */
+#define NORM_DY_TERMS 3
+
+/* Node i, through reshape views each read once, the f32 product of a bf16-compute GEMM builtin
+ * with no bias, addend or epilogue, read by nothing else: that GEMM's index, else -1. */
+static int plain_bf16_gemm(const cprog *c, const int *users, int i)
+{
+    if (users[i] != 1) return -1;
+    while (c->nodes[i].kind == CK_VIEW && c->nodes[i].op == JDT_OP_RESHAPE &&
+           users[c->nodes[i].in[0]] == 1)
+        i = c->nodes[i].in[0];
+    const cnode *m = &c->nodes[i];
+    return m->op == JDT_OP_MATMUL && m->kind == CK_BUILTIN && m->attrs.i[2] &&
+                   m->dtype == JDT_DTYPE_F32 && m->n_in == 2 && !m->attrs.i[3] && !m->attrs.i[4] &&
+                   !m->attrs.i[5]
+               ? i
+               : -1;
+}
+
+/* The operands of the f32 sum at node i (reshape views and ADDs of numel elements, each read
+ * once, taken apart) into t[*n..]: false when there are more than NORM_DY_TERMS. */
+static bool sum_terms(const cprog *c, const int *users, int i, int64_t numel, int *t, int *n)
+{
+    int r = i;
+    while (c->nodes[r].kind == CK_VIEW && c->nodes[r].op == JDT_OP_RESHAPE && users[r] == 1)
+        r = c->nodes[r].in[0];
+    const cnode *a = &c->nodes[r];
+    if (is_f32_add(a) && users[r] == 1 && jdt_shape_numel(&a->shape) == numel &&
+        a->in[0] != a->in[1])
+        return sum_terms(c, users, a->in[0], numel, t, n) &&
+               sum_terms(c, users, a->in[1], numel, t, n);
+    if (*n == NORM_DY_TERMS) return false;
+    t[(*n)++] = i;
+    return true;
+}
+
+/* A norm backward in its partial-sums form whose dy is a sum of bf16-compute GEMM products, the
+ * input cotangents of the linear layers that read the norm's output (GPT-2's q, k and v
+ * projections; Llama's also its gate and up projections), each read by that sum alone (c->
+ * norm_dy_terms: CUDA, unless JDT_NORM_DY_TERMS=0). fold_addends would chain those GEMMs
+ * through cuBLASLt's C (beta 1) in f32: on the H200, GPT-2 124M's two accumulating dX GEMMs
+ * (32768 x 768 x 768) took 0.14 ms each against 0.061 for the same GEMM storing bf16 (run 2,
+ * docs/perf.md), the f32 C read and D written being most of their time. Here each GEMM stores
+ * its product as bf16 instead (cuBLASLt's D type, nearest even), and the norm backward reads
+ * all of them (the first as dy, the others as its last inputs, attrs i[2] their count) and adds
+ * them in f32 as it loads: 150 MB of bf16 reads per layer at B 32 instead of the chain's 500
+ * MB. Each term is rounded to bf16 before the sum, as autocast's dX is (PyTorch's fused qkv
+ * GEMM returns one bf16 dX); the sum is f32 in the terms' order. Runs before fold_addends.
+ * Skipped with no_fuse. */
+static jdt_status fold_norm_dy_terms(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: norm dy terms");
+    for (int ni = 0; ni < c->n_nodes; ni++) {
+        cnode *nb = &c->nodes[ni];
+        if ((nb->op != JDT_OP_NORMALIZE_BWD && nb->op != JDT_OP_RMS_NORMALIZE_BWD) ||
+            nb->kind != CK_BUILTIN || nb->attrs.i[0] <= 0 || nb->attrs.i[2] != 0 || nb->n_in < 3 ||
+            nb->n_in + NORM_DY_TERMS - 1 > JDT_MAX_INPUTS)
+            continue;
+        const int dy = nb->in[1];
+        const int64_t numel = jdt_shape_numel(&c->nodes[dy].shape);
+        int t[NORM_DY_TERMS], n = 0, m[NORM_DY_TERMS];
+        if (!sum_terms(c, users, dy, numel, t, &n) || n < 2) continue;
+        bool ok = true;
+        for (int q = 0; q < n && ok; q++)
+            ok = (m[q] = plain_bf16_gemm(c, users, t[q])) >= 0 &&
+                 jdt_shape_numel(&c->nodes[t[q]].shape) == numel;
+        if (!ok) continue;
+        /* the GEMMs store bf16; dy's chain down to the first term, and the sum's ADDs and
+         * views, are read by nothing now */
+        for (int q = 0; q < n; q++)
+            for (int v = t[q];; v = c->nodes[v].in[0]) {
+                c->nodes[v].dtype = JDT_DTYPE_BF16;
+                c->nodes[v].bf16 = true;
+                if (v == m[q]) break;
+            }
+        users[dy]--;
+        for (int q = 0; q < n; q++)
+            users[t[q]]++;
+        if (users[dy] == 0) {
+            int stack[16], sp = 0; /* the sum's nodes, not the terms */
+            stack[sp++] = dy;
+            while (sp > 0) {
+                const int v = stack[--sp];
+                bool term = false;
+                for (int q = 0; q < n; q++)
+                    term = term || v == t[q];
+                if (term || users[v] != 0) continue;
+                const cnode *x = &c->nodes[v];
+                for (int k = 0; k < x->n_in && sp < 16; k++)
+                    stack[sp++] = x->in[k];
+                unread(c, users, v);
+            }
+        }
+        nb = &c->nodes[ni];
+        nb->in[1] = t[0];
+        for (int q = 1; q < n; q++)
+            nb->in[nb->n_in++] = t[q];
+        nb->attrs.i[2] = n - 1;
+        c->stats.n_norm_dy_terms++;
+    }
+    jdt_free(users);
+    return JDT_OK;
+}
+
 /* y = x + a @ b on a device whose GEMMs accumulate (c->gemm_accumulate: CUDA): the GEMM gets x
  * as a last input (attrs i[3], cuBLASLt's C with beta 1). GPT-2's backward sums the three q/k/v
- * GEMMs' input cotangents so; an f32 residual stream adds each block's projections so. The f32
+ * GEMMs' input cotangents so where fold_norm_dy_terms did not take them (f32 compute); an f32
+ * residual stream adds each block's projections so. The f32
  * sum is the same up to its order. Skipped with no_fuse. */
 static bool gemm_takes(const cnode *f, const cnode *x, bool viewed)
 {
@@ -1915,8 +2023,8 @@ static jdt_status fold_attention_o16(cprog *c, jdt_err *e)
  * bf16 (cuBLASLt's D type) and the kernel widens it as it loads (c->norm_dy16: bf16_builtins,
  * unless JDT_NORM_DY16=0): PyTorch's autocast linear returns that bf16 dX too, which its norm
  * backward reads widened. GPT-2 124M at B 32: 13 norms, 50 MB less written by the GEMM and 50
- * MB less read by the norm each (1.3 GB a step). The q/k/v projections' dX, summed over three
- * accumulating GEMMs, stays f32 (each addition would round). Skipped with no_fuse. */
+ * MB less read by the norm each (1.3 GB a step). A dy summed from several GEMMs (the q/k/v
+ * projections' dX) is fold_norm_dy_terms' (earlier). Skipped with no_fuse. */
 static jdt_status fold_norm_dy16(cprog *c, jdt_err *e)
 {
     int *users = count_users(c);
@@ -2047,6 +2155,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         goto out;
     if (!c->opts.no_fuse && c->norm_bwd_partials > 0 && (st = fold_norm_affines(c, e)) != JDT_OK)
         goto out;
+    if (!c->opts.no_fuse && c->norm_dy_terms && (st = fold_norm_dy_terms(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->gemm_accumulate &&
         (st = fold_addends(c, (addend_rule){gemm_takes, 3}, &c->stats.n_gemm_acc_folded, e)) !=
             JDT_OK)

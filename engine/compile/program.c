@@ -46,8 +46,8 @@ const char *jdt_compile_node_label(const cnode *n, char *buf, size_t len)
 
 /* Builtins compute in f32 (indices i32; a MATMUL operand may be bf16, an ALL_GATHER moves bf16
  * too; on a device with bf16_builtins the inputs and outputs fold_bf16_casts makes bf16, and
- * the attention backward's dO and the norm backwards' dy that fold_attention_dout16 and
- * fold_norm_dy16 make bf16); anything else has no kernel. */
+ * the attention backward's dO and the norm backwards' dy that fold_attention_dout16,
+ * fold_norm_dy16 and fold_norm_dy_terms make bf16); anything else has no kernel. */
 static jdt_status check_builtins(const cprog *c, jdt_err *e)
 {
     for (int i = 0; i < c->n_nodes; i++) {
@@ -72,8 +72,8 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                  ((n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3) ||
                  (n->op == JDT_OP_ATTENTION_BWD && k == 4 && c->attention_dout16_d > 0 &&
                   c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16) ||
-                 ((n->op == JDT_OP_NORMALIZE_BWD || n->op == JDT_OP_RMS_NORMALIZE_BWD) && k == 1 &&
-                  c->norm_dy16 && n->attrs.i[0] > 0)))
+                 ((n->op == JDT_OP_NORMALIZE_BWD || n->op == JDT_OP_RMS_NORMALIZE_BWD) &&
+                  c->norm_dy16 && n->attrs.i[0] > 0 && (k == 1 || k >= n->n_in - n->attrs.i[2]))))
                 want = JDT_DTYPE_BF16; /* passes.c fold_bf16_casts, fold_attention_dout16 */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
@@ -296,6 +296,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
                                 : 0;
     c->attention_o16 = c->attention_dout16_d > 0 && !env_off("JDT_ATTENTION_O16");
     c->norm_dy16 = c->bf16_builtins && c->norm_bwd_partials > 0 && !env_off("JDT_NORM_DY16");
+    c->norm_dy_terms = c->norm_dy16 && !env_off("JDT_NORM_DY_TERMS");
     c->rope_bhtd = p->dev->vt->rope_bhtd;
     c->residual_gemm = c->gemm_accumulate && c->bf16_builtins && !env_off("JDT_RESIDUAL_GEMM");
     c->merge_launches =

@@ -477,6 +477,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
                     sm->n_attention_dout16);
         if (sm->n_norm_dy16 > 0)
             fprintf(f, "; %d norm backwards read dy stored as bf16 by its GEMM", sm->n_norm_dy16);
+        if (sm->n_norm_dy_terms > 0)
+            fprintf(f, "; %d norm backwards sum dy from several GEMMs' bf16 products",
+                    sm->n_norm_dy_terms);
         if (sm->n_attention_o16 > 0)
             fprintf(f, "; %d attention backwards read o's bf16 copy (no f32 o stored)",
                     sm->n_attention_o16);

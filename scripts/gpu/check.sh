@@ -68,6 +68,8 @@
 #   norm_bwd_part_w, C a multiple of 128);
 #   "4x" with JDT_XENT_SMEM=0, the fused classifier reading each bf16 row twice instead of
 #   staging it in shared memory (cuk_rows.cu cuk_softmax_xent_fused_bf16_bs);
+#   "4d" with JDT_NORM_DY_TERMS=0, the q, k and v projections' dX summed through cuBLASLt's C
+#   in f32 instead of three bf16 products that ln1's backward adds (passes.c fold_norm_dy_terms);
 #   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose N or K is not a multiple of 8 (bf16) as one
 #   cuBLASLt call instead of an aligned bulk and a remainder (cuk_gemm.c gemm: the lm head);
 #   "gm" times cuBLAS through torch on the lm head's GEMMs with the vocabulary at 50257 and
@@ -487,6 +489,13 @@ if want 4x; then
 gpt_args "$OUT/gpt2-xent2"
 run_gpt gpt2-xent2 JDT_XENT_SMEM=0
 say "stage 4x exit $rc, the fused classifier reading each row twice (JDT_XENT_SMEM=0, before Session 32): ${toks:-?} tok/s against ${JDT_TOKS:-?} with rows staged in shared memory"
+fi
+
+# ---- 4d (not in the default STAGES): stage 4 again with the accumulating dX GEMMs -----------
+if want 4d; then
+gpt_args "$OUT/gpt2-dyacc"
+run_gpt gpt2-dyacc JDT_NORM_DY_TERMS=0
+say "stage 4d exit $rc, the q, k, v dX GEMMs accumulating in f32 (JDT_NORM_DY_TERMS=0, before Session 33): ${toks:-?} tok/s against ${JDT_TOKS:-?} with ln1's backward adding their bf16 products"
 fi
 
 # ---- 4s (not in the default STAGES): stage 4 again with unaligned GEMMs run whole ---------------

@@ -163,13 +163,15 @@ compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/fsdp16/tiny/metrics.jsonl" "2 emul
   fail "bf16 fsdp=2 losses differ"
 # and bf16 activations under FSDP: the gathered biases (their all-gathers and casts come after
 # the GEMMs in node order; compiler: fold_bias_adds moves them ahead) and the residual stream
-# (fold_residual_gemms) added by the GEMMs on gathered weights: 8 adds, 4 of them residual
+# (fold_residual_gemms) added by the GEMMs on gathered weights: 4 residual adds; the q, k and v
+# projections' dX summed by ln1's backward from their bf16 products (fold_norm_dy_terms), 2
 run "$EMU" "$TMP/fsdp16a" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.fsdp=2
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/fsdp16a/tiny/metrics.jsonl" "2 emulated GPUs, mesh.fsdp=2, bf16 act." 1e-3 ||
   fail "bf16 activations fsdp=2 losses differ"
 "$EMU" inspect "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.fsdp=2 dist.world_size=2 >"$TMP/insp" 2>&1 &&
-  grep -q "8 adds done by the GEMMs computing an operand (4 residual adds of unrounded bf16 branch outputs)" "$TMP/insp" ||
-  { cat "$TMP/insp"; fail "fsdp=2: the biases and residual adds are not in the GEMMs"; }
+  grep -q "4 adds done by the GEMMs computing an operand (4 residual adds of unrounded bf16 branch outputs)" "$TMP/insp" &&
+  grep -q "2 norm backwards sum dy from several GEMMs' bf16 products" "$TMP/insp" ||
+  { cat "$TMP/insp"; fail "fsdp=2: the biases and residual adds are not in the GEMMs, or ln1's dy not from bf16 terms"; }
 
 # odd sizes (C = 66: a 66-float norm weight puts the next gradient's slot of the data
 # all-reduce's bucket 8 bytes past a 16-byte boundary): the elementwise kernels read such a

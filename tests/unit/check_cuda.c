@@ -358,6 +358,41 @@ static void build_bf16_matmul(fx *f)
     jdt_graph_set_matmul_bf16(g, false);
 }
 
+/* A norm backward whose dy sums three bf16 GEMMs' products, GPT-2's ln1 before its q, k and v
+ * projections: y = NORMALIZE(x) * w + b, loss = sum(y Wq * Gq) + sum(y Wk * Gk) + sum(y Wv *
+ * Gv), bf16 compute, and its gradients for x, w and b. The device folds the norm's affine
+ * gradients into its backward and reads dy as the three GEMMs' bf16 products (passes.c
+ * fold_norm_dy_terms); the CPU sums them in f32. dy's terms are of one size here (Gq, Gk, Gv
+ * random), so a term dropped or read twice moves dx by about a third of its size. */
+static void build_norm_dy_terms(fx *f)
+{
+    jdt_graph *g = f->g;
+    jdt_tensor *P[3] = {FX_PARAM(f, "x", -2, 2, 2, 32, 128), FX_PARAM(f, "w", 0.5, 1.5, 128),
+                        FX_PARAM(f, "b", -0.5, 0.5, 128)};
+    jdt_graph_set_matmul_bf16(g, true);
+    jdt_tensor *y = jdt_graph_add_bcast(
+        g, jdt_graph_mul_bcast(g, jdt_graph_normalize(g, P[0], 1e-5), P[1]), P[2]);
+    jdt_tensor *a = jdt_graph_reshape(g, y, 2, (int64_t[]){64, 128}), *loss = NULL;
+    for (int k = 0; k < 3; k++) {
+        char nm[8];
+        snprintf(nm, sizeof nm, "W%d", k);
+        jdt_tensor *W = FX_INPUT(f, nm, JDT_DTYPE_F32, -0.1, 0.1, 128, 128);
+        snprintf(nm, sizeof nm, "G%d", k);
+        jdt_tensor *G = FX_INPUT(f, nm, JDT_DTYPE_F32, -1, 1, 64, 128);
+        jdt_tensor *l = jdt_graph_reduce_sum(
+            g, jdt_graph_mul(g, jdt_graph_matmul(g, a, W, false, false), G), 3u, false);
+        loss = loss ? jdt_graph_add(g, loss, l) : l;
+    }
+    jdt_tensor *D[3];
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_autodiff_grad(g, loss, 3, P, D, &e) == JDT_OK, "autodiff: %s", e.msg);
+    jdt_graph_set_matmul_bf16(g, false);
+    out(f, loss);
+    for (int k = 0; k < 3; k++)
+        out(f, D[k]);
+}
+
 /* The train step's cast form of bf16 compute (jdt_graph_set_bf16_weights): weights cast to bf16
  * by CAST nodes (a fused kernel storing uint16_t) that bf16 GEMMs read as stored bf16 operands
  * (jdt_cuk_matmul_bf16_ex's a_bf16/b_bf16: no conversion pass), beside f32 operands the GEMM
@@ -466,6 +501,9 @@ static const struct {
     /* bf16 values: one bf16 ulp (2^-8) where the device's f32 math (expf, division) lands on
      * the other side of a rounding boundary */
     {"bf16_nodes", build_bf16_nodes, 8e-3, 1e-6},
+    /* dy's three terms (about 0.38 each) rounded to bf16 on the device, 2^-9 relative, not on
+     * the CPU: about 1e-3 per dy, 1e-2 on w's and b's gradients, sums of 64 rows (about 5) */
+    {"norm_dy_terms", build_norm_dy_terms, 1e-2, 5e-2},
 };
 #define N_GRAPHS ((int)(sizeof GRAPHS / sizeof GRAPHS[0]))
 
@@ -680,16 +718,25 @@ START_TEST(test_nvrtc_train_steps)
         ck_assert_int_gt(n_bf16_casts(s), 0);
         ck_assert_ptr_nonnull(strstr(jdt_step_source(s), "= jdt_bf16_st(v"));
     }
-    /* the backward's sum of the q, k, v GEMMs' input cotangents is done by two of the GEMMs
-     * (2 per layer); with no dropout the residual adds too (2 more), with bf16 activations
-     * from the unrounded branch output (passes.c fold_residual_gemms) */
-    printf("check_cuda: %s: %d adds folded into GEMMs (%d residual adds unrounded)\n",
+    /* the backward's sum of the q, k, v GEMMs' input cotangents: in f32, done by two of the
+     * GEMMs (2 per layer); with bf16 compute, read by ln1's backward from the three GEMMs'
+     * bf16 products instead (passes.c fold_norm_dy_terms, one per layer). With no dropout the
+     * residual adds are GEMMs' too (2 more per layer), with bf16 activations from the
+     * unrounded branch output (passes.c fold_residual_gemms). Llama's ln2 sums the gate's and
+     * the up projection's likewise. */
+    printf("check_cuda: %s: %d adds folded into GEMMs (%d residual adds unrounded), %d norm "
+           "backwards summing dy terms\n",
            MODELS[i].name, jdt_step_stats(s)->n_gemm_acc_folded,
-           jdt_step_stats(s)->n_residual_gemms);
+           jdt_step_stats(s)->n_residual_gemms, jdt_step_stats(s)->n_norm_dy_terms);
     const bool bf16act = c.precision.activations == JDT_DTYPE_BF16;
+    const bool terms = c.precision.compute == JDT_DTYPE_BF16 && c.model.type == JDT_MODEL_GPT;
+    const int terms_per_layer = c.model.activation == JDT_ACT_SWIGLU ? 2 : 1; /* ln2's too */
+    ck_assert_int_eq(jdt_step_stats(s)->n_norm_dy_terms,
+                     terms ? terms_per_layer * c.model.n_layer : 0);
     if (c.model.type == JDT_MODEL_GPT)
         ck_assert_int_ge(jdt_step_stats(s)->n_gemm_acc_folded,
-                         2 * c.model.n_layer * (c.model.dropout == 0 ? 2 : 1));
+                         (terms ? 0 : 2 * c.model.n_layer) +
+                             (c.model.dropout == 0 ? 2 * c.model.n_layer : 0));
     else
         ck_assert_int_eq(jdt_step_stats(s)->n_gemm_acc_folded, 0);
     const int residual_folds =
@@ -876,28 +923,32 @@ static jdt_step *plan_gpt(jdt_device *d, const char *const *over, const char *en
  * log-sum-exp it builds on is off. dy (fold_norm_dy16): a norm backward in its partial-sums
  * form reads it as bf16 where one bf16-compute GEMM with nothing added computed it for it
  * alone: GPT's ln2 of each layer (the fc's dX) and the final norm (the lm head's dX), 3 here,
- * with bf16 or f32 activations; Llama's final norm only (its ln2's dy sums the gate's and the
- * up projection's dX, its ln1's the q, k and v projections', in accumulating GEMMs); none in
- * f32, with JDT_NORM_DY16=0 or without the partial-sums form (JDT_NORM_FOLDS=0). */
+ * with bf16 or f32 activations; Llama's final norm only. dy terms (fold_norm_dy_terms): a norm
+ * backward whose dy sums several such GEMMs' products reads each as bf16: GPT's ln1 of each
+ * layer (the q, k and v projections' dX), 2 here; Llama's ln1 and ln2 (the gate's and the up
+ * projection's dX), 4. None in f32, with JDT_NORM_DY16=0, JDT_NORM_DY_TERMS=0 (terms only) or
+ * without the partial-sums form (JDT_NORM_FOLDS=0). */
 START_TEST(test_nvrtc_bf16_cotangents)
 {
     static const struct {
         const char *over[7];
-        const char *env; /* "VAR=value" set for this case, or NULL */
-        int dout, o, dy; /* the counts wanted */
+        const char *env;        /* "VAR=value" set for this case, or NULL */
+        int dout, o, dy, terms; /* the counts wanted */
     } CASES[] = {
-        {{BF16_ACT, NULL}, NULL, 2, 2, 3},
-        {{BF16_ACT, LLAMA, NULL}, NULL, 2, 2, 1},
-        {{BF16_ACT, NULL}, "JDT_ATTENTION_DOUT16=0", 0, 0, 3},
-        {{BF16_ACT, NULL}, "JDT_ATTENTION_O16=0", 2, 0, 3},
-        {{BF16_ACT, NULL}, "JDT_ATTENTION_LSE=0", 2, 0, 3},
-        {{BF16_ACT, NULL}, "JDT_ATTENTION_COPY=0", 2, 0, 3},
-        {{BF16_ACT, NULL}, "JDT_CUK_ATTENTION=fma", 0, 0, 3},
-        {{BF16_ACT, NULL}, "JDT_NORM_DY16=0", 2, 2, 0},
-        {{BF16_ACT, NULL}, "JDT_NORM_FOLDS=0", 2, 2, 0},
-        {{BF16_ACT, "model.n_embd=272", "model.n_head=2", NULL}, NULL, 0, 0, 3},
-        {{"precision.compute=bf16", NULL}, NULL, 0, 0, 3},
-        {{NULL}, NULL, 0, 0, 0},
+        {{BF16_ACT, NULL}, NULL, 2, 2, 3, 2},
+        {{BF16_ACT, LLAMA, NULL}, NULL, 2, 2, 1, 4},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_DOUT16=0", 0, 0, 3, 2},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_O16=0", 2, 0, 3, 2},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_LSE=0", 2, 0, 3, 2},
+        {{BF16_ACT, NULL}, "JDT_ATTENTION_COPY=0", 2, 0, 3, 2},
+        {{BF16_ACT, NULL}, "JDT_CUK_ATTENTION=fma", 0, 0, 3, 2},
+        {{BF16_ACT, NULL}, "JDT_NORM_DY16=0", 2, 2, 0, 0},
+        {{BF16_ACT, NULL}, "JDT_NORM_DY_TERMS=0", 2, 2, 3, 0},
+        {{BF16_ACT, LLAMA, NULL}, "JDT_NORM_DY_TERMS=0", 2, 2, 1, 0},
+        {{BF16_ACT, NULL}, "JDT_NORM_FOLDS=0", 2, 2, 0, 0},
+        {{BF16_ACT, "model.n_embd=272", "model.n_head=2", NULL}, NULL, 0, 0, 3, 2},
+        {{"precision.compute=bf16", NULL}, NULL, 0, 0, 3, 2},
+        {{NULL}, NULL, 0, 0, 0, 0},
     };
     jdt_device *d = NULL;
     jdt_err e;
@@ -907,10 +958,12 @@ START_TEST(test_nvrtc_bf16_cotangents)
         jdt_step *s = plan_gpt(d, CASES[i].over, CASES[i].env);
         const jdt_compile_stats *st = jdt_step_stats(s);
         ck_assert_msg(st->n_attention_dout16 == CASES[i].dout &&
-                          st->n_attention_o16 == CASES[i].o && st->n_norm_dy16 == CASES[i].dy,
-                      "case %d: bf16 dO %d (want %d), o %d (want %d), norm dy %d (want %d)", i,
-                      st->n_attention_dout16, CASES[i].dout, st->n_attention_o16, CASES[i].o,
-                      st->n_norm_dy16, CASES[i].dy);
+                          st->n_attention_o16 == CASES[i].o && st->n_norm_dy16 == CASES[i].dy &&
+                          st->n_norm_dy_terms == CASES[i].terms,
+                      "case %d: bf16 dO %d (want %d), o %d (want %d), norm dy %d (want %d), dy "
+                      "terms %d (want %d)",
+                      i, st->n_attention_dout16, CASES[i].dout, st->n_attention_o16, CASES[i].o,
+                      st->n_norm_dy16, CASES[i].dy, st->n_norm_dy_terms, CASES[i].terms);
         jdt_step_free(s);
     }
     jdt_device_close(d);
@@ -963,6 +1016,8 @@ static void graph_vs_cpu(int i, jdt_device *d)
     jdt_program *pc = NULL, *pg = NULL;
     ck_assert_msg(jdt_program_compile(f.g, &oc, &pc, &e) == JDT_OK, "cpu: %s", e.msg);
     ck_assert_msg(jdt_program_compile(f.g, &og, &pg, &e) == JDT_OK, "cuda: %s", e.msg);
+    if (GRAPHS[i].build == build_norm_dy_terms) /* the fold the graph is there for */
+        ck_assert_int_eq(jdt_program_stats(pg)->n_norm_dy_terms, 1);
     for (int step = 0; step < 2; step++) {
         fx_bind(&f, false);
         ck_assert_msg(jdt_program_run(pc, &e) == JDT_OK, "cpu run: %s", e.msg);
@@ -1262,7 +1317,8 @@ START_TEST(test_gpu_train_matches_cpu)
      * residual adds take the branch output unrounded on the device (passes.c
      * fold_residual_gemms), and with bf16 compute the device stores the attention backward's
      * dO and o and the norm backwards' dy as bf16 (fold_attention_dout16, fold_attention_o16,
-     * fold_norm_dy16: autocast's rounding points, not the CPU's), so the models comparing
+     * fold_norm_dy16: autocast's rounding points, not the CPU's; JDT_NORM_DY16=0 also turns
+     * off fold_norm_dy_terms, which the norm_dy_terms graph checks), so the models comparing
      * parameters turn those folds off; gpt2-bf16act-bias, which compares losses and gradient
      * norms only, keeps them all */
     const bool params = !strstr(MODELS[_i].name, "-bias");

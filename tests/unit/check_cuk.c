@@ -1175,45 +1175,66 @@ END_TEST
 
 /* The _part norm backward on dy stored as bf16 (passes.c fold_norm_dy16, the _bg kernels)
  * against the f32 kernel on a dy holding the same (rounded) values: dx, the partials, the
- * output's sums and bf16 copy, bit for bit. */
+ * output's sums and bf16 copy, bit for bit. Then dy as a sum of 2 and of 3 bf16 terms (passes.c
+ * fold_norm_dy_terms): the first g's rounding, the others other values, against the f32 kernel
+ * on their f32 sum in the same order, bit for bit too. */
 static void check_norm_dy16(jdt_cuk *k, bool rms, const float *g, const float *dxin,
                             const float *dw, const float *dacc, bool sums, bool copy, int64_t N,
                             int64_t C, int64_t P, float eps)
 {
     const int64_t n = N * C, np = (sums ? 3 : 2) * P * C;
-    float *dgr;
-    uint16_t *dg16;
+    float *dgr, *t2 = malloc((size_t)n * 4), *t3 = malloc((size_t)n * 4);
+    float *s2 = malloc((size_t)n * 4), *s3 = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        t2[i] = jdt_rt_bf16_round((float)sin(0.37 * (double)i));
+        t3[i] = jdt_rt_bf16_round(0.5f * (float)cos(1.3 * (double)i));
+        s2[i] = jdt_rt_bf16_round(g[i]) + t2[i];
+        s3[i] = s2[i] + t3[i];
+    }
+    uint16_t *dg16, *d2, *d3;
+    float *dr2, *dr3;
     dev_bf16_pair(g, n, &dg16, &dgr, NULL);
-    float *out[2];
-    uint16_t *c16[2], *h16[2];
-    float *hout[2];
-    for (int b = 0; b < 2; b++) {
-        out[b] = dev_alloc((size_t)(n + np) * 4);
-        c16[b] = copy ? dev_alloc((size_t)n * 2) : NULL;
-        const void *dy = b ? (const void *)dg16 : (const void *)dgr;
-        float *pw = out[b] + n, *pb = pw + P * C, *pg = sums ? pb + P * C : NULL;
-        if (rms)
-            jdt_cuk_rms_normalize_bwd_part(k, dxin, dy, b, dw, dacc, out[b], pw, pb, pg, c16[b], N,
-                                           C, P, eps);
-        else
-            jdt_cuk_normalize_bwd_part(k, dxin, dy, b, dw, dacc, out[b], pw, pb, pg, c16[b], N, C,
-                                       P, eps);
-        hout[b] = dev_to_host(k, out[b], n + np);
-        h16[b] = malloc((size_t)n * 2);
-        if (copy)
-            ck_assert_int_eq(cudaMemcpy(h16[b], c16[b], (size_t)n * 2, cudaMemcpyDeviceToHost),
-                             cudaSuccess);
+    dev_bf16_pair(t2, n, &d2, &dr2, NULL); /* t2, t3 are bf16 values: the pairs hold them */
+    dev_bf16_pair(t3, n, &d3, &dr3, NULL);
+    float *ds2 = dev_from(s2, (size_t)n * 4), *ds3 = dev_from(s3, (size_t)n * 4);
+    for (int terms = 1; terms <= 3; terms++) {
+        float *out[2];
+        uint16_t *c16[2], *h16[2];
+        float *hout[2];
+        for (int b = 0; b < 2; b++) {
+            out[b] = dev_alloc((size_t)(n + np) * 4);
+            c16[b] = copy ? dev_alloc((size_t)n * 2) : NULL;
+            const void *dy = b            ? (const void *)dg16
+                             : terms == 1 ? (const void *)dgr
+                             : terms == 2 ? (const void *)ds2
+                                          : (const void *)ds3;
+            const void *dy2 = b && terms > 1 ? d2 : NULL, *dy3 = b && terms > 2 ? d3 : NULL;
+            float *pw = out[b] + n, *pb = pw + P * C, *pg = sums ? pb + P * C : NULL;
+            if (rms)
+                jdt_cuk_rms_normalize_bwd_part(k, dxin, dy, b, dy2, dy3, dw, dacc, out[b], pw, pb,
+                                               pg, c16[b], N, C, P, eps);
+            else
+                jdt_cuk_normalize_bwd_part(k, dxin, dy, b, dy2, dy3, dw, dacc, out[b], pw, pb, pg,
+                                           c16[b], N, C, P, eps);
+            hout[b] = dev_to_host(k, out[b], n + np);
+            h16[b] = malloc((size_t)n * 2);
+            if (copy)
+                ck_assert_int_eq(cudaMemcpy(h16[b], c16[b], (size_t)n * 2, cudaMemcpyDeviceToHost),
+                                 cudaSuccess);
+        }
+        ck_assert_msg(memcmp(hout[0], hout[1], (size_t)(n + np) * 4) == 0,
+                      "%snorm_bwd_part N%lld C%lld P%lld: bf16 dy (%d terms) differs from an f32 "
+                      "dy of the same values",
+                      rms ? "rms_" : "", (long long)N, (long long)C, (long long)P, terms);
+        ck_assert(!copy || memcmp(h16[0], h16[1], (size_t)n * 2) == 0);
+        for (int b = 0; b < 2; b++) {
+            free(hout[b]), free(h16[b]);
+            cudaFree(out[b]), cudaFree(c16[b]);
+        }
     }
-    ck_assert_msg(memcmp(hout[0], hout[1], (size_t)(n + np) * 4) == 0,
-                  "%snorm_bwd_part N%lld C%lld P%lld: bf16 dy differs from an f32 dy of the same "
-                  "values",
-                  rms ? "rms_" : "", (long long)N, (long long)C, (long long)P);
-    ck_assert(!copy || memcmp(h16[0], h16[1], (size_t)n * 2) == 0);
-    for (int b = 0; b < 2; b++) {
-        free(hout[b]), free(h16[b]);
-        cudaFree(out[b]), cudaFree(c16[b]);
-    }
-    cudaFree(dgr), cudaFree(dg16);
+    cudaFree(dgr), cudaFree(dg16), cudaFree(d2), cudaFree(dr2), cudaFree(d3), cudaFree(dr3);
+    cudaFree(ds2), cudaFree(ds3);
+    free(t2), free(t3), free(s2), free(s3);
 }
 
 /* ---- row kernels -------------------------------------------------------------------------- */
@@ -1340,11 +1361,11 @@ static void check_rows(jdt_cuk *k, row_kind kind, int64_t N, int64_t C)
                 float *pg = q > 0 ? dp + 2 * P * C : NULL;
                 uint16_t *d16 = q > 0 ? dev_alloc((size_t)n * 2) : NULL;
                 if (kind == ROW_NORM)
-                    jdt_cuk_normalize_bwd_part(k, dxin, dg, false, dw, dacc, ddx, dp, dp + P * C,
-                                               pg, d16, N, C, P, eps);
+                    jdt_cuk_normalize_bwd_part(k, dxin, dg, false, NULL, NULL, dw, dacc, ddx, dp,
+                                               dp + P * C, pg, d16, N, C, P, eps);
                 else
-                    jdt_cuk_rms_normalize_bwd_part(k, dxin, dg, false, dw, dacc, ddx, dp,
-                                                   dp + P * C, pg, d16, N, C, P, eps);
+                    jdt_cuk_rms_normalize_bwd_part(k, dxin, dg, false, NULL, NULL, dw, dacc, ddx,
+                                                   dp, dp + P * C, pg, d16, N, C, P, eps);
                 check_norm_dy16(k, kind == ROW_RMS, g, dxin, dw, dacc, pg != NULL, d16 != NULL, N,
                                 C, P, eps);
                 float *gp = dev_to_host(k, dp, 3 * P * C), *gdxp = dev_to_host(k, ddx, n);

@@ -1050,6 +1050,19 @@ static float *norm_out_sums(const cnode *n, void *o, int64_t N, int64_t C)
     return n->attrs.i[1] ? (float *)o + (N + 2 * n->attrs.i[0]) * C : NULL;
 }
 
+/* A packed norm backward's inputs: x, dy, w, then the residual's cotangent acc when it took
+ * it (fold_norm_partials), then attrs i[2] more bf16 terms of dy (fold_norm_dy_terms). acc, or
+ * NULL; term j of those, or NULL. */
+static void *norm_acc(const cnode *n, void *const *in)
+{
+    return n->n_in - n->attrs.i[2] > 3 ? in[3] : NULL;
+}
+
+static void *norm_dy_term(const cnode *n, void *const *in, int j)
+{
+    return j < n->attrs.i[2] ? in[n->n_in - n->attrs.i[2] + j] : NULL;
+}
+
 /* The buffer of builtin n's first co-output (passes.c make_co_output), or NULL. */
 static void *co_ptr(cuda_prog *p, const cnode *n)
 {
@@ -1161,11 +1174,11 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         return JDT_OK;
     case JDT_OP_NORMALIZE_BWD:
         if (n->attrs.i[0] > 0) /* dx, then P rows of dw's and db's partials (passes.c) */
-            jdt_cuk_normalize_bwd_part(k, in[0], in[1], c->nodes[n->in[1]].dtype == JDT_DTYPE_BF16,
-                                       in[2], n->n_in > 3 ? in[3] : NULL, o, (float *)o + N * C,
-                                       (float *)o + (N + n->attrs.i[0]) * C,
-                                       norm_out_sums(n, o, N, C), co_ptr(p, n), N, C, n->attrs.i[0],
-                                       eps);
+            jdt_cuk_normalize_bwd_part(
+                k, in[0], in[1], c->nodes[n->in[1]].dtype == JDT_DTYPE_BF16, norm_dy_term(n, in, 0),
+                norm_dy_term(n, in, 1), in[2], norm_acc(n, in), o, (float *)o + N * C,
+                (float *)o + (N + n->attrs.i[0]) * C, norm_out_sums(n, o, N, C), co_ptr(p, n), N, C,
+                n->attrs.i[0], eps);
         else
             jdt_cuk_normalize_bwd(k, in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, N, C, eps);
         return JDT_OK;
@@ -1179,8 +1192,8 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_RMS_NORMALIZE_BWD:
         if (n->attrs.i[0] > 0)
             jdt_cuk_rms_normalize_bwd_part(
-                k, in[0], in[1], c->nodes[n->in[1]].dtype == JDT_DTYPE_BF16, in[2],
-                n->n_in > 3 ? in[3] : NULL, o, (float *)o + N * C,
+                k, in[0], in[1], c->nodes[n->in[1]].dtype == JDT_DTYPE_BF16, norm_dy_term(n, in, 0),
+                norm_dy_term(n, in, 1), in[2], norm_acc(n, in), o, (float *)o + N * C,
                 (float *)o + (N + n->attrs.i[0]) * C, norm_out_sums(n, o, N, C), co_ptr(p, n), N, C,
                 n->attrs.i[0], eps);
         else

@@ -708,17 +708,19 @@ void jdt_cuk_normalize_affine(jdt_cuk *k, bool rms, const float *x, const float 
 _Static_assert(NORM_PART_MAX *ROW_THREADS_MAX == JDT_CUK_NORM_PART_MAX_C, "cuk.h's limit");
 
 static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, const void *dy,
-                             const float *w, const float *acc, float *dx, float *pw, float *pb,
-                             float *pg, uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps)
+                             const void *dy2, const void *dy3, const float *w, const float *acc,
+                             float *dx, float *pw, float *pb, float *pg, uint16_t *dx16, int64_t N,
+                             int64_t C, int64_t P, float eps)
 {
     if (N <= 0 || C <= 0 || P <= 0) return;
+    if (dy3 && !dy2) dy2 = dy3, dy3 = NULL;
     unsigned bd = row_threads(C);
     if (C > (int64_t)NORM_PART_MAX * bd) {
         jdt_cuk_defer(k, JDT_ERR_INTERNAL, "%s: rows of %lld values (at most %lld)",
                       KERNELS[ki].name, (long long)C, (long long)NORM_PART_MAX * bd);
         return;
     }
-    void *args[] = {&x, &dy, &w, &acc, &dx, &pw, &pb, &pg, &dx16, &N, &C, &eps, &P};
+    void *args[] = {&x, &dy, &dy2, &dy3, &w, &acc, &dx, &pw, &pb, &pg, &dx16, &N, &C, &eps, &P};
     /* a warp per row (cuk_rows.cu norm_bwd_part_w) where its layout applies: C a multiple of
      * 128 up to 1024, 16-byte rows of x, acc, dx and the partial sums, 8-byte rows of dx16 and
      * of a bf16 dy */
@@ -726,7 +728,8 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
         ki == JDT_CUK_K_NORMALIZE_BWD_PART_BG || ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG;
     if (norm_warp_rows(k, C) && aligned16(x) && aligned16(dx) && (!acc || aligned16(acc)) &&
         aligned16(pw) && aligned16(pb) && (!pg || aligned16(pg)) &&
-        ((uintptr_t)dy % (dy16 ? 8 : 16)) == 0 && (!dx16 || (uintptr_t)dx16 % 8 == 0)) {
+        ((uintptr_t)dy % (dy16 ? 8 : 16)) == 0 && ((uintptr_t)dy2 % (dy16 ? 8 : 16)) == 0 &&
+        ((uintptr_t)dy3 % (dy16 ? 8 : 16)) == 0 && (!dx16 || (uintptr_t)dx16 % 8 == 0)) {
         const jdt_cuk_kernel kw =
             ki == JDT_CUK_K_NORMALIZE_BWD_PART       ? JDT_CUK_K_NORMALIZE_BWD_PART_W
             : ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART ? JDT_CUK_K_RMS_NORMALIZE_BWD_PART_W
@@ -739,22 +742,22 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
 }
 
 void jdt_cuk_normalize_bwd_part(jdt_cuk *k, const float *x, const void *dy, bool dy_bf16,
-                                const float *w, const float *acc, float *dx, float *pw, float *pb,
-                                float *pg, uint16_t *dx16, int64_t N, int64_t C, int64_t P,
-                                float eps)
+                                const void *dy2, const void *dy3, const float *w, const float *acc,
+                                float *dx, float *pw, float *pb, float *pg, uint16_t *dx16,
+                                int64_t N, int64_t C, int64_t P, float eps)
 {
     norm_part_launch(k, dy_bf16 ? JDT_CUK_K_NORMALIZE_BWD_PART_BG : JDT_CUK_K_NORMALIZE_BWD_PART, x,
-                     dy, w, acc, dx, pw, pb, pg, dx16, N, C, P, eps);
+                     dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, P, eps);
 }
 
 void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const void *dy, bool dy_bf16,
-                                    const float *w, const float *acc, float *dx, float *pw,
-                                    float *pb, float *pg, uint16_t *dx16, int64_t N, int64_t C,
-                                    int64_t P, float eps)
+                                    const void *dy2, const void *dy3, const float *w,
+                                    const float *acc, float *dx, float *pw, float *pb, float *pg,
+                                    uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps)
 {
     norm_part_launch(
         k, dy_bf16 ? JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG : JDT_CUK_K_RMS_NORMALIZE_BWD_PART, x, dy,
-        w, acc, dx, pw, pb, pg, dx16, N, C, P, eps);
+        dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, P, eps);
 }
 
 void jdt_cuk_gather(jdt_cuk *k, const float *table, const int32_t *idx, float *out, int64_t n,

@@ -239,15 +239,17 @@ void jdt_cuk_normalize_affine(jdt_cuk *k, bool rms, const float *x, const float 
  * fold_norm_partials). pg (P, C), when not NULL: the same block sums of the output dx (+ acc);
  * dx16 (N, C), when not NULL: the output's bf16 copy (bit patterns, nearest even) (passes.c
  * fold_norm_cotangents). dy f32, or bf16 bit patterns with dy_bf16 (passes.c fold_norm_dy16),
- * widened exactly. Needs 1 <= P and C <= JDT_CUK_NORM_PART_MAX_C. */
+ * widened exactly. dy2 and dy3, when not NULL (dy3 only with dy2), are more terms of dy of its
+ * type: the kernel reads dy + dy2 + dy3, added in f32 in that order (passes.c
+ * fold_norm_dy_terms). Needs 1 <= P and C <= JDT_CUK_NORM_PART_MAX_C. */
 void jdt_cuk_normalize_bwd_part(jdt_cuk *k, const float *x, const void *dy, bool dy_bf16,
-                                const float *w, const float *acc, float *dx, float *pw, float *pb,
-                                float *pg, uint16_t *dx16, int64_t N, int64_t C, int64_t P,
-                                float eps);
+                                const void *dy2, const void *dy3, const float *w, const float *acc,
+                                float *dx, float *pw, float *pb, float *pg, uint16_t *dx16,
+                                int64_t N, int64_t C, int64_t P, float eps);
 void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const void *dy, bool dy_bf16,
-                                    const float *w, const float *acc, float *dx, float *pw,
-                                    float *pb, float *pg, uint16_t *dx16, int64_t N, int64_t C,
-                                    int64_t P, float eps);
+                                    const void *dy2, const void *dy3, const float *w,
+                                    const float *acc, float *dx, float *pw, float *pb, float *pg,
+                                    uint16_t *dx16, int64_t N, int64_t C, int64_t P, float eps);
 /* The widest row the _part kernels take: 8 columns per thread (their sums live in registers,
  * cuk_rows.cu CUK_PART_MAX) of at most 1024 threads. */
 #define JDT_CUK_NORM_PART_MAX_C 8192

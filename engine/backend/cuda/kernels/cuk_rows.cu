@@ -681,10 +681,39 @@ __device__ __forceinline__ float2 cuk_block_sum2(float a, float b, float *sh)
     b = lane < nw ? sh[32 + lane] : 0.0f;
     return make_float2(cuk_warp_sum(a), cuk_warp_sum(b));
 }
+/* dy's value at element i: dy[i], plus dy2[i] and then dy3[i] where they are not NULL (the
+ * terms of a sum, passes.c fold_norm_dy_terms), added in f32. */
+template <class TG>
+__device__ __forceinline__ float cuk_ld_terms(const TG *dy, const TG *dy2, const TG *dy3, i64 i)
+{
+    float v = cuk_ld(dy, i);
+    if (dy2) v += cuk_ld(dy2, i);
+    if (dy3) v += cuk_ld(dy3, i);
+    return v;
+}
+
+/* The same for the 4 values of group q of the row at element off (cuk_ld4). */
+template <class TG>
+__device__ __forceinline__ float4 cuk_ld4_terms(const TG *dy, const TG *dy2, const TG *dy3, i64 off,
+                                                int q)
+{
+    float4 v = cuk_ld4(dy + off, q);
+    if (dy2) {
+        const float4 u = cuk_ld4(dy2 + off, q);
+        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+    }
+    if (dy3) {
+        const float4 u = cuk_ld4(dy3 + off, q);
+        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+    }
+    return v;
+}
+
 template <bool RMS, class TG>
 __device__ __forceinline__ void
-norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, float *dx, float *pw,
-              float *pb, float *pg, unsigned short *dx16, i64 N, i64 C, float eps, i64 P)
+norm_bwd_part(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,
+              const float *acc, float *dx, float *pw, float *pb, float *pg, unsigned short *dx16,
+              i64 N, i64 C, float eps, i64 P)
 {
     __shared__ float sh[64];
     const i64 R = (N + P - 1) / P, bd = blockDim.x;
@@ -698,7 +727,7 @@ norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, fl
             const bool in = c < C && r0 < r1;
             aw[i] = ab[i] = ag[i] = 0.0f;
             xb[i] = in ? x[r0 * C + c] : 0.0f;
-            gb[i] = in ? cuk_ld(dy, r0 * C + c) : 0.0f;
+            gb[i] = in ? cuk_ld_terms(dy, dy2, dy3, r0 * C + c) : 0.0f;
         }
         for (i64 n = r0; n < r1; n++) {
             float s = 0.0f, mu = 0.0f, v = 0.0f, sg = 0.0f, sgx = 0.0f;
@@ -709,7 +738,7 @@ norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, fl
                 xa[i] = xb[i], ga[i] = gb[i];
                 ac[i] = acc && c < C ? acc[n * C + c] : 0.0f; /* in flight during the sums */
                 xb[i] = in ? x[(n + 1) * C + c] : 0.0f; /* the next row, in flight meanwhile */
-                gb[i] = in ? cuk_ld(dy, (n + 1) * C + c) : 0.0f;
+                gb[i] = in ? cuk_ld_terms(dy, dy2, dy3, (n + 1) * C + c) : 0.0f;
                 s += RMS ? xa[i] * xa[i] : xa[i];
             }
             float r;
@@ -769,9 +798,9 @@ norm_bwd_part(const float *x, const TG *dy, const float *w, const float *acc, fl
  * sums' order differs from it (per lane, then the warp), each term the same f32 product. */
 template <bool RMS, class TG>
 __device__ __forceinline__ void
-norm_bwd_part_w(const float *x, const TG *dy, const float *w, const float *acc, float *dx,
-                float *pw, float *pb, float *pg, unsigned short *dx16, i64 N, i64 C, float eps,
-                i64 P)
+norm_bwd_part_w(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,
+                const float *acc, float *dx, float *pw, float *pb, float *pg, unsigned short *dx16,
+                i64 N, i64 C, float eps, i64 P)
 {
     __shared__ float4 red[4 * CUK_PARTW_K * 32]; /* 4 warps' column sums: C <= 1024 floats each */
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, K = (int)(C >> 7);
@@ -785,14 +814,13 @@ norm_bwd_part_w(const float *x, const TG *dy, const float *w, const float *acc, 
         const i64 r0 = p * R, r1 = (p + 1) * R < N ? (p + 1) * R : N;
         for (i64 n = r0 + wp; n < r1; n += 4) {
             const float4 *xr = (const float4 *)(x + n * C);
-            const TG *gr = dy + n * C;
             float4 xa[CUK_PARTW_K], ga[CUK_PARTW_K], ac[CUK_PARTW_K];
 #pragma unroll
             for (int j = 0; j < CUK_PARTW_K; j++) {
                 if (j >= K) break;
                 const int q = lane + 32 * j; /* this lane's float4 of group j */
                 xa[j] = xr[q];
-                ga[j] = cuk_ld4(gr, q);
+                ga[j] = cuk_ld4_terms(dy, dy2, dy3, n * C, q);
                 ac[j] = acc ? ((const float4 *)(acc + n * C))[q] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
             float mu, r;
@@ -867,18 +895,19 @@ norm_bwd_part_w(const float *x, const TG *dy, const float *w, const float *acc, 
 /* Entry points per norm and dy type: f32, or bf16 bit patterns (the _bg kernels: a GEMM
  * stored dy as bf16, passes.c fold_norm_dy16), widened exactly as they load. */
 #define NORM_BWD_PART(NAME, RMS, TG)                                                               \
-    extern "C" __global__ void NAME(const float *x, const TG *dy, const float *w,                  \
-                                    const float *acc, float *dx, float *pw, float *pb, float *pg,  \
-                                    unsigned short *dx16, i64 N, i64 C, float eps, i64 P)          \
+    extern "C" __global__ void NAME(const float *x, const TG *dy, const TG *dy2, const TG *dy3,   \
+                                    const float *w, const float *acc, float *dx, float *pw,        \
+                                    float *pb, float *pg, unsigned short *dx16, i64 N, i64 C,      \
+                                    float eps, i64 P)                                              \
     {                                                                                              \
-        norm_bwd_part<RMS>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);                     \
+        norm_bwd_part<RMS>(x, dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);           \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(128)                                              \
-        NAME##_w(const float *x, const TG *dy, const float *w, const float *acc, float *dx,        \
-                 float *pw, float *pb, float *pg, unsigned short *dx16, i64 N, i64 C, float eps,   \
-                 i64 P)                                                                            \
+        NAME##_w(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,       \
+                 const float *acc, float *dx, float *pw, float *pb, float *pg,                     \
+                 unsigned short *dx16, i64 N, i64 C, float eps, i64 P)                             \
     {                                                                                              \
-        norm_bwd_part_w<RMS>(x, dy, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);                   \
+        norm_bwd_part_w<RMS>(x, dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);         \
     }
 NORM_BWD_PART(cuk_normalize_bwd_part, false, float)
 NORM_BWD_PART(cuk_rms_normalize_bwd_part, true, float)
