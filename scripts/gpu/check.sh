@@ -48,7 +48,7 @@
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
 #   start with under 20 s left is skipped and says so, so the summary is always written inside
 #   the device tool's 10-minute command limit),
-#   STAGES (default "2 3 4 5 4p 4c nc 4w 6": which stages after the probe run; "4f" adds stage 4 again with
+#   STAGES (default "2 3 4 5 4p 4c nc 4w 4d 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
@@ -99,7 +99,7 @@ TMO_MAX=${STAGE_TIMEOUT_S:-150}
 BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
 GPT_ACT=${GPT_ACTIVATIONS:-$GPT_PREC}
-STAGES=" ${STAGES:-2 3 4 5 4p 4c nc 4w 6} "
+STAGES=" ${STAGES:-2 3 4 5 4p 4c nc 4w 4d 6} "
 REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
@@ -491,7 +491,7 @@ run_gpt gpt2-xent2 JDT_XENT_SMEM=0
 say "stage 4x exit $rc, the fused classifier reading each row twice (JDT_XENT_SMEM=0, before Session 32): ${toks:-?} tok/s against ${JDT_TOKS:-?} with rows staged in shared memory"
 fi
 
-# ---- 4d (not in the default STAGES): stage 4 again with the accumulating dX GEMMs -----------
+# ---- 4d: stage 4 again with the accumulating dX GEMMs (JDT_NORM_DY_TERMS=0) ----------------
 if want 4d; then
 gpt_args "$OUT/gpt2-dyacc"
 run_gpt gpt2-dyacc JDT_NORM_DY_TERMS=0
