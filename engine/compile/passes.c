@@ -582,6 +582,19 @@ static void unread(cprog *c, int *users, int l)
     c->nodes[l].splat = 0.0;
 }
 
+/* Node v, when nothing reads it any more, and then each of its inputs that nothing reads any
+ * more, become unread constants (unread): the nodes a fold cut off, down to those still read. */
+static void unread_dead(cprog *c, int *users, int v)
+{
+    if (users[v] != 0) return;
+    int in[JDT_MAX_INPUTS];
+    const int n = c->nodes[v].n_in;
+    memcpy(in, c->nodes[v].in, sizeof(int) * (size_t)n);
+    unread(c, users, v);
+    for (int k = 0; k < n; k++)
+        unread_dead(c, users, in[k]);
+}
+
 /* Builtin input k of node x, a CAST to f32 of a bf16 value, becomes that value; the CAST, when
  * nothing else reads it, turns into an unread constant so that passes before DCE (the
  * attention-layout fold counts readers) no longer see it read its input. */
@@ -1372,20 +1385,35 @@ static jdt_status fold_addends(cprog *c, addend_rule rule, int *n_folded, jdt_er
  * ln2). cuda.c and the _part kernels take as many. */
 #define NORM_DY_TERMS 3
 
-/* Node i, through reshape views each read once, the f32 product of a bf16-compute GEMM builtin
- * with no bias, addend or epilogue, read by nothing else: that GEMM's index, else -1. */
+/* Is m the f32 product of a bf16-compute GEMM builtin with no bias, addend or epilogue: one
+ * whose GEMM can store it as bf16 instead (cuBLASLt's D type, nearest even)? */
+static bool plain_bf16_product(const cnode *m)
+{
+    return m->op == JDT_OP_MATMUL && m->kind == CK_BUILTIN && m->attrs.i[2] &&
+           m->dtype == JDT_DTYPE_F32 && m->n_in == 2 && !m->attrs.i[3] && !m->attrs.i[4] &&
+           !m->attrs.i[5];
+}
+
+/* Node x and its views down to node m, a plain_bf16_product, become bf16 nodes: m's GEMM
+ * stores bf16. */
+static void store_bf16(cprog *c, int x, int m)
+{
+    for (int v = x;; v = c->nodes[v].in[0]) {
+        c->nodes[v].dtype = JDT_DTYPE_BF16;
+        c->nodes[v].bf16 = true;
+        if (v == m) return;
+    }
+}
+
+/* Node i, through reshape views each read once, a plain_bf16_product read by nothing else:
+ * that GEMM's index, else -1. */
 static int plain_bf16_gemm(const cprog *c, const int *users, int i)
 {
     if (users[i] != 1) return -1;
     while (c->nodes[i].kind == CK_VIEW && c->nodes[i].op == JDT_OP_RESHAPE &&
            users[c->nodes[i].in[0]] == 1)
         i = c->nodes[i].in[0];
-    const cnode *m = &c->nodes[i];
-    return m->op == JDT_OP_MATMUL && m->kind == CK_BUILTIN && m->attrs.i[2] &&
-                   m->dtype == JDT_DTYPE_F32 && m->n_in == 2 && !m->attrs.i[3] && !m->attrs.i[4] &&
-                   !m->attrs.i[5]
-               ? i
-               : -1;
+    return plain_bf16_product(&c->nodes[i]) ? i : -1;
 }
 
 /* The operands of the f32 sum at node i (reshape views and ADDs of numel elements, each read
@@ -1437,32 +1465,14 @@ static jdt_status fold_norm_dy_terms(cprog *c, jdt_err *e)
             ok = (m[q] = plain_bf16_gemm(c, users, t[q])) >= 0 &&
                  jdt_shape_numel(&c->nodes[t[q]].shape) == numel;
         if (!ok) continue;
-        /* the GEMMs store bf16; dy's chain down to the first term, and the sum's ADDs and
-         * views, are read by nothing now */
-        for (int q = 0; q < n; q++)
-            for (int v = t[q];; v = c->nodes[v].in[0]) {
-                c->nodes[v].dtype = JDT_DTYPE_BF16;
-                c->nodes[v].bf16 = true;
-                if (v == m[q]) break;
-            }
-        users[dy]--;
-        for (int q = 0; q < n; q++)
+        /* the GEMMs store bf16, the norm reads the terms, and the sum's ADDs and views (read
+         * by nothing now) go, down to the terms the norm reads */
+        for (int q = 0; q < n; q++) {
+            store_bf16(c, t[q], m[q]);
             users[t[q]]++;
-        if (users[dy] == 0) {
-            int stack[16], sp = 0; /* the sum's nodes, not the terms */
-            stack[sp++] = dy;
-            while (sp > 0) {
-                const int v = stack[--sp];
-                bool term = false;
-                for (int q = 0; q < n; q++)
-                    term = term || v == t[q];
-                if (term || users[v] != 0) continue;
-                const cnode *x = &c->nodes[v];
-                for (int k = 0; k < x->n_in && sp < 16; k++)
-                    stack[sp++] = x->in[k];
-                unread(c, users, v);
-            }
         }
+        users[dy]--;
+        unread_dead(c, users, dy);
         nb = &c->nodes[ni];
         nb->in[1] = t[0];
         for (int q = 1; q < n; q++)
@@ -1904,16 +1914,9 @@ static bool gemm_stores_bf16(cprog *c, const int *users, int x)
 {
     if (users[x] != 1) return false;
     const int mi = view_base(c, users, x);
-    const cnode *m = &c->nodes[mi];
-    if (m->op != JDT_OP_MATMUL || m->kind != CK_BUILTIN || !m->attrs.i[2] ||
-        m->dtype != JDT_DTYPE_F32 || m->n_in != 2 || m->attrs.i[3] || m->attrs.i[4] ||
-        m->attrs.i[5] || users[mi] != 1)
-        return false;
-    for (int v = x;; v = c->nodes[v].in[0]) { /* the product and its views */
-        c->nodes[v].dtype = JDT_DTYPE_BF16;
-        c->nodes[v].bf16 = true;
-        if (v == mi) return true;
-    }
+    if (!plain_bf16_product(&c->nodes[mi]) || users[mi] != 1) return false;
+    store_bf16(c, x, mi);
+    return true;
 }
 
 /* The attention backward's dO comes from the output projection's backward GEMM, f32, and its
@@ -2000,11 +2003,7 @@ static jdt_status fold_attention_o16(cprog *c, jdt_err *e)
         b->attrs.i[2] = 2;
         users[pi]++;
         users[x]--;
-        for (int v = x; v != pi && users[v] == 0;) { /* o's views, down to the packed node */
-            const int next = c->nodes[v].in[0];
-            unread(c, users, v);
-            v = next;
-        }
+        unread_dead(c, users, x); /* o's views, down to the packed node (read: b's in[5]) */
         const jdt_shape *qs = &c->nodes[b->in[0]].shape;
         p->shape.ndim = 1;
         p->shape.dims[0] = qs->dims[0] * qs->dims[1] * qs->dims[2];

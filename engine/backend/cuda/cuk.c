@@ -713,7 +713,6 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
                              int64_t C, int64_t P, float eps)
 {
     if (N <= 0 || C <= 0 || P <= 0) return;
-    if (dy3 && !dy2) dy2 = dy3, dy3 = NULL;
     unsigned bd = row_threads(C);
     if (C > (int64_t)NORM_PART_MAX * bd) {
         jdt_cuk_defer(k, JDT_ERR_INTERNAL, "%s: rows of %lld values (at most %lld)",
@@ -726,10 +725,10 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
      * of a bf16 dy */
     const bool dy16 =
         ki == JDT_CUK_K_NORMALIZE_BWD_PART_BG || ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG;
+    const uintptr_t dys = (uintptr_t)dy | (uintptr_t)dy2 | (uintptr_t)dy3; /* NULL: aligned */
     if (norm_warp_rows(k, C) && aligned16(x) && aligned16(dx) && (!acc || aligned16(acc)) &&
-        aligned16(pw) && aligned16(pb) && (!pg || aligned16(pg)) &&
-        ((uintptr_t)dy % (dy16 ? 8 : 16)) == 0 && ((uintptr_t)dy2 % (dy16 ? 8 : 16)) == 0 &&
-        ((uintptr_t)dy3 % (dy16 ? 8 : 16)) == 0 && (!dx16 || (uintptr_t)dx16 % 8 == 0)) {
+        aligned16(pw) && aligned16(pb) && (!pg || aligned16(pg)) && dys % (dy16 ? 8 : 16) == 0 &&
+        (!dx16 || (uintptr_t)dx16 % 8 == 0)) {
         const jdt_cuk_kernel kw =
             ki == JDT_CUK_K_NORMALIZE_BWD_PART       ? JDT_CUK_K_NORMALIZE_BWD_PART_W
             : ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART ? JDT_CUK_K_RMS_NORMALIZE_BWD_PART_W

@@ -674,7 +674,7 @@ static bool dnn_grow(void **buf, int64_t *have, int64_t n, const char *what, jdt
     *have = 0;
     cudaError_t rc = cudaMalloc(buf, (size_t)n);
     if (rc != cudaSuccess) {
-        *buf = NULL;
+        *buf = NULL; /* cudaMalloc's pointer after a failure is not ours to free */
         cudaGetLastError();
         jdt_err_set(e, JDT_ERR_NOMEM, "no room for cuDNN's %s of %.1f MiB: %s", what,
                     (double)n / (1 << 20), cudaGetErrorString(rc));
