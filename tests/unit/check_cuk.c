@@ -697,8 +697,9 @@ START_TEST(test_matmul_pitched)
                  *dbp16 = dev_from(bp16, (size_t)(K * LB) * 2);
         float *dc = dev_alloc((size_t)(M * LC) * 4);
         uint16_t *dc16 = dev_alloc((size_t)(M * LC) * 2);
-        /* N and K unaligned: each path as one GEMM, then split into aligned bulks and
-         * remainders (cuk_gemm.c gemm_split: reads within the rows, writes only c's columns) */
+        /* M, N and K unaligned: each path as one GEMM, then split into aligned bulks and
+         * remainders (cuk_gemm.c gemm_split: reads within the rows, writes only c's columns;
+         * rows 32-36 are the M remainder's) */
         for (int path = 0; path < 6; path++) {
             const int64_t n_split = k->n_split;
             k->gemm_split = path >= 3;

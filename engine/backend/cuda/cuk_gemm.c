@@ -349,10 +349,11 @@ static bool split_k(int64_t K, int64_t al, bool c_bf16)
     return K > al && K % al != 0 && (!c_bf16 || K > SPLIT_K_BF16_MIN);
 }
 
-/* The aligned split (gemm): the product as GEMMs whose cuBLAS m (our N) and k (our K) are
- * multiples of al elements, and their remainders; row strides lda, ldb, ldc (never 0), batch 1,
- * no aux. A K remainder (split_k) runs first, with the bias and acc, the bulk then adding onto
- * c; an N remainder is the columns past the bulk. dry as gemm_one's. */
+/* The aligned split (gemm): the product as GEMMs whose cuBLAS m, n and k (our N, M and K) are
+ * multiples of al elements, and their remainders; row strides lda, ldb, ldc (never 0; acc has
+ * c's), batch 1, no aux. A K remainder (split_k) runs first, with the bias and acc, the bulk then
+ * adding onto c; an M remainder is the rows past the bulk, an N remainder the columns past it.
+ * dry as gemm_one's. */
 static jdt_status gemm_split(jdt_cuk *k, const void *a, const void *b, const void *bias,
                              const void *acc, void *c, int64_t M, int64_t N, int64_t K, bool ta,
                              bool tb, bool bf16, bool c_bf16, const int64_t *ld, int64_t al,
@@ -367,6 +368,16 @@ static jdt_status gemm_split(jdt_cuk *k, const void *a, const void *b, const voi
             gemm_split(k, ar, br, bias, acc, c, M, N, K - K0, ta, tb, bf16, c_bf16, ld, al, dry, e);
         if (st != JDT_OK) return st;
         return gemm_split(k, a, b, NULL, c, c, M, N, K0, ta, tb, bf16, c_bf16, ld, al, dry, e);
+    }
+    if (M > al && M % al != 0) {
+        const int64_t M0 = M - M % al;
+        jdt_status st =
+            gemm_split(k, a, b, bias, acc, c, M0, N, K, ta, tb, bf16, c_bf16, ld, al, dry, e);
+        if (st != JDT_OK) return st;
+        const char *ar = (const char *)a + (ta ? M0 : M0 * ld[0]) * ea;
+        return gemm_split(k, ar, b, bias, acc ? (const char *)acc + M0 * ld[2] * ec : NULL,
+                          (char *)c + M0 * ld[2] * ec, M - M0, N, K, ta, tb, bf16, c_bf16, ld, al,
+                          dry, e);
     }
     if (N > al && N % al != 0) {
         const int64_t N0 = N - N % al;
@@ -388,9 +399,10 @@ static jdt_status gemm_split(jdt_cuk *k, const void *a, const void *b, const voi
  *
  * cuBLASLt runs a GEMM whose m (our N) or k (our K) is not a multiple of 16 bytes' elements far
  * slower than its neighbours: GPT-2's lm head (N, then K = 50257) took 25 and 19 ms on an H200
- * where its weight gradient (M = 50257, cuBLAS's n) took 4.9 (run.profile, 2026-12-04); PyTorch's
- * compiler pads such shapes (pad_mm). Here, without padded copies, an unbatched GEMM with no
- * GELU epilogue runs as the aligned bulk and a remainder of < 8 (bf16) or < 4 (f32) elements
+ * where its weight gradient (M = 50257, cuBLAS's n) took 4.9, against 3.5 for torch's at 50264
+ * (run.profile and scripts/bench/gemm_peer_gpu.py, 2026-12-04); PyTorch's compiler pads such
+ * shapes (pad_mm). Here, without padded copies, an unbatched GEMM with no GELU epilogue runs as
+ * the aligned bulk and remainders of < 8 (bf16) or < 4 (f32) elements in K, M and N
  * (gemm_split), when cuBLASLt has plans for every part (else as one GEMM, remembered per shape);
  * JDT_GEMM_SPLIT=0 keeps one GEMM always. */
 static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bias, const void *acc,
@@ -399,7 +411,8 @@ static jdt_status gemm(jdt_cuk *k, const void *a, const void *b, const void *bia
                        const int64_t *ld, jdt_err *e)
 {
     const int64_t al = bf16 ? 8 : 4;
-    if (k->gemm_split && batch == 1 && !aux && (split_k(K, al, c_bf16) || (N > al && N % al))) {
+    if (k->gemm_split && batch == 1 && !aux &&
+        (split_k(K, al, c_bf16) || (N > al && N % al) || (M > al && M % al))) {
         const int64_t lds[3] = {ld && ld[0] ? ld[0]
                                 : ta        ? M
                                             : K,
