@@ -70,8 +70,8 @@
 #   staging it in shared memory (cuk_rows.cu cuk_softmax_xent_fused_bf16_bs);
 #   "4d" with JDT_NORM_DY_TERMS=0, the q, k and v projections' dX summed through cuBLASLt's C
 #   in f32 instead of three bf16 products that ln1's backward adds (passes.c fold_norm_dy_terms);
-#   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose N or K is not a multiple of 8 (bf16) as one
-#   cuBLASLt call instead of an aligned bulk and a remainder (cuk_gemm.c gemm: the lm head);
+#   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose M, N or K is not a multiple of 8 (bf16) as one
+#   cuBLASLt call instead of an aligned bulk and remainders (cuk_gemm.c gemm: the lm head);
 #   "gm" times cuBLAS through torch on the lm head's GEMMs with the vocabulary at 50257 and
 #   rounded up to multiples of 8, 64 and 128 (scripts/bench/gemm_peer_gpu.py); "nc" runs Nsight
 #   Compute on five attention kernels of stage 4's step at B=8 and two of its norm backwards
@@ -502,7 +502,7 @@ fi
 if want 4s; then
 gpt_args "$OUT/gpt2-nosplit"
 run_gpt gpt2-nosplit JDT_GEMM_SPLIT=0
-say "stage 4s exit $rc, unaligned GEMMs as one cuBLASLt call each (JDT_GEMM_SPLIT=0: the lm head's N and K = 50257): ${toks:-?} tok/s against ${JDT_TOKS:-?} split into an aligned bulk and a remainder"
+say "stage 4s exit $rc, unaligned GEMMs as one cuBLASLt call each (JDT_GEMM_SPLIT=0: the lm head's N, K and M = 50257): ${toks:-?} tok/s against ${JDT_TOKS:-?} split into an aligned bulk and a remainder"
 fi
 
 # ---- gm (not in the default STAGES): cuBLAS on the lm head's GEMMs, vocabulary aligned or not ----
