@@ -4,11 +4,19 @@
 causal attention, 4x GELU(tanh) MLP, final LayerNorm, tied head, biases) trained with AdamW
 (lr 6e-4, betas 0.9/0.95, weight decay 0.1 on matrices) and global-norm clipping at 1.0, on one
 device, in PyTorch (torch.compile, SDPA flash attention, bf16 autocast over f32 master weights)
-or JAX (jax.jit of the whole step, bf16 compute over f32 master weights, cuDNN/XLA attention).
+or JAX (jax.jit of the whole step with its state buffers donated, bf16 compute over f32 master
+weights, jax.nn.dot_product_attention through cuDNN's fused attention where it compiles).
+
+JAX's dot_product_attention picks XLA's attention when no implementation is named (jax 0.10's
+source: "defaults to XLA for now"), which stores the (B, H, T, T) scores; a JAX user on a GPU
+names cuDNN (MaxText's GPU attention is cuDNN's too). --jax-attention auto (the default) tries
+cuDNN at the run's shape, forward and backward, and falls back to XLA's when it does not compile
+(the CPU, f32, an old cuDNN); the JSON line's "attention" says which ran.
 
 Prints one JSON line:
   {"framework", "device", "dtype", "batch", "seq_len", "steps", "tokens_per_s", "step_ms",
-   "mfu", "peak_mem", "loss"}
+   "mfu", "peak_mem", "loss", "attention"}
+attention: torch "sdpa" (PyTorch chooses its kernel) or "math" (no SDPA); jax "cudnn" or "xla".
 mfu = model FLOP/s / peak: 989e12 (H100/H200 dense bf16) or 494e12 (dense TF32) for --dtype f32;
 model FLOPs per token = 6 * (parameters without the position table) + 12 * L * C * T (the
 llm.c / PaLM convention: causal masking not discounted). peak_mem: bytes (CUDA: peak allocated
@@ -16,10 +24,12 @@ by the framework; CPU: peak RSS). Warm-up steps (compilation) are not timed.
 
 Usage: gpt_peer_gpu.py --framework torch|jax [--batch B] [--steps N] [--warmup W]
                        [--dtype bf16|f32] [--device cuda|cpu] [--tiny] [--no-compile]
+                       [--jax-attention auto|cudnn|xla]
 --tiny shrinks the model (L=2, C=64, H=4, T=32, V=512) for a smoke test; --device cpu runs on
 the CPU (torch 1.13 has no torch.compile or SDPA: both are then skipped).
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -152,7 +162,7 @@ def run_torch(a, shape):
     sync()
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else peak_rss_bytes()
-    return dt, peak, float(loss.item())
+    return dt, peak, float(loss.item()), "sdpa" if sdpa is not None else "math"
 
 
 # ---- JAX ----------------------------------------------------------------------------------
@@ -187,10 +197,11 @@ def run_jax(a, shape):
         return ((x32 - mu) * jax.lax.rsqrt(var + 1e-5) * w + b).astype(cdt)
 
     dpa = getattr(jax.nn, "dot_product_attention", None)
+    impl = jax_attention_impl(a, jax, jnp, dpa, dev, (B, T, H, D), cdt)
 
     def attention(q, k, v):  # (B, T, H, D)
-        if dpa is not None:
-            return dpa(q, k, v, is_causal=True)
+        if impl is not None:
+            return dpa(q, k, v, is_causal=True, implementation=impl)
         s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(D)
         s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -jnp.inf)
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1).astype(cdt), v)
@@ -211,7 +222,7 @@ def run_jax(a, shape):
 
     b1, b2, lr, wd, eps = 0.9, 0.95, 6e-4, 0.1, 1e-8
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
     def step(p, m, v, t, idx, tgt):
         loss, g = jax.value_and_grad(loss_fn)(p, idx, tgt)
         gn = jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree_util.tree_leaves(g)))
@@ -246,7 +257,37 @@ def run_jax(a, shape):
     stats = getattr(dev, "memory_stats", lambda: None)()
     if stats and "peak_bytes_in_use" in stats:
         peak = stats["peak_bytes_in_use"]
-    return dt, peak, float(loss)
+    return dt, peak, float(loss), impl or "math"
+
+
+def jax_attention_impl(a, jax, jnp, dpa, dev, bthd, cdt):
+    """The implementation the JAX peer names to dot_product_attention: "cudnn" where its forward
+    and backward compile and run at the shape bthd (B, T, H, D) on dev (--jax-attention auto or
+    cudnn), else "xla"; None without dot_product_attention (a jax older than 0.4.31: the
+    attention is then written out). --jax-attention cudnn fails the run where cuDNN's does not
+    compile."""
+    if dpa is None:
+        return None
+    if a.jax_attention == "xla" or (a.jax_attention == "auto" and
+                                    (a.device != "cuda" or cdt != jnp.bfloat16)):
+        return "xla"
+    try:
+        with jax.default_device(dev):
+            q = jnp.zeros(bthd, cdt)
+
+            def f(q, k, v):
+                return dpa(q, k, v, is_causal=True, implementation="cudnn").astype(
+                    jnp.float32).sum()
+
+            jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, q, q)[0].block_until_ready()
+        return "cudnn"
+    except Exception as exc:  # noqa: BLE001 - any failure means XLA's attention runs instead
+        if a.jax_attention == "cudnn":
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"gpt_peer_gpu.py: jax: cuDNN attention unavailable ({first[:200]}); XLA's runs",
+              file=sys.stderr)
+        return "xla"
 
 
 def main():
@@ -259,13 +300,16 @@ def main():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--no-compile", action="store_true", help="PyTorch: eager (no torch.compile)")
+    ap.add_argument("--jax-attention", choices=["auto", "cudnn", "xla"], default="auto",
+                    help="JAX: dot_product_attention's implementation (auto: cuDNN where it "
+                         "compiles on a GPU in bf16, else XLA)")
     a = ap.parse_args()
     if a.batch < 1 or a.steps < 1 or a.warmup < 0:
         ap.error("--batch and --steps must be >= 1, --warmup >= 0")
     shape = model_shape(a.tiny)
     run = run_torch if a.framework == "torch" else run_jax
     try:
-        dt, peak, loss = run(a, shape)
+        dt, peak, loss, attn = run(a, shape)
     except ImportError as exc:
         print(f"gpt_peer_gpu.py: {a.framework} is not importable: {exc}", file=sys.stderr)
         return 1
@@ -274,7 +318,7 @@ def main():
     print(json.dumps(dict(framework=a.framework, device=a.device, dtype=a.dtype, batch=a.batch,
                           seq_len=shape["T"], steps=a.steps, tokens_per_s=round(tok, 1),
                           step_ms=round(1000 * dt / a.steps, 3), mfu=round(mfu, 4),
-                          peak_mem=int(peak), loss=round(loss, 4))))
+                          peak_mem=int(peak), loss=round(loss, 4), attention=attn)))
     return 0
 
 

@@ -13,7 +13,8 @@
 #   4 gpt2     GPT-2 124M (L=12 C=768 H=12 T=1024 V=50257, synthetic tokens), bf16 compute by
 #              default: tok/s, MFU against the datasheet's dense bf16 peak (989.4 TFLOP/s on
 #              H100/H200 SXM), peak device memory
-#   5 peers    the same model and batch in PyTorch (torch.compile) and JAX (jax.jit), ratios
+#   5 peers    the same model and batch in PyTorch (torch.compile) and JAX (jax.jit, cuDNN's
+#              attention where it compiles: gpt_peer_gpu.py --jax-attention), ratios
 #              (scripts/bench/gpt_peer_gpu.py)
 #   4p profile stage 4's run again for 5 steps with run.profile: the time per kind of kernel
 #              (GEMM, attention, norms, fused groups, collectives) of 3 steps, then the GEMMs by
@@ -368,7 +369,7 @@ for dt in $PEER_DTYPES; do
 import json, os, sys
 d = json.loads(sys.argv[1]); j = os.environ.get("JDT_TOKS"); fw = d["framework"]; t = d["tokens_per_s"]
 r = ", jdt-train / %s = %.3f" % (fw, float(j) / t) if j else ""
-print("%s %s: %.0f tok/s, MFU %.1f%%%s" % (fw, d["dtype"], t, 100 * d["mfu"], r))' "$line" | tee -a "$SUMMARY"
+print("%s %s (attention: %s): %.0f tok/s, MFU %.1f%%%s" % (fw, d["dtype"], d.get("attention", "?"), t, 100 * d["mfu"], r))' "$line" | tee -a "$SUMMARY"
     else
       say "peer $fw $dt FAILED (exit $rc)"; tail -3 "$OUT/peer-$fw-$dt.log" | tee -a "$SUMMARY"
     fi
