@@ -64,6 +64,11 @@ static void decode(jdt_msg_type t, const uint8_t *p, uint32_t len)
         jdt_rbuf_u32(&rb);
         jdt_rbuf_str(&rb, s, 900);
         break;
+    case JDT_MSG_HEARTBEAT: /* no payload: a stray field read must be caught as bad */
+    case JDT_MSG_PONG:
+    case JDT_MSG_ACK:
+    case JDT_MSG_BYE:
+    case JDT_MSG_COUNT: /* and every value past the last type */
     default:
         jdt_rbuf_u64(&rb);
         break;
