@@ -176,6 +176,25 @@ START_TEST(test_cudnn_offline)
 }
 END_TEST
 
+/* The versions and shapes cuDNN is not asked to run (cuk_cudnn.c jdt_cuk_dnn_refusal), at their
+ * edges: 9.10.0-9.10.1 refused, a backward whose T is not a multiple of 128 up to 9.15.0 (the
+ * frontend's padding mask), a one-position backward always; GPT-2's shapes never. */
+START_TEST(test_cudnn_refusal)
+{
+    ck_assert_ptr_null(jdt_cuk_dnn_refusal(90900, true, 1024));
+    ck_assert_ptr_nonnull(jdt_cuk_dnn_refusal(91000, false, 1024));
+    ck_assert_ptr_nonnull(jdt_cuk_dnn_refusal(91001, true, 1024));
+    ck_assert_ptr_null(jdt_cuk_dnn_refusal(91002, true, 1024));
+    ck_assert_ptr_null(jdt_cuk_dnn_refusal(91500, false, 100));
+    ck_assert_ptr_nonnull(jdt_cuk_dnn_refusal(91500, true, 100));
+    ck_assert_ptr_null(jdt_cuk_dnn_refusal(91501, true, 100));
+    ck_assert_ptr_null(jdt_cuk_dnn_refusal(90800, true, 256));
+    ck_assert_ptr_nonnull(jdt_cuk_dnn_refusal(91900, true, 1));
+    ck_assert_ptr_null(jdt_cuk_dnn_refusal(91900, false, 1));
+    ck_assert_ptr_nonnull(strstr(jdt_cuk_dnn_refusal(91400, true, 1000), "multiple of 128"));
+}
+END_TEST
+
 START_TEST(test_nvrtc_bad_arch_is_compile_error)
 {
     jdt_err e;
@@ -2648,6 +2667,7 @@ static void add_tests(Suite *s)
     tcase_add_test(th, test_attention_sources);
     tcase_add_test(th, test_no_gpu_is_clean_error);
     tcase_add_test(th, test_cudnn_offline);
+    tcase_add_test(th, test_cudnn_refusal);
     suite_add_tcase(s, th);
     TCase *tc = tcase_create("gpu");
     tcase_set_timeout(tc, 300);

@@ -344,12 +344,18 @@ int64_t jdt_cuk_attention_dout16_d(int arch);
 
 /* ---- cuDNN's fused attention (cuk_cudnn.c) ---------------------------------------------- */
 
+/* Why cuDNN of version version (cudnnGetVersion's number) must not run a causal attention
+ * (bwd: its backward) over T positions, or NULL when it may: versions and shapes cudnn-frontend
+ * refuses or patches with a padding mask, which jdt-train's graphs do not build. */
+const char *jdt_cuk_dnn_refusal(size_t version, bool bwd, int64_t T);
+
 /* jdt_cuk_attention through cuDNN's fused-attention engine (libcudnn.so.9 loaded at the first
  * call: JDT_CUDNN_LIBRARY names it, else the loader's search and /usr/local/cuda/lib): q, kk, v
  * bf16, stored as bthd says (bits 0-2); o2 the output, bf16 (B, T, H, D); lse as there or NULL.
- * Queues it and returns true, or returns false (cuDNN missing, or no engine takes the shape:
- * logged once per shape) and the caller runs its kernels. A failure while queueing is deferred
- * to jdt_cuk_check. */
+ * Queues it and returns true, or returns false and the caller runs its kernels: cuDNN missing,
+ * a version or shape jdt_cuk_dnn_refusal names, no engine taking the shape (logged once per
+ * shape), or cuDNN refusing to run the plan (a warning; the shape is declined from then on). An
+ * error its kernels raise later is the stream's, for jdt_cuk_check. */
 bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
                            float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
                            unsigned bthd);

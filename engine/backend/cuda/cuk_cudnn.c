@@ -14,10 +14,14 @@
  * atomics); the engine's numerical notes are logged. The fused-attention engine recognizes the
  * pattern; cudnn-frontend's SDPA nodes document it (read, not copied).
  *
- * Plans are built once per shape (B, H, T, D, layouts) with the context's handle and cached;
- * a shape no engine takes is remembered as declined (one info line) and runs our kernels. The
- * plan's workspace is the context's cuBLASLt workspace (the stream orders them); an engine that
- * wants more is skipped. The backward's row sums of dO . O go to the attention's scratch.
+ * Plans are built once per shape (B, H, T, D, layouts) with the context's handle and cached,
+ * each with the descriptors it was built from (kept alive as cudnn-frontend keeps them); a
+ * shape no engine takes, or one that cudnn-frontend refuses on this cuDNN version
+ * (jdt_cuk_dnn_refusal), is remembered as declined (one info line) and runs our kernels, and
+ * so is a plan cuDNN refuses to execute (one warning). The plan's workspace is the context's
+ * cuBLASLt workspace (the stream orders them), or device memory of its own up to half of what
+ * the GPU has free; an engine that wants more is skipped. The backward's row sums of dO . O go
+ * to the attention's scratch.
  *
  * Without a GPU, jdt_cuk_dnn_check_offline builds the same graphs against a described H200
  * (cuDNN 9.8's device-property descriptor: heuristics and plan finalization need no handle), so
@@ -26,6 +30,7 @@
 #include "backend/cuda/cuk-impl.h"
 
 #include <dlfcn.h>
+#include <float.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +41,21 @@
 #define JDT_HAVE_CUDNN 1
 #endif
 #endif
+
+/* Why cuDNN of this version must not run an attention (bwd: the backward) over T positions, or
+ * NULL: cases cudnn-frontend refuses, or works around with a padding mask this graph does not
+ * build. */
+const char *jdt_cuk_dnn_refusal(size_t version, bool bwd, int64_t T)
+{
+    if (version >= 91000 && version <= 91001)
+        return "cuDNN 9.10.0 and 9.10.1 have known bugs in bf16 fused attention (cudnn-frontend "
+               "refuses them)";
+    if (bwd && T < 2) return "a backward over one position (cudnn-frontend refuses it)";
+    if (bwd && T % 128 != 0 && version <= 91500)
+        return "a backward whose sequence is not a multiple of 128 before cuDNN 9.15.1 (cudnn-"
+               "frontend adds a padding mask there)";
+    return NULL;
+}
 
 #ifndef JDT_HAVE_CUDNN
 
@@ -232,6 +252,12 @@ static void g_free(dnn_g *g)
         g->a->bdestroy(g->d[i]);
     g->n_d = 0;
 }
+
+/* Descriptors a cached plan keeps alive (dnn_plan's owned). */
+typedef struct {
+    cudnnBackendDescriptor_t *d;
+    int n;
+} dnn_owned;
 
 /* Tensor flags. */
 #define T_VIRTUAL 1
@@ -515,12 +541,15 @@ static void build_bwd(dnn_g *g, const dnn_key *s)
 /* The operation graph of s, heuristics, and the first engine configuration whose plan
  * finalizes with a workspace of at most max_ws bytes: *plan (owned by the caller, destroy with
  * a->bdestroy), *ws. handle or devprop (offline) identifies the device. info: the engine's
- * global index and whether cuDNN calls it nondeterministic. On failure, a message in e. */
+ * global index and whether cuDNN calls it nondeterministic. On failure, a message in e.
+ * owned (may be NULL: freed here): on success, the graph's descriptors (the operation graph,
+ * the engine configurations) pass to the caller, to be destroyed after the plan, in reverse
+ * order; cudnn-frontend keeps a plan's configuration alive as long as the plan. */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 static jdt_status dnn_plan(const dnn_api *a, cudnnHandle_t handle, cudnnBackendDescriptor_t devprop,
                            const dnn_key *s, int64_t max_ws, cudnnBackendDescriptor_t *plan,
-                           int64_t *ws, char *info, size_t n_info, jdt_err *e)
+                           int64_t *ws, dnn_owned *owned, char *info, size_t n_info, jdt_err *e)
 {
     dnn_g g = {.a = a, .next_uid = U_VIRTUAL};
     *plan = NULL;
@@ -630,6 +659,17 @@ static jdt_status dnn_plan(const dnn_api *a, cudnnHandle_t handle, cudnnBackendD
                          "no cuDNN engine takes the graph (%s: %s; workspace at most %lld bytes)",
                          n_cfg ? "engines tried" : "heuristics", n_cfg ? tried : "none",
                          (long long)max_ws);
+    if (rc == JDT_OK && owned && g.n_d > 0) {
+        if ((owned->d = jdt_malloc((size_t)g.n_d * sizeof *owned->d))) {
+            memcpy(owned->d, g.d, (size_t)g.n_d * sizeof *owned->d);
+            owned->n = g.n_d;
+            g.n_d = 0;
+        } else {
+            a->bdestroy(*plan);
+            *plan = NULL;
+            rc = jdt_err_set(e, JDT_ERR_NOMEM, "cuDNN graph: no memory to keep its descriptors");
+        }
+    }
     g_free(&g);
     return rc;
 }
@@ -642,6 +682,7 @@ static jdt_status dnn_plan(const dnn_api *a, cudnnHandle_t handle, cudnnBackendD
 typedef struct {
     dnn_key key;
     cudnnBackendDescriptor_t plan; /* NULL: declined */
+    dnn_owned owned;               /* the plan's graph and engine configurations */
     int64_t ws;
 } dnn_entry;
 
@@ -657,6 +698,18 @@ struct jdt_cuk_dnn {
     dnn_entry e[DNN_PLANS];
     int n, next;
 };
+
+/* Destroys en's plan, then the descriptors it was built from; en is then declined. */
+static void entry_clear(const dnn_api *a, dnn_entry *en)
+{
+    if (en->plan) a->bdestroy(en->plan);
+    en->plan = NULL;
+    for (int i = en->owned.n - 1; i >= 0; i--)
+        a->bdestroy(en->owned.d[i]);
+    jdt_free(en->owned.d);
+    en->owned.d = NULL;
+    en->owned.n = 0;
+}
 
 static bool key_eq(const dnn_key *a, const dnn_key *b)
 {
@@ -727,14 +780,26 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
     else {
         en = &d->e[d->next];
         d->next = (d->next + 1) % DNN_PLANS;
-        if (en->plan) d->api.bdestroy(en->plan);
+        /* its kernels may still be queued: the stream finishes them first (rare: a 9th shape) */
+        if (en->plan) cudaStreamSynchronize(k->stream);
+        entry_clear(&d->api, en);
     }
     memset(en, 0, sizeof *en);
     en->key = *s;
     char info[160];
     double t0 = jdt_now_s();
-    jdt_status rc = dnn_plan(&d->api, d->handle, NULL, s, DNN_MAX_WORKSPACE, &en->plan, &en->ws,
-                             info, sizeof info, &e);
+    /* a plan's workspace beyond the cuBLASLt one is device memory outside the planned arena:
+     * at most half of what the GPU has free */
+    size_t free_b = 0, total_b = 0;
+    int64_t max_ws = DNN_MAX_WORKSPACE;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && (int64_t)(free_b / 2) < max_ws)
+        max_ws = (int64_t)(free_b / 2) > JDT_CUK_WORKSPACE_BYTES ? (int64_t)(free_b / 2)
+                                                                 : JDT_CUK_WORKSPACE_BYTES;
+    cudaGetLastError();
+    const char *why = jdt_cuk_dnn_refusal(d->api.get_version(), s->bwd, s->T);
+    jdt_status rc = why ? jdt_err_set(&e, JDT_ERR_UNSUPPORTED, "%s", why)
+                        : dnn_plan(&d->api, d->handle, NULL, s, max_ws, &en->plan, &en->ws,
+                                   &en->owned, info, sizeof info, &e);
     /* memory beyond the cuBLASLt workspace: the plan's workspace, the accumulator */
     if (rc == JDT_OK && en->ws > JDT_CUK_WORKSPACE_BYTES &&
         !dnn_grow(&d->ws, &d->ws_bytes, en->ws, "workspace", &e))
@@ -743,8 +808,7 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
         !dnn_grow(&d->acc, &d->acc_bytes, s->B * s->H * s->T * s->D * 4, "f32 dQ accumulator", &e))
         rc = e.code;
     if (rc != JDT_OK) {
-        if (en->plan) d->api.bdestroy(en->plan);
-        en->plan = NULL;
+        entry_clear(&d->api, en);
         JDT_INFO("cuDNN attention %s B=%lld H=%lld T=%lld D=%lld declined, using jdt-train's "
                  "kernels: %s",
                  s->bwd ? "backward" : "forward", (long long)s->B, (long long)s->H, (long long)s->T,
@@ -758,9 +822,12 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
     return en;
 }
 
-/* Queues the plan on the stream with the pack's tensors; a failure is deferred (either way the
- * call is served: our kernels must not run it again). */
-static void dnn_run(jdt_cuk *k, dnn_entry *en, const int64_t *uids, void **ptrs, int n)
+/* Queues the plan on the stream with the pack's tensors. false when cuDNN refuses at once
+ * (the variant pack, or an engine whose kernel does not load on this driver): the plan is
+ * dropped, the shape declined from then on with one warning, and the caller runs jdt-train's
+ * kernels, which write every output cuDNN would have. An error the kernels raise later is the
+ * stream's, found by jdt_cuk_check like any kernel's. */
+static bool dnn_run(jdt_cuk *k, dnn_entry *en, const int64_t *uids, void **ptrs, int n)
 {
     const dnn_api *a = &k->dnn->api;
     cudnnBackendDescriptor_t vp = NULL;
@@ -774,15 +841,29 @@ static void dnn_run(jdt_cuk *k, dnn_entry *en, const int64_t *uids, void **ptrs,
         st = a->bset(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
     if (st == CUDNN_STATUS_SUCCESS) st = a->bfinalize(vp);
     if (st == CUDNN_STATUS_SUCCESS) st = a->bexecute(k->dnn->handle, en->plan, vp);
+    if (vp) a->bdestroy(vp);
     if (st != CUDNN_STATUS_SUCCESS) {
         char last[256] = "";
         a->last_error(last, sizeof last);
-        jdt_cuk_defer(k, JDT_ERR_INTERNAL, "cuDNN attention %s: %s%s%s",
-                      en->key.bwd ? "backward" : "forward", a->error_string(st),
-                      last[0] ? " - " : "", last);
+        snprintf(k->dnn_why, sizeof k->dnn_why, "cuDNN attention %s failed to run: %s%s%.200s",
+                 en->key.bwd ? "backward" : "forward", a->error_string(st), last[0] ? " - " : "",
+                 last);
+        JDT_WARN("%s; B=%lld H=%lld T=%lld D=%lld runs jdt-train's kernels from now on", k->dnn_why,
+                 (long long)en->key.B, (long long)en->key.H, (long long)en->key.T,
+                 (long long)en->key.D);
+        cudaGetLastError(); /* a launch error cuDNN left behind is not the next kernel's */
+        entry_clear(a, en);
+        return false;
     }
-    if (vp) a->bdestroy(vp);
     k->n_dnn++;
+    return true;
+}
+
+/* The masked scores' value: -inf, or the lowest float before cuDNN 9.1 (cudnn-frontend's
+ * choice there: its softmax preferred a finite mask). */
+static float mask_fill(const jdt_cuk *k)
+{
+    return k->dnn->api.get_version() < 90100 ? -FLT_MAX : -__builtin_inff();
 }
 
 bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
@@ -793,11 +874,10 @@ bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void
         .bwd = false, .stats = lse != NULL, .B = B, .H = H, .T = T, .D = D, .bthd = bthd & 7u};
     dnn_entry *en = dnn_get(k, &s);
     if (!en) return false;
-    float neg_inf = -__builtin_inff();
+    float neg_inf = mask_fill(k);
     int64_t uids[] = {U_Q, U_K, U_V, U_O, U_SCALE, U_NEG_INF, U_STATS};
     void *ptrs[] = {(void *)q, (void *)kk, (void *)v, o2, &scale, &neg_inf, lse};
-    dnn_run(k, en, uids, ptrs, lse ? 7 : 6);
-    return true;
+    return dnn_run(k, en, uids, ptrs, lse ? 7 : 6);
 }
 
 bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v,
@@ -815,7 +895,7 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                  .bthd = bthd & 31u};
     dnn_entry *en = dnn_get(k, &s);
     if (!en) return false;
-    float neg_inf = -__builtin_inff(), one = 1.0f;
+    float neg_inf = mask_fill(k), one = 1.0f;
     int64_t uids[] = {U_Q,  U_K,  U_V,       U_O,     U_DO,      U_STATS, U_DQ,
                       U_DK, U_DV, U_SOFTSUM, U_SCALE, U_NEG_INF, U_ONE,   U_DQ_ACC};
     void *ptrs[] = {(void *)q,   (void *)kk, (void *)v,  (void *)o,  (void *)dout,
@@ -827,7 +907,7 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
             jdt_cuk_defer(k, JDT_ERR_INTERNAL, "cuDNN attention backward: zeroing dQ: %s",
                           cudaGetErrorString(rc));
     }
-    dnn_run(k, en, uids, ptrs, s.accum ? 14 : 13);
+    if (!dnn_run(k, en, uids, ptrs, s.accum ? 14 : 13)) return false;
     for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
         if (g->rope_theta[i] != 0.0)
             jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, H, D, g->rope_theta[i],
@@ -846,7 +926,7 @@ void jdt_cuk_dnn_free(jdt_cuk *k)
     struct jdt_cuk_dnn *d = k->dnn;
     if (!d) return;
     for (int i = 0; i < d->n; i++)
-        if (d->e[i].plan) d->api.bdestroy(d->e[i].plan);
+        entry_clear(&d->api, &d->e[i]);
     if (d->handle) d->api.destroy(d->handle);
     if (d->ws) cudaFree(d->ws);
     if (d->acc) cudaFree(d->acc);
@@ -893,7 +973,7 @@ jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, bool accum, int64_t B
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                            "cuDNN %zu cannot build plans without a GPU (9.8 or newer can)",
                            a.get_version());
-    cudnnBackendDescriptor_t dp = NULL, plan = NULL;
+    cudnnBackendDescriptor_t dp = NULL;
     cudnnStatus_t st = a.bcreate(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &dp);
     if (st == CUDNN_STATUS_SUCCESS)
         st = a.bset(dp, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
@@ -914,9 +994,10 @@ jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, bool accum, int64_t B
                  .T = T,
                  .D = D,
                  .bthd = bthd};
-    int64_t ws = 0;
-    rc = dnn_plan(&a, NULL, dp, &s, DNN_MAX_WORKSPACE, &plan, &ws, info, n, e);
-    if (plan) a.bdestroy(plan);
+    /* as dnn_get keeps it: the plan, then the descriptors it was built from */
+    dnn_entry en = {.key = s};
+    rc = dnn_plan(&a, NULL, dp, &s, DNN_MAX_WORKSPACE, &en.plan, &en.ws, &en.owned, info, n, e);
+    entry_clear(&a, &en);
     a.bdestroy(dp);
     return rc;
 }
