@@ -1158,7 +1158,7 @@ START_TEST(test_nccl_dead_peer)
     jdt_dist *d = loopback_rank0(2, lfd, port, 2);
     GPU_OR_SKIP(k);
     const int ranks[1] = {0};
-    jdt_cuk_comm *c = NULL;
+    jdt_cuk_comm *c = NULL, *c2 = NULL;
     jdt_err e;
     jdt_err_clear(&e);
     jdt_status s = jdt_cuk_comm_init(k, d, ranks, 1, "test/dead", &c, &e);
@@ -1166,6 +1166,10 @@ START_TEST(test_nccl_dead_peer)
         printf("SKIP check_cuk test_nccl_dead_peer: %s\n", e.msg);
     } else {
         ck_assert_msg(s == JDT_OK, "comm init: %s", e.msg);
+        /* a second communicator of the context (another mesh axis's): the first's failure must
+         * abort it too, as they share one stream */
+        ck_assert_msg(jdt_cuk_comm_init(k, d, ranks, 1, "test/dead2", &c2, &e) == JDT_OK, "%s",
+                      e.msg);
         jdt_cuk_coll *t = NULL;
         ck_assert_msg(jdt_cuk_coll_new(k, &t, &e) == JDT_OK, "%s", e.msg);
         float *dx = dev_alloc(4096 * 4);
@@ -1182,7 +1186,11 @@ START_TEST(test_nccl_dead_peer)
         /* aborted: later calls fail at once, naming the communicator */
         ck_assert_int_eq(jdt_cuk_coll_start(c, t, JDT_CUK_ALLREDUCE, JDT_CUK_SUM, dx, dx, 1, &e),
                          JDT_ERR_NET);
+        ck_assert_int_eq(jdt_cuk_coll_start(c2, t, JDT_CUK_ALLREDUCE, JDT_CUK_SUM, dx, dx, 1, &e),
+                         JDT_ERR_NET);
+        ck_assert_msg(strstr(e.msg, "test/dead2") && strstr(e.msg, "failed earlier"), "%s", e.msg);
         jdt_cuk_coll_free(t);
+        jdt_cuk_comm_free(c2);
         jdt_cuk_comm_free(c);
         cudaFree(dx);
     }

@@ -460,12 +460,26 @@ static void fmt_gib(char *buf, size_t n, double bytes)
 }
 
 /* Headroom kept free for what is allocated outside the plan: the CUDA context's growth,
- * cuBLASLt's plans, NCCL's buffers (made at a group's first collective). */
+ * cuBLASLt's plans; with more than one process, NCCL's buffers too, made at a group's first
+ * collective, after the program's allocation: hundreds of MB a communicator, over 2 GB with
+ * NVLink SHARP on an NVSwitch node (NCCL_NVLS_ENABLE=0 turns that off). JDT_CUDA_RESERVE_MB
+ * sets it. */
 #define DEVICE_RESERVE_BYTES (256ll << 20)
+#define NCCL_RESERVE_BYTES (2048ll << 20)
+
+static int64_t device_reserve(const cuda_dev *cd)
+{
+    const char *env = getenv("JDT_CUDA_RESERVE_MB");
+    char *end = NULL;
+    long long mb = env && *env ? strtoll(env, &end, 10) : -1;
+    if (env && *env && end && *end == 0 && mb >= 0) return (int64_t)mb << 20;
+    return DEVICE_RESERVE_BYTES +
+           (cd->dist && jdt_dist_world_size(cd->dist) > 1 ? NCCL_RESERVE_BYTES : 0);
+}
 
 /* Before a program's one cudaMalloc: the program (program_bytes) plus the leaves it will mirror
  * that no earlier program mirrors or has counted (parameters, optimizer state), plus
- * DEVICE_RESERVE_BYTES, must fit in the device's free memory (cudaMemGetInfo); else one line
+ * device_reserve's headroom, must fit in the device's free memory (cudaMemGetInfo); else one line
  * with the figures and what to change (ERR_NOMEM, exit 1) instead of a CUDA OOM mid-step. The
  * leaves counted here are remembered (cd->promised) so the eval/apply programs that share them
  * do not count them again. */
@@ -492,7 +506,7 @@ static jdt_status check_fits(cuda_dev *cd, const cprog *c, int64_t program_bytes
     cudaError_t ce = cudaMemGetInfo(&free_b, &total_b);
     if (ce != cudaSuccess)
         return jdt_err_set(e, JDT_ERR_INTERNAL, "cuda: cudaMemGetInfo: %s", cudaGetErrorString(ce));
-    const int64_t need = program_bytes + leaf_bytes + DEVICE_RESERVE_BYTES;
+    const int64_t reserve = device_reserve(cd), need = program_bytes + leaf_bytes + reserve;
     if (need <= (int64_t)free_b) return JDT_OK;
     char s_need[32], s_prog[32], s_arena[32], s_leaf[32], s_free[32], s_total[32];
     fmt_gib(s_need, sizeof s_need, (double)need);
@@ -505,9 +519,9 @@ static jdt_status check_fits(cuda_dev *cd, const cprog *c, int64_t program_bytes
         e, JDT_ERR_NOMEM,
         "cuda: the compiled step needs %s of GPU memory but %s of %s is free on "
         "%s (program %s, of which %s activations/intermediates; parameters and "
-        "optimizer state %s; %lld MiB reserve): use a smaller "
+        "optimizer state %s; %lld MiB reserve, JDT_CUDA_RESERVE_MB): use a smaller "
         "data.micro_batch_size (gradient accumulation keeps data.batch_size)%s",
-        s_need, s_free, s_total, cd->name, s_prog, s_arena, s_leaf, DEVICE_RESERVE_BYTES >> 20,
+        s_need, s_free, s_total, cd->name, s_prog, s_arena, s_leaf, (long long)(reserve >> 20),
         c->opts.remat ? ", or more fsdp ranks (mesh.fsdp)" : ", or runtime.remat: block");
 }
 
@@ -961,7 +975,7 @@ static jdt_status coll_start(cuda_prog *p, const cstep *sp, jdt_err *e)
     int size;
     jdt_status st = coll_comm(p, n, &cm, &size, e);
     if (st != JDT_OK) return st;
-    p->ccomm[sp->coll] = cm;
+    p->ccomm[sp->coll] = NULL; /* set once started: coll_wait and coll_drain wait only those */
     float *o = dptr(p, cl->members[0]);
     int64_t k, nf, nl, outer, blk;
     if (n->op != JDT_OP_ALL_REDUCE) coll_dims(c, n, &k, &nf, &nl, &outer, &blk);
@@ -977,18 +991,21 @@ static jdt_status coll_start(cuda_prog *p, const cstep *sp, jdt_err *e)
         const jdt_cuk_coll_kind gk = gather_kind(n, &esz);
         const int64_t seg = cl->scratch_buf >= 0 ? jdt_ccoll_seg(cl, k) : nl;
         char *buf = cl->scratch_buf >= 0 ? p->ptrs[cl->scratch_buf] : (void *)o;
-        return jdt_cuk_coll_start(cm, t, gk, op, buf + index * seg * esz, buf, seg, e);
-    }
-    if (n->op == JDT_OP_REDUCE_SCATTER) { /* in place: this rank's segment of the wire (the
-                                           * memory plan gives the outputs their places only
-                                           * at the wait: they may hold live data until then) */
+        st = jdt_cuk_coll_start(cm, t, gk, op, buf + index * seg * esz, buf, seg, e);
+    } else if (n->op == JDT_OP_REDUCE_SCATTER) { /* in place: this rank's segment of the wire
+                                                  * (the memory plan gives the outputs their
+                                                  * places only at the wait: they may hold live
+                                                  * data until then) */
         float *wire = p->ptrs[cl->scratch_buf];
         const int64_t seg = jdt_ccoll_seg(cl, k);
-        return jdt_cuk_coll_start(cm, t, JDT_CUK_REDUCE_SCATTER, op, wire, wire + index * seg, seg,
-                                  e);
+        st =
+            jdt_cuk_coll_start(cm, t, JDT_CUK_REDUCE_SCATTER, op, wire, wire + index * seg, seg, e);
+    } else {
+        float *buf = cl->buf >= 0 ? p->ptrs[cl->buf] : o; /* a bucket: all its slots at once */
+        st = jdt_cuk_coll_start(cm, t, JDT_CUK_ALLREDUCE, op, buf, buf, cl->n_elems, e);
     }
-    float *buf = cl->buf >= 0 ? p->ptrs[cl->buf] : o; /* a bucket: all its slots at once */
-    return jdt_cuk_coll_start(cm, t, JDT_CUK_ALLREDUCE, op, buf, buf, cl->n_elems, e);
+    if (st == JDT_OK) p->ccomm[sp->coll] = cm;
+    return st;
 }
 
 /* STEP_COLL_WAIT: the compute stream waits for the collective (the host does not), then each

@@ -159,6 +159,10 @@ struct jdt_cuk {
      * communicators then run in the order they were issued, the same on every rank, which NCCL
      * needs of concurrent communicators; made with the first communicator */
     cudaStream_t comm_stream;
+    /* the context's live communicators (cuk_comm.c): they share comm_stream, so one that fails
+     * aborts them all (a collective of another left spinning on a dead peer would hold the
+     * stream, and every later wait on it, forever) */
+    struct jdt_cuk_comm *comms;
     char target[32];      /* NVRTC's target: "sm_90" (a cubin) or "compute_XX" (PTX) */
     bool cubin;           /* target is a real architecture */
     char cache_dir[1024]; /* of the builtins' compiled code; "" none */

@@ -388,11 +388,14 @@ typedef struct jdt_cuk_comm jdt_cuk_comm;
  * Collective over those ranks: each calls it with the same ranks and key, in the same order as
  * its other communicator creations. The lowest-listed rank makes the NCCL unique id and
  * publishes it in the rendezvous KV store under "cuk/nccl/<key>"; the others wait for it
- * (op timeout of d). libnccl.so.2 is loaded on the first call: missing gives ERR_UNSUPPORTED.
+ * (600 s at most). libnccl.so.2 is loaded on the first call: missing gives ERR_UNSUPPORTED.
  * NCCL failures: ERR_NET with ncclGetErrorString. Owned by the caller (jdt_cuk_comm_free). */
 jdt_status jdt_cuk_comm_init(jdt_cuk *k, struct jdt_dist *d, const int *ranks, int n_ranks,
                              const char *key, jdt_cuk_comm **out, jdt_err *e);
-/* Destroys the communicator (aborts it if it had failed). NULL is a no-op. */
+/* Destroys the communicator: its collectives waited for (polled, 60 s at most) and finalized,
+ * or aborted if it had failed or they do not finish. NULL is a no-op. A communicator that fails
+ * anywhere (an NCCL error, a lost peer, a timeout) aborts every live communicator of its
+ * context with it: they share one stream. */
 void jdt_cuk_comm_free(jdt_cuk_comm *c);
 /* In-place sum (average: divided by the group size) of buf (n floats) over the group. Queued on
  * the communicator's own stream, ordered after the compute stream's work so far; the compute

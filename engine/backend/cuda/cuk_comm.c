@@ -30,6 +30,7 @@
 
 #define NCCL_KV_TIMEOUT_S 600.0 /* waiting for the root's unique id */
 #define NCCL_INIT_TIMEOUT_S 600.0
+#define NCCL_FREE_TIMEOUT_S 60.0 /* a communicator's last collectives and finalize */
 
 /* The NCCL entry points this file uses, resolved with dlsym. */
 typedef struct {
@@ -58,6 +59,7 @@ struct jdt_cuk_comm {
     int n_ranks, index;
     bool failed;
     char key[128];
+    jdt_cuk_comm *next; /* k->comms */
 };
 
 static jdt_status nccl_load(nccl_api *a, jdt_err *e)
@@ -107,6 +109,25 @@ static void nap(void)
     nanosleep(&ts, NULL);
 }
 
+/* Aborts o (once) and marks it failed. */
+static void abort_one(jdt_cuk_comm *o)
+{
+    if (o->comm && !o->failed) o->api.abort(o->comm);
+    o->comm = NULL;
+    o->failed = true;
+}
+
+/* c has failed (an NCCL error, a lost peer, a timeout): c and every other communicator of its
+ * context are aborted. They share one stream, where a collective of another communicator may
+ * be spinning on the same dead peer; ncclCommAbort ends its kernels, so the stream, and the
+ * compute stream's waits on it, drain instead of hanging the process. The job ends anyway. */
+static void comm_failed(jdt_cuk_comm *c)
+{
+    for (jdt_cuk_comm *o = c->k ? c->k->comms : NULL; o; o = o->next)
+        abort_one(o);
+    abort_one(c); /* one not listed yet: failing its initialisation */
+}
+
 static jdt_status nccl_fail(jdt_cuk_comm *c, ncclResult_t r, const char *what, jdt_err *e)
 {
     const char *detail = c->comm && c->api.last_error ? c->api.last_error(c->comm) : "";
@@ -114,9 +135,7 @@ static jdt_status nccl_fail(jdt_cuk_comm *c, ncclResult_t r, const char *what, j
         jdt_err_set(e, JDT_ERR_NET, "NCCL %s (communicator %s, rank index %d of %d): %s%s%s", what,
                     c->key, c->index, c->n_ranks, c->api.error_string(r),
                     detail && *detail ? ": " : "", detail ? detail : "");
-    if (c->comm && !c->failed) c->api.abort(c->comm);
-    c->failed = true;
-    c->comm = NULL;
+    comm_failed(c);
     return s;
 }
 
@@ -131,9 +150,7 @@ jdt_status jdt_cuk_comm_poll(jdt_cuk_comm *c, jdt_err *e)
     if (c->d) {
         jdt_status s = jdt_dist_check(c->d, e);
         if (s != JDT_OK) {
-            c->api.abort(c->comm);
-            c->comm = NULL;
-            c->failed = true;
+            comm_failed(c);
             return jdt_err_prefix(e, "NCCL communicator %s aborted", c->key);
         }
     }
@@ -152,15 +169,11 @@ static jdt_status wait_ready(jdt_cuk_comm *c, double timeout_s, const char *what
         if (r != ncclInProgress) return nccl_fail(c, r, what, e);
         jdt_status s = c->d ? jdt_dist_check(c->d, e) : JDT_OK;
         if (s != JDT_OK) {
-            c->api.abort(c->comm);
-            c->comm = NULL;
-            c->failed = true;
+            comm_failed(c);
             return jdt_err_prefix(e, "NCCL %s (communicator %s)", what, c->key);
         }
         if (now_s() - t0 > timeout_s) {
-            c->api.abort(c->comm);
-            c->comm = NULL;
-            c->failed = true;
+            comm_failed(c);
             return jdt_err_set(e, JDT_ERR_TIMEOUT,
                                "NCCL %s (communicator %s): no progress in %.0f s", what, c->key,
                                timeout_s);
@@ -235,6 +248,8 @@ jdt_status jdt_cuk_comm_init(jdt_cuk *k, struct jdt_dist *d, const int *ranks, i
         goto fail;
     }
     if ((s = wait_ready(c, NCCL_INIT_TIMEOUT_S, "communicator init", e)) != JDT_OK) goto fail;
+    c->next = k->comms;
+    k->comms = c;
     *out = c;
     return JDT_OK;
 fail:
@@ -245,14 +260,19 @@ fail:
 void jdt_cuk_comm_free(jdt_cuk_comm *c)
 {
     if (!c) return;
+    for (jdt_cuk_comm **p = c->k ? &c->k->comms : NULL; p && *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
     if (c->comm) {
         bool clean = false;
-        if (!c->failed && c->stream && cudaStreamSynchronize(c->stream) == cudaSuccess) {
+        jdt_err e;
+        /* its collectives finish first: polled (a lost peer aborts, never a blind sync) */
+        if (!c->failed && c->stream && jdt_cuk_comm_sync(c, NCCL_FREE_TIMEOUT_S, &e) == JDT_OK) {
             ncclResult_t r = c->api.finalize(c->comm);
-            if (r == ncclSuccess || r == ncclInProgress) {
-                jdt_err e;
-                clean = wait_ready(c, 60.0, "finalize", &e) == JDT_OK;
-            }
+            if (r == ncclSuccess || r == ncclInProgress)
+                clean = wait_ready(c, NCCL_FREE_TIMEOUT_S, "finalize", &e) == JDT_OK;
         }
         if (c->comm) {
             if (clean)
@@ -439,9 +459,7 @@ jdt_status jdt_cuk_comm_sync(jdt_cuk_comm *c, double timeout_s, jdt_err *e)
         jdt_status s = jdt_cuk_comm_poll(c, e);
         if (s != JDT_OK) return s;
         if (now_s() - t0 > timeout_s) {
-            c->api.abort(c->comm);
-            c->comm = NULL;
-            c->failed = true;
+            comm_failed(c);
             return jdt_err_set(e, JDT_ERR_TIMEOUT,
                                "NCCL communicator %s: collectives unfinished after %.0f s (a peer "
                                "stalled?)",
