@@ -134,12 +134,17 @@ static jdt_status dnn_load(dnn_api *a, jdt_err *e)
         snprintf(tries[n++], sizeof tries[0], "/usr/local/cuda/lib/libcudnn.so.9");
         snprintf(tries[n++], sizeof tries[0], "/usr/local/cuda/lib64/libcudnn.so.9");
     }
-    const char *err = "";
+    /* the message: the first place's error, or a later one that found a file and failed to
+     * load it (a missing dependency says more than "no such file") */
+    char err[300] = "";
     for (int i = 0; i < n && !a->lib; i++)
-        if (!(a->lib = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL))) err = dlerror();
+        if (!(a->lib = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL))) {
+            const char *d = dlerror();
+            if (d && (!err[0] || !strstr(d, "No such file"))) snprintf(err, sizeof err, "%s", d);
+        }
     if (!a->lib)
-        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "cuDNN cannot be loaded (%s): %s", tries[0],
-                           err ? err : "");
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "cuDNN cannot be loaded (%d place%s tried): %s",
+                           n, n == 1 ? "" : "s", err);
 #define SYM(field, name)                                                                           \
     if (!(*(void **)&a->field = dlsym(a->lib, name))) {                                            \
         dlclose(a->lib);                                                                           \
