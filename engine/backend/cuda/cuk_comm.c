@@ -268,8 +268,11 @@ void jdt_cuk_comm_free(jdt_cuk_comm *c)
     if (c->comm) {
         bool clean = false;
         jdt_err e;
-        /* its collectives finish first: polled (a lost peer aborts, never a blind sync) */
-        if (!c->failed && c->stream && jdt_cuk_comm_sync(c, NCCL_FREE_TIMEOUT_S, &e) == JDT_OK) {
+        /* its collectives finish first: done already (the usual end), or polled (a lost peer
+         * aborts, never a blind sync) */
+        if (!c->failed && c->stream &&
+            (cudaEventQuery(c->ev_comm) == cudaSuccess ||
+             jdt_cuk_comm_sync(c, NCCL_FREE_TIMEOUT_S, &e) == JDT_OK)) {
             ncclResult_t r = c->api.finalize(c->comm);
             if (r == ncclSuccess || r == ncclInProgress)
                 clean = wait_ready(c, NCCL_FREE_TIMEOUT_S, "finalize", &e) == JDT_OK;
