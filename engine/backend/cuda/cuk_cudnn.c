@@ -662,7 +662,7 @@ static jdt_status dnn_plan(const dnn_api *a, cudnnHandle_t handle, cudnnBackendD
     else if (!*plan)
         rc = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
                          "no cuDNN engine takes the graph (%s: %s; workspace at most %lld bytes)",
-                         n_cfg ? "engines tried" : "heuristics", n_cfg ? tried : "none",
+                         tried[0] ? "engines tried" : "heuristics", tried[0] ? tried : "none",
                          (long long)max_ws);
     if (rc == JDT_OK && owned && g.n_d > 0) {
         if ((owned->d = jdt_malloc((size_t)g.n_d * sizeof *owned->d))) {
