@@ -72,6 +72,7 @@ typedef struct {
     double comm_moving_s, comm_waited_s;
     void **promised; /* host leaves counted by a prepare, mirrored at a later begin */
     int n_promised, cap_promised;
+    int64_t reserve_env; /* JDT_CUDA_RESERVE_MB in bytes, read at open; -1 unset */
 } cuda_dev;
 
 typedef struct {
@@ -469,12 +470,22 @@ static void fmt_gib(char *buf, size_t n, double bytes)
 
 static int64_t device_reserve(const cuda_dev *cd)
 {
-    const char *env = getenv("JDT_CUDA_RESERVE_MB");
-    char *end = NULL;
-    long long mb = env && *env ? strtoll(env, &end, 10) : -1;
-    if (env && *env && end && *end == 0 && mb >= 0) return (int64_t)mb << 20;
+    if (cd->reserve_env >= 0) return cd->reserve_env;
     return DEVICE_RESERVE_BYTES +
            (cd->dist && jdt_dist_world_size(cd->dist) > 1 ? NCCL_RESERVE_BYTES : 0);
+}
+
+/* JDT_CUDA_RESERVE_MB as bytes, -1 when unset; a value that is not a count of MiB is said once
+ * and ignored. */
+static int64_t reserve_from_env(void)
+{
+    const char *env = getenv("JDT_CUDA_RESERVE_MB");
+    if (!env || !*env) return -1;
+    char *end = NULL;
+    const long long mb = strtoll(env, &end, 10);
+    if (*end == 0 && mb >= 0 && mb < (1ll << 40)) return (int64_t)mb << 20;
+    JDT_WARN("JDT_CUDA_RESERVE_MB=%s is not a number of MiB: ignored", env);
+    return -1;
 }
 
 /* Before a program's one cudaMalloc: the program (program_bytes) plus the leaves it will mirror
@@ -1534,6 +1545,7 @@ jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e)
     if (!cd) return jdt_err_set(e, JDT_ERR_NOMEM, "cuda: device");
     d->impl = cd;
     d->vt = &cuda_vt;
+    cd->reserve_env = reserve_from_env();
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, d->index), "cudaGetDeviceProperties");
     snprintf(cd->name, sizeof cd->name, "%s", prop.name);

@@ -743,6 +743,21 @@ static bool dnn_grow(void **buf, int64_t *have, int64_t n, const char *what, jdt
     return true;
 }
 
+/* The most workspace a plan may have: device memory outside the planned arena, at most half of
+ * what the GPU has free (never under the cuBLASLt workspace, nor over DNN_MAX_WORKSPACE). */
+static int64_t max_workspace(void)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return DNN_MAX_WORKSPACE;
+    }
+    const int64_t half = (int64_t)(free_b / 2);
+    return half < JDT_CUK_WORKSPACE_BYTES ? JDT_CUK_WORKSPACE_BYTES
+           : half > DNN_MAX_WORKSPACE     ? DNN_MAX_WORKSPACE
+                                          : half;
+}
+
 /* The plan of s, built at its first use; NULL when cuDNN declines (logged once). */
 static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
 {
@@ -793,17 +808,9 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
     en->key = *s;
     char info[160];
     double t0 = jdt_now_s();
-    /* a plan's workspace beyond the cuBLASLt one is device memory outside the planned arena:
-     * at most half of what the GPU has free */
-    size_t free_b = 0, total_b = 0;
-    int64_t max_ws = DNN_MAX_WORKSPACE;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && (int64_t)(free_b / 2) < max_ws)
-        max_ws = (int64_t)(free_b / 2) > JDT_CUK_WORKSPACE_BYTES ? (int64_t)(free_b / 2)
-                                                                 : JDT_CUK_WORKSPACE_BYTES;
-    cudaGetLastError();
     const char *why = jdt_cuk_dnn_refusal(d->api.get_version(), s->bwd, s->T);
     jdt_status rc = why ? jdt_err_set(&e, JDT_ERR_UNSUPPORTED, "%s", why)
-                        : dnn_plan(&d->api, d->handle, NULL, s, max_ws, &en->plan, &en->ws,
+                        : dnn_plan(&d->api, d->handle, NULL, s, max_workspace(), &en->plan, &en->ws,
                                    &en->owned, info, sizeof info, &e);
     /* memory beyond the cuBLASLt workspace: the plan's workspace, the accumulator */
     if (rc == JDT_OK && en->ws > JDT_CUK_WORKSPACE_BYTES &&
