@@ -7,6 +7,10 @@
 #      the CUDA binary
 #   B: check_cuda (NVRTC compiles of every generated kernel), then check_cuda-emu's GPU case warp
 #      by warp (cp.async copies landing at their waits)
+# Both emulator suites build the kernels at -O2 with floating-point contraction where the host
+# has FMA (FMA_FLAGS), as NVRTC's default --fmad=true contracts on a GPU: a tolerance or an exact
+# comparison that holds only for separately rounded products fails here. (The host compiler picks
+# its own pairs to contract, not necessarily NVRTC's.)
 # (MALLOC_PERTURB_ fills freed memory: a use after free of deferred work crashes every time; the
 # forward thread order is tests/e2e/cuda_emu.sh's.) None of these races a clock: check_cuk's
 # dead-peer case allows its forked peer seconds, not milliseconds. Each suite's output is kept
@@ -21,6 +25,13 @@ LOGS=$(mktemp -d /tmp/jdt-cuda-suites.XXXXXX)
 export JDT_BIN="$ROOT/$BUILD/jdt-train"
 . tests/infra/blas-env.sh # the test binaries on jdt-train's OpenBLAS kernels
 
+FMA_FLAGS=
+case "$(uname -m)" in
+x86_64) grep -qw fma /proc/cpuinfo 2>/dev/null && FMA_FLAGS="-mfma -ffp-contract=fast" ;;
+aarch64) FMA_FLAGS="-ffp-contract=fast" ;;
+esac
+[ -n "$FMA_FLAGS" ] || echo "run-cuda.sh: this CPU has no FMA; the emulated kernels run uncontracted"
+
 # suite NAME CMD...: runs CMD with its output in $LOGS/NAME.log and its time and status in .rc
 suite() {
   local name=$1 t0 rc
@@ -32,8 +43,9 @@ suite() {
 queue_a() {
   suite check_cuk build-cuda/tests/check_cuk
   suite check_cuk-emu env JDT_CUDAEMU_ORDER=warps JDT_CUDAEMU_CP_ASYNC=issue MALLOC_PERTURB_=165 \
-    CK_RUN_CASE=gpu \
-    JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" build-cuda/tests/check_cuk-emu
+    CK_RUN_CASE=gpu JDT_CUDAEMU_OPT=-O2 \
+    JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all $FMA_FLAGS" \
+    build-cuda/tests/check_cuk-emu
   local tmp
   tmp=$(mktemp -d /tmp/jdt-cuda-backend.XXXXXX)
   suite cuda_backend env JDT_CUDA_BIN="$ROOT/build-cuda/jdt-train" JDT_ROOT="$ROOT" JDT_TMP="$tmp" \
@@ -43,7 +55,7 @@ queue_a() {
 queue_b() {
   suite check_cuda build-cuda/tests/check_cuda
   suite check_cuda-emu env JDT_CUDAEMU_ORDER=warps MALLOC_PERTURB_=165 CK_RUN_CASE=gpu \
-    build-cuda/tests/check_cuda-emu
+    JDT_CUDAEMU_OPT=-O2 JDT_CUDAEMU_CFLAGS="$FMA_FLAGS" build-cuda/tests/check_cuda-emu
 }
 queue_a & a=$!
 queue_b & b=$!

@@ -130,17 +130,33 @@ static inline int __float_as_int(float f)
 {
     return emu_bits<int>(f);
 }
+/* The _rn intrinsics are never contracted into an FMA on a GPU; with JDT_CUDAEMU_CFLAGS=
+ * "-mfma -ffp-contract=fast" (NVRTC's default --fmad=true, mimicked) the host compiler would
+ * contract them once inlined, so their operands and result pass through an empty asm it cannot
+ * see into. */
+static inline float emu_nofuse(float x)
+{
+#if defined(__x86_64__)
+    __asm__("" : "+x"(x));
+#elif defined(__aarch64__)
+    __asm__("" : "+w"(x));
+#else
+    volatile float v = x;
+    x = v;
+#endif
+    return x;
+}
 static inline float __fmul_rn(float a, float b)
 {
-    return a * b;
+    return emu_nofuse(emu_nofuse(a) * emu_nofuse(b));
 }
 static inline float __fadd_rn(float a, float b)
 {
-    return a + b;
+    return emu_nofuse(emu_nofuse(a) + emu_nofuse(b));
 }
 static inline float __fsub_rn(float a, float b)
 {
-    return a - b;
+    return emu_nofuse(emu_nofuse(a) - emu_nofuse(b));
 }
 static inline float rsqrtf(float x)
 {
