@@ -1443,9 +1443,9 @@ START_TEST(test_row_kernels)
 {
     GPU_OR_SKIP(k);
     /* C = 1024, 768 and 128 also take the norm backwards' warp-per-row kernels (cuk.c
-     * norm_part_launch) */
-    static const int64_t shapes[][2] = {{7, 1031}, {5, 1024}, {3, 5},   {2, 12289},
-                                        {1, 1},    {9, 768},  {33, 128}};
+     * norm_part_launch); C = 5003 their block-per-row kernels' 1024-thread copies (_k) */
+    static const int64_t shapes[][2] = {{7, 1031}, {5, 1024}, {3, 5},    {2, 12289},
+                                        {1, 1},    {9, 768},  {33, 128}, {3, 5003}};
     for (int kind = 0; kind < 4; kind++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             check_rows(k, (row_kind)kind, shapes[i][0], shapes[i][1]);
@@ -2436,6 +2436,107 @@ START_TEST(test_emulator_strict)
 }
 END_TEST
 
+/* The emulator's launch bounds (cudaemu.c cudaLaunchKernel): past 256 threads a kernel must
+ * declare __launch_bounds__ of at least its block, since without one ptxas may give it up to
+ * 255 registers a thread and the block then fits an SM's 65536 only by luck. emu_free has none,
+ * emu_512 a bound of 512 written through a macro (the emulator reads the preprocessed text),
+ * emu_pair a bound of 256 with a second argument. */
+static const char EMU_BOUNDS_SRC[] =
+    "#define EMU_BOUND 512\n"
+    "extern \"C\" __global__ void emu_free(unsigned *out) { out[threadIdx.x] = 1u; }\n"
+    "extern \"C\" __global__ void __launch_bounds__(EMU_BOUND) emu_512(unsigned *out)\n"
+    "{ out[threadIdx.x] = 2u; }\n"
+    "extern \"C\" __global__ void __launch_bounds__(256, 2) emu_pair(unsigned *out)\n"
+    "{ out[threadIdx.x] = 3u; }\n";
+
+START_TEST(test_emulator_launch_bounds)
+{
+    GPU_OR_SKIP(k);
+    if (!emulated_gpu()) {
+        printf("SKIP %s: the emulator's own launch check, not for a GPU\n", __func__);
+        jdt_cuk_free(k);
+        return;
+    }
+    char *image;
+    cudaLibrary_t lib = emu_probe_load(EMU_BOUNDS_SRC, "emu_bounds.cu", &image);
+    static const struct {
+        const char *name;
+        unsigned threads;
+        cudaError_t want;
+        unsigned val;
+    } cases[] = {
+        {"emu_free", 256, cudaSuccess, 1u}, {"emu_free", 512, cudaErrorLaunchOutOfResources, 0},
+        {"emu_512", 512, cudaSuccess, 2u},  {"emu_512", 1024, cudaErrorLaunchOutOfResources, 0},
+        {"emu_pair", 256, cudaSuccess, 3u}, {"emu_pair", 288, cudaErrorLaunchOutOfResources, 0},
+    };
+    unsigned *d = dev_alloc(1024 * sizeof(unsigned)), *h = malloc(1024 * sizeof(unsigned));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cudaKernel_t fn;
+        ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, cases[i].name), cudaSuccess);
+        ck_assert_int_eq(cudaMemset(d, 0, 1024 * sizeof(unsigned)), cudaSuccess);
+        void *args[] = {&d};
+        dim3 g = {1, 1, 1}, b = {cases[i].threads, 1, 1};
+        cudaError_t rc = cudaLaunchKernel((const void *)fn, g, b, args, 0, NULL);
+        ck_assert_msg(rc == cases[i].want, "%s with %u threads: %s, want %s", cases[i].name,
+                      cases[i].threads, cudaGetErrorString(rc), cudaGetErrorString(cases[i].want));
+        (void)cudaGetLastError(); /* not sticky, as on a GPU */
+        ck_assert_int_eq(cudaMemcpy(h, d, 1024 * sizeof(unsigned), cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        for (unsigned t = 0; t < cases[i].threads; t++)
+            ck_assert_uint_eq(h[t], cases[i].val);
+    }
+    free(h);
+    cudaFree(d);
+    cudaLibraryUnload(lib);
+    free(image);
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* The emulator's warp collectives over exited lanes (emu.hpp emu_exchange, emu_vote): lanes
+ * 16-31 return at once; a shuffle from one of them is undefined on a GPU and poison here (all
+ * bits set), one within the mask is the source's value, and the votes count only the 16 lanes
+ * left, as a GPU's do. */
+static const char EMU_SHFL_SRC[] = "extern \"C\" __global__ void emu_shfl(unsigned *out)\n"
+                                   "{\n"
+                                   "    unsigned t = threadIdx.x;\n"
+                                   "    if (t >= 16) return;\n"
+                                   "    out[t] = __shfl_xor_sync(0xffffffffu, t + 1, 16);\n"
+                                   "    out[32 + t] = __shfl_xor_sync(0x0000ffffu, t + 1, 1);\n"
+                                   "    out[64 + t] = __ballot_sync(0xffffffffu, t != 3);\n"
+                                   "    out[96 + t] = __all_sync(0xffffffffu, 1);\n"
+                                   "}\n";
+
+START_TEST(test_emulator_shuffle_sources)
+{
+    GPU_OR_SKIP(k);
+    if (!emulated_gpu()) {
+        printf("SKIP %s: the emulator's own poison, not for a GPU\n", __func__);
+        jdt_cuk_free(k);
+        return;
+    }
+    char *image;
+    cudaLibrary_t lib = emu_probe_load(EMU_SHFL_SRC, "emu_shfl.cu", &image);
+    cudaKernel_t fn;
+    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_shfl"), cudaSuccess);
+    unsigned *d = dev_alloc(128 * sizeof(unsigned)), h[128];
+    void *args[] = {&d};
+    dim3 g = {1, 1, 1}, b = {32, 1, 1};
+    ck_assert_int_eq(cudaLaunchKernel((const void *)fn, g, b, args, 0, NULL), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (unsigned t = 0; t < 16; t++) {
+        ck_assert_uint_eq(h[t], 0xffffffffu);
+        ck_assert_uint_eq(h[32 + t], (t ^ 1u) + 1u);
+        ck_assert_uint_eq(h[64 + t], 0xfff7u);
+        ck_assert_uint_eq(h[96 + t], 1u);
+    }
+    cudaFree(d);
+    cudaLibraryUnload(lib);
+    free(image);
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* The emulator's warp-at-a-time order and its cp.async (emu.hpp). emu_warps: each thread
  * writes its slot, then, after a warp barrier only, reads the slot of the other warp's thread
  * t +- 32: in step (reverse) both warps have written before either reads (but for the thread
@@ -2681,6 +2782,8 @@ static void add_tests(Suite *s)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_emulator_strict);
     tcase_add_test(tc, test_emulator_warps_cp_async);
+    tcase_add_test(tc, test_emulator_launch_bounds);
+    tcase_add_test(tc, test_emulator_shuffle_sources);
     tcase_add_test(tc, test_init_errors_and_cache);
     tcase_add_test(tc, test_lazy_load);
     tcase_add_test(tc, test_matmul);

@@ -61,6 +61,10 @@ extern const int jdt_cuk_n_sources;
     X(RMS_NORMALIZE_BWD_PART_W, "cuk_rows.cu", "cuk_rms_normalize_bwd_part_w")                     \
     X(NORMALIZE_BWD_PART_BG_W, "cuk_rows.cu", "cuk_normalize_bwd_part_bg_w")                       \
     X(RMS_NORMALIZE_BWD_PART_BG_W, "cuk_rows.cu", "cuk_rms_normalize_bwd_part_bg_w")               \
+    X(NORMALIZE_BWD_PART_K, "cuk_rows.cu", "cuk_normalize_bwd_part_k")                             \
+    X(RMS_NORMALIZE_BWD_PART_K, "cuk_rows.cu", "cuk_rms_normalize_bwd_part_k")                     \
+    X(NORMALIZE_BWD_PART_BG_K, "cuk_rows.cu", "cuk_normalize_bwd_part_bg_k")                       \
+    X(RMS_NORMALIZE_BWD_PART_BG_K, "cuk_rows.cu", "cuk_rms_normalize_bwd_part_bg_k")               \
     X(GATHER, "cuk_misc.cu", "cuk_gather")                                                         \
     X(SCATTER_ADD, "cuk_misc.cu", "cuk_scatter_add")                                               \
     X(ROPE, "cuk_misc.cu", "cuk_rope")                                                             \

@@ -737,6 +737,12 @@ static void norm_part_launch(jdt_cuk *k, jdt_cuk_kernel ki, const float *x, cons
         launch(k, kw, P, 128, 0, args);
         return;
     }
+    /* past 512 threads (C > 4096) the copy held to 64 registers (cuk_rows.cu NORM_BWD_PART) */
+    if (bd > 512)
+        ki = ki == JDT_CUK_K_NORMALIZE_BWD_PART       ? JDT_CUK_K_NORMALIZE_BWD_PART_K
+             : ki == JDT_CUK_K_RMS_NORMALIZE_BWD_PART ? JDT_CUK_K_RMS_NORMALIZE_BWD_PART_K
+             : ki == JDT_CUK_K_NORMALIZE_BWD_PART_BG  ? JDT_CUK_K_NORMALIZE_BWD_PART_BG_K
+                                                      : JDT_CUK_K_RMS_NORMALIZE_BWD_PART_BG_K;
     launch(k, ki, P, bd, 0, args);
 }
 

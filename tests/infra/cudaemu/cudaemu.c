@@ -61,7 +61,7 @@
 #endif
 
 static const char IMAGE_MAGIC[8] = "JDTEMU01";
-#define IMAGE_FORMAT 1u /* bump when the generated launcher table changes */
+#define IMAGE_FORMAT 2u /* bump when the generated launcher table changes */
 
 /* ---- state ---------------------------------------------------------------------------------- */
 
@@ -153,6 +153,8 @@ const char *cudaGetErrorString(cudaError_t e)
         return "invalid device ordinal";
     case cudaErrorInvalidConfiguration:
         return "invalid configuration argument";
+    case cudaErrorLaunchOutOfResources:
+        return "too many resources requested for launch";
     case cudaErrorLaunchFailure:
         return "unspecified launch failure";
     case cudaErrorInvalidKernelImage:
@@ -636,6 +638,7 @@ struct CUlib_st {
     int n;
     const char *const *names;
     const emu_launch_fn *fns;
+    const int *bounds; /* per kernel: find_kernels' */
     int (*set_dyn)(size_t);
     struct CUkern_st *kerns;
 };
@@ -644,8 +647,11 @@ struct CUkern_st {
     struct CUlib_st *lib;
     int idx;
     size_t max_dyn; /* cudaFuncAttributeMaxDynamicSharedMemorySize: 48 KiB unless raised */
+    int bound;      /* its __launch_bounds__' threads, 0 if it declares none, -1 if not a number */
 };
 #define KERN_MAGIC 0x6b656d75646a6bULL
+#define LAUNCH_UNBOUNDED                                                                           \
+    256ULL /* the most threads a kernel without __launch_bounds__ surely fits */
 
 cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJitOption *jo,
                                 void **jv, unsigned njo, enum cudaLibraryOption *lo, void **lv,
@@ -682,10 +688,11 @@ cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJ
     if (l) {
         l->names = dlsym(so, "jdt_emu_names");
         l->fns = dlsym(so, "jdt_emu_fns");
+        l->bounds = dlsym(so, "jdt_emu_bounds");
         l->set_dyn = (int (*)(size_t))dlsym(so, "jdt_emu_set_dyn");
         l->kerns = np ? calloc((size_t)(*np ? *np : 1), sizeof *l->kerns) : NULL;
     }
-    if (!l || !np || !l->names || !l->fns || !l->set_dyn || !l->kerns) {
+    if (!l || !np || !l->names || !l->fns || !l->bounds || !l->set_dyn || !l->kerns) {
         dlclose(so);
         if (l) free(l->kerns);
         free(l);
@@ -694,7 +701,7 @@ cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJ
     l->so = so;
     l->n = *np;
     for (int i = 0; i < l->n; i++)
-        l->kerns[i] = (struct CUkern_st){KERN_MAGIC, l, i, 48 * 1024};
+        l->kerns[i] = (struct CUkern_st){KERN_MAGIC, l, i, 48 * 1024, l->bounds[i]};
     *lib = l;
     return cudaSuccess;
 }
@@ -745,9 +752,19 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size
     const char *name = k->lib->names[k->idx];
     unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
     const char *bad = NULL;
+    char why[160];
     if (nt == 0 || nt > 1024 || b.z > 64)
         bad = "block of more than 1024 threads (or none)";
-    else if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535)
+    else if (k->bound > 0 && nt > (unsigned long long)k->bound) {
+        snprintf(why, sizeof why, "more threads than its __launch_bounds__(%d)", k->bound);
+        bad = why;
+    } else if (k->bound == 0 && nt > LAUNCH_UNBOUNDED) {
+        /* ptxas may give a kernel without a bound up to 255 registers a thread, and an SM has
+         * 65536: past 256 threads the launch fits only if the kernel happens to take fewer
+         * (cudaErrorLaunchOutOfResources, "too many resources requested for launch") */
+        bad = "more than 256 threads and no __launch_bounds__: a GPU runs it only while ptxas "
+              "happens to give it at most 65536 / threads registers (declare the bound)";
+    } else if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535)
         bad = "empty grid, or grid y/z past 65535";
     else if (smem > k->max_dyn)
         bad = smem > 48 * 1024 ? "more dynamic shared memory than cudaFuncSetAttribute allowed"
@@ -757,7 +774,10 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size
                 "cudaemu: launch of %s (grid %u x %u x %u, block %u x %u x %u, %zu bytes "
                 "of shared memory): %s\n",
                 name, g.x, g.y, g.z, b.x, b.y, b.z, smem, bad);
-        return ret(cudaErrorInvalidConfiguration);
+        return ret(k->bound >= 0 && nt <= 1024 &&
+                           nt > (k->bound ? (unsigned long long)k->bound : LAUNCH_UNBOUNDED)
+                       ? cudaErrorLaunchOutOfResources
+                       : cudaErrorInvalidConfiguration);
     }
     trace("launch %s grid %u x %u x %u block %u x %u x %u smem %zu", name, g.x, g.y, g.z, b.x, b.y,
           b.z, smem);
@@ -931,13 +951,17 @@ static void rm_rf(const char *dir)
 }
 
 /* The names of the extern "C" kernels in preprocessed text where __global__ became
- * jdt_emu_global: `extern "C" jdt_emu_global void [__launch_bounds__(...)] NAME (`. */
-static int find_kernels(const char *text, char ***names)
+ * jdt_emu_global: `extern "C" jdt_emu_global void [__launch_bounds__(...)] NAME (`, and in
+ * (*bounds)[i] each one's bound: the threads of its __launch_bounds__, 0 without one, -1 where
+ * the first argument is not a plain number after preprocessing. */
+static int find_kernels(const char *text, char ***names, int **bounds)
 {
     int n = 0, cap = 16;
     char **v = malloc((size_t)cap * sizeof *v);
+    int *bv = malloc((size_t)cap * sizeof *bv);
     *names = v;
-    if (!v) return 0;
+    *bounds = bv;
+    if (!v || !bv) return 0;
     for (const char *p = text; (p = strstr(p, "jdt_emu_global")) != NULL; p++) {
         const char *b = p;
         while (b > text && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\n'))
@@ -950,8 +974,18 @@ static int find_kernels(const char *text, char ***names)
         q += 4;
         while (*q == ' ' || *q == '\t' || *q == '\n')
             q++;
+        int bound = 0;
         if (strncmp(q, "__launch_bounds__", 17) == 0) { /* skip its balanced parentheses */
             q = strchr(q, '(');
+            const char *a = q ? q : "";
+            while (*a == '(' || *a == ' ' || *a == '\t' || *a == '\n')
+                a++;
+            char *end = NULL;
+            long t = strtol(a, &end, 10);
+            while (end && end > a && (*end == ' ' || *end == '\t' || *end == '\n'))
+                end++;
+            bound =
+                end && end > a && (*end == ',' || *end == ')') && t > 0 && t <= 1024 ? (int)t : -1;
             int depth = 0;
             for (; q && *q; q++)
                 if (*q == '(')
@@ -973,14 +1007,19 @@ static int find_kernels(const char *text, char ***names)
             char **w = realloc(v, (size_t)cap * sizeof *v);
             if (!w) break;
             v = w;
+            *names = v;
+            int *bw = realloc(bv, (size_t)cap * sizeof *bv);
+            if (!bw) break;
+            bv = bw;
+            *bounds = bv;
         }
         char *name = malloc((size_t)(q - s) + 1);
         if (!name) break;
         memcpy(name, s, (size_t)(q - s));
         name[q - s] = '\0';
+        bv[n] = bound;
         v[n++] = name;
     }
-    *names = v;
     return n;
 }
 
@@ -1041,7 +1080,8 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n_opts, const char *const *o
     char *text = read_file(pre, &n);
     if (!text) return compile_fail(p, dir, log_path, "no preprocessed text");
     char **names = NULL;
-    int nk = find_kernels(text, &names);
+    int *bounds = NULL;
+    int nk = find_kernels(text, &names, &bounds);
     free(text);
     /* 2: emu.hpp + the text + a launcher per kernel */
     FILE *f = fopen(cc_path, "w");
@@ -1056,10 +1096,14 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n_opts, const char *const *o
     fprintf(f, "nullptr};\nextern \"C\" const jdt_emu_launch_fn jdt_emu_fns[] = {");
     for (int i = 0; i < nk; i++)
         fprintf(f, "jdt_emu_l_%s, ", names[i]);
-    fprintf(f, "nullptr};\n");
+    fprintf(f, "nullptr};\nextern \"C\" const int jdt_emu_bounds[] = {");
+    for (int i = 0; i < nk; i++)
+        fprintf(f, "%d, ", bounds[i]);
+    fprintf(f, "0};\n");
     for (int i = 0; i < nk; i++)
         free(names[i]);
     free(names);
+    free(bounds);
     if (fclose(f) != 0) return compile_fail(p, dir, log_path, "cannot write the emulation source");
     const char *opt = getenv("JDT_CUDAEMU_OPT") ? getenv("JDT_CUDAEMU_OPT") : "-O1";
     /* JDT_CUDAEMU_CFLAGS: more flags, split at spaces (e.g. -fsanitize=undefined

@@ -502,56 +502,94 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
 
 static unsigned long long emu_xch[EMU_MAX_THREADS];
 
-template <class T> static inline T emu_exchange(T v, unsigned src_lane)
+/* The caller's lane must be in a warp collective's mask (on a GPU, undefined otherwise). */
+static inline void emu_mask_check(unsigned mask, const char *what)
+{
+    unsigned lane = emu_cur & 31u;
+    if (!((mask >> lane) & 1u)) {
+        std::fprintf(stderr,
+                     "cudaemu: %s with mask %#x in thread %u: its lane %u is not in the mask "
+                     "(undefined on a GPU)\n",
+                     what, mask, emu_cur, lane);
+        std::abort();
+    }
+}
+/* Whether lane l of the caller's warp takes part in a collective over mask: named by it, inside
+ * the block and not exited. Called between the collective's two warp barriers, when every
+ * lane that takes part has arrived and none can leave. */
+static inline bool emu_lane_on(unsigned mask, unsigned l)
+{
+    unsigned t = (emu_cur & ~31u) + l;
+    return ((mask >> l) & 1u) && t < emu_nthreads && !emu_fib[t].done;
+}
+
+/* A shuffle: the value of lane src_lane of the caller's warp. A source that does not take part
+ * (outside the mask, past the block's last thread, or exited) gives an undefined value on a
+ * GPU, poison (all bits set: a NaN) here. */
+template <class T> static inline T emu_exchange(unsigned mask, T v, unsigned src_lane)
 {
     static_assert(sizeof(T) <= 8, "shuffled values are at most 8 bytes");
-    unsigned t = emu_cur, base = t & ~31u;
+    emu_mask_check(mask, "__shfl_*_sync");
+    unsigned t = emu_cur, base = t & ~31u, s = src_lane & 31u;
     std::memcpy(&emu_xch[t], &v, sizeof v);
     __syncwarp();
     T r;
-    std::memcpy(&r, &emu_xch[base + (src_lane & 31u)], sizeof r);
+    if (emu_lane_on(mask, s))
+        std::memcpy(&r, &emu_xch[base + s], sizeof r);
+    else
+        std::memset(&r, 0xff, sizeof r);
     __syncwarp();
     return r;
 }
-template <class T> static inline T __shfl_xor_sync(unsigned, T v, int m, int = 32)
+template <class T> static inline T __shfl_xor_sync(unsigned m, T v, int x, int = 32)
 {
-    return emu_exchange(v, (emu_cur & 31u) ^ (unsigned)m);
+    return emu_exchange(m, v, (emu_cur & 31u) ^ (unsigned)x);
 }
-template <class T> static inline T __shfl_sync(unsigned, T v, int src, int w = 32)
+template <class T> static inline T __shfl_sync(unsigned m, T v, int src, int w = 32)
 {
     unsigned lane = emu_cur & 31u;
-    return emu_exchange(v, (lane & ~(unsigned)(w - 1)) + ((unsigned)src & (unsigned)(w - 1)));
+    return emu_exchange(m, v, (lane & ~(unsigned)(w - 1)) + ((unsigned)src & (unsigned)(w - 1)));
 }
-template <class T> static inline T __shfl_down_sync(unsigned, T v, unsigned d, int w = 32)
+template <class T> static inline T __shfl_down_sync(unsigned m, T v, unsigned d, int w = 32)
 {
     unsigned lane = emu_cur & 31u, seg = lane & (unsigned)(w - 1);
-    return emu_exchange(v, seg + d < (unsigned)w ? lane + d : lane);
+    return emu_exchange(m, v, seg + d < (unsigned)w ? lane + d : lane);
 }
-template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d, int w = 32)
+template <class T> static inline T __shfl_up_sync(unsigned m, T v, unsigned d, int w = 32)
 {
     unsigned lane = emu_cur & 31u, seg = lane & (unsigned)(w - 1);
-    return emu_exchange(v, seg >= d ? lane - d : lane);
+    return emu_exchange(m, v, seg >= d ? lane - d : lane);
 }
-static inline unsigned __ballot_sync(unsigned, int p)
+/* The votes over the lanes that take part (emu_lane_on); *on gets their mask. */
+static inline unsigned emu_vote(unsigned m, int p, unsigned *on, const char *what)
 {
-    unsigned t = emu_cur, base = t & ~31u, r = 0;
+    emu_mask_check(m, what);
+    unsigned t = emu_cur, base = t & ~31u, r = 0, a = 0;
     emu_xch[t] = p != 0;
     __syncwarp();
-    for (unsigned l = 0; l < 32 && base + l < emu_nthreads; l++)
-        r |= (unsigned)emu_xch[base + l] << l;
+    for (unsigned l = 0; l < 32; l++)
+        if (emu_lane_on(m, l)) {
+            a |= 1u << l;
+            r |= (unsigned)(emu_xch[base + l] != 0) << l;
+        }
     __syncwarp();
+    *on = a;
     return r;
+}
+static inline unsigned __ballot_sync(unsigned m, int p)
+{
+    unsigned on;
+    return emu_vote(m, p, &on, "__ballot_sync");
 }
 static inline int __any_sync(unsigned m, int p)
 {
-    return __ballot_sync(m, p) != 0;
+    unsigned on;
+    return emu_vote(m, p, &on, "__any_sync") != 0;
 }
 static inline int __all_sync(unsigned m, int p)
 {
-    unsigned t = emu_cur, base = t & ~31u;
-    unsigned n = emu_nthreads - base < 32 ? emu_nthreads - base : 32;
-    unsigned want = n == 32 ? 0xffffffffu : (1u << n) - 1;
-    return __ballot_sync(m, p) == want;
+    unsigned on;
+    return emu_vote(m, p, &on, "__all_sync") == on;
 }
 
 /* ---- atomics (one OS thread: plain read-modify-writes) ------------------------------------- */

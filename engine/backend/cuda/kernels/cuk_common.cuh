@@ -9,6 +9,11 @@ typedef long long i64;
 typedef int i32;
 
 #define CUK_WARP 32
+/* The bound of the kernels cuk.c launches a block per row with row_threads (up to 1024 threads):
+ * ptxas then keeps them within 64 registers a thread, so a block of 1024 fits an SM's 65536.
+ * Without a bound a kernel may take up to 255 and a launch past 256 threads would work only as
+ * long as it happened to take fewer (the host emulator refuses such a launch). */
+#define CUK_ROW_BOUNDS __launch_bounds__(1024)
 #define CUK_FULL 0xffffffffu
 #define CUK_NEG_INF __int_as_float(0xff800000)
 #define CUK_NAN __int_as_float(0x7fc00000)

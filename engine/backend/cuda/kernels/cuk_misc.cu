@@ -7,8 +7,8 @@
 
 /* out (n, C) = table (V, C) rows idx (n); an index outside [0, V) gives a zero row. One block
  * per output row (grid-stride over rows), threads over C. */
-extern "C" __global__ void cuk_gather(const float *table, const i32 *idx, float *out, i64 n, i64 V,
-                                      i64 C, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_gather(const float *table, const i32 *idx, float *out,
+                                                     i64 n, i64 V, i64 C, int vec)
 {
     for (i64 i = blockIdx.x; i < n; i += gridDim.x) {
         i64 r = idx[i];
@@ -52,7 +52,8 @@ extern "C" __global__ void cuk_rope(const void *xv, void *yv, i64 B, i64 T, i64 
         if (x_bhtd) xo = ((p / (half * H * T) * H + (p / half) % H) * T + t) * D + 2 * i;
         float x0, x1;
         if (x16) {
-            x0 = cuk_ld((const unsigned short *)xv, xo), x1 = cuk_ld((const unsigned short *)xv, xo + 1);
+            x0 = cuk_ld((const unsigned short *)xv, xo),
+            x1 = cuk_ld((const unsigned short *)xv, xo + 1);
         } else {
             x0 = ((const float *)xv)[xo], x1 = ((const float *)xv)[xo + 1];
         }
@@ -110,7 +111,8 @@ extern "C" __global__ void cuk_gelu_bf16(const unsigned short *x, unsigned short
     i64 stride = (i64)gridDim.x * blockDim.x;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float v = __uint_as_float((unsigned int)x[i] << 16);
-        y[i] = cuk_bf16_bits(0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))));
+        y[i] =
+            cuk_bf16_bits(0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))));
     }
 }
 
@@ -123,8 +125,8 @@ extern "C" __global__ void cuk_dgelu_bf16(const unsigned short *u, unsigned shor
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float x = __uint_as_float((unsigned int)u[i] << 16);
         const float t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
-        const float d = 0.5f * (1.0f + t) +
-                        0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+        const float d = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f *
+                                                (1.0f + 3.0f * 0.044715f * x * x);
         g[i] = cuk_bf16_bits(__uint_as_float((unsigned int)g[i] << 16) * d);
     }
 }
@@ -136,9 +138,8 @@ extern "C" __global__ void cuk_dgelu_bf16(const unsigned short *u, unsigned shor
  * w, then the 8 warps' sums in warp order, into part[q][col]; cuk_colsum_f32 then adds the
  * chunks in order. The launcher picks the chunks from the shape alone, so the sums are the
  * same bits on any GPU and schedule (check_cuk replays the order on the host). */
-extern "C" __global__ void __launch_bounds__(256) cuk_colsum_bf16(const unsigned short *x,
-                                                                  float *part, i64 rows, i64 N,
-                                                                  i64 chunk)
+extern "C" __global__ void __launch_bounds__(256)
+    cuk_colsum_bf16(const unsigned short *x, float *part, i64 rows, i64 N, i64 chunk)
 {
     __shared__ float red[8][64];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;

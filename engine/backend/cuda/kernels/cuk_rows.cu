@@ -11,7 +11,8 @@
  */
 #include "cuk_common.cuh"
 
-extern "C" __global__ void cuk_softmax(const float *x, float *y, i64 N, i64 C, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax(const float *x, float *y, i64 N, i64 C,
+                                                      int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -27,8 +28,8 @@ extern "C" __global__ void cuk_softmax(const float *x, float *y, i64 N, i64 C, i
     }
 }
 
-extern "C" __global__ void cuk_softmax_bwd(const float *y, const float *dy, float *dx, i64 N, i64 C,
-                                           int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_bwd(const float *y, const float *dy,
+                                                          float *dx, i64 N, i64 C, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -82,7 +83,8 @@ template <class T> __device__ float cuk_row_lse(const T *xr, i64 C, bool vec, fl
     return base + logf(cuk_block_sum(s * expf(m - base), sh));
 }
 
-extern "C" __global__ void cuk_log_softmax(const float *x, float *y, i64 N, i64 C, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_log_softmax(const float *x, float *y, i64 N, i64 C,
+                                                          int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -92,8 +94,8 @@ extern "C" __global__ void cuk_log_softmax(const float *x, float *y, i64 N, i64 
     }
 }
 
-extern "C" __global__ void cuk_log_softmax_bwd(const float *y, const float *dy, float *dx, i64 N,
-                                               i64 C, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_log_softmax_bwd(const float *y, const float *dy,
+                                                              float *dx, i64 N, i64 C, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -130,14 +132,16 @@ __device__ __forceinline__ void xent_fwd(const T *logits, const i32 *tgt, float 
     }
 }
 
-extern "C" __global__ void cuk_softmax_xent(const float *logits, const i32 *tgt, float *loss, i64 N,
-                                            i64 V, i64 ldx, i64 ldd, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent(const float *logits, const i32 *tgt,
+                                                           float *loss, i64 N, i64 V, i64 ldx,
+                                                           i64 ldd, int vec)
 {
     xent_fwd(logits, tgt, loss, N, V, ldx, ldd, vec);
 }
 
-extern "C" __global__ void cuk_softmax_xent_b(const unsigned short *logits, const i32 *tgt,
-                                              float *loss, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent_b(const unsigned short *logits,
+                                                             const i32 *tgt, float *loss, i64 N,
+                                                             i64 V, i64 ldx, i64 ldd, int vec)
 {
     xent_fwd(logits, tgt, loss, N, V, ldx, ldd, vec);
 }
@@ -206,34 +210,39 @@ __device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const 
     }
 }
 
-extern "C" __global__ void cuk_softmax_xent_bwd(const float *logits, const i32 *tgt,
-                                                const float *dloss, const float *loss,
-                                                float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
-                                                int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent_bwd(const float *logits, const i32 *tgt,
+                                                               const float *dloss,
+                                                               const float *loss, float *dlogits,
+                                                               i64 N, i64 V, i64 ldx, i64 ldd,
+                                                               int vec)
 {
     xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
-extern "C" __global__ void cuk_softmax_xent_bwd_b(const unsigned short *logits, const i32 *tgt,
-                                                  const float *dloss, const float *loss,
-                                                  float *dlogits, i64 N, i64 V, i64 ldx, i64 ldd,
-                                                  int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent_bwd_b(const unsigned short *logits,
+                                                                 const i32 *tgt, const float *dloss,
+                                                                 const float *loss, float *dlogits,
+                                                                 i64 N, i64 V, i64 ldx, i64 ldd,
+                                                                 int vec)
 {
     xent_bwd(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
 /* The fused classifier: loss and dlogits = g * (softmax - onehot) in one pass over a row. */
-extern "C" __global__ void cuk_softmax_xent_fused(const float *logits, const i32 *tgt, float g,
-                                                  float *loss, float *dlogits, i64 N, i64 V,
-                                                  i64 ldx, i64 ldd, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent_fused(const float *logits,
+                                                                 const i32 *tgt, float g,
+                                                                 float *loss, float *dlogits, i64 N,
+                                                                 i64 V, i64 ldx, i64 ldd, int vec)
 {
     xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd,
              vec);
 }
 
-extern "C" __global__ void cuk_softmax_xent_fused_b(const unsigned short *logits, const i32 *tgt,
-                                                    float g, float *loss, float *dlogits, i64 N,
-                                                    i64 V, i64 ldx, i64 ldd, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent_fused_b(const unsigned short *logits,
+                                                                   const i32 *tgt, float g,
+                                                                   float *loss, float *dlogits,
+                                                                   i64 N, i64 V, i64 ldx, i64 ldd,
+                                                                   int vec)
 {
     xent_bwd(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd,
              vec);
@@ -282,34 +291,31 @@ xent_bwd_bf16(const T *logits, const i32 *tgt, const float *dloss, float g, cons
     }
 }
 
-extern "C" __global__ void cuk_softmax_xent_bwd_bf16(const float *logits, const i32 *tgt,
-                                                     const float *dloss, const float *loss,
-                                                     unsigned short *dlogits, i64 N, i64 V, i64 ldx,
-                                                     i64 ldd, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent_bwd_bf16(
+    const float *logits, const i32 *tgt, const float *dloss, const float *loss,
+    unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
     xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
-extern "C" __global__ void cuk_softmax_xent_bwd_bf16_b(const unsigned short *logits, const i32 *tgt,
-                                                       const float *dloss, const float *loss,
-                                                       unsigned short *dlogits, i64 N, i64 V,
-                                                       i64 ldx, i64 ldd, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent_bwd_bf16_b(
+    const unsigned short *logits, const i32 *tgt, const float *dloss, const float *loss,
+    unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
     xent_bwd_bf16(logits, tgt, dloss, 0.0f, loss, (float *)0, dlogits, N, V, ldx, ldd, vec);
 }
 
-extern "C" __global__ void cuk_softmax_xent_fused_bf16(const float *logits, const i32 *tgt, float g,
-                                                       float *loss, unsigned short *dlogits, i64 N,
-                                                       i64 V, i64 ldx, i64 ldd, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS
+cuk_softmax_xent_fused_bf16(const float *logits, const i32 *tgt, float g, float *loss,
+                            unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
     xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd,
                   vec);
 }
 
-extern "C" __global__ void cuk_softmax_xent_fused_bf16_b(const unsigned short *logits,
-                                                         const i32 *tgt, float g, float *loss,
-                                                         unsigned short *dlogits, i64 N, i64 V,
-                                                         i64 ldx, i64 ldd, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS
+cuk_softmax_xent_fused_bf16_b(const unsigned short *logits, const i32 *tgt, float g, float *loss,
+                              unsigned short *dlogits, i64 N, i64 V, i64 ldx, i64 ldd, int vec)
 {
     xent_bwd_bf16(logits, tgt, (const float *)0, g, (const float *)0, loss, dlogits, N, V, ldx, ldd,
                   vec);
@@ -405,7 +411,8 @@ __device__ void cuk_row_moments(const float *xr, i64 C, bool vec, float eps, flo
     *rstd = 1.0f / sqrtf(v / (float)C + eps);
 }
 
-extern "C" __global__ void cuk_normalize(const float *x, float *y, i64 N, i64 C, float eps, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_normalize(const float *x, float *y, i64 N, i64 C,
+                                                        float eps, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -535,22 +542,24 @@ __device__ __forceinline__ void norm_affine_w(const float *x, const float *w, co
     }
 }
 
-extern "C" __global__ void cuk_normalize_affine(const float *x, const float *w, const float *b,
-                                                float *y, i64 N, i64 C, float eps, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_normalize_affine(const float *x, const float *w,
+                                                               const float *b, float *y, i64 N,
+                                                               i64 C, float eps, int vec)
 {
     norm_affine<false>(x, w, b, y, N, C, eps, vec);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    cuk_normalize_affine_w(const float *x, const float *w, const float *b, float *y,
-                           i64 N, i64 C, float eps)
+    cuk_normalize_affine_w(const float *x, const float *w, const float *b, float *y, i64 N, i64 C,
+                           float eps)
 {
     norm_affine_w<false>(x, w, b, y, N, C, eps);
 }
 
-extern "C" __global__ void cuk_normalize_affine_bf16(const float *x, const float *w, const float *b,
-                                                     unsigned short *y, i64 N, i64 C, float eps,
-                                                     int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_normalize_affine_bf16(const float *x, const float *w,
+                                                                    const float *b,
+                                                                    unsigned short *y, i64 N, i64 C,
+                                                                    float eps, int vec)
 {
     norm_affine<false>(x, w, b, y, N, C, eps, vec);
 }
@@ -562,22 +571,25 @@ extern "C" __global__ void __launch_bounds__(128)
     norm_affine_w<false>(x, w, b, y, N, C, eps);
 }
 
-extern "C" __global__ void cuk_rms_normalize_affine(const float *x, const float *w, const float *b,
-                                                    float *y, i64 N, i64 C, float eps, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_rms_normalize_affine(const float *x, const float *w,
+                                                                   const float *b, float *y, i64 N,
+                                                                   i64 C, float eps, int vec)
 {
     norm_affine<true>(x, w, b, y, N, C, eps, vec);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    cuk_rms_normalize_affine_w(const float *x, const float *w, const float *b, float *y,
-                               i64 N, i64 C, float eps)
+    cuk_rms_normalize_affine_w(const float *x, const float *w, const float *b, float *y, i64 N,
+                               i64 C, float eps)
 {
     norm_affine_w<true>(x, w, b, y, N, C, eps);
 }
 
-extern "C" __global__ void cuk_rms_normalize_affine_bf16(const float *x, const float *w,
-                                                         const float *b, unsigned short *y, i64 N,
-                                                         i64 C, float eps, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_rms_normalize_affine_bf16(const float *x,
+                                                                        const float *w,
+                                                                        const float *b,
+                                                                        unsigned short *y, i64 N,
+                                                                        i64 C, float eps, int vec)
 {
     norm_affine<true>(x, w, b, y, N, C, eps, vec);
 }
@@ -597,8 +609,9 @@ __device__ __forceinline__ float cuk_scaled(const float *w, i64 c, float g)
     return w ? g * w[c] : g;
 }
 
-extern "C" __global__ void cuk_normalize_bwd(const float *x, const float *dy, const float *w,
-                                             float *dx, i64 N, i64 C, float eps, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_normalize_bwd(const float *x, const float *dy,
+                                                            const float *w, float *dx, i64 N, i64 C,
+                                                            float eps, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -618,8 +631,8 @@ extern "C" __global__ void cuk_normalize_bwd(const float *x, const float *dy, co
     }
 }
 
-extern "C" __global__ void cuk_rms_normalize(const float *x, float *y, i64 N, i64 C, float eps,
-                                             int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_rms_normalize(const float *x, float *y, i64 N, i64 C,
+                                                            float eps, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -631,8 +644,9 @@ extern "C" __global__ void cuk_rms_normalize(const float *x, float *y, i64 N, i6
     }
 }
 
-extern "C" __global__ void cuk_rms_normalize_bwd(const float *x, const float *dy, const float *w,
-                                                 float *dx, i64 N, i64 C, float eps, int vec)
+extern "C" __global__ void CUK_ROW_BOUNDS cuk_rms_normalize_bwd(const float *x, const float *dy,
+                                                                const float *w, float *dx, i64 N,
+                                                                i64 C, float eps, int vec)
 {
     __shared__ float sh[32];
     for (i64 n = blockIdx.x; n < N; n += gridDim.x) {
@@ -710,10 +724,10 @@ __device__ __forceinline__ float4 cuk_ld4_terms(const TG *dy, const TG *dy2, con
 }
 
 template <bool RMS, class TG>
-__device__ __forceinline__ void
-norm_bwd_part(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,
-              const float *acc, float *dx, float *pw, float *pb, float *pg, unsigned short *dx16,
-              i64 N, i64 C, float eps, i64 P)
+__device__ __forceinline__ void norm_bwd_part(const float *x, const TG *dy, const TG *dy2,
+                                              const TG *dy3, const float *w, const float *acc,
+                                              float *dx, float *pw, float *pb, float *pg,
+                                              unsigned short *dx16, i64 N, i64 C, float eps, i64 P)
 {
     __shared__ float sh[64];
     const i64 R = (N + P - 1) / P, bd = blockDim.x;
@@ -859,11 +873,9 @@ norm_bwd_part_w(const float *x, const TG *dy, const TG *dy2, const TG *dy3, cons
                 }
                 ((float4 *)(dx + n * C))[q] = make_float4(o[0], o[1], o[2], o[3]);
                 if (dx16)
-                    ((uint2 *)(dx16 + n * C))[q] =
-                        make_uint2((unsigned)cuk_bf16_bits(o[0]) |
-                                       (unsigned)cuk_bf16_bits(o[1]) << 16,
-                                   (unsigned)cuk_bf16_bits(o[2]) |
-                                       (unsigned)cuk_bf16_bits(o[3]) << 16);
+                    ((uint2 *)(dx16 + n * C))[q] = make_uint2(
+                        (unsigned)cuk_bf16_bits(o[0]) | (unsigned)cuk_bf16_bits(o[1]) << 16,
+                        (unsigned)cuk_bf16_bits(o[2]) | (unsigned)cuk_bf16_bits(o[3]) << 16);
                 aw[j].x += gv[0] * xh[0], aw[j].y += gv[1] * xh[1];
                 aw[j].z += gv[2] * xh[2], aw[j].w += gv[3] * xh[3];
                 ab[j].x += gv[0], ab[j].y += gv[1], ab[j].z += gv[2], ab[j].w += gv[3];
@@ -893,12 +905,22 @@ norm_bwd_part_w(const float *x, const TG *dy, const TG *dy2, const TG *dy3, cons
 }
 
 /* Entry points per norm and dy type: f32, or bf16 bit patterns (the _bg kernels: a GEMM
- * stored dy as bf16, passes.c fold_norm_dy16), widened exactly as they load. */
+ * stored dy as bf16, passes.c fold_norm_dy16), widened exactly as they load. A block per row
+ * takes about 110 registers a thread: up to 512 threads (C <= 4096) NAME, and past that NAME_k,
+ * the same code held to 64 registers so that 1024 threads fit an SM's 65536 (it spills about
+ * 500 bytes a thread to local memory; ptxas for sm_90). Then NAME_w, a warp per row. */
 #define NORM_BWD_PART(NAME, RMS, TG)                                                               \
-    extern "C" __global__ void NAME(const float *x, const TG *dy, const TG *dy2, const TG *dy3,   \
-                                    const float *w, const float *acc, float *dx, float *pw,        \
-                                    float *pb, float *pg, unsigned short *dx16, i64 N, i64 C,      \
-                                    float eps, i64 P)                                              \
+    extern "C" __global__ void __launch_bounds__(512)                                              \
+        NAME(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,           \
+             const float *acc, float *dx, float *pw, float *pb, float *pg, unsigned short *dx16,   \
+             i64 N, i64 C, float eps, i64 P)                                                       \
+    {                                                                                              \
+        norm_bwd_part<RMS>(x, dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);           \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(1024)                                             \
+        NAME##_k(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,       \
+                 const float *acc, float *dx, float *pw, float *pb, float *pg,                     \
+                 unsigned short *dx16, i64 N, i64 C, float eps, i64 P)                             \
     {                                                                                              \
         norm_bwd_part<RMS>(x, dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);           \
     }                                                                                              \
