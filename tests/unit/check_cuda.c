@@ -848,6 +848,45 @@ END_TEST
  * not a multiple of 16 bytes (250 values: 500 bytes in bf16, 1000 in f32) are padded, both, in
  * f32, bf16 compute and bf16 activations; rows that are such a multiple (256 in bf16, 252 in
  * f32) are not, nor anything with JDT_GEMM_PITCH=0. The numbers are cuda_emu.sh's. */
+/* The elementwise kernels' index width (emit.c needs_wide): 32-bit indices up to one
+ * grid-stride step (4096 blocks of 256 threads, 2^20) below 2^31 elements, 64-bit from there:
+ * 2^31 - 2^19 - 1 elements fit an int32_t, but the last step of t += 2^20 past them does not
+ * (it wrapped to a negative index, which passed the loop's test). Emit only: nothing this size
+ * is allocated. */
+START_TEST(test_nvrtc_index_width)
+{
+    static const struct {
+        int64_t n;
+        const char *loop;
+    } CASES[] = {
+        {((int64_t)1 << 31) - ((int64_t)1 << 21) - 1, "for (int32_t t = "},
+        {((int64_t)1 << 31) - ((int64_t)1 << 19) - 1, "for (int64_t t = "},
+        {((int64_t)1 << 31) + 1, "for (int64_t t = "},
+    };
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
+        fx f;
+        fx_init(&f);
+        jdt_tensor *x = jdt_graph_input(f.g, "x", JDT_DTYPE_F32, 1, &CASES[i].n, NULL);
+        out(&f, jdt_graph_add_scalar(f.g, jdt_graph_mul_scalar(f.g, x, 2.0), 1.0));
+        jdt_compile_opts o;
+        fx_opts(&f, &o);
+        o.device = d;
+        jdt_program *p = NULL;
+        ck_assert_msg(jdt_program_compile(f.g, &o, &p, &e) == JDT_OK, "compile: %s", e.msg);
+        const char *src = jdt_program_source(p);
+        ck_assert_msg(strstr(src, CASES[i].loop) != NULL, "%lld elements: no '%s' in\n%s",
+                      (long long)CASES[i].n, CASES[i].loop, src);
+        jdt_program_free(p);
+        fx_free(&f);
+    }
+    jdt_device_close(d);
+}
+END_TEST
+
 START_TEST(test_nvrtc_pitched_logits)
 {
     static const struct {
@@ -1599,6 +1638,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_nvrtc_op_graphs, 0, N_GRAPHS);
     tcase_add_loop_test(tc, test_nvrtc_train_steps, 0, N_MODELS);
     tcase_add_test(tc, test_nvrtc_pitched_logits);
+    tcase_add_test(tc, test_nvrtc_index_width);
     tcase_add_test(tc, test_nvrtc_bf16_cotangents);
     tcase_add_test(tc, test_no_gpu_is_one_clear_error);
     suite_add_tcase(s, tc);

@@ -110,14 +110,18 @@ static void offset32(const jdt_nest *N, int a, bool wide, char *out, size_t n)
     offset_at(N, a, wide, NULL, out, n);
 }
 
-/* True when 64-bit indices are needed: some extent product or access offset reaches 2^31. */
+/* True when 64-bit indices are needed: some extent product or access offset reaches 2^31, or
+ * the element count comes within one grid-stride step of it. A kernel's loops step a 32-bit
+ * index past the last element before the bound test (t += gridDim.x * RED_THREADS, up to
+ * JDT_CUDA_MAX_GRID * RED_THREADS = 2^20; the reductions' steps are smaller), and that step
+ * must not wrap to a negative index, which passes the test. */
 static bool needs_wide(const jdt_nest *N)
 {
     const int64_t lim = (int64_t)1 << 31;
     int64_t total = 1;
     for (int k = 0; k < N->n; k++)
         total *= N->dims[k];
-    if (total >= lim) return true;
+    if (total >= lim - (int64_t)JDT_CUDA_MAX_GRID * RED_THREADS) return true;
     for (int a = 0; a < N->n_acc; a++) {
         int64_t hi = N->acc[a].base;
         for (int k = 0; k < N->n; k++)

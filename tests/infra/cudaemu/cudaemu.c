@@ -14,7 +14,9 @@
  *              floats), so a read of memory nobody wrote shows; copies into or out of device
  *              memory must lie inside one allocation. cudaLibraryLoadData dlopens the object
  *              from a memfd; cudaLaunchKernel checks the launch limits of a real GPU (1024
- *              threads per block, 48 KiB of dynamic shared memory, grid y/z <= 65535) and runs
+ *              threads per block, 48 KiB of dynamic shared memory, grid y/z <= 65535, no more
+ *              threads than the kernel's __launch_bounds__ and, without one, at most 256, the
+ *              most a kernel of 255 registers a thread surely gets) and runs
  *              the kernel at once (emu.hpp). Work runs when issued, except NCCL's, which is
  *              deferred as late as a GPU may run it, and must be ordered after the other
  *              streams' work (JDT_CUDAEMU_DEFER, below); events hold a time stamp.
