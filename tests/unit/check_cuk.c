@@ -1760,10 +1760,10 @@ START_TEST(test_rope)
 }
 END_TEST
 
-START_TEST(test_concat)
+/* Three inputs (one empty) concatenated along the middle axis of (outer, len, inner). */
+static void check_concat(jdt_cuk *k, int64_t outer)
 {
-    GPU_OR_SKIP(k);
-    int64_t outer = 5, inner = 3, len[3] = {2, 0, 4}, tot = 6;
+    int64_t inner = 3, len[3] = {2, 0, 4}, tot = 6;
     float *h[3], *d[3];
     for (int i = 0; i < 3; i++) {
         h[i] = rand_floats(outer * len[i] * inner, 51 + (unsigned)i, -1, 1);
@@ -1778,6 +1778,13 @@ START_TEST(test_concat)
     for (int i = 0; i < 3; i++)
         free(h[i]), cudaFree(d[i]);
     free(want), free(got), cudaFree(dout);
+}
+
+START_TEST(test_concat)
+{
+    GPU_OR_SKIP(k);
+    for (int64_t outer = 5; outer > 0; outer -= 4) /* 5 rows, then 1: the plain copies */
+        check_concat(k, outer);
     jdt_cuk_free(k);
 }
 END_TEST

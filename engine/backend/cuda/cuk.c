@@ -814,10 +814,16 @@ void jdt_cuk_concat(jdt_cuk *k, const float *const *in, const int64_t *len, int 
     for (int i = 0; i < n_in && outer > 0; i++) {
         size_t nb = (size_t)(len[i] * inner) * elem_bytes;
         if (nb == 0) continue;
-        cudaError_t rc = cudaMemcpy2DAsync((char *)out + off, row, in[i], nb, nb, (size_t)outer,
-                                           cudaMemcpyDeviceToDevice, k->stream);
+        /* one row (a concatenation along the first axis): a plain copy, since a 2D copy's
+         * pitch, the whole row, may pass the GPU's limit (cudaDevAttrMaxPitch, 2^31 - 1) */
+        cudaError_t rc =
+            outer == 1
+                ? cudaMemcpyAsync((char *)out + off, in[i], nb, cudaMemcpyDeviceToDevice, k->stream)
+                : cudaMemcpy2DAsync((char *)out + off, row, in[i], nb, nb, (size_t)outer,
+                                    cudaMemcpyDeviceToDevice, k->stream);
         if (rc != cudaSuccess) {
-            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "concat: cudaMemcpy2DAsync: %s",
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL, "concat: %s: %s",
+                          outer == 1 ? "cudaMemcpyAsync" : "cudaMemcpy2DAsync",
                           cudaGetErrorString(rc));
             return;
         }
