@@ -754,18 +754,21 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size
     const char *name = k->lib->names[k->idx];
     unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
     const char *bad = NULL;
+    cudaError_t err = cudaErrorInvalidConfiguration; /* the bounds' refusals: OutOfResources */
     char why[160];
     if (nt == 0 || nt > 1024 || b.z > 64)
         bad = "block of more than 1024 threads (or none)";
     else if (k->bound > 0 && nt > (unsigned long long)k->bound) {
         snprintf(why, sizeof why, "more threads than its __launch_bounds__(%d)", k->bound);
         bad = why;
+        err = cudaErrorLaunchOutOfResources;
     } else if (k->bound == 0 && nt > LAUNCH_UNBOUNDED) {
         /* ptxas may give a kernel without a bound up to 255 registers a thread, and an SM has
          * 65536: past 256 threads the launch fits only if the kernel happens to take fewer
          * (cudaErrorLaunchOutOfResources, "too many resources requested for launch") */
         bad = "more than 256 threads and no __launch_bounds__: a GPU runs it only while ptxas "
               "happens to give it at most 65536 / threads registers (declare the bound)";
+        err = cudaErrorLaunchOutOfResources;
     } else if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535)
         bad = "empty grid, or grid y/z past 65535";
     else if (smem > k->max_dyn)
@@ -776,10 +779,7 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size
                 "cudaemu: launch of %s (grid %u x %u x %u, block %u x %u x %u, %zu bytes "
                 "of shared memory): %s\n",
                 name, g.x, g.y, g.z, b.x, b.y, b.z, smem, bad);
-        return ret(k->bound >= 0 && nt <= 1024 &&
-                           nt > (k->bound ? (unsigned long long)k->bound : LAUNCH_UNBOUNDED)
-                       ? cudaErrorLaunchOutOfResources
-                       : cudaErrorInvalidConfiguration);
+        return ret(err);
     }
     trace("launch %s grid %u x %u x %u block %u x %u x %u smem %zu", name, g.x, g.y, g.z, b.x, b.y,
           b.z, smem);

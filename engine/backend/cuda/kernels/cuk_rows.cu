@@ -909,28 +909,18 @@ norm_bwd_part_w(const float *x, const TG *dy, const TG *dy2, const TG *dy3, cons
  * takes about 110 registers a thread: up to 512 threads (C <= 4096) NAME, and past that NAME_k,
  * the same code held to 64 registers so that 1024 threads fit an SM's 65536 (it spills about
  * 500 bytes a thread to local memory; ptxas for sm_90). Then NAME_w, a warp per row. */
-#define NORM_BWD_PART(NAME, RMS, TG)                                                               \
-    extern "C" __global__ void __launch_bounds__(512)                                              \
+#define NORM_BWD_PART_ENTRY(NAME, BOUND, FN, RMS, TG)                                              \
+    extern "C" __global__ void __launch_bounds__(BOUND)                                            \
         NAME(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,           \
              const float *acc, float *dx, float *pw, float *pb, float *pg, unsigned short *dx16,   \
              i64 N, i64 C, float eps, i64 P)                                                       \
     {                                                                                              \
-        norm_bwd_part<RMS>(x, dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);           \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(1024)                                             \
-        NAME##_k(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,       \
-                 const float *acc, float *dx, float *pw, float *pb, float *pg,                     \
-                 unsigned short *dx16, i64 N, i64 C, float eps, i64 P)                             \
-    {                                                                                              \
-        norm_bwd_part<RMS>(x, dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);           \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128)                                              \
-        NAME##_w(const float *x, const TG *dy, const TG *dy2, const TG *dy3, const float *w,       \
-                 const float *acc, float *dx, float *pw, float *pb, float *pg,                     \
-                 unsigned short *dx16, i64 N, i64 C, float eps, i64 P)                             \
-    {                                                                                              \
-        norm_bwd_part_w<RMS>(x, dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);         \
+        FN<RMS>(x, dy, dy2, dy3, w, acc, dx, pw, pb, pg, dx16, N, C, eps, P);                      \
     }
+#define NORM_BWD_PART(NAME, RMS, TG)                                                               \
+    NORM_BWD_PART_ENTRY(NAME, 512, norm_bwd_part, RMS, TG)                                         \
+    NORM_BWD_PART_ENTRY(NAME##_k, 1024, norm_bwd_part, RMS, TG)                                    \
+    NORM_BWD_PART_ENTRY(NAME##_w, 128, norm_bwd_part_w, RMS, TG)
 NORM_BWD_PART(cuk_normalize_bwd_part, false, float)
 NORM_BWD_PART(cuk_rms_normalize_bwd_part, true, float)
 NORM_BWD_PART(cuk_normalize_bwd_part_bg, false, unsigned short)
