@@ -145,10 +145,17 @@ $(NCCLEMU_SO): tests/infra/cudaemu/ncclemu.c
 	$(CC) -std=c11 $(OPT) $(WARN) -Wno-missing-prototypes -Wno-switch-enum -fPIC -shared \
 	    -isystem $(CUDA_HOME)/include $< -o $@
 
-$(BUILD)/jdt-train-emu: $(CMD_OBJS) $(LIB) $(CUDAEMU_SO) $(NCCLEMU_SO)
+# the emulator's cuDNN (cuDNN's graph API interpreted on the host), where cuDNN's headers are
+# installed; without them the cuDNN attention tests skip, saying cuDNN cannot be loaded
+CUDNNEMU_SO := $(if $(wildcard $(CUDA_HOME)/include/cudnn_graph.h),$(BUILD)/libjdtcudnnemu.so)
+$(BUILD)/libjdtcudnnemu.so: tests/infra/cudaemu/cudnnemu.c
+	$(CC) -std=c11 $(OPT) $(WARN) -Wno-missing-prototypes -Wno-switch-enum -fPIC -shared \
+	    -isystem $(CUDA_HOME)/include $< -o $@ -lm -ldl
+
+$(BUILD)/jdt-train-emu: $(CMD_OBJS) $(LIB) $(CUDAEMU_SO) $(NCCLEMU_SO) $(CUDNNEMU_SO)
 	$(CC) $(LDFLAGS) -o $@ $(CMD_OBJS) $(LIB) $(EMU_LDLIBS)
 
-$(BUILD)/tests/%-emu: $(BUILD)/obj/tests/unit/%.o $(TU_OBJS) $(LIB) $(CUDAEMU_SO) $(NCCLEMU_SO)
+$(BUILD)/tests/%-emu: $(BUILD)/obj/tests/unit/%.o $(TU_OBJS) $(LIB) $(CUDAEMU_SO) $(NCCLEMU_SO) $(CUDNNEMU_SO)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(TU_OBJS) $(LIB) $(CHECK_LIBS) $(EMU_LDLIBS)
 endif

@@ -100,15 +100,25 @@ grep -q "profile of the compiled step, steps 2-3" "$TMP/err" && grep -q " dgelu 
   { grep -A30 "profile of" "$TMP/err"; fail "the profile's steps or its dgelu +colsum row"; }
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/gpu16a/tiny/metrics.jsonl" "emulated GPU, bf16 activations" 1e-3 ||
   fail "bf16 activations losses differ"
-# JDT_CUDNN_ATTENTION=1 where cuDNN cannot serve (here no GPU for its handle, or no library):
-# one info line, then jdt-train's attention kernels, so exactly the same losses
-JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16d" "${C[@]}" runtime.backend=cuda precision.compute=bf16 \
-  precision.activations=bf16
+# JDT_CUDNN_ATTENTION=1 where cuDNN cannot serve (here no library where JDT_CUDNN_LIBRARY
+# points): one info line, then jdt-train's attention kernels, so exactly the same losses
+JDT_CUDNN_LIBRARY=$TMP/no/libcudnn.so.9 JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16d" "${C[@]}" \
+  runtime.backend=cuda precision.compute=bf16 precision.activations=bf16
 grep -q "cuDNN attention unavailable, using jdt-train's kernels" "$TMP/err" ||
   { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=1 without a usable cuDNN not said"; }
 cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16d/tiny/metrics.jsonl") ||
   fail "JDT_CUDNN_ATTENTION=1's fallback changed the losses"
 echo "emulated GPU, bf16 activations: JDT_CUDNN_ATTENTION=1 without a usable cuDNN falls back, the same losses"
+# ... and where it serves: the emulator's cuDNN (tests/infra/cudaemu/cudnnemu.c) runs the graphs
+# cuk_cudnn.c builds, forward and backward, through the training step's own buffers; its
+# arithmetic is not the tensor-core kernels' (f32 probabilities, sums in double): seen 1.3e-5
+JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16n" "${C[@]}" runtime.backend=cuda precision.compute=bf16 \
+  precision.activations=bf16
+grep -q "cuDNN attention forward B=.*: engine" "$TMP/err" && grep -q "cuDNN attention backward B=.*: engine" "$TMP/err" ||
+  { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=1 with the emulator's cuDNN: no plan built"; }
+grep -qE "declined|failed to run" "$TMP/err" && { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=1: cuDNN declined a call"; }
+compare "$TMP/gpu16a/tiny/metrics.jsonl" "$TMP/gpu16n/tiny/metrics.jsonl" "emulated GPU, bf16, cuDNN attention" 1e-3 ||
+  fail "JDT_CUDNN_ATTENTION=1 (cuDNN serving) changed the losses beyond bf16's reach"
 # the MLP's GELU and its backward by GEMMs (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD, compiler:
 # fold_gelu_epilogues, fold_dgelu_epilogues); where cuBLASLt refuses them, each GEMM and then a
 # kernel (the backward's bias gradient: a column-sum kernel), said once at info level

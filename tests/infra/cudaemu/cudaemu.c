@@ -34,9 +34,12 @@
  *   NCCL       ncclemu.c (libjdtncclemu.so beside this library, through JDT_NCCL_LIBRARY, which
  *              a constructor here sets): the processes of a job exchange host memory through
  *              shared memory.
+ *   cuDNN      cudnnemu.c (libjdtcudnnemu.so, through JDT_CUDNN_LIBRARY, set likewise): the
+ *              graph API's descriptors, one engine, and the operation graph interpreted on the
+ *              host at execution, deferred on its stream like NCCL's calls.
  *
- * Not emulated: overlap (kernels and copies complete before the call returns; only NCCL's
- * calls are deferred), the memory model, performance.
+ * Not emulated: overlap (kernels and copies complete before the call returns; only NCCL's and
+ * cuDNN's calls are deferred), the memory model, performance.
  */
 #define _GNU_SOURCE
 #include <cublasLt.h>
@@ -123,19 +126,34 @@ static bool dev_range(const void *p, size_t n, const char *what)
     return false;
 }
 
-/* The emulated processes' NCCL is ncclemu.c's libjdtncclemu.so, beside this library
- * (cuk_comm.c dlopens JDT_NCCL_LIBRARY when set). */
-__attribute__((constructor)) static void use_nccl_stand_in(void)
+/* dev_range for the stand-in libraries beside this one (cudnnemu.c checks a variant pack's
+ * pointers with it): 1 when [p, p + n) lies inside one device allocation, else 0 (said). */
+int jdt_cudaemu_dev_range(const void *p, size_t n, const char *what);
+int jdt_cudaemu_dev_range(const void *p, size_t n, const char *what)
+{
+    return dev_range(p, n, what);
+}
+
+/* Points env (when unset) at the stand-in library name beside this one. */
+static void use_stand_in(const char *env, const char *name)
 {
     Dl_info info;
-    if (getenv("JDT_NCCL_LIBRARY") || !dladdr((void *)use_nccl_stand_in, &info) || !info.dli_fname)
-        return;
+    if (getenv(env) || !dladdr((void *)use_stand_in, &info) || !info.dli_fname) return;
     char path[4096];
     snprintf(path, sizeof path, "%s", info.dli_fname);
     char *slash = strrchr(path, '/');
     if (!slash) return;
-    snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "libjdtncclemu.so");
-    setenv("JDT_NCCL_LIBRARY", path, 0);
+    snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "%s", name);
+    setenv(env, path, 0);
+}
+
+/* The emulated processes' NCCL is ncclemu.c's libjdtncclemu.so and their cuDNN cudnnemu.c's
+ * libjdtcudnnemu.so, beside this library (cuk_comm.c and cuk_cudnn.c dlopen JDT_NCCL_LIBRARY
+ * and JDT_CUDNN_LIBRARY when set). */
+__attribute__((constructor)) static void use_stand_ins(void)
+{
+    use_stand_in("JDT_NCCL_LIBRARY", "libjdtncclemu.so");
+    use_stand_in("JDT_CUDNN_LIBRARY", "libjdtcudnnemu.so");
 }
 
 /* ---- errors and the device ------------------------------------------------------------------ */
