@@ -154,6 +154,8 @@ typedef struct {
     int n_attention_cotangents; /* attention backwards writing the projections' copies of dq,
                                    dk, dv and their bias-gradient partials (passes.c
                                    fold_attention_cotangents) */
+    int n_attention_partials;   /* of them, those whose bias-gradient partials are read (a
+                                   bias on q, k or v: GPT-2, not Llama) */
     int n_ropes_in_attention;   /* of their copies, RoPE backwards the attention's kernels apply
                                    as they store (passes.c fold_attention_cotangents) */
     int n_attention_dout16; /* attention backwards reading dO that its GEMM stored as bf16

@@ -1779,7 +1779,8 @@ static bool read_only_by(const cprog *c, const unsigned char *live, int n0, int 
  * kernel). The attention's kernels, which hold each value of dq, dk and dv as they write it,
  * do both instead (c->attention_part_rows: CUDA's, jdt_cuk_att_grads; attrs i[1] = 1): the
  * builtin's output becomes the column sums of each R = attention_part_rows rows of a sequence,
- * (3 P, H D) with P = B ceil(T / R), which the bias gradients reduce instead (sum_partials), and
+ * (3 P, H D) with P = B ceil(T / R), which the bias gradients reduce instead (sum_partials)
+ * (without biases, as in Llama, none are written: attrs i[3] = 1 and a 1-float output), and
  * the three copies become its co-outputs (CK_COOUT), in q, k, v order: the CAST when it and the
  * sum are the transpose's only readers, the RoPE backward when that is its only reader (Llama's
  * dq, dk: the kernels rotate the value as cuk_rope does, and the RoPE's kernel goes), else the
@@ -1844,6 +1845,14 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
         am->shape.dims[1] = C;
         am->attrs.i[1] = 1;
         const jdt_shape like = am->shape;
+        if (sum[0] < 0 && sum[1] < 0 && sum[2] < 0) {
+            /* no bias reads the partials (Llama): none are written (attrs i[3] = 1), and the
+             * output is one unwritten float */
+            am->shape.ndim = 1;
+            am->shape.dims[0] = 1;
+            am->attrs.i[3] = 1;
+        } else
+            c->stats.n_attention_partials++;
         for (int s = 0; s < 3; s++)
             if (sum[s] >= 0 && !sum_partials(c, sum[s], ai, &like, s * P, P)) {
                 jdt_free(live);

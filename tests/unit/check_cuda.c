@@ -756,6 +756,10 @@ START_TEST(test_nvrtc_train_steps)
      * the fold is off (JDT_ATTENTION_GRADS=0) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_cotangents,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
+    /* the partial sums only where a bias gradient reads them (GPT-2's q, k, v biases; none
+     * without biases, as in Llama: the kernels write none, and cuDNN's backward may serve) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_attention_partials,
+                     c.model.type == JDT_MODEL_MLP || !c.model.bias ? 0 : c.model.n_layer);
     /* SwiGLU's backward: the up and gate projections' cotangents in one kernel reading dh once
      * (fuse.c fuse_ew_siblings) */
     if (c.model.activation == JDT_ACT_SWIGLU)

@@ -1272,9 +1272,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
                                   NULL, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
                                   (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch);
         else { /* the cotangent form (passes.c fold_attention_cotangents): the output is the
-                  partials; the co-outputs, in order, the copies of dq, dk, dv (or the RoPE
-                  backward of one) */
-            jdt_cuk_att_grads g = {.part = o};
+                  partials (none when no bias reads them: attrs i[3]); the co-outputs, in
+                  order, the copies of dq, dk, dv (or the RoPE backward of one) */
+            jdt_cuk_att_grads g = {.part = n->attrs.i[3] ? NULL : o};
             int q = n->co;
             for (int j = 0; j < 3 && q; j++, q = c->nodes[q].co) {
                 g.copy[j] = dptr(p, q);
