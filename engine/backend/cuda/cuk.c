@@ -1087,8 +1087,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         aligned16(o) && aligned16(dout) && aligned16(lse) && aligned16(scratch)) {
         bool all = true;
         for (int i = 0; i < 3; i++)
-            all &= g->copy[i] && g->copy_bf16[i] && aligned16(g->copy[i]) &&
-                   (g->rope_theta[i] == 0.0 || !g->part);
+            all &= g->copy[i] && g->copy_bf16[i] && aligned16(g->copy[i]);
         if (all && jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H, T, D, scale, bthd,
                                              scratch))
             return;

@@ -320,7 +320,8 @@ typedef struct {
     bool rope_inverse[3]; /* that rotation by minus the angle (RoPE's backward) */
     float *part;          /* (3, P, H D), P = B ceil(T / JDT_CUK_ATT_PART): the column sums of
                              dq, dk, dv viewed as (B T, H D) over each JDT_CUK_ATT_PART rows of a
-                             sequence (the bias gradients' partials), or NULL */
+                             sequence (the bias gradients' partials), before any rotation, or
+                             NULL */
 } jdt_cuk_att_grads;
 
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics).
@@ -362,8 +363,7 @@ bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void
 /* jdt_cuk_attention_bwd's cotangent form through cuDNN: q, kk, v, o, dout bf16 (bthd bits 0-4),
  * lse the forward's; g's three copies bf16 (B, T, H, D), a rotated one (RoPE's backward) rotated
  * in place after cuDNN wrote it (so rounded to bf16 twice), and its partial sums (T a multiple of
- * JDT_CUK_ATT_PART; the caller asks only without rotations) the column sums of the copies' bf16
- * values. scratch: at
+ * JDT_CUK_ATT_PART) the column sums of the copies' bf16 values before any rotation. scratch: at
  * least B H T floats (the row sums of dO . O). The same return and errors as above. */
 bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void *v,
                                const void *o, const void *dout, const float *lse,

@@ -920,16 +920,17 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                           cudaGetErrorString(rc));
     }
     if (!dnn_run(k, en, uids, ptrs, s.accum ? 14 : 13)) return false;
-    for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
-        if (g->rope_theta[i] != 0.0)
-            jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, H, D, g->rope_theta[i],
-                         g->rope_inverse[i]);
-    if (g->part) { /* the bias gradients' partial column sums, of the bf16 copies */
+    if (g->part) { /* the bias gradients' partial column sums, of the bf16 copies before any
+                      rotation, as jdt-train's kernels form them */
         const int64_t P = B * (T / JDT_CUK_ATT_PART), N = H * D;
         for (int i = 0; i < 3; i++)
             jdt_cuk_colsum_part_bf16(k, g->copy[i], g->part + i * P * N, B * T, N,
                                      JDT_CUK_ATT_PART);
     }
+    for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
+        if (g->rope_theta[i] != 0.0)
+            jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, H, D, g->rope_theta[i],
+                         g->rope_inverse[i]);
     return true;
 }
 
