@@ -60,9 +60,12 @@ compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/gpu16/tiny/metrics.jsonl" "emulate
 # block rematerialisation (gpt2-124m.yaml's default): the backward's recomputed attention
 # forwards are the ones that store the log-sum-exp (passes.c fold_attention_lse); the CPU
 # reference does not recompute (the same values): seen 1.2e-5
-run "$EMU" "$TMP/gpu16r" "${C[@]}" runtime.backend=cuda precision.compute=bf16 runtime.remat=block
+# (with JDT_CUDNN_ATTENTION=1, which f32 activations leave unasked: said once per direction)
+JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16r" "${C[@]}" runtime.backend=cuda precision.compute=bf16 runtime.remat=block
 compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/gpu16r/tiny/metrics.jsonl" "emulated GPU, bf16, remat block" 1e-3 ||
   fail "bf16 losses differ under runtime.remat=block"
+[ "$(grep -c "cuDNN attention .* not asked, jdt-train's kernels run it" "$TMP/err")" -eq 2 ] ||
+  { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=1 with f32 activations: not said once per direction why cuDNN is not asked"; }
 # the elementwise kernels' vector form (4 elements per thread, float4 / bf16 x 4 accesses) computes
 # every element as the scalar form does: the same losses to the last digit
 JDT_CUDA_VEC=0 run "$EMU" "$TMP/gpu16s" "${C[@]}" runtime.backend=cuda precision.compute=bf16

@@ -201,6 +201,8 @@ struct jdt_cuk {
     struct jdt_cuk_dnn *dnn;
     int64_t n_dnn;     /* calls cuDNN served (tests) */
     char dnn_why[400]; /* why the last call it declined was declined ("" none) */
+    unsigned dnn_said; /* bit 0 (forward), 1 (backward): a call cuDNN was not asked to serve
+                          has been said (cuk.c dnn_not_asked) */
 };
 
 /* Sets e from a CUDA runtime status: "<what>: <cudaGetErrorString>", ERR_UNSUPPORTED for no

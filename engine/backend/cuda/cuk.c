@@ -1016,6 +1016,23 @@ static jdt_cuk_kernel att_kernel(jdt_cuk_kernel f32, jdt_cuk_kernel b16, bool qk
     return (jdt_cuk_kernel)((qkv_bf16 ? b16 : f32) + cls);
 }
 
+#define DNN_NOT_TC                                                                                 \
+    "not the tensor-core kernels' case (bf16 compute, sm_80 or newer, a head of at most 128, a "   \
+    "positive scale, JDT_CUK_ATTENTION not fma)"
+
+/* With JDT_CUDNN_ATTENTION on, says once per direction (bwd) why a call does not go to cuDNN
+ * (its first unmet condition; NULL: it does) and returns whether it may. */
+static bool dnn_asks(jdt_cuk *k, bool bwd, const char *why)
+{
+    if (!why) return true;
+    if (!(k->dnn_said & (1u << bwd))) {
+        k->dnn_said |= 1u << bwd;
+        JDT_INFO("cuDNN attention %s not asked, jdt-train's kernels run it: %s",
+                 bwd ? "backward" : "forward", why);
+    }
+    return false;
+}
+
 void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
                        float *o, void *o2, bool o2_bf16, float *lse, int64_t B, int64_t H,
                        int64_t T, int64_t D, float scale, unsigned bthd, bool bf16, void *scratch)
@@ -1025,8 +1042,17 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
     int tc = att_tc_class(k, bf16, D, scale), o2b = o2_bf16;
     /* cuDNN's fused engines where they take it (cuk_cudnn.c): bf16 in and out, its tensors
      * 16-byte aligned */
-    if (k->dnn_on && tc >= 0 && qkv_bf16 && !o && o2 && o2_bf16 && D % 8 == 0 && aligned16(q) &&
-        aligned16(kk) && aligned16(v) && aligned16(o2) && aligned16(lse) &&
+    if (k->dnn_on &&
+        dnn_asks(k, false,
+                 tc < 0            ? DNN_NOT_TC
+                 : !qkv_bf16       ? "q, k, v not bf16"
+                 : o               ? "o stored in f32"
+                 : !o2 || !o2_bf16 ? "o's copy not bf16 (precision.activations: bf16)"
+                 : D % 8           ? "a head size not a multiple of 8"
+                 : !aligned16(q) || !aligned16(kk) || !aligned16(v) || !aligned16(o2) ||
+                         !aligned16(lse)
+                     ? "a tensor not 16-byte aligned"
+                     : NULL) &&
         jdt_cuk_dnn_attention(k, q, kk, v, o2, lse, B, H, T, D, scale, bthd))
         return;
     static const char no_o[] = "attention: no o to store needs the tensor-core kernels and o's "
@@ -1082,14 +1108,27 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                       o_bf16 ? "o" : "dO", o_bf16 ? " and a bf16 dO" : "");
         return;
     }
-    if (k->dnn_on && tc >= 0 && o_bf16 && lse && !dqkv && g && D % 8 == 0 &&
-        (!g->part || T % JDT_CUK_ATT_PART == 0) && aligned16(q) && aligned16(kk) && aligned16(v) &&
-        aligned16(o) && aligned16(dout) && aligned16(lse) && aligned16(scratch)) {
-        bool all = true;
-        for (int i = 0; i < 3; i++)
-            all &= g->copy[i] && g->copy_bf16[i] && aligned16(g->copy[i]);
-        if (all && jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H, T, D, scale, bthd,
-                                             scratch))
+    if (k->dnn_on) {
+        bool copies = g != NULL, aligned = aligned16(q) && aligned16(kk) && aligned16(v) &&
+                                           aligned16(o) && aligned16(dout) && aligned16(lse) &&
+                                           aligned16(scratch);
+        for (int i = 0; i < 3 && g; i++) {
+            copies &= g->copy[i] && g->copy_bf16[i];
+            aligned &= !g->copy[i] || aligned16(g->copy[i]);
+        }
+        const char *why =
+            tc < 0       ? DNN_NOT_TC
+            : !o_bf16    ? "o not bf16 (precision.activations: bf16)"
+            : !lse       ? "no log-sum-exp from the forward"
+            : dqkv || !g ? "not the cotangent form (dq, dk, dv copies for the projections)"
+            : !copies    ? "a copy of dq, dk or dv not bf16 (a model with biases and RoPE)"
+            : D % 8      ? "a head size not a multiple of 8"
+            : g->part && T % JDT_CUK_ATT_PART
+                ? "bias partial sums over a sequence not a multiple of 32"
+            : !aligned ? "a tensor not 16-byte aligned"
+                       : NULL;
+        if (dnn_asks(k, true, why) && jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H,
+                                                                T, D, scale, bthd, scratch))
             return;
     }
     float *stats = scratch, *dq = dqkv, *dk = dqkv ? dqkv + n : NULL,
