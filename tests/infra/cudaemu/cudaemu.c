@@ -29,7 +29,10 @@
  *              the tensor cores do. JDT_CUDAEMU_NO_BF16_GEMM=1 offers no bf16 algorithm (the
  *              backend's TF32 fallback then runs). The heuristic offers JDT_CUDAEMU_ALGOS
  *              (default 4) numbered algorithms computing the same; JDT_CUDAEMU_SLOW_ALGO and
- *              JDT_CUDAEMU_BAD_ALGO make one slow or refused (the backend's autotuning).
+ *              JDT_CUDAEMU_BAD_ALGO make one slow or refused (the backend's autotuning). A
+ *              small bf16 product over a long K is split in K, its partials added in bf16,
+ *              where the preference's reduction schemes allow it (cuBLASLt's default), as an
+ *              H200's cuBLASLt did (lt_splits).
  *
  *   NCCL       ncclemu.c (libjdtncclemu.so beside this library, through JDT_NCCL_LIBRARY, which
  *              a constructor here sets): the processes of a job exchange host memory through
@@ -1372,9 +1375,16 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
     return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
+/* A preference: the split-K reduction schemes it allows (cuBLASLt's default: all). */
+typedef struct {
+    uint32_t reduction_mask;
+} lt_pref;
+
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
 {
-    *p = (cublasLtMatmulPreference_t)calloc(1, 16);
+    lt_pref *x = calloc(1, sizeof *x);
+    if (x) x->reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
+    *p = (cublasLtMatmulPreference_t)x;
     return *p ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
 }
 
@@ -1388,7 +1398,28 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     cublasLtMatmulPreferenceAttributes_t a,
                                                     const void *buf, size_t n)
 {
+    if (a == CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK) {
+        if (n != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&((lt_pref *)p)->reduction_mask, buf, n);
+    }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Split-K as cuBLASLt picks it for a small bf16 product over a long K: the K range in
+ * lt_splits(m, n, k) parts, whose partial sums are added in D's type (bf16), each part and
+ * each add rounded, where the preference allows that (the in-place and output-type
+ * reduction schemes: its default). The algorithm carries the count in data[2]. Only for
+ * bf16 D with no GELU epilogue; 1 (no split) otherwise. On an H200 such an algorithm gave a
+ * 37 x 64 x 53 bf16 product 16 bf16 steps off (check_cuk test_matmul_pitched, Session 30);
+ * cuk_gemm.c allows only the compute type's (f32) reduction for bf16 D since. */
+static uint64_t lt_splits(const lt_desc *d, const lt_layout *c, uint64_t m, uint64_t n, uint64_t k,
+                          uint32_t mask)
+{
+    if (c->type != CUDA_R_16BF || lt_has_aux(d->epilogue) ||
+        !(mask & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) ||
+        m * n > 128 * 128 || k < 32)
+        return 1;
+    return k >= 128 ? 4 : 2;
 }
 
 /* The shapes of D = op(A) op(B) (+ C): m x k times k x n into m x n. */
@@ -1424,9 +1455,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     /* JDT_CUDAEMU_ALGOS (default 4) algorithms, all the same product: algo.data[0] numbers them */
     long n_algo = env_long("JDT_CUDAEMU_ALGOS", 4);
     if (n_algo < 1) n_algo = 1;
+    const uint64_t splits = lt_splits(d, c, m, n, k, ((const lt_pref *)pref)->reduction_mask);
     for (int i = 0; i < req && i < n_algo; i++) {
         memset(&res[i], 0, sizeof res[i]);
         res[i].algo.data[0] = (uint64_t)i;
+        res[i].algo.data[2] = splits;
         res[i].state = CUBLAS_STATUS_SUCCESS;
         res[i].wavesCount = 1.0f;
         *n_res = i + 1;
@@ -1493,6 +1526,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
      * algorithm i refuses to run; JDT_CUDAEMU_SLOW_ALGO=i: it takes 2 ms longer (autotuning) */
     if (!algo || algo->data[0] >= (uint64_t)env_long("JDT_CUDAEMU_ALGOS", 4) || algo->data[1] != 0)
         return CUBLAS_STATUS_INVALID_VALUE;
+    /* split-K (lt_splits): a split the heuristic offered for this product, or none */
+    const uint64_t splits = algo->data[2] ? algo->data[2] : 1;
+    if (splits > 1 && (dl->type != CUDA_R_16BF || lt_has_aux(d->epilogue) || k < splits))
+        return CUBLAS_STATUS_INVALID_VALUE;
     if ((long)algo->data[0] == env_long("JDT_CUDAEMU_BAD_ALGO", -1))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if ((long)algo->data[0] == env_long("JDT_CUDAEMU_SLOW_ALGO", -1)) usleep(2000);
@@ -1529,22 +1566,33 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     }
     bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && !env_long("JDT_CUDAEMU_NO_TF32", 0);
     float al = *(const float *)alpha, be = *(const float *)beta;
-    float *acc = malloc((size_t)m * sizeof *acc), *bg = calloc((size_t)m, sizeof *bg);
-    if (!acc || !bg) {
+    float *acc = malloc((size_t)m * sizeof *acc), *bg = calloc((size_t)m, sizeof *bg),
+          *part = malloc((size_t)m * sizeof *part);
+    if (!acc || !bg || !part) {
         free(acc);
         free(bg);
+        free(part);
         return CUBLAS_STATUS_ALLOC_FAILED;
     }
     for (int64_t bi = 0; bi < c->batch; bi++)
         for (uint64_t j = 0; j < n; j++) {
             for (uint64_t i = 0; i < m; i++)
                 acc[i] = 0.0f;
-            for (uint64_t kk = 0; kk < k; kk++) {
-                float bv = d->tb ? lt_load(b, B, bi, j, kk, tf32) : lt_load(b, B, bi, kk, j, tf32);
+            for (uint64_t sp = 0; sp < splits; sp++) { /* one part of K at a time */
+                const uint64_t k0 = k * sp / splits, k1 = k * (sp + 1) / splits;
                 for (uint64_t i = 0; i < m; i++)
-                    acc[i] +=
-                        (d->ta ? lt_load(a, A, bi, kk, i, tf32) : lt_load(a, A, bi, i, kk, tf32)) *
-                        bv;
+                    part[i] = 0.0f;
+                for (uint64_t kk = k0; kk < k1; kk++) {
+                    float bv =
+                        d->tb ? lt_load(b, B, bi, j, kk, tf32) : lt_load(b, B, bi, kk, j, tf32);
+                    for (uint64_t i = 0; i < m; i++)
+                        part[i] += (d->ta ? lt_load(a, A, bi, kk, i, tf32)
+                                          : lt_load(a, A, bi, i, kk, tf32)) *
+                                   bv;
+                }
+                for (uint64_t i = 0; i < m; i++) /* split: partials added in bf16 */
+                    acc[i] = splits == 1 ? part[i]
+                                         : lt_widen(lt_bf16(acc[i] + lt_widen(lt_bf16(part[i]))));
             }
             for (uint64_t i = 0; i < m; i++) {
                 int64_t co = bi * c->stride + (int64_t)(j * (uint64_t)c->ld + i);
@@ -1586,5 +1634,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
             ((float *)d->bias)[i] = bg[i];
     free(acc);
     free(bg);
+    free(part);
     return CUBLAS_STATUS_SUCCESS;
 }
