@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # cuda_emu.sh — the CUDA backend end to end without a GPU: build-cuda/jdt-train-emu is the CUDA
-# build linked against the host CUDA emulator (tests/infra/cudaemu: runtime, NVRTC, cuBLASLt and
+# build linked against the host CUDA emulator (tests/infra/cudaemu: runtime, NVRTC, cuBLASLt, cuDNN and
 # NCCL stand-ins that run every kernel on the CPU). On emulated GPUs, configs/tiny.yaml with
 # runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs), bf16 compute and
-# bf16 activations (GEMMs storing bf16 outputs; also under tensor=2) and bf16 under runtime.remat: block on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
+# bf16 activations (GEMMs storing bf16 outputs; also under tensor=2), cuDNN's attention through the
+# emulator's cuDNN (GPT-2's and Llama's layers, and under tensor=2), and bf16 under runtime.remat: block on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
 # memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
 # those of one call per tensor and of blocking collectives; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
@@ -163,6 +164,13 @@ compare "$TMP/cpuv/tiny/metrics.jsonl" "$TMP/gpuv/tiny/metrics.jsonl" "emulated 
 run "$EMU" "$TMP/tp16a" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.tensor=2
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/tp16a/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, bf16 act." 1e-3 ||
   fail "bf16 activations tensor=2 losses differ"
+# ... with cuDNN's attention on each rank's heads (its work queued on the compute stream beside
+# NCCL's on its own): seen 1.6e-5
+JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/tp16n" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.tensor=2
+[ "$(grep -c "cuDNN attention .*ward B=.*: engine" "$TMP/err")" -eq 4 ] ||
+  { cat "$TMP/err"; fail "tensor=2 with JDT_CUDNN_ATTENTION=1: not both directions on both ranks"; }
+compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/tp16n/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, cuDNN" 1e-3 ||
+  fail "tensor=2 with cuDNN's attention: losses differ"
 
 # data x fsdp: two communicators per process (the data group's all-reduce, the fsdp group's
 # gathers and reduce-scatters) on one NCCL stream
