@@ -1840,19 +1840,16 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
         }
         const int64_t P = dims[0] * ((dims[2] + R - 1) / R);
         cnode *am = &c->nodes[ai];
-        am->shape.ndim = 2;
-        am->shape.dims[0] = 3 * P;
-        am->shape.dims[1] = C;
+        const jdt_shape like = {.ndim = 2, .dims = {3 * P, C}};
         am->attrs.i[1] = 1;
-        const jdt_shape like = am->shape;
-        if (sum[0] < 0 && sum[1] < 0 && sum[2] < 0) {
-            /* no bias reads the partials (Llama): none are written (attrs i[3] = 1), and the
-             * output is one unwritten float */
-            am->shape.ndim = 1;
-            am->shape.dims[0] = 1;
-            am->attrs.i[3] = 1;
-        } else
+        if (sum[0] >= 0 || sum[1] >= 0 || sum[2] >= 0) {
+            am->shape = like;
             c->stats.n_attention_partials++;
+        } else { /* no bias reads the partials (Llama): none are written (attrs i[3] = 1), and
+                    the output is one unwritten float */
+            am->shape = (jdt_shape){.ndim = 1, .dims = {1}};
+            am->attrs.i[3] = 1;
+        }
         for (int s = 0; s < 3; s++)
             if (sum[s] >= 0 && !sum_partials(c, sum[s], ai, &like, s * P, P)) {
                 jdt_free(live);

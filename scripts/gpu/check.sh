@@ -201,8 +201,9 @@ done
 # cuDNN for its fused attention (JDT_CUDNN_ATTENTION=1: stage 2's test_cudnn_attention, stage
 # 4c): PyTorch's copy, unless JDT_CUDNN_LIBRARY names one; rehearsing, the emulator's own
 # (tests/infra/cudaemu/cudnnemu.c, which the emulated runtime names)
+dnn_label=""
 if [ "$REHEARSE" = 1 ] && [ -z "${JDT_CUDNN_LIBRARY:-}" ]; then
-  echo "  libcudnn.so.9: the host emulator's stand-in (cudnnemu.c)" | tee -a "$SUMMARY"
+  dnn_label="the host emulator's stand-in (cudnnemu.c)"
 elif [ -z "${JDT_CUDNN_LIBRARY:-}" ]; then
   dnn=""
   for s in $SITE; do
@@ -213,10 +214,8 @@ elif [ -z "${JDT_CUDNN_LIBRARY:-}" ]; then
     [ -z "$dnn" ] && [ -e "$d/libcudnn.so.9" ] && dnn="$d/libcudnn.so.9"
   done
   [ -n "$dnn" ] && export JDT_CUDNN_LIBRARY="$dnn"
-  echo "  libcudnn.so.9: ${JDT_CUDNN_LIBRARY:-NOT FOUND}" | tee -a "$SUMMARY"
-else
-  echo "  libcudnn.so.9: $JDT_CUDNN_LIBRARY" | tee -a "$SUMMARY"
 fi
+echo "  libcudnn.so.9: ${dnn_label:-${JDT_CUDNN_LIBRARY:-NOT FOUND}}" | tee -a "$SUMMARY"
 
 # ---- the binary and its libraries ---------------------------------------------------------------
 if [ -n "$BUNDLE" ]; then

@@ -1114,7 +1114,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                                            aligned16(scratch);
         for (int i = 0; i < 3 && g; i++) {
             copies &= g->copy[i] && g->copy_bf16[i];
-            aligned &= !g->copy[i] || aligned16(g->copy[i]);
+            aligned &= aligned16(g->copy[i]);
         }
         const char *why =
             tc < 0       ? DNN_NOT_TC
