@@ -691,7 +691,17 @@ static bool is_result(const cprog *c, int i)
     return false;
 }
 
-/* Is every reader of node r (through reshape views and (0, 2, 1, 3) transposes) a bf16-compute
+/* The nodes between a projection (or its RoPE) and the attention that moves q, k or v without
+ * arithmetic: reshape views, the head transposes, and grouped-query attention's broadcast that
+ * repeats each key/value head for its group of query heads (models.c). Each copies values, so
+ * it stores bf16 as exactly as f32 what it is given in bf16. */
+static bool qkv_carrier(const cnode *u)
+{
+    return (u->kind == CK_VIEW && u->op == JDT_OP_RESHAPE) ||
+           (u->kind == CK_MAP && (u->op == JDT_OP_TRANSPOSE || u->op == JDT_OP_BROADCAST));
+}
+
+/* Is every reader of node r (through qkv_carrier nodes) a bf16-compute
  * attention, forward or backward, reading it as q, k or v? Such an attention rounds it to bf16
  * as it reads it. Not an output or update value. */
 static bool read_as_bf16_qkv(const cprog *c, int r)
@@ -701,8 +711,7 @@ static bool read_as_bf16_qkv(const cprog *c, int r)
         const cnode *u = &c->nodes[j];
         for (int k = 0; k < u->n_in; k++) {
             if (u->in[k] != r) continue;
-            if ((u->kind == CK_VIEW && u->op == JDT_OP_RESHAPE) ||
-                (u->op == JDT_OP_TRANSPOSE && u->kind == CK_MAP)) {
+            if (qkv_carrier(u)) {
                 if (!read_as_bf16_qkv(c, j)) return false;
                 break;
             }
@@ -735,8 +744,7 @@ static jdt_status fold_rope_attention(cprog *c, jdt_err *e)
         bool ok = true;
         for (int k = 0; k < 3 && ok; k++) {
             int b = x->in[k];
-            while ((c->nodes[b].kind == CK_VIEW && c->nodes[b].op == JDT_OP_RESHAPE) ||
-                   (c->nodes[b].op == JDT_OP_TRANSPOSE && c->nodes[b].kind == CK_MAP))
+            while (qkv_carrier(&c->nodes[b]))
                 b = c->nodes[b].in[0];
             const cnode *bn = &c->nodes[b];
             base[k] = -1;
