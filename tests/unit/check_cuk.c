@@ -2675,6 +2675,181 @@ START_TEST(test_attention)
 }
 END_TEST
 
+/* x (B, Hk, T, D) with each head repeated for its group of G query heads: (B, Hk G, T, D). */
+static float *repeat_heads(const float *x, int64_t B, int64_t Hk, int64_t G, int64_t T, int64_t D)
+{
+    const int64_t m = T * D;
+    float *y = malloc((size_t)(B * Hk * G * m) * 4);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hk * G; h++)
+            memcpy(y + (b * Hk * G + h) * m, x + (b * Hk + h / G) * m, (size_t)m * 4);
+    return y;
+}
+
+/* x (B, H, ...) on the device as stored for the kernels: bthd bit `bit` set: (B, T, H, D); as
+ * bf16 bit patterns with b16 (nearest even). Caller frees. */
+static void *dev_att_input(const float *x, int64_t B, int64_t H, int64_t T, int64_t D,
+                           unsigned bthd, int bit, bool b16)
+{
+    const int64_t n = B * H * T * D;
+    float *t = (bthd >> bit & 1u) ? to_bthd(x, B, H, T, D) : NULL;
+    const float *src = t ? t : x;
+    void *d;
+    if (b16) {
+        uint16_t *h16 = malloc((size_t)(n ? n : 1) * 2);
+        for (int64_t i = 0; i < n; i++)
+            h16[i] = jdt_rt_bf16_bits(src[i]);
+        d = dev_from(h16, (size_t)n * 2);
+        free(h16);
+    } else {
+        d = dev_from(src, (size_t)n * 4);
+    }
+    free(t);
+    return d;
+}
+
+/* Grouped-query attention (JDT_CUK_ATT_GROUP: bthd bits 8 and up): the kernels on k and v of
+ * Hk = H / G heads against themselves on k and v with each head repeated for its group (G 1):
+ * o, the log-sum-exp and dq bit for bit (the same products in the same order), dk and dv within
+ * f32 rounding of the repeated run's sums over each group (the grouped kernels sum the group's
+ * heads in one accumulator); the cotangent form's copies ((B, T, H, D) for dq, (B, T, Hk, D) for
+ * dk, rotated as RoPE's backward, and dv; dq's and dv's bf16) bit for bit what the grouped
+ * run's own packed output makes of them, every value written, and the partial sums ((P, H D),
+ * then (P, Hk D) twice) its column sums. lay: the inputs' layout bits (k and v (B, T, Hk, D)
+ * with bits 1, 2). b16: q, k, v stored as bf16. */
+static void check_attention_groups(jdt_cuk *k, int64_t B, int64_t H, int64_t G, int64_t T,
+                                   int64_t D, unsigned lay, bool bf16, bool b16)
+{
+    const int64_t Hk = H / G, n = B * H * T * D, nk = B * Hk * T * D, rows = B * H * T;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *q = rand_floats(n, 71, -1, 1), *kh = rand_floats(nk, 72, -1, 1);
+    float *vh = rand_floats(nk, 73, -1, 1), *go = rand_floats(n, 74, -1, 1);
+    float *kx = repeat_heads(kh, B, Hk, G, T, D), *vx = repeat_heads(vh, B, Hk, G, T, D);
+    void *dq_in = dev_att_input(q, B, H, T, D, lay, 0, b16);
+    void *dkx = dev_att_input(kx, B, H, T, D, lay, 1, b16);
+    void *dvx = dev_att_input(vx, B, H, T, D, lay, 2, b16);
+    void *dkh = dev_att_input(kh, B, Hk, T, D, lay, 1, b16);
+    void *dvh = dev_att_input(vh, B, Hk, T, D, lay, 2, b16);
+    float *dgo = dev_att_input(go, B, H, T, D, lay, 4, false);
+    const unsigned grp = lay | (unsigned)G << 8;
+    float *o[2], *lse[2], *dqkv[2];
+    void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
+    for (int r = 0; r < 2; r++) { /* r 0: heads repeated; 1: grouped */
+        o[r] = dev_alloc((size_t)n * 4);
+        lse[r] = dev_alloc((size_t)rows * 4);
+        dqkv[r] = dev_alloc((size_t)(3 * n) * 4);
+        ck_assert_int_eq(cudaMemset(dqkv[r], 0, (size_t)(3 * n) * 4), cudaSuccess);
+        jdt_cuk_attention(k, dq_in, r ? dkh : dkx, r ? dvh : dvx, b16, o[r], NULL, false, lse[r], B,
+                          H, T, D, scale, (r ? grp : lay) & ~24u, bf16, scr);
+        /* o (B, H, T, D) as the forward wrote it: layout bit 3 clear */
+        jdt_cuk_attention_bwd(k, dq_in, r ? dkh : dkx, r ? dvh : dvx, b16, o[r], false, dgo, false,
+                              lse[r], dqkv[r], NULL, B, H, T, D, scale, (r ? grp : lay) & ~8u, bf16,
+                              scr);
+    }
+    char what[112];
+    snprintf(what, sizeof what, "grouped attention%s%s B%lld H%lld G%lld T%lld D%lld lay%u",
+             bf16 ? " bf16" : "", b16 ? " (bf16 q, k, v)" : "", (long long)B, (long long)H,
+             (long long)G, (long long)T, (long long)D, lay);
+    float *o0 = dev_to_host(k, o[0], n), *o1 = dev_to_host(k, o[1], n);
+    float *l0 = dev_to_host(k, lse[0], rows), *l1 = dev_to_host(k, lse[1], rows);
+    float *g0 = dev_to_host(k, dqkv[0], 3 * n), *g1 = dev_to_host(k, dqkv[1], 3 * n);
+    ck_assert_msg(memcmp(o0, o1, (size_t)n * 4) == 0, "%s: o differs", what);
+    ck_assert_msg(memcmp(l0, l1, (size_t)rows * 4) == 0, "%s: log-sum-exp differs", what);
+    ck_assert_msg(memcmp(g0, g1, (size_t)n * 4) == 0, "%s: dq differs", what);
+    for (int s = 1; s < 3; s++) { /* dk, dv: the repeated run's per-head values summed */
+        float *want = calloc((size_t)nk, 4);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t j = 0; j < T * D; j++)
+                    want[(b * Hk + h / G) * T * D + j] += g0[s * n + (b * H + h) * T * D + j];
+        expect_near_max(s == 1 ? "grouped attention dk" : "grouped attention dv", g1 + s * n, want,
+                        nk, 1e-5f);
+        for (int64_t j = s * n + nk; j < (s + 1) * n; j++) /* nothing past them written */
+            ck_assert_msg(g1[j] == 0.0f, "%s: %s written past its %lld values", what,
+                          s == 1 ? "dk" : "dv", (long long)nk);
+        free(want);
+    }
+    /* the cotangent form */
+    const int64_t nc = (T + JDT_CUK_ATT_PART - 1) / JDT_CUK_ATT_PART, P = B * nc;
+    const int64_t np = P * H * D + 2 * P * Hk * D;
+    jdt_cuk_att_grads gr = {.copy_bf16 = {true, false, true},
+                            .rope_theta = {0.0, D % 2 ? 0.0 : 10000.0, 0.0},
+                            .rope_inverse = {false, true, false}};
+    const int64_t cn[3] = {n, nk, nk};
+    for (int s = 0; s < 3; s++) {
+        gr.copy[s] = dev_alloc((size_t)cn[s] * (gr.copy_bf16[s] ? 2 : 4));
+        ck_assert_int_eq(cudaMemset(gr.copy[s], 0xff, (size_t)cn[s] * (gr.copy_bf16[s] ? 2 : 4)),
+                         cudaSuccess);
+    }
+    gr.part = dev_alloc((size_t)np * 4);
+    jdt_cuk_attention_bwd(k, dq_in, dkh, dvh, b16, o[1], false, dgo, false, lse[1], NULL, &gr, B, H,
+                          T, D, scale, grp & ~8u, bf16, scr);
+    for (int s = 0; s < 3; s++) {
+        const int64_t hs = s ? Hk : H, m = cn[s];
+        float *t = to_bthd(g1 + s * n, B, hs, T, D);
+        void *want = NULL;
+        if (gr.rope_theta[s] != 0.0) { /* as RoPE's backward rotates the transposed value */
+            float *dt = dev_from(t, (size_t)m * 4);
+            want = dev_alloc((size_t)m * 4);
+            jdt_cuk_rope(k, dt, want, false, false, false, B, T, hs, D, gr.rope_theta[s], true);
+            free(t);
+            t = dev_to_host(k, want, m);
+            cudaFree(dt), cudaFree(want);
+        }
+        const size_t es = gr.copy_bf16[s] ? 2 : 4;
+        unsigned char *got = malloc((size_t)m * es);
+        ck_assert_int_eq(cudaMemcpy(got, gr.copy[s], (size_t)m * es, cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        int64_t bad = 0;
+        for (int64_t j = 0; j < m; j++) {
+            uint16_t b = jdt_rt_bf16_bits(t[j]);
+            bad += es == 2 ? memcmp(got + j * 2, &b, 2) != 0 : memcmp(got + j * 4, &t[j], 4) != 0;
+        }
+        ck_assert_msg(bad == 0, "%s: cotangent form: copy %d differs in %lld of %lld values", what,
+                      s, (long long)bad, (long long)m);
+        free(got), free(t);
+        cudaFree(gr.copy[s]);
+    }
+    float *want_part = calloc((size_t)np, 4);
+    for (int s = 0; s < 3; s++) {
+        const int64_t hs = s ? Hk : H, base = s ? P * H * D + (s - 1) * P * Hk * D : 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < hs; h++)
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t d = 0; d < D; d++)
+                        want_part[base + (b * nc + t / JDT_CUK_ATT_PART) * hs * D + h * D + d] +=
+                            g1[s * n + ((b * hs + h) * T + t) * D + d];
+    }
+    float *part = dev_to_host(k, gr.part, np);
+    expect_close(what, part, want_part, np, 1e-5f, 1e-5f);
+    printf("%s: o, dq equal to the repeated heads', dk and dv their group sums, the cotangent "
+           "form's copies and partial sums\n",
+           what);
+    free(part), free(want_part);
+    cudaFree(gr.part);
+    for (int r = 0; r < 2; r++)
+        cudaFree(o[r]), cudaFree(lse[r]), cudaFree(dqkv[r]);
+    free(o0), free(o1), free(l0), free(l1), free(g0), free(g1);
+    cudaFree(dq_in), cudaFree(dkx), cudaFree(dvx), cudaFree(dkh), cudaFree(dvh), cudaFree(dgo);
+    cudaFree(scr);
+    free(q), free(kh), free(vh), free(go), free(kx), free(vx);
+}
+
+START_TEST(test_attention_groups)
+{
+    GPU_OR_SKIP(k);
+    for (int bf = 0; bf < 2; bf++) {
+        if (bf && jdt_cuk_arch(k) < 80) break; /* no bf16 mma: the FMA kernels serve */
+        check_attention_groups(k, 2, 4, 2, 77, 16, 0, bf, false);
+        check_attention_groups(k, 1, 6, 3, 70, 64, 0, bf, true);   /* bf16 q, k, v */
+        check_attention_groups(k, 1, 4, 2, 65, 64, 31u, bf, bf);   /* every input (B, T, H, D) */
+        check_attention_groups(k, 1, 2, 2, 45, 80, 6u, bf, false); /* one k/v head (MQA); d128 */
+    }
+    check_attention_groups(k, 1, 4, 2, 40, 30, 2u, false, false); /* D not a multiple of 4 */
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* ---- context ------------------------------------------------------------------------------ */
 
 START_TEST(test_init_errors_and_cache)
@@ -2813,6 +2988,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_concat);
     tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_attention_groups);
     tcase_add_test(tc, test_cudnn_attention);
     suite_add_tcase(s, tc);
 }

@@ -1243,6 +1243,9 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         for (int j = 0; j < n->n_in; j++)
             if (c->nodes[n->in[j]].kind == CK_VIEW && c->nodes[n->in[j]].op == JDT_OP_TRANSPOSE)
                 bthd |= 1u << j;
+        /* grouped-query: k and v with fewer heads than q (passes.c fold_attention_groups) */
+        const int64_t Hk = c->nodes[n->in[1]].shape.dims[1];
+        if (Hk != s0->dims[1]) bthd |= (unsigned)(s0->dims[1] / Hk) << 8;
         /* q, k, v bf16 (fold_bf16_casts: all three or none) */
         const bool qkv16 = c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16;
         /* the backward's dO stored as bf16 (passes.c fold_attention_dout16) */

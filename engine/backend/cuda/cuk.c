@@ -1020,6 +1020,8 @@ static jdt_cuk_kernel att_kernel(jdt_cuk_kernel f32, jdt_cuk_kernel b16, bool qk
     "not the tensor-core kernels' case (bf16 compute, sm_80 or newer, a head of at most 128, a "   \
     "positive scale, JDT_CUK_ATTENTION not fma)"
 
+#define DNN_GROUPS "grouped-query attention (cuk_cudnn.c builds no graph for it yet)"
+
 /* With JDT_CUDNN_ATTENTION on, says once per direction (bwd) why a call does not go to cuDNN
  * (its first unmet condition; NULL: it does) and returns whether it may. */
 static bool dnn_asks(jdt_cuk *k, bool bwd, const char *why)
@@ -1049,6 +1051,7 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
                  : o               ? "o stored in f32"
                  : !o2 || !o2_bf16 ? "o's copy not bf16 (precision.activations: bf16)"
                  : D % 8           ? "a head size not a multiple of 8"
+                 : bthd >> 8       ? DNN_GROUPS
                  : !aligned16(q) || !aligned16(kk) || !aligned16(v) || !aligned16(o2) ||
                          !aligned16(lse)
                      ? "a tensor not 16-byte aligned"
@@ -1123,6 +1126,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
             : dqkv || !g ? "not the cotangent form (dq, dk, dv copies for the projections)"
             : !copies    ? "a copy of dq, dk or dv not bf16 (a model with biases and RoPE)"
             : D % 8      ? "a head size not a multiple of 8"
+            : bthd >> 8  ? DNN_GROUPS
             : g->part && T % JDT_CUK_ATT_PART
                 ? "bias partial sums over a sequence not a multiple of 32"
             : !aligned ? "a tensor not 16-byte aligned"
@@ -1131,13 +1135,16 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                                                                 T, D, scale, bthd, scratch))
             return;
     }
+    /* grouped-query: dk and dv (B, Hk, T, D) at the start of their thirds, their partial
+     * sums (P, Hk D) after dq's */
+    const int64_t Hk = H / JDT_CUK_ATT_GROUP(bthd);
     float *stats = scratch, *dq = dqkv, *dk = dqkv ? dqkv + n : NULL,
           *dv = dqkv ? dqkv + 2 * n : NULL;
     /* the cotangent form's outputs (NULL: not written) */
     const int64_t P = B * ((T + JDT_CUK_ATT_PART - 1) / JDT_CUK_ATT_PART);
     void *q2 = g ? g->copy[0] : NULL, *k2 = g ? g->copy[1] : NULL, *v2 = g ? g->copy[2] : NULL;
     float *qp = g && g->part ? g->part : NULL, *kp = qp ? qp + P * H * D : NULL,
-          *vp = qp ? qp + 2 * P * H * D : NULL;
+          *vp = qp ? kp + P * Hk * D : NULL;
     int q2b = g && g->copy_bf16[0],
         kv2b = g ? (g->copy_bf16[1] ? 1 : 0) | (g->copy_bf16[2] ? 2 : 0) : 0;
     double q2rot = g ? g->rope_theta[0] : 0.0, k2rot = g ? g->rope_theta[1] : 0.0,
@@ -1157,7 +1164,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
          * bf16 dO is read where it is */
         void *g16 = (char *)scratch + att_g16_offset(B, H, T);
         const void *gsrc = dout_bf16 ? dout : g16;
-        unsigned gbthd = dout_bf16 ? bthd : 0u;
+        unsigned gbthd = dout_bf16 ? bthd & 31u : 0u; /* its layout bit 4 */
         int64_t gD = dout_bf16 ? D : (D <= 64 ? 64 : 128);
         void *tqargs[] = {&q,   &kk,    &v,     &o,  &dout, &lse, &stats, &g16, &dq,    &q2,
                           &q2b, &q2rot, &q2inv, &qp, &B,    &H,   &T,     &D,   &scale, &bthd};
@@ -1176,7 +1183,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         if (!lse) launch(k, (jdt_cuk_kernel)(ks + tc), blocks, ATT_TC_THREADS, 0, sargs);
         launch(k, (jdt_cuk_kernel)(kq + tc), blocks, ATT_TC_THREADS, 0, tqargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DKV_D64, JDT_CUK_K_ATT_TC_DKV_B_D64, qkv_bf16, tc),
-               blocks, ATT_TC_THREADS, 0, tkargs);
+               blocks / H * Hk, ATT_TC_THREADS, 0, tkargs); /* a block per key/value head */
         return;
     }
     int64_t ct;
@@ -1194,6 +1201,6 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                blocks, ATT_THREADS, smem, sargs);
     launch(k, att_kernel(JDT_CUK_K_ATT_DQ_D64, JDT_CUK_K_ATT_DQ_B_D64, qkv_bf16, cls), blocks,
            ATT_THREADS, smem, qargs);
-    launch(k, att_kernel(JDT_CUK_K_ATT_DKV_D64, JDT_CUK_K_ATT_DKV_B_D64, qkv_bf16, cls), blocks,
-           ATT_THREADS, smem, kargs);
+    launch(k, att_kernel(JDT_CUK_K_ATT_DKV_D64, JDT_CUK_K_ATT_DKV_B_D64, qkv_bf16, cls),
+           blocks / H * Hk, ATT_THREADS, smem, kargs);
 }

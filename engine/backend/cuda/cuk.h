@@ -284,14 +284,23 @@ void jdt_cuk_permute_blocks_bytes(jdt_cuk *k, const void *src, void *dst, int64_
 void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_t outer,
                         int64_t blk_bytes, int64_t seg_bytes, int64_t off_bytes, bool get);
 
+/* Grouped-query attention: bits 8 and up of the attention calls' bthd hold G, the query heads
+ * sharing one key/value head (0 or 1: every head its own). k and v then have Hk = H / G heads
+ * ((B, Hk, T, D), or (B, T, Hk, D) per their bthd bits), query head h reading head h / G; dk and
+ * dv are (B, Hk, T, D), each the sum over its group's query heads, at the start of dqkv's
+ * second and third n elements; copies (B, T, Hk, D); the partial sums (P, H D) for dq, then
+ * (P, Hk D) for dk and for dv. H must be a multiple of G. cuDNN declines it (said once). */
+#define JDT_CUK_ATT_GROUP(bthd) ((bthd) >> 8 ? (int64_t)((bthd) >> 8) : (int64_t)1)
+
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
- * (B, T, H, D); backward: o = bit 3, dout = bit 4). Head size D <= 256 (a larger D records
- * ERR_UNSUPPORTED for jdt_cuk_check). bf16: jdt_rt_attention's bf16 compute (the products'
- * inputs rounded to bf16, f32 accumulation), on tensor cores (kernels/cuk_attention_tc.cu)
- * when D <= 128 and the GPU is sm_80 or newer; otherwise, and without bf16, the f32 FMA kernels
- * (kernels/cuk_attention.cu; with bf16 they skip the rounding: f32 products). scratch: device
- * memory of jdt_cuk_attention_scratch_bytes bytes, 16-byte aligned (unused by the forward; the
- * backward keeps the row log-sum-exp and dO.O there and, on tensor cores, dO rounded to bf16). */
+ * (B, T, H, D); backward: o = bit 3, dout = bit 4; G above in bits 8 and up). Head size D <= 256 (a
+ * larger D records ERR_UNSUPPORTED for jdt_cuk_check). bf16: jdt_rt_attention's bf16 compute (the
+ * products' inputs rounded to bf16, f32 accumulation), on tensor cores
+ * (kernels/cuk_attention_tc.cu) when D <= 128 and the GPU is sm_80 or newer; otherwise, and without
+ * bf16, the f32 FMA kernels (kernels/cuk_attention.cu; with bf16 they skip the rounding: f32
+ * products). scratch: device memory of jdt_cuk_attention_scratch_bytes bytes, 16-byte aligned
+ * (unused by the forward; the backward keeps the row log-sum-exp and dO.O there and, on tensor
+ * cores, dO rounded to bf16). */
 int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D);
 /* q, kk, v: f32, or bf16 bit patterns with qkv_bf16 (a bf16 GEMM stored them as bf16:
  * precision.activations: bf16, passes.c fold_bf16_casts; the _b kernels, which read the bits as

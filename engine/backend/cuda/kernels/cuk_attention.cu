@@ -3,7 +3,10 @@
  * f32 with FMA (the tensor-core version is cuk_attention_tc.cu). Same semantics as
  * jdt_rt_attention / jdt_rt_attention_bwd (engine/runtime/runtime.h): q k v (B, H, T, D) or,
  * per bit of bthd, (B, T, H, D); outputs (B, H, T, D); causal; scores scaled by `scale`. q, k
- * and v are f32, or bf16 bit patterns (the _b kernels), widened as they are loaded.
+ * and v are f32, or bf16 bit patterns (the _b kernels), widened as they are loaded. Grouped-query
+ * attention (cuk_att_group: G query heads per key/value head, bthd bits 8 and up): k, v, dk and
+ * dv have H / G heads; the dK/dV kernel's block owns keys of one key/value head and streams the
+ * queries of each head of its group in turn, so dk and dv sum over the group as they accumulate.
  *
  * Mapping: a block owns R = 32 rows (queries, or keys in the dK/dV kernel), 4 consecutive lanes
  * per row; lane `sub` of a row holds the row's elements d = sub + 4*i in registers (so a dot
@@ -112,6 +115,7 @@ __device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o
     i64 nqb = (T + ATT_R - 1) / ATT_R;
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
+        const i64 G = cuk_att_group(bthd), hk = h / G, Hk = H / G; /* k and v's head */
         i64 i = qb * ATT_R + r;
         bool act = i < T;
         float qr[DM / 4], acc[DM / 4];
@@ -123,8 +127,8 @@ __device__ void att_fwd(const TQ *q, const TQ *k, const TQ *v, float *o, void *o
         i64 kend = min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads(); /* the previous tile has been consumed */
-            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
-            att_load_tile<CT, DM>(Vs, v, bthd, 2, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, hk, j0, Hk, T, D, 1.0f);
+            att_load_tile<CT, DM>(Vs, v, bthd, 2, b, hk, j0, Hk, T, D, 1.0f);
             __syncthreads();
             float s[CT], mt = CUK_NEG_INF;
 #pragma unroll
@@ -175,6 +179,7 @@ __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float 
     i64 nqb = (T + ATT_R - 1) / ATT_R;
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
+        const i64 G = cuk_att_group(bthd), hk = h / G, Hk = H / G; /* k and v's head */
         i64 i = qb * ATT_R + r;
         bool act = i < T;
         float qr[DM / 4], tmp[DM / 4];
@@ -190,7 +195,7 @@ __device__ void att_stats(const TQ *q, const TQ *k, const float *o, const float 
         i64 kend = min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads();
-            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, hk, j0, Hk, T, D, 1.0f);
             __syncthreads();
             float s[CT], mt = CUK_NEG_INF;
 #pragma unroll
@@ -245,6 +250,7 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, co
     i64 nqb = (T + ATT_R - 1) / ATT_R;
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
+        const i64 G = cuk_att_group(bthd), hk = h / G, Hk = H / G; /* k and v's head */
         i64 i = qb * ATT_R + r;
         bool act = i < T;
         float qr[DM / 4], gr[DM / 4], acc[DM / 4];
@@ -273,8 +279,8 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, co
         i64 kend = min(T, (qb + 1) * ATT_R);
         for (i64 j0 = 0; j0 < kend; j0 += CT) {
             __syncthreads();
-            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, h, j0, H, T, D, 1.0f);
-            att_load_tile<CT, DM>(Vs, v, bthd, 2, b, h, j0, H, T, D, 1.0f);
+            att_load_tile<CT, DM>(Ks, k, bthd, 1, b, hk, j0, Hk, T, D, 1.0f);
+            att_load_tile<CT, DM>(Vs, v, bthd, 2, b, hk, j0, Hk, T, D, 1.0f);
             __syncthreads();
 #pragma unroll 4
             for (int jj = 0; jj < CT; jj++) {
@@ -301,8 +307,8 @@ __device__ void att_dq(const TQ *q, const TQ *k, const TQ *v, const float *o, co
     }
 }
 
-/* dk, dv (B, H, T, D) from the stats: rows are keys, tiles stream queries i >= the block's
- * first key. */
+/* dk, dv (B, H / G, T, D) from the stats: rows are keys, tiles stream queries i >= the block's
+ * first key, of each query head of the key/value head's group in turn. */
 template <int DM, int CT, class TQ>
 __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout,
                         const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b,
@@ -313,47 +319,51 @@ __device__ void att_dkv(const TQ *q, const TQ *k, const TQ *v, const float *dout
     float *Qs = smem, *Gs = smem + CT * D, *Ls = smem + 2 * CT * D, *Ds = Ls + CT;
     int r = threadIdx.x / ATT_TPR, sub = threadIdx.x % ATT_TPR;
     i64 nkb = (T + ATT_R - 1) / ATT_R;
-    for (i64 blk = blockIdx.x; blk < B * H * nkb; blk += gridDim.x) {
-        i64 bh = blk / nkb, kb = blk % nkb, b = bh / H, h = bh % H;
+    const i64 G = cuk_att_group(bthd), Hk = H / G;
+    for (i64 blk = blockIdx.x; blk < B * Hk * nkb; blk += gridDim.x) {
+        i64 bk = blk / nkb, kb = blk % nkb, b = bk / Hk, hk = bk % Hk;
         i64 j = kb * ATT_R + r;
         bool act = j < T;
         float kr[DM / 4], vr[DM / 4], ak[DM / 4], av[DM / 4];
-        att_load_row<DM>(kr, k, act ? att_row(bthd, 1, b, h, j, H, T, D) : 0, D, sub, act, 1.0f);
-        att_load_row<DM>(vr, v, act ? att_row(bthd, 2, b, h, j, H, T, D) : 0, D, sub, act, 1.0f);
+        att_load_row<DM>(kr, k, act ? att_row(bthd, 1, b, hk, j, Hk, T, D) : 0, D, sub, act, 1.0f);
+        att_load_row<DM>(vr, v, act ? att_row(bthd, 2, b, hk, j, Hk, T, D) : 0, D, sub, act, 1.0f);
 #pragma unroll
         for (int u = 0; u < DM / 4; u++)
             ak[u] = av[u] = 0.0f;
-        for (i64 i0 = (kb * ATT_R) / CT * CT; i0 < T; i0 += CT) {
-            __syncthreads();
-            att_load_tile<CT, DM>(Qs, q, bthd, 0, b, h, i0, H, T, D, scale);
-            att_load_tile<CT, DM>(Gs, dout, bthd, 4, b, h, i0, H, T, D, 1.0f);
-            for (int c = threadIdx.x; c < CT; c += blockDim.x) {
-                bool in = i0 + c < T;
-                Ls[c] = in ? stats[bh * T + i0 + c] : 0.0f;
-                Ds[c] = in ? stats[B * H * T + bh * T + i0 + c] : 0.0f;
-            }
-            __syncthreads();
+        for (i64 h = hk * G; h < (hk + 1) * G; h++) { /* each query head of the group */
+            const i64 bh = b * H + h;
+            for (i64 i0 = (kb * ATT_R) / CT * CT; i0 < T; i0 += CT) {
+                __syncthreads();
+                att_load_tile<CT, DM>(Qs, q, bthd, 0, b, h, i0, H, T, D, scale);
+                att_load_tile<CT, DM>(Gs, dout, bthd, 4, b, h, i0, H, T, D, 1.0f);
+                for (int c = threadIdx.x; c < CT; c += blockDim.x) {
+                    bool in = i0 + c < T;
+                    Ls[c] = in ? stats[bh * T + i0 + c] : 0.0f;
+                    Ds[c] = in ? stats[B * H * T + bh * T + i0 + c] : 0.0f;
+                }
+                __syncthreads();
 #pragma unroll 4
-            for (int ii = 0; ii < CT; ii++) {
-                float s = att_row_sum(att_dot<DM>(kr, Qs, ii, D, sub));
-                float dp = att_row_sum(att_dot<DM>(vr, Gs, ii, D, sub));
-                i64 i = i0 + ii;
-                float p = act && i >= j && i < T ? expf(s - Ls[ii]) : 0.0f;
-                att_axpy<DM>(av, p, Gs, ii, D, sub);
-                att_axpy<DM>(ak, p * (dp - Ds[ii]), Qs, ii, D, sub); /* Qs is pre-scaled */
+                for (int ii = 0; ii < CT; ii++) {
+                    float s = att_row_sum(att_dot<DM>(kr, Qs, ii, D, sub));
+                    float dp = att_row_sum(att_dot<DM>(vr, Gs, ii, D, sub));
+                    i64 i = i0 + ii;
+                    float p = act && i >= j && i < T ? expf(s - Ls[ii]) : 0.0f;
+                    att_axpy<DM>(av, p, Gs, ii, D, sub);
+                    att_axpy<DM>(ak, p * (dp - Ds[ii]), Qs, ii, D, sub); /* Qs is pre-scaled */
+                }
             }
         }
         if (k2 || v2 || kpart || vpart) { /* the cotangent form (uniform over the grid) */
             att_stage<DM>(smem, av, 1.0f, r, sub, D);
             cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dv, v2, kv2b >> 1 & 1, v2rot,
-                                     kv2inv >> 1 & 1, vpart, b, h, kb * ATT_R, H, T, D);
+                                     kv2inv >> 1 & 1, vpart, b, hk, kb * ATT_R, Hk, T, D);
             att_stage<DM>(smem, ak, 1.0f, r, sub, D);
             cuk_att_grads_out<ATT_R>(smem, (int)D + 4, dk, k2, kv2b & 1, k2rot, kv2inv & 1, kpart,
-                                     b, h, kb * ATT_R, H, T, D);
+                                     b, hk, kb * ATT_R, Hk, T, D);
             continue;
         }
         if (act) {
-            float *rk = dk + (bh * T + j) * D, *rv = dv + (bh * T + j) * D;
+            float *rk = dk + (bk * T + j) * D, *rv = dv + (bk * T + j) * D;
 #pragma unroll
             for (int u = 0; u < DM / 4; u++) {
                 i64 d = sub + 4 * u;

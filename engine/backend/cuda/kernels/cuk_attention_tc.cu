@@ -31,7 +31,10 @@
  * next tile is loaded while the block computes on this one, by cp.async for bf16 rows
  * (tc_load_async; f32 inputs are converted as they load, so theirs wait). dO is f32: the dQ
  * kernel writes the bf16 rows it stages to the scratch (g16), and dK/dV copies its tiles from
- * there.
+ * there. Grouped-query attention (cuk_att_group: G query heads per key/value head, bthd bits 8
+ * and up): k, v, dk and dv have H / G heads; the forward, statistics and dQ kernels read key/value
+ * head h / G for query head h, and a dK/dV block owns keys of one key/value head and streams the
+ * queries of each head of its group in turn, so dk and dv sum over the group as they accumulate.
  */
 #include "cuk_common.cuh"
 
@@ -536,6 +539,7 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, TO *o, void *o2, i
     i64 nqb = (T + TC_BR - 1) / TC_BR;
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
+        const i64 G = cuk_att_group(bthd), hk = h / G, Hk = H / G; /* k and v's head */
         i64 i0 = qb * TC_BR + w * 16 + g; /* this lane's rows: i0 and i0 + 8 */
         unsigned qa[DM / 16][4];
         tc_rows_a<DM>(qa, nullptr, sm, q, 0, (const TQ *)nullptr, 0, bthd, b, h, qb * TC_BR, H, T,
@@ -549,12 +553,13 @@ __device__ void tc_fwd(const TQ *q, const TQ *k, const TQ *v, TO *o, void *o2, i
         /* double-buffered tiles: tile j0 + BC is copied into one buffer while the block
          * computes on j0 in the other (tc_load_async) */
         __syncthreads(); /* every warp has its q fragments: the staging area is free */
-        tc_kv_issue<BC, DM, !STATS>(sm, k, v, bthd, b, h, 0, H, T, D);
+        tc_kv_issue<BC, DM, !STATS>(sm, k, v, bthd, b, hk, 0, Hk, T, D);
         cuk_cp_async_commit();
         for (i64 j0 = 0, u = 0; j0 < kend; j0 += BC, u ^= 1) { /* u: tile j0's buffer */
             unsigned short *Ks = sm + u * NKV, *Vs = Ks + BC * L;
             tc_turn(j0 + BC < kend, [&] {
-                tc_kv_issue<BC, DM, !STATS>(sm + (u ^ 1) * NKV, k, v, bthd, b, h, j0 + BC, H, T, D);
+                tc_kv_issue<BC, DM, !STATS>(sm + (u ^ 1) * NKV, k, v, bthd, b, hk, j0 + BC, Hk, T,
+                                            D);
             });
             __syncthreads(); /* every thread's copies of tile j0 have landed */
             if (j0 > qb * TC_BR + w * 16 + 15) continue; /* the warp's rows see none of it */
@@ -661,6 +666,7 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const TO *o, const 
     i64 nqb = (T + TC_BR - 1) / TC_BR;
     for (i64 blk = blockIdx.x; blk < B * H * nqb; blk += gridDim.x) {
         i64 bh = blk / nqb, qb = nqb - 1 - blk % nqb, b = bh / H, h = bh % H;
+        const i64 G = cuk_att_group(bthd), hk = h / G, Hk = H / G; /* k and v's head */
         i64 i0 = qb * TC_BR + w * 16 + g;
         unsigned qa[DM / 16][4], ga[DM / 16][4];
         tc_rows_a<DM>(qa, ga, sm, q, 0, dout, 4, bthd, b, h, qb * TC_BR, H, T, D);
@@ -697,12 +703,12 @@ __device__ void tc_dq(const TQ *q, const TQ *k, const TQ *v, const TO *o, const 
             acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
         i64 kend = min(T, (qb + 1) * TC_BR);
         __syncthreads(); /* double-buffered tiles, as in tc_fwd */
-        tc_kv_issue<BC, DM, true>(sm, k, v, bthd, b, h, 0, H, T, D);
+        tc_kv_issue<BC, DM, true>(sm, k, v, bthd, b, hk, 0, Hk, T, D);
         cuk_cp_async_commit();
         for (i64 j0 = 0, u = 0; j0 < kend; j0 += BC, u ^= 1) { /* u: tile j0's buffer */
             unsigned short *Ks = sm + u * N2, *Vs = Ks + BC * L;
             tc_turn(j0 + BC < kend, [&] {
-                tc_kv_issue<BC, DM, true>(sm + (u ^ 1) * N2, k, v, bthd, b, h, j0 + BC, H, T, D);
+                tc_kv_issue<BC, DM, true>(sm + (u ^ 1) * N2, k, v, bthd, b, hk, j0 + BC, Hk, T, D);
             });
             __syncthreads();
             if (j0 > qb * TC_BR + w * 16 + 15) continue;
@@ -773,8 +779,9 @@ __device__ __forceinline__ void tc_dkv_p(float (*s)[4], float (*dp)[4], const fl
         }
 }
 
-/* dk, dv (B, H, T, D) from the stats and g16 (dO as bf16, as tc_dkv_issue reads it): rows are
- * keys, tiles stream queries i >= the block's first key, double-buffered as the forward's. */
+/* dk, dv (B, H / G, T, D) from the stats and g16 (dO as bf16, as tc_dkv_issue reads it): rows are
+ * keys, tiles stream queries i >= the block's first key, double-buffered as the forward's, of
+ * each query head of the key/value head's group in turn. */
 template <int DM, int BQ, class TQ>
 __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned short *g16,
                        unsigned gbthd, i64 gD, const float *stats, float *dk, float *dv, void *k2,
@@ -789,61 +796,66 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
     const float sl2 = scale * TC_LOG2E;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nkb = (T + TC_BR - 1) / TC_BR;
-    for (i64 blk = blockIdx.x; blk < B * H * nkb; blk += gridDim.x) {
-        i64 bh = blk / nkb, kb = blk % nkb, b = bh / H, h = bh % H;
+    const i64 G = cuk_att_group(bthd), Hk = H / G;
+    for (i64 blk = blockIdx.x; blk < B * Hk * nkb; blk += gridDim.x) {
+        i64 bk = blk / nkb, kb = blk % nkb, b = bk / Hk, hk = bk % Hk;
         i64 j0 = kb * TC_BR + w * 16 + g; /* this lane's keys: j0 and j0 + 8 */
         unsigned ka[DM / 16][4], va[DM / 16][4];
-        tc_rows_a<DM>(ka, va, sm, k, 1, v, 2, bthd, b, h, kb * TC_BR, H, T, D);
+        tc_rows_a<DM>(ka, va, sm, k, 1, v, 2, bthd, b, hk, kb * TC_BR, Hk, T, D);
         float ak[DM / 8][4], av[DM / 8][4];
 #pragma unroll
         for (int dn = 0; dn < DM / 8; dn++)
             for (int e = 0; e < 4; e++)
                 ak[dn][e] = av[dn][e] = 0.0f;
         const i64 qs = (kb * TC_BR) / BQ * BQ;
-        __syncthreads(); /* every warp has its k, v fragments: the staging area is free */
-        tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, gbthd, gD, stats, bthd, b, h, bh, qs, B, H,
-                             T, D);
-        cuk_cp_async_commit();
-        for (i64 q0 = qs, u = 0; q0 < T; q0 += BQ, u ^= 1) { /* u: tile q0's buffer */
-            unsigned short *Qs = sm + u * N2, *Gs = Qs + BQ * L;
-            float *Ls = Ls2[u], *Ds = Ds2[u];
-            tc_turn(q0 + BQ < T, [&] {
-                tc_dkv_issue<DM, BQ>(sm + (u ^ 1) * N2, Ls2[u ^ 1], Ds2[u ^ 1], q, g16, gbthd, gD,
-                                     stats, bthd, b, h, bh, q0 + BQ, B, H, T, D);
-            });
-            if (threadIdx.x < BQ) { /* this thread's L and delta have landed */
-                Ls[threadIdx.x] *= TC_LOG2E;
-                Ds[threadIdx.x] *= scale; /* as in dQ */
+        for (i64 h = hk * G; h < (hk + 1) * G; h++) { /* each query head of the group */
+            const i64 bh = b * H + h;
+            __syncthreads(); /* every warp has its k, v fragments (or is done with the previous
+                              * head's last tile): the staging area is free */
+            tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, gbthd, gD, stats, bthd, b, h, bh, qs,
+                                 B, H, T, D);
+            cuk_cp_async_commit();
+            for (i64 q0 = qs, u = 0; q0 < T; q0 += BQ, u ^= 1) { /* u: tile q0's buffer */
+                unsigned short *Qs = sm + u * N2, *Gs = Qs + BQ * L;
+                float *Ls = Ls2[u], *Ds = Ds2[u];
+                tc_turn(q0 + BQ < T, [&] {
+                    tc_dkv_issue<DM, BQ>(sm + (u ^ 1) * N2, Ls2[u ^ 1], Ds2[u ^ 1], q, g16, gbthd,
+                                         gD, stats, bthd, b, h, bh, q0 + BQ, B, H, T, D);
+                });
+                if (threadIdx.x < BQ) { /* this thread's L and delta have landed */
+                    Ls[threadIdx.x] *= TC_LOG2E;
+                    Ds[threadIdx.x] *= scale; /* as in dQ */
+                }
+                __syncthreads(); /* every thread's copies and scalings */
+                if (q0 + BQ - 1 < kb * TC_BR + w * 16) continue; /* every query before the keys */
+                float s[BQ / 8][4], dp[BQ / 8][4];
+                tc_rows_by<DM, BQ>(s, ka, Qs, L, lane);  /* k . q */
+                tc_rows_by<DM, BQ>(dp, va, Gs, L, lane); /* v . dO */
+                /* masks only where a query may precede a key or be past T (warp-uniform); two
+                 * copies of the loop, so that the unmasked tiles (all but a block's first) run
+                 * without a test and a branch per element (Session 31: the one shared loop made
+                 * the compiled tile loop twice as long as its unmasked path) */
+                if (TC_WHOLE(q0 >= kb * TC_BR + w * 16 + 15 && q0 + BQ <= T))
+                    tc_dkv_p<BQ, false>(s, dp, Ls, Ds, 0, 0, 0, t, sl2, scale);
+                else
+                    tc_dkv_p<BQ, true>(s, dp, Ls, Ds, (int)(q0 - j0) + 2 * t, q0, T, t, sl2, scale);
+                tc_acc_by<DM, BQ>(av, s, Gs, L, lane);
+                tc_acc_by<DM, BQ>(ak, dp, Qs, L, lane);
             }
-            __syncthreads(); /* every thread's copies and scalings */
-            if (q0 + BQ - 1 < kb * TC_BR + w * 16) continue; /* every query before the keys */
-            float s[BQ / 8][4], dp[BQ / 8][4];
-            tc_rows_by<DM, BQ>(s, ka, Qs, L, lane);  /* k . q */
-            tc_rows_by<DM, BQ>(dp, va, Gs, L, lane); /* v . dO */
-            /* masks only where a query may precede a key or be past T (warp-uniform); two
-             * copies of the loop, so that the unmasked tiles (all but a block's first) run
-             * without a test and a branch per element (Session 31: the one shared loop made
-             * the compiled tile loop twice as long as its unmasked path) */
-            if (TC_WHOLE(q0 >= kb * TC_BR + w * 16 + 15 && q0 + BQ <= T))
-                tc_dkv_p<BQ, false>(s, dp, Ls, Ds, 0, 0, 0, t, sl2, scale);
-            else
-                tc_dkv_p<BQ, true>(s, dp, Ls, Ds, (int)(q0 - j0) + 2 * t, q0, T, t, sl2, scale);
-            tc_acc_by<DM, BQ>(av, s, Gs, L, lane);
-            tc_acc_by<DM, BQ>(ak, dp, Qs, L, lane);
         }
         if (k2 || v2 || kpart || vpart) { /* the cotangent form (uniform over the grid) */
             float *st = (float *)smv;
             tc_stage<DM>(st, av, w, g, t, D);
             cuk_att_grads_out<TC_BR>(st, DM + 4, dv, v2, kv2b >> 1 & 1, v2rot, kv2inv >> 1 & 1,
-                                     vpart, b, h, kb * TC_BR, H, T, D);
+                                     vpart, b, hk, kb * TC_BR, Hk, T, D);
             tc_stage<DM>(st, ak, w, g, t, D);
-            cuk_att_grads_out<TC_BR>(st, DM + 4, dk, k2, kv2b & 1, k2rot, kv2inv & 1, kpart, b, h,
-                                     kb * TC_BR, H, T, D);
+            cuk_att_grads_out<TC_BR>(st, DM + 4, dk, k2, kv2b & 1, k2rot, kv2inv & 1, kpart, b, hk,
+                                     kb * TC_BR, Hk, T, D);
             continue;
         }
         float one[2] = {1.0f, 1.0f};
-        tc_store<DM>(dv, av, bh, j0, T, D, one, t);
-        tc_store<DM>(dk, ak, bh, j0, T, D, one, t);
+        tc_store<DM>(dv, av, bk, j0, T, D, one, t);
+        tc_store<DM>(dk, ak, bk, j0, T, D, one, t);
     }
 }
 

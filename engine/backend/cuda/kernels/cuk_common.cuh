@@ -102,6 +102,16 @@ __device__ __forceinline__ void cuk_rope_pair(float x0, float x1, i64 t, i64 i, 
     *y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
 }
 
+/* Grouped-query attention (cuk.h JDT_CUK_ATT_GROUP): bits 8 and up of the attention kernels'
+ * layout word bthd hold G, the query heads that share one key/value head (0: 1). k and v then
+ * have H / G heads, query head h reading key/value head h / G; dk and dv are (B, H / G, T, D),
+ * each the sum over its group's query heads. */
+__device__ __forceinline__ i64 cuk_att_group(unsigned bthd)
+{
+    const unsigned g = bthd >> 8;
+    return g ? (i64)g : 1;
+}
+
 /* Rows per partial column sum of the attention backward's cotangent form (cuk.h
  * JDT_CUK_ATT_PART): a multiple of both kernels' blocks start every chunk. */
 #define CUK_ATT_PART 32
