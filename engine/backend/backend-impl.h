@@ -47,6 +47,11 @@ typedef struct {
      * `co`: the transpose the projection's GEMM reads), so passes.c fold_attention_copies drops
      * that transpose's kernel. */
     bool attention_copy;
+    /* Its attention builtins take grouped-query attention themselves: k and v with fewer heads
+     * than q, G = H / Hk query heads reading each, and the backward writing each group's summed
+     * dk and dv (CUDA: JDT_CUK_ATT_GROUP), so passes.c fold_attention_groups drops the broadcast
+     * that repeats each key/value head and the sums over each group. */
+    bool attention_groups;
     /* Its RoPE builtin reads x in (B, H, T, D) order at an element offset (attrs i[1], i[2]), so
      * passes.c fold_rope_transposes drops the transpose before a RoPE backward. */
     bool rope_bhtd;

@@ -175,8 +175,10 @@ typedef struct cprog_ {
                             forward writes dlogits too (passes.c fold_xent_backwards) */
     bool attention_copy; /* the device's vtable flag, unless JDT_ATTENTION_COPY=0: the attention
                             forward writes o's (B, T, H, D) copy too (fold_attention_copies) */
-    bool rope_bhtd;      /* the device's vtable flag: its RoPE reads (B, H, T, D) input at an
-                            offset (passes.c fold_rope_transposes) */
+    bool attention_groups;     /* the device's vtable flag, unless JDT_ATTENTION_GROUPS=0: the
+                                  attention reads grouped k and v itself (fold_attention_groups) */
+    bool rope_bhtd;            /* the device's vtable flag: its RoPE reads (B, H, T, D) input at an
+                                  offset (passes.c fold_rope_transposes) */
     int attention_part_rows;   /* the device's vtable field, unless JDT_ATTENTION_GRADS=0: the
                                   attention backward's cotangent form (fold_attention_cotangents) */
     bool attention_lse;        /* the device's vtable flag, unless JDT_ATTENTION_LSE=0: the forward

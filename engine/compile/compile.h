@@ -151,6 +151,9 @@ typedef struct {
                                      fold_rope_transposes) */
     int n_attention_copies; /* attentions that also write o's (B, T, H, D) copy (passes.c
                                fold_attention_copies) */
+    int n_attention_groups; /* attentions, forward or backward, reading grouped-query k and v
+                               without their repetition per query head (passes.c
+                               fold_attention_groups) */
     int n_attention_cotangents; /* attention backwards writing the projections' copies of dq,
                                    dk, dv and their bias-gradient partials (passes.c
                                    fold_attention_cotangents) */

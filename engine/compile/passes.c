@@ -1733,9 +1733,10 @@ static jdt_status fold_attention_copies(cprog *c, jdt_err *e)
  * elements, (3, B, H, T, D)): is every live reader of it among the first n0 nodes (those
  * `live` covers) a reshape view or a SLICE of axis 0
  * (both keep the elements contiguous) leading on, or the (0, 2, 1, 3) transpose of one whole
- * third (dims: its (B, H, T, D)), recorded as tr[third], each third read once? */
+ * third (dims: its (B, H, T, D); hk heads for dk and dv, grouped-query attention's, at the
+ * start of theirs: fold_attention_groups), recorded as tr[third], each third read once? */
 static bool attention_thirds(const cprog *c, const unsigned char *live, int n0, int i, int64_t off,
-                             int64_t n, const int64_t *dims, int tr[3], int depth)
+                             int64_t n, const int64_t *dims, int64_t hk, int tr[3], int depth)
 {
     const cnode *x = &c->nodes[i];
     if (is_result(c, i)) return false;
@@ -1744,18 +1745,19 @@ static bool attention_thirds(const cprog *c, const unsigned char *live, int n0, 
         for (int k = 0; live[j] && k < u->n_in; k++) {
             if (u->in[k] != i) continue;
             if (depth < 8 && u->kind == CK_VIEW && u->op == JDT_OP_RESHAPE) {
-                if (!attention_thirds(c, live, n0, j, off, n, dims, tr, depth + 1)) return false;
+                if (!attention_thirds(c, live, n0, j, off, n, dims, hk, tr, depth + 1))
+                    return false;
             } else if (depth < 8 && u->op == JDT_OP_SLICE && u->kind == CK_MAP &&
                        u->attrs.i[0] == 0 && x->shape.ndim >= 1 && x->shape.dims[0] > 0) {
                 const int64_t row = jdt_shape_numel(&x->shape) / x->shape.dims[0];
-                if (!attention_thirds(c, live, n0, j, off + u->attrs.i[1] * row, n, dims, tr,
+                if (!attention_thirds(c, live, n0, j, off + u->attrs.i[1] * row, n, dims, hk, tr,
                                       depth + 1))
                     return false;
             } else if (is_head_transpose(u) && u->kind == CK_MAP && u->dtype == JDT_DTYPE_F32 &&
                        x->shape.ndim == 4 && x->shape.dims[0] == dims[0] &&
-                       x->shape.dims[1] == dims[1] && x->shape.dims[2] == dims[2] &&
-                       x->shape.dims[3] == dims[3] && off % n == 0 && off / n < 3 &&
-                       tr[off / n] < 0) {
+                       x->shape.dims[1] == (off < n ? dims[1] : hk) &&
+                       x->shape.dims[2] == dims[2] && x->shape.dims[3] == dims[3] && off % n == 0 &&
+                       off / n < 3 && tr[off / n] < 0) {
                 tr[off / n] = j;
             } else {
                 return false;
@@ -1813,21 +1815,24 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
             continue;
         const int64_t *dims = a->shape.dims + 1; /* B, H, T, D */
         const int64_t n = dims[0] * dims[1] * dims[2] * dims[3], C = dims[1] * dims[3];
+        /* grouped-query attention's dk and dv (fold_attention_groups): hk heads */
+        const int64_t hk = c->nodes[a->in[1]].shape.dims[1];
         int tr[3] = {-1, -1, -1};
-        if (n <= 0 || !attention_thirds(c, live, n0, ai, 0, n, dims, tr, 0) || tr[0] < 0 ||
-            tr[1] < 0 || tr[2] < 0)
+        if (n <= 0 || hk <= 0 || !attention_thirds(c, live, n0, ai, 0, n, dims, hk, tr, 0) ||
+            tr[0] < 0 || tr[1] < 0 || tr[2] < 0)
             continue;
-        int sum[3], co[3];
+        int sum[3], co[3], ropes = 0;
         for (int s = 0; s < 3; s++) {
+            const int64_t hs = s ? hk : dims[1], ns = n / dims[1] * hs;
             int copy = -1;
             sum[s] = -1;
             for (int r = tr[s] + 1; r < n0; r++) {
                 const cnode *x = &c->nodes[r];
                 if (!live[r]) continue;
-                if (sum[s] < 0 && column_sums_of(c, r, tr[s], C, n)) sum[s] = r;
+                if (sum[s] < 0 && column_sums_of(c, r, tr[s], hs * dims[3], ns)) sum[s] = r;
                 if (copy < 0 && x->op == JDT_OP_CAST && x->kind == CK_EW &&
                     x->dtype == JDT_DTYPE_BF16 && c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 &&
-                    view_root(c, x->in[0]) == tr[s] && jdt_shape_numel(&x->shape) == n)
+                    view_root(c, x->in[0]) == tr[s] && jdt_shape_numel(&x->shape) == ns)
                     copy = r;
             }
             co[s] = copy >= 0 && read_only_by(c, live, n0, tr[s], sum[s], copy) ? copy : tr[s];
@@ -1843,9 +1848,13 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
             }
             if (rope >= 0 && read_only_by(c, live, n0, tr[s], rope, -1)) {
                 co[s] = rope;
-                c->stats.n_ropes_in_attention++;
+                ropes++;
             }
         }
+        /* the partial sums' (3 P, C) layout has no room for grouped dk and dv's (P, hk D): a
+         * grouped-query model with biases on q, k, v keeps the packed output */
+        if (hk != dims[1] && (sum[0] >= 0 || sum[1] >= 0 || sum[2] >= 0)) continue;
+        c->stats.n_ropes_in_attention += ropes;
         const int64_t P = dims[0] * ((dims[2] + R - 1) / R);
         cnode *am = &c->nodes[ai];
         const jdt_shape like = {.ndim = 2, .dims = {3 * P, C}};
@@ -2053,6 +2062,156 @@ static jdt_status fold_norm_dy16(cprog *c, jdt_err *e)
     return JDT_OK;
 }
 
+/* Grouped-query attention's k or v as models.c builds it: node i a reshape view (B, H, T, D) of
+ * a BROADCAST map (B, Hk, G, T, D) of a reshape view (B, Hk, 1, T, D) of x (B, Hk, T, D), each
+ * key/value head repeated for its group of G = H / Hk query heads. Returns x and sets *g, or -1. */
+static int repeated_heads(const cprog *c, int i, int64_t *g)
+{
+    const cnode *r4 = &c->nodes[i];
+    if (r4->kind != CK_VIEW || r4->op != JDT_OP_RESHAPE || r4->shape.ndim != 4) return -1;
+    const cnode *bc = &c->nodes[r4->in[0]];
+    if (bc->kind != CK_MAP || bc->op != JDT_OP_BROADCAST || bc->shape.ndim != 5) return -1;
+    const cnode *r5 = &c->nodes[bc->in[0]];
+    if (r5->kind != CK_VIEW || r5->op != JDT_OP_RESHAPE || r5->shape.ndim != 5) return -1;
+    const int x = r5->in[0];
+    const jdt_shape *xs = &c->nodes[x].shape, *bs = &bc->shape, *rs = &r5->shape;
+    if (xs->ndim != 4 || rs->dims[2] != 1 || bs->dims[2] < 2 || c->nodes[x].dtype != r4->dtype)
+        return -1;
+    for (int d = 0; d < 2; d++)
+        if (rs->dims[d] != xs->dims[d] || bs->dims[d] != xs->dims[d]) return -1;
+    for (int d = 2; d < 4; d++)
+        if (rs->dims[d + 1] != xs->dims[d] || bs->dims[d + 1] != xs->dims[d] ||
+            r4->shape.dims[d] != xs->dims[d])
+            return -1;
+    if (r4->shape.dims[0] != xs->dims[0] || r4->shape.dims[1] != xs->dims[1] * bs->dims[2])
+        return -1;
+    *g = bs->dims[2];
+    return x;
+}
+
+/* The sum over each group that grouped-query attention's backward applies to third s (1: dk,
+ * 2: dv) of attention backward ai's packed output (3, B, H, T, D): the REDUCE_SUM over axis 2
+ * of that third (a SLICE of axis 0 of the output's (3B, H, T, D) view) viewed (B, Hk, G, T, D),
+ * the broadcast's gradient (builder.c jdt_graph_unbroadcast), the slice and the view read by
+ * nothing else. Returns the reduction, or -1. */
+static int group_sum(const cprog *c, const int *users, int ai, int s, int64_t g)
+{
+    const cnode *a = &c->nodes[ai];
+    const int64_t B = a->shape.dims[1], H = a->shape.dims[2];
+    for (int r = ai + 1; r < c->n_nodes; r++) {
+        const cnode *x = &c->nodes[r];
+        if (x->op != JDT_OP_REDUCE_SUM || x->kind != CK_REDUCE || x->attrs.i[0] != 4 ||
+            x->n_in != 1 || x->shape.ndim != 4 || is_result(c, x->in[0]))
+            continue;
+        const cnode *r5 = &c->nodes[x->in[0]];
+        if (r5->kind != CK_VIEW || r5->op != JDT_OP_RESHAPE || r5->shape.ndim != 5 ||
+            r5->shape.dims[1] * g != H || r5->shape.dims[2] != g || users[x->in[0]] != 1)
+            continue;
+        const int si = r5->in[0];
+        const cnode *sl = &c->nodes[si];
+        if (sl->op != JDT_OP_SLICE || sl->kind != CK_MAP || sl->attrs.i[0] != 0 ||
+            sl->attrs.i[1] != s * B || sl->attrs.i[2] != (s + 1) * B || users[si] != 1 ||
+            is_result(c, si))
+            continue;
+        const cnode *v = &c->nodes[sl->in[0]];
+        if (v->kind == CK_VIEW && v->op == JDT_OP_RESHAPE && v->in[0] == ai && v->shape.ndim == 4 &&
+            v->shape.dims[0] == 3 * B && v->shape.dims[1] == H)
+            return r;
+    }
+    return -1;
+}
+
+/* Grouped-query attention (models.c, model.n_kv_head): k and v reach the attention, forward and
+ * backward, with each key/value head repeated for its group of G query heads (repeated_heads:
+ * a broadcast kernel storing G copies, 2 x G x the bytes of k and v a layer), and the backward's
+ * dk and dv go back through the sums over each group (group_sum: a reduction kernel each,
+ * reading G x the bytes). On a device whose attention builtins take the group themselves
+ * (c->attention_groups: CUDA's kernels, JDT_CUK_ATT_GROUP; the device reads G from k's head
+ * count) the attention reads k and v (B, Hk, T, D) as they are, and each sum becomes a slice of
+ * the backward's packed output viewed (3 G B, Hk, T, D): the kernels write each group's sum at
+ * the start of its third (cuk.h), so the slice at G B (dk) and 2 G B (dv) is it. Both only
+ * together for a backward (its kernels write the sums only); a forward alone too. The broadcast
+ * and reduction kernels and their buffers go; the sums change order only (the kernels add the
+ * group's heads in one accumulator), and the copies and RoPE folds after this one see the
+ * grouped dk and dv (fold_attention_cotangents). Skipped with no_fuse. */
+static jdt_status fold_attention_groups(cprog *c, jdt_err *e)
+{
+    int *users = count_users(c);
+    if (!users) return jdt_err_set(e, JDT_ERR_NOMEM, "compile: grouped attention");
+    const int n0 = c->n_nodes;
+    int appended = 0;
+    for (int ai = 0; ai < n0; ai++) {
+        cnode *a = &c->nodes[ai];
+        if ((a->op != JDT_OP_ATTENTION && a->op != JDT_OP_ATTENTION_BWD) || a->kind != CK_BUILTIN ||
+            c->nodes[a->in[0]].shape.ndim != 4)
+            continue;
+        int64_t gk = 0, gv = 0;
+        const int xk = repeated_heads(c, a->in[1], &gk), xv = repeated_heads(c, a->in[2], &gv);
+        if (xk < 0 || xv < 0 || gk != gv ||
+            c->nodes[a->in[0]].shape.dims[1] != c->nodes[xk].shape.dims[1] * gk ||
+            !jdt_shape_eq(&c->nodes[xk].shape, &c->nodes[xv].shape))
+            continue;
+        int sums[3] = {-1, -1, -1};
+        if (a->op == JDT_OP_ATTENTION_BWD) {
+            if (a->shape.ndim != 5 || a->shape.dims[0] != 3 || a->attrs.i[1]) continue;
+            sums[1] = group_sum(c, users, ai, 1, gk);
+            sums[2] = group_sum(c, users, ai, 2, gk);
+            if (sums[1] < 0 || sums[2] < 0) continue;
+            /* the packed output viewed (3 G B, Hk, T, D) */
+            cnode view;
+            memset(&view, 0, sizeof view);
+            view.op = JDT_OP_RESHAPE;
+            view.kind = CK_VIEW;
+            view.dtype = a->dtype;
+            view.n_in = 1;
+            view.in[0] = ai;
+            view.shape = c->nodes[xk].shape;
+            view.shape.dims[0] *= 3 * gk;
+            const int vi = append_node(c, &view);
+            if (vi < 0) {
+                jdt_free(users);
+                return jdt_err_set(e, JDT_ERR_NOMEM, "compile: grouped attention");
+            }
+            int *grown = jdt_realloc(users, sizeof(int) * ((size_t)c->n_nodes + 1));
+            if (!grown) {
+                jdt_free(users);
+                return jdt_err_set(e, JDT_ERR_NOMEM, "compile: grouped attention");
+            }
+            users = grown;
+            users[vi] = 0;
+            users[ai]++;
+            appended++;
+            a = &c->nodes[ai]; /* the nodes may have moved */
+            const int64_t B = a->shape.dims[1];
+            for (int s = 1; s < 3; s++) {
+                cnode *r = &c->nodes[sums[s]];
+                const int old = r->in[0];
+                r->op = JDT_OP_SLICE;
+                r->kind = CK_MAP;
+                r->in[0] = vi;
+                memset(&r->attrs, 0, sizeof r->attrs);
+                r->attrs.i[1] = s * gk * B;
+                r->attrs.i[2] = s * gk * B + B;
+                users[vi]++;
+                users[old]--;
+                unread_dead(c, users, old);
+            }
+        }
+        const int was[2] = {a->in[1], a->in[2]};
+        a->in[1] = xk;
+        a->in[2] = xv;
+        users[xk]++;
+        users[xv]++;
+        for (int k = 0; k < 2; k++) {
+            users[was[k]]--;
+            unread_dead(c, users, was[k]);
+        }
+        c->stats.n_attention_groups++;
+    }
+    jdt_free(users);
+    return appended ? order_inputs_first(c, e) : JDT_OK;
+}
+
 /* The attention builtins read q, k, v, o and dout in either (B, H, T, D) or (B, T, H, D)
  * layout (runtime.h). A (0, 2, 1, 3) transpose read only by attention builtins is therefore not
  * materialised: it becomes a view of its input's buffer, and the builtin reads that buffer
@@ -2172,6 +2331,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && c->gemm_accumulate &&
         (st = fold_addends(c, (addend_rule){gemm_takes, 3}, &c->stats.n_gemm_acc_folded, e)) !=
             JDT_OK)
+        goto out;
+    if (!c->opts.no_fuse && c->attention_groups && (st = fold_attention_groups(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && (st = fold_attention_transposes(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->attention_dout16_d > 0 &&

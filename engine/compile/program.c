@@ -289,6 +289,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->gemm_gelu = p->dev->vt->gemm_gelu && !env_off("JDT_GELU_EPILOGUE");
     c->xent_fused = p->dev->vt->xent_fused && !env_off("JDT_FUSED_XENT");
     c->attention_copy = p->dev->vt->attention_copy && !env_off("JDT_ATTENTION_COPY");
+    c->attention_groups = p->dev->vt->attention_groups && !env_off("JDT_ATTENTION_GROUPS");
     c->attention_part_rows = env_off("JDT_ATTENTION_GRADS") ? 0 : p->dev->vt->attention_part_rows;
     c->attention_lse = p->dev->vt->attention_lse && !env_off("JDT_ATTENTION_LSE");
     c->attention_dout16_d = p->dev->vt->attention_dout16_d && !env_off("JDT_ATTENTION_DOUT16")

@@ -467,6 +467,10 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_attention_copies > 0)
             fprintf(f, "; %d attentions store the projection's copy of their output",
                     sm->n_attention_copies);
+        if (sm->n_attention_groups > 0)
+            fprintf(f,
+                    "; %d attentions (forward or backward) read grouped-query k and v unrepeated",
+                    sm->n_attention_groups);
         if (sm->n_attention_cotangents > 0)
             fprintf(f, "; %d attention backwards store the projections' copies of dq, dk, dv",
                     sm->n_attention_cotangents);

@@ -766,11 +766,24 @@ START_TEST(test_nvrtc_train_steps)
      * fold_attention_cotangents); with RoPE its backward reads those copies, so no transpose
      * is left for fold_rope_transposes, which takes the packed output's slices in place when
      * the fold is off (JDT_ATTENTION_GRADS=0) */
-    const bool gqa = c.model.n_kv_head && c.model.n_kv_head != c.model.n_head;
-    /* not yet with grouped-query attention: dk and dv reach the projections through the sum
-     * over each group's query heads (the broadcast's gradient), which the copies skip */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_cotangents,
-                     c.model.type == JDT_MODEL_MLP || gqa ? 0 : c.model.n_layer);
+                     c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
+    /* grouped-query attention: the forward and the backward read k and v (B, Hk, T, D) without
+     * their repetition per query head, and the backward writes each group's sums (passes.c
+     * fold_attention_groups), so the copies above are of those; without the fold
+     * (JDT_ATTENTION_GROUPS=0) the broadcast and the sums are kernels, and the backward keeps
+     * its packed output (no copies: dk and dv reach the projections through the sums) */
+    const bool gqa = c.model.n_kv_head && c.model.n_kv_head != c.model.n_head;
+    ck_assert_int_eq(jdt_step_stats(s)->n_attention_groups, gqa ? 2 * c.model.n_layer : 0);
+    if (gqa) {
+        setenv("JDT_ATTENTION_GROUPS", "0", 1);
+        jdt_step *s0 = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
+        unsetenv("JDT_ATTENTION_GROUPS");
+        ck_assert_int_eq(jdt_step_stats(s0)->n_attention_groups, 0);
+        ck_assert_int_eq(jdt_step_stats(s0)->n_attention_cotangents, 0);
+        ck_assert_int_gt(jdt_step_stats(s0)->n_kernels, jdt_step_stats(s)->n_kernels);
+        jdt_step_free(s0);
+    }
     /* the partial sums only where a bias gradient reads them (GPT-2's q, k, v biases; none
      * without biases, as in Llama: the kernels write none, and cuDNN's backward may serve) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_partials,
@@ -786,14 +799,11 @@ START_TEST(test_nvrtc_train_steps)
     /* and takes the row log-sum-exp its forward stored (passes.c fold_attention_lse) */
     ck_assert_int_eq(jdt_step_stats(s)->n_attention_lse,
                      c.model.type == JDT_MODEL_MLP ? 0 : c.model.n_layer);
+    ck_assert_int_eq(jdt_step_stats(s)->n_rope_transposes_folded, 0);
     /* with RoPE its kernels also rotate dq's and dk's copies as the RoPE backward would, whose
-     * kernels go; without the copies (grouped-query) the RoPE backward reads dq and dk in the
-     * packed output's layout (fold_rope_transposes) */
-    const bool rope_bwd = c.model.pos == JDT_POS_ROPE;
-    ck_assert_int_eq(jdt_step_stats(s)->n_rope_transposes_folded,
-                     rope_bwd && gqa ? 2 * c.model.n_layer : 0);
+     * kernels go */
     ck_assert_int_eq(jdt_step_stats(s)->n_ropes_in_attention,
-                     rope_bwd && !gqa ? 2 * c.model.n_layer : 0);
+                     c.model.pos == JDT_POS_ROPE ? 2 * c.model.n_layer : 0);
     if (c.model.pos == JDT_POS_ROPE) {
         setenv("JDT_ATTENTION_GRADS", "0", 1);
         jdt_step *s0 = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
@@ -1315,11 +1325,14 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol, bool params)
     ck_assert_int_eq(
         jdt_step_stats(sg)->n_attention_lse,
         c.model.type == JDT_MODEL_MLP || getenv("JDT_ATTENTION_LSE") ? 0 : c.model.n_layer);
-    const bool gqa = c.model.n_kv_head && c.model.n_kv_head != c.model.n_head; /* none yet */
-    ck_assert_int_eq(jdt_step_stats(sg)->n_attention_cotangents,
-                     c.model.type == JDT_MODEL_MLP || gqa || getenv("JDT_ATTENTION_GRADS")
-                         ? 0
-                         : c.model.n_layer);
+    ck_assert_int_eq(
+        jdt_step_stats(sg)->n_attention_cotangents,
+        c.model.type == JDT_MODEL_MLP || getenv("JDT_ATTENTION_GRADS") ? 0 : c.model.n_layer);
+    /* grouped-query models: k and v read unrepeated on the device (passes.c
+     * fold_attention_groups), the backward's grouped dk and dv behind every parameter below */
+    const bool gqa = c.model.n_kv_head && c.model.n_kv_head != c.model.n_head;
+    ck_assert_int_eq(jdt_step_stats(sc)->n_attention_groups, 0);
+    ck_assert_int_eq(jdt_step_stats(sg)->n_attention_groups, gqa ? 2 * c.model.n_layer : 0);
     size_t n = (size_t)c.data.batch_size *
                (size_t)(c.model.type == JDT_MODEL_MLP ? c.model.in_dim : c.model.seq_len);
     int32_t *xi = calloc(n, 4), *y = calloc(n, 4);

@@ -1502,6 +1502,7 @@ static const jdt_backend_vt cuda_vt = {
     .gemm_pitch = true,
     .xent_fused = true,
     .attention_copy = true,
+    .attention_groups = true,
     .rope_bhtd = true,
     .attention_part_rows = JDT_CUK_ATT_PART,
     .attention_lse = true,

@@ -941,6 +941,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .gemm_pitch = true,
     .xent_fused = true,
     .attention_copy = true,
+    .attention_groups = true,
     .rope_bhtd = true,
     .attention_part_rows = JDT_CUK_ATT_PART,
     .attention_lse = true,
