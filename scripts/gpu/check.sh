@@ -64,6 +64,9 @@
 #   (cuk_cudnn.c; PyTorch's libcudnn.so.9, found by the probe: JDT_CUDNN_LIBRARY), deterministic
 #   and with dQ accumulated: their tok/s, and the faster one's profile (its attention rows
 #   against stage 4p's);
+#   "4q" runs stage 4's model with Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) and 4
+#   key/value heads for its 12 query heads twice: the grouped-query attention kernels
+#   (fold_attention_groups), then each key/value head repeated (JDT_ATTENTION_GROUPS=0);
 #   "4w" with JDT_NORM_WARPS=0, the layer norms (forwards with their affine, and the backwards'
 #   _part kernels) a block per row instead of a warp per row (cuk_rows.cu norm_affine_w and
 #   norm_bwd_part_w, C a multiple of 128);
@@ -106,6 +109,7 @@ GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
 PEER_ARGS="--device cuda"  # the peers' device (and size)
 GPT_HEADS=12; GPT_SEQ=1024; GPT_HEAD_DIM=64  # stage 4's attention shape, for its torch peer
+GQA_KV=4                   # stage 4q's key/value heads (of GPT_HEADS)
 ATT_PEER_ARGS="--device cuda --dtype $([ "$GPT_PREC" = bf16 ] && echo bf16 || echo f32)"
 if [ "$REHEARSE" = 1 ]; then
   export JDT_CUDAEMU_DEVICES=${JDT_CUDAEMU_DEVICES:-2}
@@ -114,6 +118,7 @@ if [ "$REHEARSE" = 1 ]; then
   B=${GPT_BATCH:-2}; STEPS=${GPT_STEPS:-3}; PEER_DTYPES=f32; BUDGET=${BUDGET_S:-1500}
   PEER_ARGS="--device cpu --tiny"
   GPT_HEADS=2; GPT_SEQ=64; GPT_HEAD_DIM=32; ATT_PEER_ARGS="--device cpu --dtype f32 --reps 3"
+  GQA_KV=1
   # the peers' Python: one with torch (Debian's python3-torch here), as the GPU machine's has
   /usr/bin/python3 -c "import torch" 2>/dev/null && PEER_PY=${PEER_PY:-/usr/bin/python3}
 fi
@@ -407,6 +412,17 @@ if want 4f; then
 gpt_args "$OUT/gpt2-fma"
 run_gpt gpt2-fma JDT_CUK_ATTENTION=fma
 say "stage 4f exit $rc, attention on FMA (JDT_CUK_ATTENTION=fma): ${toks:-?} tok/s against ${JDT_TOKS:-?} with tensor-core attention"
+fi
+# ---- 4q (not in the default STAGES): grouped-query attention, the grouped kernels vs repeated heads
+if want 4q; then
+GPT_EXTRA_4=$GPT_EXTRA
+GPT_EXTRA="$GPT_EXTRA model.norm=rmsnorm model.pos=rope model.activation=swiglu model.bias=false model.n_kv_head=$GQA_KV"
+gpt_args "$OUT/llama-gqa"
+run_gpt llama-gqa; q_rc=$rc; q_toks=$toks
+gpt_args "$OUT/llama-gqa-rep"
+run_gpt llama-gqa-rep JDT_ATTENTION_GROUPS=0
+GPT_EXTRA=$GPT_EXTRA_4
+say "stage 4q exit $q_rc/$rc, stage 4's model with Llama's layer and $GQA_KV key/value heads for $GPT_HEADS query heads: ${q_toks:-?} tok/s with the grouped attention kernels (passes.c fold_attention_groups), ${toks:-?} with each key/value head repeated for its group (JDT_ATTENTION_GROUPS=0; check_cuk test_attention_groups ran in stage 2; their kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 # ---- 4v (not in the default STAGES): stage 4 again with scalar elementwise kernels ---------------
 if want 4v; then
