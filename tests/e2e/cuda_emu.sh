@@ -4,8 +4,8 @@
 # NCCL stand-ins that run every kernel on the CPU). On emulated GPUs, configs/tiny.yaml with
 # runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs), bf16 compute and
 # bf16 activations (GEMMs storing bf16 outputs; also under tensor=2), cuDNN's attention through the
-# emulator's cuDNN (GPT-2's and Llama's layers, and under tensor=2), grouped-query attention by
-# jdt-train's kernels, and bf16 under runtime.remat: block on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
+# emulator's cuDNN (GPT-2's and Llama's layers, grouped-query attention, and under tensor=2),
+# and bf16 under runtime.remat: block on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
 # memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
 # those of one call per tensor and of blocking collectives; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
@@ -141,22 +141,27 @@ compare "$TMP/cpu16l/tiny/metrics.jsonl" "$TMP/gpu16ln/tiny/metrics.jsonl" "emul
 # grouped-query attention (2 key/value heads for 4 query heads; models.c repeats each for its
 # group by a broadcast, and sums dk and dv over it): the attention kernels take the group
 # themselves (passes.c fold_attention_groups, cuk.h JDT_CUK_ATT_GROUP), so the step has no
-# broadcast or sum kernels and the backward writes the projections' copies (RoPE's on dk); cuDNN
-# is not asked yet and says why. One GPU, then tensor=2 (one key/value head and its two query
-# heads a rank): seen 2.7e-5 and 2.0e-5
+# broadcast or sum kernels and the backward writes the projections' copies (RoPE's on dk); then
+# with cuDNN's attention, whose graphs read k and v with fewer heads and sum dk and dv over each
+# group (cuk_cudnn.c), both directions; then tensor=2 with cuDNN (one key/value head and its
+# two query heads a rank): seen 2.7e-5, 2.1e-5 and 1.6e-5
 G=("${L[@]}" model.n_kv_head=2)
 "$EMU" inspect "${C[@]}" "${G[@]}" runtime.backend=cuda >"$TMP/insp" 2>&1 || { cat "$TMP/insp"; fail "inspect, grouped-query attention"; }
 grep -q "4 attentions (forward or backward) read grouped-query k and v unrepeated; 2 attention backwards store the projections' copies of dq, dk, dv (4 of them rotated" "$TMP/insp" ||
   { cat "$TMP/insp"; fail "grouped-query attention: k and v repeated, or no cotangent copies"; }
 run "$BIN" "$TMP/cpu16q" "${C[@]}" "${G[@]}"
-JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16q" "${C[@]}" "${G[@]}" runtime.backend=cuda
-grep -q "cuDNN attention forward not asked, jdt-train's kernels run it: grouped-query attention" "$TMP/err" &&
-  grep -q "cuDNN attention backward not asked, jdt-train's kernels run it: grouped-query attention" "$TMP/err" ||
-  { cat "$TMP/err"; fail "grouped-query attention: why cuDNN is not asked not said"; }
+run "$EMU" "$TMP/gpu16q" "${C[@]}" "${G[@]}" runtime.backend=cuda
 compare "$TMP/cpu16q/tiny/metrics.jsonl" "$TMP/gpu16q/tiny/metrics.jsonl" "emulated GPU, grouped-query attention" 1e-3 ||
   fail "grouped-query attention: the GPU's losses differ from the CPU's"
-run "$EMU" "$TMP/tp16q" --nproc 2 "${C[@]}" "${G[@]}" runtime.backend=cuda mesh.tensor=2
-compare "$TMP/cpu16q/tiny/metrics.jsonl" "$TMP/tp16q/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, grouped-query" 1e-3 ||
+JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16qn" "${C[@]}" "${G[@]}" runtime.backend=cuda
+grep -q "cuDNN attention forward B=4 H=4 .*: engine" "$TMP/err" && grep -q "cuDNN attention backward B=4 H=4 .*: engine" "$TMP/err" ||
+  { cat "$TMP/err"; fail "grouped-query attention with JDT_CUDNN_ATTENTION=1: cuDNN did not serve both directions"; }
+compare "$TMP/cpu16q/tiny/metrics.jsonl" "$TMP/gpu16qn/tiny/metrics.jsonl" "emulated GPU, grouped-query, cuDNN" 1e-3 ||
+  fail "grouped-query attention with cuDNN's attention: the losses differ from the CPU's"
+JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/tp16q" --nproc 2 "${C[@]}" "${G[@]}" runtime.backend=cuda mesh.tensor=2
+[ "$(grep -c "cuDNN attention .*ward B=4 H=2 .*: engine" "$TMP/err")" -eq 4 ] ||
+  { cat "$TMP/err"; fail "grouped-query attention, tensor=2 with JDT_CUDNN_ATTENTION=1: not both directions on both ranks"; }
+compare "$TMP/cpu16q/tiny/metrics.jsonl" "$TMP/tp16q/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, grouped-query, cuDNN" 1e-3 ||
   fail "grouped-query attention, tensor=2: losses differ"
 # the MLP's GELU and its backward by GEMMs (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD, compiler:
 # fold_gelu_epilogues, fold_dgelu_epilogues); where cuBLASLt refuses them, each GEMM and then a

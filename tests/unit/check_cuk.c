@@ -146,6 +146,12 @@ START_TEST(test_cudnn_offline)
         {true, true, true, 32, 12, 1024, 64, 31},   /* ... with dQ accumulated (=fast) */
         {false, true, false, 2, 4, 256, 128, 0},    /* (B, H, T, D) inputs, head 128 */
         {true, true, false, 2, 4, 256, 128, 8},
+        /* grouped-query attention (Llama 3's 4 query heads per key/value head: G in bits 8
+         * and up), k and v (B, T, Hk, D) */
+        {false, true, false, 8, 32, 2048, 128, 7u | 4u << 8},
+        {true, true, false, 8, 32, 2048, 128, 31u | 4u << 8},
+        {true, true, true, 8, 32, 2048, 128, 31u | 4u << 8},
+        {true, true, false, 32, 12, 1024, 64, 31u | 12u << 8}, /* multi-query */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         jdt_err e;
@@ -165,13 +171,13 @@ START_TEST(test_cudnn_offline)
                       cases[i].bwd ? "backward" : "forward", (long long)cases[i].B,
                       (long long)cases[i].T, (long long)cases[i].D, cases[i].bthd, e.msg);
         ck_assert(strstr(info, "engine ") == info);
-        printf("check_cuk test_cudnn_offline: %s%s B=%lld H=%lld T=%lld D=%lld: %s\n",
+        printf("check_cuk test_cudnn_offline: %s%s B=%lld H=%lld T=%lld D=%lld G=%lld: %s\n",
                cases[i].bwd ? "backward" : "forward",
                !cases[i].bwd && !cases[i].stats ? " (no statistics)"
                : cases[i].accum                 ? " (dQ accumulated)"
                                                 : "",
                (long long)cases[i].B, (long long)cases[i].H, (long long)cases[i].T,
-               (long long)cases[i].D, info);
+               (long long)cases[i].D, (long long)JDT_CUK_ATT_GROUP(cases[i].bthd), info);
     }
 }
 END_TEST
@@ -2226,29 +2232,33 @@ static void expect_near_max(const char *what, const float *got, const float *wan
 }
 
 /* One shape of test_cudnn_attention: kd serves through cuDNN (kd->dnn_on: 1, or 2 with dQ
- * accumulated, where two runs need not give the same bits), k through our kernels. Returns
- * false (after printing SKIP) when cuDNN cannot be loaded. */
+ * accumulated, where two runs need not give the same bits), k through our kernels. bthd's
+ * group bits (JDT_CUK_ATT_GROUP): grouped-query attention, k, v and their copies with H / G
+ * heads, and no bias partial sums (cuDNN's path forms none for it). Returns false (after
+ * printing SKIP) when cuDNN cannot be loaded. */
 static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int64_t T, int64_t D,
                              unsigned bthd, bool rope)
 {
-    const int64_t served = kd->n_dnn;
+    const int64_t served = kd->n_dnn, G = JDT_CUK_ATT_GROUP(bthd);
     const int64_t n = B * H * T * D, rows = B * H * T, P = B * (T / JDT_CUK_ATT_PART);
+    const int64_t nx[4] = {n, n / G, n / G, n}; /* q, k, v, dO (and dq, dk, dv) */
     const float scale = 1.0f / sqrtf((float)D);
-    float *hx[4] = {rand_floats(n, 11, -2, 2), rand_floats(n, 12, -2, 2), rand_floats(n, 13, -1, 1),
-                    rand_floats(n, 14, -1, 1)};
+    float *hx[4] = {rand_floats(n, 11, -2, 2), rand_floats(nx[1], 12, -2, 2),
+                    rand_floats(nx[2], 13, -1, 1), rand_floats(n, 14, -1, 1)};
     uint16_t *x16[4];
     float *xr[4];
     for (int i = 0; i < 4; i++)
-        dev_bf16_pair(hx[i], n, &x16[i], &xr[i], NULL);
+        dev_bf16_pair(hx[i], nx[i], &x16[i], &xr[i], NULL);
     const uint16_t *q = x16[0], *kk = x16[1], *v = x16[2], *dout = x16[3];
     const int64_t sb = jdt_cuk_attention_scratch_bytes(B, H, T, D);
     void *scr = dev_alloc((size_t)sb), *scr2 = dev_alloc((size_t)sb);
     uint16_t *o[2] = {dev_alloc((size_t)n * 2), dev_alloc((size_t)n * 2)};
     float *lse[2] = {dev_alloc((size_t)rows * 4), dev_alloc((size_t)rows * 4)};
-    jdt_cuk_attention(k, q, kk, v, true, NULL, o[0], true, lse[0], B, H, T, D, scale, bthd & 7,
-                      true, scr);
-    jdt_cuk_attention(kd, q, kk, v, true, NULL, o[1], true, lse[1], B, H, T, D, scale, bthd & 7,
-                      true, scr2);
+    const unsigned fwd = bthd & ~24u; /* the forward's layout bits and the group */
+    jdt_cuk_attention(k, q, kk, v, true, NULL, o[0], true, lse[0], B, H, T, D, scale, fwd, true,
+                      scr);
+    jdt_cuk_attention(kd, q, kk, v, true, NULL, o[1], true, lse[1], B, H, T, D, scale, fwd, true,
+                      scr2);
     bool ran = kd->n_dnn == served + 1;
     if (!ran && strstr(kd->dnn_why, "cannot be loaded")) {
         printf("SKIP check_cuk test_cudnn_attention: %s\n", kd->dnn_why);
@@ -2266,9 +2276,9 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
             /* with rope: Llama's dq and dk through RoPE's backward; the bias partial sums are
              * of the values before the rotation (a model with biases and RoPE reads only v's) */
             part[r] = dev_alloc((size_t)(3 * P * H * D) * 4);
-            jdt_cuk_att_grads g = {.part = part[r]};
+            jdt_cuk_att_grads g = {.part = G > 1 ? NULL : part[r]};
             for (int j = 0; j < 3; j++) {
-                g.copy[j] = cp[r][j] = dev_alloc((size_t)n * 2);
+                g.copy[j] = cp[r][j] = dev_alloc((size_t)nx[j] * 2);
                 g.copy_bf16[j] = true;
                 g.rope_theta[j] = rope && j < 2 ? 10000.0 : 0.0;
                 g.rope_inverse[j] = true;
@@ -2279,27 +2289,31 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
         ck_assert_msg(kd->n_dnn == served + 3, "cuDNN declined the backward: %s", kd->dnn_why);
         static const char *const names[3] = {"dq", "dk", "dv"};
         for (int j = 0; j < 3; j++) {
-            float *ref = dev_bf16_to_host(k, cp[0][j], n), *got = dev_bf16_to_host(kd, cp[1][j], n),
-                  *again = dev_bf16_to_host(kd, cp[2][j], n);
+            const int64_t m = nx[j];
+            float *ref = dev_bf16_to_host(k, cp[0][j], m), *got = dev_bf16_to_host(kd, cp[1][j], m),
+                  *again = dev_bf16_to_host(kd, cp[2][j], m);
             char what[64];
             snprintf(what, sizeof what, "cuDNN attention backward %s", names[j]);
-            expect_near_max(what, got, ref, n, 2e-2f);
+            expect_near_max(what, got, ref, m, 2e-2f);
             if (kd->dnn_on == 1)
-                ck_assert_msg(memcmp(got, again, (size_t)n * 4) == 0,
+                ck_assert_msg(memcmp(got, again, (size_t)m * 4) == 0,
                               "cuDNN attention backward %s: two runs differ (nondeterministic)",
                               names[j]);
             else
-                expect_near_max(what, again, ref, n, 2e-2f);
+                expect_near_max(what, again, ref, m, 2e-2f);
             free(ref), free(got), free(again);
         }
-        float *pref = dev_to_host(k, part[0], 3 * P * H * D),
-              *pgot = dev_to_host(kd, part[1], 3 * P * H * D);
-        expect_near_max("cuDNN attention backward partial sums", pgot, pref, 3 * P * H * D, 2e-2f);
-        printf("check_cuk test_cudnn_attention: B=%lld H=%lld T=%lld D=%lld bthd=%u%s%s matches "
-               "the tensor-core kernels\n",
-               (long long)B, (long long)H, (long long)T, (long long)D, bthd,
+        if (G == 1) {
+            float *pref = dev_to_host(k, part[0], 3 * P * H * D),
+                  *pgot = dev_to_host(kd, part[1], 3 * P * H * D);
+            expect_near_max("cuDNN attention backward partial sums", pgot, pref, 3 * P * H * D,
+                            2e-2f);
+            free(pref), free(pgot);
+        }
+        printf("check_cuk test_cudnn_attention: B=%lld H=%lld T=%lld D=%lld G=%lld bthd=%u%s%s "
+               "matches the tensor-core kernels\n",
+               (long long)B, (long long)H, (long long)T, (long long)D, (long long)G, bthd & 31u,
                kd->dnn_on == 2 ? " (dQ accumulated)" : "", rope ? " (RoPE on dq, dk)" : "");
-        free(pref), free(pgot);
         for (int r = 0; r < 3; r++) {
             cudaFree(part[r]);
             for (int j = 0; j < 3; j++)
@@ -2346,8 +2360,11 @@ START_TEST(test_cudnn_attention)
         check_cudnn_case(k, kd, 1, 2, 128, 128, 0u, false);
         unsetenv("JDT_CUDNNEMU_WORKSPACE");
         check_cudnn_case(k, kd, 2, 3, 256, 64, 31u, true);
+        /* grouped-query attention: 2 query heads per key/value head, Llama's RoPE */
+        check_cudnn_case(k, kd, 1, 4, 128, 64, 31u | 2u << 8, true);
         kd->dnn_on = 2; /* JDT_CUDNN_ATTENTION=fast: new plans, dQ accumulated */
         check_cudnn_case(k, kd, 2, 3, 256, 64, 31u, false);
+        check_cudnn_case(k, kd, 1, 4, 128, 64, 31u | 4u << 8, false); /* multi-query */
     }
     jdt_cuk_free(kd);
     jdt_cuk_free(k);

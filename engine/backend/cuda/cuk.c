@@ -1020,7 +1020,8 @@ static jdt_cuk_kernel att_kernel(jdt_cuk_kernel f32, jdt_cuk_kernel b16, bool qk
     "not the tensor-core kernels' case (bf16 compute, sm_80 or newer, a head of at most 128, a "   \
     "positive scale, JDT_CUK_ATTENTION not fma)"
 
-#define DNN_GROUPS "grouped-query attention (cuk_cudnn.c builds no graph for it yet)"
+#define DNN_GROUPS                                                                                 \
+    "grouped-query attention with bias partial sums (their (P, Hk D) layout is our kernels' only)"
 
 /* With JDT_CUDNN_ATTENTION on, says once per direction (bwd) why a call does not go to cuDNN
  * (its first unmet condition; NULL: it does) and returns whether it may. */
@@ -1051,7 +1052,6 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
                  : o               ? "o stored in f32"
                  : !o2 || !o2_bf16 ? "o's copy not bf16 (precision.activations: bf16)"
                  : D % 8           ? "a head size not a multiple of 8"
-                 : bthd >> 8       ? DNN_GROUPS
                  : !aligned16(q) || !aligned16(kk) || !aligned16(v) || !aligned16(o2) ||
                          !aligned16(lse)
                      ? "a tensor not 16-byte aligned"
@@ -1126,7 +1126,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
             : dqkv || !g ? "not the cotangent form (dq, dk, dv copies for the projections)"
             : !copies    ? "a copy of dq, dk or dv not bf16 (a model with biases and RoPE)"
             : D % 8      ? "a head size not a multiple of 8"
-            : bthd >> 8  ? DNN_GROUPS
+            : bthd >> 8 && g->part ? DNN_GROUPS
             : g->part && T % JDT_CUK_ATT_PART
                 ? "bias partial sums over a sequence not a multiple of 32"
             : !aligned ? "a tensor not 16-byte aligned"

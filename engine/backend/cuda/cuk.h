@@ -289,7 +289,8 @@ void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_
  * ((B, Hk, T, D), or (B, T, Hk, D) per their bthd bits), query head h reading head h / G; dk and
  * dv are (B, Hk, T, D), each the sum over its group's query heads, at the start of dqkv's
  * second and third n elements; copies (B, T, Hk, D); the partial sums (P, H D) for dq, then
- * (P, Hk D) for dk and for dv. H must be a multiple of G. cuDNN declines it (said once). */
+ * (P, Hk D) for dk and for dv. H must be a multiple of G. cuDNN serves it (cuk_cudnn.c) but
+ * with those partial sums. */
 #define JDT_CUK_ATT_GROUP(bthd) ((bthd) >> 8 ? (int64_t)((bthd) >> 8) : (int64_t)1)
 
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
@@ -361,7 +362,8 @@ const char *jdt_cuk_dnn_refusal(size_t version, bool bwd, int64_t T);
 
 /* jdt_cuk_attention through cuDNN's fused-attention engine (libcudnn.so.9 loaded at the first
  * call: JDT_CUDNN_LIBRARY names it, else the loader's search and /usr/local/cuda/lib): q, kk, v
- * bf16, stored as bthd says (bits 0-2); o2 the output, bf16 (B, T, H, D); lse as there or NULL.
+ * bf16, stored as bthd says (bits 0-2; grouped-query as JDT_CUK_ATT_GROUP says); o2 the output,
+ * bf16 (B, T, H, D); lse as there or NULL.
  * Queues it and returns true, or returns false and the caller runs its kernels: cuDNN missing,
  * a version or shape jdt_cuk_dnn_refusal names, no engine taking the shape (logged once per
  * shape), or cuDNN refusing to run the plan (a warning; the shape is declined from then on). An
@@ -369,8 +371,9 @@ const char *jdt_cuk_dnn_refusal(size_t version, bool bwd, int64_t T);
 bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
                            float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
                            unsigned bthd);
-/* jdt_cuk_attention_bwd's cotangent form through cuDNN: q, kk, v, o, dout bf16 (bthd bits 0-4),
- * lse the forward's; g's three copies bf16 (B, T, H, D), a rotated one (RoPE's backward) rotated
+/* jdt_cuk_attention_bwd's cotangent form through cuDNN: q, kk, v, o, dout bf16 (bthd bits 0-4,
+ * the group above), lse the forward's; g's three copies bf16 (B, T, H, D), dk's and dv's with
+ * H / G heads and no partial sums when grouped, a rotated one (RoPE's backward) rotated
  * in place after cuDNN wrote it (so rounded to bf16 twice), and its partial sums (T a multiple of
  * JDT_CUK_ATT_PART) the column sums of the copies' bf16 values before any rotation. scratch: at
  * least B H T floats (the row sums of dO . O). The same return and errors as above. */

@@ -409,40 +409,46 @@ enum {
 };
 
 /* One plan's shape. bthd as in jdt_cuk_attention (bit i: input i stored (B, T, H, D); the
- * backward's o bit 3, dout bit 4); outputs (o, dq, dk, dv) are always (B, T, H, D). */
+ * backward's o bit 3, dout bit 4; its group bits cleared: G holds them); outputs (o, dq, dk, dv)
+ * are always (B, T, H, D). Grouped-query attention (G > 1): k, v, dk and dv have Hk = H / G
+ * heads; the matmuls reading k or v take them with Hk heads, which cuDNN reads as query head h
+ * using key/value head h / G, and dk and dv are each the ADD reduction of a full-head product
+ * over the group (cudnn-frontend's SDPA backward builds the same). */
 typedef struct {
     bool bwd, stats; /* stats: the forward stores the log-sum-exp */
     bool accum;      /* the backward's dQ summed in an f32 accumulator (the engine may use
                         atomics: JDT_CUDNN_ATTENTION=fast), else written by its matmul */
-    int64_t B, H, T, D;
+    int64_t B, H, T, D, G;
     unsigned bthd;
 } dnn_key;
 
-/* (B, H, T, D) dimensions' strides of a tensor stored (B, T, H, D) or (B, H, T, D). */
-static void bhtd_strides(const dnn_key *s, bool bthd, int64_t str[4])
+/* (B, h, T, D) dimensions' strides of a tensor of h heads stored (B, T, h, D) or (B, h, T, D). */
+static void bhtd_strides(const dnn_key *s, int64_t h, bool bthd, int64_t str[4])
 {
-    const int64_t H = s->H, T = s->T, D = s->D;
+    const int64_t H = h, T = s->T, D = s->D;
     if (bthd)
         str[0] = T * H * D, str[1] = D, str[2] = H * D, str[3] = 1;
     else
         str[0] = H * T * D, str[1] = T * D, str[2] = D, str[3] = 1;
 }
 
-/* The (B, H, D, T) view of a (B, H, T, D) tensor (K^T, V^T). */
+/* The (B, Hk, D, T) view of k or v, (B, Hk, T, D) (K^T, V^T). */
 static cudnnBackendDescriptor_t g_transposed_input(dnn_g *g, const dnn_key *s, int64_t uid,
                                                    bool bthd)
 {
-    int64_t str[4], dim[4] = {s->B, s->H, s->D, s->T};
-    bhtd_strides(s, bthd, str);
+    int64_t str[4], dim[4] = {s->B, s->H / s->G, s->D, s->T};
+    bhtd_strides(s, dim[1], bthd, str);
     int64_t t = str[2];
     str[2] = str[3], str[3] = t;
     return g_tensor(g, uid, CUDNN_DATA_BFLOAT16, dim, str, 0);
 }
 
+/* A (B, h, T, D) tensor: h = s->H, or the key/value heads for k, v, dk and dv. */
 static cudnnBackendDescriptor_t g_input(dnn_g *g, const dnn_key *s, int64_t uid, bool bthd)
 {
-    int64_t str[4], dim[4] = {s->B, s->H, s->T, s->D};
-    bhtd_strides(s, bthd, str);
+    const bool kv = uid == U_K || uid == U_V || uid == U_DK || uid == U_DV;
+    int64_t str[4], dim[4] = {s->B, kv ? s->H / s->G : s->H, s->T, s->D};
+    bhtd_strides(s, dim[1], bthd, str);
     return g_tensor(g, uid, CUDNN_DATA_BFLOAT16, dim, str, 0);
 }
 
@@ -520,22 +526,32 @@ static void build_bwd(dnn_g *g, const dnn_key *s)
     sc = g_causal(g, s, sc, neg_inf);
     cudnnBackendDescriptor_t p =
         g_pw(g, CUDNN_POINTWISE_EXP, f32, sc, NULL, NULL, g_virtual(g, f32, tt), -1);
-    /* dV = P^T dO */
-    g_matmul(g, g_reshape(g, p, g_tensor(g, 0, b16, tt, tt_t_str, T_VIRTUAL)), dout, dv);
+    /* dV = P^T dO; grouped-query: the full-head product summed over each group (its type the
+     * inputs', as cudnn-frontend declares it) */
+    cudnnBackendDescriptor_t pt = g_reshape(g, p, g_tensor(g, 0, b16, tt, tt_t_str, T_VIRTUAL));
+    if (s->G > 1)
+        g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, g_matmul(g, pt, dout, g_virtual(g, b16, td)), dv);
+    else
+        g_matmul(g, pt, dout, dv);
     /* dS = scale P (dO V^T - rowsum(dO . O)) */
     cudnnBackendDescriptor_t ds = g_matmul(g, dout, vt, g_virtual(g, f32, tt));
     ds = g_pw(g, CUDNN_POINTWISE_SUB, f32, ds, softsum, NULL, g_virtual(g, f32, tt), -1);
     ds = g_pw(g, CUDNN_POINTWISE_MUL, f32, ds, p, NULL, g_virtual(g, f32, tt), -1);
     ds = g_pw(g, CUDNN_POINTWISE_MUL, f32, ds, scale, NULL, g_virtual(g, f32, tt), -1);
-    /* dK = dS^T Q */
-    g_matmul(g, g_reshape(g, ds, g_tensor(g, 0, b16, tt, tt_t_str, T_VIRTUAL)), q, dk);
+    /* dK = dS^T Q (grouped-query: summed over each group, as dV) */
+    cudnnBackendDescriptor_t dst = g_reshape(g, ds, g_tensor(g, 0, b16, tt, tt_t_str, T_VIRTUAL));
+    if (s->G > 1)
+        g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, g_matmul(g, dst, q, g_virtual(g, b16, td)), dk);
+    else
+        g_matmul(g, dst, q, dk);
     /* dQ = dS K (K from K^T's view): by the matmul (the deterministic form), or into an f32
      * accumulator the engine may add to atomically, then rounded into dq */
     int64_t k_str[4], acc_str[4];
-    bhtd_strides(s, s->bthd & 2, k_str);
-    cudnnBackendDescriptor_t kk = g_reshape(g, kt, g_tensor(g, 0, b16, td, k_str, T_VIRTUAL));
+    const int64_t tk[4] = {s->B, s->H / s->G, s->T, s->D};
+    bhtd_strides(s, tk[1], s->bthd & 2, k_str);
+    cudnnBackendDescriptor_t kk = g_reshape(g, kt, g_tensor(g, 0, b16, tk, k_str, T_VIRTUAL));
     if (s->accum) {
-        bhtd_strides(s, false, acc_str);
+        bhtd_strides(s, s->H, false, acc_str);
         cudnnBackendDescriptor_t acc = g_tensor(g, U_DQ_ACC, f32, td, acc_str, 0);
         g_matmul(g, ds, kk, acc);
         g_pw(g, CUDNN_POINTWISE_IDENTITY, f32, acc, NULL, NULL, dq, -1);
@@ -719,7 +735,7 @@ static void entry_clear(const dnn_api *a, dnn_entry *en)
 static bool key_eq(const dnn_key *a, const dnn_key *b)
 {
     return a->bwd == b->bwd && a->stats == b->stats && a->accum == b->accum && a->B == b->B &&
-           a->H == b->H && a->T == b->T && a->D == b->D && a->bthd == b->bthd;
+           a->H == b->H && a->T == b->T && a->D == b->D && a->G == b->G && a->bthd == b->bthd;
 }
 
 /* *buf holds at least n bytes (grown with cudaMalloc); false, with a message, when the GPU
@@ -882,8 +898,14 @@ bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void
                            float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
                            unsigned bthd)
 {
-    dnn_key s = {
-        .bwd = false, .stats = lse != NULL, .B = B, .H = H, .T = T, .D = D, .bthd = bthd & 7u};
+    dnn_key s = {.bwd = false,
+                 .stats = lse != NULL,
+                 .B = B,
+                 .H = H,
+                 .T = T,
+                 .D = D,
+                 .G = JDT_CUK_ATT_GROUP(bthd),
+                 .bthd = bthd & 7u};
     dnn_entry *en = dnn_get(k, &s);
     if (!en) return false;
     float neg_inf = mask_fill(k);
@@ -904,6 +926,7 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                  .H = H,
                  .T = T,
                  .D = D,
+                 .G = JDT_CUK_ATT_GROUP(bthd),
                  .bthd = bthd & 31u};
     dnn_entry *en = dnn_get(k, &s);
     if (!en) return false;
@@ -929,8 +952,8 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
     }
     for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
         if (g->rope_theta[i] != 0.0)
-            jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, H, D, g->rope_theta[i],
-                         g->rope_inverse[i]);
+            jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, i ? H / s.G : H, D,
+                         g->rope_theta[i], g->rope_inverse[i]);
     return true;
 }
 
@@ -1006,7 +1029,8 @@ jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, bool accum, int64_t B
                  .H = H,
                  .T = T,
                  .D = D,
-                 .bthd = bthd};
+                 .G = JDT_CUK_ATT_GROUP(bthd),
+                 .bthd = bthd & 31u};
     /* as dnn_get keeps it: the plan, then the descriptors it was built from */
     dnn_entry en = {.key = s};
     rc = dnn_plan(&a, NULL, dp, &s, DNN_MAX_WORKSPACE, &en.plan, &en.ws, &en.owned, info, n, e);

@@ -13,14 +13,18 @@
  * host, operation by operation in dependency order, by the documented meaning of each
  * operation:
  *   matmul     C = A B over the last two axes, batched over the first two (an extent of 1
- *              broadcasts), products summed in double, C rounded to its type; C += A B where
+ *              broadcasts; one that divides C's, g times smaller, is grouped: C's index i reads
+ *              i / g, as grouped-query attention's k and v with fewer heads than q), products
+ *              summed in double, C rounded to its type; C += A B where
  *              C is in memory and the graph reads it again (an accumulator, such as the
  *              backward's f32 dQ: the fused engine adds into it with atomics, so the caller
  *              must have zeroed it)
  *   pointwise  y = mode(alpha1 x, alpha2 b[, t]) element by element, inputs broadcast where
  *              their extent is 1: ADD SUB MUL DIV EXP LOG IDENTITY CMP_GE, BINARY_SELECT
  *              (y = t ? x : b) and GEN_INDEX (y = the element's index along AXIS)
- *   reduction  y = MAX or ADD of x over the axes where y's extent is 1
+ *   reduction  y = MAX or ADD of x over the axes where y's extent is 1, and over each group
+ *              of g consecutive indices where y's extent is x's divided by g (grouped-query
+ *              attention's dk and dv: the sum over each key/value head's query heads)
  *   reshape    y = x's memory read with y's dimensions and strides (a transpose), in y's type
  * A tensor that is not virtual lives at its variant-pack pointer, read and written through its
  * strides in its type (float, bf16, int32, bool); a by-value tensor's float is copied from the
@@ -449,6 +453,18 @@ static bool broadcasts(const int64_t a[4], const int64_t y[4])
     return true;
 }
 
+/* Whether extent a is b's, 1, or a divisor of b (the grouped matmul and reduction). */
+static bool groups(int64_t a, int64_t b)
+{
+    return a == b || a == 1 || (a > 0 && b % a == 0);
+}
+
+/* The index into an extent a of index i into extent b (groups(a, b)). */
+static int64_t group_index(int64_t i, int64_t a, int64_t b)
+{
+    return a == b ? i : a == 1 ? 0 : i / (b / a);
+}
+
 static cudnnStatus_t check_op(const op_view *o)
 {
     tensor_view t[3], y;
@@ -470,8 +486,7 @@ static cudnnStatus_t check_op(const op_view *o)
         const tensor_view *a = &t[0], *b = &t[1];
         bool ok = a->dim[3] == b->dim[2] && y.dim[2] == a->dim[2] && y.dim[3] == b->dim[3];
         for (int i = 0; i < 2; i++)
-            ok = ok && (a->dim[i] == y.dim[i] || a->dim[i] == 1) &&
-                 (b->dim[i] == y.dim[i] || b->dim[i] == 1);
+            ok = ok && groups(a->dim[i], y.dim[i]) && groups(b->dim[i], y.dim[i]);
         if (!ok)
             return fail(CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH,
                         "matmul of tensors %lld and %lld into %lld: shapes do not agree",
@@ -489,10 +504,12 @@ static cudnnStatus_t check_op(const op_view *o)
                         "GEN_INDEX: x and y differ in shape");
         break;
     case OP_REDUCTION:
-        if (!broadcasts(y.dim, t[0].dim))
-            return fail(CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH,
-                        "reduction of tensor %lld into %lld: y's extents must be x's or 1",
-                        (long long)t[0].uid, (long long)y.uid);
+        for (int i = 0; i < 4; i++)
+            if (!groups(y.dim[i], t[0].dim[i]))
+                return fail(CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH,
+                            "reduction of tensor %lld into %lld: y's extents must be x's, 1 or "
+                            "divide x's",
+                            (long long)t[0].uid, (long long)y.uid);
         break;
     case OP_RESHAPE:
         if (n_elems(&t[0]) != n_elems(&y) || extent(&t[0]) != extent(&y) ||
@@ -853,10 +870,14 @@ static void run_op(const op_view *o, rt_tensor *const in[3], rt_tensor *y)
     switch (o->kind) {
     case OP_MATMUL: {
         const int64_t K = in[0]->v.dim[3];
+        const tensor_view *av = &in[0]->v, *bv = &in[1]->v;
         FOR4(yv, i)
         {
             double acc = 0.0;
-            int64_t ai[4] = {i[0], i[1], i[2], 0}, bi[4] = {i[0], i[1], 0, i[3]};
+            int64_t ai[4] = {group_index(i[0], av->dim[0], yv->dim[0]),
+                             group_index(i[1], av->dim[1], yv->dim[1]), i[2], 0},
+                    bi[4] = {group_index(i[0], bv->dim[0], yv->dim[0]),
+                             group_index(i[1], bv->dim[1], yv->dim[1]), 0, i[3]};
             for (int64_t k = 0; k < K; k++) {
                 ai[3] = bi[2] = k;
                 acc += (double)load(in[0], ai) * (double)load(in[1], bi);
@@ -885,7 +906,7 @@ static void run_op(const op_view *o, rt_tensor *const in[3], rt_tensor *y)
         {
             int64_t k = 0;
             for (int a = 0; a < 4; a++)
-                k = k * yv->dim[a] + (yv->dim[a] == 1 ? 0 : i[a]);
+                k = k * yv->dim[a] + group_index(i[a], yv->dim[a], xv->dim[a]);
             const double x = load(in[0], i);
             acc[k] = mx ? (x > acc[k] ? x : acc[k]) : acc[k] + x;
         }
