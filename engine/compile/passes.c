@@ -2093,19 +2093,22 @@ static int repeated_heads(const cprog *c, int i, int64_t *g)
  * 2: dv) of attention backward ai's packed output (3, B, H, T, D): the REDUCE_SUM over axis 2
  * of that third (a SLICE of axis 0 of the output's (3B, H, T, D) view) viewed (B, Hk, G, T, D),
  * the broadcast's gradient (builder.c jdt_graph_unbroadcast), the slice and the view read by
- * nothing else. Returns the reduction, or -1. */
-static int group_sum(const cprog *c, const int *users, int ai, int s, int64_t g)
+ * nothing else; the sum's shape kv's, (B, Hk, T, D). Returns the reduction, or -1. */
+static int group_sum(const cprog *c, const int *users, int ai, int s, int64_t g,
+                     const jdt_shape *kv)
 {
     const cnode *a = &c->nodes[ai];
     const int64_t B = a->shape.dims[1], H = a->shape.dims[2];
+    const int64_t r5_dims[5] = {B, kv->dims[1], g, kv->dims[2], kv->dims[3]};
     for (int r = ai + 1; r < c->n_nodes; r++) {
         const cnode *x = &c->nodes[r];
         if (x->op != JDT_OP_REDUCE_SUM || x->kind != CK_REDUCE || x->attrs.i[0] != 4 ||
-            x->n_in != 1 || x->shape.ndim != 4 || is_result(c, x->in[0]))
+            x->n_in != 1 || !jdt_shape_eq(&x->shape, kv) || is_result(c, x->in[0]))
             continue;
         const cnode *r5 = &c->nodes[x->in[0]];
         if (r5->kind != CK_VIEW || r5->op != JDT_OP_RESHAPE || r5->shape.ndim != 5 ||
-            r5->shape.dims[1] * g != H || r5->shape.dims[2] != g || users[x->in[0]] != 1)
+            memcmp(r5->shape.dims, r5_dims, sizeof r5_dims) != 0 || kv->dims[1] * g != H ||
+            users[x->in[0]] != 1)
             continue;
         const int si = r5->in[0];
         const cnode *sl = &c->nodes[si];
@@ -2119,6 +2122,28 @@ static int group_sum(const cprog *c, const int *users, int ai, int s, int64_t g)
             return r;
     }
     return -1;
+}
+
+/* Is attention backward ai's packed output read only as vjp_ATTENTION reads it, through one
+ * (3B, H, T, D) view whose readers are SLICEs of axis 0, each within one third, the dk and dv
+ * thirds' by slices sk and sv alone? After fold_attention_groups its kernels write only the
+ * first 1/G of those two thirds: nothing else may read them. */
+static bool only_thirds_read(const cprog *c, const int *users, int ai, int sk, int sv)
+{
+    const int64_t B = c->nodes[ai].shape.dims[1];
+    if (users[ai] != 1 || is_result(c, ai)) return false;
+    const int v = c->nodes[sk].in[0];
+    if (c->nodes[sv].in[0] != v || c->nodes[v].in[0] != ai || is_result(c, v)) return false;
+    for (int j = v + 1; j < c->n_nodes; j++) {
+        const cnode *u = &c->nodes[j];
+        for (int k = 0; k < u->n_in; k++) {
+            if (u->in[k] != v || j == sk || j == sv) continue;
+            if (u->op != JDT_OP_SLICE || u->kind != CK_MAP || u->attrs.i[0] != 0 ||
+                u->attrs.i[2] > B) /* within dq's third */
+                return false;
+        }
+    }
+    return true;
 }
 
 /* Grouped-query attention (models.c, model.n_kv_head): k and v reach the attention, forward and
@@ -2154,9 +2179,13 @@ static jdt_status fold_attention_groups(cprog *c, jdt_err *e)
         int sums[3] = {-1, -1, -1};
         if (a->op == JDT_OP_ATTENTION_BWD) {
             if (a->shape.ndim != 5 || a->shape.dims[0] != 3 || a->attrs.i[1]) continue;
-            sums[1] = group_sum(c, users, ai, 1, gk);
-            sums[2] = group_sum(c, users, ai, 2, gk);
-            if (sums[1] < 0 || sums[2] < 0) continue;
+            const jdt_shape *kv = &c->nodes[xk].shape;
+            sums[1] = group_sum(c, users, ai, 1, gk, kv);
+            sums[2] = group_sum(c, users, ai, 2, gk, kv);
+            if (sums[1] < 0 || sums[2] < 0 ||
+                !only_thirds_read(c, users, ai, c->nodes[c->nodes[sums[1]].in[0]].in[0],
+                                  c->nodes[c->nodes[sums[2]].in[0]].in[0]))
+                continue;
             /* the packed output viewed (3 G B, Hk, T, D) */
             cnode view;
             memset(&view, 0, sizeof view);

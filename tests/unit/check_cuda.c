@@ -304,6 +304,42 @@ static void build_builtins(fx *f)
     out(f, jdt_graph_attention_bwd(g, q, k, v, o, dout, 0.25));
 }
 
+/* Grouped-query attention as models.c builds it (each of 2 key/value heads repeated for its 2
+ * query heads) and its backward as vjp_ATTENTION and the broadcast's gradient read it (thirds of
+ * the packed output, each group summed), twice: one backward whose packed output is also a
+ * graph output, so passes.c fold_attention_groups must leave it whole (the kernels write only
+ * a quarter of its dk and dv thirds when grouped), and one read only through the sums, which it
+ * folds (with the forward: 2). */
+static void build_grouped_attention(fx *f)
+{
+    jdt_graph *g = f->g;
+    const int64_t B = 2, H = 4, Hk = 2, T = 33, D = 16, G = H / Hk;
+    jdt_tensor *q = FX_INPUT(f, "q", JDT_DTYPE_F32, -2, 2, B, H, T, D);
+    jdt_tensor *kv[2] = {FX_INPUT(f, "k", JDT_DTYPE_F32, -2, 2, B, Hk, T, D),
+                         FX_INPUT(f, "v", JDT_DTYPE_F32, -1, 1, B, Hk, T, D)};
+    jdt_tensor *dout[2] = {FX_INPUT(f, "do", JDT_DTYPE_F32, -1, 1, B, H, T, D),
+                           FX_INPUT(f, "do2", JDT_DTYPE_F32, -1, 1, B, H, T, D)};
+    const int64_t b1[5] = {B, Hk, 1, T, D}, bg[5] = {B, Hk, G, T, D}, bh[4] = {B, H, T, D},
+                  flat[4] = {3 * B, H, T, D};
+    jdt_tensor *rep[2];
+    for (int i = 0; i < 2; i++)
+        rep[i] = jdt_graph_reshape(
+            g, jdt_graph_broadcast(g, jdt_graph_reshape(g, kv[i], 5, b1), 5, bg), 4, bh);
+    jdt_tensor *o = jdt_graph_attention(g, q, rep[0], rep[1], 0.25);
+    out(f, o);
+    for (int r = 0; r < 2; r++) {
+        jdt_tensor *packed = jdt_graph_attention_bwd(g, q, rep[0], rep[1], o, dout[r], 0.25);
+        if (r == 0) out(f, packed);
+        jdt_tensor *pf = jdt_graph_reshape(g, packed, 4, flat);
+        out(f, jdt_graph_slice(g, pf, 0, 0, B));
+        for (int s = 1; s < 3; s++) /* dk, dv: each group's sum */
+            out(f,
+                jdt_graph_reduce_sum(
+                    g, jdt_graph_reshape(g, jdt_graph_slice(g, pf, 0, s * B, (s + 1) * B), 5, bg),
+                    1u << 2, false));
+    }
+}
+
 /* bf16 compute (precision.compute: bf16): the same GEMM shapes with MATMUL attrs i[2] set, odd
  * and aligned sizes, a bias the compiler folds into the GEMM. On a GPU: cuBLASLt bf16 x bf16 ->
  * f32 against the CPU's jdt_rt_matmul_bf16 (same rounded inputs: summation order only). */
@@ -488,6 +524,8 @@ static const struct {
     {"vector_wide", build_vector_wide, 1e-5, 1e-5},
     /* TF32 GEMMs (10-bit mantissa): ~1e-3 relative on these small K */
     {"builtins", build_builtins, 5e-3, 5e-3},
+    /* f32 attention (FMA kernels) on both sides: summation order only */
+    {"grouped_attention", build_grouped_attention, 1e-4, 1e-4},
     {"update", build_update, 1e-5, 1e-5},
     /* sums of up to 20000 values: summation order only */
     {"optimizer", build_optimizer, 1e-4, 1e-4},
@@ -673,6 +711,8 @@ START_TEST(test_nvrtc_op_graphs)
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "acc3 += x"));
             ck_assert_ptr_nonnull(strstr(jdt_program_source(p), "_done[tile]"));
         }
+        if (strcmp(GRAPHS[i].name, "grouped_attention") == 0) /* the forward, one backward */
+            ck_assert_int_eq(jdt_program_stats(p)->n_attention_groups, nf ? 0 : 2);
         if (strcmp(GRAPHS[i].name, "reduce_producer") == 0) /* both producers merged */
             ck_assert_int_eq(jdt_program_stats(p)->n_reduce_merged, nf ? 0 : 3);
         if (strcmp(GRAPHS[i].name, "vector_wide") == 0 && !nf) /* too many loads to hold */
@@ -957,7 +997,7 @@ START_TEST(test_nvrtc_pitched_logits)
 }
 END_TEST
 
-/* The step of GPT (with overrides over, NULL-terminated, at most 6) planned for the emit-only
+/* The step of GPT (with overrides over, NULL-terminated, at most 8) planned for the emit-only
  * CUDA device d, with environment variable env ("VAR=value", or NULL) set while it compiles. */
 static jdt_step *plan_gpt(jdt_device *d, const char *const *over, const char *env)
 {

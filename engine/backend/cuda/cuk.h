@@ -289,8 +289,8 @@ void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_
  * ((B, Hk, T, D), or (B, T, Hk, D) per their bthd bits), query head h reading head h / G; dk and
  * dv are (B, Hk, T, D), each the sum over its group's query heads, at the start of dqkv's
  * second and third n elements; copies (B, T, Hk, D); the partial sums (P, H D) for dq, then
- * (P, Hk D) for dk and for dv. H must be a multiple of G. cuDNN serves it (cuk_cudnn.c) but
- * with those partial sums. */
+ * (P, Hk D) for dk and for dv. H must be a multiple of G. cuDNN serves it (cuk_cudnn.c), but
+ * not with those partial sums. */
 #define JDT_CUK_ATT_GROUP(bthd) ((bthd) >> 8 ? (int64_t)((bthd) >> 8) : (int64_t)1)
 
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored

@@ -410,10 +410,12 @@ enum {
 
 /* One plan's shape. bthd as in jdt_cuk_attention (bit i: input i stored (B, T, H, D); the
  * backward's o bit 3, dout bit 4; its group bits cleared: G holds them); outputs (o, dq, dk, dv)
- * are always (B, T, H, D). Grouped-query attention (G > 1): k, v, dk and dv have Hk = H / G
- * heads; the matmuls reading k or v take them with Hk heads, which cuDNN reads as query head h
- * using key/value head h / G, and dk and dv are each the ADD reduction of a full-head product
- * over the group (cudnn-frontend's SDPA backward builds the same). */
+ * are always (B, T, h, D), h their head count. Grouped-query attention (G > 1): k, v, dk and dv
+ * have Hk = H / G heads; the matmuls reading k or v take them with Hk heads, which cuDNN reads
+ * as query head h using key/value head h / G, and dk and dv are each the ADD reduction of a
+ * full-head product over the group (cudnn-frontend's SDPA backward builds the same, the product
+ * a virtual tensor of the inputs' type: each head's share rounded to bf16 before the sum, where
+ * jdt-train's kernels sum in f32 and round once). */
 typedef struct {
     bool bwd, stats; /* stats: the forward stores the log-sum-exp */
     bool accum;      /* the backward's dQ summed in an f32 accumulator (the engine may use
