@@ -129,15 +129,22 @@ compare "$TMP/gpu16a/tiny/metrics.jsonl" "$TMP/gpu16n/tiny/metrics.jsonl" "emula
 # fold_attention_cotangents), so cuDNN serves the backward too, RoPE's backward applied to its
 # dq and dk after it: seen 2.2e-5 and 1.2e-5
 L=(model.norm=rmsnorm model.pos=rope model.activation=swiglu model.bias=false precision.compute=bf16 precision.activations=bf16)
-run "$BIN" "$TMP/cpu16l" "${C[@]}" "${L[@]}"
-run "$EMU" "$TMP/gpu16l" "${C[@]}" "${L[@]}" runtime.backend=cuda
-compare "$TMP/cpu16l/tiny/metrics.jsonl" "$TMP/gpu16l/tiny/metrics.jsonl" "emulated GPU, Llama's layer, bf16" 1e-3 ||
-  fail "Llama's layer: the GPU's losses differ from the CPU's"
-JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16ln" "${C[@]}" "${L[@]}" runtime.backend=cuda
-grep -q "cuDNN attention forward B=.*: engine" "$TMP/err" && grep -q "cuDNN attention backward B=.*: engine" "$TMP/err" ||
-  { cat "$TMP/err"; fail "Llama's layer with JDT_CUDNN_ATTENTION=1: cuDNN did not serve both directions"; }
-compare "$TMP/cpu16l/tiny/metrics.jsonl" "$TMP/gpu16ln/tiny/metrics.jsonl" "emulated GPU, Llama's layer, cuDNN" 1e-3 ||
-  fail "Llama's layer with cuDNN's attention: the losses differ from the CPU's"
+# vs_cpu_and_cudnn TAG LABEL WHAT overrides...: the CPU's losses ($TMP/cpu16TAG), the emulated
+# GPU's with jdt-train's kernels, then with cuDNN's attention serving both directions (its
+# log's "B=WHAT: engine" lines), each within bf16's bound of the CPU's
+vs_cpu_and_cudnn() {
+  local t=$1 l=$2 w=$3; shift 3
+  run "$BIN" "$TMP/cpu16$t" "${C[@]}" "$@"
+  run "$EMU" "$TMP/gpu16$t" "${C[@]}" "$@" runtime.backend=cuda
+  compare "$TMP/cpu16$t/tiny/metrics.jsonl" "$TMP/gpu16$t/tiny/metrics.jsonl" "emulated GPU, $l" 1e-3 ||
+    fail "$l: the GPU's losses differ from the CPU's"
+  JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16${t}n" "${C[@]}" "$@" runtime.backend=cuda
+  grep -q "cuDNN attention forward B=$w: engine" "$TMP/err" && grep -q "cuDNN attention backward B=$w: engine" "$TMP/err" ||
+    { cat "$TMP/err"; fail "$l with JDT_CUDNN_ATTENTION=1: cuDNN did not serve both directions"; }
+  compare "$TMP/cpu16$t/tiny/metrics.jsonl" "$TMP/gpu16${t}n/tiny/metrics.jsonl" "emulated GPU, $l, cuDNN" 1e-3 ||
+    fail "$l with cuDNN's attention: the losses differ from the CPU's"
+}
+vs_cpu_and_cudnn l "Llama's layer" ".*" "${L[@]}"
 # grouped-query attention (2 key/value heads for 4 query heads; models.c repeats each for its
 # group by a broadcast, and sums dk and dv over it): the attention kernels take the group
 # themselves (passes.c fold_attention_groups, cuk.h JDT_CUK_ATT_GROUP), so the step has no
@@ -149,15 +156,7 @@ G=("${L[@]}" model.n_kv_head=2)
 "$EMU" inspect "${C[@]}" "${G[@]}" runtime.backend=cuda >"$TMP/insp" 2>&1 || { cat "$TMP/insp"; fail "inspect, grouped-query attention"; }
 grep -q "4 attentions (forward or backward) read grouped-query k and v unrepeated; 2 attention backwards store the projections' copies of dq, dk, dv (4 of them rotated" "$TMP/insp" ||
   { cat "$TMP/insp"; fail "grouped-query attention: k and v repeated, or no cotangent copies"; }
-run "$BIN" "$TMP/cpu16q" "${C[@]}" "${G[@]}"
-run "$EMU" "$TMP/gpu16q" "${C[@]}" "${G[@]}" runtime.backend=cuda
-compare "$TMP/cpu16q/tiny/metrics.jsonl" "$TMP/gpu16q/tiny/metrics.jsonl" "emulated GPU, grouped-query attention" 1e-3 ||
-  fail "grouped-query attention: the GPU's losses differ from the CPU's"
-JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/gpu16qn" "${C[@]}" "${G[@]}" runtime.backend=cuda
-grep -q "cuDNN attention forward B=4 H=4 .*: engine" "$TMP/err" && grep -q "cuDNN attention backward B=4 H=4 .*: engine" "$TMP/err" ||
-  { cat "$TMP/err"; fail "grouped-query attention with JDT_CUDNN_ATTENTION=1: cuDNN did not serve both directions"; }
-compare "$TMP/cpu16q/tiny/metrics.jsonl" "$TMP/gpu16qn/tiny/metrics.jsonl" "emulated GPU, grouped-query, cuDNN" 1e-3 ||
-  fail "grouped-query attention with cuDNN's attention: the losses differ from the CPU's"
+vs_cpu_and_cudnn q "grouped-query attention" "4 H=4 .*" "${G[@]}"
 JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/tp16q" --nproc 2 "${C[@]}" "${G[@]}" runtime.backend=cuda mesh.tensor=2
 [ "$(grep -c "cuDNN attention .*ward B=4 H=2 .*: engine" "$TMP/err")" -eq 4 ] ||
   { cat "$TMP/err"; fail "grouped-query attention, tensor=2 with JDT_CUDNN_ATTENTION=1: not both directions on both ranks"; }

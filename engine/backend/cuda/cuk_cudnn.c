@@ -734,6 +734,22 @@ static void entry_clear(const dnn_api *a, dnn_entry *en)
     en->owned.n = 0;
 }
 
+/* The key of a call: the layout bits its direction reads (the forward's 0-2, the backward's
+ * 0-4), the group (JDT_CUK_ATT_GROUP) apart; a backward always reads the statistics. */
+static dnn_key key_of(bool bwd, bool stats, bool accum, int64_t B, int64_t H, int64_t T, int64_t D,
+                      unsigned bthd)
+{
+    return (dnn_key){.bwd = bwd,
+                     .stats = bwd || stats,
+                     .accum = bwd && accum,
+                     .B = B,
+                     .H = H,
+                     .T = T,
+                     .D = D,
+                     .G = JDT_CUK_ATT_GROUP(bthd),
+                     .bthd = bthd & (bwd ? 31u : 7u)};
+}
+
 static bool key_eq(const dnn_key *a, const dnn_key *b)
 {
     return a->bwd == b->bwd && a->stats == b->stats && a->accum == b->accum && a->B == b->B &&
@@ -900,14 +916,7 @@ bool jdt_cuk_dnn_attention(jdt_cuk *k, const void *q, const void *kk, const void
                            float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
                            unsigned bthd)
 {
-    dnn_key s = {.bwd = false,
-                 .stats = lse != NULL,
-                 .B = B,
-                 .H = H,
-                 .T = T,
-                 .D = D,
-                 .G = JDT_CUK_ATT_GROUP(bthd),
-                 .bthd = bthd & 7u};
+    dnn_key s = key_of(false, lse != NULL, false, B, H, T, D, bthd);
     dnn_entry *en = dnn_get(k, &s);
     if (!en) return false;
     float neg_inf = mask_fill(k);
@@ -921,15 +930,7 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                                const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
                                int64_t D, float scale, unsigned bthd, void *scratch)
 {
-    dnn_key s = {.bwd = true,
-                 .stats = true,
-                 .accum = k->dnn_on == 2,
-                 .B = B,
-                 .H = H,
-                 .T = T,
-                 .D = D,
-                 .G = JDT_CUK_ATT_GROUP(bthd),
-                 .bthd = bthd & 31u};
+    dnn_key s = key_of(true, true, k->dnn_on == 2, B, H, T, D, bthd);
     dnn_entry *en = dnn_get(k, &s);
     if (!en) return false;
     float neg_inf = mask_fill(k), one = 1.0f;
@@ -1024,15 +1025,7 @@ jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, bool accum, int64_t B
         return jdt_err_set(e, JDT_ERR_INTERNAL, "cuDNN's device properties of an H200: %s - %s",
                            a.error_string(st), last);
     }
-    dnn_key s = {.bwd = bwd,
-                 .stats = bwd || stats,
-                 .accum = bwd && accum,
-                 .B = B,
-                 .H = H,
-                 .T = T,
-                 .D = D,
-                 .G = JDT_CUK_ATT_GROUP(bthd),
-                 .bthd = bthd & 31u};
+    dnn_key s = key_of(bwd, stats, accum, B, H, T, D, bthd);
     /* as dnn_get keeps it: the plan, then the descriptors it was built from */
     dnn_entry en = {.key = s};
     rc = dnn_plan(&a, NULL, dp, &s, DNN_MAX_WORKSPACE, &en.plan, &en.ws, &en.owned, info, n, e);
