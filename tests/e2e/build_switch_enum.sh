@@ -13,7 +13,7 @@ case " $WARN " in *" -Wswitch-enum "*) ;; *) fail "the Makefile's WARN lacks -Ws
 case " $WARN " in *" -Werror "*) ;; *) WARN="$WARN -Werror";; esac
 ops=$(sed -nE 's/^ *X\(([A-Z0-9_]+), "[a-z0-9_]+", -?[0-9]+, [A-Z]+\).*/\1/p' "$ROOT/engine/graph/graph.h")
 [ "$(echo "$ops" | wc -l)" -gt 40 ] || fail "could not read the op list from graph.h"
-echo "$ops" | grep -qx MATMUL || fail "MATMUL not in the op list"
+grep -qx MATMUL <<<"$ops" || fail "MATMUL not in the op list"
 
 # write_src FILE SKIP DEFAULT: a function with a switch over jdt_op listing every op but SKIP
 write_src() {

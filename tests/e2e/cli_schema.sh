@@ -11,7 +11,7 @@ n=$(echo "$keys" | wc -l)
 [ "$n" -gt 60 ] || fail "only $n keys in --schema"
 for k in run.steps model.n_layer mesh.fsdp sharding.rules data.batch_size optimizer.lr \
          precision.compute checkpoint.every runtime.jit dist.coordinator; do
-  echo "$keys" | grep -qx "$k" || fail "--schema lacks $k"; done
+  grep -qx "$k" <<<"$keys" || fail "--schema lacks $k"; done
 grep -q 'JDT_MODEL_N_LAYER' "$TMP/schema.txt" || fail "--schema lacks env names"
 grep -q 'gelu|swiglu|relu' "$TMP/schema.txt" || fail "--schema lacks choices"
 [ "$(grep -c '^| `' "$TMP/schema.md")" -eq "$n" ] || fail "markdown schema row count differs"

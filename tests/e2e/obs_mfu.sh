@@ -37,7 +37,7 @@ core=$(sed -nE 's/^MFU reference: .*; OpenBLAS (.*) kernels$/\1/p' measured.log)
 ls "$JDT_TMP/cache3/peak/"*"-$core.txt" >/dev/null 2>&1 || grep -q "busy machine" measured.log ||
   fail "the reference was not cached under the kernels' name"
 if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-  echo "$core" | grep -qxE "$old_cores" && fail "OpenBLAS runs its $core kernels on a CPU with AVX2"
+  grep -qxE "$old_cores" <<<"$core" && fail "OpenBLAS runs its $core kernels on a CPU with AVX2"
 fi
 OPENBLAS_CORETYPE=Prescott JDT_SGEMM_NO_DNNL=1 "$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/runs4" \
   run.steps=2 runtime.cache_dir="$JDT_TMP/cache4" > user.log 2>&1 || { cat user.log; fail "training failed"; }

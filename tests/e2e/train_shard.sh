@@ -161,7 +161,7 @@ K="$TMP/r22/tiny/ckpt/step_000008"
 v1=$("$BIN" eval $C --ckpt "$K" run.out_dir="$TMP/ev1" 2>/dev/null | grep -o 'val loss [0-9.]*') || fail "eval on 1 process"
 v4=$("$BIN" --nproc 4 eval $C --ckpt "$K" run.out_dir="$TMP/ev4" mesh.fsdp=2 mesh.tensor=2 2>/dev/null) || fail "eval on 4 processes"
 [ "$(echo "$v4" | grep -c 'val loss')" -eq 1 ] || fail "expected one val loss line from 4 ranks: $v4"
-echo "$v4" | grep -qF "$v1" || fail "distributed eval '$v4' differs from one process '$v1'"
+grep -qF "$v1" <<<"$v4" || fail "distributed eval '$v4' differs from one process '$v1'"
 echo "eval of the 2x2 checkpoint: 1 process and fsdp 2 x tensor 2 both give $v1"
 
 # bad meshes and rules: one config error from the launcher, exit 2, no rank started
