@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # run-cuda.sh [BUILD_DIR] — the CUDA suites of `make test-cuda` (which builds build-cuda/ first),
-# in two queues that run side by side, since most of them keep one core busy and CI has two:
-#   A: check_cuk (NVRTC compiles of every builtin kernel, host checks), then check_cuk-emu's GPU
-#      case on the host CUDA emulator, warp by warp (the last first, threads in reverse), cp.async
-#      copies landing when issued, kernels built with UBSan, then tests/e2e/cuda_backend.sh with
-#      the CUDA binary
-#   B: check_cuda (NVRTC compiles of every generated kernel), then check_cuda-emu's GPU case warp
-#      by warp (cp.async copies landing at their waits)
+# in two queues that run side by side, since most of them keep one core busy and CI has two
+# (about equally long: 230 s each on a 2-core CI machine):
+#   A: check_cuk (NVRTC compiles of every builtin kernel, host checks), check_cuda (NVRTC
+#      compiles of every generated kernel), then tests/e2e/cuda_backend.sh with the CUDA binary
+#   B: on the host CUDA emulator, check_cuk-emu's GPU case warp by warp (the last first, threads
+#      in reverse), cp.async copies landing when issued, kernels built with UBSan; then
+#      check_cuda-emu's GPU case warp by warp (cp.async copies landing at their waits)
 # Both emulator suites build the kernels at -O2 with floating-point contraction where the host
 # has FMA (FMA_FLAGS), as NVRTC's default --fmad=true contracts on a GPU: a tolerance or an exact
 # comparison that holds only for separately rounded products fails here. (The host compiler picks
@@ -42,10 +42,7 @@ suite() {
 }
 queue_a() {
   suite check_cuk build-cuda/tests/check_cuk
-  suite check_cuk-emu env JDT_CUDAEMU_ORDER=warps JDT_CUDAEMU_CP_ASYNC=issue MALLOC_PERTURB_=165 \
-    CK_RUN_CASE=gpu JDT_CUDAEMU_OPT=-O2 \
-    JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all $FMA_FLAGS" \
-    build-cuda/tests/check_cuk-emu
+  suite check_cuda build-cuda/tests/check_cuda
   local tmp
   tmp=$(mktemp -d /tmp/jdt-cuda-backend.XXXXXX)
   suite cuda_backend env JDT_CUDA_BIN="$ROOT/build-cuda/jdt-train" JDT_ROOT="$ROOT" JDT_TMP="$tmp" \
@@ -53,7 +50,10 @@ queue_a() {
   rm -rf "$tmp"
 }
 queue_b() {
-  suite check_cuda build-cuda/tests/check_cuda
+  suite check_cuk-emu env JDT_CUDAEMU_ORDER=warps JDT_CUDAEMU_CP_ASYNC=issue MALLOC_PERTURB_=165 \
+    CK_RUN_CASE=gpu JDT_CUDAEMU_OPT=-O2 \
+    JDT_CUDAEMU_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all $FMA_FLAGS" \
+    build-cuda/tests/check_cuk-emu
   suite check_cuda-emu env JDT_CUDAEMU_ORDER=warps MALLOC_PERTURB_=165 CK_RUN_CASE=gpu \
     JDT_CUDAEMU_OPT=-O2 JDT_CUDAEMU_CFLAGS="$FMA_FLAGS" build-cuda/tests/check_cuda-emu
 }

@@ -2524,7 +2524,9 @@ END_TEST
 /* The emulator's warp collectives over exited lanes (emu.hpp emu_exchange, emu_vote): lanes
  * 16-31 return at once; a shuffle from one of them is undefined on a GPU and poison here (all
  * bits set), one within the mask is the source's value, and the votes count only the 16 lanes
- * left, as a GPU's do. */
+ * left, as a GPU's do. emu_shfl_last: every lane exits right after its last shuffle and vote;
+ * the lane that opens their barrier may run on and exit before the others read, and it still
+ * took part (the emulator's single barrier per collective must not take it for exited). */
 static const char EMU_SHFL_SRC[] = "extern \"C\" __global__ void emu_shfl(unsigned *out)\n"
                                    "{\n"
                                    "    unsigned t = threadIdx.x;\n"
@@ -2533,6 +2535,12 @@ static const char EMU_SHFL_SRC[] = "extern \"C\" __global__ void emu_shfl(unsign
                                    "    out[32 + t] = __shfl_xor_sync(0x0000ffffu, t + 1, 1);\n"
                                    "    out[64 + t] = __ballot_sync(0xffffffffu, t != 3);\n"
                                    "    out[96 + t] = __all_sync(0xffffffffu, 1);\n"
+                                   "}\n"
+                                   "extern \"C\" __global__ void emu_shfl_last(unsigned *out)\n"
+                                   "{\n"
+                                   "    unsigned t = threadIdx.x;\n"
+                                   "    out[t] = __shfl_xor_sync(0xffffffffu, t + 1, 31);\n"
+                                   "    out[32 + t] = __ballot_sync(0xffffffffu, t != 5);\n"
                                    "}\n";
 
 START_TEST(test_emulator_shuffle_sources)
@@ -2557,6 +2565,13 @@ START_TEST(test_emulator_shuffle_sources)
         ck_assert_uint_eq(h[32 + t], (t ^ 1u) + 1u);
         ck_assert_uint_eq(h[64 + t], 0xfff7u);
         ck_assert_uint_eq(h[96 + t], 1u);
+    }
+    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_shfl_last"), cudaSuccess);
+    ck_assert_int_eq(cudaLaunchKernel((const void *)fn, g, b, args, 0, NULL), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (unsigned t = 0; t < 32; t++) {
+        ck_assert_uint_eq(h[t], (t ^ 31u) + 1u);
+        ck_assert_uint_eq(h[32 + t], 0xffffffdfu);
     }
     cudaFree(d);
     cudaLibraryUnload(lib);

@@ -274,6 +274,18 @@ struct emu_cpa {
 static emu_cpa emu_cpa_q[EMU_MAX_THREADS][EMU_CPA_MAX];
 static unsigned emu_cpa_n[EMU_MAX_THREADS], emu_cpa_groups[EMU_MAX_THREADS];
 static bool emu_cpa_early; /* JDT_CUDAEMU_CP_ASYNC=issue: copies land when issued */
+/* Per thread, the number of its warp collectives that exchange values (shuffles, votes, mma,
+ * ldmatrix) in this block. Each writes its lane's value into buffer [number % 2], waits at one
+ * warp barrier and reads the other lanes' from the same buffer. One barrier instead of a second
+ * one before the buffer may be written again: the next collective writes the other buffer, and
+ * the one after it, writing this buffer again, does so only past the next collective's barrier,
+ * which every lane reaches after its reads here. (All lanes of a warp run the same collectives
+ * in the same order, as a GPU requires.) A barrier costs two context switches per thread, most
+ * of the emulated attention's time. Without the second barrier a lane may read after another
+ * has run on and exited, so whether a lane took part is the stamp it wrote with its value (the
+ * block's number and the collective's), not whether it has exited by the time of the read. */
+static unsigned emu_phase[EMU_MAX_THREADS];
+static unsigned long long emu_blocks; /* blocks run, for the stamps */
 
 static inline void emu_yield()
 {
@@ -430,6 +442,7 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
             std::memset(__start_jdt_emu_shared, 0xff,
                         (size_t)(__stop_jdt_emu_shared - __start_jdt_emu_shared));
         emu_live = nt;
+        emu_blocks++;
         emu_block_bar = {0, 0};
         for (unsigned w = 0; w < (nt + 31) / 32; w++) {
             emu_warp_bar[w] = {0, 0};
@@ -441,6 +454,7 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
             f->done = false;
             f->at_block = false;
             emu_cpa_n[t] = emu_cpa_groups[t] = 0;
+            emu_phase[t] = 0;
 #ifdef EMU_FAST_SWITCH
             /* r15 r14 r13 r12 rbx rbp, then emu_entry as the return address, then a
              * zero "caller": emu_entry starts with rsp = 8 mod 16, as after a call */
@@ -500,7 +514,21 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
 
 /* ---- warp collectives ---------------------------------------------------------------------- */
 
-static unsigned long long emu_xch[EMU_MAX_THREADS];
+/* by parity (emu_phase): the lanes' values, and the stamps they wrote with them */
+static unsigned long long emu_xch[2][EMU_MAX_THREADS], emu_xch_stamp[2][EMU_MAX_THREADS];
+
+/* The caller's buffer parity for this collective (its count advanced for the next one). */
+static inline unsigned emu_flip()
+{
+    return emu_phase[emu_cur]++ & 1u;
+}
+/* The caller posts v (its bytes, widened) and its stamp, in buffer ph, for this collective. */
+static inline void emu_post(unsigned ph, unsigned long long v)
+{
+    unsigned t = emu_cur;
+    emu_xch[ph][t] = v;
+    emu_xch_stamp[ph][t] = emu_blocks << 32 | emu_phase[t];
+}
 
 /* The caller's lane must be in a warp collective's mask (on a GPU, undefined otherwise). */
 static inline void emu_mask_check(unsigned mask, const char *what)
@@ -514,13 +542,14 @@ static inline void emu_mask_check(unsigned mask, const char *what)
         std::abort();
     }
 }
-/* Whether lane l of the caller's warp takes part in a collective over mask: named by it, inside
- * the block and not exited. Called between the collective's two warp barriers, when every
- * lane that takes part has arrived and none can leave. */
-static inline bool emu_lane_on(unsigned mask, unsigned l)
+/* Whether lane l of the caller's warp takes part in the caller's collective over mask, whose
+ * values are in buffer ph: named by it, inside the block, and arrived at this collective (its
+ * stamp, emu_post): not exited before it. Called after the collective's warp barrier. */
+static inline bool emu_lane_on(unsigned mask, unsigned l, unsigned ph)
 {
     unsigned t = (emu_cur & ~31u) + l;
-    return ((mask >> l) & 1u) && t < emu_nthreads && !emu_fib[t].done;
+    return ((mask >> l) & 1u) && t < emu_nthreads &&
+           emu_xch_stamp[ph][t] == (emu_blocks << 32 | emu_phase[emu_cur]);
 }
 
 /* A shuffle: the value of lane src_lane of the caller's warp. A source that does not take part
@@ -530,15 +559,16 @@ template <class T> static inline T emu_exchange(unsigned mask, T v, unsigned src
 {
     static_assert(sizeof(T) <= 8, "shuffled values are at most 8 bytes");
     emu_mask_check(mask, "__shfl_*_sync");
-    unsigned t = emu_cur, base = t & ~31u, s = src_lane & 31u;
-    std::memcpy(&emu_xch[t], &v, sizeof v);
+    unsigned long long w = 0;
+    std::memcpy(&w, &v, sizeof v);
+    unsigned base = emu_cur & ~31u, s = src_lane & 31u, ph = emu_flip();
+    emu_post(ph, w);
     __syncwarp();
     T r;
-    if (emu_lane_on(mask, s))
-        std::memcpy(&r, &emu_xch[base + s], sizeof r);
+    if (emu_lane_on(mask, s, ph))
+        std::memcpy(&r, &emu_xch[ph][base + s], sizeof r);
     else
         std::memset(&r, 0xff, sizeof r);
-    __syncwarp();
     return r;
 }
 template <class T> static inline T __shfl_xor_sync(unsigned m, T v, int x, int = 32)
@@ -564,15 +594,14 @@ template <class T> static inline T __shfl_up_sync(unsigned m, T v, unsigned d, i
 static inline unsigned emu_vote(unsigned m, int p, unsigned *on, const char *what)
 {
     emu_mask_check(m, what);
-    unsigned t = emu_cur, base = t & ~31u, r = 0, a = 0;
-    emu_xch[t] = p != 0;
+    unsigned base = emu_cur & ~31u, r = 0, a = 0, ph = emu_flip();
+    emu_post(ph, p != 0);
     __syncwarp();
     for (unsigned l = 0; l < 32; l++)
-        if (emu_lane_on(m, l)) {
+        if (emu_lane_on(m, l, ph)) {
             a |= 1u << l;
-            r |= (unsigned)(emu_xch[base + l] != 0) << l;
+            r |= (unsigned)(emu_xch[ph][base + l] != 0) << l;
         }
-    __syncwarp();
     *on = a;
     return r;
 }
@@ -628,8 +657,13 @@ template <class T> static inline T atomicCAS(T *a, T cmp, T v)
 /* ---- tensor-core fragments (kernels/cuk_attention_tc.cu's cuk_mma_bf16 / cuk_ldsm_x4) ---------
  */
 
-static unsigned emu_mma_a[EMU_MAX_THREADS][4], emu_mma_b[EMU_MAX_THREADS][2];
-static const unsigned short *emu_rowp[EMU_MAX_THREADS];
+/* by parity (emu_phase): the lanes' fragments; per warp, A (row, k) and B (n, k) unpacked to
+ * floats by its first lane to read them, and the stamp (emu_post's) of the mma they are of */
+static unsigned emu_mma_a[2][EMU_MAX_THREADS][4], emu_mma_b[2][EMU_MAX_THREADS][2];
+static float emu_mma_af[2][EMU_MAX_THREADS / 32][16][16],
+    emu_mma_bf[2][EMU_MAX_THREADS / 32][8][16];
+static unsigned long long emu_mma_at[2][EMU_MAX_THREADS / 32];
+static const unsigned short *emu_rowp[2][EMU_MAX_THREADS];
 
 static inline float emu_bf(unsigned r, int hi)
 {
@@ -642,26 +676,37 @@ static inline float emu_bf(unsigned r, int hi)
  * element 2 (row / 8) + n % 2. */
 static inline void cuk_mma_bf16(float d[4], const unsigned a[4], const unsigned b[2])
 {
-    unsigned tid = emu_cur, base = tid & ~31u, lane = tid & 31u;
+    unsigned tid = emu_cur, base = tid & ~31u, lane = tid & 31u, ph = emu_flip();
+    unsigned(*ma)[4] = emu_mma_a[ph], (*mb)[2] = emu_mma_b[ph];
     for (int i = 0; i < 4; i++)
-        emu_mma_a[tid][i] = a[i];
-    emu_mma_b[tid][0] = b[0];
-    emu_mma_b[tid][1] = b[1];
+        ma[tid][i] = a[i];
+    mb[tid][0] = b[0];
+    mb[tid][1] = b[1];
     __syncwarp();
-    int g = (int)(lane >> 2), t = (int)(lane & 3);
-    for (int e = 0; e < 4; e++) {
-        int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-        float s = 0.0f;
+    unsigned w = tid >> 5;
+    float(*af)[16] = emu_mma_af[ph][w], (*bf)[16] = emu_mma_bf[ph][w];
+    if (emu_mma_at[ph][w] != (emu_blocks << 32 | emu_phase[tid])) { /* the warp's first */
+        emu_mma_at[ph][w] = emu_blocks << 32 | emu_phase[tid];
         for (int kx = 0; kx < 16; kx++) {
-            float av = emu_bf(
-                emu_mma_a[base + (row & 7) * 4 + ((kx & 7) >> 1)][(row >> 3) + 2 * (kx >> 3)],
-                kx & 1);
-            float bv = emu_bf(emu_mma_b[base + col * 4 + ((kx & 7) >> 1)][kx >> 3], kx & 1);
-            s += av * bv;
+            for (int row = 0; row < 16; row++)
+                af[row][kx] = emu_bf(
+                    ma[base + (row & 7) * 4 + ((kx & 7) >> 1)][(row >> 3) + 2 * (kx >> 3)], kx & 1);
+            for (int n = 0; n < 8; n++)
+                bf[n][kx] = emu_bf(mb[base + n * 4 + ((kx & 7) >> 1)][kx >> 3], kx & 1);
         }
-        d[e] += s;
     }
-    __syncwarp();
+    int g = (int)(lane >> 2), t = (int)(lane & 3);
+    /* each element's products summed over k in order, then added to d; the four sums side by
+     * side (independent chains) */
+    const float *a0 = af[g], *a1 = af[g + 8], *b0 = bf[2 * t], *b1 = bf[2 * t + 1];
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int kx = 0; kx < 16; kx++) {
+        s0 += a0[kx] * b0[kx];
+        s1 += a0[kx] * b1[kx];
+        s2 += a1[kx] * b0[kx];
+        s3 += a1[kx] * b1[kx];
+    }
+    d[0] += s0, d[1] += s1, d[2] += s2, d[3] += s3;
 }
 
 /* ldmatrix.x4: lane l's register i = matrix i (row addresses from lanes 8 i .. 8 i + 7) at row
@@ -674,15 +719,15 @@ template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsign
                      (const void *)row);
         std::abort();
     }
-    emu_rowp[tid] = row;
+    unsigned ph = emu_flip();
+    emu_rowp[ph][tid] = row;
     __syncwarp();
     unsigned g = lane >> 2, t = lane & 3;
     for (unsigned i = 0; i < 4; i++) {
-        const unsigned short *const *m = emu_rowp + base + 8 * i;
+        const unsigned short *const *m = emu_rowp[ph] + base + 8 * i;
         r[i] = TRANS ? (unsigned)m[2 * t][g] | (unsigned)m[2 * t + 1][g] << 16
                      : (unsigned)m[g][2 * t] | (unsigned)m[g][2 * t + 1] << 16;
     }
-    __syncwarp();
 }
 
 /* ---- cp.async (kernels/cuk_attention_tc.cu's cuk_cp_async / _commit / _wait) -------------
