@@ -4,7 +4,7 @@
 # NCCL stand-ins that run every kernel on the CPU). On emulated GPUs, configs/tiny.yaml with
 # runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs), bf16 compute and
 # bf16 activations (GEMMs storing bf16 outputs; also under tensor=2), cuDNN's attention through the
-# emulator's cuDNN (GPT-2's and Llama's layers, grouped-query attention, and under tensor=2),
+# emulator's cuDNN (GPT-2's and Llama's layers, grouped-query attention with and without biases, and under tensor=2),
 # and bf16 under runtime.remat: block on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
 # memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
 # those of one call per tensor and of blocking collectives; a run resumed from a checkpoint written from device memory continues the uninterrupted
@@ -162,6 +162,14 @@ JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/tp16q" --nproc 2 "${C[@]}" "${G[@]}" runt
   { cat "$TMP/err"; fail "grouped-query attention, tensor=2 with JDT_CUDNN_ATTENTION=1: not both directions on both ranks"; }
 compare "$TMP/cpu16q/tiny/metrics.jsonl" "$TMP/tp16q/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, grouped-query, cuDNN" 1e-3 ||
   fail "grouped-query attention, tensor=2: losses differ"
+# and with biases on q, k and v (GPT-2's layer, as Qwen2 has them): the backward's partial sums
+# of dk and dv have the key/value heads' columns (passes.c sum_flat_partials), formed by our
+# kernels and, under cuDNN, from its bf16 copies (cuk_cudnn.c)
+GB=(precision.compute=bf16 precision.activations=bf16 model.n_kv_head=2)
+"$EMU" inspect "${C[@]}" "${GB[@]}" runtime.backend=cuda >"$TMP/insp" 2>&1 || { cat "$TMP/insp"; fail "inspect, grouped-query attention with biases"; }
+grep -q "read grouped-query k and v unrepeated; 2 attention backwards store the projections' copies of dq, dk, dv" "$TMP/insp" ||
+  { cat "$TMP/insp"; fail "grouped-query attention with biases: no cotangent copies"; }
+vs_cpu_and_cudnn b "grouped-query attention with biases" "4 H=4 .*" "${GB[@]}"
 # the MLP's GELU and its backward by GEMMs (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD, compiler:
 # fold_gelu_epilogues, fold_dgelu_epilogues); where cuBLASLt refuses them, each GEMM and then a
 # kernel (the backward's bias gradient: a column-sum kernel), said once at info level

@@ -596,6 +596,10 @@ static const struct {
      NULL,
      {"model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu", "model.bias=false",
       "model.n_kv_head=2", "precision.compute=bf16", "precision.activations=bf16"}},
+    /* grouped-query attention with biases on q, k and v (GPT-2's layer with 2 key/value heads,
+     * Qwen2's biases): the backward's partial sums of dk and dv have H / G heads' columns
+     * (passes.c fold_attention_cotangents, sum_flat_partials); f32, the parameters compared */
+    {"gpt2-gqa", NULL, {"model.n_kv_head=2", NULL}},
 };
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 

@@ -2234,13 +2234,15 @@ static void expect_near_max(const char *what, const float *got, const float *wan
 /* One shape of test_cudnn_attention: kd serves through cuDNN (kd->dnn_on: 1, or 2 with dQ
  * accumulated, where two runs need not give the same bits), k through our kernels. bthd's
  * group bits (JDT_CUK_ATT_GROUP): grouped-query attention, k, v and their copies with H / G
- * heads, and no bias partial sums (cuDNN's path forms none for it). Returns false (after
+ * heads, the bias partial sums (P, H D) for dq, then (P, H / G D) each for dk and dv. The
+ * partial sums of all three are compared. Returns false (after
  * printing SKIP) when cuDNN cannot be loaded. */
 static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int64_t T, int64_t D,
                              unsigned bthd, bool rope)
 {
     const int64_t served = kd->n_dnn, G = JDT_CUK_ATT_GROUP(bthd);
-    const int64_t n = B * H * T * D, rows = B * H * T, P = B * (T / JDT_CUK_ATT_PART);
+    const int64_t n = B * H * T * D, rows = B * H * T, P = B * (T / JDT_CUK_ATT_PART),
+                  np = P * (H + 2 * H / G) * D; /* the partial sums' floats */
     const int64_t nx[4] = {n, n / G, n / G, n}; /* q, k, v, dO (and dq, dk, dv) */
     const float scale = 1.0f / sqrtf((float)D);
     float *hx[4] = {rand_floats(n, 11, -2, 2), rand_floats(nx[1], 12, -2, 2),
@@ -2275,8 +2277,8 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
         for (int r = 0; r < 3; r++) {
             /* with rope: Llama's dq and dk through RoPE's backward; the bias partial sums are
              * of the values before the rotation (a model with biases and RoPE reads only v's) */
-            part[r] = dev_alloc((size_t)(3 * P * H * D) * 4);
-            jdt_cuk_att_grads g = {.part = G > 1 ? NULL : part[r]};
+            part[r] = dev_alloc((size_t)np * 4);
+            jdt_cuk_att_grads g = {.part = part[r]};
             for (int j = 0; j < 3; j++) {
                 g.copy[j] = cp[r][j] = dev_alloc((size_t)nx[j] * 2);
                 g.copy_bf16[j] = true;
@@ -2303,13 +2305,9 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
                 expect_near_max(what, again, ref, m, 2e-2f);
             free(ref), free(got), free(again);
         }
-        if (G == 1) {
-            float *pref = dev_to_host(k, part[0], 3 * P * H * D),
-                  *pgot = dev_to_host(kd, part[1], 3 * P * H * D);
-            expect_near_max("cuDNN attention backward partial sums", pgot, pref, 3 * P * H * D,
-                            2e-2f);
-            free(pref), free(pgot);
-        }
+        float *pref = dev_to_host(k, part[0], np), *pgot = dev_to_host(kd, part[1], np);
+        expect_near_max("cuDNN attention backward partial sums", pgot, pref, np, 2e-2f);
+        free(pref), free(pgot);
         printf("check_cuk test_cudnn_attention: B=%lld H=%lld T=%lld D=%lld G=%lld bthd=%u%s%s "
                "matches the tensor-core kernels\n",
                (long long)B, (long long)H, (long long)T, (long long)D, (long long)G, bthd & 31u,

@@ -1020,9 +1020,6 @@ static jdt_cuk_kernel att_kernel(jdt_cuk_kernel f32, jdt_cuk_kernel b16, bool qk
     "not the tensor-core kernels' case (bf16 compute, sm_80 or newer, a head of at most 128, a "   \
     "positive scale, JDT_CUK_ATTENTION not fma)"
 
-#define DNN_GROUPS                                                                                 \
-    "grouped-query attention with bias partial sums (their (P, Hk D) layout is our kernels' only)"
-
 /* With JDT_CUDNN_ATTENTION on, says once per direction (bwd) why a call does not go to cuDNN
  * (its first unmet condition; NULL: it does) and returns whether it may. */
 static bool dnn_asks(jdt_cuk *k, bool bwd, const char *why)
@@ -1126,7 +1123,6 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
             : dqkv || !g ? "not the cotangent form (dq, dk, dv copies for the projections)"
             : !copies    ? "a copy of dq, dk or dv not bf16 (a model with biases and RoPE)"
             : D % 8      ? "a head size not a multiple of 8"
-            : bthd >> 8 && g->part ? DNN_GROUPS
             : g->part && T % JDT_CUK_ATT_PART
                 ? "bias partial sums over a sequence not a multiple of 32"
             : !aligned ? "a tensor not 16-byte aligned"

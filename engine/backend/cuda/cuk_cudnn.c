@@ -947,11 +947,15 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
     }
     if (!dnn_run(k, en, uids, ptrs, s.accum ? 14 : 13)) return false;
     if (g->part) { /* the bias gradients' partial column sums, of the bf16 copies before any
-                      rotation, as jdt-train's kernels form them */
-        const int64_t P = B * (T / JDT_CUK_ATT_PART), N = H * D;
-        for (int i = 0; i < 3; i++)
-            jdt_cuk_colsum_part_bf16(k, g->copy[i], g->part + i * P * N, B * T, N,
-                                     JDT_CUK_ATT_PART);
+                      rotation, as jdt-train's kernels form them: (P, H D) for dq, then
+                      (P, Hk D) each for dk and dv */
+        const int64_t P = B * (T / JDT_CUK_ATT_PART);
+        float *part = g->part;
+        for (int i = 0; i < 3; i++) {
+            const int64_t N = (i ? H / s.G : H) * D;
+            jdt_cuk_colsum_part_bf16(k, g->copy[i], part, B * T, N, JDT_CUK_ATT_PART);
+            part += P * N;
+        }
     }
     for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
         if (g->rope_theta[i] != 0.0)
