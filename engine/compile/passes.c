@@ -985,23 +985,13 @@ static bool sum_partials(cprog *c, int sum, int pi, const jdt_shape *like, int64
 }
 
 /* Node `sum` (a column sum over every row of a (rows, n) tensor) becomes a view of the sum over
- * k partial rows of n columns instead, elements [off, off + k n) of 1-D packed node pi: a slice,
- * its (k, n) view and the reduction over k (the grouped-query attention's partials, whose dq,
- * dk and dv rows differ in width: fold_attention_cotangents). False when out of memory. */
-static bool sum_flat_partials(cprog *c, int sum, int pi, int64_t off, int64_t k, int64_t n)
+ * the first k rows of n columns of packed node pi, read in place through a prefix view (k, n)
+ * (fold_attention_cotangents: grouped-query attention's dq partials, which are wider than the
+ * packed node's rows). False when out of memory. */
+static bool sum_prefix_partials(cprog *c, int sum, int pi, int64_t k, int64_t n)
 {
-    cnode part = {.op = JDT_OP_SLICE,
-                  .dtype = JDT_DTYPE_F32,
-                  .shape = {.ndim = 1, .dims = {k * n}},
-                  .n_in = 1,
-                  .in = {pi},
-                  .kind = CK_MAP};
-    part.attrs.i[1] = off;
-    part.attrs.i[2] = off + k * n;
-    const int si = append_node(c, &part);
-    if (si < 0) return false;
     cnode rows = {.dtype = JDT_DTYPE_F32, .shape = {.ndim = 2, .dims = {k, n}}};
-    to_view(&rows, si);
+    to_view(&rows, pi);
     const int vi = append_node(c, &rows);
     if (vi < 0) return false;
     cnode red = {.op = JDT_OP_REDUCE_SUM,
@@ -1823,8 +1813,9 @@ static bool read_only_by(const cprog *c, const unsigned char *live, int n0, int 
  * do both instead (c->attention_part_rows: CUDA's, jdt_cuk_att_grads; attrs i[1] = 1): the
  * builtin's output becomes the column sums of each R = attention_part_rows rows of a sequence,
  * (3 P, H D) with P = B ceil(T / R), which the bias gradients reduce instead (sum_partials)
- * (grouped-query attention's dk and dv partials are (P, Hk D): the output is then 1-D, P H D
- * floats for dq's, then P Hk D each for dk's and dv's, sum_flat_partials)
+ * (grouped-query attention's dk and dv partials are (P, Hk D): the output is then (P (G + 2),
+ * Hk D), dq's P H D floats first, read through a prefix view (P, H D), sum_prefix_partials,
+ * then dk's and dv's P rows each, sum_partials)
  * (without biases, as in Llama, none are written: attrs i[3] = 1 and a 1-float output), and
  * the three copies become its co-outputs (CK_COOUT), in q, k, v order: the CAST when it and the
  * sum are the transpose's only readers, the RoPE backward when that is its only reader (Llama's
@@ -1887,13 +1878,15 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
             }
         }
         c->stats.n_ropes_in_attention += ropes;
-        const int64_t P = dims[0] * ((dims[2] + R - 1) / R), Ck = hk * dims[3];
-        const bool grouped = hk != dims[1];
+        const int64_t P = dims[0] * ((dims[2] + R - 1) / R), G = dims[1] / hk;
+        const bool grouped = G > 1;
         cnode *am = &c->nodes[ai];
-        const jdt_shape like = {.ndim = 2, .dims = {3 * P, C}};
+        /* (3 P, H D); grouped, (P (G + 2), Hk D): dq's (P, H D) is its first P G rows */
+        const jdt_shape like = {.ndim = 2,
+                                .dims = {grouped ? P * (G + 2) : 3 * P, grouped ? C / G : C}};
         am->attrs.i[1] = 1;
         if (sum[0] >= 0 || sum[1] >= 0 || sum[2] >= 0) {
-            am->shape = grouped ? (jdt_shape){.ndim = 1, .dims = {P * (C + 2 * Ck)}} : like;
+            am->shape = like;
             c->stats.n_attention_partials++;
         } else { /* no bias reads the partials (Llama): none are written (attrs i[3] = 1), and
                     the output is one unwritten float */
@@ -1902,9 +1895,9 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
         }
         for (int s = 0; s < 3; s++)
             if (sum[s] >= 0 &&
-                !(grouped ? sum_flat_partials(c, sum[s], ai, s ? P * (C + (s - 1) * Ck) : 0, P,
-                                              s ? Ck : C)
-                          : sum_partials(c, sum[s], ai, &like, s * P, P))) {
+                !(grouped && s == 0
+                      ? sum_prefix_partials(c, sum[s], ai, P, C)
+                      : sum_partials(c, sum[s], ai, &like, (grouped ? G - 1 : 0) * P + s * P, P))) {
                 jdt_free(live);
                 return jdt_err_set(e, JDT_ERR_NOMEM, "compile: attention cotangents");
             }

@@ -2578,6 +2578,42 @@ START_TEST(test_emulator_shuffle_sources)
 }
 END_TEST
 
+/* A warp collective under divergent control flow (emu.hpp emu_took_part): lanes 0-15 shuffle
+ * over the full mask while lanes 16-31 wait at a __syncwarp; on a GPU undefined (a hang or
+ * garbage), on the emulator a failed launch, though the warp's barrier opens. */
+static const char EMU_DIVERGE_SRC[] = "extern \"C\" __global__ void emu_diverge(unsigned *out)\n"
+                                      "{\n"
+                                      "    unsigned t = threadIdx.x;\n"
+                                      "    if (t < 16)\n"
+                                      "        out[t] = __shfl_xor_sync(0xffffffffu, t + 1, 1);\n"
+                                      "    else\n"
+                                      "        __syncwarp();\n"
+                                      "}\n";
+
+START_TEST(test_emulator_divergent_collective)
+{
+    GPU_OR_SKIP(k);
+    if (!emulated_gpu()) {
+        printf("SKIP %s: the emulator's own check, not for a GPU\n", __func__);
+        jdt_cuk_free(k);
+        return;
+    }
+    char *image;
+    cudaLibrary_t lib = emu_probe_load(EMU_DIVERGE_SRC, "emu_diverge.cu", &image);
+    cudaKernel_t fn;
+    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_diverge"), cudaSuccess);
+    unsigned *d = dev_alloc(32 * sizeof(unsigned));
+    void *args[] = {&d};
+    dim3 g = {1, 1, 1}, b = {32, 1, 1};
+    cudaError_t rc = cudaLaunchKernel((const void *)fn, g, b, args, 0, NULL);
+    if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
+    ck_assert_msg(rc == cudaErrorLaunchFailure, "a divergent shuffle: %s, want %s",
+                  cudaGetErrorString(rc), cudaGetErrorString(cudaErrorLaunchFailure));
+    free(image); /* the launch failure is sticky: nothing more on this device */
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* The emulator's warp-at-a-time order and its cp.async (emu.hpp). emu_warps: each thread
  * writes its slot, then, after a warp barrier only, reads the slot of the other warp's thread
  * t +- 32: in step (reverse) both warps have written before either reads (but for the thread
@@ -3000,6 +3036,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_emulator_warps_cp_async);
     tcase_add_test(tc, test_emulator_launch_bounds);
     tcase_add_test(tc, test_emulator_shuffle_sources);
+    tcase_add_test(tc, test_emulator_divergent_collective);
     tcase_add_test(tc, test_init_errors_and_cache);
     tcase_add_test(tc, test_lazy_load);
     tcase_add_test(tc, test_matmul);

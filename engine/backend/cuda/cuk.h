@@ -289,8 +289,8 @@ void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_
  * ((B, Hk, T, D), or (B, T, Hk, D) per their bthd bits), query head h reading head h / G; dk and
  * dv are (B, Hk, T, D), each the sum over its group's query heads, at the start of dqkv's
  * second and third n elements; copies (B, T, Hk, D); the partial sums (P, H D) for dq, then
- * (P, Hk D) for dk and for dv. H must be a multiple of G. cuDNN serves it (cuk_cudnn.c), but
- * not with those partial sums. */
+ * (P, Hk D) for dk and for dv. H must be a multiple of G. cuDNN serves it (cuk_cudnn.c),
+ * those partial sums included. */
 #define JDT_CUK_ATT_GROUP(bthd) ((bthd) >> 8 ? (int64_t)((bthd) >> 8) : (int64_t)1)
 
 /* Causal attention, q k v o (B, H, T, D); bthd as in jdt_rt_attention (bit i: input i stored
@@ -331,7 +331,8 @@ typedef struct {
     float *part;          /* (3, P, H D), P = B ceil(T / JDT_CUK_ATT_PART): the column sums of
                              dq, dk, dv viewed as (B T, H D) over each JDT_CUK_ATT_PART rows of a
                              sequence (the bias gradients' partials), before any rotation, or
-                             NULL */
+                             NULL; grouped-query (JDT_CUK_ATT_GROUP): (P, H D) for dq, then
+                             (P, Hk D) each for dk and dv */
 } jdt_cuk_att_grads;
 
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics).

@@ -286,6 +286,8 @@ static bool emu_cpa_early; /* JDT_CUDAEMU_CP_ASYNC=issue: copies land when issue
  * block's number and the collective's), not whether it has exited by the time of the read. */
 static unsigned emu_phase[EMU_MAX_THREADS];
 static unsigned long long emu_blocks; /* blocks run, for the stamps */
+/* A warp collective some lanes of its mask skipped (emu_took_part): the launch fails with it */
+static char emu_fault[320];
 
 static inline void emu_yield()
 {
@@ -499,6 +501,11 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
                     if (emu_resume(t, bx, by, bz, &left, msg, msg_n)) return -1;
                 }
             }
+            if (emu_fault[0]) {
+                std::snprintf(msg, msg_n, "%s", emu_fault);
+                emu_fault[0] = '\0';
+                return -1;
+            }
             if (left && emu_moves == before) {
                 std::snprintf(msg, msg_n,
                               "deadlock in block (%u, %u, %u): %u of %u threads wait at a "
@@ -522,12 +529,48 @@ static inline unsigned emu_flip()
 {
     return emu_phase[emu_cur]++ & 1u;
 }
+/* The caller's stamp for its current collective (after emu_flip). */
+static inline unsigned long long emu_stamp()
+{
+    return emu_blocks << 32 | emu_phase[emu_cur];
+}
 /* The caller posts v (its bytes, widened) and its stamp, in buffer ph, for this collective. */
 static inline void emu_post(unsigned ph, unsigned long long v)
 {
-    unsigned t = emu_cur;
-    emu_xch[ph][t] = v;
-    emu_xch_stamp[ph][t] = emu_blocks << 32 | emu_phase[t];
+    emu_xch[ph][emu_cur] = v;
+    emu_xch_stamp[ph][emu_cur] = emu_stamp();
+}
+
+/* Per warp, the stamp of the last collective a lane of it has read (emu_first_read). */
+static unsigned long long emu_warp_read[2][EMU_MAX_THREADS / 32];
+
+/* Called after a collective's barrier: true for the first lane of the warp to read (it does
+ * the warp's work once: the check below, mma's unpacking). */
+static inline bool emu_first_read(unsigned ph)
+{
+    unsigned w = emu_cur >> 5;
+    if (emu_warp_read[ph][w] == emu_stamp()) return false;
+    emu_warp_read[ph][w] = emu_stamp();
+    return true;
+}
+
+/* Every lane of mask inside the block and not exited took part in the caller's collective (has
+ * its stamp in buffer ph). One that has not waits at another warp barrier: a warp collective
+ * under divergent control flow, which a GPU may hang on or run with undefined values; the
+ * launch fails (emu_fault). Called once per collective and warp, after its barrier. */
+static void emu_took_part(unsigned mask, unsigned ph, const char *what)
+{
+    unsigned base = emu_cur & ~31u;
+    for (unsigned l = 0; l < 32 && !emu_fault[0]; l++) {
+        unsigned t = base + l;
+        if (((mask >> l) & 1u) && t < emu_nthreads && !emu_fib[t].done &&
+            emu_xch_stamp[ph][t] != emu_stamp())
+            std::snprintf(emu_fault, sizeof emu_fault,
+                          "%s in block (%u, %u, %u), thread %u: lane %u of its warp, in the "
+                          "mask and not exited, waits at another warp barrier (a warp collective "
+                          "under divergent control flow)",
+                          what, blockIdx.x, blockIdx.y, blockIdx.z, emu_cur, l);
+    }
 }
 
 /* The caller's lane must be in a warp collective's mask (on a GPU, undefined otherwise). */
@@ -564,6 +607,7 @@ template <class T> static inline T emu_exchange(unsigned mask, T v, unsigned src
     unsigned base = emu_cur & ~31u, s = src_lane & 31u, ph = emu_flip();
     emu_post(ph, w);
     __syncwarp();
+    if (emu_first_read(ph)) emu_took_part(mask, ph, "__shfl_*_sync");
     T r;
     if (emu_lane_on(mask, s, ph))
         std::memcpy(&r, &emu_xch[ph][base + s], sizeof r);
@@ -597,6 +641,7 @@ static inline unsigned emu_vote(unsigned m, int p, unsigned *on, const char *wha
     unsigned base = emu_cur & ~31u, r = 0, a = 0, ph = emu_flip();
     emu_post(ph, p != 0);
     __syncwarp();
+    if (emu_first_read(ph)) emu_took_part(m, ph, what);
     for (unsigned l = 0; l < 32; l++)
         if (emu_lane_on(m, l, ph)) {
             a |= 1u << l;
@@ -658,11 +703,10 @@ template <class T> static inline T atomicCAS(T *a, T cmp, T v)
  */
 
 /* by parity (emu_phase): the lanes' fragments; per warp, A (row, k) and B (n, k) unpacked to
- * floats by its first lane to read them, and the stamp (emu_post's) of the mma they are of */
+ * floats by its first lane to read them (emu_first_read) */
 static unsigned emu_mma_a[2][EMU_MAX_THREADS][4], emu_mma_b[2][EMU_MAX_THREADS][2];
 static float emu_mma_af[2][EMU_MAX_THREADS / 32][16][16],
     emu_mma_bf[2][EMU_MAX_THREADS / 32][8][16];
-static unsigned long long emu_mma_at[2][EMU_MAX_THREADS / 32];
 static const unsigned short *emu_rowp[2][EMU_MAX_THREADS];
 
 static inline float emu_bf(unsigned r, int hi)
@@ -682,11 +726,12 @@ static inline void cuk_mma_bf16(float d[4], const unsigned a[4], const unsigned 
         ma[tid][i] = a[i];
     mb[tid][0] = b[0];
     mb[tid][1] = b[1];
+    emu_xch_stamp[ph][tid] = emu_stamp();
     __syncwarp();
     unsigned w = tid >> 5;
     float(*af)[16] = emu_mma_af[ph][w], (*bf)[16] = emu_mma_bf[ph][w];
-    if (emu_mma_at[ph][w] != (emu_blocks << 32 | emu_phase[tid])) { /* the warp's first */
-        emu_mma_at[ph][w] = emu_blocks << 32 | emu_phase[tid];
+    if (emu_first_read(ph)) { /* the warp's first lane to read */
+        emu_took_part(0xffffffffu, ph, "mma.sync");
         for (int kx = 0; kx < 16; kx++) {
             for (int row = 0; row < 16; row++)
                 af[row][kx] = emu_bf(
@@ -721,7 +766,9 @@ template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsign
     }
     unsigned ph = emu_flip();
     emu_rowp[ph][tid] = row;
+    emu_xch_stamp[ph][tid] = emu_stamp();
     __syncwarp();
+    if (emu_first_read(ph)) emu_took_part(0xffffffffu, ph, "ldmatrix");
     unsigned g = lane >> 2, t = lane & 3;
     for (unsigned i = 0; i < 4; i++) {
         const unsigned short *const *m = emu_rowp[ph] + base + 8 * i;
