@@ -955,13 +955,29 @@ static bool is_head_transpose(const cnode *t)
            t->attrs.i[1] == 2 && t->attrs.i[2] == 1 && t->attrs.i[3] == 3;
 }
 
+/* Node `sum` becomes a view of a new REDUCE_SUM of node src over every axis but the last (its
+ * column sums). False when out of memory. */
+static bool sum_columns_of(cprog *c, int sum, int src)
+{
+    const jdt_shape *s = &c->nodes[src].shape;
+    const int nd = s->ndim;
+    cnode red = {
+        .op = JDT_OP_REDUCE_SUM, .dtype = JDT_DTYPE_F32, .n_in = 1, .in = {src}, .kind = CK_REDUCE};
+    red.attrs.i[0] = (((int64_t)1 << nd) - 1) - ((int64_t)1 << (nd - 1));
+    red.shape.ndim = 1;
+    red.shape.dims[0] = s->dims[nd - 1];
+    const int ri = append_node(c, &red);
+    if (ri < 0) return false;
+    to_view(&c->nodes[sum], ri); /* the old sum: a view of the new one */
+    return true;
+}
+
 /* Node `sum` (a column sum over every row of a (d0, ..., C) tensor) becomes a view of the sum
  * over k partial rows instead: slots [slot, slot + k) of axis 0 of packed node pi, whose builtin
  * writes per-block column sums there (fold_norm_partials, fold_norm_cotangents). `like` is the
  * full tensor's shape. False when out of memory. */
 static bool sum_partials(cprog *c, int sum, int pi, const jdt_shape *like, int64_t slot, int64_t k)
 {
-    const int nd = like->ndim;
     cnode part = {.op = JDT_OP_SLICE,
                   .dtype = JDT_DTYPE_F32,
                   .shape = *like,
@@ -972,16 +988,7 @@ static bool sum_partials(cprog *c, int sum, int pi, const jdt_shape *like, int64
     part.attrs.i[1] = slot;
     part.attrs.i[2] = slot + k;
     const int si = append_node(c, &part);
-    if (si < 0) return false;
-    cnode red = {
-        .op = JDT_OP_REDUCE_SUM, .dtype = JDT_DTYPE_F32, .n_in = 1, .in = {si}, .kind = CK_REDUCE};
-    red.attrs.i[0] = (((int64_t)1 << nd) - 1) - ((int64_t)1 << (nd - 1));
-    red.shape.ndim = 1;
-    red.shape.dims[0] = like->dims[nd - 1];
-    const int ri = append_node(c, &red);
-    if (ri < 0) return false;
-    to_view(&c->nodes[sum], ri); /* the old sum: a view of the new one */
-    return true;
+    return si >= 0 && sum_columns_of(c, sum, si);
 }
 
 /* Node `sum` (a column sum over every row of a (rows, n) tensor) becomes a view of the sum over
@@ -993,18 +1000,7 @@ static bool sum_prefix_partials(cprog *c, int sum, int pi, int64_t k, int64_t n)
     cnode rows = {.dtype = JDT_DTYPE_F32, .shape = {.ndim = 2, .dims = {k, n}}};
     to_view(&rows, pi);
     const int vi = append_node(c, &rows);
-    if (vi < 0) return false;
-    cnode red = {.op = JDT_OP_REDUCE_SUM,
-                 .dtype = JDT_DTYPE_F32,
-                 .shape = {.ndim = 1, .dims = {n}},
-                 .n_in = 1,
-                 .in = {vi},
-                 .kind = CK_REDUCE};
-    red.attrs.i[0] = 1; /* axis 0 */
-    const int ri = append_node(c, &red);
-    if (ri < 0) return false;
-    to_view(&c->nodes[sum], ri);
-    return true;
+    return vi >= 0 && sum_columns_of(c, sum, vi);
 }
 
 /* Partial rows per norm backward (passes.c fold_norm_partials): enough blocks to fill a GPU,
@@ -1879,11 +1875,10 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
         }
         c->stats.n_ropes_in_attention += ropes;
         const int64_t P = dims[0] * ((dims[2] + R - 1) / R), G = dims[1] / hk;
-        const bool grouped = G > 1;
         cnode *am = &c->nodes[ai];
-        /* (3 P, H D); grouped, (P (G + 2), Hk D): dq's (P, H D) is its first P G rows */
-        const jdt_shape like = {.ndim = 2,
-                                .dims = {grouped ? P * (G + 2) : 3 * P, grouped ? C / G : C}};
+        /* (P (G + 2), Hk D): dq's (P, H D) its first P G rows, then dk's and dv's P rows each
+         * ((3 P, H D) without groups) */
+        const jdt_shape like = {.ndim = 2, .dims = {P * (G + 2), C / G}};
         am->attrs.i[1] = 1;
         if (sum[0] >= 0 || sum[1] >= 0 || sum[2] >= 0) {
             am->shape = like;
@@ -1895,9 +1890,8 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
         }
         for (int s = 0; s < 3; s++)
             if (sum[s] >= 0 &&
-                !(grouped && s == 0
-                      ? sum_prefix_partials(c, sum[s], ai, P, C)
-                      : sum_partials(c, sum[s], ai, &like, (grouped ? G - 1 : 0) * P + s * P, P))) {
+                !(G > 1 && s == 0 ? sum_prefix_partials(c, sum[s], ai, P, C)
+                                  : sum_partials(c, sum[s], ai, &like, (G - 1 + s) * P, P))) {
                 jdt_free(live);
                 return jdt_err_set(e, JDT_ERR_NOMEM, "compile: attention cotangents");
             }

@@ -248,6 +248,15 @@ static jdt_cuk *gpu_or_skip(const char *test, char *cache_dir, size_t n)
     jdt_cuk *k = gpu_or_skip(__func__, cache_dir_, sizeof cache_dir_);                             \
     if (!k) return
 
+/* GPU_OR_SKIP for the emulator's own checks (what they check), which a GPU skips. */
+#define EMU_OR_SKIP(k, what)                                                                       \
+    GPU_OR_SKIP(k);                                                                                \
+    if (!emulated_gpu()) {                                                                         \
+        printf("SKIP %s: the emulator's own %s, not for a GPU\n", __func__, what);                 \
+        jdt_cuk_free(k);                                                                           \
+        return;                                                                                    \
+    }
+
 /* Whether the GPU is the host CUDA emulator (tests/infra/cudaemu), where a block's threads run
  * one after another on one core: the largest shapes are left to real GPUs. */
 static bool emulated_gpu(void)
@@ -2422,13 +2431,7 @@ static void emu_probe_run(cudaKernel_t fn, const char *order, unsigned out[256])
 
 START_TEST(test_emulator_strict)
 {
-    GPU_OR_SKIP(k);
-    if (!emulated_gpu()) {
-        printf("SKIP %s: the emulator's own checks (a racy probe kernel), not for a GPU\n",
-               __func__);
-        jdt_cuk_free(k);
-        return;
-    }
+    EMU_OR_SKIP(k, "checks (a racy probe kernel)");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_PROBE_SRC, "emu_probe.cu", &image);
     cudaKernel_t fn;
@@ -2477,12 +2480,7 @@ static const char EMU_BOUNDS_SRC[] =
 
 START_TEST(test_emulator_launch_bounds)
 {
-    GPU_OR_SKIP(k);
-    if (!emulated_gpu()) {
-        printf("SKIP %s: the emulator's own launch check, not for a GPU\n", __func__);
-        jdt_cuk_free(k);
-        return;
-    }
+    EMU_OR_SKIP(k, "launch check");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_BOUNDS_SRC, "emu_bounds.cu", &image);
     static const struct {
@@ -2543,12 +2541,7 @@ static const char EMU_SHFL_SRC[] = "extern \"C\" __global__ void emu_shfl(unsign
 
 START_TEST(test_emulator_shuffle_sources)
 {
-    GPU_OR_SKIP(k);
-    if (!emulated_gpu()) {
-        printf("SKIP %s: the emulator's own poison, not for a GPU\n", __func__);
-        jdt_cuk_free(k);
-        return;
-    }
+    EMU_OR_SKIP(k, "poison");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_SHFL_SRC, "emu_shfl.cu", &image);
     cudaKernel_t fn;
@@ -2592,12 +2585,7 @@ static const char EMU_DIVERGE_SRC[] = "extern \"C\" __global__ void emu_diverge(
 
 START_TEST(test_emulator_divergent_collective)
 {
-    GPU_OR_SKIP(k);
-    if (!emulated_gpu()) {
-        printf("SKIP %s: the emulator's own check, not for a GPU\n", __func__);
-        jdt_cuk_free(k);
-        return;
-    }
+    EMU_OR_SKIP(k, "check");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_DIVERGE_SRC, "emu_diverge.cu", &image);
     cudaKernel_t fn;
@@ -2659,13 +2647,7 @@ static void emu_probe2_run(cudaKernel_t fn, const char *order, const char *cpa, 
 
 START_TEST(test_emulator_warps_cp_async)
 {
-    GPU_OR_SKIP(k);
-    if (!emulated_gpu()) {
-        printf("SKIP %s: the emulator's own checks (racy probe kernels), not for a GPU\n",
-               __func__);
-        jdt_cuk_free(k);
-        return;
-    }
+    EMU_OR_SKIP(k, "checks (racy probe kernels)");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_PROBE2_SRC, "emu_probe2.cu", &image);
     cudaKernel_t warps, cpa;

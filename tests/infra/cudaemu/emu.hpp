@@ -521,7 +521,7 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
 
 /* ---- warp collectives ---------------------------------------------------------------------- */
 
-/* by parity (emu_phase): the lanes' values, and the stamps they wrote with them */
+/* by parity (emu_phase): the lanes' values (shuffles, votes), and every collective's stamps */
 static unsigned long long emu_xch[2][EMU_MAX_THREADS], emu_xch_stamp[2][EMU_MAX_THREADS];
 
 /* The caller's buffer parity for this collective (its count advanced for the next one). */
@@ -534,13 +534,6 @@ static inline unsigned long long emu_stamp()
 {
     return emu_blocks << 32 | emu_phase[emu_cur];
 }
-/* The caller posts v (its bytes, widened) and its stamp, in buffer ph, for this collective. */
-static inline void emu_post(unsigned ph, unsigned long long v)
-{
-    emu_xch[ph][emu_cur] = v;
-    emu_xch_stamp[ph][emu_cur] = emu_stamp();
-}
-
 /* Per warp, the stamp of the last collective a lane of it has read (emu_first_read). */
 static unsigned long long emu_warp_read[2][EMU_MAX_THREADS / 32];
 
@@ -573,6 +566,18 @@ static void emu_took_part(unsigned mask, unsigned ph, const char *what)
     }
 }
 
+/* The caller, its value for collective `what` over mask posted in buffer ph, posts its stamp
+ * there and waits at the warp's barrier; the warp's first lane to read then checks that every
+ * lane took part (emu_took_part) and gets true (to do the warp's other once-only work). */
+static inline bool emu_meet(unsigned ph, unsigned mask, const char *what)
+{
+    emu_xch_stamp[ph][emu_cur] = emu_stamp();
+    __syncwarp();
+    if (!emu_first_read(ph)) return false;
+    emu_took_part(mask, ph, what);
+    return true;
+}
+
 /* The caller's lane must be in a warp collective's mask (on a GPU, undefined otherwise). */
 static inline void emu_mask_check(unsigned mask, const char *what)
 {
@@ -587,12 +592,11 @@ static inline void emu_mask_check(unsigned mask, const char *what)
 }
 /* Whether lane l of the caller's warp takes part in the caller's collective over mask, whose
  * values are in buffer ph: named by it, inside the block, and arrived at this collective (its
- * stamp, emu_post): not exited before it. Called after the collective's warp barrier. */
+ * stamp, emu_meet): not exited before it. Called after the collective's warp barrier. */
 static inline bool emu_lane_on(unsigned mask, unsigned l, unsigned ph)
 {
     unsigned t = (emu_cur & ~31u) + l;
-    return ((mask >> l) & 1u) && t < emu_nthreads &&
-           emu_xch_stamp[ph][t] == (emu_blocks << 32 | emu_phase[emu_cur]);
+    return ((mask >> l) & 1u) && t < emu_nthreads && emu_xch_stamp[ph][t] == emu_stamp();
 }
 
 /* A shuffle: the value of lane src_lane of the caller's warp. A source that does not take part
@@ -605,9 +609,8 @@ template <class T> static inline T emu_exchange(unsigned mask, T v, unsigned src
     unsigned long long w = 0;
     std::memcpy(&w, &v, sizeof v);
     unsigned base = emu_cur & ~31u, s = src_lane & 31u, ph = emu_flip();
-    emu_post(ph, w);
-    __syncwarp();
-    if (emu_first_read(ph)) emu_took_part(mask, ph, "__shfl_*_sync");
+    emu_xch[ph][emu_cur] = w;
+    emu_meet(ph, mask, "__shfl_*_sync");
     T r;
     if (emu_lane_on(mask, s, ph))
         std::memcpy(&r, &emu_xch[ph][base + s], sizeof r);
@@ -639,9 +642,8 @@ static inline unsigned emu_vote(unsigned m, int p, unsigned *on, const char *wha
 {
     emu_mask_check(m, what);
     unsigned base = emu_cur & ~31u, r = 0, a = 0, ph = emu_flip();
-    emu_post(ph, p != 0);
-    __syncwarp();
-    if (emu_first_read(ph)) emu_took_part(m, ph, what);
+    emu_xch[ph][emu_cur] = p != 0;
+    emu_meet(ph, m, what);
     for (unsigned l = 0; l < 32; l++)
         if (emu_lane_on(m, l, ph)) {
             a |= 1u << l;
@@ -726,12 +728,9 @@ static inline void cuk_mma_bf16(float d[4], const unsigned a[4], const unsigned 
         ma[tid][i] = a[i];
     mb[tid][0] = b[0];
     mb[tid][1] = b[1];
-    emu_xch_stamp[ph][tid] = emu_stamp();
-    __syncwarp();
     unsigned w = tid >> 5;
     float(*af)[16] = emu_mma_af[ph][w], (*bf)[16] = emu_mma_bf[ph][w];
-    if (emu_first_read(ph)) { /* the warp's first lane to read */
-        emu_took_part(0xffffffffu, ph, "mma.sync");
+    if (emu_meet(ph, 0xffffffffu, "mma.sync")) { /* the warp's first lane to read unpacks */
         for (int kx = 0; kx < 16; kx++) {
             for (int row = 0; row < 16; row++)
                 af[row][kx] = emu_bf(
@@ -766,9 +765,7 @@ template <bool TRANS> static inline void cuk_ldsm_x4(unsigned r[4], const unsign
     }
     unsigned ph = emu_flip();
     emu_rowp[ph][tid] = row;
-    emu_xch_stamp[ph][tid] = emu_stamp();
-    __syncwarp();
-    if (emu_first_read(ph)) emu_took_part(0xffffffffu, ph, "ldmatrix");
+    emu_meet(ph, 0xffffffffu, "ldmatrix");
     unsigned g = lane >> 2, t = lane & 3;
     for (unsigned i = 0; i < 4; i++) {
         const unsigned short *const *m = emu_rowp[ph] + base + 8 * i;
