@@ -2002,7 +2002,7 @@ static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, 
         }
     printf("%s: forward's log-sum-exp within %.1e of the host's\n", what, worst);
     ck_assert_msg(worst < 2e-5, "%s: lse off by %g", what, worst);
-    void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
+    void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, 1));
     jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, din[4], false, dL, dD,
                           NULL, B, H, T, D, scale, bthd, bf16, fresh);
     cudaFree(fresh);
@@ -2047,7 +2047,7 @@ static void check_attention_dout16(jdt_cuk *k, const char *what, void *const *d1
         jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, dgr, false, lse, dA,
                               NULL, B, H, T, D, scale, bthd, bf16, dscr);
         float *want = dev_to_host(k, dA, 3 * n);
-        void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
+        void *fresh = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, 1));
         jdt_cuk_attention_bwd(k, d16[0], d16[1], d16[2], true, din[3], false, dg16, true, lse, dB,
                               NULL, B, H, T, D, scale, bthd, bf16, fresh);
         float *got = dev_to_host(k, dB, 3 * n);
@@ -2122,7 +2122,7 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
         free(t);
     }
     float *dO = dev_alloc((size_t)n * 4), *dD = dev_alloc((size_t)(3 * n) * 4);
-    void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
+    void *dscr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, 1));
     jdt_cuk_attention(k, din[0], din[1], din[2], false, dO, NULL, false, NULL, B, H, T, D, scale,
                       bthd & 7u, bf16, dscr);
     jdt_cuk_attention_bwd(k, din[0], din[1], din[2], false, din[3], false, din[4], false, NULL, dD,
@@ -2261,7 +2261,7 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
     for (int i = 0; i < 4; i++)
         dev_bf16_pair(hx[i], nx[i], &x16[i], &xr[i], NULL);
     const uint16_t *q = x16[0], *kk = x16[1], *v = x16[2], *dout = x16[3];
-    const int64_t sb = jdt_cuk_attention_scratch_bytes(B, H, T, D);
+    const int64_t sb = jdt_cuk_attention_scratch_bytes(B, H, T, D, G);
     void *scr = dev_alloc((size_t)sb), *scr2 = dev_alloc((size_t)sb);
     uint16_t *o[2] = {dev_alloc((size_t)n * 2), dev_alloc((size_t)n * 2)};
     float *lse[2] = {dev_alloc((size_t)rows * 4), dev_alloc((size_t)rows * 4)};
@@ -2781,7 +2781,7 @@ static void check_attention_groups(jdt_cuk *k, int64_t B, int64_t H, int64_t G, 
     float *dgo = dev_att_input(go, B, H, T, D, lay, 4, false);
     const unsigned grp = lay | (unsigned)G << 8;
     float *o[2], *lse[2], *dqkv[2];
-    void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D));
+    void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, G));
     for (int r = 0; r < 2; r++) { /* r 0: heads repeated; 1: grouped */
         o[r] = dev_alloc((size_t)n * 4);
         lse[r] = dev_alloc((size_t)rows * 4);
@@ -2894,6 +2894,75 @@ START_TEST(test_attention_groups)
         check_attention_groups(k, 1, 2, 2, 45, 80, 6u, bf, false); /* one k/v head (MQA); d128 */
     }
     check_attention_groups(k, 1, 4, 2, 40, 30, 2u, false, false); /* D not a multiple of 4 */
+    jdt_cuk_free(k);
+}
+END_TEST
+
+/* The dK/dV kernel's split (cuk.c att_dkv_split, JDT_CUK_DKV_SPLIT forcing it): a key tile's
+ * query heads and tiles over S blocks, their f32 sums added in a fixed order by whichever block
+ * finishes last. Forced to 1, 3 and 7 blocks (7 parts of 8 heads' tiles, unequal), and chosen by
+ * the GPU's multiprocessor count: dk and dv agree with the unsplit ones to the f32 sums'
+ * reordering, dq is untouched (bit for bit), and a split run again gives the same bits. */
+START_TEST(test_attention_dkv_split)
+{
+    GPU_OR_SKIP(k);
+    if (jdt_cuk_arch(k) < 80) { /* no bf16 mma: the FMA kernels, which do not split */
+        printf("SKIP check_cuk test_attention_dkv_split: sm_%d has no bf16 mma\n", jdt_cuk_arch(k));
+        jdt_cuk_free(k);
+        return;
+    }
+    const int64_t B = 1, H = 8, G = 8, T = 150, D = 64, n = B * H * T * D, nk = n / G;
+    const float scale = 0.125f;
+    const unsigned grp = 6u | (unsigned)G << 8; /* k, v (B, T, Hk, D) */
+    float *q = rand_floats(n, 81, -1, 1), *kh = rand_floats(nk, 82, -1, 1);
+    float *vh = rand_floats(nk, 83, -1, 1), *go = rand_floats(n, 84, -1, 1);
+    void *dq_in = dev_att_input(q, B, H, T, D, grp, 0, true);
+    void *dk_in = dev_att_input(kh, B, H / G, T, D, grp, 1, true);
+    void *dv_in = dev_att_input(vh, B, H / G, T, D, grp, 2, true);
+    float *dgo = dev_att_input(go, B, H, T, D, grp, 4, false);
+    float *o = dev_alloc((size_t)n * 4), *lse = dev_alloc((size_t)(B * H * T) * 4);
+    float *dqkv = dev_alloc((size_t)(3 * n) * 4);
+    const char *force[] = {"1", "3", "3", "7", NULL};
+    const int want_split[] = {1, 3, 3, 7, 0};
+    float *got[5];
+    for (int r = 0; r < 5; r++) {
+        if (force[r])
+            setenv("JDT_CUK_DKV_SPLIT", force[r], 1);
+        else
+            unsetenv("JDT_CUK_DKV_SPLIT");
+        void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, G));
+        ck_assert_int_eq(
+            cudaMemset(scr, 0xff, (size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, G)),
+            cudaSuccess);
+        jdt_cuk_attention(k, dq_in, dk_in, dv_in, true, o, NULL, false, lse, B, H, T, D, scale, grp,
+                          true, scr);
+        ck_assert_int_eq(cudaMemset(dqkv, 0, (size_t)(3 * n) * 4), cudaSuccess);
+        jdt_cuk_attention_bwd(k, dq_in, dk_in, dv_in, true, o, false, dgo, false, lse, dqkv, NULL,
+                              B, H, T, D, scale, grp, true, scr);
+        got[r] = dev_to_host(k, dqkv, 3 * n);
+        if (force[r])
+            ck_assert_int_eq(k->dkv_split, want_split[r]);
+        else /* a key tile (T 150: 3) per 2 / 3 of a multiprocessor */
+            ck_assert_int_eq(k->dkv_split,
+                             (int)((2 * k->sms + 2) / 3 > 16 ? 16 : (2 * k->sms + 2) / 3));
+        cudaFree(scr);
+    }
+    unsetenv("JDT_CUK_DKV_SPLIT");
+    ck_assert_msg(memcmp(got[1], got[2], (size_t)(3 * n) * 4) == 0,
+                  "dK/dV split over 3 blocks: two runs differ");
+    for (int r = 1; r < 5; r++) {
+        ck_assert_msg(memcmp(got[0], got[r], (size_t)n * 4) == 0, "dq changed with the split");
+        expect_near_max("split dk", got[r] + n, got[0] + n, nk, 1e-6f);
+        expect_near_max("split dv", got[r] + 2 * n, got[0] + 2 * n, nk, 1e-6f);
+    }
+    printf("dK/dV split over 3, 7 and %d blocks per key tile: dk, dv as unsplit to 1e-6, dq "
+           "equal, repeatable bit for bit\n",
+           k->dkv_split);
+    for (int r = 0; r < 5; r++)
+        free(got[r]);
+    cudaFree(dq_in), cudaFree(dk_in), cudaFree(dv_in), cudaFree(dgo), cudaFree(o), cudaFree(lse);
+    cudaFree(dqkv);
+    free(q), free(kh), free(vh), free(go);
     jdt_cuk_free(k);
 }
 END_TEST
@@ -3038,6 +3107,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_concat);
     tcase_add_test(tc, test_attention);
     tcase_add_test(tc, test_attention_groups);
+    tcase_add_test(tc, test_attention_dkv_split);
     tcase_add_test(tc, test_cudnn_attention);
     suite_add_tcase(s, tc);
 }

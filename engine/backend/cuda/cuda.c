@@ -449,7 +449,9 @@ static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
     }
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
     if (q->ndim != 4) return 0;
-    return jdt_cuk_attention_scratch_bytes(q->dims[0], q->dims[1], q->dims[2], q->dims[3]);
+    const int64_t Hk = c->nodes[n->in[1]].shape.dims[1]; /* grouped-query: fewer k/v heads */
+    return jdt_cuk_attention_scratch_bytes(q->dims[0], q->dims[1], q->dims[2], q->dims[3],
+                                           Hk > 0 && q->dims[1] % Hk == 0 ? q->dims[1] / Hk : 1);
 }
 
 static void fmt_gib(char *buf, size_t n, double bytes)

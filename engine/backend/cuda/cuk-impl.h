@@ -154,6 +154,7 @@ typedef struct {
 
 struct jdt_cuk {
     int device, arch;
+    int sms;       /* the GPU's multiprocessors (the dK/dV kernel's split, cuk.c) */
     bool att_fma;  /* JDT_CUK_ATTENTION=fma: no tensor-core attention */
     bool no_tf32;  /* JDT_CUDA_TF32=0: f32 GEMMs in full FP32 instead of TF32 tensor cores */
     bool autotune; /* JDT_CUDA_AUTOTUNE=1: GEMM plans keep the fastest of JDT_CUK_ALGOS */
@@ -193,6 +194,7 @@ struct jdt_cuk {
     int64_t no_split[JDT_CUK_NO_SPLIT][8];
     int next_no_split;
     int64_t n_split; /* GEMMs run split so far (for tests) */
+    int dkv_split;   /* the last tensor-core dK/dV launch's blocks per key tile (for tests) */
     jdt_err pending; /* first failure of a void launcher, reported by jdt_cuk_check */
     /* JDT_CUDNN_ATTENTION=1 (1) or =fast (2: the backward's dQ in an f32 accumulator the
      * engine may add to atomically): the bf16 attention through cuDNN where it takes the shape

@@ -338,6 +338,8 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
         (rc = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
             cudaSuccess ||
         (rc = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+            cudaSuccess ||
+        (rc = cudaDeviceGetAttribute(&k->sms, cudaDevAttrMultiProcessorCount, device)) !=
             cudaSuccess) {
         s = jdt_cuk_cuda_err(e, rc, "cudaSetDevice");
         goto fail;
@@ -961,19 +963,61 @@ void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, 
 #define ATT_R 32        /* rows per block (kernels/cuk_attention.cu) */
 #define ATT_THREADS 128 /* 4 threads per row */
 
+#define ATT_TC_BR 64 /* rows per block (kernels/cuk_attention_tc.cu) */
+#define ATT_TC_THREADS 128
+/* The dK/dV kernel's split (cuk_attention_tc.cu tc_dkv): at most this many blocks per key
+ * tile, and the multiprocessors the scratch is planned for (the plan is made without a GPU,
+ * for ahead-of-time compiles too; a larger GPU splits as if it had this many). */
+#define ATT_DKV_SPLIT_MAX 16
+#define ATT_DKV_PLAN_SMS 192
+
+/* The dK/dV kernel's blocks per key tile on a GPU of sms multiprocessors: 1 when the key tiles
+ * (B Hk ceil(T / 64)) give every multiprocessor two blocks; else enough that they do (grouped
+ * queries at a small B T: Llama-3-70B at tensor: 8, one key/value head of 8 query heads per
+ * rank, B 1, T 8192 has 128 key tiles), at most ATT_DKV_SPLIT_MAX and the first key tile's
+ * query tiles (G ceil(T / BQ)). JDT_CUK_DKV_SPLIT=S forces S (within those bounds; tests). */
+static int64_t att_dkv_split(int64_t B, int64_t H, int64_t T, int64_t D, int64_t G, int64_t sms)
+{
+    const int64_t tiles = B * (H / G) * ((T + ATT_TC_BR - 1) / ATT_TC_BR), bq = D <= 64 ? 64 : 16;
+    if (tiles <= 0) return 1;
+    const char *f = getenv("JDT_CUK_DKV_SPLIT");
+    int64_t s = f && *f ? strtoll(f, NULL, 10) : (2 * sms + tiles - 1) / tiles;
+    const int64_t most = G * ((T + bq - 1) / bq);
+    if (s > most) s = most;
+    if (s > ATT_DKV_SPLIT_MAX) s = ATT_DKV_SPLIT_MAX;
+    return s < 1 ? 1 : s;
+}
+
 /* The backward's scratch: L and dO.O per row (f32), then, 16-byte aligned, where the
  * tensor-core kernels may serve (D <= 128), dO as bf16 with rows of the class's width (64 or
- * 128), which the dQ kernel writes and the dK/dV kernel's tiles copy (cuk_attention_tc.cu). */
+ * 128), which the dQ kernel writes and the dK/dV kernel's tiles copy (cuk_attention_tc.cu), and,
+ * when the dK/dV kernel splits its key tiles (att_dkv_split), a count per key tile and each
+ * block's f32 sums (S slots of 2 x 128 threads x DM / 2 per key tile). */
 static int64_t att_g16_offset(int64_t B, int64_t H, int64_t T)
 {
     return (2 * B * H * T * (int64_t)sizeof(float) + 15) / 16 * 16;
 }
 
-int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D)
+static int64_t att_cnt_offset(int64_t B, int64_t H, int64_t T, int64_t D)
+{
+    return att_g16_offset(B, H, T) + B * H * T * (D <= 64 ? 64 : 128) * 2;
+}
+
+static int64_t att_frag_offset(int64_t B, int64_t H, int64_t T, int64_t D, int64_t G)
+{
+    const int64_t tiles = B * (H / G) * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
+    return att_cnt_offset(B, H, T, D) + (tiles * 4 + 15) / 16 * 16;
+}
+
+int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int64_t G)
 {
     int64_t stats = 2 * B * H * T * (int64_t)sizeof(float);
     if (D > 128) return stats;
-    return att_g16_offset(B, H, T) + B * H * T * (D <= 64 ? 64 : 128) * 2;
+    if (G < 1 || H % G) G = 1;
+    const int64_t S = att_dkv_split(B, H, T, D, G, ATT_DKV_PLAN_SMS);
+    if (S == 1) return att_cnt_offset(B, H, T, D);
+    const int64_t tiles = B * (H / G) * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
+    return att_frag_offset(B, H, T, D, G) + tiles * S * ATT_TC_THREADS * (D <= 64 ? 64 : 128) * 4;
 }
 
 /* The head-size class of D: kernel offset 0/1/2 and the tile rows CT; -1 when D > 256. */
@@ -1005,9 +1049,6 @@ unsigned jdt_cuk_attention_sources(int arch, bool bf16, int64_t D)
     return att_tc_class_for(arch, att_fma_forced(), bf16, D) >= 0 ? JDT_CUK_SRC_ATT_TC
                                                                   : JDT_CUK_SRC_ATT_FMA;
 }
-
-#define ATT_TC_BR 64 /* rows per block (kernels/cuk_attention_tc.cu) */
-#define ATT_TC_THREADS 128
 
 /* The kernel of family `f32` (its D64 enumerator) for class cls, or of its bf16-q/k/v family
  * `b16` (qkv_bf16). */
@@ -1164,9 +1205,25 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         int64_t gD = dout_bf16 ? D : (D <= 64 ? 64 : 128);
         void *tqargs[] = {&q,   &kk,    &v,     &o,  &dout, &lse, &stats, &g16, &dq,    &q2,
                           &q2b, &q2rot, &q2inv, &qp, &B,    &H,   &T,     &D,   &scale, &bthd};
-        void *tkargs[] = {&q,  &kk, &v,  &gsrc, &gbthd, &gD,    &stats,  &dk,
-                          &dv, &k2, &v2, &kv2b, &k2rot, &v2rot, &kv2inv, &kp,
-                          &vp, &B,  &H,  &T,    &D,     &scale, &bthd};
+        /* the dK/dV kernel's split: its counts zeroed, its sums after them (scratch) */
+        const int64_t G = JDT_CUK_ATT_GROUP(bthd),
+                      tiles = B * Hk * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
+        int split = (int)att_dkv_split(B, H, T, D, G,
+                                       k->sms < ATT_DKV_PLAN_SMS ? k->sms : ATT_DKV_PLAN_SMS);
+        k->dkv_split = split;
+        void *cnt = (char *)scratch + att_cnt_offset(B, H, T, D);
+        void *frag = (char *)scratch + att_frag_offset(B, H, T, D, G);
+        if (split > 1) {
+            cudaError_t rc = cudaMemsetAsync(cnt, 0, (size_t)tiles * 4, k->stream);
+            if (rc != cudaSuccess) {
+                jdt_cuk_defer(k, JDT_ERR_INTERNAL, "attention_bwd: cudaMemsetAsync: %s",
+                              cudaGetErrorString(rc));
+                return;
+            }
+        }
+        void *tkargs[] = {&q,   &kk,    &v,    &gsrc,  &gbthd, &gD,     &stats, &dk,  &dv,
+                          &k2,  &v2,    &kv2b, &k2rot, &v2rot, &kv2inv, &kp,    &vp,  &frag,
+                          &cnt, &split, &B,    &H,     &T,     &D,      &scale, &bthd};
         /* the statistics and dQ kernels by the types of q/k/v, dO and o */
         const jdt_cuk_kernel ks = o_bf16      ? JDT_CUK_K_ATT_TC_STATS_BGO_D64
                                   : dout_bf16 ? JDT_CUK_K_ATT_TC_STATS_BG_D64
@@ -1179,7 +1236,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         if (!lse) launch(k, (jdt_cuk_kernel)(ks + tc), blocks, ATT_TC_THREADS, 0, sargs);
         launch(k, (jdt_cuk_kernel)(kq + tc), blocks, ATT_TC_THREADS, 0, tqargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DKV_D64, JDT_CUK_K_ATT_TC_DKV_B_D64, qkv_bf16, tc),
-               blocks / H * Hk, ATT_TC_THREADS, 0, tkargs); /* a block per key/value head */
+               tiles * split, ATT_TC_THREADS, 0, tkargs); /* split blocks per key tile */
         return;
     }
     int64_t ct;

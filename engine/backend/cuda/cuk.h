@@ -301,8 +301,9 @@ void jdt_cuk_wire_bytes(jdt_cuk *k, void *x, void *wire, int64_t n_parts, int64_
  * bf16, the f32 FMA kernels (kernels/cuk_attention.cu; with bf16 they skip the rounding: f32
  * products). scratch: device memory of jdt_cuk_attention_scratch_bytes bytes, 16-byte aligned
  * (unused by the forward; the backward keeps the row log-sum-exp and dO.O there and, on tensor
- * cores, dO rounded to bf16). */
-int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D);
+ * cores, dO rounded to bf16 and, where the dK/dV kernel splits its key tiles over several blocks,
+ * their counts and sums); G the query heads per key/value head (JDT_CUK_ATT_GROUP; 1 none). */
+int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int64_t G);
 /* q, kk, v: f32, or bf16 bit patterns with qkv_bf16 (a bf16 GEMM stored them as bf16:
  * precision.activations: bf16, passes.c fold_bf16_casts; the _b kernels, which read the bits as
  * they are, so with bf16 compute the results are those of f32 inputs holding the same values);

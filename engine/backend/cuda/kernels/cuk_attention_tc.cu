@@ -23,7 +23,8 @@
  *   dQ:      per query block over key tiles: p = exp(s - L), ds = p (dO.v - delta), dq += ds k.
  *   dK, dV:  per key block over query tiles i >= the block's first key: dv += p dO, dk += ds q.
  * As in cuk_attention.cu the backward recomputes the scores (no T x T matrix) and its kernels
- * write disjoint outputs (no atomics: deterministic). Rows past T compute on zeros and write
+ * write disjoint outputs (deterministic; where dK/dV splits a key tile over blocks, their sums
+ * meet in a fixed order, tc_dkv). Rows past T compute on zeros and write
  * nothing; a warp whose rows are all masked from a tile skips its products (warp-uniform, so
  * every lane still reaches every __syncthreads). Softmax in log2 units (tc_exp2). q, k, v are f32,
  * converted as tiles are stored (4 per thread and load where the head size and alignment allow:
@@ -34,7 +35,8 @@
  * there. Grouped-query attention (cuk_att_group: G query heads per key/value head, bthd bits 8
  * and up): k, v, dk and dv have H / G heads; the forward, statistics and dQ kernels read key/value
  * head h / G for query head h, and a dK/dV block owns keys of one key/value head and streams the
- * queries of each head of its group in turn, so dk and dv sum over the group as they accumulate.
+ * queries of each head of its group in turn, so dk and dv sum over the group as they accumulate
+ * (or a share of them, when the launcher splits the key tiles: a small B T with large groups).
  */
 #include "cuk_common.cuh"
 
@@ -780,25 +782,35 @@ __device__ __forceinline__ void tc_dkv_p(float (*s)[4], float (*dp)[4], const fl
 }
 
 /* dk, dv (B, H / G, T, D) from the stats and g16 (dO as bf16, as tc_dkv_issue reads it): rows are
- * keys, tiles stream queries i >= the block's first key, double-buffered as the forward's, of
- * each query head of the key/value head's group in turn. */
+ * keys; a key tile's work is its items, the query tiles i >= its first key of each query head
+ * of the key/value head's group in turn (head-major), each head's streamed double-buffered as
+ * the forward's tiles. split S > 1 (the launcher's choice when the key tiles alone would leave
+ * SMs idle: large groups at a small B T) gives each key tile S blocks, block c its items
+ * [c n / S, (c + 1) n / S); each writes its f32 sums to frag (S slots per tile, this thread's
+ * fragment elements strided by the block's threads) and the tile's last block to arrive (cnt,
+ * zeroed before the launch) adds the S slots in order 0..S-1, whichever block it is, so the
+ * result does not depend on the blocks' timing, and writes the outputs. */
 template <int DM, int BQ, class TQ>
 __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned short *g16,
                        unsigned gbthd, i64 gD, const float *stats, float *dk, float *dv, void *k2,
                        void *v2, int kv2b, double k2rot, double v2rot, int kv2inv, float *kpart,
-                       float *vpart, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)
+                       float *vpart, float *frag, unsigned *cnt, int split, i64 B, i64 H, i64 T,
+                       i64 D, float scale, unsigned bthd)
 {
     constexpr int L = DM + 8, N1 = 2 * TC_BR * L, N2 = 2 * BQ * L; /* N2: a Q and a dO tile */
+    constexpr int NF = DM / 2; /* f32 elements of one accumulator's fragment per thread */
     __shared__ float4 smv[(N1 > 2 * N2 ? N1 : 2 * N2) / 8];
     static_assert(TC_BR * (DM + 4) * sizeof(float) <= sizeof smv, "tc_stage fits");
     __shared__ float Ls2[2][BQ], Ds2[2][BQ];
+    __shared__ int last;
     unsigned short *sm = (unsigned short *)smv;
     const float sl2 = scale * TC_LOG2E;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     i64 nkb = (T + TC_BR - 1) / TC_BR;
-    const i64 G = cuk_att_group(bthd), Hk = H / G;
-    for (i64 blk = blockIdx.x; blk < B * Hk * nkb; blk += gridDim.x) {
-        i64 bk = blk / nkb, kb = blk % nkb, b = bk / Hk, hk = bk % Hk;
+    const i64 G = cuk_att_group(bthd), Hk = H / G, S = split;
+    for (i64 blk = blockIdx.x; blk < B * Hk * nkb * S; blk += gridDim.x) {
+        const i64 tile = blk / S, c = blk - tile * S;
+        i64 bk = tile / nkb, kb = tile % nkb, b = bk / Hk, hk = bk % Hk;
         i64 j0 = kb * TC_BR + w * 16 + g; /* this lane's keys: j0 and j0 + 8 */
         unsigned ka[DM / 16][4], va[DM / 16][4];
         tc_rows_a<DM>(ka, va, sm, k, 1, v, 2, bthd, b, hk, kb * TC_BR, Hk, T, D);
@@ -807,18 +819,23 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
         for (int dn = 0; dn < DM / 8; dn++)
             for (int e = 0; e < 4; e++)
                 ak[dn][e] = av[dn][e] = 0.0f;
-        const i64 qs = (kb * TC_BR) / BQ * BQ;
-        for (i64 h = hk * G; h < (hk + 1) * G; h++) { /* each query head of the group */
-            const i64 bh = b * H + h;
+        const i64 qs = (kb * TC_BR) / BQ * BQ, nq = (T - qs + BQ - 1) / BQ;
+        /* this block's items: i0 .. i1 - 1, head-major (item i: head hk G + i / nq, queries
+         * from qs + (i % nq) BQ); all of them (G nq) unless split */
+        const i64 i0 = c * G * nq / S, i1 = (c + 1) * G * nq / S;
+        for (i64 hi = i0 / nq; i0 < i1 && hi <= (i1 - 1) / nq; hi++) {
+            const i64 h = hk * G + hi, bh = b * H + h;
+            const i64 qb = qs + (hi == i0 / nq ? i0 % nq : 0) * BQ;
+            const i64 qe = hi == (i1 - 1) / nq ? min(T, qs + ((i1 - 1) % nq + 1) * BQ) : T;
             __syncthreads(); /* every warp has its k, v fragments (or is done with the previous
                               * head's last tile): the staging area is free */
-            tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, gbthd, gD, stats, bthd, b, h, bh, qs,
+            tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, gbthd, gD, stats, bthd, b, h, bh, qb,
                                  B, H, T, D);
             cuk_cp_async_commit();
-            for (i64 q0 = qs, u = 0; q0 < T; q0 += BQ, u ^= 1) { /* u: tile q0's buffer */
+            for (i64 q0 = qb, u = 0; q0 < qe; q0 += BQ, u ^= 1) { /* u: tile q0's buffer */
                 unsigned short *Qs = sm + u * N2, *Gs = Qs + BQ * L;
                 float *Ls = Ls2[u], *Ds = Ds2[u];
-                tc_turn(q0 + BQ < T, [&] {
+                tc_turn(q0 + BQ < qe, [&] {
                     tc_dkv_issue<DM, BQ>(sm + (u ^ 1) * N2, Ls2[u ^ 1], Ds2[u ^ 1], q, g16, gbthd,
                                          gD, stats, bthd, b, h, bh, q0 + BQ, B, H, T, D);
                 });
@@ -842,6 +859,36 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
                 tc_acc_by<DM, BQ>(av, s, Gs, L, lane);
                 tc_acc_by<DM, BQ>(ak, dp, Qs, L, lane);
             }
+        }
+        if (S > 1) { /* the split's sums (uniform over the grid) */
+            float *mine = frag + (tile * S + c) * 2 * NF * TC_THREADS + threadIdx.x;
+#pragma unroll
+            for (int dn = 0; dn < DM / 8; dn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    mine[(dn * 4 + e) * TC_THREADS] = ak[dn][e];
+                    mine[(NF + dn * 4 + e) * TC_THREADS] = av[dn][e];
+                }
+            __threadfence(); /* the sums visible to the grid before the count says so */
+            __syncthreads();
+            if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == (unsigned)(S - 1);
+            __syncthreads();
+            if (!last) continue;
+            __threadfence();
+            /* every slot from memory, this block's too: the same order whichever block is last */
+            const volatile float *all = frag + tile * S * 2 * NF * TC_THREADS + threadIdx.x;
+#pragma unroll
+            for (int dn = 0; dn < DM / 8; dn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int ik = (dn * 4 + e) * TC_THREADS, iv = (NF + dn * 4 + e) * TC_THREADS;
+                    float sk = all[ik], sv = all[iv];
+                    for (i64 o = 1; o < S; o++) {
+                        sk += all[o * 2 * NF * TC_THREADS + ik];
+                        sv += all[o * 2 * NF * TC_THREADS + iv];
+                    }
+                    ak[dn][e] = sk, av[dn][e] = sv;
+                }
         }
         if (k2 || v2 || kpart || vpart) { /* the cotangent form (uniform over the grid) */
             float *st = (float *)smv;
@@ -876,11 +923,11 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
     extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_dkv##SFX##_d##DM(          \
         const TQ *q, const TQ *k, const TQ *v, const unsigned short *g16, unsigned gbthd, i64 gD,  \
         const float *stats, float *dk, float *dv, void *k2, void *v2, int kv2b, double k2rot,      \
-        double v2rot, int kv2inv, float *kpart, float *vpart, i64 B, i64 H, i64 T, i64 D,          \
-        float scale, unsigned bthd)                                                                \
+        double v2rot, int kv2inv, float *kpart, float *vpart, float *frag, unsigned *cnt,          \
+        int split, i64 B, i64 H, i64 T, i64 D, float scale, unsigned bthd)                         \
     {                                                                                              \
         tc_dkv<DM, BQ>(q, k, v, g16, gbthd, gD, stats, dk, dv, k2, v2, kv2b, k2rot, v2rot, kv2inv, \
-                       kpart, vpart, B, H, T, D, scale, bthd);                                     \
+                       kpart, vpart, frag, cnt, split, B, H, T, D, scale, bthd);                   \
     }
 #define TC_BWD(DM, BC, TQ, TO, TG, SFX)                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) cuk_att_tc_stats##SFX##_d##DM(        \
