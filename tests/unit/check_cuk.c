@@ -2900,9 +2900,10 @@ END_TEST
 
 /* The dK/dV kernel's split (cuk.c att_dkv_split, JDT_CUK_DKV_SPLIT forcing it): a key tile's
  * query heads and tiles over S blocks, their f32 sums added in a fixed order by whichever block
- * finishes last. Forced to 1, 3 and 7 blocks (7 parts of 8 heads' tiles, unequal), and chosen by
- * the GPU's multiprocessor count: dk and dv agree with the unsplit ones to the f32 sums'
- * reordering, dq is untouched (bit for bit), and a split run again gives the same bits. */
+ * finishes last. Forced to 1, 3, 7 (7 parts of 8 heads' tiles, unequal) and 16 blocks, and chosen
+ * by the GPU's multiprocessor count: dk and dv agree with the unsplit ones to the f32 sums'
+ * reordering, dq is untouched (bit for bit), and a split run again gives the same bits (on the
+ * emulator with its blocks in the other order, JDT_CUDAEMU_BLOCKS). */
 START_TEST(test_attention_dkv_split)
 {
     GPU_OR_SKIP(k);
@@ -2922,14 +2923,19 @@ START_TEST(test_attention_dkv_split)
     float *dgo = dev_att_input(go, B, H, T, D, grp, 4, false);
     float *o = dev_alloc((size_t)n * 4), *lse = dev_alloc((size_t)(B * H * T) * 4);
     float *dqkv = dev_alloc((size_t)(3 * n) * 4);
-    const char *force[] = {"1", "3", "3", "7", NULL};
-    const int want_split[] = {1, 3, 3, 7, 0};
-    float *got[5];
-    for (int r = 0; r < 5; r++) {
+    /* run 2 repeats run 1 with the blocks in the other order on the emulator (the last to
+     * arrive, which adds the sums, is then another block: its bits must not change); 16: the
+     * last key tile (8 heads' one query tile) leaves half its blocks without work */
+    const char *force[] = {"1", "3", "3", "7", "16", NULL};
+    const int want_split[] = {1, 3, 3, 7, 16, 0};
+    enum { RUNS = 6 };
+    float *got[RUNS];
+    for (int r = 0; r < RUNS; r++) {
         if (force[r])
             setenv("JDT_CUK_DKV_SPLIT", force[r], 1);
         else
             unsetenv("JDT_CUK_DKV_SPLIT");
+        if (r == 2) setenv("JDT_CUDAEMU_BLOCKS", "forward", 1);
         void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, G));
         ck_assert_int_eq(
             cudaMemset(scr, 0xff, (size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, G)),
@@ -2940,6 +2946,7 @@ START_TEST(test_attention_dkv_split)
         jdt_cuk_attention_bwd(k, dq_in, dk_in, dv_in, true, o, false, dgo, false, lse, dqkv, NULL,
                               B, H, T, D, scale, grp, true, scr);
         got[r] = dev_to_host(k, dqkv, 3 * n);
+        unsetenv("JDT_CUDAEMU_BLOCKS");
         if (force[r])
             ck_assert_int_eq(k->dkv_split, want_split[r]);
         else /* a key tile (T 150: 3) per 2 / 3 of a multiprocessor */
@@ -2950,15 +2957,15 @@ START_TEST(test_attention_dkv_split)
     unsetenv("JDT_CUK_DKV_SPLIT");
     ck_assert_msg(memcmp(got[1], got[2], (size_t)(3 * n) * 4) == 0,
                   "dK/dV split over 3 blocks: two runs differ");
-    for (int r = 1; r < 5; r++) {
+    for (int r = 1; r < RUNS; r++) {
         ck_assert_msg(memcmp(got[0], got[r], (size_t)n * 4) == 0, "dq changed with the split");
         expect_near_max("split dk", got[r] + n, got[0] + n, nk, 1e-6f);
         expect_near_max("split dv", got[r] + 2 * n, got[0] + 2 * n, nk, 1e-6f);
     }
-    printf("dK/dV split over 3, 7 and %d blocks per key tile: dk, dv as unsplit to 1e-6, dq "
-           "equal, repeatable bit for bit\n",
+    printf("dK/dV split over 3, 7, 16 and %d blocks per key tile: dk, dv as unsplit to 1e-6, dq "
+           "equal, the same bits whichever block adds the sums\n",
            k->dkv_split);
-    for (int r = 0; r < 5; r++)
+    for (int r = 0; r < RUNS; r++)
         free(got[r]);
     cudaFree(dq_in), cudaFree(dk_in), cudaFree(dv_in), cudaFree(dgo), cudaFree(o), cudaFree(lse);
     cudaFree(dqkv);

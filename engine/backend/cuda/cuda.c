@@ -426,7 +426,8 @@ void jdt_device_set_groups(jdt_device *d, jdt_device_group_fn fn, void *ctx)
 /* ---- program -------------------------------------------------------------------------------- */
 
 /* The planned scratch of a builtin: a bf16 MATMUL's rounded copies of its inputs
- * (jdt_cuk_matmul_bf16_scratch_bytes), attention's row statistics, a blocking all-gather's or
+ * (jdt_cuk_matmul_bf16_scratch_bytes), the attention backward's (row statistics, dO's bf16 copy,
+ * the dK/dV split's sums: jdt_cuk_attention_scratch_bytes), a blocking all-gather's or
  * reduce-scatter's staging (gather_scatter: NCCL's wire order permuted through it, or an input
  * that overlaps the output copied aside; planned for its step only, not held for the program). */
 static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
@@ -448,7 +449,7 @@ static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
         return n->attrs.i[2] ? jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2) : 0;
     }
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
-    if (q->ndim != 4) return 0;
+    if (q->ndim != 4 || n->op != JDT_OP_ATTENTION_BWD) return 0; /* the forward needs none */
     const int64_t Hk = c->nodes[n->in[1]].shape.dims[1]; /* grouped-query: fewer k/v heads */
     return jdt_cuk_attention_scratch_bytes(q->dims[0], q->dims[1], q->dims[2], q->dims[3],
                                            Hk > 0 && q->dims[1] % Hk == 0 ? q->dims[1] / Hk : 1);

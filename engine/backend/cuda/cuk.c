@@ -1210,7 +1210,6 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                       tiles = B * Hk * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
         int split = (int)att_dkv_split(B, H, T, D, G,
                                        k->sms < ATT_DKV_PLAN_SMS ? k->sms : ATT_DKV_PLAN_SMS);
-        k->dkv_split = split;
         void *cnt = (char *)scratch + att_cnt_offset(B, H, T, D);
         void *frag = (char *)scratch + att_frag_offset(B, H, T, D, G);
         if (split > 1) {
@@ -1237,6 +1236,7 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         launch(k, (jdt_cuk_kernel)(kq + tc), blocks, ATT_TC_THREADS, 0, tqargs);
         launch(k, att_kernel(JDT_CUK_K_ATT_TC_DKV_D64, JDT_CUK_K_ATT_TC_DKV_B_D64, qkv_bf16, tc),
                tiles * split, ATT_TC_THREADS, 0, tkargs); /* split blocks per key tile */
+        k->dkv_split = split;
         return;
     }
     int64_t ct;

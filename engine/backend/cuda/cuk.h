@@ -336,7 +336,8 @@ typedef struct {
                              (P, Hk D) each for dk and dv */
 } jdt_cuk_att_grads;
 
-/* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, no atomics).
+/* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, deterministic:
+ * no float atomics; a split dK/dV's blocks meet at an integer count, cuk.c att_dkv_split).
  * With g, also (or, when dqkv is NULL, only) g's outputs: the same values, each copy the f32
  * value or its bf16 rounding, bit for bit; each partial the f32 sum of its rows. lse, when not
  * NULL, is the forward's (jdt_cuk_attention on the same q, k, scale and bf16): the dQ kernel

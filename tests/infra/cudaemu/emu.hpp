@@ -13,7 +13,9 @@
  * divergent control flow, a warp collective some lanes skip): a bug the GPU may hang on.
  *
  * JDT_CUDAEMU_ORDER=reverse or shuffle changes the order of the round-robin passes (emu_order):
- * races between barriers show up as other results.
+ * races between barriers show up as other results. JDT_CUDAEMU_BLOCKS=forward runs the blocks
+ * first to last: a kernel whose result depends on which block finishes last (the attention's
+ * split dK/dV) shows it as other bits.
  *
  * Memory: __shared__ arrays are static (blocks never overlap in time), in one section; it and
  * the dynamic shared memory (a per-launch buffer) are filled with 0xff bytes (NaN floats)
@@ -435,7 +437,10 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
     /* last block first: a GPU promises no order, and a kernel (or a merged launch of several)
      * whose blocks read what earlier blocks wrote fails here instead of passing by luck */
     const unsigned long long n_blocks = (unsigned long long)g.x * g.y * g.z;
-    for (unsigned long long i = n_blocks; i-- > 0;) {
+    const char *bo = std::getenv("JDT_CUDAEMU_BLOCKS");
+    const bool forward = bo && !std::strcmp(bo, "forward");
+    for (unsigned long long j = n_blocks; j-- > 0;) {
+        const unsigned long long i = forward ? n_blocks - 1 - j : j;
         const unsigned bx = (unsigned)(i % g.x), by = (unsigned)(i / g.x % g.y),
                        bz = (unsigned)(i / ((unsigned long long)g.x * g.y));
         blockIdx = {bx, by, bz};

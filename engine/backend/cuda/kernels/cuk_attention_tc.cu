@@ -849,7 +849,7 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
                 tc_rows_by<DM, BQ>(s, ka, Qs, L, lane);  /* k . q */
                 tc_rows_by<DM, BQ>(dp, va, Gs, L, lane); /* v . dO */
                 /* masks only where a query may precede a key or be past T (warp-uniform); two
-                 * copies of the loop, so that the unmasked tiles (all but a block's first) run
+                 * copies of the loop, so that the unmasked tiles (all but a key tile's first) run
                  * without a test and a branch per element (Session 31: the one shared loop made
                  * the compiled tile loop twice as long as its unmasked path) */
                 if (TC_WHOLE(q0 >= kb * TC_BR + w * 16 + 15 && q0 + BQ <= T))
