@@ -161,6 +161,8 @@ typedef struct {
                                    bias on q, k or v: GPT-2, not Llama) */
     int n_ropes_in_attention;   /* of their copies, RoPE backwards the attention's kernels apply
                                    as they store (passes.c fold_attention_cotangents) */
+    int n_rotated_partials;     /* of those, bias-gradient partials of the rotated values, the
+                                   copy bf16 (Qwen2's q, k biases: passes.c rotated_sums) */
     int n_attention_dout16; /* attention backwards reading dO that its GEMM stored as bf16
                                (passes.c fold_attention_dout16) */
     int n_norm_dy16;     /* norm backwards reading dy that its GEMM stored as bf16 (passes.c

@@ -1801,6 +1801,41 @@ static bool read_only_by(const cprog *c, const unsigned char *live, int n0, int 
     return true;
 }
 
+/* Qwen2's q and k: a bias before the RoPE, so the bias gradient sums RoPE's backward of dq
+ * (or dk), rope, f32, over its rows (C columns, numel elements). The attention's kernels, which
+ * rotate the copy as they store it, sum the rotated values instead (cuk.h jdt_cuk_att_grads):
+ * the sum's node is returned for sum_partials, else -1 (nothing changed). When rope's other
+ * readers are one CAST to bf16 (through reshape views: the GEMMs' operand under bf16
+ * activations), the kernels store the copy as that bf16 rounding (rope and the views between
+ * become bf16, the CAST a view), as fold_bf16_casts does for a RoPE the CAST alone reads. */
+static int rotated_sums(cprog *c, const unsigned char *live, int n0, int rope, int64_t C,
+                        int64_t numel)
+{
+    int sum = -1, cast = -1;
+    for (int r = rope + 1; r < n0; r++) {
+        const cnode *x = &c->nodes[r];
+        if (!live[r]) continue;
+        if (sum < 0 && column_sums_of(c, r, rope, C, numel)) sum = r;
+        if (cast < 0 && x->op == JDT_OP_CAST && x->kind == CK_EW && x->dtype == JDT_DTYPE_BF16 &&
+            c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 && view_root(c, x->in[0]) == rope &&
+            jdt_shape_numel(&x->shape) == numel)
+            cast = r;
+    }
+    if (sum < 0 || c->nodes[rope].dtype != JDT_DTYPE_F32) return -1;
+    if (cast >= 0 && read_only_by(c, live, n0, rope, sum, cast)) {
+        cnode *x = &c->nodes[cast];
+        for (int v = x->in[0];; v = c->nodes[v].in[0]) { /* the RoPE and its views */
+            c->nodes[v].dtype = JDT_DTYPE_BF16;
+            c->nodes[v].bf16 = true;
+            if (v == rope) break;
+        }
+        to_view(x, x->in[0]);
+        c->stats.n_bf16_folded++;
+    }
+    c->stats.n_rotated_partials++;
+    return sum;
+}
+
 /* The attention backward's packed output (3, B, H, T, D), f32, reaches the q, k and v
  * projections' backward as three slices, each through a (0, 2, 1, 3) transpose to (B, T, H, D)
  * that a kernel per projection reads whole (4 bytes per element) to sum its columns (the bias
@@ -1871,6 +1906,7 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
             if (rope >= 0 && read_only_by(c, live, n0, tr[s], rope, -1)) {
                 co[s] = rope;
                 ropes++;
+                if (sum[s] < 0) sum[s] = rotated_sums(c, live, n0, rope, hs * dims[3], ns);
             }
         }
         c->stats.n_ropes_in_attention += ropes;

@@ -475,7 +475,8 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
             fprintf(f, "; %d attention backwards store the projections' copies of dq, dk, dv",
                     sm->n_attention_cotangents);
         if (sm->n_ropes_in_attention > 0)
-            fprintf(f, " (%d of them rotated: RoPE's backward)", sm->n_ropes_in_attention);
+            fprintf(f, " (%d of them rotated: RoPE's backward%s)", sm->n_ropes_in_attention,
+                    sm->n_rotated_partials > 0 ? ", their bias partials summed rotated" : "");
         if (sm->n_attention_dout16 > 0)
             fprintf(f, "; %d attention backwards read dO stored as bf16 by its GEMM",
                     sm->n_attention_dout16);

@@ -600,6 +600,17 @@ static const struct {
      * Qwen2's biases): the backward's partial sums of dk and dv have H / G heads' columns
      * (passes.c fold_attention_cotangents, sum_flat_partials); f32, the parameters compared */
     {"gpt2-gqa", NULL, {"model.n_kv_head=2", NULL}},
+    /* Qwen2's attention: biases on q, k, v before the RoPE, grouped-query (GPT-2's MLP, whose
+     * SwiGLU with biases Qwen2 does not have): the bias gradients of q and k sum the rotated
+     * cotangents, which the attention's kernels sum as they rotate them (passes.c
+     * rotated_sums); f32 (the parameters compared), and in bf16, where the copies the GEMMs
+     * read are the rotated values' bf16 rounding (losses and gradient norms compared: the key
+     * bias, as in gpt2-bf16act-bias) */
+    {"qwen2", NULL, {"model.norm=rmsnorm", "model.pos=rope", "model.n_kv_head=2", NULL}},
+    {"qwen2-bf16act-bias",
+     NULL,
+     {"model.norm=rmsnorm", "model.pos=rope", "model.n_kv_head=2", "precision.compute=bf16",
+      "precision.activations=bf16", NULL}},
 };
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 
@@ -848,6 +859,10 @@ START_TEST(test_nvrtc_train_steps)
      * kernels go */
     ck_assert_int_eq(jdt_step_stats(s)->n_ropes_in_attention,
                      c.model.pos == JDT_POS_ROPE ? 2 * c.model.n_layer : 0);
+    /* and, with biases before the RoPE (Qwen2), sum the rotated values for the q and k bias
+     * gradients, no kernel reading the copies for them (passes.c rotated_sums) */
+    ck_assert_int_eq(jdt_step_stats(s)->n_rotated_partials,
+                     c.model.pos == JDT_POS_ROPE && c.model.bias ? 2 * c.model.n_layer : 0);
     if (c.model.pos == JDT_POS_ROPE) {
         setenv("JDT_ATTENTION_GRADS", "0", 1);
         jdt_step *s0 = make_step(&c, d, "/tmp/jdt-check-cuda-unused");
@@ -906,7 +921,8 @@ START_TEST(test_nvrtc_train_steps)
      * RoPE: RoPE stores bf16 q and k for them, passes.c fold_rope_attention) and the
      * cross-entropy forward and backward the logits as bf16, the GEMM computing the MLP
      * product's cotangent stores it as bf16 (one per layer), and RoPE reads bf16 q and k and its
-     * backward stores their cotangents as bf16 (4) */
+     * backward stores their cotangents as bf16 (4; with q and k biases, Qwen2's, the attention
+     * stores them rotated, the bias gradients reading its partial sums: passes.c rotated_sums) */
     const bool rope = c.model.pos == JDT_POS_ROPE;
     const int per_layer = (c.model.activation == JDT_ACT_SWIGLU ? 7 : 6) + (rope ? 6 : 2) + 1;
     if (strstr(MODELS[i].name, "bf16act"))

@@ -2285,7 +2285,7 @@ static bool check_cudnn_case(jdt_cuk *k, jdt_cuk *kd, int64_t B, int64_t H, int6
         float *part[3];
         for (int r = 0; r < 3; r++) {
             /* with rope: Llama's dq and dk through RoPE's backward; the bias partial sums are
-             * of the values before the rotation (a model with biases and RoPE reads only v's) */
+             * of the rotated values (Qwen2's q and k biases, before the RoPE) */
             part[r] = dev_alloc((size_t)np * 4);
             jdt_cuk_att_grads g = {.part = part[r]};
             for (int j = 0; j < 3; j++) {
@@ -2824,6 +2824,7 @@ static void check_attention_groups(jdt_cuk *k, int64_t B, int64_t H, int64_t G, 
                             .rope_theta = {0.0, D % 2 ? 0.0 : 10000.0, 0.0},
                             .rope_inverse = {false, true, false}};
     const int64_t cn[3] = {n, nk, nk};
+    float *copied[3]; /* the copies' f32 values, (B, T, hs, D): the partial sums' rows */
     for (int s = 0; s < 3; s++) {
         gr.copy[s] = dev_alloc((size_t)cn[s] * (gr.copy_bf16[s] ? 2 : 4));
         ck_assert_int_eq(cudaMemset(gr.copy[s], 0xff, (size_t)cn[s] * (gr.copy_bf16[s] ? 2 : 4)),
@@ -2855,9 +2856,12 @@ static void check_attention_groups(jdt_cuk *k, int64_t B, int64_t H, int64_t G, 
         }
         ck_assert_msg(bad == 0, "%s: cotangent form: copy %d differs in %lld of %lld values", what,
                       s, (long long)bad, (long long)m);
-        free(got), free(t);
+        free(got);
+        copied[s] = t;
         cudaFree(gr.copy[s]);
     }
+    /* the partial sums of the values the copies round: dk's rotated (Qwen2's k bias, before
+     * the RoPE) */
     float *want_part = calloc((size_t)np, 4);
     for (int s = 0; s < 3; s++) {
         const int64_t hs = s ? Hk : H, base = s ? P * H * D + (s - 1) * P * Hk * D : 0;
@@ -2866,7 +2870,8 @@ static void check_attention_groups(jdt_cuk *k, int64_t B, int64_t H, int64_t G, 
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t d = 0; d < D; d++)
                         want_part[base + (b * nc + t / JDT_CUK_ATT_PART) * hs * D + h * D + d] +=
-                            g1[s * n + ((b * hs + h) * T + t) * D + d];
+                            copied[s][((b * T + t) * hs + h) * D + d];
+        free(copied[s]);
     }
     float *part = dev_to_host(k, gr.part, np);
     expect_close(what, part, want_part, np, 1e-5f, 1e-5f);

@@ -331,9 +331,10 @@ typedef struct {
     bool rope_inverse[3]; /* that rotation by minus the angle (RoPE's backward) */
     float *part;          /* (3, P, H D), P = B ceil(T / JDT_CUK_ATT_PART): the column sums of
                              dq, dk, dv viewed as (B T, H D) over each JDT_CUK_ATT_PART rows of a
-                             sequence (the bias gradients' partials), before any rotation, or
-                             NULL; grouped-query (JDT_CUK_ATT_GROUP): (P, H D) for dq, then
-                             (P, Hk D) each for dk and dv */
+                             sequence (the bias gradients' partials), of the f32 values the
+                             copies round (rotated where the copy is: Qwen2's q, k), or NULL;
+                             grouped-query (JDT_CUK_ATT_GROUP): (P, H D) for dq, then (P, Hk D)
+                             each for dk and dv */
 } jdt_cuk_att_grads;
 
 /* dqkv (3, B, H, T, D) = (dq, dk, dv); recomputes the softmax (three kernels, deterministic:

@@ -946,9 +946,13 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                           cudaGetErrorString(rc));
     }
     if (!dnn_run(k, en, uids, ptrs, s.accum ? 14 : 13)) return false;
-    if (g->part) { /* the bias gradients' partial column sums, of the bf16 copies before any
-                      rotation, as jdt-train's kernels form them: (P, H D) for dq, then
-                      (P, Hk D) each for dk and dv */
+    for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
+        if (g->rope_theta[i] != 0.0)
+            jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, i ? H / s.G : H, D,
+                         g->rope_theta[i], g->rope_inverse[i]);
+    if (g->part) { /* the bias gradients' partial column sums of the bf16 copies, rotated where
+                      they are (Qwen2's q, k), as jdt-train's kernels form them: (P, H D) for
+                      dq, then (P, Hk D) each for dk and dv */
         const int64_t P = B * (T / JDT_CUK_ATT_PART);
         float *part = g->part;
         for (int i = 0; i < 3; i++) {
@@ -957,10 +961,6 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
             part += P * N;
         }
     }
-    for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
-        if (g->rope_theta[i] != 0.0)
-            jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, i ? H / s.G : H, D,
-                         g->rope_theta[i], g->rope_inverse[i]);
     return true;
 }
 

@@ -123,8 +123,9 @@ __device__ __forceinline__ i64 cuk_att_group(unsigned bthd)
  * RoPE's backward would, cuk_rope_pair, when rot is not 0: rot is theta, inverse rot_inv), and,
  * unless part is NULL, summed per column over each CUK_ATT_PART rows into row b ceil(T /
  * CUK_ATT_PART) + i / CUK_ATT_PART, columns h D.., of part (P, H D): the bias gradient's
- * partial rows (of the values before any rotation). r0 is a multiple of CUK_ATT_PART; rows
- * past T are neither stored nor summed. Every thread of the block calls it, between the
+ * partial rows, of the copy's f32 values (rotated when it is: Qwen2's q and k biases, before
+ * the RoPE; the rotated rows then replace the staged ones). r0 is a multiple of CUK_ATT_PART;
+ * rows past T are neither stored nor summed. Every thread of the block calls it, between the
  * __syncthreads ending the staging and one before stage is written again.
  *
  * It runs once per block after the tile loop, and once cost half as much as that loop: one
@@ -136,7 +137,7 @@ __device__ __forceinline__ i64 cuk_att_group(unsigned bthd)
  * == 0 and 16-byte aligned stage, out and g2 (block-uniform); otherwise one element at a time,
  * as before. */
 template <int R>
-__device__ __forceinline__ void cuk_att_grads_out(const float *stage, int ls, float *out, void *g2,
+__device__ __forceinline__ void cuk_att_grads_out(float *stage, int ls, float *out, void *g2,
                                                   int g2b, double rot, int rot_inv, float *part,
                                                   i64 b, i64 h, i64 r0, i64 H, i64 T, i64 D)
 {
@@ -151,7 +152,7 @@ __device__ __forceinline__ void cuk_att_grads_out(const float *stage, int ls, fl
         const int c8 = ((int)threadIdx.x % G) * 8;
         for (int rr = (int)threadIdx.x / G; rr < nr && (int)threadIdx.x < rp * G; rr += rp) {
             const i64 i = r0 + rr;
-            const float4 *s4 = (const float4 *)(stage + rr * ls + c8);
+            float4 *s4 = (float4 *)(stage + rr * ls + c8);
             const float4 lo = s4[0], hi = s4[1];
             if (out) {
                 float4 *o4 = (float4 *)(out + ((b * H + h) * T + i) * D + c8);
@@ -160,10 +161,15 @@ __device__ __forceinline__ void cuk_att_grads_out(const float *stage, int ls, fl
             }
             if (!g2) continue;
             float y[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            if (rotate)
+            if (rotate) {
                 for (int p = 0; p < 4; p++)
                     cuk_rope_pair(y[2 * p], y[2 * p + 1], i, c8 / 2 + p, D, rot, rot_inv,
                                   &y[2 * p], &y[2 * p + 1]);
+                if (part) { /* this thread's 8 columns of the row: no other reads them here */
+                    s4[0] = make_float4(y[0], y[1], y[2], y[3]);
+                    s4[1] = make_float4(y[4], y[5], y[6], y[7]);
+                }
+            }
             const i64 at = ((b * T + i) * H + h) * D + c8;
             if (g2b) {
                 unsigned u[4];
@@ -186,6 +192,7 @@ __device__ __forceinline__ void cuk_att_grads_out(const float *stage, int ls, fl
             if (g2 && !rotate) cuk_att_store2(g2, g2b, b, h, i, d, H, T, D, v);
         }
         const int half = Di / 2;
+        if (rotate && part) __syncthreads(); /* (block-uniform) out read the rows unrotated */
         for (int e = threadIdx.x; rotate && e < nr * half; e += blockDim.x) {
             const int rr = e / half, p = e - rr * half;
             const i64 i = r0 + rr;
@@ -194,9 +201,11 @@ __device__ __forceinline__ void cuk_att_grads_out(const float *stage, int ls, fl
                           rot_inv, &y0, &y1);
             cuk_att_store2(g2, g2b, b, h, i, 2 * p, H, T, D, y0);
             cuk_att_store2(g2, g2b, b, h, i, 2 * p + 1, H, T, D, y1);
+            if (part) stage[rr * ls + 2 * p] = y0, stage[rr * ls + 2 * p + 1] = y1; /* its pair */
         }
     }
     if (!part) return;
+    if (rotate) __syncthreads(); /* (block-uniform) the rotated rows, every thread's */
     const i64 nc = (T + CUK_ATT_PART - 1) / CUK_ATT_PART;
     for (int e = threadIdx.x; e < (R / CUK_ATT_PART) * Di; e += blockDim.x) {
         const int c = e / Di, d = e - c * Di, rr0 = c * CUK_ATT_PART;
