@@ -1816,9 +1816,9 @@ static int rotated_sums(cprog *c, const unsigned char *live, int n0, int rope, i
         const cnode *x = &c->nodes[r];
         if (!live[r]) continue;
         if (sum < 0 && column_sums_of(c, r, rope, C, numel)) sum = r;
-        if (cast < 0 && x->op == JDT_OP_CAST && x->kind == CK_EW && x->dtype == JDT_DTYPE_BF16 &&
-            c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 && view_root(c, x->in[0]) == rope &&
-            jdt_shape_numel(&x->shape) == numel)
+        if (cast < 0 && c->bf16_builtins && x->op == JDT_OP_CAST && x->kind == CK_EW &&
+            x->dtype == JDT_DTYPE_BF16 && c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 &&
+            view_root(c, x->in[0]) == rope && jdt_shape_numel(&x->shape) == numel)
             cast = r;
     }
     if (sum < 0 || c->nodes[rope].dtype != JDT_DTYPE_F32) return -1;

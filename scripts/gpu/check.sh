@@ -67,6 +67,9 @@
 #   "4q" runs stage 4's model with Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) and 4
 #   key/value heads for its 12 query heads twice: the grouped-query attention kernels
 #   (fold_attention_groups), then each key/value head repeated (JDT_ATTENTION_GROUPS=0);
+#   "4k" runs a Llama layer with Llama-3-70B's attention per rank at tensor: 8 (8 query heads
+#   of one key/value head, D 128) at B 1, T 8192 twice: the dK/dV kernel's key tiles split over
+#   blocks (cuk.c att_dkv_split), then unsplit (JDT_CUK_DKV_SPLIT=1);
 #   "4w" with JDT_NORM_WARPS=0, the layer norms (forwards with their affine, and the backwards'
 #   _part kernels) a block per row instead of a warp per row (cuk_rows.cu norm_affine_w and
 #   norm_bwd_part_w, C a multiple of 128);
@@ -423,6 +426,19 @@ gpt_args "$OUT/llama-gqa-rep"
 run_gpt llama-gqa-rep JDT_ATTENTION_GROUPS=0
 GPT_EXTRA=$GPT_EXTRA_4
 say "stage 4q exit $q_rc/$rc, stage 4's model with Llama's layer and $GQA_KV key/value heads for $GPT_HEADS query heads: ${q_toks:-?} tok/s with the grouped attention kernels (passes.c fold_attention_groups), ${toks:-?} with each key/value head repeated for its group (JDT_ATTENTION_GROUPS=0; check_cuk test_attention_groups ran in stage 2; their kernels are not in the bundle's cache: NVRTC time counts)"
+fi
+# ---- 4k (not in the default STAGES): the dK/dV kernel's split, at a shape with few key tiles ----
+if want 4k; then
+GPT_EXTRA_4=$GPT_EXTRA; B_4=$B; B=1
+K_SHAPE="model.n_layer=4 model.n_embd=1024 model.n_head=8 model.n_kv_head=1 model.seq_len=8192"
+[ "$REHEARSE" = 1 ] && K_SHAPE="model.n_layer=1 model.n_embd=256 model.n_head=8 model.n_kv_head=1 model.seq_len=256"
+GPT_EXTRA="$GPT_EXTRA model.norm=rmsnorm model.pos=rope model.activation=swiglu model.bias=false $K_SHAPE"
+gpt_args "$OUT/dkv-split"
+run_gpt dkv-split; k_rc=$rc; k_toks=$toks
+gpt_args "$OUT/dkv-unsplit"
+run_gpt dkv-unsplit JDT_CUK_DKV_SPLIT=1
+GPT_EXTRA=$GPT_EXTRA_4; B=$B_4
+say "stage 4k exit $k_rc/$rc, Llama-3-70B's attention per rank at tensor: 8 (8 query heads of one key/value head, D 128; $K_SHAPE, B 1): ${k_toks:-?} tok/s with the dK/dV kernel's key tiles split over blocks (cuk.c att_dkv_split; T 8192 has 128 key tiles), ${toks:-?} unsplit (JDT_CUK_DKV_SPLIT=1; its kernels are not in the bundle's cache: NVRTC time counts, once)"
 fi
 # ---- 4v (not in the default STAGES): stage 4 again with scalar elementwise kernels ---------------
 if want 4v; then

@@ -162,13 +162,15 @@ JDT_CUDNN_ATTENTION=1 run "$EMU" "$TMP/tp16q" --nproc 2 "${C[@]}" "${G[@]}" runt
   { cat "$TMP/err"; fail "grouped-query attention, tensor=2 with JDT_CUDNN_ATTENTION=1: not both directions on both ranks"; }
 compare "$TMP/cpu16q/tiny/metrics.jsonl" "$TMP/tp16q/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, grouped-query, cuDNN" 1e-3 ||
   fail "grouped-query attention, tensor=2: losses differ"
-# and with biases on q, k and v (GPT-2's layer, as Qwen2 has them): the backward's partial sums
-# of dk and dv have the key/value heads' columns (passes.c sum_flat_partials), formed by our
-# kernels and, under cuDNN, from its bf16 copies (cuk_cudnn.c)
-GB=(precision.compute=bf16 precision.activations=bf16 model.n_kv_head=2)
+# and with biases on q, k and v before the RoPE (Qwen2's attention, in GPT-2's layer): the
+# backward's partial sums of dk and dv have the key/value heads' columns (passes.c
+# sum_partials), those of dq and dk are of the rotated values, whose bf16 copies the kernels
+# store (passes.c rotated_sums), formed by our kernels and, under cuDNN, from its bf16 copies
+# after their rotation (cuk_cudnn.c), which serves this backward since: seen 8.4e-6 and 1.2e-5
+GB=(precision.compute=bf16 precision.activations=bf16 model.n_kv_head=2 model.pos=rope)
 "$EMU" inspect "${C[@]}" "${GB[@]}" runtime.backend=cuda >"$TMP/insp" 2>&1 || { cat "$TMP/insp"; fail "inspect, grouped-query attention with biases"; }
-grep -q "read grouped-query k and v unrepeated; 2 attention backwards store the projections' copies of dq, dk, dv" "$TMP/insp" ||
-  { cat "$TMP/insp"; fail "grouped-query attention with biases: no cotangent copies"; }
+grep -q "read grouped-query k and v unrepeated; 2 attention backwards store the projections' copies of dq, dk, dv (4 of them rotated: RoPE's backward, their bias partials summed rotated)" "$TMP/insp" ||
+  { cat "$TMP/insp"; fail "grouped-query attention with biases and RoPE: no cotangent copies, or the q, k bias sums not in the kernels"; }
 vs_cpu_and_cudnn b "grouped-query attention with biases" "4 H=4 .*" "${GB[@]}"
 # the MLP's GELU and its backward by GEMMs (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD, compiler:
 # fold_gelu_epilogues, fold_dgelu_epilogues); where cuBLASLt refuses them, each GEMM and then a

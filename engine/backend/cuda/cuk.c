@@ -1157,17 +1157,18 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
             copies &= g->copy[i] && g->copy_bf16[i];
             aligned &= aligned16(g->copy[i]);
         }
-        const char *why =
-            tc < 0       ? DNN_NOT_TC
-            : !o_bf16    ? "o not bf16 (precision.activations: bf16)"
-            : !lse       ? "no log-sum-exp from the forward"
-            : dqkv || !g ? "not the cotangent form (dq, dk, dv copies for the projections)"
-            : !copies    ? "a copy of dq, dk or dv not bf16 (a model with biases and RoPE)"
-            : D % 8      ? "a head size not a multiple of 8"
-            : g->part && T % JDT_CUK_ATT_PART
-                ? "bias partial sums over a sequence not a multiple of 32"
-            : !aligned ? "a tensor not 16-byte aligned"
-                       : NULL;
+        const char *why = tc < 0    ? DNN_NOT_TC
+                          : !o_bf16 ? "o not bf16 (precision.activations: bf16)"
+                          : !lse    ? "no log-sum-exp from the forward"
+                          : dqkv || !g
+                              ? "not the cotangent form (dq, dk, dv copies for the projections)"
+                          : !copies ? "a copy of dq, dk or dv not bf16 (f32 activations, or a copy "
+                                      "with readers besides the bf16 GEMMs)"
+                          : D % 8   ? "a head size not a multiple of 8"
+                          : g->part && T % JDT_CUK_ATT_PART
+                              ? "bias partial sums over a sequence not a multiple of 32"
+                          : !aligned ? "a tensor not 16-byte aligned"
+                                     : NULL;
         if (dnn_asks(k, true, why) && jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H,
                                                                 T, D, scale, bthd, scratch))
             return;
