@@ -2899,6 +2899,8 @@ START_TEST(test_attention_groups)
         check_attention_groups(k, 1, 2, 2, 45, 80, 6u, bf, false); /* one k/v head (MQA); d128 */
     }
     check_attention_groups(k, 1, 4, 2, 40, 30, 2u, false, false); /* D not a multiple of 4 */
+    if (jdt_cuk_arch(k) >= 80) /* and on tensor cores: the copies' and sums' element path */
+        check_attention_groups(k, 1, 4, 2, 40, 30, 2u, true, false);
     jdt_cuk_free(k);
 }
 END_TEST
