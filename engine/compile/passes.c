@@ -606,6 +606,17 @@ static void skip_widening(cprog *c, int *users, cnode *x, int k)
     if (--users[l] == 0) unread(c, users, l);
 }
 
+/* Node x and its views down to node m (a GEMM's product, or a RoPE) become bf16 nodes: m's
+ * builtin stores bf16. */
+static void store_bf16(cprog *c, int x, int m)
+{
+    for (int v = x;; v = c->nodes[v].in[0]) {
+        c->nodes[v].dtype = JDT_DTYPE_BF16;
+        c->nodes[v].bf16 = true;
+        if (v == m) return;
+    }
+}
+
 /* precision.activations: bf16 on a device whose builtins take bf16 (c->bf16_builtins: CUDA).
  * (1) y = CAST(matmul(a, w) [+ bias], bf16), the product read by nothing else and computed in
  * bf16 (attrs i[2]): the GEMM stores y as bf16 itself (cuBLASLt's D type) and the CAST becomes
@@ -637,11 +648,7 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
                 bias = c->nodes[m->in[2]].in[0];
             }
             if (bias >= 0) m->in[2] = bias;
-            for (int v = x->in[0];; v = c->nodes[v].in[0]) { /* the product and its views */
-                c->nodes[v].dtype = JDT_DTYPE_BF16;
-                c->nodes[v].bf16 = true;
-                if (v == mi) break;
-            }
+            store_bf16(c, x->in[0], mi); /* the product and its views */
             to_view(x, x->in[0]);
             c->stats.n_bf16_folded++;
         } else if ((x->op == JDT_OP_ATTENTION || x->op == JDT_OP_ATTENTION_BWD) &&
@@ -1421,17 +1428,6 @@ static bool plain_bf16_product(const cnode *m)
            !m->attrs.i[5];
 }
 
-/* Node x and its views down to node m, a plain_bf16_product, become bf16 nodes: m's GEMM
- * stores bf16. */
-static void store_bf16(cprog *c, int x, int m)
-{
-    for (int v = x;; v = c->nodes[v].in[0]) {
-        c->nodes[v].dtype = JDT_DTYPE_BF16;
-        c->nodes[v].bf16 = true;
-        if (v == m) return;
-    }
-}
-
 /* Node i, through reshape views each read once, a plain_bf16_product read by nothing else:
  * that GEMM's index, else -1. */
 static int plain_bf16_gemm(const cprog *c, const int *users, int i)
@@ -1801,6 +1797,15 @@ static bool read_only_by(const cprog *c, const unsigned char *live, int n0, int 
     return true;
 }
 
+/* Is node r a CAST to bf16 of an f32 value whose views lead to node root, numel elements? */
+static bool bf16_cast_of(const cprog *c, int r, int root, int64_t numel)
+{
+    const cnode *x = &c->nodes[r];
+    return x->op == JDT_OP_CAST && x->kind == CK_EW && x->dtype == JDT_DTYPE_BF16 &&
+           c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 && view_root(c, x->in[0]) == root &&
+           jdt_shape_numel(&x->shape) == numel;
+}
+
 /* Qwen2's q and k: a bias before the RoPE, so the bias gradient sums RoPE's backward of dq
  * (or dk), rope, f32, over its rows (C columns, numel elements). The attention's kernels, which
  * rotate the copy as they store it, sum the rotated values instead (cuk.h jdt_cuk_att_grads):
@@ -1813,22 +1818,14 @@ static int rotated_sums(cprog *c, const unsigned char *live, int n0, int rope, i
 {
     int sum = -1, cast = -1;
     for (int r = rope + 1; r < n0; r++) {
-        const cnode *x = &c->nodes[r];
         if (!live[r]) continue;
         if (sum < 0 && column_sums_of(c, r, rope, C, numel)) sum = r;
-        if (cast < 0 && c->bf16_builtins && x->op == JDT_OP_CAST && x->kind == CK_EW &&
-            x->dtype == JDT_DTYPE_BF16 && c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 &&
-            view_root(c, x->in[0]) == rope && jdt_shape_numel(&x->shape) == numel)
-            cast = r;
+        if (cast < 0 && c->bf16_builtins && bf16_cast_of(c, r, rope, numel)) cast = r;
     }
     if (sum < 0 || c->nodes[rope].dtype != JDT_DTYPE_F32) return -1;
     if (cast >= 0 && read_only_by(c, live, n0, rope, sum, cast)) {
         cnode *x = &c->nodes[cast];
-        for (int v = x->in[0];; v = c->nodes[v].in[0]) { /* the RoPE and its views */
-            c->nodes[v].dtype = JDT_DTYPE_BF16;
-            c->nodes[v].bf16 = true;
-            if (v == rope) break;
-        }
+        store_bf16(c, x->in[0], rope); /* the RoPE and its views */
         to_view(x, x->in[0]);
         c->stats.n_bf16_folded++;
     }
@@ -1884,13 +1881,9 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
             int copy = -1;
             sum[s] = -1;
             for (int r = tr[s] + 1; r < n0; r++) {
-                const cnode *x = &c->nodes[r];
                 if (!live[r]) continue;
                 if (sum[s] < 0 && column_sums_of(c, r, tr[s], hs * dims[3], ns)) sum[s] = r;
-                if (copy < 0 && x->op == JDT_OP_CAST && x->kind == CK_EW &&
-                    x->dtype == JDT_DTYPE_BF16 && c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 &&
-                    view_root(c, x->in[0]) == tr[s] && jdt_shape_numel(&x->shape) == ns)
-                    copy = r;
+                if (copy < 0 && bf16_cast_of(c, r, tr[s], ns)) copy = r;
             }
             co[s] = copy >= 0 && read_only_by(c, live, n0, tr[s], sum[s], copy) ? copy : tr[s];
             /* the copy's one reader RoPE's backward (Llama's dq, dk): the kernels rotate it as

@@ -2412,6 +2412,14 @@ static cudaLibrary_t emu_probe_load(const char *src, const char *name, char **im
     return lib;
 }
 
+/* Kernel `name` of a probe library (emu_probe_load). */
+static cudaKernel_t emu_probe_kernel(cudaLibrary_t lib, const char *name)
+{
+    cudaKernel_t fn;
+    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, name), cudaSuccess);
+    return fn;
+}
+
 static void emu_probe_run(cudaKernel_t fn, const char *order, unsigned out[256])
 {
     if (order)
@@ -2434,8 +2442,7 @@ START_TEST(test_emulator_strict)
     EMU_OR_SKIP(k, "checks (a racy probe kernel)");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_PROBE_SRC, "emu_probe.cu", &image);
-    cudaKernel_t fn;
-    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_probe"), cudaSuccess);
+    cudaKernel_t fn = emu_probe_kernel(lib, "emu_probe");
     const unsigned P = 0xffffffffu;
     unsigned fwd[256], rev[256], shuf[256];
     char *was = getenv("JDT_CUDAEMU_ORDER") ? strdup(getenv("JDT_CUDAEMU_ORDER")) : NULL;
@@ -2495,8 +2502,7 @@ START_TEST(test_emulator_launch_bounds)
     };
     unsigned *d = dev_alloc(1024 * sizeof(unsigned)), *h = malloc(1024 * sizeof(unsigned));
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        cudaKernel_t fn;
-        ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, cases[i].name), cudaSuccess);
+        cudaKernel_t fn = emu_probe_kernel(lib, cases[i].name);
         ck_assert_int_eq(cudaMemset(d, 0, 1024 * sizeof(unsigned)), cudaSuccess);
         void *args[] = {&d};
         dim3 g = {1, 1, 1}, b = {cases[i].threads, 1, 1};
@@ -2544,8 +2550,7 @@ START_TEST(test_emulator_shuffle_sources)
     EMU_OR_SKIP(k, "poison");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_SHFL_SRC, "emu_shfl.cu", &image);
-    cudaKernel_t fn;
-    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_shfl"), cudaSuccess);
+    cudaKernel_t fn = emu_probe_kernel(lib, "emu_shfl");
     unsigned *d = dev_alloc(128 * sizeof(unsigned)), h[128];
     void *args[] = {&d};
     dim3 g = {1, 1, 1}, b = {32, 1, 1};
@@ -2557,7 +2562,7 @@ START_TEST(test_emulator_shuffle_sources)
         ck_assert_uint_eq(h[64 + t], 0xfff7u);
         ck_assert_uint_eq(h[96 + t], 1u);
     }
-    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_shfl_last"), cudaSuccess);
+    fn = emu_probe_kernel(lib, "emu_shfl_last");
     ck_assert_int_eq(cudaLaunchKernel((const void *)fn, g, b, args, 0, NULL), cudaSuccess);
     ck_assert_int_eq(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), cudaSuccess);
     for (unsigned t = 0; t < 32; t++) {
@@ -2588,8 +2593,7 @@ START_TEST(test_emulator_divergent_collective)
     EMU_OR_SKIP(k, "check");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_DIVERGE_SRC, "emu_diverge.cu", &image);
-    cudaKernel_t fn;
-    ck_assert_int_eq(cudaLibraryGetKernel(&fn, lib, "emu_diverge"), cudaSuccess);
+    cudaKernel_t fn = emu_probe_kernel(lib, "emu_diverge");
     unsigned *d = dev_alloc(32 * sizeof(unsigned));
     void *args[] = {&d};
     dim3 g = {1, 1, 1}, b = {32, 1, 1};
@@ -2650,9 +2654,7 @@ START_TEST(test_emulator_warps_cp_async)
     EMU_OR_SKIP(k, "checks (racy probe kernels)");
     char *image;
     cudaLibrary_t lib = emu_probe_load(EMU_PROBE2_SRC, "emu_probe2.cu", &image);
-    cudaKernel_t warps, cpa;
-    ck_assert_int_eq(cudaLibraryGetKernel(&warps, lib, "emu_warps"), cudaSuccess);
-    ck_assert_int_eq(cudaLibraryGetKernel(&cpa, lib, "emu_cpa"), cudaSuccess);
+    cudaKernel_t warps = emu_probe_kernel(lib, "emu_warps"), cpa = emu_probe_kernel(lib, "emu_cpa");
     char *was_o = getenv("JDT_CUDAEMU_ORDER") ? strdup(getenv("JDT_CUDAEMU_ORDER")) : NULL;
     char *was_c = getenv("JDT_CUDAEMU_CP_ASYNC") ? strdup(getenv("JDT_CUDAEMU_CP_ASYNC")) : NULL;
     const unsigned P = 0xffffffffu;

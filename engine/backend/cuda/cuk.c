@@ -971,6 +971,18 @@ void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, 
 #define ATT_DKV_SPLIT_MAX 16
 #define ATT_DKV_PLAN_SMS 192
 
+/* The dK/dV kernel's key tiles (a block each unless split): B Hk ceil(T / 64). */
+static int64_t att_key_tiles(int64_t B, int64_t Hk, int64_t T)
+{
+    return B * Hk * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
+}
+
+/* The tensor-core kernels' head-size class width DM for D <= 128: 64 or 128. */
+static int64_t att_tc_dm(int64_t D)
+{
+    return D <= 64 ? 64 : 128;
+}
+
 /* The dK/dV kernel's blocks per key tile on a GPU of sms multiprocessors: 1 when the key tiles
  * (B Hk ceil(T / 64)) give every multiprocessor two blocks; else enough that they do (grouped
  * queries at a small B T: Llama-3-70B at tensor: 8, one key/value head of 8 query heads per
@@ -978,7 +990,7 @@ void jdt_cuk_colsum_bf16(jdt_cuk *k, const uint16_t *x, float *y, int64_t rows, 
  * query tiles (G ceil(T / BQ)). JDT_CUK_DKV_SPLIT=S forces S (within those bounds; tests). */
 static int64_t att_dkv_split(int64_t B, int64_t H, int64_t T, int64_t D, int64_t G, int64_t sms)
 {
-    const int64_t tiles = B * (H / G) * ((T + ATT_TC_BR - 1) / ATT_TC_BR), bq = D <= 64 ? 64 : 16;
+    const int64_t tiles = att_key_tiles(B, H / G, T), bq = D <= 64 ? 64 : 16;
     if (tiles <= 0) return 1;
     const char *f = getenv("JDT_CUK_DKV_SPLIT");
     int64_t s = f && *f ? strtoll(f, NULL, 10) : (2 * sms + tiles - 1) / tiles;
@@ -1000,13 +1012,12 @@ static int64_t att_g16_offset(int64_t B, int64_t H, int64_t T)
 
 static int64_t att_cnt_offset(int64_t B, int64_t H, int64_t T, int64_t D)
 {
-    return att_g16_offset(B, H, T) + B * H * T * (D <= 64 ? 64 : 128) * 2;
+    return att_g16_offset(B, H, T) + B * H * T * att_tc_dm(D) * 2;
 }
 
 static int64_t att_frag_offset(int64_t B, int64_t H, int64_t T, int64_t D, int64_t G)
 {
-    const int64_t tiles = B * (H / G) * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
-    return att_cnt_offset(B, H, T, D) + (tiles * 4 + 15) / 16 * 16;
+    return att_cnt_offset(B, H, T, D) + (att_key_tiles(B, H / G, T) * 4 + 15) / 16 * 16;
 }
 
 int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int64_t G)
@@ -1016,8 +1027,8 @@ int64_t jdt_cuk_attention_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t
     if (G < 1 || H % G) G = 1;
     const int64_t S = att_dkv_split(B, H, T, D, G, ATT_DKV_PLAN_SMS);
     if (S == 1) return att_cnt_offset(B, H, T, D);
-    const int64_t tiles = B * (H / G) * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
-    return att_frag_offset(B, H, T, D, G) + tiles * S * ATT_TC_THREADS * (D <= 64 ? 64 : 128) * 4;
+    return att_frag_offset(B, H, T, D, G) +
+           att_key_tiles(B, H / G, T) * S * ATT_TC_THREADS * att_tc_dm(D) * 4;
 }
 
 /* The head-size class of D: kernel offset 0/1/2 and the tile rows CT; -1 when D > 256. */
@@ -1203,12 +1214,11 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
         void *g16 = (char *)scratch + att_g16_offset(B, H, T);
         const void *gsrc = dout_bf16 ? dout : g16;
         unsigned gbthd = dout_bf16 ? bthd & 31u : 0u; /* its layout bit 4 */
-        int64_t gD = dout_bf16 ? D : (D <= 64 ? 64 : 128);
+        int64_t gD = dout_bf16 ? D : att_tc_dm(D);
         void *tqargs[] = {&q,   &kk,    &v,     &o,  &dout, &lse, &stats, &g16, &dq,    &q2,
                           &q2b, &q2rot, &q2inv, &qp, &B,    &H,   &T,     &D,   &scale, &bthd};
         /* the dK/dV kernel's split: its counts zeroed, its sums after them (scratch) */
-        const int64_t G = JDT_CUK_ATT_GROUP(bthd),
-                      tiles = B * Hk * ((T + ATT_TC_BR - 1) / ATT_TC_BR);
+        const int64_t G = JDT_CUK_ATT_GROUP(bthd), tiles = att_key_tiles(B, Hk, T);
         int split = (int)att_dkv_split(B, H, T, D, G,
                                        k->sms < ATT_DKV_PLAN_SMS ? k->sms : ATT_DKV_PLAN_SMS);
         void *cnt = (char *)scratch + att_cnt_offset(B, H, T, D);

@@ -823,10 +823,11 @@ __device__ void tc_dkv(const TQ *q, const TQ *k, const TQ *v, const unsigned sho
         /* this block's items: i0 .. i1 - 1, head-major (item i: head hk G + i / nq, queries
          * from qs + (i % nq) BQ); all of them (G nq) unless split */
         const i64 i0 = c * G * nq / S, i1 = (c + 1) * G * nq / S;
-        for (i64 hi = i0 / nq; i0 < i1 && hi <= (i1 - 1) / nq; hi++) {
+        const i64 h0 = i0 / nq, h1 = i0 < i1 ? (i1 - 1) / nq : h0 - 1; /* its heads' range */
+        for (i64 hi = h0; hi <= h1; hi++) {
             const i64 h = hk * G + hi, bh = b * H + h;
-            const i64 qb = qs + (hi == i0 / nq ? i0 % nq : 0) * BQ;
-            const i64 qe = hi == (i1 - 1) / nq ? min(T, qs + ((i1 - 1) % nq + 1) * BQ) : T;
+            const i64 qb = qs + (hi == h0 ? i0 % nq : 0) * BQ;
+            const i64 qe = hi == h1 ? min(T, qs + ((i1 - 1) % nq + 1) * BQ) : T;
             __syncthreads(); /* every warp has its k, v fragments (or is done with the previous
                               * head's last tile): the staging area is free */
             tc_dkv_issue<DM, BQ>(sm, Ls2[0], Ds2[0], q, g16, gbthd, gD, stats, bthd, b, h, bh, qb,
