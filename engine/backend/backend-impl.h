@@ -43,6 +43,10 @@ typedef struct {
      * the cnode `co` names the backward it computes), reading each row of logits once for both,
      * so passes.c fold_xent_backwards drops the backward's step. */
     bool xent_fused;
+    /* Its cross-entropy kernels may write dlogits over the logits (same storage type and row
+     * pitch: each row is read before it is written, by one block), so fuse.c's memory plan may
+     * give dlogits the buffer of logits that die there (GPT-2 at B 32: 3.1 GiB). */
+    bool xent_inplace;
     /* Its attention forward builtin can also write o's (B, T, H, D) copy, f32 or bf16 (the cnode
      * `co`: the transpose the projection's GEMM reads), so passes.c fold_attention_copies drops
      * that transpose's kernel. */
@@ -87,6 +91,10 @@ typedef struct {
     /* Consecutive fused kernels that touch disjoint memory may run as one launch (cstep.merged,
      * merge.c): the emitter gives them one grid, each keeping its blocks and code. */
     bool merge_launches;
+    /* prepare honours c->arena_lender: a program that never runs at the same time as the lender
+     * (eval, apply beside the train step) uses the lender's arena instead of its own (program.c
+     * decides; both programs on this device). */
+    bool arena_borrow;
     /* Scratch bytes builtin n needs (attention, a bf16 MATMUL); NULL: the CPU kernels' sizes. */
     int64_t (*scratch_bytes)(const cprog *c, const cnode *n);
     /* Builds program c for device d: *state receives the backend's per-program state, *src
@@ -141,6 +149,10 @@ jdt_device *jdt_device_cpu_default(void);
 jdt_status jdt_cuda_device_open(jdt_device *d, jdt_err *e);
 /* cuda/cuda.c: fills d->vt and d->impl for an ahead-of-time device compiling for sm_<arch>. */
 jdt_status jdt_cuda_device_open_aot(jdt_device *d, int arch, jdt_err *e);
+/* cuda/cuda.c: jdt_backend_cuda_emit_only with the CUDA backend's planned scratch (a bf16
+ * GEMM's copies, the attention backward's), so that `inspect` plans a step's memory as a GPU run
+ * plans it; a CPU-only build has the CPU's sizes there. */
+const jdt_backend_vt *jdt_cuda_emit_only_vt(void);
 #endif
 
 #endif /* JDT_BACKEND_IMPL_H */

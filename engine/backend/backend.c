@@ -64,7 +64,11 @@ jdt_status jdt_device_open_emit_only(jdt_device **out, jdt_err *e)
     *out = NULL;
     jdt_device *d = device_new(JDT_DEVICE_CUDA, 0, NULL, e);
     if (!d) return JDT_ERR_NOMEM;
+#ifdef JDT_CUDA
+    d->vt = jdt_cuda_emit_only_vt();
+#else
     d->vt = &jdt_backend_cuda_emit_only;
+#endif
     *out = d;
     return JDT_OK;
 }

@@ -173,6 +173,7 @@ typedef struct cprog_ {
     bool gemm_gelu;      /* the device's vtable flag: bf16 GEMMs apply GELU (fold_gelu_epilogues) */
     bool xent_fused;     /* the device's vtable flag, unless JDT_FUSED_XENT=0: the cross-entropy
                             forward writes dlogits too (passes.c fold_xent_backwards) */
+    bool xent_inplace;   /* the device's vtable flag: dlogits may take over dying logits */
     bool attention_copy; /* the device's vtable flag, unless JDT_ATTENTION_COPY=0: the attention
                             forward writes o's (B, T, H, D) copy too (fold_attention_copies) */
     bool attention_groups;     /* the device's vtable flag, unless JDT_ATTENTION_GROUPS=0: the

@@ -104,6 +104,14 @@ typedef struct {
 /* Fills o with the defaults (all NULL/0). */
 void jdt_compile_opts_init(jdt_compile_opts *o);
 
+/* One arena buffer live at the memory plan's peak (jdt_compile_stats.peak_top). */
+typedef struct {
+    char op[32]; /* the op of the node it holds ("scratch": a builtin's) */
+    int64_t dims[4], bytes;
+    int ndim;    /* of the node's shape (at most 4 listed) */
+    bool bf16;   /* stored as bf16 */
+} jdt_peak_buf;
+
 typedef struct {
     int n_ops_in;          /* graph nodes before the passes */
     int n_ops_out;         /* live nodes after DCE/CSE/simplification */
@@ -175,6 +183,7 @@ typedef struct {
                             (passes.c fold_attention_lse) */
     int n_xent_fused;      /* cross-entropy backwards computed by their forward's step in the
                               same pass over the logits (passes.c fold_xent_backwards) */
+    int n_xent_inplace;    /* dlogits planned over their dying logits (fuse.c xent_donor) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands
                               (passes.c fold_addends) */
     int n_residual_gemms;  /* of those, residual adds of a bf16 branch output that the GEMM
@@ -191,6 +200,10 @@ typedef struct {
         double bytes;      /* bytes they move per run at least */
     } traffic_top[8];
     int64_t arena_bytes;   /* planned peak memory of intermediates (one arena) */
+    int64_t peak_live_bytes; /* the most arena bytes live at once (arena_bytes less this:
+                                fragmentation of the placement) */
+    int peak_step;           /* the step where they are live */
+    jdt_peak_buf peak_top[4]; /* the largest buffers live there, largest first (bytes 0: none) */
     bool arena_shared;     /* the arena is opts.share_arena's (nothing allocated for it) */
     double compile_s;      /* wall time of jdt_program_compile */
     double cc_s;           /* of which spent in the C compiler (0 on a cache hit) */

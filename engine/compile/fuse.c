@@ -25,6 +25,7 @@
 #include "compile/compile-impl.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1308,6 +1309,71 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
     return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt, n->attrs.i[0] != 0) * 4;
 }
 
+/* The buffer of the logits that dlogits node d, an output of builtin step sp at step s, may take
+ * over (the device's xent_inplace): the fused cross-entropy's backward (SOFTMAX_XENT's co) or a
+ * SOFTMAX_XENT_BWD, when the logits' arena buffer dies at s, is not taken yet, and holds the
+ * same bytes in the same layout (element size and row pitch). -1 otherwise. */
+static int xent_donor(const cprog *c, const cstep *sp, int d, int s, const int *last,
+                      const bool *taken)
+{
+    const cnode *n = &c->nodes[sp->node];
+    if (!c->xent_inplace || n->n_in < 1) return -1;
+    if (!(n->op == JDT_OP_SOFTMAX_XENT && n->co == d) &&
+        !(n->op == JDT_OP_SOFTMAX_XENT_BWD && sp->node == d))
+        return -1;
+    const cnode *x = &c->nodes[n->in[0]], *y = &c->nodes[d];
+    const int xb = x->buf;
+    if (xb < 0 || y->buf < 0 || c->bufs[xb].info.kind != JDT_BUF_ARENA || taken[xb] ||
+        last[xb] != s || c->bufs[xb].info.n_bytes != c->bufs[y->buf].info.n_bytes)
+        return -1;
+    const bool x16 = x->dtype == JDT_DTYPE_BF16 || c->bufs[xb].info.bf16;
+    const bool y16 = y->dtype == JDT_DTYPE_BF16 || c->bufs[y->buf].info.bf16;
+    if (x16 != y16 || cnode_pitch(c, n->in[0]) != y->pitch) return -1;
+    return xb;
+}
+
+/* stats.peak_top: the largest arena buffers live at step ps (written at or before it, read at
+ * or after it; a buffer written in place counts once) with the op of a node they hold. */
+static void note_peak(cprog *c, int ps, const int *last)
+{
+    c->stats.peak_step = ps;
+    int *node_of = jdt_malloc(sizeof(int) * ((size_t)c->n_bufs + 1));
+    if (!node_of) return; /* a report only */
+    for (int b = 0; b < c->n_bufs; b++)
+        node_of[b] = -1;
+    for (int i = c->n_nodes - 1; i >= 0; i--)
+        if (c->nodes[i].buf >= 0 && c->nodes[i].kind != CK_VIEW) node_of[c->nodes[i].buf] = i;
+    for (int b = 0; b < c->n_bufs; b++) {
+        const jdt_buf_info *bi = &c->bufs[b].info;
+        if (bi->kind != JDT_BUF_ARENA || bi->slot_of >= 0 || bi->def_step < 0 ||
+            bi->def_step > ps || last[b] < ps || bi->n_bytes <= 0)
+            continue;
+        if (bi->inplace_of >= 0 && last[bi->inplace_of] >= ps) continue; /* its donor counts */
+        int at = 4;
+        while (at > 0 && c->stats.peak_top[at - 1].bytes < bi->n_bytes)
+            at--;
+        if (at == 4) continue;
+        memmove(&c->stats.peak_top[at + 1], &c->stats.peak_top[at],
+                sizeof c->stats.peak_top[0] * (size_t)(3 - at));
+        jdt_peak_buf *t = &c->stats.peak_top[at];
+        memset(t, 0, sizeof *t);
+        t->bytes = bi->n_bytes;
+        t->bf16 = bi->bf16;
+        const int nd = node_of[b];
+        if (nd < 0) {
+            snprintf(t->op, sizeof t->op, "scratch");
+            continue;
+        }
+        const cnode *n = &c->nodes[nd];
+        snprintf(t->op, sizeof t->op, "%s", jdt_op_name(n->op));
+        t->ndim = n->shape.ndim < 4 ? n->shape.ndim : 4;
+        for (int d = 0; d < t->ndim; d++)
+            t->dims[d] = n->shape.dims[d];
+        t->bf16 = t->bf16 || n->dtype == JDT_DTYPE_BF16;
+    }
+    jdt_free(node_of);
+}
+
 /* Is arena buffer b freed at step last[b] of the placement sweep (written at or before it, a
  * real step, not dropped by donation)? */
 static bool dies_in_plan(const cprog *c, int b, const int *last, int S)
@@ -1457,6 +1523,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     for (int i = 0; i < c->n_nodes; i++)
         if (c->nodes[i].kind == CK_VIEW) c->nodes[i].buf = c->nodes[c->nodes[i].in[0]].buf;
 
+    int64_t live = 0; /* arena bytes live during the sweep (stats.peak_live_bytes) */
+    int peak_step = -1;
     /* 4. arena placement over the schedule, with in-place takeover. A buffer never read dies
      * where it is written; the arena buffers dying at each step are bucketed once (CSR over
      * steps, ascending buffer order) instead of scanning every buffer at every step, which was
@@ -1492,6 +1560,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
             for (int m = 0; cl->scratch_buf >= 0 && m < cl->n_members; m++) {
                 cbuf *b = &c->bufs[c->nodes[cl->members[m]].buf];
                 if (!arena_take(&A, b->info.n_bytes, &b->info.offset)) goto nomem;
+                live += align64(b->info.n_bytes);
             }
         } else if (sp->kind == STEP_COLL_START) {
         } else if (sp->kind == STEP_BUILTIN) {
@@ -1525,6 +1594,13 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                     }
                 }
             }
+            if (sp->kind == STEP_BUILTIN && donor < 0) { /* dlogits over dying logits */
+                for (int q = sp->node; donor < 0; q = c->nodes[q].co) {
+                    if (c->nodes[q].buf == outs[k]) donor = xent_donor(c, sp, q, s, last, taken);
+                    if (!c->nodes[q].co) break;
+                }
+                if (donor >= 0) c->stats.n_xent_inplace++;
+            }
             if (sp->kind == STEP_BUILTIN && k == 0 && c->nodes[sp->node].op == JDT_OP_SCATTER_ADD &&
                 c->nodes[sp->node].n_in > 2) {
                 /* a scatter-add onto an initial value that dies here adds into its buffer */
@@ -1533,6 +1609,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                     last[xb] == s && c->bufs[xb].info.n_bytes == b->info.n_bytes)
                     donor = xb;
             }
+            if (donor < 0) live += align64(b->info.n_bytes);
             if (donor >= 0) {
                 taken[donor] = true;
                 b->info.offset = c->bufs[donor].info.offset;
@@ -1542,9 +1619,12 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                 arena_take(&A, b->info.n_bytes, &b->info.offset);
             }
         }
+        if (live > c->stats.peak_live_bytes) c->stats.peak_live_bytes = live, peak_step = s;
         for (int k = die_start[s]; k < die_start[s + 1]; k++) {
             const cbuf *cb = &c->bufs[die[k]];
-            if (!taken[die[k]] && !arena_give(&A, cb->info.offset, cb->info.n_bytes)) goto nomem;
+            if (taken[die[k]]) continue;
+            if (!arena_give(&A, cb->info.offset, cb->info.n_bytes)) goto nomem;
+            live -= align64(cb->info.n_bytes);
         }
     }
     for (int k = 0; k < c->n_colls; k++) { /* slots side by side, in member order */
@@ -1562,6 +1642,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     }
     c->arena_bytes = A.top;
     c->stats.arena_bytes = A.top;
+    if (peak_step >= 0) note_peak(c, peak_step, last);
     goto out;
 nomem:
     st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: memory plan");

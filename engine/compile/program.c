@@ -288,6 +288,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->norm_bwd_partials = env_off("JDT_NORM_FOLDS") ? 0 : p->dev->vt->norm_bwd_partials;
     c->gemm_gelu = p->dev->vt->gemm_gelu && !env_off("JDT_GELU_EPILOGUE");
     c->xent_fused = p->dev->vt->xent_fused && !env_off("JDT_FUSED_XENT");
+    c->xent_inplace = p->dev->vt->xent_inplace;
     c->attention_copy = p->dev->vt->attention_copy && !env_off("JDT_ATTENTION_COPY");
     c->attention_groups = p->dev->vt->attention_groups && !env_off("JDT_ATTENTION_GROUPS");
     c->attention_part_rows = env_off("JDT_ATTENTION_GRADS") ? 0 : p->dev->vt->attention_part_rows;
@@ -324,9 +325,9 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     if ((st = jdt_compile_plan(c, e)) != JDT_OK) goto fail;
     if (c->merge_launches && (st = jdt_compile_merge_launches(c, e)) != JDT_OK) goto fail;
     /* one arena for programs that never run at once (train step, eval, apply): borrow the
-     * lender's when it is on the same CPU device and large enough */
+     * lender's when it is on the same device, whose backend can, and large enough */
     const jdt_program *lend = c->opts.share_arena;
-    if (lend && !lend->interp && lend->dev == p->dev && p->dev == jdt_device_cpu_default() &&
+    if (lend && !lend->interp && lend->dev == p->dev && p->dev->vt->arena_borrow &&
         lend->c.arena_bytes >= c->arena_bytes && (lend->state || c->opts.plan_only)) {
         c->arena_lender = lend->state ? lend->state : lend;
         c->stats.arena_shared = true;

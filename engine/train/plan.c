@@ -494,6 +494,8 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_xent_fused > 0)
             fprintf(f, "; %d cross-entropy backwards in their forward's pass over the logits",
                     sm->n_xent_fused);
+        if (sm->n_xent_inplace > 0)
+            fprintf(f, "; %d dlogits written over their logits", sm->n_xent_inplace);
         if (sm->n_gemm_acc_folded > 0)
             fprintf(f, "; %d adds done by the GEMMs computing an operand", sm->n_gemm_acc_folded);
         if (sm->n_residual_gemms > 0)
@@ -517,6 +519,23 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         fprintf(f,
                 "  memory         %.1f MiB planned peak of intermediates (micro-batch program)\n",
                 (double)sm->arena_bytes / 1048576.0);
+        if (sm->peak_live_bytes > 0) { /* what is live there, for the next engineer */
+            fprintf(f,
+                    "  memory peak    %.1f MiB live at step %d of %d (%.1f MiB lost to the "
+                    "placement's gaps); the largest there:",
+                    (double)sm->peak_live_bytes / 1048576.0, sm->peak_step, sm->n_steps,
+                    (double)(sm->arena_bytes - sm->peak_live_bytes) / 1048576.0);
+            for (int t = 0; t < 4 && sm->peak_top[t].bytes > 0; t++) {
+                const jdt_peak_buf *pb = &sm->peak_top[t];
+                char b[32];
+                fprintf(f, "%s %s %s", t ? ";" : "", fmt_bytes((double)pb->bytes, b, sizeof b),
+                        pb->op);
+                for (int d = 0; d < pb->ndim; d++)
+                    fprintf(f, "%s%lld", d ? ", " : " (", (long long)pb->dims[d]);
+                fprintf(f, "%s%s", pb->ndim ? ")" : "", pb->bf16 ? " bf16" : "");
+            }
+            fprintf(f, "\n");
+        }
         if (cfg->precision.compute == JDT_DTYPE_BF16) /* docs/compiler.md, bf16 storage */
             fprintf(f,
                     "  bf16           %d values stored as bf16, %d bf16 GEMM operands converted "

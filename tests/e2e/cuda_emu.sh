@@ -54,6 +54,21 @@ echo "inspect --cuda-arch sm_90: $(grep -o 'builtin kernel sources: [0-9]* compi
 # TF32 GEMMs (10-bit mantissa) against f32: seen 1e-6 on these sizes
 compare "$TMP/cpu/tiny/metrics.jsonl" "$TMP/gpu/tiny/metrics.jsonl" "emulated GPU, f32 (TF32)" 1e-4 ||
   fail "f32 losses differ"
+# the eval program runs in the train step's arena (docs/backend.md) between steps, and dlogits
+# overwrite the dying logits (the device's xent_inplace): evaluating every 2 steps leaves the
+# train losses bit for bit those of the run without eval, and the val losses are the CPU's
+run "$BIN" "$TMP/cpue" "${C[@]}" run.eval_every=2
+run "$EMU" "$TMP/gpue" "${C[@]}" run.eval_every=2 runtime.backend=cuda
+"$EMU" inspect "${C[@]}" run.eval_every=2 runtime.backend=cuda >"$TMP/insp" 2>&1 || { cat "$TMP/insp"; fail "inspect, eval"; }
+grep -q "arena of the eval program, inside the arena above" "$TMP/insp" || { cat "$TMP/insp"; fail "the eval program has an arena of its own on CUDA"; }
+grep -q "1 dlogits written over their logits" "$TMP/insp" || { cat "$TMP/insp"; fail "dlogits not planned over the logits"; }
+losses "$TMP/gpu/tiny/metrics.jsonl" > "$TMP/a"; losses "$TMP/gpue/tiny/metrics.jsonl" > "$TMP/b"
+cmp -s "$TMP/a" "$TMP/b" && [ "$(wc -l < "$TMP/a")" -eq 6 ] || { paste "$TMP/a" "$TMP/b"; fail "eval between steps changed the GPU's train losses"; }
+vals() { grep -o '"val_loss": [0-9.e+-]*' "$1" | awk '{print $2}'; }
+vals "$TMP/cpue/tiny/metrics.jsonl" > "$TMP/a"; vals "$TMP/gpue/tiny/metrics.jsonl" > "$TMP/b"
+paste "$TMP/a" "$TMP/b" | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > m) m = r }
+  END { printf "eval in the train arena (emulated GPU) max relative val loss difference %.2g over %d evals\n", m, NR; exit !(m <= 1e-4 && NR == 3) }' ||
+  fail "the GPU's val losses differ from the CPU's"
 run "$EMU" "$TMP/gpu16" "${C[@]}" runtime.backend=cuda precision.compute=bf16
 grep -q "precision.compute bf16: cuBLASLt" "$TMP/err" || { cat "$TMP/err"; fail "bf16 GEMM path not named"; }
 # the same rounding points but the attention forward's (docs/backend.md): seen 1e-5

@@ -1733,6 +1733,52 @@ START_TEST(test_no_gpu_is_one_clear_error)
 }
 END_TEST
 
+/* The CUDA plan's memory (fuse.c, the device's vtable): dlogits take over the logits' buffer
+ * where both have one storage type (f32 and f32, or bf16 activations: bf16 and bf16, padded
+ * rows or not, fused with the forward or not), not where f32 logits meet bf16 dlogits (bf16
+ * compute alone); the eval program runs in the train step's arena. */
+START_TEST(test_nvrtc_memory_plan)
+{
+    static const struct {
+        const char *over[8];
+        const char *env; /* "VAR=value" set for this case, or NULL */
+        int inplace;     /* dlogits over their logits */
+    } CASES[] = {
+        {{NULL}, NULL, 1},
+        {{BF16_ACT, NULL}, NULL, 1},
+        {{BF16_ACT, "model.vocab_size=250", NULL}, NULL, 1},
+        {{BF16_ACT, NULL}, "JDT_FUSED_XENT=0", 1},
+        {{"precision.compute=bf16", NULL}, NULL, 0},
+    };
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
+        jdt_step *s = plan_gpt(d, CASES[i].over, CASES[i].env);
+        const jdt_compile_stats *sm = jdt_step_prog_stats(s, JDT_STEP_PROG_MAIN);
+        const jdt_compile_stats *se = jdt_step_prog_stats(s, JDT_STEP_PROG_EVAL);
+        ck_assert_msg(sm->n_xent_inplace == CASES[i].inplace,
+                      "case %d: %d dlogits in place, not %d", i, sm->n_xent_inplace,
+                      CASES[i].inplace);
+        ck_assert_msg(se && se->arena_shared, "case %d: the eval program has its own arena", i);
+        ck_assert_int_le(se->arena_bytes, sm->arena_bytes);
+        /* inspect's "memory peak": the bytes live at once fit the arena, the largest first */
+        ck_assert(sm->peak_live_bytes > 0 && sm->peak_live_bytes <= sm->arena_bytes);
+        ck_assert(sm->peak_step >= 0 && sm->peak_step < sm->n_steps);
+        int64_t sum = 0;
+        for (int t = 0; t < 4; t++) {
+            sum += sm->peak_top[t].bytes;
+            ck_assert(sm->peak_top[t].op[0] || sm->peak_top[t].bytes == 0);
+            if (t) ck_assert_int_le(sm->peak_top[t].bytes, sm->peak_top[t - 1].bytes);
+        }
+        ck_assert(sum > 0 && sum <= sm->peak_live_bytes);
+        jdt_step_free(s);
+    }
+    jdt_device_close(d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda");
@@ -1743,6 +1789,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_nvrtc_pitched_logits);
     tcase_add_test(tc, test_nvrtc_index_width);
     tcase_add_test(tc, test_nvrtc_bf16_cotangents);
+    tcase_add_test(tc, test_nvrtc_memory_plan);
     tcase_add_test(tc, test_no_gpu_is_one_clear_error);
     suite_add_tcase(s, tc);
 #ifdef JDT_CUDA /* a CPU-only build has no GPU path to test (make test-cuda builds one) */

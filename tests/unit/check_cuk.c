@@ -1632,6 +1632,62 @@ static void check_xent_fused(jdt_cuk *k, int64_t N, int64_t V, bool logits_bf16,
         else
             expect_close(what, hdx, dx, n, 1e-7f, 1e-4f);
     }
+    /* in place (the device's xent_inplace: dlogits over the logits, same type and pitch), staged
+     * in shared memory or not: dlogits the same bits as the same kernel out of place (hdx or
+     * h16, packed above) or near the CPU's, the logits' padding as it was, and the backward on
+     * its own in place too */
+    const size_t es = logits_bf16 ? 2 : 4;
+    const void *xh = logits_bf16 ? (const void *)x16 : (const void *)xp;
+    unsigned char *xi_h = malloc((size_t)np * es);
+    const bool smem0 = k->xent_smem;
+    for (int pass = 0; pass < (logits_bf16 ? 3 : 2); pass++) {
+        /* pass 0: fused (staged where it applies), 1: the backward from the loss, 2: fused with
+         * the rows read from global memory */
+        void *xi = dev_from(xh, (size_t)np * es);
+        float *dld = dev_from(dl, (size_t)N * 4), *gl = dev_from(loss, (size_t)N * 4);
+        k->xent_smem = pass == 2 ? false : smem0;
+        cudaMemset(lossd, 0xff, (size_t)N * 4);
+        if (pass == 1 && logits_bf16)
+            jdt_cuk_softmax_xent_bwd_bf16(k, xi, true, td, dld, gl, xi, N, V, ld, ld);
+        else if (pass == 1)
+            jdt_cuk_softmax_xent_bwd(k, xi, false, td, dld, gl, xi, N, V, ld, ld);
+        else
+            jdt_cuk_softmax_xent_fused(k, xi, logits_bf16, td, g, lossd, xi, logits_bf16, N, V, ld,
+                                       ld);
+        k->xent_smem = smem0;
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_msg(jdt_cuk_check(k, "xent in place", true, &e) == JDT_OK, "%s", e.msg);
+        ck_assert_int_eq(cudaMemcpy(xi_h, xi, (size_t)np * es, cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        snprintf(what, sizeof what, "softmax_xent %s in place (%s, ld %lld)",
+                 pass == 1   ? "bwd"
+                 : pass == 2 ? "fused, unstaged"
+                             : "fused",
+                 logits_bf16 ? "bf16" : "f32", (long long)ld);
+        for (int64_t r = 0; r < N; r++) {
+            const unsigned char *row = xi_h + (size_t)(r * L) * es;
+            ck_assert_msg(memcmp(row + V * es, (const unsigned char *)xh + (size_t)(r * L + V) * es,
+                                 (size_t)(L - V) * es) == 0,
+                          "%s: row %lld's padding written", what, (long long)r);
+            memmove(xi_h + (size_t)(r * V) * es, row, (size_t)V * es);
+        }
+        if (pass != 0 && logits_bf16) /* another kernel: the lse's last bits may differ */
+            expect_bf16_near(what, (const uint16_t *)xi_h, w16, n);
+        else if (pass == 1)
+            expect_close(what, (const float *)xi_h, dx, n, 1e-7f, 1e-4f);
+        else
+            ck_assert_msg(memcmp(xi_h, logits_bf16 ? (const void *)h16 : (const void *)hdx,
+                                 (size_t)n * es) == 0,
+                          "%s: not the bits of the out-of-place run", what);
+        if (pass != 1) {
+            float *gl2 = dev_to_host(k, lossd, N);
+            expect_close(what, gl2, loss, N, 1e-5f, 1e-5f);
+            free(gl2);
+        }
+        cudaFree(xi), cudaFree(dld), cudaFree(gl);
+    }
+    free(xi_h);
     /* the backward on its own, padded the same way (the logsumexp from the loss) */
     if (ld) {
         cudaMemset(dxo, 0xff, (size_t)np * 4);

@@ -446,7 +446,14 @@ static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
         if (n->attrs.i[4]) batch /= 2; /* GELU(y) and y packed */
-        return n->attrs.i[2] ? jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2) : 0;
+        if (!n->attrs.i[2]) return 0;
+        /* the TF32 fallback serves an f32 output whose operands are not padded (run_builtin:
+         * jdt_cuk_matmul_bf16_ex without a pitch); the others need the f32 operands' bf16
+         * copies only (GPT-2's lm-head weight gradient planned 6.2 GiB it could not use) */
+        const bool c16 = n->dtype == JDT_DTYPE_BF16 || n->attrs.i[4] || n->attrs.i[5];
+        const bool pitched = cnode_pitch(c, n->in[0]) || cnode_pitch(c, n->in[1]) || n->pitch;
+        return jdt_cuk_matmul_bf16_need_bytes(batch, M, N, K, b->ndim == 2, c->nodes[n->in[0]].bf16,
+                                              c->nodes[n->in[1]].bf16, !c16 && !pitched);
     }
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
     if (q->ndim != 4 || n->op != JDT_OP_ATTENTION_BWD) return 0; /* the forward needs none */
@@ -636,7 +643,12 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
         const int64_t b = (nl * cl->esz + 255) / 256 * 256;
         if (b > coll_bytes) coll_bytes = b;
     }
-    int64_t total = table_bytes + in_bytes + coll_bytes + (c->arena_bytes ? c->arena_bytes : 256);
+    /* a borrower (eval, apply: program.c checked the lender's size) runs in the lender's arena */
+    const cuda_prog *lender = c->arena_lender;
+    int64_t total = table_bytes + in_bytes + coll_bytes +
+                    (lender           ? 0
+                     : c->arena_bytes ? c->arena_bytes
+                                      : 256);
     if ((st = check_fits(cd, c, total, e)) != JDT_OK) goto fail;
     CU(cudaMalloc(&p->dmem, (size_t)total), "cudaMalloc of the program's arena");
     p->dmem_bytes = total;
@@ -645,7 +657,7 @@ static jdt_status cuda_prepare(jdt_device *d, const cprog *c, void **state, jdt_
     p->dtable = p->dmem;
     p->dinputs = (unsigned char *)p->dmem + table_bytes;
     p->dcoll = coll_bytes ? p->dinputs + in_bytes : NULL;
-    p->darena = p->dinputs + in_bytes + coll_bytes;
+    p->darena = lender ? lender->darena : p->dinputs + in_bytes + coll_bytes;
     for (int b = 0; b < c->n_bufs; b++) {
         if (c->bufs[b].info.kind == JDT_BUF_ARENA && c->bufs[b].info.offset >= 0)
             p->ptrs[b] = p->darena + c->bufs[b].info.offset;
@@ -1494,6 +1506,7 @@ static int64_t cuda_attention_dout16_d(const jdt_device *d)
 
 static const jdt_backend_vt cuda_vt = {
     .name = "cuda",
+    .arena_borrow = true,
     .bf16_storage = true,
     .wire_gathers = true,
     .reduce_stores = true,
@@ -1504,6 +1517,7 @@ static const jdt_backend_vt cuda_vt = {
     .gemm_gelu = true,
     .gemm_pitch = true,
     .xent_fused = true,
+    .xent_inplace = true,
     .attention_copy = true,
     .attention_groups = true,
     .rope_bhtd = true,
@@ -1599,6 +1613,17 @@ static unsigned aot_sources(const cprog *c, int arch)
         if (q->ndim == 4) src |= jdt_cuk_attention_sources(arch, n->attrs.i[0] != 0, q->dims[3]);
     }
     return src;
+}
+
+const jdt_backend_vt *jdt_cuda_emit_only_vt(void)
+{
+    static jdt_backend_vt vt;
+    if (!vt.prepare) {
+        jdt_backend_vt v = jdt_backend_cuda_emit_only;
+        v.scratch_bytes = cuda_scratch_bytes;
+        vt = v;
+    }
+    return &vt;
 }
 
 /* The emit-only device's prepare (the program's CUDA source, the state every other call of

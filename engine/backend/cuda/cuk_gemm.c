@@ -515,6 +515,15 @@ int64_t jdt_cuk_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, i
     return 4 * (batch * M * K + (b_shared ? 1 : batch) * K * N) + 16;
 }
 
+int64_t jdt_cuk_matmul_bf16_need_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
+                                       bool b_shared, bool a_bf16, bool b_bf16, bool fallback)
+{
+    const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
+    const int64_t copies = 2 * ((a_bf16 ? 0 : na) + (b_bf16 ? 0 : nb));
+    if (fallback) return 4 * (na + nb) + 16;
+    return copies ? copies + 16 : 0;
+}
+
 jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const float *bias,
                                float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
                                bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,

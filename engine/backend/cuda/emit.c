@@ -930,6 +930,7 @@ static int64_t eo_attention_dout16_d(const jdt_device *d)
 
 const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .name = "cuda (source only)",
+    .arena_borrow = true,
     .bf16_storage = true,
     .wire_gathers = true,
     .reduce_stores = true,
@@ -940,6 +941,7 @@ const jdt_backend_vt jdt_backend_cuda_emit_only = {
     .gemm_gelu = true,
     .gemm_pitch = true,
     .xent_fused = true,
+    .xent_inplace = true,
     .attention_copy = true,
     .attention_groups = true,
     .rope_bhtd = true,

@@ -147,24 +147,26 @@ extern "C" __global__ void CUK_ROW_BOUNDS cuk_softmax_xent_b(const unsigned shor
 }
 
 /* The logsumexp of row n for the backward: from the forward's loss when there is one
- * (loss = lse - row[t], so lse = loss + row[t]: no pass over the row), else computed. Uniform
- * over the block (loss == NULL is). */
+ * (loss = lse - row[t], so lse = loss + row[t]: no pass over the row), else computed; xt is
+ * row[t]. Uniform over the block (loss == NULL is). Ends with a barrier (the block reductions'
+ * or its own): every read of the row but the backward's own element's is done, so dlogits may
+ * be written over the logits (the device's xent_inplace). */
 template <class T>
-__device__ __forceinline__ float cuk_xent_lse(const T *xr, const float *loss, i64 n, i64 t, i64 V,
-                                              bool vec, float *sh)
+__device__ __forceinline__ float cuk_xent_lse(const T *xr, const float *loss, i64 n, float xt,
+                                              i64 V, bool vec, float *sh)
 {
-    return loss ? loss[n] + cuk_ld(xr, t) : cuk_row_lse(xr, V, vec, sh);
+    if (!loss) return cuk_row_lse(xr, V, vec, sh);
+    __syncthreads();
+    return loss[n] + xt;
 }
 
 /* The fused classifier's forward half (the compiler's fold_xent_backwards): with loss_out,
- * row n's loss from its logsumexp l, or for a target out of range 0 (t < 0) or NaN; by thread
- * 0, before the backward half reads the row again (from cache). */
-template <class T>
+ * row n's loss from its logsumexp l and xt = row[t] (read before the row is written), or for a
+ * target out of range 0 (t < 0) or NaN. By thread 0. */
 __device__ __forceinline__ void cuk_xent_store_loss(float *loss_out, i64 n, i64 t, i64 V, float l,
-                                                    const T *xr)
+                                                    float xt)
 {
-    if (loss_out && threadIdx.x == 0)
-        loss_out[n] = t < 0 ? 0.0f : t >= V ? CUK_NAN : l - cuk_ld(xr, t);
+    if (loss_out && threadIdx.x == 0) loss_out[n] = t < 0 ? 0.0f : t >= V ? CUK_NAN : l - xt;
 }
 
 /* dlogits = dloss * (softmax(row) - onehot(t)); rows with t out of [0, V) are 0. dloss: the
@@ -182,14 +184,15 @@ __device__ __forceinline__ void xent_bwd(const T *logits, const i32 *tgt, const 
         const T *xr = logits + n * ldx;
         float *d = dlogits + n * ldd;
         if (t < 0 || t >= V) {
-            cuk_xent_store_loss(loss_out, n, t, V, 0.0f, xr);
+            cuk_xent_store_loss(loss_out, n, t, V, 0.0f, 0.0f);
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
                 d[c] = 0.0f;
             continue;
         }
-        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh);
+        const float xt = cuk_ld(xr, t); /* before the barrier below: dlogits may be the row */
+        float l = cuk_xent_lse(xr, loss, n, xt, V, vec, sh);
         if (dloss) g = dloss[n];
-        cuk_xent_store_loss(loss_out, n, t, V, l, xr);
+        cuk_xent_store_loss(loss_out, n, t, V, l, xt);
         auto f = [&](i64 c, float a) {
             float p = g * expf(a - l);
             return c == t ? p - g : p;
@@ -263,14 +266,15 @@ xent_bwd_bf16(const T *logits, const i32 *tgt, const float *dloss, float g, cons
         const T *xr = logits + n * ldx;
         unsigned short *d = dlogits + n * ldd;
         if (t < 0 || t >= V) {
-            cuk_xent_store_loss(loss_out, n, t, V, 0.0f, xr);
+            cuk_xent_store_loss(loss_out, n, t, V, 0.0f, 0.0f);
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
                 d[c] = 0;
             continue;
         }
-        float l = cuk_xent_lse(xr, loss, n, t, V, vec, sh);
+        const float xt = cuk_ld(xr, t); /* before the barrier below: dlogits may be the row */
+        float l = cuk_xent_lse(xr, loss, n, xt, V, vec, sh);
         if (dloss) g = dloss[n];
-        cuk_xent_store_loss(loss_out, n, t, V, l, xr);
+        cuk_xent_store_loss(loss_out, n, t, V, l, xt);
         auto bits = [&](i64 c, float a) -> unsigned int {
             float p = g * expf(a - l);
             return cuk_bf16_bits(c == t ? p - g : p);
@@ -353,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(512)
         const unsigned short *xr = logits + n * ldx;
         unsigned short *d = dlogits + n * ldd;
         if (t < 0 || t >= V) { /* uniform over the block */
-            cuk_xent_store_loss(loss, n, t, V, 0.0f, xr);
+            cuk_xent_store_loss(loss, n, t, V, 0.0f, 0.0f);
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
                 d[c] = 0;
             continue;
@@ -376,7 +380,7 @@ extern "C" __global__ void __launch_bounds__(512)
         /* the block's log-sum-exp (its barriers also publish the row in shared memory) */
         const float M = cuk_block_max(m, sh), base = M == CUK_NEG_INF ? 0.0f : M;
         const float l = base + logf(cuk_block_sum(s * expf(m - base), sh));
-        cuk_xent_store_loss(loss, n, t, V, l, row16);
+        cuk_xent_store_loss(loss, n, t, V, l, cuk_ld(row16, t));
         /* pass 2: dlogits = g (softmax - onehot(t)) from shared memory */
         auto bits = [&](i64 c, float a) -> unsigned int {
             float p = g * expf(a - l);
