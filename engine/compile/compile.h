@@ -203,6 +203,7 @@ typedef struct {
     int64_t peak_live_bytes; /* the most arena bytes live at once (arena_bytes less this:
                                 fragmentation of the placement) */
     int peak_step;           /* the step where they are live */
+    bool placed_by_size;     /* the second placement (largest first) beat the sweep's */
     jdt_peak_buf peak_top[4]; /* the largest buffers live there, largest first (bytes 0: none) */
     bool arena_shared;     /* the arena is opts.share_arena's (nothing allocated for it) */
     double compile_s;      /* wall time of jdt_program_compile */

@@ -1332,6 +1332,59 @@ static int xent_donor(const cprog *c, const cstep *sp, int d, int s, const int *
     return xb;
 }
 
+/* The second placement (jdt_compile_plan): n allocations, each size[i] bytes (64-aligned) live
+ * over steps t0[i]..t1[i] (inclusive: one freed at s and one taken at s overlap, as in the
+ * sweep), placed largest first, each at the lowest offset free of every placed one it overlaps
+ * in time ("greedy by size", the offline planners' rule: TFLite's, XLA's heap simulator's).
+ * off[i] receives the offsets; returns the top, or -1 when it did not run (out of memory, or n
+ * so large that its O(n^2) would cost more than the bytes it could save). */
+#define PLACE_OFFLINE_MAX 20000
+static int cmp_size_desc(const void *x, const void *y, void *ctx)
+{
+    const int64_t *size = ctx;
+    const int a = *(const int *)x, b = *(const int *)y;
+    return size[a] != size[b] ? (size[a] < size[b] ? 1 : -1) : (a > b) - (a < b);
+}
+
+static int64_t place_offline(const int64_t *size, const int *t0, const int *t1, int n,
+                             int64_t *off)
+{
+    if (n > PLACE_OFFLINE_MAX) return -1;
+    int *order = jdt_malloc(sizeof(int) * ((size_t)n + 1));
+    int *placed = jdt_malloc(sizeof(int) * ((size_t)n + 1)); /* by offset */
+    if (!order || !placed) {
+        jdt_free(order);
+        jdt_free(placed);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, (void *)size);
+    int64_t top = 0;
+    int n_placed = 0;
+    for (int k = 0; k < n; k++) {
+        const int i = order[k];
+        int64_t cand = 0;
+        for (int j = 0; j < n_placed; j++) { /* the first gap among those live with i */
+            const int q = placed[j];
+            if (t1[q] < t0[i] || t1[i] < t0[q]) continue;
+            if (off[q] >= cand + size[i]) break;
+            if (off[q] + size[q] > cand) cand = off[q] + size[q];
+        }
+        off[i] = cand;
+        if (cand + size[i] > top) top = cand + size[i];
+        int at = n_placed;
+        while (at > 0 && off[placed[at - 1]] > cand)
+            at--;
+        memmove(&placed[at + 1], &placed[at], sizeof(int) * (size_t)(n_placed - at));
+        placed[at] = i;
+        n_placed++;
+    }
+    jdt_free(order);
+    jdt_free(placed);
+    return top;
+}
+
 /* stats.peak_top: the largest arena buffers live at step ps (written at or before it, read at
  * or after it; a buffer written in place counts once) with the op of a node they hold. */
 static void note_peak(cprog *c, int ps, const int *last)
@@ -1374,6 +1427,16 @@ static void note_peak(cprog *c, int ps, const int *last)
     jdt_free(node_of);
 }
 
+/* The sweep took a span for buffer b at step s: its own storage, live from s to the end until
+ * it is given back. A buffer taken twice turns the second placement off. */
+static void own_take(int *own, int *t0, int *t1, int b, int s, int S, bool *ok)
+{
+    if (own[b] >= 0) *ok = false;
+    own[b] = b;
+    t0[b] = s;
+    t1[b] = S;
+}
+
 /* Is arena buffer b freed at step last[b] of the placement sweep (written at or before it, a
  * real step, not dropped by donation)? */
 static bool dies_in_plan(const cprog *c, int b, const int *last, int S)
@@ -1393,6 +1456,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     int *die_start = NULL, *die = NULL, *cursor = NULL; /* arena buffers by the step they die */
     unsigned char *seen_value = NULL;                   /* (n_nodes) update values met so far */
     unsigned char *later_use = NULL; /* (n_updates) the value also updates an earlier leaf */
+    int *own = NULL, *root_of = NULL, *t0 = NULL, *t1 = NULL; /* the second placement's */
+    int64_t *sizes = NULL, *offs = NULL;
 
     /* 1. buffers: leaves, stored nodes; views alias */
     for (int i = 0; i < c->n_nodes; i++) {
@@ -1525,6 +1590,18 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
 
     int64_t live = 0; /* arena bytes live during the sweep (stats.peak_live_bytes) */
     int peak_step = -1;
+    /* for the second placement: each buffer's storage (its own, or its donor's), and each
+     * storage's steps from its take to its give (S: kept to the end) */
+    own = jdt_malloc(sizeof(int) * ((size_t)c->n_bufs + 1));
+    root_of = jdt_malloc(sizeof(int) * ((size_t)c->n_bufs + 1));
+    t0 = jdt_malloc(sizeof(int) * ((size_t)c->n_bufs + 1));
+    t1 = jdt_malloc(sizeof(int) * ((size_t)c->n_bufs + 1));
+    sizes = jdt_malloc(sizeof(int64_t) * ((size_t)c->n_bufs + 1));
+    offs = jdt_malloc(sizeof(int64_t) * ((size_t)c->n_bufs + 1));
+    if (!own || !root_of || !t0 || !t1 || !sizes || !offs) goto nomem;
+    for (int b = 0; b < c->n_bufs; b++)
+        own[b] = -1;
+    bool offline_ok = true;
     /* 4. arena placement over the schedule, with in-place takeover. A buffer never read dies
      * where it is written; the arena buffers dying at each step are bucketed once (CSR over
      * steps, ascending buffer order) instead of scanning every buffer at every step, which was
@@ -1558,9 +1635,11 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
         } else if (sp->kind == STEP_COLL_WAIT) { /* the results out of a wire buffer */
             const ccoll *cl = &c->colls[sp->coll];
             for (int m = 0; cl->scratch_buf >= 0 && m < cl->n_members; m++) {
-                cbuf *b = &c->bufs[c->nodes[cl->members[m]].buf];
+                const int mb = c->nodes[cl->members[m]].buf;
+                cbuf *b = &c->bufs[mb];
                 if (!arena_take(&A, b->info.n_bytes, &b->info.offset)) goto nomem;
                 live += align64(b->info.n_bytes);
+                own_take(own, t0, t1, mb, s, S, &offline_ok);
             }
         } else if (sp->kind == STEP_COLL_START) {
         } else if (sp->kind == STEP_BUILTIN) {
@@ -1615,8 +1694,10 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                 b->info.offset = c->bufs[donor].info.offset;
                 b->info.inplace_of = donor;
                 c->stats.n_inplace++;
+                own[outs[k]] = own[donor]; /* the donor's storage goes on */
             } else {
                 arena_take(&A, b->info.n_bytes, &b->info.offset);
+                own_take(own, t0, t1, outs[k], s, S, &offline_ok);
             }
         }
         if (live > c->stats.peak_live_bytes) c->stats.peak_live_bytes = live, peak_step = s;
@@ -1625,6 +1706,28 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
             if (taken[die[k]]) continue;
             if (!arena_give(&A, cb->info.offset, cb->info.n_bytes)) goto nomem;
             live -= align64(cb->info.n_bytes);
+            if (own[die[k]] >= 0) t1[own[die[k]]] = s;
+        }
+    }
+    /* the sweep's best fit leaves gaps where sizes vary (Llama 7B at tensor: 8, bf16: 938 MiB
+     * of 5622); the same lifetimes placed largest first, kept when their top is lower.
+     * JDT_PLACEMENT=sweep keeps the sweep's, =size takes the second whatever its top (tests) */
+    const char *pm = getenv("JDT_PLACEMENT");
+    const bool force_size = pm && strcmp(pm, "size") == 0;
+    if (offline_ok && !(pm && strcmp(pm, "sweep") == 0)) {
+        int n_roots = 0;
+        for (int b = 0; b < c->n_bufs; b++)
+            if (own[b] == b) {
+                t0[n_roots] = t0[b], t1[n_roots] = t1[b];
+                sizes[n_roots] = align64(c->bufs[b].info.n_bytes ? c->bufs[b].info.n_bytes : 1);
+                root_of[b] = n_roots++;
+            }
+        const int64_t top = place_offline(sizes, t0, t1, n_roots, offs);
+        if (top >= 0 && (top < A.top || force_size)) {
+            for (int b = 0; b < c->n_bufs; b++)
+                if (own[b] >= 0) c->bufs[b].info.offset = offs[root_of[own[b]]];
+            A.top = top;
+            c->stats.placed_by_size = true;
         }
     }
     for (int k = 0; k < c->n_colls; k++) { /* slots side by side, in member order */
@@ -1655,5 +1758,11 @@ out:
     jdt_free(seen_value);
     jdt_free(later_use);
     jdt_free(A.free);
+    jdt_free(own);
+    jdt_free(root_of);
+    jdt_free(t0);
+    jdt_free(t1);
+    jdt_free(sizes);
+    jdt_free(offs);
     return st;
 }

@@ -167,9 +167,22 @@ START_TEST(test_memory_plan_invariants)
     fx_fill(&f, 3);
     jdt_compile_opts o;
     fx_opts(&f, &o);
+    /* both placements (fuse.c: the sweep's best fit, and the lifetimes placed largest first),
+     * each checked and run against the interpreter; the default takes the lower top */
+    int64_t tops[2];
+    for (int pm = 0; pm < 2; pm++) {
+        setenv("JDT_PLACEMENT", pm ? "size" : "sweep", 1);
+        jdt_program *q = fx_check_steps(&f, &o, 2, 1e-4, 1e-5, true);
+        unsetenv("JDT_PLACEMENT");
+        check_plan(q);
+        ck_assert(jdt_program_stats(q)->placed_by_size == (pm == 1));
+        tops[pm] = jdt_program_stats(q)->arena_bytes;
+        jdt_program_free(q);
+    }
     jdt_program *p = fx_check_steps(&f, &o, 2, 1e-4, 1e-5, true);
     check_plan(p);
     const jdt_compile_stats *s = jdt_program_stats(p);
+    ck_assert_int_eq(s->arena_bytes, tops[1] < tops[0] ? tops[1] : tops[0]);
     ck_assert_int_eq(s->n_donated + s->n_update_copies, 4);
     ck_assert_int_ge(s->n_donated, 1);
     /* reuse: the arena is smaller than the sum of the buffers */

@@ -626,6 +626,59 @@ START_TEST(test_matmul_bf16)
 }
 END_TEST
 
+/* The TF32 fallback where cuBLASLt has no bf16 algorithm (the emulator's
+ * JDT_CUDAEMU_NO_BF16_GEMM=1; a GPU checks the bf16 path instead) with the scratch the compiler
+ * plans (jdt_cuk_matmul_bf16_need_bytes: the f32 operands' bf16 copies, none for bf16-stored
+ * ones): the fallback allocates its f32 copies for the call, gives them back (the device's free
+ * memory as before), and computes the CPU's bf16 product; an f32 operand's copy in the
+ * scratch and a bf16-stored operand alike. */
+START_TEST(test_matmul_bf16_fallback)
+{
+    GPU_OR_SKIP(k);
+    setenv("JDT_CUDAEMU_NO_BF16_GEMM", "1", 1); /* read at each plan: k has made none yet */
+    const int64_t batch = 3, M = 37, N = 53, K = 29, na = batch * M * K, nb = K * N,
+                  nc = batch * M * N;
+    float *a = rand_floats(na, 41, -2, 2), *b = rand_floats(nb, 42, -1, 1);
+    float *want = malloc((size_t)nc * 4);
+    float *scr = malloc((size_t)jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, true) * 4 + 4);
+    jdt_rt_matmul_bf16(a, b, NULL, want, batch, M, N, K, false, false, true, scr, 1);
+    uint16_t *b16 = malloc((size_t)nb * 2);
+    for (int64_t i = 0; i < nb; i++)
+        b16[i] = jdt_rt_bf16_bits(b[i]);
+    float *da = dev_from(a, (size_t)na * 4), *dc = dev_alloc((size_t)nc * 4);
+    void *db = dev_from(b, (size_t)nb * 4), *db16 = dev_from(b16, (size_t)nb * 2);
+    for (int b_bf = 0; b_bf < 2; b_bf++) {
+        const int64_t sb = jdt_cuk_matmul_bf16_need_bytes(batch, M, N, K, true, false, b_bf);
+        ck_assert_int_lt(sb, jdt_cuk_matmul_bf16_scratch_bytes(batch, M, N, K, true));
+        void *dscr = dev_alloc((size_t)sb);
+        size_t free0 = 0, free1 = 0, total = 0;
+        ck_assert_int_eq(cudaMemGetInfo(&free0, &total), cudaSuccess);
+        const int before = k->tf32_fallbacks;
+        ck_assert_int_eq(cudaMemset(dc, 0xff, (size_t)nc * 4), cudaSuccess);
+        jdt_err e;
+        jdt_err_clear(&e);
+        jdt_status st = jdt_cuk_matmul_bf16_ex(k, da, b_bf ? db16 : db, NULL, NULL, dc, batch, M, N,
+                                               K, false, false, true, false, b_bf, dscr, sb, &e);
+        ck_assert_msg(st == JDT_OK, "%s", e.msg);
+        float *got = dev_to_host(k, dc, nc);
+        ck_assert_int_eq(cudaMemGetInfo(&free1, &total), cudaSuccess);
+        ck_assert_msg(free1 == free0, "the fallback's copies not given back: %zu -> %zu free",
+                      free0, free1);
+        if (emulated_gpu())
+            ck_assert_msg(k->tf32_fallbacks == before + 1, "the fallback did not run");
+        expect_close(b_bf ? "TF32 fallback, bf16-stored b, planned scratch"
+                          : "TF32 fallback, planned scratch",
+                     got, want, nc, 1e-4f * sqrtf((float)(K + 1)), 1e-4f);
+        free(got);
+        cudaFree(dscr);
+    }
+    free(a), free(b), free(want), free(scr), free(b16);
+    cudaFree(da), cudaFree(dc), cudaFree(db), cudaFree(db16);
+    unsetenv("JDT_CUDAEMU_NO_BF16_GEMM");
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* Padded rows (jdt_cuk_gemm_pitch; fuse.c mark_pitched_rows pads GPT-2's logits and dlogits):
  * a (M, K), or stored (K, M) with ta, b (K, N) and c (M, N), each with rows padded, against the
  * product of the same bf16-exact values on rows back to back: f32 operands (TF32 tensor cores,
@@ -3164,6 +3217,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_lazy_load);
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_matmul_bf16);
+    tcase_add_test(tc, test_matmul_bf16_fallback);
     tcase_add_test(tc, test_matmul_pitched);
     tcase_add_test(tc, test_colsum_bf16);
     tcase_add_test(tc, test_matmul_autotune);

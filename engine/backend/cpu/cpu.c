@@ -598,6 +598,7 @@ static jdt_status cpu_read(void *state, int node, void *dst, size_t n_bytes, jdt
 
 const jdt_backend_vt jdt_backend_cpu = {
     .name = "cpu",
+    .xent_inplace = true,
     .arena_borrow = true,
     .prepare = cpu_prepare,
     .source = cpu_source,

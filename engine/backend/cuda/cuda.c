@@ -447,13 +447,11 @@ static int64_t cuda_scratch_bytes(const cprog *c, const cnode *n)
         int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
         if (n->attrs.i[4]) batch /= 2; /* GELU(y) and y packed */
         if (!n->attrs.i[2]) return 0;
-        /* the TF32 fallback serves an f32 output whose operands are not padded (run_builtin:
-         * jdt_cuk_matmul_bf16_ex without a pitch); the others need the f32 operands' bf16
-         * copies only (GPT-2's lm-head weight gradient planned 6.2 GiB it could not use) */
-        const bool c16 = n->dtype == JDT_DTYPE_BF16 || n->attrs.i[4] || n->attrs.i[5];
-        const bool pitched = cnode_pitch(c, n->in[0]) || cnode_pitch(c, n->in[1]) || n->pitch;
+        /* the f32 operands' bf16 copies; the TF32 fallback (where cuBLASLt has no bf16
+         * algorithm: meant to be rare) allocates its own copies when it runs. Planning them
+         * cost GPT-2's lm-head weight gradient 6.2 GiB, Llama's at tensor: 8 0.55 GiB */
         return jdt_cuk_matmul_bf16_need_bytes(batch, M, N, K, b->ndim == 2, c->nodes[n->in[0]].bf16,
-                                              c->nodes[n->in[1]].bf16, !c16 && !pitched);
+                                              c->nodes[n->in[1]].bf16);
     }
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
     if (q->ndim != 4 || n->op != JDT_OP_ATTENTION_BWD) return 0; /* the forward needs none */

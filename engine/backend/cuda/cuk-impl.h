@@ -183,6 +183,7 @@ struct jdt_cuk {
      * from then on, without asking again */
     bool gelu_epilogue_off, dgelu_epilogue_off; /* the same for DGELU */
     bool dgelu_bgrad_off; /* and for DGELU_BGRAD (jdt_cuk_matmul_bf16_dgelu with dbias) */
+    int tf32_fallbacks;   /* bf16 GEMMs cuBLASLt refused that ran on TF32 (matmul_bf16; tests) */
     int64_t ld_next[3];   /* jdt_cuk_gemm_pitch: the next GEMM's row strides of a, b, c */
     /* cuk_gemm.c gemm: unaligned GEMMs split into an aligned bulk and a remainder (unless
      * JDT_GEMM_SPLIT=0); shapes (M, N, K, ta, tb, bf16, c_bf16, bias) whose parts cuBLASLt

@@ -112,13 +112,14 @@ void jdt_cuk_gemm_pitch(jdt_cuk *k, int64_t lda, int64_t ldb, int64_t ldc);
  * copies (2 bytes per input element). */
 int64_t jdt_cuk_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
                                           bool b_shared);
-/* The scratch a bf16 GEMM can use, exactly: the bf16 copies of its f32 operands (none when
- * a_bf16 and b_bf16; b's 16-byte aligned after a's), or, with fallback, room for the TF32
- * fallback's f32 copies of both (an f32 output, no padded rows: the only calls that take it;
- * jdt_cuk_matmul_bf16_scratch_bytes' size). 0 when it needs none. A smaller scratch than the
- * fallback's skips it: cuBLASLt's refusal is then the call's error. */
+/* The scratch a bf16 GEMM needs: the bf16 copies of its f32 operands (b's 16-byte aligned
+ * after a's); 0 when a_bf16 and b_bf16. What the compiler plans. The TF32 fallback (an f32
+ * output without padded rows, where cuBLASLt has no bf16 algorithm) uses the scratch when it
+ * holds jdt_cuk_matmul_bf16_scratch_bytes, else allocates its copies for the call
+ * (cudaMallocAsync on the stream, freed after the GEMM; ERR_NOMEM naming the GEMM when that
+ * fails). */
 int64_t jdt_cuk_matmul_bf16_need_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
-                                       bool b_shared, bool a_bf16, bool b_bf16, bool fallback);
+                                       bool b_shared, bool a_bf16, bool b_bf16);
 jdt_status jdt_cuk_matmul_bf16(jdt_cuk *k, const float *a, const float *b, const float *bias,
                                float *c, int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
                                bool tb, bool b_shared, void *scratch, int64_t scratch_bytes,

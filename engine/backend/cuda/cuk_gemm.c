@@ -516,11 +516,10 @@ int64_t jdt_cuk_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, i
 }
 
 int64_t jdt_cuk_matmul_bf16_need_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
-                                       bool b_shared, bool a_bf16, bool b_bf16, bool fallback)
+                                       bool b_shared, bool a_bf16, bool b_bf16)
 {
     const int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
     const int64_t copies = 2 * ((a_bf16 ? 0 : na) + (b_bf16 ? 0 : nb));
-    if (fallback) return 4 * (na + nb) + 16;
     return copies ? copies + 16 : 0;
 }
 
@@ -574,10 +573,29 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
     }
     st = gemm(k, a16, b16, bias, acc, c, aux, aux_kind, batch, M, N, K, ta, tb, b_shared, true,
               c_bf16, ld, e);
-    if (st == JDT_OK || c_bf16 || pitched || !scratch || scratch_bytes < 4 * (na + nb)) return st;
+    if (st == JDT_OK || c_bf16 || pitched) return st;
     /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
-     * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11) */
-    float *ar = scratch, *br = ar + na;
+     * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11), in the caller's
+     * scratch when it has room, else in memory allocated for this call, stream-ordered: the
+     * compiler's plan does not reserve it (it is meant to be rare), and its first use says so */
+    void *tmp = NULL;
+    const size_t fb = (size_t)(4 * (na + nb));
+    if (!scratch || scratch_bytes < (int64_t)fb) {
+        cudaError_t ce = cudaMallocAsync(&tmp, fb, k->stream);
+        if (ce != cudaSuccess)
+            return jdt_err_set(e, JDT_ERR_NOMEM,
+                               "matmul bf16 (M %lld, N %lld, K %lld): cuBLASLt has no bf16 "
+                               "algorithm, and the TF32 fallback's %.1f MiB of f32 copies could "
+                               "not be allocated: %s",
+                               (long long)M, (long long)N, (long long)K, (double)fb / 1048576.0,
+                               cudaGetErrorString(ce));
+    }
+    if (!k->tf32_fallbacks++)
+        JDT_INFO("cuda: cuBLASLt has no bf16 algorithm for a GEMM (batch %lld, M %lld, N %lld, "
+                 "K %lld): TF32 on its bf16-rounded values (%s)",
+                 (long long)batch, (long long)M, (long long)N, (long long)K,
+                 tmp ? "copies allocated for the call" : "copies in the planned scratch");
+    float *ar = tmp ? tmp : scratch, *br = ar + na;
     if (a_bf16)
         jdt_cuk_bf16_widen(k, a, ar, na);
     else
@@ -586,8 +604,10 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         jdt_cuk_bf16_widen(k, b, br, nb);
     else
         jdt_cuk_bf16_round(k, b, br, nb);
-    return gemm(k, ar, br, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, false, false,
-                NULL, e);
+    st = gemm(k, ar, br, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, false, false,
+              NULL, e);
+    if (tmp) cudaFreeAsync(tmp, k->stream);
+    return st;
 }
 
 jdt_status jdt_cuk_matmul_bf16_ex(jdt_cuk *k, const void *a, const void *b, const float *bias,

@@ -319,6 +319,20 @@ cudaError_t cudaMalloc(void **p, size_t n)
     return cudaSuccess;
 }
 
+/* Stream-ordered allocation: the memory at once (nothing queued can use it yet), the free
+ * after the streams' queued work (cudaFree runs it first). */
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s)
+{
+    (void)s;
+    return cudaMalloc(p, n);
+}
+
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
+{
+    (void)s;
+    return cudaFree(p);
+}
+
 cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
