@@ -1346,8 +1346,7 @@ static int cmp_size_desc(const void *x, const void *y, void *ctx)
     return size[a] != size[b] ? (size[a] < size[b] ? 1 : -1) : (a > b) - (a < b);
 }
 
-static int64_t place_offline(const int64_t *size, const int *t0, const int *t1, int n,
-                             int64_t *off)
+static int64_t place_offline(const int64_t *size, const int *t0, const int *t1, int n, int64_t *off)
 {
     if (n > PLACE_OFFLINE_MAX) return -1;
     int *order = jdt_malloc(sizeof(int) * ((size_t)n + 1));
