@@ -106,7 +106,8 @@ void jdt_compile_opts_init(jdt_compile_opts *o);
 
 /* One arena buffer live at the memory plan's peak (jdt_compile_stats.peak_top). */
 typedef struct {
-    char op[32]; /* the op of the node it holds ("scratch": a builtin's) */
+    char op[32]; /* the op of the node it holds ("scratch": a builtin's; a collective's
+                    "collective bucket" or "collective wire") */
     int64_t dims[4], bytes;
     int ndim;    /* of the node's shape (at most 4 listed) */
     bool bf16;   /* stored as bf16 */

@@ -1395,6 +1395,10 @@ static void note_peak(cprog *c, int ps, const int *last)
         node_of[b] = -1;
     for (int i = c->n_nodes - 1; i >= 0; i--)
         if (c->nodes[i].buf >= 0 && c->nodes[i].kind != CK_VIEW) node_of[c->nodes[i].buf] = i;
+    for (int k = 0; k < c->n_colls; k++) { /* a bucket's or a wire's buffer holds no one node */
+        if (c->colls[k].buf >= 0) node_of[c->colls[k].buf] = -2;
+        if (c->colls[k].scratch_buf >= 0) node_of[c->colls[k].scratch_buf] = -3;
+    }
     for (int b = 0; b < c->n_bufs; b++) {
         const jdt_buf_info *bi = &c->bufs[b].info;
         if (bi->kind != JDT_BUF_ARENA || bi->slot_of >= 0 || bi->def_step < 0 ||
@@ -1413,7 +1417,10 @@ static void note_peak(cprog *c, int ps, const int *last)
         t->bf16 = bi->bf16;
         const int nd = node_of[b];
         if (nd < 0) {
-            snprintf(t->op, sizeof t->op, "scratch");
+            snprintf(t->op, sizeof t->op, "%s",
+                     nd == -2   ? "collective bucket"
+                     : nd == -3 ? "collective wire"
+                                : "scratch");
             continue;
         }
         const cnode *n = &c->nodes[nd];
@@ -1693,7 +1700,8 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                 b->info.offset = c->bufs[donor].info.offset;
                 b->info.inplace_of = donor;
                 c->stats.n_inplace++;
-                own[outs[k]] = own[donor]; /* the donor's storage goes on */
+                if (own[outs[k]] >= 0) offline_ok = false; /* taken before: not one storage */
+                own[outs[k]] = own[donor];                 /* the donor's storage goes on */
             } else {
                 arena_take(&A, b->info.n_bytes, &b->info.offset);
                 own_take(own, t0, t1, outs[k], s, S, &offline_ok);

@@ -530,7 +530,7 @@ static jdt_status check_fits(cuda_dev *cd, const cprog *c, int64_t program_bytes
     char s_need[32], s_prog[32], s_arena[32], s_leaf[32], s_free[32], s_total[32];
     fmt_gib(s_need, sizeof s_need, (double)need);
     fmt_gib(s_prog, sizeof s_prog, (double)program_bytes);
-    fmt_gib(s_arena, sizeof s_arena, (double)c->arena_bytes);
+    fmt_gib(s_arena, sizeof s_arena, c->arena_lender ? 0.0 : (double)c->arena_bytes);
     fmt_gib(s_leaf, sizeof s_leaf, (double)leaf_bytes);
     fmt_gib(s_free, sizeof s_free, (double)free_b);
     fmt_gib(s_total, sizeof s_total, (double)total_b);
