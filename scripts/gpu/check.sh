@@ -40,7 +40,7 @@
 #   PRECOMPILE=DIR (no GPU needed; bundle.sh uses it): instead of the stages, compile the
 #   kernels of stages 3 and 4's runs (the same configs and overrides) with `jdt-train inspect
 #   --cuda-arch sm_$GPU_ARCH` (default 90) into DIR, and stop.
-# Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 43 GiB of arena for jdt-train in bf16, 36 in f32), GPT_STEPS (12),
+# Env: OUT (results dir, default /tmp/jdt-gpu-check), GPT_BATCH (default 32: about 13.7 GiB of arena for jdt-train in bf16, 25.7 in f32; Session 40), GPT_STEPS (12),
 #   GPT_PRECISION (bf16: precision.compute of stage 4; f32 = TF32 GEMMs, MFU against 494.7),
 #   GPT_ACTIVATIONS (precision.activations of stage 4; default bf16 with bf16 compute, as the
 #   peers' autocast and MaxText store their linear layers' outputs; f32 with f32),
@@ -305,7 +305,7 @@ PY
     say "tiny $prec FAILED (cpu exit $rc_c, cuda exit $rc_g)"; tail -3 "$OUT/tiny-cpu-$prec.log" | tee -a "$SUMMARY"
   fi
 done
-# the device memory check: a plan larger than the GPU (~216 GiB of arena) must be one line and
+# the device memory check: a plan larger than the GPU (~165 GiB of arena) must be one line and
 # exit 1 before its allocation, never a CUDA out-of-memory error mid-step
 (cd "$ROOT" && timeout "$(tmo)" "$BIN" train configs/tiny.yaml run.out_dir="$OUT/tiny-oom" run.steps=2 \
    run.eval_every=0 checkpoint.every=0 runtime.backend=cuda data.batch_size=524288 \
