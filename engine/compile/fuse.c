@@ -1309,18 +1309,20 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
     return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt, n->attrs.i[0] != 0) * 4;
 }
 
-/* The buffer of the logits that dlogits node d, an output of builtin step sp at step s, may take
- * over (the device's xent_inplace): the fused cross-entropy's backward (SOFTMAX_XENT's co) or a
- * SOFTMAX_XENT_BWD, when the logits' arena buffer dies at s, is not taken yet, and holds the
- * same bytes in the same layout (element size and row pitch). -1 otherwise. */
-static int xent_donor(const cprog *c, const cstep *sp, int d, int s, const int *last,
+/* The buffer of the logits that output buffer ob of builtin step sp at step s may take over (the
+ * device's xent_inplace): when ob holds dlogits, the fused cross-entropy's backward
+ * (SOFTMAX_XENT's co) or a SOFTMAX_XENT_BWD's, and the logits' arena buffer dies at s, is not
+ * taken yet, and holds the same bytes in the same layout (element size and row pitch). -1
+ * otherwise. */
+static int xent_donor(const cprog *c, const cstep *sp, int ob, int s, const int *last,
                       const bool *taken)
 {
     const cnode *n = &c->nodes[sp->node];
     if (!c->xent_inplace || n->n_in < 1) return -1;
-    if (!(n->op == JDT_OP_SOFTMAX_XENT && n->co == d) &&
-        !(n->op == JDT_OP_SOFTMAX_XENT_BWD && sp->node == d))
-        return -1;
+    int d = -1; /* the dlogits node (a co of 0: none) */
+    if (n->op == JDT_OP_SOFTMAX_XENT && n->co) d = n->co;
+    if (n->op == JDT_OP_SOFTMAX_XENT_BWD) d = sp->node;
+    if (d < 0 || c->nodes[d].buf != ob) return -1;
     const cnode *x = &c->nodes[n->in[0]], *y = &c->nodes[d];
     const int xb = x->buf;
     if (xb < 0 || y->buf < 0 || c->bufs[xb].info.kind != JDT_BUF_ARENA || taken[xb] ||
@@ -1679,13 +1681,9 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                     }
                 }
             }
-            if (sp->kind == STEP_BUILTIN && donor < 0) { /* dlogits over dying logits */
-                for (int q = sp->node; donor < 0; q = c->nodes[q].co) {
-                    if (c->nodes[q].buf == outs[k]) donor = xent_donor(c, sp, q, s, last, taken);
-                    if (!c->nodes[q].co) break;
-                }
-                if (donor >= 0) c->stats.n_xent_inplace++;
-            }
+            if (sp->kind == STEP_BUILTIN && donor < 0 &&
+                (donor = xent_donor(c, sp, outs[k], s, last, taken)) >= 0)
+                c->stats.n_xent_inplace++; /* dlogits over dying logits */
             if (sp->kind == STEP_BUILTIN && k == 0 && c->nodes[sp->node].op == JDT_OP_SCATTER_ADD &&
                 c->nodes[sp->node].n_in > 2) {
                 /* a scatter-add onto an initial value that dies here adds into its buffer */
@@ -1694,7 +1692,6 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                     last[xb] == s && c->bufs[xb].info.n_bytes == b->info.n_bytes)
                     donor = xb;
             }
-            if (donor < 0) live += align64(b->info.n_bytes);
             if (donor >= 0) {
                 taken[donor] = true;
                 b->info.offset = c->bufs[donor].info.offset;
@@ -1704,6 +1701,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
                 own[outs[k]] = own[donor];                 /* the donor's storage goes on */
             } else {
                 arena_take(&A, b->info.n_bytes, &b->info.offset);
+                live += align64(b->info.n_bytes);
                 own_take(own, t0, t1, outs[k], s, S, &offline_ok);
             }
         }
@@ -1722,7 +1720,7 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
     const char *pm = getenv("JDT_PLACEMENT");
     const bool force_size = pm && strcmp(pm, "size") == 0;
     if (offline_ok && !(pm && strcmp(pm, "sweep") == 0)) {
-        int n_roots = 0;
+        int n_roots = 0; /* t0, t1 compacted to the storages in place (n_roots <= b) */
         for (int b = 0; b < c->n_bufs; b++)
             if (own[b] == b) {
                 t0[n_roots] = t0[b], t1[n_roots] = t1[b];

@@ -627,6 +627,16 @@ static void load_model(int i, jdt_config *c)
     ck_assert_msg(st == JDT_OK, "config %s: %s", MODELS[i].name, e.msg);
 }
 
+/* The emit-only CUDA device (no GPU: plans and CUDA source). */
+static jdt_device *emit_only_device(void)
+{
+    jdt_device *d = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_device_open_emit_only(&d, &e) == JDT_OK, "%s", e.msg);
+    return d;
+}
+
 static jdt_step *make_step(const jdt_config *c, jdt_device *d, const char *cache)
 {
     jdt_step_opts o;
@@ -1083,10 +1093,7 @@ START_TEST(test_nvrtc_bf16_cotangents)
         {{"precision.compute=bf16", NULL}, NULL, 0, 0, 3, 2},
         {{NULL}, NULL, 0, 0, 0, 0},
     };
-    jdt_device *d = NULL;
-    jdt_err e;
-    jdt_err_clear(&e);
-    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    jdt_device *d = emit_only_device();
     for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
         jdt_step *s = plan_gpt(d, CASES[i].over, CASES[i].env);
         const jdt_compile_stats *st = jdt_step_stats(s);
@@ -1750,10 +1757,7 @@ START_TEST(test_nvrtc_memory_plan)
         {{BF16_ACT, NULL}, "JDT_FUSED_XENT=0", 1},
         {{"precision.compute=bf16", NULL}, NULL, 0},
     };
-    jdt_device *d = NULL;
-    jdt_err e;
-    jdt_err_clear(&e);
-    ck_assert_int_eq(jdt_device_open_emit_only(&d, &e), JDT_OK);
+    jdt_device *d = emit_only_device();
     for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) {
         jdt_step *s = plan_gpt(d, CASES[i].over, CASES[i].env);
         const jdt_compile_stats *sm = jdt_step_prog_stats(s, JDT_STEP_PROG_MAIN);

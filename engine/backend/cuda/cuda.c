@@ -1714,9 +1714,8 @@ jdt_status jdt_cuda_device_open_aot(jdt_device *d, int arch, jdt_err *e)
         return st;
     }
     if (!aot_vt.prepare) {
-        jdt_backend_vt vt = jdt_backend_cuda_emit_only;
+        jdt_backend_vt vt = *jdt_cuda_emit_only_vt(); /* the run's memory plan, exactly */
         vt.name = "cuda (ahead of time)";
-        vt.scratch_bytes = cuda_scratch_bytes; /* the run's memory plan, exactly */
         vt.prepare = aot_prepare;
         vt.close = aot_close;
         vt.describe = aot_describe;
