@@ -60,10 +60,11 @@
 #   after its GEMM, the residual adds kernels of their own, the cross-entropy's backward a pass of
 #   its own, the attention's output transposed by a kernel, its backward's packed output read by a
 #   kernel per projection, its log-sum-exp found again and its dO stored in f32 (session 16's step);
-#   "4c" with JDT_CUDNN_ATTENTION=1 and then =fast, the attention through cuDNN's fused engines
-#   (cuk_cudnn.c; PyTorch's libcudnn.so.9, found by the probe: JDT_CUDNN_LIBRARY), deterministic
-#   and with dQ accumulated: their tok/s, and the faster one's profile (its attention rows
-#   against stage 4p's);
+#   "4c" with the attention stage 4 did not keep (stage 4 runs the default,
+#   JDT_CUDNN_ATTENTION=auto: cuDNN's fused engines tried against jdt-train's kernels once per
+#   direction, cuk_cudnn.c; PyTorch's libcudnn.so.9, found by the probe: JDT_CUDNN_LIBRARY; the
+#   later stages keep stage 4's verdict), then =fast (cuDNN with dQ accumulated): their tok/s,
+#   and a profile of the first (its attention rows against stage 4p's);
 #   "4q" runs stage 4's model with Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) and 4
 #   key/value heads for its 12 query heads twice: the grouped-query attention kernels
 #   (fold_attention_groups), then each key/value head repeated (JDT_ATTENTION_GROUPS=0);
@@ -357,14 +358,29 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$GPT_ACT" = bf16 ]; then
   say "stage 4 again with precision.activations f32"
   run_gpt gpt2
 fi
-grep -E "device:|compiled|compiling|MFU reference|precision.compute|GPU memory|device memory|GELU epilogue" "$OUT/gpt2.log" | tee -a "$SUMMARY"
+grep -E "device:|compiled|compiling|MFU reference|precision.compute|GPU memory|device memory|GELU epilogue|cuda: attention|cuDNN attention" "$OUT/gpt2.log" | tee -a "$SUMMARY"
 tail -3 "$OUT/gpt2.log" | tee -a "$SUMMARY"
 last=$(grep -E "^.*step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2.log" | tail -1)
 JDT_TOKS=$(echo "$last" | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 JDT_MFU=$(echo "$last" | sed -nE 's/.*MFU ([0-9.]+)%.*/\1/p')
 JDT_DEV=$(echo "$last" | sed -nE 's/.*peak device ([0-9]+) MB.*/\1/p')
 say "stage 4 exit $rc, jdt-train $GPT_PREC (activations $GPT_ACT${JDT_MERGE_LAUNCHES:+, one launch per kernel, five-kernel norms, GELU after the GEMM}) ${JDT_TOKS:-?} tok/s, MFU ${JDT_MFU:-?}% (goal >= 45% of 989.4 TFLOP/s bf16), peak device ${JDT_DEV:-?} MB"
+# stage 4's attention verdicts (JDT_CUDNN_ATTENTION=auto, the default: cuDNN tried against
+# jdt-train's kernels once per direction, cuk_cudnn.c): the later variants of stage 4 keep the
+# same choice (=1 both cuDNN's, =0 both ours or no trial), so what they change is their own
+v_f=$(grep -oE "attention forward B=[^:]*: .* kept" "$OUT/gpt2.log" | head -1 | grep -oE "(cuDNN's|jdt-train's kernels) kept")
+v_b=$(grep -oE "attention backward B=[^:]*: .* kept" "$OUT/gpt2.log" | head -1 | grep -oE "(cuDNN's|jdt-train's kernels) kept")
+if [ -z "${JDT_CUDNN_ATTENTION:-}" ]; then
+  case "$v_f/$v_b" in
+    "cuDNN's kept/cuDNN's kept") ATT_PIN=1 ;;
+    "cuDNN's kept/"*|*"/cuDNN's kept") ATT_PIN=auto ;;
+    *) ATT_PIN=0 ;;
+  esac
+  export JDT_CUDNN_ATTENTION=$ATT_PIN
 fi
+say "stage 4's attention: forward ${v_f:-not tried}, backward ${v_b:-not tried} (the later runs: JDT_CUDNN_ATTENTION=${JDT_CUDNN_ATTENTION})"
+fi
+ATT_PIN=${JDT_CUDNN_ATTENTION:-auto}
 # ---- 5: peers --------------------------------------------------------------------------------
 PEER="$ROOT/scripts/bench/gpt_peer_gpu.py"
 for dt in $PEER_DTYPES; do
@@ -421,9 +437,9 @@ if want 4q; then
 GPT_EXTRA_4=$GPT_EXTRA
 GPT_EXTRA="$GPT_EXTRA model.norm=rmsnorm model.pos=rope model.activation=swiglu model.bias=false model.n_kv_head=$GQA_KV"
 gpt_args "$OUT/llama-gqa"
-run_gpt llama-gqa; q_rc=$rc; q_toks=$toks
+run_gpt llama-gqa JDT_CUDNN_ATTENTION=0; q_rc=$rc; q_toks=$toks
 gpt_args "$OUT/llama-gqa-rep"
-run_gpt llama-gqa-rep JDT_ATTENTION_GROUPS=0
+run_gpt llama-gqa-rep JDT_CUDNN_ATTENTION=0 JDT_ATTENTION_GROUPS=0
 GPT_EXTRA=$GPT_EXTRA_4
 say "stage 4q exit $q_rc/$rc, stage 4's model with Llama's layer and $GQA_KV key/value heads for $GPT_HEADS query heads: ${q_toks:-?} tok/s with the grouped attention kernels (passes.c fold_attention_groups), ${toks:-?} with each key/value head repeated for its group (JDT_ATTENTION_GROUPS=0; check_cuk test_attention_groups ran in stage 2; their kernels are not in the bundle's cache: NVRTC time counts)"
 fi
@@ -434,9 +450,9 @@ K_SHAPE="model.n_layer=4 model.n_embd=1024 model.n_head=8 model.n_kv_head=1 mode
 [ "$REHEARSE" = 1 ] && K_SHAPE="model.n_layer=1 model.n_embd=256 model.n_head=8 model.n_kv_head=1 model.seq_len=256"
 GPT_EXTRA="$GPT_EXTRA model.norm=rmsnorm model.pos=rope model.activation=swiglu model.bias=false $K_SHAPE"
 gpt_args "$OUT/dkv-split"
-run_gpt dkv-split; k_rc=$rc; k_toks=$toks
+run_gpt dkv-split JDT_CUDNN_ATTENTION=0; k_rc=$rc; k_toks=$toks
 gpt_args "$OUT/dkv-unsplit"
-run_gpt dkv-unsplit JDT_CUK_DKV_SPLIT=1
+run_gpt dkv-unsplit JDT_CUDNN_ATTENTION=0 JDT_CUK_DKV_SPLIT=1
 GPT_EXTRA=$GPT_EXTRA_4; B=$B_4
 say "stage 4k exit $k_rc/$rc, Llama-3-70B's attention per rank at tensor: 8 (8 query heads of one key/value head, D 128; $K_SHAPE, B 1): ${k_toks:-?} tok/s with the dK/dV kernel's key tiles split over blocks (cuk.c att_dkv_split; T 8192 has 128 key tiles), ${toks:-?} unsplit (JDT_CUK_DKV_SPLIT=1; its kernels are not in the bundle's cache: NVRTC time counts, once)"
 fi
@@ -483,7 +499,7 @@ run_gpt gpt2-act32
 say "stage 4a exit $rc, precision.activations f32: ${toks:-?} tok/s against ${JDT_TOKS:-?} with $GPT_ACT (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
-# ---- 4c: stage 4 again with cuDNN's fused attention (JDT_CUDNN_ATTENTION=1, then =fast) --------
+# ---- 4c: stage 4 again with the other attention (JDT_CUDNN_ATTENTION=0 or 1), then =fast -------
 # dnn_run NAME MODE: stage 4's step with JDT_CUDNN_ATTENTION=MODE; cuDNN's own log of warnings
 # and errors in $OUT/cudnn-NAME.log, its first reasons in the summary when cuDNN did not serve
 dnn_run() {
@@ -494,15 +510,18 @@ dnn_run() {
   fi
 }
 if want 4c; then
-gpt_args "$OUT/gpt2-cudnn"
-dnn_run gpt2-cudnn 1
-say "stage 4c exit $rc, the attention through cuDNN, deterministic (JDT_CUDNN_ATTENTION=1): ${toks:-?} tok/s against ${JDT_TOKS:-?} with jdt-train's kernels"
-dnn_mode=1; dnn_toks=${toks:-0}
+# the choice stage 4 did not keep: jdt-train's kernels where it kept cuDNN's, else cuDNN's
+other=$([ "$ATT_PIN" = 1 ] && echo 0 || echo 1)
+other_what=$([ "$other" = 0 ] && echo "on jdt-train's kernels" || echo "through cuDNN, deterministic")
+gpt_args "$OUT/gpt2-att$other"
+dnn_run "gpt2-att$other" "$other"
+say "stage 4c exit $rc, the attention $other_what (JDT_CUDNN_ATTENTION=$other): ${toks:-?} tok/s against stage 4's ${JDT_TOKS:-?} (JDT_CUDNN_ATTENTION=auto: forward ${v_f:-not tried}, backward ${v_b:-not tried})"
+dnn_mode=$other; dnn_toks=${toks:-0}
 if want 4c; then
   gpt_args "$OUT/gpt2-cudnn-fast"
   dnn_run gpt2-cudnn-fast fast
   say "stage 4c exit $rc, the attention through cuDNN, dQ accumulated (JDT_CUDNN_ATTENTION=fast): ${toks:-?} tok/s"
-  [ "$rc" -eq 0 ] && awk -v a="${toks:-0}" -v b="$dnn_toks" 'BEGIN { exit !(a > b) }' && dnn_mode=fast
+  [ "$other" = 1 ] && [ "$rc" -eq 0 ] && awk -v a="${toks:-0}" -v b="$dnn_toks" 'BEGIN { exit !(a > b) }' && dnn_mode=fast
 fi
 if [ $((BUDGET - ($(date +%s) - t_all))) -ge 40 ]; then
   gpt_args "$OUT/gpt2-cudnn-prof"
@@ -510,7 +529,7 @@ if [ $((BUDGET - ($(date +%s) - t_all))) -ge 40 ]; then
      run.profile=true run.profile_steps=3 >"$OUT/gpt2-cudnn-prof.log" 2>&1); rc=$?
   sed -n '/profile of the compiled step/,/^[^ 0-9G]/p' "$OUT/gpt2-cudnn-prof.log" | grep -v '^step ' |
     grep -E "profile of|total|attention|colsum" | tee -a "$SUMMARY"
-  say "stage 4c profile (JDT_CUDNN_ATTENTION=$dnn_mode) exit $rc (its attention rows against stage 4p's)"
+  say "stage 4c profile (JDT_CUDNN_ATTENTION=$dnn_mode) exit $rc (its attention rows against stage 4p's, which ran stage 4's choice)"
 fi
 fi
 
@@ -571,7 +590,8 @@ else
   # kernel lines and metrics (LINES: the kernel-name pattern, and any metric particular to it)
   ncu_kernels() {
     gpt_args "$1"
-    (cd "$ROOT" && timeout "$(tmo)" "$NCU" --clock-control none --kernel-name "regex:$2" \
+    # jdt-train's attention kernels (no cuDNN trial under the profiler)
+    (cd "$ROOT" && JDT_CUDNN_ATTENTION=0 timeout "$(tmo)" "$NCU" --clock-control none --kernel-name "regex:$2" \
        --launch-skip "$3" --launch-count "$4" --section SpeedOfLight --section Occupancy \
        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
        --section MemoryWorkloadAnalysis --metrics smsp__inst_executed.sum "$BIN" "${GPT[@]}" data.batch_size=8 data.micro_batch_size=8 \

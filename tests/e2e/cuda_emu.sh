@@ -4,7 +4,8 @@
 # NCCL stand-ins that run every kernel on the CPU). On emulated GPUs, configs/tiny.yaml with
 # runtime.backend: cuda reproduces the CPU backend's losses: f32 (TF32 GEMMs), bf16 compute and
 # bf16 activations (GEMMs storing bf16 outputs; also under tensor=2), cuDNN's attention through the
-# emulator's cuDNN (GPT-2's and Llama's layers, grouped-query attention with and without biases, and under tensor=2),
+# emulator's cuDNN (GPT-2's and Llama's layers, grouped-query attention with and without biases, and under tensor=2;
+# by trial against our kernels, the default, where a cuDNN planted 10% off is refused),
 # and bf16 under runtime.remat: block on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
 # memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
 # those of one call per tensor and of blocking collectives; a run resumed from a checkpoint written from device memory continues the uninterrupted
@@ -23,6 +24,9 @@ fi
 cd "$ROOT" || exit 1
 export JDT_RUNTIME_CACHE_DIR="$TMP/cache" JDT_CUDAEMU_DEVICES=4
 C=(configs/tiny.yaml run.steps=6 run.eval_every=0 runtime.threads=1 checkpoint.every=0)
+# jdt-train's attention kernels unless a run asks for cuDNN's: the default, auto, tries cuDNN
+# (here the emulator's) against them and keeps the faster by the clock (its own block below)
+export JDT_CUDNN_ATTENTION=0
 
 losses() { grep -o '"loss": [0-9.e+-]*' "$1" | awk '{print $2}'; }
 compare() { # $1 reference metrics, $2 metrics, $3 label, $4 relative tolerance
@@ -139,6 +143,24 @@ grep -q "cuDNN attention forward B=.*: engine" "$TMP/err" && grep -q "cuDNN atte
 grep -qE "declined|failed to run" "$TMP/err" && { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=1: cuDNN declined a call"; }
 compare "$TMP/gpu16a/tiny/metrics.jsonl" "$TMP/gpu16n/tiny/metrics.jsonl" "emulated GPU, bf16, cuDNN attention" 1e-3 ||
   fail "JDT_CUDNN_ATTENTION=1 (cuDNN serving) changed the losses beyond bf16's reach"
+# JDT_CUDNN_ATTENTION=auto, the product's default (cuk_cudnn.c jdt_cuk_dnn_attention_auto):
+# each direction is tried once against jdt-train's kernels, one verdict line each, whichever the
+# emulator's clock keeps; then with the emulator's cuDNN planted 10% off (JDT_CUDNNEMU_PERTURB),
+# one warning per direction and jdt-train's kernels at every step: the losses of
+# JDT_CUDNN_ATTENTION=0 bit for bit
+JDT_CUDNN_ATTENTION=auto run "$EMU" "$TMP/gpu16t" "${C[@]}" runtime.backend=cuda precision.compute=bf16 \
+  precision.activations=bf16
+[ "$(grep -cE "cuda: attention (forward|backward) B=.*outputs agree" "$TMP/err")" = 2 ] ||
+  { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=auto: not one verdict per direction"; }
+compare "$TMP/gpu16a/tiny/metrics.jsonl" "$TMP/gpu16t/tiny/metrics.jsonl" "emulated GPU, bf16, attention by trial" 1e-3 ||
+  fail "JDT_CUDNN_ATTENTION=auto changed the losses beyond bf16's reach"
+JDT_CUDNNEMU_PERTURB=0.1 JDT_CUDNN_ATTENTION=auto run "$EMU" "$TMP/gpu16p" "${C[@]}" runtime.backend=cuda \
+  precision.compute=bf16 precision.activations=bf16
+[ "$(grep -c "cuDNN's outputs differ from jdt-train's kernels" "$TMP/err")" = 2 ] ||
+  { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=auto with a cuDNN 10% off: not one warning per direction"; }
+cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16p/tiny/metrics.jsonl") ||
+  fail "JDT_CUDNN_ATTENTION=auto kept a cuDNN 10% off: the losses are not JDT_CUDNN_ATTENTION=0's"
+echo "emulated GPU, bf16: JDT_CUDNN_ATTENTION=auto tries each direction once; a cuDNN planted 10% off is refused, the losses of our kernels bit for bit"
 # Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) on the emulated GPU against the CPU, then
 # with cuDNN's attention: without biases the attention backward forms no partial sums (passes.c
 # fold_attention_cotangents), so cuDNN serves the backward too, RoPE's backward applied to its

@@ -2487,6 +2487,164 @@ START_TEST(test_cudnn_attention)
 }
 END_TEST
 
+/* One forward (with the log-sum-exp) and one backward (the cotangent form: bf16 copies and the
+ * bias partial sums) of GPT-2's layouts on k; the backward reads the given o and lse (the same
+ * for every context, so each direction's outputs depend only on who computed them). The
+ * outputs come back on the host, bf16 widened: out[0] o, [1] lse, [2..4] dq dk dv, [5] the
+ * partial sums; cnt[i] their lengths. */
+static void trial_case(jdt_cuk *k, uint16_t *const x[4], const uint16_t *o_in, const float *lse_in,
+                       int64_t B, int64_t H, int64_t T, int64_t D, float *out[6], int64_t cnt[6])
+{
+    const int64_t n = B * H * T * D, rows = B * H * T, np = B * (T / JDT_CUK_ATT_PART) * 3 * H * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, 1));
+    uint16_t *o = dev_alloc((size_t)n * 2);
+    float *lse = dev_alloc((size_t)rows * 4), *part = dev_alloc((size_t)np * 4);
+    jdt_cuk_att_grads g = {.part = part};
+    for (int j = 0; j < 3; j++)
+        g.copy[j] = dev_alloc((size_t)n * 2), g.copy_bf16[j] = true;
+    jdt_cuk_attention(k, x[0], x[1], x[2], true, NULL, o, true, lse, B, H, T, D, scale, 7u, true,
+                      scr);
+    jdt_cuk_attention_bwd(k, x[0], x[1], x[2], true, o_in, true, x[3], true, lse_in, NULL, &g, B, H,
+                          T, D, scale, 31u, true, scr);
+    out[0] = dev_bf16_to_host(k, o, n), cnt[0] = n;
+    out[1] = dev_to_host(k, lse, rows), cnt[1] = rows;
+    for (int j = 0; j < 3; j++)
+        out[2 + j] = dev_bf16_to_host(k, g.copy[j], n), cnt[2 + j] = n, cudaFree(g.copy[j]);
+    out[5] = dev_to_host(k, part, np), cnt[5] = np;
+    cudaFree(scr), cudaFree(o), cudaFree(lse), cudaFree(part);
+}
+
+/* Whether outputs first..last of a and b are the same bits. */
+static bool trial_same(float *const a[6], float *const b[6], const int64_t cnt[6], int first,
+                       int last)
+{
+    for (int i = first; i <= last; i++)
+        if (memcmp(a[i], b[i], (size_t)cnt[i] * 4) != 0) return false;
+    return true;
+}
+
+/* A context choosing per shape (JDT_CUDNN_ATTENTION=auto), its verdicts forced to "faster"
+ * for cuDNN (2), for ours (1), or left to the times (0). */
+static jdt_cuk *trial_ctx(const char *cache_dir, int force)
+{
+    jdt_cuk *k = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_int_eq(jdt_cuk_init(0, cache_dir, &k, &e), JDT_OK);
+    k->dnn_on = 1, k->dnn_auto = true, k->att_trial_force = force;
+    return k;
+}
+
+/* JDT_CUDNN_ATTENTION=auto (the default; cuk.h jdt_cuk_dnn_attention_auto): each direction is
+ * tried once per shape, and its outputs are then bit for bit those of the implementation kept.
+ * A verdict for cuDNN (its times forced) gives cuDNN's outputs from the trial's call on, and the
+ * next call runs cuDNN without a trial; one for ours gives ours and releases cuDNN; on the
+ * emulator, a cuDNN whose outputs are planted 10% off (JDT_CUDNNEMU_PERTURB) is refused for
+ * both directions, even when faster; left to the times, each direction's outputs are one of
+ * the two. On a GPU this is the trial the product runs at its first step. */
+START_TEST(test_cudnn_trial)
+{
+    GPU_OR_SKIP(k); /* JDT_CUDNN_ATTENTION=0 (main): jdt-train's kernels */
+    if (jdt_cuk_arch(k) < 80) {
+        printf("SKIP check_cuk test_cudnn_trial: needs sm_80 or newer\n");
+        jdt_cuk_free(k);
+        return;
+    }
+    const int64_t B = 1, H = 2, T = 128, D = 64, n = B * H * T * D;
+    uint16_t *x[4];
+    for (int i = 0; i < 4; i++) {
+        float *h = rand_floats(n, 21 + (unsigned)i, i == 3 ? -1 : -2, i == 3 ? 1 : 2), *r;
+        dev_bf16_pair(h, n, &x[i], &r, NULL);
+        free(h), cudaFree(r);
+    }
+    /* the backward's o and lse: our forward's */
+    const float scale = 1.0f / sqrtf((float)D);
+    uint16_t *o_in = dev_alloc((size_t)n * 2);
+    float *lse_in = dev_alloc((size_t)B * H * T * 4);
+    void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, 1));
+    jdt_cuk_attention(k, x[0], x[1], x[2], true, NULL, o_in, true, lse_in, B, H, T, D, scale, 7u,
+                      true, scr);
+    float *ours[6], *dnn[6], *got[6], *again[6];
+    int64_t cnt[6];
+    trial_case(k, x, o_in, lse_in, B, H, T, D, ours, cnt);
+    jdt_cuk *kd = trial_ctx(cache_dir_, 0);
+    kd->dnn_auto = false; /* JDT_CUDNN_ATTENTION=1: cuDNN unchecked */
+    trial_case(kd, x, o_in, lse_in, B, H, T, D, dnn, cnt);
+    if (kd->n_dnn == 0 && strstr(kd->dnn_why, "cannot be loaded")) {
+        printf("SKIP check_cuk test_cudnn_trial: %s\n", kd->dnn_why);
+    } else {
+        ck_assert_msg(kd->n_dnn == 2, "cuDNN declined a direction: %s", kd->dnn_why);
+        ck_assert_msg(!trial_same(ours, dnn, cnt, 0, 0) && !trial_same(ours, dnn, cnt, 2, 4),
+                      "cuDNN's outputs are ours bit for bit: the test could not tell them apart");
+        /* verdicts for cuDNN */
+        jdt_cuk *ka = trial_ctx(cache_dir_, 2);
+        trial_case(ka, x, o_in, lse_in, B, H, T, D, got, cnt);
+        const int64_t served = ka->n_dnn;
+        trial_case(ka, x, o_in, lse_in, B, H, T, D, again, cnt);
+        ck_assert_int_eq(ka->n_att_trials, 2);
+        ck_assert_int_eq(ka->n_att_dnn, 2);
+        ck_assert_int_eq(ka->n_att_disagree, 0);
+        ck_assert_msg(ka->n_dnn == served + 2, "the second calls: cuDNN served %lld, not 2",
+                      (long long)(ka->n_dnn - served));
+        ck_assert_msg(trial_same(got, dnn, cnt, 0, 5), "the trial's call: not cuDNN's outputs");
+        ck_assert_msg(trial_same(again, dnn, cnt, 0, 5), "after the trial: not cuDNN's outputs");
+        for (int i = 0; i < 6; i++)
+            free(got[i]), free(again[i]);
+        jdt_cuk_free(ka);
+        /* verdicts for ours: cuDNN released */
+        jdt_cuk *kb = trial_ctx(cache_dir_, 1);
+        trial_case(kb, x, o_in, lse_in, B, H, T, D, got, cnt);
+        const int64_t served_b = kb->n_dnn;
+        trial_case(kb, x, o_in, lse_in, B, H, T, D, again, cnt);
+        ck_assert_int_eq(kb->n_att_trials, 2);
+        ck_assert_int_eq(kb->n_att_dnn, 0);
+        ck_assert_msg(kb->n_dnn == served_b, "cuDNN served after verdicts for ours");
+        ck_assert_msg(kb->dnn == NULL, "cuDNN not released after verdicts for ours");
+        ck_assert_msg(trial_same(got, ours, cnt, 0, 5) && trial_same(again, ours, cnt, 0, 5),
+                      "verdicts for ours: not our kernels' outputs");
+        for (int i = 0; i < 6; i++)
+            free(got[i]), free(again[i]);
+        jdt_cuk_free(kb);
+        if (emulated_gpu()) { /* a cuDNN planted 10% off, its times forced faster */
+            setenv("JDT_CUDNNEMU_PERTURB", "0.1", 1);
+            jdt_cuk *kc = trial_ctx(cache_dir_, 2);
+            trial_case(kc, x, o_in, lse_in, B, H, T, D, got, cnt);
+            unsetenv("JDT_CUDNNEMU_PERTURB");
+            ck_assert_int_eq(kc->n_att_disagree, 2);
+            ck_assert_int_eq(kc->n_att_dnn, 0);
+            ck_assert_msg(trial_same(got, ours, cnt, 0, 5), "a disagreeing cuDNN: not our outputs");
+            for (int i = 0; i < 6; i++)
+                free(got[i]);
+            jdt_cuk_free(kc);
+        }
+        /* the times decide */
+        jdt_cuk *kx = trial_ctx(cache_dir_, 0);
+        trial_case(kx, x, o_in, lse_in, B, H, T, D, got, cnt);
+        ck_assert_int_eq(kx->n_att_trials, 2);
+        ck_assert_int_eq(kx->n_att_disagree, 0);
+        const bool f_dnn = trial_same(got, dnn, cnt, 0, 1), b_dnn = trial_same(got, dnn, cnt, 2, 5);
+        ck_assert_msg(f_dnn || trial_same(got, ours, cnt, 0, 1), "forward: neither's outputs");
+        ck_assert_msg(b_dnn || trial_same(got, ours, cnt, 2, 5), "backward: neither's outputs");
+        ck_assert_int_eq(kx->n_att_dnn, (int)f_dnn + (int)b_dnn);
+        printf("check_cuk test_cudnn_trial: verdicts forced each way, a planted disagreement%s; "
+               "by the times: forward %s, backward %s\n",
+               emulated_gpu() ? "" : " (emulator only)", f_dnn ? "cuDNN" : "ours",
+               b_dnn ? "cuDNN" : "ours");
+        for (int i = 0; i < 6; i++)
+            free(got[i]);
+        jdt_cuk_free(kx);
+    }
+    for (int i = 0; i < 6; i++)
+        free(ours[i]), free(dnn[i]);
+    for (int i = 0; i < 4; i++)
+        cudaFree(x[i]);
+    cudaFree(o_in), cudaFree(lse_in), cudaFree(scr);
+    jdt_cuk_free(kd);
+    jdt_cuk_free(k);
+}
+END_TEST
+
 /* The emulator's own checks (tests/infra/cudaemu/emu.hpp), which the kernel tests rely on: every
  * block starts with its static shared memory filled with 0xff bytes, and JDT_CUDAEMU_ORDER
  * changes the order in which a block's threads run between barriers. The probe kernel reads
@@ -3235,6 +3393,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_attention_groups);
     tcase_add_test(tc, test_attention_dkv_split);
     tcase_add_test(tc, test_cudnn_attention);
+    tcase_add_test(tc, test_cudnn_trial);
     suite_add_tcase(s, tc);
 }
 
@@ -3242,6 +3401,9 @@ static void add_tests(Suite *s)
 
 int main(void)
 {
+    /* the kernels under test are jdt-train's: cuDNN's attention only where a test asks for it
+     * (the product's default, auto, would try cuDNN against them) */
+    setenv("JDT_CUDNN_ATTENTION", "0", 0);
     Suite *s = suite_create("cuk");
     add_tests(s);
     SRunner *sr = srunner_create(s);

@@ -132,10 +132,11 @@ typedef enum {
         JDT_CUK_K_COUNT
 } jdt_cuk_kernel;
 
-#define JDT_CUK_MAX_LIBS 8 /* distinct .cu files */
-#define JDT_CUK_PLANS 64   /* cached GEMM plans */
-#define JDT_CUK_NO_SPLIT 8 /* remembered GEMM shapes that cuBLASLt would not run split */
-#define JDT_CUK_ALGOS 8    /* cuBLASLt algorithms timed per GEMM plan (JDT_CUDA_AUTOTUNE=1) */
+#define JDT_CUK_MAX_LIBS 8   /* distinct .cu files */
+#define JDT_CUK_PLANS 64     /* cached GEMM plans */
+#define JDT_CUK_NO_SPLIT 8   /* remembered GEMM shapes that cuBLASLt would not run split */
+#define JDT_CUK_ATT_PICKS 16 /* attention shapes whose cuDNN-or-ours trial is remembered */
+#define JDT_CUK_ALGOS 8      /* cuBLASLt algorithms timed per GEMM plan (JDT_CUDA_AUTOTUNE=1) */
 #define JDT_CUK_WORKSPACE ((unsigned)JDT_CUK_WORKSPACE_BYTES)
 
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
@@ -197,10 +198,23 @@ struct jdt_cuk {
     int64_t n_split; /* GEMMs run split so far (for tests) */
     int dkv_split;   /* the last tensor-core dK/dV launch's blocks per key tile (for tests) */
     jdt_err pending; /* first failure of a void launcher, reported by jdt_cuk_check */
-    /* JDT_CUDNN_ATTENTION=1 (1) or =fast (2: the backward's dQ in an f32 accumulator the
-     * engine may add to atomically): the bf16 attention through cuDNN where it takes the shape
-     * (cuk_cudnn.c); 0 off. dnn: its library, handle, plans and memory, made at the first call */
+    /* JDT_CUDNN_ATTENTION=1 or auto (1) or =fast (2: the backward's dQ in an f32 accumulator
+     * the engine may add to atomically): the bf16 attention through cuDNN where it takes the
+     * shape (cuk_cudnn.c); 0 off. dnn: its library, handle, plans and memory, made at the first
+     * call */
     int dnn_on;
+    /* JDT_CUDNN_ATTENTION=auto (the default): each shape and direction cuDNN could serve is
+     * tried once against jdt-train's kernels (cuk_cudnn.c jdt_cuk_dnn_attention_auto); picks:
+     * the choices made, by call (their key), 1 cuDNN, 0 ours */
+    bool dnn_auto;
+    struct {
+        int64_t key[8];
+        int pick;
+    } att_picks[JDT_CUK_ATT_PICKS];
+    int n_att_picks;
+    /* for tests: the trials run, those that kept cuDNN, those whose outputs disagreed; and
+     * att_trial_force, which overrides the times' verdict (1 ours faster, 2 cuDNN faster) */
+    int n_att_trials, n_att_dnn, n_att_disagree, att_trial_force;
     struct jdt_cuk_dnn *dnn;
     int64_t n_dnn;     /* calls cuDNN served (tests) */
     char dnn_why[400]; /* why the last call it declined was declined ("" none) */
@@ -227,6 +241,30 @@ void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_
 
 /* Destroys the cuDNN handle and plans (cuk_cudnn.c). */
 void jdt_cuk_dnn_free(jdt_cuk *k);
+
+/* n bytes of device memory for one call, outside the memory plan: stream-ordered on k's
+ * stream (cudaMallocAsync) where the device has memory pools, else cudaMalloc (*async says
+ * which). NULL when there is no room, with the runtime's error in *rc and cleared from the
+ * thread (not left for the next call). Give it back with jdt_cuk_tmp_free, after the work that
+ * uses it has been queued. */
+void *jdt_cuk_tmp_alloc(jdt_cuk *k, size_t n, bool *async, cudaError_t *rc);
+void jdt_cuk_tmp_free(jdt_cuk *k, void *p, bool async);
+
+/* Releases cuDNN's handle, plans and device memory where cuDNN loaded (its next call builds
+ * them again); a cuDNN that could not be loaded stays remembered as such. */
+void jdt_cuk_dnn_trim(jdt_cuk *k);
+
+/* jdt_cuk_attention and jdt_cuk_attention_bwd on jdt-train's own kernels, cuDNN not asked (the
+ * same arguments and contracts; cuk.c). */
+void jdt_cuk_att_fwd_ours(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
+                          float *o, void *o2, bool o2_bf16, float *lse, int64_t B, int64_t H,
+                          int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                          void *scratch);
+void jdt_cuk_att_bwd_ours(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
+                          const void *o, bool o_bf16, const void *dout, bool dout_bf16,
+                          const float *lse, float *dqkv, const jdt_cuk_att_grads *g, int64_t B,
+                          int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                          void *scratch);
 
 /* Destroys the cached GEMM plans (cuk_gemm.c). */
 void jdt_cuk_gemm_free_plans(jdt_cuk *k);

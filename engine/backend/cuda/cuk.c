@@ -54,6 +54,32 @@ void jdt_cuk_defer(jdt_cuk *k, jdt_status code, const char *fmt, ...)
     va_end(ap);
 }
 
+void *jdt_cuk_tmp_alloc(jdt_cuk *k, size_t n, bool *async, cudaError_t *rc)
+{
+    void *p = NULL;
+    cudaError_t ce = cudaMallocAsync(&p, n, k->stream);
+    *async = ce == cudaSuccess;
+    if (ce == cudaErrorNotSupported) { /* a device or driver without memory pools */
+        (void)cudaGetLastError();
+        ce = cudaMalloc(&p, n);
+    }
+    *rc = ce;
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported by the caller, not left to the next call */
+        return NULL;
+    }
+    return p;
+}
+
+void jdt_cuk_tmp_free(jdt_cuk *k, void *p, bool async)
+{
+    if (!p) return;
+    if (async)
+        (void)cudaFreeAsync(p, k->stream);
+    else
+        (void)cudaFree(p); /* after the device's work, which includes the caller's */
+}
+
 static jdt_status nvrtc_err(jdt_err *e, nvrtcResult rc, const char *what)
 {
     return jdt_err_set(e, JDT_ERR_COMPILE, "%s: %s", what, nvrtcGetErrorString(rc));
@@ -362,13 +388,20 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
     /* JDT_XENT_SMEM=0: the fused classifier reads each bf16 row twice, as before Session 32 */
     const char *xs = getenv("JDT_XENT_SMEM");
     k->xent_smem = !(xs && strcmp(xs, "0") == 0);
-    /* JDT_CUDNN_ATTENTION=1 (or =fast: its backward's dQ accumulated, maybe atomically): the
-     * bf16 attention through cuDNN's fused engines where they take the shape (cuk_cudnn.c);
-     * off by default until a GPU run has checked it */
+    /* JDT_CUDNN_ATTENTION: the bf16 attention through cuDNN's fused engines where they take
+     * the shape (cuk_cudnn.c). auto (unset: the default) tries each shape and direction once
+     * against jdt-train's kernels and keeps cuDNN only where its outputs agree and it is faster
+     * (jdt_cuk_dnn_attention_auto); 1 cuDNN wherever it takes the shape, unchecked; fast the
+     * same with the backward's dQ accumulated (maybe atomically); 0 never */
     const char *dnn = getenv("JDT_CUDNN_ATTENTION");
-    k->dnn_on = !dnn ? 0 : strcmp(dnn, "1") == 0 ? 1 : strcmp(dnn, "fast") == 0 ? 2 : 0;
+    k->dnn_on = !dnn || !*dnn || strcmp(dnn, "auto") == 0 ? 1
+                : strcmp(dnn, "1") == 0                   ? 1
+                : strcmp(dnn, "fast") == 0                ? 2
+                                                          : 0;
+    k->dnn_auto = !dnn || !*dnn || strcmp(dnn, "auto") == 0;
     if (dnn && *dnn && !k->dnn_on && strcmp(dnn, "0") != 0)
-        JDT_WARN("JDT_CUDNN_ATTENTION=%s: expected 0, 1 or fast; cuDNN's attention stays off", dnn);
+        JDT_WARN("JDT_CUDNN_ATTENTION=%s: expected auto, 0, 1 or fast; cuDNN's attention stays off",
+                 dnn);
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
     snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
     /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the
@@ -1073,11 +1106,12 @@ static jdt_cuk_kernel att_kernel(jdt_cuk_kernel f32, jdt_cuk_kernel b16, bool qk
     "positive scale, JDT_CUK_ATTENTION not fma)"
 
 /* With JDT_CUDNN_ATTENTION on, says once per direction (bwd) why a call does not go to cuDNN
- * (its first unmet condition; NULL: it does) and returns whether it may. */
+ * (its first unmet condition; NULL: it does) and returns whether it may. Said only where cuDNN
+ * was asked for (1 or fast): under auto, a call it cannot take is simply ours. */
 static bool dnn_asks(jdt_cuk *k, bool bwd, const char *why)
 {
     if (!why) return true;
-    if (!(k->dnn_said & (1u << bwd))) {
+    if (!k->dnn_auto && !(k->dnn_said & (1u << bwd))) {
         k->dnn_said |= 1u << bwd;
         JDT_INFO("cuDNN attention %s not asked, jdt-train's kernels run it: %s",
                  bwd ? "backward" : "forward", why);
@@ -1089,9 +1123,8 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
                        float *o, void *o2, bool o2_bf16, float *lse, int64_t B, int64_t H,
                        int64_t T, int64_t D, float scale, unsigned bthd, bool bf16, void *scratch)
 {
-    (void)scratch;
     if (B * H * T * D <= 0) return;
-    int tc = att_tc_class(k, bf16, D, scale), o2b = o2_bf16;
+    int tc = att_tc_class(k, bf16, D, scale);
     /* cuDNN's fused engines where they take it (cuk_cudnn.c): bf16 in and out, its tensors
      * 16-byte aligned */
     if (k->dnn_on &&
@@ -1105,8 +1138,21 @@ void jdt_cuk_attention(jdt_cuk *k, const void *q, const void *kk, const void *v,
                          !aligned16(lse)
                      ? "a tensor not 16-byte aligned"
                      : NULL) &&
-        jdt_cuk_dnn_attention(k, q, kk, v, o2, lse, B, H, T, D, scale, bthd))
+        (k->dnn_auto
+             ? jdt_cuk_dnn_attention_auto(k, q, kk, v, o2, lse, B, H, T, D, scale, bthd, scratch)
+             : jdt_cuk_dnn_attention(k, q, kk, v, o2, lse, B, H, T, D, scale, bthd)))
         return;
+    jdt_cuk_att_fwd_ours(k, q, kk, v, qkv_bf16, o, o2, o2_bf16, lse, B, H, T, D, scale, bthd, bf16,
+                         scratch);
+}
+
+void jdt_cuk_att_fwd_ours(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
+                          float *o, void *o2, bool o2_bf16, float *lse, int64_t B, int64_t H,
+                          int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                          void *scratch)
+{
+    (void)scratch;
+    int tc = att_tc_class(k, bf16, D, scale), o2b = o2_bf16;
     static const char no_o[] = "attention: no o to store needs the tensor-core kernels and o's "
                                "copy (passes.c fold_attention_o16 and the device disagree)";
     if (tc >= 0) {
@@ -1180,10 +1226,25 @@ void jdt_cuk_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const void
                               ? "bias partial sums over a sequence not a multiple of 32"
                           : !aligned ? "a tensor not 16-byte aligned"
                                      : NULL;
-        if (dnn_asks(k, true, why) && jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H,
-                                                                T, D, scale, bthd, scratch))
+        if (dnn_asks(k, true, why) &&
+            (k->dnn_auto ? jdt_cuk_dnn_attention_bwd_auto(k, q, kk, v, o, dout, lse, g, B, H, T, D,
+                                                          scale, bthd, scratch)
+                         : jdt_cuk_dnn_attention_bwd(k, q, kk, v, o, dout, lse, g, B, H, T, D,
+                                                     scale, bthd, scratch)))
             return;
     }
+    jdt_cuk_att_bwd_ours(k, q, kk, v, qkv_bf16, o, o_bf16, dout, dout_bf16, lse, dqkv, g, B, H, T,
+                         D, scale, bthd, bf16, scratch);
+}
+
+void jdt_cuk_att_bwd_ours(jdt_cuk *k, const void *q, const void *kk, const void *v, bool qkv_bf16,
+                          const void *o, bool o_bf16, const void *dout, bool dout_bf16,
+                          const float *lse, float *dqkv, const jdt_cuk_att_grads *g, int64_t B,
+                          int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                          void *scratch)
+{
+    const int64_t n = B * H * T * D;
+    const int tc = att_tc_class(k, bf16, D, scale);
     /* grouped-query: dk and dv (B, Hk, T, D) at the start of their thirds, their partial
      * sums (P, Hk D) after dq's */
     const int64_t Hk = H / JDT_CUK_ATT_GROUP(bthd);

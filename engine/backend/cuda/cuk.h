@@ -393,6 +393,24 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
                                const void *o, const void *dout, const float *lse,
                                const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
                                int64_t D, float scale, unsigned bthd, void *scratch);
+/* JDT_CUDNN_ATTENTION=auto (the default): jdt_cuk_dnn_attention and its backward, chosen per
+ * call shape (B, H, T, D, bthd, and the outputs asked for) by a trial at its first call. The
+ * trial runs jdt-train's kernels into the call's outputs and cuDNN into memory of its own
+ * (stream-ordered, outside the memory plan), times both (the best of three each, after one
+ * untimed), and compares every output: cuDNN is kept for the shape when no output differs by
+ * more than 2% of its largest value (the log-sum-exp: 1e-4 + 0.2% of each value), none is NaN,
+ * and it is at least 3% faster; its outputs then replace ours for this call. Each verdict is
+ * one info line (a disagreement a warning, naming the output); where every verdict so far is
+ * ours, cuDNN's plans and memory are released. The trial waits for the stream. Returns true when
+ * the outputs were written (queued) here, false when the caller runs its kernels: the shape's
+ * verdict was ours, or cuDNN declines it (then it is ours from then on). */
+bool jdt_cuk_dnn_attention_auto(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
+                                float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                                unsigned bthd, void *scratch);
+bool jdt_cuk_dnn_attention_bwd_auto(jdt_cuk *k, const void *q, const void *kk, const void *v,
+                                    const void *o, const void *dout, const float *lse,
+                                    const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
+                                    int64_t D, float scale, unsigned bthd, void *scratch);
 /* Builds the forward (with the log-sum-exp when stats) or backward graph (accum: dQ in an f32
  * accumulator, JDT_CUDNN_ATTENTION=fast's form) of that shape for an
  * H200 described to cuDNN (no GPU needed: cuDNN 9.8 or newer), picks an engine and finalizes

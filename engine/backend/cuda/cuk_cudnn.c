@@ -23,6 +23,12 @@
  * the GPU has free; an engine that wants more is skipped. The backward's row sums of dO . O go
  * to the attention's scratch.
  *
+ * Who serves a call (cuk.c asks here first): JDT_CUDNN_ATTENTION=auto, the default, tries each
+ * call shape and direction once against jdt-train's kernels (jdt_cuk_dnn_attention_auto: both
+ * run, are timed and compared) and keeps cuDNN for it only where its outputs agree and it is
+ * faster, as XLA's autotuner checks a candidate's results before timing counts; =1 (or fast)
+ * trusts cuDNN wherever it takes the shape.
+ *
  * Without a GPU, jdt_cuk_dnn_check_offline builds the same graphs against a described H200
  * (cuDNN 9.8's device-property descriptor: heuristics and plan finalization need no handle), so
  * CI proves that an engine takes each graph and that its kernels compile.
@@ -31,6 +37,7 @@
 
 #include <dlfcn.h>
 #include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +86,27 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
 void jdt_cuk_dnn_free(jdt_cuk *k)
 {
     (void)k;
+}
+void jdt_cuk_dnn_trim(jdt_cuk *k)
+{
+    (void)k;
+}
+bool jdt_cuk_dnn_attention_auto(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
+                                float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                                unsigned bthd, void *scratch)
+{
+    (void)k, (void)q, (void)kk, (void)v, (void)o2, (void)lse, (void)B, (void)H, (void)T, (void)D;
+    (void)scale, (void)bthd, (void)scratch;
+    return false;
+}
+bool jdt_cuk_dnn_attention_bwd_auto(jdt_cuk *k, const void *q, const void *kk, const void *v,
+                                    const void *o, const void *dout, const float *lse,
+                                    const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
+                                    int64_t D, float scale, unsigned bthd, void *scratch)
+{
+    (void)k, (void)q, (void)kk, (void)v, (void)o, (void)dout, (void)lse, (void)g, (void)B;
+    (void)H, (void)T, (void)D, (void)scale, (void)bthd, (void)scratch;
+    return false;
 }
 jdt_status jdt_cuk_dnn_check_offline(bool bwd, bool stats, bool accum, int64_t B, int64_t H,
                                      int64_t T, int64_t D, unsigned bthd, char *info, size_t n,
@@ -976,6 +1004,319 @@ void jdt_cuk_dnn_free(jdt_cuk *k)
     /* the library stays open: cuDNN's own threads and atexit handlers may refer to it */
     jdt_free(d);
     k->dnn = NULL;
+}
+
+void jdt_cuk_dnn_trim(jdt_cuk *k)
+{
+    if (k->dnn && !k->dnn->unavailable) jdt_cuk_dnn_free(k);
+}
+
+/* ---- JDT_CUDNN_ATTENTION=auto: cuDNN or ours, tried once per call shape ------------------- */
+
+#define TRIAL_REPS 3       /* timed runs of each, alternating, after one untimed */
+#define TRIAL_REL 2e-2     /* an output's largest difference, of its largest magnitude */
+#define TRIAL_LSE_ABS 1e-4 /* the log-sum-exp's: 1e-4 + 0.2% of each value */
+#define TRIAL_LSE_REL 2e-3
+#define TRIAL_FASTER 0.97     /* cuDNN kept at most this share of ours' time (beyond noise) */
+#define TRIAL_CHUNK (1 << 20) /* values compared per copy to the host */
+
+/* One call of either direction, as the trial replays it (bf16 q, k, v, o, dO: the only calls
+ * cuDNN is asked to serve). */
+typedef struct {
+    bool bwd;
+    const void *q, *kk, *v, *o, *dout;
+    const float *lse_in; /* the backward's: the forward's log-sum-exp */
+    void *o2;            /* the forward's outputs */
+    float *lse;
+    jdt_cuk_att_grads g; /* the backward's */
+    int64_t B, H, T, D;
+    float scale;
+    unsigned bthd;
+    void *scratch;
+} att_call;
+
+/* An output of a call: its memory, values, type and name. */
+typedef struct {
+    void *p;
+    int64_t n;
+    bool bf16, lse;
+    const char *name;
+} att_out;
+
+/* The outputs c writes (at most 4), in out; returns their count. */
+static int call_outs(const att_call *c, att_out out[4])
+{
+    const int64_t n = c->B * c->H * c->T * c->D, G = JDT_CUK_ATT_GROUP(c->bthd);
+    int m = 0;
+    if (!c->bwd) {
+        out[m++] = (att_out){c->o2, n, true, false, "o"};
+        if (c->lse) out[m++] = (att_out){c->lse, c->B * c->H * c->T, false, true, "log-sum-exp"};
+        return m;
+    }
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    for (int j = 0; j < 3; j++)
+        out[m++] = (att_out){c->g.copy[j], j ? n / G : n, true, false, names[j]};
+    if (c->g.part) /* (P, H D) for dq, then (P, H / G D) each for dk and dv */
+        out[m++] =
+            (att_out){c->g.part, c->B * (c->T / JDT_CUK_ATT_PART) * (c->H + 2 * c->H / G) * c->D,
+                      false, false, "bias partial sums"};
+    return m;
+}
+
+/* Queues c on cuDNN (dnn) or on jdt-train's kernels; false when cuDNN declines it. */
+static bool call_run(jdt_cuk *k, const att_call *c, bool dnn)
+{
+    if (dnn)
+        return c->bwd ? jdt_cuk_dnn_attention_bwd(k, c->q, c->kk, c->v, c->o, c->dout, c->lse_in,
+                                                  &c->g, c->B, c->H, c->T, c->D, c->scale, c->bthd,
+                                                  c->scratch)
+                      : jdt_cuk_dnn_attention(k, c->q, c->kk, c->v, c->o2, c->lse, c->B, c->H, c->T,
+                                              c->D, c->scale, c->bthd);
+    if (c->bwd)
+        jdt_cuk_att_bwd_ours(k, c->q, c->kk, c->v, true, c->o, true, c->dout, true, c->lse_in, NULL,
+                             &c->g, c->B, c->H, c->T, c->D, c->scale, c->bthd, true, c->scratch);
+    else
+        jdt_cuk_att_fwd_ours(k, c->q, c->kk, c->v, true, NULL, c->o2, true, c->lse, c->B, c->H,
+                             c->T, c->D, c->scale, c->bthd, true, c->scratch);
+    return true;
+}
+
+/* How far b's values are from a's (both on the device, n values of a's type): the largest
+ * difference over a's largest magnitude (the log-sum-exp: over 1e-4 + 0.2% of each value's, so
+ * 1 is its bound); INFINITY for a NaN in either, -1 when a copy to the host fails. */
+static double compare(jdt_cuk *k, const att_out *a, const void *b, float *ha, float *hb)
+{
+    const size_t es = a->bf16 ? 2 : 4;
+    double big = 0.0, diff = 0.0;
+    for (int64_t at = 0; at < a->n; at += TRIAL_CHUNK) {
+        const int64_t m = a->n - at < TRIAL_CHUNK ? a->n - at : TRIAL_CHUNK;
+        if (cudaMemcpyAsync(ha, (const char *)a->p + at * es, (size_t)m * es,
+                            cudaMemcpyDeviceToHost, k->stream) != cudaSuccess ||
+            cudaMemcpyAsync(hb, (const char *)b + at * es, (size_t)m * es, cudaMemcpyDeviceToHost,
+                            k->stream) != cudaSuccess ||
+            cudaStreamSynchronize(k->stream) != cudaSuccess)
+            return -1.0;
+        for (int64_t i = 0; i < m; i++) {
+            float x, y;
+            if (a->bf16) {
+                uint32_t ux = (uint32_t)((const uint16_t *)ha)[i] << 16,
+                         uy = (uint32_t)((const uint16_t *)hb)[i] << 16;
+                memcpy(&x, &ux, 4);
+                memcpy(&y, &uy, 4);
+            } else
+                x = ha[i], y = hb[i];
+            if (isnan(x) || isnan(y)) return INFINITY;
+            const double d = fabs((double)y - (double)x);
+            if (a->lse) {
+                const double r = d / (TRIAL_LSE_ABS + TRIAL_LSE_REL * fabs((double)x));
+                if (r > diff) diff = r;
+            } else {
+                if (fabs((double)x) > big) big = fabs((double)x);
+                if (d > diff) diff = d;
+            }
+        }
+    }
+    if (a->lse) return diff;
+    return big > 0.0 ? diff / big : diff > 0.0 ? INFINITY : 0.0;
+}
+
+/* Times the trial's runs: ms[0] ours (writing c's outputs), ms[1] cuDNN (alt's), the best of
+ * TRIAL_REPS each, alternating. false when events fail or cuDNN stops serving. */
+static bool trial_time(jdt_cuk *k, const att_call *c, const att_call *alt, float ms[2])
+{
+    cudaEvent_t ev[2 * TRIAL_REPS + 1] = {0};
+    bool ok = true;
+    for (int i = 0; i < 2 * TRIAL_REPS + 1 && ok; i++)
+        ok = cudaEventCreate(&ev[i]) == cudaSuccess;
+    ok = ok && cudaEventRecord(ev[0], k->stream) == cudaSuccess;
+    for (int r = 0; r < TRIAL_REPS && ok; r++) {
+        call_run(k, c, false);
+        ok = cudaEventRecord(ev[2 * r + 1], k->stream) == cudaSuccess && call_run(k, alt, true) &&
+             cudaEventRecord(ev[2 * r + 2], k->stream) == cudaSuccess;
+    }
+    ok = ok && cudaStreamSynchronize(k->stream) == cudaSuccess;
+    ms[0] = ms[1] = INFINITY;
+    for (int r = 0; r < TRIAL_REPS && ok; r++) {
+        float a, b;
+        ok = cudaEventElapsedTime(&a, ev[2 * r], ev[2 * r + 1]) == cudaSuccess &&
+             cudaEventElapsedTime(&b, ev[2 * r + 1], ev[2 * r + 2]) == cudaSuccess;
+        if (ok && a < ms[0]) ms[0] = a;
+        if (ok && b < ms[1]) ms[1] = b;
+    }
+    for (int i = 0; i < 2 * TRIAL_REPS + 1; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    return ok;
+}
+
+/* The trial of c (jdt_cuk_dnn_attention_auto's contract); pick: the shape's slot in k. */
+static void trial(jdt_cuk *k, const att_call *c, int *pick)
+{
+    const char *dir = c->bwd ? "backward" : "forward";
+    char shape[96];
+    snprintf(shape, sizeof shape, "B=%lld H=%lld T=%lld D=%lld", (long long)c->B, (long long)c->H,
+             (long long)c->T, (long long)c->D);
+    k->n_att_trials++;
+    att_out out[4];
+    const int m = call_outs(c, out);
+    size_t off[4], total = 0;
+    for (int i = 0; i < m; i++) {
+        off[i] = total;
+        total += ((size_t)out[i].n * (out[i].bf16 ? 2 : 4) + 255) & ~(size_t)255;
+    }
+    bool async = false;
+    cudaError_t rc;
+    char *tmp = jdt_cuk_tmp_alloc(k, total, &async, &rc);
+    call_run(k, c, false); /* ours: the call's outputs, whatever the verdict */
+    if (!tmp) {
+        JDT_INFO("cuda: attention %s %s: no device memory to try cuDNN's (%.1f MiB: %s); "
+                 "jdt-train's kernels",
+                 dir, shape, (double)total / 1048576.0, cudaGetErrorString(rc));
+        return;
+    }
+    att_call alt = *c; /* cuDNN's outputs: the trial's memory */
+    void *p[4];
+    for (int i = 0; i < m; i++)
+        p[i] = tmp + off[i];
+    if (c->bwd) {
+        for (int j = 0; j < 3; j++)
+            alt.g.copy[j] = p[j];
+        if (c->g.part) alt.g.part = p[3];
+    } else {
+        alt.o2 = p[0];
+        if (c->lse) alt.lse = p[1];
+    }
+    float ms[2] = {INFINITY, INFINITY};
+    float *ha = NULL, *hb = NULL;
+    int worst = -1;                        /* the output furthest from ours, by its bound */
+    double worst_d = 0.0, worst_r = 0.0;   /* its distance (compare), and that over its bound */
+    bool served = call_run(k, &alt, true); /* untimed: cuDNN builds its plan here */
+    if (served && !trial_time(k, c, &alt, ms)) {
+        rc = cudaStreamSynchronize(k->stream);
+        if (rc != cudaSuccess) /* a fault on the device: the context is lost */
+            jdt_cuk_defer(k, JDT_ERR_INTERNAL,
+                          "attention %s %s: the device failed while trying cuDNN's attention "
+                          "against jdt-train's kernels (JDT_CUDNN_ATTENTION=0 skips cuDNN): %s",
+                          dir, shape, cudaGetErrorString(rc));
+        else
+            JDT_INFO("cuda: attention %s %s: cuDNN's could not be timed; jdt-train's kernels", dir,
+                     shape);
+        served = false;
+    }
+    if (served && (!(ha = jdt_malloc((size_t)TRIAL_CHUNK * 4)) ||
+                   !(hb = jdt_malloc((size_t)TRIAL_CHUNK * 4))))
+        served = false;
+    for (int i = 0; i < m && served; i++) {
+        const double d = compare(k, &out[i], p[i], ha, hb);
+        if (d < 0.0) {
+            served = false;
+            JDT_INFO("cuda: attention %s %s: cuDNN's outputs could not be read back; jdt-train's "
+                     "kernels",
+                     dir, shape);
+        } else if (worst < 0 || d / (out[i].lse ? 1.0 : TRIAL_REL) > worst_r)
+            worst = i, worst_d = d, worst_r = d / (out[i].lse ? 1.0 : TRIAL_REL);
+    }
+    jdt_free(ha);
+    jdt_free(hb);
+    const bool agree = served && worst >= 0 && worst_r <= 1.0;
+    const bool faster =
+        k->att_trial_force ? k->att_trial_force == 2 : ms[1] <= TRIAL_FASTER * ms[0];
+    char how[160] = "";
+    if (served && worst >= 0) {
+        if (out[worst].lse)
+            snprintf(how, sizeof how, "the log-sum-exp at %.3g of its bound, 1e-4 + 0.2%%",
+                     worst_d);
+        else
+            snprintf(how, sizeof how, "%s by %.3g%% of its largest value, 2%% allowed",
+                     out[worst].name, 100.0 * worst_d);
+    }
+    if (served && !agree) {
+        k->n_att_disagree++;
+        JDT_WARN("cuda: attention %s %s: cuDNN's outputs differ from jdt-train's kernels (%s): "
+                 "jdt-train's kernels kept (cuDNN %.3f ms, ours %.3f ms)",
+                 dir, shape, how, (double)ms[1], (double)ms[0]);
+    } else if (served) {
+        *pick = faster;
+        JDT_INFO("cuda: attention %s %s: cuDNN %.3f ms, jdt-train's kernels %.3f ms, outputs "
+                 "agree (largest difference: %s): %s kept%s (JDT_CUDNN_ATTENTION=0 or 1 fixes the "
+                 "choice)",
+                 dir, shape, (double)ms[1], (double)ms[0], how,
+                 faster ? "cuDNN's" : "jdt-train's kernels",
+                 k->att_trial_force ? ", the verdict forced by a test" : "");
+    }
+    if (*pick) { /* this call's outputs become cuDNN's, as the shape's later calls will be */
+        k->n_att_dnn++;
+        for (int i = 0; i < m; i++) {
+            rc = cudaMemcpyAsync(out[i].p, p[i], (size_t)out[i].n * (out[i].bf16 ? 2 : 4),
+                                 cudaMemcpyDeviceToDevice, k->stream);
+            if (rc != cudaSuccess)
+                jdt_cuk_defer(k, JDT_ERR_INTERNAL, "attention %s: copying cuDNN's %s: %s", dir,
+                              out[i].name, cudaGetErrorString(rc));
+        }
+    }
+    jdt_cuk_tmp_free(k, tmp, async);
+    if (!*pick && !k->n_att_dnn) jdt_cuk_dnn_trim(k); /* no shape keeps cuDNN so far */
+}
+
+/* The verdict for c: true when its outputs were written here (cuDNN's kept, or the trial). */
+static bool auto_run(jdt_cuk *k, const att_call *c)
+{
+    int64_t key[8] = {c->bwd, c->B, c->H, c->T, c->D, c->bthd, 0, 0};
+    if (c->bwd)
+        key[6] = (c->g.part != NULL) | (c->g.rope_theta[0] != 0.0) << 1 |
+                 (c->g.rope_theta[1] != 0.0) << 2 | (c->g.rope_theta[2] != 0.0) << 3;
+    else
+        key[6] = c->lse != NULL;
+    for (int i = 0; i < k->n_att_picks; i++)
+        if (memcmp(k->att_picks[i].key, key, sizeof key) == 0)
+            return k->att_picks[i].pick && call_run(k, c, true);
+    if (k->n_att_picks == JDT_CUK_ATT_PICKS) return false; /* no room: ours, untried */
+    int *pick = &k->att_picks[k->n_att_picks].pick;
+    memcpy(k->att_picks[k->n_att_picks++].key, key, sizeof key);
+    *pick = 0;
+    trial(k, c, pick);
+    return true;
+}
+
+bool jdt_cuk_dnn_attention_auto(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
+                                float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                                unsigned bthd, void *scratch)
+{
+    const att_call c = {.q = q,
+                        .kk = kk,
+                        .v = v,
+                        .o2 = o2,
+                        .lse = lse,
+                        .B = B,
+                        .H = H,
+                        .T = T,
+                        .D = D,
+                        .scale = scale,
+                        .bthd = bthd,
+                        .scratch = scratch};
+    return auto_run(k, &c);
+}
+
+bool jdt_cuk_dnn_attention_bwd_auto(jdt_cuk *k, const void *q, const void *kk, const void *v,
+                                    const void *o, const void *dout, const float *lse,
+                                    const jdt_cuk_att_grads *g, int64_t B, int64_t H, int64_t T,
+                                    int64_t D, float scale, unsigned bthd, void *scratch)
+{
+    const att_call c = {.bwd = true,
+                        .q = q,
+                        .kk = kk,
+                        .v = v,
+                        .o = o,
+                        .dout = dout,
+                        .lse_in = lse,
+                        .g = *g,
+                        .B = B,
+                        .H = H,
+                        .T = T,
+                        .D = D,
+                        .scale = scale,
+                        .bthd = bthd,
+                        .scratch = scratch};
+    return auto_run(k, &c);
 }
 
 /* An H200's properties as cuDNN's device-property descriptor reads them (its JSON form, the

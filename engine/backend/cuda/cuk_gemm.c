@@ -579,24 +579,17 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
      * scratch when it has room, else in memory allocated for this call, stream-ordered: the
      * compiler's plan does not reserve it (it is meant to be rare), and its first use says so */
     void *tmp = NULL;
-    bool tmp_async = false; /* stream-ordered; else cudaMalloc (no memory pools: freed synced) */
+    bool tmp_async = false;
     const size_t fb = (size_t)(4 * (na + nb));
     if (!scratch || scratch_bytes < (int64_t)fb) {
-        cudaError_t ce = cudaMallocAsync(&tmp, fb, k->stream);
-        tmp_async = ce == cudaSuccess;
-        if (ce == cudaErrorNotSupported) { /* a device or driver without memory pools */
-            (void)cudaGetLastError();
-            ce = cudaMalloc(&tmp, fb);
-        }
-        if (ce != cudaSuccess) {
-            (void)cudaGetLastError(); /* reported here, not left to the next call */
+        cudaError_t ce;
+        if (!(tmp = jdt_cuk_tmp_alloc(k, fb, &tmp_async, &ce)))
             return jdt_err_set(e, JDT_ERR_NOMEM,
                                "matmul bf16 (M %lld, N %lld, K %lld): cuBLASLt has no bf16 "
                                "algorithm, and the TF32 fallback's %.1f MiB of f32 copies, "
                                "which the memory plan does not hold, could not be allocated: %s",
                                (long long)M, (long long)N, (long long)K, (double)fb / 1048576.0,
                                cudaGetErrorString(ce));
-        }
     }
     if (!k->tf32_fallbacks++)
         JDT_INFO("cuda: cuBLASLt has no bf16 algorithm for a GEMM (batch %lld, M %lld, N %lld, "
@@ -614,10 +607,7 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
         jdt_cuk_bf16_round(k, b, br, nb);
     st = gemm(k, ar, br, bias, acc, c, NULL, 0, batch, M, N, K, ta, tb, b_shared, false, false,
               NULL, e);
-    if (tmp && tmp_async)
-        (void)cudaFreeAsync(tmp, k->stream);
-    else if (tmp)
-        (void)cudaFree(tmp); /* after the device's work, which includes this GEMM */
+    if (tmp) jdt_cuk_tmp_free(k, tmp, tmp_async);
     return st;
 }
 

@@ -35,7 +35,9 @@
  * queued on the handle's stream (cudaemu.c jdt_cudaemu_defer), as a GPU would run it.
  *
  * Env: JDT_CUDNNEMU_VERSION (cudnnGetVersion, default 91900: 9.19), JDT_CUDNNEMU_WORKSPACE
- * (the plan's workspace in bytes, default 1 MiB; the interpreter fills it with 0xff bytes).
+ * (the plan's workspace in bytes, default 1 MiB; the interpreter fills it with 0xff bytes),
+ * JDT_CUDNNEMU_PERTURB (a planted error for the tests: every value written to a tensor in
+ * memory is multiplied by 1 + this, read when the plan is executed).
  * What it cannot check: the real engines' patterns (cuk_cudnn.c's offline check builds the
  * graphs against the real library), their rounding and speed.
  */
@@ -714,9 +716,10 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const p,
 typedef struct {
     desc *d;
     tensor_view v;
-    char *mem;    /* not virtual: the variant pack's pointer */
-    float scalar; /* by value: copied at execute */
-    float *buf;   /* virtual: extent(v) floats, in the tensor's own strides */
+    char *mem;     /* not virtual: the variant pack's pointer */
+    float scalar;  /* by value: copied at execute */
+    float perturb; /* JDT_CUDNNEMU_PERTURB at execute: a tensor in memory is written times 1 + it */
+    float *buf;    /* virtual: extent(v) floats, in the tensor's own strides */
     bool ready;
     bool accumulate; /* in memory, written and then read by the graph: an accumulator */
 } rt_tensor;
@@ -798,6 +801,7 @@ static float load(const rt_tensor *t, const int64_t idx[4])
 
 static void store(rt_tensor *t, const int64_t idx[4], float x)
 {
+    if (!t->buf && t->perturb != 0.0f) x *= 1.0f + t->perturb; /* a planted error */
     x = to_type(t->v.dt, x);
     const int64_t o = offset(&t->v, idx);
     if (t->buf) {
@@ -1059,6 +1063,8 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
                       "allocation",
                       (long long)t->v.uid, nb, p);
         t->mem = p;
+        const char *pe = getenv("JDT_CUDNNEMU_PERTURB");
+        t->perturb = pe && *pe ? strtof(pe, NULL) : 0.0f;
         t->ready = true;
         for (int m = 0; m < j->n_ops; m++)
             if (j->out[m] == k) t->ready = false; /* written by the graph */
