@@ -322,9 +322,10 @@ fi
 JDT_TOKS=""
 # run_gpt NAME [VAR=VALUE ...]: the step gpt_args built, with those variables set, into
 # $OUT/NAME.log; sets rc and toks (the last logged step's tok/s)
+# (ATT_PIN, once stage 4 has set it: its attention verdicts, which a VAR=VALUE here overrides)
 run_gpt() {
   local name=$1; shift
-  (cd "$ROOT" && env "$@" timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/$name.log" 2>&1); rc=$?
+  (cd "$ROOT" && env ${ATT_PIN:+JDT_CUDNN_ATTENTION=$ATT_PIN} "$@" timeout "$(tmo)" "$BIN" "${GPT[@]}" >"$OUT/$name.log" 2>&1); rc=$?
   toks=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/$name.log" | tail -1 | sed -nE 's/.* ([0-9.]+) tok\/s.*/\1/p')
 }
 # gpt_failed WHAT SAVE: stage 4 failed (not a timeout); say so and keep its log as SAVE.log
@@ -366,21 +367,23 @@ JDT_MFU=$(echo "$last" | sed -nE 's/.*MFU ([0-9.]+)%.*/\1/p')
 JDT_DEV=$(echo "$last" | sed -nE 's/.*peak device ([0-9]+) MB.*/\1/p')
 say "stage 4 exit $rc, jdt-train $GPT_PREC (activations $GPT_ACT${JDT_MERGE_LAUNCHES:+, one launch per kernel, five-kernel norms, GELU after the GEMM}) ${JDT_TOKS:-?} tok/s, MFU ${JDT_MFU:-?}% (goal >= 45% of 989.4 TFLOP/s bf16), peak device ${JDT_DEV:-?} MB"
 # stage 4's attention verdicts (JDT_CUDNN_ATTENTION=auto, the default: cuDNN tried against
-# jdt-train's kernels once per direction, cuk_cudnn.c): the later variants of stage 4 keep the
-# same choice (=1 both cuDNN's, =0 both ours or no trial), so what they change is their own
+# jdt-train's kernels once per direction, cuk_cudnn.c): stage 4's later variants (run_gpt, the
+# profiles) keep the same choice, so what they change is their own: =1 where both directions
+# kept cuDNN's, =0 where neither did (or nothing was tried); mixed verdicts cannot be pinned by
+# one variable, and those runs try again (auto)
 v_f=$(grep -oE "attention forward B=[^:]*: .* kept" "$OUT/gpt2.log" | head -1 | grep -oE "(cuDNN's|jdt-train's kernels) kept")
 v_b=$(grep -oE "attention backward B=[^:]*: .* kept" "$OUT/gpt2.log" | head -1 | grep -oE "(cuDNN's|jdt-train's kernels) kept")
-if [ -z "${JDT_CUDNN_ATTENTION:-}" ]; then
+if [ -n "${JDT_CUDNN_ATTENTION:-}" ]; then
+  ATT_PIN=$JDT_CUDNN_ATTENTION
+else
   case "$v_f/$v_b" in
     "cuDNN's kept/cuDNN's kept") ATT_PIN=1 ;;
     "cuDNN's kept/"*|*"/cuDNN's kept") ATT_PIN=auto ;;
     *) ATT_PIN=0 ;;
   esac
-  export JDT_CUDNN_ATTENTION=$ATT_PIN
 fi
-say "stage 4's attention: forward ${v_f:-not tried}, backward ${v_b:-not tried} (the later runs: JDT_CUDNN_ATTENTION=${JDT_CUDNN_ATTENTION})"
+say "stage 4's attention: forward ${v_f:-not tried}, backward ${v_b:-not tried} (stage 4's later runs: JDT_CUDNN_ATTENTION=$ATT_PIN$([ "$ATT_PIN" = auto ] && echo ", mixed verdicts: not pinned"))"
 fi
-ATT_PIN=${JDT_CUDNN_ATTENTION:-auto}
 # ---- 5: peers --------------------------------------------------------------------------------
 PEER="$ROOT/scripts/bench/gpt_peer_gpu.py"
 for dt in $PEER_DTYPES; do
@@ -407,8 +410,8 @@ done
 if want 4p; then
 say "stage 4p gpt2-124m profile: time per kind of kernel over 3 steps (run.profile: an event behind each step)"
 gpt_args "$OUT/gpt2-prof"
-(cd "$ROOT" && timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 run.profile=true run.profile_steps=3 \
-   >"$OUT/gpt2-prof.log" 2>&1); rc=$?
+(cd "$ROOT" && env ${ATT_PIN:+JDT_CUDNN_ATTENTION=$ATT_PIN} timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 \
+   run.profile=true run.profile_steps=3 >"$OUT/gpt2-prof.log" 2>&1); rc=$?
 sed -n '/profile of the compiled step/,/^[^ 0-9G]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -62 | tee -a "$SUMMARY"
 say "stage 4p exit $rc"
 # PyTorch's fused attention alone at the same shape, TFLOP/s counted as the profile's attention
@@ -511,7 +514,7 @@ dnn_run() {
 }
 if want 4c; then
 # the choice stage 4 did not keep: jdt-train's kernels where it kept cuDNN's, else cuDNN's
-other=$([ "$ATT_PIN" = 1 ] && echo 0 || echo 1)
+other=$([ "${ATT_PIN:-0}" = 0 ] && echo 1 || echo 0)
 other_what=$([ "$other" = 0 ] && echo "on jdt-train's kernels" || echo "through cuDNN, deterministic")
 gpt_args "$OUT/gpt2-att$other"
 dnn_run "gpt2-att$other" "$other"

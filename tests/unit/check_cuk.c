@@ -2488,29 +2488,37 @@ START_TEST(test_cudnn_attention)
 END_TEST
 
 /* One forward (with the log-sum-exp) and one backward (the cotangent form: bf16 copies and the
- * bias partial sums) of GPT-2's layouts on k; the backward reads the given o and lse (the same
- * for every context, so each direction's outputs depend only on who computed them). The
- * outputs come back on the host, bf16 widened: out[0] o, [1] lse, [2..4] dq dk dv, [5] the
- * partial sums; cnt[i] their lengths. */
+ * bias partial sums) of GPT-2's layouts on k, with G query heads per key/value head (k and v
+ * read as H / G heads) and, with rope, Llama's RoPE backward on the dq and dk copies; the
+ * backward reads the given o and lse (the same for every context, so each direction's outputs
+ * depend only on who computed them). The outputs come back on the host, bf16 widened: out[0] o,
+ * [1] lse, [2..4] dq dk dv, [5] the partial sums; cnt[i] their lengths. */
 static void trial_case(jdt_cuk *k, uint16_t *const x[4], const uint16_t *o_in, const float *lse_in,
-                       int64_t B, int64_t H, int64_t T, int64_t D, float *out[6], int64_t cnt[6])
+                       int64_t B, int64_t H, int64_t T, int64_t D, unsigned G, bool rope,
+                       float *out[6], int64_t cnt[6])
 {
-    const int64_t n = B * H * T * D, rows = B * H * T, np = B * (T / JDT_CUK_ATT_PART) * 3 * H * D;
+    const int64_t n = B * H * T * D, rows = B * H * T,
+                  np = B * (T / JDT_CUK_ATT_PART) * (H + 2 * H / G) * D;
     const float scale = 1.0f / sqrtf((float)D);
-    void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, 1));
+    void *scr = dev_alloc((size_t)jdt_cuk_attention_scratch_bytes(B, H, T, D, G));
     uint16_t *o = dev_alloc((size_t)n * 2);
     float *lse = dev_alloc((size_t)rows * 4), *part = dev_alloc((size_t)np * 4);
     jdt_cuk_att_grads g = {.part = part};
-    for (int j = 0; j < 3; j++)
-        g.copy[j] = dev_alloc((size_t)n * 2), g.copy_bf16[j] = true;
-    jdt_cuk_attention(k, x[0], x[1], x[2], true, NULL, o, true, lse, B, H, T, D, scale, 7u, true,
-                      scr);
+    for (int j = 0; j < 3; j++) {
+        g.copy[j] = dev_alloc((size_t)(j ? n / G : n) * 2), g.copy_bf16[j] = true;
+        g.rope_theta[j] = rope && j < 2 ? 10000.0 : 0.0, g.rope_inverse[j] = true;
+    }
+    jdt_cuk_attention(k, x[0], x[1], x[2], true, NULL, o, true, lse, B, H, T, D, scale, 7u | G << 8,
+                      true, scr);
     jdt_cuk_attention_bwd(k, x[0], x[1], x[2], true, o_in, true, x[3], true, lse_in, NULL, &g, B, H,
-                          T, D, scale, 31u, true, scr);
+                          T, D, scale, 31u | G << 8, true, scr);
     out[0] = dev_bf16_to_host(k, o, n), cnt[0] = n;
     out[1] = dev_to_host(k, lse, rows), cnt[1] = rows;
-    for (int j = 0; j < 3; j++)
-        out[2 + j] = dev_bf16_to_host(k, g.copy[j], n), cnt[2 + j] = n, cudaFree(g.copy[j]);
+    for (int j = 0; j < 3; j++) {
+        cnt[2 + j] = j ? n / G : n;
+        out[2 + j] = dev_bf16_to_host(k, g.copy[j], cnt[2 + j]);
+        cudaFree(g.copy[j]);
+    }
     out[5] = dev_to_host(k, part, np), cnt[5] = np;
     cudaFree(scr), cudaFree(o), cudaFree(lse), cudaFree(part);
 }
@@ -2567,11 +2575,12 @@ START_TEST(test_cudnn_trial)
                       true, scr);
     float *ours[6], *dnn[6], *got[6], *again[6];
     int64_t cnt[6];
-    trial_case(k, x, o_in, lse_in, B, H, T, D, ours, cnt);
+    trial_case(k, x, o_in, lse_in, B, H, T, D, 1, false, ours, cnt);
     jdt_cuk *kd = trial_ctx(cache_dir_, 0);
     kd->dnn_auto = false; /* JDT_CUDNN_ATTENTION=1: cuDNN unchecked */
-    trial_case(kd, x, o_in, lse_in, B, H, T, D, dnn, cnt);
-    if (kd->n_dnn == 0 && strstr(kd->dnn_why, "cannot be loaded")) {
+    trial_case(kd, x, o_in, lse_in, B, H, T, D, 1, false, dnn, cnt);
+    if (kd->n_dnn == 0 && (strstr(kd->dnn_why, "cannot be loaded") ||
+                           strstr(kd->dnn_why, "too old") || strstr(kd->dnn_why, "known bugs"))) {
         printf("SKIP check_cuk test_cudnn_trial: %s\n", kd->dnn_why);
     } else {
         ck_assert_msg(kd->n_dnn == 2, "cuDNN declined a direction: %s", kd->dnn_why);
@@ -2579,9 +2588,9 @@ START_TEST(test_cudnn_trial)
                       "cuDNN's outputs are ours bit for bit: the test could not tell them apart");
         /* verdicts for cuDNN */
         jdt_cuk *ka = trial_ctx(cache_dir_, 2);
-        trial_case(ka, x, o_in, lse_in, B, H, T, D, got, cnt);
+        trial_case(ka, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
         const int64_t served = ka->n_dnn;
-        trial_case(ka, x, o_in, lse_in, B, H, T, D, again, cnt);
+        trial_case(ka, x, o_in, lse_in, B, H, T, D, 1, false, again, cnt);
         ck_assert_int_eq(ka->n_att_trials, 2);
         ck_assert_int_eq(ka->n_att_dnn, 2);
         ck_assert_int_eq(ka->n_att_disagree, 0);
@@ -2594,9 +2603,9 @@ START_TEST(test_cudnn_trial)
         jdt_cuk_free(ka);
         /* verdicts for ours: cuDNN released */
         jdt_cuk *kb = trial_ctx(cache_dir_, 1);
-        trial_case(kb, x, o_in, lse_in, B, H, T, D, got, cnt);
+        trial_case(kb, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
         const int64_t served_b = kb->n_dnn;
-        trial_case(kb, x, o_in, lse_in, B, H, T, D, again, cnt);
+        trial_case(kb, x, o_in, lse_in, B, H, T, D, 1, false, again, cnt);
         ck_assert_int_eq(kb->n_att_trials, 2);
         ck_assert_int_eq(kb->n_att_dnn, 0);
         ck_assert_msg(kb->n_dnn == served_b, "cuDNN served after verdicts for ours");
@@ -2609,7 +2618,7 @@ START_TEST(test_cudnn_trial)
         if (emulated_gpu()) { /* a cuDNN planted 10% off, its times forced faster */
             setenv("JDT_CUDNNEMU_PERTURB", "0.1", 1);
             jdt_cuk *kc = trial_ctx(cache_dir_, 2);
-            trial_case(kc, x, o_in, lse_in, B, H, T, D, got, cnt);
+            trial_case(kc, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
             unsetenv("JDT_CUDNNEMU_PERTURB");
             ck_assert_int_eq(kc->n_att_disagree, 2);
             ck_assert_int_eq(kc->n_att_dnn, 0);
@@ -2618,16 +2627,35 @@ START_TEST(test_cudnn_trial)
                 free(got[i]);
             jdt_cuk_free(kc);
         }
+        /* grouped-query attention (2 query heads per key/value head) with Llama's RoPE on the
+         * dq and dk copies: dk's and dv's sizes and partial sums are a group's */
+        float *ours2[6], *dnn2[6];
+        int64_t cnt2[6];
+        trial_case(k, x, o_in, lse_in, B, H, T, D, 2, true, ours2, cnt2);
+        jdt_cuk *kd2 = trial_ctx(cache_dir_, 0), *ka2 = trial_ctx(cache_dir_, 2);
+        kd2->dnn_auto = false;
+        trial_case(kd2, x, o_in, lse_in, B, H, T, D, 2, true, dnn2, cnt2);
+        ck_assert_msg(kd2->n_dnn == 2, "cuDNN declined grouped-query attention: %s", kd2->dnn_why);
+        trial_case(ka2, x, o_in, lse_in, B, H, T, D, 2, true, got, cnt2);
+        ck_assert_int_eq(ka2->n_att_dnn, 2);
+        ck_assert_int_eq(ka2->n_att_disagree, 0);
+        ck_assert_msg(!trial_same(ours2, dnn2, cnt2, 2, 4), "grouped: cuDNN's copies are ours");
+        ck_assert_msg(trial_same(got, dnn2, cnt2, 0, 5), "grouped: not cuDNN's outputs");
+        for (int i = 0; i < 6; i++)
+            free(got[i]), free(ours2[i]), free(dnn2[i]);
+        jdt_cuk_free(kd2);
+        jdt_cuk_free(ka2);
         /* the times decide */
         jdt_cuk *kx = trial_ctx(cache_dir_, 0);
-        trial_case(kx, x, o_in, lse_in, B, H, T, D, got, cnt);
+        trial_case(kx, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
         ck_assert_int_eq(kx->n_att_trials, 2);
         ck_assert_int_eq(kx->n_att_disagree, 0);
         const bool f_dnn = trial_same(got, dnn, cnt, 0, 1), b_dnn = trial_same(got, dnn, cnt, 2, 5);
         ck_assert_msg(f_dnn || trial_same(got, ours, cnt, 0, 1), "forward: neither's outputs");
         ck_assert_msg(b_dnn || trial_same(got, ours, cnt, 2, 5), "backward: neither's outputs");
         ck_assert_int_eq(kx->n_att_dnn, (int)f_dnn + (int)b_dnn);
-        printf("check_cuk test_cudnn_trial: verdicts forced each way, a planted disagreement%s; "
+        printf("check_cuk test_cudnn_trial: verdicts forced each way, grouped-query with RoPE, a "
+               "planted disagreement%s; "
                "by the times: forward %s, backward %s\n",
                emulated_gpu() ? "" : " (emulator only)", f_dnn ? "cuDNN" : "ours",
                b_dnn ? "cuDNN" : "ours");

@@ -212,6 +212,7 @@ struct jdt_cuk {
         int pick;
     } att_picks[JDT_CUK_ATT_PICKS];
     int n_att_picks;
+    bool att_picks_full; /* said once: later shapes run ours untried */
     /* for tests: the trials run, those that kept cuDNN, those whose outputs disagreed; and
      * att_trial_force, which overrides the times' verdict (1 ours faster, 2 cuDNN faster) */
     int n_att_trials, n_att_dnn, n_att_disagree, att_trial_force;

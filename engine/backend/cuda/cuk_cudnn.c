@@ -820,13 +820,14 @@ static int64_t max_workspace(void)
                                           : half;
 }
 
-/* The plan of s, built at its first use; NULL when cuDNN declines (logged once). */
-static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
+/* Loads cuDNN and makes the context's handle at the first call (one info line either way);
+ * whether cuDNN is usable. */
+static bool dnn_open(jdt_cuk *k)
 {
     jdt_err e;
     jdt_err_clear(&e);
     if (!k->dnn) {
-        if (!(k->dnn = jdt_calloc(1, sizeof *k->dnn))) return NULL;
+        if (!(k->dnn = jdt_calloc(1, sizeof *k->dnn))) return false;
         struct jdt_cuk_dnn *d = k->dnn;
         cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
         /* the handle belongs to the current device: the context's (a caller on another
@@ -848,8 +849,16 @@ static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
         } else
             JDT_INFO("cuDNN attention: cuDNN %zu", d->api.get_version());
     }
+    return !k->dnn->unavailable;
+}
+
+/* The plan of s, built at its first use; NULL when cuDNN declines (logged once). */
+static dnn_entry *dnn_get(jdt_cuk *k, const dnn_key *s)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    if (!dnn_open(k)) return NULL;
     struct jdt_cuk_dnn *d = k->dnn;
-    if (d->unavailable) return NULL;
     for (int i = 0; i < d->n; i++)
         if (key_eq(&d->e[i].key, s)) {
             if (d->e[i].plan) return &d->e[i];
@@ -1035,31 +1044,60 @@ typedef struct {
     void *scratch;
 } att_call;
 
-/* An output of a call: its memory, values, type and name. */
+/* The memory a call writes: at most 4 buffers (the forward's o and log-sum-exp; the backward's
+ * three copies and its partial sums), their bases in base and sizes in bytes; returns their
+ * count. The trial gives cuDNN buffers of these sizes. */
+static int call_bufs(const att_call *c, void *base[4], size_t bytes[4])
+{
+    const int64_t n = c->B * c->H * c->T * c->D, G = JDT_CUK_ATT_GROUP(c->bthd);
+    int m = 0;
+    if (!c->bwd) {
+        base[m] = c->o2, bytes[m++] = (size_t)n * 2;
+        if (c->lse) base[m] = c->lse, bytes[m++] = (size_t)(c->B * c->H * c->T) * 4;
+        return m;
+    }
+    for (int j = 0; j < 3; j++)
+        base[m] = c->g.copy[j], bytes[m++] = (size_t)(j ? n / G : n) * 2;
+    if (c->g.part) /* (P, H D) for dq, then (P, H / G D) each for dk and dv */
+        base[m] = c->g.part,
+        bytes[m++] = (size_t)(c->B * (c->T / JDT_CUK_ATT_PART) * (c->H + 2 * c->H / G) * c->D) * 4;
+    return m;
+}
+
+/* An output compared by the trial: n values at byte `at` of buffer `buf` (call_bufs), bf16 or
+ * f32, the log-sum-exp or not, and its name. */
 typedef struct {
-    void *p;
+    int buf;
+    size_t at;
     int64_t n;
     bool bf16, lse;
     const char *name;
 } att_out;
 
-/* The outputs c writes (at most 4), in out; returns their count. */
-static int call_outs(const att_call *c, att_out out[4])
+/* The outputs of c, each compared on its own (the partial sums of dq, dk and dv apart: each by
+ * its own largest value); returns their count (at most 6). */
+static int call_outs(const att_call *c, att_out out[6])
 {
     const int64_t n = c->B * c->H * c->T * c->D, G = JDT_CUK_ATT_GROUP(c->bthd);
     int m = 0;
     if (!c->bwd) {
-        out[m++] = (att_out){c->o2, n, true, false, "o"};
-        if (c->lse) out[m++] = (att_out){c->lse, c->B * c->H * c->T, false, true, "log-sum-exp"};
+        out[m++] = (att_out){0, 0, n, true, false, "o"};
+        if (c->lse) out[m++] = (att_out){1, 0, c->B * c->H * c->T, false, true, "log-sum-exp"};
         return m;
     }
-    static const char *const names[3] = {"dq", "dk", "dv"};
+    static const char *const names[3] = {"dq", "dk", "dv"}, *const parts[3] = {
+                                                                "dq's bias partial sums",
+                                                                "dk's bias partial sums",
+                                                                "dv's bias partial sums"};
     for (int j = 0; j < 3; j++)
-        out[m++] = (att_out){c->g.copy[j], j ? n / G : n, true, false, names[j]};
-    if (c->g.part) /* (P, H D) for dq, then (P, H / G D) each for dk and dv */
-        out[m++] =
-            (att_out){c->g.part, c->B * (c->T / JDT_CUK_ATT_PART) * (c->H + 2 * c->H / G) * c->D,
-                      false, false, "bias partial sums"};
+        out[m++] = (att_out){j, 0, j ? n / G : n, true, false, names[j]};
+    const int64_t P = c->B * (c->T / JDT_CUK_ATT_PART);
+    size_t at = 0;
+    for (int j = 0; j < 3 && c->g.part; j++) {
+        const int64_t np = P * (j ? c->H / G : c->H) * c->D;
+        out[m++] = (att_out){3, at, np, false, false, parts[j]};
+        at += (size_t)np * 4;
+    }
     return m;
 }
 
@@ -1084,14 +1122,15 @@ static bool call_run(jdt_cuk *k, const att_call *c, bool dnn)
 /* How far b's values are from a's (both on the device, n values of a's type): the largest
  * difference over a's largest magnitude (the log-sum-exp: over 1e-4 + 0.2% of each value's, so
  * 1 is its bound); INFINITY for a NaN in either, -1 when a copy to the host fails. */
-static double compare(jdt_cuk *k, const att_out *a, const void *b, float *ha, float *hb)
+static double compare(jdt_cuk *k, const att_out *a, const void *pa, const void *b, float *ha,
+                      float *hb)
 {
     const size_t es = a->bf16 ? 2 : 4;
     double big = 0.0, diff = 0.0;
     for (int64_t at = 0; at < a->n; at += TRIAL_CHUNK) {
         const int64_t m = a->n - at < TRIAL_CHUNK ? a->n - at : TRIAL_CHUNK;
-        if (cudaMemcpyAsync(ha, (const char *)a->p + at * es, (size_t)m * es,
-                            cudaMemcpyDeviceToHost, k->stream) != cudaSuccess ||
+        if (cudaMemcpyAsync(ha, (const char *)pa + at * es, (size_t)m * es, cudaMemcpyDeviceToHost,
+                            k->stream) != cudaSuccess ||
             cudaMemcpyAsync(hb, (const char *)b + at * es, (size_t)m * es, cudaMemcpyDeviceToHost,
                             k->stream) != cudaSuccess ||
             cudaStreamSynchronize(k->stream) != cudaSuccess)
@@ -1148,6 +1187,23 @@ static bool trial_time(jdt_cuk *k, const att_call *c, const att_call *alt, float
     return ok;
 }
 
+/* After a failed runtime call of the trial: a fault on the device (the stream's error) becomes
+ * the step's error, naming the trial; anything else is cleared (not the next call's error) and
+ * the trial ends for ours. */
+static void trial_failed(jdt_cuk *k, const char *dir, const char *shape, const char *what)
+{
+    cudaError_t rc = cudaStreamSynchronize(k->stream);
+    if (rc != cudaSuccess)
+        jdt_cuk_defer(k, JDT_ERR_INTERNAL,
+                      "attention %s %s: the device failed while trying cuDNN's attention against "
+                      "jdt-train's kernels (JDT_CUDNN_ATTENTION=0 skips cuDNN): %s",
+                      dir, shape, cudaGetErrorString(rc));
+    else {
+        (void)cudaGetLastError();
+        JDT_INFO("cuda: attention %s %s: %s; jdt-train's kernels", dir, shape, what);
+    }
+}
+
 /* The trial of c (jdt_cuk_dnn_attention_auto's contract); pick: the shape's slot in k. */
 static void trial(jdt_cuk *k, const att_call *c, int *pick)
 {
@@ -1156,13 +1212,15 @@ static void trial(jdt_cuk *k, const att_call *c, int *pick)
     snprintf(shape, sizeof shape, "B=%lld H=%lld T=%lld D=%lld", (long long)c->B, (long long)c->H,
              (long long)c->T, (long long)c->D);
     k->n_att_trials++;
-    att_out out[4];
-    const int m = call_outs(c, out);
-    size_t off[4], total = 0;
-    for (int i = 0; i < m; i++) {
+    void *base[4], *alt_base[4];
+    size_t bytes[4], off[4], total = 0;
+    const int nb = call_bufs(c, base, bytes);
+    for (int i = 0; i < nb; i++) {
         off[i] = total;
-        total += ((size_t)out[i].n * (out[i].bf16 ? 2 : 4) + 255) & ~(size_t)255;
+        total += (bytes[i] + 255) & ~(size_t)255;
     }
+    att_out out[6];
+    const int m = call_outs(c, out);
     bool async = false;
     cudaError_t rc;
     char *tmp = jdt_cuk_tmp_alloc(k, total, &async, &rc);
@@ -1174,46 +1232,43 @@ static void trial(jdt_cuk *k, const att_call *c, int *pick)
         return;
     }
     att_call alt = *c; /* cuDNN's outputs: the trial's memory */
-    void *p[4];
-    for (int i = 0; i < m; i++)
-        p[i] = tmp + off[i];
+    for (int i = 0; i < nb; i++)
+        alt_base[i] = tmp + off[i];
     if (c->bwd) {
         for (int j = 0; j < 3; j++)
-            alt.g.copy[j] = p[j];
-        if (c->g.part) alt.g.part = p[3];
+            alt.g.copy[j] = alt_base[j];
+        if (c->g.part) alt.g.part = alt_base[3];
     } else {
-        alt.o2 = p[0];
-        if (c->lse) alt.lse = p[1];
+        alt.o2 = alt_base[0];
+        if (c->lse) alt.lse = alt_base[1];
     }
     float ms[2] = {INFINITY, INFINITY};
     float *ha = NULL, *hb = NULL;
-    int worst = -1;                        /* the output furthest from ours, by its bound */
-    double worst_d = 0.0, worst_r = 0.0;   /* its distance (compare), and that over its bound */
-    bool served = call_run(k, &alt, true); /* untimed: cuDNN builds its plan here */
+    int worst = -1;                      /* the output furthest from ours, by its bound */
+    double worst_d = 0.0, worst_r = 0.0; /* its distance (compare), and that over its bound */
+    /* untimed: cuDNN builds its plan here (a decline is said by dnn_get or dnn_run) */
+    bool served = call_run(k, &alt, true);
     if (served && !trial_time(k, c, &alt, ms)) {
-        rc = cudaStreamSynchronize(k->stream);
-        if (rc != cudaSuccess) /* a fault on the device: the context is lost */
-            jdt_cuk_defer(k, JDT_ERR_INTERNAL,
-                          "attention %s %s: the device failed while trying cuDNN's attention "
-                          "against jdt-train's kernels (JDT_CUDNN_ATTENTION=0 skips cuDNN): %s",
-                          dir, shape, cudaGetErrorString(rc));
-        else
-            JDT_INFO("cuda: attention %s %s: cuDNN's could not be timed; jdt-train's kernels", dir,
-                     shape);
+        trial_failed(k, dir, shape, "cuDNN's could not be timed");
         served = false;
     }
     if (served && (!(ha = jdt_malloc((size_t)TRIAL_CHUNK * 4)) ||
-                   !(hb = jdt_malloc((size_t)TRIAL_CHUNK * 4))))
+                   !(hb = jdt_malloc((size_t)TRIAL_CHUNK * 4)))) {
+        JDT_INFO("cuda: attention %s %s: no host memory to compare cuDNN's outputs; jdt-train's "
+                 "kernels",
+                 dir, shape);
         served = false;
+    }
     for (int i = 0; i < m && served; i++) {
-        const double d = compare(k, &out[i], p[i], ha, hb);
+        const att_out *o = &out[i];
+        const double d =
+            compare(k, o, (char *)base[o->buf] + o->at, (char *)alt_base[o->buf] + o->at, ha, hb);
+        const double r = d / (o->lse ? 1.0 : TRIAL_REL);
         if (d < 0.0) {
+            trial_failed(k, dir, shape, "cuDNN's outputs could not be read back");
             served = false;
-            JDT_INFO("cuda: attention %s %s: cuDNN's outputs could not be read back; jdt-train's "
-                     "kernels",
-                     dir, shape);
-        } else if (worst < 0 || d / (out[i].lse ? 1.0 : TRIAL_REL) > worst_r)
-            worst = i, worst_d = d, worst_r = d / (out[i].lse ? 1.0 : TRIAL_REL);
+        } else if (worst < 0 || r > worst_r)
+            worst = i, worst_d = d, worst_r = r;
     }
     jdt_free(ha);
     jdt_free(hb);
@@ -1245,16 +1300,18 @@ static void trial(jdt_cuk *k, const att_call *c, int *pick)
     }
     if (*pick) { /* this call's outputs become cuDNN's, as the shape's later calls will be */
         k->n_att_dnn++;
-        for (int i = 0; i < m; i++) {
-            rc = cudaMemcpyAsync(out[i].p, p[i], (size_t)out[i].n * (out[i].bf16 ? 2 : 4),
-                                 cudaMemcpyDeviceToDevice, k->stream);
+        for (int i = 0; i < nb; i++) {
+            rc = cudaMemcpyAsync(base[i], alt_base[i], bytes[i], cudaMemcpyDeviceToDevice,
+                                 k->stream);
             if (rc != cudaSuccess)
-                jdt_cuk_defer(k, JDT_ERR_INTERNAL, "attention %s: copying cuDNN's %s: %s", dir,
-                              out[i].name, cudaGetErrorString(rc));
+                jdt_cuk_defer(k, JDT_ERR_INTERNAL, "attention %s: copying cuDNN's outputs: %s", dir,
+                              cudaGetErrorString(rc));
         }
     }
     jdt_cuk_tmp_free(k, tmp, async);
-    if (!*pick && !k->n_att_dnn) jdt_cuk_dnn_trim(k); /* no shape keeps cuDNN so far */
+    /* after a backward's verdict (a forward's comes first) with no shape keeping cuDNN so far:
+     * its handle, plans and memory go (the stream is idle: the trial waited for it) */
+    if (c->bwd && !k->n_att_dnn) jdt_cuk_dnn_trim(k);
 }
 
 /* The verdict for c: true when its outputs were written here (cuDNN's kept, or the trial). */
@@ -1269,7 +1326,16 @@ static bool auto_run(jdt_cuk *k, const att_call *c)
     for (int i = 0; i < k->n_att_picks; i++)
         if (memcmp(k->att_picks[i].key, key, sizeof key) == 0)
             return k->att_picks[i].pick && call_run(k, c, true);
-    if (k->n_att_picks == JDT_CUK_ATT_PICKS) return false; /* no room: ours, untried */
+    if (k->n_att_picks == JDT_CUK_ATT_PICKS) { /* no room: ours, untried */
+        if (!k->att_picks_full) {
+            k->att_picks_full = true;
+            JDT_INFO("cuda: attention: %d call shapes tried already; the next ones run "
+                     "jdt-train's kernels untried",
+                     JDT_CUK_ATT_PICKS);
+        }
+        return false;
+    }
+    if (!dnn_open(k)) return false; /* said once */
     int *pick = &k->att_picks[k->n_att_picks].pick;
     memcpy(k->att_picks[k->n_att_picks++].key, key, sizeof key);
     *pick = 0;
