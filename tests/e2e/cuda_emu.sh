@@ -154,13 +154,22 @@ JDT_CUDNN_ATTENTION=auto run "$EMU" "$TMP/gpu16t" "${C[@]}" runtime.backend=cuda
   { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=auto: not one verdict per direction"; }
 compare "$TMP/gpu16a/tiny/metrics.jsonl" "$TMP/gpu16t/tiny/metrics.jsonl" "emulated GPU, bf16, attention by trial" 1e-3 ||
   fail "JDT_CUDNN_ATTENTION=auto changed the losses beyond bf16's reach"
+# the verdicts are remembered in the kernel cache: a second run takes them, untried, and its
+# losses are the first run's bit for bit (the trial's step ran the kept implementation's values)
+JDT_CUDNN_ATTENTION=auto run "$EMU" "$TMP/gpu16t2" "${C[@]}" runtime.backend=cuda precision.compute=bf16 \
+  precision.activations=bf16
+[ "$(grep -c "as tried before on this GPU" "$TMP/err")" = 2 ] && ! grep -q "outputs agree" "$TMP/err" ||
+  { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=auto: the second run did not take the remembered verdicts"; }
+cmp -s <(losses "$TMP/gpu16t/tiny/metrics.jsonl") <(losses "$TMP/gpu16t2/tiny/metrics.jsonl") ||
+  fail "JDT_CUDNN_ATTENTION=auto: the remembered verdicts gave other losses"
+rm -f "$TMP"/cache/*.attpick # forgotten: the next run tries again
 JDT_CUDNNEMU_PERTURB=0.1 JDT_CUDNN_ATTENTION=auto run "$EMU" "$TMP/gpu16p" "${C[@]}" runtime.backend=cuda \
   precision.compute=bf16 precision.activations=bf16
 [ "$(grep -c "cuDNN's outputs differ from jdt-train's kernels" "$TMP/err")" = 2 ] ||
   { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=auto with a cuDNN 10% off: not one warning per direction"; }
 cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16p/tiny/metrics.jsonl") ||
   fail "JDT_CUDNN_ATTENTION=auto kept a cuDNN 10% off: the losses are not JDT_CUDNN_ATTENTION=0's"
-echo "emulated GPU, bf16: JDT_CUDNN_ATTENTION=auto tries each direction once; a cuDNN planted 10% off is refused, the losses of our kernels bit for bit"
+echo "emulated GPU, bf16: JDT_CUDNN_ATTENTION=auto tries each direction once, a second run takes the remembered verdicts (the same losses); a cuDNN planted 10% off is refused, the losses of our kernels bit for bit"
 # Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) on the emulated GPU against the CPU, then
 # with cuDNN's attention: without biases the attention backward forms no partial sums (passes.c
 # fold_attention_cotangents), so cuDNN serves the backward too, RoPE's backward applied to its

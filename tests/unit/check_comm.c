@@ -389,6 +389,20 @@ END_TEST
 
 /* ---- a rank that hangs (SIGSTOP) mid-collective is declared lost by heartbeat ------------------ */
 
+/* Whether process pid is stopped (its /proc state T). */
+static bool pid_stopped(int pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
+    return p && (p[2] == 'T' || p[2] == 't');
+}
+
 static int hung(int rank, int world, jdt_dist *d, void *arg)
 {
     jdt_err e;
@@ -410,6 +424,13 @@ static int hung(int rank, int world, jdt_dist *d, void *arg)
         jdt_comm_allreduce_start(jdt_dist_world(d), buf, n, JDT_DTYPE_F32, JDT_REDUCE_SUM, &w, &e);
         raise(SIGSTOP);
         return 0;
+    }
+    /* rank 0 joins only once rank 1 is stopped: before that, rank 1's progress thread could
+     * still finish the collective it started (its main thread descheduled between the start and
+     * raise() on a loaded machine), and the collective would succeed */
+    for (double w0 = jdt_now_s(); rank == 0 && !pid_stopped(victim);) {
+        FAIL_IF(jdt_now_s() - w0 > 30, "rank 1 (pid %d) did not stop", victim);
+        usleep(1000);
     }
     double t0 = jdt_now_s();
     jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), buf, n, JDT_DTYPE_F32, JDT_REDUCE_SUM, &e);

@@ -2532,6 +2532,23 @@ static bool trial_same(float *const a[6], float *const b[6], const int64_t cnt[6
     return true;
 }
 
+/* Removes the attention verdicts remembered in the kernel cache dir (its *.attpick entries). */
+static void forget_verdicts(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char path[1024];
+    while ((de = readdir(d))) {
+        const size_t n = strlen(de->d_name);
+        if (n > 8 && strcmp(de->d_name + n - 8, ".attpick") == 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            unlink(path);
+        }
+    }
+    closedir(d);
+}
+
 /* A context choosing per shape (JDT_CUDNN_ATTENTION=auto), its verdicts forced to "faster"
  * for cuDNN (2), for ours (1), or left to the times (0). */
 static jdt_cuk *trial_ctx(const char *cache_dir, int force)
@@ -2545,7 +2562,8 @@ static jdt_cuk *trial_ctx(const char *cache_dir, int force)
 }
 
 /* JDT_CUDNN_ATTENTION=auto (the default; cuk.h jdt_cuk_dnn_attention_auto): each direction is
- * tried once per shape, and its outputs are then bit for bit those of the implementation kept.
+ * tried once per shape, and its outputs are then bit for bit those of the implementation kept;
+ * a later context takes the verdicts from the kernel cache without trying again.
  * A verdict for cuDNN (its times forced) gives cuDNN's outputs from the trial's call on, and the
  * next call runs cuDNN without a trial; one for ours gives ours and releases cuDNN; on the
  * emulator, a cuDNN whose outputs are planted 10% off (JDT_CUDNNEMU_PERTURB) is refused for
@@ -2645,7 +2663,8 @@ START_TEST(test_cudnn_trial)
             free(got[i]), free(ours2[i]), free(dnn2[i]);
         jdt_cuk_free(kd2);
         jdt_cuk_free(ka2);
-        /* the times decide */
+        /* the times decide (none remembered from an earlier run in this cache) */
+        forget_verdicts(cache_dir_);
         jdt_cuk *kx = trial_ctx(cache_dir_, 0);
         trial_case(kx, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
         ck_assert_int_eq(kx->n_att_trials, 2);
@@ -2654,6 +2673,17 @@ START_TEST(test_cudnn_trial)
         ck_assert_msg(f_dnn || trial_same(got, ours, cnt, 0, 1), "forward: neither's outputs");
         ck_assert_msg(b_dnn || trial_same(got, ours, cnt, 2, 5), "backward: neither's outputs");
         ck_assert_int_eq(kx->n_att_dnn, (int)f_dnn + (int)b_dnn);
+        /* a later context on this GPU takes the verdicts from the kernel cache, untried: the
+         * same outputs, bit for bit */
+        jdt_cuk *ky = trial_ctx(cache_dir_, 0);
+        trial_case(ky, x, o_in, lse_in, B, H, T, D, 1, false, again, cnt);
+        ck_assert_int_eq(ky->n_att_trials, 0);
+        ck_assert_int_eq(ky->n_att_remembered, 2);
+        ck_assert_msg(trial_same(again, got, cnt, 0, 5), "the remembered verdicts: other outputs");
+        for (int i = 0; i < 6; i++)
+            free(again[i]);
+        jdt_cuk_free(ky);
+        forget_verdicts(cache_dir_);
         printf("check_cuk test_cudnn_trial: verdicts forced each way, grouped-query with RoPE, a "
                "planted disagreement%s; "
                "by the times: forward %s, backward %s\n",

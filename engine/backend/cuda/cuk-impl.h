@@ -213,9 +213,11 @@ struct jdt_cuk {
     } att_picks[JDT_CUK_ATT_PICKS];
     int n_att_picks;
     bool att_picks_full; /* said once: later shapes run ours untried */
-    /* for tests: the trials run, those that kept cuDNN, those whose outputs disagreed; and
-     * att_trial_force, which overrides the times' verdict (1 ours faster, 2 cuDNN faster) */
-    int n_att_trials, n_att_dnn, n_att_disagree, att_trial_force;
+    bool att_put_said;   /* a verdict the kernel cache could not keep has been said */
+    /* for tests: the trials run, the verdicts that kept cuDNN, the trials whose outputs
+     * disagreed, the verdicts taken from the kernel cache; and att_trial_force, which overrides
+     * the times' verdict (1 ours faster, 2 cuDNN faster) and leaves the cache alone */
+    int n_att_trials, n_att_dnn, n_att_disagree, n_att_remembered, att_trial_force;
     struct jdt_cuk_dnn *dnn;
     int64_t n_dnn;     /* calls cuDNN served (tests) */
     char dnn_why[400]; /* why the last call it declined was declined ("" none) */

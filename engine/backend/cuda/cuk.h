@@ -401,9 +401,12 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
  * more than 2% of its largest value (the log-sum-exp: 1e-4 + 0.2% of each value), none is NaN,
  * and it is at least 3% faster; its outputs then replace ours for this call. Each verdict is
  * one info line (a disagreement a warning, naming the output); where every verdict so far is
- * ours, cuDNN's plans and memory are released. The trial waits for the stream. Returns true when
- * the outputs were written (queued) here, false when the caller runs its kernels: the shape's
- * verdict was ours, or cuDNN declines it (then it is ours from then on). */
+ * ours, cuDNN's plans and memory are released. A settled verdict is kept in the kernel cache
+ * (k's cache_dir; kind "attpick", keyed by the GPU, cuDNN's version, our attention source and
+ * the shape), and a later context takes it from there without a trial. The trial waits for the
+ * stream. Returns true when the outputs were written (queued) here, false when the caller runs
+ * its kernels: the shape's verdict was ours, or cuDNN declines it (then it is ours from then
+ * on). */
 bool jdt_cuk_dnn_attention_auto(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
                                 float *lse, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
                                 unsigned bthd, void *scratch);

@@ -34,6 +34,7 @@
  * CI proves that an engine takes each graph and that its kernels compile.
  */
 #include "backend/cuda/cuk-impl.h"
+#include "compile/compile.h"
 
 #include <dlfcn.h>
 #include <float.h>
@@ -1119,14 +1120,15 @@ static bool call_run(jdt_cuk *k, const att_call *c, bool dnn)
     return true;
 }
 
-/* How far b's values are from a's (both on the device, n values of a's type): the largest
- * difference over a's largest magnitude (the log-sum-exp: over 1e-4 + 0.2% of each value's, so
- * 1 is its bound); INFINITY for a NaN in either, -1 when a copy to the host fails. */
+/* How far b's values are from a's (both on the device, n values of a's type): returns the
+ * largest difference (the log-sum-exp: over 1e-4 + 0.2% of each value, so 1 is its bound) and
+ * *big a's largest magnitude; INFINITY for a NaN in either, -1 when a copy to the host fails. */
 static double compare(jdt_cuk *k, const att_out *a, const void *pa, const void *b, float *ha,
-                      float *hb)
+                      float *hb, double *big)
 {
     const size_t es = a->bf16 ? 2 : 4;
-    double big = 0.0, diff = 0.0;
+    double diff = 0.0;
+    *big = 0.0;
     for (int64_t at = 0; at < a->n; at += TRIAL_CHUNK) {
         const int64_t m = a->n - at < TRIAL_CHUNK ? a->n - at : TRIAL_CHUNK;
         if (cudaMemcpyAsync(ha, (const char *)pa + at * es, (size_t)m * es, cudaMemcpyDeviceToHost,
@@ -1145,18 +1147,13 @@ static double compare(jdt_cuk *k, const att_out *a, const void *pa, const void *
             } else
                 x = ha[i], y = hb[i];
             if (isnan(x) || isnan(y)) return INFINITY;
-            const double d = fabs((double)y - (double)x);
-            if (a->lse) {
-                const double r = d / (TRIAL_LSE_ABS + TRIAL_LSE_REL * fabs((double)x));
-                if (r > diff) diff = r;
-            } else {
-                if (fabs((double)x) > big) big = fabs((double)x);
-                if (d > diff) diff = d;
-            }
+            double d = fabs((double)y - (double)x);
+            if (a->lse) d /= TRIAL_LSE_ABS + TRIAL_LSE_REL * fabs((double)x);
+            if (fabs((double)x) > *big) *big = fabs((double)x);
+            if (d > diff) diff = d;
         }
     }
-    if (a->lse) return diff;
-    return big > 0.0 ? diff / big : diff > 0.0 ? INFINITY : 0.0;
+    return diff;
 }
 
 /* Times the trial's runs: ms[0] ours (writing c's outputs), ms[1] cuDNN (alt's), the best of
@@ -1204,8 +1201,10 @@ static void trial_failed(jdt_cuk *k, const char *dir, const char *shape, const c
     }
 }
 
-/* The trial of c (jdt_cuk_dnn_attention_auto's contract); pick: the shape's slot in k. */
-static void trial(jdt_cuk *k, const att_call *c, int *pick)
+/* The trial of c (jdt_cuk_dnn_attention_auto's contract); pick: the shape's slot in k. True
+ * when the verdict is settled (both ran and were compared), so worth remembering; false when it
+ * fell back to ours for want of memory, a timing or cuDNN. */
+static bool trial(jdt_cuk *k, const att_call *c, int *pick)
 {
     const char *dir = c->bwd ? "backward" : "forward";
     char shape[96];
@@ -1229,7 +1228,7 @@ static void trial(jdt_cuk *k, const att_call *c, int *pick)
         JDT_INFO("cuda: attention %s %s: no device memory to try cuDNN's (%.1f MiB: %s); "
                  "jdt-train's kernels",
                  dir, shape, (double)total / 1048576.0, cudaGetErrorString(rc));
-        return;
+        return false;
     }
     att_call alt = *c; /* cuDNN's outputs: the trial's memory */
     for (int i = 0; i < nb; i++)
@@ -1259,16 +1258,29 @@ static void trial(jdt_cuk *k, const att_call *c, int *pick)
                  dir, shape);
         served = false;
     }
+    double big[6]; /* each output's largest magnitude (ours) */
     for (int i = 0; i < m && served; i++) {
         const att_out *o = &out[i];
-        const double d =
-            compare(k, o, (char *)base[o->buf] + o->at, (char *)alt_base[o->buf] + o->at, ha, hb);
-        const double r = d / (o->lse ? 1.0 : TRIAL_REL);
+        const double d = compare(k, o, (char *)base[o->buf] + o->at,
+                                 (char *)alt_base[o->buf] + o->at, ha, hb, &big[i]);
+        /* its scale: its own largest value; a partial sum's (outputs 3-5, after the copies they
+         * sum), sqrt(JDT_CUK_ATT_PART) times its copy's largest value, the size of a sum of
+         * that many terms of mixed signs: dk's sums over a whole sequence cancel to rounding
+         * noise (the softmax does not see a bias of the keys), so their own largest value is
+         * no scale */
+        const double scale = o->lse        ? 1.0
+                             : o->buf == 3 ? sqrt((double)JDT_CUK_ATT_PART) * big[i - 3]
+                                           : big[i];
+        const double rel = o->lse        ? d
+                           : scale > 0.0 ? d / scale
+                           : d > 0.0     ? INFINITY
+                                         : 0.0; /* of its scale */
+        const double r = o->lse ? rel : rel / TRIAL_REL;
         if (d < 0.0) {
             trial_failed(k, dir, shape, "cuDNN's outputs could not be read back");
             served = false;
         } else if (worst < 0 || r > worst_r)
-            worst = i, worst_d = d, worst_r = r;
+            worst = i, worst_d = rel, worst_r = r;
     }
     jdt_free(ha);
     jdt_free(hb);
@@ -1280,6 +1292,10 @@ static void trial(jdt_cuk *k, const att_call *c, int *pick)
         if (out[worst].lse)
             snprintf(how, sizeof how, "the log-sum-exp at %.3g of its bound, 1e-4 + 0.2%%",
                      worst_d);
+        else if (out[worst].buf == 3)
+            snprintf(how, sizeof how,
+                     "%s by %.3g%% of sqrt(%d) times their copy's largest value, 2%% allowed",
+                     out[worst].name, 100.0 * worst_d, JDT_CUK_ATT_PART);
         else
             snprintf(how, sizeof how, "%s by %.3g%% of its largest value, 2%% allowed",
                      out[worst].name, 100.0 * worst_d);
@@ -1299,7 +1315,6 @@ static void trial(jdt_cuk *k, const att_call *c, int *pick)
                  k->att_trial_force ? ", the verdict forced by a test" : "");
     }
     if (*pick) { /* this call's outputs become cuDNN's, as the shape's later calls will be */
-        k->n_att_dnn++;
         for (int i = 0; i < nb; i++) {
             rc = cudaMemcpyAsync(base[i], alt_base[i], bytes[i], cudaMemcpyDeviceToDevice,
                                  k->stream);
@@ -1309,9 +1324,58 @@ static void trial(jdt_cuk *k, const att_call *c, int *pick)
         }
     }
     jdt_cuk_tmp_free(k, tmp, async);
-    /* after a backward's verdict (a forward's comes first) with no shape keeping cuDNN so far:
-     * its handle, plans and memory go (the stream is idle: the trial waited for it) */
-    if (c->bwd && !k->n_att_dnn) jdt_cuk_dnn_trim(k);
+    return served;
+}
+
+/* The verdicts remembered on disk: an entry of the kernel cache (kind "attpick") per call shape,
+ * keyed by the GPU (name, architecture, multiprocessors), cuDNN's version and jdt-train's
+ * attention kernels' source, holding "1" (cuDNN's) or "0" (ours) and the trial's line. A later
+ * run on the same GPU and software takes the verdict without trying again, so its attention
+ * is the first run's from its first step: runs, and a run resumed from a checkpoint, use the
+ * same kernels. Verdicts forced by a test, or left unsettled, are not remembered. */
+static uint64_t verdict_key(const jdt_cuk *k, const int64_t key[8])
+{
+    struct cudaDeviceProp prop;
+    uint64_t h = jdt_hash_str(JDT_HASH_INIT, "attpick-v1");
+    if (cudaGetDeviceProperties(&prop, k->device) == cudaSuccess)
+        h = jdt_hash_str(h, prop.name);
+    else
+        (void)cudaGetLastError();
+    h = jdt_hash_u64(jdt_hash_u64(h, (uint64_t)k->arch), (uint64_t)k->sms);
+    h = jdt_hash_u64(h, (uint64_t)k->dnn->api.get_version());
+    h = jdt_hash_str(h, jdt_cuk_sources[JDT_CUK_SRC_ATT_TC].text);
+    for (int i = 0; i < 8; i++)
+        h = jdt_hash_u64(h, (uint64_t)key[i]);
+    return h;
+}
+
+/* The remembered verdict of key into *pick; false when there is none (or no cache). */
+static bool verdict_get(const jdt_cuk *k, const int64_t key[8], int *pick)
+{
+    unsigned char *b = NULL;
+    size_t n = 0;
+    if (!k->cache_dir[0] || k->att_trial_force ||
+        !jdt_compile_cache_get(k->cache_dir, verdict_key(k, key), "attpick", &b, &n))
+        return false;
+    const bool ok = n >= 1 && (b[0] == '0' || b[0] == '1');
+    if (ok) *pick = b[0] == '1';
+    jdt_free(b);
+    return ok;
+}
+
+/* Remembers a settled verdict (best effort: a cache that cannot be written is said once). */
+static void verdict_put(jdt_cuk *k, const int64_t key[8], int pick)
+{
+    if (!k->cache_dir[0] || k->att_trial_force) return;
+    jdt_err e;
+    jdt_err_clear(&e);
+    const char *v = pick ? "1 cuDNN's\n" : "0 jdt-train's kernels\n";
+    if (jdt_compile_cache_put(k->cache_dir, verdict_key(k, key), "attpick", v, strlen(v), 0, &e) !=
+            JDT_OK &&
+        !k->att_put_said) {
+        k->att_put_said = true;
+        JDT_INFO("cuda: attention: the verdict is not remembered: %s", e.msg);
+    }
 }
 
 /* The verdict for c: true when its outputs were written here (cuDNN's kept, or the trial). */
@@ -1339,8 +1403,21 @@ static bool auto_run(jdt_cuk *k, const att_call *c)
     int *pick = &k->att_picks[k->n_att_picks].pick;
     memcpy(k->att_picks[k->n_att_picks++].key, key, sizeof key);
     *pick = 0;
-    trial(k, c, pick);
-    return true;
+    bool done = true; /* the outputs written here */
+    if (verdict_get(k, key, pick)) {
+        k->n_att_remembered++;
+        JDT_INFO("cuda: attention %s B=%lld H=%lld T=%lld D=%lld: %s kept, as tried before on "
+                 "this GPU and cuDNN (the kernel cache's verdict)",
+                 c->bwd ? "backward" : "forward", (long long)c->B, (long long)c->H, (long long)c->T,
+                 (long long)c->D, *pick ? "cuDNN's" : "jdt-train's kernels");
+        done = *pick && call_run(k, c, true);
+    } else if (trial(k, c, pick))
+        verdict_put(k, key, *pick);
+    if (*pick) k->n_att_dnn++;
+    /* after a backward's verdict (a forward's comes first) with no shape keeping cuDNN so far:
+     * its handle, plans and memory go (the stream is idle: the trial waited for it) */
+    if (c->bwd && !k->n_att_dnn) jdt_cuk_dnn_trim(k);
+    return done;
 }
 
 bool jdt_cuk_dnn_attention_auto(jdt_cuk *k, const void *q, const void *kk, const void *v, void *o2,
