@@ -402,7 +402,7 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
  * and it is at least 3% faster; its outputs then replace ours for this call. Each verdict is
  * one info line (a disagreement a warning, naming the output); where every verdict so far is
  * ours, cuDNN's plans and memory are released. A settled verdict is kept in the kernel cache
- * (k's cache_dir; kind "attpick", keyed by the GPU, cuDNN's version, our attention source and
+ * (k's cache_dir; kind "attpick", keyed by the binary's build ID, the GPU, cuDNN's version and
  * the shape), and a later context takes it from there without a trial. The trial waits for the
  * stream. Returns true when the outputs were written (queued) here, false when the caller runs
  * its kernels: the shape's verdict was ours, or cuDNN declines it (then it is ours from then

@@ -37,7 +37,9 @@
 #include "compile/compile.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <float.h>
+#include <link.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1328,22 +1330,59 @@ static bool trial(jdt_cuk *k, const att_call *c, int *pick)
 }
 
 /* The verdicts remembered on disk: an entry of the kernel cache (kind "attpick") per call shape,
- * keyed by the GPU (name, architecture, multiprocessors), cuDNN's version and jdt-train's
- * attention kernels' source, holding "1" (cuDNN's) or "0" (ours) and the trial's line. A later
+ * keyed by the binary (its build ID: the cuDNN graphs it builds and the kernels it runs), the
+ * GPU (name, architecture, multiprocessors) and cuDNN's version, holding "1" (cuDNN's) or "0"
+ * (ours). A later
  * run on the same GPU and software takes the verdict without trying again, so its attention
  * is the first run's from its first step: runs, and a run resumed from a checkpoint, use the
  * same kernels. Verdicts forced by a test, or left unsettled, are not remembered. */
+/* dl_iterate_phdr's callback: the first object (the executable) ends the walk, its GNU build
+ * ID hashed into *(uint64_t *)data when it has one. */
+static int build_id_of(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_NOTE) continue;
+        const size_t al = ph->p_align == 8 ? 8 : 4; /* a note segment's padding */
+        const char *p = (const char *)(info->dlpi_addr + ph->p_vaddr), *end = p + ph->p_memsz;
+        while (p + sizeof(ElfW(Nhdr)) <= end) {
+            const ElfW(Nhdr) *nh = (const void *)p;
+            const char *name = p + sizeof *nh, *desc = name + ((nh->n_namesz + al - 1) & ~(al - 1));
+            if (desc + nh->n_descsz > end) break;
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && memcmp(name, "GNU", 4) == 0) {
+                *(uint64_t *)data = jdt_hash_bytes(JDT_HASH_INIT, desc, nh->n_descsz);
+                return 1;
+            }
+            p = desc + ((nh->n_descsz + al - 1) & ~(al - 1));
+        }
+    }
+    return 1;
+}
+
+/* The running binary's build ID, hashed; 0 when it has none (then nothing is remembered: a
+ * verdict holds for the binary that tried it, whose cuDNN graphs it judged). */
+static uint64_t build_id(void)
+{
+    static uint64_t id;
+    static bool done;
+    if (!done) {
+        dl_iterate_phdr(build_id_of, &id);
+        done = true;
+    }
+    return id;
+}
+
 static uint64_t verdict_key(const jdt_cuk *k, const int64_t key[8])
 {
     struct cudaDeviceProp prop;
-    uint64_t h = jdt_hash_str(JDT_HASH_INIT, "attpick-v1");
+    uint64_t h = jdt_hash_u64(jdt_hash_str(JDT_HASH_INIT, "attpick-v1"), build_id());
     if (cudaGetDeviceProperties(&prop, k->device) == cudaSuccess)
         h = jdt_hash_str(h, prop.name);
     else
         (void)cudaGetLastError();
     h = jdt_hash_u64(jdt_hash_u64(h, (uint64_t)k->arch), (uint64_t)k->sms);
     h = jdt_hash_u64(h, (uint64_t)k->dnn->api.get_version());
-    h = jdt_hash_str(h, jdt_cuk_sources[JDT_CUK_SRC_ATT_TC].text);
     for (int i = 0; i < 8; i++)
         h = jdt_hash_u64(h, (uint64_t)key[i]);
     return h;
@@ -1354,7 +1393,7 @@ static bool verdict_get(const jdt_cuk *k, const int64_t key[8], int *pick)
 {
     unsigned char *b = NULL;
     size_t n = 0;
-    if (!k->cache_dir[0] || k->att_trial_force ||
+    if (!k->cache_dir[0] || k->att_trial_force || !build_id() ||
         !jdt_compile_cache_get(k->cache_dir, verdict_key(k, key), "attpick", &b, &n))
         return false;
     const bool ok = n >= 1 && (b[0] == '0' || b[0] == '1');
@@ -1366,7 +1405,7 @@ static bool verdict_get(const jdt_cuk *k, const int64_t key[8], int *pick)
 /* Remembers a settled verdict (best effort: a cache that cannot be written is said once). */
 static void verdict_put(jdt_cuk *k, const int64_t key[8], int pick)
 {
-    if (!k->cache_dir[0] || k->att_trial_force) return;
+    if (!k->cache_dir[0] || k->att_trial_force || !build_id()) return;
     jdt_err e;
     jdt_err_clear(&e);
     const char *v = pick ? "1 cuDNN's\n" : "0 jdt-train's kernels\n";
