@@ -45,6 +45,9 @@ endif
 # each other. Its directory is searched first by pkg-config and baked in as the run path, so the
 # binary gets that variant whatever the libopenblas.so.0 alternative points to.
 OPENBLAS_OMP_PC := $(firstword $(wildcard /usr/lib/*/openblas-openmp/pkgconfig/openblas.pc))
+# a GNU build ID in every binary (Debian's gcc adds one anyway): the CUDA backend keys the
+# attention verdicts it remembers by it (engine/backend/cuda/cuk_cudnn.c)
+LDFLAGS    += -Wl,--build-id
 ifneq ($(OPENBLAS_OMP_PC),)
 PKG_ENV    := PKG_CONFIG_PATH=$(dir $(OPENBLAS_OMP_PC))
 LDFLAGS    += -Wl,-rpath,$(shell PKG_CONFIG_PATH=$(dir $(OPENBLAS_OMP_PC)) pkg-config --variable=libdir openblas)

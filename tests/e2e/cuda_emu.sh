@@ -169,7 +169,9 @@ JDT_CUDNNEMU_PERTURB=0.1 JDT_CUDNN_ATTENTION=auto run "$EMU" "$TMP/gpu16p" "${C[
   { cat "$TMP/err"; fail "JDT_CUDNN_ATTENTION=auto with a cuDNN 10% off: not one warning per direction"; }
 cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16p/tiny/metrics.jsonl") ||
   fail "JDT_CUDNN_ATTENTION=auto kept a cuDNN 10% off: the losses are not JDT_CUDNN_ATTENTION=0's"
-echo "emulated GPU, bf16: JDT_CUDNN_ATTENTION=auto tries each direction once, a second run takes the remembered verdicts (the same losses); a cuDNN planted 10% off is refused, the losses of our kernels bit for bit"
+# a disagreement is not remembered (the next run tries again)
+compgen -G "$TMP/cache/*.attpick" >/dev/null && fail "JDT_CUDNN_ATTENTION=auto remembered a disagreement"
+echo "emulated GPU, bf16: JDT_CUDNN_ATTENTION=auto tries each direction once, a second run takes the remembered verdicts (the same losses); a cuDNN planted 10% off is refused, the losses of our kernels bit for bit, and not remembered"
 # Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) on the emulated GPU against the CPU, then
 # with cuDNN's attention: without biases the attention backward forms no partial sums (passes.c
 # fold_attention_cotangents), so cuDNN serves the backward too, RoPE's backward applied to its

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -2532,23 +2533,6 @@ static bool trial_same(float *const a[6], float *const b[6], const int64_t cnt[6
     return true;
 }
 
-/* Removes the attention verdicts remembered in the kernel cache dir (its *.attpick entries). */
-static void forget_verdicts(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    char path[1024];
-    while ((de = readdir(d))) {
-        const size_t n = strlen(de->d_name);
-        if (n > 8 && strcmp(de->d_name + n - 8, ".attpick") == 0) {
-            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-            unlink(path);
-        }
-    }
-    closedir(d);
-}
-
 /* A context choosing per shape (JDT_CUDNN_ATTENTION=auto), its verdicts forced to "faster"
  * for cuDNN (2), for ours (1), or left to the times (0). */
 static jdt_cuk *trial_ctx(const char *cache_dir, int force)
@@ -2663,9 +2647,10 @@ START_TEST(test_cudnn_trial)
             free(got[i]), free(ours2[i]), free(dnn2[i]);
         jdt_cuk_free(kd2);
         jdt_cuk_free(ka2);
-        /* the times decide (none remembered from an earlier run in this cache) */
-        forget_verdicts(cache_dir_);
+        /* the times decide (none remembered from an earlier run in this cache: a salt of this
+         * process's own in the verdicts' key) */
         jdt_cuk *kx = trial_ctx(cache_dir_, 0);
+        kx->att_cache_salt = (int64_t)getpid() << 20 ^ (int64_t)time(NULL);
         trial_case(kx, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
         ck_assert_int_eq(kx->n_att_trials, 2);
         ck_assert_int_eq(kx->n_att_disagree, 0);
@@ -2676,6 +2661,7 @@ START_TEST(test_cudnn_trial)
         /* a later context on this GPU takes the verdicts from the kernel cache, untried: the
          * same outputs, bit for bit */
         jdt_cuk *ky = trial_ctx(cache_dir_, 0);
+        ky->att_cache_salt = kx->att_cache_salt;
         trial_case(ky, x, o_in, lse_in, B, H, T, D, 1, false, again, cnt);
         ck_assert_int_eq(ky->n_att_trials, 0);
         ck_assert_int_eq(ky->n_att_remembered, 2);
@@ -2683,7 +2669,6 @@ START_TEST(test_cudnn_trial)
         for (int i = 0; i < 6; i++)
             free(again[i]);
         jdt_cuk_free(ky);
-        forget_verdicts(cache_dir_);
         printf("check_cuk test_cudnn_trial: verdicts forced each way, grouped-query with RoPE, a "
                "planted disagreement%s; "
                "by the times: forward %s, backward %s\n",

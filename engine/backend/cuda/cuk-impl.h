@@ -218,6 +218,7 @@ struct jdt_cuk {
      * disagreed, the verdicts taken from the kernel cache; and att_trial_force, which overrides
      * the times' verdict (1 ours faster, 2 cuDNN faster) and leaves the cache alone */
     int n_att_trials, n_att_dnn, n_att_disagree, n_att_remembered, att_trial_force;
+    int64_t att_cache_salt; /* for tests: mixed into the remembered verdicts' key (0) */
     struct jdt_cuk_dnn *dnn;
     int64_t n_dnn;     /* calls cuDNN served (tests) */
     char dnn_why[400]; /* why the last call it declined was declined ("" none) */

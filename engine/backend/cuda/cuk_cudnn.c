@@ -37,10 +37,12 @@
 #include "compile/compile.h"
 
 #include <dlfcn.h>
+#include <nvrtc.h>
 #include <elf.h>
 #include <float.h>
 #include <link.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1204,8 +1206,10 @@ static void trial_failed(jdt_cuk *k, const char *dir, const char *shape, const c
 }
 
 /* The trial of c (jdt_cuk_dnn_attention_auto's contract); pick: the shape's slot in k. True
- * when the verdict is settled (both ran and were compared), so worth remembering; false when it
- * fell back to ours for want of memory, a timing or cuDNN. */
+ * when the verdict is settled, so worth remembering: both ran and their outputs agreed (then
+ * the times decided). False when it fell back to ours for want of memory, a timing or cuDNN, or
+ * because the outputs disagreed: a disagreement, or a NaN of a diverging first step, is tried
+ * again by the next run, not remembered against cuDNN for good. */
 static bool trial(jdt_cuk *k, const att_call *c, int *pick)
 {
     const char *dir = c->bwd ? "backward" : "forward";
@@ -1326,7 +1330,7 @@ static bool trial(jdt_cuk *k, const att_call *c, int *pick)
         }
     }
     jdt_cuk_tmp_free(k, tmp, async);
-    return served;
+    return agree;
 }
 
 /* The verdicts remembered on disk: an entry of the kernel cache (kind "attpick") per call shape,
@@ -1337,40 +1341,47 @@ static bool trial(jdt_cuk *k, const att_call *c, int *pick)
  * is the first run's from its first step: runs, and a run resumed from a checkpoint, use the
  * same kernels. Verdicts forced by a test, or left unsettled, are not remembered. */
 /* dl_iterate_phdr's callback: the first object (the executable) ends the walk, its GNU build
- * ID hashed into *(uint64_t *)data when it has one. */
+ * ID hashed into *(uint64_t *)data when it has one. A note is a 12-byte header, the name from
+ * offset 12 and the descriptor from the next multiple of the segment's alignment (4, or 8 for
+ * .note.gnu.property's segment), each note starting at such a multiple. */
 static int build_id_of(struct dl_phdr_info *info, size_t size, void *data)
 {
     (void)size;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_NOTE) continue;
-        const size_t al = ph->p_align == 8 ? 8 : 4; /* a note segment's padding */
-        const char *p = (const char *)(info->dlpi_addr + ph->p_vaddr), *end = p + ph->p_memsz;
-        while (p + sizeof(ElfW(Nhdr)) <= end) {
-            const ElfW(Nhdr) *nh = (const void *)p;
-            const char *name = p + sizeof *nh, *desc = name + ((nh->n_namesz + al - 1) & ~(al - 1));
-            if (desc + nh->n_descsz > end) break;
-            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && memcmp(name, "GNU", 4) == 0) {
-                *(uint64_t *)data = jdt_hash_bytes(JDT_HASH_INIT, desc, nh->n_descsz);
+        const size_t al = ph->p_align == 8 ? 8 : 4, len = ph->p_memsz;
+        const char *seg = (const char *)(info->dlpi_addr + ph->p_vaddr);
+        for (size_t at = 0; at + sizeof(ElfW(Nhdr)) <= len;) {
+            const ElfW(Nhdr) *nh = (const void *)(seg + at);
+            const size_t name = at + sizeof *nh, desc = (name + nh->n_namesz + al - 1) & ~(al - 1),
+                         next = (desc + nh->n_descsz + al - 1) & ~(al - 1);
+            if (desc > len || nh->n_descsz > len - desc) break;
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 &&
+                memcmp(seg + name, "GNU", 4) == 0) {
+                *(uint64_t *)data = jdt_hash_bytes(JDT_HASH_INIT, seg + desc, nh->n_descsz);
                 return 1;
             }
-            p = desc + ((nh->n_descsz + al - 1) & ~(al - 1));
+            at = next;
         }
     }
     return 1;
+}
+
+static uint64_t build_id_;
+
+static void build_id_once(void)
+{
+    dl_iterate_phdr(build_id_of, &build_id_);
 }
 
 /* The running binary's build ID, hashed; 0 when it has none (then nothing is remembered: a
  * verdict holds for the binary that tried it, whose cuDNN graphs it judged). */
 static uint64_t build_id(void)
 {
-    static uint64_t id;
-    static bool done;
-    if (!done) {
-        dl_iterate_phdr(build_id_of, &id);
-        done = true;
-    }
-    return id;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, build_id_once);
+    return build_id_;
 }
 
 static uint64_t verdict_key(const jdt_cuk *k, const int64_t key[8])
@@ -1383,6 +1394,13 @@ static uint64_t verdict_key(const jdt_cuk *k, const int64_t key[8])
         (void)cudaGetLastError();
     h = jdt_hash_u64(jdt_hash_u64(h, (uint64_t)k->arch), (uint64_t)k->sms);
     h = jdt_hash_u64(h, (uint64_t)k->dnn->api.get_version());
+    /* our kernels' compiler and target, and the driver (which compiles PTX targets) */
+    int drv = 0, nv_major = 0, nv_minor = 0;
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) (void)cudaGetLastError();
+    (void)nvrtcVersion(&nv_major, &nv_minor);
+    h = jdt_hash_u64(h, (uint64_t)drv * 1000000u + (uint64_t)nv_major * 1000u + (uint64_t)nv_minor);
+    h = jdt_hash_str(h, k->target);
+    h = jdt_hash_u64(h, (uint64_t)k->att_cache_salt);
     for (int i = 0; i < 8; i++)
         h = jdt_hash_u64(h, (uint64_t)key[i]);
     return h;
@@ -1409,7 +1427,7 @@ static void verdict_put(jdt_cuk *k, const int64_t key[8], int pick)
     jdt_err e;
     jdt_err_clear(&e);
     const char *v = pick ? "1 cuDNN's\n" : "0 jdt-train's kernels\n";
-    if (jdt_compile_cache_put(k->cache_dir, verdict_key(k, key), "attpick", v, strlen(v), 0, &e) !=
+    if (jdt_compile_cache_put(k->cache_dir, verdict_key(k, key), "attpick", v, strlen(v), -1, &e) !=
             JDT_OK &&
         !k->att_put_said) {
         k->att_put_said = true;
@@ -1446,10 +1464,12 @@ static bool auto_run(jdt_cuk *k, const att_call *c)
     if (verdict_get(k, key, pick)) {
         k->n_att_remembered++;
         JDT_INFO("cuda: attention %s B=%lld H=%lld T=%lld D=%lld: %s kept, as tried before on "
-                 "this GPU and cuDNN (the kernel cache's verdict)",
+                 "this GPU and cuDNN (the kernel cache's verdict; removing its *.attpick entries "
+                 "tries again)",
                  c->bwd ? "backward" : "forward", (long long)c->B, (long long)c->H, (long long)c->T,
                  (long long)c->D, *pick ? "cuDNN's" : "jdt-train's kernels");
         done = *pick && call_run(k, c, true);
+        if (!done) *pick = 0; /* cuDNN declined it now: ours from here on */
     } else if (trial(k, c, pick))
         verdict_put(k, key, *pick);
     if (*pick) k->n_att_dnn++;
