@@ -305,6 +305,10 @@ static int mismatch(int rank, int world, jdt_dist *d, void *arg)
 {
     jdt_err e;
     float buf[64] = {0};
+    /* every rank through its init first: otherwise rank 2 can abort the job on rank 1's header
+     * while a descheduled rank 0 is still joining, whose init then fails instead (seen once
+     * under a fresh-clone CI: rank 0 exited 90) */
+    FAIL_IF(jdt_comm_barrier(jdt_dist_world(d), &e), "rank %d: barrier: %s", rank, e.msg);
     jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), buf, rank == 1 ? 64 : 32,
                                        JDT_DTYPE_F32, JDT_REDUCE_SUM, &e);
     FAIL_IF(st == JDT_OK, "rank %d: mismatched allreduce succeeded", rank);
