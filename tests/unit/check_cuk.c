@@ -2545,6 +2545,36 @@ static jdt_cuk *trial_ctx(const char *cache_dir, int force)
     return k;
 }
 
+/* Two calls of trial_case on a context whose verdicts are forced (force 2: cuDNN's, 1: ours):
+ * one trial per direction at the first, none at the second, which runs cuDNN for both
+ * directions or for neither; both calls' outputs want's bit for bit; with verdicts for ours,
+ * cuDNN released. */
+static void check_forced(const char *cache_dir, int force, uint16_t *const x[4],
+                         const uint16_t *o_in, const float *lse_in, int64_t B, int64_t H, int64_t T,
+                         int64_t D, float *const want[6], const int64_t cnt[6])
+{
+    const bool dnn = force == 2;
+    float *got[6], *again[6];
+    int64_t c[6];
+    jdt_cuk *k = trial_ctx(cache_dir, force);
+    trial_case(k, x, o_in, lse_in, B, H, T, D, 1, false, got, c);
+    const int64_t served = k->n_dnn;
+    trial_case(k, x, o_in, lse_in, B, H, T, D, 1, false, again, c);
+    ck_assert_int_eq(k->n_att_trials, 2);
+    ck_assert_int_eq(k->n_att_dnn, dnn ? 2 : 0);
+    if (dnn) ck_assert_int_eq(k->n_att_disagree, 0);
+    ck_assert_msg(k->n_dnn == served + (dnn ? 2 : 0), "the second calls: cuDNN served %lld, not %d",
+                  (long long)(k->n_dnn - served), dnn ? 2 : 0);
+    if (!dnn) ck_assert_msg(k->dnn == NULL, "cuDNN not released after verdicts for ours");
+    ck_assert_msg(trial_same(got, want, cnt, 0, 5), "the trial's call: not %s outputs",
+                  dnn ? "cuDNN's" : "our kernels'");
+    ck_assert_msg(trial_same(again, want, cnt, 0, 5), "after the trial: not %s outputs",
+                  dnn ? "cuDNN's" : "our kernels'");
+    for (int i = 0; i < 6; i++)
+        free(got[i]), free(again[i]);
+    jdt_cuk_free(k);
+}
+
 /* JDT_CUDNN_ATTENTION=auto (the default; cuk.h jdt_cuk_dnn_attention_auto): each direction is
  * tried once per shape, and its outputs are then bit for bit those of the implementation kept;
  * a later context takes the verdicts from the kernel cache without trying again.
@@ -2588,35 +2618,9 @@ START_TEST(test_cudnn_trial)
         ck_assert_msg(kd->n_dnn == 2, "cuDNN declined a direction: %s", kd->dnn_why);
         ck_assert_msg(!trial_same(ours, dnn, cnt, 0, 0) && !trial_same(ours, dnn, cnt, 2, 4),
                       "cuDNN's outputs are ours bit for bit: the test could not tell them apart");
-        /* verdicts for cuDNN */
-        jdt_cuk *ka = trial_ctx(cache_dir_, 2);
-        trial_case(ka, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
-        const int64_t served = ka->n_dnn;
-        trial_case(ka, x, o_in, lse_in, B, H, T, D, 1, false, again, cnt);
-        ck_assert_int_eq(ka->n_att_trials, 2);
-        ck_assert_int_eq(ka->n_att_dnn, 2);
-        ck_assert_int_eq(ka->n_att_disagree, 0);
-        ck_assert_msg(ka->n_dnn == served + 2, "the second calls: cuDNN served %lld, not 2",
-                      (long long)(ka->n_dnn - served));
-        ck_assert_msg(trial_same(got, dnn, cnt, 0, 5), "the trial's call: not cuDNN's outputs");
-        ck_assert_msg(trial_same(again, dnn, cnt, 0, 5), "after the trial: not cuDNN's outputs");
-        for (int i = 0; i < 6; i++)
-            free(got[i]), free(again[i]);
-        jdt_cuk_free(ka);
-        /* verdicts for ours: cuDNN released */
-        jdt_cuk *kb = trial_ctx(cache_dir_, 1);
-        trial_case(kb, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
-        const int64_t served_b = kb->n_dnn;
-        trial_case(kb, x, o_in, lse_in, B, H, T, D, 1, false, again, cnt);
-        ck_assert_int_eq(kb->n_att_trials, 2);
-        ck_assert_int_eq(kb->n_att_dnn, 0);
-        ck_assert_msg(kb->n_dnn == served_b, "cuDNN served after verdicts for ours");
-        ck_assert_msg(kb->dnn == NULL, "cuDNN not released after verdicts for ours");
-        ck_assert_msg(trial_same(got, ours, cnt, 0, 5) && trial_same(again, ours, cnt, 0, 5),
-                      "verdicts for ours: not our kernels' outputs");
-        for (int i = 0; i < 6; i++)
-            free(got[i]), free(again[i]);
-        jdt_cuk_free(kb);
+        /* verdicts for cuDNN, then for ours: cuDNN released */
+        check_forced(cache_dir_, 2, x, o_in, lse_in, B, H, T, D, dnn, cnt);
+        check_forced(cache_dir_, 1, x, o_in, lse_in, B, H, T, D, ours, cnt);
         if (emulated_gpu()) { /* a cuDNN planted 10% off, its times forced faster */
             setenv("JDT_CUDNNEMU_PERTURB", "0.1", 1);
             jdt_cuk *kc = trial_ctx(cache_dir_, 2);

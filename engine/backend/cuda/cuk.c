@@ -394,11 +394,8 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
      * (jdt_cuk_dnn_attention_auto); 1 cuDNN wherever it takes the shape, unchecked; fast the
      * same with the backward's dQ accumulated (maybe atomically); 0 never */
     const char *dnn = getenv("JDT_CUDNN_ATTENTION");
-    k->dnn_on = !dnn || !*dnn || strcmp(dnn, "auto") == 0 ? 1
-                : strcmp(dnn, "1") == 0                   ? 1
-                : strcmp(dnn, "fast") == 0                ? 2
-                                                          : 0;
     k->dnn_auto = !dnn || !*dnn || strcmp(dnn, "auto") == 0;
+    k->dnn_on = k->dnn_auto || strcmp(dnn, "1") == 0 ? 1 : strcmp(dnn, "fast") == 0 ? 2 : 0;
     if (dnn && *dnn && !k->dnn_on && strcmp(dnn, "0") != 0)
         JDT_WARN("JDT_CUDNN_ATTENTION=%s: expected auto, 0, 1 or fast; cuDNN's attention stays off",
                  dnn);

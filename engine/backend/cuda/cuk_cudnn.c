@@ -1249,8 +1249,8 @@ static bool trial(jdt_cuk *k, const att_call *c, int *pick)
     }
     float ms[2] = {INFINITY, INFINITY};
     float *ha = NULL, *hb = NULL;
-    int worst = -1;                      /* the output furthest from ours, by its bound */
-    double worst_d = 0.0, worst_r = 0.0; /* its distance (compare), and that over its bound */
+    int worst = -1;       /* the output furthest from ours, by its bound */
+    double worst_r = 0.0; /* its distance over its bound (1: at the bound) */
     /* untimed: cuDNN builds its plan here (a decline is said by dnn_get or dnn_run) */
     bool served = call_run(k, &alt, true);
     if (served && !trial_time(k, c, &alt, ms)) {
@@ -1277,16 +1277,15 @@ static bool trial(jdt_cuk *k, const att_call *c, int *pick)
         const double scale = o->lse        ? 1.0
                              : o->buf == 3 ? sqrt((double)JDT_CUK_ATT_PART) * big[i - 3]
                                            : big[i];
-        const double rel = o->lse        ? d
-                           : scale > 0.0 ? d / scale
-                           : d > 0.0     ? INFINITY
-                                         : 0.0; /* of its scale */
-        const double r = o->lse ? rel : rel / TRIAL_REL;
+        const double r = o->lse        ? d
+                         : scale > 0.0 ? d / scale / TRIAL_REL
+                         : d > 0.0     ? INFINITY
+                                       : 0.0;
         if (d < 0.0) {
             trial_failed(k, dir, shape, "cuDNN's outputs could not be read back");
             served = false;
         } else if (worst < 0 || r > worst_r)
-            worst = i, worst_d = rel, worst_r = r;
+            worst = i, worst_r = r;
     }
     jdt_free(ha);
     jdt_free(hb);
@@ -1295,16 +1294,17 @@ static bool trial(jdt_cuk *k, const att_call *c, int *pick)
         k->att_trial_force ? k->att_trial_force == 2 : ms[1] <= TRIAL_FASTER * ms[0];
     char how[160] = "";
     if (served && worst >= 0) {
+        const double pct = 100.0 * TRIAL_REL * worst_r; /* of the output's scale */
         if (out[worst].lse)
             snprintf(how, sizeof how, "the log-sum-exp at %.3g of its bound, 1e-4 + 0.2%%",
-                     worst_d);
+                     worst_r);
         else if (out[worst].buf == 3)
             snprintf(how, sizeof how,
                      "%s by %.3g%% of sqrt(%d) times their copy's largest value, 2%% allowed",
-                     out[worst].name, 100.0 * worst_d, JDT_CUK_ATT_PART);
+                     out[worst].name, pct, JDT_CUK_ATT_PART);
         else
             snprintf(how, sizeof how, "%s by %.3g%% of its largest value, 2%% allowed",
-                     out[worst].name, 100.0 * worst_d);
+                     out[worst].name, pct);
     }
     if (served && !agree) {
         k->n_att_disagree++;
@@ -1333,13 +1333,6 @@ static bool trial(jdt_cuk *k, const att_call *c, int *pick)
     return agree;
 }
 
-/* The verdicts remembered on disk: an entry of the kernel cache (kind "attpick") per call shape,
- * keyed by the binary (its build ID: the cuDNN graphs it builds and the kernels it runs), the
- * GPU (name, architecture, multiprocessors) and cuDNN's version, holding "1" (cuDNN's) or "0"
- * (ours). A later
- * run on the same GPU and software takes the verdict without trying again, so its attention
- * is the first run's from its first step: runs, and a run resumed from a checkpoint, use the
- * same kernels. Verdicts forced by a test, or left unsettled, are not remembered. */
 /* dl_iterate_phdr's callback: the first object (the executable) ends the walk, its GNU build
  * ID hashed into *(uint64_t *)data when it has one. A note is a 12-byte header, the name from
  * offset 12 and the descriptor from the next multiple of the segment's alignment (4, or 8 for
@@ -1384,6 +1377,13 @@ static uint64_t build_id(void)
     return build_id_;
 }
 
+/* The verdicts remembered on disk: an entry of the kernel cache (kind "attpick") per call shape,
+ * keyed by the binary (its build ID: the cuDNN graphs it builds and the kernels it runs), the
+ * GPU (name, architecture, multiprocessors), the driver's, NVRTC's and cuDNN's versions and
+ * NVRTC's target, holding "1" (cuDNN's) or "0" (ours). A later run on the same GPU and software
+ * takes the verdict without trying again, so its attention is the first run's from its first
+ * step: runs, and a run resumed from a checkpoint, use the same kernels. Verdicts forced by a
+ * test, or left unsettled, are not remembered. */
 static uint64_t verdict_key(const jdt_cuk *k, const int64_t key[8])
 {
     struct cudaDeviceProp prop;
