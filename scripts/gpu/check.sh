@@ -49,7 +49,7 @@
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
 #   start with under 20 s left is skipped and says so, so the summary is always written inside
 #   the device tool's 10-minute command limit),
-#   STAGES (default "2 3 4 5 4p 4c nc 4w 4d 6": which stages after the probe run; "4f" adds stage 4 again with
+#   STAGES (default "2 3 4 5 4p 4c 4t nc 4w 4d 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
@@ -65,6 +65,9 @@
 #   direction, cuk_cudnn.c; PyTorch's libcudnn.so.9, found by the probe: JDT_CUDNN_LIBRARY; the
 #   later stages keep stage 4's verdict), then =fast (cuDNN with dQ accumulated): their tok/s,
 #   and a profile of the first (its attention rows against stage 4p's);
+#   "4t" with JDT_CUDA_AUTOTUNE=0, each GEMM on cuBLASLt's heuristic's first algorithm, untimed
+#   (stage 4 runs the default, auto: each GEMM plan's algorithm the fastest of the heuristic's
+#   first 8, timed at its first step and remembered in the cache for the later stages);
 #   "4q" runs stage 4's model with Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) and 4
 #   key/value heads for its 12 query heads twice: the grouped-query attention kernels
 #   (fold_attention_groups), then each key/value head repeated (JDT_ATTENTION_GROUPS=0);
@@ -86,9 +89,8 @@
 #   (ncu-att.log, ncu-norm.log: throughput,
 #   occupancy, registers, stall reasons of the forward, dQ and dK/dV kernels);
 #   "4g" with JDT_GEMM_PITCH=0, the logits' and dlogits' rows back to back (100514 bytes: the
-#   lm-head GEMMs without 16-byte row alignment) instead of padded to 50304 values; "4t" with JDT_CUDA_AUTOTUNE=1,
-#   each GEMM plan's cuBLASLt algorithm the fastest of the heuristic's first 8 on this GPU
-#   (timed at the first step) instead of its first; these variants run after
+#   lm-head GEMMs without 16-byte row alignment) instead of padded to 50304 values; these
+#   variants run after
 #   stage 5
 #   and 4p, so the default stages keep their budget),
 #   REHEARSE=1 (the whole script on the host CUDA emulator, for checking the script itself
@@ -107,7 +109,7 @@ TMO_MAX=${STAGE_TIMEOUT_S:-150}
 BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
 GPT_ACT=${GPT_ACTIVATIONS:-$GPT_PREC}
-STAGES=" ${STAGES:-2 3 4 5 4p 4c nc 4w 4d 6} "
+STAGES=" ${STAGES:-2 3 4 5 4p 4c 4t nc 4w 4d 6} "
 REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
@@ -480,12 +482,13 @@ run_gpt gpt2-norm5 JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_
 say "stage 4n exit $rc, five-kernel layer norms, the GELU after its GEMM, residual adds as kernels, the cross-entropy's backward on its own, the attention's output transposed by a kernel, its backward's packed output read by a kernel per projection, its log-sum-exp found again and its dO stored in f32 (JDT_NORM_FOLDS=0 JDT_GELU_EPILOGUE=0 JDT_RESIDUAL_GEMM=0 JDT_FUSED_XENT=0 JDT_ATTENTION_COPY=0 JDT_ATTENTION_GRADS=0 JDT_ATTENTION_LSE=0 JDT_ATTENTION_DOUT16=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with two-kernel norms, the GELU epilogue, the residual adds in the GEMMs, the fused classifier, the attention's copy, its backward's cotangent form and saved log-sum-exp (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
-# ---- 4t (not in the default STAGES): stage 4 again with the GEMMs' algorithms timed -----------
+# ---- 4t: stage 4 again with the heuristic's first GEMM algorithms, untimed ------------------
+# (stage 4 runs the default, JDT_CUDA_AUTOTUNE=auto: each GEMM plan timed once on its first
+# step, the picks remembered in the cache, so the later stages take them untimed)
 if want 4t; then
-gpt_args "$OUT/gpt2-tuned"
-run_gpt gpt2-tuned JDT_CUDA_AUTOTUNE=1
-grep -E "cuBLASLt algorithm" "$OUT/gpt2-tuned.log" | head -24 | tee -a "$SUMMARY"
-say "stage 4t exit $rc, GEMM autotuning (JDT_CUDA_AUTOTUNE=1: each GEMM plan times the heuristic's first 8 cuBLASLt algorithms once, keeps the fastest): ${toks:-?} tok/s against ${JDT_TOKS:-?} with the heuristic's first; $(grep -c 'cuBLASLt algorithm' "$OUT/gpt2-tuned.log") plans took another algorithm"
+gpt_args "$OUT/gpt2-untuned"
+run_gpt gpt2-untuned JDT_CUDA_AUTOTUNE=0
+say "stage 4t exit $rc, GEMMs on cuBLASLt's heuristic's first algorithm, untimed (JDT_CUDA_AUTOTUNE=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with stage 4's timed picks ($(grep -c 'cuBLASLt algorithm [0-9]* of [0-9]*,' "$OUT/gpt2.log") of its plans left the first)"
 fi
 
 # ---- 4g (not in the default STAGES): stage 4 again with the logits' rows back to back ----------

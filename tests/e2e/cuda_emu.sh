@@ -27,6 +27,9 @@ C=(configs/tiny.yaml run.steps=6 run.eval_every=0 runtime.threads=1 checkpoint.e
 # jdt-train's attention kernels unless a run asks for cuDNN's: the default, auto, tries cuDNN
 # (here the emulator's) against them and keeps the faster by the clock (its own block below)
 export JDT_CUDNN_ATTENTION=0
+# GEMMs on cuBLASLt's heuristic's first algorithm unless a run asks otherwise: the default times
+# each plan's candidates at its first call (the emulator's compute the same; its own block below)
+export JDT_CUDA_AUTOTUNE=0
 
 losses() { grep -o '"loss": [0-9.e+-]*' "$1" | awk '{print $2}'; }
 compare() { # $1 reference metrics, $2 metrics, $3 label, $4 relative tolerance
@@ -172,6 +175,28 @@ cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16p/tiny/met
 # a disagreement is not remembered (the next run tries again)
 compgen -G "$TMP/cache/*.attpick" >/dev/null && fail "JDT_CUDNN_ATTENTION=auto remembered a disagreement"
 echo "emulated GPU, bf16: JDT_CUDNN_ATTENTION=auto tries each direction once, a second run takes the remembered verdicts (the same losses); a cuDNN planted 10% off is refused, the losses of our kernels bit for bit, and not remembered"
+# JDT_CUDA_AUTOTUNE=auto, the product's default (cuk_gemm.c): each GEMM plan times the
+# emulator's 4 algorithms once at its first call that can run twice, the first made 2 ms slower
+# (JDT_CUDAEMU_SLOW_ALGO=0) so that every timed plan leaves it, one line each, and its pick is
+# remembered in the kernel cache; a second run times nothing and says once that it takes the
+# picks. The emulator's algorithms compute the same: both runs' losses are those of
+# JDT_CUDA_AUTOTUNE=0 bit for bit.
+JDT_CUDAEMU_SLOW_ALGO=0 JDT_CUDA_AUTOTUNE=auto run "$EMU" "$TMP/gpu16g" "${C[@]}" runtime.backend=cuda \
+  precision.compute=bf16 precision.activations=bf16
+tuned=$(grep -c "cuBLASLt algorithm [0-9]* of [0-9]*," "$TMP/err")
+picks=$(ls "$TMP"/cache/*.gemmpick 2>/dev/null | wc -l)
+[ "$tuned" -ge 4 ] && [ "$picks" = "$tuned" ] ||
+  { cat "$TMP/err"; fail "JDT_CUDA_AUTOTUNE=auto: $tuned plans left the slow first algorithm, $picks picks remembered"; }
+cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16g/tiny/metrics.jsonl") ||
+  fail "JDT_CUDA_AUTOTUNE=auto: other losses than the untimed run's"
+JDT_CUDAEMU_SLOW_ALGO=0 JDT_CUDA_AUTOTUNE=auto run "$EMU" "$TMP/gpu16g2" "${C[@]}" runtime.backend=cuda \
+  precision.compute=bf16 precision.activations=bf16
+[ "$(grep -c "GEMMs take the cuBLASLt algorithms timed before" "$TMP/err")" = 1 ] &&
+  ! grep -q "cuBLASLt algorithm [0-9]* of [0-9]*," "$TMP/err" ||
+  { cat "$TMP/err"; fail "JDT_CUDA_AUTOTUNE=auto: the second run did not take the remembered picks"; }
+cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16g2/tiny/metrics.jsonl") ||
+  fail "JDT_CUDA_AUTOTUNE=auto: the remembered picks gave other losses"
+echo "emulated GPU, bf16: JDT_CUDA_AUTOTUNE=auto times $tuned GEMM plans once and remembers each pick; a second run times none and takes them; both runs' losses those of =0 bit for bit"
 # Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) on the emulated GPU against the CPU, then
 # with cuDNN's attention: without biases the attention backward forms no partial sums (passes.c
 # fold_attention_cotangents), so cuDNN serves the backward too, RoPE's backward applied to its

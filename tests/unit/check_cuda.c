@@ -1820,8 +1820,10 @@ static Suite *suite(void)
 int main(void)
 {
     /* the CUDA backend's own attention kernels: cuDNN's only where a test asks for it (the
-     * product's default, auto, would try cuDNN against them per shape) */
+     * product's default, auto, would try cuDNN against them per shape); GEMMs untimed (the
+     * default times each plan's algorithms once: check_cuk and cuda_emu.sh test that) */
     setenv("JDT_CUDNN_ATTENTION", "0", 0);
+    setenv("JDT_CUDA_AUTOTUNE", "0", 0);
     SRunner *sr = srunner_create(suite());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -41,6 +41,7 @@ static void add_tests(Suite *s)
 #else
 
 #include "backend/cuda/cuk-impl.h"
+#include "compile/compile.h"
 #include "comm/comm.h"
 #include "runtime/runtime.h"
 #include "tests/unit/testutil.h"
@@ -867,6 +868,147 @@ START_TEST(test_matmul_pitched)
     free(x);
     cudaFree(dx), cudaFree(dy), cudaFree(d16), cudaFree(p16), cudaFree(scr);
     jdt_cuk_free(k);
+}
+END_TEST
+
+/* A context with JDT_CUDA_AUTOTUNE set to env (NULL: unset, the default auto) on cache_dir. */
+static jdt_cuk *tune_ctx(const char *cache_dir, const char *env)
+{
+    if (env)
+        setenv("JDT_CUDA_AUTOTUNE", env, 1);
+    else
+        unsetenv("JDT_CUDA_AUTOTUNE");
+    jdt_cuk *k = NULL;
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_cuk_init(0, cache_dir, &k, &e) == JDT_OK, "%s", e.msg);
+    return k;
+}
+
+/* c = a @ b (M, N, K) on k, into c (a call that may be timed), copied to the host; *timed and
+ * *remembered the context's counts after it. */
+static float *tune_call(jdt_cuk *k, const float *da, const float *db, float *dc, int64_t M,
+                        int64_t N, int64_t K, int *timed, int *remembered)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    ck_assert_msg(jdt_cuk_matmul(k, da, db, NULL, NULL, dc, 1, M, N, K, false, false, true, &e) ==
+                      JDT_OK,
+                  "%s", e.msg);
+    int changed;
+    jdt_cuk_gemm_tuning(k, timed, &changed);
+    *remembered = k->n_remembered;
+    return dev_to_host(k, dc, M * N);
+}
+
+/* The only "gemmpick" entry of dir, its key in *key; its path in path. */
+static void the_pick(const char *dir, uint64_t *key, char *path, size_t n)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int found = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        unsigned long long h;
+        char kind[16];
+        if (sscanf(de->d_name, "jdt-%16llx.%15s", &h, kind) == 2 && strcmp(kind, "gemmpick") == 0) {
+            *key = (uint64_t)h;
+            snprintf(path, n, "%s/%s", dir, de->d_name);
+            found++;
+        }
+    }
+    closedir(d);
+    ck_assert_int_eq(found, 1);
+}
+
+/* The default (JDT_CUDA_AUTOTUNE unset: auto) times a plan once and remembers its pick in the
+ * kernel cache: a later context takes it untimed, with the same result (bit for bit on the
+ * emulator, whose algorithms compute the same); =1 times it again, =0 never times; a pick that
+ * is damaged, or no longer among the heuristic's candidates, is timed again and remembered
+ * anew. */
+START_TEST(test_matmul_autotune_remembered)
+{
+    GPU_OR_SKIP(k0);
+    jdt_cuk_free(k0);
+    const bool emu = emulated_gpu();
+    if (emu) setenv("JDT_CUDAEMU_SLOW_ALGO", "0", 1);
+    char dir[] = "/tmp/jdt-check-cuk-pick.XXXXXX"; /* this test's picks alone */
+    ck_assert(mkdtemp(dir) != NULL);
+    const int64_t M = 64, N = 48, K = 40;
+    float *a = rand_floats(M * K, 61, -1, 1), *b = rand_floats(K * N, 62, -1, 1);
+    float *want = malloc((size_t)(M * N) * 4);
+    jdt_rt_matmul(a, b, NULL, want, 1, M, N, K, false, false, true, 1);
+    float *da = dev_from(a, (size_t)(M * K) * 4), *db = dev_from(b, (size_t)(K * N) * 4);
+    float *dc = dev_alloc((size_t)(M * N) * 4);
+    const float atol = 2e-3f * sqrtf((float)(K + 1)), rtol = 1e-2f;
+    int timed, remembered;
+    /* auto, nothing remembered: timed, and the pick stored */
+    jdt_cuk *k = tune_ctx(dir, NULL);
+    float *first = tune_call(k, da, db, dc, M, N, K, &timed, &remembered);
+    expect_close("autotuned matmul", first, want, M * N, atol, rtol);
+    ck_assert_int_eq(timed, 1);
+    ck_assert_int_eq(remembered, 0);
+    jdt_cuk_free(k);
+    uint64_t key = 0;
+    char path[512];
+    the_pick(dir, &key, path, sizeof path);
+    /* auto again: the remembered pick, untimed */
+    k = tune_ctx(dir, NULL);
+    float *got = tune_call(k, da, db, dc, M, N, K, &timed, &remembered);
+    ck_assert_int_eq(timed, 0);
+    ck_assert_int_eq(remembered, 1);
+    if (emu)
+        ck_assert_msg(memcmp(got, first, (size_t)(M * N) * 4) == 0, "remembered pick: other bits");
+    else
+        expect_close("matmul on the remembered pick", got, want, M * N, atol, rtol);
+    free(got);
+    jdt_cuk_free(k);
+    /* 1: timed again; 0: never timed, nothing taken */
+    static const char *const envs[2] = {"1", "0"};
+    for (int i = 0; i < 2; i++) {
+        k = tune_ctx(dir, envs[i]);
+        got = tune_call(k, da, db, dc, M, N, K, &timed, &remembered);
+        expect_close("matmul", got, want, M * N, atol, rtol);
+        ck_assert_int_eq(timed, i == 0);
+        ck_assert_int_eq(remembered, 0);
+        free(got);
+        jdt_cuk_free(k);
+    }
+    /* entries that cannot be taken: another algorithm at the index (its hash), an index past
+     * the candidates, bytes the cache's checksum refuses; each timed again, then remembered */
+    static const char *const bad[3] = {"0 0\n", "99 0\n", NULL};
+    for (int i = 0; i < 3; i++) {
+        jdt_err e;
+        jdt_err_clear(&e);
+        if (bad[i]) {
+            ck_assert_msg(jdt_compile_cache_put(dir, key, "gemmpick", bad[i], strlen(bad[i]), -1,
+                                                &e) == JDT_OK,
+                          "%s", e.msg);
+        } else {
+            FILE *f = fopen(path, "r+b");
+            ck_assert_ptr_nonnull(f);
+            ck_assert_int_eq(fputs("9", f) >= 0, 1);
+            fclose(f);
+        }
+        k = tune_ctx(dir, NULL);
+        got = tune_call(k, da, db, dc, M, N, K, &timed, &remembered);
+        expect_close("matmul past a bad pick", got, want, M * N, atol, rtol);
+        ck_assert_msg(timed == 1 && remembered == 0, "bad pick %d: timed %d, remembered %d", i,
+                      timed, remembered);
+        free(got);
+        jdt_cuk_free(k);
+        k = tune_ctx(dir, NULL);
+        got = tune_call(k, da, db, dc, M, N, K, &timed, &remembered);
+        ck_assert_msg(timed == 0 && remembered == 1, "after bad pick %d: timed %d, remembered %d",
+                      i, timed, remembered);
+        free(got);
+        jdt_cuk_free(k);
+    }
+    unsetenv("JDT_CUDA_AUTOTUNE");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    free(a), free(b), free(want), free(first);
+    cudaFree(da), cudaFree(db), cudaFree(dc);
 }
 END_TEST
 
@@ -2654,7 +2796,7 @@ START_TEST(test_cudnn_trial)
         /* the times decide (none remembered from an earlier run in this cache: a salt of this
          * process's own in the verdicts' key) */
         jdt_cuk *kx = trial_ctx(cache_dir_, 0);
-        kx->att_cache_salt = (int64_t)getpid() << 20 ^ (int64_t)time(NULL);
+        kx->pick_salt = (int64_t)getpid() << 20 ^ (int64_t)time(NULL);
         trial_case(kx, x, o_in, lse_in, B, H, T, D, 1, false, got, cnt);
         ck_assert_int_eq(kx->n_att_trials, 2);
         ck_assert_int_eq(kx->n_att_disagree, 0);
@@ -2665,7 +2807,7 @@ START_TEST(test_cudnn_trial)
         /* a later context on this GPU takes the verdicts from the kernel cache, untried: the
          * same outputs, bit for bit */
         jdt_cuk *ky = trial_ctx(cache_dir_, 0);
-        ky->att_cache_salt = kx->att_cache_salt;
+        ky->pick_salt = kx->pick_salt;
         trial_case(ky, x, o_in, lse_in, B, H, T, D, 1, false, again, cnt);
         ck_assert_int_eq(ky->n_att_trials, 0);
         ck_assert_int_eq(ky->n_att_remembered, 2);
@@ -3426,6 +3568,7 @@ static void add_tests(Suite *s)
     tcase_add_test(tc, test_matmul_pitched);
     tcase_add_test(tc, test_colsum_bf16);
     tcase_add_test(tc, test_matmul_autotune);
+    tcase_add_test(tc, test_matmul_autotune_remembered);
     tcase_add_test(tc, test_to_bf16);
     tcase_add_test(tc, test_permute_blocks);
     tcase_add_test(tc, test_nccl_one_rank);
@@ -3449,8 +3592,10 @@ static void add_tests(Suite *s)
 int main(void)
 {
     /* the kernels under test are jdt-train's: cuDNN's attention only where a test asks for it
-     * (the product's default, auto, would try cuDNN against them) */
+     * (the product's default, auto, would try cuDNN against them); GEMMs untimed unless a test
+     * times them (the default would time each plan's algorithms at its first call) */
     setenv("JDT_CUDNN_ATTENTION", "0", 0);
+    setenv("JDT_CUDA_AUTOTUNE", "0", 0);
     Suite *s = suite_create("cuk");
     add_tests(s);
     SRunner *sr = srunner_create(s);

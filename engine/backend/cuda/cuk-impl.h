@@ -136,7 +136,7 @@ typedef enum {
 #define JDT_CUK_PLANS 64     /* cached GEMM plans */
 #define JDT_CUK_NO_SPLIT 8   /* remembered GEMM shapes that cuBLASLt would not run split */
 #define JDT_CUK_ATT_PICKS 16 /* attention shapes whose cuDNN-or-ours trial is remembered */
-#define JDT_CUK_ALGOS 8      /* cuBLASLt algorithms timed per GEMM plan (JDT_CUDA_AUTOTUNE=1) */
+#define JDT_CUK_ALGOS 8      /* cuBLASLt algorithms timed per GEMM plan (JDT_CUDA_AUTOTUNE) */
 #define JDT_CUK_WORKSPACE ((unsigned)JDT_CUK_WORKSPACE_BYTES)
 
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
@@ -146,8 +146,9 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
-    /* JDT_CUDA_AUTOTUNE=1: the heuristic's candidates, its first first, until a call that may
-     * run more than once times them (cuk_gemm.c tune); n_cand 0 once timed, or with one */
+    /* JDT_CUDA_AUTOTUNE: the heuristic's candidates, its first first, until a call that may
+     * run more than once times them (cuk_gemm.c tune); n_cand 0 once timed or remembered, or
+     * with one */
     cublasLtMatmulAlgo_t cand[JDT_CUK_ALGOS];
     int n_cand;
     bool bias_by_beta; /* no algorithm had the bias epilogue: c = bias rows, then beta = 1 */
@@ -155,11 +156,18 @@ typedef struct {
 
 struct jdt_cuk {
     int device, arch;
-    int sms;       /* the GPU's multiprocessors (the dK/dV kernel's split, cuk.c) */
-    bool att_fma;  /* JDT_CUK_ATTENTION=fma: no tensor-core attention */
-    bool no_tf32;  /* JDT_CUDA_TF32=0: f32 GEMMs in full FP32 instead of TF32 tensor cores */
-    bool autotune; /* JDT_CUDA_AUTOTUNE=1: GEMM plans keep the fastest of JDT_CUK_ALGOS */
-    int n_timed, n_changed; /* plans timed so far, and those that left the heuristic's first */
+    int sms;      /* the GPU's multiprocessors (the dK/dV kernel's split, cuk.c) */
+    bool att_fma; /* JDT_CUK_ATTENTION=fma: no tensor-core attention */
+    bool no_tf32; /* JDT_CUDA_TF32=0: f32 GEMMs in full FP32 instead of TF32 tensor cores */
+    /* JDT_CUDA_AUTOTUNE (cuk_gemm.c): autotune, GEMM plans keep the fastest of JDT_CUK_ALGOS
+     * (auto or 1); retune, timed again where the kernel cache remembers a pick (1) */
+    bool autotune, retune;
+    /* plans timed so far, those that left the heuristic's first, and those that took a pick
+     * remembered in the kernel cache */
+    int n_timed, n_changed, n_remembered;
+    bool plans_evicted; /* a used plan made room for another: no more timing (cuk_gemm.c) */
+    bool gemm_put_said; /* a pick the kernel cache could not keep has been said */
+    bool gemm_got_said; /* remembered picks taken has been said */
     cudaStream_t stream;
     /* NCCL's stream, shared by every communicator (cuk_comm.c): collectives of different
      * communicators then run in the order they were issued, the same on every rank, which NCCL
@@ -218,7 +226,8 @@ struct jdt_cuk {
      * disagreed, the verdicts taken from the kernel cache; and att_trial_force, which overrides
      * the times' verdict (1 ours faster, 2 cuDNN faster) and leaves the cache alone */
     int n_att_trials, n_att_dnn, n_att_disagree, n_att_remembered, att_trial_force;
-    int64_t att_cache_salt; /* for tests: mixed into the remembered verdicts' key (0) */
+    int64_t
+        pick_salt; /* for tests: mixed into the remembered choices' keys (jdt_cuk_pick_key; 0) */
     struct jdt_cuk_dnn *dnn;
     int64_t n_dnn;     /* calls cuDNN served (tests) */
     char dnn_why[400]; /* why the last call it declined was declined ("" none) */
@@ -242,6 +251,16 @@ void jdt_cuk_fill_rows(jdt_cuk *k, float *c, const float *bias, int64_t rows, in
  * no rows: one chunk of zeros). */
 void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_t rows, int64_t N,
                               int64_t chunk);
+
+/* Choices remembered in the kernel cache (k->cache_dir): the attention's cuDNN-or-ours verdicts
+ * (kind "attpick", cuk_cudnn.c) and the GEMM plans' timed algorithms ("gemmpick", cuk_gemm.c).
+ * jdt_cuk_build_id: the running binary's GNU build ID, hashed; 0 when it has none, and then
+ * nothing is remembered (a choice holds for the binary that made it: the kernels, graphs and
+ * plans it builds). jdt_cuk_pick_key: the key's common part, hashing kind, the build ID, the
+ * GPU (name, architecture, multiprocessors), the driver's and NVRTC's versions, NVRTC's target
+ * and k->pick_salt; the caller adds its library's version and the call's shape. */
+uint64_t jdt_cuk_build_id(void);
+uint64_t jdt_cuk_pick_key(const jdt_cuk *k, const char *kind);
 
 /* Destroys the cuDNN handle and plans (cuk_cudnn.c). */
 void jdt_cuk_dnn_free(jdt_cuk *k);

@@ -14,7 +14,10 @@
 #include "backend/cuda/cuk-impl.h"
 #include "compile/compile-impl.h"
 
+#include <elf.h>
+#include <link.h>
 #include <nvrtc.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -342,6 +345,66 @@ int jdt_cuk_n_loaded(const jdt_cuk *k)
     return k->n_libs;
 }
 
+/* dl_iterate_phdr's callback: the first object (the executable) ends the walk, its GNU build
+ * ID hashed into *(uint64_t *)data when it has one. A note is a 12-byte header, the name from
+ * offset 12 and the descriptor from the next multiple of the segment's alignment (4, or 8 for
+ * .note.gnu.property's segment), each note starting at such a multiple. */
+static int build_id_of(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_NOTE) continue;
+        const size_t al = ph->p_align == 8 ? 8 : 4, len = ph->p_memsz;
+        const char *seg = (const char *)(info->dlpi_addr + ph->p_vaddr);
+        for (size_t at = 0; at + sizeof(ElfW(Nhdr)) <= len;) {
+            const ElfW(Nhdr) *nh = (const void *)(seg + at);
+            const size_t name = at + sizeof *nh, desc = (name + nh->n_namesz + al - 1) & ~(al - 1),
+                         next = (desc + nh->n_descsz + al - 1) & ~(al - 1);
+            if (desc > len || nh->n_descsz > len - desc) break;
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 &&
+                memcmp(seg + name, "GNU", 4) == 0) {
+                *(uint64_t *)data = jdt_hash_bytes(JDT_HASH_INIT, seg + desc, nh->n_descsz);
+                return 1;
+            }
+            at = next;
+        }
+    }
+    return 1;
+}
+
+static uint64_t build_id_;
+
+static void build_id_once(void)
+{
+    dl_iterate_phdr(build_id_of, &build_id_);
+}
+
+uint64_t jdt_cuk_build_id(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, build_id_once);
+    return build_id_;
+}
+
+uint64_t jdt_cuk_pick_key(const jdt_cuk *k, const char *kind)
+{
+    struct cudaDeviceProp prop;
+    uint64_t h = jdt_hash_u64(jdt_hash_str(JDT_HASH_INIT, kind), jdt_cuk_build_id());
+    if (cudaGetDeviceProperties(&prop, k->device) == cudaSuccess)
+        h = jdt_hash_str(h, prop.name);
+    else
+        (void)cudaGetLastError();
+    h = jdt_hash_u64(jdt_hash_u64(h, (uint64_t)k->arch), (uint64_t)k->sms);
+    /* our kernels' compiler and target, and the driver (which compiles PTX targets) */
+    int drv = 0, nv_major = 0, nv_minor = 0;
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) (void)cudaGetLastError();
+    (void)nvrtcVersion(&nv_major, &nv_minor);
+    h = jdt_hash_u64(h, (uint64_t)drv * 1000000u + (uint64_t)nv_major * 1000u + (uint64_t)nv_minor);
+    h = jdt_hash_str(h, k->target);
+    return jdt_hash_u64(h, (uint64_t)k->pick_salt);
+}
+
 jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e)
 {
     *out = NULL;
@@ -376,9 +439,17 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
      * against the CPU beyond TF32's 10-bit mantissa (check_cuda's train test) */
     const char *tf32 = getenv("JDT_CUDA_TF32");
     k->no_tf32 = tf32 && strcmp(tf32, "0") == 0;
-    /* JDT_CUDA_AUTOTUNE=1: each GEMM shape times the heuristic's candidates once (cuk_gemm.c) */
+    /* JDT_CUDA_AUTOTUNE: auto (unset: the default) gives each GEMM plan the algorithm timed
+     * fastest, once, or remembered from an earlier run in the kernel cache (cuk_gemm.c); 1 times
+     * every plan again, remembered or not; 0 the heuristic's first, untimed */
     const char *tune = getenv("JDT_CUDA_AUTOTUNE");
-    k->autotune = tune && strcmp(tune, "1") == 0;
+    const bool tune_auto = !tune || !*tune || strcmp(tune, "auto") == 0;
+    k->autotune = tune_auto || strcmp(tune, "1") == 0;
+    k->retune = k->autotune && !tune_auto;
+    if (!k->autotune && strcmp(tune, "0") != 0)
+        JDT_WARN("JDT_CUDA_AUTOTUNE=%s: expected auto, 0 or 1; GEMMs take cuBLASLt's heuristic's "
+                 "first algorithm, untimed",
+                 tune);
     const char *split = getenv("JDT_GEMM_SPLIT");
     k->gemm_split = !(split && strcmp(split, "0") == 0);
     /* JDT_NORM_WARPS=0: the norms with an affine and their backwards' partial-sum kernels a

@@ -86,11 +86,16 @@ jdt_status jdt_cuk_matmul(jdt_cuk *k, const float *a, const float *b, const floa
                           const float *acc, float *c, int64_t batch, int64_t M, int64_t N,
                           int64_t K, bool ta, bool tb, bool b_shared, jdt_err *e);
 
-/* With JDT_CUDA_AUTOTUNE=1 in the environment when k was made, each GEMM plan asks cuBLASLt's
- * heuristic for up to 8 algorithms and, at the first call whose running twice gives the same
- * result (not accumulating in place, no bias rows filled first, no DGELU over its own input),
- * times each on that call's operands and keeps the fastest: the heuristic's first unless
- * another is over 3% faster. The numbers then depend on the timing, which varies between runs.
+/* GEMM autotuning, JDT_CUDA_AUTOTUNE in the environment when k was made: auto (unset: the
+ * default) or 1. Each GEMM plan asks cuBLASLt's heuristic for up to 8 algorithms and, at the
+ * first call whose running twice gives the same result (not accumulating in place, no bias rows
+ * filled first, no DGELU over its own input), times each on that call's operands and keeps the
+ * fastest: the heuristic's first unless another is over 3% faster. The pick is remembered in
+ * k's kernel cache ("gemmpick", keyed by the binary, the GPU, the driver's, NVRTC's and
+ * cuBLASLt's versions and the plan), and with auto a later context takes it untimed; 1 times
+ * every plan again; 0 takes the heuristic's first untimed. A first run's numbers depend on the
+ * timing, which varies between runs; later runs on the same GPU and software take the same
+ * algorithms.
  * *timed: plans timed so far; *changed: those that took another algorithm than the first. */
 void jdt_cuk_gemm_tuning(const jdt_cuk *k, int *timed, int *changed);
 

@@ -37,12 +37,8 @@
 #include "compile/compile.h"
 
 #include <dlfcn.h>
-#include <nvrtc.h>
-#include <elf.h>
 #include <float.h>
-#include <link.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1333,50 +1329,6 @@ static bool trial(jdt_cuk *k, const att_call *c, int *pick)
     return agree;
 }
 
-/* dl_iterate_phdr's callback: the first object (the executable) ends the walk, its GNU build
- * ID hashed into *(uint64_t *)data when it has one. A note is a 12-byte header, the name from
- * offset 12 and the descriptor from the next multiple of the segment's alignment (4, or 8 for
- * .note.gnu.property's segment), each note starting at such a multiple. */
-static int build_id_of(struct dl_phdr_info *info, size_t size, void *data)
-{
-    (void)size;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type != PT_NOTE) continue;
-        const size_t al = ph->p_align == 8 ? 8 : 4, len = ph->p_memsz;
-        const char *seg = (const char *)(info->dlpi_addr + ph->p_vaddr);
-        for (size_t at = 0; at + sizeof(ElfW(Nhdr)) <= len;) {
-            const ElfW(Nhdr) *nh = (const void *)(seg + at);
-            const size_t name = at + sizeof *nh, desc = (name + nh->n_namesz + al - 1) & ~(al - 1),
-                         next = (desc + nh->n_descsz + al - 1) & ~(al - 1);
-            if (desc > len || nh->n_descsz > len - desc) break;
-            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 &&
-                memcmp(seg + name, "GNU", 4) == 0) {
-                *(uint64_t *)data = jdt_hash_bytes(JDT_HASH_INIT, seg + desc, nh->n_descsz);
-                return 1;
-            }
-            at = next;
-        }
-    }
-    return 1;
-}
-
-static uint64_t build_id_;
-
-static void build_id_once(void)
-{
-    dl_iterate_phdr(build_id_of, &build_id_);
-}
-
-/* The running binary's build ID, hashed; 0 when it has none (then nothing is remembered: a
- * verdict holds for the binary that tried it, whose cuDNN graphs it judged). */
-static uint64_t build_id(void)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, build_id_once);
-    return build_id_;
-}
-
 /* The verdicts remembered on disk: an entry of the kernel cache (kind "attpick") per call shape,
  * keyed by the binary (its build ID: the cuDNN graphs it builds and the kernels it runs), the
  * GPU (name, architecture, multiprocessors), the driver's, NVRTC's and cuDNN's versions and
@@ -1386,21 +1338,8 @@ static uint64_t build_id(void)
  * test, or left unsettled, are not remembered. */
 static uint64_t verdict_key(const jdt_cuk *k, const int64_t key[8])
 {
-    struct cudaDeviceProp prop;
-    uint64_t h = jdt_hash_u64(jdt_hash_str(JDT_HASH_INIT, "attpick-v1"), build_id());
-    if (cudaGetDeviceProperties(&prop, k->device) == cudaSuccess)
-        h = jdt_hash_str(h, prop.name);
-    else
-        (void)cudaGetLastError();
-    h = jdt_hash_u64(jdt_hash_u64(h, (uint64_t)k->arch), (uint64_t)k->sms);
-    h = jdt_hash_u64(h, (uint64_t)k->dnn->api.get_version());
-    /* our kernels' compiler and target, and the driver (which compiles PTX targets) */
-    int drv = 0, nv_major = 0, nv_minor = 0;
-    if (cudaDriverGetVersion(&drv) != cudaSuccess) (void)cudaGetLastError();
-    (void)nvrtcVersion(&nv_major, &nv_minor);
-    h = jdt_hash_u64(h, (uint64_t)drv * 1000000u + (uint64_t)nv_major * 1000u + (uint64_t)nv_minor);
-    h = jdt_hash_str(h, k->target);
-    h = jdt_hash_u64(h, (uint64_t)k->att_cache_salt);
+    uint64_t h =
+        jdt_hash_u64(jdt_cuk_pick_key(k, "attpick-v1"), (uint64_t)k->dnn->api.get_version());
     for (int i = 0; i < 8; i++)
         h = jdt_hash_u64(h, (uint64_t)key[i]);
     return h;
@@ -1411,7 +1350,7 @@ static bool verdict_get(const jdt_cuk *k, const int64_t key[8], int *pick)
 {
     unsigned char *b = NULL;
     size_t n = 0;
-    if (!k->cache_dir[0] || k->att_trial_force || !build_id() ||
+    if (!k->cache_dir[0] || k->att_trial_force || !jdt_cuk_build_id() ||
         !jdt_compile_cache_get(k->cache_dir, verdict_key(k, key), "attpick", &b, &n))
         return false;
     const bool ok = n >= 1 && (b[0] == '0' || b[0] == '1');
@@ -1423,7 +1362,7 @@ static bool verdict_get(const jdt_cuk *k, const int64_t key[8], int *pick)
 /* Remembers a settled verdict (best effort: a cache that cannot be written is said once). */
 static void verdict_put(jdt_cuk *k, const int64_t key[8], int pick)
 {
-    if (!k->cache_dir[0] || k->att_trial_force || !build_id()) return;
+    if (!k->cache_dir[0] || k->att_trial_force || !jdt_cuk_build_id()) return;
     jdt_err e;
     jdt_err_clear(&e);
     const char *v = pick ? "1 cuDNN's\n" : "0 jdt-train's kernels\n";

@@ -11,13 +11,15 @@
  *
  * Plans (descriptors, layouts and the heuristic's algorithm) are cached per shape, transpose
  * flags, bias presence and pointer alignment: the heuristic query costs tens of microseconds
- * and a training step repeats the same few shapes. JDT_CUDA_AUTOTUNE=1 times the heuristic's
- * first 8 algorithms once per plan and keeps the fastest (XLA's GEMM autotuning; cuk.h).
+ * and a training step repeats the same few shapes. Each plan times the heuristic's first 8
+ * algorithms once and keeps the fastest, remembered in the kernel cache for later runs
+ * (JDT_CUDA_AUTOTUNE, default auto: XLA's GEMM autotuning; cuk.h).
  * JDT_CUDA_TF32=0 multiplies f32 in full FP32. A bf16 GEMM may also store its output as bf16
  * (jdt_cuk_matmul_bf16_out): C/D bf16, the bias bf16 too (cuBLASLt's bias has D's type), the
  * epilogue adding it in f32 before the rounding.
  */
 #include "backend/cuda/cuk-impl.h"
+#include "compile/compile.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -66,6 +68,73 @@ void jdt_cuk_gemm_free_plans(jdt_cuk *k)
 {
     for (int i = 0; i < JDT_CUK_PLANS; i++)
         plan_release(&k->plans[i]);
+}
+
+/* The GEMM picks remembered on disk: an entry of the kernel cache (kind "gemmpick") per plan,
+ * keyed by jdt_cuk_pick_key (the binary, the GPU, the driver and NVRTC), cuBLASLt's version,
+ * TF32 on or off, and the plan's key and bias scheme; it holds "<i> <hash>": the timed pick's
+ * index among the heuristic's candidates and a hash of its algorithm. A later run takes the
+ * pick without timing where the heuristic offers the same algorithm at that index, so its
+ * GEMMs run the first run's algorithms from its first step (runs and resumes repeat where
+ * cuBLASLt's results do); else the plan is timed again. */
+static uint64_t pick_key(const jdt_cuk *k, const jdt_cuk_plan *p)
+{
+    uint64_t h = jdt_hash_u64(jdt_cuk_pick_key(k, "gemmpick-v1"), (uint64_t)cublasLtGetVersion());
+    h = jdt_hash_u64(h, (uint64_t)k->no_tf32 << 1 | (uint64_t)p->bias_by_beta);
+    for (int i = 0; i < 16; i++)
+        h = jdt_hash_u64(h, (uint64_t)p->key[i]);
+    return h;
+}
+
+static uint64_t algo_hash(const cublasLtMatmulAlgo_t *a)
+{
+    return jdt_hash_bytes(JDT_HASH_INIT, a, sizeof *a);
+}
+
+/* Takes p's remembered pick, if any and still offered: p->algo, no timing (n_cand 0). */
+static void pick_get(jdt_cuk *k, jdt_cuk_plan *p)
+{
+    unsigned char *b = NULL;
+    size_t n = 0;
+    if (!k->cache_dir[0] || !jdt_cuk_build_id() ||
+        !jdt_compile_cache_get(k->cache_dir, pick_key(k, p), "gemmpick", &b, &n))
+        return;
+    char v[64];
+    const size_t m = n < sizeof v - 1 ? n : sizeof v - 1;
+    memcpy(v, b, m);
+    v[m] = '\0';
+    jdt_free(b);
+    int i = -1;
+    unsigned long long h = 0;
+    if (sscanf(v, "%d %llx", &i, &h) != 2 || i < 0 || i >= p->n_cand ||
+        algo_hash(&p->cand[i]) != (uint64_t)h)
+        return; /* damaged, or the heuristic offers otherwise now: timed again */
+    p->algo = p->cand[i];
+    p->n_cand = 0;
+    k->n_remembered++;
+    if (!k->gemm_got_said) {
+        k->gemm_got_said = true;
+        JDT_INFO("cuda: GEMMs take the cuBLASLt algorithms timed before on this GPU and software "
+                 "(the kernel cache's *.gemmpick entries; removing them, or JDT_CUDA_AUTOTUNE=1, "
+                 "times them again)");
+    }
+}
+
+/* Remembers p's timed pick, candidate i (best effort: a cache that cannot be written is said
+ * once). */
+static void pick_put(jdt_cuk *k, const jdt_cuk_plan *p, int i)
+{
+    if (!k->cache_dir[0] || !jdt_cuk_build_id()) return;
+    char v[64];
+    snprintf(v, sizeof v, "%d %llx\n", i, (unsigned long long)algo_hash(&p->cand[i]));
+    jdt_err e;
+    jdt_err_clear(&e);
+    if (jdt_compile_cache_put(k->cache_dir, pick_key(k, p), "gemmpick", v, strlen(v), -1, &e) !=
+            JDT_OK &&
+        !k->gemm_put_said) {
+        k->gemm_put_said = true;
+        JDT_INFO("cuda: GEMM algorithm picks are not remembered: %s", e.msg);
+    }
 }
 
 /* A column-major layout of type dt, rows x cols with leading dimension ld, batched with
@@ -197,6 +266,8 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     for (int i = 0; i < n_res && i < JDT_CUK_ALGOS; i++)
         if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
     if (p->n_cand < 2) p->n_cand = 0; /* nothing to choose from */
+    if (p->n_cand && !k->retune) pick_get(k, p);
+    if (k->plans_evicted) p->n_cand = 0;
     return JDT_OK;
 }
 
@@ -208,12 +279,13 @@ void jdt_cuk_gemm_tuning(const jdt_cuk *k, int *timed, int *changed)
 
 #define TUNE_REPS 5 /* timed runs of each candidate, after an untimed one */
 
-/* JDT_CUDA_AUTOTUNE=1: times each candidate of p on this call's operands (set in p->op by the
- * caller; D = c from C = cin, which the caller made sure is not c when beta is not 0, so every
- * run leaves the same result) and keeps the fastest in p->algo: the heuristic's first unless
- * another is over 3% faster, which is beyond the noise of TUNE_REPS back-to-back runs. A
- * candidate that cuBLASLt refuses to run is skipped; if events fail, the first stays. Waits
- * for the stream (the first step only: each plan is timed once). */
+/* Autotuning (JDT_CUDA_AUTOTUNE): times each candidate of p on this call's operands (set in p->op
+ * by the caller; D = c from C = cin, which the caller made sure is not c when beta is not 0, so
+ * every run leaves the same result) and keeps the fastest in p->algo: the heuristic's first unless
+ * another is over 3% faster, which is beyond the noise of TUNE_REPS back-to-back runs, and
+ * remembers it (pick_put). A candidate that cuBLASLt refuses to run is skipped; if events fail,
+ * the first stays, not remembered. Waits for the stream (the first step only: each plan is timed
+ * once). */
 static void tune(jdt_cuk *k, jdt_cuk_plan *p, const void *a, const void *b, const void *cin,
                  void *c, float alpha, float beta)
 {
@@ -238,7 +310,10 @@ static void tune(jdt_cuk *k, jdt_cuk_plan *p, const void *a, const void *b, cons
         if (best < 0 || ms[i] < ms[best]) best = i;
     }
     if (best > 0 && ms[0] >= 0.0f && ms[best] >= 0.97f * ms[0]) best = 0;
-    if (best >= 0) p->algo = p->cand[best];
+    if (best >= 0) {
+        p->algo = p->cand[best];
+        pick_put(k, p, best);
+    }
     k->n_timed++;
     if (best > 0) {
         k->n_changed++;
@@ -298,6 +373,12 @@ static jdt_status gemm_one(jdt_cuk *k, const void *a, const void *b, const void 
     if (!p) {
         p = &k->plans[k->next_plan];
         k->next_plan = (k->next_plan + 1) % JDT_CUK_PLANS;
+        if (p->used && k->autotune && !k->plans_evicted) {
+            k->plans_evicted = true; /* a shape timed each time it comes back: time no more */
+            JDT_INFO("cuda: over %d GEMM shapes: the plans not timed yet take cuBLASLt's "
+                     "heuristic's first algorithm (or a pick remembered before)",
+                     JDT_CUK_PLANS);
+        }
         plan_release(p);
         jdt_status s = plan_build(k, p, key, al_ab, al_c, al_bias, true, e);
         if (s != JDT_OK && bias && !c_bf16 && !aux &&

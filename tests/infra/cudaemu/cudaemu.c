@@ -1255,6 +1255,13 @@ typedef struct {
     int32_t batch;
 } lt_layout;
 
+/* cuBLASLt 13.0.0's number (major * 10000 + minor * 100 + patch): a part of the GEMM picks'
+ * key (cuk_gemm.c pick_key) */
+size_t cublasLtGetVersion(void)
+{
+    return 130000;
+}
+
 const char *cublasLtGetStatusString(cublasStatus_t s)
 {
     switch (s) {
