@@ -488,7 +488,7 @@ fi
 if want 4t; then
 gpt_args "$OUT/gpt2-untuned"
 run_gpt gpt2-untuned JDT_CUDA_AUTOTUNE=0
-say "stage 4t exit $rc, GEMMs on cuBLASLt's heuristic's first algorithm, untimed (JDT_CUDA_AUTOTUNE=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with stage 4's timed picks ($(grep -c 'cuBLASLt algorithm [0-9]* of [0-9]*,' "$OUT/gpt2.log") of its plans left the first)"
+say "stage 4t exit $rc, GEMMs on cuBLASLt's heuristic's first algorithm, untimed (JDT_CUDA_AUTOTUNE=0): ${toks:-?} tok/s against ${JDT_TOKS:-?} with stage 4's picks ($(grep -c 'cuBLASLt algorithm [0-9]* of [0-9]*,' "$OUT/gpt2.log") of its plans timed there left the first$(grep -q 'algorithms timed before' "$OUT/gpt2.log" && echo '; it also took picks remembered from an earlier run'))"
 fi
 
 # ---- 4g (not in the default STAGES): stage 4 again with the logits' rows back to back ----------

@@ -933,6 +933,7 @@ START_TEST(test_matmul_autotune_remembered)
     if (emu) setenv("JDT_CUDAEMU_SLOW_ALGO", "0", 1);
     char dir[] = "/tmp/jdt-check-cuk-pick.XXXXXX"; /* this test's picks alone */
     ck_assert(mkdtemp(dir) != NULL);
+    char cmd[600];
     const int64_t M = 64, N = 48, K = 40;
     float *a = rand_floats(M * K, 61, -1, 1), *b = rand_floats(K * N, 62, -1, 1);
     float *want = malloc((size_t)(M * N) * 4);
@@ -1003,8 +1004,36 @@ START_TEST(test_matmul_autotune_remembered)
         free(got);
         jdt_cuk_free(k);
     }
-    unsetenv("JDT_CUDA_AUTOTUNE");
-    char cmd[600];
+    /* within a context: a plan the 64-plan ring evicted, built again, takes its pick from the
+     * context's memory, untimed, though the disk has none (a salt of this test's own) */
+    k = tune_ctx(dir, NULL);
+    k->pick_salt = (int64_t)getpid() << 20 ^ (int64_t)time(NULL);
+    got = tune_call(k, da, db, dc, M, N, K, &timed, &remembered);
+    free(got);
+    ck_assert_int_eq(timed, 1);
+    jdt_err e;
+    jdt_err_clear(&e);
+    for (int64_t i = 0; i < JDT_CUK_PLANS;
+         i++) /* other aligned shapes (4 + 4 (i / 4), 4 + 4 (i % 4), K) */
+        ck_assert_msg(jdt_cuk_matmul(k, da, db, NULL, NULL, dc, 1, 4 + 4 * (i / 4), 4 + 4 * (i % 4),
+                                     K, false, false, true, &e) == JDT_OK,
+                      "%s", e.msg);
+    bool evicted = true;
+    for (int i = 0; i < JDT_CUK_PLANS; i++)
+        if (k->plans[i].used && k->plans[i].key[1] == M && k->plans[i].key[2] == N) evicted = false;
+    ck_assert_msg(evicted, "the first plan is still in the ring");
+    snprintf(cmd, sizeof cmd, "rm -f %s/*.gemmpick", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    int timed_before = 0;
+    jdt_cuk_gemm_tuning(k, &timed_before, &(int){0});
+    got = tune_call(k, da, db, dc, M, N, K, &timed, &remembered);
+    expect_close("matmul built again after eviction", got, want, M * N, atol, rtol);
+    ck_assert_int_eq(timed, timed_before);
+    ck_assert_int_eq(remembered, 0);
+    free(got);
+    jdt_cuk_free(k);
+    setenv("JDT_CUDA_AUTOTUNE", "0", 1); /* main's pin, for the tests after (CK_FORK=no) */
+    unsetenv("JDT_CUDAEMU_SLOW_ALGO");
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     ck_assert_int_eq(system(cmd), 0);
     free(a), free(b), free(want), free(first);

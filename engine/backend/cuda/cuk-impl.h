@@ -137,6 +137,7 @@ typedef enum {
 #define JDT_CUK_NO_SPLIT 8   /* remembered GEMM shapes that cuBLASLt would not run split */
 #define JDT_CUK_ATT_PICKS 16 /* attention shapes whose cuDNN-or-ours trial is remembered */
 #define JDT_CUK_ALGOS 8      /* cuBLASLt algorithms timed per GEMM plan (JDT_CUDA_AUTOTUNE) */
+#define JDT_CUK_PICKS 256    /* GEMM shapes whose algorithm pick a context keeps */
 #define JDT_CUK_WORKSPACE ((unsigned)JDT_CUK_WORKSPACE_BYTES)
 
 /* A cached cuBLASLt plan for one GEMM shape (see cuk_gemm.c). */
@@ -165,9 +166,17 @@ struct jdt_cuk {
     /* plans timed so far, those that left the heuristic's first, and those that took a pick
      * remembered in the kernel cache */
     int n_timed, n_changed, n_remembered;
-    bool plans_evicted; /* a used plan made room for another: no more timing (cuk_gemm.c) */
-    bool gemm_put_said; /* a pick the kernel cache could not keep has been said */
-    bool gemm_got_said; /* remembered picks taken has been said */
+    /* the algorithms chosen so far, by plan key (timed, or taken from the kernel cache): a plan
+     * built again after the ring evicted it takes its pick from here, untimed and without
+     * reading the disk; once full, plans not in it take the heuristic's first (cuk_gemm.c) */
+    struct {
+        int64_t key[16];
+        cublasLtMatmulAlgo_t algo;
+    } picks[JDT_CUK_PICKS];
+    int n_picks;
+    bool picks_full_said; /* the table's filling has been said */
+    bool gemm_put_said;   /* a pick the kernel cache could not keep has been said */
+    bool gemm_got_said;   /* remembered picks taken has been said */
     cudaStream_t stream;
     /* NCCL's stream, shared by every communicator (cuk_comm.c): collectives of different
      * communicators then run in the order they were issued, the same on every rank, which NCCL
@@ -226,8 +235,8 @@ struct jdt_cuk {
      * disagreed, the verdicts taken from the kernel cache; and att_trial_force, which overrides
      * the times' verdict (1 ours faster, 2 cuDNN faster) and leaves the cache alone */
     int n_att_trials, n_att_dnn, n_att_disagree, n_att_remembered, att_trial_force;
-    int64_t
-        pick_salt; /* for tests: mixed into the remembered choices' keys (jdt_cuk_pick_key; 0) */
+    uint64_t pick_base; /* jdt_cuk_pick_key's part fixed for the context (cuk.c) */
+    int64_t pick_salt;  /* for tests: mixed into remembered choices' keys (jdt_cuk_pick_key; 0) */
     struct jdt_cuk_dnn *dnn;
     int64_t n_dnn;     /* calls cuDNN served (tests) */
     char dnn_why[400]; /* why the last call it declined was declined ("" none) */
@@ -258,7 +267,8 @@ void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_
  * nothing is remembered (a choice holds for the binary that made it: the kernels, graphs and
  * plans it builds). jdt_cuk_pick_key: the key's common part, hashing kind, the build ID, the
  * GPU (name, architecture, multiprocessors), the driver's and NVRTC's versions, NVRTC's target
- * and k->pick_salt; the caller adds its library's version and the call's shape. */
+ * (those fixed at jdt_cuk_init: k->pick_base) and k->pick_salt; the caller adds its library's
+ * version and the call's shape. */
 uint64_t jdt_cuk_build_id(void);
 uint64_t jdt_cuk_pick_key(const jdt_cuk *k, const char *kind);
 

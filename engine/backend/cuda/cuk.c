@@ -387,10 +387,12 @@ uint64_t jdt_cuk_build_id(void)
     return build_id_;
 }
 
-uint64_t jdt_cuk_pick_key(const jdt_cuk *k, const char *kind)
+/* The part of jdt_cuk_pick_key that is fixed for k: the build ID, the GPU (name, architecture,
+ * multiprocessors), the driver's and NVRTC's versions and NVRTC's target (k->target set). */
+static uint64_t pick_base(const jdt_cuk *k)
 {
     struct cudaDeviceProp prop;
-    uint64_t h = jdt_hash_u64(jdt_hash_str(JDT_HASH_INIT, kind), jdt_cuk_build_id());
+    uint64_t h = jdt_hash_u64(JDT_HASH_INIT, jdt_cuk_build_id());
     if (cudaGetDeviceProperties(&prop, k->device) == cudaSuccess)
         h = jdt_hash_str(h, prop.name);
     else
@@ -401,8 +403,13 @@ uint64_t jdt_cuk_pick_key(const jdt_cuk *k, const char *kind)
     if (cudaDriverGetVersion(&drv) != cudaSuccess) (void)cudaGetLastError();
     (void)nvrtcVersion(&nv_major, &nv_minor);
     h = jdt_hash_u64(h, (uint64_t)drv * 1000000u + (uint64_t)nv_major * 1000u + (uint64_t)nv_minor);
-    h = jdt_hash_str(h, k->target);
-    return jdt_hash_u64(h, (uint64_t)k->pick_salt);
+    return jdt_hash_str(h, k->target);
+}
+
+uint64_t jdt_cuk_pick_key(const jdt_cuk *k, const char *kind)
+{
+    return jdt_hash_u64(jdt_hash_u64(jdt_hash_str(JDT_HASH_INIT, kind), k->pick_base),
+                        (uint64_t)k->pick_salt);
 }
 
 jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e)
@@ -471,6 +478,7 @@ jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_er
         JDT_WARN("JDT_CUDNN_ATTENTION=%s: expected auto, 0, 1 or fast; cuDNN's attention stays off",
                  dnn);
     if ((s = pick_target(k->arch, k->target, sizeof k->target, &k->cubin, e)) != JDT_OK) goto fail;
+    k->pick_base = pick_base(k);
     snprintf(k->cache_dir, sizeof k->cache_dir, "%s", cache_dir ? cache_dir : "");
     /* the other sources load at their first launch (jdt_cuk_load): a run never compiles the
      * attention it does not use (the FMA one is NVRTC's longest, about a minute on 2 cores);

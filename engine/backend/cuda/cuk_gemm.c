@@ -22,6 +22,7 @@
 #include "compile/compile.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Largest power of two (<= 16) dividing the address: cuBLASLt's alignment classes. */
@@ -72,7 +73,7 @@ void jdt_cuk_gemm_free_plans(jdt_cuk *k)
 
 /* The GEMM picks remembered on disk: an entry of the kernel cache (kind "gemmpick") per plan,
  * keyed by jdt_cuk_pick_key (the binary, the GPU, the driver and NVRTC), cuBLASLt's version,
- * TF32 on or off, and the plan's key and bias scheme; it holds "<i> <hash>": the timed pick's
+ * TF32 on or off (f32 plans) and the plan's key; it holds "<i> <hash>": the timed pick's
  * index among the heuristic's candidates and a hash of its algorithm. A later run takes the
  * pick without timing where the heuristic offers the same algorithm at that index, so its
  * GEMMs run the first run's algorithms from its first step (runs and resumes repeat where
@@ -80,7 +81,7 @@ void jdt_cuk_gemm_free_plans(jdt_cuk *k)
 static uint64_t pick_key(const jdt_cuk *k, const jdt_cuk_plan *p)
 {
     uint64_t h = jdt_hash_u64(jdt_cuk_pick_key(k, "gemmpick-v1"), (uint64_t)cublasLtGetVersion());
-    h = jdt_hash_u64(h, (uint64_t)k->no_tf32 << 1 | (uint64_t)p->bias_by_beta);
+    h = jdt_hash_u64(h, (uint64_t)(k->no_tf32 && !p->key[10])); /* f32 in full FP32 */
     for (int i = 0; i < 16; i++)
         h = jdt_hash_u64(h, (uint64_t)p->key[i]);
     return h;
@@ -89,6 +90,22 @@ static uint64_t pick_key(const jdt_cuk *k, const jdt_cuk_plan *p)
 static uint64_t algo_hash(const cublasLtMatmulAlgo_t *a)
 {
     return jdt_hash_bytes(JDT_HASH_INIT, a, sizeof *a);
+}
+
+/* The pick this context made or took already for a plan of key, NULL if none. */
+static const cublasLtMatmulAlgo_t *pick_find(const jdt_cuk *k, const int64_t *key)
+{
+    for (int i = 0; i < k->n_picks; i++)
+        if (memcmp(k->picks[i].key, key, sizeof k->picks[i].key) == 0) return &k->picks[i].algo;
+    return NULL;
+}
+
+/* Keeps p's algorithm as the context's pick for its key (a full table keeps nothing). */
+static void pick_keep(jdt_cuk *k, const jdt_cuk_plan *p)
+{
+    if (k->n_picks == JDT_CUK_PICKS || pick_find(k, p->key)) return;
+    memcpy(k->picks[k->n_picks].key, p->key, sizeof p->key);
+    k->picks[k->n_picks++].algo = p->algo;
 }
 
 /* Takes p's remembered pick, if any and still offered: p->algo, no timing (n_cand 0). */
@@ -104,13 +121,14 @@ static void pick_get(jdt_cuk *k, jdt_cuk_plan *p)
     memcpy(v, b, m);
     v[m] = '\0';
     jdt_free(b);
-    int i = -1;
-    unsigned long long h = 0;
-    if (sscanf(v, "%d %llx", &i, &h) != 2 || i < 0 || i >= p->n_cand ||
-        algo_hash(&p->cand[i]) != (uint64_t)h)
+    char *end = v, *end2 = v;
+    const long i = strtol(v, &end, 10);
+    const unsigned long long h = end > v && *end == ' ' ? strtoull(end + 1, &end2, 16) : 0;
+    if (end2 == v || i < 0 || i >= p->n_cand || algo_hash(&p->cand[i]) != (uint64_t)h)
         return; /* damaged, or the heuristic offers otherwise now: timed again */
     p->algo = p->cand[i];
     p->n_cand = 0;
+    pick_keep(k, p);
     k->n_remembered++;
     if (!k->gemm_got_said) {
         k->gemm_got_said = true;
@@ -244,6 +262,10 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     const bool d16 = dt_c == CUDA_R_16BF;
     const uint32_t schemes[2] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
                                  CUBLASLT_REDUCTION_SCHEME_MASK};
+    /* a plan this context has picked for already (built again after the ring evicted it): that
+     * pick, untimed; bias rows filled before the GEMM are never timed (gemm_one) */
+    const cublasLtMatmulAlgo_t *known = k->autotune && !p->bias_by_beta ? pick_find(k, key) : NULL;
+    const int want = k->autotune && !known && !p->bias_by_beta ? JDT_CUK_ALGOS : 1;
     cublasLtMatmulHeuristicResult_t res[JDT_CUK_ALGOS];
     int n_res = 0;
     for (int i = d16 ? 0 : 1; st == CUBLAS_STATUS_SUCCESS && n_res < 1 && i < 2; i++) {
@@ -252,7 +274,7 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
                 pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes[i], sizeof schemes[i]);
         if (st == CUBLAS_STATUS_SUCCESS)
             st = cublasLtMatmulAlgoGetHeuristic(k->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
-                                                k->autotune ? JDT_CUK_ALGOS : 1, res, &n_res);
+                                                want, res, &n_res);
         if (d16 && i == 1 && st == CUBLAS_STATUS_SUCCESS && n_res > 0)
             JDT_INFO("cuda: GEMM (%s, batch %lld, M %lld, N %lld, K %lld): no cuBLASLt algorithm "
                      "sums split-K partials in f32; one that sums them in bf16 runs",
@@ -261,13 +283,21 @@ static jdt_status plan_build(jdt_cuk *k, jdt_cuk_plan *p, const int64_t *key, in
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(e, st, "MatmulAlgoGetHeuristic", key);
     if (n_res < 1) return lt_err(e, CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for", key);
-    p->algo = res[0].algo;
+    p->algo = known ? *known : res[0].algo;
     p->n_cand = 0;
-    for (int i = 0; i < n_res && i < JDT_CUK_ALGOS; i++)
+    for (int i = 0; want > 1 && i < n_res && i < JDT_CUK_ALGOS; i++)
         if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
     if (p->n_cand < 2) p->n_cand = 0; /* nothing to choose from */
     if (p->n_cand && !k->retune) pick_get(k, p);
-    if (k->plans_evicted) p->n_cand = 0;
+    if (p->n_cand && k->n_picks == JDT_CUK_PICKS) { /* no room to keep a pick: none timed */
+        p->n_cand = 0;
+        if (!k->picks_full_said) {
+            k->picks_full_said = true;
+            JDT_INFO("cuda: over %d GEMM shapes: the next ones take cuBLASLt's heuristic's first "
+                     "algorithm, untimed",
+                     JDT_CUK_PICKS);
+        }
+    }
     return JDT_OK;
 }
 
@@ -330,6 +360,7 @@ static void tune(jdt_cuk *k, jdt_cuk_plan *p, const void *a, const void *b, cons
     }
 out:
     p->n_cand = 0; /* timed once, whatever happened */
+    pick_keep(k, p);
     if (ev[0]) cudaEventDestroy(ev[0]);
     if (ev[1]) cudaEventDestroy(ev[1]);
 }
@@ -373,12 +404,6 @@ static jdt_status gemm_one(jdt_cuk *k, const void *a, const void *b, const void 
     if (!p) {
         p = &k->plans[k->next_plan];
         k->next_plan = (k->next_plan + 1) % JDT_CUK_PLANS;
-        if (p->used && k->autotune && !k->plans_evicted) {
-            k->plans_evicted = true; /* a shape timed each time it comes back: time no more */
-            JDT_INFO("cuda: over %d GEMM shapes: the plans not timed yet take cuBLASLt's "
-                     "heuristic's first algorithm (or a pick remembered before)",
-                     JDT_CUK_PLANS);
-        }
         plan_release(p);
         jdt_status s = plan_build(k, p, key, al_ab, al_c, al_bias, true, e);
         if (s != JDT_OK && bias && !c_bf16 && !aux &&
