@@ -19,16 +19,28 @@ static bool piecewise_constant(jdt_op op)
 jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
                              jdt_tensor *const *params, jdt_tensor **grads, jdt_err *e)
 {
-    return jdt_autodiff_grad_ex(g, loss, n_params, params, grads, false, e);
+    return jdt_autodiff_grad_ex(g, loss, n_params, params, grads, JDT_AD_REMAT_NONE, e);
+}
+
+/* Kept by JDT_AD_REMAT_DOTS: the ops whose recompute costs a GEMM's or a collective's time. */
+static bool dots_kept(jdt_op op)
+{
+    return op == JDT_OP_MATMUL || op == JDT_OP_ATTENTION || op == JDT_OP_ALL_REDUCE ||
+           op == JDT_OP_ALL_GATHER || op == JDT_OP_REDUCE_SCATTER;
 }
 
 /* Rematerialisation: copies of the forward nodes of block `block` (ids < n), inputs mapped to
- * earlier copies inside the block; leaves and nodes outside the block are shared. */
-static void clone_block(jdt_graph *g, int n, int block, jdt_tensor **clone)
+ * earlier copies inside the block; leaves and nodes outside the block are shared. With
+ * JDT_AD_REMAT_DOTS only the nodes that depend on the step's data (act) and are not kept
+ * (dots_kept) are copied: the kept nodes, and what depends on parameters alone (a weight's
+ * bf16 cast), are shared too. */
+static void clone_block(jdt_graph *g, int n, int block, jdt_ad_remat remat, const bool *act,
+                        jdt_tensor **clone)
 {
     for (int j = 0; j < n; j++) {
         jdt_tensor *t = jdt_graph_node(g, j);
         if (t->block != block || t->n_inputs == 0) continue;
+        if (remat == JDT_AD_REMAT_DOTS && (dots_kept(t->op) || !act[j])) continue;
         jdt_tensor *in[JDT_MAX_INPUTS];
         for (int k = 0; k < t->n_inputs; k++) {
             jdt_tensor *x = t->inputs[k];
@@ -40,6 +52,28 @@ static void clone_block(jdt_graph *g, int n, int block, jdt_tensor **clone)
         for (int d = 0; d < t->shape.ndim; d++) c->axes[d] = t->axes[d];
         clone[j] = c;
     }
+}
+
+/* JDT_AD_REMAT_DOTS: a kept node's VJP reads the recomputed copies of its inputs (the same
+ * values), so the forward's copies die after their forward use. Swaps node's inputs that have
+ * copies; returns the mask of swapped inputs (restored by regather_restore). */
+static unsigned clone_swap(jdt_tensor *node, int n, jdt_tensor **clone, jdt_tensor **saved)
+{
+    unsigned swapped = 0;
+    for (int k = 0; k < node->n_inputs; k++) {
+        jdt_tensor *in = node->inputs[k];
+        if (in->id < 0 || in->id >= n || !clone[in->id]) continue;
+        saved[k] = in;
+        node->inputs[k] = clone[in->id];
+        swapped |= 1u << k;
+    }
+    return swapped;
+}
+
+static void clone_restore(jdt_tensor *node, unsigned swapped, jdt_tensor **saved)
+{
+    for (int k = 0; k < node->n_inputs; k++)
+        if (swapped & (1u << k)) node->inputs[k] = saved[k];
 }
 
 /* An FSDP weight gather: ALL_GATHER of a parameter, or of its shard's bf16 copy (a CAST, under
@@ -88,11 +122,12 @@ static void regather_restore(jdt_tensor *node, unsigned swapped, jdt_tensor **sa
 }
 
 jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
-                                jdt_tensor *const *params, jdt_tensor **grads, bool remat_blocks,
+                                jdt_tensor *const *params, jdt_tensor **grads, jdt_ad_remat remat,
                                 jdt_err *e)
 {
     jdt_status st = JDT_OK;
-    bool *dep = NULL, *live = NULL;
+    bool *dep = NULL, *live = NULL, *act = NULL;
+    const bool remat_blocks = remat == JDT_AD_REMAT_BLOCK || remat == JDT_AD_REMAT_DOTS;
     jdt_tensor **ct = NULL, **clone = NULL, **regather = NULL;
     int cloned_block = 0;
     for (int i = 0; i < n_params; i++)
@@ -122,10 +157,20 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
     live = jdt_calloc((size_t)n, sizeof *live);
     ct = jdt_calloc((size_t)n, sizeof *ct);
     if (remat_blocks) clone = jdt_calloc((size_t)n, sizeof *clone);
+    if (remat == JDT_AD_REMAT_DOTS) act = jdt_calloc((size_t)n, sizeof *act);
     regather = jdt_calloc((size_t)n, sizeof *regather);
-    if (!dep || !live || !ct || (remat_blocks && !clone) || !regather) {
+    if (!dep || !live || !ct || (remat_blocks && !clone) || (remat == JDT_AD_REMAT_DOTS && !act) ||
+        !regather) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "autodiff: out of memory for %d nodes", n);
         goto out;
+    }
+    /* act[i]: node i depends on the step's data (an INPUT), not on parameters and constants
+     * alone (JDT_AD_REMAT_DOTS recomputes only such nodes) */
+    for (int i = 0; act && i < n; i++) {
+        jdt_tensor *t = jdt_graph_node(g, i);
+        act[i] = t->op == JDT_OP_INPUT;
+        for (int k = 0; k < t->n_inputs && !act[i]; k++)
+            act[i] = act[t->inputs[k]->id];
     }
     /* dep[i]: node i depends differentiably on a requested parameter */
     for (int i = 0; i < n_params; i++)
@@ -160,7 +205,7 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
         jdt_tensor *node = t;
         if (clone && t->block > 0) {
             if (t->block != cloned_block) { /* entering this block's backward: recompute it */
-                clone_block(g, n, t->block, clone);
+                clone_block(g, n, t->block, remat, act, clone);
                 cloned_block = t->block;
             }
             if (clone[i]) node = clone[i];
@@ -173,10 +218,15 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
                 info->name, i);
             goto out;
         }
+        /* a kept node of a recomputed block (JDT_AD_REMAT_DOTS) reads its inputs' copies */
+        jdt_tensor *kept_in[JDT_MAX_INPUTS] = {NULL};
+        const unsigned cloned_in =
+            clone && node == t && t->block > 0 ? clone_swap(node, n, clone, kept_in) : 0;
         jdt_tensor *saved[2] = {NULL, NULL};
         const unsigned swapped = regather_swap(g, node, need, regather, saved);
         info->vjp(g, node, ct[i], need, dx);
         regather_restore(node, swapped, saved);
+        clone_restore(node, cloned_in, kept_in);
         if ((st = jdt_graph_error(g, e)) != JDT_OK) {
             jdt_err_prefix(e, "autodiff: VJP of '%s' (node %d)", info->name, i);
             goto out;
@@ -215,6 +265,7 @@ out:
     jdt_free(live);
     jdt_free(ct);
     jdt_free(clone);
+    jdt_free(act);
     jdt_free(regather);
     return st;
 }

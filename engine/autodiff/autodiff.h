@@ -24,13 +24,24 @@
 jdt_status jdt_autodiff_grad(jdt_graph *g, jdt_tensor *loss, int n_params,
                              jdt_tensor *const *params, jdt_tensor **grads, jdt_err *e);
 
-/* Like jdt_autodiff_grad; with remat_blocks, the backward pass of every marked block
- * (jdt_graph_set_block) reads a recomputed copy of that block's forward nodes, built from the
- * block's inputs just before its backward, instead of the forward activations: only the
- * activations at block boundaries stay alive from forward to backward (the memory plan frees
- * the rest), for about one more forward pass of compute. Results are the same values. */
+/* What the backward pass of a marked block (jdt_graph_set_block) reads of its forward. */
+typedef enum {
+    JDT_AD_REMAT_NONE = 0, /* the forward's activations, kept alive until the backward */
+    /* a recomputed copy of the block's forward nodes, built from the block's inputs just before
+     * its backward: only the activations at block boundaries stay alive from forward to
+     * backward (the memory plan frees the rest), for about one more forward pass of compute */
+    JDT_AD_REMAT_BLOCK = 1,
+    /* the outputs of the GEMMs, attentions and collectives kept (JAX's checkpoint_dots, MaxText's
+     * remat_policy "minimal"); everything between them (norms, activations, residual adds,
+     * casts) recomputed from those and the block's inputs just before the block's backward:
+     * the expensive results stay, the cheap elementwise ones die after their forward use */
+    JDT_AD_REMAT_DOTS = 2,
+} jdt_ad_remat;
+
+/* Like jdt_autodiff_grad, with the marked blocks' backward reading their forward as remat says.
+ * Results are the same values. */
 jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
-                                jdt_tensor *const *params, jdt_tensor **grads, bool remat_blocks,
+                                jdt_tensor *const *params, jdt_tensor **grads, jdt_ad_remat remat,
                                 jdt_err *e);
 
 #endif /* JDT_AUTODIFF_H */

@@ -20,6 +20,8 @@ typedef enum {
     JDT_COMPILE_REMAT_NONE = 0,  /* keep every forward activation for the backward pass */
     JDT_COMPILE_REMAT_BLOCK = 1, /* the train step was differentiated with per-block recompute
                                    (jdt_autodiff_grad_ex); the compiler keeps the copies */
+    JDT_COMPILE_REMAT_DOTS = 2,  /* the same, the GEMMs', attentions' and collectives' outputs
+                                   kept (JDT_AD_REMAT_DOTS) */
 } jdt_compile_remat;
 
 /* Asynchronous collectives (the start/wait halves of a jdt_collective_fn call, same arguments

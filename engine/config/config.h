@@ -32,7 +32,7 @@ typedef enum { JDT_OPTIM_ADAMW, JDT_OPTIM_SGD } jdt_optim_type;
 typedef enum { JDT_SCHED_CONSTANT, JDT_SCHED_COSINE, JDT_SCHED_LINEAR } jdt_lr_schedule;
 typedef enum { JDT_NAN_STOP, JDT_NAN_SKIP } jdt_nan_policy;
 typedef enum { JDT_BACKEND_CPU, JDT_BACKEND_CUDA } jdt_backend;
-typedef enum { JDT_REMAT_NONE, JDT_REMAT_BLOCK } jdt_remat;
+typedef enum { JDT_REMAT_NONE, JDT_REMAT_BLOCK, JDT_REMAT_DOTS } jdt_remat;
 
 /* The mesh axes, in the order of the device mesh (outermost first). */
 typedef enum { JDT_MESH_DATA, JDT_MESH_FSDP, JDT_MESH_TENSOR, JDT_MESH_AXIS_COUNT } jdt_mesh_axis;

@@ -30,7 +30,7 @@ static const int V_COMPUTE[] = {JDT_DTYPE_F32, JDT_DTYPE_BF16};
 static const char *const C_PARAMS[] = {"f32", NULL};
 static const int V_PARAMS[] = {JDT_DTYPE_F32};
 static const char *const C_BACKEND[] = {"cpu", "cuda", NULL};
-static const char *const C_REMAT[] = {"none", "block", NULL};
+static const char *const C_REMAT[] = {"none", "block", "dots", NULL};
 
 #define OFF(field) offsetof(jdt_config, field)
 #define K_INT(p, f, lo, hi, d, doc) {p, JDT_CONFIG_INT, OFF(f), lo, hi, false, NULL, NULL, d, doc}
@@ -139,7 +139,7 @@ static const jdt_config_key KEYS[] = {
     K_STR("runtime.cache_dir", runtime.cache_dir, "", "JIT kernel cache (\"\" = ~/.cache/jdt-train)"),
     K_INT("runtime.cache_max_mb", runtime.cache_max_mb, 0, 16777216, "1024", "JIT cache size bound in MiB, least recently used entries pruned (0 = unbounded)"),
     K_BOOL("runtime.jit", runtime.jit, "true", "compile fused kernels (false = reference interpreter)"),
-    K_ENUM("runtime.remat", runtime.remat, C_REMAT, "none", "recompute activations in backward: none or per block"),
+    K_ENUM("runtime.remat", runtime.remat, C_REMAT, "none", "recompute activations in backward: none, per block, or all but the GEMMs' and attentions' outputs (dots)"),
     K_BOOL("runtime.overlap_comm", runtime.overlap_comm, "true", "run collectives under compute (start/wait: the CPU's communication thread, NCCL's own stream on CUDA); false = blocking, in graph order"),
     K_INT("runtime.bucket_mb", runtime.bucket_mb, 0, 4096, "4", "coalesce gradient all-reduces and reduce-scatters, and FSDP weight all-gathers, into buckets of this many MiB (0 = one call per tensor)"),
     K_INT("runtime.prefetch_mb", runtime.prefetch_mb, 0, 1048576, "8", "FSDP weight all-gathers issued ahead of their use while the gathered MiB in flight fit this budget (0 = one call ahead only)"),

@@ -633,8 +633,9 @@ void jdt_train_compile_opts(const jdt_config *cfg, jdt_compile_opts *o)
         cfg->runtime.cache_max_mb > 0 ? (int64_t)cfg->runtime.cache_max_mb << 20 : -1;
     o->cc = cfg->runtime.cc[0] ? cfg->runtime.cc : NULL;
     o->cflags = cfg->runtime.cflags[0] ? cfg->runtime.cflags : NULL;
-    o->remat =
-        cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK : JDT_COMPILE_REMAT_NONE;
+    o->remat = cfg->runtime.remat == JDT_REMAT_DOTS    ? JDT_COMPILE_REMAT_DOTS
+               : cfg->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK
+                                                       : JDT_COMPILE_REMAT_NONE;
 }
 
 void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes)

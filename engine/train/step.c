@@ -350,7 +350,10 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     const double seed = jdt_shard_loss_seed(&s->mesh, &s->loss_place);
     jdt_tensor *objective = seed == 1.0 ? s->m_main.loss : jdt_graph_mul_scalar(g, s->m_main.loss, seed);
     st = jdt_autodiff_grad_ex(g, objective, n, P, G,
-                              s->o.copts.remat == JDT_COMPILE_REMAT_BLOCK, e);
+                              s->o.copts.remat == JDT_COMPILE_REMAT_DOTS    ? JDT_AD_REMAT_DOTS
+                              : s->o.copts.remat == JDT_COMPILE_REMAT_BLOCK ? JDT_AD_REMAT_BLOCK
+                                                                            : JDT_AD_REMAT_NONE,
+                              e);
     if (st != JDT_OK) return jdt_err_prefix(e, "differentiating the model");
     s->out_loss = jdt_graph_add_output(g, global_loss(s, g, s->m_main.loss, &s->loss_place));
 

@@ -6,7 +6,8 @@
 # bf16 activations (GEMMs storing bf16 outputs; also under tensor=2), cuDNN's attention through the
 # emulator's cuDNN (GPT-2's and Llama's layers, grouped-query attention with and without biases, and under tensor=2;
 # by trial against our kernels, the default, where a cuDNN planted 10% off is refused),
-# and bf16 under runtime.remat: block on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
+# GEMM autotuning with its picks remembered (the default), bf16 under runtime.remat: block and
+# dots (and dots' planned memory for GPT-2) on one GPU, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL through shared
 # memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters bit for bit
 # those of one call per tensor and of blocking collectives; a run resumed from a checkpoint written from device memory continues the uninterrupted
 # run's losses exactly; a step that does not fit the GPU's memory is one clear line, exit 1.
@@ -197,6 +198,25 @@ JDT_CUDAEMU_SLOW_ALGO=0 JDT_CUDA_AUTOTUNE=auto run "$EMU" "$TMP/gpu16g2" "${C[@]
 cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16g2/tiny/metrics.jsonl") ||
   fail "JDT_CUDA_AUTOTUNE=auto: the remembered picks gave other losses"
 echo "emulated GPU, bf16: JDT_CUDA_AUTOTUNE=auto times $tuned GEMM plans once and remembers each pick; a second run times none and takes them; both runs' losses those of =0 bit for bit"
+# runtime.remat: dots (docs/autodiff.md): the blocks' GEMMs and attentions kept, the norms,
+# activations and residual adds recomputed before each block's backward. With bf16 activations
+# the forward differs from remat none's only where a kept GEMM's output is also read by a
+# recomputed residual add (its fold into the GEMM is then not taken): bf16 noise, seen 1.6e-5.
+# GPT-2 at check.sh's B 32, planned without a GPU: the train arena at most 0.8 of none's.
+run "$EMU" "$TMP/gpu16dots" "${C[@]}" runtime.backend=cuda precision.compute=bf16 \
+  precision.activations=bf16 runtime.remat=dots
+compare "$TMP/gpu16a/tiny/metrics.jsonl" "$TMP/gpu16dots/tiny/metrics.jsonl" "emulated GPU, bf16, remat dots" 1e-4 ||
+  fail "bf16 losses differ under runtime.remat=dots"
+G2=(configs/gpt2-124m.yaml model.vocab_size=50257 data.format=synthetic data.batch_size=32 data.micro_batch_size=32
+  mesh.data=1 mesh.fsdp=1 precision.compute=bf16 precision.activations=bf16 runtime.backend=cuda)
+for r in none dots; do
+  "$EMU" inspect "${G2[@]}" runtime.remat=$r >"$TMP/insp-$r" 2>&1 || { cat "$TMP/insp-$r"; fail "inspect gpt2 runtime.remat=$r"; }
+done
+arena() { sed -nE 's/^ *activations +([0-9.]+) GiB +arena of the train-step program.*/\1/p' "$1"; }
+a_none=$(arena "$TMP/insp-none"); a_dots=$(arena "$TMP/insp-dots")
+awk -v a="$a_none" -v b="$a_dots" 'BEGIN { exit !(a > 0 && b > 0 && b <= 0.8 * a) }' ||
+  { cat "$TMP/insp-none" "$TMP/insp-dots"; fail "runtime.remat=dots: GPT-2's train arena $a_dots GiB against $a_none without remat"; }
+echo "GPT-2 B=32 on CUDA, planned: train arena $a_none GiB without remat, $a_dots GiB with runtime.remat: dots"
 # Llama's layer (RMSNorm, RoPE, SwiGLU, no biases) on the emulated GPU against the CPU, then
 # with cuDNN's attention: without biases the attention backward forms no partial sums (passes.c
 # fold_attention_cotangents), so cuDNN serves the backward too, RoPE's backward applied to its

@@ -534,14 +534,15 @@ static jdt_status check_fits(cuda_dev *cd, const cprog *c, int64_t program_bytes
     fmt_gib(s_leaf, sizeof s_leaf, (double)leaf_bytes);
     fmt_gib(s_free, sizeof s_free, (double)free_b);
     fmt_gib(s_total, sizeof s_total, (double)total_b);
-    return jdt_err_set(
-        e, JDT_ERR_NOMEM,
-        "cuda: the compiled step needs %s of GPU memory but %s of %s is free on "
-        "%s (program %s, of which %s activations/intermediates; parameters and "
-        "optimizer state %s; %lld MiB reserve, JDT_CUDA_RESERVE_MB): use a smaller "
-        "data.micro_batch_size (gradient accumulation keeps data.batch_size)%s",
-        s_need, s_free, s_total, cd->name, s_prog, s_arena, s_leaf, (long long)(reserve >> 20),
-        c->opts.remat ? ", or more fsdp ranks (mesh.fsdp)" : ", or runtime.remat: block");
+    return jdt_err_set(e, JDT_ERR_NOMEM,
+                       "cuda: the compiled step needs %s of GPU memory but %s of %s is free on "
+                       "%s (program %s, of which %s activations/intermediates; parameters and "
+                       "optimizer state %s; %lld MiB reserve, JDT_CUDA_RESERVE_MB): use a smaller "
+                       "data.micro_batch_size (gradient accumulation keeps data.batch_size)%s",
+                       s_need, s_free, s_total, cd->name, s_prog, s_arena, s_leaf,
+                       (long long)(reserve >> 20),
+                       c->opts.remat == JDT_COMPILE_REMAT_BLOCK ? ", or more fsdp ranks (mesh.fsdp)"
+                                                                : ", or runtime.remat: block");
 }
 
 static void cuda_release(void *state)
