@@ -41,13 +41,13 @@ void jdt_train_mem_estimate(const jdt_config *c, int64_t micro_batch, const jdt_
         double per_layer = act_floats_per_token_layer(c, tp);
         /* remat block: only each block's input is kept, plus one block recomputed at a time;
          * dots: the block's input, q/k/v, the attention's output, its projection and the MLP's
-         * pre-activation (the GEMMs' outputs) kept, the rest recomputed a block at a time */
+         * pre-activation (the GEMMs' outputs) kept, plus the rest of one block recomputed */
         double dots = c->model.n_embd +
                       (5.0 * c->model.n_embd + (double)jdt_config_mlp_dim(c)) / tp;
         double layers = c->runtime.remat == JDT_REMAT_BLOCK
                             ? (double)c->model.n_layer * c->model.n_embd + per_layer
                         : c->runtime.remat == JDT_REMAT_DOTS
-                            ? (double)c->model.n_layer * dots + per_layer
+                            ? (double)c->model.n_layer * dots + (per_layer - dots)
                             : (double)c->model.n_layer * per_layer;
         /* logits and their gradient */
         m->act_bytes = tokens * f * (layers + 2.0 * c->model.vocab_size);

@@ -200,8 +200,9 @@ cmp -s <(losses "$TMP/gpu16a/tiny/metrics.jsonl") <(losses "$TMP/gpu16g2/tiny/me
 echo "emulated GPU, bf16: JDT_CUDA_AUTOTUNE=auto times $tuned GEMM plans once and remembers each pick; a second run times none and takes them; both runs' losses those of =0 bit for bit"
 # runtime.remat: dots (docs/autodiff.md): the blocks' GEMMs and attentions kept, the norms,
 # activations and residual adds recomputed before each block's backward. With bf16 activations
-# the forward differs from remat none's only where a kept GEMM's output is also read by a
-# recomputed residual add (its fold into the GEMM is then not taken): bf16 noise, seen 1.6e-5.
+# the forward differs from remat none's where a kept GEMM's output has a second, recomputed
+# reader, so a fold into the GEMM (the GELU epilogue, a residual add) is not taken: bf16
+# roundings, seen 1.6e-5.
 # GPT-2 at check.sh's B 32, planned without a GPU: the train arena at most 0.8 of none's.
 run "$EMU" "$TMP/gpu16dots" "${C[@]}" runtime.backend=cuda precision.compute=bf16 \
   precision.activations=bf16 runtime.remat=dots

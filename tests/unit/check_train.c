@@ -206,48 +206,63 @@ START_TEST(test_init_is_deterministic_by_name)
 }
 END_TEST
 
+/* Trains the 4-block model with overrides over[0..n) plus runtime.remat none, block and dots
+ * (each compiled, and dots and block also interpreted): the same losses, within 1e-6 compiled
+ * and 1e-4 interpreted, and smaller planned arenas; the arenas in arena[3] (none, dots, block). */
+static void remat_case(const char *what, char **over, int n, int64_t arena[3])
+{
+    char *args[12];
+    ck_assert_int_le(n, 11);
+    for (int i = 0; i < n; i++)
+        args[i] = over[i];
+    static const char *const modes[3] = {"runtime.remat=none", "runtime.remat=dots",
+                                         "runtime.remat=block"};
+    double l0[3];
+    for (int m = 0; m < 3; m++) {
+        jdt_config c;
+        args[n] = (char *)modes[m];
+        load(&c, n + 1, args);
+        double l[3], li[3];
+        run_steps(&c, true, 4, 3, m == 0 ? l0 : l);
+        arena[m] = g_last_arena;
+        if (m > 0) {
+            run_steps(&c, false, 4, 3, li);
+            for (int k = 0; k < 3; k++) {
+                ck_assert_msg(fabs(l0[k] - l[k]) <= 1e-6 * fabs(l0[k]),
+                              "%s, %s step %d: %.9f vs %.9f", what, modes[m], k, l0[k], l[k]);
+                ck_assert_msg(fabs(li[k] - l[k]) <= 1e-4 * fabs(li[k]),
+                              "%s, %s step %d: interp %.9f vs %.9f", what, modes[m], k, li[k],
+                              l[k]);
+            }
+        }
+        jdt_config_free(&c);
+    }
+    printf("remat, %s: planned arena none %lld, dots %lld, block %lld bytes\n", what,
+           (long long)arena[0], (long long)arena[1], (long long)arena[2]);
+    /* block keeps only each block's input; dots more, and less than none */
+    ck_assert_msg(arena[2] < arena[1] && arena[1] < arena[0], "%s: arenas not in order", what);
+}
+
 START_TEST(test_remat_same_losses_less_memory)
 {
-    /* 4 blocks, T=32: per-block recompute, and recompute of all but the GEMMs' and attentions'
-     * outputs (dots), must give the same losses (same kernels, same order of float operations
-     * per value) with a smaller planned arena of intermediates; the interpreter agrees */
-    char *base[] = {"model.n_layer=4", "model.seq_len=32", "model.dropout=0.1", "runtime.remat=none"};
-    static const char *const modes[2] = {"runtime.remat=block", "runtime.remat=dots"};
-    jdt_config a;
-    load(&a, JDT_ARRAY_LEN(base), base);
-    double la[3];
-    run_steps(&a, true, 4, 3, la);
-    const int64_t arena_a = g_last_arena;
-    int64_t arena[2];
-    for (int m = 0; m < 2; m++) {
-        jdt_config b;
-        base[3] = (char *)modes[m];
-        load(&b, JDT_ARRAY_LEN(base), base);
-        double lb[3], li[3];
-        run_steps(&b, true, 4, 3, lb);
-        arena[m] = g_last_arena;
-        run_steps(&b, false, 4, 3, li);
-        for (int k = 0; k < 3; k++) {
-            ck_assert_msg(fabs(la[k] - lb[k]) <= 1e-6 * fabs(la[k]), "%s step %d: %.9f vs %.9f",
-                          modes[m], k, la[k], lb[k]);
-            ck_assert_msg(fabs(li[k] - lb[k]) <= 1e-4 * fabs(li[k]),
-                          "%s step %d: interp %.9f vs %.9f", modes[m], k, li[k], lb[k]);
-        }
-        ck_assert_msg(arena[m] < arena_a, "%s: arena %lld not below %lld", modes[m],
-                      (long long)arena[m], (long long)arena_a);
-        jdt_config_free(&b);
-    }
-    /* dots keeps more than the block's input: between the two. It must drop the norms'
-     * outputs, the mid-block residual and the MLP's activation, about a third here (0.68 of
-     * none's arena when written); kept GEMMs reading the forward's copies instead of the
-     * recomputed ones left 0.93 */
-    ck_assert_msg(arena[0] < arena[1], "remat block's arena %lld not below dots' %lld",
-                  (long long)arena[0], (long long)arena[1]);
-    ck_assert_msg((double)arena[1] < 0.8 * (double)arena_a, "remat dots' arena %lld not under 0.8 of %lld",
-                  (long long)arena[1], (long long)arena_a);
-    printf("remat: planned arena none %lld, dots %lld, block %lld bytes\n", (long long)arena_a,
-           (long long)arena[1], (long long)arena[0]);
-    jdt_config_free(&a);
+    /* 4 blocks, T=32, dropout: per-block recompute, and recompute of all but the GEMMs' and
+     * attentions' outputs (dots), give the losses of no remat (same kernels, same order of
+     * float operations per value) with smaller planned arenas. GPT-2's layer under AdamW, then
+     * Llama's (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases) under plain SGD
+     * without clipping, whose steps follow the gradients' scale too */
+    char *gpt[] = {"model.n_layer=4", "model.seq_len=32", "model.dropout=0.1"};
+    char *llama[] = {"model.n_layer=4", "model.seq_len=32", "model.dropout=0.1",
+                     "model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu",
+                     "model.bias=false", "model.n_kv_head=2", "optimizer.type=sgd",
+                     "optimizer.grad_clip=0", "optimizer.lr=0.05"};
+    int64_t a[3], b[3];
+    remat_case("GPT-2's layer", gpt, JDT_ARRAY_LEN(gpt), a);
+    remat_case("Llama's layer", llama, JDT_ARRAY_LEN(llama), b);
+    /* dots must drop the norms' outputs, the mid-block residual and the MLP's activation:
+     * GPT-2's arena 0.68 of none's when written; kept GEMMs reading the forward's copies of
+     * their inputs instead of the recomputed ones (a planted fault) left 0.93 */
+    ck_assert_msg((double)a[1] < 0.8 * (double)a[0], "GPT-2's layer: dots' arena %lld not under 0.8 of %lld",
+                  (long long)a[1], (long long)a[0]);
 }
 END_TEST
 
