@@ -217,15 +217,17 @@ static void remat_case(const char *what, char **over, int n, int64_t arena[3])
         args[i] = over[i];
     static const char *const modes[3] = {"runtime.remat=none", "runtime.remat=dots",
                                          "runtime.remat=block"};
-    double l0[3];
+    double l0[3] = {0, 0, 0};
     for (int m = 0; m < 3; m++) {
         jdt_config c;
         args[n] = (char *)modes[m];
         load(&c, n + 1, args);
-        double l[3], li[3];
-        run_steps(&c, true, 4, 3, m == 0 ? l0 : l);
+        double l[3] = {0, 0, 0}, li[3] = {0, 0, 0};
+        run_steps(&c, true, 4, 3, l);
         arena[m] = g_last_arena;
-        if (m > 0) {
+        if (m == 0) {
+            memcpy(l0, l, sizeof l0);
+        } else {
             run_steps(&c, false, 4, 3, li);
             for (int k = 0; k < 3; k++) {
                 ck_assert_msg(fabs(l0[k] - l[k]) <= 1e-6 * fabs(l0[k]),
