@@ -60,7 +60,7 @@ static void clone_block(jdt_graph *g, int n, int block, jdt_ad_remat remat, cons
 
 /* JDT_AD_REMAT_DOTS: a kept node's VJP reads the recomputed copies of its inputs (the same
  * values), so the forward's copies die after their forward use. Swaps node's inputs that have
- * copies; returns the mask of swapped inputs (restored by clone_restore). */
+ * copies; returns the mask of swapped inputs (restored by inputs_restore). */
 static unsigned clone_swap(jdt_tensor *node, int n, jdt_tensor **clone, jdt_tensor **saved)
 {
     unsigned swapped = 0;
@@ -74,7 +74,8 @@ static unsigned clone_swap(jdt_tensor *node, int n, jdt_tensor **clone, jdt_tens
     return swapped;
 }
 
-static void clone_restore(jdt_tensor *node, unsigned swapped, jdt_tensor **saved)
+/* Undoes clone_swap or regather_swap: node's inputs in the mask swapped back to saved's. */
+static void inputs_restore(jdt_tensor *node, unsigned swapped, jdt_tensor **saved)
 {
     for (int k = 0; k < node->n_inputs; k++)
         if (swapped & (1u << k)) node->inputs[k] = saved[k];
@@ -94,7 +95,7 @@ static bool is_param_gather(const jdt_tensor *t)
  * all-gathered parameter to propagate the cotangent to its other operand reads a fresh gather
  * instead, made (once per gather) where the backward needs it, so the forward's gathered copy
  * dies after its forward use instead of living until the backward. Swaps node's inputs to the
- * re-gathered copies (restored by regather_restore); returns the mask of swapped inputs. */
+ * re-gathered copies (restored by inputs_restore); returns the mask of swapped inputs. */
 static unsigned regather_swap(jdt_graph *g, jdt_tensor *node, const bool *need,
                               jdt_tensor **regather, jdt_tensor **saved)
 {
@@ -117,12 +118,6 @@ static unsigned regather_swap(jdt_graph *g, jdt_tensor *node, const bool *need,
         swapped |= 1u << k;
     }
     return swapped;
-}
-
-static void regather_restore(jdt_tensor *node, unsigned swapped, jdt_tensor **saved)
-{
-    for (int k = 0; k < 2; k++)
-        if (swapped & (1u << k)) node->inputs[k] = saved[k];
 }
 
 jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
@@ -229,8 +224,8 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
         jdt_tensor *saved[2] = {NULL, NULL};
         const unsigned swapped = regather_swap(g, node, need, regather, saved);
         info->vjp(g, node, ct[i], need, dx);
-        regather_restore(node, swapped, saved);
-        clone_restore(node, cloned_in, kept_in);
+        inputs_restore(node, swapped, saved);
+        inputs_restore(node, cloned_in, kept_in);
         if ((st = jdt_graph_error(g, e)) != JDT_OK) {
             jdt_err_prefix(e, "autodiff: VJP of '%s' (node %d)", info->name, i);
             goto out;

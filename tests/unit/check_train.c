@@ -31,6 +31,14 @@ static void load(jdt_config *c, int n_over, char **over)
     ck_assert_msg(st == JDT_OK, "config: %s", e.msg);
 }
 
+/* The compiler's remat for c's runtime.remat, as training maps it (jdt_train_compile_opts). */
+static jdt_compile_remat copts_remat(const jdt_config *c)
+{
+    jdt_compile_opts o;
+    jdt_train_compile_opts(c, &o);
+    return o.remat;
+}
+
 START_TEST(test_param_count_matches_config)
 {
     char *variants[][4] = {
@@ -89,9 +97,7 @@ static void run_steps(jdt_config *c, bool jit, int micro, int n_steps, double *l
     jdt_compile_opts_init(&o.copts);
     o.copts.cache_dir = cache;
     o.copts.threads = 1;
-    o.copts.remat = c->runtime.remat == JDT_REMAT_DOTS    ? JDT_COMPILE_REMAT_DOTS
-                    : c->runtime.remat == JDT_REMAT_BLOCK ? JDT_COMPILE_REMAT_BLOCK
-                                                          : JDT_COMPILE_REMAT_NONE;
+    o.copts.remat = copts_remat(c);
     jdt_step *s = NULL;
     jdt_err e;
     jdt_status st = jdt_step_new(c, &o, &s, &e);
@@ -520,9 +526,7 @@ static int64_t planned_arena(const char *prec, const char *remat, bool no_storag
     o.plan_only = true;
     jdt_compile_opts_init(&o.copts);
     o.copts.threads = 1;
-    o.copts.remat = strcmp(remat, "dots") == 0    ? JDT_COMPILE_REMAT_DOTS
-                    : strcmp(remat, "block") == 0 ? JDT_COMPILE_REMAT_BLOCK
-                                                  : JDT_COMPILE_REMAT_NONE;
+    o.copts.remat = copts_remat(&c);
     o.copts.no_bf16_storage = no_storage;
     jdt_step *s = NULL;
     jdt_err e;

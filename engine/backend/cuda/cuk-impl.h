@@ -271,6 +271,13 @@ void jdt_cuk_colsum_part_bf16(jdt_cuk *k, const uint16_t *x, float *part, int64_
  * version and the call's shape. */
 uint64_t jdt_cuk_build_id(void);
 uint64_t jdt_cuk_pick_key(const jdt_cuk *k, const char *kind);
+/* jdt_cuk_pick_read: the entry (key, kind) as text in buf (at most n - 1 bytes, NUL-ended);
+ * false when there is none, or no cache or build ID (nothing is remembered then).
+ * jdt_cuk_pick_write stores text there (atomically, no size bound); a failure is said once per
+ * *said flag, naming what ("the attention's verdict"). Best effort: nothing fails. */
+bool jdt_cuk_pick_read(const jdt_cuk *k, uint64_t key, const char *kind, char *buf, size_t n);
+void jdt_cuk_pick_write(const jdt_cuk *k, uint64_t key, const char *kind, const char *text,
+                        const char *what, bool *said);
 
 /* Destroys the cuDNN handle and plans (cuk_cudnn.c). */
 void jdt_cuk_dnn_free(jdt_cuk *k);

@@ -412,6 +412,33 @@ uint64_t jdt_cuk_pick_key(const jdt_cuk *k, const char *kind)
                         (uint64_t)k->pick_salt);
 }
 
+bool jdt_cuk_pick_read(const jdt_cuk *k, uint64_t key, const char *kind, char *buf, size_t n)
+{
+    unsigned char *b = NULL;
+    size_t len = 0;
+    if (n == 0 || !k->cache_dir[0] || !jdt_cuk_build_id() ||
+        !jdt_compile_cache_get(k->cache_dir, key, kind, &b, &len))
+        return false;
+    const size_t m = len < n - 1 ? len : n - 1;
+    memcpy(buf, b, m);
+    buf[m] = '\0';
+    jdt_free(b);
+    return true;
+}
+
+void jdt_cuk_pick_write(const jdt_cuk *k, uint64_t key, const char *kind, const char *text,
+                        const char *what, bool *said)
+{
+    if (!k->cache_dir[0] || !jdt_cuk_build_id()) return;
+    jdt_err e;
+    jdt_err_clear(&e);
+    if (jdt_compile_cache_put(k->cache_dir, key, kind, text, strlen(text), -1, &e) != JDT_OK &&
+        !*said) {
+        *said = true;
+        JDT_INFO("cuda: %s is not remembered: %s", what, e.msg);
+    }
+}
+
 jdt_status jdt_cuk_init(int device, const char *cache_dir, jdt_cuk **out, jdt_err *e)
 {
     *out = NULL;

@@ -34,7 +34,6 @@
  * CI proves that an engine takes each graph and that its kernels compile.
  */
 #include "backend/cuda/cuk-impl.h"
-#include "compile/compile.h"
 
 #include <dlfcn.h>
 #include <float.h>
@@ -1348,30 +1347,21 @@ static uint64_t verdict_key(const jdt_cuk *k, const int64_t key[8])
 /* The remembered verdict of key into *pick; false when there is none (or no cache). */
 static bool verdict_get(const jdt_cuk *k, const int64_t key[8], int *pick)
 {
-    unsigned char *b = NULL;
-    size_t n = 0;
-    if (!k->cache_dir[0] || k->att_trial_force || !jdt_cuk_build_id() ||
-        !jdt_compile_cache_get(k->cache_dir, verdict_key(k, key), "attpick", &b, &n))
+    char v[8];
+    if (k->att_trial_force || !jdt_cuk_pick_read(k, verdict_key(k, key), "attpick", v, sizeof v) ||
+        (v[0] != '0' && v[0] != '1'))
         return false;
-    const bool ok = n >= 1 && (b[0] == '0' || b[0] == '1');
-    if (ok) *pick = b[0] == '1';
-    jdt_free(b);
-    return ok;
+    *pick = v[0] == '1';
+    return true;
 }
 
 /* Remembers a settled verdict (best effort: a cache that cannot be written is said once). */
 static void verdict_put(jdt_cuk *k, const int64_t key[8], int pick)
 {
-    if (!k->cache_dir[0] || k->att_trial_force || !jdt_cuk_build_id()) return;
-    jdt_err e;
-    jdt_err_clear(&e);
-    const char *v = pick ? "1 cuDNN's\n" : "0 jdt-train's kernels\n";
-    if (jdt_compile_cache_put(k->cache_dir, verdict_key(k, key), "attpick", v, strlen(v), -1, &e) !=
-            JDT_OK &&
-        !k->att_put_said) {
-        k->att_put_said = true;
-        JDT_INFO("cuda: attention: the verdict is not remembered: %s", e.msg);
-    }
+    if (k->att_trial_force) return;
+    jdt_cuk_pick_write(k, verdict_key(k, key), "attpick",
+                       pick ? "1 cuDNN's\n" : "0 jdt-train's kernels\n", "the attention's verdict",
+                       &k->att_put_said);
 }
 
 /* The verdict for c: true when its outputs were written here (cuDNN's kept, or the trial). */

@@ -19,7 +19,6 @@
  * epilogue adding it in f32 before the rounding.
  */
 #include "backend/cuda/cuk-impl.h"
-#include "compile/compile.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,16 +110,8 @@ static void pick_keep(jdt_cuk *k, const jdt_cuk_plan *p)
 /* Takes p's remembered pick, if any and still offered: p->algo, no timing (n_cand 0). */
 static void pick_get(jdt_cuk *k, jdt_cuk_plan *p)
 {
-    unsigned char *b = NULL;
-    size_t n = 0;
-    if (!k->cache_dir[0] || !jdt_cuk_build_id() ||
-        !jdt_compile_cache_get(k->cache_dir, pick_key(k, p), "gemmpick", &b, &n))
-        return;
     char v[64];
-    const size_t m = n < sizeof v - 1 ? n : sizeof v - 1;
-    memcpy(v, b, m);
-    v[m] = '\0';
-    jdt_free(b);
+    if (!jdt_cuk_pick_read(k, pick_key(k, p), "gemmpick", v, sizeof v)) return;
     char *end = v, *end2 = v;
     const long i = strtol(v, &end, 10);
     const unsigned long long h = end > v && *end == ' ' ? strtoull(end + 1, &end2, 16) : 0;
@@ -142,17 +133,10 @@ static void pick_get(jdt_cuk *k, jdt_cuk_plan *p)
  * once). */
 static void pick_put(jdt_cuk *k, const jdt_cuk_plan *p, int i)
 {
-    if (!k->cache_dir[0] || !jdt_cuk_build_id()) return;
     char v[64];
     snprintf(v, sizeof v, "%d %llx\n", i, (unsigned long long)algo_hash(&p->cand[i]));
-    jdt_err e;
-    jdt_err_clear(&e);
-    if (jdt_compile_cache_put(k->cache_dir, pick_key(k, p), "gemmpick", v, strlen(v), -1, &e) !=
-            JDT_OK &&
-        !k->gemm_put_said) {
-        k->gemm_put_said = true;
-        JDT_INFO("cuda: GEMM algorithm picks are not remembered: %s", e.msg);
-    }
+    jdt_cuk_pick_write(k, pick_key(k, p), "gemmpick", v, "a GEMM's algorithm pick",
+                       &k->gemm_put_said);
 }
 
 /* A column-major layout of type dt, rows x cols with leading dimension ld, batched with
