@@ -521,8 +521,11 @@ static void print_summary(const jdt_config *c, FILE *f)
     fprintf(f, "runtime     %s, threads %s", jdt_config_choice_name("runtime.backend", (int)c->runtime.backend),
             c->runtime.threads ? "" : "auto");
     if (c->runtime.threads) fprintf(f, "%d", c->runtime.threads);
-    fprintf(f, ", %s, remat %s\n", c->runtime.jit ? "jit" : "interpreter",
+    fprintf(f, ", %s, remat %s", c->runtime.jit ? "jit" : "interpreter",
             jdt_config_choice_name("runtime.remat", (int)c->runtime.remat));
+    if (c->runtime.loss_chunks > 1 && c->model.type == JDT_MODEL_GPT)
+        fprintf(f, ", loss in %d slices of the sequence", c->runtime.loss_chunks);
+    fputc('\n', f);
 }
 
 static int cmd_inspect(const subcommand *cmd, cli_args *a)

@@ -93,10 +93,65 @@ static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t
 
 /* The head's logits: bf16 under precision.activations: bf16, read by the loss as f32 (the
  * compiler lets a backend's cross-entropy read the bf16 values directly). */
-static jdt_tensor *head_logits(builder *b, jdt_tensor *x, jdt_tensor *w, bool tb)
+/* x (rows, C) times the head's weight operand wg (gemm_weight's: (V, C) tied, tb, else (C, V)) */
+static jdt_tensor *head_logits(builder *b, jdt_tensor *x, jdt_tensor *wg, bool tb)
 {
-    jdt_tensor *y = jdt_graph_matmul(b->g, x, gemm_weight(b, w), false, tb);
+    jdt_tensor *y = jdt_graph_matmul(b->g, x, wg, false, tb);
     return b->bf16_out ? as_f32(b->g, jdt_graph_cast(b->g, y, JDT_DTYPE_BF16)) : y;
+}
+
+/* The concatenation of n tensors along axis, in groups of at most JDT_MAX_INPUTS. */
+static jdt_tensor *concat_all(jdt_graph *g, int n, jdt_tensor **xs, int axis)
+{
+    while (n > 1) {
+        int m = 0;
+        for (int i = 0; i < n; i += JDT_MAX_INPUTS) {
+            int k = n - i < JDT_MAX_INPUTS ? n - i : JDT_MAX_INPUTS;
+            xs[m++] = k == 1 ? xs[i] : jdt_graph_concat(g, k, xs + i, axis);
+        }
+        n = m;
+    }
+    return xs[0];
+}
+
+/*
+ * The loss from the final norm's output hn (B, T, C): the mean cross-entropy of the head's
+ * logits. With chunks > 1 (runtime.loss_chunks) the head and the cross-entropy run on that many
+ * slices of the sequence, each slice's rows (B, T/chunks) on their own (B * T/chunks, V) logits,
+ * and the per-token losses are concatenated before the mean: the same values, and the compiler
+ * (passes.c hoist_loss_backwards) runs each slice's backward right after its forward, so one
+ * slice's logits are live at a time instead of all N rows'. m->logits is then NULL.
+ */
+static void gpt_loss(builder *b, jdt_tensor *hn, jdt_tensor *w, bool tb, int64_t B, int chunks)
+{
+    jdt_graph *g = b->g;
+    jdt_model *m = b->m;
+    const int64_t T = hn->shape.dims[1], C = hn->shape.dims[2], N = B * T;
+    const int64_t n1[1] = {N};
+    if (chunks <= 1) {
+        const int64_t nc[2] = {N, C};
+        jdt_tensor *x = jdt_graph_reshape(g, hn, 2, nc);
+        m->logits = head_logits(b, x, gemm_weight(b, w), tb); /* (N, V) */
+        jdt_tensor *tgt = jdt_graph_reshape(g, m->y, 1, n1);
+        m->loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, m->logits, tgt), 1u, false);
+        return;
+    }
+    jdt_tensor *wg = gemm_weight(b, w); /* one bf16 copy read by every slice's GEMMs */
+    jdt_tensor **rows = jdt_graph_alloc(g, (size_t)chunks * sizeof *rows);
+    if (!rows) {
+        b->oom = true;
+        return;
+    }
+    for (int k = 0; k < chunks; k++) {
+        const int64_t lo = T * k / chunks, hi = T * (k + 1) / chunks, r = B * (hi - lo);
+        const int64_t rc[2] = {r, C}, r1[1] = {r}, bs[2] = {B, hi - lo};
+        jdt_tensor *x = jdt_graph_reshape(g, jdt_graph_slice(g, hn, 1, lo, hi), 2, rc);
+        jdt_tensor *t = jdt_graph_reshape(g, jdt_graph_slice(g, m->y, 1, lo, hi), 1, r1);
+        jdt_tensor *l = jdt_graph_softmax_xent(g, head_logits(b, x, wg, tb), t);
+        rows[k] = jdt_graph_reshape(g, l, 2, bs);
+    }
+    jdt_tensor *all = jdt_graph_reshape(g, concat_all(g, chunks, rows, 1), 1, n1);
+    m->loss = jdt_graph_reduce_mean(g, all, 1u, false);
 }
 
 /* norm over the last axis of x (..., C) with learned scale (and shift for layernorm+bias) */
@@ -133,7 +188,7 @@ static jdt_tensor *heads_first(jdt_graph *g, jdt_tensor *x)
     return jdt_graph_transpose(g, x, perm);
 }
 
-static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
+static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunks, jdt_err *e)
 {
     const jdt_config *cfg = b->cfg;
     jdt_graph *g = b->g;
@@ -224,18 +279,15 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, jdt_err *e)
     }
 
     jdt_graph_set_block(g, 0);
-    jdt_tensor *hf = jdt_graph_reshape(g, norm(b, h, "ln_f", C), 2, nc);
+    jdt_tensor *hn = norm(b, h, "ln_f", C); /* (B, T, C) */
     if (cfg->model.tie_embeddings) {
-        m->logits = head_logits(b, hf, wte, true); /* (N, V) */
+        gpt_loss(b, hn, wte, true, B, loss_chunks);
     } else {
         const int64_t cv[2] = {C, V};
         const char *cv_axes[2] = {"embed", "vocab"};
         jdt_tensor *head = add_param(b, "head", 2, cv, cv_axes, JDT_INIT_NORMAL, std, true);
-        m->logits = head_logits(b, hf, head, false);
+        gpt_loss(b, hn, head, false, B, loss_chunks);
     }
-    const int64_t n1[1] = {N};
-    jdt_tensor *tgt = jdt_graph_reshape(g, m->y, 1, n1);
-    m->loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, m->logits, tgt), 1u, false);
     (void)e;
     return JDT_OK;
 }
@@ -272,6 +324,12 @@ static jdt_status build_mlp(builder *b, int64_t B, jdt_err *e)
 jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
                            jdt_model *m, jdt_err *e)
 {
+    return jdt_model_build_ex(g, cfg, batch, training, 1, m, e);
+}
+
+jdt_status jdt_model_build_ex(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
+                              int loss_chunks, jdt_model *m, jdt_err *e)
+{
     memset(m, 0, sizeof *m);
     m->batch = batch;
     if (batch < 1) return jdt_err_set(e, JDT_ERR_CONFIG, "model: batch must be >= 1, got %lld", (long long)batch);
@@ -281,7 +339,7 @@ jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, b
                  .cast_weights = jdt_graph_bf16_weights(g),
                  .bf16_out = cfg->precision.activations == JDT_DTYPE_BF16};
     jdt_status st = cfg->model.type == JDT_MODEL_MLP ? build_mlp(&b, batch, e)
-                                                     : build_gpt(&b, batch, training, e);
+                                         : build_gpt(&b, batch, training, loss_chunks, e);
     if (st != JDT_OK) return st;
     if (b.oom) return jdt_err_set(e, JDT_ERR_NOMEM, "model: out of memory building the graph");
     st = jdt_graph_error(g, e);

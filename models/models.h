@@ -51,6 +51,12 @@ typedef struct {
 jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
                            jdt_model *m, jdt_err *e);
 
+/* jdt_model_build with the gpt's head and cross-entropy computed in loss_chunks slices of the
+ * sequence (runtime.loss_chunks; 1 <= loss_chunks <= T; 1 = jdt_model_build): the same loss,
+ * no (N, V) logits tensor (m->logits NULL when loss_chunks > 1). The mlp ignores it. */
+jdt_status jdt_model_build_ex(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
+                              int loss_chunks, jdt_model *m, jdt_err *e);
+
 /* Writes the initial value of p into data (numel floats): a pure function of (seed, p's name,
  * element index), so every process and every mesh draws the same initial weights. */
 void jdt_model_init_param(const jdt_model_param *p, uint64_t seed, float *data);

@@ -120,6 +120,69 @@ static unsigned regather_swap(jdt_graph *g, jdt_tensor *node, const bool *need,
     return swapped;
 }
 
+/* Is t a zero splat (a CONSTANT without data, every element 0)? */
+static bool zero_splat(const jdt_tensor *t)
+{
+    return t->op == JDT_OP_CONSTANT && !t->data && t->attrs.f[0] == 0.0;
+}
+
+/*
+ * The sum of two cotangents that are zero-padded slices of one tensor (vjp_SLICE's CONCATs of
+ * zeros and a part) along the same axis, their parts disjoint: one CONCAT of both parts with
+ * zeros between, instead of two full-size tensors and their add. The slices of runtime.
+ * loss_chunks (models.c gpt_loss) read the final norm's output in sequence slices; their dX
+ * would otherwise cost a full (B, T, C) tensor each, all live until their adds. The same values
+ * (x + 0 = x). NULL where it does not apply (more than JDT_MAX_INPUTS parts, overlaps).
+ */
+static jdt_tensor *merge_padded(jdt_graph *g, jdt_tensor *a, jdt_tensor *b)
+{
+    if (a->op != JDT_OP_CONCAT || b->op != JDT_OP_CONCAT || a->attrs.i[0] != b->attrs.i[0] ||
+        !jdt_shape_eq(&a->shape, &b->shape) || a->dtype != b->dtype)
+        return NULL;
+    const int ax = (int)a->attrs.i[0];
+    jdt_tensor *part[2 * JDT_MAX_INPUTS];
+    int64_t at[2 * JDT_MAX_INPUTS];
+    int np = 0;
+    for (int s = 0; s < 2; s++) { /* the data parts of both, with their offsets */
+        const jdt_tensor *c = s ? b : a;
+        int64_t off = 0;
+        for (int k = 0; k < c->n_inputs; k++) {
+            jdt_tensor *x = c->inputs[k];
+            if (!zero_splat(x)) {
+                part[np] = x;
+                at[np++] = off;
+            }
+            off += x->shape.dims[ax];
+        }
+    }
+    for (int i = 1; i < np; i++) /* by offset */
+        for (int j = i; j > 0 && at[j - 1] > at[j]; j--) {
+            jdt_tensor *t = part[j];
+            int64_t o = at[j];
+            part[j] = part[j - 1], at[j] = at[j - 1];
+            part[j - 1] = t, at[j - 1] = o;
+        }
+    jdt_tensor *in[JDT_MAX_INPUTS];
+    int n = 0;
+    int64_t off = 0;
+    const int64_t full = a->shape.dims[ax];
+    for (int i = 0; i <= np; i++) {
+        const int64_t next = i < np ? at[i] : full;
+        if (next < off) return NULL; /* overlapping parts */
+        if (next > off) {            /* zeros up to the next part */
+            jdt_shape z = a->shape;
+            z.dims[ax] = next - off;
+            if (n == JDT_MAX_INPUTS) return NULL;
+            in[n++] = jdt_graph_full(g, a->dtype, z.ndim, z.dims, 0.0);
+        }
+        if (i == np) break;
+        if (n == JDT_MAX_INPUTS) return NULL;
+        in[n++] = part[i];
+        off = at[i] + part[i]->shape.dims[ax];
+    }
+    return jdt_graph_concat(g, n, in, ax);
+}
+
 jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
                                 jdt_tensor *const *params, jdt_tensor **grads, jdt_ad_remat remat,
                                 jdt_err *e)
@@ -241,7 +304,8 @@ jdt_status jdt_autodiff_grad_ex(jdt_graph *g, jdt_tensor *loss, int n_params,
                                  info->name, i, k);
                 goto out;
             }
-            ct[in->id] = ct[in->id] ? jdt_graph_add(g, ct[in->id], dx[k]) : dx[k];
+            jdt_tensor *sum = ct[in->id] ? merge_padded(g, ct[in->id], dx[k]) : dx[k];
+            ct[in->id] = sum ? sum : jdt_graph_add(g, ct[in->id], dx[k]);
         }
     }
     for (int i = 0; i < n_params; i++) {

@@ -51,6 +51,8 @@ typedef struct {
     int64_t pitch; /* elements from one row (last axis) of its buffer to the next when more than
                       the row's length (fuse.c mark_pitched_rows: written and read by builtins
                       only); 0: rows back to back. Views: their root's (cnode_pitch) */
+    bool hoisted;  /* moved up to just after its inputs (passes.c hoist_loss_backwards): it runs
+                      there, so it joins no reader's fusion group (fuse.c joinable) */
 } cnode;
 
 typedef struct {

@@ -109,7 +109,7 @@ static bool group_add(cprog *c, const user_lists *u, int gi, int node)
 static int joinable(const cprog *c, const user_lists *u, int i)
 {
     const cnode *n = &c->nodes[i];
-    if (c->opts.no_fuse || u->start[i + 1] == u->start[i]) return -1;
+    if (c->opts.no_fuse || u->start[i + 1] == u->start[i] || n->hoisted) return -1;
     int gi = -1;
     for (int k = u->start[i]; k < u->start[i + 1]; k++) {
         const cnode *un = &c->nodes[u->users[k]];
@@ -261,10 +261,19 @@ static bool plain_gemm(const cprog *c, const cnode *m)
            (m->shape.ndim == 2 || (c->nodes[m->in[1]].shape.ndim == 2 && !m->attrs.i[0]));
 }
 
+/* A GEMM like plain_gemm's but adding its product to an input (attrs i[3], passes.c
+ * fold_addends: cuBLASLt's C with beta 1), such as one slice's head dW added to the slices'
+ * sum so far (runtime.loss_chunks): its a and b may have padded rows (its C and D have not). */
+static bool adding_gemm(const cprog *c, const cnode *m)
+{
+    return m->kind == CK_BUILTIN && m->op == JDT_OP_MATMUL && m->attrs.i[3] && !m->attrs.i[4] &&
+           !m->attrs.i[5] && m->shape.ndim == 2;
+}
+
 /* Is every reader of node i (through reshapes keeping its rows of `row` values, none a result)
  * a builtin that takes a row stride for it: the cross-entropy, forward or backward, reading it
- * as the logits, or a GEMM computing one matrix with no epilogue reading it as a or b in place
- * (f32 compute, or i stored as bf16)? */
+ * as the logits, or a GEMM computing one matrix with no epilogue (but an added input)
+ * reading it as a or b in place (f32 compute, or i stored as bf16)? */
 static bool readers_take_pitch(const cprog *c, const user_lists *u, int i, int64_t row)
 {
     if (u->start[i + 1] == u->start[i]) return false;
@@ -283,7 +292,7 @@ static bool readers_take_pitch(const cprog *c, const user_lists *u, int i, int64
             slots |= (r->in[q] == i) << q;
         if ((r->op == JDT_OP_SOFTMAX_XENT || r->op == JDT_OP_SOFTMAX_XENT_BWD) && slots == 1)
             continue;
-        if ((slots == 1 || slots == 2) && plain_gemm(c, r) &&
+        if ((slots == 1 || slots == 2) && (plain_gemm(c, r) || adding_gemm(c, r)) &&
             (!r->attrs.i[2] || c->nodes[i].bf16 || c->nodes[i].dtype == JDT_DTYPE_BF16))
             continue;
         return false;

@@ -507,6 +507,8 @@ static void to_view(cnode *a, int v)
  * accumulator from it (GEMM with beta = 1), and the add becomes a view of the product. Saves a
  * full read and write of y per linear layer. Skipped with no_fuse (tests compare both paths). */
 static jdt_status order_inputs_first(cprog *c, jdt_err *e);
+static void renumber(cprog *c, cnode *out, const int *pos);
+static jdt_status apply_order(cprog *c, const int *order, jdt_err *e);
 
 /* Is node b, a later one than node at, a chain of one-input nodes down to a node before `at`
  * or a leaf? Such a value cannot depend on `at`, so order_inputs_first can move the chain
@@ -928,6 +930,16 @@ static jdt_status order_inputs_first(cprog *c, jdt_err *e)
             sp--;
         }
     }
+    renumber(c, out, pos);
+    jdt_free(pos), jdt_free(stack), jdt_free(out);
+    return JDT_OK;
+}
+
+/* Makes out (c->n_nodes nodes, old indices in their in[] and co) c's nodes, pos[old] being
+ * each old node's new index: inputs, co-outputs, outputs and updates renumbered. */
+static void renumber(cprog *c, cnode *out, const int *pos)
+{
+    const int n = c->n_nodes;
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < out[i].n_in; k++)
             out[i].in[k] = pos[out[i].in[k]];
@@ -940,8 +952,257 @@ static jdt_status order_inputs_first(cprog *c, jdt_err *e)
         c->updates[i].target = pos[c->updates[i].target];
         c->updates[i].value = pos[c->updates[i].value];
     }
-    jdt_free(pos), jdt_free(stack), jdt_free(out);
+}
+
+/* Puts c's nodes in the order order[new] = old, which must keep every node after its inputs
+ * and every co-output after its builtin. */
+static jdt_status apply_order(cprog *c, const int *order, jdt_err *e)
+{
+    const int n = c->n_nodes;
+    int *pos = jdt_malloc(sizeof(int) * ((size_t)n + 1));
+    cnode *out = jdt_malloc(sizeof(cnode) * ((size_t)n + 1));
+    if (!pos || !out) {
+        jdt_free(pos), jdt_free(out);
+        return jdt_err_set(e, JDT_ERR_NOMEM, "compile: ordering %d nodes", n);
+    }
+    for (int i = 0; i < n; i++) {
+        pos[order[i]] = i;
+        out[i] = c->nodes[order[i]];
+    }
+    renumber(c, out, pos);
+    jdt_free(pos), jdt_free(out);
     return JDT_OK;
+}
+
+/* A cross-entropy backward: SOFTMAX_XENT_BWD, standalone or the fused classifier's co-output. */
+static bool is_xent_backward(const cprog *c, const cnode *x)
+{
+    return x->op == JDT_OP_SOFTMAX_XENT_BWD ||
+           (x->kind == CK_COOUT && c->nodes[x->in[0]].op == JDT_OP_SOFTMAX_XENT);
+}
+
+/* The last key among node a's inputs. */
+static int inputs_key(const cprog *c, const int *key, int a)
+{
+    int kk = 0;
+    for (int k = 0; k < c->nodes[a].n_in; k++)
+        if (key[c->nodes[a].in[k]] > kk) kk = key[c->nodes[a].in[k]];
+    return kk;
+}
+
+/* Is node a, read by a node that moves (so a depends on no cross-entropy backward), an
+ * all-gather that does not move itself: FSDP's re-gather of the head's weight for its dX GEMM
+ * (autodiff.c regather_swap)? It then moves too, to just before its first reader that moves,
+ * where its own inputs allow. */
+static bool pulled_gather(const cprog *c, const unsigned char *mv, int a)
+{
+    return c->nodes[a].op == JDT_OP_ALL_GATHER && mv[a] != 1;
+}
+
+/*
+ * Which nodes the loss's backward moves up (hoist_loss_backwards) and where: mv[i] 1 for a node
+ * that moves, 2 for a constant (splat) or an FSDP re-gather (pulled_gather) one reads, which
+ * moves with it; key[i] the index of the node it follows (its own index for a node that stays).
+ * A node moves when it is a cross-entropy backward, or a view, slice, cast, add or GEMM reading
+ * one that moves whose other inputs each move or depend on no cross-entropy backward (the
+ * forward's values, leaves, constants, weight gathers). Its key is its last input's but those
+ * pulled; a pulled node's, the least of its readers'. mv and key have c->n_nodes entries;
+ * returns the number of nodes that move (mv 1).
+ */
+static int loss_moves(const cprog *c, unsigned char *mv, int *key)
+{
+    const int n = c->n_nodes;
+    int moved = 0;
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        mv[i] = 0;
+        key[i] = i;
+        any = any || is_xent_backward(c, &c->nodes[i]);
+    }
+    if (!any) return 0;
+    /* mv[i] 3 while marking: node i stays but depends on a node that moves */
+    for (int i = 0; i < n; i++) {
+        const cnode *x = &c->nodes[i];
+        bool reads = false, clean = true, tainted = false;
+        for (int k = 0; k < x->n_in; k++) {
+            const unsigned char m = mv[x->in[k]];
+            reads = reads || m == 1;
+            clean = clean && m != 3;
+            tainted = tainted || m == 1 || m == 3;
+        }
+        bool kind_ok = x->kind == CK_VIEW || x->kind == CK_MAP || x->op == JDT_OP_MATMUL ||
+                       x->op == JDT_OP_ADD || x->op == JDT_OP_CAST;
+        mv[i] = is_xent_backward(c, x) || (reads && clean && kind_ok) ? 1 : tainted ? 3 : 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (mv[i] == 3) mv[i] = 0;
+    for (int i = 0; i < n; i++) {
+        if (mv[i] != 1) continue;
+        int kk = 0;
+        for (int k = 0; k < c->nodes[i].n_in; k++) {
+            const int a = c->nodes[i].in[k];
+            if (c->nodes[a].kind != CK_SPLAT && !pulled_gather(c, mv, a) && key[a] > kk)
+                kk = key[a];
+        }
+        for (int k = 0; k < c->nodes[i].n_in; k++) { /* constants and re-gathers pulled up */
+            const int a = c->nodes[i].in[k];
+            if (c->nodes[a].kind == CK_SPLAT ||
+                (pulled_gather(c, mv, a) && inputs_key(c, key, a) <= kk))
+                mv[a] = 2;
+            else if (key[a] > kk)
+                kk = key[a];
+        }
+        key[i] = kk;
+        moved++;
+    }
+    for (int i = n - 1; i >= 0; i--)
+        for (int k = 0; k < c->nodes[i].n_in; k++) {
+            const int a = c->nodes[i].in[k];
+            if (mv[a] == 2 && key[i] < key[a]) key[a] = key[i];
+        }
+    return moved;
+}
+
+/* Can chain member a (an add of the sum rooted at root) be rewritten: an f32 add that moves,
+ * of root's shape, read by one node only? */
+static bool sum_link(const cprog *c, const unsigned char *mv, const int *users, int a, int root)
+{
+    const cnode *x = &c->nodes[a];
+    return is_f32_add(x) && mv[a] == 1 && jdt_shape_eq(&x->shape, &c->nodes[root].shape) &&
+           (a == root || users[a] == 1);
+}
+
+/*
+ * Sums the moved terms of each gradient sum in the order their terms become available. Autodiff
+ * adds a fanned-out node's cotangents in its reverse sweep, so the head's weight gradient (read
+ * by every slice of runtime.loss_chunks) is dW_K + dW_{K-1} + ... + dW_1: the first add waits for
+ * the last slice, and every slice's dW would live until then. Each chain of such adds (f32, one
+ * reader each, all moving: loss_moves) is rewritten as a left fold of its terms by key, so that
+ * hoist_loss_backwards can run each add right after its slice: ((dW_1 + dW_2) + dW_3) + ...
+ * A chain already in that order is left as it is (the f32 sums of every other gradient). Runs
+ * before the GEMM folds, which then fold each add into its slice's dW GEMM.
+ */
+static jdt_status order_loss_sums(cprog *c, jdt_err *e)
+{
+    const int n = c->n_nodes;
+    unsigned char *mv = jdt_malloc((size_t)n + 1);
+    int *key = jdt_malloc(sizeof(int) * ((size_t)n + 1)), *users = count_users(c);
+    int *terms = jdt_malloc(sizeof(int) * ((size_t)n + 1)),
+        *link = jdt_malloc(sizeof(int) * ((size_t)n + 1)),
+        *adds = jdt_malloc(sizeof(int) * ((size_t)n + 1));
+    jdt_status st = JDT_OK;
+    if (!mv || !key || !users || !terms || !link || !adds) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: ordering sums of %d nodes", n);
+        goto out;
+    }
+    bool changed = false;
+    if (loss_moves(c, mv, key) == 0) goto out;
+    for (int i = 0; i < n; i++) /* adds[i]: a node reading node i (the one, where users[i] 1) */
+        adds[i] = -1;
+    for (int u = 0; u < n; u++)
+        for (int k = 0; k < c->nodes[u].n_in; k++)
+            adds[c->nodes[u].in[k]] = u;
+    for (int r = 0; r < n; r++) {
+        /* a sum's root: a link whose reader is not a link of the same sum */
+        if (!sum_link(c, mv, users, r, r)) continue;
+        if (users[r] == 1 && adds[r] >= 0 && sum_link(c, mv, users, adds[r], adds[r])) continue;
+        /* its adds (link) and terms, breadth first */
+        int na = 0, nt = 0;
+        link[na++] = r;
+        for (int q = 0; q < na; q++) {
+            const cnode *x = &c->nodes[link[q]];
+            for (int k = 0; k < 2; k++) {
+                const int a = x->in[k];
+                if (sum_link(c, mv, users, a, r) && a != r)
+                    link[na++] = a;
+                else
+                    terms[nt++] = a;
+            }
+        }
+        if (nt < 3) continue;
+        /* terms by key (then index); already a left fold in that order: nothing to do */
+        for (int a = 1; a < nt; a++)
+            for (int b = a;
+                 b > 0 && (key[terms[b - 1]] > key[terms[b]] ||
+                           (key[terms[b - 1]] == key[terms[b]] && terms[b - 1] > terms[b]));
+                 b--) {
+                int t = terms[b];
+                terms[b] = terms[b - 1];
+                terms[b - 1] = t;
+            }
+        for (int a = 1; a < na; a++) /* adds by index: the root last */
+            for (int b = a; b > 0 && link[b - 1] > link[b]; b--) {
+                int t = link[b];
+                link[b] = link[b - 1];
+                link[b - 1] = t;
+            }
+        bool fold = c->nodes[link[0]].in[0] == terms[0] && c->nodes[link[0]].in[1] == terms[1];
+        for (int a = 1; a < na && fold; a++)
+            fold =
+                c->nodes[link[a]].in[0] == link[a - 1] && c->nodes[link[a]].in[1] == terms[a + 1];
+        if (fold) continue;
+        c->nodes[link[0]].in[0] = terms[0];
+        c->nodes[link[0]].in[1] = terms[1];
+        for (int a = 1; a < na; a++) {
+            c->nodes[link[a]].in[0] = link[a - 1];
+            c->nodes[link[a]].in[1] = terms[a + 1];
+        }
+        changed = true;
+    }
+    if (changed) st = order_inputs_first(c, e);
+out:
+    jdt_free(mv), jdt_free(key), jdt_free(users), jdt_free(terms), jdt_free(link), jdt_free(adds);
+    return st;
+}
+
+/*
+ * Runs each cross-entropy's backward right after its forward (runtime.loss_chunks, models.c
+ * gpt_loss): the backward's pass over the logits (SOFTMAX_XENT_BWD, or the fused classifier's
+ * dlogits co-output), the views and casts of its dlogits (the bf16 cotangent), the GEMMs
+ * reading them (the head's dX and dW) and the adds summing those dW over the slices
+ * (order_loss_sums) move up to just after their last input (loss_moves), so a slice's dlogits
+ * die before the next slice's logits are made; under FSDP the head weight's re-gather for the
+ * dX GEMM comes up with them. Nothing is computed before its inputs, and nothing else of the
+ * backward is pulled up. A moved node is marked (cnode.hoisted) so that it joins no reader's
+ * fusion group, which would run it at the group's root. The values are the same; only the
+ * schedule (node order, fuse.c) changes. Runs before the folds (after order_loss_sums) and again
+ * after DCE. stats.n_loss_slices: the cross-entropy backwards, where there are several.
+ */
+static jdt_status hoist_loss_backwards(cprog *c, jdt_err *e)
+{
+    const int n = c->n_nodes;
+    unsigned char *mv = jdt_malloc((size_t)n + 1);
+    int *key = jdt_malloc(sizeof(int) * ((size_t)n + 1)),
+        *order = jdt_malloc(sizeof(int) * ((size_t)n + 1)),
+        *start = jdt_calloc((size_t)n + 2, sizeof(int));
+    jdt_status st = JDT_OK;
+    if (!mv || !key || !order || !start) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: scheduling %d nodes", n);
+        goto out;
+    }
+    if (loss_moves(c, mv, key) == 0) goto out;
+    /* order: by key, the node that stays at a key before those that follow it, ties by index
+     * (a counting sort: keys < n) */
+    for (int i = 0; i < n; i++)
+        start[key[i] + 1]++;
+    for (int i = 0; i < n; i++)
+        start[i + 1] += start[i];
+    for (int i = 0; i < n; i++)
+        if (!mv[i]) order[start[key[i]]++] = i;
+    for (int i = 0; i < n; i++)
+        if (mv[i]) order[start[key[i]]++] = i;
+    int slices = 0, moved = 0;
+    for (int i = 0; i < n; i++) {
+        slices += is_xent_backward(c, &c->nodes[i]);
+        moved += order[i] != i;
+    }
+    for (int i = 0; i < n; i++)
+        c->nodes[i].hoisted = mv[i] == 1;
+    if (moved) st = apply_order(c, order, e);
+    if (st == JDT_OK && slices > 1) c->stats.n_loss_slices = slices;
+out:
+    jdt_free(mv), jdt_free(key), jdt_free(order), jdt_free(start);
+    return st;
 }
 
 /* The one node reading node i (users[i] == 1) among those after it, or -1. */
@@ -2392,6 +2653,10 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         c->updates[i].value = map[vv->id];
     }
 
+    /* the loss's backward next to its forward, its sums in forward order (so that the folds
+     * below see each slice's dW GEMM after the sum it adds to), then again after the folds */
+    if ((st = order_loss_sums(c, e)) != JDT_OK || (st = hoist_loss_backwards(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->residual_gemm && (st = fold_residual_gemms(c, e)) != JDT_OK)
         goto out;
@@ -2478,6 +2743,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
         c->updates[i].target = remap[c->updates[i].target];
         c->updates[i].value = remap[c->updates[i].value];
     }
+    if ((st = hoist_loss_backwards(c, e)) != JDT_OK) goto out;
     /* An output that is (a view of) an updated leaf must show the pre-step value, but the
      * leaf's buffer receives the update: such outputs read through an identity copy. */
     for (int i = 0; i < c->n_outputs; i++) {

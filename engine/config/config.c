@@ -1103,6 +1103,10 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
             return cross_error(ld, "model.pos", e,
                                "rope needs an even head dim; n_embd / n_head = %d",
                                c->model.n_embd / c->model.n_head);
+        if (c->runtime.loss_chunks > c->model.seq_len)
+            return cross_error(ld, "runtime.loss_chunks", e,
+                               "%d slices of a sequence of model.seq_len = %d tokens: at most %d",
+                               c->runtime.loss_chunks, c->model.seq_len, c->model.seq_len);
     }
     if (c->data.micro_batch_size == 0) c->data.micro_batch_size = c->data.batch_size;
     if (c->data.batch_size % c->data.micro_batch_size)

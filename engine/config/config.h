@@ -158,6 +158,7 @@ typedef struct jdt_config {
         int cache_max_mb; /* bound of the JIT cache in MiB, least recently used pruned; 0 = none */
         bool jit;        /* false = reference interpreter */
         jdt_remat remat;
+        int loss_chunks;   /* gpt: head + cross-entropy in this many sequence slices (1 = whole) */
         bool overlap_comm; /* collectives as start/wait pairs under compute (CPU and CUDA) */
         int bucket_mb;     /* collective buckets in MiB; 0 = one call per tensor */
         int prefetch_mb;   /* FSDP gathers in flight ahead of use, MiB; 0 = one call ahead */

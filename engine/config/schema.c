@@ -140,6 +140,7 @@ static const jdt_config_key KEYS[] = {
     K_INT("runtime.cache_max_mb", runtime.cache_max_mb, 0, 16777216, "1024", "JIT cache size bound in MiB, least recently used entries pruned (0 = unbounded)"),
     K_BOOL("runtime.jit", runtime.jit, "true", "compile fused kernels (false = reference interpreter)"),
     K_ENUM("runtime.remat", runtime.remat, C_REMAT, "none", "recompute activations in backward: none, per block, or all but the GEMMs' and attentions' outputs (dots)"),
+    K_INT("runtime.loss_chunks", runtime.loss_chunks, 1, 65536, "1", "gpt: the lm head and cross-entropy in this many slices of the sequence, each slice's backward right after its forward, so one slice's logits are live at a time instead of the whole batch's (1 = whole; MaxText's num_vocab_tiling)"),
     K_BOOL("runtime.overlap_comm", runtime.overlap_comm, "true", "run collectives under compute (start/wait: the CPU's communication thread, NCCL's own stream on CUDA); false = blocking, in graph order"),
     K_INT("runtime.bucket_mb", runtime.bucket_mb, 0, 4096, "4", "coalesce gradient all-reduces and reduce-scatters, and FSDP weight all-gathers, into buckets of this many MiB (0 = one call per tensor)"),
     K_INT("runtime.prefetch_mb", runtime.prefetch_mb, 0, 1048576, "8", "FSDP weight all-gathers issued ahead of their use while the gathered MiB in flight fit this budget (0 = one call ahead only)"),

@@ -49,8 +49,9 @@ void jdt_train_mem_estimate(const jdt_config *c, int64_t micro_batch, const jdt_
                         : c->runtime.remat == JDT_REMAT_DOTS
                             ? (double)c->model.n_layer * dots + (per_layer - dots)
                             : (double)c->model.n_layer * per_layer;
-        /* logits and their gradient */
-        m->act_bytes = tokens * f * (layers + 2.0 * c->model.vocab_size);
+        /* logits and their gradient, of one slice of the sequence under runtime.loss_chunks */
+        const double slices = c->runtime.loss_chunks > 1 ? c->runtime.loss_chunks : 1;
+        m->act_bytes = tokens * f * (layers + 2.0 * c->model.vocab_size / slices);
     } else {
         double widest = c->model.hidden_dim > c->model.in_dim ? c->model.hidden_dim : c->model.in_dim;
         m->act_bytes = (double)micro_batch / row_split * f * 2.0 * widest * (c->model.n_hidden + 1);

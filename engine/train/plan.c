@@ -494,6 +494,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_xent_fused > 0)
             fprintf(f, "; %d cross-entropy backwards in their forward's pass over the logits",
                     sm->n_xent_fused);
+        if (sm->n_loss_slices > 0)
+            fprintf(f, "; %d cross-entropy slices, each backward right after its forward",
+                    sm->n_loss_slices);
         if (sm->n_xent_inplace > 0)
             fprintf(f, "; %d dlogits written over their logits", sm->n_xent_inplace);
         if (sm->n_gemm_acc_folded > 0)

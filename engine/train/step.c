@@ -237,7 +237,8 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
     /* precision.activations: bf16 also rounds the cotangents of the bf16 activations GEMMs
      * read (the GELU output's), as autocast's backward does */
     jdt_graph_set_bf16_grads(gg, s->cfg->precision.activations == JDT_DTYPE_BF16);
-    jdt_status st = jdt_model_build(gg, s->cfg, s->o.micro_batch, training, m, e);
+    jdt_status st = jdt_model_build_ex(gg, s->cfg, s->o.micro_batch, training,
+                                       s->cfg->runtime.loss_chunks, m, e);
     memset(loss_place, 0, sizeof *loss_place);
     if (st != JDT_OK || s->mesh.world_size <= 1) {
         *g = gg;

@@ -84,6 +84,7 @@ static void fill_batch(int32_t *x, int32_t *y, int rows, int T, int V, int k)
 }
 
 static int64_t g_last_arena; /* planned arena of the last run_steps program */
+static int g_last_slices;    /* its cross-entropy slices run next to their forward */
 
 static void run_steps(jdt_config *c, bool jit, int micro, int n_steps, double *losses)
 {
@@ -103,6 +104,7 @@ static void run_steps(jdt_config *c, bool jit, int micro, int n_steps, double *l
     jdt_status st = jdt_step_new(c, &o, &s, &e);
     ck_assert_msg(st == JDT_OK, "step_new: %s", e.msg);
     g_last_arena = jit ? jdt_step_stats(s)->arena_bytes : 0;
+    g_last_slices = jit ? jdt_step_stats(s)->n_loss_slices : 0;
     int B = c->data.batch_size, T = c->model.seq_len;
     int32_t *x = malloc(sizeof(int32_t) * (size_t)(B * T)), *y = malloc(sizeof(int32_t) * (size_t)(B * T));
     for (int k = 0; k < n_steps; k++) {
@@ -271,6 +273,63 @@ START_TEST(test_remat_same_losses_less_memory)
      * their inputs instead of the recomputed ones (a planted fault) left 0.93 */
     ck_assert_msg((double)a[1] < 0.8 * (double)a[0], "GPT-2's layer: dots' arena %lld not under 0.8 of %lld",
                   (long long)a[1], (long long)a[0]);
+}
+END_TEST
+
+/* The losses of 3 steps and the planned arena with the head in `chunks` sequence slices. */
+static int64_t chunks_run(char **over, int n, int chunks, bool jit, double l[3])
+{
+    char *args[12], arg[64];
+    ck_assert_int_le(n, 11);
+    for (int i = 0; i < n; i++)
+        args[i] = over[i];
+    snprintf(arg, sizeof arg, "runtime.loss_chunks=%d", chunks);
+    args[n] = arg;
+    jdt_config c;
+    load(&c, n + 1, args);
+    run_steps(&c, jit, 4, 3, l);
+    jdt_config_free(&c);
+    if (jit) ck_assert_int_eq(g_last_slices, chunks > 1 ? chunks : 0);
+    return g_last_arena;
+}
+
+START_TEST(test_loss_chunks_same_losses_less_memory)
+{
+    /* runtime.loss_chunks: the head and the cross-entropy on slices of the sequence, each
+     * slice's backward run right after its forward (passes.c hoist_loss_backwards), give the
+     * losses of the whole head (its weight gradient summed slice by slice: f32 rounding) and
+     * the interpreter's, with one slice's logits live at a time: a smaller planned arena where
+     * the vocabulary is the widest dimension (V = 4096, C = 32, T = 32). GPT-2's layer (tied
+     * head), then Llama's (untied head, SGD); 5 slices of 6 or 7 tokens, and 8 of 4 */
+    char *gpt[] = {"model.seq_len=32", "model.vocab_size=4096", "runtime.remat=block"};
+    char *llama[] = {"model.seq_len=32",         "model.vocab_size=4096",  "runtime.remat=block",
+                     "model.norm=rmsnorm",       "model.pos=rope",         "model.activation=swiglu",
+                     "model.bias=false",         "model.n_kv_head=2",      "model.tie_embeddings=false",
+                     "optimizer.type=sgd",       "optimizer.lr=0.05"};
+    struct {
+        const char *what;
+        char **over;
+        int n;
+    } cases[2] = {{"GPT-2's layer", gpt, JDT_ARRAY_LEN(gpt)}, {"Llama's layer", llama, JDT_ARRAY_LEN(llama)}};
+    for (int m = 0; m < 2; m++) {
+        double l1[3], lk[3], li[3];
+        int64_t a1 = chunks_run(cases[m].over, cases[m].n, 1, true, l1);
+        for (int chunks = 5; chunks <= 8; chunks += 3) {
+            int64_t ak = chunks_run(cases[m].over, cases[m].n, chunks, true, lk);
+            chunks_run(cases[m].over, cases[m].n, chunks, false, li);
+            for (int k = 0; k < 3; k++) {
+                ck_assert_msg(fabs(l1[k] - lk[k]) <= 1e-6 * fabs(l1[k]), "%s, %d slices, step %d: %.9f vs %.9f",
+                              cases[m].what, chunks, k, l1[k], lk[k]);
+                ck_assert_msg(fabs(li[k] - lk[k]) <= 1e-4 * fabs(li[k]),
+                              "%s, %d slices, step %d: interp %.9f vs %.9f", cases[m].what, chunks, k,
+                              li[k], lk[k]);
+            }
+            printf("loss chunks, %s: planned arena whole %lld, %d slices %lld bytes\n", cases[m].what,
+                   (long long)a1, chunks, (long long)ak);
+            ck_assert_msg((double)ak < 0.75 * (double)a1, "%s: %d slices' arena %lld not under 0.75 of %lld",
+                          cases[m].what, chunks, (long long)ak, (long long)a1);
+        }
+    }
 }
 END_TEST
 
@@ -711,6 +770,7 @@ int main(void)
     tcase_add_test(tc, test_accumulation_matches_big_batch);
     tcase_add_test(tc, test_all_reduce_op);
     tcase_add_test(tc, test_remat_same_losses_less_memory);
+    tcase_add_test(tc, test_loss_chunks_same_losses_less_memory);
     tcase_add_test(tc, test_plan_only_matches_compiled);
     tcase_add_test(tc, test_bf16_plan_smaller);
     tcase_add_test(tc, test_bf16_cast_weights);
