@@ -1096,12 +1096,20 @@ static jdt_status order_loss_sums(cprog *c, jdt_err *e)
         goto out;
     }
     bool changed = false;
+    unsigned char *live = NULL;
     if (loss_moves(c, mv, key) == 0) goto out;
-    for (int i = 0; i < n; i++) /* adds[i]: a node reading node i (the one, where users[i] 1) */
+    if (!(live = live_nodes(c))) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "compile: ordering sums of %d nodes", n);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) /* adds[i]: a live node reading node i (the one, as users[i]) */
         adds[i] = -1;
     for (int u = 0; u < n; u++)
-        for (int k = 0; k < c->nodes[u].n_in; k++)
+        for (int k = 0; live[u] && k < c->nodes[u].n_in; k++)
             adds[c->nodes[u].in[k]] = u;
+    for (int i = 0; i < n; i++) /* a dead add is no link: users[] counts live readers only */
+        if (!live[i]) mv[i] = 0;
+    jdt_free(live);
     for (int r = 0; r < n; r++) {
         /* a sum's root: a link whose reader is not a link of the same sum */
         if (!sum_link(c, mv, users, r, r)) continue;

@@ -16,12 +16,24 @@
 #include <stdio.h>
 #include <string.h>
 
+/* One redistribution made (redistribute's cache): local x moved from one placement to another
+ * while partitioning nodes of remat block `block`, giving y. */
+typedef struct {
+    const jdt_tensor *x;
+    jdt_placement from, to;
+    int block;
+    jdt_tensor *y;
+} moved_value;
+
 typedef struct {
     const jdt_mesh *m;
     const jdt_config_rules *rules;
     jdt_graph *g;
     jdt_shard_result *r;
     jdt_err *e;
+    int block;          /* the remat block of the node being partitioned */
+    moved_value *moves; /* open addressing, cap_moves a power of two (NULL: no cache) */
+    int n_moves, cap_moves;
 } pctx;
 
 typedef jdt_status (*prule)(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
@@ -42,11 +54,84 @@ static jdt_tensor *all_reduce_axes(pctx *c, jdt_tensor *x, unsigned axes)
     return jdt_graph_all_reduce(c->g, x, (int)axes, 0, 1.0);
 }
 
-/* Moves local x from placement from to placement to (see the file comment). */
+static jdt_tensor *redistribute_now(pctx *c, jdt_tensor *x, const jdt_placement *from,
+                                    const jdt_placement *to);
+
+static bool same_placement(const jdt_placement *a, const jdt_placement *b, int nd)
+{
+    if (a->partial != b->partial) return false;
+    for (int d = 0; d < nd; d++)
+        if (a->dim[d] != b->dim[d]) return false;
+    return true;
+}
+
+/* The cache slot of (x, from, to, c->block): the entry made for it, or the empty slot where it
+ * goes; NULL without a cache. */
+static moved_value *move_slot(pctx *c, const jdt_tensor *x, const jdt_placement *from,
+                              const jdt_placement *to)
+{
+    if (!c->moves) return NULL;
+    const int nd = x->shape.ndim;
+    size_t h = (size_t)(uintptr_t)x * 0x9E3779B97F4A7C15u ^ (size_t)c->block * 31u;
+    for (int d = 0; d < nd; d++)
+        h = h * 131u + (size_t)from->dim[d] * 7u + to->dim[d];
+    h = h * 131u + (size_t)from->partial * 7u + to->partial;
+    for (size_t i = h & (size_t)(c->cap_moves - 1);; i = (i + 1) & (size_t)(c->cap_moves - 1)) {
+        moved_value *v = &c->moves[i];
+        if (!v->x || (v->x == x && v->block == c->block && same_placement(&v->from, from, nd) &&
+                      same_placement(&v->to, to, nd)))
+            return v;
+    }
+}
+
+/* Remembers y as (x, from, to) moved; the cache is dropped (every later move made anew) when
+ * it cannot grow. */
+static void move_keep(pctx *c, jdt_tensor *x, const jdt_placement *from, const jdt_placement *to,
+                      jdt_tensor *y)
+{
+    if (!c->moves) return;
+    if (2 * (c->n_moves + 1) > c->cap_moves) {
+        moved_value *old = c->moves;
+        const int cap = c->cap_moves;
+        c->moves = jdt_calloc((size_t)cap * 2, sizeof *c->moves);
+        c->cap_moves = cap * 2;
+        c->n_moves = 0;
+        for (int i = 0; c->moves && i < cap; i++) {
+            if (!old[i].x) continue;
+            const int b = c->block;
+            c->block = old[i].block;
+            *move_slot(c, old[i].x, &old[i].from, &old[i].to) = old[i];
+            c->block = b;
+            c->n_moves++;
+        }
+        jdt_free(old);
+        if (!c->moves) return;
+    }
+    moved_value *v = move_slot(c, x, from, to);
+    *v = (moved_value){.x = x, .from = *from, .to = *to, .block = c->block, .y = y};
+    c->n_moves++;
+}
+
+/* Moves local x from placement from to placement to (see the file comment). The same move of
+ * the same value within one remat block is made once and its result shared (the GEMMs of
+ * runtime.loss_chunks' sequence slices read one gather of the head's weight, so autodiff makes
+ * one re-gather and one reduce-scatter of their summed dW instead of one each). Across blocks
+ * each makes its own: a block recomputed in the backward gathers its weights again. */
 static jdt_tensor *redistribute(pctx *c, jdt_tensor *x, const jdt_placement *from,
                                 const jdt_placement *to)
 {
     if (!x) return NULL;
+    moved_value *v = move_slot(c, x, from, to);
+    if (v && v->x) return v->y;
+    jdt_tensor *y = redistribute_now(c, x, from, to);
+    if (y && y != x) move_keep(c, x, from, to, y);
+    return y;
+}
+
+/* redistribute's collectives and slices, made. */
+static jdt_tensor *redistribute_now(pctx *c, jdt_tensor *x, const jdt_placement *from,
+                                    const jdt_placement *to)
+{
     const int nd = x->shape.ndim;
     if (from->partial & ~to->partial) x = all_reduce_axes(c, x, from->partial & ~to->partial);
     for (int d = 0; d < nd; d++) {
@@ -469,7 +554,8 @@ jdt_status jdt_shard_partition(const jdt_mesh *m, const jdt_config_rules *rules,
      * casts under the cast form as the one-device graph would (graph/ops.c vjp_MATMUL) */
     jdt_graph_set_bf16_weights(out->g, jdt_graph_bf16_weights(src));
     jdt_graph_set_bf16_grads(out->g, jdt_graph_bf16_grads(src));
-    pctx c = {.m = m, .rules = rules, .g = out->g, .r = out, .e = e};
+    pctx c = {.m = m, .rules = rules, .g = out->g, .r = out, .e = e, .cap_moves = 256};
+    c.moves = jdt_calloc((size_t)c.cap_moves, sizeof *c.moves); /* NULL: no cache, still right */
     jdt_status st = JDT_OK;
     for (int i = 0; i < n && st == JDT_OK; i++) {
         const jdt_tensor *t = jdt_graph_node(src, i);
@@ -486,6 +572,7 @@ jdt_status jdt_shard_partition(const jdt_mesh *m, const jdt_config_rules *rules,
             pin[k] = out->place[t->inputs[k]->id];
         }
         jdt_graph_set_block(out->g, t->block);
+        c.block = t->block;
         jdt_tensor *y = NULL;
         st = rule(&c, t, in, pin, &y, &out->place[i]);
         if (st != JDT_OK) break;
@@ -499,6 +586,7 @@ jdt_status jdt_shard_partition(const jdt_mesh *m, const jdt_config_rules *rules,
         out->map[i] = y;
     }
     jdt_graph_set_block(out->g, 0);
+    jdt_free(c.moves);
     if (st != JDT_OK) {
         jdt_graph_free(out->g);
         out->g = NULL;

@@ -92,6 +92,18 @@ awk '$1 == "micro" && $2 == "all_reduce" && $4 == "tensor" { n += $6; if ($NF !=
      END { printf "tensor all-reduces per step %d (16 micro-batches x 32 blocks x 4), gradient sums over data %d (291 parameters)\n", n, g
            exit !(n == 2048 && g == 291 && !bad) }' "$TMP/pnr" || fail "collective counts: $(grep -A14 'collectives of one' "$TMP/pnr")"
 
+# --- runtime.loss_chunks under FSDP: the sequence slices' GEMMs read one gather of the head's
+# weight (shard/partition.c redistribute's cache), so a step issues the collectives of the
+# whole head, and its backward one re-gather and one reduce-scatter of the summed dW ---------
+colls() { sed -n '/collectives of one/,/parameter shardings/p' "$1" | grep -E '^ +(micro|apply) '; }
+for k in 1 4; do
+  "$BIN" inspect configs/tiny.yaml mesh.fsdp=2 mesh.data=1 runtime.loss_chunks=$k >"$TMP/lc$k" 2>&1 ||
+    { cat "$TMP/lc$k"; fail "inspect tiny fsdp=2 runtime.loss_chunks=$k"; }
+done
+[ -n "$(colls "$TMP/lc1")" ] && cmp -s <(colls "$TMP/lc1") <(colls "$TMP/lc4") ||
+  { diff <(colls "$TMP/lc1") <(colls "$TMP/lc4"); fail "runtime.loss_chunks=4 under fsdp=2: other collectives than the whole head's"; }
+echo "fsdp=2, runtime.loss_chunks=4: the whole head's $(colls "$TMP/lc1" | awk '{ n += $6 } END { print n }') collectives a step"
+
 # --- a mesh of unknown size is a config error ------------------------------------------------
 "$BIN" inspect "$CFG" mesh.data=-1 >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] || fail "mesh.data=-1: exit $rc, expected 2"
