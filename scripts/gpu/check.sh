@@ -49,7 +49,7 @@
 #   BUDGET_S (450: the whole script's; a command gets at most what is left, a stage that would
 #   start with under 20 s left is skipped and says so, so the summary is always written inside
 #   the device tool's 10-minute command limit),
-#   STAGES (default "2 3 4 5 4p 4c 4t nc 4w 4d 6": which stages after the probe run; "4f" adds stage 4 again with
+#   STAGES (default "2 3 4 5 4p 4c 4t nc 4w 4d 4l 6": which stages after the probe run; "4f" adds stage 4 again with
 #   JDT_CUK_ATTENTION=fma, the f32 FMA attention instead of the bf16 tensor-core one; "4v" adds
 #   it with JDT_CUDA_VEC=0, elementwise kernels of one element and column reductions of one
 #   output per thread instead of four; "4a" with precision.activations: f32, the linear layers'
@@ -81,6 +81,10 @@
 #   staging it in shared memory (cuk_rows.cu cuk_softmax_xent_fused_bf16_bs);
 #   "4d" with JDT_NORM_DY_TERMS=0, the q, k and v projections' dX summed through cuBLASLt's C
 #   in f32 instead of three bf16 products that ln1's backward adds (passes.c fold_norm_dy_terms);
+#   "4l" with runtime.loss_chunks=8, the head and the cross-entropy on 8 slices of the sequence,
+#   each slice's backward right after its forward (docs/compiler.md "The loss in slices"): its
+#   tok/s and peak device memory against stage 4's (planned 13.70 -> 11.32 GiB of arena, +3.8 GB
+#   of traffic a step);
 #   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose M, N or K is not a multiple of 8 (bf16) as one
 #   cuBLASLt call instead of an aligned bulk and remainders (cuk_gemm.c gemm: the lm head);
 #   "gm" times cuBLAS through torch on the lm head's GEMMs with the vocabulary at 50257 and
@@ -109,7 +113,7 @@ TMO_MAX=${STAGE_TIMEOUT_S:-150}
 BUDGET=${BUDGET_S:-450}
 GPT_PREC=${GPT_PRECISION:-bf16}
 GPT_ACT=${GPT_ACTIVATIONS:-$GPT_PREC}
-STAGES=" ${STAGES:-2 3 4 5 4p 4c 4t nc 4w 4d 6} "
+STAGES=" ${STAGES:-2 3 4 5 4p 4c 4t nc 4w 4d 4l 6} "
 REHEARSE=${REHEARSE:-0}
 GPT_EXTRA=${GPT_EXTRA:-}
 SFX=""                     # the test binaries' suffix
@@ -614,6 +618,18 @@ else
   ncu_kernels "$OUT/gpt2-ncu-norm" normalize_bwd_part 2 2 ncu-norm.log "^  cuk_.*normalize|DRAM Throughput"
   say "stage nc (norms) exit $rc"
 fi
+fi
+
+# ---- 4l: stage 4 again with the loss in 8 sequence slices (last of the default stages on one GPU:
+# the others measure the Goal's step) --------------------------------------------------------------
+if want 4l; then
+GPT_EXTRA_4=$GPT_EXTRA
+GPT_EXTRA="$GPT_EXTRA runtime.loss_chunks=8"
+gpt_args "$OUT/gpt2-slices"
+run_gpt gpt2-slices
+GPT_EXTRA=$GPT_EXTRA_4
+l_dev=$(grep -E "step [0-9]+/[0-9]+ \| loss" "$OUT/gpt2-slices.log" | tail -1 | sed -nE 's/.*peak device ([0-9]+) MB.*/\1/p')
+say "stage 4l exit $rc, the loss in 8 sequence slices (runtime.loss_chunks=8): ${toks:-?} tok/s and peak device ${l_dev:-?} MB against ${JDT_TOKS:-?} tok/s and ${JDT_DEV:-?} MB with the whole head (its kernels are not in the bundle's cache: NVRTC time counts)"
 fi
 
 # ---- 6: more than one GPU -------------------------------------------------------------------------
