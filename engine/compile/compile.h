@@ -188,6 +188,8 @@ typedef struct {
                               same pass over the logits (passes.c fold_xent_backwards) */
     int n_loss_slices;     /* cross-entropy backwards (several: runtime.loss_chunks) each run
                               right after its forward (passes.c hoist_loss_backwards) */
+    int n_gemm_acc_inplace; /* GEMMs adding their product to an input in its buffer (fuse.c
+                               gemm_acc_donor) */
     int n_xent_inplace;    /* dlogits planned over their dying logits (fuse.c xent_donor) */
     int n_gemm_acc_folded; /* adds folded into the GEMM computing one of their operands
                               (passes.c fold_addends) */

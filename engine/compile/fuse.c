@@ -1318,6 +1318,34 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
     return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt, n->attrs.i[0] != 0) * 4;
 }
 
+/* The buffer of the input that GEMM node m adds its product to (attrs i[3], passes.c
+ * fold_addends: cuBLASLt's C with beta 1), when m's output buffer ob may take it over: it dies
+ * at step s, is not taken yet, is no operand a or b of m, and holds the same f32 bytes, rows back
+ * to back. cuBLASLt computes in place when C is D with one layout (cuk_gemm.c passes the same),
+ * and the aligned split's parts add to disjoint blocks or, split in K, to what the previous part
+ * left. Only for the GEMMs of the loss's backward (cnode.hoisted: runtime.loss_chunks' dW sum,
+ * one (V, C) buffer instead of two): the CUDA autotuning does not time a GEMM that adds in place
+ * (each timed run would add once more), and the other adding GEMMs (the residual stream's) are
+ * the step's own, which it times. -1 otherwise. */
+static int gemm_acc_donor(const cprog *c, int mi, int ob, int s, const int *last, const bool *taken)
+{
+    const cnode *m = &c->nodes[mi];
+    if (!c->gemm_accumulate || !m->hoisted || m->op != JDT_OP_MATMUL || !m->attrs.i[3] ||
+        m->attrs.i[4] || m->attrs.i[5] || m->buf != ob || m->pitch || m->bf16 ||
+        m->dtype != JDT_DTYPE_F32)
+        return -1;
+    const int ai = cnode_mm_acc(m);
+    if (ai < 0) return -1;
+    const cnode *x = &c->nodes[ai];
+    const int xb = x->buf;
+    if (xb < 0 || c->bufs[xb].info.kind != JDT_BUF_ARENA || taken[xb] || last[xb] != s ||
+        c->bufs[xb].info.n_bytes != c->bufs[ob].info.n_bytes || c->bufs[xb].info.bf16 ||
+        cnode_pitch(c, ai) || x->dtype != JDT_DTYPE_F32 || c->nodes[m->in[0]].buf == xb ||
+        c->nodes[m->in[1]].buf == xb)
+        return -1;
+    return xb;
+}
+
 /* The buffer of the logits that output buffer ob of builtin step sp at step s may take over (the
  * device's xent_inplace): when ob holds dlogits, the fused cross-entropy's backward
  * (SOFTMAX_XENT's co) or a SOFTMAX_XENT_BWD's, and the logits' arena buffer dies at s, is not
@@ -1693,6 +1721,9 @@ jdt_status jdt_compile_plan(cprog *c, jdt_err *e)
             if (sp->kind == STEP_BUILTIN && donor < 0 &&
                 (donor = xent_donor(c, sp, outs[k], s, last, taken)) >= 0)
                 c->stats.n_xent_inplace++; /* dlogits over dying logits */
+            if (sp->kind == STEP_BUILTIN && k == 0 && donor < 0 &&
+                (donor = gemm_acc_donor(c, sp->node, outs[k], s, last, taken)) >= 0)
+                c->stats.n_gemm_acc_inplace++; /* the sum so far, added to in place */
             if (sp->kind == STEP_BUILTIN && k == 0 && c->nodes[sp->node].op == JDT_OP_SCATTER_ADD &&
                 c->nodes[sp->node].n_in > 2) {
                 /* a scatter-add onto an initial value that dies here adds into its buffer */

@@ -1164,6 +1164,47 @@ out:
 }
 
 /*
+ * FSDP's re-gather of the head's weight (autodiff.c regather_swap: a fresh all-gather for the
+ * dX GEMM, so that the forward's gathered copy dies after the forward) is of no use where the
+ * loss's backward runs next to its forward (hoist_loss_backwards): the forward's copy is still
+ * live there. Each moving reader (loss_moves) of a re-gather (a recomputed ALL_GATHER: cnode.src
+ * set) reads the forward's identical gather instead, which then lives until the head's last
+ * dX GEMM; a re-gather left without readers goes with DCE. One collective fewer a step, and one
+ * gathered weight live at a time instead of two. Runs before the folds.
+ */
+static jdt_status share_loss_gathers(cprog *c, jdt_err *e)
+{
+    const int n = c->n_nodes;
+    unsigned char *mv = jdt_malloc((size_t)n + 1);
+    int *key = jdt_malloc(sizeof(int) * ((size_t)n + 1));
+    if (!mv || !key) {
+        jdt_free(mv), jdt_free(key);
+        return jdt_err_set(e, JDT_ERR_NOMEM, "compile: sharing gathers of %d nodes", n);
+    }
+    if (loss_moves(c, mv, key) > 0)
+        for (int i = 0; i < n; i++) {
+            cnode *r = &c->nodes[i];
+            if (mv[i] != 1) continue;
+            for (int k = 0; k < r->n_in; k++) {
+                const cnode *a = &c->nodes[r->in[k]];
+                if (a->op != JDT_OP_ALL_GATHER || !a->src) continue;
+                for (int j = 0; j < r->in[k]; j++) { /* the forward's identical gather */
+                    const cnode *f = &c->nodes[j];
+                    if (f->op == JDT_OP_ALL_GATHER && !f->src && f->dtype == a->dtype &&
+                        f->n_in == a->n_in && f->in[0] == a->in[0] &&
+                        jdt_shape_eq(&f->shape, &a->shape) &&
+                        memcmp(&f->attrs, &a->attrs, sizeof f->attrs) == 0) {
+                        r->in[k] = j;
+                        break;
+                    }
+                }
+            }
+        }
+    jdt_free(mv), jdt_free(key);
+    return JDT_OK;
+}
+
+/*
  * Runs each cross-entropy's backward right after its forward (runtime.loss_chunks, models.c
  * gpt_loss): the backward's pass over the logits (SOFTMAX_XENT_BWD, or the fused classifier's
  * dlogits co-output), the views and casts of its dlogits (the bf16 cotangent), the GEMMs
@@ -2663,7 +2704,8 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
 
     /* the loss's backward next to its forward, its sums in forward order (so that the folds
      * below see each slice's dW GEMM after the sum it adds to), then again after the folds */
-    if ((st = order_loss_sums(c, e)) != JDT_OK || (st = hoist_loss_backwards(c, e)) != JDT_OK)
+    if ((st = share_loss_gathers(c, e)) != JDT_OK || (st = order_loss_sums(c, e)) != JDT_OK ||
+        (st = hoist_loss_backwards(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->residual_gemm && (st = fold_residual_gemms(c, e)) != JDT_OK)

@@ -504,6 +504,9 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
         if (sm->n_residual_gemms > 0)
             fprintf(f, " (%d residual adds of unrounded bf16 branch outputs)",
                     sm->n_residual_gemms);
+        if (sm->n_gemm_acc_inplace > 0)
+            fprintf(f, "; %d of those GEMMs add in the buffer of the input they add to",
+                    sm->n_gemm_acc_inplace);
         fprintf(f, "\n");
         fprintf(f,
                 "  FLOPs/step     %.3g per device (compiler count, per micro-batch run); "

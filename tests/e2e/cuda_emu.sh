@@ -194,8 +194,9 @@ awk -v a="$a_none" -v b="$a_dots" 'BEGIN { exit !(a > 0 && b > 0 && b <= 0.8 * a
 echo "GPT-2 B=32 on CUDA, planned: train arena $a_none GiB without remat, $a_dots GiB with runtime.remat: dots"
 # runtime.loss_chunks (models.c gpt_loss, passes.c hoist_loss_backwards): the head and the
 # cross-entropy on 4 slices of the sequence, each slice's backward (the fused classifier's
-# dlogits, the head's dX and dW GEMMs, dW added to the slices' sum by its GEMM) run right after
-# its forward: the losses of the whole head within bf16's bound (the dW summed slice by slice:
+# dlogits, the head's dX and dW GEMMs, dW added to the slices' sum by its GEMM in the sum's
+# buffer: cuBLASLt's C = D, here the emulator's) run right after its forward: the losses of the
+# whole head within bf16's bound (the dW summed slice by slice:
 # seen 1.2e-5), and GPT-2 at B 32 under remat block planned with 8 slices: a train arena at
 # most 0.6 of the whole head's (written: 2.52 against 4.69 GiB)
 run "$EMU" "$TMP/gpu16lc" "${C[@]}" runtime.backend=cuda precision.compute=bf16 \
@@ -206,6 +207,8 @@ compare "$TMP/gpu16a/tiny/metrics.jsonl" "$TMP/gpu16lc/tiny/metrics.jsonl" "emul
   runtime.loss_chunks=4 >"$TMP/insp" 2>&1 || { cat "$TMP/insp"; fail "inspect runtime.loss_chunks=4"; }
 grep -q "4 cross-entropy backwards in their forward's pass over the logits; 4 cross-entropy slices, each backward right after its forward; 4 dlogits written over their logits" "$TMP/insp" ||
   { cat "$TMP/insp"; fail "runtime.loss_chunks=4: the slices' backwards not moved next to their fused forwards, or their dlogits not over their logits"; }
+grep -q "3 of those GEMMs add in the buffer of the input they add to" "$TMP/insp" ||
+  { cat "$TMP/insp"; fail "runtime.loss_chunks=4: the slices' dW not added in the sum's buffer"; }
 for k in 1 8; do
   "$EMU" inspect "${G2[@]}" runtime.remat=block runtime.loss_chunks=$k >"$TMP/insp-lc$k" 2>&1 ||
     { cat "$TMP/insp-lc$k"; fail "inspect gpt2 runtime.loss_chunks=$k"; }
