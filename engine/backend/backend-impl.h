@@ -82,7 +82,8 @@ typedef struct {
      * P rows; 0: it does not. */
     int64_t norm_bwd_partials;
     /* Its GEMMs add a tensor of the output's shape to the product (cuBLASLt's C, beta 1), so
-     * passes.c fold_addends folds y = x + a @ b into the GEMM (MATMUL attrs i[3]). */
+     * passes.c fold_addends folds y = x + a @ b into the GEMM (MATMUL attrs i[3]); also in
+     * place, the output in the added tensor's buffer (C = D: fuse.c gemm_acc_donor). */
     bool gemm_accumulate;
     /* Its GEMMs and cross-entropy builtins take a row stride (cnode pitch) for their operands
      * and outputs, so fuse.c mark_pitched_rows may pad the rows of logits and dlogits whose

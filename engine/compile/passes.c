@@ -991,9 +991,10 @@ static int inputs_key(const cprog *c, const int *key, int a)
 }
 
 /* Is node a, read by a node that moves (so a depends on no cross-entropy backward), an
- * all-gather that does not move itself: FSDP's re-gather of the head's weight for its dX GEMM
- * (autodiff.c regather_swap)? It then moves too, to just before its first reader that moves,
- * where its own inputs allow. */
+ * all-gather that does not move itself: the head weight's forward gather, or an FSDP re-gather
+ * that share_loss_gathers left (autodiff.c regather_swap)? It then moves too, to just before its
+ * first reader that moves, where its own inputs allow (the forward's gather, earlier than that
+ * reader already, stays where it is). */
 static bool pulled_gather(const cprog *c, const unsigned char *mv, int a)
 {
     return c->nodes[a].op == JDT_OP_ALL_GATHER && mv[a] != 1;
@@ -1188,7 +1189,7 @@ static jdt_status share_loss_gathers(cprog *c, jdt_err *e)
             for (int k = 0; k < r->n_in; k++) {
                 const cnode *a = &c->nodes[r->in[k]];
                 if (a->op != JDT_OP_ALL_GATHER || !a->src) continue;
-                for (int j = 0; j < r->in[k]; j++) { /* the forward's identical gather */
+                for (int j = r->in[k] - 1; j >= 0; j--) { /* the nearest identical gather */
                     const cnode *f = &c->nodes[j];
                     if (f->op == JDT_OP_ALL_GATHER && !f->src && f->dtype == a->dtype &&
                         f->n_in == a->n_in && f->in[0] == a->in[0] &&

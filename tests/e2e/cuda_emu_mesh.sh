@@ -3,7 +3,7 @@
 # set-up it shares: tests/infra/cuda-emu-common.sh), the other models and the meshes: Llama's
 # layer, grouped-query attention with and without biases (our kernels and the emulator's cuDNN,
 # also under tensor=2), the GELU epilogues' fallbacks, padded logits rows, bf16 activations and
-# cuDNN under tensor=2, fsdp=2 and tensor=2 on two processes of one emulated GPU each (NCCL
+# cuDNN under tensor=2, fsdp=2 (also with the loss in sequence slices) and tensor=2 on two processes of one emulated GPU each (NCCL
 # through shared memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters
 # bit for bit those of one call per tensor and of blocking collectives; a run resumed from a
 # checkpoint written from device memory continues the uninterrupted run's losses exactly; a step
@@ -132,6 +132,13 @@ compare "$TMP/cpu16/tiny/metrics.jsonl" "$TMP/fsdp16/tiny/metrics.jsonl" "2 emul
 run "$EMU" "$TMP/fsdp16a" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.fsdp=2
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/fsdp16a/tiny/metrics.jsonl" "2 emulated GPUs, mesh.fsdp=2, bf16 act." 1e-3 ||
   fail "bf16 activations fsdp=2 losses differ"
+# ... and with the loss in 4 sequence slices (runtime.loss_chunks: the slices' GEMMs on one
+# gather of the head's weight, its dX GEMMs on the forward's gather instead of a re-gather,
+# passes.c share_loss_gathers; the dW summed in place, fuse.c gemm_acc_donor): the whole
+# head's losses within bf16's bound (the dW summed slice by slice: seen 2e-5)
+run "$EMU" "$TMP/fsdp16lc" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.fsdp=2 runtime.loss_chunks=4
+compare "$TMP/fsdp16a/tiny/metrics.jsonl" "$TMP/fsdp16lc/tiny/metrics.jsonl" "2 emulated GPUs, fsdp=2, loss in 4 slices" 1e-4 ||
+  fail "fsdp=2 losses differ under runtime.loss_chunks=4"
 "$EMU" inspect "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.fsdp=2 dist.world_size=2 >"$TMP/insp" 2>&1 &&
   grep -q "4 adds done by the GEMMs computing an operand (4 residual adds of unrounded bf16 branch outputs)" "$TMP/insp" &&
   grep -q "2 norm backwards sum dy from several GEMMs' bf16 products" "$TMP/insp" ||

@@ -94,7 +94,8 @@ awk '$1 == "micro" && $2 == "all_reduce" && $4 == "tensor" { n += $6; if ($NF !=
 
 # --- runtime.loss_chunks under FSDP: the sequence slices' GEMMs read one gather of the head's
 # weight (shard/partition.c redistribute's cache), so a step issues the collectives of the
-# whole head, and its backward one re-gather and one reduce-scatter of the summed dW ---------
+# whole head: the dX GEMMs on the forward's gather (passes.c share_loss_gathers), one
+# reduce-scatter of the summed dW ---------------------------------------------------------------
 colls() { sed -n '/collectives of one/,/parameter shardings/p' "$1" | grep -E '^ +(micro|apply) '; }
 for k in 1 4; do
   "$BIN" inspect configs/tiny.yaml mesh.fsdp=2 mesh.data=1 runtime.loss_chunks=$k >"$TMP/lc$k" 2>&1 ||

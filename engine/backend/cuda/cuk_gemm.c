@@ -663,7 +663,9 @@ static jdt_status matmul_bf16(jdt_cuk *k, const void *a, const void *b, const vo
     }
     st = gemm(k, a16, b16, bias, acc, c, aux, aux_kind, batch, M, N, K, ta, tb, b_shared, true,
               c_bf16, ld, e);
-    if (st == JDT_OK || c_bf16 || pitched) return st;
+    /* (an in-place add, acc == c, has no second try: a split that failed part way has added
+     * some of its parts to c already) */
+    if (st == JDT_OK || c_bf16 || pitched || (acc && (const void *)acc == c)) return st;
     /* no bf16 algorithm for this shape or alignment: the rounded values in f32 through TF32
      * tensor cores (exact for bf16 values: 8 significant bits fit TF32's 11), in the caller's
      * scratch when it has room, else in memory allocated for this call, stream-ordered: the
