@@ -65,20 +65,20 @@ static bool same_placement(const jdt_placement *a, const jdt_placement *b, int n
     return true;
 }
 
-/* The cache slot of (x, from, to, c->block): the entry made for it, or the empty slot where it
+/* The cache slot of (x, from, to, block): the entry made for it, or the empty slot where it
  * goes; NULL without a cache. */
 static moved_value *move_slot(pctx *c, const jdt_tensor *x, const jdt_placement *from,
-                              const jdt_placement *to)
+                              const jdt_placement *to, int block)
 {
     if (!c->moves) return NULL;
     const int nd = x->shape.ndim;
-    size_t h = (size_t)(uintptr_t)x * 0x9E3779B97F4A7C15u ^ (size_t)c->block * 31u;
+    size_t h = (size_t)(uintptr_t)x * 0x9E3779B97F4A7C15u ^ (size_t)block * 31u;
     for (int d = 0; d < nd; d++)
         h = h * 131u + (size_t)from->dim[d] * 7u + to->dim[d];
     h = h * 131u + (size_t)from->partial * 7u + to->partial;
     for (size_t i = h & (size_t)(c->cap_moves - 1);; i = (i + 1) & (size_t)(c->cap_moves - 1)) {
         moved_value *v = &c->moves[i];
-        if (!v->x || (v->x == x && v->block == c->block && same_placement(&v->from, from, nd) &&
+        if (!v->x || (v->x == x && v->block == block && same_placement(&v->from, from, nd) &&
                       same_placement(&v->to, to, nd)))
             return v;
     }
@@ -98,16 +98,13 @@ static void move_keep(pctx *c, jdt_tensor *x, const jdt_placement *from, const j
         c->n_moves = 0;
         for (int i = 0; c->moves && i < cap; i++) {
             if (!old[i].x) continue;
-            const int b = c->block;
-            c->block = old[i].block;
-            *move_slot(c, old[i].x, &old[i].from, &old[i].to) = old[i];
-            c->block = b;
+            *move_slot(c, old[i].x, &old[i].from, &old[i].to, old[i].block) = old[i];
             c->n_moves++;
         }
         jdt_free(old);
         if (!c->moves) return;
     }
-    moved_value *v = move_slot(c, x, from, to);
+    moved_value *v = move_slot(c, x, from, to, c->block);
     *v = (moved_value){.x = x, .from = *from, .to = *to, .block = c->block, .y = y};
     c->n_moves++;
 }
@@ -121,7 +118,7 @@ static jdt_tensor *redistribute(pctx *c, jdt_tensor *x, const jdt_placement *fro
                                 const jdt_placement *to)
 {
     if (!x) return NULL;
-    moved_value *v = move_slot(c, x, from, to);
+    moved_value *v = move_slot(c, x, from, to, c->block);
     if (v && v->x) return v->y;
     jdt_tensor *y = redistribute_now(c, x, from, to);
     if (y && y != x) move_keep(c, x, from, to, y);

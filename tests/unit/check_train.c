@@ -31,6 +31,17 @@ static void load(jdt_config *c, int n_over, char **over)
     ck_assert_msg(st == JDT_OK, "config: %s", e.msg);
 }
 
+/* load with the n overrides `over` and one more, `extra`, last. */
+static void load_plus(jdt_config *c, char **over, int n, const char *extra)
+{
+    char *args[12];
+    ck_assert_int_le(n, 11);
+    for (int i = 0; i < n; i++)
+        args[i] = over[i];
+    args[n] = (char *)extra;
+    load(c, n + 1, args);
+}
+
 /* The compiler's remat for c's runtime.remat, as training maps it (jdt_train_compile_opts). */
 static jdt_compile_remat copts_remat(const jdt_config *c)
 {
@@ -219,17 +230,12 @@ END_TEST
  * and 1e-4 interpreted, and smaller planned arenas; the arenas in arena[3] (none, dots, block). */
 static void remat_case(const char *what, char **over, int n, int64_t arena[3])
 {
-    char *args[12];
-    ck_assert_int_le(n, 11);
-    for (int i = 0; i < n; i++)
-        args[i] = over[i];
     static const char *const modes[3] = {"runtime.remat=none", "runtime.remat=dots",
                                          "runtime.remat=block"};
     double l0[3] = {0, 0, 0};
     for (int m = 0; m < 3; m++) {
         jdt_config c;
-        args[n] = (char *)modes[m];
-        load(&c, n + 1, args);
+        load_plus(&c, over, n, modes[m]);
         double l[3] = {0, 0, 0}, li[3] = {0, 0, 0};
         run_steps(&c, true, 4, 3, l);
         arena[m] = g_last_arena;
@@ -279,14 +285,10 @@ END_TEST
 /* The losses of 3 steps and the planned arena with the head in `chunks` sequence slices. */
 static int64_t chunks_run(char **over, int n, int chunks, bool jit, double l[3])
 {
-    char *args[12], arg[64];
-    ck_assert_int_le(n, 11);
-    for (int i = 0; i < n; i++)
-        args[i] = over[i];
+    char arg[64];
     snprintf(arg, sizeof arg, "runtime.loss_chunks=%d", chunks);
-    args[n] = arg;
     jdt_config c;
-    load(&c, n + 1, args);
+    load_plus(&c, over, n, arg);
     run_steps(&c, jit, 4, 3, l);
     jdt_config_free(&c);
     if (jit) ck_assert_int_eq(g_last_slices, chunks > 1 ? chunks : 0);
