@@ -69,22 +69,6 @@ static void widen(const uint16_t *x, float *y, int64_t n, int nt)
         y[i] = bf16_float(x[i]);
 }
 
-/* bf16 a (batch, K, M) -> y (batch, M, K), tiled as to_bf16_t */
-static void transpose_bf16(const uint16_t *x, uint16_t *y, int64_t batch, int64_t K, int64_t M,
-                           int nt)
-{
-    int64_t tk = (K + 31) / 32, tm = (M + 31) / 32;
-#pragma omp parallel for collapse(2) num_threads(nt) if (batch * K * M >= 32768)
-    for (int64_t p = 0; p < batch; p++)
-        for (int64_t t = 0; t < tk * tm; t++) {
-            int64_t k0 = (t / tm) * 32, m0 = (t % tm) * 32;
-            int64_t k1 = k0 + 32 < K ? k0 + 32 : K, m1 = m0 + 32 < M ? m0 + 32 : M;
-            for (int64_t m = m0; m < m1; m++)
-                for (int64_t k = k0; k < k1; k++)
-                    y[p * M * K + m * K + k] = x[p * K * M + k * M + m];
-        }
-}
-
 static void round_f32(const float *x, float *y, int64_t n, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (n >= 32768)
@@ -286,7 +270,7 @@ int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, in
 {
     int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
     if (!jdt_rt_bf16_native()) return 4 * (na + nb); /* f32 copies for SGEMM */
-    return 2 * ((a_bf16 && !ta ? 0 : na) + (b_bf16 ? 0 : nb));
+    return 2 * ((a_bf16 ? 0 : na) + (b_bf16 ? 0 : nb));
 }
 
 void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c, int64_t batch,
@@ -303,12 +287,14 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, floa
     if (K > 0 && jdt_rt_bf16_native()) {
         uint16_t *s16 = scratch;
         const uint16_t *a16 = a, *b16 = b;
-        if (!a_bf16 || ta) {
+        /* a bf16 a is read in place, transposed or not: oneDNN's matmul takes a transposed
+         * source by its strides (the brgemm kernels copy blocks of it as they go), so the
+         * transposing dW GEMMs need no scratch copy of their activations */
+        bool ta16 = a_bf16 && ta;
+        if (!a_bf16) {
             uint16_t *t = s16;
             s16 += na;
-            if (a_bf16)
-                transpose_bf16(a, t, batch, K, M, nt);
-            else if (ta)
+            if (ta)
                 to_bf16_t(a, t, batch, K, M, nt);
             else
                 to_bf16(a, t, na, nt);
@@ -318,7 +304,7 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, floa
             to_bf16(b, s16, nb, nt);
             b16 = s16;
         }
-        if (mm_run(a16, b16, bias, c, batch, M, N, K, false, tb, b_shared, nt)) return;
+        if (mm_run(a16, b16, bias, c, batch, M, N, K, ta16, tb, b_shared, nt)) return;
         /* oneDNN refused the shape: there is no room for f32 copies in this scratch, so
          * multiply the bf16 values directly (exact products, f32 sums) */
         for (int64_t p = 0; p < batch; p++) {
@@ -329,7 +315,7 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, floa
                 for (int64_t j = 0; j < N; j++) {
                     float acc = bias ? bias[j] : 0.0f;
                     for (int64_t k = 0; k < K; k++)
-                        acc += bf16_float(ap[i * K + k]) *
+                        acc += bf16_float(ta16 ? ap[k * M + i] : ap[i * K + k]) *
                                bf16_float(tb ? bp[j * K + k] : bp[k * N + j]);
                     cp[i * N + j] = acc;
                 }

@@ -144,9 +144,9 @@ void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float
                         float *scratch, int nt);
 /* The same product with operands that may already be stored as bf16 (a_bf16 / b_bf16: the
  * operand is uint16_t bf16 bits, as the compiler stores values read only by bf16 GEMMs;
- * otherwise f32). Such an operand needs no conversion: on the oneDNN path it is used in place
- * (a transposed left operand is transposed into the scratch), on the portable path it is
- * widened into the scratch. The scratch is what jdt_rt_matmul_bf16_scratch_bytes returns for
+ * otherwise f32). Such an operand needs no conversion: on the oneDNN path it is used in place,
+ * transposed or not (oneDNN reads a transposed one by its strides), on the portable path it
+ * is widened into the scratch. The scratch is what jdt_rt_matmul_bf16_scratch_bytes returns for
  * the same arguments — computed on this host: the oneDNN path needs 2 bytes per converted
  * element, the portable path 4 per element. Same numbers as jdt_rt_matmul_bf16 on the
  * bf16-rounded f32 operands. */

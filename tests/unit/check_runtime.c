@@ -60,18 +60,35 @@ static void fill_operands(unsigned *seed, float *a, int64_t na, float *b, int64_
  * (sum |a||b| + 1e-30) and, through dev, the largest |c - f32-unrounded product| (> 0 shows
  * that the inputs were rounded). */
 static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                       bool b_shared, bool with_bias, double *dev)
+                       bool b_shared, bool with_bias, bool a_bf, bool b_bf, double *dev)
 {
     unsigned seed = (unsigned)(batch * 131 + M * 17 + N * 7 + K + ta * 3 + tb * 5);
     int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N, nc = batch * M * N;
     float *a = malloc(sizeof(float) * (size_t)na), *b = malloc(sizeof(float) * (size_t)nb);
     float *c = malloc(sizeof(float) * (size_t)nc), *bias = malloc(sizeof(float) * (size_t)N);
-    float *scratch =
-        malloc(sizeof(float) * (size_t)jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b_shared));
-    ck_assert(a && b && c && bias && scratch);
+    uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)na),
+             *b16 = malloc(sizeof(uint16_t) * (size_t)nb);
+    int64_t ns =
+        a_bf || b_bf
+            ? jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, ta, b_shared, a_bf, b_bf)
+            : (int64_t)sizeof(float) * jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b_shared);
+    void *scratch = malloc((size_t)ns + 1); /* +1: malloc(0) may be NULL */
+    ck_assert(a && b && c && bias && a16 && b16 && scratch);
     fill_operands(&seed, a, na, b, nb, bias, N);
-    jdt_rt_matmul_bf16(a, b, with_bias ? bias : NULL, c, batch, M, N, K, ta, tb, b_shared, scratch,
-                       2);
+    for (int64_t i = 0; i < na; i++)
+        a16[i] = jdt_rt_bf16_bits(a[i]);
+    for (int64_t i = 0; i < nb; i++)
+        b16[i] = jdt_rt_bf16_bits(b[i]);
+    /* operands stored as bf16 (the compiler's bf16 storage) need no scratch copy on oneDNN's
+     * path, transposed or not */
+    if (jdt_rt_bf16_native() && a_bf && b_bf) ck_assert_int_eq(ns, 0);
+    if (a_bf || b_bf)
+        jdt_rt_matmul_bf16_ex(a_bf ? (const void *)a16 : a, b_bf ? (const void *)b16 : b,
+                              with_bias ? bias : NULL, c, batch, M, N, K, ta, tb, b_shared, a_bf,
+                              b_bf, scratch, 2);
+    else
+        jdt_rt_matmul_bf16(a, b, with_bias ? bias : NULL, c, batch, M, N, K, ta, tb, b_shared,
+                           scratch, 2);
     double worst = 0;
     *dev = 0;
     for (int64_t p = 0; p < batch; p++)
@@ -95,10 +112,13 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
     free(b);
     free(c);
     free(bias);
+    free(a16);
+    free(b16);
     free(scratch);
     return worst;
 }
 
+/* every case with f32 operands, and with a, b or both stored as bf16 (jdt_rt_matmul_bf16_ex) */
 static void mm_cases(void)
 {
     static const struct {
@@ -110,15 +130,19 @@ static void mm_cases(void)
         {4, 8, 48, 32, false, false, true, true},    {2, 128, 384, 96, false, true, false, false},
         {1, 5, 7, 1, false, false, true, false},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        double dev;
-        double err = check_mm(cases[i].batch, cases[i].M, cases[i].N, cases[i].K, cases[i].ta,
-                              cases[i].tb, cases[i].shared, cases[i].bias, &dev);
-        /* f32 accumulation of exact products: a few f32 ulps of the magnitude sum */
-        ck_assert_msg(err < 1e-6 * (1 + cases[i].K / 64.0), "case %zu: relative error %g", i, err);
-        ck_assert_msg(cases[i].K < 2 || dev > 1e-4,
-                      "case %zu: result equals the unrounded f32 product (dev %g)", i, dev);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int st = 0; st < 4; st++) { /* bit 0: a stored as bf16, bit 1: b */
+            double dev;
+            double err =
+                check_mm(cases[i].batch, cases[i].M, cases[i].N, cases[i].K, cases[i].ta,
+                         cases[i].tb, cases[i].shared, cases[i].bias, st & 1, st & 2, &dev);
+            /* f32 accumulation of exact products: a few f32 ulps of the magnitude sum */
+            ck_assert_msg(err < 1e-6 * (1 + cases[i].K / 64.0),
+                          "case %zu, stored %d: relative error %g", i, st, err);
+            ck_assert_msg(cases[i].K < 2 || dev > 1e-4,
+                          "case %zu, stored %d: result equals the unrounded f32 product (dev %g)",
+                          i, st, dev);
+        }
 }
 
 /* f32 jdt_rt_matmul (its tiles through oneDNN or OpenBLAS) against a double product: shapes of
