@@ -236,11 +236,13 @@ void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const 
  * jdt_rt_bf16_pack_b: op(B) (K x N; B[k][j] = b[k * ldb + j], or b[j * ldb + k] when tb) into pack
  * (jdt_rt_bf16_pack_b_floats(K, N)). jdt_rt_bf16_gemm_packed: C (M x N, row stride ldc) = alpha * A
  * B + beta * C (beta 0: C is not read), A an M x K pack, B a pack built with N = ldb_n columns and
- * at least K rows (a prefix of a larger B pack's rows and columns may be used). AVX512-BF16
- * (VDPBF16PS) where jdt_rt_bf16_tiles_native(), else SGEMM on the rounded values (the same
- * products; the two pack formats differ, so packs are not kept across processes). Single-threaded:
- * callers parallelise over their own tiles. */
+ * at least K rows (a prefix of a larger B pack's rows and columns may be used). AMX tiles
+ * (TDPBF16PS) where jdt_rt_bf16_tiles_amx() (the CPU has AMX-BF16, the kernel grants the tile
+ * data, JDT_BF16_NO_AMX unset), else AVX512-BF16 (VDPBF16PS) where jdt_rt_bf16_tiles_native(),
+ * else SGEMM on the rounded values (the same products; the pack formats differ, so packs are not
+ * kept across processes). Single-threaded: callers parallelise over their own tiles. */
 bool jdt_rt_bf16_tiles_native(void);
+bool jdt_rt_bf16_tiles_amx(void);
 int64_t jdt_rt_bf16_pack_a_floats(int64_t M, int64_t K);
 int64_t jdt_rt_bf16_pack_b_floats(int64_t K, int64_t N);
 void jdt_rt_bf16_pack_a(const float *a, int64_t lda, bool ta, int64_t M, int64_t K, void *pack);

@@ -425,10 +425,26 @@ static void attention_case(int64_t B, int64_t H, int64_t T, int64_t D)
 START_TEST(test_bf16_tiles_best_path)
 {
     fprintf(stderr, "check_runtime: bf16 tiles %s\n",
-            jdt_rt_bf16_tiles_native() ? "AVX512-BF16" : "portable (rounded SGEMM)");
+            jdt_rt_bf16_tiles_amx()      ? "AMX"
+            : jdt_rt_bf16_tiles_native() ? "AVX512-BF16"
+                                         : "portable (rounded SGEMM)");
     packed_cases();
     attention_case(2, 3, 150, 32); /* three blocks, the last ragged */
     attention_case(1, 2, 64, 64);
+}
+END_TEST
+
+/* AVX512-BF16's kernel where the best path is AMX's (JDT_BF16_NO_AMX): both run on such a CPU */
+START_TEST(test_bf16_tiles_avx512_path)
+{
+    setenv("JDT_BF16_NO_AMX", "1", 1); /* before the first call: the choice is made once */
+    ck_assert(!jdt_rt_bf16_tiles_amx());
+    if (!jdt_rt_bf16_tiles_native()) {
+        fprintf(stderr, "check_runtime: SKIP %s: no AVX512-BF16 here\n", __func__);
+        return;
+    }
+    packed_cases();
+    attention_case(2, 3, 150, 32);
 }
 END_TEST
 
@@ -777,6 +793,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(tc, test_matmul_f32_openblas_path);
     tcase_add_test(tc, test_matmul_bf16_best_path);
     tcase_add_test(tc, test_bf16_tiles_best_path);
+    tcase_add_test(tc, test_bf16_tiles_avx512_path);
     tcase_add_test(tc, test_bf16_tiles_portable_path);
     tcase_add_test(tc, test_matmul_bf16_portable_path);
     tcase_add_test(tc, test_matmul_bf16_onednn_path);
