@@ -238,14 +238,11 @@ bool jdt_rt_bf16_warn(void)
 const char *jdt_rt_bf16_describe(void)
 {
     if (jdt_rt_bf16_native()) {
-#ifdef JDT_HAVE_DNNL
-        unsigned a, b, c, d; /* AMX-BF16: oneDNN's matmul takes its tiles */
-        if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u))
+        if (jdt_rt_cpu_amx()) /* oneDNN's matmul takes the tiles too */
             return jdt_rt_bf16_tiles_amx() ? "bf16 GEMMs: oneDNN on AMX (bf16 inputs, f32 "
                                              "accumulation); attention tiles on AMX"
                                            : "bf16 GEMMs: oneDNN on AMX (bf16 inputs, f32 "
                                              "accumulation); attention tiles on AVX512-BF16";
-#endif
         return "bf16 GEMMs: oneDNN on AVX512-BF16 (bf16 inputs, f32 accumulation)";
     }
 #ifdef JDT_HAVE_DNNL

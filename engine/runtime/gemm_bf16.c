@@ -28,7 +28,9 @@
  * keys before it): a prefix of even K reads whole pairs; an odd K reads one pair half, and the
  * A pack's zero in that pair cancels the other half (with AMX the A pack's zero words cancel
  * the B rows past the prefix up to the next whole tile the same way: finite values times
- * zero).
+ * zero, so a prefix of K that is not a multiple of 32 would let an Inf or NaN in the rows
+ * after it reach C; attention's prefixes are whole blocks of 64 keys, or the whole pack,
+ * whose padding is zero).
  */
 #include "runtime/runtime.h"
 #include "runtime/runtime-impl.h"
@@ -50,7 +52,7 @@
 #endif
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static bool g_native, g_amx;
+static bool g_native, g_amx, g_amx_granted;
 
 /* AMX-TILE and AMX-BF16 (CPUID 7.0 EDX bits 24 and 22), and the kernel's leave to use the tile
  * data (Linux 5.16+: arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, which fails where
@@ -76,8 +78,9 @@ static bool amx_usable(void)
 static void detect_once(void)
 {
 #ifdef GEMM_BF16_X86
+    g_amx_granted = __builtin_cpu_supports("avx512bf16") && amx_usable();
     g_native = __builtin_cpu_supports("avx512bf16") && !getenv("JDT_BF16_NO_DNNL");
-    g_amx = g_native && !getenv("JDT_BF16_NO_AMX") && amx_usable();
+    g_amx = g_native && g_amx_granted && !getenv("JDT_BF16_NO_AMX");
 #endif
 }
 
@@ -91,6 +94,12 @@ bool jdt_rt_bf16_tiles_amx(void)
 {
     pthread_once(&g_once, detect_once);
     return g_amx;
+}
+
+bool jdt_rt_cpu_amx(void)
+{
+    pthread_once(&g_once, detect_once);
+    return g_amx_granted;
 }
 
 static int64_t ld_of(int64_t N)
@@ -421,6 +430,8 @@ AMX_TARGET static void gemm_amx(const uint32_t *ap, const uint32_t *bp, int64_t 
     cfg.palette = 1;
     for (int t = 0; t < 8; t++)
         cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    /* GCC's _tile_loadconfig names only 8 bytes of cfg as read: keep the other stores */
+    __asm__ volatile("" ::: "memory");
     _tile_loadconfig(&cfg);
     float acc[4][256] __attribute__((aligned(64)));
     for (int64_t i0 = 0; i0 < M; i0 += 32) {

@@ -243,6 +243,9 @@ void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const 
  * kept across processes). Single-threaded: callers parallelise over their own tiles. */
 bool jdt_rt_bf16_tiles_native(void);
 bool jdt_rt_bf16_tiles_amx(void);
+/* The CPU has AMX-BF16 and AVX512-BF16 and the kernel granted this process the tile data
+ * (whatever JDT_BF16_* say): oneDNN's bf16 matmul can take its tiles. */
+bool jdt_rt_cpu_amx(void);
 int64_t jdt_rt_bf16_pack_a_floats(int64_t M, int64_t K);
 int64_t jdt_rt_bf16_pack_b_floats(int64_t K, int64_t N);
 void jdt_rt_bf16_pack_a(const float *a, int64_t lda, bool ta, int64_t M, int64_t K, void *pack);
