@@ -2279,7 +2279,7 @@ static void check_attention_lse(jdt_cuk *k, const char *what, void *const *d16, 
                     else
                         sum += exp(dot - m);
                 }
-            worst = fmax(worst, fabs(L[bh * T + i] - (m + log(sum))) / (1.0 + fabs(m)));
+            worst = tu_worse(worst, fabs(L[bh * T + i] - (m + log(sum))) / (1.0 + fabs(m)));
         }
     printf("%s: forward's log-sum-exp within %.1e of the host's\n", what, worst);
     ck_assert_msg(worst < 2e-5, "%s: lse off by %g", what, worst);

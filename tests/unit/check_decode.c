@@ -12,6 +12,7 @@
 #include "graph/builder.h"
 #include "models/models.h"
 #include "train/decode.h"
+#include "tests/unit/testutil.h"
 
 #include <check.h>
 #include <math.h>
@@ -113,7 +114,7 @@ static double max_abs_diff(const float *a, const float *b, int n)
 {
     double m = 0;
     for (int i = 0; i < n; i++)
-        m = fmax(m, fabs((double)a[i] - (double)b[i]));
+        m = tu_worse(m, fabs((double)a[i] - (double)b[i]));
     return m;
 }
 
@@ -145,7 +146,7 @@ static void check_variant(const char *label, int n_over, char **over, bool jit)
     for (int t = 0; t < T; t++) {
         double diff = max_abs_diff(lg + (size_t)t * V, ref + (size_t)t * V, V);
         ck_assert_msg(diff < 1e-4, "%s: prefill position %d: max |diff| %g", label, t, diff);
-        worst = fmax(worst, diff);
+        worst = tu_worse(worst, diff);
     }
     ck_assert_int_eq(jdt_decoder_len(d, 1), T);
     /* the cache is full: one more token is refused and changes nothing */
@@ -171,7 +172,7 @@ static void check_variant(const char *label, int n_over, char **over, bool jit)
         ck_assert_msg(jdt_decoder_forward(d, 2, s2, t2, NULL, lg, &e) == JDT_OK, "%s", e.msg);
         diff = max_abs_diff(lg, ref + (size_t)t * V, V);
         ck_assert_msg(diff < 1e-4, "%s: decode position %d: max |diff| %g", label, t, diff);
-        worst = fmax(worst, diff);
+        worst = tu_worse(worst, diff);
     }
     /* sequence 2 saw other[0..T-P): its last logits equal the full forward over those */
     const float *o = full_forward(&f, other, T - P);

@@ -310,7 +310,7 @@ START_TEST(test_attention_bf16)
     for (int i = 0; i < jdt_graph_n_outputs(a.g); i++) {
         const float *x = jdt_program_output(p, i), *y = jdt_program_output(pa, i);
         for (int64_t j = 0; j < jdt_shape_numel(&jdt_graph_output(a.g, i)->shape); j++)
-            max_diff = fmax(max_diff, fabs(x[j] - y[j]));
+            max_diff = tu_worse(max_diff, fabs(x[j] - y[j]));
     }
     ck_assert_msg(max_diff > 1e-4 && max_diff < 0.1, "bf16 vs f32 attention: max diff %g",
                   max_diff);

@@ -105,7 +105,7 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
                 }
                 double got = c[p * M * N + i * N + j];
                 double err = fabs(got - s) / (mag + 1e-30);
-                if (!(err <= worst)) worst = isnan(err) ? INFINITY : err; /* a NaN fails */
+                worst = tu_worse(worst, err);
                 if (fabs(got - s32) > *dev) *dev = fabs(got - s32);
             }
     free(a);
@@ -177,7 +177,7 @@ static double check_mm_f32(int64_t batch, int64_t M, int64_t N, int64_t K, bool 
                     mag += fabs(x * y);
                 }
                 double err = fabs(c[0][p * M * N + i * N + j] - sum) / (mag + 1e-30);
-                if (!(err <= worst)) worst = isnan(err) ? INFINITY : err; /* a NaN fails */
+                worst = tu_worse(worst, err);
             }
     free(a);
     free(b);
@@ -313,7 +313,7 @@ static void check_packed(int64_t M, int64_t N, int64_t K, int64_t Kb, int64_t Nb
             double want = 0.5 * sum + beta * c0[i * N + j];
             double err =
                 fabs(c[i * N + j] - want) / (0.5 * mag + fabs(beta * c0[i * N + j]) + 1e-30);
-            if (!(err <= worst)) worst = isnan(err) ? INFINITY : err; /* a NaN fails */
+            worst = tu_worse(worst, err);
         }
     ck_assert_msg(worst < 1e-6 * (1 + K / 64.0),
                   "M %lld N %lld K %lld (of %lld x %lld) ta %d tb %d: %g", (long long)M,

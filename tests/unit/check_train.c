@@ -455,7 +455,7 @@ static double max_rel_diff(const double *got, const double *want, int64_t n, dou
 {
     double w = 0;
     for (int64_t j = 0; j < n; j++)
-        w = fmax(w, fabs(got[j] - want[j]) / (fabs(want[j]) + 1e-3 * scale));
+        w = tu_worse(w, fabs(got[j] - want[j]) / (fabs(want[j]) + 1e-3 * scale));
     return w;
 }
 
