@@ -301,7 +301,8 @@ for prec in f32 bf16; do
 import json, sys
 def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
 c, g = losses(sys.argv[1]), losses(sys.argv[2])
-d = max(abs(a - b) / abs(a) for a, b in zip(c, g))
+def rel(a, b): return abs(a - b) / abs(a) if a == a and b == b else float("inf")  # NaN: no match
+d = max(map(rel, c, g), default=float("inf")) if len(c) == len(g) else float("inf")
 # bf16: both round attention's products to bf16 (the GPU on tensor cores; the forward's
 # probabilities before normalising), the GEMMs sum in another order
 thr = 5e-3 if sys.argv[3] == "f32" else 2e-2
@@ -655,7 +656,8 @@ else
 import json, sys
 def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
 c, g, b = losses(sys.argv[1]), losses(sys.argv[2]), losses(sys.argv[4])
-d = max(abs(a - b) / abs(a) for a, b in zip(c, g))
+def rel(x, y): return abs(x - y) / abs(x) if x == x and y == y else float("inf")  # NaN: no match
+d = max(map(rel, c, g), default=float("inf")) if len(c) == len(g) else float("inf")
 print(f"multi {sys.argv[3]}: cpu {c[0]:.4f} -> {c[-1]:.4f}, cuda {g[0]:.4f} -> {g[-1]:.4f}, "
       f"max relative difference {d:.2e} -> {'MATCH' if d < 5e-3 else 'DIFFER'}; "
       f"overlapped vs blocking NCCL: {'BITWISE' if g == b else 'DIFFER'}")
