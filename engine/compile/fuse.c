@@ -1310,7 +1310,7 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
         int64_t M = n->shape.dims[nd - 2], N = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        return jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, n->attrs.i[0] != 0, b->ndim == 2,
+        return jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2,
                                                 c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16);
     }
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;

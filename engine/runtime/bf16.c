@@ -271,7 +271,7 @@ int64_t jdt_rt_matmul_bf16_scratch_floats(int64_t batch, int64_t M, int64_t N, i
     return batch * M * K + (b_shared ? 1 : batch) * K * N;
 }
 
-int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
                                          bool b_shared, bool a_bf16, bool b_bf16)
 {
     int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
@@ -382,7 +382,7 @@ double jdt_rt_bf16_peak_measure(int n_rep, int nt)
 {
     enum { N = 1024 };
     const size_t n = (size_t)N * N;
-    const int64_t ns = jdt_rt_matmul_bf16_scratch_bytes(1, N, N, N, false, false, true, true);
+    const int64_t ns = jdt_rt_matmul_bf16_scratch_bytes(1, N, N, N, false, true, true);
     uint16_t *a = jdt_malloc(n * sizeof *a), *b = jdt_malloc(n * sizeof *b);
     float *c = jdt_malloc(n * sizeof *c);
     void *scratch = ns > 0 ? jdt_malloc((size_t)ns) : NULL;

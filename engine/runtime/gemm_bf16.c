@@ -458,10 +458,10 @@ AMX_TARGET static void gemm_amx(const uint32_t *ap, const uint32_t *bp, int64_t 
                     if (n2) _tile_dpbf16ps(3, 5, 7);
                 }
             }
-            _tile_stored(0, acc[0], 64);
-            _tile_stored(1, acc[1], 64);
-            _tile_stored(2, acc[2], 64);
-            _tile_stored(3, acc[3], 64);
+            _tile_stored(0, acc[0], 64); /* only the tiles this block computed */
+            if (n2) _tile_stored(1, acc[1], 64);
+            if (m2) _tile_stored(2, acc[2], 64);
+            if (m2 && n2) _tile_stored(3, acc[3], 64);
             const int64_t nr0 = M - i0 < 16 ? M - i0 : 16,
                           nr1 = M - i0 - 16 < 16 ? M - i0 - 16 : 16;
             const int64_t nc0 = N - j0 < 16 ? N - j0 : 16,

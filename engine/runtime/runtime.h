@@ -150,7 +150,7 @@ void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float
  * the same arguments — computed on this host: the oneDNN path needs 2 bytes per converted
  * element, the portable path 4 per element. Same numbers as jdt_rt_matmul_bf16 on the
  * bf16-rounded f32 operands. */
-int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
+int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
                                          bool b_shared, bool a_bf16, bool b_bf16);
 void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c, int64_t batch,
                            int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,

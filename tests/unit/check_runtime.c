@@ -70,7 +70,7 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
              *b16 = malloc(sizeof(uint16_t) * (size_t)nb);
     int64_t ns =
         a_bf || b_bf
-            ? jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, ta, b_shared, a_bf, b_bf)
+            ? jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, b_shared, a_bf, b_bf)
             : (int64_t)sizeof(float) * jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b_shared);
     void *scratch = malloc((size_t)ns + 1); /* +1: malloc(0) may be NULL */
     ck_assert(a && b && c && bias && a16 && b16 && scratch);
