@@ -28,7 +28,6 @@
 #include "runtime/runtime-impl.h"
 
 #ifdef JDT_HAVE_DNNL
-#include <cpuid.h>
 #endif
 
 float jdt_rt_bf16_round(float x)
@@ -126,8 +125,9 @@ static struct {
  * SGEMM's rate and the step ran faster as SGEMMs on rounded inputs (docs/perf.md, session 21). */
 static bool bf16_gemm_fast(void)
 {
-    unsigned a, b, c, d;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u)) return true; /* AMX-BF16 */
+    /* AMX counts only where the kernel granted this process the tile data: a CPU that has it
+     * under a kernel or hypervisor that refuses it leaves oneDNN on VDPBF16PS */
+    if (jdt_rt_cpu_amx()) return true;
     return __builtin_cpu_is("amd");
 }
 
