@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cli_schema.sh — `inspect --schema` lists every key (type, default, bounds, env name, doc), and
-# docs/config.md documents every key the binary knows.
+# docs/config.md documents every key the binary knows, in the generator's own table.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -16,5 +16,9 @@ grep -q 'JDT_MODEL_N_LAYER' "$TMP/schema.txt" || fail "--schema lacks env names"
 grep -q 'gelu|swiglu|relu' "$TMP/schema.txt" || fail "--schema lacks choices"
 [ "$(grep -c '^| `' "$TMP/schema.md")" -eq "$n" ] || fail "markdown schema row count differs"
 for k in $keys; do grep -qF "\`$k\`" docs/config.md || fail "docs/config.md does not document $k"; done
+# the doc's table is the generator's output, row for row (regenerate it after editing schema.c)
+sed -n '/^| key | type | default/,/^$/p' docs/config.md | sed '/^$/d' >"$TMP/doc-table.md"
+diff -q "$TMP/schema.md" "$TMP/doc-table.md" >/dev/null ||
+  fail "docs/config.md's schema table differs from inspect --schema=markdown (regenerate it)"
 "$BIN" inspect --schema configs/tiny.yaml >/dev/null 2>&1; [ $? -eq 2 ] || fail "--schema with CONFIG should be a usage error"
 echo ok
