@@ -100,7 +100,7 @@ static const jdt_config_key KEYS[] = {
     K_INT("data.batch_size", data.batch_size, 1, IMAX, "32", "global batch size in sequences (per optimizer step)"),
     K_INT("data.micro_batch_size", data.micro_batch_size, 0, IMAX, "0", "sequences per forward/backward (0 = batch_size; must divide it)"),
     K_BOOL("data.shuffle", data.shuffle, "true", "shuffle the sample order each epoch"),
-    K_INT("data.prefetch", data.prefetch, 0, 1024, "2", "batches loaded ahead"),
+    K_INT("data.prefetch", data.prefetch, 0, 64, "2", "batches loaded ahead"),
     K_ENUM("data.tokenizer", data.tokenizer, C_TOKENIZER, "byte", "tokenizer `prepare` uses: byte, or bpe (byte-level BPE, docs/tokenizers.md)"),
     K_INT("data.fetch_retries", data.fetch_retries, 0, 1000, "5", "remote data (http/https URLs): retries after a timeout, 5xx or reset, with exponential backoff"),
     K_FLT("data.fetch_backoff_s", data.fetch_backoff_s, 0, 3600, "1", "remote data: wait before the first retry (doubled each time, at most 30 s)"),

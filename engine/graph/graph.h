@@ -99,7 +99,8 @@ enum {
  * ops, shape ops (broadcast, reshape, transpose, slice) and MATMUL operands. A bf16 node is
  * computed in f32 and its value rounded to bf16 (nearest even: round(f32 result)); that rounded
  * value is what its readers see. Reductions, fused primitives, concat, index ops and
- * collectives take f32/f64 only (cast first). The cotangent of a bf16 value is f32.
+ * collectives take f32/f64 only (cast first), except ALL_GATHER, which moves bf16 as bytes
+ * (FSDP gathers bf16 copies of weight shards). The cotangent of a bf16 value is f32.
  * Elementwise, all inputs and the output have the same shape (the builder inserts BROADCAST)
  *   and one dtype (the builder casts a bf16 input mixed with f32/f64 ones up: promotion)
  *   NEG EXP LOG TANH SQRT RSQRT RELU GELU(tanh form) SILU SIGMOID ABS

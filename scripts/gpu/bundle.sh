@@ -16,7 +16,11 @@ mkdir -p "$OUTD/bin" "$OUTD/repo/scripts/bench"
 cp build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk "$OUTD/bin/"
 cp -r configs "$OUTD/repo/"
 cp -r scripts/gpu "$OUTD/repo/scripts/"
-for f in scripts/bench/gpt_peer_gpu.py; do [ -f "$f" ] && cp "$f" "$OUTD/repo/scripts/bench/"; done
+# every script check.sh runs from $ROOT (a stage whose script is missing there cannot run)
+for f in $(grep -o '\$ROOT/scripts/[A-Za-z0-9_./-]*' scripts/gpu/check.sh | sed 's|^\$ROOT/||' | sort -u); do
+  [ -f "$f" ] || { echo "bundle.sh: check.sh runs $f, which is missing" >&2; exit 1; }
+  mkdir -p "$OUTD/repo/$(dirname "$f")"; cp "$f" "$OUTD/repo/$f"
+done
 tmp=$(mktemp -d)
 ldd build-cuda/jdt-train build-cuda/tests/check_cuda build-cuda/tests/check_cuk | awk '/=>/ {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libnvrtc[^/]*|libcublas[^/]*|libnccl)\.so' |

@@ -83,7 +83,7 @@
 #   in f32 instead of three bf16 products that ln1's backward adds (passes.c fold_norm_dy_terms);
 #   "4l" with runtime.loss_chunks=8, the head and the cross-entropy on 8 slices of the sequence,
 #   each slice's backward right after its forward (docs/compiler.md "The loss in slices"): its
-#   tok/s and peak device memory against stage 4's (planned 13.70 -> 11.32 GiB of arena, +3.8 GB
+#   tok/s and peak device memory against stage 4's (planned 13.70 -> 11.18 GiB of arena, +3.8 GB
 #   of traffic a step);
 #   "4s" with JDT_GEMM_SPLIT=0, each GEMM whose M, N or K is not a multiple of 8 (bf16) as one
 #   cuBLASLt call instead of an aligned bulk and remainders (cuk_gemm.c gemm: the lm head);
@@ -668,13 +668,13 @@ fi
 
 say "done in $(( $(date +%s) - t_all ))s; logs in $OUT"
 if [ -n "${RESULTS:-}" ]; then
-  # the device tool brings back 8 files: summary.txt, 5 logs, the peers' logs (and cuDNN's
-  # attention's: stage 4c's runs, cuDNN's own logs) in one file and
-  # stage 4p's Chrome trace (every step of 3 profiled steps, for ui.perfetto.dev)
+  # the device tool brings back up to 9 files: summary.txt, the 6 logs below, the peers' logs
+  # (and cuDNN's attention's: stage 4c's runs, cuDNN's own logs) in one file and stage 4p's
+  # Chrome trace (every step of 3 profiled steps, for ui.perfetto.dev)
   for f in check_cuk.log check_cuda.log gpt2.log gpt2-prof.log ncu-att.log ncu-norm.log; do
     if [ -f "$OUT/$f" ]; then tail -c 2000000 "$OUT/$f" > "$RESULTS/$f"; fi
   done
-  for f in "$OUT"/peer-*.log "$OUT"/gemm-peer.log "$OUT"/tiny-cuda-bf16.log "$OUT"/gpt2-cudnn.log \
+  for f in "$OUT"/peer-*.log "$OUT"/gemm-peer.log "$OUT"/tiny-cuda-bf16.log "$OUT"/gpt2-att[01].log \
            "$OUT"/gpt2-cudnn-fast.log "$OUT"/gpt2-cudnn-prof.log "$OUT"/cudnn-*.log; do
     [ -f "$f" ] && { echo "==== $(basename "$f")"; tail -c 1000000 "$f"; }
   done > "$RESULTS/peers.log"
