@@ -3,10 +3,10 @@
  *
  * A checkpoint is a directory <ckpt_dir>/step_000123/ holding state.h5: every tensor under its
  * stable global name ("/params/blocks.0.attn.wq", "/opt/m/...") with its GLOBAL shape and
- * dtype, row-major, plus root attributes format="jdt-ckpt", version (JDT_CKPT_VERSION), step, rng_state,
- * data_position and the resolved config text. It is written as step_000123.tmp/, fsync'd, and
- * renamed into place: a directory named step_NNN exists only once it is complete, so a crash
- * mid-save never yields a checkpoint that looks whole. Leftover *.tmp directories are ignored
+ * dtype, row-major, plus root attributes format="jdt-ckpt", version (JDT_CKPT_VERSION), step,
+ * rng_state, data_position and the resolved config text. It is written as step_000123.tmp/,
+ * fsync'd, and renamed into place: a directory named step_NNN exists only once it is complete, so a
+ * crash mid-save never yields a checkpoint that looks whole. Leftover *.tmp directories are ignored
  * by resume and removed by the next save.
  *
  * Shaped for sharding: the writer takes tensors as (name, dtype, global shape, local slice
