@@ -947,12 +947,16 @@ END_TEST
  * (2-byte buffer, rounded on store); the products equal the ones computed from f32 storage
  * (the GEMM rounds its inputs either way), match the interpreter's bf16 semantics, and the
  * f32 interpreter's products within bf16 tolerance. */
-enum { BS_M = 32, BS_K = 48, BS_N = 40, BS_CASES = 14 };
+enum { BS_M = 32, BS_N = 40, BS_CASES = 14 };
+/* the producers' width: the generated loops store bf16 in tiles of 256 values where the
+ * innermost loop has at least 512 (emit.c BF16_TILE), so 48 tiles only the flat producers
+ * (1536 values: 6 whole tiles), 522 every producer, with a partial last tile */
+static int64_t bs_k;
 
 static jdt_tensor *bf16_producer(fx *f, int k)
 {
     jdt_graph *g = f->g;
-    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, BS_M, BS_K);
+    jdt_tensor *x = FX_INPUT(f, "x", JDT_DTYPE_F32, -2, 2, BS_M, bs_k);
     switch (k) {
     case 0:
         return jdt_graph_gelu(g, x);
@@ -961,30 +965,30 @@ static jdt_tensor *bf16_producer(fx *f, int k)
     case 2:
         return jdt_graph_exp(g, jdt_graph_mul_scalar(g, x, 0.5));
     case 3:
-        return jdt_graph_add(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
+        return jdt_graph_add(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, bs_k));
     case 4:
-        return jdt_graph_mul(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, BS_K));
+        return jdt_graph_mul(g, x, FX_INPUT(f, "x2", JDT_DTYPE_F32, -2, 2, BS_M, bs_k));
     case 5:
-        return jdt_graph_add_bcast(g, x, FX_PARAM(f, "bias", -1, 1, BS_K));
+        return jdt_graph_add_bcast(g, x, FX_PARAM(f, "bias", -1, 1, bs_k));
     case 6:
-        return jdt_graph_transpose(g, FX_INPUT(f, "z", JDT_DTYPE_F32, -2, 2, BS_K, BS_M),
+        return jdt_graph_transpose(g, FX_INPUT(f, "z", JDT_DTYPE_F32, -2, 2, bs_k, BS_M),
                                    (int[]){1, 0});
     case 7:
-        return jdt_graph_slice(g, FX_INPUT(f, "wide", JDT_DTYPE_F32, -2, 2, BS_M, 2 * BS_K), 1,
-                               BS_K / 2, BS_K / 2 + BS_K);
+        return jdt_graph_slice(g, FX_INPUT(f, "wide", JDT_DTYPE_F32, -2, 2, BS_M, 2 * bs_k), 1,
+                               bs_k / 2, bs_k / 2 + bs_k);
     case 8:
         return jdt_graph_add(
             g, x,
-            jdt_graph_broadcast(g, FX_PARAM(f, "row", -1, 1, BS_K), 2, (int64_t[]){BS_M, BS_K}));
+            jdt_graph_broadcast(g, FX_PARAM(f, "row", -1, 1, bs_k), 2, (int64_t[]){BS_M, bs_k}));
     case 9:
         return jdt_graph_reshape(
-            g, jdt_graph_silu(g, FX_INPUT(f, "flat", JDT_DTYPE_F32, -2, 2, BS_M * BS_K)), 2,
-            (int64_t[]){BS_M, BS_K});
+            g, jdt_graph_silu(g, FX_INPUT(f, "flat", JDT_DTYPE_F32, -2, 2, BS_M * bs_k)), 2,
+            (int64_t[]){BS_M, bs_k});
     case 10:
         return jdt_graph_add_bcast(g,
                                    jdt_graph_mul_bcast(g, jdt_graph_normalize(g, x, 1e-5),
-                                                       FX_PARAM(f, "nw", 0.5, 1.5, BS_K)),
-                                   FX_PARAM(f, "nb", -0.5, 0.5, BS_K));
+                                                       FX_PARAM(f, "nw", 0.5, 1.5, bs_k)),
+                                   FX_PARAM(f, "nb", -0.5, 0.5, bs_k));
     case 11:
         return jdt_graph_relu(g, jdt_graph_sub(g, x, jdt_graph_mul_scalar(g, x, 0.25)));
     case 12:
@@ -1000,17 +1004,17 @@ static void bf16_storage_graph(fx *f, int k, bool bf16)
     jdt_graph_set_matmul_bf16(g, bf16);
     jdt_tensor *y = bf16_producer(f, k); /* (M, K) */
     ck_assert_msg(y, "case %d: %s", k, jdt_graph_error_msg(g));
-    jdt_tensor *w = FX_PARAM(f, "w", -0.5, 0.5, BS_K, BS_N);
+    jdt_tensor *w = FX_PARAM(f, "w", -0.5, 0.5, bs_k, BS_N);
     jdt_tensor *u = FX_PARAM(f, "u", -0.5, 0.5, BS_M, 16);
     jdt_tensor *q = FX_PARAM(f, "q", -0.5, 0.5, 16, BS_M);
-    jdt_tensor *q2 = FX_PARAM(f, "q2", -0.5, 0.5, 16, BS_K);
+    jdt_tensor *q2 = FX_PARAM(f, "q2", -0.5, 0.5, 16, bs_k);
     out(f, jdt_graph_matmul(g, y, w, false, false)); /* y as a */
     out(f, jdt_graph_matmul(g, y, u, true, false));  /* y as transposed a: (K, 16) */
     out(f, jdt_graph_matmul(g, q, y, false, false)); /* y as b: (16, K) */
     out(f, jdt_graph_matmul(g, q2, y, false, true)); /* y as transposed b: (16, M) */
 }
 
-static void bf16_storage_cases(void)
+static void bf16_storage_width(void)
 {
     for (int k = 0; k < BS_CASES; k++) {
         fx f, r;
@@ -1029,14 +1033,15 @@ static void bf16_storage_cases(void)
         jdt_program *p = fx_check_steps(&f, &o, 1, 1e-2, 5e-3, true);
         jdt_program *p32 = fx_check_steps(&f, &o32, 1, 1e-2, 5e-3, true);
         const jdt_compile_stats *s = jdt_program_stats(p);
-        ck_assert_msg(s->n_bf16_stored >= 1, "case %d: nothing stored as bf16", k);
+        ck_assert_msg(s->n_bf16_stored >= 1, "case %d, width %lld: nothing stored as bf16", k,
+                      (long long)bs_k);
         ck_assert_int_eq(jdt_program_stats(p32)->n_bf16_stored, 0);
         int n_half = 0;
         for (int b = 0; b < jdt_program_n_buffers(p); b++) {
             jdt_buf_info bi;
             ck_assert(jdt_program_buffer(p, b, &bi));
             if (bi.bf16) {
-                ck_assert_int_eq(bi.n_bytes, 2 * BS_M * BS_K);
+                ck_assert_int_eq(bi.n_bytes, 2 * BS_M * bs_k);
                 n_half++;
             }
         }
@@ -1045,6 +1050,8 @@ static void bf16_storage_cases(void)
                       "case %d: arena %lld with bf16 storage, %lld without", k,
                       (long long)s->arena_bytes, (long long)jdt_program_stats(p32)->arena_bytes);
         ck_assert_msg(strstr(jdt_program_source(p), "jdt_bf16_st("), "case %d: no bf16 store", k);
+        ck_assert_msg(bs_k < 512 || strstr(jdt_program_source(p), "t += 256"),
+                      "case %d, width %lld: the bf16 stores are not tiled", k, (long long)bs_k);
         /* the f32 interpreter: within bf16 tolerance, and not equal (the rounding happened) */
         jdt_interp *it = NULL;
         jdt_err e;
@@ -1082,6 +1089,14 @@ static void bf16_storage_cases(void)
         fx_free(&f);
         fx_free(&r);
     }
+}
+
+static void bf16_storage_cases(void)
+{
+    bs_k = 48;
+    bf16_storage_width();
+    bs_k = 522;
+    bf16_storage_width();
 }
 
 START_TEST(test_bf16_storage)

@@ -25,6 +25,12 @@
  * no region waits for it (docs/compiler.md, Threads). Every output is still computed by one
  * thread in one order, so results do not depend on the thread count. */
 #define SCHED "schedule(guided)"
+/* An elementwise group that stores bf16 runs its innermost loop in tiles of this many values:
+ * the values of a tile computed into f32 arrays on the stack, then rounded and stored by a loop
+ * of their own. One loop mixing f32 loads with 16-bit stores ran the benchmark's GELU at 2.6x
+ * the f32 program's time and its backward at 1.5x; split, 1.75x and 1.0x (docs/perf.md,
+ * session 45). The same values either way. */
+#define BF16_TILE 256
 /* A reduction of a whole domain to one value: partial sums over this many chunks of the
  * outermost dim, taken by the threads as they come, then added in chunk order (the same
  * bits for every thread count, unlike an OpenMP reduction clause). */
@@ -196,7 +202,26 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
             if (hoisted[a]) emit_load(s, &N, a, "    ");
         }
         emit_parallel(s, &N, N.n > 1 ? N.n - 1 : 1, nt);
-        emit_loops(s, &N, 0, N.n);
+        const int K = N.n - 1;
+        const int64_t D = N.dims[K];
+        bool tiled = D >= 2 * BF16_TILE;
+        bool any16 = false;
+        for (int a = 0; a < N.n_acc; a++)
+            any16 = any16 || (N.acc[a].write && c->nodes[N.acc[a].node].bf16);
+        tiled = tiled && any16;
+        if (!tiled) {
+            emit_loops(s, &N, 0, N.n);
+        } else { /* the innermost loop in tiles: the parallel loop where it is the only one */
+            emit_loops(s, &N, 0, K);
+            jdt_sb_printf(s, "    for (int64_t t = 0; t < %lldLL; t += %d) {\n", (long long)D,
+                          BF16_TILE);
+            jdt_sb_printf(s, "    const int64_t te = t + %d < %lldLL ? t + %d : %lldLL;\n",
+                          BF16_TILE, (long long)D, BF16_TILE, (long long)D);
+            for (int a = 0; a < N.n_acc; a++)
+                if (N.acc[a].write && c->nodes[N.acc[a].node].bf16)
+                    jdt_sb_printf(s, "    float s%d[%d];\n", a, BF16_TILE);
+            jdt_sb_printf(s, "    for (int64_t i%d = t; i%d < te; i%d++)\n", K, K, K);
+        }
         jdt_sb_printf(s, "    {\n");
         emit_loads(s, &N, hoisted);
         for (int i = 0; i < g->n_members; i++)
@@ -204,12 +229,24 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         for (int a = 0; a < N.n_acc; a++) {
             if (!N.acc[a].write) continue;
             jdt_nest_offset(&N, a, off, sizeof off);
-            if (c->nodes[N.acc[a].node].bf16) /* rounded to nearest even on store */
-                jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(v%d);\n", a, off, N.acc[a].node);
-            else
+            if (!c->nodes[N.acc[a].node].bf16)
                 jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N.acc[a].node);
+            else if (tiled) /* kept for the tile's stores */
+                jdt_sb_printf(s, "        s%d[i%d - t] = v%d;\n", a, K, N.acc[a].node);
+            else /* rounded to nearest even on store */
+                jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(v%d);\n", a, off, N.acc[a].node);
         }
-        jdt_sb_printf(s, "    }\n}\n\n");
+        jdt_sb_printf(s, "    }\n");
+        if (tiled) { /* the tile's bf16 stores, rounded to nearest even */
+            jdt_sb_printf(s, "    for (int64_t i%d = t; i%d < te; i%d++) {\n", K, K, K);
+            for (int a = 0; a < N.n_acc; a++) {
+                if (!N.acc[a].write || !c->nodes[N.acc[a].node].bf16) continue;
+                jdt_nest_offset(&N, a, off, sizeof off);
+                jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(s%d[i%d - t]);\n", a, off, a, K);
+            }
+            jdt_sb_printf(s, "    }\n    }\n");
+        }
+        jdt_sb_printf(s, "}\n\n");
         return;
     }
     /* reductions */
