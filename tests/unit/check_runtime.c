@@ -362,7 +362,9 @@ static void packed_cases(void)
 
 /* bf16 attention (B, H, T, D) against a double reference with the same rounding points: q, k,
  * v, dout, the probabilities and dS rounded where they enter a product. */
-static void attention_case(int64_t B, int64_t H, int64_t T, int64_t D)
+/* q scaled by amp: at amp 100 the scores reach the hundreds, so a row max that misses a
+ * value (the softmax's shift) overflows exp and the outputs go non-finite */
+static void attention_case_amp(int64_t B, int64_t H, int64_t T, int64_t D, float amp)
 {
     const int64_t n = B * H * T * D;
     unsigned seed = (unsigned)(T * 31 + D);
@@ -373,7 +375,7 @@ static void attention_case(int64_t B, int64_t H, int64_t T, int64_t D)
     double *p = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T);
     ck_assert(x && o && d && scr && ro && rd && p && dp);
     for (int64_t i = 0; i < 4 * n; i++)
-        x[i] = 2.0f * frand(&seed);
+        x[i] = (i < n ? amp : 1.0f) * 2.0f * frand(&seed);
     const float *q = x, *k = x + n, *v = x + 2 * n, *g = x + 3 * n;
     const float sc = 1.0f / sqrtf((float)D);
 #define R(z) ((double)jdt_rt_bf16_round(z))
@@ -431,6 +433,11 @@ static void attention_case(int64_t B, int64_t H, int64_t T, int64_t D)
     free(x), free(o), free(d), free(scr), free(ro), free(rd), free(p), free(dp);
 }
 
+static void attention_case(int64_t B, int64_t H, int64_t T, int64_t D)
+{
+    attention_case_amp(B, H, T, D, 1.0f);
+}
+
 START_TEST(test_bf16_tiles_best_path)
 {
     fprintf(stderr, "check_runtime: bf16 tiles %s\n",
@@ -440,6 +447,7 @@ START_TEST(test_bf16_tiles_best_path)
     packed_cases();
     attention_case(2, 3, 150, 32); /* three blocks, the last ragged */
     attention_case(1, 2, 64, 64);
+    attention_case_amp(1, 2, 150, 32, 100.0f); /* scores in the hundreds */
 }
 END_TEST
 
