@@ -1175,6 +1175,30 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
         return cross_error(ld, "optimizer.decay_steps", e,
                            "%lld ends before optimizer.warmup_steps = %lld",
                            (long long)c->optimizer.decay_steps, (long long)c->optimizer.warmup_steps);
+    /* The run builds file names under these paths in fixed buffers: a longer path is refused
+     * here rather than cut short there (outputs written to another, truncated, directory). */
+    const struct {
+        const char *key, *val;
+        size_t extra;
+    } paths[] = {
+        {"run.out_dir", c->run.out_dir, strlen(c->run.name) + 1},
+        {"run.name", c->run.name, strlen(c->run.out_dir) + 1},
+        {"checkpoint.dir", c->checkpoint.dir, 0},
+        {"checkpoint.resume", c->checkpoint.resume, 0},
+        {"checkpoint.init_from", c->checkpoint.init_from, 0},
+        {"runtime.cache_dir", c->runtime.cache_dir, 0},
+        {"data.source", c->data.source, 0},
+        {"data.train_path", c->data.train_path, 0},
+        {"data.val_path", c->data.val_path, 0},
+        {"data.tokenizer_path", c->data.tokenizer_path, 0},
+    };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (strlen(paths[i].val) + paths[i].extra > JDT_CONFIG_PATH_MAX)
+            return cross_error(ld, paths[i].key, e,
+                               "path of %zu characters%s: at most %d are supported",
+                               strlen(paths[i].val) + paths[i].extra,
+                               paths[i].extra ? " with run.out_dir/run.name" : "",
+                               JDT_CONFIG_PATH_MAX);
     return JDT_OK;
 }
 

@@ -20,6 +20,10 @@
 
 #include <stdio.h>
 
+/* The longest path a config may give (run.out_dir/run.name, checkpoint.dir, runtime.cache_dir,
+ * data paths): the run appends file names to them in fixed buffers of about 1 KiB. */
+#define JDT_CONFIG_PATH_MAX 512
+
 /* ---- enumerations used by config fields (value = index of the name in the schema) -------- */
 
 typedef enum { JDT_MODEL_GPT, JDT_MODEL_MLP } jdt_model_type;

@@ -32,6 +32,8 @@ ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_embd=x); check override "override 'm
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model.nembd=64); check override-key "did you mean model.n_embd?"
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model);          check syntax-ov "unexpected argument 'model'"
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_head=5); check cross "model.n_head" "n_embd = 64"
+# a path the run would cut short in its file-name buffers (outputs went to a truncated directory)
+ARGS=("$JDT_ROOT/configs/tiny.yaml" "run.out_dir=/tmp/$(printf 'd%.0s' $(seq 600))"); check longpath "run.out_dir" "at most 512"
 # the config's bound is the data loader's (it refused 65..1024 only once the data was open)
 ARGS=("$JDT_ROOT/configs/tiny.yaml" data.prefetch=65); check prefetch "data.prefetch" "0..64"
 ARGS=("$JDT_ROOT/configs/tiny.yaml" runtime.loss_chunks=33); check chunks "runtime.loss_chunks" "33 slices" "model.seq_len = 32" "at most 32"
