@@ -275,6 +275,8 @@ jdt_status jdt_tboard_text(jdt_tboard *tb, const char *tag, int64_t step, const 
 jdt_status jdt_tboard_flush(jdt_tboard *tb, jdt_err *e)
 {
     if (fflush(tb->f) != 0) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", tb->path, strerror(errno));
+    /* a write that failed earlier (a full disk) leaves the stream's error flag */
+    if (ferror(tb->f)) return jdt_err_set(e, JDT_ERR_IO, "%s: a write failed", tb->path);
     return JDT_OK;
 }
 

@@ -411,6 +411,79 @@ static jdt_status resume_batch(const jdt_config *cfg, const jdt_ckpt_meta *meta,
     return JDT_OK;
 }
 
+/* The first model key on which a and b describe different networks (the keys that change the
+ * parameters or what the network computes; not dropout, init or the norm's eps), or NULL. */
+static const char *model_differs(const jdt_config *a, const jdt_config *b, char *why, size_t n)
+{
+#define DIFF(f, fmt, va, vb)                                                                       \
+    if (a->model.f != b->model.f) {                                                                \
+        snprintf(why, n, "the checkpoint's model." #f " is " fmt ", this config's " fmt, vb, va);  \
+        return "model." #f;                                                                        \
+    }
+#define INT(f) DIFF(f, "%d", (int)a->model.f, (int)b->model.f)
+#define ENUM(f)                                                                                    \
+    DIFF(f, "%s", jdt_config_choice_name("model." #f, (int)a->model.f),                            \
+         jdt_config_choice_name("model." #f, (int)b->model.f))
+#define BOOL(f) DIFF(f, "%s", a->model.f ? "true" : "false", b->model.f ? "true" : "false")
+    ENUM(type)
+    INT(vocab_size)
+    INT(n_layer)
+    INT(n_embd)
+    INT(n_head)
+    INT(n_kv_head)
+    INT(mlp_ratio)
+    INT(mlp_dim)
+    ENUM(norm)
+    ENUM(pos)
+    ENUM(activation)
+    BOOL(tie_embeddings)
+    BOOL(bias)
+    INT(in_dim)
+    INT(hidden_dim)
+    INT(n_hidden)
+    INT(n_classes)
+#undef DIFF
+#undef INT
+#undef ENUM
+#undef BOOL
+    return NULL;
+}
+
+/* The checkpoint's metadata against the run: a step and data position that a save can have
+ * written (the step its directory is named for, where it is named step_N), and the model its
+ * stored config describes. A checkpoint of another model whose tensors happen to fit (fewer
+ * layers, no biases, another head count) would otherwise load in part, silently. */
+static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, const char *path,
+                             jdt_err *e)
+{
+    if (meta->step < 0 || meta->data_position < 0)
+        return jdt_err_set(e, JDT_ERR_FORMAT,
+                           "%s: corrupt checkpoint: step %lld, data position %lld", path,
+                           (long long)meta->step, (long long)meta->data_position);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    long long named;
+    char tail;
+    if (sscanf(base, "step_%lld%c", &named, &tail) == 1 && named != meta->step)
+        return jdt_err_set(e, JDT_ERR_FORMAT,
+                           "%s: corrupt checkpoint: it says step %lld, its directory step %lld",
+                           path, (long long)meta->step, named);
+    if (!meta->config_text || !meta->config_text[0]) return JDT_OK;
+    jdt_config old;
+    jdt_err e2;
+    if (jdt_config_load_string(meta->config_text, path, 0, NULL, NULL, &old, &e2) != JDT_OK)
+        return JDT_OK; /* written by another version: the tensors' names and shapes decide */
+    char why[160];
+    const char *key = model_differs(cfg, &old, why, sizeof why);
+    jdt_config_free(&old);
+    if (key)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "%s: the checkpoint holds another model (%s): resume with its %s, or "
+                           "start a new run (checkpoint.resume: none, or another run.name)",
+                           path, why, key);
+    return JDT_OK;
+}
+
 /* Loads this rank's blocks of params and optimizer state from path; returns the step to
  * continue from and (data_batch not NULL) the global batch of cfg's size to read next. */
 static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *path,
@@ -422,7 +495,8 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
     jdt_ckpt_meta meta;
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
-    if (data_batch && (st = resume_batch(cfg, &meta, path, data_batch, e)) != JDT_OK) {
+    if ((st = check_meta(cfg, &meta, path, e)) != JDT_OK ||
+        (data_batch && (st = resume_batch(cfg, &meta, path, data_batch, e)) != JDT_OK)) {
         jdt_ckpt_close(c);
         return st;
     }
@@ -932,10 +1006,21 @@ static void log_window(trainer *tr, int64_t t, double loss, double lr, double gn
     jdt_tboard_scalar(tr->tb, "perf/data_wait_ms", t + 1, wait_ms, NULL);
     jdt_tboard_scalar(tr->tb, "memory/peak_rss_mb", t + 1, rss_mb, NULL);
     if (dev) jdt_tboard_scalar(tr->tb, "memory/peak_device_mb", t + 1, dev_mb, NULL);
-    jdt_tboard_flush(tr->tb, NULL);
-    fflush(tr->metrics);
-    tr->window_steps = 0;
+    tr->window_steps = 0; /* the caller flushes (flush_metrics) */
     tr->window_time = tr->window_wait = 0;
+}
+
+/* Rank 0: flushes metrics.jsonl and the TensorBoard events; a write that failed (a full disk)
+ * ends the run with the file named, instead of a run whose metrics silently stop. */
+static jdt_status flush_metrics(trainer *tr, jdt_err *e)
+{
+    jdt_status st = jdt_tboard_flush(tr->tb, e);
+    if (st != JDT_OK) return st;
+    errno = 0;
+    if (fflush(tr->metrics) != 0 || ferror(tr->metrics))
+        return jdt_err_set(e, JDT_ERR_IO, "%s/metrics.jsonl: cannot write: %s", tr->run_dir,
+                           errno ? strerror(errno) : "a write failed");
+    return JDT_OK;
 }
 
 /* run.profile: closes the Chrome trace after its last traced step (step t). */
@@ -993,8 +1078,10 @@ static jdt_status train_step(trainer *tr, int64_t t, jdt_err *e)
     jdt_tboard_scalar(tr->tb, "loss/train", t + 1, loss, NULL);
     jdt_tboard_scalar(tr->tb, "optim/lr", t + 1, lr, NULL);
     jdt_tboard_scalar(tr->tb, "optim/grad_norm", t + 1, gnorm, NULL);
-    if ((t + 1) % cfg->run.log_every == 0 || last_step(cfg, t) || t == tr->first)
+    if ((t + 1) % cfg->run.log_every == 0 || last_step(cfg, t) || t == tr->first) {
         log_window(tr, t, loss, lr, gnorm);
+        if ((st = flush_metrics(tr, e)) != JDT_OK) return st;
+    }
     return JDT_OK;
 }
 
@@ -1067,8 +1154,7 @@ static jdt_status after_step(trainer *tr, int64_t t, jdt_err *e)
                      (long long)cfg->run.steps, vl);
             fprintf(tr->metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", (long long)(t + 1), vl);
             jdt_tboard_scalar(tr->tb, "loss/val", t + 1, vl, NULL);
-            jdt_tboard_flush(tr->tb, NULL);
-            fflush(tr->metrics);
+            if ((st = flush_metrics(tr, e)) != JDT_OK) return st;
         }
     }
     if (cfg->checkpoint.every > 0 && (t + 1) % cfg->checkpoint.every == 0 && !last)

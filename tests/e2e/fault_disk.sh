@@ -64,4 +64,15 @@ rm -f "$D/fill"; dd if=/dev/zero of="$D/fill" bs=1k count=700 2>/dev/null
 [ $rc -eq 1 ] || { cat "$TMP/err"; fail "prepare with too little room: exit $rc, expected 1"; }
 one_error_line "No space left on device: needs [0-9.]* MiB"
 ls "$D/data" 2>/dev/null | grep -q . && fail "prepare left files behind: $(ls "$D/data")"
-echo "full disk, read-only checkpoint and run directories, prepare on a full disk: exit 1, one line each"
+# 6. the run directory fills up during training: the metrics' write fails with the file named
+#    (they used to stop silently, exit 0)
+"$BIN" configs/tiny.yaml run.out_dir="$TMP/r6" run.steps=1 checkpoint.every=0 >/dev/null 2>&1 ||
+  fail "tiny run for the synthetic data"
+mnt size=8m; mkdir -p "$D/runs/tiny"; cp "$TMP"/r6/tiny/*.h5 "$D/runs/tiny/"
+dd if=/dev/zero of="$D/fill" bs=4k 2>/dev/null; truncate -s -16K "$D/fill"
+"$BIN" configs/tiny.yaml run.out_dir="$D/runs" checkpoint.dir="$TMP/ck6" checkpoint.every=0 \
+  run.steps=400 run.log_every=1 run.eval_every=0 >"$TMP/out" 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] || { tail -3 "$TMP/err"; fail "run directory full: exit $rc, expected 1"; }
+one_error_line "No space left on device\|a write failed"
+grep -q "metrics.jsonl\|events.out.tfevents" "$TMP/err" || { cat "$TMP/err"; fail "the error does not name the file"; }
+echo "full disk, read-only checkpoint and run directories, prepare on a full disk, a run directory filling up: exit 1, one line each"
