@@ -953,6 +953,44 @@ jdt_status jdt_ckpt_find_latest(const char *ckpt_dir, char **path, int64_t *step
     return st;
 }
 
+static bool is_step_entry(const char *name, void *ctx)
+{
+    int64_t step;
+    (void)ctx;
+    return parse_step_name(name, &step);
+}
+
+/* A step_N entry newer than the latest complete checkpoint (latest: -1 when none) that is not
+ * a complete one: a directory without a regular state.h5, or not a directory. The writer
+ * renames whole directories into place and prunes by renaming away first, so only damage
+ * leaves one; resuming past it would silently start over from an older step, or step 0. */
+static jdt_status check_newer_entries(const char *ckpt_dir, int64_t latest, jdt_err *e)
+{
+    char **names = NULL;
+    size_t n = 0;
+    jdt_status st = jdt_io_list_dir(ckpt_dir, is_step_entry, NULL, &names, &n, e);
+    if (st != JDT_OK) return st;
+    for (size_t i = 0; i < n && st == JDT_OK; i++) {
+        int64_t step;
+        parse_step_name(names[i], &step);
+        if (step <= latest) continue;
+        char *d = jdt_io_join(ckpt_dir, names[i]);
+        char *f = d ? jdt_io_join(d, JDT_CKPT_FILE) : NULL;
+        if (!f)
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", ckpt_dir);
+        else if (!jdt_io_is_file(f))
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: damaged checkpoint (no readable %s), newer than the latest "
+                             "complete one: remove it, or set checkpoint.resume to a checkpoint "
+                             "or none",
+                             d, JDT_CKPT_FILE);
+        jdt_free(f);
+        jdt_free(d);
+    }
+    jdt_io_names_free(names, n);
+    return st;
+}
+
 jdt_status jdt_ckpt_resolve(const char *resume, const char *ckpt_dir, char **path, jdt_err *e)
 {
     jdt_err err_local_; /* e may be NULL: keep the detail locally */
@@ -960,10 +998,17 @@ jdt_status jdt_ckpt_resolve(const char *resume, const char *ckpt_dir, char **pat
     *path = NULL;
     if (!resume || !resume[0] || strcmp(resume, "none") == 0) return JDT_OK;
     if (strcmp(resume, "auto") == 0) {
-        jdt_status st = jdt_ckpt_find_latest(ckpt_dir, path, NULL, e);
+        int64_t latest = -1;
+        jdt_status st = jdt_ckpt_find_latest(ckpt_dir, path, &latest, e);
         if (st == JDT_ERR_NOT_FOUND) {
             jdt_err_clear(e);
-            return JDT_OK;
+            if (!jdt_io_is_dir(ckpt_dir)) return JDT_OK;
+            st = JDT_OK;
+        }
+        if (st == JDT_OK) st = check_newer_entries(ckpt_dir, latest, e);
+        if (st != JDT_OK) {
+            jdt_free(*path);
+            *path = NULL;
         }
         return st;
     }

@@ -2,7 +2,9 @@
 # fault_integrity.sh — flipped bits are detected (issue 11, item 3): one bit of a checkpoint's
 # step, a byte of its stored config, one byte inside the token data of a prepared shard. Each
 # is an error naming the damaged file, exit 1, before any training on bad data; `sample` on
-# a damaged checkpoint exits 1 (run-time), not 2 (usage).
+# a damaged checkpoint exits 1 (run-time), not 2 (usage). Then checkpoints that read cleanly
+# but are not what this run wrote: a renamed copy, a newer directory without its state.h5,
+# another model's (exit 2).
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -68,4 +70,27 @@ expect 1 "$BIN" $R run.out_dir="$TMP/r3" run.steps=2 $D
 grep -q "$(basename "$shard"): the data fails its checksum" "$TMP/err" ||
   { cat "$TMP/err"; fail "flipped token byte not detected or wrong file named"; }
 [ "$(grep -c error "$TMP/err")" -eq 1 ] || fail "more than one error line"
-echo "flipped step, damaged config and flipped token byte: detected, exit 1"
+
+# 4. checkpoints that read cleanly but are not what the run wrote (resume: auto)
+rm -rf "$ck"; cp -r "$TMP/good" "$ck"; A="$R checkpoint.resume=auto"
+#  a copy under a newer step's name: its step is not its directory's
+cp -r "$ck" "$TMP/runs/tiny/ckpt/step_000010"
+expect 1 "$BIN" $A run.steps=16
+grep -q "step_000010: corrupt checkpoint: it says step 8, its directory step 10" "$TMP/err" ||
+  { cat "$TMP/err"; fail "renamed checkpoint not detected"; }
+#  a newer step's directory without its state.h5: an error, not a silent start from step 8
+rm "$TMP/runs/tiny/ckpt/step_000010/state.h5"
+expect 1 "$BIN" $A run.steps=16
+grep -q "step_000010: damaged checkpoint (no readable state.h5)" "$TMP/err" ||
+  { cat "$TMP/err"; fail "damaged newer checkpoint not detected"; }
+grep -q "^step 9/" "$TMP/err" && fail "trained past a damaged newer checkpoint"
+rm -rf "$TMP/runs/tiny/ckpt/step_000010"
+#  another model whose tensors fit (one layer of the two): refused, not loaded in part
+expect 2 "$BIN" $A run.steps=16 model.n_layer=1
+grep -q "the checkpoint holds another model (the checkpoint's model.n_layer is 2, this config's 1)" "$TMP/err" ||
+  { cat "$TMP/err"; fail "resume with another model not refused"; }
+expect 2 "$BIN" $A run.steps=16 model.bias=false
+grep -q "model.bias is true, this config's false" "$TMP/err" || { cat "$TMP/err"; fail "bias change not refused"; }
+expect 0 "$BIN" $A run.steps=10 model.dropout=0.1 # not the model's parameters: resumes
+grep -q "resumed from .*step_000008 at step 8" "$TMP/err" || { cat "$TMP/err"; fail "dropout change refused"; }
+echo "flipped step, damaged config, flipped token byte, renamed and damaged checkpoints, another model: detected"
