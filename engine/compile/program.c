@@ -413,7 +413,7 @@ static jdt_status run_marked(jdt_program *p, jdt_err *e)
     for (int s = 0; s < n; s++) {
         if ((st = vt->step(p->state, s, e)) != JDT_OK ||
             (st = vt->mark(p->state, s + 1, e)) != JDT_OK)
-            return jdt_err_prefix(e, "step %d", s);
+            return jdt_err_prefix(e, "program step %d", s);
     }
     if ((st = vt->finish(p->state, e)) != JDT_OK || (st = vt->mark(p->state, n + 1, e)) != JDT_OK ||
         (st = vt->sync(p->state, e)) != JDT_OK ||
@@ -446,9 +446,11 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
     if (timed && p->mark_s) return run_marked(p, e);
     for (int s = 0; s < c->n_steps; s++) {
         double t0 = timed ? jdt_now_s() : 0.0;
-        if ((st = vt->step(p->state, s, e)) != JDT_OK) return jdt_err_prefix(e, "step %d", s);
+        if ((st = vt->step(p->state, s, e)) != JDT_OK)
+            return jdt_err_prefix(e, "program step %d", s);
         if (timed) {
-            if ((st = vt->sync(p->state, e)) != JDT_OK) return jdt_err_prefix(e, "step %d", s);
+            if ((st = vt->sync(p->state, e)) != JDT_OK)
+                return jdt_err_prefix(e, "program step %d", s);
             double t1 = jdt_now_s();
             if (p->step_s) p->step_s[s] += t1 - t0;
             if (c->opts.trace) c->opts.trace(c->opts.trace_ctx, p->step_name[s], t0, t1);

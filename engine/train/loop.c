@@ -1149,6 +1149,12 @@ static jdt_status after_step(trainer *tr, int64_t t, jdt_err *e)
         double vl, t_ev = jdt_now_s();
         if ((st = run_eval(tr, &vl, e)) != JDT_OK) return st;
         tr->s_eval += jdt_now_s() - t_ev;
+        /* every rank holds the same mean: all stop, before this step's checkpoint */
+        if (!isfinite(vl))
+            return jdt_err_set(e, JDT_ERR_NUMERIC,
+                               "step %lld: the validation loss is %g: the parameters have "
+                               "diverged (nothing saved at this step)",
+                               (long long)(t + 1), vl);
         if (main_rank) {
             JDT_INFO("step %lld/%lld | val loss %.4f", (long long)(t + 1),
                      (long long)cfg->run.steps, vl);

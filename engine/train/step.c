@@ -26,30 +26,30 @@ typedef struct {
 } exec;
 
 typedef struct {
-    char name[256]; /* checkpoint name: params/..., opt/m/..., opt/v/..., opt/buf/... */
-    float *data;    /* (numel of shape) 64-byte aligned, owned: this rank's block */
-    jdt_shape shape;  /* local (this rank's block) */
-    jdt_shape global; /* the whole tensor */
+    char name[256];      /* checkpoint name: params/..., opt/m/..., opt/v/..., opt/buf/... */
+    float *data;         /* (numel of shape) 64-byte aligned, owned: this rank's block */
+    jdt_shape shape;     /* local (this rank's block) */
+    jdt_shape global;    /* the whole tensor */
     jdt_placement place; /* how the tensor is split over the mesh (its parameter's storage) */
 } host_tensor;
 
 struct jdt_step {
     const jdt_config *cfg;
     jdt_step_opts o;
-    exec main, apply, eval;    /* apply.g is NULL without accumulation */
+    exec main, apply, eval; /* apply.g is NULL without accumulation */
     jdt_model m_main, m_eval;
-    jdt_mesh mesh;             /* 1 x 1 x 1 without a mesh */
-    jdt_placement *pplace;     /* (n_params) storage placement of each parameter */
-    jdt_shape *pglobal;        /* (n_params) global shape of each parameter */
+    jdt_mesh mesh;         /* 1 x 1 x 1 without a mesh */
+    jdt_placement *pplace; /* (n_params) storage placement of each parameter */
+    jdt_shape *pglobal;    /* (n_params) global shape of each parameter */
     jdt_placement loss_place, eval_loss_place;
     int n_params;
-    host_tensor *tensors;      /* params, then moments: (n_tensors) */
+    host_tensor *tensors; /* params, then moments: (n_tensors) */
     int n_tensors;
-    float **acc;               /* (n_params) accumulators, accumulation only */
+    float **acc; /* (n_params) accumulators, accumulation only */
     /* bound scalars */
     float lr, bc1, bc2, inv_accum;
     int32_t dropout_step;
-    int out_loss, out_norm;    /* output indices in main (norm in apply when accumulating) */
+    int out_loss, out_norm; /* output indices in main (norm in apply when accumulating) */
 };
 
 /* Compiles (or plans) x->g; lender: the program whose arena x reuses when it fits (the eval
@@ -64,7 +64,8 @@ static jdt_status exec_init(exec *x, const jdt_step_opts *o, const jdt_program *
         return jdt_program_compile(x->g, &co, &x->p, e);
     }
     st = jdt_interp_new(x->g, &x->it, e);
-    if (st == JDT_OK) jdt_interp_set_collective(x->it, o->copts.collective, o->copts.collective_ctx);
+    if (st == JDT_OK)
+        jdt_interp_set_collective(x->it, o->copts.collective, o->copts.collective_ctx);
     return st;
 }
 
@@ -110,7 +111,8 @@ static host_tensor *find_host(jdt_step *s, const char *name, int i)
 }
 
 /* The state leaf prefix + name of parameter i (p) in g, bound to its host buffer. */
-static jdt_tensor *state_leaf(jdt_step *s, jdt_graph *g, const char *prefix, int i, const jdt_tensor *p)
+static jdt_tensor *state_leaf(jdt_step *s, jdt_graph *g, const char *prefix, int i,
+                              const jdt_tensor *p)
 {
     char name[256];
     snprintf(name, sizeof name, "%s%s", prefix, p->name);
@@ -135,7 +137,8 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
     for (int i = 0; i < n; i++) {
         uint32_t all = (1u << G[i]->shape.ndim) - 1;
         jdt_tensor *ss = jdt_graph_reduce_sum(g, jdt_graph_mul(g, G[i], G[i]), all, false);
-        unsigned split = jdt_mesh_live(&s->mesh, 7u & ~jdt_shard_grad_axes(&s->mesh, &s->pplace[i]));
+        unsigned split =
+            jdt_mesh_live(&s->mesh, 7u & ~jdt_shard_grad_axes(&s->mesh, &s->pplace[i]));
         by_axes[split] = by_axes[split] ? jdt_graph_add(g, by_axes[split], ss) : ss;
     }
     jdt_tensor *sumsq = NULL;
@@ -151,7 +154,8 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
             g, jdt_graph_scalar(g, JDT_DTYPE_F32, 1.0),
             jdt_graph_div(g, jdt_graph_scalar(g, JDT_DTYPE_F32, cfg->optimizer.grad_clip),
                           jdt_graph_add_scalar(g, norm, 1e-6)));
-        for (int i = 0; i < n; i++) G[i] = jdt_graph_mul_bcast(g, G[i], scale);
+        for (int i = 0; i < n; i++)
+            G[i] = jdt_graph_mul_bcast(g, G[i], scale);
     }
     /* ok = 1 when the squared norm is finite (NaN and +inf compare false) */
     jdt_tensor *ok = cfg->optimizer.nan_policy == JDT_NAN_SKIP
@@ -172,13 +176,16 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
         if (cfg->optimizer.type == JDT_OPTIM_ADAMW) {
             const double b1 = cfg->optimizer.beta1, b2 = cfg->optimizer.beta2;
             jdt_tensor *m = state_leaf(s, g, "opt/m/", i, p), *v = state_leaf(s, g, "opt/v/", i, p);
-            jdt_tensor *mn = jdt_graph_add(g, jdt_graph_mul_scalar(g, m, b1), jdt_graph_mul_scalar(g, gr, 1 - b1));
-            jdt_tensor *vn = jdt_graph_add(g, jdt_graph_mul_scalar(g, v, b2),
-                                           jdt_graph_mul_scalar(g, jdt_graph_mul(g, gr, gr), 1 - b2));
-            jdt_tensor *den = jdt_graph_add_scalar(g, jdt_graph_sqrt(g, jdt_graph_mul_bcast(g, vn, bc2)),
-                                                   cfg->optimizer.eps);
+            jdt_tensor *mn = jdt_graph_add(g, jdt_graph_mul_scalar(g, m, b1),
+                                           jdt_graph_mul_scalar(g, gr, 1 - b1));
+            jdt_tensor *vn =
+                jdt_graph_add(g, jdt_graph_mul_scalar(g, v, b2),
+                              jdt_graph_mul_scalar(g, jdt_graph_mul(g, gr, gr), 1 - b2));
+            jdt_tensor *den = jdt_graph_add_scalar(
+                g, jdt_graph_sqrt(g, jdt_graph_mul_bcast(g, vn, bc2)), cfg->optimizer.eps);
             upd = jdt_graph_div(g, jdt_graph_mul_bcast(g, mn, bc1), den);
-            if (meta[i].decay && wd > 0) upd = jdt_graph_add(g, upd, jdt_graph_mul_scalar(g, p, wd));
+            if (meta[i].decay && wd > 0)
+                upd = jdt_graph_add(g, upd, jdt_graph_mul_scalar(g, p, wd));
             jdt_graph_add_update(g, m, GATED(mn, m));
             jdt_graph_add_update(g, v, GATED(vn, v));
         } else {
@@ -188,7 +195,9 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
             if (mu > 0) {
                 jdt_tensor *buf = state_leaf(s, g, "opt/buf/", i, p);
                 jdt_tensor *bn = jdt_graph_add(g, jdt_graph_mul_scalar(g, buf, mu), gr);
-                upd = cfg->optimizer.nesterov ? jdt_graph_add(g, gr, jdt_graph_mul_scalar(g, bn, mu)) : bn;
+                upd = cfg->optimizer.nesterov
+                          ? jdt_graph_add(g, gr, jdt_graph_mul_scalar(g, bn, mu))
+                          : bn;
                 jdt_graph_add_update(g, buf, GATED(bn, buf));
             }
         }
@@ -200,7 +209,8 @@ static jdt_tensor *build_update(jdt_step *s, jdt_graph *g, int n, jdt_tensor **P
 }
 
 /* The global value of a local scalar loss with placement p (sum of its partial values). */
-static jdt_tensor *global_loss(const jdt_step *s, jdt_graph *g, jdt_tensor *t, const jdt_placement *p)
+static jdt_tensor *global_loss(const jdt_step *s, jdt_graph *g, jdt_tensor *t,
+                               const jdt_placement *p)
 {
     unsigned axes = jdt_mesh_live(&s->mesh, p->partial);
     return axes ? jdt_graph_all_reduce(g, t, (int)axes, 0, 1.0) : t;
@@ -245,8 +255,10 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
         if (st == JDT_OK && training && !s->pplace) {
             s->pplace = jdt_calloc((size_t)(m->n_params ? m->n_params : 1), sizeof *s->pplace);
             s->pglobal = jdt_calloc((size_t)(m->n_params ? m->n_params : 1), sizeof *s->pglobal);
-            if (!s->pplace || !s->pglobal) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
-            for (int i = 0; i < m->n_params; i++) s->pglobal[i] = m->params[i].t->shape;
+            if (!s->pplace || !s->pglobal)
+                return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
+            for (int i = 0; i < m->n_params; i++)
+                s->pglobal[i] = m->params[i].t->shape;
         }
         return st;
     }
@@ -266,7 +278,8 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
         }
     }
     /* the model's tensors now live in the local graph (the params array is in gg's arena) */
-    jdt_model_param *params = jdt_graph_alloc(r.g, (size_t)(m->n_params ? m->n_params : 1) * sizeof *params);
+    jdt_model_param *params =
+        jdt_graph_alloc(r.g, (size_t)(m->n_params ? m->n_params : 1) * sizeof *params);
     if (!params && st == JDT_OK) st = jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
     if (st == JDT_OK) {
         for (int i = 0; i < m->n_params; i++) {
@@ -293,14 +306,14 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
 static jdt_status alloc_host(jdt_step *s, jdt_err *e)
 {
     const jdt_model *m = &s->m_main;
-    int per = s->cfg->optimizer.type == JDT_OPTIM_ADAMW ? 2 : (s->cfg->optimizer.momentum > 0 ? 1 : 0);
+    int per =
+        s->cfg->optimizer.type == JDT_OPTIM_ADAMW ? 2 : (s->cfg->optimizer.momentum > 0 ? 1 : 0);
     s->n_params = m->n_params;
     s->n_tensors = m->n_params * (1 + per);
     s->tensors = jdt_calloc((size_t)s->n_tensors, sizeof *s->tensors);
     if (!s->tensors) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
-    static const char *const prefixes[3][3] = {{"params/", NULL, NULL},
-                                               {"params/", "opt/buf/", NULL},
-                                               {"params/", "opt/m/", "opt/v/"}};
+    static const char *const prefixes[3][3] = {
+        {"params/", NULL, NULL}, {"params/", "opt/buf/", NULL}, {"params/", "opt/m/", "opt/v/"}};
     for (int k = 0; k <= per; k++) {
         for (int i = 0; i < m->n_params; i++) {
             const jdt_tensor *p = m->params[i].t;
@@ -312,7 +325,8 @@ static jdt_status alloc_host(jdt_step *s, jdt_err *e)
             size_t n = (size_t)jdt_shape_numel(&p->shape);
             if (s->o.plan_only) continue; /* shapes only: no buffer, no initial values */
             h->data = jdt_malloc_aligned(n * sizeof(float));
-            if (!h->data) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory for %s", h->name);
+            if (!h->data)
+                return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory for %s", h->name);
             if (k > 0) {
                 memset(h->data, 0, n * sizeof(float));
                 continue;
@@ -330,7 +344,8 @@ static jdt_status alloc_host(jdt_step *s, jdt_err *e)
 
 static void bind_params(jdt_step *s, const jdt_model *m)
 {
-    for (int i = 0; i < m->n_params; i++) m->params[i].t->data = s->tensors[i].data;
+    for (int i = 0; i < m->n_params; i++)
+        m->params[i].t->data = s->tensors[i].data;
 }
 
 static jdt_status build_main(jdt_step *s, jdt_err *e)
@@ -346,10 +361,12 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     jdt_tensor **P = jdt_graph_alloc(g, (size_t)n * sizeof *P);
     jdt_tensor **G = jdt_graph_alloc(g, (size_t)n * sizeof *G);
     if (!P || !G) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
-    for (int i = 0; i < n; i++) P[i] = s->m_main.params[i].t;
+    for (int i = 0; i < n; i++)
+        P[i] = s->m_main.params[i].t;
     /* the per-rank objectives sum to the global loss (see engine/shard/shard.h) */
     const double seed = jdt_shard_loss_seed(&s->mesh, &s->loss_place);
-    jdt_tensor *objective = seed == 1.0 ? s->m_main.loss : jdt_graph_mul_scalar(g, s->m_main.loss, seed);
+    jdt_tensor *objective =
+        seed == 1.0 ? s->m_main.loss : jdt_graph_mul_scalar(g, s->m_main.loss, seed);
     st = jdt_autodiff_grad_ex(g, objective, n, P, G,
                               s->o.copts.remat == JDT_COMPILE_REMAT_DOTS    ? JDT_AD_REMAT_DOTS
                               : s->o.copts.remat == JDT_COMPILE_REMAT_BLOCK ? JDT_AD_REMAT_BLOCK
@@ -359,7 +376,8 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     s->out_loss = jdt_graph_add_output(g, global_loss(s, g, s->m_main.loss, &s->loss_place));
 
     if (s->o.n_accum == 1) {
-        for (int i = 0; i < n; i++) G[i] = grad_sum(s, g, i, G[i]);
+        for (int i = 0; i < n; i++)
+            G[i] = grad_sum(s, g, i, G[i]);
         s->out_norm = jdt_graph_add_output(g, build_update(s, g, n, P, G, s->m_main.params));
         return exec_init(&s->main, &s->o, NULL, e);
     }
@@ -384,15 +402,18 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
         }
         char name[256];
         snprintf(name, sizeof name, "acc/%s", p->name);
-        jdt_tensor *acc = jdt_graph_state(g, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
-        jdt_tensor *acca = jdt_graph_state(ga, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
+        jdt_tensor *acc =
+            jdt_graph_state(g, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
+        jdt_tensor *acca =
+            jdt_graph_state(ga, name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
         PA[i] = jdt_graph_param(ga, p->name, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, p->axes);
         if (!acc || !acca || !PA[i]) break;
         acc->data = acca->data = s->acc[i];
         PA[i]->data = s->tensors[i].data;
         jdt_graph_add_update(g, acc, jdt_graph_add(g, acc, G[i]));
         GA[i] = grad_sum(s, ga, i, jdt_graph_mul_bcast(ga, acca, inv));
-        jdt_graph_add_update(ga, acca, jdt_graph_full(ga, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, 0.0));
+        jdt_graph_add_update(ga, acca,
+                             jdt_graph_full(ga, JDT_DTYPE_F32, p->shape.ndim, p->shape.dims, 0.0));
     }
     s->out_norm = jdt_graph_add_output(ga, build_update(s, ga, n, PA, GA, s->m_main.params));
     if ((st = exec_init(&s->main, &s->o, NULL, e)) != JDT_OK) return st;
@@ -412,7 +433,8 @@ jdt_status jdt_step_new(const jdt_config *cfg, const jdt_step_opts *o, jdt_step 
 {
     *out = NULL;
     /* before building anything: a plan that cannot fit is refused in microseconds */
-    jdt_status mst = o->plan_only ? JDT_OK : jdt_train_check_memory(cfg, o->micro_batch, o->mesh, e);
+    jdt_status mst =
+        o->plan_only ? JDT_OK : jdt_train_check_memory(cfg, o->micro_batch, o->mesh, e);
     if (mst != JDT_OK) return mst;
     jdt_step *s = jdt_calloc(1, sizeof *s);
     if (!s) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");
@@ -447,10 +469,12 @@ void jdt_step_free(jdt_step *s)
     exec_free(&s->eval); /* the borrowers of main's arena first */
     exec_free(&s->apply);
     exec_free(&s->main);
-    for (int i = 0; i < s->n_tensors; i++) jdt_free_aligned(s->tensors[i].data);
+    for (int i = 0; i < s->n_tensors; i++)
+        jdt_free_aligned(s->tensors[i].data);
     jdt_free(s->tensors);
     if (s->acc)
-        for (int i = 0; i < s->n_params; i++) jdt_free_aligned(s->acc[i]);
+        for (int i = 0; i < s->n_params; i++)
+            jdt_free_aligned(s->acc[i]);
     jdt_free(s->acc);
     jdt_free(s->pplace);
     jdt_free(s->pglobal);
@@ -483,22 +507,23 @@ jdt_status jdt_step_run(jdt_step *s, int64_t t, double lr, const void *x, const 
     for (int k = 0; k < s->o.n_accum; k++) {
         m->x->data = (void *)((const char *)x + (size_t)k * xb);
         m->y->data = (void *)(y + (size_t)k * yn);
-        if ((st = exec_run(&s->main, e)) != JDT_OK) return jdt_err_prefix(e, "step %lld", (long long)t);
+        if ((st = exec_run(&s->main, e)) != JDT_OK)
+            return jdt_err_prefix(e, "step %lld", (long long)(t + 1));
         float l;
         if ((st = exec_scalar(&s->main, s->out_loss, &l, e)) != JDT_OK)
-            return jdt_err_prefix(e, "step %lld", (long long)t);
+            return jdt_err_prefix(e, "step %lld", (long long)(t + 1));
         sum += l;
     }
     if (s->apply.g && (st = exec_run(&s->apply, e)) != JDT_OK)
-        return jdt_err_prefix(e, "step %lld (optimizer)", (long long)t);
+        return jdt_err_prefix(e, "step %lld (optimizer)", (long long)(t + 1));
     *loss = sum / s->o.n_accum;
     float gn;
     if ((st = exec_scalar(s->apply.g ? &s->apply : &s->main, s->out_norm, &gn, e)) != JDT_OK)
-        return jdt_err_prefix(e, "step %lld", (long long)t);
+        return jdt_err_prefix(e, "step %lld", (long long)(t + 1));
     *grad_norm = gn;
     if (!isfinite(*loss) || !isfinite(*grad_norm))
         return jdt_err_set(e, JDT_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g is not finite",
-                           (long long)t, *loss, *grad_norm);
+                           (long long)(t + 1), *loss, *grad_norm);
     return JDT_OK;
 }
 
@@ -529,7 +554,10 @@ const char *jdt_step_source(const jdt_step *s)
     return s->main.p ? jdt_program_source(s->main.p) : "";
 }
 
-int jdt_step_n_tensors(const jdt_step *s) { return s->n_tensors; }
+int jdt_step_n_tensors(const jdt_step *s)
+{
+    return s->n_tensors;
+}
 
 void jdt_step_tensor(const jdt_step *s, int i, const char **name, float **data, jdt_shape *shape)
 {
@@ -555,16 +583,25 @@ const jdt_placement *jdt_step_tensor_placement(const jdt_step *s, int i)
     return &s->tensors[i].place;
 }
 
-int jdt_step_n_params(const jdt_step *s) { return s->n_params; }
+int jdt_step_n_params(const jdt_step *s)
+{
+    return s->n_params;
+}
 
-const jdt_mesh *jdt_step_mesh(const jdt_step *s) { return &s->mesh; }
+const jdt_mesh *jdt_step_mesh(const jdt_step *s)
+{
+    return &s->mesh;
+}
 
 static const exec *step_exec(const jdt_step *s, jdt_step_prog which)
 {
     switch (which) {
-    case JDT_STEP_PROG_MAIN: return &s->main;
-    case JDT_STEP_PROG_APPLY: return &s->apply;
-    case JDT_STEP_PROG_EVAL: return &s->eval;
+    case JDT_STEP_PROG_MAIN:
+        return &s->main;
+    case JDT_STEP_PROG_APPLY:
+        return &s->apply;
+    case JDT_STEP_PROG_EVAL:
+        return &s->eval;
     }
     return NULL;
 }
@@ -584,11 +621,15 @@ const jdt_compile_stats *jdt_step_prog_stats(const jdt_step *s, jdt_step_prog wh
 int64_t jdt_step_state_bytes(const jdt_step *s)
 {
     int64_t n = 0;
-    for (int i = 0; i < s->n_tensors; i++) n += jdt_shape_numel(&s->tensors[i].shape) * (int64_t)sizeof(float);
+    for (int i = 0; i < s->n_tensors; i++)
+        n += jdt_shape_numel(&s->tensors[i].shape) * (int64_t)sizeof(float);
     return n;
 }
 
-const jdt_model *jdt_step_model(const jdt_step *s) { return &s->m_main; }
+const jdt_model *jdt_step_model(const jdt_step *s)
+{
+    return &s->m_main;
+}
 
 const jdt_compile_stats *jdt_step_stats(const jdt_step *s)
 {
@@ -648,8 +689,8 @@ jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *
     if (cfg->data.batch_size % ways || cfg->data.micro_batch_size % ways)
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "data.batch_size %d and data.micro_batch_size %d must be multiples of "
-                           "the %d ways the batch is split", cfg->data.batch_size,
-                           cfg->data.micro_batch_size, ways);
+                           "the %d ways the batch is split",
+                           cfg->data.batch_size, cfg->data.micro_batch_size, ways);
     /* every leaf of the model against the rules: shapes only, no values */
     jdt_graph *g = jdt_graph_new();
     if (!g) return jdt_err_set(e, JDT_ERR_NOMEM, "train: out of memory");

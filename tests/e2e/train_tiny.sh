@@ -74,6 +74,17 @@ grep -q "SIGTERM" "$TMP/err" || fail "SIGTERM not reported"
 # 5. non-finite loss stops the run naming the step
 expect 1 "$BIN" configs/tiny.yaml run.out_dir="$TMP/n" optimizer.lr=1e30 optimizer.grad_clip=0 run.steps=20
 grep -qE "step [0-9]+: loss .* not finite" "$TMP/err" || fail "NaN message: $(cat "$TMP/err" | tail -2)"
+# the step it names is the progress lines' (1-based): the last progress line's, plus one
+last=$(sed -nE 's/^step ([0-9]+)\/20 .*/\1/p' "$TMP/err" | tail -1)
+grep -qE "error: step $(( ${last:-0} + 1 )): loss" "$TMP/err" || { cat "$TMP/err"; fail "NaN step not the progress lines' next"; }
+# 5b. nan_policy: skip skips the bad updates, but a diverged model (the validation loss not
+# finite) ends the run before its checkpoint (it used to exit 0 and save it)
+expect 1 "$BIN" configs/tiny.yaml run.out_dir="$TMP/n2" optimizer.lr=1e30 optimizer.nan_policy=skip \
+  run.steps=4 run.eval_every=2 checkpoint.every=0 run.log_every=1
+grep -q "update skipped" "$TMP/err" || fail "no skipped update: $(tail -2 "$TMP/err")"
+grep -q "error: step 2: the validation loss is .*nan: the parameters have diverged" "$TMP/err" ||
+  { cat "$TMP/err"; fail "diverged validation loss not an error"; }
+ls -d "$TMP/n2/tiny/ckpt/step_"* >/dev/null 2>&1 && fail "a diverged model was saved"
 
 # 6. bad data file: one clear error naming it
 echo "not hdf5" > "$TMP/bad.h5"
