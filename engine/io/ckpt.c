@@ -113,15 +113,16 @@ static int64_t volume(int ndim, const int64_t *ext)
 static int64_t file_bytes_bound(const jdt_ckpt_meta *meta, const jdt_ckpt_tensor *ts, size_t n,
                                 bool slices)
 {
-    int64_t total = (1 << 20) + (meta && meta->config_text ? (int64_t)strlen(meta->config_text) : 0);
+    int64_t total =
+        (1 << 20) + (meta && meta->config_text ? (int64_t)strlen(meta->config_text) : 0);
     for (size_t i = 0; i < n; i++) {
         const jdt_ckpt_tensor *t = &ts[i];
         bool dup = false;
         for (size_t j = 0; !slices && j < i && !dup && j < 4096; j++)
             dup = strcmp(clean_name(t->name), clean_name(ts[j].name)) == 0;
         if (dup) continue;
-        int64_t v = (slices && !whole_extent(t)) ? volume(t->ndim, t->extent)
-                                                 : volume(t->ndim, t->shape);
+        int64_t v =
+            (slices && !whole_extent(t)) ? volume(t->ndim, t->extent) : volume(t->ndim, t->shape);
         int64_t bytes = v * (int64_t)jdt_dtype_size(t->dtype);
         total += bytes + (bytes / (4 << 20) + 1) * 96 + 8192;
     }
@@ -299,8 +300,8 @@ static jdt_status write_root_attrs(hid_t f, const jdt_ckpt_meta *meta, const cha
         (st = jdt_h5_attr_write_str(f, "config", meta->config_text ? meta->config_text : "", file,
                                     e)) ||
         (st = jdt_h5_attr_write_str(f, "jdt_version", JDT_VERSION_STRING, file, e)) ||
-        (st = jdt_h5_attr_write_u64(f, "meta_checksum", meta_checksum(JDT_CKPT_VERSION, meta),
-                                    file, e)))
+        (st = jdt_h5_attr_write_u64(f, "meta_checksum", meta_checksum(JDT_CKPT_VERSION, meta), file,
+                                    e)))
         return st;
     return JDT_OK;
 }
@@ -556,8 +557,9 @@ static jdt_status write_manifest(const char *tmp, const char *state_file, const 
                          jdt_h5_detail(d, sizeof d));
         goto out;
     }
-    if ((st = jdt_h5_reserve(f, (1 << 20) + (int64_t)n * 16384 +
-                                   (meta->config_text ? (int64_t)strlen(meta->config_text) : 0),
+    if ((st = jdt_h5_reserve(f,
+                             (1 << 20) + (int64_t)n * 16384 +
+                                 (meta->config_text ? (int64_t)strlen(meta->config_text) : 0),
                              state_file, e)))
         goto out;
     if ((st = write_root_attrs(f, meta, state_file, e))) goto out;
@@ -1065,8 +1067,10 @@ jdt_status jdt_ckpt_open(const char *path, jdt_ckpt **out, jdt_err *e)
     if (version >= 2) { /* version 1 predates the checksum */
         uint64_t want;
         if ((st = jdt_h5_attr_read_u64(c->f, "meta_checksum", &want, p, e))) goto fail;
-        jdt_ckpt_meta m = {.step = c->step, .rng_state = c->rng_state,
-                           .data_position = c->data_position, .config_text = c->config_text};
+        jdt_ckpt_meta m = {.step = c->step,
+                           .rng_state = c->rng_state,
+                           .data_position = c->data_position,
+                           .config_text = c->config_text};
         if (meta_checksum(version, &m) != want) {
             st = jdt_err_set(e, JDT_ERR_FORMAT,
                              "%s: the checkpoint's metadata (step %lld, RNG state, data "
@@ -1179,8 +1183,11 @@ static jdt_status open_tensor(jdt_ckpt *c, const char *name, hid_t *ds_out, jdt_
     if (jdt_h5_has_attr(ds, "dtype")) {
         jdt_dtype named;
         if ((st = jdt_h5_attr_read_str(ds, "dtype", &dtname, c->file, e))) goto out;
-        if (!jdt_dtype_parse(dtname, &named) || jdt_h5_file_type(named) < 0 ||
-            jdt_dtype_size(named) != jdt_dtype_size(*dtype)) {
+        /* the stored element type must be the one the writer uses for that dtype (bf16: u16),
+         * not merely as wide: f32 over i32 storage read integers converted to floats */
+        jdt_dtype stored = JDT_DTYPE_COUNT;
+        hid_t ft = jdt_dtype_parse(dtname, &named) ? jdt_h5_file_type(named) : H5I_INVALID_HID;
+        if (ft < 0 || !jdt_h5_classify(ft, &stored) || stored != *dtype) {
             st = jdt_err_set(e, JDT_ERR_FORMAT,
                              "%s: tensor '%s': dtype attribute '%s' does not "
                              "match its element type",

@@ -76,14 +76,20 @@ static herr_t detail_cb(unsigned n, const H5E_error2_t *err, void *data)
     return 0;
 }
 
-const char *jdt_h5_detail(char *buf, size_t n_bytes)
+/* The most specific record on the HDF5 error stack into buf ("" when the stack is empty). */
+static void stack_detail(char *buf, size_t n_bytes)
 {
-    int saved_errno = errno; /* the failed system call's, if HDF5 recorded none */
-    if (n_bytes == 0) return buf;
     buf[0] = '\0';
     detail_ctx c = {buf, n_bytes, false};
     /* UPWARD starts at the innermost (most specific) record. */
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, detail_cb, &c);
+}
+
+const char *jdt_h5_detail(char *buf, size_t n_bytes)
+{
+    int saved_errno = errno; /* the failed system call's, if HDF5 recorded none */
+    if (n_bytes == 0) return buf;
+    stack_detail(buf, n_bytes);
     if (!buf[0] && saved_errno != 0) snprintf(buf, n_bytes, "%s", strerror(saved_errno));
     if (!buf[0]) snprintf(buf, n_bytes, "HDF5 reported no detail");
     return buf;
@@ -102,7 +108,8 @@ static void abandon_fd(hid_t f)
     close(null_fd);
 }
 
-#define LEFT_OPEN (H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR | H5F_OBJ_LOCAL)
+#define LEFT_OPEN                                                                                  \
+    (H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR | H5F_OBJ_LOCAL)
 
 /* Closes the objects of f that are still open: those whose close failed (HDF5 keeps the id
  * of an object whose close could not flush it). */
@@ -147,8 +154,8 @@ jdt_status jdt_io_reserve_fd(int fd, int64_t n_bytes, const char *where, jdt_err
     if (fstatvfs(fd, &sv) == 0)
         fmt_mib(avail, sizeof avail, (double)sv.f_bavail * (double)sv.f_frsize);
     if (err == ENOSPC || err == EDQUOT || err == EFBIG)
-        return jdt_err_set(e, JDT_ERR_IO, "%s: %s: needs %s, %s free there", where,
-                           strerror(err), need, avail);
+        return jdt_err_set(e, JDT_ERR_IO, "%s: %s: needs %s, %s free there", where, strerror(err),
+                           need, avail);
     return jdt_err_set(e, JDT_ERR_IO, "%s: reserving %s: %s", where, need, strerror(err));
 }
 
@@ -227,14 +234,18 @@ hid_t jdt_h5_open_ro(const char *path, size_t sieve_bytes, jdt_err *e)
                     (long long)st.st_size);
         return H5I_INVALID_HID;
     }
+    /* The detail is taken before closing the fapl: every HDF5 call clears the error stack, and
+     * an empty stack once made this message end in whatever errno a library call left behind
+     * ("Inappropriate ioctl for device"). stat and access above passed, so the failure is
+     * HDF5's reading of the file, not a system call's: no errno text. */
+    char d[256];
     hid_t fapl = jdt_h5_fapl(sieve_bytes);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    if (f < 0) stack_detail(d, sizeof d);
     jdt_h5_fapl_close(fapl);
-    if (f < 0) {
-        char d[256];
+    if (f < 0)
         jdt_err_set(e, JDT_ERR_FORMAT, "%s: cannot open HDF5 file (corrupt or truncated?): %s",
-                    path, jdt_h5_detail(d, sizeof d));
-    }
+                    path, d[0] ? d : "HDF5 reported no detail");
     return f;
 }
 

@@ -26,9 +26,15 @@ static void setup(void)
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
-static void teardown(void) { tu_tmpdir_remove(); }
+static void teardown(void)
+{
+    tu_tmpdir_remove();
+}
 
-static char *path_in(const char *name) { return tu_path(name); }
+static char *path_in(const char *name)
+{
+    return tu_path(name);
+}
 
 static jdt_ckpt_tensor whole(const char *name, jdt_dtype dt, int ndim, const int64_t *shape,
                              const void *data)
@@ -356,7 +362,8 @@ START_TEST(test_errors)
              "mkdir '%s' && cp '%s' '%s/state.h5' && truncate -s 3000 '%s/state.h5'",
              path_in("cut"), file, path_in("cut"), path_in("cut"));
     ck_assert_int_eq(system(cmd), 0);
-    expect_fail(JDT_ERR_FORMAT, jdt_ckpt_open(path_in("cut"), &c, &e), &e, "cut/state.h5", NULL);
+    expect_fail(JDT_ERR_FORMAT, jdt_ckpt_open(path_in("cut"), &c, &e), &e, "cut/state.h5",
+                "truncated file: eof = 3000"); /* HDF5's words, not a stale errno */
     uint32_t toks[20] = {0};
     ck_assert_int_eq(jdt_data_write_tokens(path_in("tok.h5"), toks, 20, 256, "byte", &e), JDT_OK);
     expect_fail(JDT_ERR_FORMAT, jdt_ckpt_open(path_in("tok.h5"), &c, &e), &e, "tok.h5",
@@ -398,6 +405,41 @@ START_TEST(test_errors)
     jdt_ckpt_meta m = {.step = 77};
     ck_assert_int_eq(jdt_ckpt_save(ck, &m, &t0, 1, NULL, NULL, &e), JDT_ERR_INVALID);
     ck_assert_int_ne(access(path_in("ck/step_000077"), F_OK), 0);
+}
+END_TEST
+
+/* A tensor stored as 32-bit integers under a dtype attribute of "f32" (as wide, another
+ * type): an error naming it, not integers converted to floats */
+START_TEST(test_stored_type_mismatch)
+{
+    jdt_err e;
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s", path_in("ty"));
+    ck_assert_int_eq(save_state(ck, 5, 0, &e), JDT_OK);
+    hid_t h = H5Fopen(path_in("ty/step_000005/state.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(h >= 0);
+    ck_assert(H5Ldelete(h, "params/wte", H5P_DEFAULT) >= 0);
+    hsize_t dims[2] = {10, 4};
+    hid_t sp = H5Screate_simple(2, dims, NULL);
+    hid_t ds =
+        H5Dcreate2(h, "params/wte", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(ds >= 0);
+    int32_t ints[40];
+    for (int i = 0; i < 40; i++)
+        ints[i] = i;
+    ck_assert(H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, ints) >= 0);
+    hid_t st = H5Tcopy(H5T_C_S1), asp = H5Screate(H5S_SCALAR);
+    H5Tset_size(st, 4);
+    hid_t at = H5Acreate2(ds, "dtype", st, asp, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(at >= 0 && H5Awrite(at, st, "f32") >= 0);
+    H5Aclose(at), H5Sclose(asp), H5Tclose(st), H5Dclose(ds), H5Sclose(sp), H5Fclose(h);
+    jdt_ckpt *c = NULL;
+    ck_assert_int_eq(jdt_ckpt_open(path_in("ty/step_000005"), &c, &e), JDT_OK);
+    float buf[40];
+    jdt_ckpt_tensor w = {.name = "params/wte", .dtype = JDT_DTYPE_F32, .ndim = 2, .shape = {10, 4}};
+    expect_fail(JDT_ERR_FORMAT, jdt_ckpt_read(c, &w, buf, &e), &e, "params/wte",
+                "does not match its element type");
+    jdt_ckpt_close(c);
 }
 END_TEST
 
@@ -660,7 +702,8 @@ static void run_ranks(const char *ck, int64_t step, bool omit_w, int *codes)
     pthread_barrier_init(bar, &ba, W_RANKS);
     save_job j = {ck, step, bar, omit_w};
     tu_run_procs(W_RANKS, save_rank, &j, -1, 120, codes);
-    for (int r = 0; r < W_RANKS; r++) ck_assert_msg(codes[r] < 99, "rank %d died (%d)", r, codes[r]);
+    for (int r = 0; r < W_RANKS; r++)
+        ck_assert_msg(codes[r] < 99, "rank %d died (%d)", r, codes[r]);
     pthread_barrier_destroy(bar);
     munmap(bar, sizeof *bar);
 }
@@ -790,6 +833,7 @@ int main(void)
     tcase_add_test(tc, test_atomic_resume);
     tcase_add_test(tc, test_keep_k);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_stored_type_mismatch);
     tcase_add_test(tc, test_kill_during_save);
     tcase_add_test(tc, test_save_while_prefetching);
     tcase_add_test(tc, test_multi_rank_save);
