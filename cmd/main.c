@@ -20,11 +20,13 @@
 #include "runtime/runtime.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -36,49 +38,49 @@ enum {
     FLAG_LOG_LEVEL = 1 << 0,
     FLAG_PRINT_CONFIG = 1 << 1,
     FLAG_SCHEMA = 1 << 2,
-    FLAG_SAMPLE = 1 << 3, /* --prompt(s) --stop --max-new-tokens/--length --temperature --top-k
-                           * --top-p --seed --context --ignore-eos --batch --threads
-                           * --no-kv-cache */
-    FLAG_CKPT = 1 << 4,   /* --ckpt PATH */
+    FLAG_SAMPLE = 1 << 3,  /* --prompt(s) --stop --max-new-tokens/--length --temperature --top-k
+                            * --top-p --seed --context --ignore-eos --batch --threads
+                            * --no-kv-cache */
+    FLAG_CKPT = 1 << 4,    /* --ckpt PATH */
     FLAG_PROFILE = 1 << 5, /* --profile */
     FLAG_EXPORT = 1 << 6,  /* --format NAME, a second positional argument (OUT_DIR) */
     FLAG_RAW = 1 << 7,     /* the handler parses its own arguments (raw_argc/raw_argv) */
 };
 
 typedef struct {
-    const char *config_path;     /* NULL when not given */
+    const char *config_path; /* NULL when not given */
     int n_overrides;
-    char **overrides;            /* (n_overrides), point into argv */
+    char **overrides; /* (n_overrides), point into argv */
     bool help;
     bool version;
     bool print_config;
     bool schema;
     bool schema_markdown;
-    const char *log_level;       /* NULL when not given */
-    const char *ckpt;            /* --ckpt PATH */
-    bool no_compile;             /* inspect --no-compile */
-    bool compile;                /* inspect --compile */
+    const char *log_level;             /* NULL when not given */
+    const char *ckpt;                  /* --ckpt PATH */
+    bool no_compile;                   /* inspect --no-compile */
+    bool compile;                      /* inspect --compile */
     int cuda_arch[JDT_MAX_CUDA_ARCHS]; /* inspect --cuda-arch sm_NN[,sm_MM...]: NN, MM ... */
     int n_cuda_arch;                   /* how many (0: not given) */
-    bool profile;                /* train --profile */
-    char **prompts;              /* --prompt TEXT, repeatable (n_prompts) */
+    bool profile;                      /* train --profile */
+    char **prompts;                    /* --prompt TEXT, repeatable (n_prompts) */
     int n_prompts;
-    const char *prompts_file;    /* --prompts FILE: one prompt per line */
-    char **stops;                /* --stop TEXT, repeatable (n_stops) */
+    const char *prompts_file; /* --prompts FILE: one prompt per line */
+    char **stops;             /* --stop TEXT, repeatable (n_stops) */
     int n_stops;
-    double temperature;          /* --temperature (default 0.8) */
-    long top_k;                  /* --top-k (0 = off) */
-    double top_p;                /* --top-p (1 = off) */
-    long seed;                   /* --seed */
-    long length;                 /* --max-new-tokens / --length: tokens to generate */
-    const char *context;         /* --context shift|window|stop */
-    bool ignore_eos;             /* --ignore-eos */
-    bool no_kv_cache;            /* --no-kv-cache: the full-forward reference path */
-    long threads;                /* sample --threads (0: the checkpoint's runtime.threads) */
-    long batch;                  /* sample --batch (0: JDT_SAMPLE_DEFAULT_BATCH) */
-    const char *format;          /* export --format */
-    const char *out_path;        /* export OUT_DIR */
-    int raw_argc;                /* the arguments after the subcommand (FLAG_RAW) */
+    double temperature;   /* --temperature (default 0.8) */
+    long top_k;           /* --top-k (0 = off) */
+    double top_p;         /* --top-p (1 = off) */
+    long seed;            /* --seed */
+    long length;          /* --max-new-tokens / --length: tokens to generate */
+    const char *context;  /* --context shift|window|stop */
+    bool ignore_eos;      /* --ignore-eos */
+    bool no_kv_cache;     /* --no-kv-cache: the full-forward reference path */
+    long threads;         /* sample --threads (0: the checkpoint's runtime.threads) */
+    long batch;           /* sample --batch (0: JDT_SAMPLE_DEFAULT_BATCH) */
+    const char *format;   /* export --format */
+    const char *out_path; /* export OUT_DIR */
+    int raw_argc;         /* the arguments after the subcommand (FLAG_RAW) */
     char **raw_argv;
 } cli_args;
 
@@ -100,7 +102,10 @@ static int cmd_sample(const subcommand *cmd, cli_args *a);
 static int cmd_export(const subcommand *cmd, cli_args *a);
 static int cmd_eval(const subcommand *cmd, cli_args *a);
 static int cmd_help(const subcommand *cmd, cli_args *a);
-static int cmd_plot(const subcommand *cmd, cli_args *a) { return jdt_cmd_plot(a->raw_argc, a->raw_argv); }
+static int cmd_plot(const subcommand *cmd, cli_args *a)
+{
+    return jdt_cmd_plot(a->raw_argc, a->raw_argv);
+}
 
 static const subcommand SUBCOMMANDS[] = {
     {"train", cmd_train, "train a model described by a YAML config",
@@ -119,7 +124,8 @@ static const subcommand SUBCOMMANDS[] = {
      FLAG_LOG_LEVEL | FLAG_PROFILE, true},
     {"inspect", cmd_inspect, "validate a config and summarise it, or print the schema",
      "usage: jdt-train inspect CONFIG [key.path=value ...] [--compile | --no-compile]\n"
-     "                         [--cuda-arch sm_NN[,sm_MM...]] [--print-config] [--log-level LEVEL]\n"
+     "                         [--cuda-arch sm_NN[,sm_MM...]] [--print-config] [--log-level "
+     "LEVEL]\n"
      "       jdt-train inspect --schema[=markdown]\n"
      "\n"
      "Resolves and validates CONFIG exactly as train does, then prints a summary: the model,\n"
@@ -202,7 +208,8 @@ static const subcommand SUBCOMMANDS[] = {
      "Loads PATH (default: the newest checkpoint in the config's checkpoint directory) and\n"
      "prints the mean loss over run.eval_steps batches of the val split.\n",
      FLAG_LOG_LEVEL | FLAG_CKPT, true},
-    {"plot", cmd_plot, "draw loss curves of one or several runs (PNG/SVG)", JDT_PLOT_USAGE, FLAG_RAW, false},
+    {"plot", cmd_plot, "draw loss curves of one or several runs (PNG/SVG)", JDT_PLOT_USAGE,
+     FLAG_RAW, false},
     {"version", cmd_version, "print the version and the backends built in",
      "usage: jdt-train version\n", 0, false},
     {"help", cmd_help, "show help for a command", "usage: jdt-train help [COMMAND]\n", 0, false},
@@ -275,7 +282,9 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
             } else if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
                 a->help = true;
             } else if ((cmd->flags & FLAG_LOG_LEVEL) && strcmp(s, "--log-level") == 0) {
-                if (i + 1 >= argc) return usage_error(cmd, "--log-level needs a value (%s)", "debug|info|warn|error");
+                if (i + 1 >= argc)
+                    return usage_error(cmd, "--log-level needs a value (%s)",
+                                       "debug|info|warn|error");
                 a->log_level = argv[++i];
             } else if ((cmd->flags & FLAG_LOG_LEVEL) && strncmp(s, "--log-level=", 12) == 0) {
                 a->log_level = s + 12;
@@ -294,7 +303,9 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
             } else if ((cmd->flags & FLAG_PRINT_CONFIG) &&
                        (strcmp(s, "--cuda-arch") == 0 || strncmp(s, "--cuda-arch=", 12) == 0)) {
                 const char *v = s[11] == '=' ? s + 12 : i + 1 < argc ? argv[++i] : NULL;
-                if (!v) return usage_error(cmd, "--cuda-arch needs %s", "an architecture such as sm_90");
+                if (!v)
+                    return usage_error(cmd, "--cuda-arch needs %s",
+                                       "an architecture such as sm_90");
                 /* a comma-separated list: one compile per architecture (a cluster of A100s
                  * and H100s, one cache) */
                 a->n_cuda_arch = 0;
@@ -309,14 +320,18 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                     char *end = NULL;
                     long x = strtol(d, &end, 10);
                     if (end == d || *end || x < 10 || x > 999)
-                        return usage_error(cmd, "--cuda-arch: %s is not an architecture such as sm_90 (H100/H200) or sm_80 (A100)", one);
+                        return usage_error(cmd,
+                                           "--cuda-arch: %s is not an architecture such as sm_90 "
+                                           "(H100/H200) or sm_80 (A100)",
+                                           one);
                     if (a->n_cuda_arch == JDT_MAX_CUDA_ARCHS) {
                         char lim[16];
                         snprintf(lim, sizeof lim, "%d", JDT_MAX_CUDA_ARCHS);
                         return usage_error(cmd, "--cuda-arch: more than %s architectures", lim);
                     }
                     for (int k = 0; k < a->n_cuda_arch; k++)
-                        if (a->cuda_arch[k] == x) return usage_error(cmd, "--cuda-arch: %s is listed twice", one);
+                        if (a->cuda_arch[k] == x)
+                            return usage_error(cmd, "--cuda-arch: %s is listed twice", one);
                     a->cuda_arch[a->n_cuda_arch++] = (int)x;
                     if (!q) break;
                     p = q + 1;
@@ -337,10 +352,13 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                     return usage_error(cmd, "--stop needs a non-empty %s", "text");
                 a->stops[a->n_stops++] = argv[++i];
             } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--context") == 0) {
-                if (i + 1 >= argc) return usage_error(cmd, "--context needs a mode (%s)", "shift|window|stop");
+                if (i + 1 >= argc)
+                    return usage_error(cmd, "--context needs a mode (%s)", "shift|window|stop");
                 a->context = argv[++i];
-                if (strcmp(a->context, "shift") && strcmp(a->context, "window") && strcmp(a->context, "stop"))
-                    return usage_error(cmd, "--context: expected shift|window|stop, got '%s'", a->context);
+                if (strcmp(a->context, "shift") && strcmp(a->context, "window") &&
+                    strcmp(a->context, "stop"))
+                    return usage_error(cmd, "--context: expected shift|window|stop, got '%s'",
+                                       a->context);
             } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--ignore-eos") == 0) {
                 a->ignore_eos = true;
             } else if ((cmd->flags & FLAG_SAMPLE) && strcmp(s, "--no-kv-cache") == 0) {
@@ -357,27 +375,37 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                 if (strcmp(s, "--temperature") == 0) {
                     a->temperature = strtod(v, &end);
                     if (errno || end == v || *end || !(a->temperature >= 0) || a->temperature > 100)
-                        return usage_error(cmd, "--temperature: expected a number in [0, 100], got '%s'", v);
+                        return usage_error(
+                            cmd, "--temperature: expected a number in [0, 100], got '%s'", v);
                 } else if (strcmp(s, "--top-p") == 0) {
                     a->top_p = strtod(v, &end);
                     if (errno || end == v || *end || !(a->top_p > 0) || a->top_p > 1)
-                        return usage_error(cmd, "--top-p: expected a number in (0, 1], got '%s'", v);
+                        return usage_error(cmd, "--top-p: expected a number in (0, 1], got '%s'",
+                                           v);
                 } else {
                     long x = strtol(v, &end, 10);
                     if (errno || end == v || *end || x < 0 || x > 1000000) {
                         char msg[96]; /* names the flag: s is one of the literals above */
-                        snprintf(msg, sizeof msg, "%s: expected an integer in [0, 1000000], got '%%s'", s);
+                        snprintf(msg, sizeof msg,
+                                 "%s: expected an integer in [0, 1000000], got '%%s'", s);
                         return usage_error(cmd, msg, v);
                     }
-                    if (strcmp(s, "--top-k") == 0) a->top_k = x;
-                    else if (strcmp(s, "--seed") == 0) a->seed = x;
+                    if (strcmp(s, "--top-k") == 0)
+                        a->top_k = x;
+                    else if (strcmp(s, "--seed") == 0)
+                        a->seed = x;
                     else if (strcmp(s, "--threads") == 0 && x > 1024)
-                        return usage_error(cmd, "--threads: expected 0 (the checkpoint's) to 1024, got '%s'", v);
-                    else if (strcmp(s, "--threads") == 0) a->threads = x;
+                        return usage_error(
+                            cmd, "--threads: expected 0 (the checkpoint's) to 1024, got '%s'", v);
+                    else if (strcmp(s, "--threads") == 0)
+                        a->threads = x;
                     else if (strcmp(s, "--batch") == 0 && (x < 1 || x > 4096))
-                        return usage_error(cmd, "--batch: expected 1 to 4096 sequences, got '%s'", v);
-                    else if (strcmp(s, "--batch") == 0) a->batch = x;
-                    else a->length = x;
+                        return usage_error(cmd, "--batch: expected 1 to 4096 sequences, got '%s'",
+                                           v);
+                    else if (strcmp(s, "--batch") == 0)
+                        a->batch = x;
+                    else
+                        a->length = x;
                 }
             } else if ((cmd->flags & FLAG_EXPORT) && strcmp(s, "--format") == 0) {
                 if (i + 1 >= argc) return usage_error(cmd, "--format needs a %s", "name (hf)");
@@ -393,7 +421,8 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
             a->overrides[a->n_overrides++] = argv[i];
         } else if (!a->config_path) {
             if (strchr(s, '=') && access(s, F_OK) != 0)
-                return usage_error(cmd, "the config file comes before overrides; got '%s' first", s);
+                return usage_error(cmd, "the config file comes before overrides; got '%s' first",
+                                   s);
             a->config_path = s;
         } else {
             return usage_error(cmd, "unexpected argument '%s' (overrides are key.path=value)", s);
@@ -445,22 +474,25 @@ static void print_summary(const jdt_config *c, FILE *f)
     fprintf(f, "config      %s\n", c->path);
     if (c->model.type == JDT_MODEL_GPT) {
         fprintf(f,
-                "model       gpt: L=%d C=%d H=%d (kv heads %d, head dim %d) T=%d V=%d; mlp %lld %s; %s, "
+                "model       gpt: L=%d C=%d H=%d (kv heads %d, head dim %d) T=%d V=%d; mlp %lld "
+                "%s; %s, "
                 "%s positions, %s embeddings, %s, dropout %g\n",
                 c->model.n_layer, c->model.n_embd, c->model.n_head, jdt_config_kv_heads(c),
                 c->model.n_embd / c->model.n_head, c->model.seq_len, c->model.vocab_size,
-                (long long)jdt_config_mlp_dim(c), jdt_config_choice_name("model.activation", (int)c->model.activation),
+                (long long)jdt_config_mlp_dim(c),
+                jdt_config_choice_name("model.activation", (int)c->model.activation),
                 jdt_config_choice_name("model.norm", (int)c->model.norm),
                 jdt_config_choice_name("model.pos", (int)c->model.pos),
                 c->model.tie_embeddings ? "tied" : "untied", c->model.bias ? "bias" : "no bias",
                 c->model.dropout);
     } else {
-        fprintf(f, "model       mlp: %d -> %d x %d hidden (%s) -> %d classes, %s\n", c->model.in_dim,
-                c->model.n_hidden, c->model.hidden_dim,
+        fprintf(f, "model       mlp: %d -> %d x %d hidden (%s) -> %d classes, %s\n",
+                c->model.in_dim, c->model.n_hidden, c->model.hidden_dim,
                 jdt_config_choice_name("model.activation", (int)c->model.activation),
                 c->model.n_classes, c->model.bias ? "bias" : "no bias");
     }
-    fprintf(f, "parameters  %s (%.2fM; counted from the model section)\n", num, (double)n_params / 1e6);
+    fprintf(f, "parameters  %s (%.2fM; counted from the model section)\n", num,
+            (double)n_params / 1e6);
     fprintf(f, "mesh        data=%d fsdp=%d tensor=%d -> %d device%s\n", c->mesh.data, c->mesh.fsdp,
             c->mesh.tensor, jdt_config_mesh_size(c), jdt_config_mesh_size(c) == 1 ? "" : "s");
     fprintf(f, "sharding   ");
@@ -478,7 +510,8 @@ static void print_summary(const jdt_config *c, FILE *f)
     if (c->data.format == JDT_DATA_SYNTHETIC)
         fprintf(f, "data        synthetic");
     else
-        fprintf(f, "data        %s: train %s, val %s", fmt, c->data.train_path[0] ? c->data.train_path : "(unset)",
+        fprintf(f, "data        %s: train %s, val %s", fmt,
+                c->data.train_path[0] ? c->data.train_path : "(unset)",
                 c->data.val_path[0] ? c->data.val_path : "(unset)");
     int accum = c->data.batch_size / c->data.micro_batch_size;
     if (c->model.type == JDT_MODEL_GPT) {
@@ -489,36 +522,42 @@ static void print_summary(const jdt_config *c, FILE *f)
     }
     fprintf(f, ", micro-batch %d (%d accumulation step%s)\n", c->data.micro_batch_size, accum,
             accum == 1 ? "" : "s");
-    fprintf(f, "optimizer   %s lr %g, warmup %lld, %s", jdt_config_choice_name("optimizer.type", (int)c->optimizer.type),
-            c->optimizer.lr, (long long)c->optimizer.warmup_steps,
+    fprintf(f, "optimizer   %s lr %g, warmup %lld, %s",
+            jdt_config_choice_name("optimizer.type", (int)c->optimizer.type), c->optimizer.lr,
+            (long long)c->optimizer.warmup_steps,
             jdt_config_choice_name("optimizer.schedule", (int)c->optimizer.schedule));
     if (c->optimizer.schedule != JDT_SCHED_CONSTANT)
-        fprintf(f, " to %gx by step %lld", c->optimizer.min_lr_ratio, (long long)jdt_config_decay_steps(c));
+        fprintf(f, " to %gx by step %lld", c->optimizer.min_lr_ratio,
+                (long long)jdt_config_decay_steps(c));
     if (c->optimizer.type == JDT_OPTIM_ADAMW)
-        fprintf(f, "; betas %g/%g eps %g", c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps);
+        fprintf(f, "; betas %g/%g eps %g", c->optimizer.beta1, c->optimizer.beta2,
+                c->optimizer.eps);
     else
-        fprintf(f, "; momentum %g%s", c->optimizer.momentum, c->optimizer.nesterov ? " nesterov" : "");
-    fprintf(f, ", weight decay %g, grad clip %s", c->optimizer.weight_decay, c->optimizer.grad_clip > 0 ? "" : "off");
+        fprintf(f, "; momentum %g%s", c->optimizer.momentum,
+                c->optimizer.nesterov ? " nesterov" : "");
+    fprintf(f, ", weight decay %g, grad clip %s", c->optimizer.weight_decay,
+            c->optimizer.grad_clip > 0 ? "" : "off");
     if (c->optimizer.grad_clip > 0) fprintf(f, "%g", c->optimizer.grad_clip);
     fprintf(f, "\n");
     fprintf(f, "precision   compute %s, activations %s, params %s\n",
             jdt_dtype_name(c->precision.compute), jdt_dtype_name(c->precision.activations),
             jdt_dtype_name(c->precision.params));
-    fprintf(f, "run         %s: %lld steps, seed %lld, outputs in %s/%s; log every %lld", c->run.name,
-            (long long)c->run.steps, (long long)c->run.seed, c->run.out_dir, c->run.name,
-            (long long)c->run.log_every);
+    fprintf(f, "run         %s: %lld steps, seed %lld, outputs in %s/%s; log every %lld",
+            c->run.name, (long long)c->run.steps, (long long)c->run.seed, c->run.out_dir,
+            c->run.name, (long long)c->run.log_every);
     if (c->run.eval_every > 0)
-        fprintf(f, ", eval every %lld (%lld batches)\n", (long long)c->run.eval_every, (long long)c->run.eval_steps);
+        fprintf(f, ", eval every %lld (%lld batches)\n", (long long)c->run.eval_every,
+                (long long)c->run.eval_steps);
     else
         fprintf(f, ", no eval\n");
     if (c->checkpoint.dir[0])
         fprintf(f, "checkpoint  %s", c->checkpoint.dir);
     else
         fprintf(f, "checkpoint  %s/%s/ckpt", c->run.out_dir, c->run.name);
-    if (c->checkpoint.every > 0)
-        fprintf(f, ", every %lld steps", (long long)c->checkpoint.every);
+    if (c->checkpoint.every > 0) fprintf(f, ", every %lld steps", (long long)c->checkpoint.every);
     fprintf(f, ", keep %d, resume %s\n", c->checkpoint.keep, c->checkpoint.resume);
-    fprintf(f, "runtime     %s, threads %s", jdt_config_choice_name("runtime.backend", (int)c->runtime.backend),
+    fprintf(f, "runtime     %s, threads %s",
+            jdt_config_choice_name("runtime.backend", (int)c->runtime.backend),
             c->runtime.threads ? "" : "auto");
     if (c->runtime.threads) fprintf(f, "%d", c->runtime.threads);
     fprintf(f, ", %s, remat %s", c->runtime.jit ? "jit" : "interpreter",
@@ -540,7 +579,9 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         return fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
     }
     if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
-    if (a->compile && a->no_compile) return usage_error(cmd, "--compile (or --cuda-arch) and --no-compile %s", "exclude each other");
+    if (a->compile && a->no_compile)
+        return usage_error(cmd, "--compile (or --cuda-arch) and --no-compile %s",
+                           "exclude each other");
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
@@ -567,7 +608,8 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
         }
         if (!a->no_compile && runs) {
             jdt_err_clear(&e);
-            jdt_status st = jdt_train_inspect(&c, a->compile, a->cuda_arch, a->n_cuda_arch, stdout, &e);
+            jdt_status st =
+                jdt_train_inspect(&c, a->compile, a->cuda_arch, a->n_cuda_arch, stdout, &e);
             if (st != JDT_OK) {
                 fprintf(stderr, "jdt-train: error: %s\n", e.msg);
                 jdt_config_free(&c);
@@ -583,9 +625,11 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
 static int exit_code(jdt_status st)
 {
     switch (st) {
-    case JDT_OK: return EXIT_OK;
+    case JDT_OK:
+        return EXIT_OK;
     case JDT_ERR_USAGE:
-    case JDT_ERR_CONFIG: return EXIT_USAGE;
+    case JDT_ERR_CONFIG:
+        return EXIT_USAGE;
     case JDT_ERR_NOMEM:
     case JDT_ERR_INVALID:
     case JDT_ERR_IO:
@@ -601,8 +645,10 @@ static int exit_code(jdt_status st)
     case JDT_ERR_TIMEOUT:
     case JDT_ERR_PEER_LOST:
     case JDT_ERR_INTERRUPTED:
-    case JDT_ERR_INTERNAL: return EXIT_RUNTIME;
-    case JDT_STATUS_COUNT: break;
+    case JDT_ERR_INTERNAL:
+        return EXIT_RUNTIME;
+    case JDT_STATUS_COUNT:
+        break;
     }
     return EXIT_RUNTIME;
 }
@@ -701,10 +747,12 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         if (st == JDT_OK) st = jdt_fetch_write_manifest(c.data.train_path, &e);
         if (st == JDT_OK)
             JDT_INFO("prepared %s -> %s: %lld train tokens in %d file(s), %lld val tokens",
-                     c.data.source, c.data.train_path, (long long)r.n_train_tokens,
-                     r.n_train_files, (long long)r.n_val_tokens);
+                     c.data.source, c.data.train_path, (long long)r.n_train_tokens, r.n_train_files,
+                     (long long)r.n_val_tokens);
     }
-    if (st != JDT_OK) fprintf(stderr, "jdt-train: %s: %s\n", st == JDT_ERR_CONFIG ? "config error" : "error", e.msg);
+    if (st != JDT_OK)
+        fprintf(stderr, "jdt-train: %s: %s\n", st == JDT_ERR_CONFIG ? "config error" : "error",
+                e.msg);
     jdt_config_free(&c);
     return exit_code(st);
 }
@@ -738,22 +786,58 @@ static int cmd_eval(const subcommand *cmd, cli_args *a)
     return exit_code(st);
 }
 
+/* The largest --prompts file read: far more text than any batch of prompts, small enough that
+ * a wrong path (a log, a dataset) is refused before it is read into memory. */
+#define PROMPTS_MAX_BYTES ((size_t)64 << 20)
+
 /* Reads --prompts FILE into *text (owned) and appends its non-empty lines to list (room for
- * *n + lines). Returns EXIT_OK or EXIT_USAGE (printed). */
-static int read_prompts_file(const subcommand *cmd, const char *path, char **text,
-                             char ***list, int *n)
+ * *n + lines). Only a regular file or a pipe is read (`--prompts <(gen)`): a device such as
+ * /dev/zero, a socket or a directory is refused, and so is more than PROMPTS_MAX_BYTES, so a
+ * bad path never hangs or grows memory without bound. The open does not block (a FIFO with
+ * no writer reads as empty). Returns EXIT_OK or EXIT_USAGE (printed). */
+static int read_prompts_file(const subcommand *cmd, const char *path, char **text, char ***list,
+                             int *n)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         fprintf(stderr, "jdt-train: --prompts: cannot read '%s': %s (see 'jdt-train %s --help')\n",
                 path, strerror(errno), cmd->name);
+        return EXIT_USAGE;
+    }
+    struct stat sb;
+    const bool stat_ok = fstat(fd, &sb) == 0;
+    if (!stat_ok || !(S_ISREG(sb.st_mode) || S_ISFIFO(sb.st_mode))) {
+        fprintf(stderr, "jdt-train: --prompts: cannot read '%s': %s\n", path,
+                !stat_ok              ? strerror(errno)
+                : S_ISDIR(sb.st_mode) ? strerror(EISDIR)
+                                      : "not a regular file (a device or socket)");
+        close(fd);
+        return EXIT_USAGE;
+    }
+    if (S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > PROMPTS_MAX_BYTES) {
+        fprintf(stderr, "jdt-train: --prompts: '%s' is %.1f MiB, more than the %zu MiB limit\n",
+                path, (double)sb.st_size / (1 << 20), PROMPTS_MAX_BYTES >> 20);
+        close(fd);
+        return EXIT_USAGE;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        fprintf(stderr, "jdt-train: --prompts: cannot read '%s': %s\n", path, strerror(errno));
         return EXIT_USAGE;
     }
     size_t len = 0, cap = 4096;
     char *buf = jdt_malloc(cap + 1);
     size_t got;
+    bool too_big = false;
     while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
         len += got;
+        if (len > PROMPTS_MAX_BYTES) { /* a pipe, or a file that grew after the fstat */
+            too_big = true;
+            break;
+        }
         if (len == cap) {
             char *p = jdt_realloc(buf, 2 * cap + 1);
             if (!p) jdt_free(buf);
@@ -763,14 +847,25 @@ static int read_prompts_file(const subcommand *cmd, const char *path, char **tex
     }
     const bool bad = ferror(f) != 0;
     fclose(f);
-    if (!buf || bad) {
+    if (too_big) {
+        jdt_free(buf);
+        fprintf(stderr, "jdt-train: --prompts: '%s' holds more than the %zu MiB limit\n", path,
+                PROMPTS_MAX_BYTES >> 20);
+        return EXIT_USAGE;
+    }
+    if (!buf) {
+        fprintf(stderr, "jdt-train: out of memory\n");
+        return EXIT_RUNTIME;
+    }
+    if (bad) {
         jdt_free(buf);
         fprintf(stderr, "jdt-train: --prompts: cannot read '%s'\n", path);
         return EXIT_USAGE;
     }
     buf[len] = '\0';
     size_t n_lines = 1;
-    for (size_t k = 0; k < len; k++) n_lines += buf[k] == '\n';
+    for (size_t k = 0; k < len; k++)
+        n_lines += buf[k] == '\n';
     char **l = jdt_calloc((size_t)*n + n_lines, sizeof *l);
     if (!l) {
         jdt_free(buf);
@@ -822,11 +917,19 @@ static int cmd_sample(const subcommand *cmd, cli_args *a)
     jdt_sample_stats ss;
     if (st == JDT_OK) {
         jdt_sample_opts o = {
-            .prompts = (const char *const *)prompts, .n_prompts = n_prompts,
-            .max_new_tokens = a->length, .temperature = a->temperature, .top_k = (int)a->top_k,
-            .top_p = a->top_p, .seed = (uint64_t)a->seed, .stops = (const char *const *)a->stops,
-            .n_stops = a->n_stops, .ignore_eos = a->ignore_eos, .full_forward = a->no_kv_cache,
-            .threads = (int)a->threads, .max_batch = (int)a->batch,
+            .prompts = (const char *const *)prompts,
+            .n_prompts = n_prompts,
+            .max_new_tokens = a->length,
+            .temperature = a->temperature,
+            .top_k = (int)a->top_k,
+            .top_p = a->top_p,
+            .seed = (uint64_t)a->seed,
+            .stops = (const char *const *)a->stops,
+            .n_stops = a->n_stops,
+            .ignore_eos = a->ignore_eos,
+            .full_forward = a->no_kv_cache,
+            .threads = (int)a->threads,
+            .max_batch = (int)a->batch,
             .context = !a->context || strcmp(a->context, "shift") == 0 ? JDT_SAMPLE_CONTEXT_SHIFT
                        : strcmp(a->context, "window") == 0             ? JDT_SAMPLE_CONTEXT_WINDOW
                                                                        : JDT_SAMPLE_CONTEXT_STOP};
@@ -864,7 +967,8 @@ static int cmd_export(const subcommand *cmd, cli_args *a)
 {
     if (!a->config_path) return usage_error(cmd, "missing CKPT%s", "");
     if (!a->format) return usage_error(cmd, "missing --format (only %s is known)", "hf");
-    if (strcmp(a->format, "hf") != 0) return usage_error(cmd, "--format: only hf is known, got '%s'", a->format);
+    if (strcmp(a->format, "hf") != 0)
+        return usage_error(cmd, "--format: only hf is known, got '%s'", a->format);
     if (!a->out_path) return usage_error(cmd, "missing OUT_DIR%s", "");
     if (a->n_overrides) return usage_error(cmd, "unexpected argument '%s'", a->overrides[0]);
     jdt_err e;
@@ -877,8 +981,10 @@ static int cmd_export(const subcommand *cmd, cli_args *a)
     }
     const char *arch = NULL;
     if (st == JDT_OK) st = jdt_hf_export(path, a->out_path, &arch, &e);
-    if (st == JDT_OK) printf("exported %s -> %s (%s)\n", path, a->out_path, arch);
-    else fprintf(stderr, "jdt-train: error: %s\n", e.msg);
+    if (st == JDT_OK)
+        printf("exported %s -> %s (%s)\n", path, a->out_path, arch);
+    else
+        fprintf(stderr, "jdt-train: error: %s\n", e.msg);
     jdt_free(path);
     return exit_code(st);
 }

@@ -6,8 +6,9 @@
 # repeated, --prompts FILE; --batch 2 reusing a finished sequence's slot) gives each prompt the
 # text it gets alone; --stop cuts the text at the
 # stop sequence; --context stop ends at seq_len; --max-new-tokens 0; the same seed gives the same
-# text; the tokens/s line on stderr. Bad flags, an unreadable prompts file and an mlp checkpoint
-# each give one line and exit 2.
+# text; the tokens/s line on stderr. Bad flags, an unreadable prompts file (missing, empty, a
+# device such as /dev/zero, a directory, over 64 MiB) and an mlp checkpoint each give one line
+# and exit 2.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:-$PWD}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -137,6 +138,20 @@ bad "--max-new-tokens: expected an integer" --max-new-tokens -1
 bad "--max-new-tokens: expected an integer" --max-new-tokens lots
 bad "--prompts: cannot read '$TMP/nope'" --prompts "$TMP/nope"
 bad "holds no prompt" --prompts "$TMP/empty"
+# a device, a directory and a file over 64 MiB are refused before reading: /dev/zero was read
+# forever with memory growing (run under a memory and time bound so that a regression fails
+# instead of taking the machine down)
+truncate -s 65M "$TMP/huge"
+bounded() { (ulimit -v 2097152; exec timeout 20 "$@"); }
+for c in "/dev/zero|'/dev/zero': not a regular file" "$TMP|'$TMP': Is a directory" \
+         "$TMP/huge|'$TMP/huge' is 65.0 MiB, more than the 64 MiB limit"; do
+  expect 2 bounded "$BIN" sample "$CK" --prompts "${c%%|*}"
+  [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q -- "--prompts: .*${c#*|}" "$TMP/err" ||
+    { cat "$TMP/err"; fail "--prompts ${c%%|*}: expected one line saying ${c#*|}"; }
+done
+expect 2 bounded "$BIN" sample "$CK" --prompts <(yes ab)
+grep -q "holds more than the 64 MiB limit" "$TMP/err" || { cat "$TMP/err"; fail "endless pipe"; }
+rm -f "$TMP/huge"
 bad "--prompt needs text" --prompt
 bad "unknown option '--beam'" --beam 4
 bad "--batch: expected 1 to 4096" --batch 0
