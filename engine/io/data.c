@@ -268,6 +268,46 @@ static jdt_status verify_crc(const shard *s, jdt_data_kind kind, jdt_dtype token
     return JDT_OK;
 }
 
+/* Labels of array data lie in [0, label_bound): the model's class count when the caller gave
+ * one, else the files' n_classes attribute (0: unchecked). */
+static int64_t label_bound(const jdt_data *d)
+{
+    return d->o.n_classes > 0 ? d->o.n_classes : d->info.n_classes;
+}
+
+/* Checks that every label of the shard's /y (n_rows) lies in [0, n_classes), reading it in
+ * blocks: a bad label is an error naming the file at open, not a failure at whatever step
+ * first draws its row. n_classes 0: unchecked. */
+static jdt_status check_labels(const shard *s, int64_t n_rows, int64_t n_classes, jdt_err *e)
+{
+    if (n_classes <= 0) return JDT_OK;
+    const int64_t rows_per = n_rows < (1 << 20) ? n_rows : (1 << 20);
+    int32_t *buf = jdt_malloc((size_t)rows_per * sizeof *buf);
+    if (!buf) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: checking labels: out of memory", s->path);
+    jdt_status st = JDT_OK;
+    for (int64_t r = 0; r < n_rows && st == JDT_OK; r += rows_per) {
+        int64_t nr = n_rows - r < rows_per ? n_rows - r : rows_per;
+        hsize_t start[1] = {(hsize_t)r}, count[1] = {(hsize_t)nr};
+        hid_t fs = H5Dget_space(s->dy), ms = H5Screate_simple(1, count, NULL);
+        if (fs < 0 || ms < 0 ||
+            H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
+            H5Dread(s->dy, H5T_NATIVE_INT32, ms, fs, H5P_DEFAULT, buf) < 0) {
+            char dd[256];
+            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: reading /y: %s", s->path,
+                             jdt_h5_detail(dd, sizeof dd));
+        }
+        for (int64_t i = 0; i < nr && st == JDT_OK; i++) {
+            if (buf[i] < 0 || buf[i] >= n_classes)
+                st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: /y[%lld] = %d is outside [0, %lld)",
+                                 s->path, (long long)(r + i), buf[i], (long long)n_classes);
+        }
+        if (ms >= 0) H5Sclose(ms);
+        if (fs >= 0) H5Sclose(fs);
+    }
+    jdt_free(buf);
+    return st;
+}
+
 /* Opens shard s (if needed) and validates it against the dataset so far. `first`: s is the
  * first shard, so it sets info's kind, vocab, tokenizer, dim. */
 static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, jdt_err *e)
@@ -386,10 +426,45 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
                              (unsigned long long)dims[0], (unsigned long long)ydims[0]);
             goto fail;
         }
-        int64_t n_classes = 0;
+        /* The shape attributes must describe the datasets, and n_classes the labels and the
+         * model: a file that disagrees is refused here, naming the attribute, instead of
+         * training on it or failing at some later step without the file's name. An absent
+         * n_rows or dim is not required (/x and /y say it). */
+        int64_t n_rows_attr, dim_attr, n_classes = 0;
+        if (jdt_h5_has_attr(f, "n_rows")) {
+            if ((st = jdt_h5_attr_read_i64(f, "n_rows", &n_rows_attr, p, e))) goto fail;
+            if (n_rows_attr != (int64_t)dims[0]) {
+                st = jdt_err_set(e, JDT_ERR_FORMAT,
+                                 "%s: attribute n_rows is %lld but /x and /y hold %llu rows", p,
+                                 (long long)n_rows_attr, (unsigned long long)dims[0]);
+                goto fail;
+            }
+        }
+        if (jdt_h5_has_attr(f, "dim")) {
+            if ((st = jdt_h5_attr_read_i64(f, "dim", &dim_attr, p, e))) goto fail;
+            if (dim_attr != (int64_t)dims[1]) {
+                st = jdt_err_set(e, JDT_ERR_FORMAT,
+                                 "%s: attribute dim is %lld but /x has %llu columns", p,
+                                 (long long)dim_attr, (unsigned long long)dims[1]);
+                goto fail;
+            }
+        }
         if (jdt_h5_has_attr(f, "n_classes") &&
             (st = jdt_h5_attr_read_i64(f, "n_classes", &n_classes, p, e)))
             goto fail;
+        if (n_classes < 0 || n_classes > (1LL << 31)) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: attribute n_classes is %lld; expected 1 to 2^31 classes "
+                             "(or 0: labels unchecked)",
+                             p, (long long)n_classes);
+            goto fail;
+        }
+        if (d->o.n_classes > 0 && n_classes > 0 && n_classes != d->o.n_classes) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: attribute n_classes is %lld but the model has %lld classes", p,
+                             (long long)n_classes, (long long)d->o.n_classes);
+            goto fail;
+        }
         if (first) {
             d->info.dim = (int64_t)dims[1];
             d->info.n_classes = n_classes;
@@ -413,6 +488,8 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
         goto fail;
     }
     if ((st = verify_crc(s, kind, d->info.token_dtype, dims, e))) goto fail;
+    if (kind == JDT_DATA_KIND_ARRAYS && (st = check_labels(s, (int64_t)dims[0], label_bound(d), e)))
+        goto fail;
     s->n_units = (int64_t)dims[0];
     jdt_free(format);
     jdt_free(tokenizer);
@@ -585,12 +662,13 @@ static jdt_status read_rows_locked(jdt_data *d, int64_t k, int64_t r0, int64_t r
                 st = read_units(d, true, w0, w0 + run, H5T_NATIVE_INT32, sizeof(int32_t), 1, y + j,
                                 e);
             if (st != JDT_OK) return st;
-            for (int64_t i = 0; i < run && d->info.n_classes > 0; i++) {
-                if (y[j + i] < 0 || y[j + i] >= d->info.n_classes) {
+            const int64_t n_classes = label_bound(d);
+            for (int64_t i = 0; i < run && n_classes > 0; i++) {
+                if (y[j + i] < 0 || y[j + i] >= n_classes) {
                     int64_t at;
                     const char *file = shard_of(d, w0 + i, &at);
                     return jdt_err_set(e, JDT_ERR_FORMAT, "%s: /y[%lld] = %d is outside [0, %lld)",
-                                       file, (long long)at, y[j + i], (long long)d->info.n_classes);
+                                       file, (long long)at, y[j + i], (long long)n_classes);
                 }
             }
         }
@@ -772,6 +850,9 @@ static jdt_status check_opts(const jdt_data_opts *o, jdt_err *e)
                            "batch of %lld",
                            p, (long long)o->row_begin, (long long)o->row_end,
                            (long long)o->global_batch);
+    if (o->n_classes < 0)
+        return jdt_err_set(e, JDT_ERR_INVALID, "%s: n_classes must be >= 0 (got %lld)", p,
+                           (long long)o->n_classes);
     if (o->prefetch < 0 || o->prefetch > MAX_PREFETCH)
         return jdt_err_set(e, JDT_ERR_INVALID, "%s: prefetch depth %d outside 0..%d", p,
                            o->prefetch, MAX_PREFETCH);

@@ -81,6 +81,10 @@ typedef struct {
     int64_t global_batch; /* B, sequences (rows) per global batch, over all ranks */
     int64_t row_begin;    /* this rank's rows [row_begin, row_end) of each global batch; */
     int64_t row_end;      /*   both 0: all rows [0, B) */
+    int64_t n_classes;    /* array data: the classes the model predicts; a file whose
+                             n_classes attribute differs is refused, and every label must lie
+                             in [0, n_classes). 0: the files' own n_classes (0 there too:
+                             labels unchecked) */
     uint64_t seed;        /* shuffle seed */
     bool shuffle;         /* false: windows in order, wrapping around at the end */
     int prefetch;         /* batches read ahead by a background thread; 0: read on demand */
@@ -114,14 +118,16 @@ typedef struct {
 
 typedef struct jdt_data jdt_data;
 
-/* Opens and validates a dataset: every shard's format, version, dtypes and sizes, and that the
- * data holds at least one sample (T+1 tokens). An http(s):// path is fetched into the cache
- * (fetch.h: one .h5, a listing or a manifest, split applying to the names); with a manifest
- * that gives every shard's length this returns once the first shard is local, the others
- * download in the background and are validated when first read (a read waits for its
- * shard). Errors name the file and the dataset: ERR_NOT_FOUND (missing path, no matching
- * shards), ERR_FORMAT (not HDF5, truncated, wrong format/version/dtype, missing attribute or
- * dataset, too short), ERR_INVALID (bad opts); a remote error names the URL (fetch.h).
+/* Opens and validates a dataset: every shard's format, version, dtypes and sizes (for arrays
+ * also the n_rows, dim and n_classes attributes against /x, /y and opts->n_classes, and every
+ * label), and that the data holds at least one sample (T+1 tokens). An http(s):// path is
+ * fetched into the cache (fetch.h: one .h5, a listing or a manifest, split applying to the
+ * names); with a manifest that gives every shard's length this returns once the first shard is
+ * local, the others download in the background and are validated when first read (a read
+ * waits for its shard). Errors name the file and the dataset: ERR_NOT_FOUND (missing path, no
+ * matching shards), ERR_FORMAT (not HDF5, truncated, wrong format/version/dtype, missing
+ * attribute or dataset, an attribute disagreeing with the data or the model, a label out of
+ * range, too short), ERR_INVALID (bad opts); a remote error names the URL (fetch.h).
  * Starts the prefetch thread if opts->prefetch > 0. On success the caller owns *out. */
 jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e);
 

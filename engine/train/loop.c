@@ -137,6 +137,7 @@ static jdt_status open_data(const trainer *tr, const char *path, const char *spl
     o.path = path;
     o.split = split;
     o.kind = cfg->model.type == JDT_MODEL_MLP ? JDT_DATA_KIND_ARRAYS : JDT_DATA_KIND_TOKENS;
+    if (o.kind == JDT_DATA_KIND_ARRAYS) o.n_classes = cfg->model.n_classes; /* labels bounded */
     o.seq_len = cfg->model.seq_len;
     o.global_batch = rows;
     /* this rank's slice of every batch: by its coordinate over the axes the batch is split

@@ -19,4 +19,12 @@ grep -o '"loss": [0-9.e+-]*' "$TMP/b/mlp/metrics.jsonl" | awk '{print $2}' > "$T
 paste "$TMP/j" "$TMP/i" | awk '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d }
   END { printf "JIT vs interpreter: max relative difference %.2g\n", m; exit !(m < 1e-4) }' \
   || fail "JIT and interpreter disagree"
+# arrays data whose classes are not the model's: refused when the data opens, naming the file
+f=$(ls "$TMP"/a/mlp/synthetic_train-*.h5) v=$(ls "$TMP"/a/mlp/synthetic_val-*.h5)
+"$BIN" configs/mlp.yaml run.out_dir="$TMP/c" run.steps=2 data.format=arrays data.train_path="$f" \
+  data.val_path="$v" model.n_classes=5 >/dev/null 2>"$TMP/err3"; rc=$?
+[ $rc -eq 1 ] || { cat "$TMP/err3"; fail "classes mismatch: exit $rc, expected 1"; }
+grep -q "synthetic_train-.*: attribute n_classes is 10 but the model has 5 classes" "$TMP/err3" ||
+  { cat "$TMP/err3"; fail "classes mismatch not named"; }
+grep -q "^step 1/" "$TMP/err3" && fail "trained before refusing the data"
 echo ok
