@@ -96,6 +96,10 @@ static jdt_status node_push(cfg_node *parent, cfg_node *child, jdt_err *e)
     return JDT_OK;
 }
 
+/* Keys one mapping may hold: every section of the schema has a few dozen; a file with more is
+ * not a config (500k keys took minutes in the linear duplicate checks). */
+#define CFG_MAP_MAX_KEYS 4096
+
 static cfg_node *map_get(const cfg_node *map, const char *key, int *index)
 {
     for (int i = 0; i < map->n; i++) {
@@ -325,6 +329,13 @@ static jdt_status parse_node(yaml_parser_t *p, yaml_event_t *ev, const cfg_src *
             yaml_event_delete(&kev);
             if (!key) goto out_nomem;
             snprintf(sub, sizeof sub, "%s%s%s", path, path[0] ? "." : "", key);
+            if (n->n >= CFG_MAP_MAX_KEYS) { /* the duplicate check below is linear per key */
+                place(where, sizeof where, src, kl, kc);
+                st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: %s: more than %d keys in one mapping",
+                                 where, path[0] ? path : "(top)", CFG_MAP_MAX_KEYS);
+                jdt_free(key);
+                goto out_node;
+            }
             if ((dup = map_get(n, key, NULL)) != NULL) {
                 place(where, sizeof where, src, kl, kc);
                 st = jdt_err_set(e, JDT_ERR_CONFIG,

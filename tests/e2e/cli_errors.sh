@@ -32,6 +32,10 @@ ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_embd=x); check override "override 'm
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model.nembd=64); check override-key "did you mean model.n_embd?"
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model);          check syntax-ov "unexpected argument 'model'"
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_head=5); check cross "model.n_head" "n_embd = 64"
+# a mapping of thousands of keys is refused at once (the duplicate checks were quadratic: 500k
+# keys ran for minutes)
+awk 'BEGIN { print "run:"; for (i = 0; i < 5000; i++) print "  k" i ": 1" }' >many.yaml
+ARGS=(many.yaml);                          check many-keys "many.yaml:4098:3" "more than 4096 keys"
 # a path the run would cut short in its file-name buffers (outputs went to a truncated directory)
 ARGS=("$JDT_ROOT/configs/tiny.yaml" "run.out_dir=/tmp/$(printf 'd%.0s' $(seq 600))"); check longpath "run.out_dir" "at most 512"
 # the config's bound is the data loader's (it refused 65..1024 only once the data was open)
@@ -80,6 +84,6 @@ grep -q "compiled step" out && fail "inspect compiled a config this build cannot
 [ ! -e "$TMP/runs" ] || fail "a refused run wrote $TMP/runs"
 
 # nothing was written by any failing run (only our inputs and out/err are here)
-extra=$(ls -A | grep -vE '^(typo|type|range|dup|syntax|loop)\.yaml$|^(sub|out|err)$' || true)
+extra=$(ls -A | grep -vE '^(typo|type|range|dup|syntax|loop|many)\.yaml$|^(sub|out|err)$' || true)
 [ -z "$extra" ] || fail "failing runs wrote: $extra"
 echo ok
