@@ -384,10 +384,11 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                                            v);
                 } else {
                     long x = strtol(v, &end, 10);
+                    const bool is_batch = strcmp(s, "--batch") == 0;
                     if (errno || end == v || *end || x < 0 || x > 1000000) {
                         char msg[96]; /* names the flag: s is one of the literals above */
-                        snprintf(msg, sizeof msg,
-                                 "%s: expected an integer in [0, 1000000], got '%%s'", s);
+                        snprintf(msg, sizeof msg, "%s: expected an integer in %s, got '%%s'", s,
+                                 is_batch ? "1..4096" : "[0, 1000000]");
                         return usage_error(cmd, msg, v);
                     }
                     if (strcmp(s, "--top-k") == 0)

@@ -1015,7 +1015,10 @@ jdt_status jdt_ckpt_resolve(const char *resume, const char *ckpt_dir, char **pat
         return st;
     }
     if (!jdt_io_is_dir(resume) && !jdt_io_is_file(resume))
-        return jdt_err_set(e, JDT_ERR_NOT_FOUND, "resume: checkpoint %s does not exist", resume);
+        return jdt_err_set(e, JDT_ERR_NOT_FOUND, "resume: checkpoint %s %s", resume,
+                           access(resume, F_OK) == 0
+                               ? "is neither a checkpoint directory nor a regular file"
+                               : "does not exist");
     *path = jdt_strdup(resume);
     return *path ? JDT_OK : jdt_err_set(e, JDT_ERR_NOMEM, "resume: out of memory");
 }
