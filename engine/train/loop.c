@@ -874,6 +874,10 @@ static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
         if (st == JDT_OK && main_rank)
             JDT_INFO("resumed from %s at step %lld (data batch %lld)", resume, (long long)*start,
                      (long long)data_batch);
+        if (st == JDT_OK && *start >= cfg->run.steps && tr->rank == 0)
+            JDT_WARN("the checkpoint is at step %lld, run.steps is %lld: nothing to train (raise "
+                     "run.steps to continue)",
+                     (long long)*start, (long long)cfg->run.steps);
         jdt_free(resume);
         return st;
     }
