@@ -957,6 +957,9 @@ static jdt_status set_field(const jdt_config_key *k, const cfg_node *v, jdt_conf
         char *end;
         errno = 0;
         long long x = strtoll(v->text, &end, 10);
+        const bool too_big = *end == '\0' && (errno == ERANGE || (double)x > k->max);
+        if (too_big && !ranged) /* ">= 1" alone misreads 2^31: give the type's bound */
+            snprintf(what, sizeof what, "an integer %s and at most %.0f", exp, k->max);
         if (*end != '\0' || errno == ERANGE || (double)x < k->min || (double)x > k->max)
             return type_error(k, v, what, e);
         if (k->type == JDT_CONFIG_INT)

@@ -32,6 +32,7 @@ ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_embd=x); check override "override 'm
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model.nembd=64); check override-key "did you mean model.n_embd?"
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model);          check syntax-ov "unexpected argument 'model'"
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_head=5); check cross "model.n_head" "n_embd = 64"
+ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_layer=2147483648); check int-bound "model.n_layer" "at most 2147483647"
 # a mapping of thousands of keys is refused at once (the duplicate checks were quadratic: 500k
 # keys ran for minutes)
 awk 'BEGIN { print "run:"; for (i = 0; i < 5000; i++) print "  k" i ": 1" }' >many.yaml
