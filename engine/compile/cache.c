@@ -259,11 +259,15 @@ static jdt_status append_trailer(const char *path, jdt_err *e)
     jdt_free(b);
     FILE *f = fopen(path, "ab");
     if (!f) return jdt_err_set(e, JDT_ERR_IO, "compile cache: %s: %s", path, strerror(errno));
+    errno = 0;
     bool ok = fwrite(TRAILER_MAGIC, 1, 8, f) == 8 && fwrite(&size, 8, 1, f) == 1 &&
               fwrite(&hash, 8, 1, f) == 1;
     ok = (fflush(f) == 0) && ok && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = false;
-    if (!ok) return jdt_err_set(e, JDT_ERR_IO, "compile cache: writing %s failed", path);
+    int err = errno;
+    if (fclose(f) != 0) ok = false, err = err ? err : errno;
+    if (!ok)
+        return jdt_err_set(e, JDT_ERR_IO, "compile cache: writing %s failed: %s", path,
+                           strerror(err ? err : EIO));
     return JDT_OK;
 }
 
@@ -275,10 +279,13 @@ jdt_status jdt_compile_cache_put(const char *dir, uint64_t key, const char *kind
     jdt_compile_cache_path(dir, key, kind, path, sizeof path);
     FILE *f = fopen(tmp, "wb");
     if (!f) return jdt_err_set(e, JDT_ERR_IO, "compile cache: %s: %s", tmp, strerror(errno));
+    errno = 0;
     bool ok = fwrite(bytes, 1, n_bytes, f) == n_bytes;
-    if (fclose(f) != 0) ok = false;
+    int err = errno;
+    if (fclose(f) != 0) ok = false, err = err ? err : errno;
     jdt_status st = ok ? append_trailer(tmp, e)
-                       : jdt_err_set(e, JDT_ERR_IO, "compile cache: writing %s failed", tmp);
+                       : jdt_err_set(e, JDT_ERR_IO, "compile cache: writing %s failed: %s", tmp,
+                                     strerror(err ? err : EIO));
     if (st == JDT_OK && rename(tmp, path) != 0)
         st = jdt_err_set(e, JDT_ERR_IO, "compile cache: rename %s -> %s: %s", tmp, path,
                          strerror(errno));
@@ -584,10 +591,16 @@ static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const
     tmp_path(dir, key, "log", log, sizeof log);
     FILE *f = fopen(tmp_c, "w");
     if (!f) return jdt_err_set(e, JDT_ERR_IO, "compile cache: %s: %s", tmp_c, strerror(errno));
+    errno = 0;
     bool wrote = fputs(src, f) >= 0;
+    int err = errno;
     if (fclose(f) != 0 || !wrote) {
+        err = err ? err : errno;
         unlink(tmp_c);
-        return jdt_err_set(e, JDT_ERR_IO, "compile cache: writing %s failed", tmp_c);
+        return jdt_err_set(e, JDT_ERR_IO,
+                           "compile cache: writing %s failed: %s (the cache "
+                           "directory is runtime.cache_dir)",
+                           tmp_c, strerror(err ? err : EIO));
     }
     int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (lfd < 0) {
