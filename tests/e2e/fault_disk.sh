@@ -75,4 +75,11 @@ dd if=/dev/zero of="$D/fill" bs=4k 2>/dev/null; truncate -s -16K "$D/fill"
 [ $rc -eq 1 ] || { tail -3 "$TMP/err"; fail "run directory full: exit $rc, expected 1"; }
 one_error_line "No space left on device\|a write failed"
 grep -q "metrics.jsonl\|events.out.tfevents" "$TMP/err" || { cat "$TMP/err"; fail "the error does not name the file"; }
-echo "full disk, read-only checkpoint and run directories, prepare on a full disk, a run directory filling up: exit 1, one line each"
+# 7. a full disk under the JIT cache: one line with the reason (it said "writing ... failed")
+mnt size=64k
+dd if=/dev/zero of="$D/fill" bs=4k 2>/dev/null
+JDT_RUNTIME_CACHE_DIR="$D/cache" "$BIN" configs/tiny.yaml run.out_dir="$TMP/r7" run.steps=1 \
+  >"$TMP/out" 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] || { tail -3 "$TMP/err"; fail "full cache disk: exit $rc, expected 1"; }
+one_error_line "compile cache: writing .* failed: No space left on device"
+echo "full disk, read-only checkpoint and run directories, prepare on a full disk, a run directory filling up, a full cache disk: exit 1, one line each"
