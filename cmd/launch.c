@@ -43,9 +43,9 @@ extern char **environ;
 enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
 
 #define MAX_NPROC 1024
-#define GRACE_S 10.0      /* SIGTERM -> SIGKILL */
-#define DRAIN_S 2.0       /* output still open after every rank exited (a lingering grandchild) */
-#define LINE_CAP 65536    /* a longer line is split */
+#define GRACE_S 10.0   /* SIGTERM -> SIGKILL */
+#define DRAIN_S 2.0    /* output still open after every rank exited (a lingering grandchild) */
+#define LINE_CAP 65536 /* a longer line is split */
 
 /* the dist.* keys the launcher sets per rank: the user must not set them too */
 static const char *const OWNED_KEYS[] = {"rank", "world_size", "local_rank", "coordinator"};
@@ -67,14 +67,15 @@ bool jdt_launch_requested(int argc, char **argv)
     return false;
 }
 
-/* ---- output relay ------------------------------------------------------------------------------ */
+/* ---- output relay ------------------------------------------------------------------------------
+ */
 
 typedef struct {
-    int fd;      /* read end of the child's pipe, -1 once closed */
-    int out_fd;  /* where its lines go: 1 or 2 */
+    int fd;     /* read end of the child's pipe, -1 once closed */
+    int out_fd; /* where its lines go: 1 or 2 */
     int rank;
     size_t len;
-    char *buf;   /* (LINE_CAP) */
+    char *buf; /* (LINE_CAP) */
 } stream;
 
 static void write_all(int fd, const char *p, size_t n)
@@ -137,14 +138,15 @@ static bool stream_pump(stream *s)
     return !eof;
 }
 
-/* ---- argument inspection ----------------------------------------------------------------------- */
+/* ---- argument inspection -----------------------------------------------------------------------
+ */
 
 typedef struct {
-    char **child_argv;      /* argv without --nproc N, NULL-terminated (owned array) */
+    char **child_argv; /* argv without --nproc N, NULL-terminated (owned array) */
     int nproc;
-    const char *config;     /* NULL if none */
+    const char *config; /* NULL if none */
     int n_overrides;
-    char **overrides;       /* (n_overrides) point into argv (owned array) */
+    char **overrides; /* (n_overrides) point into argv (owned array) */
 } launch_args;
 
 static int parse_launch_args(int argc, char **argv, launch_args *a)
@@ -179,7 +181,7 @@ static int parse_launch_args(int argc, char **argv, launch_args *a)
     /* which command, and its CONFIG and overrides (the flags taking a value are skipped) */
     int i = 1;
     static const char *const ok_cmds[] = {"train", "inspect", "eval", "dist-check"};
-    static const char *const no_cmds[] = {"sample", "prepare", "version", "help"};
+    static const char *const no_cmds[] = {"sample", "prepare", "export", "plot", "version", "help"};
     if (n > 1) {
         for (size_t k = 0; k < JDT_ARRAY_LEN(no_cmds); k++)
             if (strcmp(a->child_argv[1], no_cmds[k]) == 0)
@@ -236,7 +238,8 @@ static int check_owned_keys(const launch_args *a, const jdt_config *c)
     return EXIT_OK;
 }
 
-/* ---- environment -------------------------------------------------------------------------------- */
+/* ---- environment --------------------------------------------------------------------------------
+ */
 
 typedef struct {
     char **v; /* NULL-terminated; strings from environ are borrowed, ours are in own[] */
@@ -248,10 +251,12 @@ typedef struct {
 static bool env_init(envlist *l)
 {
     int n = 0;
-    while (environ[n]) n++;
+    while (environ[n])
+        n++;
     l->v = jdt_calloc((size_t)n + 16, sizeof *l->v);
     if (!l->v) return false;
-    for (int i = 0; i < n; i++) l->v[i] = environ[i];
+    for (int i = 0; i < n; i++)
+        l->v[i] = environ[i];
     l->n = n;
     l->n_own = 0;
     return true;
@@ -286,10 +291,11 @@ static void env_unset(envlist *l, const char *name)
     }
 }
 
-/* ---- the launcher ------------------------------------------------------------------------------- */
+/* ---- the launcher -------------------------------------------------------------------------------
+ */
 
 typedef struct {
-    pid_t pid;       /* 0 once reaped */
+    pid_t pid; /* 0 once reaped */
     int status;
     bool exited;
 } child;
@@ -359,17 +365,17 @@ static void exec_child(const launch_args *a, char **envp, int out_fd, int err_fd
 /* The launcher's state from set-up to the last rank's exit. */
 typedef struct {
     launch_args a;
-    int n;                 /* ranks */
+    int n; /* ranks */
     jdt_config c;
     bool have_config;
     envlist env;
-    child *ch;             /* (n) */
-    stream *st;            /* (2n): rank r's stdout at 2r, stderr at 2r+1 */
-    int listen_fd, sfd;    /* the coordinator socket rank 0 inherits; the signalfd */
+    child *ch;          /* (n) */
+    stream *st;         /* (2n): rank r's stdout at 2r, stderr at 2r+1 */
+    int listen_fd, sfd; /* the coordinator socket rank 0 inherits; the signalfd */
     sigset_t oldmask;
     bool masked;
     int cpu_ids[CPU_SETSIZE], n_cpus;
-    bool pin;              /* one contiguous share of the CPUs per rank */
+    bool pin; /* one contiguous share of the CPUs per rank */
     char coord[64];
     int n_live;
     /* supervision */
@@ -495,7 +501,8 @@ static int setup_supervision(launcher *L)
         fprintf(stderr, "jdt-train: launcher set-up failed: %s\n", strerror(errno));
         return EXIT_RUNTIME;
     }
-    for (int i = 0; i < 2 * L->n; i++) L->st[i].fd = -1;
+    for (int i = 0; i < 2 * L->n; i++)
+        L->st[i].fd = -1;
     return 0;
 }
 
@@ -639,7 +646,8 @@ static int supervise(launcher *L, int start_rc)
     }
     for (;;) {
         int n_open = 0;
-        for (int i = 0; i < 2 * n; i++) n_open += st[i].fd >= 0;
+        for (int i = 0; i < 2 * n; i++)
+            n_open += st[i].fd >= 0;
         double now = jdt_now_s();
         if (L->n_live == 0) {
             if (L->drain_until == 0) L->drain_until = now + DRAIN_S;
@@ -665,7 +673,8 @@ static int supervise(launcher *L, int start_rc)
             pfd[np++] = (struct pollfd){L->sfd, POLLIN, 0};
             int idx[2 * MAX_NPROC];
             for (int i = 0; i < 2 * n; i++)
-                if (st[i].fd >= 0) idx[np - 1] = i, pfd[np++] = (struct pollfd){st[i].fd, POLLIN, 0};
+                if (st[i].fd >= 0)
+                    idx[np - 1] = i, pfd[np++] = (struct pollfd){st[i].fd, POLLIN, 0};
             int pr = poll(pfd, (nfds_t)np, (int)(wait_s * 1000) + 1);
             if (pr > 0) {
                 for (int k = 1; k < np; k++)
@@ -707,12 +716,14 @@ int jdt_launch_main(int argc, char **argv)
 
     const pid_t self = getpid();
     const int env_base = L.env.n_own;
-    for (int r = 0; r < L.n && rc == 0; r++) rc = start_rank(&L, r, env_base, self);
+    for (int r = 0; r < L.n && rc == 0; r++)
+        rc = start_rank(&L, r, env_base, self);
     JDT_DEBUG("launched %d ranks, coordinator %s", L.n_live, L.coord);
     rc = supervise(&L, rc);
 out:
     if (L.st)
-        for (int i = 0; i < 2 * L.n; i++) jdt_free(L.st[i].buf);
+        for (int i = 0; i < 2 * L.n; i++)
+            jdt_free(L.st[i].buf);
     jdt_free(L.st);
     jdt_free(L.ch);
     jdt_free(L.env.v);
@@ -724,10 +735,14 @@ out:
     return rc;
 }
 
-/* ---- dist-check ------------------------------------------------------------------------------- */
+/* ---- dist-check -------------------------------------------------------------------------------
+ */
 
 static volatile sig_atomic_t g_check_signal = 0; /* the only state a signal handler touches */
-static void on_check_signal(int sig) { g_check_signal = sig; }
+static void on_check_signal(int sig)
+{
+    g_check_signal = sig;
+}
 
 int jdt_launch_dist_check(int argc, char **argv)
 {
@@ -774,7 +789,8 @@ int jdt_launch_dist_check(int argc, char **argv)
     }
     if (!config) {
         rc = usage("usage: jdt-train dist-check CONFIG [key=value ...] [--hold SECONDS] "
-                   "[--exit RANK:CODE] [--emit TEXT] [--stubborn]%s", "");
+                   "[--exit RANK:CODE] [--emit TEXT] [--stubborn]%s",
+                   "");
         goto out_args;
     }
     jdt_config c;
@@ -802,7 +818,8 @@ int jdt_launch_dist_check(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     s = jdt_world_connect(&w, &c, &d, &e);
     double sum = w.rank + 1.0;
-    if (!s && d) s = jdt_comm_allreduce(jdt_dist_world(d), &sum, 1, JDT_DTYPE_F64, JDT_REDUCE_SUM, &e);
+    if (!s && d)
+        s = jdt_comm_allreduce(jdt_dist_world(d), &sum, 1, JDT_DTYPE_F64, JDT_REDUCE_SUM, &e);
     double want = 0.5 * w.world_size * (w.world_size + 1.0);
     if (!s && sum != want)
         s = jdt_err_set(&e, JDT_ERR_INTERNAL, "all-reduce gave %g, expected %g", sum, want);

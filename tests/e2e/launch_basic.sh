@@ -64,6 +64,7 @@ usage nproc-0 "1..1024, got '0'" "$BIN" --nproc 0 "$CFG"
 usage nproc-x "got 'x'" "$BIN" --nproc=x "$CFG"
 usage nproc-missing "needs a number" "$BIN" "$CFG" --nproc
 usage sample "not 'sample'" "$BIN" --nproc 2 sample runs/x
+usage export "not 'export'" "$BIN" --nproc 2 export runs/x --format hf out
 usage no-config "missing CONFIG" "$BIN" --nproc 2 train
 printf 'base_config: %s\ndist:\n  rank: 0\n' "$CFG" >rank.yaml
 usage file-rank "rank.yaml sets dist.rank" "$BIN" --nproc 2 rank.yaml mesh.data=2
