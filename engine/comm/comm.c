@@ -533,7 +533,7 @@ jdt_status jdt_comm_start_thread(jdt_dist *d, jdt_err *e)
     if (st) return st;
     d->scratch = jdt_malloc_aligned(JDT_COMM_CHUNK);
     if (!d->scratch) return jdt_err_set(e, JDT_ERR_NOMEM, "communication scratch buffer");
-    if (pthread_create(&d->comm_thread, NULL, comm_main, d) != 0)
+    if (jdt_thread_create(&d->comm_thread, comm_main, d) != 0)
         return jdt_err_set(e, JDT_ERR_INTERNAL, "cannot start the communication thread");
     d->comm_started = true;
     return JDT_OK;

@@ -683,7 +683,7 @@ jdt_status jdt_dist_coord_start(const char *bind_addr, int listen_fd, int world_
     /* 0.1 s early: the ranks started with the coordinator then hear which ranks never arrived
      * just before their own connect_timeout_s deadline, instead of a bare timeout */
     c->start = jdt_now_s() - 0.1;
-    if (pthread_create(&c->thread, NULL, coord_main, c) != 0) {
+    if (jdt_thread_create(&c->thread, coord_main, c) != 0) {
         st = jdt_err_set(e, JDT_ERR_INTERNAL, "coordinator: cannot start thread");
         goto out_free;
     }

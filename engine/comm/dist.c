@@ -591,7 +591,7 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
     st = join(d, deadline, e);
     if (st) goto out_fail;
     d->formed = true;
-    if (pthread_create(&d->monitor, NULL, monitor_main, d) != 0) {
+    if (jdt_thread_create(&d->monitor, monitor_main, d) != 0) {
         st = jdt_err_set(e, JDT_ERR_INTERNAL, "cannot start the monitor thread");
         goto out_fail;
     }

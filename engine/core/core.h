@@ -28,25 +28,25 @@
 
 /* ---- status codes: one list, the enum and the strings are generated from it ---------------- */
 
-#define JDT_STATUS_LIST(X)                                                                        \
-    X(OK, "ok")                                                                                   \
-    X(ERR_NOMEM, "out of memory")                                                                 \
-    X(ERR_USAGE, "bad command-line usage")                                                        \
-    X(ERR_CONFIG, "invalid configuration")                                                        \
-    X(ERR_INVALID, "invalid argument")                                                            \
-    X(ERR_IO, "input/output error")                                                               \
-    X(ERR_FORMAT, "corrupt or unsupported file format")                                           \
-    X(ERR_NOT_FOUND, "not found")                                                                 \
-    X(ERR_SHAPE, "shape mismatch")                                                                \
-    X(ERR_UNSUPPORTED, "unsupported operation")                                                   \
-    X(ERR_COMPILE, "kernel compilation failed")                                                   \
-    X(ERR_NUMERIC, "non-finite value")                                                            \
-    X(ERR_NET, "network error")                                                                   \
-    X(ERR_PROTOCOL, "protocol violation")                                                         \
-    X(ERR_AUTH, "authentication failed")                                                          \
-    X(ERR_TIMEOUT, "timed out")                                                                   \
-    X(ERR_PEER_LOST, "peer lost")                                                                 \
-    X(ERR_INTERRUPTED, "interrupted")                                                             \
+#define JDT_STATUS_LIST(X)                                                                         \
+    X(OK, "ok")                                                                                    \
+    X(ERR_NOMEM, "out of memory")                                                                  \
+    X(ERR_USAGE, "bad command-line usage")                                                         \
+    X(ERR_CONFIG, "invalid configuration")                                                         \
+    X(ERR_INVALID, "invalid argument")                                                             \
+    X(ERR_IO, "input/output error")                                                                \
+    X(ERR_FORMAT, "corrupt or unsupported file format")                                            \
+    X(ERR_NOT_FOUND, "not found")                                                                  \
+    X(ERR_SHAPE, "shape mismatch")                                                                 \
+    X(ERR_UNSUPPORTED, "unsupported operation")                                                    \
+    X(ERR_COMPILE, "kernel compilation failed")                                                    \
+    X(ERR_NUMERIC, "non-finite value")                                                             \
+    X(ERR_NET, "network error")                                                                    \
+    X(ERR_PROTOCOL, "protocol violation")                                                          \
+    X(ERR_AUTH, "authentication failed")                                                           \
+    X(ERR_TIMEOUT, "timed out")                                                                    \
+    X(ERR_PEER_LOST, "peer lost")                                                                  \
+    X(ERR_INTERRUPTED, "interrupted")                                                              \
     X(ERR_INTERNAL, "internal error")
 
 typedef enum {
@@ -130,13 +130,13 @@ long jdt_alloc_fail_after(long n);
 
 /* ---- dtypes ------------------------------------------------------------------------------- */
 
-#define JDT_DTYPE_LIST(X)                                                                         \
-    X(F32, "f32", 4)                                                                              \
-    X(F64, "f64", 8)                                                                              \
-    X(BF16, "bf16", 2)                                                                            \
-    X(I32, "i32", 4)                                                                              \
-    X(U16, "u16", 2)                                                                              \
-    X(U32, "u32", 4)                                                                              \
+#define JDT_DTYPE_LIST(X)                                                                          \
+    X(F32, "f32", 4)                                                                               \
+    X(F64, "f64", 8)                                                                               \
+    X(BF16, "bf16", 2)                                                                             \
+    X(I32, "i32", 4)                                                                               \
+    X(U16, "u16", 2)                                                                               \
+    X(U32, "u32", 4)                                                                               \
     X(U8, "u8", 1)
 
 typedef enum {
@@ -210,6 +210,11 @@ void jdt_permute_blocks_bytes(const void *src, void *dst, int64_t k, int64_t out
 /* Monotonic clock in seconds. */
 double jdt_now_s(void);
 
+/* pthread_create with SIGINT and SIGTERM blocked in the new thread, so the trainer's stop
+ * handler runs on the thread that installed it (with its alternate stack), never on a helper
+ * thread (data prefetch, communication, rendezvous). Returns pthread_create's result. */
+int jdt_thread_create(void *thread, void *(*fn)(void *), void *arg);
+
 /* Progress of a long operation (prepare, checkpoint save and load, compilation): on a terminal a
  * live line "what: done/total unit (pct), rate, elapsed, ETA" rewritten in place; otherwise a log
  * line every 10 s. Nothing is printed for operations shorter than 2 s or above log level info.
@@ -220,8 +225,9 @@ typedef struct {
     char what[96];
     const char *unit;
     double total, t0, last;
-    double interval_s, quiet_s; /* plain-line period; silence at the start (JDT_PROGRESS_INTERVAL) */
-    double estimate_s;          /* expected duration when total is unknown (0: none) */
+    double interval_s,
+        quiet_s;       /* plain-line period; silence at the start (JDT_PROGRESS_INTERVAL) */
+    double estimate_s; /* expected duration when total is unknown (0: none) */
     bool tty, live;
 } jdt_progress;
 void jdt_progress_begin(jdt_progress *p, const char *what, double total, const char *unit);

@@ -4,6 +4,8 @@
 #include "core/core.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <time.h>
 
@@ -63,9 +65,15 @@ uint64_t jdt_hash_bytes(uint64_t h, const void *data, size_t n_bytes)
     return h;
 }
 
-uint64_t jdt_hash_str(uint64_t h, const char *s) { return jdt_hash_bytes(h, s, strlen(s) + 1); }
+uint64_t jdt_hash_str(uint64_t h, const char *s)
+{
+    return jdt_hash_bytes(h, s, strlen(s) + 1);
+}
 
-uint64_t jdt_hash_u64(uint64_t h, uint64_t v) { return jdt_hash_bytes(h, &v, sizeof v); }
+uint64_t jdt_hash_u64(uint64_t h, uint64_t v)
+{
+    return jdt_hash_bytes(h, &v, sizeof v);
+}
 
 /* Philox-4x32 with 10 rounds; constants from the paper. */
 jdt_philox_ctr jdt_philox(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo)
@@ -87,7 +95,10 @@ jdt_philox_ctr jdt_philox(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo)
     return out;
 }
 
-float jdt_u32_to_unit_float(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+float jdt_u32_to_unit_float(uint32_t x)
+{
+    return (float)(x >> 8) * (1.0f / 16777216.0f);
+}
 
 void jdt_rng_uniform(uint64_t key, uint64_t first, size_t n, float *out)
 {
@@ -137,7 +148,8 @@ void jdt_permute_blocks_bytes(const void *src, void *dst, int64_t k, int64_t out
     char *d = dst;
     for (int64_t j = 0; j < k; j++)
         for (int64_t o = 0; o < outer; o++) {
-            const char *a = to_outer ? s + (j * outer + o) * blk_bytes : s + (o * k + j) * blk_bytes;
+            const char *a =
+                to_outer ? s + (j * outer + o) * blk_bytes : s + (o * k + j) * blk_bytes;
             char *b = to_outer ? d + (o * k + j) * blk_bytes : d + (j * outer + o) * blk_bytes;
             memcpy(b, a, (size_t)blk_bytes);
         }
@@ -147,4 +159,16 @@ void jdt_permute_blocks_f32(const float *src, float *dst, int64_t k, int64_t out
                             bool to_outer)
 {
     jdt_permute_blocks_bytes(src, dst, k, outer, blk * (int64_t)sizeof(float), to_outer);
+}
+
+int jdt_thread_create(void *thread, void *(*fn)(void *), void *arg)
+{
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old); /* the new thread inherits this mask */
+    int rc = pthread_create((pthread_t *)thread, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }

@@ -996,7 +996,7 @@ jdt_status jdt_data_open(const jdt_data_opts *opts, jdt_data **out, jdt_err *e)
             d->slots[i].y = jdt_malloc(y_bytes);
             if (!d->slots[i].x || !d->slots[i].y) goto oom;
         }
-        if (pthread_create(&d->thread, NULL, prefetch_main, d) != 0) {
+        if (jdt_thread_create(&d->thread, prefetch_main, d) != 0) {
             st = jdt_err_set(e, JDT_ERR_INTERNAL, "%s: cannot start the prefetch thread",
                              opts->path);
             goto fail;

@@ -1450,7 +1450,7 @@ jdt_status jdt_remote_open(const jdt_fetch_opts *o, const char *url, jdt_fetch_f
         st = jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", url);
         goto fail;
     }
-    if (pthread_create(&r->thread, NULL, remote_main, r) != 0) {
+    if (jdt_thread_create(&r->thread, remote_main, r) != 0) {
         st = jdt_err_set(e, JDT_ERR_INTERNAL, "%s: cannot start the download thread", url);
         goto fail;
     }
