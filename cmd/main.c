@@ -20,13 +20,11 @@
 #include "runtime/runtime.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -799,71 +797,29 @@ static int cmd_eval(const subcommand *cmd, cli_args *a)
 static int read_prompts_file(const subcommand *cmd, const char *path, char **text, char ***list,
                              int *n)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        fprintf(stderr, "jdt-train: --prompts: cannot read '%s': %s (see 'jdt-train %s --help')\n",
-                path, strerror(errno), cmd->name);
-        return EXIT_USAGE;
-    }
-    struct stat sb;
-    const bool stat_ok = fstat(fd, &sb) == 0;
-    if (!stat_ok || !(S_ISREG(sb.st_mode) || S_ISFIFO(sb.st_mode))) {
-        fprintf(stderr, "jdt-train: --prompts: cannot read '%s': %s\n", path,
-                !stat_ok              ? strerror(errno)
-                : S_ISDIR(sb.st_mode) ? strerror(EISDIR)
-                                      : "not a regular file (a device or socket)");
-        close(fd);
-        return EXIT_USAGE;
-    }
-    if (S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > PROMPTS_MAX_BYTES) {
-        fprintf(stderr, "jdt-train: --prompts: '%s' is %.1f MiB, more than the %zu MiB limit\n",
-                path, (double)sb.st_size / (1 << 20), PROMPTS_MAX_BYTES >> 20);
-        close(fd);
-        return EXIT_USAGE;
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        close(fd);
-        fprintf(stderr, "jdt-train: --prompts: cannot read '%s': %s\n", path, strerror(errno));
-        return EXIT_USAGE;
-    }
-    size_t len = 0, cap = 4096;
-    char *buf = jdt_malloc(cap + 1);
-    size_t got;
-    bool too_big = false;
-    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += got;
-        if (len > PROMPTS_MAX_BYTES) { /* a pipe, or a file that grew after the fstat */
-            too_big = true;
-            break;
-        }
-        if (len == cap) {
-            char *p = jdt_realloc(buf, 2 * cap + 1);
-            if (!p) jdt_free(buf);
-            buf = p;
-            cap *= 2;
-        }
-    }
-    const bool bad = ferror(f) != 0;
-    fclose(f);
-    if (too_big) {
-        jdt_free(buf);
-        fprintf(stderr, "jdt-train: --prompts: '%s' holds more than the %zu MiB limit\n", path,
-                PROMPTS_MAX_BYTES >> 20);
-        return EXIT_USAGE;
-    }
-    if (!buf) {
+    char *buf = NULL;
+    size_t len = 0;
+    int err_no = 0;
+    jdt_status st = jdt_read_file(path, true, PROMPTS_MAX_BYTES, &buf, &len, &err_no);
+    if (st == JDT_ERR_NOMEM) {
         fprintf(stderr, "jdt-train: out of memory\n");
         return EXIT_RUNTIME;
     }
-    if (bad) {
-        jdt_free(buf);
-        fprintf(stderr, "jdt-train: --prompts: cannot read '%s'\n", path);
-        return EXIT_USAGE;
-    }
-    buf[len] = '\0';
+    if (st != JDT_OK && err_no == EFBIG && len > 0)
+        fprintf(stderr, "jdt-train: --prompts: '%s' is %.1f MiB, more than the %zu MiB limit\n",
+                path, (double)len / (1 << 20), PROMPTS_MAX_BYTES >> 20);
+    else if (st != JDT_OK && err_no == EFBIG)
+        fprintf(stderr, "jdt-train: --prompts: '%s' holds more than the %zu MiB limit\n", path,
+                PROMPTS_MAX_BYTES >> 20);
+    else if (st != JDT_OK && err_no == EINVAL)
+        fprintf(stderr,
+                "jdt-train: --prompts: cannot read '%s': not a regular file (a device or "
+                "socket)\n",
+                path);
+    else if (st != JDT_OK)
+        fprintf(stderr, "jdt-train: --prompts: cannot read '%s': %s (see 'jdt-train %s --help')\n",
+                path, strerror(err_no), cmd->name);
+    if (st != JDT_OK) return EXIT_USAGE;
     size_t n_lines = 1;
     for (size_t k = 0; k < len; k++)
         n_lines += buf[k] == '\n';

@@ -10,13 +10,11 @@
 #include "config/config-impl.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -516,68 +514,6 @@ static jdt_status merge_into(cfg_node *base, cfg_node *child, jdt_err *e)
     return st;
 }
 
-/* Reads a config file. Only a regular file is accepted (allow_pipe: also a pipe or FIFO, for
- * `jdt-train <(gen-config)` on the command line): a base_config naming a FIFO, a device or a
- * directory would otherwise block forever or read garbage. The open does not block. */
-static jdt_status read_file(const char *path, bool allow_pipe, char **text, size_t *len,
-                            int *err_no)
-{
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    *text = NULL;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        *err_no = errno;
-        return JDT_ERR_IO;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !(S_ISREG(sb.st_mode) || (allow_pipe && S_ISFIFO(sb.st_mode)))) {
-        *err_no = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL; /* EINVAL: "not a regular file" */
-        close(fd);
-        return JDT_ERR_IO;
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        *err_no = errno;
-        close(fd);
-        return JDT_ERR_IO;
-    }
-    for (;;) {
-        if (cap - n < 4096) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = jdt_realloc(buf, cap + 1);
-            if (!nb) {
-                jdt_free(buf);
-                fclose(f);
-                return JDT_ERR_NOMEM;
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-        if (n > MAX_FILE_BYTES) {
-            jdt_free(buf);
-            fclose(f);
-            *err_no = EFBIG;
-            return JDT_ERR_IO;
-        }
-    }
-    if (ferror(f)) {
-        *err_no = errno ? errno : EIO;
-        jdt_free(buf);
-        fclose(f);
-        return JDT_ERR_IO;
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *text = buf;
-    *len = n;
-    return JDT_OK;
-}
-
 /* Loads one config document (file `label`, or `text` when non-NULL) and its base_config chain
  * into *out, a mapping. `ref` is the base_config node that named this file (NULL at the top). */
 static jdt_status load_tree(loader *ld, const char *label, const char *text_in, const cfg_node *ref,
@@ -597,7 +533,7 @@ static jdt_status load_tree(loader *ld, const char *label, const char *text_in, 
         len = strlen(text_in);
     } else {
         int err_no = 0;
-        st = read_file(label, ref == NULL, &text, &len, &err_no);
+        st = jdt_read_file(label, ref == NULL, MAX_FILE_BYTES, &text, &len, &err_no);
         if (st == JDT_ERR_NOMEM) return jdt_err_set(e, st, "config: out of memory");
         if (st) {
             const char *why = err_no == EINVAL ? "not a regular file (a FIFO, socket or device)"

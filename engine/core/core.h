@@ -210,6 +210,16 @@ void jdt_permute_blocks_bytes(const void *src, void *dst, int64_t k, int64_t out
 /* Monotonic clock in seconds. */
 double jdt_now_s(void);
 
+/* Reads the whole file at path into *text (jdt_malloc'd, NUL-terminated, *len bytes). Only a
+ * regular file is read, and with allow_pipe also a pipe or FIFO (`<(gen)`): a FIFO without a
+ * writer, a device such as /dev/zero or a directory would block forever, read garbage or grow
+ * memory without bound. The open does not block. JDT_ERR_IO with *err_no: the open's errno,
+ * EISDIR, EINVAL (neither a regular file nor an allowed pipe), EFBIG (over max_bytes; *len is
+ * then a regular file's size, found before reading, or 0 for a pipe), or a read's errno;
+ * JDT_ERR_NOMEM. */
+jdt_status jdt_read_file(const char *path, bool allow_pipe, size_t max_bytes, char **text,
+                         size_t *len, int *err_no);
+
 /* pthread_create with SIGINT and SIGTERM blocked in the new thread, so the trainer's stop
  * handler runs on the thread that installed it (with its alternate stack), never on a helper
  * thread (data prefetch, communication, rendezvous). Returns pthread_create's result. */

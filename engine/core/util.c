@@ -3,11 +3,16 @@
  */
 #include "core/core.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static const struct {
     const char *name;
@@ -171,4 +176,70 @@ int jdt_thread_create(void *thread, void *(*fn)(void *), void *arg)
     int rc = pthread_create((pthread_t *)thread, NULL, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
+}
+
+jdt_status jdt_read_file(const char *path, bool allow_pipe, size_t max_bytes, char **text,
+                         size_t *len, int *err_no)
+{
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    *text = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        *err_no = errno;
+        return JDT_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !(S_ISREG(sb.st_mode) || (allow_pipe && S_ISFIFO(sb.st_mode)))) {
+        *err_no = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL; /* EINVAL: "not a regular file" */
+        close(fd);
+        return JDT_ERR_IO;
+    }
+    *len = 0;
+    if (S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > max_bytes) { /* refused before reading */
+        *err_no = EFBIG;
+        *len = (size_t)sb.st_size;
+        close(fd);
+        return JDT_ERR_IO;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        *err_no = errno;
+        close(fd);
+        return JDT_ERR_IO;
+    }
+    for (;;) {
+        if (cap - n < 4096) {
+            cap = cap ? cap * 2 : 8192;
+            char *nb = jdt_realloc(buf, cap + 1);
+            if (!nb) {
+                jdt_free(buf);
+                fclose(f);
+                return JDT_ERR_NOMEM;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+        if (n > max_bytes) { /* a pipe, or a file that grew */
+            jdt_free(buf);
+            fclose(f);
+            *err_no = EFBIG;
+            return JDT_ERR_IO;
+        }
+    }
+    if (ferror(f)) {
+        *err_no = errno ? errno : EIO;
+        jdt_free(buf);
+        fclose(f);
+        return JDT_ERR_IO;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *text = buf;
+    *len = n;
+    return JDT_OK;
 }

@@ -308,6 +308,20 @@ static jdt_status check_labels(const shard *s, int64_t n_rows, int64_t n_classes
     return st;
 }
 
+/* An optional count attribute of file p (n_rows, dim) against the datasets' count: absent is
+ * fine, another value is ERR_FORMAT naming it ("attribute dim is 100 but /x has 784 columns"). */
+static jdt_status check_count_attr(hid_t f, const char *name, hsize_t count, const char *holder,
+                                   const char *unit, const char *p, jdt_err *e)
+{
+    if (!jdt_h5_has_attr(f, name)) return JDT_OK;
+    int64_t v;
+    jdt_status st = jdt_h5_attr_read_i64(f, name, &v, p, e);
+    if (st != JDT_OK) return st;
+    if (v == (int64_t)count) return JDT_OK;
+    return jdt_err_set(e, JDT_ERR_FORMAT, "%s: attribute %s is %lld but %s %llu %s", p, name,
+                       (long long)v, holder, (unsigned long long)count, unit);
+}
+
 /* Opens shard s (if needed) and validates it against the dataset so far. `first`: s is the
  * first shard, so it sets info's kind, vocab, tokenizer, dim. */
 static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, jdt_err *e)
@@ -430,25 +444,10 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
          * model: a file that disagrees is refused here, naming the attribute, instead of
          * training on it or failing at some later step without the file's name. An absent
          * n_rows or dim is not required (/x and /y say it). */
-        int64_t n_rows_attr, dim_attr, n_classes = 0;
-        if (jdt_h5_has_attr(f, "n_rows")) {
-            if ((st = jdt_h5_attr_read_i64(f, "n_rows", &n_rows_attr, p, e))) goto fail;
-            if (n_rows_attr != (int64_t)dims[0]) {
-                st = jdt_err_set(e, JDT_ERR_FORMAT,
-                                 "%s: attribute n_rows is %lld but /x and /y hold %llu rows", p,
-                                 (long long)n_rows_attr, (unsigned long long)dims[0]);
-                goto fail;
-            }
-        }
-        if (jdt_h5_has_attr(f, "dim")) {
-            if ((st = jdt_h5_attr_read_i64(f, "dim", &dim_attr, p, e))) goto fail;
-            if (dim_attr != (int64_t)dims[1]) {
-                st = jdt_err_set(e, JDT_ERR_FORMAT,
-                                 "%s: attribute dim is %lld but /x has %llu columns", p,
-                                 (long long)dim_attr, (unsigned long long)dims[1]);
-                goto fail;
-            }
-        }
+        int64_t n_classes = 0;
+        if ((st = check_count_attr(f, "n_rows", dims[0], "/x and /y hold", "rows", p, e)) ||
+            (st = check_count_attr(f, "dim", dims[1], "/x has", "columns", p, e)))
+            goto fail;
         if (jdt_h5_has_attr(f, "n_classes") &&
             (st = jdt_h5_attr_read_i64(f, "n_classes", &n_classes, p, e)))
             goto fail;

@@ -391,23 +391,14 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
     return st;
 }
 
-/* Loads params and optimizer state from path; returns the step to continue from. */
 /* The global batch index at which a run resumed from a checkpoint continues, with this
  * config's batch size: the checkpoint's data_position counts batches of ITS batch size (from
- * its stored config), so the stream continues at the same global sample g = position * B_old,
- * i.e. batch g / B_new (docs/data.md). ERR_CONFIG when B_new does not divide g. */
+ * its stored config: b_old, from check_meta), so the stream continues at the same global sample g =
+ * position * B_old, i.e. batch g / B_new (docs/data.md). ERR_CONFIG when B_new does not divide g.
+ */
 static jdt_status resume_batch(const jdt_config *cfg, const jdt_ckpt_meta *meta, const char *path,
-                               int64_t *batch, jdt_err *e)
+                               int64_t b_old, int64_t *batch, jdt_err *e)
 {
-    int64_t b_old = cfg->data.batch_size;
-    if (meta->config_text && meta->config_text[0]) {
-        jdt_config old;
-        jdt_err e2;
-        if (jdt_config_load_string(meta->config_text, path, 0, NULL, NULL, &old, &e2) == JDT_OK) {
-            b_old = old.data.batch_size;
-            jdt_config_free(&old);
-        }
-    }
     const int64_t g = meta->data_position * b_old, b_new = cfg->data.batch_size;
     if (g % b_new)
         return jdt_err_set(
@@ -461,10 +452,13 @@ static const char *model_differs(const jdt_config *a, const jdt_config *b, char 
 /* The checkpoint's metadata against the run: a step and data position that a save can have
  * written (the step its directory is named for, where it is named step_N), and the model its
  * stored config describes. A checkpoint of another model whose tensors happen to fit (fewer
- * layers, no biases, another head count) would otherwise load in part, silently. */
+ * layers, no biases, another head count) would otherwise load in part, silently. *b_old: the
+ * stored config's batch size (this config's where it has none, or one this version cannot
+ * read). */
 static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, const char *path,
-                             jdt_err *e)
+                             int64_t *b_old, jdt_err *e)
 {
+    *b_old = cfg->data.batch_size;
     if (meta->step < 0 || meta->data_position < 0)
         return jdt_err_set(e, JDT_ERR_FORMAT,
                            "%s: corrupt checkpoint: step %lld, data position %lld", path,
@@ -484,6 +478,7 @@ static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, c
         return JDT_OK; /* written by another version: the tensors' names and shapes decide */
     char why[160];
     const char *key = model_differs(cfg, &old, why, sizeof why);
+    *b_old = old.data.batch_size;
     jdt_config_free(&old);
     if (key)
         return jdt_err_set(e, JDT_ERR_CONFIG,
@@ -504,8 +499,9 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
     jdt_ckpt_meta meta;
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
-    if ((st = check_meta(cfg, &meta, path, e)) != JDT_OK ||
-        (data_batch && (st = resume_batch(cfg, &meta, path, data_batch, e)) != JDT_OK)) {
+    int64_t b_old;
+    if ((st = check_meta(cfg, &meta, path, &b_old, e)) != JDT_OK ||
+        (data_batch && (st = resume_batch(cfg, &meta, path, b_old, data_batch, e)) != JDT_OK)) {
         jdt_ckpt_close(c);
         return st;
     }
