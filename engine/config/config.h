@@ -222,6 +222,12 @@ const jdt_config_key *jdt_config_schema_find(const char *path);
 const char *jdt_config_choice_name(const char *path, int value);
 /* Writes the environment variable name of a key ("JDT_MODEL_N_LAYER") into buf. */
 void jdt_config_env_name(const jdt_config_key *k, char *buf, size_t n_bytes);
+/* True for a key each process of a job may set for itself (input paths, caches, threads, the
+ * compiler, logging, dist.*); every other key must agree across the ranks. */
+bool jdt_config_key_per_process(const jdt_config_key *k);
+/* The i-th entry of that list ("runtime.threads", or "dist." for a whole section); NULL past
+ * the end. For messages and the schema test. */
+const char *jdt_config_per_process_key(int i);
 
 /* ---- loading and printing ------------------------------------------------------------------ */
 
@@ -260,6 +266,16 @@ char *jdt_config_to_yaml(const jdt_config *c, jdt_err *e);
 
 /* True when a and b hold the same values for every schema key (paths are not compared). */
 bool jdt_config_equal(const jdt_config *a, const jdt_config *b);
+
+/* The first schema key (schema order) on which a and b differ, skipping the per-process keys
+ * when job_only (jdt_config_key_per_process); NULL when none does. */
+const jdt_config_key *jdt_config_first_difference(const jdt_config *a, const jdt_config *b,
+                                                  bool job_only);
+
+/* Writes c's value of key k as one line of YAML text into buf (truncated to n_bytes - 1;
+ * sharding rules as a flow list), e.g. "0.001", "\"runs\"", "[[batch, data]]". */
+void jdt_config_value_text(const jdt_config_key *k, const jdt_config *c, char *buf,
+                           size_t n_bytes);
 
 /* Prints every key: path, type, default, bounds or choices, env variable, doc. */
 void jdt_config_print_schema(FILE *f);

@@ -183,6 +183,36 @@ const jdt_config_key *jdt_config_schema_find(const char *path)
 
 int jdt_config_key_index(const jdt_config_key *k) { return (int)(k - KEYS); }
 
+/* Keys each process of a job may set for itself: where it finds its inputs and caches, how it
+ * uses its own host (threads, compiler, network retries), what it logs, and its place in the
+ * job. Every other key must agree across the ranks (jdt_world_connect checks); a key not listed
+ * here must agree, so a new key is safe by default. A prefix ending in '.' names a section. */
+static const char *const PER_PROCESS[] = {
+    "run.log_level", "run.profile", "run.profile_steps",
+    "data.source", "data.train_path", "data.val_path", "data.tokenizer_path", "data.prefetch",
+    "data.fetch_retries", "data.fetch_backoff_s", "data.fetch_timeout_s",
+    "runtime.threads", "runtime.adaptive_threads", "runtime.cache_dir", "runtime.cache_max_mb",
+    "runtime.cc", "runtime.cflags", "runtime.peak_gflops",
+    "dist.",
+    NULL};
+
+bool jdt_config_key_per_process(const jdt_config_key *k)
+{
+    for (int i = 0; PER_PROCESS[i]; i++) {
+        size_t n = strlen(PER_PROCESS[i]);
+        if (PER_PROCESS[i][n - 1] == '.' ? strncmp(k->path, PER_PROCESS[i], n) == 0
+                                         : strcmp(k->path, PER_PROCESS[i]) == 0)
+            return true;
+    }
+    return false;
+}
+
+const char *jdt_config_per_process_key(int i)
+{
+    return i >= 0 && i < (int)(sizeof PER_PROCESS / sizeof *PER_PROCESS) - 1 ? PER_PROCESS[i]
+                                                                            : NULL;
+}
+
 void jdt_config_env_name(const jdt_config_key *k, char *buf, size_t n_bytes)
 {
     size_t o = 0;

@@ -143,45 +143,88 @@ char *jdt_config_to_yaml(const jdt_config *c, jdt_err *e)
     return out;
 }
 
-bool jdt_config_equal(const jdt_config *a, const jdt_config *b)
+/* True when key k holds the same value in a and b. */
+static bool key_equal(const jdt_config_key *k, const jdt_config *a, const jdt_config *b)
+{
+    const char *fa = (const char *)a + k->offset, *fb = (const char *)b + k->offset;
+    switch (k->type) {
+    case JDT_CONFIG_INT:
+    case JDT_CONFIG_ENUM: return *(const int *)fa == *(const int *)fb;
+    case JDT_CONFIG_I64: return *(const int64_t *)fa == *(const int64_t *)fb;
+    case JDT_CONFIG_FLOAT: return *(const double *)fa == *(const double *)fb;
+    case JDT_CONFIG_BOOL: return *(const bool *)fa == *(const bool *)fb;
+    case JDT_CONFIG_STR: {
+        const char *sa = *(char *const *)fa, *sb = *(char *const *)fb;
+        return strcmp(sa ? sa : "", sb ? sb : "") == 0;
+    }
+    case JDT_CONFIG_RULES: {
+        const jdt_config_rules *ra = (const void *)fa, *rb = (const void *)fb;
+        if (ra->n_rules != rb->n_rules) return false;
+        for (int r = 0; r < ra->n_rules; r++) {
+            const jdt_config_rule *x = &ra->rules[r], *y = &rb->rules[r];
+            if (strcmp(x->logical, y->logical) != 0 || x->n_mesh_axes != y->n_mesh_axes)
+                return false;
+            for (int j = 0; j < x->n_mesh_axes; j++)
+                if (x->mesh_axes[j] != y->mesh_axes[j]) return false;
+        }
+        return true;
+    }
+    }
+    return false;
+}
+
+const jdt_config_key *jdt_config_first_difference(const jdt_config *a, const jdt_config *b,
+                                                  bool job_only)
 {
     for (int i = 0; i < jdt_config_schema_count(); i++) {
         const jdt_config_key *k = jdt_config_schema_key(i);
-        const char *fa = (const char *)a + k->offset, *fb = (const char *)b + k->offset;
-        switch (k->type) {
-        case JDT_CONFIG_INT:
-        case JDT_CONFIG_ENUM:
-            if (*(const int *)fa != *(const int *)fb) return false;
-            break;
-        case JDT_CONFIG_I64:
-            if (*(const int64_t *)fa != *(const int64_t *)fb) return false;
-            break;
-        case JDT_CONFIG_FLOAT:
-            if (*(const double *)fa != *(const double *)fb) return false;
-            break;
-        case JDT_CONFIG_BOOL:
-            if (*(const bool *)fa != *(const bool *)fb) return false;
-            break;
-        case JDT_CONFIG_STR: {
-            const char *sa = *(char *const *)fa, *sb = *(char *const *)fb;
-            if (strcmp(sa ? sa : "", sb ? sb : "") != 0) return false;
-            break;
-        }
-        case JDT_CONFIG_RULES: {
-            const jdt_config_rules *ra = (const void *)fa, *rb = (const void *)fb;
-            if (ra->n_rules != rb->n_rules) return false;
-            for (int r = 0; r < ra->n_rules; r++) {
-                const jdt_config_rule *x = &ra->rules[r], *y = &rb->rules[r];
-                if (strcmp(x->logical, y->logical) != 0 || x->n_mesh_axes != y->n_mesh_axes)
-                    return false;
-                for (int j = 0; j < x->n_mesh_axes; j++)
-                    if (x->mesh_axes[j] != y->mesh_axes[j]) return false;
-            }
-            break;
-        }
-        }
+        if (job_only && jdt_config_key_per_process(k)) continue;
+        if (!key_equal(k, a, b)) return k;
     }
-    return true;
+    return NULL;
+}
+
+bool jdt_config_equal(const jdt_config *a, const jdt_config *b)
+{
+    return jdt_config_first_difference(a, b, false) == NULL;
+}
+
+void jdt_config_value_text(const jdt_config_key *k, const jdt_config *c, char *buf,
+                           size_t n_bytes)
+{
+    if (n_bytes == 0) return;
+    buf[0] = '\0';
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return;
+    write_value(f, k, c);
+    if (fclose(f) != 0 || !text) {
+        free(text);
+        return;
+    }
+    /* rules are written as a block list ("\n    - [a, b]" each): one flow list instead */
+    size_t o = 0;
+    const char *p = text;
+    if (k->type == JDT_CONFIG_RULES && strncmp(p, " []", 3) != 0 && o + 1 < n_bytes)
+        buf[o++] = '[';
+    if (k->type == JDT_CONFIG_RULES && strncmp(p, " []", 3) == 0) p++;
+    bool first = true;
+    while (*p && o + 1 < n_bytes) {
+        if (k->type == JDT_CONFIG_RULES && strncmp(p, "\n    - ", 7) == 0) {
+            p += 7;
+            if (!first && o + 2 < n_bytes) {
+                buf[o++] = ',';
+                buf[o++] = ' ';
+            }
+            first = false;
+            continue;
+        }
+        buf[o++] = *p++;
+    }
+    if (k->type == JDT_CONFIG_RULES && !first && o + 1 < n_bytes) buf[o++] = ']';
+    buf[o] = '\0';
+    free(text); /* open_memstream allocates with malloc */
 }
 
 int64_t jdt_config_mlp_dim(const jdt_config *c)

@@ -600,6 +600,12 @@ jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist
     }
     st = jdt_dist_init(&o, out, e);
     if (st) goto out_fail;
+    if ((st = jdt_world_agree(*out, cfg, e))) {
+        jdt_dist_abort(*out, e->msg); /* every rank leaves with this rank's reason */
+        jdt_dist_free(*out);
+        *out = NULL;
+        return st;
+    }
     JDT_DEBUG("joined the job: rank %d of %d (local %d of %d) via %s, source %s", w->rank,
               w->world_size, w->local_rank, w->local_world_size, w->coordinator, w->source);
     return JDT_OK;

@@ -58,7 +58,9 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
  * of the job must call it once, at start-up. For world_size 1 no rendezvous is needed: returns
  * JDT_OK with *out = NULL. Otherwise JDT_OK with a context the caller frees with
  * jdt_dist_free, or jdt_dist_init's errors (ERR_NET, ERR_AUTH, ERR_TIMEOUT, ...; their
- * messages name the rank and the coordinator) prefixed with "joining the job (<source>)".
+ * messages name the rank and the coordinator) prefixed with "joining the job (<source>)", or
+ * jdt_world_agree's (a rank whose config differs from rank 0's: ERR_CONFIG; the job is then
+ * aborted with that message and *out stays NULL).
  */
 jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist **out,
                              jdt_err *e);
@@ -94,5 +96,16 @@ jdt_status jdt_world_tasks_per_node(const char *spec, int node_index, int *n_tas
  * step_id % 8, so it lies below the Linux ephemeral range, consecutive jobs differ, and up to 8
  * concurrent steps of one job differ. */
 int jdt_world_slurm_port(long job_id, long step_id);
+
+/*
+ * Checks that every rank runs the same job (agree.c): rank 0 publishes its resolved config in
+ * the coordinator's KV store; every other rank compares it with its own, key by key, skipping
+ * the per-process keys (jdt_config_key_per_process). Every rank calls it once after joining
+ * (jdt_world_connect does); d NULL (one process) is a no-op. Returns JDT_OK, or on a rank that
+ * differs JDT_ERR_CONFIG naming the first differing key and both values (another build: both
+ * versions); the caller aborts the job with that message. Waits up to dist.connect_timeout_s
+ * for rank 0's config (ERR_TIMEOUT, ERR_PEER_LOST from the KV store otherwise).
+ */
+jdt_status jdt_world_agree(jdt_dist *d, const jdt_config *cfg, jdt_err *e);
 
 #endif /* JDT_WORLD_H */

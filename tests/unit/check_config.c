@@ -543,6 +543,61 @@ START_TEST(test_cross_field)
 }
 END_TEST
 
+/* The keys a job's ranks must agree on: per-process keys are skipped, the first other
+ * difference is named, values read back as one line (jdt_world_agree's message). */
+START_TEST(test_first_difference)
+{
+    jdt_config a, b;
+    jdt_err e;
+    ck_assert_int_eq(load_text("runtime: {threads: 2}\n", &a, &e), JDT_OK);
+    ck_assert_int_eq(load_text("runtime: {threads: 1, cache_dir: /x}\ndist: {rank: 1}\n"
+                               "data: {train_path: /a.h5}\n",
+                               &b, &e),
+                     JDT_OK);
+    ck_assert_ptr_null(jdt_config_first_difference(&a, &b, true));
+    const jdt_config_key *k = jdt_config_first_difference(&a, &b, false);
+    ck_assert_ptr_nonnull(k);
+    ck_assert_str_eq(k->path, "data.train_path");
+    jdt_config_free(&b);
+    ck_assert_int_eq(load_text("optimizer: {lr: 0.002}\nsharding: {rules: [[batch, [data, fsdp]],"
+                               " [mlp, null]]}\nruntime: {threads: 1}\n",
+                               &b, &e),
+                     JDT_OK);
+    k = jdt_config_first_difference(&a, &b, true);
+    ck_assert_ptr_nonnull(k);
+    ck_assert_str_eq(k->path, "sharding.rules"); /* schema order: sharding before optimizer */
+    char buf[128];
+    jdt_config_value_text(k, &b, buf, sizeof buf);
+    ck_assert_str_eq(buf, "[[\"batch\", [data, fsdp]], [\"mlp\", null]]");
+    jdt_config_value_text(jdt_config_schema_find("optimizer.lr"), &b, buf, sizeof buf);
+    ck_assert_str_eq(buf, "0.002");
+    jdt_config_value_text(jdt_config_schema_find("run.name"), &b, buf, 5);
+    ck_assert_str_eq(buf, "\"run"); /* truncated, terminated */
+    jdt_config_free(&b);
+    ck_assert_int_eq(load_text("sharding: {rules: []}\n", &b, &e), JDT_OK);
+    jdt_config_value_text(jdt_config_schema_find("sharding.rules"), &b, buf, sizeof buf);
+    ck_assert_str_eq(buf, "[]");
+    jdt_config_free(&a);
+    jdt_config_free(&b);
+    /* every listed per-process key names a schema key or section, and none of the keys that
+     * shape the computation is among them */
+    for (int i = 0; jdt_config_per_process_key(i); i++) {
+        const char *p = jdt_config_per_process_key(i);
+        size_t n = strlen(p);
+        bool found = false;
+        for (int j = 0; j < jdt_config_schema_count() && !found; j++)
+            found = p[n - 1] == '.' ? strncmp(jdt_config_schema_key(j)->path, p, n) == 0
+                                    : strcmp(jdt_config_schema_key(j)->path, p) == 0;
+        ck_assert_msg(found, "per-process key %s is not in the schema", p);
+    }
+    const char *job[] = {"model.n_layer", "mesh.data", "sharding.rules", "data.batch_size",
+                         "optimizer.lr", "precision.compute", "run.seed", "checkpoint.dir",
+                         "runtime.backend", "runtime.bucket_mb", "runtime.remat"};
+    for (size_t i = 0; i < JDT_ARRAY_LEN(job); i++)
+        ck_assert_msg(!jdt_config_key_per_process(jdt_config_schema_find(job[i])), "%s", job[i]);
+}
+END_TEST
+
 START_TEST(test_param_count)
 {
     jdt_config c;
@@ -617,6 +672,7 @@ int main(void)
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_schema_complete);
     tcase_add_test(tc, test_cross_field);
+    tcase_add_test(tc, test_first_difference);
     tcase_add_test(tc, test_param_count);
     tcase_add_test(tc, test_alloc_failure_cleanup);
     suite_add_tcase(s, tc);
