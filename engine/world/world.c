@@ -236,43 +236,58 @@ void jdt_world_hostlist_free(char **hosts, int n)
     jdt_free(hosts);
 }
 
-jdt_status jdt_world_tasks_per_node(const char *spec, int node_index, int *n_tasks, jdt_err *e)
+/* Parses a tasks-per-node list ("2(x3),1"). Returns false when it is malformed; else true with
+ * *n_on_node the count of node node_index (-1 when the list has no entry for it), and, when not
+ * NULL, *n_nodes and *n_tasks the nodes it lists and their tasks in all. */
+static bool parse_tpn(const char *spec, long node_index, long *n_on_node, long *n_nodes,
+                      long *n_tasks)
 {
     const char *p = spec;
-    long node = 0, found = -1;
-    if (!spec || !*spec) goto bad;
+    long node = 0, found = -1, total = 0;
+    if (!spec || !*spec) return false;
     while (*p) {
         char *end = NULL;
-        if (*p < '0' || *p > '9') goto bad;
+        if (*p < '0' || *p > '9') return false;
         errno = 0;
         long count = strtol(p, &end, 10), reps = 1;
-        if (errno || end == p || count < 1 || count > 1000000) goto bad;
+        if (errno || end == p || count < 1 || count > 1000000) return false;
         p = end;
         if (*p == '(') {
-            if (p[1] != 'x' || p[2] < '0' || p[2] > '9') goto bad;
+            if (p[1] != 'x' || p[2] < '0' || p[2] > '9') return false;
             errno = 0;
             reps = strtol(p + 2, &end, 10);
-            if (errno || reps < 1 || reps > 1000000 || *end != ')') goto bad;
+            if (errno || reps < 1 || reps > 1000000 || *end != ')') return false;
             p = end + 1;
         }
         if (node_index >= node && node_index < node + reps) found = count;
         node += reps;
+        total += count * reps;
+        if (node > (1L << 30) || total > (1L << 40)) return false;
         if (*p == ',') {
-            if (!*++p) goto bad;
+            if (!*++p) return false;
         } else if (*p) {
-            goto bad;
+            return false;
         }
     }
+    *n_on_node = found;
+    if (n_nodes) *n_nodes = node;
+    if (n_tasks) *n_tasks = total;
+    return true;
+}
+
+jdt_status jdt_world_tasks_per_node(const char *spec, int node_index, int *n_tasks, jdt_err *e)
+{
+    long found = -1, n_nodes = 0;
+    if (!parse_tpn(spec, node_index, &found, &n_nodes, NULL))
+        return jdt_err_set(e, JDT_ERR_CONFIG, "tasks per node '%s': expected counts like '2(x3),1'",
+                           spec ? spec : "");
     /* a single count ("4", as in SLURM_NTASKS_PER_NODE) applies to every node */
-    if (found < 0 && node == 1 && !strchr(spec, '(')) found = strtol(spec, NULL, 10);
+    if (found < 0 && n_nodes == 1 && !strchr(spec, '(')) found = strtol(spec, NULL, 10);
     if (found < 0)
         return jdt_err_set(e, JDT_ERR_CONFIG, "tasks per node '%s': no entry for node %d", spec,
                            node_index);
     *n_tasks = (int)found;
     return JDT_OK;
-bad:
-    return jdt_err_set(e, JDT_ERR_CONFIG,
-                       "tasks per node '%s': expected counts like '2(x3),1'", spec ? spec : "");
 }
 
 int jdt_world_slurm_port(long job_id, long step_id)
@@ -310,58 +325,111 @@ static jdt_status read_token_file(const char *path, char *out, size_t cap, jdt_e
     return st;
 }
 
-/* The SLURM part: rank, world, local rank/size, first host, job id. */
+/* The SLURM part of the environment: what resolution uses, and what check_slurm_step holds it
+ * against. */
 typedef struct {
     bool present;
     long rank, world_size, local_rank, local_world_size, job_id, step_id;
-    bool batch_step;
+    const char *world_var; /* the variable world_size came from */
+    char outside_srun[96]; /* "" in a task srun started, else where this process runs */
+    /* a heterogeneous job: SLURM_HET_SIZE (SLURM_PACK_SIZE before 20.02) is set */
+    bool het;
+    bool has_local_id, has_node_id;
+    long node_id;
+    long step_num_tasks; /* SLURM_STEP_NUM_TASKS, -1 when not set */
+    /* SLURM_STEP_TASKS_PER_NODE (NULL when not set), its nodes, its tasks in all and the tasks
+     * of node node_id (-1 when it has no entry for it) */
+    const char *step_tpn;
+    long step_tpn_nodes, step_tpn_tasks, step_tpn_here;
+    /* SLURM_STEP_NODELIST (NULL when not set) and the hosts it expands to */
+    const char *step_nodelist;
+    long step_hosts;
     char first_host[HOST_MAX];
     char cluster[64];
 } slurm_env;
 
+static const char *plural(long n)
+{
+    return n == 1 ? "" : "s";
+}
+
+/* Classifies SLURM_STEP_ID (or SLURM_STEPID) into s: a step srun started has a small id; the
+ * batch script has none (or "batch"), and SLURM's special steps have ids near 2^32 (slurm.h:
+ * NO_VAL 0xfffffffe, batch 0xfffffffb, interactive 0xfffffffa, ...), which newer versions
+ * print as signed numbers (-2, -5, -6, ...). None of those are srun's tasks. */
+static jdt_status read_slurm_step(const char *step, slurm_env *s, jdt_err *e)
+{
+    long id = 0;
+    if (!step || strcmp(step, "batch") == 0) {
+        snprintf(s->outside_srun, sizeof s->outside_srun, "a SLURM batch script");
+        return JDT_OK;
+    }
+    if (!parse_long(step, -16, 1L << 40, &id))
+        return jdt_err_set(e, JDT_ERR_CONFIG, "SLURM_STEP_ID: expected an integer, got '%s'", step);
+    if (id == 0xfffffffaL || id == -6)
+        snprintf(s->outside_srun, sizeof s->outside_srun,
+                 "SLURM's interactive step (salloc's shell)");
+    else if (id == 0xfffffffbL || id == -5 || id == 0xfffffffeL || id == -2)
+        snprintf(s->outside_srun, sizeof s->outside_srun, "a SLURM batch script");
+    else if (id < 0 || id >= 0xfffffff0L)
+        snprintf(s->outside_srun, sizeof s->outside_srun, "SLURM step %s, which srun did not start",
+                 step);
+    else
+        s->step_id = id;
+    return JDT_OK;
+}
+
+/* Tasks on this host in a heterogeneous step, or 0 when unknown: srun sorts the step's node list
+ * by name and its tasks-per-node list with it, while SLURM_NODEID counts the nodes of the task's
+ * own component, so the host is found by its name (SLURMD_NODENAME), every entry of it summed. */
+static long het_local_tasks(char *const *envp, char **hosts, int n_hosts, const char *tpn)
+{
+    const char *name = env_get(envp, "SLURMD_NODENAME");
+    long sum = 0, here = -1;
+    if (!name || !tpn) return 0;
+    for (int i = 0; i < n_hosts; i++)
+        if (strcmp(hosts[i], name) == 0 && parse_tpn(tpn, i, &here, NULL, NULL) && here > 0)
+            sum += here;
+    return sum;
+}
+
 static jdt_status read_slurm(char *const *envp, slurm_env *s, jdt_err *e)
 {
     memset(s, 0, sizeof *s);
+    s->step_num_tasks = -1;
+    s->step_tpn_here = -1;
     const char *procid = env_get(envp, "SLURM_PROCID");
     if (!procid) return JDT_OK;
     s->present = true;
     jdt_status st;
-    bool found;
-    s->world_size = 1;
+    bool found = false;
     if ((st = env_long(envp, "SLURM_PROCID", 0, 1 << 20, &s->rank, NULL, e))) return st;
-    if ((st = env_long(envp, "SLURM_NTASKS", 1, 1 << 20, &s->world_size, &found, e))) return st;
-    if (!found && (st = env_long(envp, "SLURM_NPROCS", 1, 1 << 20, &s->world_size, NULL, e)))
+    if ((st = env_long(envp, "SLURM_STEP_NUM_TASKS", 1, 1 << 20, &s->step_num_tasks, NULL, e)))
         return st;
-    if (s->rank >= s->world_size)
-        return jdt_err_set(e, JDT_ERR_CONFIG, "SLURM_PROCID=%ld is not below SLURM_NTASKS=%ld",
-                           s->rank, s->world_size);
-    s->local_rank = s->rank;
-    if ((st = env_long(envp, "SLURM_LOCALID", 0, 1 << 20, &s->local_rank, NULL, e))) return st;
-    long node_id = 0;
-    if ((st = env_long(envp, "SLURM_NODEID", 0, 1 << 20, &node_id, NULL, e))) return st;
-
-    s->local_world_size = 0;
-    const char *tpn_vars[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
-                              "SLURM_TASKS_PER_NODE"};
-    for (size_t i = 0; i < JDT_ARRAY_LEN(tpn_vars) && !s->local_world_size; i++) {
-        const char *v = env_get(envp, tpn_vars[i]);
-        if (!v) continue;
-        int n = 0;
-        st = jdt_world_tasks_per_node(v, (int)node_id, &n, e);
-        if (st) return jdt_err_prefix(e, "environment variable %s", tpn_vars[i]);
-        s->local_world_size = n;
+    /* SLURM_NPROCS is the old name; srun --preserve-env passes neither on when the allocation
+     * had none, and then the step's own count is all there is */
+    const char *world_vars[] = {"SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS"};
+    s->world_size = 1;
+    s->world_var = world_vars[0];
+    for (size_t i = 0; i < JDT_ARRAY_LEN(world_vars) && !found; i++) {
+        if ((st = env_long(envp, world_vars[i], 1, 1 << 20, &s->world_size, &found, e))) return st;
+        if (found) s->world_var = world_vars[i];
     }
-    if (!s->local_world_size) s->local_world_size = 1;
-    if (s->local_rank >= s->local_world_size) s->local_world_size = s->local_rank + 1;
+    if (s->rank >= s->world_size)
+        return jdt_err_set(e, JDT_ERR_CONFIG, "SLURM_PROCID=%ld is not below %s=%ld", s->rank,
+                           s->world_var, s->world_size);
+    s->local_rank = s->rank;
+    if ((st = env_long(envp, "SLURM_LOCALID", 0, 1 << 20, &s->local_rank, &s->has_local_id, e)))
+        return st;
+    if ((st = env_long(envp, "SLURM_NODEID", 0, 1 << 20, &s->node_id, &s->has_node_id, e)))
+        return st;
+    s->het = env_get(envp, "SLURM_HET_SIZE") || env_get(envp, "SLURM_PACK_SIZE");
 
     /* the batch script itself runs with SLURM_PROCID=0 and the job's SLURM_NTASKS, but it is
-     * one process: its tasks start only under srun */
+     * one process: its tasks start only under srun (so does salloc's interactive step) */
     const char *step = env_get(envp, "SLURM_STEP_ID");
     if (!step) step = env_get(envp, "SLURM_STEPID");
-    s->batch_step = !step || strcmp(step, "batch") == 0 || strcmp(step, "4294967294") == 0;
-    if (step && !s->batch_step && !parse_long(step, 0, 1L << 40, &s->step_id))
-        return jdt_err_set(e, JDT_ERR_CONFIG, "SLURM_STEP_ID: expected an integer, got '%s'",
-                           step);
+    if ((st = read_slurm_step(step, s, e))) return st;
 
     const char *job = env_get(envp, "SLURM_JOB_ID");
     const char *job_var = "SLURM_JOB_ID";
@@ -376,6 +444,8 @@ static jdt_status read_slurm(char *const *envp, slurm_env *s, jdt_err *e)
     if (!parse_long(job, 0, 1L << 50, &s->job_id))
         return jdt_err_set(e, JDT_ERR_CONFIG, "%s: expected an integer, got '%s'", job_var, job);
 
+    const char *step_tpn = env_get(envp, "SLURM_STEP_TASKS_PER_NODE");
+    long het_local = 0;
     const char *nl_vars[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"};
     const char *nl = NULL, *nl_var = NULL;
     for (size_t i = 0; i < JDT_ARRAY_LEN(nl_vars) && !nl; i++) {
@@ -388,10 +458,96 @@ static jdt_status read_slurm(char *const *envp, slurm_env *s, jdt_err *e)
         st = jdt_world_hostlist_expand(nl, JDT_WORLD_MAX_HOSTS, &hosts, &n, e);
         if (st) return jdt_err_prefix(e, "environment variable %s", nl_var);
         snprintf(s->first_host, sizeof s->first_host, "%s", hosts[0]);
+        if (strcmp(nl_var, "SLURM_STEP_NODELIST") == 0) {
+            s->step_nodelist = nl;
+            s->step_hosts = n;
+            if (s->het) het_local = het_local_tasks(envp, hosts, n, step_tpn);
+        }
         jdt_world_hostlist_free(hosts, n);
     }
+
+    /* tasks on this node: the step's list, else the job's (stale inside an allocation: a
+     * `srun -n1` inherits the job's SLURM_NTASKS_PER_NODE) */
+    const char *tpn_vars[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                              "SLURM_TASKS_PER_NODE"};
+    for (size_t i = 0; i < JDT_ARRAY_LEN(tpn_vars) && !s->local_world_size; i++) {
+        const char *v = env_get(envp, tpn_vars[i]);
+        if (!v) continue;
+        if (i == 0) {
+            if (!parse_tpn(v, s->node_id, &s->step_tpn_here, &s->step_tpn_nodes,
+                           &s->step_tpn_tasks))
+                return jdt_err_set(e, JDT_ERR_CONFIG,
+                                   "environment variable %s: tasks per node '%s': expected "
+                                   "counts like '2(x3),1'",
+                                   tpn_vars[i], v);
+            s->step_tpn = v;
+            if (het_local > 0) {
+                s->local_world_size = het_local;
+                break;
+            }
+            if (s->step_tpn_here < 0) break; /* no entry for SLURM_NODEID: check_slurm_step */
+        }
+        int n = 0;
+        st = jdt_world_tasks_per_node(v, (int)s->node_id, &n, e);
+        if (st) return jdt_err_prefix(e, "environment variable %s", tpn_vars[i]);
+        s->local_world_size = n;
+    }
+    if (!s->local_world_size) s->local_world_size = 1;
+    if (s->local_rank >= s->local_world_size) s->local_world_size = s->local_rank + 1;
+
     const char *cl = env_get(envp, "SLURM_CLUSTER_NAME");
     snprintf(s->cluster, sizeof s->cluster, "%s", cl && *cl ? cl : "cluster");
+    return JDT_OK;
+}
+
+/*
+ * Holds a task's SLURM values against each other; each check is true of every task srun starts
+ * (block, cyclic, plane or arbitrary distribution, topology-ordered nodes, --overlap, a step
+ * smaller than its allocation, job arrays). Not checked: that SLURM_PROCID lies in its node's
+ * block of ranks, which holds for a block distribution only, and not even for that where a
+ * topology plugin orders the nodes. In a heterogeneous step SLURM_NODEID counts the nodes of
+ * the task's own component while the step's lists are sorted by host name, so the checks per
+ * node are left out there. Returns JDT_OK, or JDT_ERR_CONFIG with one line naming both values.
+ */
+static jdt_status check_slurm_step(const slurm_env *s, jdt_err *e)
+{
+    if (s->step_num_tasks > 0 && s->step_num_tasks != s->world_size)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "%s=%ld but SLURM_STEP_NUM_TASKS=%ld (srun -E keeps the "
+                           "allocation's %s; a batch script submitted from a step inherits its "
+                           "SLURM_STEP_*): start the tasks with `srun jdt-train ...` without -E",
+                           s->world_var, s->world_size, s->step_num_tasks, s->world_var);
+    if (s->step_tpn && s->step_tpn_tasks != s->world_size)
+        return jdt_err_set(
+            e, JDT_ERR_CONFIG, "%s=%ld but SLURM_STEP_TASKS_PER_NODE=%s gives the step %ld task%s",
+            s->world_var, s->world_size, s->step_tpn, s->step_tpn_tasks, plural(s->step_tpn_tasks));
+    if (s->step_tpn && s->step_nodelist && s->step_hosts != s->step_tpn_nodes)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "SLURM_STEP_NODELIST=%s has %ld node%s but "
+                           "SLURM_STEP_TASKS_PER_NODE=%s gives tasks to %ld",
+                           s->step_nodelist, s->step_hosts, plural(s->step_hosts), s->step_tpn,
+                           s->step_tpn_nodes);
+    /* a node's tasks have distinct ranks and SLURM_LOCALID orders them, so none exceeds its rank */
+    if (s->has_local_id && s->local_rank > s->rank)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "SLURM_LOCALID=%ld but SLURM_PROCID=%ld: a task's local id counts "
+                           "the tasks of lower rank on its node, so it cannot exceed the rank",
+                           s->local_rank, s->rank);
+    if (s->het || !s->has_node_id) return JDT_OK;
+    if (s->step_nodelist && s->node_id >= s->step_hosts)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "SLURM_NODEID=%ld but SLURM_STEP_NODELIST=%s has %ld node%s", s->node_id,
+                           s->step_nodelist, s->step_hosts, plural(s->step_hosts));
+    if (s->step_tpn && s->node_id >= s->step_tpn_nodes)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "SLURM_NODEID=%ld but SLURM_STEP_TASKS_PER_NODE=%s lists %ld node%s",
+                           s->node_id, s->step_tpn, s->step_tpn_nodes, plural(s->step_tpn_nodes));
+    if (s->has_local_id && s->step_tpn && s->local_rank >= s->step_tpn_here)
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "SLURM_LOCALID=%ld but SLURM_STEP_TASKS_PER_NODE=%s gives node %ld "
+                           "(SLURM_NODEID) only %ld task%s",
+                           s->local_rank, s->step_tpn, s->node_id, s->step_tpn_here,
+                           plural(s->step_tpn_here));
     return JDT_OK;
 }
 
@@ -443,12 +599,13 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
                  w->coordinator);
         w->local_world_size = is_loopback_host(host) ? w->world_size : 1;
         if (w->local_rank >= w->local_world_size) w->local_world_size = w->local_rank + 1;
-    } else if (sl.present && sl.batch_step && sl.world_size > 1) {
+    } else if (sl.present && sl.outside_srun[0] && sl.world_size > 1) {
         return jdt_err_set(e, JDT_ERR_CONFIG,
-                           "running in a SLURM batch script with SLURM_NTASKS=%ld but outside "
-                           "srun: start the tasks with `srun jdt-train ...`",
-                           sl.world_size);
+                           "running in %s with %s=%ld but outside srun: start the tasks with "
+                           "`srun jdt-train ...`",
+                           sl.outside_srun, sl.world_var, sl.world_size);
     } else if (sl.present) {
+        if (!sl.outside_srun[0] && (st = check_slurm_step(&sl, e))) return st;
         w->source = "slurm";
         w->rank = (int)sl.rank;
         w->world_size = (int)sl.world_size;
@@ -456,8 +613,8 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
         w->local_world_size = (int)sl.local_world_size;
         if (cfg->dist.world_size > 0 && cfg->dist.world_size != w->world_size)
             return jdt_err_set(e, JDT_ERR_CONFIG,
-                               "dist.world_size is %d but SLURM started %d tasks (SLURM_NTASKS)",
-                               cfg->dist.world_size, w->world_size);
+                               "dist.world_size is %d but SLURM started %d tasks (%s)",
+                               cfg->dist.world_size, w->world_size, sl.world_var);
         if (w->world_size > 1 && cfg->dist.coordinator[0]) {
             snprintf(w->coordinator, sizeof w->coordinator, "%s", cfg->dist.coordinator);
             if ((st = check_addr(w->coordinator, "dist.coordinator", e))) return st;
@@ -481,10 +638,10 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     /* SLURM's task count must fit the mesh (the train loop checks the other sources) */
     if (strcmp(w->source, "slurm") == 0 && mesh_size > 0 && w->world_size != mesh_size)
         return jdt_err_set(e, JDT_ERR_CONFIG,
-                           "slurm: %d tasks (SLURM_NTASKS), but the mesh (data=%d fsdp=%d "
-                           "tensor=%d) needs %d: make mesh.data * mesh.fsdp * mesh.tensor match",
-                           w->world_size, cfg->mesh.data, cfg->mesh.fsdp, cfg->mesh.tensor,
-                           mesh_size);
+                           "slurm: %d tasks (%s), but the mesh (data=%d fsdp=%d tensor=%d) "
+                           "needs %d: make mesh.data * mesh.fsdp * mesh.tensor match",
+                           w->world_size, sl.world_var, cfg->mesh.data, cfg->mesh.fsdp,
+                           cfg->mesh.tensor, mesh_size);
 
     /* token */
     if (cfg->dist.token[0]) {
@@ -524,6 +681,16 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
         if (w->world_size > 1) w->coord_listen_fd = (int)fd; /* else nobody will connect */
     }
     jdt_log_set_rank(w->rank, w->world_size);
+
+    /* the other tasks look for rank 0 on the first node of the list; an arbitrary distribution,
+     * a topology plugin's node order or a heterogeneous step may start it elsewhere */
+    const char *node = env_get(envp, "SLURMD_NODENAME");
+    if (strcmp(w->source, "slurm") == 0 && w->rank == 0 && w->world_size > 1 &&
+        !cfg->dist.coordinator[0] && node && sl.first_host[0] && strcmp(node, sl.first_host) != 0)
+        JDT_WARN("SLURM started rank 0 on %s (SLURMD_NODENAME), not on %s, the first node of "
+                 "the node list, where the other tasks look for the coordinator (%s): if they "
+                 "cannot connect, set dist.coordinator=%s:PORT",
+                 node, sl.first_host, w->coordinator, node);
     return JDT_OK;
 }
 

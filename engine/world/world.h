@@ -35,18 +35,21 @@ typedef struct {
 /*
  * Resolves this process's place in the job. Order: the config's dist.rank (or dist.coordinator
  * outside SLURM; source "config"; the launcher's JDT_DIST_* variables arrive this way), else
- * SLURM_PROCID and
- * SLURM_NTASKS in envp (source "slurm"), else one process (source "single"). Single fields fall
- * back the same way: dist.coordinator / dist.port / dist.token override what SLURM would give.
- * The token is dist.token, else the first line of dist.token_file, else under SLURM
- * "slurm-<cluster>-<job id>" (keeps other jobs out; not a secret), else none (world size 1).
- * Under SLURM the task count must equal the config's mesh size.
+ * SLURM_PROCID and SLURM_NTASKS (SLURM_NPROCS, SLURM_STEP_NUM_TASKS) in envp (source "slurm"),
+ * else one process (source "single"). Single fields fall back the same way: dist.coordinator /
+ * dist.port / dist.token override what SLURM would give. The token is dist.token, else the
+ * first line of dist.token_file, else under SLURM "slurm-<cluster>-<job id>" (keeps other jobs
+ * out; not a secret), else none (world size 1). Under SLURM the task count must equal the
+ * config's mesh size, and a task's values must agree with each other (SLURM_NTASKS with
+ * SLURM_STEP_NUM_TASKS and the sum of SLURM_STEP_TASKS_PER_NODE, SLURM_NODEID with the step's
+ * nodes, SLURM_LOCALID with its node's tasks and with SLURM_PROCID; docs/launch.md).
  *
  * envp is a NULL-terminated "NAME=value" array like environ (may be NULL). Also sets the log
  * rank prefix (jdt_log_set_rank) and marks an inherited coordinator socket close-on-exec.
  * Returns JDT_OK and fills *w, or JDT_ERR_CONFIG with one line naming the key or variable and
- * what to do (rank out of range, bad host:port, malformed SLURM node list, missing token,
- * unreadable token file, world size vs mesh), or JDT_ERR_NOMEM. Not a collective.
+ * what to do (rank out of range, bad host:port, malformed SLURM node list, SLURM values that
+ * disagree (naming both), several SLURM tasks outside srun, missing token, unreadable token
+ * file, world size vs mesh), or JDT_ERR_NOMEM. Not a collective.
  */
 jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world *w, jdt_err *e);
 

@@ -273,6 +273,231 @@ START_TEST(test_resolve_slurm_fallbacks)
 }
 END_TEST
 
+/* Loads tiny.yaml with a mesh of `world` data-parallel ranks (batch sizes that divide) and
+ * resolves env; returns resolve's status (the load must succeed). */
+static jdt_status resolve_env(char *const *env, int world, jdt_world *w, jdt_err *e)
+{
+    char mesh[32], batch[48], micro[48];
+    snprintf(mesh, sizeof mesh, "mesh.data=%d", world);
+    snprintf(batch, sizeof batch, "data.batch_size=%d", 4 * world);
+    snprintf(micro, sizeof micro, "data.micro_batch_size=%d", 4 * world);
+    const char *ovr[] = {mesh, batch, micro, NULL};
+    jdt_config c;
+    ck_assert_msg(load(env, ovr, &c, e) == JDT_OK, "%s", e->msg);
+    jdt_status st = jdt_world_resolve(&c, env, w, e);
+    jdt_config_free(&c);
+    return st;
+}
+
+/* SLURM task environments whose values are each well-formed but disagree: one line naming both
+ * variables and their values, JDT_ERR_CONFIG (exit 2 in cmd/) */
+START_TEST(test_resolve_slurm_inconsistent)
+{
+    /* SLURM_LOCALID past its node's tasks (the step's list) */
+    static char *localid[] = {"SLURM_PROCID=7", "SLURM_NTASKS=8", "SLURM_LOCALID=7",
+                              "SLURM_NODEID=0", "SLURM_JOB_ID=5", "SLURM_STEP_ID=0",
+                              "SLURM_STEP_NODELIST=n[1-4]", "SLURM_STEP_TASKS_PER_NODE=2(x4)",
+                              NULL};
+    static char *localid2[] = {"SLURM_PROCID=3", "SLURM_NTASKS=4", "SLURM_LOCALID=2",
+                               "SLURM_NODEID=1", "SLURM_JOB_ID=5", "SLURM_STEP_ID=0",
+                               "SLURM_STEP_NODELIST=n[1-2]", "SLURM_STEP_TASKS_PER_NODE=3,1",
+                               NULL};
+    /* SLURM_NODEID past the step's nodes: by the node list, or by the tasks-per-node list */
+    static char *nodeid[] = {"SLURM_PROCID=3", "SLURM_NTASKS=4", "SLURM_LOCALID=1",
+                             "SLURM_NODEID=2", "SLURM_JOB_ID=5", "SLURM_STEP_ID=0",
+                             "SLURM_STEP_NODELIST=n[1-2]", "SLURM_STEP_TASKS_PER_NODE=2(x2)",
+                             NULL};
+    static char *nodeid_tpn[] = {"SLURM_PROCID=3", "SLURM_NTASKS=4", "SLURM_LOCALID=0",
+                                 "SLURM_NODEID=3", "SLURM_JOB_ID=5", "SLURM_STEP_ID=0",
+                                 "SLURM_JOB_NODELIST=n[1-4]", "SLURM_STEP_TASKS_PER_NODE=2(x2)",
+                                 NULL};
+    /* the step's tasks per node add up to another count than SLURM_NTASKS (SLURM_NPROCS) */
+    static char *sum[] = {"SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_LOCALID=0",
+                          "SLURM_NODEID=0", "SLURM_JOB_ID=5", "SLURM_STEP_ID=0",
+                          "SLURM_STEP_NODELIST=n[1-2]", "SLURM_STEP_TASKS_PER_NODE=2,1", NULL};
+    static char *sum_nprocs[] = {"SLURM_PROCID=0", "SLURM_NPROCS=4", "SLURM_LOCALID=0",
+                                 "SLURM_NODEID=0", "SLURM_JOB_ID=5", "SLURM_STEP_ID=0",
+                                 "SLURM_STEP_NODELIST=n1", "SLURM_STEP_TASKS_PER_NODE=2", NULL};
+    /* srun -E -n1 in a 4-task allocation (as SLURM 22.05 sets it): the job's SLURM_NTASKS */
+    static char *preserve[] = {"SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_NPROCS=4",
+                               "SLURM_STEP_NUM_TASKS=1", "SLURM_LOCALID=0", "SLURM_NODEID=0",
+                               "SLURM_JOB_ID=3", "SLURM_STEP_ID=3", "SLURM_STEPID=3",
+                               "SLURM_STEP_NODELIST=node1", "SLURM_JOB_NODELIST=node[1-2]",
+                               "SLURM_STEP_TASKS_PER_NODE=1", "SLURM_TASKS_PER_NODE=2(x2)",
+                               "SLURM_NTASKS_PER_NODE=2", NULL};
+    /* a node list and a tasks-per-node list of different lengths */
+    static char *nodes[] = {"SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_LOCALID=0",
+                            "SLURM_NODEID=0", "SLURM_JOB_ID=5", "SLURM_STEP_ID=0",
+                            "SLURM_STEP_NODELIST=n[1-3]", "SLURM_STEP_TASKS_PER_NODE=2(x2)",
+                            NULL};
+    /* a local id above the rank: no distribution puts a task after more tasks than rank it */
+    static char *above[] = {"SLURM_PROCID=1", "SLURM_NTASKS=8", "SLURM_LOCALID=3",
+                            "SLURM_NODEID=0", "SLURM_JOB_ID=5", "SLURM_STEP_ID=0",
+                            "SLURM_STEP_NODELIST=n[1-2]", "SLURM_STEP_TASKS_PER_NODE=4(x2)",
+                            NULL};
+    /* salloc's interactive step (srun --interactive --preserve-env, SLURM 22.05) and SLURM's
+     * special steps printed signed: several tasks there are the batch-script trap */
+    static char *interactive[] = {"SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_STEP_NUM_TASKS=1",
+                                  "SLURM_LOCALID=0", "SLURM_NODEID=0", "SLURM_JOB_ID=6",
+                                  "SLURM_STEP_ID=4294967290", "SLURM_STEP_NODELIST=node1",
+                                  "SLURM_STEP_TASKS_PER_NODE=1", "SLURM_TASKS_PER_NODE=3,1",
+                                  NULL};
+    static char *signed_batch[] = {"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_ID=6",
+                                   "SLURM_STEP_ID=-5", "SLURM_JOB_NODELIST=node[1-2]", NULL};
+    struct {
+        char **env;
+        int mesh; /* the task count each claims, so that the mesh alone would accept it */
+        const char *want;
+    } cases[] = {
+        {localid, 8, "SLURM_LOCALID=7 but SLURM_STEP_TASKS_PER_NODE=2(x4) gives node 0 "
+                  "(SLURM_NODEID) only 2 tasks"},
+        {localid2, 4, "SLURM_LOCALID=2 but SLURM_STEP_TASKS_PER_NODE=3,1 gives node 1 "
+                   "(SLURM_NODEID) only 1 task"},
+        {nodeid, 4, "SLURM_NODEID=2 but SLURM_STEP_NODELIST=n[1-2] has 2 nodes"},
+        {nodeid_tpn, 4, "SLURM_NODEID=3 but SLURM_STEP_TASKS_PER_NODE=2(x2) lists 2 nodes"},
+        {sum, 4, "SLURM_NTASKS=4 but SLURM_STEP_TASKS_PER_NODE=2,1 gives the step 3 tasks"},
+        {sum_nprocs, 4, "SLURM_NPROCS=4 but SLURM_STEP_TASKS_PER_NODE=2 gives the step 2 tasks"},
+        {preserve, 4, "SLURM_NTASKS=4 but SLURM_STEP_NUM_TASKS=1 (srun -E"},
+        {nodes, 4, "SLURM_STEP_NODELIST=n[1-3] has 3 nodes but SLURM_STEP_TASKS_PER_NODE=2(x2) "
+                "gives tasks to 2"},
+        {above, 8, "SLURM_LOCALID=3 but SLURM_PROCID=1"},
+        {interactive, 4, "running in SLURM's interactive step (salloc's shell) with "
+                      "SLURM_NTASKS=4 but outside srun"},
+        {signed_batch, 2, "running in a SLURM batch script with SLURM_NTASKS=2 but outside srun"},
+    };
+    for (size_t i = 0; i < JDT_ARRAY_LEN(cases); i++) {
+        jdt_world w;
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_msg(resolve_env(cases[i].env, cases[i].mesh, &w, &e) == JDT_ERR_CONFIG, "case %zu accepted",
+                      i);
+        ck_assert_msg(strstr(e.msg, cases[i].want), "case %zu: '%s' lacks '%s'", i, e.msg,
+                      cases[i].want);
+        ck_assert_msg(!strchr(e.msg, '\n'), "case %zu: not one line: '%s'", i, e.msg);
+    }
+}
+END_TEST
+
+/* Environments real SLURM steps have (captured from SLURM 22.05 on tests/infra/slurm-up.sh's
+ * cluster, nodes node1 and node2) that look odd but must resolve, with the exact result. */
+START_TEST(test_resolve_slurm_odd_but_valid)
+{
+    /* cyclic: rank 2 is node 0's second task */
+    static char *cyclic[] = {"SLURM_PROCID=2", "SLURM_NTASKS=4", "SLURM_NPROCS=4",
+                             "SLURM_STEP_NUM_TASKS=4", "SLURM_LOCALID=1", "SLURM_NODEID=0",
+                             "SLURM_JOB_ID=1", "SLURM_STEP_ID=1", "SLURM_DISTRIBUTION=cyclic",
+                             "SLURM_STEP_NODELIST=node[1-2]", "SLURM_JOB_NODELIST=node[1-2]",
+                             "SLURM_STEP_TASKS_PER_NODE=2(x2)", "SLURM_TASKS_PER_NODE=2(x2)",
+                             "SLURM_NTASKS_PER_NODE=2", "SLURMD_NODENAME=node1", NULL};
+    /* arbitrary (SLURM_HOSTFILE node2,node1,node1,node2): rank 0 is on the second node and
+     * rank 1 is first on the first, outside any block of ranks */
+    static char *arb0[] = {"SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_STEP_NUM_TASKS=4",
+                           "SLURM_LOCALID=0", "SLURM_NODEID=1", "SLURM_JOB_ID=1",
+                           "SLURM_STEP_ID=7", "SLURM_DISTRIBUTION=arbitrary",
+                           "SLURM_STEP_NODELIST=node[1-2]", "SLURM_STEP_TASKS_PER_NODE=2(x2)",
+                           "SLURMD_NODENAME=node2", NULL};
+    static char *arb1[] = {"SLURM_PROCID=1", "SLURM_NTASKS=4", "SLURM_STEP_NUM_TASKS=4",
+                           "SLURM_LOCALID=0", "SLURM_NODEID=0", "SLURM_JOB_ID=1",
+                           "SLURM_STEP_ID=7", "SLURM_DISTRIBUTION=arbitrary",
+                           "SLURM_STEP_NODELIST=node[1-2]", "SLURM_STEP_TASKS_PER_NODE=2(x2)",
+                           "SLURMD_NODENAME=node1", NULL};
+    /* srun -n1 inside -N2 --ntasks-per-node=2: the job's SLURM_NTASKS_PER_NODE is stale */
+    static char *n1[] = {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_NPROCS=1",
+                         "SLURM_STEP_NUM_TASKS=1", "SLURM_LOCALID=0", "SLURM_NODEID=0",
+                         "SLURM_JOB_ID=1", "SLURM_STEP_ID=2", "SLURM_STEP_NODELIST=node1",
+                         "SLURM_JOB_NODELIST=node[1-2]", "SLURM_STEP_TASKS_PER_NODE=1",
+                         "SLURM_TASKS_PER_NODE=1", "SLURM_NTASKS_PER_NODE=2", NULL};
+    /* srun -n3 in the same job: 2,1 against the job's 2 per node */
+    static char *n3[] = {"SLURM_PROCID=2", "SLURM_NTASKS=3", "SLURM_STEP_NUM_TASKS=3",
+                         "SLURM_LOCALID=0", "SLURM_NODEID=1", "SLURM_JOB_ID=1",
+                         "SLURM_STEP_ID=4", "SLURM_STEP_NODELIST=node[1-2]",
+                         "SLURM_STEP_TASKS_PER_NODE=2,1", "SLURM_NTASKS_PER_NODE=2", NULL};
+    /* a step on the job's second node only: SLURM_NODEID counts the step's nodes */
+    static char *second[] = {"SLURM_PROCID=1", "SLURM_NTASKS=2", "SLURM_STEP_NUM_TASKS=2",
+                             "SLURM_LOCALID=1", "SLURM_NODEID=0", "SLURM_JOB_ID=5",
+                             "SLURM_STEP_ID=1", "SLURM_STEP_NODELIST=node2",
+                             "SLURM_JOB_NODELIST=node[1-2]", "SLURM_STEP_TASKS_PER_NODE=2",
+                             "SLURM_ARRAY_JOB_ID=4", "SLURM_ARRAY_TASK_ID=1", NULL};
+    /* srun --overlap -N2 -n2 beside another step */
+    static char *overlap[] = {"SLURM_PROCID=1", "SLURM_NTASKS=2", "SLURM_STEP_NUM_TASKS=2",
+                              "SLURM_LOCALID=0", "SLURM_NODEID=1", "SLURM_JOB_ID=1",
+                              "SLURM_STEP_ID=5", "SLURM_STEP_NODELIST=node[1-2]",
+                              "SLURM_STEP_TASKS_PER_NODE=1(x2)", "SLURM_NTASKS_PER_NODE=2",
+                              NULL};
+    /* srun -E -n2 where the allocation set no task count: the step's own count */
+    static char *preserve[] = {"SLURM_PROCID=1", "SLURM_STEP_NUM_TASKS=2", "SLURM_LOCALID=0",
+                               "SLURM_NODEID=1", "SLURM_JOB_ID=8", "SLURM_STEP_ID=0",
+                               "SLURM_STEP_NODELIST=node[1-2]",
+                               "SLURM_STEP_TASKS_PER_NODE=1(x2)", NULL};
+    /* a heterogeneous step (srun --het-group=0,1; component 0: 2 tasks on node2, component 1:
+     * 1 task on node1): the step's lists are sorted by name (node1 first) while SLURM_NODEID
+     * counts within the component; tasks per host come from SLURMD_NODENAME */
+#define HET_COMMON                                                                             \
+    "SLURM_NTASKS=3", "SLURM_NPROCS=3", "SLURM_STEP_NUM_TASKS=3", "SLURM_JOB_ID=2",            \
+        "SLURM_STEP_ID=0", "SLURM_HET_SIZE=2", "SLURM_PACK_SIZE=2",                            \
+        "SLURM_STEP_NODELIST=node[1-2]", "SLURM_JOB_NODELIST=node[1-2]",                       \
+        "SLURM_STEP_TASKS_PER_NODE=1,2", "SLURM_TASKS_PER_NODE=1,2"
+    static char *het0[] = {"SLURM_PROCID=0", "SLURM_LOCALID=0", "SLURM_NODEID=0",
+                           "SLURMD_NODENAME=node2", HET_COMMON, NULL};
+    static char *het1[] = {"SLURM_PROCID=1", "SLURM_LOCALID=1", "SLURM_NODEID=0",
+                           "SLURMD_NODENAME=node2", HET_COMMON, NULL};
+    static char *het2[] = {"SLURM_PROCID=2", "SLURM_LOCALID=0", "SLURM_NODEID=1",
+                           "SLURMD_NODENAME=node1", HET_COMMON, NULL};
+    /* without SLURMD_NODENAME: accepted, the local world as large as the local id needs */
+    static char *het1_noname[] = {"SLURM_PROCID=1", "SLURM_LOCALID=1", "SLURM_NODEID=0",
+                                  HET_COMMON, NULL};
+#undef HET_COMMON
+    /* a batch script submitted from inside a step inherits that step's SLURM_STEP_*; alone
+     * (one task) it is a single process whatever they say */
+    static char *batch[] = {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_JOB_ID=9",
+                            "SLURM_JOB_NODELIST=node1", "SLURM_STEP_TASKS_PER_NODE=2(x2)",
+                            "SLURM_STEP_NUM_TASKS=4", "SLURM_NODEID=3", NULL};
+    /* salloc -N2 (no task count) and its interactive step; a special step printed signed */
+    static char *interactive[] = {"SLURM_PROCID=0", "SLURM_STEP_NUM_TASKS=1", "SLURM_LOCALID=0",
+                                  "SLURM_NODEID=0", "SLURM_JOB_ID=6",
+                                  "SLURM_STEP_ID=4294967290", "SLURM_STEP_NODELIST=node1",
+                                  "SLURM_STEP_TASKS_PER_NODE=1", "SLURM_TASKS_PER_NODE=3,1",
+                                  NULL};
+    static char *signed_step[] = {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_JOB_ID=6",
+                                  "SLURM_STEP_ID=-6", "SLURM_JOB_NODELIST=node[1-2]", NULL};
+    struct {
+        char **env;
+        int rank, world, local, local_world;
+        const char *coord_host; /* NULL for a world of 1 */
+    } cases[] = {
+        {cyclic, 2, 4, 1, 2, "node1"},  {arb0, 0, 4, 0, 2, "node1"},
+        {arb1, 1, 4, 0, 2, "node1"},    {n1, 0, 1, 0, 1, NULL},
+        {n3, 2, 3, 0, 1, "node1"},      {second, 1, 2, 1, 2, "node2"},
+        {overlap, 1, 2, 0, 1, "node1"}, {preserve, 1, 2, 0, 1, "node1"},
+        {het0, 0, 3, 0, 2, "node1"},    {het1, 1, 3, 1, 2, "node1"},
+        {het2, 2, 3, 0, 1, "node1"},    {het1_noname, 1, 3, 1, 2, "node1"},
+        {batch, 0, 1, 0, 1, NULL},      {interactive, 0, 1, 0, 1, NULL},
+        {signed_step, 0, 1, 0, 1, NULL},
+    };
+    for (size_t i = 0; i < JDT_ARRAY_LEN(cases); i++) {
+        jdt_world w;
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_msg(resolve_env(cases[i].env, cases[i].world, &w, &e) == JDT_OK,
+                      "case %zu: %s", i, e.msg);
+        ck_assert_str_eq(w.source, "slurm");
+        ck_assert_msg(w.rank == cases[i].rank && w.world_size == cases[i].world &&
+                          w.local_rank == cases[i].local &&
+                          w.local_world_size == cases[i].local_world,
+                      "case %zu: rank %d of %d, local %d of %d", i, w.rank, w.world_size,
+                      w.local_rank, w.local_world_size);
+        if (cases[i].coord_host) {
+            char want[64];
+            snprintf(want, sizeof want, "%s:", cases[i].coord_host);
+            ck_assert_msg(strncmp(w.coordinator, want, strlen(want)) == 0, "case %zu: '%s'", i,
+                          w.coordinator);
+        } else {
+            ck_assert_str_eq(w.coordinator, "");
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_resolve_config_wins)
 {
     jdt_config c;
@@ -505,6 +730,8 @@ int main(void)
     tcase_add_test(tc, test_resolve_single);
     tcase_add_test(tc, test_resolve_slurm);
     tcase_add_test(tc, test_resolve_slurm_fallbacks);
+    tcase_add_test(tc, test_resolve_slurm_inconsistent);
+    tcase_add_test(tc, test_resolve_slurm_odd_but_valid);
     tcase_add_test(tc, test_resolve_config_wins);
     tcase_add_test(tc, test_resolve_bad_values);
     tcase_add_test(tc, test_token_file);
