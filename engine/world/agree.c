@@ -59,7 +59,8 @@ static jdt_status fetch(jdt_dist *d, double timeout_s, char **out, jdt_err *e)
         if ((st = jdt_dist_kv_get(d, key, 0, &v, &vn, e))) break;
         if (vn > KV_CHUNK || memchr(v, '\0', vn))
             st = jdt_err_set(e, JDT_ERR_PROTOCOL, "rank 0's config: malformed chunk %lu", i);
-        else memcpy(text + len, v, vn);
+        else
+            memcpy(text + len, v, vn);
         len += vn;
         jdt_free(v);
     }
@@ -113,8 +114,8 @@ jdt_status jdt_world_agree(jdt_dist *d, const jdt_config *cfg, jdt_err *e)
                            "rank %d cannot read rank 0's resolved config (%s)", rank, e2.msg);
     /* this rank's own text, parsed the same way: fields the run has resolved since loading
      * (runtime.threads, dist.local_rank) are per-process anyway, but compare like with like */
-    st = jdt_config_load_string(cfg->resolved_yaml, "this rank's config", 0, NULL, NULL, &mine,
-                                &e2);
+    st =
+        jdt_config_load_string(cfg->resolved_yaml, "this rank's config", 0, NULL, NULL, &mine, &e2);
     if (st) {
         jdt_config_free(&c0);
         return jdt_err_set(e, st, "rank %d: its own resolved config does not load (%s)", rank,
