@@ -1008,8 +1008,19 @@ int main(int argc, char **argv)
         print_top_help(stderr);
         return EXIT_USAGE;
     }
+    /* the launcher takes SIGINT/SIGTERM/SIGHUP through its signalfd, dist-check with a handler
+     * on its main thread; neither runs kernels, and the launcher's ranks run main again */
     if (jdt_launch_requested(argc, argv)) return jdt_launch_main(argc, argv);
     if (strcmp(argv[1], "dist-check") == 0) return jdt_launch_dist_check(argc - 2, argv + 2);
+    /* Every other command: SIGINT and SIGTERM blocked here, before any thread exists (nothing
+     * above starts one; ensure_runtime_env's exec must come first, or the new image would take
+     * the block for the mask it started with), so that OpenMP's, OpenBLAS's and oneDNN's
+     * workers inherit the block and no handler ever interrupts a kernel; the jdt-signals
+     * thread takes them. `train` stops cleanly on them (engine/train/loop.c); every other
+     * command, and train before its loop starts, ends by the signal as it would unblocked. */
+    jdt_err se;
+    jdt_err_clear(&se);
+    if (jdt_signals_init(&se) != JDT_OK) fprintf(stderr, "jdt-train: warning: %s\n", se.msg);
     const char *first = argv[1];
     if (strcmp(first, "-h") == 0 || strcmp(first, "--help") == 0) {
         print_top_help(stdout);

@@ -89,6 +89,7 @@ static int run_cmd(char *const *argv, int out_fd, double timeout_s, const char *
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
+        jdt_signals_reset_child(); /* the compiler stops on SIGINT (Ctrl-C) as usual */
         dup2(out_fd, 1);
         dup2(out_fd, 2);
         execvp(argv[0], argv);

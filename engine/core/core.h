@@ -220,10 +220,39 @@ double jdt_now_s(void);
 jdt_status jdt_read_file(const char *path, bool allow_pipe, size_t max_bytes, char **text,
                          size_t *len, int *err_no);
 
-/* pthread_create with SIGINT and SIGTERM blocked in the new thread, so the trainer's stop
- * handler runs on the thread that installed it (with its alternate stack), never on a helper
- * thread (data prefetch, communication, rendezvous). Returns pthread_create's result. */
+/* pthread_create with SIGINT and SIGTERM blocked in the new thread, so a stop signal is never
+ * handled on a helper thread (data prefetch, communication, rendezvous), even in a process that
+ * did not call jdt_signals_init (dist-check, the unit tests). Returns pthread_create's result. */
 int jdt_thread_create(void *thread, void *(*fn)(void *), void *arg);
+
+/* ---- signals ------------------------------------------------------------------------------ */
+
+/* SIGINT and SIGTERM never run a handler on a worker thread. jdt_signals_init, called by main
+ * before any thread exists, blocks both in the calling thread, so every thread made afterwards
+ * (OpenMP's, OpenBLAS's and oneDNN's workers too) inherits the block, and starts one thread,
+ * "jdt-signals", that takes them with sigwaitinfo. Between jdt_signals_stop_begin and _end a
+ * signal only records itself for jdt_signals_stop_requested; otherwise it does what its
+ * disposition says, as if nothing blocked it: by default the process ends by the signal (a
+ * signal the parent ignored stays ignored; one it blocked stays blocked and is not taken).
+ * Process-wide state: there is one set of signal dispositions. A second call does nothing.
+ * JDT_ERR_INTERNAL (the thread could not start): the mask is as it was, and signals are taken
+ * by whichever thread the kernel picks, as without this call. */
+jdt_status jdt_signals_init(jdt_err *e);
+
+/* In a child between fork and exec (async-signal-safe): gives back the signal mask the process
+ * started with, so an exec'd program (the C compiler) gets SIGINT and SIGTERM as usual. Does
+ * nothing without jdt_signals_init. */
+void jdt_signals_reset_child(void);
+
+/* The training loop's clean stop: from _begin (which clears the request) to _end, SIGINT and
+ * SIGTERM record themselves instead of ending the process, and a second signal is recorded
+ * again; _end puts back the dispositions _begin found. Without jdt_signals_init a handler
+ * records them, on whichever thread the kernel picks. Not nested; the main thread's to call. */
+void jdt_signals_stop_begin(void);
+void jdt_signals_stop_end(void);
+/* The signal that asked for a stop since jdt_signals_stop_begin (SIGINT or SIGTERM), 0: none.
+ * Any thread may ask. */
+int jdt_signals_stop_requested(void);
 
 /* Progress of a long operation (prepare, checkpoint save and load, compilation): on a terminal a
  * live line "what: done/total unit (pct), rate, elapsed, ETA" rewritten in place; otherwise a log

@@ -27,32 +27,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-/* The stop request from a signal handler: the only state a handler may touch. */
-static volatile sig_atomic_t g_stop_signal = 0;
-
-static void on_stop_signal(int sig)
-{
-    g_stop_signal = sig;
-}
-
-static void install_signals(struct sigaction *old_int, struct sigaction *old_term)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    /* The handler runs on a stack of its own, not below the interrupted code's stack pointer:
-     * a SIGTERM during a step (oneDNN's JIT kernels on this thread) corrupted the heap in about
-     * half of the runs ("corrupted size vs. prev_size", exit 134) until it did; a frame pushed
-     * there overwrote memory that code still used. Our own threads block the signals
-     * (jdt_thread_create), so this thread takes them. */
-    static char alt[64 * 1024];
-    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt, .ss_flags = 0};
-    if (sigaltstack(&ss, NULL) == 0) sa.sa_flags = SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, old_int);
-    sigaction(SIGTERM, &sa, old_term);
-}
-
 static jdt_status mkdir_p(const char *path, jdt_err *e)
 {
     char buf[1024];
@@ -819,7 +793,7 @@ static void trainer_free_groups(trainer *tr)
 /* True on every rank when any rank was asked to stop (so all stop after the same step). */
 static jdt_status agree_stop(trainer *tr, bool *stop, jdt_err *e)
 {
-    float flag = g_stop_signal ? 1.0f : 0.0f;
+    float flag = jdt_signals_stop_requested() ? 1.0f : 0.0f;
     if (tr->dist) {
         jdt_status st = jdt_comm_allreduce(jdt_dist_world(tr->dist), &flag, 1, JDT_DTYPE_F32,
                                            JDT_REDUCE_MAX, e);
@@ -1189,7 +1163,8 @@ static jdt_status after_step(trainer *tr, int64_t t, jdt_err *e)
  * ERR_INTERRUPTED. */
 static jdt_status stop_run(trainer *tr, int64_t done, jdt_err *e)
 {
-    int sig = g_stop_signal ? g_stop_signal : SIGTERM; /* another rank's signal */
+    int sig = jdt_signals_stop_requested();
+    if (!sig) sig = SIGTERM; /* another rank's signal */
     if (tr->rank == 0)
         JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)done);
@@ -1204,13 +1179,12 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     trainer tr;
     trainer_init(&tr, cfg, dist);
     jdt_status st;
-    struct sigaction old_int, old_term;
-    g_stop_signal = 0;
     if ((st = check_world(&tr, e)) != JDT_OK) return st;
     if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     const bool main_rank = tr.rank == 0;
-    /* before the first collective, so a signal during compilation is not lost */
-    install_signals(&old_int, &old_term);
+    /* before the first collective, so a signal during compilation is not lost; the signal
+     * thread (jdt_signals_init, in main) takes it, and no worker thread is interrupted */
+    jdt_signals_stop_begin();
 
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     jdt_train_ckpt_dir(cfg, tr.ckpt_dir, sizeof tr.ckpt_dir);
@@ -1245,8 +1219,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     if (stop) st = stop_run(&tr, start, e);
 out_signals:
     if (tr.trace) jdt_trace_close(tr.trace, NULL); /* run ended inside the traced window */
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    jdt_signals_stop_end();
     if (tr.metrics) fclose(tr.metrics);
     jdt_tboard_close(tr.tb);
     jdt_step_free(tr.step);

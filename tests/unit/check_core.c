@@ -1,15 +1,18 @@
 /*
  * check_core.c — unit tests for engine/core: statuses, error context, allocation hook, dtypes,
- * hashing and the counter-based RNG.
+ * hashing, the counter-based RNG and the stop signals.
  */
 #include "tests/unit/testutil.h"
 #include "core/core.h"
 
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 START_TEST(test_status_strings)
@@ -184,6 +187,76 @@ START_TEST(test_hash)
 }
 END_TEST
 
+static void *record_mask(void *mask)
+{
+    pthread_sigmask(SIG_SETMASK, NULL, mask);
+    return NULL;
+}
+
+/* Waits up to 5 s for the stop request to read sig. */
+static bool stop_reads(int sig)
+{
+    for (int i = 0; i < 5000 && jdt_signals_stop_requested() != sig; i++)
+        usleep(1000);
+    return jdt_signals_stop_requested() == sig;
+}
+
+/* The life of a jdt-train process, in a child (the signal state is process-wide): returns the
+ * number of the check that failed, or is ended by the last SIGTERM as it should be. */
+static int signals_life(void)
+{
+    signal(SIGINT, SIG_IGN);  /* as a shell starts a background job */
+    signal(SIGTERM, SIG_DFL); /* not Check's handler, which ends the whole test */
+    jdt_err e;
+    jdt_err_clear(&e);
+    if (jdt_signals_init(&e) != JDT_OK) return 1;
+    /* a thread made afterwards, as OpenMP makes its workers, inherits the block */
+    sigset_t m;
+    pthread_t t;
+    if (pthread_create(&t, NULL, record_mask, &m) != 0) return 2;
+    pthread_join(t, NULL);
+    if (!sigismember(&m, SIGINT) || !sigismember(&m, SIGTERM)) return 3;
+    /* a forked child (the C compiler) gets the mask the process started with */
+    pid_t kid = fork();
+    if (kid == 0) {
+        jdt_signals_reset_child();
+        sigset_t c;
+        sigprocmask(SIG_SETMASK, NULL, &c);
+        _exit(sigismember(&c, SIGINT) || sigismember(&c, SIGTERM));
+    }
+    int ws;
+    if (kid < 0 || waitpid(kid, &ws, 0) != kid || !WIFEXITED(ws) || WEXITSTATUS(ws)) return 4;
+    kill(getpid(), SIGINT); /* ignored, as it was */
+    usleep(50 * 1000);
+    /* a stop: the signal thread records the signals, a second one too, the ignored one included
+     * (the trainer's handler always overrode the ignore) */
+    jdt_signals_stop_begin();
+    if (jdt_signals_stop_requested() != 0) return 5;
+    kill(getpid(), SIGTERM);
+    if (!stop_reads(SIGTERM)) return 6;
+    kill(getpid(), SIGINT);
+    if (!stop_reads(SIGINT)) return 7;
+    jdt_signals_stop_end();
+    kill(getpid(), SIGINT); /* ignored again */
+    usleep(50 * 1000);
+    kill(getpid(), SIGTERM); /* no stop now: the default action ends the process */
+    usleep(5 * 1000 * 1000);
+    return 8;
+}
+
+START_TEST(test_signals)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) _exit(signals_life());
+    int ws;
+    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+    ck_assert_msg(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGTERM, "the child %s %d",
+                  WIFEXITED(ws) ? "failed check" : "was killed by signal",
+                  WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("core");
@@ -197,6 +270,7 @@ int main(void)
     tcase_add_test(tc, test_rng_index_stable);
     tcase_add_test(tc, test_hash);
     tcase_add_test(tc, test_progress_plain_lines);
+    tcase_add_test(tc, test_signals);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
