@@ -430,6 +430,123 @@ static bool read_later(const cprog *c, const user_lists *u, int m, int ga, int g
     return true;
 }
 
+/* The step key of node v's reader step: its group's root, else v (a builtin). */
+static int step_key(const cprog *c, int v)
+{
+    return c->nodes[v].group >= 0 ? c->groups[c->nodes[v].group].root : v;
+}
+
+/* The latest step key that reads node x, through views and absorbed strided reads; -1 when
+ * nothing does. */
+static int last_read(const cprog *c, const user_lists *u, int x)
+{
+    int last = -1;
+    for (int k = u->start[x]; k < u->start[x + 1]; k++) {
+        const int v = u->users[k];
+        const cnode *vn = &c->nodes[v];
+        int key = vn->group < 0 && (vn->absorbed || vn->kind == CK_VIEW) ? last_read(c, u, v)
+                                                                         : step_key(c, v);
+        if (key > last) last = key;
+    }
+    return last;
+}
+
+/* Bytes of node n's buffer (its row pitch where it has one). */
+static int64_t node_bytes(const cnode *n)
+{
+    const int64_t numel = jdt_shape_numel(&n->shape);
+    if (!n->pitch) return numel * cnode_elem_size(n);
+    return numel / n->shape.dims[n->shape.ndim - 1] * n->pitch * cnode_elem_size(n);
+}
+
+/* True when node i's value is stored in the arena as the groups stand: a group's root or kept
+ * member, a builtin's output. Views, leaves, literals and values kept in registers are not. */
+static bool stored_here(const cprog *c, const user_lists *u, int i)
+{
+    const cnode *n = &c->nodes[i];
+    if (n->kind == CK_BUILTIN || n->kind == CK_COOUT) return true;
+    if (n->kind == CK_LEAF || n->kind == CK_SPLAT || n->kind == CK_VIEW || n->absorbed ||
+        n->group < 0)
+        return false;
+    return c->groups[n->group].root == i || is_kept(u, i);
+}
+
+static void live_add(int64_t *live, int from, int to, int64_t bytes)
+{
+    for (int k = from; k <= to; k++)
+        live[k] += bytes;
+}
+
+/* An estimate of the bytes the stored values hold at each step key (live[k], k a node index;
+ * jdt_malloc'd, n_nodes + 1 entries), for fuse_reduce_producers: each stored value from its
+ * step to its last reader's; bf16 storage and in-place reuse come later and are left out.
+ * *peak: its largest entry. NULL when out of memory. */
+static int64_t *live_profile(const cprog *c, const user_lists *u, int64_t *peak)
+{
+    int64_t *live = jdt_calloc((size_t)c->n_nodes + 1, sizeof *live);
+    if (!live) return NULL;
+    for (int i = 0; i < c->n_nodes; i++) {
+        if (!stored_here(c, u, i)) continue;
+        const int def = c->nodes[i].kind == CK_COOUT ? c->nodes[i].in[0] : step_key(c, i);
+        const int last = last_read(c, u, i);
+        live_add(live, def, last > def ? last : def, node_bytes(&c->nodes[i]));
+    }
+    *peak = 0;
+    for (int k = 0; k < c->n_nodes; k++)
+        if (live[k] > *peak) *peak = live[k];
+    return live;
+}
+
+/* Would running group G's members at R's step (key r_root, later than G's) raise the peak of
+ * live (the estimate above)? A value G reads from the arena that nothing reads at or after R's
+ * step is then held from its last reader's step to R's; G's root x, which R read, is no longer
+ * stored when nothing else needs it (x_kept false), and G's other stored values are stored
+ * later. The merge is refused when some step then holds more than the peak: the head's slices
+ * of runtime.loss_chunks would hold every slice's logits until a reduction after the last one
+ * (3.8 MB instead of 1.6 MB in check_train's Llama case), while attention's dQ, dK and dV
+ * transposes hold dQKV a few steps longer, away from the peak. When the merge is taken, live
+ * is updated (delta is scratch of c->n_nodes + 1). */
+static bool raises_peak(const cprog *c, const user_lists *u, const cgroup *G, int x, bool x_kept,
+                        int r_root, int64_t *live, int64_t peak, int64_t *delta)
+{
+    int lo = G->root;
+    for (int k = 0; k <= r_root; k++)
+        delta[k] = 0;
+    int seen[JDT_GROUP_MAX_READS * 4], n_seen = 0;
+    for (int m = 0; m < G->n_members; m++) {
+        const int gi = G->members[m];
+        const cnode *gm = &c->nodes[gi];
+        if (gi == x && !x_kept) { /* stored for R alone: no longer stored */
+            for (int k = G->root; k <= r_root; k++)
+                delta[k] -= node_bytes(gm);
+        } else if (gi == x || is_kept(u, gi)) { /* stored from R's step instead of G's */
+            for (int k = G->root; k < r_root; k++)
+                delta[k] -= node_bytes(gm);
+        }
+        for (int k = 0; k < gm->n_in; k++) {
+            int b = gm->in[k];
+            if (c->nodes[b].group == gm->group) continue;
+            while (c->nodes[b].kind == CK_VIEW || c->nodes[b].absorbed)
+                b = c->nodes[b].in[0];
+            if (!stored_here(c, u, b)) continue;
+            bool dup = false;
+            for (int i = 0; i < n_seen && !dup; i++)
+                dup = seen[i] == b;
+            if (dup || n_seen == (int)JDT_ARRAY_LEN(seen)) continue;
+            seen[n_seen++] = b;
+            const int last = last_read(c, u, b);
+            for (int j = last + 1; j <= r_root; j++)
+                delta[j] += node_bytes(&c->nodes[b]);
+            if (last + 1 < lo) lo = last + 1;
+        }
+    }
+    for (int k = lo; k <= r_root; k++)
+        if (delta[k] > 0 && live[k] + delta[k] > peak) return true;
+    for (int k = lo; k <= r_root; k++)
+        live[k] += delta[k];
+    return false;
+}
+
 /* A reduction group R of one node that reads a reshape V of a group root X whose leading dims
  * it reduces (a bias gradient summed over the (B, T) rows of the (B, T, C) view of a
  * (B, T, H, D) value: the q/k/v transposes of attention's backward): may R reduce X over the
@@ -481,6 +598,7 @@ static bool fuse_reduce_producers(cprog *c, user_lists *u)
 {
     if (!c->reduce_stores || c->opts.no_fuse) return true;
     int merged = 0;
+    int64_t *live = NULL, *delta = NULL, peak = 0; /* raises_peak's estimate, made on demand */
     for (int gr = 0; gr < c->n_groups; gr++) {
         cgroup *R = &c->groups[gr];
         if (!R->is_reduce || R->root < 0) continue;
@@ -526,14 +644,27 @@ static bool fuse_reduce_producers(cprog *c, user_lists *u)
             if (!ok || R->n_in_bound + G->n_in_bound > JDT_GROUP_MAX_READS ||
                 R->n_stores + stores > JDT_GROUP_MAX_STORES)
                 continue;
+            if (!live && !(live = live_profile(c, u, &peak))) return false;
+            if (!delta && !(delta = jdt_malloc(((size_t)c->n_nodes + 1) * sizeof *delta))) {
+                jdt_free(live);
+                return false;
+            }
+            if (raises_peak(c, u, G, x, is_kept(u, x) || x_out, R->root, live, peak, delta))
+                continue;
             if (x_out && !u->kept[x]) u->kept[x] = KEPT_STORED; /* stored from R's kernel */
             if (view >= 0) reduce_directly(c, R, view, x, vmask);
-            if (!move_members(c, u, gg, gr)) return false;
+            if (!move_members(c, u, gg, gr)) {
+                jdt_free(live);
+                jdt_free(delta);
+                return false;
+            }
             R = &c->groups[gr];
             merged++;
             mi = -1; /* R's members changed: look again */
         }
     }
+    jdt_free(live);
+    jdt_free(delta);
     c->stats.n_reduce_merged = merged;
     return !merged || drop_empty_groups(c);
 }
@@ -1232,13 +1363,6 @@ static int add_buf(cprog *c, jdt_buf_kind kind, int64_t n_bytes, int leaf_node)
     b->info.slot_of = -1;
     b->leaf_node = leaf_node;
     return c->n_bufs++;
-}
-
-static int64_t node_bytes(const cnode *n)
-{
-    const int64_t numel = jdt_shape_numel(&n->shape);
-    if (!n->pitch) return numel * cnode_elem_size(n);
-    return numel / n->shape.dims[n->shape.ndim - 1] * n->pitch * cnode_elem_size(n);
 }
 
 /* Calls fn(step, input node) for every buffer read of step s (group-external inputs). */

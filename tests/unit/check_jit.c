@@ -187,6 +187,53 @@ START_TEST(test_leading_reductions)
 }
 END_TEST
 
+/* A reduction whose input an elementwise kernel computes (a bias gradient of a bf16 GEMM's
+ * operand): the reduction's kernel computes it, stores its bf16 copy for the GEMM and sums it
+ * (fuse.c fuse_reduce_producers; the CPU's reductions store their members). Also through a
+ * reshape of a transpose (attention's dQ/dK/dV: the sum runs over the (B, T) rows of the
+ * (B, T, H, D) value, chunked over the flattened rows). Equal to the interpreter, and the same
+ * bits for 1, 2 and 3 threads. */
+START_TEST(test_reduce_producers)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_graph_set_matmul_bf16(g, true);
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -2, 2, 256, 600);
+    jdt_tensor *y = FX_INPUT(&f, "y", JDT_DTYPE_F32, -2, 2, 256, 600);
+    jdt_tensor *z = jdt_graph_mul(g, jdt_graph_gelu(g, x), y);
+    out(&f, jdt_graph_reduce_sum(g, z, 1u, false));
+    out(&f, jdt_graph_matmul(g, z, FX_PARAM(&f, "w", -0.5, 0.5, 600, 16), false, false));
+    jdt_tensor *a = FX_INPUT(&f, "a", JDT_DTYPE_F32, -2, 2, 4, 3, 128, 32); /* (B, H, T, D) */
+    jdt_tensor *at = jdt_graph_transpose(g, a, (int[]){0, 2, 1, 3});
+    out(&f, jdt_graph_reduce_sum(g, jdt_graph_reshape(g, at, 2, (int64_t[]){512, 96}), 1u, false));
+    jdt_tensor *at16 = jdt_graph_cast(g, at, JDT_DTYPE_BF16); /* as ops.c vjp_MATMUL casts */
+    out(&f, jdt_graph_matmul(g, jdt_graph_reshape(g, at16, 2, (int64_t[]){512, 96}),
+                             FX_PARAM(&f, "u", -0.5, 0.5, 96, 40), false, false));
+    fx_fill(&f, 11);
+    jdt_program *p[3];
+    for (int t = 0; t < 3; t++) {
+        jdt_compile_opts o;
+        fx_opts(&f, &o);
+        o.threads = t + 1;
+        p[t] = fx_check_steps(&f, &o, 1, 1e-4, 1e-5, true);
+        ck_assert_int_eq(jdt_program_stats(p[t])->n_reduce_merged, 2);
+    }
+    for (int i = 0; i < jdt_graph_n_outputs(g); i++) {
+        size_t n = (size_t)jdt_shape_numel(&jdt_graph_output(g, i)->shape) * sizeof(float);
+        for (int t = 1; t < 3; t++)
+            ck_assert_msg(memcmp(jdt_program_output(p[0], i), jdt_program_output(p[t], i), n) == 0,
+                          "output %d: %d threads differ from 1", i, t + 1);
+    }
+    const char *src = jdt_program_source(p[1]);
+    ck_assert_msg(strstr(src, "for (int64_t r = ch * "), "no chunks of flattened rows in\n%s",
+                  strstr(src, "/* group") ? strstr(src, "/* group") : src);
+    for (int t = 0; t < 3; t++)
+        jdt_program_free(p[t]);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_matmul_gather_scatter)
 {
     fx f;
@@ -1337,6 +1384,7 @@ int main(void)
     tcase_add_test(tc, test_elementwise_ops);
     tcase_add_test(tc, test_shape_and_reduce_ops);
     tcase_add_test(tc, test_leading_reductions);
+    tcase_add_test(tc, test_reduce_producers);
     tcase_add_test(tc, test_matmul_gather_scatter);
     tcase_add_test(tc, test_row_primitives);
     tcase_add_test(tc, test_attention);

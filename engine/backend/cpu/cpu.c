@@ -600,6 +600,7 @@ const jdt_backend_vt jdt_backend_cpu = {
     .name = "cpu",
     .xent_inplace = true,
     .arena_borrow = true,
+    .reduce_stores = true,
     .prepare = cpu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,

@@ -5,8 +5,10 @@
  * elementwise chains one flat loop, row reductions a (rows, cols) nest with an `omp simd`
  * accumulator, other reductions accumulating into the pre-initialised output (when the leading
  * dim is reduced: chunks of its rows into partials added in chunk order, or column tiles per
- * thread where the partials would not fit). Shapes, strides and scalars are literals: the
- * kernel is specialised to the program. The outer loop gets `omp parallel for` when the domain
+ * thread where the partials would not fit); a reduction that absorbed its elementwise producer
+ * (reduce_stores) stores the producer's values from its loop too. Shapes, strides and scalars
+ * are literals: the kernel is specialised to the program. The outer loop gets `omp parallel
+ * for` when the domain
  * is big enough; its team size is the variable `jdt_nt` of the shared object, which the backend
  * sets before every run (the adaptive thread count changes it without changing the source, so
  * the compile cache still hits). The thread budget (c->nt) only shapes loops (collapse depth,
@@ -140,36 +142,103 @@ static void emit_parallel(jdt_sbuf *s, const jdt_nest *N, int n_outer, int nt)
 /* Bytes of stack a reduction's partial outputs may take (row_chunks). */
 #define PART_STACK_BYTES (128 * 1024)
 
-/* Chunks of the leading reduced dim a reduction into out_n outputs of elem bytes each sums in
- * parallel, each into partials of its own (emit_group), or 0 where that form does not apply:
- * dim 0 kept, a domain under PAR_MIN_ELEMS, or partials past PART_STACK_BYTES with 2 chunks.
- * Shapes alone decide it, never the thread count: the chunks fix the order of the sums. */
+/* The leading reduced dims of a reduction's nest (those before its first kept dim), and in
+ * *rows the number of rows they span. */
+static int lead_reduced(const jdt_nest *N, int64_t *rows)
+{
+    int lead = 0;
+    *rows = 1;
+    while (lead < N->n && !N->kept[lead])
+        *rows *= N->dims[lead++];
+    return lead;
+}
+
+/* Chunks of the leading reduced dims' rows (lead_reduced) a reduction into out_n outputs of
+ * elem bytes each sums in parallel, each into partials of its own (emit_group), or 0 where that
+ * form does not apply: dim 0 kept, a domain under PAR_MIN_ELEMS, or partials past
+ * PART_STACK_BYTES with 2 chunks. Shapes alone decide it, never the thread count: the chunks
+ * fix the order of the sums. */
 static int64_t row_chunks(const jdt_nest *N, int64_t out_n, size_t elem)
 {
     if (N->kept[0] || N->n < 2 || jdt_shape_numel(&N->g->domain) < PAR_MIN_ELEMS || out_n < 1)
         return 0;
+    int64_t rows;
+    lead_reduced(N, &rows);
     int64_t fit = PART_STACK_BYTES / (out_n * (int64_t)elem);
-    int64_t n_ch = N->dims[0] < RED_CHUNKS ? N->dims[0] : RED_CHUNKS;
+    int64_t n_ch = rows < RED_CHUNKS ? rows : RED_CHUNKS;
     if (fit < n_ch) n_ch = fit;
     return n_ch > 1 ? n_ch : 0;
 }
 
-/* The body of a reduction's innermost loop: loads, the members but the root, then the root's
- * input src added (or max-ed) into out[offset of access w]. */
-static void emit_accumulate(jdt_sbuf *s, const jdt_nest *N, const cgroup *g, int w, const char *out,
-                            const char *src, bool is_max)
+/* The stores of a reduction's members at the element the loop is at: every write access but
+ * the result's (w). A reduction that absorbed its elementwise producer (fuse.c
+ * fuse_reduce_producers, reduce_stores) stores the producer's bf16 copy, or its value where
+ * others read it; every loop form below visits each element of the domain once. With tiled,
+ * bf16 values go to the tile's array s<a> instead, stored by a loop of their own (BF16_TILE). */
+static void emit_member_stores(jdt_sbuf *s, const jdt_nest *N, int w, bool tiled)
 {
     char off[512];
+    const int K = N->n - 1;
+    for (int a = 0; a < N->n_acc; a++) {
+        if (!N->acc[a].write || a == w || a == N->flat) continue;
+        jdt_nest_offset(N, a, off, sizeof off);
+        if (!N->c->nodes[N->acc[a].node].bf16)
+            jdt_sb_printf(s, "        w%d[%s] = v%d;\n", a, off, N->acc[a].node);
+        else if (tiled)
+            jdt_sb_printf(s, "        s%d[i%d - t] = v%d;\n", a, K, N->acc[a].node);
+        else /* rounded to nearest even on store */
+            jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(v%d);\n", a, off, N->acc[a].node);
+    }
+}
+
+/* The loops from dim `from` in and the body of a reduction's innermost loop: loads, the members
+ * but the root (and their stores), then the root's input src added (or max-ed) into out[offset
+ * of access w]. A kept innermost dim of 2 * BF16_TILE or more whose members store bf16 runs in
+ * tiles, as elementwise groups do: one loop mixing the f32 sums with 16-bit stores ran the
+ * benchmark's merged GELU backward and fc bias sum slower than the two kernels it replaced. */
+static void emit_accumulate(jdt_sbuf *s, const jdt_nest *N, const cgroup *g, int w, const char *out,
+                            const char *src, bool is_max, int from)
+{
+    char off[512];
+    const int K = N->n - 1;
+    const int64_t D = N->dims[K];
+    bool tiled = false;
+    for (int a = 0; a < N->n_acc; a++)
+        tiled = tiled || (N->acc[a].write && a != w && N->c->nodes[N->acc[a].node].bf16);
+    tiled = tiled && from <= K && N->kept[K] && D >= 2 * BF16_TILE;
+    if (!tiled) {
+        emit_loops(s, N, from, N->n);
+    } else {
+        emit_loops(s, N, from, K);
+        jdt_sb_printf(s, "    for (int64_t t = 0; t < %lldLL; t += %d) {\n", (long long)D,
+                      BF16_TILE);
+        jdt_sb_printf(s, "    const int64_t te = t + %d < %lldLL ? t + %d : %lldLL;\n", BF16_TILE,
+                      (long long)D, BF16_TILE, (long long)D);
+        for (int a = 0; a < N->n_acc; a++)
+            if (N->acc[a].write && a != w && N->c->nodes[N->acc[a].node].bf16)
+                jdt_sb_printf(s, "    float s%d[%d];\n", a, BF16_TILE);
+        jdt_sb_printf(s, "    for (int64_t i%d = t; i%d < te; i%d++)\n", K, K, K);
+    }
     jdt_sb_printf(s, "    {\n");
     emit_loads(s, N, NULL);
     for (int i = 0; i < g->n_members; i++)
         if (g->members[i] != g->root) jdt_nest_value(s, N, g->members[i]);
+    emit_member_stores(s, N, w, tiled);
     jdt_nest_offset(N, w, off, sizeof off);
     if (is_max)
         jdt_sb_printf(s, "        if (%s > %s[%s]) %s[%s] = %s;\n", src, out, off, out, off, src);
     else
         jdt_sb_printf(s, "        %s[%s] += %s;\n", out, off, src);
     jdt_sb_printf(s, "    }\n");
+    if (tiled) { /* the tile's bf16 stores, rounded to nearest even */
+        jdt_sb_printf(s, "    for (int64_t i%d = t; i%d < te; i%d++) {\n", K, K, K);
+        for (int a = 0; a < N->n_acc; a++) {
+            if (!N->acc[a].write || a == w || !N->c->nodes[N->acc[a].node].bf16) continue;
+            jdt_nest_offset(N, a, off, sizeof off);
+            jdt_sb_printf(s, "        w%d[%s] = jdt_bf16_st(s%d[i%d - t]);\n", a, off, a, K);
+        }
+        jdt_sb_printf(s, "    }\n    }\n");
+    }
 }
 
 static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, jdt_err *e,
@@ -252,9 +321,9 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
     /* reductions */
     const cnode *in = &c->nodes[root->in[0]];
     const char *T = jdt_nest_ctype(root->dtype);
-    int w = -1;
+    int w = -1; /* the result's store (members may store too: emit_member_stores) */
     for (int a = 0; a < N.n_acc; a++)
-        if (N.acc[a].write) w = a;
+        if (N.acc[a].write && N.acc[a].node == g->root) w = a;
     char init[64], src[96];
     jdt_nest_lit(init, sizeof init, root->dtype, root->op == JDT_OP_REDUCE_MAX ? -INFINITY : 0.0);
     jdt_nest_operand(&N, root, 0, src, sizeof src);
@@ -295,6 +364,7 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         emit_loads(s, &N, NULL);
         for (int i = 0; i < g->n_members; i++)
             if (g->members[i] != g->root) jdt_nest_value(s, &N, g->members[i]);
+        emit_member_stores(s, &N, w, false);
         if (is_max)
             jdt_sb_printf(s, "        acc = %s > acc ? %s : acc;\n", src, src);
         else
@@ -324,8 +394,10 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
          * the partials then added in chunk order. Every thread streams whole rows (the column
          * tiles below read a few cache lines per row, strided: half the bandwidth), and the
          * result does not depend on the thread count. */
-        int64_t len = (N.dims[0] + n_ch - 1) / n_ch;
-        n_ch = (N.dims[0] + len - 1) / len;
+        int64_t rows;
+        const int lead = lead_reduced(&N, &rows);
+        int64_t len = (rows + n_ch - 1) / n_ch;
+        n_ch = (rows + len - 1) / len;
         jdt_sb_printf(s, "    %s part[%lldLL];\n", T, (long long)(n_ch * out_n));
         jdt_sb_printf(s, "    #pragma omp parallel for num_threads(jdt_nt) schedule(dynamic, 1)\n");
         jdt_sb_printf(s, "    for (int64_t ch = 0; ch < %lldLL; ch++) {\n", (long long)n_ch);
@@ -335,11 +407,21 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
         jdt_sb_printf(s,
                       "    const int64_t hi = ch * %lldLL + %lldLL < %lldLL ? ch * %lldLL + "
                       "%lldLL : %lldLL;\n",
-                      (long long)len, (long long)len, (long long)N.dims[0], (long long)len,
-                      (long long)len, (long long)N.dims[0]);
-        jdt_sb_printf(s, "    for (int64_t i0 = ch * %lldLL; i0 < hi; i0++)\n", (long long)len);
-        emit_loops(s, &N, 1, N.n);
-        emit_accumulate(s, &N, g, w, "pp", src, is_max);
+                      (long long)len, (long long)len, (long long)rows, (long long)len,
+                      (long long)len, (long long)rows);
+        if (lead == 1) {
+            jdt_sb_printf(s, "    for (int64_t i0 = ch * %lldLL; i0 < hi; i0++)\n", (long long)len);
+        } else { /* several leading reduced dims (a reshape's rows, fuse.c reduce_directly):
+                  * chunks of their rows in order, each row's indices taken apart */
+            jdt_sb_printf(s, "    for (int64_t r = ch * %lldLL; r < hi; r++) {\n", (long long)len);
+            jdt_sb_printf(s, "    int64_t q = r;\n");
+            for (int k = lead - 1; k > 0; k--)
+                jdt_sb_printf(s, "    const int64_t i%d = q %% %lldLL;\n    q /= %lldLL;\n", k,
+                              (long long)N.dims[k], (long long)N.dims[k]);
+            jdt_sb_printf(s, "    const int64_t i0 = q;\n");
+        }
+        emit_accumulate(s, &N, g, w, "pp", src, is_max, lead);
+        if (lead > 1) jdt_sb_printf(s, "    }\n");
         jdt_sb_printf(s, "    }\n");
         jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] = %s;\n",
                       (long long)out_n, w, init);
@@ -374,13 +456,12 @@ static void emit_group(jdt_sbuf *s, const cprog *c, int gi, int kernel, int nt, 
                 "i%d++)\n",
                 N.n - 1, N.n - 1, (long long)tile, (long long)last, (long long)tile,
                 (long long)last, N.n - 1);
-        } else {
-            if (N.kept[0]) emit_parallel(s, &N, 1, nt);
-            emit_loops(s, &N, 0, N.n);
+        } else if (N.kept[0]) {
+            emit_parallel(s, &N, 1, nt);
         }
         char wn[16];
         snprintf(wn, sizeof wn, "w%d", w);
-        emit_accumulate(s, &N, g, w, wn, src, is_max);
+        emit_accumulate(s, &N, g, w, wn, src, is_max, col_tiles ? N.n : 0);
     }
     if (is_mean)
         jdt_sb_printf(s, "    for (int64_t o = 0; o < %lldLL; o++) w%d[o] /= (%s)%lld;\n",
