@@ -41,9 +41,9 @@ typedef struct {
     const char *cache_dir; /* NULL: $JDT_CACHE_DIR, else $XDG_CACHE_HOME/jdt-train, else
                               ~/.cache/jdt-train (compiled kernels of every backend) */
     const char *cc;        /* CPU: NULL: $CC, else "cc" */
-    const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno -fno-trapping-math" (no
-                              fast-math: NaN/Inf
-                              semantics must hold) */
+    const char *cflags;    /* NULL: "-O3 -march=native -fno-math-errno -fno-trapping-math",
+                              and -mprefer-vector-width=512 where the CPU has AVX512-BF16 (no
+                              fast-math: NaN/Inf semantics must hold) */
     double cc_timeout_s;   /* CPU: 0: 600; the compiler is killed after this (ERR_TIMEOUT) */
     int64_t cache_max_bytes; /* bound of the on-disk cache: 0 = 1 GiB, < 0 = unbounded */
     int threads;           /* CPU: 0: omp_get_max_threads(); the most threads a run uses */

@@ -145,7 +145,7 @@ static const jdt_config_key KEYS[] = {
     K_INT("runtime.bucket_mb", runtime.bucket_mb, 0, 4096, "4", "coalesce gradient all-reduces and reduce-scatters, and FSDP weight all-gathers, into buckets of this many MiB (0 = one call per tensor)"),
     K_INT("runtime.prefetch_mb", runtime.prefetch_mb, 0, 1048576, "8", "FSDP weight all-gathers issued ahead of their use while the gathered MiB in flight fit this budget (0 = one call ahead only)"),
     K_STR("runtime.cc", runtime.cc, "cc", "C compiler the CPU JIT runs"),
-    K_STR("runtime.cflags", runtime.cflags, "", "extra JIT compiler flags (\"\" = built-in flags)"),
+    K_STR("runtime.cflags", runtime.cflags, "", "the JIT compiler's flags, in place of the built-in ones (\"\" = built-in: docs/compiler.md)"),
     K_FLT("runtime.peak_gflops", runtime.peak_gflops, 0, FMAX, "0", "MFU reference GFLOP/s per process (0 = measured once per machine and thread count, cached)"),
     /* dist */
     K_STR("dist.coordinator", dist.coordinator, "", "rendezvous host:port (\"\" = single process or launcher/SLURM)"),
