@@ -1166,8 +1166,11 @@ static jdt_status stop_run(trainer *tr, int64_t done, jdt_err *e)
     int sig = jdt_signals_stop_requested();
     if (!sig) sig = SIGTERM; /* another rank's signal */
     if (tr->rank == 0)
-        JDT_WARN("received %s at step %lld: saving a checkpoint and stopping",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)done);
+        JDT_WARN("received %s at step %lld: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                 (long long)done,
+                 tr->cfg->checkpoint.save_on_signal
+                     ? "saving a checkpoint and stopping"
+                     : "stopping without a checkpoint (checkpoint.save_on_signal: false)");
     jdt_status st;
     if (tr->cfg->checkpoint.save_on_signal && (st = save_ckpt(tr, done, e)) != JDT_OK) return st;
     return jdt_err_set(e, JDT_ERR_INTERRUPTED, "stopped by %s after step %lld",

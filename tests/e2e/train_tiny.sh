@@ -84,6 +84,17 @@ for try in 1 2 3 4 5 6; do
   [ $rc -eq 143 ] || { tail -3 "$TMP/err"; fail "SIGTERM mid-step (try $try): exit $rc, expected 143"; }
   ls -d "$TMP/s4/tiny/ckpt/step_"* >/dev/null 2>&1 || fail "no checkpoint after SIGTERM (try $try)"
 done
+# 4c. checkpoint.save_on_signal: false stops on SIGTERM (143) without a checkpoint, and says so
+rm -rf "$TMP/s5"
+"$BIN" configs/tiny.yaml run.out_dir="$TMP/s5" run.steps=100000 run.eval_every=0 checkpoint.every=0 \
+  checkpoint.save_on_signal=false >"$TMP/out" 2>"$TMP/err" &
+pid=$!
+for _ in $(seq 200); do grep -q "step 2/" "$TMP/err" 2>/dev/null && break; sleep 0.05; done
+kill -TERM $pid; wait $pid; rc=$?
+[ $rc -eq 143 ] || { tail -3 "$TMP/err"; fail "SIGTERM without save_on_signal: exit $rc, expected 143"; }
+grep -q "stopping without a checkpoint (checkpoint.save_on_signal: false)" "$TMP/err" ||
+  fail "save_on_signal false message: $(grep SIGTERM "$TMP/err")"
+ls -d "$TMP/s5/tiny/ckpt/step_"* >/dev/null 2>&1 && fail "a checkpoint was saved with save_on_signal false"
 
 # 5. non-finite loss stops the run naming the step
 expect 1 "$BIN" configs/tiny.yaml run.out_dir="$TMP/n" optimizer.lr=1e30 optimizer.grad_clip=0 run.steps=20
