@@ -137,11 +137,11 @@ struct jdt_comm_group {
 
 struct jdt_dist {
     jdt_dist_opts o;
-    char coord_addr[JDT_HOST_MAX + 16]; /* own copy of o.coordinator (rank 0: the bound port) */
+    char coord_addr[JDT_HOST_MAX + 16]; /* own copy of o.coordinator (host: the bound port) */
     char token[JDT_TOKEN_MAX];
     jdt_peer *peers;       /* (world_size) data listener of each rank */
     int *data_fd;          /* (world_size) socket to each rank, -1 for self */
-    jdt_dist_coord *coord; /* hosted coordinator (rank 0) or NULL */
+    jdt_dist_coord *coord; /* the coordinator this rank hosts, or NULL */
     bool formed;           /* the peer table arrived: every rank joined */
 
     int coord_fd;
@@ -179,6 +179,12 @@ struct jdt_dist {
 
 /* Records the first abort reason (later ones are ignored) and sets the flag. */
 void jdt_dist_set_abort(jdt_dist *d, jdt_status code, const char *fmt, ...) JDT_PRINTF(3, 4);
+
+/* The hosting rank's wait before it stops its coordinator (coord.c): returns once every rank
+ * of the formed job has said goodbye or been lost, however long that takes (a live rank
+ * heartbeats; a dead or silent one is lost within peer_timeout_s), or once the job has been
+ * aborted and abort_grace_s have passed since this call. */
+void jdt_dist_coord_await(jdt_dist_coord *c, double abort_grace_s);
 
 /* Waits up to secs for an abort reason (the coordinator's ABORT, or the monitor finding the
  * coordinator gone); true if one is recorded. A peer connection that closes is usually the

@@ -3,14 +3,15 @@
  * heartbeats, abort broadcast) and TCP collectives (process groups; ring all-reduce,
  * reduce-scatter, all-gather, broadcast, all-to-all, barrier; blocking and start/wait).
  *
- * One process per rank. jdt_dist_init() connects to the coordinator (rank 0 hosts it in a
- * thread unless told otherwise), receives the peer table and opens a full mesh of TCP data
- * connections. Collectives execute one at a time in issue order (on a per-context
+ * One process per rank. jdt_dist_init() connects to the coordinator (one rank hosts it in a
+ * thread, rank 0 unless told otherwise), receives the peer table and opens a full mesh of TCP
+ * data connections. Collectives execute one at a time in issue order (on a per-context
  * communication thread, or inline on the caller's thread when nothing is queued); every member
  * of a group must issue the same collectives on it in the same order (like one NCCL stream).
  * Groups whose members share one host do all-reduce, reduce-scatter and all-gather through
- * shared memory instead of loopback TCP (same results, same API). A lost peer (EOF, reset, missed heartbeats) makes every pending and
- * later call return JDT_ERR_PEER_LOST with a message naming the rank and its host, never a hang.
+ * shared memory instead of loopback TCP (same results, same API). A lost peer (EOF, reset, missed
+ * heartbeats) makes every pending and later call return JDT_ERR_PEER_LOST with a message naming the
+ * rank and its host, never a hang.
  *
  * Segments: reduce-scatter and all-gather split n_elems into world-size contiguous segments,
  * segment i = [i*n/k + min(i, n%k) ...) of length n/k (+1 for the first n%k); see
@@ -32,9 +33,13 @@ typedef struct {
     int rank, world_size;
     const char *coordinator;   /* "host:port" of the coordinator */
     const char *token;         /* job token; every rank and the coordinator must agree */
-    bool host_coordinator;     /* rank 0 runs the coordinator in a thread (default true) */
-    int coord_listen_fd;       /* rank 0: a pre-bound listening socket to serve on, or -1;
-                                  jdt_dist_init takes it over (closed on failure too) */
+    bool host_coordinator;     /* a rank runs the coordinator in a thread (default true);
+                                  false: it runs elsewhere (jdt_dist_coord_start) */
+    int coordinator_rank;      /* with host_coordinator, the rank that runs it (default 0). A
+                                  process that knows only that it is not the one (under SLURM
+                                  the first task of the first node hosts it) sets -1 */
+    int coord_listen_fd;       /* the hosting rank: a pre-bound listening socket to serve on,
+                                  or -1; jdt_dist_init takes it over (closed on failure too) */
     double connect_timeout_s;  /* start-up: connect retries and waiting for all ranks (60) */
     double heartbeat_s;        /* heartbeat interval (1) */
     double peer_timeout_s;     /* a rank silent this long is declared lost (10) */
@@ -45,7 +50,7 @@ typedef struct {
 } jdt_dist_opts;
 
 /* Fills o with the defaults above (rank 0, world 1, coordinator "127.0.0.1:0" invalid until
- * set, token "", host_coordinator true, coord_listen_fd -1). */
+ * set, token "", host_coordinator true, coordinator_rank 0, coord_listen_fd -1). */
 void jdt_dist_opts_default(jdt_dist_opts *o);
 
 /* Joins the job. Every rank calls it once. Connects to o->coordinator (retrying until
@@ -58,10 +63,12 @@ void jdt_dist_opts_default(jdt_dist_opts *o);
 jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e);
 
 /* Leaves the job cleanly: stops the communication and heartbeat threads, tells the
- * coordinator goodbye (so this is not reported as a lost rank) and closes every socket. On
- * rank 0 with a hosted coordinator it first waits (up to connect_timeout_s) for every other
- * rank to say goodbye or be lost. NULL is a no-op. Not a collective, but ranks should finish
- * their collectives (e.g. a barrier) before freeing. */
+ * coordinator goodbye (so this is not reported as a lost rank) and closes every socket. The
+ * rank that hosts the coordinator first waits, once the job has formed, for every other rank
+ * to say goodbye or be lost (a killed rank at once, a silent one after peer_timeout_s), however
+ * long they take, so the coordinator outlives the job's last use of it even when its host
+ * finishes first; once the job is aborted, at most connect_timeout_s. NULL is a no-op. Not a
+ * collective, but ranks should finish their collectives (e.g. a barrier) before freeing. */
 void jdt_dist_free(jdt_dist *d);
 
 /* This process's rank and the job's world size (as given in the options). */
@@ -91,7 +98,7 @@ jdt_status jdt_dist_kv_get(jdt_dist *d, const char *key, double timeout_s, void 
  * times. ERR_TIMEOUT after timeout_s lists the ranks that had not arrived. */
 jdt_status jdt_dist_barrier(jdt_dist *d, double timeout_s, jdt_err *e);
 
-/* ---- standalone coordinator (for a launcher that runs it outside rank 0) ------------------- */
+/* ---- standalone coordinator (for a launcher that runs it outside the ranks) ----------------- */
 
 /* Starts a coordinator thread serving on bind_addr ("host:port", port 0 = any) or on
  * listen_fd when >= 0 (taken over: closed by jdt_dist_coord_free). Start-up deadline,

@@ -75,6 +75,8 @@ struct jdt_dist_coord {
     bool thread_started;
     atomic_int stop;
     atomic_int all_done; /* every rank left or was lost (after forming), or start-up failed */
+    atomic_int n_in_job; /* ranks joined and not yet left or lost */
+    atomic_int job_aborted; /* ABORT was broadcast (a rank lost or aborting, start-up timeout) */
 
     conn *conns;
     int n_conns, cap_conns;
@@ -615,9 +617,14 @@ static void *coord_main(void *arg)
             conn_close(c, i);
         }
         bool done = true;
-        for (int r = 0; r < c->world; r++)
+        int in_job = 0;
+        for (int r = 0; r < c->world; r++) {
             if (c->ranks[r].state == RANK_JOINED || (c->ranks[r].state == RANK_ABSENT && !c->aborted))
                 done = false;
+            in_job += c->ranks[r].state == RANK_JOINED;
+        }
+        atomic_store(&c->n_in_job, in_job);
+        atomic_store(&c->job_aborted, c->aborted ? 1 : 0);
         atomic_store(&c->all_done, done ? 1 : 0);
     }
     jdt_free(pfd);
@@ -695,6 +702,25 @@ out_free:
 out_close_fd:
     if (listen_fd >= 0) close(listen_fd);
     return st;
+}
+
+void jdt_dist_coord_await(jdt_dist_coord *c, double abort_grace_s)
+{
+    if (!c || !c->thread_started) return;
+    const double start = jdt_now_s();
+    bool told = false;
+    while (!atomic_load(&c->all_done)) {
+        double waited = jdt_now_s() - start;
+        if (atomic_load(&c->job_aborted) && waited >= abort_grace_s) return;
+        if (!told && waited >= abort_grace_s) {
+            JDT_INFO("this rank hosts the job's coordinator: it stays until the %d rank(s) "
+                     "still in the job leave",
+                     atomic_load(&c->n_in_job));
+            told = true;
+        }
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void jdt_dist_coord_free(jdt_dist_coord *c, double grace_s)

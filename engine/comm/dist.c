@@ -1,5 +1,5 @@
 /*
- * dist.c — one rank's side of the job: joining (optionally hosting the coordinator on rank 0),
+ * dist.c — one rank's side of the job: joining (one rank, 0 by default, hosts the coordinator),
  * the peer table, the data mesh (rank j connects to every i < j and authenticates with the job
  * token), the monitor thread (heartbeats out, responses and ABORT in, coordinator silence
  * detection), the KV store and barrier requests, and clean shutdown.
@@ -25,6 +25,7 @@ void jdt_dist_opts_default(jdt_dist_opts *o)
     o->coordinator = "127.0.0.1:0";
     o->token = "";
     o->host_coordinator = true;
+    o->coordinator_rank = 0;
     o->coord_listen_fd = -1;
     o->connect_timeout_s = 60;
     o->heartbeat_s = 1;
@@ -102,9 +103,22 @@ static jdt_status coord_send(jdt_dist *d, jdt_wbuf *b, jdt_err *e)
     return st;
 }
 
+/* "ADDR, hosted by rank R at HOST" where this rank knows which rank hosts the coordinator, else
+ * "ADDR" (the address names its host): for the messages about losing it. */
+static void coord_desc(const jdt_dist *d, char *buf, size_t cap)
+{
+    int r = d->o.coordinator_rank;
+    if (d->o.host_coordinator && r >= 0)
+        snprintf(buf, cap, "%s, hosted by rank %d at %s", d->o.coordinator, r, jdt_dist_host(d, r));
+    else
+        snprintf(buf, cap, "%s", d->o.coordinator);
+}
+
 static void *monitor_main(void *arg)
 {
     jdt_dist *d = arg;
+    char coord[2 * JDT_HOST_MAX + 64];
+    coord_desc(d, coord, sizeof coord);
     double now = jdt_now_s(), next_hb = now + d->o.heartbeat_s, last_heard = now;
     jdt_wbuf hb;
     jdt_wbuf_init(&hb);
@@ -122,8 +136,7 @@ static void *monitor_main(void *arg)
             if (st) {
                 if (atomic_load(&d->stop)) break;
                 jdt_dist_set_abort(d, st == JDT_ERR_NOMEM ? st : JDT_ERR_PEER_LOST,
-                                   "lost the coordinator (%s, hosted by rank 0 at %s): %s",
-                                   d->o.coordinator, jdt_dist_host(d, 0), e.msg);
+                                   "lost the coordinator (%s): %s", coord, e.msg);
                 break;
             }
             last_heard = jdt_now_s();
@@ -153,19 +166,16 @@ static void *monitor_main(void *arg)
                 pthread_mutex_unlock(&d->mu);
             }
         } else if (now - last_heard > d->o.peer_timeout_s) {
-            jdt_dist_set_abort(d, JDT_ERR_PEER_LOST,
-                               "lost the coordinator (%s, hosted by rank 0 at %s): silent for "
-                               "%.1f s",
-                               d->o.coordinator, jdt_dist_host(d, 0), now - last_heard);
+            jdt_dist_set_abort(d, JDT_ERR_PEER_LOST, "lost the coordinator (%s): silent for %.1f s",
+                               coord, now - last_heard);
             break;
         }
         if (now >= next_hb) {
             jdt_err e;
             jdt_wbuf_begin(&hb, JDT_MSG_HEARTBEAT);
             if (coord_send(d, &hb, &e) && !atomic_load(&d->stop)) {
-                jdt_dist_set_abort(d, JDT_ERR_PEER_LOST,
-                                   "lost the coordinator (%s, hosted by rank 0 at %s): %s",
-                                   d->o.coordinator, jdt_dist_host(d, 0), e.msg);
+                jdt_dist_set_abort(d, JDT_ERR_PEER_LOST, "lost the coordinator (%s): %s", coord,
+                                   e.msg);
                 break;
             }
             next_hb = now + d->o.heartbeat_s;
@@ -350,6 +360,9 @@ static jdt_status check_opts(const jdt_dist_opts *o, jdt_err *e)
     if (!o->coordinator || strlen(o->coordinator) >= JDT_HOST_MAX)
         return jdt_err_set(e, JDT_ERR_INVALID, "coordinator address missing or over %u bytes",
                            JDT_HOST_MAX - 1);
+    if (o->host_coordinator && (o->coordinator_rank < -1 || o->coordinator_rank >= o->world_size))
+        return jdt_err_set(e, JDT_ERR_INVALID, "coordinator rank %d out of range [-1, %d)",
+                           o->coordinator_rank, o->world_size);
     return JDT_OK;
 }
 
@@ -525,7 +538,8 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
     *out = NULL;
     /* the coordinator socket is ours on every path: a failure before the coordinator takes it
      * over closes it here, so a retrying caller does not leak one socket per try */
-    bool own_listen = o->rank == 0 && o->host_coordinator && o->coord_listen_fd >= 0;
+    const bool hosting = o->host_coordinator && o->rank == o->coordinator_rank;
+    bool own_listen = hosting && o->coord_listen_fd >= 0;
     jdt_status st = check_opts(o, e);
     if (st) {
         if (own_listen) close(o->coord_listen_fd);
@@ -560,7 +574,7 @@ jdt_status jdt_dist_init(const jdt_dist_opts *o, jdt_dist **out, jdt_err *e)
     }
     for (int r = 0; r < o->world_size; r++) d->data_fd[r] = -1;
 
-    if (o->rank == 0 && o->host_coordinator) {
+    if (hosting) {
         char bind_addr[JDT_HOST_MAX + 16];
         snprintf(bind_addr, sizeof bind_addr, "%s", o->coordinator);
         int port = 0;
@@ -637,8 +651,10 @@ void jdt_dist_free(jdt_dist *d)
         jdt_wbuf_free(&b);
         close(d->coord_fd);
     }
-    /* a formed job: let the others say goodbye first; else stop now so they fail fast */
-    if (d->coord) jdt_dist_coord_free(d->coord, d->formed ? d->o.connect_timeout_s : 0);
+    /* a formed job: the coordinator serves the others until they have left (this rank may
+     * finish first: it need not be rank 0); else stop now so they fail fast */
+    if (d->coord && d->formed) jdt_dist_coord_await(d->coord, d->o.connect_timeout_s);
+    jdt_dist_coord_free(d->coord, 0);
     if (d->data_fd)
         for (int r = 0; r < d->o.world_size; r++)
             if (d->data_fd[r] >= 0) close(d->data_fd[r]);

@@ -344,7 +344,8 @@ typedef struct {
     /* SLURM_STEP_NODELIST (NULL when not set) and the hosts it expands to */
     const char *step_nodelist;
     long step_hosts;
-    char first_host[HOST_MAX];
+    char first_host[HOST_MAX]; /* of the step's node list, else of the job's */
+    const char *node_name;     /* SLURMD_NODENAME: this node's SLURM name, NULL when not set */
     char cluster[64];
 } slurm_env;
 
@@ -424,6 +425,7 @@ static jdt_status read_slurm(char *const *envp, slurm_env *s, jdt_err *e)
     if ((st = env_long(envp, "SLURM_NODEID", 0, 1 << 20, &s->node_id, &s->has_node_id, e)))
         return st;
     s->het = env_get(envp, "SLURM_HET_SIZE") || env_get(envp, "SLURM_PACK_SIZE");
+    s->node_name = env_get(envp, "SLURMD_NODENAME");
 
     /* the batch script itself runs with SLURM_PROCID=0 and the job's SLURM_NTASKS, but it is
      * one process: its tasks start only under srun (so does salloc's interactive step) */
@@ -551,6 +553,25 @@ static jdt_status check_slurm_step(const slurm_env *s, jdt_err *e)
     return JDT_OK;
 }
 
+/*
+ * Whether this task hosts the coordinator under SLURM when dist.coordinator is not set. Every
+ * task looks for it on the first host of the step's node list, so the task running there with
+ * SLURM_LOCALID 0 hosts it, whatever its rank: SLURM starts rank 0 elsewhere under an arbitrary
+ * distribution, a topology plugin's node order or in a heterogeneous step (its node list is
+ * sorted by name). The host is recognised by its SLURM name (SLURMD_NODENAME, spelt as the node
+ * list spells it); without that name, in a homogeneous step, by SLURM_NODEID 0 (the index into
+ * the step's node list there; a heterogeneous step counts the nodes of the task's own
+ * component). Returns 1 (this task), 0 (another task), or -1 where the environment cannot tell
+ * (no step node list or local id, a heterogeneous step without the name): rank 0 hosts then.
+ */
+static int slurm_hosts_coordinator(const slurm_env *s)
+{
+    if (!s->step_nodelist || !s->has_local_id) return -1;
+    if (s->node_name) return strcmp(s->node_name, s->first_host) == 0 && s->local_rank == 0;
+    if (!s->het && s->has_node_id) return s->node_id == 0 && s->local_rank == 0;
+    return -1;
+}
+
 jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world *w, jdt_err *e)
 {
     memset(w, 0, sizeof *w);
@@ -560,6 +581,7 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     slurm_env sl;
     jdt_status st = read_slurm(envp, &sl, e);
     if (st) return st;
+    int first_node = -1; /* slurm_hosts_coordinator where the coordinator is SLURM's first node */
 
     /* dist.coordinator alone under SLURM only moves the coordinator; ranks stay SLURM's */
     const bool cfg_mode = cfg->dist.rank >= 0 || (cfg->dist.coordinator[0] && !sl.present);
@@ -628,6 +650,7 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
             int n = snprintf(w->coordinator, sizeof w->coordinator, "%s:%d", sl.first_host, port);
             if (n < 0 || (size_t)n >= sizeof w->coordinator)
                 return jdt_err_set(e, JDT_ERR_CONFIG, "SLURM: coordinator host name too long");
+            first_node = slurm_hosts_coordinator(&sl);
         }
     } else {
         w->source = "single";
@@ -662,9 +685,13 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
                            w->world_size);
     }
 
-    /* the launcher's pre-bound coordinator socket, for rank 0 only */
+    /* rank 0 hosts the coordinator, except where SLURM's first node tells another task to */
+    w->host_coordinator = w->world_size > 1 && (first_node >= 0 ? first_node == 1 : w->rank == 0);
+    w->coordinator_rank = first_node == 1 ? w->rank : first_node == 0 ? -1 : 0;
+
+    /* the launcher's pre-bound coordinator socket, for the process that hosts (rank 0 there) */
     const char *fd_s = env_get(envp, JDT_WORLD_LISTEN_FD_ENV);
-    if (fd_s && w->rank == 0) {
+    if (fd_s && (w->rank == 0 || w->host_coordinator)) {
         long fd;
         struct stat sb;
         int listening = 0;
@@ -678,19 +705,21 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
                                "(it is set by jdt-train --nproc; unset it)",
                                JDT_WORLD_LISTEN_FD_ENV, fd_s);
         fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* not for the compiler processes we start */
-        if (w->world_size > 1) w->coord_listen_fd = (int)fd; /* else nobody will connect */
+        if (w->host_coordinator) w->coord_listen_fd = (int)fd; /* else nobody will connect */
     }
     jdt_log_set_rank(w->rank, w->world_size);
 
-    /* the other tasks look for rank 0 on the first node of the list; an arbitrary distribution,
-     * a topology plugin's node order or a heterogeneous step may start it elsewhere */
-    const char *node = env_get(envp, "SLURMD_NODENAME");
-    if (strcmp(w->source, "slurm") == 0 && w->rank == 0 && w->world_size > 1 &&
-        !cfg->dist.coordinator[0] && node && sl.first_host[0] && strcmp(node, sl.first_host) != 0)
+    /* where the environment could not tell which task runs on the first node (no step node
+     * list: the job's first node may not even be in the step), rank 0 hosts: it says so when it
+     * knows it runs elsewhere than where the others look */
+    if (strcmp(w->source, "slurm") == 0 && w->world_size > 1 && !cfg->dist.coordinator[0] &&
+        first_node < 0 && w->rank == 0 && sl.node_name && strcmp(sl.node_name, sl.first_host) != 0)
         JDT_WARN("SLURM started rank 0 on %s (SLURMD_NODENAME), not on %s, the first node of "
-                 "the node list, where the other tasks look for the coordinator (%s): if they "
-                 "cannot connect, set dist.coordinator=%s:PORT",
-                 node, sl.first_host, w->coordinator, node);
+                 "%s, where the other tasks look for the coordinator (%s): if they cannot "
+                 "connect, set dist.coordinator=%s:PORT",
+                 sl.node_name, sl.first_host,
+                 sl.step_nodelist ? "the step's node list" : "the job's node list", w->coordinator,
+                 sl.node_name);
     return JDT_OK;
 }
 
@@ -710,9 +739,9 @@ int jdt_world_threads(const jdt_world *w, int requested)
 
 /* ---- joining ------------------------------------------------------------------------------- */
 
-/* Binds rank 0's coordinator socket: on loopback when the coordinator address is a loopback
- * one (a single-host job: nobody else needs to reach it), else on 0.0.0.0:port, so ranks on
- * other hosts reach it whatever address its host name resolves to. */
+/* Binds the hosting process's coordinator socket: on loopback when the coordinator address is a
+ * loopback one (a single-host job: nobody else needs to reach it), else on 0.0.0.0:port, so ranks
+ * on other hosts reach it whatever address its host name resolves to. */
 static jdt_status bind_any(int port, bool loopback, int *fd_out, jdt_err *e)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -748,13 +777,14 @@ jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist
     o.coordinator = w->coordinator;
     o.token = w->token;
     o.host_coordinator = true;
+    o.coordinator_rank = w->host_coordinator ? w->rank : w->coordinator_rank;
     o.coord_listen_fd = w->coord_listen_fd;
     o.connect_timeout_s = cfg->dist.connect_timeout_s;
     o.heartbeat_s = cfg->dist.heartbeat_s;
     o.peer_timeout_s = cfg->dist.peer_timeout_s;
     jdt_status st = JDT_OK;
     int own_fd = -1;
-    if (w->rank == 0 && o.coord_listen_fd < 0) {
+    if (w->host_coordinator && o.coord_listen_fd < 0) {
         const char *colon = strrchr(w->coordinator, ':');
         long port = 0;
         if (!colon || !parse_long(colon + 1, 1, 65535, &port))

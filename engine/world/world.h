@@ -8,7 +8,8 @@
  * JDT_DIST_WORLD_SIZE, JDT_DIST_LOCAL_RANK, JDT_DIST_COORDINATOR, JDT_DIST_TOKEN for each child
  * and hands rank 0 a pre-bound coordinator socket in JDT_COORD_LISTEN_FD. Under srun every task
  * resolves the same coordinator (first host of the step's node list, a port derived from the
- * job and step id) and a token derived from the job id. See docs/launch.md.
+ * job and step id), which the task running there hosts, and a token derived from the job id.
+ * See docs/launch.md.
  */
 #ifndef JDT_WORLD_H
 #define JDT_WORLD_H
@@ -17,7 +18,8 @@
 #include "core/core.h"
 #include "comm/comm.h"
 
-/* The environment variable through which the launcher passes rank 0 its coordinator socket. */
+/* The environment variable through which a launcher passes the hosting process (rank 0 under
+ * jdt-train --nproc) its coordinator socket. */
 #define JDT_WORLD_LISTEN_FD_ENV "JDT_COORD_LISTEN_FD"
 
 /* Most hosts a node list may expand to (a guard against "n[0-99999999]"). */
@@ -28,8 +30,10 @@ typedef struct {
     int local_rank, local_world_size; /* on this host; local_world_size 1 when unknown */
     char coordinator[256];            /* host:port ("" for a single process) */
     char token[256];                  /* job token ("" for a single process) */
-    int coord_listen_fd;              /* inherited from the launcher for rank 0, else -1 */
+    int coord_listen_fd;              /* inherited by the hosting process, else -1 */
     const char *source;               /* "config" | "slurm" | "single" (static string) */
+    bool host_coordinator;            /* this process runs the job's coordinator (world > 1) */
+    int coordinator_rank;             /* the rank that runs it; -1 where only that one knows */
 } jdt_world;
 
 /*
@@ -44,6 +48,15 @@ typedef struct {
  * SLURM_STEP_NUM_TASKS and the sum of SLURM_STEP_TASKS_PER_NODE, SLURM_NODEID with the step's
  * nodes, SLURM_LOCALID with its node's tasks and with SLURM_PROCID; docs/launch.md).
  *
+ * Which process hosts the coordinator (host_coordinator, coordinator_rank): rank 0, except under
+ * SLURM without dist.coordinator, where the others look for it on the first host of the step's
+ * node list: there the task on that host (SLURMD_NODENAME; in a homogeneous step without it,
+ * SLURM_NODEID 0) with SLURM_LOCALID 0 hosts it, whatever its rank (an arbitrary distribution,
+ * a topology plugin's node order or a heterogeneous step's name-sorted node list may start
+ * rank 0 elsewhere); only that task knows its rank, the others get coordinator_rank -1. Where
+ * the environment cannot tell (no SLURM_STEP_NODELIST or SLURM_LOCALID, a heterogeneous step
+ * without SLURMD_NODENAME) rank 0 hosts, and warns when it runs elsewhere than that host.
+ *
  * envp is a NULL-terminated "NAME=value" array like environ (may be NULL). Also sets the log
  * rank prefix (jdt_log_set_rank) and marks an inherited coordinator socket close-on-exec.
  * Returns JDT_OK and fills *w, or JDT_ERR_CONFIG with one line naming the key or variable and
@@ -56,8 +69,10 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
 /*
  * Joins the job described by w: fills jdt_dist_opts (coordinator, token, timeouts from
  * dist.connect_timeout_s, dist.heartbeat_s, dist.peer_timeout_s) and calls jdt_dist_init.
- * Rank 0 hosts the coordinator, on w->coord_listen_fd when >= 0 (ownership passes to the
- * context), else on a socket it binds on every interface at the coordinator's port. Every rank
+ * The process with w->host_coordinator hosts the coordinator, on w->coord_listen_fd when >= 0
+ * (ownership passes to the context), else on a socket it binds on every interface at the
+ * coordinator's port (loopback only for a loopback coordinator address); its jdt_dist_free
+ * then waits for the other ranks to leave before stopping the coordinator. Every rank
  * of the job must call it once, at start-up. For world_size 1 no rendezvous is needed: returns
  * JDT_OK with *out = NULL. Otherwise JDT_OK with a context the caller frees with
  * jdt_dist_free, or jdt_dist_init's errors (ERR_NET, ERR_AUTH, ERR_TIMEOUT, ...; their

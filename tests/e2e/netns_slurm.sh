@@ -4,7 +4,10 @@
 # host1). Two hosts x two tasks resolve the coordinator on host1 and exchange data over the
 # virtual network (peer table shows both addresses); two hosts x one task train tiny.yaml
 # data-parallel and match the single-process loss curve; a task killed with SIGKILL on host2
-# ends the job with a message naming its rank and host.
+# ends the job with a message naming its rank and host. With --distribution=arbitrary
+# (SLURM_HOSTFILE) rank 0 runs on host2 while every task looks for the coordinator on host1, the
+# first node of the list: the first task there hosts it, so the job joins (2 x 2 tasks) and
+# trains (2 x 1, the same loss curve) instead of timing out at dist.connect_timeout_s.
 # Needs root: skips (77) otherwise; under CI=true that is a failure.
 # e2e: exclusive (SLURM daemons on namespace hosts)
 set -uo pipefail
@@ -88,4 +91,43 @@ while "${H1[@]}" squeue -h -j "$jid" 2>/dev/null | grep -q .; do
 done
 echo "job ended $((SECONDS - t0)) s after SIGKILL of rank 1"
 grep -qE "rank 1.*${A2//./\\.}" kill.out || { tail -20 kill.out; fail "no message naming rank 1 and its host"; }
+echo "ok: a killed task ends the job"
+JID=
+
+# 4. rank 0 not on the first node: srun --distribution=arbitrary places task i on line i of
+# SLURM_HOSTFILE. Every task looks for the coordinator on host1 (the node list is host[1-2]);
+# the first task of host1 (rank 1) hosts it. A rank 0 hosting it on host2 timed out here after
+# dist.connect_timeout_s (30 s), every task exiting 1.
+cat >arbitrary.sbatch <<'EOS'
+#!/usr/bin/env bash
+# arbitrary.sbatch HOSTFILE ARGS...: srun jdt-train ARGS with tasks placed as HOSTFILE lists
+set -euo pipefail
+export SLURM_HOSTFILE=$1; shift
+srun --kill-on-bad-exit=1 -u --distribution=arbitrary "$JDT_TRAIN_BIN" "$@"
+EOS
+printf 'host2\nhost1\nhost1\nhost2\n' >hosts4
+printf 'host2\nhost1\n' >hosts2
+t0=$SECONDS
+run_job arb-check 120 -N 2 --ntasks-per-node=2 "$TMP/arbitrary.sbatch" "$TMP/hosts4" dist-check \
+  "$ROOT/configs/tiny.yaml" mesh.data=4 data.batch_size=8 data.micro_batch_size=4 dist.connect_timeout_s=30
+[ $RC -eq 0 ] || { cat arb-check.out arb-check.err; fail "dist-check job with rank 0 on host2 exited $RC"; }
+for r in 0 1 2 3; do
+  h=2 l=0; [ $r = 1 ] || [ $r = 2 ] && h=1; [ $r = 2 ] || [ $r = 3 ] && l=1
+  grep -qE "^dist-check: rank $r of 4, local $l of 2, pid [0-9]+, host host$h, coordinator host1:[0-9]+, source slurm" arb-check.out \
+    || { cat arb-check.out; fail "arbitrary: rank $r: wrong world or host"; }
+done
+for r in 0 3; do grep -qF -x "dist-check: peer $r at $A2" arb-check.out || { cat arb-check.out; fail "arbitrary: peer $r address"; }; done
+for r in 1 2; do grep -qF -x "dist-check: peer $r at $A1" arb-check.out || { cat arb-check.out; fail "arbitrary: peer $r address"; }; done
+grep -q "warn: SLURM started rank 0" arb-check.out && { cat arb-check.out; fail "arbitrary: a warning for a placement that works"; }
+echo "ok: rank 0 on host2, the coordinator on host1 (rank 1): joined in $((SECONDS - t0)) s"
+
+run_job arb-train 300 -N 2 "$TMP/arbitrary.sbatch" "$TMP/hosts2" "${C[@]}" mesh.data=2 dist.connect_timeout_s=30 \
+  run.out_dir="$TMP/arb"
+[ $RC -eq 0 ] || { tail -20 arb-train.out; fail "training job with rank 0 on host2 exited $RC"; }
+grep -q '^\[rank 0/2\] done: 12 steps' arb-train.out || { tail arb-train.out; fail "arbitrary: training did not finish"; }
+grep -o '"loss": [0-9.e+-]*' arb/tiny/metrics.jsonl | awk '{print $2}' >c
+[ "$(wc -l <c)" -eq 12 ] || fail "arbitrary: expected 12 losses"
+paste a c | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > m) m = r }
+  END { printf "max relative loss difference %.3g\n", m; exit !(m < 1e-5) }' || fail "arbitrary: curves differ"
+echo "ok: data-parallel training with rank 0 on host2"
 echo ok

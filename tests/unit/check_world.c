@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TINY "configs/tiny.yaml"
@@ -273,20 +274,27 @@ START_TEST(test_resolve_slurm_fallbacks)
 }
 END_TEST
 
-/* Loads tiny.yaml with a mesh of `world` data-parallel ranks (batch sizes that divide) and
- * resolves env; returns resolve's status (the load must succeed). */
-static jdt_status resolve_env(char *const *env, int world, jdt_world *w, jdt_err *e)
+/* Loads tiny.yaml with a mesh of `world` data-parallel ranks (batch sizes that divide) and one
+ * more override `extra` (NULL: none) and resolves env; returns resolve's status (the load must
+ * succeed). */
+static jdt_status resolve_env_with(char *const *env, int world, const char *extra, jdt_world *w,
+                                   jdt_err *e)
 {
     char mesh[32], batch[48], micro[48];
     snprintf(mesh, sizeof mesh, "mesh.data=%d", world);
     snprintf(batch, sizeof batch, "data.batch_size=%d", 4 * world);
     snprintf(micro, sizeof micro, "data.micro_batch_size=%d", 4 * world);
-    const char *ovr[] = {mesh, batch, micro, NULL};
+    const char *ovr[] = {mesh, batch, micro, extra, NULL};
     jdt_config c;
     ck_assert_msg(load(env, ovr, &c, e) == JDT_OK, "%s", e->msg);
     jdt_status st = jdt_world_resolve(&c, env, w, e);
     jdt_config_free(&c);
     return st;
+}
+
+static jdt_status resolve_env(char *const *env, int world, jdt_world *w, jdt_err *e)
+{
+    return resolve_env_with(env, world, NULL, w, e);
 }
 
 /* SLURM task environments whose values are each well-formed but disagree: one line naming both
@@ -494,6 +502,165 @@ START_TEST(test_resolve_slurm_odd_but_valid)
         } else {
             ck_assert_str_eq(w.coordinator, "");
         }
+    }
+}
+END_TEST
+
+/* Which process hosts the coordinator: under SLURM (no dist.coordinator) the task on the first
+ * host of the step's node list with SLURM_LOCALID 0, whatever its rank, as every task looks
+ * for the coordinator there; rank 0 everywhere else. Exactly one task of each step hosts. */
+START_TEST(test_coordinator_host)
+{
+#define STEP4                                                                                      \
+    "SLURM_NTASKS=4", "SLURM_STEP_NUM_TASKS=4", "SLURM_JOB_ID=1", "SLURM_STEP_ID=7",               \
+        "SLURM_STEP_NODELIST=node[1-2]", "SLURM_STEP_TASKS_PER_NODE=2(x2)"
+    /* --distribution=arbitrary, SLURM_HOSTFILE node2,node1,node1,node2 (as SLURM 22.05 sets
+     * it): rank 0 is on node2, rank 1 is the first task of node1 */
+    static char *arb0[] = {"SLURM_PROCID=0",
+                           "SLURM_LOCALID=0",
+                           "SLURM_NODEID=1",
+                           "SLURMD_NODENAME=node2",
+                           STEP4,
+                           NULL};
+    static char *arb1[] = {"SLURM_PROCID=1",
+                           "SLURM_LOCALID=0",
+                           "SLURM_NODEID=0",
+                           "SLURMD_NODENAME=node1",
+                           STEP4,
+                           NULL};
+    static char *arb2[] = {"SLURM_PROCID=2",
+                           "SLURM_LOCALID=1",
+                           "SLURM_NODEID=0",
+                           "SLURMD_NODENAME=node1",
+                           STEP4,
+                           NULL};
+    static char *arb3[] = {"SLURM_PROCID=3",
+                           "SLURM_LOCALID=1",
+                           "SLURM_NODEID=1",
+                           "SLURMD_NODENAME=node2",
+                           STEP4,
+                           NULL};
+    /* the same without SLURMD_NODENAME: SLURM_NODEID indexes the step's node list */
+    static char *arb0_noname[] = {"SLURM_PROCID=0", "SLURM_LOCALID=0", "SLURM_NODEID=1", STEP4,
+                                  NULL};
+    static char *arb1_noname[] = {"SLURM_PROCID=1", "SLURM_LOCALID=0", "SLURM_NODEID=0", STEP4,
+                                  NULL};
+    /* block distribution, nodes in the list's order: rank 0 hosts, rank 2 (node2) does not */
+    static char *block0[] = {"SLURM_PROCID=0",
+                             "SLURM_LOCALID=0",
+                             "SLURM_NODEID=0",
+                             "SLURMD_NODENAME=node1",
+                             STEP4,
+                             NULL};
+    static char *block2[] = {"SLURM_PROCID=2",
+                             "SLURM_LOCALID=0",
+                             "SLURM_NODEID=1",
+                             "SLURMD_NODENAME=node2",
+                             STEP4,
+                             NULL};
+    /* block under a topology plugin that puts node2 first: ranks 2, 3 on node1 */
+    static char *topo2[] = {"SLURM_PROCID=2",
+                            "SLURM_LOCALID=0",
+                            "SLURM_NODEID=0",
+                            "SLURMD_NODENAME=node1",
+                            "SLURM_DISTRIBUTION=block",
+                            STEP4,
+                            NULL};
+    /* without SLURM_LOCALID (not a task srun started): rank 0, as before */
+    static char *no_local0[] = {"SLURM_PROCID=0", "SLURM_NODEID=1", "SLURMD_NODENAME=node2", STEP4,
+                                NULL};
+#undef STEP4
+    /* the heterogeneous step of test_resolve_slurm_odd_but_valid: component 0 (ranks 0, 1) on
+     * node2, component 1 (rank 2) on node1, the first of the name-sorted list */
+#define HET_COMMON                                                                                 \
+    "SLURM_NTASKS=3", "SLURM_NPROCS=3", "SLURM_STEP_NUM_TASKS=3", "SLURM_JOB_ID=2",                \
+        "SLURM_STEP_ID=0", "SLURM_HET_SIZE=2", "SLURM_PACK_SIZE=2",                                \
+        "SLURM_STEP_NODELIST=node[1-2]", "SLURM_JOB_NODELIST=node[1-2]",                           \
+        "SLURM_STEP_TASKS_PER_NODE=1,2", "SLURM_TASKS_PER_NODE=1,2"
+    static char *het0[] = {"SLURM_PROCID=0",        "SLURM_LOCALID=0", "SLURM_NODEID=0",
+                           "SLURMD_NODENAME=node2", HET_COMMON,        NULL};
+    static char *het1[] = {"SLURM_PROCID=1",        "SLURM_LOCALID=1", "SLURM_NODEID=0",
+                           "SLURMD_NODENAME=node2", HET_COMMON,        NULL};
+    static char *het2[] = {"SLURM_PROCID=2",        "SLURM_LOCALID=0", "SLURM_NODEID=1",
+                           "SLURMD_NODENAME=node1", HET_COMMON,        NULL};
+    /* without SLURMD_NODENAME a heterogeneous step cannot tell (SLURM_NODEID 0 is rank 0's,
+     * on node2): rank 0 hosts, as before */
+    static char *het0_noname[] = {"SLURM_PROCID=0", "SLURM_LOCALID=0", "SLURM_NODEID=0", HET_COMMON,
+                                  NULL};
+    static char *het2_noname[] = {"SLURM_PROCID=2", "SLURM_LOCALID=0", "SLURM_NODEID=1", HET_COMMON,
+                                  NULL};
+#undef HET_COMMON
+    /* only the job's node list (the step's first node is unknown): rank 0 */
+    static char *job_list0[] = {
+        "SLURM_PROCID=0",  "SLURM_NTASKS=2",     "SLURM_LOCALID=0",           "SLURM_JOB_ID=3",
+        "SLURM_STEP_ID=0", "SLURMD_NODENAME=c2", "SLURM_JOB_NODELIST=c[1-2]", NULL};
+    static char *job_list1[] = {
+        "SLURM_PROCID=1",  "SLURM_NTASKS=2",     "SLURM_LOCALID=0",           "SLURM_JOB_ID=3",
+        "SLURM_STEP_ID=0", "SLURMD_NODENAME=c1", "SLURM_JOB_NODELIST=c[1-2]", NULL};
+    /* one task: nothing to host */
+    static char *one[] = {"SLURM_PROCID=0",
+                          "SLURM_NTASKS=1",
+                          "SLURM_LOCALID=0",
+                          "SLURM_NODEID=0",
+                          "SLURM_JOB_ID=1",
+                          "SLURM_STEP_ID=2",
+                          "SLURM_STEP_NODELIST=node1",
+                          "SLURMD_NODENAME=node1",
+                          NULL};
+    /* the launcher's variables (and explicit dist.* keys): rank 0 */
+    static char *cfg0[] = {"JDT_DIST_RANK=0", "JDT_DIST_WORLD_SIZE=2",
+                           "JDT_DIST_COORDINATOR=127.0.0.1:4000", "JDT_DIST_TOKEN=t", NULL};
+    static char *cfg1[] = {"JDT_DIST_RANK=1", "JDT_DIST_WORLD_SIZE=2",
+                           "JDT_DIST_COORDINATOR=127.0.0.1:4000", "JDT_DIST_TOKEN=t", NULL};
+    const char *coord = "dist.coordinator=login:2222";
+    struct {
+        char **env;
+        int world;
+        const char *extra; /* one more override, or NULL */
+        bool host;
+        int coordinator_rank;
+        const char *coord_host; /* where every task looks for it */
+    } cases[] = {
+        {arb0, 4, NULL, false, -1, "node1:"},
+        {arb1, 4, NULL, true, 1, "node1:"},
+        {arb2, 4, NULL, false, -1, "node1:"},
+        {arb3, 4, NULL, false, -1, "node1:"},
+        {arb0_noname, 4, NULL, false, -1, "node1:"},
+        {arb1_noname, 4, NULL, true, 1, "node1:"},
+        {block0, 4, NULL, true, 0, "node1:"},
+        {block2, 4, NULL, false, -1, "node1:"},
+        {topo2, 4, NULL, true, 2, "node1:"},
+        {no_local0, 4, NULL, true, 0, "node1:"},
+        {het0, 3, NULL, false, -1, "node1:"},
+        {het1, 3, NULL, false, -1, "node1:"},
+        {het2, 3, NULL, true, 2, "node1:"},
+        {het0_noname, 3, NULL, true, 0, "node1:"},
+        {het2_noname, 3, NULL, false, 0, "node1:"},
+        {job_list0, 2, NULL, true, 0, "c1:"},
+        {job_list1, 2, NULL, false, 0, "c1:"},
+        {one, 1, NULL, false, 0, ""},
+        /* dist.coordinator under SLURM says where it is: rank 0 hosts it there, as before */
+        {arb0, 4, coord, true, 0, "login:2222"},
+        {arb1, 4, coord, false, 0, "login:2222"},
+        {het2, 3, coord, false, 0, "login:2222"},
+        {cfg0, 2, NULL, true, 0, "127.0.0.1:4000"},
+        {cfg1, 2, NULL, false, 0, "127.0.0.1:4000"},
+    };
+    for (size_t i = 0; i < JDT_ARRAY_LEN(cases); i++) {
+        jdt_world w;
+        jdt_err e;
+        jdt_err_clear(&e);
+        ck_assert_msg(resolve_env_with(cases[i].env, cases[i].world, cases[i].extra, &w, &e) ==
+                          JDT_OK,
+                      "case %zu: %s", i, e.msg);
+        ck_assert_msg(
+            w.host_coordinator == cases[i].host && w.coordinator_rank == cases[i].coordinator_rank,
+            "case %zu (rank %d): host %d, coordinator rank %d; expected %d, %d", i, w.rank,
+            w.host_coordinator, w.coordinator_rank, cases[i].host, cases[i].coordinator_rank);
+        const char *want = cases[i].coord_host;
+        ck_assert_msg(strncmp(w.coordinator, want, strlen(want)) == 0 &&
+                          (want[0] || !w.coordinator[0]),
+                      "case %zu: coordinator '%s', expected '%s...'", i, w.coordinator, want);
     }
 }
 END_TEST
@@ -718,6 +885,81 @@ START_TEST(test_connect_two_ranks)
 }
 END_TEST
 
+/* A SLURM step of two tasks whose rank 0 is not on the first node of the node list
+ * (--distribution=arbitrary): rank 1, the task there, hosts the coordinator (on the socket
+ * the test bound, so ports cannot collide) and leaves first; rank 0 still uses the
+ * coordinator (KV store, health) longer than dist.connect_timeout_s after that, so the host
+ * must keep it up until rank 0 has left. Both "nodes" are 127.0.0.x. */
+static int connect_slurm_task(int r, void *p)
+{
+    const two_ranks *j = p;
+    char port[48], lfd[64];
+    snprintf(port, sizeof port, "JDT_DIST_PORT=%d", j->port);
+    snprintf(lfd, sizeof lfd, "JDT_COORD_LISTEN_FD=%d", j->fd);
+    char *env[] = {r == 0 ? "SLURM_PROCID=0" : "SLURM_PROCID=1",
+                   r == 0 ? "SLURM_NODEID=1" : "SLURM_NODEID=0",
+                   r == 0 ? "SLURMD_NODENAME=127.0.0.2" : "SLURMD_NODENAME=127.0.0.1",
+                   "SLURM_LOCALID=0",
+                   "SLURM_NTASKS=2",
+                   "SLURM_STEP_NUM_TASKS=2",
+                   "SLURM_JOB_ID=31",
+                   "SLURM_STEP_ID=0",
+                   "SLURM_STEP_NODELIST=127.0.0.[1-2]",
+                   "SLURM_STEP_TASKS_PER_NODE=1(x2)",
+                   "SLURM_DISTRIBUTION=arbitrary",
+                   port,
+                   "JDT_DIST_CONNECT_TIMEOUT_S=3",
+                   r == 1 ? lfd : NULL,
+                   NULL};
+    if (r != 1) close(j->fd);
+    const char *ovr[] = {"mesh.data=2", NULL};
+    jdt_config c;
+    jdt_err e;
+    jdt_world w;
+    jdt_dist *d = NULL;
+    if (load(env, ovr, &c, &e) || jdt_world_resolve(&c, env, &w, &e)) {
+        fprintf(stderr, "task %d: %s\n", r, e.msg);
+        return 1;
+    }
+    if (w.rank != r || w.host_coordinator != (r == 1) ||
+        w.coord_listen_fd != (r == 1 ? j->fd : -1)) {
+        fprintf(stderr, "task %d: rank %d, host %d, fd %d\n", r, w.rank, w.host_coordinator,
+                w.coord_listen_fd);
+        return 3;
+    }
+    if (jdt_world_connect(&w, &c, &d, &e)) {
+        fprintf(stderr, "task %d: %s\n", r, e.msg);
+        return 1;
+    }
+    double x = r + 1.0;
+    jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), &x, 1, JDT_DTYPE_F64, JDT_REDUCE_SUM, &e);
+    if (!st && r == 0) {
+        /* the host has left by now; its coordinator must still serve this rank */
+        struct timespec ts = {4, 500 * 1000 * 1000}; /* > dist.connect_timeout_s */
+        nanosleep(&ts, NULL);
+        void *v = NULL;
+        size_t n = 0;
+        if (!(st = jdt_dist_check(d, &e)) && !(st = jdt_dist_kv_set(d, "late", "x", 1, &e)))
+            st = jdt_dist_kv_get(d, "late", 5, &v, &n, &e);
+        jdt_free(v);
+    }
+    if (st) fprintf(stderr, "task %d: %s\n", r, e.msg);
+    jdt_dist_free(d);
+    jdt_config_free(&c);
+    return st == JDT_OK && x == 3.0 ? 0 : 2;
+}
+
+START_TEST(test_connect_host_not_rank0)
+{
+    two_ranks j;
+    j.fd = tu_free_listener(&j.port);
+    int codes[2];
+    tu_run_procs(2, connect_slurm_task, &j, j.fd, 60, codes);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(codes[r] == 0, "task %d failed (%d)", r, codes[r]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("world");
@@ -732,12 +974,14 @@ int main(void)
     tcase_add_test(tc, test_resolve_slurm_fallbacks);
     tcase_add_test(tc, test_resolve_slurm_inconsistent);
     tcase_add_test(tc, test_resolve_slurm_odd_but_valid);
+    tcase_add_test(tc, test_coordinator_host);
     tcase_add_test(tc, test_resolve_config_wins);
     tcase_add_test(tc, test_resolve_bad_values);
     tcase_add_test(tc, test_token_file);
     tcase_add_test(tc, test_listen_fd);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_connect_two_ranks);
+    tcase_add_test(tc, test_connect_host_not_rank0);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
