@@ -344,8 +344,35 @@ static void check_pack_bt(int64_t K, int64_t N)
     free(b), free(bt), free(p0), free(p1);
 }
 
+/* An A pack read through the transposed layout (ta) holds the same words as the pack of the
+ * transposed copy read directly: M x K with odd and even K, ragged M, M past one 64-row block
+ * and K past one 16-pair block of the transposed packer. */
+static void check_pack_at(int64_t M, int64_t K)
+{
+    unsigned seed = (unsigned)(M * 3 + K);
+    float *a = malloc(sizeof(float) * (size_t)(M * K)),
+          *at = malloc(sizeof(float) * (size_t)(M * K));
+    const size_t na = sizeof(float) * (size_t)jdt_rt_bf16_pack_a_floats(M, K);
+    unsigned char *p0 = malloc(na), *p1 = malloc(na);
+    ck_assert(a && at && p0 && p1);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++)
+            at[k * M + i] = a[i * K + k] = frand(&seed);
+    memset(p0, 0xa5, na);
+    memset(p1, 0xa5, na);
+    jdt_rt_bf16_pack_a(a, K, false, M, K, p0);
+    jdt_rt_bf16_pack_a(at, M, true, M, K, p1);
+    ck_assert_msg(!memcmp(p0, p1, na), "M %lld K %lld: the transposed A pack differs",
+                  (long long)M, (long long)K);
+    free(a), free(at), free(p0), free(p1);
+}
+
 static void packed_cases(void)
 {
+    check_pack_at(256, 64);
+    check_pack_at(45, 7);
+    check_pack_at(17, 131);
+    check_pack_at(130, 33);
     check_pack_bt(64, 256);
     check_pack_bt(7, 45);
     check_pack_bt(131, 17);
