@@ -362,8 +362,8 @@ static void check_pack_at(int64_t M, int64_t K)
     memset(p1, 0xa5, na);
     jdt_rt_bf16_pack_a(a, K, false, M, K, p0);
     jdt_rt_bf16_pack_a(at, M, true, M, K, p1);
-    ck_assert_msg(!memcmp(p0, p1, na), "M %lld K %lld: the transposed A pack differs",
-                  (long long)M, (long long)K);
+    ck_assert_msg(!memcmp(p0, p1, na), "M %lld K %lld: the transposed A pack differs", (long long)M,
+                  (long long)K);
     free(a), free(at), free(p0), free(p1);
 }
 
