@@ -331,10 +331,36 @@ static void describe_status(int status, char *buf, size_t cap)
         snprintf(buf, cap, "ended with status %d", status);
 }
 
+/* Whether process pid is stopped (SIGSTOP, SIGTSTP, a debugger): state T or t in its stat. */
+static bool is_stopped(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
+/* Sends sig to every live rank's process group. A stopped rank would take a SIGTERM or SIGINT
+ * only once continued, so it was killed after the grace period instead of stopping on its own:
+ * it is named and continued (as a shell's kill does for a stopped job). */
 static void signal_all(child *ch, int n, int sig)
 {
-    for (int r = 0; r < n; r++)
-        if (ch[r].pid > 0 && kill(-ch[r].pid, sig) != 0) kill(ch[r].pid, sig);
+    for (int r = 0; r < n; r++) {
+        if (ch[r].pid <= 0) continue;
+        const bool cont = (sig == SIGTERM || sig == SIGINT) && is_stopped(ch[r].pid);
+        if (cont)
+            fprintf(stderr,
+                    "jdt-train: rank %d is stopped (SIGSTOP or a debugger): continuing it "
+                    "to deliver %s\n",
+                    r, sig == SIGINT ? "SIGINT" : "SIGTERM");
+        if (kill(-ch[r].pid, sig) != 0) kill(ch[r].pid, sig);
+        if (cont && kill(-ch[r].pid, SIGCONT) != 0) kill(ch[r].pid, SIGCONT);
+    }
 }
 
 /* In the child between fork and exec: only async-signal-safe calls. */

@@ -839,7 +839,16 @@ static jdt_status save_multi(const char *ckpt_dir, const char *tmp, const char *
         if (st == JDT_OK) st = commit(ckpt_dir, tmp, final, meta, o, e);
         if (st != JDT_OK && tmp) jdt_io_rm_rf(tmp, NULL);
     }
-    sync_ranks(o, &st, e); /* 3: committed (or abandoned) */
+    /* 3: committed (or abandoned). Rank 0's status is the checkpoint's: once committed it is
+     * saved, even when a rank is lost before this barrier (the caller's next collective then
+     * reports the loss); before, rank 0 said "not saved" of a checkpoint in place */
+    if (o->rank == 0 && st == JDT_OK) {
+        jdt_err be;
+        jdt_err_clear(&be);
+        (void)o->barrier(o->barrier_ctx, &be);
+    } else {
+        sync_ranks(o, &st, e);
+    }
 out:
     jdt_free(rank_file);
     return st;

@@ -75,8 +75,9 @@ typedef struct {
  * another shape), ERR_IO. On error nothing named step_NNN is created. Multi-process
  * (opts->world_size > 1): every rank calls it with the same meta, in the same order relative to
  * other collective calls; ckpt_dir must be on a file system all ranks share. Rank 0's status
- * is the checkpoint's status (it alone checks coverage and commits); other ranks report their
- * own write errors only, so the trainer should agree on the outcome (e.g. an all-reduce). */
+ * is the checkpoint's status (it alone checks coverage and commits; JDT_OK once committed, even
+ * if the last barrier then fails); other ranks report their own write errors and failed
+ * barriers only, so the trainer should agree on the outcome (e.g. an all-reduce). */
 jdt_status jdt_ckpt_save(const char *ckpt_dir, const jdt_ckpt_meta *meta,
                          const jdt_ckpt_tensor *tensors, size_t n_tensors,
                          const jdt_ckpt_save_opts *opts, char **saved_path, jdt_err *e);

@@ -306,6 +306,13 @@ static void on_save_progress(void *ctx, size_t n_done, size_t n_total)
     jdt_progress_update(&sp->prog, sp->done_mb);
 }
 
+/* A failure of the job rather than of this rank's files: a lost peer, a timed-out barrier. */
+static bool comm_failure(jdt_status st)
+{
+    return st == JDT_ERR_PEER_LOST || st == JDT_ERR_TIMEOUT || st == JDT_ERR_NET ||
+           st == JDT_ERR_PROTOCOL;
+}
+
 static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
 {
     jdt_ckpt_tensor *ts;
@@ -340,15 +347,25 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
     if (tr->rank == 0) jdt_progress_end(&sp.prog);
     tr->s_ckpt += jdt_now_s() - t0;
     jdt_free(ts);
+    /* whether this rank knows the outcome: rank 0 commits (its status is the checkpoint's);
+     * another rank that lost the job during the save cannot tell whether rank 0 committed */
+    bool known = tr->rank == 0 || !comm_failure(st);
     if (tr->dist && tr->world_size > 1) { /* agree on the outcome */
         float bad = st != JDT_OK ? 1.0f : 0.0f;
         jdt_err e2;
         jdt_err_clear(&e2);
         jdt_status cst = jdt_comm_allreduce(jdt_dist_world(tr->dist), &bad, 1, JDT_DTYPE_F32,
                                             JDT_REDUCE_MAX, &e2);
-        if (cst != JDT_OK && st == JDT_OK) {
+        if (cst != JDT_OK && st == JDT_OK) { /* a rank lost after the save (or during it) */
             *e = e2;
             st = cst;
+            if (tr->rank == 0) {
+                JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
+                jdt_err_prefix(e, "after saving checkpoint %s", saved);
+                jdt_free(saved);
+                return st;
+            }
+            known = false;
         }
         if (st == JDT_OK && bad != 0.0f)
             st = jdt_err_set(e, JDT_ERR_IO,
@@ -358,8 +375,13 @@ static jdt_status save_ckpt(trainer *tr, int64_t next_step, jdt_err *e)
     }
     if (st == JDT_OK && tr->rank == 0)
         JDT_INFO("saved checkpoint %s (%.2fs)", saved, jdt_now_s() - t0);
-    else if (st != JDT_OK)
+    else if (st != JDT_OK && known)
         jdt_err_prefix(e, "checkpoint at step %lld not saved (the previous one is kept)",
+                       (long long)next_step);
+    else if (st != JDT_OK)
+        jdt_err_prefix(e,
+                       "checkpoint at step %lld interrupted (rank 0 commits it only once "
+                       "every rank's part is on disk)",
                        (long long)next_step);
     jdt_free(saved);
     return st;
@@ -803,6 +825,63 @@ static jdt_status agree_stop(trainer *tr, bool *stop, jdt_err *e)
     return JDT_OK;
 }
 
+/* Every rank starts at the same step and data batch: each resolved checkpoint.resume on its
+ * own view of checkpoint.dir, which differs where that directory is not shared between hosts
+ * or is a relative path from different working directories. Ranks that started apart trained
+ * silently on each other's gradients of other steps (one with step 4's weights against step
+ * 6's) until a checkpoint save failed for want of a rank's part. Every rank gathers the table
+ * and reaches the same verdict, naming the first rank that differs from rank 0. */
+static jdt_status agree_start(trainer *tr, int64_t start, jdt_err *e)
+{
+    if (!tr->dist || tr->world_size < 2) return JDT_OK;
+    const size_t n = 2 * (size_t)tr->world_size;
+    double *all = jdt_calloc(n, sizeof *all); /* (world_size, 2): step, data batch */
+    if (!all) return jdt_err_set(e, JDT_ERR_NOMEM, "resume: out of memory");
+    all[2 * tr->rank] = (double)start;
+    all[2 * tr->rank + 1] = (double)(start + tr->data_shift);
+    jdt_status st = jdt_comm_allgather(jdt_dist_world(tr->dist), all, n, JDT_DTYPE_F64, e);
+    for (int r = 1; r < tr->world_size && st == JDT_OK; r++)
+        if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+            st = jdt_err_set(e, JDT_ERR_INVALID,
+                             "rank %d starts at step %.0f (data batch %.0f), rank 0 at step %.0f "
+                             "(data batch %.0f): the ranks see different checkpoints in %s (not "
+                             "the same directory on every host, or a relative path from "
+                             "different working directories?)",
+                             r, all[2 * r], all[2 * r + 1], all[0], all[1], tr->ckpt_dir);
+    jdt_free(all);
+    return st;
+}
+
+/* Every rank reads datasets of the same size: data.train_path and data.val_path are set per
+ * process (each host may keep its own copy), and a rank given another file (a shorter copy)
+ * trained on without a word, its batches drawn from another permutation. Compares the sample
+ * counts (not the contents); every rank reaches the same verdict from the gathered table. */
+static jdt_status agree_data(trainer *tr, jdt_err *e)
+{
+    if (!tr->dist || tr->world_size < 2) return JDT_OK;
+    const size_t n = 2 * (size_t)tr->world_size;
+    double *all = jdt_calloc(n, sizeof *all); /* (world_size, 2): train, val samples */
+    if (!all) return jdt_err_set(e, JDT_ERR_NOMEM, "data: out of memory");
+    jdt_data_info info;
+    if (tr->train) jdt_data_get_info(tr->train, &info);
+    all[2 * tr->rank] = tr->train ? (double)info.n_samples : -1;
+    if (tr->val) jdt_data_get_info(tr->val, &info);
+    all[2 * tr->rank + 1] = tr->val ? (double)info.n_samples : -1;
+    jdt_status st = jdt_comm_allgather(jdt_dist_world(tr->dist), all, n, JDT_DTYPE_F64, e);
+    for (int i = 2; i < (int)n && st == JDT_OK; i++)
+        if (all[i] != all[i % 2]) {
+            const bool val = i % 2;
+            const char *key = val ? "data.val_path" : "data.train_path";
+            st = jdt_err_set(e, JDT_ERR_INVALID,
+                             "rank %d's %s data holds %.0f samples, rank 0's %.0f: every rank "
+                             "must read the same dataset (%s may differ between processes only "
+                             "to name copies of it)",
+                             i / 2, val ? "validation" : "training", all[i], all[i % 2], key);
+        }
+    jdt_free(all);
+    return st;
+}
+
 static void trainer_init(trainer *tr, const jdt_config *cfg, jdt_dist *dist)
 {
     memset(tr, 0, sizeof *tr);
@@ -1193,8 +1272,10 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     jdt_train_ckpt_dir(cfg, tr.ckpt_dir, sizeof tr.ckpt_dir);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) goto out_signals;
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
+    if ((st = agree_data(&tr, e)) != JDT_OK) goto out_signals;
     int64_t start = 0;
     if ((st = prepare_step(&tr, &start, e)) != JDT_OK) goto out_signals;
+    if ((st = agree_start(&tr, start, e)) != JDT_OK) goto out_signals;
     if (main_rank && (st = preflight_ckpt(&tr, e)) != JDT_OK) goto out_signals;
 
     /* global numbers: every rank runs its share of the global batch in the same time */
