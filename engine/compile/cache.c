@@ -93,10 +93,12 @@ jdt_status jdt_compile_cache_dir(const jdt_compile_opts *o, char *buf, size_t n,
 }
 
 #define RUN_TIMED_OUT (-2)
+#define RUN_JOB_LOST (-3)
 
 /* Runs argv with stdout+stderr appended to out_fd; returns the exit status, 127 when the
  * program cannot be executed, -1 if fork fails, RUN_TIMED_OUT (the child is killed) after
- * timeout_s seconds: a hung compiler must not hang training. */
+ * timeout_s seconds: a hung compiler must not hang training; RUN_JOB_LOST (killed too) when the
+ * job this process is a rank of ends meanwhile (jdt_job_lost). */
 static int run_cmd(char *const *argv, int out_fd, double timeout_s, const char *what,
                    double estimate_s)
 {
@@ -120,9 +122,14 @@ static int run_cmd(char *const *argv, int out_fd, double timeout_s, const char *
         if (r == pid) break;
         jdt_progress_update(&prog, 0);
         if (r < 0 && errno != EINTR) return -1;
-        if (jdt_now_s() - t0 > timeout_s) {
+        const bool lost = jdt_job_lost();
+        if (lost || jdt_now_s() - t0 > timeout_s) {
             kill(pid, SIGKILL);
             while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+            }
+            if (lost) {
+                dprintf(out_fd, "\njdt-train: killed '%s': the job ended\n", argv[0]);
+                return RUN_JOB_LOST;
             }
             dprintf(out_fd, "\njdt-train: killed '%s' after %.0f s (compile timeout)\n", argv[0],
                     timeout_s);
@@ -489,6 +496,10 @@ int jdt_compile_cache_lock(const char *dir, uint64_t key, double wait_s)
             close(fd);
             return -1;
         }
+        if (jdt_job_lost()) { /* the holder may be a stopped rank of the job: no point waiting */
+            close(fd);
+            return JDT_CACHE_LOCK_JOB_LOST;
+        }
         if (!said) JDT_DEBUG("compile cache: another process is building %s; waiting", lock_path);
         said = true;
         struct timespec ts = {0, 50 * 1000 * 1000};
@@ -532,6 +543,11 @@ jdt_status jdt_compile_cache_fetch(const char *dir, uint64_t key, const char *ki
     jdt_err de;
     if (cached) mkdir_p(dir, &de); /* a failure shows as the store's warning */
     const int lock = cached ? jdt_compile_cache_lock(dir, key, wait_s) : -1;
+    if (lock == JDT_CACHE_LOCK_JOB_LOST)
+        return jdt_err_set(e, JDT_ERR_PEER_LOST,
+                           "compile cache: the job ended while another process built this %s "
+                           "entry",
+                           kind);
     jdt_status st = JDT_OK;
     if (lock >= 0 && jdt_compile_cache_get(dir, key, kind, bytes, n_bytes)) {
         *how = JDT_CACHE_WAITED;
@@ -578,6 +594,11 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     /* the processes of a job on this host compile the same program at once: one builds it,
      * the others wait for its entry (and build it themselves if none appears) */
     const int lock = jdt_compile_cache_lock(dir, key, timeout_s + 30.0);
+    if (lock == JDT_CACHE_LOCK_JOB_LOST)
+        return jdt_err_set(e, JDT_ERR_PEER_LOST,
+                           "compile: the job ended while another process compiled this "
+                           "program (%s)",
+                           so);
     if (lock >= 0 && load_hit(so, true, handle, st)) {
         st->cache_waited = true;
         s = JDT_OK;
@@ -666,6 +687,9 @@ static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const
         unlink(tmp_so);
         if (rename(tmp_c, kept_c) != 0) snprintf(kept_c, sizeof kept_c, "%s", tmp_c);
         if (rename(log, kept_log) != 0) snprintf(kept_log, sizeof kept_log, "%s", log);
+        if (rc == RUN_JOB_LOST)
+            return jdt_err_set(e, JDT_ERR_PEER_LOST,
+                               "compile: the job ended while the C compiler ran (stopped it)");
         if (rc == RUN_TIMED_OUT)
             return jdt_err_set(e, JDT_ERR_TIMEOUT,
                                "compile: C compiler '%s' did not finish in %.0f s and was killed; "

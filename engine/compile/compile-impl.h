@@ -299,7 +299,10 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
  * cache of compiled code (the CPU JIT, NVRTC programs, the CUDA builtins): after a miss, take
  * it, look again (another process of this host may have built the entry meanwhile), build,
  * store, release. Returns the lock's fd, or -1 without one (the file cannot be made, or its
- * holder kept it past wait_s: build anyway, entries are renamed into place whole). */
+ * holder kept it past wait_s: build anyway, entries are renamed into place whole), or
+ * JDT_CACHE_LOCK_JOB_LOST when the job this process is a rank of ended while it waited
+ * (jdt_job_lost: the holder may be a stopped rank; the caller gives up). */
+#define JDT_CACHE_LOCK_JOB_LOST (-2)
 int jdt_compile_cache_lock(const char *dir, uint64_t key, double wait_s);
 /* Releases lock fd (>= 0) of entry key: the file is unlinked first, so a process arriving now
  * finds the entry, or makes a new lock. fd < 0 is a no-op. */

@@ -254,6 +254,13 @@ void jdt_signals_stop_end(void);
  * Any thread may ask. */
 int jdt_signals_stop_requested(void);
 
+/* The job this process is a rank of has ended under it (engine/comm: a lost peer or
+ * coordinator, an abort): waits that no collective bounds, for another process's compile (the
+ * compile cache's lock) or for this process's compiler, end early instead of running to their
+ * timeouts. Set once (jdt_dist_set_abort), never cleared; any thread. */
+void jdt_job_lost_set(void);
+bool jdt_job_lost(void);
+
 /* Progress of a long operation (prepare, checkpoint save and load, compilation): on a terminal a
  * live line "what: done/total unit (pct), rate, elapsed, ETA" rewritten in place; otherwise a log
  * line every 10 s. Nothing is printed for operations shorter than 2 s or above log level info.

@@ -1,6 +1,7 @@
 /*
  * signals.c — SIGINT and SIGTERM taken on one thread of their own, and the training loop's
- * stop request (see core.h).
+ * stop request (see core.h); also the flag saying the job ended under this process
+ * (jdt_job_lost), process-wide state of the same kind.
  *
  * The kernel hands a process-directed signal to any thread that does not block it, and a
  * handler then runs on that thread wherever it is: in the middle of a JIT kernel on an OpenMP
@@ -120,4 +121,16 @@ void jdt_signals_stop_end(void)
 int jdt_signals_stop_requested(void)
 {
     return atomic_load(&g_stop_signal);
+}
+
+static atomic_bool g_job_lost; /* jdt_job_lost_set: the job ended under this process */
+
+void jdt_job_lost_set(void)
+{
+    atomic_store(&g_job_lost, true);
+}
+
+bool jdt_job_lost(void)
+{
+    return atomic_load(&g_job_lost);
 }

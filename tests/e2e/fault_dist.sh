@@ -11,7 +11,9 @@
 #  4. a rank given a shorter copy of the data (data.train_path is per process) refuses to
 #     train instead of drawing its batches from another dataset;
 #  5. the --nproc launcher with a stopped rank (SIGSTOP): it is named and continued, so the
-#     job ends at dist.peer_timeout_s instead of after the 10 s grace period.
+#     job ends at dist.peer_timeout_s instead of after the 10 s grace period;
+#  6. a rank stopped while it compiles the step into a cache the other rank waits on: the other
+#     ends at dist.peer_timeout_s naming it, not after the compile lock's wait (10 minutes).
 # e2e: exclusive (peer time-outs and kills timed against a running job)
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
@@ -149,3 +151,27 @@ wait $LP; rc=$?; LP=
 grep -q "no heartbeat for 2.0 s" l.err && grep -q "^jdt-train: rank 1 is stopped" l.err || { cat l.err | grep -v '| loss'; fail "rank 1 not named as stopped"; }
 kill -0 "$P1" 2>/dev/null && ! grep -q '^State:.*Z' /proc/$P1/status 2>/dev/null && fail "rank 1 survived"
 echo "ok: launcher with a stopped rank ended after $((SECONDS - t0)) s, exit $rc"
+
+# 6. the rank that compiles the step (a fresh cache both share) stopped mid-compile: the other,
+# waiting on the compile lock, ends at the peer time-out naming it
+JDT_RUNTIME_CACHE_DIR="$TMP/cache6" start2 c6 run.steps=3 checkpoint.every=0 run.out_dir="$TMP/c6"
+H=; W=
+for _ in $(seq 1 3000); do
+  for r in 0 1; do
+    if [ -n "$(pgrep -P "${PIDS[$r]}")" ]; then H=${PIDS[$r]}; W=${PIDS[$((1 - r))]}; HR=$r; fi
+  done
+  [ -n "$H" ] && break
+  sleep 0.01
+done
+[ -n "$H" ] || { tail -n 3 c6.err0 c6.err1; fail "no rank started the compiler"; }
+kill -STOP "$H"; t0=$SECONDS
+while kill -0 "$W" 2>/dev/null; do
+  [ $((SECONDS - t0)) -le 15 ] || { kill -CONT "$H"; fail "the waiting rank still runs 15 s after rank $HR stopped mid-compile"; }
+  sleep 0.05
+done
+wait "$W"; rcw=$?
+kill -KILL "$H" 2>/dev/null; kill -CONT "$H" 2>/dev/null; wait "$H" 2>/dev/null; PIDS=()
+[ $rcw -ne 0 ] || fail "the waiting rank exited 0"
+grep -q "rank $HR .*\(no heartbeat\|silent\|lost\)" "c6.err$((1 - HR))" ||
+  { cat "c6.err$((1 - HR))"; fail "the waiting rank did not name rank $HR"; }
+echo "ok: a rank stopped mid-compile ended the other after $((SECONDS - t0)) s, exit $rcw"
