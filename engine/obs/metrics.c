@@ -1,5 +1,6 @@
 /*
- * metrics.c — reads a run's metrics.jsonl back into series for `jdt-train plot`.
+ * metrics.c — reads a run's metrics.jsonl back into series for `jdt-train plot`, and drops
+ * the lines of steps a resumed run trains again (jdt_metrics_truncate).
  *
  * The loop writes three kinds of line (docs/observability.md), each one flat JSON object of
  * numbers: per step {"step", "loss", "lr", "grad_norm", "tokens"}; per eval {"step",
@@ -15,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const METRIC_KEYS[JDT_METRIC_COUNT] = {
     [JDT_METRIC_LOSS] = "loss",
@@ -217,4 +219,50 @@ jdt_status jdt_run_metrics_read(const char *dir, jdt_run_metrics *out, jdt_err *
     jdt_free(ts);
     jdt_free(tt);
     return st;
+}
+
+jdt_status jdt_metrics_truncate(const char *path, int64_t step, int64_t *dropped, jdt_err *e)
+{
+    if (dropped) *dropped = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT) return JDT_OK;
+        return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *out = fopen(tmp, "w"); /* a copy of the lines kept, used only when some go */
+    if (!out) {
+        jdt_status st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
+        fclose(f);
+        return st;
+    }
+    char line[4096];
+    int64_t n_drop = 0;
+    bool failed = false;
+    while (!failed && fgets(line, sizeof line, f)) {
+        const size_t len = strlen(line);
+        bool whole = line[len - 1] == '\n';
+        jline l;
+        double s;
+        const bool keep = whole && parse_line(line, &l) && get(&l, "step", &s) && s <= (double)step;
+        while (!whole && fgets(line, sizeof line, f)) /* the rest of an overlong line */
+            whole = line[strlen(line) - 1] == '\n';
+        if (!keep) n_drop++;
+        else failed = fputs(line, out) < 0;
+    }
+    failed = failed || ferror(f);
+    fclose(f);
+    failed = failed || fflush(out) != 0 || ferror(out) || fsync(fileno(out)) != 0;
+    failed = (fclose(out) != 0) || failed;
+    if (!failed && n_drop > 0) failed = rename(tmp, path) != 0;
+    if (failed) {
+        jdt_status st = jdt_err_set(e, JDT_ERR_IO, "%s: rewriting without the steps after %lld: %s",
+                                    path, (long long)step, strerror(errno));
+        unlink(tmp);
+        return st;
+    }
+    if (n_drop == 0) unlink(tmp);
+    if (dropped) *dropped = n_drop;
+    return JDT_OK;
 }

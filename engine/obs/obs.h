@@ -51,6 +51,12 @@ jdt_status jdt_tboard_scalar(jdt_tboard *tb, const char *tag, int64_t step, doub
 jdt_status jdt_tboard_text(jdt_tboard *tb, const char *tag, int64_t step, const char *markdown,
                            jdt_err *e);
 
+/* Appends Event{session_log{status: START}} at step: a run resumed from the checkpoint of step
+ * - 1 trains `step` and what follows again, and TensorBoard's reader (purge_orphaned_data, on
+ * by default; PyTorch's SummaryWriter(purge_step=) writes the same event) drops the earlier
+ * files' events at and after it, so the curves show each step once. Errors: ERR_IO. */
+jdt_status jdt_tboard_restart(jdt_tboard *tb, int64_t step, jdt_err *e);
+
 /* Flushes buffered events to the file. Errors: ERR_IO. */
 jdt_status jdt_tboard_flush(jdt_tboard *tb, jdt_err *e);
 
@@ -164,6 +170,13 @@ typedef struct {
  * caller: jdt_run_metrics_free. */
 jdt_status jdt_run_metrics_read(const char *dir, jdt_run_metrics *out, jdt_err *e);
 void jdt_run_metrics_free(jdt_run_metrics *r);
+
+/* Drops the lines of the metrics file at path whose "step" is above `step` (a run resumed from
+ * the checkpoint of `step` trains those steps again) and any line that is not one JSON object
+ * of numbers (the torn last line of a killed run), rewriting the file through a temporary and
+ * rename(2) only when something goes; *dropped (may be NULL): the lines dropped. A missing file
+ * drops nothing. Errors: ERR_IO naming the file (the file is then unchanged). */
+jdt_status jdt_metrics_truncate(const char *path, int64_t step, int64_t *dropped, jdt_err *e);
 
 typedef enum { JDT_PLOT_X_STEP = 0, JDT_PLOT_X_TOKENS, JDT_PLOT_X_TIME } jdt_plot_x;
 

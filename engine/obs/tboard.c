@@ -3,7 +3,8 @@
  * protobuf writer for the few Event/Summary fields a scalar or text summary needs.
  *
  * An event file is a sequence of TFRecords, each carrying one serialized tensorflow.Event:
- *   Event        1 wall_time (double), 2 step (int64), 3 file_version (string), 5 summary
+ *   Event        1 wall_time (double), 2 step (int64), 3 file_version (string), 5 summary,
+ *                7 session_log (SessionLog: 1 status, START = 1)
  *   Summary      1 value (repeated Value)
  *   Value        1 tag (string), 2 simple_value (float), 8 tensor (TensorProto),
  *                9 metadata (SummaryMetadata)
@@ -270,6 +271,17 @@ jdt_status jdt_tboard_text(jdt_tboard *tb, const char *tag, int64_t step, const 
                       : jdt_err_set(e, JDT_ERR_INTERNAL, "tensorboard: text event size miscounted");
     jdt_free(buf);
     return st;
+}
+
+jdt_status jdt_tboard_restart(jdt_tboard *tb, int64_t step, jdt_err *e)
+{
+    uint8_t buf[64];
+    pb w = {buf, sizeof buf, 0, false};
+    event_header(&w, wall_now(), step);
+    pb_begin(&w, 7, 2); /* session_log */
+    pb_key(&w, 1, WT_VARINT);
+    pb_varint(&w, 1); /* status START */
+    return write_record(tb, buf, w.len, e);
 }
 
 jdt_status jdt_tboard_flush(jdt_tboard *tb, jdt_err *e)

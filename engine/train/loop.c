@@ -990,8 +990,10 @@ static jdt_status mfu_reference(trainer *tr, jdt_err *e)
                               &tr->pref, e);
 }
 
-/* Rank 0's outputs: run_dir/config.yaml, metrics.jsonl (appended on a resume), the TensorBoard
- * events with the resolved config as text, and the MFU reference line. */
+/* Rank 0's outputs: run_dir/config.yaml, metrics.jsonl (appended on a resume, after dropping
+ * the lines of the steps after the checkpoint: they are trained again), the TensorBoard events
+ * with the resolved config as text (and on a resume a restart event that hides the earlier
+ * files' events of those steps), and the MFU reference line. */
 static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
 {
     const jdt_config *cfg = tr->cfg;
@@ -1002,6 +1004,15 @@ static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
     fputs(cfg->resolved_yaml, f);
     fclose(f);
     snprintf(path, sizeof path, "%s/metrics.jsonl", tr->run_dir);
+    if (start > 0) { /* steps logged after the checkpoint resumed from are trained again */
+        int64_t dropped = 0;
+        jdt_status ts = jdt_metrics_truncate(path, start, &dropped, e);
+        if (ts != JDT_OK) return ts;
+        if (dropped)
+            JDT_INFO("metrics.jsonl: dropped %lld line(s) of the steps after %lld (trained "
+                     "again from its checkpoint)",
+                     (long long)dropped, (long long)start);
+    }
     tr->metrics = fopen(path, start > 0 ? "a" : "w");
     if (!tr->metrics) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
     JDT_INFO("MFU reference: %.6g GFLOP/s for %d process(es) (%s%s%s)%s%s%s", tr->peak * 1e-9,
@@ -1018,6 +1029,8 @@ static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
                  tr->pref.load_avg);
     jdt_status st = jdt_tboard_open(tr->run_dir, &tr->tb, e);
     if (st != JDT_OK) return st;
+    /* TensorBoard drops the earlier files' events from step start + 1 on (trained again) */
+    if (start > 0 && (st = jdt_tboard_restart(tr->tb, start + 1, e)) != JDT_OK) return st;
     size_t n = strlen(cfg->resolved_yaml) + 16;
     char *md = jdt_malloc(n);
     if (md) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # obs_tensorboard.sh — a tiny run writes TensorBoard events and metrics that TensorBoard's own
 # event reader (the `tensorboard` PyPI package, in a venv cached under build/tb-venv) reads back
-# with every metric, and `jdt-train plot` draws the run to a non-trivial PNG.
+# with every metric, and `jdt-train plot` draws the run to a non-trivial PNG; a run killed after
+# its last checkpoint and resumed shows each step once in metrics.jsonl and in TensorBoard.
 # Skips (77) with a reason only when the venv cannot be created or PyPI cannot be reached (a
 # failure under CI=true, infra_skip).
 set -uo pipefail
@@ -48,5 +49,31 @@ losses = [s.value for s in acc.Scalars("loss/train")]
 assert 1 < losses[0] < 20 and losses[-1] < losses[0], losses
 assert "model" in acc.Tensors("config")[0].tensor_proto.string_val[0].decode()
 print("tensorboard read", n, "events;", len(tags), "tags; loss", losses[0], "->", losses[-1])
+PY
+
+# a run killed after steps past its last checkpoint (4), then resumed to 12: metrics.jsonl and
+# TensorBoard's reader (every event file of the run) show each step once, the resumed values
+"$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/rk" run.steps=100000 run.log_every=1 \
+  run.eval_every=0 checkpoint.every=4 > rk.log 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do grep -q '"step": 7,' rk/tiny/metrics.jsonl 2>/dev/null && break; sleep 0.05; done
+kill -KILL $pid; wait $pid 2>/dev/null
+grep -q '"step": 7,' rk/tiny/metrics.jsonl || fail "the killed run logged no step 7"
+last=$(ls -d rk/tiny/ckpt/step_* | grep -v "\.tmp$" | sort | tail -1); last=$((10#${last##*_}))
+before=$(grep -c '"loss"' rk/tiny/metrics.jsonl)
+[ "$before" -gt "$last" ] || fail "no steps past the last checkpoint ($last) to drop"
+"$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/rk" run.steps=$((last + 6)) \
+  run.log_every=1 run.eval_every=0 checkpoint.every=4 checkpoint.resume=auto > rk2.log 2>&1 || { cat rk2.log; fail "resume failed"; }
+grep -q "metrics.jsonl: dropped" rk2.log || fail "the resume did not say it dropped lines"
+steps=$(grep -o '"step": [0-9]*, "loss"' rk/tiny/metrics.jsonl | awk '{print $2}' | tr -d ,)
+[ "$(echo "$steps" | sort -n | uniq -d)" = "" ] || fail "metrics.jsonl repeats steps: $(echo $steps)"
+[ "$(echo "$steps" | wc -l)" -eq $((last + 6)) ] || fail "metrics.jsonl has $(echo "$steps" | wc -l) steps, want $((last + 6))"
+"$VENV/bin/python" - rk/tiny $((last + 6)) <<'PY' || fail "TensorBoard shows the resumed run's steps more than once"
+import sys
+from tensorboard.backend.event_processing import event_accumulator as ea
+acc = ea.EventAccumulator(sys.argv[1]); acc.Reload()
+steps = [s.step for s in acc.Scalars("loss/train")]
+assert steps == list(range(1, int(sys.argv[2]) + 1)), steps
+print("tensorboard after the resume:", len(steps), "steps, each once")
 PY
 echo ok

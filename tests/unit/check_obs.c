@@ -184,6 +184,48 @@ START_TEST(test_metrics_read)
 }
 END_TEST
 
+/* A resume drops the lines of the steps it trains again and a torn last line, rewriting the
+ * file whole; nothing to drop leaves it as it was, no temporary behind; no file is fine. */
+START_TEST(test_metrics_truncate)
+{
+    char dir[] = "/tmp/jdt-obs-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[512], tmp[600];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    jdt_err e;
+    int64_t dropped = -1;
+    ck_assert_int_eq(jdt_metrics_truncate(path, 3, &dropped, &e), JDT_OK); /* no file */
+    ck_assert_int_eq(dropped, 0);
+    FILE *f = fopen(path, "w");
+    for (int s = 1; s <= 6; s++) {
+        fprintf(f, "{\"step\": %d, \"loss\": %d.5}\n", s, 10 - s);
+        if (s % 2 == 0) fprintf(f, "{\"step\": %d, \"val_loss\": 7}\n", s);
+    }
+    fputs("{\"step\": 7, \"lo", f); /* killed mid-line */
+    fclose(f);
+    ck_assert_int_eq(jdt_metrics_truncate(path, 6, &dropped, &e), JDT_OK);
+    ck_assert_int_eq(dropped, 1); /* the torn line only */
+    ck_assert_int_eq(jdt_metrics_truncate(path, 3, &dropped, &e), JDT_OK);
+    ck_assert_int_eq(dropped, 5); /* steps 4, 5, 6 and two evals */
+    ck_assert_int_eq(access(tmp, F_OK), -1);
+    jdt_run_metrics r;
+    ck_assert_int_eq(jdt_run_metrics_read(dir, &r, &e), JDT_OK);
+    ck_assert_int_eq(r.s[JDT_METRIC_LOSS].n, 3);
+    ck_assert_int_eq(r.s[JDT_METRIC_VAL_LOSS].n, 1);
+    jdt_run_metrics_free(&r);
+    struct stat a, b;
+    ck_assert_int_eq(stat(path, &a), 0);
+    ck_assert_int_eq(jdt_metrics_truncate(path, 3, &dropped, &e), JDT_OK);
+    ck_assert_int_eq(dropped, 0);
+    ck_assert_int_eq(stat(path, &b), 0);
+    ck_assert(a.st_ino == b.st_ino); /* not rewritten */
+    ck_assert_int_eq(access(tmp, F_OK), -1);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_plot_png_svg)
 {
     char a[] = "/tmp/jdt-obs-XXXXXX", b[] = "/tmp/jdt-obs-XXXXXX";
@@ -358,6 +400,7 @@ int main(void)
     tcase_add_test(tc, test_event_encoding);
     tcase_add_test(tc, test_tboard_file);
     tcase_add_test(tc, test_metrics_read);
+    tcase_add_test(tc, test_metrics_truncate);
     tcase_add_test(tc, test_plot_png_svg);
     tcase_add_test(tc, test_peak_override_and_rss);
     tcase_add_test(tc, test_peak_cache);
