@@ -8,8 +8,8 @@
 #     saved (the previous one is kept)" as it did of a checkpoint in place;
 #  3. ranks that see different checkpoints (a relative run.out_dir from different working
 #     directories) refuse to start instead of training together from steps 4 and 2;
-#  4. a rank given a shorter copy of the data (data.train_path is per process) refuses to
-#     train instead of drawing its batches from another dataset;
+#  4. a rank given a shorter copy of the data (data.train_path is per process), or other data of
+#     the same size, refuses to train instead of drawing its batches from another dataset;
 #  5. the --nproc launcher with a stopped rank (SIGSTOP): it is named and continued, so the
 #     job ends at dist.peer_timeout_s instead of after the 10 s grace period;
 #  6. a rank stopped while it compiles the step into a cache the other rank waits on: the other
@@ -132,6 +132,22 @@ wait2 60
 want="rank 1's training data holds 84 samples, rank 0's 401: every rank must read the same dataset"
 grep -qF "$want" dd.err0 && grep -qF "$want" dd.err1 || { tail -n 2 dd.err0 dd.err1; fail "no line naming both counts"; }
 echo "ok: a rank with a shorter copy of the data refused"
+# 4b. the same number of samples, other text ("fox" -> "cat"): refused by the content's print
+sed 's/fox/cat/' long.txt >other.txt
+"$BIN" prepare "${C[@]}" data.format=tokens data.source=other.txt data.train_path=other data.n_shards=1 \
+  >/dev/null 2>prep.err || { cat prep.err; fail "prepare other"; }
+port=$(freeport)
+for r in 0 1; do
+  d=long; [ $r = 1 ] && d=other
+  "$BIN" "${C[@]}" "${D[@]}" dist.coordinator=127.0.0.1:$port dist.rank=$r run.out_dir="$TMP/do" \
+    data.format=tokens data.train_path=$d run.steps=8 >/dev/null 2>do.err$r &
+  PIDS[$r]=$!
+done
+wait2 60
+[ "$RC0" = 1 ] && [ "$RC1" = 1 ] || { cat do.err0 do.err1; fail "ranks with other data of one size: exits $RC0 $RC1, expected 1 1"; }
+want="rank 1's training data differs from rank 0's (the same 401 samples, other tokens in the first batch)"
+grep -qF "$want" do.err0 && grep -qF "$want" do.err1 || { tail -n 2 do.err0 do.err1; fail "no line naming the content"; }
+echo "ok: a rank with other data of the same size refused"
 
 # 5. the launcher with rank 1 stopped: named, continued, the job ends within about 3 s
 "$BIN" --nproc 2 "${C[@]}" mesh.data=2 dist.peer_timeout_s=2 dist.heartbeat_s=0.5 \
