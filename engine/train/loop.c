@@ -853,10 +853,11 @@ static jdt_status agree_start(trainer *tr, int64_t start, jdt_err *e)
 }
 
 /* A fingerprint of a local dataset's content: the hash of the first rows (at most 8) of global
- * batch 0 (of `batch` rows: the loader's), inputs and targets, as every rank reads them (the sample order is a function of the
- * seed and the sample count, which agree_data compares first). -1 where there is no dataset or
- * it is remote (an http(s):// path: every rank fetches the same URL, and batch 0's rows may lie
- * in shards still downloading), the hash in [0, 2^52) otherwise (exact in a double). */
+ * batch 0 (of `batch` rows: the loader's), inputs and targets, as every rank reads them (the sample
+ * order is a function of the seed and the sample count, which agree_data compares first). -1 where
+ * there is no dataset or it is remote (an http(s):// path: every rank fetches the same URL, and
+ * batch 0's rows may lie in shards still downloading), the hash in [0, 2^52) otherwise (exact in a
+ * double). */
 static jdt_status data_print(jdt_data *d, const char *path, int64_t batch, int64_t seq_len,
                              double *out, jdt_err *e)
 {
