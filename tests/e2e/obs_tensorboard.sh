@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # obs_tensorboard.sh — a tiny run writes TensorBoard events and metrics that TensorBoard's own
 # event reader (the `tensorboard` PyPI package, in a venv cached under build/tb-venv) reads back
-# with every metric, and `jdt-train plot` draws the run to a non-trivial PNG; a run killed after
-# its last checkpoint and resumed shows each step once in metrics.jsonl and in TensorBoard.
+# with every metric, and `jdt-train plot` draws the run to a non-trivial PNG; a run resumed from
+# a checkpoint older than its last logged step shows each step once in metrics.jsonl and in
+# TensorBoard.
 # Skips (77) with a reason only when the venv cannot be created or PyPI cannot be reached (a
 # failure under CI=true, infra_skip).
 set -uo pipefail
@@ -51,20 +52,20 @@ assert "model" in acc.Tensors("config")[0].tensor_proto.string_val[0].decode()
 print("tensorboard read", n, "events;", len(tags), "tags; loss", losses[0], "->", losses[-1])
 PY
 
-# a run killed after steps past its last checkpoint (4), then resumed to 12: metrics.jsonl and
-# TensorBoard's reader (every event file of the run) show each step once, the resumed values
-"$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/rk" run.steps=100000 run.log_every=1 \
-  run.eval_every=0 checkpoint.every=4 > rk.log 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do grep -q '"step": 7,' rk/tiny/metrics.jsonl 2>/dev/null && break; sleep 0.05; done
-kill -KILL $pid; wait $pid 2>/dev/null
-grep -q '"step": 7,' rk/tiny/metrics.jsonl || fail "the killed run logged no step 7"
-last=$(ls -d rk/tiny/ckpt/step_* | grep -v "\.tmp$" | sort | tail -1); last=$((10#${last##*_}))
-before=$(grep -c '"loss"' rk/tiny/metrics.jsonl)
-[ "$before" -gt "$last" ] || fail "no steps past the last checkpoint ($last) to drop"
-"$JDT_BIN" "$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/rk" run.steps=$((last + 6)) \
-  run.log_every=1 run.eval_every=0 checkpoint.every=4 checkpoint.resume=auto > rk2.log 2>&1 || { cat rk2.log; fail "resume failed"; }
-grep -q "metrics.jsonl: dropped" rk2.log || fail "the resume did not say it dropped lines"
+# a run that logged steps past its last checkpoint (5-7, its step-7 save lost as in a kill),
+# then resumed from step 4 to 10: metrics.jsonl and TensorBoard's reader (every event file of
+# the run) show each step once, the resumed values
+R=("$JDT_ROOT/configs/tiny.yaml" run.out_dir="$JDT_TMP/rk" run.log_every=1 run.eval_every=0
+   checkpoint.every=4 checkpoint.keep=5)
+"$JDT_BIN" "${R[@]}" run.steps=4 > rk0.log 2>&1 || { cat rk0.log; fail "run to step 4"; }
+"$JDT_BIN" "${R[@]}" run.steps=7 checkpoint.resume=auto > rk1.log 2>&1 || { cat rk1.log; fail "run to step 7"; }
+rm -rf rk/tiny/ckpt/step_000007
+[ "$(grep -c '"loss"' rk/tiny/metrics.jsonl)" -eq 7 ] || fail "want 7 steps logged before the resume"
+last=4
+"$JDT_BIN" "${R[@]}" run.steps=$((last + 6)) checkpoint.resume=auto > rk2.log 2>&1 ||
+  { cat rk2.log; fail "resume failed"; }
+grep -qE "metrics.jsonl: dropped [1-9][0-9]* line\(s\) of the steps after 4" rk2.log ||
+  fail "the resume did not say it dropped the lines of steps 5-7: $(grep metrics.jsonl rk2.log)"
 steps=$(grep -o '"step": [0-9]*, "loss"' rk/tiny/metrics.jsonl | awk '{print $2}' | tr -d ,)
 [ "$(echo "$steps" | sort -n | uniq -d)" = "" ] || fail "metrics.jsonl repeats steps: $(echo $steps)"
 [ "$(echo "$steps" | wc -l)" -eq $((last + 6)) ] || fail "metrics.jsonl has $(echo "$steps" | wc -l) steps, want $((last + 6))"
