@@ -979,8 +979,11 @@ static int cmd_help(const subcommand *cmd, cli_args *a)
  *   spinning thread takes the core a descheduled peer needs, and a training step of a few
  *   hundred small parallel regions then runs 5-10x slower with 2 threads than with 1 (issue 14;
  *   docs/perf.md, Busy machines). Unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (even to
- *   "active"): OMP_WAIT_POLICY=passive, idle threads sleep at once (futex) and wake on the
- *   next region.
+ *   "active"): GOMP_SPINCOUNT=3000, idle threads spin about 0.2 ms (3000 pauses) and then
+ *   sleep (futex) until the next region. Sleeping at once (OMP_WAIT_POLICY=passive, until
+ *   session 46) paid a wake-up on each of the step's hundreds of regions: the benchmark's bf16
+ *   step ran 7% slower on a quiet machine, and on a busy one no faster than with the short spin
+ *   (docs/perf.md, session 46; scripts/bench/busy.sh).
  * - OpenBLAS, its kernels (OPENBLAS_CORETYPE): where it fell back to pre-AVX2 kernels on a CPU
  *   it does not know but that has AVX2 (jdt_rt_blas_core_fix), the AVX2 or AVX-512 ones.
  * If the re-exec fails, it runs on as it is. The binary is re-run by its real path, not
@@ -994,10 +997,10 @@ static void ensure_runtime_env(char **argv)
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0 || (size_t)n >= sizeof self - 1) return;
     self[n] = '\0';
-    if (wait && setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    if (wait && setenv("GOMP_SPINCOUNT", "3000", 1) != 0) return;
     if (core && setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
     execv(self, argv);
-    if (wait) unsetenv("OMP_WAIT_POLICY"); /* the exec failed: run on as we are */
+    if (wait) unsetenv("GOMP_SPINCOUNT"); /* the exec failed: run on as we are */
     if (core) unsetenv("OPENBLAS_CORETYPE");
 }
 
