@@ -104,7 +104,7 @@ jdt_status jdt_world_agree(jdt_dist *d, const jdt_config *cfg, jdt_err *e)
         jdt_free(theirs);
         return st;
     }
-    jdt_config c0, mine;
+    jdt_config c0;
     jdt_err e2;
     jdt_err_clear(&e2);
     st = jdt_config_load_string(theirs, "rank 0's config", 0, NULL, NULL, &c0, &e2);
@@ -112,19 +112,12 @@ jdt_status jdt_world_agree(jdt_dist *d, const jdt_config *cfg, jdt_err *e)
     if (st)
         return jdt_err_set(e, st == JDT_ERR_NOMEM ? st : JDT_ERR_CONFIG,
                            "rank %d cannot read rank 0's resolved config (%s)", rank, e2.msg);
-    /* this rank's own text, parsed the same way: fields the run has resolved since loading
-     * (runtime.threads, dist.local_rank) are per-process anyway, but compare like with like */
-    st =
-        jdt_config_load_string(cfg->resolved_yaml, "this rank's config", 0, NULL, NULL, &mine, &e2);
-    if (st) {
-        jdt_config_free(&c0);
-        return jdt_err_set(e, st, "rank %d: its own resolved config does not load (%s)", rank,
-                           e2.msg);
-    }
-    const jdt_config_key *k = jdt_config_first_difference(&mine, &c0, true);
+    /* against this rank's own config: what the run resolved since loading it (runtime.threads,
+     * dist.local_rank, run.profile from --profile) is per-process, skipped */
+    const jdt_config_key *k = jdt_config_first_difference(cfg, &c0, true);
     if (k) {
         char here[96], there[96];
-        jdt_config_value_text(k, &mine, here, sizeof here);
+        jdt_config_value_text(k, cfg, here, sizeof here);
         jdt_config_value_text(k, &c0, there, sizeof there);
         st = jdt_err_set(e, JDT_ERR_CONFIG,
                          "rank %d's config differs from rank 0's: %s is %s here, %s on rank 0 "
@@ -133,6 +126,5 @@ jdt_status jdt_world_agree(jdt_dist *d, const jdt_config *cfg, jdt_err *e)
                          rank, k->path, here, there);
     }
     jdt_config_free(&c0);
-    jdt_config_free(&mine);
     return st;
 }

@@ -120,33 +120,26 @@ for d in long short; do
   "$BIN" prepare "${C[@]}" data.format=tokens data.source=$d.txt data.train_path=$d data.n_shards=1 \
     >/dev/null 2>prep.err || { cat prep.err; fail "prepare $d"; }
 done
-port=$(freeport)
-for r in 0 1; do
-  d=long; [ $r = 1 ] && d=short
-  "$BIN" "${C[@]}" "${D[@]}" dist.coordinator=127.0.0.1:$port dist.rank=$r run.out_dir="$TMP/dd" \
-    data.format=tokens data.train_path=$d run.steps=8 >/dev/null 2>dd.err$r &
-  PIDS[$r]=$!
-done
-wait2 60
-[ "$RC0" = 1 ] && [ "$RC1" = 1 ] || { cat dd.err0 dd.err1; fail "ranks with other data: exits $RC0 $RC1, expected 1 1"; }
-want="rank 1's training data holds 84 samples, rank 0's 401: every rank must read the same dataset"
-grep -qF "$want" dd.err0 && grep -qF "$want" dd.err1 || { tail -n 2 dd.err0 dd.err1; fail "no line naming both counts"; }
+# data_refused NAME DATA WANT: rank 0 reads `long`, rank 1 DATA; both exit 1 saying WANT
+data_refused() {
+  local name=$1 other=$2 want=$3 port d; port=$(freeport)
+  for r in 0 1; do
+    d=long; [ $r = 1 ] && d=$other
+    "$BIN" "${C[@]}" "${D[@]}" dist.coordinator=127.0.0.1:$port dist.rank=$r run.out_dir="$TMP/$name" \
+      data.format=tokens data.train_path=$d run.steps=8 >/dev/null 2>$name.err$r &
+    PIDS[$r]=$!
+  done
+  wait2 60
+  [ "$RC0" = 1 ] && [ "$RC1" = 1 ] || { cat $name.err0 $name.err1; fail "rank 1 reading $other: exits $RC0 $RC1, expected 1 1"; }
+  grep -qF "$want" $name.err0 && grep -qF "$want" $name.err1 || { tail -n 2 $name.err0 $name.err1; fail "no line saying: $want"; }
+}
+data_refused dd short "rank 1's training data holds 84 samples, rank 0's 401: every rank must read the same dataset"
 echo "ok: a rank with a shorter copy of the data refused"
 # 4b. the same number of samples, other text ("fox" -> "cat"): refused by the content's print
 sed 's/fox/cat/' long.txt >other.txt
 "$BIN" prepare "${C[@]}" data.format=tokens data.source=other.txt data.train_path=other data.n_shards=1 \
   >/dev/null 2>prep.err || { cat prep.err; fail "prepare other"; }
-port=$(freeport)
-for r in 0 1; do
-  d=long; [ $r = 1 ] && d=other
-  "$BIN" "${C[@]}" "${D[@]}" dist.coordinator=127.0.0.1:$port dist.rank=$r run.out_dir="$TMP/do" \
-    data.format=tokens data.train_path=$d run.steps=8 >/dev/null 2>do.err$r &
-  PIDS[$r]=$!
-done
-wait2 60
-[ "$RC0" = 1 ] && [ "$RC1" = 1 ] || { cat do.err0 do.err1; fail "ranks with other data of one size: exits $RC0 $RC1, expected 1 1"; }
-want="rank 1's training data differs from rank 0's (the same 401 samples, other tokens in the first batch)"
-grep -qF "$want" do.err0 && grep -qF "$want" do.err1 || { tail -n 2 do.err0 do.err1; fail "no line naming the content"; }
+data_refused do other "rank 1's training data differs from rank 0's (the same 401 samples, other tokens in the first batch)"
 echo "ok: a rank with other data of the same size refused"
 
 # 5. the launcher with rank 1 stopped: named, continued, the job ends within about 3 s

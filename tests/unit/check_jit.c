@@ -142,6 +142,24 @@ START_TEST(test_shape_and_reduce_ops)
 }
 END_TEST
 
+/* Compiles f's graph with 1, 2 and 3 threads into p[0..2], each checked against the
+ * interpreter over one step (rtol, atol), and asserts their outputs are the same bits. */
+static void check_thread_counts(fx *f, double rtol, double atol, jdt_program *p[3])
+{
+    for (int t = 0; t < 3; t++) {
+        jdt_compile_opts o;
+        fx_opts(f, &o);
+        o.threads = t + 1;
+        p[t] = fx_check_steps(f, &o, 1, rtol, atol, true);
+    }
+    for (int i = 0; i < jdt_graph_n_outputs(f->g); i++) {
+        size_t n = (size_t)jdt_shape_numel(&jdt_graph_output(f->g, i)->shape) * sizeof(float);
+        for (int t = 1; t < 3; t++)
+            ck_assert_msg(memcmp(jdt_program_output(p[0], i), jdt_program_output(p[t], i), n) == 0,
+                          "output %d: %d threads differ from 1", i, t + 1);
+    }
+}
+
 /* Reductions over a leading dim (bias and norm-affine gradients) sum chunks of its rows in
  * parallel into partials on the stack, then add the partials in chunk order: against the
  * interpreter, the same bits compiled for 1, 2 and 3 threads (the chunks are fixed by the
@@ -162,18 +180,7 @@ START_TEST(test_leading_reductions)
     out(&f, jdt_graph_reduce_sum(g, wide, 1u, false)); /* 20000 outputs: column tiles */
     fx_fill(&f, 5);
     jdt_program *p[3];
-    for (int t = 0; t < 3; t++) {
-        jdt_compile_opts o;
-        fx_opts(&f, &o);
-        o.threads = t + 1;
-        p[t] = fx_check_steps(&f, &o, 1, 1e-5, 1e-4, true);
-    }
-    for (int i = 0; i < jdt_graph_n_outputs(g); i++) {
-        size_t n = (size_t)jdt_shape_numel(&jdt_graph_output(g, i)->shape) * sizeof(float);
-        for (int t = 1; t < 3; t++)
-            ck_assert_msg(memcmp(jdt_program_output(p[0], i), jdt_program_output(p[t], i), n) == 0,
-                          "output %d: %d threads differ from 1", i, t + 1);
-    }
+    check_thread_counts(&f, 1e-5, 1e-4, p);
     /* the partial form in the kernels of the five that fit, not in the wide one's */
     const char *src = jdt_program_source(p[1]);
     int n_part = 0;
@@ -212,19 +219,9 @@ START_TEST(test_reduce_producers)
                              FX_PARAM(&f, "u", -0.5, 0.5, 96, 40), false, false));
     fx_fill(&f, 11);
     jdt_program *p[3];
-    for (int t = 0; t < 3; t++) {
-        jdt_compile_opts o;
-        fx_opts(&f, &o);
-        o.threads = t + 1;
-        p[t] = fx_check_steps(&f, &o, 1, 1e-4, 1e-5, true);
+    check_thread_counts(&f, 1e-4, 1e-5, p);
+    for (int t = 0; t < 3; t++)
         ck_assert_int_eq(jdt_program_stats(p[t])->n_reduce_merged, 2);
-    }
-    for (int i = 0; i < jdt_graph_n_outputs(g); i++) {
-        size_t n = (size_t)jdt_shape_numel(&jdt_graph_output(g, i)->shape) * sizeof(float);
-        for (int t = 1; t < 3; t++)
-            ck_assert_msg(memcmp(jdt_program_output(p[0], i), jdt_program_output(p[t], i), n) == 0,
-                          "output %d: %d threads differ from 1", i, t + 1);
-    }
     const char *src = jdt_program_source(p[1]);
     ck_assert_msg(strstr(src, "for (int64_t r = ch * "), "no chunks of flattened rows in\n%s",
                   strstr(src, "/* group") ? strstr(src, "/* group") : src);

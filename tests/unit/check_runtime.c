@@ -321,62 +321,46 @@ static void check_packed(int64_t M, int64_t N, int64_t K, int64_t Kb, int64_t Nb
     free(a), free(b), free(c), free(c0), free(ap), free(bp);
 }
 
-/* A B pack read through the transposed layout (tb) holds the same words as the pack of the
- * transposed copy read directly: K x N with odd and even K, ragged N, K past one 128-value
- * block of the transposed packer. */
-static void check_pack_bt(int64_t K, int64_t N)
+/* A pack read through the transposed layout holds the same words as the pack of the
+ * transposed copy read directly: op(B) (rows K x cols N, tb) when !is_a, op(A) (rows M x cols
+ * K, ta) when is_a; odd and even K, ragged N or M, past one block of the transposed packers
+ * (B: 128 values of K; A: 64 rows and 16 pairs). */
+static void check_pack_transposed(bool is_a, int64_t rows, int64_t cols)
 {
-    unsigned seed = (unsigned)(K * 5 + N);
-    float *b = malloc(sizeof(float) * (size_t)(K * N)),
-          *bt = malloc(sizeof(float) * (size_t)(K * N));
-    const size_t nb = sizeof(float) * (size_t)jdt_rt_bf16_pack_b_floats(K, N);
-    unsigned char *p0 = malloc(nb), *p1 = malloc(nb);
-    ck_assert(b && bt && p0 && p1);
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t j = 0; j < N; j++)
-            bt[j * K + k] = b[k * N + j] = frand(&seed);
-    memset(p0, 0xa5, nb);
-    memset(p1, 0xa5, nb);
-    jdt_rt_bf16_pack_b(b, N, false, K, N, p0);
-    jdt_rt_bf16_pack_b(bt, K, true, K, N, p1);
-    ck_assert_msg(!memcmp(p0, p1, nb), "K %lld N %lld: the transposed pack differs", (long long)K,
-                  (long long)N);
-    free(b), free(bt), free(p0), free(p1);
-}
-
-/* An A pack read through the transposed layout (ta) holds the same words as the pack of the
- * transposed copy read directly: M x K with odd and even K, ragged M, M past one 64-row block
- * and K past one 16-pair block of the transposed packer. */
-static void check_pack_at(int64_t M, int64_t K)
-{
-    unsigned seed = (unsigned)(M * 3 + K);
-    float *a = malloc(sizeof(float) * (size_t)(M * K)),
-          *at = malloc(sizeof(float) * (size_t)(M * K));
-    const size_t na = sizeof(float) * (size_t)jdt_rt_bf16_pack_a_floats(M, K);
-    unsigned char *p0 = malloc(na), *p1 = malloc(na);
-    ck_assert(a && at && p0 && p1);
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t k = 0; k < K; k++)
-            at[k * M + i] = a[i * K + k] = frand(&seed);
-    memset(p0, 0xa5, na);
-    memset(p1, 0xa5, na);
-    jdt_rt_bf16_pack_a(a, K, false, M, K, p0);
-    jdt_rt_bf16_pack_a(at, M, true, M, K, p1);
-    ck_assert_msg(!memcmp(p0, p1, na), "M %lld K %lld: the transposed A pack differs", (long long)M,
-                  (long long)K);
-    free(a), free(at), free(p0), free(p1);
+    unsigned seed = (unsigned)(is_a ? rows * 3 + cols : rows * 5 + cols);
+    float *m = malloc(sizeof(float) * (size_t)(rows * cols)),
+          *mt = malloc(sizeof(float) * (size_t)(rows * cols));
+    const size_t n = sizeof(float) * (size_t)(is_a ? jdt_rt_bf16_pack_a_floats(rows, cols)
+                                                   : jdt_rt_bf16_pack_b_floats(rows, cols));
+    unsigned char *p0 = malloc(n), *p1 = malloc(n);
+    ck_assert(m && mt && p0 && p1);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            mt[j * rows + i] = m[i * cols + j] = frand(&seed);
+    memset(p0, 0xa5, n);
+    memset(p1, 0xa5, n);
+    if (is_a) {
+        jdt_rt_bf16_pack_a(m, cols, false, rows, cols, p0);
+        jdt_rt_bf16_pack_a(mt, rows, true, rows, cols, p1);
+    } else {
+        jdt_rt_bf16_pack_b(m, cols, false, rows, cols, p0);
+        jdt_rt_bf16_pack_b(mt, rows, true, rows, cols, p1);
+    }
+    ck_assert_msg(!memcmp(p0, p1, n), "%s %lld x %lld: the transposed pack differs",
+                  is_a ? "A" : "B", (long long)rows, (long long)cols);
+    free(m), free(mt), free(p0), free(p1);
 }
 
 static void packed_cases(void)
 {
-    check_pack_at(256, 64);
-    check_pack_at(45, 7);
-    check_pack_at(17, 131);
-    check_pack_at(130, 33);
-    check_pack_bt(64, 256);
-    check_pack_bt(7, 45);
-    check_pack_bt(131, 17);
-    check_pack_bt(300, 33);
+    check_pack_transposed(true, 256, 64);
+    check_pack_transposed(true, 45, 7);
+    check_pack_transposed(true, 17, 131);
+    check_pack_transposed(true, 130, 33);
+    check_pack_transposed(false, 64, 256);
+    check_pack_transposed(false, 7, 45);
+    check_pack_transposed(false, 131, 17);
+    check_pack_transposed(false, 300, 33);
     check_packed(64, 64, 64, 64, 64, false, false, 0.0f);
     check_packed(13, 45, 7, 7, 45, false, true, 1.0f);     /* ragged M, N; odd K */
     check_packed(64, 130, 64, 64, 256, false, true, 0.0f); /* a prefix of B's columns */
