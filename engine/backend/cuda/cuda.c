@@ -25,6 +25,7 @@
 
 #include <cuda_runtime.h>
 #include <nvrtc.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,11 +116,32 @@ typedef struct {
 
 int jdt_cuda_nvrtc_compile(void *prog, const char *target)
 {
-    char arch[64];
+    char arch[64], split[48];
     snprintf(arch, sizeof arch, "--gpu-architecture=%s", target);
-    const char *opts[] = {arch, "--std=c++17", "--split-compile=0"};
-    nvrtcResult r = nvrtcCompileProgram((nvrtcProgram)prog, 3, opts);
-    if (r == NVRTC_ERROR_INVALID_OPTION) /* an NVRTC older than the option */
+    const char *opts[] = {arch, "--std=c++17", split};
+    /* NVRTC 13.0 with --split-compile crashed (SIGSEGV in nvrtcCompileProgram's own thread while
+     * its workers ran) in 2 of 13 runs of check_cuda's step compiles on a 2-core box with the
+     * other core busy, once in CI; 0 of 25 without it. So a single-threaded compile is the
+     * default and the split an opt-in (JDT_NVRTC_SPLIT=N threads, 0 = every core): a cold cache
+     * only, the cubins are cached */
+    const char *env = getenv("JDT_NVRTC_SPLIT");
+    int n_opts = 2;
+    if (env && *env) {
+        char *end;
+        long n = strtol(env, &end, 10);
+        if (*end == 0 && n >= 0 && n <= 4096) {
+            snprintf(split, sizeof split, "--split-compile=%ld", n);
+            n_opts = 3;
+        } else {
+            static atomic_flag warned = ATOMIC_FLAG_INIT;
+            if (!atomic_flag_test_and_set(&warned))
+                JDT_WARN("JDT_NVRTC_SPLIT=%s is not a thread count (0-4096): NVRTC compiles "
+                         "single-threaded",
+                         env);
+        }
+    }
+    nvrtcResult r = nvrtcCompileProgram((nvrtcProgram)prog, n_opts, opts);
+    if (r == NVRTC_ERROR_INVALID_OPTION && n_opts == 3) /* an NVRTC older than the option */
         r = nvrtcCompileProgram((nvrtcProgram)prog, 2, opts);
     return (int)r;
 }

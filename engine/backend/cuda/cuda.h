@@ -8,11 +8,12 @@
 
 #include "backend/backend.h"
 
-/* nvrtcCompileProgram(prog) for `target` (sm_NN or compute_NN), C++17, with NVRTC's optimiser
- * and ptxas split across all the host's cores (--split-compile=0: the same code, ptxas reports
- * the same registers and spills; 27% less wall time for the FMA attention on 2 cores, 70.5 ->
- * 51.2 s for sm_90). An NVRTC that does not know the option compiles without it. Returns
- * NVRTC's status (typed int: nvrtc.h stays out of this header). */
+/* nvrtcCompileProgram(prog) for `target` (sm_NN or compute_NN), C++17, single-threaded. With
+ * JDT_NVRTC_SPLIT=N in the environment NVRTC's optimiser and ptxas split over N threads
+ * (--split-compile=N, 0 = every core; the same code: 27% less wall time for the FMA attention on
+ * 2 cores), opt-in because NVRTC 13.0 crashed in it under CPU load (cuda.c); an NVRTC that does
+ * not know the option compiles without it. Returns NVRTC's status (typed int: nvrtc.h stays out
+ * of this header). */
 int jdt_cuda_nvrtc_compile(void *prog, const char *target);
 
 /* Compiles CUDA C++ source `src` (named `name` in messages) with NVRTC for sm_<arch> into a
