@@ -44,8 +44,10 @@ void jdt_dist_set_abort(jdt_dist *d, jdt_status code, const char *fmt, ...)
         va_end(ap);
         d->abort_code = code;
         atomic_store(&d->aborted, 1);
-        jdt_job_lost_set(); /* a wait for a compile elsewhere in this process ends too */
-        JDT_ERROR("%s", d->abort_msg);
+        jdt_job_lost_set(d->abort_msg); /* a wait for a compile elsewhere ends too */
+        /* not an error line: the call that meets the abort fails with this message, and the
+         * process's closing line reports it once */
+        JDT_DEBUG("%s", d->abort_msg);
     }
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);

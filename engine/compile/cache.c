@@ -546,8 +546,8 @@ jdt_status jdt_compile_cache_fetch(const char *dir, uint64_t key, const char *ki
     if (lock == JDT_CACHE_LOCK_JOB_LOST)
         return jdt_err_set(e, JDT_ERR_PEER_LOST,
                            "compile cache: the job ended while another process built this %s "
-                           "entry",
-                           kind);
+                           "entry: %s",
+                           kind, jdt_job_lost_why());
     jdt_status st = JDT_OK;
     if (lock >= 0 && jdt_compile_cache_get(dir, key, kind, bytes, n_bytes)) {
         *how = JDT_CACHE_WAITED;
@@ -597,8 +597,8 @@ jdt_status jdt_compile_build(const jdt_compile_opts *o, const char *src, void **
     if (lock == JDT_CACHE_LOCK_JOB_LOST)
         return jdt_err_set(e, JDT_ERR_PEER_LOST,
                            "compile: the job ended while another process compiled this "
-                           "program (%s)",
-                           so);
+                           "program (%s): %s",
+                           so, jdt_job_lost_why());
     if (lock >= 0 && load_hit(so, true, handle, st)) {
         st->cache_waited = true;
         s = JDT_OK;
@@ -689,7 +689,8 @@ static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const
         if (rename(log, kept_log) != 0) snprintf(kept_log, sizeof kept_log, "%s", log);
         if (rc == RUN_JOB_LOST)
             return jdt_err_set(e, JDT_ERR_PEER_LOST,
-                               "compile: the job ended while the C compiler ran (stopped it)");
+                               "compile: the job ended while the C compiler ran (stopped it): %s",
+                               jdt_job_lost_why());
         if (rc == RUN_TIMED_OUT)
             return jdt_err_set(e, JDT_ERR_TIMEOUT,
                                "compile: C compiler '%s' did not finish in %.0f s and was killed; "

@@ -257,9 +257,13 @@ int jdt_signals_stop_requested(void);
 /* The job this process is a rank of has ended under it (engine/comm: a lost peer or
  * coordinator, an abort): waits that no collective bounds, for another process's compile (the
  * compile cache's lock) or for this process's compiler, end early instead of running to their
- * timeouts. Set once (jdt_dist_set_abort), never cleared; any thread. */
-void jdt_job_lost_set(void);
+ * timeouts. Set once (jdt_dist_set_abort, with the job's end in one line: `why`), never
+ * cleared; any thread. jdt_job_lost_why: that line once jdt_job_lost() is true, else "" (the
+ * messages of the waits it ends carry it: the process reports the job's end once, in its
+ * closing line). */
+void jdt_job_lost_set(const char *why);
 bool jdt_job_lost(void);
+const char *jdt_job_lost_why(void);
 
 /* Progress of a long operation (prepare, checkpoint save and load, compilation): on a terminal a
  * live line "what: done/total unit (pct), rate, elapsed, ETA" rewritten in place; otherwise a log

@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 static bool g_blocked;               /* jdt_signals_init blocked the stop signals */
@@ -124,13 +125,22 @@ int jdt_signals_stop_requested(void)
 }
 
 static atomic_bool g_job_lost; /* jdt_job_lost_set: the job ended under this process */
+static atomic_flag g_job_lost_claim = ATOMIC_FLAG_INIT; /* the first setter writes g_job_lost_why */
+static char g_job_lost_why[512];
 
-void jdt_job_lost_set(void)
+void jdt_job_lost_set(const char *why)
 {
-    atomic_store(&g_job_lost, true);
+    if (atomic_flag_test_and_set(&g_job_lost_claim)) return;
+    snprintf(g_job_lost_why, sizeof g_job_lost_why, "%s", why ? why : "");
+    atomic_store(&g_job_lost, true); /* publishes g_job_lost_why */
 }
 
 bool jdt_job_lost(void)
 {
     return atomic_load(&g_job_lost);
+}
+
+const char *jdt_job_lost_why(void)
+{
+    return atomic_load(&g_job_lost) ? g_job_lost_why : "";
 }

@@ -71,6 +71,7 @@ when_exists "$TMP/k/tiny/ckpt/step_000004.tmp" "${PIDS[1]}" SIGKILL || fail "no 
 wait2 30
 [ "$RC1" = 137 ] && [ "$RC0" = 1 ] || { tail -n 3 k.err0; fail "killed mid-save: exits $RC0 $RC1, expected 1 137"; }
 grep -q "rank 1 (host 127.0.0.1) lost" k.err0 || { cat k.err0; fail "rank 0 does not name rank 1"; }
+[ "$(grep -c 'error' k.err0)" -eq 1 ] || { grep error k.err0; fail "rank 0 reports the job's end more than once"; }
 ls k/tiny/ckpt/step_000004/state.h5 >/dev/null 2>&1 && echo "  (the kill came after the commit)"
 start2 k run.out_dir="$TMP/k" run.steps=8 checkpoint.resume=auto
 wait2 120; [ "$RC0$RC1" = 00 ] || { tail -n 3 k.err0 k.err1; fail "resume: exits $RC0 $RC1"; }
@@ -90,6 +91,7 @@ wait2 30
 [ -f c/tiny/ckpt/step_000004/state.h5 ] || fail "step 4 not committed: $(ls c/tiny/ckpt)"
 grep -q "not saved" c.err0 && { grep error c.err0; fail "rank 0 says 'not saved' of a committed checkpoint"; }
 grep -q "rank 1 (host 127.0.0.1) lost" c.err0 || { cat c.err0; fail "rank 0 does not name rank 1"; }
+[ "$(grep -c 'error' c.err0)" -eq 1 ] || { grep error c.err0; fail "rank 0 reports the job's end more than once"; }
 echo "ok: a rank lost after the commit: $(grep -o 'error: after saving checkpoint [^:]*' c.err0 || tail -n 1 c.err0)"
 
 # 3. rank 1 sees only step 2 (its working directory's copy), rank 0 step 4: refused at start
@@ -181,6 +183,8 @@ done
 wait "$W"; rcw=$?
 kill -KILL "$H" 2>/dev/null; kill -CONT "$H" 2>/dev/null; wait "$H" 2>/dev/null; PIDS=()
 [ $rcw -ne 0 ] || fail "the waiting rank exited 0"
-grep -q "rank $HR .*\(no heartbeat\|silent\|lost\)" "c6.err$((1 - HR))" ||
-  { cat "c6.err$((1 - HR))"; fail "the waiting rank did not name rank $HR"; }
+grep -q "error: .*rank $HR .*\(no heartbeat\|silent\|lost\)" "c6.err$((1 - HR))" ||
+  { cat "c6.err$((1 - HR))"; fail "the waiting rank's closing line does not name rank $HR"; }
+[ "$(grep -c 'error' "c6.err$((1 - HR))")" -eq 1 ] ||
+  { grep error "c6.err$((1 - HR))"; fail "the waiting rank reports the job's end more than once"; }
 echo "ok: a rank stopped mid-compile ended the other after $((SECONDS - t0)) s, exit $rcw"
