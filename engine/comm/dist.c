@@ -45,9 +45,10 @@ void jdt_dist_set_abort(jdt_dist *d, jdt_status code, const char *fmt, ...)
         d->abort_code = code;
         atomic_store(&d->aborted, 1);
         jdt_job_lost_set(d->abort_msg); /* a wait for a compile elsewhere ends too */
-        /* not an error line: the call that meets the abort fails with this message, and the
-         * process's closing line reports it once */
-        JDT_DEBUG("%s", d->abort_msg);
+        /* a warning now, not an error: the call that meets the abort fails with this message
+         * and the process's closing line is the error; this one is for a process that does not
+         * get to print it (a scheduler's kill: srun ends a step's other tasks once one fails) */
+        JDT_WARN("the job is ending: %s", d->abort_msg);
     }
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
