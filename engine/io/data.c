@@ -694,6 +694,52 @@ jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, vo
     return st;
 }
 
+/* The fingerprint's windows: at least PRINT_MIN, three per shard, at most PRINT_MAX, each of
+ * PRINT_UNITS tokens or PRINT_ROWS rows, spread evenly over the logical stream. */
+#define PRINT_MIN 16
+#define PRINT_MAX 3072
+#define PRINT_UNITS 256
+#define PRINT_ROWS 4
+
+jdt_status jdt_data_fingerprint(jdt_data *d, uint64_t *out, jdt_err *e)
+{
+    jdt_err err_local_;
+    if (!e) e = &err_local_;
+    *out = 0;
+    jdt_h5_quiet();
+    const bool tokens = d->info.kind == JDT_DATA_KIND_TOKENS;
+    const int64_t total = d->info.n_units, D = tokens ? 1 : d->info.dim;
+    const int64_t per = tokens ? PRINT_UNITS : PRINT_ROWS, n = total < per ? total : per;
+    int64_t windows = 3 * d->n_shards;
+    windows = windows < PRINT_MIN ? PRINT_MIN : windows > PRINT_MAX ? PRINT_MAX : windows;
+    /* a token takes at most 4 bytes as stored; a row D floats and a label */
+    void *buf = jdt_malloc((size_t)(per * (D + 1)) * 4);
+    if (!buf) return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", d->path);
+    uint64_t h = jdt_hash_u64(JDT_HASH_INIT, (uint64_t)total);
+    jdt_status st = JDT_OK;
+    pthread_mutex_lock(&d->io_lock);
+    for (int64_t w = 0; w < windows && st == JDT_OK; w++) {
+        const int64_t a = (total - n) * w / (windows - 1); /* the first at 0, the last at the end */
+        if (tokens) { /* the stored ids, in their on-disk width */
+            const bool u16 = d->info.token_dtype == JDT_DTYPE_U16;
+            st = read_units(d, false, a, a + n, u16 ? H5T_NATIVE_UINT16 : H5T_NATIVE_UINT32,
+                            u16 ? 2 : 4, 1, buf, e);
+            if (st == JDT_OK) h = jdt_hash_bytes(h, buf, (size_t)n * (u16 ? 2 : 4));
+        } else {
+            float *x = buf;
+            int32_t *y = (int32_t *)((char *)buf + (size_t)(n * D) * sizeof(float));
+            st = read_units(d, false, a, a + n, H5T_NATIVE_FLOAT, sizeof(float), D, x, e);
+            if (st == JDT_OK)
+                st = read_units(d, true, a, a + n, H5T_NATIVE_INT32, sizeof(int32_t), 1, y, e);
+            if (st == JDT_OK) h = jdt_hash_bytes(h, buf, (size_t)(n * (D + 1)) * 4);
+        }
+    }
+    pthread_mutex_unlock(&d->io_lock);
+    jdt_free(buf);
+    if (st == JDT_OK) *out = h;
+    return st;
+}
+
 /* ---- prefetch ---------------------------------------------------------------------------- */
 
 static void *prefetch_main(void *arg)

@@ -146,6 +146,15 @@ jdt_status jdt_data_get(jdt_data *d, int64_t k, jdt_data_batch *out, jdt_err *e)
 jdt_status jdt_data_read_rows(jdt_data *d, int64_t k, int64_t r0, int64_t r1, void *x, int32_t *y,
                               jdt_err *e);
 
+/* A fingerprint of the dataset's content, for comparing copies of it (every rank of a job must
+ * read the same data, data.train_path naming each host's copy): its length in tokens (rows),
+ * and windows of 256 tokens (array data: 4 rows, features and labels) as stored, spread evenly
+ * over the whole stream from its first unit to its last: three per shard (at least 16, at most
+ * 3072), so however the copies are split into files. Cheap (a small read per window) and not
+ * a checksum: copies that differ only between the windows print alike. Reads a remote
+ * dataset's shards, waiting for them to download (a caller may skip those). Thread-safe. */
+jdt_status jdt_data_fingerprint(jdt_data *d, uint64_t *out, jdt_err *e);
+
 /* The sample (window or row) index that global sequence j of batch k reads: a pure function
  * of (seed, shuffle, k, global_batch, N). */
 int64_t jdt_data_sample_index(const jdt_data *d, int64_t k, int64_t j);

@@ -852,33 +852,17 @@ static jdt_status agree_start(trainer *tr, int64_t start, jdt_err *e)
     return st;
 }
 
-/* A fingerprint of a local dataset's content: the hash of the first rows (at most 8) of global
- * batch 0 (of `batch` rows: the loader's), inputs and targets, as every rank reads them (the sample
- * order is a function of the seed and the sample count, which agree_data compares first). -1 where
- * there is no dataset or it is remote (an http(s):// path: every rank fetches the same URL, and
- * batch 0's rows may lie in shards still downloading), the hash in [0, 2^52) otherwise (exact in a
- * double). */
-static jdt_status data_print(jdt_data *d, const char *path, int64_t batch, int64_t seq_len,
-                             double *out, jdt_err *e)
+/* A fingerprint of a local dataset's content (jdt_data_fingerprint: its length and windows
+ * spread over the whole stream). -1 where there is no dataset or it is remote (an http(s)://
+ * path: every rank fetches the same URL, and its shards may still be downloading), the hash in
+ * [0, 2^52) otherwise (exact in a double). */
+static jdt_status data_print(jdt_data *d, const char *path, double *out, jdt_err *e)
 {
     *out = -1;
     if (!d || jdt_fetch_is_url(path)) return JDT_OK;
-    jdt_data_info info;
-    jdt_data_get_info(d, &info);
-    const bool arrays = info.kind == JDT_DATA_KIND_ARRAYS;
-    const int64_t rows = batch < 8 ? batch : 8, x_cols = arrays ? info.dim : seq_len,
-                  y_cols = arrays ? 1 : seq_len;
-    void *x = jdt_malloc((size_t)(rows * x_cols) * 4);
-    int32_t *y = jdt_malloc((size_t)(rows * y_cols) * sizeof *y);
-    jdt_status st = x && y ? jdt_data_read_rows(d, 0, 0, rows, x, y, e)
-                           : jdt_err_set(e, JDT_ERR_NOMEM, "data: out of memory");
-    if (st == JDT_OK) {
-        uint64_t h = jdt_hash_bytes(JDT_HASH_INIT, x, (size_t)(rows * x_cols) * 4);
-        h = jdt_hash_bytes(h, y, (size_t)(rows * y_cols) * sizeof *y);
-        *out = (double)(h >> 12); /* 52 bits: exact in a double */
-    }
-    jdt_free(x);
-    jdt_free(y);
+    uint64_t h = 0;
+    jdt_status st = jdt_data_fingerprint(d, &h, e);
+    if (st == JDT_OK) *out = (double)(h >> 12); /* 52 bits: exact in a double */
     return st;
 }
 
@@ -898,13 +882,9 @@ static jdt_status agree_data(trainer *tr, jdt_err *e)
     all[4 * tr->rank] = tr->train ? (double)info.n_samples : -1;
     if (tr->val) jdt_data_get_info(tr->val, &info);
     all[4 * tr->rank + 1] = tr->val ? (double)info.n_samples : -1;
-    const jdt_config *cfg = tr->cfg; /* the loaders' global batches: open_data's */
-    const int64_t T = cfg->model.seq_len;
-    jdt_status st = data_print(tr->train, cfg->data.train_path, cfg->data.batch_size, T,
-                               &all[4 * tr->rank + 2], e);
-    if (st == JDT_OK)
-        st = data_print(tr->val, cfg->data.val_path, cfg->data.micro_batch_size, T,
-                        &all[4 * tr->rank + 3], e);
+    const jdt_config *cfg = tr->cfg;
+    jdt_status st = data_print(tr->train, cfg->data.train_path, &all[4 * tr->rank + 2], e);
+    if (st == JDT_OK) st = data_print(tr->val, cfg->data.val_path, &all[4 * tr->rank + 3], e);
     if (st == JDT_OK) st = jdt_comm_allgather(jdt_dist_world(tr->dist), all, n, JDT_DTYPE_F64, e);
     for (int i = 4; i < (int)n && st == JDT_OK; i++) {
         const int k = i % 4, r = i / 4;
@@ -920,8 +900,8 @@ static jdt_status agree_data(trainer *tr, jdt_err *e)
         else if (all[i] >= 0 && all[k] >= 0)
             st = jdt_err_set(e, JDT_ERR_INVALID,
                              "rank %d's %s data differs from rank 0's (the same %.0f samples, "
-                             "other tokens in the first batch): every rank must read the same "
-                             "dataset (%s may differ between processes only to name copies of it)",
+                             "other content): every rank must read the same dataset (%s may "
+                             "differ between processes only to name copies of it)",
                              r, val ? "validation" : "training", all[k - 2], key);
     }
     jdt_free(all);

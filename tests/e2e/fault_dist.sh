@@ -71,7 +71,7 @@ when_exists "$TMP/k/tiny/ckpt/step_000004.tmp" "${PIDS[1]}" SIGKILL || fail "no 
 wait2 30
 [ "$RC1" = 137 ] && [ "$RC0" = 1 ] || { tail -n 3 k.err0; fail "killed mid-save: exits $RC0 $RC1, expected 1 137"; }
 grep -q "rank 1 (host 127.0.0.1) lost" k.err0 || { cat k.err0; fail "rank 0 does not name rank 1"; }
-[ "$(grep -c 'error' k.err0)" -eq 1 ] || { grep error k.err0; fail "rank 0 reports the job's end more than once"; }
+[ "$(grep -c 'error:' k.err0)" -eq 1 ] || { grep error k.err0; fail "rank 0 reports the job's end in more than one error line"; }
 ls k/tiny/ckpt/step_000004/state.h5 >/dev/null 2>&1 && echo "  (the kill came after the commit)"
 start2 k run.out_dir="$TMP/k" run.steps=8 checkpoint.resume=auto
 wait2 120; [ "$RC0$RC1" = 00 ] || { tail -n 3 k.err0 k.err1; fail "resume: exits $RC0 $RC1"; }
@@ -91,7 +91,7 @@ wait2 30
 [ -f c/tiny/ckpt/step_000004/state.h5 ] || fail "step 4 not committed: $(ls c/tiny/ckpt)"
 grep -q "not saved" c.err0 && { grep error c.err0; fail "rank 0 says 'not saved' of a committed checkpoint"; }
 grep -q "rank 1 (host 127.0.0.1) lost" c.err0 || { cat c.err0; fail "rank 0 does not name rank 1"; }
-[ "$(grep -c 'error' c.err0)" -eq 1 ] || { grep error c.err0; fail "rank 0 reports the job's end more than once"; }
+[ "$(grep -c 'error:' c.err0)" -eq 1 ] || { grep error c.err0; fail "rank 0 reports the job's end in more than one error line"; }
 echo "ok: a rank lost after the commit: $(grep -o 'error: after saving checkpoint [^:]*' c.err0 || tail -n 1 c.err0)"
 
 # 3. rank 1 sees only step 2 (its working directory's copy), rank 0 step 4: refused at start
@@ -122,11 +122,11 @@ for d in long short; do
   "$BIN" prepare "${C[@]}" data.format=tokens data.source=$d.txt data.train_path=$d data.n_shards=1 \
     >/dev/null 2>prep.err || { cat prep.err; fail "prepare $d"; }
 done
-# data_refused NAME DATA WANT: rank 0 reads `long`, rank 1 DATA; both exit 1 saying WANT
+# data_refused NAME DATA0 DATA1 WANT: rank 0 reads DATA0, rank 1 DATA1; both exit 1 saying WANT
 data_refused() {
-  local name=$1 other=$2 want=$3 port d; port=$(freeport)
+  local name=$1 d0=$2 other=$3 want=$4 port d; port=$(freeport)
   for r in 0 1; do
-    d=long; [ $r = 1 ] && d=$other
+    d=$d0; [ $r = 1 ] && d=$other
     "$BIN" "${C[@]}" "${D[@]}" dist.coordinator=127.0.0.1:$port dist.rank=$r run.out_dir="$TMP/$name" \
       data.format=tokens data.train_path=$d run.steps=8 >/dev/null 2>$name.err$r &
     PIDS[$r]=$!
@@ -135,14 +135,32 @@ data_refused() {
   [ "$RC0" = 1 ] && [ "$RC1" = 1 ] || { cat $name.err0 $name.err1; fail "rank 1 reading $other: exits $RC0 $RC1, expected 1 1"; }
   grep -qF "$want" $name.err0 && grep -qF "$want" $name.err1 || { tail -n 2 $name.err0 $name.err1; fail "no line saying: $want"; }
 }
-data_refused dd short "rank 1's training data holds 84 samples, rank 0's 401: every rank must read the same dataset"
+data_refused dd long short "rank 1's training data holds 84 samples, rank 0's 401: every rank must read the same dataset"
 echo "ok: a rank with a shorter copy of the data refused"
-# 4b. the same number of samples, other text ("fox" -> "cat"): refused by the content's print
-sed 's/fox/cat/' long.txt >other.txt
-"$BIN" prepare "${C[@]}" data.format=tokens data.source=other.txt data.train_path=other data.n_shards=1 \
-  >/dev/null 2>prep.err || { cat prep.err; fail "prepare other"; }
-data_refused do other "rank 1's training data differs from rank 0's (the same 401 samples, other tokens in the first batch)"
-echo "ok: a rank with other data of the same size refused"
+# 4b. the same number of samples, other text in the last line only ("fox 299" -> "cat 299",
+# past every row of the first batch; nothing held out for validation, so it is training data):
+# refused by the content's print
+sed 's/fox 299/cat 299/' long.txt >other.txt
+cmp -s long.txt other.txt && fail "other.txt is long.txt"
+for d in long other; do
+  "$BIN" prepare "${C[@]}" data.format=tokens data.source=$d.txt data.train_path=${d}0 data.n_shards=1 \
+    data.val_fraction=0 >/dev/null 2>prep.err || { cat prep.err; fail "prepare ${d}0"; }
+done
+data_refused do long0 other0 "rank 1's training data differs from rank 0's (the same 446 samples, other content)"
+echo "ok: a rank with other data of the same size (its last line) refused"
+# 4c. the same tokens split into other shards: accepted (the print reads the stream, not files)
+"$BIN" prepare "${C[@]}" data.format=tokens data.source=long.txt data.train_path=long3 data.n_shards=3 \
+  >/dev/null 2>prep.err || { cat prep.err; fail "prepare long3"; }
+port=$(freeport)
+for r in 0 1; do
+  d=long; [ $r = 1 ] && d=long3
+  "$BIN" "${C[@]}" "${D[@]}" dist.coordinator=127.0.0.1:$port dist.rank=$r run.out_dir="$TMP/l3" \
+    data.format=tokens data.train_path=$d run.steps=2 checkpoint.every=0 >/dev/null 2>l3.err$r &
+  PIDS[$r]=$!
+done
+wait2 60
+[ "$RC0$RC1" = 00 ] || { tail -n 3 l3.err0 l3.err1; fail "the same data in 3 shards refused: exits $RC0 $RC1"; }
+echo "ok: the same data in other shards accepted"
 
 # 5. the launcher with rank 1 stopped: named, continued, the job ends within about 3 s
 "$BIN" --nproc 2 "${C[@]}" mesh.data=2 dist.peer_timeout_s=2 dist.heartbeat_s=0.5 \
@@ -185,6 +203,6 @@ kill -KILL "$H" 2>/dev/null; kill -CONT "$H" 2>/dev/null; wait "$H" 2>/dev/null;
 [ $rcw -ne 0 ] || fail "the waiting rank exited 0"
 grep -q "error: .*rank $HR .*\(no heartbeat\|silent\|lost\)" "c6.err$((1 - HR))" ||
   { cat "c6.err$((1 - HR))"; fail "the waiting rank's closing line does not name rank $HR"; }
-[ "$(grep -c 'error' "c6.err$((1 - HR))")" -eq 1 ] ||
-  { grep error "c6.err$((1 - HR))"; fail "the waiting rank reports the job's end more than once"; }
+[ "$(grep -c 'error:' "c6.err$((1 - HR))")" -eq 1 ] ||
+  { grep error "c6.err$((1 - HR))"; fail "the waiting rank reports the job's end in more than one error line"; }
 echo "ok: a rank stopped mid-compile ended the other after $((SECONDS - t0)) s, exit $rcw"

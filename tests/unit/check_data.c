@@ -218,6 +218,12 @@ START_TEST(test_shards_equal_single)
             free(ca);
             free(cz);
         }
+        /* the same stream prints alike, whatever its files and their compression */
+        uint64_t pa = 0, pb = 1, pz = 2;
+        ck_assert_int_eq(jdt_data_fingerprint(a, &pa, &e), JDT_OK);
+        ck_assert_int_eq(jdt_data_fingerprint(b, &pb, &e), JDT_OK);
+        ck_assert_int_eq(jdt_data_fingerprint(z, &pz, &e), JDT_OK);
+        ck_assert(pa == pb && pa == pz);
         jdt_data_close(z);
         jdt_data_info ia, ib;
         jdt_data_get_info(a, &ia);
@@ -234,6 +240,37 @@ START_TEST(test_shards_equal_single)
         jdt_data_close(b);
     }
     free(t);
+}
+END_TEST
+
+/* The print of a token stream (n tokens, one file) with token `at` changed (at < 0: none). */
+static uint64_t print_changed(int64_t n, int64_t at)
+{
+    jdt_err e;
+    uint32_t *t = make_tokens(n, 50000);
+    if (at >= 0) t[at] = (t[at] + 1) % 50000;
+    ck_assert_int_eq(jdt_data_write_tokens(path_in("p.h5"), t, n, 50000, "byte", &e), JDT_OK);
+    free(t);
+    jdt_data *d = open_tokens(path_in("p.h5"), NULL, 16, 8, true, 7, 0, 0, 0);
+    uint64_t h = 0;
+    ck_assert_int_eq(jdt_data_fingerprint(d, &h, &e), JDT_OK);
+    jdt_data_close(d);
+    return h;
+}
+
+/* jdt_data_fingerprint: a token changed in its first, middle or last window changes the print
+ * (the copies a job's ranks read are compared by it); one between windows does not (it is not
+ * a checksum: 16 windows of 256 tokens over a file of 100000). */
+START_TEST(test_fingerprint)
+{
+    const int64_t n = 100000;
+    const uint64_t base = print_changed(n, -1);
+    ck_assert(print_changed(n, -1) == base); /* deterministic */
+    ck_assert(print_changed(n, 0) != base);
+    ck_assert(print_changed(n, n - 1) != base);
+    ck_assert(print_changed(n, (n - 256) * 7 / 15 + 100) != base);  /* inside window 7 */
+    ck_assert(print_changed(n, (n - 256) * 7 / 15 + 1000) == base); /* between 7 and 8 */
+    ck_assert(print_changed(n - 1, -1) != base);                    /* its length */
 }
 END_TEST
 
@@ -493,6 +530,18 @@ START_TEST(test_arrays)
         }
         jdt_data_close(d);
     }
+    /* the fingerprint reads features and labels: the last row's label changed prints apart */
+    uint64_t print[2] = {0, 0};
+    for (int changed = 0; changed < 2; changed++) {
+        y[N - 1] = (int32_t)((N - 1 + changed) % 4);
+        ck_assert_int_eq(jdt_data_write_arrays(path_in("f.h5"), x, y, N, D, 4, NULL, &e), JDT_OK);
+        jdt_data_opts o = {.path = path_in("f.h5"), .global_batch = 8, .seed = 9};
+        jdt_data *d = NULL;
+        ck_assert_int_eq(jdt_data_open(&o, &d, &e), JDT_OK);
+        ck_assert_int_eq(jdt_data_fingerprint(d, &print[changed], &e), JDT_OK);
+        jdt_data_close(d);
+    }
+    ck_assert(print[0] != print[1]);
     /* asking for tokens from an array file is a clear error */
     jdt_data_opts o = {
         .path = path_in("a.h5"), .kind = JDT_DATA_KIND_TOKENS, .seq_len = 4, .global_batch = 2};
@@ -901,6 +950,7 @@ int main(void)
     tcase_add_test(tc, test_writer_misuse);
     tcase_add_test(tc, test_sequential_exact);
     tcase_add_test(tc, test_shards_equal_single);
+    tcase_add_test(tc, test_fingerprint);
     tcase_add_test(tc, test_many_shards);
     tcase_add_test(tc, test_shards_stay_open);
     tcase_add_test(tc, test_shuffle_determinism);
