@@ -133,14 +133,10 @@ int64_t jdt_rt_bf16_pack_b_floats(int64_t K, int64_t N)
     return (jdt_rt_bf16_tiles_amx() ? k2_of(K) : K + 1) * ld_of(N);
 }
 
-/* The bf16 bits of x rounded to nearest even (jdt_bf16_round's rule, NaN kept quiet), without
- * a branch or a call so that packing loops vectorise. */
+/* The bf16 bits of x rounded to nearest even (runtime-impl.h), widened for the pair words. */
 static inline __attribute__((always_inline)) uint32_t bits16(float x)
 {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r;
+    return jdt_rt_bf16_bits_inline(x);
 }
 
 static inline __attribute__((always_inline)) float round16(float x)

@@ -342,16 +342,6 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *t
     }
 }
 
-/* f32 -> bf16 bits, nearest even; a NaN stays a quiet NaN (jdt_bf16_round's rule), written
- * with integer selects so the row loop vectorises */
-JDT_RT_INLINE uint16_t bf16_store(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    uint32_t q = (u | 0x00400000u) >> 16, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-}
-
 JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt,
                                                 const float *dloss, const float *loss,
                                                 uint16_t *dlogits, int64_t N, int64_t V, int nt)
@@ -368,8 +358,9 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32
         float l = xent_lse(x, loss, n, t, V), g = dloss[n];
 #pragma omp simd
         for (int64_t c = 0; c < V; c++)
-            d[c] = bf16_store(g * jdt_rt_expf(x[c] - l));
-        d[t] = bf16_store(g * jdt_rt_expf(x[t] - l) - g); /* the f32 path's d[t] -= g */
+            d[c] = jdt_rt_bf16_bits_inline(g * jdt_rt_expf(x[c] - l));
+        d[t] =
+            jdt_rt_bf16_bits_inline(g * jdt_rt_expf(x[t] - l) - g); /* the f32 path's d[t] -= g */
     }
 }
 

@@ -79,4 +79,15 @@ JDT_RT_INLINE float jdt_rt_expf(float x)
     return jdt_rt_sel(nan, x, y);
 }
 
+/* f32 -> bf16 bits, nearest even; a NaN stays a quiet NaN (jdt_bf16_round's rule), with
+ * integer selects and no call, so conversion loops vectorise (jdt_bf16_round is out of line:
+ * a call per element, ~1 ns). */
+JDT_RT_INLINE uint16_t jdt_rt_bf16_bits_inline(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t q = (u | 0x00400000u) >> 16, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
 #endif /* JDT_RUNTIME_IMPL_H */

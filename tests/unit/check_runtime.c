@@ -58,9 +58,10 @@ static void fill_operands(unsigned *seed, float *a, int64_t na, float *b, int64_
 
 /* c (batch, M, N) vs double sums of bf16-rounded products; returns the largest |error| /
  * (sum |a||b| + 1e-30) and, through dev, the largest |c - f32-unrounded product| (> 0 shows
- * that the inputs were rounded). */
+ * that the inputs were rounded); c itself through *out (the caller frees it). */
 static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                       bool b_shared, bool with_bias, bool a_bf, bool b_bf, double *dev)
+                       bool b_shared, bool with_bias, bool a_bf, bool b_bf, double *dev,
+                       float **out)
 {
     unsigned seed = (unsigned)(batch * 131 + M * 17 + N * 7 + K + ta * 3 + tb * 5);
     int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N, nc = batch * M * N;
@@ -110,7 +111,7 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
             }
     free(a);
     free(b);
-    free(c);
+    *out = c;
     free(bias);
     free(a16);
     free(b16);
@@ -118,7 +119,9 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
     return worst;
 }
 
-/* every case with f32 operands, and with a, b or both stored as bf16 (jdt_rt_matmul_bf16_ex) */
+/* every case with f32 operands, and with a, b or both stored as bf16 (jdt_rt_matmul_bf16_ex):
+ * the GEMM's own conversion of f32 operands (bf16.c, the transposed one tile by tile) gives the
+ * bits jdt_rt_bf16_bits gives, so all four products are the same bits */
 static void mm_cases(void)
 {
     static const struct {
@@ -130,12 +133,22 @@ static void mm_cases(void)
         {4, 8, 48, 32, false, false, true, true},    {2, 128, 384, 96, false, true, false, false},
         {1, 5, 7, 1, false, false, true, false},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float *first = NULL;
         for (int st = 0; st < 4; st++) { /* bit 0: a stored as bf16, bit 1: b */
             double dev;
+            float *c = NULL;
             double err =
                 check_mm(cases[i].batch, cases[i].M, cases[i].N, cases[i].K, cases[i].ta,
-                         cases[i].tb, cases[i].shared, cases[i].bias, st & 1, st & 2, &dev);
+                         cases[i].tb, cases[i].shared, cases[i].bias, st & 1, st & 2, &dev, &c);
+            if (st == 0)
+                first = c;
+            else {
+                const size_t nc = (size_t)(cases[i].batch * cases[i].M * cases[i].N);
+                ck_assert_msg(memcmp(first, c, nc * sizeof *c) == 0,
+                              "case %zu: stored %d differs from f32 operands", i, st);
+                free(c);
+            }
             /* f32 accumulation of exact products: a few f32 ulps of the magnitude sum */
             ck_assert_msg(err < 1e-6 * (1 + cases[i].K / 64.0),
                           "case %zu, stored %d: relative error %g", i, st, err);
@@ -143,6 +156,8 @@ static void mm_cases(void)
                           "case %zu, stored %d: result equals the unrounded f32 product (dev %g)",
                           i, st, dev);
         }
+        free(first);
+    }
 }
 
 /* f32 jdt_rt_matmul (its tiles through oneDNN or OpenBLAS) against a double product: shapes of
