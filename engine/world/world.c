@@ -563,6 +563,9 @@ static jdt_status check_slurm_step(const slurm_env *s, jdt_err *e)
  * the step's node list there; a heterogeneous step counts the nodes of the task's own
  * component). Returns 1 (this task), 0 (another task), or -1 where the environment cannot tell
  * (no step node list or local id, a heterogeneous step without the name): rank 0 hosts then.
+ * SLURM gives the components of a heterogeneous job separate nodes (two asked onto one node
+ * pend for resources, Debian's SLURM 22.05), so one task of the step has SLURM_LOCALID 0 on
+ * the first host there too (tests/e2e/slurm_train.sh case 3).
  */
 static int slurm_hosts_coordinator(const slurm_env *s)
 {

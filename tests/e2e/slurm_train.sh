@@ -3,7 +3,8 @@
 # 2 nodes on this machine): multi-node.sbatch with 2 nodes x 2 tasks resolves ranks, local ranks
 # and the coordinator (first node, job-derived port) and all-reduces over 4 processes;
 # one-node.sbatch trains tiny.yaml data-parallel on 2 tasks and matches the single-process loss
-# curve; jdt-train run in the batch script without srun is refused with a hint.
+# curve; a heterogeneous step (1 + 2 tasks) joins; jdt-train run in the batch script without
+# srun is refused with a hint.
 # Needs root (the cluster's daemons): skips (77) otherwise; under CI=true that is a failure.
 # e2e: exclusive (SLURM daemons)
 set -uo pipefail
@@ -59,7 +60,20 @@ paste a b | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > m) m = r 
   END { printf "max relative loss difference %.3g\n", m; exit !(m < 1e-5) }' || fail "curves differ"
 echo "ok: SLURM data-parallel training"
 
-# 3. jdt-train in the batch script itself (no srun) with 2 tasks: a clear refusal
+# 3. a heterogeneous step: components of 1 and 2 tasks (SLURM gives the components of a
+#    heterogeneous job separate nodes: two on one node pend for resources), one srun over both:
+#    ranks 0-2, local sizes 1 and 2 (the step's tasks per node), the coordinator on node1
+printf '#!/bin/bash\nsrun --het-group=0,1 --kill-on-bad-exit=1 -u "%s" dist-check "%s" mesh.data=3 data.batch_size=6 data.micro_batch_size=6\n' \
+  "$BIN" "$ROOT/configs/tiny.yaml" >het.sh
+run_job het 120 -n 1 : -n 2 het.sh
+[ $RC -eq 0 ] || { cat het.out het.err; fail "heterogeneous dist-check job exited $RC"; }
+for want in "rank 0 of 3, local 0 of 1" "rank 1 of 3, local 0 of 2" "rank 2 of 3, local 1 of 2"; do
+  grep -qE "^dist-check: $want, .*coordinator node1:[0-9]+, source slurm, .*all-reduce ok" het.out \
+    || { cat het.out; fail "heterogeneous step: no line '$want'"; }
+done
+echo "ok: a heterogeneous step (1 + 2 tasks) joined"
+
+# 4. jdt-train in the batch script itself (no srun) with 2 tasks: a clear refusal
 printf '#!/bin/bash\n"%s" dist-check "%s" mesh.data=2\n' "$BIN" "$ROOT/configs/tiny.yaml" >nosrun.sh
 run_job nosrun 60 -n 2 nosrun.sh
 [ $RC -eq 2 ] || { cat nosrun.out; fail "no-srun job exited $RC, expected 2"; }
