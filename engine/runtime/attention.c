@@ -115,7 +115,7 @@ JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int
         float l = 0.0f;
 #pragma omp simd reduction(+ : l)
         for (int64_t j = 0; j < nv; j++) {
-            s[j] = jdt_rt_expf(s[j] - m);
+            s[j] = jdt_rt_expf_le88(s[j] - m);
             l += s[j];
         }
         float inv = 1.0f / l;

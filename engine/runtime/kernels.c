@@ -229,7 +229,7 @@ JDT_RT_INLINE float row_lse(const float *x, int64_t C)
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t c = 0; c < C; c++)
-        s += jdt_rt_expf(x[c] - m);
+        s += jdt_rt_expf_le88(x[c] - m);
     return m + logf(s);
 }
 
@@ -242,7 +242,7 @@ JDT_RT_CLONES void jdt_rt_softmax(const float *x, float *y, int64_t N, int64_t C
         float m = row_max(xr, C), s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) {
-            yr[c] = jdt_rt_expf(xr[c] - m);
+            yr[c] = jdt_rt_expf_le88(xr[c] - m);
             s += yr[c];
         }
         float inv = 1.0f / s;
@@ -337,7 +337,7 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *t
         float l = xent_lse(x, loss, n, t, V), g = dloss[n];
 #pragma omp simd
         for (int64_t c = 0; c < V; c++)
-            d[c] = g * jdt_rt_expf(x[c] - l);
+            d[c] = g * jdt_rt_expf_le88(x[c] - l);
         d[t] -= g;
     }
 }
@@ -358,9 +358,9 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32
         float l = xent_lse(x, loss, n, t, V), g = dloss[n];
 #pragma omp simd
         for (int64_t c = 0; c < V; c++)
-            d[c] = jdt_rt_bf16_bits_inline(g * jdt_rt_expf(x[c] - l));
-        d[t] =
-            jdt_rt_bf16_bits_inline(g * jdt_rt_expf(x[t] - l) - g); /* the f32 path's d[t] -= g */
+            d[c] = jdt_rt_bf16_bits_inline(g * jdt_rt_expf_le88(x[c] - l));
+        /* the f32 path's d[t] -= g */
+        d[t] = jdt_rt_bf16_bits_inline(g * jdt_rt_expf_le88(x[t] - l) - g);
     }
 }
 

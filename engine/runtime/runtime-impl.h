@@ -1,6 +1,7 @@
 /*
- * runtime-impl.h — internals shared by the CPU kernels: a vectorisable f32 exp, branch-free
- * selects, the clone attributes, and the best-of-n timing of the GEMM MFU references.
+ * runtime-impl.h — internals shared by the CPU kernels: a vectorisable f32 exp (and a cheaper
+ * one for arguments <= 88, the softmax rows'), the bf16 rounding inline, branch-free selects,
+ * the clone attributes, and the best-of-n timing of the GEMM MFU references.
  *
  * glibc's expf is a scalar call unless -ffast-math (which we refuse: NaN/Inf must keep their
  * meaning), so row kernels that are mostly exp (softmax, cross-entropy, attention) would run
@@ -77,6 +78,31 @@ JDT_RT_INLINE float jdt_rt_expf(float x)
     y = y * f1 * f2;
     y = jdt_rt_sel(x > 88.7228394f, (float)INFINITY, jdt_rt_sel(x < -103.9720840f, 0.0f, y));
     return jdt_rt_sel(nan, x, y);
+}
+
+/* exp(x) where x <= 88 (or NaN), for the softmax rows (x - max <= 0) and the cross-entropy's
+ * x - logsumexp: the same bits as jdt_rt_expf on [-87.3, 88] (the same reduction and
+ * polynomial; every float of [-87.3, 0] checked), 0 below -87.3 (where jdt_rt_expf gives values
+ * under 1.2e-38, nothing to a sum that holds a 1), NaN -> NaN. With no overflow to guard, one
+ * power-of-two factor and two selects replace jdt_rt_expf's four: a softmax's exp loop 2.98 ->
+ * 2.22 cycles an element (AVX2, docs/perf.md Session 47). x > 88 is outside its contract. */
+JDT_RT_INLINE float jdt_rt_expf_le88(float x)
+{
+    const int lo = x < -87.3f, nan = x != x;
+    const float xc = jdt_rt_sel(lo, -87.3f, x);
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    const uint32_t u = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 127] */
+    float f;
+    memcpy(&f, &u, 4);
+    return jdt_rt_sel(nan, x, jdt_rt_sel(lo, 0.0f, y * f));
 }
 
 /* f32 -> bf16 bits, nearest even; a NaN stays a quiet NaN (jdt_bf16_round's rule), with

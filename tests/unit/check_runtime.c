@@ -12,6 +12,7 @@
  * adaptive thread count's decisions (jdt_rt_tuner) on simulated run times.
  */
 #include "runtime/runtime.h"
+#include "runtime/runtime-impl.h"
 #include "tests/unit/testutil.h"
 
 #include <float.h>
@@ -19,6 +20,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* jdt_rt_expf_le88 (the softmax rows' exp) gives jdt_rt_expf's bits on [-87.3, 88]: every
+ * 61st float of [-87.3, 0] and of [0, 88]; 0 below (-87.31, -103, -inf), NaN stays NaN. */
+START_TEST(test_expf_le88)
+{
+    long n = 0, differ = 0;
+    const float ends[2] = {-87.3f, 88.0f};
+    for (int side = 0; side < 2; side++) { /* the floats' bits count up from 0 on both sides */
+        uint32_t u = side ? 0u : 0x80000000u, last;
+        memcpy(&last, &ends[side], 4);
+        for (; u <= last; u += 61) {
+            float x, a, b;
+            memcpy(&x, &u, 4);
+            a = jdt_rt_expf(x);
+            b = jdt_rt_expf_le88(x);
+            differ += memcmp(&a, &b, sizeof a) != 0;
+            n++;
+        }
+    }
+    ck_assert_msg(differ == 0, "%ld of %ld floats differ from jdt_rt_expf", differ, n);
+    ck_assert_int_gt(n, 30000000);
+    ck_assert(jdt_rt_expf_le88(-87.31f) == 0.0f && jdt_rt_expf_le88(-103.0f) == 0.0f);
+    ck_assert(jdt_rt_expf_le88(-INFINITY) == 0.0f && isnan(jdt_rt_expf_le88(NAN)));
+    ck_assert(jdt_rt_expf_le88(0.0f) == 1.0f);
+}
+END_TEST
 
 START_TEST(test_bf16_round)
 {
@@ -832,6 +859,7 @@ static Suite *runtime_suite(void)
     TCase *tc = tcase_create("bf16");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_bf16_round);
+    tcase_add_test(tc, test_expf_le88);
     tcase_add_test(tc, test_matmul_f32_best_path);
     tcase_add_test(tc, test_matmul_f32_openblas_path);
     tcase_add_test(tc, test_matmul_bf16_best_path);
