@@ -56,20 +56,29 @@ JDT_RT_INLINE float jdt_rt_sel(int c, float a, float b)
     return a;
 }
 
-JDT_RT_INLINE float jdt_rt_expf(float x)
+/* e^xc = y * 2^n (returns y, sets *n_out = n) for a finite xc in [-104, 88.8]: the Cody-Waite
+ * reduction and the Cephes polynomial of both exps below */
+JDT_RT_INLINE float jdt_rt_exp_reduced(float xc, float *n_out)
 {
-    int hi = x > 88.8f, lo = x < -104.0f, nan = x != x;
-    float xc = jdt_rt_sel(hi, 88.8f, jdt_rt_sel(lo, -104.0f, jdt_rt_sel(nan, 0.0f, x)));
     /* round to nearest with the 1.5 * 2^23 trick: floorf is a call on baseline x86-64 */
-    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
+    *n_out = n;
+    return p * r * r + r + 1.0f;
+}
+
+JDT_RT_INLINE float jdt_rt_expf(float x)
+{
+    int hi = x > 88.8f, lo = x < -104.0f, nan = x != x;
+    float xc = jdt_rt_sel(hi, 88.8f, jdt_rt_sel(lo, -104.0f, jdt_rt_sel(nan, 0.0f, x)));
+    float n;
+    float y = jdt_rt_exp_reduced(xc, &n);
     int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1; /* two factors: no overflow */
     uint32_t u1 = (uint32_t)(n1 + 127) << 23, u2 = (uint32_t)(n2 + 127) << 23;
     float f1, f2;
@@ -89,16 +98,8 @@ JDT_RT_INLINE float jdt_rt_expf(float x)
 JDT_RT_INLINE float jdt_rt_expf_le88(float x)
 {
     const int lo = x < -87.3f, nan = x != x;
-    const float xc = jdt_rt_sel(lo, -87.3f, x);
-    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
+    float n;
+    const float y = jdt_rt_exp_reduced(jdt_rt_sel(lo, -87.3f, x), &n);
     const uint32_t u = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 127] */
     float f;
     memcpy(&f, &u, 4);
