@@ -27,20 +27,9 @@
 #include "runtime/dnnl-impl.h"
 #include "runtime/runtime-impl.h"
 
-#ifdef JDT_HAVE_DNNL
-#endif
-
 float jdt_rt_bf16_round(float x)
 {
     return jdt_bf16_round(x);
-}
-
-static uint16_t bf16_bits(float x)
-{
-    uint32_t u;
-    x = jdt_rt_bf16_round(x);
-    memcpy(&u, &x, 4);
-    return (uint16_t)(u >> 16);
 }
 
 static float bf16_float(uint16_t h)
@@ -53,7 +42,7 @@ static float bf16_float(uint16_t h)
 
 uint16_t jdt_rt_bf16_bits(float x)
 {
-    return bf16_bits(x);
+    return jdt_rt_bf16_bits_inline(x);
 }
 
 float jdt_rt_bf16_float(uint16_t h)
