@@ -20,7 +20,15 @@
  * bf16 compute (`precision.compute: bf16`): the same blocks, with every GEMM a small bf16 GEMM
  * of gemm_bf16.c (inputs rounded to bf16, f32 accumulation): q, k, v, dout, the probabilities P
  * and dS are rounded where they enter a product; scores, the softmax, delta and dS are computed
- * in f32. A head's k and v are packed once for all its query blocks.
+ * in f32. A head's k and v are packed once for all its query blocks. The forward leaves each
+ * row's exps unnormalised and scales them by 1 / sum as it packs them (the same bits as
+ * normalising first, one pass over the tile less).
+ *
+ * The saved log-sum-exp (lse, passes.c fold_attention_lse): the forward stores each row's
+ * L = max + log(sum) and the backward recomputes P = exp(s - L) in one pass instead of the
+ * row max, the exps and their sum, and the normalisation (FlashAttention's statistics). P then
+ * differs from the forward's by the rounding of L (an f32 ulp or so), so a P rounded to bf16
+ * can land on the neighbouring bf16 value.
  */
 #include "runtime/runtime.h"
 #include "runtime/runtime-impl.h"
@@ -104,9 +112,11 @@ JDT_RT_INLINE float row_max(const float *s, int64_t n)
     return m;
 }
 
-/* S (nq, n_keys) holds scale * q.k of rows i0..i0+nq-1; turns each row r into its causal
- * softmax over keys [0, i0 + r] (later keys 0). */
-JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int64_t i0)
+/* S (nq, n_keys) holds scale * q.k of rows i0..i0+nq-1; turns each row r into exp(s - max)
+ * over its causal keys [0, i0 + r] (later keys 0) and sets inv[r] to 1 / the row's sum: the
+ * softmax is row r times inv[r]. lse: NULL, or row r's log-sum-exp to lse[r]. */
+JDT_RT_INLINE void exp_causal_rows(float *S, int64_t nq, int64_t n_keys, int64_t i0, float *inv,
+                                   float *lse)
 {
     for (int64_t r = 0; r < nq; r++) {
         float *s = S + r * n_keys;
@@ -118,25 +128,65 @@ JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int
             s[j] = jdt_rt_expf_le88(s[j] - m);
             l += s[j];
         }
-        float inv = 1.0f / l;
+        for (int64_t j = nv; j < n_keys; j++)
+            s[j] = 0.0f;
+        inv[r] = 1.0f / l;
+        if (lse) lse[r] = m + logf(l);
+    }
+}
+
+/* exp_causal_rows, then each row scaled by its inv: the causal softmax in place */
+JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int64_t i0, float *lse)
+{
+    float inv[ATT_BQ];
+    exp_causal_rows(S, nq, n_keys, i0, inv, lse);
+    for (int64_t r = 0; r < nq; r++) {
+        float *s = S + r * n_keys;
+        const float f = inv[r];
+#pragma omp simd
+        for (int64_t j = 0; j < i0 + r + 1; j++)
+            s[j] *= f;
+    }
+}
+
+/* The backward's probabilities from the forward's log-sum-exp: row r of S becomes
+ * exp(s - lse[r]) over its causal keys (later keys 0), one pass where softmax_causal_rows takes
+ * three. s - lse <= 0 up to rounding (lse >= max), inside jdt_rt_expf_le88's range. */
+JDT_RT_INLINE void probs_from_lse(float *S, int64_t nq, int64_t n_keys, int64_t i0,
+                                  const float *lse)
+{
+    for (int64_t r = 0; r < nq; r++) {
+        float *s = S + r * n_keys;
+        const int64_t nv = i0 + r + 1;
+        const float L = lse[r];
 #pragma omp simd
         for (int64_t j = 0; j < nv; j++)
-            s[j] *= inv;
+            s[j] = jdt_rt_expf_le88(s[j] - L);
         for (int64_t j = nv; j < n_keys; j++)
             s[j] = 0.0f;
     }
 }
 
+/* The backward's P for a block: from the forward's log-sum-exp when it was kept, else the
+ * softmax again. */
+JDT_RT_INLINE void block_probs(float *P, int64_t nq, int64_t nk, int64_t i0, const float *lse)
+{
+    if (lse)
+        probs_from_lse(P, nq, nk, i0, lse + i0);
+    else
+        softmax_causal_rows(P, nq, nk, i0, NULL);
+}
+
 /* The bf16 forward: per head, k packed as B of q k^T and v as B of P v; per block of queries
  * the q block and P packed as A. */
 JDT_RT_CLONES static void attention_bf16(const float *q, const float *k, const float *v, float *o,
-                                         int64_t B, int64_t H, int64_t T, int64_t D, float scale,
-                                         unsigned bthd, float *scratch, int nt)
+                                         float *lse, int64_t B, int64_t H, int64_t T, int64_t D,
+                                         float scale, unsigned bthd, float *scratch, int nt)
 {
     const int64_t per = att_per_thread_bf16(D, T), pb = att_pack_b_max(D, T);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
-        float *S = scratch + (int64_t)omp_get_thread_num() * per;
+        float *S = scratch + (int64_t)omp_get_thread_num() * per, inv[ATT_BQ];
         float *kp = S + 2 * ATT_BQ * T, *vp = kp + pb, *ap = vp + 2 * pb;
         int lq, lk, lv;
         const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
@@ -149,21 +199,22 @@ JDT_RT_CLONES static void attention_bf16(const float *q, const float *k, const f
             int64_t nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, nk = i0 + nq;
             jdt_rt_bf16_pack_a(qb + i0 * lq, lq, false, nq, D, ap);
             jdt_rt_bf16_gemm_packed(ap, kp, T, nq, nk, D, scale, 0.0f, S, nk);
-            softmax_causal_rows(S, nq, nk, i0);
-            jdt_rt_bf16_pack_a(S, nk, false, nq, nk, ap);
+            /* P = the rows' exps times their 1 / sum, scaled as they are packed */
+            exp_causal_rows(S, nq, nk, i0, inv, lse ? lse + bh * T + i0 : NULL);
+            jdt_rt_bf16_pack_a_scaled(S, nk, nq, nk, inv, ap);
             jdt_rt_bf16_gemm_packed(ap, vp, D, nq, D, nk, 1.0f, 0.0f, ob + i0 * D, D);
         }
     }
 }
 
 JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float *v, float *o,
-                                    int64_t B, int64_t H, int64_t T, int64_t D, float scale,
-                                    unsigned bthd, bool bf16, float *scratch, int nt)
+                                    float *lse, int64_t B, int64_t H, int64_t T, int64_t D,
+                                    float scale, unsigned bthd, bool bf16, float *scratch, int nt)
 {
     int64_t per = att_per_thread(D, T);
     if (B * H * T * D == 0) return;
     if (bf16) {
-        attention_bf16(q, k, v, o, B, H, T, D, scale, bthd, scratch, nt);
+        attention_bf16(q, k, v, o, lse, B, H, T, D, scale, bthd, scratch, nt);
         return;
     }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -178,7 +229,7 @@ JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float 
             int64_t nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, nk = i0 + nq;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, scale,
                         qb + i0 * lq, lq, kb, lk, 0.0f, S, (int)nk);
-            softmax_causal_rows(S, nq, nk, i0);
+            softmax_causal_rows(S, nq, nk, i0, lse ? lse + bh * T + i0 : NULL);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f,
                         S, (int)nk, vb, lv, 0.0f, ob + i0 * D, (int)D);
         }
@@ -231,9 +282,10 @@ JDT_RT_INLINE void att_ds(const float *P, float *dP, const float *gi, int lg, co
 /* The bf16 backward: per head, k packed as B of q k^T and of dS k, v as B of dO v^T; per block
  * q, dO, P^T, dS and dS^T packed as A, dO and q as B. */
 JDT_RT_CLONES static void attention_bwd_bf16(const float *q, const float *k, const float *v,
-                                             const float *o, const float *dout, float *dqkv,
-                                             int64_t B, int64_t H, int64_t T, int64_t D,
-                                             float scale, unsigned bthd, float *scratch, int nt)
+                                             const float *o, const float *lse, const float *dout,
+                                             float *dqkv, int64_t B, int64_t H, int64_t T,
+                                             int64_t D, float scale, unsigned bthd, float *scratch,
+                                             int nt)
 {
     const int64_t per = att_per_thread_bf16(D, T), pb = att_pack_b_max(D, T);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -254,7 +306,7 @@ JDT_RT_CLONES static void attention_bwd_bf16(const float *q, const float *k, con
             const float *qi = qb + i0 * lq, *gi = gb + i0 * lg;
             jdt_rt_bf16_pack_a(qi, lq, false, nq, D, ap);
             jdt_rt_bf16_gemm_packed(ap, kpt, T, nq, nk, D, scale, 0.0f, P, nk);
-            softmax_causal_rows(P, nq, nk, i0);
+            block_probs(P, nq, nk, i0, lse ? lse + bh * T : NULL);
             jdt_rt_bf16_pack_a(gi, lg, false, nq, D, ap);
             jdt_rt_bf16_gemm_packed(ap, vpt, T, nq, nk, D, 1.0f, 0.0f, dP, nk);
             att_ds(P, dP, gi, lg, ob, lo, i0, nq, nk, D, scale);
@@ -274,14 +326,15 @@ JDT_RT_CLONES static void attention_bwd_bf16(const float *q, const float *k, con
 }
 
 JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const float *v,
-                                        const float *o, const float *dout, float *dqkv, int64_t B,
-                                        int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
-                                        bool bf16, float *scratch, int nt)
+                                        const float *o, const float *lse, const float *dout,
+                                        float *dqkv, int64_t B, int64_t H, int64_t T, int64_t D,
+                                        float scale, unsigned bthd, bool bf16, float *scratch,
+                                        int nt)
 {
     int64_t per = att_per_thread(D, T), n = B * H * T * D;
     if (n == 0) return;
     if (bf16) {
-        attention_bwd_bf16(q, k, v, o, dout, dqkv, B, H, T, D, scale, bthd, scratch, nt);
+        attention_bwd_bf16(q, k, v, o, lse, dout, dqkv, B, H, T, D, scale, bthd, scratch, nt);
         return;
     }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -297,7 +350,7 @@ JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const fl
             const float *qi = qb + i0 * lq, *gi = gb + i0 * lg;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, scale,
                         qi, lq, kb, lk, 0.0f, P, (int)nk);
-            softmax_causal_rows(P, nq, nk, i0);
+            block_probs(P, nq, nk, i0, lse ? lse + bh * T : NULL);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, 1.0f, gi,
                         lg, vb, lv, 0.0f, dP, (int)nk);
             att_ds(P, dP, gi, lg, ob, lo, i0, nq, nk, D, scale);

@@ -188,6 +188,23 @@ BF16_TARGET static void pack_a_native(const float *a, int64_t lda, bool ta, int6
     if (Mp > M) memset(w + M * ld, 0, (size_t)((Mp - M) * ld) * sizeof *w);
 }
 
+/* pack_a_native of an untransposed A whose row i is multiplied by rs[i] first (in f32, then
+ * rounded: the bits of scaling the rows in place and packing them) */
+BF16_TARGET static void pack_a_scaled_native(const float *a, int64_t lda, int64_t M, int64_t K,
+                                             const float *rs, uint32_t *w)
+{
+    const int64_t K2 = (K + 1) / 2, Ke = K / 2, ld = k2_of(K), Mp = rows_of(M);
+    for (int64_t i = 0; i < M; i++) {
+        const float *r = a + i * lda, f = rs[i];
+#pragma omp simd
+        for (int64_t p = 0; p < Ke; p++)
+            w[i * ld + p] = bits16(r[2 * p] * f) | bits16(r[2 * p + 1] * f) << 16;
+        if (K2 > Ke) w[i * ld + Ke] = bits16(r[K - 1] * f);
+        if (ld > K2) memset(w + i * ld + K2, 0, (size_t)(ld - K2) * sizeof *w);
+    }
+    if (Mp > M) memset(w + M * ld, 0, (size_t)((Mp - M) * ld) * sizeof *w);
+}
+
 /* op(B) stored transposed (B[k][j] = b[j * ldb + k]): a row of b fills a column of the pack.
  * Blocks of BT_J rows are converted along memory (vectorised) into a small buffer of words,
  * which is then copied out a pack row at a time. Reading b column-wise and converting one word
@@ -295,6 +312,22 @@ void jdt_rt_bf16_pack_a(const float *a, int64_t lda, bool ta, int64_t M, int64_t
         pack_a_native(a, lda, ta, M, K, pack);
     else
         pack_a_portable(a, lda, ta, M, K, pack);
+}
+
+void jdt_rt_bf16_pack_a_scaled(const float *a, int64_t lda, int64_t M, int64_t K,
+                               const float *row_scale, void *pack)
+{
+    if (jdt_rt_bf16_tiles_native()) {
+        pack_a_scaled_native(a, lda, M, K, row_scale, pack);
+        return;
+    }
+    float *y = pack;
+    for (int64_t i = 0; i < M; i++) {
+        const float f = row_scale[i];
+#pragma omp simd
+        for (int64_t k = 0; k < K; k++)
+            y[i * K + k] = round16(a[i * lda + k] * f);
+    }
 }
 
 void jdt_rt_bf16_pack_b(const float *b, int64_t ldb, bool tb, int64_t K, int64_t N, void *pack)

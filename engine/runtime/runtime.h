@@ -219,15 +219,21 @@ void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *
  * (B, T, H, D) instead (a head-major view read strided: no transpose copy). Outputs are always
  * (B, H, T, D). bf16: bf16 compute (precision.compute: bf16), every product's inputs (q, k, v,
  * dout, the probabilities, dS) rounded to bf16 and accumulated in f32 (jdt_rt_bf16_gemm_packed);
- * the softmax and dS stay f32. scratch: jdt_rt_attention_scratch_floats(D, T, nt, bf16) floats. */
+ * the softmax and dS stay f32. scratch: jdt_rt_attention_scratch_floats(D, T, nt, bf16) floats.
+ * lse: NULL, or (B, H, T) floats that the forward fills with each query row's log-sum-exp of
+ * its scaled causal scores (max + log of the sum of exp(s - max)) and the backward reads to
+ * recompute the probabilities in one pass, exp(s - lse), instead of three (max, sum,
+ * normalise); FlashAttention's saved statistics (passes.c fold_attention_lse). */
 int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16);
-void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, int64_t B,
-                      int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
-                      float *scratch, int nt);
-/* dqkv (3, B, H, T, D) = (dq, dk, dv) of the above; recomputes the softmax. */
+void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, float *lse,
+                      int64_t B, int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
+                      bool bf16, float *scratch, int nt);
+/* dqkv (3, B, H, T, D) = (dq, dk, dv) of the above; recomputes the softmax (from lse when not
+ * NULL: the forward's). */
 void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const float *o,
-                          const float *dout, float *dqkv, int64_t B, int64_t H, int64_t T,
-                          int64_t D, float scale, unsigned bthd, bool bf16, float *scratch, int nt);
+                          const float *lse, const float *dout, float *dqkv, int64_t B, int64_t H,
+                          int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                          float *scratch, int nt);
 
 /* Small bf16 GEMMs for hand-written kernels (engine/runtime/gemm_bf16.c): inputs rounded to
  * bf16 (nearest even) while packed, f32 accumulation and result.
@@ -249,6 +255,10 @@ bool jdt_rt_cpu_amx(void);
 int64_t jdt_rt_bf16_pack_a_floats(int64_t M, int64_t K);
 int64_t jdt_rt_bf16_pack_b_floats(int64_t K, int64_t N);
 void jdt_rt_bf16_pack_a(const float *a, int64_t lda, bool ta, int64_t M, int64_t K, void *pack);
+/* jdt_rt_bf16_pack_a of an untransposed A with row i multiplied by row_scale[i] (in f32, before
+ * the rounding: the same pack as scaling the rows in place, then packing them). */
+void jdt_rt_bf16_pack_a_scaled(const float *a, int64_t lda, int64_t M, int64_t K,
+                               const float *row_scale, void *pack);
 void jdt_rt_bf16_pack_b(const float *b, int64_t ldb, bool tb, int64_t K, int64_t N, void *pack);
 void jdt_rt_bf16_gemm_packed(const void *apack, const void *bpack, int64_t ldb_n, int64_t M,
                              int64_t N, int64_t K, float alpha, float beta, float *c, int64_t ldc);

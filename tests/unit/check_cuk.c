@@ -2392,8 +2392,8 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     float *v = rand_floats(n, 63, -1, 1), *go = rand_floats(n, 64, -1, 1);
     float *o = malloc((size_t)n * 4), *dqkv = malloc((size_t)(3 * n) * 4);
     float *scr = malloc((size_t)jdt_rt_attention_scratch_floats(D, T, 1, true) * 4);
-    jdt_rt_attention(q, kk, v, o, B, H, T, D, scale, 0, tc, scr, 1);
-    jdt_rt_attention_bwd(q, kk, v, o, go, dqkv, B, H, T, D, scale, 0, tc, scr, 1);
+    jdt_rt_attention(q, kk, v, o, NULL, B, H, T, D, scale, 0, tc, scr, 1);
+    jdt_rt_attention_bwd(q, kk, v, o, NULL, go, dqkv, B, H, T, D, scale, 0, tc, scr, 1);
     /* device inputs in the layout bthd asks for (the reference used (B, H, T, D)) */
     const float *hin[5] = {q, kk, v, o, go};
     float *din[5];
@@ -2419,8 +2419,8 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
         ck_assert_msg(eo < 5e-3 && ed < 1e-4, "%s: o %g, dqkv %g", what, eo, ed);
         if (D >= 32) { /* the backward rounds where the CPU does: the f32 reference is farther
                         * (the forward's unnormalised rounding can land on either side) */
-            jdt_rt_attention(q, kk, v, o, B, H, T, D, scale, 0, false, scr, 1);
-            jdt_rt_attention_bwd(q, kk, v, o, go, dqkv, B, H, T, D, scale, 0, false, scr, 1);
+            jdt_rt_attention(q, kk, v, o, NULL, B, H, T, D, scale, 0, false, scr, 1);
+            jdt_rt_attention_bwd(q, kk, v, o, NULL, go, dqkv, B, H, T, D, scale, 0, false, scr, 1);
             double fd = rel_err(gd, dqkv, 3 * n);
             ck_assert_msg(ed < fd, "%s: dqkv no closer to bf16 (%g) than to f32 (%g)", what, ed,
                           fd);

@@ -310,7 +310,15 @@ START_TEST(test_attention)
     fx_fill(&f, 5);
     jdt_compile_opts opts;
     fx_opts(&f, &opts);
-    fx_check_steps(&f, &opts, 1, 2e-4, 2e-5, false);
+    /* the backward takes the log-sum-exp the forward stored after o (passes.c
+     * fold_attention_lse): o, read as an output, is a view of that packed output */
+    jdt_program *p = fx_check_steps(&f, &opts, 1, 2e-4, 2e-5, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_attention_lse, 1);
+    jdt_program_free(p);
+    opts.no_fuse = true; /* the softmax recomputed from the scores */
+    p = fx_check_steps(&f, &opts, 1, 2e-4, 2e-5, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_attention_lse, 0);
+    jdt_program_free(p);
     fx_free(&f);
 }
 END_TEST
@@ -347,6 +355,7 @@ START_TEST(test_attention_bf16)
     jdt_compile_opts o;
     fx_opts(&b, &o);
     jdt_program *p = fx_check_steps(&b, &o, 1, 2e-3, 2e-4, true);
+    ck_assert_int_eq(jdt_program_stats(p)->n_attention_lse, 1);
     jdt_compile_opts oa;
     fx_opts(&a, &oa);
     jdt_program *pa = fx_check_steps(&a, &oa, 1, 2e-4, 2e-5, true);

@@ -393,8 +393,38 @@ static void check_pack_transposed(bool is_a, int64_t rows, int64_t cols)
     free(m), free(mt), free(p0), free(p1);
 }
 
+/* jdt_rt_bf16_pack_a_scaled: the bits of scaling A's rows in place and packing them (rows of
+ * stride lda > cols; an odd cols leaves half a pair) */
+static void check_pack_scaled(int64_t rows, int64_t cols)
+{
+    unsigned seed = (unsigned)(rows * 7 + cols);
+    const int64_t lda = cols + 3;
+    float *m = malloc(sizeof(float) * (size_t)(rows * lda)),
+          *rs = malloc(sizeof(float) * (size_t)rows);
+    const size_t n = sizeof(float) * (size_t)jdt_rt_bf16_pack_a_floats(rows, cols);
+    unsigned char *p0 = malloc(n), *p1 = malloc(n);
+    ck_assert(m && rs && p0 && p1);
+    for (int64_t i = 0; i < rows * lda; i++)
+        m[i] = frand(&seed);
+    for (int64_t i = 0; i < rows; i++)
+        rs[i] = 1.0f / (0.37f + 3.0f * (float)i);
+    memset(p0, 0xa5, n);
+    memset(p1, 0xa5, n);
+    jdt_rt_bf16_pack_a_scaled(m, lda, rows, cols, rs, p1);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            m[i * lda + j] *= rs[i];
+    jdt_rt_bf16_pack_a(m, lda, false, rows, cols, p0);
+    ck_assert_msg(!memcmp(p0, p1, n), "%lld x %lld: the scaled pack differs", (long long)rows,
+                  (long long)cols);
+    free(m), free(rs), free(p0), free(p1);
+}
+
 static void packed_cases(void)
 {
+    check_pack_scaled(64, 256);
+    check_pack_scaled(45, 7);
+    check_pack_scaled(17, 131);
     check_pack_transposed(true, 256, 64);
     check_pack_transposed(true, 45, 7);
     check_pack_transposed(true, 17, 131);
@@ -417,7 +447,9 @@ static void packed_cases(void)
  * v, dout, the probabilities and dS rounded where they enter a product. */
 /* q scaled by amp: at amp 100 the scores reach the hundreds, so a row max that misses a
  * value (the softmax's shift) overflows exp and the outputs go non-finite */
-static void attention_case_amp(int64_t B, int64_t H, int64_t T, int64_t D, float amp)
+/* with_lse: the forward also stores each row's log-sum-exp (checked against the reference's)
+ * and the backward recomputes the probabilities from it (passes.c fold_attention_lse) */
+static void attention_case_lse(int64_t B, int64_t H, int64_t T, int64_t D, float amp, bool with_lse)
 {
     const int64_t n = B * H * T * D;
     unsigned seed = (unsigned)(T * 31 + D);
@@ -426,7 +458,9 @@ static void attention_case_amp(int64_t B, int64_t H, int64_t T, int64_t D, float
     float *scr = malloc(sizeof(float) * (size_t)jdt_rt_attention_scratch_floats(D, T, 2, true));
     double *ro = calloc((size_t)n, sizeof(double)), *rd = calloc((size_t)(3 * n), sizeof(double));
     double *p = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T);
-    ck_assert(x && o && d && scr && ro && rd && p && dp);
+    double *rl = malloc(sizeof(double) * (size_t)(B * H * T));
+    float *lse = with_lse ? malloc(sizeof(float) * (size_t)(B * H * T)) : NULL;
+    ck_assert(x && o && d && scr && ro && rd && p && dp && rl && (lse || !with_lse));
     for (int64_t i = 0; i < 4 * n; i++)
         x[i] = (i < n ? amp : 1.0f) * 2.0f * frand(&seed);
     const float *q = x, *k = x + n, *v = x + 2 * n, *g = x + 3 * n;
@@ -445,6 +479,7 @@ static void attention_case_amp(int64_t B, int64_t H, int64_t T, int64_t D, float
             }
             for (int64_t j = 0; j <= i; j++)
                 sum += (p[j] = exp(p[j] - mx));
+            rl[bh * T + i] = mx + log1p(sum - 1.0); /* sum >= 1: the max's own term */
             for (int64_t j = 0; j <= i; j++)
                 p[j] = (float)(p[j] / sum);
             for (int64_t j = 0; j <= i; j++) {
@@ -466,8 +501,12 @@ static void attention_case_amp(int64_t B, int64_t H, int64_t T, int64_t D, float
             }
         }
 #undef R
-    jdt_rt_attention(q, k, v, o, B, H, T, D, sc, 0, true, scr, 2);
-    jdt_rt_attention_bwd(q, k, v, o, g, d, B, H, T, D, sc, 0, true, scr, 2);
+    jdt_rt_attention(q, k, v, o, lse, B, H, T, D, sc, 0, true, scr, 2);
+    jdt_rt_attention_bwd(q, k, v, o, lse, g, d, B, H, T, D, sc, 0, true, scr, 2);
+    double el = 0; /* the log-sum-exp: f32 sums of bf16 products against double ones */
+    for (int64_t i = 0; with_lse && i < B * H * T; i++)
+        el = fmax(el, fabs(lse[i] - rl[i]) / (1.0 + fabs(rl[i])));
+    ck_assert_msg(el < 1e-5, "T %lld D %lld: log-sum-exp err %g", (long long)T, (long long)D, el);
     double eo = 0, ed = 0, mo = 0, md = 0;
     int64_t bad = 0; /* fmax passes NaNs by: count the non-finite outputs */
     for (int64_t i = 0; i < n; i++)
@@ -483,7 +522,14 @@ static void attention_case_amp(int64_t B, int64_t H, int64_t T, int64_t D, float
     ck_assert_msg(eo < 1e-3 * mo && ed < 1e-3 * md,
                   "T %lld D %lld: out err %g (max %g), grad err %g (max %g)", (long long)T,
                   (long long)D, eo, mo, ed, md);
-    free(x), free(o), free(d), free(scr), free(ro), free(rd), free(p), free(dp);
+    free(x), free(o), free(d), free(scr), free(ro), free(rd), free(p), free(dp), free(rl);
+    free(lse);
+}
+
+static void attention_case_amp(int64_t B, int64_t H, int64_t T, int64_t D, float amp)
+{
+    attention_case_lse(B, H, T, D, amp, false);
+    attention_case_lse(B, H, T, D, amp, true);
 }
 
 static void attention_case(int64_t B, int64_t H, int64_t T, int64_t D)

@@ -148,14 +148,18 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         for (int k = 0; k < n->n_in; k++)
             if (c->nodes[n->in[k]].kind == CK_VIEW && c->nodes[n->in[k]].op == JDT_OP_TRANSPOSE)
                 bthd |= 1u << k;
+        /* the forward's log-sum-exp packed after o (passes.c fold_attention_lse): stored by
+         * the forward (attrs i[1]), read by the backward (attrs i[2]) */
+        const int64_t no = jdt_shape_numel(s0);
         if (n->op == JDT_OP_ATTENTION)
-            jdt_rt_attention(in[0], in[1], in[2], o, s0->dims[0], s0->dims[1], s0->dims[2],
-                             s0->dims[3], (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch,
-                             nt);
+            jdt_rt_attention(in[0], in[1], in[2], o, n->attrs.i[1] ? (float *)o + no : NULL,
+                             s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+                             (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch, nt);
         else
-            jdt_rt_attention_bwd(in[0], in[1], in[2], in[3], in[4], o, s0->dims[0], s0->dims[1],
-                                 s0->dims[2], s0->dims[3], (float)n->attrs.f[0], bthd,
-                                 n->attrs.i[0] != 0, scratch, nt);
+            jdt_rt_attention_bwd(in[0], in[1], in[2], in[3],
+                                 n->attrs.i[2] ? (const float *)in[3] + no : NULL, in[4], o,
+                                 s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3],
+                                 (float)n->attrs.f[0], bthd, n->attrs.i[0] != 0, scratch, nt);
         break;
     }
     case JDT_OP_CONCAT: {
@@ -601,6 +605,7 @@ const jdt_backend_vt jdt_backend_cpu = {
     .xent_inplace = true,
     .arena_borrow = true,
     .reduce_stores = true,
+    .attention_lse = true,
     .prepare = cpu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,
