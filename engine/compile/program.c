@@ -489,7 +489,15 @@ enum {
     GEMM_DGELU = 128, /* GELU backward epilogue (i[5]) */
     GEMM_SUMS = 256,  /* with its output's column sums (a co-output: the bias gradient, by an
                          epilogue or a kernel in the same step, whose time the row includes) */
+    GEMM_A32 = 512,   /* bf16 compute on an a stored as f32 (rounded per call, in the row's time) */
+    GEMM_B32 = 1024,  /* ... and on a b stored as f32 */
 };
+
+/* Node i's values are stored as bf16 (a bf16 dtype, or f32 values kept in bf16 storage). */
+static bool stored_bf16(const cprog *c, int i)
+{
+    return c->nodes[i].bf16 || c->nodes[i].dtype == JDT_DTYPE_BF16;
+}
 
 static gemm_row gemm_key(const cprog *c, const cnode *n)
 {
@@ -505,6 +513,8 @@ static gemm_row gemm_key(const cprog *c, const cnode *n)
              (cnode_mm_bias(n) >= 0 ? GEMM_BIAS : 0u) | (n->attrs.i[3] ? GEMM_ACC : 0u) |
              (n->attrs.i[4] ? GEMM_GELU : 0u) | (n->attrs.i[5] ? GEMM_DGELU : 0u) |
              (n->co ? GEMM_SUMS : 0u);
+    if (n->attrs.i[2] && !stored_bf16(c, n->in[0])) r.form |= GEMM_A32;
+    if (n->attrs.i[2] && !stored_bf16(c, n->in[1])) r.form |= GEMM_B32;
     return r;
 }
 
@@ -540,7 +550,8 @@ static void profile_gemms(const jdt_program *p, double total, int most, char *bu
         *off +=
             (size_t)snprintf(buf + *off, n - *off,
                              "GEMMs by shape (%d shapes; the %d that take longest: [batch x] M x "
-                             "N x K, a/b transposed, compute, epilogue):\n",
+                             "N x K, a/b transposed, compute (operands rounded from f32 "
+                             "storage each call), epilogue):\n",
                              nr, nr < most ? nr : most);
     for (int shown = 0; shown < most && *off < n; shown++) {
         int best = -1;
@@ -555,10 +566,14 @@ static void profile_gemms(const jdt_program *p, double total, int most, char *bu
                  (long long)g->k);
         *off += (size_t)snprintf(
             buf + *off, n - *off,
-            "  %5.1f%%  %9.3f ms  %4d x  %9.3g TFLOP/s  %s %c%c %s%s%s%s%s%s%s\n",
+            "  %5.1f%%  %9.3f ms  %4d x  %9.3g TFLOP/s  %s %c%c %s%s%s%s%s%s%s%s\n",
             total > 0 ? 100.0 * g->t / total : 0.0, g->t * 1e3 / p->n_runs, g->count,
             g->flops * per_s / 1e12, dims, g->form & GEMM_TA ? 't' : 'n',
             g->form & GEMM_TB ? 't' : 'n', g->form & GEMM_BF16 ? "bf16" : "f32",
+            (g->form & (GEMM_A32 | GEMM_B32)) == (GEMM_A32 | GEMM_B32) ? " (a, b from f32)"
+            : g->form & GEMM_A32                                       ? " (a from f32)"
+            : g->form & GEMM_B32                                       ? " (b from f32)"
+                                                                       : "",
             g->form & GEMM_OUT16 ? " ->bf16" : "", g->form & GEMM_BIAS ? " +bias" : "",
             g->form & GEMM_ACC ? " +C" : "", g->form & GEMM_GELU ? " gelu" : "",
             g->form & GEMM_DGELU ? " dgelu" : "", g->form & GEMM_SUMS ? " +colsum" : "");

@@ -739,6 +739,20 @@ static void bf16_mlp(fx *f, bool bf16)
         out(f, grads[i]);
 }
 
+/* The rows of a profile's GEMM table (jdt_program_profile) that contain `what`. */
+static int gemm_rows_with(const char *prof, const char *what)
+{
+    int n = 0;
+    const char *t = strstr(prof, "GEMMs by shape");
+    const char *l = t ? strchr(t, '\n') : NULL;
+    while (l && l[1]) {
+        const char *row = l + 1, *m = strstr(row, what);
+        l = strchr(row, '\n');
+        n += m && (!l || m < l);
+    }
+    return n;
+}
+
 START_TEST(test_bf16_compute)
 {
     fx a, b;
@@ -758,6 +772,7 @@ START_TEST(test_bf16_compute)
     fx_fill(&b, 5);
     jdt_compile_opts o;
     fx_opts(&b, &o);
+    o.profile = true;
     jdt_program *p = fx_check_steps(&b, &o, 1, 1e-4, 1e-6, true);
     jdt_err e;
     jdt_interp *it = NULL;
@@ -792,7 +807,7 @@ START_TEST(test_bf16_compute)
     ck_assert_msg(dlogits16, "dlogits not stored as bf16");
     ck_assert_int_ge(jdt_program_stats(p)->n_bf16_stored, 2);
     jdt_compile_opts o32 = o;
-    o32.no_bf16_storage = true;
+    o32.no_bf16_storage = true; /* (profiled too, as o) */
     jdt_program *p32 = fx_check_steps(&b, &o32, 1, 1e-4, 1e-6, true);
     for (int i = 0; i < jdt_graph_n_outputs(b.g); i++) {
         const jdt_tensor *t = jdt_graph_output(b.g, i);
@@ -802,6 +817,16 @@ START_TEST(test_bf16_compute)
                           "output %d element %lld: %.9g (bf16 storage) vs %.9g", i, (long long)j,
                           x[j], y[j]);
     }
+    /* the profile's GEMM rows say which operands were rounded from f32 storage per call: all
+     * of them without bf16 storage, fewer with it (the GELU output is stored as bf16) */
+    char prof[4096], prof32[4096];
+    jdt_program_profile(p, prof, sizeof prof);
+    jdt_program_profile(p32, prof32, sizeof prof32);
+    const int rows = gemm_rows_with(prof32, " TFLOP/s ");
+    const int both = gemm_rows_with(prof, "(a, b from f32)");
+    const int both32 = gemm_rows_with(prof32, "(a, b from f32)");
+    ck_assert_msg(rows >= 3 && both32 == rows, "%d of %d rows from f32:\n%s", both32, rows, prof32);
+    ck_assert_msg(both < both32, "bf16 storage: %d rows from f32:\n%s", both, prof);
     jdt_program_free(p32);
     jdt_interp_free(it);
     jdt_program_free(p);
