@@ -8,8 +8,10 @@
 # each reports its best run, so a burst of load on a shared machine does not land on one side
 # only; the spread (worst..best) is printed too.
 # Peers: PYTHON_TORCH (default /usr/bin/python3), PYTHON_JAX (default python3); missing ones
-# are reported and skipped. BF16=1 adds two rows to the same alternation: jdt-train with
-# precision.compute: bf16 and PyTorch under CPU bf16 autocast, and prints the bf16 ratios.
+# are reported and skipped. BF16=1 adds three rows to the same alternation: jdt-train with
+# precision.compute: bf16 (f32 activations, the default), jdt-train with bf16 activations too
+# (precision.activations: bf16: the linear layers' outputs stored as bf16, as autocast stores
+# them) and PyTorch under CPU bf16 autocast, and prints the bf16 ratios.
 set -uo pipefail
 L=${1:-6}; C=${2:-384}; H=${3:-6}; T=${4:-256}; B=${5:-8}; V=${6:-65}; STEPS=${7:-12}; THREADS=${8:-2}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -29,6 +31,7 @@ checkpoint: {every: 0, resume: none}
 runtime: {threads: $THREADS, cache_dir: $TMP/cache}
 YAML
 { cat "$TMP/bench.yaml"; echo "precision: {compute: bf16}"; } > "$TMP/bench-bf16.yaml"
+{ cat "$TMP/bench.yaml"; echo "precision: {compute: bf16, activations: bf16}"; } > "$TMP/bench-bf16act.yaml"
 BF16=${BF16:-0}
 REPS=${REPS:-3}
 # compile once (cache), then the timed runs
@@ -38,7 +41,9 @@ taskset -c "$CPUS" "$BIN" "$TMP/bench.yaml" run.steps=1 >/dev/null 2>&1
 # itself (cmd/main.c), and Debian's PyTorch (whose BLAS is that OpenBLAS) would otherwise run
 # the slow ones.
 JDT_BIN="$BIN" . "$ROOT/tests/infra/blas-env.sh"
-[ "$BF16" = 1 ] && taskset -c "$CPUS" "$BIN" "$TMP/bench-bf16.yaml" run.steps=1 >/dev/null 2>&1
+if [ "$BF16" = 1 ]; then
+  for y in bench-bf16 bench-bf16act; do taskset -c "$CPUS" "$BIN" "$TMP/$y.yaml" run.steps=1 >/dev/null 2>&1; done
+fi
 run_jdt() { # [yaml] prints the median tok/s of the logged windows after the first two; log: $TMP/<yaml name>.log
   local y=${1:-$TMP/bench.yaml}; local log=$TMP/$(basename "$y" .yaml).log
   taskset -c "$CPUS" "$BIN" "$y" 2>"$log" >/dev/null || { cat "$log" >&2; return 1; }
@@ -62,7 +67,10 @@ done
 for ((r = 0; r < REPS; r++)); do
   x=$(run_jdt) || exit 1
   echo "$x" >> "$TMP/jdt.runs"
-  if [ "$BF16" = 1 ]; then x=$(run_jdt "$TMP/bench-bf16.yaml") || exit 1; echo "$x" >> "$TMP/jdt-bf16.runs"; fi
+  if [ "$BF16" = 1 ]; then
+    x=$(run_jdt "$TMP/bench-bf16.yaml") || exit 1; echo "$x" >> "$TMP/jdt-bf16.runs"
+    x=$(run_jdt "$TMP/bench-bf16act.yaml") || exit 1; echo "$x" >> "$TMP/jdt-bf16act.runs"
+  fi
   for fw in "${peers[@]}"; do run_peer "$fw" >> "$TMP/$fw.runs"; done
   if [ "$BF16" = 1 ] && [ ! -f "$TMP/torch.missing" ]; then run_peer torch-bf16 >> "$TMP/torch-bf16.runs"; fi
 done
@@ -84,20 +92,21 @@ mfu() { awk -v r="$1" -v f="$flops" -v p="${2:-$peak}" 'BEGIN { printf "%.1f", 1
 # says so, else OpenBLAS's SGEMM), named from its reference line
 ref32=$(sed -nE 's/^MFU reference: .*\); (.*)$/\1/p' "$TMP/bench.log" | tail -1)
 echo "GPT L=$L C=$C H=$H T=$T B=$B V=$V, $THREADS threads, f32 GEMM peak ${peak} GFLOP/s (the highest of the jdt runs' references: ${ref32:-?}; the peers on OpenBLAS ${OPENBLAS_CORETYPE:-default} kernels), $(awk -v f=$flops 'BEGIN{printf "%.1f", f/1e6}') MFLOP/token, best of $REPS alternating runs"
-printf "%-10s %12s %8s %10s %16s\n" "framework" "tokens/s" "MFU %" "jdt/peer" "runs (min..max)"
-printf "%-10s %12s %8s %10s %16s\n" "jdt-train" "$jdt" "$(mfu "$jdt")" "1.00" "$(spread "$TMP/jdt.runs")"
+printf "%-11s %12s %8s %10s %16s\n" "framework" "tokens/s" "MFU %" "jdt/peer" "runs (min..max)"
+printf "%-11s %12s %8s %10s %16s\n" "jdt-train" "$jdt" "$(mfu "$jdt")" "1.00" "$(spread "$TMP/jdt.runs")"
 for fw in torch jax; do
-  if [ -f "$TMP/$fw.missing" ]; then printf "%-10s %12s\n" "$fw" "$(cut -d' ' -f2- "$TMP/$fw.missing")"; continue; fi
+  if [ -f "$TMP/$fw.missing" ]; then printf "%-11s %12s\n" "$fw" "$(cut -d' ' -f2- "$TMP/$fw.missing")"; continue; fi
   r=$(best "$TMP/$fw.runs")
-  if [ -z "$r" ]; then printf "%-10s %12s\n" "$fw" "failed: $(tail -1 "$TMP/$fw.err")"; continue; fi
-  printf "%-10s %12s %8s %10s %16s\n" "$fw" "$r" "$(mfu "$r")" "$(awk -v a="$jdt" -v b="$r" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/$fw.runs")"
+  if [ -z "$r" ]; then printf "%-11s %12s\n" "$fw" "failed: $(tail -1 "$TMP/$fw.err")"; continue; fi
+  printf "%-11s %12s %8s %10s %16s\n" "$fw" "$r" "$(mfu "$r")" "$(awk -v a="$jdt" -v b="$r" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/$fw.runs")"
 done
 if [ "$BF16" = 1 ]; then
-  jb=$(best "$TMP/jdt-bf16.runs")
-  printf "%-10s %12s %8s %10s %16s\n" "jdt-bf16" "$jb" "$(mfu "$jb" "$peak16")" "$(awk -v a="$jdt" -v b="$jb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/jdt-bf16.runs")"
+  jb=$(best "$TMP/jdt-bf16.runs"); ja=$(best "$TMP/jdt-bf16act.runs")
+  printf "%-11s %12s %8s %10s %16s\n" "jdt-bf16" "$jb" "$(mfu "$jb" "$peak16")" "$(awk -v a="$jdt" -v b="$jb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/jdt-bf16.runs")"
+  printf "%-11s %12s %8s %10s %16s\n" "jdt-bf16act" "$ja" "$(mfu "$ja" "$peak16")" "$(awk -v a="$jdt" -v b="$ja" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/jdt-bf16act.runs")"
   tb=$(best "$TMP/torch-bf16.runs" 2>/dev/null)
-  [ -n "$tb" ] && printf "%-10s %12s %8s %10s %16s\n" "torch-bf16" "$tb" "$(mfu "$tb" "$peak16")" "$(awk -v a="$jdt" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/torch-bf16.runs")"
-  echo "bf16: jdt-bf16 / jdt-train f32 = $(awk -v a="$jb" -v b="$jdt" 'BEGIN{printf "%.2f", a/b}')${tb:+, jdt-bf16 / torch-bf16 = $(awk -v a="$jb" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')} (MFU of bf16 rows is against ${peak16} GFLOP/s: ${ref16:-?})"
+  [ -n "$tb" ] && printf "%-11s %12s %8s %10s %16s\n" "torch-bf16" "$tb" "$(mfu "$tb" "$peak16")" "$(awk -v a="$jdt" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')" "$(spread "$TMP/torch-bf16.runs")"
+  echo "bf16: jdt-bf16 / jdt-train f32 = $(awk -v a="$jb" -v b="$jdt" 'BEGIN{printf "%.2f", a/b}')${tb:+, jdt-bf16 / torch-bf16 = $(awk -v a="$jb" -v b="$tb" 'BEGIN{printf "%.2f", a/b}')}${tb:+, jdt-bf16act / torch-bf16 = $(awk -v a="$ja" -v b="$tb" 'BEGIN{printf "%.2f", a/b}') (bf16 activations on both sides)} (MFU of bf16 rows is against ${peak16} GFLOP/s: ${ref16:-?})"
 fi
 # a reference measured on a busy machine may still be low in every run: say so
 busy=""
