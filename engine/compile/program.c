@@ -582,6 +582,56 @@ static void profile_gemms(const jdt_program *p, double total, int most, char *bu
     jdt_free(rows);
 }
 
+/* The profile's kernel table: the `most` fused-kernel steps that took longest (a kernel runs
+ * once per step list, so each row is one group), each with its share, time per run, bandwidth,
+ * group number (the generated source's `group N` comment), member ops in order and loop domain
+ * ("r": a reduction's input domain). A kind's row above says how much all its kernels took;
+ * this says which of them. Merged launches (one time for several roots) are left out. */
+static void profile_kernels(const jdt_program *p, double total, int most, char *buf, size_t n,
+                            size_t *off)
+{
+    const cprog *c = &p->c;
+    int n_k = 0;
+    for (int s = 0; s < c->n_steps; s++)
+        n_k += c->steps[s].kind == STEP_KERNEL && c->steps[s].merged == 0;
+    if (n_k == 0 || *off >= n) return;
+    unsigned char *shown = jdt_calloc((size_t)c->n_steps, 1);
+    if (!shown) return;
+    *off += (size_t)snprintf(buf + *off, n - *off,
+                             "fused kernels (%d; the %d that take longest: group, its ops, loop "
+                             "domain):\n",
+                             n_k, n_k < most ? n_k : most);
+    for (int row = 0; row < most && *off < n; row++) {
+        int best = -1;
+        for (int s = 0; s < c->n_steps; s++) {
+            const cstep *sp = &c->steps[s];
+            if (sp->kind != STEP_KERNEL || sp->merged != 0 || shown[s]) continue;
+            if (best < 0 || p->step_s[s] > p->step_s[best]) best = s;
+        }
+        if (best < 0) break;
+        shown[best] = 1;
+        const cgroup *g = &c->groups[c->steps[best].group];
+        double sb, sf;
+        step_cost(c, &c->steps[best], &sb, &sf);
+        const double t = p->step_s[best];
+        char ops[160] = "", dom[96] = "";
+        size_t o = 0;
+        for (int m = 0; m < g->n_members && o < sizeof ops - 8; m++)
+            o += (size_t)snprintf(ops + o, sizeof ops - o, "%s%s", m ? " " : "",
+                                  jdt_op_name(c->nodes[g->members[m]].op));
+        o = 0;
+        for (int d = 0; d < g->domain.ndim && o < sizeof dom - 24; d++)
+            o += (size_t)snprintf(dom + o, sizeof dom - o, "%s%lld", d ? " x " : "",
+                                  (long long)g->domain.dims[d]);
+        *off += (size_t)snprintf(buf + *off, n - *off,
+                                 "  %5.1f%%  %9.3f ms  %9.3g GB/s  group %d: %s; %s%s\n",
+                                 total > 0 ? 100.0 * t / total : 0.0, t * 1e3 / p->n_runs,
+                                 t > 0 ? sb * p->n_runs / t / 1e9 : 0.0, c->steps[best].group, ops,
+                                 dom[0] ? dom : "scalar", g->is_reduce ? " (reduced)" : "");
+    }
+    jdt_free(shown);
+}
+
 void jdt_program_profile_reset(jdt_program *p)
 {
     if (!p || !p->step_s) return;
@@ -649,6 +699,7 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
         count[best] = 0;
     }
     profile_gemms(p, total, 16, buf, n, &off);
+    profile_kernels(p, total, 8, buf, n, &off);
     return buf;
 }
 

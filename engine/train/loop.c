@@ -214,8 +214,15 @@ static void log_profile(const trainer *tr, int64_t t)
     static char buf[16384];
     jdt_step_profile(tr->step, buf, sizeof buf);
     const int64_t from = t > tr->first ? tr->first + 2 : tr->first + 1;
-    JDT_INFO("profile of the compiled step, steps %lld-%lld%s:\n%s", (long long)from,
-             (long long)(t + 1), t > tr->first ? " (after the warm-up step)" : "", buf);
+    JDT_INFO("profile of the compiled step, steps %lld-%lld%s:", (long long)from,
+             (long long)(t + 1), t > tr->first ? " (after the warm-up step)" : "");
+    /* a line at a time: a log line holds 4 KiB, the tables of a large step more */
+    for (const char *l = buf; *l;) {
+        const char *end = strchr(l, '\n');
+        const int len = end ? (int)(end - l) : (int)strlen(l);
+        JDT_INFO("%.*s", len, l);
+        l += len + (end != NULL);
+    }
 }
 
 static jdt_status ckpt_barrier(void *ctx, jdt_err *e)

@@ -423,7 +423,7 @@ say "stage 4p gpt2-124m profile: time per kind of kernel over 3 steps (run.profi
 gpt_args "$OUT/gpt2-prof"
 (cd "$ROOT" && env ${ATT_PIN:+JDT_CUDNN_ATTENTION=$ATT_PIN} timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 \
    run.profile=true run.profile_steps=3 >"$OUT/gpt2-prof.log" 2>&1); rc=$?
-sed -n '/profile of the compiled step/,/^[^ 0-9G]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -62 | tee -a "$SUMMARY"
+sed -n '/profile of the compiled step/,/^[^ 0-9Gf]/p' "$OUT/gpt2-prof.log" | grep -v '^step ' | head -72 | tee -a "$SUMMARY"
 say "stage 4p exit $rc"
 # PyTorch's fused attention alone at the same shape, TFLOP/s counted as the profile's attention
 # and attention_bwd rows count them: is our attention where the step loses?
@@ -542,7 +542,7 @@ if [ $((BUDGET - ($(date +%s) - t_all))) -ge 40 ]; then
   gpt_args "$OUT/gpt2-cudnn-prof"
   (cd "$ROOT" && JDT_CUDNN_ATTENTION=$dnn_mode timeout "$(tmo)" "$BIN" "${GPT[@]}" run.steps=5 \
      run.profile=true run.profile_steps=3 >"$OUT/gpt2-cudnn-prof.log" 2>&1); rc=$?
-  sed -n '/profile of the compiled step/,/^[^ 0-9G]/p' "$OUT/gpt2-cudnn-prof.log" | grep -v '^step ' |
+  sed -n '/profile of the compiled step/,/^[^ 0-9Gf]/p' "$OUT/gpt2-cudnn-prof.log" | grep -v '^step ' |
     grep -E "profile of|total|attention|colsum" | tee -a "$SUMMARY"
   say "stage 4c profile (JDT_CUDNN_ATTENTION=$dnn_mode) exit $rc (its attention rows against stage 4p's, which ran stage 4's choice)"
 fi

@@ -473,7 +473,7 @@ START_TEST(test_train_step_updates)
     o.profile = true;
     jdt_program *p = fx_check_steps(&f, &o, 3, 1e-4, 1e-5, true);
     ck_assert_int_ge(jdt_program_stats(p)->n_donated, 2);
-    char prof[4096];
+    char prof[8192];
     jdt_program_profile(p, prof, sizeof prof);
     ck_assert_msg(strstr(prof, "3 runs") && strstr(prof, "matmul") && strstr(prof, "fused:"), "%s",
                   prof);
@@ -506,6 +506,27 @@ START_TEST(test_train_step_updates)
         rows++;
     }
     ck_assert_msg(rows == 5 && gemms == cnt, "%d rows, %d GEMMs of %d:\n%s", rows, gemms, cnt, gt);
+    /* the kernel table: the longest fused kernels, slowest first, each by its group number,
+     * member ops and loop domain (the GELU's forward among them: a kernel of its own) */
+    const int nk = jdt_program_stats(p)->n_kernels, want = nk < 8 ? nk : 8;
+    char head[64];
+    snprintf(head, sizeof head, "fused kernels (%d; the %d that take longest", nk, want);
+    const char *kt = strstr(prof, head);
+    ck_assert_msg(nk > 0 && kt, "no '%s' in\n%s", head, prof);
+    int krows = 0, gelu = 0;
+    double last_ms = 1e30;
+    for (const char *l = strchr(kt, '\n'); l && l[1]; l = strchr(l + 1, '\n')) {
+        double kp, kms, kgb;
+        int grp;
+        if (sscanf(l + 1, " %lf%% %lf ms %lf GB/s group %d:", &kp, &kms, &kgb, &grp) != 4) break;
+        ck_assert_msg(kms <= last_ms && grp >= 0, "%s", kt);
+        const char *end = strchr(l + 1, '\n'), *ge = strstr(l + 1, ": gelu; ");
+        gelu += ge && (!end || ge < end);
+        last_ms = kms;
+        krows++;
+    }
+    ck_assert_msg(krows == want && gelu == 1, "%d kernel rows of %d, gelu %d:\n%s", krows, want,
+                  gelu, kt);
     /* the reset (the trainer's, after its warm-up step): the runs before it count no more */
     jdt_program_profile_reset(p);
     jdt_program_profile(p, prof, sizeof prof);
