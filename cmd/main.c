@@ -60,6 +60,7 @@ typedef struct {
     bool compile;                      /* inspect --compile */
     int cuda_arch[JDT_MAX_CUDA_ARCHS]; /* inspect --cuda-arch sm_NN[,sm_MM...]: NN, MM ... */
     int n_cuda_arch;                   /* how many (0: not given) */
+    const char *source;                /* inspect --source FILE */
     bool profile;                      /* train --profile */
     char **prompts;                    /* --prompt TEXT, repeatable (n_prompts) */
     int n_prompts;
@@ -122,8 +123,8 @@ static const subcommand SUBCOMMANDS[] = {
      FLAG_LOG_LEVEL | FLAG_PROFILE, true},
     {"inspect", cmd_inspect, "validate a config and summarise it, or print the schema",
      "usage: jdt-train inspect CONFIG [key.path=value ...] [--compile | --no-compile]\n"
-     "                         [--cuda-arch sm_NN[,sm_MM...]] [--print-config] [--log-level "
-     "LEVEL]\n"
+     "                         [--cuda-arch sm_NN[,sm_MM...]] [--source FILE] [--print-config]\n"
+     "                         [--log-level LEVEL]\n"
      "       jdt-train inspect --schema[=markdown]\n"
      "\n"
      "Resolves and validates CONFIG exactly as train does, then prints a summary: the model,\n"
@@ -143,6 +144,9 @@ static const subcommand SUBCOMMANDS[] = {
      "                      into the compile cache, here, without a GPU;\n"
      "                      a run on such a GPU with the same runtime.cache_dir then starts\n"
      "                      without compiling (needs a build with make CUDA=1)\n"
+     "  --source FILE       with --compile or --cuda-arch: write the step's generated source\n"
+     "                      (C, or CUDA C for runtime.backend cuda) to FILE; each fused kernel\n"
+     "                      sits under a 'group N' comment, the group run.profile names\n"
      "  --no-compile        print the summary only, without planning the step\n"
      "  --print-config      print the fully resolved config as YAML instead (feeding it back\n"
      "                      gives the same config)\n"
@@ -298,6 +302,9 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                 a->no_compile = true;
             } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--compile") == 0) {
                 a->compile = true;
+            } else if ((cmd->flags & FLAG_PRINT_CONFIG) && strcmp(s, "--source") == 0) {
+                if (i + 1 >= argc) return usage_error(cmd, "--source needs a %s", "file");
+                a->source = argv[++i];
             } else if ((cmd->flags & FLAG_PRINT_CONFIG) &&
                        (strcmp(s, "--cuda-arch") == 0 || strncmp(s, "--cuda-arch=", 12) == 0)) {
                 const char *v = s[11] == '=' ? s + 12 : i + 1 < argc ? argv[++i] : NULL;
@@ -581,6 +588,9 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
     if (a->compile && a->no_compile)
         return usage_error(cmd, "--compile (or --cuda-arch) and --no-compile %s",
                            "exclude each other");
+    if (a->source && !a->compile)
+        return usage_error(cmd, "--source writes the generated code: %s",
+                           "give --compile (or --cuda-arch) too");
     jdt_config c;
     int rc = load_config(a, &c);
     if (rc) return rc;
@@ -605,10 +615,16 @@ static int cmd_inspect(const subcommand *cmd, cli_args *a)
             jdt_config_free(&c);
             return EXIT_USAGE;
         }
+        if (a->source && !runs) { /* asked for the code: none is an error, as above */
+            fprintf(stderr, "jdt-train: error: --source %s: nothing compiled: %s\n", a->source,
+                    e.msg);
+            jdt_config_free(&c);
+            return EXIT_USAGE;
+        }
         if (!a->no_compile && runs) {
             jdt_err_clear(&e);
-            jdt_status st =
-                jdt_train_inspect(&c, a->compile, a->cuda_arch, a->n_cuda_arch, stdout, &e);
+            jdt_status st = jdt_train_inspect(&c, a->compile, a->cuda_arch, a->n_cuda_arch,
+                                              a->source, stdout, &e);
             if (st != JDT_OK) {
                 fprintf(stderr, "jdt-train: error: %s\n", e.msg);
                 jdt_config_free(&c);

@@ -12,8 +12,10 @@
 
 #include "backend/backend.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Stand-in communicator: a planned step is never run, but the compiler wants one to accept
  * collective ops. */
@@ -319,8 +321,31 @@ static void print_aot_compile(FILE *f, double dt, const jdt_compile_stats *sm, i
 
 /* One inspect for one CUDA architecture (0: none). brief: only the compile line (a further
  * architecture of a list, after the first printed the summary). */
+/* Writes the step's generated source to path (jdt_train_inspect's source_path): a temporary
+ * beside it, renamed into place once whole. */
+static jdt_status write_source(const jdt_step *step, const char *path, FILE *f, jdt_err *e)
+{
+    char tmp[1100];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return jdt_err_set(e, JDT_ERR_IO, "--source %s: path too long", path);
+    const char *src = jdt_step_source(step);
+    FILE *o = fopen(tmp, "w");
+    if (!o) return jdt_err_set(e, JDT_ERR_IO, "--source %s: %s", path, strerror(errno));
+    const size_t n = strlen(src);
+    bool bad = fwrite(src, 1, n, o) != n;
+    bad = fclose(o) != 0 || bad;
+    if (bad || rename(tmp, path) != 0) {
+        const int err = errno;
+        remove(tmp);
+        return jdt_err_set(e, JDT_ERR_IO, "--source %s: %s", path,
+                           bad ? "write failed (disk full?)" : strerror(err));
+    }
+    fprintf(f, "  generated source (%zu bytes) written to %s\n", n, path);
+    return JDT_OK;
+}
+
 static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch, bool brief,
-                              FILE *f, jdt_err *e)
+                              const char *source_path, FILE *f, jdt_err *e)
 {
     const int world = jdt_config_mesh_size(cfg);
     if (world == 0)
@@ -412,6 +437,7 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
                 "  planned in %.2fs from shapes: no parameter or arena allocated, nothing "
                 "initialised, no code generated\n",
                 dt);
+    if (compile && source_path && (st = write_source(step, source_path, f, e)) != JDT_OK) goto out;
     if (cfg->model.type == JDT_MODEL_GPT)
         fprintf(
             f, "  batch per device: %lld x %d tokens per micro-batch run, %lld run%s per step\n",
@@ -570,7 +596,7 @@ out:
 }
 
 jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, const int *cuda_arch, int n_arch,
-                             FILE *f, jdt_err *e)
+                             const char *source_path, FILE *f, jdt_err *e)
 {
     /* every architecture is checked before any is compiled: a typo in the list's tail is
      * one line, not a minute of NVRTC and then an error */
@@ -582,8 +608,9 @@ jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, const int *cud
         jdt_device_close(d);
         if (st != JDT_OK) return st;
     }
-    jdt_status st = inspect_one(cfg, compile, n_arch > 0 ? cuda_arch[0] : 0, false, f, e);
+    jdt_status st =
+        inspect_one(cfg, compile, n_arch > 0 ? cuda_arch[0] : 0, false, source_path, f, e);
     for (int i = 1; i < n_arch && st == JDT_OK; i++)
-        st = inspect_one(cfg, compile, cuda_arch[i], true, f, e);
+        st = inspect_one(cfg, compile, cuda_arch[i], true, NULL, f, e);
     return st;
 }

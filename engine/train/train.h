@@ -191,10 +191,14 @@ jdt_status jdt_train_check_mesh(const jdt_config *cfg, int world_size, jdt_err *
  * launches with NVRTC into the compile cache (runtime.cache_dir), as a run on such a GPU would
  * (jdt_device_open_aot): ERR_UNSUPPORTED without CUDA, ERR_CONFIG for an arch NVRTC lacks.
  * cuda_arch lists n_arch (0..JDT_MAX_CUDA_ARCHS) architectures: the summary is printed once,
- * for the first, and each further one adds its compile line; the first failure stops. */
+ * for the first, and each further one adds its compile line; the first failure stops.
+ * source_path: NULL, or (with compile) where the step's main program's generated source goes
+ * (C for the CPU, CUDA C for CUDA; each fused kernel under its `group N` comment, the number
+ * run.profile's kernel table names), written to a temporary beside it and renamed into place:
+ * ERR_IO naming the path when it cannot be written. */
 #define JDT_MAX_CUDA_ARCHS 8
 jdt_status jdt_train_inspect(const jdt_config *cfg, bool compile, const int *cuda_arch, int n_arch,
-                             FILE *f, jdt_err *e);
+                             const char *source_path, FILE *f, jdt_err *e);
 
 /* Forward-only evaluation of the checkpoint at ckpt_path on cfg's val split: writes the mean
  * loss over cfg->run.eval_steps batches. dist NULL: one process; else every rank of the job

@@ -10,8 +10,10 @@
 # parameter + optimizer bytes within 1e-3 (the norm scales, [norm, null], stay whole; vs one
 # device's figure, and vs data=64 at 512 devices), the tensor axis
 # carries the 4 Megatron all-reduces per block per micro-batch, and every gradient is summed
-# over data exactly once per step. A -1 mesh axis is a config error (exit 2). No timing
-# assertion: the generous timeout only bounds a hang.
+# over data exactly once per step. A -1 mesh axis is a config error (exit 2). `--source FILE`
+# writes the compiled step's C, one `group N` comment per fused loop nest the summary counts,
+# and refuses to run without a compile. No timing assertion: the generous timeout only bounds
+# a hang.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -109,4 +111,21 @@ echo "fsdp=2, runtime.loss_chunks=4: the whole head's $(colls "$TMP/lc1" | awk '
 "$BIN" inspect "$CFG" mesh.data=-1 >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] || fail "mesh.data=-1: exit $rc, expected 2"
 [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "mesh" "$TMP/err" || fail "mesh.data=-1 message: $(cat "$TMP/err")"
+# --- --source: the compiled step's generated C, one `group N` comment per fused kernel ---------
+"$BIN" inspect configs/tiny.yaml --compile --source "$TMP/step.c" >"$TMP/src.out" 2>&1 ||
+  { cat "$TMP/src.out"; fail "inspect --compile --source"; }
+nests=$(sed -nE 's/^ +kernels +([0-9]+) fused loop nests.*/\1/p' "$TMP/src.out")
+groups=$(grep -c '^/\* group [0-9]*: ' "$TMP/step.c")
+[ -n "$nests" ] && [ "$nests" -gt 0 ] && [ "$groups" -eq "$nests" ] &&
+  grep -q "generated source ($(wc -c <"$TMP/step.c") bytes) written to $TMP/step.c" "$TMP/src.out" ||
+  { cat "$TMP/src.out"; fail "--source: $groups group comments for $nests fused loop nests"; }
+ls "$TMP"/step.c.tmp* >/dev/null 2>&1 && fail "--source left a temporary behind"
+# without a compile there is no code: refused (exit 2), and an unwritable path is one error line
+"$BIN" inspect configs/tiny.yaml --source "$TMP/x.c" >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q -- "--compile" "$TMP/err" && [ ! -e "$TMP/x.c" ] ||
+  fail "--source without --compile: exit $rc, $(cat "$TMP/err")"
+"$BIN" inspect configs/tiny.yaml --compile --source "$TMP/none/x.c" >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -ne 0 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "error: --source $TMP/none/x.c" "$TMP/err" ||
+  fail "--source into a missing folder: exit $rc, $(cat "$TMP/err")"
+echo "--source: $groups fused kernels under their group comments, $(wc -c <"$TMP/step.c") bytes of C"
 echo "inspect_plan: all ok"
