@@ -363,6 +363,12 @@ static inline int cnode_mm_aux(const cnode *n)
 {
     return n->attrs.i[5] ? n->in[n->n_in - 1] : -1;
 }
+/* A bf16-compute MATMUL rounds its operand k (0: a, 1: b) from f32 at every call: the
+ * operand is not stored as bf16 (the flag the backends pass to their GEMMs). */
+static inline bool cnode_mm_converts(const cprog *c, const cnode *n, int k)
+{
+    return n->attrs.i[2] && !c->nodes[n->in[k]].bf16;
+}
 /* Rows of a MATMUL's product: its shape's, or half of them when the GEMM's GELU epilogue packs
  * GELU(y) and then y into its output (attrs i[4], passes.c fold_gelu_epilogues). */
 static inline int64_t cnode_mm_rows(const cnode *n)

@@ -332,8 +332,8 @@ static void count_bf16_converted(cprog *c)
 {
     for (int i = 0; i < c->n_nodes; i++) {
         const cnode *n = &c->nodes[i];
-        if (n->live && n->op == JDT_OP_MATMUL && n->attrs.i[2])
-            c->stats.n_bf16_converted += !c->nodes[n->in[0]].bf16 + !c->nodes[n->in[1]].bf16;
+        if (n->live && n->op == JDT_OP_MATMUL)
+            c->stats.n_bf16_converted += cnode_mm_converts(c, n, 0) + cnode_mm_converts(c, n, 1);
     }
 }
 

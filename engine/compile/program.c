@@ -493,12 +493,6 @@ enum {
     GEMM_B32 = 1024,  /* ... and on a b stored as f32 */
 };
 
-/* Node i's values are stored as bf16 (a bf16 dtype, or f32 values kept in bf16 storage). */
-static bool stored_bf16(const cprog *c, int i)
-{
-    return c->nodes[i].bf16 || c->nodes[i].dtype == JDT_DTYPE_BF16;
-}
-
 static gemm_row gemm_key(const cprog *c, const cnode *n)
 {
     const cnode *a = &c->nodes[n->in[0]];
@@ -513,8 +507,8 @@ static gemm_row gemm_key(const cprog *c, const cnode *n)
              (cnode_mm_bias(n) >= 0 ? GEMM_BIAS : 0u) | (n->attrs.i[3] ? GEMM_ACC : 0u) |
              (n->attrs.i[4] ? GEMM_GELU : 0u) | (n->attrs.i[5] ? GEMM_DGELU : 0u) |
              (n->co ? GEMM_SUMS : 0u);
-    if (n->attrs.i[2] && !stored_bf16(c, n->in[0])) r.form |= GEMM_A32;
-    if (n->attrs.i[2] && !stored_bf16(c, n->in[1])) r.form |= GEMM_B32;
+    if (cnode_mm_converts(c, n, 0)) r.form |= GEMM_A32;
+    if (cnode_mm_converts(c, n, 1)) r.form |= GEMM_B32;
     return r;
 }
 
@@ -585,7 +579,7 @@ static void profile_gemms(const jdt_program *p, double total, int most, char *bu
 /* The profile's kernel table: the `most` fused-kernel steps that took longest (a kernel runs
  * once per step list, so each row is one group), each with its share, time per run, bandwidth,
  * group number (the generated source's `group N` comment), member ops in order and loop domain
- * ("r": a reduction's input domain). A kind's row above says how much all its kernels took;
+ * ("(reduced)": a reduction's input domain). A kind's row above says how much all its kernels took;
  * this says which of them. Merged launches (one time for several roots) are left out. */
 static void profile_kernels(const jdt_program *p, double total, int most, char *buf, size_t n,
                             size_t *off)

@@ -220,6 +220,11 @@ double jdt_now_s(void);
 jdt_status jdt_read_file(const char *path, bool allow_pipe, size_t max_bytes, char **text,
                          size_t *len, int *err_no);
 
+/* Writes text (NUL-terminated) to path whole or not at all: into path.tmp, flushed and
+ * fsynced, then renamed over path; on any failure path.tmp is removed and path is untouched.
+ * JDT_ERR_IO naming the file and the cause (a full disk is a failed write). */
+jdt_status jdt_write_file_atomic(const char *path, const char *text, jdt_err *e);
+
 /* pthread_create with SIGINT and SIGTERM blocked in the new thread, so a stop signal is never
  * handled on a helper thread (data prefetch, communication, rendezvous), even in a process that
  * did not call jdt_signals_init (dist-check, the unit tests). Returns pthread_create's result. */

@@ -178,6 +178,24 @@ int jdt_thread_create(void *thread, void *(*fn)(void *), void *arg)
     return rc;
 }
 
+jdt_status jdt_write_file_atomic(const char *path, const char *text, jdt_err *e)
+{
+    char tmp[1200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return jdt_err_set(e, JDT_ERR_IO, "%s: path too long", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
+    fputs(text, f);
+    jdt_status st = JDT_OK;
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0)
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: write failed", tmp);
+    if (fclose(f) != 0 && !st) st = jdt_err_set(e, JDT_ERR_IO, "%s: close failed", tmp);
+    if (!st && rename(tmp, path) != 0)
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: rename: %s", path, strerror(errno));
+    if (st) remove(tmp);
+    return st;
+}
+
 jdt_status jdt_read_file(const char *path, bool allow_pipe, size_t max_bytes, char **text,
                          size_t *len, int *err_no)
 {

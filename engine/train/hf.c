@@ -23,7 +23,6 @@
 #include "models/models.h"
 #include "train/train.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,21 +102,6 @@ static jdt_status emit_param(exporter *x, const char *ours, const char *hf, bool
         for (int64_t i = 0; i < r; i++) o[dst * r + i] = w[i * k + j];
     }
     return emit(x, hf, o, 2, k, r);
-}
-
-static jdt_status write_text(const char *path, const char *text, jdt_err *e)
-{
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
-    fputs(text, f);
-    jdt_status st = JDT_OK;
-    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) st = jdt_err_set(e, JDT_ERR_IO, "%s: write failed", tmp);
-    if (fclose(f) != 0 && !st) st = jdt_err_set(e, JDT_ERR_IO, "%s: close failed", tmp);
-    if (!st && rename(tmp, path) != 0) st = jdt_err_set(e, JDT_ERR_IO, "%s: rename: %s", path, strerror(errno));
-    if (st) remove(tmp);
-    return st;
 }
 
 static const char *mismatch(const jdt_config *c, bool llama)
@@ -312,7 +296,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
             cfg.data.tokenizer == JDT_TOKENIZER_BPE ? "bpe" : "byte");
     fclose(mf);
     snprintf(path, pl, "%s/config.json", out_dir);
-    st = write_text(path, cj, e);
+    st = jdt_write_file_atomic(path, cj, e);
     free(cj);
     if (st) goto out;
     if (arch_out) *arch_out = arch;

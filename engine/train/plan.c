@@ -12,10 +12,8 @@
 
 #include "backend/backend.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 /* Stand-in communicator: a planned step is never run, but the compiler wants one to accept
  * collective ops. */
@@ -319,31 +317,19 @@ static void print_aot_compile(FILE *f, double dt, const jdt_compile_stats *sm, i
             sm ? sm->so_path : "-", jdt_device_describe(dev, desc, sizeof desc));
 }
 
-/* One inspect for one CUDA architecture (0: none). brief: only the compile line (a further
- * architecture of a list, after the first printed the summary). */
-/* Writes the step's generated source to path (jdt_train_inspect's source_path): a temporary
- * beside it, renamed into place once whole. */
+/* Writes the step's generated source to path (jdt_train_inspect's source_path), whole or not
+ * at all (jdt_write_file_atomic). */
 static jdt_status write_source(const jdt_step *step, const char *path, FILE *f, jdt_err *e)
 {
-    char tmp[1100];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return jdt_err_set(e, JDT_ERR_IO, "--source %s: path too long", path);
     const char *src = jdt_step_source(step);
-    FILE *o = fopen(tmp, "w");
-    if (!o) return jdt_err_set(e, JDT_ERR_IO, "--source %s: %s", path, strerror(errno));
-    const size_t n = strlen(src);
-    bool bad = fwrite(src, 1, n, o) != n;
-    bad = fclose(o) != 0 || bad;
-    if (bad || rename(tmp, path) != 0) {
-        const int err = errno;
-        remove(tmp);
-        return jdt_err_set(e, JDT_ERR_IO, "--source %s: %s", path,
-                           bad ? "write failed (disk full?)" : strerror(err));
-    }
-    fprintf(f, "  generated source (%zu bytes) written to %s\n", n, path);
+    if (jdt_write_file_atomic(path, src, e) != JDT_OK)
+        return jdt_err_prefix(e, "--source %s", path);
+    fprintf(f, "  generated source (%zu bytes) written to %s\n", strlen(src), path);
     return JDT_OK;
 }
 
+/* One inspect for one CUDA architecture (0: none). brief: only the compile line (a further
+ * architecture of a list, after the first printed the summary). */
 static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch, bool brief,
                               const char *source_path, FILE *f, jdt_err *e)
 {
