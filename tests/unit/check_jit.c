@@ -731,8 +731,6 @@ START_TEST(test_transformer_block_adam)
 }
 END_TEST
 
-/* IEEE special values through every elementwise op and a few reductions: the generated code
- * (no fast-math, own exp/tanh) must give the interpreter's NaN, +-Inf and signed zeros. */
 /* precision.compute: bf16 (a two-layer MLP with a cross-entropy loss): every GEMM, forward and
  * the VJP's, is flagged bf16; the compiled step matches the interpreter's bf16 semantics (inputs
  * rounded at the same points) to f32 accumulation-order tolerance, and its loss and gradients
@@ -1341,6 +1339,8 @@ START_TEST(test_bf16_cast_passes)
 }
 END_TEST
 
+/* IEEE special values through every elementwise op and a few reductions: the generated code
+ * (no fast-math, own exp/tanh) must give the interpreter's NaN, +-Inf and signed zeros. */
 START_TEST(test_special_values)
 {
     fx f;
