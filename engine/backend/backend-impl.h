@@ -31,6 +31,11 @@ typedef struct {
      * (forward and backward) reads bf16 logits, so passes.c fold_bf16_casts may fold the CASTs
      * of precision.activations: bf16 into them. */
     bool bf16_builtins;
+    /* Only the first half of bf16_builtins: a bf16-compute GEMM stores a bf16 output (with a
+     * bf16 bias), so fold_bf16_casts folds a GEMM's CAST to bf16 into it and leaves the other
+     * builtins' inputs f32 (the CPU: oneDNN's bf16 destination; precision.activations: bf16's
+     * f32 copy of each linear layer's output is neither written nor read). */
+    bool gemm_bf16_out;
     /* The layer and RMS norm backward builtins take the norm's scale w as a third input and
      * read dy, computing the normalised value's cotangent dy * w themselves (passes.c
      * fold_norm_scales: the product's kernel and its buffer go). */

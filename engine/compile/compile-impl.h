@@ -170,6 +170,8 @@ typedef struct cprog_ {
                             loop (fuse.c fuse_reduce_producers) */
     bool bf16_builtins;  /* the device's vtable flag: GEMMs store bf16 outputs, the cross-entropy
                             reads bf16 logits (passes.c fold_bf16_casts) */
+    bool gemm_bf16_out;  /* the device's vtable flag, or bf16_builtins, unless JDT_GEMM_BF16_OUT=0:
+                            GEMMs store bf16 outputs (fold_bf16_casts' first rule) */
     bool norm_bwd_scale; /* the device's vtable flag: the norm backwards take the scale
                             (passes.c fold_norm_scales) */
     bool gemm_gelu;      /* the device's vtable flag: bf16 GEMMs apply GELU (fold_gelu_epilogues) */

@@ -1435,7 +1435,8 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * N, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
         return jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, b->ndim == 2,
-                                                c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16);
+                                                c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16,
+                                                n->dtype == JDT_DTYPE_BF16);
     }
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;

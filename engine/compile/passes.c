@@ -619,14 +619,15 @@ static void store_bf16(cprog *c, int x, int m)
     }
 }
 
-/* precision.activations: bf16 on a device whose builtins take bf16 (c->bf16_builtins: CUDA).
+/* precision.activations: bf16 on a device whose builtins take bf16 (c->bf16_builtins: CUDA;
+ * (1) alone where only its GEMMs store bf16, c->gemm_bf16_out: the CPU).
  * (1) y = CAST(matmul(a, w) [+ bias], bf16), the product read by nothing else and computed in
- * bf16 (attrs i[2]): the GEMM stores y as bf16 itself (cuBLASLt's D type) and the CAST becomes
- * a view. A folded bias must be the bf16 rounding of the model's (CAST(CAST(b, bf16), f32),
- * models.c), since cuBLASLt's bias has D's type: the GEMM then reads the bf16 node. (2) The
- * cross-entropy (forward and backward) reading CAST(x, f32) of a bf16 x reads x, and so does
- * the attention (forward and backward) of its q, k and v when all three are such; so does RoPE,
- * and (1) holds for it too (rotating bf16 q and k, storing them rounded). Both change no
+ * bf16 (attrs i[2]): the GEMM stores y as bf16 itself (cuBLASLt's D type, oneDNN's bf16
+ * destination) and the CAST becomes a view. A folded bias must be the bf16 rounding of the model's
+ * (CAST(CAST(b, bf16), f32), models.c), since cuBLASLt's bias has D's type: the GEMM then reads the
+ * bf16 node. (2) The cross-entropy (forward and backward) reading CAST(x, f32) of a bf16 x reads x,
+ * and so does the attention (forward and backward) of its q, k and v when all three are such; so
+ * does RoPE, and (1) holds for it too (rotating bf16 q and k, storing them rounded). Both change no
  * number: the builtin rounds its f32 result once as the CAST did, and widening a bf16 value is
  * exact. They save the f32 copies: 6 bytes of 10 per element of GPT-2's logits. Skipped with
  * no_fuse. */
@@ -640,7 +641,7 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
             c->nodes[x->in[0]].dtype == JDT_DTYPE_F32) {
             int mi = view_base(c, users, x->in[0]);
             cnode *m = &c->nodes[mi];
-            const bool rope = m->op == JDT_OP_ROPE && m->kind == CK_BUILTIN;
+            const bool rope = m->op == JDT_OP_ROPE && m->kind == CK_BUILTIN && c->bf16_builtins;
             if (users[x->in[0]] != 1 || (!rope && (m->op != JDT_OP_MATMUL || !m->attrs.i[2])) ||
                 users[mi] != 1 || m->dtype != JDT_DTYPE_F32)
                 continue;
@@ -653,6 +654,8 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
             store_bf16(c, x->in[0], mi); /* the product and its views */
             to_view(x, x->in[0]);
             c->stats.n_bf16_folded++;
+        } else if (!c->bf16_builtins) {
+            continue; /* (2) needs bf16 inputs of the attention, cross-entropy and RoPE */
         } else if ((x->op == JDT_OP_ATTENTION || x->op == JDT_OP_ATTENTION_BWD) &&
                    x->kind == CK_BUILTIN) {
             /* q, k, v: all three bf16 or none (the kernels take one type for them) */
@@ -2711,7 +2714,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->residual_gemm && (st = fold_residual_gemms(c, e)) != JDT_OK)
         goto out;
-    if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && c->gemm_bf16_out && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_rope_attention(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && c->xent_fused && (st = fold_xent_backwards(c, e)) != JDT_OK) goto out;

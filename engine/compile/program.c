@@ -55,8 +55,8 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
         if (n->kind != CK_BUILTIN || n->op == JDT_OP_CONCAT) continue;
         const bool bf16_gather = n->op == JDT_OP_ALL_GATHER && n->dtype == JDT_DTYPE_BF16;
         bool ok = n->dtype == JDT_DTYPE_F32 || bf16_gather ||
-                  (c->bf16_builtins && (n->op == JDT_OP_MATMUL || n->op == JDT_OP_ROPE) &&
-                   n->dtype == JDT_DTYPE_BF16);
+                  (c->bf16_builtins && n->op == JDT_OP_ROPE && n->dtype == JDT_DTYPE_BF16) ||
+                  (c->gemm_bf16_out && n->op == JDT_OP_MATMUL && n->dtype == JDT_DTYPE_BF16);
         for (int k = 0; k < n->n_in; k++) {
             bool idx = (n->op == JDT_OP_GATHER || n->op == JDT_OP_SCATTER_ADD ||
                         n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) &&
@@ -75,6 +75,9 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                  ((n->op == JDT_OP_NORMALIZE_BWD || n->op == JDT_OP_RMS_NORMALIZE_BWD) &&
                   c->norm_dy16 && n->attrs.i[0] > 0 && (k == 1 || k >= n->n_in - n->attrs.i[2]))))
                 want = JDT_DTYPE_BF16; /* passes.c fold_bf16_casts, fold_attention_dout16 */
+            if (c->gemm_bf16_out && !c->bf16_builtins && n->op == JDT_OP_MATMUL && k == 2 &&
+                n->dtype == JDT_DTYPE_BF16)
+                want = JDT_DTYPE_BF16; /* the CPU: a bf16 output's bias (fold_bf16_casts) */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
@@ -281,6 +284,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->wire_gathers = p->dev->vt->wire_gathers;
     c->reduce_stores = p->dev->vt->reduce_stores;
     c->bf16_builtins = p->dev->vt->bf16_builtins;
+    c->gemm_bf16_out =
+        (c->bf16_builtins || p->dev->vt->gemm_bf16_out) && !env_off("JDT_GEMM_BF16_OUT");
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
     c->gemm_pitch = p->dev->vt->gemm_pitch && !env_off("JDT_GEMM_PITCH");

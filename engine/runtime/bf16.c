@@ -1,7 +1,9 @@
 /*
  * bf16.c — GEMMs in bf16 compute precision for `precision.compute: bf16` (issue 14): the
  * inputs are rounded to bf16 (round to nearest even, as PyTorch's CPU autocast and JAX do),
- * products accumulate in f32, the output and the bias stay f32.
+ * products accumulate in f32, the output and the bias are f32 (or, through
+ * jdt_rt_matmul_bf16_ex, bf16: precision.activations: bf16 stores a GEMM's output rounded to
+ * bf16 by the GEMM itself, as PyTorch's autocast does).
  *
  * Two paths with the same numbers up to the order of the f32 accumulation:
  *   - oneDNN (JDT_HAVE_DNNL, Debian's libdnnl-dev; oneDNN 2.x C API) on a CPU with
@@ -99,7 +101,7 @@ JDT_RT_CLONES static void to_bf16_t(const float *x, uint16_t *y, int64_t batch, 
 #ifdef JDT_HAVE_DNNL
 typedef struct {
     int64_t batch, M, N, K;
-    bool ta, tb, b_shared, bias;
+    bool ta, tb, b_shared, bias, bias_bf16, c_bf16;
     int nt; /* the OpenMP threads it was created for: oneDNN plans its work split then */
     dnnl_primitive_t prim;
 } mm_entry;
@@ -157,25 +159,29 @@ static bool md3(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t d2, int6
     return dnnl_memory_desc_init_by_strides(md, 3, dims, dt, strides) == dnnl_success;
 }
 
-/* The matmul primitive for this shape and nt threads (cached); NULL if oneDNN has none. Caller
- * holds mu and has set OpenMP's thread count to nt: oneDNN fixes a primitive's work split (its
- * thread count) when it creates it, from omp_get_max_threads(), which OpenBLAS's OpenMP build
- * leaves at 1 (jdt_rt_set_threads) — a primitive created then runs on one thread for good. */
+/* The matmul primitive for this shape, these bias and destination types and nt threads
+ * (cached); NULL if oneDNN has none. Caller holds mu and has set OpenMP's thread count to nt:
+ * oneDNN fixes a primitive's work split (its thread count) when it creates it, from
+ * omp_get_max_threads(), which OpenBLAS's OpenMP build leaves at 1 (jdt_rt_set_threads) — a
+ * primitive created then runs on one thread for good. A bf16 destination is the f32 sum (bias
+ * included) rounded to nearest even as the kernel stores it. */
 static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
-                                     bool tb, bool b_shared, bool bias, int nt)
+                                     bool tb, bool b_shared, bool bias, bool bias_bf16, bool c_bf16,
+                                     int nt)
 {
     for (int i = 0; i < g_dnnl.n_cache; i++) {
         mm_entry *c = &g_dnnl.cache[i];
         if (c->batch == batch && c->M == M && c->N == N && c->K == K && c->ta == ta &&
-            c->tb == tb && c->b_shared == b_shared && c->bias == bias && c->nt == nt)
+            c->tb == tb && c->b_shared == b_shared && c->bias == bias &&
+            c->bias_bf16 == bias_bf16 && c->c_bf16 == c_bf16 && c->nt == nt)
             return c->prim;
     }
     dnnl_memory_desc_t src, wei, dst, bmd;
     int64_t wb = b_shared ? 1 : batch;
     bool ok = md3(&src, batch, M, K, M * K, ta ? 1 : K, ta ? M : 1, dnnl_bf16) &&
               md3(&wei, wb, K, N, K * N, tb ? 1 : N, tb ? K : 1, dnnl_bf16) &&
-              md3(&dst, batch, M, N, M * N, N, 1, dnnl_f32) &&
-              (!bias || md3(&bmd, 1, 1, N, N, N, 1, dnnl_f32));
+              md3(&dst, batch, M, N, M * N, N, 1, c_bf16 ? dnnl_bf16 : dnnl_f32) &&
+              (!bias || md3(&bmd, 1, 1, N, N, N, 1, bias_bf16 ? dnnl_bf16 : dnnl_f32));
     if (!ok) return NULL;
     dnnl_matmul_desc_t desc;
     if (dnnl_matmul_desc_init(&desc, &src, &wei, bias ? &bmd : NULL, &dst) != dnnl_success)
@@ -189,19 +195,21 @@ static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_
     mm_entry *c = &g_dnnl.cache[g_dnnl.n_cache < MM_CACHE ? g_dnnl.n_cache++ : g_dnnl.next++];
     g_dnnl.next %= MM_CACHE;
     if (c->prim) dnnl_primitive_destroy(c->prim);
-    *c = (mm_entry){batch, M, N, K, ta, tb, b_shared, bias, nt, prim};
+    *c = (mm_entry){batch, M, N, K, ta, tb, b_shared, bias, bias_bf16, c_bf16, nt, prim};
     return prim;
 }
 
-static bool mm_run(const uint16_t *a, const uint16_t *b, const float *bias, float *c, int64_t batch,
-                   int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, int nt)
+static bool mm_run_io(const uint16_t *a, const uint16_t *b, const void *bias, void *c,
+                      int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                      bool b_shared, bool bias_bf16, bool c_bf16, int nt)
 {
     pthread_mutex_lock(&g_dnnl.mu);
     bool done = false;
     const int prev = omp_get_max_threads();
     nt = nt > 0 ? nt : 1;
     omp_set_num_threads(nt);
-    dnnl_primitive_t prim = mm_primitive(batch, M, N, K, ta, tb, b_shared, bias != NULL, nt);
+    dnnl_primitive_t prim =
+        mm_primitive(batch, M, N, K, ta, tb, b_shared, bias != NULL, bias_bf16, c_bf16, nt);
     if (prim) {
         const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
         void *const ptr[4] = {(void *)a, (void *)b, c, (void *)bias};
@@ -210,6 +218,12 @@ static bool mm_run(const uint16_t *a, const uint16_t *b, const float *bias, floa
     omp_set_num_threads(prev);
     pthread_mutex_unlock(&g_dnnl.mu);
     return done;
+}
+
+static bool mm_run(const uint16_t *a, const uint16_t *b, const float *bias, float *c, int64_t batch,
+                   int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, int nt)
+{
+    return mm_run_io(a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, false, nt);
 }
 #endif
 
@@ -269,22 +283,24 @@ int64_t jdt_rt_matmul_bf16_scratch_floats(int64_t batch, int64_t M, int64_t N, i
 }
 
 int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
-                                         bool b_shared, bool a_bf16, bool b_bf16)
+                                         bool b_shared, bool a_bf16, bool b_bf16, bool c_bf16)
 {
     int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
-    if (!jdt_rt_bf16_native()) return 4 * (na + nb); /* f32 copies for SGEMM */
+    if (!jdt_rt_bf16_native()) /* f32 copies for SGEMM; its f32 result and bias for a bf16 c */
+        return 4 * (na + nb + (c_bf16 ? batch * M * N + N : 0));
     return 2 * ((a_bf16 ? 0 : na) + (b_bf16 ? 0 : nb));
 }
 
-void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c, int64_t batch,
+void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const void *bias, void *c, int64_t batch,
                            int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
-                           bool a_bf16, bool b_bf16, void *scratch, int nt)
+                           bool a_bf16, bool b_bf16, bool c_bf16, void *scratch, int nt)
 {
-    if (!a_bf16 && !b_bf16 && !jdt_rt_bf16_native()) {
+    const bool bias_bf16 = c_bf16; /* the bias has c's type */
+    if (!a_bf16 && !b_bf16 && !c_bf16 && !jdt_rt_bf16_native()) {
         jdt_rt_matmul_bf16(a, b, bias, c, batch, M, N, K, ta, tb, b_shared, scratch, nt);
         return;
     }
-    int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N;
+    int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N, nc = batch * M * N;
     if (M == 0 || N == 0) return;
 #ifdef JDT_HAVE_DNNL
     if (K > 0 && jdt_rt_bf16_native()) {
@@ -307,20 +323,26 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, floa
             to_bf16(b, s16, nb, nt);
             b16 = s16;
         }
-        if (mm_run(a16, b16, bias, c, batch, M, N, K, ta16, tb, b_shared, nt)) return;
+        if (mm_run_io(a16, b16, bias, c, batch, M, N, K, ta16, tb, b_shared, bias_bf16, c_bf16, nt))
+            return;
         /* oneDNN refused the shape: there is no room for f32 copies in this scratch, so
          * multiply the bf16 values directly (exact products, f32 sums) */
         for (int64_t p = 0; p < batch; p++) {
             const uint16_t *ap = a16 + p * M * K, *bp = b16 + (b_shared ? 0 : p * K * N);
-            float *cp = c + p * M * N;
 #pragma omp parallel for num_threads(nt) if (M * N * K >= 32768)
             for (int64_t i = 0; i < M; i++)
                 for (int64_t j = 0; j < N; j++) {
-                    float acc = bias ? bias[j] : 0.0f;
+                    float acc = !bias       ? 0.0f
+                                : bias_bf16 ? bf16_float(((const uint16_t *)bias)[j])
+                                            : ((const float *)bias)[j];
                     for (int64_t k = 0; k < K; k++)
                         acc += bf16_float(ta16 ? ap[k * M + i] : ap[i * K + k]) *
                                bf16_float(tb ? bp[j * K + k] : bp[k * N + j]);
-                    cp[i * N + j] = acc;
+                    const int64_t o = p * M * N + i * N + j;
+                    if (c_bf16)
+                        ((uint16_t *)c)[o] = jdt_rt_bf16_bits_inline(acc);
+                    else
+                        ((float *)c)[o] = acc;
                 }
         }
         return;
@@ -335,7 +357,14 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, floa
         widen(b, br, nb, nt);
     else
         round_f32(b, br, nb, nt);
-    jdt_rt_matmul(ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, nt);
+    if (!c_bf16) {
+        jdt_rt_matmul(ar, br, bias, c, batch, M, N, K, ta, tb, b_shared, nt);
+        return;
+    }
+    float *cr = br + nb, *biasr = cr + nc; /* the f32 result, then rounded into c */
+    if (bias) widen(bias, biasr, N, 1);
+    jdt_rt_matmul(ar, br, bias ? biasr : NULL, cr, batch, M, N, K, ta, tb, b_shared, nt);
+    to_bf16(cr, c, nc, nt);
 }
 
 void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float *c, int64_t batch,
@@ -372,14 +401,14 @@ static void peak_run(void *p)
 {
     const peak_ctx *x = p;
     jdt_rt_matmul_bf16_ex(x->a, x->b, NULL, x->c, 1, 1024, 1024, 1024, false, false, false, true,
-                          true, x->scratch, x->nt);
+                          true, false, x->scratch, x->nt);
 }
 
 double jdt_rt_bf16_peak_measure(int n_rep, int nt)
 {
     enum { N = 1024 };
     const size_t n = (size_t)N * N;
-    const int64_t ns = jdt_rt_matmul_bf16_scratch_bytes(1, N, N, N, false, true, true);
+    const int64_t ns = jdt_rt_matmul_bf16_scratch_bytes(1, N, N, N, false, true, true, false);
     uint16_t *a = jdt_malloc(n * sizeof *a), *b = jdt_malloc(n * sizeof *b);
     float *c = jdt_malloc(n * sizeof *c);
     void *scratch = ns > 0 ? jdt_malloc((size_t)ns) : NULL;

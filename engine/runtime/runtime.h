@@ -146,15 +146,18 @@ void jdt_rt_matmul_bf16(const float *a, const float *b, const float *bias, float
  * operand is uint16_t bf16 bits, as the compiler stores values read only by bf16 GEMMs;
  * otherwise f32). Such an operand needs no conversion: on the oneDNN path it is used in place,
  * transposed or not (oneDNN reads a transposed one by its strides), on the portable path it
- * is widened into the scratch. The scratch is what jdt_rt_matmul_bf16_scratch_bytes returns for
- * the same arguments — computed on this host: the oneDNN path needs 2 bytes per converted
- * element, the portable path 4 per element. Same numbers as jdt_rt_matmul_bf16 on the
- * bf16-rounded f32 operands. */
+ * is widened into the scratch. c_bf16: c (and the bias, which then has c's type) is bf16 bits,
+ * the f32 sum rounded to nearest even once as it is stored (precision.activations: bf16, passes.c
+ * fold_bf16_casts; oneDNN's kernels round as they store). The scratch is what
+ * jdt_rt_matmul_bf16_scratch_bytes returns for the same arguments — computed on this host: the
+ * oneDNN path needs 2 bytes per converted element, the portable path 4 per element and, for a bf16
+ * c, 4 per element of c and of the bias. Same numbers as jdt_rt_matmul_bf16 on the bf16-rounded f32
+ * operands. */
 int64_t jdt_rt_matmul_bf16_scratch_bytes(int64_t batch, int64_t M, int64_t N, int64_t K,
-                                         bool b_shared, bool a_bf16, bool b_bf16);
-void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const float *bias, float *c, int64_t batch,
+                                         bool b_shared, bool a_bf16, bool b_bf16, bool c_bf16);
+void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const void *bias, void *c, int64_t batch,
                            int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
-                           bool a_bf16, bool b_bf16, void *scratch, int nt);
+                           bool a_bf16, bool b_bf16, bool c_bf16, void *scratch, int nt);
 /* The best of n_rep (after one warm-up) 1024^3 products of bf16 operands through
  * jdt_rt_matmul_bf16_ex on nt threads, FLOP/s: the MFU reference of precision.compute: bf16 where
  * jdt_rt_bf16_native(). 0 when out of memory. */

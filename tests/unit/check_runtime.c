@@ -98,7 +98,7 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
              *b16 = malloc(sizeof(uint16_t) * (size_t)nb);
     int64_t ns =
         a_bf || b_bf
-            ? jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, b_shared, a_bf, b_bf)
+            ? jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, b_shared, a_bf, b_bf, false)
             : (int64_t)sizeof(float) * jdt_rt_matmul_bf16_scratch_floats(batch, M, N, K, b_shared);
     void *scratch = malloc((size_t)ns + 1); /* +1: malloc(0) may be NULL */
     ck_assert(a && b && c && bias && a16 && b16 && scratch);
@@ -113,7 +113,7 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
     if (a_bf || b_bf)
         jdt_rt_matmul_bf16_ex(a_bf ? (const void *)a16 : a, b_bf ? (const void *)b16 : b,
                               with_bias ? bias : NULL, c, batch, M, N, K, ta, tb, b_shared, a_bf,
-                              b_bf, scratch, 2);
+                              b_bf, false, scratch, 2);
     else
         jdt_rt_matmul_bf16(a, b, with_bias ? bias : NULL, c, batch, M, N, K, ta, tb, b_shared,
                            scratch, 2);
@@ -144,6 +144,63 @@ static double check_mm(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, 
     free(b16);
     free(scratch);
     return worst;
+}
+
+/* A bf16 output (jdt_rt_matmul_bf16_ex's c_bf16, precision.activations: bf16) with its bf16
+ * bias: the f32 output of the same product (the bias widened) rounded to bf16 — the same bits
+ * on the portable path (SGEMM, then the rounding), at most one bf16 step apart on oneDNN's (its
+ * bf16-destination kernel may sum in another order). The scratch is what the scratch query says
+ * for a bf16 c, with a guard byte after it that must stay untouched. */
+static void check_mm_bf16_out(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                              bool b_shared, bool with_bias)
+{
+    unsigned seed = (unsigned)(batch * 7 + M * 3 + N * 11 + K + ta + tb * 2);
+    int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N, nc = batch * M * N;
+    float *a = malloc(sizeof(float) * (size_t)na), *b = malloc(sizeof(float) * (size_t)nb);
+    float *bias = malloc(sizeof(float) * (size_t)N), *c = malloc(sizeof(float) * (size_t)nc);
+    uint16_t *a16 = malloc(2 * (size_t)na), *b16 = malloc(2 * (size_t)nb);
+    uint16_t *bias16 = malloc(2 * (size_t)N), *c16 = malloc(2 * (size_t)nc);
+    int64_t ns = jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, b_shared, true, true, true);
+    ck_assert_int_ge(ns,
+                     jdt_rt_matmul_bf16_scratch_bytes(batch, M, N, K, b_shared, true, true, false));
+    unsigned char *scratch = malloc((size_t)ns + 1);
+    ck_assert(a && b && bias && c && a16 && b16 && bias16 && c16 && scratch);
+    fill_operands(&seed, a, na, b, nb, bias, N);
+    for (int64_t i = 0; i < na; i++)
+        a16[i] = jdt_rt_bf16_bits(a[i]);
+    for (int64_t i = 0; i < nb; i++)
+        b16[i] = jdt_rt_bf16_bits(b[i]);
+    for (int64_t j = 0; j < N; j++) {
+        bias16[j] = jdt_rt_bf16_bits(bias[j]);
+        bias[j] = jdt_rt_bf16_float(bias16[j]);
+    }
+    jdt_rt_matmul_bf16_ex(a16, b16, with_bias ? bias : NULL, c, batch, M, N, K, ta, tb, b_shared,
+                          true, true, false, scratch, 2);
+    scratch[ns] = 0xa5;
+    jdt_rt_matmul_bf16_ex(a16, b16, with_bias ? bias16 : NULL, c16, batch, M, N, K, ta, tb,
+                          b_shared, true, true, true, scratch, 2);
+    ck_assert_int_eq(scratch[ns], 0xa5);
+    int64_t n_same = 0;
+    for (int64_t i = 0; i < nc; i++) {
+        const uint16_t want = jdt_rt_bf16_bits(c[i]);
+        const int d = (int)c16[i] - (int)want;
+        n_same += d == 0;
+        ck_assert_msg(jdt_rt_bf16_native() ? abs(d) <= 1 : d == 0,
+                      "%lldx%lldx%lld element %lld: bf16 output %04x (%g), f32 output %g "
+                      "rounds to %04x",
+                      (long long)M, (long long)N, (long long)K, (long long)i, c16[i],
+                      jdt_rt_bf16_float(c16[i]), c[i], want);
+    }
+    ck_assert_int_gt(n_same, nc / 2); /* a sum in another order moves few roundings */
+    free(a);
+    free(b);
+    free(bias);
+    free(c);
+    free(a16);
+    free(b16);
+    free(bias16);
+    free(c16);
+    free(scratch);
 }
 
 /* every case with f32 operands, and with a, b or both stored as bf16 (jdt_rt_matmul_bf16_ex):
@@ -184,6 +241,8 @@ static void mm_cases(void)
                           i, st, dev);
         }
         free(first);
+        check_mm_bf16_out(cases[i].batch, cases[i].M, cases[i].N, cases[i].K, cases[i].ta,
+                          cases[i].tb, cases[i].shared, cases[i].bias);
     }
 }
 

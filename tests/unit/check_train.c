@@ -337,6 +337,8 @@ END_TEST
 
 /* test_bf16_activations: the backward without jdt_graph_bf16_grads, for comparison */
 static bool no_bf16_grads;
+/* bf16_grads' last compiled program: its bf16 CASTs folded into GEMMs (compile stats) */
+static int last_n_folded;
 
 /* One forward + backward of model cfg on graph g with the bf16 compute flag on: outputs loss
  * and every parameter's gradient, computed by the compiled program (or the interpreter). */
@@ -421,6 +423,7 @@ static void bf16_grads(const jdt_config *cfg, bool cast_weights, bool jit, doubl
     jdt_program *p = NULL;
     ck_assert_msg(jdt_program_compile(g, &o, &p, &e) == JDT_OK, "%s", e.msg);
     ck_assert_msg(jdt_program_run(p, &e) == JDT_OK, "%s", e.msg);
+    last_n_folded = jdt_program_stats(p)->n_bf16_folded;
     *n_out = 0;
     for (int k = 0; k < jdt_graph_n_outputs(g); k++) {
         int64_t n = jdt_shape_numel(&jdt_graph_output(g, k)->shape);
@@ -510,10 +513,11 @@ END_TEST
 
 /* precision.activations: bf16: the linear layers and the head store bf16 outputs
  * (bf16(x W + bf16(b)), models.c), and the cotangents of the bf16 activations GEMMs read are
- * rounded to bf16 (jdt_graph_bf16_grads). On the CPU the CASTs are fused kernels (the CUDA backend
- * folds them into its GEMMs, check_cuda): the compiled step agrees with the interpreter, and
- * its loss differs from the f32-activations one by the rounding, not more. GPT with biases and
- * the llama variant. */
+ * rounded to bf16 (jdt_graph_bf16_grads). The CPU folds a GEMM's CAST to bf16 into the GEMM,
+ * which stores bf16 itself (passes.c fold_bf16_casts; the CUDA backend too, check_cuda), and
+ * the other CASTs are fused kernels: the compiled step agrees with the interpreter, and its
+ * loss differs from the f32-activations one by the rounding, not more. GPT with biases and the
+ * llama variant. */
 START_TEST(test_bf16_activations)
 {
     char *variants[][6] = {
@@ -530,6 +534,7 @@ START_TEST(test_bf16_activations)
         int64_t na, nr, nf;
         int casts, casts_ref, casts_f;
         bf16_grads(&c, true, true, act, 200000, &na, &casts);
+        ck_assert_msg(last_n_folded > 0, "variant %zu: no bf16 CAST folded into a GEMM", v);
         bf16_grads(&c, true, false, ref, 200000, &nr, &casts_ref);
         /* the GELU (SwiGLU) output's cotangent rounded to bf16 (jdt_graph_bf16_grads): the
          * same loss, other gradients than with it f32 */
@@ -547,6 +552,7 @@ START_TEST(test_bf16_activations)
                       "gradient", v);
         c.precision.activations = JDT_DTYPE_F32;
         bf16_grads(&c, true, true, f32a, 200000, &nf, &casts_f);
+        ck_assert_int_eq(last_n_folded, 0);
         ck_assert_int_eq(na, nr);
         ck_assert_int_eq(na, nf);
         /* the bias casts (CAST to bf16 of a parameter) come on top of the weights' */

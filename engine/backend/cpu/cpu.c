@@ -72,10 +72,12 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         int64_t M = n->shape.dims[nd - 2], Nn = n->shape.dims[nd - 1];
         int64_t K = n->attrs.i[0] ? a->dims[a->ndim - 2] : a->dims[a->ndim - 1];
         int64_t mn = M * Nn, batch = mn > 0 ? jdt_shape_numel(&n->shape) / mn : 0;
-        if (n->attrs.i[2]) /* bf16 compute: scratch holds the converted inputs */
+        if (n->attrs.i[2]) /* bf16 compute: scratch holds the converted inputs; a bf16 output
+                              (and its bias) from passes.c fold_bf16_casts */
             jdt_rt_matmul_bf16_ex(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                                   n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2,
-                                  c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16, scratch, nt);
+                                  c->nodes[n->in[0]].bf16, c->nodes[n->in[1]].bf16,
+                                  n->dtype == JDT_DTYPE_BF16, scratch, nt);
         else
             jdt_rt_matmul(in[0], in[1], n->n_in > 2 ? in[2] : NULL, o, batch, M, Nn, K,
                           n->attrs.i[0] != 0, n->attrs.i[1] != 0, b->ndim == 2, nt);
@@ -606,6 +608,7 @@ const jdt_backend_vt jdt_backend_cpu = {
     .arena_borrow = true,
     .reduce_stores = true,
     .attention_lse = true,
+    .gemm_bf16_out = true,
     .prepare = cpu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,
