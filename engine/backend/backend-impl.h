@@ -36,6 +36,10 @@ typedef struct {
      * builtins' inputs f32 (the CPU: oneDNN's bf16 destination; precision.activations: bf16's
      * f32 copy of each linear layer's output is neither written nor read). */
     bool gemm_bf16_out;
+    /* Its attention builtins read bf16 q, k, v (all three), so fold_bf16_casts drops the
+     * widening CASTs before them too (the CPU: each head widened in the thread's scratch;
+     * bf16_builtins implies it). */
+    bool attention_bf16_qkv;
     /* The layer and RMS norm backward builtins take the norm's scale w as a third input and
      * read dy, computing the normalised value's cotangent dy * w themselves (passes.c
      * fold_norm_scales: the product's kernel and its buffer go). */

@@ -188,6 +188,9 @@ typedef struct cprog_ {
                                   attention backward's cotangent form (fold_attention_cotangents) */
     bool attention_lse;        /* the device's vtable flag, unless JDT_ATTENTION_LSE=0: the forward
                                   stores the log-sum-exp its backward reads (fold_attention_lse) */
+    bool attention_bf16_qkv;   /* the device's vtable flag, unless JDT_ATTENTION_BF16_QKV=0, or
+                                  bf16_builtins: the attention reads bf16 q, k, v (passes.c
+                                  fold_bf16_casts' attention rule) */
     int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product

@@ -1440,7 +1440,9 @@ static int64_t builtin_scratch_bytes(const cprog *c, const cnode *n)
     }
     if (n->op != JDT_OP_ATTENTION && n->op != JDT_OP_ATTENTION_BWD) return 0;
     const jdt_shape *q = &c->nodes[n->in[0]].shape;
-    return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt, n->attrs.i[0] != 0) * 4;
+    return jdt_rt_attention_scratch_floats(q->dims[3], q->dims[2], c->nt, n->attrs.i[0] != 0,
+                                           c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16) *
+           4;
 }
 
 /* The buffer of the input that GEMM node m adds its product to (attrs i[3], passes.c

@@ -620,7 +620,8 @@ static void store_bf16(cprog *c, int x, int m)
 }
 
 /* precision.activations: bf16 on a device whose builtins take bf16 (c->bf16_builtins: CUDA;
- * (1) alone where only its GEMMs store bf16, c->gemm_bf16_out: the CPU).
+ * the CPU: (1) for its GEMMs, c->gemm_bf16_out, and (2) for its attention alone,
+ * c->attention_bf16_qkv).
  * (1) y = CAST(matmul(a, w) [+ bias], bf16), the product read by nothing else and computed in
  * bf16 (attrs i[2]): the GEMM stores y as bf16 itself (cuBLASLt's D type, oneDNN's bf16
  * destination) and the CAST becomes a view. A folded bias must be the bf16 rounding of the model's
@@ -638,7 +639,7 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
     for (int i = 0; i < c->n_nodes; i++) {
         cnode *x = &c->nodes[i];
         if (x->op == JDT_OP_CAST && x->kind == CK_EW && x->dtype == JDT_DTYPE_BF16 &&
-            c->nodes[x->in[0]].dtype == JDT_DTYPE_F32) {
+            c->nodes[x->in[0]].dtype == JDT_DTYPE_F32 && c->gemm_bf16_out) {
             int mi = view_base(c, users, x->in[0]);
             cnode *m = &c->nodes[mi];
             const bool rope = m->op == JDT_OP_ROPE && m->kind == CK_BUILTIN && c->bf16_builtins;
@@ -654,10 +655,8 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
             store_bf16(c, x->in[0], mi); /* the product and its views */
             to_view(x, x->in[0]);
             c->stats.n_bf16_folded++;
-        } else if (!c->bf16_builtins) {
-            continue; /* (2) needs bf16 inputs of the attention, cross-entropy and RoPE */
         } else if ((x->op == JDT_OP_ATTENTION || x->op == JDT_OP_ATTENTION_BWD) &&
-                   x->kind == CK_BUILTIN) {
+                   x->kind == CK_BUILTIN && c->attention_bf16_qkv) {
             /* q, k, v: all three bf16 or none (the kernels take one type for them) */
             bool all = true;
             for (int k = 0; k < 3; k++)
@@ -667,7 +666,7 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
             c->stats.n_bf16_folded += all;
         } else if ((x->op == JDT_OP_SOFTMAX_XENT || x->op == JDT_OP_SOFTMAX_XENT_BWD ||
                     x->op == JDT_OP_ROPE) &&
-                   x->kind == CK_BUILTIN) {
+                   x->kind == CK_BUILTIN && c->bf16_builtins) {
             if (is_widening(c, x->in[0])) {
                 skip_widening(c, users, x, 0);
                 c->stats.n_bf16_folded++;
@@ -2714,7 +2713,9 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->residual_gemm && (st = fold_residual_gemms(c, e)) != JDT_OK)
         goto out;
-    if (!c->opts.no_fuse && c->gemm_bf16_out && (st = fold_bf16_casts(c, e)) != JDT_OK) goto out;
+    if (!c->opts.no_fuse && (c->gemm_bf16_out || c->attention_bf16_qkv) &&
+        (st = fold_bf16_casts(c, e)) != JDT_OK)
+        goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_rope_attention(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && c->xent_fused && (st = fold_xent_backwards(c, e)) != JDT_OK) goto out;

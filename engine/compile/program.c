@@ -78,6 +78,9 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             if (c->gemm_bf16_out && !c->bf16_builtins && n->op == JDT_OP_MATMUL && k == 2 &&
                 n->dtype == JDT_DTYPE_BF16)
                 want = JDT_DTYPE_BF16; /* the CPU: a bf16 output's bias (fold_bf16_casts) */
+            if (c->attention_bf16_qkv && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
+                (n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3)
+                want = JDT_DTYPE_BF16; /* the CPU: bf16 q, k, v (fold_bf16_casts) */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
@@ -286,6 +289,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     c->bf16_builtins = p->dev->vt->bf16_builtins;
     c->gemm_bf16_out =
         (c->bf16_builtins || p->dev->vt->gemm_bf16_out) && !env_off("JDT_GEMM_BF16_OUT");
+    c->attention_bf16_qkv =
+        c->bf16_builtins || (p->dev->vt->attention_bf16_qkv && !env_off("JDT_ATTENTION_BF16_QKV"));
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
     c->gemm_pitch = p->dev->vt->gemm_pitch && !env_off("JDT_GEMM_PITCH");

@@ -24,6 +24,13 @@
  * row's exps unnormalised and scales them by 1 / sum as it packs them (the same bits as
  * normalising first, one pass over the tile less).
  *
+ * bf16 q, k, v (JDT_RT_ATT_QKV_BF16 in bthd: precision.activations: bf16, whose projections
+ * store bf16, passes.c fold_bf16_casts): each head's q, k and v are widened into the thread's
+ * scratch, rows back to back, and the head proceeds as with f32 inputs holding those values
+ * (the same bits: widening is exact, and bf16 compute's rounding of a bf16 value is itself).
+ * The step reads 2 bytes an element of them instead of 4, and the kernel that widened them
+ * for the whole batch goes.
+ *
  * The saved log-sum-exp (lse, passes.c fold_attention_lse): the forward stores each row's
  * L = max + log(sum) and the backward recomputes P = exp(s - L) in one pass instead of the
  * row max, the exps and their sum, and the normalisation (FlashAttention's statistics). P then
@@ -53,6 +60,43 @@ JDT_RT_INLINE const float *slice_of(const float *x, unsigned bthd, int bit, int6
     return x + bh * T * D;
 }
 
+/* A thread's widened q, k and v of one head (bf16 inputs): 3 (T, D) f32 slices */
+static int64_t att_widened(int64_t D, int64_t T, bool qkv_bf16)
+{
+    return qkv_bf16 ? 3 * T * D : 0;
+}
+
+/* bthd's bf16 bit set: head bh's q, k, v (read as bits 0-2 of bthd say) widened into w, (T, D)
+ * each, and their slices pointed there (row stride D); else the slices of the f32 inputs. */
+JDT_RT_INLINE void head_qkv(const void *q, const void *k, const void *v, unsigned bthd, int64_t bh,
+                            int64_t H, int64_t T, int64_t D, float *w, const float **qb,
+                            const float **kb, const float **vb, int *lq, int *lk, int *lv)
+{
+    if (!(bthd & JDT_RT_ATT_QKV_BF16)) {
+        *qb = slice_of(q, bthd, 0, bh, H, T, D, lq);
+        *kb = slice_of(k, bthd, 1, bh, H, T, D, lk);
+        *vb = slice_of(v, bthd, 2, bh, H, T, D, lv);
+        return;
+    }
+    const void *in[3] = {q, k, v};
+    const float **out[3] = {qb, kb, vb};
+    int *ld[3] = {lq, lk, lv};
+    for (int i = 0; i < 3; i++) {
+        const int64_t rs = bthd >> i & 1u ? H * D : D; /* the source's row stride */
+        const uint16_t *src = (const uint16_t *)in[i] +
+                              (bthd >> i & 1u ? (bh / H) * T * H * D + (bh % H) * D : bh * T * D);
+        float *dst = w + i * T * D;
+        for (int64_t t = 0; t < T; t++)
+#pragma omp simd
+            for (int64_t d = 0; d < D; d++) {
+                uint32_t u = (uint32_t)src[t * rs + d] << 16;
+                memcpy(&dst[t * D + d], &u, 4);
+            }
+        *out[i] = dst;
+        *ld[i] = (int)D;
+    }
+}
+
 /* Per-thread scratch: the score/probability tile and the dP tile (ATT_BQ, T). */
 static int64_t att_per_thread(int64_t D, int64_t T)
 {
@@ -80,9 +124,10 @@ static int64_t att_per_thread_bf16(int64_t D, int64_t T)
            jdt_rt_bf16_pack_b_floats(ATT_BQ, D) + 16;
 }
 
-int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16)
+int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16, bool qkv_bf16)
 {
-    return (int64_t)(nt > 0 ? nt : 1) * (bf16 ? att_per_thread_bf16(D, T) : att_per_thread(D, T));
+    return (int64_t)(nt > 0 ? nt : 1) * ((bf16 ? att_per_thread_bf16(D, T) : att_per_thread(D, T)) +
+                                         att_widened(D, T, qkv_bf16));
 }
 
 /* The largest of s[0, n) that compares greater than -inf (a NaN is never taken, as in one
@@ -179,19 +224,21 @@ JDT_RT_INLINE void block_probs(float *P, int64_t nq, int64_t nk, int64_t i0, con
 
 /* The bf16 forward: per head, k packed as B of q k^T and v as B of P v; per block of queries
  * the q block and P packed as A. */
-JDT_RT_CLONES static void attention_bf16(const float *q, const float *k, const float *v, float *o,
+JDT_RT_CLONES static void attention_bf16(const void *q, const void *k, const void *v, float *o,
                                          float *lse, int64_t B, int64_t H, int64_t T, int64_t D,
                                          float scale, unsigned bthd, float *scratch, int nt)
 {
-    const int64_t per = att_per_thread_bf16(D, T), pb = att_pack_b_max(D, T);
+    const bool w16 = bthd & JDT_RT_ATT_QKV_BF16;
+    const int64_t per = att_per_thread_bf16(D, T) + att_widened(D, T, w16),
+                  pb = att_pack_b_max(D, T);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *S = scratch + (int64_t)omp_get_thread_num() * per, inv[ATT_BQ];
         float *kp = S + 2 * ATT_BQ * T, *vp = kp + pb, *ap = vp + 2 * pb;
         int lq, lk, lv;
-        const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
-        const float *kb = slice_of(k, bthd, 1, bh, H, T, D, &lk);
-        const float *vb = slice_of(v, bthd, 2, bh, H, T, D, &lv);
+        const float *qb, *kb, *vb;
+        head_qkv(q, k, v, bthd, bh, H, T, D, S + att_per_thread_bf16(D, T), &qb, &kb, &vb, &lq, &lk,
+                 &lv);
         float *ob = o + bh * T * D;
         jdt_rt_bf16_pack_b(kb, lk, true, D, T, kp);  /* B(d, j) = k[j][d] */
         jdt_rt_bf16_pack_b(vb, lv, false, T, D, vp); /* B(j, d) = v[j][d] */
@@ -207,11 +254,12 @@ JDT_RT_CLONES static void attention_bf16(const float *q, const float *k, const f
     }
 }
 
-JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float *v, float *o,
+JDT_RT_CLONES void jdt_rt_attention(const void *q, const void *k, const void *v, float *o,
                                     float *lse, int64_t B, int64_t H, int64_t T, int64_t D,
                                     float scale, unsigned bthd, bool bf16, float *scratch, int nt)
 {
-    int64_t per = att_per_thread(D, T);
+    const bool w16 = bthd & JDT_RT_ATT_QKV_BF16;
+    int64_t per = att_per_thread(D, T) + att_widened(D, T, w16);
     if (B * H * T * D == 0) return;
     if (bf16) {
         attention_bf16(q, k, v, o, lse, B, H, T, D, scale, bthd, scratch, nt);
@@ -221,9 +269,9 @@ JDT_RT_CLONES void jdt_rt_attention(const float *q, const float *k, const float 
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *S = scratch + (int64_t)omp_get_thread_num() * per;
         int lq, lk, lv;
-        const float *qb = slice_of(q, bthd, 0, bh, H, T, D, &lq);
-        const float *kb = slice_of(k, bthd, 1, bh, H, T, D, &lk);
-        const float *vb = slice_of(v, bthd, 2, bh, H, T, D, &lv);
+        const float *qb, *kb, *vb;
+        head_qkv(q, k, v, bthd, bh, H, T, D, S + att_per_thread(D, T), &qb, &kb, &vb, &lq, &lk,
+                 &lv);
         float *ob = o + bh * T * D;
         for (int64_t i0 = 0; i0 < T; i0 += ATT_BQ) {
             int64_t nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, nk = i0 + nq;
@@ -244,14 +292,12 @@ typedef struct {
     float *dq, *dk, *dv;
 } att_head;
 
-JDT_RT_INLINE void att_head_bwd(att_head *h, const float *q, const float *k, const float *v,
+JDT_RT_INLINE void att_head_bwd(att_head *h, const void *q, const void *k, const void *v,
                                 const float *o, const float *dout, float *dqkv, unsigned bthd,
-                                int64_t bh, int64_t B, int64_t H, int64_t T, int64_t D)
+                                int64_t bh, int64_t B, int64_t H, int64_t T, int64_t D, float *w)
 {
     const int64_t n = B * H * T * D, off = bh * T * D;
-    h->q = slice_of(q, bthd, 0, bh, H, T, D, &h->lq);
-    h->k = slice_of(k, bthd, 1, bh, H, T, D, &h->lk);
-    h->v = slice_of(v, bthd, 2, bh, H, T, D, &h->lv);
+    head_qkv(q, k, v, bthd, bh, H, T, D, w, &h->q, &h->k, &h->v, &h->lq, &h->lk, &h->lv);
     h->o = slice_of(o, bthd, 3, bh, H, T, D, &h->lo);
     h->g = slice_of(dout, bthd, 4, bh, H, T, D, &h->lg);
     h->dq = dqkv + off;
@@ -281,20 +327,23 @@ JDT_RT_INLINE void att_ds(const float *P, float *dP, const float *gi, int lg, co
 
 /* The bf16 backward: per head, k packed as B of q k^T and of dS k, v as B of dO v^T; per block
  * q, dO, P^T, dS and dS^T packed as A, dO and q as B. */
-JDT_RT_CLONES static void attention_bwd_bf16(const float *q, const float *k, const float *v,
+JDT_RT_CLONES static void attention_bwd_bf16(const void *q, const void *k, const void *v,
                                              const float *o, const float *lse, const float *dout,
                                              float *dqkv, int64_t B, int64_t H, int64_t T,
                                              int64_t D, float scale, unsigned bthd, float *scratch,
                                              int nt)
 {
-    const int64_t per = att_per_thread_bf16(D, T), pb = att_pack_b_max(D, T);
+    const bool w16 = bthd & JDT_RT_ATT_QKV_BF16;
+    const int64_t per = att_per_thread_bf16(D, T) + att_widened(D, T, w16),
+                  pb = att_pack_b_max(D, T);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *P = scratch + (int64_t)omp_get_thread_num() * per, *dP = P + ATT_BQ * T;
         float *kpt = dP + ATT_BQ * T, *vpt = kpt + pb, *kp = vpt + pb, *ap = kp + pb;
         float *bq = ap + att_pack_a_max(D, T);
         att_head h;
-        att_head_bwd(&h, q, k, v, o, dout, dqkv, bthd, bh, B, H, T, D);
+        att_head_bwd(&h, q, k, v, o, dout, dqkv, bthd, bh, B, H, T, D,
+                     P + att_per_thread_bf16(D, T));
         const float *qb = h.q, *kb = h.k, *vb = h.v, *ob = h.o, *gb = h.g;
         const int lq = h.lq, lk = h.lk, lv = h.lv, lo = h.lo, lg = h.lg;
         float *dqb = h.dq, *dkb = h.dk, *dvb = h.dv;
@@ -325,13 +374,13 @@ JDT_RT_CLONES static void attention_bwd_bf16(const float *q, const float *k, con
     }
 }
 
-JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const float *v,
-                                        const float *o, const float *lse, const float *dout,
-                                        float *dqkv, int64_t B, int64_t H, int64_t T, int64_t D,
-                                        float scale, unsigned bthd, bool bf16, float *scratch,
-                                        int nt)
+JDT_RT_CLONES void jdt_rt_attention_bwd(const void *q, const void *k, const void *v, const float *o,
+                                        const float *lse, const float *dout, float *dqkv, int64_t B,
+                                        int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
+                                        bool bf16, float *scratch, int nt)
 {
-    int64_t per = att_per_thread(D, T), n = B * H * T * D;
+    const bool w16 = bthd & JDT_RT_ATT_QKV_BF16;
+    int64_t per = att_per_thread(D, T) + att_widened(D, T, w16), n = B * H * T * D;
     if (n == 0) return;
     if (bf16) {
         attention_bwd_bf16(q, k, v, o, lse, dout, dqkv, B, H, T, D, scale, bthd, scratch, nt);
@@ -341,7 +390,7 @@ JDT_RT_CLONES void jdt_rt_attention_bwd(const float *q, const float *k, const fl
     for (int64_t bh = 0; bh < B * H; bh++) {
         float *P = scratch + (int64_t)omp_get_thread_num() * per, *dP = P + ATT_BQ * T;
         att_head h;
-        att_head_bwd(&h, q, k, v, o, dout, dqkv, bthd, bh, B, H, T, D);
+        att_head_bwd(&h, q, k, v, o, dout, dqkv, bthd, bh, B, H, T, D, P + att_per_thread(D, T));
         const float *qb = h.q, *kb = h.k, *vb = h.v, *ob = h.o, *gb = h.g;
         const int lq = h.lq, lk = h.lk, lv = h.lv, lo = h.lo, lg = h.lg;
         float *dqb = h.dq, *dkb = h.dk, *dvb = h.dv;

@@ -226,14 +226,18 @@ void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *
  * lse: NULL, or (B, H, T) floats that the forward fills with each query row's log-sum-exp of
  * its scaled causal scores (max + log of the sum of exp(s - max)) and the backward reads to
  * recompute the probabilities in one pass, exp(s - lse), instead of three (max, sum,
- * normalise); FlashAttention's saved statistics (passes.c fold_attention_lse). */
-int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16);
-void jdt_rt_attention(const float *q, const float *k, const float *v, float *o, float *lse,
-                      int64_t B, int64_t H, int64_t T, int64_t D, float scale, unsigned bthd,
-                      bool bf16, float *scratch, int nt);
+ * normalise); FlashAttention's saved statistics (passes.c fold_attention_lse).
+ * JDT_RT_ATT_QKV_BF16 set in bthd: q, k and v are bf16 bits (uint16_t), all three
+ * (precision.activations: bf16); the results are those of f32 inputs holding the same values,
+ * bit for bit. The scratch then needs qkv_bf16 in its query (3 widened (T, D) slices a thread). */
+#define JDT_RT_ATT_QKV_BF16 (1u << 8)
+int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16, bool qkv_bf16);
+void jdt_rt_attention(const void *q, const void *k, const void *v, float *o, float *lse, int64_t B,
+                      int64_t H, int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
+                      float *scratch, int nt);
 /* dqkv (3, B, H, T, D) = (dq, dk, dv) of the above; recomputes the softmax (from lse when not
  * NULL: the forward's). */
-void jdt_rt_attention_bwd(const float *q, const float *k, const float *v, const float *o,
+void jdt_rt_attention_bwd(const void *q, const void *k, const void *v, const float *o,
                           const float *lse, const float *dout, float *dqkv, int64_t B, int64_t H,
                           int64_t T, int64_t D, float scale, unsigned bthd, bool bf16,
                           float *scratch, int nt);

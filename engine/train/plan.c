@@ -555,11 +555,12 @@ static jdt_status inspect_one(const jdt_config *cfg, bool compile, int cuda_arch
             fprintf(f, "\n");
         }
         if (cfg->precision.compute == JDT_DTYPE_BF16) /* docs/compiler.md, bf16 storage */
-            fprintf(f,
-                    "  bf16           %d values stored as bf16, %d bf16 GEMM operands converted "
-                    "at every call, %d bf16 casts folded into GEMMs and cross-entropies "
-                    "(micro-batch program)\n",
-                    sm->n_bf16_stored, sm->n_bf16_converted, sm->n_bf16_folded);
+            fprintf(
+                f,
+                "  bf16           %d values stored as bf16, %d bf16 GEMM operands converted "
+                "at every call, %d bf16 casts folded into GEMMs, attentions and cross-entropies "
+                "(micro-batch program)\n",
+                sm->n_bf16_stored, sm->n_bf16_converted, sm->n_bf16_folded);
         if (compile && dev && cuda_arch > 0) {
             print_aot_compile(f, dt, sm, cuda_arch, dev);
         } else if (compile && dev) {

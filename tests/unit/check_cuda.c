@@ -1374,11 +1374,12 @@ static void model_vs_cpu(int i, jdt_device *d, double rtol, bool params)
      * the device's GEMMs take the bf16 copies as stored operands */
     ck_assert_int_eq(n_bf16_casts(sg), n_bf16_casts(sc));
     if (strstr(MODELS[i].name, "bf16")) ck_assert_int_gt(n_bf16_casts(sg), 0);
-    /* bf16 activations: the casts folded into the device's GEMMs and cross-entropy, and into
-     * the CPU's GEMMs (passes.c fold_bf16_casts' first rule: fewer folds) */
+    /* bf16 activations: the casts folded into the device's GEMMs, attention and cross-entropy,
+     * and into the CPU's GEMMs and attention (passes.c fold_bf16_casts; the device's GEMMs that
+     * add the residual take some of its GEMM folds' place, so neither count bounds the other) */
     if (strstr(MODELS[i].name, "bf16act")) {
         ck_assert_int_gt(jdt_step_stats(sc)->n_bf16_folded, 0);
-        ck_assert_int_gt(jdt_step_stats(sg)->n_bf16_folded, jdt_step_stats(sc)->n_bf16_folded);
+        ck_assert_int_gt(jdt_step_stats(sg)->n_bf16_folded, 0);
     } else {
         ck_assert_int_eq(jdt_step_stats(sc)->n_bf16_folded, 0);
     }

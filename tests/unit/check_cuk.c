@@ -2391,7 +2391,7 @@ static void check_attention_scaled(jdt_cuk *k, int64_t B, int64_t H, int64_t T, 
     float *q = rand_floats(n, 61, -1, 1), *kk = rand_floats(n, 62, -1, 1);
     float *v = rand_floats(n, 63, -1, 1), *go = rand_floats(n, 64, -1, 1);
     float *o = malloc((size_t)n * 4), *dqkv = malloc((size_t)(3 * n) * 4);
-    float *scr = malloc((size_t)jdt_rt_attention_scratch_floats(D, T, 1, true) * 4);
+    float *scr = malloc((size_t)jdt_rt_attention_scratch_floats(D, T, 1, true, false) * 4);
     jdt_rt_attention(q, kk, v, o, NULL, B, H, T, D, scale, 0, tc, scr, 1);
     jdt_rt_attention_bwd(q, kk, v, o, NULL, go, dqkv, B, H, T, D, scale, 0, tc, scr, 1);
     /* device inputs in the layout bthd asks for (the reference used (B, H, T, D)) */

@@ -514,7 +514,8 @@ static void attention_case_lse(int64_t B, int64_t H, int64_t T, int64_t D, float
     unsigned seed = (unsigned)(T * 31 + D);
     float *x = malloc(sizeof(float) * (size_t)(4 * n)), *o = malloc(sizeof(float) * (size_t)n);
     float *d = malloc(sizeof(float) * (size_t)(3 * n));
-    float *scr = malloc(sizeof(float) * (size_t)jdt_rt_attention_scratch_floats(D, T, 2, true));
+    float *scr =
+        malloc(sizeof(float) * (size_t)jdt_rt_attention_scratch_floats(D, T, 2, true, false));
     double *ro = calloc((size_t)n, sizeof(double)), *rd = calloc((size_t)(3 * n), sizeof(double));
     double *p = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T);
     double *rl = malloc(sizeof(double) * (size_t)(B * H * T));
@@ -591,9 +592,53 @@ static void attention_case_amp(int64_t B, int64_t H, int64_t T, int64_t D, float
     attention_case_lse(B, H, T, D, amp, true);
 }
 
+/* bf16 q, k, v (JDT_RT_ATT_QKV_BF16): the forward's o and log-sum-exp and the backward's dq,
+ * dk, dv equal, bit for bit, those of f32 inputs holding the same (rounded) values, with bf16
+ * compute and without, the inputs read (B, H, T, D) and (B, T, H, D); the scratch the query
+ * gives for bf16 inputs is enough (a canary after it stays) */
+static void attention_qkv_bf16_case(int64_t B, int64_t H, int64_t T, int64_t D)
+{
+    const int64_t n = B * H * T * D, nl = B * H * T;
+    unsigned seed = (unsigned)(T * 7 + D);
+    float *x = malloc(sizeof(float) * (size_t)(4 * n)), *out[2];
+    uint16_t *x16 = malloc(2 * (size_t)(3 * n));
+    const int64_t ns = jdt_rt_attention_scratch_floats(D, T, 2, true, true);
+    ck_assert_int_ge(ns, jdt_rt_attention_scratch_floats(D, T, 2, false, true));
+    float *scr = malloc(sizeof(float) * (size_t)(ns + 1));
+    ck_assert(x && x16 && scr);
+    for (int r = 0; r < 2; r++)
+        ck_assert_ptr_nonnull(out[r] = malloc(sizeof(float) * (size_t)(4 * n + nl)));
+    for (int64_t i = 0; i < 4 * n; i++)
+        x[i] = 2.0f * frand(&seed);
+    for (int64_t i = 0; i < 3 * n; i++) {
+        x16[i] = jdt_rt_bf16_bits(x[i]);
+        x[i] = jdt_rt_bf16_float(x16[i]);
+    }
+    const float sc = 1.0f / sqrtf((float)D);
+    for (int bf = 0; bf < 2; bf++)
+        for (unsigned bthd = 0; bthd <= 7; bthd += 7)
+            for (int r = 0; r < 2; r++) { /* r = 0: f32 inputs, 1: bf16 */
+                float *o = out[r], *lse = o + n, *d = lse + nl;
+                const void *q = r ? (const void *)x16 : x, *k = r ? (const void *)(x16 + n) : x + n,
+                           *v = r ? (const void *)(x16 + 2 * n) : x + 2 * n;
+                const unsigned m = bthd | (r ? JDT_RT_ATT_QKV_BF16 : 0u);
+                scr[ns] = 12345.0f;
+                jdt_rt_attention(q, k, v, o, lse, B, H, T, D, sc, m, bf, scr, 2);
+                jdt_rt_attention_bwd(q, k, v, o, lse, x + 3 * n, d, B, H, T, D, sc, m, bf, scr, 2);
+                ck_assert_float_eq(scr[ns], 12345.0f);
+                if (r)
+                    ck_assert_msg(memcmp(out[0], out[1], sizeof(float) * (size_t)(4 * n + nl)) == 0,
+                                  "T %lld D %lld bf16 compute %d bthd %u: bf16 q, k, v give other "
+                                  "results than f32 ones of the same values",
+                                  (long long)T, (long long)D, bf, bthd);
+            }
+    free(x), free(x16), free(scr), free(out[0]), free(out[1]);
+}
+
 static void attention_case(int64_t B, int64_t H, int64_t T, int64_t D)
 {
     attention_case_amp(B, H, T, D, 1.0f);
+    attention_qkv_bf16_case(B, H, T, D);
 }
 
 START_TEST(test_bf16_tiles_best_path)

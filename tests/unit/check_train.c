@@ -337,7 +337,7 @@ END_TEST
 
 /* test_bf16_activations: the backward without jdt_graph_bf16_grads, for comparison */
 static bool no_bf16_grads;
-/* bf16_grads' last compiled program: its bf16 CASTs folded into GEMMs (compile stats) */
+/* bf16_grads' last compiled program: its bf16 CASTs folded into builtins (compile stats) */
 static int last_n_folded;
 
 /* One forward + backward of model cfg on graph g with the bf16 compute flag on: outputs loss

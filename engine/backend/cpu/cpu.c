@@ -150,6 +150,8 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         for (int k = 0; k < n->n_in; k++)
             if (c->nodes[n->in[k]].kind == CK_VIEW && c->nodes[n->in[k]].op == JDT_OP_TRANSPOSE)
                 bthd |= 1u << k;
+        /* bf16 q, k, v (passes.c fold_bf16_casts; all three or none: check_builtins) */
+        if (c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16) bthd |= JDT_RT_ATT_QKV_BF16;
         /* the forward's log-sum-exp packed after o (passes.c fold_attention_lse): stored by
          * the forward (attrs i[1]), read by the backward (attrs i[2]) */
         const int64_t no = jdt_shape_numel(s0);
@@ -609,6 +611,7 @@ const jdt_backend_vt jdt_backend_cpu = {
     .reduce_stores = true,
     .attention_lse = true,
     .gemm_bf16_out = true,
+    .attention_bf16_qkv = true,
     .prepare = cpu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,
