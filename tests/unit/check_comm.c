@@ -307,8 +307,13 @@ static int mismatch(int rank, int world, jdt_dist *d, void *arg)
     float buf[64] = {0};
     /* every rank through its init first: otherwise rank 2 can abort the job on rank 1's header
      * while a descheduled rank 0 is still joining, whose init then fails instead (seen once
-     * under a fresh-clone CI: rank 0 exited 90) */
-    FAIL_IF(jdt_comm_barrier(jdt_dist_world(d), &e), "rank %d: barrier: %s", rank, e.msg);
+     * under a fresh-clone CI: rank 0 exited 90). A barrier returns once every rank has entered
+     * it, not left it: a rank still on its way out can meet the abort of the mismatch below
+     * (seen once under a fresh-clone CI, session 49), which must then be what it reports. */
+    if (jdt_comm_barrier(jdt_dist_world(d), &e) != JDT_OK) {
+        FAIL_IF(!strstr(e.msg, "element count"), "rank %d: barrier: %s", rank, e.msg);
+        return 0;
+    }
     jdt_status st = jdt_comm_allreduce(jdt_dist_world(d), buf, rank == 1 ? 64 : 32,
                                        JDT_DTYPE_F32, JDT_REDUCE_SUM, &e);
     FAIL_IF(st == JDT_OK, "rank %d: mismatched allreduce succeeded", rank);
