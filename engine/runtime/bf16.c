@@ -302,6 +302,11 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const void *bias, void 
     }
     int64_t na = batch * M * K, nb = (b_shared ? 1 : batch) * K * N, nc = batch * M * N;
     if (M == 0 || N == 0) return;
+    if (K == 0 && c_bf16) { /* an empty sum: the bias (bf16 already), or +0 */
+        for (int64_t i = 0; i < nc; i++)
+            ((uint16_t *)c)[i] = bias ? ((const uint16_t *)bias)[i % N] : 0;
+        return;
+    }
 #ifdef JDT_HAVE_DNNL
     if (K > 0 && jdt_rt_bf16_native()) {
         uint16_t *s16 = scratch;

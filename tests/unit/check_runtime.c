@@ -370,6 +370,15 @@ START_TEST(test_matmul_bf16_empty)
     jdt_rt_matmul_bf16(a, b, bias, c, 1, 2, 2, 0, false, false, true, scratch, 1); /* K = 0 */
     ck_assert_float_eq(c[0], 0.5f);
     ck_assert_float_eq(c[3], -2.0f);
+    /* a bf16 output: the bf16 bias itself, with no scratch (the query says 0 bytes) */
+    uint16_t a16[1] = {0x3f80}, b16[1] = {0x3f80}, c16[4] = {7, 7, 7, 7};
+    uint16_t bias16[2] = {jdt_rt_bf16_bits(0.5f), jdt_rt_bf16_bits(-2.0f)};
+    if (jdt_rt_bf16_native())
+        ck_assert_int_eq(jdt_rt_matmul_bf16_scratch_bytes(1, 2, 2, 0, true, true, true, true), 0);
+    jdt_rt_matmul_bf16_ex(a16, b16, bias16, c16, 1, 2, 2, 0, false, false, true, true, true, true,
+                          NULL, 1);
+    ck_assert_int_eq(c16[0], bias16[0]);
+    ck_assert_int_eq(c16[3], bias16[1]);
 }
 END_TEST
 
