@@ -69,7 +69,6 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                  ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD ||
                    n->op == JDT_OP_ROPE) &&
                   k == 0) ||
-                 ((n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3) ||
                  (n->op == JDT_OP_ATTENTION_BWD && k == 4 && c->attention_dout16_d > 0 &&
                   c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16) ||
                  ((n->op == JDT_OP_NORMALIZE_BWD || n->op == JDT_OP_RMS_NORMALIZE_BWD) &&
@@ -80,7 +79,7 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                 want = JDT_DTYPE_BF16; /* the CPU: a bf16 output's bias (fold_bf16_casts) */
             if (c->attention_bf16_qkv && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
                 (n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3)
-                want = JDT_DTYPE_BF16; /* the CPU: bf16 q, k, v (fold_bf16_casts) */
+                want = JDT_DTYPE_BF16; /* bf16 q, k, v (fold_bf16_casts; bf16_builtins too) */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;

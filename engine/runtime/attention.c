@@ -47,17 +47,23 @@
 
 #define ATT_BQ 64 /* query rows per block */
 
-/* Start and row stride of slice bh = b * H + h of input bit `bit`: (B, H, T, D) contiguous, or
- * (B, T, H, D) when the bit is set in bthd. */
-JDT_RT_INLINE const float *slice_of(const float *x, unsigned bthd, int bit, int64_t bh, int64_t H,
-                                    int64_t T, int64_t D, int *ld)
+/* Element offset and row stride of slice bh = b * H + h of input bit `bit`: (B, H, T, D)
+ * contiguous, or (B, T, H, D) when the bit is set in bthd. */
+JDT_RT_INLINE int64_t slice_off(unsigned bthd, int bit, int64_t bh, int64_t H, int64_t T, int64_t D,
+                                int *ld)
 {
     if (bthd >> bit & 1u) {
         *ld = (int)(H * D);
-        return x + (bh / H) * T * H * D + (bh % H) * D;
+        return (bh / H) * T * H * D + (bh % H) * D;
     }
     *ld = (int)D;
-    return x + bh * T * D;
+    return bh * T * D;
+}
+
+JDT_RT_INLINE const float *slice_of(const float *x, unsigned bthd, int bit, int64_t bh, int64_t H,
+                                    int64_t T, int64_t D, int *ld)
+{
+    return x + slice_off(bthd, bit, bh, H, T, D, ld);
 }
 
 /* A thread's widened q, k and v of one head (bf16 inputs): 3 (T, D) f32 slices */
@@ -82,16 +88,13 @@ JDT_RT_INLINE void head_qkv(const void *q, const void *k, const void *v, unsigne
     const float **out[3] = {qb, kb, vb};
     int *ld[3] = {lq, lk, lv};
     for (int i = 0; i < 3; i++) {
-        const int64_t rs = bthd >> i & 1u ? H * D : D; /* the source's row stride */
-        const uint16_t *src = (const uint16_t *)in[i] +
-                              (bthd >> i & 1u ? (bh / H) * T * H * D + (bh % H) * D : bh * T * D);
+        int rs; /* the source's row stride */
+        const uint16_t *src = (const uint16_t *)in[i] + slice_off(bthd, i, bh, H, T, D, &rs);
         float *dst = w + i * T * D;
         for (int64_t t = 0; t < T; t++)
 #pragma omp simd
-            for (int64_t d = 0; d < D; d++) {
-                uint32_t u = (uint32_t)src[t * rs + d] << 16;
-                memcpy(&dst[t * D + d], &u, 4);
-            }
+            for (int64_t d = 0; d < D; d++)
+                dst[t * D + d] = jdt_rt_bf16_float_inline(src[t * rs + d]);
         *out[i] = dst;
         *ld[i] = (int)D;
     }

@@ -34,14 +34,6 @@ float jdt_rt_bf16_round(float x)
     return jdt_bf16_round(x);
 }
 
-static float bf16_float(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 uint16_t jdt_rt_bf16_bits(float x)
 {
     return jdt_rt_bf16_bits_inline(x);
@@ -49,14 +41,14 @@ uint16_t jdt_rt_bf16_bits(float x)
 
 float jdt_rt_bf16_float(uint16_t h)
 {
-    return bf16_float(h);
+    return jdt_rt_bf16_float_inline(h);
 }
 
 static void widen(const uint16_t *x, float *y, int64_t n, int nt)
 {
 #pragma omp parallel for num_threads(nt) if (n >= 32768)
     for (int64_t i = 0; i < n; i++)
-        y[i] = bf16_float(x[i]);
+        y[i] = jdt_rt_bf16_float_inline(x[i]);
 }
 
 JDT_RT_CLONES static void round_f32(const float *x, float *y, int64_t n, int nt)
@@ -101,7 +93,7 @@ JDT_RT_CLONES static void to_bf16_t(const float *x, uint16_t *y, int64_t batch, 
 #ifdef JDT_HAVE_DNNL
 typedef struct {
     int64_t batch, M, N, K;
-    bool ta, tb, b_shared, bias, bias_bf16, c_bf16;
+    bool ta, tb, b_shared, bias, c_bf16; /* c_bf16: a bf16 destination and bias */
     int nt; /* the OpenMP threads it was created for: oneDNN plans its work split then */
     dnnl_primitive_t prim;
 } mm_entry;
@@ -163,17 +155,16 @@ static bool md3(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t d2, int6
  * (cached); NULL if oneDNN has none. Caller holds mu and has set OpenMP's thread count to nt:
  * oneDNN fixes a primitive's work split (its thread count) when it creates it, from
  * omp_get_max_threads(), which OpenBLAS's OpenMP build leaves at 1 (jdt_rt_set_threads) — a
- * primitive created then runs on one thread for good. A bf16 destination is the f32 sum (bias
- * included) rounded to nearest even as the kernel stores it. */
+ * primitive created then runs on one thread for good. c_bf16: a bf16 destination, the f32 sum
+ * (the bias, then bf16 too, included) rounded to nearest even as the kernel stores it. */
 static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
-                                     bool tb, bool b_shared, bool bias, bool bias_bf16, bool c_bf16,
-                                     int nt)
+                                     bool tb, bool b_shared, bool bias, bool c_bf16, int nt)
 {
     for (int i = 0; i < g_dnnl.n_cache; i++) {
         mm_entry *c = &g_dnnl.cache[i];
         if (c->batch == batch && c->M == M && c->N == N && c->K == K && c->ta == ta &&
-            c->tb == tb && c->b_shared == b_shared && c->bias == bias &&
-            c->bias_bf16 == bias_bf16 && c->c_bf16 == c_bf16 && c->nt == nt)
+            c->tb == tb && c->b_shared == b_shared && c->bias == bias && c->c_bf16 == c_bf16 &&
+            c->nt == nt)
             return c->prim;
     }
     dnnl_memory_desc_t src, wei, dst, bmd;
@@ -181,7 +172,7 @@ static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_
     bool ok = md3(&src, batch, M, K, M * K, ta ? 1 : K, ta ? M : 1, dnnl_bf16) &&
               md3(&wei, wb, K, N, K * N, tb ? 1 : N, tb ? K : 1, dnnl_bf16) &&
               md3(&dst, batch, M, N, M * N, N, 1, c_bf16 ? dnnl_bf16 : dnnl_f32) &&
-              (!bias || md3(&bmd, 1, 1, N, N, N, 1, bias_bf16 ? dnnl_bf16 : dnnl_f32));
+              (!bias || md3(&bmd, 1, 1, N, N, N, 1, c_bf16 ? dnnl_bf16 : dnnl_f32));
     if (!ok) return NULL;
     dnnl_matmul_desc_t desc;
     if (dnnl_matmul_desc_init(&desc, &src, &wei, bias ? &bmd : NULL, &dst) != dnnl_success)
@@ -195,13 +186,13 @@ static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_
     mm_entry *c = &g_dnnl.cache[g_dnnl.n_cache < MM_CACHE ? g_dnnl.n_cache++ : g_dnnl.next++];
     g_dnnl.next %= MM_CACHE;
     if (c->prim) dnnl_primitive_destroy(c->prim);
-    *c = (mm_entry){batch, M, N, K, ta, tb, b_shared, bias, bias_bf16, c_bf16, nt, prim};
+    *c = (mm_entry){batch, M, N, K, ta, tb, b_shared, bias, c_bf16, nt, prim};
     return prim;
 }
 
 static bool mm_run_io(const uint16_t *a, const uint16_t *b, const void *bias, void *c,
                       int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                      bool b_shared, bool bias_bf16, bool c_bf16, int nt)
+                      bool b_shared, bool c_bf16, int nt)
 {
     pthread_mutex_lock(&g_dnnl.mu);
     bool done = false;
@@ -209,7 +200,7 @@ static bool mm_run_io(const uint16_t *a, const uint16_t *b, const void *bias, vo
     nt = nt > 0 ? nt : 1;
     omp_set_num_threads(nt);
     dnnl_primitive_t prim =
-        mm_primitive(batch, M, N, K, ta, tb, b_shared, bias != NULL, bias_bf16, c_bf16, nt);
+        mm_primitive(batch, M, N, K, ta, tb, b_shared, bias != NULL, c_bf16, nt);
     if (prim) {
         const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
         void *const ptr[4] = {(void *)a, (void *)b, c, (void *)bias};
@@ -223,7 +214,7 @@ static bool mm_run_io(const uint16_t *a, const uint16_t *b, const void *bias, vo
 static bool mm_run(const uint16_t *a, const uint16_t *b, const float *bias, float *c, int64_t batch,
                    int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, int nt)
 {
-    return mm_run_io(a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, false, nt);
+    return mm_run_io(a, b, bias, c, batch, M, N, K, ta, tb, b_shared, false, nt);
 }
 #endif
 
@@ -295,7 +286,6 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const void *bias, void 
                            int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared,
                            bool a_bf16, bool b_bf16, bool c_bf16, void *scratch, int nt)
 {
-    const bool bias_bf16 = c_bf16; /* the bias has c's type */
     if (!a_bf16 && !b_bf16 && !c_bf16 && !jdt_rt_bf16_native()) {
         jdt_rt_matmul_bf16(a, b, bias, c, batch, M, N, K, ta, tb, b_shared, scratch, nt);
         return;
@@ -328,8 +318,7 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const void *bias, void 
             to_bf16(b, s16, nb, nt);
             b16 = s16;
         }
-        if (mm_run_io(a16, b16, bias, c, batch, M, N, K, ta16, tb, b_shared, bias_bf16, c_bf16, nt))
-            return;
+        if (mm_run_io(a16, b16, bias, c, batch, M, N, K, ta16, tb, b_shared, c_bf16, nt)) return;
         /* oneDNN refused the shape: there is no room for f32 copies in this scratch, so
          * multiply the bf16 values directly (exact products, f32 sums) */
         for (int64_t p = 0; p < batch; p++) {
@@ -337,12 +326,12 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const void *bias, void 
 #pragma omp parallel for num_threads(nt) if (M * N * K >= 32768)
             for (int64_t i = 0; i < M; i++)
                 for (int64_t j = 0; j < N; j++) {
-                    float acc = !bias       ? 0.0f
-                                : bias_bf16 ? bf16_float(((const uint16_t *)bias)[j])
-                                            : ((const float *)bias)[j];
+                    float acc = !bias    ? 0.0f
+                                : c_bf16 ? jdt_rt_bf16_float_inline(((const uint16_t *)bias)[j])
+                                         : ((const float *)bias)[j];
                     for (int64_t k = 0; k < K; k++)
-                        acc += bf16_float(ta16 ? ap[k * M + i] : ap[i * K + k]) *
-                               bf16_float(tb ? bp[j * K + k] : bp[k * N + j]);
+                        acc += jdt_rt_bf16_float_inline(ta16 ? ap[k * M + i] : ap[i * K + k]) *
+                               jdt_rt_bf16_float_inline(tb ? bp[j * K + k] : bp[k * N + j]);
                     const int64_t o = p * M * N + i * N + j;
                     if (c_bf16)
                         ((uint16_t *)c)[o] = jdt_rt_bf16_bits_inline(acc);

@@ -117,4 +117,13 @@ JDT_RT_INLINE uint16_t jdt_rt_bf16_bits_inline(float x)
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
 }
 
+/* bf16 bits -> f32 (exact), inline for vectorised widening loops */
+JDT_RT_INLINE float jdt_rt_bf16_float_inline(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 #endif /* JDT_RUNTIME_IMPL_H */
