@@ -209,6 +209,10 @@ void jdt_permute_blocks_bytes(const void *src, void *dst, int64_t k, int64_t out
 
 /* Monotonic clock in seconds. */
 double jdt_now_s(void);
+/* CPU time of the whole process (all its threads, user + system) in seconds, nanosecond
+ * resolution (CLOCK_PROCESS_CPUTIME_ID); over a wall interval it says how many cores the
+ * process ran on, on average. */
+double jdt_cpu_s(void);
 
 /* Reads the whole file at path into *text (jdt_malloc'd, NUL-terminated, *len bytes). Only a
  * regular file is read, and with allow_pipe also a pipe or FIFO (`<(gen)`): a FIFO without a

@@ -146,6 +146,13 @@ double jdt_now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double jdt_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 void jdt_permute_blocks_bytes(const void *src, void *dst, int64_t k, int64_t outer,
                               int64_t blk_bytes, bool to_outer)
 {

@@ -79,7 +79,9 @@ typedef struct {
                               machine: not cached)", "device datasheet" */
     bool provisional;      /* measured on a busy machine: MFU may be overstated */
     bool guessed;          /* a GPU not in the datasheet table: the H100 SXM figure assumed */
-    double load_avg;       /* 1-minute load average when measured (-1: not measured here) */
+    double cores_held;     /* measured here: cores its threads held (CPU s / wall s) */
+    double cores_wanted;   /* ... of these: the threads, or the CPUs allowed if fewer (0: not
+                              measured here) */
     char cache_path[1024]; /* the cache file ("" when not used) */
     char blas_core[32];    /* CPU: OpenBLAS's kernels ("SkylakeX", ...) the SGEMM ran on */
     char gemm[48];         /* CPU: what was measured instead of the SGEMM ("" = the SGEMM) */
@@ -92,23 +94,31 @@ typedef struct {
  * not counted, 0 on failure. */
 typedef struct {
     const char *name, *what;
-    double (*measure)(int n_rep, int nt);
+    double (*measure)(int n_rep, int nt, double *cores); /* *cores: as jdt_peak_measure_sgemm */
 } jdt_peak_gemm;
+
+/* A measured reference is cached only when its threads held at least this share of the cores
+ * they asked for while it was measured: less means another process ran on them. */
+#define JDT_PEAK_QUIET_SHARE 0.9
 
 /* The MFU denominator for a CPU process with `threads` threads (0 = OpenMP's default):
  * override_gflops > 0 wins; else the value cached in cache_dir/peak/<host>-t<threads>-<OpenBLAS
  * core>[-<gemm name>].txt (kernels chosen otherwise, e.g. by OPENBLAS_CORETYPE, are measured
- * again); else the best of 7 1024^3 products of `gemm` (NULL: OpenBLAS's SGEMM) on `threads`
- * threads, cached only when the machine was quiet (1-minute load average + threads <= cores +
- * 0.5) so a busy measurement is never kept. Leaves OpenBLAS's thread count at `threads`.
+ * again); else the best of 7 (or more, for 0.2 s) 1024^3 products of `gemm` (NULL: OpenBLAS's
+ * SGEMM) on `threads` threads, cached only when the machine was quiet (the threads held at
+ * least JDT_PEAK_QUIET_SHARE of min(threads, CPUs in the affinity mask) cores: cores_held,
+ * cores_wanted) so a busy measurement is never kept. Leaves OpenBLAS's thread count at
+ * `threads`.
  * Errors: none fatal (a failed cache write is reported through JDT_WARN); returns JDT_OK with
  * flops > 0, or ERR_NOMEM (or, with gemm, ERR_INTERNAL when its measurement fails). */
 jdt_status jdt_peak_reference(const char *cache_dir, int threads, double override_gflops,
                               const jdt_peak_gemm *gemm, jdt_peak_ref *out, jdt_err *e);
 
-/* Best-of-n SGEMM throughput (FLOP/s) of n_rep 1024^3 products on OpenBLAS's current threads;
- * the first run is a warm-up and not counted. 0 on allocation failure. */
-double jdt_peak_measure_sgemm(int n_rep);
+/* Best-of-n SGEMM throughput (FLOP/s) of 1024^3 products on OpenBLAS's current threads: n_rep
+ * of them, or more until 0.2 s have passed, after a warm-up that is not counted. *cores (may be
+ * NULL): the process's CPU seconds per wall second over the counted products, i.e. the cores
+ * its threads held. 0 on allocation failure. */
+double jdt_peak_measure_sgemm(int n_rep, double *cores);
 
 /* The dense tensor-core peak FLOP/s of a GPU from its marketing name (cudaDeviceProp.name, e.g.
  * "NVIDIA H200", "NVIDIA A100-SXM4-80GB"): bf16 for bf16 math, else TF32 (what f32 matmuls run

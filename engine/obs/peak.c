@@ -6,7 +6,11 @@
  * the bf16 GEMM's rate: the caller passes that measurement). Measured on a busy machine it
  * is too low and MFU comes out above 100%, so it is measured once per (host, threads), kept
  * only when the machine was quiet, and cached beside the compile cache; runtime.peak_gflops
- * overrides it. See docs/observability.md.
+ * overrides it. Quiet means its threads held their cores: the process's CPU time over the
+ * timed products' wall time, at least JDT_PEAK_QUIET_SHARE of the threads (or of the CPUs it
+ * may use, if fewer). The 1-minute load average, used before, lagged: it still counted the
+ * previous run, and this run's own compile, so back-to-back runs on a quiet 2-core box never
+ * cached their reference and each warned. See docs/observability.md.
  */
 #include "obs/obs.h"
 
@@ -14,34 +18,41 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-double jdt_peak_measure_sgemm(int n_rep)
+/* the timed runs last at least this long: see jdt_rt_best_rate */
+#define JDT_PEAK_MIN_S 0.2
+
+double jdt_peak_measure_sgemm(int n_rep, double *cores)
 {
     enum { N = 1024 }; /* big enough for OpenBLAS to reach its steady-state rate */
     float *a = jdt_malloc_aligned((size_t)N * N * sizeof(float));
     float *b = jdt_malloc_aligned((size_t)N * N * sizeof(float));
     float *c = jdt_malloc_aligned((size_t)N * N * sizeof(float));
-    double best = 0;
+    double best = 0, held = 0;
     if (a && b && c) {
-        for (int i = 0; i < N * N; i++)
-            a[i] = b[i] = 1e-3f * (float)(i % 97);
-        for (int r = 0; r <= n_rep; r++) { /* r = 0 warms up caches and threads */
-            double t0 = jdt_now_s();
+        /* a warm-up (caches, threads), then the timed products, as jdt_rt_best_rate */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c,
+                    N);
+        const double c0 = jdt_cpu_s(), t0 = jdt_now_s();
+        for (int r = 0; r < n_rep || (r < 1000 && jdt_now_s() - t0 < JDT_PEAK_MIN_S); r++) {
+            const double t1 = jdt_now_s();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f,
                         c, N);
-            double dt = jdt_now_s() - t0;
-            double f = 2.0 * N * N * N / dt;
-            if (r > 0 && f > best) best = f;
+            const double f = 2.0 * N * N * N / (jdt_now_s() - t1);
+            if (f > best) best = f;
         }
+        held = (jdt_cpu_s() - c0) / (jdt_now_s() - t0);
     }
     jdt_free_aligned(a);
     jdt_free_aligned(b);
     jdt_free_aligned(c);
+    if (cores) *cores = held;
     return best;
 }
 
@@ -72,7 +83,6 @@ void jdt_peak_reference_gpu(const char *device_name, bool bf16, double override_
                             jdt_peak_ref *out)
 {
     memset(out, 0, sizeof *out);
-    out->load_avg = -1;
     if (override_gflops > 0) {
         out->flops = override_gflops * 1e9;
         out->source = "runtime.peak_gflops";
@@ -114,11 +124,22 @@ static double read_cache(const char *path)
     return v;
 }
 
+/* The CPUs this process may run on (its affinity mask: taskset, SLURM's binding, a cpuset),
+ * else the online ones; 0 when unknown. */
+static int cores_available(void)
+{
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 && n < 1 << 20 ? (int)n : 0;
+}
+
 jdt_status jdt_peak_reference(const char *cache_dir, int threads, double override_gflops,
                               const jdt_peak_gemm *gemm, jdt_peak_ref *out, jdt_err *e)
 {
     memset(out, 0, sizeof *out);
-    out->load_avg = -1;
     if (override_gflops > 0) {
         out->flops = override_gflops * 1e9;
         out->source = "runtime.peak_gflops";
@@ -152,17 +173,16 @@ jdt_status jdt_peak_reference(const char *cache_dir, int threads, double overrid
     }
 measure:
     openblas_set_num_threads(nt);
-    double loads[1] = {0};
-    bool have_load = getloadavg(loads, 1) == 1;
-    out->flops = gemm ? gemm->measure(7, nt) : jdt_peak_measure_sgemm(7);
+    double held = 0;
+    out->flops = gemm ? gemm->measure(7, nt, &held) : jdt_peak_measure_sgemm(7, &held);
     if (out->flops <= 0)
         return gemm ? jdt_err_set(e, JDT_ERR_INTERNAL, "MFU reference: measuring %s failed",
                                   gemm->what)
                     : jdt_err_set(e, JDT_ERR_NOMEM, "MFU reference: out of memory");
-    out->load_avg = have_load ? loads[0] : -1;
-    long n_cores = sysconf(_SC_NPROCESSORS_ONLN);
-    bool quiet = have_load && loads[0] + nt <= (double)n_cores + 0.5;
-    if (!quiet) {
+    const int avail = cores_available();
+    out->cores_held = held;
+    out->cores_wanted = avail > 0 && avail < nt ? avail : nt;
+    if (held < JDT_PEAK_QUIET_SHARE * out->cores_wanted) {
         out->source = "measured (busy machine: not cached)";
         out->provisional = true;
         return JDT_OK;
@@ -173,10 +193,10 @@ measure:
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out->cache_path, (long)getpid());
         FILE *f = fopen(tmp, "w");
         bool ok = f && fprintf(f,
-                               "%.3f\n# GFLOP/s: best of 7 %s 1024^3 on %d threads (OpenBLAS "
-                               "%s), host %s, load %.2f of %ld cores\n",
+                               "%.3f\n# GFLOP/s: best of 7+ %s 1024^3 on %d threads (OpenBLAS "
+                               "%s), host %s, its threads holding %.2f of %g cores\n",
                                out->flops * 1e-9, gemm ? gemm->what : "SGEMM", nt, out->blas_core,
-                               host, loads[0], n_cores) > 0;
+                               host, held, out->cores_wanted) > 0;
         if (f && fclose(f) != 0) ok = false;
         if (!ok || rename(tmp, out->cache_path) != 0) {
             JDT_WARN("could not cache the MFU reference in %s: %s", out->cache_path,

@@ -398,7 +398,7 @@ static void peak_run(void *p)
                           true, false, x->scratch, x->nt);
 }
 
-double jdt_rt_bf16_peak_measure(int n_rep, int nt)
+double jdt_rt_bf16_peak_measure(int n_rep, int nt, double *cores)
 {
     enum { N = 1024 };
     const size_t n = (size_t)N * N;
@@ -413,7 +413,7 @@ double jdt_rt_bf16_peak_measure(int n_rep, int nt)
             b[i] = jdt_rt_bf16_bits(1e-3f * (float)(i % 89));
         }
         peak_ctx ctx = {a, b, c, scratch, nt};
-        best = jdt_rt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx);
+        best = jdt_rt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx, cores);
     }
     jdt_free(a);
     jdt_free(b);

@@ -111,7 +111,9 @@ void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, 
  * thread (any thread: each has its own stream and scratchpad); false on a oneDNN failure, c then
  * undefined. jdt_rt_sgemm_describe: one line naming the f32 GEMM path. jdt_rt_sgemm_peak_measure:
  * the best of n_rep 1024^3 jdt_rt_matmul products on nt threads, FLOP/s (the MFU reference where
- * jdt_rt_sgemm_dnnl_on()); 0 when out of memory. */
+ * jdt_rt_sgemm_dnnl_on()), and in *cores (may be NULL) how many cores the process held while
+ * they ran (CPU seconds per wall second; more products than n_rep where they took under 0.2 s,
+ * jdt_rt_best_rate); 0 when out of memory. */
 bool jdt_rt_sgemm_dnnl_on(void);
 /* The tiles jdt_rt_matmul has run through OpenBLAS in this process (tests: none where oneDNN
  * serves every tile). */
@@ -121,7 +123,7 @@ const void *jdt_rt_sgemm_dnnl_tile(int64_t m, int64_t n, int64_t K, bool ta, boo
                                    int64_t ldb, int64_t ldc, bool bias);
 bool jdt_rt_sgemm_dnnl_run(const void *tile, const float *a, const float *b, const float *bias,
                            float *c);
-double jdt_rt_sgemm_peak_measure(int n_rep, int nt);
+double jdt_rt_sgemm_peak_measure(int n_rep, int nt, double *cores);
 
 /* bf16 compute (engine/runtime/bf16.c). jdt_rt_bf16_round: x rounded to the nearest bf16
  * (ties to even; NaN stays NaN, overflow gives Inf), returned as f32.
@@ -160,8 +162,9 @@ void jdt_rt_matmul_bf16_ex(const void *a, const void *b, const void *bias, void 
                            bool a_bf16, bool b_bf16, bool c_bf16, void *scratch, int nt);
 /* The best of n_rep (after one warm-up) 1024^3 products of bf16 operands through
  * jdt_rt_matmul_bf16_ex on nt threads, FLOP/s: the MFU reference of precision.compute: bf16 where
- * jdt_rt_bf16_native(). 0 when out of memory. */
-double jdt_rt_bf16_peak_measure(int n_rep, int nt);
+ * jdt_rt_bf16_native(); *cores (may be NULL): the cores the process held, as
+ * jdt_rt_sgemm_peak_measure. 0 when out of memory. */
+double jdt_rt_bf16_peak_measure(int n_rep, int nt, double *cores);
 /* bf16 storage: x rounded to the nearest bf16 (as jdt_rt_bf16_round), its 16 bits; and back. */
 uint16_t jdt_rt_bf16_bits(float x);
 float jdt_rt_bf16_float(uint16_t h);

@@ -263,7 +263,7 @@ static void peak_run(void *p)
     jdt_rt_matmul(x->a, x->b, NULL, x->c, 1, 1024, 1024, 1024, false, false, false, x->nt);
 }
 
-double jdt_rt_sgemm_peak_measure(int n_rep, int nt)
+double jdt_rt_sgemm_peak_measure(int n_rep, int nt, double *cores)
 {
     enum { N = 1024 };
     const size_t n = (size_t)N * N;
@@ -274,7 +274,7 @@ double jdt_rt_sgemm_peak_measure(int n_rep, int nt)
         for (size_t i = 0; i < n; i++)
             a[i] = b[i] = 1e-3f * (float)(i % 97);
         peak_ctx ctx = {a, b, c, nt};
-        best = jdt_rt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx);
+        best = jdt_rt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx, cores);
     }
     jdt_free(a);
     jdt_free(b);

@@ -5,7 +5,9 @@
 # generous reference nothing is marked or warned about. The measured reference names the
 # OpenBLAS kernels it ran on: never pre-AVX2 ones on a CPU with AVX2 and FMA (jdt-train
 # re-executes itself with OPENBLAS_CORETYPE where OpenBLAS fell back to them), and the user's
-# OPENBLAS_CORETYPE is kept (both with JDT_SGEMM_NO_DNNL=1: f32 GEMMs on OpenBLAS). Where f32
+# OPENBLAS_CORETYPE is kept (both with JDT_SGEMM_NO_DNNL=1: f32 GEMMs on OpenBLAS). A reference
+# not cached because the machine was busy says how many cores its threads held (fewer than 0.9
+# of them). Where f32
 # GEMMs run as oneDNN tiles (`jdt-train version` says so) the f32 reference is their rate; under
 # bf16 compute through oneDNN it is oneDNN's bf16 GEMM.
 set -uo pipefail
@@ -36,6 +38,13 @@ core=$(sed -nE 's/^MFU reference: .*; OpenBLAS (.*) kernels$/\1/p' measured.log)
 [ -n "$core" ] || { cat measured.log; fail "the measured reference names no OpenBLAS kernels"; }
 ls "$JDT_TMP/cache3/peak/"*"-$core.txt" >/dev/null 2>&1 || grep -q "busy machine" measured.log ||
   fail "the reference was not cached under the kernels' name"
+# busy means its threads did not hold their cores (under 0.9 of them), and the warning says so
+held=$(sed -nE 's/^warn: the MFU reference was measured on a busy machine \(its threads held ([0-9.]+) of ([0-9.]+) cores\).*/\1 \2/p' measured.log)
+if grep -q "busy machine" measured.log; then
+  [ -n "$held" ] || { cat measured.log; fail "a busy reference without the cores its threads held"; }
+  awk -v h="${held% *}" -v w="${held#* }" 'BEGIN { exit !(h < 0.9 * w) }' ||
+    { cat measured.log; fail "called busy, yet its threads held $held cores"; }
+fi
 if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
   grep -qxE "$old_cores" <<<"$core" && fail "OpenBLAS runs its $core kernels on a CPU with AVX2"
 fi

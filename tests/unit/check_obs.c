@@ -345,15 +345,20 @@ START_TEST(test_peak_cache)
 END_TEST
 
 /* A GEMM other than the SGEMM (bf16 compute through oneDNN) is measured by the caller's function
- * and cached under its own name, beside the SGEMM's; a failed measurement is an error. */
-static double fake_gemm_rate(int n_rep, int nt)
+ * and cached under its own name, beside the SGEMM's; a failed measurement is an error. The fake
+ * says its best run held g_fake_share of its threads' cores. */
+static double g_fake_share = 1.0;
+
+static double fake_gemm_rate(int n_rep, int nt, double *cores)
 {
+    *cores = g_fake_share * nt;
     return n_rep == 7 && nt == 1 ? 42e9 : -1;
 }
 
-static double failing_gemm_rate(int n_rep, int nt)
+static double failing_gemm_rate(int n_rep, int nt, double *cores)
 {
     (void)n_rep, (void)nt;
+    *cores = 0;
     return 0;
 }
 
@@ -364,16 +369,21 @@ START_TEST(test_peak_other_gemm)
     const jdt_peak_gemm fake = {"fake", "fake GEMMs", fake_gemm_rate};
     jdt_peak_ref p, q;
     jdt_err e;
+    g_fake_share = 1.0;
     ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &fake, &p, &e), JDT_OK);
     ck_assert_double_eq_tol(p.flops, 42e9, 1);
     ck_assert_str_eq(p.gemm, "fake GEMMs");
+    ck_assert(!p.provisional);
+    ck_assert_str_eq(p.source, "measured");
+    ck_assert_double_eq_tol(p.cores_held, 1.0, 1e-12);
+    ck_assert_double_eq_tol(p.cores_wanted, 1.0, 1e-12);
     const size_t n = strlen(p.cache_path);
     ck_assert(n > 9 && !strcmp(p.cache_path + n - 9, "-fake.txt"));
-    if (!p.provisional) { /* quiet machine: read back from its own file */
-        ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &fake, &p, &e), JDT_OK);
-        ck_assert_str_eq(p.source, "cached");
-        ck_assert_double_eq_tol(p.flops, 42e9, 1);
-    }
+    /* read back from its own file, whatever the measurement would say now */
+    g_fake_share = 0.1;
+    ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &fake, &p, &e), JDT_OK);
+    ck_assert_str_eq(p.source, "cached");
+    ck_assert_double_eq_tol(p.flops, 42e9, 1);
     ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, NULL, &q, &e), JDT_OK);
     ck_assert_str_ne(q.cache_path, p.cache_path);
     ck_assert_str_eq(q.gemm, "");
@@ -383,6 +393,37 @@ START_TEST(test_peak_other_gemm)
     /* an override wins over any GEMM */
     ck_assert_int_eq(jdt_peak_reference(dir, 1, 7.0, &fake, &p, &e), JDT_OK);
     ck_assert_double_eq_tol(p.flops, 7e9, 1);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* A measurement whose best run's threads did not hold their cores (another process ran on them)
+ * is used for the run, marked provisional and never cached; at the threshold it is kept. */
+START_TEST(test_peak_busy_not_cached)
+{
+    char dir[] = "/tmp/jdt-obs-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    const jdt_peak_gemm fake = {"fake", "fake GEMMs", fake_gemm_rate};
+    jdt_peak_ref p;
+    jdt_err e;
+    struct stat sb;
+    g_fake_share = JDT_PEAK_QUIET_SHARE - 0.01;
+    ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &fake, &p, &e), JDT_OK);
+    ck_assert_double_eq_tol(p.flops, 42e9, 1);
+    ck_assert(p.provisional);
+    ck_assert_str_eq(p.source, "measured (busy machine: not cached)");
+    ck_assert_double_eq_tol(p.cores_held, JDT_PEAK_QUIET_SHARE - 0.01, 1e-12);
+    ck_assert_double_eq_tol(p.cores_wanted, 1.0, 1e-12);
+    ck_assert_int_ne(stat(p.cache_path, &sb), 0);
+    /* measured again next time, and kept once quiet */
+    g_fake_share = JDT_PEAK_QUIET_SHARE;
+    ck_assert_int_eq(jdt_peak_reference(dir, 1, 0, &fake, &p, &e), JDT_OK);
+    ck_assert(!p.provisional);
+    ck_assert_str_eq(p.source, "measured");
+    ck_assert_int_eq(stat(p.cache_path, &sb), 0);
+    g_fake_share = 1.0;
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     ck_assert_int_eq(system(cmd), 0);
@@ -405,6 +446,7 @@ int main(void)
     tcase_add_test(tc, test_peak_override_and_rss);
     tcase_add_test(tc, test_peak_cache);
     tcase_add_test(tc, test_peak_other_gemm);
+    tcase_add_test(tc, test_peak_busy_not_cached);
     tcase_add_test(tc, test_peak_gpu_datasheet);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
