@@ -102,9 +102,13 @@ bool jdt_rt_cpu_amx(void)
     return g_amx_granted;
 }
 
+/* words in a pair row of a B pack for N columns: whole 32-word vectors, and not a multiple of
+ * 4 KB (1024 words) in bytes, where all 16 rows an AMX tile load reads would share one L1 set
+ * (the attention's k^T pack at T 1024: 5% on its products) */
 static int64_t ld_of(int64_t N)
 {
-    return (N + 31) / 32 * 32;
+    const int64_t ld = (N + 31) / 32 * 32;
+    return ld % 1024 == 0 ? ld + 16 : ld;
 }
 
 /* words in a row of an A pack (pair rows of a B pack) for K values: ceil(K / 2), whole AMX
@@ -152,6 +156,56 @@ static inline __attribute__((always_inline)) float round16(float x)
 #define BF16_TARGET
 #endif
 
+#ifdef GEMM_BF16_X86
+/* bits16 of 16 floats at once (the same integer rule: nearest even, a NaN kept quiet) */
+BF16_TARGET static inline __attribute__((always_inline)) __m512i bits16_x16(const float *x)
+{
+    const __m512i u = _mm512_loadu_si512(x);
+    const __m512i q = _mm512_srli_epi32(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), 16);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_blend_epi32(nan, r, q);
+}
+
+/* One 16 x 16 block of a transposed A pack: word p of pack row i = (a[2p][i], a[2p+1][i]) for
+ * 16 pairs of source rows (a, row stride lda) and 16 columns, stored at w (row stride ld). Each
+ * pair of rows becomes one vector of 16 words (one per column) along memory; a 16 x 16
+ * transpose of 32-bit words in registers (unpacks within 128-bit lanes, then lane shuffles)
+ * turns them into the pack's rows. Storing a word at a time, 128 bytes apart, took 0.7 ns a
+ * value, six times the untransposed pack and more than the GEMM it fed (the attention
+ * backward's P^T and dS^T). */
+BF16_TARGET static inline __attribute__((always_inline)) void
+pack_at_block(const float *a, int64_t lda, uint32_t *w, int64_t ld)
+{
+    __m512i r[16], t[16];
+    for (int p = 0; p < 16; p++)
+        r[p] = _mm512_or_si512(bits16_x16(a + 2 * p * lda),
+                               _mm512_slli_epi32(bits16_x16(a + (2 * p + 1) * lda), 16));
+    for (int k = 0; k < 16; k += 2) { /* lane L of t[k]: r[k], r[k+1] interleaved */
+        t[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) { /* lane L of r[k + c]: rows k..k+3 of column 4L + c */
+        r[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);
+        r[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]);
+        r[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
+        r[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int h = 0; h < 16; h += 8) /* t[h + c]: columns c and c + 8; t[h + 4 + c]: c + 4, c + 12 */
+        for (int c = 0; c < 4; c++) {
+            t[h + c] = _mm512_shuffle_i32x4(r[h + c], r[h + 4 + c], 0x88);
+            t[h + 4 + c] = _mm512_shuffle_i32x4(r[h + c], r[h + 4 + c], 0xdd);
+        }
+    for (int c = 0; c < 8; c++) { /* columns c and c + 8 of all 16 rows: pack rows c, c + 8 */
+        _mm512_storeu_si512(w + c * ld, _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88));
+        _mm512_storeu_si512(w + (c + 8) * ld, _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd));
+    }
+}
+#endif
+
 /* Packing. The inner loops run along memory (a row of the source) and vectorise (omp simd);
  * the native packs are compiled for AVX512 and only called where jdt_rt_bf16_tiles_native().
  * op(A) is M x K with A[i][k] = a[i * lda + k] (a[k * lda + i] when ta); op(B) is K x N with
@@ -169,15 +223,21 @@ BF16_TARGET static void pack_a_native(const float *a, int64_t lda, bool ta, int6
             if (K2 > Ke) w[i * ld + Ke] = bits16(r[K - 1]);
         }
     } else {
+        /* whole 16 x 16 blocks of words through registers, the edges a word at a time */
+        const int64_t M16 = M / 16 * 16, P16 = Ke / 16 * 16;
+        for (int64_t i0 = 0; i0 < M16; i0 += 16)
+            for (int64_t p0 = 0; p0 < P16; p0 += 16)
+                pack_at_block(a + 2 * p0 * lda + i0, lda, w + i0 * ld + p0, ld);
         for (int64_t p = 0; p < K2; p++) {
             const float *r0 = a + 2 * p * lda, *r1 = r0 + lda;
+            const int64_t i1 = p < P16 ? M16 : 0; /* columns the blocks did not cover */
             if (2 * p + 1 < K) {
 #pragma omp simd
-                for (int64_t i = 0; i < M; i++)
+                for (int64_t i = i1; i < M; i++)
                     w[i * ld + p] = bits16(r0[i]) | bits16(r1[i]) << 16;
             } else {
 #pragma omp simd
-                for (int64_t i = 0; i < M; i++)
+                for (int64_t i = i1; i < M; i++)
                     w[i * ld + p] = bits16(r0[i]);
             }
         }
@@ -463,6 +523,19 @@ AMX_TARGET static void gemm_amx(const uint32_t *ap, const uint32_t *bp, int64_t 
     __asm__ volatile("" ::: "memory");
     _tile_loadconfig(&cfg);
     float acc[4][256] __attribute__((aligned(64)));
+    const bool direct = alpha == 1.0f && beta == 0.0f;
+/* Accumulator tile t (nr x nc valid) to C at cp. C = A B (alpha 1, beta 0) takes a whole tile
+ * straight from the tile register (the same values: alpha * acc + 0 is acc); the rest go through
+ * acc and amx_out (the attention's small-K products spent about as long there as multiplying). */
+#define AMX_PUT(t, nr, nc, cp)                                                                     \
+    do {                                                                                           \
+        if (direct && (nr) == 16 && (nc) == 16)                                                    \
+            _tile_stored(t, cp, ldc * 4);                                                          \
+        else {                                                                                     \
+            _tile_stored(t, acc[t], 64);                                                           \
+            amx_out(acc[t], nr, nc, alpha, beta, cp, ldc);                                         \
+        }                                                                                          \
+    } while (0)
     for (int64_t i0 = 0; i0 < M; i0 += 32) {
         const bool m2 = M - i0 > 16;
         const uint32_t *a0 = ap + i0 * ld, *a1 = a0 + 16 * ld;
@@ -487,24 +560,20 @@ AMX_TARGET static void gemm_amx(const uint32_t *ap, const uint32_t *bp, int64_t 
                     if (n2) _tile_dpbf16ps(3, 5, 7);
                 }
             }
-            _tile_stored(0, acc[0], 64); /* only the tiles this block computed */
-            if (n2) _tile_stored(1, acc[1], 64);
-            if (m2) _tile_stored(2, acc[2], 64);
-            if (m2 && n2) _tile_stored(3, acc[3], 64);
             const int64_t nr0 = M - i0 < 16 ? M - i0 : 16,
                           nr1 = M - i0 - 16 < 16 ? M - i0 - 16 : 16;
             const int64_t nc0 = N - j0 < 16 ? N - j0 : 16,
                           nc1 = N - j0 - 16 < 16 ? N - j0 - 16 : 16;
             float *c0 = c + i0 * ldc + j0;
-            amx_out(acc[0], nr0, nc0, alpha, beta, c0, ldc);
-            if (n2) amx_out(acc[1], nr0, nc1, alpha, beta, c0 + 16, ldc);
-            if (m2) {
-                amx_out(acc[2], nr1, nc0, alpha, beta, c0 + 16 * ldc, ldc);
-                if (n2) amx_out(acc[3], nr1, nc1, alpha, beta, c0 + 16 * ldc + 16, ldc);
-            }
+            /* only the tiles this block computed */
+            AMX_PUT(0, nr0, nc0, c0);
+            if (n2) AMX_PUT(1, nr0, nc1, c0 + 16);
+            if (m2) AMX_PUT(2, nr1, nc0, c0 + 16 * ldc);
+            if (m2 && n2) AMX_PUT(3, nr1, nc1, c0 + 16 * ldc + 16);
         }
     }
     _tile_release();
+#undef AMX_PUT
 }
 #endif
 

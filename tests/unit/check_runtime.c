@@ -385,8 +385,8 @@ END_TEST
 /* The packed small GEMM against a double product of the rounded inputs: a (M x K) and b (K x N)
  * given through the transposed layouts too, b packed for a larger (Kb x Nb) and used as a
  * prefix, beta 0 and 1. */
-static void check_packed(int64_t M, int64_t N, int64_t K, int64_t Kb, int64_t Nb, bool ta, bool tb,
-                         float beta)
+static void check_packed_alpha(int64_t M, int64_t N, int64_t K, int64_t Kb, int64_t Nb, bool ta,
+                               bool tb, float alpha, float beta)
 {
     unsigned seed = (unsigned)(M * 7 + N * 13 + K * 3 + Kb + Nb + ta + 2 * tb);
     float *a = malloc(sizeof(float) * (size_t)(M * K)),
@@ -409,7 +409,7 @@ static void check_packed(int64_t M, int64_t N, int64_t K, int64_t Kb, int64_t Nb
     /* a stored (M, K), or (K, M) when ta; b stored (Kb, Nb), or (Nb, Kb) when tb */
     jdt_rt_bf16_pack_a(a, ta ? M : K, ta, M, K, ap);
     jdt_rt_bf16_pack_b(b, tb ? Kb : Nb, tb, Kb, Nb, bp);
-    jdt_rt_bf16_gemm_packed(ap, bp, Nb, M, N, K, 0.5f, beta, c, N);
+    jdt_rt_bf16_gemm_packed(ap, bp, Nb, M, N, K, alpha, beta, c, N);
     double worst = 0;
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
@@ -420,15 +420,23 @@ static void check_packed(int64_t M, int64_t N, int64_t K, int64_t Kb, int64_t Nb
                 sum += x * y;
                 mag += fabs(x * y);
             }
-            double want = 0.5 * sum + beta * c0[i * N + j];
+            double want = alpha * sum + beta * c0[i * N + j];
             double err =
-                fabs(c[i * N + j] - want) / (0.5 * mag + fabs(beta * c0[i * N + j]) + 1e-30);
+                fabs(c[i * N + j] - want) / (alpha * mag + fabs(beta * c0[i * N + j]) + 1e-30);
             worst = tu_worse(worst, err);
         }
     ck_assert_msg(worst < 1e-6 * (1 + K / 64.0),
-                  "M %lld N %lld K %lld (of %lld x %lld) ta %d tb %d: %g", (long long)M,
-                  (long long)N, (long long)K, (long long)Kb, (long long)Nb, ta, tb, worst);
+                  "M %lld N %lld K %lld (of %lld x %lld) ta %d tb %d alpha %g: %g", (long long)M,
+                  (long long)N, (long long)K, (long long)Kb, (long long)Nb, ta, tb, alpha, worst);
     free(a), free(b), free(c), free(c0), free(ap), free(bp);
+}
+
+/* ... with alpha 0.5 and 1: C = A B (alpha 1, beta 0) stores AMX's whole tiles straight to C */
+static void check_packed(int64_t M, int64_t N, int64_t K, int64_t Kb, int64_t Nb, bool ta, bool tb,
+                         float beta)
+{
+    check_packed_alpha(M, N, K, Kb, Nb, ta, tb, 0.5f, beta);
+    check_packed_alpha(M, N, K, Kb, Nb, ta, tb, 1.0f, beta);
 }
 
 /* A pack read through the transposed layout holds the same words as the pack of the
@@ -444,9 +452,18 @@ static void check_pack_transposed(bool is_a, int64_t rows, int64_t cols)
                                                    : jdt_rt_bf16_pack_b_floats(rows, cols));
     unsigned char *p0 = malloc(n), *p1 = malloc(n);
     ck_assert(m && mt && p0 && p1);
+    /* and now and then a value the rounding treats apart: a quiet NaN, a signalling one (made
+     * quiet, not rounded to inf), infinities, a subnormal, -0, a tie that rounds to even, the
+     * largest finite float (rounds to inf) */
+    const uint32_t snan_bits = 0x7f800001u;
+    float snan;
+    memcpy(&snan, &snan_bits, 4);
+    const float special[] = {NAN, snan, INFINITY, -INFINITY, 1e-40f, -0.0f, 1.00390625f, FLT_MAX};
     for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++)
-            mt[j * rows + i] = m[i * cols + j] = frand(&seed);
+        for (int64_t j = 0; j < cols; j++) {
+            const int64_t x = i * cols + j;
+            mt[j * rows + i] = m[x] = x % 23 == 5 ? special[x / 23 % 8] : frand(&seed);
+        }
     memset(p0, 0xa5, n);
     memset(p1, 0xa5, n);
     if (is_a) {
