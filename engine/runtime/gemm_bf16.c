@@ -223,11 +223,15 @@ BF16_TARGET static void pack_a_native(const float *a, int64_t lda, bool ta, int6
             if (K2 > Ke) w[i * ld + Ke] = bits16(r[K - 1]);
         }
     } else {
-        /* whole 16 x 16 blocks of words through registers, the edges a word at a time */
+        /* whole 16 x 16 blocks of words through registers (x86), the rest a word at a time */
+#ifdef GEMM_BF16_X86
         const int64_t M16 = M / 16 * 16, P16 = Ke / 16 * 16;
         for (int64_t i0 = 0; i0 < M16; i0 += 16)
             for (int64_t p0 = 0; p0 < P16; p0 += 16)
                 pack_at_block(a + 2 * p0 * lda + i0, lda, w + i0 * ld + p0, ld);
+#else
+        const int64_t M16 = 0, P16 = 0;
+#endif
         for (int64_t p = 0; p < K2; p++) {
             const float *r0 = a + 2 * p * lda, *r1 = r0 + lda;
             const int64_t i1 = p < P16 ? M16 : 0; /* columns the blocks did not cover */
