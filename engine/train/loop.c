@@ -1057,7 +1057,7 @@ static jdt_status open_outputs(trainer *tr, int64_t start, jdt_err *e)
              tr->pref.gemm[0] ? tr->pref.gemm : tr->pref.blas_core,
              !tr->pref.gemm[0] && tr->pref.blas_core[0] ? " kernels" : "");
     if (tr->pref.provisional)
-        JDT_WARN("the MFU reference was measured on a busy machine (its threads held %.2f of "
+        JDT_WARN("the MFU reference was measured on a busy machine (its threads held %.3f of "
                  "%g cores): MFU may be overstated; set runtime.peak_gflops to pin it",
                  tr->pref.cores_held, tr->pref.cores_wanted);
     jdt_status st = jdt_tboard_open(tr->run_dir, &tr->tb, e);
