@@ -80,8 +80,7 @@ typedef struct {
     bool provisional;      /* measured on a busy machine: MFU may be overstated */
     bool guessed;          /* a GPU not in the datasheet table: the H100 SXM figure assumed */
     double cores_held;     /* measured here: cores its threads held (CPU s / wall s) */
-    double cores_wanted;   /* ... of these: the threads, or the CPUs allowed if fewer (0: not
-                              measured here) */
+    double cores_wanted;   /* ... of these: its threads (0: not measured here) */
     char cache_path[1024]; /* the cache file ("" when not used) */
     char blas_core[32];    /* CPU: OpenBLAS's kernels ("SkylakeX", ...) the SGEMM ran on */
     char gemm[48];         /* CPU: what was measured instead of the SGEMM ("" = the SGEMM) */
@@ -106,9 +105,8 @@ typedef struct {
  * core>[-<gemm name>].txt (kernels chosen otherwise, e.g. by OPENBLAS_CORETYPE, are measured
  * again); else the best of 7 (or more, for 0.2 s) 1024^3 products of `gemm` (NULL: OpenBLAS's
  * SGEMM) on `threads` threads, cached only when the machine was quiet (the threads held at
- * least JDT_PEAK_QUIET_SHARE of min(threads, CPUs in the affinity mask) cores: cores_held,
- * cores_wanted) so a busy measurement is never kept. Leaves OpenBLAS's thread count at
- * `threads`.
+ * least JDT_PEAK_QUIET_SHARE of `threads` cores: cores_held, cores_wanted) so a busy
+ * measurement is never kept. Leaves OpenBLAS's thread count at `threads`.
  * Errors: none fatal (a failed cache write is reported through JDT_WARN); returns JDT_OK with
  * flops > 0, or ERR_NOMEM (or, with gemm, ERR_INTERNAL when its measurement fails). */
 jdt_status jdt_peak_reference(const char *cache_dir, int threads, double override_gflops,

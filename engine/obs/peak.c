@@ -7,10 +7,10 @@
  * is too low and MFU comes out above 100%, so it is measured once per (host, threads), kept
  * only when the machine was quiet, and cached beside the compile cache; runtime.peak_gflops
  * overrides it. Quiet means its threads held their cores: the process's CPU time over the
- * timed products' wall time, at least JDT_PEAK_QUIET_SHARE of the threads (or of the CPUs it
- * may use, if fewer). The 1-minute load average, used before, lagged: it still counted the
- * previous run, and this run's own compile, so back-to-back runs on a quiet 2-core box never
- * cached their reference and each warned. See docs/observability.md.
+ * timed products' wall time, at least JDT_PEAK_QUIET_SHARE of the thread count. The 1-minute load
+ * average, used before, lagged: it still counted the previous run, and this run's own compile, so
+ * back-to-back runs on a quiet 2-core box never cached their reference and each warned. See
+ * docs/observability.md.
  */
 #include "obs/obs.h"
 
@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -124,18 +123,6 @@ static double read_cache(const char *path)
     return v;
 }
 
-/* The CPUs this process may run on (its affinity mask: taskset, SLURM's binding, a cpuset),
- * else the online ones; 0 when unknown. */
-static int cores_available(void)
-{
-#ifdef __linux__
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-#endif
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 && n < 1 << 20 ? (int)n : 0;
-}
-
 jdt_status jdt_peak_reference(const char *cache_dir, int threads, double override_gflops,
                               const jdt_peak_gemm *gemm, jdt_peak_ref *out, jdt_err *e)
 {
@@ -179,9 +166,11 @@ measure:
         return gemm ? jdt_err_set(e, JDT_ERR_INTERNAL, "MFU reference: measuring %s failed",
                                   gemm->what)
                     : jdt_err_set(e, JDT_ERR_NOMEM, "MFU reference: out of memory");
-    const int avail = cores_available();
+    /* all its threads' worth: more threads than the CPUs it may use (taskset, a cpuset) never
+     * pass, so a rate measured oversubscribed is not cached under the thread count (a later run
+     * with the CPUs would read half its rate as its peak) */
     out->cores_held = held;
-    out->cores_wanted = avail > 0 && avail < nt ? avail : nt;
+    out->cores_wanted = nt;
     if (held < JDT_PEAK_QUIET_SHARE * out->cores_wanted) {
         out->source = "measured (busy machine: not cached)";
         out->provisional = true;
