@@ -213,6 +213,14 @@ double jdt_now_s(void);
  * resolution (CLOCK_PROCESS_CPUTIME_ID); over a wall interval it says how many cores the
  * process ran on, on average. */
 double jdt_cpu_s(void);
+/* The best rate (flops per second) of n_rep runs of run(ctx), each doing flops, after one
+ * untimed run (primitives made, caches warm): the CPU's MFU references (obs/peak.c, the
+ * runtime's GEMMs). cores (may be NULL): the process's CPU seconds per wall second over the
+ * timed runs, i.e. how many cores its threads held; below the thread count, something else took
+ * them. The kernel brings another running thread's CPU time up to date only at its scheduler
+ * tick (1-10 ms), so the timed runs go on past n_rep until 0.2 s have passed (a 1024^3 bf16
+ * product takes 1.4 ms on AMX): then a tick's lag per thread is a few percent of the window. */
+double jdt_best_rate(double flops, int n_rep, void (*run)(void *), void *ctx, double *cores);
 
 /* Reads the whole file at path into *text (jdt_malloc'd, NUL-terminated, *len bytes). Only a
  * regular file is read, and with allow_pipe also a pipe or FIFO (`<(gen)`): a FIFO without a

@@ -153,6 +153,21 @@ double jdt_cpu_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double jdt_best_rate(double flops, int n_rep, void (*run)(void *), void *ctx, double *cores)
+{
+    double best = 0;
+    run(ctx);
+    const double c0 = jdt_cpu_s(), t0 = jdt_now_s();
+    for (int r = 0; r < n_rep || (r < 1000 && jdt_now_s() - t0 < 0.2); r++) {
+        const double t1 = jdt_now_s();
+        run(ctx);
+        const double f = flops / (jdt_now_s() - t1);
+        if (f > best) best = f;
+    }
+    if (cores) *cores = (jdt_cpu_s() - c0) / (jdt_now_s() - t0);
+    return best;
+}
+
 void jdt_permute_blocks_bytes(const void *src, void *dst, int64_t k, int64_t outer,
                               int64_t blk_bytes, bool to_outer)
 {

@@ -24,8 +24,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* the timed runs last at least this long: see jdt_rt_best_rate */
-#define JDT_PEAK_MIN_S 0.2
+typedef struct {
+    const float *a, *b;
+    float *c;
+} sgemm_ctx;
+
+static void sgemm_run(void *p)
+{
+    enum { N = 1024 };
+    const sgemm_ctx *x = p;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, x->a, N, x->b, N, 0.0f,
+                x->c, N);
+}
 
 double jdt_peak_measure_sgemm(int n_rep, double *cores)
 {
@@ -33,25 +43,17 @@ double jdt_peak_measure_sgemm(int n_rep, double *cores)
     float *a = jdt_malloc_aligned((size_t)N * N * sizeof(float));
     float *b = jdt_malloc_aligned((size_t)N * N * sizeof(float));
     float *c = jdt_malloc_aligned((size_t)N * N * sizeof(float));
-    double best = 0, held = 0;
+    double best = 0;
+    if (cores) *cores = 0;
     if (a && b && c) {
-        /* a warm-up (caches, threads), then the timed products, as jdt_rt_best_rate */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c,
-                    N);
-        const double c0 = jdt_cpu_s(), t0 = jdt_now_s();
-        for (int r = 0; r < n_rep || (r < 1000 && jdt_now_s() - t0 < JDT_PEAK_MIN_S); r++) {
-            const double t1 = jdt_now_s();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f,
-                        c, N);
-            const double f = 2.0 * N * N * N / (jdt_now_s() - t1);
-            if (f > best) best = f;
-        }
-        held = (jdt_cpu_s() - c0) / (jdt_now_s() - t0);
+        for (int i = 0; i < N * N; i++)
+            a[i] = b[i] = 1e-3f * (float)(i % 97);
+        sgemm_ctx ctx = {a, b, c};
+        best = jdt_best_rate(2.0 * N * N * N, n_rep, sgemm_run, &ctx, cores);
     }
     jdt_free_aligned(a);
     jdt_free_aligned(b);
     jdt_free_aligned(c);
-    if (cores) *cores = held;
     return best;
 }
 

@@ -413,7 +413,7 @@ double jdt_rt_bf16_peak_measure(int n_rep, int nt, double *cores)
             b[i] = jdt_rt_bf16_bits(1e-3f * (float)(i % 89));
         }
         peak_ctx ctx = {a, b, c, scratch, nt};
-        best = jdt_rt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx, cores);
+        best = jdt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx, cores);
     }
     jdt_free(a);
     jdt_free(b);

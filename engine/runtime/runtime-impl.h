@@ -32,30 +32,6 @@
 #endif
 #define JDT_RT_INLINE static inline __attribute__((always_inline))
 
-/* The best rate (flops per second) of n_rep runs of run(ctx), each doing flops, after one
- * untimed run (primitives made, caches warm): the GEMM MFU references (bf16.c, sgemm_dnnl.c).
- * cores (may be NULL): the process's CPU seconds per wall second over the timed runs, i.e. how
- * many cores its threads held; below the thread count, something else took them. The kernel
- * brings another running thread's CPU time up to date only at its scheduler tick (1-10 ms), so
- * the timed runs go on past n_rep until JDT_RT_RATE_MIN_S have passed (a 1024^3 bf16 product
- * takes 1.4 ms on AMX): then a tick's lag per thread is a few percent of the window. */
-#define JDT_RT_RATE_MIN_S 0.2
-static inline double jdt_rt_best_rate(double flops, int n_rep, void (*run)(void *), void *ctx,
-                                      double *cores)
-{
-    double best = 0;
-    run(ctx);
-    const double c0 = jdt_cpu_s(), t0 = jdt_now_s();
-    for (int r = 0; r < n_rep || (r < 1000 && jdt_now_s() - t0 < JDT_RT_RATE_MIN_S); r++) {
-        const double t1 = jdt_now_s();
-        run(ctx);
-        const double f = flops / (jdt_now_s() - t1);
-        if (f > best) best = f;
-    }
-    if (cores) *cores = (jdt_cpu_s() - c0) / (jdt_now_s() - t0);
-    return best;
-}
-
 JDT_RT_INLINE float jdt_rt_sel(int c, float a, float b)
 {
     uint32_t ua, ub, m = (uint32_t)0 - (uint32_t)c;

@@ -113,7 +113,7 @@ void jdt_rt_matmul(const float *a, const float *b, const float *bias, float *c, 
  * the best of n_rep 1024^3 jdt_rt_matmul products on nt threads, FLOP/s (the MFU reference where
  * jdt_rt_sgemm_dnnl_on()), and in *cores (may be NULL) how many cores the process held while
  * they ran (CPU seconds per wall second; more products than n_rep where they took under 0.2 s,
- * jdt_rt_best_rate); 0 when out of memory. */
+ * jdt_best_rate); 0 when out of memory. */
 bool jdt_rt_sgemm_dnnl_on(void);
 /* The tiles jdt_rt_matmul has run through OpenBLAS in this process (tests: none where oneDNN
  * serves every tile). */

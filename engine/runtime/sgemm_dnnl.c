@@ -274,7 +274,7 @@ double jdt_rt_sgemm_peak_measure(int n_rep, int nt, double *cores)
         for (size_t i = 0; i < n; i++)
             a[i] = b[i] = 1e-3f * (float)(i % 97);
         peak_ctx ctx = {a, b, c, nt};
-        best = jdt_rt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx, cores);
+        best = jdt_best_rate(2.0 * N * N * N, n_rep, peak_run, &ctx, cores);
     }
     jdt_free(a);
     jdt_free(b);
