@@ -264,7 +264,9 @@ JDT_RT_INLINE void attention_bf16_head(const void *q, const void *k, const void 
 }
 
 /* The bf16 forward, a head a task. Built twice: the generic clones, and (ATT_AVX512) for
- * AVX-512 with 512-bit vectors, which jdt_rt_attention takes where jdt_rt_bf16_tiles_native(). */
+ * AVX-512 with 512-bit vectors, which jdt_rt_attention takes where jdt_rt_bf16_tiles_native().
+ * The task loop is written out in each: an OpenMP region's body is outlined with the target of
+ * the function it is in, so one shared loop would run every head at that one target. */
 JDT_RT_CLONES static void attention_bf16(const void *q, const void *k, const void *v, float *o,
                                          float *lse, int64_t B, int64_t H, int64_t T, int64_t D,
                                          float scale, unsigned bthd, float *scratch, int nt)
