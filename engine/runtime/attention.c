@@ -145,31 +145,112 @@ int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16,
                                          att_widened(D, T, qkv_bf16));
 }
 
-/* The largest of s[0, n) that compares greater than -inf (a NaN is never taken, as in one
- * running max). One running max chains every compare through one register: 32 lanes of
- * maxima, folded in halves, keep four vector compares in flight instead (softmax_causal_rows'
- * max pass took a third of the bf16 forward's own time that way). */
-JDT_RT_INLINE float row_max(const float *s, int64_t n)
+/* The rows' loops run in chunks of ATT_VL lanes. A row's valid keys (i0 + r + 1 of the row's
+ * n_keys) seldom end on a chunk: the chunk holding the last one is computed whole, the lanes
+ * past it selected away (the tile's row goes on to n_keys, so the chunk reads and writes inside
+ * it; a select instead of a masked load or store, which GCC vectorised in one inlining of these
+ * loops and not another). At T 256 a remainder done one key at a time, up to 15 exps a row,
+ * took more of the bf16 forward than its vector exps. Only a chunk that would cross the row's
+ * end (n_keys not a multiple of ATT_VL) goes a key at a time. Sums and maxima are kept in
+ * ATT_VL lanes folded in halves (an `omp simd reduction` ended each row in a serial sum of its
+ * lanes): the lanes are explicit, so an AVX2 build (two 8-lane vectors) and an AVX-512 one (one
+ * of 16) sum in the same order, to the same bits. */
+#define ATT_VL 16
+
+/* The sum of a[0, ATT_VL), folded in halves (a is overwritten) */
+JDT_RT_INLINE float fold_sum(float *a)
 {
-    float mm[32];
-    for (int c = 0; c < 32; c++)
+#pragma omp simd
+    for (int c = 0; c < 8; c++)
+        a[c] += a[c + 8];
+#pragma omp simd
+    for (int c = 0; c < 4; c++)
+        a[c] += a[c + 4];
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+/* The largest of a[0, ATT_VL) (a is overwritten; a NaN is never taken) */
+JDT_RT_INLINE float fold_max(float *a)
+{
+#pragma omp simd
+    for (int c = 0; c < 8; c++)
+        a[c] = a[c + 8] > a[c] ? a[c + 8] : a[c];
+#pragma omp simd
+    for (int c = 0; c < 4; c++)
+        a[c] = a[c + 4] > a[c] ? a[c + 4] : a[c];
+    const float x = a[2] > a[0] ? a[2] : a[0], y = a[3] > a[1] ? a[3] : a[1];
+    return y > x ? y : x;
+}
+
+/* The largest of s[0, n) that compares greater than -inf (a NaN is never taken, as in one
+ * running max); s[n, n_row) may be read and is ignored. Two chunks of lanes keep two compare
+ * chains in flight (one running max chained every compare through one register:
+ * softmax_causal_rows' max pass took a third of the bf16 forward's own time that way). */
+JDT_RT_INLINE float row_max(const float *s, int64_t n, int64_t n_row)
+{
+    float mm[2 * ATT_VL];
+    for (int c = 0; c < 2 * ATT_VL; c++)
         mm[c] = -INFINITY;
     int64_t j = 0;
-    for (; j + 32 <= n; j += 32)
+    for (; j + 2 * ATT_VL <= n; j += 2 * ATT_VL)
 #pragma omp simd
-        for (int c = 0; c < 32; c++)
+        for (int c = 0; c < 2 * ATT_VL; c++)
             mm[c] = s[j + c] > mm[c] ? s[j + c] : mm[c];
-    for (; j + 8 <= n; j += 8) /* the rest by eights: one vector, then at most 7 alone */
+    for (; j < n; j += ATT_VL) {
+        const int64_t rem = n - j;
+        if (j + ATT_VL <= n_row) {
 #pragma omp simd
-        for (int c = 0; c < 8; c++)
-            mm[c] = s[j + c] > mm[c] ? s[j + c] : mm[c];
-    for (int w = 16; w >= 1; w /= 2)
-        for (int c = 0; c < w; c++)
-            mm[c] = mm[c + w] > mm[c] ? mm[c + w] : mm[c];
-    float m = mm[0];
-    for (; j < n; j++)
-        m = s[j] > m ? s[j] : m;
-    return m;
+            for (int c = 0; c < ATT_VL; c++) {
+                const float y = jdt_rt_sel(c < rem, s[j + c], -INFINITY);
+                mm[c] = y > mm[c] ? y : mm[c];
+            }
+        } else {
+            for (int c = 0; c < rem; c++)
+                mm[c] = s[j + c] > mm[c] ? s[j + c] : mm[c];
+        }
+    }
+#pragma omp simd
+    for (int c = 0; c < ATT_VL; c++)
+        mm[c] = mm[c + ATT_VL] > mm[c] ? mm[c + ATT_VL] : mm[c];
+    return fold_max(mm);
+}
+
+/* Row s[0, n_keys) of a block: s[j] = exp(s[j] - sub) for j < nv, 0 for later keys; returns
+ * the sum of the exps. */
+JDT_RT_INLINE float exp_row(float *s, int64_t nv, int64_t n_keys, float sub)
+{
+    float acc[ATT_VL] = {0};
+    int64_t j = 0;
+    for (; j + ATT_VL <= nv; j += ATT_VL)
+#pragma omp simd
+        for (int c = 0; c < ATT_VL; c++) {
+            const float e = jdt_rt_expf_le88(s[j + c] - sub);
+            s[j + c] = e;
+            acc[c] += e;
+        }
+    if (j < nv) { /* the chunk with the last valid key */
+        const int64_t rem = nv - j;
+        if (j + ATT_VL <= n_keys) {
+#pragma omp simd
+            for (int c = 0; c < ATT_VL; c++) {
+                const int in = c < rem;
+                const float y = jdt_rt_expf_le88(jdt_rt_sel(in, s[j + c], sub) - sub);
+                const float e = jdt_rt_sel(in, y, 0.0f);
+                s[j + c] = e;
+                acc[c] += e;
+            }
+            j += ATT_VL;
+        } else {
+            for (int c = 0; c < rem; c++) {
+                s[j + c] = jdt_rt_expf_le88(s[j + c] - sub);
+                acc[c] += s[j + c];
+            }
+            j = nv;
+        }
+    }
+    for (; j < n_keys; j++)
+        s[j] = 0.0f;
+    return fold_sum(acc);
 }
 
 /* S (nq, n_keys) holds scale * q.k of rows i0..i0+nq-1; turns each row r into exp(s - max)
@@ -180,22 +261,14 @@ JDT_RT_INLINE void exp_causal_rows(float *S, int64_t nq, int64_t n_keys, int64_t
 {
     for (int64_t r = 0; r < nq; r++) {
         float *s = S + r * n_keys;
-        int64_t nv = i0 + r + 1; /* valid keys */
-        float m = row_max(s, nv);
-        float l = 0.0f;
-#pragma omp simd reduction(+ : l)
-        for (int64_t j = 0; j < nv; j++) {
-            s[j] = jdt_rt_expf_le88(s[j] - m);
-            l += s[j];
-        }
-        for (int64_t j = nv; j < n_keys; j++)
-            s[j] = 0.0f;
+        const int64_t nv = i0 + r + 1; /* valid keys */
+        const float m = row_max(s, nv, n_keys), l = exp_row(s, nv, n_keys, m);
         inv[r] = 1.0f / l;
         if (lse) lse[r] = m + logf(l);
     }
 }
 
-/* exp_causal_rows, then each row scaled by its inv: the causal softmax in place */
+/* exp_causal_rows, then each row's valid keys scaled by its inv: the causal softmax in place */
 JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int64_t i0, float *lse)
 {
     float inv[ATT_BQ];
@@ -203,9 +276,23 @@ JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int
     for (int64_t r = 0; r < nq; r++) {
         float *s = S + r * n_keys;
         const float f = inv[r];
+        const int64_t nv = i0 + r + 1;
+        int64_t j = 0;
+        for (; j + ATT_VL <= nv; j += ATT_VL)
 #pragma omp simd
-        for (int64_t j = 0; j < i0 + r + 1; j++)
-            s[j] *= f;
+            for (int c = 0; c < ATT_VL; c++)
+                s[j + c] *= f;
+        const int64_t rem = nv - j;
+        if (rem > 0 && j + ATT_VL <= n_keys) {
+#pragma omp simd
+            for (int c = 0; c < ATT_VL; c++) {
+                const float x = s[j + c];
+                s[j + c] = jdt_rt_sel(c < rem, x * f, x);
+            }
+        } else {
+            for (int c = 0; c < rem; c++)
+                s[j + c] *= f;
+        }
     }
 }
 
@@ -215,16 +302,8 @@ JDT_RT_INLINE void softmax_causal_rows(float *S, int64_t nq, int64_t n_keys, int
 JDT_RT_INLINE void probs_from_lse(float *S, int64_t nq, int64_t n_keys, int64_t i0,
                                   const float *lse)
 {
-    for (int64_t r = 0; r < nq; r++) {
-        float *s = S + r * n_keys;
-        const int64_t nv = i0 + r + 1;
-        const float L = lse[r];
-#pragma omp simd
-        for (int64_t j = 0; j < nv; j++)
-            s[j] = jdt_rt_expf_le88(s[j] - L);
-        for (int64_t j = nv; j < n_keys; j++)
-            s[j] = 0.0f;
-    }
+    for (int64_t r = 0; r < nq; r++)
+        (void)exp_row(S + r * n_keys, i0 + r + 1, n_keys, lse[r]);
 }
 
 /* The backward's P for a block: from the forward's log-sum-exp when it was kept, else the
@@ -356,10 +435,15 @@ JDT_RT_INLINE void att_ds(const float *P, float *dP, const float *gi, int lg, co
 {
     for (int64_t r = 0; r < nq; r++) {
         const float *gr = gi + r * lg, *orow = ob + (i0 + r) * lo;
-        float delta = 0.0f;
-#pragma omp simd reduction(+ : delta)
-        for (int64_t d = 0; d < D; d++)
-            delta += gr[d] * orow[d];
+        float dl[ATT_VL] = {0};
+        int64_t d = 0;
+        for (; d + ATT_VL <= D; d += ATT_VL)
+#pragma omp simd
+            for (int c = 0; c < ATT_VL; c++)
+                dl[c] += gr[d + c] * orow[d + c];
+        for (int c = 0; d + c < D; c++) /* D not a multiple of ATT_VL */
+            dl[c] += gr[d + c] * orow[d + c];
+        const float delta = fold_sum(dl);
         const float *pr = P + r * nk;
         float *dpr = dP + r * nk;
 #pragma omp simd
