@@ -92,8 +92,9 @@ JDT_RT_CLONES static void to_bf16_t(const float *x, uint16_t *y, int64_t batch, 
 
 #ifdef JDT_HAVE_DNNL
 typedef struct {
-    int64_t batch, M, N, K;
+    int64_t batch, M, N, K, ldk; /* ldk: the K of the operands' strides (K but in a K slice) */
     bool ta, tb, b_shared, bias, c_bf16; /* c_bf16: a bf16 destination and bias */
+    bool acc;                            /* the product added to the destination (sum post-op) */
     int nt; /* the OpenMP threads it was created for: oneDNN plans its work split then */
     dnnl_primitive_t prim;
 } mm_entry;
@@ -156,29 +157,42 @@ static bool md3(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t d2, int6
  * oneDNN fixes a primitive's work split (its thread count) when it creates it, from
  * omp_get_max_threads(), which OpenBLAS's OpenMP build leaves at 1 (jdt_rt_set_threads) — a
  * primitive created then runs on one thread for good. c_bf16: a bf16 destination, the f32 sum
- * (the bias, then bf16 too, included) rounded to nearest even as the kernel stores it. */
-static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta,
-                                     bool tb, bool b_shared, bool bias, bool c_bf16, int nt)
+ * (the bias, then bf16 too, included) rounded to nearest even as the kernel stores it. ldk: the
+ * operands are strided as for a K of ldk (a slice of K columns of a and rows of b). acc: the
+ * product is added to the destination (oneDNN's sum post-op; an f32 destination). */
+static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_t K, int64_t ldk,
+                                     bool ta, bool tb, bool b_shared, bool bias, bool c_bf16,
+                                     bool acc, int nt)
 {
     for (int i = 0; i < g_dnnl.n_cache; i++) {
         mm_entry *c = &g_dnnl.cache[i];
-        if (c->batch == batch && c->M == M && c->N == N && c->K == K && c->ta == ta &&
-            c->tb == tb && c->b_shared == b_shared && c->bias == bias && c->c_bf16 == c_bf16 &&
-            c->nt == nt)
+        if (c->batch == batch && c->M == M && c->N == N && c->K == K && c->ldk == ldk &&
+            c->ta == ta && c->tb == tb && c->b_shared == b_shared && c->bias == bias &&
+            c->c_bf16 == c_bf16 && c->acc == acc && c->nt == nt)
             return c->prim;
     }
     dnnl_memory_desc_t src, wei, dst, bmd;
     int64_t wb = b_shared ? 1 : batch;
-    bool ok = md3(&src, batch, M, K, M * K, ta ? 1 : K, ta ? M : 1, dnnl_bf16) &&
-              md3(&wei, wb, K, N, K * N, tb ? 1 : N, tb ? K : 1, dnnl_bf16) &&
+    bool ok = md3(&src, batch, M, K, M * ldk, ta ? 1 : ldk, ta ? M : 1, dnnl_bf16) &&
+              md3(&wei, wb, K, N, ldk * N, tb ? 1 : N, tb ? ldk : 1, dnnl_bf16) &&
               md3(&dst, batch, M, N, M * N, N, 1, c_bf16 ? dnnl_bf16 : dnnl_f32) &&
               (!bias || md3(&bmd, 1, 1, N, N, N, 1, c_bf16 ? dnnl_bf16 : dnnl_f32));
     if (!ok) return NULL;
     dnnl_matmul_desc_t desc;
     if (dnnl_matmul_desc_init(&desc, &src, &wei, bias ? &bmd : NULL, &dst) != dnnl_success)
         return NULL;
-    dnnl_primitive_desc_t pd;
-    if (dnnl_primitive_desc_create(&pd, &desc, NULL, g_dnnl.eng, NULL) != dnnl_success) return NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    if (acc && (dnnl_primitive_attr_create(&attr) != dnnl_success ||
+                dnnl_post_ops_create(&po) != dnnl_success ||
+                dnnl_post_ops_append_sum(po, 1.0f) != dnnl_success ||
+                dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success))
+        ok = false;
+    dnnl_primitive_desc_t pd = NULL;
+    ok = ok && dnnl_primitive_desc_create(&pd, &desc, attr, g_dnnl.eng, NULL) == dnnl_success;
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (!ok) return NULL;
     dnnl_primitive_t prim = NULL;
     dnnl_status_t st = dnnl_primitive_create(&prim, pd);
     dnnl_primitive_desc_destroy(pd);
@@ -186,8 +200,39 @@ static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_
     mm_entry *c = &g_dnnl.cache[g_dnnl.n_cache < MM_CACHE ? g_dnnl.n_cache++ : g_dnnl.next++];
     g_dnnl.next %= MM_CACHE;
     if (c->prim) dnnl_primitive_destroy(c->prim);
-    *c = (mm_entry){batch, M, N, K, ta, tb, b_shared, bias, c_bf16, nt, prim};
+    *c = (mm_entry){batch, M, N, K, ldk, ta, tb, b_shared, bias, c_bf16, acc, nt, prim};
     return prim;
+}
+
+/* A product with an f32 destination and K past MM_K_SPLIT runs as products over slices of
+ * MM_K_SLICE of K, each after the first added to the destination. oneDNN's own plan for GPT-2's
+ * lm-head input gradient (2048 x 768, K = 50304, 2 threads of a Sapphire Rapids box) ran at
+ * 0.54 TFLOP/s against 1.36 for K 4096 and 1.07 for K 32768 (its rate goes up and down with K);
+ * as slices of 4096 it runs at the slices' rate (docs/perf.md, Session 51). The sums then add
+ * in slices: the result depends on the shape only, as before. */
+enum { MM_K_SPLIT = 16384, MM_K_SLICE = 4096 };
+
+/* One product (or, K past MM_K_SPLIT with an f32 destination, its slices) through oneDNN.
+ * Caller holds mu and has set OpenMP's thread count to nt. False when oneDNN refused a
+ * primitive or failed (c is then undefined). */
+static bool mm_exec(const uint16_t *a, const uint16_t *b, const void *bias, void *c, int64_t batch,
+                    int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, bool c_bf16,
+                    int nt)
+{
+    const int64_t slice = !c_bf16 && K > MM_K_SPLIT ? MM_K_SLICE : K;
+    for (int64_t k0 = 0; k0 < K; k0 += slice) {
+        const int64_t kc = K - k0 < slice ? K - k0 : slice;
+        const bool first = k0 == 0, with_bias = first && bias;
+        dnnl_primitive_t prim =
+            mm_primitive(batch, M, N, kc, K, ta, tb, b_shared, with_bias, c_bf16, !first, nt);
+        if (!prim) return false;
+        const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+        void *const ptr[4] = {(void *)(a + (ta ? k0 * M : k0)), (void *)(b + (tb ? k0 : k0 * N)), c,
+                              (void *)bias};
+        if (!jdt_rt_dnnl_exec(prim, g_dnnl.eng, g_dnnl.stream, with_bias ? 4 : 3, which, ptr))
+            return false;
+    }
+    return true;
 }
 
 static bool mm_run_io(const uint16_t *a, const uint16_t *b, const void *bias, void *c,
@@ -195,17 +240,10 @@ static bool mm_run_io(const uint16_t *a, const uint16_t *b, const void *bias, vo
                       bool b_shared, bool c_bf16, int nt)
 {
     pthread_mutex_lock(&g_dnnl.mu);
-    bool done = false;
     const int prev = omp_get_max_threads();
     nt = nt > 0 ? nt : 1;
     omp_set_num_threads(nt);
-    dnnl_primitive_t prim =
-        mm_primitive(batch, M, N, K, ta, tb, b_shared, bias != NULL, c_bf16, nt);
-    if (prim) {
-        const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-        void *const ptr[4] = {(void *)a, (void *)b, c, (void *)bias};
-        done = jdt_rt_dnnl_exec(prim, g_dnnl.eng, g_dnnl.stream, bias ? 4 : 3, which, ptr);
-    }
+    const bool done = mm_exec(a, b, bias, c, batch, M, N, K, ta, tb, b_shared, c_bf16, nt);
     omp_set_num_threads(prev);
     pthread_mutex_unlock(&g_dnnl.mu);
     return done;

@@ -212,10 +212,18 @@ static void mm_cases(void)
         int64_t batch, M, N, K;
         bool ta, tb, shared, bias;
     } cases[] = {
-        {1, 64, 96, 128, false, false, true, false}, {1, 37, 53, 71, false, true, true, true},
-        {3, 16, 24, 40, true, false, false, false},  {2, 33, 17, 65, true, true, false, true},
-        {4, 8, 48, 32, false, false, true, true},    {2, 128, 384, 96, false, true, false, false},
+        {1, 64, 96, 128, false, false, true, false},
+        {1, 37, 53, 71, false, true, true, true},
+        {3, 16, 24, 40, true, false, false, false},
+        {2, 33, 17, 65, true, true, false, true},
+        {4, 8, 48, 32, false, false, true, true},
+        {2, 128, 384, 96, false, true, false, false},
         {1, 5, 7, 1, false, false, true, false},
+        /* K past bf16.c's MM_K_SPLIT with an f32 c: products over slices of K added up (the
+         * last slice shorter), a and b read at each slice's offset, transposed or not */
+        {1, 9, 21, 20580, false, false, true, true},
+        {2, 7, 13, 16385, true, true, false, false},
+        {1, 6, 5, 24576, true, false, true, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         float *first = NULL;
