@@ -40,6 +40,11 @@ typedef struct {
      * widening CASTs before them too (the CPU: each head widened in the thread's scratch;
      * bf16_builtins implies it). */
     bool attention_bf16_qkv;
+    /* Its cross-entropy builtins (forward and backward) read bf16 logits, so fold_bf16_casts drops
+     * the widening CAST before them too (the CPU: precision.activations: bf16's lm head stores
+     * its logits rounded, and their f32 copy, 4 bytes an element of GPT-2's largest tensor, is
+     * neither written nor read; bf16_builtins implies it). */
+    bool xent_bf16_logits;
     /* The layer and RMS norm backward builtins take the norm's scale w as a third input and
      * read dy, computing the normalised value's cotangent dy * w themselves (passes.c
      * fold_norm_scales: the product's kernel and its buffer go). */

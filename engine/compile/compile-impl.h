@@ -191,6 +191,9 @@ typedef struct cprog_ {
     bool attention_bf16_qkv;   /* the device's vtable flag, unless JDT_ATTENTION_BF16_QKV=0, or
                                   bf16_builtins: the attention reads bf16 q, k, v (passes.c
                                   fold_bf16_casts' attention rule) */
+    bool xent_bf16_logits;     /* the device's vtable flag, unless JDT_XENT_BF16_LOGITS=0, or
+                                  bf16_builtins: the cross-entropy reads bf16 logits (passes.c
+                                  fold_bf16_casts' cross-entropy rule) */
     int64_t norm_bwd_partials; /* the device's vtable field: the widest row whose norm
                                   backward sums its affine's gradients (fold_norm_partials) */
     bool gemm_accumulate;      /* the device's vtable flag: GEMMs add an input to their product

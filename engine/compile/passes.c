@@ -620,8 +620,8 @@ static void store_bf16(cprog *c, int x, int m)
 }
 
 /* precision.activations: bf16 on a device whose builtins take bf16 (c->bf16_builtins: CUDA;
- * the CPU: (1) for its GEMMs, c->gemm_bf16_out, and (2) for its attention alone,
- * c->attention_bf16_qkv).
+ * the CPU: (1) for its GEMMs, c->gemm_bf16_out, and (2) for its attention and cross-entropy,
+ * c->attention_bf16_qkv and c->xent_bf16_logits).
  * (1) y = CAST(matmul(a, w) [+ bias], bf16), the product read by nothing else and computed in
  * bf16 (attrs i[2]): the GEMM stores y as bf16 itself (cuBLASLt's D type, oneDNN's bf16
  * destination) and the CAST becomes a view. A folded bias must be the bf16 rounding of the model's
@@ -664,9 +664,10 @@ static jdt_status fold_bf16_casts(cprog *c, jdt_err *e)
             for (int k = 0; k < 3 && all; k++)
                 skip_widening(c, users, x, k);
             c->stats.n_bf16_folded += all;
-        } else if ((x->op == JDT_OP_SOFTMAX_XENT || x->op == JDT_OP_SOFTMAX_XENT_BWD ||
-                    x->op == JDT_OP_ROPE) &&
-                   x->kind == CK_BUILTIN && c->bf16_builtins) {
+        } else if ((((x->op == JDT_OP_SOFTMAX_XENT || x->op == JDT_OP_SOFTMAX_XENT_BWD) &&
+                     c->xent_bf16_logits) ||
+                    (x->op == JDT_OP_ROPE && c->bf16_builtins)) &&
+                   x->kind == CK_BUILTIN) {
             if (is_widening(c, x->in[0])) {
                 skip_widening(c, users, x, 0);
                 c->stats.n_bf16_folded++;
@@ -2713,7 +2714,7 @@ jdt_status jdt_compile_lower(cprog *c, jdt_graph *g, jdt_err *e)
     if (!c->opts.no_fuse && (st = fold_bias_adds(c, e)) != JDT_OK) goto out;
     if (!c->opts.no_fuse && c->residual_gemm && (st = fold_residual_gemms(c, e)) != JDT_OK)
         goto out;
-    if (!c->opts.no_fuse && (c->gemm_bf16_out || c->attention_bf16_qkv) &&
+    if (!c->opts.no_fuse && (c->gemm_bf16_out || c->attention_bf16_qkv || c->xent_bf16_logits) &&
         (st = fold_bf16_casts(c, e)) != JDT_OK)
         goto out;
     if (!c->opts.no_fuse && c->bf16_builtins && (st = fold_rope_attention(c, e)) != JDT_OK)

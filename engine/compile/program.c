@@ -80,6 +80,9 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
             if (c->attention_bf16_qkv && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
                 (n->op == JDT_OP_ATTENTION || n->op == JDT_OP_ATTENTION_BWD) && k < 3)
                 want = JDT_DTYPE_BF16; /* bf16 q, k, v (fold_bf16_casts; bf16_builtins too) */
+            if (c->xent_bf16_logits && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
+                (n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) && k == 0)
+                want = JDT_DTYPE_BF16; /* bf16 logits (fold_bf16_casts; bf16_builtins too) */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
@@ -290,6 +293,8 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
         (c->bf16_builtins || p->dev->vt->gemm_bf16_out) && !env_off("JDT_GEMM_BF16_OUT");
     c->attention_bf16_qkv =
         c->bf16_builtins || (p->dev->vt->attention_bf16_qkv && !env_off("JDT_ATTENTION_BF16_QKV"));
+    c->xent_bf16_logits =
+        c->bf16_builtins || (p->dev->vt->xent_bf16_logits && !env_off("JDT_XENT_BF16_LOGITS"));
     c->norm_bwd_scale = p->dev->vt->norm_bwd_scale;
     c->gemm_accumulate = p->dev->vt->gemm_accumulate;
     c->gemm_pitch = p->dev->vt->gemm_pitch && !env_off("JDT_GEMM_PITCH");

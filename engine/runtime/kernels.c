@@ -295,73 +295,137 @@ JDT_RT_CLONES void jdt_rt_log_softmax_bwd(const float *y, const float *dy, float
     }
 }
 
-JDT_RT_CLONES int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss,
-                                          int64_t N, int64_t V, int nt)
+/* Logit i of a row stored as f32 or (b16) as bf16 bits; b16 is a constant where these bodies
+ * are inlined, so each loop is compiled for one type. */
+JDT_RT_INLINE float logit(const void *x, bool b16, int64_t i)
 {
+    return b16 ? jdt_rt_bf16_float_inline(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+/* row_lse of a row stored as f32 or bf16, its exps summed in XENT_LANES explicit lanes folded in
+ * halves: one order of the sum whatever the type (a u16 load and an f32 one vectorise at
+ * different widths, and an `omp simd reduction` sums in the order of its vectors) and whatever
+ * the build, so bf16 logits give the loss of f32 ones holding the same values, bit for bit. */
+enum { XENT_LANES = 16 };
+JDT_RT_INLINE float row_lse_of(const void *x, bool b16, int64_t C)
+{
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t c = 0; c < C; c++)
+        m = logit(x, b16, c) > m ? logit(x, b16, c) : m;
+    if (m == -INFINITY) return -INFINITY;
+    float acc[XENT_LANES] = {0};
+    int64_t j = 0;
+    for (; j + XENT_LANES <= C; j += XENT_LANES)
+#pragma omp simd
+        for (int c = 0; c < XENT_LANES; c++)
+            acc[c] += jdt_rt_expf_le88(logit(x, b16, j + c) - m);
+    for (int c = 0; j + c < C; c++)
+        acc[c] += jdt_rt_expf_le88(logit(x, b16, j + c) - m);
+    for (int w = XENT_LANES / 2; w >= 1; w /= 2)
+        for (int c = 0; c < w; c++)
+            acc[c] += acc[c + w];
+    return m + logf(acc[0]);
+}
+
+/* The loss of a row with target t in [0, V) */
+JDT_RT_INLINE float xent_row(const void *x, bool b16, int64_t t, int64_t V)
+{
+    return row_lse_of(x, b16, V) - logit(x, b16, t);
+}
+
+JDT_RT_CLONES int64_t jdt_rt_softmax_xent_ex(const void *logits, bool logits_bf16,
+                                             const int32_t *tgt, float *loss, int64_t N, int64_t V,
+                                             int nt)
+{
+    const size_t es = logits_bf16 ? 2 : 4;
     int64_t bad = 0;
 #pragma omp parallel for num_threads(nt) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         int64_t t = tgt[n];
+        const void *x = (const char *)logits + (size_t)(n * V) * es;
         if (t < 0) {
             loss[n] = 0.0f;
         } else if (t >= V) {
             loss[n] = NAN;
             bad++;
-        } else {
-            loss[n] = row_lse(logits + n * V, V) - logits[n * V + t];
+        } else { /* a literal type at each call, so each is compiled for one (the region's body
+                    is outlined: a flag captured from outside it is not a constant there) */
+            loss[n] = logits_bf16 ? xent_row(x, true, t, V) : xent_row(x, false, t, V);
         }
     }
     return bad;
 }
 
-/* A cross-entropy row's logsumexp for the backward: from the forward's loss when given
- * (loss = lse - x[t]), else computed. */
-JDT_RT_INLINE float xent_lse(const float *x, const float *loss, int64_t n, int64_t t, int64_t V)
+int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss, int64_t N,
+                            int64_t V, int nt)
 {
-    return loss ? loss[n] + x[t] : row_lse(x, V);
+    return jdt_rt_softmax_xent_ex(logits, false, tgt, loss, N, V, nt);
 }
 
-JDT_RT_CLONES void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt,
-                                           const float *dloss, const float *loss, float *dlogits,
-                                           int64_t N, int64_t V, int nt)
+/* The cross-entropy backward of one row (target t in [0, V)): logits x f32 or (b16) bf16,
+ * dlogits d f32 or (d16) bf16 bits; l the row's logsumexp from the forward's loss when lp is not
+ * NULL (loss = lse - x[t]), else computed. x[t] is read first: all of a row's logits are read
+ * before its dlogits are written at the same index or later, so d may lie over x. */
+JDT_RT_INLINE void xent_bwd_row(const void *x, bool b16, void *d, bool d16, int64_t t, float g,
+                                const float *lp, int64_t V)
 {
-#pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
-    for (int64_t n = 0; n < N; n++) {
-        int64_t t = tgt[n];
-        float *d = dlogits + n * V;
-        if (t < 0 || t >= V) {
-            memset(d, 0, (size_t)V * sizeof(float));
-            continue;
-        }
-        const float *x = logits + n * V;
-        float l = xent_lse(x, loss, n, t, V), g = dloss[n];
+    const float xt = logit(x, b16, t);
+    const float l = lp ? *lp + xt : row_lse_of(x, b16, V);
+    const float dt = g * jdt_rt_expf_le88(xt - l) - g; /* the target's: softmax - 1 */
+    if (d16) {
+        uint16_t *o = d;
 #pragma omp simd
         for (int64_t c = 0; c < V; c++)
-            d[c] = g * jdt_rt_expf_le88(x[c] - l);
-        d[t] -= g;
+            o[c] = jdt_rt_bf16_bits_inline(g * jdt_rt_expf_le88(logit(x, b16, c) - l));
+        o[t] = jdt_rt_bf16_bits_inline(dt);
+    } else {
+        float *o = d;
+#pragma omp simd
+        for (int64_t c = 0; c < V; c++)
+            o[c] = g * jdt_rt_expf_le88(logit(x, b16, c) - l);
+        o[t] -= g;
     }
 }
 
-JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt,
-                                                const float *dloss, const float *loss,
-                                                uint16_t *dlogits, int64_t N, int64_t V, int nt)
+JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_ex(const void *logits, bool logits_bf16,
+                                              const int32_t *tgt, const float *dloss,
+                                              const float *loss, void *dlogits, bool dlogits_bf16,
+                                              int64_t N, int64_t V, int nt)
 {
+    const size_t es = logits_bf16 ? 2 : 4, ds = dlogits_bf16 ? 2 : 4;
 #pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         int64_t t = tgt[n];
-        uint16_t *d = dlogits + n * V;
+        void *d = (char *)dlogits + (size_t)(n * V) * ds;
         if (t < 0 || t >= V) {
-            memset(d, 0, (size_t)V * sizeof *d);
+            memset(d, 0, (size_t)V * ds);
             continue;
         }
-        const float *x = logits + n * V;
-        float l = xent_lse(x, loss, n, t, V), g = dloss[n];
-#pragma omp simd
-        for (int64_t c = 0; c < V; c++)
-            d[c] = jdt_rt_bf16_bits_inline(g * jdt_rt_expf_le88(x[c] - l));
-        /* the f32 path's d[t] -= g */
-        d[t] = jdt_rt_bf16_bits_inline(g * jdt_rt_expf_le88(x[t] - l) - g);
+        const void *x = (const char *)logits + (size_t)(n * V) * es;
+        const float g = dloss[n], *lp = loss ? loss + n : NULL;
+        if (logits_bf16 && dlogits_bf16) /* literal types at each call, as in the forward */
+            xent_bwd_row(x, true, d, true, t, g, lp, V);
+        else if (logits_bf16)
+            xent_bwd_row(x, true, d, false, t, g, lp, V);
+        else if (dlogits_bf16)
+            xent_bwd_row(x, false, d, true, t, g, lp, V);
+        else
+            xent_bwd_row(x, false, d, false, t, g, lp, V);
     }
+}
+
+void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,
+                             const float *loss, float *dlogits, int64_t N, int64_t V, int nt)
+{
+    jdt_rt_softmax_xent_bwd_ex(logits, false, tgt, dloss, loss, dlogits, false, N, V, nt);
+}
+
+void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt, const float *dloss,
+                                  const float *loss, uint16_t *dlogits, int64_t N, int64_t V,
+                                  int nt)
+{
+    jdt_rt_softmax_xent_bwd_ex(logits, false, tgt, dloss, loss, dlogits, true, N, V, nt);
 }
 
 /* Mean and 1/sqrt(var + eps) of a row, two passes in f32 (the centred second pass keeps the

@@ -203,6 +203,17 @@ void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const floa
 void jdt_rt_softmax_xent_bwd_bf16(const float *logits, const int32_t *tgt, const float *dloss,
                                   const float *loss, uint16_t *dlogits, int64_t N, int64_t V,
                                   int nt);
+/* Both, with the logits stored as f32 or (logits_bf16) as bf16 bits (uint16_t), and (the
+ * backward) dlogits as f32 or bf16 bits: the results of f32 logits holding the same values, bit
+ * for bit (precision.activations: bf16, whose lm head stores its logits rounded; passes.c
+ * fold_bf16_casts then drops their widening). The backward reads each row's logits before it
+ * writes its dlogits at the same index or later, so dlogits may lie over logits of the same
+ * element size. */
+int64_t jdt_rt_softmax_xent_ex(const void *logits, bool logits_bf16, const int32_t *tgt,
+                               float *loss, int64_t N, int64_t V, int nt);
+void jdt_rt_softmax_xent_bwd_ex(const void *logits, bool logits_bf16, const int32_t *tgt,
+                                const float *dloss, const float *loss, void *dlogits,
+                                bool dlogits_bf16, int64_t N, int64_t V, int nt);
 void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt);
 void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
                           float eps, int nt);

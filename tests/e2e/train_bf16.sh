@@ -3,7 +3,8 @@
 # path is named once, the loss falls and ends within 2% of the f32 run's; the compiled step
 # matches the reference interpreter's bf16 semantics over the first steps; the portable path
 # (what a CPU without AVX512-BF16 gets; forced here with JDT_BF16_NO_DNNL) warns once and
-# gives the same losses. The bf16 run asks for oneDNN (JDT_BF16_DNNL=1) even on CPUs where the
+# gives the same losses; precision.activations: bf16's reads of bf16 logits, q, k and v change no
+# loss and shrink the arena. The bf16 run asks for oneDNN (JDT_BF16_DNNL=1) even on CPUs where the
 # portable path is the faster default (Intel's AVX512-BF16 without AMX).
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
@@ -44,6 +45,22 @@ for m in "mesh.data=2 mesh.fsdp=2" "mesh.data=1 mesh.tensor=2"; do
 done
 "$BIN" inspect configs/tiny.yaml >"$TMP/inspect32" 2>&1 || fail "inspect f32"
 grep -q "values stored as bf16" "$TMP/inspect32" && fail "inspect f32 prints a bf16 line"
+
+# precision.activations: bf16 on the CPU: the attention reads bf16 q, k, v and the cross-entropy
+# bf16 logits (passes.c fold_bf16_casts) instead of their widened f32 copies: the same losses
+# and gradient norms, digit for digit, as with the widening kept (JDT_*=0), and a smaller arena
+run act16 run.steps=3 precision.compute=bf16 precision.activations=bf16
+JDT_XENT_BF16_LOGITS=0 JDT_ATTENTION_BF16_QKV=0 run act16w run.steps=3 precision.compute=bf16 \
+  precision.activations=bf16
+diff <(grep -oE '"(loss|grad_norm)": [0-9.e+-]+' "$TMP/act16/tiny/metrics.jsonl") \
+  <(grep -oE '"(loss|grad_norm)": [0-9.e+-]+' "$TMP/act16w/tiny/metrics.jsonl") ||
+  fail "bf16 logits and q, k, v read in place change the losses"
+arena() { JDT_XENT_BF16_LOGITS=$1 "$BIN" inspect configs/tiny.yaml precision.compute=bf16 \
+  precision.activations=bf16 --compile 2>/dev/null | sed -nE 's/^ +activations +([0-9.]+) (K|M)iB.*/\1 \2/p' | head -1; }
+a1=$(arena 1); a0=$(arena 0)
+[ -n "$a1" ] && [ -n "$a0" ] || fail "inspect --compile printed no activations arena"
+awk -v a="$a1" -v b="$a0" 'BEGIN { split(a, x, " "); split(b, y, " "); exit !(x[2] == y[2] && x[1] < y[1]) }' ||
+  fail "bf16 logits read in place: arena $a1, not below $a0 with their f32 copy"
 
 JDT_BF16_NO_DNNL=1 run portable run.steps=3 precision.compute=bf16
 grep -qi "warn.*precision.compute bf16: .*bf16-rounded inputs" "$TMP/portable.err" || { cat "$TMP/portable.err"; fail "portable path not announced"; }

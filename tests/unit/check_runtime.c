@@ -979,11 +979,64 @@ static void check_xent_bwd(int64_t N, int64_t V)
     free(x), free(dl), free(loss), free(dx), free(d16), free(t);
 }
 
+/* bf16 logits (jdt_rt_softmax_xent_ex, _bwd_ex: precision.activations: bf16's lm head): the loss
+ * and dlogits (f32 and bf16) of f32 logits holding the same values, bit for bit, with the loss
+ * given and computed; bf16 dlogits written over the bf16 logits too (the backends'
+ * xent_inplace) */
+static void check_xent_bf16_logits(int64_t N, int64_t V)
+{
+    const int64_t n = N * V;
+    float *x = malloc((size_t)n * 4), *dl = malloc((size_t)N * 4), *loss[2], *dx[2];
+    uint16_t *x16 = malloc((size_t)n * 2), *d16[2], *io = malloc((size_t)n * 2);
+    int32_t *t = malloc((size_t)N * 4);
+    ck_assert(x && dl && x16 && io && t);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_ptr_nonnull(loss[k] = malloc((size_t)N * 4));
+        ck_assert_ptr_nonnull(dx[k] = malloc((size_t)n * 4));
+        ck_assert_ptr_nonnull(d16[k] = malloc((size_t)n * 2));
+    }
+    unsigned seed = (unsigned)(N * 131 + V);
+    for (int64_t i = 0; i < n; i++) {
+        x16[i] = jdt_rt_bf16_bits(8.0f * frand(&seed));
+        x[i] = jdt_rt_bf16_float(x16[i]);
+    }
+    for (int64_t i = 0; i < N; i++) {
+        dl[i] = 0.25f + (float)i / (float)N;
+        t[i] = (int32_t)((i * 7919 + 5) % V);
+    }
+    t[0] = -1;                  /* a row with no target: loss and dlogits 0 */
+    for (int k = 0; k < 2; k++) /* k = 0: f32 logits, 1: bf16 */
+        ck_assert_int_eq(jdt_rt_softmax_xent_ex(k ? (const void *)x16 : x, k, t, loss[k], N, V, 2),
+                         0);
+    ck_assert(!memcmp(loss[0], loss[1], (size_t)N * 4));
+    for (int from_loss = 0; from_loss < 2; from_loss++) {
+        const float *lp = from_loss ? loss[0] : NULL;
+        for (int k = 0; k < 2; k++) {
+            const void *xk = k ? (const void *)x16 : x;
+            jdt_rt_softmax_xent_bwd_ex(xk, k, t, dl, lp, dx[k], false, N, V, 2);
+            jdt_rt_softmax_xent_bwd_ex(xk, k, t, dl, lp, d16[k], true, N, V, 2);
+        }
+        ck_assert_msg(!memcmp(dx[0], dx[1], (size_t)n * 4), "N %lld V %lld: f32 dlogits differ",
+                      (long long)N, (long long)V);
+        ck_assert_msg(!memcmp(d16[0], d16[1], (size_t)n * 2), "N %lld V %lld: bf16 dlogits differ",
+                      (long long)N, (long long)V);
+        memcpy(io, x16, (size_t)n * 2);
+        jdt_rt_softmax_xent_bwd_ex(io, true, t, dl, lp, io, true, N, V, 2);
+        ck_assert_msg(!memcmp(io, d16[0], (size_t)n * 2), "N %lld V %lld: in place differs",
+                      (long long)N, (long long)V);
+    }
+    for (int k = 0; k < 2; k++)
+        free(loss[k]), free(dx[k]), free(d16[k]);
+    free(x), free(dl), free(x16), free(io), free(t);
+}
+
 START_TEST(test_xent_bwd_from_loss)
 {
     check_xent_bwd(7, 37);
     check_xent_bwd(5, 1024);
     check_xent_bwd(4, 50304);
+    check_xent_bf16_logits(7, 37);
+    check_xent_bf16_logits(3, 50304);
 }
 END_TEST
 

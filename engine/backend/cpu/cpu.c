@@ -115,17 +115,17 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_LOG_SOFTMAX_BWD:
         jdt_rt_log_softmax_bwd(in[0], in[1], o, N, C, nt);
         break;
-    case JDT_OP_SOFTMAX_XENT:
-        bad = jdt_rt_softmax_xent(in[0], in[1], o, N, C, nt);
+    case JDT_OP_SOFTMAX_XENT: /* bf16 logits: passes.c fold_bf16_casts */
+        bad = jdt_rt_softmax_xent_ex(in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1], o, N,
+                                     C, nt);
         if (bad)
             return jdt_err_set(e, JDT_ERR_INVALID, "softmax_xent: %lld targets >= vocab %lld",
                                (long long)bad, (long long)C);
         break;
     case JDT_OP_SOFTMAX_XENT_BWD:
-        if (n->bf16) /* read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
-            jdt_rt_softmax_xent_bwd_bf16(in[0], in[1], in[2], in[3], o, N, C, nt);
-        else
-            jdt_rt_softmax_xent_bwd(in[0], in[1], in[2], in[3], o, N, C, nt);
+        /* dlogits read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
+        jdt_rt_softmax_xent_bwd_ex(in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1], in[2],
+                                   in[3], o, n->bf16, N, C, nt);
         break;
     case JDT_OP_NORMALIZE:
         jdt_rt_normalize(in[0], o, N, C, eps, nt);
@@ -612,6 +612,7 @@ const jdt_backend_vt jdt_backend_cpu = {
     .attention_lse = true,
     .gemm_bf16_out = true,
     .attention_bf16_qkv = true,
+    .xent_bf16_logits = true,
     .prepare = cpu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,
