@@ -62,7 +62,8 @@ run_peer() { # fw (torch, jax, torch-bf16): prints tok/s or nothing
 peers=()
 for fw in torch jax; do
   py=$PYTHON_TORCH; [ $fw = jax ] && py=$PYTHON_JAX
-  if "$py" -c "import $fw" >/dev/null 2>&1; then peers+=("$fw"); else echo "$fw: not installed ($py)" > "$TMP/$fw.missing"; fi
+  hint="apt-get install python3-torch"; [ $fw = jax ] && hint="python3 -m venv V && V/bin/pip install jax; PYTHON_JAX=V/bin/python3"
+  if "$py" -c "import $fw" >/dev/null 2>&1; then peers+=("$fw"); else echo "$fw: not installed ($py; $hint)" > "$TMP/$fw.missing"; fi
 done
 for ((r = 0; r < REPS; r++)); do
   x=$(run_jdt) || exit 1
