@@ -363,15 +363,14 @@ int64_t jdt_rt_softmax_xent(const float *logits, const int32_t *tgt, float *loss
     return jdt_rt_softmax_xent_ex(logits, false, tgt, loss, N, V, nt);
 }
 
-/* The cross-entropy backward of one row (target t in [0, V)): logits x f32 or (b16) bf16,
- * dlogits d f32 or (d16) bf16 bits; l the row's logsumexp from the forward's loss when lp is not
- * NULL (loss = lse - x[t]), else computed. x[t] is read first: all of a row's logits are read
- * before its dlogits are written at the same index or later, so d may lie over x. */
+/* The cross-entropy backward of one row (target t in [0, V)) whose logsumexp is l: logits x f32
+ * or (b16) bf16, dlogits d f32 or (d16) bf16 bits, g the row's dloss. x[t] is read first: all of
+ * a row's logits are read before its dlogits are written at the same index or later, so d may
+ * lie over x. */
 JDT_RT_INLINE void xent_bwd_row(const void *x, bool b16, void *d, bool d16, int64_t t, float g,
-                                const float *lp, int64_t V)
+                                float l, int64_t V)
 {
     const float xt = logit(x, b16, t);
-    const float l = lp ? *lp + xt : row_lse_of(x, b16, V);
     const float dt = g * jdt_rt_expf_le88(xt - l) - g; /* the target's: softmax - 1 */
     if (d16) {
         uint16_t *o = d;
@@ -403,16 +402,60 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_ex(const void *logits, bool logits_bf
             continue;
         }
         const void *x = (const char *)logits + (size_t)(n * V) * es;
-        const float g = dloss[n], *lp = loss ? loss + n : NULL;
-        if (logits_bf16 && dlogits_bf16) /* literal types at each call, as in the forward */
-            xent_bwd_row(x, true, d, true, t, g, lp, V);
-        else if (logits_bf16)
-            xent_bwd_row(x, true, d, false, t, g, lp, V);
-        else if (dlogits_bf16)
-            xent_bwd_row(x, false, d, true, t, g, lp, V);
-        else
-            xent_bwd_row(x, false, d, false, t, g, lp, V);
+        /* the logsumexp from the forward's loss when given (loss = lse - x[t]), else computed;
+         * literal types at each call, as in the forward */
+        const float g = dloss[n];
+        if (logits_bf16) {
+            const float l = loss ? loss[n] + logit(x, true, t) : row_lse_of(x, true, V);
+            if (dlogits_bf16)
+                xent_bwd_row(x, true, d, true, t, g, l, V);
+            else
+                xent_bwd_row(x, true, d, false, t, g, l, V);
+        } else {
+            const float l = loss ? loss[n] + logit(x, false, t) : row_lse_of(x, false, V);
+            if (dlogits_bf16)
+                xent_bwd_row(x, false, d, true, t, g, l, V);
+            else
+                xent_bwd_row(x, false, d, false, t, g, l, V);
+        }
     }
+}
+
+JDT_RT_CLONES int64_t jdt_rt_softmax_xent_fused(const void *logits, bool logits_bf16,
+                                                const int32_t *tgt, float g, float *loss,
+                                                void *dlogits, bool dlogits_bf16, int64_t N,
+                                                int64_t V, int nt)
+{
+    const size_t es = logits_bf16 ? 2 : 4, ds = dlogits_bf16 ? 2 : 4;
+    int64_t bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(guided) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++) {
+        int64_t t = tgt[n];
+        void *d = (char *)dlogits + (size_t)(n * V) * ds;
+        if (t < 0 || t >= V) { /* the forward's loss (0, or NaN counted), the backward's 0 */
+            loss[n] = t < 0 ? 0.0f : NAN;
+            bad += t >= V;
+            memset(d, 0, (size_t)V * ds);
+            continue;
+        }
+        const void *x = (const char *)logits + (size_t)(n * V) * es;
+        if (logits_bf16) { /* literal types at each call, as in the forward */
+            const float l = row_lse_of(x, true, V);
+            loss[n] = l - logit(x, true, t);
+            if (dlogits_bf16)
+                xent_bwd_row(x, true, d, true, t, g, l, V);
+            else
+                xent_bwd_row(x, true, d, false, t, g, l, V);
+        } else {
+            const float l = row_lse_of(x, false, V);
+            loss[n] = l - logit(x, false, t);
+            if (dlogits_bf16)
+                xent_bwd_row(x, false, d, true, t, g, l, V);
+            else
+                xent_bwd_row(x, false, d, false, t, g, l, V);
+        }
+    }
+    return bad;
 }
 
 void jdt_rt_softmax_xent_bwd(const float *logits, const int32_t *tgt, const float *dloss,

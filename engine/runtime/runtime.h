@@ -214,6 +214,13 @@ int64_t jdt_rt_softmax_xent_ex(const void *logits, bool logits_bf16, const int32
 void jdt_rt_softmax_xent_bwd_ex(const void *logits, bool logits_bf16, const int32_t *tgt,
                                 const float *dloss, const float *loss, void *dlogits,
                                 bool dlogits_bf16, int64_t N, int64_t V, int nt);
+/* llm.c's fused classifier (passes.c fold_xent_backwards): the loss of jdt_rt_softmax_xent_ex
+ * and the dlogits of jdt_rt_softmax_xent_bwd_ex for a dloss of g in every row, each row's
+ * logsumexp found once and its dlogits written while the row is in cache (dlogits may lie over
+ * logits of the same element size). Returns the number of targets >= V. */
+int64_t jdt_rt_softmax_xent_fused(const void *logits, bool logits_bf16, const int32_t *tgt, float g,
+                                  float *loss, void *dlogits, bool dlogits_bf16, int64_t N,
+                                  int64_t V, int nt);
 void jdt_rt_normalize(const float *x, float *y, int64_t N, int64_t C, float eps, int nt);
 void jdt_rt_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
                           float eps, int nt);

@@ -1025,6 +1025,32 @@ static void check_xent_bf16_logits(int64_t N, int64_t V)
         ck_assert_msg(!memcmp(io, d16[0], (size_t)n * 2), "N %lld V %lld: in place differs",
                       (long long)N, (long long)V);
     }
+    /* the fused classifier (a dloss of g in every row; a target >= V counted, its row 0): the
+     * forward's loss and the backward's dlogits with the logsumexp computed, bit for bit, for
+     * either logits type and either dlogits type, and in place */
+    const float g = 0.375f;
+    for (int64_t i = 0; i < N; i++)
+        dl[i] = g;
+    t[N - 1] = (int32_t)V;
+    for (int k = 0; k < 2; k++) {
+        const void *xk = k ? (const void *)x16 : x;
+        ck_assert_int_eq(jdt_rt_softmax_xent_ex(xk, k, t, loss[0], N, V, 2), 1);
+        jdt_rt_softmax_xent_bwd_ex(xk, k, t, dl, NULL, dx[0], false, N, V, 2);
+        jdt_rt_softmax_xent_bwd_ex(xk, k, t, dl, NULL, d16[0], true, N, V, 2);
+        for (int out16 = 0; out16 < 2; out16++) {
+            void *d = out16 ? (void *)d16[1] : dx[1];
+            memset(loss[1], 0x7f, (size_t)N * 4);
+            ck_assert_int_eq(jdt_rt_softmax_xent_fused(xk, k, t, g, loss[1], d, out16, N, V, 2), 1);
+            ck_assert_msg(!memcmp(loss[0], loss[1], (size_t)N * 4), "fused: loss differs");
+            ck_assert_msg(!memcmp(out16 ? (void *)d16[0] : dx[0], d, (size_t)n * (out16 ? 2 : 4)),
+                          "N %lld V %lld logits bf16 %d dlogits bf16 %d: fused dlogits differ",
+                          (long long)N, (long long)V, k, out16);
+        }
+    }
+    memcpy(io, x16, (size_t)n * 2);
+    jdt_rt_softmax_xent_fused(io, true, t, g, loss[1], io, true, N, V, 2);
+    jdt_rt_softmax_xent_bwd_ex(x16, true, t, dl, NULL, d16[0], true, N, V, 2);
+    ck_assert_msg(!memcmp(io, d16[0], (size_t)n * 2), "fused in place differs");
     for (int k = 0; k < 2; k++)
         free(loss[k]), free(dx[k]), free(d16[k]);
     free(x), free(dl), free(x16), free(io), free(t);

@@ -116,8 +116,13 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         jdt_rt_log_softmax_bwd(in[0], in[1], o, N, C, nt);
         break;
     case JDT_OP_SOFTMAX_XENT: /* bf16 logits: passes.c fold_bf16_casts */
-        bad = jdt_rt_softmax_xent_ex(in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1], o, N,
-                                     C, nt);
+        if (n->co)            /* and the backward (passes.c fold_xent_backwards) */
+            bad = jdt_rt_softmax_xent_fused(in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16,
+                                            in[1], (float)n->attrs.f[0], o, ptr_of(p, n->co),
+                                            c->nodes[n->co].bf16, N, C, nt);
+        else
+            bad = jdt_rt_softmax_xent_ex(in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1],
+                                         o, N, C, nt);
         if (bad)
             return jdt_err_set(e, JDT_ERR_INVALID, "softmax_xent: %lld targets >= vocab %lld",
                                (long long)bad, (long long)C);
@@ -613,6 +618,7 @@ const jdt_backend_vt jdt_backend_cpu = {
     .gemm_bf16_out = true,
     .attention_bf16_qkv = true,
     .xent_bf16_logits = true,
+    .xent_fused = true,
     .prepare = cpu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,
