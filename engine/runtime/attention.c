@@ -157,18 +157,6 @@ int64_t jdt_rt_attention_scratch_floats(int64_t D, int64_t T, int nt, bool bf16,
  * of 16) sum in the same order, to the same bits. */
 #define ATT_VL 16
 
-/* The sum of a[0, ATT_VL), folded in halves (a is overwritten) */
-JDT_RT_INLINE float fold_sum(float *a)
-{
-#pragma omp simd
-    for (int c = 0; c < 8; c++)
-        a[c] += a[c + 8];
-#pragma omp simd
-    for (int c = 0; c < 4; c++)
-        a[c] += a[c + 4];
-    return (a[0] + a[2]) + (a[1] + a[3]);
-}
-
 /* The largest of a[0, ATT_VL) (a is overwritten; a NaN is never taken) */
 JDT_RT_INLINE float fold_max(float *a)
 {
@@ -250,7 +238,7 @@ JDT_RT_INLINE float exp_row(float *s, int64_t nv, int64_t n_keys, float sub)
     }
     for (; j < n_keys; j++)
         s[j] = 0.0f;
-    return fold_sum(acc);
+    return jdt_rt_fold_sum16(acc);
 }
 
 /* S (nq, n_keys) holds scale * q.k of rows i0..i0+nq-1; turns each row r into exp(s - max)
@@ -443,7 +431,7 @@ JDT_RT_INLINE void att_ds(const float *P, float *dP, const float *gi, int lg, co
                 dl[c] += gr[d + c] * orow[d + c];
         for (int c = 0; d + c < D; c++) /* D not a multiple of ATT_VL */
             dl[c] += gr[d + c] * orow[d + c];
-        const float delta = fold_sum(dl);
+        const float delta = jdt_rt_fold_sum16(dl);
         const float *pr = P + r * nk;
         float *dpr = dP + r * nk;
 #pragma omp simd

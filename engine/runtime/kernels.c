@@ -306,7 +306,7 @@ JDT_RT_INLINE float logit(const void *x, bool b16, int64_t i)
  * halves: one order of the sum whatever the type (a u16 load and an f32 one vectorise at
  * different widths, and an `omp simd reduction` sums in the order of its vectors) and whatever
  * the build, so bf16 logits give the loss of f32 ones holding the same values, bit for bit. */
-enum { XENT_LANES = 16 };
+enum { XENT_LANES = 16 }; /* jdt_rt_fold_sum16's */
 JDT_RT_INLINE float row_lse_of(const void *x, bool b16, int64_t C)
 {
     float m = -INFINITY;
@@ -322,16 +322,15 @@ JDT_RT_INLINE float row_lse_of(const void *x, bool b16, int64_t C)
             acc[c] += jdt_rt_expf_le88(logit(x, b16, j + c) - m);
     for (int c = 0; j + c < C; c++)
         acc[c] += jdt_rt_expf_le88(logit(x, b16, j + c) - m);
-    for (int w = XENT_LANES / 2; w >= 1; w /= 2)
-        for (int c = 0; c < w; c++)
-            acc[c] += acc[c + w];
-    return m + logf(acc[0]);
+    return m + logf(jdt_rt_fold_sum16(acc));
 }
 
-/* The loss of a row with target t in [0, V) */
-JDT_RT_INLINE float xent_row(const void *x, bool b16, int64_t t, int64_t V)
+/* row_lse_of with the type a literal at each call, so each call's loops are compiled for one
+ * type: in an OpenMP region (its body is outlined) a flag captured from outside is no
+ * constant. */
+JDT_RT_INLINE float row_lse_typed(const void *x, bool b16, int64_t V)
 {
-    return row_lse_of(x, b16, V) - logit(x, b16, t);
+    return b16 ? row_lse_of(x, true, V) : row_lse_of(x, false, V);
 }
 
 JDT_RT_CLONES int64_t jdt_rt_softmax_xent_ex(const void *logits, bool logits_bf16,
@@ -349,9 +348,8 @@ JDT_RT_CLONES int64_t jdt_rt_softmax_xent_ex(const void *logits, bool logits_bf1
         } else if (t >= V) {
             loss[n] = NAN;
             bad++;
-        } else { /* a literal type at each call, so each is compiled for one (the region's body
-                    is outlined: a flag captured from outside it is not a constant there) */
-            loss[n] = logits_bf16 ? xent_row(x, true, t, V) : xent_row(x, false, t, V);
+        } else {
+            loss[n] = row_lse_typed(x, logits_bf16, V) - logit(x, logits_bf16, t);
         }
     }
     return bad;
@@ -387,6 +385,20 @@ JDT_RT_INLINE void xent_bwd_row(const void *x, bool b16, void *d, bool d16, int6
     }
 }
 
+/* xent_bwd_row with both types literals at each call, as row_lse_typed */
+JDT_RT_INLINE void xent_bwd_typed(const void *x, bool b16, void *d, bool d16, int64_t t, float g,
+                                  float l, int64_t V)
+{
+    if (b16 && d16)
+        xent_bwd_row(x, true, d, true, t, g, l, V);
+    else if (b16)
+        xent_bwd_row(x, true, d, false, t, g, l, V);
+    else if (d16)
+        xent_bwd_row(x, false, d, true, t, g, l, V);
+    else
+        xent_bwd_row(x, false, d, false, t, g, l, V);
+}
+
 JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_ex(const void *logits, bool logits_bf16,
                                               const int32_t *tgt, const float *dloss,
                                               const float *loss, void *dlogits, bool dlogits_bf16,
@@ -402,22 +414,10 @@ JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_ex(const void *logits, bool logits_bf
             continue;
         }
         const void *x = (const char *)logits + (size_t)(n * V) * es;
-        /* the logsumexp from the forward's loss when given (loss = lse - x[t]), else computed;
-         * literal types at each call, as in the forward */
-        const float g = dloss[n];
-        if (logits_bf16) {
-            const float l = loss ? loss[n] + logit(x, true, t) : row_lse_of(x, true, V);
-            if (dlogits_bf16)
-                xent_bwd_row(x, true, d, true, t, g, l, V);
-            else
-                xent_bwd_row(x, true, d, false, t, g, l, V);
-        } else {
-            const float l = loss ? loss[n] + logit(x, false, t) : row_lse_of(x, false, V);
-            if (dlogits_bf16)
-                xent_bwd_row(x, false, d, true, t, g, l, V);
-            else
-                xent_bwd_row(x, false, d, false, t, g, l, V);
-        }
+        /* the logsumexp from the forward's loss when given (loss = lse - x[t]), else computed */
+        const float l =
+            loss ? loss[n] + logit(x, logits_bf16, t) : row_lse_typed(x, logits_bf16, V);
+        xent_bwd_typed(x, logits_bf16, d, dlogits_bf16, t, dloss[n], l, V);
     }
 }
 
@@ -439,21 +439,9 @@ JDT_RT_CLONES int64_t jdt_rt_softmax_xent_fused(const void *logits, bool logits_
             continue;
         }
         const void *x = (const char *)logits + (size_t)(n * V) * es;
-        if (logits_bf16) { /* literal types at each call, as in the forward */
-            const float l = row_lse_of(x, true, V);
-            loss[n] = l - logit(x, true, t);
-            if (dlogits_bf16)
-                xent_bwd_row(x, true, d, true, t, g, l, V);
-            else
-                xent_bwd_row(x, true, d, false, t, g, l, V);
-        } else {
-            const float l = row_lse_of(x, false, V);
-            loss[n] = l - logit(x, false, t);
-            if (dlogits_bf16)
-                xent_bwd_row(x, false, d, true, t, g, l, V);
-            else
-                xent_bwd_row(x, false, d, false, t, g, l, V);
-        }
+        const float l = row_lse_typed(x, logits_bf16, V);
+        loss[n] = l - logit(x, logits_bf16, t);
+        xent_bwd_typed(x, logits_bf16, d, dlogits_bf16, t, g, l, V);
     }
     return bad;
 }

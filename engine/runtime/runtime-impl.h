@@ -92,6 +92,20 @@ JDT_RT_INLINE float jdt_rt_expf_le88(float x)
     return jdt_rt_sel(nan, x, jdt_rt_sel(lo, 0.0f, y * f));
 }
 
+/* The sum of a[0, 16) folded in halves (a is overwritten): the end of a sum kept in 16 explicit
+ * lanes, which adds in one order whatever the build's vector width (an `omp simd reduction`
+ * adds in the order of its vectors and ends in a serial sum of their lanes). */
+JDT_RT_INLINE float jdt_rt_fold_sum16(float *a)
+{
+#pragma omp simd
+    for (int c = 0; c < 8; c++)
+        a[c] += a[c + 8];
+#pragma omp simd
+    for (int c = 0; c < 4; c++)
+        a[c] += a[c + 4];
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
 /* f32 -> bf16 bits, nearest even; a NaN stays a quiet NaN (jdt_bf16_round's rule), with
  * integer selects and no call, so conversion loops vectorise (jdt_bf16_round is out of line:
  * a call per element, ~1 ns). */
