@@ -66,9 +66,7 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                 want = JDT_DTYPE_BF16; /* a bf16 operand (bf16 compute, read as stored) */
             if (c->bf16_builtins && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
                 ((n->op == JDT_OP_MATMUL && (k == 2 || n->in[k] == cnode_mm_aux(n))) ||
-                 ((n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD ||
-                   n->op == JDT_OP_ROPE) &&
-                  k == 0) ||
+                 (n->op == JDT_OP_ROPE && k == 0) ||
                  (n->op == JDT_OP_ATTENTION_BWD && k == 4 && c->attention_dout16_d > 0 &&
                   c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16) ||
                  ((n->op == JDT_OP_NORMALIZE_BWD || n->op == JDT_OP_RMS_NORMALIZE_BWD) &&
@@ -82,7 +80,7 @@ static jdt_status check_builtins(const cprog *c, jdt_err *e)
                 want = JDT_DTYPE_BF16; /* bf16 q, k, v (fold_bf16_casts; bf16_builtins too) */
             if (c->xent_bf16_logits && c->nodes[n->in[k]].dtype == JDT_DTYPE_BF16 &&
                 (n->op == JDT_OP_SOFTMAX_XENT || n->op == JDT_OP_SOFTMAX_XENT_BWD) && k == 0)
-                want = JDT_DTYPE_BF16; /* bf16 logits (fold_bf16_casts; bf16_builtins too) */
+                want = JDT_DTYPE_BF16; /* bf16 logits (fold_bf16_casts; bf16_builtins implies it) */
             ok = ok && c->nodes[n->in[k]].dtype == want;
         }
         if (n->op == JDT_OP_ROPE && (n->shape.ndim != 4 || n->shape.dims[3] % 2)) ok = false;
