@@ -120,7 +120,8 @@ void *jdt_calloc(size_t n_elems, size_t elem_size);
 void *jdt_realloc(void *p, size_t n_bytes);
 void jdt_free(void *p);
 char *jdt_strdup(const char *s);
-/* 64-byte aligned allocation for tensor buffers; release with jdt_free_aligned. */
+/* 64-byte aligned allocation for tensor buffers (2 MiB aligned, with huge pages advised, from
+ * 2 MiB up); release with jdt_free_aligned. */
 void *jdt_malloc_aligned(size_t n_bytes);
 void jdt_free_aligned(void *p);
 

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,63 @@ START_TEST(test_alloc_fail_hook)
     jdt_free(a);
     jdt_free(c);
     jdt_free(NULL);
+}
+END_TEST
+
+/* Whether the mapping holding p carries the huge-page advice (smaps' VmFlags "hg"); -1 when
+ * smaps cannot be read. */
+static int vma_advised_huge(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    bool in = false;
+    int r = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            r = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return r;
+}
+
+START_TEST(test_aligned_huge_pages)
+{
+    const size_t mib = (size_t)1 << 20;
+    float *small = jdt_malloc_aligned(1000);
+    ck_assert_ptr_nonnull(small);
+    ck_assert_uint_eq((uintptr_t)small % 64, 0);
+    jdt_free_aligned(small);
+    /* 2 MiB and up: on a 2 MiB boundary, writable to the last byte */
+    for (int off = 0; off < 2; off++) {
+        size_t n = 5 * mib + (size_t)off * 4096 + 40;
+        unsigned char *p = jdt_malloc_aligned(n);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_uint_eq((uintptr_t)p % (2 * mib), 0);
+        memset(p, 7, n);
+        ck_assert_int_eq(p[n - 1], 7);
+        jdt_free_aligned(p);
+    }
+    /* the advice, where the kernel has transparent huge pages; JDT_HUGEPAGES=0 withholds it */
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0) return;
+    setenv("JDT_HUGEPAGES", "0", 1);
+    void *plain = jdt_malloc_aligned(6 * mib);
+    unsetenv("JDT_HUGEPAGES");
+    void *huge = jdt_malloc_aligned(6 * mib);
+    ck_assert_ptr_nonnull(plain);
+    ck_assert_ptr_nonnull(huge);
+    int hp = vma_advised_huge(huge), pp = vma_advised_huge(plain);
+    if (hp >= 0) {
+        ck_assert_int_eq(hp, 1);
+        ck_assert_int_eq(pp, 0);
+    }
+    jdt_free_aligned(plain);
+    jdt_free_aligned(huge);
 }
 END_TEST
 
@@ -265,6 +323,7 @@ int main(void)
     tcase_add_test(tc, test_err_set_prefix);
     tcase_add_test(tc, test_err_one_line);
     tcase_add_test(tc, test_alloc_fail_hook);
+    tcase_add_test(tc, test_aligned_huge_pages);
     tcase_add_test(tc, test_dtypes);
     tcase_add_test(tc, test_philox_known_answer);
     tcase_add_test(tc, test_rng_index_stable);
