@@ -93,6 +93,7 @@ JDT_RT_CLONES static void to_bf16_t(const float *x, uint16_t *y, int64_t batch, 
 #ifdef JDT_HAVE_DNNL
 typedef struct {
     int64_t batch, M, N, K, ldk; /* ldk: the K of the operands' strides (K but in a K slice) */
+    int64_t ldm;                 /* the M of a transposed a's stride (M but in an M slice) */
     bool ta, tb, b_shared, bias, c_bf16; /* c_bf16: a bf16 destination and bias */
     bool acc;                            /* the product added to the destination (sum post-op) */
     int nt; /* the OpenMP threads it was created for: oneDNN plans its work split then */
@@ -158,22 +159,23 @@ static bool md3(dnnl_memory_desc_t *md, int64_t d0, int64_t d1, int64_t d2, int6
  * omp_get_max_threads(), which OpenBLAS's OpenMP build leaves at 1 (jdt_rt_set_threads) — a
  * primitive created then runs on one thread for good. c_bf16: a bf16 destination, the f32 sum
  * (the bias, then bf16 too, included) rounded to nearest even as the kernel stores it. ldk: the
- * operands are strided as for a K of ldk (a slice of K columns of a and rows of b). acc: the
+ * operands are strided as for a K of ldk (a slice of K columns of a and rows of b), and a
+ * transposed a as for an M of ldm (a slice of M rows of a and c; ldm is M without one). acc: the
  * product is added to the destination (oneDNN's sum post-op; an f32 destination). */
 static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_t K, int64_t ldk,
-                                     bool ta, bool tb, bool b_shared, bool bias, bool c_bf16,
-                                     bool acc, int nt)
+                                     int64_t ldm, bool ta, bool tb, bool b_shared, bool bias,
+                                     bool c_bf16, bool acc, int nt)
 {
     for (int i = 0; i < g_dnnl.n_cache; i++) {
         mm_entry *c = &g_dnnl.cache[i];
         if (c->batch == batch && c->M == M && c->N == N && c->K == K && c->ldk == ldk &&
-            c->ta == ta && c->tb == tb && c->b_shared == b_shared && c->bias == bias &&
-            c->c_bf16 == c_bf16 && c->acc == acc && c->nt == nt)
+            c->ldm == ldm && c->ta == ta && c->tb == tb && c->b_shared == b_shared &&
+            c->bias == bias && c->c_bf16 == c_bf16 && c->acc == acc && c->nt == nt)
             return c->prim;
     }
     dnnl_memory_desc_t src, wei, dst, bmd;
     int64_t wb = b_shared ? 1 : batch;
-    bool ok = md3(&src, batch, M, K, M * ldk, ta ? 1 : ldk, ta ? M : 1, dnnl_bf16) &&
+    bool ok = md3(&src, batch, M, K, ldm * ldk, ta ? 1 : ldk, ta ? ldm : 1, dnnl_bf16) &&
               md3(&wei, wb, K, N, ldk * N, tb ? 1 : N, tb ? ldk : 1, dnnl_bf16) &&
               md3(&dst, batch, M, N, M * N, N, 1, c_bf16 ? dnnl_bf16 : dnnl_f32) &&
               (!bias || md3(&bmd, 1, 1, N, N, N, 1, c_bf16 ? dnnl_bf16 : dnnl_f32));
@@ -200,7 +202,7 @@ static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_
     mm_entry *c = &g_dnnl.cache[g_dnnl.n_cache < MM_CACHE ? g_dnnl.n_cache++ : g_dnnl.next++];
     g_dnnl.next %= MM_CACHE;
     if (c->prim) dnnl_primitive_destroy(c->prim);
-    *c = (mm_entry){batch, M, N, K, ldk, ta, tb, b_shared, bias, c_bf16, acc, nt, prim};
+    *c = (mm_entry){batch, M, N, K, ldk, ldm, ta, tb, b_shared, bias, c_bf16, acc, nt, prim};
     return prim;
 }
 
@@ -209,28 +211,47 @@ static dnnl_primitive_t mm_primitive(int64_t batch, int64_t M, int64_t N, int64_
  * lm-head input gradient (2048 x 768, K = 50304, 2 threads of a Sapphire Rapids box) ran at
  * 0.54 TFLOP/s against 1.36 for K 4096 and 1.07 for K 32768 (its rate goes up and down with K);
  * as slices of 4096 it runs at the slices' rate (docs/perf.md, Session 51). The sums then add
- * in slices: the result depends on the shape only, as before. */
-enum { MM_K_SPLIT = 16384, MM_K_SLICE = 4096 };
+ * in slices: the result depends on the shape only, as before.
+ * A single product with a transposed a (a weight gradient: a's columns are the rows of c) and M
+ * past MM_M_SPLIT runs as products over near-equal slices of at most MM_M_SLICE rows (multiples
+ * of 32 but the last): oneDNN's rate fell with M on the same box (tn, N 768, K 2048: 1.14
+ * TFLOP/s at M 2048, 0.88 at 8192, 0.84 in the GPT-2 step at its tied embedding's 50304), and
+ * as slices: 8192 rows 29.6 -> 23.9 ms alone, 50304 rows 188 -> 159 ms in the step. Untransposed
+ * products with many rows (the tokens) ran slower as slices (8192 x 3072 x 768 nn 34.4 -> 42.3
+ * ms) and stay whole (docs/perf.md, Session 52). Each row's sums are those of a product of the
+ * slice's shape. */
+enum { MM_K_SPLIT = 16384, MM_K_SLICE = 4096, MM_M_SPLIT = 4096, MM_M_SLICE = 2048 };
 
-/* One product (or, K past MM_K_SPLIT with an f32 destination, its slices) through oneDNN.
- * Caller holds mu and has set OpenMP's thread count to nt. False when oneDNN refused a
- * primitive or failed (c is then undefined). */
+/* One product (or its slices: K past MM_K_SPLIT with an f32 destination, M past MM_M_SPLIT
+ * with a transposed a and no batch) through oneDNN. Caller holds mu and has set OpenMP's thread
+ * count to nt. False when oneDNN refused a primitive or failed (c is then undefined). */
 static bool mm_exec(const uint16_t *a, const uint16_t *b, const void *bias, void *c, int64_t batch,
                     int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool b_shared, bool c_bf16,
                     int nt)
 {
     const int64_t slice = !c_bf16 && K > MM_K_SPLIT ? MM_K_SLICE : K;
-    for (int64_t k0 = 0; k0 < K; k0 += slice) {
-        const int64_t kc = K - k0 < slice ? K - k0 : slice;
-        const bool first = k0 == 0, with_bias = first && bias;
-        dnnl_primitive_t prim =
-            mm_primitive(batch, M, N, kc, K, ta, tb, b_shared, with_bias, c_bf16, !first, nt);
-        if (!prim) return false;
-        const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-        void *const ptr[4] = {(void *)(a + (ta ? k0 * M : k0)), (void *)(b + (tb ? k0 : k0 * N)), c,
-                              (void *)bias};
-        if (!jdt_rt_dnnl_exec(prim, g_dnnl.eng, g_dnnl.stream, with_bias ? 4 : 3, which, ptr))
-            return false;
+    int64_t mslice = M;
+    if (ta && batch == 1 && M > MM_M_SPLIT) {
+        const int64_t n = (M + MM_M_SLICE - 1) / MM_M_SLICE;
+        mslice = ((M + n - 1) / n + 31) / 32 * 32;
+    }
+    const size_t c_size = c_bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int64_t m0 = 0; m0 < M; m0 += mslice) {
+        const int64_t mc = M - m0 < mslice ? M - m0 : mslice;
+        const uint16_t *am = a + (ta ? m0 : m0 * K);
+        void *cm = (char *)c + (size_t)(m0 * N) * c_size;
+        for (int64_t k0 = 0; k0 < K; k0 += slice) {
+            const int64_t kc = K - k0 < slice ? K - k0 : slice;
+            const bool first = k0 == 0, with_bias = first && bias;
+            dnnl_primitive_t prim = mm_primitive(batch, mc, N, kc, K, M, ta, tb, b_shared,
+                                                 with_bias, c_bf16, !first, nt);
+            if (!prim) return false;
+            const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+            void *const ptr[4] = {(void *)(am + (ta ? k0 * M : k0)),
+                                  (void *)(b + (tb ? k0 : k0 * N)), cm, (void *)bias};
+            if (!jdt_rt_dnnl_exec(prim, g_dnnl.eng, g_dnnl.stream, with_bias ? 4 : 3, which, ptr))
+                return false;
+        }
     }
     return true;
 }

@@ -224,6 +224,11 @@ static void mm_cases(void)
         {1, 9, 21, 20580, false, false, true, true},
         {2, 7, 13, 16385, true, true, false, false},
         {1, 6, 5, 24576, true, false, true, true},
+        /* a transposed a with M past bf16.c's MM_M_SPLIT (one product): near-equal slices of
+         * rows, the last shorter, a read at each slice's column and c (f32 or bf16) written at
+         * its row; then with K past MM_K_SPLIT too, slices of both */
+        {1, 4100, 6, 40, true, false, true, true},
+        {1, 4200, 2, 16400, true, true, true, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         float *first = NULL;
