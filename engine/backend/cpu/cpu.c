@@ -60,6 +60,7 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     for (int k = 0; k < n->n_in; k++)
         in[k] = ptr_of(p, n->in[k]);
     const jdt_shape *s0 = n->n_in ? &c->nodes[n->in[0]].shape : &n->shape;
+    const bool in0_bf16 = n->n_in && c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16; /* as stored */
     int64_t C = last_dim(s0), N = C ? jdt_shape_numel(s0) / C : 0;
     float eps = (float)n->attrs.f[0];
     float *scratch = sp->scratch_buf >= 0 ? p->ptrs[sp->scratch_buf] : NULL;
@@ -117,20 +118,17 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
         break;
     case JDT_OP_SOFTMAX_XENT: /* bf16 logits: passes.c fold_bf16_casts */
         if (n->co)            /* and the backward (passes.c fold_xent_backwards) */
-            bad = jdt_rt_softmax_xent_fused(in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16,
-                                            in[1], (float)n->attrs.f[0], o, ptr_of(p, n->co),
-                                            c->nodes[n->co].bf16, N, C, nt);
+            bad = jdt_rt_softmax_xent_fused(in[0], in0_bf16, in[1], (float)n->attrs.f[0], o,
+                                            ptr_of(p, n->co), c->nodes[n->co].bf16, N, C, nt);
         else
-            bad = jdt_rt_softmax_xent_ex(in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1],
-                                         o, N, C, nt);
+            bad = jdt_rt_softmax_xent_ex(in[0], in0_bf16, in[1], o, N, C, nt);
         if (bad)
             return jdt_err_set(e, JDT_ERR_INVALID, "softmax_xent: %lld targets >= vocab %lld",
                                (long long)bad, (long long)C);
         break;
     case JDT_OP_SOFTMAX_XENT_BWD:
         /* dlogits read only by bf16 GEMMs (fuse.c mark_bf16_storage) */
-        jdt_rt_softmax_xent_bwd_ex(in[0], c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16, in[1], in[2],
-                                   in[3], o, n->bf16, N, C, nt);
+        jdt_rt_softmax_xent_bwd_ex(in[0], in0_bf16, in[1], in[2], in[3], o, n->bf16, N, C, nt);
         break;
     case JDT_OP_NORMALIZE:
         jdt_rt_normalize(in[0], o, N, C, eps, nt);
@@ -156,7 +154,7 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
             if (c->nodes[n->in[k]].kind == CK_VIEW && c->nodes[n->in[k]].op == JDT_OP_TRANSPOSE)
                 bthd |= 1u << k;
         /* bf16 q, k, v (passes.c fold_bf16_casts; all three or none: check_builtins) */
-        if (c->nodes[n->in[0]].dtype == JDT_DTYPE_BF16) bthd |= JDT_RT_ATT_QKV_BF16;
+        if (in0_bf16) bthd |= JDT_RT_ATT_QKV_BF16;
         /* the forward's log-sum-exp packed after o (passes.c fold_attention_lse): stored by
          * the forward (attrs i[1]), read by the backward (attrs i[2]) */
         const int64_t no = jdt_shape_numel(s0);
