@@ -442,9 +442,8 @@ static int preflight(launcher *L, bool *user_token, bool *user_threads)
 static void list_cpus(launcher *L)
 {
     cpu_set_t all;
-    CPU_ZERO(&all);
     L->n_cpus = 0;
-    if (sched_getaffinity(0, sizeof all, &all) == 0)
+    if (jdt_cpus_allowed(&all) > 0)
         for (int i = 0; i < CPU_SETSIZE; i++)
             if (CPU_ISSET(i, &all)) L->cpu_ids[L->n_cpus++] = i;
     if (L->n_cpus == 0) L->n_cpus = 1, L->cpu_ids[0] = 0;

@@ -1002,6 +1002,9 @@ static int cmd_help(const subcommand *cmd, cli_args *a)
  *   (docs/perf.md, session 46; scripts/bench/busy.sh).
  * - OpenBLAS, its kernels (OPENBLAS_CORETYPE): where it fell back to pre-AVX2 kernels on a CPU
  *   it does not know but that has AVX2 (jdt_rt_blas_core_fix), the AVX2 or AVX-512 ones.
+ * With OMP_PROC_BIND or OMP_PLACES set, libgomp has bound this thread to its first place already
+ * and the new image would inherit that one place as the process's mask: the mask is widened
+ * to every place first (jdt_cpus_allowed), so the new image's libgomp builds the same places.
  * If the re-exec fails, it runs on as it is. The binary is re-run by its real path, not
  * /proc/self/exe, so the process keeps its name (ps, pgrep, top show jdt-train, not "exe"). */
 static void ensure_runtime_env(char **argv)
@@ -1015,7 +1018,12 @@ static void ensure_runtime_env(char **argv)
     self[n] = '\0';
     if (wait && setenv("GOMP_SPINCOUNT", "3000", 1) != 0) return;
     if (core && setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
+    cpu_set_t cpus, bound;
+    const bool widen = jdt_cpus_allowed(&cpus) > 0 &&
+                       sched_getaffinity(0, sizeof bound, &bound) == 0 && !CPU_EQUAL(&cpus, &bound);
+    if (widen) sched_setaffinity(0, sizeof cpus, &cpus);
     execv(self, argv);
+    if (widen) sched_setaffinity(0, sizeof bound, &bound);
     if (wait) unsetenv("GOMP_SPINCOUNT"); /* the exec failed: run on as we are */
     if (core) unsetenv("OPENBLAS_CORETYPE");
 }

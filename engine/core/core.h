@@ -9,6 +9,7 @@
 #ifndef JDT_CORE_H
 #define JDT_CORE_H
 
+#include <sched.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -162,6 +163,14 @@ bool jdt_dtype_parse(const char *name, jdt_dtype *out);
  * (ulimit -v) minus what is mapped, whichever is lowest. -1 when
  * neither can be read. *source (may be NULL) names the bound used, for messages. */
 int64_t jdt_mem_available(const char **source);
+
+/* ---- CPUs ---------------------------------------------------------------------------------- */
+
+/* The CPUs this process may use: the calling thread's affinity mask, widened by every OpenMP
+ * place (OMP_PROC_BIND / OMP_PLACES: libgomp binds the main thread to the first place before
+ * main, though the process's threads may use them all). Fills *set and returns its count; 0
+ * when the mask cannot be read (the set is then empty). */
+int jdt_cpus_allowed(cpu_set_t *set);
 
 /* ---- hashing ------------------------------------------------------------------------------ */
 

@@ -730,9 +730,9 @@ int jdt_world_threads(const jdt_world *w, int requested)
 {
     if (requested > 0) return requested;
     cpu_set_t set;
-    CPU_ZERO(&set);
     long online = sysconf(_SC_NPROCESSORS_ONLN);
-    int allowed = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)online;
+    int allowed = jdt_cpus_allowed(&set);
+    if (allowed < 1) allowed = (int)online;
     if (online < 1) online = 1;
     if (allowed < 1) allowed = 1;
     if (allowed < online) return allowed; /* bound by a launcher or the scheduler already */

@@ -86,7 +86,8 @@ jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist
 /*
  * CPU threads for this process: `requested` (runtime.threads) when > 0; else, when the process
  * is already bound to fewer CPUs than the machine has (the launcher's or SLURM's binding), all
- * of those; else the machine's CPUs divided among the w->local_world_size processes of this
+ * of those (jdt_cpus_allowed: OpenMP's places count, not the one its binding gave the main
+ * thread); else the machine's CPUs divided among the w->local_world_size processes of this
  * host. Always >= 1.
  */
 int jdt_world_threads(const jdt_world *w, int requested);

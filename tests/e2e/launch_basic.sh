@@ -34,6 +34,20 @@ printf 'base_config: %s\nruntime:\n  threads: 0\n' "$CFG" >auto.yaml
 [ "$(grep -c "threads 3," out)" -eq 2 ] || { cat out; fail "runtime.threads=3 not passed through"; }
 echo "ok: threads"
 
+# OMP_PROC_BIND / OMP_PLACES (SLURM scripts set them): libgomp binds the main thread to its first
+# place before main; auto threads still count every place, after the re-exec that sets
+# GOMP_SPINCOUNT (cmd/main.c, which once ran the job on that one CPU) and without it
+if [ "$cores" -ge 2 ]; then
+  for env in "OMP_PROC_BIND=close OMP_PLACES=cores" "OMP_PROC_BIND=true" \
+             "OMP_PLACES=threads GOMP_SPINCOUNT=3000"; do
+    env $env "$BIN" dist-check auto.yaml >out 2>err || { cat out err; fail "dist-check with $env"; }
+    grep -q "threads $cores," out || { cat out; fail "with $env: expected threads $cores"; }
+  done
+  echo "ok: threads under OpenMP binding"
+else
+  echo "note: 1 CPU, the OpenMP binding case needs 2"
+fi
+
 # a last line without a newline is flushed with one; a line over 64 KiB is split, not lost
 long=$(head -c 70000 /dev/zero | tr '\0' x)
 "$BIN" --nproc 2 dist-check "$CFG" mesh.data=2 --emit "$(printf 'tail-%s\nno-newline' "$long")" >out 2>err \
