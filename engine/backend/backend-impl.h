@@ -118,6 +118,10 @@ typedef struct {
     const char *(*source)(const void *state);
     /* Binds every leaf (ERR_INVALID naming an unbound one) before the steps of a run. */
     jdt_status (*begin)(void *state, jdt_err *e);
+    /* Whether the run just begun tries a setting the backend has not settled on (the CPU
+     * tuner's probe of another thread count): the profile leaves it out, so that it shows the
+     * runs as they go (NULL: never). */
+    bool (*trial)(const void *state);
     /* Runs (or queues) scheduled step s. */
     jdt_status (*step)(void *state, int s, jdt_err *e);
     /* Applies the updates that were not donated; the run's results are then readable. */

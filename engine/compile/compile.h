@@ -275,7 +275,9 @@ const char *jdt_program_source(const jdt_program *p);
 /* Writes a human-readable summary (passes, kernels, memory, cache) into buf; returns buf. */
 char *jdt_program_summary(const jdt_program *p, char *buf, size_t n);
 
-/* With opts.profile: writes the accumulated time per kind of step over all runs so far (fused
+/* With opts.profile: writes the accumulated time per kind of step over all runs so far but the
+ * backend's trial runs (vt->trial: the CPU tuner's probes of another thread count; the header
+ * counts them) (fused
  * kernels by their root op, builtins by op, update copies), largest first, one per line with
  * its share, then the GEMMs (MATMUL builtins) grouped by shape and form, the 16 that take
  * longest, into buf; returns buf. Without profiling it says so. */

@@ -26,6 +26,7 @@ struct jdt_program {
     double *mark_s;        /* (n_steps + 1) one run's seconds per step by the device's marks
                               (vt->mark), when it has them and the run is timed */
     int n_runs;
+    int n_trials; /* runs left out of the profile (vt->trial) */
 };
 
 void jdt_compile_opts_init(jdt_compile_opts *o)
@@ -413,7 +414,7 @@ jdt_status jdt_compile_check_arena(int64_t n_bytes, jdt_err *e)
  * at the start (the trace's origin) and one at the end, then each step's seconds from the
  * marks. The device's queue stays full, as in an untimed run, so the steps' times add up to
  * the run's and are the device's, not the host's launch-and-wait round trips. */
-static jdt_status run_marked(jdt_program *p, jdt_err *e)
+static jdt_status run_marked(jdt_program *p, double *prof, jdt_err *e)
 {
     cprog *c = &p->c;
     const jdt_backend_vt *vt = p->dev->vt;
@@ -433,14 +434,14 @@ static jdt_status run_marked(jdt_program *p, jdt_err *e)
         return st;
     double t = t0;
     for (int s = 0; s <= n; s++) {
-        if (p->step_s) p->step_s[s] += p->mark_s[s];
+        if (prof) prof[s] += p->mark_s[s];
         const bool show = s < n || c->stats.n_update_copies > 0;
         if (c->opts.trace && show)
             c->opts.trace(c->opts.trace_ctx, s < n ? p->step_name[s] : "update", t,
                           t + p->mark_s[s]);
         t += p->mark_s[s];
     }
-    if (p->step_s) p->n_runs++;
+    if (prof) p->n_runs++;
     return JDT_OK;
 }
 
@@ -454,8 +455,14 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
         return jdt_err_set(e, JDT_ERR_INVALID,
                            "run: the program was planned only (opts.plan_only)");
     if ((st = vt->begin(p->state, e)) != JDT_OK) return st;
-    bool timed = p->step_s || c->opts.trace;
-    if (timed && p->mark_s) return run_marked(p, e);
+    /* the profile's accumulators, unless this run is a trial the profile leaves out */
+    double *prof = p->step_s;
+    if (prof && vt->trial && vt->trial(p->state)) {
+        prof = NULL;
+        p->n_trials++;
+    }
+    bool timed = prof || c->opts.trace;
+    if (timed && p->mark_s) return run_marked(p, prof, e);
     for (int s = 0; s < c->n_steps; s++) {
         double t0 = timed ? jdt_now_s() : 0.0;
         if ((st = vt->step(p->state, s, e)) != JDT_OK)
@@ -464,7 +471,7 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
             if ((st = vt->sync(p->state, e)) != JDT_OK)
                 return jdt_err_prefix(e, "program step %d", s);
             double t1 = jdt_now_s();
-            if (p->step_s) p->step_s[s] += t1 - t0;
+            if (prof) prof[s] += t1 - t0;
             if (c->opts.trace) c->opts.trace(c->opts.trace_ctx, p->step_name[s], t0, t1);
         }
     }
@@ -473,8 +480,8 @@ jdt_status jdt_program_run(jdt_program *p, jdt_err *e)
     if (timed) {
         if ((st = vt->sync(p->state, e)) != JDT_OK) return st;
         double t1 = jdt_now_s();
-        if (p->step_s) {
-            p->step_s[c->n_steps] += t1 - tc;
+        if (prof) {
+            prof[c->n_steps] += t1 - tc;
             p->n_runs++;
         }
         if (c->opts.trace && c->stats.n_update_copies > 0)
@@ -642,7 +649,7 @@ void jdt_program_profile_reset(jdt_program *p)
 {
     if (!p || !p->step_s) return;
     memset(p->step_s, 0, ((size_t)p->c.n_steps + 1) * sizeof *p->step_s);
-    p->n_runs = 0;
+    p->n_runs = p->n_trials = 0;
 }
 
 char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
@@ -681,10 +688,14 @@ char *jdt_program_profile(const jdt_program *p, char *buf, size_t n)
     t[MAX_KINDS - 1] = p->step_s[c->n_steps];
     count[MAX_KINDS - 1] = c->stats.n_update_copies;
     total += t[MAX_KINDS - 1];
+    char trials[96] = "";
+    if (p->n_trials > 0)
+        snprintf(trials, sizeof trials, " (and %d trial run%s of another thread count left out)",
+                 p->n_trials, p->n_trials == 1 ? "" : "s");
     off += (size_t)snprintf(buf + off, n - off,
-                            "%d runs, %.3f ms per run (GB/s, TFLOP/s: bytes each step moves and "
+                            "%d runs%s, %.3f ms per run (GB/s, TFLOP/s: bytes each step moves and "
                             "FLOPs it does at least, over its time)\n",
-                            p->n_runs, total * 1e3 / p->n_runs);
+                            p->n_runs, trials, total * 1e3 / p->n_runs);
     for (;;) {
         int best = -1;
         for (int k = 0; k < MAX_KINDS; k++)

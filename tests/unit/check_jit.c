@@ -535,6 +535,20 @@ START_TEST(test_train_step_updates)
     jdt_program_profile(p, prof, sizeof prof);
     ck_assert_msg(strstr(prof, "1 runs") && strstr(prof, "matmul"), "%s", prof);
     jdt_program_free(p);
+    /* adaptive threads, probing every 2 runs: the tuner's runs on the other thread count are
+     * left out of the profile and counted in its header, the others all in */
+    setenv("JDT_THREAD_PROBE_EVERY", "2", 1);
+    o.adaptive_threads = true;
+    ck_assert_msg(jdt_program_compile(f.g, &o, &p, &e) == JDT_OK, "%s", e.msg);
+    unsetenv("JDT_THREAD_PROBE_EVERY");
+    enum { RUNS = 16 };
+    for (int r = 0; r < RUNS; r++)
+        ck_assert_msg(jdt_program_run(p, &e) == JDT_OK, "%s", e.msg);
+    jdt_program_profile(p, prof, sizeof prof);
+    int kept = 0, trials = 0;
+    ck_assert_msg(sscanf(prof, "%d runs (and %d trial run", &kept, &trials) == 2, "%s", prof);
+    ck_assert_msg(trials >= 1 && kept >= 1 && kept + trials == RUNS, "%s", prof);
+    jdt_program_free(p);
     fx_free(&f);
 }
 END_TEST

@@ -523,6 +523,12 @@ static jdt_status cpu_begin(void *state, jdt_err *e)
     return JDT_OK;
 }
 
+static bool cpu_trial(const void *state)
+{
+    const cpu_prog *p = state;
+    return p->adaptive && p->nt != p->tuner.chosen;
+}
+
 static jdt_status cpu_step(void *state, int s, jdt_err *e)
 {
     cpu_prog *p = state;
@@ -620,6 +626,7 @@ const jdt_backend_vt jdt_backend_cpu = {
     .prepare = cpu_prepare,
     .source = cpu_source,
     .begin = cpu_begin,
+    .trial = cpu_trial,
     .step = cpu_step,
     .finish = cpu_finish,
     .sync = cpu_sync,
