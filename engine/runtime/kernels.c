@@ -10,6 +10,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PAR_MIN_WORK                                                                               \
@@ -333,25 +334,67 @@ JDT_RT_INLINE float row_lse_typed(const void *x, bool b16, int64_t V)
     return b16 ? row_lse_of(x, true, V) : row_lse_of(x, false, V);
 }
 
+/* The cross-entropy drivers' second build: AVX-512 with 512-bit vectors (GCC keeps 256 for
+ * x86-64-v4 and -march=native on these CPUs), taken where the CPU has AVX512-F and -BW unless
+ * JDT_XENT_NO_AVX512 is set. The same operations in the same order as the x86-64-v3 clone
+ * (row_lse_of sums in 16 explicit lanes, the rest is elementwise; -std=c11 contracts nothing
+ * into FMAs), so the same bits, with the exps twice as wide: GPT-2's fused loss over 2048 x 50304
+ * bf16 logits 103 -> 75 ms on 2 threads of a Sapphire Rapids box (docs/perf.md, Session 53).
+ * Each driver's loop is written out in both builds: an OpenMP region's body is outlined with
+ * the target of the function it is in. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10 &&           \
+    !defined(JDT_NO_CLONES)
+#define XENT_AVX512                                                                                \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512")))
+
+static bool xent_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           !getenv("JDT_XENT_NO_AVX512");
+}
+#endif
+
+/* One row of jdt_rt_softmax_xent_ex; returns 1 for a target >= V (its loss NaN). */
+JDT_RT_INLINE int64_t xent_fwd_row(const void *logits, bool logits_bf16, const int32_t *tgt,
+                                   float *loss, int64_t n, int64_t V)
+{
+    const int64_t t = tgt[n];
+    const void *x = (const char *)logits + (size_t)(n * V) * (logits_bf16 ? 2 : 4);
+    if (t < 0) {
+        loss[n] = 0.0f;
+        return 0;
+    }
+    if (t >= V) {
+        loss[n] = NAN;
+        return 1;
+    }
+    loss[n] = row_lse_typed(x, logits_bf16, V) - logit(x, logits_bf16, t);
+    return 0;
+}
+
+#ifdef XENT_AVX512
+XENT_AVX512 static int64_t xent_fwd_avx512(const void *logits, bool logits_bf16, const int32_t *tgt,
+                                           float *loss, int64_t N, int64_t V, int nt)
+{
+    int64_t bad = 0;
+#pragma omp parallel for num_threads(nt) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++)
+        bad += xent_fwd_row(logits, logits_bf16, tgt, loss, n, V);
+    return bad;
+}
+#endif
+
 JDT_RT_CLONES int64_t jdt_rt_softmax_xent_ex(const void *logits, bool logits_bf16,
                                              const int32_t *tgt, float *loss, int64_t N, int64_t V,
                                              int nt)
 {
-    const size_t es = logits_bf16 ? 2 : 4;
+#ifdef XENT_AVX512
+    if (xent_avx512()) return xent_fwd_avx512(logits, logits_bf16, tgt, loss, N, V, nt);
+#endif
     int64_t bad = 0;
 #pragma omp parallel for num_threads(nt) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
-    for (int64_t n = 0; n < N; n++) {
-        int64_t t = tgt[n];
-        const void *x = (const char *)logits + (size_t)(n * V) * es;
-        if (t < 0) {
-            loss[n] = 0.0f;
-        } else if (t >= V) {
-            loss[n] = NAN;
-            bad++;
-        } else {
-            loss[n] = row_lse_typed(x, logits_bf16, V) - logit(x, logits_bf16, t);
-        }
-    }
+    for (int64_t n = 0; n < N; n++)
+        bad += xent_fwd_row(logits, logits_bf16, tgt, loss, n, V);
     return bad;
 }
 
@@ -399,50 +442,98 @@ JDT_RT_INLINE void xent_bwd_typed(const void *x, bool b16, void *d, bool d16, in
         xent_bwd_row(x, false, d, false, t, g, l, V);
 }
 
+/* One row of jdt_rt_softmax_xent_bwd_ex. */
+JDT_RT_INLINE void xent_bwd_row_n(const void *logits, bool logits_bf16, const int32_t *tgt,
+                                  const float *dloss, const float *loss, void *dlogits,
+                                  bool dlogits_bf16, int64_t n, int64_t V)
+{
+    const int64_t t = tgt[n];
+    void *d = (char *)dlogits + (size_t)(n * V) * (dlogits_bf16 ? 2 : 4);
+    if (t < 0 || t >= V) {
+        memset(d, 0, (size_t)V * (dlogits_bf16 ? 2 : 4));
+        return;
+    }
+    const void *x = (const char *)logits + (size_t)(n * V) * (logits_bf16 ? 2 : 4);
+    /* the logsumexp from the forward's loss when given (loss = lse - x[t]), else computed */
+    const float l = loss ? loss[n] + logit(x, logits_bf16, t) : row_lse_typed(x, logits_bf16, V);
+    xent_bwd_typed(x, logits_bf16, d, dlogits_bf16, t, dloss[n], l, V);
+}
+
+#ifdef XENT_AVX512
+XENT_AVX512 static void xent_bwd_avx512(const void *logits, bool logits_bf16, const int32_t *tgt,
+                                        const float *dloss, const float *loss, void *dlogits,
+                                        bool dlogits_bf16, int64_t N, int64_t V, int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++)
+        xent_bwd_row_n(logits, logits_bf16, tgt, dloss, loss, dlogits, dlogits_bf16, n, V);
+}
+#endif
+
 JDT_RT_CLONES void jdt_rt_softmax_xent_bwd_ex(const void *logits, bool logits_bf16,
                                               const int32_t *tgt, const float *dloss,
                                               const float *loss, void *dlogits, bool dlogits_bf16,
                                               int64_t N, int64_t V, int nt)
 {
-    const size_t es = logits_bf16 ? 2 : 4, ds = dlogits_bf16 ? 2 : 4;
-#pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
-    for (int64_t n = 0; n < N; n++) {
-        int64_t t = tgt[n];
-        void *d = (char *)dlogits + (size_t)(n * V) * ds;
-        if (t < 0 || t >= V) {
-            memset(d, 0, (size_t)V * ds);
-            continue;
-        }
-        const void *x = (const char *)logits + (size_t)(n * V) * es;
-        /* the logsumexp from the forward's loss when given (loss = lse - x[t]), else computed */
-        const float l =
-            loss ? loss[n] + logit(x, logits_bf16, t) : row_lse_typed(x, logits_bf16, V);
-        xent_bwd_typed(x, logits_bf16, d, dlogits_bf16, t, dloss[n], l, V);
+#ifdef XENT_AVX512
+    if (xent_avx512()) {
+        xent_bwd_avx512(logits, logits_bf16, tgt, dloss, loss, dlogits, dlogits_bf16, N, V, nt);
+        return;
     }
+#endif
+#pragma omp parallel for num_threads(nt) schedule(guided) if (N * V >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++)
+        xent_bwd_row_n(logits, logits_bf16, tgt, dloss, loss, dlogits, dlogits_bf16, n, V);
 }
+
+/* One row of jdt_rt_softmax_xent_fused; returns 1 for a target >= V (its loss NaN). */
+JDT_RT_INLINE int64_t xent_fused_row(const void *logits, bool logits_bf16, const int32_t *tgt,
+                                     float g, float *loss, void *dlogits, bool dlogits_bf16,
+                                     int64_t n, int64_t V)
+{
+    const size_t es = logits_bf16 ? 2 : 4, ds = dlogits_bf16 ? 2 : 4;
+    int64_t t = tgt[n];
+    void *d = (char *)dlogits + (size_t)(n * V) * ds;
+    if (t < 0 || t >= V) { /* the forward's loss (0, or NaN counted), the backward's 0 */
+        loss[n] = t < 0 ? 0.0f : NAN;
+        memset(d, 0, (size_t)V * ds);
+        return t >= V;
+    }
+    const void *x = (const char *)logits + (size_t)(n * V) * es;
+    const float l = row_lse_typed(x, logits_bf16, V);
+    loss[n] = l - logit(x, logits_bf16, t);
+    xent_bwd_typed(x, logits_bf16, d, dlogits_bf16, t, g, l, V);
+    return 0;
+}
+
+#ifdef XENT_AVX512
+XENT_AVX512 static int64_t xent_fused_avx512(const void *logits, bool logits_bf16,
+                                             const int32_t *tgt, float g, float *loss,
+                                             void *dlogits, bool dlogits_bf16, int64_t N, int64_t V,
+                                             int nt)
+{
+    int64_t bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(guided) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
+    for (int64_t n = 0; n < N; n++)
+        bad += xent_fused_row(logits, logits_bf16, tgt, g, loss, dlogits, dlogits_bf16, n, V);
+    return bad;
+}
+#endif
 
 JDT_RT_CLONES int64_t jdt_rt_softmax_xent_fused(const void *logits, bool logits_bf16,
                                                 const int32_t *tgt, float g, float *loss,
                                                 void *dlogits, bool dlogits_bf16, int64_t N,
                                                 int64_t V, int nt)
 {
-    const size_t es = logits_bf16 ? 2 : 4, ds = dlogits_bf16 ? 2 : 4;
+#ifdef XENT_AVX512
+    if (xent_avx512())
+        return xent_fused_avx512(logits, logits_bf16, tgt, g, loss, dlogits, dlogits_bf16, N, V,
+                                 nt);
+#endif
     int64_t bad = 0;
 #pragma omp parallel for num_threads(nt) schedule(guided) reduction(+ : bad) if (N * V >= PAR_MIN_WORK)
-    for (int64_t n = 0; n < N; n++) {
-        int64_t t = tgt[n];
-        void *d = (char *)dlogits + (size_t)(n * V) * ds;
-        if (t < 0 || t >= V) { /* the forward's loss (0, or NaN counted), the backward's 0 */
-            loss[n] = t < 0 ? 0.0f : NAN;
-            bad += t >= V;
-            memset(d, 0, (size_t)V * ds);
-            continue;
-        }
-        const void *x = (const char *)logits + (size_t)(n * V) * es;
-        const float l = row_lse_typed(x, logits_bf16, V);
-        loss[n] = l - logit(x, logits_bf16, t);
-        xent_bwd_typed(x, logits_bf16, d, dlogits_bf16, t, g, l, V);
-    }
+    for (int64_t n = 0; n < N; n++)
+        bad += xent_fused_row(logits, logits_bf16, tgt, g, loss, dlogits, dlogits_bf16, n, V);
     return bad;
 }
 

@@ -1071,6 +1071,70 @@ START_TEST(test_xent_bwd_from_loss)
 }
 END_TEST
 
+/* The cross-entropy's outputs of every driver (jdt_rt_softmax_xent_ex, _bwd_ex from the loss
+ * and without, _fused; f32 and bf16 logits and dlogits) into out, nt threads. */
+static void xent_all(const float *x, const uint16_t *x16, const int32_t *t, const float *dl,
+                     int64_t N, int64_t V, char *out, int nt)
+{
+    const int64_t n = N * V;
+    for (int k = 0; k < 2; k++) { /* logits f32, bf16 */
+        const void *xk = k ? (const void *)x16 : x;
+        float *loss = (float *)out;
+        out += N * 4;
+        jdt_rt_softmax_xent_ex(xk, k, t, loss, N, V, nt);
+        for (int from = 0; from < 2; from++)
+            for (int d16 = 0; d16 < 2; d16++) {
+                jdt_rt_softmax_xent_bwd_ex(xk, k, t, dl, from ? loss : NULL, out, d16, N, V, nt);
+                out += n * (d16 ? 2 : 4);
+            }
+        for (int d16 = 0; d16 < 2; d16++) {
+            jdt_rt_softmax_xent_fused(xk, k, t, 0.375f, (float *)out, out + N * 4, d16, N, V, nt);
+            out += N * 4 + n * (d16 ? 2 : 4);
+        }
+    }
+}
+
+/* The cross-entropy's AVX-512 build (kernels.c XENT_AVX512, taken where the CPU has AVX512-F
+ * and -BW) gives the same bits as the generic clones (JDT_XENT_NO_AVX512): losses and dlogits
+ * of every driver, both storage types, rows with targets out of range, lengths that are not a
+ * multiple of 16, logits in the hundreds */
+START_TEST(test_xent_avx512_same_bits)
+{
+    static const int64_t shapes[][2] = {{7, 37}, {5, 1000}, {3, 50304}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int64_t N = shapes[s][0], V = shapes[s][1], n = N * V;
+        const size_t bytes = 2 * (size_t)(3 * N * 4 + 6 * n * 4 + 3 * n * 2);
+        float *x = malloc((size_t)n * 4), *dl = malloc((size_t)N * 4);
+        uint16_t *x16 = malloc((size_t)n * 2);
+        int32_t *t = malloc((size_t)N * 4);
+        char *out[2] = {malloc(bytes), malloc(bytes)};
+        ck_assert(x && dl && x16 && t && out[0] && out[1]);
+        unsigned seed = (unsigned)(N * 977 + V);
+        for (int64_t i = 0; i < n; i++) {
+            const float scale = i / V == 1 ? 300.0f : 8.0f; /* row 1 in the hundreds */
+            x16[i] = jdt_rt_bf16_bits(scale * frand(&seed));
+            x[i] = jdt_rt_bf16_float(x16[i]);
+        }
+        for (int64_t i = 0; i < N; i++) {
+            dl[i] = 0.25f + (float)i / (float)N;
+            t[i] = (int32_t)((i * 7919 + 5) % V);
+        }
+        t[0] = -1, t[N - 1] = (int32_t)V; /* no target; one past the vocabulary */
+        for (int k = 0; k < 2; k++) {
+            memset(out[k], 0x5a, bytes);
+            if (k == 0) setenv("JDT_XENT_NO_AVX512", "1", 1);
+            xent_all(x, x16, t, dl, N, V, out[k], 2);
+            unsetenv("JDT_XENT_NO_AVX512");
+        }
+        ck_assert_msg(!memcmp(out[0], out[1], bytes), "N %lld V %lld: the builds differ",
+                      (long long)N, (long long)V);
+        free(x), free(dl), free(x16), free(t), free(out[0]), free(out[1]);
+    }
+    if (!__builtin_cpu_supports("avx512bw"))
+        fprintf(stderr, "note: no AVX512-BW here: both runs took the generic clones\n");
+}
+END_TEST
+
 /* jdt_rt_rope against the rotation written out per element (each angle in double, as cuk_rope
  * and the decoder compute it): bit for bit, forward and inverse, out of place and in place, on 1
  * and 2 threads, for heads of one pass of cached angles and of several (D = 2 * 256 + 6). */
@@ -1158,6 +1222,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(tc, test_matmul_bf16_onednn_path);
     tcase_add_test(tc, test_matmul_bf16_empty);
     tcase_add_test(tc, test_xent_bwd_from_loss);
+    tcase_add_test(tc, test_xent_avx512_same_bits);
     tcase_add_test(tc, test_blas_core_for);
     tcase_add_test(tc, test_rope_per_element);
     suite_add_tcase(s, tc);
