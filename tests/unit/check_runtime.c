@@ -1074,24 +1074,29 @@ END_TEST
 /* The cross-entropy's outputs of every driver (jdt_rt_softmax_xent_ex, _bwd_ex from the loss
  * and without, _fused; f32 and bf16 logits and dlogits) into out, nt threads. */
 static void xent_all(const float *x, const uint16_t *x16, const int32_t *t, const float *dl,
-                     int64_t N, int64_t V, char *out, int nt)
+                     int64_t N, int64_t V, void *out, int nt)
 {
     const int64_t n = N * V;
+    size_t off = 0;
+#define AT(o) ((void *)((unsigned char *)out + (o)))
     for (int k = 0; k < 2; k++) { /* logits f32, bf16 */
         const void *xk = k ? (const void *)x16 : x;
-        float *loss = (float *)out;
-        out += N * 4;
+        float *loss = AT(off);
+        off += (size_t)N * 4;
         jdt_rt_softmax_xent_ex(xk, k, t, loss, N, V, nt);
         for (int from = 0; from < 2; from++)
             for (int d16 = 0; d16 < 2; d16++) {
-                jdt_rt_softmax_xent_bwd_ex(xk, k, t, dl, from ? loss : NULL, out, d16, N, V, nt);
-                out += n * (d16 ? 2 : 4);
+                jdt_rt_softmax_xent_bwd_ex(xk, k, t, dl, from ? loss : NULL, AT(off), d16, N, V,
+                                           nt);
+                off += (size_t)n * (d16 ? 2 : 4);
             }
         for (int d16 = 0; d16 < 2; d16++) {
-            jdt_rt_softmax_xent_fused(xk, k, t, 0.375f, (float *)out, out + N * 4, d16, N, V, nt);
-            out += N * 4 + n * (d16 ? 2 : 4);
+            jdt_rt_softmax_xent_fused(xk, k, t, 0.375f, AT(off), AT(off + (size_t)N * 4), d16, N, V,
+                                      nt);
+            off += (size_t)N * 4 + (size_t)n * (d16 ? 2 : 4);
         }
     }
+#undef AT
 }
 
 /* The cross-entropy's AVX-512 build (kernels.c XENT_AVX512, taken where the CPU has AVX512-F
@@ -1107,7 +1112,7 @@ START_TEST(test_xent_avx512_same_bits)
         float *x = malloc((size_t)n * 4), *dl = malloc((size_t)N * 4);
         uint16_t *x16 = malloc((size_t)n * 2);
         int32_t *t = malloc((size_t)N * 4);
-        char *out[2] = {malloc(bytes), malloc(bytes)};
+        void *out[2] = {malloc(bytes), malloc(bytes)};
         ck_assert(x && dl && x16 && t && out[0] && out[1]);
         unsigned seed = (unsigned)(N * 977 + V);
         for (int64_t i = 0; i < n; i++) {
