@@ -319,6 +319,7 @@ jdt_status jdt_program_compile(jdt_graph *g, const jdt_compile_opts *opts, jdt_p
     /* start/wait collectives: the CPU backends call the hooks; the CUDA backend runs its own
      * (NCCL on a stream of its own) and takes the hooks as the request to overlap them */
     c->nt = c->opts.threads > 0 ? c->opts.threads : omp_get_max_threads();
+    if (c->nt > omp_get_thread_limit()) c->nt = omp_get_thread_limit(); /* OMP_THREAD_LIMIT */
     if (c->nt < 1) c->nt = 1;
 
     if (c->opts.no_jit) {

@@ -261,11 +261,17 @@ static bool mm_run_io(const uint16_t *a, const uint16_t *b, const void *bias, vo
                       bool b_shared, bool c_bf16, int nt)
 {
     pthread_mutex_lock(&g_dnnl.mu);
-    const int prev = omp_get_max_threads();
+    const int prev = omp_get_max_threads(), prev_dynamic = omp_get_dynamic();
     nt = nt > 0 ? nt : 1;
+    /* the primitive's work split is for nt threads, and a team of fewer leaves part of the
+     * product unwritten (NaN gradients with OMP_DYNAMIC=true or OMP_THREAD_LIMIT=1, docs/perf.md
+     * Session 53): no more than the limit, and no team that the runtime may shrink */
+    if (nt > omp_get_thread_limit()) nt = omp_get_thread_limit();
+    omp_set_dynamic(0);
     omp_set_num_threads(nt);
     const bool done = mm_exec(a, b, bias, c, batch, M, N, K, ta, tb, b_shared, c_bf16, nt);
     omp_set_num_threads(prev);
+    omp_set_dynamic(prev_dynamic);
     pthread_mutex_unlock(&g_dnnl.mu);
     return done;
 }

@@ -10,6 +10,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,10 @@ void jdt_rt_set_threads(int nt)
 {
     (void)nt;
     openblas_set_num_threads(1); /* jdt_rt_matmul's tiles are the parallelism */
+    /* the teams are as large as asked: OMP_DYNAMIC=true shrinks them by the load average,
+     * which counts this process's own threads (the benchmark GPT's bf16 step at 7083 against
+     * 10477 tok/s on 2 CPUs); runtime.adaptive_threads is the answer to a busy machine */
+    omp_set_dynamic(0);
 }
 
 const char *jdt_rt_blas_core(void)

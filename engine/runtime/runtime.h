@@ -17,8 +17,10 @@
 
 /* Prepares the process-wide GEMM library for a program run on up to nt threads: OpenBLAS is
  * kept single-threaded, since jdt_rt_matmul shares a GEMM's tiles among the nt threads itself
- * (generated kernels and the functions below take `nt` explicitly). Call before a program run
- * (another program may have changed the setting), not concurrently with a GEMM. */
+ * (generated kernels and the functions below take `nt` explicitly), and the calling thread's
+ * OpenMP teams are not shrunk by the runtime (omp_set_dynamic(0): OMP_DYNAMIC is overridden).
+ * Call before a program run (another program may have changed the setting), not concurrently
+ * with a GEMM. */
 void jdt_rt_set_threads(int nt);
 
 /* The OPENBLAS_CORETYPE to force (a process must set it before OpenBLAS loads: cmd/main.c

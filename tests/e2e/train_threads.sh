@@ -7,7 +7,8 @@
 # to 17 digits, over 20 steps): GEMMs are cut into tiles by shape (each a single-threaded
 # SGEMM over all of K), whole-domain reductions add per-chunk partials in chunk order, and
 # row kernels and attention split work without reordering any sum, so the thread count
-# changes no bit, and neither does the tuner switching it mid-run.
+# changes no bit, and neither does the tuner switching it mid-run. Then OpenMP settings that
+# shrink a team (OMP_DYNAMIC, OMP_THREAD_LIMIT) with bf16 GEMMs: finite losses, the same ones.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -47,7 +48,23 @@ cmp -s "$TMP/pinned" "$TMP/one" ||
   fail "1 and 2 threads differ: $(paste "$TMP/pinned" "$TMP/one" | head -20 | tr '\n' ' ')"
 echo "$n probes; switches: $(grep -o '[0-9]* instead of [0-9]* from run [0-9]*' "$TMP/err" | tr '\n' ';')"
 
-# 4. a bad value is a config error
+# 4. OpenMP settings that shrink a team (OMP_DYNAMIC=true; OMP_THREAD_LIMIT=1) under bf16
+#    GEMMs through oneDNN, whose work split is planned for the thread count: a team of fewer
+#    left part of each product unwritten, and the first step's gradient norm was NaN. Dynamic
+#    teams are turned off (the same losses as without); a limit of 1 runs on 1 thread.
+bf="precision.compute=bf16 precision.activations=bf16 runtime.adaptive_threads=false run.steps=6"
+expect 0 "$BIN" "$TMP/t.yaml" run.name=bf $bf
+losses "$TMP/runs/bf/metrics.jsonl" >"$TMP/bf"
+OMP_DYNAMIC=true expect 0 "$BIN" "$TMP/t.yaml" run.name=dyn $bf
+losses "$TMP/runs/dyn/metrics.jsonl" >"$TMP/dyn"
+cmp -s "$TMP/bf" "$TMP/dyn" ||
+  fail "OMP_DYNAMIC=true changed the losses: $(paste "$TMP/bf" "$TMP/dyn" | tr '\n' ' ')"
+OMP_THREAD_LIMIT=1 expect 0 "$BIN" "$TMP/t.yaml" run.name=lim $bf
+losses "$TMP/runs/lim/metrics.jsonl" >"$TMP/lim"
+[ "$(grep -c '^[0-9]' "$TMP/lim")" -eq 6 ] || fail "OMP_THREAD_LIMIT=1: losses $(cat "$TMP/lim" | tr '\n' ' ')"
+echo "ok: OMP_DYNAMIC and OMP_THREAD_LIMIT"
+
+# 5. a bad value is a config error
 expect 2 "$BIN" "$TMP/t.yaml" runtime.adaptive_threads=maybe
 grep -q 'adaptive_threads' "$TMP/err" || fail "bad adaptive_threads not named: $(cat "$TMP/err")"
 echo ok
