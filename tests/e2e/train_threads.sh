@@ -63,6 +63,13 @@ OMP_THREAD_LIMIT=1 expect 0 "$BIN" "$TMP/t.yaml" run.name=lim $bf
 losses "$TMP/runs/lim/metrics.jsonl" >"$TMP/lim"
 [ "$(grep -c '^[0-9]' "$TMP/lim")" -eq 6 ] || fail "OMP_THREAD_LIMIT=1: losses $(cat "$TMP/lim" | tr '\n' ' ')"
 echo "ok: OMP_DYNAMIC and OMP_THREAD_LIMIT"
+# OMP_PROC_BIND=master puts a team on its primary thread's place (here one CPU): kept, and said
+OMP_PROC_BIND=master OMP_PLACES=threads expect 0 "$BIN" "$TMP/t.yaml" run.name=prim run.steps=1
+grep -q "OMP_PROC_BIND=master binds all 2 threads to the primary thread's place (1 CPU)" "$TMP/err" ||
+  fail "no warning for OMP_PROC_BIND=master: $(cat "$TMP/err")"
+OMP_PROC_BIND=close OMP_PLACES=threads expect 0 "$BIN" "$TMP/t.yaml" run.name=close run.steps=1
+grep -q "OMP_PROC_BIND" "$TMP/err" && fail "a warning for OMP_PROC_BIND=close: $(cat "$TMP/err")"
+echo "ok: OMP_PROC_BIND=master said"
 
 # 5. a bad value is a config error
 expect 2 "$BIN" "$TMP/t.yaml" runtime.adaptive_threads=maybe
