@@ -696,6 +696,12 @@ static jdt_status build_locked(const jdt_compile_opts *o, const char *src, const
                                "compile: C compiler '%s' did not finish in %.0f s and was killed; "
                                "its output is in %s (source kept in %s)",
                                cc, timeout_s, kept_log, kept_c);
+        if (rc == 127) /* the shell's or exec's "command not found" */
+            return jdt_err_set(e, JDT_ERR_COMPILE,
+                               "compile: C compiler '%s' not found (exit 127): the CPU backend "
+                               "compiles its kernels at run time; install one (gcc) or name it "
+                               "with runtime.cc; its output is in %s",
+                               cc, kept_log);
         return jdt_err_set(e, JDT_ERR_COMPILE,
                            "compile: C compiler '%s' failed (exit %d); its output is in %s "
                            "(source kept in %s)",

@@ -84,6 +84,14 @@ grep -q "not runnable by this build: sharding.rules" out || { cat out; fail "ins
 grep -q "compiled step" out && fail "inspect compiled a config this build cannot run"
 [ ! -e "$TMP/runs" ] || fail "a refused run wrote $TMP/runs"
 
+# no C compiler for the CPU backend's kernels: one line that says so, exit 1
+"$BIN" "$JDT_ROOT/configs/tiny.yaml" run.steps=1 run.out_dir="$TMP/cc-runs" runtime.cc=no-such-cc-here \
+  runtime.cache_dir="$TMP/cc-cache" checkpoint.every=0 >out 2>err; rc=$?
+[ $rc -eq 1 ] || { cat out err; fail "no compiler: exit $rc, expected 1"; }
+grep -c "error" err | grep -qx 1 && grep -qF "C compiler 'no-such-cc-here' not found" err ||
+  { cat err; fail "no compiler: expected one error line naming it"; }
+rm -rf "$TMP/cc-runs" "$TMP/cc-cache"
+
 # nothing was written by any failing run (only our inputs and out/err are here)
 extra=$(ls -A | grep -vE '^(typo|type|range|dup|syntax|loop|many)\.yaml$|^(sub|out|err)$' || true)
 [ -z "$extra" ] || fail "failing runs wrote: $extra"
