@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -1046,9 +1047,35 @@ static void ensure_runtime_env(char **argv)
     if (core) unsetenv("OPENBLAS_CORETYPE");
 }
 
+/* The main thread's stack: the generated kernels keep a reduction's partial sums (up to 128
+ * KiB, engine/backend/cpu/emit.c PART_STACK_BYTES) and their tiles on it, and OpenBLAS and
+ * oneDNN add their own frames; under a soft `ulimit -Ss 128` the benchmark GPT's first step died
+ * of a segmentation fault. A soft limit under 8 MiB (Linux's usual default) is raised towards it
+ * before anything runs and before the re-exec, whose image (and glibc's default thread stack)
+ * then starts with it. Returns the limit in bytes (RLIM_INFINITY: none). */
+static rlim_t ensure_stack(void)
+{
+    const rlim_t want = (rlim_t)8 << 20;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_STACK, &rl) != 0) return RLIM_INFINITY;
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return rl.rlim_cur;
+    const rlim_t to = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (to > rl.rlim_cur) {
+        rl.rlim_cur = to;
+        if (setrlimit(RLIMIT_STACK, &rl) != 0) getrlimit(RLIMIT_STACK, &rl);
+    }
+    return rl.rlim_cur;
+}
+
 int main(int argc, char **argv)
 {
+    const rlim_t stack = ensure_stack();
     ensure_runtime_env(argv);
+    if (stack != RLIM_INFINITY && stack < ((rlim_t)1 << 20)) /* a hard limit forbids more */
+        fprintf(stderr,
+                "jdt-train: warning: the stack limit is %llu KiB and its hard limit allows no "
+                "more; the kernels may need more than that (ulimit -s 8192)\n",
+                (unsigned long long)(stack >> 10));
     if (argc < 2) {
         print_top_help(stderr);
         return EXIT_USAGE;
