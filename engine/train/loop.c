@@ -20,12 +20,15 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static jdt_status mkdir_p(const char *path, jdt_err *e)
 {
@@ -40,6 +43,43 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
     }
     if (mkdir(buf, 0777) != 0 && errno != EEXIST)
         return jdt_err_set(e, JDT_ERR_IO, "mkdir %s: %s", buf, strerror(errno));
+    return JDT_OK;
+}
+
+/* Rank 0 of a training run holds an flock on run_dir/.lock from the start to the end (*fd; the
+ * kernel drops it when the process ends, however it ends). A second run writing the same
+ * directory (a job submitted twice, a requeue while the first still runs) saved its checkpoints
+ * between the first's, under the same step names, appended to its metrics and TensorBoard files,
+ * and left `resume: auto` a mix of the two: it is refused with the holder's pid and host, which
+ * the lock file holds. A file system without flock (some NFS and Lustre mounts) runs unlocked. */
+static jdt_status lock_run_dir(const char *run_dir, int *fd, jdt_err *e)
+{
+    char path[1100], holder[256] = "";
+    snprintf(path, sizeof path, "%s/.lock", run_dir);
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err != EWOULDBLOCK) { /* ENOLCK, EOPNOTSUPP: no locks here */
+            JDT_DEBUG("%s: flock: %s; the run directory is not locked", path, strerror(err));
+            return JDT_OK;
+        }
+        const ssize_t n = pread(*fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        close(*fd);
+        *fd = -1;
+        return jdt_err_set(e, JDT_ERR_IO,
+                           "run directory %s is in use by another jdt-train run (%s): two runs "
+                           "writing one directory interleave their checkpoints and metrics; wait "
+                           "for it or stop it, or give this run another run.name or run.out_dir",
+                           run_dir, holder[0] ? holder : "its pid unknown");
+    }
+    char host[128] = "?";
+    gethostname(host, sizeof host - 1);
+    const int len = snprintf(holder, sizeof holder, "pid %d on host %s\n", (int)getpid(), host);
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, holder, (size_t)len, 0) != len)
+        JDT_DEBUG("%s: cannot record the holder", path); /* the lock holds all the same */
     return JDT_OK;
 }
 
@@ -1310,6 +1350,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     if ((st = check_world(&tr, e)) != JDT_OK) return st;
     if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     const bool main_rank = tr.rank == 0;
+    int lock_fd = -1; /* rank 0: the run directory's lock (lock_run_dir) */
     /* before the first collective, so a signal during compilation is not lost; the signal
      * thread (jdt_signals_init, in main) takes it, and no worker thread is interrupted */
     jdt_signals_stop_begin();
@@ -1317,6 +1358,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     jdt_train_ckpt_dir(cfg, tr.ckpt_dir, sizeof tr.ckpt_dir);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) goto out_signals;
+    if (main_rank && (st = lock_run_dir(tr.run_dir, &lock_fd, e)) != JDT_OK) goto out_signals;
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
     if ((st = agree_data(&tr, e)) != JDT_OK) goto out_signals;
     int64_t start = 0;
@@ -1357,6 +1399,10 @@ out_signals:
     trainer_free_groups(&tr);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
+    if (lock_fd >= 0) { /* releases the run directory, its holder's line cleared first */
+        if (ftruncate(lock_fd, 0) != 0) JDT_DEBUG("%s/.lock: cannot clear it", tr.run_dir);
+        close(lock_fd);
+    }
     return st;
 }
 
