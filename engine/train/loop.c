@@ -47,17 +47,21 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
 }
 
 /* Rank 0 of a training run holds an flock on run_dir/.lock from the start to the end (*fd; the
- * kernel drops it when the process ends, however it ends). A second run writing the same
- * directory (a job submitted twice, a requeue while the first still runs) saved its checkpoints
- * between the first's, under the same step names, appended to its metrics and TensorBoard files,
- * and left `resume: auto` a mix of the two: it is refused with the holder's pid and host, which
- * the lock file holds. A file system without flock (some NFS and Lustre mounts) runs unlocked. */
-static jdt_status lock_run_dir(const char *run_dir, int *fd, jdt_err *e)
+ * kernel drops it when the process ends, however it ends), and on checkpoint.dir/.lock when
+ * that is set (what: "checkpoint" there, else "run"). A second run writing the same directory
+ * (a job submitted twice, a requeue while the first still runs) saved its checkpoints between
+ * the first's, under the same step names, appended to its metrics and TensorBoard files, and
+ * left `resume: auto` a mix of the two: it is refused with the holder's pid and host, which the
+ * lock file holds. A file system without flock (some NFS and Lustre mounts) runs unlocked. */
+static jdt_status lock_run_dir(const char *run_dir, const char *what, int *fd, jdt_err *e)
 {
     char path[1100], holder[256] = "";
     snprintf(path, sizeof path, "%s/.lock", run_dir);
     *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (*fd < 0) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", path, strerror(errno));
+    if (*fd < 0) { /* a read-only or full directory: the run's own checks say what is wrong */
+        JDT_DEBUG("%s: %s; the %s directory is not locked", path, strerror(errno), what);
+        return JDT_OK;
+    }
     if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
         const int err = errno;
         if (err != EWOULDBLOCK) { /* ENOLCK, EOPNOTSUPP: no locks here */
@@ -69,11 +73,14 @@ static jdt_status lock_run_dir(const char *run_dir, int *fd, jdt_err *e)
         holder[strcspn(holder, "\n")] = '\0';
         close(*fd);
         *fd = -1;
+        const bool ck = strcmp(what, "checkpoint") == 0;
         return jdt_err_set(e, JDT_ERR_IO,
-                           "run directory %s is in use by another jdt-train run (%s): two runs "
-                           "writing one directory interleave their checkpoints and metrics; wait "
-                           "for it or stop it, or give this run another run.name or run.out_dir",
-                           run_dir, holder[0] ? holder : "its pid unknown");
+                           "%s directory %s is in use by another jdt-train run (%s): two runs "
+                           "writing one directory interleave their checkpoints%s; wait for it or "
+                           "stop it, or give this run another %s",
+                           what, run_dir, holder[0] ? holder : "its pid unknown",
+                           ck ? "" : " and metrics",
+                           ck ? "checkpoint.dir" : "run.name or run.out_dir");
     }
     char host[128] = "?";
     gethostname(host, sizeof host - 1);
@@ -1350,7 +1357,7 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     if ((st = check_world(&tr, e)) != JDT_OK) return st;
     if ((st = jdt_train_check_mesh(cfg, tr.world_size, e)) != JDT_OK) return st;
     const bool main_rank = tr.rank == 0;
-    int lock_fd = -1; /* rank 0: the run directory's lock (lock_run_dir) */
+    int lock_fd[2] = {-1, -1}; /* rank 0: the run and checkpoint directories' locks */
     /* before the first collective, so a signal during compilation is not lost; the signal
      * thread (jdt_signals_init, in main) takes it, and no worker thread is interrupted */
     jdt_signals_stop_begin();
@@ -1358,7 +1365,14 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     jdt_train_ckpt_dir(cfg, tr.ckpt_dir, sizeof tr.ckpt_dir);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) goto out_signals;
-    if (main_rank && (st = lock_run_dir(tr.run_dir, &lock_fd, e)) != JDT_OK) goto out_signals;
+    if (main_rank && (st = lock_run_dir(tr.run_dir, "run", &lock_fd[0], e)) != JDT_OK)
+        goto out_signals;
+    if (main_rank && cfg->checkpoint.dir[0]) { /* one it cannot make: preflight_ckpt says so */
+        jdt_err ignored;
+        if (mkdir_p(tr.ckpt_dir, &ignored) == JDT_OK &&
+            (st = lock_run_dir(tr.ckpt_dir, "checkpoint", &lock_fd[1], e)) != JDT_OK)
+            goto out_signals;
+    }
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
     if ((st = agree_data(&tr, e)) != JDT_OK) goto out_signals;
     int64_t start = 0;
@@ -1399,10 +1413,11 @@ out_signals:
     trainer_free_groups(&tr);
     jdt_data_close(tr.train);
     jdt_data_close(tr.val);
-    if (lock_fd >= 0) { /* releases the run directory, its holder's line cleared first */
-        if (ftruncate(lock_fd, 0) != 0) JDT_DEBUG("%s/.lock: cannot clear it", tr.run_dir);
-        close(lock_fd);
-    }
+    for (int i = 0; i < 2; i++) /* releases the directories, their holder's lines cleared */
+        if (lock_fd[i] >= 0) {
+            if (ftruncate(lock_fd[i], 0) != 0) JDT_DEBUG("a run lock: cannot clear it");
+            close(lock_fd[i]);
+        }
     return st;
 }
 

@@ -32,7 +32,7 @@ mnt size=11m
 "$BIN" $R run.steps=8 checkpoint.every=4 >"$TMP/out" 2>"$TMP/err"; rc=$?
 [ $rc -eq 1 ] || { cat "$TMP/err"; fail "full disk mid-run: exit $rc, expected 1 (never a signal)"; }
 one_error_line "checkpoint at step 8 not saved (the previous one is kept): .*step_000008.tmp/state.h5: No space left on device"
-[ "$(ls -A "$D/ck")" = "step_000004" ] || fail "partial save not cleaned: $(ls -A "$D/ck")"
+[ "$(ls "$D/ck")" = "step_000004" ] || fail "partial save not cleaned: $(ls -A "$D/ck")" # (and .lock, the run's lock)
 umount "$D"; mounted=0 # the checkpoint is gone with the tmpfs; redo it on a roomy one
 mnt size=64m
 "$BIN" $R run.steps=4 checkpoint.every=4 >/dev/null 2>&1 || fail "save on a roomy tmpfs"

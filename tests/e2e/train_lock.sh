@@ -2,7 +2,8 @@
 # train_lock.sh — one run at a time in a run directory (engine/train/loop.c lock_run_dir): while
 # a training run holds run_dir/.lock, a second run of the same run.out_dir and run.name is
 # refused at once (exit 1, one line naming the directory and the holder's pid), without writing
-# a checkpoint or a metrics line; another run.name trains beside it; once the first has ended,
+# a checkpoint or a metrics line; another run.name trains beside it, unless it names the same
+# checkpoint.dir (that directory is locked too); once the first has ended,
 # even killed, the directory is free again. A lock held by another program (flock(1)) is refused
 # alike, and `jdt-train --nproc 2` ends its ranks when rank 0 is refused.
 set -uo pipefail
@@ -15,7 +16,7 @@ base=(configs/tiny.yaml run.out_dir="$TMP/runs" run.eval_every=0 checkpoint.resu
 dir="$TMP/runs/tiny"
 
 # 1. a long first run; wait until it trains (its lock is taken before its data and metrics)
-"$BIN" "${base[@]}" run.steps=1000000 >"$TMP/a.out" 2>"$TMP/a.err" &
+"$BIN" "${base[@]}" run.steps=1000000 checkpoint.dir="$TMP/ck" >"$TMP/a.out" 2>"$TMP/a.err" &
 a=$!
 for _ in $(seq 200); do [ -s "$dir/metrics.jsonl" ] && break; sleep 0.1; done
 [ -s "$dir/metrics.jsonl" ] || { cat "$TMP/a.err"; kill -9 $a; fail "the first run did not start"; }
@@ -27,12 +28,15 @@ timeout 60 "$BIN" "${base[@]}" run.steps=3 checkpoint.every=1 >"$TMP/b.out" 2>"$
   grep -q "run directory $dir is in use by another jdt-train run (pid $a on host " "$TMP/b.err" ||
   { cat "$TMP/b.err"; kill -9 $a; fail "second run: expected one line naming the directory and pid $a"; }
 # (the first run saves every 5 steps; the refused one would have saved steps 1 to 3)
-ls "$dir/ckpt" 2>/dev/null | grep -q 'step_00000[123]$' && { kill -9 $a; fail "the refused run saved a checkpoint"; }
+ls "$dir/ckpt" "$TMP/ck" 2>/dev/null | grep -q 'step_00000[123]$' && { kill -9 $a; fail "the refused run saved a checkpoint"; }
 kill -0 $a 2>/dev/null || fail "the first run died"
 
-# 3. another run.name trains beside it
+# 3. another run.name trains beside it; another run.name with the same checkpoint.dir does not
 "$BIN" "${base[@]}" run.steps=3 run.name=other >"$TMP/c.out" 2>"$TMP/c.err" ||
   { cat "$TMP/c.err"; kill -9 $a; fail "a run of another run.name was refused"; }
+"$BIN" "${base[@]}" run.steps=3 run.name=third checkpoint.dir="$TMP/ck" >"$TMP/c.out" 2>"$TMP/c.err"; rc=$?
+[ $rc -eq 1 ] && grep -q "checkpoint directory $TMP/ck is in use by another jdt-train run (pid $a on host " "$TMP/c.err" ||
+  { cat "$TMP/c.err"; kill -9 $a; fail "a shared checkpoint.dir: exit $rc"; }
 
 # 4. the launcher: rank 0 refused, every rank ends, non-zero
 timeout 120 "$BIN" --nproc 2 "${base[@]}" mesh.data=2 run.steps=3 >"$TMP/d.out" 2>"$TMP/d.err"; rc=$?
