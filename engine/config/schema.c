@@ -134,7 +134,7 @@ static const jdt_config_key KEYS[] = {
     K_BOOL("checkpoint.save_on_signal", checkpoint.save_on_signal, "true", "save a checkpoint on SIGINT/SIGTERM before exiting"),
     /* runtime */
     K_ENUM("runtime.backend", runtime.backend, C_BACKEND, "cpu", "device kind (cuda: a `make CUDA=1` binary, one process per GPU, docs/backend.md)"),
-    K_INT("runtime.threads", runtime.threads, 0, 4096, "0", "CPU threads per process (0 = cores / local processes)"),
+    K_INT("runtime.threads", runtime.threads, 0, 4096, "0", "CPU threads per process (0 = OMP_NUM_THREADS, else cores / local processes)"),
     K_BOOL("runtime.adaptive_threads", runtime.adaptive_threads, "true", "CPU: time steps with runtime.threads and with 1 thread now and then, keep the faster (false = always runtime.threads)"),
     K_STR("runtime.cache_dir", runtime.cache_dir, "", "JIT kernel cache (\"\" = ~/.cache/jdt-train)"),
     K_INT("runtime.cache_max_mb", runtime.cache_max_mb, 0, 16777216, "1024", "JIT cache size bound in MiB, least recently used entries pruned (0 = unbounded)"),

@@ -726,9 +726,22 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     return JDT_OK;
 }
 
+int jdt_world_threads_env(void)
+{
+    const char *v = getenv("OMP_NUM_THREADS");
+    if (!v || !*v) return 0;
+    char *end = NULL;
+    errno = 0;
+    const long n = strtol(v, &end, 10); /* "4" or a nesting list "4,2": its first level */
+    if (errno != 0 || end == v || (*end != '\0' && *end != ',') || n < 1 || n > 65536) return 0;
+    return (int)n;
+}
+
 int jdt_world_threads(const jdt_world *w, int requested)
 {
     if (requested > 0) return requested;
+    const int from_env = jdt_world_threads_env();
+    if (from_env > 0) return from_env;
     cpu_set_t set;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     int allowed = jdt_cpus_allowed(&set);

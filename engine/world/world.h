@@ -83,8 +83,14 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
 jdt_status jdt_world_connect(const jdt_world *w, const jdt_config *cfg, jdt_dist **out,
                              jdt_err *e);
 
+/* OMP_NUM_THREADS as a thread count (its first level where it is a list), or 0 when it is
+ * unset or not a count from 1 to 65536. */
+int jdt_world_threads_env(void);
+
 /*
- * CPU threads for this process: `requested` (runtime.threads) when > 0; else, when the process
+ * CPU threads for this process: `requested` (runtime.threads) when > 0; else OMP_NUM_THREADS
+ * when it is set (jdt_world_threads_env: the count OpenMP programs, PyTorch and llm.c among
+ * them, take from the environment); else, when the process
  * is already bound to fewer CPUs than the machine has (the launcher's or SLURM's binding), all
  * of those (jdt_cpus_allowed: OpenMP's places count, not the one its binding gave the main
  * thread); else the machine's CPUs divided among the w->local_world_size processes of this

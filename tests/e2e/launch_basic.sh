@@ -34,6 +34,14 @@ printf 'base_config: %s\nruntime:\n  threads: 0\n' "$CFG" >auto.yaml
 [ "$(grep -c "threads 3," out)" -eq 2 ] || { cat out; fail "runtime.threads=3 not passed through"; }
 echo "ok: threads"
 
+# OMP_NUM_THREADS decides an auto count (as in PyTorch and llm.c); runtime.threads overrides it
+OMP_NUM_THREADS=3 "$BIN" dist-check auto.yaml >out 2>err || { cat out err; fail "OMP_NUM_THREADS=3"; }
+grep -q "threads 3," out || { cat out; fail "OMP_NUM_THREADS=3 not taken"; }
+OMP_NUM_THREADS=3 "$BIN" --nproc 2 dist-check auto.yaml mesh.data=2 runtime.threads=1 >out 2>err ||
+  { cat out err; fail "OMP_NUM_THREADS=3 with runtime.threads=1"; }
+[ "$(grep -c 'threads 1,' out)" -eq 2 ] || { cat out; fail "runtime.threads=1 did not override OMP_NUM_THREADS"; }
+echo "ok: OMP_NUM_THREADS"
+
 # OMP_PROC_BIND / OMP_PLACES (SLURM scripts set them): libgomp binds the main thread to its first
 # place before main; auto threads still count every place, after the re-exec that sets
 # GOMP_SPINCOUNT (cmd/main.c, which once ran the job on that one CPU) and without it

@@ -816,6 +816,21 @@ START_TEST(test_threads)
     jdt_world w;
     memset(&w, 0, sizeof w);
     w.local_world_size = 1;
+    const char *omp_env = getenv("OMP_NUM_THREADS");
+    char *saved = omp_env ? strdup(omp_env) : NULL;
+    /* OMP_NUM_THREADS, when it is a count (a list's first level), decides an auto count; an
+     * explicit runtime.threads overrides it; anything else is ignored */
+    setenv("OMP_NUM_THREADS", "5", 1);
+    ck_assert_int_eq(jdt_world_threads(&w, 0), 5);
+    ck_assert_int_eq(jdt_world_threads(&w, 3), 3);
+    setenv("OMP_NUM_THREADS", "6,2", 1);
+    ck_assert_int_eq(jdt_world_threads(&w, 0), 6);
+    static const char *const bad[] = {"", "0", "-2", "x", "4x", "99999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        setenv("OMP_NUM_THREADS", bad[i], 1);
+        ck_assert_msg(jdt_world_threads_env() == 0, "OMP_NUM_THREADS='%s' taken", bad[i]);
+    }
+    unsetenv("OMP_NUM_THREADS");
     ck_assert_int_eq(jdt_world_threads(&w, 3), 3);
     cpu_set_t all, one;
     ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
@@ -839,6 +854,8 @@ START_TEST(test_threads)
     w.local_world_size = 2;
     ck_assert_int_eq(jdt_world_threads(&w, 0), 1);
     sched_setaffinity(0, sizeof all, &all);
+    if (saved) setenv("OMP_NUM_THREADS", saved, 1);
+    free(saved);
 }
 END_TEST
 
