@@ -432,7 +432,8 @@ static int preflight(launcher *L, bool *user_token, bool *user_threads)
         return EXIT_USAGE;
     }
     *user_token = L->c.dist.token[0] || L->c.dist.token_file[0];
-    *user_threads = L->c.runtime.threads != 0 || getenv("JDT_RUNTIME_THREADS");
+    *user_threads = L->c.runtime.threads != 0 || getenv("JDT_RUNTIME_THREADS") ||
+                    jdt_world_threads_env() > 0; /* OMP_NUM_THREADS: each rank takes it */
     for (int i = 0; i < L->a.n_overrides; i++)
         if (strncmp(L->a.overrides[i], "runtime.threads=", 16) == 0) *user_threads = true;
     return 0;

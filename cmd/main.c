@@ -700,8 +700,8 @@ static void warn_primary_binding(const jdt_config *c)
 }
 
 /* Joins the job (engine/world/world.h: dist.* keys, the --nproc launcher, SLURM, else one
- * process); *out stays NULL for a single process. Resolves runtime.threads 0 (auto) to this
- * process's share of the host's cores. */
+ * process); *out stays NULL for a single process. Resolves runtime.threads 0 (auto) to
+ * OMP_NUM_THREADS where it is set, else to this process's share of the host's cores. */
 static jdt_status join_job(jdt_config *c, jdt_dist **out, jdt_err *e)
 {
     jdt_world w;

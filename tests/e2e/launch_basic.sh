@@ -37,6 +37,9 @@ echo "ok: threads"
 # OMP_NUM_THREADS decides an auto count (as in PyTorch and llm.c); runtime.threads overrides it
 OMP_NUM_THREADS=3 "$BIN" dist-check auto.yaml >out 2>err || { cat out err; fail "OMP_NUM_THREADS=3"; }
 grep -q "threads 3," out || { cat out; fail "OMP_NUM_THREADS=3 not taken"; }
+OMP_NUM_THREADS=3 "$BIN" --nproc 2 dist-check auto.yaml mesh.data=2 >out 2>err ||
+  { cat out err; fail "OMP_NUM_THREADS=3 with --nproc 2"; }
+[ "$(grep -c 'threads 3,' out)" -eq 2 ] || { cat out; fail "--nproc 2: OMP_NUM_THREADS=3 not taken by each rank"; }
 OMP_NUM_THREADS=3 "$BIN" --nproc 2 dist-check auto.yaml mesh.data=2 runtime.threads=1 >out 2>err ||
   { cat out err; fail "OMP_NUM_THREADS=3 with runtime.threads=1"; }
 [ "$(grep -c 'threads 1,' out)" -eq 2 ] || { cat out; fail "runtime.threads=1 did not override OMP_NUM_THREADS"; }
