@@ -19,6 +19,9 @@ WHAT=${2:-all}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export JDT_BIN="$ROOT/$BUILD/jdt-train"
 export JDT_ROOT="$ROOT"
+# the OpenMP defaults: the tests' auto thread counts and timings assume no caller settings
+# (jdt-train takes OMP_NUM_THREADS and honours OMP_PROC_BIND / OMP_PLACES, docs/launch.md)
+unset OMP_NUM_THREADS OMP_PROC_BIND OMP_PLACES OMP_DYNAMIC OMP_THREAD_LIMIT
 # the test binaries on the OpenBLAS kernels jdt-train runs on
 . "$ROOT/tests/infra/blas-env.sh"
 pass=0; fail=0; skip=0; failed=()

@@ -6,6 +6,8 @@
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:?}
 fail() { echo "FAIL: $*"; exit 1; }
+# the thread counts below are the auto ones: no OpenMP settings from the caller's environment
+unset OMP_NUM_THREADS OMP_PROC_BIND OMP_PLACES OMP_DYNAMIC OMP_THREAD_LIMIT
 cd "$TMP" || exit 1
 CFG=$ROOT/configs/tiny.yaml
 
