@@ -707,9 +707,9 @@ static jdt_status join_job(jdt_config *c, jdt_dist **out, jdt_err *e)
     jdt_world w;
     jdt_status st = jdt_world_resolve(c, environ, &w, e);
     if (st) return st;
-    if (c->runtime.threads <= 0 && jdt_world_threads_env() > 0)
-        JDT_INFO("threads: %d from OMP_NUM_THREADS (runtime.threads overrides it)",
-                 jdt_world_threads_env());
+    const int env_threads = c->runtime.threads <= 0 ? jdt_world_threads_env() : 0;
+    if (env_threads > 0)
+        JDT_INFO("threads: %d from OMP_NUM_THREADS (runtime.threads overrides it)", env_threads);
     c->runtime.threads = jdt_world_threads(&w, c->runtime.threads);
     warn_primary_binding(c);
     c->dist.local_rank = w.local_rank; /* picks this process's GPU (runtime.backend cuda) */

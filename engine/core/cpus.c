@@ -13,21 +13,19 @@
 #include "core/core.h"
 
 #include <omp.h>
-#include <stdlib.h>
 
 int jdt_cpus_allowed(cpu_set_t *set)
 {
     CPU_ZERO(set);
     if (sched_getaffinity(0, sizeof *set, set) != 0) return 0;
     const int n_places = omp_get_num_places(); /* 0 unless binding was asked for */
+    int ids[CPU_SETSIZE];                      /* a place's CPUs (its ids are CPU numbers) */
     for (int p = 0; p < n_places; p++) {
         const int n = omp_get_place_num_procs(p);
-        int *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
-        if (!ids) continue;
+        if (n < 1 || n > CPU_SETSIZE) continue;
         omp_get_place_proc_ids(p, ids);
         for (int i = 0; i < n; i++)
             if (ids[i] >= 0 && ids[i] < CPU_SETSIZE) CPU_SET(ids[i], set);
-        free(ids);
     }
     return CPU_COUNT(set);
 }

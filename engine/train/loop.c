@@ -48,24 +48,33 @@ static jdt_status mkdir_p(const char *path, jdt_err *e)
 
 /* Rank 0 of a training run holds an flock on run_dir/.lock from the start to the end (*fd; the
  * kernel drops it when the process ends, however it ends), and on checkpoint.dir/.lock when
- * that is set (what: "checkpoint" there, else "run"). A second run writing the same directory
+ * that is set (k: CKPT_DIR there, RUN_DIR for the run's). A second run writing the same directory
  * (a job submitted twice, a requeue while the first still runs) saved its checkpoints between
  * the first's, under the same step names, appended to its metrics and TensorBoard files, and
  * left `resume: auto` a mix of the two: it is refused with the holder's pid and host, which the
  * lock file holds. A file system without flock (some NFS and Lustre mounts) runs unlocked. */
-static jdt_status lock_run_dir(const char *run_dir, const char *what, int *fd, jdt_err *e)
+typedef struct {
+    const char *what;  /* "run" or "checkpoint" (directory) */
+    const char *holds; /* what two runs would interleave there */
+    const char *other; /* the keys that give a run another one */
+} dir_kind;
+static const dir_kind RUN_DIR = {"run", "checkpoints and metrics", "run.name or run.out_dir"};
+static const dir_kind CKPT_DIR = {"checkpoint", "checkpoints", "checkpoint.dir"};
+
+static jdt_status lock_run_dir(const char *dir, const dir_kind *k, int *fd, jdt_err *e)
 {
     char path[1100], holder[256] = "";
-    snprintf(path, sizeof path, "%s/.lock", run_dir);
+    snprintf(path, sizeof path, "%s/.lock", dir);
     *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (*fd < 0) { /* a read-only or full directory: the run's own checks say what is wrong */
-        JDT_DEBUG("%s: %s; the %s directory is not locked", path, strerror(errno), what);
+        JDT_DEBUG("%s: %s; the %s directory is not locked", path, strerror(errno), k->what);
         return JDT_OK;
     }
     if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
         const int err = errno;
         if (err != EWOULDBLOCK) { /* ENOLCK, EOPNOTSUPP: no locks here */
-            JDT_DEBUG("%s: flock: %s; the run directory is not locked", path, strerror(err));
+            JDT_DEBUG("%s: flock: %s; the %s directory is not locked", path, strerror(err),
+                      k->what);
             return JDT_OK;
         }
         const ssize_t n = pread(*fd, holder, sizeof holder - 1, 0);
@@ -73,14 +82,12 @@ static jdt_status lock_run_dir(const char *run_dir, const char *what, int *fd, j
         holder[strcspn(holder, "\n")] = '\0';
         close(*fd);
         *fd = -1;
-        const bool ck = strcmp(what, "checkpoint") == 0;
         return jdt_err_set(e, JDT_ERR_IO,
                            "%s directory %s is in use by another jdt-train run (%s): two runs "
-                           "writing one directory interleave their checkpoints%s; wait for it or "
-                           "stop it, or give this run another %s",
-                           what, run_dir, holder[0] ? holder : "its pid unknown",
-                           ck ? "" : " and metrics",
-                           ck ? "checkpoint.dir" : "run.name or run.out_dir");
+                           "writing one directory interleave their %s; wait for it or stop it, "
+                           "or give this run another %s",
+                           k->what, dir, holder[0] ? holder : "its pid unknown", k->holds,
+                           k->other);
     }
     char host[128] = "?";
     gethostname(host, sizeof host - 1);
@@ -1365,12 +1372,12 @@ jdt_status jdt_train_run(const jdt_config *cfg, jdt_dist *dist, jdt_err *e)
     snprintf(tr.run_dir, sizeof tr.run_dir, "%s/%s", cfg->run.out_dir, cfg->run.name);
     jdt_train_ckpt_dir(cfg, tr.ckpt_dir, sizeof tr.ckpt_dir);
     if ((st = mkdir_p(tr.run_dir, e)) != JDT_OK) goto out_signals;
-    if (main_rank && (st = lock_run_dir(tr.run_dir, "run", &lock_fd[0], e)) != JDT_OK)
+    if (main_rank && (st = lock_run_dir(tr.run_dir, &RUN_DIR, &lock_fd[0], e)) != JDT_OK)
         goto out_signals;
     if (main_rank && cfg->checkpoint.dir[0]) { /* one it cannot make: preflight_ckpt says so */
         jdt_err ignored;
         if (mkdir_p(tr.ckpt_dir, &ignored) == JDT_OK &&
-            (st = lock_run_dir(tr.ckpt_dir, "checkpoint", &lock_fd[1], e)) != JDT_OK)
+            (st = lock_run_dir(tr.ckpt_dir, &CKPT_DIR, &lock_fd[1], e)) != JDT_OK)
             goto out_signals;
     }
     if ((st = setup_data(&tr, true, cfg->run.eval_every > 0, e)) != JDT_OK) goto out_signals;
