@@ -722,7 +722,10 @@ cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJ
     }
     close(fd);
     void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    unlink(path);
+    if (!getenv("JDT_CUDAEMU_KEEP")) /* debugging: kept, perf names the kernels' functions */
+        unlink(path);
+    else
+        fprintf(stderr, "cudaemu: kept %s\n", path);
     if (!so) {
         fprintf(stderr, "cudaemu: loading a kernel image: %s\n", dlerror());
         return ret(cudaErrorInvalidKernelImage);

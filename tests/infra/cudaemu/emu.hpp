@@ -11,6 +11,8 @@
  * (warp) has arrived; a thread that exits counts as arrived, as on Volta and later. When no fiber
  * can move and some have not ended, the launch fails with "deadlock" (a __syncthreads under
  * divergent control flow, a warp collective some lanes skip): a bug the GPU may hang on.
+ * On x86-64 a fiber that waits or ends switches straight to the pass's next one (emu_chain_pass):
+ * the same order as a scheduler loop, at one context switch per fiber and barrier, not two.
  *
  * JDT_CUDAEMU_ORDER=reverse or shuffle changes the order of the round-robin passes (emu_order):
  * races between barriers show up as other results. JDT_CUDAEMU_BLOCKS=forward runs the blocks
@@ -291,10 +293,45 @@ static unsigned long long emu_blocks; /* blocks run, for the stamps */
 /* A warp collective some lanes of its mask skipped (emu_took_part): the launch fails with it */
 static char emu_fault[320];
 
+/* A pass over the block's threads in the order emu_perm (on x86-64 chained: a thread that waits
+ * or ends switches straight to the pass's next one the scheduler would not pass by, and only the
+ * pass's last to the scheduler: one context switch per thread and barrier instead of two; the
+ * emulated row kernels' block sums are mostly barriers). emu_pass_k is the running thread's
+ * place in emu_perm. */
+static unsigned emu_pass_k, emu_pass_end; /* the pass: emu_perm[emu_pass_k .. emu_pass_end) */
+static bool emu_pass_skip_block; /* ... less the threads at the block's closed barrier ("warps") */
+static unsigned emu_left;        /* the block's threads that have not ended */
+
+/* Whether the scheduler passes thread t by: it has ended, or (emu_pass_skip_block) it waits at
+ * the block's barrier, still closed. */
+static inline bool emu_passed_by(unsigned t)
+{
+    const emu_fiber *f = &emu_fib[t];
+    return f->done || (emu_pass_skip_block && f->at_block && f->bar_gen == emu_block_bar.gen);
+}
+
+#ifdef EMU_FAST_SWITCH
+/* Saves the caller's stack pointer in *save and runs the pass's next thread (emu_passed_by),
+ * or returns to the scheduler (at the pass's end, or on a fault). */
+static inline void emu_chain_next(void **save)
+{
+    for (unsigned k = emu_pass_k + 1; k < emu_pass_end && !emu_fault[0]; k++) {
+        unsigned t = emu_perm[k];
+        if (emu_passed_by(t)) continue;
+        emu_pass_k = k;
+        emu_cur = t;
+        threadIdx = emu_fib[t].tid;
+        jdt_emu_switch(save, emu_fib[t].sp);
+        return;
+    }
+    jdt_emu_switch(save, emu_main_sp);
+}
+#endif
+
 static inline void emu_yield()
 {
 #ifdef EMU_FAST_SWITCH
-    jdt_emu_switch(&emu_fib[emu_cur].sp, emu_main_sp);
+    emu_chain_next(&emu_fib[emu_cur].sp);
 #else
     swapcontext(&emu_fib[emu_cur].ctx, &emu_main);
 #endif
@@ -336,13 +373,39 @@ static inline void __threadfence_block() {}
     std::abort();
 }
 
+/* Thread t has ended: counted in emu_left, and the barriers it was the last for opened (an
+ * exited thread counts as arrived). False if it ended with cp.async copies not waited for. */
+static bool emu_ended(unsigned t)
+{
+    if (emu_cpa_n[t]) return false;
+    emu_left--;
+    emu_moves++;
+    emu_live--;
+    emu_warp_live[t >> 5]--;
+    emu_bar *wb = &emu_warp_bar[t >> 5];
+    if (wb->arrived && wb->arrived >= emu_warp_live[t >> 5]) wb->arrived = 0, wb->gen++;
+    if (emu_block_bar.arrived && emu_block_bar.arrived >= emu_live)
+        emu_block_bar.arrived = 0, emu_block_bar.gen++;
+    return true;
+}
+
+/* the message of a thread that ended with cp.async copies not waited for */
+static void emu_cpa_left(unsigned t, char *msg, size_t msg_n)
+{
+    std::snprintf(msg, msg_n,
+                  "thread %u of block (%u, %u, %u) ended with %u cp.async copies not waited for",
+                  t, blockIdx.x, blockIdx.y, blockIdx.z, emu_cpa_n[t]);
+}
+
 static void emu_entry()
 {
     emu_body(emu_body_arg);
     emu_fib[emu_cur].done = true;
 #ifdef EMU_FAST_SWITCH
+    /* the end counted here (emu_resume's part without the chain), then the pass's next thread */
+    if (!emu_ended(emu_cur) && !emu_fault[0]) emu_cpa_left(emu_cur, emu_fault, sizeof emu_fault);
     void *dead;
-    jdt_emu_switch(&dead, emu_main_sp); /* never resumed */
+    emu_chain_next(&dead); /* never resumed */
     __builtin_unreachable();
 #endif
     /* ucontext: uc_link returns to the scheduler */
@@ -372,39 +435,36 @@ static void emu_order(int mode, unsigned nt, unsigned long long *rng)
     }
 }
 
-/* Runs thread t of block (bx, by, bz) until it waits or ends; an end is counted in *left and
- * opens the barriers it was the last for. 0, or -1 with msg filled (it ended with cp.async
- * copies not waited for). */
-static int emu_resume(unsigned t, unsigned bx, unsigned by, unsigned bz, unsigned *left,
-                      char *msg, size_t msg_n)
+#ifndef EMU_FAST_SWITCH
+/* Runs thread t until it waits or ends (emu_ended counts an end). 0, or -1 with msg filled (it
+ * ended with cp.async copies not waited for). */
+static int emu_resume(unsigned t, char *msg, size_t msg_n)
 {
     emu_fiber *f = &emu_fib[t];
     emu_cur = t;
     threadIdx = f->tid;
-#ifdef EMU_FAST_SWITCH
-    jdt_emu_switch(&emu_main_sp, f->sp);
-#else
     swapcontext(&emu_main, &f->ctx);
-#endif
-    if (!f->done) return 0;
-    if (emu_cpa_n[t]) {
-        std::snprintf(msg, msg_n,
-                      "thread %u of block (%u, %u, %u) ended with %u cp.async copies not "
-                      "waited for",
-                      t, bx, by, bz, emu_cpa_n[t]);
-        return -1;
-    }
-    (*left)--;
-    emu_moves++;
-    emu_live--;
-    emu_warp_live[t >> 5]--;
-    /* an exited thread counts as arrived: open what it was the last for */
-    emu_bar *wb = &emu_warp_bar[t >> 5];
-    if (wb->arrived && wb->arrived >= emu_warp_live[t >> 5]) wb->arrived = 0, wb->gen++;
-    if (emu_block_bar.arrived && emu_block_bar.arrived >= emu_live)
-        emu_block_bar.arrived = 0, emu_block_bar.gen++;
-    return 0;
+    if (!f->done || emu_ended(t)) return 0;
+    emu_cpa_left(t, msg, msg_n);
+    return -1;
 }
+#else
+/* One chained pass over emu_perm[k0 .. k1) (skip_block: emu_passed_by's second case): its
+ * first thread the scheduler does not pass by runs, and each switches to the next. */
+static void emu_chain_pass(unsigned k0, unsigned k1, bool skip_block)
+{
+    emu_pass_end = k1;
+    emu_pass_skip_block = skip_block;
+    unsigned k = k0;
+    while (k < k1 && emu_passed_by(emu_perm[k]))
+        k++;
+    if (k == k1) return;
+    emu_pass_k = k;
+    emu_cur = emu_perm[k];
+    threadIdx = emu_fib[emu_cur].tid;
+    jdt_emu_switch(&emu_main_sp, emu_fib[emu_cur].sp);
+}
+#endif
 
 /* Runs body over the grid. 0, or -1 with msg filled (deadlock). */
 static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *msg, size_t msg_n)
@@ -479,9 +539,9 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
             makecontext(&f->ctx, emu_entry, 0);
 #endif
         }
-        unsigned left = nt;
+        emu_left = nt;
         if (mode != 2) emu_order(mode, nt, &rng); /* a fixed order: once per block */
-        while (left) {
+        while (emu_left) {
             unsigned long long before = emu_moves;
             if (mode == 2) emu_order(mode, nt, &rng);
             if (mode == 3) { /* warp by warp, the last first, each as far as it gets */
@@ -489,34 +549,44 @@ static int emu_run_grid(void (*body)(void *), void *arg, dim3 g, dim3 b, char *m
                     unsigned wn = nt - w0 < 32 ? nt - w0 : 32;
                     for (;;) {
                         unsigned long long seen = emu_arrivals + emu_moves;
+#ifdef EMU_FAST_SWITCH /* the warp's lanes, the last first: emu_perm is nt - 1, ..., 0 */
+                        emu_chain_pass(nt - w0 - wn, nt - w0, true);
+                        if (emu_fault[0]) break;
+#else
+                        emu_pass_skip_block = true;
                         for (unsigned j = wn; j-- > 0;) {
-                            emu_fiber *f = &emu_fib[w0 + j];
-                            if (f->done || (f->at_block && f->bar_gen == emu_block_bar.gen))
-                                continue; /* at the block's barrier, still closed */
-                            if (emu_resume(w0 + j, bx, by, bz, &left, msg, msg_n)) return -1;
+                            if (emu_passed_by(w0 + j)) continue;
+                            if (emu_resume(w0 + j, msg, msg_n)) return -1;
                         }
+#endif
                         if (emu_arrivals + emu_moves == seen) break;
                     }
+                    if (emu_fault[0]) break;
                     if (w0 == 0) break;
                 }
             } else {
+#ifdef EMU_FAST_SWITCH
+                emu_chain_pass(0, nt, false);
+#else
+                emu_pass_skip_block = false;
                 for (unsigned k = 0; k < nt; k++) {
                     unsigned t = emu_perm[k];
-                    if (emu_fib[t].done) continue;
-                    if (emu_resume(t, bx, by, bz, &left, msg, msg_n)) return -1;
+                    if (emu_passed_by(t)) continue;
+                    if (emu_resume(t, msg, msg_n)) return -1;
                 }
+#endif
             }
             if (emu_fault[0]) {
                 std::snprintf(msg, msg_n, "%s", emu_fault);
                 emu_fault[0] = '\0';
                 return -1;
             }
-            if (left && emu_moves == before) {
+            if (emu_left && emu_moves == before) {
                 std::snprintf(msg, msg_n,
                               "deadlock in block (%u, %u, %u): %u of %u threads wait at a "
                               "barrier that cannot open (__syncthreads or a warp "
                               "collective under divergent control flow)",
-                              bx, by, bz, left, nt);
+                              bx, by, bz, emu_left, nt);
                 return -1;
             }
         }
