@@ -3,9 +3,9 @@
 # binary, then prints one closing line "N passed, N failed, N skipped" and exits non-zero if
 # anything failed.
 #
-# Unit suites: every BUILD_DIR/tests/check_* binary (Check, fork mode, per-test timeouts).
-# End-to-end: every tests/e2e/*.sh, run with JDT_BIN set to the binary, in a fresh temp dir
-# ($JDT_TMP), JDT_TEST_JOBS at a time (those marked "# e2e: exclusive" alone). Exit 0 = pass,
+# Unit suites: every BUILD_DIR/tests/check_* binary (Check, fork mode, per-test timeouts),
+# JDT_TEST_JOBS at a time. End-to-end: every tests/e2e/*.sh, run with JDT_BIN set to the binary,
+# in a fresh temp dir ($JDT_TMP), JDT_TEST_JOBS at a time (those marked "# e2e: exclusive" alone). Exit 0 = pass,
 # 77 = skip (the script prints why), anything else = fail. Tests set
 # up what they need themselves (tests/infra/ fixtures, docs/testing.md); after each one,
 # tests/infra/teardown.sh stops any fixture still up under its $JDT_TMP (a test that leaked one
@@ -27,26 +27,36 @@ unset OMP_NUM_THREADS OMP_PROC_BIND OMP_PLACES OMP_DYNAMIC OMP_THREAD_LIMIT
 pass=0; fail=0; skip=0; failed=()
 details="" # the failures' names and last lines, for $JDT_TEST_SUMMARY
 
-if [ "$WHAT" = all ] || [ "$WHAT" = unit ]; then
-  for t in "$ROOT/$BUILD"/tests/check_*; do
-    [ -x "$t" ] || continue
-    name=$(basename "$t")
-    out=$(cd "$ROOT" && "$t" 2>&1); rc=$?
-    echo "$out" | grep -vE '^Running suite' | grep -E '^[0-9]+%:|:[EF]:|SKIP' || true
-    line=$(echo "$out" | grep -E '^[0-9]+%: Checks:' | tail -1)
-    n=$(echo "$line" | sed -nE 's/.*Checks: ([0-9]+).*/\1/p'); n=${n:-0}
-    f=$(echo "$line" | sed -nE 's/.*Failures: ([0-9]+).*/\1/p'); f=${f:-0}
-    e=$(echo "$line" | sed -nE 's/.*Errors: ([0-9]+).*/\1/p'); e=${e:-0}
-    s=$(echo "$out" | grep -c '^SKIP' || true)
-    if [ $rc -ne 0 ] || [ -z "$line" ]; then
-      echo "unit $name: FAILED (exit $rc)"; echo "$out" | tail -20
-      details+="unit $name: FAILED (exit $rc)"$'\n'"$( (echo "$out" | grep -E ':[EF]:'; echo "$out" | tail -5) | head -12 | sed 's/^/    /')"$'\n'
-      failed+=("unit:$name")
-      [ -z "$line" ] && f=$((f + 1))
-    fi
-    pass=$((pass + n - f - e - s)); fail=$((fail + f + e)); skip=$((skip + s))
-  done
-fi
+# One unit suite: runs it, its output to $RES/NAME.out, "rc secs" to $RES/NAME.rc.
+run_unit() {
+  local t=$1 name start rc
+  name=$(basename "$t")
+  start=$(date +%s)
+  (cd "$ROOT" && "$t") > "$RES/$name.out" 2>&1; rc=$?
+  echo "$rc $(( $(date +%s) - start ))" > "$RES/$name.rc"
+}
+
+# Prints unit suite NAME's lines from $RES and counts its checks.
+report_unit() {
+  local name=$1 rc secs out line n f e s
+  read -r rc secs < "$RES/$name.rc"
+  out=$(cat "$RES/$name.out")
+  line=$(echo "$out" | grep -E '^[0-9]+%: Checks:' | tail -1)
+  echo "$out" | grep -vE '^Running suite' | grep -E ':[EF]:|SKIP' || true
+  n=$(echo "$line" | sed -nE 's/.*Checks: ([0-9]+).*/\1/p'); n=${n:-0}
+  f=$(echo "$line" | sed -nE 's/.*Failures: ([0-9]+).*/\1/p'); f=${f:-0}
+  e=$(echo "$line" | sed -nE 's/.*Errors: ([0-9]+).*/\1/p'); e=${e:-0}
+  s=$(echo "$out" | grep -c '^SKIP' || true)
+  if [ "$rc" -ne 0 ] || [ -z "$line" ]; then
+    echo "unit $name: FAILED (exit $rc)"; echo "$out" | tail -20
+    details+="unit $name: FAILED (exit $rc)"$'\n'"$( (echo "$out" | grep -E ':[EF]:'; echo "$out" | tail -5) | head -12 | sed 's/^/    /')"$'\n'
+    failed+=("unit:$name")
+    [ -z "$line" ] && f=$((f + 1))
+  else
+    echo "unit $name: ok (${secs}s) $line"
+  fi
+  pass=$((pass + n - f - e - s)); fail=$((fail + f + e)); skip=$((skip + s))
+}
 
 # One e2e test: runs it in a fresh $JDT_TMP under a 600 s limit, stops any fixture it left up,
 # and writes "rc secs" to $RES/NAME.rc (rc 99: passed but leaked a fixture), its output to
@@ -87,39 +97,64 @@ report_e2e() {
   esac
 }
 
-if [ "$WHAT" = all ] || [ "$WHAT" = e2e ]; then
-  # Tests run JDT_TEST_JOBS at a time (default: the CPUs, at most 4), except those whose header
-  # has a line "# e2e: exclusive (why)": timing-sensitive ones (signals, peer time-outs, rate
-  # limits), daemons and namespaces, and the multi-process heavyweights run alone afterwards.
-  jobs=${JDT_TEST_JOBS:-$(nproc)}
-  [ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
-  [ "$jobs" -le 4 ] || jobs=4
-  RES=$(mktemp -d /tmp/jdt-e2e-results.XXXXXX)
-  pool=(); alone=()
-  for t in "$ROOT"/tests/e2e/*.sh; do
-    [ -f "$t" ] || continue
-    if grep -q '^# e2e: exclusive' "$t"; then alone+=("$t"); else pool+=("$t"); fi
-  done
+# pool RUN REPORT ITEM...: runs `RUN ITEM` for each item in the background, $jobs at a time,
+# and `REPORT NAME` (NAME: the item's base name less .sh) as each ends.
+pool() {
+  local runf=$1 repf=$2 t pid
+  shift 2
   declare -A running=()
-  for t in "${pool[@]}"; do
+  for t in "$@"; do
     while [ ${#running[@]} -ge "$jobs" ]; do
       for pid in "${!running[@]}"; do
         kill -0 "$pid" 2>/dev/null && continue
-        wait "$pid"; report_e2e "${running[$pid]}"; unset "running[$pid]"
+        wait "$pid"; "$repf" "${running[$pid]}"; unset "running[$pid]"
       done
       [ ${#running[@]} -ge "$jobs" ] && sleep 0.2
     done
-    run_e2e "$t" &
+    "$runf" "$t" &
     running[$!]=$(basename "$t" .sh)
   done
   for pid in "${!running[@]}"; do
-    wait "$pid"; report_e2e "${running[$pid]}"
+    wait "$pid"; "$repf" "${running[$pid]}"
   done
+}
+
+# Tests run JDT_TEST_JOBS at a time (default: the CPUs, at most 4): the unit suites (none races a
+# clock; the slow ones first, so that the last to start are short), then the end-to-end tests,
+# except those whose header has a line "# e2e: exclusive (why)": timing-sensitive ones (signals,
+# peer time-outs, rate limits), daemons and namespaces, and the multi-process heavyweights run
+# alone afterwards.
+jobs=${JDT_TEST_JOBS:-$(nproc)}
+[ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
+[ "$jobs" -le 4 ] || jobs=4
+RES=$(mktemp -d /tmp/jdt-test-results.XXXXXX)
+
+if [ "$WHAT" = all ] || [ "$WHAT" = unit ]; then
+  # the longest suites (about 60, 40, 25 and 20 s on 2 cores; check_dist mostly waits on
+  # peers' time-outs) first, then the rest in name order
+  slow=(check_train check_runtime check_dist check_jit)
+  units=()
+  for n in "${slow[@]}"; do [ -x "$ROOT/$BUILD/tests/$n" ] && units+=("$ROOT/$BUILD/tests/$n"); done
+  for t in "$ROOT/$BUILD"/tests/check_*; do
+    [ -x "$t" ] || continue
+    [[ " ${slow[*]} " == *" $(basename "$t") "* ]] && continue
+    units+=("$t")
+  done
+  pool run_unit report_unit "${units[@]}"
+fi
+
+if [ "$WHAT" = all ] || [ "$WHAT" = e2e ]; then
+  shared=(); alone=()
+  for t in "$ROOT"/tests/e2e/*.sh; do
+    [ -f "$t" ] || continue
+    if grep -q '^# e2e: exclusive' "$t"; then alone+=("$t"); else shared+=("$t"); fi
+  done
+  pool run_e2e report_e2e "${shared[@]}"
   for t in "${alone[@]}"; do
     run_e2e "$t"; report_e2e "$(basename "$t" .sh)"
   done
-  rm -rf "$RES"
 fi
+rm -rf "$RES"
 
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "$pass passed, $fail failed, $skip skipped"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # run-cuda.sh [BUILD_DIR] — the CUDA suites of `make test-cuda` (which builds build-cuda/ first),
 # in two queues that run side by side, since most of them keep one core busy and CI has two
-# (about equally long: 230 s each on a 2-core CI machine):
-#   A: check_cuk (NVRTC compiles of every builtin kernel, host checks), check_cuda (NVRTC
-#      compiles of every generated kernel), then tests/e2e/cuda_backend.sh with the CUDA binary
+# (about equally long: 255 and 262 s on a 2-core CI machine at 4645b63):
+#   A: check_cuk (NVRTC compiles of every builtin kernel, host checks, 159 s), then
+#      tests/e2e/cuda_backend.sh with the CUDA binary (96 s)
 #   B: on the host CUDA emulator, check_cuk-emu's GPU case warp by warp (the last first, threads
-#      in reverse), cp.async copies landing when issued, kernels built with UBSan; then
-#      check_cuda-emu's GPU case warp by warp (cp.async copies landing at their waits)
+#      in reverse), cp.async copies landing when issued, kernels built with UBSan (84 s); then
+#      check_cuda-emu's GPU case warp by warp (cp.async copies landing at their waits, 139 s);
+#      then check_cuda (NVRTC compiles of every generated kernel, 39 s)
 # Both emulator suites build the kernels at -O2 with floating-point contraction where the host
 # has FMA (FMA_FLAGS), as NVRTC's default --fmad=true contracts on a GPU: a tolerance or an exact
 # comparison that holds only for separately rounded products fails here. (The host compiler picks
@@ -42,7 +43,6 @@ suite() {
 }
 queue_a() {
   suite check_cuk build-cuda/tests/check_cuk
-  suite check_cuda build-cuda/tests/check_cuda
   local tmp
   tmp=$(mktemp -d /tmp/jdt-cuda-backend.XXXXXX)
   suite cuda_backend env JDT_CUDA_BIN="$ROOT/build-cuda/jdt-train" JDT_ROOT="$ROOT" JDT_TMP="$tmp" \
@@ -56,6 +56,7 @@ queue_b() {
     build-cuda/tests/check_cuk-emu
   suite check_cuda-emu env JDT_CUDAEMU_ORDER=warps MALLOC_PERTURB_=165 CK_RUN_CASE=gpu \
     JDT_CUDAEMU_OPT=-O2 JDT_CUDAEMU_CFLAGS="$FMA_FLAGS" build-cuda/tests/check_cuda-emu
+  suite check_cuda build-cuda/tests/check_cuda
 }
 queue_a & a=$!
 queue_b & b=$!
