@@ -140,7 +140,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = unit ]; then
     [[ " ${slow[*]} " == *" $(basename "$t") "* ]] && continue
     units+=("$t")
   done
+  t0=$(date +%s)
   pool run_unit report_unit "${units[@]}"
+  echo "== unit suites: $(( $(date +%s) - t0 ))s"
 fi
 
 if [ "$WHAT" = all ] || [ "$WHAT" = e2e ]; then
@@ -149,10 +151,13 @@ if [ "$WHAT" = all ] || [ "$WHAT" = e2e ]; then
     [ -f "$t" ] || continue
     if grep -q '^# e2e: exclusive' "$t"; then alone+=("$t"); else shared+=("$t"); fi
   done
+  t0=$(date +%s)
   pool run_e2e report_e2e "${shared[@]}"
+  t1=$(date +%s)
   for t in "${alone[@]}"; do
     run_e2e "$t"; report_e2e "$(basename "$t" .sh)"
   done
+  echo "== e2e tests: $(( t1 - t0 ))s $jobs at a time, then $(( $(date +%s) - t1 ))s the exclusive ones"
 fi
 rm -rf "$RES"
 

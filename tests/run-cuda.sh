@@ -58,9 +58,11 @@ queue_b() {
     JDT_CUDAEMU_OPT=-O2 JDT_CUDAEMU_CFLAGS="$FMA_FLAGS" build-cuda/tests/check_cuda-emu
   suite check_cuda build-cuda/tests/check_cuda
 }
+t0=$(date +%s)
 queue_a & a=$!
 queue_b & b=$!
 wait $a $b
+echo "== CUDA suites: $(( $(date +%s) - t0 ))s"
 
 failed=()
 for name in check_cuk check_cuk-emu cuda_backend check_cuda check_cuda-emu; do
