@@ -60,7 +60,7 @@ static const jdt_config_key KEYS[] = {
     K_ENUM("run.log_level", run.log_level, C_LOG, "info", "log verbosity (--log-level overrides it)"),
     /* model */
     K_ENUM("model.type", model.type, C_MODEL, "gpt", "model family"),
-    K_INT("model.vocab_size", model.vocab_size, 1, IMAX, "256", "gpt: vocabulary size V"),
+    K_INT("model.vocab_size", model.vocab_size, 2, IMAX, "256", "gpt: vocabulary size V (one token would leave nothing to predict)"),
     K_INT("model.seq_len", model.seq_len, 1, IMAX, "256", "gpt: context length T"),
     K_INT("model.n_layer", model.n_layer, 1, IMAX, "4", "gpt: transformer blocks L"),
     K_INT("model.n_embd", model.n_embd, 1, IMAX, "256", "gpt: embedding width C (multiple of n_head)"),

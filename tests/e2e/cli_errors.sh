@@ -41,6 +41,8 @@ ARGS=(many.yaml);                          check many-keys "many.yaml:4098:3" "m
 ARGS=("$JDT_ROOT/configs/tiny.yaml" "run.out_dir=/tmp/$(printf 'd%.0s' $(seq 600))"); check longpath "run.out_dir" "at most 512"
 # the config's bound is the data loader's (it refused 65..1024 only once the data was open)
 ARGS=("$JDT_ROOT/configs/tiny.yaml" data.prefetch=65); check prefetch "data.prefetch" "0..64"
+# a vocabulary of one token (it failed only once the synthetic data was being written, exit 1)
+ARGS=("$JDT_ROOT/configs/tiny.yaml" model.vocab_size=1); check vocab1 "model.vocab_size" ">= 2"
 ARGS=("$JDT_ROOT/configs/tiny.yaml" runtime.loss_chunks=33); check chunks "runtime.loss_chunks" "33 slices" "model.seq_len = 32" "at most 32"
 export JDT_MODEL_N_LAYER=3
 ARGS=("$JDT_ROOT/configs/tiny.yaml" model.n_layer=3); check both-ways "command line" "environment" "JDT_MODEL_N_LAYER=3"
