@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -743,6 +744,28 @@ static int cmd_train(const subcommand *cmd, cli_args *a)
     return exit_code(st);
 }
 
+/* Whether paths a and b name the same directory: the same inode where both exist, else the
+ * same text up to trailing slashes. */
+static bool same_dir(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    size_t na = strlen(a), nb = strlen(b);
+    while (na > 1 && a[na - 1] == '/')
+        na--;
+    while (nb > 1 && b[nb - 1] == '/')
+        nb--;
+    return na == nb && memcmp(a, b, na) == 0;
+}
+
+/* Whether prepare can write shards into directory path: local, not a .h5 file name. */
+static bool shard_dir_ok(const char *path)
+{
+    size_t n = strlen(path);
+    return n > 0 && !jdt_fetch_is_url(path) && !(n > 3 && strcmp(path + n - 3, ".h5") == 0);
+}
+
 static int cmd_prepare(const subcommand *cmd, cli_args *a)
 {
     if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
@@ -767,11 +790,21 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         st = jdt_err_set(&e, JDT_ERR_CONFIG,
                          "data.train_path: prepare writes a directory of shards; got '%s'",
                          c.data.train_path);
+    } else if (c.data.val_path[0] && !same_dir(c.data.val_path, c.data.train_path) &&
+               !shard_dir_ok(c.data.val_path)) {
+        st = jdt_err_set(&e, JDT_ERR_CONFIG,
+                         "data.val_path: prepare writes the val shard into a local directory "
+                         "(data.train_path's, or another); got '%s'",
+                         c.data.val_path);
     } else {
+        /* the val shard where the run will read it: data.val_path when it names another
+         * directory (the train runs read val from there), else beside the train shards */
+        const bool val_apart = c.data.val_path[0] && !same_dir(c.data.val_path, c.data.train_path);
         jdt_prep_text_opts o;
         memset(&o, 0, sizeof o);
         o.text_path = c.data.source;
         o.out_dir = c.data.train_path;
+        o.val_dir = val_apart ? c.data.val_path : NULL;
         o.val_fraction = c.data.val_fraction;
         o.n_shards = c.data.n_shards;
         o.tokenizer = c.data.tokenizer == JDT_TOKENIZER_BPE ? JDT_PREP_TOK_BPE : JDT_PREP_TOK_BYTE;
@@ -782,10 +815,13 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         /* manifest.txt: sizes, sha256 and lengths, so the folder can be served over HTTP(S)
          * and trained from as it streams in (docs/data.md "Remote data") */
         if (st == JDT_OK) st = jdt_fetch_write_manifest(c.data.train_path, &e);
+        if (st == JDT_OK && val_apart && r.n_val_files > 0)
+            st = jdt_fetch_write_manifest(c.data.val_path, &e);
         if (st == JDT_OK)
-            JDT_INFO("prepared %s -> %s: %lld train tokens in %d file(s), %lld val tokens",
+            JDT_INFO("prepared %s -> %s: %lld train tokens in %d file(s), %lld val tokens%s%s",
                      c.data.source, c.data.train_path, (long long)r.n_train_tokens, r.n_train_files,
-                     (long long)r.n_val_tokens);
+                     (long long)r.n_val_tokens, val_apart && r.n_val_files ? " in " : "",
+                     val_apart && r.n_val_files ? c.data.val_path : "");
     }
     if (st != JDT_OK)
         fprintf(stderr, "jdt-train: %s: %s\n", st == JDT_ERR_CONFIG ? "config error" : "error",

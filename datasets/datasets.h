@@ -22,6 +22,7 @@ typedef enum { JDT_PREP_TOK_BYTE, JDT_PREP_TOK_BPE } jdt_prep_tokenizer;
 typedef struct {
     const char *text_path; /* input text file */
     const char *out_dir;   /* created if missing */
+    const char *val_dir;   /* where val_000.h5 goes (created if missing); NULL or "" = out_dir */
     double val_fraction;   /* [0, 1): the tail of the token stream that becomes val */
     int n_shards;          /* train shard files (>= 1); val is one file */
     int compress_level;    /* 0..9 (deflate) */
@@ -40,9 +41,11 @@ typedef struct {
 
 /* Tokenizes text_path with the byte tokenizer, streaming it in blocks (never all in memory),
  * and writes out_dir/train_000.h5 ... train_{n_shards-1}.h5 and (if val_fraction > 0)
- * out_dir/val_000.h5, each through a temp file + rename. Stale train_/val_ shards of an
- * earlier run with more shards are removed. res may be NULL. Errors: ERR_NOT_FOUND/ERR_IO
- * (the file), ERR_INVALID (empty text, too few tokens for the shards, bad options). */
+ * val_dir/val_000.h5 (val_dir: out_dir unless set), each through a temp file + rename. Stale
+ * train_/val_ shards of an earlier run with more shards are removed (and out_dir's val_ shards
+ * when val goes to another directory; val_dir's train_ files are left alone). res may be NULL.
+ * Errors: ERR_NOT_FOUND/ERR_IO (the file), ERR_INVALID (empty text, too few tokens for the shards,
+ * bad options). */
 jdt_status jdt_prep_text(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
 
 /* The BPE path of jdt_prep_text (opts->tokenizer == JDT_PREP_TOK_BPE; jdt_prep_text calls it).

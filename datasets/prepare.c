@@ -11,6 +11,7 @@
 #include "io/fetch.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,36 @@ static jdt_status remove_stale(const char *dir, int keep_train, int keep_val, jd
     return st;
 }
 
+/* The directory val_000.h5 goes to: opts->val_dir, or out_dir. */
+static const char *val_dir_of(const jdt_prep_text_opts *o)
+{
+    return o->val_dir && o->val_dir[0] ? o->val_dir : o->out_dir;
+}
+
+/* A buffer for "<out_dir or val_dir>/<name of up to 31 bytes>", or NULL. */
+static char *shard_path_buf(const jdt_prep_text_opts *o)
+{
+    size_t a = strlen(o->out_dir), b = strlen(val_dir_of(o));
+    return jdt_malloc((a > b ? a : b) + 32);
+}
+
+/* Creates the val directory if it is not out_dir and a val shard is due. */
+static jdt_status make_val_dir(const jdt_prep_text_opts *o, int64_t n_val, jdt_err *e)
+{
+    return n_val > 0 && val_dir_of(o) != o->out_dir ? jdt_io_mkdir_p(val_dir_of(o), e) : JDT_OK;
+}
+
+/* remove_stale for the shards just written: out_dir keeps n_shards train shards and its val
+ * shard if val goes there; a separate val_dir keeps its val shard (if any) and every train_
+ * file it may hold. */
+static jdt_status remove_stale_all(const jdt_prep_text_opts *o, int64_t n_val, jdt_err *e)
+{
+    const bool apart = val_dir_of(o) != o->out_dir;
+    jdt_status st = remove_stale(o->out_dir, o->n_shards, apart || n_val == 0 ? 0 : 1, e);
+    if (st == JDT_OK && apart) st = remove_stale(val_dir_of(o), INT_MAX, n_val > 0 ? 1 : 0, e);
+    return st;
+}
+
 jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_err *e)
 {
     jdt_err err_local_; /* e may be NULL: keep the detail locally */
@@ -143,10 +174,10 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
                          o->text_path, (long long)n, o->n_shards, o->val_fraction);
         goto out;
     }
-    if ((st = jdt_io_mkdir_p(o->out_dir, e))) goto out;
+    if ((st = jdt_io_mkdir_p(o->out_dir, e)) || (st = make_val_dir(o, n_val, e))) goto out;
     buf = jdt_malloc(BLOCK_BYTES);
     toks = jdt_malloc(BLOCK_BYTES * sizeof *toks);
-    path = jdt_malloc(strlen(o->out_dir) + 32);
+    path = shard_path_buf(o);
     if (!buf || !toks || !path) {
         st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
         goto out;
@@ -163,7 +194,7 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
         }
     }
     if (n_val > 0) {
-        sprintf(path, "%s/val_%03d.h5", o->out_dir, 0);
+        sprintf(path, "%s/val_%03d.h5", val_dir_of(o), 0);
         if ((st = write_shard(f, o->text_path, n_train, n, path, o->compress_level, buf, toks,
                               &prog, e))) {
             jdt_progress_end(&prog);
@@ -171,7 +202,7 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
         }
     }
     jdt_progress_end(&prog);
-    if ((st = remove_stale(o->out_dir, o->n_shards, n_val > 0 ? 1 : 0, e))) goto out;
+    if ((st = remove_stale_all(o, n_val, e))) goto out;
     if (res) {
         res->n_train_tokens = n_train;
         res->n_val_tokens = n_val;
@@ -244,7 +275,7 @@ jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *o, jdt_prep_result *res, 
                  jdt_bpe_vocab_size(tok), n_head, jdt_now_s() - t0);
     }
     if ((st = jdt_io_mkdir_p(o->out_dir, e))) goto out;
-    if (!(path = jdt_malloc(strlen(o->out_dir) + 32))) goto oom;
+    if (!(path = shard_path_buf(o))) goto oom;
     sprintf(path, "%s/tokenizer.json", o->out_dir);
     if ((st = jdt_bpe_save(tok, path, e))) goto out;
     if ((st = jdt_io_read_all(path, &tok_json, &n_json, e))) goto out;
@@ -274,11 +305,13 @@ jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *o, jdt_prep_result *res, 
         sprintf(path, "%s/train_%03d.h5", o->out_dir, i);
         if ((st = write_ids(ids, b, en, path, vocab, tok_name, o->compress_level, e))) goto out;
     }
+    if ((st = make_val_dir(o, n_val, e))) goto out;
     if (n_val > 0) {
-        sprintf(path, "%s/val_%03d.h5", o->out_dir, 0);
-        if ((st = write_ids(ids, n_train, n, path, vocab, tok_name, o->compress_level, e))) goto out;
+        sprintf(path, "%s/val_%03d.h5", val_dir_of(o), 0);
+        if ((st = write_ids(ids, n_train, n, path, vocab, tok_name, o->compress_level, e)))
+            goto out;
     }
-    if ((st = remove_stale(o->out_dir, o->n_shards, n_val > 0 ? 1 : 0, e))) goto out;
+    if ((st = remove_stale_all(o, n_val, e))) goto out;
     if (res) {
         res->n_train_tokens = n_train;
         res->n_val_tokens = n_val;
@@ -316,7 +349,8 @@ jdt_status jdt_prep_bpe_for_run(const char *data_path, const char *tokenizer_pat
         } else {
             const char *slash = strrchr(data_path, '/');
             size_t d = slash ? (size_t)(slash - data_path) : 1;
-            if ((p = jdt_malloc(d + 20))) snprintf(p, d + 20, "%.*s/tokenizer.json", (int)d, slash ? data_path : ".");
+            if ((p = jdt_malloc(d + 20)))
+                snprintf(p, d + 20, "%.*s/tokenizer.json", (int)d, slash ? data_path : ".");
         }
         if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
         if (jdt_io_is_file(p)) {

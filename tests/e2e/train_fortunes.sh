@@ -19,14 +19,17 @@ export JDT_RUNTIME_CACHE_DIR="$TMP/cache"
 cat > "$TMP/f.yaml" <<YAML
 run: {name: fortunes, out_dir: $TMP/runs, seed: 1, steps: 800, log_every: 200, eval_every: 800, eval_steps: 8}
 model: {type: gpt, vocab_size: 256, seq_len: 64, n_layer: 2, n_embd: 128, n_head: 4}
-data: {format: tokens, source: $TXT, train_path: $TMP/data, val_path: $TMP/data, val_fraction: 0.1,
+data: {format: tokens, source: $TXT, train_path: $TMP/data/train, val_path: $TMP/data/val, val_fraction: 0.1,
        batch_size: 16, micro_batch_size: 16}
 optimizer: {type: adamw, lr: 0.003, warmup_steps: 20, schedule: cosine, min_lr_ratio: 0.1, weight_decay: 0.0}
 checkpoint: {every: 0, resume: none}
 runtime: {threads: 2}
 YAML
 "$BIN" prepare "$TMP/f.yaml" >/dev/null 2>"$TMP/prep.log" || { cat "$TMP/prep.log"; fail "prepare"; }
-[ -f "$TMP/data/train_000.h5" ] && [ -f "$TMP/data/val_000.h5" ] || fail "prepare wrote no shards"
+# the val split where data.val_path says (a directory apart from the train shards' since
+# session 54: prepare wrote it beside them, and the run then found no val data)
+[ -f "$TMP/data/train/train_000.h5" ] && [ -f "$TMP/data/val/val_000.h5" ] || { ls -R "$TMP/data"; fail "prepare wrote no shards where the config says"; }
+[ ! -e "$TMP/data/train/val_000.h5" ] || fail "prepare wrote the val split beside the train shards too"
 start=$(date +%s)
 timeout 540 "$BIN" "$TMP/f.yaml" >/dev/null 2>"$TMP/train.log" || { tail -n 5 "$TMP/train.log"; fail "training"; }
 vl=$(grep -o '"val_loss": [0-9.e+-]*' "$TMP/runs/fortunes/metrics.jsonl" | tail -1 | awk '{print $2}')

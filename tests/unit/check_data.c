@@ -831,6 +831,28 @@ START_TEST(test_prepare_text)
     ck_assert_int_ne(access(p, F_OK), 0);
     snprintf(p, sizeof p, "%s/train_001.h5", out);
     ck_assert_int_eq(access(p, F_OK), 0);
+    /* val in a directory of its own (data.val_path apart from train_path): created there, the
+     * same tail; the out dir keeps no val shard of the run before, the val dir no stale one */
+    char vdir[420];
+    snprintf(vdir, sizeof vdir, "%s/val/a", tu_tmpdir());
+    o.val_dir = vdir;
+    o.val_fraction = 0.1;
+    o.n_shards = 3;
+    ck_assert_int_eq(jdt_prep_text(&o, &r, &e), JDT_OK);
+    ck_assert_int_eq(r.n_val_tokens, 1000);
+    snprintf(p, sizeof p, "%s/val_000.h5", out);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    jdt_data *va2 = open_tokens(vdir, "val", 999, 1, false, 0, 0, 0, 0);
+    ck_assert_int_eq(jdt_data_get(va2, 0, &b, &e), JDT_OK);
+    for (int64_t i = 0; i < 999; i++)
+        ck_assert_int_eq(((int32_t *)b.x)[i], (unsigned char)text[9000 + i]);
+    jdt_data_close(va2);
+    o.val_fraction = 0; /* no val now: the val dir's old shard goes */
+    ck_assert_int_eq(jdt_prep_text(&o, &r, &e), JDT_OK);
+    snprintf(p, sizeof p, "%s/val_000.h5", vdir);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    o.val_dir = NULL;
+    o.n_shards = 2;
     /* errors: missing text, empty text */
     o.text_path = path_in("missing.txt");
     ck_assert_int_eq(jdt_prep_text(&o, &r, &e), JDT_ERR_NOT_FOUND);
