@@ -513,6 +513,19 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
                                  path);
             goto out;
         }
+        /* another model's weights would load in part (fewer layers), or fail on the first
+         * tensor missing: the stored config names the difference */
+        jdt_ckpt_meta meta;
+        jdt_ckpt_get_meta(ck, &meta);
+        char why[160];
+        const char *key = jdt_train_ckpt_differs(c, meta.config_text, ckpt, false, why, sizeof why);
+        if (key) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG,
+                             "checkpoint.init_from %s: the checkpoint holds another model (%s): "
+                             "set this config's %s to match",
+                             ckpt, why, key);
+            goto out;
+        }
     }
     int n = jdt_step_n_tensors(step);
     for (int i = 0; i < n && st == JDT_OK; i++) {

@@ -506,6 +506,25 @@ static const char *model_differs(const jdt_config *a, const jdt_config *b, char 
     return NULL;
 }
 
+const char *jdt_train_ckpt_differs(const jdt_config *cfg, const char *config_text, const char *path,
+                                   bool optimizer, char *why, size_t n)
+{
+    if (!config_text || !config_text[0]) return NULL;
+    jdt_config old;
+    jdt_err e2;
+    if (jdt_config_load_string(config_text, path, 0, NULL, NULL, &old, &e2) != JDT_OK)
+        return NULL; /* written by another version: the tensors' names and shapes decide */
+    const char *key = model_differs(cfg, &old, why, n);
+    if (!key && optimizer && cfg->optimizer.type != old.optimizer.type) {
+        snprintf(why, n, "the checkpoint's optimizer.type is %s, this config's %s",
+                 jdt_config_choice_name("optimizer.type", (int)old.optimizer.type),
+                 jdt_config_choice_name("optimizer.type", (int)cfg->optimizer.type));
+        key = "optimizer.type";
+    }
+    jdt_config_free(&old);
+    return key;
+}
+
 /* The checkpoint's metadata against the run: a step and data position that a save can have
  * written (the step its directory is named for, where it is named step_N), and the model its
  * stored config describes. A checkpoint of another model whose tensors happen to fit (fewer
@@ -513,7 +532,7 @@ static const char *model_differs(const jdt_config *a, const jdt_config *b, char 
  * stored config's batch size (this config's where it has none, or one this version cannot
  * read). */
 static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, const char *path,
-                             int64_t *b_old, jdt_err *e)
+                             bool optimizer, int64_t *b_old, jdt_err *e)
 {
     *b_old = cfg->data.batch_size;
     if (meta->step < 0 || meta->data_position < 0)
@@ -533,23 +552,29 @@ static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, c
     jdt_err e2;
     if (jdt_config_load_string(meta->config_text, path, 0, NULL, NULL, &old, &e2) != JDT_OK)
         return JDT_OK; /* written by another version: the tensors' names and shapes decide */
-    char why[160];
-    const char *key = model_differs(cfg, &old, why, sizeof why);
     *b_old = old.data.batch_size;
     jdt_config_free(&old);
+    char why[160];
+    const char *key =
+        jdt_train_ckpt_differs(cfg, meta->config_text, path, optimizer, why, sizeof why);
     if (key)
-        return jdt_err_set(e, JDT_ERR_CONFIG,
-                           "%s: the checkpoint holds another model (%s): resume with its %s, or "
-                           "start a new run (checkpoint.resume: none, or another run.name)",
-                           path, why, key);
+        return jdt_err_set(
+            e, JDT_ERR_CONFIG,
+            "%s: the checkpoint holds another %s (%s): resume with its %s, or "
+            "start a new run (checkpoint.resume: none, or another run.name%s)",
+            path, strncmp(key, "model.", 6) == 0 ? "model" : "optimizer's state", why, key,
+            strncmp(key, "model.", 6) == 0 ? "" : "; checkpoint.init_from takes its weights alone");
     return JDT_OK;
 }
 
 /* Loads this rank's blocks of params and optimizer state from path; returns the step to
- * continue from and (data_batch not NULL) the global batch of cfg's size to read next. */
+ * continue from and (data_batch not NULL) the global batch of cfg's size to read next. With
+ * data_batch NULL (an evaluation) it loads the params alone: the checkpoint's optimizer, which
+ * may not be this config's, does not matter. */
 static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *path,
                             int64_t *next_step, int64_t *data_batch, jdt_err *e)
 {
+    const bool resume = data_batch != NULL;
     jdt_ckpt *c = NULL;
     jdt_status st = jdt_ckpt_open(path, &c, e);
     if (st != JDT_OK) return st;
@@ -557,7 +582,7 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
     int64_t b_old;
-    if ((st = check_meta(cfg, &meta, path, &b_old, e)) != JDT_OK ||
+    if ((st = check_meta(cfg, &meta, path, resume, &b_old, e)) != JDT_OK ||
         (data_batch && (st = resume_batch(cfg, &meta, path, b_old, data_batch, e)) != JDT_OK)) {
         jdt_ckpt_close(c);
         return st;
@@ -569,7 +594,8 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
         float *data;
         jdt_shape shape;
         jdt_step_tensor(step, i, &name, &data, &shape);
-        total_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
+        if (resume || strncmp(name, "params/", 7) == 0)
+            total_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
     }
     jdt_progress prog;
     jdt_progress_begin(&prog, "loading checkpoint", total_mb, "MB");
@@ -579,6 +605,7 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
         jdt_shape shape, global;
         int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(step, i, &name, &data, &shape);
+        if (!resume && strncmp(name, "params/", 7) != 0) continue;
         jdt_step_tensor_block(step, i, &global, offset);
         jdt_ckpt_tensor want; /* this rank's block only: any mesh reads any checkpoint */
         memset(&want, 0, sizeof want);

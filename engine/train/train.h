@@ -151,6 +151,14 @@ jdt_status jdt_train_check_memory(const jdt_config *cfg, int64_t micro_batch, co
 /* The checkpoint directory of cfg: checkpoint.dir, or <run.out_dir>/<run.name>/ckpt. */
 void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes);
 
+/* The config key (e.g. "model.n_layer") on which the run config cfg and the config stored in
+ * a checkpoint (config_text, its metadata's; path names it in errors) describe different
+ * networks, with why = "the checkpoint's K is X, this config's Y"; with optimizer true also
+ * "optimizer.type" (the optimizer state a resume reads). NULL where they agree, or where the
+ * checkpoint stores no config this version can read (its tensors' names and shapes decide). */
+const char *jdt_train_ckpt_differs(const jdt_config *cfg, const char *config_text, const char *path,
+                                   bool optimizer, char *why, size_t n);
+
 /* Learning rate at 0-based step t: linear warmup to lr over warmup_steps, then constant,
  * cosine or linear decay to lr * min_lr_ratio at decay_steps. */
 double jdt_train_lr(const jdt_config *cfg, int64_t t);

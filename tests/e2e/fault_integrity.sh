@@ -91,6 +91,16 @@ grep -q "the checkpoint holds another model (the checkpoint's model.n_layer is 2
   { cat "$TMP/err"; fail "resume with another model not refused"; }
 expect 2 "$BIN" $A run.steps=16 model.bias=false
 grep -q "model.bias is true, this config's false" "$TMP/err" || { cat "$TMP/err"; fail "bias change not refused"; }
+#  another optimizer (adamw's m and v against sgd's momentum): named, not "tensor missing";
+#  init_from with another model too; an evaluation reads the params alone, so any optimizer
+expect 2 "$BIN" $A run.steps=16 optimizer.type=sgd
+grep -q "holds another optimizer's state (the checkpoint's optimizer.type is adamw, this config's sgd)" "$TMP/err" ||
+  { cat "$TMP/err"; fail "resume with another optimizer not named"; }
+expect 2 "$BIN" $A run.steps=16 run.name=other checkpoint.resume=none checkpoint.init_from="$TMP/runs/tiny/ckpt" model.n_layer=1
+grep -q "checkpoint.init_from .*step_000008: the checkpoint holds another model (the checkpoint's model.n_layer is 2, this config's 1)" "$TMP/err" ||
+  { cat "$TMP/err"; fail "init_from another model not named"; }
+expect 0 "$BIN" eval $A optimizer.type=sgd
+grep -q "^val loss" "$TMP/out" || { cat "$TMP/out" "$TMP/err"; fail "eval under another optimizer"; }
 expect 0 "$BIN" $A run.steps=10 model.dropout=0.1 # not the model's parameters: resumes
 grep -q "resumed from .*step_000008 at step 8" "$TMP/err" || { cat "$TMP/err"; fail "dropout change refused"; }
 echo "flipped step, damaged config, flipped token byte, renamed and damaged checkpoints, another model: detected"
