@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -759,6 +760,20 @@ static bool same_dir(const char *a, const char *b)
     return na == nb && memcmp(a, b, na) == 0;
 }
 
+/* Whether directory path holds train shards (train_*.h5): another dataset's directory. */
+static bool holds_train_shards(const char *path)
+{
+    DIR *d = opendir(path);
+    bool found = false;
+    for (struct dirent *de; d && !found && (de = readdir(d));) {
+        size_t n = strlen(de->d_name);
+        found = strncmp(de->d_name, "train_", 6) == 0 && n > 9 &&
+                strcmp(de->d_name + n - 3, ".h5") == 0;
+    }
+    if (d) closedir(d);
+    return found;
+}
+
 /* Whether prepare can write shards into directory path: local, not a .h5 file name. */
 static bool shard_dir_ok(const char *path)
 {
@@ -798,8 +813,16 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
                          c.data.val_path);
     } else {
         /* the val shard where the run will read it: data.val_path when it names another
-         * directory (the train runs read val from there), else beside the train shards */
-        const bool val_apart = c.data.val_path[0] && !same_dir(c.data.val_path, c.data.train_path);
+         * directory (the train runs read val from there), else beside the train shards; but
+         * never into a directory of another dataset's train shards (a config whose train_path
+         * alone was overridden would overwrite that dataset's val split) */
+        const bool other = c.data.val_path[0] && !same_dir(c.data.val_path, c.data.train_path);
+        const bool val_apart = other && !holds_train_shards(c.data.val_path);
+        if (other && !val_apart && c.data.val_fraction > 0)
+            JDT_WARN("data.val_path %s holds another dataset's train shards: the val split goes "
+                     "beside the train shards in %s (point data.val_path there to evaluate on "
+                     "it)",
+                     c.data.val_path, c.data.train_path);
         jdt_prep_text_opts o;
         memset(&o, 0, sizeof o);
         o.text_path = c.data.source;

@@ -97,6 +97,11 @@ echo "ok: init_from ${URL}ckpt/$(basename "$ck")/"
 timeout 300 "$BIN" prepare "$TMP/c.yaml" data.tokenizer=bpe model.vocab_size=320 data.train_path="$W/bpe" \
   >/dev/null 2>"$TMP/bpe-prep.log" || { tail -3 "$TMP/bpe-prep.log"; fail "prepare bpe"; }
 grep -q '^tokenizer.json ' "$W/bpe/manifest.txt" || fail "manifest lacks tokenizer.json"
+# c.yaml's data.val_path is the byte corpus's directory: its val split is not overwritten, the
+# bpe corpus's goes beside its train shards, with a warning
+[ -f "$W/bpe/val_000.h5" ] || fail "the bpe val split is not beside its train shards"
+grep -q "data.val_path $W/data holds another dataset's train shards" "$TMP/bpe-prep.log" ||
+  { cat "$TMP/bpe-prep.log"; fail "no warning that the val split is not where data.val_path says"; }
 timeout 300 "$BIN" "$TMP/c.yaml" run.name=bpe run.steps=2 data.tokenizer=bpe model.vocab_size=320 \
   data.train_path="${URL}bpe/" data.val_path="${URL}bpe/" >/dev/null 2>"$TMP/bpe.log" \
   || { tail -3 "$TMP/bpe.log"; fail "bpe run from ${URL}bpe/"; }
