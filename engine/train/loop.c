@@ -532,7 +532,7 @@ const char *jdt_train_ckpt_differs(const jdt_config *cfg, const char *config_tex
  * stored config's batch size (this config's where it has none, or one this version cannot
  * read). */
 static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, const char *path,
-                             bool optimizer, int64_t *b_old, jdt_err *e)
+                             bool optimizer, bool log, int64_t *b_old, jdt_err *e)
 {
     *b_old = cfg->data.batch_size;
     if (meta->step < 0 || meta->data_position < 0)
@@ -553,6 +553,17 @@ static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, c
     if (jdt_config_load_string(meta->config_text, path, 0, NULL, NULL, &old, &e2) != JDT_OK)
         return JDT_OK; /* written by another version: the tensors' names and shapes decide */
     *b_old = old.data.batch_size;
+    /* a schedule whose end follows run.steps (optimizer.decay_steps 0) moves when a resume
+     * raises run.steps: the learning rate from the checkpoint's step on is not what its run
+     * would have used (after a finished run it rises again from lr * min_lr_ratio) */
+    const int64_t end_old = jdt_config_decay_steps(&old), end_new = jdt_config_decay_steps(cfg);
+    if (log && optimizer && cfg->optimizer.schedule != JDT_SCHED_CONSTANT &&
+        cfg->optimizer.decay_steps == 0 && end_old != end_new)
+        JDT_WARN("%s: its run decayed the learning rate until step %lld, this one until step %lld "
+                 "(run.steps): the schedule from step %lld on is not the checkpoint's run's "
+                 "(optimizer.decay_steps: %lld keeps that)",
+                 path, (long long)end_old, (long long)end_new, (long long)meta->step,
+                 (long long)end_old);
     jdt_config_free(&old);
     char why[160];
     const char *key =
@@ -570,9 +581,9 @@ static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, c
 /* Loads this rank's blocks of params and optimizer state from path; returns the step to
  * continue from and (data_batch not NULL) the global batch of cfg's size to read next. With
  * data_batch NULL (an evaluation) it loads the params alone: the checkpoint's optimizer, which
- * may not be this config's, does not matter. */
+ * may not be this config's, does not matter. log: warn of a schedule that moved (check_meta). */
 static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *path,
-                            int64_t *next_step, int64_t *data_batch, jdt_err *e)
+                            int64_t *next_step, int64_t *data_batch, bool log, jdt_err *e)
 {
     const bool resume = data_batch != NULL;
     jdt_ckpt *c = NULL;
@@ -582,7 +593,7 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
     jdt_ckpt_get_meta(c, &meta);
     *next_step = meta.step;
     int64_t b_old;
-    if ((st = check_meta(cfg, &meta, path, resume, &b_old, e)) != JDT_OK ||
+    if ((st = check_meta(cfg, &meta, path, resume, log, &b_old, e)) != JDT_OK ||
         (data_batch && (st = resume_batch(cfg, &meta, path, b_old, data_batch, e)) != JDT_OK)) {
         jdt_ckpt_close(c);
         return st;
@@ -1040,7 +1051,7 @@ static jdt_status prepare_step(trainer *tr, int64_t *start, jdt_err *e)
         return st;
     if (resume) {
         int64_t data_batch = 0;
-        st = load_ckpt(cfg, tr->step, resume, start, &data_batch, e);
+        st = load_ckpt(cfg, tr->step, resume, start, &data_batch, main_rank, e);
         tr->data_shift = data_batch - *start;
         if (st == JDT_OK && main_rank)
             JDT_INFO("resumed from %s at step %lld (data batch %lld)", resume, (long long)*start,
@@ -1469,7 +1480,7 @@ jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckp
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
     if ((st = open_device(&tr, false, e)) != JDT_OK) goto out;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
-    if ((st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, e)) != JDT_OK) goto out;
+    if ((st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, false, e)) != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
 out:
     jdt_step_free(tr.step);

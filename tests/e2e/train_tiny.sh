@@ -60,6 +60,15 @@ grep -E '"step": (9|1[0-6]),' "$TMP/a/tiny/metrics.jsonl" > "$TMP/la"
 grep -E '"step": (9|1[0-6]),' "$TMP/b/tiny/metrics.jsonl" > "$TMP/lb"
 [ "$(wc -l < "$TMP/la")" -eq 8 ] || fail "expected 8 metric lines, got $(wc -l < "$TMP/la")"
 diff "$TMP/la" "$TMP/lb" || fail "resumed losses differ from the straight run"
+#    without decay_steps the schedule ends at run.steps: raising it on resume moves the decay,
+#    which a warning names (and optimizer.decay_steps at the old end keeps quiet)
+R2="checkpoint.every=8 run.eval_every=0"
+expect 0 "$BIN" configs/tiny.yaml run.out_dir="$TMP/c" run.steps=8 $R2
+expect 0 "$BIN" configs/tiny.yaml run.out_dir="$TMP/c" run.steps=12 checkpoint.resume=auto $R2
+grep -q "warn: .*step_000008: its run decayed the learning rate until step 8, this one until step 12 (run.steps)" "$TMP/err" ||
+  { cat "$TMP/err"; fail "the moved LR schedule not named"; }
+expect 0 "$BIN" configs/tiny.yaml run.out_dir="$TMP/c" run.steps=16 checkpoint.resume=auto $R2 optimizer.decay_steps=12
+grep -q "decayed the learning rate" "$TMP/err" && { cat "$TMP/err"; fail "warned with optimizer.decay_steps set"; }
 
 # 4. SIGTERM: checkpoint saved, exit 143
 "$BIN" configs/tiny.yaml run.out_dir="$TMP/s" run.steps=100000 run.eval_every=0 checkpoint.every=0 \
