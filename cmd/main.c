@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -745,35 +744,6 @@ static int cmd_train(const subcommand *cmd, cli_args *a)
     return exit_code(st);
 }
 
-/* Whether paths a and b name the same directory: the same inode where both exist, else the
- * same text up to trailing slashes. */
-static bool same_dir(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
-        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-    size_t na = strlen(a), nb = strlen(b);
-    while (na > 1 && a[na - 1] == '/')
-        na--;
-    while (nb > 1 && b[nb - 1] == '/')
-        nb--;
-    return na == nb && memcmp(a, b, na) == 0;
-}
-
-/* Whether directory path holds train shards (train_*.h5): another dataset's directory. */
-static bool holds_train_shards(const char *path)
-{
-    DIR *d = opendir(path);
-    bool found = false;
-    for (struct dirent *de; d && !found && (de = readdir(d));) {
-        size_t n = strlen(de->d_name);
-        found = strncmp(de->d_name, "train_", 6) == 0 && n > 9 &&
-                strcmp(de->d_name + n - 3, ".h5") == 0;
-    }
-    if (d) closedir(d);
-    return found;
-}
-
 /* Whether prepare can write shards into directory path: local, not a .h5 file name. */
 static bool shard_dir_ok(const char *path)
 {
@@ -790,7 +760,8 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
     jdt_err e;
     jdt_err_clear(&e);
     jdt_status st = JDT_OK;
-    size_t n = strlen(c.data.train_path);
+    bool shadowed = false; /* data.val_path is another dataset's directory */
+    const char *val_dir = jdt_prep_val_dir(c.data.train_path, c.data.val_path, &shadowed);
     if (c.data.format != JDT_DATA_TOKENS) {
         st = jdt_err_set(&e, JDT_ERR_CONFIG, "data.format: prepare makes token data, got '%s'",
                          jdt_config_choice_name("data.format", (int)c.data.format));
@@ -801,24 +772,17 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
                          "data.train_path: prepare writes local shards, not to '%s'; prepare "
                          "into a folder, serve it over HTTP(S) and train from its URL",
                          c.data.train_path);
-    } else if (n == 0 || (n > 3 && strcmp(c.data.train_path + n - 3, ".h5") == 0)) {
+    } else if (!shard_dir_ok(c.data.train_path)) {
         st = jdt_err_set(&e, JDT_ERR_CONFIG,
                          "data.train_path: prepare writes a directory of shards; got '%s'",
                          c.data.train_path);
-    } else if (c.data.val_path[0] && !same_dir(c.data.val_path, c.data.train_path) &&
-               !shard_dir_ok(c.data.val_path)) {
+    } else if (val_dir && !shard_dir_ok(val_dir)) {
         st = jdt_err_set(&e, JDT_ERR_CONFIG,
                          "data.val_path: prepare writes the val shard into a local directory "
                          "(data.train_path's, or another); got '%s'",
                          c.data.val_path);
     } else {
-        /* the val shard where the run will read it: data.val_path when it names another
-         * directory (the train runs read val from there), else beside the train shards; but
-         * never into a directory of another dataset's train shards (a config whose train_path
-         * alone was overridden would overwrite that dataset's val split) */
-        const bool other = c.data.val_path[0] && !same_dir(c.data.val_path, c.data.train_path);
-        const bool val_apart = other && !holds_train_shards(c.data.val_path);
-        if (other && !val_apart && c.data.val_fraction > 0)
+        if (shadowed && c.data.val_fraction > 0)
             JDT_WARN("data.val_path %s holds another dataset's train shards: the val split goes "
                      "beside the train shards in %s (point data.val_path there to evaluate on "
                      "it)",
@@ -827,7 +791,7 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         memset(&o, 0, sizeof o);
         o.text_path = c.data.source;
         o.out_dir = c.data.train_path;
-        o.val_dir = val_apart ? c.data.val_path : NULL;
+        o.val_dir = val_dir; /* where the run will read it (jdt_prep_val_dir) */
         o.val_fraction = c.data.val_fraction;
         o.n_shards = c.data.n_shards;
         o.tokenizer = c.data.tokenizer == JDT_TOKENIZER_BPE ? JDT_PREP_TOK_BPE : JDT_PREP_TOK_BYTE;
@@ -838,13 +802,13 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
         /* manifest.txt: sizes, sha256 and lengths, so the folder can be served over HTTP(S)
          * and trained from as it streams in (docs/data.md "Remote data") */
         if (st == JDT_OK) st = jdt_fetch_write_manifest(c.data.train_path, &e);
-        if (st == JDT_OK && val_apart && r.n_val_files > 0)
-            st = jdt_fetch_write_manifest(c.data.val_path, &e);
+        if (st == JDT_OK && val_dir && r.n_val_files > 0)
+            st = jdt_fetch_write_manifest(val_dir, &e);
         if (st == JDT_OK)
             JDT_INFO("prepared %s -> %s: %lld train tokens in %d file(s), %lld val tokens%s%s",
                      c.data.source, c.data.train_path, (long long)r.n_train_tokens, r.n_train_files,
-                     (long long)r.n_val_tokens, val_apart && r.n_val_files ? " in " : "",
-                     val_apart && r.n_val_files ? c.data.val_path : "");
+                     (long long)r.n_val_tokens, val_dir && r.n_val_files ? " in " : "",
+                     val_dir && r.n_val_files ? val_dir : "");
     }
     if (st != JDT_OK)
         fprintf(stderr, "jdt-train: %s: %s\n", st == JDT_ERR_CONFIG ? "config error" : "error",

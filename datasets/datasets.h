@@ -22,7 +22,8 @@ typedef enum { JDT_PREP_TOK_BYTE, JDT_PREP_TOK_BPE } jdt_prep_tokenizer;
 typedef struct {
     const char *text_path; /* input text file */
     const char *out_dir;   /* created if missing */
-    const char *val_dir;   /* where val_000.h5 goes (created if missing); NULL or "" = out_dir */
+    const char *val_dir;   /* where val_000.h5 goes (created if missing); NULL, "" or out_dir
+                              under another name = out_dir */
     double val_fraction;   /* [0, 1): the tail of the token stream that becomes val */
     int n_shards;          /* train shard files (>= 1); val is one file */
     int compress_level;    /* 0..9 (deflate) */
@@ -47,6 +48,13 @@ typedef struct {
  * Errors: ERR_NOT_FOUND/ERR_IO (the file), ERR_INVALID (empty text, too few tokens for the shards,
  * bad options). */
 jdt_status jdt_prep_text(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
+
+/* Where `jdt-train prepare` writes the val shard for a config's data.train_path and
+ * data.val_path, so that a run reads it where the config says: val_path when it names another
+ * directory, else NULL (beside the train shards). Never a directory of another dataset's train
+ * shards (train_NNN.h5): a config whose train_path alone was overridden would overwrite that
+ * dataset's val split; NULL then, with *shadowed set (else false). */
+const char *jdt_prep_val_dir(const char *train_path, const char *val_path, bool *shadowed);
 
 /* The BPE path of jdt_prep_text (opts->tokenizer == JDT_PREP_TOK_BPE; jdt_prep_text calls it).
  * Reads the whole text into memory; loads opts->tokenizer_path, or trains a tokenizer of

@@ -104,10 +104,36 @@ static jdt_status remove_stale(const char *dir, int keep_train, int keep_val, jd
     return st;
 }
 
-/* The directory val_000.h5 goes to: opts->val_dir, or out_dir. */
+/* keeps train_NNN.h5 names (jdt_io_list_dir's filter) */
+static bool is_train_shard(const char *name, void *ctx)
+{
+    (void)ctx;
+    return shard_index(name, "train_") >= 0;
+}
+
+const char *jdt_prep_val_dir(const char *train_path, const char *val_path, bool *shadowed)
+{
+    *shadowed = false;
+    if (!val_path[0] || jdt_io_same_dir(val_path, train_path)) return NULL;
+    char **names = NULL;
+    size_t n = 0;
+    jdt_err e;
+    if (jdt_io_list_dir(val_path, is_train_shard, NULL, &names, &n, &e) == JDT_OK) {
+        jdt_io_names_free(names, n);
+        if (n > 0) {
+            *shadowed = true;
+            return NULL;
+        }
+    }
+    return val_path;
+}
+
+/* The directory val_000.h5 goes to: opts->val_dir, or out_dir (also where val_dir names it
+ * another way). Called once out_dir exists, so that the answer does not change. */
 static const char *val_dir_of(const jdt_prep_text_opts *o)
 {
-    return o->val_dir && o->val_dir[0] ? o->val_dir : o->out_dir;
+    return o->val_dir && o->val_dir[0] && !jdt_io_same_dir(o->val_dir, o->out_dir) ? o->val_dir
+                                                                                   : o->out_dir;
 }
 
 /* A buffer for "<out_dir or val_dir>/<name of up to 31 bytes>", or NULL. */
@@ -125,12 +151,14 @@ static jdt_status make_val_dir(const jdt_prep_text_opts *o, int64_t n_val, jdt_e
 
 /* remove_stale for the shards just written: out_dir keeps n_shards train shards and its val
  * shard if val goes there; a separate val_dir keeps its val shard (if any) and every train_
- * file it may hold. */
+ * file it may hold (none to clean where it does not exist: no val shard was due). */
 static jdt_status remove_stale_all(const jdt_prep_text_opts *o, int64_t n_val, jdt_err *e)
 {
-    const bool apart = val_dir_of(o) != o->out_dir;
+    const char *vdir = val_dir_of(o);
+    const bool apart = vdir != o->out_dir;
     jdt_status st = remove_stale(o->out_dir, o->n_shards, apart || n_val == 0 ? 0 : 1, e);
-    if (st == JDT_OK && apart) st = remove_stale(val_dir_of(o), INT_MAX, n_val > 0 ? 1 : 0, e);
+    if (st == JDT_OK && apart && jdt_io_is_dir(vdir))
+        st = remove_stale(vdir, INT_MAX, n_val > 0 ? 1 : 0, e);
     return st;
 }
 

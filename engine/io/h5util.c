@@ -632,6 +632,19 @@ bool jdt_io_is_dir(const char *path)
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool jdt_io_same_dir(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    size_t na = strlen(a), nb = strlen(b);
+    while (na > 1 && a[na - 1] == '/')
+        na--;
+    while (nb > 1 && b[nb - 1] == '/')
+        nb--;
+    return na == nb && memcmp(a, b, na) == 0;
+}
+
 bool jdt_io_is_file(const char *path)
 {
     struct stat st;

@@ -113,6 +113,9 @@ char *jdt_io_join(const char *a, const char *b);
 /* Returns true if path is a directory / a regular file. */
 bool jdt_io_is_dir(const char *path);
 bool jdt_io_is_file(const char *path);
+/* Whether paths a and b name the same directory: the same inode where both exist, else the
+ * same text up to trailing slashes. */
+bool jdt_io_same_dir(const char *a, const char *b);
 
 /* Sorted list of names in dir (jdt_malloc'd array of jdt_malloc'd strings) for which
  * keep(name, ctx) is true; skips "." and "..". Free with jdt_io_names_free. */

@@ -851,6 +851,22 @@ START_TEST(test_prepare_text)
     ck_assert_int_eq(jdt_prep_text(&o, &r, &e), JDT_OK);
     snprintf(p, sizeof p, "%s/val_000.h5", vdir);
     ck_assert_int_ne(access(p, F_OK), 0);
+    /* ... and a val dir that does not exist, with no val due, is left so (it failed: "No such
+     * file or directory" from the stale-shard sweep) */
+    char none[440];
+    snprintf(none, sizeof none, "%s/val/none", tu_tmpdir());
+    o.val_dir = none;
+    ck_assert_msg(jdt_prep_text(&o, &r, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_int_ne(access(none, F_OK), 0);
+    /* the out dir under another name is the out dir: the val shard written there stays */
+    char same[440];
+    snprintf(same, sizeof same, "%s/./", out);
+    o.val_dir = same;
+    o.val_fraction = 0.1;
+    ck_assert_msg(jdt_prep_text(&o, &r, &e) == JDT_OK, "%s", e.msg);
+    snprintf(p, sizeof p, "%s/val_000.h5", out);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    o.val_fraction = 0;
     o.val_dir = NULL;
     o.n_shards = 2;
     /* errors: missing text, empty text */
