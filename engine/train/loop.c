@@ -506,6 +506,20 @@ static const char *model_differs(const jdt_config *a, const jdt_config *b, char 
     return NULL;
 }
 
+/* jdt_train_ckpt_differs on the stored config already parsed (old) */
+static const char *stored_differs(const jdt_config *cfg, const jdt_config *old, bool optimizer,
+                                  char *why, size_t n)
+{
+    const char *key = model_differs(cfg, old, why, n);
+    if (!key && optimizer && cfg->optimizer.type != old->optimizer.type) {
+        snprintf(why, n, "the checkpoint's optimizer.type is %s, this config's %s",
+                 jdt_config_choice_name("optimizer.type", (int)old->optimizer.type),
+                 jdt_config_choice_name("optimizer.type", (int)cfg->optimizer.type));
+        key = "optimizer.type";
+    }
+    return key;
+}
+
 const char *jdt_train_ckpt_differs(const jdt_config *cfg, const char *config_text, const char *path,
                                    bool optimizer, char *why, size_t n)
 {
@@ -514,13 +528,7 @@ const char *jdt_train_ckpt_differs(const jdt_config *cfg, const char *config_tex
     jdt_err e2;
     if (jdt_config_load_string(config_text, path, 0, NULL, NULL, &old, &e2) != JDT_OK)
         return NULL; /* written by another version: the tensors' names and shapes decide */
-    const char *key = model_differs(cfg, &old, why, n);
-    if (!key && optimizer && cfg->optimizer.type != old.optimizer.type) {
-        snprintf(why, n, "the checkpoint's optimizer.type is %s, this config's %s",
-                 jdt_config_choice_name("optimizer.type", (int)old.optimizer.type),
-                 jdt_config_choice_name("optimizer.type", (int)cfg->optimizer.type));
-        key = "optimizer.type";
-    }
+    const char *key = stored_differs(cfg, &old, optimizer, why, n);
     jdt_config_free(&old);
     return key;
 }
@@ -564,10 +572,9 @@ static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, c
                  "(optimizer.decay_steps: %lld keeps that)",
                  path, (long long)end_old, (long long)end_new, (long long)meta->step,
                  (long long)end_old);
-    jdt_config_free(&old);
     char why[160];
-    const char *key =
-        jdt_train_ckpt_differs(cfg, meta->config_text, path, optimizer, why, sizeof why);
+    const char *key = stored_differs(cfg, &old, optimizer, why, sizeof why);
+    jdt_config_free(&old);
     if (key)
         return jdt_err_set(
             e, JDT_ERR_CONFIG,
@@ -576,6 +583,12 @@ static jdt_status check_meta(const jdt_config *cfg, const jdt_ckpt_meta *meta, c
             path, strncmp(key, "model.", 6) == 0 ? "model" : "optimizer's state", why, key,
             strncmp(key, "model.", 6) == 0 ? "" : "; checkpoint.init_from takes its weights alone");
     return JDT_OK;
+}
+
+/* Whether step tensor `name` is a parameter (not optimizer state). */
+static bool is_param(const char *name)
+{
+    return strncmp(name, "params/", 7) == 0;
 }
 
 /* Loads this rank's blocks of params and optimizer state from path; returns the step to
@@ -605,7 +618,7 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
         float *data;
         jdt_shape shape;
         jdt_step_tensor(step, i, &name, &data, &shape);
-        if (resume || strncmp(name, "params/", 7) == 0)
+        if (resume || is_param(name))
             total_mb += (double)jdt_shape_numel(&shape) * sizeof(float) / 1048576.0;
     }
     jdt_progress prog;
@@ -616,7 +629,7 @@ static jdt_status load_ckpt(const jdt_config *cfg, jdt_step *step, const char *p
         jdt_shape shape, global;
         int64_t offset[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(step, i, &name, &data, &shape);
-        if (!resume && strncmp(name, "params/", 7) != 0) continue;
+        if (!resume && !is_param(name)) continue;
         jdt_step_tensor_block(step, i, &global, offset);
         jdt_ckpt_tensor want; /* this rank's block only: any mesh reads any checkpoint */
         memset(&want, 0, sizeof want);
