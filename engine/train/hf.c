@@ -23,6 +23,7 @@
 #include "models/models.h"
 #include "train/train.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,7 +394,29 @@ static bool map_name(const jdt_config *c, bool llama, const char *ours, src_map 
     return false;
 }
 
-/* Checks config.json against cfg: every dimension must agree. */
+/* An integer of config.json: the member `key`, or `dflt` where it is absent or null (transformers'
+ * defaults: GPT-2's hub config has no n_inner, older Llama configs no num_key_value_heads);
+ * dflt < 0 means required. False if present and not an integer, or absent and required. */
+static bool hf_int(const jdt_json *r, const char *key, int64_t dflt, int64_t *v)
+{
+    const jdt_json *j = jdt_json_get(r, key);
+    if (!j || j->type == JDT_JSON_NULL) {
+        *v = dflt;
+        return dflt >= 0;
+    }
+    return jdt_json_int(j, 0, INT64_MAX / 2, v);
+}
+
+/* A number of config.json, or dflt where it is absent or not a number. */
+static double hf_num(const jdt_json *r, const char *key, double dflt)
+{
+    const jdt_json *j = jdt_json_get(r, key);
+    return j && j->type == JDT_JSON_NUMBER ? j->num : dflt;
+}
+
+/* Checks config.json against cfg: every dimension must agree (the error names both values);
+ * settings that change the function but not the shapes (norm epsilon, RoPE base and scaling,
+ * the activation's form) are warned about, since a run may change them on purpose. */
 static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool llama, jdt_err *e)
 {
     char p[1100];
@@ -409,32 +432,72 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool lla
                          p, mt ? mt : "?", want_mt, llama ? "rmsnorm" : "layernorm");
         goto out;
     }
+    int64_t heads = 0, embd = 0;
+    hf_int(r, llama ? "num_attention_heads" : "n_head", -1, &heads);
+    hf_int(r, llama ? "hidden_size" : "n_embd", -1, &embd);
     const struct {
         const char *key, *ours;
-        int64_t want;
+        int64_t want, dflt;
     } dims[] = {
-        {"vocab_size", "model.vocab_size", c->model.vocab_size},
-        {llama ? "hidden_size" : "n_embd", "model.n_embd", c->model.n_embd},
-        {llama ? "num_hidden_layers" : "n_layer", "model.n_layer", c->model.n_layer},
-        {llama ? "num_attention_heads" : "n_head", "model.n_head", c->model.n_head},
-        {llama ? "num_key_value_heads" : "n_head", "model.n_kv_head", jdt_config_kv_heads(c)},
-        {llama ? "intermediate_size" : "n_inner", "model.mlp_dim (or mlp_ratio * n_embd)", jdt_config_mlp_dim(c)},
+        {"vocab_size", "model.vocab_size", c->model.vocab_size, -1},
+        {llama ? "hidden_size" : "n_embd", "model.n_embd", c->model.n_embd, -1},
+        {llama ? "num_hidden_layers" : "n_layer", "model.n_layer", c->model.n_layer, -1},
+        {llama ? "num_attention_heads" : "n_head", "model.n_head", c->model.n_head, -1},
+        {llama ? "num_key_value_heads" : "n_head", "model.n_kv_head", jdt_config_kv_heads(c), heads},
+        {llama ? "intermediate_size" : "n_inner", "model.mlp_dim (or mlp_ratio * n_embd)", jdt_config_mlp_dim(c),
+         llama ? -1 : 4 * embd},
+        {"head_dim", "model.n_embd / model.n_head", c->model.n_embd / c->model.n_head,
+         heads > 0 ? embd / heads : 0},
     };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
         int64_t v;
-        if (!jdt_json_int(jdt_json_get(r, dims[i].key), 0, INT64_MAX / 2, &v) || v != dims[i].want) {
-            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: %s is %s but %s is %lld", p, dims[i].key,
-                             jdt_json_get(r, dims[i].key) ? "different" : "missing", dims[i].ours,
+        if (!hf_int(r, dims[i].key, dims[i].dflt, &v)) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: %s is %s (this config's %s is %lld)", p, dims[i].key,
+                             jdt_json_get(r, dims[i].key) ? "not an integer" : "missing", dims[i].ours,
                              (long long)dims[i].want);
+            goto out;
+        }
+        if (v != dims[i].want) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: %s is %lld but this config's %s is %lld", p, dims[i].key,
+                             (long long)v, dims[i].ours, (long long)dims[i].want);
             goto out;
         }
     }
     if (!llama) {
         int64_t v;
-        if (!jdt_json_int(jdt_json_get(r, "n_positions"), 0, INT64_MAX / 2, &v) || v < c->model.seq_len) {
-            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: n_positions is below model.seq_len %d", p, c->model.seq_len);
+        if (!hf_int(r, "n_positions", -1, &v) || v < c->model.seq_len) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: n_positions is %s, below model.seq_len %d", p,
+                             jdt_json_get(r, "n_positions") ? "set" : "missing", c->model.seq_len);
             goto out;
         }
+    } else {
+        const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
+        bool tied = tie && tie->type == JDT_JSON_TRUE; /* LlamaConfig's default is untied */
+        if (tied != c->model.tie_embeddings) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: tie_word_embeddings is %s but this config's "
+                             "model.tie_embeddings is %s", p, tied ? "true" : "false",
+                             c->model.tie_embeddings ? "true" : "false");
+            goto out;
+        }
+    }
+    /* transformers' defaults where the key is absent */
+    double eps = hf_num(r, llama ? "rms_norm_eps" : "layer_norm_epsilon", llama ? 1e-6 : 1e-5);
+    if (fabs(eps - c->model.norm_eps) > 1e-3 * c->model.norm_eps)
+        JDT_WARN("init_from %s: %s is %g, this config's model.norm_eps %g: the run uses %g", dir,
+                 llama ? "rms_norm_eps" : "layer_norm_epsilon", eps, c->model.norm_eps, c->model.norm_eps);
+    const char *act = jdt_json_str(jdt_json_get(r, llama ? "hidden_act" : "activation_function"));
+    const char *want_act = llama ? "silu" : "gelu_new";
+    if (act && strcmp(act, want_act) != 0 && !(!llama && strcmp(act, "gelu_pytorch_tanh") == 0))
+        JDT_WARN("init_from %s: %s is '%s'; this gpt computes %s", dir, llama ? "hidden_act" : "activation_function",
+                 act, llama ? "silu (SwiGLU)" : "the tanh GELU (gelu_new)");
+    if (llama) {
+        double theta = hf_num(r, "rope_theta", 10000.0);
+        if (fabs(theta - c->model.rope_theta) > 1e-6 * theta)
+            JDT_WARN("init_from %s: rope_theta is %g, this config's model.rope_theta %g: the run uses %g", dir,
+                     theta, c->model.rope_theta, c->model.rope_theta);
+        const jdt_json *sc = jdt_json_get(r, "rope_scaling");
+        if (sc && sc->type != JDT_JSON_NULL)
+            JDT_WARN("init_from %s: config.json sets rope_scaling, which this gpt does not apply (plain RoPE)", dir);
     }
 out:
     jdt_json_doc_free(doc);
@@ -448,12 +511,20 @@ static jdt_status read_hf_param(jdt_st_file *sf, const char *dir, const jdt_conf
     if (!map_name(c, llama, ours, &m))
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: no Hugging Face tensor maps to our param '%s'", dir, ours);
     int i = jdt_st_find(sf, m.hf);
+    if (i < 0) { /* a file saved from the base model (GPT2Model, LlamaModel) has no prefix: the hub's gpt2 */
+        const char *dot = strchr(m.hf, '.');
+        if (dot && (strncmp(m.hf, "transformer.", 12) == 0 || strncmp(m.hf, "model.", 6) == 0))
+            i = jdt_st_find(sf, dot + 1);
+    }
     if (i < 0) return jdt_err_set(e, JDT_ERR_FORMAT, "%s/model.safetensors: no tensor '%s' (for '%s')", dir, m.hf, ours);
     jdt_st_tensor info = jdt_st_info(sf, i);
     int64_t r = shape->dims[0], k = shape->ndim > 1 ? shape->dims[1] : 1;
     int64_t want0 = m.transpose ? k : r, want1 = m.transpose ? r : k;
     if (m.slot >= 0) want1 = shape->ndim > 1 ? 3 * k : 0, want0 = shape->ndim > 1 ? r : 3 * r;
-    bool ok = info.ndim == shape->ndim && info.shape[0] == want0 && (info.ndim == 1 || info.shape[1] == want1);
+    /* GPT-2's position table has n_positions rows (checked >= seq_len): a shorter run takes the first */
+    bool rows_prefix = strcmp(ours, "wpe") == 0 && info.ndim == 2 && info.shape[0] >= want0;
+    bool ok = info.ndim == shape->ndim && (info.shape[0] == want0 || rows_prefix) &&
+              (info.ndim == 1 || info.shape[1] == want1);
     if (!ok)
         return jdt_err_set(e, JDT_ERR_FORMAT, "%s/model.safetensors: '%s' has shape (%lld%s%lld), expected (%lld, %lld) for '%s'",
                            dir, m.hf, (long long)info.shape[0], info.ndim > 1 ? ", " : "",
@@ -468,7 +539,7 @@ static jdt_status read_hf_param(jdt_st_file *sf, const char *dir, const jdt_conf
         } else if (m.slot >= 0) {
             memcpy(dst, buf + m.slot * r, (size_t)r * sizeof *dst);
         } else if (!m.transpose || shape->ndim == 1) {
-            memcpy(dst, buf, (size_t)n * sizeof *dst);
+            memcpy(dst, buf, (size_t)(r * k) * sizeof *dst);
         } else { /* buf is (k, r), rows permuted for rope: inverse of emit_param */
             int64_t D = m.rope_heads > 0 ? k / m.rope_heads : 0;
             for (int64_t j = 0; j < k; j++) {
@@ -490,6 +561,18 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
     char st_path[1100];
     snprintf(st_path, sizeof st_path, "%s/model.safetensors", path);
     bool hf = jdt_io_is_file(st_path);
+    if (!hf) { /* a Hugging Face directory in a form we do not read: say so, not "no checkpoint" */
+        static const char *const other[][2] = {
+            {"model.safetensors.index.json", "weights sharded over several files; merge them into one model.safetensors"},
+            {"pytorch_model.bin", "PyTorch pickle weights; save them with safe_serialization=True"},
+        };
+        for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+            snprintf(st_path, sizeof st_path, "%s/%s", path, other[i][0]);
+            if (jdt_io_is_file(st_path))
+                return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "checkpoint.init_from %s: %s holds %s", path, other[i][0],
+                                   other[i][1]);
+        }
+    }
     jdt_st_file *sf = NULL;
     jdt_ckpt *ck = NULL;
     char *ckpt = NULL;

@@ -97,8 +97,47 @@ save_file(dict(reversed(list(load_file('$TMP/hfsrc_$arch/model.safetensors').ite
   [ "$fresh" != "$want" ] || fail "a fresh model has the trained model's loss: the check proves nothing"
   echo "init_from ($arch): export, its safetensors-package copy and the checkpoint all continue at val loss $want (fresh model: $fresh)"
 done
+# the hub's gpt2 as downloaded: tensors saved from GPT2Model (no "transformer." prefix), the
+# attention-mask buffers beside them, no n_inner in config.json (transformers: 4 * n_embd), and
+# n_positions (64) above this run's seq_len (32): the run takes the first 32 rows of wpe
+mkdir -p "$TMP/hub_gpt2"
+"$PY" -c "
+import json, numpy as np
+from safetensors.numpy import load_file, save_file
+t = {k.removeprefix('transformer.'): v for k, v in load_file('$TMP/hfsrc_gpt2/model.safetensors').items()}
+t['wpe.weight'] = np.concatenate([t['wpe.weight'], np.full((32, t['wpe.weight'].shape[1]), 9, np.float32)])
+for l in range(2): t[f'h.{l}.attn.bias'] = np.tril(np.ones((1, 1, 64, 64), np.float32))
+save_file(t, '$TMP/hub_gpt2/model.safetensors', metadata={'format': 'pt'})
+c = json.load(open('$TMP/hfsrc_gpt2/config.json'))
+del c['n_inner']; c['n_positions'] = c['n_ctx'] = 64
+json.dump(c, open('$TMP/hub_gpt2/config.json', 'w'))" || fail "hub-style copy"
+want=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' <("$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=src_gpt2 2>/dev/null))
+expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=ft_hub run.steps=1 run.eval_every=0 optimizer.lr=0 \
+  checkpoint.resume=none checkpoint.init_from="$TMP/hub_gpt2"
+expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=ft_hub
+got=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
+[ -n "$want" ] && [ "$got" = "$want" ] || fail "init_from a hub-layout gpt2: val loss $got, source $want"
+echo "init_from (hub-layout gpt2: no prefix, no n_inner, n_positions 64 > seq_len 32): val loss $got as the source"
+
 expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hfsrc_gpt2" model.n_layer=3
-[ "$(grep -c "error" "$TMP/err")" -eq 1 ] && grep -q "n_layer" "$TMP/err" || { cat "$TMP/err"; fail "init_from mismatch message"; }
+[ "$(grep -c "error" "$TMP/err")" -eq 1 ] && grep -q "n_layer is 2 but this config's model.n_layer is 3" "$TMP/err" ||
+  { cat "$TMP/err"; fail "init_from mismatch message"; }
+# a Llama whose head is tied in config.json, into an untied config: named, not "no tensor lm_head"
+sed 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$TMP/hfsrc_llama/config.json" > "$TMP/tied.json"
+mkdir -p "$TMP/hf_tied" && cp "$TMP/hfsrc_llama/model.safetensors" "$TMP/hf_tied/" && mv "$TMP/tied.json" "$TMP/hf_tied/config.json"
+# shellcheck disable=SC2086
+expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hf_tied" $LL
+grep -q "tie_word_embeddings is true but this config's model.tie_embeddings is false" "$TMP/err" ||
+  { cat "$TMP/err"; fail "tied-head mismatch message"; }
+# a RoPE base that differs is the user's choice (context extension): warned, the run goes on
+# shellcheck disable=SC2086
+expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=theta run.steps=1 run.eval_every=0 checkpoint.resume=none \
+  checkpoint.init_from="$TMP/hfsrc_llama" $LL model.rope_theta=20000
+grep -q "rope_theta is 10000, this config's model.rope_theta 20000" "$TMP/err" || { cat "$TMP/err"; fail "rope_theta warning"; }
+# sharded weights are named as such
+mkdir -p "$TMP/hf_sharded" && cp "$TMP/hfsrc_gpt2/config.json" "$TMP/hf_sharded/" && echo '{}' > "$TMP/hf_sharded/model.safetensors.index.json"
+expect 1 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hf_sharded"
+grep -q "sharded" "$TMP/err" || { cat "$TMP/err"; fail "sharded weights message"; }
 expect 1 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/nothing"
 [ "$(grep -c "error" "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "init_from missing: not one line"; }
 
