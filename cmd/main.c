@@ -20,6 +20,7 @@
 #include "runtime/runtime.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -209,9 +210,13 @@ static const subcommand SUBCOMMANDS[] = {
      FLAG_EXPORT, true},
     {"eval", cmd_eval, "loss of a checkpoint on the config's val split",
      "usage: jdt-train eval CONFIG [key.path=value ...] [--ckpt PATH]\n"
+     "       jdt-train eval CKPT [key.path=value ...]\n"
      "\n"
      "Loads PATH (default: the newest checkpoint in the config's checkpoint directory) and\n"
-     "prints the mean loss over run.eval_steps batches of the val split.\n",
+     "prints the mean loss over run.eval_steps batches of the val split. In the second form\n"
+     "CKPT is a checkpoint directory or a run's checkpoint folder (its newest checkpoint), and\n"
+     "the config is the one stored in it (overrides apply on top: data.val_path=... evaluates\n"
+     "on other data).\n",
      FLAG_LOG_LEVEL | FLAG_CKPT, true},
     {"plot", cmd_plot, "draw loss curves of one or several runs (PNG/SVG)", JDT_PLOT_USAGE,
      FLAG_RAW, false},
@@ -393,10 +398,14 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
                 } else {
                     long x = strtol(v, &end, 10);
                     const bool is_batch = strcmp(s, "--batch") == 0;
-                    if (errno || end == v || *end || x < 0 || x > 1000000) {
+                    /* a seed is any non-negative integer (run.seed's range): 20241207, time(0) */
+                    const long hi = strcmp(s, "--seed") == 0 ? LONG_MAX : 1000000;
+                    if (errno || end == v || *end || x < 0 || x > hi) {
                         char msg[96]; /* names the flag: s is one of the literals above */
                         snprintf(msg, sizeof msg, "%s: expected an integer in %s, got '%%s'", s,
-                                 is_batch ? "1..4096" : "[0, 1000000]");
+                                 is_batch         ? "1..4096"
+                                 : hi == LONG_MAX ? "[0, 2^63)"
+                                                  : "[0, 1000000]");
                         return usage_error(cmd, msg, v);
                     }
                     if (strcmp(s, "--top-k") == 0)
@@ -817,18 +826,74 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
     return exit_code(st);
 }
 
+/* `eval CKPT`: a checkpoint (a step directory, its state.h5, or a run's checkpoint folder)
+ * where a CONFIG would be. The config is the one stored in it, with the command line's
+ * overrides and JDT_* variables on top; *ckpt is the checkpoint (jdt_malloc'd). Returns an
+ * exit code, EXIT_OK with *c loaded. */
+static int load_stored_config(const cli_args *a, jdt_config *c, char **ckpt)
+{
+    jdt_err e;
+    jdt_err_clear(&e);
+    jdt_status st = JDT_OK;
+    if (jdt_ckpt_find_latest(a->config_path, ckpt, NULL, NULL) != JDT_OK &&
+        !(*ckpt = jdt_strdup(a->config_path)))
+        st = jdt_err_set(&e, JDT_ERR_NOMEM, "out of memory");
+    jdt_ckpt *ck = NULL;
+    if (st == JDT_OK) st = jdt_ckpt_open(*ckpt, &ck, &e);
+    struct stat sb;
+    if (st == JDT_ERR_NOT_FOUND && stat(a->config_path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        st = jdt_err_set(&e, JDT_ERR_NOT_FOUND,
+                         "%s: no checkpoint (neither a step directory with state.h5 nor a folder "
+                         "of complete step_* checkpoints)",
+                         a->config_path);
+    if (st == JDT_OK) {
+        jdt_ckpt_meta meta;
+        jdt_ckpt_get_meta(ck, &meta);
+        char label[1100];
+        snprintf(label, sizeof label, "%s (stored config)", *ckpt);
+        st = jdt_config_load_string(meta.config_text, label, a->n_overrides, a->overrides, environ,
+                                    c, &e);
+    }
+    jdt_ckpt_close(ck);
+    if (st != JDT_OK) {
+        fprintf(stderr, "jdt-train: %s: %s\n", st == JDT_ERR_CONFIG ? "config error" : "error",
+                e.msg);
+        jdt_free(*ckpt);
+        *ckpt = NULL;
+        return exit_code(st);
+    }
+    jdt_log_level lv = c->run.log_level;
+    if (a->log_level) jdt_log_parse_level(a->log_level, &lv);
+    jdt_log_set_level(lv);
+    return EXIT_OK;
+}
+
 static int cmd_eval(const subcommand *cmd, cli_args *a)
 {
-    if (!a->config_path) return usage_error(cmd, "missing CONFIG%s", "");
+    if (!a->config_path) return usage_error(cmd, "missing CONFIG or CKPT%s", "");
+    /* a directory, or an HDF5 file, is a checkpoint; anything else a YAML config */
+    struct stat sb;
+    const size_t n = strlen(a->config_path);
+    const bool from_ckpt =
+        stat(a->config_path, &sb) == 0 &&
+        (S_ISDIR(sb.st_mode) || (n > 3 && !strcmp(a->config_path + n - 3, ".h5")));
+    if (from_ckpt && a->ckpt)
+        return usage_error(cmd, "--ckpt with a checkpoint in place of CONFIG ('%s'): give one",
+                           a->config_path);
     jdt_config c;
-    int rc = load_config(a, &c);
+    char *stored = NULL;
+    int rc = from_ckpt ? load_stored_config(a, &c, &stored) : load_config(a, &c);
     if (rc) return rc;
-    if ((rc = check_capabilities(&c))) return rc;
+    if ((rc = check_capabilities(&c))) {
+        jdt_free(stored);
+        return rc;
+    }
     jdt_err e;
     jdt_err_clear(&e);
     char *path = NULL, dir[1100];
     jdt_train_ckpt_dir(&c, dir, sizeof dir);
-    jdt_status st = jdt_ckpt_resolve(a->ckpt ? a->ckpt : "auto", dir, &path, &e);
+    jdt_status st = jdt_ckpt_resolve(stored ? stored : a->ckpt ? a->ckpt : "auto", dir, &path, &e);
+    jdt_free(stored);
     if (st == JDT_OK && !path) st = jdt_err_set(&e, JDT_ERR_NOT_FOUND, "no checkpoint in %s", dir);
     double loss = NAN;
     jdt_dist *dist = NULL; /* under --nproc / SLURM: one distributed evaluation on the mesh */

@@ -1108,7 +1108,8 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
     int n_dev = jdt_config_mesh_size(c);
     if (c->dist.world_size > 0 && n_dev > 0 && c->dist.world_size != n_dev)
         return cross_error(ld, "dist.world_size", e,
-                           "%d processes, but the mesh has %d devices (data %d x fsdp %d x tensor %d)",
+                           "%d processes, but the mesh has %d devices (data %d x fsdp %d x tensor %d); "
+                           "mesh.data=-1 (or fsdp=-1) fills an axis in from the process count",
                            c->dist.world_size, n_dev, c->mesh.data, c->mesh.fsdp, c->mesh.tensor);
     if (c->dist.world_size == 0)
         return cross_error(ld, "dist.world_size", e, "expected -1 (auto) or >= 1, got 0");

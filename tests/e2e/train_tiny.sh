@@ -42,11 +42,19 @@ PY
 # 2. eval and sample on the checkpoint
 expect 0 "$BIN" eval configs/tiny.yaml "$O"
 grep -qE "^val loss [0-9.]+" "$TMP/out" || fail "eval output"
-expect 0 "$BIN" sample "$TMP/runs/tiny/ckpt" --prompt "ab" --length 20 --seed 3
+vl=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
+# eval CKPT: the config stored in the checkpoint, overrides on top
+expect 0 "$BIN" eval "$TMP/runs/tiny/ckpt"
+[ "$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")" = "$vl" ] || fail "eval CKPT: $(cat "$TMP/out"), eval CONFIG: $vl"
+expect 0 "$BIN" eval "$TMP/runs/tiny/ckpt/step_000040" run.eval_steps=1
+grep -qE "^val loss [0-9.]+ \(1 batches, .*step_000040\)" "$TMP/out" || fail "eval CKPT with an override: $(cat "$TMP/out")"
+expect 1 "$BIN" eval "$TMP"
+grep -q "no checkpoint" "$TMP/err" || fail "eval of a folder without checkpoints: $(cat "$TMP/err")"
+expect 0 "$BIN" sample "$TMP/runs/tiny/ckpt" --prompt "ab" --length 20 --seed 4294967299
 [ "$(head -c 2 "$TMP/out")" = "ab" ] || fail "sample does not echo the prompt"
 [ "$(wc -c < "$TMP/out")" -ge 22 ] || fail "sample printed too little"
 cp "$TMP/out" "$TMP/sample1"
-expect 0 "$BIN" sample "$TMP/runs/tiny/ckpt" --prompt "ab" --length 20 --seed 3
+expect 0 "$BIN" sample "$TMP/runs/tiny/ckpt" --prompt "ab" --length 20 --seed 4294967299
 cmp -s "$TMP/out" "$TMP/sample1" || fail "sample with the same seed differs"
 
 # 3. exact resume: 16 straight vs 8 + resume + 8 (dropout on, so the RNG keying is tested too;
