@@ -368,6 +368,14 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
         }
         return JDT_OK;
     }
+    if (!jdt_h5_has_attr(f, "format")) { /* an HDF5 file of someone else's: say what ours holds */
+        st = jdt_err_set(e, JDT_ERR_FORMAT,
+                         "%s: not a jdt dataset (no 'format' attribute): a token file holds 1-D "
+                         "/tokens with the attributes format 'jdt-tokens', version, vocab_size, "
+                         "tokenizer, n_tokens (docs/data.md); `jdt-train prepare` writes them",
+                         p);
+        goto fail;
+    }
     if ((st = jdt_h5_attr_read_str(f, "format", &format, p, e))) goto fail;
     jdt_data_kind kind;
     if (strcmp(format, JDT_DATA_FORMAT_TOKENS) == 0)
