@@ -728,7 +728,8 @@ START_TEST(test_bad_files)
     expect_open_fail(path_in("noattr.h5"), "noattr.h5", "missing attribute 'vocab_size'");
     /* someone else's HDF5 (no jdt attributes): named as such, with what a token file holds */
     write_custom(path_in("foreign.h5"), H5T_STD_U16LE, 100, 256, 1, "format");
-    expect_open_fail(path_in("foreign.h5"), "foreign.h5", "not a jdt dataset (no 'format' attribute)");
+    expect_open_fail(path_in("foreign.h5"), "foreign.h5",
+                     "not a jdt dataset (no 'format' attribute)");
     write_custom(path_in("v2.h5"), H5T_STD_U16LE, 100, 256, 2, NULL);
     expect_open_fail(path_in("v2.h5"), "v2.h5", "version 2");
     write_custom(path_in("short.h5"), H5T_STD_U16LE, 8, 256, 1, NULL);
