@@ -1,6 +1,7 @@
 /*
  * datasets.h — dataset preparation (prefix jdt_prep_): the byte tokenizer, text file -> token
- * shards with a train/val split, and deterministic synthetic token and array datasets. Library
+ * shards with a train/val split, llm.c's token files -> token shards, and deterministic
+ * synthetic token and array datasets. Library
  * code behind `jdt-train prepare`; the files it writes are the formats of io/data.h
  * (docs/data.md).
  */
@@ -65,6 +66,24 @@ const char *jdt_prep_val_dir(const char *train_path, const char *val_path, bool 
  * tokenizer's (bpe.h), and ERR_CONFIG when a loaded tokenizer has more than vocab_size ids or
  * vocab_size cannot hold a trained one (< 257). */
 jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
+
+/* True if source is an llm.c token file (a `.bin` whose header has llm.c's GPT-2 or Llama 3
+ * magic) or a directory holding `.bin` files: jdt_prep_text then imports it (jdt_prep_llmc)
+ * instead of reading it as text. */
+bool jdt_prep_is_llmc(const char *source);
+
+/* Imports llm.c token files (the format of its dev/data scripts: a 1024-byte header of int32
+ * magic, version and token count, then uint16 GPT-2 or uint32 Llama 3 ids): opts->text_path
+ * is one such file or a directory of them (every .bin file, in name order). Files whose name
+ * contains "val" become val shards, one each (val_fraction unused); without one, the tail
+ * val_fraction of the stream does, as for text. Each train file becomes one train shard
+ * (n_shards unused). The ids need the tokenizer that made them: opts->tokenizer must be BPE
+ * with tokenizer_path set; it is saved as out_dir/tokenizer.json and its hash tags the shards
+ * as for text, and every id is checked against its size. Streams the files in 1 MiB blocks.
+ * Errors: ERR_CONFIG (no tokenizer, vocab_size below the tokenizer's), ERR_FORMAT (a bad
+ * header, a size that does not match it, ids of two widths, an id past the tokenizer, each
+ * naming the file), ERR_IO, ERR_INVALID (no train file, too few tokens). */
+jdt_status jdt_prep_llmc(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
 
 /* The tokenizer a run uses when data.tokenizer is bpe: data_dir/tokenizer.json (data_dir is
  * the prepared shard directory, or the directory of a single shard file), else

@@ -1,6 +1,7 @@
 /*
  * prepare.c — dataset preparation (see datasets.h): the byte tokenizer, text -> token shards
- * with a train/val split, and synthetic token/array generators. Writes through the io/data.h
+ * with a train/val split, the import of llm.c's token files, and synthetic token/array
+ * generators. Writes through the io/data.h
  * writers, so every file lands by temp file + rename.
  */
 #include "datasets/datasets.h"
@@ -179,6 +180,7 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
     if (o->n_shards < 1 || o->n_shards > 100000)
         return jdt_err_set(e, JDT_ERR_INVALID, "prepare: n_shards %d outside 1..100000",
                            o->n_shards);
+    if (jdt_prep_is_llmc(o->text_path)) return jdt_prep_llmc(o, res, e);
     if (o->tokenizer == JDT_PREP_TOK_BPE) return jdt_prep_text_bpe(o, res, e);
     f = fopen(o->text_path, "rb");
     if (!f)
@@ -243,6 +245,306 @@ out:
     jdt_free(toks);
     jdt_free(buf);
     if (f) fclose(f);
+    return st;
+}
+
+/* ---- llm.c token files ----------------------------------------------------------------------
+ * llm.c's dev/data scripts write `.bin` shards: a header of 256 little-endian int32 (magic,
+ * version, number of tokens, then zeros), then the ids: uint16 for GPT-2 (magic 20240520,
+ * version 1), uint32 for Llama 3 (magic 20240801, version 7). */
+enum { LLMC_HEADER_BYTES = 1024, LLMC_GPT2 = 20240520, LLMC_LLAMA3 = 20240801 };
+
+typedef struct {
+    char *path;
+    int64_t n;   /* tokens */
+    int elt;     /* bytes per id */
+    bool is_val; /* the file's name says val: fineweb_val_000000.bin */
+} llmc_file;
+
+/* The header's element size, or 0 if buf does not start an llm.c token file. */
+static int llmc_elt(const unsigned char *h)
+{
+    int32_t magic, version;
+    memcpy(&magic, h, 4);
+    memcpy(&version, h + 4, 4);
+    return magic == LLMC_GPT2 && version == 1 ? 2 : magic == LLMC_LLAMA3 && version == 7 ? 4 : 0;
+}
+
+static bool is_bin_name(const char *name, void *ctx)
+{
+    (void)ctx;
+    size_t n = strlen(name);
+    return n > 4 && strcmp(name + n - 4, ".bin") == 0;
+}
+
+bool jdt_prep_is_llmc(const char *source)
+{
+    if (jdt_io_is_dir(source)) {
+        char **names = NULL;
+        size_t n = 0;
+        jdt_err e;
+        bool any = jdt_io_list_dir(source, is_bin_name, NULL, &names, &n, &e) == JDT_OK && n > 0;
+        jdt_io_names_free(names, n);
+        return any;
+    }
+    FILE *f = fopen(source, "rb");
+    unsigned char h[8];
+    bool yes = f && fread(h, 1, 8, f) == 8 && llmc_elt(h) != 0;
+    if (f) fclose(f);
+    return yes;
+}
+
+/* Reads and checks one file's header: the magic, and that the size is the header plus n ids. */
+static jdt_status llmc_open_file(llmc_file *lf, jdt_err *e)
+{
+    FILE *f = fopen(lf->path, "rb");
+    if (!f)
+        return jdt_err_set(e, errno == ENOENT ? JDT_ERR_NOT_FOUND : JDT_ERR_IO, "%s: %s", lf->path,
+                           strerror(errno));
+    unsigned char h[12];
+    struct stat sb;
+    jdt_status st = JDT_OK;
+    if (fread(h, 1, sizeof h, f) != sizeof h || !(lf->elt = llmc_elt(h))) {
+        st = jdt_err_set(e, JDT_ERR_FORMAT,
+                         "%s: not an llm.c token file (its header starts with neither magic "
+                         "%d version 1 nor %d version 7)",
+                         lf->path, LLMC_GPT2, LLMC_LLAMA3);
+    } else {
+        int32_t n;
+        memcpy(&n, h + 8, 4);
+        lf->n = n;
+        if (fstat(fileno(f), &sb) != 0 || n <= 0 ||
+            (int64_t)sb.st_size != LLMC_HEADER_BYTES + (int64_t)n * lf->elt)
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: the header says %d tokens of %d bytes (%lld bytes with the "
+                             "header) but the file has %lld bytes: truncated or not llm.c's",
+                             lf->path, n, lf->elt,
+                             (long long)(LLMC_HEADER_BYTES + (int64_t)n * lf->elt),
+                             (long long)sb.st_size);
+    }
+    fclose(f);
+    return st;
+}
+
+/* Appends ids [begin, end) of lf to w, checking each against vocab (ids in blocks). */
+static jdt_status llmc_copy(const llmc_file *lf, int64_t begin, int64_t end, uint32_t vocab,
+                            jdt_data_tokw *w, uint32_t *ids, unsigned char *buf, jdt_progress *prog,
+                            int64_t *done, jdt_err *e)
+{
+    FILE *f = fopen(lf->path, "rb");
+    if (!f) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", lf->path, strerror(errno));
+    jdt_status st = JDT_OK;
+    if (fseeko(f, LLMC_HEADER_BYTES + begin * lf->elt, SEEK_SET) != 0)
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: seek: %s", lf->path, strerror(errno));
+    const int64_t block = BLOCK_BYTES / 4;
+    for (int64_t pos = begin; st == JDT_OK && pos < end;) {
+        int64_t k = end - pos < block ? end - pos : block;
+        if (fread(buf, (size_t)lf->elt, (size_t)k, f) != (size_t)k) {
+            st = jdt_err_set(e, JDT_ERR_IO,
+                             "%s: short read at token %lld (file changed while "
+                             "preparing?)",
+                             lf->path, (long long)pos);
+            break;
+        }
+        for (int64_t i = 0; i < k; i++) {
+            uint16_t v16;
+            if (lf->elt == 2) {
+                memcpy(&v16, buf + 2 * i, 2);
+                ids[i] = v16;
+            } else {
+                memcpy(&ids[i], buf + 4 * i, 4);
+            }
+            if (ids[i] >= vocab) {
+                st = jdt_err_set(e, JDT_ERR_FORMAT,
+                                 "%s: token %lld is id %u, not below the tokenizer's %u ids (was "
+                                 "the file made with another tokenizer?)",
+                                 lf->path, (long long)(pos + i), ids[i], vocab);
+                break;
+            }
+        }
+        if (st == JDT_OK) st = jdt_data_tokw_append(w, ids, k, e);
+        pos += k;
+        *done += k;
+        jdt_progress_update(prog, (double)*done / 1e6);
+    }
+    fclose(f);
+    return st;
+}
+
+/* Writes one token file from the concatenation of files[..]'s ranges [lo, hi) of the global
+ * token stream (file i covers [start[i], start[i] + n)). */
+static jdt_status llmc_write(const llmc_file *files, const int64_t *start, int n_files, int64_t lo,
+                             int64_t hi, const char *path, uint32_t vocab, const char *tok_name,
+                             int compress_level, uint32_t *ids, unsigned char *buf,
+                             jdt_progress *prog, int64_t *done, jdt_err *e)
+{
+    jdt_data_write_opts wo = {.compress_level = compress_level, .chunk_rows = 0};
+    jdt_data_tokw *w = NULL;
+    jdt_status st = jdt_data_tokw_open(path, hi - lo, vocab, tok_name, &wo, &w, e);
+    for (int i = 0; st == JDT_OK && i < n_files; i++) {
+        int64_t b = lo > start[i] ? lo : start[i];
+        int64_t en = hi < start[i] + files[i].n ? hi : start[i] + files[i].n;
+        if (b < en)
+            st = llmc_copy(&files[i], b - start[i], en - start[i], vocab, w, ids, buf, prog, done,
+                           e);
+    }
+    if (st != JDT_OK) {
+        if (w) jdt_data_tokw_abort(w);
+        return st;
+    }
+    return jdt_data_tokw_commit(w, e);
+}
+
+jdt_status jdt_prep_llmc(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_err *e)
+{
+    jdt_err err_local_; /* e may be NULL: keep the detail locally */
+    if (!e) e = &err_local_;
+    if (o->tokenizer != JDT_PREP_TOK_BPE || !o->tokenizer_path || !o->tokenizer_path[0])
+        return jdt_err_set(e, JDT_ERR_CONFIG,
+                           "%s holds llm.c token files (BPE ids): set data.tokenizer: bpe and "
+                           "data.tokenizer_path to the tokenizer that made them (GPT-2's "
+                           "tokenizer.json, or vocab.bpe with encoder.json beside it)",
+                           o->text_path);
+    llmc_file *files = NULL;
+    int64_t *start = NULL;
+    char **names = NULL, *path = NULL, *tok_json = NULL;
+    size_t n_names = 0, n_json = 0;
+    uint32_t *ids = NULL;
+    unsigned char *buf = NULL;
+    jdt_bpe *tok = NULL;
+    int n_files = 0;
+    jdt_status st = JDT_OK;
+    if (jdt_io_is_dir(o->text_path)) {
+        if ((st = jdt_io_list_dir(o->text_path, is_bin_name, NULL, &names, &n_names, e))) goto out;
+    } else {
+        if (!(names = jdt_malloc(sizeof *names)) || !(names[0] = jdt_strdup(o->text_path)))
+            goto oom;
+        n_names = 1;
+    }
+    if (!(files = jdt_calloc(n_names, sizeof *files)) ||
+        !(start = jdt_calloc(n_names + 1, sizeof *start)))
+        goto oom;
+    /* train files first, then val files, each in name order: the global stream */
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n_names; i++) {
+            const char *slash = strrchr(names[i], '/');
+            bool val = strstr(slash ? slash + 1 : names[i], "val") != NULL;
+            if (val != (pass == 1)) continue;
+            llmc_file *lf = &files[n_files];
+            lf->is_val = val;
+            lf->path = jdt_io_is_dir(o->text_path) ? jdt_io_join(o->text_path, names[i])
+                                                   : jdt_strdup(names[i]);
+            if (!lf->path) goto oom;
+            n_files++;
+            if ((st = llmc_open_file(lf, e))) goto out;
+            if (lf->elt != files[0].elt) {
+                st = jdt_err_set(e, JDT_ERR_FORMAT,
+                                 "%s: ids of %d bytes, but %s has ids of %d: files of two "
+                                 "tokenizers",
+                                 lf->path, lf->elt, files[0].path, files[0].elt);
+                goto out;
+            }
+            start[n_files] = start[n_files - 1] + lf->n;
+        }
+    int n_train_files = 0;
+    for (int i = 0; i < n_files; i++)
+        n_train_files += !files[i].is_val;
+    const int64_t total = start[n_files];
+    int64_t train_end = start[n_train_files]; /* the val files follow the train files */
+    const bool val_files = n_train_files < n_files;
+    if (n_train_files == 0) {
+        st = jdt_err_set(e, JDT_ERR_INVALID,
+                         "%s: only val files (names with 'val'), no train "
+                         "files",
+                         o->text_path);
+        goto out;
+    }
+    if (!val_files && o->val_fraction > 0) { /* no val file: the tail, as for text */
+        int64_t n_val = (int64_t)floor((double)total * o->val_fraction);
+        train_end = total - (n_val < 2 ? 2 : n_val);
+    }
+    if (train_end < 1) {
+        st = jdt_err_set(e, JDT_ERR_INVALID, "%s: %lld tokens are too few for val_fraction %g",
+                         o->text_path, (long long)total, o->val_fraction);
+        goto out;
+    }
+    /* the tokenizer goes beside the shards, and its hash into every shard (as for text) */
+    if ((st = jdt_bpe_load(o->tokenizer_path, &tok, e))) goto out;
+    uint32_t vocab = (uint32_t)jdt_bpe_vocab_size(tok);
+    if ((int)vocab > o->vocab_size) {
+        st = jdt_err_set(e, JDT_ERR_CONFIG,
+                         "%s: the tokenizer has %u ids but model.vocab_size is %d (set "
+                         "model.vocab_size to at least %u)",
+                         o->tokenizer_path, vocab, o->vocab_size, vocab);
+        goto out;
+    }
+    if ((st = jdt_io_mkdir_p(o->out_dir, e))) goto out;
+    if (!(path = shard_path_buf(o))) goto oom;
+    sprintf(path, "%s/tokenizer.json", o->out_dir);
+    if ((st = jdt_bpe_save(tok, path, e)) || (st = jdt_io_read_all(path, &tok_json, &n_json, e)))
+        goto out;
+    char tok_name[32];
+    snprintf(tok_name, sizeof tok_name, "bpe-%016llx",
+             (unsigned long long)jdt_hash_bytes(JDT_HASH_INIT, tok_json, n_json));
+    if (!(ids = jdt_malloc(BLOCK_BYTES)) || !(buf = jdt_malloc(BLOCK_BYTES))) goto oom;
+    const int64_t n_val = total - train_end;
+    if ((st = make_val_dir(o, n_val, e))) goto out;
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "prepare: importing llm.c tokens", (double)total / 1e6, "M tokens");
+    int64_t done = 0;
+    /* one train shard per train file (its part before the val tail) */
+    int n_train_shards = 0;
+    for (int i = 0; st == JDT_OK && i < n_train_files; i++) {
+        int64_t hi = start[i + 1] < train_end ? start[i + 1] : train_end;
+        if (start[i] >= hi) break;
+        sprintf(path, "%s/train_%03d.h5", o->out_dir, n_train_shards++);
+        st = llmc_write(files, start, n_files, start[i], hi, path, vocab, tok_name,
+                        o->compress_level, ids, buf, &prog, &done, e);
+    }
+    /* one val shard per val file, or one of the tail */
+    int n_val_shards = 0;
+    for (int i = val_files ? n_train_files : n_files; st == JDT_OK && i < n_files; i++) {
+        sprintf(path, "%s/val_%03d.h5", val_dir_of(o), n_val_shards++);
+        st = llmc_write(files, start, n_files, start[i], start[i + 1], path, vocab, tok_name,
+                        o->compress_level, ids, buf, &prog, &done, e);
+    }
+    if (st == JDT_OK && !val_files && n_val > 0) {
+        sprintf(path, "%s/val_%03d.h5", val_dir_of(o), n_val_shards++);
+        st = llmc_write(files, start, n_files, train_end, total, path, vocab, tok_name,
+                        o->compress_level, ids, buf, &prog, &done, e);
+    }
+    jdt_progress_end(&prog);
+    if (st) goto out;
+    /* stale shards of an earlier, larger preparation */
+    const char *vdir = val_dir_of(o);
+    const bool apart = vdir != o->out_dir;
+    if ((st = remove_stale(o->out_dir, n_train_shards, apart ? 0 : n_val_shards, e))) goto out;
+    if (apart && jdt_io_is_dir(vdir) && (st = remove_stale(vdir, INT_MAX, n_val_shards, e)))
+        goto out;
+    if (val_files && o->val_fraction > 0)
+        JDT_INFO("prepare: %s has val files; data.val_fraction %g is not used", o->text_path,
+                 o->val_fraction);
+    if (res) {
+        res->n_train_tokens = train_end;
+        res->n_val_tokens = n_val;
+        res->n_train_files = n_train_shards;
+        res->n_val_files = n_val_shards;
+        res->vocab_size = (int)vocab;
+    }
+    goto out;
+oom:
+    st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
+out:
+    for (int i = 0; files && i < (int)n_names; i++)
+        jdt_free(files[i].path);
+    jdt_free(files);
+    jdt_free(start);
+    jdt_io_names_free(names, n_names);
+    jdt_free(path);
+    jdt_free(tok_json);
+    jdt_free(ids);
+    jdt_free(buf);
+    jdt_bpe_free(tok);
     return st;
 }
 
