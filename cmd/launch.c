@@ -145,6 +145,7 @@ typedef struct {
     char **child_argv; /* argv without --nproc N, NULL-terminated (owned array) */
     int nproc;
     const char *config; /* NULL if none */
+    bool from_ckpt;     /* `eval CKPT`: config names a checkpoint, whose stored config is used */
     int n_overrides;
     char **overrides; /* (n_overrides) point into argv (owned array) */
 } launch_args;
@@ -191,6 +192,7 @@ static int parse_launch_args(int argc, char **argv, launch_args *a)
         for (size_t k = 0; k < JDT_ARRAY_LEN(ok_cmds); k++)
             if (strcmp(a->child_argv[1], ok_cmds[k]) == 0) i = 2;
     }
+    const bool eval = i == 2 && strcmp(a->child_argv[1], "eval") == 0;
     for (; i < n; i++) {
         const char *s = a->child_argv[i];
         if (strcmp(s, "--") == 0) continue;
@@ -198,9 +200,10 @@ static int parse_launch_args(int argc, char **argv, launch_args *a)
             if ((strcmp(s, "--log-level") == 0 || strcmp(s, "--ckpt") == 0) && i + 1 < n) i++;
             continue;
         }
-        if (!a->config)
+        if (!a->config) {
             a->config = s;
-        else if (strchr(s, '='))
+            a->from_ckpt = eval && jdt_train_is_ckpt_path(s);
+        } else if (strchr(s, '='))
             a->overrides[a->n_overrides++] = a->child_argv[i];
     }
     return EXIT_OK;
@@ -210,6 +213,19 @@ static void free_launch_args(launch_args *a)
 {
     jdt_free(a->child_argv);
     jdt_free(a->overrides);
+}
+
+/* The job's config as a rank will load it under envp: the YAML file, or for `eval CKPT` the
+ * checkpoint's stored config (jdt_train_load_stored_config), with the overrides. */
+static jdt_status load_job_config(const launch_args *a, char *const *envp, jdt_config *c,
+                                  jdt_err *e)
+{
+    if (!a->from_ckpt) return jdt_config_load(a->config, a->n_overrides, a->overrides, envp, c, e);
+    char *resolved = NULL;
+    jdt_status st = jdt_train_load_stored_config(a->config, a->n_overrides, a->overrides, envp, c,
+                                                 &resolved, e);
+    jdt_free(resolved);
+    return st;
 }
 
 /* Refuses dist.* keys the launcher owns, set in overrides, the environment or the file. */
@@ -420,7 +436,7 @@ static int preflight(launcher *L, bool *user_token, bool *user_threads)
     int rc;
     if ((rc = check_owned_keys(&L->a, NULL))) return rc;
     const launch_args *a = &L->a;
-    jdt_status s = jdt_config_load(a->config, a->n_overrides, a->overrides, environ, &L->c, &e);
+    jdt_status s = load_job_config(a, environ, &L->c, &e);
     if (s) {
         fprintf(stderr, "jdt-train: config error: %s\n", e.msg);
         return s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
@@ -493,7 +509,7 @@ static int make_rank_env(launcher *L, bool user_token, bool user_threads)
     jdt_err e;
     jdt_err_clear(&e);
     const launch_args *a = &L->a;
-    jdt_status s = jdt_config_load(a->config, a->n_overrides, a->overrides, L->env.v, &L->c, &e);
+    jdt_status s = load_job_config(a, L->env.v, &L->c, &e);
     if (s) {
         fprintf(stderr, "jdt-train: config error (with --nproc %d): %s\n", L->n, e.msg);
         return s == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;

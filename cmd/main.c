@@ -827,39 +827,18 @@ static int cmd_prepare(const subcommand *cmd, cli_args *a)
 }
 
 /* `eval CKPT`: a checkpoint (a step directory, its state.h5, or a run's checkpoint folder)
- * where a CONFIG would be. The config is the one stored in it, with the command line's
- * overrides and JDT_* variables on top; *ckpt is the checkpoint (jdt_malloc'd). Returns an
- * exit code, EXIT_OK with *c loaded. */
+ * where a CONFIG would be: its stored config (jdt_train_load_stored_config), the command
+ * line's overrides and JDT_* variables on top; *ckpt is the checkpoint (jdt_malloc'd). Returns
+ * an exit code, EXIT_OK with *c loaded. */
 static int load_stored_config(const cli_args *a, jdt_config *c, char **ckpt)
 {
     jdt_err e;
     jdt_err_clear(&e);
-    jdt_status st = JDT_OK;
-    if (jdt_ckpt_find_latest(a->config_path, ckpt, NULL, NULL) != JDT_OK &&
-        !(*ckpt = jdt_strdup(a->config_path)))
-        st = jdt_err_set(&e, JDT_ERR_NOMEM, "out of memory");
-    jdt_ckpt *ck = NULL;
-    if (st == JDT_OK) st = jdt_ckpt_open(*ckpt, &ck, &e);
-    struct stat sb;
-    if (st == JDT_ERR_NOT_FOUND && stat(a->config_path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        st = jdt_err_set(&e, JDT_ERR_NOT_FOUND,
-                         "%s: no checkpoint (neither a step directory with state.h5 nor a folder "
-                         "of complete step_* checkpoints)",
-                         a->config_path);
-    if (st == JDT_OK) {
-        jdt_ckpt_meta meta;
-        jdt_ckpt_get_meta(ck, &meta);
-        char label[1100];
-        snprintf(label, sizeof label, "%s (stored config)", *ckpt);
-        st = jdt_config_load_string(meta.config_text, label, a->n_overrides, a->overrides, environ,
-                                    c, &e);
-    }
-    jdt_ckpt_close(ck);
+    jdt_status st = jdt_train_load_stored_config(a->config_path, a->n_overrides, a->overrides,
+                                                 environ, c, ckpt, &e);
     if (st != JDT_OK) {
         fprintf(stderr, "jdt-train: %s: %s\n", st == JDT_ERR_CONFIG ? "config error" : "error",
                 e.msg);
-        jdt_free(*ckpt);
-        *ckpt = NULL;
         return exit_code(st);
     }
     jdt_log_level lv = c->run.log_level;

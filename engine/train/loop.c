@@ -533,6 +533,81 @@ const char *jdt_train_ckpt_differs(const jdt_config *cfg, const char *config_tex
     return key;
 }
 
+/* The stored config text without the sections that describe the job that wrote it rather than
+ * the run: dist (its coordinator, ranks, token) and mesh, which becomes data: -1 (filled in
+ * from the new job's process count). The resolved YAML jdt writes has its sections at column
+ * 0, their keys indented below them. jdt_malloc'd; NULL when out of memory. */
+static char *job_free_text(const char *text)
+{
+    size_t n = strlen(text);
+    char *out = jdt_malloc(n + 32);
+    if (!out) return NULL;
+    size_t o = 0;
+    bool skip = false;
+    for (const char *l = text; *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t len = nl ? (size_t)(nl - l) + 1 : strlen(l);
+        if (l[0] != ' ' && l[0] != '\n' && l[0] != '#')
+            skip = strncmp(l, "dist:", 5) == 0 || strncmp(l, "mesh:", 5) == 0;
+        if (!skip) {
+            memcpy(out + o, l, len);
+            o += len;
+        }
+        l += len;
+    }
+    if (o && out[o - 1] != '\n') out[o++] = '\n';
+    strcpy(out + o, "mesh:\n  data: -1\n"); /* n + 32 bytes hold it */
+    return out;
+}
+
+bool jdt_train_is_ckpt_path(const char *path)
+{
+    struct stat sb;
+    size_t n = strlen(path);
+    return stat(path, &sb) == 0 && (S_ISDIR(sb.st_mode) || (n > 3 && !strcmp(path + n - 3, ".h5")));
+}
+
+jdt_status jdt_train_load_stored_config(const char *ckpt, int n_overrides, char *const *overrides,
+                                        char *const *envp, jdt_config *out, char **resolved,
+                                        jdt_err *e)
+{
+    *resolved = NULL;
+    if (jdt_ckpt_find_latest(ckpt, resolved, NULL, NULL) != JDT_OK &&
+        !(*resolved = jdt_strdup(ckpt)))
+        return jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
+    jdt_ckpt *ck = NULL;
+    char *text = NULL;
+    jdt_status st = jdt_ckpt_open(*resolved, &ck, e);
+    struct stat sb;
+    if (st == JDT_ERR_NOT_FOUND && stat(ckpt, &sb) == 0 && S_ISDIR(sb.st_mode))
+        st = jdt_err_set(e, JDT_ERR_NOT_FOUND,
+                         "%s: no checkpoint (neither a step directory with state.h5 nor a folder "
+                         "of complete step_* checkpoints)",
+                         ckpt);
+    if (st == JDT_OK) {
+        jdt_ckpt_meta meta;
+        jdt_ckpt_get_meta(ck, &meta);
+        char label[1100];
+        snprintf(label, sizeof label, "%s (stored config)", *resolved);
+        if (!meta.config_text || !meta.config_text[0])
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: the checkpoint stores no config: give one "
+                             "(eval CONFIG --ckpt %s)",
+                             *resolved, *resolved);
+        else if (!(text = job_free_text(meta.config_text)))
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
+        else
+            st = jdt_config_load_string(text, label, n_overrides, overrides, envp, out, e);
+    }
+    jdt_free(text);
+    jdt_ckpt_close(ck);
+    if (st != JDT_OK) {
+        jdt_free(*resolved);
+        *resolved = NULL;
+    }
+    return st;
+}
+
 /* The checkpoint's metadata against the run: a step and data position that a save can have
  * written (the step its directory is named for, where it is named step_N), and the model its
  * stored config describes. A checkpoint of another model whose tensors happen to fit (fewer

@@ -151,6 +151,21 @@ jdt_status jdt_train_check_memory(const jdt_config *cfg, int64_t micro_batch, co
 /* The checkpoint directory of cfg: checkpoint.dir, or <run.out_dir>/<run.name>/ckpt. */
 void jdt_train_ckpt_dir(const jdt_config *cfg, char *buf, size_t n_bytes);
 
+/* Whether a command-line path names a checkpoint rather than a YAML config: an existing
+ * directory, or an existing file ending in .h5 (`eval CKPT`). */
+bool jdt_train_is_ckpt_path(const char *path);
+
+/* The config a checkpoint was trained under, to run it again in another job (`eval CKPT`):
+ * ckpt is a step directory, its state.h5, or a run's checkpoint folder (its newest complete
+ * checkpoint, named in *resolved, jdt_malloc'd). The stored dist section (the old job's
+ * coordinator, ranks and token) is dropped and the mesh becomes data: -1, filled in from this
+ * job's process count; overrides and envp then apply as in jdt_config_load. Errors:
+ * ERR_NOT_FOUND (naming ckpt), the checkpoint's open errors, ERR_FORMAT (no stored config),
+ * ERR_CONFIG (an override, or a stored config this version cannot read); *resolved is NULL. */
+jdt_status jdt_train_load_stored_config(const char *ckpt, int n_overrides, char *const *overrides,
+                                        char *const *envp, jdt_config *out, char **resolved,
+                                        jdt_err *e);
+
 /* The config key (e.g. "model.n_layer") on which the run config cfg and the config stored in
  * a checkpoint (config_text, its metadata's; path names it in errors) describe different
  * networks, with why = "the checkpoint's K is X, this config's Y"; with optimizer true also

@@ -163,6 +163,12 @@ v4=$("$BIN" --nproc 4 eval $C --ckpt "$K" run.out_dir="$TMP/ev4" mesh.fsdp=2 mes
 [ "$(echo "$v4" | grep -c 'val loss')" -eq 1 ] || fail "expected one val loss line from 4 ranks: $v4"
 grep -qF "$v1" <<<"$v4" || fail "distributed eval '$v4' differs from one process '$v1'"
 echo "eval of the 2x2 checkpoint: 1 process and fsdp 2 x tensor 2 both give $v1"
+# eval CKPT: the stored config without its job (the 4-rank job's coordinator and ranks): one
+# process, and 2 processes (data 2), give the same loss, and nothing waits for the old job
+v1c=$(timeout 30 "$BIN" eval "$K" 2>"$TMP/err" | grep -o 'val loss [0-9.]*') || { tail -3 "$TMP/err"; fail "eval CKPT on 1 process"; }
+v2c=$(timeout 30 "$BIN" --nproc 2 eval "$K" 2>"$TMP/err") || { tail -3 "$TMP/err"; fail "eval CKPT on 2 processes"; }
+[ "$v1c" = "$v1" ] && grep -qF "$v1" <<<"$v2c" || fail "eval CKPT: 1 process '$v1c', 2 processes '$v2c', eval CONFIG '$v1'"
+echo "eval CKPT of the 2x2 checkpoint: 1 process and data 2 give $v1c as well"
 
 # bad meshes and rules: one config error from the launcher, exit 2, no rank started
 bad() { # $1 expected text, rest: arguments
