@@ -1,8 +1,7 @@
 /*
  * prepare.c — dataset preparation (see datasets.h): the byte tokenizer, text -> token shards
  * with a train/val split, the import of llm.c's token files, and synthetic token/array
- * generators. Writes through the io/data.h
- * writers, so every file lands by temp file + rename.
+ * generators. Writes through the io/data.h writers, so every file lands by temp file + rename.
  */
 #include "datasets/datasets.h"
 #include "datasets/bpe.h"

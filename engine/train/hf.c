@@ -465,9 +465,13 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool lla
     }
     if (!llama) {
         int64_t v;
-        if (!hf_int(r, "n_positions", -1, &v) || v < c->model.seq_len) {
-            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: n_positions is %s, below model.seq_len %d", p,
-                             jdt_json_get(r, "n_positions") ? "set" : "missing", c->model.seq_len);
+        if (!hf_int(r, "n_positions", -1, &v)) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: n_positions is missing or not an integer", p);
+            goto out;
+        }
+        if (v < c->model.seq_len) {
+            st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: n_positions is %lld, below this config's model.seq_len %d",
+                             p, (long long)v, c->model.seq_len);
             goto out;
         }
     } else {
