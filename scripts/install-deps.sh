@@ -32,6 +32,7 @@ PKGS=(
   slurm-client       # sbatch, srun, squeue, sinfo, scancel
   munge              # SLURM's authentication
   nginx-light        # HTTP server with Range for remote-data tests (http-up.sh)
+  openmpi-bin        # launch_others.sh: a job started by mpirun joins without dist.* keys
   curl               # HTTP checks in fixtures and tests
   openssl            # data_http.sh: a self-signed certificate and an HTTPS server (s_server)
   clang              # `make fuzz`: libFuzzer targets (tests/fuzz/) with ASan/UBSan

@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <stdio.h>
@@ -349,6 +350,75 @@ typedef struct {
     char cluster[64];
 } slurm_env;
 
+/* The environment another launcher gives its processes: torchrun's (and any env:// launcher's:
+ * RANK, WORLD_SIZE, MASTER_ADDR, with LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_PORT; torchrun adds
+ * TORCHELASTIC_RUN_ID), or an MPI launcher's (Open MPI's OMPI_COMM_WORLD_RANK, _SIZE,
+ * _LOCAL_RANK, _LOCAL_SIZE; MPICH's and Intel MPI's PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+ * MPI_LOCALNRANKS). */
+typedef struct {
+    const char *source; /* "torchrun", "torch-env", "mpi"; NULL when neither is there */
+    long rank, world_size, local_rank, local_world_size;
+    const char *world_var;   /* the variable world_size came from */
+    const char *master_addr; /* MASTER_ADDR, or NULL */
+    long master_port;        /* MASTER_PORT, or -1 */
+    bool agent_store;        /* torchrun's agent holds MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE) */
+    const char *run_id;      /* TORCHELASTIC_RUN_ID, or NULL */
+    long job_id;             /* mpi: Open MPI's job id (OMPI_MCA_ess_base_jobid), or -1 */
+} launcher_env;
+
+static jdt_status read_launcher(char *const *envp, launcher_env *l, jdt_err *e)
+{
+    memset(l, 0, sizeof *l);
+    l->master_port = -1;
+    static const struct {
+        const char *source, *rank, *size, *local_rank, *local_size;
+    } kinds[] = {
+        {"torch-env", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+        {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    };
+    jdt_status st;
+    for (size_t k = 0; k < JDT_ARRAY_LEN(kinds); k++) {
+        /* env:// needs its rendezvous address too: RANK and WORLD_SIZE alone are too common a
+         * pair of names to take a stray shell's for a job */
+        if (!env_get(envp, kinds[k].rank) || !env_get(envp, kinds[k].size) ||
+            (k == 0 && !env_get(envp, "MASTER_ADDR")))
+            continue;
+        bool found = false;
+        l->local_rank = 0;
+        l->local_world_size = -1;
+        if ((st = env_long(envp, kinds[k].size, 1, 1 << 20, &l->world_size, NULL, e)) ||
+            (st = env_long(envp, kinds[k].rank, 0, l->world_size - 1, &l->rank, NULL, e)) ||
+            (st = env_long(envp, kinds[k].local_rank, 0, 1 << 20, &l->local_rank, NULL, e)) ||
+            (st = env_long(envp, kinds[k].local_size, 1, 1 << 20, &l->local_world_size, &found,
+                           e)))
+            return st;
+        if (!found) l->local_world_size = l->local_rank + 1; /* unknown: at least this many */
+        if (l->local_rank >= l->local_world_size)
+            return jdt_err_set(e, JDT_ERR_CONFIG, "environment variable %s=%ld is not below %s=%ld",
+                               kinds[k].local_rank, l->local_rank, kinds[k].local_size,
+                               l->local_world_size);
+        l->source = kinds[k].source;
+        l->world_var = kinds[k].size;
+        break;
+    }
+    if (!l->source) return JDT_OK;
+    l->master_addr = env_get(envp, "MASTER_ADDR");
+    if (l->master_addr && !l->master_addr[0]) l->master_addr = NULL;
+    if ((st = env_long(envp, "MASTER_PORT", 1, 65535, &l->master_port, NULL, e))) return st;
+    l->run_id = env_get(envp, "TORCHELASTIC_RUN_ID");
+    l->job_id = -1;
+    if (strcmp(l->source, "mpi") == 0 &&
+        (st = env_long(envp, "OMPI_MCA_ess_base_jobid", 0, LONG_MAX, &l->job_id, NULL, e)))
+        return st;
+    if (strcmp(l->source, "torch-env") == 0 && l->run_id) l->source = "torchrun";
+    const char *agent = env_get(envp, "TORCHELASTIC_USE_AGENT_STORE");
+    l->agent_store = agent && (strcmp(agent, "True") == 0 || strcmp(agent, "true") == 0 ||
+                               strcmp(agent, "1") == 0);
+    return JDT_OK;
+}
+
 static const char *plural(long n)
 {
     return n == 1 ? "" : "s";
@@ -584,10 +654,17 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
     slurm_env sl;
     jdt_status st = read_slurm(envp, &sl, e);
     if (st) return st;
+    launcher_env le;
+    if ((st = read_launcher(envp, &le, e))) return st;
+    /* torchrun inside an srun step is the nearer launcher; MPI under srun is SLURM's own tasks */
+    const bool srun_step = sl.present && !sl.outside_srun[0];
+    const bool other = le.source && (strcmp(le.source, "mpi") != 0 || !srun_step);
     int first_node = -1; /* slurm_hosts_coordinator where the coordinator is SLURM's first node */
 
-    /* dist.coordinator alone under SLURM only moves the coordinator; ranks stay SLURM's */
-    const bool cfg_mode = cfg->dist.rank >= 0 || (cfg->dist.coordinator[0] && !sl.present);
+    /* dist.coordinator alone under SLURM (or another launcher) only moves the coordinator; ranks
+     * stay the launcher's */
+    const bool cfg_mode =
+        cfg->dist.rank >= 0 || (cfg->dist.coordinator[0] && !sl.present && !other);
     if (cfg_mode) {
         w->source = "config";
         w->world_size = cfg->dist.world_size > 0 ? cfg->dist.world_size : mesh_size;
@@ -624,6 +701,47 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
                  w->coordinator);
         w->local_world_size = is_loopback_host(host) ? w->world_size : 1;
         if (w->local_rank >= w->local_world_size) w->local_world_size = w->local_rank + 1;
+    } else if (other) {
+        w->source = le.source;
+        w->rank = (int)le.rank;
+        w->world_size = (int)le.world_size;
+        w->local_rank = (int)le.local_rank;
+        w->local_world_size = (int)le.local_world_size;
+        if (cfg->dist.world_size > 0 && cfg->dist.world_size != w->world_size)
+            return jdt_err_set(e, JDT_ERR_CONFIG, "dist.world_size is %d but %s started %d (%s)",
+                               cfg->dist.world_size, le.source, w->world_size, le.world_var);
+        if (w->world_size > 1 && cfg->dist.coordinator[0]) {
+            snprintf(w->coordinator, sizeof w->coordinator, "%s", cfg->dist.coordinator);
+        } else if (w->world_size > 1) {
+            /* rank 0's host; torchrun's c10d rendezvous found MASTER_PORT free there for the
+             * workers, its static one (TORCHELASTIC_USE_AGENT_STORE) holds it in the agent */
+            long port = cfg->dist.port > 0          ? cfg->dist.port
+                        : le.master_port < 0        ? -1
+                        : le.agent_store            ? le.master_port % 65535 + 1
+                                                    : le.master_port;
+            /* mpirun on one host: every process can derive the same loopback address */
+            const bool one_host = le.local_world_size == le.world_size && le.job_id >= 0;
+            if (!le.master_addr && one_host) {
+                le.master_addr = "127.0.0.1";
+                if (port < 0) port = jdt_world_slurm_port(le.job_id, 0);
+            }
+            if (!le.master_addr || port < 0)
+                return jdt_err_set(e, JDT_ERR_CONFIG,
+                                   "%s started %d processes (%s) but %s: set "
+                                   "dist.coordinator=HOST:PORT (rank 0's host and a free port) "
+                                   "on every process, or MASTER_ADDR and MASTER_PORT",
+                                   le.source, w->world_size, le.world_var,
+                                   !le.master_addr ? "MASTER_ADDR is not set"
+                                                   : "MASTER_PORT is not set (nor dist.port)");
+            int n = snprintf(w->coordinator, sizeof w->coordinator, "%s:%ld", le.master_addr, port);
+            if (n < 0 || (size_t)n >= sizeof w->coordinator)
+                return jdt_err_set(e, JDT_ERR_CONFIG, "MASTER_ADDR: host name too long");
+        }
+        if (w->coordinator[0] && (st = check_addr(w->coordinator, cfg->dist.coordinator[0]
+                                                                      ? "dist.coordinator"
+                                                                      : "MASTER_ADDR:MASTER_PORT",
+                                                  e)))
+            return st;
     } else if (sl.present && sl.outside_srun[0] && sl.world_size > 1) {
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "running in %s with %s=%ld but outside srun: start the tasks with "
@@ -679,6 +797,11 @@ jdt_status jdt_world_resolve(const jdt_config *cfg, char *const *envp, jdt_world
         if ((st = read_token_file(cfg->dist.token_file, w->token, sizeof w->token, e))) return st;
     } else if (strcmp(w->source, "slurm") == 0) {
         snprintf(w->token, sizeof w->token, "slurm-%s-%ld", sl.cluster, sl.job_id);
+    } else if (other && w->world_size > 1) { /* what every process of the job was given */
+        char id[32] = "";
+        if (le.job_id >= 0) snprintf(id, sizeof id, "%ld", le.job_id);
+        snprintf(w->token, sizeof w->token, "%s-%.64s-%.160s", le.source, le.run_id ? le.run_id : id,
+                 w->coordinator);
     } else if (w->world_size > 1) {
         return jdt_err_set(e, JDT_ERR_CONFIG,
                            "dist.token: %d processes need a job token so strangers cannot join: "

@@ -31,7 +31,7 @@ typedef struct {
     char coordinator[256];            /* host:port ("" for a single process) */
     char token[256];                  /* job token ("" for a single process) */
     int coord_listen_fd;              /* inherited by the hosting process, else -1 */
-    const char *source;               /* "config" | "slurm" | "single" (static string) */
+    const char *source; /* "config" | "torchrun" | "torch-env" | "mpi" | "slurm" | "single" */
     bool host_coordinator;            /* this process runs the job's coordinator (world > 1) */
     int coordinator_rank;             /* the rank that runs it; -1 where only that one knows */
 } jdt_world;
@@ -39,11 +39,16 @@ typedef struct {
 /*
  * Resolves this process's place in the job. Order: the config's dist.rank (or dist.coordinator
  * outside SLURM; source "config"; the launcher's JDT_DIST_* variables arrive this way), else
- * SLURM_PROCID and SLURM_NTASKS (SLURM_NPROCS, SLURM_STEP_NUM_TASKS) in envp (source "slurm"),
- * else one process (source "single"). Single fields fall back the same way: dist.coordinator /
- * dist.port / dist.token override what SLURM would give. The token is dist.token, else the
- * first line of dist.token_file, else under SLURM "slurm-<cluster>-<job id>" (keeps other jobs
- * out; not a secret), else none (world size 1). Under SLURM the task count must equal the
+ * torchrun's (TORCHELASTIC_RUN_ID; source "torchrun") or another env:// launcher's (RANK,
+ * WORLD_SIZE and MASTER_ADDR set; "torch-env") variables, else in an srun step SLURM_PROCID and
+ * SLURM_NTASKS (SLURM_NPROCS, SLURM_STEP_NUM_TASKS) in envp (source "slurm"), else an MPI
+ * launcher's (OMPI_COMM_WORLD_*, or PMI_RANK / PMI_SIZE; "mpi"; docs/launch.md has where each
+ * finds the coordinator), else SLURM outside srun, else one process (source "single"). Single
+ * fields fall back the same way: dist.coordinator / dist.port / dist.token override what SLURM
+ * (or the other launcher) would give. The token is dist.token, else the first line of
+ * dist.token_file, else under SLURM "slurm-<cluster>-<job id>", under another launcher
+ * "<source>-<run or job id>-<coordinator>" (keeps other jobs out; not a secret), else none
+ * (world size 1). Under SLURM the task count must equal the
  * config's mesh size, and a task's values must agree with each other (SLURM_NTASKS with
  * SLURM_STEP_NUM_TASKS and the sum of SLURM_STEP_TASKS_PER_NODE, SLURM_NODEID with the step's
  * nodes, SLURM_LOCALID with its node's tasks and with SLURM_PROCID; docs/launch.md).

@@ -171,6 +171,129 @@ START_TEST(test_resolve_single)
 }
 END_TEST
 
+/* torchrun's worker environment (torch's local_elastic_agent: rank 3 of 4, 2 per node) */
+static char *TORCHRUN_ENV[] = {"RANK=3", "WORLD_SIZE=4", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2",
+                               "GROUP_RANK=1", "MASTER_ADDR=node0", "MASTER_PORT=29500",
+                               "TORCHELASTIC_RUN_ID=job7", "TORCHELASTIC_USE_AGENT_STORE=False",
+                               NULL};
+
+START_TEST(test_resolve_launchers)
+{
+    jdt_config c;
+    jdt_err e;
+    jdt_world w;
+    const char *ovr[] = {"mesh.data=4", "data.batch_size=8", "data.micro_batch_size=8", NULL};
+    ck_assert_int_eq(load(TORCHRUN_ENV, ovr, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, TORCHRUN_ENV, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.source, "torchrun");
+    ck_assert_int_eq(w.rank, 3);
+    ck_assert_int_eq(w.world_size, 4);
+    ck_assert_int_eq(w.local_rank, 1);
+    ck_assert_int_eq(w.local_world_size, 2);
+    ck_assert_str_eq(w.coordinator, "node0:29500"); /* c10d: the port was found free for us */
+    ck_assert_str_eq(w.token, "torchrun-job7-node0:29500");
+    ck_assert(!w.host_coordinator);
+
+    /* the static rendezvous's agent holds MASTER_PORT: the next port; dist.port wins */
+    char *agent[] = {"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2",
+                     "MASTER_ADDR=node0", "MASTER_PORT=29500", "TORCHELASTIC_RUN_ID=none",
+                     "TORCHELASTIC_USE_AGENT_STORE=True", NULL};
+    ck_assert_msg(jdt_world_resolve(&c, agent, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.coordinator, "node0:29501");
+    ck_assert(w.host_coordinator);
+    jdt_config_free(&c);
+    const char *ovr_port[] = {"mesh.data=4", "data.batch_size=8", "data.micro_batch_size=8",
+                              "dist.port=40000", NULL};
+    ck_assert_int_eq(load(agent, ovr_port, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, agent, &w, &e), JDT_OK);
+    ck_assert_str_eq(w.coordinator, "node0:40000");
+    jdt_config_free(&c);
+
+    /* a plain env:// launcher (one process per pod): no LOCAL_* means local rank 0 of 1 */
+    char *pod[] = {"RANK=2", "WORLD_SIZE=4", "MASTER_ADDR=10.0.0.5", "MASTER_PORT=23456", NULL};
+    ck_assert_int_eq(load(pod, ovr, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, pod, &w, &e), JDT_OK);
+    ck_assert_str_eq(w.source, "torch-env");
+    ck_assert_int_eq(w.local_rank, 0);
+    ck_assert_int_eq(w.local_world_size, 1);
+    ck_assert_str_eq(w.coordinator, "10.0.0.5:23456");
+    jdt_config_free(&c);
+
+    /* RANK and WORLD_SIZE without MASTER_ADDR are a stray shell's, not a job */
+    char *stray[] = {"RANK=1", "WORLD_SIZE=2", NULL};
+    ck_assert_int_eq(load(stray, NULL, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, stray, &w, &e), JDT_OK);
+    ck_assert_str_eq(w.source, "single");
+    jdt_config_free(&c);
+
+    /* Open MPI's mpirun: ranks from OMPI_COMM_WORLD_*, the coordinator from dist.coordinator */
+    char *ompi[] = {"OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=4",
+                    "OMPI_COMM_WORLD_LOCAL_RANK=1", "OMPI_COMM_WORLD_LOCAL_SIZE=2", NULL};
+    ck_assert_int_eq(load(ompi, ovr, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, ompi, &w, &e), JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "mpi started 4 processes (OMPI_COMM_WORLD_SIZE) but MASTER_ADDR "
+                                "is not set: set dist.coordinator=HOST:PORT") != NULL,
+                  "%s", e.msg);
+    jdt_config_free(&c);
+    const char *ovr_coord[] = {"mesh.data=4", "data.batch_size=8", "data.micro_batch_size=8",
+                               "dist.coordinator=head:7000", NULL};
+    ck_assert_int_eq(load(ompi, ovr_coord, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, ompi, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.source, "mpi");
+    ck_assert_int_eq(w.rank, 1);
+    ck_assert_int_eq(w.local_world_size, 2);
+    ck_assert_str_eq(w.coordinator, "head:7000");
+    ck_assert_str_eq(w.token, "mpi--head:7000");
+    jdt_config_free(&c);
+
+    /* mpirun on one host (local size = world size) with its job id: loopback, a derived port */
+    char *ompi1[] = {"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4",
+                     "OMPI_COMM_WORLD_LOCAL_RANK=0", "OMPI_COMM_WORLD_LOCAL_SIZE=4",
+                     "OMPI_MCA_ess_base_jobid=208404481", NULL};
+    ck_assert_int_eq(load(ompi1, ovr, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, ompi1, &w, &e) == JDT_OK, "%s", e.msg);
+    char want1[64];
+    snprintf(want1, sizeof want1, "127.0.0.1:%d", jdt_world_slurm_port(208404481, 0));
+    ck_assert_str_eq(w.coordinator, want1);
+    ck_assert(w.host_coordinator);
+    jdt_config_free(&c);
+
+    /* MPICH / Intel MPI (hydra), with MASTER_ADDR and MASTER_PORT exported by the user */
+    char *hydra[] = {"PMI_RANK=0", "PMI_SIZE=4", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=4",
+                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=7100", NULL};
+    ck_assert_int_eq(load(hydra, ovr, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, hydra, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.source, "mpi");
+    ck_assert_int_eq(w.local_world_size, 4);
+    ck_assert_str_eq(w.coordinator, "127.0.0.1:7100");
+    jdt_config_free(&c);
+
+    /* a world size the config disagrees with, and ranks past the world, are named */
+    const char *ovr_ws[] = {"mesh.data=2", "dist.world_size=2", NULL};
+    ck_assert_int_eq(load(pod, ovr_ws, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, pod, &w, &e), JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "dist.world_size is 2 but torch-env started 4 (WORLD_SIZE)"),
+                  "%s", e.msg);
+    jdt_config_free(&c);
+    char *bad[] = {"RANK=4", "WORLD_SIZE=4", "MASTER_ADDR=h", "MASTER_PORT=1", NULL};
+    ck_assert_int_eq(load(bad, ovr, &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_world_resolve(&c, bad, &w, &e), JDT_ERR_CONFIG);
+    ck_assert_msg(strstr(e.msg, "RANK") != NULL, "%s", e.msg);
+    jdt_config_free(&c);
+
+    /* under srun, MPI's variables are SLURM's own tasks: SLURM resolves; torchrun is nearer */
+    char *srun_mpi[] = {"SLURM_PROCID=2", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_NODEID=1",
+                        "SLURM_JOB_ID=4242", "SLURM_STEP_ID=0", "SLURM_STEP_NODELIST=n[07-08]",
+                        "SLURM_STEP_TASKS_PER_NODE=2,1", "SLURM_CLUSTER_NAME=jdt",
+                        "PMI_RANK=2", "PMI_SIZE=3", NULL};
+    const char *ovr3[] = {"mesh.data=3", "data.batch_size=12", "data.micro_batch_size=12", NULL};
+    ck_assert_int_eq(load(srun_mpi, ovr3, &c, &e), JDT_OK);
+    ck_assert_msg(jdt_world_resolve(&c, srun_mpi, &w, &e) == JDT_OK, "%s", e.msg);
+    ck_assert_str_eq(w.source, "slurm");
+    jdt_config_free(&c);
+}
+END_TEST
+
 START_TEST(test_resolve_slurm)
 {
     jdt_config c;
@@ -994,6 +1117,7 @@ int main(void)
     tcase_add_test(tc, test_coordinator_host);
     tcase_add_test(tc, test_resolve_config_wins);
     tcase_add_test(tc, test_resolve_bad_values);
+    tcase_add_test(tc, test_resolve_launchers);
     tcase_add_test(tc, test_token_file);
     tcase_add_test(tc, test_listen_fd);
     tcase_add_test(tc, test_threads);
