@@ -135,7 +135,8 @@ void jdt_peak_reference_gpu(const char *device_name, bool bf16, double override_
 /* ---- memory -----------------------------------------------------------------------------------
  */
 
-/* Peak resident set size of this process so far, in bytes (getrusage ru_maxrss). */
+/* Peak resident set size of this process image so far, in bytes (/proc/self/status VmHWM,
+ * which starts afresh at exec; getrusage's ru_maxrss, which does not, where /proc is missing). */
 int64_t jdt_obs_peak_rss_bytes(void);
 
 /* ---- metrics.jsonl reader and plots ------------------------------------------------------------

@@ -201,6 +201,18 @@ measure:
 
 int64_t jdt_obs_peak_rss_bytes(void)
 {
+    /* VmHWM belongs to this program's address space. getrusage's ru_maxrss survives execve: a
+     * process started by a big launcher (torchrun's Python forks, then execs us) reported the
+     * launcher's ~230 MB as its own peak. */
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[128];
+        long long kib = -1;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+        fclose(f);
+        if (kib >= 0) return (int64_t)kib * 1024;
+    }
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
     return (int64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */

@@ -9,7 +9,8 @@
 #      holds MASTER_PORT: a listener holds it here, and the job uses the next port): the same
 #      losses again;
 #   c) mpirun processes spread over "two hosts" (local size below world size) without
-#      MASTER_ADDR or dist.coordinator: one line that says what to set, exit 2.
+#      MASTER_ADDR or dist.coordinator: one line that says what to set, exit 2;
+#   d) the peak RSS a process reports is its own, not the launcher's that exec'd it.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:-$PWD}
 . "$ROOT/tests/infra/lib.sh"
@@ -68,4 +69,14 @@ env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=0 \
 grep -q "mpi started 2 processes (OMPI_COMM_WORLD_SIZE) but MASTER_ADDR is not set: set dist.coordinator=HOST:PORT" "$TMP/err" ||
   { cat "$TMP/err"; fail "no message naming dist.coordinator"; }
 [ "$(grep -c "error" "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "not one error line"; }
+# d) a launcher's memory is not ours: exec'd by a process holding 400 MB (torchrun's Python
+# forks, then execs us), the peak RSS reported is this program's own (getrusage's ru_maxrss
+# survives exec and said ~400 MB)
+python3 -c "import os, sys
+ballast = bytearray(400 << 20)
+os.execv(sys.argv[1], sys.argv[1:])" "$BIN" "$ROOT/configs/tiny.yaml" run.steps=2 run.log_every=1 \
+  run.eval_every=0 checkpoint.every=0 run.out_dir="$TMP/big" >/dev/null 2>"$TMP/err" || { tail -3 "$TMP/err"; fail "exec from a big parent"; }
+rss=$(sed -nE 's/.*peak RSS ([0-9]+) MB.*/\1/p' "$TMP/err" | tail -1)
+[ -n "$rss" ] && [ "$rss" -lt 300 ] || { grep "peak" "$TMP/err"; fail "peak RSS '$rss' MB counts the parent's 400 MB"; }
+echo "exec'd by a 400 MB parent: peak RSS $rss MB"
 echo "launch_others: ok"
