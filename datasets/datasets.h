@@ -85,6 +85,18 @@ bool jdt_prep_is_llmc(const char *source);
  * naming the file), ERR_IO, ERR_INVALID (no train file, too few tokens). */
 jdt_status jdt_prep_llmc(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
 
+/* Prepares a JSON Lines file (opts->text_path ends in .jsonl; jdt_prep_text calls it): one
+ * JSON object per line, the document in its "text" string (blank lines skipped). Each document
+ * is preceded by the tokenizer's <|endoftext|> (else <|end_of_text|>) id. With a loaded BPE
+ * (tokenizer_path) the documents are encoded one at a time into temporary files that
+ * jdt_prep_llmc splits as llm.c's (memory holds one document; one train shard per 2^30
+ * tokens); otherwise they are joined into a temporary text file ("<|endoftext|>" before each
+ * for a BPE to train, a blank line between them for bytes) that the text path prepares.
+ * The temporaries live in out_dir and are removed. Errors: as jdt_prep_text and jdt_prep_llmc,
+ * and ERR_FORMAT naming the file and line (not JSON, no "text" string), ERR_INVALID (no
+ * document). */
+jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
+
 /* The tokenizer a run uses when data.tokenizer is bpe: data_dir/tokenizer.json (data_dir is
  * the prepared shard directory, or the directory of a single shard file), else
  * tokenizer_path. Errors: ERR_NOT_FOUND (naming both places), the tokenizer's load errors. */

@@ -20,6 +20,8 @@
 
 enum { BLOCK_BYTES = 1 << 20 };
 
+static bool is_jsonl(const char *path);
+
 int64_t jdt_prep_byte_encode(const void *text, size_t n_bytes, uint32_t *out)
 {
     const unsigned char *p = text;
@@ -180,6 +182,7 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
         return jdt_err_set(e, JDT_ERR_INVALID, "prepare: n_shards %d outside 1..100000",
                            o->n_shards);
     if (jdt_prep_is_llmc(o->text_path)) return jdt_prep_llmc(o, res, e);
+    if (is_jsonl(o->text_path)) return jdt_prep_jsonl(o, res, e);
     if (o->tokenizer == JDT_PREP_TOK_BPE) return jdt_prep_text_bpe(o, res, e);
     f = fopen(o->text_path, "rb");
     if (!f)
@@ -544,6 +547,203 @@ out:
     jdt_free(ids);
     jdt_free(buf);
     jdt_bpe_free(tok);
+    return st;
+}
+
+/* ---- JSON Lines documents -----------------------------------------------------------------
+ * One JSON object per line with a "text" string: the form Hugging Face datasets export
+ * (`to_json`) and most corpora ship in. With a loaded BPE each document is encoded on its own,
+ * after an end-of-text id (llm.c's data scripts put <|endoftext|> before every document), into
+ * temporary llm.c-format files that jdt_prep_llmc then splits into shards: memory holds one
+ * document. Otherwise (bytes, or a BPE still to be trained on the text) the documents are
+ * joined into a temporary text file, "<|endoftext|>" before each for BPE (the trainer and the
+ * encoder cut it out as the special token, so the ids are the same as the streamed ones) and a
+ * blank line between them for bytes, which goes the text path. */
+enum { JSONL_PART_TOKENS = 1 << 30 };
+
+static bool is_jsonl(const char *path)
+{
+    size_t n = strlen(path);
+    return n > 6 && strcmp(path + n - 6, ".jsonl") == 0;
+}
+
+/* An llm.c-format part file being written: header patched with the count when it closes. */
+typedef struct {
+    FILE *f;
+    char *path;
+    int64_t n;
+} jsonl_part;
+
+static jdt_status part_close(jsonl_part *p, jdt_err *e)
+{
+    if (!p->f) return JDT_OK;
+    int32_t h[256] = {LLMC_LLAMA3, 7, (int32_t)p->n};
+    bool ok = fseek(p->f, 0, SEEK_SET) == 0 && fwrite(h, sizeof h, 1, p->f) == 1;
+    ok = (fclose(p->f) == 0) && ok;
+    p->f = NULL;
+    return ok ? JDT_OK : jdt_err_set(e, JDT_ERR_IO, "%s: %s", p->path, strerror(errno));
+}
+
+static jdt_status part_open(jsonl_part *p, const char *dir, int index, jdt_err *e)
+{
+    jdt_free(p->path);
+    if (!(p->path = jdt_malloc(strlen(dir) + 32)))
+        return jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
+    sprintf(p->path, "%s/part_%06d.bin", dir, index);
+    p->n = 0;
+    static const int32_t zero[256];
+    if (!(p->f = fopen(p->path, "wb")) || fwrite(zero, sizeof zero, 1, p->f) != 1)
+        return jdt_err_set(e, JDT_ERR_IO, "%s: %s", p->path, strerror(errno));
+    return JDT_OK;
+}
+
+jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_err *e)
+{
+    jdt_err err_local_;
+    if (!e) e = &err_local_;
+    const bool stream =
+        o->tokenizer == JDT_PREP_TOK_BPE && o->tokenizer_path && o->tokenizer_path[0];
+    FILE *in = fopen(o->text_path, "rb");
+    if (!in)
+        return jdt_err_set(e, errno == ENOENT ? JDT_ERR_NOT_FOUND : JDT_ERR_IO, "%s: %s",
+                           o->text_path, strerror(errno));
+    jdt_status st = JDT_OK;
+    char *line = NULL, *tmp = NULL;
+    size_t line_cap = 0, cap = 0, n_ids = 0;
+    uint32_t *ids = NULL;
+    jdt_bpe *tok = NULL;
+    FILE *txt = NULL;
+    jsonl_part part = {0};
+    int n_parts = 0, eot = -1;
+    int64_t n_docs = 0, lineno = 0;
+    struct stat sb;
+    double total_mb = fstat(fileno(in), &sb) == 0 ? (double)sb.st_size / 1048576.0 : 0;
+    if ((st = jdt_io_mkdir_p(o->out_dir, e))) goto out;
+    if (!(tmp = jdt_malloc(strlen(o->out_dir) + 32))) goto oom;
+    sprintf(tmp, stream ? "%s/.jsonl-ids.tmp" : "%s/.jsonl-text.tmp", o->out_dir);
+    if ((st = jdt_io_rm_rf(tmp, e))) goto out; /* an interrupted run's */
+    if (stream) {
+        if ((st = jdt_bpe_load(o->tokenizer_path, &tok, e)) || (st = jdt_io_mkdir_p(tmp, e)))
+            goto out;
+        eot = jdt_bpe_special_id(tok, "<|endoftext|>");
+        if (eot < 0) eot = jdt_bpe_special_id(tok, "<|end_of_text|>");
+        if (eot < 0)
+            JDT_WARN("prepare: %s has neither <|endoftext|> nor <|end_of_text|>: documents are "
+                     "joined with no id between them",
+                     o->tokenizer_path);
+    } else if (!(txt = fopen(tmp, "wb"))) {
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    jdt_progress prog;
+    jdt_progress_begin(&prog, "prepare: reading documents", total_mb, "MB");
+    ssize_t len;
+    while ((len = getline(&line, &line_cap, in)) >= 0) {
+        lineno++;
+        size_t k = 0;
+        while (k < (size_t)len &&
+               (line[k] == ' ' || line[k] == '\t' || line[k] == '\n' || line[k] == '\r'))
+            k++;
+        if (k == (size_t)len) continue; /* blank line */
+        char what[64];
+        snprintf(what, sizeof what, "line %lld", (long long)lineno);
+        jdt_json_doc *doc = NULL;
+        if ((st = jdt_json_parse(line, (size_t)len, what, &doc, e))) {
+            /* json.c says "line N:1:C: problem" (its own line 1 of our line N) */
+            char why[sizeof e->msg];
+            int jl = 0, jc = 0, off = 0;
+            size_t nw = strlen(what);
+            if (strncmp(e->msg, what, nw) == 0 &&
+                sscanf(e->msg + nw, ":%d:%d: %n", &jl, &jc, &off) == 2 && off > 0)
+                snprintf(why, sizeof why, "%s, column %d: %s", what, jc, e->msg + nw + off);
+            else
+                snprintf(why, sizeof why, "%s", e->msg);
+            jdt_err_set(e, st, "%s: %s", o->text_path, why);
+            break;
+        }
+        const jdt_json *t = jdt_json_get(jdt_json_root(doc), "text");
+        if (!t || t->type != JDT_JSON_STRING) {
+            jdt_json_doc_free(doc);
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: line %lld: no \"text\" string (each line is a "
+                             "JSON object with the document in \"text\")",
+                             o->text_path, (long long)lineno);
+            break;
+        }
+        if (stream) {
+            n_ids = 0;
+            if (eot >= 0) {
+                if (!(ids = cap ? ids : jdt_malloc(64 * sizeof *ids))) goto oom_doc;
+                if (!cap) cap = 64;
+                ids[n_ids++] = (uint32_t)eot;
+            }
+            if ((st = jdt_bpe_encode(tok, t->str, t->len, &ids, &n_ids, &cap, e))) goto doc_done;
+            if (part.f && part.n + (int64_t)n_ids > JSONL_PART_TOKENS &&
+                (st = part_close(&part, e)))
+                goto doc_done;
+            if (!part.f && (st = part_open(&part, tmp, ++n_parts, e))) goto doc_done;
+            if (fwrite(ids, sizeof *ids, n_ids, part.f) != n_ids) {
+                st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", part.path, strerror(errno));
+                goto doc_done;
+            }
+            part.n += (int64_t)n_ids;
+        } else {
+            const char *sep = o->tokenizer == JDT_PREP_TOK_BPE ? "<|endoftext|>"
+                              : n_docs                         ? "\n\n"
+                                                               : "";
+            if (fputs(sep, txt) == EOF || fwrite(t->str, 1, t->len, txt) != t->len)
+                st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
+        }
+        goto doc_done;
+    oom_doc:
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
+    doc_done:
+        jdt_json_doc_free(doc);
+        if (st) break;
+        n_docs++;
+        jdt_progress_update(&prog, (double)ftello(in) / 1048576.0);
+    }
+    jdt_progress_end(&prog);
+    if (st) goto out;
+    if (ferror(in)) {
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", o->text_path, strerror(errno));
+        goto out;
+    }
+    if (n_docs == 0) {
+        st = jdt_err_set(e, JDT_ERR_INVALID,
+                         "%s: no documents (one JSON object per line with a "
+                         "\"text\" string)",
+                         o->text_path);
+        goto out;
+    }
+    JDT_INFO("prepare: %lld documents from %s", (long long)n_docs, o->text_path);
+    jdt_prep_text_opts o2 = *o;
+    o2.text_path = tmp;
+    if (stream) {
+        if ((st = part_close(&part, e))) goto out;
+        st = jdt_prep_llmc(&o2, res, e);
+    } else {
+        bool ok = fclose(txt) == 0;
+        txt = NULL;
+        st = ok ? jdt_prep_text(&o2, res, e)
+                : jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
+    }
+    goto out;
+oom:
+    st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
+out:
+    if (part.f) fclose(part.f);
+    jdt_free(part.path);
+    if (txt) fclose(txt);
+    if (tmp) {
+        jdt_err e2;
+        jdt_io_rm_rf(tmp, &e2);
+    }
+    jdt_free(tmp);
+    jdt_free(line);
+    jdt_free(ids);
+    jdt_bpe_free(tok);
+    fclose(in);
     return st;
 }
 

@@ -4,7 +4,8 @@
 # uint16 GPT-2 or uint32 Llama 3 ids). A BPE-prepared corpus is written out as llm.c files by
 # numpy (two train files and a val file; one uint32 file), imported, and must give back exactly
 # the same token streams (h5py reads both sides), with the tokenizer beside them, and train;
-# without a val file the tail becomes val; bad files and settings give one line each.
+# without a val file the tail becomes val; bad files and settings give one line each. JSON Lines
+# documents ({"text": ...}) stream through a loaded tokenizer to the ids of the joined text.
 # The Python side is the venv under the build dir ($BUILD/pyvenv, from PyPI).
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:-$PWD}
@@ -99,4 +100,54 @@ one_line "bad id"
 expect 2 "$BIN" prepare "$TMP/imp.yaml" model.vocab_size=300
 grep -q "the tokenizer has 320 ids but model.vocab_size is 300" "$TMP/err" || fail "vocab message: $(cat "$TMP/err")"
 one_line "vocab"
+# 4. JSON Lines documents ({"text": ...} per line, as Hugging Face datasets export them):
+# streamed through a loaded tokenizer they give exactly the ids of the same documents joined
+# with <|endoftext|> before each and prepared as text; a BPE trained on them puts one
+# end-of-text id before each document; bytes join them with a blank line
+"$PY" - "$TMP" <<'PY' || fail "writing documents"
+import sys, json
+d = sys.argv[1]
+docs = [x.strip("\n") for x in open(f"{d}/text.txt", encoding="utf-8", errors="replace").read().split("\n%\n")]
+docs = [x for x in docs if x.strip()]
+with open(f"{d}/docs.jsonl", "w") as f:
+    for i, x in enumerate(docs):
+        f.write(json.dumps({"id": i, "text": x}) + "\n")
+        if i == 3: f.write("\n")                          # a blank line is skipped
+open(f"{d}/joined.txt", "w").write("".join("<|endoftext|>" + x for x in docs))
+open(f"{d}/ndocs", "w").write(str(len(docs)))
+PY
+J="data.format=tokens data.tokenizer=bpe model.vocab_size=320 data.val_fraction=0.1"
+# shellcheck disable=SC2086
+expect 0 "$BIN" prepare "$ROOT/configs/tiny.yaml" $J data.source="$TMP/docs.jsonl" data.train_path="$TMP/jl" data.val_path="$TMP/jl" data.tokenizer_path="$TMP/src/tokenizer.json"
+# shellcheck disable=SC2086
+expect 0 "$BIN" prepare "$ROOT/configs/tiny.yaml" $J data.source="$TMP/joined.txt" data.train_path="$TMP/jt" data.val_path="$TMP/jt" data.tokenizer_path="$TMP/src/tokenizer.json"
+# shellcheck disable=SC2086
+expect 0 "$BIN" prepare "$ROOT/configs/tiny.yaml" $J data.source="$TMP/docs.jsonl" data.train_path="$TMP/jtr" data.val_path="$TMP/jtr"
+expect 0 "$BIN" prepare "$ROOT/configs/tiny.yaml" data.format=tokens data.source="$TMP/docs.jsonl" data.train_path="$TMP/jb" data.val_path="$TMP/jb" data.val_fraction=0
+ls -a "$TMP/jl" | grep -q "tmp" && fail "temporary files left in $TMP/jl: $(ls -a "$TMP/jl")"
+"$PY" - "$TMP" <<'PY' || fail "JSON Lines streams"
+import sys, glob, json, h5py, numpy as np
+d = sys.argv[1]
+def stream(dd, split):
+    return np.concatenate([h5py.File(f)["tokens"][:] for f in sorted(glob.glob(f"{dd}/{split}_*.h5"))])
+for split in ("train", "val"):
+    a, b = stream(f"{d}/jl", split), stream(f"{d}/jt", split)
+    assert np.array_equal(a, b), (split, len(a), len(b))
+n = int(open(f"{d}/ndocs").read())
+tok = json.load(open(f"{d}/jtr/tokenizer.json"))
+eot = [t["id"] for t in tok["added_tokens"] if t["content"] == "<|endoftext|>"][0]
+ids = np.concatenate([stream(f"{d}/jtr", "train"), stream(f"{d}/jtr", "val")])
+assert (ids == eot).sum() == n and ids[0] == eot, ((ids == eot).sum(), n)
+docs = [json.loads(l)["text"] for l in open(f"{d}/docs.jsonl") if l.strip()]
+b = stream(f"{d}/jb", "train").astype(np.uint8).tobytes()
+assert b == "\n\n".join(docs).encode(), (len(b), len("\n\n".join(docs).encode()))
+print(f"{n} documents: streamed ids = joined-text ids; trained BPE: {n} end-of-text ids; bytes joined by blank lines")
+PY
+printf '{"text": "ok"}\n{"text": 3}\n' > "$TMP/bad1.jsonl"; printf '{"text": "ok"}\n{"text": "a\n' > "$TMP/bad2.jsonl"
+expect 1 "$BIN" prepare "$ROOT/configs/tiny.yaml" data.format=tokens data.source="$TMP/bad1.jsonl" data.train_path="$TMP/y" data.val_path="$TMP/y"
+grep -q "bad1.jsonl: line 2: no \"text\" string" "$TMP/err" || fail "no-text message: $(cat "$TMP/err")"
+one_line "no text"
+expect 1 "$BIN" prepare "$ROOT/configs/tiny.yaml" data.format=tokens data.source="$TMP/bad2.jsonl" data.train_path="$TMP/y" data.val_path="$TMP/y"
+grep -q "bad2.jsonl: line 2" "$TMP/err" || fail "bad-JSON message: $(cat "$TMP/err")"
+one_line "bad JSON"
 echo "data_llmc: ok"
