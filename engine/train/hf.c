@@ -614,25 +614,51 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
             goto out;
         }
     }
+    /* under a sharded mesh (FSDP, tensor parallel) each rank holds a block of a param: its
+     * global shape and offset say which part of the source's tensor to read */
+    float *whole = NULL;
     int n = jdt_step_n_tensors(step);
     for (int i = 0; i < n && st == JDT_OK; i++) {
         const char *name;
         float *data;
-        jdt_shape shape;
+        jdt_shape shape, global;
+        int64_t off[JDT_MAX_DIMS] = {0};
         jdt_step_tensor(step, i, &name, &data, &shape);
         if (strncmp(name, "params/", 7) != 0) continue;
-        if (hf) {
+        jdt_step_tensor_block(step, i, &global, off);
+        const bool block = jdt_shape_numel(&global) != jdt_shape_numel(&shape);
+        if (hf && !block) {
             st = read_hf_param(sf, path, c, llama, name + 7, &shape, data, e);
+        } else if (hf && shape.ndim > 2) {
+            st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "init_from: '%s' has %d dims, sharded", name, shape.ndim);
+        } else if (hf) {
+            jdt_free(whole);
+            if (!(whole = jdt_malloc((size_t)jdt_shape_numel(&global) * sizeof *whole))) {
+                st = jdt_err_set(e, JDT_ERR_NOMEM, "init_from: out of memory");
+                break;
+            }
+            if ((st = read_hf_param(sf, path, c, llama, name + 7, &global, whole, e))) break;
+            const int64_t rows = shape.ndim > 1 ? shape.dims[0] : 1, cols = shape.dims[shape.ndim - 1];
+            const int64_t g_cols = global.dims[global.ndim - 1];
+            const int64_t r0 = shape.ndim > 1 ? off[0] : 0, c0 = off[shape.ndim - 1];
+            for (int64_t a = 0; a < rows; a++)
+                memcpy(data + a * cols, whole + (r0 + a) * g_cols + c0, (size_t)cols * sizeof *data);
         } else {
             jdt_ckpt_tensor want;
             memset(&want, 0, sizeof want);
             want.name = name;
             want.dtype = JDT_DTYPE_F32;
             want.ndim = shape.ndim;
-            for (int d = 0; d < shape.ndim; d++) want.shape[d] = shape.dims[d];
+            for (int d = 0; d < shape.ndim; d++) {
+                want.shape[d] = global.dims[d];
+                want.offset[d] = off[d];
+                want.extent[d] = shape.dims[d];
+            }
             st = jdt_ckpt_read(ck, &want, data, e);
         }
     }
+    jdt_free(whole);
+    jdt_step_host_changed(step); /* a device backend uploads them before the next run */
 out:
     jdt_st_close(sf);
     jdt_ckpt_close(ck);

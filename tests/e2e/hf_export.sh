@@ -118,6 +118,22 @@ expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=ft_hub
 got=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
 [ -n "$want" ] && [ "$got" = "$want" ] || fail "init_from a hub-layout gpt2: val loss $got, source $want"
 echo "init_from (hub-layout gpt2: no prefix, no n_inner, n_positions 64 > seq_len 32): val loss $got as the source"
+# under a sharded mesh each rank reads its block: FSDP and tensor parallel, from Hugging Face
+# files (GPT-2, and the GQA Llama whose RoPE rows are permuted) and from a jdt checkpoint
+for spec in "gpt2:$TMP/hub_gpt2:mesh.fsdp=2" "gpt2:$TMP/runs/src_gpt2/ckpt:mesh.tensor=2" \
+            "llama:$TMP/hfsrc_llama:mesh.tensor=2" "llama:$TMP/hfsrc_llama:mesh.fsdp=2"; do
+  IFS=: read -r arch from mesh <<<"$spec"
+  A=""; [ "$arch" = llama ] && A=$LL
+  want=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' <("$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=src_$arch $A 2>/dev/null))
+  rm -rf "$TMP/runs/ft_mesh"
+  # shellcheck disable=SC2086
+  expect 0 "$BIN" --nproc 2 "$ROOT/configs/tiny.yaml" "$O" run.name=ft_mesh run.steps=1 run.eval_every=0 \
+    optimizer.lr=0 checkpoint.resume=none checkpoint.init_from="$from" "$mesh" $A
+  expect 0 "$BIN" eval "$TMP/runs/ft_mesh/ckpt"
+  got=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
+  [ -n "$want" ] && [ "$got" = "$want" ] || fail "init_from $from under $mesh: val loss $got, source $want"
+done
+echo "init_from under fsdp=2 and tensor=2 (GPT-2 and GQA Llama files, a jdt checkpoint): the source's val loss"
 
 expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hfsrc_gpt2" model.n_layer=3
 [ "$(grep -c "error" "$TMP/err")" -eq 1 ] && grep -q "n_layer is 2 but this config's model.n_layer is 3" "$TMP/err" ||
