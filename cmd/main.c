@@ -850,12 +850,7 @@ static int load_stored_config(const cli_args *a, jdt_config *c, char **ckpt)
 static int cmd_eval(const subcommand *cmd, cli_args *a)
 {
     if (!a->config_path) return usage_error(cmd, "missing CONFIG or CKPT%s", "");
-    /* a directory, or an HDF5 file, is a checkpoint; anything else a YAML config */
-    struct stat sb;
-    const size_t n = strlen(a->config_path);
-    const bool from_ckpt =
-        stat(a->config_path, &sb) == 0 &&
-        (S_ISDIR(sb.st_mode) || (n > 3 && !strcmp(a->config_path + n - 3, ".h5")));
+    const bool from_ckpt = jdt_train_is_ckpt_path(a->config_path);
     if (from_ckpt && a->ckpt)
         return usage_error(cmd, "--ckpt with a checkpoint in place of CONFIG ('%s'): give one",
                            a->config_path);

@@ -579,7 +579,14 @@ jdt_status jdt_train_load_stored_config(const char *ckpt, int n_overrides, char 
     char *text = NULL;
     jdt_status st = jdt_ckpt_open(*resolved, &ck, e);
     struct stat sb;
-    if (st == JDT_ERR_NOT_FOUND && stat(ckpt, &sb) == 0 && S_ISDIR(sb.st_mode))
+    char hf_file[1100];
+    snprintf(hf_file, sizeof hf_file, "%s/model.safetensors", ckpt);
+    if (st == JDT_ERR_NOT_FOUND && stat(hf_file, &sb) == 0)
+        st = jdt_err_set(e, JDT_ERR_NOT_FOUND,
+                         "%s is a Hugging Face model, which stores no jdt config: evaluate it "
+                         "under one (jdt-train eval CONFIG --ckpt %s)",
+                         ckpt, ckpt);
+    else if (st == JDT_ERR_NOT_FOUND && stat(ckpt, &sb) == 0 && S_ISDIR(sb.st_mode))
         st = jdt_err_set(e, JDT_ERR_NOT_FOUND,
                          "%s: no checkpoint (neither a step directory with state.h5 nor a folder "
                          "of complete step_* checkpoints)",
@@ -1568,7 +1575,16 @@ jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckp
     if ((st = setup_data(&tr, false, true, e)) != JDT_OK) goto out;
     if ((st = open_device(&tr, false, e)) != JDT_OK) goto out;
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
-    if ((st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, false, e)) != JDT_OK) goto out;
+    /* a Hugging Face model directory (GPT-2 from the hub: its loss on this data) loads as
+     * checkpoint.init_from does; anything else is a jdt checkpoint */
+    char hf_file[1100];
+    snprintf(hf_file, sizeof hf_file, "%s/model.safetensors", ckpt_path);
+    struct stat sb;
+    if (stat(hf_file, &sb) == 0 && S_ISREG(sb.st_mode))
+        st = jdt_hf_init_from(tr.step, cfg, ckpt_path, e);
+    else
+        st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, false, e);
+    if (st != JDT_OK) goto out;
     st = run_eval(&tr, loss, e);
 out:
     jdt_step_free(tr.step);

@@ -134,6 +134,15 @@ for spec in "gpt2:$TMP/hub_gpt2:mesh.fsdp=2" "gpt2:$TMP/runs/src_gpt2/ckpt:mesh.
   [ -n "$want" ] && [ "$got" = "$want" ] || fail "init_from $from under $mesh: val loss $got, source $want"
 done
 echo "init_from under fsdp=2 and tensor=2 (GPT-2 and GQA Llama files, a jdt checkpoint): the source's val loss"
+# eval of a Hugging Face model under a config (GPT-2's own loss on this data), on 1 and 2 ranks
+want=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' <("$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=src_gpt2 2>/dev/null))
+expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" --ckpt "$TMP/hub_gpt2"
+grep -q "^val loss $want " "$TMP/out" || fail "eval --ckpt of a Hugging Face model: $(cat "$TMP/out"), source $want"
+expect 0 "$BIN" --nproc 2 eval "$ROOT/configs/tiny.yaml" "$O" --ckpt "$TMP/hub_gpt2" mesh.fsdp=2
+grep -q "val loss $want " "$TMP/out" || fail "eval --ckpt of a Hugging Face model on fsdp=2: $(cat "$TMP/out"), source $want"
+expect 1 "$BIN" eval "$TMP/hub_gpt2"
+grep -q "is a Hugging Face model, which stores no jdt config" "$TMP/err" || fail "eval HF_DIR message: $(cat "$TMP/err")"
+echo "eval CONFIG --ckpt HF_DIR: val loss $want on 1 process and on fsdp=2"
 
 expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hfsrc_gpt2" model.n_layer=3
 [ "$(grep -c "error" "$TMP/err")" -eq 1 ] && grep -q "n_layer is 2 but this config's model.n_layer is 3" "$TMP/err" ||
