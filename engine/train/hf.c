@@ -560,6 +560,103 @@ static jdt_status read_hf_param(jdt_st_file *sf, const char *dir, const jdt_conf
     return st;
 }
 
+bool jdt_hf_is_model_dir(const char *path)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/model.safetensors", path);
+    if (!jdt_io_is_file(p)) return false;
+    snprintf(p, sizeof p, "%s/config.json", path);
+    return jdt_io_is_file(p);
+}
+
+/* The longest context `sample` gives a model read from config.json: Llama 3's 131072
+ * positions would size a KV cache of gigabytes per sequence */
+enum { HF_SAMPLE_MAX_T = 4096 };
+
+jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
+{
+    *yaml = NULL;
+    char p[1100];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    jdt_json_doc *doc = NULL;
+    jdt_status st = jdt_json_parse_file(p, &doc, e);
+    if (st) return st;
+    const jdt_json *r = jdt_json_root(doc);
+    const char *mt = jdt_json_str(jdt_json_get(r, "model_type"));
+    const bool llama = mt && strcmp(mt, "llama") == 0;
+    int64_t V = 0, C = 0, L = 0, H = 0, Hkv = 0, F = 0, T = 0;
+    if (!mt || (!llama && strcmp(mt, "gpt2") != 0)) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only gpt2 and llama map to a gpt",
+                         p, mt ? mt : "?");
+        goto out;
+    }
+    const char *miss = NULL;
+    if (!hf_int(r, "vocab_size", -1, &V)) miss = "vocab_size";
+    else if (!hf_int(r, llama ? "hidden_size" : "n_embd", -1, &C)) miss = llama ? "hidden_size" : "n_embd";
+    else if (!hf_int(r, llama ? "num_hidden_layers" : "n_layer", -1, &L)) miss = llama ? "num_hidden_layers" : "n_layer";
+    else if (!hf_int(r, llama ? "num_attention_heads" : "n_head", -1, &H)) miss = llama ? "num_attention_heads" : "n_head";
+    else if (!hf_int(r, "num_key_value_heads", H, &Hkv)) miss = "num_key_value_heads";
+    else if (!hf_int(r, llama ? "intermediate_size" : "n_inner", llama ? -1 : 4 * C, &F))
+        miss = llama ? "intermediate_size" : "n_inner";
+    else if (!hf_int(r, llama ? "max_position_embeddings" : "n_positions", -1, &T))
+        miss = llama ? "max_position_embeddings" : "n_positions";
+    if (miss) {
+        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: %s is missing or not an integer", p, miss);
+        goto out;
+    }
+    if (llama && T > HF_SAMPLE_MAX_T) T = HF_SAMPLE_MAX_T;
+    const jdt_json *ab = jdt_json_get(r, "attention_bias");
+    if (llama && ab && ab->type == JDT_JSON_TRUE) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: attention_bias is true: a Llama with biases does not map", p);
+        goto out;
+    }
+    const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
+    const bool tied = llama ? tie && tie->type == JDT_JSON_TRUE : true;
+    char tok[1100];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
+    const char *jt = jdt_json_str(jdt_json_get(r, "jdt_tokenizer"));
+    const bool bpe = jdt_io_is_file(tok);
+    if (!bpe && !(jt && strcmp(jt, "byte") == 0)) {
+        st = jdt_err_set(e, JDT_ERR_NOT_FOUND, "%s: no tokenizer.json beside the model (its ids would mean "
+                         "nothing)", dir);
+        goto out;
+    }
+    size_t cap = 2048 + strlen(dir);
+    if (!(*yaml = jdt_malloc(cap))) {
+        st = jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    /* rope_theta and the epsilons as %.17g: they round-trip */
+    snprintf(*yaml, cap,
+             "model:\n  type: gpt\n  vocab_size: %lld\n  seq_len: %lld\n  n_layer: %lld\n  n_embd: %lld\n"
+             "  n_head: %lld\n  n_kv_head: %lld\n  mlp_dim: %lld\n  norm: %s\n  norm_eps: %.17g\n"
+             "  pos: %s\n  rope_theta: %.17g\n  activation: %s\n  tie_embeddings: %s\n  bias: %s\n"
+             "data:\n  tokenizer: %s\n  tokenizer_path: \"%s\"\n",
+             (long long)V, (long long)T, (long long)L, (long long)C, (long long)H, (long long)Hkv, (long long)F,
+             llama ? "rmsnorm" : "layernorm",
+             hf_num(r, llama ? "rms_norm_eps" : "layer_norm_epsilon", llama ? 1e-6 : 1e-5), llama ? "rope" : "learned",
+             hf_num(r, "rope_theta", 10000.0), llama ? "swiglu" : "gelu", tied ? "true" : "false",
+             llama ? "false" : "true", bpe ? "bpe" : "byte", bpe ? dir : "");
+out:
+    jdt_json_doc_free(doc);
+    return st;
+}
+
+jdt_status jdt_hf_read_params(const char *dir, const jdt_config *c, int n, const char *const *names,
+                              const jdt_shape *shapes, float *const *dst, jdt_err *e)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    const bool llama = c->model.norm == JDT_NORM_RMSNORM;
+    jdt_st_file *sf = NULL;
+    jdt_status st = check_hf_config(dir, c, llama, e);
+    if (st == JDT_OK) st = jdt_st_open(p, &sf, e);
+    for (int i = 0; i < n && st == JDT_OK; i++)
+        st = read_hf_param(sf, dir, c, llama, names[i], &shapes[i], dst[i], e);
+    jdt_st_close(sf);
+    return st;
+}
+
 jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *path, jdt_err *e)
 {
     char st_path[1100];

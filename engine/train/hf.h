@@ -13,6 +13,7 @@
 #define JDT_TRAIN_HF_H
 
 #include "core/core.h"
+#include "graph/graph.h"
 
 /* Writes out_dir/model.safetensors (F32), out_dir/config.json and, when the run used a BPE
  * tokenizer, out_dir/tokenizer.json, from the checkpoint at ckpt_path (a step directory).
@@ -32,5 +33,24 @@ struct jdt_config;
  * ERR_IO, ERR_NOMEM. */
 jdt_status jdt_hf_init_from(struct jdt_step *step, const struct jdt_config *cfg, const char *path,
                             jdt_err *e);
+
+/* Whether path is a Hugging Face model directory (model.safetensors and config.json). */
+bool jdt_hf_is_model_dir(const char *path);
+
+/* The config of the gpt a Hugging Face directory holds, as YAML for jdt_config_load_string:
+ * the model section from config.json (gpt2 or llama; transformers' defaults where a key is
+ * absent; a Llama's context capped at 4096 positions, the KV cache `sample` sizes by it) and
+ * the data section's tokenizer: the directory's tokenizer.json, or bytes for a jdt export of a
+ * byte-tokenizer run. *yaml is jdt_malloc'd. Errors: ERR_UNSUPPORTED (another model_type, a
+ * biased Llama), ERR_FORMAT (a dimension missing), ERR_NOT_FOUND (no tokenizer), the JSON
+ * reader's. */
+jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e);
+
+/* Reads the whole params names[i] (our names: "wte", "blocks.0.attn.q.w", ...) of shapes[i]
+ * into dst[i] from a Hugging Face directory, after checking config.json against cfg (as
+ * jdt_hf_init_from does). Errors as jdt_hf_init_from. */
+jdt_status jdt_hf_read_params(const char *dir, const struct jdt_config *cfg, int n,
+                              const char *const *names, const jdt_shape *shapes, float *const *dst,
+                              jdt_err *e);
 
 #endif /* JDT_TRAIN_HF_H */

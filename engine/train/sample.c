@@ -15,6 +15,7 @@
  * moves only when the sequence outgrows seq_len (o->context), so they generate the same tokens.
  */
 #include "train/train.h"
+#include "train/hf.h"
 
 #include "datasets/bpe.h"
 #include "datasets/datasets.h"
@@ -348,15 +349,26 @@ static void stream_text(sampler *sp, seq *sq, FILE *out)
 
 static jdt_status load_model(sampler *sp, const char *ckpt_path, jdt_err *e)
 {
+    /* a Hugging Face directory (model.safetensors + config.json) describes its own model */
+    const bool hf = jdt_hf_is_model_dir(ckpt_path);
     jdt_ckpt *ck = NULL;
-    jdt_status st = jdt_ckpt_open(ckpt_path, &ck, e);
-    if (st != JDT_OK) return st;
-    jdt_ckpt_meta meta;
-    jdt_ckpt_get_meta(ck, &meta);
-    char label[1100];
-    snprintf(label, sizeof label, "%s (stored config)", ckpt_path);
-    if ((st = jdt_config_load_string(meta.config_text, label, 0, NULL, NULL, &sp->cfg, e)) !=
-        JDT_OK) {
+    char *yaml = NULL, label[1100];
+    const char *text = NULL;
+    jdt_status st;
+    if (hf) {
+        if ((st = jdt_hf_config_yaml(ckpt_path, &yaml, e)) != JDT_OK) return st;
+        text = yaml;
+        snprintf(label, sizeof label, "%s/config.json", ckpt_path);
+    } else {
+        if ((st = jdt_ckpt_open(ckpt_path, &ck, e)) != JDT_OK) return st;
+        jdt_ckpt_meta meta;
+        jdt_ckpt_get_meta(ck, &meta);
+        text = meta.config_text;
+        snprintf(label, sizeof label, "%s (stored config)", ckpt_path);
+    }
+    st = jdt_config_load_string(text, label, 0, NULL, NULL, &sp->cfg, e);
+    jdt_free(yaml);
+    if (st != JDT_OK) {
         /* the file is at fault, not the command line: a run-time error (exit 1), not usage */
         if (st == JDT_ERR_CONFIG) st = e ? (e->code = JDT_ERR_FORMAT) : JDT_ERR_FORMAT;
         goto out;
@@ -386,10 +398,27 @@ static jdt_status load_model(sampler *sp, const char *ckpt_path, jdt_err *e)
             st = jdt_err_set(e, JDT_ERR_NOMEM, "sample: out of memory");
             break;
         }
-        st = jdt_train_read_param(ck, p, sp->params[i], e);
         p->data = sp->params[i];
+        if (hf) continue; /* read together below */
+        st = jdt_train_read_param(ck, p, sp->params[i], e);
         done_mb += (double)n_bytes / 1048576.0;
         jdt_progress_update(&lp, done_mb);
+    }
+    if (hf && st == JDT_OK) {
+        const char **names = jdt_calloc((size_t)sp->m.n_params, sizeof *names);
+        jdt_shape *shapes = jdt_calloc((size_t)sp->m.n_params, sizeof *shapes);
+        if (names && shapes) {
+            for (int i = 0; i < sp->m.n_params; i++) {
+                names[i] = sp->m.params[i].t->name;
+                shapes[i] = sp->m.params[i].t->shape;
+            }
+            st = jdt_hf_read_params(ckpt_path, &sp->cfg, sp->m.n_params, names, shapes, sp->params,
+                                    e);
+        } else {
+            st = jdt_err_set(e, JDT_ERR_NOMEM, "sample: out of memory");
+        }
+        jdt_free(names);
+        jdt_free(shapes);
     }
     jdt_progress_end(&lp);
     if (st != JDT_OK) goto out;

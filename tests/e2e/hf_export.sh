@@ -38,6 +38,10 @@ check_model() { # name, overrides...
   "$PY" "$ROOT/tests/e2e/hf_ref.py" "$TMP/hf_$name" 40 97 98 >"$TMP/ref" 2>"$TMP/referr" ||
     { cat "$TMP/referr"; fail "$name: hf_ref.py failed"; }
   [ "97 98 $(cat "$TMP/ref")" = "$ours" ] || fail "$name: greedy tokens differ: jdt [$ours] vs HF-semantics numpy [97 98 $(cat "$TMP/ref")]"
+  # sample reads the exported directory itself (its config.json makes the model): the same text
+  expect 0 "$BIN" sample "$TMP/hf_$name" --prompt "ab" --length 40 --temperature 0 --context window
+  [ "$(head -c 42 "$TMP/out" | od -An -tu1 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')" = "$ours" ] ||
+    fail "$name: sample of the Hugging Face directory differs from sample of the checkpoint"
   echo "$name: $(grep -o '"architectures": \[[^]]*\]' "$TMP/hf_$name/config.json"), 40 greedy tokens identical; $(tail -1 "$TMP/referr")"
 }
 check_model gpt2
@@ -66,6 +70,15 @@ assert c['eos_token_id'] == t.token_to_id('<|endoftext|>') == 299, c
 assert t.decode(t.encode('Hello world').ids) == 'Hello world'
 " || fail "exported tokenizer"
 echo "bpe: tokenizer.json exported, ids agree with config.json"
+expect 0 "$BIN" sample "$TMP/runs/bpe/ckpt" --prompt "The " --length 12 --temperature 0
+cp "$TMP/out" "$TMP/bpe_ckpt.txt"
+expect 0 "$BIN" sample "$TMP/hf_bpe" --prompt "The " --length 12 --temperature 0
+cmp -s "$TMP/out" "$TMP/bpe_ckpt.txt" || fail "bpe: sample of the Hugging Face directory differs from the checkpoint's"
+# a directory without a tokenizer cannot turn a prompt into ids: said in one line
+mkdir -p "$TMP/hf_notok" && cp "$TMP/hf_bpe/model.safetensors" "$TMP/hf_bpe/config.json" "$TMP/hf_notok/"
+expect 1 "$BIN" sample "$TMP/hf_notok" --prompt "x"
+grep -q "no tokenizer.json beside the model" "$TMP/err" || fail "no-tokenizer message: $(cat "$TMP/err")"
+echo "sample HF_DIR: the same text as sample of the checkpoint (byte and BPE runs, GPT-2 and Llama)"
 
 # checkpoint.init_from: a run started from the export (or from the jdt checkpoint) continues at
 # the same loss: with lr 0 for one step its val loss equals the source's to 4 decimals
