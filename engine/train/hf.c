@@ -414,18 +414,29 @@ static double hf_num(const jdt_json *r, const char *key, double dflt)
     return j && j->type == JDT_JSON_NUMBER ? j->num : dflt;
 }
 
+/* Parses dir/config.json (its path into p) and finds its model_type (NULL when absent). */
+static jdt_status open_hf_config(const char *dir, char *p, size_t n, jdt_json_doc **doc,
+                                 const jdt_json **root, const char **model_type, jdt_err *e)
+{
+    snprintf(p, n, "%s/config.json", dir);
+    jdt_status st = jdt_json_parse_file(p, doc, e);
+    if (st) return st;
+    *root = jdt_json_root(*doc);
+    *model_type = jdt_json_str(jdt_json_get(*root, "model_type"));
+    return JDT_OK;
+}
+
 /* Checks config.json against cfg: every dimension must agree (the error names both values);
  * settings that change the function but not the shapes (norm epsilon, RoPE base and scaling,
  * the activation's form) are warned about, since a run may change them on purpose. */
 static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool llama, jdt_err *e)
 {
     char p[1100];
-    snprintf(p, sizeof p, "%s/config.json", dir);
     jdt_json_doc *doc = NULL;
-    jdt_status st = jdt_json_parse_file(p, &doc, e);
+    const jdt_json *r;
+    const char *mt;
+    jdt_status st = open_hf_config(dir, p, sizeof p, &doc, &r, &mt, e);
     if (st) return st;
-    const jdt_json *r = jdt_json_root(doc);
-    const char *mt = jdt_json_str(jdt_json_get(r, "model_type"));
     const char *want_mt = llama ? "llama" : "gpt2";
     if (!mt || strcmp(mt, want_mt) != 0) {
         st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: model_type '%s' but this config's gpt maps to '%s' (model.norm %s)",
@@ -577,12 +588,11 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
 {
     *yaml = NULL;
     char p[1100];
-    snprintf(p, sizeof p, "%s/config.json", dir);
     jdt_json_doc *doc = NULL;
-    jdt_status st = jdt_json_parse_file(p, &doc, e);
+    const jdt_json *r;
+    const char *mt;
+    jdt_status st = open_hf_config(dir, p, sizeof p, &doc, &r, &mt, e);
     if (st) return st;
-    const jdt_json *r = jdt_json_root(doc);
-    const char *mt = jdt_json_str(jdt_json_get(r, "model_type"));
     const bool llama = mt && strcmp(mt, "llama") == 0;
     int64_t V = 0, C = 0, L = 0, H = 0, Hkv = 0, F = 0, T = 0;
     if (!mt || (!llama && strcmp(mt, "gpt2") != 0)) {

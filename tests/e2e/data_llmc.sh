@@ -14,14 +14,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 expect() { local want=$1; shift; "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
   [ "$rc" -eq "$want" ] || { cat "$TMP/out" "$TMP/err" | tail -n 20; fail "'$*' exited $rc, expected $want"; }; }
 export JDT_RUNTIME_CACHE_DIR="$TMP/cache"
-VENV=$BUILD/pyvenv
-if ! "$VENV/bin/python" -c "import numpy, h5py" 2>/dev/null; then
-  . "$ROOT/tests/infra/lib.sh"
-  python3 -m venv --clear "$VENV" >/dev/null 2>&1 || infra_skip "python3 -m venv failed"
-  "$VENV/bin/pip" install -q tokenizers tiktoken safetensors numpy h5py >"$TMP/pip.log" 2>&1 ||
-    infra_skip "PyPI unreachable (pip install numpy h5py failed: $(tail -1 "$TMP/pip.log"))"
-fi
-PY=$VENV/bin/python
+. "$ROOT/tests/infra/lib.sh"
+infra_pyvenv "$BUILD" "$TMP" # sets PY
 
 # 1. a BPE corpus of our own, then the same ids as llm.c files
 head -c 400000 /usr/share/games/fortunes/fortunes > "$TMP/text.txt"

@@ -16,15 +16,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 expect() { local want=$1; shift; "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
   [ "$rc" -eq "$want" ] || { cat "$TMP/out" "$TMP/err" | tail -n 20; fail "'$*' exited $rc, expected $want"; }; }
 export JDT_RUNTIME_CACHE_DIR="$TMP/cache"
-VENV=$BUILD/pyvenv
-if ! "$VENV/bin/python" -c "import safetensors, numpy, tokenizers" 2>/dev/null; then
-  . "$ROOT/tests/infra/lib.sh"
-  # --clear: a venv left half-made by an interrupted run (no pip) is made afresh
-  python3 -m venv --clear "$VENV" >/dev/null 2>&1 || infra_skip "python3 -m venv failed"
-  "$VENV/bin/pip" install -q tokenizers tiktoken safetensors numpy h5py >"$TMP/pip.log" 2>&1 ||
-    infra_skip "PyPI unreachable (pip install safetensors failed: $(tail -1 "$TMP/pip.log"))"
-fi
-PY=$VENV/bin/python
+. "$ROOT/tests/infra/lib.sh"
+infra_pyvenv "$BUILD" "$TMP" # sets PY
 O="run.out_dir=$TMP/runs"
 
 check_model() { # name, overrides...

@@ -9,8 +9,8 @@
 # decode(encode(x)) == x for random UTF-8 and random bytes; `prepare` with data.tokenizer: bpe
 # (trained and loaded) writes shards with the tokenizer recorded, a model trains on them and
 # `sample` decodes through it; bad tokenizer files give one clear line and exit 1.
-# The Python side lives in a venv under the build dir ($BUILD/pyvenv, from PyPI); without
-# PyPI the test skips (exit 77) saying so.
+# The Python side lives in a venv under the build dir ($BUILD/pyvenv, from PyPI; infra_pyvenv);
+# without PyPI the test skips (exit 77) saying so, and fails under CI.
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}; ROOT=${JDT_ROOT:-$PWD}
 BUILD=$(cd "$(dirname "$BIN")" && pwd)
@@ -22,13 +22,8 @@ expect() { local want=$1; shift; "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
 [ -x "$TOOL" ] || fail "$TOOL is missing (make tests-build)"
 export JDT_RUNTIME_CACHE_DIR="$TMP/cache"
 
-VENV=$BUILD/pyvenv
-if ! "$VENV/bin/python" -c "import tokenizers, tiktoken, h5py" 2>/dev/null; then
-  python3 -m venv "$VENV" >/dev/null 2>&1 || { echo "SKIP: python3 -m venv failed"; exit 77; }
-  "$VENV/bin/pip" install -q tokenizers tiktoken safetensors numpy h5py >"$TMP/pip.log" 2>&1 ||
-    { echo "SKIP: PyPI unreachable (pip install tokenizers tiktoken failed: $(tail -1 "$TMP/pip.log"))"; exit 77; }
-fi
-PY=$VENV/bin/python
+. "$ROOT/tests/infra/lib.sh"
+infra_pyvenv "$BUILD" "$TMP" # sets PY
 
 # corpus: the fortunes text of `make run` plus a deterministic multilingual tail
 C=$TMP/corpus.txt

@@ -86,3 +86,24 @@ infra_state_dir() {
 infra_http_state() {
   echo "${JDT_TMP:-${TMPDIR:-/tmp}}/jdt-http.$(printf %s "$1" | md5sum | cut -c1-12)"
 }
+
+# infra_pyvenv BUILD_DIR TMP: sets PY to the python of BUILD_DIR/pyvenv, a venv with the
+# packages the e2e tests' Python side uses (from PyPI), made on first use. e2e tests run two at
+# a time: a lock keeps a second test from clearing the venv while the first installs into it.
+# Skips (infra_skip) when it cannot be made.
+infra_pyvenv() {
+  local venv=$1/pyvenv log=$2/pip.log
+  PY=$venv/bin/python
+  (
+    flock 9
+    "$PY" -c "import safetensors, numpy, tokenizers, tiktoken, h5py" 2>/dev/null && exit 0
+    # --clear: a venv left half-made by an interrupted run (no pip) is made afresh
+    python3 -m venv --clear "$venv" >/dev/null 2>&1 || exit 2
+    "$venv/bin/pip" install -q tokenizers tiktoken safetensors numpy h5py >"$log" 2>&1 || exit 3
+  ) 9>"$1/pyvenv.lock"
+  case $? in
+    0) ;;
+    2) infra_skip "python3 -m venv failed" ;;
+    *) infra_skip "PyPI unreachable (pip install of the test packages failed: $(tail -1 "$log"))" ;;
+  esac
+}
