@@ -67,14 +67,15 @@ const char *jdt_prep_val_dir(const char *train_path, const char *val_path, bool 
  * vocab_size cannot hold a trained one (< 257). */
 jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *opts, jdt_prep_result *res, jdt_err *e);
 
-/* True if source is an llm.c token file (a `.bin` whose header has llm.c's GPT-2 or Llama 3
- * magic) or a directory holding `.bin` files: jdt_prep_text then imports it (jdt_prep_llmc)
- * instead of reading it as text. */
+/* True if source is an llm.c or nanoGPT token file (a `.bin` file, or any file whose header
+ * has llm.c's GPT-2 or Llama 3 magic) or a directory holding `.bin` files: jdt_prep_text then
+ * imports it (jdt_prep_llmc) instead of reading it as text. */
 bool jdt_prep_is_llmc(const char *source);
 
 /* Imports llm.c token files (the format of its dev/data scripts: a 1024-byte header of int32
  * magic, version and token count, then uint16 GPT-2 or uint32 Llama 3 ids): opts->text_path
- * is one such file or a directory of them (every .bin file, in name order). Files whose name
+ * is one such file or a directory of them (every .bin file, in name order; a .bin without
+ * llm.c's magic is nanoGPT's: bare uint16 ids). Files whose name
  * contains "val" become val shards, one each (val_fraction unused); without one, the tail
  * val_fraction of the stream does, as for text. Each train file becomes one train shard
  * (n_shards unused). The ids need the tokenizer that made them: opts->tokenizer must be BPE

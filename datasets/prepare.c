@@ -258,9 +258,10 @@ enum { LLMC_HEADER_BYTES = 1024, LLMC_GPT2 = 20240520, LLMC_LLAMA3 = 20240801 };
 
 typedef struct {
     char *path;
-    int64_t n;   /* tokens */
-    int elt;     /* bytes per id */
-    bool is_val; /* the file's name says val: fineweb_val_000000.bin */
+    int64_t n;      /* tokens */
+    int elt;        /* bytes per id */
+    int64_t header; /* bytes before the ids: 1024 (llm.c), 0 (nanoGPT's headerless uint16) */
+    bool is_val;    /* the file's name says val: fineweb_val_000000.bin */
 } llmc_file;
 
 /* The header's element size, or 0 if buf does not start an llm.c token file. */
@@ -293,10 +294,12 @@ bool jdt_prep_is_llmc(const char *source)
     unsigned char h[8];
     bool yes = f && fread(h, 1, 8, f) == 8 && llmc_elt(h) != 0;
     if (f) fclose(f);
-    return yes;
+    return yes || is_bin_name(source, NULL); /* nanoGPT's train.bin has no header */
 }
 
-/* Reads and checks one file's header: the magic, and that the size is the header plus n ids. */
+/* Reads and checks one file's header: the magic, and that the size is the header plus n ids.
+ * A .bin without llm.c's magic is nanoGPT's (its prepare.py: the uint16 ids and nothing else);
+ * its ids are checked against the tokenizer like any others, which garbage rarely passes. */
 static jdt_status llmc_open_file(llmc_file *lf, jdt_err *e)
 {
     FILE *f = fopen(lf->path, "rb");
@@ -306,17 +309,23 @@ static jdt_status llmc_open_file(llmc_file *lf, jdt_err *e)
     unsigned char h[12];
     struct stat sb;
     jdt_status st = JDT_OK;
-    if (fread(h, 1, sizeof h, f) != sizeof h || !(lf->elt = llmc_elt(h))) {
-        st = jdt_err_set(e, JDT_ERR_FORMAT,
-                         "%s: not an llm.c token file (its header starts with neither magic "
-                         "%d version 1 nor %d version 7)",
-                         lf->path, LLMC_GPT2, LLMC_LLAMA3);
+    lf->header = LLMC_HEADER_BYTES;
+    if (fstat(fileno(f), &sb) != 0) {
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", lf->path, strerror(errno));
+    } else if (fread(h, 1, sizeof h, f) != sizeof h || !(lf->elt = llmc_elt(h))) {
+        lf->header = 0;
+        lf->elt = 2;
+        lf->n = (int64_t)sb.st_size / 2;
+        if (sb.st_size == 0 || sb.st_size % 2)
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: neither an llm.c token file (no magic %d or %d) nor nanoGPT's "
+                             "uint16 ids (%lld bytes, not a positive even count)",
+                             lf->path, LLMC_GPT2, LLMC_LLAMA3, (long long)sb.st_size);
     } else {
         int32_t n;
         memcpy(&n, h + 8, 4);
         lf->n = n;
-        if (fstat(fileno(f), &sb) != 0 || n <= 0 ||
-            (int64_t)sb.st_size != LLMC_HEADER_BYTES + (int64_t)n * lf->elt)
+        if (n <= 0 || (int64_t)sb.st_size != LLMC_HEADER_BYTES + (int64_t)n * lf->elt)
             st = jdt_err_set(e, JDT_ERR_FORMAT,
                              "%s: the header says %d tokens of %d bytes (%lld bytes with the "
                              "header) but the file has %lld bytes: truncated or not llm.c's",
@@ -336,7 +345,7 @@ static jdt_status llmc_copy(const llmc_file *lf, int64_t begin, int64_t end, uin
     FILE *f = fopen(lf->path, "rb");
     if (!f) return jdt_err_set(e, JDT_ERR_IO, "%s: %s", lf->path, strerror(errno));
     jdt_status st = JDT_OK;
-    if (fseeko(f, LLMC_HEADER_BYTES + begin * lf->elt, SEEK_SET) != 0)
+    if (fseeko(f, lf->header + begin * lf->elt, SEEK_SET) != 0)
         st = jdt_err_set(e, JDT_ERR_IO, "%s: seek: %s", lf->path, strerror(errno));
     const int64_t block = BLOCK_BYTES / 4;
     for (int64_t pos = begin; st == JDT_OK && pos < end;) {

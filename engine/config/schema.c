@@ -93,7 +93,7 @@ static const jdt_config_key KEYS[] = {
     /* data */
     K_ENUM("data.format", data.format, C_FORMAT, "tokens", "tokens (HDF5 /tokens), arrays (HDF5 /x, /y) or synthetic"),
     K_STR("data.source", data.source, "",
-          "what `jdt-train prepare` tokenizes: a text file, a .jsonl of {\"text\": ...} documents, or llm.c .bin token files (a file or folder) it imports"),
+          "what `jdt-train prepare` tokenizes: a text file, a .jsonl of {\"text\": ...} documents, or llm.c / nanoGPT .bin token files (a file or folder) it imports"),
     K_STR("data.train_path", data.train_path, "", "train data: HDF5 file or directory of shards, or an http(s):// URL (one .h5, a directory listing or a manifest; docs/data.md)"),
     K_STR("data.val_path", data.val_path, "", "validation data: HDF5 file or directory of shards, or an http(s):// URL"),
     K_INT("data.n_shards", data.n_shards, 1, 1000000, "1", "shards `prepare` writes"),

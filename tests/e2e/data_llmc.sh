@@ -4,7 +4,8 @@
 # uint16 GPT-2 or uint32 Llama 3 ids). A BPE-prepared corpus is written out as llm.c files by
 # numpy (two train files and a val file; one uint32 file), imported, and must give back exactly
 # the same token streams (h5py reads both sides), with the tokenizer beside them, and train;
-# without a val file the tail becomes val; bad files and settings give one line each. JSON Lines
+# without a val file the tail becomes val; nanoGPT's headerless train.bin / val.bin import the
+# same way; bad files and settings give one line each. JSON Lines
 # documents ({"text": ...}) stream through a loaded tokenizer to the ids of the joined text.
 # The Python side is the venv under the build dir ($BUILD/pyvenv, from PyPI).
 set -uo pipefail
@@ -44,6 +45,10 @@ write(f"{d}/llmc/fw_val_000000.bin", va)
 write(f"{d}/one.bin", tr, 20240801, 7, np.uint32)                 # Llama 3's header and width
 write(f"{d}/cut.bin", tr, n=len(tr) + 5)                            # the header promises more
 write(f"{d}/big.bin", np.concatenate([tr[:100], [319, 400], tr[100:200]]))  # id 400 past the 320
+import os
+os.makedirs(f"{d}/nano", exist_ok=True)                            # nanoGPT: bare uint16 ids
+tr.astype(np.uint16).tofile(f"{d}/nano/train.bin"); va.astype(np.uint16).tofile(f"{d}/nano/val.bin")
+open(f"{d}/odd.bin", "wb").write(b"xyz")                           # 3 bytes: neither format
 PY
 cp "$TMP/src.yaml" "$TMP/imp.yaml"
 sed -i "s|source: $TMP/text.txt, train_path: $TMP/src, val_path: $TMP/src|source: $TMP/llmc, train_path: $TMP/imp, val_path: $TMP/impval, tokenizer_path: $TMP/src/tokenizer.json|" "$TMP/imp.yaml"
@@ -68,6 +73,17 @@ grep -q "val loss" "$TMP/err" || fail "no val loss on the imported data"
 expect 0 "$BIN" sample "$TMP/runs/imp/ckpt" --prompt "The " --length 8
 echo "import: 2 train files + 1 val file -> the same ids as the text prepare, trained, sampled"
 
+# 1b. nanoGPT's headerless train.bin / val.bin: the same streams
+expect 0 "$BIN" prepare "$TMP/imp.yaml" data.source="$TMP/nano" data.train_path="$TMP/nanoimp" data.val_path="$TMP/nanoimp"
+"$PY" - "$TMP" <<'PY' || fail "nanoGPT import"
+import sys, h5py, numpy as np
+d = sys.argv[1]
+for split in ("train", "val"):
+    a = h5py.File(f"{d}/src/{split}_000.h5")["tokens"][:]; b = h5py.File(f"{d}/nanoimp/{split}_000.h5")["tokens"][:]
+    assert np.array_equal(a, b), (split, len(a), len(b))
+PY
+echo "import: nanoGPT's train.bin + val.bin -> the same ids"
+
 # 2. one uint32 file and no val file: the tail val_fraction is val
 expect 0 "$BIN" prepare "$TMP/imp.yaml" data.source="$TMP/one.bin" data.train_path="$TMP/one" data.val_path="$TMP/one"
 "$PY" - "$TMP" <<'PY' || fail "tail split"
@@ -91,6 +107,9 @@ expect 1 "$BIN" prepare "$TMP/imp.yaml" data.source="$TMP/big.bin" data.train_pa
 grep -q "big.bin: token 101 is id 400, not below the tokenizer's 320 ids" "$TMP/err" || fail "bad-id message: $(cat "$TMP/err")"
 one_line "bad id"
 [ ! -e "$TMP/x/train_000.h5" ] || fail "a shard with a bad id was left as if whole"
+expect 1 "$BIN" prepare "$TMP/imp.yaml" data.source="$TMP/odd.bin" data.train_path="$TMP/x" data.val_path="$TMP/x"
+grep -q "odd.bin: neither an llm.c token file .* nor nanoGPT's uint16 ids (3 bytes" "$TMP/err" || fail "odd-file message: $(cat "$TMP/err")"
+one_line "odd file"
 expect 2 "$BIN" prepare "$TMP/imp.yaml" model.vocab_size=300
 grep -q "the tokenizer has 320 ids but model.vocab_size is 300" "$TMP/err" || fail "vocab message: $(cat "$TMP/err")"
 one_line "vocab"
