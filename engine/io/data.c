@@ -343,6 +343,13 @@ static jdt_status shard_open(jdt_data *d, shard *s, bool validate, bool first, j
     const char *p = s->path;
     /* small sieve: a shuffled window read fetches its own bytes, not 64 KiB around them */
     hid_t f = jdt_h5_open_ro(p, 4096, e);
+    size_t np = strlen(p);
+    if (f < 0 && e && e->code == JDT_ERR_FORMAT && np > 4 && !strcmp(p + np - 4, ".bin"))
+        return jdt_err_set(e, JDT_ERR_FORMAT,
+                           "%s: not an HDF5 file; llm.c's and nanoGPT's .bin token files are "
+                           "imported first: `jdt-train prepare` with data.source naming them "
+                           "(docs/data.md)",
+                           p);
     if (f < 0) return e ? e->code : JDT_ERR_FORMAT;
     s->file = f;
     d->n_open++;

@@ -83,6 +83,10 @@ for split in ("train", "val"):
     assert np.array_equal(a, b), (split, len(a), len(b))
 PY
 echo "import: nanoGPT's train.bin + val.bin -> the same ids"
+# training straight from a .bin says to import it first
+expect 1 "$BIN" "$TMP/imp.yaml" data.train_path="$TMP/nano/train.bin" data.val_path="$TMP/nano/val.bin" run.name=bin
+grep -q "train.bin: not an HDF5 file; llm.c's and nanoGPT's .bin token files are imported first" "$TMP/err" ||
+  fail "training from a .bin: $(cat "$TMP/err")"
 
 # 2. one uint32 file and no val file: the tail val_fraction is val
 expect 0 "$BIN" prepare "$TMP/imp.yaml" data.source="$TMP/one.bin" data.train_path="$TMP/one" data.val_path="$TMP/one"
