@@ -519,19 +519,90 @@ out:
     return st;
 }
 
-static jdt_status read_hf_param(jdt_st_file *sf, const char *dir, const jdt_config *c, bool llama,
+/* A model's weights: model.safetensors, or the shards model.safetensors.index.json lists in its
+ * "weight_map" (tensor name -> file in the same directory; transformers writes them for models
+ * above its shard size, 5 GB by default). */
+enum { HF_MAX_SHARDS = 256 };
+typedef struct {
+    jdt_st_file *f[HF_MAX_SHARDS];
+    int n;
+} hf_files;
+
+static void hf_files_close(hf_files *h)
+{
+    for (int i = 0; i < h->n; i++) jdt_st_close(h->f[i]);
+    h->n = 0;
+}
+
+static jdt_status hf_files_open(const char *dir, hf_files *h, jdt_err *e)
+{
+    h->n = 0;
+    char p[1100];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (jdt_io_is_file(p)) {
+        jdt_status st = jdt_st_open(p, &h->f[0], e);
+        if (st == JDT_OK) h->n = 1;
+        return st;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    jdt_json_doc *doc = NULL;
+    jdt_status st = jdt_json_parse_file(p, &doc, e);
+    if (st) return st;
+    const jdt_json *map = jdt_json_get(jdt_json_root(doc), "weight_map");
+    if (!map || map->type != JDT_JSON_OBJECT || !map->child)
+        st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: no \"weight_map\" object", p);
+    /* each file once, in the order the map first names it */
+    const char *names[HF_MAX_SHARDS];
+    for (const jdt_json *m = map ? map->child : NULL; m && st == JDT_OK; m = m->next) {
+        const char *file = jdt_json_str(m);
+        if (!file || !file[0] || strchr(file, '/') || strcmp(file, "..") == 0) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: '%s' maps to '%s', not a file name in the directory",
+                             p, m->key, file ? file : "(not a string)");
+            break;
+        }
+        int k = 0;
+        while (k < h->n && strcmp(names[k], file) != 0) k++;
+        if (k < h->n) continue;
+        if (h->n == HF_MAX_SHARDS) {
+            st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: more than %d files", p, HF_MAX_SHARDS);
+            break;
+        }
+        char fp[1400];
+        snprintf(fp, sizeof fp, "%s/%s", dir, file);
+        if ((st = jdt_st_open(fp, &h->f[h->n], e)) == JDT_OK) names[h->n++] = file;
+    }
+    jdt_json_doc_free(doc);
+    if (st) hf_files_close(h);
+    return st;
+}
+
+/* The file and index of tensor name, or -1. */
+static int hf_find(const hf_files *h, const char *name, jdt_st_file **which)
+{
+    for (int k = 0; k < h->n; k++) {
+        int i = jdt_st_find(h->f[k], name);
+        if (i >= 0) {
+            *which = h->f[k];
+            return i;
+        }
+    }
+    return -1;
+}
+
+static jdt_status read_hf_param(const hf_files *hfs, const char *dir, const jdt_config *c, bool llama,
                                 const char *ours, const jdt_shape *shape, float *dst, jdt_err *e)
 {
     src_map m;
     if (!map_name(c, llama, ours, &m))
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: no Hugging Face tensor maps to our param '%s'", dir, ours);
-    int i = jdt_st_find(sf, m.hf);
+    jdt_st_file *sf = NULL;
+    int i = hf_find(hfs, m.hf, &sf);
     if (i < 0) { /* a file saved from the base model (GPT2Model, LlamaModel) has no prefix: the hub's gpt2 */
         const char *dot = strchr(m.hf, '.');
         if (dot && (strncmp(m.hf, "transformer.", 12) == 0 || strncmp(m.hf, "model.", 6) == 0))
-            i = jdt_st_find(sf, dot + 1);
+            i = hf_find(hfs, dot + 1, &sf);
     }
-    if (i < 0) return jdt_err_set(e, JDT_ERR_FORMAT, "%s/model.safetensors: no tensor '%s' (for '%s')", dir, m.hf, ours);
+    if (i < 0) return jdt_err_set(e, JDT_ERR_FORMAT, "%s: no tensor '%s' in its weights (for '%s')", dir, m.hf, ours);
     jdt_st_tensor info = jdt_st_info(sf, i);
     int64_t r = shape->dims[0], k = shape->ndim > 1 ? shape->dims[1] : 1;
     int64_t want0 = m.transpose ? k : r, want1 = m.transpose ? r : k;
@@ -573,9 +644,10 @@ static jdt_status read_hf_param(jdt_st_file *sf, const char *dir, const jdt_conf
 
 bool jdt_hf_is_model_dir(const char *path)
 {
-    char p[1100];
+    char p[1100], q[1100];
     snprintf(p, sizeof p, "%s/model.safetensors", path);
-    if (!jdt_io_is_file(p)) return false;
+    snprintf(q, sizeof q, "%s/model.safetensors.index.json", path);
+    if (!jdt_io_is_file(p) && !jdt_io_is_file(q)) return false;
     snprintf(p, sizeof p, "%s/config.json", path);
     return jdt_io_is_file(p);
 }
@@ -655,15 +727,13 @@ out:
 jdt_status jdt_hf_read_params(const char *dir, const jdt_config *c, int n, const char *const *names,
                               const jdt_shape *shapes, float *const *dst, jdt_err *e)
 {
-    char p[1100];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
     const bool llama = c->model.norm == JDT_NORM_RMSNORM;
-    jdt_st_file *sf = NULL;
+    hf_files hfs = {.n = 0};
     jdt_status st = check_hf_config(dir, c, llama, e);
-    if (st == JDT_OK) st = jdt_st_open(p, &sf, e);
+    if (st == JDT_OK) st = hf_files_open(dir, &hfs, e);
     for (int i = 0; i < n && st == JDT_OK; i++)
-        st = read_hf_param(sf, dir, c, llama, names[i], &shapes[i], dst[i], e);
-    jdt_st_close(sf);
+        st = read_hf_param(&hfs, dir, c, llama, names[i], &shapes[i], dst[i], e);
+    hf_files_close(&hfs);
     return st;
 }
 
@@ -671,20 +741,14 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
 {
     char st_path[1100];
     snprintf(st_path, sizeof st_path, "%s/model.safetensors", path);
-    bool hf = jdt_io_is_file(st_path);
-    if (!hf) { /* a Hugging Face directory in a form we do not read: say so, not "no checkpoint" */
-        static const char *const other[][2] = {
-            {"model.safetensors.index.json", "weights sharded over several files; merge them into one model.safetensors"},
-            {"pytorch_model.bin", "PyTorch pickle weights; save them with safe_serialization=True"},
-        };
-        for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
-            snprintf(st_path, sizeof st_path, "%s/%s", path, other[i][0]);
-            if (jdt_io_is_file(st_path))
-                return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "checkpoint.init_from %s: %s holds %s", path, other[i][0],
-                                   other[i][1]);
-        }
-    }
-    jdt_st_file *sf = NULL;
+    char idx_path[1100];
+    snprintf(idx_path, sizeof idx_path, "%s/model.safetensors.index.json", path);
+    bool hf = jdt_io_is_file(st_path) || jdt_io_is_file(idx_path);
+    snprintf(st_path, sizeof st_path, "%s/pytorch_model.bin", path);
+    if (!hf && jdt_io_is_file(st_path)) /* a Hugging Face directory we do not read: not "no checkpoint" */
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "checkpoint.init_from %s: pytorch_model.bin holds PyTorch "
+                           "pickle weights; save them with safe_serialization=True", path);
+    hf_files hfs = {.n = 0};
     jdt_ckpt *ck = NULL;
     char *ckpt = NULL;
     jdt_status st = JDT_OK;
@@ -694,7 +758,7 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
         if (bad)
             return jdt_err_set(e, JDT_ERR_CONFIG, "checkpoint.init_from %s: a Hugging Face model needs a gpt that maps "
                                "to GPT2LMHeadModel or LlamaForCausalLM: %s", path, bad);
-        if ((st = check_hf_config(path, c, llama, e)) || (st = jdt_st_open(st_path, &sf, e))) goto out;
+        if ((st = check_hf_config(path, c, llama, e)) || (st = hf_files_open(path, &hfs, e))) goto out;
     } else {
         if (jdt_ckpt_find_latest(path, &ckpt, NULL, NULL) != JDT_OK || !ckpt) {
             jdt_free(ckpt);
@@ -735,7 +799,7 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
         jdt_step_tensor_block(step, i, &global, off);
         const bool block = jdt_shape_numel(&global) != jdt_shape_numel(&shape);
         if (hf && !block) {
-            st = read_hf_param(sf, path, c, llama, name + 7, &shape, data, e);
+            st = read_hf_param(&hfs, path, c, llama, name + 7, &shape, data, e);
         } else if (hf && shape.ndim > 2) {
             st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "init_from: '%s' has %d dims, sharded", name, shape.ndim);
         } else if (hf) {
@@ -744,7 +808,7 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
                 st = jdt_err_set(e, JDT_ERR_NOMEM, "init_from: out of memory");
                 break;
             }
-            if ((st = read_hf_param(sf, path, c, llama, name + 7, &global, whole, e))) break;
+            if ((st = read_hf_param(&hfs, path, c, llama, name + 7, &global, whole, e))) break;
             const int64_t rows = shape.ndim > 1 ? shape.dims[0] : 1, cols = shape.dims[shape.ndim - 1];
             const int64_t g_cols = global.dims[global.ndim - 1];
             const int64_t r0 = shape.ndim > 1 ? off[0] : 0, c0 = off[shape.ndim - 1];
@@ -767,7 +831,7 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
     jdt_free(whole);
     jdt_step_host_changed(step); /* a device backend uploads them before the next run */
 out:
-    jdt_st_close(sf);
+    hf_files_close(&hfs);
     jdt_ckpt_close(ck);
     jdt_free(ckpt);
     return st;

@@ -25,8 +25,9 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
 struct jdt_step;
 struct jdt_config;
 /* checkpoint.init_from: fills every "params/<name>" tensor of step from path, which is either
- * a Hugging Face directory (model.safetensors + config.json, as jdt_hf_export writes them or
- * as transformers saves GPT2LMHeadModel / LlamaForCausalLM in F32/F16/BF16) or a jdt checkpoint
+ * a Hugging Face directory (model.safetensors, or the files model.safetensors.index.json
+ * lists, + config.json, as jdt_hf_export writes them or as transformers saves GPT2LMHeadModel /
+ * LlamaForCausalLM in F32/F16/BF16) or a jdt checkpoint
  * (a step directory or a run's checkpoint folder: its newest). Optimizer state is left as it
  * is (fresh). config.json must agree with cfg on every dimension; the message names the key
  * that does not. Errors: ERR_NOT_FOUND, ERR_FORMAT, ERR_CONFIG (mismatch), ERR_UNSUPPORTED,
@@ -34,7 +35,8 @@ struct jdt_config;
 jdt_status jdt_hf_init_from(struct jdt_step *step, const struct jdt_config *cfg, const char *path,
                             jdt_err *e);
 
-/* Whether path is a Hugging Face model directory (model.safetensors and config.json). */
+/* Whether path is a Hugging Face model directory (config.json and model.safetensors or
+ * model.safetensors.index.json). */
 bool jdt_hf_is_model_dir(const char *path);
 
 /* The config of the gpt a Hugging Face directory holds, as YAML for jdt_config_load_string:

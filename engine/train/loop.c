@@ -579,9 +579,7 @@ jdt_status jdt_train_load_stored_config(const char *ckpt, int n_overrides, char 
     char *text = NULL;
     jdt_status st = jdt_ckpt_open(*resolved, &ck, e);
     struct stat sb;
-    char hf_file[1100];
-    snprintf(hf_file, sizeof hf_file, "%s/model.safetensors", ckpt);
-    if (st == JDT_ERR_NOT_FOUND && stat(hf_file, &sb) == 0)
+    if (st == JDT_ERR_NOT_FOUND && jdt_hf_is_model_dir(ckpt))
         st = jdt_err_set(e, JDT_ERR_NOT_FOUND,
                          "%s is a Hugging Face model, which stores no jdt config: evaluate it "
                          "under one (jdt-train eval CONFIG --ckpt %s)",
@@ -1577,10 +1575,7 @@ jdt_status jdt_train_eval(const jdt_config *cfg, jdt_dist *dist, const char *ckp
     if ((st = make_step(&tr, &tr.step, e)) != JDT_OK) goto out;
     /* a Hugging Face model directory (GPT-2 from the hub: its loss on this data) loads as
      * checkpoint.init_from does; anything else is a jdt checkpoint */
-    char hf_file[1100];
-    snprintf(hf_file, sizeof hf_file, "%s/model.safetensors", ckpt_path);
-    struct stat sb;
-    if (stat(hf_file, &sb) == 0 && S_ISREG(sb.st_mode))
+    if (jdt_hf_is_model_dir(ckpt_path))
         st = jdt_hf_init_from(tr.step, cfg, ckpt_path, e);
     else
         st = load_ckpt(cfg, tr.step, ckpt_path, &step, NULL, false, e);

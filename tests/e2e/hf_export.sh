@@ -165,10 +165,30 @@ grep -q "tie_word_embeddings is true but this config's model.tie_embeddings is f
 expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=theta run.steps=1 run.eval_every=0 checkpoint.resume=none \
   checkpoint.init_from="$TMP/hfsrc_llama" $LL model.rope_theta=20000
 grep -q "rope_theta is 10000, this config's model.rope_theta 20000" "$TMP/err" || { cat "$TMP/err"; fail "rope_theta warning"; }
-# sharded weights are named as such
-mkdir -p "$TMP/hf_sharded" && cp "$TMP/hfsrc_gpt2/config.json" "$TMP/hf_sharded/" && echo '{}' > "$TMP/hf_sharded/model.safetensors.index.json"
-expect 1 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hf_sharded"
-grep -q "sharded" "$TMP/err" || { cat "$TMP/err"; fail "sharded weights message"; }
+# weights sharded over several files (model.safetensors.index.json, as transformers saves
+# large models): the GQA Llama split in two files loads to the same val loss and samples alike
+mkdir -p "$TMP/hf_sharded" && cp "$TMP/hfsrc_llama/config.json" "$TMP/hf_sharded/"
+"$PY" -c "
+import json
+from safetensors.numpy import load_file, save_file
+t = load_file('$TMP/hfsrc_llama/model.safetensors'); names = sorted(t)
+parts = {'model-00001-of-00002.safetensors': names[::2], 'model-00002-of-00002.safetensors': names[1::2]}
+for f, ns in parts.items(): save_file({n: t[n] for n in ns}, '$TMP/hf_sharded/' + f, metadata={'format': 'pt'})
+json.dump({'metadata': {}, 'weight_map': {n: f for f, ns in parts.items() for n in ns}},
+          open('$TMP/hf_sharded/model.safetensors.index.json', 'w'))" || fail "sharding the export"
+want=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' <("$BIN" eval "$ROOT/configs/tiny.yaml" "$O" run.name=src_llama $LL 2>/dev/null))
+# shellcheck disable=SC2086
+expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" --ckpt "$TMP/hf_sharded" $LL
+grep -q "^val loss $want " "$TMP/out" || fail "sharded weights: $(cat "$TMP/out"), source $want"
+expect 0 "$BIN" sample "$TMP/hfsrc_llama" --prompt "ab" --length 20 --temperature 0
+cp "$TMP/out" "$TMP/one_file.txt"
+expect 0 "$BIN" sample "$TMP/hf_sharded" --prompt "ab" --length 20 --temperature 0
+cmp -s "$TMP/out" "$TMP/one_file.txt" || fail "sharded weights sample differently"
+echo "weights in two files with an index: val loss $want and the same samples as one file"
+echo '{}' > "$TMP/hf_sharded/model.safetensors.index.json"
+# shellcheck disable=SC2086
+expect 1 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hf_sharded" $LL
+grep -q 'model.safetensors.index.json: no "weight_map" object' "$TMP/err" || { cat "$TMP/err"; fail "bad index message"; }
 expect 1 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/nothing"
 [ "$(grep -c "error" "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "init_from missing: not one line"; }
 
