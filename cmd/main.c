@@ -458,6 +458,14 @@ static int parse_args(const subcommand *cmd, int argc, char **argv, cli_args *a)
 }
 
 /* Loads the config named in a; prints the error and returns its exit code on failure. */
+/* run.log_level, or --log-level where given */
+static void set_log_level(const cli_args *a, const jdt_config *c)
+{
+    jdt_log_level lv = c->run.log_level;
+    if (a->log_level) jdt_log_parse_level(a->log_level, &lv);
+    jdt_log_set_level(lv);
+}
+
 static int load_config(const cli_args *a, jdt_config *c)
 {
     jdt_err e;
@@ -467,9 +475,7 @@ static int load_config(const cli_args *a, jdt_config *c)
         fprintf(stderr, "jdt-train: config error: %s\n", e.msg);
         return st == JDT_ERR_CONFIG ? EXIT_USAGE : EXIT_RUNTIME;
     }
-    jdt_log_level lv = c->run.log_level;
-    if (a->log_level) jdt_log_parse_level(a->log_level, &lv);
-    jdt_log_set_level(lv);
+    set_log_level(a, c);
     return EXIT_OK;
 }
 
@@ -843,9 +849,7 @@ static int load_stored_config(const cli_args *a, jdt_config *c, char **ckpt)
                 e.msg);
         return exit_code(st);
     }
-    jdt_log_level lv = c->run.log_level;
-    if (a->log_level) jdt_log_parse_level(a->log_level, &lv);
-    jdt_log_set_level(lv);
+    set_log_level(a, c);
     return EXIT_OK;
 }
 

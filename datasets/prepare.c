@@ -22,6 +22,14 @@ enum { BLOCK_BYTES = 1 << 20 };
 
 static bool is_jsonl(const char *path);
 
+/* The val split of n tokens: the tail fraction val_fraction, at least 2 tokens (one target)
+ * when there is a split at all. */
+static int64_t val_tokens(int64_t n, double val_fraction)
+{
+    int64_t n_val = (int64_t)floor((double)n * val_fraction);
+    return val_fraction > 0 && n_val < 2 ? 2 : n_val;
+}
+
 int64_t jdt_prep_byte_encode(const void *text, size_t n_bytes, uint32_t *out)
 {
     const unsigned char *p = text;
@@ -196,8 +204,7 @@ jdt_status jdt_prep_text(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
     /* Byte tokens: one token per byte, so the token count is known without a first pass and
      * every byte offset is a token boundary. */
     int64_t n = (int64_t)sb.st_size;
-    int64_t n_val = (int64_t)floor((double)n * o->val_fraction);
-    if (o->val_fraction > 0 && n_val < 2) n_val = 2; /* a val split needs at least one target */
+    int64_t n_val = val_tokens(n, o->val_fraction);
     int64_t n_train = n - n_val;
     if (n == 0 || n_train < o->n_shards) {
         st = jdt_err_set(e, JDT_ERR_INVALID,
@@ -465,14 +472,11 @@ jdt_status jdt_prep_llmc(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_
     const bool val_files = n_train_files < n_files;
     if (n_train_files == 0) {
         st = jdt_err_set(e, JDT_ERR_INVALID,
-                         "%s: only val files (names with 'val'), no train "
-                         "files",
-                         o->text_path);
+                         "%s: only val files (names with 'val'), no train files", o->text_path);
         goto out;
     }
     if (!val_files && o->val_fraction > 0) { /* no val file: the tail, as for text */
-        int64_t n_val = (int64_t)floor((double)total * o->val_fraction);
-        train_end = total - (n_val < 2 ? 2 : n_val);
+        train_end = total - val_tokens(total, o->val_fraction);
     }
     if (train_end < 1) {
         st = jdt_err_set(e, JDT_ERR_INVALID, "%s: %lld tokens are too few for val_fraction %g",
@@ -606,6 +610,34 @@ static jdt_status part_open(jsonl_part *p, const char *dir, int index, jdt_err *
     return JDT_OK;
 }
 
+/* Encodes one document (after the end-of-text id, where eot >= 0) into *ids (grown as needed,
+ * *cap elements) and appends the ids to the open part, starting a new part (in dir) when this
+ * one would pass JSONL_PART_TOKENS. */
+static jdt_status stream_doc(jdt_bpe *tok, int eot, const char *text, size_t n, uint32_t **ids,
+                             size_t *cap, jsonl_part *part, const char *dir, int *n_parts,
+                             jdt_err *e)
+{
+    size_t n_ids = 0;
+    jdt_status st = JDT_OK;
+    if (eot >= 0) {
+        if (*cap < 1) {
+            uint32_t *p = jdt_realloc(*ids, 64 * sizeof *p);
+            if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
+            *ids = p;
+            *cap = 64;
+        }
+        (*ids)[n_ids++] = (uint32_t)eot;
+    }
+    if (st == JDT_OK) st = jdt_bpe_encode(tok, text, n, ids, &n_ids, cap, e);
+    if (st == JDT_OK && part->f && part->n + (int64_t)n_ids > JSONL_PART_TOKENS)
+        st = part_close(part, e);
+    if (st == JDT_OK && !part->f) st = part_open(part, dir, ++*n_parts, e);
+    if (st == JDT_OK && fwrite(*ids, sizeof **ids, n_ids, part->f) != n_ids)
+        st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", part->path, strerror(errno));
+    if (st == JDT_OK) part->n += (int64_t)n_ids;
+    return st;
+}
+
 jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt_err *e)
 {
     jdt_err err_local_;
@@ -618,7 +650,7 @@ jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt
                            o->text_path, strerror(errno));
     jdt_status st = JDT_OK;
     char *line = NULL, *tmp = NULL;
-    size_t line_cap = 0, cap = 0, n_ids = 0;
+    size_t line_cap = 0, cap = 0;
     uint32_t *ids = NULL;
     jdt_bpe *tok = NULL;
     FILE *txt = NULL;
@@ -649,11 +681,7 @@ jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt
     ssize_t len;
     while ((len = getline(&line, &line_cap, in)) >= 0) {
         lineno++;
-        size_t k = 0;
-        while (k < (size_t)len &&
-               (line[k] == ' ' || line[k] == '\t' || line[k] == '\n' || line[k] == '\r'))
-            k++;
-        if (k == (size_t)len) continue; /* blank line */
+        if (strspn(line, " \t\r\n") == (size_t)len) continue; /* blank line */
         char what[64];
         snprintf(what, sizeof what, "line %lld", (long long)lineno);
         jdt_json_doc *doc = NULL;
@@ -680,22 +708,7 @@ jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt
             break;
         }
         if (stream) {
-            n_ids = 0;
-            if (eot >= 0) {
-                if (!(ids = cap ? ids : jdt_malloc(64 * sizeof *ids))) goto oom_doc;
-                if (!cap) cap = 64;
-                ids[n_ids++] = (uint32_t)eot;
-            }
-            if ((st = jdt_bpe_encode(tok, t->str, t->len, &ids, &n_ids, &cap, e))) goto doc_done;
-            if (part.f && part.n + (int64_t)n_ids > JSONL_PART_TOKENS &&
-                (st = part_close(&part, e)))
-                goto doc_done;
-            if (!part.f && (st = part_open(&part, tmp, ++n_parts, e))) goto doc_done;
-            if (fwrite(ids, sizeof *ids, n_ids, part.f) != n_ids) {
-                st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", part.path, strerror(errno));
-                goto doc_done;
-            }
-            part.n += (int64_t)n_ids;
+            st = stream_doc(tok, eot, t->str, t->len, &ids, &cap, &part, tmp, &n_parts, e);
         } else {
             const char *sep = o->tokenizer == JDT_PREP_TOK_BPE ? "<|endoftext|>"
                               : n_docs                         ? "\n\n"
@@ -703,10 +716,6 @@ jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt
             if (fputs(sep, txt) == EOF || fwrite(t->str, 1, t->len, txt) != t->len)
                 st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
         }
-        goto doc_done;
-    oom_doc:
-        st = jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
-    doc_done:
         jdt_json_doc_free(doc);
         if (st) break;
         n_docs++;
@@ -828,8 +837,7 @@ jdt_status jdt_prep_text_bpe(const jdt_prep_text_opts *o, jdt_prep_result *res, 
     jdt_progress_end(&prog);
     if (st) goto out;
     int64_t n = (int64_t)n_ids;
-    int64_t n_val = (int64_t)floor((double)n * o->val_fraction);
-    if (o->val_fraction > 0 && n_val < 2) n_val = 2;
+    int64_t n_val = val_tokens(n, o->val_fraction);
     int64_t n_train = n - n_val;
     if (n_train < o->n_shards) {
         st = jdt_err_set(e, JDT_ERR_INVALID,
