@@ -502,15 +502,16 @@ static void print_summary(const jdt_config *c, FILE *f)
         fprintf(f,
                 "model       gpt: L=%d C=%d H=%d (kv heads %d, head dim %d) T=%d V=%d; mlp %lld "
                 "%s; %s, "
-                "%s positions, %s embeddings, %s, dropout %g\n",
+                "%s positions, %s embeddings, %s%s, dropout %g\n",
                 c->model.n_layer, c->model.n_embd, c->model.n_head, jdt_config_kv_heads(c),
-                c->model.n_embd / c->model.n_head, c->model.seq_len, c->model.vocab_size,
+                jdt_config_head_dim(c), c->model.seq_len, c->model.vocab_size,
                 (long long)jdt_config_mlp_dim(c),
                 jdt_config_choice_name("model.activation", (int)c->model.activation),
                 jdt_config_choice_name("model.norm", (int)c->model.norm),
                 jdt_config_choice_name("model.pos", (int)c->model.pos),
-                c->model.tie_embeddings ? "tied" : "untied", c->model.bias ? "bias" : "no bias",
-                c->model.dropout);
+                c->model.tie_embeddings ? "tied" : "untied",
+                c->model.bias ? "bias" : c->model.qkv_bias ? "q/k/v bias" : "no bias",
+                c->model.qk_norm ? ", q/k norm" : "", c->model.dropout);
     } else {
         fprintf(f, "model       mlp: %d -> %d x %d hidden (%s) -> %d classes, %s\n",
                 c->model.in_dim, c->model.n_hidden, c->model.hidden_dim,

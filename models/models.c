@@ -2,7 +2,8 @@
  * models.c — the gpt and mlp builders (see models.h).
  *
  * gpt, per layer l (pre-norm):
- *   a = norm(h);  q = a Wq, k = a Wk, v = a Wv  (rope on q, k);  h += attn(q, k, v) Wo
+ *   a = norm(h);  q = a Wq, k = a Wk, v = a Wv  (per-head norm of q, k when model.qk_norm;
+ *                 rope on q, k);  h += attn(q, k, v) Wo   (q, k, v: heads * head_dim wide)
  *   m = norm(h);  h += gelu(m Wfc) Wproj   |   (silu(m Wgate) * (m Wup)) Wdown
  * then logits = norm(h) Wteᵀ (tied) or norm(h) Whead, loss = mean softmax-xent(logits, y).
  * Linear weights are stored (in, out): y = x @ W. Initialisation follows GPT-2: N(0, init_std)
@@ -70,8 +71,8 @@ static jdt_tensor *as_f32(jdt_graph *g, jdt_tensor *t)
  * built before the product so that the compiler can fold it into the GEMM (passes.c). Readers
  * that need f32 (attention, RoPE, the loss) widen it (as_f32), which the CUDA compiler folds
  * into their builtins. */
-static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
-                          const char *in_axis, const char *out_axis, double std)
+static jdt_tensor *linear_b(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
+                            const char *in_axis, const char *out_axis, double std, bool has_bias)
 {
     char name[256];
     const int64_t wd[2] = {in, out};
@@ -79,7 +80,7 @@ static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t
     snprintf(name, sizeof name, "%s.w", prefix);
     jdt_tensor *w = add_param(b, name, 2, wd, wa, JDT_INIT_NORMAL, std, true);
     jdt_tensor *bias = NULL;
-    if (b->cfg->model.bias) {
+    if (has_bias) {
         const char *ba[1] = {out_axis};
         snprintf(name, sizeof name, "%s.b", prefix);
         bias = add_param(b, name, 1, &out, ba, JDT_INIT_ZEROS, 0, false);
@@ -89,6 +90,13 @@ static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t
     jdt_tensor *y = jdt_graph_matmul(b->g, x, gemm_weight(b, w), false, false);
     if (bias) y = jdt_graph_add_bcast(b->g, y, bias);
     return b->bf16_out ? jdt_graph_cast(b->g, y, JDT_DTYPE_BF16) : y;
+}
+
+/* linear_b with a bias when model.bias */
+static jdt_tensor *linear(builder *b, jdt_tensor *x, const char *prefix, int64_t in, int64_t out,
+                          const char *in_axis, const char *out_axis, double std)
+{
+    return linear_b(b, x, prefix, in, out, in_axis, out_axis, std, b->cfg->model.bias);
 }
 
 /* The head's logits: bf16 under precision.activations: bf16, read by the loss as f32 (the
@@ -194,7 +202,8 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
     jdt_graph *g = b->g;
     jdt_model *m = b->m;
     const int64_t V = cfg->model.vocab_size, T = cfg->model.seq_len, C = cfg->model.n_embd;
-    const int64_t H = cfg->model.n_head, Hkv = jdt_config_kv_heads(cfg), D = C / H;
+    const int64_t H = cfg->model.n_head, Hkv = jdt_config_kv_heads(cfg), D = jdt_config_head_dim(cfg);
+    const bool qkvb = jdt_config_qkv_bias(cfg);
     const int64_t F = jdt_config_mlp_dim(cfg), N = B * T, L = cfg->model.n_layer;
     const double std = cfg->model.init_std, std_resid = std / sqrt(2.0 * (double)L);
     char name[256];
@@ -218,7 +227,7 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
     }
     h = dropout(b, h, "drop.emb");
 
-    const int64_t btc[3] = {B, T, C}, nc[2] = {N, C};
+    const int64_t btc[3] = {B, T, C}, nc[2] = {N, C}, nq[2] = {N, H * D};
     const int64_t bthd[4] = {B, T, H, D}, btkd[4] = {B, T, Hkv, D};
     const double scale = 1.0 / sqrt((double)D);
     for (int64_t l = 0; l < L; l++) {
@@ -230,11 +239,17 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
         snprintf(name, sizeof name, "%s.ln1", p);
         jdt_tensor *a = jdt_graph_reshape(g, norm(b, h, name, C), 2, nc);
         snprintf(name, sizeof name, "%s.attn.q", p);
-        jdt_tensor *q = jdt_graph_reshape(g, linear(b, a, name, C, H * D, "embed", "heads", std), 4, bthd);
+        jdt_tensor *q = jdt_graph_reshape(g, linear_b(b, a, name, C, H * D, "embed", "heads", std, qkvb), 4, bthd);
         snprintf(name, sizeof name, "%s.attn.k", p);
-        jdt_tensor *k = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv_heads", std), 4, btkd);
+        jdt_tensor *k = jdt_graph_reshape(g, linear_b(b, a, name, C, Hkv * D, "embed", "kv_heads", std, qkvb), 4, btkd);
         snprintf(name, sizeof name, "%s.attn.v", p);
-        jdt_tensor *v = jdt_graph_reshape(g, linear(b, a, name, C, Hkv * D, "embed", "kv_heads", std), 4, btkd);
+        jdt_tensor *v = jdt_graph_reshape(g, linear_b(b, a, name, C, Hkv * D, "embed", "kv_heads", std, qkvb), 4, btkd);
+        if (cfg->model.qk_norm) { /* per head, over D, one scale shared by the heads (Qwen3) */
+            snprintf(name, sizeof name, "%s.attn.q_norm", p);
+            q = norm(b, as_f32(g, q), name, D);
+            snprintf(name, sizeof name, "%s.attn.k_norm", p);
+            k = norm(b, as_f32(g, k), name, D);
+        }
         if (cfg->model.pos == JDT_POS_ROPE) {
             q = jdt_graph_rope(g, as_f32(g, q), cfg->model.rope_theta, false);
             k = jdt_graph_rope(g, as_f32(g, k), cfg->model.rope_theta, false);
@@ -250,7 +265,7 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
         }
         jdt_tensor *att = /* (B, H, T, D) */
             jdt_graph_attention(g, as_f32(g, q), as_f32(g, k), as_f32(g, v), scale);
-        att = jdt_graph_reshape(g, heads_first(g, att), 2, nc);   /* (N, C) */
+        att = jdt_graph_reshape(g, heads_first(g, att), 2, nq);   /* (N, H * D) */
         snprintf(name, sizeof name, "%s.attn.o", p);
         jdt_tensor *o = linear(b, att, name, H * D, C, "heads", "embed", std_resid);
         snprintf(name, sizeof name, "%s.drop.attn", p);

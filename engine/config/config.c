@@ -1041,18 +1041,19 @@ static jdt_status cross_error(loader *ld, const char *path, jdt_err *e, const ch
 static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
 {
     if (c->model.type == JDT_MODEL_GPT) {
-        if (c->model.n_embd % c->model.n_head)
-            return cross_error(ld, "model.n_head", e, "%d heads do not divide model.n_embd = %d",
+        if (!c->model.head_dim && c->model.n_embd % c->model.n_head)
+            return cross_error(ld, "model.n_head", e,
+                               "%d heads do not divide model.n_embd = %d (or set model.head_dim)",
                                c->model.n_head, c->model.n_embd);
         int kv = jdt_config_kv_heads(c);
         if (c->model.n_head % kv)
             return cross_error(ld, "model.n_kv_head", e,
                                "%d key/value heads do not divide model.n_head = %d", kv,
                                c->model.n_head);
-        if (c->model.pos == JDT_POS_ROPE && (c->model.n_embd / c->model.n_head) % 2)
-            return cross_error(ld, "model.pos", e,
-                               "rope needs an even head dim; n_embd / n_head = %d",
-                               c->model.n_embd / c->model.n_head);
+        if (c->model.pos == JDT_POS_ROPE && jdt_config_head_dim(c) % 2)
+            return cross_error(ld, "model.pos", e, "rope needs an even head dim; %s = %d",
+                               c->model.head_dim ? "model.head_dim" : "n_embd / n_head",
+                               jdt_config_head_dim(c));
         if (c->runtime.loss_chunks > c->model.seq_len)
             return cross_error(ld, "runtime.loss_chunks", e,
                                "%d slices of a sequence of model.seq_len = %d tokens: at most %d",

@@ -83,6 +83,7 @@ typedef struct jdt_config {
         int n_embd;     /* C */
         int n_head;     /* H */
         int n_kv_head;  /* 0 = n_head; must divide n_head */
+        int head_dim;   /* D when > 0 (Qwen3's head_dim); 0 = n_embd / n_head */
         int mlp_ratio;  /* MLP hidden = mlp_ratio * C (for every activation, swiglu included) */
         int mlp_dim;    /* MLP hidden width when > 0 (Llama's intermediate_size); overrides mlp_ratio */
         jdt_norm_type norm;
@@ -92,6 +93,8 @@ typedef struct jdt_config {
         jdt_activation activation;
         bool tie_embeddings;
         bool bias;
+        bool qkv_bias;  /* q, k, v biases even when bias is false (Qwen2) */
+        bool qk_norm;   /* a norm over each head's q and k before RoPE (Qwen3) */
         double dropout;
         double init_std;
         /* mlp */
@@ -294,6 +297,10 @@ int64_t jdt_config_decay_steps(const jdt_config *c);
 int64_t jdt_config_mlp_dim(const jdt_config *c);
 /* model.n_kv_head, or model.n_head when it is 0. */
 int jdt_config_kv_heads(const jdt_config *c);
+/* The attention head width D: model.head_dim, or n_embd / n_head when it is 0. */
+int jdt_config_head_dim(const jdt_config *c);
+/* Whether the q, k and v projections have biases (model.bias or model.qkv_bias). */
+bool jdt_config_qkv_bias(const jdt_config *c);
 /* data * fsdp * tensor. */
 int jdt_config_mesh_size(const jdt_config *c);
 

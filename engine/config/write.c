@@ -237,6 +237,16 @@ int jdt_config_kv_heads(const jdt_config *c)
     return c->model.n_kv_head ? c->model.n_kv_head : c->model.n_head;
 }
 
+int jdt_config_head_dim(const jdt_config *c)
+{
+    return c->model.head_dim ? c->model.head_dim : c->model.n_embd / c->model.n_head;
+}
+
+bool jdt_config_qkv_bias(const jdt_config *c)
+{
+    return c->model.bias || c->model.qkv_bias;
+}
+
 int64_t jdt_config_decay_steps(const jdt_config *c)
 {
     return c->optimizer.decay_steps ? c->optimizer.decay_steps : c->run.steps;
@@ -260,10 +270,12 @@ int64_t jdt_config_param_count(const jdt_config *c)
         return n + in * c->model.n_classes + bias * c->model.n_classes;
     }
     const int64_t V = c->model.vocab_size, T = c->model.seq_len, C = c->model.n_embd;
-    const int64_t D = C / c->model.n_head, KV = (int64_t)jdt_config_kv_heads(c) * D;
+    const int64_t D = jdt_config_head_dim(c), KV = (int64_t)jdt_config_kv_heads(c) * D;
+    const int64_t Q = (int64_t)c->model.n_head * D, qkvb = jdt_config_qkv_bias(c) ? 1 : 0;
     const int64_t Hm = jdt_config_mlp_dim(c);
     const int64_t norm = C * (c->model.norm == JDT_NORM_LAYERNORM ? 1 + bias : 1);
-    int64_t attn = C * C + 2 * C * KV + C * C + bias * (C + 2 * KV + C); /* q, k, v, o */
+    const int64_t qk_norm = c->model.qk_norm ? 2 * D * (c->model.norm == JDT_NORM_LAYERNORM ? 1 + bias : 1) : 0;
+    int64_t attn = C * Q + 2 * C * KV + Q * C + qkvb * (Q + 2 * KV) + bias * C + qk_norm; /* q, k, v, o */
     int64_t mlp = c->model.activation == JDT_ACT_SWIGLU ? 3 * C * Hm + bias * (2 * Hm + C)
                                                         : 2 * C * Hm + bias * (Hm + C);
     int64_t n = V * C;                                /* token embedding (V, C) */

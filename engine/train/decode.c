@@ -3,7 +3,8 @@
  *
  * Per call, for the n new rows (each at its sequence's next position p):
  *   h = wte[tok] (+ wpe[p])
- *   per layer: a = norm(h); q = a Wq, k = a Wk, v = a Wv (+ biases; rope on q, k at p);
+ *   per layer: a = norm(h); q = a Wq, k = a Wk, v = a Wv (+ biases; each head of q, k normed
+ *              when model.qk_norm; rope on q, k at p);
  *              k, v -> cache[l][seq][kv head][p]; o = softmax(q K[0..p]ᵀ / sqrt(D)) V[0..p];
  *              h += o Wo;  m = norm(h);  h += act(m W1) W2  |  (silu(m Wgate) * (m Wup)) Wdown
  *   logits = norm(h) wteᵀ (tied) or norm(h) head, for the rows asked for.
@@ -31,6 +32,8 @@ typedef struct {
     const float *wk, *bk;       /* (C, Hkv*D), (Hkv*D) */
     const float *wv, *bv;       /* (C, Hkv*D), (Hkv*D) */
     const float *wo, *bo;       /* (H*D, C), (C) */
+    const float *qn_w, *qn_b;   /* q_norm (D), (D): model.qk_norm; NULL without */
+    const float *kn_w, *kn_b;   /* k_norm (D), (D) */
     const float *ln2_w, *ln2_b; /* (C) */
     const float *w1, *b1;       /* mlp.fc, or mlp.gate with swiglu: (C, F), (F) */
     const float *w3, *b3;       /* mlp.up (swiglu only): (C, F), (F) */
@@ -125,6 +128,7 @@ static jdt_status bind_params(jdt_decoder *d, const jdt_config *cfg, const jdt_m
                               float *const *data, jdt_err *e)
 {
     const bool bias = cfg->model.bias, nbias = bias && d->norm == JDT_NORM_LAYERNORM;
+    const bool qkvb = jdt_config_qkv_bias(cfg);
     const bool glu = d->act == JDT_ACT_SWIGLU;
     const int64_t C = d->C, V = d->V, T = d->T, HD = (int64_t)d->H * d->D,
                   KD = (int64_t)d->Hkv * d->D, F = d->F;
@@ -162,10 +166,23 @@ static jdt_status bind_params(jdt_decoder *d, const jdt_config *cfg, const jdt_m
         y->w1 = pget(m, data, p[6], "w", C, F, &st, e);
         if (glu) y->w3 = pget(m, data, up, "w", C, F, &st, e);
         y->w2 = pget(m, data, p[7], "w", F, C, &st, e);
-        if (bias) {
+        if (cfg->model.qk_norm) {
+            char qn[96], kn[96];
+            snprintf(qn, sizeof qn, "blocks.%d.attn.q_norm", l);
+            snprintf(kn, sizeof kn, "blocks.%d.attn.k_norm", l);
+            y->qn_w = pget(m, data, qn, "w", 0, d->D, &st, e);
+            y->kn_w = pget(m, data, kn, "w", 0, d->D, &st, e);
+            if (nbias) {
+                y->qn_b = pget(m, data, qn, "b", 0, d->D, &st, e);
+                y->kn_b = pget(m, data, kn, "b", 0, d->D, &st, e);
+            }
+        }
+        if (qkvb) {
             y->bq = pget(m, data, p[2], "b", 0, HD, &st, e);
             y->bk = pget(m, data, p[3], "b", 0, KD, &st, e);
             y->bv = pget(m, data, p[4], "b", 0, KD, &st, e);
+        }
+        if (bias) {
             y->bo = pget(m, data, p[5], "b", 0, C, &st, e);
             y->b1 = pget(m, data, p[6], "b", 0, F, &st, e);
             if (glu) y->b3 = pget(m, data, up, "b", 0, F, &st, e);
@@ -189,8 +206,8 @@ jdt_status jdt_decoder_new(const jdt_config *cfg, const jdt_model *m, float *con
     d->C = cfg->model.n_embd;
     d->H = cfg->model.n_head;
     d->Hkv = jdt_config_kv_heads(cfg);
-    d->D = d->C / d->H;
-    d->F = cfg->model.mlp_ratio * d->C;
+    d->D = jdt_config_head_dim(cfg);
+    d->F = (int)jdt_config_mlp_dim(cfg);
     d->V = cfg->model.vocab_size;
     d->T = cfg->model.seq_len;
     d->S = n_seqs;
@@ -293,11 +310,11 @@ static void linear(jdt_decoder *d, const float *x, const float *w, const float *
                     beta, y, out);
 }
 
-/* y (n, C) = norm(x) * w [+ b], rows listed in rows[0..n) of x (rows NULL: 0..n), packed. */
-static void norm_rows(const jdt_decoder *d, const float *x, const int *rows, int n, const float *w,
-                      const float *b, float *y)
+/* y (n, C) = norm(x) * w [+ b] over rows of width C, rows listed in rows[0..n) of x (rows NULL:
+ * 0..n), packed; y may be x when rows is NULL. */
+static void norm_rows(const jdt_decoder *d, const float *x, const int *rows, int n, int C,
+                      const float *w, const float *b, float *y)
 {
-    const int C = d->C;
 #pragma omp parallel for num_threads(d->threads) if ((int64_t)n * C >= PAR_MIN_WORK)
     for (int r = 0; r < n; r++) {
         const float *xr = x + (size_t)(rows ? rows[r] : r) * C;
@@ -456,10 +473,14 @@ jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int
     }
     for (int l = 0; l < d->L; l++) {
         const dec_layer *y = &d->layers[l];
-        norm_rows(d, d->h, NULL, n, y->ln1_w, y->ln1_b, d->a);
+        norm_rows(d, d->h, NULL, n, C, y->ln1_w, y->ln1_b, d->a);
         linear(d, d->a, y->wq, y->bq, d->q, n, C, HD);
         linear(d, d->a, y->wk, y->bk, d->k, n, C, KD);
         linear(d, d->a, y->wv, y->bv, d->v, n, C, KD);
+        if (y->qn_w) { /* each head's row of D, in place */
+            norm_rows(d, d->q, NULL, n * d->H, D, y->qn_w, y->qn_b, d->q);
+            norm_rows(d, d->k, NULL, n * d->Hkv, D, y->kn_w, y->kn_b, d->k);
+        }
         if (d->pos_kind == JDT_POS_ROPE) {
             rope_rows(d, d->q, n, d->H);
             rope_rows(d, d->k, n, d->Hkv);
@@ -473,7 +494,7 @@ jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int
         attend(d, l, seqs, n);
         linear(d, d->att, y->wo, y->bo, d->a, n, HD, C);
         add_into(d->h, d->a, (int64_t)n * C);
-        norm_rows(d, d->h, NULL, n, y->ln2_w, y->ln2_b, d->a);
+        norm_rows(d, d->h, NULL, n, C, y->ln2_w, y->ln2_b, d->a);
         linear(d, d->a, y->w1, y->b1, d->u, n, C, F);
         if (y->w3) linear(d, d->a, y->w3, y->b3, d->g, n, C, F);
         activate(d, n);
@@ -484,7 +505,7 @@ jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int
     for (int r = 0; r < n; r++)
         if (!want || want[r]) d->sel[n_sel++] = r;
     if (n_sel) {
-        norm_rows(d, d->h, d->sel, n_sel, d->lnf_w, d->lnf_b, d->a);
+        norm_rows(d, d->h, d->sel, n_sel, C, d->lnf_w, d->lnf_b, d->a);
         const int V = d->V;
         if (d->head) {
             linear(d, d->a, d->head, NULL, logits, n_sel, C, V);

@@ -59,6 +59,8 @@ START_TEST(test_param_count_matches_config)
         {"model.activation=relu", "model.n_kv_head=1", "model.pos=rope", NULL},
         {"model.type=mlp", "model.in_dim=12", "model.n_classes=5", "model.n_hidden=2"},
         {"model.activation=swiglu", "model.mlp_dim=88", "model.bias=false", NULL},
+        {"model.qkv_bias=true", "model.bias=false", "model.head_dim=24", "model.qk_norm=true"},
+        {"model.qk_norm=true", "model.norm=layernorm", "model.bias=true", "model.head_dim=6"},
     };
     for (size_t v = 0; v < JDT_ARRAY_LEN(variants); v++) {
         int n = 0;
