@@ -510,7 +510,9 @@ static void print_summary(const jdt_config *c, FILE *f)
                 jdt_config_choice_name("model.norm", (int)c->model.norm),
                 jdt_config_choice_name("model.pos", (int)c->model.pos),
                 c->model.tie_embeddings ? "tied" : "untied",
-                c->model.bias ? "bias" : c->model.qkv_bias ? "q/k/v bias" : "no bias",
+                c->model.bias       ? "bias"
+                : c->model.qkv_bias ? "q/k/v bias"
+                                    : "no bias",
                 c->model.qk_norm ? ", q/k norm" : "", c->model.dropout);
     } else {
         fprintf(f, "model       mlp: %d -> %d x %d hidden (%s) -> %d classes, %s\n",

@@ -8,7 +8,10 @@
  *   - GPT-2 packs q, k, v into one c_attn (C, 3C): columns [q | k | v];
  *   - our RoPE rotates interleaved pairs (2i, 2i+1), HF Llama's rotate_half rotates (i, i+D/2)
  *     with the same frequency theta^(-2i/D), so q_proj/k_proj rows are permuted per head:
- *     our feature 2i+j becomes HF row j*D/2 + i (q.k is unchanged by a common permutation).
+ *     our feature 2i+j becomes HF row j*D/2 + i (q.k is unchanged by a common permutation);
+ *     Qwen2's q/k biases and Qwen3's q_norm/k_norm scales (one head of D) move with them.
+ * The rmsnorm family (Llama, Mistral, Qwen2, Qwen3) shares the tensor names and layouts; what
+ * tells them apart is in hf_arch below.
  */
 #include "train/hf.h"
 
@@ -39,6 +42,48 @@ typedef struct {
     const char *ckpt;
     jdt_err *e;
 } exporter;
+
+/* The transformers architectures a gpt maps to exactly. */
+typedef enum { HF_GPT2, HF_LLAMA, HF_QWEN2, HF_QWEN3, HF_N_ARCH } hf_arch;
+
+static const struct {
+    const char *model_type, *class_name;
+    const char *needs; /* the config settings that select it */
+} HF_ARCH[HF_N_ARCH] = {
+    [HF_GPT2] = {"gpt2", "GPT2LMHeadModel",
+                 "model.norm=layernorm model.bias=true model.pos=learned model.activation=gelu"},
+    [HF_LLAMA] = {"llama", "LlamaForCausalLM",
+                  "model.norm=rmsnorm model.bias=false model.qkv_bias=false model.qk_norm=false"},
+    [HF_QWEN2] = {"qwen2", "Qwen2ForCausalLM", "model.norm=rmsnorm model.bias=false model.qkv_bias=true"},
+    [HF_QWEN3] = {"qwen3", "Qwen3ForCausalLM", "model.norm=rmsnorm model.bias=false model.qk_norm=true"},
+};
+
+/* The architecture cfg's gpt maps to, when mismatch() finds nothing against it. */
+static hf_arch arch_of(const jdt_config *c)
+{
+    if (c->model.norm == JDT_NORM_LAYERNORM) return HF_GPT2;
+    if (c->model.qk_norm) return HF_QWEN3;
+    return c->model.qkv_bias ? HF_QWEN2 : HF_LLAMA;
+}
+
+/* The architecture of config.json's model_type (Mistral's is Llama's, less a sliding window
+ * check_hf_config looks at); -1 for another. */
+static int arch_of_model_type(const char *mt)
+{
+    if (!mt) return -1;
+    if (strcmp(mt, "mistral") == 0) return HF_LLAMA;
+    for (int a = 0; a < HF_N_ARCH; a++)
+        if (strcmp(mt, HF_ARCH[a].model_type) == 0) return a;
+    return -1;
+}
+
+/* The row (or entry) of an HF q/k projection that holds our feature j, in heads of width D:
+ * our interleaved RoPE pair (2i, 2i+1) is HF's (i, i + D/2) (the file comment). */
+static int64_t rope_row(int64_t j, int64_t D)
+{
+    const int64_t h = j / D, f = j % D;
+    return h * D + (f % 2) * (D / 2) + f / 2;
+}
 
 static const float *param(exporter *x, const char *name, int64_t *d0, int64_t *d1)
 {
@@ -78,8 +123,8 @@ static jdt_status emit(exporter *x, const char *name, const float *data, int ndi
 }
 
 /* Emits our param `ours` as `hf` (ours must exist). With transpose, a (R, K) weight becomes
- * (K, R); with rope_heads > 0 the rows of the transposed weight are permuted per head from
- * interleaved to half-split RoPE pairs. */
+ * (K, R); with rope_heads > 0 the rows of the transposed weight (the entries of a vector) are
+ * permuted per head from interleaved to half-split RoPE pairs. */
 static jdt_status emit_param(exporter *x, const char *ours, const char *hf, bool transpose, int64_t rope_heads)
 {
     int64_t r, k;
@@ -88,35 +133,41 @@ static jdt_status emit_param(exporter *x, const char *ours, const char *hf, bool
     bool vec = false;
     for (int i = 0; i < x->m.n_params; i++)
         if (strcmp(x->m.params[i].t->name, ours) == 0) vec = x->m.params[i].t->shape.ndim == 1;
-    if (vec) return emit(x, hf, w, 1, r, 0);
-    if (!transpose) return emit(x, hf, w, 2, r, k);
+    if (vec && rope_heads <= 0) return emit(x, hf, w, 1, r, 0);
+    if (!vec && !transpose) return emit(x, hf, w, 2, r, k);
     float *o = own(x, (size_t)(r * k));
     if (!o) return jdt_err_set(x->e, JDT_ERR_NOMEM, "hf export: out of memory");
+    if (vec) {
+        for (int64_t j = 0; j < r; j++) o[rope_row(j, r / rope_heads)] = w[j];
+        return emit(x, hf, o, 1, r, 0);
+    }
     /* o is (k, r): o[j][i] = w[i][j], row j permuted for rope */
-    int64_t D = rope_heads > 0 ? k / rope_heads : 0;
+    const int64_t D = rope_heads > 0 ? k / rope_heads : 0;
     for (int64_t j = 0; j < k; j++) {
-        int64_t dst = j;
-        if (rope_heads > 0) {
-            int64_t h = j / D, f = j % D, i = f / 2, b = f % 2;
-            dst = h * D + b * (D / 2) + i;
-        }
+        const int64_t dst = rope_heads > 0 ? rope_row(j, D) : j;
         for (int64_t i = 0; i < r; i++) o[dst * r + i] = w[i * k + j];
     }
     return emit(x, hf, o, 2, k, r);
 }
 
-static const char *mismatch(const jdt_config *c, bool llama)
+/* What keeps cfg's gpt from mapping to arch_of(cfg), or NULL. */
+static const char *mismatch(const jdt_config *c)
 {
-    if (!llama) {
+    if (arch_of(c) == HF_GPT2) {
         if (c->model.bias != true) return "model.bias must be true";
         if (c->model.pos != JDT_POS_LEARNED) return "model.pos must be learned";
         if (c->model.activation != JDT_ACT_GELU) return "model.activation must be gelu";
         if (!c->model.tie_embeddings) return "model.tie_embeddings must be true";
         if (jdt_config_kv_heads(c) != c->model.n_head) return "model.n_kv_head must equal n_head";
+        if (c->model.qk_norm) return "model.qk_norm must be false";
+        if (jdt_config_head_dim(c) * c->model.n_head != c->model.n_embd)
+            return "model.head_dim must be n_embd / n_head";
     } else {
         if (c->model.bias) return "model.bias must be false";
         if (c->model.pos != JDT_POS_ROPE) return "model.pos must be rope";
         if (c->model.activation != JDT_ACT_SWIGLU) return "model.activation must be swiglu";
+        if (c->model.qk_norm && c->model.qkv_bias)
+            return "model.qkv_bias must be false with model.qk_norm (Qwen3 has no q/k/v biases)";
     }
     return NULL;
 }
@@ -145,12 +196,13 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
         st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: --format hf exports gpt models only", ckpt_path);
         goto out;
     }
-    bool llama = cfg.model.norm == JDT_NORM_RMSNORM;
-    const char *bad = mismatch(&cfg, llama);
+    const hf_arch arch = arch_of(&cfg);
+    const bool llama = arch != HF_GPT2; /* the rmsnorm family's names and layouts */
+    const char *bad = mismatch(&cfg);
     if (bad) {
         st = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                         "%s: this gpt maps to neither GPT2LMHeadModel nor LlamaForCausalLM: with "
-                         "model.norm %s, %s (docs/interop.md)",
+                         "%s: this gpt maps to no transformers architecture (GPT-2, Llama, Qwen2, "
+                         "Qwen3): with model.norm %s, %s (docs/interop.md)",
                          ckpt_path, llama ? "rmsnorm" : "layernorm", bad);
         goto out;
     }
@@ -180,7 +232,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     if (!x.out || !x.owned) goto oom;
 
     const int64_t L = cfg.model.n_layer, C = cfg.model.n_embd, H = cfg.model.n_head;
-    const int64_t Hkv = jdt_config_kv_heads(&cfg), D = C / H, F = jdt_config_mlp_dim(&cfg);
+    const int64_t Hkv = jdt_config_kv_heads(&cfg), D = jdt_config_head_dim(&cfg), F = jdt_config_mlp_dim(&cfg);
     const int64_t V = cfg.model.vocab_size, T = cfg.model.seq_len;
     char a[200], b[200];
 #define EMIT(ours, hf, tr, rope)                                                                   \
@@ -239,11 +291,17 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
                 {"attn.o.w", "self_attn.o_proj.weight", 0},  {"ln2.w", "post_attention_layernorm.weight", 0},
                 {"mlp.gate.w", "mlp.gate_proj.weight", 0},   {"mlp.up.w", "mlp.up_proj.weight", 0},
                 {"mlp.down.w", "mlp.down_proj.weight", 0},
+                /* Qwen2's q/k/v biases, Qwen3's q/k norm scales */
+                {"attn.q.b", "self_attn.q_proj.bias", 1},    {"attn.k.b", "self_attn.k_proj.bias", 2},
+                {"attn.v.b", "self_attn.v_proj.bias", 0},    {"attn.q_norm.w", "self_attn.q_norm.weight", 3},
+                {"attn.k_norm.w", "self_attn.k_norm.weight", 3},
             };
             for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
+                if (k >= 9 && k < 12 && arch != HF_QWEN2) continue;
+                if (k >= 12 && arch != HF_QWEN3) continue;
                 snprintf(a, sizeof a, "blocks.%lld.%s", (long long)l, map[k].ours);
                 snprintf(b, sizeof b, "model.layers.%lld.%s", (long long)l, map[k].hf);
-                EMIT(a, b, true, map[k].rope == 1 ? H : map[k].rope == 2 ? Hkv : 0);
+                EMIT(a, b, true, map[k].rope == 1 ? H : map[k].rope == 2 ? Hkv : map[k].rope == 3 ? 1 : 0);
             }
         }
         EMIT("ln_f.w", "model.norm.weight", false, 0);
@@ -269,8 +327,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     size_t cl = 0;
     FILE *mf = open_memstream(&cj, &cl);
     if (!mf) goto oom;
-    const char *arch = llama ? "LlamaForCausalLM" : "GPT2LMHeadModel";
-    fprintf(mf, "{\n  \"architectures\": [\"%s\"],\n", arch);
+    fprintf(mf, "{\n  \"architectures\": [\"%s\"],\n", HF_ARCH[arch].class_name);
     if (!llama) {
         fprintf(mf,
                 "  \"model_type\": \"gpt2\",\n  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n"
@@ -282,15 +339,19 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
                 (long long)F, cfg.model.norm_eps);
     } else {
         fprintf(mf,
-                "  \"model_type\": \"llama\",\n  \"vocab_size\": %lld,\n  \"hidden_size\": %lld,\n"
+                "  \"model_type\": \"%s\",\n  \"vocab_size\": %lld,\n  \"hidden_size\": %lld,\n"
                 "  \"intermediate_size\": %lld,\n  \"num_hidden_layers\": %lld,\n"
                 "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": %lld,\n"
                 "  \"max_position_embeddings\": %lld,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.9g,\n"
-                "  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
-                "  \"mlp_bias\": false,\n  \"attention_dropout\": 0.0,\n  \"tie_word_embeddings\": %s,\n",
-                (long long)V, (long long)C, (long long)F, (long long)L, (long long)H, (long long)Hkv,
-                (long long)D, (long long)T, cfg.model.norm_eps, cfg.model.rope_theta,
+                "  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n"
+                "  \"attention_dropout\": 0.0,\n  \"tie_word_embeddings\": %s,\n",
+                HF_ARCH[arch].model_type, (long long)V, (long long)C, (long long)F, (long long)L, (long long)H,
+                (long long)Hkv, (long long)D, (long long)T, cfg.model.norm_eps, cfg.model.rope_theta,
                 cfg.model.tie_embeddings ? "true" : "false");
+        /* Qwen2's q/k/v biases are built in; Llama's and Qwen3's attention_bias would add o's */
+        if (arch != HF_QWEN2) fprintf(mf, "  \"attention_bias\": false,\n");
+        if (arch == HF_LLAMA) fprintf(mf, "  \"mlp_bias\": false,\n");
+        else fprintf(mf, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n");
     }
     if (bos >= 0) fprintf(mf, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", bos, bos);
     fprintf(mf, "  \"torch_dtype\": \"float32\",\n  \"jdt_tokenizer\": \"%s\"\n}\n",
@@ -300,7 +361,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     st = jdt_write_file_atomic(path, cj, e);
     free(cj);
     if (st) goto out;
-    if (arch_out) *arch_out = arch;
+    if (arch_out) *arch_out = HF_ARCH[arch].class_name;
     st = JDT_OK;
     goto out;
 oom:
@@ -330,8 +391,9 @@ typedef struct {
 } src_map;
 
 /* Where our param `ours` comes from in an HF checkpoint; false if it has no source. */
-static bool map_name(const jdt_config *c, bool llama, const char *ours, src_map *m)
+static bool map_name(const jdt_config *c, const char *ours, src_map *m)
 {
+    const bool llama = arch_of(c) != HF_GPT2;
     memset(m, 0, sizeof *m);
     m->slot = -1;
     long l = -1;
@@ -377,18 +439,25 @@ static bool map_name(const jdt_config *c, bool llama, const char *ours, src_map 
     }
     static const struct {
         const char *ours, *hf;
-        int rope;
+        int rope; /* rows (entries) permuted per head: 1 q heads, 2 kv heads, 3 one head */
+        bool transpose;
     } blk[] = {
-        {"ln1.w", "input_layernorm.weight", 0},     {"attn.q.w", "self_attn.q_proj.weight", 1},
-        {"attn.k.w", "self_attn.k_proj.weight", 2}, {"attn.v.w", "self_attn.v_proj.weight", 0},
-        {"attn.o.w", "self_attn.o_proj.weight", 0}, {"ln2.w", "post_attention_layernorm.weight", 0},
-        {"mlp.gate.w", "mlp.gate_proj.weight", 0},  {"mlp.up.w", "mlp.up_proj.weight", 0},
-        {"mlp.down.w", "mlp.down_proj.weight", 0},
+        {"ln1.w", "input_layernorm.weight", 0, false},     {"attn.q.w", "self_attn.q_proj.weight", 1, true},
+        {"attn.k.w", "self_attn.k_proj.weight", 2, true},  {"attn.v.w", "self_attn.v_proj.weight", 0, true},
+        {"attn.o.w", "self_attn.o_proj.weight", 0, true},  {"ln2.w", "post_attention_layernorm.weight", 0, false},
+        {"mlp.gate.w", "mlp.gate_proj.weight", 0, true},   {"mlp.up.w", "mlp.up_proj.weight", 0, true},
+        {"mlp.down.w", "mlp.down_proj.weight", 0, true},   {"attn.q.b", "self_attn.q_proj.bias", 1, false},
+        {"attn.k.b", "self_attn.k_proj.bias", 2, false},   {"attn.v.b", "self_attn.v_proj.bias", 0, false},
+        {"attn.q_norm.w", "self_attn.q_norm.weight", 3, false},
+        {"attn.k_norm.w", "self_attn.k_norm.weight", 3, false},
     };
     for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
         if (strcmp(rest, blk[i].ours) == 0) {
-            m->transpose = blk[i].ours[strlen(blk[i].ours) - 1] == 'w' && strncmp(blk[i].ours, "ln", 2) != 0;
-            m->rope_heads = blk[i].rope == 1 ? c->model.n_head : blk[i].rope == 2 ? jdt_config_kv_heads(c) : 0;
+            m->transpose = blk[i].transpose;
+            m->rope_heads = blk[i].rope == 1   ? c->model.n_head
+                            : blk[i].rope == 2 ? jdt_config_kv_heads(c)
+                            : blk[i].rope == 3 ? 1
+                                               : 0;
             return snprintf(m->hf, sizeof m->hf, "model.layers.%ld.%s", l, blk[i].hf) > 0;
         }
     return false;
@@ -429,7 +498,7 @@ static jdt_status open_hf_config(const char *dir, char *p, size_t n, jdt_json_do
 /* Checks config.json against cfg: every dimension must agree (the error names both values);
  * settings that change the function but not the shapes (norm epsilon, RoPE base and scaling,
  * the activation's form) are warned about, since a run may change them on purpose. */
-static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool llama, jdt_err *e)
+static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err *e)
 {
     char p[1100];
     jdt_json_doc *doc = NULL;
@@ -437,10 +506,38 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool lla
     const char *mt;
     jdt_status st = open_hf_config(dir, p, sizeof p, &doc, &r, &mt, e);
     if (st) return st;
-    const char *want_mt = llama ? "llama" : "gpt2";
-    if (!mt || strcmp(mt, want_mt) != 0) {
-        st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: model_type '%s' but this config's gpt maps to '%s' (model.norm %s)",
-                         p, mt ? mt : "?", want_mt, llama ? "rmsnorm" : "layernorm");
+    const hf_arch arch = arch_of(c);
+    const bool llama = arch != HF_GPT2;
+    const int file_arch = arch_of_model_type(mt);
+    if (file_arch < 0) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only gpt2, llama, mistral, qwen2 and qwen3 "
+                         "map to a gpt", p, mt ? mt : "?");
+        goto out;
+    }
+    if (file_arch != (int)arch) {
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: model_type '%s' but this config's gpt maps to '%s': set %s",
+                         p, mt, HF_ARCH[arch].model_type, HF_ARCH[file_arch].needs);
+        goto out;
+    }
+    /* what the family's classes can hold that a gpt cannot */
+    const jdt_json *ab = jdt_json_get(r, "attention_bias"), *mb = jdt_json_get(r, "mlp_bias");
+    if (llama && arch != HF_QWEN2 && ab && ab->type == JDT_JSON_TRUE) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: attention_bias is true (biases on q, k, v and o): a gpt has "
+                         "q/k/v biases only, as Qwen2 (model.qkv_bias)", p);
+        goto out;
+    }
+    if (llama && mb && mb->type == JDT_JSON_TRUE) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: mlp_bias is true: a gpt of the Llama family has no MLP biases", p);
+        goto out;
+    }
+    /* a sliding window shorter than the run's context would attend elsewhere than this gpt */
+    const jdt_json *usw = jdt_json_get(r, "use_sliding_window");
+    int64_t window = 0;
+    if (llama && (strcmp(mt, "mistral") == 0 || (usw && usw->type == JDT_JSON_TRUE)) &&
+        hf_int(r, "sliding_window", 0, &window) && window > 0 && window < c->model.seq_len) {
+        st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: sliding_window is %lld, below this config's model.seq_len %d "
+                         "(a gpt attends to its whole context): set model.seq_len <= %lld",
+                         p, (long long)window, c->model.seq_len, (long long)window);
         goto out;
     }
     int64_t heads = 0, embd = 0;
@@ -457,8 +554,7 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool lla
         {llama ? "num_key_value_heads" : "n_head", "model.n_kv_head", jdt_config_kv_heads(c), heads},
         {llama ? "intermediate_size" : "n_inner", "model.mlp_dim (or mlp_ratio * n_embd)", jdt_config_mlp_dim(c),
          llama ? -1 : 4 * embd},
-        {"head_dim", "model.n_embd / model.n_head", c->model.n_embd / c->model.n_head,
-         heads > 0 ? embd / heads : 0},
+        {"head_dim", "model.head_dim (or n_embd / n_head)", jdt_config_head_dim(c), heads > 0 ? embd / heads : 0},
     };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
         int64_t v;
@@ -589,11 +685,11 @@ static int hf_find(const hf_files *h, const char *name, jdt_st_file **which)
     return -1;
 }
 
-static jdt_status read_hf_param(const hf_files *hfs, const char *dir, const jdt_config *c, bool llama,
-                                const char *ours, const jdt_shape *shape, float *dst, jdt_err *e)
+static jdt_status read_hf_param(const hf_files *hfs, const char *dir, const jdt_config *c, const char *ours,
+                                const jdt_shape *shape, float *dst, jdt_err *e)
 {
     src_map m;
-    if (!map_name(c, llama, ours, &m))
+    if (!map_name(c, ours, &m))
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: no Hugging Face tensor maps to our param '%s'", dir, ours);
     jdt_st_file *sf = NULL;
     int i = hf_find(hfs, m.hf, &sf);
@@ -624,16 +720,14 @@ static jdt_status read_hf_param(const hf_files *hfs, const char *dir, const jdt_
             for (int64_t a = 0; a < r; a++) memcpy(dst + a * k, buf + a * 3 * k + m.slot * k, (size_t)k * sizeof *dst);
         } else if (m.slot >= 0) {
             memcpy(dst, buf + m.slot * r, (size_t)r * sizeof *dst);
+        } else if (shape->ndim == 1 && m.rope_heads > 0) { /* q/k bias, q/k norm scale */
+            for (int64_t j = 0; j < r; j++) dst[j] = buf[rope_row(j, r / m.rope_heads)];
         } else if (!m.transpose || shape->ndim == 1) {
             memcpy(dst, buf, (size_t)(r * k) * sizeof *dst);
         } else { /* buf is (k, r), rows permuted for rope: inverse of emit_param */
-            int64_t D = m.rope_heads > 0 ? k / m.rope_heads : 0;
+            const int64_t D = m.rope_heads > 0 ? k / m.rope_heads : 0;
             for (int64_t j = 0; j < k; j++) {
-                int64_t src = j;
-                if (m.rope_heads > 0) {
-                    int64_t h = j / D, f = j % D;
-                    src = h * D + (f % 2) * (D / 2) + f / 2;
-                }
+                const int64_t src = m.rope_heads > 0 ? rope_row(j, D) : j;
                 for (int64_t a = 0; a < r; a++) dst[a * k + j] = buf[src * r + a];
             }
         }
@@ -665,11 +759,12 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
     const char *mt;
     jdt_status st = open_hf_config(dir, p, sizeof p, &doc, &r, &mt, e);
     if (st) return st;
-    const bool llama = mt && strcmp(mt, "llama") == 0;
-    int64_t V = 0, C = 0, L = 0, H = 0, Hkv = 0, F = 0, T = 0;
-    if (!mt || (!llama && strcmp(mt, "gpt2") != 0)) {
-        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only gpt2 and llama map to a gpt",
-                         p, mt ? mt : "?");
+    const int arch = arch_of_model_type(mt);
+    const bool llama = arch != HF_GPT2;
+    int64_t V = 0, C = 0, L = 0, H = 0, Hkv = 0, F = 0, T = 0, D = 0, window = 0;
+    if (arch < 0) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only gpt2, llama, mistral, qwen2 and qwen3 "
+                         "map to a gpt", p, mt ? mt : "?");
         goto out;
     }
     const char *miss = NULL;
@@ -682,16 +777,17 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
         miss = llama ? "intermediate_size" : "n_inner";
     else if (!hf_int(r, llama ? "max_position_embeddings" : "n_positions", -1, &T))
         miss = llama ? "max_position_embeddings" : "n_positions";
+    else if (!hf_int(r, "head_dim", H > 0 ? C / H : 0, &D)) miss = "head_dim";
     if (miss) {
         st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: %s is missing or not an integer", p, miss);
         goto out;
     }
     if (llama && T > HF_SAMPLE_MAX_T) T = HF_SAMPLE_MAX_T;
-    const jdt_json *ab = jdt_json_get(r, "attention_bias");
-    if (llama && ab && ab->type == JDT_JSON_TRUE) {
-        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: attention_bias is true: a Llama with biases does not map", p);
-        goto out;
-    }
+    /* Mistral 7B v0.1 attends over a window of 4096: the context it was trained to use */
+    const jdt_json *usw = jdt_json_get(r, "use_sliding_window");
+    if ((strcmp(mt, "mistral") == 0 || (usw && usw->type == JDT_JSON_TRUE)) &&
+        hf_int(r, "sliding_window", 0, &window) && window > 0 && window < T)
+        T = window;
     const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
     const bool tied = llama ? tie && tie->type == JDT_JSON_TRUE : true;
     char tok[1100];
@@ -711,14 +807,16 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
     /* rope_theta and the epsilons as %.17g: they round-trip */
     snprintf(*yaml, cap,
              "model:\n  type: gpt\n  vocab_size: %lld\n  seq_len: %lld\n  n_layer: %lld\n  n_embd: %lld\n"
-             "  n_head: %lld\n  n_kv_head: %lld\n  mlp_dim: %lld\n  norm: %s\n  norm_eps: %.17g\n"
+             "  n_head: %lld\n  n_kv_head: %lld\n  head_dim: %lld\n  mlp_dim: %lld\n  norm: %s\n  norm_eps: %.17g\n"
              "  pos: %s\n  rope_theta: %.17g\n  activation: %s\n  tie_embeddings: %s\n  bias: %s\n"
+             "  qkv_bias: %s\n  qk_norm: %s\n"
              "data:\n  tokenizer: %s\n  tokenizer_path: \"%s\"\n",
-             (long long)V, (long long)T, (long long)L, (long long)C, (long long)H, (long long)Hkv, (long long)F,
-             llama ? "rmsnorm" : "layernorm",
+             (long long)V, (long long)T, (long long)L, (long long)C, (long long)H, (long long)Hkv, (long long)D,
+             (long long)F, llama ? "rmsnorm" : "layernorm",
              hf_num(r, llama ? "rms_norm_eps" : "layer_norm_epsilon", llama ? 1e-6 : 1e-5), llama ? "rope" : "learned",
              hf_num(r, "rope_theta", 10000.0), llama ? "swiglu" : "gelu", tied ? "true" : "false",
-             llama ? "false" : "true", bpe ? "bpe" : "byte", bpe ? dir : "");
+             llama ? "false" : "true", arch == HF_QWEN2 ? "true" : "false", arch == HF_QWEN3 ? "true" : "false",
+             bpe ? "bpe" : "byte", bpe ? dir : "");
 out:
     jdt_json_doc_free(doc);
     return st;
@@ -727,12 +825,11 @@ out:
 jdt_status jdt_hf_read_params(const char *dir, const jdt_config *c, int n, const char *const *names,
                               const jdt_shape *shapes, float *const *dst, jdt_err *e)
 {
-    const bool llama = c->model.norm == JDT_NORM_RMSNORM;
     hf_files hfs = {.n = 0};
-    jdt_status st = check_hf_config(dir, c, llama, e);
+    jdt_status st = check_hf_config(dir, c, e);
     if (st == JDT_OK) st = hf_files_open(dir, &hfs, e);
     for (int i = 0; i < n && st == JDT_OK; i++)
-        st = read_hf_param(&hfs, dir, c, llama, names[i], &shapes[i], dst[i], e);
+        st = read_hf_param(&hfs, dir, c, names[i], &shapes[i], dst[i], e);
     hf_files_close(&hfs);
     return st;
 }
@@ -752,13 +849,12 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
     jdt_ckpt *ck = NULL;
     char *ckpt = NULL;
     jdt_status st = JDT_OK;
-    bool llama = c->model.norm == JDT_NORM_RMSNORM;
     if (hf) {
-        const char *bad = c->model.type == JDT_MODEL_GPT ? mismatch(c, llama) : "model.type must be gpt";
+        const char *bad = c->model.type == JDT_MODEL_GPT ? mismatch(c) : "model.type must be gpt";
         if (bad)
             return jdt_err_set(e, JDT_ERR_CONFIG, "checkpoint.init_from %s: a Hugging Face model needs a gpt that maps "
-                               "to GPT2LMHeadModel or LlamaForCausalLM: %s", path, bad);
-        if ((st = check_hf_config(path, c, llama, e)) || (st = hf_files_open(path, &hfs, e))) goto out;
+                               "to a transformers architecture (GPT-2, Llama, Qwen2, Qwen3): %s", path, bad);
+        if ((st = check_hf_config(path, c, e)) || (st = hf_files_open(path, &hfs, e))) goto out;
     } else {
         if (jdt_ckpt_find_latest(path, &ckpt, NULL, NULL) != JDT_OK || !ckpt) {
             jdt_free(ckpt);
@@ -799,7 +895,7 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
         jdt_step_tensor_block(step, i, &global, off);
         const bool block = jdt_shape_numel(&global) != jdt_shape_numel(&shape);
         if (hf && !block) {
-            st = read_hf_param(&hfs, path, c, llama, name + 7, &shape, data, e);
+            st = read_hf_param(&hfs, path, c, name + 7, &shape, data, e);
         } else if (hf && shape.ndim > 2) {
             st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "init_from: '%s' has %d dims, sharded", name, shape.ndim);
         } else if (hf) {
@@ -808,7 +904,7 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
                 st = jdt_err_set(e, JDT_ERR_NOMEM, "init_from: out of memory");
                 break;
             }
-            if ((st = read_hf_param(&hfs, path, c, llama, name + 7, &global, whole, e))) break;
+            if ((st = read_hf_param(&hfs, path, c, name + 7, &global, whole, e))) break;
             const int64_t rows = shape.ndim > 1 ? shape.dims[0] : 1, cols = shape.dims[shape.ndim - 1];
             const int64_t g_cols = global.dims[global.ndim - 1];
             const int64_t r0 = shape.ndim > 1 ? off[0] : 0, c0 = off[shape.ndim - 1];

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # hf_export.sh — end to end: `jdt-train export CKPT --format hf OUT_DIR` for a GPT-2-style gpt
-# (GPT2LMHeadModel) and a Llama-style one (rmsnorm + rope + swiglu, GQA, untied head:
-# LlamaForCausalLM). The `safetensors` package (numpy API) reads model.safetensors; an
+# (GPT2LMHeadModel), a Llama-style one (rmsnorm + rope + swiglu, GQA, untied head:
+# LlamaForCausalLM), a Qwen2-style one (q/k/v biases) and a Qwen3-style one (q/k norm, a head
+# width apart from n_embd / n_head). The `safetensors` package (numpy API) reads model.safetensors; an
 # independent numpy implementation of transformers' two models (tests/e2e/hf_ref.py) greedy-
 # decodes from the exported files and must produce exactly the tokens `jdt-train sample
 # --temperature 0 --context window` produces from the checkpoint (40 tokens, past the 32-token
@@ -41,6 +42,69 @@ check_model gpt2
 check_model llama model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu \
   model.n_kv_head=2 model.tie_embeddings=false model.rope_theta=500
 check_model llama_tied model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu
+Q2="model.norm=rmsnorm model.bias=false model.qkv_bias=true model.pos=rope model.activation=swiglu model.n_kv_head=2 model.mlp_dim=200"
+Q3="model.norm=rmsnorm model.bias=false model.qk_norm=true model.head_dim=32 model.pos=rope model.activation=swiglu model.n_kv_head=2 model.tie_embeddings=false"
+# shellcheck disable=SC2086
+check_model qwen2 $Q2
+# shellcheck disable=SC2086
+check_model qwen3 $Q3
+# Qwen2's q/k/v biases and Qwen3's q/k norm scales are near their init (zeros, ones) after two
+# steps, where a wrong RoPE permutation of them would not show: give every vector of the
+# export large noise (in transformers' layout) and check that (1) `sample` of that directory
+# (our import) decodes as hf_ref.py does from it, (2) a run started from it (lr 0) exports it
+# back bit for bit (our export is the inverse of our import)
+for name in qwen2 qwen3; do
+  A=$Q2; [ $name = qwen3 ] && A=$Q3
+  mkdir -p "$TMP/hfn_$name" && cp "$TMP/hf_$name/config.json" "$TMP/hfn_$name/"
+  "$PY" -c "
+import numpy as np
+from safetensors.numpy import load_file, save_file
+t = load_file('$TMP/hf_$name/model.safetensors'); r = np.random.default_rng(7)
+for k, v in t.items():
+    if v.ndim == 1: t[k] = (v + r.normal(0, 0.5, v.shape)).astype(np.float32)
+save_file(t, '$TMP/hfn_$name/model.safetensors', metadata={'format': 'pt'})" || fail "$name: noising the export"
+  "$PY" "$ROOT/tests/e2e/hf_ref.py" "$TMP/hfn_$name" 40 97 98 >"$TMP/ref" 2>"$TMP/referr" ||
+    { cat "$TMP/referr"; fail "$name (noised): hf_ref.py failed"; }
+  expect 0 "$BIN" sample "$TMP/hfn_$name" --prompt "ab" --length 40 --temperature 0 --context window
+  got=$(head -c 42 "$TMP/out" | od -An -tu1 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+  [ "97 98 $(cat "$TMP/ref")" = "$got" ] || fail "$name (noised vectors): sample [$got] vs hf_ref.py [97 98 $(cat "$TMP/ref")]"
+  # shellcheck disable=SC2086
+  expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=rt_$name run.steps=1 run.eval_every=0 optimizer.lr=0 \
+    checkpoint.resume=none checkpoint.init_from="$TMP/hfn_$name" $A
+  expect 0 "$BIN" export "$TMP/runs/rt_$name/ckpt" --format hf "$TMP/hfrt_$name"
+  "$PY" -c "
+import numpy as np
+from safetensors.numpy import load_file
+a, b = load_file('$TMP/hfn_$name/model.safetensors'), load_file('$TMP/hfrt_$name/model.safetensors')
+assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+bad = [k for k in a if not np.array_equal(a[k], b[k])]
+assert not bad, bad" || fail "$name: init_from then export did not give the same tensors back"
+  # tensor parallel: each rank reads its heads' block of the permuted biases / projections
+  # shellcheck disable=SC2086
+  expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" --ckpt "$TMP/hfn_$name" $A
+  want=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
+  # shellcheck disable=SC2086
+  expect 0 "$BIN" --nproc 2 eval "$ROOT/configs/tiny.yaml" "$O" --ckpt "$TMP/hfn_$name" $A mesh.tensor=2
+  grep -q "val loss $want " "$TMP/out" || fail "$name: eval on tensor=2 $(cat "$TMP/out"), one process $want"
+  echo "$name (every bias / norm scale noised): sample of the directory = hf_ref.py; init_from + export = the same tensors; val loss $want on 1 process and tensor=2"
+done
+# a Qwen3 directory into a Llama config: the settings that select Qwen3 are named
+LL="model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu model.n_kv_head=2 model.tie_embeddings=false"
+# shellcheck disable=SC2086
+expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hf_qwen3" $LL
+grep -q "model_type 'qwen3' but this config's gpt maps to 'llama': set model.norm=rmsnorm model.bias=false model.qk_norm=true" "$TMP/err" ||
+  { cat "$TMP/err"; fail "qwen3 into llama message"; }
+# Mistral is Llama's layout; a sliding window shorter than the run's context is refused
+mkdir -p "$TMP/hf_mistral" && cp "$TMP/hf_llama/model.safetensors" "$TMP/hf_mistral/"
+sed 's/"model_type": "llama"/"model_type": "mistral", "sliding_window": 16/' "$TMP/hf_llama/config.json" > "$TMP/hf_mistral/config.json"
+# shellcheck disable=SC2086
+expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hf_mistral" $LL model.rope_theta=500
+grep -q "sliding_window is 16, below this config's model.seq_len 32" "$TMP/err" || { cat "$TMP/err"; fail "mistral window message"; }
+sed -i 's/"sliding_window": 16/"sliding_window": null/' "$TMP/hf_mistral/config.json"
+# shellcheck disable=SC2086
+expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=mistral run.steps=1 run.eval_every=0 checkpoint.resume=none \
+  checkpoint.init_from="$TMP/hf_mistral" $LL model.rope_theta=500
+echo "model_type checks: qwen3 into a llama config named; mistral read as llama, a short sliding window refused"
 
 # a BPE run exports its tokenizer, and tokenizers loads it
 head -c 300000 /usr/share/games/fortunes/fortunes > "$TMP/small.txt"
@@ -75,7 +139,6 @@ echo "sample HF_DIR: the same text as sample of the checkpoint (byte and BPE run
 
 # checkpoint.init_from: a run started from the export (or from the jdt checkpoint) continues at
 # the same loss: with lr 0 for one step its val loss equals the source's to 4 decimals
-LL="model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu model.n_kv_head=2 model.tie_embeddings=false"
 for arch in gpt2 llama; do
   A=""; [ $arch = llama ] && A=$LL
   # shellcheck disable=SC2086

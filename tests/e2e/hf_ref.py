@@ -1,9 +1,11 @@
 """hf_ref.py — the Python side of tests/e2e/hf_export.sh: reads an exported Hugging Face
 directory with the `safetensors` package (numpy API) and config.json, checks names, shapes
 and dtypes against what transformers expects for the architecture, then runs the model with a
-numpy implementation written from transformers' GPT2LMHeadModel / LlamaForCausalLM code
-(Conv1D (in, out) weights, gelu_new, LayerNorm; rotate_half RoPE, RMSNorm, SiLU-gated MLP,
-GQA by repeating kv heads) and greedy-decodes LENGTH tokens after PROMPT_IDS.
+numpy implementation written from transformers' GPT2LMHeadModel / LlamaForCausalLM /
+Qwen2ForCausalLM / Qwen3ForCausalLM code (Conv1D (in, out) weights, gelu_new, LayerNorm;
+rotate_half RoPE, RMSNorm, SiLU-gated MLP, GQA by repeating kv heads; Qwen2's q/k/v biases;
+Qwen3's RMSNorm of each head's q and k before RoPE) and greedy-decodes LENGTH tokens after
+PROMPT_IDS.
 
   hf_ref.py DIR LENGTH ID [ID ...]   prints the generated ids, space-separated
 
@@ -74,9 +76,17 @@ def llama_logits(W, c, ids):
     for l in range(c["num_hidden_layers"]):
         p = "model.layers.%d." % l
         a = rms_norm(x, W[p + "input_layernorm.weight"], c["rms_norm_eps"])
-        q = (a @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, D).transpose(1, 0, 2)
-        k = (a @ W[p + "self_attn.k_proj.weight"].T).reshape(T, Hkv, D).transpose(1, 0, 2)
-        v = (a @ W[p + "self_attn.v_proj.weight"].T).reshape(T, Hkv, D).transpose(1, 0, 2)
+        proj = {}
+        for n in "qkv":
+            y = a @ W[p + "self_attn.%s_proj.weight" % n].T
+            if p + "self_attn.%s_proj.bias" % n in W:  # Qwen2
+                y = y + W[p + "self_attn.%s_proj.bias" % n]
+            y = y.reshape(T, -1, D)
+            if n != "v" and p + "self_attn.%s_norm.weight" % n in W:  # Qwen3: each head's row of D
+                y = rms_norm(y, W[p + "self_attn.%s_norm.weight" % n], c["rms_norm_eps"])
+            proj[n] = y.transpose(1, 0, 2)
+        q, k, v = proj["q"], proj["k"], proj["v"]
+        assert q.shape[0] == H and k.shape[0] == Hkv
         q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
         k, v = np.repeat(k, H // Hkv, 0), np.repeat(v, H // Hkv, 0)
         o = attention(q, k, v).transpose(1, 0, 2).reshape(T, H * D)
@@ -109,7 +119,14 @@ def main():
         D = c["head_dim"]
         assert W["model.layers.0.self_attn.k_proj.weight"].shape == (Hkv * D, C)
         assert W["model.layers.0.mlp.down_proj.weight"].shape == (C, c["intermediate_size"])
-        n_expect = 1 + 1 + 9 * c["num_hidden_layers"] + (0 if c["tie_word_embeddings"] else 1)
+        per_layer = 9 + {"qwen2": 3, "qwen3": 2}.get(c["model_type"], 0)
+        arch_of = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+        assert arch == arch_of[c["model_type"]], (arch, c["model_type"])
+        if c["model_type"] == "qwen3":
+            assert W["model.layers.0.self_attn.q_norm.weight"].shape == (D,)
+        if c["model_type"] == "qwen2":
+            assert W["model.layers.0.self_attn.k_proj.bias"].shape == (Hkv * D,)
+        n_expect = 1 + 1 + per_layer * c["num_hidden_layers"] + (0 if c["tie_word_embeddings"] else 1)
         fwd = llama_logits
     assert len(W) == n_expect, (len(W), n_expect, sorted(W)[:5])
     T = c.get("n_positions", c.get("max_position_embeddings"))

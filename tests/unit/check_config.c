@@ -524,6 +524,12 @@ START_TEST(test_cross_field)
     EXPECT_ERROR(load_text("model:\n  n_embd: 100\n  n_head: 3\n", &c, &e), &e, "t.yaml:3:11",
                  "model.n_head", "n_embd = 100");
     EXPECT_ERROR(load_text("model:\n  n_head: 4\n  n_kv_head: 3\n", &c, &e), &e, "model.n_kv_head");
+    /* a head width of its own frees n_embd from n_head (Qwen3-0.6B: C 1024, 16 heads of 128) */
+    ck_assert_int_eq(load_text("model:\n  n_embd: 100\n  n_head: 3\n  head_dim: 32\n", &c, &e), JDT_OK);
+    ck_assert_int_eq(jdt_config_head_dim(&c), 32);
+    jdt_config_free(&c);
+    EXPECT_ERROR(load_text("model:\n  pos: rope\n  head_dim: 15\n", &c, &e), &e, "model.pos",
+                 "model.head_dim = 15");
     EXPECT_ERROR(load_text("data:\n  batch_size: 32\n  micro_batch_size: 5\n", &c, &e), &e,
                  "t.yaml:3:21", "data.micro_batch_size", "batch_size = 32");
     EXPECT_ERROR(load_text("mesh:\n  data: 3\ndata:\n  batch_size: 32\n", &c, &e), &e,

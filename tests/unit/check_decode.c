@@ -3,10 +3,10 @@
  * (models/ built for one row, run by the compiled program or the reference interpreter): for
  * several gpt configs covering every option (layernorm/rmsnorm, learned/rope, gelu/relu/swiglu,
  * GQA, tied/untied head, biases on/off, q/k/v-only biases, q/k norm, a head_dim apart from
- * n_embd / n_head, an MLP width apart from mlp_ratio), the next-token logits at every position agree within
- * 1e-4 whether the cache is filled by one prefill or one token at a time, and greedy decoding
- * gives the same tokens as greedy decoding with the full forward. Parameters, biases and norm
- * weights included, are random (not the init's zeros/ones) so every term counts.
+ * n_embd / n_head, an MLP width apart from mlp_ratio), the next-token logits at every position
+ * agree within 1e-4 whether the cache is filled by one prefill or one token at a time, and greedy
+ * decoding gives the same tokens as greedy decoding with the full forward. Parameters, biases and
+ * norm weights included, are random (not the init's zeros/ones) so every term counts.
  */
 #include "compile/compile.h"
 #include "config/config.h"
@@ -55,9 +55,10 @@ static void fixture_init(fixture *f, int n_over, char **over, bool jit)
         f->data[i] = jdt_malloc_aligned(n * sizeof(float));
         jdt_rng_normal(jdt_rng_key(5, t->name), 0, n, f->data[i]);
         /* matrices N(0, 0.25); norm weights 1 + N(0, 0.2); biases N(0, 0.2) */
-        const bool is_norm_w = t->shape.ndim == 1 &&
-                               (strstr(t->name, "ln") != NULL || strstr(t->name, "_norm") != NULL) &&
-                               t->name[strlen(t->name) - 1] == 'w';
+        const bool is_norm_w =
+            t->shape.ndim == 1 &&
+            (strstr(t->name, "ln") != NULL || strstr(t->name, "_norm") != NULL) &&
+            t->name[strlen(t->name) - 1] == 'w';
         for (size_t k = 0; k < n; k++)
             f->data[i][k] = t->shape.ndim == 2 ? 0.25f * f->data[i][k]
                             : is_norm_w        ? 1.0f + 0.2f * f->data[i][k]
@@ -245,15 +246,17 @@ END_TEST
 
 START_TEST(test_qwen_options)
 {
-    char *a[] = {"model.norm=rmsnorm",      "model.pos=rope",      "model.activation=swiglu",
-                 "model.bias=false",        "model.qkv_bias=true", "model.n_kv_head=2",
+    char *a[] = {"model.norm=rmsnorm", "model.pos=rope",      "model.activation=swiglu",
+                 "model.bias=false",   "model.qkv_bias=true", "model.n_kv_head=2",
                  "model.mlp_dim=40"};
     check_variant("qwen2 (q/k/v biases only, GQA 4/2, mlp_dim 40)", 7, a, true);
-    char *b[] = {"model.norm=rmsnorm",     "model.pos=rope",   "model.activation=swiglu",
-                 "model.bias=false",       "model.qk_norm=true", "model.head_dim=12",
-                 "model.n_kv_head=2",      "model.tie_embeddings=false"};
+    char *b[] = {"model.norm=rmsnorm",      "model.pos=rope",
+                 "model.activation=swiglu", "model.bias=false",
+                 "model.qk_norm=true",      "model.head_dim=12",
+                 "model.n_kv_head=2",       "model.tie_embeddings=false"};
     check_variant("qwen3 (q/k norm, head_dim 12 of C=32 H=4, GQA, untied)", 8, b, true);
-    char *c[] = {"model.norm=layernorm", "model.qk_norm=true", "model.bias=true", "model.head_dim=6"};
+    char *c[] = {"model.norm=layernorm", "model.qk_norm=true", "model.bias=true",
+                 "model.head_dim=6"};
     check_variant("layernorm+bias q/k norm, learned, head_dim 6", 4, c, false);
 }
 END_TEST

@@ -137,8 +137,9 @@ static void run_steps(jdt_config *c, bool jit, int micro, int n_steps, double *l
 START_TEST(test_jit_matches_interpreter)
 {
     /* every model option on, AdamW with clipping and weight decay */
-    char *over[] = {"model.norm=rmsnorm", "model.pos=rope", "model.activation=swiglu",
-                    "model.n_kv_head=2", "optimizer.grad_clip=0.5", "model.tie_embeddings=false"};
+    char *over[] = {"model.norm=rmsnorm",      "model.pos=rope",         "model.activation=swiglu",
+                    "model.n_kv_head=2",       "optimizer.grad_clip=0.5", "model.tie_embeddings=false",
+                    "model.qk_norm=true",      "model.head_dim=12"};
     jdt_config c;
     load(&c, JDT_ARRAY_LEN(over), over);
     double a[4], b[4];
