@@ -3,10 +3,12 @@
  * scalar loss, every parameter named by a stable global name and every dim by a logical axis.
  *
  * Models: `gpt` (GPT-2 style decoder with Llama options: rmsnorm, rotary positions, SwiGLU,
- * grouped-query attention, untied head, biases on/off, dropout) and `mlp` (classifier).
+ * grouped-query attention, untied head, biases on/off, dropout; Qwen's: q/k/v-only biases, a
+ * per-head q/k norm, a head width of its own) and `mlp` (classifier).
  *
  * Dimension letters: B micro-batch rows, T sequence, C embed, V vocab, H heads, Hkv kv heads,
- * D head dim (C / H), F mlp hidden (model.mlp_dim, else mlp_ratio * C), N = B * T.
+ * D head dim (model.head_dim, else C / H), F mlp hidden (model.mlp_dim, else mlp_ratio * C),
+ * N = B * T.
  */
 #ifndef JDT_MODELS_H
 #define JDT_MODELS_H

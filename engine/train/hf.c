@@ -1,8 +1,9 @@
 /*
  * hf.c — `jdt-train export CKPT --format hf OUT_DIR` (see hf.h): reads a checkpoint's params by
  * their global names (as sample.c does), renames and re-lays them out for transformers'
- * GPT2LMHeadModel or LlamaForCausalLM, and writes model.safetensors, config.json and the
- * tokenizer. Layout facts (docs/interop.md):
+ * GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM, and writes
+ * model.safetensors, config.json and the tokenizer; and the reverse (checkpoint.init_from,
+ * eval --ckpt, sample of a Hugging Face directory). Layout facts (docs/interop.md):
  *   - our linear weights are (in, out); GPT-2's Conv1D weights are (in, out) too, Llama's
  *     nn.Linear weights are (out, in), so Llama gets transposes;
  *   - GPT-2 packs q, k, v into one c_attn (C, 3C): columns [q | k | v];
