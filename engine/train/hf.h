@@ -33,8 +33,8 @@ struct jdt_config;
  * (a step directory or a run's checkpoint folder: its newest). Optimizer state is left as it
  * is (fresh). config.json must agree with cfg on every dimension and its model_type be the
  * architecture cfg maps to; the message names the key that does not (or the settings that
- * select the file's architecture). Errors: ERR_NOT_FOUND, ERR_FORMAT, ERR_CONFIG (mismatch), ERR_UNSUPPORTED,
- * ERR_IO, ERR_NOMEM. */
+ * select the file's architecture). Errors: ERR_NOT_FOUND, ERR_FORMAT, ERR_CONFIG (mismatch),
+ * ERR_UNSUPPORTED, ERR_IO, ERR_NOMEM. */
 jdt_status jdt_hf_init_from(struct jdt_step *step, const struct jdt_config *cfg, const char *path,
                             jdt_err *e);
 
