@@ -251,8 +251,10 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
             k = norm(b, as_f32(g, k), name, D);
         }
         if (cfg->model.pos == JDT_POS_ROPE) {
-            q = jdt_graph_rope(g, as_f32(g, q), cfg->model.rope_theta, false);
-            k = jdt_graph_rope(g, as_f32(g, k), cfg->model.rope_theta, false);
+            double sc[4];
+            jdt_config_rope_scaling(cfg, sc);
+            q = jdt_graph_rope_scaled(g, as_f32(g, q), cfg->model.rope_theta, false, sc);
+            k = jdt_graph_rope_scaled(g, as_f32(g, k), cfg->model.rope_theta, false, sc);
         }
         q = heads_first(g, q); /* (B, H, T, D) */
         k = heads_first(g, k); /* (B, Hkv, T, D) */

@@ -2207,7 +2207,8 @@ static jdt_status fold_attention_cotangents(cprog *c, jdt_err *e)
                 const cnode *x = &c->nodes[r];
                 if (live[r] && x->op == JDT_OP_ROPE && x->kind == CK_BUILTIN && x->n_in == 1 &&
                     x->in[0] == tr[s] && x->attrs.i[1] == 0 &&
-                    jdt_shape_eq(&x->shape, &c->nodes[tr[s]].shape) && x->attrs.f[0] != 0.0)
+                    jdt_shape_eq(&x->shape, &c->nodes[tr[s]].shape) && x->attrs.f[0] != 0.0 &&
+                    x->attrs.f[1] == 0.0) /* the kernels' rotation is unscaled RoPE's */
                     rope = r;
             }
             if (rope >= 0 && read_only_by(c, live, n0, tr[s], rope, -1)) {

@@ -1054,6 +1054,13 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
             return cross_error(ld, "model.pos", e, "rope needs an even head dim; %s = %d",
                                c->model.head_dim ? "model.head_dim" : "n_embd / n_head",
                                jdt_config_head_dim(c));
+        if (c->model.rope_scaling == JDT_ROPE_SCALING_LLAMA3 &&
+            !(c->model.rope_low_freq_factor > 0 &&
+              c->model.rope_high_freq_factor > c->model.rope_low_freq_factor))
+            return cross_error(ld, "model.rope_high_freq_factor", e,
+                               "llama3 scaling needs 0 < model.rope_low_freq_factor (%g) < "
+                               "model.rope_high_freq_factor (%g)",
+                               c->model.rope_low_freq_factor, c->model.rope_high_freq_factor);
         if (c->runtime.loss_chunks > c->model.seq_len)
             return cross_error(ld, "runtime.loss_chunks", e,
                                "%d slices of a sequence of model.seq_len = %d tokens: at most %d",

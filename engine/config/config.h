@@ -29,6 +29,7 @@
 typedef enum { JDT_MODEL_GPT, JDT_MODEL_MLP } jdt_model_type;
 typedef enum { JDT_NORM_LAYERNORM, JDT_NORM_RMSNORM } jdt_norm_type;
 typedef enum { JDT_POS_LEARNED, JDT_POS_ROPE } jdt_pos_type;
+typedef enum { JDT_ROPE_SCALING_NONE, JDT_ROPE_SCALING_LLAMA3 } jdt_rope_scaling;
 typedef enum { JDT_ACT_GELU, JDT_ACT_SWIGLU, JDT_ACT_RELU } jdt_activation;
 typedef enum { JDT_DATA_TOKENS, JDT_DATA_ARRAYS, JDT_DATA_SYNTHETIC } jdt_data_format;
 typedef enum { JDT_TOKENIZER_BYTE, JDT_TOKENIZER_BPE } jdt_tokenizer;
@@ -90,6 +91,11 @@ typedef struct jdt_config {
         double norm_eps;
         jdt_pos_type pos;
         double rope_theta;
+        jdt_rope_scaling rope_scaling; /* Llama 3.1's frequency scaling, with: */
+        double rope_factor;            /*   factor */
+        double rope_low_freq_factor;   /*   low_freq_factor */
+        double rope_high_freq_factor;  /*   high_freq_factor */
+        int rope_original_max_pos;     /*   original_max_position_embeddings */
         jdt_activation activation;
         bool tie_embeddings;
         bool bias;
@@ -297,6 +303,8 @@ int64_t jdt_config_decay_steps(const jdt_config *c);
 int64_t jdt_config_mlp_dim(const jdt_config *c);
 /* model.n_kv_head, or model.n_head when it is 0. */
 int jdt_config_kv_heads(const jdt_config *c);
+/* RoPE's frequency scaling as jdt_rope_freq takes it (sc[0] = 0: none). */
+void jdt_config_rope_scaling(const jdt_config *c, double sc[4]);
 /* The attention head width D: model.head_dim, or n_embd / n_head when it is 0. */
 int jdt_config_head_dim(const jdt_config *c);
 /* Whether the q, k and v projections have biases (model.bias or model.qkv_bias). */

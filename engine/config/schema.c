@@ -19,6 +19,7 @@ static const char *const C_LOG[] = {"debug", "info", "warn", "error", NULL};
 static const char *const C_MODEL[] = {"gpt", "mlp", NULL};
 static const char *const C_NORM[] = {"layernorm", "rmsnorm", NULL};
 static const char *const C_POS[] = {"learned", "rope", NULL};
+static const char *const C_ROPE_SCALING[] = {"none", "llama3", NULL};
 static const char *const C_ACT[] = {"gelu", "swiglu", "relu", NULL};
 static const char *const C_FORMAT[] = {"tokens", "arrays", "synthetic", NULL};
 static const char *const C_TOKENIZER[] = {"byte", "bpe", NULL};
@@ -73,6 +74,11 @@ static const jdt_config_key KEYS[] = {
     K_FLT("model.norm_eps", model.norm_eps, 0, 1, "1e-05", "gpt: epsilon inside the norm's square root"),
     K_ENUM("model.pos", model.pos, C_POS, "learned", "gpt: position encoding"),
     K_FLT("model.rope_theta", model.rope_theta, 1, FMAX, "10000", "gpt: RoPE base frequency"),
+    K_ENUM("model.rope_scaling", model.rope_scaling, C_ROPE_SCALING, "none", "gpt: RoPE frequency scaling: none, or llama3 (Llama 3.1-3.3's rope_scaling: the model.rope_* keys below)"),
+    K_FLT("model.rope_factor", model.rope_factor, 1, FMAX, "8", "llama3 scaling: long wavelengths' frequencies divided by this"),
+    K_FLT("model.rope_low_freq_factor", model.rope_low_freq_factor, 0, FMAX, "1", "llama3 scaling: wavelengths above original / this are divided by the factor"),
+    K_FLT("model.rope_high_freq_factor", model.rope_high_freq_factor, 0, FMAX, "4", "llama3 scaling: wavelengths below original / this are kept (in between: blended)"),
+    K_INT("model.rope_original_max_pos", model.rope_original_max_pos, 1, IMAX, "8192", "llama3 scaling: the context the model was pretrained at (original_max_position_embeddings)"),
     K_ENUM("model.activation", model.activation, C_ACT, "gelu", "MLP activation (gelu = tanh form)"),
     K_BOOL("model.tie_embeddings", model.tie_embeddings, "true", "gpt: output head shares the token embedding"),
     K_BOOL("model.bias", model.bias, "true", "biases in linear layers and layernorm"),

@@ -237,6 +237,15 @@ int jdt_config_kv_heads(const jdt_config *c)
     return c->model.n_kv_head ? c->model.n_kv_head : c->model.n_head;
 }
 
+void jdt_config_rope_scaling(const jdt_config *c, double sc[4])
+{
+    const bool on = c->model.pos == JDT_POS_ROPE && c->model.rope_scaling == JDT_ROPE_SCALING_LLAMA3;
+    sc[0] = on ? c->model.rope_factor : 0.0;
+    sc[1] = c->model.rope_low_freq_factor;
+    sc[2] = c->model.rope_high_freq_factor;
+    sc[3] = (double)c->model.rope_original_max_pos;
+}
+
 int jdt_config_head_dim(const jdt_config *c)
 {
     return c->model.head_dim ? c->model.head_dim : c->model.n_embd / c->model.n_head;

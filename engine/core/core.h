@@ -153,6 +153,14 @@ size_t jdt_dtype_size(jdt_dtype dt);
 /* x rounded to the nearest bf16 value (ties to even; NaN stays NaN, overflow gives Inf),
  * returned as f32: what a bf16 compute path feeds its multipliers (MATMUL attrs i[2]). */
 float jdt_bf16_round(float x);
+/* RoPE's angle per position for pair i of a head of D features: theta^(-2i/D), in double. With
+ * sc (NULL: none) and sc[0] > 0 the frequencies are scaled as Llama 3.1's rope_scaling
+ * ("rope_type": "llama3") does, sc = {factor, low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings}: a wavelength 2 pi / f above original / low_freq_factor
+ * gives f / factor, one below original / high_freq_factor keeps f, and in between f is blended
+ * linearly in original / wavelength. The one formula of the interpreter, the CPU kernels and the
+ * KV-cache decoder (the CUDA kernels' cuk_rope_freq is its device copy). */
+double jdt_rope_freq(double theta, int64_t i, int64_t D, const double *sc);
 /* Parses a dtype name ("f32", ...); returns false if unknown. */
 bool jdt_dtype_parse(const char *name, jdt_dtype *out);
 

@@ -30,6 +30,18 @@ const char *jdt_dtype_name(jdt_dtype dt)
     return ((int)dt >= 0 && dt < JDT_DTYPE_COUNT) ? DTYPES[dt].name : "?";
 }
 
+double jdt_rope_freq(double theta, int64_t i, int64_t D, const double *sc)
+{
+    const double f = pow(theta, -2.0 * (double)i / (double)D);
+    if (!sc || !(sc[0] > 0)) return f;
+    const double factor = sc[0], lo = sc[1], hi = sc[2], orig = sc[3];
+    const double wavelen = 2.0 * M_PI / f;
+    if (wavelen < orig / hi) return f;          /* high frequencies: as trained */
+    if (wavelen > orig / lo) return f / factor; /* low frequencies: stretched */
+    const double smooth = (orig / wavelen - lo) / (hi - lo);
+    return (1.0 - smooth) * f / factor + smooth * f;
+}
+
 float jdt_bf16_round(float x)
 {
     uint32_t u;

@@ -626,7 +626,19 @@ jdt_tensor *jdt_graph_rms_normalize_bwd(jdt_graph *g, jdt_tensor *x, jdt_tensor 
 
 jdt_tensor *jdt_graph_rope(jdt_graph *g, jdt_tensor *x, double theta, bool inverse)
 {
+    return jdt_graph_rope_scaled(g, x, theta, inverse, NULL);
+}
+
+jdt_tensor *jdt_graph_rope_scaled(jdt_graph *g, jdt_tensor *x, double theta, bool inverse,
+                                  const double *sc)
+{
     jdt_attrs a = {.i = {inverse ? 1 : 0}, .f = {theta}};
+    if (sc && sc[0] > 0) {
+        a.f[1] = sc[0];
+        a.f[2] = sc[1];
+        a.f[3] = sc[2];
+        a.i[3] = (int64_t)sc[3];
+    }
     return op1(g, JDT_OP_ROPE, x, &a);
 }
 

@@ -146,6 +146,10 @@ jdt_tensor *jdt_graph_rms_normalize(jdt_graph *g, jdt_tensor *x, double eps);
 jdt_tensor *jdt_graph_rms_normalize_bwd(jdt_graph *g, jdt_tensor *x, jdt_tensor *dxhat, double eps);
 /* x (B, T, H, D), D even; inverse = rotate by minus the angle. */
 jdt_tensor *jdt_graph_rope(jdt_graph *g, jdt_tensor *x, double theta, bool inverse);
+/* jdt_graph_rope with Llama 3's frequency scaling sc = {factor, low_freq_factor,
+ * high_freq_factor, original_max_position_embeddings} (NULL or sc[0] == 0: none). */
+jdt_tensor *jdt_graph_rope_scaled(jdt_graph *g, jdt_tensor *x, double theta, bool inverse,
+                                  const double *sc);
 /* q, k, v (B, H, T, D) -> (B, H, T, D), causal, scores scaled by `scale`. */
 jdt_tensor *jdt_graph_attention(jdt_graph *g, jdt_tensor *q, jdt_tensor *k, jdt_tensor *v,
                                 double scale);

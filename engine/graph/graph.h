@@ -150,7 +150,9 @@ enum {
  *   RMS_NORMALIZE_BWD   (x, dxhat) -> dx
  *   ROPE                x (B, T, H, D), rotary embedding on pairs (2i, 2i+1) with angle
  *                       t * f[0]^(-2i/D) (f[0] = theta); i[0] = 1 rotates by minus the angle
- *                       (its own VJP)
+ *                       (its own VJP). f[1] > 0: the frequencies scaled as Llama 3's
+ *                       rope_scaling, factor f[1], low/high frequency factors f[2], f[3],
+ *                       original context i[3] (jdt_rope_freq; jdt_rope_scaling_of)
  *   ATTENTION           (q, k, v) each (B, H, T, D); causal; scale f[0]; -> (B, H, T, D).
  *                       Tiled with an online softmax: no T x T matrix is kept. i[0] = 1: bf16
  *                       compute (as MATMUL's i[2]): the inputs of each product (q, k, v, the
@@ -260,6 +262,15 @@ enum {
     JDT_TENSOR_REMAT = 1u << 4,  /* recomputed copy of a forward node (autodiff remat): the
                                     compiler must not merge it with its original by CSE */
 };
+
+/* ROPE's frequency scaling as jdt_rope_freq takes it: sc[0] = 0 when none. */
+static inline void jdt_rope_scaling_of(const jdt_attrs *a, double sc[4])
+{
+    sc[0] = a->f[1];
+    sc[1] = a->f[2];
+    sc[2] = a->f[3];
+    sc[3] = (double)a->i[3];
+}
 
 typedef struct jdt_tensor jdt_tensor;
 struct jdt_tensor {

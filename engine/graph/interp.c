@@ -639,12 +639,13 @@ static jdt_status eval_rope(const node_ctx *nd)
     const double *x0 = nd->x0;
     const jdt_shape *so = nd->so;
     int64_t B = so->dims[0], T = so->dims[1], H = so->dims[2], D = so->dims[3];
-    double sign = a->i[0] ? -1.0 : 1.0;
+    double sign = a->i[0] ? -1.0 : 1.0, sc[4];
+    jdt_rope_scaling_of(a, sc);
     for (int64_t b = 0; b < B; b++)
         for (int64_t tt = 0; tt < T; tt++)
             for (int64_t h = 0; h < H; h++)
                 for (int64_t i = 0; i < D / 2; i++) {
-                    double ang = sign * (double)tt * pow(a->f[0], -2.0 * (double)i / (double)D);
+                    double ang = sign * (double)tt * jdt_rope_freq(a->f[0], i, D, sc);
                     int64_t o = ((b * T + tt) * H + h) * D + 2 * i;
                     double c = cos(ang), sn = sin(ang), u = x0[o], w = x0[o + 1];
                     y[o] = u * c - w * sn;

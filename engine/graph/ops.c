@@ -387,6 +387,10 @@ static bool shape_ROPE(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_
     if (!same_float(in, 1, dt, out, why, n_why)) return false;
     if (out->ndim != 4 || out->dims[3] % 2) return WHY("x must be (B, T, H, D) with D even");
     if (!(a->f[0] > 0)) return WHY("theta %g must be > 0", a->f[0]);
+    if (a->f[1] != 0 && !(a->f[1] >= 1 && a->f[2] > 0 && a->f[3] > a->f[2] && a->i[3] > 0))
+        return WHY("scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and an "
+                   "original context > 0 (got %g, %g, %g, %lld)",
+                   a->f[1], a->f[2], a->f[3], (long long)a->i[3]);
     return true;
 }
 
@@ -831,7 +835,9 @@ static void vjp_RMS_NORMALIZE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, co
 static void vjp_ROPE(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                      jdt_tensor **dx)
 {
-    dx[0] = jdt_graph_rope(g, dy, node->attrs.f[0], node->attrs.i[0] == 0);
+    double sc[4];
+    jdt_rope_scaling_of(&node->attrs, sc);
+    dx[0] = jdt_graph_rope_scaled(g, dy, node->attrs.f[0], node->attrs.i[0] == 0, sc);
 }
 
 static void vjp_ATTENTION(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,

@@ -652,7 +652,7 @@ JDT_RT_CLONES void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, 
  * 2.4 GB/s). The angle is the same double expression as before and as cuk_rope's, so the output
  * is bit for bit the same. */
 JDT_RT_CLONES void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D,
-                               double theta, bool inverse, int nt)
+                               double theta, const double *sc, bool inverse, int nt)
 {
     const double sign = inverse ? -1.0 : 1.0;
     const int64_t half = D / 2, HD = H * D;
@@ -663,7 +663,7 @@ JDT_RT_CLONES void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, i
         for (int64_t i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
             const int64_t ni = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
             for (int64_t i = 0; i < ni; i++)
-                fr[i] = pow(theta, -2.0 * (double)(i0 + i) / (double)D);
+                fr[i] = jdt_rope_freq(theta, i0 + i, D, sc);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) {
                 for (int64_t i = 0; i < ni; i++) {

@@ -230,10 +230,10 @@ void jdt_rt_rms_normalize(const float *x, float *y, int64_t N, int64_t C, float 
 void jdt_rt_rms_normalize_bwd(const float *x, const float *dxhat, float *dx, int64_t N, int64_t C,
                               float eps, int nt);
 
-/* y (B, T, H, D) = rotary embedding of x, pairs (2i, 2i+1), angle t * theta^(-2i/D), negated
- * when inverse. D must be even. */
+/* y (B, T, H, D) = rotary embedding of x, pairs (2i, 2i+1), angle t * theta^(-2i/D) (scaled
+ * by sc as jdt_rope_freq does; NULL: none), negated when inverse. D must be even. */
 void jdt_rt_rope(const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
-                 bool inverse, int nt);
+                 const double *sc, bool inverse, int nt);
 
 /* Copies `n_in` inputs into out along an axis: inputs viewed as (outer, len_i*inner). */
 void jdt_rt_concat(const float *const *in, const int64_t *len, int n_in, float *out, int64_t outer,

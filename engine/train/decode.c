@@ -239,9 +239,11 @@ jdt_status jdt_decoder_new(const jdt_config *cfg, const jdt_model *m, float *con
             st = jdt_err_set(e, JDT_ERR_NOMEM, "decoder: out of memory");
             goto fail;
         }
+        double sc[4];
+        jdt_config_rope_scaling(cfg, sc);
         for (int p = 0; p < d->T; p++)
             for (int i = 0; i < half; i++) { /* as the graph's ROPE: double angle, f32 cos/sin */
-                double ang = (double)p * pow(cfg->model.rope_theta, -2.0 * i / (double)d->D);
+                double ang = (double)p * jdt_rope_freq(cfg->model.rope_theta, i, d->D, sc);
                 d->rope_cos[p * half + i] = (float)cos(ang);
                 d->rope_sin[p * half + i] = (float)sin(ang);
             }

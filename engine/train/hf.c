@@ -343,12 +343,21 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
                 "  \"model_type\": \"%s\",\n  \"vocab_size\": %lld,\n  \"hidden_size\": %lld,\n"
                 "  \"intermediate_size\": %lld,\n  \"num_hidden_layers\": %lld,\n"
                 "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": %lld,\n"
-                "  \"max_position_embeddings\": %lld,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.9g,\n"
-                "  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n"
+                "  \"max_position_embeddings\": %lld,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.17g,\n"
+                "  \"hidden_act\": \"silu\",\n"
                 "  \"attention_dropout\": 0.0,\n  \"tie_word_embeddings\": %s,\n",
                 HF_ARCH[arch].model_type, (long long)V, (long long)C, (long long)F, (long long)L, (long long)H,
                 (long long)Hkv, (long long)D, (long long)T, cfg.model.norm_eps, cfg.model.rope_theta,
                 cfg.model.tie_embeddings ? "true" : "false");
+        double sc[4];
+        jdt_config_rope_scaling(&cfg, sc);
+        if (sc[0] > 0) /* transformers 4's key; 5 reads it too */
+            fprintf(mf,
+                    "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
+                    "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d},\n",
+                    sc[0], sc[1], sc[2], cfg.model.rope_original_max_pos);
+        else
+            fprintf(mf, "  \"rope_scaling\": null,\n");
         /* Qwen2's q/k/v biases are built in; Llama's and Qwen3's attention_bias would add o's */
         if (arch != HF_QWEN2) fprintf(mf, "  \"attention_bias\": false,\n");
         if (arch == HF_LLAMA) fprintf(mf, "  \"mlp_bias\": false,\n");
@@ -484,6 +493,34 @@ static double hf_num(const jdt_json *r, const char *key, double dflt)
     return j && j->type == JDT_JSON_NUMBER ? j->num : dflt;
 }
 
+/* config.json's RoPE: transformers 4 writes "rope_theta" and "rope_scaling" (null, or an object
+ * with "rope_type", or "type" in older files), transformers 5 one "rope_parameters" object
+ * holding both. */
+typedef struct {
+    double theta;
+    const char *type; /* NULL or "default": none; "llama3" reads into sc */
+    double sc[4];     /* jdt_rope_freq's: factor, low/high_freq_factor, original context */
+} hf_rope;
+
+static hf_rope hf_rope_of(const jdt_json *r)
+{
+    hf_rope h = {.theta = hf_num(r, "rope_theta", 10000.0)};
+    const jdt_json *rp = jdt_json_get(r, "rope_parameters");
+    const jdt_json *sc = rp && rp->type == JDT_JSON_OBJECT ? rp : jdt_json_get(r, "rope_scaling");
+    if (rp && rp->type == JDT_JSON_OBJECT) h.theta = hf_num(rp, "rope_theta", h.theta);
+    if (!sc || sc->type != JDT_JSON_OBJECT) return h;
+    h.type = jdt_json_str(jdt_json_get(sc, "rope_type"));
+    if (!h.type) h.type = jdt_json_str(jdt_json_get(sc, "type"));
+    if (h.type && strcmp(h.type, "default") == 0) h.type = NULL;
+    if (h.type && strcmp(h.type, "llama3") == 0) {
+        h.sc[0] = hf_num(sc, "factor", 8.0);
+        h.sc[1] = hf_num(sc, "low_freq_factor", 1.0);
+        h.sc[2] = hf_num(sc, "high_freq_factor", 4.0);
+        h.sc[3] = hf_num(sc, "original_max_position_embeddings", 8192.0);
+    }
+    return h;
+}
+
 /* Parses dir/config.json (its path into p) and finds its model_type (NULL when absent). */
 static jdt_status open_hf_config(const char *dir, char *p, size_t n, jdt_json_doc **doc,
                                  const jdt_json **root, const char **model_type, jdt_err *e)
@@ -603,13 +640,26 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err 
         JDT_WARN("init_from %s: %s is '%s'; this gpt computes %s", dir, llama ? "hidden_act" : "activation_function",
                  act, llama ? "silu (SwiGLU)" : "the tanh GELU (gelu_new)");
     if (llama) {
-        double theta = hf_num(r, "rope_theta", 10000.0);
-        if (fabs(theta - c->model.rope_theta) > 1e-6 * theta)
+        const hf_rope h = hf_rope_of(r);
+        if (fabs(h.theta - c->model.rope_theta) > 1e-6 * h.theta)
             JDT_WARN("init_from %s: rope_theta is %g, this config's model.rope_theta %g: the run uses %g", dir,
-                     theta, c->model.rope_theta, c->model.rope_theta);
-        const jdt_json *sc = jdt_json_get(r, "rope_scaling");
-        if (sc && sc->type != JDT_JSON_NULL)
-            JDT_WARN("init_from %s: config.json sets rope_scaling, which this gpt does not apply (plain RoPE)", dir);
+                     h.theta, c->model.rope_theta, c->model.rope_theta);
+        double ours[4];
+        jdt_config_rope_scaling(c, ours);
+        if (h.type && strcmp(h.type, "llama3") != 0) {
+            JDT_WARN("init_from %s: config.json's RoPE scaling is '%s', which this gpt does not compute (only "
+                     "llama3's): the run uses %s", dir, h.type, ours[0] > 0 ? "llama3's" : "plain RoPE");
+        } else if (!h.type && ours[0] > 0) {
+            JDT_WARN("init_from %s: config.json scales no RoPE frequencies; this config's model.rope_scaling "
+                     "llama3 is used", dir);
+        } else if (h.type && (ours[0] <= 0 || memcmp(ours, h.sc, sizeof ours) != 0)) {
+            JDT_WARN("init_from %s: config.json's RoPE scaling is llama3 (factor %g, low_freq_factor %g, "
+                     "high_freq_factor %g, original_max_position_embeddings %g): set model.rope_scaling=llama3 "
+                     "model.rope_factor=%g model.rope_low_freq_factor=%g model.rope_high_freq_factor=%g "
+                     "model.rope_original_max_pos=%g to compute it; the run uses %s", dir, h.sc[0], h.sc[1],
+                     h.sc[2], h.sc[3], h.sc[0], h.sc[1], h.sc[2], h.sc[3],
+                     ours[0] > 0 ? "this config's llama3 values" : "plain RoPE");
+        }
     }
 out:
     jdt_json_doc_free(doc);
@@ -805,19 +855,29 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
         st = jdt_err_set(e, JDT_ERR_NOMEM, "out of memory");
         goto out;
     }
+    const hf_rope rope = hf_rope_of(r);
+    char scaling[320] = "";
+    if (llama && rope.type && strcmp(rope.type, "llama3") == 0)
+        snprintf(scaling, sizeof scaling,
+                 "  rope_scaling: llama3\n  rope_factor: %.17g\n  rope_low_freq_factor: %.17g\n"
+                 "  rope_high_freq_factor: %.17g\n  rope_original_max_pos: %.0f\n",
+                 rope.sc[0], rope.sc[1], rope.sc[2], rope.sc[3]);
+    else if (llama && rope.type)
+        JDT_WARN("sample %s: config.json's RoPE scaling is '%s', which this gpt does not compute: plain RoPE",
+                 dir, rope.type);
     /* rope_theta and the epsilons as %.17g: they round-trip */
     snprintf(*yaml, cap,
              "model:\n  type: gpt\n  vocab_size: %lld\n  seq_len: %lld\n  n_layer: %lld\n  n_embd: %lld\n"
              "  n_head: %lld\n  n_kv_head: %lld\n  head_dim: %lld\n  mlp_dim: %lld\n  norm: %s\n  norm_eps: %.17g\n"
              "  pos: %s\n  rope_theta: %.17g\n  activation: %s\n  tie_embeddings: %s\n  bias: %s\n"
-             "  qkv_bias: %s\n  qk_norm: %s\n"
+             "  qkv_bias: %s\n  qk_norm: %s\n%s"
              "data:\n  tokenizer: %s\n  tokenizer_path: \"%s\"\n",
              (long long)V, (long long)T, (long long)L, (long long)C, (long long)H, (long long)Hkv, (long long)D,
              (long long)F, llama ? "rmsnorm" : "layernorm",
              hf_num(r, llama ? "rms_norm_eps" : "layer_norm_epsilon", llama ? 1e-6 : 1e-5), llama ? "rope" : "learned",
-             hf_num(r, "rope_theta", 10000.0), llama ? "swiglu" : "gelu", tied ? "true" : "false",
-             llama ? "false" : "true", arch == HF_QWEN2 ? "true" : "false", arch == HF_QWEN3 ? "true" : "false",
-             bpe ? "bpe" : "byte", bpe ? dir : "");
+             rope.theta, llama ? "swiglu" : "gelu", tied ? "true" : "false", llama ? "false" : "true",
+             arch == HF_QWEN2 ? "true" : "false", arch == HF_QWEN3 ? "true" : "false", scaling, bpe ? "bpe" : "byte",
+             bpe ? dir : "");
 out:
     jdt_json_doc_free(doc);
     return st;

@@ -48,6 +48,30 @@ Q3="model.norm=rmsnorm model.bias=false model.qk_norm=true model.head_dim=32 mod
 check_model qwen2 $Q2
 # shellcheck disable=SC2086
 check_model qwen3 $Q3
+# Llama 3.1's RoPE scaling (rope_scaling llama3) with an original context of 28 at head size 16:
+# the first pair's frequency kept, the second blended, the rest divided by 4
+check_model llama31 model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu \
+  model.rope_scaling=llama3 model.rope_factor=4 model.rope_original_max_pos=28
+grep -q '"rope_scaling": {"rope_type": "llama3", "factor": 4,' "$TMP/hf_llama31/config.json" || fail "llama31: rope_scaling not exported"
+# ... and it matters: the same weights without the scaling decode otherwise
+mkdir -p "$TMP/hf_llama31_plain" && cp "$TMP/hf_llama31/model.safetensors" "$TMP/hf_llama31_plain/"
+sed 's/"rope_scaling": {[^}]*}/"rope_scaling": null/' "$TMP/hf_llama31/config.json" > "$TMP/hf_llama31_plain/config.json"
+"$PY" "$ROOT/tests/e2e/hf_ref.py" "$TMP/hf_llama31_plain" 40 97 98 >"$TMP/ref_plain" 2>/dev/null || fail "hf_ref.py (plain RoPE)"
+"$PY" "$ROOT/tests/e2e/hf_ref.py" "$TMP/hf_llama31" 40 97 98 >"$TMP/ref" 2>/dev/null || fail "hf_ref.py (llama3 RoPE)"
+cmp -s "$TMP/ref" "$TMP/ref_plain" && fail "llama31: decoding with and without the RoPE scaling agree: the check proves nothing"
+# transformers 5 saves RoPE as one "rope_parameters" object (rope_theta inside, no rope_scaling):
+# such a config.json samples as the transformers 4 form
+mkdir -p "$TMP/hf_llama31_tf5" && cp "$TMP/hf_llama31/model.safetensors" "$TMP/hf_llama31_tf5/"
+"$PY" -c "
+import json
+c = json.load(open('$TMP/hf_llama31/config.json'))
+c['rope_parameters'] = dict(c.pop('rope_scaling'), rope_theta=c.pop('rope_theta'))
+json.dump(c, open('$TMP/hf_llama31_tf5/config.json', 'w'))" || fail "transformers 5 config"
+expect 0 "$BIN" sample "$TMP/hf_llama31" --prompt "ab" --length 20 --temperature 0
+cp "$TMP/out" "$TMP/tf4.txt"
+expect 0 "$BIN" sample "$TMP/hf_llama31_tf5" --prompt "ab" --length 20 --temperature 0
+cmp -s "$TMP/out" "$TMP/tf4.txt" || fail "llama31: rope_parameters (transformers 5) samples otherwise than rope_theta + rope_scaling"
+echo "llama31: rope_scaling llama3 exported and read back (also as transformers 5's rope_parameters); without it hf_ref.py decodes otherwise"
 # Qwen2's q/k/v biases and Qwen3's q/k norm scales are near their init (zeros, ones) after two
 # steps, where a wrong RoPE permutation of them would not show: give every vector of the
 # export large noise (in transformers' layout) and check that (1) `sample` of that directory

@@ -3,9 +3,9 @@ directory with the `safetensors` package (numpy API) and config.json, checks nam
 and dtypes against what transformers expects for the architecture, then runs the model with a
 numpy implementation written from transformers' GPT2LMHeadModel / LlamaForCausalLM /
 Qwen2ForCausalLM / Qwen3ForCausalLM code (Conv1D (in, out) weights, gelu_new, LayerNorm;
-rotate_half RoPE, RMSNorm, SiLU-gated MLP, GQA by repeating kv heads; Qwen2's q/k/v biases;
-Qwen3's RMSNorm of each head's q and k before RoPE) and greedy-decodes LENGTH tokens after
-PROMPT_IDS.
+rotate_half RoPE with Llama 3.1's "llama3" frequency scaling, RMSNorm, SiLU-gated MLP, GQA by
+repeating kv heads; Qwen2's q/k/v biases; Qwen3's RMSNorm of each head's q and k before RoPE)
+and greedy-decodes LENGTH tokens after PROMPT_IDS.
 
   hf_ref.py DIR LENGTH ID [ID ...]   prints the generated ids, space-separated
 
@@ -59,9 +59,27 @@ def gpt2_logits(W, c, ids):
     return x @ W["transformer.wte.weight"].T
 
 
-def rope(x, theta):  # (H, T, D), HF rotate_half convention
-    H, T, D = x.shape
+def inv_freq(c, D):  # transformers' rope init: "default", or "llama3" (Llama 3.1's scaling)
+    rp = c.get("rope_parameters") or {}
+    theta = rp.get("rope_theta", c.get("rope_theta", 10000.0))
+    sc = rp if rp else (c.get("rope_scaling") or {})
     inv = 1.0 / theta ** (np.arange(0, D, 2) / D)
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "default":
+        return inv
+    assert kind == "llama3", kind
+    factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+    old = sc["original_max_position_embeddings"]
+    wavelen = 2 * np.pi / inv
+    out = np.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+    return np.where(medium, (1 - smooth) * out / factor + smooth * out, out)
+
+
+def rope(x, c):  # (H, T, D), HF rotate_half convention
+    H, T, D = x.shape
+    inv = inv_freq(c, D)
     ang = np.arange(T)[:, None] * inv[None, :]
     cos = np.concatenate([np.cos(ang)] * 2, -1)
     sin = np.concatenate([np.sin(ang)] * 2, -1)
@@ -87,7 +105,7 @@ def llama_logits(W, c, ids):
             proj[n] = y.transpose(1, 0, 2)
         q, k, v = proj["q"], proj["k"], proj["v"]
         assert q.shape[0] == H and k.shape[0] == Hkv
-        q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+        q, k = rope(q, c), rope(k, c)
         k, v = np.repeat(k, H // Hkv, 0), np.repeat(v, H // Hkv, 0)
         o = attention(q, k, v).transpose(1, 0, 2).reshape(T, H * D)
         x = x + o @ W[p + "self_attn.o_proj.weight"].T

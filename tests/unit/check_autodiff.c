@@ -244,6 +244,12 @@ static jdt_tensor *b_rope(jdt_graph *g, jdt_tensor **p)
 {
     return jdt_graph_rope(g, p[0], 100.0, false);
 }
+
+static jdt_tensor *b_rope_llama3(jdt_graph *g, jdt_tensor **p)
+{
+    const double sc[4] = {4, 1, 10, 100}; /* wavelengths 6.3 (kept) and 63 (blended) */
+    return jdt_graph_rope_scaled(g, p[0], 100.0, false, sc);
+}
 static jdt_tensor *b_attention(jdt_graph *g, jdt_tensor **p)
 {
     return jdt_graph_attention(g, p[0], p[1], p[2], 0.6);
@@ -357,6 +363,7 @@ static const gcase CASES[] = {
     {"normalize", b_normalize, 1, {2}, {{3, 5}}, INIT_NORMAL},
     {"rms_normalize", b_rms, 1, {2}, {{3, 5}}, INIT_NORMAL},
     {"rope", b_rope, 1, {4}, {{1, 3, 2, 4}}, INIT_NORMAL},
+    {"rope (llama3 scaling)", b_rope_llama3, 1, {4}, {{1, 3, 2, 4}}, INIT_NORMAL},
     {"attention",
      b_attention,
      3,

@@ -1985,10 +1985,16 @@ START_TEST(test_rope)
     float *x = rand_floats(n, 41, -2, 2), *y = malloc((size_t)n * 4);
     float *dx = dev_from(x, (size_t)n * 4), *dy = dev_alloc((size_t)n * 4);
     for (int inv = 0; inv < 2; inv++) {
-        jdt_rt_rope(x, y, B, T, H, D, 10000.0, inv, 1);
-        jdt_cuk_rope(k, dx, dy, false, false, false, B, T, H, D, 10000.0, inv);
+        jdt_rt_rope(x, y, B, T, H, D, 10000.0, NULL, inv, 1);
+        jdt_cuk_rope(k, dx, dy, false, false, false, B, T, H, D, 10000.0, NULL, inv);
         float *g = dev_to_host(k, dy, n);
         expect_close(inv ? "rope inverse" : "rope", g, y, n, 2e-6f, 1e-5f);
+        free(g);
+        const double llama3[4] = {8, 1, 4, 16}; /* Llama 3's scaling, every band at T 37 */
+        jdt_rt_rope(x, y, B, T, H, D, 10000.0, llama3, inv, 1);
+        jdt_cuk_rope(k, dx, dy, false, false, false, B, T, H, D, 10000.0, llama3, inv);
+        g = dev_to_host(k, dy, n);
+        expect_close(inv ? "rope llama3 inverse" : "rope llama3", g, y, n, 2e-6f, 1e-5f);
         free(g);
         /* x stored (B, H, T, D) (the attention backward's dq, dk: passes.c
          * fold_rope_transposes): the same y, bit for bit */
@@ -1999,7 +2005,7 @@ START_TEST(test_rope)
                     memcpy(xt + ((b * H + h) * T + t) * D, x + ((b * T + t) * H + h) * D,
                            (size_t)D * 4);
         float *dxt = dev_from(xt, (size_t)n * 4), *dyt = dev_alloc((size_t)n * 4);
-        jdt_cuk_rope(k, dxt, dyt, false, false, true, B, T, H, D, 10000.0, inv);
+        jdt_cuk_rope(k, dxt, dyt, false, false, true, B, T, H, D, 10000.0, NULL, inv);
         float *gy = dev_to_host(k, dy, n), *gt = dev_to_host(k, dyt, n);
         ck_assert_msg(memcmp(gt, gy, (size_t)n * 4) == 0, "rope of (B, H, T, D) x, inverse %d",
                       inv);
@@ -2019,14 +2025,14 @@ START_TEST(test_rope)
     float *dxr = dev_from(xr, (size_t)n * 4), *dref = dev_alloc((size_t)n * 4);
     uint16_t *dx16 = dev_from(x16, (size_t)n * 2), *dy16 = dev_alloc((size_t)n * 2);
     for (int inv = 0; inv < 2; inv++) {
-        jdt_cuk_rope(k, dxr, dref, false, false, false, B, T, H, D, 10000.0, inv);
+        jdt_cuk_rope(k, dxr, dref, false, false, false, B, T, H, D, 10000.0, NULL, inv);
         float *ref = dev_to_host(k, dref, n);
-        jdt_cuk_rope(k, dx16, dy, true, false, false, B, T, H, D, 10000.0, inv);
+        jdt_cuk_rope(k, dx16, dy, true, false, false, B, T, H, D, 10000.0, NULL, inv);
         float *g = dev_to_host(k, dy, n);
         ck_assert_msg(memcmp(g, ref, (size_t)n * 4) == 0, "rope bf16 in, inverse %d", inv);
         for (int x_is16 = 0; x_is16 < 2; x_is16++) {
             jdt_cuk_rope(k, x_is16 ? (const void *)dx16 : (const void *)dxr, dy16, x_is16, true,
-                         false, B, T, H, D, 10000.0, inv);
+                         false, B, T, H, D, 10000.0, NULL, inv);
             free(dev_to_host(k, dref, 0)); /* waits, checks */
             ck_assert_int_eq(cudaMemcpy(y16, dy16, (size_t)n * 2, cudaMemcpyDeviceToHost),
                              cudaSuccess);
@@ -2043,7 +2049,7 @@ START_TEST(test_rope)
     }
     free(xr), free(x16), free(y16);
     cudaFree(dxr), cudaFree(dref), cudaFree(dx16), cudaFree(dy16);
-    jdt_cuk_rope(k, dx, dy, false, false, false, B, T, H, 7, 10000.0,
+    jdt_cuk_rope(k, dx, dy, false, false, false, B, T, H, 7, 10000.0, NULL,
                  false); /* odd D: deferred error */
     jdt_err e;
     jdt_err_clear(&e);
@@ -2211,7 +2217,8 @@ static void check_attention_grads(jdt_cuk *k, const char *what, void *const *d16
             float *t = to_bthd(dqkv + s * n, B, H, T, D);
             float *dt = dev_from(t, (size_t)n * 4);
             void *want = dev_alloc((size_t)n * (s == 0 ? 2 : 4));
-            jdt_cuk_rope(k, dt, want, false, s == 0, false, B, T, H, D, g.rope_theta[s], true);
+            jdt_cuk_rope(k, dt, want, false, s == 0, false, B, T, H, D, g.rope_theta[s], NULL,
+                         true);
             const size_t nb = (size_t)n * (s == 0 ? 2 : 4);
             char *a = malloc(nb), *w = malloc(nb);
             ck_assert_int_eq(cudaMemcpy(a, g.copy[s], nb, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -3327,7 +3334,8 @@ static void check_attention_groups(jdt_cuk *k, int64_t B, int64_t H, int64_t G, 
         if (gr.rope_theta[s] != 0.0) { /* as RoPE's backward rotates the transposed value */
             float *dt = dev_from(t, (size_t)m * 4);
             want = dev_alloc((size_t)m * 4);
-            jdt_cuk_rope(k, dt, want, false, false, false, B, T, hs, D, gr.rope_theta[s], true);
+            jdt_cuk_rope(k, dt, want, false, false, false, B, T, hs, D, gr.rope_theta[s], NULL,
+                         true);
             free(t);
             t = dev_to_host(k, want, m);
             cudaFree(dt), cudaFree(want);

@@ -258,6 +258,18 @@ START_TEST(test_qwen_options)
     char *c[] = {"model.norm=layernorm", "model.qk_norm=true", "model.bias=true",
                  "model.head_dim=6"};
     check_variant("layernorm+bias q/k norm, learned, head_dim 6", 4, c, false);
+    /* Llama 3's RoPE scaling, its three bands at D 8, theta 500: wavelength 6.3 kept (below
+     * 64 / 8), 30 blended, 140 and 660 divided by 4 (above 64 / 1) */
+    char *d[] = {"model.norm=rmsnorm",
+                 "model.pos=rope",
+                 "model.activation=swiglu",
+                 "model.bias=false",
+                 "model.rope_theta=500",
+                 "model.rope_scaling=llama3",
+                 "model.rope_factor=4",
+                 "model.rope_high_freq_factor=8",
+                 "model.rope_original_max_pos=64"};
+    check_variant("llama 3.1 (rope_scaling llama3)", 9, d, true);
 }
 END_TEST
 

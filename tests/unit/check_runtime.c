@@ -1143,7 +1143,7 @@ END_TEST
 /* jdt_rt_rope against the rotation written out per element (each angle in double, as cuk_rope
  * and the decoder compute it): bit for bit, forward and inverse, out of place and in place, on 1
  * and 2 threads, for heads of one pass of cached angles and of several (D = 2 * 256 + 6). */
-static void check_rope(int64_t B, int64_t T, int64_t H, int64_t D, int nt)
+static void check_rope(int64_t B, int64_t T, int64_t H, int64_t D, int nt, const double *sc)
 {
     const int64_t n = B * T * H * D;
     float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
@@ -1158,16 +1158,17 @@ static void check_rope(int64_t B, int64_t T, int64_t H, int64_t D, int nt)
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t i = 0; i < D / 2; i++) {
                         const double ang = (inv ? -1.0 : 1.0) * (double)t *
-                                           pow(theta, -2.0 * (double)i / (double)D);
+                                           (sc ? jdt_rope_freq(theta, i, D, sc)
+                                               : pow(theta, -2.0 * (double)i / (double)D));
                         const float c = (float)cos(ang), sn = (float)sin(ang);
                         const int64_t o = ((b * T + t) * H + h) * D + 2 * i;
                         want[o] = x[o] * c - x[o + 1] * sn;
                         want[o + 1] = x[o] * sn + x[o + 1] * c;
                     }
         memset(y, 0xff, (size_t)n * sizeof(float));
-        jdt_rt_rope(x, y, B, T, H, D, theta, inv, nt);
+        jdt_rt_rope(x, y, B, T, H, D, theta, sc, inv, nt);
         memcpy(io, x, (size_t)n * sizeof(float));
-        jdt_rt_rope(io, io, B, T, H, D, theta, inv, nt);
+        jdt_rt_rope(io, io, B, T, H, D, theta, sc, inv, nt);
         for (int64_t i = 0; i < n; i++) {
             ck_assert_msg(!memcmp(&y[i], &want[i], sizeof(float)),
                           "rope B%lld T%lld H%lld D%lld inv %d nt %d: y[%lld] %.9g, want %.9g",
@@ -1182,10 +1183,32 @@ static void check_rope(int64_t B, int64_t T, int64_t H, int64_t D, int nt)
 
 START_TEST(test_rope_per_element)
 {
-    check_rope(3, 37, 5, 64, 2);   /* parallel (above the work floor) */
-    check_rope(2, 5, 3, 10, 2);    /* below it: one thread */
-    check_rope(2, 9, 2, 518, 2);   /* three passes of 256, 256 and 3 pairs */
-    check_rope(1, 300, 1, 128, 1); /* long sequence, one thread */
+    check_rope(3, 37, 5, 64, 2, NULL);      /* parallel (above the work floor) */
+    check_rope(2, 5, 3, 10, 2, NULL);       /* below it: one thread */
+    check_rope(2, 9, 2, 518, 2, NULL);      /* three passes of 256, 256 and 3 pairs */
+    check_rope(1, 300, 1, 128, 1, NULL);    /* long sequence, one thread */
+    const double llama3[4] = {8, 1, 4, 16}; /* an original context of 16: every band at D 64 */
+    check_rope(3, 37, 5, 64, 2, llama3);
+    check_rope(2, 9, 2, 518, 2, llama3);
+}
+END_TEST
+
+/* Llama 3's frequency scaling by hand, theta 10000, D 8 (frequencies 1, 0.1, 0.01, 0.001;
+ * wavelengths 2 pi / f), factor 8, low/high frequency factors 1 and 4, original context 16:
+ * wavelengths below 16 / 4 keep f, above 16 / 1 give f / 8, between blend by (16 / wavelength
+ * - 1) / 3. */
+START_TEST(test_rope_llama3_freq)
+{
+    const double sc[4] = {8, 1, 4, 16}, none[4] = {0, 0, 0, 0};
+    const double s0 = (16.0 / (2 * M_PI) - 1.0) / 3.0; /* pair 0: wavelength 6.28, in between */
+    ck_assert_double_eq_tol(jdt_rope_freq(10000, 0, 8, sc), (1 - s0) / 8 + s0, 1e-15);
+    ck_assert_double_eq_tol(jdt_rope_freq(10000, 1, 8, sc), 0.1 / 8, 1e-15);
+    ck_assert_double_eq_tol(jdt_rope_freq(10000, 3, 8, sc), 0.001 / 8, 1e-15);
+    const double hi[4] = {8, 1, 4, 100}; /* wavelength 6.28 < 100 / 4: kept */
+    ck_assert(jdt_rope_freq(10000, 0, 8, hi) == 1.0);
+    for (int i = 0; i < 4; i++) /* factor 0: none, the plain power bit for bit */
+        ck_assert(jdt_rope_freq(500000, i, 128, none) == pow(500000, -2.0 * i / 128.0) &&
+                  jdt_rope_freq(500000, i, 128, NULL) == pow(500000, -2.0 * i / 128.0));
 }
 END_TEST
 
@@ -1230,6 +1253,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(tc, test_xent_avx512_same_bits);
     tcase_add_test(tc, test_blas_core_for);
     tcase_add_test(tc, test_rope_per_element);
+    tcase_add_test(tc, test_rope_llama3_freq);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("threads");
     tcase_set_timeout(tt, 60);

@@ -142,10 +142,13 @@ static jdt_status run_builtin(cpu_prog *p, const cstep *sp, jdt_err *e)
     case JDT_OP_RMS_NORMALIZE_BWD:
         jdt_rt_rms_normalize_bwd(in[0], in[1], o, N, C, eps, nt);
         break;
-    case JDT_OP_ROPE:
-        jdt_rt_rope(in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0],
+    case JDT_OP_ROPE: {
+        double sc[4];
+        jdt_rope_scaling_of(&n->attrs, sc);
+        jdt_rt_rope(in[0], o, s0->dims[0], s0->dims[1], s0->dims[2], s0->dims[3], n->attrs.f[0], sc,
                     n->attrs.i[0] != 0, nt);
         break;
+    }
     case JDT_OP_ATTENTION:
     case JDT_OP_ATTENTION_BWD: {
         /* inputs that are transposes folded into views (passes.c) are read (B, T, H, D) */

@@ -1269,8 +1269,10 @@ static jdt_status run_builtin(cuda_prog *p, const cstep *sp, jdt_err *e)
         const cnode *x = &c->nodes[n->in[0]];
         const bool x16 = x->dtype == JDT_DTYPE_BF16;
         const char *xp = (const char *)in[0] + n->attrs.i[2] * (x16 ? 2 : 4);
+        double sc[4];
+        jdt_rope_scaling_of(&n->attrs, sc);
         jdt_cuk_rope(k, xp, o, x16, n->bf16, n->attrs.i[1] != 0, n->shape.dims[0], n->shape.dims[1],
-                     n->shape.dims[2], n->shape.dims[3], n->attrs.f[0], n->attrs.i[0] != 0);
+                     n->shape.dims[2], n->shape.dims[3], n->attrs.f[0], sc, n->attrs.i[0] != 0);
         return JDT_OK;
     }
     case JDT_OP_ATTENTION:

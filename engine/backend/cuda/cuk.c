@@ -929,7 +929,7 @@ void jdt_cuk_scatter_add(jdt_cuk *k, const float *src, const int32_t *idx, float
 }
 
 void jdt_cuk_rope(jdt_cuk *k, const void *x, void *y, bool x16, bool y16, bool x_bhtd, int64_t B,
-                  int64_t T, int64_t H, int64_t D, double theta, bool inverse)
+                  int64_t T, int64_t H, int64_t D, double theta, const double *sc, bool inverse)
 {
     if (D % 2 != 0) {
         jdt_cuk_defer(k, JDT_ERR_INVALID, "rope: head size %lld is odd", (long long)D);
@@ -938,7 +938,10 @@ void jdt_cuk_rope(jdt_cuk *k, const void *x, void *y, bool x16, bool y16, bool x
     int64_t n_pairs = B * T * H * (D / 2);
     if (n_pairs <= 0) return;
     int inv = inverse, in16 = x16, out16 = y16, bhtd = x_bhtd;
-    void *args[] = {&x, &y, &B, &T, &H, &D, &theta, &inv, &in16, &out16, &bhtd};
+    double factor = sc ? sc[0] : 0.0, lo = sc ? sc[1] : 0.0, hi = sc ? sc[2] : 0.0,
+           orig = sc ? sc[3] : 0.0;
+    void *args[] = {&x,    &y,     &B,    &T,      &H,  &D,  &theta, &inv,
+                    &in16, &out16, &bhtd, &factor, &lo, &hi, &orig};
     launch(k, JDT_CUK_K_ROPE, (n_pairs + 255) / 256, 256, 0, args);
 }
 

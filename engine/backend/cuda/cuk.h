@@ -267,12 +267,13 @@ void jdt_cuk_rms_normalize_bwd_part(jdt_cuk *k, const float *x, const void *dy, 
  * cuk_rows.cu CUK_PART_MAX) of at most 1024 threads. */
 #define JDT_CUK_NORM_PART_MAX_C 8192
 
-/* y (B, T, H, D) = rotary embedding of x (see jdt_rt_rope). D must be even. x16: x holds bf16
+/* y (B, T, H, D) = rotary embedding of x (see jdt_rt_rope; sc: its frequency scaling or NULL).
+ * D must be even. x16: x holds bf16
  * values; y16: y is stored as bf16 (rounded to nearest even); otherwise f32. x_bhtd: x is
  * stored in (B, H, T, D) order (the attention backward's dq or dk: passes.c
  * fold_rope_transposes), else as y. */
 void jdt_cuk_rope(jdt_cuk *k, const void *x, void *y, bool x16, bool y16, bool x_bhtd, int64_t B,
-                  int64_t T, int64_t H, int64_t D, double theta, bool inverse);
+                  int64_t T, int64_t H, int64_t D, double theta, const double *sc, bool inverse);
 
 /* Concatenation along an axis: inputs viewed as (outer, len_i*inner) rows, copied into out with
  * one strided device-to-device copy per input. `in` and `len` are host arrays (of device

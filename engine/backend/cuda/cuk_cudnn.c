@@ -986,7 +986,7 @@ bool jdt_cuk_dnn_attention_bwd(jdt_cuk *k, const void *q, const void *kk, const 
     for (int i = 0; i < 3; i++) /* RoPE's backward on a copy (Llama's dq, dk): in place */
         if (g->rope_theta[i] != 0.0)
             jdt_cuk_rope(k, g->copy[i], g->copy[i], true, true, false, B, T, i ? H / s.G : H, D,
-                         g->rope_theta[i], g->rope_inverse[i]);
+                         g->rope_theta[i], NULL, g->rope_inverse[i]);
     if (g->part) { /* the bias gradients' partial column sums of the bf16 copies, rotated where
                       they are (Qwen2's q, k), as jdt-train's kernels form them: (P, H D) for
                       dq, then (P, Hk D) each for dk and dv */

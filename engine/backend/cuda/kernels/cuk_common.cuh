@@ -87,19 +87,42 @@ __device__ __forceinline__ void cuk_att_store2(void *o2, int o2_bf16, i64 b, i64
         ((float *)o2)[at] = v;
 }
 
-/* RoPE's rotation of the pair (x0, x1) at sequence position t, pair i of a head of size D:
- * by the angle t theta^(-2i/D) (minus it when inverse), found in double: cuk_rope's arithmetic,
- * shared with the attention backward's cotangent form. */
-__device__ __forceinline__ void cuk_rope_pair(float x0, float x1, i64 t, i64 i, i64 D, double theta,
-                                              int inverse, float *y0, float *y1)
+/* RoPE's frequency of pair i of a head of size D: theta^(-2i/D), scaled as Llama 3's
+ * rope_scaling when factor > 0 (low/high frequency factors lo, hi, original context orig):
+ * the device copy of jdt_rope_freq (engine/core/util.c), the same double arithmetic. */
+__device__ __forceinline__ double cuk_rope_freq(double theta, i64 i, i64 D, double factor,
+                                                double lo, double hi, double orig)
 {
-    double ang = (inverse ? -1.0 : 1.0) * (double)t * pow(theta, -2.0 * (double)i / (double)D);
+    const double f = pow(theta, -2.0 * (double)i / (double)D);
+    if (!(factor > 0)) return f;
+    const double wavelen = 2.0 * 3.14159265358979323846 / f;
+    if (wavelen < orig / hi) return f;
+    if (wavelen > orig / lo) return f / factor;
+    const double smooth = (orig / wavelen - lo) / (hi - lo);
+    return (1.0 - smooth) * f / factor + smooth * f;
+}
+
+/* RoPE's rotation of the pair (x0, x1) at sequence position t by the angle t freq (minus it
+ * when inverse), found in double. */
+__device__ __forceinline__ void cuk_rope_pair_f(float x0, float x1, i64 t, double freq,
+                                                int inverse, float *y0, float *y1)
+{
+    double ang = (inverse ? -1.0 : 1.0) * (double)t * freq;
     float cs = (float)cos(ang), sn = (float)sin(ang);
     /* rounded products and sum, never a fused multiply-add: NVRTC may contract a * b - c * d
      * either way, and two kernels inlining this would then differ in the last bit (a suspect
      * for the attention backward's rotated copies, which did not match cuk_rope's on an H200) */
     *y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
     *y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+}
+
+/* cuk_rope_pair_f for pair i of a head of size D at theta^(-2i/D), unscaled: cuk_rope's
+ * arithmetic, shared with the attention backward's cotangent form (which the compiler gives
+ * only unscaled RoPEs). */
+__device__ __forceinline__ void cuk_rope_pair(float x0, float x1, i64 t, i64 i, i64 D, double theta,
+                                              int inverse, float *y0, float *y1)
+{
+    cuk_rope_pair_f(x0, x1, t, pow(theta, -2.0 * (double)i / (double)D), inverse, y0, y1);
 }
 
 /* Grouped-query attention (cuk.h JDT_CUK_ATT_GROUP): bits 8 and up of the attention kernels'

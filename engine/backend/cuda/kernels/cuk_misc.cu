@@ -36,12 +36,13 @@ extern "C" __global__ void cuk_scatter_add(const float *src, const i32 *idx, flo
     }
 }
 
-/* y (B, T, H, D) = rotation of pairs (2i, 2i+1) of x by t * theta^(-2i/D) (negated when
- * inverse). One thread per pair, grid-stride; the angle in double like the CPU kernel. x16: x
+/* y (B, T, H, D) = rotation of pairs (2i, 2i+1) of x by t * theta^(-2i/D) (scaled as Llama 3's
+ * rope_scaling when factor > 0: cuk_rope_freq; negated when inverse). One thread per pair, grid-stride; the angle in double like the CPU kernel. x16: x
  * holds bf16 bit patterns (widened exactly); y16: y is stored as bf16, rounded to nearest even
  * (the f32 result's CAST): the same numbers as f32 in and a rounding CAST after. */
 extern "C" __global__ void cuk_rope(const void *xv, void *yv, i64 B, i64 T, i64 H, i64 D,
-                                    double theta, int inverse, int x16, int y16, int x_bhtd)
+                                    double theta, int inverse, int x16, int y16, int x_bhtd,
+                                    double factor, double lo, double hi, double orig)
 {
     i64 half = D / 2, n_pairs = B * T * H * half;
     for (i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x; p < n_pairs;
@@ -58,7 +59,8 @@ extern "C" __global__ void cuk_rope(const void *xv, void *yv, i64 B, i64 T, i64 
             x0 = ((const float *)xv)[xo], x1 = ((const float *)xv)[xo + 1];
         }
         float y0, y1;
-        cuk_rope_pair(x0, x1, t, i, D, theta, inverse, &y0, &y1);
+        cuk_rope_pair_f(x0, x1, t, cuk_rope_freq(theta, i, D, factor, lo, hi, orig), inverse, &y0,
+                        &y1);
         if (y16) {
             ((unsigned short *)yv)[o] = cuk_bf16_bits(y0);
             ((unsigned short *)yv)[o + 1] = cuk_bf16_bits(y1);
