@@ -500,16 +500,24 @@ static void print_summary(const jdt_config *c, FILE *f)
     format_count(num, sizeof num, n_params);
     fprintf(f, "config      %s\n", c->path);
     if (c->model.type == JDT_MODEL_GPT) {
+        double sc[4];
+        char rope_sc[96] = "";
+        jdt_config_rope_scaling(c, sc);
+        if (sc[0] > 0)
+            snprintf(rope_sc, sizeof rope_sc, " (theta %g, llama3 scaling x%g from %d)",
+                     c->model.rope_theta, sc[0], c->model.rope_original_max_pos);
+        else if (c->model.pos == JDT_POS_ROPE)
+            snprintf(rope_sc, sizeof rope_sc, " (theta %g)", c->model.rope_theta);
         fprintf(f,
                 "model       gpt: L=%d C=%d H=%d (kv heads %d, head dim %d) T=%d V=%d; mlp %lld "
                 "%s; %s, "
-                "%s positions, %s embeddings, %s%s, dropout %g\n",
+                "%s positions%s, %s embeddings, %s%s, dropout %g\n",
                 c->model.n_layer, c->model.n_embd, c->model.n_head, jdt_config_kv_heads(c),
                 jdt_config_head_dim(c), c->model.seq_len, c->model.vocab_size,
                 (long long)jdt_config_mlp_dim(c),
                 jdt_config_choice_name("model.activation", (int)c->model.activation),
                 jdt_config_choice_name("model.norm", (int)c->model.norm),
-                jdt_config_choice_name("model.pos", (int)c->model.pos),
+                jdt_config_choice_name("model.pos", (int)c->model.pos), rope_sc,
                 c->model.tie_embeddings ? "tied" : "untied",
                 c->model.bias       ? "bias"
                 : c->model.qkv_bias ? "q/k/v bias"

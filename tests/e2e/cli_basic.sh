@@ -37,6 +37,12 @@ for w in "model " "parameters " "mesh " "data " "optimizer " "checkpoint "; do
 grep -q "L=4 C=256" "$TMP/out" || fail "summary does not show llm.yaml's model"
 expect 0 "$BIN" inspect configs/gpt2-124m.yaml
 grep -q "124,475,904" "$TMP/out" || fail "gpt2-124m parameter count (llm.c's padded-vocab figure)"
+# the fine-tuning recipes' model sections are the hub models': their published sizes
+expect 0 "$BIN" inspect configs/qwen3-0.6b-ft.yaml
+grep -q "596,049,920" "$TMP/out" || fail "Qwen3-0.6B parameter count (0.44B non-embedding + 151936 x 1024)"
+expect 0 "$BIN" inspect configs/llama3.2-1b-ft.yaml
+grep -q "1,235,814,400" "$TMP/out" || fail "Llama-3.2-1B parameter count"
+grep -q "llama3 scaling x32 from 8192" "$TMP/out" || fail "Llama-3.2-1B's RoPE scaling not in the summary"
 expect 0 "$BIN" inspect configs/tiny.yaml model.n_layer=3 --log-level=debug --compile
 for w in "compiled step" "fused loop nests" "FLOPs/step" "planned peak" "cache "; do
   grep -q "$w" "$TMP/out" || fail "inspect lacks the compiled-step line '$w'"; done
