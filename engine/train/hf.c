@@ -862,9 +862,7 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
                  "  rope_scaling: llama3\n  rope_factor: %.17g\n  rope_low_freq_factor: %.17g\n"
                  "  rope_high_freq_factor: %.17g\n  rope_original_max_pos: %.0f\n",
                  rope.sc[0], rope.sc[1], rope.sc[2], rope.sc[3]);
-    else if (llama && rope.type)
-        JDT_WARN("sample %s: config.json's RoPE scaling is '%s', which this gpt does not compute: plain RoPE",
-                 dir, rope.type);
+    /* another scaling: plain RoPE, which check_hf_config warns of when the weights are read */
     /* rope_theta and the epsilons as %.17g: they round-trip */
     snprintf(*yaml, cap,
              "model:\n  type: gpt\n  vocab_size: %lld\n  seq_len: %lld\n  n_layer: %lld\n  n_embd: %lld\n"
