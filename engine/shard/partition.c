@@ -430,21 +430,67 @@ static jdt_status rule_matmul(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt
     return JDT_OK;
 }
 
-/* Gather rows of table (V, C) by idx: V whole; C's split must not clash with idx's. */
+/* Vocab parallelism (Megatron-LM's): this rank holds ids [off, off + Vl) of a vocabulary split
+ * over the axes `vax`. For ids idx (any shape, i32): *own = 1.0 where this rank holds the id,
+ * else 0.0 (f32, idx's shape), and the result is the local index idx - off where owned, else
+ * `other` (i32). Ids are compared as f32: exact below 2^24. NULL when out of memory. */
+static jdt_tensor *vocab_local_ids(pctx *c, jdt_tensor *idx, unsigned vax, int64_t Vl, double other,
+                                   jdt_tensor **own)
+{
+    jdt_graph *g = c->g;
+    const jdt_shape *s = &idx->shape;
+    /* the offset as data, not as an attribute or a splat the compiler folds: rank 0's "- 0"
+     * would drop out of its program alone, and every rank must run the same collectives */
+    float *off = jdt_graph_alloc(g, sizeof *off);
+    if (!off) return NULL;
+    *off = (float)((int64_t)jdt_mesh_group_index(c->m, vax) * Vl);
+    const int64_t one[1] = {1};
+    jdt_tensor *offs = jdt_graph_broadcast(g, jdt_graph_constant(g, JDT_DTYPE_F32, 1, one, off), s->ndim, s->dims);
+    jdt_tensor *sh = jdt_graph_sub(g, jdt_graph_cast(g, idx, JDT_DTYPE_F32), offs);
+    jdt_tensor *zero = jdt_graph_full(g, JDT_DTYPE_F32, s->ndim, s->dims, 0.0);
+    jdt_tensor *top = jdt_graph_full(g, JDT_DTYPE_F32, s->ndim, s->dims, (double)Vl);
+    *own = jdt_graph_mul(g, jdt_graph_ge(g, sh, zero), jdt_graph_gt(g, top, sh));
+    jdt_tensor *alt = jdt_graph_full(g, JDT_DTYPE_F32, s->ndim, s->dims, other);
+    return jdt_graph_cast(g, jdt_graph_select(g, *own, sh, alt), JDT_DTYPE_I32);
+}
+
+/* Gather rows of table (V, C) by idx: C's split must not clash with idx's. V whole, or, when the
+ * table is stored split on V over axes idx does not use (`[vocab, tensor]`), vocab-parallel:
+ * each rank looks up the ids it holds (zeros for the others) and the result is a partial sum
+ * over those axes, all-reduced where it is read (Megatron's VocabParallelEmbedding: an
+ * all-reduce of the (..., C) rows instead of an all-gather of the (V, C) table). */
 static jdt_status rule_gather(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
                               jdt_tensor **out, jdt_placement *pout)
 {
     jdt_placement wt = pin[0];
     const int ni = n->inputs[1]->shape.ndim;
+    const unsigned vax = jdt_mesh_live(c->m, pin[0].dim[0]);
+    const bool vocab_par = vax && !(vax & used_axes(&pin[1], ni)) && !pin[0].partial;
     wt.partial = 0;
-    wt.dim[0] = 0;
-    if (wt.dim[1] & used_axes(&pin[1], ni)) wt.dim[1] = 0;
+    if (!vocab_par) wt.dim[0] = 0;
+    if (wt.dim[1] & (used_axes(&pin[1], ni) | wt.dim[0])) wt.dim[1] = 0;
     want(c, in, pin, 0, &wt);
     jdt_placement t = replicated();
     for (int d = 0; d < ni; d++) t.dim[d] = pin[1].dim[d];
     t.dim[ni] = wt.dim[1];
+    if (!vocab_par) {
+        *pout = t;
+        *out = emit(c, n, in, pout);
+        return JDT_OK;
+    }
+    jdt_graph *g = c->g;
+    jdt_tensor *own;
+    jdt_tensor *li = in[0] && in[1] ? vocab_local_ids(c, in[1], vax, in[0]->shape.dims[0], 0.0, &own) : NULL;
+    if (!li) return jdt_err_set(c->e, JDT_ERR_NOMEM, "shard: out of memory");
+    jdt_tensor *rows = jdt_graph_gather(g, in[0], li); /* (..., Cl) */
+    int64_t d1[JDT_MAX_DIMS];
+    for (int d = 0; d < ni; d++) d1[d] = li->shape.dims[d];
+    d1[ni] = 1;
+    jdt_tensor *mask = jdt_graph_broadcast(g, jdt_graph_reshape(g, own, ni + 1, d1), rows->shape.ndim,
+                                           rows->shape.dims);
+    t.partial = (uint8_t)vax;
     *pout = t;
-    *out = emit(c, n, in, pout);
+    *out = jdt_graph_mul(g, rows, mask);
     return JDT_OK;
 }
 
@@ -461,10 +507,63 @@ static jdt_status rule_rows(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_p
     return JDT_OK;
 }
 
-/* softmax_xent: logits (N, V) with V whole; targets (N) split like the logits' rows. */
+/*
+ * softmax_xent: logits (N, V) with V whole; targets (N) split like the logits' rows. Logits split
+ * on V over axes the rows do not use (the head's weight stored split on vocab, `[vocab, tensor]`:
+ * a column-parallel head) are not gathered: Megatron-LM's vocab-parallel cross-entropy, from the
+ * op itself, on this rank's Vl columns [off, off + Vl):
+ *   lse_r  = xent(L, 0) + L[:, 0]                   this block's log-sum-exp (target 0 is valid)
+ *   LSE    = logsumexp over ranks of lse_r          an all-gather of the (N, 1) column, then
+ *                                                   max-shifted as any log-sum-exp
+ *   a_r    = xent(L, y - off)                       lse_r - L[y] where this rank holds y, else 0
+ *                                                   (the op ignores a target < 0)
+ *   loss   = LSE + all-reduce(a_r - own_r * lse_r)  = LSE - logit[y]
+ * and 0 where y < 0, as the op. Its gradient on block r is the global softmax's columns minus the
+ * one-hot where this rank holds y; autodiff derives it (the all-gather's VJP is a
+ * reduce-scatter, the all-reduce's an all-reduce). Per rank: two fused cross-entropy passes over
+ * (N, Vl) instead of one over (N, V), and 2 N floats moved instead of N V.
+ */
+static jdt_status xent_vocab_parallel(pctx *c, unsigned vax, jdt_tensor **in, jdt_placement *pin,
+                                      jdt_tensor **out, jdt_placement *pout)
+{
+    jdt_graph *g = c->g;
+    jdt_placement wl = pin[0], wt = replicated();
+    wl.partial = 0;
+    wt.dim[0] = wl.dim[0];
+    want(c, in, pin, 0, &wl);
+    want(c, in, pin, 1, &wt);
+    jdt_tensor *L = in[0], *y = in[1];
+    if (!L || !y) return jdt_err_set(c->e, JDT_ERR_NOMEM, "shard: out of memory");
+    const int64_t Nl = L->shape.dims[0], Vl = L->shape.dims[1];
+    const int k = jdt_mesh_group_size(c->m, vax);
+    const int64_t n1[1] = {Nl}, n11[2] = {Nl, 1}, nk[2] = {Nl, k};
+    jdt_tensor *own;
+    jdt_tensor *tl = vocab_local_ids(c, y, vax, Vl, -1.0, &own);
+    if (!tl) return jdt_err_set(c->e, JDT_ERR_NOMEM, "shard: out of memory");
+    jdt_tensor *zero = jdt_graph_full(g, JDT_DTYPE_F32, 1, n1, 0.0);
+    jdt_tensor *t0 = jdt_graph_cast(g, zero, JDT_DTYPE_I32);
+    jdt_tensor *lse_r = jdt_graph_add(g, jdt_graph_softmax_xent(g, L, t0),
+                                      jdt_graph_reshape(g, jdt_graph_slice(g, L, 1, 0, 1), 1, n1));
+    c->r->n_collectives += 2;
+    jdt_tensor *all = jdt_graph_all_gather(g, jdt_graph_reshape(g, lse_r, 2, n11), (int)vax, k, 1);
+    jdt_tensor *m = jdt_graph_stop_gradient(g, jdt_graph_reduce_max(g, all, 2u, true)); /* (Nl, 1) */
+    jdt_tensor *sum = jdt_graph_reduce_sum(g, jdt_graph_exp(g, jdt_graph_sub(g, all, jdt_graph_broadcast(g, m, 2, nk))),
+                                           2u, false);
+    jdt_tensor *lse = jdt_graph_add(g, jdt_graph_reshape(g, m, 1, n1), jdt_graph_log(g, sum));
+    jdt_tensor *part = jdt_graph_sub(g, jdt_graph_softmax_xent(g, L, tl), jdt_graph_mul(g, own, lse_r));
+    jdt_tensor *loss = jdt_graph_add(g, lse, jdt_graph_all_reduce(g, part, (int)vax, 0, 1.0));
+    jdt_tensor *valid = jdt_graph_ge(g, jdt_graph_cast(g, y, JDT_DTYPE_F32), zero);
+    *pout = wt;
+    *out = jdt_graph_mul(g, loss, valid);
+    return JDT_OK;
+}
+
 static jdt_status rule_xent(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
                             jdt_tensor **out, jdt_placement *pout)
 {
+    const unsigned vax = jdt_mesh_live(c->m, pin[0].dim[1]);
+    if (vax && !(vax & pin[0].dim[0]) && n->dtype == JDT_DTYPE_F32)
+        return xent_vocab_parallel(c, vax, in, pin, out, pout);
     jdt_placement wl = pin[0], wt = replicated();
     wl.partial = 0;
     wl.dim[1] = 0;

@@ -85,9 +85,30 @@ blocking 2x2 4 "mesh.fsdp=2 mesh.tensor=2" "$TMP/ovl_2x2" " (unbucketed)"
   mesh.data=2 mesh.fsdp=2 runtime.bucket_mb=0 run.out_dir="$TMP/ovl_dxf" >/dev/null 2>"$TMP/err" \
   || { tail -n 8 "$TMP/err"; fail "overlapped data 2 x fsdp 2"; }
 blocking dxf 4 "mesh.data=2 mesh.fsdp=2" "$TMP/ovl_dxf" " (unbucketed; reduce-scatter -> all-reduce chains)"
-run_model gpt-gqa-swiglu-untied configs/tiny.yaml tiny \
-  "$T model.n_kv_head=2 model.activation=swiglu model.tie_embeddings=false model.pos=rope model.norm=rmsnorm"
+GQA="model.n_kv_head=2 model.activation=swiglu model.tie_embeddings=false model.pos=rope model.norm=rmsnorm"
+run_model gpt-gqa-swiglu-untied configs/tiny.yaml tiny "$T $GQA"
 run_model mlp configs/mlp.yaml mlp "data.batch_size=32 model.in_dim=64 model.hidden_dim=64"
+
+# vocab parallelism ([vocab, tensor]: the embedding and the head stored split on vocab, the
+# lookup and the cross-entropy on each rank's ids, docs/sharding.md): the same losses, parameters
+# and optimizer state as one process, for the tied GPT-2 layout and the untied GQA model
+VR='sharding.rules=[[batch, [data, fsdp]], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, tensor], [norm, null]]'
+vocab_par() { # $1 label of a run_model single run, $2 its overrides, $3 processes, then the mesh
+  local label=$1 o=$2 np=$3; shift 3
+  local out="$TMP/$label/vocab_$(echo "$*" | tr ' =.' '___')"
+  # shellcheck disable=SC2086
+  "$BIN" --nproc "$np" configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 \
+    $o run.out_dir="$out" "$@" "$VR" >/dev/null 2>"$TMP/err" || { tail -n 8 "$TMP/err"; fail "$label vocab-parallel $*"; }
+  compare "$TMP/$label/single/tiny/metrics.jsonl" "$out/tiny/metrics.jsonl" "$label [vocab, tensor] $*" ||
+    fail "$label [vocab, tensor] $*: losses differ"
+  for part in /params /opt; do
+    h5diff -d 5e-5 "$TMP/$label/single/tiny/ckpt/step_000020/state.h5" "$out/tiny/ckpt/step_000020/state.h5" $part \
+      >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "$label [vocab, tensor] $*: $part differs by more than 5e-5"; }
+  done
+}
+vocab_par gpt "$T" 2 mesh.tensor=2
+vocab_par gpt "$T" 4 mesh.fsdp=2 mesh.tensor=2
+vocab_par gpt-gqa-swiglu-untied "$T $GQA" 2 mesh.tensor=2
 
 # planner figure: fsdp=2 holds about half the bytes per device (a few small vectors, split
 # only over tensor, stay whole)
