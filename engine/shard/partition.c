@@ -8,6 +8,9 @@
  *   partial over A      -> not partial     ALL_REDUCE over the group of A
  *   dim split over A    -> replicated dim  ALL_GATHER along that dim over A
  *   replicated dim      -> split over A    SLICE of this rank's block (no communication)
+ * A few rules build more than the op: the vocab-parallel lookup and cross-entropy (a table or
+ * logits split on vocab, `[vocab, tensor]`) are written out of masks, the op on the rank's
+ * block and collectives (rule_gather, xent_vocab_parallel).
  */
 #include "shard/shard.h"
 
