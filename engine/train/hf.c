@@ -881,6 +881,40 @@ out:
     return st;
 }
 
+/* Adds config.json-style eos_token_id (v: an id, a list, null) of file p to ids. */
+static jdt_status add_eos(const char *p, const jdt_json *v, int vocab, int *ids, int *n, jdt_err *e)
+{
+    if (!v || v->type == JDT_JSON_NULL) return JDT_OK;
+    const jdt_json *one = v->type == JDT_JSON_ARRAY ? v->child : v;
+    for (; one; one = v->type == JDT_JSON_ARRAY ? one->next : NULL) {
+        int64_t id;
+        if (!jdt_json_int(one, 0, vocab - 1, &id))
+            return jdt_err_set(e, JDT_ERR_FORMAT, "%s: eos_token_id holds something other than an id in [0, %d)",
+                               p, vocab);
+        bool seen = false;
+        for (int i = 0; i < *n; i++) seen = seen || ids[i] == (int)id;
+        if (!seen && *n < JDT_HF_MAX_EOS) ids[(*n)++] = (int)id;
+    }
+    return JDT_OK;
+}
+
+jdt_status jdt_hf_eos_ids(const char *dir, int vocab, int *ids, int *n, jdt_err *e)
+{
+    *n = 0;
+    static const char *const files[2] = {"config.json", "generation_config.json"};
+    for (int f = 0; f < 2; f++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/%s", dir, files[f]);
+        if (f == 1 && !jdt_io_is_file(p)) break;
+        jdt_json_doc *doc = NULL;
+        jdt_status st = jdt_json_parse_file(p, &doc, e);
+        if (st == JDT_OK) st = add_eos(p, jdt_json_get(jdt_json_root(doc), "eos_token_id"), vocab, ids, n, e);
+        jdt_json_doc_free(doc);
+        if (st != JDT_OK) return st;
+    }
+    return JDT_OK;
+}
+
 jdt_status jdt_hf_read_params(const char *dir, const jdt_config *c, int n, const char *const *names,
                               const jdt_shape *shapes, float *const *dst, jdt_err *e)
 {

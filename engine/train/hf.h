@@ -52,6 +52,13 @@ bool jdt_hf_is_model_dir(const char *path);
  * reader's. */
 jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e);
 
+/* The end-of-sequence ids of a Hugging Face directory: "eos_token_id" (an id or a list of
+ * ids) of config.json and of generation_config.json where it exists (Llama 3 Instruct's lists
+ * <|eot_id|> there), each below vocab once, at most JDT_HF_MAX_EOS. Errors: ERR_FORMAT (an id
+ * that is not an integer in [0, vocab)), the JSON reader's. */
+#define JDT_HF_MAX_EOS 8
+jdt_status jdt_hf_eos_ids(const char *dir, int vocab, int *ids, int *n, jdt_err *e);
+
 /* Reads the whole params names[i] (our names: "wte", "blocks.0.attn.q.w", ...) of shapes[i]
  * into dst[i] from a Hugging Face directory, after checking config.json against cfg (as
  * jdt_hf_init_from does). Errors as jdt_hf_init_from. */

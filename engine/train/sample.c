@@ -47,7 +47,9 @@ typedef struct {
     bool have_cfg;
     int T, V;
     jdt_bpe *tok;
-    int eot; /* the tokenizer's <|endoftext|> id, or -1 */
+    int eot;                 /* the tokenizer's <|endoftext|> id, or -1 */
+    int eos[JDT_HF_MAX_EOS]; /* a Hugging Face model's end-of-sequence ids too (config.json, */
+    int n_eos;               /* generation_config.json: Llama 3's <|eot_id|>, Qwen's <|im_end|>) */
     jdt_graph *g;
     jdt_model m;
     float **params;    /* (m.n_params) */
@@ -283,7 +285,10 @@ static jdt_status append_token(sampler *sp, int s, int t, jdt_err *e)
     const jdt_sample_opts *o = sp->o;
     seq *sq = &sp->seqs[s];
     sq->n_new++;
-    if (t == sp->eot && !o->ignore_eos) {
+    bool eos = t == sp->eot;
+    for (int i = 0; i < sp->n_eos; i++)
+        eos = eos || t == sp->eos[i];
+    if (eos && !o->ignore_eos) {
         sq->done = true;
         return JDT_OK;
     }
@@ -477,6 +482,9 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
             goto out;
         sp.eot = jdt_bpe_special_id(sp.tok, "<|endoftext|>");
     }
+    if (jdt_hf_is_model_dir(ckpt_path) &&
+        (st = jdt_hf_eos_ids(ckpt_path, sp.V, sp.eos, &sp.n_eos, e)) != JDT_OK)
+        goto out;
     const int S = sp.S, V = sp.V, T = sp.T;
     const int max_batch = o->max_batch > 0 ? o->max_batch : JDT_SAMPLE_DEFAULT_BATCH;
     sp.n_slots = S < max_batch ? S : max_batch;
