@@ -915,6 +915,47 @@ jdt_status jdt_hf_eos_ids(const char *dir, int vocab, int *ids, int *n, jdt_err 
     return JDT_OK;
 }
 
+/* A TemplateProcessing post-processor in pp (it, or one of a Sequence's), or NULL. */
+static const jdt_json *template_processing(const jdt_json *pp)
+{
+    const char *type = jdt_json_str(jdt_json_get(pp, "type"));
+    if (type && strcmp(type, "TemplateProcessing") == 0) return pp;
+    const jdt_json *list = type && strcmp(type, "Sequence") == 0 ? jdt_json_get(pp, "processors") : NULL;
+    for (const jdt_json *q = list && list->type == JDT_JSON_ARRAY ? list->child : NULL; q; q = q->next) {
+        const jdt_json *t = template_processing(q);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+jdt_status jdt_hf_prompt_prefix(const char *dir, const struct jdt_bpe *tok, int *ids, int *n, jdt_err *e)
+{
+    *n = 0;
+    char p[1100];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    if (!tok || !jdt_io_is_file(p)) return JDT_OK;
+    jdt_json_doc *doc = NULL;
+    jdt_status st = jdt_json_parse_file(p, &doc, e);
+    if (st) return st;
+    const jdt_json *tp = template_processing(jdt_json_get(jdt_json_root(doc), "post_processor"));
+    const jdt_json *single = tp ? jdt_json_get(tp, "single") : NULL;
+    /* the special tokens before the text's piece ("Sequence" A) */
+    for (const jdt_json *it = single && single->type == JDT_JSON_ARRAY ? single->child : NULL; it; it = it->next) {
+        const jdt_json *sp = jdt_json_get(it, "SpecialToken");
+        if (!sp) break;
+        const char *name = jdt_json_str(jdt_json_get(sp, "id"));
+        const int id = name ? jdt_bpe_special_id(tok, name) : -1;
+        if (id < 0) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: the post-processor's template names '%s', not a token of it",
+                             p, name ? name : "?");
+            break;
+        }
+        if (*n < JDT_HF_MAX_EOS) ids[(*n)++] = id;
+    }
+    jdt_json_doc_free(doc);
+    return st;
+}
+
 jdt_status jdt_hf_read_params(const char *dir, const jdt_config *c, int n, const char *const *names,
                               const jdt_shape *shapes, float *const *dst, jdt_err *e)
 {

@@ -50,6 +50,8 @@ typedef struct {
     int eot;                 /* the tokenizer's <|endoftext|> id, or -1 */
     int eos[JDT_HF_MAX_EOS]; /* a Hugging Face model's end-of-sequence ids too (config.json, */
     int n_eos;               /* generation_config.json: Llama 3's <|eot_id|>, Qwen's <|im_end|>) */
+    int bos[JDT_HF_MAX_EOS]; /* ... and what its tokenizer puts before a text (Llama 3's */
+    int n_bos;               /* <|begin_of_text|>): before every prompt */
     jdt_graph *g;
     jdt_model m;
     float **params;    /* (m.n_params) */
@@ -188,11 +190,13 @@ static jdt_status encode_prompt(sampler *sp, int i, seq *sq, jdt_err *e)
         if (st != JDT_OK) return st;
     }
     const size_t n_tok = sp->tok ? n_ids : np ? np : 1;
-    sq->cap = n_tok + (size_t)sp->o->max_new_tokens + 1;
+    sq->cap = (size_t)sp->n_bos + n_tok + (size_t)sp->o->max_new_tokens + 1;
     if (!(sq->ctx = jdt_calloc(sq->cap, sizeof *sq->ctx))) {
         jdt_free(ids);
         return jdt_err_set(e, JDT_ERR_NOMEM, "sample: out of memory");
     }
+    for (int k = 0; k < sp->n_bos; k++)
+        sq->ctx[sq->n++] = sp->bos[k];
     for (size_t k = 0; k < n_tok; k++) {
         int32_t t = sp->tok ? (int32_t)ids[k] : np ? (int32_t)(unsigned char)p[k] : '\n';
         if (t >= sp->V) {
@@ -483,8 +487,17 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
         sp.eot = jdt_bpe_special_id(sp.tok, "<|endoftext|>");
     }
     if (jdt_hf_is_model_dir(ckpt_path) &&
-        (st = jdt_hf_eos_ids(ckpt_path, sp.V, sp.eos, &sp.n_eos, e)) != JDT_OK)
+        ((st = jdt_hf_eos_ids(ckpt_path, sp.V, sp.eos, &sp.n_eos, e)) != JDT_OK ||
+         (st = jdt_hf_prompt_prefix(ckpt_path, sp.tok, sp.bos, &sp.n_bos, e)) != JDT_OK))
         goto out;
+    for (int k = 0; k < sp.n_bos; k++)
+        if (sp.bos[k] >= sp.V) {
+            st = jdt_err_set(e, JDT_ERR_FORMAT,
+                             "%s: the tokenizer's prompt prefix holds id %d, outside the model's "
+                             "vocabulary of %d",
+                             ckpt_path, sp.bos[k], sp.V);
+            goto out;
+        }
     const int S = sp.S, V = sp.V, T = sp.T;
     const int max_batch = o->max_batch > 0 ? o->max_batch : JDT_SAMPLE_DEFAULT_BATCH;
     sp.n_slots = S < max_batch ? S : max_batch;

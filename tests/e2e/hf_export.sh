@@ -155,6 +155,27 @@ expect 0 "$BIN" sample "$TMP/runs/bpe/ckpt" --prompt "The " --length 12 --temper
 cp "$TMP/out" "$TMP/bpe_ckpt.txt"
 expect 0 "$BIN" sample "$TMP/hf_bpe" --prompt "The " --length 12 --temperature 0
 cmp -s "$TMP/out" "$TMP/bpe_ckpt.txt" || fail "bpe: sample of the Hugging Face directory differs from the checkpoint's"
+# a tokenizer whose post-processor puts a special token before every text (Llama 3's
+# <|begin_of_text|>: a TemplateProcessing inside a Sequence) gets it before every prompt, as
+# transformers' tokenizer(prompt) does: the same text as the token written into the prompt
+mkdir -p "$TMP/hf_tp" && cp "$TMP/hf_bpe/model.safetensors" "$TMP/hf_bpe/config.json" "$TMP/hf_tp/"
+"$PY" -c "
+import json
+from tokenizers import Tokenizer
+t = json.load(open('$TMP/hf_bpe/tokenizer.json'))
+a, b = {'Sequence': {'id': 'A', 'type_id': 0}}, {'Sequence': {'id': 'B', 'type_id': 1}}
+eot = {'SpecialToken': {'id': '<|endoftext|>', 'type_id': 0}}
+t['post_processor'] = {'type': 'Sequence', 'processors': [t['post_processor'], {'type': 'TemplateProcessing',
+  'single': [eot, a], 'pair': [eot, a, b],
+  'special_tokens': {'<|endoftext|>': {'id': '<|endoftext|>', 'ids': [299], 'tokens': ['<|endoftext|>']}}}]}
+json.dump(t, open('$TMP/hf_tp/tokenizer.json', 'w'))
+assert Tokenizer.from_file('$TMP/hf_tp/tokenizer.json').encode('The ').ids[0] == 299" || fail "template tokenizer"
+expect 0 "$BIN" sample "$TMP/hf_tp" --prompt "The " --length 12 --temperature 0
+tail -c +5 "$TMP/out" > "$TMP/tp.txt"
+expect 0 "$BIN" sample "$TMP/hf_bpe" --prompt "<|endoftext|>The " --length 12 --temperature 0
+tail -c +18 "$TMP/out" | cmp -s - "$TMP/tp.txt" || fail "template prefix: [$(cat "$TMP/tp.txt")] vs [$(cat "$TMP/out")]"
+cmp -s "$TMP/tp.txt" <(tail -c +5 "$TMP/bpe_ckpt.txt") && fail "template prefix: the same text as without it: the check proves nothing"
+echo "sample HF_DIR: a post-processor's leading special token is put before the prompt"
 # a directory without a tokenizer cannot turn a prompt into ids: said in one line
 mkdir -p "$TMP/hf_notok" && cp "$TMP/hf_bpe/model.safetensors" "$TMP/hf_bpe/config.json" "$TMP/hf_notok/"
 expect 1 "$BIN" sample "$TMP/hf_notok" --prompt "x"
