@@ -183,6 +183,8 @@ static jdt_status encode_prompt(sampler *sp, int i, seq *sq, jdt_err *e)
     if (sp->tok) {
         if (np)
             st = jdt_bpe_encode(sp->tok, p, np, &ids, &n_ids, &cap, e);
+        else if (sp->n_bos > 0) /* no prompt: the leading tokens alone (Llama 3's BOS) */
+            n_ids = 0;
         else if (sp->eot >= 0)
             st = jdt_bpe_encode(sp->tok, "<|endoftext|>", 13, &ids, &n_ids, &cap, e);
         else

@@ -175,7 +175,13 @@ tail -c +5 "$TMP/out" > "$TMP/tp.txt"
 expect 0 "$BIN" sample "$TMP/hf_bpe" --prompt "<|endoftext|>The " --length 12 --temperature 0
 tail -c +18 "$TMP/out" | cmp -s - "$TMP/tp.txt" || fail "template prefix: [$(cat "$TMP/tp.txt")] vs [$(cat "$TMP/out")]"
 cmp -s "$TMP/tp.txt" <(tail -c +5 "$TMP/bpe_ckpt.txt") && fail "template prefix: the same text as without it: the check proves nothing"
-echo "sample HF_DIR: a post-processor's leading special token is put before the prompt"
+# no prompt: the leading token alone (here <|endoftext|>, where a tokenizer without a template
+# starts from <|endoftext|> too: the same text), not the token and then the no-prompt start
+expect 0 "$BIN" sample "$TMP/hf_tp" --length 12 --temperature 0
+cp "$TMP/out" "$TMP/tp0.txt"
+expect 0 "$BIN" sample "$TMP/hf_bpe" --length 12 --temperature 0
+cmp -s "$TMP/out" "$TMP/tp0.txt" || fail "template prefix, no prompt: [$(cat "$TMP/tp0.txt")] vs [$(cat "$TMP/out")]"
+echo "sample HF_DIR: a post-processor's leading special token is put before the prompt (alone without one)"
 # a directory without a tokenizer cannot turn a prompt into ids: said in one line
 mkdir -p "$TMP/hf_notok" && cp "$TMP/hf_bpe/model.safetensors" "$TMP/hf_bpe/config.json" "$TMP/hf_notok/"
 expect 1 "$BIN" sample "$TMP/hf_notok" --prompt "x"
