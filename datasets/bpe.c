@@ -72,6 +72,11 @@ struct jdt_bpe {
 
     char *json_text; /* the tokenizer.json this was loaded from, if any */
     size_t json_len;
+    /* the special tokens its post-processor's template puts before a text (JDT_BPE_MAX_PREFIX
+     * at most); n_prefix -1 when the template names a token that is not an added one */
+    uint32_t prefix_ids[JDT_BPE_MAX_PREFIX];
+    int n_prefix;
+    char prefix_bad[64];
 
     cache_slot *cache;
     size_t cache_used;
@@ -959,6 +964,49 @@ static jdt_status parse_pre_tokenizer(jdt_bpe *t, const jdt_json *pt, const char
     return JDT_OK;
 }
 
+/* A TemplateProcessing post-processor in pp (it, or one of a Sequence's), or NULL. */
+static const jdt_json *template_processing(const jdt_json *pp)
+{
+    const char *type = jdt_json_str(jdt_json_get(pp, "type"));
+    if (type && strcmp(type, "TemplateProcessing") == 0) return pp;
+    const jdt_json *list = type && strcmp(type, "Sequence") == 0 ? jdt_json_get(pp, "processors") : NULL;
+    for (const jdt_json *q = list && list->type == JDT_JSON_ARRAY ? list->child : NULL; q; q = q->next) {
+        const jdt_json *tp = template_processing(q);
+        if (tp) return tp;
+    }
+    return NULL;
+}
+
+/* The special tokens of the post-processor pp's "single" template before the text's piece
+ * ("Sequence" A) into t->prefix_ids, after the added tokens are known. */
+static void read_template(jdt_bpe *t, const jdt_json *pp)
+{
+    const jdt_json *tp = pp ? template_processing(pp) : NULL;
+    const jdt_json *single = tp ? jdt_json_get(tp, "single") : NULL;
+    for (const jdt_json *it = single && single->type == JDT_JSON_ARRAY ? single->child : NULL; it; it = it->next) {
+        const jdt_json *sp = jdt_json_get(it, "SpecialToken");
+        if (!sp) break;
+        const char *name = jdt_json_str(jdt_json_get(sp, "id"));
+        const int id = name ? jdt_bpe_special_id(t, name) : -1;
+        if (id < 0) {
+            snprintf(t->prefix_bad, sizeof t->prefix_bad, "%s", name ? name : "?");
+            t->n_prefix = -1;
+            return;
+        }
+        if (t->n_prefix < JDT_BPE_MAX_PREFIX) t->prefix_ids[t->n_prefix++] = (uint32_t)id;
+    }
+}
+
+jdt_status jdt_bpe_prompt_prefix(const jdt_bpe *t, const uint32_t **ids, int *n, jdt_err *e)
+{
+    *ids = t->prefix_ids;
+    *n = t->n_prefix > 0 ? t->n_prefix : 0;
+    if (t->n_prefix < 0)
+        return jdt_err_set(e, JDT_ERR_FORMAT, "tokenizer.json: the post-processor's template names '%s', not a token of it",
+                           t->prefix_bad);
+    return JDT_OK;
+}
+
 static jdt_status load_tokenizer_json(jdt_bpe *t, const char *path, jdt_err *e)
 {
     jdt_json_doc *doc = NULL;
@@ -1043,6 +1091,7 @@ static jdt_status load_tokenizer_json(jdt_bpe *t, const char *path, jdt_err *e)
         st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: added_tokens is not an array", path);
         goto out;
     }
+    read_template(t, jdt_json_get(root, "post_processor"));
     if ((st = load_vocab(t, jdt_json_get(model, "vocab"), path, e))) goto out;
     const jdt_json *merges = jdt_json_get(model, "merges");
     if (!merges || merges->type != JDT_JSON_ARRAY) {

@@ -50,6 +50,13 @@ jdt_status jdt_bpe_save(const jdt_bpe *tok, const char *path, jdt_err *e);
 int jdt_bpe_vocab_size(const jdt_bpe *tok);
 /* The id of special token s, or -1. */
 int jdt_bpe_special_id(const jdt_bpe *tok, const char *s);
+/* The special tokens transformers' tokenizer puts before every text it encodes with
+ * add_special_tokens: a loaded tokenizer.json's TemplateProcessing "single" template (the
+ * post-processor, or one of a Sequence's: Llama 3's <|begin_of_text|>; none for GPT-2, Qwen and
+ * trained tokenizers), *n of them at *ids. Errors: ERR_FORMAT (the template names a token that
+ * is not one of the tokenizer's added tokens). */
+#define JDT_BPE_MAX_PREFIX 8
+jdt_status jdt_bpe_prompt_prefix(const jdt_bpe *tok, const uint32_t **ids, int *n, jdt_err *e);
 
 /* Later jdt_bpe_encode calls report MB of their text done to prog (begun by the caller, with
  * the text's size in MB as its total); NULL stops reporting. */

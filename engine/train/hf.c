@@ -86,6 +86,55 @@ static int64_t rope_row(int64_t j, int64_t D)
     return h * D + (f % 2) * (D / 2) + f / 2;
 }
 
+/* GPT-2's per-block tensors, ours -> HF under transformer.h.L., laid out alike; q, k and v
+ * are packed into attn.c_attn apart from these. */
+static const char *const GPT2_BLOCK[][2] = {
+    {"ln1.w", "ln_1.weight"},           {"ln1.b", "ln_1.bias"},         {"attn.o.w", "attn.c_proj.weight"},
+    {"attn.o.b", "attn.c_proj.bias"},   {"ln2.w", "ln_2.weight"},       {"ln2.b", "ln_2.bias"},
+    {"mlp.fc.w", "mlp.c_fc.weight"},    {"mlp.fc.b", "mlp.c_fc.bias"},  {"mlp.proj.w", "mlp.c_proj.weight"},
+    {"mlp.proj.b", "mlp.c_proj.bias"},
+};
+
+/* Rows (entries) of an HF q/k tensor permuted per head for RoPE (rope_row): those of the query
+ * heads, of the key/value heads, or of one head (Qwen3's norm scales). */
+typedef enum { ROPE_NONE, ROPE_Q_HEADS, ROPE_KV_HEADS, ROPE_ONE_HEAD } rope_rows;
+
+/* The Llama family's per-block tensors, ours -> HF under model.layers.L.: whether HF stores the
+ * weight (out, in), which rows RoPE permutes, and the one architecture that has it (-1: all). */
+static const struct {
+    const char *ours, *hf;
+    rope_rows rope;
+    bool transpose;
+    int only;
+} LLAMA_BLOCK[] = {
+    {"ln1.w", "input_layernorm.weight", ROPE_NONE, false, -1},
+    {"attn.q.w", "self_attn.q_proj.weight", ROPE_Q_HEADS, true, -1},
+    {"attn.k.w", "self_attn.k_proj.weight", ROPE_KV_HEADS, true, -1},
+    {"attn.v.w", "self_attn.v_proj.weight", ROPE_NONE, true, -1},
+    {"attn.o.w", "self_attn.o_proj.weight", ROPE_NONE, true, -1},
+    {"ln2.w", "post_attention_layernorm.weight", ROPE_NONE, false, -1},
+    {"mlp.gate.w", "mlp.gate_proj.weight", ROPE_NONE, true, -1},
+    {"mlp.up.w", "mlp.up_proj.weight", ROPE_NONE, true, -1},
+    {"mlp.down.w", "mlp.down_proj.weight", ROPE_NONE, true, -1},
+    {"attn.q.b", "self_attn.q_proj.bias", ROPE_Q_HEADS, false, HF_QWEN2},
+    {"attn.k.b", "self_attn.k_proj.bias", ROPE_KV_HEADS, false, HF_QWEN2},
+    {"attn.v.b", "self_attn.v_proj.bias", ROPE_NONE, false, HF_QWEN2},
+    {"attn.q_norm.w", "self_attn.q_norm.weight", ROPE_ONE_HEAD, false, HF_QWEN3},
+    {"attn.k_norm.w", "self_attn.k_norm.weight", ROPE_ONE_HEAD, false, HF_QWEN3},
+};
+
+/* The heads rows of kind r are permuted in (0: none). */
+static int64_t rope_heads_of(const jdt_config *c, rope_rows r)
+{
+    switch (r) {
+    case ROPE_Q_HEADS: return c->model.n_head;
+    case ROPE_KV_HEADS: return jdt_config_kv_heads(c);
+    case ROPE_ONE_HEAD: return 1;
+    case ROPE_NONE: break;
+    }
+    return 0;
+}
+
 static const float *param(exporter *x, const char *name, int64_t *d0, int64_t *d1)
 {
     for (int i = 0; i < x->m.n_params; i++) {
@@ -244,16 +293,9 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
         EMIT("wte", "transformer.wte.weight", false, 0);
         EMIT("wpe", "transformer.wpe.weight", false, 0);
         for (int64_t l = 0; l < L; l++) {
-            static const char *const map[][2] = {
-                {"ln1.w", "ln_1.weight"},          {"ln1.b", "ln_1.bias"},
-                {"attn.o.w", "attn.c_proj.weight"}, {"attn.o.b", "attn.c_proj.bias"},
-                {"ln2.w", "ln_2.weight"},          {"ln2.b", "ln_2.bias"},
-                {"mlp.fc.w", "mlp.c_fc.weight"},   {"mlp.fc.b", "mlp.c_fc.bias"},
-                {"mlp.proj.w", "mlp.c_proj.weight"}, {"mlp.proj.b", "mlp.c_proj.bias"},
-            };
-            for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
-                snprintf(a, sizeof a, "blocks.%lld.%s", (long long)l, map[k][0]);
-                snprintf(b, sizeof b, "transformer.h.%lld.%s", (long long)l, map[k][1]);
+            for (size_t k = 0; k < JDT_ARRAY_LEN(GPT2_BLOCK); k++) {
+                snprintf(a, sizeof a, "blocks.%lld.%s", (long long)l, GPT2_BLOCK[k][0]);
+                snprintf(b, sizeof b, "transformer.h.%lld.%s", (long long)l, GPT2_BLOCK[k][1]);
                 EMIT(a, b, false, 0);
             }
             /* c_attn: (C, 3C) = [q | k | v] along columns; bias likewise */
@@ -283,26 +325,11 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     } else {
         EMIT("wte", "model.embed_tokens.weight", false, 0);
         for (int64_t l = 0; l < L; l++) {
-            static const struct {
-                const char *ours, *hf;
-                int rope; /* 1: q heads, 2: kv heads */
-            } map[] = {
-                {"ln1.w", "input_layernorm.weight", 0},      {"attn.q.w", "self_attn.q_proj.weight", 1},
-                {"attn.k.w", "self_attn.k_proj.weight", 2},  {"attn.v.w", "self_attn.v_proj.weight", 0},
-                {"attn.o.w", "self_attn.o_proj.weight", 0},  {"ln2.w", "post_attention_layernorm.weight", 0},
-                {"mlp.gate.w", "mlp.gate_proj.weight", 0},   {"mlp.up.w", "mlp.up_proj.weight", 0},
-                {"mlp.down.w", "mlp.down_proj.weight", 0},
-                /* Qwen2's q/k/v biases, Qwen3's q/k norm scales */
-                {"attn.q.b", "self_attn.q_proj.bias", 1},    {"attn.k.b", "self_attn.k_proj.bias", 2},
-                {"attn.v.b", "self_attn.v_proj.bias", 0},    {"attn.q_norm.w", "self_attn.q_norm.weight", 3},
-                {"attn.k_norm.w", "self_attn.k_norm.weight", 3},
-            };
-            for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
-                if (k >= 9 && k < 12 && arch != HF_QWEN2) continue;
-                if (k >= 12 && arch != HF_QWEN3) continue;
-                snprintf(a, sizeof a, "blocks.%lld.%s", (long long)l, map[k].ours);
-                snprintf(b, sizeof b, "model.layers.%lld.%s", (long long)l, map[k].hf);
-                EMIT(a, b, true, map[k].rope == 1 ? H : map[k].rope == 2 ? Hkv : map[k].rope == 3 ? 1 : 0);
+            for (size_t k = 0; k < JDT_ARRAY_LEN(LLAMA_BLOCK); k++) {
+                if (LLAMA_BLOCK[k].only >= 0 && LLAMA_BLOCK[k].only != (int)arch) continue;
+                snprintf(a, sizeof a, "blocks.%lld.%s", (long long)l, LLAMA_BLOCK[k].ours);
+                snprintf(b, sizeof b, "model.layers.%lld.%s", (long long)l, LLAMA_BLOCK[k].hf);
+                EMIT(a, b, LLAMA_BLOCK[k].transpose, rope_heads_of(&cfg, LLAMA_BLOCK[k].rope));
             }
         }
         EMIT("ln_f.w", "model.norm.weight", false, 0);
@@ -417,20 +444,14 @@ static bool map_name(const jdt_config *c, const char *ours, src_map *m)
     if (!llama) {
         static const char *const top[][2] = {{"wte", "transformer.wte.weight"}, {"wpe", "transformer.wpe.weight"},
                                              {"ln_f.w", "transformer.ln_f.weight"}, {"ln_f.b", "transformer.ln_f.bias"}};
-        static const char *const blk[][2] = {
-            {"ln1.w", "ln_1.weight"},          {"ln1.b", "ln_1.bias"},     {"attn.o.w", "attn.c_proj.weight"},
-            {"attn.o.b", "attn.c_proj.bias"},  {"ln2.w", "ln_2.weight"},   {"ln2.b", "ln_2.bias"},
-            {"mlp.fc.w", "mlp.c_fc.weight"},   {"mlp.fc.b", "mlp.c_fc.bias"}, {"mlp.proj.w", "mlp.c_proj.weight"},
-            {"mlp.proj.b", "mlp.c_proj.bias"},
-        };
         if (l < 0) {
             for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
                 if (strcmp(ours, top[i][0]) == 0) return snprintf(m->hf, sizeof m->hf, "%s", top[i][1]) > 0;
             return false;
         }
-        for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
-            if (strcmp(rest, blk[i][0]) == 0)
-                return snprintf(m->hf, sizeof m->hf, "transformer.h.%ld.%s", l, blk[i][1]) > 0;
+        for (size_t i = 0; i < JDT_ARRAY_LEN(GPT2_BLOCK); i++)
+            if (strcmp(rest, GPT2_BLOCK[i][0]) == 0)
+                return snprintf(m->hf, sizeof m->hf, "transformer.h.%ld.%s", l, GPT2_BLOCK[i][1]) > 0;
         if (strncmp(rest, "attn.", 5) == 0 && (rest[5] == 'q' || rest[5] == 'k' || rest[5] == 'v') && rest[6] == '.') {
             m->slot = rest[5] == 'q' ? 0 : rest[5] == 'k' ? 1 : 2;
             snprintf(m->hf, sizeof m->hf, "transformer.h.%ld.attn.c_attn.%s", l, rest[7] == 'w' ? "weight" : "bias");
@@ -447,28 +468,11 @@ static bool map_name(const jdt_config *c, const char *ours, src_map *m)
         }
         return false;
     }
-    static const struct {
-        const char *ours, *hf;
-        int rope; /* rows (entries) permuted per head: 1 q heads, 2 kv heads, 3 one head */
-        bool transpose;
-    } blk[] = {
-        {"ln1.w", "input_layernorm.weight", 0, false},     {"attn.q.w", "self_attn.q_proj.weight", 1, true},
-        {"attn.k.w", "self_attn.k_proj.weight", 2, true},  {"attn.v.w", "self_attn.v_proj.weight", 0, true},
-        {"attn.o.w", "self_attn.o_proj.weight", 0, true},  {"ln2.w", "post_attention_layernorm.weight", 0, false},
-        {"mlp.gate.w", "mlp.gate_proj.weight", 0, true},   {"mlp.up.w", "mlp.up_proj.weight", 0, true},
-        {"mlp.down.w", "mlp.down_proj.weight", 0, true},   {"attn.q.b", "self_attn.q_proj.bias", 1, false},
-        {"attn.k.b", "self_attn.k_proj.bias", 2, false},   {"attn.v.b", "self_attn.v_proj.bias", 0, false},
-        {"attn.q_norm.w", "self_attn.q_norm.weight", 3, false},
-        {"attn.k_norm.w", "self_attn.k_norm.weight", 3, false},
-    };
-    for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
-        if (strcmp(rest, blk[i].ours) == 0) {
-            m->transpose = blk[i].transpose;
-            m->rope_heads = blk[i].rope == 1   ? c->model.n_head
-                            : blk[i].rope == 2 ? jdt_config_kv_heads(c)
-                            : blk[i].rope == 3 ? 1
-                                               : 0;
-            return snprintf(m->hf, sizeof m->hf, "model.layers.%ld.%s", l, blk[i].hf) > 0;
+    for (size_t i = 0; i < JDT_ARRAY_LEN(LLAMA_BLOCK); i++)
+        if (strcmp(rest, LLAMA_BLOCK[i].ours) == 0) {
+            m->transpose = LLAMA_BLOCK[i].transpose;
+            m->rope_heads = rope_heads_of(c, LLAMA_BLOCK[i].rope);
+            return snprintf(m->hf, sizeof m->hf, "model.layers.%ld.%s", l, LLAMA_BLOCK[i].hf) > 0;
         }
     return false;
 }
@@ -521,6 +525,17 @@ static hf_rope hf_rope_of(const jdt_json *r)
     return h;
 }
 
+/* The sliding window config.json's model attends over (Mistral's "sliding_window"; Qwen's
+ * where "use_sliding_window" is true), or 0 for its whole context. */
+static int64_t hf_window(const jdt_json *r, const char *model_type)
+{
+    const jdt_json *usw = jdt_json_get(r, "use_sliding_window");
+    int64_t window = 0;
+    if ((model_type && strcmp(model_type, "mistral") == 0) || (usw && usw->type == JDT_JSON_TRUE))
+        if (!hf_int(r, "sliding_window", 0, &window) || window < 0) window = 0;
+    return window;
+}
+
 /* Parses dir/config.json (its path into p) and finds its model_type (NULL when absent). */
 static jdt_status open_hf_config(const char *dir, char *p, size_t n, jdt_json_doc **doc,
                                  const jdt_json **root, const char **model_type, jdt_err *e)
@@ -569,10 +584,8 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err 
         goto out;
     }
     /* a sliding window shorter than the run's context would attend elsewhere than this gpt */
-    const jdt_json *usw = jdt_json_get(r, "use_sliding_window");
-    int64_t window = 0;
-    if (llama && (strcmp(mt, "mistral") == 0 || (usw && usw->type == JDT_JSON_TRUE)) &&
-        hf_int(r, "sliding_window", 0, &window) && window > 0 && window < c->model.seq_len) {
+    const int64_t window = llama ? hf_window(r, mt) : 0;
+    if (window > 0 && window < c->model.seq_len) {
         st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: sliding_window is %lld, below this config's model.seq_len %d "
                          "(a gpt attends to its whole context): set model.seq_len <= %lld",
                          p, (long long)window, c->model.seq_len, (long long)window);
@@ -812,7 +825,7 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
     if (st) return st;
     const int arch = arch_of_model_type(mt);
     const bool llama = arch != HF_GPT2;
-    int64_t V = 0, C = 0, L = 0, H = 0, Hkv = 0, F = 0, T = 0, D = 0, window = 0;
+    int64_t V = 0, C = 0, L = 0, H = 0, Hkv = 0, F = 0, T = 0, D = 0;
     if (arch < 0) {
         st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only gpt2, llama, mistral, qwen2 and qwen3 "
                          "map to a gpt", p, mt ? mt : "?");
@@ -835,10 +848,8 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
     }
     if (llama && T > HF_SAMPLE_MAX_T) T = HF_SAMPLE_MAX_T;
     /* Mistral 7B v0.1 attends over a window of 4096: the context it was trained to use */
-    const jdt_json *usw = jdt_json_get(r, "use_sliding_window");
-    if ((strcmp(mt, "mistral") == 0 || (usw && usw->type == JDT_JSON_TRUE)) &&
-        hf_int(r, "sliding_window", 0, &window) && window > 0 && window < T)
-        T = window;
+    const int64_t window = hf_window(r, mt);
+    if (window > 0 && window < T) T = window;
     const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
     const bool tied = llama ? tie && tie->type == JDT_JSON_TRUE : true;
     char tok[1100];
@@ -913,47 +924,6 @@ jdt_status jdt_hf_eos_ids(const char *dir, int vocab, int *ids, int *n, jdt_err 
         if (st != JDT_OK) return st;
     }
     return JDT_OK;
-}
-
-/* A TemplateProcessing post-processor in pp (it, or one of a Sequence's), or NULL. */
-static const jdt_json *template_processing(const jdt_json *pp)
-{
-    const char *type = jdt_json_str(jdt_json_get(pp, "type"));
-    if (type && strcmp(type, "TemplateProcessing") == 0) return pp;
-    const jdt_json *list = type && strcmp(type, "Sequence") == 0 ? jdt_json_get(pp, "processors") : NULL;
-    for (const jdt_json *q = list && list->type == JDT_JSON_ARRAY ? list->child : NULL; q; q = q->next) {
-        const jdt_json *t = template_processing(q);
-        if (t) return t;
-    }
-    return NULL;
-}
-
-jdt_status jdt_hf_prompt_prefix(const char *dir, const struct jdt_bpe *tok, int *ids, int *n, jdt_err *e)
-{
-    *n = 0;
-    char p[1100];
-    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    if (!tok || !jdt_io_is_file(p)) return JDT_OK;
-    jdt_json_doc *doc = NULL;
-    jdt_status st = jdt_json_parse_file(p, &doc, e);
-    if (st) return st;
-    const jdt_json *tp = template_processing(jdt_json_get(jdt_json_root(doc), "post_processor"));
-    const jdt_json *single = tp ? jdt_json_get(tp, "single") : NULL;
-    /* the special tokens before the text's piece ("Sequence" A) */
-    for (const jdt_json *it = single && single->type == JDT_JSON_ARRAY ? single->child : NULL; it; it = it->next) {
-        const jdt_json *sp = jdt_json_get(it, "SpecialToken");
-        if (!sp) break;
-        const char *name = jdt_json_str(jdt_json_get(sp, "id"));
-        const int id = name ? jdt_bpe_special_id(tok, name) : -1;
-        if (id < 0) {
-            st = jdt_err_set(e, JDT_ERR_FORMAT, "%s: the post-processor's template names '%s', not a token of it",
-                             p, name ? name : "?");
-            break;
-        }
-        if (*n < JDT_HF_MAX_EOS) ids[(*n)++] = id;
-    }
-    jdt_json_doc_free(doc);
-    return st;
 }
 
 jdt_status jdt_hf_read_params(const char *dir, const jdt_config *c, int n, const char *const *names,

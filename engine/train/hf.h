@@ -58,14 +58,6 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e);
  * that is not an integer in [0, vocab)), the JSON reader's. */
 #define JDT_HF_MAX_EOS 8
 
-struct jdt_bpe;
-/* The special tokens transformers' tokenizer puts before every text it encodes with
- * add_special_tokens (dir/tokenizer.json's TemplateProcessing "single" template, the post-
- * processor or one of a Sequence's: Llama 3's <|begin_of_text|>; none for GPT-2 and Qwen), as
- * ids of tok, at most JDT_HF_MAX_EOS; *n = 0 without a tokenizer.json or such a template.
- * Errors: ERR_FORMAT (a template token tok does not know), the JSON reader's. */
-jdt_status jdt_hf_prompt_prefix(const char *dir, const struct jdt_bpe *tok, int *ids, int *n,
-                                jdt_err *e);
 jdt_status jdt_hf_eos_ids(const char *dir, int vocab, int *ids, int *n, jdt_err *e);
 
 /* Reads the whole params names[i] (our names: "wte", "blocks.0.attn.q.w", ...) of shapes[i]

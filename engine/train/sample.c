@@ -50,8 +50,9 @@ typedef struct {
     int eot;                 /* the tokenizer's <|endoftext|> id, or -1 */
     int eos[JDT_HF_MAX_EOS]; /* a Hugging Face model's end-of-sequence ids too (config.json, */
     int n_eos;               /* generation_config.json: Llama 3's <|eot_id|>, Qwen's <|im_end|>) */
-    int bos[JDT_HF_MAX_EOS]; /* ... and what its tokenizer puts before a text (Llama 3's */
-    int n_bos;               /* <|begin_of_text|>): before every prompt */
+    const uint32_t *bos;     /* ... and what its tokenizer puts before a text (Llama 3's */
+    int n_bos;               /* <|begin_of_text|>): before every prompt (in tok) */
+    bool hf;                 /* the model is a Hugging Face directory */
     jdt_graph *g;
     jdt_model m;
     float **params;    /* (m.n_params) */
@@ -198,7 +199,7 @@ static jdt_status encode_prompt(sampler *sp, int i, seq *sq, jdt_err *e)
         return jdt_err_set(e, JDT_ERR_NOMEM, "sample: out of memory");
     }
     for (int k = 0; k < sp->n_bos; k++)
-        sq->ctx[sq->n++] = sp->bos[k];
+        sq->ctx[sq->n++] = (int32_t)sp->bos[k];
     for (size_t k = 0; k < n_tok; k++) {
         int32_t t = sp->tok ? (int32_t)ids[k] : np ? (int32_t)(unsigned char)p[k] : '\n';
         if (t >= sp->V) {
@@ -361,7 +362,7 @@ static void stream_text(sampler *sp, seq *sq, FILE *out)
 static jdt_status load_model(sampler *sp, const char *ckpt_path, jdt_err *e)
 {
     /* a Hugging Face directory (model.safetensors + config.json) describes its own model */
-    const bool hf = jdt_hf_is_model_dir(ckpt_path);
+    const bool hf = sp->hf = jdt_hf_is_model_dir(ckpt_path);
     jdt_ckpt *ck = NULL;
     char *yaml = NULL, label[1100];
     const char *text = NULL;
@@ -488,16 +489,17 @@ jdt_status jdt_sample_run(const char *ckpt_path, const jdt_sample_opts *o, FILE 
             goto out;
         sp.eot = jdt_bpe_special_id(sp.tok, "<|endoftext|>");
     }
-    if (jdt_hf_is_model_dir(ckpt_path) &&
-        ((st = jdt_hf_eos_ids(ckpt_path, sp.V, sp.eos, &sp.n_eos, e)) != JDT_OK ||
-         (st = jdt_hf_prompt_prefix(ckpt_path, sp.tok, sp.bos, &sp.n_bos, e)) != JDT_OK))
+    if (sp.hf && (st = jdt_hf_eos_ids(ckpt_path, sp.V, sp.eos, &sp.n_eos, e)) != JDT_OK) goto out;
+    if (sp.hf && sp.tok && (st = jdt_bpe_prompt_prefix(sp.tok, &sp.bos, &sp.n_bos, e)) != JDT_OK) {
+        jdt_err_prefix(e, "%s", ckpt_path);
         goto out;
+    }
     for (int k = 0; k < sp.n_bos; k++)
-        if (sp.bos[k] >= sp.V) {
+        if (sp.bos[k] >= (uint32_t)sp.V) {
             st = jdt_err_set(e, JDT_ERR_FORMAT,
                              "%s: the tokenizer's prompt prefix holds id %d, outside the model's "
                              "vocabulary of %d",
-                             ckpt_path, sp.bos[k], sp.V);
+                             ckpt_path, (int)sp.bos[k], sp.V);
             goto out;
         }
     const int S = sp.S, V = sp.V, T = sp.T;
