@@ -26,6 +26,7 @@ typedef struct {
     bool oom;
     bool cast_weights; /* GEMM weights read through a CAST to bf16 (precision.compute: bf16) */
     bool bf16_out;     /* linear and head outputs stored as bf16 (precision.activations: bf16) */
+    int seq_ways;      /* ways the mesh splits the sequence (sequence parallelism), else 1 */
 } builder;
 
 static jdt_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *dims,
@@ -123,6 +124,41 @@ static jdt_tensor *concat_all(jdt_graph *g, int n, jdt_tensor **xs, int axis)
 }
 
 /*
+ * gpt_loss when the mesh splits the sequence k = b->seq_ways ways (`[seq, tensor]`): the rows
+ * are never flattened across (B, T), which would gather T (a split of T does not lead the
+ * merged B * T), so each rank's head and cross-entropy run on its own T / k positions: the
+ * logits are (B, T, V), or with chunks > 1 each slice is (B, k, T / (k chunks), V), a slice of
+ * every rank's block (the split of T moves onto the k axis). The per-token losses are the same;
+ * their mean sums in another order.
+ */
+static void gpt_loss_seq(builder *b, jdt_tensor *hn, jdt_tensor *w, bool tb, int64_t B, int chunks)
+{
+    jdt_graph *g = b->g;
+    jdt_model *m = b->m;
+    const int64_t T = hn->shape.dims[1], C = hn->shape.dims[2], k = b->seq_ways, Tk = T / k;
+    if (chunks <= 1 || Tk < 2) {
+        m->logits = head_logits(b, hn, gemm_weight(b, w), tb); /* (B, T, V) */
+        m->loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, m->logits, m->y), 3u, false);
+        return;
+    }
+    if (chunks > Tk) chunks = (int)Tk;
+    const int64_t bktc[4] = {B, k, Tk, C}, bkt[3] = {B, k, Tk};
+    jdt_tensor *h4 = jdt_graph_reshape(g, hn, 4, bktc), *y3 = jdt_graph_reshape(g, m->y, 3, bkt);
+    jdt_tensor *wg = gemm_weight(b, w);
+    jdt_tensor **rows = jdt_graph_alloc(g, (size_t)chunks * sizeof *rows);
+    if (!rows) {
+        b->oom = true;
+        return;
+    }
+    for (int c = 0; c < chunks; c++) {
+        const int64_t lo = Tk * c / chunks, hi = Tk * (c + 1) / chunks;
+        jdt_tensor *x = jdt_graph_slice(g, h4, 2, lo, hi), *t = jdt_graph_slice(g, y3, 2, lo, hi);
+        rows[c] = jdt_graph_softmax_xent(g, head_logits(b, x, wg, tb), t); /* (B, k, hi - lo) */
+    }
+    m->loss = jdt_graph_reduce_mean(g, concat_all(g, chunks, rows, 2), 7u, false);
+}
+
+/*
  * The loss from the final norm's output hn (B, T, C): the mean cross-entropy of the head's
  * logits. With chunks > 1 (runtime.loss_chunks) the head and the cross-entropy run on that many
  * slices of the sequence, each slice's rows (B, T/chunks) on their own (B * T/chunks, V) logits,
@@ -136,6 +172,10 @@ static void gpt_loss(builder *b, jdt_tensor *hn, jdt_tensor *w, bool tb, int64_t
     jdt_model *m = b->m;
     const int64_t T = hn->shape.dims[1], C = hn->shape.dims[2], N = B * T;
     const int64_t n1[1] = {N};
+    if (b->seq_ways > 1) {
+        gpt_loss_seq(b, hn, w, tb, B, chunks);
+        return;
+    }
     if (chunks <= 1) {
         const int64_t nc[2] = {N, C};
         jdt_tensor *x = jdt_graph_reshape(g, hn, 2, nc);
@@ -341,11 +381,11 @@ static jdt_status build_mlp(builder *b, int64_t B, jdt_err *e)
 jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
                            jdt_model *m, jdt_err *e)
 {
-    return jdt_model_build_ex(g, cfg, batch, training, 1, m, e);
+    return jdt_model_build_ex(g, cfg, batch, training, 1, 1, m, e);
 }
 
 jdt_status jdt_model_build_ex(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
-                              int loss_chunks, jdt_model *m, jdt_err *e)
+                              int loss_chunks, int seq_ways, jdt_model *m, jdt_err *e)
 {
     memset(m, 0, sizeof *m);
     m->batch = batch;
@@ -354,7 +394,8 @@ jdt_status jdt_model_build_ex(jdt_graph *g, const jdt_config *cfg, int64_t batch
                  .cfg = cfg,
                  .m = m,
                  .cast_weights = jdt_graph_bf16_weights(g),
-                 .bf16_out = cfg->precision.activations == JDT_DTYPE_BF16};
+                 .bf16_out = cfg->precision.activations == JDT_DTYPE_BF16,
+                 .seq_ways = seq_ways > 1 ? seq_ways : 1};
     jdt_status st = cfg->model.type == JDT_MODEL_MLP ? build_mlp(&b, batch, e)
                                          : build_gpt(&b, batch, training, loss_chunks, e);
     if (st != JDT_OK) return st;

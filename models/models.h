@@ -55,9 +55,13 @@ jdt_status jdt_model_build(jdt_graph *g, const jdt_config *cfg, int64_t batch, b
 
 /* jdt_model_build with the gpt's head and cross-entropy computed in loss_chunks slices of the
  * sequence (runtime.loss_chunks; 1 <= loss_chunks <= T; 1 = jdt_model_build): the same loss,
- * no (N, V) logits tensor (m->logits NULL when loss_chunks > 1). The mlp ignores it. */
+ * no (N, V) logits tensor (m->logits NULL when loss_chunks > 1). seq_ways > 1: the mesh splits
+ * the sequence that many ways (sequence parallelism, jdt_shard_seq_ways; it divides T): the
+ * head and loss are built without flattening (B, T), so that each rank computes its own
+ * positions' logits (m->logits (B, T, V) when loss_chunks is 1); 1 = one device's graph. The
+ * mlp ignores both. */
 jdt_status jdt_model_build_ex(jdt_graph *g, const jdt_config *cfg, int64_t batch, bool training,
-                              int loss_chunks, jdt_model *m, jdt_err *e);
+                              int loss_chunks, int seq_ways, jdt_model *m, jdt_err *e);
 
 /* Writes the initial value of p into data (numel floats): a pure function of (seed, p's name,
  * element index), so every process and every mesh draws the same initial weights. */

@@ -96,7 +96,8 @@ static void propagate_axes(jdt_tensor *t)
         t->axes[1] = in[0]->axes[in[0]->shape.ndim - 1];
         break;
     case JDT_OP_SOFTMAX_XENT:
-        t->axes[0] = in[0]->axes[0] ? in[0]->axes[0] : in[1]->axes[0];
+        for (int d = 0; d < t->shape.ndim; d++)
+            t->axes[d] = in[0]->axes[d] ? in[0]->axes[d] : in[1]->axes[d];
         break;
     case JDT_OP_ATTENTION_BWD:
         for (int i = 0; i < 4; i++)

@@ -140,7 +140,8 @@ enum {
  *   LOG_SOFTMAX         rows of the last axis
  *   LOG_SOFTMAX_BWD     (y, dy) -> dy - exp(y) * sum(dy)      (y = log_softmax output)
  *   SOFTMAX_XENT        (logits (N, V), targets (N) i32) -> loss (N) = lse(row) - row[target];
- *                       a target < 0 is ignored (loss 0, no gradient)
+ *                       a target < 0 is ignored (loss 0, no gradient). N may be several
+ *                       leading dims, (B, T, V) with targets (B, T) (sequence parallelism)
  *   SOFTMAX_XENT_BWD    (logits (N, V), targets (N), dloss (N), loss (N)) -> dlogits (N, V);
  *                       loss is SOFTMAX_XENT's output for the same logits and targets (the
  *                       kernels take a row's logsumexp from it instead of another pass)

@@ -536,7 +536,7 @@ static jdt_status eval_softmax_xent(const node_ctx *nd)
     const double *x2 = nd->x2;
     const jdt_shape *s0 = nd->s0;
     jdt_err *e = nd->e;
-    int64_t N = s0->dims[0], V = s0->dims[1];
+    const int64_t V = s0->dims[s0->ndim - 1], N = V ? jdt_shape_numel(s0) / V : 0;
     for (int64_t r = 0; r < N; r++) {
         const double *xr = x0 + r * V;
         int64_t tg = (int64_t)x1[r];

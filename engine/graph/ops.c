@@ -363,15 +363,21 @@ static bool shape_CAUSAL_MASK(jdt_tensor *const *in, int n_in, const jdt_attrs *
 static bool shape_SOFTMAX_XENT(jdt_tensor *const *in, int n_in, const jdt_attrs *a, jdt_dtype *dt,
                                jdt_shape *out, char *why, size_t n_why)
 {
+    /* logits (..., V), one target per row: targets, dloss and loss have the logits' leading
+     * dims (N = their product) */
     const jdt_shape *sl = &in[0]->shape, *st = &in[1]->shape;
-    if (sl->ndim != 2 || !is_float(in[0]->dtype)) return WHY("logits must be a 2-D float (N, V)");
-    if (in[1]->dtype != JDT_DTYPE_I32 || st->ndim != 1 || st->dims[0] != sl->dims[0])
-        return WHY("targets must be i32 of shape (N) = (%lld)", (long long)sl->dims[0]);
+    if (sl->ndim < 2 || !is_float(in[0]->dtype))
+        return WHY("logits must be a float (..., V) of rank >= 2");
+    bool rows = st->ndim == sl->ndim - 1;
+    for (int d = 0; rows && d < st->ndim; d++) rows = st->dims[d] == sl->dims[d];
+    if (in[1]->dtype != JDT_DTYPE_I32 || !rows)
+        return WHY("targets must be i32 of the logits' shape without its last dim");
     if (n_in == 4) {
-        for (int k = 2; k < 4; k++)
-            if (in[k]->dtype != in[0]->dtype || in[k]->shape.ndim != 1 ||
-                in[k]->shape.dims[0] != sl->dims[0])
-                return WHY("%s must be (N) with the logits' dtype", k == 2 ? "dloss" : "loss");
+        for (int k = 2; k < 4; k++) {
+            bool same = in[k]->dtype == in[0]->dtype && in[k]->shape.ndim == st->ndim;
+            for (int d = 0; same && d < st->ndim; d++) same = in[k]->shape.dims[d] == st->dims[d];
+            if (!same) return WHY("%s must have the targets' shape and the logits' dtype", k == 2 ? "dloss" : "loss");
+        }
         *out = *sl;
     } else {
         *out = *st;

@@ -201,3 +201,25 @@ unsigned jdt_shard_batch_axes(const jdt_mesh *m, const jdt_config_rules *rules)
     }
     return 0;
 }
+
+/* The placement the rules give a leaf whose dims are named a and b (shapes do not matter). */
+static jdt_placement named_placement(const jdt_mesh *m, const jdt_config_rules *rules,
+                                     const char *a, const char *b)
+{
+    jdt_tensor t;
+    memset(&t, 0, sizeof t);
+    t.shape.ndim = 2; /* dims of 0 divide by every count of ways */
+    t.axes[0] = a;
+    t.axes[1] = b;
+    jdt_placement p;
+    jdt_err e;
+    if (jdt_shard_leaf_placement(m, rules, &t, &p, &e) != JDT_OK) memset(&p, 0, sizeof p);
+    return p;
+}
+
+int jdt_shard_seq_ways(const jdt_mesh *m, const jdt_config_rules *rules)
+{
+    const unsigned seq = named_placement(m, rules, "batch", "seq").dim[1];
+    if (!seq || (named_placement(m, rules, "vocab", "embed").dim[0] & seq)) return 1;
+    return jdt_mesh_group_size(m, seq);
+}

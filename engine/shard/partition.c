@@ -37,6 +37,14 @@ typedef struct {
     int block;          /* the remat block of the node being partitioned */
     moved_value *moves; /* open addressing, cap_moves a power of two (NULL: no cache) */
     int n_moves, cap_moves;
+    /* data inputs bound with a dim whole and sliced (rule_leaf): a reader that wants that dim
+     * whole again slices the bound leaf instead of gathering the slices (ids are i32) */
+    struct {
+        const jdt_tensor *sliced;
+        jdt_tensor *leaf;
+        jdt_placement bound;
+    } inputs[8];
+    int n_inputs;
 } pctx;
 
 typedef jdt_status (*prule)(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
@@ -121,6 +129,17 @@ static jdt_tensor *redistribute(pctx *c, jdt_tensor *x, const jdt_placement *fro
                                 const jdt_placement *to)
 {
     if (!x) return NULL;
+    for (int i = 0; i < c->n_inputs; i++) {
+        if (c->inputs[i].sliced != x || to->partial) continue;
+        bool slices_only = true;
+        for (int d = 0; d < x->shape.ndim; d++)
+            slices_only = slices_only && (!c->inputs[i].bound.dim[d] || c->inputs[i].bound.dim[d] == to->dim[d]);
+        if (slices_only) {
+            x = c->inputs[i].leaf;
+            from = &c->inputs[i].bound;
+        }
+        break;
+    }
     moved_value *v = move_slot(c, x, from, to, c->block);
     if (v && v->x) return v->y;
     jdt_tensor *y = redistribute_now(c, x, from, to);
@@ -133,15 +152,28 @@ static jdt_tensor *redistribute_now(pctx *c, jdt_tensor *x, const jdt_placement 
                                     const jdt_placement *to)
 {
     const int nd = x->shape.ndim;
-    if (from->partial & ~to->partial) x = all_reduce_axes(c, x, from->partial & ~to->partial);
-    for (int d = 0; d < nd; d++) {
+    unsigned red = from->partial & ~to->partial, scattered = 0;
+    /* partial over A and to be split over A along a whole dim: one reduce-scatter, half the
+     * bytes of an all-reduce and its slice (sequence parallelism's row-parallel outputs) */
+    for (int d = 0; d < nd && x; d++) {
+        const unsigned ax = to->dim[d];
+        if (!red || from->dim[d] || !ax || (ax & ~red)) continue;
+        const int k = jdt_mesh_group_size(c->m, ax);
+        if (x->shape.dims[d] % k) continue;
+        c->r->n_collectives++;
+        x = jdt_graph_reduce_scatter(c->g, x, (int)ax, k, d, 1.0);
+        red &= ~ax;
+        scattered |= 1u << d;
+    }
+    if (red && x) x = all_reduce_axes(c, x, red);
+    for (int d = 0; d < nd && x; d++) {
         if (from->dim[d] == to->dim[d] || !from->dim[d]) continue;
         const int k = jdt_mesh_group_size(c->m, from->dim[d]);
         c->r->n_collectives++;
         x = jdt_graph_all_gather(c->g, x, from->dim[d], k, d);
     }
     for (int d = 0; d < nd && x; d++) {
-        if (from->dim[d] == to->dim[d] || !to->dim[d]) continue;
+        if (from->dim[d] == to->dim[d] || !to->dim[d] || (scattered >> d & 1u)) continue;
         const int k = jdt_mesh_group_size(c->m, to->dim[d]);
         const int64_t len = x->shape.dims[d] / k;
         const int64_t at = (int64_t)jdt_mesh_group_index(c->m, to->dim[d]) * len;
@@ -200,7 +232,13 @@ static jdt_status rule_leaf(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_p
     }
     jdt_status st = jdt_shard_leaf_placement(c->m, c->rules, n, pout, c->e);
     if (st != JDT_OK) return st;
-    jdt_shape s = local_of(c, n, pout);
+    /* a data input is bound as the loader reads it, its batch dims split and every other dim
+     * whole; a split of another dim (`[seq, tensor]`: sequence parallelism) is a slice of it */
+    jdt_placement bound = *pout;
+    const bool input = !(n->flags & (JDT_TENSOR_PARAM | JDT_TENSOR_STATE));
+    for (int d = 0; input && d < n->shape.ndim; d++)
+        if (!n->axes[d] || strcmp(n->axes[d], "batch") != 0) bound.dim[d] = 0;
+    jdt_shape s = local_of(c, n, &bound);
     jdt_tensor *t;
     if (n->flags & JDT_TENSOR_PARAM)
         t = jdt_graph_param(c->g, n->name, n->dtype, s.ndim, s.dims, n->axes);
@@ -209,7 +247,12 @@ static jdt_status rule_leaf(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_p
     else
         t = jdt_graph_input(c->g, n->name, n->dtype, s.ndim, s.dims, n->axes);
     if (t) t->data = n->data;
-    *out = t;
+    *out = redistribute(c, t, &bound, pout);
+    if (*out != t && c->n_inputs < (int)(sizeof c->inputs / sizeof c->inputs[0])) {
+        c->inputs[c->n_inputs].sliced = *out;
+        c->inputs[c->n_inputs].leaf = t;
+        c->inputs[c->n_inputs++].bound = bound;
+    }
     return JDT_OK;
 }
 
@@ -274,6 +317,30 @@ static jdt_status rule_ew(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_pla
     bool keep_partial = linear_op(n->op) && pin[0].partial;
     for (int i = 1; i < n->n_inputs; i++) keep_partial = keep_partial && pin[i].partial == pin[0].partial;
     if (keep_partial) t.partial = pin[0].partial;
+    /* a partial sum plus a replicated broadcast (a row-parallel GEMM's bias): each of the k
+     * ranks adds 1/k of the bias, so the sum stays partial and its reduction moves to the first
+     * reader that needs the value whole (a reduce-scatter into the residual stream under
+     * sequence parallelism, instead of an all-reduce here) */
+    int bias = -1;
+    if (n->op == JDT_OP_ADD && n->n_inputs == 2 && n->inputs[0]->shape.ndim == nd &&
+        n->inputs[1]->shape.ndim == nd)
+        for (int i = 0; i < 2 && bias < 0; i++)
+            if (pin[i].partial && !pin[1 - i].partial && n->inputs[1 - i]->op == JDT_OP_BROADCAST)
+                bias = 1 - i;
+    if (bias >= 0 && !(used & pin[1 - bias].partial)) {
+        const unsigned p = pin[1 - bias].partial;
+        t.partial = p;
+        want_input(c, n, in, pin, 1 - bias, &t);
+        jdt_placement tb = t;
+        tb.partial = 0;
+        want_input(c, n, in, pin, bias, &tb);
+        if (in[bias])
+            in[bias] = jdt_graph_mul_scalar(c->g, in[bias], 1.0 / (double)jdt_mesh_group_size(c->m, p));
+        pin[bias] = t;
+        *pout = t;
+        *out = emit(c, n, in, pout);
+        return JDT_OK;
+    }
     for (int i = 0; i < n->n_inputs; i++) {
         if (n->inputs[i]->shape.ndim != nd) {
             jdt_placement r = replicated();
@@ -468,6 +535,15 @@ static jdt_status rule_gather(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt
     jdt_placement wt = pin[0];
     const int ni = n->inputs[1]->shape.ndim;
     const unsigned vax = jdt_mesh_live(c->m, pin[0].dim[0]);
+    /* ids split over the vocabulary's axes too (`[seq, tensor]` with `[vocab, tensor]`): the
+     * lookup runs on the ids whole over those axes (a sliced input re-sliced from its leaf, no
+     * gather) and its partial rows are reduce-scattered back to the ids' split */
+    jdt_placement ids = pin[1];
+    if (vax && (vax & used_axes(&pin[1], ni)) && !pin[0].partial && !pin[1].partial) {
+        jdt_placement whole = pin[1];
+        for (int d = 0; d < ni; d++) whole.dim[d] &= (uint8_t)~vax;
+        want(c, in, pin, 1, &whole);
+    }
     const bool vocab_par = vax && !(vax & used_axes(&pin[1], ni)) && !pin[0].partial;
     wt.partial = 0;
     if (!vocab_par) wt.dim[0] = 0;
@@ -492,8 +568,15 @@ static jdt_status rule_gather(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt
     jdt_tensor *mask = jdt_graph_broadcast(g, jdt_graph_reshape(g, own, ni + 1, d1), rows->shape.ndim,
                                            rows->shape.dims);
     t.partial = (uint8_t)vax;
+    jdt_tensor *y = jdt_graph_mul(g, rows, mask);
+    if (memcmp(&ids, &pin[1], sizeof ids) != 0) { /* back to the ids' split: a reduce-scatter */
+        jdt_placement back = replicated();
+        for (int d = 0; d < ni; d++) back.dim[d] = ids.dim[d];
+        y = redistribute(c, y, &t, &back);
+        t = back;
+    }
     *pout = t;
-    *out = jdt_graph_mul(g, rows, mask);
+    *out = y;
     return JDT_OK;
 }
 
@@ -511,10 +594,10 @@ static jdt_status rule_rows(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_p
 }
 
 /*
- * softmax_xent: logits (N, V) with V whole; targets (N) split like the logits' rows. Logits split
- * on V over axes the rows do not use (the head's weight stored split on vocab, `[vocab, tensor]`:
- * a column-parallel head) are not gathered: Megatron-LM's vocab-parallel cross-entropy, from the
- * op itself, on this rank's Vl columns [off, off + Vl):
+ * softmax_xent: logits (..., V) with V whole; targets (...) split like the logits' rows. 2-D
+ * logits split on V over axes the rows do not use (the head's weight stored split on vocab,
+ * `[vocab, tensor]`: a column-parallel head) are not gathered: Megatron-LM's vocab-parallel
+ * cross-entropy, from the op itself, on this rank's Vl columns [off, off + Vl):
  *   lse_r  = xent(L, 0) + L[:, 0]                   this block's log-sum-exp (target 0 is valid)
  *   LSE    = logsumexp over ranks of lse_r          an all-gather of the (N, 1) column, then
  *                                                   max-shifted as any log-sum-exp
@@ -564,13 +647,14 @@ static jdt_status xent_vocab_parallel(pctx *c, unsigned vax, jdt_tensor **in, jd
 static jdt_status rule_xent(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
                             jdt_tensor **out, jdt_placement *pout)
 {
-    const unsigned vax = jdt_mesh_live(c->m, pin[0].dim[1]);
-    if (vax && !(vax & pin[0].dim[0]) && n->dtype == JDT_DTYPE_F32)
+    const int nd = n->inputs[0]->shape.ndim;
+    const unsigned vax = jdt_mesh_live(c->m, pin[0].dim[nd - 1]);
+    if (nd == 2 && vax && !(vax & pin[0].dim[0]) && n->dtype == JDT_DTYPE_F32)
         return xent_vocab_parallel(c, vax, in, pin, out, pout);
     jdt_placement wl = pin[0], wt = replicated();
     wl.partial = 0;
-    wl.dim[1] = 0;
-    wt.dim[0] = wl.dim[0];
+    wl.dim[nd - 1] = 0;
+    for (int d = 0; d < nd - 1; d++) wt.dim[d] = wl.dim[d];
     want(c, in, pin, 0, &wl);
     want(c, in, pin, 1, &wt);
     *pout = wt;

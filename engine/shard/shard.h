@@ -77,6 +77,12 @@ void jdt_shard_copy_block(const jdt_mesh *m, const jdt_shape *s, const jdt_place
  * replicated if none), without size-1 axes. */
 unsigned jdt_shard_batch_axes(const jdt_mesh *m, const jdt_config_rules *rules);
 
+/* The ways the rules split the sequence dim of the (batch, seq) inputs (`[seq, tensor]`:
+ * Megatron-LM's sequence parallelism), as the model's loss wants it (jdt_model_build_ex's
+ * seq_ways): 1 when the sequence is whole, and also when the vocabulary is split over one of
+ * the same axes (the head is then vocab-parallel on rows gathered whole). */
+int jdt_shard_seq_ways(const jdt_mesh *m, const jdt_config_rules *rules);
+
 /* A partitioned graph: the local graph and the map from global node ids. */
 typedef struct {
     jdt_graph *g;              /* the local graph (owned by the caller after partitioning) */

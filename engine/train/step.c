@@ -224,6 +224,15 @@ static jdt_tensor *grad_sum(const jdt_step *s, jdt_graph *g, int i, jdt_tensor *
     return axes ? jdt_graph_all_reduce(g, t, (int)axes, 0, 1.0) : t;
 }
 
+/* The local input a partitioned input maps to: the leaf itself, or the leaf under the slices
+ * that split a dim the loader reads whole (partition.c rule_leaf: the sequence under
+ * `[seq, tensor]`). */
+static jdt_tensor *input_leaf(jdt_tensor *t)
+{
+    while (t && t->op != JDT_OP_INPUT && t->n_inputs > 0) t = t->inputs[0];
+    return t;
+}
+
 /*
  * Builds the model on the global micro-batch and, on a mesh of several devices, partitions it
  * into this rank's local graph (engine/shard): *g and *m then hold the local graph and model,
@@ -247,8 +256,10 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
     /* precision.activations: bf16 also rounds the cotangents of the bf16 activations GEMMs
      * read (the GELU output's), as autocast's backward does */
     jdt_graph_set_bf16_grads(gg, s->cfg->precision.activations == JDT_DTYPE_BF16);
+    const int seq_ways =
+        s->mesh.world_size > 1 ? jdt_shard_seq_ways(&s->mesh, &s->cfg->sharding.rules) : 1;
     jdt_status st = jdt_model_build_ex(gg, s->cfg, s->o.micro_batch, training,
-                                       s->cfg->runtime.loss_chunks, m, e);
+                                       s->cfg->runtime.loss_chunks, seq_ways, m, e);
     memset(loss_place, 0, sizeof *loss_place);
     if (st != JDT_OK || s->mesh.world_size <= 1) {
         *g = gg;
@@ -291,8 +302,8 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
         m->loss = r.map[m->loss->id];
         if (m->logits) m->logits = r.map[m->logits->id];
         if (m->step) m->step = r.map[m->step->id];
-        m->x = r.map[m->x->id];
-        m->y = r.map[m->y->id];
+        m->x = input_leaf(r.map[m->x->id]);
+        m->y = input_leaf(r.map[m->y->id]);
         m->batch = m->x->shape.dims[0];
         *g = r.g;
     } else {

@@ -110,6 +110,47 @@ vocab_par gpt "$T" 2 mesh.tensor=2
 vocab_par gpt "$T" 4 mesh.fsdp=2 mesh.tensor=2
 vocab_par gpt-gqa-swiglu-untied "$T $GQA" 2 mesh.tensor=2
 
+# sequence parallelism ([seq, tensor]: Megatron-LM's; the residual stream, the norms and the
+# head split on T over tensor, all-gathered before the column-parallel GEMMs and
+# reduce-scattered after the row-parallel ones): the same losses, parameters and state as one
+# process; with loss_chunks the head runs on slices of each rank's positions; with
+# [vocab, tensor] too, the head is vocab-parallel on the gathered rows
+SR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, null], [norm, null]]'
+SVR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, tensor], [norm, null]]'
+seq_par() { # $1 label of a run_model single run, $2 its overrides, $3 rules, $4 processes, then the mesh
+  local label=$1 o=$2 rules=$3 np=$4; shift 4
+  local tag="[seq, tensor]"; [ "$rules" = "$SVR" ] && tag="[seq, tensor] [vocab, tensor]"
+  local out="$TMP/$label/seq_$(echo "$o $rules $*" | md5sum | cut -c1-8)"
+  # shellcheck disable=SC2086
+  "$BIN" --nproc "$np" configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 \
+    $o run.out_dir="$out" "$@" "$rules" >/dev/null 2>"$TMP/err" || { tail -n 8 "$TMP/err"; fail "$label $tag $*"; }
+  compare "$TMP/$label/single/tiny/metrics.jsonl" "$out/tiny/metrics.jsonl" "$label $tag $*" ||
+    fail "$label $tag $*: losses differ"
+  for part in /params /opt; do
+    h5diff -d 5e-5 "$TMP/$label/single/tiny/ckpt/step_000020/state.h5" "$out/tiny/ckpt/step_000020/state.h5" $part \
+      >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "$label $tag $*: $part differs by more than 5e-5"; }
+  done
+}
+seq_par gpt "$T" "$SR" 2 mesh.tensor=2
+seq_par gpt "$T" "$SR" 4 mesh.data=2 mesh.tensor=2
+seq_par gpt "$T" "$SR" 4 mesh.fsdp=2 mesh.tensor=2 runtime.loss_chunks=4
+seq_par gpt-gqa-swiglu-untied "$T $GQA" "$SR" 2 mesh.tensor=2 runtime.loss_chunks=2
+seq_par gpt "$T" "$SVR" 2 mesh.tensor=2
+seq_par gpt-gqa-swiglu-untied "$T $GQA" "$SVR" 2 mesh.tensor=2
+# what it moves: each tensor all-reduce of the residual stream becomes an all-gather and a
+# reduce-scatter of the same buffer (a ring member sends the same bytes), the activation arena
+# and the per-device FLOPs shrink (the norms, residual adds and the head on T / 2 positions)
+plan_of() { "$BIN" inspect configs/tiny.yaml mesh.tensor=2 "$@" 2>&1; }
+plan_of > "$TMP/tp" || fail "inspect tensor=2"
+plan_of "$SR" > "$TMP/sp" || fail "inspect tensor=2 [seq, tensor]"
+grep -q "micro all_reduce     f32   tensor            2        16" "$TMP/tp" || fail "tensor=2: 16 all-reduces per step expected"
+grep -q "micro reduce_scatter f32   tensor            2        16" "$TMP/sp" || fail "[seq, tensor]: 16 reduce-scatters per step expected"
+grep -q "micro all_gather     f32   tensor            2        16" "$TMP/sp" || fail "[seq, tensor]: 16 all-gathers per step expected"
+awk '/FLOPs\/step/ { f[FILENAME] = $2 } /arena of the micro-batch program/ { a[FILENAME] = $2 * ($3 == "MiB" ? 1024 : 1) }
+  END { printf "tensor=2 -> [seq, tensor]: FLOPs/step per device %s -> %s, micro-batch arena %s -> %s KiB\n", f[ARGV[1]], f[ARGV[2]], a[ARGV[1]], a[ARGV[2]];
+        exit !(f[ARGV[2]] + 0 < f[ARGV[1]] + 0 && a[ARGV[2]] < a[ARGV[1]]) }' "$TMP/tp" "$TMP/sp" ||
+  fail "[seq, tensor] should compute fewer FLOPs and plan a smaller arena per device"
+
 # planner figure: fsdp=2 holds about half the bytes per device (a few small vectors, split
 # only over tensor, stay whole)
 "$BIN" inspect configs/tiny.yaml > "$TMP/i1" 2>&1 || fail "inspect"

@@ -232,6 +232,13 @@ static jdt_tensor *b_xent(jdt_graph *g, jdt_tensor **p)
     return jdt_graph_softmax_xent(g, p[0],
                                   jdt_graph_constant(g, JDT_DTYPE_I32, 1, (int64_t[]){4}, t));
 }
+/* rows over two leading dims, (B, T, V) with targets (B, T): sequence parallelism's loss */
+static jdt_tensor *b_xent3(jdt_graph *g, jdt_tensor **p)
+{
+    int32_t t[4] = {2, -1, 0, 4};
+    return jdt_graph_softmax_xent(g, p[0],
+                                  jdt_graph_constant(g, JDT_DTYPE_I32, 2, (int64_t[]){2, 2}, t));
+}
 static jdt_tensor *b_normalize(jdt_graph *g, jdt_tensor **p)
 {
     return jdt_graph_normalize(g, p[0], 1e-5);
@@ -360,6 +367,7 @@ static const gcase CASES[] = {
     {"softmax", b_softmax, 1, {2}, {{3, 4}}, INIT_NORMAL},
     {"log_softmax", b_log_softmax, 1, {2}, {{3, 4}}, INIT_NORMAL},
     {"softmax_xent", b_xent, 1, {2}, {{4, 5}}, INIT_NORMAL},
+    {"softmax_xent (B, T, V)", b_xent3, 1, {3}, {{2, 2, 5}}, INIT_NORMAL},
     {"normalize", b_normalize, 1, {2}, {{3, 5}}, INIT_NORMAL},
     {"rms_normalize", b_rms, 1, {2}, {{3, 5}}, INIT_NORMAL},
     {"rope", b_rope, 1, {4}, {{1, 3, 2, 4}}, INIT_NORMAL},

@@ -140,6 +140,32 @@ static void check_plan(const jdt_program *p)
     ck_assert_int_le(arena, total + 64 * n);
 }
 
+/* The head and cross-entropy on (B, T, C) rows without flattening them (sequence parallelism's
+ * loss, models.c gpt_loss_seq): a shared-weight GEMM to (B, T, V) logits, the cross-entropy
+ * over their last axis, its fused backward and the weight's gradient, against the interpreter. */
+START_TEST(test_xent_leading_dims)
+{
+    fx f;
+    fx_init(&f);
+    jdt_graph *g = f.g;
+    jdt_tensor *x = FX_INPUT(&f, "x", JDT_DTYPE_F32, -1, 1, 2, 8, 12);
+    jdt_tensor *tg = FX_INPUT(&f, "tg", JDT_DTYPE_I32, 0, 10, 2, 8);
+    jdt_tensor *w = fx_leaf(&f, 0, "w", JDT_DTYPE_F32, 2, (int64_t[]){12, 10}, -0.3, 0.3);
+    jdt_tensor *logits = jdt_graph_matmul(g, x, w, false, false);
+    jdt_tensor *loss = jdt_graph_reduce_mean(g, jdt_graph_softmax_xent(g, logits, tg), 3u, false);
+    jdt_tensor *dw;
+    jdt_err e;
+    ck_assert_msg(jdt_autodiff_grad(g, loss, 1, &w, &dw, &e) == JDT_OK, "%s", e.msg);
+    out(&f, loss);
+    jdt_graph_add_update(g, w, jdt_graph_sub(g, w, jdt_graph_mul_scalar(g, dw, 0.5)));
+    fx_fill(&f, 5);
+    jdt_compile_opts o;
+    fx_opts(&f, &o);
+    jdt_program_free(fx_check_steps(&f, &o, 3, 1e-5, 1e-6, true));
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_memory_plan_invariants)
 {
     fx f;
@@ -845,6 +871,7 @@ int main(void)
     tcase_add_test(tc, test_fusion_limits);
     tcase_add_test(tc, test_map_chains_absorbed);
     tcase_add_test(tc, test_memory_plan_invariants);
+    tcase_add_test(tc, test_xent_leading_dims);
     tcase_add_test(tc, test_update_not_donated_when_read_later);
     tcase_add_test(tc, test_cache_hit_miss);
     tcase_add_test(tc, test_cache_concurrent_writers);
