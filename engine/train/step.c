@@ -229,7 +229,8 @@ static jdt_tensor *grad_sum(const jdt_step *s, jdt_graph *g, int i, jdt_tensor *
  * `[seq, tensor]`). */
 static jdt_tensor *input_leaf(jdt_tensor *t)
 {
-    while (t && t->op != JDT_OP_INPUT && t->n_inputs > 0) t = t->inputs[0];
+    while (t && t->op != JDT_OP_INPUT && t->n_inputs > 0)
+        t = t->inputs[0];
     return t;
 }
 
