@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # mesh.sh [L C H T B V STEPS] — parallelism on one host (issue 9, item 9): tokens/s and peak
 # RSS per rank of jdt-train on 1 process (2 threads) vs data=2, fsdp=2 and tensor=2 (2 processes
-# x 1 thread, the launcher pins each rank to its core), against PyTorch DDP and PyTorch FSDP
+# x 1 thread, the launcher pins each rank to its core; tensor=2 also with sequence parallelism,
+# `[seq, tensor]`), against PyTorch DDP and PyTorch FSDP
 # (gloo, 2 processes x 1 thread, pinned alike; scripts/bench/mesh_peer.py) on the same GPT and
 # global batch, in one run. Also the planner's figures (`jdt-train inspect`): parameter +
 # optimizer bytes and the train-step arena per device. Prints a table and the ratios that
@@ -30,14 +31,19 @@ checkpoint: {every: 0, resume: none}
 runtime: {cache_dir: $TMP/cache}
 YAML
 
-NAMES=("1 process" "data=2" "fsdp=2" "tensor=2" "torch DDP" "torch FSDP")
-KEYS=(one data fsdp tensor ddp tfsdp)
+# tensor=2 with sequence parallelism: the default rules plus [seq, tensor] (docs/sharding.md)
+{ cat "$TMP/bench.yaml"; echo "sharding: {rules: [[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, null], [norm, null]]}"; } > "$TMP/bench_sp.yaml"
+
+NAMES=("1 process" "data=2" "fsdp=2" "tensor=2" "tensor=2 SP" "torch DDP" "torch FSDP")
+KEYS=(one data fsdp tensor seqpar ddp tfsdp)
+JDT_KEYS="one data fsdp tensor seqpar"
 jdt_cmd() { # key -> the jdt-train command line (launcher, config, mesh)
   case $1 in
     one) echo "$BIN $TMP/bench.yaml runtime.threads=2" ;;
     data) echo "$BIN --nproc 2 $TMP/bench.yaml mesh.data=2" ;;
     fsdp) echo "$BIN --nproc 2 $TMP/bench.yaml mesh.fsdp=2" ;;
     tensor) echo "$BIN --nproc 2 $TMP/bench.yaml mesh.tensor=2" ;;
+    seqpar) echo "$BIN --nproc 2 $TMP/bench_sp.yaml mesh.tensor=2" ;;
   esac
 }
 run_jdt() { # key: appends "tok/s rss_mb" (median logged window after the first two; peak RSS
@@ -66,13 +72,13 @@ have_torch=1
 
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 # compile once per mesh (each mesh is its own program; the cache then serves every timed run)
-for k in one data fsdp tensor; do
+for k in $JDT_KEYS; do
   # shellcheck disable=SC2046
   taskset -c $CPUS $(jdt_cmd "$k") run.steps=1 >/dev/null 2>"$TMP/warm.log" ||
     { tail -3 "$TMP/warm.log"; exit 1; }
 done
 for ((r = 0; r < REPS; r++)); do
-  for k in one data fsdp tensor; do run_jdt "$k" || exit 1; done
+  for k in $JDT_KEYS; do run_jdt "$k" || exit 1; done
   if [ $have_torch = 1 ]; then for k in ddp tfsdp; do run_torch "$k"; done; fi
 done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -80,8 +86,10 @@ load1=$(cut -d' ' -f1-3 /proc/loadavg)
 best() { [ -s "$TMP/$1.runs" ] && sort -g -k1 "$TMP/$1.runs" | tail -1; }
 spread() { [ -s "$TMP/$1.runs" ] && sort -g -k1 "$TMP/$1.runs" | awk 'NR==1{lo=$1} {hi=$1} END{printf "%.0f..%.0f", lo, hi}'; }
 plan() { # key -> "params+opt MiB, arena MiB" per device from inspect (planner, no allocation)
-  local mesh=""; case $1 in data) mesh="mesh.data=2" ;; fsdp) mesh="mesh.fsdp=2" ;; tensor) mesh="mesh.tensor=2" ;; esac
-  "$BIN" inspect "$TMP/bench.yaml" $mesh 2>/dev/null |
+  local mesh="" cfg="$TMP/bench.yaml"
+  case $1 in data) mesh="mesh.data=2" ;; fsdp) mesh="mesh.fsdp=2" ;; tensor) mesh="mesh.tensor=2" ;;
+    seqpar) mesh="mesh.tensor=2" cfg="$TMP/bench_sp.yaml" ;; esac
+  "$BIN" inspect "$cfg" $mesh 2>/dev/null |
     awk '/per device: [0-9]+ bytes/ { p = $3 / 1048576 }
          /planned peak of intermediates/ { a = $2 }
          END { printf "%.1f %.1f", p, a }'
@@ -98,14 +106,14 @@ for i in "${!KEYS[@]}"; do
     printf "%-12s %s\n" "${NAMES[$i]}" "torch not installed ($PYTHON_TORCH)"; continue; fi
   read -r tps rss <<<"$(best "$k")"
   TPS[$k]=$tps
-  pl="- -"; case $k in one|data|fsdp|tensor) pl=$(plan "$k") ;; esac
+  pl="- -"; case $k in one|data|fsdp|tensor|seqpar) pl=$(plan "$k") ;; esac
   read -r pp pa <<<"$pl"
   printf "%-12s %10.0f %14s %12s %18s %11s\n" "${NAMES[$i]}" "$tps" "$(spread "$k")" "$rss" "$pp" "$pa"
 done
 ratio() { [ -n "${TPS[$1]:-}" ] && [ -n "${TPS[$2]:-}" ] && awk -v a="${TPS[$1]}" -v b="${TPS[$2]}" 'BEGIN { printf "%.2f", a / b }' || echo "n/a"; }
 bestmesh=one
-for k in data fsdp tensor; do
+for k in data fsdp tensor seqpar; do
   awk -v a="${TPS[$k]}" -v b="${TPS[$bestmesh]}" 'BEGIN { exit !(a > b) }' && bestmesh=$k
 done
-echo "ratios: fsdp=2 / data=2 $(ratio fsdp data); tensor=2 / data=2 $(ratio tensor data); data=2 / 1 process $(ratio data one); fastest jdt configuration: $bestmesh"
+echo "ratios: fsdp=2 / data=2 $(ratio fsdp data); tensor=2 / data=2 $(ratio tensor data); tensor=2 SP / tensor=2 $(ratio seqpar tensor); data=2 / 1 process $(ratio data one); fastest jdt configuration: $bestmesh"
 echo "        jdt data=2 / torch DDP $(ratio data ddp); jdt fsdp=2 / torch FSDP $(ratio fsdp tfsdp); jdt 1 process / torch DDP $(ratio one ddp)"

@@ -3,7 +3,7 @@
 # set-up it shares: tests/infra/cuda-emu-common.sh), the other models and the meshes: Llama's
 # layer, grouped-query attention with and without biases (our kernels and the emulator's cuDNN,
 # also under tensor=2), the GELU epilogues' fallbacks, padded logits rows, bf16 activations and
-# cuDNN under tensor=2, fsdp=2 (also with the loss in sequence slices) and tensor=2 on two processes of one emulated GPU each (NCCL
+# cuDNN under tensor=2, sequence parallelism, fsdp=2 (also with the loss in sequence slices) and tensor=2 on two processes of one emulated GPU each (NCCL
 # through shared memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters
 # bit for bit those of one call per tensor and of blocking collectives; a run resumed from a
 # checkpoint written from device memory continues the uninterrupted run's losses exactly; a step
@@ -90,6 +90,13 @@ compare "$TMP/gpuv0/tiny/metrics.jsonl" "$TMP/gpuv/tiny/metrics.jsonl" "emulated
   fail "padded rows changed the losses"
 compare "$TMP/cpuv/tiny/metrics.jsonl" "$TMP/gpuv/tiny/metrics.jsonl" "emulated GPU, V=250, padded rows" 1e-3 ||
   fail "vocabulary 250 losses differ"
+# sequence parallelism (`[seq, tensor]`, docs/sharding.md) on 2 emulated GPUs: the residual
+# stream split on T, NCCL all-gathers and reduce-scatters along T (not the leading dim: a
+# permuting copy each), each rank's head on its (B, T / 2, V) logits with padded rows
+SR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, null], [norm, null]]'
+run "$EMU" "$TMP/spv" --nproc 2 "${V250[@]}" runtime.backend=cuda mesh.tensor=2 "$SR"
+compare "$TMP/cpuv/tiny/metrics.jsonl" "$TMP/spv/tiny/metrics.jsonl" "2 emulated GPUs, [seq, tensor], V=250" 1e-3 ||
+  fail "sequence parallelism on 2 emulated GPUs: losses differ"
 run "$EMU" "$TMP/tp16a" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.tensor=2
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/tp16a/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, bf16 act." 1e-3 ||
   fail "bf16 activations tensor=2 losses differ"
