@@ -651,7 +651,8 @@ const jdt_compile_stats *jdt_step_stats(const jdt_step *s)
 double jdt_step_model_flops(const jdt_step *s)
 {
     const jdt_config *c = s->cfg;
-    double n = (double)jdt_model_param_count(&s->m_main);
+    /* the whole model's count: m_main holds this rank's blocks on a sharded mesh */
+    double n = (double)jdt_config_param_count(c);
     if (c->model.type == JDT_MODEL_MLP) return 6.0 * n * (double)c->data.batch_size;
     /* nanoGPT/PaLM convention: 6 N per token (position embeddings excluded) + 12 L T C for
      * attention scores and mixing, times tokens per step */

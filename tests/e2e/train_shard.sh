@@ -143,6 +143,14 @@ seq_par gpt-gqa-swiglu-untied "$T $GQA" "$SVR" 2 mesh.tensor=2
 plan_of() { "$BIN" inspect configs/tiny.yaml mesh.tensor=2 "$@" 2>&1; }
 plan_of > "$TMP/tp" || fail "inspect tensor=2"
 plan_of "$SR" > "$TMP/sp" || fail "inspect tensor=2 [seq, tensor]"
+# the model FLOPs per step (MFU's numerator) count the whole model on every mesh, not this
+# rank's blocks (they counted the local parameters: half under fsdp=2)
+"$BIN" inspect configs/tiny.yaml mesh.fsdp=2 > "$TMP/fp" 2>&1 || fail "inspect fsdp=2"
+m1=$("$BIN" inspect configs/tiny.yaml 2>&1 | grep -o "model count [0-9.e+]*")
+for f in tp sp fp; do
+  [ -n "$m1" ] && [ "$(grep -o "model count [0-9.e+]*" "$TMP/$f")" = "$m1" ] ||
+    fail "$f: $(grep -o "model count [0-9.e+]*" "$TMP/$f") per step, one process plans $m1"
+done
 grep -q "micro all_reduce     f32   tensor            2        16" "$TMP/tp" || fail "tensor=2: 16 all-reduces per step expected"
 grep -q "micro reduce_scatter f32   tensor            2        16" "$TMP/sp" || fail "[seq, tensor]: 16 reduce-scatters per step expected"
 grep -q "micro all_gather     f32   tensor            2        16" "$TMP/sp" || fail "[seq, tensor]: 16 all-gathers per step expected"
