@@ -60,6 +60,17 @@ static jdt_tensor *gemm_weight(builder *b, jdt_tensor *w)
     return b->cast_weights ? jdt_graph_cast(b->g, w, JDT_DTYPE_BF16) : w;
 }
 
+/* A block's normed input (B, T, C) as the (N, C) rows its column-parallel GEMMs read. Under
+ * sequence parallelism that reshape is where T is all-gathered; with bf16 compute the rows are
+ * cast to bf16 first, so the gather moves bf16 (Megatron-LM's), the same numbers: the GEMMs
+ * round them anyway, and rounding commutes with the gather. The cotangent comes back f32
+ * through the CAST and is reduce-scattered in f32. */
+static jdt_tensor *gemm_rows(builder *b, jdt_tensor *x, const int64_t *nc)
+{
+    if (b->seq_ways > 1 && b->cast_weights) x = jdt_graph_cast(b->g, x, JDT_DTYPE_BF16);
+    return jdt_graph_reshape(b->g, x, 2, nc);
+}
+
 /* t, or its f32 widening when it is bf16 (exact) */
 static jdt_tensor *as_f32(jdt_graph *g, jdt_tensor *t)
 {
@@ -277,7 +288,7 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
 
         /* attention */
         snprintf(name, sizeof name, "%s.ln1", p);
-        jdt_tensor *a = jdt_graph_reshape(g, norm(b, h, name, C), 2, nc);
+        jdt_tensor *a = gemm_rows(b, norm(b, h, name, C), nc);
         snprintf(name, sizeof name, "%s.attn.q", p);
         jdt_tensor *q = jdt_graph_reshape(g, linear_b(b, a, name, C, H * D, "embed", "heads", std, qkvb), 4, bthd);
         snprintf(name, sizeof name, "%s.attn.k", p);
@@ -315,7 +326,7 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
 
         /* mlp */
         snprintf(name, sizeof name, "%s.ln2", p);
-        jdt_tensor *x2 = jdt_graph_reshape(g, norm(b, h, name, C), 2, nc);
+        jdt_tensor *x2 = gemm_rows(b, norm(b, h, name, C), nc);
         jdt_tensor *u;
         if (cfg->model.activation == JDT_ACT_SWIGLU) {
             snprintf(name, sizeof name, "%s.mlp.gate", p);

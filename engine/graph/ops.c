@@ -733,6 +733,15 @@ static void vjp_matmul_f(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const b
  * the backend converts nothing per GEMM; the same numbers (both round to nearest even). Not
  * for the cross-entropy's dlogits: the compiler stores that as bf16 itself when only GEMMs read
  * it (fuse.c mark_bf16_storage), and a CAST would make it an f32 store plus a copy. */
+/* A bf16 operand that is a CAST of an f32 value, or a reshape or gather of one (a weight's
+ * bf16 copy, sequence parallelism's gathered rows): its cotangent belongs to the f32 value. */
+static bool cast_form(const jdt_tensor *t)
+{
+    while (t->op == JDT_OP_RESHAPE || t->op == JDT_OP_ALL_GATHER)
+        t = t->inputs[0];
+    return t->op == JDT_OP_CAST;
+}
+
 static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                        jdt_tensor **dx)
 {
@@ -753,7 +762,7 @@ static void vjp_MATMUL(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const boo
     /* the cotangent of a bf16 activation operand, rounded to bf16 (jdt_graph_bf16_grads) */
     for (int k = 0; k < 2 && bf16 && jdt_graph_bf16_grads(g); k++)
         if (need[k] && dx[k] && dx[k]->dtype == JDT_DTYPE_F32 &&
-            IN(k)->dtype == JDT_DTYPE_BF16 && IN(k)->op != JDT_OP_CAST)
+            IN(k)->dtype == JDT_DTYPE_BF16 && !cast_form(IN(k)))
             dx[k] = jdt_graph_cast(g, jdt_graph_cast(g, dx[k], JDT_DTYPE_BF16), JDT_DTYPE_F32);
     jdt_graph_set_matmul_bf16(g, prev);
 }

@@ -194,6 +194,20 @@ grep -Eq 'all_gather +bf16' "$TMP/ig_f32" && fail "an f32 step gathers bf16"
 awk -v a="$(gb "$TMP/ig_f32")" -v b="$(gb "$TMP/ig_bf16")" 'BEGIN { split(a, x, " "); split(b, y, " ")
     if (x[2] != y[2]) exit 1; r = y[1] / x[1]; printf "fsdp=2 bytes all-gathered per run: f32 %s, bf16 %s (x %.2f)\n", a, b, r
     exit !(r > 0.5 && r < 0.65) }' || fail "bf16 does not gather fewer bytes: $(gb "$TMP/ig_f32") -> $(gb "$TMP/ig_bf16")"
+# sequence parallelism under bf16 compute gathers each block's normed rows as bf16 (the GEMMs
+# round them anyway), its cotangent reduce-scattered in f32: against one process as above
+"$BIN" --nproc 2 $BF mesh.tensor=2 "$SR" run.out_dir="$TMP/bf_sp" >/dev/null 2>"$TMP/err" \
+  || { tail -n 8 "$TMP/err"; fail "bf16 --nproc 2 mesh.tensor=2 [seq, tensor]"; }
+losses "$TMP/bf_sp/tiny/metrics.jsonl" > "$TMP/b"
+paste "$TMP/a" "$TMP/b" | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > m) m = r }
+  END { printf "%-44s max relative loss difference %.2g over %d steps\n", "bf16 mesh.tensor=2 [seq, tensor]", m, NR; exit !(m < 1e-4 && NR == 20) }' \
+  || fail "bf16 [seq, tensor]: losses differ from one process"
+"$BIN" inspect configs/tiny.yaml $T mesh.tensor=2 precision.compute=bf16 "$SR" > "$TMP/isp16" 2>&1 || fail "inspect bf16 [seq, tensor]"
+# (8 a step: 2 blocks x 2 GEMM inputs x 2 micro-batches; the backward's 8 gathers of the
+# residual cotangent stay f32, as the 16 reduce-scatters)
+grep -Eq '^ +micro +all_gather +bf16 +tensor +2 +8 .*\(4, 32, 64\)$' "$TMP/isp16" &&
+  grep -Eq '^ +micro +reduce_scatter +f32 +tensor +2 +16 .*\(4, 32, 64\)$' "$TMP/isp16" ||
+  fail "bf16 [seq, tensor]: not 8 bf16 gathers and 16 f32 reduce-scatters of the rows: $(grep tensor "$TMP/isp16")"
 
 # prefetch by bytes: the weight gathers in flight stay within runtime.prefetch_mb, and a larger
 # budget prefetches more and plans a larger arena (C=256, 4 layers: 4 MiB buckets)
