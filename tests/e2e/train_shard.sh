@@ -11,6 +11,9 @@
 # loss; a bad mesh or rule is one config error, exit 2, before any rank starts; overlapped
 # (start/wait) collectives give bitwise the losses and state of the blocking schedule; with
 # precision.compute: bf16, fsdp=2 gathers bf16 weight copies (fewer bytes, inspect) and agrees.
+# Vocab parallelism ([vocab, tensor]) and sequence parallelism ([seq, tensor], also with it, with
+# loss slices, remat-free, bf16 gathers) reproduce one process too; inspect's model FLOPs count
+# the whole model on every mesh.
 # The launcher binds its coordinator port itself (port 0), so parallel runs cannot collide.
 # e2e: exclusive (up to four ranks at once)
 set -uo pipefail
