@@ -237,7 +237,7 @@ static jdt_tensor *dropout(builder *b, jdt_tensor *x, const char *site)
 {
     if (!b->m->step) return x;
     uint64_t key = jdt_rng_key((uint64_t)b->cfg->run.seed, site);
-    return jdt_graph_dropout(b->g, x, b->m->step, b->cfg->model.dropout, key);
+    return jdt_graph_dropout_rows(b->g, x, b->m->step, b->m->row0, b->cfg->model.dropout, key);
 }
 
 /* (B, T, n, D) -> (B, n, T, D) */
@@ -263,8 +263,10 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
     const char *bt_axes[2] = {"batch", "seq"};
     m->x = jdt_graph_input(g, "x", JDT_DTYPE_I32, 2, bt, bt_axes);
     m->y = jdt_graph_input(g, "y", JDT_DTYPE_I32, 2, bt, bt_axes);
-    if (training && cfg->model.dropout > 0)
+    if (training && cfg->model.dropout > 0) {
         m->step = jdt_graph_input(g, "dropout_step", JDT_DTYPE_I32, 0, NULL, NULL);
+        m->row0 = jdt_graph_input(g, "dropout_row0", JDT_DTYPE_F64, 0, NULL, NULL);
+    }
 
     const int64_t vc[2] = {V, C};
     const char *vc_axes[2] = {"vocab", "embed"};

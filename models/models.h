@@ -35,6 +35,8 @@ typedef struct {
     jdt_tensor *x;       /* gpt: (B, T) i32 token ids;  mlp: (B, in_dim) f32 */
     jdt_tensor *y;       /* gpt: (B, T) i32 next tokens; mlp: (B) i32 labels */
     jdt_tensor *step;    /* () i32 dropout step counter; NULL when the graph has no dropout */
+    jdt_tensor *row0;    /* () f64: the step-batch row of this run's first row (dropout's mask
+                          * counter, graph.h DROPOUT); with step */
     jdt_tensor *logits;  /* gpt: (N, V); mlp: (B, n_classes); f32 (bf16-rounded values under
                           * precision.activations: bf16) */
     jdt_tensor *loss;    /* () f32: mean cross-entropy over the rows */

@@ -126,10 +126,10 @@ static int joinable(const cprog *c, const user_lists *u, int i)
     if (g->is_reduce && store) return -1;
     if (g->n_in_bound + n->n_in > JDT_GROUP_MAX_READS) return -1;
     if (store && g->n_stores + 1 > JDT_GROUP_MAX_STORES) return -1;
-    /* DROPOUT's step input is read as a scalar, never at the loop index */
+    /* DROPOUT's step (and block base) inputs are read as scalars, never at the loop index */
     for (int k = u->start[i]; k < u->start[i + 1]; k++) {
         const cnode *un = &c->nodes[u->users[k]];
-        if (un->op == JDT_OP_DROPOUT && un->in[1] == i) return -1;
+        if (un->op == JDT_OP_DROPOUT && un->in[0] != i) return -1;
     }
     return gi;
 }
@@ -164,7 +164,7 @@ static bool broadcast_absorbable(const cprog *c, const user_lists *u, int i)
         const cnode *un = &c->nodes[ui];
         if (un->absorbed) continue; /* a strided read composing onto this one */
         if (un->group < 0) return false;
-        if (un->kind == CK_EW && !(un->op == JDT_OP_DROPOUT && un->in[1] == i)) continue;
+        if (un->kind == CK_EW && !(un->op == JDT_OP_DROPOUT && un->in[0] != i)) continue;
         if (un->kind == CK_MAP) continue;
         if (un->kind == CK_REDUCE && c->groups[un->group].root == ui) continue;
         return false;
@@ -1414,7 +1414,7 @@ static bool read_only_at_index(const cprog *c, int gi, int b)
         for (int k = 0; k < n->n_in; k++) {
             const cnode *x = &c->nodes[cnode_read_src(c, n->in[k])];
             if (x->group == gi || x->kind == CK_SPLAT || x->buf != b) continue;
-            if (n->kind != CK_EW || (n->op == JDT_OP_DROPOUT && k == 1)) return false;
+            if (n->kind != CK_EW || (n->op == JDT_OP_DROPOUT && k >= 1)) return false;
             if (jdt_shape_numel(&x->shape) != jdt_shape_numel(&g->domain)) return false;
         }
     }

@@ -296,10 +296,11 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
     const cprog *c = N->c;
     const cnode *m = &c->nodes[id];
     const char *T = jdt_nest_ctype(m->dtype);
-    char a[96] = "", b[96] = "", d[96] = "";
+    char a[96] = "", b[96] = "", d[96] = "", e4[96] = "";
     if (m->n_in > 0) jdt_nest_operand(N, m, 0, a, sizeof a);
     if (m->n_in > 1) jdt_nest_operand(N, m, 1, b, sizeof b);
     if (m->n_in > 2) jdt_nest_operand(N, m, 2, d, sizeof d);
+    if (m->n_in > 3) jdt_nest_operand(N, m, 3, e4, sizeof e4);
     double f = m->attrs.f[0];
     const char *EXP = f32_math(m->dtype) ? "jdt_expf" : "exp";
     const char *TANH = f32_math(m->dtype) ? "jdt_tanhf" : "tanh";
@@ -421,11 +422,28 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
         char P[64], SC[64];
         jdt_nest_lit(P, sizeof P, JDT_DTYPE_F32, p);
         jdt_nest_lit(SC, sizeof SC, m->dtype, scale);
-        jdt_sb_printf(
-            s,
-            "jdt_unit(jdt_philox_w0(%lluULL, (uint64_t)(int64_t)%s, (uint64_t)flat)) >= %s "
-            "? %s * %s : (%s)0;\n",
-            (unsigned long long)m->attrs.i[0], b, P, a, SC, T);
+        /* the counter: the flat index, or with row0 (input 2) and a block's base (input 3, the
+         * partitioner's) the element's index in the step's whole batch: row0 times the row
+         * stride, plus base, plus each local index times its global stride (attrs i[2 + d]) */
+        char ctr[640] = "(uint64_t)flat";
+        if (m->n_in > 2) {
+            size_t o = (size_t)snprintf(ctr, sizeof ctr, "(uint64_t)((int64_t)%s * %lldLL%s%s%s", d,
+                                        (long long)m->attrs.i[2], m->n_in > 3 ? " + (int64_t)" : "",
+                                        m->n_in > 3 ? e4 : "", "");
+            int64_t ls = 1;
+            for (int k = m->shape.ndim - 1; k >= 0 && o < sizeof ctr; k--) {
+                if (m->shape.dims[k] > 1)
+                    o += (size_t)snprintf(
+                        ctr + o, sizeof ctr - o, " + (flat / %lldLL %% %lldLL) * %lldLL",
+                        (long long)ls, (long long)m->shape.dims[k], (long long)m->attrs.i[2 + k]);
+                ls *= m->shape.dims[k];
+            }
+            if (o < sizeof ctr) snprintf(ctr + o, sizeof ctr - o, ")");
+        }
+        jdt_sb_printf(s,
+                      "jdt_unit(jdt_philox_w0(%lluULL, (uint64_t)(int64_t)%s, %s)) >= %s "
+                      "? %s * %s : (%s)0;\n",
+                      (unsigned long long)m->attrs.i[0], b, ctr, P, a, SC, T);
         return;
     }
     case JDT_OP_IOTA: {

@@ -501,6 +501,24 @@ jdt_tensor *jdt_graph_dropout(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, dou
     return op2(g, JDT_OP_DROPOUT, x, step, &a);
 }
 
+jdt_tensor *jdt_graph_dropout_rows(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, jdt_tensor *row0,
+                                   double rate, uint64_t key)
+{
+    if (!x || !step || !row0) return NULL;
+    jdt_attrs a = {.i = {(int64_t)key}, .f = {rate}};
+    if (x->shape.ndim > 6) {
+        jdt_graph_fail(g, JDT_ERR_SHAPE, "dropout: at most 6 dims with a row offset");
+        return NULL;
+    }
+    int64_t stride = 1;
+    for (int d = x->shape.ndim - 1; d >= 0; d--) {
+        a.i[2 + d] = stride;
+        stride *= x->shape.dims[d];
+    }
+    jdt_tensor *in[3] = {x, step, row0};
+    return jdt_graph_op(g, JDT_OP_DROPOUT, 3, in, &a, x->dtype, NULL);
+}
+
 jdt_tensor *jdt_graph_broadcast(jdt_graph *g, jdt_tensor *x, int ndim, const int64_t *dims)
 {
     if (ndim < 0 || ndim > JDT_MAX_DIMS || (ndim > 0 && !dims)) {

@@ -103,6 +103,11 @@ jdt_tensor *jdt_graph_cast(jdt_graph *g, jdt_tensor *x, jdt_dtype dt);
 /* Inverted dropout with probability `rate` in [0, 1) keyed on `key`; step is an i32 0-d tensor. */
 jdt_tensor *jdt_graph_dropout(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, double rate,
                               uint64_t key);
+/* The same, x's rows (dim 0) numbered from row0 (an f64 0-d tensor, set per run): element
+ * (r, rest) draws counter (row0 + r) * row size + rest, so that micro-batches and the ranks'
+ * blocks of a step's batch draw one device's masks of the whole batch (graph.h DROPOUT). */
+jdt_tensor *jdt_graph_dropout_rows(jdt_graph *g, jdt_tensor *x, jdt_tensor *step, jdt_tensor *row0,
+                                   double rate, uint64_t key);
 
 /* ---- shape and reduction ------------------------------------------------------------------ */
 

@@ -116,6 +116,12 @@ enum {
  *   DROPOUT             (x, step) step: i32 scalar (shape ndim 0). keep element j with prob
  *                       1 - f[0] using Philox(key = i[0], ctr_hi = step, ctr_lo = j), scale kept
  *                       by 1/(1-f[0]). Its VJP is DROPOUT(dy, step) with the same attrs.
+ *                       (x, step, row0 [, base]): row0 and base f64 scalars, i[2 + d] the
+ *                       strides of the global x: j = row0 * i[2] + base + sum over dims of the
+ *                       element's (local) index times i[2 + d]. row0 numbers x's rows within
+ *                       the step's batch (set per micro-batch), base is the partitioner's: a
+ *                       block's offset along the other dims; so micro-batches and every mesh
+ *                       draw one device's masks of the whole batch.
  *                       Exactly: u = jdt_u32_to_unit_float(word v[0]); kept iff u >= f[0].
  * Shape and reduction
  *   BROADCAST           input right-aligned against the output shape (numpy rules; size-1 or
@@ -206,7 +212,7 @@ enum {
     X(SELECT, "select", 3, ELEMENTWISE)                                                           \
     X(CAST, "cast", 1, ELEMENTWISE)                                                               \
     X(STOP_GRADIENT, "stop_gradient", 1, ELEMENTWISE)                                             \
-    X(DROPOUT, "dropout", 2, ELEMENTWISE)                                                         \
+    X(DROPOUT, "dropout", -1, ELEMENTWISE)                                                        \
     X(BROADCAST, "broadcast", 1, SHAPE)                                                           \
     X(REDUCE_SUM, "reduce_sum", 1, REDUCTION)                                                     \
     X(REDUCE_MAX, "reduce_max", 1, REDUCTION)                                                     \

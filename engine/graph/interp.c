@@ -222,7 +222,7 @@ typedef struct {
     double *y;
     int64_t n, last, rows;
     const jdt_attrs *a;
-    const double *x0, *x1, *x2; /* inputs 0..2 (NULL when absent) */
+    const double *x0, *x1, *x2, *x3; /* inputs 0..3 (NULL when absent) */
     const jdt_shape *s0, *so;   /* input 0's shape (NULL without inputs), the node's */
     jdt_err *e;
 } node_ctx;
@@ -252,8 +252,18 @@ static jdt_status eval_dropout(const node_ctx *nd)
     const double *x1 = nd->x1;
     double p = a->f[0], scale = 1.0 / (1.0 - p);
     uint64_t step = (uint64_t)(int64_t)x1[0];
+    const jdt_shape *s = &nd->t->shape;
     for (int64_t j = 0; j < n; j++) {
-        jdt_philox_ctr r = jdt_philox((uint64_t)a->i[0], step, (uint64_t)j);
+        /* a sharded block's element: its global flat index (base + local index . strides) */
+        int64_t ctr = j;
+        if (nd->t->n_inputs > 2) {
+            ctr = (int64_t)nd->x2[0] * a->i[2] + (nd->t->n_inputs > 3 ? (int64_t)nd->x3[0] : 0);
+            for (int64_t k = s->ndim - 1, rest = j; k >= 0; k--) {
+                ctr += rest % s->dims[k] * a->i[2 + k];
+                rest /= s->dims[k];
+            }
+        }
+        jdt_philox_ctr r = jdt_philox((uint64_t)a->i[0], step, (uint64_t)ctr);
         y[j] = jdt_u32_to_unit_float(r.v[0]) >= p ? x0[j] * scale : 0.0;
     }
     return JDT_OK;
@@ -826,6 +836,7 @@ static jdt_status eval_node(jdt_interp *it, jdt_tensor *t, jdt_err *e)
     const double *x0 = nd.x0 = t->n_inputs > 0 ? nv[t->inputs[0]->id].v : NULL;
     const double *x1 = nd.x1 = t->n_inputs > 1 ? nv[t->inputs[1]->id].v : NULL;
     const double *x2 = nd.x2 = t->n_inputs > 2 ? nv[t->inputs[2]->id].v : NULL;
+    nd.x3 = t->n_inputs > 3 ? nv[t->inputs[3]->id].v : NULL;
     nd.s0 = t->n_inputs > 0 ? &t->inputs[0]->shape : NULL;
     const jdt_shape *so = nd.so = &t->shape;
     nd.last = so->ndim ? so->dims[so->ndim - 1] : 1;

@@ -167,6 +167,11 @@ static bool shape_DROPOUT(jdt_tensor *const *in, int n_in, const jdt_attrs *a, j
     if (!same_float_ex(in, 1, true, dt, out, why, n_why)) return false;
     if (in[1]->dtype != JDT_DTYPE_I32 || in[1]->shape.ndim != 0)
         return WHY("step must be an i32 scalar (rank 0)");
+    if (n_in > 4) return WHY("at most 4 inputs (x, step, row0, base)");
+    for (int k = 2; k < n_in; k++)
+        if (in[k]->dtype != JDT_DTYPE_F64 || in[k]->shape.ndim != 0)
+            return WHY("%s must be an f64 scalar (rank 0)", k == 2 ? "row0" : "base");
+    if (n_in > 2 && in[0]->shape.ndim > 6) return WHY("a row-numbered dropout takes at most 6 dims");
     if (!(a->f[0] >= 0.0 && a->f[0] < 1.0)) return WHY("rate %g not in [0, 1)", a->f[0]);
     return true;
 }
@@ -614,8 +619,9 @@ static void vjp_STOP_GRADIENT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, co
 static void vjp_DROPOUT(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,
                         jdt_tensor **dx)
 {
-    jdt_tensor *in[2] = {dy, IN(1)};
-    dx[0] = jdt_graph_op(g, JDT_OP_DROPOUT, 2, in, &node->attrs, dy->dtype, NULL);
+    jdt_tensor *in[4] = {dy, IN(1), node->n_inputs > 2 ? IN(2) : NULL,
+                         node->n_inputs > 3 ? IN(3) : NULL};
+    dx[0] = jdt_graph_op(g, JDT_OP_DROPOUT, node->n_inputs, in, &node->attrs, dy->dtype, NULL);
 }
 
 static void vjp_BROADCAST(jdt_graph *g, jdt_tensor *node, jdt_tensor *dy, const bool *need,

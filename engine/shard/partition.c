@@ -297,6 +297,26 @@ static void want_input(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placem
     pin[i] = *w;
 }
 
+/* DROPOUT (x, step, row0) on a block of x split along dims after the rows: its mask is the
+ * one-device mask's block, each element's Philox counter its index in the step's batch (graph.h
+ * DROPOUT). row0 (set per micro-batch and rank, engine/train/step.c) places the rows; the
+ * block's offset along the other dims enters as data (an f64 scalar), not as an attribute, so
+ * that the ranks' programs stay one program. */
+static jdt_status dropout_block(pctx *c, const jdt_tensor *n, jdt_tensor **in,
+                                const jdt_placement *t, jdt_tensor **out)
+{
+    const jdt_shape *s = &n->shape;
+    double base = 0;
+    for (int d = 1; d < s->ndim; d++)
+        base += (double)jdt_shard_local_offset(c->m, s, t, d) * (double)n->attrs.i[2 + d];
+    jdt_tensor *x4[4] = {in[0], in[1], in[2], jdt_graph_constant(c->g, JDT_DTYPE_F64, 0, NULL, &base)};
+    jdt_shape ls = local_of(c, n, t);
+    *out = x4[0] && x4[1] && x4[2] && x4[3]
+               ? jdt_graph_op(c->g, JDT_OP_DROPOUT, 4, x4, &n->attrs, n->dtype, &ls)
+               : NULL;
+    return JDT_OK;
+}
+
 /* Elementwise: the inputs of the output's shape take one common placement, built dim by dim
  * from the first input split there (an axis at most once); DROPOUT's step stays replicated. */
 static jdt_status rule_ew(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_placement *pin,
@@ -350,6 +370,8 @@ static jdt_status rule_ew(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_pla
         }
     }
     *pout = t;
+    if (n->op == JDT_OP_DROPOUT && n->n_inputs == 3 && (used & ~(unsigned)t.dim[0]))
+        return dropout_block(c, n, in, &t, out);
     *out = emit(c, n, in, pout);
     return JDT_OK;
 }

@@ -49,6 +49,8 @@ struct jdt_step {
     /* bound scalars */
     float lr, bc1, bc2, inv_accum;
     int32_t dropout_step;
+    double dropout_row0;    /* the step-batch row of this run's first row (models.h row0) */
+    int64_t rank_row0;      /* this rank's first row of each step's batch */
     int out_loss, out_norm; /* output indices in main (norm in apply when accumulating) */
 };
 
@@ -303,6 +305,7 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
         m->loss = r.map[m->loss->id];
         if (m->logits) m->logits = r.map[m->logits->id];
         if (m->step) m->step = r.map[m->step->id];
+        if (m->row0) m->row0 = r.map[m->row0->id];
         m->x = input_leaf(r.map[m->x->id]);
         m->y = input_leaf(r.map[m->y->id]);
         m->batch = m->x->shape.dims[0];
@@ -367,6 +370,13 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     if ((st = alloc_host(s, e)) != JDT_OK) return st;
     bind_params(s, &s->m_main);
     if (s->m_main.step) s->m_main.step->data = &s->dropout_step;
+    if (s->m_main.row0) {
+        s->m_main.row0->data = &s->dropout_row0;
+        /* the loader gives this rank rows [at B / ways, (at + 1) B / ways) of each step */
+        const unsigned ba = jdt_shard_batch_axes(&s->mesh, &s->cfg->sharding.rules);
+        s->rank_row0 = (int64_t)s->cfg->data.batch_size / jdt_mesh_group_size(&s->mesh, ba) *
+                       jdt_mesh_group_index(&s->mesh, ba);
+    }
 
     jdt_graph *g = s->main.g;
     const int n = s->m_main.n_params;
@@ -519,6 +529,7 @@ jdt_status jdt_step_run(jdt_step *s, int64_t t, double lr, const void *x, const 
     for (int k = 0; k < s->o.n_accum; k++) {
         m->x->data = (void *)((const char *)x + (size_t)k * xb);
         m->y->data = (void *)(y + (size_t)k * yn);
+        s->dropout_row0 = (double)(s->rank_row0 + (int64_t)k * m->batch);
         if ((st = exec_run(&s->main, e)) != JDT_OK)
             return jdt_err_prefix(e, "step %lld", (long long)(t + 1));
         float l;

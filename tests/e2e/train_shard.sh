@@ -140,6 +140,18 @@ seq_par gpt "$T" "$SR" 4 mesh.fsdp=2 mesh.tensor=2 runtime.loss_chunks=4
 seq_par gpt-gqa-swiglu-untied "$T $GQA" "$SR" 2 mesh.tensor=2 runtime.loss_chunks=2
 seq_par gpt "$T" "$SVR" 2 mesh.tensor=2
 seq_par gpt-gqa-swiglu-untied "$T $GQA" "$SVR" 2 mesh.tensor=2
+# dropout draws one device's masks of the step's whole batch on every mesh and micro-batching
+# (its Philox counter is each element's index in the step's batch: graph.h DROPOUT): with
+# model.dropout=0.1, micro-batches of 2, fsdp=2, and data 2 x tensor 2 with [seq, tensor] (the
+# residual stream's dropout on each rank's positions) give the one-process losses
+DC="configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 $T model.dropout=0.1"
+"$BIN" $DC run.out_dir="$TMP/drop/single" >/dev/null 2>"$TMP/err" || { tail -n 5 "$TMP/err"; fail "dropout single run"; }
+for spec in "1:data.micro_batch_size=2" "2:mesh.fsdp=2" "4:mesh.data=2 mesh.tensor=2"; do
+  np=${spec%%:*}; o=${spec#*:}; out="$TMP/drop/$(echo "$o" | tr ' =.' '___')"
+  # shellcheck disable=SC2086
+  "$BIN" --nproc "$np" $DC $o "$SR" run.out_dir="$out" >/dev/null 2>"$TMP/err" || { tail -n 8 "$TMP/err"; fail "dropout $o"; }
+  compare "$TMP/drop/single/tiny/metrics.jsonl" "$out/tiny/metrics.jsonl" "dropout 0.1, $o" || fail "dropout 0.1, $o: losses differ"
+done
 # what it moves: each tensor all-reduce of the residual stream becomes an all-gather and a
 # reduce-scatter of the same buffer (a ring member sends the same bytes), the activation arena
 # and the per-device FLOPs shrink (the norms, residual adds and the head on T / 2 positions)

@@ -158,6 +158,11 @@ static jdt_tensor *b_cast(jdt_graph *g, jdt_tensor **p)
 {
     return jdt_graph_exp(g, jdt_graph_cast(g, jdt_graph_cast(g, p[0], F64), p[0]->dtype));
 }
+static jdt_tensor *b_dropout_rows(jdt_graph *g, jdt_tensor **p)
+{
+    return jdt_graph_dropout_rows(g, p[0], jdt_graph_scalar(g, JDT_DTYPE_I32, 5),
+                                  jdt_graph_scalar(g, JDT_DTYPE_F64, 3), 0.3, 77);
+}
 static jdt_tensor *b_dropout(jdt_graph *g, jdt_tensor **p)
 {
     return jdt_graph_dropout(g, p[0], jdt_graph_scalar(g, JDT_DTYPE_I32, 5), 0.3, 77);
@@ -343,6 +348,7 @@ static const gcase CASES[] = {
     {"select", b_select, 2, {2, 2}, {{2, 3}, {2, 3}}, INIT_NORMAL},
     {"cast", b_cast, 1, {2}, {{2, 3}}, INIT_NORMAL},
     {"dropout", b_dropout, 1, {2}, {{4, 5}}, INIT_NORMAL},
+    {"dropout (rows from row0)", b_dropout_rows, 1, {3}, {{2, 4, 5}}, INIT_NORMAL},
     {"broadcast", b_broadcast, 1, {2}, {{3, 1}}, INIT_NORMAL},
     {"reduce_sum", b_reduce_sum, 1, {3}, {{2, 3, 4}}, INIT_NORMAL},
     {"reduce_sum_keepdims", b_reduce_sum_kd, 1, {3}, {{2, 3, 4}}, INIT_NORMAL},

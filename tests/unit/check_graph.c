@@ -133,12 +133,15 @@ START_TEST(test_registry)
         ck_assert_str_eq(info->name, jdt_op_name((jdt_op)op));
         ck_assert_int_eq(info->arity, jdt_op_arity((jdt_op)op));
         ck_assert_ptr_nonnull(info->shape);
-        /* every op has a class; leaves and generators take no inputs, elementwise ops 1..3 */
+        /* every op has a class; leaves and generators take no inputs, elementwise ops 1..3
+         * (DROPOUT: 2 to 4, variadic) */
         jdt_op_class c = jdt_op_class_of((jdt_op)op);
         ck_assert_int_lt((int)c, JDT_OPC_COUNT);
         ck_assert_str_ne(jdt_op_class_name(c), "?");
         if (c == JDT_OPC_LEAF || c == JDT_OPC_GENERATOR) ck_assert_int_eq(info->arity, 0);
-        if (c == JDT_OPC_ELEMENTWISE) ck_assert(info->arity >= 1 && info->arity <= 3);
+        if (c == JDT_OPC_ELEMENTWISE)
+            ck_assert(op == JDT_OP_DROPOUT ? info->arity == -1
+                                           : info->arity >= 1 && info->arity <= 3);
     }
     ck_assert_int_eq(jdt_op_class_of(JDT_OP_MATMUL), JDT_OPC_MATMUL);
     ck_assert_int_eq(jdt_op_class_of(JDT_OP_DROPOUT), JDT_OPC_ELEMENTWISE);

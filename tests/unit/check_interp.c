@@ -434,6 +434,39 @@ START_TEST(test_norms_rope_attention)
 }
 END_TEST
 
+/* dropout_rows: rows numbered from row0 and a block's base give the masks of the whole tensor
+ * (graph.h DROPOUT): rows 2-3 of a (4, 3, 5) tensor with row0 = 2, and its columns 1-2 of dim
+ * 1 with base = 1 * 5, draw the full tensor's mask at those elements */
+START_TEST(test_dropout_rows)
+{
+    jdt_graph *g = jdt_graph_new();
+    static double x[60];
+    for (int i = 0; i < 60; i++)
+        x[i] = 1.0 + i;
+    int32_t step = 7;
+    double zero = 0, two = 2, five = 5;
+    jdt_tensor *X = in64(g, "x", 3, (int64_t[]){4, 3, 5}, x), *S = in_i32(g, "step", 0, NULL, &step);
+    jdt_tensor *R0 = in64(g, "r0", 0, NULL, &zero), *R2 = in64(g, "r2", 0, NULL, &two),
+               *B5 = in64(g, "b5", 0, NULL, &five);
+    jdt_tensor *full = jdt_graph_dropout_rows(g, X, S, R0, 0.5, 11);
+    jdt_tensor *rows = jdt_graph_dropout_rows(g, jdt_graph_slice(g, X, 0, 2, 4), S, R2, 0.5, 11);
+    /* the block: the full tensor's strides, base for dim 1's offset */
+    jdt_tensor *in4[4] = {jdt_graph_slice(g, X, 1, 1, 3), S, R0, B5};
+    jdt_tensor *blk = jdt_graph_op(g, JDT_OP_DROPOUT, 4, in4, &full->attrs, JDT_DTYPE_F64, NULL);
+    jdt_interp *it = run_ok(g);
+    int dropped = 0;
+    for (int i = 0; i < 60; i++) {
+        const int r = i / 15, c = i / 5 % 3, k = i % 5;
+        dropped += v(it, full, i) == 0.0;
+        if (r >= 2) ck_assert(v(it, rows, i - 30) == v(it, full, i));
+        if (c >= 1) ck_assert(v(it, blk, (r * 2 + c - 1) * 5 + k) == v(it, full, i));
+    }
+    ck_assert(dropped > 15 && dropped < 45);
+    jdt_interp_free(it);
+    jdt_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_dropout)
 {
     jdt_graph *g = jdt_graph_new();
@@ -673,6 +706,7 @@ int main(void)
     tcase_add_test(tc, test_softmax_family);
     tcase_add_test(tc, test_norms_rope_attention);
     tcase_add_test(tc, test_dropout);
+    tcase_add_test(tc, test_dropout_rows);
     tcase_add_test(tc, test_updates_and_f32);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_alloc_failure);

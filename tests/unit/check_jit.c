@@ -60,6 +60,14 @@ START_TEST(test_elementwise_ops)
     out(&f, jdt_graph_cast(g, jdt_graph_cast(g, x, JDT_DTYPE_I32), JDT_DTYPE_F32));
     out(&f, jdt_graph_stop_gradient(g, x));
     out(&f, jdt_graph_dropout(g, x, stp, 0.3, 1234));
+    { /* rows numbered from row0 (a micro-batch's), and a block's base (the partitioner's) */
+        const double r0 = 5, base = 3;
+        jdt_tensor *row0 = jdt_graph_constant(g, JDT_DTYPE_F64, 0, NULL, &r0);
+        jdt_tensor *dr = jdt_graph_dropout_rows(g, x, stp, row0, 0.3, 1234);
+        out(&f, dr);
+        jdt_tensor *in4[4] = {x, stp, row0, jdt_graph_constant(g, JDT_DTYPE_F64, 0, NULL, &base)};
+        out(&f, jdt_graph_op(g, JDT_OP_DROPOUT, 4, in4, &dr->attrs, JDT_DTYPE_F32, NULL));
+    }
     out(&f, jdt_graph_iota(g, JDT_DTYPE_F32, 3, (int64_t[]){3, 5, 7}, 1));
     out(&f, jdt_graph_iota(g, JDT_DTYPE_I32, 2, (int64_t[]){4, 9}, 1));
     out(&f, jdt_graph_causal_mask(g, JDT_DTYPE_F32, 11));
