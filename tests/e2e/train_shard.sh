@@ -96,34 +96,9 @@ run_model mlp configs/mlp.yaml mlp "data.batch_size=32 model.in_dim=64 model.hid
 # lookup and the cross-entropy on each rank's ids, docs/sharding.md): the same losses, parameters
 # and optimizer state as one process, for the tied GPT-2 layout and the untied GQA model
 VR='sharding.rules=[[batch, [data, fsdp]], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, tensor], [norm, null]]'
-vocab_par() { # $1 label of a run_model single run, $2 its overrides, $3 processes, then the mesh
-  local label=$1 o=$2 np=$3; shift 3
-  local out="$TMP/$label/vocab_$(echo "$*" | tr ' =.' '___')"
-  # shellcheck disable=SC2086
-  "$BIN" --nproc "$np" configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 \
-    $o run.out_dir="$out" "$@" "$VR" >/dev/null 2>"$TMP/err" || { tail -n 8 "$TMP/err"; fail "$label vocab-parallel $*"; }
-  compare "$TMP/$label/single/tiny/metrics.jsonl" "$out/tiny/metrics.jsonl" "$label [vocab, tensor] $*" ||
-    fail "$label [vocab, tensor] $*: losses differ"
-  for part in /params /opt; do
-    h5diff -d 5e-5 "$TMP/$label/single/tiny/ckpt/step_000020/state.h5" "$out/tiny/ckpt/step_000020/state.h5" $part \
-      >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "$label [vocab, tensor] $*: $part differs by more than 5e-5"; }
-  done
-}
-vocab_par gpt "$T" 2 mesh.tensor=2
-vocab_par gpt "$T" 4 mesh.fsdp=2 mesh.tensor=2
-vocab_par gpt-gqa-swiglu-untied "$T $GQA" 2 mesh.tensor=2
-
-# sequence parallelism ([seq, tensor]: Megatron-LM's; the residual stream, the norms and the
-# head split on T over tensor, all-gathered before the column-parallel GEMMs and
-# reduce-scattered after the row-parallel ones): the same losses, parameters and state as one
-# process; with loss_chunks the head runs on slices of each rank's positions; with
-# [vocab, tensor] too, the head is vocab-parallel on the gathered rows
-SR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, null], [norm, null]]'
-SVR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, tensor], [norm, null]]'
-seq_par() { # $1 label of a run_model single run, $2 its overrides, $3 rules, $4 processes, then the mesh
-  local label=$1 o=$2 rules=$3 np=$4; shift 4
-  local tag="[seq, tensor]"; [ "$rules" = "$SVR" ] && tag="[seq, tensor] [vocab, tensor]"
-  local out="$TMP/$label/seq_$(echo "$o $rules $*" | md5sum | cut -c1-8)"
+rules_par() { # $1 label of a run_model single run, $2 its overrides, $3 rules, $4 their name, $5 processes, then the mesh
+  local label=$1 o=$2 rules=$3 tag=$4 np=$5; shift 5
+  local out="$TMP/$label/rules_$(echo "$o $rules $*" | md5sum | cut -c1-8)"
   # shellcheck disable=SC2086
   "$BIN" --nproc "$np" configs/tiny.yaml run.steps=20 run.eval_every=10 runtime.threads=1 checkpoint.every=0 \
     $o run.out_dir="$out" "$@" "$rules" >/dev/null 2>"$TMP/err" || { tail -n 8 "$TMP/err"; fail "$label $tag $*"; }
@@ -134,12 +109,24 @@ seq_par() { # $1 label of a run_model single run, $2 its overrides, $3 rules, $4
       >"$TMP/diff" 2>&1 || { head -5 "$TMP/diff"; fail "$label $tag $*: $part differs by more than 5e-5"; }
   done
 }
-seq_par gpt "$T" "$SR" 2 mesh.tensor=2
-seq_par gpt "$T" "$SR" 4 mesh.data=2 mesh.tensor=2
-seq_par gpt "$T" "$SR" 4 mesh.fsdp=2 mesh.tensor=2 runtime.loss_chunks=4
-seq_par gpt-gqa-swiglu-untied "$T $GQA" "$SR" 2 mesh.tensor=2 runtime.loss_chunks=2
-seq_par gpt "$T" "$SVR" 2 mesh.tensor=2
-seq_par gpt-gqa-swiglu-untied "$T $GQA" "$SVR" 2 mesh.tensor=2
+rules_par gpt "$T" "$VR" "[vocab, tensor]" 2 mesh.tensor=2
+rules_par gpt "$T" "$VR" "[vocab, tensor]" 4 mesh.fsdp=2 mesh.tensor=2
+rules_par gpt-gqa-swiglu-untied "$T $GQA" "$VR" "[vocab, tensor]" 2 mesh.tensor=2
+
+# sequence parallelism ([seq, tensor]: Megatron-LM's; the residual stream, the norms and the
+# head split on T over tensor, all-gathered before the column-parallel GEMMs and
+# reduce-scattered after the row-parallel ones): the same losses, parameters and state as one
+# process; with loss_chunks the head runs on slices of each rank's positions; with
+# [vocab, tensor] too, the head is vocab-parallel on the gathered rows
+SR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, null], [norm, null]]'
+SVR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, tensor], [norm, null]]'
+S="[seq, tensor]"
+rules_par gpt "$T" "$SR" "$S" 2 mesh.tensor=2
+rules_par gpt "$T" "$SR" "$S" 4 mesh.data=2 mesh.tensor=2
+rules_par gpt "$T" "$SR" "$S" 4 mesh.fsdp=2 mesh.tensor=2 runtime.loss_chunks=4
+rules_par gpt-gqa-swiglu-untied "$T $GQA" "$SR" "$S" 2 mesh.tensor=2 runtime.loss_chunks=2
+rules_par gpt "$T" "$SVR" "$S [vocab, tensor]" 2 mesh.tensor=2
+rules_par gpt-gqa-swiglu-untied "$T $GQA" "$SVR" "$S [vocab, tensor]" 2 mesh.tensor=2
 # dropout draws one device's masks of the step's whole batch on every mesh and micro-batching
 # (its Philox counter is each element's index in the step's batch: graph.h DROPOUT): with
 # model.dropout=0.1, micro-batches of 2, fsdp=2, and data 2 x tensor 2 with [seq, tensor] (the
