@@ -8,6 +8,7 @@
  *   partial over A      -> not partial     ALL_REDUCE over the group of A
  *   dim split over A    -> replicated dim  ALL_GATHER along that dim over A
  *   replicated dim      -> split over A    SLICE of this rank's block (no communication)
+ *   partial over A      -> split over A    REDUCE_SCATTER along that dim (sequence parallelism)
  * A few rules build more than the op: the vocab-parallel lookup and cross-entropy (a table or
  * logits split on vocab, `[vocab, tensor]`) are written out of masks, the op on the rank's
  * block and collectives (rule_gather, xent_vocab_parallel).
@@ -131,9 +132,10 @@ static jdt_tensor *redistribute(pctx *c, jdt_tensor *x, const jdt_placement *fro
     if (!x) return NULL;
     for (int i = 0; i < c->n_inputs; i++) {
         if (c->inputs[i].sliced != x || to->partial) continue;
+        const jdt_placement *b = &c->inputs[i].bound;
         bool slices_only = true;
         for (int d = 0; d < x->shape.ndim; d++)
-            slices_only = slices_only && (!c->inputs[i].bound.dim[d] || c->inputs[i].bound.dim[d] == to->dim[d]);
+            slices_only = slices_only && (!b->dim[d] || b->dim[d] == to->dim[d]);
         if (slices_only) {
             x = c->inputs[i].leaf;
             from = &c->inputs[i].bound;
@@ -309,7 +311,8 @@ static jdt_status dropout_block(pctx *c, const jdt_tensor *n, jdt_tensor **in,
     double base = 0;
     for (int d = 1; d < s->ndim; d++)
         base += (double)jdt_shard_local_offset(c->m, s, t, d) * (double)n->attrs.i[2 + d];
-    jdt_tensor *x4[4] = {in[0], in[1], in[2], jdt_graph_constant(c->g, JDT_DTYPE_F64, 0, NULL, &base)};
+    jdt_tensor *x4[4] = {in[0], in[1], in[2],
+                         jdt_graph_constant(c->g, JDT_DTYPE_F64, 0, NULL, &base)};
     jdt_shape ls = local_of(c, n, t);
     *out = x4[0] && x4[1] && x4[2] && x4[3]
                ? jdt_graph_op(c->g, JDT_OP_DROPOUT, 4, x4, &n->attrs, n->dtype, &ls)
@@ -355,7 +358,8 @@ static jdt_status rule_ew(pctx *c, const jdt_tensor *n, jdt_tensor **in, jdt_pla
         tb.partial = 0;
         want_input(c, n, in, pin, bias, &tb);
         if (in[bias])
-            in[bias] = jdt_graph_mul_scalar(c->g, in[bias], 1.0 / (double)jdt_mesh_group_size(c->m, p));
+            in[bias] = jdt_graph_mul_scalar(c->g, in[bias],
+                                            1.0 / (double)jdt_mesh_group_size(c->m, p));
         pin[bias] = t;
         *pout = t;
         *out = emit(c, n, in, pout);
