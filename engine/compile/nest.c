@@ -424,20 +424,35 @@ static void emit_value(jdt_sbuf *s, const jdt_nest *N, int id)
         jdt_nest_lit(SC, sizeof SC, m->dtype, scale);
         /* the counter: the flat index, or with row0 (input 2) and a block's base (input 3, the
          * partitioner's) the element's index in the step's whole batch: row0 times the row
-         * stride, plus base, plus each local index times its global stride (attrs i[2 + d]) */
+         * stride, plus base, plus each local index times its global stride (attrs i[2 + d]).
+         * The dims from j on, where the block is whole inward of j (global stride of j - 1 =
+         * stride of j times j's local size), are one term: the flat index modulo their size
+         * (all of it with one device, or on the batch's rows: no division) */
         char ctr[640] = "(uint64_t)flat";
         if (m->n_in > 2) {
-            size_t o = (size_t)snprintf(ctr, sizeof ctr, "(uint64_t)((int64_t)%s * %lldLL%s%s%s", d,
-                                        (long long)m->attrs.i[2], m->n_in > 3 ? " + (int64_t)" : "",
-                                        m->n_in > 3 ? e4 : "", "");
-            int64_t ls = 1;
-            for (int k = m->shape.ndim - 1; k >= 0 && o < sizeof ctr; k--) {
-                if (m->shape.dims[k] > 1)
-                    o += (size_t)snprintf(
-                        ctr + o, sizeof ctr - o, " + (flat / %lldLL %% %lldLL) * %lldLL",
-                        (long long)ls, (long long)m->shape.dims[k], (long long)m->attrs.i[2 + k]);
-                ls *= m->shape.dims[k];
+            const int nd = m->shape.ndim;
+            const int64_t *S = &m->attrs.i[2], *L = m->shape.dims;
+            int j = nd - 1;
+            while (j >= 1 && S[j - 1] == S[j] * L[j])
+                j--;
+            int64_t ls[8], acc = 1;
+            for (int k = nd - 1; k >= 0; k--) {
+                ls[k] = acc;
+                acc *= L[k];
             }
+            size_t o = (size_t)snprintf(ctr, sizeof ctr, "(uint64_t)((int64_t)%s * %lldLL%s%s", d,
+                                        (long long)S[0], m->n_in > 3 ? " + (int64_t)" : "",
+                                        m->n_in > 3 ? e4 : "");
+            if (j <= 0)
+                o += (size_t)snprintf(ctr + o, sizeof ctr - o, " + flat");
+            else
+                o += (size_t)snprintf(ctr + o, sizeof ctr - o, " + flat %% %lldLL",
+                                      (long long)(ls[j] * L[j]));
+            for (int k = 0; k < j && o < sizeof ctr; k++)
+                if (L[k] > 1)
+                    o += (size_t)snprintf(ctr + o, sizeof ctr - o,
+                                          " + (flat / %lldLL %% %lldLL) * %lldLL", (long long)ls[k],
+                                          (long long)L[k], (long long)S[k]);
             if (o < sizeof ctr) snprintf(ctr + o, sizeof ctr - o, ")");
         }
         jdt_sb_printf(s,

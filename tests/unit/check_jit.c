@@ -67,6 +67,10 @@ START_TEST(test_elementwise_ops)
         out(&f, dr);
         jdt_tensor *in4[4] = {x, stp, row0, jdt_graph_constant(g, JDT_DTYPE_F64, 0, NULL, &base)};
         out(&f, jdt_graph_op(g, JDT_OP_DROPOUT, 4, in4, &dr->attrs, JDT_DTYPE_F32, NULL));
+        /* x as the columns 13..25 of a (7, 26) value: the rows' stride is not x's own */
+        jdt_attrs wide = dr->attrs;
+        wide.i[2] = 26;
+        out(&f, jdt_graph_op(g, JDT_OP_DROPOUT, 4, in4, &wide, JDT_DTYPE_F32, NULL));
     }
     out(&f, jdt_graph_iota(g, JDT_DTYPE_F32, 3, (int64_t[]){3, 5, 7}, 1));
     out(&f, jdt_graph_iota(g, JDT_DTYPE_I32, 2, (int64_t[]){4, 9}, 1));
