@@ -97,6 +97,12 @@ SR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, t
 run "$EMU" "$TMP/spv" --nproc 2 "${V250[@]}" runtime.backend=cuda mesh.tensor=2 "$SR"
 compare "$TMP/cpuv/tiny/metrics.jsonl" "$TMP/spv/tiny/metrics.jsonl" "2 emulated GPUs, [seq, tensor], V=250" 1e-3 ||
   fail "sequence parallelism on 2 emulated GPUs: losses differ"
+# ... with dropout: every rank's block draws the CPU's one-process masks (the counter's f64 row
+# and block offsets read by the NVRTC kernels, graph.h DROPOUT): seen 4.2e-6
+run "$BIN" "$TMP/cpud" "${C[@]}" model.dropout=0.1 data.batch_size=8 data.micro_batch_size=4
+run "$EMU" "$TMP/spd" --nproc 2 "${C[@]}" model.dropout=0.1 data.batch_size=8 data.micro_batch_size=4 runtime.backend=cuda mesh.tensor=2 "$SR"
+compare "$TMP/cpud/tiny/metrics.jsonl" "$TMP/spd/tiny/metrics.jsonl" "2 emulated GPUs, [seq, tensor], dropout" 1e-4 ||
+  fail "dropout under sequence parallelism on 2 emulated GPUs: losses differ from the CPU's"
 run "$EMU" "$TMP/tp16a" --nproc 2 "${C[@]}" runtime.backend=cuda precision.compute=bf16 precision.activations=bf16 mesh.tensor=2
 compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/tp16a/tiny/metrics.jsonl" "2 emulated GPUs, tensor=2, bf16 act." 1e-3 ||
   fail "bf16 activations tensor=2 losses differ"
