@@ -50,6 +50,15 @@ def torch_gpt(L, C, H, T, V):
             self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
             self.blocks = nn.ModuleList(Block() for _ in range(L))
             self.ln_f = nn.LayerNorm(C)
+            # GPT-2's initialisation, as jdt-train's and the JAX model's: weights N(0, 0.02),
+            # biases 0. PyTorch's defaults (N(0, 1) embeddings, tied to the head) start from
+            # logits of std ~sqrt(C) and a loss of hundreds at V = 50304; the run then diverges,
+            # and its softmax's denormals slowed the step ~10x (mesh.sh, session 57)
+            for mod in self.modules():
+                if isinstance(mod, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(mod.weight, 0.0, 0.02)
+                if isinstance(mod, nn.Linear) and mod.bias is not None:
+                    nn.init.zeros_(mod.bias)
 
         def forward(self, idx, tgt):
             x = self.wte(idx) + self.wpe(torch.arange(T))
