@@ -226,16 +226,6 @@ static jdt_tensor *grad_sum(const jdt_step *s, jdt_graph *g, int i, jdt_tensor *
     return axes ? jdt_graph_all_reduce(g, t, (int)axes, 0, 1.0) : t;
 }
 
-/* The local input a partitioned input maps to: the leaf itself, or the leaf under the slices
- * that split a dim the loader reads whole (partition.c rule_leaf: the sequence under
- * `[seq, tensor]`). */
-static jdt_tensor *input_leaf(jdt_tensor *t)
-{
-    while (t && t->op != JDT_OP_INPUT && t->n_inputs > 0)
-        t = t->inputs[0];
-    return t;
-}
-
 /*
  * Builds the model on the global micro-batch and, on a mesh of several devices, partitions it
  * into this rank's local graph (engine/shard): *g and *m then hold the local graph and model,
@@ -306,8 +296,10 @@ static jdt_status build_model(jdt_step *s, bool training, jdt_graph **g, jdt_mod
         if (m->logits) m->logits = r.map[m->logits->id];
         if (m->step) m->step = r.map[m->step->id];
         if (m->row0) m->row0 = r.map[m->row0->id];
-        m->x = input_leaf(r.map[m->x->id]);
-        m->y = input_leaf(r.map[m->y->id]);
+        /* by name: the data inputs' leaves (r.map gives their slices under `[seq, tensor]`,
+         * partition.c rule_leaf) */
+        m->x = jdt_graph_find(r.g, m->x->name);
+        m->y = jdt_graph_find(r.g, m->y->name);
         m->batch = m->x->shape.dims[0];
         *g = r.g;
     } else {
