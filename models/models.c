@@ -272,6 +272,8 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
     const char *vc_axes[2] = {"vocab", "embed"};
     jdt_tensor *wte = add_param(b, "wte", 2, vc, vc_axes, JDT_INIT_NORMAL, std, true);
     jdt_tensor *h = jdt_graph_gather(g, wte, m->x); /* (B, T, C) */
+    /* Gemma: sqrt(C) as an f32 (transformers' normalizer in an f32 model), not in the head */
+    if (cfg->model.embed_scale) h = jdt_graph_mul_scalar(g, h, (double)sqrtf((float)C));
     if (cfg->model.pos == JDT_POS_LEARNED) {
         const int64_t tc[2] = {T, C};
         const char *tc_axes[2] = {NULL, "embed"};
@@ -330,12 +332,13 @@ static jdt_status build_gpt(builder *b, int64_t B, bool training, int loss_chunk
         snprintf(name, sizeof name, "%s.ln2", p);
         jdt_tensor *x2 = gemm_rows(b, norm(b, h, name, C), nc);
         jdt_tensor *u;
-        if (cfg->model.activation == JDT_ACT_SWIGLU) {
+        if (jdt_config_gated_mlp(cfg)) { /* SwiGLU, GeGLU */
             snprintf(name, sizeof name, "%s.mlp.gate", p);
             jdt_tensor *gate = linear(b, x2, name, C, F, "embed", "mlp", std);
             snprintf(name, sizeof name, "%s.mlp.up", p);
             jdt_tensor *up = linear(b, x2, name, C, F, "embed", "mlp", std);
-            u = jdt_graph_mul(g, jdt_graph_silu(g, gate), up);
+            gate = cfg->model.activation == JDT_ACT_GEGLU ? jdt_graph_gelu(g, gate) : jdt_graph_silu(g, gate);
+            u = jdt_graph_mul(g, gate, up);
             snprintf(name, sizeof name, "%s.mlp.down", p);
         } else {
             snprintf(name, sizeof name, "%s.mlp.fc", p);

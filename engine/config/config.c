@@ -1065,6 +1065,9 @@ static jdt_status check_cross(loader *ld, jdt_config *c, jdt_err *e)
             return cross_error(ld, "runtime.loss_chunks", e,
                                "%d slices of a sequence of model.seq_len = %d tokens: at most %d",
                                c->runtime.loss_chunks, c->model.seq_len, c->model.seq_len);
+    } else if (jdt_config_gated_mlp(c)) {
+        return cross_error(ld, "model.activation", e, "%s gates a gpt's MLP; an mlp model takes gelu or relu",
+                           jdt_config_choice_name("model.activation", (int)c->model.activation));
     }
     if (c->data.micro_batch_size == 0) c->data.micro_batch_size = c->data.batch_size;
     if (c->data.batch_size % c->data.micro_batch_size)

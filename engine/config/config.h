@@ -30,7 +30,8 @@ typedef enum { JDT_MODEL_GPT, JDT_MODEL_MLP } jdt_model_type;
 typedef enum { JDT_NORM_LAYERNORM, JDT_NORM_RMSNORM } jdt_norm_type;
 typedef enum { JDT_POS_LEARNED, JDT_POS_ROPE } jdt_pos_type;
 typedef enum { JDT_ROPE_SCALING_NONE, JDT_ROPE_SCALING_LLAMA3 } jdt_rope_scaling;
-typedef enum { JDT_ACT_GELU, JDT_ACT_SWIGLU, JDT_ACT_RELU } jdt_activation;
+/* geglu: gelu(x W_gate) * (x W_up), the tanh GELU (Gemma's GeGLU); swiglu the same with SiLU */
+typedef enum { JDT_ACT_GELU, JDT_ACT_SWIGLU, JDT_ACT_RELU, JDT_ACT_GEGLU } jdt_activation;
 typedef enum { JDT_DATA_TOKENS, JDT_DATA_ARRAYS, JDT_DATA_SYNTHETIC } jdt_data_format;
 typedef enum { JDT_TOKENIZER_BYTE, JDT_TOKENIZER_BPE } jdt_tokenizer;
 typedef enum { JDT_OPTIM_ADAMW, JDT_OPTIM_SGD } jdt_optim_type;
@@ -101,6 +102,7 @@ typedef struct jdt_config {
         bool bias;
         bool qkv_bias;  /* q, k, v biases even when bias is false (Qwen2) */
         bool qk_norm;   /* a norm over each head's q and k before RoPE (Qwen3) */
+        bool embed_scale; /* token embeddings times sqrt(n_embd) on the way in (Gemma) */
         double dropout;
         double init_std;
         /* mlp */
@@ -309,6 +311,9 @@ void jdt_config_rope_scaling(const jdt_config *c, double sc[4]);
 int jdt_config_head_dim(const jdt_config *c);
 /* Whether the q, k and v projections have biases (model.bias or model.qkv_bias). */
 bool jdt_config_qkv_bias(const jdt_config *c);
+/* Whether the MLP is gated (swiglu, geglu): mlp.gate, mlp.up and mlp.down, not mlp.fc and
+ * mlp.proj. */
+bool jdt_config_gated_mlp(const jdt_config *c);
 /* data * fsdp * tensor. */
 int jdt_config_mesh_size(const jdt_config *c);
 

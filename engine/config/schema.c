@@ -20,7 +20,7 @@ static const char *const C_MODEL[] = {"gpt", "mlp", NULL};
 static const char *const C_NORM[] = {"layernorm", "rmsnorm", NULL};
 static const char *const C_POS[] = {"learned", "rope", NULL};
 static const char *const C_ROPE_SCALING[] = {"none", "llama3", NULL};
-static const char *const C_ACT[] = {"gelu", "swiglu", "relu", NULL};
+static const char *const C_ACT[] = {"gelu", "swiglu", "relu", "geglu", NULL};
 static const char *const C_FORMAT[] = {"tokens", "arrays", "synthetic", NULL};
 static const char *const C_TOKENIZER[] = {"byte", "bpe", NULL};
 static const char *const C_OPTIM[] = {"adamw", "sgd", NULL};
@@ -79,11 +79,12 @@ static const jdt_config_key KEYS[] = {
     K_FLT("model.rope_low_freq_factor", model.rope_low_freq_factor, 0, FMAX, "1", "llama3 scaling: wavelengths above original / this are divided by the factor"),
     K_FLT("model.rope_high_freq_factor", model.rope_high_freq_factor, 0, FMAX, "4", "llama3 scaling: wavelengths below original / this are kept (in between: blended)"),
     K_INT("model.rope_original_max_pos", model.rope_original_max_pos, 1, IMAX, "8192", "llama3 scaling: the context the model was pretrained at (original_max_position_embeddings)"),
-    K_ENUM("model.activation", model.activation, C_ACT, "gelu", "MLP activation (gelu = tanh form)"),
+    K_ENUM("model.activation", model.activation, C_ACT, "gelu", "MLP activation (gelu = tanh form; swiglu, geglu: gated, gpt only, SiLU or tanh GELU of the gate times the up projection)"),
     K_BOOL("model.tie_embeddings", model.tie_embeddings, "true", "gpt: output head shares the token embedding"),
     K_BOOL("model.bias", model.bias, "true", "biases in linear layers and layernorm"),
     K_BOOL("model.qkv_bias", model.qkv_bias, "false", "gpt: biases on the q, k and v projections even when model.bias is false (Qwen2)"),
     K_BOOL("model.qk_norm", model.qk_norm, "false", "gpt: normalise each head's q and k (model.norm, a learned scale of head_dim) before RoPE (Qwen3)"),
+    K_BOOL("model.embed_scale", model.embed_scale, "false", "gpt: multiply the token embeddings by sqrt(n_embd) on the way in, not in the tied head (Gemma)"),
     K_FLTO("model.dropout", model.dropout, 0, 1, "0", "dropout probability, in [0, 1)"),
     K_FLT("model.init_std", model.init_std, 0, FMAX, "0.02", "std of the normal weight init"),
     K_INT("model.in_dim", model.in_dim, 1, IMAX, "784", "mlp: input features"),

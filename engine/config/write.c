@@ -256,6 +256,11 @@ bool jdt_config_qkv_bias(const jdt_config *c)
     return c->model.bias || c->model.qkv_bias;
 }
 
+bool jdt_config_gated_mlp(const jdt_config *c)
+{
+    return c->model.activation == JDT_ACT_SWIGLU || c->model.activation == JDT_ACT_GEGLU;
+}
+
 int64_t jdt_config_decay_steps(const jdt_config *c)
 {
     return c->optimizer.decay_steps ? c->optimizer.decay_steps : c->run.steps;
@@ -285,7 +290,7 @@ int64_t jdt_config_param_count(const jdt_config *c)
     const int64_t norm = C * (c->model.norm == JDT_NORM_LAYERNORM ? 1 + bias : 1);
     const int64_t qk_norm = c->model.qk_norm ? 2 * D * (c->model.norm == JDT_NORM_LAYERNORM ? 1 + bias : 1) : 0;
     int64_t attn = C * Q + 2 * C * KV + Q * C + qkvb * (Q + 2 * KV) + bias * C + qk_norm; /* q, k, v, o */
-    int64_t mlp = c->model.activation == JDT_ACT_SWIGLU ? 3 * C * Hm + bias * (2 * Hm + C)
+    int64_t mlp = jdt_config_gated_mlp(c) ? 3 * C * Hm + bias * (2 * Hm + C)
                                                         : 2 * C * Hm + bias * (Hm + C);
     int64_t n = V * C;                                /* token embedding (V, C) */
     if (c->model.pos == JDT_POS_LEARNED) n += T * C; /* position embedding (T, C) */

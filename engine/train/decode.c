@@ -2,11 +2,12 @@
  * decode.c — the incremental gpt forward with a KV cache (see decode.h).
  *
  * Per call, for the n new rows (each at its sequence's next position p):
- *   h = wte[tok] (+ wpe[p])
+ *   h = wte[tok] (times sqrt(C) with model.embed_scale) (+ wpe[p])
  *   per layer: a = norm(h); q = a Wq, k = a Wk, v = a Wv (+ biases; each head of q, k normed
  *              when model.qk_norm; rope on q, k at p);
  *              k, v -> cache[l][seq][kv head][p]; o = softmax(q K[0..p]ᵀ / sqrt(D)) V[0..p];
- *              h += o Wo;  m = norm(h);  h += act(m W1) W2  |  (silu(m Wgate) * (m Wup)) Wdown
+ *              h += o Wo;  m = norm(h);  h += act(m W1) W2  |  (act(m Wgate) * (m Wup)) Wdown
+ *              (act: silu for swiglu, the tanh GELU for geglu)
  *   logits = norm(h) wteᵀ (tied) or norm(h) head, for the rows asked for.
  * The same math as models.c's graph, in the same f32; every row attends to the cached keys of
  * its own sequence up to its own position, so a prefill of many rows and one row at a time
@@ -35,9 +36,9 @@ typedef struct {
     const float *qn_w, *qn_b;   /* q_norm (D), (D): model.qk_norm; NULL without */
     const float *kn_w, *kn_b;   /* k_norm (D), (D) */
     const float *ln2_w, *ln2_b; /* (C) */
-    const float *w1, *b1;       /* mlp.fc, or mlp.gate with swiglu: (C, F), (F) */
-    const float *w3, *b3;       /* mlp.up (swiglu only): (C, F), (F) */
-    const float *w2, *b2;       /* mlp.proj, or mlp.down with swiglu: (F, C), (C) */
+    const float *w1, *b1;       /* mlp.fc, or mlp.gate when gated: (C, F), (F) */
+    const float *w3, *b3;       /* mlp.up (gated only): (C, F), (F) */
+    const float *w2, *b2;       /* mlp.proj, or mlp.down when gated: (F, C), (C) */
 } dec_layer;
 
 struct jdt_decoder {
@@ -46,6 +47,7 @@ struct jdt_decoder {
     jdt_pos_type pos_kind;
     jdt_activation act;
     float eps;
+    float embed_scale; /* sqrt(C) with model.embed_scale, else 1 */
     int threads;
     int blas_threads;           /* what OpenBLAS was last set to */
     const float *wte;           /* (V, C) */
@@ -129,7 +131,7 @@ static jdt_status bind_params(jdt_decoder *d, const jdt_config *cfg, const jdt_m
 {
     const bool bias = cfg->model.bias, nbias = bias && d->norm == JDT_NORM_LAYERNORM;
     const bool qkvb = jdt_config_qkv_bias(cfg);
-    const bool glu = d->act == JDT_ACT_SWIGLU;
+    const bool glu = jdt_config_gated_mlp(cfg);
     const int64_t C = d->C, V = d->V, T = d->T, HD = (int64_t)d->H * d->D,
                   KD = (int64_t)d->Hkv * d->D, F = d->F;
     jdt_status st = JDT_OK;
@@ -215,6 +217,7 @@ jdt_status jdt_decoder_new(const jdt_config *cfg, const jdt_model *m, float *con
     d->pos_kind = cfg->model.pos;
     d->act = cfg->model.activation;
     d->eps = (float)cfg->model.norm_eps;
+    d->embed_scale = cfg->model.embed_scale ? sqrtf((float)d->C) : 1.0f;
     d->threads = threads > 0 ? threads : omp_get_max_threads();
     openblas_set_num_threads(d->threads); /* process-wide, as a program compile sets it */
     d->blas_threads = d->threads;
@@ -417,7 +420,7 @@ static float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
-/* u (n, F) = act(u) (gelu/relu) or silu(u) * g (swiglu) */
+/* u (n, F) = act(u) (gelu/relu), silu(u) * g (swiglu) or gelu(u) * g (geglu) */
 static void activate(const jdt_decoder *d, int n)
 {
     const int64_t N = (int64_t)n * d->F;
@@ -429,6 +432,8 @@ static void activate(const jdt_decoder *d, int n)
         float x = u[i];
         if (act == JDT_ACT_SWIGLU)
             u[i] = x / (1.0f + expf(-x)) * g[i];
+        else if (act == JDT_ACT_GEGLU)
+            u[i] = gelu_tanh(x) * g[i];
         else if (act == JDT_ACT_RELU)
             u[i] = x > 0 ? x : 0.0f;
         else
@@ -471,6 +476,9 @@ jdt_status jdt_decoder_forward(jdt_decoder *d, int n, const int *seqs, const int
     const int C = d->C, HD = d->H * d->D, KD = d->Hkv * d->D, F = d->F, D = d->D;
     for (int r = 0; r < n; r++) {
         memcpy(d->h + (size_t)r * C, d->wte + (size_t)toks[r] * C, (size_t)C * sizeof(float));
+        if (d->embed_scale != 1.0f)
+            for (int c = 0; c < C; c++)
+                d->h[(size_t)r * C + c] *= d->embed_scale;
         if (d->wpe) add_into(d->h + (size_t)r * C, d->wpe + (size_t)d->row_pos[r] * C, C);
     }
     for (int l = 0; l < d->L; l++) {

@@ -152,7 +152,7 @@ START_TEST(test_wrong_types)
     EXPECT_ERROR(load_text("optimizer:\n  lr: .nan\n", &c, &e), &e, "optimizer.lr", "a number");
     EXPECT_ERROR(load_text("run:\n  name: [a, b]\n", &c, &e), &e, "run.name", "a string", "a list");
     EXPECT_ERROR(load_text("model:\n  activation: gelo\n", &c, &e), &e, "t.yaml:2:15",
-                 "model.activation", "one of gelu|swiglu|relu", "did you mean gelu?");
+                 "model.activation", "one of gelu|swiglu|relu|geglu", "did you mean gelu?");
     EXPECT_ERROR(load_text("precision:\n  params: bf16\n", &c, &e), &e, "precision.params",
                  "one of f32");
     EXPECT_ERROR(load_text("precision:\n  activations: bf16\n", &c, &e), &e,
@@ -530,6 +530,9 @@ START_TEST(test_cross_field)
     jdt_config_free(&c);
     EXPECT_ERROR(load_text("model:\n  pos: rope\n  head_dim: 15\n", &c, &e), &e, "model.pos",
                  "model.head_dim = 15");
+    /* a gated activation is a gpt's: an mlp model would silently compute another */
+    EXPECT_ERROR(load_text("model:\n  type: mlp\n  activation: geglu\n", &c, &e), &e, "t.yaml:3:15",
+                 "model.activation", "geglu gates a gpt's MLP");
     EXPECT_ERROR(load_text("data:\n  batch_size: 32\n  micro_batch_size: 5\n", &c, &e), &e,
                  "t.yaml:3:21", "data.micro_batch_size", "batch_size = 32");
     EXPECT_ERROR(load_text("mesh:\n  data: 3\ndata:\n  batch_size: 32\n", &c, &e), &e,

@@ -270,6 +270,11 @@ START_TEST(test_qwen_options)
                  "model.rope_high_freq_factor=8",
                  "model.rope_original_max_pos=64"};
     check_variant("llama 3.1 (rope_scaling llama3)", 9, d, true);
+    /* Gemma: GeGLU, embeddings times sqrt(C), multi-query, a head width apart from C / H */
+    char *g[] = {"model.norm=rmsnorm", "model.pos=rope",         "model.activation=geglu",
+                 "model.bias=false",   "model.embed_scale=true", "model.n_kv_head=1",
+                 "model.head_dim=12",  "model.mlp_dim=40"};
+    check_variant("gemma (geglu, embeddings times sqrt(C), MQA, head_dim 12)", 8, g, true);
 }
 END_TEST
 

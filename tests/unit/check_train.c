@@ -61,6 +61,7 @@ START_TEST(test_param_count_matches_config)
         {"model.activation=swiglu", "model.mlp_dim=88", "model.bias=false", NULL},
         {"model.qkv_bias=true", "model.bias=false", "model.head_dim=24", "model.qk_norm=true"},
         {"model.qk_norm=true", "model.norm=layernorm", "model.bias=true", "model.head_dim=6"},
+        {"model.activation=geglu", "model.embed_scale=true", "model.bias=false", "model.mlp_dim=72"},
     };
     for (size_t v = 0; v < JDT_ARRAY_LEN(variants); v++) {
         int n = 0;
