@@ -1,7 +1,8 @@
 /*
  * hf.c — `jdt-train export CKPT --format hf OUT_DIR` (see hf.h): reads a checkpoint's params by
  * their global names (as sample.c does), renames and re-lays them out for transformers'
- * GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM, and writes
+ * GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or GemmaForCausalLM,
+ * and writes
  * model.safetensors, config.json and the tokenizer; and the reverse (checkpoint.init_from,
  * eval --ckpt, sample of a Hugging Face directory). Layout facts (docs/interop.md):
  *   - our linear weights are (in, out); GPT-2's Conv1D weights are (in, out) too, Llama's
@@ -11,8 +12,10 @@
  *     with the same frequency theta^(-2i/D), so q_proj/k_proj rows are permuted per head:
  *     our feature 2i+j becomes HF row j*D/2 + i (q.k is unchanged by a common permutation);
  *     Qwen2's q/k biases and Qwen3's q_norm/k_norm scales (one head of D) move with them.
- * The rmsnorm family (Llama, Mistral, Qwen2, Qwen3) shares the tensor names and layouts; what
- * tells them apart is in hf_arch below.
+ *   - Gemma's RMSNorm scales by (1 + weight): our norm weights are HF's plus one (ours start
+ *     at ones, as Gemma's start at zeros);
+ * The rmsnorm family (Llama, Mistral, Qwen2, Qwen3, Gemma) shares the tensor names and layouts;
+ * what tells them apart is in hf_arch below.
  */
 #include "train/hf.h"
 
@@ -40,12 +43,13 @@ typedef struct {
     jdt_st_tensor *out;
     void **owned; /* buffers made for the export (transposes, packs, names) */
     int n_out, n_owned, cap;
+    float norm_add; /* added to the norm weights on the way out: -1 for Gemma's (1 + w) */
     const char *ckpt;
     jdt_err *e;
 } exporter;
 
 /* The transformers architectures a gpt maps to exactly. */
-typedef enum { HF_GPT2, HF_LLAMA, HF_QWEN2, HF_QWEN3, HF_N_ARCH } hf_arch;
+typedef enum { HF_GPT2, HF_LLAMA, HF_QWEN2, HF_QWEN3, HF_GEMMA, HF_N_ARCH } hf_arch;
 
 static const struct {
     const char *model_type, *class_name;
@@ -57,12 +61,19 @@ static const struct {
                   "model.norm=rmsnorm model.bias=false model.qkv_bias=false model.qk_norm=false"},
     [HF_QWEN2] = {"qwen2", "Qwen2ForCausalLM", "model.norm=rmsnorm model.bias=false model.qkv_bias=true"},
     [HF_QWEN3] = {"qwen3", "Qwen3ForCausalLM", "model.norm=rmsnorm model.bias=false model.qk_norm=true"},
+    [HF_GEMMA] = {"gemma", "GemmaForCausalLM",
+                  "model.norm=rmsnorm model.bias=false model.activation=geglu model.embed_scale=true"},
 };
+
+/* The architectures and model_types named in errors */
+#define HF_ARCH_NAMES "GPT-2, Llama, Qwen2, Qwen3, Gemma"
+#define HF_MODEL_TYPES "gpt2, llama, mistral, qwen2, qwen3 and gemma"
 
 /* The architecture cfg's gpt maps to, when mismatch() finds nothing against it. */
 static hf_arch arch_of(const jdt_config *c)
 {
     if (c->model.norm == JDT_NORM_LAYERNORM) return HF_GPT2;
+    if (c->model.embed_scale || c->model.activation == JDT_ACT_GEGLU) return HF_GEMMA;
     if (c->model.qk_norm) return HF_QWEN3;
     return c->model.qkv_bias ? HF_QWEN2 : HF_LLAMA;
 }
@@ -76,6 +87,16 @@ static int arch_of_model_type(const char *mt)
     for (int a = 0; a < HF_N_ARCH; a++)
         if (strcmp(mt, HF_ARCH[a].model_type) == 0) return a;
     return -1;
+}
+
+/* Whether our param `ours` is a norm weight that Gemma stores less one (its RMSNorm scales by
+ * 1 + weight): the layers' ln1 and ln2 and the final ln_f. */
+static bool offset_norm(hf_arch arch, const char *ours)
+{
+    if (arch != HF_GEMMA) return false;
+    const size_t n = strlen(ours);
+    return strcmp(ours, "ln_f.w") == 0 ||
+           (n > 6 && (strcmp(ours + n - 6, ".ln1.w") == 0 || strcmp(ours + n - 6, ".ln2.w") == 0));
 }
 
 /* The row (or entry) of an HF q/k projection that holds our feature j, in heads of width D:
@@ -183,6 +204,12 @@ static jdt_status emit_param(exporter *x, const char *ours, const char *hf, bool
     bool vec = false;
     for (int i = 0; i < x->m.n_params; i++)
         if (strcmp(x->m.params[i].t->name, ours) == 0) vec = x->m.params[i].t->shape.ndim == 1;
+    if (vec && x->norm_add != 0.0f && offset_norm(HF_GEMMA, ours)) {
+        float *o = own(x, (size_t)r);
+        if (!o) return jdt_err_set(x->e, JDT_ERR_NOMEM, "hf export: out of memory");
+        for (int64_t j = 0; j < r; j++) o[j] = w[j] + x->norm_add;
+        return emit(x, hf, o, 1, r, 0);
+    }
     if (vec && rope_heads <= 0) return emit(x, hf, w, 1, r, 0);
     if (!vec && !transpose) return emit(x, hf, w, 2, r, k);
     float *o = own(x, (size_t)(r * k));
@@ -212,6 +239,13 @@ static const char *mismatch(const jdt_config *c)
         if (c->model.qk_norm) return "model.qk_norm must be false";
         if (jdt_config_head_dim(c) * c->model.n_head != c->model.n_embd)
             return "model.head_dim must be n_embd / n_head";
+        if (c->model.embed_scale) return "model.embed_scale must be false";
+    } else if (arch_of(c) == HF_GEMMA) {
+        if (c->model.bias) return "model.bias must be false";
+        if (c->model.pos != JDT_POS_ROPE) return "model.pos must be rope";
+        if (c->model.activation != JDT_ACT_GEGLU) return "model.activation must be geglu (Gemma's GeGLU)";
+        if (!c->model.embed_scale) return "model.embed_scale must be true (Gemma scales its embeddings)";
+        if (c->model.qkv_bias || c->model.qk_norm) return "model.qkv_bias and model.qk_norm must be false (Gemma)";
     } else {
         if (c->model.bias) return "model.bias must be false";
         if (c->model.pos != JDT_POS_ROPE) return "model.pos must be rope";
@@ -248,11 +282,12 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     }
     const hf_arch arch = arch_of(&cfg);
     const bool llama = arch != HF_GPT2; /* the rmsnorm family's names and layouts */
+    x.norm_add = arch == HF_GEMMA ? -1.0f : 0.0f;
     const char *bad = mismatch(&cfg);
     if (bad) {
         st = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
-                         "%s: this gpt maps to no transformers architecture (GPT-2, Llama, Qwen2, "
-                         "Qwen3): with model.norm %s, %s (docs/interop.md)",
+                         "%s: this gpt maps to no transformers architecture (" HF_ARCH_NAMES "): with "
+                         "model.norm %s, %s (docs/interop.md)",
                          ckpt_path, llama ? "rmsnorm" : "layernorm", bad);
         goto out;
     }
@@ -371,11 +406,13 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
                 "  \"intermediate_size\": %lld,\n  \"num_hidden_layers\": %lld,\n"
                 "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": %lld,\n"
                 "  \"max_position_embeddings\": %lld,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.17g,\n"
-                "  \"hidden_act\": \"silu\",\n"
+                "  \"hidden_act\": \"%s\",\n"
                 "  \"attention_dropout\": 0.0,\n  \"tie_word_embeddings\": %s,\n",
                 HF_ARCH[arch].model_type, (long long)V, (long long)C, (long long)F, (long long)L, (long long)H,
                 (long long)Hkv, (long long)D, (long long)T, cfg.model.norm_eps, cfg.model.rope_theta,
-                cfg.model.tie_embeddings ? "true" : "false");
+                arch == HF_GEMMA ? "gelu_pytorch_tanh" : "silu", cfg.model.tie_embeddings ? "true" : "false");
+        /* GemmaMLP reads hidden_activation (hidden_act is the original files' "gelu", ignored) */
+        if (arch == HF_GEMMA) fprintf(mf, "  \"hidden_activation\": \"gelu_pytorch_tanh\",\n");
         double sc[4];
         jdt_config_rope_scaling(&cfg, sc);
         if (sc[0] > 0) /* transformers 4's key; 5 reads it too */
@@ -388,7 +425,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
         /* Qwen2's q/k/v biases are built in; Llama's and Qwen3's attention_bias would add o's */
         if (arch != HF_QWEN2) fprintf(mf, "  \"attention_bias\": false,\n");
         if (arch == HF_LLAMA) fprintf(mf, "  \"mlp_bias\": false,\n");
-        else fprintf(mf, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n");
+        else if (arch != HF_GEMMA) fprintf(mf, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n");
     }
     if (bos >= 0) fprintf(mf, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", bos, bos);
     fprintf(mf, "  \"torch_dtype\": \"float32\",\n  \"jdt_tokenizer\": \"%s\"\n}\n",
@@ -424,7 +461,8 @@ typedef struct {
     char hf[200];
     bool transpose;
     int64_t rope_heads;
-    int slot; /* GPT-2 c_attn: 0 q, 1 k, 2 v; -1 otherwise */
+    int slot;  /* GPT-2 c_attn: 0 q, 1 k, 2 v; -1 otherwise */
+    float add; /* added to each value read: 1 for Gemma's norm weights */
 } src_map;
 
 /* Where our param `ours` comes from in an HF checkpoint; false if it has no source. */
@@ -459,6 +497,7 @@ static bool map_name(const jdt_config *c, const char *ours, src_map *m)
         }
         return false;
     }
+    m->add = offset_norm(arch_of(c), ours) ? 1.0f : 0.0f;
     if (l < 0) {
         if (strcmp(ours, "wte") == 0) return snprintf(m->hf, sizeof m->hf, "model.embed_tokens.weight") > 0;
         if (strcmp(ours, "ln_f.w") == 0) return snprintf(m->hf, sizeof m->hf, "model.norm.weight") > 0;
@@ -563,8 +602,7 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err 
     const bool llama = arch != HF_GPT2;
     const int file_arch = arch_of_model_type(mt);
     if (file_arch < 0) {
-        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only gpt2, llama, mistral, qwen2 and qwen3 "
-                         "map to a gpt", p, mt ? mt : "?");
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only " HF_MODEL_TYPES " map to a gpt", p, mt ? mt : "?");
         goto out;
     }
     if (file_arch != (int)arch) {
@@ -634,7 +672,8 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err 
         }
     } else {
         const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
-        bool tied = tie && tie->type == JDT_JSON_TRUE; /* LlamaConfig's default is untied */
+        /* LlamaConfig's default is untied, GemmaConfig's tied */
+        bool tied = tie ? tie->type == JDT_JSON_TRUE : arch == HF_GEMMA;
         if (tied != c->model.tie_embeddings) {
             st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: tie_word_embeddings is %s but this config's "
                              "model.tie_embeddings is %s", p, tied ? "true" : "false",
@@ -647,11 +686,15 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err 
     if (fabs(eps - c->model.norm_eps) > 1e-3 * c->model.norm_eps)
         JDT_WARN("init_from %s: %s is %g, this config's model.norm_eps %g: the run uses %g", dir,
                  llama ? "rms_norm_eps" : "layer_norm_epsilon", eps, c->model.norm_eps, c->model.norm_eps);
-    const char *act = jdt_json_str(jdt_json_get(r, llama ? "hidden_act" : "activation_function"));
-    const char *want_act = llama ? "silu" : "gelu_new";
-    if (act && strcmp(act, want_act) != 0 && !(!llama && strcmp(act, "gelu_pytorch_tanh") == 0))
-        JDT_WARN("init_from %s: %s is '%s'; this gpt computes %s", dir, llama ? "hidden_act" : "activation_function",
-                 act, llama ? "silu (SwiGLU)" : "the tanh GELU (gelu_new)");
+    /* GemmaMLP reads hidden_activation (absent or null: the tanh GELU; the original files'
+     * hidden_act "gelu" is not used) */
+    const bool gemma = arch == HF_GEMMA;
+    const char *act_key = gemma ? "hidden_activation" : llama ? "hidden_act" : "activation_function";
+    const char *act = jdt_json_str(jdt_json_get(r, act_key));
+    const bool tanh_gelu = act && (strcmp(act, "gelu_new") == 0 || strcmp(act, "gelu_pytorch_tanh") == 0);
+    if (act && !(llama && !gemma ? strcmp(act, "silu") == 0 : tanh_gelu))
+        JDT_WARN("init_from %s: %s is '%s'; this gpt computes %s", dir, act_key, act,
+                 gemma ? "the tanh GELU (GeGLU)" : llama ? "silu (SwiGLU)" : "the tanh GELU (gelu_new)");
     if (llama) {
         const hf_rope h = hf_rope_of(r);
         if (fabs(h.theta - c->model.rope_theta) > 1e-6 * h.theta)
@@ -788,6 +831,8 @@ static jdt_status read_hf_param(const hf_files *hfs, const char *dir, const jdt_
             for (int64_t j = 0; j < r; j++) dst[j] = buf[rope_row(j, r / m.rope_heads)];
         } else if (!m.transpose || shape->ndim == 1) {
             memcpy(dst, buf, (size_t)(r * k) * sizeof *dst);
+            if (m.add != 0.0f)
+                for (int64_t j = 0; j < r * k; j++) dst[j] += m.add;
         } else { /* buf is (k, r), rows permuted for rope: inverse of emit_param */
             const int64_t D = m.rope_heads > 0 ? k / m.rope_heads : 0;
             for (int64_t j = 0; j < k; j++) {
@@ -827,8 +872,7 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
     const bool llama = arch != HF_GPT2;
     int64_t V = 0, C = 0, L = 0, H = 0, Hkv = 0, F = 0, T = 0, D = 0;
     if (arch < 0) {
-        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only gpt2, llama, mistral, qwen2 and qwen3 "
-                         "map to a gpt", p, mt ? mt : "?");
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model_type '%s': only " HF_MODEL_TYPES " map to a gpt", p, mt ? mt : "?");
         goto out;
     }
     const char *miss = NULL;
@@ -851,7 +895,7 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
     const int64_t window = hf_window(r, mt);
     if (window > 0 && window < T) T = window;
     const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
-    const bool tied = llama ? tie && tie->type == JDT_JSON_TRUE : true;
+    const bool tied = llama ? (tie ? tie->type == JDT_JSON_TRUE : arch == HF_GEMMA) : true;
     char tok[1100];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
     const char *jt = jdt_json_str(jdt_json_get(r, "jdt_tokenizer"));
@@ -879,13 +923,14 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
              "model:\n  type: gpt\n  vocab_size: %lld\n  seq_len: %lld\n  n_layer: %lld\n  n_embd: %lld\n"
              "  n_head: %lld\n  n_kv_head: %lld\n  head_dim: %lld\n  mlp_dim: %lld\n  norm: %s\n  norm_eps: %.17g\n"
              "  pos: %s\n  rope_theta: %.17g\n  activation: %s\n  tie_embeddings: %s\n  bias: %s\n"
-             "  qkv_bias: %s\n  qk_norm: %s\n%s"
+             "  qkv_bias: %s\n  qk_norm: %s\n  embed_scale: %s\n%s"
              "data:\n  tokenizer: %s\n  tokenizer_path: \"%s\"\n",
              (long long)V, (long long)T, (long long)L, (long long)C, (long long)H, (long long)Hkv, (long long)D,
              (long long)F, llama ? "rmsnorm" : "layernorm",
              hf_num(r, llama ? "rms_norm_eps" : "layer_norm_epsilon", llama ? 1e-6 : 1e-5), llama ? "rope" : "learned",
-             rope.theta, llama ? "swiglu" : "gelu", tied ? "true" : "false", llama ? "false" : "true",
-             arch == HF_QWEN2 ? "true" : "false", arch == HF_QWEN3 ? "true" : "false", scaling, bpe ? "bpe" : "byte",
+             rope.theta, arch == HF_GEMMA ? "geglu" : llama ? "swiglu" : "gelu", tied ? "true" : "false",
+             llama ? "false" : "true", arch == HF_QWEN2 ? "true" : "false", arch == HF_QWEN3 ? "true" : "false",
+             arch == HF_GEMMA ? "true" : "false", scaling, bpe ? "bpe" : "byte",
              bpe ? dir : "");
 out:
     jdt_json_doc_free(doc);
@@ -957,7 +1002,7 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
         const char *bad = c->model.type == JDT_MODEL_GPT ? mismatch(c) : "model.type must be gpt";
         if (bad)
             return jdt_err_set(e, JDT_ERR_CONFIG, "checkpoint.init_from %s: a Hugging Face model needs a gpt that maps "
-                               "to a transformers architecture (GPT-2, Llama, Qwen2, Qwen3): %s", path, bad);
+                               "to a transformers architecture (" HF_ARCH_NAMES "): %s", path, bad);
         if ((st = check_hf_config(path, c, e)) || (st = hf_files_open(path, &hfs, e))) goto out;
     } else {
         if (jdt_ckpt_find_latest(path, &ckpt, NULL, NULL) != JDT_OK || !ckpt) {

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # cuda_emu_mesh.sh — the CUDA backend end to end without a GPU (as tests/e2e/cuda_emu.sh, whose
 # set-up it shares: tests/infra/cuda-emu-common.sh), the other models and the meshes: Llama's
-# layer, grouped-query attention with and without biases (our kernels and the emulator's cuDNN,
-# also under tensor=2), the GELU epilogues' fallbacks, padded logits rows, bf16 activations and
-# cuDNN under tensor=2, sequence parallelism, fsdp=2 (also with the loss in sequence slices) and tensor=2 on two processes of one emulated GPU each (NCCL
+# layer, Gemma's (GeGLU, scaled embeddings), grouped-query attention with and without biases (our
+# kernels and the emulator's cuDNN, also under tensor=2), the GELU epilogues' fallbacks, padded
+# logits rows, bf16 activations and cuDNN under tensor=2, sequence parallelism, fsdp=2 (also with
+# the loss in sequence slices) and tensor=2 on two processes of one emulated GPU each (NCCL
 # through shared memory) and data=2 x fsdp=2 on four, FSDP's bucketed gathers and reduce-scatters
 # bit for bit those of one call per tensor and of blocking collectives; a run resumed from a
 # checkpoint written from device memory continues the uninterrupted run's losses exactly; a step
@@ -78,11 +79,15 @@ compare "$TMP/cpu16a/tiny/metrics.jsonl" "$TMP/gpu16g/tiny/metrics.jsonl" "emula
 # padded rows (compiler: fuse.c mark_pitched_rows): a vocabulary of 250 (500-byte bf16 rows,
 # not a multiple of 16) stores the logits and dlogits with rows of 256 for cuBLASLt's aligned
 # kernels (and the cross-entropy's 4-value loads); the losses are those of rows back to back
-# (JDT_GEMM_PITCH=0: one value per load, so another summation order; seen 1.2e-5) and the
-# CPU's within bf16's bound
-V250=("${C[@]}" precision.compute=bf16 precision.activations=bf16 model.vocab_size=250)
+# (JDT_GEMM_PITCH=0: one value per load, so another summation order) and the CPU's within
+# bf16's bound. On Gemma's layer (GeGLU: the gate GEMM applies the GELU, its product with
+# the up projection a kernel; embeddings times sqrt(C); 2 key/value heads of 32 in a width of
+# 64): seen 4.4e-8 and 5.3e-6, and 4e-6 under sequence parallelism below
+V250=("${C[@]}" precision.compute=bf16 precision.activations=bf16 model.vocab_size=250 model.norm=rmsnorm
+  model.bias=false model.pos=rope model.activation=geglu model.embed_scale=true model.head_dim=32 model.n_kv_head=2)
 "$EMU" inspect "${V250[@]}" runtime.backend=cuda >"$TMP/insp" 2>&1 || { cat "$TMP/insp"; fail "inspect, vocabulary 250"; }
-grep -q "2 GEMM operands with rows padded" "$TMP/insp" || { cat "$TMP/insp"; fail "vocabulary 250: logits and dlogits not padded"; }
+grep -q "2 GEMM operands with rows padded" "$TMP/insp" && grep -q "2 GELUs applied by their GEMMs" "$TMP/insp" ||
+  { cat "$TMP/insp"; fail "vocabulary 250, GeGLU: logits and dlogits not padded, or the gates' GELUs not in their GEMMs"; }
 run "$BIN" "$TMP/cpuv" "${V250[@]}"
 run "$EMU" "$TMP/gpuv" "${V250[@]}" runtime.backend=cuda
 JDT_GEMM_PITCH=0 run "$EMU" "$TMP/gpuv0" "${V250[@]}" runtime.backend=cuda
@@ -90,8 +95,8 @@ compare "$TMP/gpuv0/tiny/metrics.jsonl" "$TMP/gpuv/tiny/metrics.jsonl" "emulated
   fail "padded rows changed the losses"
 compare "$TMP/cpuv/tiny/metrics.jsonl" "$TMP/gpuv/tiny/metrics.jsonl" "emulated GPU, V=250, padded rows" 1e-3 ||
   fail "vocabulary 250 losses differ"
-# sequence parallelism (`[seq, tensor]`, docs/sharding.md) on 2 emulated GPUs: the residual
-# stream split on T, NCCL all-gathers and reduce-scatters along T (not the leading dim: a
+# sequence parallelism (`[seq, tensor]`, docs/sharding.md) on 2 emulated GPUs (Gemma's layer,
+# as above): the residual stream split on T, NCCL all-gathers and reduce-scatters along T (not the leading dim: a
 # permuting copy each), each rank's head on its (B, T / 2, V) logits with padded rows
 SR='sharding.rules=[[batch, [data, fsdp]], [seq, tensor], [embed, fsdp], [mlp, tensor], [heads, tensor], [kv_heads, tensor], [vocab, null], [norm, null]]'
 run "$EMU" "$TMP/spv" --nproc 2 "${V250[@]}" runtime.backend=cuda mesh.tensor=2 "$SR"

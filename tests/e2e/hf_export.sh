@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # hf_export.sh — end to end: `jdt-train export CKPT --format hf OUT_DIR` for a GPT-2-style gpt
 # (GPT2LMHeadModel), a Llama-style one (rmsnorm + rope + swiglu, GQA, untied head:
-# LlamaForCausalLM), a Qwen2-style one (q/k/v biases) and a Qwen3-style one (q/k norm, a head
-# width apart from n_embd / n_head). The `safetensors` package (numpy API) reads model.safetensors; an
+# LlamaForCausalLM), a Qwen2-style one (q/k/v biases), a Qwen3-style one (q/k norm, a head
+# width apart from n_embd / n_head) and a Gemma-style one (GeGLU, embeddings times sqrt(n_embd),
+# norm weights stored less one, one key/value head of 32 in a width of 64). The `safetensors` package (numpy API) reads model.safetensors; an
 # independent numpy implementation of transformers' two models (tests/e2e/hf_ref.py) greedy-
 # decodes from the exported files and must produce exactly the tokens `jdt-train sample
 # --temperature 0 --context window` produces from the checkpoint (40 tokens, past the 32-token
@@ -48,6 +49,11 @@ Q3="model.norm=rmsnorm model.bias=false model.qk_norm=true model.head_dim=32 mod
 check_model qwen2 $Q2
 # shellcheck disable=SC2086
 check_model qwen3 $Q3
+GM="model.norm=rmsnorm model.bias=false model.pos=rope model.activation=geglu model.embed_scale=true model.head_dim=32"
+# shellcheck disable=SC2086
+check_model gemma $GM model.n_kv_head=1
+GM="$GM model.n_kv_head=2" # tensor=2 below splits the key/value heads
+grep -q '"hidden_activation": "gelu_pytorch_tanh"' "$TMP/hf_gemma/config.json" || fail "gemma: no hidden_activation"
 # Llama 3.1's RoPE scaling (rope_scaling llama3) with an original context of 28 at head size 16:
 # the first pair's frequency kept, the second blended, the rest divided by 4
 check_model llama31 model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu \
@@ -73,19 +79,26 @@ expect 0 "$BIN" sample "$TMP/hf_llama31_tf5" --prompt "ab" --length 20 --tempera
 cmp -s "$TMP/out" "$TMP/tf4.txt" || fail "llama31: rope_parameters (transformers 5) samples otherwise than rope_theta + rope_scaling"
 echo "llama31: rope_scaling llama3 exported and read back (also as transformers 5's rope_parameters); without it hf_ref.py decodes otherwise"
 # Qwen2's q/k/v biases and Qwen3's q/k norm scales are near their init (zeros, ones) after two
-# steps, where a wrong RoPE permutation of them would not show: give every vector of the
-# export large noise (in transformers' layout) and check that (1) `sample` of that directory
-# (our import) decodes as hf_ref.py does from it, (2) a run started from it (lr 0) exports it
-# back bit for bit (our export is the inverse of our import)
-for name in qwen2 qwen3; do
-  A=$Q2; [ $name = qwen3 ] && A=$Q3
+# steps, where a wrong RoPE permutation of them would not show, nor Gemma's norm weights off by
+# one (its file's 0 is our 1): give every vector of the export large noise (in transformers'
+# layout) and check that (1) `sample` of that directory (our import) decodes as hf_ref.py does
+# from it, (2) a run started from it (lr 0) exports it back bit for bit (our export is the
+# inverse of our import; Gemma's norm weights within an f32 rounding of 1 + w, whose low bits
+# the import's sum drops)
+for name in qwen2 qwen3 gemma; do
+  A=$Q2; [ $name = qwen3 ] && A=$Q3; [ $name = gemma ] && A=$GM
   mkdir -p "$TMP/hfn_$name" && cp "$TMP/hf_$name/config.json" "$TMP/hfn_$name/"
+  [ $name = gemma ] && sed -i 's/"num_key_value_heads": 1/"num_key_value_heads": 2/' "$TMP/hfn_$name/config.json"
   "$PY" -c "
 import numpy as np
 from safetensors.numpy import load_file, save_file
 t = load_file('$TMP/hf_$name/model.safetensors'); r = np.random.default_rng(7)
 for k, v in t.items():
     if v.ndim == 1: t[k] = (v + r.normal(0, 0.5, v.shape)).astype(np.float32)
+    if '$name' == 'gemma' and k.endswith('k_proj.weight'):  # a second key/value head
+        t[k] = np.concatenate([v, r.normal(0, 0.3, v.shape).astype(np.float32)])
+    if '$name' == 'gemma' and k.endswith('v_proj.weight'):
+        t[k] = np.concatenate([v, v[::-1]])
 save_file(t, '$TMP/hfn_$name/model.safetensors', metadata={'format': 'pt'})" || fail "$name: noising the export"
   "$PY" "$ROOT/tests/e2e/hf_ref.py" "$TMP/hfn_$name" 40 97 98 >"$TMP/ref" 2>"$TMP/referr" ||
     { cat "$TMP/referr"; fail "$name (noised): hf_ref.py failed"; }
@@ -101,7 +114,8 @@ import numpy as np
 from safetensors.numpy import load_file
 a, b = load_file('$TMP/hfn_$name/model.safetensors'), load_file('$TMP/hfrt_$name/model.safetensors')
 assert sorted(a) == sorted(b), (sorted(a), sorted(b))
-bad = [k for k in a if not np.array_equal(a[k], b[k])]
+tol = lambda k: 5e-7 if '$name' == 'gemma' and k.endswith('norm.weight') else 0
+bad = [(k, float(np.abs(a[k] - b[k]).max())) for k in a if np.abs(a[k] - b[k]).max() > tol(k)]
 assert not bad, bad" || fail "$name: init_from then export did not give the same tensors back"
   # tensor parallel: each rank reads its heads' block of the permuted biases / projections
   # shellcheck disable=SC2086
@@ -118,6 +132,10 @@ LL="model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu m
 expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hf_qwen3" $LL
 grep -q "model_type 'qwen3' but this config's gpt maps to 'llama': set model.norm=rmsnorm model.bias=false model.qk_norm=true" "$TMP/err" ||
   { cat "$TMP/err"; fail "qwen3 into llama message"; }
+# shellcheck disable=SC2086
+expect 2 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=bad run.steps=1 checkpoint.init_from="$TMP/hf_gemma" $LL
+grep -q "model_type 'gemma' but this config's gpt maps to 'llama': set model.norm=rmsnorm model.bias=false model.activation=geglu model.embed_scale=true" "$TMP/err" ||
+  { cat "$TMP/err"; fail "gemma into llama message"; }
 # Mistral is Llama's layout; a sliding window shorter than the run's context is refused
 mkdir -p "$TMP/hf_mistral" && cp "$TMP/hf_llama/model.safetensors" "$TMP/hf_mistral/"
 sed 's/"model_type": "llama"/"model_type": "mistral", "sliding_window": 16/' "$TMP/hf_llama/config.json" > "$TMP/hf_mistral/config.json"
@@ -128,7 +146,7 @@ sed -i 's/"sliding_window": 16/"sliding_window": null/' "$TMP/hf_mistral/config.
 # shellcheck disable=SC2086
 expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "$O" run.name=mistral run.steps=1 run.eval_every=0 checkpoint.resume=none \
   checkpoint.init_from="$TMP/hf_mistral" $LL model.rope_theta=500
-echo "model_type checks: qwen3 into a llama config named; mistral read as llama, a short sliding window refused"
+echo "model_type checks: qwen3 and gemma into a llama config named; mistral read as llama, a short sliding window refused"
 
 # a BPE run exports its tokenizer, and tokenizers loads it
 head -c 300000 /usr/share/games/fortunes/fortunes > "$TMP/small.txt"

@@ -2,10 +2,11 @@
 directory with the `safetensors` package (numpy API) and config.json, checks names, shapes
 and dtypes against what transformers expects for the architecture, then runs the model with a
 numpy implementation written from transformers' GPT2LMHeadModel / LlamaForCausalLM /
-Qwen2ForCausalLM / Qwen3ForCausalLM code (Conv1D (in, out) weights, gelu_new, LayerNorm;
-rotate_half RoPE with Llama 3.1's "llama3" frequency scaling, RMSNorm, SiLU-gated MLP, GQA by
-repeating kv heads; Qwen2's q/k/v biases; Qwen3's RMSNorm of each head's q and k before RoPE)
-and greedy-decodes LENGTH tokens after PROMPT_IDS.
+Qwen2ForCausalLM / Qwen3ForCausalLM / GemmaForCausalLM code (Conv1D (in, out) weights,
+gelu_new, LayerNorm; rotate_half RoPE with Llama 3.1's "llama3" frequency scaling, RMSNorm,
+SiLU-gated MLP, GQA by repeating kv heads; Qwen2's q/k/v biases; Qwen3's RMSNorm of each
+head's q and k before RoPE; Gemma's embeddings times sqrt(hidden_size), RMSNorm scaled by
+1 + weight and tanh-GELU-gated MLP) and greedy-decodes LENGTH tokens after PROMPT_IDS.
 
   hf_ref.py DIR LENGTH ID [ID ...]   prints the generated ids, space-separated
 
@@ -90,10 +91,16 @@ def rope(x, c):  # (H, T, D), HF rotate_half convention
 def llama_logits(W, c, ids):
     T, C, H, Hkv = len(ids), c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     D = c.get("head_dim", C // H)
+    gemma = c["model_type"] == "gemma"
+    # Gemma's RMSNorm scales by 1 + weight (the file's weights start at 0); its embeddings are
+    # multiplied by sqrt(hidden_size) (in the model's dtype: float32 here), not the tied head
+    norm_w = (lambda w: 1.0 + w) if gemma else (lambda w: w)
     x = W["model.embed_tokens.weight"][ids]
+    if gemma:
+        x = x * float(np.float32(np.sqrt(C)))
     for l in range(c["num_hidden_layers"]):
         p = "model.layers.%d." % l
-        a = rms_norm(x, W[p + "input_layernorm.weight"], c["rms_norm_eps"])
+        a = rms_norm(x, norm_w(W[p + "input_layernorm.weight"]), c["rms_norm_eps"])
         proj = {}
         for n in "qkv":
             y = a @ W[p + "self_attn.%s_proj.weight" % n].T
@@ -109,11 +116,12 @@ def llama_logits(W, c, ids):
         k, v = np.repeat(k, H // Hkv, 0), np.repeat(v, H // Hkv, 0)
         o = attention(q, k, v).transpose(1, 0, 2).reshape(T, H * D)
         x = x + o @ W[p + "self_attn.o_proj.weight"].T
-        m = rms_norm(x, W[p + "post_attention_layernorm.weight"], c["rms_norm_eps"])
+        m = rms_norm(x, norm_w(W[p + "post_attention_layernorm.weight"]), c["rms_norm_eps"])
         g = m @ W[p + "mlp.gate_proj.weight"].T
         u = m @ W[p + "mlp.up_proj.weight"].T
-        x = x + (g / (1 + np.exp(-g)) * u) @ W[p + "mlp.down_proj.weight"].T
-    x = rms_norm(x, W["model.norm.weight"], c["rms_norm_eps"])
+        g = gelu_new(g) if gemma else g / (1 + np.exp(-g))  # gelu_pytorch_tanh is gelu_new's form
+        x = x + (g * u) @ W[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, norm_w(W["model.norm.weight"]), c["rms_norm_eps"])
     head = W["model.embed_tokens.weight"] if c["tie_word_embeddings"] else W["lm_head.weight"]
     return x @ head.T
 
@@ -138,12 +146,15 @@ def main():
         assert W["model.layers.0.self_attn.k_proj.weight"].shape == (Hkv * D, C)
         assert W["model.layers.0.mlp.down_proj.weight"].shape == (C, c["intermediate_size"])
         per_layer = 9 + {"qwen2": 3, "qwen3": 2}.get(c["model_type"], 0)
-        arch_of = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+        arch_of = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                   "gemma": "GemmaForCausalLM"}
         assert arch == arch_of[c["model_type"]], (arch, c["model_type"])
         if c["model_type"] == "qwen3":
             assert W["model.layers.0.self_attn.q_norm.weight"].shape == (D,)
         if c["model_type"] == "qwen2":
             assert W["model.layers.0.self_attn.k_proj.bias"].shape == (Hkv * D,)
+        if c["model_type"] == "gemma":
+            assert c["hidden_activation"] == "gelu_pytorch_tanh", c.get("hidden_activation")
         n_expect = 1 + 1 + per_layer * c["num_hidden_layers"] + (0 if c["tie_word_embeddings"] else 1)
         fwd = llama_logits
     assert len(W) == n_expect, (len(W), n_expect, sorted(W)[:5])
