@@ -5,11 +5,17 @@
  *
  * Tokens are kept as raw bytes (the ByteLevel alphabet's characters mapped back to the bytes
  * they stand for), so decoding is concatenation and the merge tables work on ids only.
+ *
+ * SentencePiece-style BPE (Llama 2, Mistral, Gemma: model.byte_fallback, "▁" for a space, no
+ * ByteLevel) is kept the same way: a token's "▁" is stored as the space it stands for and
+ * "<0xNN>" as byte NN, so decoding is concatenation too. Its pieces start from the text's
+ * characters (those the vocabulary lacks become their bytes' <0xNN> tokens), not its bytes.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "datasets/bpe.h"
 #include "io/json.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pcre2.h>
 #include <unicode/unorm2.h>
@@ -25,6 +31,11 @@ enum {
     CACHE_ARENA = 4 << 20,        /* bytes of keys/ids before the cache is cleared */
     MAX_ID = (1 << 30),           /* ids must stay below this */
 };
+/* spm_prepend: none; the Prepend("▁") normalizer (every segment, even one starting with "▁");
+ * Metaspace's prepend_scheme always, first (a segment not starting with "▁"; first: only the
+ * text's first) */
+enum { PREPEND_NONE, PREPEND_NORMALIZER, PREPEND_ALWAYS, PREPEND_FIRST };
+#define SPM_SPACE "\xE2\x96\x81" /* U+2581 LOWER ONE EIGHTH BLOCK, SentencePiece's space */
 #define NONE UINT32_MAX
 #define EMPTY_KEY UINT64_MAX
 
@@ -92,6 +103,15 @@ struct jdt_bpe {
     size_t s_cap;
     char *prefix_buf;
     size_t prefix_cap;
+
+    /* SentencePiece-style BPE (spm): the <0xNN> ids (byte_id holds them), "▁" stored as ' ' */
+    bool spm;
+    uint8_t *is_fb; /* [n_vocab] 1 for a <0xNN> byte-fallback token (kept out of vmap) */
+    int spm_prepend; /* PREPEND_*: where a "▁" goes before a segment */
+    bool spm_split;  /* Metaspace split: a piece starts at each "▁" */
+    bool spm_words;  /* no token holds a "▁" after another character: a piece starts at each
+                      * "▁" after another character, as no merge can cross there */
+    bool seg_first;  /* the segment being split starts the text */
 
     /* normalizer NFC (Qwen2): ICU, applied to each segment between added tokens */
     const UNormalizer2 *nfc;
@@ -239,7 +259,7 @@ static jdt_status vmap_build(jdt_bpe *t, const char *what, jdt_err *e)
     memset(t->vmap, 0xFF, t->vmap_cap * sizeof *t->vmap);
     size_t mask = t->vmap_cap - 1;
     for (int id = 0; id < t->n_vocab; id++) {
-        if (t->is_added[id] || t->tok_off[id] == NONE) continue;
+        if (t->is_added[id] || t->tok_off[id] == NONE || (t->is_fb && t->is_fb[id])) continue;
         const char *s = t->blob + t->tok_off[id];
         size_t n = t->tok_len[id];
         size_t i = hash_bytes(s, n) & mask;
@@ -355,7 +375,22 @@ static jdt_status compile_regex(jdt_bpe *t, const char *what, jdt_err *e)
 static jdt_status finish_setup(jdt_bpe *t, const char *what, jdt_err *e)
 {
     jdt_status st;
-    for (int b = 0; b < 256; b++) {
+    /* spm: whether any ordinary token holds a space after another byte (a SentencePiece
+     * vocabulary split at whitespace has "▁" only at a token's start, or runs of them) */
+    t->spm_words = t->spm;
+    for (int id = 0; id < t->n_vocab && t->spm_words; id++) {
+        if (t->is_added[id] || t->tok_off[id] == NONE || t->is_fb[id]) continue;
+        const char *b = t->blob + t->tok_off[id];
+        for (uint32_t k = 1; k < t->tok_len[id]; k++)
+            if (b[k] == ' ' && b[k - 1] != ' ') t->spm_words = false;
+    }
+    for (int b = 0; b < 256 && t->spm; b++) /* load_vocab set them */
+        if (t->byte_id[b] == NONE)
+            return jdt_err_set(e, JDT_ERR_FORMAT,
+                               "%s: byte_fallback without the vocabulary's token <0x%02X> (every "
+                               "byte needs one)",
+                               what, b);
+    for (int b = 0; b < 256 && !t->spm; b++) {
         char c = (char)b;
         uint32_t id = vmap_find(t, &c, 1);
         if (id == NONE)
@@ -383,6 +418,7 @@ void jdt_bpe_free(jdt_bpe *t)
     jdt_free(t->tok_off);
     jdt_free(t->tok_len);
     jdt_free(t->is_added);
+    jdt_free(t->is_fb);
     jdt_free(t->blob);
     jdt_free(t->vmap);
     jdt_free(t->mkey);
@@ -505,11 +541,38 @@ static void push_pair(const jdt_bpe *t, heap_ent *h, size_t *nh, int32_t i)
         heap_push(h, nh, (heap_ent){rank, (uint32_t)i});
 }
 
+static int utf8_seq_len(const unsigned char *p, const unsigned char *end);
+
+/* A SentencePiece-style piece's first symbols into t->s_id (room for 3n): each character's
+ * token (a "▁" in the text is the space token, as tokenizers' Replace normalizer leaves it),
+ * or where the vocabulary has none, its bytes' <0xNN> tokens (a byte that starts no valid
+ * UTF-8 sequence is a character of its own). Returns how many. */
+static int32_t spm_symbols(const jdt_bpe *t, const char *p, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)p, *end = u + n;
+    int32_t k = 0;
+    for (size_t i = 0; i < n;) {
+        int l = utf8_seq_len(u + i, end);
+        if (l <= 0) l = 1;
+        const bool space = (l == 1 && p[i] == ' ') || (l == 3 && memcmp(p + i, SPM_SPACE, 3) == 0);
+        uint32_t id = vmap_find(t, space ? " " : p + i, space ? 1 : (size_t)l);
+        const unsigned char *bytes = space ? (const unsigned char *)SPM_SPACE : u + i;
+        if (id != NONE) {
+            t->s_id[k++] = id;
+        } else { /* a space the vocabulary lacks falls back to the bytes of its "▁" */
+            for (int b = 0; b < (space ? 3 : l); b++) t->s_id[k++] = t->byte_id[bytes[b]];
+        }
+        i += (size_t)l;
+    }
+    return k;
+}
+
 /* Merges the bytes of one piece; leaves the ids in order in t->s_id[0..*n_out). */
 static jdt_status bpe_piece(jdt_bpe *t, const char *p, size_t n, size_t *n_out, jdt_err *e)
 {
-    if (n > t->s_cap) {
-        size_t c = pow2_at_least(n);
+    const size_t need = t->spm ? 3 * n : n; /* spm: a space may fall back to 3 bytes */
+    if (need > t->s_cap) {
+        size_t c = pow2_at_least(need);
         jdt_free(t->s_id);
         jdt_free(t->s_prev);
         jdt_free(t->s_next);
@@ -525,8 +588,12 @@ static jdt_status bpe_piece(jdt_bpe *t, const char *p, size_t n, size_t *n_out, 
         }
     }
     int32_t N = (int32_t)n;
+    if (t->spm) {
+        N = spm_symbols(t, p, n);
+    } else {
+        for (int32_t i = 0; i < N; i++) t->s_id[i] = t->byte_id[(unsigned char)p[i]];
+    }
     for (int32_t i = 0; i < N; i++) {
-        t->s_id[i] = t->byte_id[(unsigned char)p[i]];
         t->s_prev[i] = i - 1;
         t->s_next[i] = i + 1 < N ? i + 1 : -1;
     }
@@ -564,7 +631,7 @@ static void cache_clear(jdt_bpe *t)
 
 static jdt_status encode_piece(jdt_bpe *t, const char *p, size_t n, id_vec *out, jdt_err *e)
 {
-    if (n == 1) return push_ids(out, &t->byte_id[(unsigned char)p[0]], 1, e);
+    if (n == 1 && !t->spm) return push_ids(out, &t->byte_id[(unsigned char)p[0]], 1, e);
     if (t->ignore_merges) {
         uint32_t id = vmap_find(t, p, n);
         if (id != NONE) return push_ids(out, &id, 1, e);
@@ -624,7 +691,12 @@ static jdt_status split_segment(jdt_bpe *t, const char *s, size_t n, piece_fn fn
                                 jdt_err *e)
 {
     if (n == 0) return JDT_OK;
-    if (t->add_prefix_space && s[0] != ' ') {
+    const bool starts_space = s[0] == ' ' || (n >= 3 && memcmp(s, SPM_SPACE, 3) == 0);
+    const bool prefix = t->spm ? t->spm_prepend == PREPEND_NORMALIZER ||
+                                     (t->spm_prepend == PREPEND_ALWAYS && !starts_space) ||
+                                     (t->spm_prepend == PREPEND_FIRST && t->seg_first && !starts_space)
+                               : t->add_prefix_space && s[0] != ' ';
+    if (prefix) {
         if (n + 1 > t->prefix_cap) {
             char *b = jdt_realloc(t->prefix_buf, n + 1);
             if (!b) return jdt_err_set(e, JDT_ERR_NOMEM, "bpe: out of memory");
@@ -636,9 +708,26 @@ static jdt_status split_segment(jdt_bpe *t, const char *s, size_t n, piece_fn fn
         s = t->prefix_buf;
         n++;
     }
+    jdt_status st;
+    if (t->spm && (t->spm_split || t->spm_words)) {
+        /* Metaspace split: each "▁" (a space here) starts a piece; without it, a "▁" after
+         * another character does (spm_words: the same tokens as the segment in one piece) */
+        size_t a = 0;
+        bool prev_space = false;
+        for (size_t i = 0; i <= n; i++) {
+            const bool space = i < n && (s[i] == ' ' || (i + 2 < n && memcmp(s + i, SPM_SPACE, 3) == 0));
+            if (i == n || (space && i > a && (t->spm_split || !prev_space))) {
+                if (i > a && (st = fn(t, s + a, i - a, ctx, e))) return st;
+                a = i;
+                if (t->prog && i >= t->prog_next) progress_at(t, i, n);
+            }
+            if (i < n) prev_space = space;
+            if (space && s[i] != ' ') i += 2; /* the rest of a literal "▁" */
+        }
+        return JDT_OK;
+    }
     if (!t->re) return fn(t, s, n, ctx, e);
     size_t gap = 0, from = 0;
-    jdt_status st;
     while (from < n) {
         int rc = t->jit ? pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, from, 0, t->md, NULL)
                         : pcre2_match(t->re, (PCRE2_SPTR)s, n, from, 0, t->md, NULL);
@@ -766,6 +855,7 @@ static jdt_status for_each_piece(jdt_bpe *t, const char *s, size_t n, piece_fn f
         size_t n_seg = at - pos;
         t->prog_seg_base = pos;
         t->prog_seg_len = n_seg;
+        t->seg_first = pos == 0;
         t->prog_next = PROGRESS_STEP;
         if (t->nfc && n_seg && (st = nfc_segment(t, seg, n_seg, &seg, &n_seg, e))) return st;
         if ((st = split_segment(t, seg, n_seg, fn, ctx, e))) return st;
@@ -812,6 +902,34 @@ static jdt_status add_added(jdt_bpe *t, uint32_t id, const char *s, size_t n, bo
     return JDT_OK;
 }
 
+/* A SentencePiece-style token's bytes into out (at least n bytes): each "▁" (U+2581) becomes
+ * the space it stands for; "<0xNN>" becomes byte NN, and with t, id is marked as the fallback
+ * for byte NN. Returns the byte count. */
+static long from_spm(jdt_bpe *t, const char *s, size_t n, char *out, uint32_t id)
+{
+    unsigned b;
+    char tail;
+    if (n == 6 && sscanf(s, "<0x%2X%c", &b, &tail) == 2 && tail == '>' && isxdigit((unsigned char)s[3]) &&
+        isxdigit((unsigned char)s[4])) {
+        out[0] = (char)b;
+        if (t) {
+            t->is_fb[id] = 1;
+            t->byte_id[b] = id;
+        }
+        return 1;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        if (i + 2 < n && memcmp(s + i, SPM_SPACE, 3) == 0) {
+            out[o++] = ' ';
+            i += 3;
+        } else {
+            out[o++] = s[i++];
+        }
+    }
+    return (long)o;
+}
+
 /* Fills ids from a {"token": id} object (the vocab of tokenizer.json or encoder.json). Added
  * tokens must already be in t->added (their ids keep the added content). */
 static jdt_status load_vocab(jdt_bpe *t, const jdt_json *vocab, const char *what, jdt_err *e)
@@ -829,6 +947,11 @@ static jdt_status load_vocab(jdt_bpe *t, const jdt_json *vocab, const char *what
         if ((int64_t)t->added[i].id > max_id) max_id = t->added[i].id;
     jdt_status st = vocab_alloc(t, (int)(max_id + 1), what, e);
     if (st) return st;
+    if (t->spm) {
+        if (!(t->is_fb = jdt_calloc((size_t)t->n_vocab, 1)))
+            return jdt_err_set(e, JDT_ERR_NOMEM, "%s: out of memory", what);
+        for (int b = 0; b < 256; b++) t->byte_id[b] = NONE;
+    }
     for (int i = 0; i < t->n_added; i++) {
         uint32_t id = t->added[i].id;
         t->is_added[id] = 1;
@@ -853,7 +976,7 @@ static jdt_status load_vocab(jdt_bpe *t, const jdt_json *vocab, const char *what
             }
             raw = r;
         }
-        long n = from_byte_level(c->key, c->key_len, raw);
+        long n = t->spm ? from_spm(t, c->key, c->key_len, raw, id) : from_byte_level(c->key, c->key_len, raw);
         /* a token outside the ByteLevel alphabet keeps its text (it can only come from a
          * special-looking entry that is not listed as added) */
         uint32_t off = n < 0 ? blob_add(t, c->key, c->key_len) : blob_add(t, raw, (size_t)n);
@@ -868,10 +991,12 @@ static jdt_status load_vocab(jdt_bpe *t, const jdt_json *vocab, const char *what
     return vmap_build(t, what, e);
 }
 
-/* Looks up one side of a merge given in the ByteLevel alphabet. */
-static uint32_t merge_part(const jdt_bpe *t, const char *s, size_t n, char *raw)
+/* Looks up one side of a merge given in the ByteLevel alphabet (or with "▁" for spaces: spm).
+ * A byte-fallback token is not found: no merge makes or extends one. */
+static uint32_t merge_part(jdt_bpe *t, const char *s, size_t n, char *raw)
 {
-    long m = from_byte_level(s, n, raw);
+    if (t->spm && n == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>') return NONE;
+    long m = t->spm ? from_spm(NULL, s, n, raw, 0) : from_byte_level(s, n, raw);
     return m < 0 ? NONE : vmap_find(t, raw, (size_t)m);
 }
 
@@ -896,8 +1021,41 @@ static jdt_status add_merge_str(jdt_bpe *t, const char *a, size_t na, const char
     return merge_add(t, ia, ib, id, e);
 }
 
+/* A SentencePiece-style BPE's pre-tokenizer: none (the segment is one piece), or Metaspace
+ * ("▁" for spaces, which ours already are; prepend_scheme always / first / never, or the older
+ * add_prefix_space; split: a piece starts at each "▁"). */
+static jdt_status parse_spm_pre_tokenizer(jdt_bpe *t, const jdt_json *pt, const char *what, jdt_err *e)
+{
+    if (!pt || pt->type == JDT_JSON_NULL) return JDT_OK;
+    const char *type = jdt_json_str(jdt_json_get(pt, "type"));
+    const char *rep = jdt_json_str(jdt_json_get(pt, "replacement"));
+    if (!type || strcmp(type, "Metaspace") != 0 || (rep && strcmp(rep, SPM_SPACE) != 0))
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                           "%s: pre-tokenizer '%s' is not supported with byte_fallback (only none or "
+                           "Metaspace with replacement \"\u2581\")",
+                           what, type ? type : "?");
+    if (t->spm_prepend != PREPEND_NONE)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: both a Prepend normalizer and a Metaspace pre-tokenizer",
+                           what);
+    const char *scheme = jdt_json_str(jdt_json_get(pt, "prepend_scheme"));
+    const jdt_json *aps = jdt_json_get(pt, "add_prefix_space");
+    if (scheme && strcmp(scheme, "first") == 0)
+        t->spm_prepend = PREPEND_FIRST;
+    else if (scheme && strcmp(scheme, "never") == 0)
+        t->spm_prepend = PREPEND_NONE;
+    else if ((scheme && strcmp(scheme, "always") == 0) || (!scheme && (!aps || aps->type == JDT_JSON_TRUE)))
+        t->spm_prepend = PREPEND_ALWAYS;
+    else if (scheme)
+        return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s' is not supported", what,
+                           scheme);
+    const jdt_json *split = jdt_json_get(pt, "split");
+    t->spm_split = !split || split->type == JDT_JSON_TRUE;
+    return JDT_OK;
+}
+
 static jdt_status parse_pre_tokenizer(jdt_bpe *t, const jdt_json *pt, const char *what, jdt_err *e)
 {
+    if (t->spm) return parse_spm_pre_tokenizer(t, pt, what, e);
     const char *type = jdt_json_str(jdt_json_get(pt, "type"));
     if (!pt || pt->type == JDT_JSON_NULL || !type)
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
@@ -1028,9 +1186,13 @@ static jdt_status load_tokenizer_json(jdt_bpe *t, const char *path, jdt_err *e)
         st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", path, mtype);
         goto out;
     }
+    /* byte_fallback: a SentencePiece-style BPE (Llama 2, Mistral, Gemma), not a byte-level one */
+    const jdt_json *bf = jdt_json_get(model, "byte_fallback");
+    t->spm = bf && bf->type == JDT_JSON_TRUE;
     const jdt_json *norm = jdt_json_get(root, "normalizer");
     if (norm && norm->type != JDT_JSON_NULL) {
-        /* none, NFC, or a Sequence of those */
+        /* none, NFC, or a Sequence of those; with byte_fallback also Replace(" " -> "▁"), which
+         * our spaces already are, and Prepend("▁") */
         const char *nt = jdt_json_str(jdt_json_get(norm, "type"));
         const jdt_json *seq = jdt_json_get(norm, "normalizers");
         const jdt_json *items = norm;
@@ -1041,8 +1203,20 @@ static jdt_status load_tokenizer_json(jdt_bpe *t, const char *path, jdt_err *e)
         }
         for (size_t k = 0; k < n_items; k++, items = items->next) {
             const char *it = jdt_json_str(jdt_json_get(items, "type"));
+            const char *rs = jdt_json_str(jdt_json_get(jdt_json_get(items, "pattern"), "String"));
+            const char *rc = jdt_json_str(jdt_json_get(items, "content"));
+            const char *pp = jdt_json_str(jdt_json_get(items, "prepend"));
+            if (t->spm && it && strcmp(it, "Replace") == 0 && rs && rc && strcmp(rs, " ") == 0 &&
+                strcmp(rc, SPM_SPACE) == 0)
+                continue;
+            if (t->spm && it && strcmp(it, "Prepend") == 0 && pp && strcmp(pp, SPM_SPACE) == 0) {
+                t->spm_prepend = PREPEND_NORMALIZER;
+                continue;
+            }
             if (!it || strcmp(it, "NFC") != 0) {
-                st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (only none or NFC)",
+                st = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
+                                 "%s: normalizer '%s' is not supported (only none or NFC; with byte_fallback "
+                                 "also Replace(\" \" -> \"\u2581\") and Prepend(\"\u2581\"))",
                                  path, it ? it : "?");
                 goto out;
             }

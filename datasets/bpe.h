@@ -1,5 +1,6 @@
 /*
- * bpe.h — byte-level BPE tokenizers (prefix jdt_bpe_), the kind GPT-2, Llama-3 and Qwen use.
+ * bpe.h — BPE tokenizers (prefix jdt_bpe_): byte-level, the kind GPT-2, Llama-3 and Qwen use,
+ * and SentencePiece-style with byte fallback (Llama 2, Mistral, Gemma).
  *
  * Loads a Hugging Face tokenizer.json (model BPE over the ByteLevel alphabet; pre-tokenizer
  * ByteLevel with GPT-2's split regex, or Split(Regex, Isolated) followed by ByteLevel without
@@ -8,7 +9,10 @@
  * `tokenizers`' encode(text, add_special_tokens=False): added tokens are cut out of the text
  * first (leftmost, longest), each remaining segment is split by the pre-tokenizer regex (PCRE2,
  * UTF + UCP, JIT; matches and the gaps between them are pieces), each piece's bytes are merged
- * by merge rank (lowest first, leftmost on ties). Text need not be valid UTF-8: bytes that are
+ * by merge rank (lowest first, leftmost on ties). SentencePiece-style files (model.byte_fallback:
+ * Llama 2, Mistral, Gemma; normalizer Prepend / Replace of "▁", or a Metaspace pre-tokenizer)
+ * merge characters instead, those the vocabulary lacks as their <0xNN> byte tokens, with "▁"
+ * held as a space (docs/tokenizers.md). Text need not be valid UTF-8: bytes that are
  * not part of a valid sequence form pieces of their own, so decode(encode(x)) == x for any x.
  * A jdt_bpe is not thread-safe (encoding uses a piece cache); use one per thread.
  * docs/tokenizers.md has the format details and what is not supported.

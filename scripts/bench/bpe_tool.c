@@ -3,6 +3,7 @@
  * scripts/bench/tokenize.sh:
  *
  *   bpe_tool encode TOKENIZER TEXT OUT      ids of TEXT, one decimal per line, into OUT
+ *   bpe_tool decode TOKENIZER IDS OUT       the text of IDS (one decimal per line) into OUT
  *   bpe_tool train TEXT VOCAB_SIZE OUT.json trains on TEXT and writes a tokenizer.json
  *   bpe_tool roundtrip TOKENIZER N SEED     decode(encode(x)) == x for N random strings
  *                                           (valid UTF-8, and arbitrary bytes); exit 1 if not
@@ -87,6 +88,22 @@ int main(int argc, char **argv)
         printf("%zu bytes -> %zu tokens\n", n, n_ids);
         jdt_free(ids);
         jdt_free(text);
+    } else if (argc == 5 && strcmp(argv[1], "decode") == 0) {
+        if (jdt_bpe_load(argv[2], &t, &e)) return fail(&e);
+        FILE *in = fopen(argv[3], "r"), *out = fopen(argv[4], "wb");
+        if (!in || !out) return perror(in ? argv[4] : argv[3]), 1;
+        unsigned id;
+        size_t n_ids = 0, n_bytes = 0;
+        while (fscanf(in, "%u", &id) == 1) {
+            size_t l;
+            const char *b = jdt_bpe_token_bytes(t, id, &l);
+            fwrite(b, 1, l, out);
+            n_ids++;
+            n_bytes += l;
+        }
+        fclose(in);
+        if (fclose(out) != 0) return perror(argv[4]), 1;
+        printf("%zu tokens -> %zu bytes\n", n_ids, n_bytes);
     } else if (argc == 5 && strcmp(argv[1], "train") == 0) {
         char *text;
         size_t n;
@@ -140,7 +157,7 @@ int main(int argc, char **argv)
         jdt_free(ids);
         jdt_free(text);
     } else {
-        fprintf(stderr, "usage: bpe_tool encode TOKENIZER TEXT OUT | train TEXT VOCAB OUT.json | "
+        fprintf(stderr, "usage: bpe_tool encode TOKENIZER TEXT OUT | decode TOKENIZER IDS OUT | train TEXT VOCAB OUT.json | "
                         "roundtrip TOKENIZER N SEED | bench TOKENIZER TEXT REPS\n");
         return 2;
     }

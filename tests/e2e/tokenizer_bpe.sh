@@ -5,7 +5,11 @@
 #   b) a Llama-3-style one trained by `tokenizers` (Split regex + ByteLevel without regex),
 #      and a Qwen2-style one (NFC normalizer + Split + ByteLevel; the corpus has NFD text),
 #   c) our own trained one (written as tokenizer.json, loaded by `tokenizers`),
-#   d) c) as a GPT-2 vocab.bpe + encoder.json pair;
+#   d) c) as a GPT-2 vocab.bpe + encoder.json pair,
+#   e) SentencePiece-style ones (byte_fallback, "▁" for spaces: Llama 2's Prepend + Replace
+#      normalizer, Gemma's Replace alone, Metaspace first / always + split, a token across
+#      a word's end), also decoding as
+#      tokenizers' Replace + ByteFallback + Fuse decoder does;
 # decode(encode(x)) == x for random UTF-8 and random bytes; `prepare` with data.tokenizer: bpe
 # (trained and loaded) writes shards with the tokenizer recorded, a model trains on them and
 # `sample` decodes through it; bad tokenizer files give one clear line and exit 1.
@@ -49,9 +53,9 @@ open(sys.argv[1], "a", encoding="utf-8").write(nfd + "\n")
 PY
 echo "corpus: $(wc -c < "$C") bytes"
 
-check_same() { # name tokenizer-for-hf tokenizer-for-jdt
-  "$PY" "$REF" encode "$2" "$C" "$TMP/$1.hf" >/dev/null || fail "$1: tokenizers encode"
-  "$TOOL" encode "$3" "$C" "$TMP/$1.jdt" >/dev/null || fail "$1: bpe_tool encode"
+check_same() { # name tokenizer-for-hf tokenizer-for-jdt [text, else the corpus]
+  "$PY" "$REF" encode "$2" "${4:-$C}" "$TMP/$1.hf" >/dev/null || fail "$1: tokenizers encode"
+  "$TOOL" encode "$3" "${4:-$C}" "$TMP/$1.jdt" >/dev/null || fail "$1: bpe_tool encode"
   if ! cmp -s "$TMP/$1.hf" "$TMP/$1.jdt"; then
     line=$(cmp "$TMP/$1.hf" "$TMP/$1.jdt" | sed -nE 's/.* line ([0-9]+).*/\1/p')
     fail "$1: encodings differ first at token ${line:-?} of $(wc -l < "$TMP/$1.hf") (hf $(sed -n "${line:-1}p" "$TMP/$1.hf") vs jdt $(sed -n "${line:-1}p" "$TMP/$1.jdt"))"
@@ -97,6 +101,61 @@ tok.train([sys.argv[1]], trainers.BpeTrainer(vocab_size=2500, show_progress=Fals
 tok.save(sys.argv[2])
 PY
 check_same qwen2 "$TMP/qwen.json" "$TMP/qwen.json"
+# e) SentencePiece-style (Llama 2, Mistral, Gemma): BPE over characters with byte_fallback and
+# "▁" for spaces. One vocabulary (tokenizers trains on Metaspace-split words, as SentencePiece
+# merges within words; vocabulary 1500 over an alphabet cut to 120 characters, so the
+# multilingual tail falls back to <0xNN> byte tokens, 256 of them added), written with each
+# front end such files use, on 400 KB of the corpus and its multilingual tail (with "<s>" and
+# "</s>" in the text: added tokens, the first segment alone prepended under Metaspace first)
+"$PY" - "$C" "$TMP" <<'PY' || fail "tokenizers train (SentencePiece style)"
+import json, sys
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+text = open(sys.argv[1], encoding="utf-8").read()
+text = text[:300000] + " <s>x</s>  a ▁b\t\n" + text[-100000:]
+open(sys.argv[2] + "/spm.txt", "w", encoding="utf-8").write(text)
+tr = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+tr.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+tr.train([sys.argv[2] + "/spm.txt"], trainers.BpeTrainer(vocab_size=1500, show_progress=False,
+         special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=120))
+d = json.loads(tr.to_str())
+for b in range(256):
+    d["model"]["vocab"].setdefault("<0x%02X>" % b, len(d["model"]["vocab"]))
+fronts = {
+    "llama2": (normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]), None),
+    "gemma": (normalizers.Replace(" ", "▁"), None),
+    "metaspace": (None, pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)),
+    "metasplit": (None, pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)),
+}
+for name, (norm, pre) in fronts.items():
+    t = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    t.normalizer, t.pre_tokenizer = norm, pre
+    t.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    j = json.loads(t.to_str())
+    j["model"]["vocab"], j["model"]["merges"], j["added_tokens"] = d["model"]["vocab"], d["model"]["merges"], d["added_tokens"]
+    Tokenizer.from_str(json.dumps(j)).save("%s/spm_%s.json" % (sys.argv[2], name))
+# a token across a word's end ("e▁", merged last): no piece may end before a "▁" (bpe.c
+# spm_words), the whole segment is one
+j = json.load(open("%s/spm_gemma.json" % sys.argv[2], encoding="utf-8"))
+j["model"]["vocab"]["e▁"] = len(j["model"]["vocab"])
+j["model"]["merges"].append(["e", "▁"])
+Tokenizer.from_str(json.dumps(j)).save("%s/spm_cross.json" % sys.argv[2])
+PY
+for st in llama2 gemma metaspace metasplit cross; do
+  check_same "spm_$st" "$TMP/spm_$st.json" "$TMP/spm_$st.json" "$TMP/spm.txt"
+done
+"$PY" - "$TMP/spm_llama2.json" "$TMP/spm_llama2.hf" "$TMP/spm_fb.txt" "$TMP/spm.hf.txt" <<'PY' || fail "spm: tokenizers decode"
+import json, sys
+from tokenizers import Tokenizer
+vocab = json.load(open(sys.argv[1], encoding="utf-8"))["model"]["vocab"]
+ids = [int(x) for x in open(sys.argv[2])]
+fb = {v for k, v in vocab.items() if k.startswith("<0x")}
+open(sys.argv[3], "w").write("%d" % sum(i in fb for i in ids))
+open(sys.argv[4], "wb").write(Tokenizer.from_file(sys.argv[1]).decode(ids, skip_special_tokens=False).encode())
+PY
+[ "$(cat "$TMP/spm_fb.txt")" -gt 100 ] || fail "spm: only $(cat "$TMP/spm_fb.txt") byte-fallback tokens: the check proves little"
+expect 0 "$TOOL" decode "$TMP/spm_llama2.json" "$TMP/spm_llama2.jdt" "$TMP/spm.jdt.txt"
+cmp -s "$TMP/spm.hf.txt" "$TMP/spm.jdt.txt" || fail "spm: decoded text differs from tokenizers' decode"
+echo "spm: $(cat "$TMP/spm_fb.txt") byte-fallback tokens among them; decoded as tokenizers decodes"
 # c) our own trained tokenizer, loaded by tokenizers from the tokenizer.json we write
 expect 0 "$TOOL" train "$C" 2000 "$TMP/ours.json"
 cat "$TMP/out"
@@ -133,6 +192,12 @@ json.dump(d, open(sys.argv[2] + "/bad_norm.json", "w"))
 d = json.load(open(sys.argv[1], encoding="utf-8"))
 del d["model"]["vocab"]["Ā"]
 json.dump(d, open(sys.argv[2] + "/bad_byte.json", "w"))
+d = json.load(open(sys.argv[2] + "/spm_llama2.json", encoding="utf-8"))
+del d["model"]["vocab"]["<0x41>"]
+json.dump(d, open(sys.argv[2] + "/bad_spm_byte.json", "w"))
+d = json.load(open(sys.argv[2] + "/spm_llama2.json", encoding="utf-8"))
+d["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+json.dump(d, open(sys.argv[2] + "/bad_spm_pre.json", "w"))
 PY
 head -c 1000 "$TMP/ours.json" > "$TMP/bad_trunc.json"
 printf 'x' > "$TMP/tiny.txt"
@@ -143,7 +208,9 @@ data: {format: tokens, source: $C, train_path: $TMP/data, val_path: $TMP/data, t
 run: {out_dir: $TMP/runs, name: bpe, steps: 30, eval_every: 15}
 EOF
 for b in bad_comma:"trailing comma" bad_type:"WordPiece" bad_merge:"not in the vocab" bad_norm:"normalizer 'NFKC'" \
-         bad_byte:"no token for byte 0x00" bad_trunc:"unexpected end of input" missing:"No such file"; do
+         bad_byte:"no token for byte 0x00" bad_trunc:"unexpected end of input" missing:"No such file" \
+         bad_spm_byte:"byte_fallback without the vocabulary's token <0x41>" \
+         bad_spm_pre:"pre-tokenizer 'ByteLevel' is not supported with byte_fallback"; do
   name=${b%%:*}; want=${b#*:}
   expect 1 "$BIN" prepare "$TMP/prep.yaml" data.tokenizer_path="$TMP/$name.json"
   [ "$(wc -l < "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "$name: not one line"; }
