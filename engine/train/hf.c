@@ -67,7 +67,7 @@ static const struct {
 
 /* The architectures and model_types named in errors */
 #define HF_ARCH_NAMES "GPT-2, Llama, Qwen2, Qwen3, Gemma"
-#define HF_MODEL_TYPES "gpt2, llama, mistral, qwen2, qwen3 and gemma"
+#define HF_MODEL_TYPES "gpt2, llama, mistral, phi3, qwen2, qwen3 and gemma"
 
 /* The architecture cfg's gpt maps to, when mismatch() finds nothing against it. */
 static hf_arch arch_of(const jdt_config *c)
@@ -79,11 +79,12 @@ static hf_arch arch_of(const jdt_config *c)
 }
 
 /* The architecture of config.json's model_type (Mistral's is Llama's, less a sliding window
- * check_hf_config looks at); -1 for another. */
+ * check_hf_config looks at; Phi-3's is Llama's with q, k, v in one qkv_proj and gate, up in one
+ * gate_up_proj, which read_hf_param takes apart); -1 for another. */
 static int arch_of_model_type(const char *mt)
 {
     if (!mt) return -1;
-    if (strcmp(mt, "mistral") == 0) return HF_LLAMA;
+    if (strcmp(mt, "mistral") == 0 || strcmp(mt, "phi3") == 0) return HF_LLAMA;
     for (int a = 0; a < HF_N_ARCH; a++)
         if (strcmp(mt, HF_ARCH[a].model_type) == 0) return a;
     return -1;
@@ -463,10 +464,12 @@ typedef struct {
     int64_t rope_heads;
     int slot;  /* GPT-2 c_attn: 0 q, 1 k, 2 v; -1 otherwise */
     float add; /* added to each value read: 1 for Gemma's norm weights */
+    int64_t row0, rows; /* Phi-3's fused qkv_proj, gate_up_proj: our rows row0.. of its rows */
 } src_map;
 
-/* Where our param `ours` comes from in an HF checkpoint; false if it has no source. */
-static bool map_name(const jdt_config *c, const char *ours, src_map *m)
+/* Where our param `ours` comes from in an HF checkpoint (fused: Phi-3's layout); false if it
+ * has no source. */
+static bool map_name(const jdt_config *c, const char *ours, bool fused, src_map *m)
 {
     const bool llama = arch_of(c) != HF_GPT2;
     memset(m, 0, sizeof *m);
@@ -511,6 +514,19 @@ static bool map_name(const jdt_config *c, const char *ours, src_map *m)
         if (strcmp(rest, LLAMA_BLOCK[i].ours) == 0) {
             m->transpose = LLAMA_BLOCK[i].transpose;
             m->rope_heads = rope_heads_of(c, LLAMA_BLOCK[i].rope);
+            const int64_t Q = (int64_t)c->model.n_head * jdt_config_head_dim(c),
+                          KV = (int64_t)jdt_config_kv_heads(c) * jdt_config_head_dim(c), F = jdt_config_mlp_dim(c);
+            /* Phi-3: rows [q | k | v] of qkv_proj, [gate | up] of gate_up_proj */
+            static const char *const fused_of[] = {"attn.q.w", "attn.k.w", "attn.v.w", "mlp.gate.w", "mlp.up.w"};
+            for (int f = 0; fused && f < 5; f++) {
+                if (strcmp(rest, fused_of[f]) != 0) continue;
+                const int64_t r0[5] = {0, Q, Q + KV, 0, F}, n[5] = {Q, KV, KV, F, F};
+                m->row0 = r0[f];
+                m->rows = f < 3 ? Q + 2 * KV : 2 * F;
+                (void)n;
+                return snprintf(m->hf, sizeof m->hf, "model.layers.%ld.%s", l,
+                                f < 3 ? "self_attn.qkv_proj.weight" : "mlp.gate_up_proj.weight") > 0;
+            }
             return snprintf(m->hf, sizeof m->hf, "model.layers.%ld.%s", l, LLAMA_BLOCK[i].hf) > 0;
         }
     return false;
@@ -564,13 +580,14 @@ static hf_rope hf_rope_of(const jdt_json *r)
     return h;
 }
 
-/* The sliding window config.json's model attends over (Mistral's "sliding_window"; Qwen's
- * where "use_sliding_window" is true), or 0 for its whole context. */
+/* The sliding window config.json's model attends over (Mistral's and Phi-3's "sliding_window";
+ * Qwen's where "use_sliding_window" is true), or 0 for its whole context. */
 static int64_t hf_window(const jdt_json *r, const char *model_type)
 {
     const jdt_json *usw = jdt_json_get(r, "use_sliding_window");
     int64_t window = 0;
-    if ((model_type && strcmp(model_type, "mistral") == 0) || (usw && usw->type == JDT_JSON_TRUE))
+    if ((model_type && (strcmp(model_type, "mistral") == 0 || strcmp(model_type, "phi3") == 0)) ||
+        (usw && usw->type == JDT_JSON_TRUE))
         if (!hf_int(r, "sliding_window", 0, &window) || window < 0) window = 0;
     return window;
 }
@@ -619,6 +636,14 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err 
     }
     if (llama && mb && mb->type == JDT_JSON_TRUE) {
         st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: mlp_bias is true: a gpt of the Llama family has no MLP biases", p);
+        goto out;
+    }
+    /* Phi-4-mini rotates 3/4 of each head; a gpt's RoPE rotates all of it */
+    const jdt_json *rpar = jdt_json_get(r, "rope_parameters"); /* transformers 5 may hold it there */
+    const double prf = hf_num(rpar, "partial_rotary_factor", hf_num(r, "partial_rotary_factor", 1.0));
+    if (llama && prf != 1.0) {
+        st = jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: partial_rotary_factor is %g: a gpt's RoPE rotates whole heads", p,
+                         prf);
         goto out;
     }
     /* a sliding window shorter than the run's context would attend elsewhere than this gpt */
@@ -729,6 +754,7 @@ enum { HF_MAX_SHARDS = 256 };
 typedef struct {
     jdt_st_file *f[HF_MAX_SHARDS];
     int n;
+    bool fused; /* Phi-3's qkv_proj and gate_up_proj (config.json's model_type phi3) */
 } hf_files;
 
 static void hf_files_close(hf_files *h)
@@ -741,6 +767,13 @@ static jdt_status hf_files_open(const char *dir, hf_files *h, jdt_err *e)
 {
     h->n = 0;
     char p[1100];
+    jdt_json_doc *cd = NULL;
+    const jdt_json *cr;
+    const char *mt;
+    jdt_status cst = open_hf_config(dir, p, sizeof p, &cd, &cr, &mt, e);
+    if (cst) return cst;
+    h->fused = mt && strcmp(mt, "phi3") == 0;
+    jdt_json_doc_free(cd);
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     if (jdt_io_is_file(p)) {
         jdt_status st = jdt_st_open(p, &h->f[0], e);
@@ -796,7 +829,7 @@ static jdt_status read_hf_param(const hf_files *hfs, const char *dir, const jdt_
                                 const jdt_shape *shape, float *dst, jdt_err *e)
 {
     src_map m;
-    if (!map_name(c, ours, &m))
+    if (!map_name(c, ours, hfs->fused, &m))
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED, "%s: no Hugging Face tensor maps to our param '%s'", dir, ours);
     jdt_st_file *sf = NULL;
     int i = hf_find(hfs, m.hf, &sf);
@@ -810,6 +843,7 @@ static jdt_status read_hf_param(const hf_files *hfs, const char *dir, const jdt_
     int64_t r = shape->dims[0], k = shape->ndim > 1 ? shape->dims[1] : 1;
     int64_t want0 = m.transpose ? k : r, want1 = m.transpose ? r : k;
     if (m.slot >= 0) want1 = shape->ndim > 1 ? 3 * k : 0, want0 = shape->ndim > 1 ? r : 3 * r;
+    if (m.rows > 0) want0 = m.rows; /* Phi-3: ours is rows [row0, row0 + k) of the fused tensor */
     /* GPT-2's position table has n_positions rows (checked >= seq_len): a shorter run takes the first */
     bool rows_prefix = strcmp(ours, "wpe") == 0 && info.ndim == 2 && info.shape[0] >= want0;
     bool ok = info.ndim == shape->ndim && (info.shape[0] == want0 || rows_prefix) &&
@@ -835,9 +869,10 @@ static jdt_status read_hf_param(const hf_files *hfs, const char *dir, const jdt_
                 for (int64_t j = 0; j < r * k; j++) dst[j] += m.add;
         } else { /* buf is (k, r), rows permuted for rope: inverse of emit_param */
             const int64_t D = m.rope_heads > 0 ? k / m.rope_heads : 0;
+            const float *rows = buf + m.row0 * r;
             for (int64_t j = 0; j < k; j++) {
                 const int64_t src = m.rope_heads > 0 ? rope_row(j, D) : j;
-                for (int64_t a = 0; a < r; a++) dst[a * k + j] = buf[src * r + a];
+                for (int64_t a = 0; a < r; a++) dst[a * k + j] = rows[src * r + a];
             }
         }
     }

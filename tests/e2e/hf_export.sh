@@ -77,6 +77,41 @@ expect 0 "$BIN" sample "$TMP/hf_llama31" --prompt "ab" --length 20 --temperature
 cp "$TMP/out" "$TMP/tf4.txt"
 expect 0 "$BIN" sample "$TMP/hf_llama31_tf5" --prompt "ab" --length 20 --temperature 0
 cmp -s "$TMP/out" "$TMP/tf4.txt" || fail "llama31: rope_parameters (transformers 5) samples otherwise than rope_theta + rope_scaling"
+# Phi-3's files are Llama's with q, k, v rows in one qkv_proj and gate, up rows in one
+# gate_up_proj: the Llama export refused into that layout samples the same tokens, and a
+# tensor=2 eval (each rank's heads and MLP columns out of the fused rows) the one-process loss
+PH="model.norm=rmsnorm model.bias=false model.pos=rope model.activation=swiglu model.n_kv_head=2 model.tie_embeddings=false model.rope_theta=500"
+mkdir -p "$TMP/hf_phi3"
+"$PY" - "$TMP/hf_llama" "$TMP/hf_phi3" <<'PY' || fail "phi3: fusing the llama export"
+import json, sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+c = json.load(open(src + "/config.json"))
+c["model_type"], c["architectures"] = "phi3", ["Phi3ForCausalLM"]
+json.dump(c, open(dst + "/config.json", "w"))
+t, out = load_file(src + "/model.safetensors"), {}
+for k, v in t.items():
+    if ".self_attn.q_proj." in k:
+        p = k.replace("q_proj", "%s_proj")
+        out[k.replace("q_proj", "qkv_proj")] = np.concatenate([t[p % n] for n in "qkv"])
+    elif ".mlp.gate_proj." in k:
+        out[k.replace("gate_proj", "gate_up_proj")] = np.concatenate([v, t[k.replace("gate_proj", "up_proj")]])
+    elif not any(s in k for s in (".k_proj.", ".v_proj.", ".up_proj.")):
+        out[k] = v
+save_file(out, dst + "/model.safetensors", metadata={"format": "pt"})
+PY
+"$PY" "$ROOT/tests/e2e/hf_ref.py" "$TMP/hf_phi3" 40 97 98 >"$TMP/ref" 2>"$TMP/referr" || { cat "$TMP/referr"; fail "phi3: hf_ref.py failed"; }
+expect 0 "$BIN" sample "$TMP/hf_phi3" --prompt "ab" --length 40 --temperature 0 --context window
+[ "$(head -c 42 "$TMP/out" | od -An -tu1 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')" = "97 98 $(cat "$TMP/ref")" ] ||
+  fail "phi3: sample of the fused directory differs from hf_ref.py's decoding of it"
+# shellcheck disable=SC2086
+expect 0 "$BIN" eval "$ROOT/configs/tiny.yaml" "$O" --ckpt "$TMP/hf_llama" $PH
+want=$(sed -nE 's/^val loss ([0-9.]+).*/\1/p' "$TMP/out")
+# shellcheck disable=SC2086
+expect 0 "$BIN" --nproc 2 eval "$ROOT/configs/tiny.yaml" "$O" --ckpt "$TMP/hf_phi3" $PH mesh.tensor=2
+grep -q "val loss $want " "$TMP/out" || fail "phi3: eval on tensor=2 $(cat "$TMP/out"), the Llama files on one process $want"
+echo "phi3: the Llama export fused (qkv_proj, gate_up_proj) samples as hf_ref.py decodes it; val loss $want on tensor=2 as the Llama files'"
 echo "llama31: rope_scaling llama3 exported and read back (also as transformers 5's rope_parameters); without it hf_ref.py decodes otherwise"
 # Qwen2's q/k/v biases and Qwen3's q/k norm scales are near their init (zeros, ones) after two
 # steps, where a wrong RoPE permutation of them would not show, nor Gemma's norm weights off by

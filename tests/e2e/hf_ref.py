@@ -2,11 +2,12 @@
 directory with the `safetensors` package (numpy API) and config.json, checks names, shapes
 and dtypes against what transformers expects for the architecture, then runs the model with a
 numpy implementation written from transformers' GPT2LMHeadModel / LlamaForCausalLM /
-Qwen2ForCausalLM / Qwen3ForCausalLM / GemmaForCausalLM code (Conv1D (in, out) weights,
+Qwen2ForCausalLM / Qwen3ForCausalLM / GemmaForCausalLM / Phi3ForCausalLM code (Conv1D (in, out) weights,
 gelu_new, LayerNorm; rotate_half RoPE with Llama 3.1's "llama3" frequency scaling, RMSNorm,
 SiLU-gated MLP, GQA by repeating kv heads; Qwen2's q/k/v biases; Qwen3's RMSNorm of each
 head's q and k before RoPE; Gemma's embeddings times sqrt(hidden_size), RMSNorm scaled by
-1 + weight and tanh-GELU-gated MLP) and greedy-decodes LENGTH tokens after PROMPT_IDS.
+1 + weight and tanh-GELU-gated MLP; Phi-3's fused qkv_proj and gate_up_proj rows) and
+greedy-decodes LENGTH tokens after PROMPT_IDS.
 
   hf_ref.py DIR LENGTH ID [ID ...]   prints the generated ids, space-separated
 
@@ -130,6 +131,18 @@ def main():
     d, length, ids = sys.argv[1], int(sys.argv[2]), [int(t) for t in sys.argv[3:]]
     c = json.load(open(d + "/config.json"))
     W = {k: v.astype(np.float64) for k, v in load_file(d + "/model.safetensors").items()}
+    if c["model_type"] == "phi3":  # Phi3ForCausalLM: rows [q | k | v] and [gate | up] fused
+        H, Hkv = c["num_attention_heads"], c["num_key_value_heads"]
+        D = c.get("head_dim", c["hidden_size"] // H)
+        for k in [k for k in W if k.endswith("qkv_proj.weight")]:
+            qkv = W.pop(k)
+            assert qkv.shape[0] == (H + 2 * Hkv) * D, qkv.shape
+            for n, a, b in (("q", 0, H * D), ("k", H * D, (H + Hkv) * D), ("v", (H + Hkv) * D, (H + 2 * Hkv) * D)):
+                W[k.replace("qkv_proj", n + "_proj")] = qkv[a:b]
+        for k in [k for k in W if k.endswith("gate_up_proj.weight")]:
+            g, u = np.split(W.pop(k), 2)
+            W[k.replace("gate_up_proj", "gate_proj")], W[k.replace("gate_up_proj", "up_proj")] = g, u
+        c["head_dim"] = D
     raw = load_file(d + "/model.safetensors")
     assert all(v.dtype == np.float32 for v in raw.values())
     arch = c["architectures"][0]
@@ -147,7 +160,7 @@ def main():
         assert W["model.layers.0.mlp.down_proj.weight"].shape == (C, c["intermediate_size"])
         per_layer = 9 + {"qwen2": 3, "qwen3": 2}.get(c["model_type"], 0)
         arch_of = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                   "gemma": "GemmaForCausalLM"}
+                   "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM"}
         assert arch == arch_of[c["model_type"]], (arch, c["model_type"])
         if c["model_type"] == "qwen3":
             assert W["model.layers.0.self_attn.q_norm.weight"].shape == (D,)
