@@ -520,10 +520,9 @@ static bool map_name(const jdt_config *c, const char *ours, bool fused, src_map 
             static const char *const fused_of[] = {"attn.q.w", "attn.k.w", "attn.v.w", "mlp.gate.w", "mlp.up.w"};
             for (int f = 0; fused && f < 5; f++) {
                 if (strcmp(rest, fused_of[f]) != 0) continue;
-                const int64_t r0[5] = {0, Q, Q + KV, 0, F}, n[5] = {Q, KV, KV, F, F};
+                const int64_t r0[5] = {0, Q, Q + KV, 0, F};
                 m->row0 = r0[f];
                 m->rows = f < 3 ? Q + 2 * KV : 2 * F;
-                (void)n;
                 return snprintf(m->hf, sizeof m->hf, "model.layers.%ld.%s", l,
                                 f < 3 ? "self_attn.qkv_proj.weight" : "mlp.gate_up_proj.weight") > 0;
             }
