@@ -511,7 +511,7 @@ static void print_summary(const jdt_config *c, FILE *f)
         fprintf(f,
                 "model       gpt: L=%d C=%d H=%d (kv heads %d, head dim %d) T=%d V=%d; mlp %lld "
                 "%s; %s, "
-                "%s positions%s, %s embeddings, %s%s, dropout %g\n",
+                "%s positions%s, %s embeddings%s, %s%s, dropout %g\n",
                 c->model.n_layer, c->model.n_embd, c->model.n_head, jdt_config_kv_heads(c),
                 jdt_config_head_dim(c), c->model.seq_len, c->model.vocab_size,
                 (long long)jdt_config_mlp_dim(c),
@@ -519,6 +519,7 @@ static void print_summary(const jdt_config *c, FILE *f)
                 jdt_config_choice_name("model.norm", (int)c->model.norm),
                 jdt_config_choice_name("model.pos", (int)c->model.pos), rope_sc,
                 c->model.tie_embeddings ? "tied" : "untied",
+                c->model.embed_scale ? " (times sqrt(C) on the way in)" : "",
                 c->model.bias       ? "bias"
                 : c->model.qkv_bias ? "q/k/v bias"
                                     : "no bias",

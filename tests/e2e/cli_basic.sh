@@ -43,6 +43,9 @@ grep -q "596,049,920" "$TMP/out" || fail "Qwen3-0.6B parameter count (0.44B non-
 expect 0 "$BIN" inspect configs/llama3.2-1b-ft.yaml
 grep -q "1,235,814,400" "$TMP/out" || fail "Llama-3.2-1B parameter count"
 grep -q "llama3 scaling x32 from 8192" "$TMP/out" || fail "Llama-3.2-1B's RoPE scaling not in the summary"
+expect 0 "$BIN" inspect configs/gemma-2b-ft.yaml
+grep -q "2,506,172,416" "$TMP/out" || fail "gemma-2b parameter count (18 layers of 110,104,576 + 256000 x 2048 + 2048)"
+grep -q "geglu.*tied embeddings (times sqrt(C) on the way in)" "$TMP/out" || fail "gemma-2b: GeGLU and the embedding scale not in the summary"
 expect 0 "$BIN" inspect configs/tiny.yaml model.n_layer=3 --log-level=debug --compile
 for w in "compiled step" "fused loop nests" "FLOPs/step" "planned peak" "cache "; do
   grep -q "$w" "$TMP/out" || fail "inspect lacks the compiled-step line '$w'"; done

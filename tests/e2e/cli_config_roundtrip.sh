@@ -4,7 +4,7 @@
 set -uo pipefail
 BIN=${JDT_BIN:?}; TMP=${JDT_TMP:?}
 fail() { echo "FAIL: $*"; exit 1; }
-for cfg in configs/tiny.yaml configs/llm.yaml configs/mlp.yaml configs/gpt2-124m.yaml configs/qwen3-0.6b-ft.yaml configs/llama3.2-1b-ft.yaml; do
+for cfg in configs/tiny.yaml configs/llm.yaml configs/mlp.yaml configs/gpt2-124m.yaml configs/qwen3-0.6b-ft.yaml configs/llama3.2-1b-ft.yaml configs/gemma-2b-ft.yaml; do
   "$BIN" inspect "$cfg" --print-config >"$TMP/a.yaml" || fail "$cfg: print-config failed"
   "$BIN" inspect "$TMP/a.yaml" --print-config >"$TMP/b.yaml" || fail "$cfg: resolved YAML does not load"
   cmp -s "$TMP/a.yaml" "$TMP/b.yaml" || { diff "$TMP/a.yaml" "$TMP/b.yaml"; fail "$cfg: round trip differs"; }
