@@ -112,6 +112,7 @@ struct jdt_bpe {
     bool spm_words;  /* no token holds a "▁" after another character: a piece starts at each
                       * "▁" after another character, as no merge can cross there */
     bool seg_first;  /* the segment being split starts the text */
+    bool spm_replaced; /* a Replace(" " -> "▁") normalizer: no space reaches the pre-tokenizer */
 
     /* normalizer NFC (Qwen2): ICU, applied to each segment between added tokens */
     const UNormalizer2 *nfc;
@@ -1023,11 +1024,17 @@ static jdt_status add_merge_str(jdt_bpe *t, const char *a, size_t na, const char
 
 /* A SentencePiece-style BPE's pre-tokenizer: none (the segment is one piece), or Metaspace
  * ("▁" for spaces, which ours already are; prepend_scheme always / first / never, or the older
- * add_prefix_space; split: a piece starts at each "▁"). */
+ * add_prefix_space; split: a piece starts at each "▁"), or after a Replace(" " -> "▁")
+ * normalizer a Split on " ", which finds none (transformers' Gemma conversion writes one). */
 static jdt_status parse_spm_pre_tokenizer(jdt_bpe *t, const jdt_json *pt, const char *what, jdt_err *e)
 {
     if (!pt || pt->type == JDT_JSON_NULL) return JDT_OK;
     const char *type = jdt_json_str(jdt_json_get(pt, "type"));
+    const char *split_on = jdt_json_str(jdt_json_get(jdt_json_get(pt, "pattern"), "String"));
+    const jdt_json *inv = jdt_json_get(pt, "invert");
+    if (t->spm_replaced && type && strcmp(type, "Split") == 0 && split_on && strcmp(split_on, " ") == 0 &&
+        !(inv && inv->type == JDT_JSON_TRUE))
+        return JDT_OK;
     const char *rep = jdt_json_str(jdt_json_get(pt, "replacement"));
     if (!type || strcmp(type, "Metaspace") != 0 || (rep && strcmp(rep, SPM_SPACE) != 0))
         return jdt_err_set(e, JDT_ERR_UNSUPPORTED,
@@ -1207,8 +1214,10 @@ static jdt_status load_tokenizer_json(jdt_bpe *t, const char *path, jdt_err *e)
             const char *rc = jdt_json_str(jdt_json_get(items, "content"));
             const char *pp = jdt_json_str(jdt_json_get(items, "prepend"));
             if (t->spm && it && strcmp(it, "Replace") == 0 && rs && rc && strcmp(rs, " ") == 0 &&
-                strcmp(rc, SPM_SPACE) == 0)
+                strcmp(rc, SPM_SPACE) == 0) {
+                t->spm_replaced = true;
                 continue;
+            }
             if (t->spm && it && strcmp(it, "Prepend") == 0 && pp && strcmp(pp, SPM_SPACE) == 0) {
                 t->spm_prepend = PREPEND_NORMALIZER;
                 continue;

@@ -7,7 +7,7 @@
 #   c) our own trained one (written as tokenizer.json, loaded by `tokenizers`),
 #   d) c) as a GPT-2 vocab.bpe + encoder.json pair,
 #   e) SentencePiece-style ones (byte_fallback, "▁" for spaces: Llama 2's Prepend + Replace
-#      normalizer, Gemma's Replace alone, Metaspace first / always + split, a token across
+#      normalizer, Gemma's Replace and no-op Split, Metaspace first / always + split, a token across
 #      a word's end), also decoding as
 #      tokenizers' Replace + ByteFallback + Fuse decoder does;
 # decode(encode(x)) == x for random UTF-8 and random bytes; `prepare` with data.tokenizer: bpe
@@ -122,7 +122,8 @@ for b in range(256):
     d["model"]["vocab"].setdefault("<0x%02X>" % b, len(d["model"]["vocab"]))
 fronts = {
     "llama2": (normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]), None),
-    "gemma": (normalizers.Replace(" ", "▁"), None),
+    # transformers' Gemma conversion: a Split on " " after the Replace (finds none)
+    "gemma": (normalizers.Replace(" ", "▁"), pre_tokenizers.Split(" ", behavior="merged_with_previous")),
     "metaspace": (None, pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)),
     "metasplit": (None, pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)),
 }
