@@ -610,23 +610,23 @@ static jdt_status part_open(jsonl_part *p, const char *dir, int index, jdt_err *
     return JDT_OK;
 }
 
-/* Encodes one document (after the end-of-text id, where eot >= 0) into *ids (grown as needed,
- * *cap elements) and appends the ids to the open part, starting a new part (in dir) when this
- * one would pass JSONL_PART_TOKENS. */
-static jdt_status stream_doc(jdt_bpe *tok, int eot, const char *text, size_t n, uint32_t **ids,
-                             size_t *cap, jsonl_part *part, const char *dir, int *n_parts,
-                             jdt_err *e)
+/* Encodes one document (after the n_pre ids at pre: the end-of-text id, or the tokenizer's
+ * BOS) into *ids (grown as needed, *cap elements) and appends the ids to the open part,
+ * starting a new part (in dir) when this one would pass JSONL_PART_TOKENS. */
+static jdt_status stream_doc(jdt_bpe *tok, const uint32_t *pre, int n_pre, const char *text, size_t n,
+                             uint32_t **ids, size_t *cap, jsonl_part *part, const char *dir,
+                             int *n_parts, jdt_err *e)
 {
     size_t n_ids = 0;
     jdt_status st = JDT_OK;
-    if (eot >= 0) {
-        if (*cap < 1) {
+    if (n_pre > 0) {
+        if (*cap < 64) {
             uint32_t *p = jdt_realloc(*ids, 64 * sizeof *p);
             if (!p) return jdt_err_set(e, JDT_ERR_NOMEM, "prepare: out of memory");
             *ids = p;
             *cap = 64;
         }
-        (*ids)[n_ids++] = (uint32_t)eot;
+        for (int i = 0; i < n_pre; i++) (*ids)[n_ids++] = pre[i];
     }
     if (st == JDT_OK) st = jdt_bpe_encode(tok, text, n, ids, &n_ids, cap, e);
     if (st == JDT_OK && part->f && part->n + (int64_t)n_ids > JSONL_PART_TOKENS)
@@ -655,7 +655,9 @@ jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt
     jdt_bpe *tok = NULL;
     FILE *txt = NULL;
     jsonl_part part = {0};
-    int n_parts = 0, eot = -1;
+    int n_parts = 0, eot = -1, n_pre = 0;
+    uint32_t eot_u32 = 0;
+    const uint32_t *pre = NULL;
     int64_t n_docs = 0, lineno = 0;
     struct stat sb;
     double total_mb = fstat(fileno(in), &sb) == 0 ? (double)sb.st_size / 1048576.0 : 0;
@@ -668,10 +670,20 @@ jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt
             goto out;
         eot = jdt_bpe_special_id(tok, "<|endoftext|>");
         if (eot < 0) eot = jdt_bpe_special_id(tok, "<|end_of_text|>");
-        if (eot < 0)
-            JDT_WARN("prepare: %s has neither <|endoftext|> nor <|end_of_text|>: documents are "
-                     "joined with no id between them",
-                     o->tokenizer_path);
+        if (eot >= 0) {
+            eot_u32 = (uint32_t)eot;
+            pre = &eot_u32;
+            n_pre = 1;
+        } else {
+            /* Llama 2, Mistral, Gemma: each document starts with the BOS the tokenizer's
+             * template puts before a text (<s>, <bos>), as transformers' tokenizer(text) */
+            jdt_err pe;
+            if (jdt_bpe_prompt_prefix(tok, &pre, &n_pre, &pe) != JDT_OK) n_pre = 0;
+            if (n_pre == 0)
+                JDT_WARN("prepare: %s has neither <|endoftext|> nor <|end_of_text|> nor a template's "
+                         "BOS: documents are joined with no id between them",
+                         o->tokenizer_path);
+        }
     } else if (!(txt = fopen(tmp, "wb"))) {
         st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
         goto out;
@@ -708,7 +720,7 @@ jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt
             break;
         }
         if (stream) {
-            st = stream_doc(tok, eot, t->str, t->len, &ids, &cap, &part, tmp, &n_parts, e);
+            st = stream_doc(tok, pre, n_pre, t->str, t->len, &ids, &cap, &part, tmp, &n_parts, e);
         } else {
             const char *sep = o->tokenizer == JDT_PREP_TOK_BPE ? "<|endoftext|>"
                               : n_docs                         ? "\n\n"

@@ -109,7 +109,7 @@ check_same qwen2 "$TMP/qwen.json" "$TMP/qwen.json"
 # "</s>" in the text: added tokens, the first segment alone prepended under Metaspace first)
 "$PY" - "$C" "$TMP" <<'PY' || fail "tokenizers train (SentencePiece style)"
 import json, sys
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 text = open(sys.argv[1], encoding="utf-8").read()
 text = text[:300000] + " <s>x</s>  a ▁b\t\n" + text[-100000:]
 open(sys.argv[2] + "/spm.txt", "w", encoding="utf-8").write(text)
@@ -131,6 +131,8 @@ for name, (norm, pre) in fronts.items():
     t = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     t.normalizer, t.pre_tokenizer = norm, pre
     t.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    if name == "llama2":  # its BOS before every text, as Llama 2's file has
+        t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     j = json.loads(t.to_str())
     j["model"]["vocab"], j["model"]["merges"], j["added_tokens"] = d["model"]["vocab"], d["model"]["merges"], d["added_tokens"]
     Tokenizer.from_str(json.dumps(j)).save("%s/spm_%s.json" % (sys.argv[2], name))
@@ -157,6 +159,26 @@ PY
 expect 0 "$TOOL" decode "$TMP/spm_llama2.json" "$TMP/spm_llama2.jdt" "$TMP/spm.jdt.txt"
 cmp -s "$TMP/spm.hf.txt" "$TMP/spm.jdt.txt" || fail "spm: decoded text differs from tokenizers' decode"
 echo "spm: $(cat "$TMP/spm_fb.txt") byte-fallback tokens among them; decoded as tokenizers decodes"
+# JSON Lines documents through a tokenizer without an end-of-text token: each starts with the
+# BOS of its template, the ids of transformers' tokenizer(text) document by document
+"$PY" - "$TMP/spm.txt" "$TMP/spm_docs.jsonl" <<'PY' || fail "spm: writing documents"
+import json, sys
+docs = [d.strip() for d in open(sys.argv[1], encoding="utf-8").read().split("\n\n") if d.strip()][:300]
+open(sys.argv[2], "w").write("".join(json.dumps({"text": d}) + "\n" for d in docs))
+PY
+expect 0 "$BIN" prepare "$ROOT/configs/tiny.yaml" data.format=tokens data.tokenizer=bpe model.vocab_size=2048 \
+  data.source="$TMP/spm_docs.jsonl" data.train_path="$TMP/spm_jl" data.val_path="$TMP/spm_jl" \
+  data.tokenizer_path="$TMP/spm_llama2.json" data.val_fraction=0.1
+"$PY" - "$TMP" <<'PY' || fail "spm: JSON Lines ids differ from tokenizers' per-document encodings"
+import glob, json, sys, h5py, numpy as np
+from tokenizers import Tokenizer
+d = sys.argv[1]
+tok = Tokenizer.from_file(d + "/spm_llama2.json")
+want = [i for l in open(d + "/spm_docs.jsonl") for i in tok.encode(json.loads(l)["text"]).ids]
+got = np.concatenate([h5py.File(f)["tokens"][:] for s in ("train", "val") for f in sorted(glob.glob(f"{d}/spm_jl/{s}_*.h5"))])
+assert want[0] == 1 and np.array_equal(np.array(want), got), (len(want), len(got), want[:5], got[:5].tolist())
+print("spm: %d documents prepared from JSON Lines, each after <s>: tokenizers' encode(text) ids" % want.count(1))
+PY
 # c) our own trained tokenizer, loaded by tokenizers from the tokenizer.json we write
 expect 0 "$TOOL" train "$C" 2000 "$TMP/ours.json"
 cat "$TMP/out"
