@@ -613,9 +613,9 @@ static jdt_status part_open(jsonl_part *p, const char *dir, int index, jdt_err *
 /* Encodes one document (after the n_pre ids at pre: the end-of-text id, or the tokenizer's
  * BOS) into *ids (grown as needed, *cap elements) and appends the ids to the open part,
  * starting a new part (in dir) when this one would pass JSONL_PART_TOKENS. */
-static jdt_status stream_doc(jdt_bpe *tok, const uint32_t *pre, int n_pre, const char *text, size_t n,
-                             uint32_t **ids, size_t *cap, jsonl_part *part, const char *dir,
-                             int *n_parts, jdt_err *e)
+static jdt_status stream_doc(jdt_bpe *tok, const uint32_t *pre, int n_pre, const char *text,
+                             size_t n, uint32_t **ids, size_t *cap, jsonl_part *part,
+                             const char *dir, int *n_parts, jdt_err *e)
 {
     size_t n_ids = 0;
     jdt_status st = JDT_OK;
@@ -626,7 +626,8 @@ static jdt_status stream_doc(jdt_bpe *tok, const uint32_t *pre, int n_pre, const
             *ids = p;
             *cap = 64;
         }
-        for (int i = 0; i < n_pre; i++) (*ids)[n_ids++] = pre[i];
+        for (int i = 0; i < n_pre; i++)
+            (*ids)[n_ids++] = pre[i];
     }
     if (st == JDT_OK) st = jdt_bpe_encode(tok, text, n, ids, &n_ids, cap, e);
     if (st == JDT_OK && part->f && part->n + (int64_t)n_ids > JSONL_PART_TOKENS)
@@ -680,9 +681,10 @@ jdt_status jdt_prep_jsonl(const jdt_prep_text_opts *o, jdt_prep_result *res, jdt
             jdt_err pe;
             if (jdt_bpe_prompt_prefix(tok, &pre, &n_pre, &pe) != JDT_OK) n_pre = 0;
             if (n_pre == 0)
-                JDT_WARN("prepare: %s has neither <|endoftext|> nor <|end_of_text|> nor a template's "
-                         "BOS: documents are joined with no id between them",
-                         o->tokenizer_path);
+                JDT_WARN(
+                    "prepare: %s has neither <|endoftext|> nor <|end_of_text|> nor a template's "
+                    "BOS: documents are joined with no id between them",
+                    o->tokenizer_path);
         }
     } else if (!(txt = fopen(tmp, "wb"))) {
         st = jdt_err_set(e, JDT_ERR_IO, "%s: %s", tmp, strerror(errno));
