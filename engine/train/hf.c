@@ -379,13 +379,23 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     static const char *const meta_kv[] = {"format", "pt", "producer", "jdt-train"};
     if ((st = jdt_st_write(path, x.out, x.n_out, meta_kv, 2, e))) goto out;
 
-    int bos = -1;
+    int bos = -1, eos = -1;
     if (cfg.data.tokenizer == JDT_TOKENIZER_BPE) {
         if ((st = jdt_prep_bpe_for_run(cfg.data.train_path, cfg.data.tokenizer_path, &tok, e))) goto out;
         snprintf(path, pl, "%s/tokenizer.json", out_dir);
         if ((st = jdt_bpe_save(tok, path, e))) goto out;
-        bos = jdt_bpe_special_id(tok, "<|endoftext|>");
+        /* BOS: what the tokenizer's template puts before a text (Llama 3's <|begin_of_text|>,
+         * Llama 2's <s>, Gemma's <bos>), else GPT-2's <|endoftext|>; EOS: the end-of-text token
+         * of the family (<|endoftext|>, <|end_of_text|>, </s>, <eos>), else the BOS */
+        const uint32_t *pre;
+        int n_pre = 0;
+        jdt_err pe;
+        if (jdt_bpe_prompt_prefix(tok, &pre, &n_pre, &pe) == JDT_OK && n_pre > 0) bos = (int)pre[0];
+        static const char *const ends[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"};
+        for (size_t k = 0; k < JDT_ARRAY_LEN(ends) && eos < 0; k++) eos = jdt_bpe_special_id(tok, ends[k]);
+        if (bos < 0) bos = jdt_bpe_special_id(tok, "<|endoftext|>");
         if (bos < 0) bos = jdt_bpe_special_id(tok, "<|begin_of_text|>");
+        if (eos < 0) eos = bos;
     }
     char *cj = NULL;
     size_t cl = 0;
@@ -428,7 +438,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
         if (arch == HF_LLAMA) fprintf(mf, "  \"mlp_bias\": false,\n");
         else if (arch != HF_GEMMA) fprintf(mf, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n");
     }
-    if (bos >= 0) fprintf(mf, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", bos, bos);
+    if (bos >= 0) fprintf(mf, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", bos, eos);
     fprintf(mf, "  \"torch_dtype\": \"float32\",\n  \"jdt_tokenizer\": \"%s\"\n}\n",
             cfg.data.tokenizer == JDT_TOKENIZER_BPE ? "bpe" : "byte");
     fclose(mf);

@@ -179,6 +179,16 @@ got = np.concatenate([h5py.File(f)["tokens"][:] for s in ("train", "val") for f 
 assert want[0] == 1 and np.array_equal(np.array(want), got), (len(want), len(got), want[:5], got[:5].tolist())
 print("spm: %d documents prepared from JSON Lines, each after <s>: tokenizers' encode(text) ids" % want.count(1))
 PY
+# a model trained on them exports its tokenizer with Llama 2's BOS and EOS in config.json (<s>
+# from the template, </s>), and the exported directory samples through it
+SJ=(data.format=tokens data.tokenizer=bpe model.vocab_size=2048 data.train_path="$TMP/spm_jl" data.val_path="$TMP/spm_jl"
+    data.tokenizer_path="$TMP/spm_llama2.json" run.out_dir="$TMP/runs" run.name=spm run.steps=2 run.eval_every=0)
+expect 0 "$BIN" "$ROOT/configs/tiny.yaml" "${SJ[@]}"
+expect 0 "$BIN" export "$TMP/runs/spm/ckpt" --format hf "$TMP/hf_spm"
+grep -q '"bos_token_id": 1,' "$TMP/hf_spm/config.json" && grep -q '"eos_token_id": 2,' "$TMP/hf_spm/config.json" ||
+  { cat "$TMP/hf_spm/config.json"; fail "spm export: bos/eos not <s> (1) and </s> (2)"; }
+expect 0 "$BIN" sample "$TMP/hf_spm" --prompt "The " --length 8 --temperature 0
+echo "spm: a model on them exports bos <s>, eos </s> and samples from the export"
 # c) our own trained tokenizer, loaded by tokenizers from the tokenizer.json we write
 expect 0 "$TOOL" train "$C" 2000 "$TMP/ours.json"
 cat "$TMP/out"
