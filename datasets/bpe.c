@@ -36,6 +36,23 @@ enum {
  * text's first) */
 enum { PREPEND_NONE, PREPEND_NORMALIZER, PREPEND_ALWAYS, PREPEND_FIRST };
 #define SPM_SPACE "\xE2\x96\x81" /* U+2581 LOWER ONE EIGHTH BLOCK, SentencePiece's space */
+
+/* The bytes of the space at s[i] of s[0..n): 1 for ' ', 3 for a literal "▁" (which a
+ * SentencePiece-style file's normalizer leaves as its space), 0 for none. */
+static inline int spm_space_len(const char *s, size_t i, size_t n)
+{
+    if (s[i] == ' ') return 1;
+    return i + 3 <= n && memcmp(s + i, SPM_SPACE, 3) == 0 ? 3 : 0;
+}
+
+/* Whether s[0..n) is a byte-fallback token "<0xNN>" (its byte into *b). */
+static bool spm_byte_token(const char *s, size_t n, unsigned *b)
+{
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || !isxdigit((unsigned char)s[3]) ||
+        !isxdigit((unsigned char)s[4]))
+        return false;
+    return sscanf(s + 3, "%2X", b) == 1;
+}
 #define NONE UINT32_MAX
 #define EMPTY_KEY UINT64_MAX
 
@@ -555,7 +572,7 @@ static int32_t spm_symbols(const jdt_bpe *t, const char *p, size_t n)
     for (size_t i = 0; i < n;) {
         int l = utf8_seq_len(u + i, end);
         if (l <= 0) l = 1;
-        const bool space = (l == 1 && p[i] == ' ') || (l == 3 && memcmp(p + i, SPM_SPACE, 3) == 0);
+        const bool space = spm_space_len(p, i, n) == l;
         uint32_t id = vmap_find(t, space ? " " : p + i, space ? 1 : (size_t)l);
         const unsigned char *bytes = space ? (const unsigned char *)SPM_SPACE : u + i;
         if (id != NONE) {
@@ -692,7 +709,7 @@ static jdt_status split_segment(jdt_bpe *t, const char *s, size_t n, piece_fn fn
                                 jdt_err *e)
 {
     if (n == 0) return JDT_OK;
-    const bool starts_space = s[0] == ' ' || (n >= 3 && memcmp(s, SPM_SPACE, 3) == 0);
+    const bool starts_space = spm_space_len(s, 0, n) > 0;
     const bool prefix = t->spm ? t->spm_prepend == PREPEND_NORMALIZER ||
                                      (t->spm_prepend == PREPEND_ALWAYS && !starts_space) ||
                                      (t->spm_prepend == PREPEND_FIRST && t->seg_first && !starts_space)
@@ -715,15 +732,15 @@ static jdt_status split_segment(jdt_bpe *t, const char *s, size_t n, piece_fn fn
          * another character does (spm_words: the same tokens as the segment in one piece) */
         size_t a = 0;
         bool prev_space = false;
-        for (size_t i = 0; i <= n; i++) {
-            const bool space = i < n && (s[i] == ' ' || (i + 2 < n && memcmp(s + i, SPM_SPACE, 3) == 0));
-            if (i == n || (space && i > a && (t->spm_split || !prev_space))) {
+        for (size_t i = 0; i <= n;) {
+            const int sp = i < n ? spm_space_len(s, i, n) : 0;
+            if (i == n || (sp && i > a && (t->spm_split || !prev_space))) {
                 if (i > a && (st = fn(t, s + a, i - a, ctx, e))) return st;
                 a = i;
                 if (t->prog && i >= t->prog_next) progress_at(t, i, n);
             }
-            if (i < n) prev_space = space;
-            if (space && s[i] != ' ') i += 2; /* the rest of a literal "▁" */
+            prev_space = sp > 0;
+            i += sp > 1 ? (size_t)sp : 1; /* a literal "▁" whole */
         }
         return JDT_OK;
     }
@@ -909,9 +926,7 @@ static jdt_status add_added(jdt_bpe *t, uint32_t id, const char *s, size_t n, bo
 static long from_spm(jdt_bpe *t, const char *s, size_t n, char *out, uint32_t id)
 {
     unsigned b;
-    char tail;
-    if (n == 6 && sscanf(s, "<0x%2X%c", &b, &tail) == 2 && tail == '>' && isxdigit((unsigned char)s[3]) &&
-        isxdigit((unsigned char)s[4])) {
+    if (spm_byte_token(s, n, &b)) {
         out[0] = (char)b;
         if (t) {
             t->is_fb[id] = 1;
@@ -921,12 +936,9 @@ static long from_spm(jdt_bpe *t, const char *s, size_t n, char *out, uint32_t id
     }
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        if (i + 2 < n && memcmp(s + i, SPM_SPACE, 3) == 0) {
-            out[o++] = ' ';
-            i += 3;
-        } else {
-            out[o++] = s[i++];
-        }
+        const int sp = spm_space_len(s, i, n);
+        out[o++] = sp ? ' ' : s[i];
+        i += sp ? (size_t)sp : 1;
     }
     return (long)o;
 }
@@ -996,7 +1008,8 @@ static jdt_status load_vocab(jdt_bpe *t, const jdt_json *vocab, const char *what
  * A byte-fallback token is not found: no merge makes or extends one. */
 static uint32_t merge_part(jdt_bpe *t, const char *s, size_t n, char *raw)
 {
-    if (t->spm && n == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>') return NONE;
+    unsigned b;
+    if (t->spm && spm_byte_token(s, n, &b)) return NONE;
     long m = t->spm ? from_spm(NULL, s, n, raw, 0) : from_byte_level(s, n, raw);
     return m < 0 ? NONE : vmap_find(t, raw, (size_t)m);
 }

@@ -202,6 +202,15 @@ unsigned jdt_shard_batch_axes(const jdt_mesh *m, const jdt_config_rules *rules)
     return 0;
 }
 
+void jdt_shard_batch_rows(const jdt_mesh *m, const jdt_config_rules *rules, int64_t rows,
+                          int64_t *begin, int64_t *end)
+{
+    const unsigned axes = jdt_shard_batch_axes(m, rules);
+    const int64_t per = rows / jdt_mesh_group_size(m, axes), at = jdt_mesh_group_index(m, axes);
+    *begin = per * at;
+    *end = per * (at + 1);
+}
+
 /* The placement the rules give a leaf whose dims are named a and b (shapes do not matter). */
 static jdt_placement named_placement(const jdt_mesh *m, const jdt_config_rules *rules,
                                      const char *a, const char *b)

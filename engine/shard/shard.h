@@ -77,6 +77,11 @@ void jdt_shard_copy_block(const jdt_mesh *m, const jdt_shape *s, const jdt_place
  * replicated if none), without size-1 axes. */
 unsigned jdt_shard_batch_axes(const jdt_mesh *m, const jdt_config_rules *rules);
 
+/* This rank's rows [*begin, *end) of a global batch of `rows` split evenly over those axes (by
+ * its coordinate there: ranks that differ only in other axes, e.g. tensor, get the same rows). */
+void jdt_shard_batch_rows(const jdt_mesh *m, const jdt_config_rules *rules, int64_t rows,
+                          int64_t *begin, int64_t *end);
+
 /* The ways the rules split the sequence dim of the (batch, seq) inputs (`[seq, tensor]`:
  * Megatron-LM's sequence parallelism), as the model's loss wants it (jdt_model_build_ex's
  * seq_ways): 1 when the sequence is whole, and also when the vocabulary is split over one of

@@ -37,19 +37,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The transformers architectures a gpt maps to exactly. */
+typedef enum { HF_GPT2, HF_LLAMA, HF_QWEN2, HF_QWEN3, HF_GEMMA, HF_N_ARCH } hf_arch;
+
 typedef struct {
     jdt_model m;
     float **params; /* [n_params] */
     jdt_st_tensor *out;
     void **owned; /* buffers made for the export (transposes, packs, names) */
     int n_out, n_owned, cap;
-    float norm_add; /* added to the norm weights on the way out: -1 for Gemma's (1 + w) */
+    hf_arch arch;
     const char *ckpt;
     jdt_err *e;
 } exporter;
-
-/* The transformers architectures a gpt maps to exactly. */
-typedef enum { HF_GPT2, HF_LLAMA, HF_QWEN2, HF_QWEN3, HF_GEMMA, HF_N_ARCH } hf_arch;
 
 static const struct {
     const char *model_type, *class_name;
@@ -205,10 +205,10 @@ static jdt_status emit_param(exporter *x, const char *ours, const char *hf, bool
     bool vec = false;
     for (int i = 0; i < x->m.n_params; i++)
         if (strcmp(x->m.params[i].t->name, ours) == 0) vec = x->m.params[i].t->shape.ndim == 1;
-    if (vec && x->norm_add != 0.0f && offset_norm(HF_GEMMA, ours)) {
+    if (vec && offset_norm(x->arch, ours)) { /* Gemma's norm weights, stored less one */
         float *o = own(x, (size_t)r);
         if (!o) return jdt_err_set(x->e, JDT_ERR_NOMEM, "hf export: out of memory");
-        for (int64_t j = 0; j < r; j++) o[j] = w[j] + x->norm_add;
+        for (int64_t j = 0; j < r; j++) o[j] = w[j] - 1.0f;
         return emit(x, hf, o, 1, r, 0);
     }
     if (vec && rope_heads <= 0) return emit(x, hf, w, 1, r, 0);
@@ -283,7 +283,7 @@ jdt_status jdt_hf_export(const char *ckpt_path, const char *out_dir, const char 
     }
     const hf_arch arch = arch_of(&cfg);
     const bool llama = arch != HF_GPT2; /* the rmsnorm family's names and layouts */
-    x.norm_add = arch == HF_GEMMA ? -1.0f : 0.0f;
+    x.arch = arch;
     const char *bad = mismatch(&cfg);
     if (bad) {
         st = jdt_err_set(e, JDT_ERR_UNSUPPORTED,
@@ -524,12 +524,12 @@ static bool map_name(const jdt_config *c, const char *ours, bool fused, src_map 
         if (strcmp(rest, LLAMA_BLOCK[i].ours) == 0) {
             m->transpose = LLAMA_BLOCK[i].transpose;
             m->rope_heads = rope_heads_of(c, LLAMA_BLOCK[i].rope);
-            const int64_t Q = (int64_t)c->model.n_head * jdt_config_head_dim(c),
-                          KV = (int64_t)jdt_config_kv_heads(c) * jdt_config_head_dim(c), F = jdt_config_mlp_dim(c);
             /* Phi-3: rows [q | k | v] of qkv_proj, [gate | up] of gate_up_proj */
             static const char *const fused_of[] = {"attn.q.w", "attn.k.w", "attn.v.w", "mlp.gate.w", "mlp.up.w"};
             for (int f = 0; fused && f < 5; f++) {
                 if (strcmp(rest, fused_of[f]) != 0) continue;
+                const int64_t D = jdt_config_head_dim(c), Q = c->model.n_head * D,
+                              KV = jdt_config_kv_heads(c) * D, F = jdt_config_mlp_dim(c);
                 const int64_t r0[5] = {0, Q, Q + KV, 0, F};
                 m->row0 = r0[f];
                 m->rows = f < 3 ? Q + 2 * KV : 2 * F;
@@ -589,6 +589,14 @@ static hf_rope hf_rope_of(const jdt_json *r)
     return h;
 }
 
+/* Whether a Llama-family config.json ties the head to the embedding (tie_word_embeddings;
+ * absent: GemmaConfig's default is tied, LlamaConfig's untied). */
+static bool hf_tied(const jdt_json *r, int arch)
+{
+    const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
+    return tie ? tie->type == JDT_JSON_TRUE : arch == HF_GEMMA;
+}
+
 /* The sliding window config.json's model attends over (Mistral's and Phi-3's "sliding_window";
  * Qwen's where "use_sliding_window" is true), or 0 for its whole context. */
 static int64_t hf_window(const jdt_json *r, const char *model_type)
@@ -615,8 +623,9 @@ static jdt_status open_hf_config(const char *dir, char *p, size_t n, jdt_json_do
 
 /* Checks config.json against cfg: every dimension must agree (the error names both values);
  * settings that change the function but not the shapes (norm epsilon, RoPE base and scaling,
- * the activation's form) are warned about, since a run may change them on purpose. */
-static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err *e)
+ * the activation's form) are warned about, since a run may change them on purpose. *fused:
+ * whether the weights are in Phi-3's fused layout (read_hf_param). */
+static jdt_status check_hf_config(const char *dir, const jdt_config *c, bool *fused, jdt_err *e)
 {
     char p[1100];
     jdt_json_doc *doc = NULL;
@@ -624,6 +633,7 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err 
     const char *mt;
     jdt_status st = open_hf_config(dir, p, sizeof p, &doc, &r, &mt, e);
     if (st) return st;
+    *fused = mt && strcmp(mt, "phi3") == 0;
     const hf_arch arch = arch_of(c);
     const bool llama = arch != HF_GPT2;
     const int file_arch = arch_of_model_type(mt);
@@ -705,9 +715,7 @@ static jdt_status check_hf_config(const char *dir, const jdt_config *c, jdt_err 
             goto out;
         }
     } else {
-        const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
-        /* LlamaConfig's default is untied, GemmaConfig's tied */
-        bool tied = tie ? tie->type == JDT_JSON_TRUE : arch == HF_GEMMA;
+        const bool tied = hf_tied(r, arch);
         if (tied != c->model.tie_embeddings) {
             st = jdt_err_set(e, JDT_ERR_CONFIG, "%s: tie_word_embeddings is %s but this config's "
                              "model.tie_embeddings is %s", p, tied ? "true" : "false",
@@ -763,7 +771,7 @@ enum { HF_MAX_SHARDS = 256 };
 typedef struct {
     jdt_st_file *f[HF_MAX_SHARDS];
     int n;
-    bool fused; /* Phi-3's qkv_proj and gate_up_proj (config.json's model_type phi3) */
+    bool fused; /* Phi-3's qkv_proj and gate_up_proj (check_hf_config sets it) */
 } hf_files;
 
 static void hf_files_close(hf_files *h)
@@ -776,13 +784,6 @@ static jdt_status hf_files_open(const char *dir, hf_files *h, jdt_err *e)
 {
     h->n = 0;
     char p[1100];
-    jdt_json_doc *cd = NULL;
-    const jdt_json *cr;
-    const char *mt;
-    jdt_status cst = open_hf_config(dir, p, sizeof p, &cd, &cr, &mt, e);
-    if (cst) return cst;
-    h->fused = mt && strcmp(mt, "phi3") == 0;
-    jdt_json_doc_free(cd);
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     if (jdt_io_is_file(p)) {
         jdt_status st = jdt_st_open(p, &h->f[0], e);
@@ -938,8 +939,7 @@ jdt_status jdt_hf_config_yaml(const char *dir, char **yaml, jdt_err *e)
     /* Mistral 7B v0.1 attends over a window of 4096: the context it was trained to use */
     const int64_t window = hf_window(r, mt);
     if (window > 0 && window < T) T = window;
-    const jdt_json *tie = jdt_json_get(r, "tie_word_embeddings");
-    const bool tied = llama ? (tie ? tie->type == JDT_JSON_TRUE : arch == HF_GEMMA) : true;
+    const bool tied = !llama || hf_tied(r, arch); /* GPT2LMHeadModel always ties */
     char tok[1100];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
     const char *jt = jdt_json_str(jdt_json_get(r, "jdt_tokenizer"));
@@ -1019,7 +1019,7 @@ jdt_status jdt_hf_read_params(const char *dir, const jdt_config *c, int n, const
                               const jdt_shape *shapes, float *const *dst, jdt_err *e)
 {
     hf_files hfs = {.n = 0};
-    jdt_status st = check_hf_config(dir, c, e);
+    jdt_status st = check_hf_config(dir, c, &hfs.fused, e);
     if (st == JDT_OK) st = hf_files_open(dir, &hfs, e);
     for (int i = 0; i < n && st == JDT_OK; i++)
         st = read_hf_param(&hfs, dir, c, names[i], &shapes[i], dst[i], e);
@@ -1047,7 +1047,7 @@ jdt_status jdt_hf_init_from(jdt_step *step, const jdt_config *c, const char *pat
         if (bad)
             return jdt_err_set(e, JDT_ERR_CONFIG, "checkpoint.init_from %s: a Hugging Face model needs a gpt that maps "
                                "to a transformers architecture (" HF_ARCH_NAMES "): %s", path, bad);
-        if ((st = check_hf_config(path, c, e)) || (st = hf_files_open(path, &hfs, e))) goto out;
+        if ((st = check_hf_config(path, c, &hfs.fused, e)) || (st = hf_files_open(path, &hfs, e))) goto out;
     } else {
         if (jdt_ckpt_find_latest(path, &ckpt, NULL, NULL) != JDT_OK || !ckpt) {
             jdt_free(ckpt);

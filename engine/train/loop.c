@@ -176,13 +176,8 @@ static jdt_status open_data(const trainer *tr, const char *path, const char *spl
     if (o.kind == JDT_DATA_KIND_ARRAYS) o.n_classes = cfg->model.n_classes; /* labels bounded */
     o.seq_len = cfg->model.seq_len;
     o.global_batch = rows;
-    /* this rank's slice of every batch: by its coordinate over the axes the batch is split
-     * over (ranks that differ only in other axes, e.g. tensor, read the same rows) */
-    const unsigned batch_axes = jdt_shard_batch_axes(&tr->mesh, &cfg->sharding.rules);
-    const int64_t ways = jdt_mesh_group_size(&tr->mesh, batch_axes);
-    const int64_t at = jdt_mesh_group_index(&tr->mesh, batch_axes);
-    o.row_begin = rows / ways * at;
-    o.row_end = rows / ways * (at + 1);
+    /* this rank's slice of every batch */
+    jdt_shard_batch_rows(&tr->mesh, &cfg->sharding.rules, rows, &o.row_begin, &o.row_end);
     o.seed = (uint64_t)cfg->run.seed;
     o.shuffle = cfg->data.shuffle;
     o.prefetch = cfg->data.prefetch;

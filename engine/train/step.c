@@ -364,10 +364,10 @@ static jdt_status build_main(jdt_step *s, jdt_err *e)
     if (s->m_main.step) s->m_main.step->data = &s->dropout_step;
     if (s->m_main.row0) {
         s->m_main.row0->data = &s->dropout_row0;
-        /* the loader gives this rank rows [at B / ways, (at + 1) B / ways) of each step */
-        const unsigned ba = jdt_shard_batch_axes(&s->mesh, &s->cfg->sharding.rules);
-        s->rank_row0 = (int64_t)s->cfg->data.batch_size / jdt_mesh_group_size(&s->mesh, ba) *
-                       jdt_mesh_group_index(&s->mesh, ba);
+        /* the first of the rows the loader gives this rank of each step (loop.c) */
+        int64_t end;
+        jdt_shard_batch_rows(&s->mesh, &s->cfg->sharding.rules, s->cfg->data.batch_size,
+                             &s->rank_row0, &end);
     }
 
     jdt_graph *g = s->main.g;
